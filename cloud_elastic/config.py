@@ -1,0 +1,94 @@
+"""Job configuration: frozen dataclasses validated on construction.
+
+Environment variables the driver reads are read here and nowhere else
+(:func:`env_default`). Durations are seconds and their names end in ``_s``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from cloud_elastic.errors import ConfigError
+
+__all__ = ["JobConfig", "SSHConfig", "env_default", "ENV_ELASTIC_TIMEOUT"]
+
+#: Environment variable that sets the default of ``--elastic-timeout`` (Horovod's name).
+ENV_ELASTIC_TIMEOUT = "HOROVOD_ELASTIC_TIMEOUT"
+_ENV_ELASTIC_TIMEOUT_OURS = "CLOUD_ELASTIC_ELASTIC_TIMEOUT"
+
+
+def env_default(name: str, fallback: float) -> float:
+    """Read a float default from the environment, with a one-line error if malformed."""
+    for var in ((_ENV_ELASTIC_TIMEOUT_OURS, ENV_ELASTIC_TIMEOUT) if name == "elastic_timeout" else ()):
+        raw = os.environ.get(var)
+        if raw:
+            try:
+                return float(raw)
+            except ValueError:
+                raise ConfigError(f"environment variable {var} must be a number of seconds, got {raw!r}") from None
+    return fallback
+
+
+@dataclass(frozen=True)
+class SSHConfig:
+    """How the driver reaches non-local hosts. ``None`` fields use ssh's own defaults."""
+
+    port: int | None = None
+    identity_file: str | None = None
+    user: str | None = None
+    extra_options: tuple[str, ...] = ()
+    connect_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 < self.port < 65536:
+            raise ConfigError(f"--ssh-port must be 1-65535, got {self.port}")
+        if self.identity_file is not None and not os.path.isfile(self.identity_file):
+            raise ConfigError(f"--ssh-identity-file {self.identity_file!r} does not exist")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Everything the driver needs to run one elastic job."""
+
+    command: tuple[str, ...]
+    num_proc: int
+    min_np: int
+    max_np: int
+    elastic_timeout_s: float = 600.0
+    start_timeout_s: float = 600.0
+    reset_limit: int | None = None
+    cooldown_range_s: tuple[float, float] = (10.0, 300.0)
+    discovery_interval_s: float = 1.0
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 5.0
+    completion_grace_s: float = 30.0
+    terminate_grace_s: float = 5.0
+    driver_address: str | None = None
+    network_interface: str | None = None
+    forward_env: tuple[str, ...] = ()
+    cwd: str = field(default_factory=os.getcwd)
+    ssh: SSHConfig = field(default_factory=SSHConfig)
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("no training command given (e.g. cloud-elastic run -np 2 python train.py)")
+        if self.min_np < 1:
+            raise ConfigError(f"--min-np must be >= 1, got {self.min_np}")
+        if self.max_np < self.min_np:
+            raise ConfigError(f"--max-np ({self.max_np}) must be >= --min-np ({self.min_np})")
+        if not self.min_np <= self.num_proc <= self.max_np:
+            raise ConfigError(
+                f"-np ({self.num_proc}) must lie between --min-np ({self.min_np}) and --max-np ({self.max_np})"
+            )
+        lo, hi = self.cooldown_range_s
+        if lo < 0 or hi < lo:
+            raise ConfigError(f"--blacklist-cooldown-range needs 0 <= MIN <= MAX, got {lo:g} {hi:g}")
+        if self.reset_limit is not None and self.reset_limit < 0:
+            raise ConfigError(f"--reset-limit must be >= 0, got {self.reset_limit}")
+        for name in ("elastic_timeout_s", "start_timeout_s", "heartbeat_timeout_s", "discovery_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ConfigError("the heartbeat timeout must exceed twice the heartbeat interval")

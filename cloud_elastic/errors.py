@@ -1,0 +1,88 @@
+"""Errors raised by cloud-elastic.
+
+The whole tree::
+
+    CloudElasticError                  anything cloud-elastic raises on purpose
+    ├── ConfigError                    bad flags, options or environment (CLI exit code 2)
+    ├── DiscoveryError                 a discovery provider could not answer
+    │   ├── RetryableDiscoveryError    transient: throttling, timeouts, 5xx; retried
+    │   └── FatalDiscoveryError        retrying cannot fix it: no group, no credentials
+    │       └── MissingDependencyError a cloud SDK is not installed (names the extra)
+    ├── ControlPlaneError              a control message was forged, malformed or too big
+    ├── LaunchError                    a worker could not be started on a host
+    │   └── SSHError                   the SSH transport failed (not the worker)
+    └── JobFailed                      the elastic job ended unsuccessfully
+
+Worker control-flow exceptions (``HostsUpdatedInterrupt``, ``CollectiveError``)
+live in :mod:`cloud_elastic.worker.exceptions` and deliberately sit *outside*
+this tree, so that ``except CloudElasticError`` in user code cannot swallow the
+signals the elastic loop depends on.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CloudElasticError",
+    "ConfigError",
+    "DiscoveryError",
+    "RetryableDiscoveryError",
+    "FatalDiscoveryError",
+    "MissingDependencyError",
+    "ControlPlaneError",
+    "LaunchError",
+    "SSHError",
+    "JobFailed",
+]
+
+
+class CloudElasticError(Exception):
+    """Root of every error cloud-elastic raises on purpose."""
+
+
+class ConfigError(CloudElasticError):
+    """Invalid flags, provider options or environment; nothing was started."""
+
+
+class DiscoveryError(CloudElasticError):
+    """A discovery provider could not produce a snapshot of the group."""
+
+
+class RetryableDiscoveryError(DiscoveryError):
+    """Transient discovery trouble (throttling, timeout, 5xx). The poller retries it."""
+
+
+class FatalDiscoveryError(DiscoveryError):
+    """Discovery trouble that retrying cannot fix (no such group, no credentials)."""
+
+
+class MissingDependencyError(FatalDiscoveryError):
+    """An optional cloud SDK is missing; the message names the pip extra to install."""
+
+    def __init__(self, package: str, extra: str) -> None:
+        super().__init__(
+            f"the {package!r} package is required for this provider; "
+            f"install it with: pip install 'cloud-elastic[{extra}]'"
+        )
+        self.package = package
+        self.extra = extra
+
+
+class ControlPlaneError(CloudElasticError):
+    """A control-plane message was rejected (bad signature, malformed, oversized)."""
+
+
+class LaunchError(CloudElasticError):
+    """A worker process could not be started."""
+
+
+class SSHError(LaunchError):
+    """The SSH transport failed (unreachable, authentication, host key), not the worker."""
+
+
+class JobFailed(CloudElasticError):
+    """The elastic job ended unsuccessfully; ``reason`` is the one-line explanation."""
+
+    def __init__(self, reason: str, exit_code: int = 1) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.exit_code = exit_code

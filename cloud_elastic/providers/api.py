@@ -1,0 +1,133 @@
+"""The ``HostDiscovery`` seam: how the driver learns which hosts can run workers.
+
+Guarantees a provider gives the driver:
+
+* :meth:`HostDiscovery.find` is synchronous and returns a **complete snapshot**
+  of the group every call, never a delta. Calling it twice in a row with no
+  change in the cloud returns equal results (idempotent).
+* A host appears at most once, either in ``ready`` (host -> slots, slots >= 1)
+  or in ``draining`` (host -> :class:`Drain`), never both. Hosts that are gone
+  simply do not appear.
+* Host keys are the addresses workers are started on and reached at (usually a
+  private IP). They are stable for the life of an instance.
+* Transient trouble raises :class:`~cloud_elastic.errors.RetryableDiscoveryError`;
+  trouble retrying cannot fix raises :class:`~cloud_elastic.errors.FatalDiscoveryError`.
+  Any other exception is a bug in the provider and is treated as retryable.
+* Constructors do no I/O: ``from_options`` validates options only. Cloud SDKs
+  are imported lazily, on the first :meth:`find`.
+
+Providers are registered under the entry-point group ``cloud_elastic.providers``
+(see :mod:`cloud_elastic.providers.registry`); the built-in ones are registered
+the same way in ``pyproject.toml``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import ClassVar, Mapping
+
+from cloud_elastic.errors import ConfigError
+
+__all__ = ["Drain", "DiscoveredHosts", "ProviderOption", "HostDiscovery", "parse_bool"]
+
+
+@dataclass(frozen=True)
+class Drain:
+    """A host that is leaving: its workers should leave at their next commit.
+
+    ``deadline`` is a Unix timestamp (seconds) when the cloud will take the host,
+    or ``None`` when the cloud gives no deadline. ``reason`` is human-readable
+    (for example ``"spot interruption"`` or ``"Terminating:Wait"``).
+    """
+
+    deadline: float | None = None
+    reason: str = "draining"
+
+
+@dataclass(frozen=True)
+class DiscoveredHosts:
+    """One complete snapshot of a group: ``ready`` host -> slots, ``draining`` host -> Drain."""
+
+    ready: Mapping[str, int] = field(default_factory=dict)
+    draining: Mapping[str, Drain] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for host, slots in self.ready.items():
+            if not isinstance(host, str) or not host:
+                raise ValueError(f"host names must be non-empty strings, got {host!r}")
+            if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+                raise ValueError(f"host {host!r} has invalid slot count {slots!r}")
+        both = set(self.ready) & set(self.draining)
+        if both:
+            raise ValueError(f"hosts both ready and draining: {sorted(both)}")
+        object.__setattr__(self, "ready", MappingProxyType(dict(self.ready)))
+        object.__setattr__(self, "draining", MappingProxyType(dict(self.draining)))
+
+    @property
+    def total_slots(self) -> int:
+        """Number of ready slots in the snapshot."""
+        return sum(self.ready.values())
+
+
+@dataclass(frozen=True)
+class ProviderOption:
+    """One ``-o key=value`` option a provider accepts, for ``cloud-elastic providers``."""
+
+    name: str
+    help: str
+    required: bool = False
+    default: str | None = None
+
+
+def parse_bool(name: str, value: str) -> bool:
+    """Parse a boolean provider option, with a clear error for anything else."""
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"option {name!r} must be true or false, got {value!r}")
+
+
+class HostDiscovery(abc.ABC):
+    """Where outsiders plug in: tells the driver which hosts can run workers.
+
+    Subclasses set ``name`` (the entry-point name), ``description`` and
+    ``options``, implement :meth:`from_options` and :meth:`find`, and may
+    override :meth:`close`.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    options: ClassVar[tuple[ProviderOption, ...]] = ()
+
+    @classmethod
+    @abc.abstractmethod
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "HostDiscovery":
+        """Build the provider from ``-o key=value`` options; no I/O.
+
+        ``slots_per_host`` is the user's ``--slots-per-host`` (``None`` when not
+        given); when set it wins over what the cloud reports. Raises
+        :class:`~cloud_elastic.errors.ConfigError` for unknown or missing options.
+        """
+
+    @abc.abstractmethod
+    def find(self) -> DiscoveredHosts:
+        """Return a complete snapshot of ready and draining hosts (see module docstring)."""
+
+    def close(self) -> None:
+        """Release clients and caches. Called once when the driver stops."""
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        """Reject unknown options and missing required ones with a one-line ConfigError."""
+        known = {o.name for o in cls.options}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            listing = ", ".join(sorted(known)) or "none"
+            raise ConfigError(f"provider {cls.name!r} has no option {unknown[0]!r} (options: {listing})")
+        for opt in cls.options:
+            if opt.required and not options.get(opt.name):
+                raise ConfigError(f"provider {cls.name!r} needs option {opt.name!r}: {opt.help}")
