@@ -70,6 +70,7 @@ class JobConfig:
     cwd: str = field(default_factory=os.getcwd)
     ssh: SSHConfig = field(default_factory=SSHConfig)
     verbose: bool = False
+    force_ssh: bool = False
 
     def __post_init__(self) -> None:
         if not self.command:

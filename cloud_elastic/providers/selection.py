@@ -3,18 +3,63 @@
 ``add_discovery_arguments`` adds the discovery flags to a parser (shared by
 ``run`` and ``discover``); ``build_discovery`` turns parsed arguments into a
 provider instance. Dedicated flags (``-H``, ``--host-discovery-script``, the
-cloud flags) are shorthands for ``--provider NAME -o key=value``.
+cloud flags) are shorthands for ``--provider NAME -o key=value``: the cloud
+flags come from one table, :data:`CLOUD_FLAGS`, so adding a cloud flag is one
+row. ``--address-map`` applies to every provider (see
+:mod:`cloud_elastic.providers.addressmap`).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.providers import registry
+from cloud_elastic.providers.addressmap import AddressMappedDiscovery, parse_address_map
 from cloud_elastic.providers.api import HostDiscovery
 
-__all__ = ["add_discovery_arguments", "selected_provider", "build_discovery"]
+__all__ = ["CloudFlag", "CLOUD_FLAGS", "add_discovery_arguments", "selected_provider", "build_discovery"]
+
+
+@dataclass(frozen=True)
+class CloudFlag:
+    """A shorthand flag for one option of one provider.
+
+    A ``selects`` flag chooses its provider by itself (``--aws-asg NAME`` is
+    ``--provider aws -o group=NAME``); the others add an option to it and are
+    an error when their provider is not the one selected.
+    """
+
+    flag: str
+    provider: str
+    option: str
+    help: str
+    metavar: str = "VALUE"
+    selects: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+CLOUD_FLAGS: tuple[CloudFlag, ...] = (
+    CloudFlag("--aws-asg", "aws", "group", "AWS Auto Scaling group name", "NAME", selects=True),
+    CloudFlag("--aws-region", "aws", "region", "AWS region (default: boto3's configuration)", "REGION"),
+    CloudFlag("--aws-endpoint-url", "aws", "endpoint_url", "AWS endpoint (default: AWS_ENDPOINT_URL)", "URL"),
+    CloudFlag("--gcp-mig", "gcp", "group", "GCP Managed Instance Group name", "NAME", selects=True),
+    CloudFlag("--gcp-project", "gcp", "project", "GCP project ID", "PROJECT"),
+    CloudFlag("--gcp-zone", "gcp", "zone", "zone of a zonal MIG", "ZONE"),
+    CloudFlag("--gcp-region", "gcp", "region", "region of a regional MIG", "REGION"),
+    CloudFlag("--gcp-endpoint", "gcp", "endpoint", "Compute API endpoint", "URL"),
+    CloudFlag("--azure-vmss", "azure", "group", "Azure scale set name", "NAME", selects=True),
+    CloudFlag("--azure-resource-group", "azure", "resource_group", "resource group of the scale set", "GROUP"),
+    CloudFlag("--azure-subscription", "azure", "subscription", "subscription ID (default: AZURE_SUBSCRIPTION_ID)", "ID"),
+    CloudFlag("--azure-endpoint", "azure", "endpoint", "Resource Manager endpoint", "URL"),
+    CloudFlag("--ibm-instance-group", "ibm", "group", "IBM Cloud VPC instance group ID", "ID", selects=True),
+    CloudFlag("--ibm-region", "ibm", "region", "IBM Cloud VPC region", "REGION"),
+    CloudFlag("--ibm-endpoint", "ibm", "endpoint", "VPC API URL (default: VPC_URL or the region's)", "URL"),
+)
 
 
 def add_discovery_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +82,13 @@ def add_discovery_arguments(parser: argparse.ArgumentParser) -> None:
         "--discovery-timeout", type=float, metavar="SECONDS", default=30.0,
         help="kill a discovery script that runs longer than this (default 30)",
     )
+    group.add_argument(
+        "--address-map", metavar="FROM=TO", action="append", default=[],
+        help="rewrite discovered addresses, e.g. 10.0.1.0/24=127.0.1.0/24 (repeatable; any provider)",
+    )
+    clouds = parser.add_argument_group("cloud groups (shorthands for --provider NAME -o key=value)")
+    for cloud_flag in CLOUD_FLAGS:
+        clouds.add_argument(cloud_flag.flag, dest=cloud_flag.dest, metavar=cloud_flag.metavar, help=cloud_flag.help)
 
 
 def selected_provider(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
@@ -52,11 +104,25 @@ def selected_provider(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
         chosen.append((args.provider, _parse_options(args.provider_option)))
     elif args.provider_option:
         raise ConfigError("-o/--provider-option needs --provider NAME")
+    given = [(f, getattr(args, f.dest, None)) for f in CLOUD_FLAGS]
+    given = [(f, value) for f, value in given if value is not None]
+    chosen.extend((f.provider, {}) for f, _ in given if f.selects and f.provider != args.provider)
     if not chosen:
-        raise ConfigError("no hosts: give -H/--hosts, --host-discovery-script or a provider (--provider NAME)")
+        raise ConfigError(
+            "no hosts: give -H/--hosts, --host-discovery-script, a cloud group (--aws-asg, --gcp-mig, "
+            "--azure-vmss, --ibm-instance-group) or --provider NAME"
+        )
     if len(chosen) > 1:
         raise ConfigError("choose one host source: " + " / ".join(name for name, _ in chosen) + " were given")
-    return chosen[0]
+    name, options = chosen[0]
+    for cloud_flag, value in given:
+        if cloud_flag.provider != name:
+            owner = next(f.flag for f in CLOUD_FLAGS if f.selects and f.provider == cloud_flag.provider)
+            raise ConfigError(f"{cloud_flag.flag} needs {owner} (or --provider {cloud_flag.provider})")
+        if cloud_flag.option in options and options[cloud_flag.option] != value:
+            raise ConfigError(f"{cloud_flag.flag} and -o {cloud_flag.option}=... disagree; give one")
+        options[cloud_flag.option] = value
+    return name, options
 
 
 def build_discovery(args: argparse.Namespace) -> HostDiscovery:
@@ -64,8 +130,10 @@ def build_discovery(args: argparse.Namespace) -> HostDiscovery:
     if args.slots_per_host is not None and args.slots_per_host < 1:
         raise ConfigError(f"--slots-per-host must be >= 1, got {args.slots_per_host}")
     name, options = selected_provider(args)
+    rules = parse_address_map(getattr(args, "address_map", None) or [])
     cls = registry.load(name)
-    return cls.from_options(options, slots_per_host=args.slots_per_host)
+    discovery = cls.from_options(options, slots_per_host=args.slots_per_host)
+    return AddressMappedDiscovery(discovery, rules) if rules else discovery
 
 
 def _parse_options(pairs: list[str]) -> dict[str, str]:

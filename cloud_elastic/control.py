@@ -1,0 +1,105 @@
+"""The control-plane wire format shared by the driver and the workers.
+
+Every message, in both directions, is one JSON object sent as an HTTP body
+with an HMAC-SHA256 signature (per-job secret) in the ``X-Cloud-Elastic-Signature``
+header. The object carries the protocol version ``v``, the ``job`` id, a
+timestamp ``ts`` and a random ``nonce``; the receiver rejects a bad signature,
+another job's message, a stale timestamp, a replayed nonce, malformed JSON and
+bodies over :data:`MAX_BODY` bytes. Nothing is ever unpickled.
+
+The secret reaches workers out of band (a local child's environment, ssh's
+stdin) and never travels on the wire: only signatures do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import threading
+import time
+from typing import Any, Callable
+
+from cloud_elastic.errors import ControlPlaneError
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "MAX_BODY",
+    "SIGNATURE_HEADER",
+    "MAX_CLOCK_SKEW_S",
+    "new_secret",
+    "Codec",
+]
+
+PROTOCOL_VERSION = 1
+MAX_BODY = 64 * 1024
+SIGNATURE_HEADER = "X-Cloud-Elastic-Signature"
+#: Workers run on other VMs; their clocks are NTP-synchronised but not perfectly.
+MAX_CLOCK_SKEW_S = 300.0
+
+
+def new_secret() -> str:
+    """A fresh per-job secret (256 bits, hex)."""
+    return secrets.token_hex(32)
+
+
+class Codec:
+    """Signs outgoing messages and verifies incoming ones for one job.
+
+    Thread-safe. Remembers nonces for ``MAX_CLOCK_SKEW_S`` so a captured
+    message cannot be replayed while its timestamp is still acceptable.
+    """
+
+    def __init__(self, secret: str, job_id: str, *, clock: Callable[[], float] = time.time) -> None:
+        if len(secret) < 32:
+            raise ValueError("the control-plane secret is too short")
+        self._key = secret.encode()
+        self.job_id = job_id
+        self._clock = clock
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def sign(self, body: bytes) -> str:
+        """Hex HMAC-SHA256 of ``body``."""
+        return hmac.new(self._key, body, hashlib.sha256).hexdigest()
+
+    def encode(self, kind: str, payload: dict[str, Any]) -> tuple[bytes, str]:
+        """Return ``(body, signature)`` for a message of ``kind``."""
+        message = dict(payload)
+        message.update(v=PROTOCOL_VERSION, job=self.job_id, kind=kind, ts=self._clock(), nonce=secrets.token_hex(12))
+        body = json.dumps(message, separators=(",", ":")).encode()
+        if len(body) > MAX_BODY:
+            raise ControlPlaneError(f"{kind} message of {len(body)} bytes exceeds the {MAX_BODY}-byte limit")
+        return body, self.sign(body)
+
+    def decode(self, body: bytes, signature: str | None) -> dict[str, Any]:
+        """Verify and parse ``body``; raise ControlPlaneError with a one-line reason."""
+        if len(body) > MAX_BODY:
+            raise ControlPlaneError(f"message of {len(body)} bytes exceeds the {MAX_BODY}-byte limit")
+        if not signature or not hmac.compare_digest(self.sign(body), signature.strip()):
+            raise ControlPlaneError("bad or missing signature")
+        try:
+            message = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ControlPlaneError(f"malformed JSON: {exc}") from None
+        if not isinstance(message, dict):
+            raise ControlPlaneError("message is not a JSON object")
+        if message.get("v") != PROTOCOL_VERSION:
+            raise ControlPlaneError(f"unsupported protocol version {message.get('v')!r}")
+        if message.get("job") != self.job_id:
+            raise ControlPlaneError("message belongs to another job")
+        ts, nonce = message.get("ts"), message.get("nonce")
+        if not isinstance(ts, (int, float)) or not isinstance(nonce, str) or not isinstance(message.get("kind"), str):
+            raise ControlPlaneError("message lacks ts, nonce or kind")
+        now = self._clock()
+        if abs(now - ts) > MAX_CLOCK_SKEW_S:
+            raise ControlPlaneError(f"message timestamp is {now - ts:+.0f}s off")
+        with self._lock:
+            if nonce in self._seen:
+                raise ControlPlaneError("replayed message")
+            self._seen[nonce] = now
+            if len(self._seen) > 4096:
+                horizon = now - MAX_CLOCK_SKEW_S
+                self._seen = {n: t for n, t in self._seen.items() if t >= horizon}
+        return message

@@ -1,0 +1,73 @@
+"""The discovery poller: calls the provider on its own thread, never under a driver lock.
+
+Horovod deadlocked (#3014) when discovery ran under a lock the rest of the
+driver needed; here the provider is called with no lock held and its result
+is handed over through a callback, which is the only place the driver lock
+is taken.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Union
+
+from cloud_elastic.errors import DiscoveryError, FatalDiscoveryError
+from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+
+__all__ = ["DiscoveryPoller", "DiscoveryFailure"]
+
+log = logging.getLogger(__name__)
+
+
+class DiscoveryFailure:
+    """A failed discovery call: one-line ``message``; ``fatal`` if retrying cannot help."""
+
+    def __init__(self, message: str, fatal: bool) -> None:
+        self.message = message
+        self.fatal = fatal
+
+
+Result = Union[DiscoveredHosts, DiscoveryFailure]
+
+
+class DiscoveryPoller:
+    """Calls ``discovery.find()`` every ``interval_s`` and reports each result."""
+
+    def __init__(self, discovery: HostDiscovery, on_result: Callable[[Result], None], *, interval_s: float) -> None:
+        self._discovery = discovery
+        self._on_result = on_result
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="discovery", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def poll_once(self) -> Result:
+        """One provider call, its errors translated into a DiscoveryFailure."""
+        try:
+            return self._discovery.find()
+        except FatalDiscoveryError as exc:
+            return DiscoveryFailure(str(exc), fatal=True)
+        except DiscoveryError as exc:
+            return DiscoveryFailure(str(exc), fatal=False)
+        except Exception as exc:  # a provider bug must not kill the poller; retried like a transient error
+            log.exception("discovery provider %s raised an unexpected error", type(self._discovery).__name__)
+            return DiscoveryFailure(f"{type(exc).__name__}: {exc}", fatal=False)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            result = self.poll_once()
+            if isinstance(result, DiscoveryFailure):
+                log.warning("host discovery failed: %s", result.message)
+            else:
+                log.debug("discovered %d ready host(s), %d draining", len(result.ready), len(result.draining))
+            if self._stop.is_set():
+                return
+            self._on_result(result)
+            self._stop.wait(self._interval_s)

@@ -1,0 +1,357 @@
+"""The driver runtime: threads and I/O around the pure :class:`~.job.ElasticJob`.
+
+Threads, all at the edges: the discovery poller, the control-plane server's
+request threads, one output reader per worker, and the loop thread (the
+caller of :meth:`Driver.run`) that carries out the job's actions (launch,
+stop, finish) and watches worker processes. Every access to the job happens
+under one condition variable; nothing slow (provider calls, process starts,
+process stops) ever runs under it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.control import Codec, new_secret
+from cloud_elastic.driver.discovery import DiscoveryFailure, DiscoveryPoller
+from cloud_elastic.driver.hosts import Blacklist, HostManager
+from cloud_elastic.driver.job import Assignment, ElasticJob, ExitOrder, Finish, Launch, Policy, Stop
+from cloud_elastic.driver.launch import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
+from cloud_elastic.driver.local import LocalLauncher
+from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.errors import ControlPlaneError, LaunchError
+from cloud_elastic.providers.api import HostDiscovery
+
+__all__ = ["Driver"]
+
+log = logging.getLogger(__name__)
+
+_TICK_S = 0.05
+_RENDEZVOUS_POLL_S = 10.0
+
+
+class Driver:
+    """Runs one elastic job to its end. ``run()`` blocks and returns the outcome."""
+
+    def __init__(
+        self,
+        config: JobConfig,
+        discovery: HostDiscovery,
+        *,
+        job_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        output: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.job_id = job_id or secrets.token_hex(4)
+        self._discovery = discovery
+        self._clock = clock
+        self._secret = new_secret()
+        self._codec = Codec(self._secret, self.job_id)
+        self._cond = threading.Condition()
+        self._job = ElasticJob(
+            Policy(
+                num_proc=config.num_proc,
+                min_np=config.min_np,
+                max_np=config.max_np,
+                reset_limit=config.reset_limit,
+                elastic_timeout_s=config.elastic_timeout_s,
+                start_timeout_s=config.start_timeout_s,
+                heartbeat_timeout_s=config.heartbeat_timeout_s,
+                completion_grace_s=config.completion_grace_s,
+            ),
+            HostManager(Blacklist(config.cooldown_range_s)),
+            job_id=self.job_id,
+        )
+        self._procs: dict[str, WorkerProcess] = {}
+        self._launchers: dict[str, Launcher] = {}
+        self._stop_reason: tuple[str, int] | None = None
+        self._out = output or _print_line
+        self._server: ControlServer | None = None
+        self._store: Any = None
+        self._poller: DiscoveryPoller | None = None
+        self._advertised: str | None = None
+        self._stoppers: list[threading.Thread] = []
+
+    # ----------------------------------------------------------------- public
+    def stop(self, reason: str, exit_code: int) -> None:
+        """Ask the job to end (signal handlers call this); workers are stopped by run()."""
+        with self._cond:
+            if self._stop_reason is None:
+                self._stop_reason = (reason, exit_code)
+            self._cond.notify_all()
+
+    @property
+    def control_port(self) -> int:
+        assert self._server is not None
+        return self._server.port
+
+    def run(self) -> Finish:
+        """Run the job to its end; always stops every worker it started."""
+        try:
+            self._start()
+            return self._loop()
+        finally:
+            self._shutdown()
+
+    # ---------------------------------------------------------------- startup
+    def _start(self) -> None:
+        first = DiscoveryPoller(self._discovery, lambda r: None, interval_s=1).poll_once()
+        with self._cond:
+            self._job.start(self._clock())
+            if isinstance(first, DiscoveryFailure):
+                self._job.discovery_failed(first.message, fatal=True, now=self._clock())
+                return
+            self._job.discovered(first, self._clock())
+            hosts = list(first.ready) + list(first.draining)
+        self._advertised, bind = self._choose_address(hosts)
+        from torch.distributed import TCPStore  # torch only where the driver runs a job
+
+        self._store = TCPStore("0.0.0.0" if bind != "127.0.0.1" else bind, 0, None, True, wait_for_workers=False)
+        self._server = ControlServer(self._codec, self._handle, bind=bind)
+        self._server.start()
+        log.info(
+            "job %s: driver at %s (control port %d, store port %d), -np %d --min-np %d --max-np %d",
+            self.job_id, self._advertised, self._server.port, self._store.port,
+            self.config.num_proc, self.config.min_np, self.config.max_np,
+        )
+        self._poller = DiscoveryPoller(self._discovery, self._on_discovery, interval_s=self.config.discovery_interval_s)
+        self._poller.start()
+
+    def _choose_address(self, hosts: list[str]) -> tuple[str, str]:
+        """(address workers use, address to bind). Loopback unless a remote host is involved."""
+        if self.config.driver_address:
+            addr = self.config.driver_address
+            bind = "127.0.0.1" if is_local_host(addr) else "0.0.0.0"
+            return addr, bind
+        remote = [h for h in hosts if not is_local_host(h)]
+        if not remote and not self.config.force_ssh:
+            return "127.0.0.1", "127.0.0.1"
+        target = remote[0] if remote else "127.0.0.1"
+        addr = _route_address(target)
+        log.info("--driver-address not given; workers will reach the driver at %s (route to %s)", addr, target)
+        return addr, "0.0.0.0"
+
+    # --------------------------------------------------------------- the loop
+    def _loop(self) -> Finish:
+        while True:
+            with self._cond:
+                if self._stop_reason is not None and self._job.outcome is None:
+                    self._job._finish(False, self._stop_reason[0], self._stop_reason[1])
+                self._job.tick(self._clock())
+                actions = self._job.take_actions()
+                outcome = self._job.outcome
+                if not actions and outcome is None:
+                    self._cond.wait(_TICK_S)
+                self._cond.notify_all()
+            for action in actions:
+                if isinstance(action, Launch):
+                    self._launch(action)
+                elif isinstance(action, Stop):
+                    self._stop_worker(action)
+            if outcome is not None:
+                return outcome
+            self._reap()
+
+    def _reap(self) -> None:
+        ended: list[tuple[str, ExitStatus]] = []
+        for worker_id, proc in list(self._procs.items()):
+            status = proc.poll()
+            if status is not None:
+                ended.append((worker_id, status))
+                del self._procs[worker_id]
+        if ended:
+            with self._cond:
+                for worker_id, status in ended:
+                    self._job.exited(worker_id, status, self._clock())
+                self._cond.notify_all()
+
+    def _launch(self, action: Launch) -> None:
+        spec = self._spec(action)
+        try:
+            launcher = self._launcher_for(action.slot.host)
+            proc = launcher.launch(spec, lambda line, wid=action.worker_id: self._forward(wid, line))
+        except LaunchError as exc:
+            log.error("job %s: %s", self.job_id, exc)
+            with self._cond:
+                self._job.exited(action.worker_id, ExitStatus(255, transport_error=str(exc)), self._clock())
+            return
+        self._procs[action.worker_id] = proc
+        log.info("job %s: launched worker %s", self.job_id, action.worker_id)
+
+    def _launcher_for(self, host: str) -> Launcher:
+        kind = "local" if is_local_host(host) and not self.config.force_ssh else "ssh"
+        if kind not in self._launchers:
+            if kind == "local":
+                self._launchers[kind] = LocalLauncher()
+            else:
+                from cloud_elastic.driver.ssh import SSHLauncher
+
+                self._launchers[kind] = SSHLauncher(self.config.ssh)
+        return self._launchers[kind]
+
+    def _spec(self, action: Launch) -> WorkerSpec:
+        assert self._server is not None and self._store is not None
+        env = {
+            "CLOUD_ELASTIC_DRIVER": f"{self._advertised}:{self._server.port}",
+            "CLOUD_ELASTIC_STORE": f"{self._advertised}:{self._store.port}",
+            "CLOUD_ELASTIC_JOB_ID": self.job_id,
+            "CLOUD_ELASTIC_WORKER_ID": action.worker_id,
+            "CLOUD_ELASTIC_HOSTNAME": action.slot.host,
+            "CLOUD_ELASTIC_SLOT": str(action.slot.index),
+            "CLOUD_ELASTIC_HEARTBEAT_INTERVAL_S": str(self.config.heartbeat_interval_s),
+            "CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S": str(self.config.heartbeat_timeout_s),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.config.network_interface:
+            env["CLOUD_ELASTIC_NETWORK_INTERFACE"] = self.config.network_interface
+        # Several workers share a host's cores; one OpenMP thread each unless the user says otherwise.
+        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+        for item in self.config.forward_env:
+            name, sep, value = item.partition("=")
+            if sep:
+                env[name] = value
+            elif name in os.environ:
+                env[name] = os.environ[name]
+        return WorkerSpec(
+            worker_id=action.worker_id,
+            host=action.slot.host,
+            slot=action.slot.index,
+            command=self.config.command,
+            env=env,
+            secret=self._secret,
+            cwd=self.config.cwd,
+        )
+
+    def _stop_worker(self, action: Stop) -> None:
+        proc = self._procs.get(action.worker_id)
+        if proc is None:
+            return
+        log.info("job %s: stopping worker %s: %s", self.job_id, action.worker_id, action.reason)
+        if action.immediate:
+            proc.kill()
+        else:
+            t = threading.Thread(target=proc.terminate, args=(self.config.terminate_grace_s,), daemon=True)
+            t.start()
+            self._stoppers.append(t)
+
+    def _forward(self, worker_id: str, line: str) -> None:
+        rank = self._job.rank_of(worker_id)  # a plain dict read; no lock needed for a label
+        self._out(f"[{'-' if rank is None else rank}]<{worker_id.split('#')[0]}> {line}")
+
+    # ---------------------------------------------------------- control plane
+    def _on_discovery(self, result: Any) -> None:
+        with self._cond:
+            if isinstance(result, DiscoveryFailure):
+                self._job.discovery_failed(result.message, fatal=result.fatal, now=self._clock())
+            else:
+                self._job.discovered(result, self._clock())
+            self._cond.notify_all()
+
+    def _handle(self, kind: str, msg: dict[str, Any]) -> dict[str, Any]:
+        worker_id = msg.get("worker")
+        if not isinstance(worker_id, str):
+            raise ControlPlaneError("message lacks a worker id")
+        with self._cond:
+            now = self._clock()
+            if kind == "register":
+                ok = self._job.registered(worker_id, now)
+                self._cond.notify_all()
+                return {"ok": ok, "heartbeat_interval_s": self.config.heartbeat_interval_s}
+            if kind == "rendezvous":
+                return self._rendezvous(worker_id, msg)
+            if kind == "poll":
+                return self._poll(worker_id, msg)
+            if kind == "completed":
+                self._job.completed(worker_id, now)
+                self._cond.notify_all()
+                return {"ok": True}
+        raise ControlPlaneError(f"unknown message kind {kind!r}")
+
+    def _rendezvous(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
+        last_round, reason = msg.get("last_round"), msg.get("reason")
+        if not isinstance(last_round, int) or reason not in ("start", "update", "failure"):
+            raise ControlPlaneError("malformed rendezvous message")
+        self._job.rendezvous(worker_id, last_round, reason, self._clock())
+        self._cond.notify_all()
+        deadline = self._clock() + _RENDEZVOUS_POLL_S
+        while True:
+            reply = self._job.assignment(worker_id)
+            if reply is not None or self._clock() >= deadline:
+                break
+            self._cond.wait(min(0.5, deadline - self._clock()))
+        if isinstance(reply, Assignment):
+            r = reply.ranks
+            return {
+                "status": "assigned", "round": reply.round, "rank": r.rank, "size": r.size,
+                "local_rank": r.local_rank, "local_size": r.local_size, "cross_rank": r.cross_rank,
+                "cross_size": r.cross_size, "needs_sync": reply.needs_sync, "update_gen": reply.update_gen,
+            }
+        if isinstance(reply, ExitOrder):
+            return {"status": "exit", "reason": reply.reason}
+        return {"status": "wait"}
+
+    def _poll(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
+        known = (msg.get("round"), msg.get("update_gen"), msg.get("abort_round"))
+        deadline = self._clock() + self.config.heartbeat_interval_s
+        while True:
+            reply = self._job.heartbeat(worker_id, self._clock())
+            if reply is None:
+                return {"shutdown": True, "round": 0, "update_gen": 0, "abort_round": 0}
+            current = (reply.round, reply.update_gen, reply.abort_round)
+            if current != known or reply.shutdown or self._clock() >= deadline:
+                return {
+                    "round": reply.round, "update_gen": reply.update_gen,
+                    "abort_round": reply.abort_round, "shutdown": reply.shutdown,
+                }
+            self._cond.wait(max(0.0, deadline - self._clock()))
+
+    # --------------------------------------------------------------- shutdown
+    def _shutdown(self) -> None:
+        if self._poller is not None:
+            self._poller.close()
+        procs = list(self._procs.values())
+        stoppers = [
+            threading.Thread(target=p.terminate, args=(self.config.terminate_grace_s,), daemon=True) for p in procs
+        ]
+        for t in stoppers + self._stoppers:
+            if not t.is_alive() and t in stoppers:
+                t.start()
+        for t in stoppers + self._stoppers:
+            t.join(self.config.terminate_grace_s + 5)
+        self._procs.clear()
+        for launcher in self._launchers.values():
+            launcher.close()
+        if self._server is not None:
+            self._server.close()
+        try:
+            self._discovery.close()
+        except Exception:  # closing is best effort; the job's outcome is already decided
+            log.debug("discovery close failed", exc_info=True)
+
+
+def _route_address(target: str) -> str:
+    """The local address the kernel would use to reach ``target`` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((target, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+_print_lock = threading.Lock()
+
+
+def _print_line(line: str) -> None:
+    with _print_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()

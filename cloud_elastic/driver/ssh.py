@@ -1,0 +1,583 @@
+"""The SSH launcher: start workers on remote hosts through the system ``ssh`` client.
+
+One ``ssh`` process per worker, non-interactive (``BatchMode=yes``), no tty.
+The remote side runs a small Python wrapper (:data:`_REMOTE_WRAPPER`, sent on
+the command line; it holds no secret) that:
+
+1. reads the per-job secret from the first line of its stdin and hands it to
+   the worker as ``CLOUD_ELASTIC_SECRET`` (so it never appears on any command
+   line, local or remote);
+2. starts ``spec.command`` in ``spec.cwd`` in a **new session and process
+   group**, stdin from ``/dev/null``, stderr merged into stdout;
+3. runs a watchdog on its own stdin. End of file (the driver closed the pipe,
+   the local ssh died, the connection dropped), a ``KILL`` or ``TERM <grace>``
+   line, a missing keepalive, or a TERM/HUP/INT to the wrapper itself stops the
+   worker's *whole process group*: TERM, then KILL after the grace;
+4. when the worker ends, stops whatever is left in its group and reports the
+   worker's exact status (``-N`` for signal N) on a marker line on stderr.
+
+So ``ExitStatus.code`` is the worker's own status, and ``transport_error`` is
+set only when ssh itself failed (exit 255 without a marker, classified from
+ssh's stderr), when the local ssh client was killed by someone else, or when
+the remote watchdog lost the driver's keepalive.
+
+The remote PATH gets the driver's Python bin directory prepended, so a worker
+command such as ``python train.py`` uses the same virtualenv path remotely:
+cloud images are expected to install cloud-elastic at that same path.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import IO
+
+from cloud_elastic.config import SSHConfig
+from cloud_elastic.errors import ConfigError, LaunchError, SSHError
+from cloud_elastic.driver.launch import ExitStatus, OutputSink, WorkerSpec
+
+__all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
+
+logger = logging.getLogger(__name__)
+
+#: The variable in which the worker finds the per-job secret.
+SECRET_ENV = "CLOUD_ELASTIC_SECRET"
+
+_MARKER = "CLOUD_ELASTIC_EXIT"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SSH_OPTION = re.compile(r"([A-Za-z][A-Za-z0-9]*)(\s*=\s*|\s+)\S")
+_SERVER_ALIVE_INTERVAL_S = 5
+_SERVER_ALIVE_COUNT_MAX = 3
+_KILL_WAIT_S = 1.0
+_DRAIN_WAIT_S = 2.0
+_STDERR_TAIL = 20
+
+# Options the user may override through SSHConfig.extra_options (ssh keeps the
+# first value it sees for an option, and the user's options come first).
+_DEFAULT_OPTIONS = (
+    "StrictHostKeyChecking=accept-new",
+    "LogLevel=ERROR",
+    f"ServerAliveInterval={_SERVER_ALIVE_INTERVAL_S}",
+    f"ServerAliveCountMax={_SERVER_ALIVE_COUNT_MAX}",
+)
+
+# (substring of ssh's stderr, lower case) -> what went wrong. First match wins.
+_SSH_FAILURES = (
+    ("remote host identification has changed", "host key mismatch (the host key changed)"),
+    ("host key is known", "host key unknown (not in known_hosts, and strict checking is on)"),
+    ("host key verification failed", "host key verification failed"),
+    ("permission denied", "authentication refused"),
+    ("too many authentication failures", "authentication refused"),
+    ("connection refused", "host unreachable: connection refused"),
+    ("no route to host", "host unreachable: no route to host"),
+    ("network is unreachable", "host unreachable: network is unreachable"),
+    ("timed out", "host unreachable: connection timed out"),
+    ("could not resolve hostname", "host name does not resolve"),
+    ("not responding", "connection lost: the server stopped responding"),
+    ("closed by remote host", "connection lost: closed by the remote host"),
+    ("connection reset", "connection lost: reset"),
+    ("connection closed", "connection lost: closed"),
+    ("broken pipe", "connection lost: broken pipe"),
+)
+
+# Runs on the remote host under `python3 -c`. Python 3.6+, stdlib only.
+# argv: nonce, grace_s, keepalive_timeout_s (0 = off), cwd, command...
+_REMOTE_WRAPPER = r'''
+import os, select, signal, subprocess, sys, threading, time
+NONCE, GRACE, KEEPALIVE, CWD, CMD = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5:]
+LOCK = threading.RLock()  # re-entered by the signal handler
+REASON = ["-"]
+PGID = [None]
+
+def say(msg):
+    try:
+        sys.stderr.write("cloud-elastic remote: %s\n" % msg)
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+def done(status, reason):
+    try:
+        sys.stderr.write("%s %s %d %s\n" % ("''' + _MARKER + r'''", NONCE, status, reason))
+        sys.stderr.flush()
+    except OSError:
+        pass
+    os._exit(status if 0 <= status < 255 else (128 - status if status < 0 else 254))
+
+def alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return True
+    for name in names:  # unreaped zombies still count for killpg: look closer
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError, ValueError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+def stop(pgid, grace):
+    with LOCK:
+        steps = ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)) if grace > 0 else ((signal.SIGKILL, 0.0),)
+        for sig, wait_s in steps:
+            if not alive(pgid):
+                return
+            try:
+                os.killpg(pgid, sig)
+                os.killpg(pgid, signal.SIGCONT)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and alive(pgid):
+                time.sleep(0.05)
+
+def order_grace(line):
+    # "KILL" -> 0, "TERM <grace>" -> grace, anything else (keepalives) -> None
+    words = line.split()
+    if words[:1] == [b"KILL"]:
+        return 0.0
+    if words[:1] != [b"TERM"]:
+        return None
+    try:
+        return float(words[1])
+    except (IndexError, ValueError):
+        return GRACE
+
+def watch(pgid):
+    buf, last = b"", time.monotonic()
+    while True:
+        ready = select.select([0], [], [], 0.5)[0]
+        if not ready:
+            if KEEPALIVE > 0 and time.monotonic() - last > KEEPALIVE:
+                REASON[0] = "keepalive"
+                say("no keepalive from the driver for %gs: stopping the worker" % KEEPALIVE)
+                return stop(pgid, GRACE)
+            continue
+        try:
+            chunk = os.read(0, 4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return stop(pgid, GRACE)
+        last, buf = time.monotonic(), buf + chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            grace = order_grace(line)
+            if grace is not None:
+                return stop(pgid, grace)
+
+def on_signal(signum, frame):
+    if PGID[0] is None:
+        os._exit(1)
+    stop(PGID[0], GRACE)
+
+def load_prctl():
+    try:
+        import ctypes
+        return ctypes.CDLL(None).prctl
+    except (ImportError, OSError, AttributeError):  # not Linux, or no libc: best effort only
+        return None
+
+PRCTL = [None]
+
+def die_with_parent():
+    # If this wrapper is SIGKILLed, the kernel kills the worker's leader too.
+    if PRCTL[0] is not None:
+        PRCTL[0](1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+def read_secret():
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(0, 1)
+        if not chunk:
+            return None
+        data += chunk
+    return data[:-1].decode()
+
+def main():
+    secret = read_secret()
+    if secret is None:
+        say("the driver went away before the worker started")
+        os._exit(1)
+    if not os.path.isdir(CWD):
+        say("working directory %s does not exist on this host" % CWD)
+        done(127, "cwd")
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    PRCTL[0] = load_prctl()
+    env = dict(os.environ)
+    env["''' + SECRET_ENV + r'''"] = secret
+    try:
+        proc = subprocess.Popen(CMD, cwd=CWD, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=die_with_parent)
+    except (OSError, subprocess.SubprocessError) as exc:
+        say("cannot start %s: %s" % (CMD[0], exc))
+        done(127, "exec")
+    PGID[0] = proc.pid
+    threading.Thread(target=watch, args=(proc.pid,), daemon=True).start()
+    status = proc.wait()
+    stop(proc.pid, GRACE)  # anything the worker left behind in its group
+    done(status, REASON[0])
+
+main()
+'''
+
+
+class SSHLauncher:
+    """Starts workers on remote hosts through the system ``ssh`` client.
+
+    Guarantees, in addition to those of :class:`~cloud_elastic.driver.launch.Launcher`:
+
+    * ssh runs with ``BatchMode=yes`` (never prompts), ``-T`` (no tty) and the
+      ConnectTimeout, port, user and identity of ``config``. ``config.extra_options``
+      are ``Key=Value`` ssh options; they come before the launcher's defaults
+      (``StrictHostKeyChecking=accept-new``, ``LogLevel=ERROR``,
+      ``ServerAliveInterval=5``, ``ServerAliveCountMax=3``, ``IdentitiesOnly=yes``
+      with an identity file), so they override them. ``BatchMode`` cannot be overridden.
+    * The launcher writes a keepalive line to every live worker's stdin each
+      ``keepalive_interval_s``; a remote wrapper that hears nothing for
+      ``keepalive_timeout_s`` (0 disables) stops its worker, so a silently dead
+      connection or driver VM leaves no orphan even when sshd never notices.
+    * If the connection drops, the remote group gets TERM, then KILL after
+      ``disconnect_grace_s``.
+
+    The constructor does no I/O and starts no thread; the keepalive thread
+    starts with the first ``launch`` and stops in ``close``.
+    """
+
+    def __init__(
+        self,
+        config: SSHConfig,
+        *,
+        keepalive_interval_s: float = 5.0,
+        keepalive_timeout_s: float = 30.0,
+        disconnect_grace_s: float = 5.0,
+    ) -> None:
+        for option in config.extra_options:
+            if not _SSH_OPTION.match(option):
+                raise ConfigError(f"extra ssh option {option!r} must look like Key=Value (it is passed as ssh -o)")
+        if keepalive_interval_s <= 0 or disconnect_grace_s < 0:
+            raise ConfigError("keepalive_interval_s must be > 0 and disconnect_grace_s >= 0")
+        if keepalive_timeout_s and keepalive_timeout_s <= 2 * keepalive_interval_s:
+            raise ConfigError("keepalive_timeout_s must exceed twice keepalive_interval_s (or be 0 to disable)")
+        self._config = config
+        self._keepalive_interval_s = keepalive_interval_s
+        self._keepalive_timeout_s = keepalive_timeout_s
+        self._disconnect_grace_s = disconnect_grace_s
+        self._lock = threading.Lock()
+        self._live: list[SSHWorkerProcess] = []
+        self._closed = threading.Event()
+        self._keepalive: threading.Thread | None = None
+        self._logged_options = False
+
+    def ssh_argv(self, host: str) -> list[str]:
+        """The ssh client invocation (without the remote command) used for ``host``."""
+        ssh = shutil.which("ssh")
+        if ssh is None:
+            raise SSHError("the ssh client is not installed on the driver host (install openssh-client)")
+        cfg = self._config
+        argv = [ssh, "-T", "-o", "BatchMode=yes"]
+        for option in cfg.extra_options:
+            argv += ["-o", option]
+        argv += ["-o", f"ConnectTimeout={max(1, math.ceil(cfg.connect_timeout_s))}"]
+        defaults = _DEFAULT_OPTIONS + (("IdentitiesOnly=yes",) if cfg.identity_file else ())
+        overridden = {_option_key(option) for option in cfg.extra_options}
+        for option in defaults:
+            if _option_key(option) not in overridden:
+                argv += ["-o", option]
+        if cfg.identity_file:
+            argv += ["-i", cfg.identity_file]
+        if cfg.port is not None:
+            argv += ["-p", str(cfg.port)]
+        if cfg.user:
+            argv += ["-l", cfg.user]
+        return argv + ["--", host]
+
+    def remote_command(self, spec: WorkerSpec, nonce: str) -> str:
+        """The shell command line the remote login shell runs. Holds no secret."""
+        for name in spec.env:
+            if not _ENV_NAME.match(name):
+                raise LaunchError(f"cannot forward environment variable {name!r} to {spec.host}: not a valid name")
+        if SECRET_ENV in spec.env:
+            raise LaunchError(f"{SECRET_ENV} must not be in WorkerSpec.env; the secret travels on stdin")
+        bindir = os.path.dirname(sys.executable)
+        if "PATH" in spec.env:
+            path = shlex.quote(f"PATH={bindir}:{spec.env['PATH']}")
+        else:
+            path = shlex.quote(f"PATH={bindir}:") + '"$PATH"'
+        assignments = [shlex.quote(f"{k}={v}") for k, v in spec.env.items() if k != "PATH"]
+        wrapper_args = [nonce, repr(self._disconnect_grace_s), repr(self._keepalive_timeout_s), spec.cwd, *spec.command]
+        return " ".join(
+            ["exec", "env", "--", path, *assignments, "python3", "-c", shlex.quote(_REMOTE_WRAPPER)]
+            + [shlex.quote(arg) for arg in wrapper_args]
+        )
+
+    def launch(self, spec: WorkerSpec, on_output: OutputSink) -> SSHWorkerProcess:
+        """Start ``spec`` on ``spec.host`` over ssh; return at once.
+
+        Raises :class:`~cloud_elastic.errors.SSHError` if the ssh client cannot
+        be started and :class:`~cloud_elastic.errors.LaunchError` for a spec that
+        cannot be sent (bad variable name, secret with a newline). Unreachable
+        hosts and refused keys are reported later by ``poll()`` as a transport error.
+        """
+        if self._closed.is_set():
+            raise LaunchError("the SSH launcher is closed")
+        if not spec.command:
+            raise LaunchError(f"worker {spec.worker_id}: empty command")
+        if "\n" in spec.secret or "\r" in spec.secret:
+            raise LaunchError("the job secret must be a single line")
+        nonce = secrets.token_hex(8)
+        argv = self.ssh_argv(spec.host) + [self.remote_command(spec, nonce)]
+        self._log_options_once(argv)
+        logger.info("launching worker %s (slot %s) on %s over ssh", spec.worker_id, spec.slot, spec.host)
+        proc = SSHWorkerProcess(spec, argv, nonce, on_output, self._destination(spec.host), self._keepalive_timeout_s)
+        proc.start()
+        with self._lock:
+            self._live = [p for p in self._live if p.poll() is None] + [proc]
+            if self._keepalive is None and self._keepalive_timeout_s:
+                self._keepalive = threading.Thread(target=self._keepalive_loop, name="ssh-keepalive", daemon=True)
+                self._keepalive.start()
+        return proc
+
+    def close(self) -> None:
+        """Stop the keepalive thread. Idempotent.
+
+        Workers should have been stopped already; any still running get their
+        stdin closed here, so their remote watchdog stops them (TERM, then KILL
+        after ``disconnect_grace_s``) instead of leaving them unattended.
+        """
+        self._closed.set()
+        with self._lock:
+            live, self._live = [p for p in self._live if p.poll() is None], []
+            thread, self._keepalive = self._keepalive, None
+        for proc in live:
+            logger.warning("closing the SSH launcher with worker %s still running on %s: stopping it",
+                           proc.spec.worker_id, proc.spec.host)
+            proc.hang_up()
+        if thread is not None:
+            thread.join(timeout=self._keepalive_interval_s + 1)
+
+    def _keepalive_loop(self) -> None:
+        while not self._closed.wait(self._keepalive_interval_s):
+            with self._lock:
+                self._live = [p for p in self._live if p.poll() is None]
+                live = list(self._live)
+            for proc in live:
+                proc.send_keepalive()
+
+    def _destination(self, host: str) -> str:
+        user = f"{self._config.user}@" if self._config.user else ""
+        return f"{user}{host}:{self._config.port or 22}"
+
+    def _log_options_once(self, argv: list[str]) -> None:
+        if not self._logged_options:
+            self._logged_options = True
+            logger.info("ssh client for remote hosts: %s (keepalive %gs, remote timeout %gs)",
+                        " ".join(shlex.quote(a) for a in argv[:-2]), self._keepalive_interval_s,
+                        self._keepalive_timeout_s)
+
+
+class SSHWorkerProcess:
+    """One worker started through one local ``ssh`` process.
+
+    ``poll``/``terminate``/``kill`` are safe from any thread. The local ssh runs
+    in its own session, so a Ctrl-C at the driver's terminal reaches the driver
+    only, which then stops workers in order.
+    """
+
+    def __init__(self, spec: WorkerSpec, argv: list[str], nonce: str, on_output: OutputSink,
+                 destination: str, keepalive_timeout_s: float) -> None:
+        self.spec = spec
+        self._argv = argv
+        self._nonce = nonce
+        self._on_output = on_output
+        self._destination = destination
+        self._keepalive_timeout_s = keepalive_timeout_s
+        self._lock = threading.RLock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._readers: list[threading.Thread] = []
+        self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
+        self._marker: tuple[int, str] | None = None
+        self._stdin_fd: int | None = None
+        self._stopping = False
+        self._exited_at: float | None = None
+        self._status: ExitStatus | None = None
+
+    @property
+    def ssh_pid(self) -> int | None:
+        """Process id of the local ssh client (``None`` before ``start``)."""
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> None:
+        """Start ssh, hand over the secret on stdin, start the output readers."""
+        try:
+            self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise SSHError(f"cannot start the ssh client for {self._destination}: {exc}") from exc
+        self._stdin_fd = self._proc.stdin.fileno()
+        os.set_blocking(self._stdin_fd, False)
+        self._write(f"{self.spec.secret}\n".encode())
+        for name, stream, handler in (("out", self._proc.stdout, self._on_stdout),
+                                      ("err", self._proc.stderr, self._on_stderr)):
+            reader = threading.Thread(target=self._read, args=(stream, handler),
+                                      name=f"ssh-{name}-{self.spec.worker_id}", daemon=True)
+            reader.start()
+            self._readers.append(reader)
+
+    def poll(self) -> ExitStatus | None:
+        """The exit status once ssh has ended and its output is drained, else ``None``. Never blocks."""
+        if self._status is not None or self._proc is None:
+            return self._status
+        rc = self._proc.poll()
+        if rc is None:
+            return None
+        with self._lock:
+            if self._status is not None:
+                return self._status
+            now = time.monotonic()
+            self._exited_at = self._exited_at or now
+            if any(r.is_alive() for r in self._readers) and now - self._exited_at < _DRAIN_WAIT_S:
+                return None
+            self._close_stdin()
+            self._status = self._exit_status(rc)
+        logger.debug("worker %s on %s ended: %s", self.spec.worker_id, self._destination, self._status.describe)
+        return self._status
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        """TERM the remote process group, KILL it after ``grace_s``; then end the local ssh.
+
+        Blocks up to ``grace_s``. If the remote side has not finished by then the
+        local ssh is killed; the remote wrapper, which already has its orders,
+        still delivers the KILL. Idempotent.
+        """
+        self._stop(f"TERM {max(grace_s, 0.0)!r}\n", grace_s)
+
+    def kill(self) -> None:
+        """KILL the remote process group at once; blocks at most about a second. Idempotent."""
+        self._stop("KILL\n", _KILL_WAIT_S)
+
+    def hang_up(self) -> None:
+        """Close ssh's stdin: the remote watchdog stops the worker with its default grace. Never blocks."""
+        with self._lock:
+            self._stopping = True
+        self._close_stdin()
+
+    def send_keepalive(self) -> None:
+        """Write one keepalive line to the remote watchdog; never blocks."""
+        self._write(b"\n")
+
+    def _stop(self, order: str, wait_s: float) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        with self._lock:
+            self._stopping = True
+        self._write(order.encode())
+        self._close_stdin()
+        try:
+            self._proc.wait(timeout=max(wait_s, 0.0))
+        except subprocess.TimeoutExpired:
+            logger.warning("ssh to %s did not end within %gs of stopping worker %s: killing the ssh client",
+                           self._destination, wait_s, self.spec.worker_id)
+            self._proc.kill()
+            self._proc.wait()
+
+    def _write(self, data: bytes) -> None:
+        with self._lock:
+            if self._stdin_fd is None:
+                return
+            try:
+                os.write(self._stdin_fd, data)
+            except (BlockingIOError, BrokenPipeError):
+                pass  # ssh is not reading (stalled) or is gone; poll() reports which
+            except OSError as exc:
+                logger.debug("writing to ssh for worker %s failed: %s", self.spec.worker_id, exc)
+
+    def _close_stdin(self) -> None:
+        with self._lock:
+            if self._stdin_fd is None or self._proc is None or self._proc.stdin is None:
+                return
+            self._stdin_fd = None
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass  # BrokenPipe on flush: nothing buffered matters any more
+
+    def _read(self, stream: IO[bytes], handler: OutputSink) -> None:
+        with stream:
+            for raw in iter(stream.readline, b""):
+                handler(raw.decode("utf-8", "replace").rstrip("\r\n"))
+
+    def _on_stdout(self, line: str) -> None:
+        self._forward(line)
+
+    def _on_stderr(self, line: str) -> None:
+        words = line.split()
+        if len(words) == 4 and words[0] == _MARKER and words[1] == self._nonce:
+            try:
+                self._marker = (int(words[2]), words[3])
+                return
+            except ValueError:
+                pass
+        self._stderr_tail.append(line)
+        self._forward(line)
+
+    def _forward(self, line: str) -> None:
+        try:
+            self._on_output(line)
+        except Exception:  # a broken sink must not stop draining, or the worker blocks on a full pipe
+            logger.exception("output callback failed for worker %s", self.spec.worker_id)
+
+    def _exit_status(self, rc: int) -> ExitStatus:
+        if self._marker is not None:
+            code, reason = self._marker
+            if reason == "keepalive":
+                return ExitStatus(code, self._transport(
+                    f"the connection went silent for {self._keepalive_timeout_s:g}s and the remote watchdog "
+                    "stopped the worker"))
+            return ExitStatus(code)
+        if rc == 255:
+            return ExitStatus(rc, self._transport(_classify(self._stderr_tail)))
+        if rc < 0 and not self._stopping:
+            return ExitStatus(rc, self._transport(f"the local ssh client was killed by signal {-rc}"))
+        return ExitStatus(rc)
+
+    def _transport(self, what: str) -> str:
+        return f"SSH failure on {self._destination} (not a worker failure): {what}"
+
+
+def _option_key(option: str) -> str:
+    match = _SSH_OPTION.match(option)
+    return match.group(1).lower() if match else option.lower()
+
+
+def _classify(stderr_tail: deque[str] | list[str]) -> str:
+    """Name an ssh exit-255 failure from ssh's stderr; quote ssh's last words."""
+    lines = [line.strip() for line in stderr_tail if line.strip()]
+    if not lines:  # ssh reports every failure of its own; silence means the remote side died
+        return "the remote wrapper ended without reporting the worker's status (killed by a signal?)"
+    text = " ".join(lines).lower()
+    last = lines[-1]
+    for needle, what in _SSH_FAILURES:
+        if needle in text:
+            return f"{what} (ssh said: {last})"
+    return f"ssh exited with 255 (ssh said: {last})"

@@ -1,0 +1,257 @@
+"""Pieces every cloud provider shares: lazy SDK import, option parsing, snapshot
+building, slot caching and error classification.
+
+Nothing here does I/O. Cloud modules import this; it imports no cloud SDK.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Hashable, Mapping
+
+from cloud_elastic.errors import (
+    ConfigError,
+    DiscoveryError,
+    FatalDiscoveryError,
+    MissingDependencyError,
+    RetryableDiscoveryError,
+)
+from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery, ProviderOption
+
+__all__ = [
+    "import_sdk",
+    "OptionReader",
+    "retry_options",
+    "Verdict",
+    "READY",
+    "ABSENT",
+    "draining",
+    "SnapshotBuilder",
+    "SlotCache",
+    "error_for_status",
+    "one_line",
+    "CloudGroupProvider",
+]
+
+_log = logging.getLogger(__name__)
+
+
+def import_sdk(module: str, *, package: str, extra: str) -> Any:
+    """Import ``module`` or raise MissingDependencyError naming ``package`` and the pip ``extra``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(package, extra) from exc
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """Collapse an SDK message to one line of at most ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def error_for_status(status: int | None, message: str) -> DiscoveryError:
+    """The error for an HTTP status that survived the SDK's own retries.
+
+    408, 429 and 5xx are transient (RetryableDiscoveryError); every other
+    status (401, 403, 404, 400...) is something retrying cannot fix.
+    ``None`` (no response at all: connection refused, timeout) is transient.
+    """
+    if status is None or status in (408, 429) or status >= 500:
+        return RetryableDiscoveryError(message)
+    return FatalDiscoveryError(message)
+
+
+def retry_options(default_attempts: int = 5, default_timeout_s: float = 10.0) -> tuple[ProviderOption, ...]:
+    """The two options every SDK-retry-based provider exposes."""
+    return (
+        ProviderOption(
+            "max_attempts",
+            "attempts per API call, first one included, through the SDK's retry with back-off (1 = no retry)",
+            default=str(default_attempts),
+        ),
+        ProviderOption("timeout_s", "connect/read timeout of one API request, seconds", default=f"{default_timeout_s:g}"),
+    )
+
+
+class OptionReader:
+    """Typed access to ``-o key=value`` options with one-line ConfigErrors."""
+
+    def __init__(self, provider: type[HostDiscovery], options: Mapping[str, str]) -> None:
+        provider.check_options(options)
+        self._provider = provider
+        self._options = options
+        self._defaults = {o.name: o.default for o in provider.options}
+
+    def text(self, name: str) -> str | None:
+        """The option's value, its declared default, or ``None``; blank counts as absent."""
+        value = self._options.get(name)
+        if value is None or not value.strip():
+            value = self._defaults.get(name)
+        return value.strip() if value else None
+
+    def integer(self, name: str, *, minimum: int = 1, maximum: int | None = None) -> int:
+        """An integer option within ``[minimum, maximum]``."""
+        raw = self.text(name)
+        try:
+            value = int(raw or "")
+        except ValueError:
+            raise ConfigError(f"provider {self._provider.name!r}: option {name!r} must be an integer, got {raw!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+            raise ConfigError(f"provider {self._provider.name!r}: option {name!r} must be {bound}, got {value}")
+        return value
+
+    def seconds(self, name: str) -> float:
+        """A positive number of seconds."""
+        raw = self.text(name)
+        try:
+            value = float(raw or "")
+        except ValueError:
+            raise ConfigError(f"provider {self._provider.name!r}: option {name!r} must be a number, got {raw!r}") from None
+        if not value > 0:
+            raise ConfigError(f"provider {self._provider.name!r}: option {name!r} must be > 0, got {raw}")
+        return value
+
+    def endpoint(self, name: str) -> str | None:
+        """An optional http(s) URL, trailing slash removed."""
+        value = self.text(name)
+        if value is None:
+            return None
+        if not value.startswith(("https://", "http://")):
+            raise ConfigError(f"provider {self._provider.name!r}: option {name!r} must be an http(s) URL, got {value!r}")
+        return value.rstrip("/")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a cloud's state says about one instance: ``kind`` is ready, draining or absent."""
+
+    kind: str
+    reason: str = ""
+
+
+READY = Verdict("ready")
+ABSENT = Verdict("absent")
+
+
+def draining(reason: str) -> Verdict:
+    """A verdict for an instance that is leaving, with a human-readable reason."""
+    return Verdict("draining", reason)
+
+
+class SnapshotBuilder:
+    """Collects per-instance verdicts into a DiscoveredHosts, oldest instances first.
+
+    An address seen twice keeps its first ready entry unless the second says
+    draining (leaving wins: it is the safer reading). Ordering by creation
+    time means hosts that have been around longest get the lower ranks.
+    """
+
+    def __init__(self, group: str) -> None:
+        self._group = group
+        self._ready: dict[str, tuple[Hashable, int]] = {}
+        self._draining: dict[str, tuple[Hashable, Drain]] = {}
+
+    def add(self, address: str | None, verdict: Verdict, slots: Callable[[], int], *, order: Hashable = "",
+            instance: str = "") -> None:
+        """Record one instance. ``slots`` is only called for ready instances."""
+        if verdict.kind == "absent":
+            return
+        if not address:
+            _log.debug("%s: instance %s has no private address yet; skipped", self._group, instance)
+            return
+        key = (order, address)
+        if verdict.kind == "draining":
+            self._ready.pop(address, None)
+            self._draining.setdefault(address, (key, Drain(deadline=None, reason=verdict.reason)))
+            return
+        if address in self._ready or address in self._draining:
+            _log.warning("%s: address %s is reported by two instances; keeping the first", self._group, address)
+            return
+        self._ready[address] = (key, slots())
+
+    def build(self) -> DiscoveredHosts:
+        """The snapshot; ``ready`` ordered by (creation order, address)."""
+        ready = {h: s for h, (_, s) in sorted(self._ready.items(), key=lambda kv: _sort_key(kv[1][0]))}
+        drain = {h: d for h, (_, d) in sorted(self._draining.items(), key=lambda kv: _sort_key(kv[1][0]))}
+        return DiscoveredHosts(ready=ready, draining=drain)
+
+
+def _sort_key(key: tuple[Hashable, str]) -> tuple[str, str]:
+    return (str(key[0]), key[1])
+
+
+class SlotCache:
+    """Instance type -> GPU count, looked up once per type (types never change).
+
+    ``lookup`` returns the GPU count of one type (0 for CPU-only); a CPU-only
+    type gives 1 slot. ``fixed`` (the user's ``--slots-per-host``) wins and
+    skips every lookup.
+    """
+
+    def __init__(self, lookup: Callable[[Hashable], int], *, fixed: int | None) -> None:
+        self._lookup = lookup
+        self._fixed = fixed
+        self._cache: dict[Hashable, int] = {}
+
+    def slots(self, instance_type: Hashable) -> int:
+        """Slots for one instance of ``instance_type``."""
+        if self._fixed is not None:
+            return self._fixed
+        if instance_type not in self._cache:
+            self._cache[instance_type] = max(1, int(self._lookup(instance_type) or 0))
+            _log.debug("instance type %s has %d slot(s)", instance_type, self._cache[instance_type])
+        return self._cache[instance_type]
+
+    def prime(self, instance_type: Hashable, gpus: int) -> None:
+        """Record a count learnt as a side effect (for example from a batch lookup)."""
+        self._cache.setdefault(instance_type, max(1, int(gpus or 0)))
+
+    def known(self, instance_type: Hashable) -> bool:
+        """Whether ``instance_type`` needs no lookup."""
+        return self._fixed is not None or instance_type in self._cache
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+
+class CloudGroupProvider(HostDiscovery, abc.ABC):
+    """Base of the cloud providers: one translation point for SDK errors.
+
+    Subclasses implement :meth:`_discover` (import the SDK lazily, reuse cached
+    clients, return a snapshot) and :meth:`_translate` (map an SDK exception to
+    a DiscoveryError, or ``None`` for "not an SDK error"). ``find`` lets
+    DiscoveryErrors through, translates the rest and re-raises anything
+    untranslated unchanged (the driver treats that as a bug, retryable).
+    """
+
+    #: Modules the provider imports lazily, and the pip extra that installs them
+    #: (``cloud-elastic providers`` reports a missing SDK without importing it).
+    requires: ClassVar[tuple[str, ...]] = ()
+    extra: ClassVar[str] = ""
+    #: Human name of the group in messages, e.g. "AWS Auto Scaling group 'gpus'".
+    label: str = ""
+
+    def find(self) -> DiscoveredHosts:
+        try:
+            return self._discover()
+        except DiscoveryError:
+            raise
+        except Exception as exc:  # translated below, or re-raised as is
+            error = self._translate(exc)
+            if error is None:
+                raise
+            _log.debug("%s: %s", self.label, error, exc_info=True)
+            raise error from exc
+
+    @abc.abstractmethod
+    def _discover(self) -> DiscoveredHosts:
+        """Talk to the cloud and build one snapshot."""
+
+    @abc.abstractmethod
+    def _translate(self, exc: Exception) -> DiscoveryError | None:
+        """The DiscoveryError for an SDK exception, or ``None`` if ``exc`` is not one."""

@@ -1,0 +1,112 @@
+"""``--address-map FROM=TO``: rewrite the addresses any provider reports.
+
+Why: a provider reports the addresses the cloud gives (private IPs in the
+VPC). Two situations need other addresses for the same instances: a driver
+that reaches the workers through a tunnel, NAT or port-forward, and tests and
+demos on one machine, where a cloud emulator's subnet (say ``10.20.1.0/24``)
+is mapped onto loopback (``127.0.1.0/24``) so the driver starts the "cloud"
+workers as local processes. One generic option applied in one place (a
+wrapper that :func:`cloud_elastic.providers.selection.build_discovery` puts
+around the selected provider) serves every provider, third-party ones
+included, instead of each growing its own.
+
+Rules: ``FROM`` and ``TO`` are networks of the same IP version and prefix
+length (a bare address counts as /32 or /128). An address inside ``FROM`` is
+replaced by the address at the same offset inside ``TO``; the first matching
+rule wins; addresses matching no rule and host names pass through unchanged.
+Two hosts mapped onto one address is a FatalDiscoveryError (the rules are
+wrong, retrying cannot help).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from cloud_elastic.errors import ConfigError, FatalDiscoveryError
+from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+
+__all__ = ["AddressRule", "parse_address_map", "map_address", "AddressMappedDiscovery"]
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class AddressRule:
+    """Addresses in ``source`` move to the same offset in ``target``."""
+
+    source: Network
+    target: Network
+
+
+def parse_address_map(specs: Iterable[str]) -> tuple[AddressRule, ...]:
+    """Parse ``FROM=TO`` strings; ConfigError with a one-line message for anything wrong."""
+    rules = []
+    for spec in specs:
+        left, sep, right = spec.partition("=")
+        if not sep:
+            raise ConfigError(f"--address-map expects FROM=TO (networks such as 10.0.1.0/24=127.0.1.0/24), got {spec!r}")
+        try:
+            source = ipaddress.ip_network(left.strip(), strict=True)
+            target = ipaddress.ip_network(right.strip(), strict=True)
+        except ValueError as exc:
+            raise ConfigError(f"--address-map {spec!r}: {exc}") from None
+        if source.version != target.version or source.prefixlen != target.prefixlen:
+            raise ConfigError(
+                f"--address-map {spec!r}: both sides need the same IP version and prefix length "
+                f"(/{source.prefixlen} vs /{target.prefixlen})"
+            )
+        rules.append(AddressRule(source, target))
+    return tuple(rules)
+
+
+def map_address(host: str, rules: Iterable[AddressRule]) -> str:
+    """The address ``host`` maps to under ``rules`` (unchanged if none matches or it is a name)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    for rule in rules:
+        if address.version == rule.source.version and address in rule.source:
+            offset = int(address) - int(rule.source.network_address)
+            return str(ipaddress.ip_address(int(rule.target.network_address) + offset))
+    return host
+
+
+class AddressMappedDiscovery(HostDiscovery):
+    """Wraps a provider and rewrites every host it reports (ready and draining) by the rules.
+
+    Not a registered provider: :func:`~cloud_elastic.providers.selection.build_discovery`
+    builds it around the selected one. ``find`` raises whatever the inner
+    provider raises, unchanged.
+    """
+
+    def __init__(self, inner: HostDiscovery, rules: Iterable[AddressRule]) -> None:
+        self.inner = inner
+        self.rules = tuple(rules)
+        self.name = inner.name  # type: ignore[misc]  # reads like the provider it wraps
+        self.description = inner.description  # type: ignore[misc]
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "HostDiscovery":
+        raise ConfigError("the address map wraps a provider; it is built by --address-map, not by --provider")
+
+    def find(self) -> DiscoveredHosts:
+        snapshot = self.inner.find()
+        ready: dict[str, int] = {}
+        draining = {}
+        origin: dict[str, str] = {}
+        for table, out in ((snapshot.ready, ready), (snapshot.draining, draining)):
+            for host, value in table.items():
+                mapped = map_address(host, self.rules)
+                if mapped in origin:
+                    raise FatalDiscoveryError(
+                        f"--address-map sends both {origin[mapped]} and {host} to {mapped}; fix the rules"
+                    )
+                origin[mapped] = host
+                out[mapped] = value
+        return DiscoveredHosts(ready=ready, draining=draining)
+
+    def close(self) -> None:
+        self.inner.close()

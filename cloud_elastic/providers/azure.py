@@ -1,0 +1,272 @@
+"""Azure Virtual Machine Scale Set discovery (``--azure-vmss NAME``).
+
+Both orchestration modes. The scale set is read once (``virtualMachineScaleSets.get``:
+mode and location). Then each :meth:`~AzureScaleSet.find` lists
+
+* **Uniform**: the scale set's VMs with their instance view
+  (``virtualMachineScaleSetVMs.list $expand=instanceView``) and its network
+  interfaces (the Network provider's ``.../virtualMachineScaleSets/NAME/networkInterfaces``);
+* **Flexible**: the resource group's VMs filtered on the scale set
+  (``virtualMachines.list $filter='virtualMachineScaleSet/id' eq ...``, with instance
+  view) and the resource group's network interfaces;
+
+and joins them on the VM id for the primary NIC's primary private IP. GPU
+counts come from the resource SKUs of the location (capability ``GPUs``),
+read once. A scale set of 1,000 VMs costs a few paged calls per cycle.
+
+State mapping (first matching row wins; only VMs with a private IP appear):
+
+==================================  ==========================================  ==================
+``provisioningState``               instance view                               result
+==================================  ==========================================  ==================
+``Deleting``                        any                                         draining "Deleting"
+``Failed``                          any                                         draining "provisioning Failed"
+any                                 ``PowerState/stopping``, ``stopped``,       draining "PowerState/<x>"
+                                    ``deallocating``, ``deallocated``
+any                                 ``HealthState/unhealthy``                   draining "unhealthy"
+``Succeeded``, ``Updating``         ``PowerState/running``                      ready
+anything else (``Creating``...)     ``PowerState/starting``, none...            absent
+==================================  ==========================================  ==================
+
+``Updating`` counts as ready because extension and model updates keep the VM
+running. Drains carry no deadline: the group API gives none (Spot eviction
+and terminate notifications are Scheduled Events on the VM).
+
+Credentials: ``DefaultAzureCredential`` (environment, workload identity,
+managed identity, Azure CLI...). The subscription comes from the
+``subscription`` option or ``AZURE_SUBSCRIPTION_ID``. ``endpoint`` overrides
+the Resource Manager endpoint (sovereign clouds; the token scope follows it);
+without it the SDK's own ``AZURE_CLOUD`` setting applies. A plain ``http://``
+endpoint is accepted only on loopback (tests). 408, 429 and 5xx are retried
+by azure-core's retry policy (``max_attempts``, exponential back-off,
+``Retry-After`` honoured); what survives raises RetryableDiscoveryError.
+404, 401/403 and missing credentials raise FatalDiscoveryError.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable, Mapping
+from urllib.parse import urlsplit
+
+from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.providers._common import (
+    ABSENT,
+    READY,
+    CloudGroupProvider,
+    OptionReader,
+    SlotCache,
+    SnapshotBuilder,
+    Verdict,
+    draining,
+    error_for_status,
+    import_sdk,
+    one_line,
+    retry_options,
+)
+from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption
+
+__all__ = ["AzureScaleSet", "classify"]
+
+_log = logging.getLogger(__name__)
+
+_LEAVING_POWER = {"PowerState/stopping", "PowerState/stopped", "PowerState/deallocating", "PowerState/deallocated"}
+_RUNNING_PROVISIONING = {"Succeeded", "Updating"}
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def classify(provisioning_state: str, statuses: Iterable[str]) -> Verdict:
+    """Map one VM's provisioning state and instance-view status codes (see the table)."""
+    codes = set(statuses)
+    if provisioning_state == "Deleting":
+        return draining("Deleting")
+    if provisioning_state == "Failed":
+        return draining("provisioning Failed")
+    power = sorted(codes & _LEAVING_POWER)
+    if power:
+        return draining(power[0])
+    if any(c.lower() == "healthstate/unhealthy" for c in codes):
+        return draining("unhealthy")
+    if provisioning_state in _RUNNING_PROVISIONING and "PowerState/running" in codes:
+        return READY
+    return ABSENT
+
+
+class AzureScaleSet(CloudGroupProvider):
+    """Ready and draining VMs of one Uniform or Flexible scale set (see module docstring).
+
+    ``credential`` replaces ``DefaultAzureCredential`` (any azure-core
+    ``TokenCredential``); it is for embedding, not a ``-o`` option.
+    """
+
+    name = "azure"
+    description = "VMs of an Azure Virtual Machine Scale Set, Uniform or Flexible (--azure-vmss); needs cloud-elastic[azure]"
+    requires = ("azure.identity", "azure.mgmt.compute", "azure.mgmt.network")
+    extra = "azure"
+    options = (
+        ProviderOption("group", "scale set name", required=True),
+        ProviderOption("resource_group", "resource group of the scale set", required=True),
+        ProviderOption("subscription", "subscription ID (default: AZURE_SUBSCRIPTION_ID)"),
+        ProviderOption("endpoint", "Resource Manager endpoint (default: the SDK's cloud, https://management.azure.com)"),
+        *retry_options(),
+    )
+
+    def __init__(self, group: str, *, resource_group: str, subscription: str, endpoint: str | None = None,
+                 max_attempts: int = 5, timeout_s: float = 10.0, slots_per_host: int | None = None,
+                 credential: Any = None) -> None:
+        self.group = group
+        self.resource_group = resource_group
+        self.subscription = subscription
+        self.endpoint = endpoint
+        self.max_attempts = max_attempts
+        self.timeout_s = timeout_s
+        self.label = f"Azure scale set {group!r} (resource group {resource_group})"
+        self._credential = credential
+        self._slots = SlotCache(self._sku_gpus, fixed=slots_per_host)
+        self._sdk: dict[str, Any] | None = None
+        self._scale_set: dict[str, Any] | None = None
+        self._sku_gpus_by_name: dict[str, int] | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "AzureScaleSet":
+        read = OptionReader(cls, options)
+        subscription = read.text("subscription") or os.environ.get("AZURE_SUBSCRIPTION_ID", "").strip()
+        if not subscription:
+            raise ConfigError(
+                "provider 'azure' needs a subscription: pass --azure-subscription or set AZURE_SUBSCRIPTION_ID"
+            )
+        endpoint = read.endpoint("endpoint")
+        if endpoint and endpoint.startswith("http://") and urlsplit(endpoint).hostname not in _LOOPBACK:
+            raise ConfigError("provider 'azure': a plain http:// endpoint is only allowed on loopback")
+        return cls(
+            read.text("group") or "",
+            resource_group=read.text("resource_group") or "",
+            subscription=subscription,
+            endpoint=endpoint,
+            max_attempts=read.integer("max_attempts", maximum=20),
+            timeout_s=read.seconds("timeout_s"),
+            slots_per_host=slots_per_host,
+        )
+
+    # -- the SDK edge ------------------------------------------------------------------
+
+    def _clients(self) -> dict[str, Any]:
+        if self._sdk is None:
+            core_errors = import_sdk("azure.core.exceptions", package="azure-mgmt-compute", extra="azure")
+            self._sdk = {"errors": core_errors}  # set first so that _translate can read SDK errors
+            compute = import_sdk("azure.mgmt.compute", package="azure-mgmt-compute", extra="azure")
+            network = import_sdk("azure.mgmt.network", package="azure-mgmt-network", extra="azure")
+            credential = self._credential
+            if credential is None:
+                identity = import_sdk("azure.identity", package="azure-identity", extra="azure")
+                credential = identity.DefaultAzureCredential()
+            kwargs: dict[str, Any] = {
+                "retry_total": self.max_attempts - 1,
+                "connection_timeout": self.timeout_s,
+                "read_timeout": self.timeout_s,
+            }
+            if self.endpoint:
+                kwargs.update(base_url=self.endpoint, credential_scopes=[f"{self.endpoint}/.default"])
+            self._sdk.update(
+                compute=compute.ComputeManagementClient(credential, self.subscription, **kwargs),
+                network=network.NetworkManagementClient(credential, self.subscription, **kwargs),
+                # Bearer tokens over plain http are refused by azure-core; from_options allows that on loopback only.
+                call={"enforce_https": False} if (self.endpoint or "").startswith("http://") else {},
+            )
+        return self._sdk
+
+    def _discover(self) -> DiscoveredHosts:
+        sdk = self._clients()
+        compute, network, call = sdk["compute"], sdk["network"], sdk["call"]
+        if self._scale_set is None:
+            self._scale_set = _rest(compute.virtual_machine_scale_sets.get(self.resource_group, self.group, **call))
+        flexible = self._scale_set.get("properties", {}).get("orchestrationMode") == "Flexible"
+        if flexible:
+            vm_filter = f"'virtualMachineScaleSet/id' eq '{self._scale_set['id']}'"
+            vms = compute.virtual_machines.list(self.resource_group, filter=vm_filter, expand="instanceView", **call)
+            nics = network.network_interfaces.list(self.resource_group, **call)
+        else:
+            vms = compute.virtual_machine_scale_set_vms.list(self.resource_group, self.group, expand="instanceView",
+                                                             **call)
+            nics = network.network_interfaces.list_virtual_machine_scale_set_network_interfaces(
+                self.resource_group, self.group, **call
+            )
+        vms = [_rest(vm) for vm in vms]
+        addresses = _private_ips([_rest(nic) for nic in nics])
+        snapshot = SnapshotBuilder(self.label)
+        for vm in vms:
+            props = vm.get("properties", {})
+            view = props.get("instanceView", {})
+            codes = [s.get("code", "") for s in view.get("statuses", [])]
+            health = view.get("vmHealth", {}).get("status", {}).get("code")
+            verdict = classify(props.get("provisioningState", ""), codes + ([health] if health else []))
+            size = vm.get("sku", {}).get("name") or props.get("hardwareProfile", {}).get("vmSize", "")
+            snapshot.add(addresses.get(vm.get("id", "").lower()), verdict, lambda s=size: self._slots.slots(s),
+                         order=props.get("timeCreated", ""), instance=vm.get("name", ""))
+        return snapshot.build()
+
+    def _sku_gpus(self, size: Any) -> int:
+        if self._sku_gpus_by_name is None:
+            sdk = self._clients()
+            location = (self._scale_set or {}).get("location", "")
+            table: dict[str, int] = {}
+            for sku in sdk["compute"].resource_skus.list(filter=f"location eq '{location}'", **sdk["call"]):
+                sku = _rest(sku)
+                if sku.get("resourceType") != "virtualMachines":
+                    continue
+                caps = {c.get("name"): c.get("value") for c in sku.get("capabilities", [])}
+                table[str(sku.get("name", "")).lower()] = int(caps.get("GPUs") or 0)
+            self._sku_gpus_by_name = table
+        gpus = self._sku_gpus_by_name.get(str(size).lower())
+        if gpus is None:
+            _log.warning("%s: VM size %s is not among the location's SKUs; using 1 slot", self.label, size)
+        return gpus or 0
+
+    def _translate(self, exc: Exception) -> DiscoveryError | None:
+        errors = (self._sdk or {}).get("errors")
+        if errors is None or not isinstance(exc, errors.AzureError):
+            return None
+        first = one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        if isinstance(exc, errors.ClientAuthenticationError):
+            return FatalDiscoveryError(f"{self.label}: Azure credentials missing or refused (DefaultAzureCredential): {first}")
+        if isinstance(exc, errors.ResourceNotFoundError):
+            return FatalDiscoveryError(
+                f"{self.label}: not found (check the scale set, resource group and subscription): {first}"
+            )
+        if isinstance(exc, errors.HttpResponseError) and exc.status_code is not None:
+            return error_for_status(exc.status_code, f"{self.label}: {first}")
+        return RetryableDiscoveryError(f"{self.label}: cannot reach Azure Resource Manager: {first}")
+
+    def close(self) -> None:
+        if self._sdk is not None:
+            for key in ("compute", "network"):
+                client = self._sdk.get(key)
+                if client is not None:
+                    client.close()
+        self._sdk = None
+
+
+def _rest(model: Any) -> dict[str, Any]:
+    """An SDK model as its REST JSON (camelCase keys), whatever the SDK generation."""
+    if isinstance(model, Mapping):
+        as_dict = getattr(model, "as_dict", None)
+        return as_dict() if callable(as_dict) else dict(model)
+    return model.serialize(keep_readonly=True)  # older, msrest-based SDK releases
+
+
+def _private_ips(nics: list[dict[str, Any]]) -> dict[str, str]:
+    """VM id (lowercase) -> primary private IP of its primary NIC."""
+    best: dict[str, tuple[bool, str]] = {}
+    for nic in nics:
+        props = nic.get("properties", {})
+        vm_id = props.get("virtualMachine", {}).get("id", "").lower()
+        configs = [c.get("properties", {}) for c in props.get("ipConfigurations", [])]
+        configs.sort(key=lambda c: not c.get("primary", False))
+        address = next((c["privateIPAddress"] for c in configs if c.get("privateIPAddress")), None)
+        if not vm_id or not address:
+            continue
+        primary = bool(props.get("primary", False))
+        if vm_id not in best or (primary and not best[vm_id][0]):
+            best[vm_id] = (primary, address)
+    return {vm: address for vm, (_, address) in best.items()}

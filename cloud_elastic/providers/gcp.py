@@ -1,0 +1,287 @@
+"""Google Cloud Managed Instance Group discovery (``--gcp-mig NAME``).
+
+Zonal (``zone``) and regional (``region``) MIGs. Each
+:meth:`~GCPManagedInstanceGroup.find` lists the managed instances
+(``listManagedInstances``, pages of ``page_size``), then the instances of each
+zone the group spans with ``instances.list`` filtered on the group's base
+instance name (private IP ``networkInterfaces[0].networkIP``, accelerators,
+machine type). Instances named outside that pattern (stateful names) are read
+one by one with ``instances.get``. The base name is read once with
+``instanceGroupManagers.get``; a machine type's accelerators once per type.
+A zonal group of 1,000 instances costs 2 + 2 calls per cycle at the default
+page size.
+
+State mapping (first matching row wins; only instances with a private IP appear):
+
+==================================================  =======================================  ==================
+``currentAction``                                   ``instanceStatus`` / health               result
+==================================================  =======================================  ==================
+``DELETING``, ``ABANDONING``, ``RECREATING``,       any                                      draining (action)
+``RESTARTING``, ``STOPPING``, ``SUSPENDING``
+any                                                 ``STOPPING``, ``PENDING_STOP``,           draining (status)
+                                                    ``STOPPED``, ``SUSPENDING``,
+                                                    ``SUSPENDED``, ``TERMINATED``,
+                                                    ``DEPROVISIONING``, ``REPAIRING``
+any                                                 health ``UNHEALTHY``/``TIMEOUT``         draining "unhealthy"
+any                                                 health ``DRAINING``                      draining "draining"
+``NONE``, ``REFRESHING``                            ``RUNNING``                              ready
+anything else (``CREATING``, ``VERIFYING``...)      any                                      absent
+==================================================  =======================================  ==================
+
+Slots: the sum of the instance's ``guestAccelerators`` counts, else the
+machine type's ``accelerators`` (A2, A3, G2...), else 1. Drains carry no
+deadline (the group API gives none; Spot preemption is seen on the VM).
+
+Credentials: Google Application Default Credentials (``GOOGLE_APPLICATION_CREDENTIALS``,
+``gcloud auth application-default login``, the metadata server). ``endpoint``
+overrides the Compute API endpoint (Private Service Connect, sovereign
+clouds); the SDK has no environment variable for it. 429 and 5xx are retried
+by google-api-core with exponential back-off until ``retry_deadline_s``; what
+survives raises RetryableDiscoveryError. 404 (group, project or zone), 400,
+401 and 403 raise FatalDiscoveryError.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Iterable, Mapping
+
+from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.providers._common import (
+    ABSENT,
+    READY,
+    CloudGroupProvider,
+    OptionReader,
+    SlotCache,
+    SnapshotBuilder,
+    Verdict,
+    draining,
+    error_for_status,
+    import_sdk,
+    one_line,
+)
+from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption
+
+__all__ = ["GCPManagedInstanceGroup", "classify"]
+
+_log = logging.getLogger(__name__)
+
+_SCOPES = ["https://www.googleapis.com/auth/compute.readonly"]
+_LEAVING_ACTIONS = {"DELETING", "ABANDONING", "RECREATING", "RESTARTING", "STOPPING", "SUSPENDING"}
+_LEAVING_STATUS = {"STOPPING", "PENDING_STOP", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED",
+                   "DEPROVISIONING", "REPAIRING"}
+_RUNNING_ACTIONS = {"NONE", "REFRESHING"}
+_INSTANCE_URL = re.compile(r"/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)$")
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def classify(current_action: str, instance_status: str, health: Iterable[str] = ()) -> Verdict:
+    """Map one managed instance's action, status and health-check states (see the table)."""
+    if current_action in _LEAVING_ACTIONS:
+        return draining(current_action)
+    if instance_status in _LEAVING_STATUS:
+        return draining(f"instance {instance_status}")
+    health = set(health)
+    if health & {"UNHEALTHY", "TIMEOUT"}:
+        return draining("unhealthy")
+    if "DRAINING" in health:
+        return draining("draining")
+    if current_action in _RUNNING_ACTIONS and instance_status == "RUNNING":
+        return READY
+    return ABSENT
+
+
+class GCPManagedInstanceGroup(CloudGroupProvider):
+    """Ready and draining instances of one zonal or regional MIG (see module docstring)."""
+
+    name = "gcp"
+    description = "instances of a Google Cloud Managed Instance Group (--gcp-mig); needs cloud-elastic[gcp]"
+    requires = ("google.cloud.compute_v1",)
+    extra = "gcp"
+    options = (
+        ProviderOption("group", "Managed Instance Group name", required=True),
+        ProviderOption("project", "project ID", required=True),
+        ProviderOption("zone", "zone of a zonal MIG (give zone or region)"),
+        ProviderOption("region", "region of a regional MIG (give zone or region)"),
+        ProviderOption("endpoint", "Compute API endpoint (default https://compute.googleapis.com)"),
+        ProviderOption("retry_deadline_s", "give up retrying 429/5xx of one call after this many seconds", default="30"),
+        ProviderOption("timeout_s", "timeout of one API request, seconds", default="10"),
+        ProviderOption("page_size", "results per page (1-500)", default="500"),
+    )
+
+    def __init__(self, group: str, *, project: str, zone: str | None = None, region: str | None = None,
+                 endpoint: str | None = None, retry_deadline_s: float = 30.0, timeout_s: float = 10.0,
+                 page_size: int = 500, slots_per_host: int | None = None) -> None:
+        if (zone is None) == (region is None):
+            raise ConfigError("provider 'gcp' needs exactly one of options 'zone' and 'region'")
+        self.group = group
+        self.project = project
+        self.zone = zone
+        self.region = region
+        self.endpoint = endpoint
+        self.retry_deadline_s = retry_deadline_s
+        self.timeout_s = timeout_s
+        self.page_size = page_size
+        where = f"zone {zone}" if zone else f"region {region}"
+        self.label = f"GCP managed instance group {group!r} ({project}, {where})"
+        self._slots = SlotCache(self._machine_type_gpus, fixed=slots_per_host)
+        self._sdk: dict[str, Any] | None = None
+        self._base_name: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "GCPManagedInstanceGroup":
+        read = OptionReader(cls, options)
+        group = read.text("group") or ""
+        if not _NAME.match(group):
+            raise ConfigError(f"provider 'gcp': {group!r} is not a valid instance group name")
+        return cls(
+            group,
+            project=read.text("project") or "",
+            zone=read.text("zone"),
+            region=read.text("region"),
+            endpoint=read.endpoint("endpoint"),
+            retry_deadline_s=read.seconds("retry_deadline_s"),
+            timeout_s=read.seconds("timeout_s"),
+            page_size=read.integer("page_size", maximum=500),
+            slots_per_host=slots_per_host,
+        )
+
+    # -- the SDK edge ------------------------------------------------------------------
+
+    def _clients(self) -> dict[str, Any]:
+        if self._sdk is None:
+            errors = import_sdk("google.api_core.exceptions", package="google-cloud-compute", extra="gcp")
+            self._sdk = {"errors": errors}  # set first so that _translate can read SDK errors
+            compute = import_sdk("google.cloud.compute_v1", package="google-cloud-compute", extra="gcp")
+            retry_mod = import_sdk("google.api_core.retry", package="google-cloud-compute", extra="gcp")
+            options_mod = import_sdk("google.api_core.client_options", package="google-cloud-compute", extra="gcp")
+            google_auth = import_sdk("google.auth", package="google-cloud-compute", extra="gcp")
+            requests = import_sdk("requests", package="google-cloud-compute", extra="gcp")
+            credentials, _ = google_auth.default(scopes=_SCOPES)
+            kwargs: dict[str, Any] = {"credentials": credentials, "transport": "rest"}
+            if self.endpoint:
+                kwargs["client_options"] = options_mod.ClientOptions(api_endpoint=self.endpoint)
+            groups = compute.InstanceGroupManagersClient if self.zone else compute.RegionInstanceGroupManagersClient
+            self._sdk.update(
+                groups=groups(**kwargs),
+                instances=compute.InstancesClient(**kwargs),
+                machine_types=compute.MachineTypesClient(**kwargs),
+                compute=compute,
+                call={
+                    "retry": retry_mod.Retry(
+                        predicate=retry_mod.if_exception_type(
+                            errors.TooManyRequests, errors.InternalServerError, errors.BadGateway,
+                            errors.ServiceUnavailable, errors.GatewayTimeout, requests.ConnectionError,
+                            requests.Timeout,
+                        ),
+                        initial=0.5, maximum=8.0, multiplier=2.0, timeout=self.retry_deadline_s,
+                    ),
+                    "timeout": self.timeout_s,
+                },
+            )
+        return self._sdk
+
+    def _where(self) -> dict[str, str]:
+        return {"zone": self.zone} if self.zone else {"region": self.region}
+
+    def _discover(self) -> DiscoveredHosts:
+        sdk = self._clients()
+        call = sdk["call"]
+        groups = sdk["groups"]
+        if self._base_name is None:
+            igm = groups.get(project=self.project, instance_group_manager=self.group, **self._where(), **call)
+            self._base_name = igm.base_instance_name
+        managed = list(groups.list_managed_instances(
+            request={"project": self.project, "instance_group_manager": self.group,
+                     "max_results": self.page_size, **self._where()},
+            **call,
+        ))
+        by_zone: dict[str, set[str]] = {}
+        for member in managed:
+            match = _INSTANCE_URL.search(member.instance)
+            if match:
+                by_zone.setdefault(match["zone"], set()).add(match["name"])
+        instances = self._instances(by_zone)
+        snapshot = SnapshotBuilder(self.label)
+        for member in managed:
+            match = _INSTANCE_URL.search(member.instance)
+            inst = instances.get((match["zone"], match["name"])) if match else None
+            health = [h.detailed_health_state for h in member.instance_health]
+            verdict = classify(member.current_action, member.instance_status, health)
+            if inst is None:
+                continue
+            address = inst.network_interfaces[0].network_i_p if inst.network_interfaces else None
+            snapshot.add(address, verdict, lambda i=inst, z=match["zone"]: self._slots_of(i, z),
+                         order=inst.creation_timestamp, instance=inst.name)
+        return snapshot.build()
+
+    def _instances(self, by_zone: dict[str, set[str]]) -> dict[tuple[str, str], Any]:
+        """Instances of the group, keyed by (zone, name): one filtered list per zone, plus gets for odd names."""
+        sdk = self._clients()
+        found: dict[tuple[str, str], Any] = {}
+        for zone, names in sorted(by_zone.items()):
+            pages = sdk["instances"].list(
+                request={"project": self.project, "zone": zone, "max_results": self.page_size,
+                         # Base names are [-a-z0-9] only, so they need no regex escaping.
+                         "filter": f'name eq "{self._base_name}-.*"'},
+                **sdk["call"],
+            )
+            for inst in pages:
+                if inst.name in names:
+                    found[(zone, inst.name)] = inst
+            for name in sorted(names - {n for z, n in found if z == zone}):
+                try:
+                    found[(zone, name)] = sdk["instances"].get(project=self.project, zone=zone, instance=name,
+                                                               **sdk["call"])
+                except sdk["errors"].NotFound:
+                    _log.debug("%s: instance %s/%s is already gone", self.label, zone, name)
+        return found
+
+    def _slots_of(self, inst: Any, zone: str) -> int:
+        # GPUs attached to the instance (N1 style) win; otherwise the machine type's own (A2, A3, G2).
+        attached = sum(a.accelerator_count for a in inst.guest_accelerators)
+        if attached:
+            return self._slots.slots(("attached", attached))
+        return self._slots.slots((zone, inst.machine_type.rsplit("/", 1)[-1]))
+
+    def _machine_type_gpus(self, key: Any) -> int:
+        if key[0] == "attached":
+            return key[1]
+        zone, machine_type = key
+        sdk = self._clients()
+        info = sdk["machine_types"].get(project=self.project, zone=zone, machine_type=machine_type, **sdk["call"])
+        return sum(a.guest_accelerator_count for a in info.accelerators)
+
+    def _translate(self, exc: Exception) -> DiscoveryError | None:
+        module = type(exc).__module__
+        if module.startswith("google.auth"):
+            name = type(exc).__name__
+            if name == "TransportError":
+                return RetryableDiscoveryError(f"{self.label}: cannot reach the token endpoint: {one_line(exc)}")
+            return FatalDiscoveryError(
+                f"{self.label}: no usable Google credentials (Application Default Credentials): {one_line(exc)}"
+            )
+        if module.startswith("requests"):
+            return RetryableDiscoveryError(f"{self.label}: cannot reach the Compute API: {one_line(exc)}")
+        errors = (self._sdk or {}).get("errors")
+        if errors is None:
+            return None
+        if isinstance(exc, errors.RetryError):
+            return RetryableDiscoveryError(
+                f"{self.label}: still failing after retrying for {self.retry_deadline_s:g}s: {one_line(exc.cause or exc)}"
+            )
+        if isinstance(exc, errors.GoogleAPICallError):
+            status = exc.code if isinstance(exc.code, int) else None
+            hint = " (check the group name, project and zone/region)" if status == 404 else ""
+            return error_for_status(status, f"{self.label}: {one_line(exc.message or exc)}{hint}")
+        return None
+
+    def close(self) -> None:
+        if self._sdk is not None:
+            for key in ("groups", "instances", "machine_types"):
+                client = self._sdk.get(key)
+                transport = getattr(client, "transport", None)
+                if transport is not None:
+                    transport.close()
+        self._sdk = None

@@ -1,0 +1,241 @@
+"""IBM Cloud VPC instance group discovery (``--ibm-instance-group ID``).
+
+Each :meth:`~IBMInstanceGroup.find` lists the group's memberships
+(``GET /instance_groups/{id}/memberships``) and the group's instances
+(``GET /instances?instance_group_membership.instance_group.id={id}``), both
+paged at ``page_size`` (the API caps pages at 100), and joins them on the
+instance id. GPU counts come from the instance profile (``gpu_count``), read
+once per profile; the group itself is read once. A group of 1,000 instances
+costs 10 + 10 calls per cycle: the API's page cap, not one call per instance.
+
+State mapping (first matching row wins; only instances with a primary IP appear):
+
+=====================================  ====================================================  ====================
+membership ``status``                  instance ``status`` / ``lifecycle_state``              result
+=====================================  ====================================================  ====================
+``deleting``, ``failed``,              any                                                   draining "membership <status>"
+``unhealthy``
+any                                    ``status_reasons`` has ``stopped_by_preemption``      draining "preempted"
+any                                    ``stopping``, ``stopped``, ``deleting``, ``failed``,   draining "instance <status>"
+                                       ``restarting``, ``pausing``, ``paused``,
+                                       ``suspended``; lifecycle ``deleting``/``failed``
+``healthy``                            ``running``                                           ready
+anything else (``pending``...)         ``pending``, ``starting``...                          absent
+=====================================  ====================================================  ====================
+
+IBM gives no advance notice and no deadline, so drains carry ``deadline=None``.
+
+Credentials, first found wins: the IBM SDK's external configuration for the
+``vpc`` service (``VPC_AUTH_TYPE``, ``VPC_APIKEY``, ``VPC_AUTH_URL``...,
+or an ``ibm-credentials.env`` file), else an API key in ``IBMCLOUD_API_KEY``
+(or ``IC_API_KEY``) exchanged at IAM (``iam_endpoint`` overrides IAM's URL,
+e.g. ``https://private.iam.cloud.ibm.com``). ``endpoint`` overrides the VPC
+API URL; without it ``VPC_URL`` applies, else the region's public endpoint.
+429 and 5xx are retried by the SDK (``enable_retries``: ``max_attempts``,
+exponential back-off, ``Retry-After`` honoured); what survives raises
+RetryableDiscoveryError. 404, 401/403 and missing credentials raise
+FatalDiscoveryError.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any, Iterable, Mapping
+
+from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.providers._common import (
+    ABSENT,
+    READY,
+    CloudGroupProvider,
+    OptionReader,
+    SlotCache,
+    SnapshotBuilder,
+    Verdict,
+    draining,
+    error_for_status,
+    import_sdk,
+    one_line,
+    retry_options,
+)
+from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption
+
+__all__ = ["IBMInstanceGroup", "classify"]
+
+_log = logging.getLogger(__name__)
+
+_LEAVING_MEMBERSHIP = {"deleting", "failed", "unhealthy"}
+_LEAVING_STATUS = {"stopping", "stopped", "deleting", "failed", "restarting", "pausing", "paused", "suspended"}
+_LEAVING_LIFECYCLE = {"deleting", "failed"}
+_API_KEY_VARS = ("IBMCLOUD_API_KEY", "IC_API_KEY")
+_REGION = re.compile(r"^[a-z]{2}-[a-z]+(-[0-9]+)?$")
+_SDK = {"package": "ibm-vpc", "extra": "ibm"}
+
+
+def classify(membership_status: str, instance_status: str, status_reasons: Iterable[str] = (),
+             lifecycle_state: str = "") -> Verdict:
+    """Map one membership's status and its instance's status (see the table)."""
+    if membership_status in _LEAVING_MEMBERSHIP:
+        return draining(f"membership {membership_status}")
+    if "stopped_by_preemption" in set(status_reasons):
+        return draining("preempted")
+    if instance_status in _LEAVING_STATUS:
+        return draining(f"instance {instance_status}")
+    if lifecycle_state in _LEAVING_LIFECYCLE:
+        return draining(f"instance {lifecycle_state}")
+    if membership_status == "healthy" and instance_status == "running":
+        return READY
+    return ABSENT
+
+
+class IBMInstanceGroup(CloudGroupProvider):
+    """Ready and draining instances of one IBM Cloud VPC instance group (see module docstring)."""
+
+    name = "ibm"
+    description = "instances of an IBM Cloud VPC instance group (--ibm-instance-group); needs cloud-elastic[ibm]"
+    requires = ("ibm_vpc",)
+    extra = "ibm"
+    options = (
+        ProviderOption("group", "instance group ID", required=True),
+        ProviderOption("region", "VPC region, e.g. us-south", required=True),
+        ProviderOption("endpoint", "VPC API URL (default: VPC_URL, else https://REGION.iaas.cloud.ibm.com/v1)"),
+        ProviderOption("iam_endpoint", "IAM URL for API-key exchange (default: IBM's public IAM)"),
+        *retry_options(),
+        ProviderOption("page_size", "results per page (1-100)", default="100"),
+    )
+
+    def __init__(self, group: str, *, region: str, endpoint: str | None = None, iam_endpoint: str | None = None,
+                 max_attempts: int = 5, timeout_s: float = 10.0, page_size: int = 100,
+                 slots_per_host: int | None = None) -> None:
+        self.group = group
+        self.region = region
+        self.endpoint = endpoint
+        self.iam_endpoint = iam_endpoint
+        self.max_attempts = max_attempts
+        self.timeout_s = timeout_s
+        self.page_size = page_size
+        self.label = f"IBM instance group {group!r} ({region})"
+        self._slots = SlotCache(self._profile_gpus, fixed=slots_per_host)
+        self._sdk: dict[str, Any] | None = None
+        self._group_checked = False
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "IBMInstanceGroup":
+        read = OptionReader(cls, options)
+        region = read.text("region") or ""
+        if not _REGION.match(region):
+            raise ConfigError(f"provider 'ibm': {region!r} is not a VPC region name (for example us-south)")
+        return cls(
+            read.text("group") or "",
+            region=region,
+            endpoint=read.endpoint("endpoint"),
+            iam_endpoint=read.endpoint("iam_endpoint"),
+            max_attempts=read.integer("max_attempts", maximum=20),
+            timeout_s=read.seconds("timeout_s"),
+            page_size=read.integer("page_size", maximum=100),
+            slots_per_host=slots_per_host,
+        )
+
+    # -- the SDK edge ------------------------------------------------------------------
+
+    def _clients(self) -> dict[str, Any]:
+        if self._sdk is None:
+            core = import_sdk("ibm_cloud_sdk_core", **_SDK)
+            self._sdk = {"core": core, "requests": import_sdk("requests", **_SDK)}
+            vpc = import_sdk("ibm_vpc", **_SDK)
+            service = vpc.VpcV1(authenticator=self._authenticator(core))
+            service.configure_service("vpc")  # VPC_URL and friends, the SDK's standard variables
+            if self.endpoint:
+                service.set_service_url(self.endpoint)
+            elif service.service_url == vpc.VpcV1.DEFAULT_SERVICE_URL:
+                service.set_service_url(
+                    vpc.VpcV1.get_service_url_for_region(self.region) or f"https://{self.region}.iaas.cloud.ibm.com/v1"
+                )
+            if self.max_attempts > 1:
+                service.enable_retries(max_retries=self.max_attempts - 1, retry_interval=min(30.0, 4 * self.timeout_s))
+            else:
+                service.disable_retries()
+            service.set_http_config({"timeout": self.timeout_s})
+            self._sdk.update(service=service, vpc_v1=import_sdk("ibm_vpc.vpc_v1", **_SDK))
+            _log.debug("%s: VPC API at %s", self.label, service.service_url)
+        return self._sdk
+
+    def _authenticator(self, core: Any) -> Any:
+        try:
+            found = core.get_authenticator_from_environment("vpc")
+        except ValueError as exc:
+            raise FatalDiscoveryError(f"{self.label}: bad IBM SDK credential configuration: {one_line(exc)}") from exc
+        if found is not None:
+            return found
+        apikey = next((os.environ[v] for v in _API_KEY_VARS if os.environ.get(v)), None)
+        if apikey is None:
+            raise FatalDiscoveryError(
+                f"{self.label}: no IBM Cloud credentials; set IBMCLOUD_API_KEY (or VPC_APIKEY / VPC_AUTH_TYPE)"
+            )
+        return core.IAMAuthenticator(apikey, url=self.iam_endpoint)
+
+    def _discover(self) -> DiscoveredHosts:
+        sdk = self._clients()
+        service, pagers = sdk["service"], sdk["vpc_v1"]
+        if not self._group_checked:
+            service.get_instance_group(self.group)  # a clear 404 for a wrong ID or region
+            self._group_checked = True
+        memberships = pagers.InstanceGroupMembershipsPager(
+            client=service, instance_group_id=self.group, limit=self.page_size
+        ).get_all()
+        instances = {
+            inst["id"]: inst
+            for inst in pagers.InstancesPager(
+                client=service, instance_group_membership_instance_group_id=self.group, limit=self.page_size
+            ).get_all()
+        }
+        snapshot = SnapshotBuilder(self.label)
+        for member in memberships:
+            inst = instances.get(member.get("instance", {}).get("id", ""))
+            if inst is None:
+                continue
+            verdict = classify(
+                member.get("status", ""),
+                inst.get("status", ""),
+                [r.get("code", "") for r in inst.get("status_reasons", [])],
+                inst.get("lifecycle_state", ""),
+            )
+            profile = inst.get("profile", {}).get("name", "")
+            snapshot.add(_primary_ip(inst), verdict, lambda p=profile: self._slots.slots(p),
+                         order=inst.get("created_at", ""), instance=inst.get("name", ""))
+        return snapshot.build()
+
+    def _profile_gpus(self, profile: Any) -> int:
+        result = self._clients()["service"].get_instance_profile(profile).get_result()
+        gpu_count = result.get("gpu_count") or {}
+        return int(gpu_count.get("value", gpu_count.get("default", 0)) or 0)
+
+    def _translate(self, exc: Exception) -> DiscoveryError | None:
+        sdk = self._sdk or {}
+        core, requests = sdk.get("core"), sdk.get("requests")
+        if core is not None and isinstance(exc, core.ApiException):
+            hint = " (check the instance group ID and region)" if exc.code == 404 else ""
+            if exc.code in (401, 403):
+                hint = " (check the IBM Cloud API key and its access policies)"
+            return error_for_status(exc.code, f"{self.label}: HTTP {exc.code}: {one_line(exc.message)}{hint}")
+        if requests is not None and isinstance(exc, requests.exceptions.RequestException):
+            return RetryableDiscoveryError(f"{self.label}: cannot reach the IBM Cloud API: {one_line(exc)}")
+        return None
+
+    def close(self) -> None:
+        if self._sdk is not None and "service" in self._sdk:
+            self._sdk["service"].http_client.close()
+        self._sdk = None
+
+
+def _primary_ip(inst: Mapping[str, Any]) -> str | None:
+    """The primary IPv4 of an instance, from a network interface or a network attachment."""
+    for key in ("primary_network_interface", "primary_network_attachment"):
+        nic = inst.get(key) or {}
+        address = (nic.get("primary_ip") or {}).get("address") or nic.get("primary_ipv4_address")
+        if not address:
+            address = (((nic.get("virtual_network_interface") or {}).get("primary_ip")) or {}).get("address")
+        if address and address != "0.0.0.0":
+            return address
+    return None

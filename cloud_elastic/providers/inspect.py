@@ -1,0 +1,108 @@
+"""What ``cloud-elastic providers`` and ``cloud-elastic discover`` print.
+
+Both exist so a user can debug a setup before launching anything:
+``providers`` lists what is installed and how to configure it; ``discover``
+runs one discovery, exactly as the driver's first poll would, and prints
+the snapshot.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import sys
+from typing import TextIO
+
+from cloud_elastic.errors import CloudElasticError, DiscoveryError
+from cloud_elastic.providers import registry
+from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+
+__all__ = ["list_providers", "discover", "snapshot_json"]
+
+
+def list_providers(out: TextIO) -> None:
+    """Print every installed provider: name, description, SDK status and options.
+
+    Loads each entry point (never a cloud SDK: providers import those lazily).
+    A plugin that fails to load is listed with the reason instead of
+    hiding the others.
+    """
+    names = registry.available()
+    if not names:
+        out.write("no discovery providers installed (is cloud-elastic installed with pip?)\n")
+        return
+    for name in names:
+        try:
+            cls = registry.load(name)
+        except CloudElasticError as exc:
+            out.write(f"{name}\n    cannot be loaded: {exc}\n\n")
+            continue
+        out.write(f"{name}\n    {cls.description or '(no description)'}\n")
+        missing = [m for m in getattr(cls, "requires", ()) if not _installed(m)]
+        if missing:
+            extra = getattr(cls, "extra", name)
+            out.write(f"    SDK not installed: pip install 'cloud-elastic[{extra}]'\n")
+        width = max((len(o.name) for o in cls.options), default=0)
+        for opt in cls.options:
+            note = " (required)" if opt.required else (f" (default {opt.default})" if opt.default else "")
+            out.write(f"    -o {opt.name.ljust(width)}  {opt.help}{note}\n")
+        out.write("\n")
+
+
+def discover(discovery: HostDiscovery, *, as_json: bool, out: TextIO, err: TextIO | None = None) -> int:
+    """Run one discovery and print it as a table or JSON; close the provider.
+
+    Returns 0 on success and 1 when discovery fails, after printing the
+    one-line reason (``cloud-elastic discover: error: ...``) to ``err``
+    (standard error by default).
+    """
+    try:
+        snapshot = discovery.find()
+    except DiscoveryError as exc:
+        print(f"cloud-elastic discover: error: {exc}", file=err or sys.stderr)
+        return 1
+    finally:
+        discovery.close()
+    if as_json:
+        json.dump(snapshot_json(discovery.name, snapshot), out, indent=2)
+        out.write("\n")
+    else:
+        _write_table(snapshot, out)
+    return 0
+
+
+def snapshot_json(provider: str, snapshot: DiscoveredHosts) -> dict:
+    """The JSON shape of ``discover --json``: ready host -> slots, draining host -> {reason, deadline}."""
+    return {
+        "provider": provider,
+        "ready": dict(snapshot.ready),
+        "draining": {h: {"reason": d.reason, "deadline": d.deadline} for h, d in snapshot.draining.items()},
+        "total_slots": snapshot.total_slots,
+    }
+
+
+def _write_table(snapshot: DiscoveredHosts, out: TextIO) -> None:
+    rows = [(host, "ready", str(slots), "", "") for host, slots in snapshot.ready.items()]
+    rows += [(host, "draining", "-", _when(d.deadline), d.reason) for host, d in snapshot.draining.items()]
+    header = ("HOST", "STATE", "SLOTS", "DEADLINE", "REASON")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+    out.write(
+        f"{len(snapshot.ready)} ready host(s), {snapshot.total_slots} slot(s); "
+        f"{len(snapshot.draining)} draining\n"
+    )
+
+
+def _when(deadline: float | None) -> str:
+    if deadline is None:
+        return ""
+    return datetime.datetime.fromtimestamp(deadline, tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False

@@ -1,0 +1,97 @@
+"""The worker API, with Horovod's names: ``import cloud_elastic.torch as hvd``.
+
+A Horovod elastic script ports by changing its imports::
+
+    import cloud_elastic.torch as hvd
+    hvd.init()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+    @hvd.elastic.run
+    def train(state):
+        ...
+        state.commit()
+
+    train(hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0))
+
+Run as a plain ``python`` script (not under ``cloud-elastic run``), it works
+as a single process: rank 0 of 1.
+"""
+
+from __future__ import annotations
+
+from cloud_elastic.torch import elastic
+from cloud_elastic.worker.collectives import (
+    Average,
+    Sum,
+    allgather,
+    allreduce,
+    allreduce_,
+    broadcast,
+    broadcast_,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from cloud_elastic.worker.context import get_context, is_initialized
+from cloud_elastic.worker.context import init as _init
+from cloud_elastic.worker.exceptions import (
+    CollectiveError,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    WorkerRemoved,
+)
+from cloud_elastic.worker.optimizer import DistributedOptimizer
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "cross_size", "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "broadcast_object",
+    "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "elastic",
+    "HostsUpdatedInterrupt", "HorovodInternalError", "CollectiveError", "WorkerRemoved", "Average", "Sum",
+]
+
+
+def init() -> None:
+    """Connect to the driver and join the first round (idempotent)."""
+    try:
+        _init()
+    except WorkerRemoved as exc:
+        import sys
+
+        print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)
+        sys.exit(0)
+
+
+def shutdown() -> None:
+    """Stop heartbeats (the process is about to exit)."""
+    if is_initialized():
+        get_context().close()
+
+
+def rank() -> int:
+    """This worker's rank in the current round (0 is the oldest worker)."""
+    return get_context().info.rank
+
+
+def size() -> int:
+    """Number of workers in the current round."""
+    return get_context().info.size
+
+
+def local_rank() -> int:
+    """Rank among this host's workers (use it to pick the GPU)."""
+    return get_context().info.local_rank
+
+
+def local_size() -> int:
+    """Number of this host's workers in the current round."""
+    return get_context().info.local_size
+
+
+def cross_rank() -> int:
+    """Position of this host among the hosts with a worker of the same local rank."""
+    return get_context().info.cross_rank
+
+
+def cross_size() -> int:
+    """Number of hosts with a worker of this local rank."""
+    return get_context().info.cross_size

@@ -1,0 +1,60 @@
+"""The worker's side of the control plane: signed requests to the driver."""
+
+from __future__ import annotations
+
+import http.client
+from typing import Any
+
+from cloud_elastic.control import SIGNATURE_HEADER, Codec
+from cloud_elastic.errors import ControlPlaneError
+
+__all__ = ["DriverClient"]
+
+
+class DriverClient:
+    """Sends signed messages to the driver and verifies its signed replies.
+
+    One instance per thread (it keeps one HTTP connection alive). Network
+    trouble raises OSError; a reply that fails verification raises
+    ControlPlaneError.
+    """
+
+    def __init__(self, address: str, codec: Codec, worker_id: str) -> None:
+        host, _, port = address.rpartition(":")
+        self._host, self._port = host.strip("[]"), int(port)
+        self._codec = codec
+        self._worker_id = worker_id
+        self._conn: http.client.HTTPConnection | None = None
+
+    def call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
+        body, signature = self._codec.encode(kind, dict(payload or {}, worker=self._worker_id))
+        for attempt in (1, 2):  # one retry for a keep-alive connection the server closed
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
+            self._conn.timeout = timeout_s
+            try:
+                self._conn.request(
+                    "POST", f"/v1/{kind}", body,
+                    {"Content-Type": "application/json", SIGNATURE_HEADER: signature},
+                )
+                resp = self._conn.getresponse()
+                data = resp.read()
+                break
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.close()
+                if attempt == 2:
+                    raise
+                body, signature = self._codec.encode(kind, dict(payload or {}, worker=self._worker_id))
+            except OSError:
+                self.close()
+                raise
+        if resp.status != 200:
+            raise ControlPlaneError(f"driver refused {kind}: HTTP {resp.status} {data[:200].decode(errors='replace')}")
+        reply = self._codec.decode(data, resp.getheader(SIGNATURE_HEADER))
+        return reply
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+

@@ -1,0 +1,304 @@
+"""The worker's connection to its job: rendezvous, process groups, heartbeats.
+
+One :class:`WorkerContext` per worker process, created by ``init()``. It
+
+* registers with the driver and keeps a heartbeat thread long-polling it;
+  the replies carry the current round, the update generation (a graceful
+  membership change is pending) and the highest aborted round;
+* forms a fresh ``torch.distributed`` process group per rendezvous round on
+  a fresh ``PrefixStore`` namespace of the driver's TCPStore (Gloo on CPU,
+  NCCL with CUDA; ``CLOUD_ELASTIC_BACKEND`` overrides);
+* waits for every collective in bounded slices, so a round the driver aborted
+  is abandoned within ~0.1 s even when a peer is stopped or partitioned and
+  Gloo would otherwise wait for its own timeout;
+* decides *collectively* whether a pending update interrupts at this commit:
+  the flag rides on the gradient allreduce when ``DistributedOptimizer`` ran
+  one since the last commit, else it costs one 1-element allreduce.
+
+Without ``CLOUD_ELASTIC_DRIVER`` in the environment (a script run directly
+with ``python``), the context runs standalone: one process, rank 0 of 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.control import Codec
+from cloud_elastic.worker.client import DriverClient
+from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
+
+__all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized"]
+
+log = logging.getLogger(__name__)
+
+_ABORT_SLICE_S = 0.05
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """This worker's place in the current rendezvous round."""
+
+    round: int
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    needs_sync: bool
+    update_gen: int
+
+
+class WorkerContext:
+    """See module docstring. Constructing it does no I/O; ``start()`` connects."""
+
+    def __init__(self, environ: dict[str, str] | None = None) -> None:
+        env = dict(os.environ if environ is None else environ)
+        self.standalone = "CLOUD_ELASTIC_DRIVER" not in env
+        self.worker_id = env.get("CLOUD_ELASTIC_WORKER_ID", "standalone")
+        self.job_id = env.get("CLOUD_ELASTIC_JOB_ID", "standalone")
+        self.hostname = env.get("CLOUD_ELASTIC_HOSTNAME", "127.0.0.1")
+        self.interface = env.get("CLOUD_ELASTIC_NETWORK_INTERFACE")
+        self.heartbeat_timeout_s = float(env.get("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S", "5"))
+        self.collective_timeout_s = float(env.get("CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S", "300"))
+        self.backend = env.get("CLOUD_ELASTIC_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+        self._driver_addr = env.get("CLOUD_ELASTIC_DRIVER", "")
+        self._store_addr = env.get("CLOUD_ELASTIC_STORE", "")
+        self._secret = env.get("CLOUD_ELASTIC_SECRET", "")
+        if not self.standalone and not self._secret:
+            raise RuntimeError("CLOUD_ELASTIC_SECRET is not set; workers must be started by 'cloud-elastic run'")
+        self.info: RoundInfo | None = None
+        self.pg: Any = None
+        self._store: Any = None
+        self._client: DriverClient | None = None
+        self._codec: Codec | None = None
+        self._seen_round = 0
+        self._attempted_round = 0
+        self._seen_update = 0
+        self._seen_abort = 0
+        self._carried_update: float | None = None
+        self._shutdown = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self.device = torch.device("cpu")
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Register with the driver, start heartbeats and join the first round."""
+        if self.standalone:
+            self._form_group(RoundInfo(1, 0, 1, 0, 1, 0, 1, False, 0))
+            return
+        self._codec = Codec(self._secret, self.job_id)
+        os.environ.pop("CLOUD_ELASTIC_SECRET", None)  # not inherited by the user's own children
+        self._client = DriverClient(self._driver_addr, self._codec, self.worker_id)
+        reply = self._client.call("register")
+        if not reply.get("ok"):
+            raise WorkerRemoved("the driver does not know this worker")
+        host, _, port = self._store_addr.rpartition(":")
+        self._store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="cloud-elastic-heartbeat", daemon=True)
+        self._heartbeat.start()
+        reason = "start"
+        while True:
+            try:
+                self.rendezvous(reason)
+                return
+            except CollectiveError as exc:
+                log.warning("worker %s: %s; rejoining", self.worker_id, exc)
+                reason = "failure"
+
+    def rendezvous(self, reason: str) -> RoundInfo:
+        """Leave the current round (if any) and join the next one.
+
+        Raises WorkerRemoved when the driver tells this worker to leave, and
+        CollectiveError when the new group cannot be formed (a peer died
+        meanwhile); the caller then simply comes back to rendezvous.
+        """
+        if self.standalone:
+            assert self.info is not None
+            return self.info
+        assert self._client is not None
+        last_round = self._attempted_round
+        while True:
+            reply = self._client.call(
+                "rendezvous", {"last_round": last_round, "reason": reason}, timeout_s=60.0
+            )
+            status = reply.get("status")
+            if status == "assigned":
+                break
+            if status == "exit":
+                raise WorkerRemoved(str(reply.get("reason", "told to exit")))
+        info = RoundInfo(**{k: reply[k] for k in RoundInfo.__dataclass_fields__})
+        self._attempted_round = info.round
+        self._form_group(info)
+        log.info("worker %s: joined round %d as rank %d of %d", self.worker_id, info.round, info.rank, info.size)
+        return info
+
+    def report_completed(self) -> None:
+        """Tell the driver the training function returned on this worker."""
+        if self._client is not None:
+            self._client.call("completed", {"round": self.info.round if self.info else 0})
+
+    def close(self) -> None:
+        self._shutdown.set()
+
+    # --------------------------------------------------------- process groups
+    def _form_group(self, info: RoundInfo) -> None:
+        self._carried_update = None
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", info.local_rank)
+            torch.cuda.set_device(self.device)
+        if self.standalone:
+            store = dist.HashStore()
+        else:
+            store = dist.PrefixStore(f"round/{info.round}", self._store)
+        done = threading.Event()
+        result: dict[str, Any] = {}
+
+        def create() -> None:
+            try:
+                result["pg"] = self._new_group(store, info)
+            except Exception as exc:  # reported to the waiting thread below
+                result["error"] = exc
+            finally:
+                done.set()
+
+        # Forming a group blocks in C++ until every peer arrives; do it on a
+        # side thread so an aborted round can be abandoned instead of waited out.
+        threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True).start()
+        while not done.wait(_ABORT_SLICE_S):
+            if self._aborted(info.round):
+                raise CollectiveError(f"round {info.round} was aborted while forming its process group")
+        if "error" in result:
+            raise CollectiveError(f"could not form the process group of round {info.round}: {result['error']}")
+        self.pg = result["pg"]
+        self.info = info
+
+    def _new_group(self, store: Any, info: RoundInfo) -> Any:
+        timeout = timedelta(seconds=self.collective_timeout_s)
+        if self.backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            return dist.ProcessGroupNCCL(store, info.rank, info.size, opts)
+        if self.backend != "gloo":
+            raise RuntimeError(f"unsupported backend {self.backend!r} (use gloo or nccl)")
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        if self.interface:
+            opts._devices = [dist.ProcessGroupGloo.create_device(interface=self.interface)]
+        else:
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.hostname)]
+        return dist.ProcessGroupGloo(store, info.rank, info.size, opts)
+
+    # ------------------------------------------------------------ collectives
+    def wait(self, work: Any, what: str) -> None:
+        """Wait for ``work``; abandon it when the driver aborts this round."""
+        assert self.info is not None
+        fut = work.get_future()
+        if not fut.done():
+            event = threading.Event()
+            fut.add_done_callback(lambda _f: event.set())
+            round_ = self.info.round
+            while not event.wait(_ABORT_SLICE_S):
+                if self._aborted(round_):
+                    if self.backend == "nccl":
+                        self._abort_nccl()
+                    raise CollectiveError(f"{what} abandoned: the driver aborted round {round_} (a peer was lost)")
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            raise CollectiveError(f"{what} failed: {str(exc).splitlines()[0]}") from exc
+
+    def _abort_nccl(self) -> None:
+        try:
+            self.pg.abort()
+        except (RuntimeError, AttributeError):
+            log.debug("NCCL abort failed", exc_info=True)
+
+    def _aborted(self, round_: int) -> bool:
+        return self._seen_abort >= round_
+
+    # ------------------------------------------------- membership agreement
+    def update_pending(self) -> bool:
+        """Whether the driver has asked for a membership change since this round formed."""
+        return self.info is not None and self._seen_update > self.info.update_gen
+
+    def carry_update_flag(self, total: float) -> None:
+        """DistributedOptimizer reports the summed flag that rode on its allreduce."""
+        self._carried_update = total
+
+    def updates_agreed(self) -> bool:
+        """Collectively: does every worker interrupt at this commit? Same answer on all ranks."""
+        if self.standalone:
+            return False
+        if self._carried_update is not None:
+            total, self._carried_update = self._carried_update, None
+            return total > 0
+        flag = torch.tensor([1.0 if self.update_pending() else 0.0], device=self.device)
+        self.wait(self.pg.allreduce([flag]), "membership check")
+        return float(flag.item()) > 0
+
+    # -------------------------------------------------------------- heartbeat
+    def _heartbeat_loop(self) -> None:
+        assert self._codec is not None
+        client = DriverClient(self._driver_addr, self._codec, self.worker_id)
+        failing_since: float | None = None
+        while not self._shutdown.is_set():
+            try:
+                reply = client.call(
+                    "poll",
+                    {"round": self._seen_round, "update_gen": self._seen_update, "abort_round": self._seen_abort},
+                    timeout_s=self.heartbeat_timeout_s + 10,
+                )
+                failing_since = None
+            except Exception as exc:  # any failure to reach the driver counts toward giving up
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since > 3 * self.heartbeat_timeout_s:
+                    print(
+                        f"cloud-elastic: worker {self.worker_id} lost contact with the driver ({exc}); exiting",
+                        file=sys.stderr, flush=True,
+                    )
+                    os._exit(75)
+                time.sleep(0.2)
+                continue
+            self._seen_round = int(reply.get("round", 0))
+            self._seen_update = max(self._seen_update, int(reply.get("update_gen", 0)))
+            self._seen_abort = max(self._seen_abort, int(reply.get("abort_round", 0)))
+            if reply.get("shutdown"):
+                return
+
+
+_CONTEXT: WorkerContext | None = None
+_LOCK = threading.Lock()
+
+
+def init() -> WorkerContext:
+    """Create and start this process's context (idempotent)."""
+    global _CONTEXT
+    with _LOCK:
+        if _CONTEXT is None:
+            ctx = WorkerContext()
+            ctx.start()
+            _CONTEXT = ctx
+        return _CONTEXT
+
+
+def is_initialized() -> bool:
+    return _CONTEXT is not None
+
+
+def get_context() -> WorkerContext:
+    """The started context; raises ValueError (Horovod's behaviour) before ``init()``."""
+    if _CONTEXT is None or _CONTEXT.info is None:
+        raise ValueError("cloud_elastic.torch has not been initialized; call init() first")
+    return _CONTEXT

@@ -1,0 +1,199 @@
+"""``DistributedOptimizer``: gradient averaging that overlaps the backward pass.
+
+Like DDP's reducer, gradients are packed into buckets (about 25 MB, the last
+layers first, since their gradients are ready first); a bucket's
+asynchronous allreduce starts from a gradient hook as soon as all of its
+gradients are accumulated, while backward continues on earlier layers.
+Buckets are always launched in the same order on every worker (a ready
+bucket waits for the ones before it), because Gloo matches collectives by
+the order they are issued. ``step()`` waits for the buckets, writes the
+averaged gradients back and runs the wrapped optimizer.
+
+Bucket 0 carries one extra element: this worker's "membership update
+pending" flag. Its sum tells every worker the same thing at the same step,
+so ``commit()`` needs no collective of its own to agree on whether to
+interrupt (see :meth:`WorkerContext.updates_agreed`).
+
+As in Horovod, the returned object is an instance of a subclass of the
+wrapped optimizer's class, so LR schedulers and ``isinstance`` checks work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from cloud_elastic.worker.context import get_context
+
+__all__ = ["DistributedOptimizer"]
+
+_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+class _Bucket:
+    def __init__(self, params: list[torch.nn.Parameter], carries_flag: bool) -> None:
+        self.params = params
+        self.offsets: list[int] = []
+        total = 0
+        for p in params:
+            self.offsets.append(total)
+            total += p.numel()
+        self.numel = total
+        self.carries_flag = carries_flag
+        self.flat = torch.zeros(total + (1 if carries_flag else 0), dtype=params[0].dtype, device=params[0].device)
+        self.ready = 0
+        self.work: Any = None
+        self.launched = False
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixin whose methods are copied onto a subclass of the user's optimizer class."""
+
+    def __init__(self, params: Any, named_parameters: Any, backward_passes_per_step: int, op: str, bucket_bytes: int) -> None:
+        super(self.__class__, self).__init__(params)  # the wrapped class's __init__, as Horovod does
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be >= 1")
+        self._ce_passes = backward_passes_per_step
+        self._ce_average = op != "sum"
+        all_params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            names = {id(p): n for n, p in named}
+            missing = [p for p in all_params if id(p) not in names]
+            if missing:
+                raise ValueError("named_parameters does not cover every parameter of the optimizer")
+        self._ce_buckets = _make_buckets(all_params, bucket_bytes)
+        self._ce_where: dict[int, tuple[_Bucket, int]] = {}
+        for bucket in self._ce_buckets:
+            for i, p in enumerate(bucket.params):
+                self._ce_where[id(p)] = (bucket, i)
+        self._ce_counts: dict[int, int] = {}
+        self._ce_next = 0
+        self._ce_round = -1
+        self._ce_synchronized = False
+        self._ce_skip = False
+        for p in all_params:
+            p.register_post_accumulate_grad_hook(self._ce_hook)
+
+    # ----------------------------------------------------------------- hooks
+    def _ce_reset_if_new_round(self) -> None:
+        round_ = get_context().info.round
+        if round_ != self._ce_round:
+            self._ce_round = round_
+            self._ce_clear()
+
+    def _ce_clear(self) -> None:
+        for bucket in self._ce_buckets:
+            bucket.ready = 0
+            bucket.work = None
+            bucket.launched = False
+        self._ce_counts.clear()
+        self._ce_next = 0
+        self._ce_synchronized = False
+
+    def _ce_hook(self, p: torch.nn.Parameter) -> None:
+        self._ce_reset_if_new_round()
+        count = self._ce_counts.get(id(p), 0) + 1
+        self._ce_counts[id(p)] = count
+        if count != self._ce_passes:
+            return
+        bucket, _ = self._ce_where[id(p)]
+        bucket.ready += 1
+        self._ce_launch_ready()
+
+    def _ce_launch_ready(self, force: bool = False) -> None:
+        ctx = get_context()
+        while self._ce_next < len(self._ce_buckets):
+            bucket = self._ce_buckets[self._ce_next]
+            if not force and bucket.ready < len(bucket.params):
+                return
+            for p, off in zip(bucket.params, bucket.offsets):
+                view = bucket.flat[off : off + p.numel()]
+                if p.grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(p.grad.reshape(-1))
+            if bucket.carries_flag:
+                bucket.flat[-1] = 1.0 if ctx.update_pending() else 0.0
+            bucket.work = ctx.pg.allreduce([bucket.flat])
+            bucket.launched = True
+            self._ce_next += 1
+
+    # ------------------------------------------------------------ public API
+    def synchronize(self) -> None:
+        """Wait for every bucket and write the averaged gradients back into ``.grad``."""
+        self._ce_reset_if_new_round()
+        if self._ce_synchronized:
+            return
+        ctx = get_context()
+        self._ce_launch_ready(force=True)  # buckets whose params got no gradient this step
+        size = ctx.info.size
+        for bucket in self._ce_buckets:
+            ctx.wait(bucket.work, "gradient allreduce")
+            grads = bucket.flat[: bucket.numel]
+            if self._ce_average and size > 1:
+                grads.div_(size)
+            for p, off in zip(bucket.params, bucket.offsets):
+                reduced = grads[off : off + p.numel()].view_as(p)
+                if p.grad is None:
+                    p.grad = reduced.clone()
+                else:
+                    p.grad.copy_(reduced)
+            if bucket.carries_flag:
+                ctx.carry_update_flag(float(bucket.flat[-1].item()))
+        self._ce_synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Run ``step()`` without synchronizing (after an explicit ``synchronize()``)."""
+        self._ce_skip = True
+        try:
+            yield
+        finally:
+            self._ce_skip = False
+
+    def step(self, closure: Any = None) -> Any:
+        if not self._ce_skip:
+            self.synchronize()
+        result = super(self.__class__, self).step(closure)
+        self._ce_clear()
+        return result
+
+
+def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_Bucket]:
+    """Reverse registration order (gradients of the last layers are ready first)."""
+    buckets: list[_Bucket] = []
+    current: list[torch.nn.Parameter] = []
+    size = 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if current and (size + nbytes > bucket_bytes or p.dtype != current[0].dtype or p.device != current[0].device):
+            buckets.append(_Bucket(current, carries_flag=not buckets))
+            current, size = [], 0
+        current.append(p)
+        size += nbytes
+    if current:
+        buckets.append(_Bucket(current, carries_flag=not buckets))
+    if buckets and not buckets[0].params[0].is_floating_point():
+        buckets[0].carries_flag = False
+    return buckets
+
+
+def DistributedOptimizer(  # noqa: N802 (Horovod's name)
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
+    compression: Any = None,
+    backward_passes_per_step: int = 1,
+    op: str = "average",
+    bucket_cap_mb: float = 25.0,
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so ``step()`` applies gradients averaged over all workers.
+
+    ``compression`` is accepted for Horovod compatibility and ignored.
+    Call it after ``init()``.
+    """
+    del compression
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, backward_passes_per_step, op, int(bucket_cap_mb * 1024 * 1024))

@@ -1,0 +1,252 @@
+"""Elastic state objects with Horovod's names: ``State``, ``ObjectState``, ``TorchState``.
+
+``commit()`` = ``save()`` + ``check_host_updates()``. ``save()`` copies the
+model and optimizer into buffers allocated once and reused, which runs at
+memory speed (fresh allocations page-fault and run an order of magnitude
+slower); ``restore()`` copies them back after a failure; ``sync()``
+broadcasts the state of rank 0, the oldest worker, to everyone.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterable
+
+import torch
+
+from cloud_elastic.worker import collectives
+from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
+
+__all__ = ["State", "ObjectState", "TorchState"]
+
+
+class State:
+    """Base of elastic state: commit/restore/sync plus reset callbacks."""
+
+    def __init__(self) -> None:
+        self._reset_callbacks: list[Callable[[], None]] = []
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Call each of ``callbacks`` after every reset (membership change)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Called by ``elastic.run`` once a new round has formed."""
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Save the state, then interrupt if membership is changing (on every worker at once)."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt, on all workers at the same call, if membership is changing."""
+        if get_context().updates_agreed():
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Hook for subclasses; called on reset before the callbacks."""
+
+
+class ObjectState(State):
+    """State made of plain attributes: ``ObjectState(epoch=0, batch=0)`` then ``state.epoch``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self._saved_state = dict(kwargs)
+        self._set_attrs()
+
+    def save(self) -> None:
+        self._saved_state = {name: copy.deepcopy(getattr(self, name)) for name in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = collectives.broadcast_object(self._saved_state, 0, "object state")
+            self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, copy.deepcopy(value))
+
+
+class _Snapshot:
+    """A nested copy of a state dict whose tensors live in reused buffers."""
+
+    def __init__(self) -> None:
+        self._value: Any = None
+
+    def save(self, value: Any) -> None:
+        if self._value is None or not _copy_into(self._value, value):
+            self._value = _clone(value)
+
+    def load(self) -> Any:
+        return _clone(self._value)
+
+
+def _clone(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_clone(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def _copy_into(dst: Any, src: Any) -> bool:
+    """Copy ``src`` into ``dst`` in place; False if the structure differs (caller re-clones)."""
+    if isinstance(src, torch.Tensor):
+        if not isinstance(dst, torch.Tensor) or dst.shape != src.shape or dst.dtype != src.dtype or dst.device != src.device:
+            return False
+        dst.copy_(src.detach())
+        return True
+    if isinstance(src, dict):
+        if not isinstance(dst, dict) or dst.keys() != src.keys():
+            return False
+        for k, v in src.items():
+            if isinstance(v, (torch.Tensor, dict, list, tuple)):
+                if not _copy_into(dst[k], v):
+                    return False
+            elif dst[k] != v:
+                dst[k] = copy.deepcopy(v)
+        return True
+    if isinstance(src, (list, tuple)):
+        if type(dst) is not type(src) or len(dst) != len(src):
+            return False
+        if isinstance(src, tuple):
+            return all(_copy_into(d, s) if isinstance(s, torch.Tensor) else d == s for d, s in zip(dst, src))
+        for i, v in enumerate(src):
+            if isinstance(v, (torch.Tensor, dict, list, tuple)):
+                if not _copy_into(dst[i], v):
+                    return False
+            elif dst[i] != v:
+                dst[i] = copy.deepcopy(v)
+        return True
+    return dst == src
+
+
+class _ModelHandler:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.value = model
+        self._snap = _Snapshot()
+        self.save()
+
+    def save(self) -> None:
+        self._snap.save(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._snap.load())
+
+    def sync(self) -> None:
+        collectives.broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class _OptimizerHandler:
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.value = optimizer
+        self._snap = _Snapshot()
+        self.save()
+
+    def save(self) -> None:
+        self._snap.save(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._snap.load())
+
+    def sync(self) -> None:
+        collectives.broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class _SamplerHandler:
+    def __init__(self, sampler: Any) -> None:
+        self.value = sampler
+        self._saved = copy.deepcopy(sampler.state_dict())
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self._saved))
+
+    def sync(self) -> None:
+        # record_batch accounts for every worker, so rank 0's view is complete.
+        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), 0, "sampler state"))
+
+
+def _handler_for(value: Any) -> Any:
+    from cloud_elastic.worker.sampler import ElasticSampler
+
+    if isinstance(value, torch.nn.Module):
+        return _ModelHandler(value)
+    if isinstance(value, torch.optim.Optimizer):
+        return _OptimizerHandler(value)
+    if isinstance(value, ElasticSampler):
+        return _SamplerHandler(value)
+    return None
+
+
+class TorchState(ObjectState):
+    """State of a PyTorch job: ``TorchState(model, optimizer, epoch=0, batch=0, sampler=...)``.
+
+    Modules, optimizers and ElasticSamplers get dedicated handlers; every other
+    keyword is kept as an ObjectState attribute.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
+        kwargs.update(model=model, optimizer=optimizer)
+        handlers: dict[str, Any] = {}
+        plain: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            handler = _handler_for(value)
+            if handler is not None:
+                handlers[name] = handler
+            elif value is not None or name not in ("model", "optimizer"):
+                plain[name] = value
+        object.__setattr__(self, "_handlers", handlers)
+        for name, handler in handlers.items():
+            object.__setattr__(self, name, handler.value)
+        super().__init__(**plain)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers = self.__dict__.get("_handlers", {})
+        if name in handlers:
+            handlers[name].value = value
+        super().__setattr__(name, value)
+
+    def save(self) -> None:
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+
+    def restore(self) -> None:
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+
+    def sync(self) -> None:
+        for handler in self._handlers.values():
+            handler.sync()
+        super().sync()
+
+    def reset(self) -> None:
+        # Samplers re-shard over the new number of workers even when no sync runs.
+        for handler in self._handlers.values():
+            if isinstance(handler, _SamplerHandler):
+                handler.value.reset()

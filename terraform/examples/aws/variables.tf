@@ -1,0 +1,38 @@
+variable "region" {
+  type        = string
+  description = "AWS region to deploy into."
+  default     = "us-east-1"
+
+  validation {
+    condition     = can(regex("^[a-z]{2}(-gov)?-[a-z]+-[0-9]$", var.region))
+    error_message = "region must be an AWS region such as us-east-1."
+  }
+}
+
+variable "cluster_name" {
+  type        = string
+  description = "Name of the deployment."
+  default     = "demo"
+}
+
+variable "workers" {
+  type        = number
+  description = "GPU workers to start with."
+  default     = 2
+}
+
+variable "max_workers" {
+  type        = number
+  description = "Most GPU workers the group may grow to."
+  default     = 4
+}
+
+variable "ssh_public_key" {
+  type        = string
+  description = "OpenSSH public key; keep the private key to copy to the driver."
+}
+
+variable "admin_ssh_cidrs" {
+  type        = list(string)
+  description = "Your address ranges, allowed to SSH to the driver."
+}

@@ -1,0 +1,38 @@
+variable "project" {
+  type        = string
+  description = "GCP project to deploy into."
+}
+
+variable "zones" {
+  type        = list(string)
+  description = "Zones with L4 GPUs; one zone gives a zonal MIG, several a regional one."
+  default     = ["us-central1-a"]
+}
+
+variable "cluster_name" {
+  type        = string
+  description = "Name of the deployment."
+  default     = "demo"
+}
+
+variable "workers" {
+  type        = number
+  description = "GPU workers to start with."
+  default     = 2
+}
+
+variable "max_workers" {
+  type        = number
+  description = "Most GPU workers you intend to run."
+  default     = 4
+}
+
+variable "ssh_public_key" {
+  type        = string
+  description = "OpenSSH public key; keep the private key to copy to the driver."
+}
+
+variable "admin_ssh_cidrs" {
+  type        = list(string)
+  description = "Your address ranges, allowed to SSH to the driver."
+}

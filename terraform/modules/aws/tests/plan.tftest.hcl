@@ -1,0 +1,205 @@
+# Offline checks of the AWS module against a mocked provider: run by
+# tests/terraform/test_terraform_cli.py (terraform test), never against AWS.
+#
+# The discovery tag names are passed in by that pytest file as -var
+# expected_*, taken from cloud_elastic.providers.tags, so they are not
+# repeated here.
+
+mock_provider "aws" {
+  mock_data "aws_region" {
+    defaults = {
+      name = "eu-west-1"
+    }
+  }
+
+  mock_data "aws_ami" {
+    defaults = {
+      root_device_name = "/dev/sda1"
+    }
+  }
+
+  mock_data "aws_iam_policy_document" {
+    defaults = {
+      json = "{\"Version\":\"2012-10-17\",\"Statement\":[]}"
+    }
+  }
+
+  mock_resource "aws_autoscaling_group" {
+    defaults = {
+      arn = "arn:aws:autoscaling:eu-west-1:123456789012:autoScalingGroup:0d6f8c3e-1111-2222-3333-444455556666:autoScalingGroupName/demo-workers"
+    }
+  }
+
+  mock_resource "aws_instance" {
+    defaults = {
+      private_ip = "10.0.1.10"
+      public_ip  = ""
+    }
+  }
+
+  mock_resource "aws_iam_role" {
+    defaults = {
+      arn = "arn:aws:iam::123456789012:role/demo-driver"
+    }
+  }
+}
+
+variables {
+  cluster_name      = "demo"
+  vpc_id            = "vpc-0123456789abcdef0"
+  worker_subnet_ids = ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"]
+  driver_subnet_id  = "subnet-0123456789abcdef0"
+  gpu_ami_id        = "ami-0123456789abcdef0"
+  driver_ami_id     = "ami-0fedcba9876543210"
+  ssh_public_key    = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKmockmockmockmockmockmockmockmockmockmockmo demo"
+}
+
+run "workers_are_spot_over_several_gpu_types" {
+  command = plan
+
+  assert {
+    condition     = aws_autoscaling_group.workers.mixed_instances_policy[0].instances_distribution[0].on_demand_base_capacity == 0
+    error_message = "the on-demand base must default to 0"
+  }
+  assert {
+    condition     = aws_autoscaling_group.workers.mixed_instances_policy[0].instances_distribution[0].on_demand_percentage_above_base_capacity == 0
+    error_message = "everything above the on-demand base must be Spot"
+  }
+  assert {
+    condition     = aws_autoscaling_group.workers.mixed_instances_policy[0].instances_distribution[0].spot_allocation_strategy == "capacity-optimized"
+    error_message = "Spot allocation must be capacity-optimized"
+  }
+  assert {
+    condition     = length(aws_autoscaling_group.workers.mixed_instances_policy[0].launch_template[0].override) >= 2
+    error_message = "the group must offer several GPU instance types"
+  }
+  assert {
+    condition     = aws_autoscaling_group.workers.capacity_rebalance
+    error_message = "capacity rebalance must be on"
+  }
+  assert {
+    condition     = [aws_autoscaling_group.workers.min_size, aws_autoscaling_group.workers.max_size, aws_autoscaling_group.workers.desired_capacity] == [0, 4, 2]
+    error_message = "min/max/desired sizes must follow the variables"
+  }
+}
+
+run "termination_hook_is_bounded" {
+  command = plan
+
+  assert {
+    condition = anytrue([
+      for h in aws_autoscaling_group.workers.initial_lifecycle_hook :
+      h.lifecycle_transition == "autoscaling:EC2_INSTANCE_TERMINATING" && h.heartbeat_timeout == 300 && h.default_result == "CONTINUE" && h.name == "demo-drain"
+    ])
+    error_message = "the group needs a terminating lifecycle hook with a 300 s heartbeat timeout"
+  }
+}
+
+run "heartbeat_timeout_must_be_bounded" {
+  command = plan
+
+  variables {
+    lifecycle_heartbeat_timeout_s = 7200
+  }
+
+  expect_failures = [var.lifecycle_heartbeat_timeout_s]
+}
+
+run "imdsv2_required_everywhere" {
+  command = plan
+
+  assert {
+    condition     = aws_launch_template.workers.metadata_options[0].http_tokens == "required"
+    error_message = "workers must require IMDSv2"
+  }
+  assert {
+    condition     = aws_instance.driver.metadata_options[0].http_tokens == "required"
+    error_message = "the driver must require IMDSv2"
+  }
+}
+
+run "driver_is_on_demand_with_least_privilege" {
+  command = plan
+
+  assert {
+    condition     = length(aws_instance.driver.instance_market_options) == 0
+    error_message = "the driver must be on-demand"
+  }
+  assert {
+    condition     = length(aws_launch_template.workers.iam_instance_profile) == 0
+    error_message = "workers must not get an instance profile"
+  }
+  assert {
+    condition = toset(flatten([for s in data.aws_iam_policy_document.driver.statement : s.actions])) == toset([
+      "autoscaling:DescribeAutoScalingGroups",
+      "ec2:DescribeInstances",
+      "ec2:DescribeInstanceTypes",
+      "autoscaling:CompleteLifecycleAction",
+      "autoscaling:RecordLifecycleActionHeartbeat",
+    ])
+    error_message = "the driver policy must allow exactly the discovery and lifecycle actions"
+  }
+}
+
+run "discovery_tags" {
+  command = plan
+
+  variables {
+    tags = { team = "ml" }
+  }
+
+  assert {
+    condition = alltrue([
+      contains([for t in aws_autoscaling_group.workers.tag : "${t.key}=${t.value}" if t.propagate_at_launch], "${var.expected_role_tag}=${var.expected_role_worker}"),
+      contains([for t in aws_autoscaling_group.workers.tag : "${t.key}=${t.value}" if t.propagate_at_launch], "${var.expected_cluster_tag}=demo"),
+      contains([for t in aws_autoscaling_group.workers.tag : "${t.key}=${t.value}" if t.propagate_at_launch], "team=ml"),
+    ])
+    error_message = "the group must carry (and propagate) the role and cluster tags"
+  }
+  assert {
+    condition     = aws_instance.driver.tags[var.expected_role_tag] == var.expected_role_driver && aws_instance.driver.tags[var.expected_cluster_tag] == "demo"
+    error_message = "the driver must carry the driver role tag and the cluster tag"
+  }
+}
+
+run "security_rules" {
+  command = plan
+
+  variables {
+    admin_ssh_cidrs = ["203.0.113.0/24"]
+  }
+
+  assert {
+    condition     = aws_vpc_security_group_ingress_rule.workers_ssh_from_driver.from_port == 22 && aws_vpc_security_group_ingress_rule.workers_ssh_from_driver.to_port == 22
+    error_message = "workers accept SSH on port 22 only"
+  }
+  assert {
+    condition     = aws_vpc_security_group_ingress_rule.workers_training_from_workers.from_port == 29400 && aws_vpc_security_group_ingress_rule.workers_training_from_workers.to_port == 30399
+    error_message = "training ports between workers follow training_ports"
+  }
+  assert {
+    condition     = [for r in aws_vpc_security_group_ingress_rule.driver_ssh_from_admins : r.cidr_ipv4] == ["203.0.113.0/24"]
+    error_message = "admins reach the driver only from admin_ssh_cidrs"
+  }
+}
+
+run "outputs_give_the_cli_line" {
+  command = apply
+
+  assert {
+    condition     = output.cli_command == "cloud-elastic run --aws-asg demo-workers --aws-region eu-west-1 -np 2 --min-np 1 --max-np 4 --ssh-user ubuntu --ssh-identity-file ~/.ssh/cloud-elastic python train.py"
+    error_message = "unexpected cli_command: ${output.cli_command}"
+  }
+  assert {
+    condition     = output.asg_name == "demo-workers" && output.region == "eu-west-1" && output.lifecycle_hook_name == "demo-drain"
+    error_message = "group, region and hook outputs must match the resources"
+  }
+  assert {
+    condition     = output.driver_address == "10.0.1.10"
+    error_message = "without a public IP the driver address is its private IP"
+  }
+  assert {
+    condition     = strcontains(base64decode(aws_launch_template.workers.user_data), "AllowUsers ubuntu@10.0.1.10")
+    error_message = "worker user data must allow SSH from the driver only"
+  }
+}

@@ -1,0 +1,35 @@
+# The driver may read the worker group and list instances (for their private
+# IPs) and nothing else. Workers run as an account with no roles: the
+# preemption notice comes from the metadata server, which needs none.
+#
+# Compute Engine has no per-MIG IAM binding, so the custom role is granted at
+# project level; its two read-only permissions are the whole grant.
+
+resource "google_service_account" "driver" {
+  project      = var.project
+  account_id   = "${var.cluster_name}-driver"
+  display_name = "cloud-elastic driver of ${var.cluster_name}"
+}
+
+resource "google_service_account" "workers" {
+  project      = var.project
+  account_id   = "${var.cluster_name}-workers"
+  display_name = "cloud-elastic workers of ${var.cluster_name} (no roles)"
+}
+
+resource "google_project_iam_custom_role" "discovery" {
+  project     = var.project
+  role_id     = "cloudElasticDiscovery_${replace(var.cluster_name, "-", "_")}"
+  title       = "cloud-elastic discovery (${var.cluster_name})"
+  description = "Read a managed instance group and its instances' addresses."
+  permissions = [
+    "compute.instanceGroupManagers.get",
+    "compute.instances.list",
+  ]
+}
+
+resource "google_project_iam_member" "driver_discovery" {
+  project = var.project
+  role    = google_project_iam_custom_role.discovery.id
+  member  = "serviceAccount:${google_service_account.driver.email}"
+}

@@ -1,0 +1,174 @@
+variable "cluster_name" {
+  type        = string
+  description = "Name of the deployment; prefixes every resource and is the value of the cloud-elastic-cluster tag. Checked by the common module."
+}
+
+variable "resource_group_id" {
+  type        = string
+  description = "Resource group for the cluster. The driver's read access covers the VPC resources of this group, so give the cluster a group of its own."
+
+  validation {
+    condition     = can(regex("^[0-9a-f]{32}$", var.resource_group_id))
+    error_message = "resource_group_id must be a resource group id (32 hexadecimal characters)."
+  }
+}
+
+variable "vpc_id" {
+  type        = string
+  description = "VPC of the workers and the driver."
+
+  validation {
+    condition     = can(regex("^[a-z0-9]{4}-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$", var.vpc_id))
+    error_message = "vpc_id must be a VPC id such as r006-12345678-1234-1234-1234-123456789abc."
+  }
+}
+
+variable "zone" {
+  type        = string
+  description = "Zone of the workers and the driver, such as us-south-1; its region is --ibm-region."
+
+  validation {
+    condition     = can(regex("^[a-z]+-[a-z]+-[0-9]$", var.zone))
+    error_message = "zone must look like us-south-1."
+  }
+}
+
+variable "subnet_id" {
+  type        = string
+  description = "Subnet in the zone. Workers need outbound internet (a public gateway) for the bootstrap's pip install."
+
+  validation {
+    condition     = can(regex("^[a-z0-9]{4}-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$", var.subnet_id))
+    error_message = "subnet_id must be a subnet id such as 0717-12345678-1234-1234-1234-123456789abc."
+  }
+}
+
+variable "gpu_profile" {
+  type        = string
+  description = "Instance profile of the GPU workers."
+  default     = "gx2-8x64x1v100"
+
+  validation {
+    condition     = can(regex("^[a-z0-9]+-[0-9]+x[0-9]+(x[0-9a-z]+)?$", var.gpu_profile))
+    error_message = "gpu_profile must be a profile name such as gx2-8x64x1v100."
+  }
+}
+
+variable "gpus_per_instance" {
+  type        = number
+  description = "GPUs per worker instance; sets -np, --min-np and --max-np in the printed command line."
+  default     = 1
+}
+
+variable "gpu_image_id" {
+  type        = string
+  description = "Image of the workers (an image with NVIDIA drivers, or a stock Ubuntu one that your bootstrap extends)."
+
+  validation {
+    condition     = can(regex("^[a-z0-9]{4}-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$", var.gpu_image_id))
+    error_message = "gpu_image_id must be an image id."
+  }
+}
+
+variable "min_size" {
+  type        = number
+  description = "Fewest workers; the instance group manager's minimum membership."
+  default     = 0
+}
+
+variable "max_size" {
+  type        = number
+  description = "Most workers; the instance group manager's maximum membership."
+  default     = 4
+}
+
+variable "instance_count" {
+  type        = number
+  description = "Workers to start with. Terraform ignores later changes, so re-applying does not undo scaling."
+  default     = 2
+}
+
+variable "driver_profile" {
+  type        = string
+  description = "Instance profile of the on-demand CPU driver."
+  default     = "bx2-2x8"
+
+  validation {
+    condition     = can(regex("^[a-z0-9]+-[0-9]+x[0-9]+$", var.driver_profile))
+    error_message = "driver_profile must be a profile name such as bx2-2x8."
+  }
+}
+
+variable "driver_image_id" {
+  type        = string
+  description = "Image of the driver (a stock Ubuntu image is enough)."
+
+  validation {
+    condition     = can(regex("^[a-z0-9]{4}-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$", var.driver_image_id))
+    error_message = "driver_image_id must be an image id."
+  }
+}
+
+variable "driver_public_ip" {
+  type        = bool
+  description = "Give the driver a floating IP (inbound is still limited to admin_ssh_cidrs)."
+  default     = false
+}
+
+variable "admin_ssh_cidrs" {
+  type        = list(string)
+  description = "CIDR blocks allowed to SSH to the driver; empty opens nothing."
+  default     = []
+}
+
+variable "training_ports" {
+  type = object({
+    from = number
+    to   = number
+  })
+  description = "TCP port range for worker-to-worker and worker-to-driver training traffic (see docs/terraform.md)."
+  default = {
+    from = 29400
+    to   = 30399
+  }
+}
+
+variable "ssh_user" {
+  type        = string
+  description = "Login user of the images (root on IBM's stock images); the driver connects to the workers as this user."
+  default     = "root"
+}
+
+variable "ssh_public_key" {
+  type        = string
+  description = "OpenSSH public key for driver-to-worker (and admin-to-driver) SSH."
+}
+
+variable "ssh_identity_file" {
+  type        = string
+  description = "Where the matching private key lives on the driver."
+  default     = "~/.ssh/cloud-elastic"
+}
+
+variable "cloud_elastic_pip_spec" {
+  type        = string
+  description = "pip requirement the bootstrap installs on the driver and the workers."
+  default     = "cloud-elastic[ibm]"
+}
+
+variable "training_command" {
+  type        = string
+  description = "Training command at the end of the printed cloud-elastic run line."
+  default     = "python train.py"
+}
+
+variable "tags" {
+  type        = map(string)
+  description = "Extra user tags, written key:value. The discovery tags cannot be overridden (the common module checks that)."
+  default     = {}
+
+  validation {
+    condition     = alltrue([for k, v in var.tags : can(regex("^[A-Za-z0-9 _.-]+$", k)) && can(regex("^[A-Za-z0-9 _.-]*$", v))])
+    error_message = "tags keys and values may only hold letters, digits, spaces, '_', '.' and '-'."
+  }
+}

@@ -1,0 +1,71 @@
+"""A stand-in worker for the SSH launcher tests (stdlib only).
+
+usage: _worker.py MARKER MODE [ARGS]
+  report          print one JSON line: cwd, environment, executable, pid/pgid/sid
+  exit N          print a line, exit with N
+  signal N        kill itself with signal N
+  sleep [--ignore-term]
+                  start a grandchild (same marker), print "ready <pid> <child pid>", sleep
+  lines N         print N numbered lines, the last one without a newline
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def report() -> None:
+    print(json.dumps({
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "executable": sys.executable,
+        "pid": os.getpid(),
+        "pgid": os.getpgid(0),
+        "sid": os.getsid(0),
+        "ppid": os.getppid(),
+    }), flush=True)
+
+
+def sleep(marker: str, ignore_term: bool) -> None:
+    if ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    code = "import signal, time\n"
+    if ignore_term:
+        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    code += "time.sleep(3600)\n"
+    child = subprocess.Popen([sys.executable, "-c", code, marker])
+    print(f"ready {os.getpid()} {child.pid}", flush=True)
+    time.sleep(3600)
+
+
+def main(argv: list[str]) -> None:
+    marker, mode, args = argv[0], argv[1], argv[2:]
+    if mode == "report":
+        report()
+    elif mode == "exit":
+        print(f"exiting with {args[0]}", flush=True)
+        sys.stdout.flush()
+        os._exit(int(args[0]))
+    elif mode == "signal":
+        print(f"killing myself with {args[0]}", flush=True)
+        os.kill(os.getpid(), int(args[0]))
+        time.sleep(10)
+    elif mode == "sleep":
+        sleep(marker, "--ignore-term" in args)
+    elif mode == "lines":
+        n = int(args[0])
+        for i in range(n - 1):
+            print(f"line {i}")
+        sys.stdout.write(f"line {n - 1}")
+        sys.stdout.flush()
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,269 @@
+"""SSHLauncher through a real sshd on loopback (127.0.0.2/3 play the remote hosts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Iterator
+
+import pytest
+
+from cloud_elastic.driver.ssh import SECRET_ENV, SSHLauncher
+from ssh_support import Output, processes_with, spec, start, wait_exit, wait_gone, wait_until
+
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(60)]
+
+REMOTE = "127.0.0.2"
+
+
+@pytest.fixture
+def launcher(sshd) -> Iterator[SSHLauncher]:
+    launcher = SSHLauncher(sshd.config, disconnect_grace_s=2.0)
+    yield launcher
+    launcher.close()
+
+
+def _ready(out: Output) -> tuple[int, int]:
+    _, worker, child = out.wait_for("ready ").split()
+    return int(worker), int(child)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_output_env_cwd_and_secret(launcher, marker, tmp_path):
+    secret = "job-secret-" + marker
+    tricky = "a b 'c' \"d\" $HOME `x` \\ ; end"
+    proc, out = start(launcher, REMOTE, marker, "report", env={"CLOUD_ELASTIC_JOB": "j1", "TRICKY": tricky},
+                      secret=secret, cwd=str(tmp_path))
+    status = wait_exit(proc)
+    assert (status.code, status.transport_error) == (0, None)
+    report = json.loads(out.wait_for("{"))
+    assert report["cwd"] == str(tmp_path)
+    assert report["env"]["CLOUD_ELASTIC_JOB"] == "j1"
+    assert report["env"]["TRICKY"] == tricky
+    assert report["env"][SECRET_ENV] == secret
+    assert report["env"]["SSH_CONNECTION"].split()[2] == REMOTE  # really went through sshd
+    assert report["env"]["PATH"].split(":")[0] == os.path.dirname(sys.executable)
+    assert os.path.dirname(report["executable"]) == os.path.dirname(sys.executable)
+    assert report["pgid"] == report["pid"] == report["sid"], "worker must lead its own session and group"
+    assert not any(line.startswith("CLOUD_ELASTIC_EXIT") for line in out.lines)
+
+
+def test_secret_is_on_stdin_never_on_a_command_line(launcher, marker):
+    secret = "never-in-argv-" + marker
+    proc, out = start(launcher, REMOTE, marker, "sleep", secret=secret)
+    worker, child = _ready(out)
+    assert processes_with(secret, cmdline_only=True) == []
+    with open(f"/proc/{worker}/environ", "rb") as f:
+        assert f"{SECRET_ENV}={secret}".encode() in f.read().split(b"\0")
+    assert {p.pid for p in processes_with(marker)} >= {worker, child, proc.ssh_pid}
+    proc.terminate(2.0)
+    wait_gone(marker, 10)
+
+
+def test_output_is_forwarded_line_by_line(launcher, marker):
+    proc, out = start(launcher, REMOTE, marker, "lines", "500")
+    assert wait_exit(proc).code == 0
+    assert [line for line in out.lines if line.startswith("line ")] == [f"line {i}" for i in range(500)]
+
+
+@pytest.mark.parametrize("code", [0, 3, 127, 255])
+def test_worker_exit_code_passes_through(launcher, marker, code):
+    proc, _ = start(launcher, REMOTE, marker, "exit", str(code))
+    status = wait_exit(proc)
+    assert (status.code, status.transport_error) == (code, None)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV])
+def test_worker_signal_death_passes_through(launcher, marker, sig):
+    proc, _ = start(launcher, REMOTE, marker, "signal", str(int(sig)))
+    status = wait_exit(proc)
+    assert (status.code, status.transport_error) == (-sig, None)
+    assert status.describe == f"killed by signal {int(sig)}"
+
+
+def test_missing_working_directory_is_reported(launcher, marker):
+    proc, out = start(launcher, REMOTE, marker, "report", cwd="/nonexistent/" + marker)
+    status = wait_exit(proc)
+    assert (status.code, status.transport_error) == (127, None)
+    assert any("does not exist" in line for line in out.lines)
+
+
+def test_terminate_stops_the_whole_group(launcher, marker):
+    proc, out = start(launcher, REMOTE, marker, "sleep")
+    _ready(out)
+    began = time.monotonic()
+    proc.terminate(5.0)
+    assert time.monotonic() - began < 5.0
+    assert wait_exit(proc, 5).code == -signal.SIGTERM
+    wait_gone(marker, 5)
+    proc.terminate(1.0)  # idempotent
+    proc.kill()
+
+
+def test_terminate_escalates_to_kill_after_grace(launcher, marker):
+    proc, out = start(launcher, REMOTE, marker, "sleep", "--ignore-term")
+    _ready(out)
+    began = time.monotonic()
+    proc.terminate(1.0)
+    assert time.monotonic() - began < 4.0
+    wait_gone(marker, 5)
+    assert wait_exit(proc, 5).code == -signal.SIGKILL
+
+
+def test_kill_is_immediate(launcher, marker):
+    proc, out = start(launcher, REMOTE, marker, "sleep", "--ignore-term")
+    _ready(out)
+    began = time.monotonic()
+    proc.kill()
+    assert time.monotonic() - began < 2.0
+    wait_gone(marker, 3)
+    assert wait_exit(proc, 5).code == -signal.SIGKILL
+    proc.kill()
+
+
+def test_local_ssh_killed_leaves_no_remote_process(launcher, marker):
+    proc, out = start(launcher, REMOTE, marker, "sleep", "--ignore-term")
+    _ready(out)
+    os.kill(proc.ssh_pid, signal.SIGKILL)
+    wait_gone(marker, 10)  # TERM, then KILL after disconnect_grace_s=2
+    status = wait_exit(proc, 5)
+    assert status.transport_error and "killed by signal 9" in status.transport_error
+
+
+def test_connection_dropped_by_server_leaves_no_process(launcher, marker):
+    proc, out = start(launcher, REMOTE, marker, "sleep")
+    worker, _ = _ready(out)
+    wrapper = _parent(worker)
+    session = _parent(wrapper)  # the per-connection "sshd: user@notty" process
+    with open(f"/proc/{session}/cmdline", "rb") as f:
+        assert f.read().startswith(b"sshd"), "expected the sshd session process"
+    os.kill(session, signal.SIGKILL)
+    wait_gone(marker, 10)
+    status = wait_exit(proc, 10)
+    assert status.transport_error and "connection lost" in status.transport_error
+    assert f"{REMOTE}:" in status.transport_error and "not a worker failure" in status.transport_error
+
+
+def test_silent_connection_is_caught_by_the_keepalive(sshd, marker):
+    launcher = SSHLauncher(sshd.config, keepalive_interval_s=0.3, keepalive_timeout_s=2.0, disconnect_grace_s=1.0)
+    try:
+        proc, out = start(launcher, REMOTE, marker, "sleep")
+        worker, child = _ready(out)
+        time.sleep(1.5)  # keepalives flow: nothing happens
+        assert {worker, child} <= {p.pid for p in processes_with(marker)}
+        os.kill(proc.ssh_pid, signal.SIGSTOP)  # the connection stays open but goes silent
+        try:
+            wait_until(lambda: not ({worker, child} & {p.pid for p in processes_with(marker)}), 10,
+                       "the remote watchdog to stop the silent worker")
+        finally:
+            os.kill(proc.ssh_pid, signal.SIGCONT)
+        status = wait_exit(proc, 10)
+        assert status.transport_error and "went silent" in status.transport_error
+        wait_gone(marker, 5)
+    finally:
+        launcher.close()
+
+
+def test_close_stops_workers_still_running(sshd, marker):
+    launcher = SSHLauncher(sshd.config, disconnect_grace_s=1.0)
+    proc, out = start(launcher, REMOTE, marker, "sleep")
+    _ready(out)
+    launcher.close()
+    wait_gone(marker, 10)
+    assert wait_exit(proc, 5).code == -signal.SIGTERM
+
+
+def test_two_hosts_in_parallel(launcher, marker):
+    started = [start(launcher, host, marker, "report") for host in ("127.0.0.2", "127.0.0.3")]
+    reports = [json.loads(out.wait_for("{")) for _, out in started]
+    assert [r["env"]["SSH_CONNECTION"].split()[2] for r in reports] == ["127.0.0.2", "127.0.0.3"]
+    assert [wait_exit(p).code for p, _ in started] == [0, 0]
+
+
+# --- SSH failures: told apart from worker failures -------------------------------
+
+
+def _transport_error(launcher: SSHLauncher, host: str, marker: str) -> str:
+    proc, out = start(launcher, host, marker, "report")
+    status = wait_exit(proc, 30)
+    assert status.code == 255
+    assert status.transport_error, f"expected an SSH failure, got {status} with output {out.lines}"
+    assert "SSH failure on" in status.transport_error and "not a worker failure" in status.transport_error
+    assert host in status.transport_error
+    assert "\n" not in status.transport_error
+    assert not any(line.startswith("{") for line in out.lines), "the worker must not have run"
+    return status.transport_error
+
+
+def test_unreachable_host(launcher, marker):
+    # sshd listens on 127.0.0.1-3 only: 127.0.0.4 on the same port refuses.
+    message = _transport_error(launcher, "127.0.0.4", marker)
+    assert "host unreachable: connection refused" in message
+
+
+def test_refused_key(sshd, marker):
+    launcher = SSHLauncher(sshd.with_key(sshd.stranger_key))
+    message = _transport_error(launcher, REMOTE, marker)
+    assert "authentication refused" in message and "Permission denied" in message
+    launcher.close()
+
+
+def test_host_key_mismatch(sshd, marker, tmp_path):
+    wrong = tmp_path / "known_hosts"
+    stranger = open(sshd.stranger_key + ".pub").read().split()[:2]
+    wrong.write_text(f"[{REMOTE}]:{sshd.port} {' '.join(stranger)}\n")
+    launcher = SSHLauncher(sshd.with_known_hosts(str(wrong)))
+    message = _transport_error(launcher, REMOTE, marker)
+    assert "host key" in message
+    launcher.close()
+
+
+def test_server_that_never_answers_times_out(sshd, marker):
+    with socket.socket() as silent:  # accepts TCP (backlog) but never speaks SSH
+        silent.bind(("127.0.0.5", 0))
+        silent.listen(8)
+        config = sshd.config.__class__(**{**sshd.config.__dict__, "port": silent.getsockname()[1],
+                                           "connect_timeout_s": 1})
+        launcher = SSHLauncher(config)
+        began = time.monotonic()
+        message = _transport_error(launcher, "127.0.0.5", marker)
+        assert "timed out" in message
+        assert time.monotonic() - began < 15
+        launcher.close()
+
+
+def test_output_callback_errors_do_not_block_the_worker(launcher, marker):
+    lines: list[str] = []
+    lock = threading.Lock()
+
+    def flaky(line: str) -> None:
+        with lock:
+            lines.append(line)
+        if len(lines) % 2:
+            raise RuntimeError("sink broke")
+
+    proc = launcher.launch(spec(REMOTE, marker, "lines", "300"), flaky)
+    assert wait_exit(proc).code == 0
+    assert len([line for line in lines if line.startswith("line ")]) == 300
+
+
+def test_worker_leader_dies_with_a_killed_wrapper(launcher, marker):
+    proc, out = start(launcher, REMOTE, marker, "sleep", "--ignore-term")
+    worker, child = _ready(out)
+    os.kill(_parent(worker), signal.SIGKILL)  # the remote wrapper itself, e.g. by the OOM killer
+    wait_until(lambda: worker not in {p.pid for p in processes_with(marker)}, 5, "the worker leader to die")
+    # Its own children are then on their own (torch's DataLoader workers watch their parent);
+    # clean up this one by hand.
+    os.kill(child, signal.SIGKILL)
+    wait_gone(marker, 5)
+    status = wait_exit(proc, 5)
+    assert status.transport_error and "without reporting the worker's status" in status.transport_error

@@ -1,0 +1,108 @@
+"""SSHLauncher pieces that need no sshd: the ssh invocation, the remote command, failure naming."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+import pytest
+
+from cloud_elastic.config import SSHConfig
+from cloud_elastic.driver.launch import WorkerSpec
+from cloud_elastic.driver.ssh import SECRET_ENV, SSHLauncher, _classify
+from cloud_elastic.errors import ConfigError, LaunchError
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def _spec(**changes: object) -> WorkerSpec:
+    fields: dict[str, object] = dict(worker_id="w0", host="10.0.1.4", slot=1, command=("python", "train.py", "--lr=0.1"),
+                                     env={"CLOUD_ELASTIC_JOB_ID": "job-1"}, secret="topsecret", cwd="/srv/job")
+    fields.update(changes)
+    return WorkerSpec(**fields)  # type: ignore[arg-type]
+
+
+def _options(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "-o"]
+
+
+def test_ssh_invocation_is_non_interactive_and_uses_the_config(tmp_path):
+    key = tmp_path / "id"
+    key.write_text("k")
+    argv = SSHLauncher(SSHConfig(port=2222, identity_file=str(key), user="ubuntu", connect_timeout_s=2.5)
+                       ).ssh_argv("10.0.1.4")
+    options = _options(argv)
+    assert argv[1] == "-T" and options[0] == "BatchMode=yes"
+    assert {"ConnectTimeout=3", "StrictHostKeyChecking=accept-new", "ServerAliveInterval=5",
+            "IdentitiesOnly=yes"} <= set(options)
+    assert argv[argv.index("-p") + 1] == "2222"
+    assert argv[argv.index("-i") + 1] == str(key)
+    assert argv[argv.index("-l") + 1] == "ubuntu"
+    assert argv[-2:] == ["--", "10.0.1.4"]
+
+
+def test_extra_options_override_defaults_but_not_batch_mode():
+    argv = SSHLauncher(SSHConfig(extra_options=("StrictHostKeyChecking=no", "UserKnownHostsFile /dev/null",
+                                                "BatchMode=no"))).ssh_argv("h")
+    options = _options(argv)
+    assert options[0] == "BatchMode=yes"  # first value wins in ssh
+    assert "StrictHostKeyChecking=accept-new" not in options
+    assert "StrictHostKeyChecking=no" in options and "UserKnownHostsFile /dev/null" in options
+
+
+@pytest.mark.parametrize("bad", ["-F/etc/passwd", "StrictHostKeyChecking", "=no"])
+def test_malformed_extra_options_are_refused(bad):
+    with pytest.raises(ConfigError, match="Key=Value"):
+        SSHLauncher(SSHConfig(extra_options=(bad,)))
+
+
+def test_keepalive_must_leave_room_for_lost_lines():
+    with pytest.raises(ConfigError):
+        SSHLauncher(SSHConfig(), keepalive_interval_s=5, keepalive_timeout_s=8)
+    SSHLauncher(SSHConfig(), keepalive_interval_s=5, keepalive_timeout_s=0)  # 0 disables
+
+
+def test_remote_command_quotes_everything_and_never_holds_the_secret():
+    spec = _spec(env={"CLOUD_ELASTIC_JOB_ID": "job 1; rm -rf /", "QUOTE": "it's"})
+    command = SSHLauncher(SSHConfig()).remote_command(spec, "nonce123")
+    assert spec.secret not in command
+    words = shlex.split(command)
+    assert words[:3] == ["exec", "env", "--"]
+    assert "CLOUD_ELASTIC_JOB_ID=job 1; rm -rf /" in words and "QUOTE=it's" in words
+    assert words[-4:] == ["/srv/job", "python", "train.py", "--lr=0.1"]
+    assert command.split(" ")[3] == shlex.quote(f"PATH={os.path.dirname(sys.executable)}:") + '"$PATH"'
+
+
+def test_a_forwarded_path_gets_the_python_dir_prepended():
+    command = SSHLauncher(SSHConfig()).remote_command(_spec(env={"PATH": "/opt/bin:/usr/bin"}), "n")
+    assert f"PATH={os.path.dirname(sys.executable)}:/opt/bin:/usr/bin" in shlex.split(command)
+
+
+@pytest.mark.parametrize("env", [{"BAD NAME": "x"}, {"A=B": "x"}, {SECRET_ENV: "leak"}])
+def test_unsendable_environments_are_refused(env):
+    with pytest.raises(LaunchError):
+        SSHLauncher(SSHConfig()).remote_command(_spec(env=env), "n")
+
+
+def test_a_multi_line_secret_is_refused():
+    with pytest.raises(LaunchError, match="single line"):
+        SSHLauncher(SSHConfig()).launch(_spec(secret="a\nb"), print)
+
+
+@pytest.mark.parametrize("stderr, expected", [
+    (["ssh: connect to host 10.0.1.9 port 22: Connection refused"], "host unreachable: connection refused"),
+    (["ssh: connect to host 10.0.1.9 port 22: Connection timed out"], "host unreachable: connection timed out"),
+    (["ssh: connect to host 10.0.1.9 port 22: No route to host"], "host unreachable: no route to host"),
+    (["ssh: Could not resolve hostname nowhere: Name or service not known"], "host name does not resolve"),
+    (["ubuntu@10.0.1.9: Permission denied (publickey)."], "authentication refused"),
+    (["@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @", "Host key verification failed."], "host key mismatch"),
+    (["No ED25519 host key is known for 10.0.1.9 and you have requested strict checking.",
+      "Host key verification failed."], "host key unknown"),
+    (["Timeout, server 10.0.1.9 not responding."], "connection lost"),
+    (["Connection to 10.0.1.9 closed by remote host."], "connection lost"),
+    (["something new"], "ssh exited with 255 (ssh said: something new)"),
+    ([], "without reporting"),
+])
+def test_ssh_failures_are_named(stderr, expected):
+    assert expected in _classify(stderr)
