@@ -348,7 +348,7 @@ class SSHLauncher:
         nonce = secrets.token_hex(8)
         argv = self.ssh_argv(spec.host) + [self.remote_command(spec, nonce)]
         self._log_options_once(argv)
-        logger.info("launching worker %s (slot %s) on %s over ssh", spec.worker_id, spec.slot, spec.host)
+        logger.debug("launching worker %s (slot %s) on %s over ssh", spec.worker_id, spec.slot, spec.host)
         proc = SSHWorkerProcess(spec, argv, nonce, on_output, self._destination(spec.host), self._keepalive_timeout_s)
         proc.start()
         with self._lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+import ipaddress
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Hashable, Mapping
@@ -175,14 +176,19 @@ class SnapshotBuilder:
         self._ready[address] = (key, slots())
 
     def build(self) -> DiscoveredHosts:
-        """The snapshot; ``ready`` ordered by (creation order, address)."""
+        """The snapshot, each table ordered by (creation time, address in numeric order)."""
         ready = {h: s for h, (_, s) in sorted(self._ready.items(), key=lambda kv: _sort_key(kv[1][0]))}
         drain = {h: d for h, (_, d) in sorted(self._draining.items(), key=lambda kv: _sort_key(kv[1][0]))}
         return DiscoveredHosts(ready=ready, draining=drain)
 
 
-def _sort_key(key: tuple[Hashable, str]) -> tuple[str, str]:
-    return (str(key[0]), key[1])
+def _sort_key(key: tuple[Hashable, str]) -> tuple[str, int, int, str]:
+    order, address = key
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return (str(order), 1, 0, address)
+    return (str(order), 0, int(ip) + (ip.version << 128), address)
 
 
 class SlotCache:

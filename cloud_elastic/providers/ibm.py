@@ -142,7 +142,8 @@ class IBMInstanceGroup(CloudGroupProvider):
     def _clients(self) -> dict[str, Any]:
         if self._sdk is None:
             core = import_sdk("ibm_cloud_sdk_core", **_SDK)
-            self._sdk = {"core": core, "requests": import_sdk("requests", **_SDK)}
+            self._sdk = {"core": core, "requests": import_sdk("requests", **_SDK),
+                         "auth": import_sdk("ibm_cloud_sdk_core.authenticators", **_SDK)}
             vpc = import_sdk("ibm_vpc", **_SDK)
             service = vpc.VpcV1(authenticator=self._authenticator(core))
             service.configure_service("vpc")  # VPC_URL and friends, the SDK's standard variables
@@ -173,7 +174,7 @@ class IBMInstanceGroup(CloudGroupProvider):
             raise FatalDiscoveryError(
                 f"{self.label}: no IBM Cloud credentials; set IBMCLOUD_API_KEY (or VPC_APIKEY / VPC_AUTH_TYPE)"
             )
-        return core.IAMAuthenticator(apikey, url=self.iam_endpoint)
+        return self._sdk["auth"].IAMAuthenticator(apikey, url=self.iam_endpoint)
 
     def _discover(self) -> DiscoveredHosts:
         sdk = self._clients()
@@ -215,10 +216,17 @@ class IBMInstanceGroup(CloudGroupProvider):
         sdk = self._sdk or {}
         core, requests = sdk.get("core"), sdk.get("requests")
         if core is not None and isinstance(exc, core.ApiException):
+            url = str(getattr(getattr(exc.http_response, "request", None), "url", ""))
+            if "/identity/token" in url and exc.code < 500:
+                return FatalDiscoveryError(f"{self.label}: IBM Cloud IAM refused the API key: {one_line(exc.message)}")
             hint = " (check the instance group ID and region)" if exc.code == 404 else ""
             if exc.code in (401, 403):
                 hint = " (check the IBM Cloud API key and its access policies)"
             return error_for_status(exc.code, f"{self.label}: HTTP {exc.code}: {one_line(exc.message)}{hint}")
+        if requests is not None and isinstance(exc, requests.exceptions.RetryError):
+            return RetryableDiscoveryError(
+                f"{self.label}: still failing after {self.max_attempts} attempts: {one_line(exc)}"
+            )
         if requests is not None and isinstance(exc, requests.exceptions.RequestException):
             return RetryableDiscoveryError(f"{self.label}: cannot reach the IBM Cloud API: {one_line(exc)}")
         return None

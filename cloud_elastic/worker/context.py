@@ -216,7 +216,8 @@ class WorkerContext:
         try:
             work.wait()
         except RuntimeError as exc:
-            raise CollectiveError(f"{what} failed: {str(exc).splitlines()[0]}") from exc
+            reason = str(exc).splitlines()[0].split(" This is typically")[0]
+            raise CollectiveError(f"{what} failed: {reason}") from exc
 
     def _abort_nccl(self) -> None:
         try:

@@ -72,7 +72,7 @@ class FakeIBM(FakeCloud):
         if form.get("apikey") != API_KEY:
             return Reply(400, {"errorCode": "BXNIM0415E", "errorMessage": "Provided API key could not be found."})
         now = int(time.time())
-        token = jwt.encode({"iat": now, "exp": now + 3600, "sub": "test"}, "not-a-real-secret", algorithm="HS256")
+        token = jwt.encode({"iat": now, "exp": now + 3600, "sub": "test"}, "a-test-only-signing-key-of-32-bytes-or-more", algorithm="HS256")
         self.tokens.add(token)
         return Reply(200, {"access_token": token, "refresh_token": "r", "token_type": "Bearer",
                            "expires_in": 3600, "expiration": now + 3600})
@@ -80,7 +80,7 @@ class FakeIBM(FakeCloud):
     def _group(self, request: Request) -> list[Member]:
         group = request.params.get("group") or request.query.get("instance_group_membership.instance_group.id", "")
         if group not in self.groups:
-            raise KeyError(f"Instance group not found: {group}")
+            raise KeyError(f"Instance group {group}")
         return self.groups[group]
 
     def _get_group(self, request: Request) -> Reply:

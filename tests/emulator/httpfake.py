@@ -61,7 +61,7 @@ class FakeCloud:
         self._routes: list[tuple[str, re.Pattern, Handler]] = []
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
-        self.log: list[tuple[str, str]] = []  # (method, path) of every request, faults included
+        self.log: list[tuple[str, str]] = []  # (method, what) of every request, faults included
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -72,9 +72,18 @@ class FakeCloud:
         self._routes.append((method, re.compile(pattern), handler))
 
     def fail(self, pattern: str, times: int, status: int, body: Any = None, headers: dict | None = None) -> None:
-        """Answer the next ``times`` requests whose path matches ``pattern`` (search) with ``status``."""
+        """Answer the next ``times`` requests whose :meth:`describe` matches ``pattern`` (search) with ``status``.
+
+        ``body`` is JSON, or ``bytes`` sent as they are.
+        """
+        raw = body if isinstance(body, bytes) else None
+        reply = Reply(status, None if raw is not None else body, headers or {}, raw)
         with self._lock:
-            self._faults.append(_Fault(re.compile(pattern), times, Reply(status, body, headers or {})))
+            self._faults.append(_Fault(re.compile(pattern), times, reply))
+
+    def describe(self, request: Request) -> str:
+        """What the log records and faults match for a request: its path (override for RPC-style APIs)."""
+        return request.path
 
     def authorize(self, request: Request) -> Reply | None:
         """Override: return a Reply to refuse the request (401/403), or None to let it through."""
@@ -87,7 +96,7 @@ class FakeCloud:
             self.log.clear()
 
     def count(self, pattern: str = "", method: str | None = None) -> int:
-        """How many requests (faults included) had a path matching ``pattern`` (search)."""
+        """How many requests (faults included) had a :meth:`describe` matching ``pattern`` (search)."""
         rx = re.compile(pattern)
         with self._lock:
             return sum(1 for m, p in self.log if rx.search(p) and (method is None or m == method))
@@ -121,7 +130,8 @@ class FakeCloud:
                     b"" if reply.body is None else json.dumps(reply.body).encode()
                 )
                 self.send_response(reply.status)
-                headers = {"Content-Type": "application/json", **reply.headers}
+                default_type = "application/json" if reply.raw is None else "text/xml"
+                headers = {"Content-Type": default_type, **reply.headers}
                 for key, value in headers.items():
                     self.send_header(key, value)
                 self.send_header("Content-Length", str(len(payload)))
@@ -151,10 +161,11 @@ class FakeCloud:
     # -- dispatch ------------------------------------------------------------------
 
     def _dispatch(self, request: Request) -> Reply:
+        what = self.describe(request)
         with self._lock:
-            self.log.append((request.method, request.path))
+            self.log.append((request.method, what))
             for fault in self._faults:
-                if fault.remaining > 0 and fault.pattern.search(request.path):
+                if fault.remaining > 0 and fault.pattern.search(what):
                     fault.remaining -= 1
                     return fault.reply
         for method, pattern, handler in self._routes:

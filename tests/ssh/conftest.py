@@ -2,7 +2,7 @@
 
 The session fixture :func:`sshd` starts ``/usr/sbin/sshd -D -e`` with a config,
 host key, client key and ``authorized_keys`` generated in a temporary
-directory, listening on 127.0.0.1, 127.0.0.2 and 127.0.0.3 on one free port.
+directory, listening on 127.0.0.1-3 (and 127.0.0.4, which refuses every key) on one free port.
 Those loopback aliases play the "remote" hosts. Nothing outside the temporary
 directory is touched, except that ``/run/sshd`` (sshd's privilege-separation
 directory) is created when missing. ``scripts/setup-sshd.sh`` installs sshd;
@@ -25,10 +25,9 @@ from typing import Iterator
 import pytest
 
 from cloud_elastic.config import SSHConfig
+from ssh_support import HOSTS, REFUSING_HOST
 
 SSHD = "/usr/sbin/sshd"
-HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
-WORKER = str(Path(__file__).with_name("_worker.py"))
 START_TIMEOUT_S = 15.0
 
 
@@ -73,7 +72,8 @@ def _keygen(path: Path) -> None:
 
 
 def _write_config(root: Path, port: int) -> Path:
-    listen = "\n".join(f"ListenAddress {host}:{port}" for host in HOSTS)
+    listen = "\n".join(f"ListenAddress {host}:{port}" for host in (*HOSTS, REFUSING_HOST))
+    (root / "authorized_keys_none").write_text("")
     config = root / "sshd_config"
     config.write_text(f"""{listen}
 HostKey {root}/host_ed25519
@@ -91,6 +91,9 @@ AcceptEnv none
 MaxStartups 200
 MaxSessions 50
 LogLevel VERBOSE
+
+Match LocalAddress {REFUSING_HOST}
+    AuthorizedKeysFile {root}/authorized_keys_none
 """)
     return config
 
@@ -136,7 +139,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
     port = free_port()
     host_key = (root / "host_ed25519.pub").read_text().split()[:2]
     known_hosts = root / "known_hosts"
-    known_hosts.write_text(",".join(f"[{h}]:{port}" for h in HOSTS) + " " + " ".join(host_key) + "\n")
+    known_hosts.write_text(",".join(f"[{h}]:{port}" for h in (*HOSTS, REFUSING_HOST)) + " " + " ".join(host_key) + "\n")
     log = root / "sshd.log"
     with open(log, "wb") as log_file:
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(_write_config(root, port))],

@@ -12,6 +12,12 @@ from typing import Callable
 from cloud_elastic.driver.launch import ExitStatus, WorkerSpec
 from cloud_elastic.driver.ssh import SSHLauncher, SSHWorkerProcess
 
+#: Loopback aliases the test sshd serves; 127.0.0.2 and 127.0.0.3 play remote hosts.
+HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+#: The test sshd listens here too, but accepts no key (a "refused key" host).
+REFUSING_HOST = "127.0.0.4"
+#: Nothing listens here: connection refused.
+UNREACHABLE_HOST = "127.0.0.9"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 PYTHON = os.path.basename(sys.executable)
 

@@ -14,7 +14,9 @@ from typing import Iterator
 import pytest
 
 from cloud_elastic.driver.ssh import SECRET_ENV, SSHLauncher
-from ssh_support import Output, processes_with, spec, start, wait_exit, wait_gone, wait_until
+from ssh_support import (
+    REFUSING_HOST, UNREACHABLE_HOST, Output, processes_with, spec, start, wait_exit, wait_gone, wait_until,
+)
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(60)]
 
@@ -205,8 +207,7 @@ def _transport_error(launcher: SSHLauncher, host: str, marker: str) -> str:
 
 
 def test_unreachable_host(launcher, marker):
-    # sshd listens on 127.0.0.1-3 only: 127.0.0.4 on the same port refuses.
-    message = _transport_error(launcher, "127.0.0.4", marker)
+    message = _transport_error(launcher, UNREACHABLE_HOST, marker)
     assert "host unreachable: connection refused" in message
 
 
@@ -225,6 +226,11 @@ def test_host_key_mismatch(sshd, marker, tmp_path):
     message = _transport_error(launcher, REMOTE, marker)
     assert "host key" in message
     launcher.close()
+
+
+def test_host_that_refuses_every_key(launcher, marker):
+    message = _transport_error(launcher, REFUSING_HOST, marker)
+    assert "authentication refused" in message
 
 
 def test_server_that_never_answers_times_out(sshd, marker):

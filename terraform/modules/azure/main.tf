@@ -38,6 +38,7 @@ resource "azurerm_linux_virtual_machine_scale_set" "workers" {
   admin_username                  = var.ssh_user
   disable_password_authentication = true
   custom_data                     = base64encode(module.common.worker_user_data)
+  encryption_at_host_enabled      = var.encryption_at_host
   tags                            = module.common.worker_tags
 
   priority        = "Spot"
@@ -131,6 +132,7 @@ resource "azurerm_linux_virtual_machine" "driver" {
   disable_password_authentication = true
   network_interface_ids           = [azurerm_network_interface.driver.id]
   custom_data                     = base64encode(module.common.driver_user_data)
+  encryption_at_host_enabled      = var.encryption_at_host
   allow_extension_operations      = false
   tags                            = module.common.driver_tags
 

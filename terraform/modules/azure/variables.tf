@@ -127,6 +127,12 @@ variable "worker_disk_gb" {
   }
 }
 
+variable "encryption_at_host" {
+  type        = bool
+  description = "Encrypt temp disks and caches at the host. Needs the EncryptionAtHost feature registered on the subscription, so it is off by default."
+  default     = false
+}
+
 variable "min_size" {
   type        = number
   description = "Fewest workers the job should run with; sets --min-np."

@@ -23,6 +23,7 @@ locals {
     ssh_user  = var.ssh_user
     driver_ip = var.driver_ip
     pip_spec  = var.pip_spec
+    env       = {}
   })
   driver_user_data = templatefile("${path.module}/node-init.sh.tftpl", {
     role      = "driver"
@@ -31,6 +32,7 @@ locals {
     ssh_user  = var.ssh_user
     driver_ip = ""
     pip_spec  = var.pip_spec
+    env       = var.driver_environment
   })
 
   np     = var.desired_size * var.gpus_per_instance

@@ -155,3 +155,14 @@ variable "tags" {
     error_message = "tags must not set the discovery tags cloud-elastic-role or cloud-elastic-cluster; the module sets them."
   }
 }
+
+variable "driver_environment" {
+  type        = map(string)
+  description = "Environment variables the driver bootstrap writes to /etc/environment, for example how the discovery provider authenticates."
+  default     = {}
+
+  validation {
+    condition     = alltrue([for k, v in var.driver_environment : can(regex("^[A-Z_][A-Z0-9_]*$", k)) && can(regex("^[A-Za-z0-9._:/@+=-]*$", v))])
+    error_message = "driver_environment keys must be upper-case variable names and values may not hold spaces, quotes or shell characters."
+  }
+}

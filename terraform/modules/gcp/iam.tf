@@ -1,9 +1,9 @@
-# The driver may read the worker group and list instances (for their private
-# IPs) and nothing else. Workers run as an account with no roles: the
+# The driver may read the worker group, its instances (for their private IPs)
+# and machine types (for their GPU counts), and nothing else. Workers run as an account with no roles: the
 # preemption notice comes from the metadata server, which needs none.
 #
 # Compute Engine has no per-MIG IAM binding, so the custom role is granted at
-# project level; its two read-only permissions are the whole grant.
+# project level; its four read-only permissions are the whole grant.
 
 resource "google_service_account" "driver" {
   project      = var.project
@@ -21,10 +21,12 @@ resource "google_project_iam_custom_role" "discovery" {
   project     = var.project
   role_id     = "cloudElasticDiscovery_${replace(var.cluster_name, "-", "_")}"
   title       = "cloud-elastic discovery (${var.cluster_name})"
-  description = "Read a managed instance group and its instances' addresses."
+  description = "Read a managed instance group, its instances' addresses and GPU counts."
   permissions = [
     "compute.instanceGroupManagers.get",
+    "compute.instances.get",
     "compute.instances.list",
+    "compute.machineTypes.get",
   ]
 }
 

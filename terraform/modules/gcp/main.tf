@@ -24,13 +24,7 @@ locals {
   region   = regex("^(.*)-[a-z]$", var.zones[0])[0]
   regional = length(var.zones) > 1
   mig_name = "${var.cluster_name}-workers"
-
-  metadata = {
-    ssh-keys               = "${var.ssh_user}:${module.common.ssh_public_key}"
-    block-project-ssh-keys = "TRUE"
-    # Keys come from the ssh-keys entry above, not from OS Login users.
-    enable-oslogin = "FALSE"
-  }
+  ssh_keys = "${var.ssh_user}:${module.common.ssh_public_key}"
 }
 
 resource "google_compute_instance_template" "workers" {
@@ -83,9 +77,13 @@ resource "google_compute_instance_template" "workers" {
     enable_secure_boot = false
   }
 
-  metadata = merge(local.metadata, {
-    startup-script = module.common.worker_user_data
-  })
+  # Keys come from ssh-keys alone: no project-wide keys, no OS Login users.
+  metadata = {
+    ssh-keys               = local.ssh_keys
+    block-project-ssh-keys = true
+    enable-oslogin         = false
+    startup-script         = module.common.worker_user_data
+  }
 
   lifecycle {
     create_before_destroy = true
@@ -185,7 +183,11 @@ resource "google_compute_instance" "driver" {
     enable_integrity_monitoring = true
   }
 
-  metadata = merge(local.metadata, {
-    startup-script = module.common.driver_user_data
-  })
+  # Keys come from ssh-keys alone: no project-wide keys, no OS Login users.
+  metadata = {
+    ssh-keys               = local.ssh_keys
+    block-project-ssh-keys = true
+    enable-oslogin         = false
+    startup-script         = module.common.driver_user_data
+  }
 }

@@ -18,6 +18,15 @@ module "common" {
   training_command  = var.training_command
   driver_ip         = ibm_is_instance.driver.primary_network_interface[0].primary_ip[0].address
   tags              = var.tags
+
+  # The IBM provider reads these through the SDK's
+  # get_authenticator_from_environment("vpc"): it signs in as the trusted
+  # profile via the instance metadata service, with no API key on disk.
+  driver_environment = {
+    VPC_AUTH_TYPE      = "vpc"
+    VPC_AUTH_URL       = "https://api.metadata.cloud.ibm.com"
+    VPC_IAM_PROFILE_ID = ibm_iam_trusted_profile.driver.id
+  }
 }
 
 locals {
@@ -99,7 +108,7 @@ resource "ibm_is_instance" "driver" {
   }
 
   # The driver authenticates as its trusted profile through the metadata
-  # service (VPCInstanceAuthenticator), so no API key sits on its disk.
+  # service (see driver_environment above), so no API key sits on its disk.
   metadata_service {
     enabled            = true
     protocol           = "https"

@@ -1,0 +1,165 @@
+"""Running ``cloud-elastic run`` as a real process and synchronising on its output."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = Path(__file__).with_name("probe.py")
+CLI = [sys.executable, "-m", "cloud_elastic.cli"]
+_EVENT = re.compile(r"^\[(?P<rank>[-\d]+)\]<(?P<slot>[^>]*)> EVENT (?P<json>\{.*\})$")
+
+
+@dataclass
+class Event:
+    kind: str
+    data: dict
+
+    def __getitem__(self, key: str):
+        return self.data[key]
+
+
+class Job:
+    """A running ``cloud-elastic run``; collects output lines and EVENTs as they arrive."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, cwd: Path = REPO) -> None:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.cmd = CLI + args
+        self.proc = subprocess.Popen(
+            self.cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self.events: list[Event] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self._cond:
+                self.lines.append(line)
+                m = _EVENT.match(line)
+                if m:
+                    data = json.loads(m.group("json"))
+                    self.events.append(Event(data["kind"], data))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[["Job"], object], timeout: float = 60.0, what: str = "condition"):
+        """Block until ``predicate(job)`` is truthy; return its value. Fails fast if the job ends first."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                value = predicate(self)
+                if value:
+                    return value
+                if self.proc.poll() is not None and not self._reader.is_alive():
+                    raise AssertionError(f"job ended (rc={self.proc.returncode}) before {what}:\n{self.output()}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{self.output()}")
+                self._cond.wait(min(remaining, 0.5))
+
+    def wait_event(self, kind: str, timeout: float = 60.0, **match: object) -> Event:
+        def find(job: "Job") -> Event | None:
+            for e in job.events:
+                if e.kind == kind and all(e.data.get(k) == v for k, v in match.items()):
+                    return e
+            return None
+
+        return self.wait_for(find, timeout, f"event {kind} {match}")
+
+    def finish(self, timeout: float = 120.0) -> int:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"job did not finish within {timeout}s:\n{self.output()}")
+        self._reader.join(10)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        kill_job_workers(self.job_id())
+        self.proc.wait()
+
+    def output(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines[-200:])
+
+    def job_id(self) -> str | None:
+        for line in self.lines:
+            m = re.search(r"job (\w+): driver at", line)
+            if m:
+                return m.group(1)
+        return None
+
+    def of(self, kind: str, **match: object) -> list[Event]:
+        with self._cond:
+            return [e for e in self.events if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]
+
+
+def processes_of_job(job_id: str | None) -> list[int]:
+    """PIDs of live processes whose environment names this job (by process listing)."""
+    if not job_id:
+        return []
+    needle = f"CLOUD_ELASTIC_JOB_ID={job_id}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and ") Z " not in stat:
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_job_workers(job_id: str | None) -> None:
+    for pid in processes_of_job(job_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def probe_cmd(*args: str) -> list[str]:
+    return [sys.executable, str(PROBE), *args]
+
+
+class HostsFile:
+    """A discovery script whose answer the test controls by rewriting a file."""
+
+    def __init__(self, directory: Path, hosts: list[str]) -> None:
+        self.file = directory / "hosts.txt"
+        self.script = directory / "discover.sh"
+        self.script.write_text(f"#!/bin/sh\ncat '{self.file}'\n")
+        self.script.chmod(0o755)
+        self.set(hosts)
+
+    def set(self, hosts: list[str]) -> None:
+        tmp = self.file.with_suffix(".tmp")
+        tmp.write_text("".join(h + "\n" for h in hosts))
+        tmp.replace(self.file)

@@ -1,0 +1,108 @@
+"""Training script the integration tests run under ``cloud-elastic run``.
+
+It prints machine-readable ``EVENT {json}`` lines (forwarded by the driver
+with a rank prefix) so tests can synchronise on what workers actually do:
+hello (pid), step, commit, reset (with the step before and after, to see
+rollbacks), done (final step and a checksum of the parameters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+import cloud_elastic.torch as hvd
+
+
+def event(kind: str, **fields: object) -> None:
+    fields.update(kind=kind, worker=os.environ.get("CLOUD_ELASTIC_WORKER_ID"), pid=os.getpid())
+    print("EVENT " + json.dumps(fields), flush=True)
+
+
+def checksum(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for p in model.state_dict().values():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--fail-at-step", type=int, default=-1, help="exit 1 at this step")
+    p.add_argument("--exit0-at-step", type=int, default=-1, help="exit 0 (without finishing) at this step")
+    p.add_argument("--only-slot", default="", help="apply the failure only to this worker id prefix")
+    p.add_argument("--sampler", type=int, default=0, help="train over an ElasticSampler of this many samples")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=4)
+    args = p.parse_args()
+
+    hvd.init()
+    event("hello", rank=hvd.rank(), size=hvd.size())
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    counters = {"executed": 0}
+    extra = {}
+    sampler = None
+    if args.sampler:
+        dataset = torch.utils.data.TensorDataset(torch.arange(args.sampler))
+        sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+        extra["sampler"] = sampler
+    state = hvd.elastic.TorchState(model, optimizer, step=0, epoch=0, **extra)
+    mine = os.environ.get("CLOUD_ELASTIC_WORKER_ID", "").startswith(args.only_slot)
+
+    def on_reset() -> None:
+        event("reset", rank=hvd.rank(), size=hvd.size(), executed=counters["executed"], step=state.step)
+        counters["executed"] = state.step
+
+    state.register_reset_callbacks([on_reset])
+
+    def one_step() -> None:
+        counters["executed"] += 1
+        g = torch.Generator().manual_seed(state.step * 1000 + hvd.rank())
+        x = torch.randn(4, 8, generator=g)
+        optimizer.zero_grad()
+        F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+        optimizer.step()
+        state.step += 1
+        if mine and state.step == args.fail_at_step:
+            event("failing", rank=hvd.rank())
+            os._exit(1)
+        if mine and state.step == args.exit0_at_step:
+            event("exiting0", rank=hvd.rank())
+            os._exit(0)
+        time.sleep(args.step_sleep)
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        if sampler is None:
+            while state.step < args.steps:
+                one_step()
+                state.commit()
+                event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
+            return
+        for state.epoch in range(state.epoch, args.epochs):
+            sampler.set_epoch(state.epoch)
+            for batch_idx, (batch,) in enumerate(loader):
+                one_step()
+                sampler.record_batch(batch_idx, args.batch_size)
+                event("batch", rank=hvd.rank(), size=hvd.size(), epoch=state.epoch, step=state.step,
+                      indices=sampler.get_indices(batch_idx, args.batch_size))
+                state.commit()
+                event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
+
+    train(state)
+    event("done", rank=hvd.rank(), size=hvd.size(), step=state.step, checksum=checksum(model))
+
+
+if __name__ == "__main__":
+    main()

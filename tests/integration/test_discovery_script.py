@@ -1,0 +1,59 @@
+"""Discovery scripts under a real job: first failure fatal, later failures survived."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.harness import HostsFile, probe_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def _script(tmp_path, body: str):
+    path = tmp_path / "discover.sh"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("echo 127.0.0.1:2\necho 'this is not a host'\n", "line 2 is not host[:slots]"),
+        ("echo 127.0.0.1:0\n", "slots must be >= 1"),
+        ("echo 127.0.0.1:-3\n", "slots must be >= 1"),
+        ("echo 127.0.0.1:1\necho 127.0.0.1:2\n", "listed twice (line 1 and 2)"),
+        ("echo boom >&2\nexit 3\n", "exited with code 3: boom"),
+    ],
+)
+def test_a_failing_first_discovery_is_fatal_with_a_clear_message(jobs, tmp_path, body, message):
+    job = jobs(["run", "-np", "1", "--host-discovery-script", str(_script(tmp_path, body)), *probe_cmd()])
+    assert job.finish(timeout=60) == 1, job.output()
+    last = job.lines[-1]
+    assert "host discovery failed" in last and message in last, last
+
+
+def test_a_hanging_first_discovery_is_killed_and_fatal(jobs, tmp_path):
+    script = _script(tmp_path, "sleep 600\n")
+    job = jobs(["run", "-np", "1", "--host-discovery-script", str(script), "--discovery-timeout", "1", *probe_cmd()])
+    assert job.finish(timeout=60) == 1, job.output()
+    assert "did not finish within 1s and was killed" in job.lines[-1]
+
+
+def test_later_failures_and_hangs_keep_the_last_hosts_and_the_job_completes(jobs, tmp_path):
+    hosts = HostsFile(tmp_path, ["127.0.0.1:2"])
+    # After the first good answer the script turns bad: garbage, then a hang, then an error exit.
+    hosts.script.write_text(
+        f"#!/bin/sh\nn=$(cat '{tmp_path}/n' 2>/dev/null || echo 0); echo $((n+1)) > '{tmp_path}/n'\n"
+        f"case $n in 0) cat '{hosts.file}';; 1) echo '@@garbage@@';; 2) sleep 600;; *) exit 1;; esac\n"
+    )
+    job = jobs([
+        "run", "-np", "2", "--host-discovery-script", str(hosts.script), "--discovery-interval", "0.2",
+        "--discovery-timeout", "1", *probe_cmd("--steps", "60", "--step-sleep", "0.05"),
+    ])
+    assert job.finish() == 0, job.output()
+    out = job.output()
+    assert "host discovery failed: discovery script discover.sh: line 1 is not host[:slots]" in out
+    assert "did not finish within 1s and was killed" in out
+    assert "exited with code 1" in out
+    assert {e["step"] for e in job.of("done")} == {60} and len(job.of("done")) == 2

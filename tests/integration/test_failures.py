@@ -1,0 +1,88 @@
+"""Failures: survivors roll back to the last commit and continue at the smaller size."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.integration.harness import processes_of_job, probe_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+HOSTS = "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1"
+ELASTIC = ["-np", "3", "--min-np", "1", "--max-np", "3", "-H", HOSTS, "--blacklist-cooldown-range", "300", "300"]
+
+
+def _assert_consistent_finish(job, total_steps: int, expect_workers: int) -> None:
+    done = job.of("done")
+    assert len(done) == expect_workers, job.output()
+    assert {e["step"] for e in done} == {total_steps}
+    assert len({e["checksum"] for e in done}) == 1, "final parameters differ between workers"
+    assert {e["size"] for e in done} == {expect_workers}
+
+
+def test_kill_9_one_of_three_completes_at_smaller_size(jobs):
+    job = jobs(["run", *ELASTIC, *probe_cmd("--steps", "40")])
+    victim = job.wait_event("commit", rank=2, step=10)
+    os.kill(victim["pid"], signal.SIGKILL)
+    assert job.finish() == 0, job.output()
+    _assert_consistent_finish(job, 40, expect_workers=2)
+    # No committed step is lost: the survivors resume at or after the last
+    # step every one of them had committed before the kill.
+    resets = job.of("reset")
+    assert resets and {e["size"] for e in resets} == {2}
+    committed_by_all = min(
+        max((e["step"] for e in job.of("commit", worker=r["worker"]) if e["size"] == 3), default=0) for r in resets
+    )
+    assert all(r["step"] >= committed_by_all for r in resets), (committed_by_all, resets)
+    assert "killed by signal 9" in job.output()
+
+
+def test_all_workers_failing_fails_the_job_with_a_reason(jobs):
+    job = jobs(["run", "-np", "2", "-H", "127.0.0.1:2", *probe_cmd("--fail-at-step", "3")])
+    assert job.finish() == 1, job.output()
+    last = job.lines[-1]
+    assert "failed: all workers failed" in last and "exited with code 1" in last
+
+
+def test_reset_limit_exceeded_fails_the_job(jobs):
+    job = jobs(
+        ["run", *ELASTIC, "--reset-limit", "0", *probe_cmd("--steps", "60", "--fail-at-step", "5", "--only-slot", "127.0.0.3")]
+    )
+    assert job.finish() == 1, job.output()
+    assert "reset limit exceeded" in job.lines[-1] and "--reset-limit 0" in job.lines[-1]
+
+
+def test_exit_0_before_training_returned_is_not_success(jobs):
+    job = jobs(["run", "-np", "1", "-H", "127.0.0.1:1", *probe_cmd("--exit0-at-step", "3")])
+    assert job.finish() == 1, job.output()
+    assert "before its training function returned" in job.lines[-1]
+
+
+def test_stopped_worker_is_given_up_and_survivors_continue_without_gloo_timeout(jobs):
+    # Gloo's own timeout is 300 s here; the heartbeat finds the stopped peer in seconds.
+    job = jobs(["run", *ELASTIC, "--heartbeat-timeout", "2", *probe_cmd("--steps", "40")])
+    victim = job.wait_event("commit", rank=1, step=10)
+    os.kill(victim["pid"], signal.SIGSTOP)
+    try:
+        assert job.finish(timeout=90) == 0, job.output()
+    finally:
+        try:
+            os.kill(victim["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert "stopped answering heartbeats" in job.output()
+    _assert_consistent_finish(job, 40, expect_workers=2)
+
+
+def test_sigint_to_driver_stops_every_worker(jobs):
+    job = jobs(["run", *ELASTIC, *probe_cmd("--steps", "1000")])
+    job.wait_event("commit", rank=0, step=5)
+    job_id = job.job_id()
+    assert len(processes_of_job(job_id)) == 3
+    os.kill(job.proc.pid, signal.SIGINT)
+    assert job.finish(timeout=30) == 130, job.output()
+    assert processes_of_job(job_id) == []
+    assert "interrupted by SIGINT" in job.lines[-1]

@@ -1,0 +1,70 @@
+"""Graceful membership changes driven by a discovery script: scale-up, removal, ElasticSampler."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tests.integration.harness import HostsFile, probe_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+
+def _run_args(hosts: HostsFile, *extra: str) -> list[str]:
+    return [
+        "run", "-np", "2", "--min-np", "1", "--max-np", "4", "--host-discovery-script", str(hosts.script),
+        "--discovery-interval", "0.2", *extra,
+    ]
+
+
+def test_host_added_by_discovery_is_admitted(jobs, tmp_path):
+    hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2"])
+    job = jobs(_run_args(hosts, *probe_cmd("--steps", "60")))
+    job.wait_event("commit", rank=0, step=5)
+    hosts.set(["127.0.0.1", "127.0.0.2", "127.0.0.3"])
+    job.wait_event("commit", size=3)
+    assert job.finish() == 0, job.output()
+    done = job.of("done")
+    assert len(done) == 3 and {e["size"] for e in done} == {3} and len({e["checksum"] for e in done}) == 1
+    # The newcomer joined as the youngest worker: it took the last rank.
+    newcomer = [e for e in job.of("hello") if e["worker"].startswith("127.0.0.3")]
+    assert [e["rank"] for e in newcomer] == [2]
+    # Admission is graceful: the running workers did not roll back.
+    assert all(r["executed"] == r["step"] for r in job.of("reset") if not r["worker"].startswith("127.0.0.3"))
+
+
+def test_host_removed_by_discovery_leaves_without_rollback(jobs, tmp_path):
+    hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2", "127.0.0.3"])
+    job = jobs(_run_args(hosts, "-np", "3", *probe_cmd("--steps", "60")))
+    job.wait_event("commit", rank=2, step=5)
+    hosts.set(["127.0.0.1", "127.0.0.2"])
+    job.wait_event("commit", size=2)
+    assert job.finish() == 0, job.output()
+    resets = job.of("reset")
+    assert resets and all(r["size"] == 2 for r in resets)
+    assert all(r["executed"] == r["step"] for r in resets), f"survivors rolled back: {resets}"
+    assert "left the group" in job.output()
+    assert "round 1 aborted" not in job.output()
+    done = job.of("done")
+    assert len(done) == 2 and {e["step"] for e in done} == {60} and len({e["checksum"] for e in done}) == 1
+    # The removed worker's exit is not what made the job succeed: two workers finished.
+    assert "training completed on 2 worker(s)" in job.lines[-1]
+
+
+def test_elastic_sampler_processes_every_index_once_across_shrink_and_grow(jobs, tmp_path):
+    hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2", "127.0.0.3"])
+    n = 240
+    job = jobs(_run_args(hosts, "-np", "3", *probe_cmd("--sampler", str(n), "--epochs", "4", "--step-sleep", "0.08")))
+    job.wait_event("batch", rank=0, epoch=0, step=3)
+    hosts.set(["127.0.0.1", "127.0.0.2"])  # shrink mid-epoch 0
+    job.wait_for(lambda j: any(e["size"] == 2 and e["step"] >= 8 for e in j.of("batch")), what="shrunk")
+    hosts.set(["127.0.0.1", "127.0.0.2", "127.0.0.4"])  # grow again
+    job.wait_for(lambda j: [e for e in j.of("batch") if e["size"] == 3 and e["step"] > 10], what="grown")
+    assert job.finish() == 0, job.output()
+    sizes = [e["size"] for e in job.of("batch", rank=0)]
+    assert 2 in sizes and sizes[0] == 3 and sizes[-1] == 3, sizes
+    for epoch in range(4):
+        seen = Counter(i for e in job.of("batch", epoch=epoch) for i in e["indices"])
+        assert set(seen) == set(range(n)), f"epoch {epoch}: missing {sorted(set(range(n)) - set(seen))[:10]}"
+        assert max(seen.values()) == 1, f"epoch {epoch}: processed twice: {[i for i, c in seen.items() if c > 1]}"

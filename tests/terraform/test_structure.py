@@ -1,0 +1,50 @@
+"""Structural checks on the parsed HCL of all four cloud modules (no Terraform, no network)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conventions import example_problems, readme_problems, variable_problems, version_problems
+from .hcl import CLOUDS, TERRAFORM_DIR, Module, Tree
+from .properties import CHECKS, NOT_APPLICABLE, PROPERTIES
+
+pytestmark = pytest.mark.terraform
+
+MODULE_DIRS = Tree(TERRAFORM_DIR).module_dirs()
+
+
+def test_every_property_is_checked_or_explained_for_every_cloud():
+    pairs = {(prop, cloud) for prop in PROPERTIES for cloud in CLOUDS}
+    assert set(CHECKS) | set(NOT_APPLICABLE) == pairs
+    assert not set(CHECKS) & set(NOT_APPLICABLE)
+
+
+@pytest.mark.parametrize("prop, cloud", sorted(CHECKS))
+def test_property(tree, prop, cloud):
+    assert CHECKS[(prop, cloud)](tree) == []
+
+
+@pytest.mark.parametrize("path", MODULE_DIRS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_variables_are_typed_described_and_validated(path):
+    assert variable_problems(Module.load(path)) == []
+
+
+@pytest.mark.parametrize("path", MODULE_DIRS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_versions_are_bounded_and_there_is_no_backend(path):
+    assert version_problems(Module.load(path)) == []
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_readme_example_matches_the_module(tree, cloud):
+    assert readme_problems(tree, cloud) == []
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_example_root_calls_the_module_correctly(tree, cloud):
+    assert example_problems(tree, cloud) == []
+
+
+def test_each_cloud_has_a_module_and_an_example():
+    assert sorted(p.name for p in (TERRAFORM_DIR / "modules").iterdir() if p.is_dir()) == sorted([*CLOUDS, "common"])
+    assert sorted(p.name for p in (TERRAFORM_DIR / "examples").iterdir() if p.is_dir()) == sorted(CLOUDS)
+

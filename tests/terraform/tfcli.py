@@ -1,0 +1,68 @@
+"""Find a Terraform CLI and an offline provider mirror, and run Terraform offline.
+
+Nothing here downloads: ``init`` reads providers from the mirror alone
+(``-plugin-dir``), the checkpoint (version check) call is disabled, and the
+user's CLI configuration is replaced by an empty one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Where the offline provider mirror is looked for (a -plugin-dir layout).
+PLUGIN_DIR_ENV = "CLOUD_ELASTIC_TF_PLUGIN_DIR"
+DEFAULT_PLUGIN_DIR = "/opt/tf-plugins"
+#: Set to 1 to fail, instead of skip, when the CLI or the mirror is missing.
+REQUIRE_ENV = "CLOUD_ELASTIC_REQUIRE_TERRAFORM"
+
+
+@dataclass(frozen=True)
+class Terraform:
+    """A Terraform binary and the environment that keeps it offline."""
+
+    binary: str
+    config_dir: Path
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+        config = self.config_dir / "terraformrc"
+        if not config.exists():
+            config.write_text("disable_checkpoint = true\n")
+        env.update(
+            TF_CLI_CONFIG_FILE=str(config),
+            CHECKPOINT_DISABLE="1",
+            TF_IN_AUTOMATION="1",
+            TF_INPUT="0",
+        )
+        return env
+
+    def run(self, *args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.binary, *args, "-no-color"], cwd=cwd, env=self.env(), capture_output=True, text=True, timeout=timeout
+        )
+
+    def platform(self) -> str:
+        out = self.run("version", "-json", cwd=self.config_dir)
+        return json.loads(out.stdout)["platform"]
+
+
+def find_cli(config_dir: Path) -> Terraform | None:
+    binary = shutil.which("terraform")
+    return Terraform(binary, config_dir) if binary else None
+
+
+def find_mirror(platform: str, provider: str = "registry.terraform.io/hashicorp/aws") -> Path | None:
+    """The plugin directory if it holds ``provider`` for ``platform``, else None."""
+    root = Path(os.environ.get(PLUGIN_DIR_ENV, DEFAULT_PLUGIN_DIR))
+    if any(root.glob(f"{provider}/*/{platform}")):
+        return root
+    return None
+
+
+def required() -> bool:
+    return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
