@@ -18,9 +18,6 @@ from cloud_elastic.errors import CloudElasticError, ConfigError
 
 __all__ = ["main", "build_parser"]
 
-_UNBOUNDED = 1 << 20
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors and exit code 2."""
 
@@ -43,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     size = run.add_argument_group("job size")
     size.add_argument("-np", "--num-proc", type=int, required=True, metavar="N", help="workers to start with")
     size.add_argument("--min-np", type=int, metavar="N", help="fewest workers to keep training with (default: -np)")
-    size.add_argument("--max-np", type=int, metavar="N", help="most workers to scale up to (default: unbounded)")
+    size.add_argument("--max-np", type=int, metavar="N", help="most workers to scale up to (default: -np, as in Horovod)")
     add_discovery_arguments(run)
     el = run.add_argument_group("elasticity")
     el.add_argument(
@@ -96,7 +93,7 @@ def _job_config(args: argparse.Namespace):
 
     elastic_timeout = args.elastic_timeout if args.elastic_timeout is not None else env_default("elastic_timeout", 600.0)
     min_np = args.min_np if args.min_np is not None else args.num_proc
-    max_np = args.max_np if args.max_np is not None else max(_UNBOUNDED, args.num_proc)
+    max_np = args.max_np if args.max_np is not None else args.num_proc
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]

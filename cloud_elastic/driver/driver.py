@@ -77,6 +77,8 @@ class Driver:
         self._out = output or _print_line
         self._server: ControlServer | None = None
         self._store: Any = None
+        self._store_socket: socket.socket | None = None
+        self._store_port = 0
         self._poller: DiscoveryPoller | None = None
         self._advertised: str | None = None
         self._stoppers: list[threading.Thread] = []
@@ -113,18 +115,42 @@ class Driver:
             self._job.discovered(first, self._clock())
             hosts = list(first.ready) + list(first.draining)
         self._advertised, bind = self._choose_address(hosts)
-        from torch.distributed import TCPStore  # torch only where the driver runs a job
-
-        self._store = TCPStore("0.0.0.0" if bind != "127.0.0.1" else bind, 0, None, True, wait_for_workers=False)
+        self._start_store(bind)
         self._server = ControlServer(self._codec, self._handle, bind=bind)
         self._server.start()
         log.info(
             "job %s: driver at %s (control port %d, store port %d), -np %d --min-np %d --max-np %d",
-            self.job_id, self._advertised, self._server.port, self._store.port,
+            self.job_id, self._advertised, self._server.port, self._store_port,
             self.config.num_proc, self.config.min_np, self.config.max_np,
         )
         self._poller = DiscoveryPoller(self._discovery, self._on_discovery, interval_s=self.config.discovery_interval_s)
         self._poller.start()
+
+    def _start_store(self, bind: str) -> None:
+        """Listen for the rendezvous store now; let torch adopt the socket on a side thread.
+
+        Importing torch takes seconds. Workers need the store only after they
+        have imported torch themselves, so they are launched at once and their
+        connections wait in the listen backlog until the store takes over.
+        """
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bind, 0))
+        sock.listen(512)
+        self._store_socket = sock
+        self._store_port = sock.getsockname()[1]
+
+        def adopt() -> None:
+            try:
+                from torch.distributed import TCPStore  # torch only where a job runs
+
+                self._store = TCPStore(
+                    bind, self._store_port, None, True, wait_for_workers=False, master_listen_fd=sock.fileno()
+                )
+            except Exception as exc:  # reported as the job's failure
+                self.stop(f"could not start the rendezvous store on port {self._store_port}: {exc}", 1)
+
+        threading.Thread(target=adopt, name="rendezvous-store", daemon=True).start()
 
     def _choose_address(self, hosts: list[str]) -> tuple[str, str]:
         """(address workers use, address to bind). Loopback unless a remote host is involved."""
@@ -199,10 +225,10 @@ class Driver:
         return self._launchers[kind]
 
     def _spec(self, action: Launch) -> WorkerSpec:
-        assert self._server is not None and self._store is not None
+        assert self._server is not None
         env = {
             "CLOUD_ELASTIC_DRIVER": f"{self._advertised}:{self._server.port}",
-            "CLOUD_ELASTIC_STORE": f"{self._advertised}:{self._store.port}",
+            "CLOUD_ELASTIC_STORE": f"{self._advertised}:{self._store_port}",
             "CLOUD_ELASTIC_JOB_ID": self.job_id,
             "CLOUD_ELASTIC_WORKER_ID": action.worker_id,
             "CLOUD_ELASTIC_HOSTNAME": action.slot.host,

@@ -137,7 +137,7 @@ class AWSAutoScalingGroup(CloudGroupProvider):
             config_mod = import_sdk("botocore.config", package="boto3", extra="aws")
             self._botocore_exceptions = import_sdk("botocore.exceptions", package="boto3", extra="aws")
             config = config_mod.Config(
-                retries={"mode": "standard", "max_attempts": self.max_attempts},
+                retries={"mode": "standard", "total_max_attempts": self.max_attempts},  # first attempt included
                 connect_timeout=self.timeout_s,
                 read_timeout=self.timeout_s,
             )
@@ -188,18 +188,37 @@ class AWSAutoScalingGroup(CloudGroupProvider):
                         yield inst["InstanceId"], inst
 
     def _learn_types(self, ec2: Any, types: set[str]) -> None:
-        """One DescribeInstanceTypes call for every type not seen before (up to 100 per call)."""
+        """One DescribeInstanceTypes call for the types not seen before (up to 100 per call).
+
+        A batch the API rejects as naming an unknown type is retried type by
+        type, so one odd type cannot hide the GPUs of the others; the odd one
+        gets 1 slot (see :meth:`_gpus_of`).
+        """
         unknown = sorted(t for t in types if not self._slots.known(t))
         for start in range(0, len(unknown), 100):
-            chunk = unknown[start:start + 100]
-            for page in ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=chunk):
-                for info in page.get("InstanceTypes", []):
-                    gpus = sum(g.get("Count", 0) for g in info.get("GpuInfo", {}).get("Gpus", []))
-                    self._slots.prime(info["InstanceType"], gpus)
+            batch = unknown[start:start + 100]
+            try:
+                self._describe_types(ec2, batch)
+            except self._botocore_exceptions.ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "InvalidInstanceType":
+                    raise
+                for one in batch if len(batch) > 1 else ():
+                    try:
+                        self._describe_types(ec2, [one])
+                    except self._botocore_exceptions.ClientError:
+                        pass
+        for odd in (t for t in unknown if not self._slots.known(t)):
+            _log.warning("%s: DescribeInstanceTypes does not know %s; using 1 slot", self.label, odd)
+            self._slots.prime(odd, 0)
+
+    def _describe_types(self, ec2: Any, types: list[str]) -> None:
+        for page in ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=types):
+            for info in page.get("InstanceTypes", []):
+                gpus = sum(g.get("Count", 0) for g in info.get("GpuInfo", {}).get("Gpus", []))
+                self._slots.prime(info["InstanceType"], gpus)
 
     def _gpus_of(self, instance_type: Any) -> int:
-        # Only reached for a type DescribeInstanceTypes did not describe: count it as CPU-only.
-        _log.warning("%s: instance type %s is unknown to DescribeInstanceTypes; using 1 slot", self.label, instance_type)
+        # Only reached for a member without a type (never in practice): count it as CPU-only.
         return 0
 
     def _translate(self, exc: Exception) -> DiscoveryError | None:

@@ -1,3 +1,3 @@
 """Emulator suite: real SDK clients over HTTP to moto and local fake clouds (see fixtures.py)."""
 
-from emulator.fixtures import aws, azure, azure_server, gcp, gcp_server, hermetic_cloud_env, ibm, ibm_server, moto_proxy  # noqa: F401
+from tests.emulator.fixtures import aws, azure, azure_server, gcp, gcp_server, hermetic_cloud_env, ibm, ibm_server, moto_proxy  # noqa: F401

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
-from emulator.httpfake import FakeCloud, Reply, Request, page_of
+from tests.emulator.httpfake import FakeCloud, Reply, Request, page_of
 
 TOKEN = "azure-test-access-token"
 IDENTITY_HEADER = "azure-test-identity-header"

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.httpfake import FakeCloud, Reply, Request, page_of
+from tests.emulator.httpfake import FakeCloud, Reply, Request, page_of
 
 TOKEN = "gcp-test-access-token"
 SERVICE_ACCOUNT = "discovery@test.iam.gserviceaccount.com"

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 import jwt
 
-from emulator.httpfake import FakeCloud, Reply, Request, page_of
+from tests.emulator.httpfake import FakeCloud, Reply, Request, page_of
 
 API_KEY = "ibm-test-api-key"
 

@@ -33,6 +33,7 @@ def hermetic_cloud_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty / "aws-credentials"))
     monkeypatch.setenv("GCE_METADATA_HOST", CLOSED)
     monkeypatch.setenv("GCE_METADATA_IP", CLOSED)
+    monkeypatch.setenv("NO_GCE_CHECK", "true")
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(empty))
     monkeypatch.setenv("AZURE_CONFIG_DIR", str(empty))
     monkeypatch.setenv("IDENTITY_ENDPOINT", f"http://{CLOSED}/msi/token")  # never the IMDS probe
@@ -52,7 +53,7 @@ def provider(name: str, options: dict[str, str], slots_per_host: int | None = No
 def moto_proxy() -> Iterator["MotoProxy"]:
     from moto.server import ThreadedMotoServer
 
-    from emulator.moto_env import MotoProxy
+    from tests.emulator.moto_env import MotoProxy
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -77,7 +78,7 @@ def aws(moto_proxy: "MotoProxy", monkeypatch: pytest.MonkeyPatch) -> "MotoProxy"
 
 @pytest.fixture(scope="session")
 def gcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator["FakeGCP"]:
-    from emulator.fake_gcp import FakeGCP
+    from tests.emulator.fake_gcp import FakeGCP
 
     with FakeGCP() as fake:
         fake.adc = fake.write_adc(tmp_path_factory.mktemp("gcp"))
@@ -97,7 +98,7 @@ def gcp(gcp_server: "FakeGCP", monkeypatch: pytest.MonkeyPatch) -> "FakeGCP":
 
 @pytest.fixture(scope="session")
 def azure_server() -> Iterator["FakeAzure"]:
-    from emulator.fake_azure import FakeAzure
+    from tests.emulator.fake_azure import FakeAzure
 
     with FakeAzure() as fake:
         yield fake
@@ -106,7 +107,7 @@ def azure_server() -> Iterator["FakeAzure"]:
 @pytest.fixture
 def azure(azure_server: "FakeAzure", monkeypatch: pytest.MonkeyPatch) -> "FakeAzure":
     """The ARM fake, log cleared, with a managed identity (App Service variables) pointing at it."""
-    from emulator.fake_azure import IDENTITY_HEADER
+    from tests.emulator.fake_azure import IDENTITY_HEADER
 
     azure_server.reset()
     azure_server.page_size = 500
@@ -120,7 +121,7 @@ def azure(azure_server: "FakeAzure", monkeypatch: pytest.MonkeyPatch) -> "FakeAz
 
 @pytest.fixture(scope="session")
 def ibm_server() -> Iterator["FakeIBM"]:
-    from emulator.fake_ibm import FakeIBM
+    from tests.emulator.fake_ibm import FakeIBM
 
     with FakeIBM() as fake:
         yield fake
@@ -129,7 +130,7 @@ def ibm_server() -> Iterator["FakeIBM"]:
 @pytest.fixture
 def ibm(ibm_server: "FakeIBM", monkeypatch: pytest.MonkeyPatch) -> "FakeIBM":
     """The VPC fake, log cleared, with an API key in IBMCLOUD_API_KEY."""
-    from emulator.fake_ibm import API_KEY
+    from tests.emulator.fake_ibm import API_KEY
 
     ibm_server.reset()
     monkeypatch.setenv("IBMCLOUD_API_KEY", API_KEY)

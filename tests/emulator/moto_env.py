@@ -13,7 +13,7 @@ import http.client
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from emulator.httpfake import FakeCloud, Reply, Request
+from tests.emulator.httpfake import FakeCloud, Reply, Request
 
 ACCOUNT = "123456789012"
 REGION = "us-east-1"

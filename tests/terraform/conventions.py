@@ -26,7 +26,8 @@ def _child(module: Module, call: dict) -> Module | None:
 
 def _validated(module: Module, name: str) -> bool:
     """Whether variable ``name`` is checked here or by a module it is passed to unchanged."""
-    if any(v.get("condition") for v in module.variables.get(name, {}).get("validation", [])):
+    conditions = [str(v.get("condition", "")) for v in module.variables.get(name, {}).get("validation", [])]
+    if any(f"var.{name}" in c for c in conditions):
         return True
     for call in module.module_calls.values():
         for arg, value in call.items():

@@ -54,8 +54,15 @@ variables {
   ssh_public_key    = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKmockmockmockmockmockmockmockmockmockmockmo demo"
 }
 
-run "workers_are_spot_over_several_gpu_types" {
+# One plan run holds most assertions: each run starts the provider plugin
+# again, which is most of the time a run takes.
+run "plan" {
   command = plan
+
+  variables {
+    admin_ssh_cidrs = ["203.0.113.0/24"]
+    tags            = { team = "ml" }
+  }
 
   assert {
     condition     = aws_autoscaling_group.workers.mixed_instances_policy[0].instances_distribution[0].on_demand_base_capacity == 0
@@ -81,11 +88,6 @@ run "workers_are_spot_over_several_gpu_types" {
     condition     = [aws_autoscaling_group.workers.min_size, aws_autoscaling_group.workers.max_size, aws_autoscaling_group.workers.desired_capacity] == [0, 4, 2]
     error_message = "min/max/desired sizes must follow the variables"
   }
-}
-
-run "termination_hook_is_bounded" {
-  command = plan
-
   assert {
     condition = anytrue([
       for h in aws_autoscaling_group.workers.initial_lifecycle_hook :
@@ -93,21 +95,6 @@ run "termination_hook_is_bounded" {
     ])
     error_message = "the group needs a terminating lifecycle hook with a 300 s heartbeat timeout"
   }
-}
-
-run "heartbeat_timeout_must_be_bounded" {
-  command = plan
-
-  variables {
-    lifecycle_heartbeat_timeout_s = 7200
-  }
-
-  expect_failures = [var.lifecycle_heartbeat_timeout_s]
-}
-
-run "imdsv2_required_everywhere" {
-  command = plan
-
   assert {
     condition     = aws_launch_template.workers.metadata_options[0].http_tokens == "required"
     error_message = "workers must require IMDSv2"
@@ -116,11 +103,6 @@ run "imdsv2_required_everywhere" {
     condition     = aws_instance.driver.metadata_options[0].http_tokens == "required"
     error_message = "the driver must require IMDSv2"
   }
-}
-
-run "driver_is_on_demand_with_least_privilege" {
-  command = plan
-
   assert {
     condition     = length(aws_instance.driver.instance_market_options) == 0
     error_message = "the driver must be on-demand"
@@ -139,15 +121,6 @@ run "driver_is_on_demand_with_least_privilege" {
     ])
     error_message = "the driver policy must allow exactly the discovery and lifecycle actions"
   }
-}
-
-run "discovery_tags" {
-  command = plan
-
-  variables {
-    tags = { team = "ml" }
-  }
-
   assert {
     condition = alltrue([
       contains([for t in aws_autoscaling_group.workers.tag : "${t.key}=${t.value}" if t.propagate_at_launch], "${var.expected_role_tag}=${var.expected_role_worker}"),
@@ -160,15 +133,6 @@ run "discovery_tags" {
     condition     = aws_instance.driver.tags[var.expected_role_tag] == var.expected_role_driver && aws_instance.driver.tags[var.expected_cluster_tag] == "demo"
     error_message = "the driver must carry the driver role tag and the cluster tag"
   }
-}
-
-run "security_rules" {
-  command = plan
-
-  variables {
-    admin_ssh_cidrs = ["203.0.113.0/24"]
-  }
-
   assert {
     condition     = aws_vpc_security_group_ingress_rule.workers_ssh_from_driver.from_port == 22 && aws_vpc_security_group_ingress_rule.workers_ssh_from_driver.to_port == 22
     error_message = "workers accept SSH on port 22 only"
@@ -181,6 +145,16 @@ run "security_rules" {
     condition     = [for r in aws_vpc_security_group_ingress_rule.driver_ssh_from_admins : r.cidr_ipv4] == ["203.0.113.0/24"]
     error_message = "admins reach the driver only from admin_ssh_cidrs"
   }
+}
+
+run "heartbeat_timeout_must_be_bounded" {
+  command = plan
+
+  variables {
+    lifecycle_heartbeat_timeout_s = 7200
+  }
+
+  expect_failures = [var.lifecycle_heartbeat_timeout_s]
 }
 
 run "outputs_give_the_cli_line" {

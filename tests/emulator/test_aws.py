@@ -1,0 +1,154 @@
+"""The AWS provider against moto over HTTP (through a counting proxy)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cloud_elastic.errors import FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.providers.api import Drain
+from cloud_elastic.providers.selection import add_discovery_arguments, build_discovery
+from tests.emulator.fixtures import aws_options, provider
+from tests.emulator.moto_env import EC2_UNAVAILABLE, THROTTLED, clients, make_group, set_member, stop_instance
+
+pytestmark = pytest.mark.emulator
+
+DENIED = (b'<ErrorResponse><Error><Type>Sender</Type><Code>UnrecognizedClientException</Code>'
+          b'<Message>The security token included in the request is invalid.</Message></Error></ErrorResponse>')
+
+
+def test_lifecycle_health_and_ec2_states_map_to_ready_draining_absent(aws):
+    members = make_group(aws.url, "states", size=8, instance_type="g4dn.12xlarge")
+    ip = [m["ip"] for m in members]
+    autoscaling, _ = clients(aws.url)
+    # The API call first: moto re-balances the group on it, and would replace members set aside below.
+    autoscaling.enter_standby(AutoScalingGroupName="states", InstanceIds=[members[6]["id"]],
+                              ShouldDecrementDesiredCapacity=True)
+    set_member("states", members[1]["id"], lifecycle="Terminating:Wait")
+    set_member("states", members[2]["id"], health="Unhealthy")
+    set_member("states", members[3]["id"], lifecycle="Pending:Wait")
+    set_member("states", members[4]["id"], lifecycle="Detaching")
+    stop_instance(members[5]["id"])
+
+    snapshot = provider("aws", aws_options(aws, "states")).find()
+
+    assert dict(snapshot.ready) == {ip[0]: 4, ip[7]: 4}  # g4dn.12xlarge has 4 T4s
+    assert dict(snapshot.draining) == {
+        ip[1]: Drain(None, "Terminating:Wait"),
+        ip[2]: Drain(None, "Unhealthy"),
+        ip[4]: Drain(None, "Detaching"),
+        ip[5]: Drain(None, "EC2 stopped"),
+        ip[6]: Drain(None, "Standby"),
+    }
+
+
+def test_cpu_only_type_gets_one_slot_and_slots_per_host_wins_without_type_lookups(aws):
+    cpu = make_group(aws.url, "cpu-only", size=2, instance_type="m5.large", cidr="10.21.1.0/24")
+    assert provider("aws", aws_options(aws, "cpu-only")).find().ready == {m["ip"]: 1 for m in cpu}
+
+    gpu = make_group(aws.url, "pinned", size=2, instance_type="p4d.24xlarge", cidr="10.22.1.0/24")
+    aws.reset()
+    assert provider("aws", aws_options(aws, "pinned"), slots_per_host=2).find().ready == {m["ip"]: 2 for m in gpu}
+    assert aws.count("DescribeInstanceTypes") == 0
+
+
+def test_instance_types_are_looked_up_once(aws):
+    make_group(aws.url, "cached", size=2, instance_type="p4d.24xlarge", cidr="10.23.1.0/24")
+    discovery = provider("aws", aws_options(aws, "cached"))
+    first, second = discovery.find(), discovery.find()
+    assert first == second and set(first.ready.values()) == {8}  # p4d.24xlarge: 8 A100s
+    assert aws.count("DescribeInstanceTypes") == 1
+
+
+def test_a_type_the_api_does_not_know_gets_one_slot_without_failing_discovery(aws):
+    # moto's catalogue lacks p3.8xlarge, like a partition that has not published a new type yet.
+    members = make_group(aws.url, "odd-type", size=1, instance_type="p3.8xlarge", cidr="10.23.2.0/24")
+    assert provider("aws", aws_options(aws, "odd-type")).find().ready == {members[0]["ip"]: 1}
+
+
+def test_describe_instances_is_followed_past_one_page(aws):
+    # Seven scaling steps put the instances in seven EC2 reservations; pages hold five.
+    members = make_group(aws.url, "paged", size=7, steps=7, cidr="10.24.1.0/24")
+    aws.reset()
+    snapshot = provider("aws", aws_options(aws, "paged", page_size="5")).find()
+    assert set(snapshot.ready) == {m["ip"] for m in members}
+    assert aws.count("DescribeInstances") == 2
+
+
+def test_a_large_group_costs_a_handful_of_calls_per_cycle(aws):
+    make_group(aws.url, "large", size=201, cidr="10.25.0.0/16")
+    discovery = provider("aws", aws_options(aws, "large"))
+    discovery.find()
+    aws.reset()
+    assert len(discovery.find().ready) == 201
+    # One group read, the instance ids in chunks of 200, types cached.
+    assert [what for _, what in aws.log] == ["DescribeAutoScalingGroups", "DescribeInstances", "DescribeInstances"]
+
+
+def test_throttling_is_retried_with_backoff_then_succeeds(aws):
+    members = make_group(aws.url, "throttled", size=1, cidr="10.26.1.0/24")
+    aws.reset()
+    aws.fail("DescribeAutoScalingGroups", 2, 400, THROTTLED)
+    assert set(provider("aws", aws_options(aws, "throttled")).find().ready) == {members[0]["ip"]}
+    assert aws.count("DescribeAutoScalingGroups") == 3
+
+
+def test_persistent_5xx_is_retryable_after_max_attempts_and_no_more(aws):
+    make_group(aws.url, "unavailable", size=1, cidr="10.27.1.0/24")
+    aws.reset()
+    aws.fail("DescribeInstances", 10, 503, EC2_UNAVAILABLE)
+    with pytest.raises(RetryableDiscoveryError, match="Unavailable") as err:
+        provider("aws", aws_options(aws, "unavailable", max_attempts="2")).find()
+    assert aws.count("DescribeInstances") == 2
+    assert "\n" not in str(err.value)
+
+
+def test_missing_group_is_fatal_and_names_group_and_region(aws):
+    with pytest.raises(FatalDiscoveryError) as err:
+        provider("aws", aws_options(aws, "no-such-group")).find()
+    assert str(err.value) == "AWS Auto Scaling group 'no-such-group' not found in region us-east-1"
+
+
+def test_missing_credentials_are_fatal_before_any_request(aws, monkeypatch):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(FatalDiscoveryError, match="no AWS credentials"):
+        provider("aws", aws_options(aws, "whatever")).find()
+    assert aws.log == []
+
+
+def test_refused_credentials_are_fatal_and_not_retried(aws):
+    aws.fail("DescribeAutoScalingGroups", 5, 400, DENIED)
+    with pytest.raises(FatalDiscoveryError, match="UnrecognizedClientException"):
+        provider("aws", aws_options(aws, "whatever")).find()
+    assert aws.count("DescribeAutoScalingGroups") == 1
+
+
+def test_missing_region_is_fatal(aws):
+    options = aws_options(aws, "whatever")
+    del options["region"]
+    with pytest.raises(FatalDiscoveryError, match="no AWS region"):
+        provider("aws", options).find()
+
+
+def test_aws_endpoint_url_from_the_environment_is_honoured(aws, monkeypatch):
+    members = make_group(aws.url, "env-endpoint", size=1, cidr="10.28.1.0/24")
+    aws.reset()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", aws.url)
+    snapshot = provider("aws", {"group": "env-endpoint", "region": "us-east-1"}).find()
+    assert set(snapshot.ready) == {members[0]["ip"]}
+    assert aws.count("DescribeAutoScalingGroups") == 1
+
+
+def test_cloud_flags_and_address_map_through_selection(aws):
+    members = make_group(aws.url, "flags", size=2, cidr="10.29.1.0/24")
+    parser = argparse.ArgumentParser()
+    add_discovery_arguments(parser)
+    args = parser.parse_args([
+        "--aws-asg", "flags", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
+        "--address-map", "10.29.1.0/24=127.0.29.0/24",
+    ])
+    snapshot = build_discovery(args).find()
+    expected = {"127.0.29." + m["ip"].rsplit(".", 1)[1]: 4 for m in members}
+    assert dict(snapshot.ready) == expected

@@ -1,0 +1,154 @@
+"""The GCP provider: google-cloud-compute's REST client against a local Compute fake."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.errors import ConfigError, FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.providers.api import Drain
+from tests.emulator.fake_gcp import Member
+from tests.emulator.fixtures import gcp_options, provider
+
+pytestmark = pytest.mark.emulator
+
+ZONE = "us-central1-a"
+MIGS = "instanceGroupManagers/{}"
+BUSY = {"error": {"code": 503, "message": "The service is currently unavailable.", "errors": []}}
+
+
+def _members(prefix: str, count: int, zone: str = ZONE, **kw) -> list[Member]:
+    return [Member(f"{prefix}-{i:04d}", zone, ip=f"10.40.{i // 250}.{i % 250 + 1}", **kw) for i in range(count)]
+
+
+def test_zonal_group_states_map_to_ready_draining_absent(gcp):
+    m = gcp.add_group("proj-1", "states", _members("states", 9, machine_type="a2-highgpu-4g"), zone=ZONE)
+    m[1].action = "DELETING"
+    m[2].action = "RECREATING"
+    m[3].status, m[3].action = "STOPPING", "NONE"
+    m[4].health = ["UNHEALTHY"]
+    m[5].action = "CREATING"
+    m[6].status = "STAGING"
+    m[7].action = "VERIFYING"
+    m[8].action = "REFRESHING"  # a config refresh that does not stop the VM
+
+    snapshot = provider("gcp", gcp_options(gcp, "states")).find()
+
+    assert dict(snapshot.ready) == {m[0].ip: 4, m[8].ip: 4}
+    assert dict(snapshot.draining) == {
+        m[1].ip: Drain(None, "DELETING"),
+        m[2].ip: Drain(None, "RECREATING"),
+        m[3].ip: Drain(None, "instance STOPPING"),
+        m[4].ip: Drain(None, "unhealthy"),
+    }
+
+
+def test_regional_group_spans_zones_with_one_filtered_list_per_zone(gcp):
+    a = _members("regional", 2, zone="us-central1-a")
+    b = [Member("regional-b0", "us-central1-b", ip="10.41.0.1"), Member("regional-b1", "us-central1-b", ip="10.41.0.2")]
+    gcp.add_group("proj-1", "regional", a + b, region="us-central1")
+    gcp.extra_instances[("proj-1", "us-central1-b")] = [Member("regional-bystander", "us-central1-b", ip="10.41.9.9")]
+
+    snapshot = provider("gcp", gcp_options(gcp, "regional", region="us-central1")).find()
+
+    assert set(snapshot.ready) == {x.ip for x in a + b}  # the bystander matches the name filter but is no member
+    assert gcp.count("/zones/us-central1-a/instances$") == 1
+    assert gcp.count("/zones/us-central1-b/instances$") == 1
+    assert gcp.count("/regions/us-central1/instanceGroupManagers/regional/listManagedInstances") == 1
+
+
+def test_slots_from_attached_gpus_machine_type_or_one_and_looked_up_once(gcp):
+    attached = Member("slots-0", ZONE, ip="10.42.0.1", accelerators=2)  # N1 + 2 T4s
+    builtin = Member("slots-1", ZONE, ip="10.42.0.2", machine_type="a2-highgpu-4g")
+    cpu = Member("slots-2", ZONE, ip="10.42.0.3", machine_type="n1-standard-8")
+    gcp.add_group("proj-1", "slots", [attached, builtin, cpu], zone=ZONE)
+
+    discovery = provider("gcp", gcp_options(gcp, "slots"))
+    assert discovery.find().ready == {"10.42.0.1": 2, "10.42.0.2": 4, "10.42.0.3": 1}
+    discovery.find()
+    assert gcp.count("/machineTypes/a2-highgpu-4g") == 1
+    assert gcp.count("/machineTypes/n1-standard-8") == 1
+
+    gcp.reset()
+    pinned = provider("gcp", gcp_options(gcp, "slots"), slots_per_host=3).find()
+    assert set(pinned.ready.values()) == {3} and gcp.count("/machineTypes/") == 0
+
+
+def test_pages_are_followed(gcp):
+    members = gcp.add_group("proj-1", "paged", _members("paged", 5), zone=ZONE)
+    snapshot = provider("gcp", gcp_options(gcp, "paged", page_size="2")).find()
+    assert set(snapshot.ready) == {x.ip for x in members}
+    assert gcp.count("/listManagedInstances") == 3
+    assert gcp.count(f"/zones/{ZONE}/instances$") == 3
+
+
+def test_a_thousand_instances_cost_four_calls_per_cycle(gcp):
+    gcp.add_group("proj-1", "large", _members("large", 1000), zone=ZONE)
+    discovery = provider("gcp", gcp_options(gcp, "large"))
+    discovery.find()
+    gcp.reset()
+    assert len(discovery.find().ready) == 1000
+    assert len(gcp.log) == 4  # 2 pages of managed instances, 2 pages of instances
+
+
+def test_instances_named_outside_the_base_name_are_read_one_by_one(gcp):
+    odd = Member("stateful-worker", ZONE, ip="10.43.0.9")
+    gcp.add_group("proj-1", "named", [*_members("named", 2), odd], zone=ZONE, base="named")
+    snapshot = provider("gcp", gcp_options(gcp, "named")).find()
+    assert odd.ip in snapshot.ready
+    assert gcp.count(f"/instances/{odd.name}$") == 1
+
+
+def test_429_then_success_is_retried_by_the_sdk(gcp):
+    members = gcp.add_group("proj-1", "throttled", _members("throttled", 2), zone=ZONE)
+    gcp.fail("/listManagedInstances", 2, 429, {"error": {"code": 429, "message": "Rate Limit Exceeded"}})
+    assert set(provider("gcp", gcp_options(gcp, "throttled")).find().ready) == {x.ip for x in members}
+    assert gcp.count("/listManagedInstances") == 3
+
+
+def test_persistent_5xx_is_retryable_and_bounded_by_the_deadline(gcp):
+    gcp.add_group("proj-1", "down", _members("down", 1), zone=ZONE)
+    gcp.fail("/instances$", 100, 503, BUSY)
+    with pytest.raises(RetryableDiscoveryError, match="still failing after retrying for 1s"):
+        provider("gcp", gcp_options(gcp, "down", retry_deadline_s="1")).find()
+    assert 2 <= gcp.count("/instances$") <= 4  # back-off 0.5 s, then 1 s: no hammering
+
+
+@pytest.mark.parametrize("options", [
+    {"group": "no-such-group"},
+    {"group": "states", "zone": "europe-west4-a"},
+    {"group": "states", "project": "other-project"},
+])
+def test_missing_group_zone_or_project_is_fatal(gcp, options):
+    gcp.add_group("proj-1", "states", _members("states", 1), zone=ZONE)
+    with pytest.raises(FatalDiscoveryError, match="was not found .check the group name, project and zone/region.$"):
+        provider("gcp", {**gcp_options(gcp, "x"), **options}).find()
+
+
+def test_forbidden_project_is_fatal(gcp):
+    gcp.forbidden_projects.add("locked")
+    with pytest.raises(FatalDiscoveryError, match="Required 'compute.instanceGroupManagers.get' permission"):
+        provider("gcp", gcp_options(gcp, "any", project="locked")).find()
+
+
+def test_credentials_the_api_refuses_are_fatal(gcp, monkeypatch, tmp_path):
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(gcp.write_adc(tmp_path, "intruder@test.iam.gserviceaccount.com")))
+    with pytest.raises(FatalDiscoveryError, match="invalid authentication credentials"):
+        provider("gcp", gcp_options(gcp, "any")).find()
+
+
+def test_missing_credentials_are_fatal_before_any_api_call(gcp, monkeypatch):
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+    with pytest.raises(FatalDiscoveryError, match="no usable Google credentials"):
+        provider("gcp", gcp_options(gcp, "any")).find()
+    assert gcp.log == []
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"zone": "a", "region": "b"}, "exactly one of options 'zone' and 'region'"),
+    ({"zone": ""}, "exactly one of options 'zone' and 'region'"),
+    ({"group": "Not_A_Name"}, "not a valid instance group name"),
+    ({"page_size": "501"}, "between 1 and 500"),
+])
+def test_option_errors_are_config_errors(gcp, options, message):
+    with pytest.raises(ConfigError, match=message):
+        provider("gcp", {**gcp_options(gcp, "ok"), **options})

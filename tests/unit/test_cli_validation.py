@@ -1,0 +1,99 @@
+"""Invalid command lines fail before anything starts: exit 2, one line on stderr (the real CLI)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .conftest import write_script
+
+pytestmark = pytest.mark.timeout(10)
+
+_SCRIPT = Path(sys.executable).parent / "cloud-elastic"
+CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cloud_elastic.cli"]
+#: The training command of every case: it leaves a marker if anything ever runs it.
+TRAIN = ["touch", "STARTED"]
+
+
+@dataclass(frozen=True)
+class Case:
+    args: tuple[str, ...]
+    message: str
+    env: tuple[tuple[str, str], ...] = ()
+
+
+CASES = {
+    "max-np-below-min-np": Case(("-np", "2", "--min-np", "2", "--max-np", "1", "-H", "localhost:2", *TRAIN),
+                                "--max-np (1) must be >= --min-np (2)"),
+    "np-below-min-np": Case(("-np", "1", "--min-np", "2", "--max-np", "4", "-H", "localhost:4", *TRAIN),
+                            "-np (1) must lie between --min-np (2) and --max-np (4)"),
+    "np-above-max-np": Case(("-np", "5", "--min-np", "1", "--max-np", "4", "-H", "localhost:4", *TRAIN),
+                            "-np (5) must lie between --min-np (1) and --max-np (4)"),
+    "np-not-a-number": Case(("-np", "two", "-H", "localhost", *TRAIN), "invalid int value: 'two'"),
+    "no-command": Case(("-np", "2", "-H", "localhost:2"), "no training command given"),
+    "no-host-source": Case(("-np", "2", *TRAIN), "no hosts: give -H/--hosts"),
+    "two-host-sources": Case(("-np", "2", "-H", "localhost:2", "--host-discovery-script", "{dir}/good.sh", *TRAIN),
+                             "choose one host source: static / script were given"),
+    "script-not-executable": Case(("-np", "2", "--host-discovery-script", "{dir}/plain.sh", *TRAIN),
+                                  "is not executable"),
+    "script-missing": Case(("-np", "2", "--host-discovery-script", "{dir}/missing.sh", *TRAIN),
+                           "does not exist or is not a file"),
+    "bad-host-entry": Case(("-np", "2", "-H", "localhost:0", *TRAIN), "slots must be >= 1"),
+    "cloud-flag-without-group": Case(("-np", "1", "-H", "localhost", "--aws-region", "us-east-1", *TRAIN),
+                                     "--aws-region needs --aws-asg"),
+    "bad-timeout-env": Case(("-np", "1", "-H", "localhost", *TRAIN),
+                            "HOROVOD_ELASTIC_TIMEOUT must be a number of seconds", (("HOROVOD_ELASTIC_TIMEOUT", "soon"),)),
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+    workdir: Path
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
+    """Run every case at once (each CLI start costs a quarter second) and collect the results."""
+    env = {k: v for k, v in os.environ.items() if "ELASTIC" not in k}
+    running = {}
+    for name, case in CASES.items():
+        workdir = tmp_path_factory.mktemp(name)
+        write_script(workdir, "touch {tmp}/DISCOVERED; echo localhost:2", name="good.sh")
+        write_script(workdir, "echo localhost:2", name="plain.sh", mode=0o644)
+        args = [a.replace("{dir}", str(workdir)) for a in case.args]
+        proc = subprocess.Popen(
+            [*CLI, "run", *args], cwd=workdir, env={**env, **dict(case.env)},
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        running[name] = (proc, workdir)
+    done = {}
+    for name, (proc, workdir) in running.items():
+        out, err = proc.communicate(timeout=8)
+        done[name] = Result(proc.returncode, out, err, workdir)
+    return done
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_invalid_command_line_exits_2_with_one_line(results: dict[str, Result], name: str) -> None:
+    result = results[name]
+    lines = result.stderr.splitlines()
+    assert result.code == 2, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("cloud-elastic: error: ")
+    assert CASES[name].message in lines[0]
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_nothing_was_started(results: dict[str, Result], name: str) -> None:
+    workdir = results[name].workdir
+    assert not (workdir / "STARTED").exists()
+    assert not (workdir / "DISCOVERED").exists()

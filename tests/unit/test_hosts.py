@@ -1,0 +1,156 @@
+"""Blacklist arithmetic and host ordering (cloud_elastic.driver.hosts)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.providers.api import DiscoveredHosts, Drain
+
+pytestmark = pytest.mark.timeout(10)
+
+NOW = 1000.0
+A0, A1 = Slot("a", 0), Slot("a", 1)
+
+
+class FixedRandom(random.Random):
+    """A random source whose ``random()`` always returns ``value``."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+def snapshot(ready: dict[str, int], draining: dict[str, Drain] | None = None) -> DiscoveredHosts:
+    return DiscoveredHosts(ready=ready, draining=draining or {})
+
+
+def manager(*snapshots: DiscoveredHosts, blacklist: Blacklist | None = None) -> HostManager:
+    hosts = HostManager(blacklist or Blacklist((10, 300), random.Random(0)))
+    for snap in snapshots:
+        hosts.update(snap)
+    return hosts
+
+
+# --------------------------------------------------------------- blacklist
+def test_nth_failure_blocks_lo_times_two_to_the_n_minus_one_capped_at_hi() -> None:
+    blacklist = Blacklist((10, 300), FixedRandom(0.0))
+    delays = [blacklist.record_failure(A0, NOW) for _ in range(7)]
+    assert delays == [10, 20, 40, 80, 160, 300, 300]
+    assert blacklist.failures(A0) == 7
+
+
+@pytest.mark.parametrize(
+    ("jitter", "cooldown", "failures", "expected"),
+    [
+        (0.5, (10, 300), 1, 10.5),  # +5 %
+        (0.999, (10, 300), 2, 20 * 1.0999),  # just under +10 %
+        (0.999, (10, 170), 5, 170),  # 160 s + 10 % would pass hi: capped at hi
+        (0.999, (10, 300), 6, 300),  # base already at hi: no jitter above it
+    ],
+)
+def test_jitter_adds_at_most_ten_percent_and_never_passes_hi(
+    jitter: float, cooldown: tuple[float, float], failures: int, expected: float
+) -> None:
+    blacklist = Blacklist(cooldown, FixedRandom(jitter))
+    delays = [blacklist.record_failure(A0, NOW) for _ in range(failures)]
+    assert delays[-1] == pytest.approx(expected)
+
+
+def test_slots_failing_together_come_back_at_different_times() -> None:
+    blacklist = Blacklist((10, 300), random.Random(0))
+    delays = [blacklist.record_failure(Slot("h", i), NOW) for i in range(8)]
+    assert all(10 <= d <= 11 for d in delays)
+    assert len(set(delays)) == len(delays)
+
+
+def test_slot_is_blocked_for_exactly_its_delay() -> None:
+    blacklist = Blacklist((10, 300), FixedRandom(0.0))
+    delay = blacklist.record_failure(A0, NOW)
+    assert blacklist.blocked(A0, NOW + delay - 0.001)
+    assert not blacklist.blocked(A0, NOW + delay)
+
+
+def test_blacklisting_is_per_slot_so_siblings_stay_usable() -> None:
+    blacklist = Blacklist((10, 300), FixedRandom(0.0))
+    blacklist.record_failure(A0, NOW)
+    blacklist.record_failure(A0, NOW)
+    assert blacklist.blocked(A0, NOW + 1)
+    assert not blacklist.blocked(A1, NOW + 1)
+    assert not blacklist.blocked(Slot("b", 0), NOW + 1)
+    assert (blacklist.failures(A0), blacklist.failures(A1)) == (2, 0)
+
+
+def test_zero_range_disables_blocking_but_still_counts() -> None:
+    blacklist = Blacklist((0, 0), random.Random(0))
+    assert blacklist.record_failure(A0, NOW) == 0.0
+    assert blacklist.record_failure(A0, NOW) == 0.0
+    assert not blacklist.blocked(A0, NOW)
+    assert blacklist.next_release(NOW) is None
+    assert blacklist.failures(A0) == 2
+
+
+def test_next_release_is_the_earliest_pending_release() -> None:
+    blacklist = Blacklist((10, 300), FixedRandom(0.0))
+    assert blacklist.next_release(NOW) is None
+    blacklist.record_failure(A0, NOW)  # back at NOW + 10
+    blacklist.record_failure(A1, NOW)
+    blacklist.record_failure(A1, NOW)  # back at NOW + 20
+    assert blacklist.next_release(NOW) == NOW + 10
+    assert blacklist.next_release(NOW + 10) == NOW + 20
+    assert blacklist.next_release(NOW + 20) is None
+
+
+# ------------------------------------------------------------ host manager
+def test_older_hosts_sort_first_regardless_of_name() -> None:
+    hosts = manager(snapshot({"c": 1, "b": 2}), snapshot({"a": 1, "b": 2, "c": 1}))
+    assert [hosts.order_of(h) for h in ("c", "b", "a")] == sorted(hosts.order_of(h) for h in "abc")
+    assert hosts.available_slots(NOW) == [Slot("c", 0), Slot("b", 0), Slot("b", 1), Slot("a", 0)]
+
+
+def test_host_that_leaves_and_returns_counts_as_new() -> None:
+    hosts = manager(
+        snapshot({"a": 1, "b": 1, "c": 1}),
+        snapshot({"b": 1, "c": 1}),
+        snapshot({"a": 1, "b": 1, "c": 1}),
+    )
+    assert hosts.order_of("a") > hosts.order_of("c")
+    assert [s.host for s in hosts.available_slots(NOW)] == ["b", "c", "a"]
+
+
+def test_draining_host_keeps_its_age_and_is_not_usable() -> None:
+    hosts = manager(snapshot({"a": 1, "b": 1}), snapshot({"b": 1}, {"a": Drain(reason="spot")}))
+    assert not hosts.is_usable(Slot("a", 0))
+    assert hosts.available_slots(NOW) == [Slot("b", 0)]
+    hosts.update(snapshot({"a": 1, "b": 1}))
+    assert hosts.order_of("a") < hosts.order_of("b")
+
+
+def test_update_reports_what_changed() -> None:
+    hosts = manager(snapshot({"a": 2, "b": 1, "c": 1}))
+    changes = hosts.update(snapshot({"a": 1, "d": 1}, {"c": Drain()}))
+    assert changes.added == ("d",)
+    assert changes.removed == ("b",)
+    assert changes.draining == ("c",)
+    assert changes.resized == ("a",)
+    assert not hosts.update(snapshot({"a": 1, "d": 1}, {"c": Drain()}))
+
+
+def test_shrunk_host_makes_its_high_slots_unusable() -> None:
+    hosts = manager(snapshot({"a": 2}), snapshot({"a": 1}))
+    assert hosts.is_usable(Slot("a", 0))
+    assert not hosts.is_usable(Slot("a", 1))
+    assert not hosts.is_usable(Slot("gone", 0))
+
+
+def test_available_slots_skip_only_blocked_slots() -> None:
+    blacklist = Blacklist((10, 300), FixedRandom(0.0))
+    hosts = manager(snapshot({"a": 2, "b": 1}), blacklist=blacklist)
+    blacklist.record_failure(A0, NOW)
+    assert hosts.available_slots(NOW + 5) == [A1, Slot("b", 0)]
+    assert hosts.available_slots(NOW + 10) == [A0, A1, Slot("b", 0)]

@@ -1,0 +1,57 @@
+"""``host[:slots]`` parsing shared by -H and discovery scripts (cloud_elastic.providers.hostspec)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.providers.hostspec import parse_host_list
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def parse(*entries: str, default_slots: int = 1) -> dict[str, int]:
+    return parse_host_list(entries, default_slots=default_slots, source="--hosts")
+
+
+def test_order_is_the_order_given_and_default_slots_fill_in() -> None:
+    hosts = parse("zeta:4", "10.0.0.2", "alpha.example.com:2", default_slots=3)
+    assert list(hosts.items()) == [("zeta", 4), ("10.0.0.2", 3), ("alpha.example.com", 2)]
+
+
+def test_blank_entries_and_comments_are_ignored() -> None:
+    assert parse("", "  # a comment", "a:2  # trailing comment", "   ") == {"a": 2}
+
+
+def test_bracketed_ipv6() -> None:
+    assert parse("[::1]:2", "[fe80::1]") == {"::1": 2, "fe80::1": 1}
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        (("a:2", "b:two"), "--hosts: entry 2 is not host[:slots]: 'b:two'"),
+        (("a b",), "entry 1 is not host[:slots]"),
+        (("a:",), "entry 1 is not host[:slots]"),
+        (("fe80::1",), "entry 1 is not host[:slots]"),
+        (("a:0",), "entry 1 gives host 'a' 0 slots; slots must be >= 1"),
+        (("a:1", "b:-2"), "entry 2 gives host 'b' -2 slots; slots must be >= 1"),
+        (("a:1", "b", "a:2"), "host 'a' is listed twice (entry 1 and 3)"),
+    ],
+    ids=["word-slots", "space", "empty-slots", "bare-ipv6", "zero", "negative", "duplicate"],
+)
+def test_bad_entries_raise_one_line_naming_source_and_entry(entries: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse(*entries)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_garbage_is_quoted_at_most_80_characters() -> None:
+    with pytest.raises(ValueError) as info:
+        parse("!" * 500)
+    assert "!" * 80 in str(info.value) and "!" * 81 not in str(info.value)
+
+
+def test_unit_names_lines_for_scripts() -> None:
+    with pytest.raises(ValueError, match="^discover.sh: line 1 is not host"):
+        parse_host_list(["?"], default_slots=1, source="discover.sh", unit="line")

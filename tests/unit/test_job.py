@@ -1,0 +1,510 @@
+"""Scripted membership timelines for the driver state machine (cloud_elastic.driver.job).
+
+:class:`Sim` plays the driver runtime around one :class:`ElasticJob` on a fake
+clock: it carries out nothing, but records the queued actions and lets tests
+move workers through register / rendezvous / heartbeat / exit.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job import Assignment, ElasticJob, ExitOrder, Finish, Launch, Phase, Policy, Stop
+from cloud_elastic.driver.launch import ExitStatus
+from cloud_elastic.providers.api import DiscoveredHosts, Drain
+
+pytestmark = pytest.mark.timeout(10)
+
+T0 = 1000.0
+CRASH = ExitStatus(1)
+KILLED = ExitStatus(-9)
+CLEAN = ExitStatus(0)
+UNREACHABLE = ExitStatus(255, transport_error="host unreachable: connection refused")
+#: Random(0) gives the first failure of a slot 10.84 s with the default range; this clears it.
+PAST_FIRST_COOLDOWN_S = 11.5
+
+Reply = Assignment | ExitOrder | None
+
+
+class Sim:
+    """The driver runtime, played by hand around one :class:`ElasticJob`.
+
+    Time moves only through :meth:`advance`, which first lets every live,
+    registered worker heartbeat (except those in ``silent``), as the real
+    heartbeat threads would. Workers are named by slot (``"a[0]"``): the
+    latest worker launched on that slot.
+    """
+
+    def __init__(
+        self,
+        np: int = 2,
+        *,
+        min_np: int | None = None,
+        max_np: int | None = None,
+        cooldown: tuple[float, float] = (10.0, 300.0),
+        **policy: float,
+    ) -> None:
+        min_np = np if min_np is None else min_np
+        max_np = np if max_np is None else max_np
+        self.job = ElasticJob(
+            Policy(np, min_np, max_np, **policy),
+            HostManager(Blacklist(cooldown, random.Random(0))),
+            job_id="t",
+        )
+        self.now = T0
+        self.launched: list[Launch] = []
+        self.stops: list[Stop] = []
+        self.finished: list[Finish] = []
+        self.silent: set[str] = set()
+        self.job.start(self.now)
+
+    # ------------------------------------------------------------ plumbing
+    def _collect(self) -> None:
+        for action in self.job.take_actions():
+            {Launch: self.launched, Stop: self.stops, Finish: self.finished}[type(action)].append(action)
+
+    def id(self, slot: str) -> str:
+        """Worker id of the latest worker launched on ``slot`` (``"a[0]"``)."""
+        ids = [a.worker_id for a in self.launched if str(a.slot) == slot]
+        assert ids, f"nothing was launched on {slot}"
+        return ids[-1]
+
+    def slots_launched(self) -> list[str]:
+        return [str(a.slot) for a in self.launched]
+
+    @property
+    def outcome(self) -> Finish | None:
+        assert len(self.finished) <= 1
+        return self.finished[0] if self.finished else None
+
+    # ---------------------------------------------------------------- events
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for wid, w in self.job.workers.items():
+            if w.alive and w.registered and wid not in self.silent:
+                self.job.heartbeat(wid, self.now)
+        self.job.tick(self.now)
+        self._collect()
+
+    def discover(self, ready: dict[str, int], draining: dict[str, Drain] | None = None) -> None:
+        self.job.discovered(DiscoveredHosts(ready=ready, draining=draining or {}), self.now)
+        self._collect()
+
+    def join(self, *slots: str, reason: str = "start") -> dict[str, Reply]:
+        """These workers connect if new and come to rendezvous from their last round; return replies."""
+        for slot in slots:
+            wid = self.id(slot)
+            w = self.job.workers[wid]
+            if not w.registered:
+                assert self.job.registered(wid, self.now)
+            self.job.rendezvous(wid, w.round, reason, self.now)
+        self._collect()
+        return {slot: self.reply(slot) for slot in slots}
+
+    def reply(self, slot: str) -> Reply:
+        return self.job.assignment(self.id(slot))
+
+    def exit(self, slot: str, status: ExitStatus = CRASH) -> None:
+        self.job.exited(self.id(slot), status, self.now)
+        self._collect()
+
+    def poll(self, slot: str):
+        return self.job.heartbeat(self.id(slot), self.now)
+
+    def start(self, ready: dict[str, int]) -> dict[str, Reply]:
+        """Discover ``ready`` and bring every launched worker to the first round."""
+        self.discover(ready)
+        return self.join(*self.slots_launched())
+
+    # --------------------------------------------------------------- queries
+    def layout(self) -> list[str]:
+        """Slots of the current round's members, in rank order."""
+        members = [
+            w for w in self.job.workers.values()
+            if w.alive and w.round == self.job.round and w.rank is not None
+        ]
+        return [str(w.slot) for w in sorted(members, key=lambda w: w.rank)]
+
+    def blocked(self, slot: str) -> bool:
+        host, index = slot.rstrip("]").split("[")
+        return self.job.hosts.blacklist.blocked(Slot(host, int(index)), self.now)
+
+    def active(self) -> int:
+        return sum(1 for w in self.job.workers.values() if w.alive and w.leaving is None)
+
+
+def assert_round(replies: dict[str, Reply], round_: int, *, needs_sync: bool) -> None:
+    """Every reply is an assignment to ``round_`` with the same ``needs_sync``."""
+    for slot, reply in replies.items():
+        assert isinstance(reply, Assignment), f"{slot} got {reply!r}"
+        assert (reply.round, reply.needs_sync) == (round_, needs_sync), slot
+
+
+def failed(sim: Sim, *parts: str) -> None:
+    outcome = sim.outcome
+    assert outcome is not None and not outcome.success and outcome.exit_code == 1, outcome
+    for part in parts:
+        assert part in outcome.reason
+
+
+def started(np: int = 2, ready: dict[str, int] | None = None, **kwargs) -> Sim:
+    """A job whose first round has formed on ``ready`` (default ``{"a": np}``)."""
+    sim = Sim(np, **kwargs)
+    assert_round(sim.start(ready or {"a": np}), 1, needs_sync=True)
+    return sim
+
+
+# ----------------------------------------------------------------- start-up
+def test_start_waits_for_np_slots_then_launches_up_to_max_np() -> None:
+    sim = Sim(2, max_np=3)
+    sim.discover({"a": 1})
+    assert sim.launched == []
+    sim.discover({"a": 1, "b": 3})
+    assert sim.slots_launched() == ["a[0]", "b[0]", "b[1]"]
+
+
+def test_start_timeout_fails_naming_slots_and_np() -> None:
+    sim = Sim(2, start_timeout_s=30)
+    sim.discover({"a": 1})
+    sim.advance(29)
+    assert sim.outcome is None
+    sim.advance(2)
+    failed(sim, "only 1 slot(s) available after 30s", "-np 2")
+    assert sim.launched == []
+
+
+def test_first_round_forms_only_when_every_launched_worker_arrived() -> None:
+    sim = Sim(2, max_np=3)
+    sim.discover({"b": 1, "a": 2})
+    assert sim.join("a[1]", "b[0]") == {"a[1]": None, "b[0]": None}
+    assert sim.job.phase is Phase.STARTING
+    assert_round(sim.join("a[0]"), 1, needs_sync=True)
+    assert sim.layout() == ["b[0]", "a[0]", "a[1]"]  # b was seen first
+    assert sim.job.phase is Phase.RUNNING
+
+
+def test_ranks_on_a_multi_host_layout_and_after_a_failure() -> None:
+    sim = started(4, {"a": 2, "b": 2}, min_np=1)
+    assert sim.reply("b[1]").ranks == _info(3, 4, 1, 2, 1, 2)
+    sim.exit("a[0]", KILLED)
+    assert_round(sim.join("b[1]", "a[1]", "b[0]", reason="failure"), 2, needs_sync=True)
+    assert sim.layout() == ["a[1]", "b[0]", "b[1]"]  # survivors keep their relative order
+    assert sim.reply("a[1]").ranks == _info(0, 3, 0, 1, 0, 2)
+    assert sim.reply("b[1]").ranks == _info(2, 3, 1, 2, 0, 1)
+    sim.advance(PAST_FIRST_COOLDOWN_S)
+    assert sim.slots_launched()[-1] == "a[0]"
+    sim.join("a[0]")
+    sim.join("a[1]", "b[0]", "b[1]", reason="update")
+    assert sim.layout() == ["a[1]", "b[0]", "b[1]", "a[0]"]  # the newcomer follows
+    assert sim.reply("a[0]").ranks == _info(3, 4, 1, 2, 0, 2)
+
+
+def _info(rank: int, size: int, local: int, local_size: int, cross: int, cross_size: int):
+    from cloud_elastic.driver.planner import RankInfo
+
+    return RankInfo(rank, size, local, local_size, cross, cross_size)
+
+
+def test_newcomers_follow_survivors_older_hosts_first() -> None:
+    sim = started(1, {"a": 1}, max_np=4)
+    sim.discover({"a": 1, "c": 1})
+    sim.discover({"a": 2, "c": 1})  # a grows after c appeared: a[1] launches last
+    assert sim.slots_launched() == ["a[0]", "c[0]", "a[1]"]
+    sim.join("c[0]", "a[1]")
+    assert_round(sim.join("a[0]", reason="update"), 2, needs_sync=True)
+    assert sim.layout() == ["a[0]", "a[1]", "c[0]"]
+
+
+def test_host_that_left_and_returned_ranks_after_hosts_seen_meanwhile() -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
+    sim.exit("c[0]")  # c cools down; b leaves and returns meanwhile
+    sim.join("a[0]", "b[0]", reason="failure")
+    sim.discover({"a": 1, "c": 1})
+    assert isinstance(sim.join("b[0]", reason="update")["b[0]"], ExitOrder)
+    sim.exit("b[0]", CLEAN)
+    sim.discover({"a": 1, "c": 1, "b": 1})
+    sim.advance(PAST_FIRST_COOLDOWN_S)
+    assert sim.slots_launched()[-2:] == ["b[0]", "c[0]"]  # b's newcomer started first
+    sim.join("b[0]", "c[0]")
+    sim.join("a[0]", reason="update")
+    assert sim.layout() == ["a[0]", "c[0]", "b[0]"]
+
+
+# ---------------------------------------------------------------- failures
+@pytest.mark.parametrize("status", [CRASH, KILLED], ids=["exit-1", "sigkill"])
+def test_member_failure_aborts_round_and_survivors_resync_in_order(status: ExitStatus) -> None:
+    sim = started(3, {"a": 2, "b": 1}, min_np=2)
+    assert sim.poll("b[0]").abort_round == 0
+    sim.exit("a[0]", status)  # rank 0, the oldest, dies
+    assert sim.poll("b[0]").abort_round == 1
+    assert sim.blocked("a[0]") and not sim.blocked("a[1]")
+    assert len(sim.launched) == 3  # the failed slot is cooling down; nothing else is free
+    assert sim.join("b[0]", reason="failure") == {"b[0]": None}  # waits for the other survivor
+    replies = sim.join("a[1]", reason="failure")
+    assert_round({**replies, "b[0]": sim.reply("b[0]")}, 2, needs_sync=True)
+    assert sim.layout() == ["a[1]", "b[0]"]
+    assert sim.job.resets == 1
+
+
+def test_newcomer_on_added_host_requests_update_and_joins_with_sync() -> None:
+    sim = started(2, {"a": 2}, max_np=3)
+    sim.discover({"a": 2, "b": 1})
+    assert sim.slots_launched()[-1] == "b[0]"
+    assert sim.poll("a[0]").update_gen == 0  # a newcomer still starting is not waited for
+    assert sim.join("b[0]") == {"b[0]": None}
+    poll = sim.poll("a[0]")
+    assert (poll.update_gen, poll.abort_round) == (1, 0)
+    replies = sim.join("a[0]", "a[1]", reason="update")
+    assert_round({**replies, "b[0]": sim.reply("b[0]")}, 2, needs_sync=True)
+    assert sim.reply("b[0]").update_gen == 1
+    assert sim.layout() == ["a[0]", "a[1]", "b[0]"]
+    assert sim.poll("a[0]").update_gen == 1  # no second request once the newcomer is in
+
+
+def test_newcomer_on_a_freed_slot_after_its_cooldown() -> None:
+    sim = started(2, {"a": 2}, min_np=1)
+    sim.exit("a[1]")
+    assert_round(sim.join("a[0]", reason="failure"), 2, needs_sync=True)
+    sim.advance(PAST_FIRST_COOLDOWN_S)
+    assert sim.slots_launched() == ["a[0]", "a[1]", "a[1]"]
+    sim.join("a[1]")
+    assert sim.poll("a[0]").update_gen == 1
+    assert_round(sim.join("a[0]", reason="update"), 3, needs_sync=True)
+    assert sim.layout() == ["a[0]", "a[1]"]
+
+
+@pytest.mark.parametrize(
+    ("draining", "why"),
+    [(None, "host b left the group"), ({"b": Drain(reason="spot interruption")}, "spot interruption")],
+    ids=["removed", "draining"],
+)
+def test_leaving_host_exits_at_rendezvous_and_survivors_skip_sync(draining, why: str) -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
+    sim.discover({"a": 1, "c": 1}, draining)
+    assert sim.stops == []  # graceful: b leaves at its next commit
+    poll = sim.poll("a[0]")
+    assert (poll.update_gen, poll.abort_round) == (1, 0)
+    assert_round(sim.join("a[0]", "c[0]", reason="update"), 2, needs_sync=False)
+    assert sim.layout() == ["a[0]", "c[0]"]
+    order = sim.join("b[0]", reason="update")["b[0]"]
+    assert isinstance(order, ExitOrder) and why in order.reason
+    sim.exit("b[0]", CLEAN)
+    assert sim.outcome is None
+    assert sim.job.hosts.blacklist.failures(Slot("b", 0)) == 0
+    assert sim.poll("a[0]").abort_round == 0
+
+
+def test_starting_worker_on_a_removed_host_is_stopped() -> None:
+    sim = started(1, {"a": 1}, max_np=2)
+    sim.discover({"a": 1, "b": 1})
+    sim.discover({"a": 1})
+    assert [(s.worker_id, s.immediate) for s in sim.stops] == [(sim.id("b[0]"), False)]
+    sim.exit("b[0]", ExitStatus(-15))
+    assert sim.poll("a[0]").update_gen == 0 and sim.outcome is None
+
+
+def test_heartbeat_loss_gives_the_worker_up_and_aborts_the_round() -> None:
+    sim = started(2, {"a": 2}, min_np=1, heartbeat_timeout_s=5)
+    sim.silent.add(sim.id("a[1]"))
+    sim.advance(4.9)
+    assert sim.stops == []
+    sim.advance(0.2)
+    assert [(s.worker_id, s.immediate) for s in sim.stops] == [(sim.id("a[1]"), True)]
+    assert "heartbeats" in sim.stops[0].reason
+    assert sim.poll("a[0]").abort_round == 1
+    assert sim.poll("a[1]") is None
+    assert sim.blocked("a[1]")
+    sim.exit("a[1]", KILLED)  # the kill lands later; it is not a second failure
+    assert sim.job.hosts.blacklist.failures(Slot("a", 1)) == 1
+    assert_round(sim.join("a[0]", reason="failure"), 2, needs_sync=True)
+
+
+def test_all_workers_failing_fails_the_job() -> None:
+    sim = started(2, {"a": 2}, min_np=1)
+    sim.exit("a[0]")
+    assert sim.outcome is None
+    sim.exit("a[1]", KILLED)
+    failed(sim, "all workers failed", "killed by signal 9")
+
+
+def test_exit_zero_before_completion_is_a_failure() -> None:
+    sim = started(2, {"a": 2}, min_np=1)
+    sim.exit("a[1]", CLEAN)
+    assert sim.blocked("a[1]")
+    assert sim.poll("a[0]").abort_round == 1
+    sim.exit("a[0]", CLEAN)
+    failed(sim, "all workers failed", "exited with code 0 before its training function returned")
+
+
+def test_transport_error_blacklists_every_slot_of_that_host_only() -> None:
+    sim = started(4, {"a": 2, "b": 2}, min_np=1)
+    sim.exit("b[0]", UNREACHABLE)
+    assert sim.blocked("b[0]") and sim.blocked("b[1]")
+    assert not sim.blocked("a[0]") and not sim.blocked("a[1]")
+    assert sim.poll("a[0]").abort_round == 1
+
+
+def test_reset_limit_exceeded_fails_naming_the_limit() -> None:
+    sim = started(3, {"a": 3}, min_np=1, reset_limit=1)
+    sim.exit("a[0]")
+    assert_round(sim.join("a[1]", "a[2]", reason="failure"), 2, needs_sync=True)
+    sim.exit("a[1]")
+    sim.join("a[2]", reason="failure")
+    failed(sim, "reset limit exceeded", "--reset-limit 1")
+
+
+def test_below_min_np_past_elastic_timeout_fails_with_last_failure() -> None:
+    sim = started(2, {"a": 2}, cooldown=(300, 300), elastic_timeout_s=60)
+    sim.exit("a[1]")
+    assert sim.join("a[0]", reason="failure") == {"a[0]": None}
+    sim.advance(59)
+    assert sim.outcome is None
+    sim.advance(2)
+    failed(sim, "fewer than --min-np 2", "elastic timeout", "exited with code 1")
+
+
+def test_capacity_back_before_elastic_timeout_keeps_the_job() -> None:
+    sim = started(2, {"a": 2}, max_np=3, cooldown=(300, 300), elastic_timeout_s=60)
+    sim.exit("a[1]")
+    sim.join("a[0]", reason="failure")
+    sim.advance(30)
+    sim.discover({"a": 2, "b": 1})
+    sim.join("b[0]")
+    assert sim.layout() == ["a[0]", "b[0]"]
+    sim.advance(100)
+    assert sim.outcome is None
+
+
+def test_never_more_than_max_np_workers() -> None:
+    sim = started(2, {"a": 2}, min_np=1, max_np=3, cooldown=(0, 0))
+    sim.discover({"a": 2, "b": 2, "c": 2})
+    assert sim.slots_launched() == ["a[0]", "a[1]", "b[0]"]
+    sim.join("b[0]")
+    sim.join("a[0]", "a[1]", reason="update")
+    assert len(sim.layout()) == 3
+    sim.exit("a[1]")  # the blacklist is off: a replacement starts at once, still within max_np
+    assert sim.active() == 3 and len(sim.launched) == 4
+
+
+# -------------------------------------------------------------- completion
+def test_completion_finishes_when_everyone_exited() -> None:
+    sim = started(3, {"a": 3})
+    sim.job.completed(sim.id("a[0]"), sim.now)
+    assert sim.job.phase is Phase.FINISHING
+    order = sim.join("a[1]", reason="update")["a[1]"]
+    assert isinstance(order, ExitOrder) and "finishing" in order.reason
+    sim.discover({"a": 3, "b": 1})
+    assert len(sim.launched) == 3  # no scale-up while finishing
+    sim.exit("a[0]", CLEAN)
+    sim.exit("a[1]", CLEAN)
+    sim.job.completed(sim.id("a[2]"), sim.now)
+    assert sim.outcome is None
+    sim.exit("a[2]", CLEAN)
+    assert sim.outcome == Finish(True, "training completed on 2 worker(s) after 0 reset(s)", 0)
+
+
+def test_worker_that_does_not_exit_after_completion_is_stopped() -> None:
+    sim = started(2, {"a": 2}, completion_grace_s=30)
+    sim.job.completed(sim.id("a[0]"), sim.now)
+    sim.exit("a[0]", CLEAN)
+    sim.advance(29)
+    assert sim.outcome is None
+    sim.advance(2)
+    assert [s.worker_id for s in sim.stops] == [sim.id("a[1]")]
+    assert sim.outcome is not None and sim.outcome.success and sim.outcome.exit_code == 0
+
+
+# --------------------------------------------------------------- discovery
+def test_first_discovery_failure_is_fatal() -> None:
+    sim = Sim(2)
+    sim.job.discovery_failed("boom", fatal=False, now=sim.now)
+    sim._collect()
+    failed(sim, "host discovery failed: boom")
+
+
+def test_later_discovery_failures_are_tolerated_until_elastic_timeout() -> None:
+    sim = started(2, {"a": 2}, elastic_timeout_s=60)
+
+    def fail_for(seconds: float) -> None:
+        sim.advance(seconds)
+        sim.job.discovery_failed("throttled", fatal=False, now=sim.now)
+        sim._collect()
+
+    fail_for(0)
+    fail_for(59)
+    sim.discover({"a": 2})  # a success restarts the count
+    fail_for(1)
+    fail_for(59)
+    assert sim.outcome is None
+    fail_for(2)
+    failed(sim, "kept failing for 60s", "throttled")
+
+
+def test_fatal_discovery_failure_ends_a_running_job() -> None:
+    sim = started(2, {"a": 2})
+    sim.job.discovery_failed("group deleted", fatal=True, now=sim.now)
+    sim._collect()
+    failed(sim, "group deleted")
+    assert isinstance(sim.reply("a[0]"), ExitOrder)
+
+
+# -------------------------------------------------------- bugs found here
+def test_bug_single_host_outage_counts_once_per_slot() -> None:
+    """BUG job.py:349: each worker on an unreachable host re-blacklists every slot of it.
+
+    Three workers reporting one outage give every slot three failures, so the
+    host is blocked 40 s (the third back-off step) instead of the first 10 s.
+    """
+    sim = Sim(4, min_np=1)
+    sim.discover({"a": 1, "b": 3})
+    for slot in ("b[0]", "b[1]", "b[2]"):
+        sim.exit(slot, UNREACHABLE)
+    assert [sim.job.hosts.blacklist.failures(Slot("b", i)) for i in range(3)] == [1, 1, 1]
+    sim.advance(PAST_FIRST_COOLDOWN_S)
+    assert sim.slots_launched()[4:] == ["b[0]", "b[1]", "b[2]"]
+
+
+def test_bug_leaving_member_dying_mid_round_aborts_the_round() -> None:
+    """BUG job.py:299: a draining host's worker killed before its commit is not a failure.
+
+    The survivors may be blocked in a collective with it; only ``abort_round``
+    makes them abandon it (worker/context.py ``wait``), so they hang until the
+    collective timeout.
+    """
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
+    sim.discover({"a": 1, "c": 1}, {"b": Drain(reason="spot interruption")})
+    sim.exit("b[0]", KILLED)  # the cloud took b before its worker reached a commit
+    assert sim.poll("a[0]").abort_round == 1
+
+
+def test_bug_leaving_member_losing_heartbeat_aborts_the_round() -> None:
+    """BUG job.py:389: the same gap when the leaving worker goes silent instead of exiting."""
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1, heartbeat_timeout_s=5)
+    sim.discover({"a": 1, "c": 1}, {"b": Drain(reason="spot interruption")})
+    sim.silent.add(sim.id("b[0]"))
+    sim.advance(6)
+    assert [s.immediate for s in sim.stops] == [True]
+    assert sim.poll("a[0]").abort_round == 1
+
+
+def test_bug_crash_looping_replacement_does_not_reset_elastic_timeout() -> None:
+    """BUG job.py:430: a relaunch counts toward --min-np before it reaches rendezvous.
+
+    A slot whose worker crashes on every start resets the below-min-np timer at
+    each relaunch; with back-off capped below the elastic timeout (the default
+    300 s < 600 s), the job waits forever instead of failing.
+    """
+    sim = started(2, {"a": 2}, cooldown=(10, 30), elastic_timeout_s=100)
+    sim.exit("a[1]")
+    sim.join("a[0]", reason="failure")
+    while sim.outcome is None and sim.now < T0 + 400:
+        sim.advance(1)
+        newest = sim.job.workers[sim.id("a[1]")]
+        if newest.alive:
+            sim.exit("a[1]")  # crashes before reaching rendezvous, every time
+    assert len(sim.launched) > 3
+    failed(sim, "fewer than --min-np 2")
+    assert sim.now <= T0 + 110
