@@ -75,6 +75,8 @@ class JobConfig:
     def __post_init__(self) -> None:
         if not self.command:
             raise ConfigError("no training command given (e.g. cloud-elastic run -np 2 python train.py)")
+        if self.num_proc < 1:
+            raise ConfigError(f"-np must be >= 1, got {self.num_proc}")
         if self.min_np < 1:
             raise ConfigError(f"--min-np must be >= 1, got {self.min_np}")
         if self.max_np < self.min_np:
@@ -88,8 +90,14 @@ class JobConfig:
             raise ConfigError(f"--blacklist-cooldown-range needs 0 <= MIN <= MAX, got {lo:g} {hi:g}")
         if self.reset_limit is not None and self.reset_limit < 0:
             raise ConfigError(f"--reset-limit must be >= 0, got {self.reset_limit}")
-        for name in ("elastic_timeout_s", "start_timeout_s", "heartbeat_timeout_s", "discovery_interval_s"):
+        flags = {
+            "elastic_timeout_s": "--elastic-timeout",
+            "start_timeout_s": "--start-timeout",
+            "heartbeat_timeout_s": "--heartbeat-timeout",
+            "discovery_interval_s": "--discovery-interval",
+        }
+        for name, flag in flags.items():
             if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+                raise ConfigError(f"{flag} must be > 0, got {getattr(self, name):g}")
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
-            raise ConfigError("the heartbeat timeout must exceed twice the heartbeat interval")
+            raise ConfigError("--heartbeat-timeout must exceed twice the heartbeat interval")

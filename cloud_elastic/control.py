@@ -98,7 +98,8 @@ class Codec:
         with self._lock:
             if nonce in self._seen:
                 raise ControlPlaneError("replayed message")
-            self._seen[nonce] = now
+            # Remember a nonce for as long as its timestamp is acceptable, not merely since arrival.
+            self._seen[nonce] = max(now, float(ts))
             if len(self._seen) > 4096:
                 horizon = now - MAX_CLOCK_SKEW_S
                 self._seen = {n: t for n, t in self._seen.items() if t >= horizon}

@@ -298,6 +298,10 @@ class ElasticJob:
             log.debug("job %s: worker %s exited after completing", self.job_id, worker_id)
         elif w.told_to_exit or w.leaving is not None:
             log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.leaving or "told to exit")
+            if was_member and w.leaving is not None:
+                # It vanished before leaving its round: peers may be blocked in a
+                # collective with it, and only an abort releases them.
+                self._abort_round()
         elif w.lost is not None:
             pass  # already accounted for when it was given up
         elif self.phase in (Phase.FINISHING, Phase.DONE):
@@ -346,17 +350,28 @@ class ElasticJob:
         self._last_failure = reason
         if transport:
             host_slots = self.hosts.ready.get(w.slot.host, w.slot.index + 1)
-            delays = [self.hosts.blacklist.record_failure(Slot(w.slot.host, i), now) for i in range(host_slots)]
-            log.warning("job %s: %s; host %s blacklisted for %.0fs", self.job_id, reason, w.slot.host, max(delays))
+            # One outage is one failure of each slot, however many of the host's workers report it.
+            slots = [Slot(w.slot.host, i) for i in range(host_slots)]
+            delays = [
+                self.hosts.blacklist.record_failure(s, now) for s in slots if not self.hosts.blacklist.blocked(s, now)
+            ]
+            log.warning(
+                "job %s: %s; host %s blacklisted for %.0fs", self.job_id, reason, w.slot.host, max(delays, default=0.0)
+            )
         else:
             delay = self.hosts.blacklist.record_failure(w.slot, now)
             log.warning("job %s: %s; slot %s blacklisted for %.0fs", self.job_id, reason, w.slot, delay)
         self._failure_since_round = True
-        if was_member and self.phase is Phase.RUNNING and self.abort_round < self.round:
-            self.abort_round = self.round
-            log.info("job %s: round %d aborted; survivors roll back to their last commit", self.job_id, self.round)
+        if was_member:
+            self._abort_round()
         if not self._alive() and not any(x.completed for x in self.workers.values()):
             self._finish(False, f"all workers failed; last: {reason}", 1)
+
+    def _abort_round(self) -> None:
+        self._failure_since_round = True
+        if self.phase is Phase.RUNNING and self.abort_round < self.round:
+            self.abort_round = self.round
+            log.info("job %s: round %d aborted; survivors roll back to their last commit", self.job_id, self.round)
 
     def _step(self, now: float) -> None:
         if self.phase is Phase.DONE:
@@ -388,6 +403,8 @@ class ElasticJob:
         self._actions.append(Stop(w.worker_id, what, immediate=True))
         if w.leaving is None and self.phase is not Phase.FINISHING:
             self._fail_worker(w, what, now, was_member=was_member, transport=False)
+        elif was_member and w.leaving is not None:
+            self._abort_round()
 
     def _step_finishing(self, now: float) -> None:
         if not self._alive():
@@ -427,7 +444,12 @@ class ElasticJob:
     def _check_capacity(self, now: float) -> None:
         if self.phase is Phase.STARTING and self.round == 0 and not self.workers:
             return
-        if len(self._active()) >= self.policy.min_np:
+        # Outside start-up a worker counts once it reaches rendezvous: a slot that
+        # crashes on every launch must not restart the elastic timeout each time.
+        counted = self._active()
+        if self.phase is not Phase.STARTING:
+            counted = [w for w in counted if w.status is not WorkerStatus.STARTING]
+        if len(counted) >= self.policy.min_np:
             self._below_min_since = None
             return
         if self._below_min_since is None:

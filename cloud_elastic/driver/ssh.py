@@ -40,11 +40,11 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import IO
 
 from cloud_elastic.config import SSHConfig
 from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 from cloud_elastic.driver.launch import ExitStatus, OutputSink, WorkerSpec
+from cloud_elastic.driver.local import forward_lines
 
 __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
 
@@ -392,7 +392,7 @@ class SSHLauncher:
         if not self._logged_options:
             self._logged_options = True
             logger.info("ssh client for remote hosts: %s (keepalive %gs, remote timeout %gs)",
-                        " ".join(shlex.quote(a) for a in argv[:-2]), self._keepalive_interval_s,
+                        " ".join(shlex.quote(a) for a in argv[:-3]), self._keepalive_interval_s,
                         self._keepalive_timeout_s)
 
 
@@ -439,7 +439,7 @@ class SSHWorkerProcess:
         self._write(f"{self.spec.secret}\n".encode())
         for name, stream, handler in (("out", self._proc.stdout, self._on_stdout),
                                       ("err", self._proc.stderr, self._on_stderr)):
-            reader = threading.Thread(target=self._read, args=(stream, handler),
+            reader = threading.Thread(target=forward_lines, args=(stream, handler),
                                       name=f"ssh-{name}-{self.spec.worker_id}", daemon=True)
             reader.start()
             self._readers.append(reader)
@@ -521,11 +521,6 @@ class SSHWorkerProcess:
                 self._proc.stdin.close()
             except OSError:
                 pass  # BrokenPipe on flush: nothing buffered matters any more
-
-    def _read(self, stream: IO[bytes], handler: OutputSink) -> None:
-        with stream:
-            for raw in iter(stream.readline, b""):
-                handler(raw.decode("utf-8", "replace").rstrip("\r\n"))
 
     def _on_stdout(self, line: str) -> None:
         self._forward(line)

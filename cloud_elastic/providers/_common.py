@@ -226,21 +226,39 @@ class SlotCache:
 
 
 class CloudGroupProvider(HostDiscovery, abc.ABC):
-    """Base of the cloud providers: one translation point for SDK errors.
+    """Base of the cloud providers: lazy SDK modules and one translation point for SDK errors.
 
-    Subclasses implement :meth:`_discover` (import the SDK lazily, reuse cached
-    clients, return a snapshot) and :meth:`_translate` (map an SDK exception to
-    a DiscoveryError, or ``None`` for "not an SDK error"). ``find`` lets
-    DiscoveryErrors through, translates the rest and re-raises anything
-    untranslated unchanged (the driver treats that as a bug, retryable).
+    Subclasses declare ``sdk_modules`` (short name -> module path, imported
+    together on first use through :attr:`sdk`), implement :meth:`_discover`
+    (build clients once, return a snapshot) and :meth:`_translate` (map an SDK
+    exception to a DiscoveryError, or ``None`` for "not an SDK error").
+    ``find`` lets DiscoveryErrors through, translates the rest and re-raises
+    anything untranslated unchanged (the driver treats that as a bug, retryable).
     """
 
-    #: Modules the provider imports lazily, and the pip extra that installs them
-    #: (``cloud-elastic providers`` reports a missing SDK without importing it).
-    requires: ClassVar[tuple[str, ...]] = ()
+    #: Modules the provider imports lazily, by short name, and the pip package
+    #: and extra that provide them.
+    sdk_modules: ClassVar[Mapping[str, str]] = {}
+    sdk_package: ClassVar[str] = ""
     extra: ClassVar[str] = ""
+    #: Modules ``cloud-elastic providers`` checks for (without importing them).
+    requires: ClassVar[tuple[str, ...]] = ()
     #: Human name of the group in messages, e.g. "AWS Auto Scaling group 'gpus'".
     label: str = ""
+
+    @property
+    def sdk(self) -> dict[str, Any]:
+        """The SDK modules by short name, imported on first use (MissingDependencyError names the extra)."""
+        loaded = self.__dict__.get("_sdk_loaded")
+        if loaded is None:
+            loaded = {name: import_sdk(path, package=self.sdk_package, extra=self.extra)
+                      for name, path in self.sdk_modules.items()}
+            self.__dict__["_sdk_loaded"] = loaded
+        return loaded
+
+    def _sdk_if_loaded(self) -> dict[str, Any] | None:
+        """The SDK modules if already imported (translation must not import anything)."""
+        return self.__dict__.get("_sdk_loaded")
 
     def find(self) -> DiscoveredHosts:
         try:
@@ -248,7 +266,8 @@ class CloudGroupProvider(HostDiscovery, abc.ABC):
         except DiscoveryError:
             raise
         except Exception as exc:  # translated below, or re-raised as is
-            error = self._translate(exc)
+            modules = self._sdk_if_loaded()
+            error = None if modules is None else self._translate(exc, modules)
             if error is None:
                 raise
             _log.debug("%s: %s", self.label, error, exc_info=True)
@@ -259,5 +278,5 @@ class CloudGroupProvider(HostDiscovery, abc.ABC):
         """Talk to the cloud and build one snapshot."""
 
     @abc.abstractmethod
-    def _translate(self, exc: Exception) -> DiscoveryError | None:
+    def _translate(self, exc: Exception, sdk: Mapping[str, Any]) -> DiscoveryError | None:
         """The DiscoveryError for an SDK exception, or ``None`` if ``exc`` is not one."""

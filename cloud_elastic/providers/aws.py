@@ -51,7 +51,6 @@ from cloud_elastic.providers._common import (
     Verdict,
     draining,
     error_for_status,
-    import_sdk,
     one_line,
     retry_options,
 )
@@ -91,6 +90,8 @@ class AWSAutoScalingGroup(CloudGroupProvider):
     description = "members of an AWS EC2 Auto Scaling group (--aws-asg); needs cloud-elastic[aws]"
     requires = ("boto3",)
     extra = "aws"
+    sdk_package = "boto3"
+    sdk_modules = {"boto3": "boto3", "config": "botocore.config", "errors": "botocore.exceptions"}
     options = (
         ProviderOption("group", "Auto Scaling group name", required=True),
         ProviderOption("region", "AWS region (default: boto3's, e.g. AWS_REGION or ~/.aws/config)"),
@@ -111,7 +112,6 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         self.label = f"AWS Auto Scaling group {group!r}"
         self._slots = SlotCache(self._gpus_of, fixed=slots_per_host)
         self._clients: tuple[Any, Any] | None = None
-        self._botocore_exceptions: Any = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "AWSAutoScalingGroup":
@@ -133,15 +133,12 @@ class AWSAutoScalingGroup(CloudGroupProvider):
 
     def _client_pair(self) -> tuple[Any, Any]:
         if self._clients is None:
-            boto3 = import_sdk("boto3", package="boto3", extra="aws")
-            config_mod = import_sdk("botocore.config", package="boto3", extra="aws")
-            self._botocore_exceptions = import_sdk("botocore.exceptions", package="boto3", extra="aws")
-            config = config_mod.Config(
+            config = self.sdk["config"].Config(
                 retries={"mode": "standard", "total_max_attempts": self.max_attempts},  # first attempt included
                 connect_timeout=self.timeout_s,
                 read_timeout=self.timeout_s,
             )
-            session = boto3.session.Session(region_name=self.region)
+            session = self.sdk["boto3"].session.Session(region_name=self.region)
             kwargs = {"config": config}
             if self.endpoint_url:
                 kwargs["endpoint_url"] = self.endpoint_url
@@ -199,13 +196,13 @@ class AWSAutoScalingGroup(CloudGroupProvider):
             batch = unknown[start:start + 100]
             try:
                 self._describe_types(ec2, batch)
-            except self._botocore_exceptions.ClientError as exc:
+            except self.sdk["errors"].ClientError as exc:
                 if exc.response.get("Error", {}).get("Code") != "InvalidInstanceType":
                     raise
                 for one in batch if len(batch) > 1 else ():
                     try:
                         self._describe_types(ec2, [one])
-                    except self._botocore_exceptions.ClientError:
+                    except self.sdk["errors"].ClientError:
                         pass
         for odd in (t for t in unknown if not self._slots.known(t)):
             _log.warning("%s: DescribeInstanceTypes does not know %s; using 1 slot", self.label, odd)
@@ -221,9 +218,9 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         # Only reached for a member without a type (never in practice): count it as CPU-only.
         return 0
 
-    def _translate(self, exc: Exception) -> DiscoveryError | None:
-        errors = self._botocore_exceptions
-        if errors is None or not isinstance(exc, errors.BotoCoreError | errors.ClientError):
+    def _translate(self, exc: Exception, sdk: Mapping[str, Any]) -> DiscoveryError | None:
+        errors = sdk["errors"]
+        if not isinstance(exc, errors.BotoCoreError | errors.ClientError):
             return None
         if isinstance(exc, errors.NoCredentialsError | errors.PartialCredentialsError):
             return FatalDiscoveryError(f"{self.label}: no AWS credentials found by boto3's credential chain")

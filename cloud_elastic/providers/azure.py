@@ -61,7 +61,6 @@ from cloud_elastic.providers._common import (
     Verdict,
     draining,
     error_for_status,
-    import_sdk,
     one_line,
     retry_options,
 )
@@ -104,6 +103,13 @@ class AzureScaleSet(CloudGroupProvider):
     description = "VMs of an Azure Virtual Machine Scale Set, Uniform or Flexible (--azure-vmss); needs cloud-elastic[azure]"
     requires = ("azure.identity", "azure.mgmt.compute", "azure.mgmt.network")
     extra = "azure"
+    sdk_package = "azure-mgmt-compute"
+    sdk_modules = {
+        "errors": "azure.core.exceptions",
+        "compute": "azure.mgmt.compute",
+        "network": "azure.mgmt.network",
+        "identity": "azure.identity",
+    }
     options = (
         ProviderOption("group", "scale set name", required=True),
         ProviderOption("resource_group", "resource group of the scale set", required=True),
@@ -124,7 +130,7 @@ class AzureScaleSet(CloudGroupProvider):
         self.label = f"Azure scale set {group!r} (resource group {resource_group})"
         self._credential = credential
         self._slots = SlotCache(self._sku_gpus, fixed=slots_per_host)
-        self._sdk: dict[str, Any] | None = None
+        self._api: dict[str, Any] | None = None
         self._scale_set: dict[str, Any] | None = None
         self._sku_gpus_by_name: dict[str, int] | None = None
 
@@ -152,15 +158,9 @@ class AzureScaleSet(CloudGroupProvider):
     # -- the SDK edge ------------------------------------------------------------------
 
     def _clients(self) -> dict[str, Any]:
-        if self._sdk is None:
-            core_errors = import_sdk("azure.core.exceptions", package="azure-mgmt-compute", extra="azure")
-            self._sdk = {"errors": core_errors}  # set first so that _translate can read SDK errors
-            compute = import_sdk("azure.mgmt.compute", package="azure-mgmt-compute", extra="azure")
-            network = import_sdk("azure.mgmt.network", package="azure-mgmt-network", extra="azure")
-            credential = self._credential
-            if credential is None:
-                identity = import_sdk("azure.identity", package="azure-identity", extra="azure")
-                credential = identity.DefaultAzureCredential()
+        if self._api is None:
+            sdk = self.sdk
+            credential = self._credential or sdk["identity"].DefaultAzureCredential()
             kwargs: dict[str, Any] = {
                 "retry_total": self.max_attempts - 1,
                 "connection_timeout": self.timeout_s,
@@ -168,17 +168,17 @@ class AzureScaleSet(CloudGroupProvider):
             }
             if self.endpoint:
                 kwargs.update(base_url=self.endpoint, credential_scopes=[f"{self.endpoint}/.default"])
-            self._sdk.update(
-                compute=compute.ComputeManagementClient(credential, self.subscription, **kwargs),
-                network=network.NetworkManagementClient(credential, self.subscription, **kwargs),
+            self._api = {
+                "compute": sdk["compute"].ComputeManagementClient(credential, self.subscription, **kwargs),
+                "network": sdk["network"].NetworkManagementClient(credential, self.subscription, **kwargs),
                 # Bearer tokens over plain http are refused by azure-core; from_options allows that on loopback only.
-                call={"enforce_https": False} if (self.endpoint or "").startswith("http://") else {},
-            )
-        return self._sdk
+                "call": {"enforce_https": False} if (self.endpoint or "").startswith("http://") else {},
+            }
+        return self._api
 
     def _discover(self) -> DiscoveredHosts:
-        sdk = self._clients()
-        compute, network, call = sdk["compute"], sdk["network"], sdk["call"]
+        api = self._clients()
+        compute, network, call = api["compute"], api["network"], api["call"]
         if self._scale_set is None:
             self._scale_set = _rest(compute.virtual_machine_scale_sets.get(self.resource_group, self.group, **call))
         flexible = self._scale_set.get("properties", {}).get("orchestrationMode") == "Flexible"
@@ -208,24 +208,31 @@ class AzureScaleSet(CloudGroupProvider):
 
     def _sku_gpus(self, size: Any) -> int:
         if self._sku_gpus_by_name is None:
-            sdk = self._clients()
+            api = self._clients()
             location = (self._scale_set or {}).get("location", "")
             table: dict[str, int] = {}
-            for sku in sdk["compute"].resource_skus.list(filter=f"location eq '{location}'", **sdk["call"]):
-                sku = _rest(sku)
-                if sku.get("resourceType") != "virtualMachines":
-                    continue
-                caps = {c.get("name"): c.get("value") for c in sku.get("capabilities", [])}
-                table[str(sku.get("name", "")).lower()] = int(caps.get("GPUs") or 0)
+            try:
+                for sku in api["compute"].resource_skus.list(filter=f"location eq '{location}'", **api["call"]):
+                    sku = _rest(sku)
+                    if sku.get("resourceType") == "virtualMachines":
+                        caps = {c.get("name"): c.get("value") for c in sku.get("capabilities", [])}
+                        table[str(sku.get("name", "")).lower()] = int(caps.get("GPUs") or 0)
+            except self.sdk["errors"].HttpResponseError as exc:
+                if exc.status_code != 403:
+                    raise
+                raise FatalDiscoveryError(
+                    f"{self.label}: may not read VM sizes' GPU counts (needs Microsoft.Compute/skus/read); "
+                    "grant it or pass --slots-per-host"
+                ) from exc
             self._sku_gpus_by_name = table
         gpus = self._sku_gpus_by_name.get(str(size).lower())
         if gpus is None:
             _log.warning("%s: VM size %s is not among the location's SKUs; using 1 slot", self.label, size)
         return gpus or 0
 
-    def _translate(self, exc: Exception) -> DiscoveryError | None:
-        errors = (self._sdk or {}).get("errors")
-        if errors is None or not isinstance(exc, errors.AzureError):
+    def _translate(self, exc: Exception, sdk: Mapping[str, Any]) -> DiscoveryError | None:
+        errors = sdk["errors"]
+        if not isinstance(exc, errors.AzureError):
             return None
         first = one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         if isinstance(exc, errors.ClientAuthenticationError):
@@ -239,12 +246,10 @@ class AzureScaleSet(CloudGroupProvider):
         return RetryableDiscoveryError(f"{self.label}: cannot reach Azure Resource Manager: {first}")
 
     def close(self) -> None:
-        if self._sdk is not None:
-            for key in ("compute", "network"):
-                client = self._sdk.get(key)
-                if client is not None:
-                    client.close()
-        self._sdk = None
+        if self._api is not None:
+            self._api["compute"].close()
+            self._api["network"].close()
+        self._api = None
 
 
 def _rest(model: Any) -> dict[str, Any]:

@@ -58,7 +58,6 @@ from cloud_elastic.providers._common import (
     Verdict,
     draining,
     error_for_status,
-    import_sdk,
     one_line,
 )
 from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption
@@ -99,6 +98,16 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
     description = "instances of a Google Cloud Managed Instance Group (--gcp-mig); needs cloud-elastic[gcp]"
     requires = ("google.cloud.compute_v1",)
     extra = "gcp"
+    sdk_package = "google-cloud-compute"
+    sdk_modules = {
+        "errors": "google.api_core.exceptions",
+        "auth_errors": "google.auth.exceptions",
+        "requests": "requests",
+        "compute": "google.cloud.compute_v1",
+        "retry": "google.api_core.retry",
+        "client_options": "google.api_core.client_options",
+        "auth": "google.auth",
+    }
     options = (
         ProviderOption("group", "Managed Instance Group name", required=True),
         ProviderOption("project", "project ID", required=True),
@@ -126,7 +135,7 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
         where = f"zone {zone}" if zone else f"region {region}"
         self.label = f"GCP managed instance group {group!r} ({project}, {where})"
         self._slots = SlotCache(self._machine_type_gpus, fixed=slots_per_host)
-        self._sdk: dict[str, Any] | None = None
+        self._api: dict[str, Any] | None = None
         self._base_name: str | None = None
 
     @classmethod
@@ -150,91 +159,79 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
     # -- the SDK edge ------------------------------------------------------------------
 
     def _clients(self) -> dict[str, Any]:
-        if self._sdk is None:
-            errors = import_sdk("google.api_core.exceptions", package="google-cloud-compute", extra="gcp")
-            self._sdk = {"errors": errors}  # set first so that _translate can read SDK errors
-            compute = import_sdk("google.cloud.compute_v1", package="google-cloud-compute", extra="gcp")
-            retry_mod = import_sdk("google.api_core.retry", package="google-cloud-compute", extra="gcp")
-            options_mod = import_sdk("google.api_core.client_options", package="google-cloud-compute", extra="gcp")
-            google_auth = import_sdk("google.auth", package="google-cloud-compute", extra="gcp")
-            requests = import_sdk("requests", package="google-cloud-compute", extra="gcp")
-            credentials, _ = google_auth.default(scopes=_SCOPES)
+        if self._api is None:
+            sdk = self.sdk
+            errors, requests, retry = sdk["errors"], sdk["requests"], sdk["retry"]
+            credentials, _ = sdk["auth"].default(scopes=_SCOPES)
             kwargs: dict[str, Any] = {"credentials": credentials, "transport": "rest"}
             if self.endpoint:
-                kwargs["client_options"] = options_mod.ClientOptions(api_endpoint=self.endpoint)
+                kwargs["client_options"] = sdk["client_options"].ClientOptions(api_endpoint=self.endpoint)
+            compute = sdk["compute"]
             groups = compute.InstanceGroupManagersClient if self.zone else compute.RegionInstanceGroupManagersClient
-            self._sdk.update(
-                groups=groups(**kwargs),
-                instances=compute.InstancesClient(**kwargs),
-                machine_types=compute.MachineTypesClient(**kwargs),
-                compute=compute,
-                call={
-                    "retry": retry_mod.Retry(
-                        predicate=retry_mod.if_exception_type(
-                            errors.TooManyRequests, errors.InternalServerError, errors.BadGateway,
-                            errors.ServiceUnavailable, errors.GatewayTimeout, requests.ConnectionError,
-                            requests.Timeout,
-                        ),
-                        initial=0.5, maximum=8.0, multiplier=2.0, timeout=self.retry_deadline_s,
-                    ),
+            transient = (errors.TooManyRequests, errors.InternalServerError, errors.BadGateway,
+                         errors.ServiceUnavailable, errors.GatewayTimeout, requests.ConnectionError, requests.Timeout)
+            self._api = {
+                "groups": groups(**kwargs),
+                "instances": compute.InstancesClient(**kwargs),
+                "machine_types": compute.MachineTypesClient(**kwargs),
+                "call": {
+                    "retry": retry.Retry(predicate=retry.if_exception_type(*transient), initial=0.5, maximum=8.0,
+                                         multiplier=2.0, timeout=self.retry_deadline_s),
                     "timeout": self.timeout_s,
                 },
-            )
-        return self._sdk
+            }
+        return self._api
 
     def _where(self) -> dict[str, str]:
         return {"zone": self.zone} if self.zone else {"region": self.region}
 
     def _discover(self) -> DiscoveredHosts:
-        sdk = self._clients()
-        call = sdk["call"]
-        groups = sdk["groups"]
+        api = self._clients()
+        call, groups = api["call"], api["groups"]
         if self._base_name is None:
             igm = groups.get(project=self.project, instance_group_manager=self.group, **self._where(), **call)
             self._base_name = igm.base_instance_name
-        managed = list(groups.list_managed_instances(
+        managed = []
+        for member in groups.list_managed_instances(
             request={"project": self.project, "instance_group_manager": self.group,
                      "max_results": self.page_size, **self._where()},
             **call,
-        ))
-        by_zone: dict[str, set[str]] = {}
-        for member in managed:
+        ):
             match = _INSTANCE_URL.search(member.instance)
-            if match:
-                by_zone.setdefault(match["zone"], set()).add(match["name"])
-        instances = self._instances(by_zone)
+            if match:  # a member still being created may have no instance URL yet
+                managed.append((match["zone"], match["name"], member))
+        instances = self._instances(api, managed)
         snapshot = SnapshotBuilder(self.label)
-        for member in managed:
-            match = _INSTANCE_URL.search(member.instance)
-            inst = instances.get((match["zone"], match["name"])) if match else None
-            health = [h.detailed_health_state for h in member.instance_health]
-            verdict = classify(member.current_action, member.instance_status, health)
+        for zone, name, member in managed:
+            inst = instances.get((zone, name))
             if inst is None:
                 continue
+            health = [h.detailed_health_state for h in member.instance_health]
+            verdict = classify(member.current_action, member.instance_status, health)
             address = inst.network_interfaces[0].network_i_p if inst.network_interfaces else None
-            snapshot.add(address, verdict, lambda i=inst, z=match["zone"]: self._slots_of(i, z),
-                         order=inst.creation_timestamp, instance=inst.name)
+            snapshot.add(address, verdict, lambda i=inst, z=zone: self._slots_of(i, z),
+                         order=inst.creation_timestamp, instance=name)
         return snapshot.build()
 
-    def _instances(self, by_zone: dict[str, set[str]]) -> dict[tuple[str, str], Any]:
-        """Instances of the group, keyed by (zone, name): one filtered list per zone, plus gets for odd names."""
-        sdk = self._clients()
+    def _instances(self, api: Mapping[str, Any], managed: list[tuple[str, str, Any]]) -> dict[tuple[str, str], Any]:
+        """The members' instances by (zone, name): one filtered list per zone, plus a get per odd name."""
+        by_zone: dict[str, set[str]] = {}
+        for zone, name, _ in managed:
+            by_zone.setdefault(zone, set()).add(name)
         found: dict[tuple[str, str], Any] = {}
         for zone, names in sorted(by_zone.items()):
-            pages = sdk["instances"].list(
+            pages = api["instances"].list(
                 request={"project": self.project, "zone": zone, "max_results": self.page_size,
                          # Base names are [-a-z0-9] only, so they need no regex escaping.
                          "filter": f'name eq "{self._base_name}-.*"'},
-                **sdk["call"],
+                **api["call"],
             )
-            for inst in pages:
-                if inst.name in names:
-                    found[(zone, inst.name)] = inst
-            for name in sorted(names - {n for z, n in found if z == zone}):
+            found.update(((zone, inst.name), inst) for inst in pages if inst.name in names)
+            for name in sorted(n for n in names if (zone, n) not in found):
                 try:
-                    found[(zone, name)] = sdk["instances"].get(project=self.project, zone=zone, instance=name,
-                                                               **sdk["call"])
-                except sdk["errors"].NotFound:
+                    found[(zone, name)] = api["instances"].get(project=self.project, zone=zone, instance=name,
+                                                               **api["call"])
+                except self.sdk["errors"].NotFound:
                     _log.debug("%s: instance %s/%s is already gone", self.label, zone, name)
         return found
 
@@ -249,24 +246,18 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
         if key[0] == "attached":
             return key[1]
         zone, machine_type = key
-        sdk = self._clients()
-        info = sdk["machine_types"].get(project=self.project, zone=zone, machine_type=machine_type, **sdk["call"])
+        api = self._clients()
+        info = api["machine_types"].get(project=self.project, zone=zone, machine_type=machine_type, **api["call"])
         return sum(a.guest_accelerator_count for a in info.accelerators)
 
-    def _translate(self, exc: Exception) -> DiscoveryError | None:
-        module = type(exc).__module__
-        if module.startswith("google.auth"):
-            name = type(exc).__name__
-            if name == "TransportError":
-                return RetryableDiscoveryError(f"{self.label}: cannot reach the token endpoint: {one_line(exc)}")
+    def _translate(self, exc: Exception, sdk: Mapping[str, Any]) -> DiscoveryError | None:
+        auth, errors = sdk["auth_errors"], sdk["errors"]
+        if isinstance(exc, auth.TransportError):
+            return RetryableDiscoveryError(f"{self.label}: cannot reach the token endpoint: {one_line(exc)}")
+        if isinstance(exc, auth.GoogleAuthError):
             return FatalDiscoveryError(
                 f"{self.label}: no usable Google credentials (Application Default Credentials): {one_line(exc)}"
             )
-        if module.startswith("requests"):
-            return RetryableDiscoveryError(f"{self.label}: cannot reach the Compute API: {one_line(exc)}")
-        errors = (self._sdk or {}).get("errors")
-        if errors is None:
-            return None
         if isinstance(exc, errors.RetryError):
             return RetryableDiscoveryError(
                 f"{self.label}: still failing after retrying for {self.retry_deadline_s:g}s: {one_line(exc.cause or exc)}"
@@ -275,13 +266,15 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
             status = exc.code if isinstance(exc.code, int) else None
             hint = " (check the group name, project and zone/region)" if status == 404 else ""
             return error_for_status(status, f"{self.label}: {one_line(exc.message or exc)}{hint}")
+        if isinstance(exc, sdk["requests"].RequestException):
+            return RetryableDiscoveryError(f"{self.label}: cannot reach the Compute API: {one_line(exc)}")
         return None
 
     def close(self) -> None:
-        if self._sdk is not None:
+        if self._api is not None:
             for key in ("groups", "instances", "machine_types"):
-                client = self._sdk.get(key)
+                client = self._api.get(key)
                 transport = getattr(client, "transport", None)
                 if transport is not None:
                     transport.close()
-        self._sdk = None
+        self._api = None

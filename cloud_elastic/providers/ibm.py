@@ -55,7 +55,6 @@ from cloud_elastic.providers._common import (
     Verdict,
     draining,
     error_for_status,
-    import_sdk,
     one_line,
     retry_options,
 )
@@ -70,7 +69,6 @@ _LEAVING_STATUS = {"stopping", "stopped", "deleting", "failed", "restarting", "p
 _LEAVING_LIFECYCLE = {"deleting", "failed"}
 _API_KEY_VARS = ("IBMCLOUD_API_KEY", "IC_API_KEY")
 _REGION = re.compile(r"^[a-z]{2}-[a-z]+(-[0-9]+)?$")
-_SDK = {"package": "ibm-vpc", "extra": "ibm"}
 
 
 def classify(membership_status: str, instance_status: str, status_reasons: Iterable[str] = (),
@@ -96,6 +94,13 @@ class IBMInstanceGroup(CloudGroupProvider):
     description = "instances of an IBM Cloud VPC instance group (--ibm-instance-group); needs cloud-elastic[ibm]"
     requires = ("ibm_vpc",)
     extra = "ibm"
+    sdk_package = "ibm-vpc"
+    sdk_modules = {
+        "core": "ibm_cloud_sdk_core",
+        "auth": "ibm_cloud_sdk_core.authenticators",
+        "requests": "requests",
+        "vpc": "ibm_vpc.vpc_v1",
+    }
     options = (
         ProviderOption("group", "instance group ID", required=True),
         ProviderOption("region", "VPC region, e.g. us-south", required=True),
@@ -117,7 +122,7 @@ class IBMInstanceGroup(CloudGroupProvider):
         self.page_size = page_size
         self.label = f"IBM instance group {group!r} ({region})"
         self._slots = SlotCache(self._profile_gpus, fixed=slots_per_host)
-        self._sdk: dict[str, Any] | None = None
+        self._vpc: Any = None
         self._group_checked = False
 
     @classmethod
@@ -139,32 +144,30 @@ class IBMInstanceGroup(CloudGroupProvider):
 
     # -- the SDK edge ------------------------------------------------------------------
 
-    def _clients(self) -> dict[str, Any]:
-        if self._sdk is None:
-            core = import_sdk("ibm_cloud_sdk_core", **_SDK)
-            self._sdk = {"core": core, "requests": import_sdk("requests", **_SDK),
-                         "auth": import_sdk("ibm_cloud_sdk_core.authenticators", **_SDK)}
-            vpc = import_sdk("ibm_vpc", **_SDK)
-            service = vpc.VpcV1(authenticator=self._authenticator(core))
+    def _service(self) -> Any:
+        """The VpcV1 client, built once: credentials, endpoint, retries and timeout applied."""
+        if self._vpc is None:
+            vpc = self.sdk["vpc"].VpcV1
+            service = vpc(authenticator=self._authenticator())
             service.configure_service("vpc")  # VPC_URL and friends, the SDK's standard variables
             if self.endpoint:
                 service.set_service_url(self.endpoint)
-            elif service.service_url == vpc.VpcV1.DEFAULT_SERVICE_URL:
+            elif service.service_url == vpc.DEFAULT_SERVICE_URL:
                 service.set_service_url(
-                    vpc.VpcV1.get_service_url_for_region(self.region) or f"https://{self.region}.iaas.cloud.ibm.com/v1"
+                    vpc.get_service_url_for_region(self.region) or f"https://{self.region}.iaas.cloud.ibm.com/v1"
                 )
             if self.max_attempts > 1:
                 service.enable_retries(max_retries=self.max_attempts - 1, retry_interval=min(30.0, 4 * self.timeout_s))
             else:
                 service.disable_retries()
             service.set_http_config({"timeout": self.timeout_s})
-            self._sdk.update(service=service, vpc_v1=import_sdk("ibm_vpc.vpc_v1", **_SDK))
             _log.debug("%s: VPC API at %s", self.label, service.service_url)
-        return self._sdk
+            self._vpc = service
+        return self._vpc
 
-    def _authenticator(self, core: Any) -> Any:
+    def _authenticator(self) -> Any:
         try:
-            found = core.get_authenticator_from_environment("vpc")
+            found = self.sdk["core"].get_authenticator_from_environment("vpc")
         except ValueError as exc:
             raise FatalDiscoveryError(f"{self.label}: bad IBM SDK credential configuration: {one_line(exc)}") from exc
         if found is not None:
@@ -174,11 +177,10 @@ class IBMInstanceGroup(CloudGroupProvider):
             raise FatalDiscoveryError(
                 f"{self.label}: no IBM Cloud credentials; set IBMCLOUD_API_KEY (or VPC_APIKEY / VPC_AUTH_TYPE)"
             )
-        return self._sdk["auth"].IAMAuthenticator(apikey, url=self.iam_endpoint)
+        return self.sdk["auth"].IAMAuthenticator(apikey, url=self.iam_endpoint)
 
     def _discover(self) -> DiscoveredHosts:
-        sdk = self._clients()
-        service, pagers = sdk["service"], sdk["vpc_v1"]
+        service, pagers = self._service(), self.sdk["vpc"]
         if not self._group_checked:
             service.get_instance_group(self.group)  # a clear 404 for a wrong ID or region
             self._group_checked = True
@@ -208,33 +210,34 @@ class IBMInstanceGroup(CloudGroupProvider):
         return snapshot.build()
 
     def _profile_gpus(self, profile: Any) -> int:
-        result = self._clients()["service"].get_instance_profile(profile).get_result()
+        result = self._service().get_instance_profile(profile).get_result()
         gpu_count = result.get("gpu_count") or {}
         return int(gpu_count.get("value", gpu_count.get("default", 0)) or 0)
 
-    def _translate(self, exc: Exception) -> DiscoveryError | None:
-        sdk = self._sdk or {}
-        core, requests = sdk.get("core"), sdk.get("requests")
-        if core is not None and isinstance(exc, core.ApiException):
+    def _translate(self, exc: Exception, sdk: Mapping[str, Any]) -> DiscoveryError | None:
+        requests = sdk["requests"]
+        if isinstance(exc, sdk["core"].ApiException):
+            # ``status_code`` in recent SDKs; ``code`` (deprecated there) in older ones.
+            status = getattr(exc, "status_code", None) or exc.__dict__.get("code")
             url = str(getattr(getattr(exc.http_response, "request", None), "url", ""))
-            if "/identity/token" in url and exc.code < 500:
+            if "/identity/token" in url and status < 500:
                 return FatalDiscoveryError(f"{self.label}: IBM Cloud IAM refused the API key: {one_line(exc.message)}")
-            hint = " (check the instance group ID and region)" if exc.code == 404 else ""
-            if exc.code in (401, 403):
+            hint = " (check the instance group ID and region)" if status == 404 else ""
+            if status in (401, 403):
                 hint = " (check the IBM Cloud API key and its access policies)"
-            return error_for_status(exc.code, f"{self.label}: HTTP {exc.code}: {one_line(exc.message)}{hint}")
-        if requests is not None and isinstance(exc, requests.exceptions.RetryError):
+            return error_for_status(status, f"{self.label}: HTTP {status}: {one_line(exc.message)}{hint}")
+        if isinstance(exc, requests.exceptions.RetryError):
             return RetryableDiscoveryError(
                 f"{self.label}: still failing after {self.max_attempts} attempts: {one_line(exc)}"
             )
-        if requests is not None and isinstance(exc, requests.exceptions.RequestException):
+        if isinstance(exc, requests.exceptions.RequestException):
             return RetryableDiscoveryError(f"{self.label}: cannot reach the IBM Cloud API: {one_line(exc)}")
         return None
 
     def close(self) -> None:
-        if self._sdk is not None and "service" in self._sdk:
-            self._sdk["service"].http_client.close()
-        self._sdk = None
+        if self._vpc is not None:
+            self._vpc.http_client.close()
+        self._vpc = None
 
 
 def _primary_ip(inst: Mapping[str, Any]) -> str | None:

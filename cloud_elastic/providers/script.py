@@ -43,6 +43,8 @@ class DiscoveryScript(HostDiscovery):
         path = options["path"]
         if not os.path.isfile(path):
             raise ConfigError(f"discovery script {path!r} does not exist or is not a file")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"discovery script {path!r} is not readable")
         if not os.access(path, os.X_OK):
             raise ConfigError(f"discovery script {path!r} is not executable (chmod +x it)")
         try:

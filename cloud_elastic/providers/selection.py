@@ -92,34 +92,43 @@ def add_discovery_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def selected_provider(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
-    """Return ``(provider name, options)`` for the parsed arguments; ConfigError if ambiguous."""
-    chosen: list[tuple[str, dict[str, str]]] = []
-    if args.hosts:
-        chosen.append(("static", {"hosts": args.hosts}))
-    if args.host_discovery_script:
-        chosen.append(
-            ("script", {"path": args.host_discovery_script, "timeout_s": str(args.discovery_timeout)})
-        )
-    if args.provider:
-        chosen.append((args.provider, _parse_options(args.provider_option)))
-    elif args.provider_option:
-        raise ConfigError("-o/--provider-option needs --provider NAME")
+    """Return ``(provider name, options)`` for the parsed arguments; ConfigError if ambiguous.
+
+    ``-o key=value`` options go to the provider chosen by ``--provider`` or by
+    a cloud group flag (``--aws-asg NAME -o max_attempts=3``). A cloud flag
+    and an ``-o`` that set the same option to different values are an error,
+    as is a cloud flag for a provider other than the selected one.
+    """
     given = [(f, getattr(args, f.dest, None)) for f in CLOUD_FLAGS]
     given = [(f, value) for f, value in given if value is not None]
-    chosen.extend((f.provider, {}) for f, _ in given if f.selects and f.provider != args.provider)
+    chosen: list[str] = []
+    if args.hosts:
+        chosen.append("static")
+    if args.host_discovery_script:
+        chosen.append("script")
+    if args.provider:
+        chosen.append(args.provider)
+    chosen.extend(f.provider for f, _ in given if f.selects and f.provider != args.provider)
     if not chosen:
         raise ConfigError(
             "no hosts: give -H/--hosts, --host-discovery-script, a cloud group (--aws-asg, --gcp-mig, "
             "--azure-vmss, --ibm-instance-group) or --provider NAME"
         )
     if len(chosen) > 1:
-        raise ConfigError("choose one host source: " + " / ".join(name for name, _ in chosen) + " were given")
-    name, options = chosen[0]
+        raise ConfigError("choose one host source: " + " / ".join(chosen) + " were given")
+    name = chosen[0]
+    if name in ("static", "script") and args.provider_option:
+        raise ConfigError("-o/--provider-option needs --provider NAME or a cloud group flag")
+    if name == "static":
+        return name, {"hosts": args.hosts}
+    if name == "script":
+        return name, {"path": args.host_discovery_script, "timeout_s": str(args.discovery_timeout)}
+    options = _parse_options(args.provider_option)
     for cloud_flag, value in given:
         if cloud_flag.provider != name:
             owner = next(f.flag for f in CLOUD_FLAGS if f.selects and f.provider == cloud_flag.provider)
             raise ConfigError(f"{cloud_flag.flag} needs {owner} (or --provider {cloud_flag.provider})")
-        if cloud_flag.option in options and options[cloud_flag.option] != value:
+        if options.get(cloud_flag.option, value) != value:
             raise ConfigError(f"{cloud_flag.flag} and -o {cloud_flag.option}=... disagree; give one")
         options[cloud_flag.option] = value
     return name, options

@@ -21,6 +21,7 @@ with ``python``), the context runs standalone: one process, rank 0 of 1.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import sys
@@ -79,6 +80,8 @@ class WorkerContext:
             raise RuntimeError("CLOUD_ELASTIC_SECRET is not set; workers must be started by 'cloud-elastic run'")
         self.info: RoundInfo | None = None
         self.pg: Any = None
+        self.leaked_groups = 0
+        self._last_reason = "start"
         self._store: Any = None
         self._client: DriverClient | None = None
         self._codec: Codec | None = None
@@ -128,6 +131,7 @@ class WorkerContext:
             return self.info
         assert self._client is not None
         last_round = self._attempted_round
+        self._last_reason = reason
         while True:
             reply = self._client.call(
                 "rendezvous", {"last_round": last_round, "reason": reason}, timeout_s=60.0
@@ -180,8 +184,23 @@ class WorkerContext:
                 raise CollectiveError(f"round {info.round} was aborted while forming its process group")
         if "error" in result:
             raise CollectiveError(f"could not form the process group of round {info.round}: {result['error']}")
+        self._retire(self.pg, abandoned=self._last_reason == "failure")
         self.pg = result["pg"]
         self.info = info
+
+    def _retire(self, pg: Any, abandoned: bool) -> None:
+        """Let go of the previous round's group without ever blocking on it.
+
+        Destroying a Gloo group joins its worker threads, and a collective
+        abandoned on a lost peer holds one of them until Gloo's own timeout. A
+        group left after a failure is therefore deliberately leaked (one extra
+        reference that is never dropped, not even at interpreter exit); the OS
+        reclaims it with the process. Groups left gracefully have no pending
+        work and are released normally.
+        """
+        if pg is not None and abandoned:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+            self.leaked_groups += 1
 
     def _new_group(self, store: Any, info: RoundInfo) -> Any:
         timeout = timedelta(seconds=self.collective_timeout_s)

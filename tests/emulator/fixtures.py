@@ -9,6 +9,7 @@ can reach a real cloud or a link-local metadata address.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Iterator
 
@@ -55,6 +56,7 @@ def moto_proxy() -> Iterator["MotoProxy"]:
 
     from tests.emulator.moto_env import MotoProxy
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one access-log line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

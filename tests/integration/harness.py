@@ -89,10 +89,20 @@ class Job:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            self.dump_stacks()
             self.kill()
             raise AssertionError(f"job did not finish within {timeout}s:\n{self.output()}")
         self._reader.join(10)
         return self.proc.returncode
+
+    def dump_stacks(self) -> None:
+        """Ask every worker of the job for a stack dump (the probe registers faulthandler on SIGUSR1)."""
+        for pid in processes_of_job(self.job_id()):
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(1.0)
 
     def kill(self) -> None:
         try:

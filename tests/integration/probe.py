@@ -9,9 +9,11 @@ rollbacks), done (final step and a checksum of the parameters).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import hashlib
 import json
 import os
+import signal
 import time
 
 import torch
@@ -33,6 +35,7 @@ def checksum(model: torch.nn.Module) -> str:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1)  # the harness dumps stacks of a hung job
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--step-sleep", type=float, default=0.05)

@@ -98,7 +98,7 @@ class Output:
             self.lines.append(line)
             self._cond.notify_all()
 
-    def wait_for(self, prefix: str, timeout_s: float = 20.0) -> str:
+    def wait_for(self, prefix: str, timeout_s: float = 30.0) -> str:
         """The first line starting with ``prefix``; fails after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         with self._cond:

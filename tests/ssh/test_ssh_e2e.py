@@ -31,8 +31,8 @@ class DriverRun:
     def __init__(self, sshd, marker: str, hosts: str, *args: str, np: int, min_np: int, train: tuple[str, ...]):
         cfg = sshd.config
         argv = [sys.executable, "-m", "cloud_elastic.cli", "run", "-np", str(np), "--min-np", str(min_np),
-                *(["-H", hosts] if hosts else []), "--force-ssh", "--ssh-port", str(cfg.port), "--ssh-identity-file", cfg.identity_file,
-                "--ssh-user", cfg.user, "--blacklist-cooldown-range", "60", "60", "--start-timeout", "60",
+                *(["-H", hosts] if hosts else []), "--force-ssh", "--ssh-port", str(cfg.port),
+                "--ssh-identity-file", cfg.identity_file, "--ssh-user", cfg.user, "--blacklist-cooldown-range", "60", "60", "--start-timeout", "60",
                 "-x", f"CETEST_MARKER={marker}", *args]
         for option in cfg.extra_options:
             argv += ["--ssh-option", option]
@@ -96,7 +96,8 @@ def _worker_pid(marker: str, host: str) -> int:
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if len(argv) > 1 and argv[1].endswith(b"torch_synthetic.py") and f"CLOUD_ELASTIC_HOSTNAME={host}".encode() in env:
+        on_host = f"CLOUD_ELASTIC_HOSTNAME={host}".encode() in env
+        if len(argv) > 1 and argv[1].endswith(b"torch_synthetic.py") and on_host:
             return p.pid
     raise AssertionError(f"no worker of {marker} found on {host}: {processes_with(marker)}")
 
@@ -131,7 +132,7 @@ def test_job_across_two_ssh_hosts_survives_kill_9_of_a_worker(job, marker):
     wait_gone(marker, 10)
 
 
-@pytest.mark.parametrize("signum, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGKILL, -9)])
 def test_stopping_the_driver_leaves_no_process_on_any_host(job, marker, signum, exit_code):
     run = job("127.0.0.2:1,127.0.0.3:1", np=2, min_np=2,
               train=("--steps", "100000", "--step-sleep", "0.02", "--log-every", "10"))
@@ -144,8 +145,9 @@ def test_stopping_the_driver_leaves_no_process_on_any_host(job, marker, signum, 
     else:
         os.kill(run.proc.pid, signum)
     assert run.finish(60) == exit_code, run.log()
-    # Driver, local ssh clients, remote wrappers, workers and their children: all gone.
-    wait_gone(marker, 10)
+    # Driver, local ssh clients, remote wrappers, workers and their children: all gone. After a
+    # kill -9 of the driver, the ssh clients see EOF on stdin and the remote watchdogs stop the workers.
+    wait_gone(marker, 15)
     assert not {p.pid for p in processes_with(marker)} & set(remote)
 
 

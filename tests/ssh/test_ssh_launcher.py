@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -63,10 +64,11 @@ def test_secret_is_on_stdin_never_on_a_command_line(launcher, marker):
     secret = "never-in-argv-" + marker
     proc, out = start(launcher, REMOTE, marker, "sleep", secret=secret)
     worker, child = _ready(out)
-    assert processes_with(secret, cmdline_only=True) == []
+    assert processes_with(secret, cmdline_only=True) == [], "the secret is on a command line"
     with open(f"/proc/{worker}/environ", "rb") as f:
-        assert f"{SECRET_ENV}={secret}".encode() in f.read().split(b"\0")
-    assert {p.pid for p in processes_with(marker)} >= {worker, child, proc.ssh_pid}
+        assert f"{SECRET_ENV}={secret}".encode() in f.read().split(b"\0"), "the worker has no secret"
+    found = processes_with(marker)
+    assert {p.pid for p in found} >= {worker, child, proc.ssh_pid}, f"expected {worker}, {child}, ssh: {found}"
     proc.terminate(2.0)
     wait_gone(marker, 10)
 
@@ -237,8 +239,7 @@ def test_server_that_never_answers_times_out(sshd, marker):
     with socket.socket() as silent:  # accepts TCP (backlog) but never speaks SSH
         silent.bind(("127.0.0.5", 0))
         silent.listen(8)
-        config = sshd.config.__class__(**{**sshd.config.__dict__, "port": silent.getsockname()[1],
-                                           "connect_timeout_s": 1})
+        config = dataclasses.replace(sshd.config, port=silent.getsockname()[1], connect_timeout_s=1)
         launcher = SSHLauncher(config)
         began = time.monotonic()
         message = _transport_error(launcher, "127.0.0.5", marker)

@@ -17,8 +17,10 @@ pytestmark = pytest.mark.timeout(10)
 
 
 def _spec(**changes: object) -> WorkerSpec:
-    fields: dict[str, object] = dict(worker_id="w0", host="10.0.1.4", slot=1, command=("python", "train.py", "--lr=0.1"),
-                                     env={"CLOUD_ELASTIC_JOB_ID": "job-1"}, secret="topsecret", cwd="/srv/job")
+    fields: dict[str, object] = dict(
+        worker_id="w0", host="10.0.1.4", slot=1, command=("python", "train.py", "--lr=0.1"),
+        env={"CLOUD_ELASTIC_JOB_ID": "job-1"}, secret="topsecret", cwd="/srv/job",
+    )
     fields.update(changes)
     return WorkerSpec(**fields)  # type: ignore[arg-type]
 

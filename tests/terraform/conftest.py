@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from .hcl import REPO, TERRAFORM_DIR, Tree
-from .tfcli import Terraform, find_cli, find_mirror, required
-
-# Directories `terraform init` runs in, and which of them have `terraform test` files.
-INIT_DIRS = ("modules/common", "modules/aws", "examples/aws")
+from .hcl import REPO, TERRAFORM_DIR, Module, Tree
+from .tfcli import PLUGIN_DIR_ENV, REQUIRE_ENV, Terraform, find_cli, find_mirror, required
 
 
 @pytest.fixture(scope="session")
@@ -27,9 +25,10 @@ def copy_tree(dest: Path) -> Tree:
     return Tree(dest / "terraform")
 
 
-def _unavailable(reason: str) -> None:
-    if required():
-        pytest.fail(f"{reason} (and CLOUD_ELASTIC_REQUIRE_TERRAFORM is set)")
+def unavailable(reason: str, what: str = "cli") -> None:
+    """Skip with ``reason``, or fail when CLOUD_ELASTIC_REQUIRE_TERRAFORM asks for ``what``."""
+    if required(what):
+        pytest.fail(f"{reason} (and {REQUIRE_ENV} requires it)")
     pytest.skip(reason)
 
 
@@ -38,16 +37,42 @@ def terraform(tmp_path_factory) -> Terraform:
     """The Terraform CLI, configured to stay offline; skips when there is none."""
     found = find_cli(tmp_path_factory.mktemp("tf-config"))
     if found is None:
-        _unavailable("no terraform CLI on PATH")
+        unavailable("no terraform CLI on PATH")
     return found
 
 
+def required_providers(path: Path) -> list[str]:
+    """Full source addresses of the providers a module directory needs (its child modules' included)."""
+    module, sources = Module.load(path), []
+    for tf in module.terraform_blocks:
+        for entry in tf.get("required_providers", []):
+            for spec in entry.values():
+                source = spec["source"]
+                sources.append(source if source.count("/") == 2 else f"registry.terraform.io/{source}")
+    for call in module.module_calls.values():
+        if str(call.get("source", "")).startswith("."):
+            sources += required_providers((path / call["source"]).resolve())
+    return sorted(set(sources))
+
+
 @pytest.fixture(scope="session")
-def plugin_dir(terraform: Terraform) -> Path:
-    mirror = find_mirror(terraform.platform())
-    if mirror is None:
-        _unavailable("no offline mirror of hashicorp/aws (set CLOUD_ELASTIC_TF_PLUGIN_DIR)")
-    return mirror
+def plugin_dir_for(terraform: Terraform, tmp_path_factory) -> Callable[[Path], Path]:
+    """The offline plugin directory for a module directory; skips when a provider it needs is not mirrored.
+
+    A module that needs no provider gets an empty directory, so init has
+    nothing to fetch either way.
+    """
+    platform, empty = terraform.platform(), tmp_path_factory.mktemp("no-plugins")
+
+    def find(path: Path) -> Path:
+        mirror = empty
+        for provider in required_providers(path):
+            mirror = find_mirror(platform, provider)
+            if mirror is None:
+                unavailable(f"no offline mirror of {provider} for {platform} (set {PLUGIN_DIR_ENV})", provider)
+        return mirror
+
+    return find
 
 
 def init(terraform: Terraform, plugin_dir: Path, workdir: Path) -> None:
@@ -57,9 +82,19 @@ def init(terraform: Terraform, plugin_dir: Path, workdir: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def workspace(terraform: Terraform, plugin_dir: Path, tmp_path_factory) -> Tree:
-    """A copy of the tree with INIT_DIRS initialised, once per session (nothing is written to the repo)."""
+def initialised(terraform: Terraform, plugin_dir_for, tmp_path_factory) -> Callable[[str], Path]:
+    """``initialised("modules/aws")``: that directory in one session-wide copy of the tree, initialised once.
+
+    Nothing is written to the repository.
+    """
     copy = copy_tree(tmp_path_factory.mktemp("tf-workspace"))
-    for rel in INIT_DIRS:
-        init(terraform, plugin_dir, copy.root / rel)
-    return copy
+    done: dict[str, Path] = {}
+
+    def get(rel: str) -> Path:
+        if rel not in done:
+            workdir = copy.root / rel
+            init(terraform, plugin_dir_for(workdir), workdir)
+            done[rel] = workdir
+        return done[rel]
+
+    return get

@@ -288,18 +288,25 @@ def _azure_termination_hook(tree: Tree) -> list[str]:
 # ----------------------------------------------------------- driver_permissions
 
 
-def _no_wildcards(values: list[str], p: Problems, what: str) -> None:
-    for value in values:
+def _exactly(granted: list[str], expected: set[str] | list[str], p: Problems, what: str) -> None:
+    """``granted`` holds no wildcard and is exactly ``expected``."""
+    for value in granted:
         p.expect("*" not in str(value), f"{what}: wildcard in {value!r}")
+    p.expect(set(granted) == set(expected), f"{what}: {sorted(set(granted))} != {sorted(expected)}")
+
+
+def _only(m: Module, p: Problems, type_: str, name: str) -> dict[str, Any]:
+    """The body of ``type_.name``, which must be the module's only ``type_``."""
+    found = m.resources(type_)
+    p.expect(list(found) == [name], f"want exactly one {type_} named {name!r}, got {list(found)}")
+    return found.get(name, {})
 
 
 @check("driver_permissions", "aws")
 def _aws_driver_permissions(tree: Tree) -> list[str]:
     m, p = tree.module("aws"), Problems()
     statements = blocks(m.data("aws_iam_policy_document", "driver"), "statement")
-    actions = [a for s in statements for a in s.get("actions", [])]
-    _no_wildcards(actions, p, "driver policy")
-    p.expect(set(actions) == AWS_DRIVER_ACTIONS, f"driver actions {sorted(set(actions))} != {sorted(AWS_DRIVER_ACTIONS)}")
+    _exactly([a for s in statements for a in s.get("actions", [])], AWS_DRIVER_ACTIONS, p, "driver policy actions")
     for s in statements:
         p.expect(s.get("effect", "Allow") == "Allow" and "not_actions" not in s, f"statement {s.get('sid')}: Allow with actions only")
         scoped = set(s.get("actions", [])) & AWS_GROUP_SCOPED_ACTIONS
@@ -308,9 +315,8 @@ def _aws_driver_permissions(tree: Tree) -> list[str]:
                      f"{sorted(scoped)} must be scoped to this group's ARN, got {s.get('resources')}")
         elif s.get("resources") == ["*"]:
             p.expect(all(":Describe" in a for a in s.get("actions", [])), f"statement {s.get('sid')}: only Describe calls may use Resource *")
-    policies = m.resources("aws_iam_role_policy")
-    p.expect(list(policies) == ["driver"] and policies["driver"].get("policy") == "${data.aws_iam_policy_document.driver.json}",
-             "the driver role must have exactly the one inline policy built from that document")
+    policy = _only(m, p, "aws_iam_role_policy", "driver")
+    p.expect(policy.get("policy") == "${data.aws_iam_policy_document.driver.json}", "the driver's inline policy must be that document")
     for kind in ("aws_iam_role_policy_attachment", "aws_iam_policy", "aws_iam_policy_attachment", "aws_iam_user"):
         p.expect(not m.resources(kind), f"no {kind} may widen the driver's permissions")
     role = m.resource("aws_iam_role", "driver")
@@ -322,14 +328,9 @@ def _aws_driver_permissions(tree: Tree) -> list[str]:
 @check("driver_permissions", "gcp")
 def _gcp_driver_permissions(tree: Tree) -> list[str]:
     m, p = tree.module("gcp"), Problems()
-    roles = m.resources("google_project_iam_custom_role")
-    p.expect(list(roles) == ["discovery"], f"want one custom role 'discovery', got {list(roles)}")
-    permissions = roles.get("discovery", {}).get("permissions", [])
-    _no_wildcards(permissions, p, "custom role")
-    p.expect(set(permissions) == GCP_DRIVER_PERMISSIONS, f"permissions {sorted(permissions)} != {sorted(GCP_DRIVER_PERMISSIONS)}")
-    members = m.resources("google_project_iam_member")
-    p.expect(list(members) == ["driver_discovery"], f"want one IAM member grant, got {list(members)}")
-    grant = members.get("driver_discovery", {})
+    role = _only(m, p, "google_project_iam_custom_role", "discovery")
+    _exactly(role.get("permissions", []), GCP_DRIVER_PERMISSIONS, p, "custom role permissions")
+    grant = _only(m, p, "google_project_iam_member", "driver_discovery")
     p.expect(mentions(grant.get("role"), "google_project_iam_custom_role.discovery"), "the grant must be the custom role, not a predefined one")
     p.expect(mentions(grant.get("member"), "google_service_account.driver.email"), "the grant must go to the driver's account")
     for type_, name, _ in m.all_resources():
@@ -341,18 +342,13 @@ def _gcp_driver_permissions(tree: Tree) -> list[str]:
 @check("driver_permissions", "azure")
 def _azure_driver_permissions(tree: Tree) -> list[str]:
     m, p = tree.module("azure"), Problems()
-    definitions = m.resources("azurerm_role_definition")
-    p.expect(list(definitions) == ["discovery"], f"want one role definition 'discovery', got {list(definitions)}")
-    perms = block(definitions.get("discovery", {}), "permissions") or {}
-    actions = perms.get("actions", [])
-    _no_wildcards(actions, p, "role definition")
-    p.expect(set(actions) == AZURE_DRIVER_ACTIONS, f"actions {sorted(actions)} != {sorted(AZURE_DRIVER_ACTIONS)}")
+    definition = _only(m, p, "azurerm_role_definition", "discovery")
+    perms = block(definition, "permissions") or {}
+    _exactly(perms.get("actions", []), AZURE_DRIVER_ACTIONS, p, "role definition actions")
     p.expect(not perms.get("not_actions") and not perms.get("data_actions"), "the role must list plain actions only")
     scope = "${azurerm_resource_group.this.id}"
-    p.expect(definitions.get("discovery", {}).get("assignable_scopes") == [scope], "the role must be assignable in the cluster's resource group only")
-    assignments = m.resources("azurerm_role_assignment")
-    p.expect(list(assignments) == ["driver_discovery"], f"want one role assignment, got {list(assignments)}")
-    grant = assignments.get("driver_discovery", {})
+    p.expect(definition.get("assignable_scopes") == [scope], "the role must be assignable in the cluster's resource group only")
+    grant = _only(m, p, "azurerm_role_assignment", "driver_discovery")
     p.expect(mentions(grant.get("role_definition_id"), "azurerm_role_definition.discovery.role_definition_resource_id")
              and "role_definition_name" not in grant, "the assignment must be the custom role, not a built-in one")
     p.expect(grant.get("scope") == scope, f"the assignment must be scoped to the cluster's resource group, got {grant.get('scope')!r}")
@@ -365,11 +361,8 @@ def _azure_driver_permissions(tree: Tree) -> list[str]:
 @check("driver_permissions", "ibm")
 def _ibm_driver_permissions(tree: Tree) -> list[str]:
     m, p = tree.module("ibm"), Problems()
-    policies = m.resources("ibm_iam_trusted_profile_policy")
-    p.expect(list(policies) == ["driver_discovery"], f"want one trusted profile policy, got {list(policies)}")
-    policy = policies.get("driver_discovery", {})
-    _no_wildcards(policy.get("roles", []), p, "driver policy")
-    p.expect(policy.get("roles") == IBM_DRIVER_ROLES, f"roles {policy.get('roles')} != {IBM_DRIVER_ROLES}")
+    policy = _only(m, p, "ibm_iam_trusted_profile_policy", "driver_discovery")
+    _exactly(policy.get("roles", []), IBM_DRIVER_ROLES, p, "trusted profile roles")
     scope = block(policy, "resources") or {}
     p.expect(scope.get("service") == "is", "the policy must cover VPC infrastructure (service \"is\") only")
     p.expect(scope.get("resource_group_id") == "${var.resource_group_id}", "the policy must be scoped to the cluster's resource group")

@@ -14,8 +14,8 @@ import pytest
 
 from cloud_elastic.providers.tags import CLUSTER_TAG, ROLE_DRIVER, ROLE_TAG, ROLE_WORKER
 
-from .conftest import INIT_DIRS, copy_tree, init
-from .hcl import TERRAFORM_DIR
+from .conftest import copy_tree, init
+from .hcl import CLOUDS, SHARED, TERRAFORM_DIR
 
 pytestmark = pytest.mark.terraform
 
@@ -42,16 +42,16 @@ def test_fmt(terraform):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("rel", INIT_DIRS)
-def test_validate(workspace, terraform, rel):
-    result = terraform.run("validate", cwd=workspace.root / rel)
+@pytest.mark.parametrize("rel", [*(f"modules/{n}" for n in (*CLOUDS, SHARED)), *(f"examples/{c}" for c in CLOUDS)])
+def test_validate(initialised, terraform, rel):
+    result = terraform.run("validate", cwd=initialised(rel))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("rel", TESTED_DIRS)
-def test_terraform_test_with_mocked_provider(workspace, terraform, rel):
-    workdir = workspace.root / rel
+def test_terraform_test_with_mocked_provider(initialised, terraform, rel):
+    workdir = initialised(rel)
     runs = sum(len(re.findall(r'^run "', f.read_text(), re.M)) for f in (workdir / "tests").glob("*.tftest.hcl"))
     assert runs > 0, f"{rel} has no terraform test runs"
     result = terraform_test(terraform, workdir)
@@ -61,14 +61,14 @@ def test_terraform_test_with_mocked_provider(workspace, terraform, rel):
 
 
 @pytest.mark.timeout(180)
-def test_terraform_test_fails_when_imdsv2_is_dropped(terraform, plugin_dir, tmp_path):
+def test_terraform_test_fails_when_imdsv2_is_dropped(terraform, plugin_dir_for, tmp_path):
     """The mocked-provider assertions can fail: a copy with IMDSv1 allowed on the workers must not pass."""
     copy = copy_tree(tmp_path)
     main = copy.root / "modules/aws/main.tf"
     text = main.read_text()
     assert text.count('http_tokens                 = "required"') == 2
     main.write_text(text.replace('http_tokens                 = "required"', 'http_tokens                 = "optional"', 1))
-    init(terraform, plugin_dir, copy.root / "modules/aws")
+    init(terraform, plugin_dir_for(copy.root / "modules/aws"), copy.root / "modules/aws")
     result = terraform_test(terraform, copy.root / "modules/aws")
     output = result.stdout + result.stderr
     assert result.returncode != 0, output

@@ -17,7 +17,9 @@ from pathlib import Path
 #: Where the offline provider mirror is looked for (a -plugin-dir layout).
 PLUGIN_DIR_ENV = "CLOUD_ELASTIC_TF_PLUGIN_DIR"
 DEFAULT_PLUGIN_DIR = "/opt/tf-plugins"
-#: Set to 1 to fail, instead of skip, when the CLI or the mirror is missing.
+#: Comma list of what must be present, failing instead of skipping when it is
+#: not: provider sources (``hashicorp/aws``), ``checkov``, or ``all``. Any
+#: entry also requires the Terraform CLI.
 REQUIRE_ENV = "CLOUD_ELASTIC_REQUIRE_TERRAFORM"
 
 
@@ -64,5 +66,9 @@ def find_mirror(platform: str, provider: str = "registry.terraform.io/hashicorp/
     return None
 
 
-def required() -> bool:
-    return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
+def required(what: str = "cli") -> bool:
+    """Whether a missing ``what`` (``cli``, ``checkov`` or a provider source) should fail rather than skip."""
+    wanted = {w.strip() for w in os.environ.get(REQUIRE_ENV, "").split(",")} - {"", "0"}
+    if what.startswith("registry.terraform.io/"):
+        what = what[len("registry.terraform.io/"):]
+    return "all" in wanted or what in wanted or (what == "cli" and bool(wanted))

@@ -14,6 +14,7 @@ import pytest
 from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
 from cloud_elastic.driver.job import Assignment, ElasticJob, ExitOrder, Finish, Launch, Phase, Policy, Stop
 from cloud_elastic.driver.launch import ExitStatus
+from cloud_elastic.driver.planner import RankInfo
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 pytestmark = pytest.mark.timeout(10)
@@ -111,6 +112,15 @@ class Sim:
         self.job.exited(self.id(slot), status, self.now)
         self._collect()
 
+    def complete(self, slot: str) -> None:
+        """The worker reports that its training function returned."""
+        self.job.completed(self.id(slot), self.now)
+        self._collect()
+
+    def discovery_failed(self, message: str, *, fatal: bool = False) -> None:
+        self.job.discovery_failed(message, fatal=fatal, now=self.now)
+        self._collect()
+
     def poll(self, slot: str):
         return self.job.heartbeat(self.id(slot), self.now)
 
@@ -188,24 +198,18 @@ def test_first_round_forms_only_when_every_launched_worker_arrived() -> None:
 
 def test_ranks_on_a_multi_host_layout_and_after_a_failure() -> None:
     sim = started(4, {"a": 2, "b": 2}, min_np=1)
-    assert sim.reply("b[1]").ranks == _info(3, 4, 1, 2, 1, 2)
+    assert sim.reply("b[1]").ranks == RankInfo(3, 4, 1, 2, 1, 2)
     sim.exit("a[0]", KILLED)
     assert_round(sim.join("b[1]", "a[1]", "b[0]", reason="failure"), 2, needs_sync=True)
     assert sim.layout() == ["a[1]", "b[0]", "b[1]"]  # survivors keep their relative order
-    assert sim.reply("a[1]").ranks == _info(0, 3, 0, 1, 0, 2)
-    assert sim.reply("b[1]").ranks == _info(2, 3, 1, 2, 0, 1)
+    assert sim.reply("a[1]").ranks == RankInfo(0, 3, 0, 1, 0, 2)
+    assert sim.reply("b[1]").ranks == RankInfo(2, 3, 1, 2, 0, 1)
     sim.advance(PAST_FIRST_COOLDOWN_S)
     assert sim.slots_launched()[-1] == "a[0]"
     sim.join("a[0]")
     sim.join("a[1]", "b[0]", "b[1]", reason="update")
     assert sim.layout() == ["a[1]", "b[0]", "b[1]", "a[0]"]  # the newcomer follows
-    assert sim.reply("a[0]").ranks == _info(3, 4, 1, 2, 0, 2)
-
-
-def _info(rank: int, size: int, local: int, local_size: int, cross: int, cross_size: int):
-    from cloud_elastic.driver.planner import RankInfo
-
-    return RankInfo(rank, size, local, local_size, cross, cross_size)
+    assert sim.reply("a[0]").ranks == RankInfo(3, 4, 1, 2, 0, 2)
 
 
 def test_newcomers_follow_survivors_older_hosts_first() -> None:
@@ -216,6 +220,9 @@ def test_newcomers_follow_survivors_older_hosts_first() -> None:
     sim.join("c[0]", "a[1]")
     assert_round(sim.join("a[0]", reason="update"), 2, needs_sync=True)
     assert sim.layout() == ["a[0]", "a[1]", "c[0]"]
+    sim.exit("a[0]")  # survivors keep their rank order, not their launch order
+    assert_round(sim.join("c[0]", "a[1]", reason="failure"), 3, needs_sync=True)
+    assert sim.layout() == ["a[1]", "c[0]"]
 
 
 def test_host_that_left_and_returned_ranks_after_hosts_seen_meanwhile() -> None:
@@ -392,7 +399,7 @@ def test_never_more_than_max_np_workers() -> None:
 # -------------------------------------------------------------- completion
 def test_completion_finishes_when_everyone_exited() -> None:
     sim = started(3, {"a": 3})
-    sim.job.completed(sim.id("a[0]"), sim.now)
+    sim.complete("a[0]")
     assert sim.job.phase is Phase.FINISHING
     order = sim.join("a[1]", reason="update")["a[1]"]
     assert isinstance(order, ExitOrder) and "finishing" in order.reason
@@ -400,7 +407,7 @@ def test_completion_finishes_when_everyone_exited() -> None:
     assert len(sim.launched) == 3  # no scale-up while finishing
     sim.exit("a[0]", CLEAN)
     sim.exit("a[1]", CLEAN)
-    sim.job.completed(sim.id("a[2]"), sim.now)
+    sim.complete("a[2]")
     assert sim.outcome is None
     sim.exit("a[2]", CLEAN)
     assert sim.outcome == Finish(True, "training completed on 2 worker(s) after 0 reset(s)", 0)
@@ -408,7 +415,7 @@ def test_completion_finishes_when_everyone_exited() -> None:
 
 def test_worker_that_does_not_exit_after_completion_is_stopped() -> None:
     sim = started(2, {"a": 2}, completion_grace_s=30)
-    sim.job.completed(sim.id("a[0]"), sim.now)
+    sim.complete("a[0]")
     sim.exit("a[0]", CLEAN)
     sim.advance(29)
     assert sim.outcome is None
@@ -420,8 +427,7 @@ def test_worker_that_does_not_exit_after_completion_is_stopped() -> None:
 # --------------------------------------------------------------- discovery
 def test_first_discovery_failure_is_fatal() -> None:
     sim = Sim(2)
-    sim.job.discovery_failed("boom", fatal=False, now=sim.now)
-    sim._collect()
+    sim.discovery_failed("boom")
     failed(sim, "host discovery failed: boom")
 
 
@@ -430,8 +436,7 @@ def test_later_discovery_failures_are_tolerated_until_elastic_timeout() -> None:
 
     def fail_for(seconds: float) -> None:
         sim.advance(seconds)
-        sim.job.discovery_failed("throttled", fatal=False, now=sim.now)
-        sim._collect()
+        sim.discovery_failed("throttled")
 
     fail_for(0)
     fail_for(59)
@@ -445,8 +450,7 @@ def test_later_discovery_failures_are_tolerated_until_elastic_timeout() -> None:
 
 def test_fatal_discovery_failure_ends_a_running_job() -> None:
     sim = started(2, {"a": 2})
-    sim.job.discovery_failed("group deleted", fatal=True, now=sim.now)
-    sim._collect()
+    sim.discovery_failed("group deleted", fatal=True)
     failed(sim, "group deleted")
     assert isinstance(sim.reply("a[0]"), ExitOrder)
 

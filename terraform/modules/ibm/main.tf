@@ -81,11 +81,12 @@ resource "ibm_is_instance_group" "workers" {
 # [min, max]; attach an ibm_is_instance_group_manager_policy to scale on a
 # metric, or resize the group yourself.
 resource "ibm_is_instance_group_manager" "workers" {
-  name                 = "${var.cluster_name}-workers"
-  instance_group       = ibm_is_instance_group.workers.id
-  manager_type         = "autoscale"
-  enable_manager       = true
-  min_membership_count = var.min_size
+  name           = "${var.cluster_name}-workers"
+  instance_group = ibm_is_instance_group.workers.id
+  manager_type   = "autoscale"
+  enable_manager = true
+  # An empty group cannot train; the manager keeps at least one member.
+  min_membership_count = max(1, var.min_size)
   max_membership_count = var.max_size
   aggregation_window   = 120
   cooldown             = 300

@@ -72,7 +72,7 @@ variable "gpu_image_id" {
 
 variable "min_size" {
   type        = number
-  description = "Fewest workers; the instance group manager's minimum membership."
+  description = "Fewest workers; the instance group manager's minimum membership (at least 1)."
   default     = 0
 }
 

@@ -57,6 +57,23 @@ run "worker_bootstrap_limits_ssh_and_ports" {
   }
 }
 
+run "driver_environment_reaches_the_driver_only" {
+  command = plan
+
+  variables {
+    driver_environment = { VPC_AUTH_TYPE = "vpc" }
+  }
+
+  assert {
+    condition     = strcontains(output.driver_user_data, "echo 'VPC_AUTH_TYPE=vpc' >> /etc/environment")
+    error_message = "the driver bootstrap must write driver_environment"
+  }
+  assert {
+    condition     = !strcontains(output.worker_user_data, "VPC_AUTH_TYPE")
+    error_message = "workers must not get the driver's environment"
+  }
+}
+
 run "tags_cannot_override_discovery_tags" {
   command = plan
 

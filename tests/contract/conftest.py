@@ -1,0 +1,3 @@
+"""Contract suite: the emulator fixtures, so cloud providers run against their emulators here too."""
+
+from tests.emulator.fixtures import aws, azure, azure_server, gcp, gcp_server, hermetic_cloud_env, ibm, ibm_server, moto_proxy  # noqa: F401

@@ -1,0 +1,233 @@
+"""The HostDiscovery contract, one suite for every provider.
+
+Built-in (static, script), third-party (the example ``hostsfile`` plugin,
+found through its entry point), an in-memory fake (``ScriptedDiscovery``)
+and the four clouds against their emulators. Each case supplies how to
+build the provider, the snapshot it must return, and a broken variant that
+must fail with a DiscoveryError.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from cloud_elastic.errors import ConfigError, DiscoveryError, RetryableDiscoveryError
+from cloud_elastic.providers import registry
+from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery
+from tests.contract.scripted import ScriptedDiscovery
+from tests.emulator.fixtures import aws_options, azure_options, gcp_options, ibm_options
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass
+class Case:
+    cls: type[HostDiscovery]
+    options: dict[str, str]
+    expected: DiscoveredHosts
+    broken_options: dict[str, str] | None = None  # valid options whose find() must raise DiscoveryError
+    build: Callable[[int | None], HostDiscovery] | None = None  # for providers without an entry point
+    broken: Callable[[], HostDiscovery] | None = None
+    server: object | None = None  # the emulator, to check construction does no I/O
+    registered: bool = True
+    user_slots: frozenset[str] = frozenset()  # hosts the user wrote host:slots for: that count stays
+
+    def make(self, slots_per_host: int | None = None) -> HostDiscovery:
+        if self.build is not None:
+            return self.build(slots_per_host)
+        return self.cls.from_options(self.options, slots_per_host=slots_per_host)
+
+    def make_broken(self) -> HostDiscovery | None:
+        if self.broken is not None:
+            return self.broken()
+        if self.broken_options is not None:
+            return self.cls.from_options(self.broken_options)
+        return None
+
+
+_scenes: dict[tuple[str, int], object] = {}
+
+
+def _once(key: str, server: object, create: Callable[[], object]) -> object:
+    """Build a cloud scene once per emulator server (they live for the session)."""
+    slot = (key, id(server))
+    if slot not in _scenes:
+        _scenes[slot] = create()
+    return _scenes[slot]
+
+
+def _static(request, tmp_path: Path) -> Case:
+    return Case(registry.load("static"), {"hosts": "10.0.0.1:2,10.0.0.2"},
+                DiscoveredHosts(ready={"10.0.0.1": 2, "10.0.0.2": 1}), user_slots=frozenset({"10.0.0.1"}))
+
+
+def _script(request, tmp_path: Path) -> Case:
+    good, bad = tmp_path / "hosts.sh", tmp_path / "broken.sh"
+    good.write_text("#!/bin/sh\necho 10.0.0.1:4\necho 10.0.0.2\n")
+    bad.write_text("#!/bin/sh\necho 'no hosts today' >&2\nexit 3\n")
+    for path in (good, bad):
+        path.chmod(0o755)
+    return Case(registry.load("script"), {"path": str(good)}, DiscoveredHosts(ready={"10.0.0.1": 4, "10.0.0.2": 1}),
+                broken_options={"path": str(bad)}, user_slots=frozenset({"10.0.0.1"}))
+
+
+def _scripted(request, tmp_path: Path) -> Case:
+    snapshot = DiscoveredHosts(ready={"10.0.0.1": 2}, draining={"10.0.0.9": Drain(None, "scripted")})
+    return Case(ScriptedDiscovery, {"hosts": "10.0.0.1:2"}, snapshot, registered=False,
+                build=lambda sph: ScriptedDiscovery([snapshot], slots_per_host=sph),
+                broken=lambda: ScriptedDiscovery([RetryableDiscoveryError("scripted outage")]))
+
+
+def _hostsfile(request, tmp_path: Path) -> Case:
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps({"ready": {"10.0.0.1": 8}, "draining": {"10.0.0.2": {"reason": "maintenance",
+                                                                                  "deadline": 1767225600}}}))
+    expected = DiscoveredHosts(ready={"10.0.0.1": 8}, draining={"10.0.0.2": Drain(1767225600.0, "maintenance")})
+    return Case(registry.load("hostsfile"), {"path": str(path)}, expected,
+                broken_options={"path": str(tmp_path / "missing.json")})
+
+
+def _cloud(request, name: str, group: str, options: Callable, scene: Callable[[object], DiscoveredHosts]) -> Case:
+    """A cloud case: ``scene(server)`` builds the group once per emulator and returns the expected snapshot."""
+    server = request.getfixturevalue(name)
+    expected = _once(name, server, lambda: scene(server))
+    return Case(registry.load(name), options(server, group), expected,
+                broken_options=options(server, f"{group}-missing"), server=server)
+
+
+def _aws(request, tmp_path: Path) -> Case:
+    from tests.emulator.moto_env import make_group, set_member
+
+    def scene(proxy) -> DiscoveredHosts:
+        members = make_group(proxy.url, "contract", size=3, instance_type="g4dn.xlarge", cidr="10.70.1.0/24")
+        set_member("contract", members[2]["id"], lifecycle="Terminating:Wait")
+        return DiscoveredHosts(ready={m["ip"]: 1 for m in members[:2]},
+                               draining={members[2]["ip"]: Drain(None, "Terminating:Wait")})
+
+    return _cloud(request, "aws", "contract", aws_options, scene)
+
+
+def _gcp(request, tmp_path: Path) -> Case:
+    from tests.emulator.fake_gcp import Member
+
+    def scene(fake) -> DiscoveredHosts:
+        members = [Member(f"contract-{i}", "us-central1-a", ip=f"10.71.0.{i + 1}", accelerators=1) for i in range(3)]
+        members[2].action = "DELETING"
+        fake.add_group("proj-1", "contract", members, zone="us-central1-a")
+        return DiscoveredHosts(ready={"10.71.0.1": 1, "10.71.0.2": 1}, draining={"10.71.0.3": Drain(None, "DELETING")})
+
+    return _cloud(request, "gcp", "contract", gcp_options, scene)
+
+
+def _azure(request, tmp_path: Path) -> Case:
+    from tests.emulator.fake_azure import VM
+
+    def scene(fake) -> DiscoveredHosts:
+        vms = [VM(f"c{i}", ip=f"10.72.0.{i + 1}", size="Standard_NC6s_v3") for i in range(3)]
+        vms[2].provisioning = "Deleting"
+        fake.add_scale_set("sub-1", "rg-1", "contract", vms)
+        return DiscoveredHosts(ready={"10.72.0.1": 1, "10.72.0.2": 1}, draining={"10.72.0.3": Drain(None, "Deleting")})
+
+    return _cloud(request, "azure", "contract", azure_options, scene)
+
+
+def _ibm(request, tmp_path: Path) -> Case:
+    from tests.emulator.fake_ibm import Member
+
+    def scene(fake) -> DiscoveredHosts:
+        members = [Member(f"c{i}", ip=f"10.73.0.{i + 1}", profile="gx3-24x120x1l4") for i in range(3)]
+        members[2].membership = "deleting"
+        fake.add_group("grp-contract", members)
+        return DiscoveredHosts(ready={"10.73.0.1": 1, "10.73.0.2": 1},
+                               draining={"10.73.0.3": Drain(None, "membership deleting")})
+
+    return _cloud(request, "ibm", "grp-contract", ibm_options, scene)
+
+
+BUILDERS = {"static": _static, "script": _script, "scripted": _scripted, "hostsfile": _hostsfile,
+            "aws": _aws, "gcp": _gcp, "azure": _azure, "ibm": _ibm}
+
+
+@pytest.fixture(params=sorted(BUILDERS))
+def case(request, tmp_path) -> Case:
+    return BUILDERS[request.param](request, tmp_path)
+
+
+def test_find_returns_the_complete_snapshot(case):
+    discovery = case.make()
+    try:
+        snapshot = discovery.find()
+    finally:
+        discovery.close()
+    assert snapshot == case.expected
+    assert all(isinstance(s, int) and s >= 1 for s in snapshot.ready.values())
+    assert not set(snapshot.ready) & set(snapshot.draining)
+
+
+def test_find_is_idempotent(case):
+    discovery = case.make()
+    try:
+        assert discovery.find() == discovery.find()
+    finally:
+        discovery.close()
+
+
+def test_slots_per_host_wins_over_discovered_slots(case):
+    discovery = case.make(slots_per_host=3)
+    snapshot = discovery.find()
+    discovery.close()
+    # An explicit host:slots the user wrote (static list, script output) is not "discovered": it stays.
+    assert dict(snapshot.ready) == {h: case.expected.ready[h] if h in case.user_slots else 3 for h in case.expected.ready}
+    assert snapshot.draining == case.expected.draining
+
+
+def test_close_is_idempotent(case):
+    discovery = case.make()
+    discovery.find()
+    discovery.close()
+    discovery.close()
+
+
+def test_failure_is_a_one_line_discovery_error(case):
+    broken = case.make_broken()
+    if broken is None:
+        pytest.skip(f"{case.cls.name} has no failure mode at discovery time (validated up front)")
+    with pytest.raises(DiscoveryError) as err:
+        broken.find()
+    broken.close()
+    assert str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_option_is_a_config_error_naming_it(case):
+    with pytest.raises(ConfigError, match="no option 'bogus'"):
+        case.cls.from_options({**case.options, "bogus": "1"})
+
+
+def test_missing_required_option_is_a_config_error(case):
+    required = [o.name for o in case.cls.options if o.required]
+    assert required, "every provider needs at least one required option to know what to discover"
+    for name in required:
+        options = {k: v for k, v in case.options.items() if k != name}
+        with pytest.raises(ConfigError, match=repr(name)):
+            case.cls.from_options(options)
+
+
+def test_construction_does_no_io(case):
+    if case.server is None:
+        pytest.skip("no emulator to watch")
+    before = len(case.server.log)
+    case.cls.from_options(case.options)
+    assert len(case.server.log) == before
+
+
+def test_registered_under_its_own_name_and_describes_itself(case):
+    if case.registered:
+        assert registry.load(case.cls.name) is case.cls
+    assert case.cls.description
+    names = [o.name for o in case.cls.options]
+    assert len(names) == len(set(names)) and all(o.help for o in case.cls.options)

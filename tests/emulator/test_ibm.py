@@ -1,0 +1,130 @@
+"""The IBM provider: ibm-vpc's VpcV1 and IAM authenticator against a local VPC fake."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.errors import ConfigError, FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.providers.api import Drain
+from tests.emulator.fake_ibm import Member
+from tests.emulator.fixtures import ibm_options, provider
+
+pytestmark = pytest.mark.emulator
+
+BUSY = {"errors": [{"code": "service_unavailable", "message": "The service is busy."}], "trace": "t"}
+
+
+def _members(prefix: str, count: int, **kw) -> list[Member]:
+    return [Member(f"{prefix}-{i}", ip=f"10.60.{i // 250}.{i % 250 + 1}", **kw) for i in range(count)]
+
+
+def test_membership_and_instance_states_map_to_ready_draining_absent(ibm):
+    m = ibm.add_group("grp-states", _members("s", 9))
+    m[1].membership = "deleting"
+    m[2].membership = "unhealthy"
+    m[3].status, m[3].reasons = "stopped", ["stopped_by_preemption"]
+    m[4].status = "stopping"
+    m[5].membership = "pending"
+    m[6].status = "starting"
+    m[7].attachment = True  # address on primary_network_attachment
+    m[8].membership = "failed"
+
+    snapshot = provider("ibm", ibm_options(ibm, "grp-states")).find()
+
+    assert dict(snapshot.ready) == {m[0].ip: 2, m[7].ip: 2}  # gx2-16x128x2v100: 2 V100s
+    assert dict(snapshot.draining) == {
+        m[1].ip: Drain(None, "membership deleting"),
+        m[2].ip: Drain(None, "membership unhealthy"),
+        m[3].ip: Drain(None, "preempted"),
+        m[4].ip: Drain(None, "instance stopping"),
+        m[8].ip: Drain(None, "membership failed"),
+    }
+
+
+def test_slots_from_profiles_looked_up_once_and_slots_per_host_wins(ibm):
+    ibm.add_group("grp-slots", [Member("a", ip="10.61.0.1", profile="gx3-24x120x1l4"),
+                                Member("b", ip="10.61.0.2", profile="bx2-4x16")])
+    discovery = provider("ibm", ibm_options(ibm, "grp-slots"))
+    assert discovery.find().ready == {"10.61.0.1": 1, "10.61.0.2": 1}
+    discovery.find()
+    assert ibm.count("/instance/profiles/") == 2
+    assert ibm.count("/instance_groups/grp-slots$") == 1  # the group is checked once
+
+    ibm.reset()
+    assert set(provider("ibm", ibm_options(ibm, "grp-slots"), slots_per_host=4).find().ready.values()) == {4}
+    assert ibm.count("/instance/profiles/") == 0
+
+
+def test_pages_are_followed(ibm):
+    members = ibm.add_group("grp-paged", _members("p", 5))
+    snapshot = provider("ibm", ibm_options(ibm, "grp-paged", page_size="2")).find()
+    assert set(snapshot.ready) == {x.ip for x in members}
+    assert ibm.count("/memberships$") == 3 and ibm.count("/v1/instances$") == 3
+
+
+def test_a_thousand_instances_cost_twenty_calls_at_the_api_page_cap(ibm):
+    ibm.add_group("grp-large", _members("l", 1000))
+    discovery = provider("ibm", ibm_options(ibm, "grp-large"))
+    discovery.find()
+    ibm.reset()
+    assert len(discovery.find().ready) == 1000
+    assert ibm.count("/memberships$") == 10 and ibm.count("/v1/instances$") == 10 and len(ibm.log) == 20
+
+
+def test_429_then_success_is_retried_by_the_sdk(ibm):
+    members = ibm.add_group("grp-throttled", _members("t", 2))
+    ibm.fail("/memberships$", 1, 429, {"errors": [{"code": "too_many_requests", "message": "slow down"}]},
+             {"Retry-After": "0"})
+    assert set(provider("ibm", ibm_options(ibm, "grp-throttled")).find().ready) == {x.ip for x in members}
+    assert ibm.count("/memberships$") == 2
+
+
+def test_persistent_5xx_is_retryable_after_max_attempts(ibm):
+    ibm.add_group("grp-down", _members("d", 1))
+    ibm.fail("/v1/instances$", 100, 503, BUSY)
+    with pytest.raises(RetryableDiscoveryError, match="still failing after 2 attempts"):
+        provider("ibm", ibm_options(ibm, "grp-down", max_attempts="2")).find()
+    assert ibm.count("/v1/instances$") == 2
+
+
+def test_missing_group_is_fatal(ibm):
+    with pytest.raises(FatalDiscoveryError, match=r"HTTP 404: .*\(check the instance group ID and region\)$"):
+        provider("ibm", ibm_options(ibm, "no-such-group")).find()
+
+
+def test_api_key_iam_refuses_is_fatal(ibm, monkeypatch):
+    monkeypatch.setenv("IBMCLOUD_API_KEY", "revoked")
+    with pytest.raises(FatalDiscoveryError, match="IAM refused the API key"):
+        provider("ibm", ibm_options(ibm, "any")).find()
+    assert ibm.count("/v1/") == 0
+
+
+def test_missing_credentials_are_fatal_before_any_request(ibm, monkeypatch):
+    monkeypatch.delenv("IBMCLOUD_API_KEY")
+    with pytest.raises(FatalDiscoveryError, match="no IBM Cloud credentials; set IBMCLOUD_API_KEY"):
+        provider("ibm", ibm_options(ibm, "any")).find()
+    assert ibm.log == []
+
+
+def test_sdk_environment_configuration_is_honoured_and_a_refused_token_is_fatal(ibm, monkeypatch):
+    members = ibm.add_group("grp-env", _members("e", 1))
+    monkeypatch.delenv("IBMCLOUD_API_KEY")
+    monkeypatch.setenv("VPC_AUTH_TYPE", "bearerToken")
+    monkeypatch.setenv("VPC_BEARER_TOKEN", "a-token-from-elsewhere")
+    monkeypatch.setenv("VPC_URL", f"{ibm.url}/v1")
+    options = {"group": "grp-env", "region": "us-south"}  # no endpoint: VPC_URL applies
+    with pytest.raises(FatalDiscoveryError, match=r"HTTP 401: .*check the IBM Cloud API key"):
+        provider("ibm", options).find()
+    ibm.tokens.add("a-token-from-elsewhere")
+    assert set(provider("ibm", options).find().ready) == {members[0].ip}
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"region": "Dallas"}, "not a VPC region name"),
+    ({"page_size": "101"}, "between 1 and 100"),
+    ({"endpoint": "ftp://x"}, "must be an http"),
+    ({"max_attempts": "0"}, "between 1 and 20"),
+])
+def test_option_errors_are_config_errors(ibm, options, message):
+    with pytest.raises(ConfigError, match=message):
+        provider("ibm", {**ibm_options(ibm, "g"), **options})

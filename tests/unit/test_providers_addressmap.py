@@ -1,0 +1,53 @@
+"""``--address-map``: parsing and rewriting what any provider reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.errors import ConfigError, FatalDiscoveryError
+from cloud_elastic.providers.addressmap import AddressMappedDiscovery, map_address, parse_address_map
+from cloud_elastic.providers.api import DiscoveredHosts, Drain
+from tests.contract.scripted import ScriptedDiscovery
+
+
+def test_addresses_keep_their_offset_and_the_first_matching_rule_wins():
+    rules = parse_address_map(["10.20.1.0/24=127.0.1.0/24", "10.20.0.0/16=127.1.0.0/16", "10.9.9.9=127.0.0.9"])
+    assert map_address("10.20.1.7", rules) == "127.0.1.7"
+    assert map_address("10.20.3.4", rules) == "127.1.3.4"
+    assert map_address("10.9.9.9", rules) == "127.0.0.9"
+    assert map_address("192.168.0.1", rules) == "192.168.0.1"  # no rule: unchanged
+    assert map_address("gpu-node-1", rules) == "gpu-node-1"  # names pass through
+    assert map_address("fd00::1", parse_address_map(["fd00::/120=fd01::/120"])) == "fd01::1"
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("10.0.0.0/24", "expects FROM=TO"),
+    ("10.0.0.0/24=127.0.0.0/16", "same IP version and prefix length"),
+    ("10.0.0.0/24=::/120", "same IP version and prefix length"),
+    ("10.0.0.1/24=127.0.0.0/24", "has host bits set"),
+    ("ten=127.0.0.0/24", "does not appear to be"),
+])
+def test_bad_rules_are_config_errors(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_address_map([spec])
+
+
+def test_wrapper_maps_ready_and_draining_and_passes_errors_and_close_through():
+    inner = ScriptedDiscovery([
+        DiscoveredHosts(ready={"10.0.0.1": 4}, draining={"10.0.0.2": Drain(5.0, "Terminating:Wait")}),
+        FatalDiscoveryError("group gone"),
+    ])
+    wrapped = AddressMappedDiscovery(inner, parse_address_map(["10.0.0.0/24=127.0.3.0/24"]))
+    assert wrapped.find() == DiscoveredHosts(ready={"127.0.3.1": 4}, draining={"127.0.3.2": Drain(5.0, "Terminating:Wait")})
+    assert wrapped.name == "scripted"
+    with pytest.raises(FatalDiscoveryError, match="group gone"):
+        wrapped.find()
+    wrapped.close()
+    assert inner.closed == 1
+
+
+def test_two_hosts_mapped_onto_one_address_is_fatal():
+    inner = ScriptedDiscovery([DiscoveredHosts(ready={"10.0.0.1": 1, "127.0.3.1": 1})])
+    wrapped = AddressMappedDiscovery(inner, parse_address_map(["10.0.0.0/24=127.0.3.0/24"]))
+    with pytest.raises(FatalDiscoveryError, match="sends both"):
+        wrapped.find()

@@ -1,0 +1,56 @@
+"""``cloud-elastic providers`` and ``cloud-elastic discover`` output (the functions the CLI calls)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from cloud_elastic.errors import FatalDiscoveryError
+from cloud_elastic.providers.api import DiscoveredHosts, Drain
+from cloud_elastic.providers.inspect import discover, list_providers
+from tests.contract.scripted import ScriptedDiscovery
+
+SNAPSHOT = DiscoveredHosts(ready={"10.0.0.1": 4, "10.0.0.2": 4},
+                           draining={"10.0.0.3": Drain(1767225600.0, "Terminating:Wait")})
+
+
+def test_list_providers_shows_every_installed_provider_with_its_options():
+    out = io.StringIO()
+    list_providers(out)
+    text = out.getvalue()
+    for name in ("static", "script", "aws", "gcp", "azure", "ibm", "hostsfile"):
+        assert f"\n{name}\n" in f"\n{text}"
+    assert "-o group" in text and "(required)" in text and "(default 5)" in text
+    assert "-o path" in text  # the example plugin's option
+
+
+def test_discover_prints_a_table_with_ready_and_draining_hosts():
+    out = io.StringIO()
+    discovery = ScriptedDiscovery([SNAPSHOT])
+    assert discover(discovery, as_json=False, out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == ["HOST", "STATE", "SLOTS", "DEADLINE", "REASON"]
+    assert lines[1].split() == ["10.0.0.1", "ready", "4"]
+    assert lines[3].split() == ["10.0.0.3", "draining", "-", "2026-01-01T00:00:00Z", "Terminating:Wait"]
+    assert lines[-1] == "2 ready host(s), 8 slot(s); 1 draining"
+    assert discovery.closed == 1
+
+
+def test_discover_json_is_machine_readable():
+    out = io.StringIO()
+    assert discover(ScriptedDiscovery([SNAPSHOT]), as_json=True, out=out) == 0
+    assert json.loads(out.getvalue()) == {
+        "provider": "scripted",
+        "ready": {"10.0.0.1": 4, "10.0.0.2": 4},
+        "draining": {"10.0.0.3": {"reason": "Terminating:Wait", "deadline": 1767225600.0}},
+        "total_slots": 8,
+    }
+
+
+def test_discover_failure_is_one_line_on_stderr_and_exit_code_1():
+    out, err = io.StringIO(), io.StringIO()
+    discovery = ScriptedDiscovery([FatalDiscoveryError("AWS Auto Scaling group 'x' not found in region r")])
+    assert discover(discovery, as_json=False, out=out, err=err) == 1
+    assert out.getvalue() == ""
+    assert err.getvalue() == "cloud-elastic discover: error: AWS Auto Scaling group 'x' not found in region r\n"
+    assert discovery.closed == 1

@@ -1,0 +1,74 @@
+"""Which provider and options a command line selects (the cloud flag table, -o, --address-map)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cloud_elastic.errors import ConfigError
+from cloud_elastic.providers.addressmap import AddressMappedDiscovery
+from cloud_elastic.providers.aws import AWSAutoScalingGroup
+from cloud_elastic.providers.selection import CLOUD_FLAGS, add_discovery_arguments, build_discovery, selected_provider
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_discovery_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--aws-asg", "gpus"], ("aws", {"group": "gpus"})),
+    (["--aws-asg", "gpus", "--aws-region", "eu-west-1", "--aws-endpoint-url", "https://vpce.example"],
+     ("aws", {"group": "gpus", "region": "eu-west-1", "endpoint_url": "https://vpce.example"})),
+    (["--gcp-mig", "mig", "--gcp-project", "p", "--gcp-zone", "z"], ("gcp", {"group": "mig", "project": "p", "zone": "z"})),
+    (["--gcp-mig", "mig", "--gcp-project", "p", "--gcp-region", "r", "--gcp-endpoint", "https://psc.example"],
+     ("gcp", {"group": "mig", "project": "p", "region": "r", "endpoint": "https://psc.example"})),
+    (["--azure-vmss", "ss", "--azure-resource-group", "rg", "--azure-subscription", "s"],
+     ("azure", {"group": "ss", "resource_group": "rg", "subscription": "s"})),
+    (["--ibm-instance-group", "id", "--ibm-region", "us-south", "--ibm-endpoint", "https://private.example/v1"],
+     ("ibm", {"group": "id", "region": "us-south", "endpoint": "https://private.example/v1"})),
+    (["--provider", "aws", "-o", "group=g", "-o", "max_attempts=2"], ("aws", {"group": "g", "max_attempts": "2"})),
+    (["--aws-asg", "g", "-o", "max_attempts=2"], ("aws", {"group": "g", "max_attempts": "2"})),
+    (["--provider", "aws", "--aws-asg", "g"], ("aws", {"group": "g"})),
+    (["--provider", "aws", "--aws-region", "r", "-o", "group=g"], ("aws", {"group": "g", "region": "r"})),
+    (["--provider", "hostsfile", "-o", "path=/x.json"], ("hostsfile", {"path": "/x.json"})),
+    (["-H", "a:2,b"], ("static", {"hosts": "a:2,b"})),
+])
+def test_flags_map_to_provider_and_options(argv, expected):
+    assert selected_provider(_args(*argv)) == expected
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "no hosts: give -H/--hosts"),
+    (["--aws-asg", "a", "--gcp-mig", "b"], "choose one host source: aws / gcp were given"),
+    (["-H", "a", "--aws-asg", "b"], "choose one host source: static / aws"),
+    (["--aws-asg", "a", "--gcp-zone", "z"], "--gcp-zone needs --gcp-mig (or --provider gcp)"),
+    (["--provider", "hostsfile", "--aws-region", "r"], "--aws-region needs --aws-asg"),
+    (["--aws-asg", "a", "-o", "group=b"], "--aws-asg and -o group=... disagree"),
+    (["-H", "a", "-o", "x=1"], "-o/--provider-option needs --provider NAME or a cloud group flag"),
+    (["--provider", "aws", "-o", "novalue"], "-o expects KEY=VALUE"),
+])
+def test_ambiguous_or_misplaced_flags_are_config_errors(argv, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        selected_provider(_args(*argv))
+
+
+def test_every_cloud_flag_belongs_to_a_provider_with_a_selecting_flag_and_a_real_option():
+    from cloud_elastic.providers import registry
+
+    for flag in CLOUD_FLAGS:
+        cls = registry.load(flag.provider)
+        assert flag.option in {o.name for o in cls.options}, flag
+        assert any(f.selects and f.provider == flag.provider for f in CLOUD_FLAGS), flag
+
+
+def test_build_discovery_configures_the_provider_without_io_and_wraps_for_address_map():
+    discovery = build_discovery(_args("--aws-asg", "g", "--aws-region", "r", "--slots-per-host", "2"))
+    assert isinstance(discovery, AWSAutoScalingGroup)
+    assert (discovery.group, discovery.region) == ("g", "r")
+    mapped = build_discovery(_args("--aws-asg", "g", "--address-map", "10.0.0.0/8=127.0.0.0/8"))
+    assert isinstance(mapped, AddressMappedDiscovery) and isinstance(mapped.inner, AWSAutoScalingGroup)
+    with pytest.raises(ConfigError, match="--address-map"):
+        build_discovery(_args("-H", "a", "--address-map", "nonsense"))

@@ -1,0 +1,97 @@
+"""The state-mapping tables of the four cloud providers, row by row (pure functions, no SDK)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.providers import aws, azure, gcp, ibm
+from cloud_elastic.providers._common import ABSENT, READY, draining
+
+
+@pytest.mark.parametrize(("lifecycle", "health", "ec2", "verdict"), [
+    ("InService", "Healthy", "running", READY),
+    ("InService", "Unhealthy", "running", draining("Unhealthy")),
+    ("InService", "Healthy", "stopping", draining("EC2 stopping")),
+    ("InService", "Healthy", "stopped", draining("EC2 stopped")),
+    ("InService", "Healthy", "shutting-down", draining("EC2 shutting-down")),
+    ("InService", "Healthy", "pending", ABSENT),
+    ("InService", "Healthy", None, ABSENT),  # EC2 did not describe it (yet)
+    ("Terminating", "Healthy", "running", draining("Terminating")),
+    ("Terminating:Wait", "Healthy", "running", draining("Terminating:Wait")),
+    ("Terminating:Proceed", "Unhealthy", "running", draining("Terminating:Proceed")),
+    ("Detaching", "Healthy", "running", draining("Detaching")),
+    ("EnteringStandby", "Healthy", "running", draining("EnteringStandby")),
+    ("Standby", "Healthy", "running", draining("Standby")),
+    ("Pending", "Healthy", "pending", ABSENT),
+    ("Pending:Wait", "Healthy", "running", ABSENT),
+    ("Warmed:Running", "Healthy", "running", ABSENT),
+    ("Detached", "Healthy", "running", ABSENT),
+    ("Terminated", "Healthy", "terminated", ABSENT),
+])
+def test_aws(lifecycle, health, ec2, verdict):
+    assert aws.classify(lifecycle, health, ec2) == verdict
+
+
+@pytest.mark.parametrize(("action", "status", "health", "verdict"), [
+    ("NONE", "RUNNING", [], READY),
+    ("NONE", "RUNNING", ["HEALTHY"], READY),
+    ("NONE", "RUNNING", ["UNKNOWN"], READY),
+    ("REFRESHING", "RUNNING", [], READY),
+    ("DELETING", "RUNNING", [], draining("DELETING")),
+    ("ABANDONING", "RUNNING", [], draining("ABANDONING")),
+    ("RECREATING", "TERMINATED", [], draining("RECREATING")),
+    ("RESTARTING", "RUNNING", [], draining("RESTARTING")),
+    ("STOPPING", "RUNNING", [], draining("STOPPING")),
+    ("SUSPENDING", "RUNNING", [], draining("SUSPENDING")),
+    ("NONE", "STOPPING", [], draining("instance STOPPING")),
+    ("NONE", "TERMINATED", [], draining("instance TERMINATED")),  # a preempted Spot VM
+    ("NONE", "SUSPENDED", [], draining("instance SUSPENDED")),
+    ("NONE", "RUNNING", ["UNHEALTHY"], draining("unhealthy")),
+    ("NONE", "RUNNING", ["TIMEOUT"], draining("unhealthy")),
+    ("NONE", "RUNNING", ["DRAINING"], draining("draining")),
+    ("CREATING", "PROVISIONING", [], ABSENT),
+    ("CREATING_WITHOUT_RETRIES", "STAGING", [], ABSENT),
+    ("VERIFYING", "RUNNING", [], ABSENT),
+    ("STARTING", "STAGING", [], ABSENT),
+    ("NONE", "STAGING", [], ABSENT),
+])
+def test_gcp(action, status, health, verdict):
+    assert gcp.classify(action, status, health) == verdict
+
+
+@pytest.mark.parametrize(("provisioning", "codes", "verdict"), [
+    ("Succeeded", ["ProvisioningState/succeeded", "PowerState/running"], READY),
+    ("Updating", ["PowerState/running"], READY),
+    ("Succeeded", ["PowerState/running", "HealthState/healthy"], READY),
+    ("Succeeded", ["PowerState/running", "HealthState/unhealthy"], draining("unhealthy")),
+    ("Deleting", ["PowerState/running"], draining("Deleting")),
+    ("Failed", ["PowerState/running"], draining("provisioning Failed")),
+    ("Succeeded", ["PowerState/stopping"], draining("PowerState/stopping")),
+    ("Succeeded", ["PowerState/stopped"], draining("PowerState/stopped")),
+    ("Succeeded", ["PowerState/deallocating"], draining("PowerState/deallocating")),
+    ("Succeeded", ["PowerState/deallocated"], draining("PowerState/deallocated")),  # an evicted Spot VM
+    ("Creating", ["PowerState/starting"], ABSENT),
+    ("Succeeded", ["PowerState/starting"], ABSENT),
+    ("Succeeded", [], ABSENT),  # no instance view
+    ("Migrating", ["PowerState/running"], ABSENT),
+])
+def test_azure(provisioning, codes, verdict):
+    assert azure.classify(provisioning, codes) == verdict
+
+
+@pytest.mark.parametrize(("membership", "status", "reasons", "lifecycle", "verdict"), [
+    ("healthy", "running", [], "stable", READY),
+    ("deleting", "running", [], "stable", draining("membership deleting")),
+    ("failed", "running", [], "stable", draining("membership failed")),
+    ("unhealthy", "running", [], "stable", draining("membership unhealthy")),
+    ("healthy", "stopped", ["stopped_by_preemption"], "stable", draining("preempted")),
+    ("healthy", "stopping", [], "stable", draining("instance stopping")),
+    ("healthy", "stopped", [], "stable", draining("instance stopped")),
+    ("healthy", "restarting", [], "stable", draining("instance restarting")),
+    ("healthy", "running", [], "deleting", draining("instance deleting")),
+    ("pending", "starting", [], "pending", ABSENT),
+    ("healthy", "pending", [], "pending", ABSENT),
+    ("healthy", "starting", [], "stable", ABSENT),
+])
+def test_ibm(membership, status, reasons, lifecycle, verdict):
+    assert ibm.classify(membership, status, reasons, lifecycle) == verdict
