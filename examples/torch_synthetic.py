@@ -34,6 +34,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=20, help="print progress every N steps (rank 0)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (slows demos down)")
     p.add_argument("--timing", action="store_true", help="print one JSON line of step timings at the end")
+    p.add_argument("--step-log", action="store_true", help="rank 0 prints a STEPLOG JSON line per step (benchmarks)")
     p.add_argument("--ddp", action="store_true", help="train with plain torch DDP instead of cloud-elastic")
     return p.parse_args()
 
@@ -99,6 +100,8 @@ def train_elastic(args: argparse.Namespace) -> None:
             if state.step % args.commit_every == 0:
                 state.commit()
             step_times.append(time.perf_counter() - t0)
+            if args.step_log and hvd.rank() == 0:
+                print("STEPLOG " + json.dumps({"step": state.step, "t": time.time(), "size": hvd.size()}), flush=True)
             if hvd.rank() == 0 and state.step % args.log_every == 0:
                 print(f"step {state.step}/{args.steps}  loss {loss.item():.4f}  workers {hvd.size()}", flush=True)
         return float(loss.item())

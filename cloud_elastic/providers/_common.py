@@ -221,9 +221,6 @@ class SlotCache:
         """Whether ``instance_type`` needs no lookup."""
         return self._fixed is not None or instance_type in self._cache
 
-    def clear(self) -> None:
-        self._cache.clear()
-
 
 class CloudGroupProvider(HostDiscovery, abc.ABC):
     """Base of the cloud providers: lazy SDK modules and one translation point for SDK errors.

@@ -188,8 +188,8 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         """One DescribeInstanceTypes call for the types not seen before (up to 100 per call).
 
         A batch the API rejects as naming an unknown type is retried type by
-        type, so one odd type cannot hide the GPUs of the others; the odd one
-        gets 1 slot (see :meth:`_gpus_of`).
+        type, so one odd type cannot hide the GPUs of the others; a type the
+        API does not know gets 1 slot, with one warning.
         """
         unknown = sorted(t for t in types if not self._slots.known(t))
         for start in range(0, len(unknown), 100):

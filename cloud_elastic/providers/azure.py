@@ -160,7 +160,8 @@ class AzureScaleSet(CloudGroupProvider):
     def _clients(self) -> dict[str, Any]:
         if self._api is None:
             sdk = self.sdk
-            credential = self._credential or sdk["identity"].DefaultAzureCredential()
+            owned = None if self._credential else sdk["identity"].DefaultAzureCredential()
+            credential = self._credential or owned
             kwargs: dict[str, Any] = {
                 "retry_total": self.max_attempts - 1,
                 "connection_timeout": self.timeout_s,
@@ -173,6 +174,7 @@ class AzureScaleSet(CloudGroupProvider):
                 "network": sdk["network"].NetworkManagementClient(credential, self.subscription, **kwargs),
                 # Bearer tokens over plain http are refused by azure-core; from_options allows that on loopback only.
                 "call": {"enforce_https": False} if (self.endpoint or "").startswith("http://") else {},
+                "owned_credential": owned,
             }
         return self._api
 
@@ -249,6 +251,8 @@ class AzureScaleSet(CloudGroupProvider):
         if self._api is not None:
             self._api["compute"].close()
             self._api["network"].close()
+            if self._api["owned_credential"] is not None:
+                self._api["owned_credential"].close()
         self._api = None
 
 

@@ -110,6 +110,7 @@ class WorkerContext:
         self._store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="cloud-elastic-heartbeat", daemon=True)
         self._heartbeat.start()
+        _preload_lazy_modules()
         reason = "start"
         while True:
             try:
@@ -296,6 +297,20 @@ class WorkerContext:
             self._seen_abort = max(self._seen_abort, int(reply.get("abort_round", 0)))
             if reply.get("shutdown"):
                 return
+
+
+def _preload_lazy_modules() -> None:
+    """Import what torch loads lazily on a job's first optimizer step, before joining.
+
+    ``torch.optim`` imports ``torch._dynamo`` on the first ``step()`` (seconds).
+    A worker joining a running job would otherwise do that while everyone else
+    waits for it in the first allreduce; done here, it happens before the
+    running workers are even asked to admit it.
+    """
+    try:
+        import torch._dynamo  # noqa: F401
+    except ImportError:  # a build without dynamo has nothing to preload
+        pass
 
 
 _CONTEXT: WorkerContext | None = None

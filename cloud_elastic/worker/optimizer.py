@@ -30,6 +30,8 @@ from cloud_elastic.worker.context import get_context
 __all__ = ["DistributedOptimizer"]
 
 _BUCKET_BYTES = 25 * 1024 * 1024
+#: The first bucket is small, as in DDP, so communication starts early in backward.
+_FIRST_BUCKET_BYTES = 1024 * 1024
 
 
 class _Bucket:
@@ -74,6 +76,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_round = -1
         self._ce_synchronized = False
         self._ce_skip = False
+        self._ce_before_update: list[Any] = []
+        self._ce_param_ptrs = frozenset(p.data_ptr() for p in all_params)
         for p in all_params:
             p.register_post_accumulate_grad_hook(self._ce_hook)
 
@@ -129,6 +133,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         ctx = get_context()
         self._ce_launch_ready(force=True)  # buckets whose params got no gradient this step
+        self._ce_run_before_update()  # deferred commit copies overlap the allreduces in flight
         size = ctx.info.size
         for bucket in self._ce_buckets:
             ctx.wait(bucket.work, "gradient allreduce")
@@ -154,9 +159,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._ce_skip = False
 
+    def _ce_run_before_update(self) -> None:
+        for hook in self._ce_before_update:
+            hook()
+
     def step(self, closure: Any = None) -> Any:
         if not self._ce_skip:
             self.synchronize()
+        self._ce_run_before_update()
         result = super(self.__class__, self).step(closure)
         self._ce_clear()
         return result
@@ -169,7 +179,8 @@ def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_
     size = 0
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
-        if current and (size + nbytes > bucket_bytes or p.dtype != current[0].dtype or p.device != current[0].device):
+        cap = min(bucket_bytes, _FIRST_BUCKET_BYTES) if not buckets else bucket_bytes
+        if current and (size + nbytes > cap or p.dtype != current[0].dtype or p.device != current[0].device):
             buckets.append(_Bucket(current, carries_flag=not buckets))
             current, size = [], 0
         current.append(p)

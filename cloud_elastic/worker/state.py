@@ -85,16 +85,33 @@ class ObjectState(State):
 
 
 class _Snapshot:
-    """A nested copy of a state dict whose tensors live in reused buffers."""
+    """A nested copy of a state dict whose tensors live in reused buffers.
+
+    Tensors whose storage is listed in ``deferred`` (parameters and optimizer
+    state, which only the optimizer step modifies) are not copied at save
+    time: the copy is queued and done by :meth:`flush`, which runs before the
+    next optimizer update, while that step's gradient allreduce is in flight.
+    Everything else (buffers such as BatchNorm statistics, scalars, learning
+    rates) is copied at once.
+    """
 
     def __init__(self) -> None:
         self._value: Any = None
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def save(self, value: Any) -> None:
-        if self._value is None or not _copy_into(self._value, value):
+    def save(self, value: Any, deferred: frozenset[int] = frozenset()) -> None:
+        self._pending = []
+        if self._value is None or not _copy_into(self._value, value, deferred, self._pending):
+            self._pending = []
             self._value = _clone(value)
 
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for dst, src in pending:
+            dst.copy_(src)
+
     def load(self) -> Any:
+        self.flush()
         return _clone(self._value)
 
 
@@ -110,19 +127,22 @@ def _clone(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-def _copy_into(dst: Any, src: Any) -> bool:
+def _copy_into(dst: Any, src: Any, deferred: frozenset[int], pending: list) -> bool:
     """Copy ``src`` into ``dst`` in place; False if the structure differs (caller re-clones)."""
     if isinstance(src, torch.Tensor):
         if not isinstance(dst, torch.Tensor) or dst.shape != src.shape or dst.dtype != src.dtype or dst.device != src.device:
             return False
-        dst.copy_(src.detach())
+        if src.data_ptr() in deferred:
+            pending.append((dst, src.detach()))
+        else:
+            dst.copy_(src.detach())
         return True
     if isinstance(src, dict):
         if not isinstance(dst, dict) or dst.keys() != src.keys():
             return False
         for k, v in src.items():
             if isinstance(v, (torch.Tensor, dict, list, tuple)):
-                if not _copy_into(dst[k], v):
+                if not _copy_into(dst[k], v, deferred, pending):
                     return False
             elif dst[k] != v:
                 dst[k] = copy.deepcopy(v)
@@ -131,10 +151,12 @@ def _copy_into(dst: Any, src: Any) -> bool:
         if type(dst) is not type(src) or len(dst) != len(src):
             return False
         if isinstance(src, tuple):
-            return all(_copy_into(d, s) if isinstance(s, torch.Tensor) else d == s for d, s in zip(dst, src))
+            return all(
+                _copy_into(d, s, deferred, pending) if isinstance(s, torch.Tensor) else d == s for d, s in zip(dst, src)
+            )
         for i, v in enumerate(src):
             if isinstance(v, (torch.Tensor, dict, list, tuple)):
-                if not _copy_into(dst[i], v):
+                if not _copy_into(dst[i], v, deferred, pending):
                     return False
             elif dst[i] != v:
                 dst[i] = copy.deepcopy(v)
@@ -146,15 +168,20 @@ class _ModelHandler:
     def __init__(self, model: torch.nn.Module) -> None:
         self.value = model
         self._snap = _Snapshot()
+        self.deferred: frozenset[int] = frozenset()  # set by TorchState when a DistributedOptimizer updates it
         self.save()
 
     def save(self) -> None:
-        self._snap.save(self.value.state_dict())
+        self._snap.save(self.value.state_dict(), self.deferred)
+
+    def flush(self) -> None:
+        self._snap.flush()
 
     def restore(self) -> None:
         self.value.load_state_dict(self._snap.load())
 
     def sync(self) -> None:
+        self._snap.flush()
         collectives.broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
@@ -164,13 +191,26 @@ class _OptimizerHandler:
         self._snap = _Snapshot()
         self.save()
 
+    @property
+    def distributed(self) -> bool:
+        return hasattr(self.value, "_ce_before_update")
+
     def save(self) -> None:
-        self._snap.save(self.value.state_dict())
+        state = self.value.state_dict()
+        deferred: frozenset[int] = frozenset()
+        if self.distributed:
+            # Optimizer state tensors change only in step(), which flushes first.
+            deferred = frozenset(t.data_ptr() for s in state["state"].values() for t in s.values() if isinstance(t, torch.Tensor))
+        self._snap.save(state, deferred)
+
+    def flush(self) -> None:
+        self._snap.flush()
 
     def restore(self) -> None:
         self.value.load_state_dict(self._snap.load())
 
     def sync(self) -> None:
+        self._snap.flush()
         collectives.broadcast_optimizer_state(self.value, root_rank=0)
 
 
@@ -222,7 +262,24 @@ class TorchState(ObjectState):
         object.__setattr__(self, "_handlers", handlers)
         for name, handler in handlers.items():
             object.__setattr__(self, name, handler.value)
+        self._defer_copies_to_optimizer_step()
         super().__init__(**plain)
+
+    def _defer_copies_to_optimizer_step(self) -> None:
+        """Let a DistributedOptimizer take the commit copies off the critical path.
+
+        Parameters and optimizer state change only in the optimizer's step, so
+        their copies may wait until just before it, where they overlap the
+        gradient allreduce. Model parameters it does not update, buffers and
+        everything else are still copied at commit time.
+        """
+        for opt in (h for h in self._handlers.values() if isinstance(h, _OptimizerHandler) and h.distributed):
+            params = opt.value._ce_param_ptrs
+            for handler in self._handlers.values():
+                if isinstance(handler, _ModelHandler):
+                    handler.deferred = params
+                if isinstance(handler, (_ModelHandler, _OptimizerHandler)):
+                    opt.value._ce_before_update.append(handler.flush)
 
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})

@@ -110,7 +110,8 @@ def test_persistent_5xx_is_retryable_and_bounded_by_the_deadline(gcp):
     gcp.fail("/instances$", 100, 503, BUSY)
     with pytest.raises(RetryableDiscoveryError, match="still failing after retrying for 1s"):
         provider("gcp", gcp_options(gcp, "down", retry_deadline_s="1")).find()
-    assert 2 <= gcp.count("/instances$") <= 4  # back-off 0.5 s, then 1 s: no hammering
+    # Full-jitter back-off (up to 0.5 s, 1 s, 2 s...) within a 1 s deadline: a handful of attempts, not a storm.
+    assert 2 <= gcp.count("/instances$") <= 6
 
 
 @pytest.mark.parametrize("options", [

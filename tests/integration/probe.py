@@ -45,6 +45,7 @@ def main() -> None:
     p.add_argument("--sampler", type=int, default=0, help="train over an ElasticSampler of this many samples")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--min-resets", type=int, default=0, help="keep training past --steps/--epochs until this many resets")
     args = p.parse_args()
 
     hvd.init()
@@ -60,7 +61,7 @@ def main() -> None:
         sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
         loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
         extra["sampler"] = sampler
-    state = hvd.elastic.TorchState(model, optimizer, step=0, epoch=0, **extra)
+    state = hvd.elastic.TorchState(model, optimizer, step=0, epoch=0, resets=-1, **extra)
     mine = os.environ.get("CLOUD_ELASTIC_WORKER_ID", "").startswith(args.only_slot)
 
     def on_reset() -> None:
@@ -87,13 +88,15 @@ def main() -> None:
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
+        # Entered once per round, after the state sync, so every rank counts alike.
+        state.resets += 1
         if sampler is None:
-            while state.step < args.steps:
+            while state.step < args.steps or state.resets < args.min_resets:
                 one_step()
                 state.commit()
                 event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
             return
-        for state.epoch in range(state.epoch, args.epochs):
+        while True:
             sampler.set_epoch(state.epoch)
             for batch_idx, (batch,) in enumerate(loader):
                 one_step()
@@ -102,6 +105,9 @@ def main() -> None:
                       indices=sampler.get_indices(batch_idx, args.batch_size))
                 state.commit()
                 event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
+            if state.epoch + 1 >= args.epochs and state.resets >= args.min_resets:
+                return
+            state.epoch += 1
 
     train(state)
     event("done", rank=hvd.rank(), size=hvd.size(), step=state.step, checksum=checksum(model))

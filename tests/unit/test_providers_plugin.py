@@ -1,0 +1,36 @@
+"""The example plugin (examples/plugin): found through its entry point, and its failure modes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cloud_elastic.errors import FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.providers import registry
+from cloud_elastic.providers.api import DiscoveredHosts, Drain
+
+
+def _hostsfile(tmp_path, content: str):
+    path = tmp_path / "hosts.json"
+    path.write_text(content)
+    return registry.load("hostsfile").from_options({"path": str(path)})
+
+
+def test_the_plugin_is_an_installed_provider_of_its_own_package():
+    cls = registry.load("hostsfile")
+    assert cls.__module__ == "cloud_elastic_hostsfile" and cls.name == "hostsfile"
+
+
+def test_a_bare_reason_string_is_a_drain_without_deadline(tmp_path):
+    discovery = _hostsfile(tmp_path, json.dumps({"ready": {"a": 2}, "draining": {"b": "spot notice"}}))
+    assert discovery.find() == DiscoveredHosts(ready={"a": 2}, draining={"b": Drain(None, "spot notice")})
+
+
+def test_a_half_written_file_is_retryable_and_a_wrong_shape_is_fatal(tmp_path):
+    with pytest.raises(RetryableDiscoveryError, match="not valid JSON"):
+        _hostsfile(tmp_path, '{"ready": {"a": 2').find()
+    with pytest.raises(FatalDiscoveryError, match="expected"):
+        _hostsfile(tmp_path, '["a", "b"]').find()
+    with pytest.raises(FatalDiscoveryError, match="invalid slot count"):
+        _hostsfile(tmp_path, '{"ready": {"a": 0}}').find()
