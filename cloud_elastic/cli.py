@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from typing import Sequence
@@ -154,11 +155,7 @@ def _cmd_discover(args: argparse.Namespace) -> int:
     from cloud_elastic.providers.selection import build_discovery
 
     _setup_logging(args.verbose)
-    discovery = build_discovery(args)
-    try:
-        return discover(discovery, as_json=args.json, out=sys.stdout)
-    finally:
-        discovery.close()
+    return discover(build_discovery(args), as_json=args.json, out=sys.stdout)  # discover() closes it
 
 
 def _cmd_providers(args: argparse.Namespace) -> int:
@@ -188,6 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CloudElasticError as exc:
         sys.stderr.write(f"cloud-elastic: error: {exc}\n")
         return 1
+    except BrokenPipeError:
+        # `cloud-elastic providers | head`: the reader left; that is not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

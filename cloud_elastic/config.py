@@ -7,11 +7,15 @@ Environment variables the driver reads are read here and nowhere else
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from cloud_elastic.errors import ConfigError
 
-__all__ = ["JobConfig", "SSHConfig", "env_default", "ENV_ELASTIC_TIMEOUT"]
+__all__ = ["JobConfig", "SSHConfig", "env_default", "ENV_ELASTIC_TIMEOUT", "SSH_OPTION"]
+
+#: What an ``--ssh-option`` must look like: ``Key=Value`` or ``Key Value`` (passed as ``ssh -o``).
+SSH_OPTION = re.compile(r"([A-Za-z][A-Za-z0-9]*)(\s*=\s*|\s+)\S")
 
 #: Environment variable that sets the default of ``--elastic-timeout`` (Horovod's name).
 ENV_ELASTIC_TIMEOUT = "HOROVOD_ELASTIC_TIMEOUT"
@@ -45,6 +49,9 @@ class SSHConfig:
             raise ConfigError(f"--ssh-port must be 1-65535, got {self.port}")
         if self.identity_file is not None and not os.path.isfile(self.identity_file):
             raise ConfigError(f"--ssh-identity-file {self.identity_file!r} does not exist")
+        for option in self.extra_options:
+            if not SSH_OPTION.match(option):
+                raise ConfigError(f"--ssh-option {option!r} must look like Key=Value (it is passed as ssh -o)")
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ import threading
 import time
 from collections import deque
 
-from cloud_elastic.config import SSHConfig
+from cloud_elastic.config import SSH_OPTION, SSHConfig
 from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 from cloud_elastic.driver.launch import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.local import forward_lines
@@ -55,7 +55,7 @@ SECRET_ENV = "CLOUD_ELASTIC_SECRET"
 
 _MARKER = "CLOUD_ELASTIC_EXIT"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_SSH_OPTION = re.compile(r"([A-Za-z][A-Za-z0-9]*)(\s*=\s*|\s+)\S")
+_SSH_OPTION = SSH_OPTION
 _SERVER_ALIVE_INTERVAL_S = 5
 _SERVER_ALIVE_COUNT_MAX = 3
 _KILL_WAIT_S = 1.0

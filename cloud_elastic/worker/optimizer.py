@@ -117,7 +117,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 view = bucket.flat[off : off + p.numel()]
                 if p.grad is None:
                     view.zero_()
-                else:
+                elif p.grad.data_ptr() != view.data_ptr():  # not already accumulated in place
                     view.copy_(p.grad.reshape(-1))
             if bucket.carries_flag:
                 bucket.flat[-1] = 1.0 if ctx.update_pending() else 0.0
@@ -141,11 +141,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._ce_average and size > 1:
                 grads.div_(size)
             for p, off in zip(bucket.params, bucket.offsets):
-                reduced = grads[off : off + p.numel()].view_as(p)
-                if p.grad is None:
-                    p.grad = reduced.clone()
-                else:
-                    p.grad.copy_(reduced)
+                # The averaged gradient is handed over as a view of the bucket: no copy
+                # back. zero_grad() drops it (or zeroes it in place, which then
+                # accumulates straight into the bucket) before the next backward.
+                p.grad = grads[off : off + p.numel()].view_as(p)
             if bucket.carries_flag:
                 ctx.carry_update_flag(float(bucket.flat[-1].item()))
         self._ce_synchronized = True

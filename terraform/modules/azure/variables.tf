@@ -58,7 +58,7 @@ variable "gpu_vm_size" {
 
 variable "gpus_per_instance" {
   type        = number
-  description = "GPUs per worker VM; sets -np, --min-np and --max-np in the printed command line."
+  description = "GPUs per worker VM; sets --slots-per-host, -np, --min-np and --max-np in the printed command line."
   default     = 1
 }
 

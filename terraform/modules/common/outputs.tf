@@ -20,7 +20,7 @@ output "driver_user_data" {
 
 output "cli_args" {
   description = "Cloud-independent tail of the cloud-elastic run line: sizes, SSH settings and the training command."
-  value       = "-np ${local.np} --min-np ${local.min_np} --max-np ${local.max_np} --ssh-user ${var.ssh_user} --ssh-identity-file ${var.ssh_identity_file} ${var.training_command}"
+  value       = "-np ${local.np} --min-np ${local.min_np} --max-np ${local.max_np} --slots-per-host ${var.gpus_per_instance} --ssh-user ${var.ssh_user} --ssh-identity-file ${var.ssh_identity_file} ${var.training_command}"
 }
 
 output "ssh_public_key" {

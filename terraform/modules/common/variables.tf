@@ -46,7 +46,7 @@ variable "desired_size" {
 
 variable "gpus_per_instance" {
   type        = number
-  description = "GPUs on each worker instance; with the group sizes it sets -np, --min-np and --max-np in the printed command line."
+  description = "GPUs on each worker instance; with the group sizes it sets --slots-per-host, -np, --min-np and --max-np in the printed command line."
   default     = 1
 
   validation {

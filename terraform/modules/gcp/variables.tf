@@ -76,7 +76,7 @@ variable "gpu_type" {
 
 variable "gpus_per_instance" {
   type        = number
-  description = "GPUs attached to each worker; also sets -np, --min-np and --max-np in the printed command line."
+  description = "GPUs attached to each worker; also sets --slots-per-host, -np, --min-np and --max-np in the printed command line."
   default     = 1
 }
 

@@ -56,7 +56,7 @@ variable "gpu_profile" {
 
 variable "gpus_per_instance" {
   type        = number
-  description = "GPUs per worker instance; sets -np, --min-np and --max-np in the printed command line."
+  description = "GPUs per worker instance; sets --slots-per-host, -np, --min-np and --max-np in the printed command line."
   default     = 1
 }
 
