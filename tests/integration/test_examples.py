@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -34,3 +35,19 @@ def test_a_worker_script_also_runs_standalone_without_the_launcher():
     )
     assert out.returncode == 0, out.stderr
     assert "done: 10 steps" in out.stdout and "1 worker(s) at the end" in out.stdout
+
+
+def test_collectives_and_gradient_averaging_across_workers(jobs):
+    # Two "hosts": 127.0.0.1 with two slots and 127.0.0.2 with one.
+    job = jobs(["run", "-np", "3", "-H", "127.0.0.1:2,127.0.0.2:1", sys.executable, "tests/integration/collectives_check.py"])
+    # The script does not use elastic.run, so, as documented, its workers never report
+    # completion and exiting 0 counts as failing.
+    assert job.finish() == 1, job.output()
+    assert "before its training function returned" in job.lines[-1]
+    rows = [json.loads(line.split("CHECK ", 1)[1]) for line in job.lines if "CHECK " in line]
+    assert sorted(r["rank"] for r in rows) == [0, 1, 2], job.output()
+    for row in rows:
+        for name in ("gradient_average", "allreduce_average", "allreduce_sum", "allgather_ragged", "broadcast_object", "broadcast"):
+            assert row[name] is True, (name, row)
+        # rank: (local_rank, local_size, cross_rank, cross_size)
+        assert row["topology"] == [[0, 2, 0, 2], [1, 2, 0, 1], [0, 1, 1, 2]]
