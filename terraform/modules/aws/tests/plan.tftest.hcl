@@ -161,7 +161,7 @@ run "outputs_give_the_cli_line" {
   command = apply
 
   assert {
-    condition     = output.cli_command == "cloud-elastic run --aws-asg demo-workers --aws-region eu-west-1 -np 2 --min-np 1 --max-np 4 --ssh-user ubuntu --ssh-identity-file ~/.ssh/cloud-elastic python train.py"
+    condition     = output.cli_command == "cloud-elastic run --aws-asg demo-workers --aws-region eu-west-1 -np 2 --min-np 1 --max-np 4 --slots-per-host 1 --ssh-user ubuntu --ssh-identity-file ~/.ssh/cloud-elastic python train.py"
     error_message = "unexpected cli_command: ${output.cli_command}"
   }
   assert {

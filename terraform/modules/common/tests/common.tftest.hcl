@@ -39,7 +39,7 @@ run "cli_args_follow_the_sizes" {
   }
 
   assert {
-    condition     = output.cli_args == "-np 32 --min-np 16 --max-np 64 --ssh-user ubuntu --ssh-identity-file ~/.ssh/cloud-elastic python train.py --epochs 3"
+    condition     = output.cli_args == "-np 32 --min-np 16 --max-np 64 --slots-per-host 8 --ssh-user ubuntu --ssh-identity-file ~/.ssh/cloud-elastic python train.py --epochs 3"
     error_message = "cli_args: ${output.cli_args}"
   }
 }
