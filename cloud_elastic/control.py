@@ -58,6 +58,7 @@ class Codec:
         self.job_id = job_id
         self._clock = clock
         self._seen: dict[str, float] = {}
+        self._prune_at = 4096
         self._lock = threading.Lock()
 
     def sign(self, body: bytes) -> str:
@@ -77,7 +78,8 @@ class Codec:
         """Verify and parse ``body``; raise ControlPlaneError with a one-line reason."""
         if len(body) > MAX_BODY:
             raise ControlPlaneError(f"message of {len(body)} bytes exceeds the {MAX_BODY}-byte limit")
-        if not signature or not hmac.compare_digest(self.sign(body), signature.strip()):
+        given = (signature or "").strip().encode("latin-1", "replace")
+        if not given or not hmac.compare_digest(self.sign(body).encode(), given):
             raise ControlPlaneError("bad or missing signature")
         try:
             message = json.loads(body)
@@ -100,7 +102,9 @@ class Codec:
                 raise ControlPlaneError("replayed message")
             # Remember a nonce for as long as its timestamp is acceptable, not merely since arrival.
             self._seen[nonce] = max(now, float(ts))
-            if len(self._seen) > 4096:
+            if len(self._seen) > self._prune_at:
                 horizon = now - MAX_CLOCK_SKEW_S
                 self._seen = {n: t for n, t in self._seen.items() if t >= horizon}
+                # Many workers keep many nonces live; prune again only when the cache doubles.
+                self._prune_at = max(4096, 2 * len(self._seen))
         return message

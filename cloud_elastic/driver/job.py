@@ -245,10 +245,16 @@ class ElasticJob:
         # A repeated long-poll for the same round changes nothing; once the
         # worker has been assigned a newer round, it waits for that reply.
         if w.round <= last_round and w.status is not WorkerStatus.WAITING:
+            was_member = w.status is WorkerStatus.RUNNING and w.round == self.round
             w.status = WorkerStatus.WAITING
             w.rdzv_reason = reason
             if reason == "failure":
                 self._failure_since_round = True
+                if was_member:
+                    # Its collective failed without anyone dying (a broken link, a group
+                    # that could not form): its peers may still be blocked on it, and its
+                    # old group is kept open, so only an abort releases them.
+                    self._abort_round()
         self._step(now)
 
     def assignment(self, worker_id: str) -> Assignment | ExitOrder | None:

@@ -50,6 +50,8 @@ class ControlServer:
 
         class _Request(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # A peer that connects and never sends its body must not hold a thread forever.
+            timeout = 60
 
             def log_message(self, fmt: str, *args: Any) -> None:
                 log.debug("control plane: " + fmt, *args)
@@ -107,7 +109,9 @@ class ControlServer:
             message = self._codec.decode(body, req.headers.get(SIGNATURE_HEADER))
             if message["kind"] != kind:
                 raise ControlPlaneError(f"message kind {message['kind']!r} does not match path {kind!r}")
-            reply = self._handler(kind, message)
+            # A reply names the request it answers, so it cannot be replayed to
+            # another worker or for another request.
+            reply = dict(self._handler(kind, message), re=message["nonce"], to=message.get("worker"))
         except ControlPlaneError as exc:
             self._reject(req, 401 if "signature" in str(exc) else 400, str(exc))
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 from typing import Any
 
 from cloud_elastic.control import SIGNATURE_HEADER, Codec
@@ -28,6 +29,7 @@ class DriverClient:
 
     def call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
         body, signature = self._codec.encode(kind, dict(payload or {}, worker=self._worker_id))
+        nonce = json.loads(body)["nonce"]
         for attempt in (1, 2):  # one retry for a keep-alive connection the server closed
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
@@ -45,12 +47,15 @@ class DriverClient:
                 if attempt == 2:
                     raise
                 body, signature = self._codec.encode(kind, dict(payload or {}, worker=self._worker_id))
+                nonce = json.loads(body)["nonce"]
             except OSError:
                 self.close()
                 raise
         if resp.status != 200:
             raise ControlPlaneError(f"driver refused {kind}: HTTP {resp.status} {data[:200].decode(errors='replace')}")
         reply = self._codec.decode(data, resp.getheader(SIGNATURE_HEADER))
+        if reply.get("kind") != kind or reply.get("re") != nonce or reply.get("to") != self._worker_id:
+            raise ControlPlaneError(f"the driver's {kind} reply does not answer this request")
         return reply
 
     def close(self) -> None:

@@ -103,13 +103,15 @@ class WorkerContext:
         self._codec = Codec(self._secret, self.job_id)
         os.environ.pop("CLOUD_ELASTIC_SECRET", None)  # not inherited by the user's own children
         self._client = DriverClient(self._driver_addr, self._codec, self.worker_id)
-        reply = self._client.call("register")
+        reply = self._call("register")
         if not reply.get("ok"):
             raise WorkerRemoved("the driver does not know this worker")
-        host, _, port = self._store_addr.rpartition(":")
-        self._store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
+        # Heartbeats start at once: the driver counts silence from registration on,
+        # and connecting to the store can wait for the driver's own torch import.
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="cloud-elastic-heartbeat", daemon=True)
         self._heartbeat.start()
+        host, _, port = self._store_addr.rpartition(":")
+        self._store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
         _preload_lazy_modules()
         reason = "start"
         while True:
@@ -134,9 +136,7 @@ class WorkerContext:
         last_round = self._attempted_round
         self._last_reason = reason
         while True:
-            reply = self._client.call(
-                "rendezvous", {"last_round": last_round, "reason": reason}, timeout_s=60.0
-            )
+            reply = self._call("rendezvous", {"last_round": last_round, "reason": reason}, timeout_s=60.0)
             status = reply.get("status")
             if status == "assigned":
                 break
@@ -151,7 +151,20 @@ class WorkerContext:
     def report_completed(self) -> None:
         """Tell the driver the training function returned on this worker."""
         if self._client is not None:
-            self._client.call("completed", {"round": self.info.round if self.info else 0})
+            self._call("completed", {"round": self.info.round if self.info else 0})
+
+    def _call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
+        """A control-plane call that rides out a network blip (these calls are idempotent on the driver)."""
+        assert self._client is not None
+        deadline = time.monotonic() + 3 * self.heartbeat_timeout_s
+        while True:
+            try:
+                return self._client.call(kind, payload, timeout_s=timeout_s)
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("worker %s: %s to the driver failed (%s); retrying", self.worker_id, kind, exc)
+                time.sleep(0.2)
 
     def close(self) -> None:
         self._shutdown.set()

@@ -256,6 +256,26 @@ def test_member_failure_aborts_round_and_survivors_resync_in_order(status: ExitS
     assert sim.job.resets == 1
 
 
+def test_member_reporting_a_failed_collective_aborts_the_round_for_its_peers() -> None:
+    # Nobody died: one worker's collective failed (a broken link, a group that would not
+    # form). Its peers may be blocked on it, and only an abort releases them.
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=2)
+    assert sim.poll("b[0]").abort_round == 0
+    assert sim.join("a[0]", reason="failure") == {"a[0]": None}
+    assert sim.poll("b[0]").abort_round == 1
+    replies = sim.join("b[0]", "c[0]", reason="failure")
+    assert_round({**replies, "a[0]": sim.reply("a[0]")}, 2, needs_sync=True)
+    assert sim.layout() == ["a[0]", "b[0]", "c[0]"]
+
+
+def test_member_leaving_for_an_update_does_not_abort_the_round() -> None:
+    sim = started(2, {"a": 2}, max_np=3)
+    sim.discover({"a": 2, "b": 1})
+    sim.join("b[0]")
+    sim.join("a[0]", reason="update")
+    assert sim.poll("a[1]").abort_round == 0
+
+
 def test_newcomer_on_added_host_requests_update_and_joins_with_sync() -> None:
     sim = started(2, {"a": 2}, max_np=3)
     sim.discover({"a": 2, "b": 1})
