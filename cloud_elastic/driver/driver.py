@@ -10,6 +10,7 @@ process stops) ever runs under it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -91,11 +92,6 @@ class Driver:
                 self._stop_reason = (reason, exit_code)
             self._cond.notify_all()
 
-    @property
-    def control_port(self) -> int:
-        assert self._server is not None
-        return self._server.port
-
     def run(self) -> Finish:
         """Run the job to its end; always stops every worker it started."""
         try:
@@ -171,7 +167,7 @@ class Driver:
         while True:
             with self._cond:
                 if self._stop_reason is not None and self._job.outcome is None:
-                    self._job._finish(False, self._stop_reason[0], self._stop_reason[1])
+                    self._job.stop(*self._stop_reason)
                 self._job.tick(self._clock())
                 actions = self._job.take_actions()
                 outcome = self._job.outcome
@@ -315,12 +311,10 @@ class Driver:
                 break
             self._cond.wait(min(0.5, deadline - self._clock()))
         if isinstance(reply, Assignment):
-            r = reply.ranks
-            return {
-                "status": "assigned", "round": reply.round, "rank": r.rank, "size": r.size,
-                "local_rank": r.local_rank, "local_size": r.local_size, "cross_rank": r.cross_rank,
-                "cross_size": r.cross_size, "needs_sync": reply.needs_sync, "update_gen": reply.update_gen,
-            }
+            return dict(
+                dataclasses.asdict(reply.ranks), status="assigned", round=reply.round,
+                needs_sync=reply.needs_sync, update_gen=reply.update_gen,
+            )
         if isinstance(reply, ExitOrder):
             return {"status": "exit", "reason": reply.reason}
         return {"status": "wait"}
@@ -344,14 +338,12 @@ class Driver:
     def _shutdown(self) -> None:
         if self._poller is not None:
             self._poller.close()
-        procs = list(self._procs.values())
-        stoppers = [
-            threading.Thread(target=p.terminate, args=(self.config.terminate_grace_s,), daemon=True) for p in procs
-        ]
-        for t in stoppers + self._stoppers:
-            if not t.is_alive() and t in stoppers:
-                t.start()
-        for t in stoppers + self._stoppers:
+        for proc in self._procs.values():  # stopped in parallel, each TERM then KILL
+            self._stoppers.append(
+                threading.Thread(target=proc.terminate, args=(self.config.terminate_grace_s,), daemon=True)
+            )
+            self._stoppers[-1].start()
+        for t in self._stoppers:
             t.join(self.config.terminate_grace_s + 5)
         self._procs.clear()
         for launcher in self._launchers.values():

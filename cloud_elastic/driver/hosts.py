@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Mapping
-
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 __all__ = ["Slot", "Blacklist", "HostChanges", "HostManager"]
@@ -129,7 +127,3 @@ class HostManager:
             for i in range(self.ready[host])
         ]
         return [s for s in slots if not self.blacklist.blocked(s, now)]
-
-    def snapshot_counts(self) -> Mapping[str, int]:
-        """Ready hosts and their slots (for logs)."""
-        return dict(self.ready)

@@ -190,6 +190,9 @@ class ElasticJob:
     _update_for_round: int = -1
     _finishing_since: float | None = None
     _last_failure: str = ""
+    _ranks: dict[str, RankInfo] | None = None  # of the current round
+    _needs_sync: bool = True
+    _round_update_gen: int = 0
 
     # ------------------------------------------------------------------ events
     def start(self, now: float) -> None:
@@ -323,6 +326,10 @@ class ElasticJob:
         """Periodic check: heartbeats, timeouts, launches, rounds."""
         self._step(now)
 
+    def stop(self, reason: str, exit_code: int) -> None:
+        """End the job from outside (a signal): every worker is to be stopped."""
+        self._finish(False, reason, exit_code)
+
     # --------------------------------------------------------------- queries
     def take_actions(self) -> list[Action]:
         """Return and forget the queued actions."""
@@ -334,10 +341,6 @@ class ElasticJob:
         return w.rank if w is not None else None
 
     # ---------------------------------------------------------------- internals
-    _ranks: dict[str, RankInfo] | None = None
-    _needs_sync: bool = True
-    _round_update_gen: int = 0
-
     def _alive(self) -> list[WorkerRecord]:
         return [w for w in self.workers.values() if w.alive]
 

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.control import Codec
+from cloud_elastic.driver.planner import RankInfo
 from cloud_elastic.worker.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
 
@@ -46,16 +47,10 @@ _ABORT_SLICE_S = 0.05
 
 
 @dataclass(frozen=True)
-class RoundInfo:
-    """This worker's place in the current rendezvous round."""
+class RoundInfo(RankInfo):
+    """This worker's place in the current rendezvous round: its ranks, plus the round's facts."""
 
     round: int
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
     needs_sync: bool
     update_gen: int
 
@@ -98,7 +93,7 @@ class WorkerContext:
     def start(self) -> None:
         """Register with the driver, start heartbeats and join the first round."""
         if self.standalone:
-            self._form_group(RoundInfo(1, 0, 1, 0, 1, 0, 1, False, 0))
+            self._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=1, needs_sync=False, update_gen=0))
             return
         self._codec = Codec(self._secret, self.job_id)
         os.environ.pop("CLOUD_ELASTIC_SECRET", None)  # not inherited by the user's own children

@@ -164,15 +164,21 @@ def _copy_into(dst: Any, src: Any, deferred: frozenset[int], pending: list) -> b
     return dst == src
 
 
-class _ModelHandler:
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.value = model
+class _SnapshotHandler:
+    """Keeps a reused-buffer snapshot of one object's ``state_dict()``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
         self._snap = _Snapshot()
-        self.deferred: frozenset[int] = frozenset()  # set by TorchState when a DistributedOptimizer updates it
         self.save()
 
+    def deferred(self, state: Any) -> frozenset[int]:
+        """Storages whose copy may wait for the next optimizer update (none by default)."""
+        return frozenset()
+
     def save(self) -> None:
-        self._snap.save(self.value.state_dict(), self.deferred)
+        state = self.value.state_dict()
+        self._snap.save(state, self.deferred(state))
 
     def flush(self) -> None:
         self._snap.flush()
@@ -182,48 +188,50 @@ class _ModelHandler:
 
     def sync(self) -> None:
         self._snap.flush()
+        self._broadcast()
+
+    def _broadcast(self) -> None:
+        raise NotImplementedError
+
+
+class _ModelHandler(_SnapshotHandler):
+    #: Parameters a DistributedOptimizer updates; set by TorchState.
+    updated_by_optimizer: frozenset[int] = frozenset()
+
+    def deferred(self, state: Any) -> frozenset[int]:
+        return self.updated_by_optimizer
+
+    def _broadcast(self) -> None:
         collectives.broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class _OptimizerHandler:
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.value = optimizer
-        self._snap = _Snapshot()
-        self.save()
-
+class _OptimizerHandler(_SnapshotHandler):
     @property
     def distributed(self) -> bool:
         return hasattr(self.value, "_ce_before_update")
 
-    def save(self) -> None:
-        state = self.value.state_dict()
-        deferred: frozenset[int] = frozenset()
-        if self.distributed:
-            # Optimizer state tensors change only in step(), which flushes first.
-            deferred = frozenset(t.data_ptr() for s in state["state"].values() for t in s.values() if isinstance(t, torch.Tensor))
-        self._snap.save(state, deferred)
+    def deferred(self, state: Any) -> frozenset[int]:
+        if not self.distributed:
+            return frozenset()
+        # Optimizer state tensors change only in step(), which flushes first.
+        return frozenset(t.data_ptr() for s in state["state"].values() for t in s.values() if isinstance(t, torch.Tensor))
 
-    def flush(self) -> None:
-        self._snap.flush()
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._snap.load())
-
-    def sync(self) -> None:
-        self._snap.flush()
+    def _broadcast(self) -> None:
         collectives.broadcast_optimizer_state(self.value, root_rank=0)
 
 
 class _SamplerHandler:
+    # state_dict() returns a fresh set and load_state_dict() copies it again, so no
+    # further copying is needed here (a deepcopy of a large set per commit is slow).
     def __init__(self, sampler: Any) -> None:
         self.value = sampler
-        self._saved = copy.deepcopy(sampler.state_dict())
+        self._saved = sampler.state_dict()
 
     def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
+        self._saved = self.value.state_dict()
 
     def restore(self) -> None:
-        self.value.load_state_dict(copy.deepcopy(self._saved))
+        self.value.load_state_dict(self._saved)
 
     def sync(self) -> None:
         # record_batch accounts for every worker, so rank 0's view is complete.
@@ -277,7 +285,7 @@ class TorchState(ObjectState):
             params = opt.value._ce_param_ptrs
             for handler in self._handlers.values():
                 if isinstance(handler, _ModelHandler):
-                    handler.deferred = params
+                    handler.updated_by_optimizer = params
                 if isinstance(handler, (_ModelHandler, _OptimizerHandler)):
                     opt.value._ce_before_update.append(handler.flush)
 
