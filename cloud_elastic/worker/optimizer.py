@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from cloud_elastic.worker import zerocopy
 from cloud_elastic.worker.context import get_context
 
 __all__ = ["DistributedOptimizer"]
@@ -76,8 +77,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_round = -1
         self._ce_synchronized = False
         self._ce_skip = False
-        self._ce_before_update: list[Any] = []
-        self._ce_param_ptrs = frozenset(p.data_ptr() for p in all_params)
+        #: Snapshots of a TorchState holding this optimizer's commits (see state._SnapshotHandler).
+        self._ce_snapshots: list[Any] = []
+        self._ce_params = all_params
         for p in all_params:
             p.register_post_accumulate_grad_hook(self._ce_hook)
 
@@ -133,7 +135,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         ctx = get_context()
         self._ce_launch_ready(force=True)  # buckets whose params got no gradient this step
-        self._ce_run_before_update()  # deferred commit copies overlap the allreduces in flight
+        # Deferred commit copies overlap the allreduces in flight; those a zero-copy update will fill stay queued.
+        keep = zerocopy.tradeable_ptrs(self) if zerocopy.swap_update_for(self) is not None else frozenset()
+        for snapshot in self._ce_snapshots:
+            snapshot.flush(keep)
         size = ctx.info.size
         for bucket in self._ce_buckets:
             ctx.wait(bucket.work, "gradient allreduce")
@@ -158,15 +163,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._ce_skip = False
 
-    def _ce_run_before_update(self) -> None:
-        for hook in self._ce_before_update:
-            hook()
+    def _ce_param_ptrs(self) -> frozenset[int]:
+        """Where this optimizer's parameters live now (zero-copy commits alternate two storages)."""
+        return frozenset(p.data_ptr() for p in self._ce_params)
 
     def step(self, closure: Any = None) -> Any:
+        # This class's step() is already wrapped by torch's step-hook machinery; call the
+        # wrapped class's step() unwrapped, or every step pre/post hook would run twice.
+        base_step = type(self).__mro__[1].step
+        if getattr(base_step, "hooked", False):
+            base_step = base_step.__wrapped__
         if not self._ce_skip:
             self.synchronize()
-        self._ce_run_before_update()
-        result = super(self.__class__, self).step(closure)
+        update = zerocopy.swap_update_for(self) if closure is None else None
+        taken: dict[int, Any] = {}
+        if update is not None:
+            ptrs = zerocopy.tradeable_ptrs(self)
+            for snapshot in self._ce_snapshots:
+                taken.update(snapshot.take(ptrs))
+        for snapshot in self._ce_snapshots:
+            snapshot.flush()
+        if taken:
+            assert update is not None
+            update(self, taken)
+            result = None
+        else:
+            result = base_step(self, closure)
         self._ce_clear()
         return result
 

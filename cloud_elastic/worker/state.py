@@ -90,9 +90,10 @@ class _Snapshot:
     Tensors whose storage is listed in ``deferred`` (parameters and optimizer
     state, which only the optimizer step modifies) are not copied at save
     time: the copy is queued and done by :meth:`flush`, which runs before the
-    next optimizer update, while that step's gradient allreduce is in flight.
-    Everything else (buffers such as BatchNorm statistics, scalars, learning
-    rates) is copied at once.
+    next optimizer update, while that step's gradient allreduce is in flight,
+    or the update takes the queued buffers with :meth:`take` and fills them
+    without a copy (see ``zerocopy``). Everything else (buffers such as
+    BatchNorm statistics, scalars, learning rates) is copied at once.
     """
 
     def __init__(self) -> None:
@@ -105,10 +106,27 @@ class _Snapshot:
             self._pending = []
             self._value = _clone(value)
 
-    def flush(self) -> None:
+    def flush(self, keep: frozenset[int] = frozenset()) -> None:
+        """Do the queued copies, except those of storages in ``keep`` (left queued)."""
         pending, self._pending = self._pending, []
         for dst, src in pending:
-            dst.copy_(src)
+            if src.data_ptr() in keep:
+                self._pending.append((dst, src))
+            else:
+                dst.copy_(src)
+
+    def take(self, ptrs: frozenset[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Hand the queued copies of storages in ``ptrs`` (one per storage) to the caller, who fills them."""
+        taken: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        rest = []
+        for dst, src in self._pending:
+            ptr = src.data_ptr()
+            if ptr in ptrs and ptr not in taken:
+                taken[ptr] = (dst, src)
+            else:
+                rest.append((dst, src))
+        self._pending = rest
+        return taken
 
     def load(self) -> Any:
         self.flush()
@@ -180,8 +198,11 @@ class _SnapshotHandler:
         state = self.value.state_dict()
         self._snap.save(state, self.deferred(state))
 
-    def flush(self) -> None:
-        self._snap.flush()
+    def flush(self, keep: frozenset[int] = frozenset()) -> None:
+        self._snap.flush(keep)
+
+    def take(self, ptrs: frozenset[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        return self._snap.take(ptrs)
 
     def restore(self) -> None:
         self.value.load_state_dict(self._snap.load())
@@ -195,11 +216,12 @@ class _SnapshotHandler:
 
 
 class _ModelHandler(_SnapshotHandler):
-    #: Parameters a DistributedOptimizer updates; set by TorchState.
-    updated_by_optimizer: frozenset[int] = frozenset()
+    #: The DistributedOptimizer that updates this model's parameters, if any; set by TorchState.
+    optimizer: Any = None
 
     def deferred(self, state: Any) -> frozenset[int]:
-        return self.updated_by_optimizer
+        # Asked at every save: zero-copy commits move parameters between two storages.
+        return self.optimizer._ce_param_ptrs() if self.optimizer is not None else frozenset()
 
     def _broadcast(self) -> None:
         collectives.broadcast_parameters(self.value.state_dict(), root_rank=0)
@@ -208,7 +230,7 @@ class _ModelHandler(_SnapshotHandler):
 class _OptimizerHandler(_SnapshotHandler):
     @property
     def distributed(self) -> bool:
-        return hasattr(self.value, "_ce_before_update")
+        return hasattr(self.value, "_ce_snapshots")
 
     def deferred(self, state: Any) -> frozenset[int]:
         if not self.distributed:
@@ -278,16 +300,17 @@ class TorchState(ObjectState):
 
         Parameters and optimizer state change only in the optimizer's step, so
         their copies may wait until just before it, where they overlap the
-        gradient allreduce. Model parameters it does not update, buffers and
-        everything else are still copied at commit time.
+        gradient allreduce, or be skipped when the step writes its results
+        into the snapshot's spare buffers (SGD, see ``zerocopy``). Model
+        parameters it does not update, buffers and everything else are still
+        copied at commit time.
         """
         for opt in (h for h in self._handlers.values() if isinstance(h, _OptimizerHandler) and h.distributed):
-            params = opt.value._ce_param_ptrs
             for handler in self._handlers.values():
                 if isinstance(handler, _ModelHandler):
-                    handler.updated_by_optimizer = params
+                    handler.optimizer = opt.value
                 if isinstance(handler, (_ModelHandler, _OptimizerHandler)):
-                    opt.value._ce_before_update.append(handler.flush)
+                    opt.value._ce_snapshots.append(handler)
 
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})
