@@ -1,0 +1,121 @@
+"""ElasticSampler bookkeeping across shrink and grow, worker by worker, in one process.
+
+Each "worker" is a sampler whose view of its rank and the worker count comes
+from a small context object (the sampler only reads ``ctx.info.rank/size``);
+the real multi-process path is covered by
+tests/integration/test_membership.py. Here the arithmetic is checked over
+many shapes: every index processed exactly once per epoch, padding never
+recorded, committed progress restored exactly.
+"""
+
+from __future__ import annotations
+
+import pickle
+from types import SimpleNamespace
+
+import pytest
+
+from cloud_elastic.worker import sampler as sampler_module
+from cloud_elastic.worker.sampler import ElasticSampler
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Workers:
+    """Samplers of ``size`` lockstep workers; ``resize`` is a reset to another size."""
+
+    def __init__(self, monkeypatch, dataset_len: int, size: int, **kwargs) -> None:
+        self._current = SimpleNamespace(info=SimpleNamespace(rank=0, size=size))
+        monkeypatch.setattr(sampler_module, "get_context", lambda: self._current)
+        self.dataset = list(range(dataset_len))
+        self.kwargs = kwargs
+        self.samplers: list[ElasticSampler] = []
+        self.resize(size, base=None)
+
+    def _as(self, rank: int, size: int):
+        self._current = SimpleNamespace(info=SimpleNamespace(rank=rank, size=size))
+
+    def resize(self, size: int, base: ElasticSampler | None) -> None:
+        """A reset: every new worker loads the state of ``base`` (rank 0's, as sync does)."""
+        state = pickle.loads(pickle.dumps(base.state_dict())) if base is not None else None
+        self.samplers = []
+        for rank in range(size):
+            self._as(rank, size)
+            s = ElasticSampler(self.dataset, **self.kwargs)
+            if state is not None:
+                s.load_state_dict(state)
+            self.samplers.append(s)
+
+    def run_batches(self, n: int, batch_size: int, seen: list[int]) -> None:
+        """Every worker takes its next ``n`` batches (real samples go to ``seen``) and records them."""
+        for b in range(n):
+            for rank, s in enumerate(self.samplers):
+                self._as(rank, len(self.samplers))
+                seen.extend(s.get_indices(b, batch_size))
+            for rank, s in enumerate(self.samplers):
+                self._as(rank, len(self.samplers))
+                s.record_batch(b, batch_size)
+
+
+@pytest.mark.parametrize("dataset_len,batch_size", [(103, 4), (64, 8), (10, 3)])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_every_index_is_processed_once_across_shrink_and_grow(monkeypatch, dataset_len, batch_size, shuffle):
+    workers = _Workers(monkeypatch, dataset_len, 3, shuffle=shuffle, seed=5)
+    seen: list[int] = []
+    workers.run_batches(2, batch_size, seen)
+    workers.resize(2, base=workers.samplers[0])  # shrink
+    workers.run_batches(1, batch_size, seen)
+    workers.resize(4, base=workers.samplers[0])  # grow
+    while len(workers.samplers[0]) > 0:
+        batches = -(-len(workers.samplers[0]) // batch_size)
+        workers.run_batches(batches, batch_size, seen)
+        workers.resize(4, base=workers.samplers[0])
+    assert sorted(seen) == list(range(dataset_len))
+    assert workers.samplers[0].processed_indices == set(range(dataset_len))
+
+
+def test_restoring_a_commit_forgets_later_batches_only(monkeypatch):
+    workers = _Workers(monkeypatch, 50, 2, seed=1)
+    s = workers.samplers[0]
+    s.record_batch(0, 5)
+    committed = s.state_dict()
+    done = s.processed_indices
+    assert len(done) == 10  # batch 0 of both workers
+    s.record_batch(1, 5)
+    s.record_batch(2, 5)
+    assert len(s.processed_indices) == 30
+    s.load_state_dict(committed)
+    assert s.processed_indices == done
+    assert not done & set(s)  # the remaining shard excludes what was committed
+
+
+def test_commits_do_not_copy_progress_proportional_to_the_dataset(monkeypatch):
+    workers = _Workers(monkeypatch, 100_000, 1, seed=1)
+    s = workers.samplers[0]
+    for b in range(50):
+        s.record_batch(b, 32)
+    state = s.state_dict()
+    assert state["done_spans"] == [(0, 1600)]
+    assert state["order"] is s.state_dict()["order"]  # shared, not copied per commit
+    assert len(s.processed_indices) == 1600
+
+
+def test_horovod_state_dict_form_loads_and_a_new_epoch_starts_empty(monkeypatch):
+    workers = _Workers(monkeypatch, 20, 1, shuffle=False)
+    s = workers.samplers[0]
+    s.load_state_dict({"epoch": 0, "processed_indices": {0, 1, 2, 19}})
+    assert list(s)[:2] == [3, 4] and 19 not in list(s)
+    s.record_indices([3])
+    s.set_epoch(0)  # re-entered after a reset: progress kept
+    assert s.processed_indices == {0, 1, 2, 3, 19}
+    s.set_epoch(1)
+    assert s.processed_indices == set() and len(s) == 20
+
+
+def test_padding_is_never_recorded(monkeypatch):
+    # 7 samples over 3 workers: shards of 3, the last two slots pad with the first samples.
+    workers = _Workers(monkeypatch, 7, 3, shuffle=False)
+    last = [s.get_indices(2, 1) for s in workers.samplers]
+    assert last == [[6], [], []]
+    workers.samplers[0].record_batch(2, 1)  # only the batch holding the padding
+    assert workers.samplers[0].processed_indices == {6}
