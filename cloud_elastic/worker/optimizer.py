@@ -1,15 +1,19 @@
 """``DistributedOptimizer``: gradient averaging that overlaps the backward pass.
 
-Like DDP's reducer, gradients are packed into buckets (about 25 MB, the last
-layers first, since their gradients are ready first); a bucket's
+Like DDP's reducer, small gradients are packed into buckets (about 25 MB,
+the last layers first, since their gradients are ready first); a bucket's
 asynchronous allreduce starts from a gradient hook as soon as all of its
 gradients are accumulated, while backward continues on earlier layers.
+A gradient of at least 1 MiB is not packed: it is allreduced in place, in
+the tensor autograd produced, because copying it into a bucket is a full
+extra read and write of it every step (DDP pays that copy; one collective
+per large tensor costs less than the copy).
 Buckets are always launched in the same order on every worker (a ready
 bucket waits for the ones before it), because Gloo matches collectives by
 the order they are issued. ``step()`` waits for the buckets, writes the
 averaged gradients back and runs the wrapped optimizer.
 
-Bucket 0 carries one extra element: this worker's "membership update
+The first packed bucket carries one extra element: this worker's "membership update
 pending" flag. Its sum tells every worker the same thing at the same step,
 so ``commit()`` needs no collective of its own to agree on whether to
 interrupt (see :meth:`WorkerContext.updates_agreed`).
@@ -33,10 +37,19 @@ __all__ = ["DistributedOptimizer"]
 _BUCKET_BYTES = 25 * 1024 * 1024
 #: The first bucket is small, as in DDP, so communication starts early in backward.
 _FIRST_BUCKET_BYTES = 1024 * 1024
+#: Gradients this large are allreduced in place instead of being copied into a bucket.
+_SOLO_BYTES = 1024 * 1024
 
 
 class _Bucket:
-    def __init__(self, params: list[torch.nn.Parameter], carries_flag: bool) -> None:
+    """Parameters whose gradients are allreduced together.
+
+    A packed bucket copies its gradients into ``flat`` and reduces that; a
+    solo bucket holds one large parameter and reduces its ``.grad`` in place
+    (``flat`` is None).
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], carries_flag: bool, solo: bool = False) -> None:
         self.params = params
         self.offsets: list[int] = []
         total = 0
@@ -45,10 +58,36 @@ class _Bucket:
             total += p.numel()
         self.numel = total
         self.carries_flag = carries_flag
-        self.flat = torch.zeros(total + (1 if carries_flag else 0), dtype=params[0].dtype, device=params[0].device)
+        self.solo = solo
+        self.flat: torch.Tensor | None = None
+        if not solo:
+            self.flat = torch.zeros(total + (1 if carries_flag else 0), dtype=params[0].dtype, device=params[0].device)
+        #: The tensor whose allreduce is in flight: ``flat``, or a solo parameter's gradient.
+        self.reduced: torch.Tensor | None = None
         self.ready = 0
         self.work: Any = None
         self.launched = False
+
+    def launch_tensor(self, update_flag: float) -> torch.Tensor:
+        """Gather this step's gradients into the tensor to allreduce and return it."""
+        if self.solo:
+            p = self.params[0]
+            grad = p.grad
+            if grad is None:  # no gradient this step: contribute zeros, as packed buckets do
+                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            elif grad.is_sparse or not grad.is_contiguous():
+                p.grad = grad.to_dense().contiguous()
+            return p.grad
+        assert self.flat is not None
+        for p, off in zip(self.params, self.offsets):
+            view = self.flat[off : off + p.numel()]
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():  # not already accumulated in place
+                view.copy_(p.grad.reshape(-1))
+        if self.carries_flag:
+            self.flat[-1] = update_flag
+        return self.flat
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -94,6 +133,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for bucket in self._ce_buckets:
             bucket.ready = 0
             bucket.work = None
+            bucket.reduced = None
             bucket.launched = False
         self._ce_counts.clear()
         self._ce_next = 0
@@ -115,15 +155,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             bucket = self._ce_buckets[self._ce_next]
             if not force and bucket.ready < len(bucket.params):
                 return
-            for p, off in zip(bucket.params, bucket.offsets):
-                view = bucket.flat[off : off + p.numel()]
-                if p.grad is None:
-                    view.zero_()
-                elif p.grad.data_ptr() != view.data_ptr():  # not already accumulated in place
-                    view.copy_(p.grad.reshape(-1))
-            if bucket.carries_flag:
-                bucket.flat[-1] = 1.0 if ctx.update_pending() else 0.0
-            bucket.work = ctx.pg.allreduce([bucket.flat])
+            bucket.reduced = bucket.launch_tensor(1.0 if bucket.carries_flag and ctx.update_pending() else 0.0)
+            bucket.work = ctx.pg.allreduce([bucket.reduced])
             bucket.launched = True
             self._ce_next += 1
 
@@ -142,16 +175,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         size = ctx.info.size
         for bucket in self._ce_buckets:
             ctx.wait(bucket.work, "gradient allreduce")
-            grads = bucket.flat[: bucket.numel]
+            assert bucket.reduced is not None
+            grads = bucket.reduced if bucket.solo else bucket.reduced[: bucket.numel]
             if self._ce_average and size > 1:
                 grads.div_(size)
-            for p, off in zip(bucket.params, bucket.offsets):
-                # The averaged gradient is handed over as a view of the bucket: no copy
-                # back. zero_grad() drops it (or zeroes it in place, which then
-                # accumulates straight into the bucket) before the next backward.
-                p.grad = grads[off : off + p.numel()].view_as(p)
+            if bucket.solo:
+                bucket.params[0].grad = grads  # reduced in place: already the parameter's gradient
+            else:
+                for p, off in zip(bucket.params, bucket.offsets):
+                    # The averaged gradient is handed over as a view of the bucket: no copy
+                    # back. zero_grad() drops it (or zeroes it in place, which then
+                    # accumulates straight into the bucket) before the next backward.
+                    p.grad = grads[off : off + p.numel()].view_as(p)
             if bucket.carries_flag:
-                ctx.carry_update_flag(float(bucket.flat[-1].item()))
+                ctx.carry_update_flag(float(bucket.reduced[-1].item()))
+            bucket.reduced = None
         self._ce_synchronized = True
 
     @contextlib.contextmanager
@@ -193,23 +231,39 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return result
 
 
-def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_Bucket]:
-    """Reverse registration order (gradients of the last layers are ready first)."""
+def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, solo_bytes: int = _SOLO_BYTES) -> list[_Bucket]:
+    """Reverse registration order (gradients of the last layers are ready first).
+
+    A parameter of at least ``solo_bytes`` gets a solo bucket of its own; the
+    others are packed. The first packed bucket of a floating-point dtype
+    carries the membership flag; with none (every gradient is large), the
+    commit's membership check costs its own one-element allreduce instead.
+    """
     buckets: list[_Bucket] = []
     current: list[torch.nn.Parameter] = []
     size = 0
+    flag_placed = False
+
+    def close() -> None:
+        nonlocal current, size, flag_placed
+        if current:
+            carries = not flag_placed and current[0].is_floating_point()
+            flag_placed = flag_placed or carries
+            buckets.append(_Bucket(current, carries_flag=carries))
+            current, size = [], 0
+
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
+        if nbytes >= solo_bytes:
+            close()
+            buckets.append(_Bucket([p], carries_flag=False, solo=True))
+            continue
         cap = min(bucket_bytes, _FIRST_BUCKET_BYTES) if not buckets else bucket_bytes
         if current and (size + nbytes > cap or p.dtype != current[0].dtype or p.device != current[0].device):
-            buckets.append(_Bucket(current, carries_flag=not buckets))
-            current, size = [], 0
+            close()
         current.append(p)
         size += nbytes
-    if current:
-        buckets.append(_Bucket(current, carries_flag=not buckets))
-    if buckets and not buckets[0].params[0].is_floating_point():
-        buckets[0].carries_flag = False
+    close()
     return buckets
 
 

@@ -223,3 +223,39 @@ def test_step_hooks_run_once_per_step():
     opt.register_step_post_hook(lambda *_: calls.append("post"))
     _step(model, opt, 1)
     assert calls == ["pre", "post"]
+
+
+def _wide_model() -> torch.nn.Module:
+    # The 512x512 weight (1 MiB) is allreduced in place on its own; the others are packed into buckets.
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 1))
+
+
+def test_large_gradients_reduced_in_place_train_and_restore_bitwise_like_torch_sgd():
+    model, reference = _wide_model(), _wide_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
+    state = hvd.elastic.TorchState(model, opt)
+    for seed in range(5):
+        _step(model, opt, seed)
+        _step(reference, ref_opt, seed)
+        state.commit()
+    _assert_equal(_values(model, opt), _values(reference, ref_opt))
+    committed = _values(model, opt)
+    _step(model, opt, 99)
+    state.restore()
+    _assert_equal(_values(model, opt), committed)
+
+
+def test_a_large_parameter_without_gradient_gets_zeros_like_the_packed_ones():
+    model = _wide_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    opt.zero_grad()
+    model[2].requires_grad_(False)  # the 1 MiB weight and its bias get no gradient this step
+    _backward(model, 1)
+    model[2].requires_grad_(True)
+    opt.synchronize()
+    assert torch.equal(model[2].weight.grad, torch.zeros(512, 512))
+    assert torch.equal(model[2].bias.grad, torch.zeros(512))
+    assert model[0].weight.grad.abs().sum() > 0
