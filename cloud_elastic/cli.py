@@ -90,9 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _job_config(args: argparse.Namespace):
-    from cloud_elastic.config import JobConfig, SSHConfig, env_default
+    from cloud_elastic.config import JobConfig, SSHConfig, elastic_timeout_default
 
-    elastic_timeout = args.elastic_timeout if args.elastic_timeout is not None else env_default("elastic_timeout", 600.0)
+    elastic_timeout = args.elastic_timeout if args.elastic_timeout is not None else elastic_timeout_default()
     min_np = args.min_np if args.min_np is not None else args.num_proc
     max_np = args.max_np if args.max_np is not None else args.num_proc
     command = list(args.command)

@@ -1,7 +1,7 @@
 """Job configuration: frozen dataclasses validated on construction.
 
 Environment variables the driver reads are read here and nowhere else
-(:func:`env_default`). Durations are seconds and their names end in ``_s``.
+(:func:`elastic_timeout_default`). Durations are seconds and their names end in ``_s``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from cloud_elastic.errors import ConfigError
 
-__all__ = ["JobConfig", "SSHConfig", "env_default", "ENV_ELASTIC_TIMEOUT", "SSH_OPTION"]
+__all__ = ["JobConfig", "SSHConfig", "elastic_timeout_default", "ENV_ELASTIC_TIMEOUT", "SSH_OPTION"]
 
 #: What an ``--ssh-option`` must look like: ``Key=Value`` or ``Key Value`` (passed as ``ssh -o``).
 SSH_OPTION = re.compile(r"([A-Za-z][A-Za-z0-9]*)(\s*=\s*|\s+)\S")
@@ -22,9 +22,10 @@ ENV_ELASTIC_TIMEOUT = "HOROVOD_ELASTIC_TIMEOUT"
 _ENV_ELASTIC_TIMEOUT_OURS = "CLOUD_ELASTIC_ELASTIC_TIMEOUT"
 
 
-def env_default(name: str, fallback: float) -> float:
-    """Read a float default from the environment, with a one-line error if malformed."""
-    for var in ((_ENV_ELASTIC_TIMEOUT_OURS, ENV_ELASTIC_TIMEOUT) if name == "elastic_timeout" else ()):
+def elastic_timeout_default(fallback: float = 600.0) -> float:
+    """The default of ``--elastic-timeout``: ``$CLOUD_ELASTIC_ELASTIC_TIMEOUT``, else Horovod's
+    ``$HOROVOD_ELASTIC_TIMEOUT``, else ``fallback``; a one-line error if the value is not a number."""
+    for var in (_ENV_ELASTIC_TIMEOUT_OURS, ENV_ELASTIC_TIMEOUT):
         raw = os.environ.get(var)
         if raw:
             try:

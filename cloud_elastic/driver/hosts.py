@@ -59,11 +59,6 @@ class Blacklist:
         """Whether ``slot`` is still cooling down at ``now``."""
         return self._until.get(slot, float("-inf")) > now
 
-    def next_release(self, now: float) -> float | None:
-        """When the next blocked slot comes back, or None if none is blocked."""
-        pending = [t for t in self._until.values() if t > now]
-        return min(pending) if pending else None
-
 
 @dataclass(frozen=True)
 class HostChanges:

@@ -91,19 +91,16 @@ def test_zero_range_disables_blocking_but_still_counts() -> None:
     assert blacklist.record_failure(A0, NOW) == 0.0
     assert blacklist.record_failure(A0, NOW) == 0.0
     assert not blacklist.blocked(A0, NOW)
-    assert blacklist.next_release(NOW) is None
     assert blacklist.failures(A0) == 2
 
 
-def test_next_release_is_the_earliest_pending_release() -> None:
+def test_each_slot_comes_back_after_its_own_cooldown() -> None:
     blacklist = Blacklist((10, 300), FixedRandom(0.0))
-    assert blacklist.next_release(NOW) is None
     blacklist.record_failure(A0, NOW)  # back at NOW + 10
     blacklist.record_failure(A1, NOW)
     blacklist.record_failure(A1, NOW)  # back at NOW + 20
-    assert blacklist.next_release(NOW) == NOW + 10
-    assert blacklist.next_release(NOW + 10) == NOW + 20
-    assert blacklist.next_release(NOW + 20) is None
+    assert blacklist.blocked(A0, NOW + 9.9) and not blacklist.blocked(A0, NOW + 10)
+    assert blacklist.blocked(A1, NOW + 19.9) and not blacklist.blocked(A1, NOW + 20)
 
 
 # ------------------------------------------------------------ host manager
