@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from cloud_elastic.control import Codec
 from cloud_elastic.driver.planner import RankInfo
+from cloud_elastic.worker import memory
 from cloud_elastic.worker.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
 
@@ -65,6 +66,7 @@ class WorkerContext:
         self.job_id = env.get("CLOUD_ELASTIC_JOB_ID", "standalone")
         self.hostname = env.get("CLOUD_ELASTIC_HOSTNAME", "127.0.0.1")
         self.interface = env.get("CLOUD_ELASTIC_NETWORK_INTERFACE")
+        self._environ = env
         self.heartbeat_timeout_s = float(env.get("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S", "5"))
         self.collective_timeout_s = float(env.get("CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S", "300"))
         self.backend = env.get("CLOUD_ELASTIC_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -92,6 +94,7 @@ class WorkerContext:
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Register with the driver, start heartbeats and join the first round."""
+        memory.keep_freed_memory(self._environ)
         if self.standalone:
             self._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=1, needs_sync=False, update_gen=0))
             return
