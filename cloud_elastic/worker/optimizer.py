@@ -25,7 +25,7 @@ wrapped optimizer's class, so LR schedulers and ``isinstance`` checks work.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -166,12 +166,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_reset_if_new_round()
         if self._ce_synchronized:
             return
-        ctx = get_context()
         self._ce_launch_ready(force=True)  # buckets whose params got no gradient this step
         # Deferred commit copies overlap the allreduces in flight; those a zero-copy update will fill stay queued.
         keep = zerocopy.tradeable_ptrs(self) if zerocopy.swap_update_for(self) is not None else frozenset()
         for snapshot in self._ce_snapshots:
             snapshot.flush(keep)
+        self._ce_wait_buckets()
+
+    def _ce_wait_buckets(self, after_bucket: Callable[[_Bucket], None] | None = None) -> None:
+        """Wait for the buckets in order, hand out their averaged gradients, then call ``after_bucket``."""
+        ctx = get_context()
         size = ctx.info.size
         for bucket in self._ce_buckets:
             ctx.wait(bucket.work, "gradient allreduce")
@@ -190,6 +194,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if bucket.carries_flag:
                 ctx.carry_update_flag(float(bucket.reduced[-1].item()))
             bucket.reduced = None
+            if after_bucket is not None:
+                after_bucket(bucket)
         self._ce_synchronized = True
 
     @contextlib.contextmanager
@@ -211,9 +217,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         base_step = type(self).__mro__[1].step
         if getattr(base_step, "hooked", False):
             base_step = base_step.__wrapped__
+        update = zerocopy.swap_update_for(self) if closure is None else None
+        self._ce_reset_if_new_round()
+        if update is not None and not self._ce_skip and not self._ce_synchronized:
+            self._ce_step_overlapped(update)
+            self._ce_clear()
+            return None
         if not self._ce_skip:
             self.synchronize()
-        update = zerocopy.swap_update_for(self) if closure is None else None
         taken: dict[int, Any] = {}
         if update is not None:
             ptrs = zerocopy.tradeable_ptrs(self)
@@ -229,6 +240,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             result = base_step(self, closure)
         self._ce_clear()
         return result
+
+    def _ce_step_overlapped(self, update: zerocopy.Update) -> None:
+        """Synchronize and step at once: each bucket's parameters are updated as soon as its allreduce completes.
+
+        The update of early buckets then overlaps the allreduces still in
+        flight. Every parameter of a bucket is given a gradient (zeros if it
+        had none), so the storages the update writes are known before the
+        first wait; the commit copies of everything else are done first.
+        """
+        self._ce_launch_ready(force=True)
+        ptrs = zerocopy.tradeable_ptrs(self, self._ce_params)
+        for snapshot in self._ce_snapshots:
+            snapshot.flush(ptrs)
+        taken: dict[int, Any] = {}
+        for snapshot in self._ce_snapshots:
+            taken.update(snapshot.take(ptrs))
+        group_of = {id(p): group for group in self.param_groups for p in group["params"]}
+        try:
+            self._ce_wait_buckets(lambda bucket: update(self, taken, [(group_of[id(p)], p) for p in bucket.params]))
+        finally:
+            # After a failed wait, the parameters not yet updated still hold the committed
+            # values: their snapshots get them now, so a restore is exact.
+            zerocopy.settle(taken)
 
 
 def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, solo_bytes: int = _SOLO_BYTES) -> list[_Bucket]:

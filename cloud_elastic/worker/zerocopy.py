@@ -26,17 +26,19 @@ views into a larger buffer, and other optimizers.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["swap_update_for", "tradeable_ptrs"]
+__all__ = ["settle", "swap_update_for", "tradeable_ptrs", "Update"]
 
 #: A live tensor's storage address -> (its snapshot buffer, the live tensor as it was at the commit).
 Taken = dict[int, tuple[torch.Tensor, torch.Tensor]]
+#: ``update(optimizer, taken, pairs=None)``: one optimizer step over ``pairs`` of (group, parameter), default all.
+Update = Callable[..., None]
 
 
-def swap_update_for(optimizer: Any) -> Callable[[Any, Taken], None] | None:
+def swap_update_for(optimizer: Any) -> Update | None:
     """The out-of-place update for ``optimizer`` (a DistributedOptimizer), or None to copy instead."""
     if os.environ.get("CLOUD_ELASTIC_ZERO_COPY_COMMIT", "1") == "0":
         return None
@@ -62,12 +64,17 @@ def swap_update_for(optimizer: Any) -> Callable[[Any, Taken], None] | None:
     return _sgd_update
 
 
-def tradeable_ptrs(optimizer: Any) -> frozenset[int]:
-    """Storages of the tensors the next SGD update writes: parameters with a gradient and their momentum."""
+def tradeable_ptrs(optimizer: Any, params: Iterable[torch.Tensor] | None = None) -> frozenset[int]:
+    """Storages of the tensors the next SGD update writes: parameters with a gradient and their momentum.
+
+    With ``params``, those parameters (and their momentum) whether or not
+    their gradient exists yet: they are about to be given one.
+    """
     ptrs = set()
+    chosen = None if params is None else {id(p) for p in params}
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if p.grad is None:
+            if (p.grad is None) if chosen is None else (id(p) not in chosen):
                 continue
             ptrs.add(p.data_ptr())
             buf = optimizer.state.get(p, {}).get("momentum_buffer") if group["momentum"] != 0 else None
@@ -103,32 +110,49 @@ def _trade(live: torch.Tensor, taken: Taken) -> torch.Tensor:
     return snap
 
 
-def _sgd_update(optimizer: Any, taken: Taken) -> None:
-    """``torch.optim.SGD``'s single-tensor update, reading committed values from traded storage."""
+def _sgd_update(optimizer: Any, taken: Taken, pairs: list[tuple[dict[str, Any], torch.Tensor]] | None = None) -> None:
+    """``torch.optim.SGD``'s single-tensor update, reading committed values from traded storage.
+
+    ``pairs`` (parameter group, parameter) limits it to some parameters and
+    leaves what is left in ``taken`` to the caller's :func:`settle`:
+    ``DistributedOptimizer`` updates each bucket's parameters as soon as its
+    allreduce completes. Each parameter's update depends on nothing else, so
+    the results are the same.
+    """
+    everything = pairs is None
+    if pairs is None:
+        pairs = [(group, p) for group in optimizer.param_groups for p in group["params"]]
     with torch.no_grad():
-        for group in optimizer.param_groups:
-            lr = group["lr"]
-            weight_decay, momentum = group["weight_decay"], group["momentum"]
-            dampening, nesterov, maximize = group["dampening"], group["nesterov"], group["maximize"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                grad = param.grad if not maximize else -param.grad
-                current = _trade(param, taken)
-                if weight_decay != 0:
-                    grad = grad.add(current, alpha=weight_decay)
-                if momentum != 0:
-                    state = optimizer.state[param]
-                    buf = state.get("momentum_buffer")
-                    if buf is None:
-                        buf = grad.detach().clone()
-                        state["momentum_buffer"] = buf
-                    else:
-                        torch.mul(_trade(buf, taken), momentum, out=buf)
-                        buf.add_(grad, alpha=1 - dampening)
-                    grad = grad.add(buf, alpha=momentum) if nesterov else buf
-                torch.add(current, grad, alpha=-lr, out=param)
-    # A snapshot taken for a tensor the update did not write (none expected) is still owed its copy;
-    # the tensor is unchanged, so copying it now is exact.
+        for group, param in pairs:
+            if param.grad is not None:
+                _sgd_update_one(optimizer, group, param, taken)
+    if everything:
+        settle(taken)
+
+
+def settle(taken: Taken) -> None:
+    """Copy the snapshots taken for tensors no update wrote (none expected); they are unchanged, so this is exact."""
     for snap, src in taken.values():
         snap.copy_(src)
+    taken.clear()
+
+
+def _sgd_update_one(optimizer: Any, group: dict[str, Any], param: torch.Tensor, taken: Taken) -> None:
+    lr = group["lr"]
+    weight_decay, momentum = group["weight_decay"], group["momentum"]
+    dampening, nesterov, maximize = group["dampening"], group["nesterov"], group["maximize"]
+    grad = param.grad if not maximize else -param.grad
+    current = _trade(param, taken)
+    if weight_decay != 0:
+        grad = grad.add(current, alpha=weight_decay)
+    if momentum != 0:
+        state = optimizer.state[param]
+        buf = state.get("momentum_buffer")
+        if buf is None:
+            buf = grad.detach().clone()
+            state["momentum_buffer"] = buf
+        else:
+            torch.mul(_trade(buf, taken), momentum, out=buf)
+            buf.add_(grad, alpha=1 - dampening)
+        grad = grad.add(buf, alpha=momentum) if nesterov else buf
+    torch.add(current, grad, alpha=-lr, out=param)

@@ -259,3 +259,33 @@ def test_a_large_parameter_without_gradient_gets_zeros_like_the_packed_ones():
     assert torch.equal(model[2].weight.grad, torch.zeros(512, 512))
     assert torch.equal(model[2].bias.grad, torch.zeros(512))
     assert model[0].weight.grad.abs().sum() > 0
+
+
+def test_a_step_that_fails_between_buckets_still_restores_exactly_to_the_commit(monkeypatch):
+    from cloud_elastic.worker.context import get_context
+    from cloud_elastic.worker.exceptions import CollectiveError
+
+    model = _wide_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    state = hvd.elastic.TorchState(model, opt)
+    _step(model, opt, 1)
+    state.commit()
+    committed = _values(model, opt)
+    ctx = get_context()
+    real_wait, calls = ctx.wait, []
+
+    def wait_then_lose_a_peer(work, what):
+        calls.append(what)
+        if len(calls) == 2:  # the first bucket's parameters are already updated by now
+            raise CollectiveError("gradient allreduce failed: Connection closed by peer")
+        real_wait(work, what)
+
+    monkeypatch.setattr(ctx, "wait", wait_then_lose_a_peer)
+    opt.zero_grad()
+    _backward(model, 2)
+    with pytest.raises(CollectiveError):
+        opt.step()
+    monkeypatch.setattr(ctx, "wait", real_wait)
+    assert not _values(model, opt)[0][-1].equal(committed[0][-1])  # the last layer (first bucket) had moved
+    state.restore()
+    _assert_equal(_values(model, opt), committed)
