@@ -61,13 +61,17 @@ def batch(args: argparse.Namespace, step: int, rank: int) -> tuple[torch.Tensor,
     return x, torch.tanh(x @ _TEACHER[args.features])
 
 
-def report_timing(step_times: list[float], cpu_times: list[float], rank: int) -> None:
-    """Median wall and CPU seconds per step (CPU: all of the process's threads, Gloo's included)."""
+def report_timing(step_times: list[float], cpu_times: list[float], ends: list[float], rank: int) -> None:
+    """One JSON line: median wall and CPU seconds per step (CPU: all of the process's threads, Gloo's
+    included) after warm-up, and every step's wall-clock end, wall and CPU seconds (for benchmarks
+    that pause and resume jobs and must drop the steps a pause fell into)."""
     skip = len(step_times) // 5  # warm-up
     steady, cpu = sorted(step_times[skip:]), sorted(cpu_times[skip:])
     if steady:
         print("TIMING " + json.dumps({"rank": rank, "steps": len(steady), "median_s": steady[len(steady) // 2],
-                                      "mean_s": sum(steady) / len(steady), "cpu_median_s": cpu[len(cpu) // 2]}),
+                                      "mean_s": sum(steady) / len(steady), "cpu_median_s": cpu[len(cpu) // 2],
+                                      "end": [round(t, 4) for t in ends], "wall_s": [round(t, 6) for t in step_times],
+                                      "cpu_s": [round(t, 6) for t in cpu_times]}),
               flush=True)
 
 
@@ -81,6 +85,7 @@ def train_elastic(args: argparse.Namespace) -> None:
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     step_times: list[float] = []
     cpu_times: list[float] = []
+    ends: list[float] = []
 
     def on_reset() -> None:
         if hvd.rank() == 0:
@@ -105,6 +110,7 @@ def train_elastic(args: argparse.Namespace) -> None:
                 state.commit()
             step_times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)
+            ends.append(time.time())
             if args.step_log and hvd.rank() == 0:
                 print("STEPLOG " + json.dumps({"step": state.step, "t": time.time(), "size": hvd.size()}), flush=True)
             if hvd.rank() == 0 and state.step % args.log_every == 0:
@@ -115,7 +121,7 @@ def train_elastic(args: argparse.Namespace) -> None:
     if hvd.rank() == 0:
         print(f"done: {state.step} steps, final loss {final:.4f}, {hvd.size()} worker(s) at the end", flush=True)
     if args.timing:
-        report_timing(step_times, cpu_times, hvd.rank())
+        report_timing(step_times, cpu_times, ends, hvd.rank())
 
 
 def train_ddp(args: argparse.Namespace) -> None:
@@ -128,6 +134,7 @@ def train_ddp(args: argparse.Namespace) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     step_times: list[float] = []
     cpu_times: list[float] = []
+    ends: list[float] = []
     for step in range(args.steps):
         t0, c0 = time.perf_counter(), time.process_time()
         x, y = batch(args, step, rank)
@@ -137,8 +144,9 @@ def train_ddp(args: argparse.Namespace) -> None:
         optimizer.step()
         step_times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
+        ends.append(time.time())
     if args.timing:
-        report_timing(step_times, cpu_times, rank)
+        report_timing(step_times, cpu_times, ends, rank)
     dist.destroy_process_group()
 
 
