@@ -259,6 +259,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         group_of = {id(p): group for group in self.param_groups for p in group["params"]}
         try:
             self._ce_wait_buckets(lambda bucket: update(self, taken, [(group_of[id(p)], p) for p in bucket.params]))
+            # Parameters outside every bucket (no requires_grad when wrapped) but given a
+            # .grad anyway: torch's SGD updates them, so this does too (their commit copies are done).
+            update(self, taken, [(g, p) for g in self.param_groups for p in g["params"] if id(p) not in self._ce_where])
         finally:
             # After a failed wait, the parameters not yet updated still hold the committed
             # values: their snapshots get them now, so a restore is exact.

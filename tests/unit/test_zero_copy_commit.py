@@ -289,3 +289,23 @@ def test_a_step_that_fails_between_buckets_still_restores_exactly_to_the_commit(
     assert not _values(model, opt)[0][-1].equal(committed[0][-1])  # the last layer (first bucket) had moved
     state.restore()
     _assert_equal(_values(model, opt), committed)
+
+
+def test_a_parameter_outside_the_buckets_with_a_gradient_is_stepped_like_torch_sgd():
+    def frozen_first_layer():
+        model = _model()
+        model[0].bias.requires_grad_(False)  # not bucketed: it had no requires_grad when wrapped
+        return model
+
+    model, reference = frozen_first_layer(), frozen_first_layer()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    state = hvd.elastic.TorchState(model, opt)
+    for seed in range(3):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            _backward(m, seed)
+            m[0].bias.grad = torch.full_like(m[0].bias, 0.5)  # set by hand, as some training code does
+            o.step()
+        state.commit()
+    _assert_equal(_values(model, opt), _values(reference, ref_opt))
