@@ -25,7 +25,7 @@ import logging
 import os
 from typing import Mapping
 
-__all__ = ["keep_freed_memory"]
+__all__ = ["keep_freed_memory", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES"]
 
 log = logging.getLogger(__name__)
 

@@ -53,6 +53,15 @@ def _values(model, opt) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return params, bufs
 
 
+def _stepped_and_committed(model: torch.nn.Module):
+    """SGD with momentum under DistributedOptimizer, one step taken and committed: (optimizer, state)."""
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    state = hvd.elastic.TorchState(model, opt)
+    _step(model, opt, 1)
+    state.commit()
+    return opt, state
+
+
 def _assert_equal(a, b) -> None:
     assert len(a[0]) == len(b[0]) and len(a[1]) == len(b[1])
     for x, y in zip(a[0] + a[1], b[0] + b[1]):
@@ -152,10 +161,7 @@ def test_tied_parameters_restore_exactly():
 
     torch.manual_seed(0)
     model = Tied()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
-    state = hvd.elastic.TorchState(model, opt)
-    _step(model, opt, 1)
-    state.commit()
+    opt, state = _stepped_and_committed(model)
     committed = {k: v.clone() for k, v in model.state_dict().items()}
     _step(model, opt, 2)
     state.restore()
@@ -173,10 +179,7 @@ def test_parameters_that_are_views_of_one_buffer_stay_views_and_restore_exactly(
     layer.weight = torch.nn.Parameter(flat[: 16 * 6].view(16, 6))
     layer.bias = torch.nn.Parameter(flat[16 * 6 :])
     model = torch.nn.Sequential(layer, torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
-    state = hvd.elastic.TorchState(model, opt)
-    _step(model, opt, 1)
-    state.commit()
+    opt, state = _stepped_and_committed(model)
     committed = _values(model, opt)
     _step(model, opt, 2)
     assert layer.weight.data_ptr() == flat.data_ptr()  # still a view into the user's buffer
@@ -186,10 +189,7 @@ def test_parameters_that_are_views_of_one_buffer_stay_views_and_restore_exactly(
 
 def test_a_layer_left_out_of_backward_is_still_committed():
     model = _model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
-    state = hvd.elastic.TorchState(model, opt)
-    _step(model, opt, 1)
-    state.commit()
+    opt, state = _stepped_and_committed(model)
     committed = _values(model, opt)
     opt.zero_grad()
     model[0].requires_grad_(False)
@@ -266,10 +266,7 @@ def test_a_step_that_fails_between_buckets_still_restores_exactly_to_the_commit(
     from cloud_elastic.worker.exceptions import CollectiveError
 
     model = _wide_model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
-    state = hvd.elastic.TorchState(model, opt)
-    _step(model, opt, 1)
-    state.commit()
+    opt, state = _stepped_and_committed(model)
     committed = _values(model, opt)
     ctx = get_context()
     real_wait, calls = ctx.wait, []
