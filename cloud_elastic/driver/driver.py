@@ -251,6 +251,7 @@ class Driver:
             env=env,
             secret=self._secret,
             cwd=self.config.cwd,
+            instance=self._job.hosts.instances.get(action.slot.host),
         )
 
     def _stop_worker(self, action: Stop) -> None:

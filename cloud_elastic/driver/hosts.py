@@ -84,6 +84,7 @@ class HostManager:
     blacklist: Blacklist
     ready: dict[str, int] = field(default_factory=dict)
     draining: dict[str, Drain] = field(default_factory=dict)
+    instances: dict[str, str] = field(default_factory=dict)  # host -> cloud instance id, where known
     _order: dict[str, int] = field(default_factory=dict)
     _seq: int = 0
 
@@ -99,6 +100,7 @@ class HostManager:
             del self._order[host]
         self.ready = dict(snapshot.ready)
         self.draining = dict(snapshot.draining)
+        self.instances = dict(snapshot.instances)
         return HostChanges(
             added=tuple(h for h in self.ready if h not in old_ready),
             removed=tuple(h for h in (set(old_ready) | set(old_draining)) if h not in self._order),

@@ -38,6 +38,9 @@ class WorkerSpec:
     env: Mapping[str, str]
     secret: str = field(repr=False)
     cwd: str
+    #: The cloud's id of the instance behind ``host`` when discovery knows it
+    #: (an address can be reused by a later instance); ``None`` otherwise.
+    instance: str | None = None
 
 
 @dataclass(frozen=True)

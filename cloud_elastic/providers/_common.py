@@ -156,6 +156,7 @@ class SnapshotBuilder:
         self._group = group
         self._ready: dict[str, tuple[Hashable, int]] = {}
         self._draining: dict[str, tuple[Hashable, Drain]] = {}
+        self._instances: dict[str, str] = {}
 
     def add(self, address: str | None, verdict: Verdict, slots: Callable[[], int], *, order: Hashable = "",
             instance: str = "") -> None:
@@ -167,19 +168,26 @@ class SnapshotBuilder:
             return
         key = (order, address)
         if verdict.kind == "draining":
-            self._ready.pop(address, None)
-            self._draining.setdefault(address, (key, Drain(deadline=None, reason=verdict.reason)))
+            if address in self._ready:
+                self._ready.pop(address)
+                self._instances.pop(address, None)
+            if address not in self._draining:
+                self._draining[address] = (key, Drain(deadline=None, reason=verdict.reason))
+                if instance:
+                    self._instances[address] = instance
             return
         if address in self._ready or address in self._draining:
             _log.warning("%s: address %s is reported by two instances; keeping the first", self._group, address)
             return
         self._ready[address] = (key, slots())
+        if instance:
+            self._instances[address] = instance
 
     def build(self) -> DiscoveredHosts:
         """The snapshot, each table ordered by (creation time, address in numeric order)."""
         ready = {h: s for h, (_, s) in sorted(self._ready.items(), key=lambda kv: _sort_key(kv[1][0]))}
         drain = {h: d for h, (_, d) in sorted(self._draining.items(), key=lambda kv: _sort_key(kv[1][0]))}
-        return DiscoveredHosts(ready=ready, draining=drain)
+        return DiscoveredHosts(ready=ready, draining=drain, instances=self._instances)
 
 
 def _sort_key(key: tuple[Hashable, str]) -> tuple[str, int, int, str]:

@@ -87,6 +87,7 @@ class AddressMappedDiscovery(HostDiscovery):
         self.rules = tuple(rules)
         self.name = inner.name  # type: ignore[misc]  # reads like the provider it wraps
         self.description = inner.description  # type: ignore[misc]
+        self._origin: dict[str, str] = {}  # mapped address -> the inner provider's address
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "HostDiscovery":
@@ -106,7 +107,12 @@ class AddressMappedDiscovery(HostDiscovery):
                     )
                 origin[mapped] = host
                 out[mapped] = value
-        return DiscoveredHosts(ready=ready, draining=draining)
+        self._origin = origin
+        instances = {map_address(h, self.rules): i for h, i in snapshot.instances.items()}
+        return DiscoveredHosts(ready=ready, draining=draining, instances=instances)
+
+    def release(self, host: str, instance: str | None) -> None:
+        self.inner.release(self._origin.get(host, host), instance)
 
     def close(self) -> None:
         self.inner.close()

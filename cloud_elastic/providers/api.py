@@ -9,7 +9,9 @@ Guarantees a provider gives the driver:
   or in ``draining`` (host -> :class:`Drain`), never both. Hosts that are gone
   simply do not appear.
 * Host keys are the addresses workers are started on and reached at (usually a
-  private IP). They are stable for the life of an instance.
+  private IP). They are stable for the life of an instance, but a cloud may
+  give the same address to a later instance: ``instances`` (host -> the cloud's
+  instance id, where the source knows one) tells the two apart.
 * Transient trouble raises :class:`~cloud_elastic.errors.RetryableDiscoveryError`;
   trouble retrying cannot fix raises :class:`~cloud_elastic.errors.FatalDiscoveryError`.
   Any other exception is a bug in the provider and is treated as retryable.
@@ -48,10 +50,17 @@ class Drain:
 
 @dataclass(frozen=True)
 class DiscoveredHosts:
-    """One complete snapshot of a group: ``ready`` host -> slots, ``draining`` host -> Drain."""
+    """One complete snapshot of a group: ``ready`` host -> slots, ``draining`` host -> Drain.
+
+    ``instances`` maps hosts (ready or draining) to the cloud's instance id where
+    the source knows one (empty for static lists and scripts). The driver uses it
+    to map instance-addressed notices (an SQS event names ``i-…``) to hosts and to
+    tell a new instance from an old one that held the same address.
+    """
 
     ready: Mapping[str, int] = field(default_factory=dict)
     draining: Mapping[str, Drain] = field(default_factory=dict)
+    instances: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for host, slots in self.ready.items():
@@ -64,6 +73,10 @@ class DiscoveredHosts:
             raise ValueError(f"hosts both ready and draining: {sorted(both)}")
         object.__setattr__(self, "ready", MappingProxyType(dict(self.ready)))
         object.__setattr__(self, "draining", MappingProxyType(dict(self.draining)))
+        stray = set(self.instances) - set(self.ready) - set(self.draining)
+        if stray:
+            raise ValueError(f"instance ids given for hosts not in the snapshot: {sorted(stray)}")
+        object.__setattr__(self, "instances", MappingProxyType(dict(self.instances)))
 
     @property
     def total_slots(self) -> int:
@@ -116,6 +129,15 @@ class HostDiscovery(abc.ABC):
     @abc.abstractmethod
     def find(self) -> DiscoveredHosts:
         """Return a complete snapshot of ready and draining hosts (see module docstring)."""
+
+    def release(self, host: str, instance: str | None) -> None:
+        """The job no longer needs draining ``host`` (its workers have left).
+
+        Optional write path: a provider whose cloud holds leaving instances for
+        the job (an AWS lifecycle hook in ``Terminating:Wait``) lets them go here.
+        Called from the driver's discovery thread, at most once per drained
+        instance; raises DiscoveryError like :meth:`find`. The default does nothing.
+        """
 
     def close(self) -> None:
         """Release clients and caches. Called once when the driver stops."""
