@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 
 from cloud_elastic.errors import ConfigError
 
-__all__ = ["JobConfig", "SSHConfig", "elastic_timeout_default", "ENV_ELASTIC_TIMEOUT", "SSH_OPTION"]
+__all__ = ["JobConfig", "SSHConfig", "elastic_timeout_default", "ENV_ELASTIC_TIMEOUT", "SSH_OPTION", "NOTICE_WATCHERS"]
+
+#: Values of ``--notice-watcher``.
+NOTICE_WATCHERS = ("auto", "aws", "gcp", "azure", "none")
 
 #: What an ``--ssh-option`` must look like: ``Key=Value`` or ``Key Value`` (passed as ``ssh -o``).
 SSH_OPTION = re.compile(r"([A-Za-z][A-Za-z0-9]*)(\s*=\s*|\s+)\S")
@@ -79,6 +82,22 @@ class JobConfig:
     ssh: SSHConfig = field(default_factory=SSHConfig)
     verbose: bool = False
     force_ssh: bool = False
+    #: A host missing from discovery without a draining state leaves only after this long.
+    host_missing_grace_s: float = 10.0
+    #: Durable checkpoints: local path or fsspec URL; None = in-memory commits only.
+    checkpoint_dir: str | None = None
+    checkpoint_interval_s: float = 300.0
+    checkpoint_keep: int = 2
+    #: How long workers keep training without a driver before they stop.
+    driver_grace_s: float = 60.0
+    #: Which instance-metadata notice watcher runs on worker hosts: auto (from the provider), aws, gcp, azure, none.
+    notice_watcher: str = "auto"
+    #: Treat a rebalance recommendation / maintenance event like a termination notice.
+    drain_on_rebalance: bool = False
+    #: JSON-lines events file; None = no events file.
+    events_file: str | None = None
+    #: Prometheus metrics port; None = off.
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -104,6 +123,19 @@ class JobConfig:
             "heartbeat_timeout_s": "--heartbeat-timeout",
             "discovery_interval_s": "--discovery-interval",
         }
+        if self.host_missing_grace_s < 0:
+            raise ConfigError(f"--host-missing-grace must be >= 0, got {self.host_missing_grace_s:g}")
+        if self.driver_grace_s < 0:
+            raise ConfigError(f"--driver-grace must be >= 0, got {self.driver_grace_s:g}")
+        if self.checkpoint_keep < 1:
+            raise ConfigError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
+        if self.notice_watcher not in NOTICE_WATCHERS:
+            raise ConfigError(
+                f"--notice-watcher must be one of {', '.join(NOTICE_WATCHERS)}, got {self.notice_watcher!r}"
+            )
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"--metrics-port must be 0-65535, got {self.metrics_port}")
+        flags["checkpoint_interval_s"] = "--checkpoint-interval"
         for name, flag in flags.items():
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{flag} must be > 0, got {getattr(self, name):g}")
