@@ -9,6 +9,7 @@ is taken.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from typing import Callable, Union
 
@@ -32,7 +33,12 @@ Result = Union[DiscoveredHosts, DiscoveryFailure]
 
 
 class DiscoveryPoller:
-    """Calls ``discovery.find()`` every ``interval_s`` and reports each result."""
+    """Calls ``discovery.find()`` every ``interval_s`` and reports each result.
+
+    The provider's write path (:meth:`HostDiscovery.release`) runs on the same
+    thread, so a provider never sees two calls at once and the driver's loop
+    never waits on a cloud API.
+    """
 
     def __init__(self, discovery: HostDiscovery, on_result: Callable[[Result], None], *, interval_s: float) -> None:
         self._discovery = discovery
@@ -40,6 +46,11 @@ class DiscoveryPoller:
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._releases: queue.SimpleQueue[tuple[str, str | None]] = queue.SimpleQueue()
+
+    def release(self, host: str, instance: str | None) -> None:
+        """Queue ``discovery.release(host, instance)`` for the poller thread; returns at once."""
+        self._releases.put((host, instance))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="discovery", daemon=True)
@@ -60,8 +71,21 @@ class DiscoveryPoller:
             log.exception("discovery provider %s raised an unexpected error", type(self._discovery).__name__)
             return DiscoveryFailure(f"{type(exc).__name__}: {exc}", fatal=False)
 
+    def _release_queued(self) -> None:
+        while True:
+            try:
+                host, instance = self._releases.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._discovery.release(host, instance)
+                log.info("released drained host %s%s to the cloud", host, f" ({instance})" if instance else "")
+            except Exception as exc:  # the instance then waits out the cloud's own timeout; the job goes on
+                log.warning("could not release drained host %s: %s", host, exc)
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._release_queued()
             result = self.poll_once()
             if isinstance(result, DiscoveryFailure):
                 log.warning("host discovery failed: %s", result.message)
@@ -70,4 +94,5 @@ class DiscoveryPoller:
             if self._stop.is_set():
                 return
             self._on_result(result)
+            self._release_queued()
             self._stop.wait(self._interval_s)

@@ -24,12 +24,12 @@ from cloud_elastic.config import JobConfig
 from cloud_elastic.control import Codec, new_secret
 from cloud_elastic.driver.discovery import DiscoveryFailure, DiscoveryPoller
 from cloud_elastic.driver.hosts import Blacklist, HostManager
-from cloud_elastic.driver.job import Assignment, ElasticJob, ExitOrder, Finish, Launch, Policy, Stop
+from cloud_elastic.driver.job import Assignment, ElasticJob, ExitOrder, Finish, Launch, Policy, Release, Stop
 from cloud_elastic.driver.launch import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
 from cloud_elastic.driver.local import LocalLauncher
 from cloud_elastic.driver.server import ControlServer
 from cloud_elastic.errors import ControlPlaneError, LaunchError
-from cloud_elastic.providers.api import HostDiscovery
+from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery
 
 __all__ = ["Driver"]
 
@@ -68,8 +68,9 @@ class Driver:
                 start_timeout_s=config.start_timeout_s,
                 heartbeat_timeout_s=config.heartbeat_timeout_s,
                 completion_grace_s=config.completion_grace_s,
+                checkpointing=config.checkpoint_dir is not None,
             ),
-            HostManager(Blacklist(config.cooldown_range_s)),
+            HostManager(Blacklist(config.cooldown_range_s), missing_grace_s=config.host_missing_grace_s),
             job_id=self.job_id,
         )
         self._procs: dict[str, WorkerProcess] = {}
@@ -83,6 +84,8 @@ class Driver:
         self._poller: DiscoveryPoller | None = None
         self._advertised: str | None = None
         self._stoppers: list[threading.Thread] = []
+        self._watchers: dict[str, str] = {}  # host -> worker id running its metadata notice watcher
+        self._watch_cloud = _watch_cloud(config.notice_watcher, getattr(discovery, "name", ""))
 
     # ----------------------------------------------------------------- public
     def stop(self, reason: str, exit_code: int) -> None:
@@ -102,12 +105,10 @@ class Driver:
 
     # ---------------------------------------------------------------- startup
     def _start(self) -> None:
-        first = DiscoveryPoller(self._discovery, lambda r: None, interval_s=1).poll_once()
+        first = self._first_discovery()
+        if first is None:
+            return
         with self._cond:
-            self._job.start(self._clock())
-            if isinstance(first, DiscoveryFailure):
-                self._job.discovery_failed(first.message, fatal=True, now=self._clock())
-                return
             self._job.discovered(first, self._clock())
             hosts = list(first.ready) + list(first.draining)
         self._advertised, bind = self._choose_address(hosts)
@@ -121,6 +122,33 @@ class Driver:
         )
         self._poller = DiscoveryPoller(self._discovery, self._on_discovery, interval_s=self.config.discovery_interval_s)
         self._poller.start()
+
+    def _first_discovery(self) -> DiscoveredHosts | None:
+        """Discover until it works; transient failures are retried within --start-timeout.
+
+        Returns None when the job ended meanwhile (a fatal error, the timeout, a signal).
+        """
+        poller = DiscoveryPoller(self._discovery, lambda r: None, interval_s=self.config.discovery_interval_s)
+        with self._cond:
+            self._job.start(self._clock(), wall_now=time.time())
+        said = ""
+        while True:
+            result = poller.poll_once()
+            with self._cond:
+                if self._stop_reason is not None:
+                    self._job.stop(*self._stop_reason)
+                    return None
+                if not isinstance(result, DiscoveryFailure):
+                    return result
+                if result.message != said and not result.fatal:
+                    said = result.message
+                    log.warning("host discovery failed: %s; retrying (up to --start-timeout %gs)",
+                                result.message, self.config.start_timeout_s)
+                self._job.discovery_failed(result.message, fatal=result.fatal, now=self._clock())
+                self._job.tick(self._clock())
+                if self._job.outcome is not None:
+                    return None
+                self._cond.wait(self.config.discovery_interval_s)
 
     def _start_store(self, bind: str) -> None:
         """Listen for the rendezvous store now; let torch adopt the socket on a side thread.
@@ -179,6 +207,8 @@ class Driver:
                     self._launch(action)
                 elif isinstance(action, Stop):
                     self._stop_worker(action)
+                elif isinstance(action, Release) and self._poller is not None:
+                    self._poller.release(action.host, action.instance)
             if outcome is not None:
                 return outcome
             self._reap()
@@ -288,7 +318,8 @@ class Driver:
             if kind == "register":
                 ok = self._job.registered(worker_id, now)
                 self._cond.notify_all()
-                return {"ok": ok, "heartbeat_interval_s": self.config.heartbeat_interval_s}
+                return {"ok": ok, "heartbeat_interval_s": self.config.heartbeat_interval_s,
+                        "notice_watcher": self._notice_watcher(worker_id)}
             if kind == "rendezvous":
                 return self._rendezvous(worker_id, msg)
             if kind == "poll":
@@ -297,13 +328,15 @@ class Driver:
                 self._job.completed(worker_id, now)
                 self._cond.notify_all()
                 return {"ok": True}
+            if kind == "notice":
+                return self._notice(worker_id, msg, now)
         raise ControlPlaneError(f"unknown message kind {kind!r}")
 
     def _rendezvous(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
         last_round, reason = msg.get("last_round"), msg.get("reason")
         if not isinstance(last_round, int) or reason not in ("start", "update", "failure"):
             raise ControlPlaneError("malformed rendezvous message")
-        self._job.rendezvous(worker_id, last_round, reason, self._clock())
+        self._job.rendezvous(worker_id, last_round, reason, self._clock(), _commits(msg))
         self._cond.notify_all()
         deadline = self._clock() + _RENDEZVOUS_POLL_S
         while True:
@@ -314,7 +347,7 @@ class Driver:
         if isinstance(reply, Assignment):
             return dict(
                 dataclasses.asdict(reply.ranks), status="assigned", round=reply.round,
-                needs_sync=reply.needs_sync, update_gen=reply.update_gen,
+                needs_sync=reply.needs_sync, update_gen=reply.update_gen, from_checkpoint=reply.from_checkpoint,
             )
         if isinstance(reply, ExitOrder):
             return {"status": "exit", "reason": reply.reason}
@@ -324,7 +357,7 @@ class Driver:
         known = (msg.get("round"), msg.get("update_gen"), msg.get("abort_round"))
         deadline = self._clock() + self.config.heartbeat_interval_s
         while True:
-            reply = self._job.heartbeat(worker_id, self._clock())
+            reply = self._job.heartbeat(worker_id, self._clock(), _commits(msg))
             if reply is None:
                 return {"shutdown": True, "round": 0, "update_gen": 0, "abort_round": 0}
             current = (reply.round, reply.update_gen, reply.abort_round)
@@ -332,8 +365,42 @@ class Driver:
                 return {
                     "round": reply.round, "update_gen": reply.update_gen,
                     "abort_round": reply.abort_round, "shutdown": reply.shutdown,
+                    "notice_watcher": self._notice_watcher(worker_id),
                 }
             self._cond.wait(max(0.0, deadline - self._clock()))
+
+    def _notice_watcher(self, worker_id: str) -> str | None:
+        """The cloud whose metadata notices this worker must watch, if it is its host's watcher.
+
+        One watcher per host: the first live worker there; when it goes, the next
+        worker of that host to heartbeat takes over.
+        """
+        if self._watch_cloud is None:
+            return None
+        w = self._job.workers.get(worker_id)
+        if w is None or not w.alive:
+            return None
+        current = self._job.workers.get(self._watchers.get(w.slot.host, ""))
+        if current is None or not current.alive:
+            self._watchers[w.slot.host] = worker_id
+            return self._watch_cloud
+        return self._watch_cloud if current is w else None
+
+    def _notice(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
+        """A worker's metadata watcher saw a notice for its own host."""
+        w = self._job.workers.get(worker_id)
+        source, kind, reason, deadline = msg.get("source"), msg.get("notice"), msg.get("reason"), msg.get("deadline")
+        if (
+            not isinstance(source, str) or kind not in _NOTICE_KINDS or not isinstance(reason, str)
+            or not (deadline is None or (isinstance(deadline, (int, float)) and not isinstance(deadline, bool)))
+        ):
+            raise ControlPlaneError("malformed notice message")
+        if w is None:
+            return {"ok": False}
+        soft = kind != "terminate" and not self.config.drain_on_rebalance
+        self._job.notice(w.slot.host, Drain(deadline=deadline, reason=reason[:200]), now, source=source[:40], soft=soft)
+        self._cond.notify_all()
+        return {"ok": True}
 
     # --------------------------------------------------------------- shutdown
     def _shutdown(self) -> None:
@@ -355,6 +422,23 @@ class Driver:
             self._discovery.close()
         except Exception:  # closing is best effort; the job's outcome is already decided
             log.debug("discovery close failed", exc_info=True)
+
+
+_NOTICE_KINDS = ("terminate", "rebalance", "maintenance")
+_WATCHED_CLOUDS = ("aws", "gcp", "azure")
+
+
+def _watch_cloud(setting: str, provider: str) -> str | None:
+    """Which metadata notice watcher workers run: ``--notice-watcher``, or with ``auto`` the provider's cloud."""
+    if setting == "auto":
+        return provider if provider in _WATCHED_CLOUDS else None
+    return None if setting == "none" else setting
+
+
+def _commits(msg: dict[str, Any]) -> int | None:
+    """The commit count a worker reports, if it is a sane one."""
+    value = msg.get("commits")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _route_address(target: str) -> str:

@@ -68,9 +68,10 @@ class HostChanges:
     removed: tuple[str, ...] = ()
     draining: tuple[str, ...] = ()
     resized: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()  # newly missing from discovery, kept for the grace
 
     def __bool__(self) -> bool:
-        return bool(self.added or self.removed or self.draining or self.resized)
+        return bool(self.added or self.removed or self.draining or self.resized or self.missing)
 
 
 @dataclass
@@ -79,48 +80,126 @@ class HostManager:
 
     Older hosts sort first, so their workers keep the lower ranks. A host that
     leaves and later returns counts as new.
+
+    Cloud list APIs are eventually consistent and discovery scripts glitch, so a
+    ready host that vanishes from a snapshot *without* a draining state is kept
+    as ``missing`` for ``missing_grace_s``: its running workers stay, nothing new
+    is launched on it, and only when it is still missing after the grace does it
+    count as removed. A draining state acts at once, and so does the loss of a
+    host that was already draining (the cloud took it).
     """
 
     blacklist: Blacklist
+    missing_grace_s: float = 0.0
     ready: dict[str, int] = field(default_factory=dict)
     draining: dict[str, Drain] = field(default_factory=dict)
     instances: dict[str, str] = field(default_factory=dict)  # host -> cloud instance id, where known
+    missing: dict[str, tuple[int, float]] = field(default_factory=dict)  # host -> (slots it had, missing since)
+    #: Hosts a notice (metadata watcher, notice queue) says are leaving, until they leave discovery.
+    notices: dict[str, Drain] = field(default_factory=dict)
+    #: Hosts with a soft notice (rebalance recommendation, maintenance): no new workers there.
+    soft: dict[str, str] = field(default_factory=dict)
     _order: dict[str, int] = field(default_factory=dict)
     _seq: int = 0
 
-    def update(self, snapshot: DiscoveredHosts) -> HostChanges:
+    def update(self, snapshot: DiscoveredHosts, now: float = 0.0) -> HostChanges:
         """Adopt a complete snapshot; return what changed."""
-        old_ready, old_draining = dict(self.ready), dict(self.draining)
+        old_ready, old_draining, was_missing = dict(self.ready), dict(self.draining), set(self.missing)
+        present = set(snapshot.ready) | set(snapshot.draining)
         for host in list(snapshot.ready) + list(snapshot.draining):
             if host not in self._order:
                 self._order[host] = self._seq
                 self._seq += 1
-        gone = [h for h in self._order if h not in snapshot.ready and h not in snapshot.draining]
-        for host in gone:
-            del self._order[host]
+        for host in present:
+            self.missing.pop(host, None)
+        if self.missing_grace_s > 0:
+            for host, slots in old_ready.items():
+                if host not in present:
+                    self.missing.setdefault(host, (slots, now))
         self.ready = dict(snapshot.ready)
         self.draining = dict(snapshot.draining)
-        self.instances = dict(snapshot.instances)
+        self.instances.update(snapshot.instances)
+        for host in list(self.notices):
+            if host not in present and host not in self.missing:
+                del self.notices[host]
+        for host in list(self.soft):
+            if host not in present and host not in self.missing:
+                del self.soft[host]
+        self._apply_notices()
+        removed = self._forget_absent(present, now)
         return HostChanges(
-            added=tuple(h for h in self.ready if h not in old_ready),
-            removed=tuple(h for h in (set(old_ready) | set(old_draining)) if h not in self._order),
+            added=tuple(h for h in self.ready if h not in old_ready and h not in was_missing),
+            removed=removed,
             draining=tuple(h for h in self.draining if h not in old_draining),
             resized=tuple(h for h in self.ready if h in old_ready and old_ready[h] != self.ready[h]),
+            missing=tuple(h for h in self.missing if h in old_ready),
         )
+
+    def notice(self, host: str, drain: Drain) -> bool:
+        """A notice says ``host`` is leaving; True if that is news (the host is known and was not draining)."""
+        known = host in self.ready or host in self.draining or host in self.missing
+        if not known:
+            return False
+        news = host not in self.draining
+        old = self.notices.get(host)
+        if old is None or (drain.deadline is not None and (old.deadline is None or drain.deadline < old.deadline)):
+            self.notices[host] = drain
+        self._apply_notices()
+        return news
+
+    def soft_notice(self, host: str, reason: str) -> bool:
+        """A soft notice (rebalance, maintenance): no new worker is placed on ``host``. True if news."""
+        news = host not in self.soft
+        self.soft[host] = reason
+        return news
+
+    def _apply_notices(self) -> None:
+        for host, drain in self.notices.items():
+            if host in self.ready:
+                del self.ready[host]
+                self.draining[host] = drain
+            elif host in self.draining:
+                known = self.draining[host]
+                if known.deadline is None or (drain.deadline is not None and drain.deadline < known.deadline):
+                    self.draining[host] = Drain(deadline=drain.deadline, reason=drain.reason)
+            elif host in self.missing:
+                del self.missing[host]
+                self.draining[host] = drain
+
+    def expire(self, now: float) -> tuple[str, ...]:
+        """Remove hosts missing for longer than the grace; return them (call on every tick)."""
+        present = set(self.ready) | set(self.draining)
+        return self._forget_absent(present, now)
+
+    def _forget_absent(self, present: set[str], now: float) -> tuple[str, ...]:
+        for host, (_, since) in list(self.missing.items()):
+            if now - since >= self.missing_grace_s:
+                del self.missing[host]
+        gone = [h for h in self._order if h not in present and h not in self.missing]
+        for host in gone:
+            del self._order[host]
+            self.instances.pop(host, None)
+        return tuple(gone)
 
     def order_of(self, host: str) -> int:
         """Sort key of ``host``: lower for hosts seen earlier; unknown hosts last."""
         return self._order.get(host, 1 << 30)
 
     def is_usable(self, slot: Slot) -> bool:
-        """Whether ``slot`` exists on a ready host (ignoring the blacklist)."""
+        """Whether ``slot`` exists on a ready (or briefly missing) host, ignoring the blacklist."""
+        if slot.host in self.missing:
+            return slot.index < self.missing[slot.host][0]
         return slot.index < self.ready.get(slot.host, 0)
 
     def available_slots(self, now: float) -> list[Slot]:
-        """Ready, not blacklisted slots, oldest host first, then by slot index."""
+        """Ready, not blacklisted slots, oldest host first, then by slot index.
+
+        Never on a host that is missing from discovery or has a soft notice.
+        """
         slots = [
             Slot(host, i)
             for host in sorted(self.ready, key=self.order_of)
+            if host not in self.soft
             for i in range(self.ready[host])
         ]
         return [s for s in slots if not self.blacklist.blocked(s, now)]

@@ -1,31 +1,30 @@
 """The elastic job as a state machine: the driver's every decision, no I/O.
 
-:class:`ElasticJob` is fed events (discovery snapshots, worker messages,
-process exits, clock ticks) with the current time, and answers with replies
-and queued :data:`Action` objects that the runtime (:mod:`.driver`) carries
-out. It starts no thread, opens no socket and reads no clock of its own, so
-every rule is tested alone with scripted timelines.
+:class:`ElasticJob` is fed events (discovery snapshots, notices, worker
+messages, process exits, clock ticks) with the current time, and answers with
+replies and queued :data:`Action` objects that the runtime (:mod:`.driver`)
+carries out. It starts no thread, opens no socket and reads no clock of its
+own, so every rule is tested alone with scripted timelines.
 
-Worker lifecycle::
+It is assembled from small pieces, each tested on its own:
 
-    STARTING --register/rendezvous--> WAITING --round formed--> RUNNING
-        RUNNING --commit sees update / collective fails--> WAITING --> ...
-        any --process ends--> EXITED
+* :mod:`.workers` — one worker's life as an explicit state machine;
+* :mod:`.rounds` — who forms the next round, in which rank order, and whether
+  it syncs or must load a checkpoint (a pure function);
+* :mod:`.liveness` — worker silence measured only over time the driver ran;
+* :mod:`.hosts` — host order, the per-slot blacklist, hosts missing from
+  discovery for less than the grace, draining hosts and their deadlines.
 
-Round rules:
+What this module adds is *when*: a round forms when every live member of the
+previous round is back at rendezvous and at least ``min_np`` workers wait (at
+start-up: ``num_proc``, or everyone launched); a graceful change (newcomer
+ready, host leaving) raises the update generation, which workers agree on at a
+commit; a failure of a member aborts the round so that its peers abandon their
+collectives and roll back.
 
-* A round forms when every live member of the previous round is WAITING (has
-  left the old process group) and at least ``min_np`` workers wait. Newcomers
-  that are still starting are not waited for; they join a later round.
-* Survivors keep their relative order, newcomers follow (older hosts first),
-  so the oldest worker is rank 0 and its committed state is broadcast.
-* ``needs_sync`` is decided here, once, for everyone in the round: true when a
-  newcomer joins or anyone came back from a failure (Horovod #3494 deadlocked
-  when workers decided this locally and disagreed).
-* A graceful change (newcomer ready, host leaving) raises the update
-  generation; workers agree at a commit and come to rendezvous without
-  rolling back. A failure of a member aborts the round: survivors abandon
-  their collectives within a heartbeat and roll back to their last commit.
+Progress is never silently lost: the driver knows which workers hold committed
+state (they report their commits), rank 0 is always one of them, and when none
+is left the job resumes from a durable checkpoint or fails with a clear error.
 """
 
 from __future__ import annotations
@@ -33,20 +32,24 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 from cloud_elastic.driver.hosts import HostManager, Slot
 from cloud_elastic.driver.launch import ExitStatus
+from cloud_elastic.driver.liveness import RunningClock
 from cloud_elastic.driver.planner import Member, RankInfo, assign_ranks
-from cloud_elastic.providers.api import DiscoveredHosts
+from cloud_elastic.driver.rounds import Candidate, StateLost, plan_round
+from cloud_elastic.driver.workers import WorkerRecord, WorkerState
+from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 __all__ = [
     "Policy",
     "Phase",
-    "WorkerStatus",
+    "WorkerState",
     "WorkerRecord",
     "Launch",
     "Stop",
+    "Release",
     "Finish",
     "Action",
     "Assignment",
@@ -56,6 +59,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+S = WorkerState
+
+#: How often a long wait (slots for -np, below --min-np) prints a progress line.
+PROGRESS_EVERY_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,10 @@ class Policy:
     start_timeout_s: float = 600.0
     heartbeat_timeout_s: float = 5.0
     completion_grace_s: float = 30.0
+    #: A durable checkpoint can bring the state back when no worker holds it.
+    checkpointing: bool = False
+    #: A draining host's workers still in their round this long before its deadline are removed by force.
+    deadline_margin_s: float = 5.0
 
 
 class Phase(enum.Enum):
@@ -77,37 +89,6 @@ class Phase(enum.Enum):
     RUNNING = "running"
     FINISHING = "finishing"  # a worker's training function returned
     DONE = "done"
-
-
-class WorkerStatus(enum.Enum):
-    STARTING = "starting"  # launched, not yet at rendezvous
-    WAITING = "waiting"  # at rendezvous
-    RUNNING = "running"  # assigned to the current or an earlier round
-    EXITED = "exited"
-
-
-@dataclass
-class WorkerRecord:
-    """What the driver knows about one worker process."""
-
-    worker_id: str
-    slot: Slot
-    seq: int
-    launched_at: float
-    last_seen: float
-    status: WorkerStatus = WorkerStatus.STARTING
-    registered: bool = False
-    round: int = 0
-    rank: int | None = None
-    rdzv_reason: str = "start"
-    leaving: str | None = None
-    completed: bool = False
-    told_to_exit: bool = False
-    lost: str | None = None  # failure already accounted (heartbeat loss, start timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self.status is not WorkerStatus.EXITED and self.lost is None
 
 
 @dataclass(frozen=True)
@@ -128,6 +109,14 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Release:
+    """The job no longer needs draining ``host``: let the cloud take it (``HostDiscovery.release``)."""
+
+    host: str
+    instance: str | None
+
+
+@dataclass(frozen=True)
 class Finish:
     """The job is over: stop everything and exit with ``exit_code``."""
 
@@ -136,7 +125,7 @@ class Finish:
     exit_code: int
 
 
-Action = Union[Launch, Stop, Finish]
+Action = Union[Launch, Stop, Release, Finish]
 
 
 @dataclass(frozen=True)
@@ -147,6 +136,7 @@ class Assignment:
     ranks: RankInfo
     needs_sync: bool
     update_gen: int
+    from_checkpoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,7 +170,12 @@ class ElasticJob:
     abort_round: int = 0
     workers: dict[str, WorkerRecord] = field(default_factory=dict)
     outcome: Finish | None = None
+    #: Some worker has committed: from now on, the state must never be lost.
+    state_committed: bool = False
     _actions: list[Action] = field(default_factory=list)
+    _events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    _clock: RunningClock = field(default_factory=RunningClock)
+    _wall_offset: float = 0.0
     _seq: int = 0
     _started_at: float | None = None
     _discovered_once: bool = False
@@ -192,65 +187,111 @@ class ElasticJob:
     _last_failure: str = ""
     _ranks: dict[str, RankInfo] | None = None  # of the current round
     _needs_sync: bool = True
+    _from_checkpoint: bool = False
     _round_update_gen: int = 0
+    _released: set[str] = field(default_factory=set)
+    _state_lost_logged: bool = False
+    _completed: int = 0  # workers that exited after completing
+    _last_discovery_error: str = ""
+    _waits: dict[str, tuple[float, float]] = field(default_factory=dict)  # progress lines: key -> (since, last)
 
     # ------------------------------------------------------------------ events
-    def start(self, now: float) -> None:
-        """The driver is up; start timers."""
+    def start(self, now: float, wall_now: float | None = None) -> None:
+        """The driver is up; start timers. ``wall_now`` (Unix time) relates drain deadlines to ``now``."""
         self._started_at = now
+        self._wall_offset = (wall_now if wall_now is not None else now) - now
+        self._clock(now)
+        self._emit("job_started", num_proc=self.policy.num_proc, min_np=self.policy.min_np, max_np=self.policy.max_np)
 
     def discovered(self, snapshot: DiscoveredHosts, now: float) -> None:
         """A discovery snapshot arrived."""
         self._discovered_once = True
         self._discovery_failing_since = None
-        changes = self.hosts.update(snapshot)
+        changes = self.hosts.update(snapshot, now)
         if changes:
             log.info(
-                "job %s: hosts changed: added=%s removed=%s draining=%s resized=%s (ready slots: %d)",
+                "job %s: hosts changed: added=%s removed=%s draining=%s resized=%s missing=%s (ready slots: %d)",
                 self.job_id, list(changes.added), list(changes.removed), list(changes.draining),
-                list(changes.resized), sum(self.hosts.ready.values()),
+                list(changes.resized), list(changes.missing), sum(self.hosts.ready.values()),
             )
-        for w in self._alive():
-            if w.leaving is None and not self.hosts.is_usable(w.slot):
-                drain = self.hosts.draining.get(w.slot.host)
-                w.leaving = f"host {w.slot.host} is draining ({drain.reason})" if drain else f"host {w.slot.host} left the group"
-                log.info("job %s: worker %s (%s) will leave: %s", self.job_id, w.worker_id, _rank_label(w), w.leaving)
-                if w.status is WorkerStatus.STARTING:
-                    w.told_to_exit = True
-                    self._actions.append(Stop(w.worker_id, w.leaving))
+            self._emit(
+                "hosts_changed", added=list(changes.added), removed=list(changes.removed),
+                draining={h: self.hosts.draining[h].reason for h in changes.draining},
+                missing=list(changes.missing),
+            )
+        for host in changes.missing:
+            log.warning(
+                "job %s: host %s is missing from discovery; its workers keep running for up to %gs "
+                "unless it comes back or is reported draining", self.job_id, host, self.hosts.missing_grace_s,
+            )
+        self._step(now)
+
+    def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False) -> None:
+        """A notice for ``host`` from ``source`` (a metadata watcher, a notice queue).
+
+        A hard notice drains the host: its workers leave at their next commit, or
+        are removed by force just before ``drain.deadline``. A soft one (rebalance
+        recommendation, maintenance event) only keeps new workers off the host.
+        Each notice is logged once.
+        """
+        news = self.hosts.soft_notice(host, drain.reason) if soft else self.hosts.notice(host, drain)
+        if not news:
+            return
+        left = ""
+        if drain.deadline is not None:
+            left = f", {drain.deadline - (now + self._wall_offset):.0f}s before its deadline"
+        if soft:
+            log.info("job %s: notice from %s for host %s: %s; no new worker will be placed there",
+                     self.job_id, source, host, drain.reason)
+        else:
+            log.warning("job %s: notice from %s for host %s: %s%s; its workers leave at their next commit",
+                        self.job_id, source, host, drain.reason, left)
+        self._emit("notice", source=source, host=host, reason=drain.reason, deadline=drain.deadline, soft=soft)
         self._step(now)
 
     def discovery_failed(self, message: str, *, fatal: bool, now: float) -> None:
-        """A discovery call failed. The first failure and fatal ones end the job."""
-        if fatal or not self._discovered_once:
+        """A discovery call failed. Fatal failures end the job; others are retried within the timeouts."""
+        if fatal:
             self._finish(False, f"host discovery failed: {message}", 1)
             return
+        self._last_discovery_error = message
         if self._discovery_failing_since is None:
             self._discovery_failing_since = now
-        elif now - self._discovery_failing_since > self.policy.elastic_timeout_s:
-            self._finish(False, f"host discovery kept failing for {self.policy.elastic_timeout_s:g}s: {message}", 1)
+        limit = self.policy.elastic_timeout_s if self._discovered_once else self.policy.start_timeout_s
+        if now - self._discovery_failing_since > limit:
+            which = "--elastic-timeout" if self._discovered_once else "--start-timeout"
+            self._finish(False, f"host discovery kept failing for {limit:g}s ({which}): {message}", 1)
 
     def registered(self, worker_id: str, now: float) -> bool:
         """A worker process connected. False if the driver does not know it."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return False
-        w.registered = True
-        w.last_seen = now
+        if w.state is S.STARTING:
+            w.to(S.CONNECTED)
+        w.last_seen = self._clock(now)
         return True
 
-    def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float) -> None:
-        """A worker arrived at rendezvous, having left ``last_round``."""
+    def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float, commits: int | None = None) -> None:
+        """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return
-        w.last_seen = now
+        w.last_seen = self._clock(now)
+        self._note_commits(w, commits)
+        if w.state is S.STARTING:
+            w.to(S.CONNECTED)
         # A repeated long-poll for the same round changes nothing; once the
         # worker has been assigned a newer round, it waits for that reply.
-        if w.round <= last_round and w.status is not WorkerStatus.WAITING:
-            was_member = w.status is WorkerStatus.RUNNING and w.round == self.round
-            w.status = WorkerStatus.WAITING
+        if w.round <= last_round and w.state in (S.CONNECTED, S.RUNNING, S.DRAINING):
+            was_member = w.member_of(self.round)
             w.rdzv_reason = reason
+            if w.state is S.DRAINING or self.phase in (Phase.FINISHING, Phase.DONE):
+                w.to(S.EXITING, w.why or "the job is finishing")
+            else:
+                if w.state is S.CONNECTED:
+                    self._emit("worker_ready", worker=worker_id, host=w.slot.host, slot=w.slot.index)
+                w.to(S.WAITING)
             if reason == "failure":
                 self._failure_since_round = True
                 if was_member:
@@ -265,31 +306,35 @@ class ElasticJob:
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return ExitOrder("unknown or failed worker")
-        if self.phase in (Phase.FINISHING, Phase.DONE):
-            w.told_to_exit = True
-            return ExitOrder("the job is finishing")
-        if w.leaving is not None and w.status is WorkerStatus.WAITING:
-            w.told_to_exit = True
-            return ExitOrder(w.leaving)
-        if w.status is WorkerStatus.RUNNING and w.round == self.round and self._ranks is not None:
-            return Assignment(self.round, self._ranks[worker_id], self._needs_sync, self._round_update_gen)
+        if self.phase in (Phase.FINISHING, Phase.DONE) and w.state in (S.CONNECTED, S.WAITING):
+            w.to(S.EXITING, "the job is finishing")
+        if w.state is S.EXITING:
+            return ExitOrder(w.why or "told to exit")
+        if w.state is S.RUNNING and w.round == self.round and self._ranks is not None:
+            return Assignment(
+                self.round, self._ranks[worker_id], self._needs_sync, self._round_update_gen, self._from_checkpoint
+            )
         return None
 
-    def heartbeat(self, worker_id: str, now: float) -> PollReply | None:
+    def heartbeat(self, worker_id: str, now: float, commits: int | None = None) -> PollReply | None:
         """A worker's heartbeat; None if the worker is unknown or already given up."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return None
-        w.last_seen = now
+        w.last_seen = self._clock(now)
+        self._note_commits(w, commits)
         return PollReply(self.round, self.update_gen, self.abort_round, self.phase is Phase.DONE)
 
     def completed(self, worker_id: str, now: float) -> None:
         """A worker reports that its training function returned."""
         w = self.workers.get(worker_id)
-        if w is None or w.completed:
+        if w is None or w.state in (S.COMPLETED, S.EXITED, S.LOST):
             return
-        w.completed = True
-        w.last_seen = now
+        if w.state not in (S.RUNNING, S.DRAINING):
+            log.warning("job %s: worker %s reported completion while %s; ignored", self.job_id, worker_id, w.state.value)
+            return
+        w.to(S.COMPLETED)
+        w.last_seen = self._clock(now)
         if self.phase in (Phase.STARTING, Phase.RUNNING):
             log.info("job %s: rank %s (%s) finished training; round %d is completing", self.job_id, w.rank, worker_id, self.round)
             self.phase = Phase.FINISHING
@@ -299,19 +344,22 @@ class ElasticJob:
     def exited(self, worker_id: str, status: ExitStatus, now: float) -> None:
         """A worker process ended."""
         w = self.workers.get(worker_id)
-        if w is None or w.status is WorkerStatus.EXITED:
+        if w is None or w.state is S.EXITED:
             return
-        was_member = w.status is WorkerStatus.RUNNING and w.round == self.round
-        w.status = WorkerStatus.EXITED
-        if w.completed:
+        before = w.state
+        was_member = w.member_of(self.round)
+        w.to(S.EXITED)
+        if before is S.COMPLETED:
+            self._completed += 1
             log.debug("job %s: worker %s exited after completing", self.job_id, worker_id)
-        elif w.told_to_exit or w.leaving is not None:
-            log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.leaving or "told to exit")
-            if was_member and w.leaving is not None:
+        elif before in (S.EXITING, S.DRAINING):
+            log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.why or "told to exit")
+            self._emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index, reason=w.why)
+            if was_member:
                 # It vanished before leaving its round: peers may be blocked in a
                 # collective with it, and only an abort releases them.
                 self._abort_round()
-        elif w.lost is not None:
+        elif before is S.LOST:
             pass  # already accounted for when it was given up
         elif self.phase in (Phase.FINISHING, Phase.DONE):
             log.info("job %s: worker %s %s while the job was finishing", self.job_id, worker_id, status.describe)
@@ -319,11 +367,12 @@ class ElasticJob:
             what = status.describe if status.code != 0 or status.transport_error else (
                 "exited with code 0 before its training function returned"
             )
-            self._fail_worker(w, what, now, was_member=was_member, transport=status.transport_error is not None)
+            self._fail_worker(w, what, now, was_member=was_member, transport=status.transport_error is not None,
+                              exit_code=status.code)
         self._step(now)
 
     def tick(self, now: float) -> None:
-        """Periodic check: heartbeats, timeouts, launches, rounds."""
+        """Periodic check: heartbeats, timeouts, deadlines, launches, rounds."""
         self._step(now)
 
     def stop(self, reason: str, exit_code: int) -> None:
@@ -336,13 +385,40 @@ class ElasticJob:
         actions, self._actions = self._actions, []
         return actions
 
+    def take_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """Return and forget the queued events (kind, fields) for the events file."""
+        events, self._events = self._events, []
+        return events
+
     def rank_of(self, worker_id: str) -> int | None:
         w = self.workers.get(worker_id)
         return w.rank if w is not None else None
 
+    @property
+    def completed_workers(self) -> int:
+        """Workers whose training function returned (exited since, or not yet)."""
+        return self._completed + sum(1 for w in self.workers.values() if w.state is S.COMPLETED)
+
     # ---------------------------------------------------------------- internals
+    def _emit(self, kind: str, **fields: Any) -> None:
+        self._events.append((kind, fields))
+
     def _alive(self) -> list[WorkerRecord]:
         return [w for w in self.workers.values() if w.alive]
+
+    def _active(self) -> list[WorkerRecord]:
+        """Alive workers that are staying (not draining, exiting or done)."""
+        return [w for w in self._alive() if w.state in (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)]
+
+    def _members(self) -> list[WorkerRecord]:
+        return [w for w in self._alive() if w.member_of(self.round)]
+
+    def _note_commits(self, w: WorkerRecord, commits: int | None) -> None:
+        if isinstance(commits, int) and commits > w.commits:
+            w.commits = commits
+            if not self.state_committed:
+                self.state_committed = True
+                log.debug("job %s: first commit seen (worker %s)", self.job_id, w.worker_id)
 
     def _finish(self, success: bool, reason: str, exit_code: int) -> None:
         if self.outcome is not None:
@@ -351,11 +427,14 @@ class ElasticJob:
         self.outcome = Finish(success, reason, exit_code)
         (log.info if success else log.error)("job %s: %s", self.job_id, reason)
         for w in self._alive():
-            w.told_to_exit = True
+            if w.state is not S.EXITING:
+                w.to(S.EXITING, "the job is over")
+        self._emit("job_finished", success=success, exit_code=exit_code, reason=reason, resets=self.resets)
         self._actions.append(self.outcome)
 
-    def _fail_worker(self, w: WorkerRecord, what: str, now: float, *, was_member: bool, transport: bool) -> None:
-        reason = f"worker {w.worker_id} ({_rank_label(w)}) {what}"
+    def _fail_worker(self, w: WorkerRecord, what: str, now: float, *, was_member: bool, transport: bool,
+                     exit_code: int | None = None) -> None:
+        reason = f"worker {w.worker_id} ({w.label}) {what}"
         self._last_failure = reason
         if transport:
             host_slots = self.hosts.ready.get(w.slot.host, w.slot.index + 1)
@@ -364,78 +443,154 @@ class ElasticJob:
             delays = [
                 self.hosts.blacklist.record_failure(s, now) for s in slots if not self.hosts.blacklist.blocked(s, now)
             ]
-            log.warning(
-                "job %s: %s; host %s blacklisted for %.0fs", self.job_id, reason, w.slot.host, max(delays, default=0.0)
-            )
+            delay = max(delays, default=0.0)
+            log.warning("job %s: %s; host %s blacklisted for %.0fs", self.job_id, reason, w.slot.host, delay)
         else:
             delay = self.hosts.blacklist.record_failure(w.slot, now)
             log.warning("job %s: %s; slot %s blacklisted for %.0fs", self.job_id, reason, w.slot, delay)
+        self._emit(
+            "worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, what=what,
+            exit_code=exit_code, blacklisted_s=round(delay, 1), whole_host=transport,
+        )
         self._failure_since_round = True
         if was_member:
             self._abort_round()
-        if not self._alive() and not any(x.completed for x in self.workers.values()):
-            self._finish(False, f"all workers failed; last: {reason}", 1)
+        if not self._alive() and self.completed_workers == 0:
+            if self.state_committed and self.policy.checkpointing:
+                log.warning(
+                    "job %s: lost every worker; waiting up to %gs (--elastic-timeout) for --min-np %d slot(s), "
+                    "then resuming from the latest checkpoint", self.job_id, self.policy.elastic_timeout_s,
+                    self.policy.min_np,
+                )
+            else:
+                lost = "; the training state was lost with them (no --checkpoint-dir)" if self.state_committed else ""
+                self._finish(False, f"all workers failed; last: {reason}{lost}", 1)
 
     def _abort_round(self) -> None:
         self._failure_since_round = True
         if self.phase is Phase.RUNNING and self.abort_round < self.round:
             self.abort_round = self.round
             log.info("job %s: round %d aborted; survivors roll back to their last commit", self.job_id, self.round)
+            self._emit("rollback", round=self.round, commits=max((w.commits for w in self._members()), default=0))
 
     def _step(self, now: float) -> None:
         if self.phase is Phase.DONE:
             return
-        self._check_heartbeats(now)
+        for host in self.hosts.expire(now):
+            log.info("job %s: host %s stayed missing from discovery for %gs; removed", self.job_id, host,
+                     self.hosts.missing_grace_s)
+        self._check_liveness(now)
+        self._mark_leavers()
+        self._enforce_deadlines(now)
+        self._release_drained()
         if self.phase is Phase.FINISHING:
             self._step_finishing(now)
             return
         self._plan_launches(now)
         self._check_capacity(now)
         if self.phase is not Phase.DONE:
+            self._check_state_kept()
+        if self.phase is not Phase.DONE:
             self._maybe_request_update()
             self._maybe_form_round(now)
 
-    def _check_heartbeats(self, now: float) -> None:
+    def _progress(self, now: float, key: str, what: str) -> None:
+        """A progress line for a long wait, every PROGRESS_EVERY_S, saying how long it has lasted."""
+        since, last = self._waits.get(key, (now, now))
+        if key not in self._waits:
+            self._waits[key] = (now, now)
+        elif now - last >= PROGRESS_EVERY_S:
+            self._waits[key] = (since, now)
+            log.info("job %s: %s (waiting for %.0fs)", self.job_id, what, now - since)
+
+    # ----------------------------------------------------------- liveness
+    def _check_liveness(self, now: float) -> None:
+        running_now = self._clock(now)
         for w in self._alive():
-            if w.completed:
+            if w.state is S.COMPLETED:
                 continue
             if w.registered:
-                silent = now - w.last_seen
+                silent = running_now - w.last_seen
                 if silent > self.policy.heartbeat_timeout_s:
                     self._give_up(w, f"stopped answering heartbeats for {silent:.1f}s", now)
             elif now - w.launched_at > self.policy.start_timeout_s:
                 self._give_up(w, f"did not reach rendezvous within {self.policy.start_timeout_s:g}s", now)
 
     def _give_up(self, w: WorkerRecord, what: str, now: float) -> None:
-        was_member = w.status is WorkerStatus.RUNNING and w.round == self.round
-        w.lost = what
+        was_member = w.member_of(self.round)
+        leaving = w.state in (S.DRAINING, S.EXITING)
+        w.to(S.LOST, what)
         self._actions.append(Stop(w.worker_id, what, immediate=True))
-        if w.leaving is None and self.phase is not Phase.FINISHING:
+        if not leaving and self.phase is not Phase.FINISHING:
             self._fail_worker(w, what, now, was_member=was_member, transport=False)
-        elif was_member and w.leaving is not None:
+        elif was_member:
             self._abort_round()
 
+    # --------------------------------------------------- leaving hosts
+    def _mark_leavers(self) -> None:
+        """Workers whose host is draining or gone (past the missing grace) are asked to leave."""
+        for w in self._alive():
+            if w.state not in (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING) or self.hosts.is_usable(w.slot):
+                continue
+            drain = self.hosts.draining.get(w.slot.host)
+            why = f"host {w.slot.host} is draining ({drain.reason})" if drain else f"host {w.slot.host} left the group"
+            log.info("job %s: worker %s (%s) will leave: %s", self.job_id, w.worker_id, w.label, why)
+            if w.state is S.RUNNING:
+                w.to(S.DRAINING, why)  # leaves at its next commit
+            else:
+                w.to(S.EXITING, why)
+                if w.state is not S.WAITING:
+                    # Not at rendezvous yet, so no exit order would reach it soon.
+                    self._actions.append(Stop(w.worker_id, why))
+
+    def _enforce_deadlines(self, now: float) -> None:
+        """A draining host whose workers are still in their round close to its deadline is removed by force."""
+        wall = now + self._wall_offset
+        for w in self._alive():
+            if w.state is not S.DRAINING:
+                continue
+            drain = self.hosts.draining.get(w.slot.host)
+            if drain is None or drain.deadline is None or wall < drain.deadline - self.policy.deadline_margin_s:
+                continue
+            what = (f"had not left by {self.policy.deadline_margin_s:g}s before its host's deadline "
+                    f"({drain.reason}); removed by force")
+            log.warning("job %s: worker %s (%s) %s", self.job_id, w.worker_id, w.label, what)
+            w.to(S.LOST, what)
+            self._actions.append(Stop(w.worker_id, what, immediate=True))
+            self._abort_round()
+
+    def _release_drained(self) -> None:
+        """Once no worker is left on a draining host, the cloud may take it (once per host)."""
+        busy = {w.slot.host for w in self._alive()}
+        for host in self.hosts.draining:
+            if host not in busy and host not in self._released:
+                self._released.add(host)
+                self._actions.append(Release(host, self.hosts.instances.get(host)))
+        self._released &= set(self.hosts.draining)
+
+    # ------------------------------------------------------------ finishing
     def _step_finishing(self, now: float) -> None:
         if not self._alive():
-            done = sum(1 for w in self.workers.values() if w.completed)
-            self._finish(True, f"training completed on {done} worker(s) after {self.resets} reset(s)", 0)
+            self._finish(True, f"training completed on {self.completed_workers} worker(s) after {self.resets} reset(s)", 0)
         elif self._finishing_since is not None and now - self._finishing_since > self.policy.completion_grace_s:
             for w in self._alive():
-                w.told_to_exit = True
+                if w.state is not S.EXITING:
+                    w.to(S.EXITING, "job completed; worker did not exit in time")
                 self._actions.append(Stop(w.worker_id, "job completed; worker did not exit in time"))
-            done = sum(1 for w in self.workers.values() if w.completed)
-            self._finish(True, f"training completed on {done} worker(s) after {self.resets} reset(s)", 0)
+            self._finish(True, f"training completed on {self.completed_workers} worker(s) after {self.resets} reset(s)", 0)
 
-    def _active(self) -> list[WorkerRecord]:
-        return [w for w in self._alive() if w.leaving is None]
-
+    # ------------------------------------------------------------ capacity
     def _plan_launches(self, now: float) -> None:
         occupied = {w.slot for w in self._alive()}
         free = [s for s in self.hosts.available_slots(now) if s not in occupied]
-        active = len(self._active())
         if self.phase is Phase.STARTING and not self.workers:
             if len(free) < self.policy.num_proc:
+                self._progress(now, "start", f"waiting for -np {self.policy.num_proc} slot(s): {len(free)} available")
                 if self._started_at is not None and now - self._started_at > self.policy.start_timeout_s:
+                    if not self._discovered_once and self._last_discovery_error:
+                        why = f"host discovery kept failing for {self.policy.start_timeout_s:g}s (--start-timeout): "
+                        self._finish(False, why + self._last_discovery_error, 1)
+                        return
                     self._finish(
                         False,
                         f"only {len(free)} slot(s) available after {self.policy.start_timeout_s:g}s; "
@@ -443,12 +598,14 @@ class ElasticJob:
                         1,
                     )
                 return
-        room = self.policy.max_np - active
+        room = self.policy.max_np - len(self._active())
         for slot in free[: max(room, 0)]:
             self._seq += 1
             worker_id = f"{slot.host}[{slot.index}]#{self._seq}"
-            self.workers[worker_id] = WorkerRecord(worker_id, slot, self._seq, launched_at=now, last_seen=now)
+            self.workers[worker_id] = WorkerRecord(worker_id, slot, self._seq, launched_at=now,
+                                                   last_seen=self._clock(now))
             self._actions.append(Launch(slot, worker_id))
+            self._emit("worker_started", worker=worker_id, host=slot.host, slot=slot.index)
 
     def _check_capacity(self, now: float) -> None:
         if self.phase is Phase.STARTING and self.round == 0 and not self.workers:
@@ -457,9 +614,10 @@ class ElasticJob:
         # crashes on every launch must not restart the elastic timeout each time.
         counted = self._active()
         if self.phase is not Phase.STARTING:
-            counted = [w for w in counted if w.status is not WorkerStatus.STARTING]
+            counted = [w for w in counted if w.state in (S.WAITING, S.RUNNING)]
         if len(counted) >= self.policy.min_np:
             self._below_min_since = None
+            self._waits.pop("min_np", None)
             return
         if self._below_min_since is None:
             self._below_min_since = now
@@ -467,7 +625,10 @@ class ElasticJob:
                 "job %s: %d worker(s) available, below --min-np %d; waiting up to %gs for more",
                 self.job_id, len(self._active()), self.policy.min_np, self.policy.elastic_timeout_s,
             )
-        elif now - self._below_min_since > self.policy.elastic_timeout_s:
+        else:
+            self._progress(now, "min_np", f"below --min-np {self.policy.min_np}: {len(counted)} worker(s) ready, "
+                                          f"{len(self._active()) - len(counted)} starting")
+        if now - self._below_min_since > self.policy.elastic_timeout_s:
             last = f"; last failure: {self._last_failure}" if self._last_failure else ""
             self._finish(
                 False,
@@ -476,21 +637,36 @@ class ElasticJob:
                 1,
             )
 
-    def _members(self) -> list[WorkerRecord]:
-        return [w for w in self._alive() if w.round == self.round and w.round > 0 and w.rank is not None]
+    def _check_state_kept(self) -> None:
+        """Fail at once when the committed state is gone and nothing can bring it back."""
+        if not self.state_committed or self.phase is not Phase.RUNNING:
+            return
+        if any(w.holds_state for w in self._alive() if w.state is not S.EXITING):
+            return
+        if self._members():
+            return  # members still on their way back will report their commits at rendezvous
+        if self.policy.checkpointing:
+            if not self._state_lost_logged:
+                self._state_lost_logged = True
+                log.warning(
+                    "job %s: every worker that held the training state is gone; the next round resumes "
+                    "from the latest checkpoint once --min-np %d worker(s) are ready",
+                    self.job_id, self.policy.min_np,
+                )
+            return
+        last = f" (last failure: {self._last_failure})" if self._last_failure else ""
+        self._finish(False, "training state lost: every worker that held committed state is gone, and without "
+                            f"--checkpoint-dir nothing can bring it back{last}", 1)
 
+    # --------------------------------------------------------------- rounds
     def _maybe_request_update(self) -> None:
         if self.phase is not Phase.RUNNING or self._update_for_round == self.round:
             return
         members = self._members()
-        running = [w for w in members if w.status is WorkerStatus.RUNNING]
-        if not running:
+        if not members:
             return
-        newcomer_ready = any(
-            w.status is WorkerStatus.WAITING and w.leaving is None and w.rank is None
-            for w in self._alive()
-        )
-        member_leaving = any(w.leaving is not None for w in running)
+        newcomer_ready = any(w.state is S.WAITING and w.rank is None for w in self._alive())
+        member_leaving = any(w.state is S.DRAINING for w in members)
         if newcomer_ready or member_leaving:
             self.update_gen += 1
             self._update_for_round = self.round
@@ -500,42 +676,56 @@ class ElasticJob:
             )
 
     def _maybe_form_round(self, now: float) -> None:
-        members = self._members()
-        if any(w.status is WorkerStatus.RUNNING and w.leaving is None for w in members):
-            return  # the current round is still running
+        if any(w.state is S.RUNNING for w in self._members()):
+            return  # the current round is still running (draining members leave at the same commit)
         alive = self._alive()
-        if self.phase is Phase.STARTING and any(w.status is WorkerStatus.STARTING and w.leaving is None for w in alive):
-            return  # first round: wait for everyone launched
-        waiting = [w for w in alive if w.status is WorkerStatus.WAITING and w.leaving is None]
+        waiting = [w for w in alive if w.state is S.WAITING]
+        if self.phase is Phase.STARTING:
+            still_starting = any(w.state in (S.STARTING, S.CONNECTED) for w in alive)
+            # The first round forms once -np workers are ready; later arrivals join as a scale-up.
+            if len(waiting) < self.policy.num_proc and still_starting:
+                return
         if not waiting or len(waiting) < self.policy.min_np:
             return
-        survivors = sorted((w for w in waiting if w.rank is not None), key=lambda w: w.rank)
-        newcomers = sorted(
-            (w for w in waiting if w.rank is None),
-            key=lambda w: (self.hosts.order_of(w.slot.host), w.slot.index, w.seq),
+        plan = plan_round(
+            [
+                Candidate(w.worker_id, w.slot.host, w.slot.index, w.rank, w.holds_state,
+                          (self.hosts.order_of(w.slot.host), w.slot.index, w.seq))
+                for w in waiting
+            ],
+            max_np=self.policy.max_np,
+            state_committed=self.state_committed,
+            failure_since_last_round=self._failure_since_round,
+            checkpointing=self.policy.checkpointing,
         )
-        ordered = (survivors + newcomers)[: self.policy.max_np]
+        if isinstance(plan, StateLost):
+            self._finish(False, f"training state lost: {plan.reason}", 1)
+            return
         if self.round > 0:
             self.resets += 1
             if self.policy.reset_limit is not None and self.resets > self.policy.reset_limit:
                 self._finish(False, f"reset limit exceeded: {self.resets} resets > --reset-limit {self.policy.reset_limit}", 1)
                 return
         self.round += 1
+        ordered = [self.workers[c.worker_id] for c in plan.members]
         self._ranks = assign_ranks([Member(w.worker_id, w.slot.host) for w in ordered])
-        self._needs_sync = bool(newcomers) or self._failure_since_round
+        self._needs_sync = plan.needs_sync
+        self._from_checkpoint = plan.from_checkpoint
         self._round_update_gen = self.update_gen
         self._failure_since_round = False
         for w in ordered:
-            w.status = WorkerStatus.RUNNING
+            w.to(S.RUNNING)
             w.round = self.round
             w.rank = self._ranks[w.worker_id].rank
         if self.phase is Phase.STARTING:
             self.phase = Phase.RUNNING
         log.info(
-            "job %s: round %d formed with %d worker(s) (sync=%s): %s", self.job_id, self.round, len(ordered),
-            self._needs_sync, ", ".join(f"{w.rank}={w.worker_id}" for w in ordered),
+            "job %s: round %d formed with %d worker(s) (sync=%s%s): %s", self.job_id, self.round, len(ordered),
+            self._needs_sync, ", from the latest checkpoint" if plan.from_checkpoint else "",
+            ", ".join(f"{w.rank}={w.worker_id}" for w in ordered),
         )
-
-
-def _rank_label(w: WorkerRecord) -> str:
-    return "not yet ranked" if w.rank is None else f"rank {w.rank}"
+        self._emit(
+            "round_formed", round=self.round, size=len(ordered), synced=self._needs_sync,
+            from_checkpoint=plan.from_checkpoint, commits=max((w.commits for w in ordered), default=0),
+            ranks={w.worker_id: w.rank for w in ordered},
+        )

@@ -37,6 +37,7 @@ class ControlServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._warned: set[tuple[str, str]] = set()
+        self._errors: set[tuple[str, str, str]] = set()
         self.rejected = 0
 
     @property
@@ -76,11 +77,11 @@ class ControlServer:
             self._httpd.server_close()
             self._httpd = None
 
-    def _reject(self, req: BaseHTTPRequestHandler, status: int, reason: str) -> None:
+    def _reject(self, req: BaseHTTPRequestHandler, status: int, reason: str, *, warn: bool = True) -> None:
         self.rejected += 1
         peer = req.client_address[0]
         key = (peer, reason.split(":")[0])
-        if key not in self._warned:
+        if warn and key not in self._warned:
             self._warned.add(key)
             log.warning("control plane: rejected a request from %s: %s", peer, reason)
         body = json.dumps({"error": reason}).encode()
@@ -114,6 +115,13 @@ class ControlServer:
             reply = dict(self._handler(kind, message), re=message["nonce"], to=message.get("worker"))
         except ControlPlaneError as exc:
             self._reject(req, 401 if "signature" in str(exc) else 400, str(exc))
+            return
+        except Exception as exc:  # a driver bug: say so loudly once, and tell the worker instead of hanging up
+            key = (kind, type(exc).__name__, str(exc))
+            if key not in self._errors:
+                self._errors.add(key)
+                log.error("control plane: the driver failed handling %r (a bug; please report it)", kind, exc_info=True)
+            self._reject(req, 500, f"driver error handling {kind}: {type(exc).__name__}: {exc}", warn=False)
             return
         out, signature = self._codec.encode(kind, reply)
         req.send_response(200)

@@ -26,16 +26,27 @@ def _script(tmp_path, body: str):
         ("echo boom >&2\nexit 3\n", "exited with code 3: boom"),
     ],
 )
-def test_a_failing_first_discovery_is_fatal_with_a_clear_message(jobs, tmp_path, body, message):
-    job = jobs(["run", "-np", "1", "--host-discovery-script", str(_script(tmp_path, body)), *probe_cmd()])
+def test_a_failing_first_discovery_is_retried_then_fails_with_a_clear_message(jobs, tmp_path, body, message):
+    job = jobs(["run", "-np", "1", "--start-timeout", "3", "--host-discovery-script", str(_script(tmp_path, body)),
+                *probe_cmd()])
     assert job.finish(timeout=60) == 1, job.output()
     last = job.lines[-1]
-    assert "host discovery failed" in last and message in last, last
+    assert "host discovery kept failing for 3s (--start-timeout)" in last and message in last, last
+    warnings = [line for line in job.lines if "host discovery failed" in line and "retrying" in line]
+    assert len(warnings) == 1, job.output()  # said once, not once per attempt
 
 
-def test_a_hanging_first_discovery_is_killed_and_fatal(jobs, tmp_path):
+def test_a_first_discovery_that_recovers_within_the_start_timeout_runs_the_job(jobs, tmp_path):
+    script = _script(tmp_path, f"n=$(cat '{tmp_path}/n' 2>/dev/null || echo 0); echo $((n+1)) > '{tmp_path}/n'\n"
+                               "if [ $n -lt 2 ]; then echo throttled >&2; exit 1; fi\necho 127.0.0.1:1\n")
+    job = jobs(["run", "-np", "1", "--host-discovery-script", str(script), *probe_cmd("--steps", "3")])
+    assert job.finish(timeout=90) == 0, job.output()
+
+
+def test_a_hanging_first_discovery_is_killed_and_retried_until_the_start_timeout(jobs, tmp_path):
     script = _script(tmp_path, "sleep 600\n")
-    job = jobs(["run", "-np", "1", "--host-discovery-script", str(script), "--discovery-timeout", "1", *probe_cmd()])
+    job = jobs(["run", "-np", "1", "--start-timeout", "2", "--host-discovery-script", str(script),
+                "--discovery-timeout", "1", *probe_cmd()])
     assert job.finish(timeout=60) == 1, job.output()
     assert "did not finish within 1s and was killed" in job.lines[-1]
 

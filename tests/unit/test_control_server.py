@@ -88,3 +88,20 @@ def test_a_reply_recorded_for_another_worker_is_rejected_by_the_client():
         httpd.shutdown()
         httpd.server_close()
     assert json.loads(captured)["to"] == "w9"
+
+
+def test_a_driver_bug_in_a_handler_is_logged_once_at_error_and_reported_to_the_worker(caplog):
+    def handler(kind, message):
+        raise KeyError("round")
+
+    srv = ControlServer(Codec(SECRET, "job"), handler)
+    srv.start()
+    try:
+        client = DriverClient(f"127.0.0.1:{srv.port}", Codec(SECRET, "job"), "w1")
+        for _ in range(2):
+            with pytest.raises(ControlPlaneError, match="HTTP 500.*driver error handling poll: KeyError"):
+                client.call("poll")
+    finally:
+        srv.close()
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].exc_info is not None

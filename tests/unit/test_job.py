@@ -12,7 +12,9 @@ import random
 import pytest
 
 from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
-from cloud_elastic.driver.job import Assignment, ElasticJob, ExitOrder, Finish, Launch, Phase, Policy, Stop
+from cloud_elastic.driver.job import (
+    Assignment, ElasticJob, ExitOrder, Finish, Launch, Phase, Policy, Release, Stop, WorkerState,
+)
 from cloud_elastic.driver.launch import ExitStatus
 from cloud_elastic.driver.planner import RankInfo
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
@@ -46,26 +48,30 @@ class Sim:
         min_np: int | None = None,
         max_np: int | None = None,
         cooldown: tuple[float, float] = (10.0, 300.0),
+        missing_grace: float = 0.0,
         **policy: float,
     ) -> None:
         min_np = np if min_np is None else min_np
         max_np = np if max_np is None else max_np
         self.job = ElasticJob(
             Policy(np, min_np, max_np, **policy),
-            HostManager(Blacklist(cooldown, random.Random(0))),
+            HostManager(Blacklist(cooldown, random.Random(0)), missing_grace_s=missing_grace),
             job_id="t",
         )
         self.now = T0
         self.launched: list[Launch] = []
         self.stops: list[Stop] = []
         self.finished: list[Finish] = []
+        self.released: list[Release] = []
         self.silent: set[str] = set()
+        self.commits: dict[str, int] = {}  # worker id -> commits it reports with its heartbeats
         self.job.start(self.now)
 
     # ------------------------------------------------------------ plumbing
     def _collect(self) -> None:
         for action in self.job.take_actions():
-            {Launch: self.launched, Stop: self.stops, Finish: self.finished}[type(action)].append(action)
+            kinds = {Launch: self.launched, Stop: self.stops, Finish: self.finished, Release: self.released}
+            kinds[type(action)].append(action)
 
     def id(self, slot: str) -> str:
         """Worker id of the latest worker launched on ``slot`` (``"a[0]"``)."""
@@ -83,12 +89,19 @@ class Sim:
 
     # ---------------------------------------------------------------- events
     def advance(self, seconds: float) -> None:
+        """Move time on in ticks of at most 0.5 s, as the driver's loop does (a longer gap is a driver stall)."""
+        end = self.now + seconds
+        while self.now < end:
+            self.now = min(end, self.now + 0.5)
+            for wid, w in self.job.workers.items():
+                if w.alive and w.registered and wid not in self.silent:
+                    self.job.heartbeat(wid, self.now, self.commits.get(wid))
+            self.job.tick(self.now)
+            self._collect()
+
+    def stall(self, seconds: float) -> None:
+        """The driver itself does not run for ``seconds`` (SIGSTOP, a swapped VM): no tick, no heartbeat."""
         self.now += seconds
-        for wid, w in self.job.workers.items():
-            if w.alive and w.registered and wid not in self.silent:
-                self.job.heartbeat(wid, self.now)
-        self.job.tick(self.now)
-        self._collect()
 
     def discover(self, ready: dict[str, int], draining: dict[str, Drain] | None = None) -> None:
         self.job.discovered(DiscoveredHosts(ready=ready, draining=draining or {}), self.now)
@@ -101,9 +114,16 @@ class Sim:
             w = self.job.workers[wid]
             if not w.registered:
                 assert self.job.registered(wid, self.now)
-            self.job.rendezvous(wid, w.round, reason, self.now)
+            self.job.rendezvous(wid, w.round, reason, self.now, self.commits.get(wid))
         self._collect()
         return {slot: self.reply(slot) for slot in slots}
+
+    def commit(self, *slots: str, count: int | None = None) -> None:
+        """These workers have committed (``count`` times in all; default one more), as their heartbeats will say."""
+        for slot in slots:
+            wid = self.id(slot)
+            self.commits[wid] = count if count is not None else self.commits.get(wid, 0) + 1
+            self.job.heartbeat(wid, self.now, self.commits[wid])
 
     def reply(self, slot: str) -> Reply:
         return self.job.assignment(self.id(slot))
@@ -143,7 +163,8 @@ class Sim:
         return self.job.hosts.blacklist.blocked(Slot(host, int(index)), self.now)
 
     def active(self) -> int:
-        return sum(1 for w in self.job.workers.values() if w.alive and w.leaving is None)
+        staying = (WorkerState.STARTING, WorkerState.CONNECTED, WorkerState.WAITING, WorkerState.RUNNING)
+        return sum(1 for w in self.job.workers.values() if w.state in staying)
 
 
 def assert_round(replies: dict[str, Reply], round_: int, *, needs_sync: bool) -> None:
@@ -186,14 +207,27 @@ def test_start_timeout_fails_naming_slots_and_np() -> None:
     assert sim.launched == []
 
 
-def test_first_round_forms_only_when_every_launched_worker_arrived() -> None:
+def test_first_round_forms_once_np_are_ready_and_a_late_worker_joins_as_scale_up() -> None:
+    """-np 2 --max-np 3: the first round does not wait for the third launched worker (it used to, up to
+    --start-timeout, when that worker never arrived)."""
     sim = Sim(2, max_np=3)
     sim.discover({"b": 1, "a": 2})
-    assert sim.join("a[1]", "b[0]") == {"a[1]": None, "b[0]": None}
+    assert sim.join("a[1]") == {"a[1]": None}
     assert sim.job.phase is Phase.STARTING
-    assert_round(sim.join("a[0]"), 1, needs_sync=True)
-    assert sim.layout() == ["b[0]", "a[0]", "a[1]"]  # b was seen first
+    assert_round(sim.join("b[0]"), 1, needs_sync=True)
+    assert sim.layout() == ["b[0]", "a[1]"]  # b was seen first
     assert sim.job.phase is Phase.RUNNING
+    assert sim.join("a[0]") == {"a[0]": None}  # arrives late: a graceful update admits it
+    assert sim.poll("b[0]").update_gen == 1
+    assert_round(sim.join("b[0]", "a[1]", reason="update") | {"a[0]": sim.reply("a[0]")}, 2, needs_sync=True)
+    assert sim.layout() == ["b[0]", "a[1]", "a[0]"]
+
+
+def test_first_round_with_fewer_than_np_when_the_rest_failed_to_start() -> None:
+    sim = Sim(3, min_np=2)
+    sim.discover({"a": 3})
+    sim.exit("a[2]")
+    assert_round(sim.join("a[0]", "a[1]"), 1, needs_sync=True)
 
 
 def test_ranks_on_a_multi_host_layout_and_after_a_failure() -> None:
@@ -445,10 +479,28 @@ def test_worker_that_does_not_exit_after_completion_is_stopped() -> None:
 
 
 # --------------------------------------------------------------- discovery
-def test_first_discovery_failure_is_fatal() -> None:
+def test_first_discovery_failures_are_retried_until_start_timeout() -> None:
+    sim = Sim(2, start_timeout_s=30)
+    sim.discovery_failed("throttled")
+    sim.advance(20)
+    sim.discovery_failed("throttled")
+    assert sim.outcome is None
+    sim.discover({"a": 2})
+    assert sim.slots_launched() == ["a[0]", "a[1]"]
+
+
+def test_first_discovery_failing_past_start_timeout_fails() -> None:
+    sim = Sim(2, start_timeout_s=30)
+    sim.discovery_failed("throttled")
+    sim.advance(31)
+    sim.discovery_failed("throttled")
+    failed(sim, "host discovery kept failing for 30s (--start-timeout): throttled")
+
+
+def test_first_discovery_fatal_failure_fails_at_once() -> None:
     sim = Sim(2)
-    sim.discovery_failed("boom")
-    failed(sim, "host discovery failed: boom")
+    sim.discovery_failed("no such group", fatal=True)
+    failed(sim, "host discovery failed: no such group")
 
 
 def test_later_discovery_failures_are_tolerated_until_elastic_timeout() -> None:
@@ -488,7 +540,7 @@ def test_bug_single_host_outage_counts_once_per_slot() -> None:
         sim.exit(slot, UNREACHABLE)
     assert [sim.job.hosts.blacklist.failures(Slot("b", i)) for i in range(3)] == [1, 1, 1]
     sim.advance(PAST_FIRST_COOLDOWN_S)
-    assert sim.slots_launched()[4:] == ["b[0]", "b[1]", "b[2]"]
+    assert sorted(sim.slots_launched()[4:]) == ["b[0]", "b[1]", "b[2]"]
 
 
 def test_bug_leaving_member_dying_mid_round_aborts_the_round() -> None:

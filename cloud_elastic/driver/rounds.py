@@ -1,0 +1,79 @@
+"""Round formation as a pure function of the workers waiting at rendezvous.
+
+Rules (each tested alone in ``tests/unit/test_rounds.py``):
+
+* Survivors of earlier rounds keep their relative order and newcomers follow,
+  older hosts first, so the oldest worker is rank 0 and its state is the one
+  broadcast.
+* Rank 0 must hold the job's committed training state once there is any: a
+  worker that has never committed (a newcomer, or one whose only sync was cut
+  short) never broadcasts its initial weights over trained state. Holders
+  therefore go first, in their usual order.
+* With no holder left the round can only start from a durable checkpoint; with
+  no checkpoint, the plan is :class:`StateLost` and the job must fail rather
+  than silently train from initial weights.
+* ``needs_sync`` is decided here once for the whole round (Horovod #3494
+  deadlocked when old and new workers decided it locally and disagreed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Sequence, Union
+
+__all__ = ["Candidate", "RoundPlan", "StateLost", "plan_round"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A worker waiting at rendezvous. ``prev_rank`` is None for a newcomer."""
+
+    worker_id: str
+    host: str
+    slot: int
+    prev_rank: int | None
+    holds_state: bool
+    #: Order among newcomers: (host first seen, slot index, launch sequence).
+    newcomer_key: tuple[Hashable, ...] = ()
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """Who is in the next round, in rank order, and how it gets its state."""
+
+    members: tuple[Candidate, ...]
+    needs_sync: bool
+    from_checkpoint: bool = False
+
+
+@dataclass(frozen=True)
+class StateLost:
+    """No candidate holds the committed state and there is no checkpoint to load."""
+
+    reason: str
+
+
+def plan_round(
+    waiting: Sequence[Candidate],
+    *,
+    max_np: int,
+    state_committed: bool,
+    failure_since_last_round: bool,
+    checkpointing: bool,
+) -> Union[RoundPlan, StateLost]:
+    """The next round made of ``waiting`` (at most ``max_np`` of them); see the module rules."""
+    if not waiting:
+        raise ValueError("a round needs at least one worker")
+    survivors = sorted((c for c in waiting if c.prev_rank is not None), key=lambda c: (not c.holds_state, c.prev_rank))
+    newcomers = sorted((c for c in waiting if c.prev_rank is None), key=lambda c: (not c.holds_state, c.newcomer_key))
+    ordered = tuple((survivors + newcomers)[:max_np])
+    if state_committed and not ordered[0].holds_state:
+        if checkpointing:
+            return RoundPlan(ordered, needs_sync=True, from_checkpoint=True)
+        return StateLost(
+            "the training state was lost with the last worker that held it, and without --checkpoint-dir "
+            "nothing can bring it back (refusing to start over from initial weights)"
+        )
+    has_newcomer = any(c.prev_rank is None for c in ordered)
+    unsynced = state_committed and any(not c.holds_state for c in ordered)
+    return RoundPlan(ordered, needs_sync=has_newcomer or failure_since_last_round or unsynced)

@@ -1,0 +1,212 @@
+"""The driver state machine on the failure paths real fleets hit: flaky discovery, a stalled
+driver, lost training state, notices and drain deadlines. Scripted timelines on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.driver.job import Assignment, ExitOrder, Phase, Release
+from cloud_elastic.driver.workers import IllegalTransition, WorkerState
+from cloud_elastic.providers.api import Drain
+from tests.unit.test_job import CLEAN, KILLED, T0, Sim, assert_round, failed, started
+
+pytestmark = pytest.mark.timeout(10)
+
+
+# ------------------------------------------------- a host missing from discovery
+def test_an_empty_discovery_answer_evicts_nobody_within_the_grace() -> None:
+    """Issue 10 #2: a script that printed nothing for 1.5 s used to evict every worker for good."""
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, missing_grace=10)
+    sim.discover({})
+    sim.advance(1.5)
+    sim.discover({"a": 1, "b": 1, "c": 1})
+    sim.advance(20)
+    assert sim.stops == [] and sim.poll("a[0]").update_gen == 0
+    assert all(w.state is WorkerState.RUNNING for w in sim.job.workers.values())
+    assert len(sim.launched) == 3  # nobody was replaced
+
+
+def test_a_host_missing_past_the_grace_leaves_gracefully() -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1, missing_grace=10)
+    sim.discover({"a": 1, "c": 1})
+    sim.advance(9)
+    assert sim.poll("a[0]").update_gen == 0
+    sim.advance(2)
+    assert sim.poll("a[0]").update_gen == 1  # b's worker leaves at its next commit, no rollback
+    assert sim.poll("a[0]").abort_round == 0
+    assert_round(sim.join("a[0]", "c[0]", reason="update"), 2, needs_sync=False)
+    assert isinstance(sim.join("b[0]", reason="update")["b[0]"], ExitOrder)
+
+
+def test_nothing_is_launched_on_a_missing_host() -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, max_np=3, missing_grace=10)
+    sim.discover({"a": 1})
+    sim.discover({"a": 1, "c": 1})
+    assert sim.slots_launched() == ["a[0]", "b[0]", "c[0]"]
+    sim.exit("b[0]", KILLED)  # a real death is still a death, found at once
+    sim.advance(30)
+    assert sim.slots_launched().count("b[0]") == 1
+
+
+def test_a_draining_state_acts_at_once_despite_the_grace() -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, missing_grace=10)
+    sim.discover({"a": 1}, {"b": Drain(reason="Terminating:Wait")})
+    assert sim.poll("a[0]").update_gen == 1
+
+
+# ------------------------------------------------------------ a stalled driver
+def test_a_driver_stall_longer_than_the_heartbeat_timeout_kills_nobody() -> None:
+    """Issue 10 #3: a driver SIGSTOPped for 6 s declared every worker dead."""
+    sim = started(2, {"a": 2}, heartbeat_timeout_s=5)
+    sim.stall(6)
+    sim.advance(0.5)
+    assert sim.stops == [] and sim.outcome is None
+    assert sim.poll("a[0]").abort_round == 0
+
+
+def test_a_silent_worker_is_still_given_up_after_a_driver_stall() -> None:
+    sim = started(2, {"a": 2}, min_np=1, heartbeat_timeout_s=5)
+    sim.silent.add(sim.id("a[1]"))
+    sim.advance(3)
+    sim.stall(30)
+    sim.advance(1.5)
+    assert sim.stops == []  # 4.5 s of running time: not yet
+    sim.advance(1.5)
+    assert [s.worker_id for s in sim.stops] == [sim.id("a[1]")]
+    assert sim.poll("a[0]").abort_round == 1
+
+
+# ------------------------------------------------ the committed state is never lost
+def test_losing_every_state_holder_fails_the_job_instead_of_starting_over() -> None:
+    """Issue 11: newcomers alone used to form the next round, and rank 0 broadcast initial weights."""
+    sim = started(2, {"a": 2}, min_np=1, cooldown=(0, 0))
+    sim.commit("a[0]", "a[1]", count=150)
+    sim.exit("a[0]", KILLED)
+    sim.exit("a[1]", KILLED)
+    failed(sim, "training state lost", "--checkpoint-dir")
+    assert not any(isinstance(sim.reply(s), Assignment) for s in ("a[0]", "a[1]"))
+
+
+def test_a_newcomer_that_never_committed_does_not_become_rank_0_alone() -> None:
+    """The holder dies while a newcomer's first sync is under way: the newcomer holds no trained state."""
+    sim = started(1, {"a": 1}, max_np=2, cooldown=(0, 0))
+    sim.commit("a[0]", count=10)
+    sim.discover({"a": 1, "b": 1})
+    sim.join("b[0]")
+    assert_round(sim.join("a[0]", reason="update") | {"b[0]": sim.reply("b[0]")}, 2, needs_sync=True)
+    sim.exit("a[0]", KILLED)  # during the sync, before b's first commit
+    sim.join("b[0]", reason="failure")
+    failed(sim, "training state lost")
+
+
+def test_holders_take_rank_0_before_a_survivor_that_never_committed() -> None:
+    sim = started(1, {"a": 1}, min_np=1, max_np=3, cooldown=(0, 0))
+    sim.commit("a[0]", count=5)
+    sim.discover({"a": 1, "b": 1})
+    sim.join("b[0]")
+    sim.join("a[0]", reason="update")
+    assert sim.layout() == ["a[0]", "b[0]"]
+    sim.commit("a[0]", "b[0]", count=6)
+    sim.discover({"a": 1, "b": 1, "c": 1})
+    sim.join("c[0]")
+    sim.join("a[0]", "b[0]", reason="update")
+    assert sim.layout() == ["a[0]", "b[0]", "c[0]"]
+    sim.exit("a[0]", KILLED)  # c never committed; b did: b must be rank 0
+    replies = sim.join("b[0]", "c[0]", reason="failure")
+    assert_round(replies, 4, needs_sync=True)
+    assert sim.layout() == ["b[0]", "c[0]"]
+
+
+def test_before_the_first_commit_a_newcomer_may_start_over() -> None:
+    sim = started(1, {"a": 1}, min_np=1, max_np=2, cooldown=(0, 0))
+    sim.discover({"a": 1, "b": 1})
+    sim.join("b[0]")
+    sim.join("a[0]", reason="update")
+    sim.exit("a[0]", KILLED)  # nobody has committed yet: nothing to lose
+    assert_round(sim.join("b[0]", reason="failure"), 3, needs_sync=True)
+    assert sim.outcome is None
+
+
+def test_losing_every_worker_with_checkpoints_waits_for_capacity_until_the_elastic_timeout() -> None:
+    sim = started(2, {"a": 2}, min_np=2, checkpointing=True, elastic_timeout_s=60, cooldown=(1000, 1000))
+    sim.commit("a[0]", "a[1]", count=3)
+    sim.exit("a[0]", KILLED)
+    sim.exit("a[1]", KILLED)
+    sim.advance(59)
+    assert sim.outcome is None
+    sim.advance(2)
+    failed(sim, "fewer than --min-np 2")
+
+
+def test_with_checkpoints_a_whole_group_loss_resumes_from_the_checkpoint() -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=2, checkpointing=True, cooldown=(10, 300))
+    sim.commit("a[0]", "b[0]", count=40)
+    sim.exit("a[0]", KILLED)
+    sim.exit("b[0]", KILLED)
+    sim.discover({"c": 1, "d": 1})  # the old hosts are gone, new capacity arrives
+    assert sim.outcome is None
+    replies = sim.join("c[0]", "d[0]")
+    assert all(isinstance(r, Assignment) and r.from_checkpoint and r.needs_sync for r in replies.values())
+    assert sim.job.phase is Phase.RUNNING
+
+
+# ------------------------------------------------------- notices and deadlines
+def test_a_notice_drains_the_host_with_zero_rollback_and_releases_it() -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
+    sim.job.notice("b", Drain(deadline=T0 + 120, reason="spot interruption"), sim.now, source="aws-imds")
+    sim._collect()
+    poll = sim.poll("a[0]")
+    assert (poll.update_gen, poll.abort_round) == (1, 0)
+    assert_round(sim.join("a[0]", "c[0]", reason="update"), 2, needs_sync=False)
+    assert isinstance(sim.join("b[0]", reason="update")["b[0]"], ExitOrder)
+    assert sim.released == []
+    sim.exit("b[0]", CLEAN)
+    assert sim.released == [Release("b", None)]
+    assert sim.job.hosts.blacklist.failures(sim.job.workers[sim.id("b[0]")].slot) == 0
+    sim.advance(5)
+    assert sim.released == [Release("b", None)]  # once
+    assert sim.outcome is None
+
+
+def test_a_notice_whose_deadline_comes_first_removes_the_workers_by_force() -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=1)
+    sim.job.notice("b", Drain(deadline=T0 + 30, reason="preempted"), sim.now, source="gcp-metadata")
+    sim._collect()
+    sim.advance(24)  # no commit happens: a step longer than the notice
+    assert sim.stops == []
+    sim.advance(1.5)
+    assert [(s.worker_id, s.immediate) for s in sim.stops] == [(sim.id("b[0]"), True)]
+    assert sim.poll("a[0]").abort_round == 1  # the survivor rolls back to its last commit
+    sim.exit("b[0]", KILLED)
+    assert_round(sim.join("a[0]", reason="failure"), 2, needs_sync=True)
+    assert sim.outcome is None
+
+
+def test_a_soft_notice_keeps_new_workers_off_the_host_only() -> None:
+    sim = started(1, {"a": 1}, max_np=3)
+    sim.job.notice("b", Drain(reason="rebalance recommendation"), sim.now, source="aws-imds", soft=True)
+    sim.discover({"a": 1, "b": 1, "c": 1})
+    assert sim.slots_launched() == ["a[0]", "c[0]"]
+    assert sim.poll("a[0]").update_gen == 0
+
+
+def test_a_notice_for_an_unknown_host_changes_nothing() -> None:
+    sim = started(2, {"a": 2})
+    sim.job.notice("zz", Drain(reason="spot interruption"), sim.now, source="aws-sqs")
+    assert sim.poll("a[0]").update_gen == 0
+
+
+# ------------------------------------------------------------ the state machine
+def test_a_transition_the_machine_does_not_have_is_refused() -> None:
+    sim = started(1, {"a": 1})
+    w = sim.job.workers[sim.id("a[0]")]
+    with pytest.raises(IllegalTransition):
+        w.to(WorkerState.STARTING)
+
+
+def test_all_workers_failing_after_commits_says_the_state_went_with_them() -> None:
+    sim = started(2, {"a": 2}, min_np=1, cooldown=(300, 300))
+    sim.commit("a[0]", "a[1]", count=2)
+    sim.exit("a[0]")
+    sim.exit("a[1]")
+    failed(sim, "all workers failed; last: ", "exited with code 1", "training state was lost with them")
