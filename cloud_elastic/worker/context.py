@@ -54,6 +54,7 @@ class RoundInfo(RankInfo):
     round: int
     needs_sync: bool
     update_gen: int
+    from_checkpoint: bool = False
 
 
 class WorkerContext:
@@ -90,6 +91,9 @@ class WorkerContext:
         self._shutdown = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self.device = torch.device("cpu")
+        #: Commits made by this process; reported to the driver, which keeps rank 0 on a worker that has some.
+        self.commits = 0
+        self._notice_watcher: Any = None
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -104,6 +108,7 @@ class WorkerContext:
         reply = self._call("register")
         if not reply.get("ok"):
             raise WorkerRemoved("the driver does not know this worker")
+        self._maybe_watch_notices(reply.get("notice_watcher"))
         # Heartbeats start at once: the driver counts silence from registration on,
         # and connecting to the store can wait for the driver's own torch import.
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="cloud-elastic-heartbeat", daemon=True)
@@ -134,13 +139,15 @@ class WorkerContext:
         last_round = self._attempted_round
         self._last_reason = reason
         while True:
-            reply = self._call("rendezvous", {"last_round": last_round, "reason": reason}, timeout_s=60.0)
+            reply = self._call(
+                "rendezvous", {"last_round": last_round, "reason": reason, "commits": self.commits}, timeout_s=60.0
+            )
             status = reply.get("status")
             if status == "assigned":
                 break
             if status == "exit":
                 raise WorkerRemoved(str(reply.get("reason", "told to exit")))
-        info = RoundInfo(**{k: reply[k] for k in RoundInfo.__dataclass_fields__})
+        info = RoundInfo(**{k: reply[k] for k in RoundInfo.__dataclass_fields__ if k in reply})
         self._attempted_round = info.round
         self._form_group(info)
         log.info("worker %s: joined round %d as rank %d of %d", self.worker_id, info.round, info.rank, info.size)
@@ -166,6 +173,37 @@ class WorkerContext:
 
     def close(self) -> None:
         self._shutdown.set()
+        if self._notice_watcher is not None:
+            self._notice_watcher.close()
+
+    def note_commit(self) -> None:
+        """A commit finished on this worker (``State.commit``)."""
+        self.commits += 1
+
+    # ---------------------------------------------------------------- notices
+    def _maybe_watch_notices(self, cloud: Any) -> None:
+        """Start this host's metadata notice watcher when the driver picks this worker for it (once)."""
+        if not isinstance(cloud, str) or self._notice_watcher is not None or self._codec is None:
+            return
+        from cloud_elastic.notices import watcher_for
+
+        watcher = watcher_for(cloud, self.hostname, self._environ)
+        if watcher is None:
+            return
+        self._notice_watcher = watcher
+        client = DriverClient(self._driver_addr, self._codec, self.worker_id)
+
+        def report(notice: Any) -> None:
+            try:
+                client.call("notice", {
+                    "source": notice.source, "notice": notice.kind, "reason": notice.reason,
+                    "deadline": notice.deadline,
+                }, timeout_s=self.heartbeat_timeout_s + 10)
+            except Exception as exc:  # reported again by the watcher's next sighting, or lost with the host
+                log.warning("worker %s: could not report a %s notice to the driver: %s", self.worker_id, notice.kind, exc)
+
+        watcher.start(report)
+        log.info("worker %s: watching %s instance metadata for notices on host %s", self.worker_id, cloud, self.hostname)
 
     # --------------------------------------------------------- process groups
     def _form_group(self, info: RoundInfo) -> None:
@@ -288,7 +326,8 @@ class WorkerContext:
             try:
                 reply = client.call(
                     "poll",
-                    {"round": self._seen_round, "update_gen": self._seen_update, "abort_round": self._seen_abort},
+                    {"round": self._seen_round, "update_gen": self._seen_update, "abort_round": self._seen_abort,
+                     "commits": self.commits},
                     timeout_s=self.heartbeat_timeout_s + 10,
                 )
                 failing_since = None
@@ -306,6 +345,7 @@ class WorkerContext:
             self._seen_round = int(reply.get("round", 0))
             self._seen_update = max(self._seen_update, int(reply.get("update_gen", 0)))
             self._seen_abort = max(self._seen_abort, int(reply.get("abort_round", 0)))
+            self._maybe_watch_notices(reply.get("notice_watcher"))
             if reply.get("shutdown"):
                 return
 
