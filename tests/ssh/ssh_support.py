@@ -16,6 +16,8 @@ from cloud_elastic.driver.ssh import SSHLauncher, SSHWorkerProcess
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 #: The test sshd listens here too, but accepts no key (a "refused key" host).
 REFUSING_HOST = "127.0.0.4"
+#: An sshd of its own (fixture ``recycled_address``) that restarts with new host keys: a recycled private IP.
+RECYCLED_ADDRESS = "127.0.0.6"
 #: Nothing listens here: connection refused.
 UNREACHABLE_HOST = "127.0.0.9"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
