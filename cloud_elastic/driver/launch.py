@@ -12,7 +12,12 @@ Guarantees every launcher gives:
 * The per-job secret is handed to the worker out of band (environment of a
   local child, stdin of ssh), never on a command line.
 * ``terminate`` stops the worker's whole process group (TERM, then KILL after
-  the grace period) and is idempotent.
+  the grace period) and is idempotent. It may block up to the grace period,
+  so the driver calls it from a thread of its own.
+* ``poll`` and ``kill`` return at once, so the driver's loop thread can call
+  them for many workers: ``kill`` sends the KILL (to the whole group, and for
+  SSH the order to the remote side) and leaves the waiting to ``poll`` and to
+  the launcher's own threads; a stopped worker leaves no process behind.
 * Output is delivered line by line to the ``on_output`` callback from a
   thread the launcher owns.
 """
@@ -77,7 +82,7 @@ class WorkerProcess(Protocol):
         """Stop the whole process group: TERM, then KILL after ``grace_s``. Idempotent; may block up to grace_s."""
 
     def kill(self) -> None:
-        """KILL the whole process group at once. Idempotent; never blocks for long."""
+        """KILL the whole process group; return at once (``poll`` reports the end). Idempotent."""
 
 
 class Launcher(Protocol):

@@ -38,7 +38,11 @@ def kill_group(pid: int, sig: int) -> None:
 
 
 class LocalProcess:
-    """A worker running as a child process in its own session (process group)."""
+    """A worker running as a child process in its own session (process group).
+
+    ``poll`` and ``kill`` never block; ``terminate`` blocks up to its grace.
+    The child stays unreaped (a zombie) until ``poll`` or ``terminate`` sees it end.
+    """
 
     def __init__(self, spec: WorkerSpec, popen: subprocess.Popen) -> None:
         self.spec = spec
@@ -50,10 +54,12 @@ class LocalProcess:
         return self._popen.pid
 
     def poll(self) -> ExitStatus | None:
+        """The exit status once the child has ended (reaping it), else ``None``. Never blocks."""
         code = self._popen.poll()
         return None if code is None else ExitStatus(code)
 
     def terminate(self, grace_s: float = 5.0) -> None:
+        """TERM the group, KILL it after ``grace_s``, reap the child. Blocks up to ``grace_s``; idempotent."""
         with self._lock:
             if self._popen.poll() is None:
                 kill_group(self._popen.pid, signal.SIGTERM)
@@ -65,6 +71,7 @@ class LocalProcess:
             self._popen.wait()
 
     def kill(self) -> None:
+        """SIGKILL the whole group and return at once; ``poll`` reaps the child. Idempotent."""
         kill_group(self._popen.pid, signal.SIGKILL)
 
 

@@ -1,8 +1,8 @@
 """The SSH launcher: start workers on remote hosts through the system ``ssh`` client.
 
 One ``ssh`` process per worker, non-interactive (``BatchMode=yes``), no tty.
-The remote side runs a small Python wrapper (:data:`_REMOTE_WRAPPER`, sent on
-the command line; it holds no secret) that:
+The remote login shell runs ``python3 -m cloud_elastic.driver.remote`` (see
+:mod:`cloud_elastic.driver.remote`; its command line holds no secret), which:
 
 1. reads the per-job secret from the first line of its stdin and hands it to
    the worker as ``CLOUD_ELASTIC_SECRET`` (so it never appears on any command
@@ -18,12 +18,19 @@ the command line; it holds no secret) that:
 
 So ``ExitStatus.code`` is the worker's own status, and ``transport_error`` is
 set only when ssh itself failed (exit 255 without a marker, classified from
-ssh's stderr), when the local ssh client was killed by someone else, or when
-the remote watchdog lost the driver's keepalive.
+ssh's stderr), when the remote wrapper ended without starting the worker (for
+example cloud-elastic missing on that host), when the local ssh client was
+killed by someone else, or when the remote watchdog lost the driver's keepalive.
 
-The remote PATH gets the driver's Python bin directory prepended, so a worker
-command such as ``python train.py`` uses the same virtualenv path remotely:
-cloud images are expected to install cloud-elastic at that same path.
+Host keys: unless the user's ssh options choose a known-hosts file or strict
+checking, ssh checks keys against a job-private known-hosts file
+(:class:`~cloud_elastic.driver.known_hosts.JobKnownHosts`) that forgets an
+address's key when discovery reports a different instance behind it.
+
+The remote PATH gets the driver's Python bin directory prepended, so
+``python3`` (for the wrapper) and a worker command such as ``python train.py``
+use the same virtualenv path remotely: cloud images are expected to install
+cloud-elastic at that same path.
 """
 
 from __future__ import annotations
@@ -42,23 +49,20 @@ import time
 from collections import deque
 
 from cloud_elastic.config import SSH_OPTION, SSHConfig
-from cloud_elastic.errors import ConfigError, LaunchError, SSHError
+from cloud_elastic.driver.known_hosts import JobKnownHosts
 from cloud_elastic.driver.launch import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.local import forward_lines
+from cloud_elastic.driver.remote import MODULE, REASON_KEEPALIVE, SECRET_ENV, WrapperArgs, parse_marker, wrapper_argv
+from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 
 __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
 
 logger = logging.getLogger(__name__)
 
-#: The variable in which the worker finds the per-job secret.
-SECRET_ENV = "CLOUD_ELASTIC_SECRET"
-
-_MARKER = "CLOUD_ELASTIC_EXIT"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SSH_OPTION = SSH_OPTION
 _SERVER_ALIVE_INTERVAL_S = 5
 _SERVER_ALIVE_COUNT_MAX = 3
-_KILL_WAIT_S = 1.0
 _DRAIN_WAIT_S = 2.0
 _STDERR_TAIL = 20
 
@@ -90,158 +94,6 @@ _SSH_FAILURES = (
     ("broken pipe", "connection lost: broken pipe"),
 )
 
-# Runs on the remote host under `python3 -c`. Python 3.6+, stdlib only.
-# argv: nonce, grace_s, keepalive_timeout_s (0 = off), cwd, command...
-_REMOTE_WRAPPER = r'''
-import os, select, signal, subprocess, sys, threading, time
-NONCE, GRACE, KEEPALIVE, CWD, CMD = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5:]
-LOCK = threading.RLock()  # re-entered by the signal handler
-REASON = ["-"]
-PGID = [None]
-
-def say(msg):
-    try:
-        sys.stderr.write("cloud-elastic remote: %s\n" % msg)
-        sys.stderr.flush()
-    except OSError:
-        pass
-
-def done(status, reason):
-    try:
-        sys.stderr.write("%s %s %d %s\n" % ("''' + _MARKER + r'''", NONCE, status, reason))
-        sys.stderr.flush()
-    except OSError:
-        pass
-    os._exit(status if 0 <= status < 255 else (128 - status if status < 0 else 254))
-
-def alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return True
-    for name in names:  # unreaped zombies still count for killpg: look closer
-        try:
-            with open("/proc/%s/stat" % name) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError, ValueError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
-
-def stop(pgid, grace):
-    with LOCK:
-        steps = ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)) if grace > 0 else ((signal.SIGKILL, 0.0),)
-        for sig, wait_s in steps:
-            if not alive(pgid):
-                return
-            try:
-                os.killpg(pgid, sig)
-                os.killpg(pgid, signal.SIGCONT)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and alive(pgid):
-                time.sleep(0.05)
-
-def order_grace(line):
-    # "KILL" -> 0, "TERM <grace>" -> grace, anything else (keepalives) -> None
-    words = line.split()
-    if words[:1] == [b"KILL"]:
-        return 0.0
-    if words[:1] != [b"TERM"]:
-        return None
-    try:
-        return float(words[1])
-    except (IndexError, ValueError):
-        return GRACE
-
-def watch(pgid):
-    buf, last = b"", time.monotonic()
-    while True:
-        ready = select.select([0], [], [], 0.5)[0]
-        if not ready:
-            if KEEPALIVE > 0 and time.monotonic() - last > KEEPALIVE:
-                REASON[0] = "keepalive"
-                say("no keepalive from the driver for %gs: stopping the worker" % KEEPALIVE)
-                return stop(pgid, GRACE)
-            continue
-        try:
-            chunk = os.read(0, 4096)
-        except OSError:
-            chunk = b""
-        if not chunk:
-            return stop(pgid, GRACE)
-        last, buf = time.monotonic(), buf + chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            grace = order_grace(line)
-            if grace is not None:
-                return stop(pgid, grace)
-
-def on_signal(signum, frame):
-    if PGID[0] is None:
-        os._exit(1)
-    stop(PGID[0], GRACE)
-
-def load_prctl():
-    try:
-        import ctypes
-        return ctypes.CDLL(None).prctl
-    except (ImportError, OSError, AttributeError):  # not Linux, or no libc: best effort only
-        return None
-
-PRCTL = [None]
-
-def die_with_parent():
-    # If this wrapper is SIGKILLed, the kernel kills the worker's leader too.
-    if PRCTL[0] is not None:
-        PRCTL[0](1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-def read_secret():
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(0, 1)
-        if not chunk:
-            return None
-        data += chunk
-    return data[:-1].decode()
-
-def main():
-    secret = read_secret()
-    if secret is None:
-        say("the driver went away before the worker started")
-        os._exit(1)
-    if not os.path.isdir(CWD):
-        say("working directory %s does not exist on this host" % CWD)
-        done(127, "cwd")
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, on_signal)
-    PRCTL[0] = load_prctl()
-    env = dict(os.environ)
-    env["''' + SECRET_ENV + r'''"] = secret
-    try:
-        proc = subprocess.Popen(CMD, cwd=CWD, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_parent)
-    except (OSError, subprocess.SubprocessError) as exc:
-        say("cannot start %s: %s" % (CMD[0], exc))
-        done(127, "exec")
-    PGID[0] = proc.pid
-    threading.Thread(target=watch, args=(proc.pid,), daemon=True).start()
-    status = proc.wait()
-    stop(proc.pid, GRACE)  # anything the worker left behind in its group
-    done(status, REASON[0])
-
-main()
-'''
-
-
 class SSHLauncher:
     """Starts workers on remote hosts through the system ``ssh`` client.
 
@@ -259,9 +111,20 @@ class SSHLauncher:
       connection or driver VM leaves no orphan even when sshd never notices.
     * If the connection drops, the remote group gets TERM, then KILL after
       ``disconnect_grace_s``.
+    * Host keys are checked against a job-private known-hosts file
+      (``UserKnownHostsFile``, with ``HashKnownHosts=no``), unless
+      ``config.extra_options`` set ``UserKnownHostsFile`` or demand strict
+      checking (``StrictHostKeyChecking=yes``), in which case the user's files
+      are used and never edited. When ``spec.instance`` differs from the
+      instance an address was last launched for, the address's recorded keys
+      are forgotten first: a recycled private IP is accepted as a new host.
+      The file is removed in ``close``.
+    * ``kill`` never waits: the order is written and a short-lived thread ends
+      the local ssh if the remote side has not finished within ``kill_wait_s``.
 
     The constructor does no I/O and starts no thread; the keepalive thread
-    starts with the first ``launch`` and stops in ``close``.
+    starts with the first ``launch`` and stops in ``close``. The launcher is a
+    context manager that calls ``close``.
     """
 
     def __init__(
@@ -271,18 +134,21 @@ class SSHLauncher:
         keepalive_interval_s: float = 5.0,
         keepalive_timeout_s: float = 30.0,
         disconnect_grace_s: float = 5.0,
+        kill_wait_s: float = 1.0,
     ) -> None:
         for option in config.extra_options:
             if not _SSH_OPTION.match(option):
                 raise ConfigError(f"extra ssh option {option!r} must look like Key=Value (it is passed as ssh -o)")
-        if keepalive_interval_s <= 0 or disconnect_grace_s < 0:
-            raise ConfigError("keepalive_interval_s must be > 0 and disconnect_grace_s >= 0")
+        if keepalive_interval_s <= 0 or disconnect_grace_s < 0 or kill_wait_s < 0:
+            raise ConfigError("keepalive_interval_s must be > 0, disconnect_grace_s and kill_wait_s >= 0")
         if keepalive_timeout_s and keepalive_timeout_s <= 2 * keepalive_interval_s:
             raise ConfigError("keepalive_timeout_s must exceed twice keepalive_interval_s (or be 0 to disable)")
         self._config = config
         self._keepalive_interval_s = keepalive_interval_s
         self._keepalive_timeout_s = keepalive_timeout_s
         self._disconnect_grace_s = disconnect_grace_s
+        self._kill_wait_s = kill_wait_s
+        self._known_hosts = JobKnownHosts() if _wants_job_known_hosts(config.extra_options) else None
         self._lock = threading.Lock()
         self._live: list[SSHWorkerProcess] = []
         self._closed = threading.Event()
@@ -300,6 +166,8 @@ class SSHLauncher:
             argv += ["-o", option]
         argv += ["-o", f"ConnectTimeout={max(1, math.ceil(cfg.connect_timeout_s))}"]
         defaults = _DEFAULT_OPTIONS + (("IdentitiesOnly=yes",) if cfg.identity_file else ())
+        if self._known_hosts is not None:
+            defaults += (f"UserKnownHostsFile={_ssh_quote(self._known_hosts.path)}", "HashKnownHosts=no")
         overridden = {_option_key(option) for option in cfg.extra_options}
         for option in defaults:
             if _option_key(option) not in overridden:
@@ -325,10 +193,11 @@ class SSHLauncher:
         else:
             path = shlex.quote(f"PATH={bindir}:") + '"$PATH"'
         assignments = [shlex.quote(f"{k}={v}") for k, v in spec.env.items() if k != "PATH"]
-        wrapper_args = [nonce, repr(self._disconnect_grace_s), repr(self._keepalive_timeout_s), spec.cwd, *spec.command]
+        wrapper = WrapperArgs(nonce, float(self._disconnect_grace_s), float(self._keepalive_timeout_s), spec.cwd,
+                              tuple(spec.command))
         return " ".join(
-            ["exec", "env", "--", path, *assignments, "python3", "-c", shlex.quote(_REMOTE_WRAPPER)]
-            + [shlex.quote(arg) for arg in wrapper_args]
+            ["exec", "env", "--", path, *assignments, "python3", "-m", MODULE]
+            + [shlex.quote(arg) for arg in wrapper_argv(wrapper)]
         )
 
     def launch(self, spec: WorkerSpec, on_output: OutputSink) -> SSHWorkerProcess:
@@ -347,9 +216,12 @@ class SSHLauncher:
             raise LaunchError("the job secret must be a single line")
         nonce = secrets.token_hex(8)
         argv = self.ssh_argv(spec.host) + [self.remote_command(spec, nonce)]
+        if self._known_hosts is not None:
+            self._known_hosts.admit(spec.host, spec.instance, self._config.port)
         self._log_options_once(argv)
         logger.debug("launching worker %s (slot %s) on %s over ssh", spec.worker_id, spec.slot, spec.host)
-        proc = SSHWorkerProcess(spec, argv, nonce, on_output, self._destination(spec.host), self._keepalive_timeout_s)
+        proc = SSHWorkerProcess(spec, argv, nonce, on_output, self._destination(spec.host), self._keepalive_timeout_s,
+                                kill_wait_s=self._kill_wait_s)
         proc.start()
         with self._lock:
             self._live = [p for p in self._live if p.poll() is None] + [proc]
@@ -358,8 +230,19 @@ class SSHLauncher:
                 self._keepalive.start()
         return proc
 
+    def __enter__(self) -> SSHLauncher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def known_hosts_file(self) -> str | None:
+        """The job-private known-hosts file, or ``None`` when the user's ssh options choose their own."""
+        return self._known_hosts.path if self._known_hosts is not None else None
+
     def close(self) -> None:
-        """Stop the keepalive thread. Idempotent.
+        """Stop the keepalive thread and remove the job-private known-hosts file. Idempotent.
 
         Workers should have been stopped already; any still running get their
         stdin closed here, so their remote watchdog stops them (TERM, then KILL
@@ -375,6 +258,8 @@ class SSHLauncher:
             proc.hang_up()
         if thread is not None:
             thread.join(timeout=self._keepalive_interval_s + 1)
+        if self._known_hosts is not None:
+            self._known_hosts.close()  # ssh reads it only while connecting; live sessions do not need it
 
     def _keepalive_loop(self) -> None:
         while not self._closed.wait(self._keepalive_interval_s):
@@ -399,19 +284,21 @@ class SSHLauncher:
 class SSHWorkerProcess:
     """One worker started through one local ``ssh`` process.
 
-    ``poll``/``terminate``/``kill`` are safe from any thread. The local ssh runs
-    in its own session, so a Ctrl-C at the driver's terminal reaches the driver
-    only, which then stops workers in order.
+    ``poll``/``terminate``/``kill`` are safe from any thread; ``poll``, ``kill``
+    and ``hang_up`` never block. The local ssh runs in its own session, so a
+    Ctrl-C at the driver's terminal reaches the driver only, which then stops
+    workers in order.
     """
 
     def __init__(self, spec: WorkerSpec, argv: list[str], nonce: str, on_output: OutputSink,
-                 destination: str, keepalive_timeout_s: float) -> None:
+                 destination: str, keepalive_timeout_s: float, *, kill_wait_s: float = 1.0) -> None:
         self.spec = spec
         self._argv = argv
         self._nonce = nonce
         self._on_output = on_output
         self._destination = destination
         self._keepalive_timeout_s = keepalive_timeout_s
+        self._kill_wait_s = kill_wait_s
         self._lock = threading.RLock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._readers: list[threading.Thread] = []
@@ -419,6 +306,7 @@ class SSHWorkerProcess:
         self._marker: tuple[int, str] | None = None
         self._stdin_fd: int | None = None
         self._stopping = False
+        self._reaper: threading.Thread | None = None
         self._exited_at: float | None = None
         self._status: ExitStatus | None = None
 
@@ -466,15 +354,30 @@ class SSHWorkerProcess:
     def terminate(self, grace_s: float = 5.0) -> None:
         """TERM the remote process group, KILL it after ``grace_s``; then end the local ssh.
 
-        Blocks up to ``grace_s``. If the remote side has not finished by then the
-        local ssh is killed; the remote wrapper, which already has its orders,
-        still delivers the KILL. Idempotent.
+        Blocks up to ``grace_s`` (call it from a thread of its own). If the
+        remote side has not finished by then the local ssh is killed; the remote
+        wrapper, which already has its orders, still delivers the KILL. Idempotent.
         """
-        self._stop(f"TERM {max(grace_s, 0.0)!r}\n", grace_s)
+        if self._order(f"TERM {max(grace_s, 0.0)!r}\n"):
+            self._end_ssh(grace_s)
 
     def kill(self) -> None:
-        """KILL the remote process group at once; blocks at most about a second. Idempotent."""
-        self._stop("KILL\n", _KILL_WAIT_S)
+        """KILL the remote process group; return at once. Idempotent.
+
+        The ``KILL`` order is written to the remote wrapper, which kills the
+        group. A thread of this process ends the local ssh (and so the
+        connection, which makes the wrapper stop the group anyway) if the remote
+        side has not finished within the launcher's ``kill_wait_s``. ``poll()``
+        reports the end.
+        """
+        if not self._order("KILL\n"):
+            return
+        with self._lock:
+            if self._reaper is not None:
+                return
+            self._reaper = threading.Thread(target=self._end_ssh, args=(self._kill_wait_s,),
+                                            name=f"ssh-kill-{self.spec.worker_id}", daemon=True)
+        self._reaper.start()
 
     def hang_up(self) -> None:
         """Close ssh's stdin: the remote watchdog stops the worker with its default grace. Never blocks."""
@@ -486,13 +389,20 @@ class SSHWorkerProcess:
         """Write one keepalive line to the remote watchdog; never blocks."""
         self._write(b"\n")
 
-    def _stop(self, order: str, wait_s: float) -> None:
+    def _order(self, order: str) -> bool:
+        """Send a stop order and close stdin; ``False`` when ssh has already ended."""
         if self._proc is None or self._proc.poll() is not None:
-            return
+            return False
         with self._lock:
             self._stopping = True
         self._write(order.encode())
         self._close_stdin()
+        return True
+
+    def _end_ssh(self, wait_s: float) -> None:
+        """Wait up to ``wait_s`` for ssh to end after an order; then kill the local client."""
+        if self._proc is None:
+            return
         try:
             self._proc.wait(timeout=max(wait_s, 0.0))
         except subprocess.TimeoutExpired:
@@ -526,13 +436,10 @@ class SSHWorkerProcess:
         self._forward(line)
 
     def _on_stderr(self, line: str) -> None:
-        words = line.split()
-        if len(words) == 4 and words[0] == _MARKER and words[1] == self._nonce:
-            try:
-                self._marker = (int(words[2]), words[3])
-                return
-            except ValueError:
-                pass
+        marker = parse_marker(line, self._nonce)
+        if marker is not None:
+            self._marker = marker
+            return
         self._stderr_tail.append(line)
         self._forward(line)
 
@@ -545,7 +452,7 @@ class SSHWorkerProcess:
     def _exit_status(self, rc: int) -> ExitStatus:
         if self._marker is not None:
             code, reason = self._marker
-            if reason == "keepalive":
+            if reason == REASON_KEEPALIVE:
                 return ExitStatus(code, self._transport(
                     f"the connection went silent for {self._keepalive_timeout_s:g}s and the remote watchdog "
                     "stopped the worker"))
@@ -554,10 +461,39 @@ class SSHWorkerProcess:
             return ExitStatus(rc, self._transport(_classify(self._stderr_tail)))
         if rc < 0 and not self._stopping:
             return ExitStatus(rc, self._transport(f"the local ssh client was killed by signal {-rc}"))
+        if not self._stopping:
+            # No marker and not stopped by us: the wrapper ended before it could start the worker.
+            return ExitStatus(rc, self._transport(_wrapper_failure(rc, self._stderr_tail)))
         return ExitStatus(rc)
 
     def _transport(self, what: str) -> str:
         return f"SSH failure on {self._destination} (not a worker failure): {what}"
+
+
+def _wants_job_known_hosts(extra_options: tuple[str, ...] | list[str]) -> bool:
+    """Whether to use a job-private known-hosts file: not if the user chose a file or strict checking."""
+    given = {}
+    for option in extra_options:
+        match = _SSH_OPTION.match(option)
+        if match:
+            given.setdefault(match.group(1).lower(), option[match.end(2):].strip().lower())
+    strict = given.get("stricthostkeychecking", "")
+    return "userknownhostsfile" not in given and strict not in ("yes", "true", "ask")
+
+
+def _ssh_quote(value: str) -> str:
+    # ssh splits an -o value on whitespace (UserKnownHostsFile takes several files) unless double-quoted.
+    return f'"{value}"' if any(c.isspace() for c in value) else value
+
+
+def _wrapper_failure(rc: int, stderr_tail: deque[str] | list[str]) -> str:
+    """Name a remote wrapper that ended with ``rc`` without starting the worker."""
+    lines = [line.strip() for line in stderr_tail if line.strip()]
+    last = lines[-1] if lines else "nothing"
+    if any("no module named" in line.lower() and "cloud_elastic" in line for line in lines):
+        return (f"python3 on that host cannot import cloud_elastic: install cloud-elastic there at the driver's "
+                f"path ({os.path.dirname(sys.executable)}) (remote said: {last})")
+    return f"the remote wrapper exited with {rc} without starting the worker (remote said: {last})"
 
 
 def _option_key(option: str) -> str:

@@ -3,7 +3,10 @@
 The session fixture :func:`sshd` starts ``/usr/sbin/sshd -D -e`` with a config,
 host key, client key and ``authorized_keys`` generated in a temporary
 directory, listening on 127.0.0.1-3 (and 127.0.0.4, which refuses every key) on one free port.
-Those loopback aliases play the "remote" hosts. Nothing outside the temporary
+Those loopback aliases play the "remote" hosts. The fixture
+:func:`recycled_address` runs a second sshd on 127.0.0.6 that a test restarts
+with a new host key, as a cloud gives a replaced instance's private IP to a
+new one. Nothing outside the temporary
 directory is touched, except that ``/run/sshd`` (sshd's privilege-separation
 directory) is created when missing. ``scripts/setup-sshd.sh`` installs sshd;
 where it still cannot start, the tests skip and say why.
@@ -25,7 +28,7 @@ from typing import Iterator
 import pytest
 
 from cloud_elastic.config import SSHConfig
-from ssh_support import HOSTS, REFUSING_HOST
+from ssh_support import HOSTS, RECYCLED_ADDRESS, REFUSING_HOST
 
 SSHD = "/usr/sbin/sshd"
 START_TIMEOUT_S = 15.0
@@ -66,18 +69,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _keygen(path: Path) -> None:
+def keygen(path: Path) -> None:
+    """A new ed25519 key pair at ``path`` and ``path.pub``."""
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cloud-elastic-test", "-f", str(path)],
                    check=True, capture_output=True, timeout=30)
 
 
-def _write_config(root: Path, port: int) -> Path:
-    listen = "\n".join(f"ListenAddress {host}:{port}" for host in (*HOSTS, REFUSING_HOST))
+def _write_config(root: Path, port: int, host_key: Path, hosts: tuple[str, ...], name: str) -> Path:
+    listen = "\n".join(f"ListenAddress {host}:{port}" for host in hosts)
     (root / "authorized_keys_none").write_text("")
-    config = root / "sshd_config"
+    config = root / f"{name}_config"
     config.write_text(f"""{listen}
-HostKey {root}/host_ed25519
-PidFile {root}/sshd.pid
+HostKey {host_key}
+PidFile {root}/{name}.pid
 AuthorizedKeysFile {root}/authorized_keys
 PubkeyAuthentication yes
 PasswordAuthentication no
@@ -105,13 +109,13 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _wait_for_banner(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+def _wait_for_banner(proc: subprocess.Popen[bytes], host: str, port: int, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             _unavailable(f"sshd exited at start with {proc.returncode}: {log.read_text()[-800:]}")
         try:
-            with socket.create_connection(("127.0.0.2", port), timeout=1) as sock:
+            with socket.create_connection((host, port), timeout=1) as sock:
                 if sock.recv(64).startswith(b"SSH-"):
                     return
         except OSError:
@@ -133,6 +137,27 @@ def _prerequisites() -> str | None:
     return None
 
 
+def start_sshd(root: Path, port: int, host_key: Path, hosts: tuple[str, ...], name: str = "sshd"
+               ) -> subprocess.Popen[bytes]:
+    """Start ``sshd -D`` with ``host_key`` on ``hosts:port`` (keys and authorized_keys in ``root``); wait for it."""
+    log = root / f"{name}.log"
+    with open(log, "ab") as log_file:
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(_write_config(root, port, host_key, hosts, name))],
+                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_banner(proc, hosts[0], port, log)
+    except BaseException:
+        stop_sshd(proc)
+        raise
+    return proc
+
+
+def stop_sshd(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the listener; session children die with their connections."""
+    proc.kill()
+    proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
     """Start a private sshd for the session; kill it at the end."""
@@ -141,25 +166,51 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
         _unavailable(reason)
     root = tmp_path_factory.mktemp("sshd")
     for name in ("host_ed25519", "id_ed25519", "stranger_ed25519"):
-        _keygen(root / name)
+        keygen(root / name)
     (root / "authorized_keys").write_text((root / "id_ed25519.pub").read_text())
     port = free_port()
     host_key = (root / "host_ed25519.pub").read_text().split()[:2]
     known_hosts = root / "known_hosts"
     known_hosts.write_text(",".join(f"[{h}]:{port}" for h in (*HOSTS, REFUSING_HOST)) + " " + " ".join(host_key) + "\n")
-    log = root / "sshd.log"
-    with open(log, "wb") as log_file:
-        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(_write_config(root, port))],
-                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_sshd(root, port, root / "host_ed25519", (*HOSTS, REFUSING_HOST))
     try:
-        _wait_for_banner(proc, port, log)
         config = SSHConfig(port=port, identity_file=str(root / "id_ed25519"), user=getpass.getuser(),
                            extra_options=_client_options(str(known_hosts)), connect_timeout_s=5)
         yield SSHServer(port, root, str(root / "id_ed25519"), str(root / "stranger_ed25519"),
                         str(known_hosts), config)
     finally:
-        proc.kill()  # the listener; session children die with their connections
-        proc.wait(timeout=10)
+        stop_sshd(proc)
+
+
+class RecycledAddress:
+    """One address:port whose sshd can be restarted with another host key."""
+
+    def __init__(self, root: Path, port: int, keys: Path) -> None:
+        self.root, self.port, self._keys = root, port, keys
+        self._name = f"recycled-{uuid.uuid4().hex[:8]}"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def serve(self, key: str) -> str:
+        """(Re)start the sshd with host key ``key`` (generated on first use); return the public key's base64."""
+        self.stop()
+        path = self._keys / key
+        if not path.exists():
+            keygen(path)
+        self._proc = start_sshd(self.root, self.port, path, (RECYCLED_ADDRESS,), name=self._name)
+        return path.with_suffix(".pub").read_text().split()[1]
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            stop_sshd(self._proc)
+            self._proc = None
+
+
+@pytest.fixture
+def recycled_address(sshd, tmp_path) -> Iterator[RecycledAddress]:
+    """An sshd of its own on RECYCLED_ADDRESS, restartable with another host key; stopped at the end."""
+    recycled = RecycledAddress(sshd.root, free_port(), tmp_path)
+    yield recycled
+    recycled.stop()
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ from cloud_elastic.driver.ssh import SSHLauncher, SSHWorkerProcess
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 #: The test sshd listens here too, but accepts no key (a "refused key" host).
 REFUSING_HOST = "127.0.0.4"
+#: An sshd of its own (fixture ``recycled_address``) that restarts with new host keys: a recycled private IP.
+RECYCLED_ADDRESS = "127.0.0.6"
 #: Nothing listens here: connection refused.
 UNREACHABLE_HOST = "127.0.0.9"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
@@ -113,10 +115,20 @@ class Output:
 
 
 def spec(host: str, marker: str, *args: str, env: dict[str, str] | None = None, secret: str = "s3cret",
-         cwd: str = "/") -> WorkerSpec:
-    """A spec running ``_worker.py MARKER ARGS`` with the marker in env and cmdline."""
+         cwd: str = "/", instance: str | None = None) -> WorkerSpec:
+    """A spec running ``_worker.py MARKER ARGS`` with the marker in env and cmdline.
+
+    The test run's ``PYTHONPATH`` is forwarded, so the remote wrapper
+    (``python3 -m cloud_elastic.driver.remote``) is the code under test.
+    """
     return WorkerSpec(worker_id=f"w-{marker[-6:]}", host=host, slot=0, command=(PYTHON, WORKER, marker, *args),
-                      env={"CETEST_MARKER": marker, **(env or {})}, secret=secret, cwd=cwd)
+                      env={**forwarded_env(), "CETEST_MARKER": marker, **(env or {})}, secret=secret, cwd=cwd,
+                      instance=instance)
+
+
+def forwarded_env() -> dict[str, str]:
+    """What the tests forward to remote hosts besides their own variables: the test run's PYTHONPATH."""
+    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
 
 
 def start(launcher: SSHLauncher, host: str, marker: str, *args: str, **kwargs: object

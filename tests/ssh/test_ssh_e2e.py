@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ssh_support import REFUSING_HOST, UNREACHABLE_HOST, processes_with, wait_gone, wait_until
+from ssh_support import REFUSING_HOST, UNREACHABLE_HOST, forwarded_env, processes_with, wait_gone, wait_until
 
 pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -33,7 +33,7 @@ class DriverRun:
         argv = [sys.executable, "-m", "cloud_elastic.cli", "run", "-np", str(np), "--min-np", str(min_np),
                 *(["-H", hosts] if hosts else []), "--force-ssh", "--ssh-port", str(cfg.port),
                 "--ssh-identity-file", cfg.identity_file, "--ssh-user", cfg.user, "--blacklist-cooldown-range", "60", "60", "--start-timeout", "60",
-                "-x", f"CETEST_MARKER={marker}", *args]
+                "-x", f"CETEST_MARKER={marker}", *[a for name in forwarded_env() for a in ("-x", name)], *args]
         for option in cfg.extra_options:
             argv += ["--ssh-option", option]
         argv += ["python", EXAMPLE, *train]

@@ -274,3 +274,42 @@ def test_worker_leader_dies_with_a_killed_wrapper(launcher, marker):
     wait_gone(marker, 5)
     status = wait_exit(proc, 5)
     assert status.transport_error and "without reporting the worker's status" in status.transport_error
+
+
+# --- Stopping never blocks the caller (the driver's loop thread) -----------------
+
+
+def test_kill_returns_before_the_worker_has_ended(sshd, marker):
+    """Three workers whose ssh clients are stalled: kill() returns at once for each, the ends come later."""
+    with SSHLauncher(sshd.config, disconnect_grace_s=1.0, kill_wait_s=600.0) as launcher:
+        started = [start(launcher, host, marker, "sleep", "--ignore-term") for host in ("127.0.0.2", "127.0.0.3") * 2]
+        workers = [_ready(out) for _, out in started]
+        procs = [proc for proc, _ in started]
+        for proc in procs:  # ssh stops reading: a KILL order cannot reach the remote side yet
+            os.kill(proc.ssh_pid, signal.SIGSTOP)
+        try:
+            for proc in procs:
+                proc.kill()
+            # Each kill() came back without waiting for its worker: none has ended, every worker still runs.
+            assert [proc.poll() for proc in procs] == [None] * len(procs)
+            assert {pid for pair in workers for pid in pair} <= {p.pid for p in processes_with(marker)}
+        finally:
+            for proc in procs:
+                os.kill(proc.ssh_pid, signal.SIGCONT)
+        # The orders were waiting in ssh's stdin: the remote groups are killed (TERM is ignored, so KILL it was).
+        assert [wait_exit(proc, 15).code for proc in procs] == [-signal.SIGKILL] * len(procs)
+        wait_gone(marker, 10)
+        for proc in procs:
+            proc.kill()  # idempotent after the end
+
+
+def test_kill_ends_a_stuck_ssh_client_after_the_wait(sshd, marker):
+    """ssh never forwards the order: the launcher's own thread kills it; the dropped connection stops the worker."""
+    with SSHLauncher(sshd.config, disconnect_grace_s=1.0, kill_wait_s=0.5) as launcher:
+        proc, out = start(launcher, REMOTE, marker, "sleep", "--ignore-term")
+        _ready(out)
+        os.kill(proc.ssh_pid, signal.SIGSTOP)  # stays stopped: only SIGKILL can end it
+        proc.kill()
+        status = wait_exit(proc, 15)
+        assert (status.code, status.transport_error) == (-signal.SIGKILL, None)  # we stopped it: not an SSH failure
+        wait_gone(marker, 15)  # sshd saw the connection close; the watchdog TERMed, then KILLed the group

@@ -10,7 +10,8 @@ import pytest
 
 from cloud_elastic.config import SSHConfig
 from cloud_elastic.driver.launch import WorkerSpec
-from cloud_elastic.driver.ssh import SECRET_ENV, SSHLauncher, _classify
+from cloud_elastic.driver.remote import MODULE
+from cloud_elastic.driver.ssh import SECRET_ENV, SSHLauncher, _classify, _wrapper_failure
 from cloud_elastic.errors import ConfigError, LaunchError
 
 pytestmark = pytest.mark.timeout(10)
@@ -32,8 +33,8 @@ def _options(argv: list[str]) -> list[str]:
 def test_ssh_invocation_is_non_interactive_and_uses_the_config(tmp_path):
     key = tmp_path / "id"
     key.write_text("k")
-    argv = SSHLauncher(SSHConfig(port=2222, identity_file=str(key), user="ubuntu", connect_timeout_s=2.5)
-                       ).ssh_argv("10.0.1.4")
+    with SSHLauncher(SSHConfig(port=2222, identity_file=str(key), user="ubuntu", connect_timeout_s=2.5)) as launcher:
+        argv = launcher.ssh_argv("10.0.1.4")
     options = _options(argv)
     assert argv[1] == "-T" and options[0] == "BatchMode=yes"
     assert {"ConnectTimeout=3", "StrictHostKeyChecking=accept-new", "ServerAliveInterval=5",
@@ -45,12 +46,39 @@ def test_ssh_invocation_is_non_interactive_and_uses_the_config(tmp_path):
 
 
 def test_extra_options_override_defaults_but_not_batch_mode():
-    argv = SSHLauncher(SSHConfig(extra_options=("StrictHostKeyChecking=no", "UserKnownHostsFile /dev/null",
-                                                "BatchMode=no"))).ssh_argv("h")
+    with SSHLauncher(SSHConfig(extra_options=("StrictHostKeyChecking=no", "UserKnownHostsFile /dev/null",
+                                              "BatchMode=no"))) as launcher:
+        argv = launcher.ssh_argv("h")
     options = _options(argv)
     assert options[0] == "BatchMode=yes"  # first value wins in ssh
     assert "StrictHostKeyChecking=accept-new" not in options
     assert "StrictHostKeyChecking=no" in options and "UserKnownHostsFile /dev/null" in options
+    assert [o for o in options if o.lower().startswith("userknownhostsfile")] == ["UserKnownHostsFile /dev/null"]
+
+
+def test_host_keys_go_to_a_job_private_file_by_default():
+    with SSHLauncher(SSHConfig()) as launcher:
+        options = _options(launcher.ssh_argv("10.0.1.4"))
+        path = launcher.known_hosts_file
+        assert path is not None and os.path.isfile(path)
+        assert not path.startswith(os.path.expanduser("~"))
+        assert f"UserKnownHostsFile={path}" in options and "HashKnownHosts=no" in options
+        assert "StrictHostKeyChecking=accept-new" in options
+    assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize("option, private", [
+    ("UserKnownHostsFile=~/.ssh/pinned", False),
+    ("StrictHostKeyChecking=yes", False),
+    ("stricthostkeychecking ask", False),
+    ("StrictHostKeyChecking=no", True),
+    ("StrictHostKeyChecking=accept-new", True),
+])
+def test_the_users_own_known_hosts_choice_wins(option, private):
+    with SSHLauncher(SSHConfig(extra_options=(option,))) as launcher:
+        options = _options(launcher.ssh_argv("10.0.1.4"))
+        assert (launcher.known_hosts_file is not None) is private
+        assert any(o.startswith("UserKnownHostsFile=") and "cloud-elastic-ssh-" in o for o in options) is private
 
 
 @pytest.mark.parametrize("bad", ["-F/etc/passwd", "StrictHostKeyChecking", "=no"])
@@ -72,7 +100,8 @@ def test_remote_command_quotes_everything_and_never_holds_the_secret():
     words = shlex.split(command)
     assert words[:3] == ["exec", "env", "--"]
     assert "CLOUD_ELASTIC_JOB_ID=job 1; rm -rf /" in words and "QUOTE=it's" in words
-    assert words[-4:] == ["/srv/job", "python", "train.py", "--lr=0.1"]
+    assert words[-10:] == ["python3", "-m", MODULE, "nonce123", "5.0", "30.0", "/srv/job", "python", "train.py",
+                           "--lr=0.1"]
     assert command.split(" ")[3] == shlex.quote(f"PATH={os.path.dirname(sys.executable)}:") + '"$PATH"'
 
 
@@ -108,3 +137,9 @@ def test_a_multi_line_secret_is_refused():
 ])
 def test_ssh_failures_are_named(stderr, expected):
     assert expected in _classify(stderr)
+
+
+def test_a_host_without_cloud_elastic_is_named():
+    message = _wrapper_failure(1, ["/opt/ce/bin/python3: No module named cloud_elastic"])
+    assert "cannot import cloud_elastic" in message and "No module named" in message
+    assert "exited with 2" in _wrapper_failure(2, ["cloud-elastic remote: bad arguments"])

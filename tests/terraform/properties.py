@@ -488,6 +488,11 @@ def _cli_check(cloud: str) -> Check:
         shared = str(tree.module("common").outputs.get("cli_args", {}).get("value", ""))
         for flag in SHARED_CLI_FLAGS:
             p.expect(re.search(rf"(^| ){re.escape(flag)} \$\{{", shared), f"common cli_args lacks {flag}")
+        # Groups recycle private IPs: the launcher's job-private known hosts forget an address that another
+        # instance took. A run line choosing its own known-hosts file or strict checking would turn it off.
+        for option in ("UserKnownHostsFile", "StrictHostKeyChecking"):
+            p.expect(option.lower() not in (text + " " + shared).lower(),
+                     f"the cli_command must leave {option} to the launcher (recycled private IPs)")
         return p
 
     return run

@@ -153,6 +153,9 @@ MUTATIONS = [
     Mutation("ibm-missing-group-output", IBM + "outputs.tf", 'output "instance_group_id" {', 'output "group" {',
              prop("cli_outputs", "ibm")),
     Mutation("common-no-min-np", COMMON + "outputs.tf", "--min-np ${local.min_np} ", "", prop("cli_outputs", "ibm")),
+    Mutation("common-own-known-hosts", COMMON + "outputs.tf", "--ssh-identity-file ${var.ssh_identity_file} ",
+             "--ssh-identity-file ${var.ssh_identity_file} --ssh-option UserKnownHostsFile=~/.ssh/known_hosts ",
+             prop("cli_outputs", "gcp")),
     # inbound rules
     Mutation("aws-admin-ssh-from-anywhere", AWS + "network.tf", "  cidr_ipv4         = each.value\n", '  cidr_ipv4         = "0.0.0.0/0"\n',
              prop("inbound_rules", "aws")),

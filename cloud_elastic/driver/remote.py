@@ -1,0 +1,336 @@
+"""The remote half of the SSH launcher: runs on the worker host as ``python3 -m cloud_elastic.driver.remote``.
+
+usage: ``python3 -m cloud_elastic.driver.remote NONCE GRACE_S KEEPALIVE_S CWD COMMAND...``
+
+One wrapper per worker, started by :class:`~cloud_elastic.driver.ssh.SSHLauncher`
+through ssh. It
+
+1. reads the per-job secret from the first line of its stdin and hands it to
+   the worker as ``CLOUD_ELASTIC_SECRET``, so the secret is on no command line,
+   local or remote;
+2. starts ``COMMAND`` in ``CWD`` in a **new session and process group**, stdin
+   from ``/dev/null``, stderr merged into stdout, and asks the kernel to KILL
+   that process if the wrapper dies (``PR_SET_PDEATHSIG``);
+3. watches its own stdin (:class:`Watchdog`). End of file (the driver closed
+   the pipe, the local ssh died, the connection dropped), a ``KILL`` or
+   ``TERM <grace>`` line, no keepalive line for ``KEEPALIVE_S`` (0 = off), or a
+   TERM/HUP/INT to the wrapper stops the worker's *whole process group*: TERM,
+   then KILL after the grace;
+4. when the worker ends, stops whatever is left in its group and writes the
+   worker's exact status on a marker line on stderr (:func:`marker_line`),
+   which the launcher parses (:func:`parse_marker`) and removes from the output.
+
+It imports the standard library only (no torch, no cloud SDK, nothing else of
+cloud-elastic): it must start in milliseconds and must not fail on a host whose
+worker environment is broken, so that the driver learns what went wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+__all__ = [
+    "SECRET_ENV", "MARKER", "WrapperArgs", "parse_args", "wrapper_argv", "Watchdog", "Order",
+    "marker_line", "parse_marker", "exit_code", "main",
+]
+
+#: The variable in which the worker finds the per-job secret.
+SECRET_ENV = "CLOUD_ELASTIC_SECRET"
+#: First word of the status line the wrapper writes on stderr when the worker ends.
+MARKER = "CLOUD_ELASTIC_EXIT"
+#: ``python3 -m`` target of the remote command.
+MODULE = "cloud_elastic.driver.remote"
+
+#: Marker reasons: the worker ended on its own or was stopped by an order ("-"),
+#: the driver's keepalive stopped ("keepalive"), the wrapper could not start the
+#: worker ("cwd", "exec").
+REASON_NONE = "-"
+REASON_KEEPALIVE = "keepalive"
+
+_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class WrapperArgs:
+    """What one wrapper runs, as the launcher put it on the remote command line."""
+
+    nonce: str
+    grace_s: float
+    keepalive_timeout_s: float
+    cwd: str
+    command: tuple[str, ...]
+
+
+def wrapper_argv(args: WrapperArgs) -> list[str]:
+    """The arguments after ``-m cloud_elastic.driver.remote`` that :func:`parse_args` reads back."""
+    return [args.nonce, repr(args.grace_s), repr(args.keepalive_timeout_s), args.cwd, *args.command]
+
+
+def parse_args(argv: Sequence[str]) -> WrapperArgs:
+    """Read the wrapper's arguments; ValueError with a one-line message if they are not ours."""
+    if len(argv) < 5:
+        raise ValueError(f"expected NONCE GRACE_S KEEPALIVE_S CWD COMMAND..., got {len(argv)} argument(s)")
+    nonce, grace, keepalive, cwd, *command = argv
+    try:
+        grace_s, keepalive_s = float(grace), float(keepalive)
+    except ValueError:
+        raise ValueError(f"GRACE_S and KEEPALIVE_S must be numbers, got {grace!r} and {keepalive!r}") from None
+    if not nonce or grace_s < 0 or keepalive_s < 0:
+        raise ValueError("NONCE must be non-empty and GRACE_S, KEEPALIVE_S >= 0")
+    return WrapperArgs(nonce, grace_s, keepalive_s, cwd, tuple(command))
+
+
+def exit_code(status: int) -> int:
+    """The wrapper's own exit code for a worker status (``-N`` = signal N), as a shell would give it."""
+    if 0 <= status < 255:
+        return status
+    return 128 - status if status < 0 else 254
+
+
+def marker_line(nonce: str, status: int, reason: str) -> str:
+    """The line that tells the launcher the worker's exact status (without the newline)."""
+    return f"{MARKER} {nonce} {status} {reason}"
+
+
+def parse_marker(line: str, nonce: str) -> tuple[int, str] | None:
+    """``(status, reason)`` if ``line`` is this wrapper's marker line, else ``None``.
+
+    The nonce is per launch, so a worker that prints something that looks like
+    a marker cannot forge its own status.
+    """
+    words = line.split()
+    if len(words) != 4 or words[0] != MARKER or words[1] != nonce:
+        return None
+    try:
+        return int(words[2]), words[3]
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Order:
+    """What the watchdog decided: stop the worker's group with this grace, for this reason."""
+
+    grace_s: float
+    reason: str = REASON_NONE
+
+
+class Watchdog:
+    """Decides, from what arrives on the wrapper's stdin and when, whether to stop the worker.
+
+    Pure: it is fed bytes and times, and returns an :class:`Order` or ``None``.
+    Lines: ``KILL`` (grace 0), ``TERM <grace>`` (``TERM`` alone or with a bad
+    number: the default grace), anything else is a keepalive. End of file stops
+    with the default grace; silence longer than ``keepalive_timeout_s``
+    (0 disables) stops with the default grace and the reason ``keepalive``.
+    """
+
+    def __init__(self, grace_s: float, keepalive_timeout_s: float, now: float) -> None:
+        self._grace_s = grace_s
+        self._keepalive_timeout_s = keepalive_timeout_s
+        self._last = now
+        self._buffer = b""
+
+    def received(self, chunk: bytes, now: float) -> Order | None:
+        """Bytes read from stdin at ``now``; an empty chunk is end of file."""
+        if not chunk:
+            return Order(self._grace_s)
+        self._last = now
+        self._buffer += chunk
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            order = self._order(line)
+            if order is not None:
+                return order
+        return None
+
+    def idle(self, now: float) -> Order | None:
+        """Nothing arrived until ``now``."""
+        if self._keepalive_timeout_s > 0 and now - self._last > self._keepalive_timeout_s:
+            return Order(self._grace_s, REASON_KEEPALIVE)
+        return None
+
+    def _order(self, line: bytes) -> Order | None:
+        words = line.split()
+        if words[:1] == [b"KILL"]:
+            return Order(0.0)
+        if words[:1] != [b"TERM"]:
+            return None
+        try:
+            grace_s = float(words[1])
+        except (IndexError, ValueError):
+            return Order(self._grace_s)
+        return Order(max(grace_s, 0.0))
+
+
+# ---------------------------------------------------------------- process group
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a live (non-zombie) member."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return True
+    # killpg(…, 0) also succeeds for unreaped zombies (the worker's children
+    # whose parent is gone are reaped by init only later): look closer.
+    for name in names:
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError, ValueError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+class Wrapper:
+    """One worker under the wrapper's watch. ``run`` never returns: the wrapper exits with the worker."""
+
+    def __init__(self, args: WrapperArgs, stdin_fd: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._args = args
+        self._fd = stdin_fd
+        self._clock = clock
+        self._lock = threading.RLock()  # re-entered by the signal handler, which runs on the main thread
+        self._reason = REASON_NONE
+        self._pgid: int | None = None
+
+    def run(self) -> None:
+        """Read the secret, start the worker, watch it, report its status, exit."""
+        secret = self._read_secret()
+        if secret is None:
+            _say("the driver went away before the worker started")
+            os._exit(1)
+        if not os.path.isdir(self._args.cwd):
+            _say(f"working directory {self._args.cwd} does not exist on this host")
+            self._done(127, "cwd")
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        env = dict(os.environ)
+        env[SECRET_ENV] = secret
+        try:
+            proc = subprocess.Popen(list(self._args.command), cwd=self._args.cwd, env=env,
+                                    stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=_die_with_parent())
+        except (OSError, subprocess.SubprocessError) as exc:
+            _say(f"cannot start {self._args.command[0]}: {exc}")
+            self._done(127, "exec")
+        self._pgid = proc.pid
+        threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
+        status = proc.wait()
+        self.stop(self._args.grace_s)  # whatever the worker left behind in its group
+        self._done(status, self._reason)
+
+    def stop(self, grace_s: float) -> None:
+        """TERM the worker's group, KILL it after ``grace_s`` (at once if 0); return when it is empty."""
+        pgid = self._pgid
+        if pgid is None:
+            return
+        with self._lock:
+            steps = [(signal.SIGKILL, 0.0)]
+            if grace_s > 0:
+                steps.insert(0, (signal.SIGTERM, grace_s))
+            for sig, wait_s in steps:
+                if not group_alive(pgid):
+                    return
+                try:
+                    os.killpg(pgid, sig)
+                    os.killpg(pgid, signal.SIGCONT)  # a stopped process cannot act on TERM
+                except ProcessLookupError:
+                    return
+                deadline = self._clock() + wait_s
+                while self._clock() < deadline and group_alive(pgid):
+                    time.sleep(0.05)
+
+    def _watch(self) -> None:
+        watchdog = Watchdog(self._args.grace_s, self._args.keepalive_timeout_s, self._clock())
+        while True:
+            if select.select([self._fd], [], [], _POLL_S)[0]:
+                try:
+                    chunk = os.read(self._fd, 4096)
+                except OSError:
+                    chunk = b""
+                order = watchdog.received(chunk, self._clock())
+            else:
+                order = watchdog.idle(self._clock())
+            if order is not None:
+                break
+        if order.reason == REASON_KEEPALIVE:
+            self._reason = REASON_KEEPALIVE
+            _say(f"no keepalive from the driver for {self._args.keepalive_timeout_s:g}s: stopping the worker")
+        self.stop(order.grace_s)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self._pgid is None:
+            os._exit(1)
+        self.stop(self._args.grace_s)
+
+    def _read_secret(self) -> str | None:
+        # Byte by byte: whatever follows the first line is the watchdog's.
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = os.read(self._fd, 1)
+            if not chunk:
+                return None
+            data += chunk
+        return data[:-1].decode()
+
+    def _done(self, status: int, reason: str) -> None:
+        try:
+            sys.stderr.write(marker_line(self._args.nonce, status, reason) + "\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
+        os._exit(exit_code(status))
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(f"cloud-elastic remote: {message}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec function asking the kernel to KILL the worker's leader if the wrapper dies (Linux only)."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None).prctl
+    except (ImportError, OSError, AttributeError):  # not Linux, or no libc: best effort only
+        return None
+
+    def preexec() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return preexec
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``python3 -m cloud_elastic.driver.remote``; never returns."""
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        _say(f"bad arguments ({exc}); is the driver's cloud-elastic version installed on this host?")
+        os._exit(2)
+    Wrapper(args).run()
+
+
+if __name__ == "__main__":
+    main()

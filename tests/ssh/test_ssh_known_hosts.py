@@ -1,0 +1,70 @@
+"""Recycled private IPs: a new instance at a known address is accepted, a changed key on the same instance is not.
+
+A second sshd plays one "cloud" address (127.0.0.6 on a port of its own).
+Restarting it with another host key is what a replaced instance that got the
+old instance's private IP looks like to the driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from cloud_elastic.driver.ssh import SSHLauncher
+from ssh_support import RECYCLED_ADDRESS as ADDRESS, start, wait_exit
+
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def launcher(sshd, recycled_address) -> Iterator[SSHLauncher]:
+    # The default host-key policy; only the system-wide file is kept out, so the test sees this launcher's file alone.
+    config = dataclasses.replace(sshd.config, port=recycled_address.port,
+                                 extra_options=("GlobalKnownHostsFile=/dev/null",))
+    with SSHLauncher(config) as launcher:
+        yield launcher
+
+
+def _runs(launcher: SSHLauncher, marker: str, instance: str | None) -> None:
+    proc, out = start(launcher, ADDRESS, marker, "report", instance=instance)
+    status = wait_exit(proc)
+    assert (status.code, status.transport_error) == (0, None), out.lines
+    assert json.loads(out.wait_for("{"))["env"]["SSH_CONNECTION"].split()[2] == ADDRESS
+
+
+def test_a_new_instance_at_a_recycled_address_is_accepted(launcher, recycled_address, marker):
+    old_key = recycled_address.serve("instance-a")
+    _runs(launcher, marker, "i-aaaa")
+    path = launcher.known_hosts_file
+    assert path is not None and old_key in Path(path).read_text()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    assert not os.path.exists(os.path.expanduser("~/.ssh/known_hosts")) or \
+        old_key not in Path(os.path.expanduser("~/.ssh/known_hosts")).read_text(), "the user's known_hosts was used"
+
+    new_key = recycled_address.serve("instance-b")  # the group replaced the instance; the new one got the same IP
+    _runs(launcher, marker, "i-bbbb")
+    text = Path(path).read_text()
+    assert new_key in text and old_key not in text
+
+    launcher.close()
+    assert not os.path.exists(os.path.dirname(path)), "the private known-hosts directory outlived the launcher"
+
+
+@pytest.mark.parametrize("instance", ["i-aaaa", None], ids=["same-instance", "no-instance-id"])
+def test_a_changed_key_without_a_new_instance_is_refused(launcher, recycled_address, marker, instance):
+    recycled_address.serve("instance-a")
+    _runs(launcher, marker, instance)
+    recycled_address.serve("impostor")
+    proc, out = start(launcher, ADDRESS, marker, "report", instance=instance)
+    status = wait_exit(proc)
+    assert status.code == 255
+    assert status.transport_error and "not a worker failure" in status.transport_error
+    assert "host key mismatch" in status.transport_error, status.transport_error
+    assert not any(line.startswith("{") for line in out.lines), "the worker ran on a host with a changed key"
