@@ -50,7 +50,10 @@ class Driver:
         job_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         output: Callable[[str], None] | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
+        """``launcher``, when given, starts every worker (e.g. as Ray actors); by default loopback hosts
+        get local child processes and the others SSH."""
         self.config = config
         self.job_id = job_id or secrets.token_hex(4)
         self._discovery = discovery
@@ -74,7 +77,7 @@ class Driver:
             job_id=self.job_id,
         )
         self._procs: dict[str, WorkerProcess] = {}
-        self._launchers: dict[str, Launcher] = {}
+        self._launchers: dict[str, Launcher] = {} if launcher is None else {"given": launcher}
         self._stop_reason: tuple[str, int] | None = None
         self._out = output or _print_line
         self._server: ControlServer | None = None
@@ -240,6 +243,8 @@ class Driver:
         log.info("job %s: launched worker %s", self.job_id, action.worker_id)
 
     def _launcher_for(self, host: str) -> Launcher:
+        if "given" in self._launchers:
+            return self._launchers["given"]
         kind = "local" if is_local_host(host) and not self.config.force_ssh else "ssh"
         if kind not in self._launchers:
             if kind == "local":
