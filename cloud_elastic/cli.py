@@ -14,6 +14,7 @@ Shell completion (click's): ``eval "$(_CLOUD_ELASTIC_COMPLETE=bash_source cloud-
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -208,21 +209,28 @@ def providers() -> int:
 def status(job: str | None, as_json: bool) -> int:
     """List the jobs running on this machine, or show JOB: phase, round, hosts, workers, commits.
 
+    Without JOB: the list, or the one job's status when exactly one is running.
+
     Asks the job's driver over its authenticated control plane; only the user
     who started the job can read its secret, so only that user can ask.
     """
     from cloud_elastic import status as st
 
+    import json
+
     if job is None:
         jobs = st.list_jobs()
-        if len(jobs) != 1 or as_json:
+        alive = [j for j in jobs if j.alive]
+        if as_json:
+            json.dump([dataclasses.asdict(j) for j in jobs], sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return 0
+        if len(alive) != 1:
             sys.stdout.write(st.render_job_list(jobs))
             return 0
-        job = jobs[0].job_id
+        job = alive[0].job_id  # the usual case: one job on this machine, show it
     reply = st.query_status(job)
     if as_json:
-        import json
-
         json.dump(reply.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
