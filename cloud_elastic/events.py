@@ -21,7 +21,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, TextIO
+
+from cloud_elastic.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cloud_elastic.metrics import MetricsServer
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -31,6 +36,8 @@ __all__ = [
     "NullEvents",
     "JsonLinesEvents",
     "TeeEvents",
+    "JobSinks",
+    "open_sinks",
     "validate",
 ]
 
@@ -200,3 +207,48 @@ class TeeEvents:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+@dataclass(frozen=True)
+class JobSinks:
+    """What :func:`open_sinks` started: ``sink`` gets every event; ``metrics`` (or None) also
+    takes ``observe_discovery`` / ``observe_step``. ``close()`` closes both."""
+
+    sink: EventSink
+    metrics: "MetricsServer | None"
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+def open_sinks(job_id: str, events_file: str | None, metrics_port: int | None) -> JobSinks:
+    """Start the events file and the metrics server a job's flags ask for (either, both or none).
+
+    Call it before any worker starts: a file that cannot be opened, a port
+    that is taken or a missing ``[metrics]`` extra is a ConfigError (the CLI's
+    exit code 2, nothing started), and whatever was already opened is closed.
+    """
+    sinks: list[Any] = []
+    metrics = None
+    try:
+        if events_file is not None:
+            events = JsonLinesEvents(events_file, job_id)
+            try:
+                events.start()
+            except OSError as exc:
+                raise ConfigError(f"--events-file {events_file}: {exc.strerror or exc}") from None
+            sinks.append(events)
+        if metrics_port is not None:
+            from cloud_elastic.metrics import MetricsServer
+
+            metrics = MetricsServer(job_id, metrics_port)
+            try:
+                metrics.start()
+            except OSError as exc:
+                raise ConfigError(f"--metrics-port {metrics_port}: {exc.strerror or exc}") from None
+            sinks.append(metrics)
+    except BaseException:
+        for opened in sinks:
+            opened.close()
+        raise
+    return JobSinks(TeeEvents(*sinks), metrics)

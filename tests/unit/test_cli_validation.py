@@ -23,7 +23,8 @@ TRAIN = ["touch", "STARTED"]
 @dataclass(frozen=True)
 class Case:
     args: tuple[str, ...]
-    message: str
+    #: What the one line must contain; a tuple when click's wording differs across versions around a name.
+    message: str | tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
 
 
@@ -42,8 +43,8 @@ CASES = {
                                   "is not executable"),
     "script-missing": Case(("-np", "2", "--host-discovery-script", "{dir}/missing.sh", *TRAIN),
                            "does not exist or is not a file"),
-    "unknown-flag-first": Case(("--no-such-flag", "x", "-np", "2", "-H", "h:2", *TRAIN), "no such option '--no-such-flag'"),
-    "unknown-flag-last": Case(("-np", "2", "-H", "h:2", "--no-such-flag", *TRAIN), "no such option '--no-such-flag'"),
+    "unknown-flag-first": Case(("--no-such-flag", "x", "-np", "2", "-H", "h:2", *TRAIN), ("no such option", "--no-such-flag")),
+    "unknown-flag-last": Case(("-np", "2", "-H", "h:2", "--no-such-flag", *TRAIN), ("no such option", "--no-such-flag")),
     "missing-np": Case(("-H", "h:2", *TRAIN), "missing option '-np' / '--num-proc'"),
     "np-not-a-number": Case(("-np", "two", "-H", "h:2", *TRAIN), "'two' is not a valid integer"),
     "cooldown-one-value": Case(("-np", "1", "-H", "h", "--blacklist-cooldown-range", "5"),
@@ -94,7 +95,9 @@ def test_invalid_command_line_exits_2_with_one_line(results: dict[str, Result], 
     assert result.code == 2, result.stderr
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("cloud-elastic: error: ")
-    assert CASES[name].message in lines[0]
+    message = CASES[name].message
+    for part in (message,) if isinstance(message, str) else message:
+        assert part in lines[0]
     assert result.stdout == ""
 
 

@@ -107,3 +107,33 @@ def test_docs_describe_every_kind_and_every_field_of_schema_v1() -> None:
 def test_every_recorded_event_validates() -> None:
     for _, kind, fields in TIMELINE:
         validate(kind, fields)
+
+
+def test_open_sinks_feeds_the_file_and_the_metrics_and_refuses_a_taken_port(tmp_path: Path) -> None:
+    import socket
+    import urllib.request
+
+    from cloud_elastic.errors import ConfigError
+    from cloud_elastic.events import open_sinks
+
+    path = tmp_path / "events.jsonl"
+    opened = open_sinks("j", str(path), 0)
+    try:
+        opened.sink.emit("rollback", commit_step=10, steps_lost=4)
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{opened.metrics.port}/metrics", timeout=5).read().decode()
+    finally:
+        opened.close()
+    assert json.loads(path.read_text())["steps_lost"] == 4
+    assert "cloud_elastic_steps_lost_total 4.0" in scraped
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"--metrics-port {port}: "):
+            open_sinks("j", str(tmp_path / "other.jsonl"), port)
+    with pytest.raises(ConfigError, match="--events-file /nonexistent/e.jsonl: No such file or directory"):
+        open_sinks("j", "/nonexistent/e.jsonl", None)
+    nothing = open_sinks("j", None, None)
+    nothing.sink.emit("checkpoint_loaded", step=1, path="/ck")
+    assert nothing.metrics is None
