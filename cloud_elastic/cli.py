@@ -84,7 +84,8 @@ def cli(ctx: click.Context) -> None:
 @click.option("--drain-on-rebalance", is_flag=True,
               help="treat a rebalance recommendation or maintenance event like a termination notice")
 @click.option("--events-file", metavar="PATH", help="write the job's events as JSON lines (see docs/events.md)")
-@click.option("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port (needs [metrics])")
+@click.option("--metrics-port", type=int, metavar="PORT",
+              help="serve Prometheus metrics on this port (needs [metrics])")
 @click.option("--ssh-port", type=int, metavar="PORT", help="ssh port on the hosts (default: ssh's)")
 @click.option("--ssh-identity-file", metavar="PATH", help="private key for ssh")
 @click.option("--ssh-user", metavar="USER", help="user to log in as")

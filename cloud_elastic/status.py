@@ -25,7 +25,7 @@ import os
 import stat
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -265,7 +265,8 @@ class StatusReply:
                                 float(b["seconds_left"]), int(b["failures"]))
                 for b in data.get("blacklisted", ()))
             notices = tuple(
-                PendingNotice(str(n["host"]), str(n["source"]), None if n.get("deadline") is None else float(n["deadline"]))
+                PendingNotice(str(n["host"]), str(n["source"]),
+                              None if n.get("deadline") is None else float(n["deadline"]))
                 for n in data.get("notices", ()))
             return cls(
                 job=str(data["job"]), phase=str(data["phase"]), round=int(data["round"]),
