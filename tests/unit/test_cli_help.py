@@ -97,3 +97,20 @@ def test_unknown_flag_after_the_command_goes_to_the_command() -> None:
 
     _, params, _ = parse_command_line(["run", "-np", "1", "-H", "h", "python", "t.py", "--no-such-flag", "-h"])
     assert params["config"].command == ("python", "t.py", "--no-such-flag", "-h")
+
+
+def test_every_flag_in_the_readme_table_and_the_providers_doc_exists() -> None:
+    import re
+    from pathlib import Path
+
+    from cloud_elastic.cli import cli
+
+    repo = Path(__file__).resolve().parents[2]
+    known = {opt for param in cli.commands["run"].params for opt in (*param.opts, *param.secondary_opts)}
+    readme = repo.joinpath("README.md").read_text()
+    table = [line for line in readme.splitlines() if line.startswith("| `-")]
+    documented = {flag for line in table for flag in re.findall(r"`(-{1,2}[a-z][a-z-]*)", line.split("|")[1])}
+    providers_doc = repo.joinpath("docs", "providers.md").read_text()
+    documented |= set(re.findall(r"`(--(?:aws|gcp|azure|ibm)-[a-z-]+)", providers_doc))
+    assert len(documented) >= 40  # the table was read, not skipped
+    assert documented - known == set()
