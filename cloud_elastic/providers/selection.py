@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import click
 
 from cloud_elastic.errors import ConfigError
-from cloud_elastic.providers import registry
-from cloud_elastic.providers.addressmap import AddressMappedDiscovery, parse_address_map
-from cloud_elastic.providers.api import HostDiscovery
+
+if TYPE_CHECKING:
+    from cloud_elastic.providers.api import HostDiscovery
 
 __all__ = [
     "CloudFlag",
@@ -107,6 +107,8 @@ _BASE_PARAMS = ("hosts", "host_discovery_script", "provider", "provider_option",
 
 def _complete_provider(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
     # Names come from the entry points' metadata: no provider module (and no SDK) is imported.
+    from cloud_elastic.providers import registry
+
     return [name for name in registry.available() if name.startswith(incomplete)]
 
 
@@ -211,8 +213,12 @@ def selected_provider(args: DiscoveryArgs) -> tuple[str, dict[str, str]]:
     return name, options
 
 
-def build_discovery(args: DiscoveryArgs) -> HostDiscovery:
+def build_discovery(args: DiscoveryArgs) -> "HostDiscovery":
     """Load and configure the selected provider. No I/O beyond loading its entry point."""
+    # Imported here, not at the top: --help and completion never need importlib.metadata.
+    from cloud_elastic.providers import registry
+    from cloud_elastic.providers.addressmap import AddressMappedDiscovery, parse_address_map
+
     if args.slots_per_host is not None and args.slots_per_host < 1:
         raise ConfigError(f"--slots-per-host must be >= 1, got {args.slots_per_host}")
     name, options = selected_provider(args)
