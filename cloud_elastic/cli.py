@@ -1,190 +1,293 @@
-"""The ``cloud-elastic`` command line. Thin: parse, validate, hand over.
+"""The ``cloud-elastic`` command line (click). Thin: parse, validate, hand over.
 
 Exit codes: 0 success; 1 the job failed (the last line says why); 2 invalid
 flags or configuration (nothing was started); 130/143 interrupted by
 SIGINT/SIGTERM (every worker was stopped first).
+
+Importing this module imports click and nothing heavy: no torch, no cloud
+SDK, so ``--help``, ``providers`` and shell completion stay fast. Each
+command imports what it needs when it runs.
+
+Shell completion (click's): ``eval "$(_CLOUD_ELASTIC_COMPLETE=bash_source cloud-elastic)"``
+(``zsh_source``, ``fish_source`` for the other shells).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import logging
 import os
 import signal
 import sys
-from typing import Sequence
+from typing import Any, Sequence
+
+import click
 
 from cloud_elastic import __version__
 from cloud_elastic.errors import CloudElasticError, ConfigError
+from cloud_elastic.providers.selection import DiscoveryArgs, discovery_options
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "cli", "job_config", "parse_command_line"]
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors and exit code 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"cloud-elastic: error: {message} (see '{self.prog} --help')\n")
-        sys.exit(2)
+PROG = "cloud-elastic"
+_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from cloud_elastic.providers.selection import add_discovery_arguments
+class _Group(click.Group):
+    """Subcommands listed in the order they are defined, not alphabetically."""
 
-    parser = _Parser(prog="cloud-elastic", description="Elastic PyTorch training on cloud autoscaling groups.")
-    parser.add_argument("--version", action="version", version=f"cloud-elastic {__version__}")
-    sub = parser.add_subparsers(dest="subcommand", parser_class=_Parser, metavar="{run,discover,providers}")
-
-    run = sub.add_parser(
-        "run", help="run an elastic training job", allow_abbrev=False,
-        description="Run COMMAND as one worker per slot on the discovered hosts, elastically.",
-    )
-    size = run.add_argument_group("job size")
-    size.add_argument("-np", "--num-proc", type=int, required=True, metavar="N", help="workers to start with")
-    size.add_argument("--min-np", type=int, metavar="N", help="fewest workers to keep training with (default: -np)")
-    size.add_argument("--max-np", type=int, metavar="N", help="most workers to scale up to (default: -np, as in Horovod)")
-    add_discovery_arguments(run)
-    el = run.add_argument_group("elasticity")
-    el.add_argument(
-        "--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"), default=(10.0, 300.0),
-        help="a failed slot is blocked for MIN*2^(failures-1) seconds, at most MAX (default 10 300; 0 0 disables)",
-    )
-    el.add_argument("--reset-limit", type=int, metavar="N", help="fail the job after N resets (default: no limit)")
-    el.add_argument(
-        "--elastic-timeout", type=float, metavar="SECONDS",
-        help="how long to wait below --min-np before failing (default 600, or $HOROVOD_ELASTIC_TIMEOUT)",
-    )
-    el.add_argument(
-        "--start-timeout", type=float, default=600.0, metavar="SECONDS",
-        help="how long to wait for -np slots and for workers to start (default 600)",
-    )
-    el.add_argument(
-        "--heartbeat-timeout", type=float, default=5.0, metavar="SECONDS",
-        help="a worker silent this long is given up and its round aborted (default 5)",
-    )
-    el.add_argument("--discovery-interval", type=float, default=1.0, metavar="SECONDS", help="seconds between discovery calls (default 1)")
-    net = run.add_argument_group("remote hosts")
-    net.add_argument("--ssh-port", type=int, metavar="PORT", help="ssh port on the hosts (default: ssh's)")
-    net.add_argument("--ssh-identity-file", metavar="PATH", help="private key for ssh")
-    net.add_argument("--ssh-user", metavar="USER", help="user to log in as")
-    net.add_argument(
-        "--ssh-option", action="append", default=[], metavar="OPTION",
-        help="extra 'ssh -o' option, e.g. StrictHostKeyChecking=accept-new (repeatable)",
-    )
-    net.add_argument("--driver-address", metavar="ADDR", help="address workers use to reach the driver (default: picked from the route to the hosts)")
-    net.add_argument("--network-interface", metavar="NIC", help="network interface Gloo/NCCL use on the workers")
-    net.add_argument("--force-ssh", action="store_true", help=argparse.SUPPRESS)
-    run.add_argument(
-        "-x", "--env", action="append", default=[], metavar="NAME[=VALUE]",
-        help="forward an environment variable to the workers (repeatable)",
-    )
-    run.add_argument("--verbose", action="store_true", help="debug logging")
-    run.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
-
-    disc = sub.add_parser("discover", help="print the hosts a provider reports, as the driver would see them")
-    add_discovery_arguments(disc)
-    disc.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    disc.add_argument("--verbose", action="store_true", help="debug logging")
-
-    sub.add_parser("providers", help="list the installed discovery providers and their options")
-    return parser
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
 
 
-def _job_config(args: argparse.Namespace):
-    from cloud_elastic.config import JobConfig, SSHConfig, elastic_timeout_default
-
-    elastic_timeout = args.elastic_timeout if args.elastic_timeout is not None else elastic_timeout_default()
-    min_np = args.min_np if args.min_np is not None else args.num_proc
-    max_np = args.max_np if args.max_np is not None else args.num_proc
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    return JobConfig(
-        command=tuple(command),
-        num_proc=args.num_proc,
-        min_np=min_np,
-        max_np=max_np,
-        elastic_timeout_s=elastic_timeout,
-        start_timeout_s=args.start_timeout,
-        reset_limit=args.reset_limit,
-        cooldown_range_s=tuple(args.blacklist_cooldown_range),
-        heartbeat_timeout_s=args.heartbeat_timeout,
-        heartbeat_interval_s=min(0.5, args.heartbeat_timeout / 4),
-        discovery_interval_s=args.discovery_interval,
-        driver_address=args.driver_address,
-        network_interface=args.network_interface,
-        forward_env=tuple(args.env),
-        ssh=SSHConfig(
-            port=args.ssh_port,
-            identity_file=args.ssh_identity_file,
-            user=args.ssh_user,
-            extra_options=tuple(args.ssh_option),
-        ),
-        verbose=args.verbose,
-        force_ssh=args.force_ssh,
-    )
+@click.group(cls=_Group, context_settings=_CONTEXT, invoke_without_command=True)
+@click.version_option(__version__, "--version", prog_name=PROG, message="%(prog)s %(version)s")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Elastic PyTorch training on cloud autoscaling groups."""
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help(), err=True)
+        ctx.exit(2)
 
 
-def _setup_logging(verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("cloud-elastic: %(message)s"))
-    root = logging.getLogger("cloud_elastic")
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+@cli.command(
+    context_settings={**_CONTEXT, "allow_interspersed_args": False},
+    short_help="run an elastic training job",
+)
+@click.option("-np", "--num-proc", type=int, required=True, metavar="N", help="workers to start with")
+@click.option("--min-np", type=int, metavar="N", help="fewest workers to keep training with (default: -np)")
+@click.option("--max-np", type=int, metavar="N", help="most workers to scale up to (default: -np, as in Horovod)")
+@discovery_options
+@click.option(
+    "--blacklist-cooldown-range", type=float, nargs=2, metavar="MIN MAX", default=(10.0, 300.0),
+    help="a failed slot is blocked for MIN*2^(failures-1) seconds, at most MAX (default 10 300; 0 0 disables)",
+)
+@click.option("--reset-limit", type=int, metavar="N", help="fail the job after N resets (default: no limit)")
+@click.option("--elastic-timeout", type=float, metavar="SECONDS",
+              help="how long to wait below --min-np before failing (default 600, or $HOROVOD_ELASTIC_TIMEOUT)")
+@click.option("--start-timeout", type=float, default=600.0, metavar="SECONDS",
+              help="how long to wait for -np slots and for workers to start (default 600)")
+@click.option("--heartbeat-timeout", type=float, default=5.0, metavar="SECONDS",
+              help="a worker silent this long is given up and its round aborted (default 5)")
+@click.option("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
+              help="seconds between discovery calls (default 1)")
+@click.option("--host-missing-grace", type=float, default=10.0, metavar="SECONDS",
+              help="a host gone from discovery without a draining state is removed after this long (default 10)")
+@click.option("--checkpoint-dir", metavar="URL", help="durable checkpoints: a local path or fsspec URL (default: none)")
+@click.option("--checkpoint-interval", type=float, default=300.0, metavar="SECONDS",
+              help="seconds between durable checkpoints (default 300)")
+@click.option("--checkpoint-keep", type=int, default=2, metavar="N", help="durable checkpoints to keep (default 2)")
+@click.option("--driver-grace", type=float, default=60.0, metavar="SECONDS",
+              help="how long workers keep training without a driver before they stop (default 60)")
+@click.option("--notice-watcher", type=click.Choice(["auto", "aws", "gcp", "azure", "none"]), default="auto",
+              help="instance-metadata notice watcher on worker hosts (default auto: from the provider)")
+@click.option("--drain-on-rebalance", is_flag=True,
+              help="treat a rebalance recommendation or maintenance event like a termination notice")
+@click.option("--events-file", metavar="PATH", help="write the job's events as JSON lines (see docs/events.md)")
+@click.option("--metrics-port", type=int, metavar="PORT",
+              help="serve Prometheus metrics on this port (needs [metrics])")
+@click.option("--ssh-port", type=int, metavar="PORT", help="ssh port on the hosts (default: ssh's)")
+@click.option("--ssh-identity-file", metavar="PATH", help="private key for ssh")
+@click.option("--ssh-user", metavar="USER", help="user to log in as")
+@click.option("--ssh-option", multiple=True, metavar="OPTION",
+              help="extra 'ssh -o' option, e.g. StrictHostKeyChecking=accept-new (repeatable)")
+@click.option("--driver-address", metavar="ADDR",
+              help="address workers use to reach the driver (default: picked from the route to the hosts)")
+@click.option("--network-interface", metavar="NIC", help="network interface Gloo/NCCL use on the workers")
+@click.option("--force-ssh", is_flag=True, hidden=True)
+@click.option("-x", "--env", multiple=True, metavar="NAME[=VALUE]",
+              help="forward an environment variable to the workers (repeatable)")
+@click.option("--verbose", is_flag=True, help="debug logging")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="COMMAND...")
+def run(discovery: DiscoveryArgs, **params: Any) -> int:
+    """Run COMMAND as one worker per slot on the discovered hosts, elastically.
 
-
-def _cmd_run(args: argparse.Namespace) -> int:
+    COMMAND is everything after the options (its own flags are passed to it);
+    '--' before it is also accepted.
+    """
     from cloud_elastic.providers.selection import build_discovery
 
-    config = _job_config(args)
-    discovery = build_discovery(args)
-    _setup_logging(args.verbose)
+    config = job_config(params)
+    built = build_discovery(discovery)
+    _setup_logging(config.verbose)
     from cloud_elastic.driver.driver import Driver
 
-    driver = Driver(config, discovery)
+    driver = Driver(config, built)
     names = {signal.SIGINT: ("interrupted by SIGINT", 130), signal.SIGTERM: ("terminated by SIGTERM", 143)}
     for signum, (reason, code) in names.items():
         signal.signal(signum, lambda _s, _f, r=reason, c=code: driver.stop(r, c))
     outcome = driver.run()
     verdict = "succeeded" if outcome.success else "failed"
-    sys.stderr.write(f"cloud-elastic: job {driver.job_id} {verdict}: {outcome.reason}\n")
+    sys.stderr.write(f"{PROG}: job {driver.job_id} {verdict}: {outcome.reason}\n")
     return outcome.exit_code
 
 
-def _cmd_discover(args: argparse.Namespace) -> int:
-    from cloud_elastic.providers.inspect import discover
+def job_config(params: dict[str, Any]):
+    """The :class:`~cloud_elastic.config.JobConfig` of ``run``'s parsed options; ConfigError if invalid."""
+    from cloud_elastic.config import JobConfig, SSHConfig, elastic_timeout_default
+
+    if not params["command"]:
+        raise ConfigError(f"no training command given (e.g. {PROG} run -np 2 -H localhost:2 python train.py)")
+    num_proc = params["num_proc"]
+    elastic_timeout = params["elastic_timeout"]
+    return JobConfig(
+        command=tuple(params["command"]),
+        num_proc=num_proc,
+        min_np=params["min_np"] if params["min_np"] is not None else num_proc,
+        max_np=params["max_np"] if params["max_np"] is not None else num_proc,
+        elastic_timeout_s=elastic_timeout if elastic_timeout is not None else elastic_timeout_default(),
+        start_timeout_s=params["start_timeout"],
+        reset_limit=params["reset_limit"],
+        cooldown_range_s=tuple(params["blacklist_cooldown_range"]),
+        heartbeat_timeout_s=params["heartbeat_timeout"],
+        heartbeat_interval_s=min(0.5, params["heartbeat_timeout"] / 4),
+        discovery_interval_s=params["discovery_interval"],
+        driver_address=params["driver_address"],
+        network_interface=params["network_interface"],
+        forward_env=tuple(params["env"]),
+        ssh=SSHConfig(
+            port=params["ssh_port"],
+            identity_file=params["ssh_identity_file"],
+            user=params["ssh_user"],
+            extra_options=tuple(params["ssh_option"]),
+        ),
+        verbose=params["verbose"],
+        force_ssh=params["force_ssh"],
+        host_missing_grace_s=params["host_missing_grace"],
+        checkpoint_dir=params["checkpoint_dir"],
+        checkpoint_interval_s=params["checkpoint_interval"],
+        checkpoint_keep=params["checkpoint_keep"],
+        driver_grace_s=params["driver_grace"],
+        notice_watcher=params["notice_watcher"],
+        drain_on_rebalance=params["drain_on_rebalance"],
+        events_file=params["events_file"],
+        metrics_port=params["metrics_port"],
+    )
+
+
+def parse_command_line(argv: Sequence[str]) -> tuple[str, dict[str, Any], DiscoveryArgs | None]:
+    """Parse ``argv`` (subcommand first) without running anything: ``(subcommand, params, discovery)``.
+
+    For ``run``, ``params["config"]`` is the validated JobConfig. Raises
+    click.UsageError or ConfigError as the command line would report them.
+    """
+    name, *rest = argv
+    command = cli.commands[name]
+    with command.make_context(f"{PROG} {name}", list(rest)) as ctx:
+        params = dict(ctx.params)
+    discovery = DiscoveryArgs.pop_from(params) if name in ("run", "discover") else None
+    if name == "run":
+        params["config"] = job_config(params)
+    return name, params, discovery
+
+
+@cli.command(context_settings=_CONTEXT, short_help="print the hosts a provider reports, as the driver would see them")
+@discovery_options
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+@click.option("--verbose", is_flag=True, help="debug logging")
+def discover(discovery: DiscoveryArgs, as_json: bool, verbose: bool) -> int:
+    """Print the hosts a provider reports, as the driver's first poll would see them."""
+    from cloud_elastic.providers.inspect import discover as run_discovery
     from cloud_elastic.providers.selection import build_discovery
 
-    _setup_logging(args.verbose)
-    return discover(build_discovery(args), as_json=args.json, out=sys.stdout)  # discover() closes it
+    built = build_discovery(discovery)
+    _setup_logging(verbose)
+    return run_discovery(built, as_json=as_json, out=sys.stdout)  # it closes the provider
 
 
-def _cmd_providers(args: argparse.Namespace) -> int:
+@cli.command(context_settings=_CONTEXT, short_help="list the installed discovery providers and their options")
+def providers() -> int:
+    """List the installed discovery providers, their options and whether their SDK is installed."""
     from cloud_elastic.providers.inspect import list_providers
 
     list_providers(sys.stdout)
     return 0
 
 
+@cli.command(context_settings=_CONTEXT, short_help="show running jobs, or one job's state")
+@click.argument("job", required=False)
+@click.option("--json", "as_json", is_flag=True, help="print the driver's reply as JSON")
+def status(job: str | None, as_json: bool) -> int:
+    """List the jobs running on this machine, or show JOB: phase, round, hosts, workers, commits.
+
+    Without JOB: the list, or the one job's status when exactly one is running.
+
+    Asks the job's driver over its authenticated control plane; only the user
+    who started the job can read its secret, so only that user can ask.
+    """
+    from cloud_elastic import status as st
+
+    import json
+
+    if job is None:
+        jobs = st.list_jobs()
+        alive = [j for j in jobs if j.alive]
+        if as_json:
+            json.dump([dataclasses.asdict(j) for j in jobs], sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return 0
+        if len(alive) != 1:
+            sys.stdout.write(st.render_job_list(jobs))
+            return 0
+        job = alive[0].job_id  # the usual case: one job on this machine, show it
+    reply = st.query_status(job)
+    if as_json:
+        json.dump(reply.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(st.render_status(reply))
+    return 0
+
+
+@cli.command(context_settings=_CONTEXT, short_help="draw a job's events file as a picture")
+@click.argument("events_file", metavar="EVENTS_FILE", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", metavar="PNG", default="timeline.png", show_default=True,
+              help="picture to write (.png, .svg or .pdf)")
+def timeline(events_file: str, output: str) -> int:
+    """Draw EVENTS_FILE (from 'run --events-file'): world size, workers per host slot,
+    notices, rollbacks and the steps they lost. Needs the [plot] extra (matplotlib)."""
+    from cloud_elastic.timeline import draw_timeline, read_events
+
+    summary = draw_timeline(read_events(events_file), output)
+    sys.stdout.write(f"{PROG}: wrote {output} ({summary})\n")
+    return 0
+
+
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
+    root = logging.getLogger("cloud_elastic")
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def _usage_error(exc: click.UsageError) -> int:
+    message = exc.format_message().rstrip(".")
+    message = message[:1].lower() + message[1:]
+    where = exc.ctx.command_path if exc.ctx is not None else PROG
+    sys.stderr.write(f"{PROG}: error: {message} (see '{where} --help')\n")
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.subcommand is None:
-        parser.print_help(sys.stderr)
-        return 2
+    """Run the command line; return the exit code (0, 1, 2, 130 or 143)."""
     try:
-        if args.subcommand == "run":
-            if not args.command:
-                parser.error("no training command given (e.g. cloud-elastic run -np 2 -H localhost:2 python train.py)")
-            return _cmd_run(args)
-        if args.subcommand == "discover":
-            return _cmd_discover(args)
-        return _cmd_providers(args)
+        code = cli.main(list(argv) if argv is not None else None, prog_name=PROG, standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except click.UsageError as exc:
+        return _usage_error(exc)
     except ConfigError as exc:
-        sys.stderr.write(f"cloud-elastic: error: {exc}\n")
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 2
     except CloudElasticError as exc:
-        sys.stderr.write(f"cloud-elastic: error: {exc}\n")
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 1
+    except click.ClickException as exc:  # e.g. a file click could not open
+        sys.stderr.write(f"{PROG}: error: {exc.format_message()}\n")
+        return exc.exit_code
+    except click.Abort:
+        # Ctrl-C outside a running job (which handles SIGINT itself): nothing to stop.
+        return 130
     except BrokenPipeError:
         # `cloud-elastic providers | head`: the reader left; that is not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

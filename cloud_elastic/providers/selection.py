@@ -1,8 +1,8 @@
 """Which discovery provider a command line selects, and with what options.
 
-``add_discovery_arguments`` adds the discovery flags to a parser (shared by
-``run`` and ``discover``); ``build_discovery`` turns parsed arguments into a
-provider instance. Dedicated flags (``-H``, ``--host-discovery-script``, the
+``discovery_options`` adds the discovery flags to a click command (shared by
+``run`` and ``discover``) and gathers them into one :class:`DiscoveryArgs`;
+``build_discovery`` turns that into a provider instance. Dedicated flags (``-H``, ``--host-discovery-script``, the
 cloud flags) are shorthands for ``--provider NAME -o key=value``: the cloud
 flags come from one table, :data:`CLOUD_FLAGS`, so adding a cloud flag is one
 row. ``--address-map`` applies to every provider (see
@@ -11,15 +11,26 @@ row. ``--address-map`` applies to every provider (see
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import click
 
 from cloud_elastic.errors import ConfigError
-from cloud_elastic.providers import registry
-from cloud_elastic.providers.addressmap import AddressMappedDiscovery, parse_address_map
-from cloud_elastic.providers.api import HostDiscovery
 
-__all__ = ["CloudFlag", "CLOUD_FLAGS", "add_discovery_arguments", "selected_provider", "build_discovery"]
+if TYPE_CHECKING:
+    from cloud_elastic.providers.api import HostDiscovery
+
+__all__ = [
+    "CloudFlag",
+    "CLOUD_FLAGS",
+    "DiscoveryArgs",
+    "discovery_options",
+    "parse_discovery_args",
+    "selected_provider",
+    "build_discovery",
+]
 
 
 @dataclass(frozen=True)
@@ -62,36 +73,105 @@ CLOUD_FLAGS: tuple[CloudFlag, ...] = (
 )
 
 
-def add_discovery_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every discovery flag to ``parser``."""
-    group = parser.add_argument_group("host discovery (choose one)")
-    group.add_argument("-H", "--hosts", metavar="HOST[:SLOTS],...", help="a fixed list of hosts")
-    group.add_argument(
-        "--host-discovery-script", metavar="PATH", help="executable printing host[:slots] per line"
-    )
-    group.add_argument("--provider", metavar="NAME", help="any installed provider (see 'cloud-elastic providers')")
-    group.add_argument(
-        "-o", "--provider-option", metavar="KEY=VALUE", action="append", default=[],
-        help="an option for --provider (repeatable)",
-    )
-    group.add_argument(
-        "--slots-per-host", type=int, metavar="N",
-        help="slots on each host; wins over what the provider reports (default 1 for -H/scripts)",
-    )
-    group.add_argument(
-        "--discovery-timeout", type=float, metavar="SECONDS", default=30.0,
-        help="kill a discovery script that runs longer than this (default 30)",
-    )
-    group.add_argument(
-        "--address-map", metavar="FROM=TO", action="append", default=[],
-        help="rewrite discovered addresses, e.g. 10.0.1.0/24=127.0.1.0/24 (repeatable; any provider)",
-    )
-    clouds = parser.add_argument_group("cloud groups (shorthands for --provider NAME -o key=value)")
-    for cloud_flag in CLOUD_FLAGS:
-        clouds.add_argument(cloud_flag.flag, dest=cloud_flag.dest, metavar=cloud_flag.metavar, help=cloud_flag.help)
+@dataclass(frozen=True)
+class DiscoveryArgs:
+    """The discovery flags of one command line, as given (no provider loaded yet).
+
+    ``cloud`` maps a :class:`CloudFlag`'s ``dest`` to its value, only for the
+    cloud flags that were given.
+    """
+
+    hosts: str | None = None
+    host_discovery_script: str | None = None
+    provider: str | None = None
+    provider_option: tuple[str, ...] = ()
+    slots_per_host: int | None = None
+    discovery_timeout: float = 30.0
+    address_map: tuple[str, ...] = ()
+    cloud: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def pop_from(cls, params: dict[str, Any]) -> "DiscoveryArgs":
+        """Take the discovery flags out of a click command's ``params`` (the rest stay)."""
+        base = {name: params.pop(name) for name in _BASE_PARAMS}
+        base["provider_option"] = tuple(base["provider_option"])
+        base["address_map"] = tuple(base["address_map"])
+        cloud = {f.dest: params.pop(f.dest) for f in CLOUD_FLAGS}
+        return cls(**base, cloud=MappingProxyType({k: v for k, v in cloud.items() if v is not None}))
 
 
-def selected_provider(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+#: click parameter names of the discovery flags that are not cloud flags.
+_BASE_PARAMS = ("hosts", "host_discovery_script", "provider", "provider_option", "slots_per_host",
+                "discovery_timeout", "address_map")
+
+
+def _complete_provider(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    # Names come from the entry points' metadata: no provider module (and no SDK) is imported.
+    from cloud_elastic.providers import registry
+
+    return [name for name in registry.available() if name.startswith(incomplete)]
+
+
+def discovery_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a click command with every discovery flag.
+
+    The command receives them as one keyword argument, ``discovery``, a
+    :class:`DiscoveryArgs`; the cloud flags come from :data:`CLOUD_FLAGS`.
+    """
+
+    def gather(**kwargs: Any) -> Any:
+        return command(discovery=DiscoveryArgs.pop_from(kwargs), **kwargs)
+
+    gather.__name__ = command.__name__
+    gather.__doc__ = command.__doc__
+    # Options declared below this decorator were attached to ``command``; keep them.
+    gather.__click_params__ = list(getattr(command, "__click_params__", []))  # type: ignore[attr-defined]
+    # click applies decorators bottom-up and lists options in reverse: add the cloud flags first
+    # (in reverse) so that --help shows -H first and the cloud flags in table order.
+    wrapped: Callable[..., Any] = gather
+    for cloud_flag in reversed(CLOUD_FLAGS):
+        wrapped = click.option(
+            cloud_flag.flag, cloud_flag.dest, metavar=cloud_flag.metavar,
+            help=cloud_flag.help,
+        )(wrapped)
+    for decorator in reversed((
+        click.option("-H", "--hosts", metavar="HOST[:SLOTS],...", help="a fixed list of hosts"),
+        click.option("--host-discovery-script", metavar="PATH", help="executable printing host[:slots] per line"),
+        click.option("--provider", metavar="NAME", shell_complete=_complete_provider,
+                     help="any installed provider (see 'cloud-elastic providers')"),
+        click.option("-o", "--provider-option", metavar="KEY=VALUE", multiple=True,
+                     help="an option for --provider (repeatable)"),
+        click.option("--slots-per-host", type=int, metavar="N",
+                     help="slots on each host; wins over what the provider reports (default 1 for -H/scripts)"),
+        click.option("--discovery-timeout", type=float, default=30.0, metavar="SECONDS", show_default=False,
+                     help="kill a discovery script that runs longer than this (default 30)"),
+        click.option("--address-map", metavar="FROM=TO", multiple=True,
+                     help="rewrite discovered addresses, e.g. 10.0.1.0/24=127.0.1.0/24 (repeatable; any provider)"),
+    )):
+        wrapped = decorator(wrapped)
+    return wrapped
+
+
+def parse_discovery_args(argv: Sequence[str]) -> DiscoveryArgs:
+    """Parse discovery flags alone, exactly as ``run`` and ``discover`` do (for tests and tools).
+
+    A flag click refuses raises ConfigError with click's one-line message.
+    """
+    captured: list[DiscoveryArgs] = []
+
+    @click.command()
+    @discovery_options
+    def parse(discovery: DiscoveryArgs) -> None:
+        captured.append(discovery)
+
+    try:
+        parse.main(list(argv), prog_name="cloud-elastic", standalone_mode=False)
+    except click.UsageError as exc:
+        raise ConfigError(exc.format_message()) from None
+    return captured[0]
+
+
+def selected_provider(args: DiscoveryArgs) -> tuple[str, dict[str, str]]:
     """Return ``(provider name, options)`` for the parsed arguments; ConfigError if ambiguous.
 
     ``-o key=value`` options go to the provider chosen by ``--provider`` or by
@@ -99,8 +179,7 @@ def selected_provider(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     and an ``-o`` that set the same option to different values are an error,
     as is a cloud flag for a provider other than the selected one.
     """
-    given = [(f, getattr(args, f.dest, None)) for f in CLOUD_FLAGS]
-    given = [(f, value) for f, value in given if value is not None]
+    given = [(f, args.cloud[f.dest]) for f in CLOUD_FLAGS if f.dest in args.cloud]
     chosen: list[str] = []
     if args.hosts:
         chosen.append("static")
@@ -134,18 +213,22 @@ def selected_provider(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     return name, options
 
 
-def build_discovery(args: argparse.Namespace) -> HostDiscovery:
+def build_discovery(args: DiscoveryArgs) -> "HostDiscovery":
     """Load and configure the selected provider. No I/O beyond loading its entry point."""
+    # Imported here, not at the top: --help and completion never need importlib.metadata.
+    from cloud_elastic.providers import registry
+    from cloud_elastic.providers.addressmap import AddressMappedDiscovery, parse_address_map
+
     if args.slots_per_host is not None and args.slots_per_host < 1:
         raise ConfigError(f"--slots-per-host must be >= 1, got {args.slots_per_host}")
     name, options = selected_provider(args)
-    rules = parse_address_map(getattr(args, "address_map", None) or [])
+    rules = parse_address_map(list(args.address_map))
     cls = registry.load(name)
     discovery = cls.from_options(options, slots_per_host=args.slots_per_host)
     return AddressMappedDiscovery(discovery, rules) if rules else discovery
 
 
-def _parse_options(pairs: list[str]) -> dict[str, str]:
+def _parse_options(pairs: Sequence[str]) -> dict[str, str]:
     options: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")

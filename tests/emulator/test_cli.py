@@ -121,10 +121,8 @@ def test_help_and_a_static_run_import_no_cloud_sdk():
         "sys.argv = ['cloud-elastic', '--help']\n"
         "try:\n    runpy.run_module('cloud_elastic.cli', run_name='__main__')\n"
         "except SystemExit:\n    pass\n"
-        "from cloud_elastic.providers.selection import add_discovery_arguments, build_discovery\n"
-        "import argparse\n"
-        "p = argparse.ArgumentParser(); add_discovery_arguments(p)\n"
-        "build_discovery(p.parse_args(['-H', '127.0.0.1:2'])).find()\n"
+        "from cloud_elastic.providers.selection import parse_discovery_args, build_discovery\n"
+        "build_discovery(parse_discovery_args(['-H', '127.0.0.1:2'])).find()\n"
         "sdk = ('boto3', 'botocore', 'google', 'azure', 'ibm_vpc', 'ibm_cloud_sdk_core')\n"
         "print('SDKS', sorted(m for m in sys.modules if m.split('.')[0] in sdk))\n"
     )

@@ -1,0 +1,159 @@
+"""Prometheus metrics for ``cloud-elastic run --metrics-port PORT`` (extra ``[metrics]``).
+
+:class:`MetricsServer` is an :class:`~cloud_elastic.events.EventSink`: most
+metrics are derived from the job's events (world size, resets, rollbacks,
+steps lost, notices, worker failures), so the driver feeds it the same
+``emit`` calls as the events file (through :class:`~cloud_elastic.events.TeeEvents`).
+Two things are not events and have their own calls: :meth:`MetricsServer.observe_discovery`
+after each discovery poll, and :meth:`MetricsServer.observe_step` with the
+committed step the workers' heartbeats report.
+
+Every metric lives in the server's own registry (no process-global state) and
+carries no per-host labels, so its cardinality stays fixed whatever the group does.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Callable
+
+from cloud_elastic.errors import ConfigError
+from cloud_elastic.events import validate
+
+__all__ = ["MetricsServer", "StepRate"]
+
+_EXTRA_HINT = "--metrics-port needs the prometheus-client package: pip install 'cloud-elastic[metrics]'"
+
+
+class StepRate:
+    """Committed steps per second over a sliding window of ``window_s`` seconds.
+
+    A step lower than the last one (a rollback) starts the window afresh, so
+    replayed steps are not counted twice. Not thread-safe (the server locks).
+    """
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        self.window_s = window_s
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+
+    def add(self, now: float, step: int) -> None:
+        if self._samples and step < self._samples[-1][1]:
+            self._samples.clear()
+        self._samples.append((now, step))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:
+            self._samples.popleft()
+
+    @property
+    def rate(self) -> float:
+        """Steps per second between the oldest and newest sample in the window; 0 with fewer than two."""
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+class MetricsServer:
+    """Serves the job's metrics over HTTP at ``/metrics`` on ``bind:port``.
+
+    The constructor only builds the metrics (ConfigError naming the extra
+    when prometheus-client is missing); ``start()`` binds and serves from a
+    daemon thread, ``close()`` stops. ``port`` is the bound port (useful with 0).
+    """
+
+    def __init__(self, job_id: str, port: int, *, bind: str = "0.0.0.0",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        try:
+            import prometheus_client as prom
+        except ImportError:
+            raise ConfigError(_EXTRA_HINT) from None
+        self._prom = prom
+        self.job_id = job_id
+        self._bind, self._port = bind, port
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._rate = StepRate()
+        self._rounds = 0
+        self._httpd: Any = None
+        self.registry = registry = prom.CollectorRegistry(auto_describe=True)
+        ns = "cloud_elastic"
+        self.info = prom.Info("job", "the job this driver runs", namespace=ns, registry=registry)
+        self.info.info({"job": job_id})
+        self.world_size = prom.Gauge("world_size", "workers in the current round", namespace=ns, registry=registry)
+        self.round = prom.Gauge("round", "number of the current rendezvous round", namespace=ns, registry=registry)
+        self.resets = prom.Counter("resets", "rounds formed after the first", namespace=ns, registry=registry)
+        self.rollbacks = prom.Counter("rollbacks", "rollbacks to the last commit", namespace=ns, registry=registry)
+        self.steps_lost = prom.Counter("steps_lost", "steps trained and then rolled back", namespace=ns,
+                                       registry=registry)
+        self.notices = prom.Counter("notices", "termination or maintenance notices", ["source"], namespace=ns,
+                                    registry=registry)
+        self.worker_failures = prom.Counter("worker_failures", "workers that failed", namespace=ns, registry=registry)
+        self.workers_left = prom.Counter("workers_left", "workers that left gracefully", namespace=ns,
+                                         registry=registry)
+        self.committed_step = prom.Gauge("committed_step", "last step committed by rank 0", namespace=ns,
+                                         registry=registry)
+        self.step_rate = prom.Gauge("steps_per_second", "committed steps per second (30 s window)", namespace=ns,
+                                    registry=registry)
+        self.discovery_latency = prom.Histogram(
+            "discovery_latency_seconds", "time one discovery call took", namespace=ns, registry=registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+        )
+        self.discovery_errors = prom.Counter("discovery_errors", "discovery calls that failed", ["kind"],
+                                             namespace=ns, registry=registry)
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("metrics server not started")
+        return self._httpd.server_address[1]
+
+    def start(self) -> None:
+        """Bind and serve; OSError if the port is taken."""
+        self._httpd, _thread = self._prom.start_http_server(self._port, addr=self._bind, registry=self.registry)
+
+    def close(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Update the metrics an event implies (EventSink)."""
+        validate(kind, fields)
+        with self._lock:
+            if kind == "round_formed":
+                self.world_size.set(fields["size"])
+                self.round.set(fields["round"])
+                self._rounds += 1
+                if self._rounds > 1:
+                    self.resets.inc()
+                if fields.get("step") is not None:
+                    self.committed_step.set(fields["step"])
+            elif kind == "rollback":
+                self.rollbacks.inc()
+                self.steps_lost.inc(fields["steps_lost"])
+            elif kind == "notice":
+                self.notices.labels(source=fields["source"]).inc()
+            elif kind == "worker_failed":
+                self.worker_failures.inc()
+            elif kind == "worker_left":
+                self.workers_left.inc()
+            elif kind == "job_finished":
+                self.world_size.set(0)
+                self.step_rate.set(0)
+
+    def observe_discovery(self, latency_s: float, error: str | None = None) -> None:
+        """Record one discovery call: its latency and, if it failed, the kind of error
+        (e.g. ``"retryable"`` or ``"fatal"``)."""
+        with self._lock:
+            self.discovery_latency.observe(latency_s)
+            if error is not None:
+                self.discovery_errors.labels(kind=error).inc()
+
+    def observe_step(self, step: int) -> None:
+        """Record the committed step a heartbeat reported (rank 0's, or the round's minimum)."""
+        with self._lock:
+            self._rate.add(self._clock(), step)
+            self.committed_step.set(step)
+            self.step_rate.set(self._rate.rate)

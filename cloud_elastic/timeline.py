@@ -1,0 +1,206 @@
+"""``cloud-elastic timeline``: a picture of a job from its events file.
+
+:func:`read_events` reads the JSON lines of ``--events-file`` (the last job in
+the file, unless told which); :func:`build_timeline` turns them into a pure
+:class:`Timeline` (world size over time, one lane per host slot holding each
+worker's life, notices, rollbacks); :func:`draw_timeline` draws it with
+matplotlib, which is the optional extra ``[plot]``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from cloud_elastic.errors import ConfigError
+
+__all__ = ["WorkerLife", "Timeline", "read_events", "build_timeline", "draw_timeline"]
+
+_EXTRA_HINT = "cloud-elastic timeline needs matplotlib: pip install 'cloud-elastic[plot]'"
+
+
+@dataclass
+class WorkerLife:
+    """One worker on one host slot; times are seconds since the job started."""
+
+    start: float
+    ready: float | None = None
+    end: float | None = None
+    #: "failed", "left", "finished" (the job ended with it running) or None while open.
+    how: str | None = None
+
+
+@dataclass
+class Timeline:
+    """What the picture shows, derived from one job's events."""
+
+    job: str
+    duration: float
+    #: (t, size): the world size from t on.
+    world: list[tuple[float, int]] = field(default_factory=list)
+    #: (host, slot) -> the lives of the workers that ran there, in order.
+    lanes: dict[tuple[str, int], list[WorkerLife]] = field(default_factory=dict)
+    #: (t, host, source)
+    notices: list[tuple[float, str, str]] = field(default_factory=list)
+    #: (t, steps lost, commit step rolled back to)
+    rollbacks: list[tuple[float, int, int | None]] = field(default_factory=list)
+    outcome: str | None = None
+
+    def summary(self) -> str:
+        workers = sum(len(lives) for lives in self.lanes.values())
+        lost = sum(r[1] for r in self.rollbacks)
+        return (f"job {self.job}: {workers} workers on {len(self.lanes)} host slots, {len(self.world)} rounds, "
+                f"{len(self.rollbacks)} rollbacks ({lost} steps lost), {len(self.notices)} notices")
+
+
+def read_events(path: str, job: str | None = None) -> list[dict[str, Any]]:
+    """The events of ``job`` (default: the last job started in the file), in file order.
+
+    ConfigError with the line number for a line that is not a JSON object, or
+    when the file holds no events of the job.
+    """
+    records = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    record = None
+                if not isinstance(record, dict) or "event" not in record or "ts" not in record:
+                    raise ConfigError(f"{path} line {number} is not an event (a JSON object with 'event' and 'ts')")
+                records.append(record)
+    except OSError as exc:
+        raise ConfigError(f"cannot read events file {path}: {exc.strerror or exc}") from None
+    if job is None:
+        started = [r.get("job") for r in records if r["event"] == "job_started"]
+        job = started[-1] if started else (records[-1].get("job") if records else None)
+    chosen = [r for r in records if r.get("job") == job]
+    if not chosen:
+        raise ConfigError(f"{path} holds no events" + (f" of job {job}" if job else ""))
+    return chosen
+
+
+def build_timeline(events: Iterable[dict[str, Any]]) -> Timeline:
+    """Fold one job's events into a :class:`Timeline` (pure)."""
+    events = sorted(events, key=lambda e: e["ts"])
+    t0 = events[0]["ts"]
+    line = Timeline(job=str(events[0].get("job")), duration=events[-1]["ts"] - t0)
+    open_lives: dict[tuple[str, int], WorkerLife] = {}
+    for event in events:
+        t, kind = event["ts"] - t0, event["event"]
+        lane = (event.get("host"), event.get("slot"))
+        if kind == "worker_started":
+            life = WorkerLife(start=t)
+            line.lanes.setdefault(lane, []).append(life)
+            open_lives[lane] = life
+        elif kind == "worker_ready" and lane in open_lives:
+            open_lives[lane].ready = t
+        elif kind in ("worker_failed", "worker_left") and lane in open_lives:
+            life = open_lives.pop(lane)
+            life.end, life.how = t, "failed" if kind == "worker_failed" else "left"
+        elif kind == "round_formed":
+            line.world.append((t, event["size"]))
+        elif kind == "notice":
+            line.notices.append((t, event["host"], event["source"]))
+        elif kind == "rollback":
+            line.rollbacks.append((t, event["steps_lost"], event.get("commit_step")))
+        elif kind == "job_finished":
+            line.outcome = event["outcome"]
+            for life in open_lives.values():
+                life.end, life.how = t, "finished"
+            open_lives.clear()
+    for life in open_lives.values():  # a job still running (or killed): lives end where the record ends
+        life.end = line.duration
+    return line
+
+
+def draw_timeline(events: Iterable[dict[str, Any]], output: str) -> str:
+    """Draw the job to ``output`` (format from its suffix: png, svg, pdf); return a one-line summary.
+
+    ConfigError naming the ``[plot]`` extra when matplotlib is missing.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: never needs a display
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError(_EXTRA_HINT) from None
+    line = build_timeline(events)
+    end = max(line.duration, 1e-3)
+    lanes = sorted(line.lanes, key=lambda lane: (str(lane[0]), lane[1] if lane[1] is not None else -1))
+    fig, (top, bottom) = plt.subplots(
+        2, 1, sharex=True, figsize=(10, 2.5 + 0.35 * max(len(lanes), 2)),
+        gridspec_kw={"height_ratios": [1, max(len(lanes), 2) * 0.35]},
+    )
+    _draw_world(top, line, end)
+    _draw_lanes(bottom, line, lanes)
+    for t, lost, commit in line.rollbacks:
+        for ax in (top, bottom):
+            ax.axvline(t, color="tab:red", linestyle="--", linewidth=1)
+        label = f"rollback: {lost} steps lost" + (f" (to step {commit})" if commit is not None else "")
+        top.annotate(label, (t, top.get_ylim()[1]), xytext=(3, -12), textcoords="offset points",
+                     fontsize=8, color="tab:red")
+    bottom.set_xlabel("seconds since the job started")
+    title = f"cloud-elastic job {line.job}" + (f": {line.outcome}" if line.outcome else "")
+    fig.suptitle(title)
+    fig.tight_layout()
+    try:
+        fig.savefig(output, dpi=100)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return line.summary()
+
+
+def _draw_world(ax: Any, line: Timeline, end: float) -> None:
+    if line.world:
+        xs = [t for t, _ in line.world] + [end]
+        ys = [size for _, size in line.world] + [line.world[-1][1]]
+        ax.plot(xs, ys, drawstyle="steps-post", color="tab:blue", linewidth=2, label="world size")
+        ax.set_ylim(0, max(ys) + 1)
+    ax.set_ylabel("world size")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    for t, host, source in line.notices:
+        ax.plot([t], [0.3], marker="v", color="tab:orange", markersize=9)
+        ax.annotate(f"{source} notice: {host}", (t, 0.3), xytext=(4, 4), textcoords="offset points", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+
+_COLOURS = {"starting": "0.75", "ready": "tab:green"}
+_ENDS = {"failed": ("X", "tab:red"), "left": ("D", "tab:blue"), "finished": ("", None)}
+
+
+def _draw_lanes(ax: Any, line: Timeline, lanes: list[tuple[str, int]]) -> None:
+    for y, lane in enumerate(lanes):
+        for life in line.lanes[lane]:
+            end = life.end if life.end is not None else line.duration
+            ready = life.ready if life.ready is not None else end
+            ax.broken_barh([(life.start, max(ready - life.start, 1e-3))], (y - 0.35, 0.7), color=_COLOURS["starting"])
+            if life.ready is not None:
+                ax.broken_barh([(ready, max(end - ready, 1e-3))], (y - 0.35, 0.7), color=_COLOURS["ready"])
+            marker, colour = _ENDS.get(life.how or "finished", ("", None))
+            if marker:
+                ax.plot([end], [y], marker=marker, color=colour, markersize=10, markeredgewidth=2)
+        for t, host, _source in line.notices:
+            if host == lane[0]:
+                ax.plot([t], [y + 0.45], marker="v", color="tab:orange", markersize=7)
+    ax.set_yticks(range(len(lanes)), [f"{host}[{slot}]" for host, slot in lanes])
+    ax.set_ylim(-0.7, len(lanes) - 0.3)
+    ax.invert_yaxis()
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[
+        Patch(color=_COLOURS["starting"], label="starting"), Patch(color=_COLOURS["ready"], label="training"),
+        Line2D([], [], marker="X", color="tab:red", linestyle="", label="failed"),
+        Line2D([], [], marker="D", color="tab:blue", linestyle="", label="left"),
+        Line2D([], [], marker="v", color="tab:orange", linestyle="", label="notice"),
+    ], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
