@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from cloud_elastic.errors import FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers.api import Drain
-from cloud_elastic.providers.selection import add_discovery_arguments, build_discovery
+from cloud_elastic.providers.selection import build_discovery, parse_discovery_args
 from tests.emulator.fixtures import aws_options, provider
 from tests.emulator.moto_env import EC2_UNAVAILABLE, THROTTLED, clients, make_group, set_member, stop_instance
 
@@ -143,9 +141,7 @@ def test_aws_endpoint_url_from_the_environment_is_honoured(aws, monkeypatch):
 
 def test_cloud_flags_and_address_map_through_selection(aws):
     members = make_group(aws.url, "flags", size=2, cidr="10.29.1.0/24")
-    parser = argparse.ArgumentParser()
-    add_discovery_arguments(parser)
-    args = parser.parse_args([
+    args = parse_discovery_args([
         "--aws-asg", "flags", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
         "--address-map", "10.29.1.0/24=127.0.29.0/24",
     ])

@@ -63,7 +63,7 @@ def test_later_failures_and_hangs_keep_the_last_hosts_and_the_job_completes(jobs
         "--discovery-timeout", "1", *probe_cmd("--steps", "60", "--step-sleep", "0.05"),
     ])
     assert job.finish() == 0, job.output()
-    out = job.output()
+    out = "\n".join(job.lines)
     assert "host discovery failed: discovery script discover.sh: line 1 is not host[:slots]" in out
     assert "did not finish within 1s and was killed" in out
     assert "exited with code 1" in out

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 def _run_args(hosts: HostsFile, *extra: str) -> list[str]:
     return [
         "run", "-np", "2", "--min-np", "1", "--max-np", "4", "--host-discovery-script", str(hosts.script),
-        "--discovery-interval", "0.2", *extra,
+        "--discovery-interval", "0.2", "--host-missing-grace", "0.5", *extra,
     ]
 
 

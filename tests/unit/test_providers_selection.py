@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.providers.addressmap import AddressMappedDiscovery
 from cloud_elastic.providers.aws import AWSAutoScalingGroup
-from cloud_elastic.providers.selection import CLOUD_FLAGS, add_discovery_arguments, build_discovery, selected_provider
+from cloud_elastic.providers.selection import (
+    CLOUD_FLAGS, DiscoveryArgs, build_discovery, parse_discovery_args, selected_provider,
+)
 
 
-def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_discovery_arguments(parser)
-    return parser.parse_args(list(argv))
+def _args(*argv: str) -> DiscoveryArgs:
+    return parse_discovery_args(list(argv))
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
