@@ -193,6 +193,8 @@ class ElasticJob:
     _state_lost_logged: bool = False
     _completed: int = 0  # workers that exited after completing
     _last_discovery_error: str = ""
+    _pending_rollback: tuple[int, int] | None = None  # (aborted round, commits then), emitted at the next round
+    _steps_lost: int = 0  # steps the survivors of the aborted round rolled back (they report it)
     _waits: dict[str, tuple[float, float]] = field(default_factory=dict)  # progress lines: key -> (since, last)
 
     # ------------------------------------------------------------------ events
@@ -201,7 +203,6 @@ class ElasticJob:
         self._started_at = now
         self._wall_offset = (wall_now if wall_now is not None else now) - now
         self._clock(now)
-        self._emit("job_started", num_proc=self.policy.num_proc, min_np=self.policy.min_np, max_np=self.policy.max_np)
 
     def discovered(self, snapshot: DiscoveredHosts, now: float) -> None:
         """A discovery snapshot arrived."""
@@ -215,8 +216,11 @@ class ElasticJob:
                 list(changes.resized), list(changes.missing), sum(self.hosts.ready.values()),
             )
             self._emit(
-                "hosts_changed", added=list(changes.added), removed=list(changes.removed),
-                draining={h: self.hosts.draining[h].reason for h in changes.draining},
+                "hosts_changed",
+                added=[{"host": h, "slots": self.hosts.ready[h]} for h in changes.added],
+                removed=[{"host": h, "reason": "gone from discovery"} for h in changes.removed],
+                draining=[{"host": h, "reason": self.hosts.draining[h].reason, "deadline": self.hosts.draining[h].deadline}
+                          for h in changes.draining],
                 missing=list(changes.missing),
             )
         for host in changes.missing:
@@ -246,7 +250,8 @@ class ElasticJob:
         else:
             log.warning("job %s: notice from %s for host %s: %s%s; its workers leave at their next commit",
                         self.job_id, source, host, drain.reason, left)
-        self._emit("notice", source=source, host=host, reason=drain.reason, deadline=drain.deadline, soft=soft)
+        self._emit("notice", source=source, host=host, reason=drain.reason, deadline=drain.deadline, soft=soft,
+                   action="no new workers" if soft else "drain")
         self._step(now)
 
     def discovery_failed(self, message: str, *, fatal: bool, now: float) -> None:
@@ -272,13 +277,17 @@ class ElasticJob:
         w.last_seen = self._clock(now)
         return True
 
-    def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float, commits: int | None = None) -> None:
-        """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made."""
+    def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float, commits: int | None = None,
+                   rolled_back: int = 0) -> None:
+        """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made
+        (and, after a failure, ``rolled_back`` steps undone)."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return
         w.last_seen = self._clock(now)
         self._note_commits(w, commits)
+        if reason == "failure" and rolled_back > self._steps_lost:
+            self._steps_lost = rolled_back
         if w.state is S.STARTING:
             w.to(S.CONNECTED)
         # A repeated long-poll for the same round changes nothing; once the
@@ -354,7 +363,8 @@ class ElasticJob:
             log.debug("job %s: worker %s exited after completing", self.job_id, worker_id)
         elif before in (S.EXITING, S.DRAINING):
             log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.why or "told to exit")
-            self._emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index, reason=w.why)
+            self._emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index, reason=w.why or "told to exit",
+                       round=w.round)
             if was_member:
                 # It vanished before leaving its round: peers may be blocked in a
                 # collective with it, and only an abort releases them.
@@ -429,7 +439,6 @@ class ElasticJob:
         for w in self._alive():
             if w.state is not S.EXITING:
                 w.to(S.EXITING, "the job is over")
-        self._emit("job_finished", success=success, exit_code=exit_code, reason=reason, resets=self.resets)
         self._actions.append(self.outcome)
 
     def _fail_worker(self, w: WorkerRecord, what: str, now: float, *, was_member: bool, transport: bool,
@@ -449,8 +458,9 @@ class ElasticJob:
             delay = self.hosts.blacklist.record_failure(w.slot, now)
             log.warning("job %s: %s; slot %s blacklisted for %.0fs", self.job_id, reason, w.slot, delay)
         self._emit(
-            "worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, what=what,
+            "worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, reason=what,
             exit_code=exit_code, blacklisted_s=round(delay, 1), whole_host=transport,
+            **({"signal": f"SIG{-exit_code}"} if exit_code is not None and exit_code < 0 else {}),
         )
         self._failure_since_round = True
         if was_member:
@@ -471,7 +481,7 @@ class ElasticJob:
         if self.phase is Phase.RUNNING and self.abort_round < self.round:
             self.abort_round = self.round
             log.info("job %s: round %d aborted; survivors roll back to their last commit", self.job_id, self.round)
-            self._emit("rollback", round=self.round, commits=max((w.commits for w in self._members()), default=0))
+            self._pending_rollback = (self.round, max((w.commits for w in self._members()), default=0))
 
     def _step(self, now: float) -> None:
         if self.phase is Phase.DONE:
@@ -724,8 +734,22 @@ class ElasticJob:
             self._needs_sync, ", from the latest checkpoint" if plan.from_checkpoint else "",
             ", ".join(f"{w.rank}={w.worker_id}" for w in ordered),
         )
+        commit = max((w.commits for w in ordered), default=0)
+        if self._pending_rollback is not None:
+            aborted, at = self._pending_rollback
+            self._pending_rollback = None
+            self._emit("rollback", round=aborted, commit_step=at if at else None, steps_lost=self._steps_lost,
+                       reason=self._last_failure or "a collective failed")
+        self._steps_lost = 0
         self._emit(
             "round_formed", round=self.round, size=len(ordered), synced=self._needs_sync,
-            from_checkpoint=plan.from_checkpoint, commits=max((w.commits for w in ordered), default=0),
-            ranks={w.worker_id: w.rank for w in ordered},
+            from_checkpoint=plan.from_checkpoint, step=commit, ranks=_ranks_by_host(ordered),
         )
+
+
+def _ranks_by_host(ordered: list[WorkerRecord]) -> dict[str, list[int]]:
+    by_host: dict[str, list[int]] = {}
+    for w in ordered:
+        if w.rank is not None:
+            by_host.setdefault(w.slot.host, []).append(w.rank)
+    return by_host

@@ -16,6 +16,7 @@ from cloud_elastic.driver.job import (
     Assignment, ElasticJob, ExitOrder, Finish, Launch, Phase, Policy, Release, Stop, WorkerState,
 )
 from cloud_elastic.driver.launch import ExitStatus
+from cloud_elastic.events import validate
 from cloud_elastic.driver.planner import RankInfo
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
@@ -63,12 +64,16 @@ class Sim:
         self.stops: list[Stop] = []
         self.finished: list[Finish] = []
         self.released: list[Release] = []
+        self.events: list[tuple[str, dict]] = []
         self.silent: set[str] = set()
         self.commits: dict[str, int] = {}  # worker id -> commits it reports with its heartbeats
         self.job.start(self.now)
 
     # ------------------------------------------------------------ plumbing
     def _collect(self) -> None:
+        for kind, fields in self.job.take_events():
+            validate(kind, fields)  # every event the job emits fits the documented schema
+            self.events.append((kind, fields))
         for action in self.job.take_actions():
             kinds = {Launch: self.launched, Stop: self.stops, Finish: self.finished, Release: self.released}
             kinds[type(action)].append(action)
