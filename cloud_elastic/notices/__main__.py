@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if watcher is None:
-        print(f"error: the {args.cloud} watcher is disabled by the environment", file=sys.stderr)
+        print("error: AWS_EC2_METADATA_DISABLED=true turns the aws watcher off", file=sys.stderr)
         return 2
     print(f"watching {url} ({watcher.source}); Ctrl-C to stop", file=sys.stderr)
     done = threading.Event()

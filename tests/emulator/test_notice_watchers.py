@@ -402,3 +402,34 @@ def test_azure_endpoint_variable_with_host_placeholder(run):
         assert fakes["127.0.0.3"].acks == [event_id] and fakes["127.0.0.2"].acks == []
         more_polls(fakes["127.0.0.2"], EVENTS)
         assert sinks["127.0.0.2"].notices == []
+
+
+# ----------------------------------------------------------------- by hand (CLI)
+
+
+def _by_hand(args: list[str], env: dict[str, str]) -> "subprocess.CompletedProcess[str]":
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "cloud_elastic.notices", *args], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, **env})
+
+
+def test_by_hand_prints_each_notice_as_a_json_line(aws_fake):
+    aws_fake.set_spot_action("terminate", 1800000000)
+    # The emulator suite's hermetic environment disables IMDS for boto3; undo that here.
+    env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": aws_fake.url, "AWS_EC2_METADATA_DISABLED": "false"}
+    result = _by_hand(["aws", "--for", "2"], env)
+    assert result.returncode == 0, result.stderr
+    [line] = result.stdout.splitlines()
+    assert json.loads(line) == {"source": "aws-imds", "kind": "terminate", "deadline": 1800000000,
+                                "reason": "EC2 Spot interruption: terminate at 2027-01-15T08:00:00Z",
+                                "event_id": "aws-spot:terminate:2027-01-15T08:00:00Z"}
+
+
+def test_by_hand_with_a_bad_endpoint_variable_says_so_in_one_line():
+    result = _by_hand(["gcp", "--for", "1"], {"GCE_METADATA_HOST": "http://metadata.test"})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: GCE_METADATA_HOST is host[:port] without a scheme or path, got 'http://metadata.test'"]
