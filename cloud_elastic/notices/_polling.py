@@ -58,17 +58,22 @@ def request(
     body: bytes | None = None,
     timeout_s: float,
     what: str,
+    track: Callable[[http.client.HTTPConnection | None], None] | None = None,
 ) -> Answer:
     """One HTTP request; :class:`Unreachable` if no connection, :class:`BadAnswer` if it stalls.
 
     ``timeout_s`` bounds the connect and every read, so a hanging service
-    costs at most about twice that per request.
+    costs at most about twice that per request. ``track`` is told the open
+    connection (and None when it is closed), so that another thread can cut
+    a long-poll short.
     """
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise BadAnswer(f"{what}: url", f"{what}: not an http:// URL: {url!r}")
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
+    if track is not None:
+        track(conn)
     try:
         try:
             conn.connect()
@@ -86,6 +91,8 @@ def request(
             raise BadAnswer(f"{what}: too big", f"{what}: answer larger than {MAX_BODY} bytes")
         return Answer(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
     finally:
+        if track is not None:
+            track(None)
         conn.close()
 
 
@@ -153,6 +160,7 @@ class PollingWatcher(NoticeWatcher):
         self._reported: dict[str, Notice] = {}
         self._answered = False
         self._told_unreachable = False
+        self._inflight: http.client.HTTPConnection | None = None
 
     # -- public ----------------------------------------------------------------------
 
@@ -165,6 +173,13 @@ class PollingWatcher(NoticeWatcher):
 
     def close(self) -> None:
         self._stop.set()
+        with self._lock:
+            conn = self._inflight
+        if conn is not None and conn.sock is not None:
+            try:  # wake a read blocked in a long-poll now rather than at its timeout
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             # A request in flight finishes within its timeout; the thread is a
@@ -185,6 +200,11 @@ class PollingWatcher(NoticeWatcher):
     def _cycle(self) -> tuple[list[Notice], float | None]:
         raise NotImplementedError
 
+    def _track(self, conn: http.client.HTTPConnection | None) -> None:
+        """Pass as ``track=`` to :func:`request` from the watcher's thread, so that close() can cut it short."""
+        with self._lock:
+            self._inflight = conn
+
     def _trouble(self, exc: BadAnswer) -> None:
         self._complain(f"{self.source}: {exc.key}", f"{self.source} at {self.base_url}: {exc}")
 
@@ -195,28 +215,32 @@ class PollingWatcher(NoticeWatcher):
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            notices: list[Notice] = []
             delay: float | None = None
             try:
                 notices, delay = self._cycle()
-            except Unreachable as exc:
-                notices = []
-                delay = self._unreachable(exc)
-            except BadAnswer as exc:
-                notices = []
-                if self._answered:
-                    self._trouble(exc)
-                else:  # whatever answers there has never behaved like the service
-                    delay = self._unreachable(exc)
-            except Exception as exc:  # a bug here must not take the worker down
-                notices = []
-                self._complain(f"{self.source}: {type(exc).__name__}",
-                               f"{self.source}: unexpected {type(exc).__name__} in the notice watcher: {exc}",
-                               logging.ERROR)
+            except Exception as exc:
+                if self._stop.is_set():
+                    return  # closed mid-cycle: the broken request was our own doing
+                delay = self._failed(exc)
             else:
                 self._answered = True
             for notice in notices:
                 self._emit(notice)
             self._stop.wait(self.poll_interval_s if delay is None else delay)
+
+    def _failed(self, exc: Exception) -> float | None:
+        """Log a failed cycle; the delay before the next one (None: the normal interval)."""
+        if isinstance(exc, Unreachable) or (isinstance(exc, BadAnswer) and not self._answered):
+            # Nothing, or something that has never behaved like the service, is there.
+            return self._unreachable(exc)
+        if isinstance(exc, BadAnswer):
+            self._trouble(exc)
+        else:  # a bug here must not take the worker down
+            self._complain(f"{self.source}: {type(exc).__name__}",
+                           f"{self.source}: unexpected {type(exc).__name__} in the notice watcher: {exc}",
+                           logging.ERROR)
+        return None
 
     def _unreachable(self, exc: Exception) -> float:
         if self._answered:

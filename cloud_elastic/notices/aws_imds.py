@@ -89,7 +89,8 @@ class AWSMetadataWatcher(PollingWatcher):
         now = time.monotonic()
         if self._token is None or now >= self._token_renew_at:
             answer = request("PUT", self.base_url + TOKEN_PATH, timeout_s=self.request_timeout_s, what="api/token",
-                             headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl_s)})
+                             headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl_s)},
+                             track=self._track)
             token = answer.text()
             if answer.status != 200 or not token or len(token) > 4096:
                 raise BadAnswer(f"api/token: HTTP {answer.status}",
@@ -104,7 +105,7 @@ class AWSMetadataWatcher(PollingWatcher):
         what = path.rsplit("meta-data/", 1)[-1]
         for attempt in (1, 2):
             answer = request("GET", self.base_url + path, timeout_s=self.request_timeout_s, what=what,
-                             headers={"X-aws-ec2-metadata-token": self._session_token()})
+                             headers={"X-aws-ec2-metadata-token": self._session_token()}, track=self._track)
             if answer.status == 401 and attempt == 1:
                 self._token = None  # expired or revoked: renew once and retry
                 continue

@@ -52,7 +52,8 @@ class AzureScheduledEventsWatcher(PollingWatcher):
         self._acknowledged: set[str] = set()
 
     def _get(self, path: str, what: str) -> bytes:
-        answer = request("GET", self.base_url + path, headers=HEADERS, timeout_s=self.request_timeout_s, what=what)
+        answer = request("GET", self.base_url + path, headers=HEADERS, timeout_s=self.request_timeout_s, what=what,
+                         track=self._track)
         if answer.status != 200:
             raise BadAnswer(f"{what}: HTTP {answer.status}", f"{what} answered HTTP {answer.status}")
         return answer.body

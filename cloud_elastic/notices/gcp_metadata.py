@@ -60,7 +60,7 @@ class GCPMetadataWatcher(PollingWatcher):
             url = (f"{self.base_url}{path}?wait_for_change=true&timeout_sec={timeout_sec}"
                    f"&last_etag={quote(last_etag, safe='')}")
             timeout = timeout_sec + self.request_timeout_s
-        answer = request("GET", url, headers=FLAVOR, timeout_s=timeout, what=what)
+        answer = request("GET", url, headers=FLAVOR, timeout_s=timeout, what=what, track=self._track)
         if answer.headers.get("metadata-flavor") != "Google":
             raise BadAnswer(f"{what}: no flavor", f"{what}: answer lacks 'Metadata-Flavor: Google' "
                             "(not a metadata server)")

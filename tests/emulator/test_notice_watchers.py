@@ -433,3 +433,13 @@ def test_by_hand_with_a_bad_endpoint_variable_says_so_in_one_line():
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: GCE_METADATA_HOST is host[:port] without a scheme or path, got 'http://metadata.test'"]
+
+
+def test_close_cuts_a_long_poll_short(gcp_fake, caplog):
+    caplog.set_level(logging.WARNING, logger="cloud_elastic.notices")
+    watcher = GCPMetadataWatcher(gcp_fake.url, long_poll_s=120, **FAST)
+    watcher.start(Sink())
+    assert gcp_fake.wait_for(lambda: gcp_fake.waiting == 1, BOUND)
+    watcher.close()  # joins for at most about one request timeout
+    assert not watcher_alive(watcher)  # so the 120 s long-poll was cut, not waited out
+    assert not caplog.records  # and the broken request was not reported as trouble
