@@ -139,7 +139,7 @@ class PollingWatcher(NoticeWatcher):
         base_url: str,
         poll_interval_s: float = 1.0,
         request_timeout_s: float = 2.0,
-        unreachable_retry_s: float = 30.0,
+        unreachable_retry_s: float = 10.0,
         complain_every_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -182,7 +182,7 @@ class PollingWatcher(NoticeWatcher):
                 pass
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            # A request in flight finishes within its timeout; the thread is a
+            # The request in flight was cut short above; the thread is a
             # daemon, so not waiting longer never holds up the process's exit.
             thread.join(timeout=self.request_timeout_s + 1.0)
 
