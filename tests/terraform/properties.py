@@ -33,6 +33,7 @@ PROPERTIES = (
     "discovery_tags",
     "cli_outputs",
     "inbound_rules",
+    "notice_queue",
 )
 
 CHECKS: dict[tuple[str, str], Check] = {}
@@ -41,6 +42,9 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
     ("termination_hook", "ibm"): "IBM Cloud VPC has no termination hook and gives no advance notice",
     ("metadata_hardening", "gcp"): "the GCP metadata server always requires the Metadata-Flavor header; nothing to set",
     ("metadata_hardening", "azure"): "Azure IMDS always requires the Metadata header and is not routable; nothing to set",
+    ("notice_queue", "gcp"): "GCP publishes no preemption event to a queue; the worker's metadata watcher reads it",
+    ("notice_queue", "azure"): "Azure's Spot and Terminate notices are Scheduled Events on the VM; the metadata watcher reads them",
+    ("notice_queue", "ibm"): "IBM Cloud VPC gives no advance notice to forward",
 }
 
 # What the driver may do, from the issue: discovery and notices, nothing else.
@@ -50,6 +54,16 @@ AWS_DRIVER_ACTIONS = {
     "ec2:DescribeInstanceTypes",
     "autoscaling:CompleteLifecycleAction",
     "autoscaling:RecordLifecycleActionHeartbeat",
+    "sqs:ReceiveMessage",
+    "sqs:DeleteMessage",
+    "sqs:GetQueueAttributes",
+}
+AWS_QUEUE_SCOPED_ACTIONS = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"}
+# The events queue mode reads (the issue): detail-type -> source.
+AWS_NOTICE_EVENTS = {
+    "EC2 Spot Instance Interruption Warning": "aws.ec2",
+    "EC2 Instance Rebalance Recommendation": "aws.ec2",
+    "EC2 Instance-terminate Lifecycle Action": "aws.autoscaling",
 }
 AWS_GROUP_SCOPED_ACTIONS = {"autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat"}
 GCP_DRIVER_PERMISSIONS = {
@@ -79,6 +93,7 @@ CLI_FLAGS = {
     "aws": {
         "--aws-asg": ["aws_autoscaling_group.workers.name"],
         "--aws-region": ["data.aws_region.current.name"],
+        "--aws-notice-queue": ["aws_sqs_queue.notices.url"],
     },
     "gcp": {
         "--gcp-mig": ["google_compute_instance_group_manager.workers", "google_compute_region_instance_group_manager.workers"],
@@ -310,9 +325,13 @@ def _aws_driver_permissions(tree: Tree) -> list[str]:
     for s in statements:
         p.expect(s.get("effect", "Allow") == "Allow" and "not_actions" not in s, f"statement {s.get('sid')}: Allow with actions only")
         scoped = set(s.get("actions", [])) & AWS_GROUP_SCOPED_ACTIONS
+        queue = set(s.get("actions", [])) & AWS_QUEUE_SCOPED_ACTIONS
         if scoped:
             p.expect(s.get("resources") == ["${aws_autoscaling_group.workers.arn}"],
                      f"{sorted(scoped)} must be scoped to this group's ARN, got {s.get('resources')}")
+        elif queue:
+            p.expect(s.get("resources") == ["${aws_sqs_queue.notices.arn}"],
+                     f"{sorted(queue)} must be scoped to the notice queue's ARN, got {s.get('resources')}")
         elif s.get("resources") == ["*"]:
             p.expect(all(":Describe" in a for a in s.get("actions", [])), f"statement {s.get('sid')}: only Describe calls may use Resource *")
     policy = _only(m, p, "aws_iam_role_policy", "driver")
@@ -621,4 +640,53 @@ def _ibm_inbound(tree: Tree) -> list[str]:
         tcp = tcp or {}
         found.add((target, source, _ports(tcp.get("port_min"), tcp.get("port_max"))))
     _compare_inbound(found, p)
+    return p
+
+
+# ----------------------------------------------------------------- notice_queue
+
+
+@check("notice_queue", "aws")
+def _aws_notice_queue(tree: Tree) -> list[str]:
+    """EventBridge → SQS for queue mode: the three event types, the group's lifecycle only, a private encrypted queue."""
+    m, p = tree.module("aws"), Problems()
+    queue = _only(m, p, "aws_sqs_queue", "notices")
+    p.expect(queue.get("sqs_managed_sse_enabled") is True or "kms_master_key_id" in queue, "the notice queue must be encrypted")
+    retention = queue.get("message_retention_seconds")
+    local = reference(retention) or ""
+    expr = str(m.locals.get(local[6:], "")) if local.startswith("local.") else ""
+    bounded = re.fullmatch(r"\$\{max\((\d+), var\.lifecycle_heartbeat_timeout_s\)\}", expr)
+    p.expect((isinstance(retention, int) and 60 <= retention <= 3600) or (bounded and int(bounded.group(1)) <= 3600),
+             f"the notice queue's retention must be short (<= 1 h, or the bounded hook timeout), got {retention!r} {expr!r}")
+    rules = m.resources("aws_cloudwatch_event_rule")
+    for detail_type, source in AWS_NOTICE_EVENTS.items():
+        matching = [name for name, rule in rules.items() if f'"{detail_type}"' in str(rule.get("event_pattern"))]
+        if not p.expect(matching, f"no EventBridge rule matches {detail_type!r}"):
+            continue
+        pattern = str(rules[matching[0]].get("event_pattern"))
+        p.expect(f'"{source}"' in pattern, f"the rule for {detail_type!r} must match source {source}")
+        if source == "aws.autoscaling":
+            p.expect(re.search(r"AutoScalingGroupName\s*=\s*\[\s*aws_autoscaling_group\.workers\.name\s*\]", pattern),
+                     f"the rule for {detail_type!r} must be filtered to this group's name")
+    targets = m.resources("aws_cloudwatch_event_target")
+    for name in rules:
+        p.expect(any(mentions(t.get("rule"), f"aws_cloudwatch_event_rule.{name}") and t.get("arn") == "${aws_sqs_queue.notices.arn}"
+                     for t in targets.values()), f"rule {name} must send to the notice queue")
+    policy = _only(m, p, "aws_sqs_queue_policy", "notices")
+    p.expect(policy.get("queue_url") == "${aws_sqs_queue.notices.id}", "the queue policy must be on the notice queue")
+    p.expect(policy.get("policy") == "${data.aws_iam_policy_document.notice_queue.json}", "the queue policy must be that document")
+    statements = blocks(m.data("aws_iam_policy_document", "notice_queue"), "statement")
+    p.expect(len(statements) == 1, f"the queue policy must have one statement, got {len(statements)}")
+    for s in statements:
+        p.expect(s.get("actions") == ["sqs:SendMessage"] and s.get("resources") == ["${aws_sqs_queue.notices.arn}"],
+                 "the queue policy may allow sqs:SendMessage on the queue only")
+        principals = blocks(s, "principals")
+        p.expect([(x.get("type"), x.get("identifiers")) for x in principals] == [("Service", ["events.amazonaws.com"])],
+                 f"only EventBridge may send, got {principals}")
+        conditions = {(c.get("test"), c.get("variable")): c.get("values") for c in blocks(s, "condition")}
+        arns = conditions.get(("ArnEquals", "aws:SourceArn")) or []
+        p.expect(sorted(arns) == sorted(f"${{aws_cloudwatch_event_rule.{n}.arn}}" for n in rules),
+                 f"the queue must accept messages from this module's rules only (aws:SourceArn), got {arns}")
+    output = m.outputs.get("notice_queue_url", {})
+    p.expect(output.get("value") == "${aws_sqs_queue.notices.url}", "output notice_queue_url must be the queue's URL")
     return p

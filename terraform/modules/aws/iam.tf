@@ -1,6 +1,8 @@
-# The driver's only cloud permissions: read the group (discovery) and drain
-# its terminating instances (lifecycle hook). Workers get no role at all:
-# their Spot notices come from the instance metadata service, which needs none.
+# The driver's only cloud permissions: read the group (discovery), read and
+# delete the notices EventBridge queues for it (notices.tf), and let a drained
+# instance go (complete or extend this group's lifecycle action). Workers get
+# no role at all: the notice watcher on a worker host reads the instance
+# metadata service (IMDSv2), which needs no permission.
 
 data "aws_iam_policy_document" "driver_assume" {
   statement {
@@ -37,11 +39,22 @@ data "aws_iam_policy_document" "driver" {
     ]
     resources = [aws_autoscaling_group.workers.arn]
   }
+
+  statement {
+    sid    = "ReadThisClustersNoticeQueue"
+    effect = "Allow"
+    actions = [
+      "sqs:ReceiveMessage",
+      "sqs:DeleteMessage",
+      "sqs:GetQueueAttributes",
+    ]
+    resources = [aws_sqs_queue.notices.arn]
+  }
 }
 
 resource "aws_iam_role" "driver" {
   name               = "${var.cluster_name}-driver"
-  description        = "cloud-elastic driver of ${var.cluster_name}: discovery and lifecycle hook only"
+  description        = "cloud-elastic driver of ${var.cluster_name}: discovery, notice queue and lifecycle hook only"
   assume_role_policy = data.aws_iam_policy_document.driver_assume.json
   tags               = module.common.driver_tags
 }

@@ -23,6 +23,11 @@ output "lifecycle_hook_name" {
   value       = local.lifecycle_hook_name
 }
 
+output "notice_queue_url" {
+  description = "SQS queue EventBridge fills with Spot, rebalance and terminate-lifecycle notices (--aws-notice-queue)."
+  value       = aws_sqs_queue.notices.url
+}
+
 output "ssh_user" {
   description = "User to log in as, on the driver and on the workers."
   value       = var.ssh_user
@@ -30,5 +35,5 @@ output "ssh_user" {
 
 output "cli_command" {
   description = "The command to run on the driver to start training."
-  value       = "cloud-elastic run --aws-asg ${aws_autoscaling_group.workers.name} --aws-region ${data.aws_region.current.name} ${module.common.cli_args}"
+  value       = "cloud-elastic run --aws-asg ${aws_autoscaling_group.workers.name} --aws-region ${data.aws_region.current.name} --aws-notice-queue ${aws_sqs_queue.notices.url} ${module.common.cli_args}"
 }

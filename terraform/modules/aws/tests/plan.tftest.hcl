@@ -37,6 +37,20 @@ mock_provider "aws" {
     }
   }
 
+  mock_resource "aws_sqs_queue" {
+    defaults = {
+      arn = "arn:aws:sqs:eu-west-1:123456789012:demo-notices"
+      id  = "https://sqs.eu-west-1.amazonaws.com/123456789012/demo-notices"
+      url = "https://sqs.eu-west-1.amazonaws.com/123456789012/demo-notices"
+    }
+  }
+
+  mock_resource "aws_cloudwatch_event_rule" {
+    defaults = {
+      arn = "arn:aws:events:eu-west-1:123456789012:rule/demo-mocked"
+    }
+  }
+
   mock_resource "aws_iam_role" {
     defaults = {
       arn = "arn:aws:iam::123456789012:role/demo-driver"
@@ -118,8 +132,30 @@ run "plan" {
       "ec2:DescribeInstanceTypes",
       "autoscaling:CompleteLifecycleAction",
       "autoscaling:RecordLifecycleActionHeartbeat",
+      "sqs:ReceiveMessage",
+      "sqs:DeleteMessage",
+      "sqs:GetQueueAttributes",
     ])
-    error_message = "the driver policy must allow exactly the discovery and lifecycle actions"
+    error_message = "the driver policy must allow exactly the discovery, lifecycle and notice-queue actions"
+  }
+  assert {
+    condition     = aws_sqs_queue.notices.sqs_managed_sse_enabled && aws_sqs_queue.notices.message_retention_seconds == 300 && aws_sqs_queue.notices.name == "demo-notices"
+    error_message = "the notice queue must be encrypted and keep messages as long as the hook's timeout (300 s)"
+  }
+  assert {
+    condition = (
+      jsondecode(aws_cloudwatch_event_rule.spot_notices.event_pattern).source == ["aws.ec2"] &&
+      toset(jsondecode(aws_cloudwatch_event_rule.spot_notices.event_pattern)["detail-type"]) == toset(["EC2 Spot Instance Interruption Warning", "EC2 Instance Rebalance Recommendation"])
+    )
+    error_message = "the spot rule must match interruption warnings and rebalance recommendations from aws.ec2"
+  }
+  assert {
+    condition = jsondecode(aws_cloudwatch_event_rule.lifecycle_notices.event_pattern) == {
+      source        = ["aws.autoscaling"]
+      "detail-type" = ["EC2 Instance-terminate Lifecycle Action"]
+      detail        = { AutoScalingGroupName = ["demo-workers"] }
+    }
+    error_message = "the lifecycle rule must match this group's terminate lifecycle actions only"
   }
   assert {
     condition = alltrue([
@@ -160,13 +196,60 @@ run "heartbeat_timeout_must_be_bounded" {
 run "outputs_give_the_cli_line" {
   command = apply
 
+  # A longer hook timeout: the queue keeps notices for as long.
+  variables {
+    lifecycle_heartbeat_timeout_s = 900
+  }
+
+  # Both rules would get the same mocked ARN; tell them apart.
+  override_resource {
+    target = aws_cloudwatch_event_rule.lifecycle_notices
+    values = {
+      arn = "arn:aws:events:eu-west-1:123456789012:rule/demo-lifecycle-notices"
+    }
+  }
+
   assert {
-    condition     = output.cli_command == "cloud-elastic run --aws-asg demo-workers --aws-region eu-west-1 -np 2 --min-np 1 --max-np 4 --slots-per-host 1 --ssh-user ubuntu --ssh-identity-file ~/.ssh/cloud-elastic python train.py"
+    condition     = output.cli_command == "cloud-elastic run --aws-asg demo-workers --aws-region eu-west-1 --aws-notice-queue https://sqs.eu-west-1.amazonaws.com/123456789012/demo-notices -np 2 --min-np 1 --max-np 4 --slots-per-host 1 --ssh-user ubuntu --ssh-identity-file ~/.ssh/cloud-elastic python train.py"
     error_message = "unexpected cli_command: ${output.cli_command}"
   }
   assert {
     condition     = output.asg_name == "demo-workers" && output.region == "eu-west-1" && output.lifecycle_hook_name == "demo-drain"
     error_message = "group, region and hook outputs must match the resources"
+  }
+  assert {
+    condition     = output.notice_queue_url == "https://sqs.eu-west-1.amazonaws.com/123456789012/demo-notices"
+    error_message = "notice_queue_url must be the queue's URL"
+  }
+  assert {
+    condition     = aws_sqs_queue.notices.message_retention_seconds == 900
+    error_message = "the queue must keep notices as long as the hook may hold an instance"
+  }
+  assert {
+    condition = alltrue([
+      for t in [aws_cloudwatch_event_target.spot_notices, aws_cloudwatch_event_target.lifecycle_notices] :
+      t.arn == aws_sqs_queue.notices.arn
+    ]) && aws_cloudwatch_event_target.lifecycle_notices.rule == aws_cloudwatch_event_rule.lifecycle_notices.name
+    error_message = "both rules must send to the notice queue"
+  }
+  assert {
+    condition = anytrue([
+      for s in data.aws_iam_policy_document.driver.statement :
+      toset(s.resources) == toset([aws_sqs_queue.notices.arn]) && toset(s.actions) == toset(["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"])
+    ])
+    error_message = "the driver's queue permissions must be scoped to the notice queue"
+  }
+  assert {
+    condition = (
+      toset(data.aws_iam_policy_document.notice_queue.statement[0].actions) == toset(["sqs:SendMessage"]) &&
+      toset(one(data.aws_iam_policy_document.notice_queue.statement[0].principals).identifiers) == toset(["events.amazonaws.com"]) &&
+      toset(one(data.aws_iam_policy_document.notice_queue.statement[0].condition).values) == toset([
+        "arn:aws:events:eu-west-1:123456789012:rule/demo-mocked",
+        "arn:aws:events:eu-west-1:123456789012:rule/demo-lifecycle-notices",
+      ]) &&
+      aws_sqs_queue_policy.notices.queue_url == aws_sqs_queue.notices.id
+    )
+    error_message = "only this module's EventBridge rules may send to the notice queue"
   }
   assert {
     condition     = output.driver_address == "10.0.1.10"

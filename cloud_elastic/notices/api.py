@@ -1,0 +1,117 @@
+"""What a notice watcher reports, and the interface every watcher has.
+
+A watcher runs on a worker host, reads that host's own instance-metadata
+service and reports each distinct notice once through a callback. It never
+decides anything: what the driver does with a notice (drain the host, remove it
+before the deadline, complete a lifecycle action) is the driver's business.
+
+Guarantees every watcher gives:
+
+* The constructor does no I/O and starts no thread. :meth:`NoticeWatcher.start`
+  starts exactly one daemon thread; :meth:`NoticeWatcher.close` stops it.
+* Each distinct notice (by :attr:`Notice.event_id`) is reported once.
+* Nothing raises out of the watcher's thread: bad answers, timeouts and an
+  unreachable service are logged (rate-limited) and retried, and an exception
+  from the ``report`` callback is logged and swallowed.
+* No work happens on the caller's thread except in :meth:`acknowledge`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = [
+    "Notice",
+    "NoticeWatcher",
+    "Report",
+    "TERMINATE",
+    "REBALANCE",
+    "MAINTENANCE",
+    "KINDS",
+    "SOURCE_AWS",
+    "SOURCE_GCP",
+    "SOURCE_AZURE",
+    "SOURCES",
+]
+
+#: The host will be taken away (Spot interruption, preemption, terminating lifecycle state).
+TERMINATE = "terminate"
+#: Soft: AWS recommends moving work off this host (rebalance recommendation).
+REBALANCE = "rebalance"
+#: Soft: the cloud plans maintenance on this host (GCP maintenance-event, Azure Freeze/Reboot/Redeploy).
+MAINTENANCE = "maintenance"
+KINDS = (TERMINATE, REBALANCE, MAINTENANCE)
+
+SOURCE_AWS = "aws-imds"
+SOURCE_GCP = "gcp-metadata"
+SOURCE_AZURE = "azure-scheduled-events"
+SOURCES = (SOURCE_AWS, SOURCE_GCP, SOURCE_AZURE)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One notice read from a host's metadata service.
+
+    ``kind`` is :data:`TERMINATE` (hard: the host goes away) or one of the soft
+    kinds :data:`REBALANCE` / :data:`MAINTENANCE`. ``deadline`` is when the cloud
+    acts, in Unix seconds, or None when the source gives no time. ``reason`` is
+    one line for logs. ``event_id`` identifies the notice for de-duplication
+    (on Azure it is the scheduled event's ``EventId``).
+    """
+
+    source: str
+    kind: str
+    deadline: float | None
+    reason: str
+    event_id: str
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"unknown notice source {self.source!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown notice kind {self.kind!r}")
+        if not self.event_id:
+            raise ValueError("a notice needs an event_id")
+        if "\n" in self.reason:
+            raise ValueError("a notice's reason must be one line")
+
+    @property
+    def soft(self) -> bool:
+        """True for advice (rebalance, maintenance); False when the host will be taken away."""
+        return self.kind != TERMINATE
+
+
+#: The callback a watcher reports notices through (called on the watcher's thread).
+Report = Callable[[Notice], None]
+
+
+class NoticeWatcher(abc.ABC):
+    """Watches one host's metadata service for notices (see the module docstring)."""
+
+    #: The :attr:`Notice.source` of every notice this watcher reports.
+    source: str
+
+    @abc.abstractmethod
+    def start(self, report: Report) -> None:
+        """Start the watcher's daemon thread; ``report`` gets each distinct notice once.
+
+        ``report`` is called on the watcher's thread and should return quickly.
+        Calling start twice raises RuntimeError.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop the thread. Returns within about one request timeout; idempotent."""
+
+    def acknowledge(self) -> tuple[str, ...]:
+        """Tell the cloud the host's workers have left, where the cloud wants to hear it.
+
+        Azure: POSTs ``StartRequests`` for the terminate events reported and not
+        yet acknowledged, so the platform may proceed at once instead of waiting
+        for ``NotBefore``. Returns the event ids acknowledged; never raises (a
+        failure is logged and retried by the next call). Others: nothing to do.
+        Blocks for at most one request timeout.
+        """
+        return ()
