@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Callable, Union
 
 from cloud_elastic.errors import DiscoveryError, FatalDiscoveryError
@@ -47,6 +48,8 @@ class DiscoveryPoller:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._releases: queue.SimpleQueue[tuple[str, str | None]] = queue.SimpleQueue()
+        #: Seconds the last provider call took (for the discovery latency metric).
+        self.last_latency_s = 0.0
 
     def release(self, host: str, instance: str | None) -> None:
         """Queue ``discovery.release(host, instance)`` for the poller thread; returns at once."""
@@ -61,6 +64,7 @@ class DiscoveryPoller:
 
     def poll_once(self) -> Result:
         """One provider call, its errors translated into a DiscoveryFailure."""
+        started = time.monotonic()
         try:
             return self._discovery.find()
         except FatalDiscoveryError as exc:
@@ -70,6 +74,8 @@ class DiscoveryPoller:
         except Exception as exc:  # a provider bug must not kill the poller; retried like a transient error
             log.exception("discovery provider %s raised an unexpected error", type(self._discovery).__name__)
             return DiscoveryFailure(f"{type(exc).__name__}: {exc}", fatal=False)
+        finally:
+            self.last_latency_s = time.monotonic() - started
 
     def _release_queued(self) -> None:
         while True:

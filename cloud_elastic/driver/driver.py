@@ -87,6 +87,10 @@ class Driver:
         self._poller: DiscoveryPoller | None = None
         self._advertised: str | None = None
         self._stoppers: list[threading.Thread] = []
+        self._sinks: Any = None  # events file and metrics, opened by run()
+        self._status_recorded = False
+        self._bind = "127.0.0.1"
+        self._started_at = clock()
         self._watchers: dict[str, str] = {}  # host -> worker id running its metadata notice watcher
         self._watch_cloud = _watch_cloud(config.notice_watcher, getattr(discovery, "name", ""))
 
@@ -99,12 +103,33 @@ class Driver:
             self._cond.notify_all()
 
     def run(self) -> Finish:
-        """Run the job to its end; always stops every worker it started."""
+        """Run the job to its end; always stops every worker it started.
+
+        Raises ConfigError before anything starts when the events file cannot be
+        opened or the metrics port cannot be bound.
+        """
+        from cloud_elastic.events import open_sinks
+
+        self._sinks = open_sinks(self.job_id, self.config.events_file, self.config.metrics_port)
+        started = time.time()
+        self._sinks.sink.emit(
+            "job_started", num_proc=self.config.num_proc, min_np=self.config.min_np, max_np=self.config.max_np,
+            provider=str(getattr(self._discovery, "name", "") or type(self._discovery).__name__),
+            command=list(self.config.command),
+        )
+        outcome = Finish(False, "the driver failed", 1)
         try:
             self._start()
-            return self._loop()
+            outcome = self._loop()
+            return outcome
         finally:
             self._shutdown()
+            self._flush_events()
+            verdict = "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in (130, 143) else "failed")
+            self._sinks.sink.emit("job_finished", outcome=verdict, exit_code=outcome.exit_code,
+                                  resets=self._job.resets, wall_s=round(time.time() - started, 3),
+                                  reason=outcome.reason)
+            self._sinks.close()
 
     # ---------------------------------------------------------------- startup
     def _start(self) -> None:
@@ -115,9 +140,11 @@ class Driver:
             self._job.discovered(first, self._clock())
             hosts = list(first.ready) + list(first.draining)
         self._advertised, bind = self._choose_address(hosts)
+        self._bind = bind
         self._start_store(bind)
         self._server = ControlServer(self._codec, self._handle, bind=bind)
         self._server.start()
+        self._record_for_status()
         log.info(
             "job %s: driver at %s (control port %d, store port %d), -np %d --min-np %d --max-np %d",
             self.job_id, self._advertised, self._server.port, self._store_port,
@@ -201,10 +228,13 @@ class Driver:
                     self._job.stop(*self._stop_reason)
                 self._job.tick(self._clock())
                 actions = self._job.take_actions()
+                events = self._job.take_events()
                 outcome = self._job.outcome
                 if not actions and outcome is None:
                     self._cond.wait(_TICK_S)
                 self._cond.notify_all()
+            for kind, fields in events:
+                self._sinks.sink.emit(kind, **fields)
             for action in actions:
                 if isinstance(action, Launch):
                     self._launch(action)
@@ -307,6 +337,9 @@ class Driver:
 
     # ---------------------------------------------------------- control plane
     def _on_discovery(self, result: Any) -> None:
+        if self._sinks.metrics is not None and self._poller is not None:
+            error = None if not isinstance(result, DiscoveryFailure) else ("fatal" if result.fatal else "retryable")
+            self._sinks.metrics.observe_discovery(self._poller.last_latency_s, error)
         with self._cond:
             if isinstance(result, DiscoveryFailure):
                 self._job.discovery_failed(result.message, fatal=result.fatal, now=self._clock())
@@ -335,13 +368,17 @@ class Driver:
                 return {"ok": True}
             if kind == "notice":
                 return self._notice(worker_id, msg, now)
+            if kind == "status":
+                return self._status(now)
         raise ControlPlaneError(f"unknown message kind {kind!r}")
 
     def _rendezvous(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
         last_round, reason = msg.get("last_round"), msg.get("reason")
         if not isinstance(last_round, int) or reason not in ("start", "update", "failure"):
             raise ControlPlaneError("malformed rendezvous message")
-        self._job.rendezvous(worker_id, last_round, reason, self._clock(), _commits(msg))
+        rolled_back = msg.get("rolled_back")
+        rolled_back = rolled_back if isinstance(rolled_back, int) and not isinstance(rolled_back, bool) else 0
+        self._job.rendezvous(worker_id, last_round, reason, self._clock(), _commits(msg), max(0, rolled_back))
         self._cond.notify_all()
         deadline = self._clock() + _RENDEZVOUS_POLL_S
         while True:
@@ -363,6 +400,10 @@ class Driver:
         deadline = self._clock() + self.config.heartbeat_interval_s
         while True:
             reply = self._job.heartbeat(worker_id, self._clock(), _commits(msg))
+            if reply is not None and self._sinks.metrics is not None and self._job.rank_of(worker_id) == 0:
+                commits = _commits(msg)
+                if commits is not None:
+                    self._sinks.metrics.observe_step(commits)
             if reply is None:
                 return {"shutdown": True, "round": 0, "update_gen": 0, "abort_round": 0}
             current = (reply.round, reply.update_gen, reply.abort_round)
@@ -407,6 +448,31 @@ class Driver:
         self._cond.notify_all()
         return {"ok": True}
 
+    # ----------------------------------------------------------------- status
+    def _record_for_status(self) -> None:
+        """Let ``cloud-elastic status`` on this machine find the job (records are private to this user)."""
+        from cloud_elastic.status import write_driver_record
+
+        assert self._server is not None
+        host = "127.0.0.1" if self._bind in ("0.0.0.0", "127.0.0.1") else self._bind
+        try:
+            write_driver_record(self.job_id, f"{host}:{self._server.port}", self._secret, command=self.config.command)
+            self._status_recorded = True
+        except OSError as exc:  # status is a convenience; the job runs without it
+            log.warning("job %s: cannot record the job for 'cloud-elastic status': %s", self.job_id, exc)
+
+    def _status(self, now: float) -> dict[str, Any]:
+        from cloud_elastic.driver.status import status_reply
+
+        return status_reply(self._job, self.config, provider=str(getattr(self._discovery, "name", "")),
+                            now=now, wall_now=time.time(), uptime_s=now - self._started_at).to_json()
+
+    def _flush_events(self) -> None:
+        with self._cond:
+            events = self._job.take_events()
+        for kind, fields in events:
+            self._sinks.sink.emit(kind, **fields)
+
     # --------------------------------------------------------------- shutdown
     def _shutdown(self) -> None:
         if self._poller is not None:
@@ -423,6 +489,10 @@ class Driver:
             launcher.close()
         if self._server is not None:
             self._server.close()
+        if self._status_recorded:
+            from cloud_elastic.status import remove_driver_record
+
+            remove_driver_record(self.job_id)
         try:
             self._discovery.close()
         except Exception:  # closing is best effort; the job's outcome is already decided

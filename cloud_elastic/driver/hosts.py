@@ -55,6 +55,10 @@ class Blacklist:
         """How many times ``slot`` has failed."""
         return self._failures.get(slot, 0)
 
+    def blocked_slots(self, now: float) -> list[tuple[Slot, float, int]]:
+        """(slot, seconds left, failures) of every slot still cooling down at ``now``."""
+        return sorted((s, until - now, self._failures.get(s, 0)) for s, until in self._until.items() if until > now)
+
     def blocked(self, slot: Slot, now: float) -> bool:
         """Whether ``slot`` is still cooling down at ``now``."""
         return self._until.get(slot, float("-inf")) > now

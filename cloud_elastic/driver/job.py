@@ -172,6 +172,8 @@ class ElasticJob:
     outcome: Finish | None = None
     #: Some worker has committed: from now on, the state must never be lost.
     state_committed: bool = False
+    #: Host -> where its latest notice came from (for status).
+    notice_sources: dict[str, str] = field(default_factory=dict)
     _actions: list[Action] = field(default_factory=list)
     _events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     _clock: RunningClock = field(default_factory=RunningClock)
@@ -241,6 +243,7 @@ class ElasticJob:
         news = self.hosts.soft_notice(host, drain.reason) if soft else self.hosts.notice(host, drain)
         if not news:
             return
+        self.notice_sources[host] = source
         left = ""
         if drain.deadline is not None:
             left = f", {drain.deadline - (now + self._wall_offset):.0f}s before its deadline"

@@ -93,6 +93,9 @@ class WorkerContext:
         self.device = torch.device("cpu")
         #: Commits made by this process; reported to the driver, which keeps rank 0 on a worker that has some.
         self.commits = 0
+        #: DistributedOptimizer steps since the last commit: what a rollback undoes.
+        self.steps_since_commit = 0
+        self._rolled_back = 0
         self._notice_watcher: Any = None
 
     # ------------------------------------------------------------- lifecycle
@@ -140,7 +143,9 @@ class WorkerContext:
         self._last_reason = reason
         while True:
             reply = self._call(
-                "rendezvous", {"last_round": last_round, "reason": reason, "commits": self.commits}, timeout_s=60.0
+                "rendezvous",
+                {"last_round": last_round, "reason": reason, "commits": self.commits, "rolled_back": self._rolled_back},
+                timeout_s=60.0,
             )
             status = reply.get("status")
             if status == "assigned":
@@ -148,6 +153,7 @@ class WorkerContext:
             if status == "exit":
                 raise WorkerRemoved(str(reply.get("reason", "told to exit")))
         info = RoundInfo(**{k: reply[k] for k in RoundInfo.__dataclass_fields__ if k in reply})
+        self._rolled_back = 0
         self._attempted_round = info.round
         self._form_group(info)
         log.info("worker %s: joined round %d as rank %d of %d", self.worker_id, info.round, info.rank, info.size)
@@ -179,15 +185,38 @@ class WorkerContext:
     def note_commit(self) -> None:
         """A commit finished on this worker (``State.commit``)."""
         self.commits += 1
+        self.steps_since_commit = 0
+
+    def note_step(self) -> None:
+        """An optimizer step finished (``DistributedOptimizer.step``)."""
+        self.steps_since_commit += 1
+
+    def note_rollback(self) -> None:
+        """The state was just restored to the last commit: the steps since then are lost (told to the driver)."""
+        self._rolled_back, self.steps_since_commit = self.steps_since_commit, 0
+
+    def leave(self) -> None:
+        """This worker leaves the job for good (told to exit): acknowledge notices it watched, stop watching."""
+        if self._notice_watcher is not None:
+            try:
+                self._notice_watcher.acknowledge()
+            finally:
+                self._notice_watcher.close()
+                self._notice_watcher = None
 
     # ---------------------------------------------------------------- notices
     def _maybe_watch_notices(self, cloud: Any) -> None:
         """Start this host's metadata notice watcher when the driver picks this worker for it (once)."""
         if not isinstance(cloud, str) or self._notice_watcher is not None or self._codec is None:
             return
+        from cloud_elastic.errors import ConfigError
         from cloud_elastic.notices import watcher_for
 
-        watcher = watcher_for(cloud, self.hostname, self._environ)
+        try:
+            watcher = watcher_for(cloud, self.hostname, self._environ)
+        except ConfigError as exc:
+            log.warning("worker %s: no %s notice watcher: %s", self.worker_id, cloud, exc)
+            return
         if watcher is None:
             return
         self._notice_watcher = watcher

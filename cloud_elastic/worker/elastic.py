@@ -42,6 +42,7 @@ def run(func: F) -> F:
         try:
             return _run(func, state, *args, **kwargs)
         except WorkerRemoved as exc:
+            init().leave()
             print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)
             sys.exit(0)
 
@@ -65,6 +66,7 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
         except CollectiveError as exc:
             log.warning("collective failed (%s); rolling back to the last commit", exc)
             state.restore()
+            ctx.note_rollback()
             sync = _rejoin(ctx, "failure", state)
             continue
         except HostsUpdatedInterrupt:

@@ -219,6 +219,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             base_step = base_step.__wrapped__
         update = zerocopy.swap_update_for(self) if closure is None else None
         self._ce_reset_if_new_round()
+        get_context().note_step()
         if update is not None and not self._ce_skip and not self._ce_synchronized:
             self._ce_step_overlapped(update)
             self._ce_clear()
