@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cloud_elastic.providers import aws, azure, gcp, ibm
-from cloud_elastic.providers._common import ABSENT, READY, draining
+from cloud_elastic.providers._common import ABSENT, READY, absent, draining
 
 
 @pytest.mark.parametrize(("lifecycle", "health", "ec2", "verdict"), [
@@ -44,8 +44,15 @@ def test_aws(lifecycle, health, ec2, verdict):
     ("STOPPING", "RUNNING", [], draining("STOPPING")),
     ("SUSPENDING", "RUNNING", [], draining("SUSPENDING")),
     ("NONE", "STOPPING", [], draining("instance STOPPING")),
-    ("NONE", "TERMINATED", [], draining("instance TERMINATED")),  # a preempted Spot VM
-    ("NONE", "SUSPENDED", [], draining("instance SUSPENDED")),
+    ("NONE", "PENDING_STOP", [], draining("instance PENDING_STOP")),  # graceful shutdown under way
+    ("NONE", "REPAIRING", [], draining("instance REPAIRING")),
+    # Off: a stopped or suspended pool (targetStoppedSize/targetSuspendedSize), a preempted Spot VM not yet
+    # recreated. Nothing runs there, so the host is absent, not leaving forever.
+    ("NONE", "TERMINATED", [], absent("instance TERMINATED")),
+    ("NONE", "STOPPED", [], absent("instance STOPPED")),
+    ("NONE", "SUSPENDED", [], absent("instance SUSPENDED")),
+    ("STARTING", "STOPPED", [], absent("instance STOPPED")),
+    ("DELETING", "STOPPED", [], draining("DELETING")),
     ("NONE", "RUNNING", ["UNHEALTHY"], draining("unhealthy")),
     ("NONE", "RUNNING", ["TIMEOUT"], draining("unhealthy")),
     ("NONE", "RUNNING", ["DRAINING"], draining("draining")),
@@ -57,6 +64,12 @@ def test_aws(lifecycle, health, ec2, verdict):
 ])
 def test_gcp(action, status, health, verdict):
     assert gcp.classify(action, status, health) == verdict
+
+
+def test_gcp_deadline_goes_on_drains_only():
+    assert gcp.classify("DELETING", "RUNNING", [], 1767225600.0) == draining("DELETING", 1767225600.0)
+    assert gcp.classify("NONE", "RUNNING", ["UNHEALTHY"], 5.0) == draining("unhealthy", 5.0)
+    assert gcp.classify("NONE", "RUNNING", [], 1767225600.0) == READY
 
 
 @pytest.mark.parametrize(("provisioning", "codes", "verdict"), [
