@@ -78,11 +78,17 @@ def test_gcp_deadline_goes_on_drains_only():
     ("Succeeded", ["PowerState/running", "HealthState/healthy"], READY),
     ("Succeeded", ["PowerState/running", "HealthState/unhealthy"], draining("unhealthy")),
     ("Deleting", ["PowerState/running"], draining("Deleting")),
-    ("Failed", ["PowerState/running"], draining("provisioning Failed")),
+    # Failed on a scale set is mostly a failed extension on a VM that runs fine: judged by power and health.
+    ("Failed", ["ProvisioningState/failed/VMExtensionProvisioningError", "PowerState/running"], READY),
+    ("Failed", ["PowerState/running", "HealthState/unhealthy"], draining("unhealthy")),
+    ("Failed", ["PowerState/stopping"], draining("PowerState/stopping")),
+    ("Failed", [], ABSENT),
     ("Succeeded", ["PowerState/stopping"], draining("PowerState/stopping")),
-    ("Succeeded", ["PowerState/stopped"], draining("PowerState/stopped")),
     ("Succeeded", ["PowerState/deallocating"], draining("PowerState/deallocating")),
-    ("Succeeded", ["PowerState/deallocated"], draining("PowerState/deallocated")),  # an evicted Spot VM
+    # Off: nothing runs there (an evicted Spot VM stays deallocated), so absent rather than draining forever.
+    ("Succeeded", ["PowerState/stopped"], absent("PowerState/stopped")),
+    ("Succeeded", ["PowerState/deallocated"], absent("PowerState/deallocated")),
+    ("Deleting", ["PowerState/deallocated"], draining("Deleting")),
     ("Creating", ["PowerState/starting"], ABSENT),
     ("Succeeded", ["PowerState/starting"], ABSENT),
     ("Succeeded", [], ABSENT),  # no instance view
@@ -90,6 +96,11 @@ def test_gcp_deadline_goes_on_drains_only():
 ])
 def test_azure(provisioning, codes, verdict):
     assert azure.classify(provisioning, codes) == verdict
+
+
+def test_azure_standby_pool_members_are_absent_whatever_their_power_state():
+    for codes in (["PowerState/running"], ["PowerState/deallocated"]):
+        assert azure.classify("Succeeded", codes, standby=True) == absent("in the scale set's standby pool")
 
 
 @pytest.mark.parametrize(("membership", "status", "reasons", "lifecycle", "verdict"), [
