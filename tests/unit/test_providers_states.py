@@ -108,14 +108,25 @@ def test_azure_standby_pool_members_are_absent_whatever_their_power_state():
     ("deleting", "running", [], "stable", draining("membership deleting")),
     ("failed", "running", [], "stable", draining("membership failed")),
     ("unhealthy", "running", [], "stable", draining("membership unhealthy")),
-    ("healthy", "stopped", ["stopped_by_preemption"], "stable", draining("preempted")),
+    ("healthy", "stopping", ["stopped_by_preemption"], "stable", draining("preempted")),
     ("healthy", "stopping", [], "stable", draining("instance stopping")),
-    ("healthy", "stopped", [], "stable", draining("instance stopped")),
+    # Stopped runs nothing: absent (logged once), not draining forever.
+    ("healthy", "stopped", ["stopped_by_preemption"], "stable", absent("preempted")),
+    ("healthy", "stopped", [], "stable", absent("instance stopped")),
+    ("unhealthy", "stopped", [], "stable", draining("membership unhealthy")),
     ("healthy", "restarting", [], "stable", draining("instance restarting")),
     ("healthy", "running", [], "deleting", draining("instance deleting")),
+    ("healthy", "running", [], "suspended", draining("instance suspended")),  # a lifecycle_state, not a status
     ("pending", "starting", [], "pending", ABSENT),
     ("healthy", "pending", [], "pending", ABSENT),
     ("healthy", "starting", [], "stable", ABSENT),
 ])
 def test_ibm(membership, status, reasons, lifecycle, verdict):
     assert ibm.classify(membership, status, reasons, lifecycle) == verdict
+
+
+@pytest.mark.parametrize(("health", "verdict"), [
+    ("ok", READY), ("degraded", READY), ("faulted", draining("instance faulted")), ("", READY),
+])
+def test_ibm_health_state(health, verdict):
+    assert ibm.classify("healthy", "running", [], "stable", health) == verdict
