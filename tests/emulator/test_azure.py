@@ -82,9 +82,10 @@ def test_evicted_and_pooled_vms_are_absent_and_logged_once(azure, caplog):
 
 def test_hosts_are_ordered_by_creation_instant(azure):
     v = azure.add_scale_set("sub-1", "rg-1", "ordered", _vms("o", 3))
-    v[0].created = "2026-01-01T10:00:00.5000001+02:00"  # 08:00Z
-    v[1].created = "2026-01-01T07:59:59.9999999+00:00"
-    v[2].created = "2026-01-01T02:30:00.0000000-05:00"  # 07:30Z, the oldest
+    # As strings these sort v0 < v1 < v2; as instants v2 (08:30Z) < v1 (08:59:59.9999999Z) < v0 (09:00:00.5Z).
+    v[0].created = "2026-01-01T06:00:00.5000001-03:00"
+    v[1].created = "2026-01-01T08:59:59.9999999+00:00"
+    v[2].created = "2026-01-01T09:30:00.0000000+01:00"
     assert list(provider("azure", azure_options(azure, "ordered")).find().ready) == [v[2].ip, v[1].ip, v[0].ip]
 
 
