@@ -35,8 +35,8 @@ anything else (``CREATING``, ``VERIFYING``...)      any                         
 A stopped, suspended or terminated instance runs no workers, so it is not a
 leaving host but no host at all: the group's stopped and suspended pools
 (``targetStoppedSize``, ``targetSuspendedSize``) and a preempted Spot VM the
-group has not recreated yet. Drains carry a deadline when the cloud names
-one, the earliest of: the managed instance's ``scheduling.terminationTimestamp``,
+group has not recreated yet. Drains by action or status carry a deadline
+when the cloud names one (health-check drains never do), the earliest of: the managed instance's ``scheduling.terminationTimestamp``,
 its ``shutdownDetails`` (``requestTimestamp`` + ``maxDuration``, while in
 ``PENDING_STOP``), the instance's ``resourceStatus.scheduling.terminationTimestamp``
 and ``scheduling.terminationTime``; otherwise ``None`` (Spot preemption
@@ -101,7 +101,10 @@ def classify(current_action: str, instance_status: str, health: Iterable[str] = 
              deadline: float | None = None) -> Verdict:
     """Map one managed instance's action, status and health-check states (see the table).
 
-    ``deadline`` (Unix seconds, or ``None``) is put on draining verdicts.
+    ``deadline`` (Unix seconds, or ``None``) is put on drains the group or the
+    instance is carrying out (an action or a leaving status). A health-check
+    drain gets none: the instance is not being taken, and a stale termination
+    time must not make the driver remove its workers by force.
     """
     if current_action in _LEAVING_ACTIONS:
         return draining(current_action, deadline)
@@ -111,9 +114,9 @@ def classify(current_action: str, instance_status: str, health: Iterable[str] = 
         return draining(f"instance {instance_status}", deadline)
     health = set(health)
     if health & {"UNHEALTHY", "TIMEOUT"}:
-        return draining("unhealthy", deadline)
+        return draining("unhealthy")
     if "DRAINING" in health:
-        return draining("draining", deadline)
+        return draining("draining")
     if current_action in _RUNNING_ACTIONS and instance_status == "RUNNING":
         return READY
     return ABSENT

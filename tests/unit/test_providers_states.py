@@ -66,9 +66,11 @@ def test_gcp(action, status, health, verdict):
     assert gcp.classify(action, status, health) == verdict
 
 
-def test_gcp_deadline_goes_on_drains_only():
+def test_gcp_deadline_goes_on_drains_the_cloud_is_carrying_out():
     assert gcp.classify("DELETING", "RUNNING", [], 1767225600.0) == draining("DELETING", 1767225600.0)
-    assert gcp.classify("NONE", "RUNNING", ["UNHEALTHY"], 5.0) == draining("unhealthy", 5.0)
+    assert gcp.classify("NONE", "PENDING_STOP", [], 1767225600.0) == draining("instance PENDING_STOP", 1767225600.0)
+    # A failing health check is not the cloud taking the host: no deadline to force its workers out by.
+    assert gcp.classify("NONE", "RUNNING", ["UNHEALTHY"], 5.0) == draining("unhealthy")
     assert gcp.classify("NONE", "RUNNING", [], 1767225600.0) == READY
 
 
