@@ -37,7 +37,7 @@ anything else (``Creating``...)     ``PowerState/starting``, none...            
 running. ``Failed`` is judged by power state and health too: on scale sets
 it usually means an extension failed on a VM that runs fine, and draining it
 would lose the host for good; a VM that really is broken fails its health
-probe or its workers, which the driver handles. A stopped or deallocated VM
+probe or its workers, which the driver handles. Such a VM is logged once. A stopped or deallocated VM
 (a Spot VM evicted with the ``Deallocate`` policy, a VM kept in a standby
 pool) runs nothing, so it is absent rather than draining forever. Drains
 carry no deadline: Resource Manager shows none (Spot eviction and terminate
@@ -233,6 +233,9 @@ class AzureScaleSet(CloudGroupProvider):
             health = view.get("vmHealth", {}).get("status", {}).get("code")
             verdict = classify(props.get("provisioningState", ""), codes + ([health] if health else []),
                                standby=bool(view.get("isVMInStandbyPool")))
+            if verdict is READY and props.get("provisioningState") == "Failed":
+                self._once.note((vm.get("name"), "Failed"), "%s: VM %s is running with provisioningState Failed "
+                                "(usually a failed extension); counted as ready", self.label, vm.get("name"))
             size = vm.get("sku", {}).get("name") or props.get("hardwareProfile", {}).get("vmSize", "")
             snapshot.add(addresses.get(vm.get("id", "").lower()), verdict, lambda s=size: self._slots.slots(s),
                          order=props.get("timeCreated", ""), instance=vm.get("name", ""))

@@ -47,13 +47,18 @@ def test_uniform_scale_set_states_map_to_ready_draining_absent(azure):
     assert dict(snapshot.instances) == {vm.ip: f"uniform_{i}" for i, vm in enumerate(v) if i in (0, 1, 2, 4, 6, 7)}
 
 
-def test_failed_provisioning_is_judged_by_power_and_health(azure):
+def test_failed_provisioning_is_judged_by_power_and_health(azure, caplog):
     v = azure.add_scale_set("sub-1", "rg-1", "failed", _vms("x", 3, provisioning="Failed"))
     v[1].health = "unhealthy"
     v[2].power = "stopped"
-    snapshot = provider("azure", azure_options(azure, "failed")).find()
+    caplog.set_level(logging.INFO, logger="cloud_elastic")
+    discovery = provider("azure", azure_options(azure, "failed"))
+    snapshot = discovery.find()
     assert dict(snapshot.ready) == {v[0].ip: 4}
     assert dict(snapshot.draining) == {v[1].ip: Drain(None, "unhealthy")}
+    discovery.find()
+    notes = [r.getMessage() for r in caplog.records if "provisioningState Failed" in r.getMessage()]
+    assert len(notes) == 1 and "VM failed_0 is running" in notes[0]
 
 
 def test_evicted_and_pooled_vms_are_absent_and_logged_once(azure, caplog):
