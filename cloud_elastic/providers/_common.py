@@ -1,5 +1,5 @@
 """Pieces every cloud provider shares: lazy SDK import, option parsing, snapshot
-building, slot caching and error classification.
+building, time parsing, slot caching and error classification.
 
 Nothing here does I/O. Cloud modules import this; it imports no cloud SDK.
 """
@@ -11,6 +11,7 @@ import importlib
 import ipaddress
 import logging
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Callable, ClassVar, Hashable, Mapping
 
 from cloud_elastic.errors import (
@@ -30,6 +31,9 @@ __all__ = [
     "READY",
     "ABSENT",
     "draining",
+    "absent",
+    "parse_time",
+    "OnceLog",
     "SnapshotBuilder",
     "SlotCache",
     "error_for_status",
@@ -129,19 +133,80 @@ class OptionReader:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What a cloud's state says about one instance: ``kind`` is ready, draining or absent."""
+    """What a cloud's state says about one instance: ``kind`` is ready, draining or absent.
+
+    ``deadline`` (Unix seconds) is when the cloud will take a draining instance,
+    where the cloud's state says so; ``None`` otherwise. An absent verdict with
+    a ``reason`` is one worth telling the user about once (a stopped instance
+    kept in a pool, an evicted Spot VM); a bare ``ABSENT`` is silent.
+    """
 
     kind: str
     reason: str = ""
+    deadline: float | None = None
 
 
 READY = Verdict("ready")
 ABSENT = Verdict("absent")
 
 
-def draining(reason: str) -> Verdict:
-    """A verdict for an instance that is leaving, with a human-readable reason."""
-    return Verdict("draining", reason)
+def draining(reason: str, deadline: float | None = None) -> Verdict:
+    """A verdict for an instance that is leaving, with a human-readable reason and the cloud's deadline if any."""
+    return Verdict("draining", reason, deadline)
+
+
+def absent(reason: str) -> Verdict:
+    """A verdict for an instance that exists but runs nothing for the job, logged once with ``reason``."""
+    return Verdict("absent", reason)
+
+
+def parse_time(value: object) -> float | None:
+    """An RFC 3339 / ISO 8601 timestamp (or a datetime) as Unix seconds; ``None`` if absent or unreadable.
+
+    Clouds write local offsets (GCP: ``2026-01-01T09:00:00.000-07:00``), ``Z``
+    (IBM), seven fractional digits (Azure) or a space instead of ``T`` (a
+    stringified datetime), so strings must be parsed before they are compared.
+    A timestamp without an offset is taken as UTC.
+    """
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str) and value.strip():
+        text = value.strip()
+        try:
+            moment = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "zZ" else text)
+        except ValueError:
+            return None
+    else:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+class OnceLog:
+    """Logs a condition the first time an instance shows it, and again only after it had cleared.
+
+    A provider keeps one for its life; :class:`SnapshotBuilder` calls :meth:`note`
+    for each absent-with-a-reason instance and :meth:`cycle` once per snapshot,
+    so a stopped instance in a standby pool is reported once, not every second.
+    """
+
+    def __init__(self, logger: logging.Logger = _log, level: int = logging.INFO) -> None:
+        self._logger = logger
+        self._level = level
+        self._seen: set[Hashable] = set()
+        self._now: set[Hashable] = set()
+
+    def note(self, key: Hashable, message: str, *args: object) -> None:
+        """Log ``message % args`` unless ``key`` was already logged and seen in the previous snapshot."""
+        self._now.add(key)
+        if key not in self._seen:
+            self._seen.add(key)
+            self._logger.log(self._level, message, *args)
+
+    def cycle(self) -> None:
+        """End of one snapshot: keys not noted during it are forgotten (logged again if they return)."""
+        self._seen, self._now = self._now, set()
 
 
 class SnapshotBuilder:
@@ -149,30 +214,40 @@ class SnapshotBuilder:
 
     An address seen twice keeps its first ready entry unless the second says
     draining (leaving wins: it is the safer reading). Ordering by creation
-    time means hosts that have been around longest get the lower ranks.
+    time means hosts that have been around longest get the lower ranks; times
+    are compared as instants (see :func:`parse_time`), never as strings.
+    Absent verdicts with a reason go to ``once`` (an :class:`OnceLog`) if given.
     """
 
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, *, once: OnceLog | None = None) -> None:
         self._group = group
+        self._once = once
         self._ready: dict[str, tuple[Hashable, int]] = {}
         self._draining: dict[str, tuple[Hashable, Drain]] = {}
         self._instances: dict[str, str] = {}
 
-    def add(self, address: str | None, verdict: Verdict, slots: Callable[[], int], *, order: Hashable = "",
+    def add(self, address: str | None, verdict: Verdict, slots: Callable[[], int], *, order: object = "",
             instance: str = "") -> None:
-        """Record one instance. ``slots`` is only called for ready instances."""
+        """Record one instance. ``slots`` is only called for ready instances.
+
+        ``order`` is the instance's creation time (an RFC 3339 string, a
+        datetime or Unix seconds); ``instance`` the cloud's id for it.
+        """
         if verdict.kind == "absent":
+            if verdict.reason and self._once is not None:
+                self._once.note((instance or address, verdict.reason), "%s: instance %s (%s) is %s; not counted",
+                                self._group, instance or "?", address or "no address", verdict.reason)
             return
         if not address:
             _log.debug("%s: instance %s has no private address yet; skipped", self._group, instance)
             return
-        key = (order, address)
+        key = (_instant(order), address)
         if verdict.kind == "draining":
             if address in self._ready:
                 self._ready.pop(address)
                 self._instances.pop(address, None)
             if address not in self._draining:
-                self._draining[address] = (key, Drain(deadline=None, reason=verdict.reason))
+                self._draining[address] = (key, Drain(deadline=verdict.deadline, reason=verdict.reason))
                 if instance:
                     self._instances[address] = instance
             return
@@ -185,18 +260,30 @@ class SnapshotBuilder:
 
     def build(self) -> DiscoveredHosts:
         """The snapshot, each table ordered by (creation time, address in numeric order)."""
+        if self._once is not None:
+            self._once.cycle()
         ready = {h: s for h, (_, s) in sorted(self._ready.items(), key=lambda kv: _sort_key(kv[1][0]))}
         drain = {h: d for h, (_, d) in sorted(self._draining.items(), key=lambda kv: _sort_key(kv[1][0]))}
         return DiscoveredHosts(ready=ready, draining=drain, instances=self._instances)
 
 
-def _sort_key(key: tuple[Hashable, str]) -> tuple[str, int, int, str]:
+def _instant(order: object) -> tuple[int, float, str]:
+    """A sortable creation time: parsed instants first, then unreadable values by text, then none."""
+    if isinstance(order, (int, float)) and not isinstance(order, bool):
+        return (0, float(order), "")
+    when = parse_time(order)
+    if when is not None:
+        return (0, when, "")
+    return (1, 0.0, str(order or ""))
+
+
+def _sort_key(key: tuple[tuple[int, float, str], str]) -> tuple[tuple[int, float, str], int, int, str]:
     order, address = key
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
-        return (str(order), 1, 0, address)
-    return (str(order), 0, int(ip) + (ip.version << 128), address)
+        return (order, 1, 0, address)
+    return (order, 0, int(ip) + (ip.version << 128), address)
 
 
 class SlotCache:

@@ -10,27 +10,43 @@ mode and location). Then each :meth:`~AzureScaleSet.find` lists
   (``virtualMachines.list $filter='virtualMachineScaleSet/id' eq ...``, with instance
   view) and the resource group's network interfaces;
 
-and joins them on the VM id for the primary NIC's primary private IP. GPU
-counts come from the resource SKUs of the location (capability ``GPUs``),
-read once. A scale set of 1,000 VMs costs a few paged calls per cycle.
+and joins them on the VM id for the primary NIC's primary private IP. Each
+mode is read only through the routes Azure serves for it: a Flexible scale
+set refuses the Uniform VM and NIC lists, and a Uniform one has no
+``virtualMachines`` resources. GPU counts come from the resource SKUs of the
+location (capability ``GPUs``), read once, with a small table of corrections
+for sizes whose capability is known to be wrong (below). A scale set of
+1,000 VMs costs a few paged calls per cycle.
 
 State mapping (first matching row wins; only VMs with a private IP appear):
 
-==================================  ==========================================  ==================
+==================================  ==========================================  ==========================
 ``provisioningState``               instance view                               result
-==================================  ==========================================  ==================
+==================================  ==========================================  ==========================
+any                                 ``isVMInStandbyPool`` true                  absent, logged once
 ``Deleting``                        any                                         draining "Deleting"
-``Failed``                          any                                         draining "provisioning Failed"
-any                                 ``PowerState/stopping``, ``stopped``,       draining "PowerState/<x>"
-                                    ``deallocating``, ``deallocated``
+any                                 ``PowerState/stopping``, ``deallocating``   draining "PowerState/<x>"
+any                                 ``PowerState/stopped``, ``deallocated``     absent, logged once
 any                                 ``HealthState/unhealthy``                   draining "unhealthy"
-``Succeeded``, ``Updating``         ``PowerState/running``                      ready
+``Succeeded``, ``Updating``,        ``PowerState/running``                      ready
+``Failed``
 anything else (``Creating``...)     ``PowerState/starting``, none...            absent
-==================================  ==========================================  ==================
+==================================  ==========================================  ==========================
 
 ``Updating`` counts as ready because extension and model updates keep the VM
-running. Drains carry no deadline: the group API gives none (Spot eviction
-and terminate notifications are Scheduled Events on the VM).
+running. ``Failed`` is judged by power state and health too: on scale sets
+it usually means an extension failed on a VM that runs fine, and draining it
+would lose the host for good; a VM that really is broken fails its health
+probe or its workers, which the driver handles. Such a VM is logged once. A stopped or deallocated VM
+(a Spot VM evicted with the ``Deallocate`` policy, a VM kept in a standby
+pool) runs nothing, so it is absent rather than draining forever. Drains
+carry no deadline: Resource Manager shows none (Spot eviction and terminate
+notifications are Scheduled Events, seen on the VM with their ``NotBefore``).
+
+GPU corrections (``_GPU_CORRECTIONS``): ``Standard_ND96isr_H100_v5`` has 8
+H100 GPUs; its SKU capability says 12 (Azure CLI issue #31176). When a
+correction overrides the SKU list, the provider logs it once per size.
+``--slots-per-host`` wins over both.
 
 Credentials: ``DefaultAzureCredential`` (environment, workload identity,
 managed identity, Azure CLI...). The subscription comes from the
@@ -55,10 +71,12 @@ from cloud_elastic.providers._common import (
     ABSENT,
     READY,
     CloudGroupProvider,
+    OnceLog,
     OptionReader,
     SlotCache,
     SnapshotBuilder,
     Verdict,
+    absent,
     draining,
     error_for_status,
     one_line,
@@ -70,21 +88,31 @@ __all__ = ["AzureScaleSet", "classify"]
 
 _log = logging.getLogger(__name__)
 
-_LEAVING_POWER = {"PowerState/stopping", "PowerState/stopped", "PowerState/deallocating", "PowerState/deallocated"}
-_RUNNING_PROVISIONING = {"Succeeded", "Updating"}
+_LEAVING_POWER = {"PowerState/stopping", "PowerState/deallocating"}
+_OFF_POWER = {"PowerState/stopped", "PowerState/deallocated"}
+_RUNNING_PROVISIONING = {"Succeeded", "Updating", "Failed"}
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
+#: VM size (lowercase) -> true GPU count, for sizes whose resource-SKU ``GPUs``
+#: capability is known to be wrong. Keep each entry sourced.
+_GPU_CORRECTIONS = {
+    "standard_nd96isr_h100_v5": 8,  # 8x H100; the SKU list says 12 (Azure CLI issue #31176)
+}
 
-def classify(provisioning_state: str, statuses: Iterable[str]) -> Verdict:
-    """Map one VM's provisioning state and instance-view status codes (see the table)."""
+
+def classify(provisioning_state: str, statuses: Iterable[str], *, standby: bool = False) -> Verdict:
+    """Map one VM's provisioning state, instance-view status codes and standby flag (see the table)."""
     codes = set(statuses)
+    if standby:
+        return absent("in the scale set's standby pool")
     if provisioning_state == "Deleting":
         return draining("Deleting")
-    if provisioning_state == "Failed":
-        return draining("provisioning Failed")
     power = sorted(codes & _LEAVING_POWER)
     if power:
         return draining(power[0])
+    off = sorted(codes & _OFF_POWER)
+    if off:
+        return absent(off[0])
     if any(c.lower() == "healthstate/unhealthy" for c in codes):
         return draining("unhealthy")
     if provisioning_state in _RUNNING_PROVISIONING and "PowerState/running" in codes:
@@ -133,6 +161,7 @@ class AzureScaleSet(CloudGroupProvider):
         self._api: dict[str, Any] | None = None
         self._scale_set: dict[str, Any] | None = None
         self._sku_gpus_by_name: dict[str, int] | None = None
+        self._once = OnceLog(_log)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "AzureScaleSet":
@@ -196,13 +225,17 @@ class AzureScaleSet(CloudGroupProvider):
             )
         vms = [_rest(vm) for vm in vms]
         addresses = _private_ips([_rest(nic) for nic in nics])
-        snapshot = SnapshotBuilder(self.label)
+        snapshot = SnapshotBuilder(self.label, once=self._once)
         for vm in vms:
             props = vm.get("properties", {})
             view = props.get("instanceView", {})
             codes = [s.get("code", "") for s in view.get("statuses", [])]
             health = view.get("vmHealth", {}).get("status", {}).get("code")
-            verdict = classify(props.get("provisioningState", ""), codes + ([health] if health else []))
+            verdict = classify(props.get("provisioningState", ""), codes + ([health] if health else []),
+                               standby=bool(view.get("isVMInStandbyPool")))
+            if verdict is READY and props.get("provisioningState") == "Failed":
+                self._once.note((vm.get("name"), "Failed"), "%s: VM %s is running with provisioningState Failed "
+                                "(usually a failed extension); counted as ready", self.label, vm.get("name"))
             size = vm.get("sku", {}).get("name") or props.get("hardwareProfile", {}).get("vmSize", "")
             snapshot.add(addresses.get(vm.get("id", "").lower()), verdict, lambda s=size: self._slots.slots(s),
                          order=props.get("timeCreated", ""), instance=vm.get("name", ""))
@@ -228,6 +261,12 @@ class AzureScaleSet(CloudGroupProvider):
                 ) from exc
             self._sku_gpus_by_name = table
         gpus = self._sku_gpus_by_name.get(str(size).lower())
+        corrected = _GPU_CORRECTIONS.get(str(size).lower())
+        if corrected is not None:
+            if gpus != corrected:  # SlotCache asks once per size, so this is said once
+                _log.info("%s: VM size %s has %d GPU(s); the SKU list says %s, which is known to be wrong",
+                          self.label, size, corrected, gpus)
+            return corrected
         if gpus is None:
             _log.warning("%s: VM size %s is not among the location's SKUs; using 1 slot", self.label, size)
         return gpus or 0

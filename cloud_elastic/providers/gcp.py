@@ -2,14 +2,17 @@
 
 Zonal (``zone``) and regional (``region``) MIGs. Each
 :meth:`~GCPManagedInstanceGroup.find` lists the managed instances
-(``listManagedInstances``, pages of ``page_size``), then the instances of each
-zone the group spans with ``instances.list`` filtered on the group's base
-instance name (private IP ``networkInterfaces[0].networkIP``, accelerators,
-machine type). Instances named outside that pattern (stateful names) are read
-one by one with ``instances.get``. The base name is read once with
-``instanceGroupManagers.get``; a machine type's accelerators once per type.
-A zonal group of 1,000 instances costs 2 + 2 calls per cycle at the default
-page size.
+(``listManagedInstances``), then the instances of each zone the group spans
+with ``instances.list`` filtered on the group's base instance name (private IP
+``networkInterfaces[0].networkIP``, accelerators, machine type, scheduling).
+Instances named outside that pattern (stateful names) are read one by one
+with ``instances.get``. The group is read once with ``instanceGroupManagers.get``
+(base name); a machine type's accelerators once per type.
+
+``listManagedInstances`` answers in one response unless the group's
+``listManagedInstancesResults`` is ``PAGINATED``; only then does ``page_size``
+split it. A zonal group of 1,000 instances therefore costs 1 + 2 calls per
+cycle (2 + 2 for a ``PAGINATED`` group) at the default page size.
 
 State mapping (first matching row wins; only instances with a private IP appear):
 
@@ -18,19 +21,33 @@ State mapping (first matching row wins; only instances with a private IP appear)
 ==================================================  =======================================  ==================
 ``DELETING``, ``ABANDONING``, ``RECREATING``,       any                                      draining (action)
 ``RESTARTING``, ``STOPPING``, ``SUSPENDING``
+any                                                 ``STOPPED``, ``SUSPENDED``,              absent, logged once
+                                                    ``TERMINATED``
 any                                                 ``STOPPING``, ``PENDING_STOP``,           draining (status)
-                                                    ``STOPPED``, ``SUSPENDING``,
-                                                    ``SUSPENDED``, ``TERMINATED``,
-                                                    ``DEPROVISIONING``, ``REPAIRING``
+                                                    ``SUSPENDING``, ``DEPROVISIONING``,
+                                                    ``REPAIRING``
 any                                                 health ``UNHEALTHY``/``TIMEOUT``         draining "unhealthy"
 any                                                 health ``DRAINING``                      draining "draining"
 ``NONE``, ``REFRESHING``                            ``RUNNING``                              ready
 anything else (``CREATING``, ``VERIFYING``...)      any                                      absent
 ==================================================  =======================================  ==================
 
-Slots: the sum of the instance's ``guestAccelerators`` counts, else the
-machine type's ``accelerators`` (A2, A3, G2...), else 1. Drains carry no
-deadline (the group API gives none; Spot preemption is seen on the VM).
+A stopped, suspended or terminated instance runs no workers, so it is not a
+leaving host but no host at all: the group's stopped and suspended pools
+(``targetStoppedSize``, ``targetSuspendedSize``) and a preempted Spot VM the
+group has not recreated yet. Drains by action or status carry a deadline
+when the cloud names one (health-check drains never do), the earliest of: the managed instance's ``scheduling.terminationTimestamp``,
+its ``shutdownDetails`` (``requestTimestamp`` + ``maxDuration``, while in
+``PENDING_STOP``), the instance's ``resourceStatus.scheduling.terminationTimestamp``
+and ``scheduling.terminationTime``; otherwise ``None`` (Spot preemption
+itself is seen only on the VM, ~30 s ahead).
+
+Slots: the sum of the instance's ``guestAccelerators`` counts (N1 with
+attached GPUs, and A2/A3/G2, whose GPUs are listed there too); else the
+machine type's ``accelerators`` from ``machineTypes.get``; else 1. Custom
+machine types (``custom-8-30720``, ``n2-custom-...``) carry no built-in GPUs
+and are not looked up; a type ``machineTypes.get`` does not know (404/400)
+gets 1 slot and a warning instead of failing discovery.
 
 Credentials: Google Application Default Credentials (``GOOGLE_APPLICATION_CREDENTIALS``,
 ``gcloud auth application-default login``, the metadata server). ``endpoint``
@@ -52,13 +69,16 @@ from cloud_elastic.providers._common import (
     ABSENT,
     READY,
     CloudGroupProvider,
+    OnceLog,
     OptionReader,
     SlotCache,
     SnapshotBuilder,
     Verdict,
+    absent,
     draining,
     error_for_status,
     one_line,
+    parse_time,
 )
 from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption
 
@@ -68,19 +88,30 @@ _log = logging.getLogger(__name__)
 
 _SCOPES = ["https://www.googleapis.com/auth/compute.readonly"]
 _LEAVING_ACTIONS = {"DELETING", "ABANDONING", "RECREATING", "RESTARTING", "STOPPING", "SUSPENDING"}
-_LEAVING_STATUS = {"STOPPING", "PENDING_STOP", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED",
-                   "DEPROVISIONING", "REPAIRING"}
+_LEAVING_STATUS = {"STOPPING", "PENDING_STOP", "SUSPENDING", "DEPROVISIONING", "REPAIRING"}
+_OFF_STATUS = {"STOPPED", "SUSPENDED", "TERMINATED"}
 _RUNNING_ACTIONS = {"NONE", "REFRESHING"}
 _INSTANCE_URL = re.compile(r"/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)$")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# custom-CPUS-MEMORY, with an optional series prefix (n2-, n2d-, e2-...) and -ext suffix.
+_CUSTOM_TYPE = re.compile(r"^([a-z0-9]+-)?custom-[0-9]+-[0-9]+(-ext)?$")
 
 
-def classify(current_action: str, instance_status: str, health: Iterable[str] = ()) -> Verdict:
-    """Map one managed instance's action, status and health-check states (see the table)."""
+def classify(current_action: str, instance_status: str, health: Iterable[str] = (),
+             deadline: float | None = None) -> Verdict:
+    """Map one managed instance's action, status and health-check states (see the table).
+
+    ``deadline`` (Unix seconds, or ``None``) is put on drains the group or the
+    instance is carrying out (an action or a leaving status). A health-check
+    drain gets none: the instance is not being taken, and a stale termination
+    time must not make the driver remove its workers by force.
+    """
     if current_action in _LEAVING_ACTIONS:
-        return draining(current_action)
+        return draining(current_action, deadline)
+    if instance_status in _OFF_STATUS:
+        return absent(f"instance {instance_status}")
     if instance_status in _LEAVING_STATUS:
-        return draining(f"instance {instance_status}")
+        return draining(f"instance {instance_status}", deadline)
     health = set(health)
     if health & {"UNHEALTHY", "TIMEOUT"}:
         return draining("unhealthy")
@@ -116,7 +147,8 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
         ProviderOption("endpoint", "Compute API endpoint (default https://compute.googleapis.com)"),
         ProviderOption("retry_deadline_s", "give up retrying 429/5xx of one call after this many seconds", default="30"),
         ProviderOption("timeout_s", "timeout of one API request, seconds", default="10"),
-        ProviderOption("page_size", "results per page (1-500)", default="500"),
+        ProviderOption("page_size", "results per page of instances.list, and of listManagedInstances for a "
+                       "PAGINATED group (1-500)", default="500"),
     )
 
     def __init__(self, group: str, *, project: str, zone: str | None = None, region: str | None = None,
@@ -137,6 +169,7 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
         self._slots = SlotCache(self._machine_type_gpus, fixed=slots_per_host)
         self._api: dict[str, Any] | None = None
         self._base_name: str | None = None
+        self._once = OnceLog(_log)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "GCPManagedInstanceGroup":
@@ -201,13 +234,13 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
             if match:  # a member still being created may have no instance URL yet
                 managed.append((match["zone"], match["name"], member))
         instances = self._instances(api, managed)
-        snapshot = SnapshotBuilder(self.label)
+        snapshot = SnapshotBuilder(self.label, once=self._once)
         for zone, name, member in managed:
             inst = instances.get((zone, name))
             if inst is None:
                 continue
             health = [h.detailed_health_state for h in member.instance_health]
-            verdict = classify(member.current_action, member.instance_status, health)
+            verdict = classify(member.current_action, member.instance_status, health, _deadline(member, inst))
             address = inst.network_interfaces[0].network_i_p if inst.network_interfaces else None
             snapshot.add(address, verdict, lambda i=inst, z=zone: self._slots_of(i, z),
                          order=inst.creation_timestamp, instance=name)
@@ -246,8 +279,16 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
         if key[0] == "attached":
             return key[1]
         zone, machine_type = key
-        api = self._clients()
-        info = api["machine_types"].get(project=self.project, zone=zone, machine_type=machine_type, **api["call"])
+        if _CUSTOM_TYPE.match(machine_type):
+            return 0  # custom types are CPU and memory only; GPUs come attached (guestAccelerators)
+        api, errors = self._clients(), self.sdk["errors"]
+        try:
+            info = api["machine_types"].get(project=self.project, zone=zone, machine_type=machine_type, **api["call"])
+        except (errors.NotFound, errors.BadRequest) as exc:
+            # Cached like any answer, so this is said once per type; discovery must not die of one odd type.
+            _log.warning("%s: machine type %s (%s) cannot be described (%s); using 1 slot, or pass --slots-per-host",
+                         self.label, machine_type, zone, one_line(exc.message or exc, 120))
+            return 0
         return sum(a.guest_accelerator_count for a in info.accelerators)
 
     def _translate(self, exc: Exception, sdk: Mapping[str, Any]) -> DiscoveryError | None:
@@ -278,3 +319,16 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
                 if transport is not None:
                     transport.close()
         self._api = None
+
+
+def _deadline(member: Any, inst: Any) -> float | None:
+    """The earliest time the cloud says it will stop or delete the instance, or ``None`` (see the module docstring)."""
+    times = [parse_time(member.scheduling.termination_timestamp),
+             parse_time(inst.resource_status.scheduling.termination_timestamp),
+             parse_time(inst.scheduling.termination_time)]
+    shutdown = member.shutdown_details
+    requested = parse_time(shutdown.request_timestamp)
+    if requested is not None and "max_duration" in shutdown:
+        times.append(requested + shutdown.max_duration.seconds + shutdown.max_duration.nanos / 1e9)
+    known = [t for t in times if t is not None]
+    return min(known) if known else None

@@ -4,26 +4,39 @@ Each :meth:`~IBMInstanceGroup.find` lists the group's memberships
 (``GET /instance_groups/{id}/memberships``) and the group's instances
 (``GET /instances?instance_group_membership.instance_group.id={id}``), both
 paged at ``page_size`` (the API caps pages at 100), and joins them on the
-instance id. GPU counts come from the instance profile (``gpu_count``), read
-once per profile; the group itself is read once. A group of 1,000 instances
-costs 10 + 10 calls per cycle: the API's page cap, not one call per instance.
+instance id. Slots are the instance's own ``gpu.count``; only an instance
+without a ``gpu`` object falls back to its profile's ``gpu_count``, read once
+per profile (a ``dependent`` profile count has no value: 1 slot and a
+warning). The group itself is read once. A group of 1,000 instances costs
+10 + 10 calls per cycle: the API's page cap, not one call per instance.
 
 State mapping (first matching row wins; only instances with a primary IP appear):
 
-=====================================  ====================================================  ====================
-membership ``status``                  instance ``status`` / ``lifecycle_state``              result
-=====================================  ====================================================  ====================
+=====================================  ====================================================  ===========================
+membership ``status``                  instance ``status`` / ``lifecycle_state`` / health    result
+=====================================  ====================================================  ===========================
 ``deleting``, ``failed``,              any                                                   draining "membership <status>"
 ``unhealthy``
+any                                    ``stopped``                                           absent, logged once
+                                                                                             ("instance stopped", or
+                                                                                             "preempted" with reason
+                                                                                             ``stopped_by_preemption``)
 any                                    ``status_reasons`` has ``stopped_by_preemption``      draining "preempted"
-any                                    ``stopping``, ``stopped``, ``deleting``, ``failed``,   draining "instance <status>"
-                                       ``restarting``, ``pausing``, ``paused``,
-                                       ``suspended``; lifecycle ``deleting``/``failed``
+any                                    ``stopping``, ``deleting``, ``failed``,               draining "instance <status>"
+                                       ``restarting``
+any                                    ``lifecycle_state`` ``deleting``, ``failed``,         draining "instance <state>"
+                                       ``suspended``
+any                                    ``health_state`` ``faulted``                          draining "instance faulted"
 ``healthy``                            ``running``                                           ready
 anything else (``pending``...)         ``pending``, ``starting``...                          absent
-=====================================  ====================================================  ====================
+=====================================  ====================================================  ===========================
 
-IBM gives no advance notice and no deadline, so drains carry ``deadline=None``.
+Instance ``status`` is one of ``deleting failed pending restarting running
+starting stopped stopping``; ``suspended`` is a ``lifecycle_state``. A
+stopped instance runs nothing, so it is absent rather than draining forever;
+``health_state`` ``degraded`` stays ready (the instance still runs). IBM
+gives no advance notice and no time in the group or instance state, so drains
+carry ``deadline=None``. Hosts are named to the driver by instance id.
 
 Credentials, first found wins: the IBM SDK's external configuration for the
 ``vpc`` service (``VPC_AUTH_TYPE``, ``VPC_APIKEY``, ``VPC_AUTH_URL``...,
@@ -49,10 +62,12 @@ from cloud_elastic.providers._common import (
     ABSENT,
     READY,
     CloudGroupProvider,
+    OnceLog,
     OptionReader,
     SlotCache,
     SnapshotBuilder,
     Verdict,
+    absent,
     draining,
     error_for_status,
     one_line,
@@ -65,23 +80,28 @@ __all__ = ["IBMInstanceGroup", "classify"]
 _log = logging.getLogger(__name__)
 
 _LEAVING_MEMBERSHIP = {"deleting", "failed", "unhealthy"}
-_LEAVING_STATUS = {"stopping", "stopped", "deleting", "failed", "restarting", "pausing", "paused", "suspended"}
-_LEAVING_LIFECYCLE = {"deleting", "failed"}
+_LEAVING_STATUS = {"stopping", "deleting", "failed", "restarting"}
+_LEAVING_LIFECYCLE = {"deleting", "failed", "suspended"}
 _API_KEY_VARS = ("IBMCLOUD_API_KEY", "IC_API_KEY")
 _REGION = re.compile(r"^[a-z]{2}-[a-z]+(-[0-9]+)?$")
 
 
 def classify(membership_status: str, instance_status: str, status_reasons: Iterable[str] = (),
-             lifecycle_state: str = "") -> Verdict:
-    """Map one membership's status and its instance's status (see the table)."""
+             lifecycle_state: str = "", health_state: str = "") -> Verdict:
+    """Map one membership's status and its instance's status, lifecycle and health (see the table)."""
+    preempted = "stopped_by_preemption" in set(status_reasons)
     if membership_status in _LEAVING_MEMBERSHIP:
         return draining(f"membership {membership_status}")
-    if "stopped_by_preemption" in set(status_reasons):
+    if instance_status == "stopped":
+        return absent("preempted" if preempted else "instance stopped")
+    if preempted:
         return draining("preempted")
     if instance_status in _LEAVING_STATUS:
         return draining(f"instance {instance_status}")
     if lifecycle_state in _LEAVING_LIFECYCLE:
         return draining(f"instance {lifecycle_state}")
+    if health_state == "faulted":
+        return draining("instance faulted")
     if membership_status == "healthy" and instance_status == "running":
         return READY
     return ABSENT
@@ -124,6 +144,7 @@ class IBMInstanceGroup(CloudGroupProvider):
         self._slots = SlotCache(self._profile_gpus, fixed=slots_per_host)
         self._vpc: Any = None
         self._group_checked = False
+        self._once = OnceLog(_log)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "IBMInstanceGroup":
@@ -193,7 +214,7 @@ class IBMInstanceGroup(CloudGroupProvider):
                 client=service, instance_group_membership_instance_group_id=self.group, limit=self.page_size
             ).get_all()
         }
-        snapshot = SnapshotBuilder(self.label)
+        snapshot = SnapshotBuilder(self.label, once=self._once)
         for member in memberships:
             inst = instances.get(member.get("instance", {}).get("id", ""))
             if inst is None:
@@ -203,16 +224,30 @@ class IBMInstanceGroup(CloudGroupProvider):
                 inst.get("status", ""),
                 [r.get("code", "") for r in inst.get("status_reasons", [])],
                 inst.get("lifecycle_state", ""),
+                inst.get("health_state", ""),
             )
-            profile = inst.get("profile", {}).get("name", "")
-            snapshot.add(_primary_ip(inst), verdict, lambda p=profile: self._slots.slots(p),
-                         order=inst.get("created_at", ""), instance=inst.get("name", ""))
+            snapshot.add(_primary_ip(inst), verdict, lambda i=inst: self._slots_of(i),
+                         order=inst.get("created_at", ""), instance=inst["id"])
         return snapshot.build()
 
-    def _profile_gpus(self, profile: Any) -> int:
-        result = self._service().get_instance_profile(profile).get_result()
+    def _slots_of(self, inst: Mapping[str, Any]) -> int:
+        # The instance states its own GPUs; the profile is asked only when it does not.
+        gpu = inst.get("gpu")
+        if isinstance(gpu, Mapping) and gpu.get("count") is not None:
+            return self._slots.slots(("instance", int(gpu["count"])))
+        return self._slots.slots(inst.get("profile", {}).get("name", ""))
+
+    def _profile_gpus(self, key: Any) -> int:
+        if isinstance(key, tuple):
+            return key[1]
+        result = self._service().get_instance_profile(key).get_result()
         gpu_count = result.get("gpu_count") or {}
-        return int(gpu_count.get("value", gpu_count.get("default", 0)) or 0)
+        value = gpu_count.get("value", gpu_count.get("default"))
+        if value is None and gpu_count.get("type") == "dependent":
+            # Asked once per profile (SlotCache), so this is said once.
+            _log.warning("%s: profile %s has a dependent GPU count and its instances state none; using 1 slot, "
+                         "or pass --slots-per-host", self.label, key)
+        return int(value or 0)
 
     def _translate(self, exc: Exception, sdk: Mapping[str, Any]) -> DiscoveryError | None:
         requests = sdk["requests"]

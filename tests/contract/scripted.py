@@ -45,7 +45,8 @@ class ScriptedDiscovery(HostDiscovery):
         if isinstance(entry, Exception):
             raise entry
         if self.slots_per_host is not None:
-            return DiscoveredHosts(ready={h: self.slots_per_host for h in entry.ready}, draining=entry.draining)
+            return DiscoveredHosts(ready={h: self.slots_per_host for h in entry.ready}, draining=entry.draining,
+                                   instances=entry.instances)
         return entry
 
     def close(self) -> None:

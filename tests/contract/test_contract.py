@@ -3,8 +3,9 @@
 Built-in (static, script), third-party (the example ``hostsfile`` plugin,
 found through its entry point), an in-memory fake (``ScriptedDiscovery``)
 and the four clouds against their emulators. Each case supplies how to
-build the provider, the snapshot it must return, and a broken variant that
-must fail with a DiscoveryError.
+build the provider, the snapshot it must return (cloud snapshots name the
+cloud's instance behind every host), and a broken variant that must fail
+with a DiscoveryError.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def _aws(request, tmp_path: Path) -> Case:
         members = make_group(proxy.url, "contract", size=3, instance_type="g4dn.xlarge", cidr="10.70.1.0/24")
         set_member("contract", members[2]["id"], lifecycle="Terminating:Wait")
         return DiscoveredHosts(ready={m["ip"]: 1 for m in members[:2]},
-                               draining={members[2]["ip"]: Drain(None, "Terminating:Wait")})
+                               draining={members[2]["ip"]: Drain(None, "Terminating:Wait")},
+                               instances={m["ip"]: m["id"] for m in members})
 
     return _cloud(request, "aws", "contract", aws_options, scene)
 
@@ -119,7 +121,8 @@ def _gcp(request, tmp_path: Path) -> Case:
         members = [Member(f"contract-{i}", "us-central1-a", ip=f"10.71.0.{i + 1}", accelerators=1) for i in range(3)]
         members[2].action = "DELETING"
         fake.add_group("proj-1", "contract", members, zone="us-central1-a")
-        return DiscoveredHosts(ready={"10.71.0.1": 1, "10.71.0.2": 1}, draining={"10.71.0.3": Drain(None, "DELETING")})
+        return DiscoveredHosts(ready={"10.71.0.1": 1, "10.71.0.2": 1}, draining={"10.71.0.3": Drain(None, "DELETING")},
+                               instances={m.ip: m.name for m in members})
 
     return _cloud(request, "gcp", "contract", gcp_options, scene)
 
@@ -131,7 +134,8 @@ def _azure(request, tmp_path: Path) -> Case:
         vms = [VM(f"c{i}", ip=f"10.72.0.{i + 1}", size="Standard_NC6s_v3") for i in range(3)]
         vms[2].provisioning = "Deleting"
         fake.add_scale_set("sub-1", "rg-1", "contract", vms)
-        return DiscoveredHosts(ready={"10.72.0.1": 1, "10.72.0.2": 1}, draining={"10.72.0.3": Drain(None, "Deleting")})
+        return DiscoveredHosts(ready={"10.72.0.1": 1, "10.72.0.2": 1}, draining={"10.72.0.3": Drain(None, "Deleting")},
+                               instances={vm.ip: f"contract_{i}" for i, vm in enumerate(vms)})
 
     return _cloud(request, "azure", "contract", azure_options, scene)
 
@@ -144,7 +148,8 @@ def _ibm(request, tmp_path: Path) -> Case:
         members[2].membership = "deleting"
         fake.add_group("grp-contract", members)
         return DiscoveredHosts(ready={"10.73.0.1": 1, "10.73.0.2": 1},
-                               draining={"10.73.0.3": Drain(None, "membership deleting")})
+                               draining={"10.73.0.3": Drain(None, "membership deleting")},
+                               instances={m.ip: f"i-{m.name}" for m in members})
 
     return _cloud(request, "ibm", "grp-contract", ibm_options, scene)
 
@@ -156,7 +161,7 @@ BUILDERS = {"static": _static, "script": _script, "scripted": _scripted, "hostsf
 #: Providers with a failure mode at discovery time. ``static`` has none: a bad host
 #: list is refused when it is built (tests/unit/test_static_provider.py).
 FAILING = sorted(set(BUILDERS) - {"static"})
-#: Providers that talk to an emulator, whose request log shows any I/O.
+#: Providers that talk to an emulator, whose request log shows any I/O; their hosts are cloud instances.
 EMULATED = ["aws", "azure", "gcp", "ibm"]
 
 
@@ -201,6 +206,22 @@ def test_slots_per_host_wins_over_discovered_slots(case):
     # An explicit host:slots the user wrote (static list, script output) is not "discovered": it stays.
     assert dict(snapshot.ready) == {h: case.expected.ready[h] if h in case.user_slots else 3 for h in case.expected.ready}
     assert snapshot.draining == case.expected.draining
+    assert snapshot.instances == case.expected.instances
+
+
+def test_cloud_snapshots_name_the_instance_behind_every_host(case):
+    discovery = case.make()
+    try:
+        snapshot = discovery.find()
+    finally:
+        discovery.close()
+    hosts = set(snapshot.ready) | set(snapshot.draining)
+    if case.cls.name in EMULATED:
+        assert set(snapshot.instances) == hosts
+        assert all(isinstance(i, str) and i for i in snapshot.instances.values())
+        assert len(set(snapshot.instances.values())) == len(hosts)  # one instance per host, none shared
+    else:
+        assert dict(snapshot.instances) == {}  # a list or a script names hosts, not instances
 
 
 def test_close_is_idempotent(case):
@@ -245,3 +266,15 @@ def test_registered_under_its_own_name_and_describes_itself(case):
     assert case.cls.description
     names = [o.name for o in case.cls.options]
     assert len(names) == len(set(names)) and all(o.help for o in case.cls.options)
+
+
+# Last in the file on purpose: release() may let a cloud go on with a leaving instance, which
+# changes the session-wide scene the tests above share.
+def test_release_is_callable_for_every_drained_host(case):
+    discovery = case.make()
+    try:
+        snapshot = discovery.find()
+        for host in snapshot.draining:
+            discovery.release(host, snapshot.instances.get(host))
+    finally:
+        discovery.close()

@@ -6,6 +6,11 @@ Shapes follow the ARM REST reference: ``virtualMachineScaleSets`` get,
 view), ``virtualMachines`` filtered on ``'virtualMachineScaleSet/id'``
 (Flexible), the scale set's and the resource group's ``networkInterfaces``,
 ``skus``; lists paged with ``nextLink``; errors as ``{"error": {"code", "message"}}``.
+Each orchestration mode gets only what Azure serves for it: the scale set's
+VM and NIC lists refuse a Flexible scale set (``OperationNotAllowed``), and
+the resource group's ``virtualMachines`` filtered on a Uniform scale set is
+empty (Uniform VMs are not ``Microsoft.Compute/virtualMachines`` resources).
+``isVMInStandbyPool`` appears in Flexible VMs' instance views.
 ``DefaultAzureCredential`` reaches the token endpoint through the standard
 ``IDENTITY_ENDPOINT`` / ``IDENTITY_HEADER`` variables (App Service managed
 identity), so the real credential chain runs without leaving the machine.
@@ -35,7 +40,8 @@ class VM:
     power: str | None = "running"
     health: str | None = None
     size: str = "Standard_NC24s_v3"
-    created: str = "2026-01-01T00:00:00+00:00"
+    created: str = "2026-01-01T00:00:00.0000000+00:00"
+    standby: bool = False  # in a standby pool (Flexible only)
 
 
 @dataclass
@@ -51,7 +57,9 @@ class FakeAzure(FakeCloud):
     def __init__(self) -> None:
         super().__init__()
         self.scale_sets: dict[tuple[str, str, str], ScaleSet] = {}
-        self.skus: dict[str, int] = {"Standard_NC24s_v3": 4, "Standard_NC6s_v3": 1, "Standard_D4s_v5": 0}
+        # The ND H100 v5 entry is what Azure's SKU list really says for it (12); the size has 8 GPUs.
+        self.skus: dict[str, int] = {"Standard_NC24s_v3": 4, "Standard_NC6s_v3": 1, "Standard_D4s_v5": 0,
+                                     "Standard_ND96isr_H100_v5": 12}
         self.forbidden_subscriptions: set[str] = set()
         self.page_size = 500
         self.route("GET", "/msi/token", self._token)
@@ -111,8 +119,23 @@ class FakeAzure(FakeCloud):
             body["nextLink"] = f"{self.url}{request.path}?{urlencode({**query, '$skiptoken': token})}"
         return Reply(200, body)
 
-    def _uniform_vms(self, request: Request) -> Reply:
+    def _uniform(self, request: Request) -> ScaleSet:
         ss = self._scale_set(request)
+        if ss.mode != "Uniform":
+            what = "VMScaleSetVMs.List" if request.path.endswith("virtualMachines") else "VMScaleSetNetworkInterfaces.List"
+            raise _Refused(_error(409, "OperationNotAllowed",
+                                  f"Operation '{what}.GET' is not allowed on Virtual Machine Scale Set "
+                                  f"'{request.params['name']}' since it is in Flexible orchestration mode."))
+        return ss
+
+    def _dispatch(self, request: Request) -> Reply:
+        try:
+            return super()._dispatch(request)
+        except _Refused as refused:
+            return refused.reply
+
+    def _uniform_vms(self, request: Request) -> Reply:
+        ss = self._uniform(request)
         p = request.params
         base = _vmss_id(p["sub"], p["rg"], p["name"])
         expand = request.query.get("$expand") == "instanceView"
@@ -123,7 +146,7 @@ class FakeAzure(FakeCloud):
         ])
 
     def _uniform_nics(self, request: Request) -> Reply:
-        ss = self._scale_set(request)
+        ss = self._uniform(request)
         p = request.params
         base = _vmss_id(p["sub"], p["rg"], p["name"])
         return self._page(request, [_nic(f"{base}/virtualMachines/{i}", vm.ip) for i, vm in enumerate(ss.vms) if vm.ip])
@@ -141,13 +164,13 @@ class FakeAzure(FakeCloud):
         if flt.lower() not in wanted:
             return _error(400, "InvalidParameter", f"The value of parameter $filter is invalid: {flt}")
         key = wanted[flt.lower()]
-        if key[0] != p["sub"] or key[1] != p["rg"].lower():
+        if key[0] != p["sub"] or key[1] != p["rg"].lower() or self.scale_sets[key].mode != "Flexible":
             return self._page(request, [])
         vms = self.scale_sets[key].vms
         expand = request.query.get("$expand") == "instanceView"
         return self._page(request, [
             {"id": _vm_id(key[0], key[1], vm.name), "name": vm.name,
-             "properties": {**_vm_properties(vm, expand), "hardwareProfile": {"vmSize": vm.size},
+             "properties": {**_vm_properties(vm, expand, flexible=True), "hardwareProfile": {"vmSize": vm.size},
                             "virtualMachineScaleSet": {"id": _vmss_id(*key)}}}
             for vm in vms
         ])
@@ -167,13 +190,21 @@ class FakeAzure(FakeCloud):
         ] + [{"resourceType": "disks", "name": "Premium_LRS", "locations": [location], "capabilities": []}])
 
 
-def _vm_properties(vm: VM, expand: bool) -> dict:
+class _Refused(Exception):
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.status)
+        self.reply = reply
+
+
+def _vm_properties(vm: VM, expand: bool, flexible: bool = False) -> dict:
     props: dict = {"provisioningState": vm.provisioning, "timeCreated": vm.created}
     if expand:
         statuses = [{"code": f"ProvisioningState/{vm.provisioning.lower()}"}]
         if vm.power:
             statuses.append({"code": f"PowerState/{vm.power}"})
         props["instanceView"] = {"statuses": statuses}
+        if flexible:
+            props["instanceView"]["isVMInStandbyPool"] = vm.standby
         if vm.health:
             props["instanceView"]["vmHealth"] = {"status": {"code": f"HealthState/{vm.health}"}}
     return props

@@ -4,6 +4,10 @@ Shapes follow https://cloud.google.com/compute/docs/reference/rest/v1 :
 ``instanceGroupManagers.get`` / ``listManagedInstances`` (zonal and regional),
 ``instances.list`` (with ``name eq "regex"`` filters) / ``get``,
 ``machineTypes.get``; errors as ``{"error": {"code", "message", "errors"}}``.
+``listManagedInstances`` answers in one response, ignoring ``maxResults`` and
+``pageToken``, unless the group's ``listManagedInstancesResults`` is
+``PAGINATED`` (the real API's default is ``PAGELESS``); other lists page.
+``machineTypes.get`` answers 404 for types it does not know.
 Requests must carry a self-signed JWT from ``SERVICE_ACCOUNT`` (what
 google-auth sends for service-account keys) or the token the ``/token``
 endpoint hands out for such a JWT (a service-account key file written
@@ -40,6 +44,16 @@ class Member:
     machine_type: str = "n1-standard-8"
     accelerators: int = 0
     created: str = "2026-01-01T00:00:00.000-00:00"
+    termination: str | None = None  # managed instance scheduling.terminationTimestamp
+    shutdown: tuple[str, int] | None = None  # shutdownDetails: (requestTimestamp, maxDuration seconds)
+    termination_time: str | None = None  # the instance's own scheduling.terminationTime
+
+
+@dataclass
+class Group:
+    base: str
+    members: list[Member]
+    list_results: str = "PAGELESS"  # listManagedInstancesResults
 
 
 class FakeGCP(FakeCloud):
@@ -47,7 +61,7 @@ class FakeGCP(FakeCloud):
 
     def __init__(self) -> None:
         super().__init__()
-        self.groups: dict[tuple[str, str, str], tuple[str, list[Member]]] = {}
+        self.groups: dict[tuple[str, str, str], Group] = {}
         self.extra_instances: dict[tuple[str, str], list[Member]] = {}  # (project, zone): VMs in no group
         self.machine_types: dict[str, int] = {"n1-standard-8": 0, "a2-highgpu-4g": 4, "g2-standard-8": 1}
         self.forbidden_projects: set[str] = set()
@@ -62,9 +76,9 @@ class FakeGCP(FakeCloud):
     # -- test helpers ---------------------------------------------------------------
 
     def add_group(self, project: str, name: str, members: list[Member], *, zone: str | None = None,
-                  region: str | None = None, base: str | None = None) -> list[Member]:
+                  region: str | None = None, base: str | None = None, list_results: str = "PAGELESS") -> list[Member]:
         scope = f"zones/{zone}" if zone else f"regions/{region}"
-        self.groups[(project, scope, name)] = (base or name, members)
+        self.groups[(project, scope, name)] = Group(base or name, members, list_results)
         return members
 
     def write_adc(self, directory: Path, email: str = SERVICE_ACCOUNT) -> Path:
@@ -110,7 +124,7 @@ class FakeGCP(FakeCloud):
             return Reply(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
         return Reply(200, {"access_token": TOKEN, "expires_in": 3600, "token_type": "Bearer"})
 
-    def _group(self, request: Request) -> tuple[str, list[Member]]:
+    def _group(self, request: Request) -> Group:
         p = request.params
         key = (p["project"], f"{p['kind']}/{p['where']}", p["name"])
         if key not in self.groups:
@@ -118,27 +132,26 @@ class FakeGCP(FakeCloud):
         return self.groups[key]
 
     def _get_group(self, request: Request) -> Reply:
-        base, _ = self._group(request)
-        return Reply(200, {"name": request.params["name"], "baseInstanceName": base, "kind": "compute#instanceGroupManager"})
+        group = self._group(request)
+        return Reply(200, {"name": request.params["name"], "baseInstanceName": group.base,
+                           "listManagedInstancesResults": group.list_results,
+                           "targetSize": len(group.members), "kind": "compute#instanceGroupManager"})
 
     def _list_managed(self, request: Request) -> Reply:
-        _, members = self._group(request)
-        size = min(int(request.query.get("maxResults", 500)), self.page_size_cap)
-        page, token = page_of(members, request.query.get("pageToken"), size)
+        group = self._group(request)
+        if group.list_results == "PAGINATED":
+            size = min(int(request.query.get("maxResults", 500)), self.page_size_cap)
+            page, token = page_of(group.members, request.query.get("pageToken"), size)
+        else:  # PAGELESS: maxResults and pageToken are ignored, everything comes in one response
+            page, token = group.members, None
         project = request.params["project"]
-        body: dict = {"managedInstances": [{
-            "instance": _LINK.format(project=project, zone=m.zone, what="instances", name=m.name),
-            "name": m.name,
-            "instanceStatus": m.status,
-            "currentAction": m.action,
-            "instanceHealth": [{"detailedHealthState": h} for h in m.health],
-        } for m in page]}
+        body: dict = {"managedInstances": [_managed(project, m) for m in page]}
         if token:
             body["nextPageToken"] = token
         return Reply(200, body)
 
     def _vms(self, project: str, zone: str) -> list[Member]:
-        vms = [m for (p, _, _), (_, ms) in self.groups.items() if p == project for m in ms if m.zone == zone]
+        vms = [m for (p, _, _), g in self.groups.items() if p == project for m in g.members if m.zone == zone]
         return vms + self.extra_instances.get((project, zone), [])
 
     def _list_instances(self, request: Request) -> Reply:
@@ -166,11 +179,28 @@ class FakeGCP(FakeCloud):
 
     def _machine_type(self, request: Request) -> Reply:
         name = request.params["name"]
+        if name not in self.machine_types:
+            raise KeyError(f"'projects/{request.params['project']}/zones/{request.params['zone']}/machineTypes/{name}'")
         gpus = self.machine_types[name]
         body: dict = {"name": name, "guestCpus": 8}
         if gpus:
             body["accelerators"] = [{"guestAcceleratorType": "nvidia-test", "guestAcceleratorCount": gpus}]
         return Reply(200, body)
+
+
+def _managed(project: str, m: Member) -> dict:
+    body: dict = {
+        "instance": _LINK.format(project=project, zone=m.zone, what="instances", name=m.name),
+        "name": m.name,
+        "instanceStatus": m.status,
+        "currentAction": m.action,
+        "instanceHealth": [{"detailedHealthState": h} for h in m.health],
+    }
+    if m.termination:
+        body["scheduling"] = {"terminationTimestamp": m.termination}
+    if m.shutdown:
+        body["shutdownDetails"] = {"requestTimestamp": m.shutdown[0], "maxDuration": {"seconds": str(m.shutdown[1])}}
+    return body
 
 
 def _instance(project: str, m: Member) -> dict:
@@ -181,6 +211,8 @@ def _instance(project: str, m: Member) -> dict:
         "machineType": _LINK.format(project=project, zone=m.zone, what="machineTypes", name=m.machine_type),
         "networkInterfaces": [{"name": "nic0", "networkIP": m.ip}] if m.ip else [],
     }
+    if m.termination_time:
+        body["scheduling"] = {"provisioningModel": "SPOT", "terminationTime": m.termination_time}
     if m.accelerators:
         body["guestAccelerators"] = [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": m.accelerators}]
     return body

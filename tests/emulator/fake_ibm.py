@@ -3,7 +3,9 @@
 Shapes follow the VPC API reference: ``GET /v1/instance_groups/{id}``,
 ``/v1/instance_groups/{id}/memberships`` and
 ``/v1/instances?instance_group_membership.instance_group.id=`` paged with
-``limit``/``start`` and ``next.href``; ``/v1/instance/profiles/{name}``;
+``limit``/``start`` and ``next.href`` (instances with ``health_state``,
+``lifecycle_state`` and, where set, ``gpu``); ``/v1/instance/profiles/{name}``
+(``gpu_count`` fixed or ``dependent``);
 errors as ``{"errors": [{"code", "message"}], "trace"}``. IAM's
 ``POST /identity/token`` turns the API key ``API_KEY`` into a JWT bearer token.
 """
@@ -33,6 +35,9 @@ class Member:
     profile: str = "gx2-16x128x2v100"
     attachment: bool = False  # address on primary_network_attachment instead of primary_network_interface
     created: str = "2026-01-01T00:00:00Z"
+    gpus: int | None = None  # the instance's own gpu.count; None: no gpu object (CPU profiles, older records)
+    health: str = "ok"  # health_state: ok, degraded, faulted, inapplicable
+    lifecycle: str = "stable"
 
 
 class FakeIBM(FakeCloud):
@@ -41,7 +46,9 @@ class FakeIBM(FakeCloud):
     def __init__(self) -> None:
         super().__init__()
         self.groups: dict[str, list[Member]] = {}
-        self.profiles: dict[str, int] = {"gx2-16x128x2v100": 2, "gx3-24x120x1l4": 1, "bx2-4x16": 0}
+        # A GPU count, or "dependent" (the profile cannot say; the instance does).
+        self.profiles: dict[str, int | str] = {"gx2-16x128x2v100": 2, "gx3-24x120x1l4": 1, "bx2-4x16": 0,
+                                               "gx3d-160x1792x8h100": "dependent"}
         self.tokens: set[str] = set()
         self.route("POST", "/identity/token", self._iam_token)
         self.route("GET", "/v1/instance_groups/(?P<group>[^/]+)", self._get_group)
@@ -113,7 +120,9 @@ class FakeIBM(FakeCloud):
         name = request.params["name"]
         gpus = self.profiles[name]
         body: dict = {"name": name, "vcpu_count": {"type": "fixed", "value": 16}}
-        if gpus:
+        if gpus == "dependent":
+            body["gpu_count"] = {"type": "dependent"}
+        elif gpus:
             body["gpu_count"] = {"type": "fixed", "value": gpus}
         return Reply(200, body)
 
@@ -122,8 +131,11 @@ def _instance(m: Member) -> dict:
     nic = {"id": f"nic-{m.name}", "primary_ip": {"address": m.ip or "0.0.0.0"}}
     body = {"id": f"i-{m.name}", "name": m.name, "status": m.status, "created_at": m.created,
             "status_reasons": [{"code": r, "message": r} for r in m.reasons],
-            "lifecycle_state": "stable", "profile": {"name": m.profile}}
+            "lifecycle_state": m.lifecycle, "profile": {"name": m.profile},
+            "health_state": m.health if m.status == "running" else "inapplicable"}
     body["primary_network_attachment" if m.attachment else "primary_network_interface"] = nic
+    if m.gpus is not None:
+        body["gpu"] = {"count": m.gpus, "manufacturer": "nvidia", "memory": 80 * m.gpus, "model": "H100"}
     return body
 
 

@@ -4,7 +4,11 @@ Every server listens on 127.0.0.1 with port 0 and lives for the session;
 per-test fixtures clear its request log and pending faults. The autouse
 ``hermetic_cloud_env`` removes the developer's cloud credentials and points
 every SDK's metadata/identity fallback at a closed loopback port, so no test
-can reach a real cloud or a link-local metadata address.
+can reach a real cloud or a link-local metadata address. It also sends every
+``https://`` request through a proxy on that closed port (loopback excepted):
+SDKs make calls of their own, such as google-auth's background
+``iamcredentials.googleapis.com`` access-boundary lookup after each token,
+and those must fail at once here rather than reach, or wait for, the internet.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ from cloud_elastic.providers.api import HostDiscovery
 CLOSED = "127.0.0.1:9"  # the discard port: nothing listens, connections are refused at once
 _CLOUD_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_", "GCE_", "CLOUDSDK_", "IBMCLOUD_", "IC_", "VPC_", "IDENTITY_",
                    "MSI_", "IMDS_", "IBM_")
+_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 
 
 @pytest.fixture(autouse=True)
 def hermetic_cloud_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
     for name in list(os.environ):
-        if name.startswith(_CLOUD_PREFIXES):
+        if name.startswith(_CLOUD_PREFIXES) or name.lower() in _PROXY_VARS:
             monkeypatch.delenv(name)
     empty = tmp_path_factory.mktemp("no-cloud-config")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
@@ -40,6 +45,8 @@ def hermetic_cloud_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest
     monkeypatch.setenv("IDENTITY_ENDPOINT", f"http://{CLOSED}/msi/token")  # never the IMDS probe
     monkeypatch.setenv("IDENTITY_HEADER", "none")
     monkeypatch.setenv("IBM_CREDENTIALS_FILE", str(empty / "ibm-credentials.env"))
+    monkeypatch.setenv("HTTPS_PROXY", f"http://{CLOSED}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost,::1")
 
 
 def provider(name: str, options: dict[str, str], slots_per_host: int | None = None) -> HostDiscovery:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import urllib.error
+import urllib.request
+from urllib.parse import urlencode
+
 import pytest
 
 from cloud_elastic.errors import ConfigError, FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers.api import Drain
-from tests.emulator.fake_azure import VM
+from tests.emulator.fake_azure import TOKEN, VM
 from tests.emulator.fixtures import azure_options, provider
 
 pytestmark = pytest.mark.emulator
@@ -27,19 +33,65 @@ def test_uniform_scale_set_states_map_to_ready_draining_absent(azure):
     v[4].health = "unhealthy"
     v[5].provisioning, v[5].power = "Creating", "starting"
     v[6].provisioning = "Updating"  # an extension update keeps the VM running
-    v[7].provisioning = "Failed"
+    v[7].provisioning = "Failed"  # a failed extension on a VM that runs fine
     v[8].ip = None  # no NIC yet
 
     snapshot = provider("azure", azure_options(azure, "uniform")).find()
 
-    assert dict(snapshot.ready) == {v[0].ip: 4, v[6].ip: 4}  # Standard_NC24s_v3: 4 GPUs
+    assert dict(snapshot.ready) == {v[0].ip: 4, v[6].ip: 4, v[7].ip: 4}  # Standard_NC24s_v3: 4 GPUs
     assert dict(snapshot.draining) == {
         v[1].ip: Drain(None, "Deleting"),
         v[2].ip: Drain(None, "PowerState/deallocating"),
-        v[3].ip: Drain(None, "PowerState/stopped"),
         v[4].ip: Drain(None, "unhealthy"),
-        v[7].ip: Drain(None, "provisioning Failed"),
     }
+    assert dict(snapshot.instances) == {vm.ip: f"uniform_{i}" for i, vm in enumerate(v) if i in (0, 1, 2, 4, 6, 7)}
+
+
+def test_failed_provisioning_is_judged_by_power_and_health(azure, caplog):
+    v = azure.add_scale_set("sub-1", "rg-1", "failed", _vms("x", 3, provisioning="Failed"))
+    v[1].health = "unhealthy"
+    v[2].power = "stopped"
+    caplog.set_level(logging.INFO, logger="cloud_elastic")
+    discovery = provider("azure", azure_options(azure, "failed"))
+    snapshot = discovery.find()
+    assert dict(snapshot.ready) == {v[0].ip: 4}
+    assert dict(snapshot.draining) == {v[1].ip: Drain(None, "unhealthy")}
+    discovery.find()
+    notes = [r.getMessage() for r in caplog.records if "provisioningState Failed" in r.getMessage()]
+    assert len(notes) == 1 and "VM failed_0 is running" in notes[0]
+
+
+def test_evicted_and_pooled_vms_are_absent_and_logged_once(azure, caplog):
+    # A Spot VM evicted with the Deallocate policy stays deallocated; a standby pool keeps VMs deallocated
+    # or running but not in service. None of them runs workers: absent, not draining forever.
+    flex = azure.add_scale_set("sub-1", "rg-1", "spot", _vms("s", 4), mode="Flexible")
+    flex[1].power = "deallocated"
+    flex[2].standby, flex[2].power = True, "running"
+    flex[3].standby, flex[3].power = True, "deallocated"
+    discovery = provider("azure", azure_options(azure, "spot"))
+    caplog.set_level(logging.INFO, logger="cloud_elastic")
+
+    snapshot = discovery.find()
+    assert dict(snapshot.ready) == {flex[0].ip: 4} and dict(snapshot.draining) == {}
+    logged = sorted(r.getMessage().split(": ", 1)[1] for r in caplog.records if "not counted" in r.getMessage())
+    assert logged == [f"instance s1 ({flex[1].ip}) is PowerState/deallocated; not counted",
+                      f"instance s2 ({flex[2].ip}) is in the scale set's standby pool; not counted",
+                      f"instance s3 ({flex[3].ip}) is in the scale set's standby pool; not counted"]
+    caplog.clear()
+    discovery.find()
+    assert not [r for r in caplog.records if "not counted" in r.getMessage()]
+
+    flex[2].standby = False  # the pool hands the VM to the scale set
+    assert set(discovery.find().ready) == {flex[0].ip, flex[2].ip}
+
+
+def test_hosts_are_ordered_by_creation_instant(azure):
+    v = azure.add_scale_set("sub-1", "rg-1", "ordered", _vms("o", 3))
+    # As strings these sort v0 < v1 < v2; as instants v2 (08:30Z) < v1 (08:59:59.9999999Z) < v0 (09:00:00.5Z).
+    v[0].created = "2026-01-01T06:00:00.5000001-03:00"
+    v[1].created = "2026-01-01T08:59:59.9999999+00:00"
+    v[2].created = "2026-01-01T09:30:00.0000000+01:00"
+    assert list(provider("azure", azure_options(azure, "ordered")).find().ready) == [v[2].ip, v[1].ip, v[0].ip]
 
 
 def test_flexible_scale_set_joins_vms_with_resource_group_nics(azure):
@@ -51,7 +103,32 @@ def test_flexible_scale_set_joins_vms_with_resource_group_nics(azure):
 
     assert dict(snapshot.ready) == {flex[0].ip: 1, flex[1].ip: 1}
     assert dict(snapshot.draining) == {flex[2].ip: Drain(None, "Deleting")}
+    assert dict(snapshot.instances) == {vm.ip: vm.name for vm in flex}
     assert azure.count("/Microsoft.Network/networkInterfaces$") == 1
+
+
+def test_the_fake_serves_each_mode_only_what_azure_serves_for_it(azure):
+    """Guards the fake itself: were it lenient, a provider regressing to the other mode's API would still pass."""
+    azure.add_scale_set("sub-1", "rg-1", "flex-only", _vms("fo", 1), mode="Flexible")
+    azure.add_scale_set("sub-1", "rg-1", "uniform-only", _vms("uo", 1))
+    rg = "/subscriptions/sub-1/resourceGroups/rg-1/providers"
+    for route in ("Microsoft.Compute/virtualMachineScaleSets/flex-only/virtualMachines",
+                  "Microsoft.Compute/virtualMachineScaleSets/flex-only/networkInterfaces"):
+        status, body = _arm(azure, f"{rg}/{route}")
+        assert (status, body["error"]["code"]) == (409, "OperationNotAllowed")
+    vmss_id = f"{rg}/Microsoft.Compute/virtualMachineScaleSets/uniform-only"
+    status, body = _arm(azure, f"{rg}/Microsoft.Compute/virtualMachines?"
+                               + urlencode({"$filter": f"'virtualMachineScaleSet/id' eq '{vmss_id}'"}))
+    assert (status, body["value"]) == (200, [])
+
+
+def _arm(fake, path: str) -> tuple[int, dict]:
+    request = urllib.request.Request(f"{fake.url}{path}", headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, json.load(reply)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)
 
 
 def test_slots_from_sku_capabilities_fetched_once_and_slots_per_host_wins(azure):
@@ -65,6 +142,17 @@ def test_slots_from_sku_capabilities_fetched_once_and_slots_per_host_wins(azure)
     azure.reset()
     pinned = provider("azure", azure_options(azure, "cpu"), slots_per_host=8).find()
     assert set(pinned.ready.values()) == {8} and azure.count("/skus$") == 0
+
+
+def test_sizes_whose_sku_gpu_count_is_known_wrong_are_corrected_once_and_slots_per_host_wins(azure, caplog):
+    vms = azure.add_scale_set("sub-1", "rg-1", "h100", _vms("h", 2, size="Standard_ND96isr_H100_v5"))
+    caplog.set_level(logging.INFO, logger="cloud_elastic")
+    discovery = provider("azure", azure_options(azure, "h100"))
+    assert discovery.find().ready == {vms[0].ip: 8, vms[1].ip: 8}  # the SKU list says 12
+    discovery.find()
+    notes = [r.getMessage() for r in caplog.records if "Standard_ND96isr_H100_v5" in r.getMessage()]
+    assert len(notes) == 1 and "has 8 GPU(s); the SKU list says 12" in notes[0]
+    assert set(provider("azure", azure_options(azure, "h100"), slots_per_host=4).find().ready.values()) == {4}
 
 
 def test_a_role_without_sku_read_is_fatal_with_advice_unless_slots_are_given(azure):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 
 from cloud_elastic.errors import ConfigError, FatalDiscoveryError, RetryableDiscoveryError
@@ -42,6 +45,51 @@ def test_zonal_group_states_map_to_ready_draining_absent(gcp):
     }
 
 
+def test_stopped_suspended_and_terminated_instances_are_absent_and_logged_once(gcp, caplog):
+    # A MIG's stopped and suspended pools (targetStoppedSize/targetSuspendedSize) and a preempted Spot VM
+    # not yet recreated run nothing: they are no host at all, not hosts leaving forever.
+    m = gcp.add_group("proj-1", "pools", _members("pools", 4), zone=ZONE)
+    m[1].status, m[2].status, m[3].status = "STOPPED", "SUSPENDED", "TERMINATED"
+    discovery = provider("gcp", gcp_options(gcp, "pools"))
+    caplog.set_level(logging.INFO, logger="cloud_elastic")
+
+    snapshot = discovery.find()
+    assert dict(snapshot.ready) == {m[0].ip: 1} and dict(snapshot.draining) == {}
+    logged = [r.getMessage() for r in caplog.records if "not counted" in r.getMessage()]
+    assert sorted(re.search(r"instance (\S+) \(", line)[1] for line in logged) == ["pools-0001", "pools-0002", "pools-0003"]
+    assert any(line.endswith("is instance STOPPED; not counted") for line in logged)
+    caplog.clear()
+    discovery.find()
+    assert not [r for r in caplog.records if "not counted" in r.getMessage()]
+
+
+def test_drains_carry_the_deadline_the_group_or_instance_names(gcp):
+    m = gcp.add_group("proj-1", "deadlines", _members("deadlines", 4), zone=ZONE)
+    m[0].status, m[0].shutdown = "PENDING_STOP", ("2026-03-01T11:59:30.000-08:00", 90)  # graceful shutdown
+    m[1].action, m[1].termination = "DELETING", "2026-03-01T20:00:00Z"
+    m[2].status, m[2].termination_time = "STOPPING", "2026-03-01T12:00:00.000-08:00"  # Spot run-duration end
+    m[3].termination_time = "2026-03-02T00:00:00Z"  # a far deadline does not drain a running host
+
+    snapshot = provider("gcp", gcp_options(gcp, "deadlines")).find()
+
+    assert dict(snapshot.draining) == {
+        m[0].ip: Drain(1772395260.0, "instance PENDING_STOP"),  # 19:59:30Z + 90 s
+        m[1].ip: Drain(1772395200.0, "DELETING"),
+        m[2].ip: Drain(1772395200.0, "instance STOPPING"),
+    }
+    assert dict(snapshot.ready) == {m[3].ip: 1}
+
+
+def test_hosts_are_ordered_by_creation_instant_whatever_the_offset(gcp):
+    m = gcp.add_group("proj-1", "offsets", _members("offsets", 3), zone=ZONE)
+    m[0].created = "2026-01-01T10:00:00.000-08:00"  # 18:00Z, the youngest
+    m[1].created = "2026-01-01T09:00:00.000-07:00"  # 16:00Z, the oldest
+    m[2].created = "2026-01-01T17:00:00.000-00:00"
+    snapshot = provider("gcp", gcp_options(gcp, "offsets")).find()
+    assert list(snapshot.ready) == [m[1].ip, m[2].ip, m[0].ip]
+    assert dict(snapshot.instances) == {x.ip: x.name for x in m}
+
+
 def test_regional_group_spans_zones_with_one_filtered_list_per_zone(gcp):
     a = _members("regional", 2, zone="us-central1-a")
     b = [Member("regional-b0", "us-central1-b", ip="10.41.0.1"), Member("regional-b1", "us-central1-b", ip="10.41.0.2")]
@@ -73,21 +121,48 @@ def test_slots_from_attached_gpus_machine_type_or_one_and_looked_up_once(gcp):
     assert set(pinned.ready.values()) == {3} and gcp.count("/machineTypes/") == 0
 
 
-def test_pages_are_followed(gcp):
-    members = gcp.add_group("proj-1", "paged", _members("paged", 5), zone=ZONE)
+def test_custom_and_unknown_machine_types_cannot_make_discovery_fatal(gcp, caplog):
+    custom = Member("odd-0", ZONE, ip="10.42.1.1", machine_type="custom-8-30720")
+    custom_n2 = Member("odd-1", ZONE, ip="10.42.1.2", machine_type="n2-custom-8-30720-ext")
+    custom_gpu = Member("odd-2", ZONE, ip="10.42.1.3", machine_type="custom-12-79872", accelerators=2)
+    unknown = Member("odd-3", ZONE, ip="10.42.1.4", machine_type="z9-future-8")  # machineTypes.get: 404
+    gcp.add_group("proj-1", "odd", [custom, custom_n2, custom_gpu, unknown], zone=ZONE)
+    discovery = provider("gcp", gcp_options(gcp, "odd"))
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+
+    assert discovery.find().ready == {"10.42.1.1": 1, "10.42.1.2": 1, "10.42.1.3": 2, "10.42.1.4": 1}
+    discovery.find()
+    assert gcp.count("/machineTypes/custom") == 0 and gcp.count("/machineTypes/n2-custom") == 0
+    assert gcp.count("/machineTypes/z9-future-8") == 1  # the 404 is remembered, not asked every cycle
+    warnings = [r.getMessage() for r in caplog.records if "z9-future-8" in r.getMessage()]
+    assert len(warnings) == 1 and "using 1 slot" in warnings[0]
+
+
+def test_a_paginated_group_is_paged_and_a_pageless_one_answers_at_once(gcp):
+    paged = gcp.add_group("proj-1", "paged", _members("paged", 5), zone=ZONE, list_results="PAGINATED")
     snapshot = provider("gcp", gcp_options(gcp, "paged", page_size="2")).find()
-    assert set(snapshot.ready) == {x.ip for x in members}
-    assert gcp.count("/listManagedInstances") == 3
+    assert set(snapshot.ready) == {x.ip for x in paged}
+    assert gcp.count("/paged/listManagedInstances") == 3
+    assert gcp.count(f"/zones/{ZONE}/instances$") == 3
+
+    gcp.reset()
+    pageless = gcp.add_group("proj-1", "pageless", _members("pageless", 5), zone=ZONE)  # the API's default
+    snapshot = provider("gcp", gcp_options(gcp, "pageless", page_size="2")).find()
+    assert set(snapshot.ready) == {x.ip for x in pageless}
+    assert gcp.count("/pageless/listManagedInstances") == 1
     assert gcp.count(f"/zones/{ZONE}/instances$") == 3
 
 
-def test_a_thousand_instances_cost_four_calls_per_cycle(gcp):
-    gcp.add_group("proj-1", "large", _members("large", 1000), zone=ZONE)
+@pytest.mark.parametrize(("list_results", "calls"), [("PAGELESS", 3), ("PAGINATED", 4)])
+def test_a_thousand_instances_cost_three_or_four_calls_per_cycle(gcp, list_results, calls):
+    gcp.add_group("proj-1", "large", _members("large", 1000), zone=ZONE, list_results=list_results)
     discovery = provider("gcp", gcp_options(gcp, "large"))
     discovery.find()
     gcp.reset()
     assert len(discovery.find().ready) == 1000
-    assert len(gcp.log) == 4  # 2 pages of managed instances, 2 pages of instances
+    # 1 (PAGELESS) or 2 (PAGINATED, 500 a page) listManagedInstances, and 2 pages of instances.list
+    assert len(gcp.log) == calls
+    assert gcp.count("/listManagedInstances") == calls - 2
 
 
 def test_instances_named_outside_the_base_name_are_read_one_by_one(gcp):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from cloud_elastic.errors import ConfigError, FatalDiscoveryError, RetryableDiscoveryError
@@ -19,26 +21,62 @@ def _members(prefix: str, count: int, **kw) -> list[Member]:
 
 
 def test_membership_and_instance_states_map_to_ready_draining_absent(ibm):
-    m = ibm.add_group("grp-states", _members("s", 9))
+    m = ibm.add_group("grp-states", _members("s", 12))
     m[1].membership = "deleting"
     m[2].membership = "unhealthy"
-    m[3].status, m[3].reasons = "stopped", ["stopped_by_preemption"]
+    m[3].status, m[3].reasons = "stopping", ["stopped_by_preemption"]
     m[4].status = "stopping"
     m[5].membership = "pending"
     m[6].status = "starting"
     m[7].attachment = True  # address on primary_network_attachment
     m[8].membership = "failed"
+    m[9].health = "faulted"  # running, but the platform says it is broken
+    m[10].health = "degraded"  # still runs
+    m[11].lifecycle = "suspended"
 
     snapshot = provider("ibm", ibm_options(ibm, "grp-states")).find()
 
-    assert dict(snapshot.ready) == {m[0].ip: 2, m[7].ip: 2}  # gx2-16x128x2v100: 2 V100s
+    assert dict(snapshot.ready) == {m[0].ip: 2, m[7].ip: 2, m[10].ip: 2}  # gx2-16x128x2v100: 2 V100s
     assert dict(snapshot.draining) == {
         m[1].ip: Drain(None, "membership deleting"),
         m[2].ip: Drain(None, "membership unhealthy"),
         m[3].ip: Drain(None, "preempted"),
         m[4].ip: Drain(None, "instance stopping"),
         m[8].ip: Drain(None, "membership failed"),
+        m[9].ip: Drain(None, "instance faulted"),
+        m[11].ip: Drain(None, "instance suspended"),
     }
+    # Hosts are named by instance id (what IBM's API and events use), not by the mutable instance name.
+    assert snapshot.instances[m[0].ip] == f"i-{m[0].name}"
+
+
+def test_stopped_instances_are_absent_and_logged_once(ibm, caplog):
+    m = ibm.add_group("grp-stopped", _members("st", 3))
+    m[1].status, m[1].reasons = "stopped", ["stopped_by_preemption"]
+    m[2].status = "stopped"
+    discovery = provider("ibm", ibm_options(ibm, "grp-stopped"))
+    caplog.set_level(logging.INFO, logger="cloud_elastic")
+    snapshot = discovery.find()
+    assert dict(snapshot.ready) == {m[0].ip: 2} and dict(snapshot.draining) == {}
+    logged = sorted(r.getMessage().split(": ", 1)[1] for r in caplog.records if "not counted" in r.getMessage())
+    assert logged == [f"instance i-st-1 ({m[1].ip}) is preempted; not counted",
+                      f"instance i-st-2 ({m[2].ip}) is instance stopped; not counted"]
+    caplog.clear()
+    discovery.find()
+    assert not [r for r in caplog.records if "not counted" in r.getMessage()]
+
+
+def test_the_instances_own_gpu_count_wins_over_its_profile(ibm, caplog):
+    # gx3d-160x1792x8h100's profile gpu_count is "dependent": only the instance can say.
+    ibm.add_group("grp-gpu", [Member("h", ip="10.62.0.1", profile="gx3d-160x1792x8h100", gpus=8),
+                              Member("l", ip="10.62.0.2", profile="gx3-24x120x1l4", gpus=1),
+                              Member("d", ip="10.62.0.3", profile="gx3d-160x1792x8h100")])
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    discovery = provider("ibm", ibm_options(ibm, "grp-gpu"))
+    assert discovery.find().ready == {"10.62.0.1": 8, "10.62.0.2": 1, "10.62.0.3": 1}
+    discovery.find()
+    assert ibm.count("/instance/profiles/") == 1  # only for the instance that states no GPUs
+    assert len([r for r in caplog.records if "dependent GPU count" in r.getMessage()]) == 1
 
 
 def test_slots_from_profiles_looked_up_once_and_slots_per_host_wins(ibm):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
@@ -13,12 +14,15 @@ from cloud_elastic.providers import registry
 from cloud_elastic.providers._common import (
     ABSENT,
     READY,
+    OnceLog,
     OptionReader,
     SlotCache,
     SnapshotBuilder,
+    absent,
     draining,
     error_for_status,
     one_line,
+    parse_time,
 )
 from cloud_elastic.providers.api import Drain
 
@@ -42,6 +46,58 @@ def test_snapshot_builder_orders_oldest_first_then_by_address_and_leaving_wins()
     snapshot = build.build()
     assert list(snapshot.ready) == ["10.0.0.200", "10.0.0.9", "10.0.0.10"]
     assert dict(snapshot.draining) == {"10.0.0.5": Drain(None, "Deleting")}
+
+
+def test_creation_times_are_compared_as_instants_not_strings():
+    # As strings these sort 09:00-07:00 < 10:00-08:00 < 17:00Z; as instants they are 16:00, 18:00 and 17:00 UTC.
+    build = SnapshotBuilder("group")
+    build.add("10.0.0.1", READY, lambda: 1, order="2026-01-01T10:00:00.000-08:00")
+    build.add("10.0.0.2", READY, lambda: 1, order="2026-01-01T17:00:00Z")
+    build.add("10.0.0.3", READY, lambda: 1, order="2026-01-01T09:00:00.000-07:00")
+    build.add("10.0.0.4", READY, lambda: 1, order="2026-01-01T16:30:00.1234567+00:00")  # Azure's seven digits
+    build.add("10.0.0.5", READY, lambda: 1, order="")  # unknown age: youngest
+    assert list(build.build().ready) == ["10.0.0.3", "10.0.0.4", "10.0.0.2", "10.0.0.1", "10.0.0.5"]
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("2026-01-01T00:00:00Z", 1767225600.0),
+    ("2026-01-01T00:00:00.000-07:00", 1767225600.0 + 7 * 3600),
+    ("2026-01-01 00:00:00+00:00", 1767225600.0),  # str() of a datetime (botocore's LaunchTime)
+    ("2026-01-01T00:00:00", 1767225600.0),  # no offset: UTC
+    ("", None), ("soon", None), (None, None),
+])
+def test_parse_time(text, seconds):
+    assert parse_time(text) == seconds
+
+
+def test_drains_carry_the_verdicts_deadline_and_instance_ids_are_kept():
+    build = SnapshotBuilder("group")
+    build.add("10.0.0.1", draining("PENDING_STOP", 1767225600.0), lambda: 1, instance="vm-1")
+    build.add("10.0.0.2", draining("DELETING"), lambda: 1, instance="vm-2")
+    build.add("10.0.0.3", READY, lambda: 1, instance="vm-3")
+    snapshot = build.build()
+    assert dict(snapshot.draining) == {"10.0.0.1": Drain(1767225600.0, "PENDING_STOP"), "10.0.0.2": Drain(None, "DELETING")}
+    assert dict(snapshot.instances) == {"10.0.0.1": "vm-1", "10.0.0.2": "vm-2", "10.0.0.3": "vm-3"}
+
+
+def test_absent_instances_with_a_reason_are_logged_once_and_again_after_they_cleared(caplog):
+    once = OnceLog()
+    caplog.set_level(logging.INFO, logger="cloud_elastic.providers._common")
+
+    def cycle(*states):
+        build = SnapshotBuilder("g", once=once)
+        for name, verdict in states:
+            build.add(None, verdict, lambda: 1, instance=name)
+        build.build()
+        lines = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        return lines
+
+    assert cycle(("vm-1", absent("PowerState/deallocated")), ("vm-2", ABSENT)) == [
+        "g: instance vm-1 (no address) is PowerState/deallocated; not counted"]
+    assert cycle(("vm-1", absent("PowerState/deallocated"))) == []
+    assert cycle(("vm-1", READY)) == []
+    assert len(cycle(("vm-1", absent("PowerState/deallocated")))) == 1
 
 
 def test_slot_cache_looks_each_type_up_once_gives_cpu_types_one_slot_and_fixed_wins():

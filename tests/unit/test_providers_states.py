@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cloud_elastic.providers import aws, azure, gcp, ibm
-from cloud_elastic.providers._common import ABSENT, READY, draining
+from cloud_elastic.providers._common import ABSENT, READY, absent, draining
 
 
 @pytest.mark.parametrize(("lifecycle", "health", "ec2", "verdict"), [
@@ -44,8 +44,15 @@ def test_aws(lifecycle, health, ec2, verdict):
     ("STOPPING", "RUNNING", [], draining("STOPPING")),
     ("SUSPENDING", "RUNNING", [], draining("SUSPENDING")),
     ("NONE", "STOPPING", [], draining("instance STOPPING")),
-    ("NONE", "TERMINATED", [], draining("instance TERMINATED")),  # a preempted Spot VM
-    ("NONE", "SUSPENDED", [], draining("instance SUSPENDED")),
+    ("NONE", "PENDING_STOP", [], draining("instance PENDING_STOP")),  # graceful shutdown under way
+    ("NONE", "REPAIRING", [], draining("instance REPAIRING")),
+    # Off: a stopped or suspended pool (targetStoppedSize/targetSuspendedSize), a preempted Spot VM not yet
+    # recreated. Nothing runs there, so the host is absent, not leaving forever.
+    ("NONE", "TERMINATED", [], absent("instance TERMINATED")),
+    ("NONE", "STOPPED", [], absent("instance STOPPED")),
+    ("NONE", "SUSPENDED", [], absent("instance SUSPENDED")),
+    ("STARTING", "STOPPED", [], absent("instance STOPPED")),
+    ("DELETING", "STOPPED", [], draining("DELETING")),
     ("NONE", "RUNNING", ["UNHEALTHY"], draining("unhealthy")),
     ("NONE", "RUNNING", ["TIMEOUT"], draining("unhealthy")),
     ("NONE", "RUNNING", ["DRAINING"], draining("draining")),
@@ -59,17 +66,31 @@ def test_gcp(action, status, health, verdict):
     assert gcp.classify(action, status, health) == verdict
 
 
+def test_gcp_deadline_goes_on_drains_the_cloud_is_carrying_out():
+    assert gcp.classify("DELETING", "RUNNING", [], 1767225600.0) == draining("DELETING", 1767225600.0)
+    assert gcp.classify("NONE", "PENDING_STOP", [], 1767225600.0) == draining("instance PENDING_STOP", 1767225600.0)
+    # A failing health check is not the cloud taking the host: no deadline to force its workers out by.
+    assert gcp.classify("NONE", "RUNNING", ["UNHEALTHY"], 5.0) == draining("unhealthy")
+    assert gcp.classify("NONE", "RUNNING", [], 1767225600.0) == READY
+
+
 @pytest.mark.parametrize(("provisioning", "codes", "verdict"), [
     ("Succeeded", ["ProvisioningState/succeeded", "PowerState/running"], READY),
     ("Updating", ["PowerState/running"], READY),
     ("Succeeded", ["PowerState/running", "HealthState/healthy"], READY),
     ("Succeeded", ["PowerState/running", "HealthState/unhealthy"], draining("unhealthy")),
     ("Deleting", ["PowerState/running"], draining("Deleting")),
-    ("Failed", ["PowerState/running"], draining("provisioning Failed")),
+    # Failed on a scale set is mostly a failed extension on a VM that runs fine: judged by power and health.
+    ("Failed", ["ProvisioningState/failed/VMExtensionProvisioningError", "PowerState/running"], READY),
+    ("Failed", ["PowerState/running", "HealthState/unhealthy"], draining("unhealthy")),
+    ("Failed", ["PowerState/stopping"], draining("PowerState/stopping")),
+    ("Failed", [], ABSENT),
     ("Succeeded", ["PowerState/stopping"], draining("PowerState/stopping")),
-    ("Succeeded", ["PowerState/stopped"], draining("PowerState/stopped")),
     ("Succeeded", ["PowerState/deallocating"], draining("PowerState/deallocating")),
-    ("Succeeded", ["PowerState/deallocated"], draining("PowerState/deallocated")),  # an evicted Spot VM
+    # Off: nothing runs there (an evicted Spot VM stays deallocated), so absent rather than draining forever.
+    ("Succeeded", ["PowerState/stopped"], absent("PowerState/stopped")),
+    ("Succeeded", ["PowerState/deallocated"], absent("PowerState/deallocated")),
+    ("Deleting", ["PowerState/deallocated"], draining("Deleting")),
     ("Creating", ["PowerState/starting"], ABSENT),
     ("Succeeded", ["PowerState/starting"], ABSENT),
     ("Succeeded", [], ABSENT),  # no instance view
@@ -79,19 +100,35 @@ def test_azure(provisioning, codes, verdict):
     assert azure.classify(provisioning, codes) == verdict
 
 
+def test_azure_standby_pool_members_are_absent_whatever_their_power_state():
+    for codes in (["PowerState/running"], ["PowerState/deallocated"]):
+        assert azure.classify("Succeeded", codes, standby=True) == absent("in the scale set's standby pool")
+
+
 @pytest.mark.parametrize(("membership", "status", "reasons", "lifecycle", "verdict"), [
     ("healthy", "running", [], "stable", READY),
     ("deleting", "running", [], "stable", draining("membership deleting")),
     ("failed", "running", [], "stable", draining("membership failed")),
     ("unhealthy", "running", [], "stable", draining("membership unhealthy")),
-    ("healthy", "stopped", ["stopped_by_preemption"], "stable", draining("preempted")),
+    ("healthy", "stopping", ["stopped_by_preemption"], "stable", draining("preempted")),
     ("healthy", "stopping", [], "stable", draining("instance stopping")),
-    ("healthy", "stopped", [], "stable", draining("instance stopped")),
+    # Stopped runs nothing: absent (logged once), not draining forever.
+    ("healthy", "stopped", ["stopped_by_preemption"], "stable", absent("preempted")),
+    ("healthy", "stopped", [], "stable", absent("instance stopped")),
+    ("unhealthy", "stopped", [], "stable", draining("membership unhealthy")),
     ("healthy", "restarting", [], "stable", draining("instance restarting")),
     ("healthy", "running", [], "deleting", draining("instance deleting")),
+    ("healthy", "running", [], "suspended", draining("instance suspended")),  # a lifecycle_state, not a status
     ("pending", "starting", [], "pending", ABSENT),
     ("healthy", "pending", [], "pending", ABSENT),
     ("healthy", "starting", [], "stable", ABSENT),
 ])
 def test_ibm(membership, status, reasons, lifecycle, verdict):
     assert ibm.classify(membership, status, reasons, lifecycle) == verdict
+
+
+@pytest.mark.parametrize(("health", "verdict"), [
+    ("ok", READY), ("degraded", READY), ("faulted", draining("instance faulted")), ("", READY),
+])
+def test_ibm_health_state(health, verdict):
+    assert ibm.classify("healthy", "running", [], "stable", health) == verdict
