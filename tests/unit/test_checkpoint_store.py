@@ -21,7 +21,7 @@ from cloud_elastic.checkpoint import (
     read_job_record,
     write_job_record,
 )
-from cloud_elastic.errors import CloudElasticError
+from cloud_elastic.errors import CloudElasticError, ConfigError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -240,3 +240,25 @@ def test_job_record_round_trips_and_never_holds_the_secret(tmp_path: Path) -> No
     (tmp_path / "job.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="unreadable"):
         read_job_record(store)
+
+
+@pytest.mark.parametrize("url,package,extra", [
+    ("s3://bucket/jobs/a", "s3fs", "aws"),
+    ("gs://bucket/jobs/a", "gcsfs", "gcp"),
+    ("az://container/jobs/a", "adlfs", "azure"),
+    ("abfs://container/jobs/a", "adlfs", "azure"),
+])
+def test_a_missing_fsspec_implementation_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, url: str, package: str, extra: str
+) -> None:
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec(package) is not None:
+        monkeypatch.setitem(sys.modules, package, None)  # how Python spells "not installed"
+    with pytest.raises(CheckpointError) as caught:
+        CheckpointStore(url)
+    assert str(caught.value) == (
+        f"checkpoint URL {url!r} needs the {package!r} package; install it with: pip install 'cloud-elastic[{extra}]'"
+    )
+    assert isinstance(caught.value, ConfigError)  # a bad --checkpoint-dir is a configuration error (exit code 2)
