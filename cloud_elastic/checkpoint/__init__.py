@@ -24,7 +24,7 @@ from cloud_elastic.checkpoint.api import (
 )
 from cloud_elastic.checkpoint.payload import check_payload, load_state_payload, state_payload
 from cloud_elastic.checkpoint.store import CheckpointStore, read_job_record, write_job_record
-from cloud_elastic.checkpoint.writer import CheckpointWriter, WriterStats
+from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer, WriterStats
 
 __all__ = [
     "FORMAT_VERSION",
@@ -35,6 +35,7 @@ __all__ = [
     "CheckpointStore",
     "CheckpointWriter",
     "JobRecord",
+    "PeriodicCheckpointer",
     "WriterStats",
     "check_payload",
     "load_state_payload",

@@ -20,13 +20,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
-from cloud_elastic.checkpoint.payload import stage_payload
+from cloud_elastic.checkpoint.payload import stage_payload, state_payload
 from cloud_elastic.checkpoint.store import CheckpointStore
 
-__all__ = ["CheckpointWriter", "WriterStats"]
+__all__ = ["CheckpointWriter", "PeriodicCheckpointer", "WriterStats"]
 
 log = logging.getLogger(__name__)
 
@@ -171,3 +171,42 @@ class CheckpointWriter:
                     self._last_error = error
                 self._job = None
                 self._cond.notify_all()
+
+
+class PeriodicCheckpointer:
+    """Decides at each commit whether to checkpoint: at the first commit, then every ``interval_s``.
+
+    Call :meth:`after_commit` right after ``state.commit()`` saved the state
+    (on the one worker that writes, rank 0). A commit that falls while the
+    previous checkpoint is still being written is passed over without
+    building a payload, and the next commit tries again, so a checkpoint is
+    written as soon as both the interval has passed and the writer is free.
+    ``clock`` is injectable for tests.
+    """
+
+    def __init__(self, writer: CheckpointWriter, interval_s: float, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 payload: Callable[[Any], Any] = state_payload) -> None:
+        if interval_s <= 0:
+            raise CheckpointError(f"the checkpoint interval must be > 0 seconds, got {interval_s:g}")
+        self.writer = writer
+        self.interval_s = interval_s
+        self._clock = clock
+        self._payload = payload
+        self._last: float | None = None
+
+    def due(self) -> bool:
+        """Whether the next commit would be checkpointed (interval passed, writer free)."""
+        if self._last is not None and self._clock() - self._last < self.interval_s:
+            return False
+        return not self.writer.busy
+
+    def after_commit(self, state: Any, step: int, meta: Mapping[str, Any] | None = None) -> bool:
+        """Submit the committed ``state`` as checkpoint ``step`` if one is due; True if it was."""
+        if not self.due():
+            return False
+        now = self._clock()
+        if self.writer.submit(step, self._payload(state), meta):
+            self._last = now
+            return True
+        return False

@@ -15,7 +15,7 @@ from typing import BinaryIO, Callable
 import pytest
 import torch
 
-from cloud_elastic.checkpoint import CheckpointError, CheckpointStore, CheckpointWriter
+from cloud_elastic.checkpoint import CheckpointError, CheckpointStore, CheckpointWriter, PeriodicCheckpointer
 from cloud_elastic.checkpoint.backend import LocalBackend
 
 pytestmark = pytest.mark.timeout(60)
@@ -138,3 +138,44 @@ def test_the_copy_reuses_its_buffers_and_follows_a_changed_structure(tmp_path: P
         writer.wait(10)
     payload = store.latest().payload
     assert torch.equal(payload["a"], torch.ones(5)) and torch.equal(payload["b"][0], torch.ones(2))
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_periodic_checkpoints_at_the_first_commit_then_each_interval_and_retries_when_busy(tmp_path: Path) -> None:
+    store, backend = _gated_store(tmp_path)
+    clock = _Clock()
+    built = []
+
+    def payload(state: dict) -> dict:
+        built.append(state["step"])
+        return dict(state)
+
+    with CheckpointWriter(store) as writer:
+        periodic = PeriodicCheckpointer(writer, interval_s=10, clock=clock, payload=payload)
+        assert periodic.after_commit({"step": 1}, 1) is True  # the first commit is protected at once
+        assert backend.writing.wait(10)
+        clock.now += 11  # the interval has passed, but the first write is still stuck
+        assert periodic.after_commit({"step": 2}, 2) is False
+        assert built == [1], "no payload is built while the writer is busy"
+        backend.release.set()
+        assert writer.wait(10)
+        assert periodic.after_commit({"step": 3}, 3) is True  # the next commit after the writer is free
+        assert writer.wait(10)
+        clock.now += 5
+        assert periodic.after_commit({"step": 4}, 4) is False  # 5 s since the last one
+        clock.now += 5
+        assert periodic.after_commit({"step": 5}, 5) is True
+    assert built == [1, 3, 5]
+    assert [info.step for info in store.list()] == [5, 3, 1]
+
+
+def test_periodic_refuses_a_non_positive_interval(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="interval"):
+        PeriodicCheckpointer(CheckpointWriter(CheckpointStore(str(tmp_path))), interval_s=0)
