@@ -158,7 +158,7 @@ def test_weights_only_refuses_a_checkpoint_that_would_run_code(
     newest = store.save(2, _payload(2))
     # Replace the newest data by a pickle with code and fix up the digest, as an attacker with write access would.
     marker = tmp_path / "code-ran"
-    evil = pickle.dumps({"model": _Boom(str(marker))})
+    evil = pickle.dumps({"model": _Boom(str(marker))}, protocol=2)
     evil_path = tmp_path / "evil.pt"
     torch.save({"model": _Boom(str(marker))}, evil_path)
     for raw in (evil, evil_path.read_bytes()):  # a bare pickle and a torch.save archive
