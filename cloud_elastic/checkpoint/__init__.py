@@ -20,7 +20,7 @@ from cloud_elastic.checkpoint.api import (
     CheckpointBackendMissing,
     CheckpointError,
     CheckpointInfo,
-    JobRecord,
+    DurableJobRecord,
 )
 from cloud_elastic.checkpoint.payload import check_payload, load_state_payload, state_payload
 from cloud_elastic.checkpoint.store import CheckpointStore, read_job_record, write_job_record
@@ -34,7 +34,7 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointStore",
     "CheckpointWriter",
-    "JobRecord",
+    "DurableJobRecord",
     "PeriodicCheckpointer",
     "WriterStats",
     "check_payload",

@@ -17,7 +17,7 @@ __all__ = [
     "CheckpointBackendMissing",
     "CheckpointInfo",
     "Checkpoint",
-    "JobRecord",
+    "DurableJobRecord",
 ]
 
 #: Written into every manifest and job record; a reader refuses other formats.
@@ -73,7 +73,7 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
-class JobRecord:
+class DurableJobRecord:
     """What a restarted driver needs to know about the job, stored in clear beside the checkpoints.
 
     Never put the job's secret here: anyone who can read the checkpoint

@@ -177,5 +177,6 @@ def load_state_payload(state: Any, payload: Any) -> None:
     except Exception as exc:
         # load_state_dict copies what matches before it reports what does not: go back to the last commit.
         state.restore()
-        raise CheckpointError(f"the checkpoint does not fit this state ({name}): {' '.join(str(exc).split())[:300]}") from exc
+        reason = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"the checkpoint does not fit this state ({name}): {reason}") from exc
     state.save()

@@ -38,7 +38,7 @@ from cloud_elastic.checkpoint.api import (
     Checkpoint,
     CheckpointError,
     CheckpointInfo,
-    JobRecord,
+    DurableJobRecord,
 )
 from cloud_elastic.checkpoint.backend import Backend, backend_for
 from cloud_elastic.checkpoint.payload import check_payload
@@ -189,7 +189,7 @@ class CheckpointStore:
         except FileNotFoundError:
             raise _Unusable(f"its data {info.data_name} is missing") from None
         if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
-            raise _Unusable(f"its data does not match the manifest's size and SHA-256 digest")
+            raise _Unusable("its data does not match the manifest's size and SHA-256 digest")
         try:
             payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:  # UnpicklingError for code, RuntimeError for a bad archive
@@ -235,7 +235,7 @@ class _Unusable(CheckpointError):
 # -- the job record -------------------------------------------------------------------
 
 
-def write_job_record(store: CheckpointStore, record: JobRecord) -> None:
+def write_job_record(store: CheckpointStore, record: DurableJobRecord) -> None:
     """Write ``record`` as ``job.json`` beside the checkpoints (atomically, replacing an older one).
 
     The record is stored in clear; ``extra`` keys that mention a secret are
@@ -256,7 +256,7 @@ def write_job_record(store: CheckpointStore, record: JobRecord) -> None:
         raise CheckpointError(f"could not write the job record to {store.url}: {_one_line(exc)}") from exc
 
 
-def read_job_record(store: CheckpointStore) -> JobRecord | None:
+def read_job_record(store: CheckpointStore) -> DurableJobRecord | None:
     """The job record beside the checkpoints; None when there is none.
 
     Raises CheckpointError when it exists but cannot be read or parsed.
@@ -274,7 +274,7 @@ def read_job_record(store: CheckpointStore) -> JobRecord | None:
         command = body["command"]
         if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
             raise ValueError("command is not a list of strings")
-        return JobRecord(job_id=str(body["job_id"]), command=tuple(command), created=float(body["created"]),
+        return DurableJobRecord(job_id=str(body["job_id"]), command=tuple(command), created=float(body["created"]),
                          format_version=int(body["format_version"]), extra=dict(body.get("extra") or {}))
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"the job record in {store.url} is unreadable: {_one_line(exc)}") from exc

@@ -86,8 +86,8 @@ def test_checkpoints_round_trip_through_s3_with_keep_k(moto_url: str, bucket: st
     assert writer.stats().written == 3
 
     keys = _keys(moto_url, bucket)
-    assert len(keys) == 4 and all(re.fullmatch(r"jobs/run-1/ckpt-\d{8}T\d{12}Z-step\d{12}/(state\.pt|manifest\.json)", k)
-                                  for k in keys)
+    layout = r"jobs/run-1/ckpt-\d{8}T\d{12}Z-step\d{12}/(state\.pt|manifest\.json)"
+    assert len(keys) == 4 and all(re.fullmatch(layout, k) for k in keys)
     latest = CheckpointStore(f"s3://{bucket}/jobs/run-1").latest()  # a new reader, as after a restart
     assert (latest.info.step, latest.info.epoch, latest.info.world_size, latest.info.job_id) == (300, 3, 8, "j1")
     assert latest.info.url.startswith(f"s3://{bucket}/jobs/run-1/ckpt-")
@@ -211,5 +211,6 @@ def test_sigkill_mid_upload_leaves_the_previous_checkpoint(moto_url: str, bucket
     assert not [k for k in keys if "-step000000000002/manifest.json" in k]
     latest = CheckpointStore(url, keep=2).latest()
     assert latest.info.step == 1 and latest.payload["step"] == 1
-    manifest = json.loads(_s3(moto_url).get_object(Bucket=bucket, Key=f"run/{latest.info.name}/manifest.json")["Body"].read())
+    manifest_key = f"run/{latest.info.name}/manifest.json"
+    manifest = json.loads(_s3(moto_url).get_object(Bucket=bucket, Key=manifest_key)["Body"].read())
     assert manifest["step"] == 1

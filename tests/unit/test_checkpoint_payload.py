@@ -15,7 +15,13 @@ import torch
 import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
-from cloud_elastic.checkpoint import CheckpointError, CheckpointStore, CheckpointWriter, load_state_payload, state_payload
+from cloud_elastic.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    CheckpointWriter,
+    load_state_payload,
+    state_payload,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,7 +16,7 @@ import torch
 from cloud_elastic.checkpoint import (
     CheckpointError,
     CheckpointStore,
-    JobRecord,
+    DurableJobRecord,
     check_payload,
     read_job_record,
     write_job_record,
@@ -227,14 +227,14 @@ def test_invalid_arguments_are_refused(tmp_path: Path) -> None:
 def test_job_record_round_trips_and_never_holds_the_secret(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path))
     assert read_job_record(store) is None
-    record = JobRecord(job_id="job-42", command=("python", "train.py", "--lr", "0.1"), created=1700000000.5,
+    record = DurableJobRecord(job_id="job-42", command=("python", "train.py", "--lr", "0.1"), created=1700000000.5,
                        extra={"min_np": 2, "driver_address": "10.0.0.4:29400"})
     write_job_record(store, record)
     assert read_job_record(store) == record
     assert store.latest() is None  # the record is not a checkpoint
 
     with pytest.raises(CheckpointError, match="in clear"):
-        write_job_record(store, JobRecord("job-42", ("python",), 1.0, extra={"job_secret": "abc"}))
+        write_job_record(store, DurableJobRecord("job-42", ("python",), 1.0, extra={"job_secret": "abc"}))
     assert read_job_record(store) == record
 
     (tmp_path / "job.json").write_text("{not json")
