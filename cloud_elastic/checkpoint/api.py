@@ -1,0 +1,88 @@
+"""What the checkpoint package hands out: its errors, the manifest and the job record.
+
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from cloud_elastic.errors import CloudElasticError, ConfigError
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "CheckpointBackendMissing",
+    "CheckpointInfo",
+    "Checkpoint",
+    "DurableJobRecord",
+]
+
+#: Written into every manifest and job record; a reader refuses other formats.
+FORMAT = "cloud-elastic-checkpoint"
+#: Bumped when the layout or the manifest changes incompatibly; readers refuse newer versions.
+FORMAT_VERSION = 1
+
+
+class CheckpointError(CloudElasticError):
+    """A checkpoint could not be written or read, or a payload holds something a checkpoint cannot keep."""
+
+
+class CheckpointBackendMissing(CheckpointError, ConfigError):
+    """The fsspec implementation for a checkpoint URL is not installed; the message names the pip extra."""
+
+    def __init__(self, url: str, package: str, extra: str | None) -> None:
+        how = f"pip install 'cloud-elastic[{extra}]'" if extra else f"pip install {package}"
+        super().__init__(f"checkpoint URL {url!r} needs the {package!r} package; install it with: {how}")
+        self.package = package
+        self.extra = extra
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint's manifest: what was saved, when, and the digest of its data.
+
+    ``name`` is the checkpoint's folder under the store's URL and ``url`` its
+    full address; ``size`` and ``sha256`` describe the data object
+    (``data_name`` inside the folder), which is ``torch.save`` output.
+    """
+
+    name: str
+    url: str
+    step: int
+    created: float
+    size: int
+    sha256: str
+    data_name: str = "state.pt"
+    epoch: int | None = None
+    world_size: int | None = None
+    job_id: str | None = None
+    format_version: int = FORMAT_VERSION
+    torch_version: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A verified checkpoint: its manifest and the loaded payload (tensors and plain data)."""
+
+    info: CheckpointInfo
+    payload: Any
+
+
+@dataclass(frozen=True)
+class DurableJobRecord:
+    """What a restarted driver needs to know about the job, stored in clear beside the checkpoints.
+
+    Never put the job's secret here: anyone who can read the checkpoint
+    location can read this record. ``extra`` holds JSON values; keys that
+    mention a secret are refused.
+    """
+
+    job_id: str
+    command: tuple[str, ...]
+    created: float
+    format_version: int = FORMAT_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)

@@ -1,0 +1,212 @@
+"""Where checkpoint bytes go: a local directory, or any fsspec URL (``s3://``, ``gs://``, ``az://``...).
+
+Both backends publish an object all at once: the local one writes a hidden
+temporary file, fsyncs it and renames it into place; object stores make an
+upload visible only when it completes, and a failed upload is discarded
+(s3fs aborts the multipart upload) rather than committed. That is what makes
+"data first, manifest last" atomic for readers.
+
+fsspec and its cloud implementations are imported only when a URL needs
+them; a missing one raises :class:`CheckpointBackendMissing` naming the pip
+extra. Credentials come from each library's default chain; endpoint and
+other options come from ``storage_options`` or fsspec's own configuration
+(``FSSPEC_<PROTOCOL>_<OPTION>`` variables), and s3fs also honours
+``AWS_ENDPOINT_URL`` through botocore.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+import uuid
+from typing import Any, BinaryIO, Callable, Mapping, Protocol
+
+from cloud_elastic.checkpoint.api import CheckpointBackendMissing, CheckpointError
+
+__all__ = ["Backend", "LocalBackend", "FsspecBackend", "backend_for", "split_url"]
+
+#: protocol -> (package that implements it, cloud-elastic extra that installs it)
+_IMPLEMENTATIONS = {
+    "s3": ("s3fs", "aws"),
+    "s3a": ("s3fs", "aws"),
+    "gs": ("gcsfs", "gcp"),
+    "gcs": ("gcsfs", "gcp"),
+    "az": ("adlfs", "azure"),
+    "abfs": ("adlfs", "azure"),
+    "abfss": ("adlfs", "azure"),
+}
+
+
+class Backend(Protocol):
+    """The few storage operations a checkpoint store needs. Paths are ``/``-joined below ``root``."""
+
+    root: str
+
+    def url(self, path: str) -> str:
+        """The address of ``path`` as a user would type it (for messages)."""
+
+    def write(self, path: str, produce: Callable[[BinaryIO], None]) -> None:
+        """Publish ``path`` with what ``produce`` writes; readers see all of it or nothing."""
+
+    def read(self, path: str) -> bytes:
+        """The whole object; FileNotFoundError when absent."""
+
+    def children(self, path: str) -> list[str]:
+        """Names directly below ``path``; empty when it does not exist."""
+
+    def remove_tree(self, path: str, first: str | None = None) -> None:
+        """Delete ``path`` and everything below it, ``path/first`` before the rest."""
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(protocol, rest)``; a plain path or ``file://`` URL has protocol ``"file"``."""
+    if "://" not in url:
+        return "file", url
+    protocol, rest = url.split("://", 1)
+    return protocol.lower(), rest
+
+
+def backend_for(url: str, storage_options: Mapping[str, Any] | None = None) -> Callable[[], Backend]:
+    """Check that ``url`` can be served here and return a factory for its backend.
+
+    Raises CheckpointBackendMissing at once (no import, no I/O) when the
+    package for the URL's protocol is not installed; the factory imports it.
+    """
+    protocol, rest = split_url(url)
+    if protocol == "file":
+        if storage_options:
+            raise CheckpointError(f"storage options apply only to fsspec URLs, not to the local path {url!r}")
+        return lambda: LocalBackend(os.path.abspath(os.path.expanduser(rest)))
+    package, extra = _IMPLEMENTATIONS.get(protocol, ("fsspec", None))
+    for name in ("fsspec", package):
+        if importlib.util.find_spec(name) is None:
+            raise CheckpointBackendMissing(url, package if name == "fsspec" and extra else name, extra)
+    options = dict(storage_options or {})
+    return lambda: FsspecBackend(url, options)
+
+
+class LocalBackend:
+    """A directory on this machine (or a shared mount); atomic by rename, durable by fsync."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/") or "/"
+
+    def _path(self, path: str) -> str:
+        return os.path.join(self.root, *path.split("/")) if path else self.root
+
+    def url(self, path: str) -> str:
+        return self._path(path)
+
+    def write(self, path: str, produce: Callable[[BinaryIO], None]) -> None:
+        final = self._path(path)
+        directory = os.path.dirname(final)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{os.path.basename(final)}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                produce(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        # The rename itself must survive a reboot before the next object (the manifest) points at it.
+        _fsync_dir(directory)
+
+    def read(self, path: str) -> bytes:
+        with open(self._path(path), "rb") as f:
+            return f.read()
+
+    def children(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self._path(path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def remove_tree(self, path: str, first: str | None = None) -> None:
+        target = self._path(path)
+        if first:
+            _unlink_quietly(os.path.join(target, first))
+        shutil.rmtree(target, ignore_errors=True)
+
+
+class FsspecBackend:
+    """Any fsspec filesystem; objects are published when their upload completes."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any]) -> None:
+        import fsspec
+
+        protocol, _ = split_url(url)
+        try:
+            self._fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        except ImportError as exc:  # found by find_spec but broken (e.g. a dependency of it missing)
+            package, extra = _IMPLEMENTATIONS.get(protocol, ("fsspec", None))
+            raise CheckpointBackendMissing(url, package, extra) from exc
+        self._protocol = protocol
+        self.root = root.rstrip("/")
+
+    def _path(self, path: str) -> str:
+        return f"{self.root}/{path}" if path else self.root
+
+    def url(self, path: str) -> str:
+        return f"{self._protocol}://{self._path(path)}"
+
+    def write(self, path: str, produce: Callable[[BinaryIO], None]) -> None:
+        f = self._fs.open(self._path(path), "wb")
+        try:
+            produce(f)
+        except BaseException:
+            # Closing would commit what was written so far; throw the upload away instead.
+            try:
+                f.discard()
+            finally:
+                try:
+                    f.closed = True
+                except AttributeError:
+                    pass
+            raise
+        f.close()
+
+    def read(self, path: str) -> bytes:
+        return self._fs.cat_file(self._path(path))
+
+    def children(self, path: str) -> list[str]:
+        full = self._path(path)
+        # Listing caches (s3fs's dircache) would hide what another process wrote.
+        self._fs.invalidate_cache(full)
+        try:
+            entries = self._fs.ls(full, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries} - {""})
+
+    def remove_tree(self, path: str, first: str | None = None) -> None:
+        full = self._path(path)
+        if first:
+            try:
+                self._fs.rm_file(f"{full}/{first}")
+            except FileNotFoundError:
+                pass
+        try:
+            self._fs.rm(full, recursive=True)
+        except FileNotFoundError:
+            pass
+        self._fs.invalidate_cache(full)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,182 @@
+"""What goes into a checkpoint: tensors and plain data, and the payload of a ``TorchState``.
+
+A payload is a tree of dicts, lists, tuples and sets whose leaves are
+tensors, ``str``, ``bytes``, ``int``, ``float``, ``complex``, ``bool``,
+``None``, ``torch.Size``, ``torch.dtype`` or ``torch.device``: exactly what
+``torch.load(weights_only=True)`` reads back without running code. The type
+test is exact, so a NumPy scalar (a ``float`` subclass that unpickles through
+NumPy) is refused when saved, not discovered unreadable when needed.
+
+``state_payload(state)`` maps a state's public attributes (what the user
+registered: ``TorchState(model, optimizer, sampler=..., epoch=0)``) to one
+flat dict: modules and optimizers by their ``state_dict()``, an
+``ElasticSampler`` by ``{"epoch", "processed_indices"}`` (Horovod's form,
+which its ``load_state_dict`` accepts), everything else as it is. The file
+is therefore usable without cloud-elastic: ``model.load_state_dict(ckpt["model"])``.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import torch
+
+from cloud_elastic.checkpoint.api import CheckpointError
+
+__all__ = ["check_payload", "stage_payload", "state_payload", "load_state_payload"]
+
+_LEAVES = (str, bytes, int, float, complex, bool, type(None), torch.Size, torch.dtype, torch.device)
+_DICTS = (dict, collections.OrderedDict)
+
+
+def check_payload(payload: Any) -> None:
+    """Raise CheckpointError naming the first value ``torch.load(weights_only=True)`` could not read."""
+    _walk(payload, None, "payload", copy=False)
+
+
+def stage_payload(payload: Any, previous: Any = None) -> Any:
+    """A copy of ``payload`` that later changes to the original cannot reach.
+
+    Tensors are copied to CPU into the tensors of ``previous`` (an earlier
+    result of this function) where their shape and dtype match, so a steady
+    job copies at memory speed into memory already touched; new buffers are
+    allocated only for what changed. Raises CheckpointError like
+    :func:`check_payload`.
+    """
+    return _walk(payload, previous, "payload", copy=True)
+
+
+def _walk(value: Any, old: Any, where: str, *, copy: bool) -> Any:
+    kind = type(value)
+    if isinstance(value, torch.Tensor):
+        if kind not in (torch.Tensor, torch.nn.Parameter):
+            raise _refuse(value, where)
+        return _copy_tensor(value, old) if copy else value
+    if kind in _LEAVES:
+        return value
+    if kind in _DICTS:
+        out = kind() if copy else None
+        for key, item in value.items():
+            if type(key) not in _LEAVES:
+                raise _refuse(key, f"{where} key")
+            staged = _walk(item, old.get(key) if isinstance(old, dict) else None, f"{where}[{key!r}]", copy=copy)
+            if copy:
+                out[key] = staged
+        metadata = getattr(value, "_metadata", None)  # module state dicts carry versions for load_state_dict
+        if metadata is not None:
+            _walk(metadata, None, f"{where}._metadata", copy=False)
+            if copy:
+                out._metadata = _plain_copy(metadata)
+        return out
+    if kind in (list, tuple):
+        olds = old if type(old) is kind and len(old) == len(value) else [None] * len(value)
+        items = [_walk(v, o, f"{where}[{i}]", copy=copy) for i, (v, o) in enumerate(zip(value, olds))]
+        return kind(items) if copy else None
+    if kind is set:
+        for item in value:
+            if type(item) not in _LEAVES:
+                raise _refuse(item, f"{where} element")
+        return set(value) if copy else None
+    raise _refuse(value, where)
+
+
+def _copy_tensor(value: torch.Tensor, old: Any) -> torch.Tensor:
+    src = value.detach()
+    if src.layout != torch.strided:
+        return src.to("cpu", copy=True)
+    if isinstance(old, torch.Tensor) and old.shape == src.shape and old.dtype == src.dtype:
+        buf = old
+    else:
+        buf = torch.empty(src.shape, dtype=src.dtype, device="cpu")
+    # A copy from a GPU into pageable memory is synchronous, so the buffer is complete on return.
+    buf.copy_(src)
+    return buf
+
+
+def _plain_copy(value: Any) -> Any:
+    if type(value) in _DICTS:
+        return type(value)((k, _plain_copy(v)) for k, v in value.items())
+    if type(value) in (list, tuple):
+        return type(value)(_plain_copy(v) for v in value)
+    if type(value) is set:
+        return set(value)
+    return value
+
+
+def _refuse(value: Any, where: str) -> CheckpointError:
+    name = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+    return CheckpointError(
+        f"cannot checkpoint the {name} at {where}: a checkpoint holds only tensors and plain data "
+        "(dict, list, tuple, set, str, bytes, int, float, bool, None), which load without running code"
+    )
+
+
+# -- the payload of a state ------------------------------------------------------------
+
+
+def _public_attributes(state: Any) -> dict[str, Any]:
+    """The attributes the user registered on the state: its public instance attributes."""
+    return {name: value for name, value in vars(state).items() if not name.startswith("_")}
+
+
+def state_payload(state: Any) -> dict[str, Any]:
+    """The checkpoint payload of a ``State``: one entry per public attribute, by name.
+
+    Returns references to live tensors, not copies: call it right after a
+    commit, and hand the result to ``CheckpointWriter.submit`` (which copies
+    before returning) or ``CheckpointStore.save`` (which writes before
+    returning).
+    """
+    from cloud_elastic.worker.sampler import ElasticSampler
+
+    payload: dict[str, Any] = {}
+    for name, value in _public_attributes(state).items():
+        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+            payload[name] = value.state_dict()
+        elif isinstance(value, ElasticSampler):
+            done = sorted(value.processed_indices)
+            payload[name] = {"epoch": int(value.epoch), "processed_indices": torch.tensor(done, dtype=torch.int64)}
+        else:
+            payload[name] = value
+    return payload
+
+
+def load_state_payload(state: Any, payload: Any) -> None:
+    """Load a :func:`state_payload` into ``state`` and make it the state's last commit.
+
+    The names must match the state's public attributes both ways; a mismatch
+    raises CheckpointError before anything is changed; one that does not fit
+    (shapes, optimizer groups) restores the state's last commit and raises
+    CheckpointError. After loading,
+    ``state.save()`` runs, so a later rollback returns to the checkpoint and
+    never to the weights the process started with.
+    """
+    from cloud_elastic.worker.sampler import ElasticSampler
+
+    live = _public_attributes(state)
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"a state checkpoint is a dict of attributes, got {type(payload).__name__}")
+    missing, unexpected = sorted(set(live) - set(payload)), sorted(set(payload) - set(live))
+    if missing or unexpected:
+        raise CheckpointError(
+            "the checkpoint does not match this state: "
+            + "; ".join(f"{what}: {', '.join(names)}" for what, names in
+                        (("missing", missing), ("unexpected", unexpected)) if names)
+        )
+    try:
+        for name, value in payload.items():
+            target = live[name]
+            if isinstance(target, (torch.nn.Module, torch.optim.Optimizer)):
+                target.load_state_dict(value)
+            elif isinstance(target, ElasticSampler):
+                target.load_state_dict({"epoch": int(value["epoch"]),
+                                        "processed_indices": value["processed_indices"].tolist()})
+            else:
+                setattr(state, name, value)
+    except Exception as exc:
+        # load_state_dict copies what matches before it reports what does not: go back to the last commit.
+        state.restore()
+        reason = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"the checkpoint does not fit this state ({name}): {reason}") from exc
+    state.save()

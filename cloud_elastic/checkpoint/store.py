@@ -1,0 +1,356 @@
+"""``CheckpointStore``: durable, atomic, verified checkpoints in a local directory or any fsspec URL.
+
+Layout below the store's URL::
+
+    job.json                                          the job record (write_job_record)
+    ckpt-20261123T143012123456Z-step000000001200/
+        state.pt                                      torch.save(payload), written first
+        manifest.json                                 written last: step, digest, ...
+
+A checkpoint exists once its manifest does. The data object is written and
+published first, the manifest after it, so a reader that finds a manifest
+finds the whole data it describes; a writer that dies in between leaves a
+folder without a manifest, which readers skip and the next save deletes.
+Folder names sort in the order they were written (UTC time, kept increasing
+past the newest existing name), which is the order ``latest()`` tries them.
+
+The payload is ``torch.save`` output of tensors and plain data and is loaded
+with ``torch.load(weights_only=True)``: nothing in a checkpoint can run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import re
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any, BinaryIO, Mapping
+
+import torch
+
+from cloud_elastic.checkpoint.api import (
+    FORMAT,
+    FORMAT_VERSION,
+    Checkpoint,
+    CheckpointError,
+    CheckpointInfo,
+    DurableJobRecord,
+)
+from cloud_elastic.checkpoint.backend import Backend, backend_for
+from cloud_elastic.checkpoint.payload import check_payload
+
+__all__ = ["CheckpointStore", "write_job_record", "read_job_record"]
+
+log = logging.getLogger(__name__)
+
+DATA = "state.pt"
+MANIFEST = "manifest.json"
+JOB_RECORD = "job.json"
+_NAME = re.compile(r"ckpt-(\d{8}T\d{12})Z-step(\d+)")
+_TIME_FORMAT = "%Y%m%dT%H%M%S%f"
+_META_KEYS = ("epoch", "world_size", "job_id")
+
+
+class CheckpointStore:
+    """Checkpoints under ``url`` (a local path or an fsspec URL), keeping the newest ``keep``.
+
+    The constructor does no I/O; it fails at once, with the pip extra to
+    install, when the URL's fsspec implementation is missing. Methods may be
+    called from several threads (the background writer and a reader).
+    """
+
+    def __init__(self, url: str, keep: int = 2, storage_options: Mapping[str, Any] | None = None, *,
+                 backend: Backend | None = None) -> None:
+        if keep < 1:
+            raise CheckpointError(f"a checkpoint store keeps at least 1 checkpoint, got keep={keep}")
+        self.url = url
+        self.keep = keep
+        # ``backend`` replaces the one ``url`` would select (custom storage, tests of slow storage).
+        self._make_backend = (lambda: backend) if backend is not None else backend_for(url, storage_options)
+        self._backend: Backend | None = None
+        self._lock = threading.Lock()
+        self._last_time = datetime.min.replace(tzinfo=timezone.utc)
+
+    @property
+    def backend(self) -> Backend:
+        with self._lock:
+            if self._backend is None:
+                self._backend = self._make_backend()
+            return self._backend
+
+    # -- writing -------------------------------------------------------------------
+
+    def save(self, step: int, payload: Any, meta: Mapping[str, Any] | None = None) -> CheckpointInfo:
+        """Write ``payload`` as the checkpoint of ``step``; data first, manifest last; then prune.
+
+        ``meta`` may give ``epoch``, ``world_size`` and ``job_id`` (recorded in
+        the manifest) and any other JSON values (kept under ``extra``).
+        Raises CheckpointError when the payload holds something other than
+        tensors and plain data, or when the storage refuses the write; a
+        failed save leaves the previous checkpoints as they were.
+        """
+        check_payload(payload)
+        fields, extra = _split_meta(meta)
+        existing = self._names()
+        name = self._new_name(step, existing)
+        backend = self.backend
+        digest = _Digest()
+        try:
+            backend.write(f"{name}/{DATA}", lambda f: torch.save(payload, digest.wrap(f)))
+            created = time.time()
+            manifest = {
+                "format": FORMAT, "format_version": FORMAT_VERSION, "step": int(step), "created": created,
+                "created_utc": datetime.fromtimestamp(created, timezone.utc).isoformat().replace("+00:00", "Z"),
+                **fields, "torch_version": torch.__version__,
+                "data": {"name": DATA, "size": digest.size, "sha256": digest.hexdigest()}, "extra": extra,
+            }
+            body = json.dumps(manifest, indent=1, sort_keys=True).encode()
+            backend.write(f"{name}/{MANIFEST}", lambda f: f.write(body))
+        except Exception as exc:
+            raise CheckpointError(f"could not write checkpoint {backend.url(name)}: {_one_line(exc)}") from exc
+        info = _info(name, backend.url(name), manifest)
+        log.info("checkpoint of step %d written to %s (%d bytes)", step, info.url, digest.size)
+        self._prune(name, existing)
+        return info
+
+    def _new_name(self, step: int, existing: list[str]) -> str:
+        """A name that sorts after every checkpoint already there, even if this host's clock is behind."""
+        now = datetime.now(timezone.utc)
+        floor = max([self._last_time] + [_time_of(n) for n in existing[-1:]])
+        if now <= floor:
+            now = floor + (datetime.resolution * 1)
+        self._last_time = now
+        return f"ckpt-{now.strftime(_TIME_FORMAT)}Z-step{int(step):012d}"
+
+    def _prune(self, newest: str, existing: list[str]) -> None:
+        """Keep ``newest`` and the ``keep - 1`` complete checkpoints before it; delete the older ones.
+
+        Folders without a manifest older than ``newest`` are interrupted writes
+        and go too. A failure to delete is logged and retried at the next save.
+        """
+        kept = 1
+        backend = self.backend
+        for name in reversed([n for n in existing if n < newest]):
+            try:
+                complete = MANIFEST in backend.children(name)
+                if complete and kept < self.keep:
+                    kept += 1
+                    continue
+                # Manifest first: a reader never finds a manifest whose data is being deleted.
+                backend.remove_tree(name, first=MANIFEST)
+                log.debug("deleted old checkpoint %s", backend.url(name))
+            except Exception as exc:  # storage trouble must not fail the save that succeeded
+                log.warning("could not delete old checkpoint %s: %s", backend.url(name), _one_line(exc))
+
+    # -- reading -------------------------------------------------------------------
+
+    def list(self) -> list[CheckpointInfo]:
+        """Manifests of the complete checkpoints, newest first (data not verified)."""
+        out = []
+        for name in reversed(self._names()):
+            try:
+                out.append(self._manifest(name))
+            except (FileNotFoundError, _Unusable):
+                continue
+        return out
+
+    def latest(self) -> Checkpoint | None:
+        """The newest checkpoint whose manifest parses and whose data matches its digest and loads.
+
+        A torn or corrupt newer checkpoint is skipped with a one-line WARNING
+        and the previous one is tried. None when there is no usable
+        checkpoint. Raises CheckpointError when the storage cannot be read
+        (network, permissions): falling back over a readable-but-unreachable
+        checkpoint would silently lose progress.
+        """
+        for name in reversed(self._names()):
+            try:
+                return self.load(self._manifest(name))
+            except FileNotFoundError:
+                log.info("skipping %s: no manifest (a write in progress or interrupted)", self.backend.url(name))
+            except _Unusable as exc:
+                log.warning("checkpoint %s is unusable (%s); falling back to the previous one",
+                            self.backend.url(name), exc)
+        return None
+
+    def load(self, info: CheckpointInfo) -> Checkpoint:
+        """Read, verify and load the checkpoint ``info`` describes.
+
+        Raises _Unusable (a CheckpointError) when the data is missing, differs
+        from its digest or holds anything but tensors and plain data.
+        """
+        path = f"{info.name}/{info.data_name}"
+        try:
+            data = self._read(path)
+        except FileNotFoundError:
+            raise _Unusable(f"its data {info.data_name} is missing") from None
+        if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
+            raise _Unusable("its data does not match the manifest's size and SHA-256 digest")
+        try:
+            payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as exc:  # UnpicklingError for code, RuntimeError for a bad archive
+            raise _Unusable(f"torch.load(weights_only=True) refused it: {_one_line(exc, 160)}") from exc
+        return Checkpoint(info, payload)
+
+    def _manifest(self, name: str) -> CheckpointInfo:
+        raw = self._read(f"{name}/{MANIFEST}")
+        try:
+            manifest = json.loads(raw)
+            if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+                raise ValueError("not a cloud-elastic checkpoint manifest")
+            if int(manifest["format_version"]) > FORMAT_VERSION:
+                raise ValueError(f"format version {manifest['format_version']} is newer than this "
+                                 f"cloud-elastic reads ({FORMAT_VERSION})")
+            return _info(name, self.backend.url(name), manifest)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _Unusable(f"unreadable manifest: {_one_line(exc, 160)}") from exc
+
+    def _names(self) -> list[str]:
+        try:
+            return sorted(n for n in self.backend.children("") if _NAME.fullmatch(n))
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise CheckpointError(f"could not list checkpoints in {self.url}: {_one_line(exc)}") from exc
+
+    def _read(self, path: str) -> bytes:
+        try:
+            return self.backend.read(path)
+        except FileNotFoundError:
+            raise
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise CheckpointError(f"could not read {self.backend.url(path)}: {_one_line(exc)}") from exc
+
+
+class _Unusable(CheckpointError):
+    """This checkpoint is torn or corrupt; an older one may still be good."""
+
+
+# -- the job record -------------------------------------------------------------------
+
+
+def write_job_record(store: CheckpointStore, record: DurableJobRecord) -> None:
+    """Write ``record`` as ``job.json`` beside the checkpoints (atomically, replacing an older one).
+
+    The record is stored in clear; ``extra`` keys that mention a secret are
+    refused so the job's HMAC secret cannot end up on shared storage.
+    """
+    leaks = [k for k in record.extra if "secret" in str(k).lower()]
+    if leaks:
+        raise CheckpointError(f"the job record is stored in clear; refusing the key(s) {', '.join(map(str, leaks))}")
+    body = {"format": FORMAT, "format_version": record.format_version, "job_id": record.job_id,
+            "command": list(record.command), "created": record.created, "extra": dict(record.extra)}
+    try:
+        data = json.dumps(body, indent=1, sort_keys=True).encode()
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"the job record holds a value JSON cannot store: {_one_line(exc)}") from exc
+    try:
+        store.backend.write(JOB_RECORD, lambda f: f.write(data))
+    except Exception as exc:
+        raise CheckpointError(f"could not write the job record to {store.url}: {_one_line(exc)}") from exc
+
+
+def read_job_record(store: CheckpointStore) -> DurableJobRecord | None:
+    """The job record beside the checkpoints; None when there is none.
+
+    Raises CheckpointError when it exists but cannot be read or parsed.
+    """
+    try:
+        raw = store._read(JOB_RECORD)
+    except FileNotFoundError:
+        return None
+    try:
+        body = json.loads(raw)
+        if not isinstance(body, dict) or body.get("format") != FORMAT:
+            raise ValueError("not a cloud-elastic job record")
+        if int(body["format_version"]) > FORMAT_VERSION:
+            raise ValueError(f"format version {body['format_version']} is newer than this cloud-elastic reads")
+        command = body["command"]
+        if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+            raise ValueError("command is not a list of strings")
+        return DurableJobRecord(job_id=str(body["job_id"]), command=tuple(command), created=float(body["created"]),
+                         format_version=int(body["format_version"]), extra=dict(body.get("extra") or {}))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"the job record in {store.url} is unreadable: {_one_line(exc)}") from exc
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+class _Digest:
+    """SHA-256 and size of everything written through :meth:`wrap`."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def wrap(self, f: BinaryIO) -> "_Digest._Writer":
+        return _Digest._Writer(self, f)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+    class _Writer:
+        def __init__(self, digest: "_Digest", f: BinaryIO) -> None:
+            self._digest, self._f = digest, f
+
+        def write(self, data: Any) -> int:
+            view = memoryview(data).cast("B")
+            self._digest._sha.update(view)
+            self._digest.size += len(view)
+            self._f.write(view)
+            return len(view)
+
+        def flush(self) -> None:
+            self._f.flush()
+
+
+def _split_meta(meta: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    meta = dict(meta or {})
+    fields = {k: meta.pop(k) for k in _META_KEYS if meta.get(k) is not None}
+    for key in ("epoch", "world_size"):
+        if key in fields:
+            fields[key] = int(fields[key])
+    if "job_id" in fields:
+        fields["job_id"] = str(fields["job_id"])
+    try:
+        json.dumps(meta)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint metadata must be JSON values: {_one_line(exc)}") from exc
+    return fields, meta
+
+
+def _info(name: str, url: str, manifest: Mapping[str, Any]) -> CheckpointInfo:
+    data = manifest["data"]
+    sha = str(data["sha256"])
+    if not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise ValueError("the data digest is not a SHA-256 hex digest")
+    data_name = str(data.get("name", DATA))
+    if "/" in data_name or data_name.startswith("."):
+        raise ValueError(f"the data name {data_name!r} is not a plain file name")
+    optional = {k: manifest.get(k) for k in _META_KEYS}
+    return CheckpointInfo(
+        name=name, url=url, step=int(manifest["step"]), created=float(manifest["created"]), size=int(data["size"]),
+        sha256=sha, data_name=data_name,
+        epoch=None if optional["epoch"] is None else int(optional["epoch"]),
+        world_size=None if optional["world_size"] is None else int(optional["world_size"]),
+        job_id=None if optional["job_id"] is None else str(optional["job_id"]),
+        format_version=int(manifest["format_version"]), torch_version=manifest.get("torch_version"),
+        extra=dict(manifest.get("extra") or {}),
+    )
+
+
+def _time_of(name: str) -> datetime:
+    match = _NAME.fullmatch(name)
+    return datetime.strptime(match.group(1), _TIME_FORMAT).replace(tzinfo=timezone.utc)
+
+
+def _one_line(text: object, limit: int = 300) -> str:
+    flat = " ".join(str(text).split()) or type(text).__name__
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
