@@ -243,7 +243,9 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
             verdict = classify(member.current_action, member.instance_status, health, _deadline(member, inst))
             address = inst.network_interfaces[0].network_i_p if inst.network_interfaces else None
             snapshot.add(address, verdict, lambda i=inst, z=zone: self._slots_of(i, z),
-                         order=inst.creation_timestamp, instance=name)
+                         # The numeric id, not the name: a recreated VM keeps its name (and often its IP)
+                         # but is a new machine with new host keys.
+                         order=inst.creation_timestamp, instance=str(inst.id) if inst.id else name)
         return snapshot.build()
 
     def _instances(self, api: Mapping[str, Any], managed: list[tuple[str, str, Any]]) -> dict[tuple[str, str], Any]:

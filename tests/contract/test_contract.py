@@ -122,7 +122,7 @@ def _gcp(request, tmp_path: Path) -> Case:
         members[2].action = "DELETING"
         fake.add_group("proj-1", "contract", members, zone="us-central1-a")
         return DiscoveredHosts(ready={"10.71.0.1": 1, "10.71.0.2": 1}, draining={"10.71.0.3": Drain(None, "DELETING")},
-                               instances={m.ip: m.name for m in members})
+                               instances={m.ip: m.instance_id for m in members})
 
     return _cloud(request, "gcp", "contract", gcp_options, scene)
 

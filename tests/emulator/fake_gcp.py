@@ -16,6 +16,8 @@ by :meth:`FakeGCP.write_adc` points ``token_uri`` here).
 
 from __future__ import annotations
 
+import hashlib
+
 import base64
 import json
 import re
@@ -47,6 +49,12 @@ class Member:
     termination: str | None = None  # managed instance scheduling.terminationTimestamp
     shutdown: tuple[str, int] | None = None  # shutdownDetails: (requestTimestamp, maxDuration seconds)
     termination_time: str | None = None  # the instance's own scheduling.terminationTime
+    #: The VM's numeric id (a string on the wire); a VM recreated under the same name gets a new one.
+    id: str = ""
+
+    @property
+    def instance_id(self) -> str:
+        return self.id or str(int(hashlib.sha1(self.name.encode()).hexdigest()[:12], 16))
 
 
 @dataclass
@@ -205,6 +213,7 @@ def _managed(project: str, m: Member) -> dict:
 
 def _instance(project: str, m: Member) -> dict:
     body: dict = {
+        "id": m.instance_id,
         "name": m.name,
         "status": m.status,
         "creationTimestamp": m.created,

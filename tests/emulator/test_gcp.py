@@ -56,7 +56,7 @@ def test_stopped_suspended_and_terminated_instances_are_absent_and_logged_once(g
     snapshot = discovery.find()
     assert dict(snapshot.ready) == {m[0].ip: 1} and dict(snapshot.draining) == {}
     logged = [r.getMessage() for r in caplog.records if "not counted" in r.getMessage()]
-    assert sorted(re.search(r"instance (\S+) \(", line)[1] for line in logged) == ["pools-0001", "pools-0002", "pools-0003"]
+    assert sorted(re.search(r"instance (\S+) \(", line)[1] for line in logged) == sorted(x.instance_id for x in m[1:])
     assert any(line.endswith("is instance STOPPED; not counted") for line in logged)
     caplog.clear()
     discovery.find()
@@ -87,7 +87,16 @@ def test_hosts_are_ordered_by_creation_instant_whatever_the_offset(gcp):
     m[2].created = "2026-01-01T17:00:00.000-00:00"
     snapshot = provider("gcp", gcp_options(gcp, "offsets")).find()
     assert list(snapshot.ready) == [m[1].ip, m[2].ip, m[0].ip]
-    assert dict(snapshot.instances) == {x.ip: x.name for x in m}
+    assert dict(snapshot.instances) == {x.ip: x.instance_id for x in m}
+
+
+def test_a_vm_recreated_under_the_same_name_is_a_new_instance(gcp):
+    """A MIG recreate keeps the name (and often the IP) but makes a new VM with new host keys."""
+    m = gcp.add_group("proj-1", "recreate", _members("recreate", 1), zone=ZONE)
+    discovery = provider("gcp", gcp_options(gcp, "recreate"))
+    before = discovery.find().instances[m[0].ip]
+    m[0].id = "4242"
+    assert discovery.find().instances[m[0].ip] == "4242" != before
 
 
 def test_regional_group_spans_zones_with_one_filtered_list_per_zone(gcp):
