@@ -521,7 +521,7 @@ class ElasticJob:
                 self._finish(False, f"reset limit exceeded: {self.resets} resets > --reset-limit {self.policy.reset_limit}", 1)
                 return
         self.round += 1
-        self._ranks = assign_ranks([Member(w.worker_id, w.slot.host) for w in ordered])
+        self._ranks = assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered])
         self._needs_sync = bool(newcomers) or self._failure_since_round
         self._round_update_gen = self.update_gen
         self._failure_since_round = False
