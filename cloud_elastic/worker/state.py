@@ -4,7 +4,9 @@
 model and optimizer into buffers allocated once and reused, which runs at
 memory speed (fresh allocations page-fault and run an order of magnitude
 slower); ``restore()`` copies them back after a failure; ``sync()``
-broadcasts the state of rank 0, the oldest worker, to everyone.
+broadcasts the state of rank 0, the oldest worker, to everyone: tensors as
+tensors, everything else with ``torch.save`` and ``weights_only`` loading,
+never pickle (see ``statecodec``).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class ObjectState(State):
 
     def sync(self) -> None:
         if self._saved_state:
-            self._saved_state = collectives.broadcast_object(self._saved_state, 0, "object state")
+            self._saved_state = collectives.broadcast_state(self._saved_state, 0, "ObjectState attributes")
             self._set_attrs()
 
     def _set_attrs(self) -> None:
@@ -258,7 +260,7 @@ class _SamplerHandler:
 
     def sync(self) -> None:
         # record_batch accounts for every worker, so rank 0's view is complete.
-        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), 0, "sampler state"))
+        self.value.load_state_dict(collectives.broadcast_state(self.value.state_dict(), 0, "sampler state"))
 
 
 def _handler_for(value: Any) -> Any:
