@@ -6,8 +6,11 @@ One :class:`WorkerContext` per worker process, created by ``init()``. It
   the replies carry the current round, the update generation (a graceful
   membership change is pending) and the highest aborted round;
 * forms a fresh ``torch.distributed`` process group per rendezvous round on
-  a fresh ``PrefixStore`` namespace of the driver's TCPStore (Gloo on CPU,
-  NCCL with CUDA; ``CLOUD_ELASTIC_BACKEND`` overrides);
+  the round's signed namespace of the driver's TCPStore (see ``store``: keys
+  named with HMAC of the job secret, values tagged and checked), Gloo on
+  CPU, NCCL with CUDA (``CLOUD_ELASTIC_BACKEND`` overrides);
+* reclaims the threads and sockets of a group abandoned after a failure
+  (see ``reclaim``) without ever blocking on it;
 * waits for every collective in bounded slices, so a round the driver aborted
   is abandoned within ~0.1 s even when a peer is stopped or partitioned and
   Gloo would otherwise wait for its own timeout;
@@ -15,6 +18,7 @@ One :class:`WorkerContext` per worker process, created by ``init()``. It
   the flag rides on the gradient allreduce when ``DistributedOptimizer`` ran
   one since the last commit, else it costs one 1-element allreduce.
 
+Its settings are read from the environment once (:class:`WorkerSettings`).
 Without ``CLOUD_ELASTIC_DRIVER`` in the environment (a script run directly
 with ``python``), the context runs standalone: one process, rank 0 of 1.
 """
