@@ -104,8 +104,10 @@ def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None)
 def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = None) -> Any:
     """Return ``root_rank``'s ``obj`` on every worker.
 
-    Objects are pickled, as in Horovod and ``torch.distributed``: process-group
-    traffic runs between the job's own workers. The control plane never does this.
+    Objects are pickled, as in Horovod and ``torch.distributed``: this trusts
+    the round's members (only holders of the job secret can form a round, see
+    ``worker/store.py``) and the network between them. ``sync()`` never uses
+    it (see :func:`broadcast_state`); the control plane never pickles.
     """
     ctx = get_context()
     if ctx.info.rank == root_rank:

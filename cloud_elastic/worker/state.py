@@ -245,9 +245,9 @@ class _OptimizerHandler(_SnapshotHandler):
 
 
 class _SamplerHandler:
-    # ElasticSampler.state_dict() is a small value that shares only immutable parts and
-    # load_state_dict() builds fresh ones, so no copying is needed here: a commit costs the
-    # same for any dataset size (Horovod deep-copies the whole processed set).
+    # ElasticSampler.state_dict() is a fresh value of a few spans, so no copying is needed
+    # here: a commit costs the same for any dataset size (Horovod deep-copies the whole
+    # processed set).
     def __init__(self, sampler: Any) -> None:
         self.value = sampler
         self._saved = sampler.state_dict()
