@@ -39,7 +39,15 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.control import Codec
-from cloud_elastic.protocol import Assignment, ExitOrder, PollReply, PollRequest, RankInfo, RendezvousRequest, parse_rendezvous_reply
+from cloud_elastic.protocol import (
+    Assignment,
+    ExitOrder,
+    PollReply,
+    PollRequest,
+    RankInfo,
+    RendezvousRequest,
+    parse_rendezvous_reply,
+)
 from cloud_elastic.worker import memory
 from cloud_elastic.worker.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved

@@ -145,7 +145,7 @@ class ElasticSampler(Sampler):
             self._starts.append(total)
             total += b - a
         self._remaining_len = total
-        self.num_samples = int(math.ceil(total / self.num_replicas))
+        self.num_samples = math.ceil(total / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
 
     def __iter__(self) -> Iterator[int]:

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from cloud_elastic.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.timeout(60)
 
