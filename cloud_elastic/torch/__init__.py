@@ -41,12 +41,14 @@ from cloud_elastic.worker.exceptions import (
     WorkerRemoved,
 )
 from cloud_elastic.worker.optimizer import DistributedOptimizer
+from cloud_elastic.worker.statecodec import StateSyncError
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "broadcast_object",
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "elastic",
-    "HostsUpdatedInterrupt", "HorovodInternalError", "CollectiveError", "WorkerRemoved", "Average", "Sum",
+    "HostsUpdatedInterrupt", "HorovodInternalError", "CollectiveError", "WorkerRemoved", "StateSyncError",
+    "Average", "Sum",
 ]
 
 
