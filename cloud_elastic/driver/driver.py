@@ -24,7 +24,8 @@ from cloud_elastic.config import JobConfig
 from cloud_elastic.control import Codec, new_secret
 from cloud_elastic.driver.discovery import DiscoveryFailure, DiscoveryPoller
 from cloud_elastic.driver.hosts import Blacklist, HostManager
-from cloud_elastic.driver.job import Assignment, ElasticJob, ExitOrder, Finish, Launch, Policy, Release, Stop
+from cloud_elastic.driver.job import ElasticJob, Finish, Launch, Policy, Release, Stop
+from cloud_elastic.protocol import PollReply, PollRequest, RendezvousRequest, WaitReply
 from cloud_elastic.driver.launch import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
 from cloud_elastic.driver.local import LocalLauncher
 from cloud_elastic.driver.server import ControlServer
@@ -373,12 +374,9 @@ class Driver:
         raise ControlPlaneError(f"unknown message kind {kind!r}")
 
     def _rendezvous(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
-        last_round, reason = msg.get("last_round"), msg.get("reason")
-        if not isinstance(last_round, int) or reason not in ("start", "update", "failure"):
-            raise ControlPlaneError("malformed rendezvous message")
-        rolled_back = msg.get("rolled_back")
-        rolled_back = rolled_back if isinstance(rolled_back, int) and not isinstance(rolled_back, bool) else 0
-        self._job.rendezvous(worker_id, last_round, reason, self._clock(), _commits(msg), max(0, rolled_back))
+        request = RendezvousRequest.from_wire(msg)
+        self._job.rendezvous(worker_id, request.last_round, request.reason, self._clock(), request.commits,
+                             request.rolled_back)
         self._cond.notify_all()
         deadline = self._clock() + _RENDEZVOUS_POLL_S
         while True:
@@ -386,33 +384,21 @@ class Driver:
             if reply is not None or self._clock() >= deadline:
                 break
             self._cond.wait(min(0.5, deadline - self._clock()))
-        if isinstance(reply, Assignment):
-            return dict(
-                dataclasses.asdict(reply.ranks), status="assigned", round=reply.round,
-                needs_sync=reply.needs_sync, update_gen=reply.update_gen, from_checkpoint=reply.from_checkpoint,
-            )
-        if isinstance(reply, ExitOrder):
-            return {"status": "exit", "reason": reply.reason}
-        return {"status": "wait"}
+        return (reply or WaitReply()).to_wire()
 
     def _poll(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
-        known = (msg.get("round"), msg.get("update_gen"), msg.get("abort_round"))
+        request = PollRequest.from_wire(msg)
+        known = (request.round, request.update_gen, request.abort_round)
         deadline = self._clock() + self.config.heartbeat_interval_s
+        if self._sinks.metrics is not None and self._job.rank_of(worker_id) == 0:
+            self._sinks.metrics.observe_step(request.commits)
         while True:
-            reply = self._job.heartbeat(worker_id, self._clock(), _commits(msg))
-            if reply is not None and self._sinks.metrics is not None and self._job.rank_of(worker_id) == 0:
-                commits = _commits(msg)
-                if commits is not None:
-                    self._sinks.metrics.observe_step(commits)
+            reply = self._job.heartbeat(worker_id, self._clock(), request.commits)
             if reply is None:
-                return {"shutdown": True, "round": 0, "update_gen": 0, "abort_round": 0}
+                return PollReply(0, 0, 0, True).to_wire()
             current = (reply.round, reply.update_gen, reply.abort_round)
             if current != known or reply.shutdown or self._clock() >= deadline:
-                return {
-                    "round": reply.round, "update_gen": reply.update_gen,
-                    "abort_round": reply.abort_round, "shutdown": reply.shutdown,
-                    "notice_watcher": self._notice_watcher(worker_id),
-                }
+                return dataclasses.replace(reply, notice_watcher=self._notice_watcher(worker_id)).to_wire()
             self._cond.wait(max(0.0, deadline - self._clock()))
 
     def _notice_watcher(self, worker_id: str) -> str | None:
@@ -508,12 +494,6 @@ def _watch_cloud(setting: str, provider: str) -> str | None:
     if setting == "auto":
         return provider if provider in _WATCHED_CLOUDS else None
     return None if setting == "none" else setting
-
-
-def _commits(msg: dict[str, Any]) -> int | None:
-    """The commit count a worker reports, if it is a sane one."""
-    value = msg.get("commits")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _route_address(target: str) -> str:

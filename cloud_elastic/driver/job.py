@@ -37,9 +37,10 @@ from typing import Any, Union
 from cloud_elastic.driver.hosts import HostManager, Slot
 from cloud_elastic.driver.launch import ExitStatus
 from cloud_elastic.driver.liveness import RunningClock
-from cloud_elastic.driver.planner import Member, RankInfo, assign_ranks
+from cloud_elastic.driver.planner import Member, assign_ranks
 from cloud_elastic.driver.rounds import Candidate, StateLost, plan_round
 from cloud_elastic.driver.workers import WorkerRecord, WorkerState
+from cloud_elastic.protocol import Assignment, ExitOrder, PollReply, RankInfo
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 __all__ = [
@@ -126,34 +127,6 @@ class Finish:
 
 
 Action = Union[Launch, Stop, Release, Finish]
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """A worker's place in a formed round (the rendezvous reply)."""
-
-    round: int
-    ranks: RankInfo
-    needs_sync: bool
-    update_gen: int
-    from_checkpoint: bool = False
-
-
-@dataclass(frozen=True)
-class ExitOrder:
-    """Rendezvous reply telling a worker to leave (its host is going, or the job is ending)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class PollReply:
-    """Heartbeat reply: what a running worker must know right now."""
-
-    round: int
-    update_gen: int
-    abort_round: int
-    shutdown: bool
 
 
 @dataclass
@@ -594,7 +567,8 @@ class ElasticJob:
 
     # ------------------------------------------------------------ capacity
     def _plan_launches(self, now: float) -> None:
-        occupied = {w.slot for w in self._alive()}
+        # A worker given up (LOST) may still be running on its GPU until its process is gone.
+        occupied = {w.slot for w in self.workers.values() if w.state is not S.EXITED}
         free = [s for s in self.hosts.available_slots(now) if s not in occupied]
         if self.phase is Phase.STARTING and not self.workers:
             if len(free) < self.policy.num_proc:
@@ -721,7 +695,7 @@ class ElasticJob:
                 return
         self.round += 1
         ordered = [self.workers[c.worker_id] for c in plan.members]
-        self._ranks = assign_ranks([Member(w.worker_id, w.slot.host) for w in ordered])
+        self._ranks = assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered])
         self._needs_sync = plan.needs_sync
         self._from_checkpoint = plan.from_checkpoint
         self._round_update_gen = self.update_gen

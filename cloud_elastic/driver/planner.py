@@ -1,61 +1,65 @@
-"""Rank assignment for a rendezvous round. Pure functions."""
+"""Rank assignment for a rendezvous round. Pure functions.
+
+The topology numbers are defined in :mod:`cloud_elastic.protocol` (where
+:class:`RankInfo` lives, as both sides use it): ``local_rank`` is the
+worker's slot index on its host, fixed for the worker's life, so a GPU
+never changes hands between rounds.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
 
+from cloud_elastic.protocol import RankInfo
+
 __all__ = ["Member", "RankInfo", "assign_ranks"]
 
 
 @dataclass(frozen=True)
 class Member:
-    """A worker taking part in a round, in rank order."""
+    """A worker taking part in a round, in rank order, with the slot it holds on its host."""
 
     worker_id: str
     host: str
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """Horovod's topology numbers for one worker in one round."""
-
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
+    slot: int
 
 
 def assign_ranks(members: Sequence[Member]) -> dict[str, RankInfo]:
     """Give each member its ranks; ``members`` is already in rank order.
 
-    ``local_rank`` counts members on the same host in rank order;
-    ``cross_rank`` is the position of the member's host among the hosts that
-    have a member with the same ``local_rank`` (hosts ordered by their first
-    member's rank), and ``cross_size`` is how many such hosts there are.
+    ``local_rank`` is the member's slot index; ``local_size`` is one more than
+    the highest slot in use on the host in this round; ``cross_rank`` is the
+    position of the member's host among the hosts that have a member with the
+    same ``local_rank`` (hosts ordered by their first member's rank), and
+    ``cross_size`` is how many such hosts there are.
+
+    Raises ValueError when two members claim the same slot of a host: the
+    driver launches one worker per slot, so that would be a bug there, and
+    two workers sharing a GPU must not start.
     """
-    size = len(members)
     host_order: dict[str, int] = {}
-    per_host: dict[str, list[str]] = {}
+    slots: dict[str, set[int]] = {}
     for m in members:
+        if m.slot < 0:
+            raise ValueError(f"worker {m.worker_id}: negative slot {m.slot}")
+        taken = slots.setdefault(m.host, set())
+        if m.slot in taken:
+            raise ValueError(f"two workers of this round hold slot {m.slot} of host {m.host}")
+        taken.add(m.slot)
         host_order.setdefault(m.host, len(host_order))
-        per_host.setdefault(m.host, []).append(m.worker_id)
-    local_rank = {wid: i for ids in per_host.values() for i, wid in enumerate(ids)}
     hosts_with_local: dict[int, list[str]] = {}
-    for host in sorted(per_host, key=host_order.__getitem__):
-        for i in range(len(per_host[host])):
-            hosts_with_local.setdefault(i, []).append(host)
+    for host in sorted(slots, key=host_order.__getitem__):
+        for slot in slots[host]:
+            hosts_with_local.setdefault(slot, []).append(host)
     result: dict[str, RankInfo] = {}
     for rank, m in enumerate(members):
-        lr = local_rank[m.worker_id]
-        peers = hosts_with_local[lr]
+        peers = hosts_with_local[m.slot]
         result[m.worker_id] = RankInfo(
             rank=rank,
-            size=size,
-            local_rank=lr,
-            local_size=len(per_host[m.host]),
+            size=len(members),
+            local_rank=m.slot,
+            local_size=max(slots[m.host]) + 1,
             cross_rank=peers.index(m.host),
             cross_size=len(peers),
         )

@@ -41,12 +41,14 @@ from cloud_elastic.worker.exceptions import (
     WorkerRemoved,
 )
 from cloud_elastic.worker.optimizer import DistributedOptimizer
+from cloud_elastic.worker.statecodec import StateSyncError
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "broadcast_object",
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "elastic",
-    "HostsUpdatedInterrupt", "HorovodInternalError", "CollectiveError", "WorkerRemoved", "Average", "Sum",
+    "HostsUpdatedInterrupt", "HorovodInternalError", "CollectiveError", "WorkerRemoved", "StateSyncError",
+    "Average", "Sum",
 ]
 
 
@@ -78,17 +80,24 @@ def size() -> int:
 
 
 def local_rank() -> int:
-    """Rank among this host's workers (use it to pick the GPU)."""
+    """This worker's slot on its host, i.e. its GPU: fixed from its first round to its exit.
+
+    No two live workers of a host share one, so ``torch.cuda.set_device(hvd.local_rank())``
+    stays right across failures; after one, a host's local ranks may have a gap.
+    """
     return get_context().info.local_rank
 
 
 def local_size() -> int:
-    """Number of this host's workers in the current round."""
+    """One more than the highest local rank on this host in the current round (so ``local_rank() < local_size()``).
+
+    It is the number of this host's workers whenever its slots are filled from 0 up.
+    """
     return get_context().info.local_size
 
 
 def cross_rank() -> int:
-    """Position of this host among the hosts with a worker of the same local rank."""
+    """Position of this host among the hosts with a worker of the same local rank (in rank order)."""
     return get_context().info.cross_rank
 
 

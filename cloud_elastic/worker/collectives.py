@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.distributed as dist
 
+from cloud_elastic.worker import statecodec
 from cloud_elastic.worker.context import get_context
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "broadcast",
     "broadcast_",
     "broadcast_object",
+    "broadcast_state",
     "broadcast_parameters",
     "broadcast_optimizer_state",
 ]
@@ -102,8 +104,10 @@ def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None)
 def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = None) -> Any:
     """Return ``root_rank``'s ``obj`` on every worker.
 
-    Objects are pickled, as in Horovod and ``torch.distributed``: process-group
-    traffic runs between the job's own workers. The control plane never does this.
+    Objects are pickled, as in Horovod and ``torch.distributed``: this trusts
+    the round's members (only holders of the job secret can form a round, see
+    ``worker/store.py``) and the network between them. ``sync()`` never uses
+    it (see :func:`broadcast_state`); the control plane never pickles.
     """
     ctx = get_context()
     if ctx.info.rank == root_rank:
@@ -121,6 +125,34 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = Non
         return obj
     payload = payload.contiguous()
     return pickle.loads(ctypes.string_at(payload.data_ptr(), payload.numel()))  # no numpy needed
+
+
+def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state") -> Any:
+    """Return ``root_rank``'s ``obj`` on every worker, never unpickling anything foreign.
+
+    Used by ``sync()``: encoded with ``torch.save`` and decoded with
+    ``weights_only=True`` (see ``statecodec``). If the root's object cannot be
+    carried that way, every worker raises the same ``StateSyncError``.
+    """
+    ctx = get_context()
+    error = ""
+    if ctx.info.rank == root_rank:
+        try:
+            data = statecodec.encode(obj, name)
+        except statecodec.StateSyncError as exc:
+            data, error = str(exc).encode(), str(exc)
+        length = torch.tensor([-len(data) if error else len(data)], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, name)
+    n = int(length.item())
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if ctx.info.rank == root_rank else torch.empty(abs(n), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name)
+    if n < 0:  # the root could not encode it: everyone fails alike, nobody waits for a peer
+        raise statecodec.StateSyncError(error or ctypes.string_at(payload.data_ptr(), payload.numel()).decode(errors="replace"))
+    if ctx.info.rank == root_rank:
+        return obj
+    return statecodec.decode(ctypes.string_at(payload.data_ptr(), payload.numel()), name)
 
 
 def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], root_rank: int = 0) -> None:
@@ -143,26 +175,38 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     ctx = get_context()
     state = optimizer.state_dict()
     skeleton, tensors = _split_tensors(state)
-    skeleton = broadcast_object(skeleton if ctx.info.rank == root_rank else None, root_rank, "optimizer skeleton")
+    skeleton = broadcast_state(skeleton if ctx.info.rank == root_rank else None, root_rank, "optimizer state")
     if ctx.info.rank != root_rank:
-        tensors = [torch.empty(shape, dtype=getattr(torch, dtype)) for shape, dtype in _shapes(skeleton)]
+        tensors = [torch.empty(shape, dtype=_dtype(dtype)) for shape, dtype in _shapes(skeleton)]
     for i, t in enumerate(tensors):
         broadcast_(t, root_rank, f"optimizer.{i}")
     optimizer.load_state_dict(_join_tensors(skeleton, tensors))
 
 
-class _Slot:
-    """Placeholder for a tensor inside a state-dict skeleton."""
+#: Key of the plain dict that stands for a tensor in a state-dict skeleton (plain, so weights_only loads it).
+_TENSOR = "__cloud_elastic_tensor__"
 
-    def __init__(self, index: int, shape: tuple[int, ...], dtype: str) -> None:
-        self.index, self.shape, self.dtype = index, shape, dtype
+
+def _slot(index: int, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
+    return {_TENSOR: index, "shape": list(shape), "dtype": dtype}
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise statecodec.StateSyncError(f"optimizer state: {name!r} is not a torch dtype")
+    return dtype
+
+
+def _is_slot(obj: Any) -> bool:
+    return isinstance(obj, dict) and _TENSOR in obj
 
 
 def _split_tensors(obj: Any, out: list[torch.Tensor] | None = None) -> tuple[Any, list[torch.Tensor]]:
     out = [] if out is None else out
     if isinstance(obj, torch.Tensor):
         out.append(obj.detach().cpu().contiguous().clone())
-        return _Slot(len(out) - 1, tuple(obj.shape), str(obj.dtype).replace("torch.", "")), out
+        return _slot(len(out) - 1, tuple(obj.shape), str(obj.dtype).replace("torch.", "")), out
     if isinstance(obj, dict):
         return {k: _split_tensors(v, out)[0] for k, v in obj.items()}, out
     if isinstance(obj, (list, tuple)):
@@ -174,8 +218,8 @@ def _shapes(skeleton: Any) -> list[tuple[tuple[int, ...], str]]:
     found: dict[int, tuple[tuple[int, ...], str]] = {}
 
     def walk(o: Any) -> None:
-        if isinstance(o, _Slot):
-            found[o.index] = (o.shape, o.dtype)
+        if _is_slot(o):
+            found[o[_TENSOR]] = (tuple(o["shape"]), o["dtype"])
         elif isinstance(o, dict):
             for v in o.values():
                 walk(v)
@@ -188,8 +232,8 @@ def _shapes(skeleton: Any) -> list[tuple[tuple[int, ...], str]]:
 
 
 def _join_tensors(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(skeleton, _Slot):
-        return tensors[skeleton.index]
+    if _is_slot(skeleton):
+        return tensors[skeleton[_TENSOR]]
     if isinstance(skeleton, dict):
         return {k: _join_tensors(v, tensors) for k, v in skeleton.items()}
     if isinstance(skeleton, (list, tuple)):

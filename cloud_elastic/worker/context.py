@@ -6,8 +6,11 @@ One :class:`WorkerContext` per worker process, created by ``init()``. It
   the replies carry the current round, the update generation (a graceful
   membership change is pending) and the highest aborted round;
 * forms a fresh ``torch.distributed`` process group per rendezvous round on
-  a fresh ``PrefixStore`` namespace of the driver's TCPStore (Gloo on CPU,
-  NCCL with CUDA; ``CLOUD_ELASTIC_BACKEND`` overrides);
+  the round's signed namespace of the driver's TCPStore (see ``store``: keys
+  named with HMAC of the job secret, values tagged and checked), Gloo on
+  CPU, NCCL with CUDA (``CLOUD_ELASTIC_BACKEND`` overrides);
+* reclaims the threads and sockets of a group abandoned after a failure
+  (see ``reclaim``) without ever blocking on it;
 * waits for every collective in bounded slices, so a round the driver aborted
   is abandoned within ~0.1 s even when a peer is stopped or partitioned and
   Gloo would otherwise wait for its own timeout;
@@ -15,15 +18,16 @@ One :class:`WorkerContext` per worker process, created by ``init()``. It
   the flag rides on the gradient allreduce when ``DistributedOptimizer`` ran
   one since the last commit, else it costs one 1-element allreduce.
 
+Its settings are read from the environment once (:class:`WorkerSettings`).
 Without ``CLOUD_ELASTIC_DRIVER`` in the environment (a script run directly
 with ``python``), the context runs standalone: one process, rank 0 of 1.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -35,10 +39,21 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.control import Codec
-from cloud_elastic.driver.planner import RankInfo
+from cloud_elastic.protocol import (
+    Assignment,
+    ExitOrder,
+    PollReply,
+    PollRequest,
+    RankInfo,
+    RendezvousRequest,
+    parse_rendezvous_reply,
+)
 from cloud_elastic.worker import memory
 from cloud_elastic.worker.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
+from cloud_elastic.worker.reclaim import GroupSockets, Reaper, socket_inodes
+from cloud_elastic.worker.settings import WorkerSettings
+from cloud_elastic.worker.store import SignedStore, round_namespace
 
 __all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized"]
 
@@ -58,27 +73,26 @@ class RoundInfo(RankInfo):
 
 
 class WorkerContext:
-    """See module docstring. Constructing it does no I/O; ``start()`` connects."""
+    """See module docstring. Constructing it does no I/O; ``start()`` connects.
 
-    def __init__(self, environ: dict[str, str] | None = None) -> None:
-        env = dict(os.environ if environ is None else environ)
-        self.standalone = "CLOUD_ELASTIC_DRIVER" not in env
-        self.worker_id = env.get("CLOUD_ELASTIC_WORKER_ID", "standalone")
-        self.job_id = env.get("CLOUD_ELASTIC_JOB_ID", "standalone")
-        self.hostname = env.get("CLOUD_ELASTIC_HOSTNAME", "127.0.0.1")
-        self.interface = env.get("CLOUD_ELASTIC_NETWORK_INTERFACE")
-        self._environ = env
-        self.heartbeat_timeout_s = float(env.get("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S", "5"))
-        self.collective_timeout_s = float(env.get("CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S", "300"))
-        self.backend = env.get("CLOUD_ELASTIC_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
-        self._driver_addr = env.get("CLOUD_ELASTIC_DRIVER", "")
-        self._store_addr = env.get("CLOUD_ELASTIC_STORE", "")
-        self._secret = env.get("CLOUD_ELASTIC_SECRET", "")
-        if not self.standalone and not self._secret:
-            raise RuntimeError("CLOUD_ELASTIC_SECRET is not set; workers must be started by 'cloud-elastic run'")
+    ``settings`` default to :meth:`WorkerSettings.from_environ`, read here once.
+    """
+
+    def __init__(self, settings: WorkerSettings | None = None) -> None:
+        self.settings = settings if settings is not None else WorkerSettings.from_environ()
+        s = self.settings
+        self.standalone = s.standalone
+        self.worker_id = s.worker_id
+        self.job_id = s.job_id
+        self.hostname = s.hostname
+        self.interface = s.network_interface
+        self.heartbeat_timeout_s = s.heartbeat_timeout_s
+        self.collective_timeout_s = s.collective_timeout_s
+        self.backend = s.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.info: RoundInfo | None = None
         self.pg: Any = None
-        self.leaked_groups = 0
+        self._pg_sockets: GroupSockets | None = None
+        self._reaper = Reaper()
         self._last_reason = "start"
         self._store: Any = None
         self._client: DriverClient | None = None
@@ -97,17 +111,29 @@ class WorkerContext:
         self.steps_since_commit = 0
         self._rolled_back = 0
         self._notice_watcher: Any = None
+        #: (address, port) of the driver's control plane and store: never one of a group's peers.
+        self._control_peers: set[tuple[str, int]] = set()
+
+    @property
+    def leaked_groups(self) -> int:
+        """Abandoned process groups whose threads and sockets could not be reclaimed."""
+        return self._reaper.leaked
+
+    @property
+    def reclaimed_groups(self) -> int:
+        """Abandoned process groups whose threads and sockets were reclaimed."""
+        return self._reaper.reclaimed
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Register with the driver, start heartbeats and join the first round."""
-        memory.keep_freed_memory(self._environ)
+        memory.keep_freed_memory(self.settings.malloc_tuning)
         if self.standalone:
             self._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=1, needs_sync=False, update_gen=0))
             return
-        self._codec = Codec(self._secret, self.job_id)
+        self._codec = Codec(self.settings.secret, self.job_id)
         os.environ.pop("CLOUD_ELASTIC_SECRET", None)  # not inherited by the user's own children
-        self._client = DriverClient(self._driver_addr, self._codec, self.worker_id)
+        self._client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
         reply = self._call("register")
         if not reply.get("ok"):
             raise WorkerRemoved("the driver does not know this worker")
@@ -116,8 +142,9 @@ class WorkerContext:
         # and connecting to the store can wait for the driver's own torch import.
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="cloud-elastic-heartbeat", daemon=True)
         self._heartbeat.start()
-        host, _, port = self._store_addr.rpartition(":")
+        host, _, port = self.settings.store_address.rpartition(":")
         self._store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
+        self._control_peers = _resolved(self.settings.driver_address) | _resolved(self.settings.store_address)
         _preload_lazy_modules()
         reason = "start"
         while True:
@@ -141,19 +168,19 @@ class WorkerContext:
         assert self._client is not None
         last_round = self._attempted_round
         self._last_reason = reason
+        request = RendezvousRequest(last_round, reason, self.commits, self._rolled_back).to_wire()
         while True:
-            reply = self._call(
-                "rendezvous",
-                {"last_round": last_round, "reason": reason, "commits": self.commits, "rolled_back": self._rolled_back},
-                timeout_s=60.0,
-            )
-            status = reply.get("status")
-            if status == "assigned":
+            reply = parse_rendezvous_reply(self._call("rendezvous", request, timeout_s=60.0))
+            if isinstance(reply, Assignment):
                 break
-            if status == "exit":
-                raise WorkerRemoved(str(reply.get("reason", "told to exit")))
-        info = RoundInfo(**{k: reply[k] for k in RoundInfo.__dataclass_fields__ if k in reply})
+            if isinstance(reply, ExitOrder):
+                raise WorkerRemoved(reply.reason)
+        info = RoundInfo(**vars(reply.ranks), round=reply.round, needs_sync=reply.needs_sync, update_gen=reply.update_gen,
+                         from_checkpoint=reply.from_checkpoint)
         self._rolled_back = 0
+        if self.backend == "nccl" and info.local_rank != self.settings.slot:
+            # The GPU is the slot; a driver that disagrees would move this worker's group off its model.
+            log.warning("worker %s: the driver assigned local rank %d to slot %d", self.worker_id, info.local_rank, self.settings.slot)
         self._attempted_round = info.round
         self._form_group(info)
         log.info("worker %s: joined round %d as rank %d of %d", self.worker_id, info.round, info.rank, info.size)
@@ -241,45 +268,63 @@ class WorkerContext:
             self.device = torch.device("cuda", info.local_rank)
             torch.cuda.set_device(self.device)
         if self.standalone:
-            store = dist.HashStore()
+            store: Any = dist.HashStore()
         else:
-            store = dist.PrefixStore(f"round/{info.round}", self._store)
+            namespace = round_namespace(self.settings.secret, self.job_id, info.round)
+            store = SignedStore(self._store, namespace, self.settings.secret)
         done = threading.Event()
+        lock = threading.Lock()
         result: dict[str, Any] = {}
 
         def create() -> None:
+            before = socket_inodes()
             try:
-                result["pg"] = self._new_group(store, info)
+                pg = self._new_group(store, info)
             except Exception as exc:  # reported to the waiting thread below
                 result["error"] = exc
-            finally:
                 done.set()
+                return
+            sockets = GroupSockets(before, socket_inodes(), self._control_peers)
+            with lock:
+                if result.get("abandoned"):
+                    # The round was given up while this group formed: nobody will use it.
+                    self._reaper.retire(pg, sockets)
+                else:
+                    result["pg"], result["sockets"] = pg, sockets
+            done.set()
 
         # Forming a group blocks in C++ until every peer arrives; do it on a
         # side thread so an aborted round can be abandoned instead of waited out.
         threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True).start()
         while not done.wait(_ABORT_SLICE_S):
             if self._aborted(info.round):
+                with lock:
+                    result["abandoned"] = True
+                if "pg" in result:  # formed in the very last slice
+                    self._reaper.retire(result.pop("pg"), result.pop("sockets"))
                 raise CollectiveError(f"round {info.round} was aborted while forming its process group")
         if "error" in result:
             raise CollectiveError(f"could not form the process group of round {info.round}: {result['error']}")
-        self._retire(self.pg, abandoned=self._last_reason == "failure")
-        self.pg = result["pg"]
+        old, old_sockets = self.pg, self._pg_sockets
+        self.pg, self._pg_sockets = result.pop("pg"), result.pop("sockets")
         self.info = info
+        self._retire(old, old_sockets, abandoned=self._last_reason == "failure")
 
-    def _retire(self, pg: Any, abandoned: bool) -> None:
+    def _retire(self, pg: Any, sockets: GroupSockets | None, abandoned: bool) -> None:
         """Let go of the previous round's group without ever blocking on it.
 
         Destroying a Gloo group joins its worker threads, and a collective
-        abandoned on a lost peer holds one of them until Gloo's own timeout. A
-        group left after a failure is therefore deliberately leaked (one extra
-        reference that is never dropped, not even at interpreter exit); the OS
-        reclaims it with the process. Groups left gracefully have no pending
-        work and are released normally.
+        abandoned on a lost peer holds one of them until Gloo's own timeout.
+        A group left after a failure therefore first has its peer connections
+        shut down, which fails its pending work at once, and is destroyed off
+        this thread (see ``reclaim``). An NCCL group was aborted when its
+        collective was abandoned; it is kept, as its release was never tried
+        here (no GPU). Groups left gracefully have no pending work and are
+        released normally.
         """
-        if pg is not None and abandoned:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
-            self.leaked_groups += 1
+        if pg is None or not abandoned:
+            return
+        self._reaper.retire(pg, sockets if self.backend == "gloo" else None)
 
     def _new_group(self, store: Any, info: RoundInfo) -> Any:
         timeout = timedelta(seconds=self.collective_timeout_s)
@@ -349,16 +394,15 @@ class WorkerContext:
     # -------------------------------------------------------------- heartbeat
     def _heartbeat_loop(self) -> None:
         assert self._codec is not None
-        client = DriverClient(self._driver_addr, self._codec, self.worker_id)
+        client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
         failing_since: float | None = None
         while not self._shutdown.is_set():
             try:
-                reply = client.call(
+                reply = PollReply.from_wire(client.call(
                     "poll",
-                    {"round": self._seen_round, "update_gen": self._seen_update, "abort_round": self._seen_abort,
-                     "commits": self.commits},
+                    PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
-                )
+                ))
                 failing_since = None
             except Exception as exc:  # any failure to reach the driver counts toward giving up
                 now = time.monotonic()
@@ -371,12 +415,22 @@ class WorkerContext:
                     os._exit(75)
                 time.sleep(0.2)
                 continue
-            self._seen_round = int(reply.get("round", 0))
-            self._seen_update = max(self._seen_update, int(reply.get("update_gen", 0)))
-            self._seen_abort = max(self._seen_abort, int(reply.get("abort_round", 0)))
-            self._maybe_watch_notices(reply.get("notice_watcher"))
-            if reply.get("shutdown"):
+            self._seen_round = reply.round
+            self._seen_update = max(self._seen_update, reply.update_gen)
+            self._seen_abort = max(self._seen_abort, reply.abort_round)
+            self._maybe_watch_notices(reply.notice_watcher)
+            if reply.shutdown:
                 return
+
+
+def _resolved(address: str) -> set[tuple[str, int]]:
+    """Every (ip, port) that ``HOST:PORT`` resolves to."""
+    host, _, port = address.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), int(port), proto=socket.IPPROTO_TCP)
+    except (OSError, ValueError):
+        return set()
+    return {(info[4][0], info[4][1]) for info in infos}
 
 
 def _preload_lazy_modules() -> None:

@@ -15,7 +15,8 @@ maximum for this setting) come from the heap, and up to 1 GiB of free heap
 is kept for the next step instead of being trimmed. The memory kept is what
 the step itself needs again; nothing is leaked. It is skipped when the user
 set either threshold through glibc's own environment variables, and
-``CLOUD_ELASTIC_MALLOC_TUNING=0`` turns it off.
+``CLOUD_ELASTIC_MALLOC_TUNING=0`` turns it off (both read into
+:class:`~cloud_elastic.worker.settings.WorkerSettings`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from typing import Mapping
 
 __all__ = ["keep_freed_memory", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES"]
 
@@ -33,7 +33,6 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024
-_USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")
 
 
 def _is_glibc() -> bool:
@@ -43,12 +42,14 @@ def _is_glibc() -> bool:
         return False
 
 
-def keep_freed_memory(environ: Mapping[str, str]) -> bool:
-    """Set glibc's mmap and trim thresholds as described above; True if they were set."""
-    if environ.get("CLOUD_ELASTIC_MALLOC_TUNING", "1") == "0":
+def keep_freed_memory(enabled: bool) -> bool:
+    """Set glibc's mmap and trim thresholds as described above; True if they were set.
+
+    ``enabled`` is ``WorkerSettings.malloc_tuning``: false when the user turned
+    it off or tuned the allocator through glibc's own variables (theirs wins).
+    """
+    if not enabled:
         return False
-    if any(name in environ for name in _USER_SETTINGS):
-        return False  # the user tuned the allocator; theirs wins
     if not _is_glibc():
         return False
     try:

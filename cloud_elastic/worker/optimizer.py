@@ -119,6 +119,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         #: Snapshots of a TorchState holding this optimizer's commits (see state._SnapshotHandler).
         self._ce_snapshots: list[Any] = []
         self._ce_params = all_params
+        #: Read once (WorkerSettings), not from the environment at every step.
+        self._ce_zero_copy = get_context().settings.zero_copy_commit
         for p in all_params:
             p.register_post_accumulate_grad_hook(self._ce_hook)
 
@@ -168,7 +170,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         self._ce_launch_ready(force=True)  # buckets whose params got no gradient this step
         # Deferred commit copies overlap the allreduces in flight; those a zero-copy update will fill stay queued.
-        keep = zerocopy.tradeable_ptrs(self) if zerocopy.swap_update_for(self) is not None else frozenset()
+        keep = zerocopy.tradeable_ptrs(self) if zerocopy.swap_update_for(self, self._ce_zero_copy) is not None else frozenset()
         for snapshot in self._ce_snapshots:
             snapshot.flush(keep)
         self._ce_wait_buckets()
@@ -217,7 +219,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         base_step = type(self).__mro__[1].step
         if getattr(base_step, "hooked", False):
             base_step = base_step.__wrapped__
-        update = zerocopy.swap_update_for(self) if closure is None else None
+        update = zerocopy.swap_update_for(self, self._ce_zero_copy) if closure is None else None
         self._ce_reset_if_new_round()
         get_context().note_step()
         if update is not None and not self._ce_skip and not self._ce_synchronized:

@@ -1,30 +1,34 @@
 """``ElasticSampler``: shards the not-yet-processed samples of an epoch over the current workers.
 
-After every reset the samples still unprocessed in this epoch are reshuffled
-(seeded by ``seed + epoch``, so every worker computes the same order) and
-split over the new number of workers. ``record_batch(i, batch_size)`` marks
-the ``i``-th batch of *every* worker as processed: workers step in lockstep,
-so each one can account for all of them without any exchange, and the work
-a failed worker had committed is not redone by the survivors.
+Each epoch has one fixed order of the dataset: a permutation seeded by
+``seed + epoch`` (the identity without shuffling), the same on every worker.
+After every reset, the positions of that order not yet processed are split
+over the new number of workers, in order: position ``j`` of what remains
+goes to worker ``j % size``. ``record_batch(i, batch_size)`` marks the
+``i``-th batch of *every* worker as processed: workers step in lockstep, so
+each one can account for all of them without any exchange, and the work a
+failed worker had committed is not redone by the survivors.
 
 To keep the number of steps equal on every worker (collectives must match),
 the shard is padded to a multiple of the worker count with samples from the
-start of the order, as ``DistributedSampler`` and Horovod do: at most
+start of what remains, as ``DistributedSampler`` and Horovod do: at most
 ``size - 1`` samples per reset are seen twice by the model. Padding is never
 recorded as processed, so the processed set covers each index exactly once.
 
-Progress is kept compactly so a commit costs the same for any dataset size:
-the ``b``-th batch of every worker is one contiguous span of the shuffled
-order, so recorded batches are a few ``[start, end)`` spans of it (usually
-one), on top of an immutable set of what earlier rounds of the epoch
-processed. The spans are folded into that set only at a reset. (Horovod's
-sampler deep-copies its whole processed set at every commit.)
+Progress is kept as sorted, disjoint ``[start, end)`` spans of positions of
+the epoch's order: batch ``b`` of every worker is one contiguous span of
+what remains, so a round adds about one span, and a reset, a commit, a
+restore and a state sync each cost O(spans), whatever the dataset size.
+(Horovod's sampler rebuilds and re-shuffles the list of remaining indices at
+every reset, and deep-copies its processed set at every commit.) Only a new
+epoch touches every index, once, to draw its permutation.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from typing import Any, Iterator, Sized
+from typing import Any, Iterable, Iterator, Sized
 
 import torch
 from torch.utils.data import Sampler
@@ -32,6 +36,8 @@ from torch.utils.data import Sampler
 from cloud_elastic.worker.context import get_context
 
 __all__ = ["ElasticSampler"]
+
+Spans = list[tuple[int, int]]
 
 
 class ElasticSampler(Sampler):
@@ -42,22 +48,32 @@ class ElasticSampler(Sampler):
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        #: Indices processed in earlier rounds of this epoch; replaced, never mutated.
-        self._done_before: frozenset[int] = frozenset()
-        #: Sorted, disjoint ``[start, end)`` spans of ``_order`` processed in this round.
-        self._done_spans: list[tuple[int, int]] = []
-        #: Indices marked with ``record_indices``.
+        self._n = len(dataset)
+        self._perm: torch.Tensor | None = None  # the epoch's order; None = identity
+        self._perm_key: tuple[int, int] | None = None
+        self._inverse: torch.Tensor | None = None  # position of each index; built only when asked
+        #: Positions of the epoch's order processed before this round (folded at each reset).
+        self._done: Spans = []
+        #: Spans of *this round's* positions (0 .. remaining) recorded by ``record_batch``.
+        self._round_spans: Spans = []
+        #: Dataset indices marked with ``record_indices`` since the last reset.
         self._extra: set[int] = set()
         self.reset()
 
+    # ------------------------------------------------------------ progress
     @property
     def processed_indices(self) -> set[int]:
-        """Every index processed in this epoch (built on demand)."""
-        return set(self._fold())
+        """Every index processed in this epoch (built on demand, O(processed))."""
+        return {int(i) for a, b in self._all_done() for i in self._order_slice(a, b)}
 
     @processed_indices.setter
-    def processed_indices(self, indices: Any) -> None:
-        self._done_before, self._done_spans, self._extra = frozenset(int(i) for i in indices), [], set()
+    def processed_indices(self, indices: Iterable[int]) -> None:
+        self._done, self._round_spans, self._extra = self._spans_of_indices(indices), [], set()
+
+    @property
+    def remaining_indices(self) -> list[int]:
+        """The indices still to process this epoch, in this round's order (built on demand, O(remaining))."""
+        return [int(i) for a, b in self._remaining for i in self._order_slice(a, b)]
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch``: nothing processed yet.
@@ -66,92 +82,167 @@ class ElasticSampler(Sampler):
         ``elastic.run`` re-enters them after a reset) keeps the progress made.
         """
         if epoch != self.epoch:
-            self.processed_indices = ()
+            self._done, self._round_spans, self._extra = [], [], set()
         self.epoch = epoch
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
         """Mark the ``batch_idx``-th batch of every worker as processed (padding excluded)."""
         width = batch_size * self.num_replicas
-        start, end = batch_idx * width, min((batch_idx + 1) * width, len(self.remaining_indices))
+        start, end = batch_idx * width, min((batch_idx + 1) * width, self._remaining_len)
         if start < end:
-            self._done_spans = _merge(self._done_spans, (start, end))
+            self._round_spans = _merge(self._round_spans, (start, end))
 
-    def record_indices(self, indices: Any) -> None:
+    def record_indices(self, indices: Iterable[int]) -> None:
         """Mark specific indices as processed (this worker's view only)."""
         self._extra.update(int(i) for i in indices)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
         """This worker's real (non-padding) indices of batch ``batch_idx``."""
-        start = batch_idx * batch_size
         out = []
-        for pos in range(start, min(start + batch_size, self.num_samples)):
-            if pos * self.num_replicas + self.rank < len(self.remaining_indices):
-                out.append(self._order[pos * self.num_replicas + self.rank])
+        for pos in range(batch_idx * batch_size, min((batch_idx + 1) * batch_size, self.num_samples)):
+            j = pos * self.num_replicas + self.rank
+            if j < self._remaining_len:
+                out.append(self._index_at(j))
         return out
 
+    # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        # O(number of spans): the set and the order are shared, as neither is ever mutated.
-        return {"epoch": self.epoch, "done_before": self._done_before, "order": self._order,
-                "done_spans": list(self._done_spans), "extra": set(self._extra)}
+        """Plain values only (ints and lists), O(spans): cheap to commit, safe to sync."""
+        done = self._all_done() if not self._extra else self._done_with_extra()
+        return {"epoch": self.epoch, "size": self._n, "seed": self.seed, "shuffle": self.shuffle,
+                "done": [list(s) for s in done]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a ``state_dict()``, or Horovod's form ``{"epoch", "processed_indices"}``."""
-        self.epoch = state_dict["epoch"]
+        self.epoch = int(state_dict["epoch"])
         if "processed_indices" in state_dict:
             self.processed_indices = state_dict["processed_indices"]
         else:
-            self._done_before = _fold(state_dict["done_before"], state_dict["order"], state_dict["done_spans"],
-                                      state_dict["extra"])
-            self._done_spans, self._extra = [], set()
+            theirs = (state_dict["size"], state_dict["seed"], state_dict["shuffle"])
+            if theirs != (self._n, self.seed, self.shuffle):
+                raise ValueError(
+                    f"ElasticSampler state is for (size, seed, shuffle) = {theirs}, this sampler has "
+                    f"{(self._n, self.seed, self.shuffle)}"
+                )
+            self._done = [(int(a), int(b)) for a, b in state_dict["done"]]
+            self._round_spans, self._extra = [], set()
         self.reset()
 
     def reset(self) -> None:
-        """Re-shard the unprocessed samples over the current workers."""
-        if self._done_spans or self._extra:
-            self._done_before = self._fold()
-            self._done_spans, self._extra = [], set()
+        """Re-shard the unprocessed samples over the current workers: O(spans)."""
+        if self._round_spans or self._extra:
+            self._done = self._done_with_extra()
+            self._round_spans, self._extra = [], set()
         ctx = get_context()
         self.num_replicas = ctx.info.size
         self.rank = ctx.info.rank
-        self.remaining_indices = [i for i in range(len(self.dataset)) if i not in self._done_before]
-        self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
+        self._ensure_perm()
+        self._remaining = _complement(self._done, self._n)
+        self._starts = []  # round position where each remaining span begins
+        total = 0
+        for a, b in self._remaining:
+            self._starts.append(total)
+            total += b - a
+        self._remaining_len = total
+        self.num_samples = math.ceil(total / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
-        order = list(self.remaining_indices)
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order = [order[i] for i in torch.randperm(len(order), generator=g).tolist()]
-        pad = self.total_size - len(order)
-        if pad and order:
-            order += (order * (pad // len(order) + 1))[:pad]
-        self._order = order
-
-    def _fold(self) -> frozenset[int]:
-        return _fold(self._done_before, self._order, self._done_spans, self._extra)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._order[self.rank : self.total_size : self.num_replicas])
+        if self._remaining_len == 0:
+            return iter(())
+        j = torch.arange(self.rank, self.total_size, self.num_replicas, dtype=torch.int64) % self._remaining_len
+        starts = torch.tensor(self._starts, dtype=torch.int64)
+        firsts = torch.tensor([a for a, _ in self._remaining], dtype=torch.int64)
+        span = torch.searchsorted(starts, j, right=True) - 1
+        positions = firsts[span] + (j - starts[span])
+        indices = positions if self._perm is None else self._perm[positions]
+        return iter(indices.tolist())
 
     def __len__(self) -> int:
         return self.num_samples
 
+    # -------------------------------------------------------------- helpers
+    def _ensure_perm(self) -> None:
+        key = (self.seed + self.epoch, self._n)
+        if not self.shuffle or self._perm_key == key:
+            return
+        g = torch.Generator()
+        g.manual_seed(key[0])
+        self._perm, self._perm_key, self._inverse = torch.randperm(self._n, generator=g), key, None
 
-def _fold(before: frozenset[int], order: list[int], spans: list[tuple[int, int]], extra: set[int]) -> frozenset[int]:
-    if not spans and not extra:
-        return frozenset(before)
-    done = set(before)
-    done.update(extra)
-    for start, end in spans:
-        done.update(order[start:end])
-    return frozenset(done)
+    def _order_slice(self, a: int, b: int) -> list[int]:
+        return list(range(a, b)) if self._perm is None or not self.shuffle else self._perm[a:b].tolist()
+
+    def _position_of(self, round_pos: int) -> int:
+        """The epoch-order position of this round's position ``round_pos`` (< remaining)."""
+        k = bisect.bisect_right(self._starts, round_pos) - 1
+        return self._remaining[k][0] + round_pos - self._starts[k]
+
+    def _index_at(self, round_pos: int) -> int:
+        pos = self._position_of(round_pos)
+        return pos if self._perm is None or not self.shuffle else int(self._perm[pos])
+
+    def _all_done(self) -> Spans:
+        """Earlier rounds' spans plus this round's, in epoch-order positions."""
+        out = self._done
+        for start, end in self._round_spans:
+            while start < end:  # a round span may cross gaps of what earlier rounds processed
+                k = bisect.bisect_right(self._starts, start) - 1
+                a, b = self._remaining[k]
+                first = a + start - self._starts[k]
+                last = min(b, first + end - start)
+                out = _merge(out, (first, last))
+                start += last - first
+        return out
+
+    def _done_with_extra(self) -> Spans:
+        done = self._all_done()
+        if self._extra:
+            positions = self._positions_of(self._extra)
+            for p in positions:
+                done = _merge(done, (p, p + 1))
+        return done
+
+    def _positions_of(self, indices: Iterable[int]) -> list[int]:
+        idx = [int(i) for i in indices if 0 <= int(i) < self._n]
+        if self._perm is None or not self.shuffle:
+            return sorted(idx)
+        if self._inverse is None:  # O(dataset), only for record_indices and Horovod's state form
+            self._inverse = torch.empty_like(self._perm)
+            self._inverse[self._perm] = torch.arange(self._n, dtype=self._perm.dtype)
+        return sorted(self._inverse[torch.tensor(idx, dtype=torch.int64)].tolist()) if idx else []
+
+    def _spans_of_indices(self, indices: Iterable[int]) -> Spans:
+        self._ensure_perm()
+        spans: Spans = []
+        for p in self._positions_of(indices):
+            if spans and spans[-1][1] == p:
+                spans[-1] = (spans[-1][0], p + 1)
+            elif not spans or spans[-1][1] < p:
+                spans.append((p, p + 1))
+        return spans
 
 
-def _merge(spans: list[tuple[int, int]], new: tuple[int, int]) -> list[tuple[int, int]]:
+def _complement(spans: Spans, n: int) -> Spans:
+    out: Spans = []
+    at = 0
+    for a, b in spans:
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at < n:
+        out.append((at, n))
+    return out
+
+
+def _merge(spans: Spans, new: tuple[int, int]) -> Spans:
     """Add ``new`` to sorted disjoint spans, merging overlapping or touching ones."""
     if spans and spans[-1][1] == new[0]:  # the usual case: the next batch
         return spans[:-1] + [(spans[-1][0], new[1])]
-    out: list[tuple[int, int]] = []
+    if not spans or spans[-1][1] < new[0]:
+        return spans + [new]
+    out: Spans = []
     start, end = new
     for a, b in spans:
         if b < start or a > end:

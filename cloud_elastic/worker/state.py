@@ -4,7 +4,9 @@
 model and optimizer into buffers allocated once and reused, which runs at
 memory speed (fresh allocations page-fault and run an order of magnitude
 slower); ``restore()`` copies them back after a failure; ``sync()``
-broadcasts the state of rank 0, the oldest worker, to everyone.
+broadcasts the state of rank 0, the oldest worker, to everyone: tensors as
+tensors, everything else with ``torch.save`` and ``weights_only`` loading,
+never pickle (see ``statecodec``).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class ObjectState(State):
 
     def sync(self) -> None:
         if self._saved_state:
-            self._saved_state = collectives.broadcast_object(self._saved_state, 0, "object state")
+            self._saved_state = collectives.broadcast_state(self._saved_state, 0, "ObjectState attributes")
             self._set_attrs()
 
     def _set_attrs(self) -> None:
@@ -244,9 +246,9 @@ class _OptimizerHandler(_SnapshotHandler):
 
 
 class _SamplerHandler:
-    # ElasticSampler.state_dict() is a small value that shares only immutable parts and
-    # load_state_dict() builds fresh ones, so no copying is needed here: a commit costs the
-    # same for any dataset size (Horovod deep-copies the whole processed set).
+    # ElasticSampler.state_dict() is a fresh value of a few spans, so no copying is needed
+    # here: a commit costs the same for any dataset size (Horovod deep-copies the whole
+    # processed set).
     def __init__(self, sampler: Any) -> None:
         self.value = sampler
         self._saved = sampler.state_dict()
@@ -259,7 +261,7 @@ class _SamplerHandler:
 
     def sync(self) -> None:
         # record_batch accounts for every worker, so rank 0's view is complete.
-        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), 0, "sampler state"))
+        self.value.load_state_dict(collectives.broadcast_state(self.value.state_dict(), 0, "sampler state"))
 
 
 def _handler_for(value: Any) -> Any:

@@ -25,7 +25,6 @@ views into a larger buffer, and other optimizers.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Iterable
 
 import torch
@@ -38,9 +37,12 @@ Taken = dict[int, tuple[torch.Tensor, torch.Tensor]]
 Update = Callable[..., None]
 
 
-def swap_update_for(optimizer: Any) -> Update | None:
-    """The out-of-place update for ``optimizer`` (a DistributedOptimizer), or None to copy instead."""
-    if os.environ.get("CLOUD_ELASTIC_ZERO_COPY_COMMIT", "1") == "0":
+def swap_update_for(optimizer: Any, enabled: bool = True) -> Update | None:
+    """The out-of-place update for ``optimizer`` (a DistributedOptimizer), or None to copy instead.
+
+    ``enabled`` is ``WorkerSettings.zero_copy_commit`` (``CLOUD_ELASTIC_ZERO_COPY_COMMIT``).
+    """
+    if not enabled:
         return None
     if type(optimizer).__mro__[1] is not torch.optim.SGD:  # a subclass may change step()
         return None

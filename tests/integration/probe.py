@@ -3,7 +3,8 @@
 It prints machine-readable ``EVENT {json}`` lines (forwarded by the driver
 with a rank prefix) so tests can synchronise on what workers actually do:
 hello (pid), step, commit, reset (with the step before and after, to see
-rollbacks), done (final step and a checksum of the parameters).
+rollbacks), done (final step and a checksum of the parameters). hello and
+reset also carry the round and the worker's topology numbers.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
+from cloud_elastic.worker.context import get_context
 
 
 def event(kind: str, **fields: object) -> None:
@@ -32,6 +34,11 @@ def checksum(model: torch.nn.Module) -> str:
     for p in model.state_dict().values():
         h.update(p.detach().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def topology() -> dict:
+    return dict(round=get_context().info.round, local_rank=hvd.local_rank(), local_size=hvd.local_size(),
+                cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size())
 
 
 def main() -> None:
@@ -49,7 +56,7 @@ def main() -> None:
     args = p.parse_args()
 
     hvd.init()
-    event("hello", rank=hvd.rank(), size=hvd.size())
+    event("hello", rank=hvd.rank(), size=hvd.size(), **topology())
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
@@ -65,7 +72,7 @@ def main() -> None:
     mine = os.environ.get("CLOUD_ELASTIC_WORKER_ID", "").startswith(args.only_slot)
 
     def on_reset() -> None:
-        event("reset", rank=hvd.rank(), size=hvd.size(), executed=counters["executed"], step=state.step)
+        event("reset", rank=hvd.rank(), size=hvd.size(), executed=counters["executed"], step=state.step, **topology())
         counters["executed"] = state.step
 
     state.register_reset_callbacks([on_reset])

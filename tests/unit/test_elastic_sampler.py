@@ -10,12 +10,12 @@ recorded, committed progress restored exactly.
 
 from __future__ import annotations
 
-import pickle
 from types import SimpleNamespace
 
 import pytest
 
 from cloud_elastic.worker import sampler as sampler_module
+from cloud_elastic.worker import statecodec
 from cloud_elastic.worker.sampler import ElasticSampler
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,7 +37,8 @@ class _Workers:
 
     def resize(self, size: int, base: ElasticSampler | None) -> None:
         """A reset: every new worker loads the state of ``base`` (rank 0's, as sync does)."""
-        state = pickle.loads(pickle.dumps(base.state_dict())) if base is not None else None
+        # As sync() carries it: torch.save, then weights_only loading.
+        state = statecodec.decode(statecodec.encode(base.state_dict(), "s"), "s") if base is not None else None
         self.samplers = []
         for rank in range(size):
             self._as(rank, size)
@@ -94,10 +95,68 @@ def test_commits_do_not_copy_progress_proportional_to_the_dataset(monkeypatch):
     s = workers.samplers[0]
     for b in range(50):
         s.record_batch(b, 32)
-    state = s.state_dict()
-    assert state["done_spans"] == [(0, 1600)]
-    assert state["order"] is s.state_dict()["order"]  # shared, not copied per commit
+    assert s.state_dict()["done"] == [[0, 1600]]
     assert len(s.processed_indices) == 1600
+
+
+def test_sync_carries_a_few_hundred_bytes_for_five_million_samples(monkeypatch):
+    # The state sync after a failure used to pickle the processed set: 25 MB at this size.
+    workers = _Workers(monkeypatch, 5_000_000, 4, seed=1)
+    for _ in range(3):
+        workers.run_batches(40, 64, [])
+        workers.resize(3, base=workers.samplers[0])
+    encoded = statecodec.encode(workers.samplers[0].state_dict(), "sampler")
+    assert len(encoded) < 4096
+    assert len(workers.samplers[0].processed_indices) == 3 * 40 * 64 * 4 - 2 * 40 * 64  # 4, then 3 workers
+
+
+class _Huge:
+    """A dataset of a trillion samples: anything proportional to it never finishes."""
+
+    def __len__(self) -> int:
+        return 10**12
+
+
+def test_reset_commit_restore_and_sync_do_not_walk_the_dataset(monkeypatch):
+    workers = _Workers(monkeypatch, 1, 3, shuffle=False)
+    workers.dataset = _Huge()
+    workers.resize(3, base=None)
+    seen: list[int] = []
+    workers.run_batches(2, 5, seen)
+    committed = workers.samplers[0].state_dict()
+    workers.run_batches(3, 5, seen)
+    workers.samplers[0].load_state_dict(committed)  # a restore
+    workers.resize(2, base=workers.samplers[0])  # a failure: sync from rank 0, reset
+    assert workers.samplers[0].state_dict()["done"] == [[0, 30]]
+    first = workers.samplers[0].get_indices(0, 5) + workers.samplers[1].get_indices(0, 5)
+    assert sorted(first) == list(range(30, 40))
+    assert len(workers.samplers[0]) == (10**12 - 30) // 2
+
+
+def test_exactly_once_across_a_failure_that_loses_uncommitted_batches(monkeypatch):
+    # A kill -9: batches after the last commit are lost and redone by the survivors.
+    workers = _Workers(monkeypatch, 211, 4, seed=9)
+    seen: list[int] = []
+    workers.run_batches(3, 4, seen)
+    committed = workers.samplers[0].state_dict()
+    lost: list[int] = []
+    workers.run_batches(2, 4, lost)  # processed, never committed
+    for s in workers.samplers:
+        s.load_state_dict(committed)  # every survivor restores its own commit
+    workers.resize(3, base=workers.samplers[0])
+    while len(workers.samplers[0]) > 0:
+        workers.run_batches(-(-len(workers.samplers[0]) // 4), 4, seen)
+        workers.resize(3, base=workers.samplers[0])
+    assert sorted(seen) == list(range(211))
+    assert set(lost) <= set(seen)
+
+
+def test_state_for_another_dataset_is_refused(monkeypatch):
+    workers = _Workers(monkeypatch, 10, 1)
+    state = workers.samplers[0].state_dict()
+    other = _Workers(monkeypatch, 11, 1).samplers[0]
+    with pytest.raises(ValueError, match="size, seed, shuffle"):
+        other.load_state_dict(state)
 
 
 def test_horovod_state_dict_form_loads_and_a_new_epoch_starts_empty(monkeypatch):

@@ -241,14 +241,14 @@ def test_ranks_on_a_multi_host_layout_and_after_a_failure() -> None:
     sim.exit("a[0]", KILLED)
     assert_round(sim.join("b[1]", "a[1]", "b[0]", reason="failure"), 2, needs_sync=True)
     assert sim.layout() == ["a[1]", "b[0]", "b[1]"]  # survivors keep their relative order
-    assert sim.reply("a[1]").ranks == RankInfo(0, 3, 0, 1, 0, 2)
-    assert sim.reply("b[1]").ranks == RankInfo(2, 3, 1, 2, 0, 1)
+    assert sim.reply("a[1]").ranks == RankInfo(0, 3, 1, 2, 0, 2)
+    assert sim.reply("b[1]").ranks == RankInfo(2, 3, 1, 2, 1, 2)
     sim.advance(PAST_FIRST_COOLDOWN_S)
     assert sim.slots_launched()[-1] == "a[0]"
     sim.join("a[0]")
     sim.join("a[1]", "b[0]", "b[1]", reason="update")
     assert sim.layout() == ["a[1]", "b[0]", "b[1]", "a[0]"]  # the newcomer follows
-    assert sim.reply("a[0]").ranks == RankInfo(3, 4, 1, 2, 0, 2)
+    assert sim.reply("a[0]").ranks == RankInfo(3, 4, 0, 2, 0, 2)
 
 
 def test_newcomers_follow_survivors_older_hosts_first() -> None:

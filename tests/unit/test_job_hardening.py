@@ -210,3 +210,16 @@ def test_all_workers_failing_after_commits_says_the_state_went_with_them() -> No
     sim.exit("a[0]")
     sim.exit("a[1]")
     failed(sim, "all workers failed; last: ", "exited with code 1", "training state was lost with them")
+
+
+def test_a_slot_whose_lost_worker_is_still_running_gets_no_replacement() -> None:
+    """The slot is a GPU: a silent worker's process may still hold it until it is gone."""
+    sim = started(2, {"a": 2}, min_np=1, heartbeat_timeout_s=5, cooldown=(0, 0))
+    sim.silent.add(sim.id("a[1]"))
+    sim.advance(6)
+    assert sim.job.workers[sim.id("a[1]")].state is WorkerState.LOST
+    sim.advance(2)
+    assert sim.slots_launched() == ["a[0]", "a[1]"]
+    sim.exit("a[1]", KILLED)
+    sim.advance(0.5)
+    assert sim.slots_launched() == ["a[0]", "a[1]", "a[1]"]

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from cloud_elastic.worker.memory import keep_freed_memory
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,7 +22,8 @@ _STEPS = r"""
 import ctypes, json, os, resource
 import torch  # imported as in a worker: its start-up allocations shape glibc's thresholds
 from cloud_elastic.worker.memory import keep_freed_memory
-tuned = keep_freed_memory(os.environ)
+from cloud_elastic.worker.settings import WorkerSettings
+tuned = keep_freed_memory(WorkerSettings.from_environ().malloc_tuning)
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
@@ -63,4 +63,4 @@ def test_freed_step_memory_is_reused_without_page_faults():
 
 @pytest.mark.parametrize("name", ["MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"])
 def test_the_users_own_allocator_settings_win(name):
-    assert keep_freed_memory({name: "1"}) is False
+    assert _run(**{name: "1"})["tuned"] is False

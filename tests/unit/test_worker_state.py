@@ -128,3 +128,30 @@ def test_collectives_on_one_worker():
     assert torch.equal(hvd.allgather(t), t)
     assert torch.equal(hvd.broadcast(t, 0), t)
     assert hvd.broadcast_object({"a": 1}) == {"a": 1}
+
+
+class _Opaque:
+    """A user object only pickle can carry."""
+
+
+def test_sync_carries_plain_attributes_and_optimizer_state_without_pickle():
+    model, opt = _model_and_optimizer(distributed=True)
+    _step(model, opt, 1)
+    state = hvd.elastic.TorchState(model, opt, epoch=2, seen={1, 2}, history=[0.5, 0.25])
+    before = _snapshot(model, opt)
+    state.sync()
+    assert (state.epoch, state.seen, state.history) == (2, {1, 2}, [0.5, 0.25])
+    after = _snapshot(model, opt)
+    assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
+
+
+def test_sync_refuses_an_attribute_only_pickle_can_carry_with_a_remedy():
+    state = hvd.elastic.ObjectState(epoch=0, extra=_Opaque())
+    with pytest.raises(hvd.StateSyncError, match=r"ObjectState attributes.*_Opaque.*add_safe_globals"):
+        state.sync()
+    torch.serialization.add_safe_globals([_Opaque])  # the user vouches for the class
+    try:
+        state.sync()
+        assert isinstance(state.extra, _Opaque)
+    finally:
+        torch.serialization.clear_safe_globals()

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
+from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,7 +98,13 @@ def test_committing_every_step_alternates_two_storages_instead_of_copying(monkey
         seen.add(weight.data_ptr())
     assert len(seen) == 2
 
-    monkeypatch.setenv("CLOUD_ELASTIC_ZERO_COPY_COMMIT", "0")
+    # CLOUD_ELASTIC_ZERO_COPY_COMMIT=0 at init: an optimizer wrapped then copies instead.
+    ctx = get_context()
+    monkeypatch.setattr(ctx, "settings", WorkerSettings.from_environ({"CLOUD_ELASTIC_ZERO_COPY_COMMIT": "0"}))
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    state = hvd.elastic.TorchState(model, opt)
+    weight = model[0].weight
     before = weight.data_ptr()
     for seed in range(3):
         _step(model, opt, seed)

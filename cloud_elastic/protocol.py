@@ -1,0 +1,216 @@
+"""The control-plane messages both sides speak, as typed values.
+
+:mod:`cloud_elastic.control` frames, signs and verifies a message; this module
+says what is inside one. Each type converts to the JSON object sent on the
+wire (``to_wire()``) and back (``from_wire()``), and ``from_wire`` rejects a
+malformed object with :class:`~cloud_elastic.errors.ControlPlaneError`
+(one line, naming the field) instead of failing later with a ``KeyError``.
+
+The driver builds replies (:class:`Assignment`, :class:`ExitOrder`,
+:class:`WaitReply`, :class:`PollReply`) and parses requests
+(:class:`RendezvousRequest`, :class:`PollRequest`); the worker does the
+opposite. Neither side imports the other's modules for these.
+
+Topology numbers (:class:`RankInfo`), as this project defines them:
+
+* ``rank``/``size``: position in the round and the number of workers in it;
+  survivors keep their relative order, so rank 0 is the oldest worker.
+* ``local_rank``: the index of the worker's slot on its host, i.e. its GPU.
+  A worker keeps its slot for life, so its ``local_rank`` never changes
+  between rounds, and no two live workers of a host share one
+  (``torch.cuda.set_device(hvd.local_rank())`` stays right after failures).
+  After a failure a host's local ranks may have a gap (slot 0 empty until its
+  replacement joins).
+* ``local_size``: one more than the highest ``local_rank`` in use on the host
+  in this round, so ``0 <= local_rank < local_size`` always holds; it equals
+  the number of the host's workers whenever its slots are filled from 0 up
+  without gaps (always, outside a failure or a shrink).
+* ``cross_rank``/``cross_size``: among the hosts that have a worker with this
+  ``local_rank`` (hosts ordered by their first worker's rank), this host's
+  position and their number (Horovod's cross communicator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+from cloud_elastic.errors import ControlPlaneError
+
+__all__ = [
+    "RankInfo",
+    "Assignment",
+    "ExitOrder",
+    "WaitReply",
+    "RendezvousReply",
+    "PollReply",
+    "RendezvousRequest",
+    "PollRequest",
+    "RENDEZVOUS_REASONS",
+    "parse_rendezvous_reply",
+]
+
+#: Why a worker comes to rendezvous: its first round, a graceful change, or a failed collective.
+RENDEZVOUS_REASONS = ("start", "update", "failure")
+
+
+def _int(msg: Mapping[str, Any], name: str, what: str) -> int:
+    value = msg.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ControlPlaneError(f"malformed {what}: {name!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _optional_int(msg: Mapping[str, Any], name: str, what: str) -> int:
+    """A non-negative integer that older peers may leave out (0 then)."""
+    return 0 if msg.get(name) is None else _int(msg, name, what)
+
+
+def _bool(msg: Mapping[str, Any], name: str, what: str) -> bool:
+    value = msg.get(name)
+    if not isinstance(value, bool):
+        raise ControlPlaneError(f"malformed {what}: {name!r} must be true or false, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One worker's topology numbers in one round (see the module docstring for their meaning)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Rendezvous reply: the worker's place in a formed round."""
+
+    round: int
+    ranks: RankInfo
+    needs_sync: bool
+    update_gen: int
+    #: No worker of the round holds the committed state: rank 0 loads the latest durable checkpoint.
+    from_checkpoint: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return dict(asdict(self.ranks), status="assigned", round=self.round,
+                    needs_sync=self.needs_sync, update_gen=self.update_gen, from_checkpoint=self.from_checkpoint)
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "Assignment":
+        what = "rendezvous assignment"
+        ranks = RankInfo(**{f.name: _int(msg, f.name, what) for f in fields(RankInfo)})
+        if ranks.rank >= ranks.size or ranks.local_rank >= ranks.local_size or ranks.cross_rank >= ranks.cross_size:
+            raise ControlPlaneError(f"malformed {what}: ranks out of range: {ranks}")
+        return cls(_int(msg, "round", what), ranks, _bool(msg, "needs_sync", what), _int(msg, "update_gen", what),
+                   bool(msg.get("from_checkpoint", False)))
+
+
+@dataclass(frozen=True)
+class ExitOrder:
+    """Rendezvous reply telling a worker to leave (its host is going, or the job is ending)."""
+
+    reason: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"status": "exit", "reason": self.reason}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "ExitOrder":
+        return cls(str(msg.get("reason") or "told to exit"))
+
+
+@dataclass(frozen=True)
+class WaitReply:
+    """Rendezvous reply: no round yet; ask again."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"status": "wait"}
+
+
+RendezvousReply = Assignment | ExitOrder | WaitReply
+
+
+def parse_rendezvous_reply(msg: Mapping[str, Any]) -> RendezvousReply:
+    """The typed form of a rendezvous reply; ControlPlaneError if it is none of them."""
+    status = msg.get("status")
+    if status == "assigned":
+        return Assignment.from_wire(msg)
+    if status == "exit":
+        return ExitOrder.from_wire(msg)
+    if status == "wait":
+        return WaitReply()
+    raise ControlPlaneError(f"malformed rendezvous reply: unknown status {status!r}")
+
+
+@dataclass(frozen=True)
+class RendezvousRequest:
+    """A worker asks to join the round after ``last_round`` (0: none yet).
+
+    ``commits`` is how many commits it has made (the driver keeps rank 0 on a
+    worker with some); ``rolled_back`` how many steps its last restore undid.
+    """
+
+    last_round: int
+    reason: str
+    commits: int = 0
+    rolled_back: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"last_round": self.last_round, "reason": self.reason, "commits": self.commits,
+                "rolled_back": self.rolled_back}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "RendezvousRequest":
+        reason = msg.get("reason")
+        if reason not in RENDEZVOUS_REASONS:
+            raise ControlPlaneError(f"malformed rendezvous request: reason must be one of {RENDEZVOUS_REASONS}, got {reason!r}")
+        what = "rendezvous request"
+        return cls(_int(msg, "last_round", what), reason, _optional_int(msg, "commits", what),
+                   _optional_int(msg, "rolled_back", what))
+
+
+@dataclass(frozen=True)
+class PollRequest:
+    """Heartbeat long-poll: what the worker already knows; the reply comes when any of it changes."""
+
+    round: int
+    update_gen: int
+    abort_round: int
+    #: Commits the worker has made (its progress, for the driver and the events).
+    commits: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":
+        what = "poll request"
+        return cls(_int(msg, "round", what), _int(msg, "update_gen", what), _int(msg, "abort_round", what),
+                   _optional_int(msg, "commits", what))
+
+
+@dataclass(frozen=True)
+class PollReply:
+    """Heartbeat reply: what a running worker must know right now."""
+
+    round: int
+    update_gen: int
+    abort_round: int
+    shutdown: bool
+    #: Set when this worker is to run its host's metadata notice watcher for that cloud.
+    notice_watcher: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "PollReply":
+        what = "poll reply"
+        watcher = msg.get("notice_watcher")
+        return cls(_int(msg, "round", what), _int(msg, "update_gen", what), _int(msg, "abort_round", what),
+                   bool(msg.get("shutdown", False)), watcher if isinstance(watcher, str) else None)

@@ -1,0 +1,132 @@
+"""Reclaiming the threads and sockets of a process group abandoned after a failure.
+
+A Gloo group whose collective was abandoned on a lost peer cannot simply be
+dropped: its destructor joins its worker threads, and the one running the
+abandoned collective waits for the peer until Gloo's own timeout (minutes
+when the peer is stopped rather than dead). Keeping such groups alive
+forever leaked about two threads and three descriptors per failure, which a
+long spot job turns into the 1,024-descriptor limit.
+
+What releases it instead: the sockets Gloo opened for the group's peer
+connections are shut down (``shutdown(2)`` on a duplicate descriptor; Gloo
+keeps and later closes its own). Every pending read or write on them fails
+at once, so the abandoned collective ends with an error, its thread becomes
+free, and the group can be destroyed in a fraction of a second; the
+descriptors close with it. Measured here: threads and descriptors stay flat
+over repeated SIGKILLed and SIGSTOPped peers, about 0.1 s per group.
+
+The group's sockets are found as the TCP sockets that appeared while it was
+being formed (:func:`socket_inodes` before and after), minus the group's
+listening socket (Gloo aborts the process if its ``accept`` fails) and any
+connection to the driver's control plane or store. Destruction runs on a
+short-lived thread, so the caller never blocks on it; if it does not finish
+within ``bound_s`` the group stays leaked, as before, and is counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Any, Iterable
+
+__all__ = ["socket_inodes", "GroupSockets", "Reaper"]
+
+log = logging.getLogger(__name__)
+
+
+def socket_inodes() -> dict[int, str]:
+    """This process's socket descriptors: fd -> ``socket:[inode]``."""
+    out: dict[int, str] = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:  # no procfs: nothing can be reclaimed, groups are leaked as before
+        return out
+    for name in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            out[int(name)] = link
+    return out
+
+
+class GroupSockets:
+    """The peer connections of one process group, found by what formation opened."""
+
+    def __init__(self, before: dict[int, str], after: dict[int, str], exclude_peers: Iterable[tuple[str, int]]) -> None:
+        excluded = set(exclude_peers)
+        self._fds: dict[int, str] = {}
+        for fd, link in after.items():
+            if before.get(fd) == link:
+                continue
+            try:
+                with socket.socket(fileno=os.dup(fd)) as s:
+                    if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+                        continue
+                    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                        continue  # the group's listener: shutting it down makes Gloo abort the process
+                    peer = s.getpeername()[:2]
+            except OSError:
+                continue
+            if (peer[0], peer[1]) not in excluded:
+                self._fds[fd] = link
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def shutdown(self) -> int:
+        """Shut down every connection still held by the group; return how many."""
+        done = 0
+        for fd, link in self._fds.items():
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") != link:
+                    continue  # closed meanwhile and the number reused: not ours any more
+                with socket.socket(fileno=os.dup(fd)) as s:
+                    s.shutdown(socket.SHUT_RDWR)
+                done += 1
+            except OSError:
+                continue
+        return done
+
+
+class Reaper:
+    """Destroys abandoned groups off the caller's thread, after their connections are shut down."""
+
+    def __init__(self, bound_s: float = 30.0) -> None:
+        self.bound_s = bound_s
+        self.reclaimed = 0
+        self.leaked = 0
+        self._lock = threading.Lock()
+        self._keep: list[Any] = []  # groups whose destruction did not finish in time
+
+    def retire(self, pg: Any, sockets: GroupSockets | None) -> None:
+        """Release ``pg`` (the caller drops its own references); never blocks."""
+        if sockets is None or len(sockets) == 0:
+            with self._lock:
+                self._keep.append(pg)
+                self.leaked += 1
+            return
+        sockets.shutdown()
+        holder = [pg]
+        done = threading.Event()
+
+        def destroy() -> None:
+            holder.clear()  # the last reference: Gloo's destructor joins its (now free) threads
+            done.set()
+
+        def watch() -> None:
+            t = threading.Thread(target=destroy, name="cloud-elastic-reap", daemon=True)
+            t.start()
+            if done.wait(self.bound_s):
+                with self._lock:
+                    self.reclaimed += 1
+            else:
+                log.warning("an abandoned process group did not release its threads within %.0fs; left to the OS", self.bound_s)
+                with self._lock:
+                    self.leaked += 1
+
+        del pg
+        threading.Thread(target=watch, name="cloud-elastic-reap-watch", daemon=True).start()

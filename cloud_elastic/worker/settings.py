@@ -1,0 +1,102 @@
+"""The worker's settings, read from its environment once, at ``init()``.
+
+The driver passes them as ``CLOUD_ELASTIC_*`` variables (a local child's
+environment, or the remote wrapper's on an SSH host); the user may set the
+tuning ones. Nothing else in the worker reads the environment: every module
+gets its values from the one :class:`WorkerSettings` of the context.
+A bad value raises :class:`~cloud_elastic.errors.ConfigError` naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from cloud_elastic.errors import ConfigError
+
+__all__ = ["WorkerSettings"]
+
+#: glibc's own allocator settings; when the user set one, ours stay off (see ``memory``).
+_GLIBC_MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything the worker library takes from its environment.
+
+    ``standalone`` (no ``CLOUD_ELASTIC_DRIVER``): the script was run directly
+    with ``python``; it then trains alone as rank 0 of 1.
+    """
+
+    standalone: bool = True
+    driver_address: str = ""
+    store_address: str = ""
+    job_id: str = "standalone"
+    worker_id: str = "standalone"
+    hostname: str = "127.0.0.1"
+    #: The index of this worker's slot on its host (its GPU); fixed for the worker's life.
+    slot: int = 0
+    network_interface: str | None = None
+    heartbeat_timeout_s: float = 5.0
+    collective_timeout_s: float = 300.0
+    #: ``gloo`` or ``nccl``; empty: NCCL when CUDA is available, else Gloo.
+    backend: str = ""
+    #: ``CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`` turns zero-copy SGD commits off (see ``zerocopy``).
+    zero_copy_commit: bool = True
+    #: ``CLOUD_ELASTIC_MALLOC_TUNING=0``, or any glibc malloc setting of the user's, turns ours off.
+    malloc_tuning: bool = True
+    secret: str = ""
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_timeout_s <= 0 or self.collective_timeout_s <= 0:
+            raise ConfigError("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S and CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S must be positive")
+        if self.backend not in ("", "gloo", "nccl"):
+            raise ConfigError(f"CLOUD_ELASTIC_BACKEND={self.backend!r}: use gloo or nccl")
+        if self.slot < 0:
+            raise ConfigError(f"CLOUD_ELASTIC_SLOT={self.slot}: must be >= 0")
+        if not self.standalone:
+            if not self.secret:
+                raise ConfigError("CLOUD_ELASTIC_SECRET is not set; workers must be started by 'cloud-elastic run'")
+            for name, value in (("CLOUD_ELASTIC_DRIVER", self.driver_address), ("CLOUD_ELASTIC_STORE", self.store_address)):
+                host, sep, port = value.rpartition(":")
+                if not sep or not host or not port.isdigit():
+                    raise ConfigError(f"{name}={value!r}: expected HOST:PORT")
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"WorkerSettings(worker_id={self.worker_id!r}, job_id={self.job_id!r}, standalone={self.standalone})"
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "WorkerSettings":
+        """Read the settings from ``environ`` (default ``os.environ``)."""
+        env = os.environ if environ is None else environ
+
+        def number(name: str, default: str, kind: type) -> float:
+            raw = env.get(name, default)
+            try:
+                return kind(raw)
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r}: not a number") from None
+
+        def flag(name: str) -> bool:
+            raw = env.get(name, "1").strip().lower()
+            if raw not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+                raise ConfigError(f"{name}={raw!r}: use 0 or 1")
+            return raw in ("1", "true", "yes", "on")
+
+        return cls(
+            standalone="CLOUD_ELASTIC_DRIVER" not in env,
+            driver_address=env.get("CLOUD_ELASTIC_DRIVER", ""),
+            store_address=env.get("CLOUD_ELASTIC_STORE", ""),
+            job_id=env.get("CLOUD_ELASTIC_JOB_ID", "standalone"),
+            worker_id=env.get("CLOUD_ELASTIC_WORKER_ID", "standalone"),
+            hostname=env.get("CLOUD_ELASTIC_HOSTNAME", "127.0.0.1"),
+            slot=int(number("CLOUD_ELASTIC_SLOT", "0", int)),
+            network_interface=env.get("CLOUD_ELASTIC_NETWORK_INTERFACE") or None,
+            heartbeat_timeout_s=number("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S", "5", float),
+            collective_timeout_s=number("CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S", "300", float),
+            backend=env.get("CLOUD_ELASTIC_BACKEND", "").strip().lower(),
+            zero_copy_commit=flag("CLOUD_ELASTIC_ZERO_COPY_COMMIT"),
+            malloc_tuning=flag("CLOUD_ELASTIC_MALLOC_TUNING") and not any(n in env for n in _GLIBC_MALLOC_SETTINGS),
+            secret=env.get("CLOUD_ELASTIC_SECRET", ""),
+        )

@@ -1,0 +1,46 @@
+"""worker/settings.py: the worker's environment, read once, validated, secret kept out of logs."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.errors import ConfigError
+from cloud_elastic.worker.settings import WorkerSettings
+
+pytestmark = pytest.mark.timeout(10)
+
+DRIVER = {"CLOUD_ELASTIC_DRIVER": "10.0.0.1:4000", "CLOUD_ELASTIC_STORE": "10.0.0.1:4001",
+          "CLOUD_ELASTIC_SECRET": "s" * 64, "CLOUD_ELASTIC_WORKER_ID": "h[1]#3", "CLOUD_ELASTIC_SLOT": "1"}
+
+
+def test_a_script_run_directly_is_standalone():
+    s = WorkerSettings.from_environ({})
+    assert s.standalone and s.zero_copy_commit and s.malloc_tuning and s.slot == 0
+
+
+def test_driver_environment_is_read_once_into_the_settings():
+    s = WorkerSettings.from_environ({**DRIVER, "CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S": "2.5",
+                                     "CLOUD_ELASTIC_ZERO_COPY_COMMIT": "0", "CLOUD_ELASTIC_BACKEND": "GLOO"})
+    assert not s.standalone
+    assert (s.worker_id, s.slot, s.heartbeat_timeout_s, s.backend) == ("h[1]#3", 1, 2.5, "gloo")
+    assert s.zero_copy_commit is False
+    assert "s" * 64 not in repr(s)
+
+
+@pytest.mark.parametrize("name", ["MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"])
+def test_the_users_glibc_settings_turn_malloc_tuning_off(name):
+    assert WorkerSettings.from_environ({name: "1"}).malloc_tuning is False
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"CLOUD_ELASTIC_SECRET": ""}, "CLOUD_ELASTIC_SECRET is not set"),
+    ({"CLOUD_ELASTIC_STORE": "nohost"}, "CLOUD_ELASTIC_STORE='nohost': expected HOST:PORT"),
+    ({"CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S": "soon"}, "CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S='soon': not a number"),
+    ({"CLOUD_ELASTIC_BACKEND": "mpi"}, "use gloo or nccl"),
+    ({"CLOUD_ELASTIC_ZERO_COPY_COMMIT": "maybe"}, "use 0 or 1"),
+    ({"CLOUD_ELASTIC_SLOT": "-1"}, "must be >= 0"),
+])
+def test_bad_values_are_one_line_errors_naming_the_variable(env, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
+        WorkerSettings.from_environ({**DRIVER, **env})
+    assert "\n" not in str(info.value)
