@@ -44,6 +44,7 @@ _TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 _MAX_BODY = 256 * 1024  # SQS's own message size limit
 _RECEIVE_ROUNDS = 10  # at most 100 messages per find(); the rest wait for the next one
 _SEEN_EVENTS = 4096
+_EXCERPT = 120  # characters of a message quoted in a log line
 
 
 @dataclass(frozen=True)
@@ -70,26 +71,27 @@ class Notice:
 
 @dataclass(frozen=True)
 class Ignored:
-    """A message that is not a notice this provider acts on: ``kind`` says why, ``detail`` shows what."""
+    """A message that is not a notice this provider acts on: ``kind`` says why, ``detail`` (one short line) shows what."""
 
     kind: str
     detail: str = ""
 
 
-def parse_message(body: Any) -> Notice | Ignored:
+def parse_message(body: Any, *, _enveloped: bool = False) -> Notice | Ignored:
     """Turn one SQS message body into a Notice, or an Ignored saying why not. Never raises."""
     if not isinstance(body, str) or len(body) > _MAX_BODY:
         return Ignored("not JSON", _excerpt(body))
     try:
         event = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
         return Ignored("not JSON", _excerpt(body))
-    if isinstance(event, dict) and event.get("Type") == "Notification" and isinstance(event.get("Message"), str):
-        return parse_message(event["Message"])  # an SNS envelope
+    if (isinstance(event, dict) and event.get("Type") == "Notification" and isinstance(event.get("Message"), str)
+            and not _enveloped):
+        return parse_message(event["Message"], _enveloped=True)  # an SNS envelope
     if not isinstance(event, dict):
         return Ignored("wrong shape", _excerpt(body))
     if event.get("Event") == "autoscaling:TEST_NOTIFICATION":
-        return Ignored("test notification", str(event.get("AutoScalingGroupName", "")))
+        return Ignored("test notification", _excerpt(str(event.get("AutoScalingGroupName", ""))))
     if "detail-type" in event:
         return _from_eventbridge(event)
     if "LifecycleTransition" in event:
@@ -101,15 +103,15 @@ def _from_eventbridge(event: dict) -> Notice | Ignored:
     kind = event.get("detail-type")
     detail = event.get("detail")
     if not isinstance(detail, dict):
-        return Ignored("wrong shape", f"{kind}: no detail")
+        return Ignored("wrong shape", _excerpt(f"{kind}: no detail"))
     if kind == _TERMINATE_ACTION:
         return _lifecycle(detail, event.get("time"), event.get("id"), kind)
     if kind not in (_SPOT, _REBALANCE):
-        return Ignored("other event", str(kind))
+        return Ignored("other event", _excerpt(str(kind)))
     when = _parse_time(event.get("time"))
     instance = detail.get("instance-id")
     if when is None or not _is_instance_id(instance):
-        return Ignored("wrong shape", f"{kind}: time {event.get('time')!r}, instance {instance!r}")
+        return Ignored("wrong shape", _excerpt(f"{kind}: time {event.get('time')!r}, instance {instance!r}"))
     event_id = str(event.get("id") or "")
     if kind == _REBALANCE:
         return Notice("rebalance", instance, when, None, f"rebalance recommendation ({SOURCE})", event_id)
@@ -121,12 +123,12 @@ def _from_eventbridge(event: dict) -> Notice | Ignored:
 def _lifecycle(fields: dict, time_text: Any, event_id: Any, what: str) -> Notice | Ignored:
     transition = fields.get("LifecycleTransition", _TERMINATING)
     if transition != _TERMINATING:
-        return Ignored("other event", str(transition))
+        return Ignored("other event", _excerpt(str(transition)))
     when = _parse_time(time_text)
     instance = fields.get("EC2InstanceId")
     group, hook, token = (fields.get(k) for k in ("AutoScalingGroupName", "LifecycleHookName", "LifecycleActionToken"))
     if when is None or not _is_instance_id(instance) or not all(isinstance(v, str) and v for v in (group, hook)):
-        return Ignored("wrong shape", f"lifecycle action: {_excerpt(what)}")
+        return Ignored("wrong shape", _excerpt(f"lifecycle action: {what}"))
     return Notice("lifecycle", instance, when, None, f"terminate lifecycle action ({SOURCE})", str(event_id or ""),
                   group=group, hook=hook, token=token if isinstance(token, str) and token else None)
 
@@ -150,7 +152,7 @@ def _is_instance_id(value: Any) -> bool:
 def _excerpt(value: Any) -> str:
     text = value if isinstance(value, str) else repr(value)
     flat = " ".join(text.split())
-    return flat if len(flat) <= 80 else flat[:79] + "…"
+    return flat if len(flat) <= _EXCERPT else flat[:_EXCERPT - 1] + "…"
 
 
 class NoticeBook:
