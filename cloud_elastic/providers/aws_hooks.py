@@ -106,6 +106,8 @@ class LifecycleHolds:
         hold = self._holds.setdefault(instance, Hold(instance, since=since))
         if hold.deadline is None:
             hold.since = min(hold.since, since)
+        if self._hook_name is not None and hook != self._hook_name:
+            return  # another tool's hook: its action is not ours to heartbeat or complete
         hold.hook = hold.hook or hook
         hold.token = hold.token or token
 
