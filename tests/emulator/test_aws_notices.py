@@ -41,12 +41,14 @@ def iso(seconds_after_t0: float) -> str:
 
 
 def discovery(proxy, group: str, clock: Clock | None = None, **options: str) -> AWSAutoScalingGroup:
+    """The provider from its options, as the CLI builds it; with ``clock``, the same options and scripted time."""
     built = AWSAutoScalingGroup.from_options(aws_options(proxy, group, **options))
-    if clock is not None:  # the options cannot carry a clock; same provider, scripted time
-        built = AWSAutoScalingGroup(group, region="us-east-1", endpoint_url=proxy.url, max_attempts=1,
-                                    notice_queue=built.notice_queue, drain_on_rebalance=built.drain_on_rebalance,
-                                    clock=clock)
-    return built
+    if clock is None:
+        return built
+    return AWSAutoScalingGroup(group, region=built.region, endpoint_url=built.endpoint_url,
+                               max_attempts=built.max_attempts, notice_queue=built.notice_queue,
+                               drain_on_rebalance=built.drain_on_rebalance, lifecycle_hook=options.get("lifecycle_hook"),
+                               clock=clock)
 
 
 @pytest.fixture
@@ -156,7 +158,7 @@ def test_a_failed_completion_is_logged_and_retried_at_the_next_discovery(aws, ca
     members = make_group(aws.url, "retry-complete", size=1, cidr="10.43.1.0/24")
     put_hook(aws, "retry-complete", "drain", timeout=300)
     hold(aws, "retry-complete", members[0]["id"], "drain")
-    provider = discovery(aws, "retry-complete", Clock())
+    provider = discovery(aws, "retry-complete", Clock(), max_attempts="1")
     provider.find()
     aws.fail("CompleteLifecycleAction", 1, 500, b"<ErrorResponse><Error><Code>InternalFailure</Code>"
                                                 b"<Message>boom</Message></Error></ErrorResponse>")
@@ -168,6 +170,54 @@ def test_a_failed_completion_is_logged_and_retried_at_the_next_discovery(aws, ca
     provider.find()
     assert [c["Action"] for c in aws.lifecycle_calls] == ["CompleteLifecycleAction"]
     assert aws.count("CompleteLifecycleAction") == 2
+
+
+def test_a_release_before_the_hold_completes_the_action_as_soon_as_the_hook_catches_the_instance(aws, queue):
+    # The spot path: the notice drains the host, its workers leave, and only then does the group's
+    # termination hook catch the instance. The job no longer needs it, so it is let go at once.
+    sqs, url = queue
+    members = make_group(aws.url, "spot-then-hook", size=2, cidr="10.48.1.0/24")
+    put_hook(aws, "spot-then-hook", "drain", timeout=300)
+    leaving = members[0]
+    provider = discovery(aws, "spot-then-hook", Clock(), notice_queue=url)
+    sqs.send_message(QueueUrl=url, MessageBody=event(SPOT, {"instance-id": leaving["id"]}, time=iso(0)))
+    assert set(provider.find().draining) == {leaving["ip"]}
+    provider.release(leaving["ip"], leaving["id"])
+    assert aws.lifecycle_calls == []  # nothing holds it yet
+
+    hold(aws, "spot-then-hook", leaving["id"], "drain")
+    snapshot = provider.find()
+    # The spot deadline is earlier than the hook's, and it is the one that counts.
+    assert snapshot.draining == {leaving["ip"]: Drain(T0 + 120, "spot interruption notice (aws-sqs)")}
+    assert [(c["Action"], c.get("InstanceId")) for c in aws.lifecycle_calls] == [
+        ("CompleteLifecycleAction", leaving["id"])]
+    provider.find()
+    assert len(aws.lifecycle_calls) == 1
+
+
+def test_with_several_termination_hooks_only_the_named_one_is_heartbeated_and_completed(aws, caplog):
+    members = make_group(aws.url, "two-hooks", size=1, cidr="10.49.1.0/24")
+    put_hook(aws, "two-hooks", "drain", timeout=300)
+    put_hook(aws, "two-hooks", "backup", timeout=600)  # another tool's hook
+    leaving = members[0]
+    hold(aws, "two-hooks", leaving["id"], "drain")
+    aws.start_action("two-hooks", "backup", leaving["id"])
+
+    unnamed = discovery(aws, "two-hooks", Clock())
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.providers.aws_hooks"):
+        assert unnamed.find().draining == {leaving["ip"]: Drain(None, "Terminating:Wait")}
+        unnamed.release(leaving["ip"], leaving["id"])
+    assert "-o lifecycle_hook=NAME" in caplog.text
+    assert aws.lifecycle_calls == []  # guessing could cut another tool's work short
+
+    clock = Clock()
+    named = discovery(aws, "two-hooks", clock, lifecycle_hook="drain")
+    assert named.find().draining == {leaving["ip"]: Drain(T0 + 300, "Terminating:Wait (lifecycle hook drain)")}
+    clock.now = T0 + 250
+    named.find()
+    named.release(leaving["ip"], leaving["id"])
+    assert [(c["Action"], c["LifecycleHookName"]) for c in aws.lifecycle_calls] == [
+        ("RecordLifecycleActionHeartbeat", "drain"), ("CompleteLifecycleAction", "drain")]
 
 
 def test_garbage_duplicates_and_other_instances_or_groups_are_ignored_and_deleted(aws, queue, caplog):
