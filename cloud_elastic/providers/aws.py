@@ -163,8 +163,7 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         self.label = f"AWS Auto Scaling group {group!r}"
         self._clock = clock
         self._slots = SlotCache(self._gpus_of, fixed=slots_per_host)
-        self._clients: tuple[Any, Any] | None = None
-        self._sqs: Any = None
+        self._clients: dict[str, Any] = {}
         self._book = NoticeBook(self.label, group)
         self._holds = LifecycleHolds(self.label, group, clock, hook_name=lifecycle_hook)
         self._soft: Mapping[str, str] = MappingProxyType({})
@@ -203,23 +202,24 @@ class AWSAutoScalingGroup(CloudGroupProvider):
 
     # -- the SDK edge ------------------------------------------------------------------
 
-    def _client_pair(self) -> tuple[Any, Any]:
-        if self._clients is None:
+    def _client(self, service: str) -> Any:
+        """One boto3 client per service (autoscaling, ec2, sqs), built on first use with the retry bounds."""
+        if service not in self._clients:
             config = self.sdk["config"].Config(
                 retries={"mode": "standard", "total_max_attempts": self.max_attempts},  # first attempt included
                 connect_timeout=self.timeout_s,
                 read_timeout=self.timeout_s,
             )
             session = self.sdk["boto3"].session.Session(region_name=self.region)
-            kwargs = {"config": config}
+            kwargs: dict[str, Any] = {"config": config}
             if self.endpoint_url:
                 kwargs["endpoint_url"] = self.endpoint_url
-            self._clients = (session.client("autoscaling", **kwargs), session.client("ec2", **kwargs))
-            _log.debug("%s: clients for region %s", self.label, session.region_name)
-        return self._clients
+            self._clients[service] = session.client(service, **kwargs)
+            _log.debug("%s: %s client for region %s", self.label, service, session.region_name)
+        return self._clients[service]
 
     def _discover(self) -> DiscoveredHosts:
-        autoscaling, ec2 = self._client_pair()
+        autoscaling, ec2 = self._client("autoscaling"), self._client("ec2")
         members = self._members(autoscaling)
         ids = [m["InstanceId"] for m in members]
         instances = dict(self._instances(ec2, ids))
@@ -282,20 +282,6 @@ class AWSAutoScalingGroup(CloudGroupProvider):
 
     # -- queue mode ----------------------------------------------------------------------
 
-    def _sqs_client(self) -> Any:
-        if self._sqs is None:
-            config = self.sdk["config"].Config(
-                retries={"mode": "standard", "total_max_attempts": self.max_attempts},
-                connect_timeout=self.timeout_s,
-                read_timeout=self.timeout_s,
-            )
-            session = self.sdk["boto3"].session.Session(region_name=self.region)
-            kwargs: dict[str, Any] = {"config": config}
-            if self.endpoint_url:
-                kwargs["endpoint_url"] = self.endpoint_url
-            self._sqs = session.client("sqs", **kwargs)
-        return self._sqs
-
     def _read_queue(self, members: list[str], instances: Mapping[str, dict]) -> None:
         """Receive and file what waits in the notice queue.
 
@@ -311,7 +297,7 @@ class AWSAutoScalingGroup(CloudGroupProvider):
 
         errors = self.sdk["errors"]
         try:
-            receive_all(self._sqs_client(), self.notice_queue, file)
+            receive_all(self._client("sqs"), self.notice_queue, file)
         except (errors.BotoCoreError, errors.ClientError) as exc:
             code = exc.response.get("Error", {}).get("Code", "") if isinstance(exc, errors.ClientError) else ""
             if self._first and (code in _NO_QUEUE_CODES or code in _AUTH_CODES):
@@ -346,7 +332,7 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         if not instance:
             _log.debug("%s: release(%s): no instance known for this host", self.label, host)
             return
-        self._holds.release(self._client_pair()[0], self._client_errors(), instance)
+        self._holds.release(self._client("autoscaling"), self._client_errors(), instance)
 
     def _client_errors(self) -> tuple[type[BaseException], ...]:
         errors = self.sdk["errors"]
@@ -432,10 +418,9 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         return FatalDiscoveryError(f"{self.label}: {one_line(exc)}")
 
     def close(self) -> None:
-        for client in (*(self._clients or ()), *((self._sqs,) if self._sqs is not None else ())):
+        for client in self._clients.values():
             client.close()
-        self._clients = None
-        self._sqs = None
+        self._clients = {}
 
 
 def gpu_devices(gpu_info: Mapping[str, Any]) -> int:
