@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 
+import argparse
+import re
+
 import pytest
 
-from cloud_elastic.providers.aws import gpu_devices, launch_order
+from cloud_elastic.errors import ConfigError
+from cloud_elastic.providers.aws import AWSAutoScalingGroup, gpu_devices, launch_order
+from cloud_elastic.providers.selection import add_discovery_arguments, build_discovery
 from cloud_elastic.providers.aws_notices import Ignored, Notice, NoticeBook, parse_message
 
 T = "2026-11-23T14:00:00Z"
@@ -140,3 +145,30 @@ def test_launch_order_compares_instants_not_notations():
     assert launch_order(earlier_with_offset) < launch_order(utc) < launch_order(utc + timedelta(microseconds=1))
     assert launch_order("2026-11-23T14:30:00+02:00") == launch_order(earlier_with_offset)
     assert launch_order(utc) < launch_order(None) == launch_order("garbage")  # unknown sorts last
+
+
+def _build(*argv: str):
+    parser = argparse.ArgumentParser()
+    add_discovery_arguments(parser)
+    return build_discovery(parser.parse_args(list(argv)))
+
+
+def test_the_notice_queue_flag_and_options_reach_the_provider():
+    url = "https://sqs.us-east-1.amazonaws.com/123456789012/gpus-notices"
+    provider = _build("--aws-asg", "gpus", "--aws-notice-queue", url, "-o", "drain_on_rebalance=yes",
+                      "-o", "lifecycle_hook=drain")
+    assert isinstance(provider, AWSAutoScalingGroup)
+    assert (provider.notice_queue, provider.drain_on_rebalance) == (url, True)
+    plain = _build("--aws-asg", "gpus")
+    assert (plain.notice_queue, plain.drain_on_rebalance, dict(plain.soft_notices)) == (None, False, {})
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--aws-asg", "g", "--aws-notice-queue", "gpus-notices"], "option 'notice_queue' must be an http(s) URL"),
+    (["--aws-asg", "g", "-o", "drain_on_rebalance=sometimes"], "option 'drain_on_rebalance' must be true or false"),
+    (["--gcp-mig", "m", "--gcp-project", "p", "--gcp-zone", "z", "--aws-notice-queue", "https://q"],
+     "--aws-notice-queue needs --aws-asg"),
+])
+def test_bad_notice_options_are_one_line_config_errors(argv, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _build(*argv)
