@@ -255,6 +255,24 @@ def test_garbage_duplicates_and_other_instances_or_groups_are_ignored_and_delete
     assert "lifecycle action of group 'someone-else'" in caplog.text
 
 
+def test_one_discovery_reads_at_most_ten_full_batches_and_leaves_the_rest_for_the_next(aws, queue):
+    sqs, url = queue
+    members = make_group(aws.url, "backlog", size=1, cidr="10.44.2.0/24")
+    other = [event(REBALANCE, {"instance-id": f"i-{n:017x}"}, time=iso(0)) for n in range(104)]
+    spot = event(SPOT, {"instance-id": members[0]["id"]}, time=iso(0))
+    for start in range(0, len(other), 10):
+        sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": str(n), "MessageBody": body}
+                                                      for n, body in enumerate(other[start:start + 10])])
+    sqs.send_message(QueueUrl=url, MessageBody=spot)
+    provider = discovery(aws, "backlog", notice_queue=url)
+    aws.reset()
+    provider.find()
+    assert aws.count("AmazonSQS.ReceiveMessage") == 10 and waiting(sqs, url) == 5
+    aws.reset()
+    assert set(provider.find().draining) == {members[0]["ip"]}  # the last message, at the next discovery
+    assert aws.count("AmazonSQS.ReceiveMessage") == 1 and waiting(sqs, url) == 0
+
+
 def test_a_rebalance_recommendation_is_a_soft_notice_unless_the_option_drains_on_it(aws, queue):
     sqs, url = queue
     members = make_group(aws.url, "rebalance", size=2, cidr="10.45.1.0/24")
