@@ -143,8 +143,8 @@ class AWSAutoScalingGroup(CloudGroupProvider):
                        "(--aws-notice-queue; see docs/providers.md)"),
         ProviderOption("drain_on_rebalance", "drain a host on a rebalance recommendation instead of only "
                        "reporting it", default="false"),
-        ProviderOption("lifecycle_hook", "the termination lifecycle hook to heartbeat and complete when the "
-                       "group has several (default: the group's only one, or the one a notice names)"),
+        ProviderOption("lifecycle_hook", "the termination lifecycle hook to heartbeat and complete; needed when "
+                       "the group has several (default: the one a notice names, or the group's only one)"),
     )
 
     def __init__(self, group: str, *, region: str | None = None, endpoint_url: str | None = None,
@@ -273,8 +273,8 @@ class AWSAutoScalingGroup(CloudGroupProvider):
                 continue
             if reason is None:
                 reason = current.reason
-                if hold is not None and hold.hook and reason == "Terminating:Wait":
-                    reason = f"Terminating:Wait (lifecycle hook {hold.hook})"
+                if hold is not None and hold.timed_by and reason == "Terminating:Wait":
+                    reason = f"Terminating:Wait (lifecycle hook {hold.timed_by})"
             ready.pop(host, None)
             drain[host] = Drain(min(deadlines) if deadlines else None, reason)
         self._soft = MappingProxyType(soft)

@@ -18,9 +18,9 @@ completed with ``CONTINUE`` exactly once (by token if known, else by
 instance id and hook name). Errors in these calls are logged on one line at
 WARNING and retried at the next find(); they never fail discovery.
 
-Which hook: the one a notice names; otherwise the group's only termination
-hook, or the one named by the ``lifecycle_hook`` option when the group has
-several (hooks of other tools are left alone).
+Which hook: the one the ``lifecycle_hook`` option names; without it, the one a
+notice names or the group's only termination hook. A group with several
+termination hooks needs the option: the others (another tool's) are left alone.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ class Hold:
 
     instance: str
     since: float
-    hook: str | None = None
+    hook: str | None = None  # named by a lifecycle-action notice, with its token
     token: str | None = None
+    timed_by: str | None = None  # the hook whose timeout gives the deadline
     deadline: float | None = None
     cap: float | None = None
     completed: bool = False
@@ -66,7 +67,7 @@ class Hold:
     def timed(self, hook: Hook) -> None:
         """Give the hold its deadline from ``hook`` (once its timeout is known)."""
         if self.deadline is None:
-            self.hook = hook.name
+            self.timed_by = hook.name
             self.deadline = self.since + hook.timeout_s
             self.cap = self.since + min(100 * hook.timeout_s, GLOBAL_TIMEOUT_CAP_S)
 
@@ -150,18 +151,16 @@ class LifecycleHolds:
         for hold in open_holds:
             if hold.instance in self._released:
                 self._complete(autoscaling, client_errors, hold)
-            elif hold.hook is not None and hold.deadline is not None:
+            elif hold.deadline is not None:
                 self._heartbeat_if_due(autoscaling, client_errors, hold, now)
 
     def _time_holds(self, autoscaling: Any, client_errors: tuple, holds: list[Hold]) -> None:
         now = self._clock()
-        unknown = any(h.hook is None or h.hook not in (self._hooks or {}) for h in holds)
+        unknown = any(self._ours(h) not in (self._hooks or {}) for h in holds)
         if self._hooks is None or (unknown and now - self._hooks_read_at >= _HOOKS_REFRESH_S):
             self._read_hooks(autoscaling, client_errors, now)
-        if self._hooks is None:
-            return
         for hold in holds:
-            hook = self._hooks.get(hold.hook) if hold.hook else self._default_hook()
+            hook = (self._hooks or {}).get(self._ours(hold) or "")
             if hook is not None:
                 hold.timed(hook)
 
@@ -179,27 +178,34 @@ class LifecycleHolds:
         }
         _log.debug("%s: termination lifecycle hooks %s", self._label, sorted(self._hooks))
 
-    def _default_hook(self) -> Hook | None:
-        hooks = self._hooks or {}
+    def _ours(self, hold: Hold) -> str | None:
+        """The hook this provider heartbeats and completes for ``hold``, or None (not known yet, or ambiguous).
+
+        The ``lifecycle_hook`` option; else, when the group has several
+        termination hooks, none (completing another tool's hook could cut its
+        work short: warned); else the hook a notice named, or the only one.
+        """
         if self._hook_name is not None:
-            return hooks.get(self._hook_name)
-        if len(hooks) == 1:
-            return next(iter(hooks.values()))
-        if len(hooks) > 1:
-            self._warn("several", "%s: the group has several termination hooks (%s); name the one to complete with "
-                       "-o lifecycle_hook=NAME", self._label, ", ".join(sorted(hooks)))
-        return None
+            return self._hook_name
+        hooks = self._hooks
+        if hooks is not None and len(hooks) > 1:
+            self._warn("several", "%s: the group has several termination hooks (%s); name the one to heartbeat and "
+                       "complete with -o lifecycle_hook=NAME", self._label, ", ".join(sorted(hooks)))
+            return None
+        if hold.hook is not None:
+            return hold.hook
+        return next(iter(hooks)) if hooks else None
 
     def _complete(self, autoscaling: Any, client_errors: tuple, hold: Hold) -> None:
-        if hold.hook is None:
-            hook = self._default_hook()
-            if hook is None:
-                return  # warned; retried once the hook is known
-            hold.hook = hook.name
-        target = {"LifecycleActionToken": hold.token} if hold.token else {"InstanceId": hold.instance}
+        hook = self._ours(hold)
+        if hook is None:
+            return  # retried once the hook is known
+        # The token belongs to the hook of the notice that brought it.
+        target = {"LifecycleActionToken": hold.token} if hold.token and hold.hook == hook else {
+            "InstanceId": hold.instance}
         try:
             autoscaling.complete_lifecycle_action(
-                AutoScalingGroupName=self._group, LifecycleHookName=hold.hook, LifecycleActionResult="CONTINUE",
+                AutoScalingGroupName=self._group, LifecycleHookName=hook, LifecycleActionResult="CONTINUE",
                 **target,
             )
         except client_errors as exc:
@@ -212,15 +218,16 @@ class LifecycleHolds:
             return
         hold.completed = True
         _log.info("%s: released %s to terminate (lifecycle hook %s completed with CONTINUE)",
-                  self._label, hold.instance, hold.hook)
+                  self._label, hold.instance, hook)
 
     def _heartbeat_if_due(self, autoscaling: Any, client_errors: tuple, hold: Hold, now: float) -> None:
-        hook = (self._hooks or {}).get(hold.hook or "")
+        hook = (self._hooks or {}).get(self._ours(hold) or "")
         if hook is None or hold.deadline is None or hold.cap is None:
             return
         if hold.deadline - now >= hook.timeout_s * _HEARTBEAT_WHEN_LEFT or hold.deadline >= hold.cap:
             return
-        target = {"LifecycleActionToken": hold.token} if hold.token else {"InstanceId": hold.instance}
+        target = {"LifecycleActionToken": hold.token} if hold.token and hold.hook == hook.name else {
+            "InstanceId": hold.instance}
         try:
             autoscaling.record_lifecycle_action_heartbeat(
                 AutoScalingGroupName=self._group, LifecycleHookName=hook.name, **target

@@ -195,20 +195,26 @@ def test_a_release_before_the_hold_completes_the_action_as_soon_as_the_hook_catc
     assert len(aws.lifecycle_calls) == 1
 
 
-def test_with_several_termination_hooks_only_the_named_one_is_heartbeated_and_completed(aws, caplog):
+def test_with_several_termination_hooks_only_the_named_one_is_heartbeated_and_completed(aws, queue, caplog):
+    sqs, url = queue
     members = make_group(aws.url, "two-hooks", size=1, cidr="10.49.1.0/24")
     put_hook(aws, "two-hooks", "drain", timeout=300)
     put_hook(aws, "two-hooks", "backup", timeout=600)  # another tool's hook
     leaving = members[0]
     hold(aws, "two-hooks", leaving["id"], "drain")
-    aws.start_action("two-hooks", "backup", leaving["id"])
+    backup_token = aws.start_action("two-hooks", "backup", leaving["id"])
+    sqs.send_message(QueueUrl=url, MessageBody=event(LIFECYCLE, {
+        "LifecycleActionToken": backup_token, "AutoScalingGroupName": "two-hooks", "LifecycleHookName": "backup",
+        "EC2InstanceId": leaving["id"], "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+    }, time=iso(0), source="aws.autoscaling"))
 
-    unnamed = discovery(aws, "two-hooks", Clock())
+    unnamed = discovery(aws, "two-hooks", Clock(), notice_queue=url)
     with caplog.at_level(logging.WARNING, logger="cloud_elastic.providers.aws_hooks"):
-        assert unnamed.find().draining == {leaving["ip"]: Drain(None, "Terminating:Wait")}
+        assert unnamed.find().draining == {leaving["ip"]: Drain(None, "terminate lifecycle action (aws-sqs)")}
         unnamed.release(leaving["ip"], leaving["id"])
+        unnamed.find()
     assert "-o lifecycle_hook=NAME" in caplog.text
-    assert aws.lifecycle_calls == []  # guessing could cut another tool's work short
+    assert aws.lifecycle_calls == []  # not even the hook the notice named: guessing could cut another tool short
 
     clock = Clock()
     named = discovery(aws, "two-hooks", clock, lifecycle_hook="drain")

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
-from datetime import datetime, timedelta, timezone
-
 import argparse
+import json
 import re
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.providers.aws import AWSAutoScalingGroup, gpu_devices, launch_order
-from cloud_elastic.providers.selection import add_discovery_arguments, build_discovery
 from cloud_elastic.providers.aws_notices import Ignored, Notice, NoticeBook, parse_message
+from cloud_elastic.providers.selection import add_discovery_arguments, build_discovery
 
 T = "2026-11-23T14:00:00Z"
 T_S = datetime(2026, 11, 23, 14, 0, tzinfo=timezone.utc).timestamp()
