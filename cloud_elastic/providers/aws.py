@@ -136,7 +136,8 @@ class AWSAutoScalingGroup(CloudGroupProvider):
     options = (
         ProviderOption("group", "Auto Scaling group name", required=True),
         ProviderOption("region", "AWS region (default: boto3's, e.g. AWS_REGION or ~/.aws/config)"),
-        ProviderOption("endpoint_url", "endpoint for both APIs (private/sovereign; default: AWS_ENDPOINT_URL or AWS's)"),
+        ProviderOption("endpoint_url",
+                       "endpoint for every AWS API used (private/sovereign; default: AWS_ENDPOINT_URL or AWS's)"),
         *retry_options(),
         ProviderOption("page_size", "DescribeInstances page size (5-1000)", default="1000"),
         ProviderOption("notice_queue", "SQS queue URL fed by EventBridge with spot, rebalance and lifecycle events "

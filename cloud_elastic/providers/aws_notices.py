@@ -71,7 +71,7 @@ class Notice:
 
 @dataclass(frozen=True)
 class Ignored:
-    """A message that is not a notice this provider acts on: ``kind`` says why, ``detail`` (one short line) shows what."""
+    """A message this provider does not act on: ``kind`` says why, ``detail`` (one short line) shows what."""
 
     kind: str
     detail: str = ""
@@ -173,7 +173,11 @@ class NoticeBook:
         self._said: set[tuple[str, str]] = set()
 
     def take(self, parsed: Notice | Ignored, members: Iterable[str]) -> str:
-        """File one parsed message; return ``recorded``, ``duplicate``, ``other instance``, ``other group`` or the Ignored kind."""
+        """File one parsed message and say what became of it.
+
+        Returns ``recorded``, ``duplicate``, ``other instance``, ``other group``
+        or, for an :class:`Ignored`, its kind.
+        """
         if isinstance(parsed, Ignored):
             self._once(logging.WARNING, ("ignored", parsed.kind), "%s: ignoring a notice queue message (%s): %s",
                        self._label, parsed.kind, parsed.detail)
@@ -183,8 +187,8 @@ class NoticeBook:
                        self._label, parsed.group)
             return "other group"
         if parsed.instance not in set(members):
-            self._once(logging.DEBUG, ("instance", parsed.instance), "%s: ignoring a %s notice for %s, not in the group",
-                       self._label, parsed.kind, parsed.instance)
+            self._once(logging.DEBUG, ("instance", parsed.instance),
+                       "%s: ignoring a %s notice for %s, not in the group", self._label, parsed.kind, parsed.instance)
             return "other instance"
         kinds = self._notices.setdefault(parsed.instance, {})
         if (parsed.event_id and parsed.event_id in self._seen) or parsed.kind in kinds:

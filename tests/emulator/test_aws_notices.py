@@ -47,7 +47,8 @@ def discovery(proxy, group: str, clock: Clock | None = None, **options: str) -> 
         return built
     return AWSAutoScalingGroup(group, region=built.region, endpoint_url=built.endpoint_url,
                                max_attempts=built.max_attempts, notice_queue=built.notice_queue,
-                               drain_on_rebalance=built.drain_on_rebalance, lifecycle_hook=options.get("lifecycle_hook"),
+                               drain_on_rebalance=built.drain_on_rebalance,
+                               lifecycle_hook=options.get("lifecycle_hook"),
                                clock=clock)
 
 
