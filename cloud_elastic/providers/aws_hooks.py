@@ -233,6 +233,10 @@ class LifecycleHolds:
                 AutoScalingGroupName=self._group, LifecycleHookName=hook.name, **target
             )
         except client_errors as exc:
+            if _already_over(exc):  # completed by someone else, or timed out: nothing left to extend
+                _log.info("%s: lifecycle action of %s is already over (%s)", self._label, hold.instance, one_line(exc))
+                hold.completed = True
+                return
             self._warn(f"heartbeat {hold.instance}", "%s: RecordLifecycleActionHeartbeat for %s failed (retried at "
                        "the next discovery): %s", self._label, hold.instance, one_line(exc))
             return

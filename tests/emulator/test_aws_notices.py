@@ -17,7 +17,7 @@ from cloud_elastic.errors import FatalDiscoveryError
 from cloud_elastic.providers.api import Drain
 from cloud_elastic.providers.aws import AWSAutoScalingGroup
 from tests.emulator.fixtures import aws_options
-from tests.emulator.moto_env import THROTTLED, clients, event, hold, make_group, sqs_client
+from tests.emulator.moto_env import THROTTLED, clients, event, hold, make_group, set_member, sqs_client
 
 pytestmark = pytest.mark.emulator
 
@@ -153,6 +153,27 @@ def test_a_held_instance_gets_heartbeats_before_its_timeout_then_one_completion_
         "LifecycleActionResult": "CONTINUE", "InstanceId": leaving["id"]}]
     assert after.draining == {leaving["ip"]: Drain(None, "Terminating:Proceed")}
     assert aws.count("DescribeLifecycleHooks") == 1  # cached
+
+
+def test_an_action_completed_elsewhere_ends_the_hold_without_retrying_forever(aws):
+    members = make_group(aws.url, "elsewhere", size=1, cidr="10.43.2.0/24")
+    put_hook(aws, "elsewhere", "drain", timeout=300)
+    leaving = members[0]
+    token = hold(aws, "elsewhere", leaving["id"], "drain")
+    clock = Clock()
+    provider = discovery(aws, "elsewhere", clock)
+    provider.find()
+    autoscaling, _ = clients(aws.url)
+    autoscaling.complete_lifecycle_action(AutoScalingGroupName="elsewhere", LifecycleHookName="drain",
+                                          LifecycleActionToken=token, LifecycleActionResult="CONTINUE")
+    # Terminating:Proceed now, but the group's answers are eventually consistent: it may still read Wait.
+    set_member("elsewhere", leaving["id"], lifecycle="Terminating:Wait")
+    clock.now = T0 + 250
+    provider.find()  # heartbeat: "No active Lifecycle Action", so the hold is over
+    clock.now = T0 + 280
+    provider.find()
+    provider.release(leaving["ip"], leaving["id"])
+    assert [c["Action"] for c in aws.lifecycle_calls] == ["CompleteLifecycleAction", "RecordLifecycleActionHeartbeat"]
 
 
 def test_a_failed_completion_is_logged_and_retried_at_the_next_discovery(aws, caplog):
