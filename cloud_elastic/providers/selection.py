@@ -58,6 +58,8 @@ CLOUD_FLAGS: tuple[CloudFlag, ...] = (
     CloudFlag("--aws-asg", "aws", "group", "AWS Auto Scaling group name", "NAME", selects=True),
     CloudFlag("--aws-region", "aws", "region", "AWS region (default: boto3's configuration)", "REGION"),
     CloudFlag("--aws-endpoint-url", "aws", "endpoint_url", "AWS endpoint (default: AWS_ENDPOINT_URL)", "URL"),
+    CloudFlag("--aws-notice-queue", "aws", "notice_queue",
+              "SQS queue URL carrying spot, rebalance and lifecycle events for the group", "URL"),
     CloudFlag("--gcp-mig", "gcp", "group", "GCP Managed Instance Group name", "NAME", selects=True),
     CloudFlag("--gcp-project", "gcp", "project", "GCP project ID", "PROJECT"),
     CloudFlag("--gcp-zone", "gcp", "zone", "zone of a zonal MIG", "ZONE"),

@@ -8,7 +8,14 @@ from cloud_elastic.errors import FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers.api import Drain
 from cloud_elastic.providers.selection import build_discovery, parse_discovery_args
 from tests.emulator.fixtures import aws_options, provider
-from tests.emulator.moto_env import EC2_UNAVAILABLE, THROTTLED, clients, make_group, set_member, stop_instance
+from tests.emulator.moto_env import (
+    EC2_UNAVAILABLE,
+    THROTTLED,
+    clients,
+    make_group,
+    set_member,
+    stop_instance,
+)
 
 pytestmark = pytest.mark.emulator
 
@@ -39,6 +46,54 @@ def test_lifecycle_health_and_ec2_states_map_to_ready_draining_absent(aws):
         ip[5]: Drain(None, "EC2 stopped"),
         ip[6]: Drain(None, "Standby"),
     }
+
+
+def test_a_root_volume_replacement_drains_its_host_instead_of_dropping_it(aws):
+    # Replacing the root volume reboots the instance: its workers die, so they must leave at the next
+    # commit like any other leaving host, not vanish from the snapshot as if they had never been there.
+    members = make_group(aws.url, "root-volume", size=4, cidr="10.20.2.0/24")
+    ip = [m["ip"] for m in members]
+    for member, state in zip(members, ("ReplacingRootVolume:Wait", "ReplacingRootVolume", "RootVolumeReplaced")):
+        set_member("root-volume", member["id"], lifecycle=state)
+    snapshot = provider("aws", aws_options(aws, "root-volume")).find()
+    assert dict(snapshot.ready) == {ip[3]: 4}
+    assert dict(snapshot.draining) == {
+        ip[0]: Drain(None, "ReplacingRootVolume:Wait"),
+        ip[1]: Drain(None, "ReplacingRootVolume"),
+        ip[2]: Drain(None, "RootVolumeReplaced"),
+    }
+
+
+def test_hosts_are_ordered_by_launch_time_whatever_its_notation(aws):
+    # 14:30+02:00 is 12:30 UTC: the second instance is the oldest although its time reads larger.
+    members = make_group(aws.url, "launch-order", size=3, cidr="10.20.3.0/24")
+    times = {members[0]["id"]: "2026-11-23T13:00:00.000Z", members[1]["id"]: "2026-11-23T14:30:00+02:00",
+             members[2]["id"]: "2026-11-23T13:00:00.500Z"}
+
+    def rewrite(body: bytes) -> bytes:
+        text = body.decode()
+        for instance, when in times.items():
+            start = text.index(f"<instanceId>{instance}</instanceId>")
+            at = text.index("<launchTime>", start) + len("<launchTime>")
+            text = text[:at] + when + text[text.index("</launchTime>", at):]
+        return text.encode()
+
+    aws.rewrite("DescribeInstances", rewrite)
+    snapshot = provider("aws", aws_options(aws, "launch-order")).find()
+    assert list(snapshot.ready) == [members[1]["ip"], members[0]["ip"], members[2]["ip"]]
+
+
+def test_a_fractional_gpu_is_one_slot_per_partition_the_instance_sees(aws):
+    # g6f.large has an eighth of an L4: GpuInfo Count 0, LogicalGpuCount 1, GpuPartitionSize 0.125.
+    members = make_group(aws.url, "fractional", size=1, instance_type="g6f.large", cidr="10.20.4.0/24")
+    assert provider("aws", aws_options(aws, "fractional")).find().ready == {members[0]["ip"]: 1}
+
+    # A type exposing two partitions gets two slots: Count (physical GPUs, 0 here) is not the device count.
+    members = make_group(aws.url, "two-partitions", size=1, instance_type="g6f.2xlarge", cidr="10.20.5.0/24")
+    aws.rewrite("DescribeInstanceTypes", lambda body: body.replace(
+        b"<logicalGpuCount>1</logicalGpuCount>", b"<logicalGpuCount>2</logicalGpuCount>"))
+    snapshot = provider("aws", aws_options(aws, "two-partitions")).find()
+    assert snapshot.ready == {members[0]["ip"]: 2}
 
 
 def test_cpu_only_type_gets_one_slot_and_slots_per_host_wins_without_type_lookups(aws):

@@ -1,0 +1,82 @@
+"""``--aws-notice-queue`` through the real CLI against moto's SQS: ``discover``, and ``run`` with real
+workers (moto's subnet mapped onto loopback, as in test_cli.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import pytest
+
+from tests.emulator.moto_env import event, make_group, sqs_client
+from tests.integration.harness import REPO, Job, probe_cmd
+
+pytestmark = [pytest.mark.emulator, pytest.mark.timeout(150)]
+
+
+def _discover(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cloud_elastic.cli", "discover", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_discover_with_a_notice_queue_shows_the_spot_deadline_and_consumes_the_message(aws):
+    members = make_group(aws.url, "cli-notices", size=2, cidr="10.50.1.0/24")
+    sqs = sqs_client(aws.url)
+    url = sqs.create_queue(QueueName="cli-notices")["QueueUrl"]
+    sent = datetime(2026, 11, 23, 14, 0, tzinfo=timezone.utc)
+    sqs.send_message(QueueUrl=url, MessageBody=event(
+        "EC2 Spot Instance Interruption Warning", {"instance-id": members[0]["id"], "instance-action": "terminate"},
+        time=sent.strftime("%Y-%m-%dT%H:%M:%SZ")))
+    flags = ["--aws-asg", "cli-notices", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
+             "--aws-notice-queue", url]
+
+    result = _discover(*flags, "--json")
+    assert result.returncode == 0, result.stderr
+    snapshot = json.loads(result.stdout)
+    assert snapshot["ready"] == {members[1]["ip"]: 4}
+    assert snapshot["draining"] == {members[0]["ip"]: {"reason": "spot interruption notice (aws-sqs)",
+                                                        "deadline": sent.timestamp() + 120}}
+    assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages", []) == []
+
+
+def test_discover_with_a_missing_notice_queue_exits_1_with_one_line(aws):
+    make_group(aws.url, "cli-no-queue", size=1, cidr="10.50.2.0/24")
+    url = sqs_client(aws.url).create_queue(QueueName="cli-exists")["QueueUrl"].rsplit("/", 1)[0] + "/missing"
+    result = _discover("--aws-asg", "cli-no-queue", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
+                       "--aws-notice-queue", url)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cloud-elastic discover: error: AWS Auto Scaling group "
+                                                   "'cli-no-queue': notice queue ") and "missing" in lines[0]
+
+
+def test_run_drains_the_host_a_spot_warning_names_and_the_others_go_on_without_rolling_back(aws):
+    members = make_group(aws.url, "run-spot", size=3, instance_type="g4dn.xlarge", cidr="10.82.1.0/24")
+    hosts = [f"127.0.82.{m['ip'].rsplit('.', 1)[1]}" for m in members]
+    sqs = sqs_client(aws.url)
+    url = sqs.create_queue(QueueName="run-spot")["QueueUrl"]
+    job = Job([
+        "run", "-np", "3", "--min-np", "1", "--discovery-interval", "0.3",
+        "--aws-asg", "run-spot", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
+        "--aws-notice-queue", url, "--address-map", "10.82.1.0/24=127.0.82.0/24",
+        *probe_cmd("--steps", "60"),
+    ])
+    try:
+        job.wait_event("commit", rank=0, step=5, timeout=90)
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        sqs.send_message(QueueUrl=url, MessageBody=event(
+            "EC2 Spot Instance Interruption Warning",
+            {"instance-id": members[1]["id"], "instance-action": "terminate"}, time=now))
+        job.wait_event("commit", size=2, timeout=60)
+        assert job.finish() == 0, job.output()
+    finally:
+        if job.proc.poll() is None:
+            job.kill()
+
+    assert f"host {hosts[1]} is draining (spot interruption notice (aws-sqs))" in job.output()
+    resets = job.of("reset")
+    assert resets and all(r["executed"] == r["step"] for r in resets), f"survivors rolled back: {resets}"
+    done = job.of("done")
+    assert len(done) == 2 and {e["step"] for e in done} == {60} and len({e["checksum"] for e in done}) == 1
