@@ -103,6 +103,8 @@ class HostManager:
     notices: dict[str, Drain] = field(default_factory=dict)
     #: Hosts with a soft notice (rebalance recommendation, maintenance): no new workers there.
     soft: dict[str, str] = field(default_factory=dict)
+    #: Soft notices the provider itself reports (``DiscoveredHosts.soft``), as of the last snapshot.
+    provider_soft: dict[str, str] = field(default_factory=dict)
     _order: dict[str, int] = field(default_factory=dict)
     _seq: int = 0
 
@@ -123,6 +125,7 @@ class HostManager:
         self.ready = dict(snapshot.ready)
         self.draining = dict(snapshot.draining)
         self.instances.update(snapshot.instances)
+        self.provider_soft = dict(snapshot.soft)
         for host in list(self.notices):
             if host not in present and host not in self.missing:
                 del self.notices[host]
@@ -203,7 +206,7 @@ class HostManager:
         slots = [
             Slot(host, i)
             for host in sorted(self.ready, key=self.order_of)
-            if host not in self.soft
+            if host not in self.soft and host not in self.provider_soft
             for i in range(self.ready[host])
         ]
         return [s for s in slots if not self.blacklist.blocked(s, now)]

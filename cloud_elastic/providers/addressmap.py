@@ -109,7 +109,8 @@ class AddressMappedDiscovery(HostDiscovery):
                 out[mapped] = value
         self._origin = origin
         instances = {map_address(h, self.rules): i for h, i in snapshot.instances.items()}
-        return DiscoveredHosts(ready=ready, draining=draining, instances=instances)
+        soft = {map_address(h, self.rules): r for h, r in snapshot.soft.items()}
+        return DiscoveredHosts(ready=ready, draining=draining, instances=instances, soft=soft)
 
     def release(self, host: str, instance: str | None) -> None:
         self.inner.release(self._origin.get(host, host), instance)

@@ -55,12 +55,16 @@ class DiscoveredHosts:
     ``instances`` maps hosts (ready or draining) to the cloud's instance id where
     the source knows one (empty for static lists and scripts). The driver uses it
     to map instance-addressed notices (an SQS event names ``i-…``) to hosts and to
-    tell a new instance from an old one that held the same address.
+    tell a new instance from an old one that held the same address. ``soft``
+    (a subset of ``ready``) names hosts with a soft notice.
     """
 
     ready: Mapping[str, int] = field(default_factory=dict)
     draining: Mapping[str, Drain] = field(default_factory=dict)
     instances: Mapping[str, str] = field(default_factory=dict)
+    #: Ready hosts with a soft notice (host -> reason), e.g. an AWS rebalance recommendation:
+    #: they keep their workers, but no new worker is placed there.
+    soft: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for host, slots in self.ready.items():
@@ -77,6 +81,9 @@ class DiscoveredHosts:
         if stray:
             raise ValueError(f"instance ids given for hosts not in the snapshot: {sorted(stray)}")
         object.__setattr__(self, "instances", MappingProxyType(dict(self.instances)))
+        if set(self.soft) - set(self.ready):
+            raise ValueError(f"soft notices for hosts that are not ready: {sorted(set(self.soft) - set(self.ready))}")
+        object.__setattr__(self, "soft", MappingProxyType(dict(self.soft)))
 
     @property
     def total_slots(self) -> int:

@@ -279,7 +279,7 @@ class AWSAutoScalingGroup(CloudGroupProvider):
             ready.pop(host, None)
             drain[host] = Drain(min(deadlines) if deadlines else None, reason)
         self._soft = MappingProxyType(soft)
-        return DiscoveredHosts(ready=ready, draining=drain, instances=snapshot.instances)
+        return DiscoveredHosts(ready=ready, draining=drain, instances=snapshot.instances, soft=soft)
 
     # -- queue mode ----------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
 # What the driver may do, from the issue: discovery and notices, nothing else.
 AWS_DRIVER_ACTIONS = {
     "autoscaling:DescribeAutoScalingGroups",
+    "autoscaling:DescribeLifecycleHooks",
     "ec2:DescribeInstances",
     "ec2:DescribeInstanceTypes",
     "autoscaling:CompleteLifecycleAction",

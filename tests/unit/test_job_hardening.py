@@ -7,7 +7,7 @@ import pytest
 
 from cloud_elastic.driver.job import Assignment, ExitOrder, Phase, Release
 from cloud_elastic.driver.workers import IllegalTransition, WorkerState
-from cloud_elastic.providers.api import Drain
+from cloud_elastic.providers.api import DiscoveredHosts, Drain
 from tests.unit.test_job import CLEAN, KILLED, T0, Sim, assert_round, failed, started
 
 pytestmark = pytest.mark.timeout(10)
@@ -223,3 +223,11 @@ def test_a_slot_whose_lost_worker_is_still_running_gets_no_replacement() -> None
     sim.exit("a[1]", KILLED)
     sim.advance(0.5)
     assert sim.slots_launched() == ["a[0]", "a[1]", "a[1]"]
+
+
+def test_a_providers_soft_notice_keeps_new_workers_off_the_host() -> None:
+    sim = started(1, {"a": 1}, max_np=3)
+    sim.job.discovered(DiscoveredHosts(ready={"a": 1, "b": 1, "c": 1}, soft={"b": "rebalance recommendation"}),
+                       sim.now)
+    sim._collect()
+    assert sim.slots_launched() == ["a[0]", "c[0]"]

@@ -23,6 +23,7 @@ data "aws_iam_policy_document" "driver" {
     effect = "Allow"
     actions = [
       "autoscaling:DescribeAutoScalingGroups",
+      "autoscaling:DescribeLifecycleHooks",
       "ec2:DescribeInstances",
       "ec2:DescribeInstanceTypes",
     ]

@@ -128,6 +128,7 @@ run "plan" {
   assert {
     condition = toset(flatten([for s in data.aws_iam_policy_document.driver.statement : s.actions])) == toset([
       "autoscaling:DescribeAutoScalingGroups",
+      "autoscaling:DescribeLifecycleHooks",
       "ec2:DescribeInstances",
       "ec2:DescribeInstanceTypes",
       "autoscaling:CompleteLifecycleAction",
