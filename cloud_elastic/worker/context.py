@@ -107,6 +107,8 @@ class WorkerContext:
         self.device = torch.device("cpu")
         #: Commits made by this process; reported to the driver, which keeps rank 0 on a worker that has some.
         self.commits = 0
+        #: Called with the state after each commit (e.g. rank 0's durable checkpoint schedule).
+        self.after_commit: list[Any] = []
         #: DistributedOptimizer steps since the last commit: what a rollback undoes.
         self.steps_since_commit = 0
         self._rolled_back = 0
@@ -209,10 +211,12 @@ class WorkerContext:
         if self._notice_watcher is not None:
             self._notice_watcher.close()
 
-    def note_commit(self) -> None:
-        """A commit finished on this worker (``State.commit``)."""
+    def note_commit(self, state: Any = None) -> None:
+        """A commit of ``state`` finished on this worker (``State.commit``); runs the after-commit hooks."""
         self.commits += 1
         self.steps_since_commit = 0
+        for hook in self.after_commit:
+            hook(state)
 
     def note_step(self) -> None:
         """An optimizer step finished (``DistributedOptimizer.step``)."""

@@ -42,7 +42,7 @@ class State:
     def commit(self) -> None:
         """Save the state, then interrupt if membership is changing (on every worker at once)."""
         self.save()
-        get_context().note_commit()
+        get_context().note_commit(self)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
