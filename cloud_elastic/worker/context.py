@@ -244,7 +244,7 @@ class WorkerContext:
         from cloud_elastic.notices import watcher_for
 
         try:
-            watcher = watcher_for(cloud, self.hostname, self._environ)
+            watcher = watcher_for(cloud, self.hostname)  # its endpoint overrides come from this process's environment
         except ConfigError as exc:
             log.warning("worker %s: no %s notice watcher: %s", self.worker_id, cloud, exc)
             return
