@@ -231,3 +231,15 @@ def test_a_providers_soft_notice_keeps_new_workers_off_the_host() -> None:
                        sim.now)
     sim._collect()
     assert sim.slots_launched() == ["a[0]", "c[0]"]
+
+
+def test_a_notice_for_rank_0s_host_hands_rank_0_to_the_oldest_survivor() -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
+    sim.commit("a[0]", "b[0]", "c[0]", count=7)
+    sim.job.notice("a", Drain(deadline=T0 + 120, reason="spot interruption"), sim.now, source="aws-imds")
+    sim._collect()
+    assert_round(sim.join("b[0]", "c[0]", reason="update"), 2, needs_sync=False)
+    assert sim.layout() == ["b[0]", "c[0]"]
+    assert isinstance(sim.join("a[0]", reason="update")["a[0]"], ExitOrder)
+    sim.exit("a[0]", CLEAN)
+    assert sim.outcome is None and sim.released == [Release("a", None)]
