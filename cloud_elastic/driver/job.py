@@ -165,6 +165,7 @@ class ElasticJob:
     _from_checkpoint: bool = False
     _round_update_gen: int = 0
     _released: set[str] = field(default_factory=set)
+    _forced: set[str] = field(default_factory=set)  # draining hosts whose workers were removed by force
     _state_lost_logged: bool = False
     _completed: int = 0  # workers that exited after completing
     _last_discovery_error: str = ""
@@ -468,7 +469,7 @@ class ElasticJob:
         self._check_liveness(now)
         self._mark_leavers()
         self._enforce_deadlines(now)
-        self._release_drained()
+        self._release_drained(now)
         if self.phase is Phase.FINISHING:
             self._step_finishing(now)
             return
@@ -542,17 +543,27 @@ class ElasticJob:
                     f"({drain.reason}); removed by force")
             log.warning("job %s: worker %s (%s) %s", self.job_id, w.worker_id, w.label, what)
             w.to(S.LOST, what)
+            self._forced.add(w.slot.host)
             self._actions.append(Stop(w.worker_id, what, immediate=True))
             self._abort_round()
 
-    def _release_drained(self) -> None:
+    def _release_drained(self, now: float) -> None:
         """Once no worker is left on a draining host, the cloud may take it (once per host)."""
         busy = {w.slot.host for w in self._alive()}
-        for host in self.hosts.draining:
+        for host, drain in self.hosts.draining.items():
             if host not in busy and host not in self._released:
                 self._released.add(host)
                 self._actions.append(Release(host, self.hosts.instances.get(host)))
+                had_workers = any(w.slot.host == host for w in self.workers.values())
+                if had_workers:
+                    left = "" if drain.deadline is None else (
+                        f", {drain.deadline - (now + self._wall_offset):.1f}s before its deadline")
+                    how = ("removed by force before its deadline; the survivors rolled back to their last commit"
+                           if host in self._forced else "its workers left at a commit; 0 steps lost")
+                    log.info("job %s: host %s drained (%s, notice from %s)%s: %s", self.job_id, host, drain.reason,
+                             self.notice_sources.get(host, "the provider"), left, how)
         self._released &= set(self.hosts.draining)
+        self._forced &= set(self.hosts.draining)
 
     # ------------------------------------------------------------ finishing
     def _step_finishing(self, now: float) -> None:

@@ -151,7 +151,8 @@ def test_with_checkpoints_a_whole_group_loss_resumes_from_the_checkpoint() -> No
 
 
 # ------------------------------------------------------- notices and deadlines
-def test_a_notice_drains_the_host_with_zero_rollback_and_releases_it() -> None:
+def test_a_notice_drains_the_host_with_zero_rollback_and_releases_it(caplog) -> None:
+    caplog.set_level("INFO", logger="cloud_elastic")
     sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
     sim.job.notice("b", Drain(deadline=T0 + 120, reason="spot interruption"), sim.now, source="aws-imds")
     sim._collect()
@@ -162,6 +163,9 @@ def test_a_notice_drains_the_host_with_zero_rollback_and_releases_it() -> None:
     assert sim.released == []
     sim.exit("b[0]", CLEAN)
     assert sim.released == [Release("b", None)]
+    drained = [r.getMessage() for r in caplog.records if "drained" in r.getMessage()]
+    assert drained == ["job t: host b drained (spot interruption, notice from aws-imds), 120.0s before its deadline: "
+                       "its workers left at a commit; 0 steps lost"]
     assert sim.job.hosts.blacklist.failures(sim.job.workers[sim.id("b[0]")].slot) == 0
     sim.advance(5)
     assert sim.released == [Release("b", None)]  # once
