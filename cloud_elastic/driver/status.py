@@ -47,7 +47,9 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     by_host: dict[str, list[WorkerStatus]] = {}
     for w in sorted(alive, key=lambda w: (w.slot.host, w.slot.index)):
         by_host.setdefault(w.slot.host, []).append(
-            WorkerStatus(w.slot.index, w.worker_id, _STATE_WORDS.get(w.state, w.state.value), w.rank)
+            # A rank is only meaningful in the current round (a leaver keeps its old one).
+            WorkerStatus(w.slot.index, w.worker_id, _STATE_WORDS.get(w.state, w.state.value),
+                         w.rank if w.member_of(job.round) else None)
         )
     hosts = job.hosts
     rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ()))) for h, n in hosts.ready.items()]
