@@ -465,9 +465,13 @@ class ElasticJob:
     def _step(self, now: float) -> None:
         if self.phase is Phase.DONE:
             return
-        for host in self.hosts.expire(now):
+        expired = self.hosts.expire(now)
+        for host in expired:
             log.info("job %s: host %s stayed missing from discovery for %gs; removed", self.job_id, host,
                      self.hosts.missing_grace_s)
+        if expired:
+            why = f"missing from discovery for {self.hosts.missing_grace_s:g}s (--host-missing-grace)"
+            self._emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
         self._check_liveness(now)
         self._mark_leavers()
         self._enforce_deadlines(now)

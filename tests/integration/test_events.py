@@ -100,35 +100,49 @@ def test_a_killed_worker_is_recorded_as_failure_rollback_and_smaller_round(jobs,
     assert "training completed on 2 worker(s)" in finished["reason"]
 
 
-def test_a_host_added_by_discovery_is_recorded_as_a_synced_bigger_round(jobs, tmp_path):
+def test_scale_up_and_scale_in_by_discovery_are_recorded_as_hosts_changed_and_new_rounds(jobs, tmp_path):
     path = tmp_path / "events.jsonl"
     hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2"])
     job = jobs(["run", "-np", "2", "--min-np", "1", "--max-np", "3", "--host-discovery-script", str(hosts.script),
-                "--discovery-interval", "0.2", "--events-file", str(path),
-                *probe_cmd("--steps", "40", "--min-resets", "1")])
+                "--discovery-interval", "0.2", "--host-missing-grace", "1", "--events-file", str(path),
+                *probe_cmd("--steps", "60", "--min-resets", "2")])
     job.wait_event("commit", rank=0, step=5)
     hosts.set(["127.0.0.1", "127.0.0.2", "127.0.0.3"])
+    job.wait_event("commit", rank=0, size=3)
+    hosts.set(["127.0.0.1", "127.0.0.3"])  # 127.0.0.2 is scaled in: it vanishes from the group
     assert job.finish() == 0, job.output()
     events = read_events(path)
     check_lifecycle(events, job)
 
     assert only(events, "job_started")["provider"] == "script"
-    first, later = of(events, "hosts_changed")
+    first, grew, missing, removed = of(events, "hosts_changed")
     assert first["added"] == [{"host": "127.0.0.1", "slots": 1}, {"host": "127.0.0.2", "slots": 1}]
-    assert (later["added"], later["removed"], later["draining"]) == ([{"host": "127.0.0.3", "slots": 1}], [], [])
+    assert (grew["added"], grew["removed"], grew["draining"]) == ([{"host": "127.0.0.3", "slots": 1}], [], [])
+    assert (missing["added"], missing["removed"], missing["missing"]) == ([], [], ["127.0.0.2"])
+    assert [r["host"] for r in removed["removed"]] == ["127.0.0.2"]
+    assert "--host-missing-grace" in removed["removed"][0]["reason"]
+    assert removed["ts"] - missing["ts"] >= 1.0  # not before the grace was over
     newcomer = [e for e in of(events, "worker_started") if e["host"] == "127.0.0.3"]
-    assert len(newcomer) == 1 and newcomer[0]["ts"] >= later["ts"]
+    assert len(newcomer) == 1 and newcomer[0]["ts"] >= grew["ts"]
 
     rounds = of(events, "round_formed")
-    assert [(r["round"], r["size"]) for r in rounds] == [(1, 2), (2, 3)]
+    assert [(r["round"], r["size"]) for r in rounds] == [(1, 2), (2, 3), (3, 2)]
     # The newcomer took the last rank, state was broadcast to it, and training went on from the
     # step the members had committed: nobody rolled back.
-    grown = rounds[1]
+    grown, shrunk = rounds[1], rounds[2]
     assert grown["ranks"] == {"127.0.0.1": [0], "127.0.0.2": [1], "127.0.0.3": [2]} and grown["synced"] is True
-    resumed = {r["step"] for r in job.of("reset") if not r["worker"].startswith("127.0.0.3")}
-    assert resumed == {grown["step"]} and grown["step"] >= 5
+    resumed = [r for r in job.of("reset") if r["size"] == 3 and not r["worker"].startswith("127.0.0.3")]
+    assert {r["step"] for r in resumed} == {grown["step"]} and grown["step"] >= 5
+    # The removed host's worker left at a commit; the others re-formed without a sync or a rollback.
+    left = only(events, "worker_left")
+    assert (left["host"], left["slot"], left["round"]) == ("127.0.0.2", 0, 2) and "left the group" in left["reason"]
+    assert left["ts"] >= removed["ts"]
+    assert (shrunk["ranks"], shrunk["synced"]) == ({"127.0.0.1": [0], "127.0.0.3": [1]}, False)
+    # (the newcomer's own count of executed steps starts after its sync, so only the old worker is compared)
+    kept = [r for r in job.of("reset") if r["size"] == 2 and r["worker"].startswith("127.0.0.1")]
+    assert kept and all(r["executed"] == r["step"] == shrunk["step"] for r in kept), kept
     assert of(events, "rollback") == [] and of(events, "worker_failed") == []
-    assert only(events, "job_finished")["resets"] == 1
+    assert only(events, "job_finished")["resets"] == 2
 
 
 @pytest.mark.timeout(180)
