@@ -198,6 +198,8 @@ class ElasticJob:
                 draining=[{"host": h, "reason": self.hosts.draining[h].reason, "deadline": self.hosts.draining[h].deadline}
                           for h in changes.draining],
                 missing=list(changes.missing),
+                **({"resized": [{"host": h, "slots": self.hosts.ready[h]} for h in changes.resized]}
+                   if changes.resized else {}),
             )
         for host in changes.missing:
             log.warning(
