@@ -59,7 +59,7 @@ def test_metrics_are_served_over_http_and_follow_the_job(jobs, tmp_path):
         before = scrape(url)
         assert before["cloud_elastic_world_size"] == 2 and before["cloud_elastic_round"] == 1
         assert before["cloud_elastic_resets_total"] == 0 and before["cloud_elastic_rollbacks_total"] == 0
-        assert before['cloud_elastic_job_info{job="%s"}' % job.job_id()] == 1
+        assert before[f'cloud_elastic_job_info{{job="{job.job_id()}"}}'] == 1
 
         os.kill(victim["pid"], signal.SIGKILL)
         job.wait_event("commit", rank=0, size=1)
