@@ -47,7 +47,7 @@ def train(steps: int = 50, step_sleep: float = 0.0, stop_file: str | None = None
         if progress_dir:
             path = os.path.join(progress_dir, os.environ.get("CLOUD_ELASTIC_WORKER_ID", "worker").replace("/", "_"))
             with open(path + ".tmp", "w") as f:
-                json.dump({"rank": hvd.rank(), "size": hvd.size(), "step": state.step,
+                json.dump({"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "pid": os.getpid(),
                            "host": os.environ.get("CLOUD_ELASTIC_WORKER_ID", "").split("[")[0]}, f)
             os.replace(path + ".tmp", path)
 

@@ -14,10 +14,6 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'cloud-elastic[ray]')")
-
-from ray.cluster_utils import Cluster  # noqa: E402
-
 REPO = Path(__file__).resolve().parents[2]
 _STORE = 80 * 1024 * 1024
 
@@ -25,7 +21,7 @@ _STORE = 80 * 1024 * 1024
 class RayCluster:
     """The running cluster, with helpers to add and remove one-CPU nodes."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster) -> None:
         self.cluster = cluster
         self.nodes: list = []
 
@@ -46,6 +42,9 @@ class RayCluster:
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'cloud-elastic[ray]')")
+    from ray.cluster_utils import Cluster
+
     # Workers import this checkout (and the tests' helpers) like the driver does.
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     cluster = Cluster(
@@ -68,12 +67,12 @@ def nodes(ray_cluster):
     ray_cluster.clear()
 
 
-def load_example():
-    """``examples/elastic_anywhere.py`` as a module whose functions Ray ships by value."""
+def load_example(engine: str = "ray"):
+    """``examples/elastic_anywhere.py`` as a module whose functions the engine (ray, pyspark) ships by value."""
+    import importlib
     import sys
 
-    from ray import cloudpickle
-
+    cloudpickle = importlib.import_module(f"{engine}.cloudpickle")
     spec = importlib.util.spec_from_file_location("elastic_anywhere", REPO / "examples" / "elastic_anywhere.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
