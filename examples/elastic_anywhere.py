@@ -11,7 +11,7 @@ On Ray, from Python (workers are Ray actors)::
 
 On Spark (workers run beside Spark tasks)::
 
-    python examples/elastic_anywhere.py --spark --steps 50 --min-np 2 --max-np 4
+    python examples/elastic_anywhere.py --spark 'local[2]' --steps 50 --min-np 2 --max-np 4
 
 ``train()`` is the same function in every case and does not know where it runs.
 It returns ``{"rank", "size", "step", "checksum"}``; equal checksums on every
@@ -86,7 +86,7 @@ def main() -> None:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--stop-file")
     p.add_argument("--ray", metavar="ADDRESS", help="run on the Ray cluster at ADDRESS with ElasticRayExecutor")
-    p.add_argument("--spark", action="store_true", help="run on Spark with cloud_elastic.spark.run_elastic")
+    p.add_argument("--spark", metavar="MASTER", help="run on Spark (e.g. local[2] or yarn) with cloud_elastic.spark.run_elastic")
     p.add_argument("--min-np", type=int, default=1)
     p.add_argument("--max-np", type=int, default=2)
     args = p.parse_args()
@@ -101,8 +101,11 @@ def main() -> None:
         executor.start()
         results = executor.run(train, kwargs=kwargs)
     elif args.spark:
+        from pyspark.sql import SparkSession
+
         from cloud_elastic.spark import run_elastic
 
+        SparkSession.builder.master(args.spark).appName("elastic_anywhere").getOrCreate()
         results = run_elastic(train, kwargs=kwargs, num_proc=args.min_np, min_np=args.min_np, max_np=args.max_np)
     else:
         results = [train(**kwargs)]  # under cloud-elastic run: this process is one worker
