@@ -108,7 +108,7 @@ def _worker_environment(env: Mapping[str, str], secret: str | None, gpu: bool) -
     if gpu:
         # The worker library picks cuda:<local rank>; Ray would show each actor only its
         # own GPU, so, as Horovod's Ray executor did, show the node's GPUs to every worker.
-        gpus = int(ray.get_runtime_context().get_assigned_resources().get("GPU", 0) and _node_gpus())
+        gpus = _node_gpus()
         if gpus:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
 
