@@ -16,10 +16,21 @@ raises a one-line error naming ``cloud-elastic[ray]``. See ``docs/ray.md``.
 from __future__ import annotations
 
 from cloud_elastic.ray.discovery import RayHostDiscovery
-from cloud_elastic.ray.executor import ElasticRayExecutor, RayRun, RaySettings, build_ray_run
+from cloud_elastic.ray.executor import (
+    ElasticRayExecutor,
+    RayRun,
+    RaySettings,
+    build_ray_run,
+)
 from cloud_elastic.ray.launcher import FunctionPayload, RayLauncher, WorkerResult
 
 __all__ = [
-    "ElasticRayExecutor", "RaySettings", "RayHostDiscovery", "RayLauncher", "FunctionPayload", "WorkerResult",
-    "RayRun", "build_ray_run",
+    "ElasticRayExecutor",
+    "FunctionPayload",
+    "RayHostDiscovery",
+    "RayLauncher",
+    "RayRun",
+    "RaySettings",
+    "WorkerResult",
+    "build_ray_run",
 ]

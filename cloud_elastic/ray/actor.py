@@ -16,9 +16,10 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-__all__ = ["WorkerActor", "REMOTE_MODULE"]
+__all__ = ["REMOTE_MODULE", "WorkerActor"]
 
 REMOTE_MODULE = "cloud_elastic.driver.remote"
 

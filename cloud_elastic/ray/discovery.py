@@ -21,10 +21,21 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from cloud_elastic.errors import ConfigError, FatalDiscoveryError, RetryableDiscoveryError
-from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery, ProviderOption, parse_bool
+from cloud_elastic.errors import (
+    ConfigError,
+    FatalDiscoveryError,
+    RetryableDiscoveryError,
+)
+from cloud_elastic.providers.api import (
+    DiscoveredHosts,
+    Drain,
+    HostDiscovery,
+    ProviderOption,
+    parse_bool,
+)
 from cloud_elastic.ray._deps import require_ray
 
 __all__ = ["RayHostDiscovery"]
@@ -67,7 +78,7 @@ class RayHostDiscovery(HostDiscovery):
         self.slots_per_host = slots_per_host
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "RayHostDiscovery":
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> RayHostDiscovery:
         cls.check_options(options)
 
         def number(name: str, default: str) -> float:

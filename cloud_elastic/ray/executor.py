@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.errors import ConfigError, JobFailed
@@ -19,7 +20,7 @@ from cloud_elastic.ray._deps import require_ray
 from cloud_elastic.ray.discovery import RayHostDiscovery
 from cloud_elastic.ray.launcher import FunctionPayload, RayLauncher
 
-__all__ = ["RaySettings", "ElasticRayExecutor", "RayRun", "build_ray_run"]
+__all__ = ["ElasticRayExecutor", "RayRun", "RaySettings", "build_ray_run"]
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from cloud_elastic.driver.launch import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.errors import LaunchError
@@ -60,7 +61,7 @@ class WorkerResult:
 class RayWorker:
     """A worker running in a Ray actor (the :class:`~cloud_elastic.driver.launch.WorkerProcess` protocol)."""
 
-    def __init__(self, spec: WorkerSpec, actor: Any, ref: Any, on_output: OutputSink, owner: "RayLauncher") -> None:
+    def __init__(self, spec: WorkerSpec, actor: Any, ref: Any, on_output: OutputSink, owner: RayLauncher) -> None:
         self.spec = spec
         self._actor = actor
         self._ref = ref

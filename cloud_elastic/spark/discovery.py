@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
@@ -23,7 +23,7 @@ class SparkTaskDiscovery(HostDiscovery):
         self._registry = registry
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "SparkTaskDiscovery":
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> SparkTaskDiscovery:
         raise ConfigError("the spark provider is used through cloud_elastic.spark.run_elastic, not from the CLI")
 
     def find(self) -> DiscoveredHosts:

@@ -22,14 +22,15 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from cloud_elastic.control import Codec
 from cloud_elastic.driver.server import ControlServer
 from cloud_elastic.errors import ControlPlaneError
 
-__all__ = ["TaskRegistry", "TaskEntry", "seal", "unseal"]
+__all__ = ["TaskEntry", "TaskRegistry", "seal", "unseal"]
 
 log = logging.getLogger(__name__)
 

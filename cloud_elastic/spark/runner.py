@@ -13,7 +13,8 @@ import logging
 import secrets
 import socket
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.errors import ConfigError, JobFailed

@@ -23,8 +23,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from cloud_elastic.control import Codec
 
@@ -61,7 +62,6 @@ def _route_ip(driver: str) -> str:
 
 def run_task(settings: TaskSettings, index: int, attempt: int) -> list[tuple[int | None, Any]]:
     """Run one task to its end (see module docstring)."""
-    from cloud_elastic.spark.registry import unseal
     from cloud_elastic.worker.client import DriverClient
 
     client = DriverClient(settings.registry, Codec(settings.registry_key, settings.job_id), f"spark-task-{index}")

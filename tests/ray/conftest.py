@@ -7,7 +7,6 @@ test module (starting Ray costs seconds); each test removes the nodes it added.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -70,6 +69,7 @@ def nodes(ray_cluster):
 def load_example(engine: str = "ray"):
     """``examples/elastic_anywhere.py`` as a module whose functions the engine (ray, pyspark) ships by value."""
     import importlib
+    import importlib.util
     import sys
 
     cloudpickle = importlib.import_module(f"{engine}.cloudpickle")

@@ -99,9 +99,8 @@ def test_training_survives_a_node_removed_and_admits_a_node_added(nodes, tmp_pat
 
 
 def test_a_node_ray_drains_leaves_at_a_commit_without_a_rollback(nodes, tmp_path, caplog):
-    from ray.core.generated import autoscaler_pb2
-
     import ray
+    from ray.core.generated import autoscaler_pb2
 
     a, b = nodes.add(2)
     progress = tmp_path / "progress"

@@ -27,7 +27,7 @@ def test_sizes_default_from_the_spark_configuration_as_horovod_did():
 
 def test_a_sealed_secret_opens_only_under_its_key_and_does_not_show_in_clear():
     sealed = seal("k1", "the-job-secret")
-    assert "the-job-secret".encode().hex() not in sealed
+    assert b"the-job-secret".hex() not in sealed
     assert unseal("k1", sealed) == "the-job-secret"
     assert seal("k1", "the-job-secret") != sealed  # a fresh nonce every time
     with pytest.raises(ValueError, match="does not verify"):
