@@ -43,6 +43,8 @@ class RaySettings:
     discovery_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     checkpoint_dir: str | None = None
+    #: Instance-metadata notice watcher on the nodes (aws, gcp, azure; none = Ray's draining only).
+    notice_watcher: str = "none"
     verbose: bool = False
 
     def __post_init__(self) -> None:
@@ -66,7 +68,7 @@ class RaySettings:
             checkpoint_dir=self.checkpoint_dir,
             verbose=self.verbose,
             driver_address=driver_address,
-            notice_watcher="none",
+            notice_watcher=self.notice_watcher,
             **extra,
         )
 
