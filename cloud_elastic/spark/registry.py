@@ -78,6 +78,8 @@ class TaskEntry:
     orders: list[dict[str, Any]] = field(default_factory=list)
     worker_id: str | None = None
     exit_code: int | None = None
+    #: One-line summary of the exception the training function raised, if it did.
+    error: str = ""
 
 
 class TaskRegistry:
@@ -123,6 +125,11 @@ class TaskRegistry:
             return {k: t for k, t in self._tasks.items()
                     if t.exit_code is None and now - t.last_seen <= self.stale_s and not self._closing}
 
+    def errors(self) -> list[str]:
+        """Summaries of the exceptions training functions raised, in registration order."""
+        with self._cond:
+            return [t.error for t in self._tasks.values() if t.error]
+
     def entry(self, key: str) -> TaskEntry | None:
         with self._cond:
             return self._tasks.get(key)
@@ -161,6 +168,8 @@ class TaskRegistry:
                 if not isinstance(code, int) or isinstance(code, bool):
                     raise ControlPlaneError("malformed exited message")
                 t.exit_code = code
+                error = msg.get("error")
+                t.error = error[:500] if isinstance(error, str) else ""
                 self._cond.notify_all()
                 return {"ok": True}
             if kind != "order":

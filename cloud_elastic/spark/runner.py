@@ -73,7 +73,8 @@ def run_elastic(
 
     Uses the active SparkContext (or ``spark_context``). Missing sizes come from
     the Spark configuration (:func:`spark_defaults`). Raises :class:`JobFailed`
-    with the driver's reason when the job fails, and ConfigError for bad sizes.
+    with the driver's reason when the job fails (and, when a training function
+    raised, that exception's one-line summary), and ConfigError for bad sizes.
     """
     pyspark = require_pyspark()
     sc = spark_context or pyspark.SparkContext._active_spark_context
@@ -129,7 +130,9 @@ def run_elastic(
     finally:
         registry.close()
     if not finish.success:
-        raise JobFailed(finish.reason, finish.exit_code)
+        errors = registry.errors()
+        reason = f"{finish.reason} (the training function raised: {errors[0]})" if errors else finish.reason
+        raise JobFailed(reason, finish.exit_code)
     if "rows" not in collected:
         raise JobFailed(f"training finished but the Spark job failed: {collected.get('error')}")
     rows = sorted(collected["rows"], key=lambda r: (r[0] is None, r[0] if r[0] is not None else 0))

@@ -86,7 +86,11 @@ def run_task(settings: TaskSettings, index: int, attempt: int) -> list[tuple[int
             if wrapper is not None and wrapper.poll() is not None:
                 code = wrapper.returncode
                 code = 128 - code if 128 < code < 160 else code  # the wrapper's 128+N means signal N
-                client.call("exited", {"key": key, "code": code})
+                error = ""
+                if os.path.exists(result_path + ".error"):
+                    with open(result_path + ".error") as f:
+                        error = f.read(500)
+                client.call("exited", {"key": key, "code": code, "error": error})
                 if os.path.exists(result_path):
                     with open(result_path, "rb") as f:
                         result = pickle.load(f)

@@ -79,3 +79,18 @@ def test_a_killed_worker_shrinks_the_job_and_spark_retrying_its_task_brings_it_b
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["size"] == 2 for r in results), results
     assert len({r["checksum"] for r in results}) == 1, results
+
+
+def _broken() -> None:
+    import cloud_elastic.torch as hvd
+
+    hvd.init()
+    raise ValueError(f"bad batch on rank {hvd.rank()}")
+
+
+def test_a_failing_training_function_fails_the_job_with_its_error(spark):
+    from cloud_elastic.errors import JobFailed
+    from cloud_elastic.spark import run_elastic
+
+    with pytest.raises(JobFailed, match=r"the training function raised: ValueError: bad batch on rank \d"):
+        run_elastic(_broken, num_proc=2, min_np=2, max_np=2)
