@@ -1,9 +1,8 @@
 """One training function, three ways to run it: ``cloud-elastic run``, Ray and Spark.
 
-Under the launcher (hosts from -H, a cloud group, or a Ray cluster)::
+Under the launcher (hosts from -H or a cloud group)::
 
     cloud-elastic run -np 2 -H 127.0.0.1:2 python examples/elastic_anywhere.py --steps 50
-    cloud-elastic run --ray-address auto -np 2 python examples/elastic_anywhere.py --steps 50
 
 On Ray, from Python (workers are Ray actors)::
 

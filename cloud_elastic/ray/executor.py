@@ -173,7 +173,7 @@ class ElasticRayExecutor:
 
 @dataclass(frozen=True)
 class RayRun:
-    """What ``cloud-elastic run --ray-address`` hands the driver: ``Driver(config, discovery, launcher=launcher)``."""
+    """The pieces of a command job on Ray (for the CLI): ``Driver(config, discovery, launcher=launcher)``."""
 
     config: JobConfig
     discovery: RayHostDiscovery

@@ -5,7 +5,7 @@ host's node (``NodeAffinitySchedulingStrategy``, not soft), reserving the
 slot's resources (``cpus_per_slot`` CPUs, and ``gpus_per_slot`` GPUs with
 ``use_gpu``). It runs either a Python training function (serialised by Ray,
 sent once through the object store) inside the actor, or, for
-``cloud-elastic run --ray-address``, the job's command as a child of the actor.
+:func:`~cloud_elastic.ray.build_ray_run` (a command job, as the CLI runs), the job's command as a child of the actor.
 
 How the launcher guarantees of :mod:`cloud_elastic.driver.launch` hold here:
 
@@ -142,7 +142,7 @@ class RayLauncher:
     """Starts each worker as a Ray actor on the node its host key names (see module docstring).
 
     ``payload`` is the training function for :class:`~cloud_elastic.ray.ElasticRayExecutor`;
-    ``None`` runs each spec's command instead (``cloud-elastic run --ray-address``).
+    ``None`` runs each spec's command instead (:func:`~cloud_elastic.ray.build_ray_run`).
     Results and errors of training functions are collected for the caller.
     """
 
