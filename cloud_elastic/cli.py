@@ -97,6 +97,12 @@ def cli(ctx: click.Context) -> None:
 @click.option("--force-ssh", is_flag=True, hidden=True)
 @click.option("-x", "--env", multiple=True, metavar="NAME[=VALUE]",
               help="forward an environment variable to the workers (repeatable)")
+@click.option("--ray-address", metavar="ADDR",
+              help="run the workers as Ray actors on this Ray cluster ('auto' on a cluster node); Ray is the host "
+                   "source then (needs [ray], see docs/ray.md)")
+@click.option("--ray-use-gpu", is_flag=True, help="with --ray-address: one slot per GPU (default: per --ray-cpus-per-slot CPUs)")
+@click.option("--ray-cpus-per-slot", type=float, default=1.0, metavar="N",
+              help="with --ray-address: CPUs reserved per worker (default 1)")
 @click.option("--verbose", is_flag=True, help="debug logging")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="COMMAND...")
 def run(discovery: DiscoveryArgs, **params: Any) -> int:
@@ -107,12 +113,25 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
     """
     from cloud_elastic.providers.selection import build_discovery
 
+    ray_address = params.pop("ray_address")
+    ray_use_gpu, ray_cpus = params.pop("ray_use_gpu"), params.pop("ray_cpus_per_slot")
     config = job_config(params)
-    built = build_discovery(discovery)
+    launcher = None
+    if ray_address is not None:
+        if discovery.hosts or discovery.host_discovery_script or discovery.provider or discovery.cloud:
+            raise ConfigError("--ray-address is the host source: drop -H, --host-discovery-script, --provider "
+                              "and the cloud group flags")
+        from cloud_elastic.ray import build_ray_run
+
+        ray_run = build_ray_run(ray_address, config, use_gpu=ray_use_gpu, cpus_per_slot=ray_cpus,
+                                slots_per_host=discovery.slots_per_host)
+        config, built, launcher = ray_run.config, ray_run.discovery, ray_run.launcher
+    else:
+        built = build_discovery(discovery)
     _setup_logging(config.verbose)
     from cloud_elastic.driver.driver import Driver
 
-    driver = Driver(config, built)
+    driver = Driver(config, built, launcher=launcher)
     names = {signal.SIGINT: ("interrupted by SIGINT", 130), signal.SIGTERM: ("terminated by SIGTERM", 143)}
     for signum, (reason, code) in names.items():
         signal.signal(signum, lambda _s, _f, r=reason, c=code: driver.stop(r, c))

@@ -1,31 +1,36 @@
-"""``cloud-elastic run --ray-address``'s pieces: build_ray_run runs the job's command in Ray actors."""
+"""``cloud-elastic run --ray-address``: the job's command runs in Ray actors, one worker per slot."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
 
-from cloud_elastic.config import JobConfig
-from cloud_elastic.driver.driver import Driver
 from tests.ray.conftest import REPO
 
 # Generous bounds: a Ray cluster starts on a machine that may be shared.
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(360)]
 
 
-def test_the_command_runs_as_one_worker_per_node_and_the_job_succeeds(nodes, capfd):
-    from cloud_elastic.ray import build_ray_run
-
+def test_the_command_runs_as_one_worker_per_node_and_the_job_succeeds(nodes):
     nodes.add(2)
-    lines: list[str] = []
-    config = JobConfig(
-        command=(sys.executable, str(REPO / "examples" / "elastic_anywhere.py"), "--steps", "10"),
-        num_proc=2, min_np=2, max_np=2, cwd=str(REPO),
+    out = subprocess.run(
+        [sys.executable, "-m", "cloud_elastic.cli", "run", "--ray-address", nodes.cluster.address, "-np", "2",
+         sys.executable, str(REPO / "examples" / "elastic_anywhere.py"), "--steps", "10"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
     )
-    run = build_ray_run(nodes.cluster.address, config)
-    assert run.config.driver_address  # the node's IP, which the actors reach
-    finish = Driver(run.config, run.discovery, launcher=run.launcher, output=lines.append).run()
-    assert finish.success, finish.reason
-    assert finish.exit_code == 0
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "succeeded: training completed on 2 worker(s)" in out.stderr, out.stderr[-2000:]
 
+
+def test_ray_address_with_another_host_source_is_a_one_line_flag_error():
+    out = subprocess.run(
+        [sys.executable, "-m", "cloud_elastic.cli", "run", "--ray-address", "auto", "-H", "h:1", "-np", "1",
+         "python", "x.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "cloud-elastic: error: --ray-address is the host source: drop -H, --host-discovery-script, --provider "
+        "and the cloud group flags"]
