@@ -41,35 +41,6 @@ COMMIT_EVERY = 2
 BEGIN, END = "<!-- notice-latency:begin -->", "<!-- notice-latency:end -->"
 
 
-class TimedJob(Job):
-    """A Job whose output lines carry their arrival time."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        self.arrivals: list[tuple[float, str]] = []
-        super().__init__(*args, **kwargs)
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in iter(self.proc.stdout.readline, b""):
-            self.arrivals.append((time.monotonic(), raw.decode(errors="replace")))
-            self._handle_line(raw)
-        with self._cond:
-            self._cond.notify_all()
-
-    def _handle_line(self, raw: bytes) -> None:
-        import json
-        from tests.integration.harness import _EVENT, Event
-
-        line = raw.decode(errors="replace").rstrip("\n")
-        with self._cond:
-            self.lines.append(line)
-            m = _EVENT.match(line)
-            if m:
-                data = json.loads(m.group("json"))
-                self.events.append(Event(data["kind"], data))
-            self._cond.notify_all()
-
-
 def _metadata_source(cloud: str) -> Callable[[Path], Iterator[tuple[list[str], dict, Callable[[], None]]]]:
     factory = {"aws": FakeAWSMetadata, "gcp": FakeGCPMetadata, "azure": FakeAzureMetadata}[cloud]
 
@@ -144,7 +115,7 @@ SOURCES = {
 
 def one_run(source, tmp: Path) -> tuple[float, int]:
     with source(tmp) as (args, env, publish):
-        job = TimedJob(["run", "-np", "3", "--min-np", "1", "--discovery-interval", "1", *args,
+        job = Job(["run", "-np", "3", "--min-np", "1", "--discovery-interval", "1", *args,
                         *probe_cmd("--steps", "400", "--step-sleep", str(STEP_S), "--commit-every", str(COMMIT_EVERY))],
                        env=env)
         try:
@@ -152,7 +123,7 @@ def one_run(source, tmp: Path) -> tuple[float, int]:
             published = time.monotonic()
             publish()
             job.wait_event("commit", size=2, timeout=60)
-            when = next(t for t, line in job.arrivals if '"size": 2' in line and '"kind": "commit"' in line)
+            when = next(t for t, line in zip(job.times, job.lines) if '"size": 2' in line and '"kind": "commit"' in line)
             if job.finish(timeout=120) != 0:
                 raise RuntimeError("job failed:\n" + job.output())
         finally:

@@ -42,6 +42,7 @@ class Job:
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         self.lines: list[str] = []
+        self.times: list[float] = []  # when each line arrived (time.monotonic()), for benchmarks
         self.events: list[Event] = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -53,6 +54,7 @@ class Job:
             line = raw.decode(errors="replace").rstrip("\n")
             with self._cond:
                 self.lines.append(line)
+                self.times.append(time.monotonic())
                 m = _EVENT.match(line)
                 if m:
                     data = json.loads(m.group("json"))
