@@ -162,6 +162,9 @@ class Driver:
                         record.job_id, " ".join(record.command), " ".join(self.config.command))
         self._set_job_id(record.job_id)
         self._previous = _previous_driver(record.job_id)
+        if self._previous is not None and _pid_alive(self._previous[0]):
+            raise ConfigError(f"job {self.job_id} is already running here (driver pid {self._previous[0]}); "
+                              "stop it first or use another --checkpoint-dir")
         checkpoints = store.list()
         if not checkpoints:
             log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts over",
@@ -188,9 +191,6 @@ class Driver:
         if self._previous is None:
             return
         pid, last_alive = self._previous
-        if _pid_alive(pid):
-            raise ConfigError(f"job {self.job_id} is already running here (driver pid {pid}); "
-                              "stop it first or use another --checkpoint-dir")
         until = last_alive + _RECORD_TOUCH_S + self.config.driver_grace_s + _LAST_CHECKPOINT_S
         left = until - time.time()
         if left <= 0:
