@@ -75,7 +75,7 @@ SCHEMA: dict[str, EventKind] = {k.name: k for k in (
           {"command": (list,)}),
     _kind("hosts_changed", "discovery reported a different set of hosts",
           {"added": (list,), "removed": (list,), "draining": (list,)},
-          {"missing": (list,)}),
+          {"missing": (list,), "resized": (list,)}),
     _kind("worker_started", "a worker process was launched on a host slot", _WORKER, _WORKER_OPT),
     _kind("worker_ready", "a worker registered and is ready to join a round", _WORKER, _WORKER_OPT),
     _kind("worker_failed", "a worker exited or went silent before the job succeeded",

@@ -15,6 +15,7 @@ carries no per-host labels, so its cardinality stays fixed whatever the group do
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -23,6 +24,8 @@ from cloud_elastic.errors import ConfigError
 from cloud_elastic.events import validate
 
 __all__ = ["MetricsServer", "StepRate"]
+
+log = logging.getLogger(__name__)
 
 _EXTRA_HINT = "--metrics-port needs the prometheus-client package: pip install 'cloud-elastic[metrics]'"
 
@@ -109,8 +112,9 @@ class MetricsServer:
         return self._httpd.server_address[1]
 
     def start(self) -> None:
-        """Bind and serve; OSError if the port is taken."""
+        """Bind and serve; OSError if the port is taken. Logs where (with port 0, the port the system chose)."""
         self._httpd, _thread = self._prom.start_http_server(self._port, addr=self._bind, registry=self.registry)
+        log.info("job %s: Prometheus metrics at http://%s:%d/metrics", self.job_id, self._bind, self.port)
 
     def close(self) -> None:
         if self._httpd is not None:

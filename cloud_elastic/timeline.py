@@ -43,7 +43,7 @@ class Timeline:
     lanes: dict[tuple[str, int], list[WorkerLife]] = field(default_factory=dict)
     #: (t, host, source)
     notices: list[tuple[float, str, str]] = field(default_factory=list)
-    #: (t, steps lost, commit step rolled back to)
+    #: (t, steps lost, commit rolled back to)
     rollbacks: list[tuple[float, int, int | None]] = field(default_factory=list)
     outcome: str | None = None
 
@@ -142,7 +142,8 @@ def draw_timeline(events: Iterable[dict[str, Any]], output: str) -> str:
     for t, lost, commit in line.rollbacks:
         for ax in (top, bottom):
             ax.axvline(t, color="tab:red", linestyle="--", linewidth=1)
-        label = f"rollback: {lost} steps lost" + (f" (to step {commit})" if commit is not None else "")
+        label = f"rollback: {lost} step{'' if lost == 1 else 's'} lost" + (
+            f" (back to commit {commit})" if commit is not None else "")
         top.annotate(label, (t, top.get_ylim()[1]), xytext=(3, -12), textcoords="offset points",
                      fontsize=8, color="tab:red")
     bottom.set_xlabel("seconds since the job started")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -168,10 +169,11 @@ class ElasticJob:
     _from_checkpoint: bool = False
     _round_update_gen: int = 0
     _released: set[str] = field(default_factory=set)
+    _forced: set[str] = field(default_factory=set)  # draining hosts whose workers were removed by force
     _state_lost_logged: bool = False
     _completed: int = 0  # workers that exited after completing
     _last_discovery_error: str = ""
-    _pending_rollback: tuple[int, int] | None = None  # (aborted round, commits then), emitted at the next round
+    _pending_rollback: int | None = None  # the aborted round; its rollback is emitted when the next round forms
     _steps_lost: int = 0  # steps the survivors of the aborted round rolled back (they report it)
     _waits: dict[str, tuple[float, float]] = field(default_factory=dict)  # progress lines: key -> (since, last)
 
@@ -206,6 +208,8 @@ class ElasticJob:
                 draining=[{"host": h, "reason": self.hosts.draining[h].reason, "deadline": self.hosts.draining[h].deadline}
                           for h in changes.draining],
                 missing=list(changes.missing),
+                **({"resized": [{"host": h, "slots": self.hosts.ready[h]} for h in changes.resized]}
+                   if changes.resized else {}),
             )
         for host in changes.missing:
             log.warning(
@@ -349,7 +353,7 @@ class ElasticJob:
         elif before in (S.EXITING, S.DRAINING):
             log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.why or "told to exit")
             self._emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index, reason=w.why or "told to exit",
-                       round=w.round)
+                       **({"round": w.round} if w.round else {}))
             if was_member:
                 # It vanished before leaving its round: peers may be blocked in a
                 # collective with it, and only an abort releases them.
@@ -442,10 +446,12 @@ class ElasticJob:
         else:
             delay = self.hosts.blacklist.record_failure(w.slot, now)
             log.warning("job %s: %s; slot %s blacklisted for %.0fs", self.job_id, reason, w.slot, delay)
+        # A negative code is a signal (Popen's convention): the schema has exit_code null and the signal's name.
+        killed_by = _signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
         self._emit(
             "worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, reason=what,
-            exit_code=exit_code, blacklisted_s=round(delay, 1), whole_host=transport,
-            **({"signal": f"SIG{-exit_code}"} if exit_code is not None and exit_code < 0 else {}),
+            exit_code=None if killed_by else exit_code, blacklisted_s=round(delay, 1), whole_host=transport,
+            **({"round": w.round} if w.round else {}), **({"signal": killed_by} if killed_by else {}),
         )
         self._failure_since_round = True
         if was_member:
@@ -466,18 +472,22 @@ class ElasticJob:
         if self.phase is Phase.RUNNING and self.abort_round < self.round:
             self.abort_round = self.round
             log.info("job %s: round %d aborted; survivors roll back to their last commit", self.job_id, self.round)
-            self._pending_rollback = (self.round, max((w.commits for w in self._members()), default=0))
+            self._pending_rollback = self.round
 
     def _step(self, now: float) -> None:
         if self.phase is Phase.DONE:
             return
-        for host in self.hosts.expire(now):
+        expired = self.hosts.expire(now)
+        for host in expired:
             log.info("job %s: host %s stayed missing from discovery for %gs; removed", self.job_id, host,
                      self.hosts.missing_grace_s)
+        if expired:
+            why = f"missing from discovery for {self.hosts.missing_grace_s:g}s (--host-missing-grace)"
+            self._emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
         self._check_liveness(now)
         self._mark_leavers()
         self._enforce_deadlines(now)
-        self._release_drained()
+        self._release_drained(now)
         if self.phase is Phase.FINISHING:
             self._step_finishing(now)
             return
@@ -513,12 +523,21 @@ class ElasticJob:
 
     def _give_up(self, w: WorkerRecord, what: str, now: float) -> None:
         was_member = w.member_of(self.round)
-        leaving = w.state in (S.DRAINING, S.EXITING)
+        before, why_leaving = w.state, w.why
+        leaving = before in (S.DRAINING, S.EXITING)
         w.to(S.LOST, what)
         self._actions.append(Stop(w.worker_id, what, immediate=True))
         if not leaving and self.phase is not Phase.FINISHING:
             self._fail_worker(w, what, now, was_member=was_member, transport=False)
-        elif was_member:
+            return
+        if before is S.EXITING:
+            # It had already left its round; only its process was slow to go.
+            self._emit("worker_left", worker=w.worker_id, host=w.slot.host, slot=w.slot.index,
+                       reason=f"{why_leaving or 'told to exit'}; its process then {what} and was stopped",
+                       **({"round": w.round} if w.round else {}))
+        elif before is S.DRAINING:
+            self._lost_leaver(w, what)
+        if was_member:
             self._abort_round()
 
     # --------------------------------------------------- leaving hosts
@@ -551,17 +570,34 @@ class ElasticJob:
                     f"({drain.reason}); removed by force")
             log.warning("job %s: worker %s (%s) %s", self.job_id, w.worker_id, w.label, what)
             w.to(S.LOST, what)
+            self._forced.add(w.slot.host)
             self._actions.append(Stop(w.worker_id, what, immediate=True))
+            self._lost_leaver(w, what)
             self._abort_round()
 
-    def _release_drained(self) -> None:
+    def _lost_leaver(self, w: WorkerRecord, what: str) -> None:
+        """A draining worker lost inside its round: its peers roll back, but its slot is not blacklisted."""
+        self._last_failure = f"worker {w.worker_id} ({w.label}) {what}"
+        self._emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
+                   reason=what, exit_code=None, blacklisted_s=None, **({"round": w.round} if w.round else {}))
+
+    def _release_drained(self, now: float) -> None:
         """Once no worker is left on a draining host, the cloud may take it (once per host)."""
         busy = {w.slot.host for w in self._alive()}
-        for host in self.hosts.draining:
+        for host, drain in self.hosts.draining.items():
             if host not in busy and host not in self._released:
                 self._released.add(host)
                 self._actions.append(Release(host, self.hosts.instances.get(host)))
+                had_workers = any(w.slot.host == host for w in self.workers.values())
+                if had_workers:
+                    left = "" if drain.deadline is None else (
+                        f", {drain.deadline - (now + self._wall_offset):.1f}s before its deadline")
+                    how = ("removed by force before its deadline; the survivors rolled back to their last commit"
+                           if host in self._forced else "its workers left at a commit; 0 steps lost")
+                    log.info("job %s: host %s drained (%s, notice from %s)%s: %s", self.job_id, host, drain.reason,
+                             self.notice_sources.get(host, "the provider"), left, how)
         self._released &= set(self.hosts.draining)
+        self._forced &= set(self.hosts.draining)
 
     # ------------------------------------------------------------ finishing
     def _step_finishing(self, now: float) -> None:
@@ -722,15 +758,26 @@ class ElasticJob:
         )
         commit = max((w.commits for w in ordered), default=0)
         if self._pending_rollback is not None:
-            aborted, at = self._pending_rollback
-            self._pending_rollback = None
-            self._emit("rollback", round=aborted, commit_step=at if at else None, steps_lost=self._steps_lost,
+            aborted, self._pending_rollback = self._pending_rollback, None
+            # The survivors rolled back to what they reported at rendezvous, the step this round continues
+            # from; the commit count seen at the abort comes from older heartbeats and may lag behind.
+            self._emit("rollback", round=aborted, commit_step=commit if self.state_committed else None,
+                       steps_lost=self._steps_lost,
                        reason=self._last_failure or "a collective failed")
         self._steps_lost = 0
         self._emit(
             "round_formed", round=self.round, size=len(ordered), synced=self._needs_sync,
-            from_checkpoint=plan.from_checkpoint, step=commit, ranks=_ranks_by_host(ordered),
+            # Before anyone has committed there is no step to continue from (null, as documented).
+            from_checkpoint=plan.from_checkpoint, step=commit if self.state_committed else None,
+            ranks=_ranks_by_host(ordered),
         )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _ranks_by_host(ordered: list[WorkerRecord]) -> dict[str, list[int]]:

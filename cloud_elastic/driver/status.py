@@ -41,13 +41,19 @@ def _phase(job: ElasticJob) -> str:
 
 
 def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: float, wall_now: float,
-                 uptime_s: float) -> StatusReply:
-    """What the driver answers to a signed ``status`` request."""
+                 uptime_s: float, steps_per_s: float | None = None) -> StatusReply:
+    """What the driver answers to a signed ``status`` request.
+
+    ``steps_per_s`` is rank 0's commit rate as the driver measures it from heartbeats
+    (a :class:`~cloud_elastic.metrics.StepRate`); None shows as unknown.
+    """
     alive = [w for w in job.workers.values() if w.alive][:MAX_WORKER_ROWS]
     by_host: dict[str, list[WorkerStatus]] = {}
     for w in sorted(alive, key=lambda w: (w.slot.host, w.slot.index)):
         by_host.setdefault(w.slot.host, []).append(
-            WorkerStatus(w.slot.index, w.worker_id, _STATE_WORDS.get(w.state, w.state.value), w.rank)
+            # A rank is only meaningful in the current round (a leaver keeps its old one).
+            WorkerStatus(w.slot.index, w.worker_id, _STATE_WORDS.get(w.state, w.state.value),
+                         w.rank if w.member_of(job.round) else None)
         )
     hosts = job.hosts
     rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ()))) for h, n in hosts.ready.items()]
@@ -66,6 +72,7 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
         uptime_s=round(uptime_s, 1),
         resets=job.resets,
         commit_step=commit or None,
+        steps_per_s=None if steps_per_s is None else round(steps_per_s, 2),
         hosts=tuple(rows),
         blacklisted=tuple(
             BlacklistedSlot(s.host, s.index, round(left, 1), failures)

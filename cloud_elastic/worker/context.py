@@ -264,21 +264,31 @@ class WorkerContext:
 
     # ---------------------------------------------------------------- notices
     def _maybe_watch_notices(self, cloud: Any) -> None:
-        """Start this host's metadata notice watcher when the driver picks this worker for it (once)."""
+        """Start this host's metadata notice watcher when the driver picks this worker for it (once).
+
+        Never raises: a watcher that cannot start costs the notice's lead time, not the training.
+        """
         if not isinstance(cloud, str) or self._notice_watcher is not None or self._codec is None:
             return
+        try:
+            self._start_notice_watcher(cloud)
+        except Exception:  # noqa: BLE001 - logged with its traceback; training goes on without a watcher
+            log.exception("worker %s: could not start the %s notice watcher", self.worker_id, cloud)
+
+    def _start_notice_watcher(self, cloud: str) -> None:
         from cloud_elastic.errors import ConfigError
         from cloud_elastic.notices import watcher_for
 
         try:
-            watcher = watcher_for(cloud, self.hostname, self._environ)
+            watcher = watcher_for(cloud, self.hostname)  # its endpoint overrides come from this process's environment
         except ConfigError as exc:
             log.warning("worker %s: no %s notice watcher: %s", self.worker_id, cloud, exc)
             return
         if watcher is None:
             return
         self._notice_watcher = watcher
-        client = DriverClient(self._driver_addr, self._codec, self.worker_id)
+        assert self._codec is not None
+        client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
 
         def report(notice: Any) -> None:
             try:

@@ -80,3 +80,41 @@ def test_run_drains_the_host_a_spot_warning_names_and_the_others_go_on_without_r
     assert resets and all(r["executed"] == r["step"] for r in resets), f"survivors rolled back: {resets}"
     done = job.of("done")
     assert len(done) == 2 and {e["step"] for e in done} == {60} and len({e["checksum"] for e in done}) == 1
+
+
+def test_run_drains_an_instance_a_lifecycle_hook_holds_and_completes_the_action_exactly_once(aws):
+    """Scale-in with a termination hook: Terminating:Wait drains the host; once its worker has left, the
+    driver lets AWS proceed (CompleteLifecycleAction, once) instead of waiting out the hook's timeout."""
+    from tests.emulator.moto_env import clients, hold
+
+    members = make_group(aws.url, "run-hook", size=3, instance_type="g4dn.xlarge", cidr="10.83.1.0/24")
+    autoscaling, _ = clients(aws.url)
+    autoscaling.put_lifecycle_hook(AutoScalingGroupName="run-hook", LifecycleHookName="drain", HeartbeatTimeout=600,
+                                   LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING",
+                                   DefaultResult="CONTINUE")
+    leaving = members[2]
+    job = Job([
+        "run", "-np", "3", "--min-np", "1", "--discovery-interval", "0.3",
+        "--aws-asg", "run-hook", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
+        "--address-map", "10.83.1.0/24=127.0.83.0/24",
+        *probe_cmd("--steps", "80", "--commit-every", "4"),
+    ])
+    try:
+        job.wait_event("commit", rank=0, step=8, timeout=90)
+        hold(aws, "run-hook", leaving["id"], "drain")
+        job.wait_event("commit", size=2, timeout=60)
+        assert job.finish() == 0, job.output()
+    finally:
+        if job.proc.poll() is None:
+            job.kill()
+
+    host = f"127.0.83.{leaving['ip'].rsplit('.', 1)[1]}"
+    assert f"host {host} is draining" in job.output()
+    completions = [c for c in aws.lifecycle_calls if c["Action"] == "CompleteLifecycleAction"]
+    assert len(completions) == 1, aws.lifecycle_calls
+    assert completions[0]["LifecycleActionResult"] == "CONTINUE"
+    assert completions[0].get("InstanceId", leaving["id"]) == leaving["id"]
+    resets = job.of("reset")
+    assert resets and all(r["executed"] == r["step"] for r in resets), f"survivors rolled back: {resets}"
+    done = job.of("done")
+    assert len(done) == 2 and {e["step"] for e in done} == {80} and len({e["checksum"] for e in done}) == 1

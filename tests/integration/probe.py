@@ -53,6 +53,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--min-resets", type=int, default=0, help="keep training past --steps/--epochs until this many resets")
+    p.add_argument("--commit-every", type=int, default=1, help="commit every N steps (without a sampler)")
     args = p.parse_args()
 
     hvd.init()
@@ -100,8 +101,9 @@ def main() -> None:
         if sampler is None:
             while state.step < args.steps or state.resets < args.min_resets:
                 one_step()
-                state.commit()
-                event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
+                if state.step % args.commit_every == 0 or state.step >= args.steps:
+                    state.commit()
+                    event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
             return
         while True:
             sampler.set_epoch(state.epoch)

@@ -30,7 +30,9 @@ def test_fifty_lost_peers_leave_threads_and_descriptors_flat():
     assert {r["loss"] for r in rounds} == {"kill", "stop"}
     last = rounds[-1]
     assert (last["reclaimed"], last["leaked"]) == (ROUNDS - 1, 0), last
-    # Counts vary by a transient thread and by the kind of the latest loss, but do not grow.
+    # Counts vary by a transient thread or connection (a heartbeat reconnecting under load) and by the
+    # kind of the latest loss, but do not grow: a leak adds about 3 threads and 4 descriptors per loss,
+    # so 40 losses later it would be far beyond this slack.
     early, late = rounds[:10], rounds[-10:]
     for what in ("threads", "fds"):
-        assert max(r[what] for r in late) <= max(r[what] for r in early), (what, [r[what] for r in rounds])
+        assert max(r[what] for r in late) <= max(r[what] for r in early) + 2, (what, [r[what] for r in rounds])

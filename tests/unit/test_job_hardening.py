@@ -151,7 +151,8 @@ def test_with_checkpoints_a_whole_group_loss_resumes_from_the_checkpoint() -> No
 
 
 # ------------------------------------------------------- notices and deadlines
-def test_a_notice_drains_the_host_with_zero_rollback_and_releases_it() -> None:
+def test_a_notice_drains_the_host_with_zero_rollback_and_releases_it(caplog) -> None:
+    caplog.set_level("INFO", logger="cloud_elastic")
     sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
     sim.job.notice("b", Drain(deadline=T0 + 120, reason="spot interruption"), sim.now, source="aws-imds")
     sim._collect()
@@ -162,6 +163,9 @@ def test_a_notice_drains_the_host_with_zero_rollback_and_releases_it() -> None:
     assert sim.released == []
     sim.exit("b[0]", CLEAN)
     assert sim.released == [Release("b", None)]
+    drained = [r.getMessage() for r in caplog.records if "drained" in r.getMessage()]
+    assert drained == ["job t: host b drained (spot interruption, notice from aws-imds), 120.0s before its deadline: "
+                       "its workers left at a commit; 0 steps lost"]
     assert sim.job.hosts.blacklist.failures(sim.job.workers[sim.id("b[0]")].slot) == 0
     sim.advance(5)
     assert sim.released == [Release("b", None)]  # once
@@ -231,3 +235,15 @@ def test_a_providers_soft_notice_keeps_new_workers_off_the_host() -> None:
                        sim.now)
     sim._collect()
     assert sim.slots_launched() == ["a[0]", "c[0]"]
+
+
+def test_a_notice_for_rank_0s_host_hands_rank_0_to_the_oldest_survivor() -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
+    sim.commit("a[0]", "b[0]", "c[0]", count=7)
+    sim.job.notice("a", Drain(deadline=T0 + 120, reason="spot interruption"), sim.now, source="aws-imds")
+    sim._collect()
+    assert_round(sim.join("b[0]", "c[0]", reason="update"), 2, needs_sync=False)
+    assert sim.layout() == ["b[0]", "c[0]"]
+    assert isinstance(sim.join("a[0]", reason="update")["a[0]"], ExitOrder)
+    sim.exit("a[0]", CLEAN)
+    assert sim.outcome is None and sim.released == [Release("a", None)]

@@ -1,0 +1,206 @@
+"""Spot notice to new size: how long the survivors take to step at the new size, and what is lost.
+
+For each notice source (the AWS, GCP and Azure metadata watchers against local fake
+metadata services, and AWS queue mode against moto's SQS), a job on three loopback
+hosts (commit every 2 steps, 20 ms steps) gets a notice for one host mid-training.
+Measured per run, on the benchmark's own clock (lines timestamped as they arrive):
+
+* notice -> new size: from the moment the notice is published to the first commit
+  the survivors make at world size 2;
+* steps lost: steps the survivors executed twice (0 when they left at a commit).
+
+Run: ``.venv/bin/python benchmarks/notice_latency.py [--runs 3]`` (about 1 minute a
+run); it prints a table and writes it into docs/benchmarks.md between the markers
+``<!-- notice-latency:begin -->`` and ``<!-- notice-latency:end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.emulator.fake_metadata import (  # noqa: E402
+    FakeAWSMetadata, FakeAzureMetadata, FakeGCPMetadata, per_host,
+)
+from tests.integration.harness import HostsFile, Job, probe_cmd  # noqa: E402
+
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+LEAVING = "127.0.0.3"
+STEP_S = 0.02
+COMMIT_EVERY = 2
+BEGIN, END = "<!-- notice-latency:begin -->", "<!-- notice-latency:end -->"
+
+
+class TimedJob(Job):
+    """A Job whose output lines carry their arrival time."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.arrivals: list[tuple[float, str]] = []
+        super().__init__(*args, **kwargs)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            self.arrivals.append((time.monotonic(), raw.decode(errors="replace")))
+            self._handle_line(raw)
+        with self._cond:
+            self._cond.notify_all()
+
+    def _handle_line(self, raw: bytes) -> None:
+        import json
+        from tests.integration.harness import _EVENT, Event
+
+        line = raw.decode(errors="replace").rstrip("\n")
+        with self._cond:
+            self.lines.append(line)
+            m = _EVENT.match(line)
+            if m:
+                data = json.loads(m.group("json"))
+                self.events.append(Event(data["kind"], data))
+            self._cond.notify_all()
+
+
+def _metadata_source(cloud: str) -> Callable[[Path], Iterator[tuple[list[str], dict, Callable[[], None]]]]:
+    factory = {"aws": FakeAWSMetadata, "gcp": FakeGCPMetadata, "azure": FakeAzureMetadata}[cloud]
+
+    @contextlib.contextmanager
+    def source(tmp: Path):
+        with per_host(factory, HOSTS) as fakes:
+            port = fakes[HOSTS[0]].port
+            env = {
+                "aws": {"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://{{host}}:{port}", "AWS_EC2_METADATA_DISABLED": "false"},
+                "gcp": {"GCE_METADATA_HOST": f"{{host}}:{port}"},
+                "azure": {"CLOUD_ELASTIC_AZURE_IMDS_ENDPOINT": f"http://{{host}}:{port}"},
+            }[cloud]
+            hosts = HostsFile(tmp, HOSTS)
+            args = ["--host-discovery-script", str(hosts.script), "--notice-watcher", cloud]
+            fake = fakes[LEAVING]
+
+            def publish() -> None:
+                if cloud == "aws":
+                    fake.set_spot_action("terminate", time.time() + 120)
+                elif cloud == "gcp":
+                    fake.set_preempted(True)
+                else:
+                    fake.add_event("Preempt", not_before=time.time() + 60)
+
+            yield args, env, publish
+
+    return source
+
+
+@contextlib.contextmanager
+def _sqs_source(tmp: Path):
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    from tests.emulator.moto_env import MotoProxy, event, make_group, sqs_client
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    proxy = MotoProxy(f"http://{host}:{port}").start()
+    try:
+        name = f"bench-{int(time.time() * 1000) % 10**9}"
+        members = make_group(proxy.url, name, size=3, instance_type="g4dn.xlarge", cidr="10.84.1.0/24")
+        sqs = sqs_client(proxy.url)
+        url = sqs.create_queue(QueueName=name)["QueueUrl"]
+        args = ["--aws-asg", name, "--aws-region", "us-east-1", "--aws-endpoint-url", proxy.url,
+                "--aws-notice-queue", url, "--address-map", "10.84.1.0/24=127.0.84.0/24"]
+        env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+        leaving = members[2]["id"]
+
+        def publish() -> None:
+            now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            sqs.send_message(QueueUrl=url, MessageBody=event(
+                "EC2 Spot Instance Interruption Warning", {"instance-id": leaving, "instance-action": "terminate"},
+                time=now))
+
+        yield args, env, publish
+    finally:
+        proxy.stop()
+        server.stop()
+
+
+SOURCES = {
+    "aws-imds": _metadata_source("aws"),
+    "gcp-metadata": _metadata_source("gcp"),
+    "azure-scheduled-events": _metadata_source("azure"),
+    "aws-sqs (queue mode)": _sqs_source,
+}
+
+
+def one_run(source, tmp: Path) -> tuple[float, int]:
+    with source(tmp) as (args, env, publish):
+        job = TimedJob(["run", "-np", "3", "--min-np", "1", "--discovery-interval", "1", *args,
+                        *probe_cmd("--steps", "400", "--step-sleep", str(STEP_S), "--commit-every", str(COMMIT_EVERY))],
+                       env=env)
+        try:
+            job.wait_event("commit", rank=0, step=40, timeout=120)
+            published = time.monotonic()
+            publish()
+            job.wait_event("commit", size=2, timeout=60)
+            when = next(t for t, line in job.arrivals if '"size": 2' in line and '"kind": "commit"' in line)
+            if job.finish(timeout=120) != 0:
+                raise RuntimeError("job failed:\n" + job.output())
+        finally:
+            if job.proc.poll() is None:
+                job.kill()
+        lost = sum(max(0, r["executed"] - r["step"]) for r in job.of("reset") if r["rank"] == 0)
+        return when - published, lost
+
+
+def main() -> None:
+    import tempfile
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = p.parse_args()
+    rows = []
+    for name, source in SOURCES.items():
+        latencies, losses = [], []
+        for i in range(args.runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                latency, lost = one_run(source, Path(tmp))
+            latencies.append(latency)
+            losses.append(lost)
+            print(f"{name} run {i + 1}: notice -> new size {latency:.2f} s, steps lost {lost}", flush=True)
+        latencies.sort()
+        p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
+        rows.append(f"| {name} | {statistics.median(latencies):.2f} s | {p95:.2f} s | {max(losses)} | {args.runs} |")
+    table = "\n".join([
+        f"Measured {datetime.now(timezone.utc):%Y-%m-%d} with `benchmarks/notice_latency.py --runs {args.runs}`: "
+        f"three loopback hosts, {STEP_S * 1000:.0f} ms steps, a commit every {COMMIT_EVERY} steps, "
+        "`--discovery-interval 1`. Target: at most 1 s plus one step, 0 steps lost.",
+        "",
+        "| notice source | notice -> stepping at the new size, p50 | p95 | steps lost (max) | runs |",
+        "|---|---|---|---|---|",
+        *rows,
+    ])
+    print(table)
+    if not args.no_write:
+        doc = REPO / "docs" / "benchmarks.md"
+        text = doc.read_text()
+        block = f"{BEGIN}\n{table}\n{END}"
+        if BEGIN in text:
+            text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+        else:
+            text = text.rstrip() + "\n\n## Spot notice to new size\n\n" + block + "\n"
+        doc.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""Lazy import of Ray: ``import cloud_elastic`` (and even ``cloud_elastic.ray``) never pulls it in."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from cloud_elastic.errors import MissingDependencyError
+
+__all__ = ["require_ray"]
+
+
+def require_ray() -> ModuleType:
+    """The ``ray`` module; a one-line :class:`MissingDependencyError` naming ``cloud-elastic[ray]`` without it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise MissingDependencyError("ray", "ray") from exc
+    return ray

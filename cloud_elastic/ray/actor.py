@@ -1,0 +1,124 @@
+"""The Ray actor that hosts one worker. Runs in the actor's process on its node.
+
+Imports only the standard library at module level (plus ``cloud_elastic.worker``
+once a training function returned), so the actor starts fast and importing
+this module never pulls in Ray or torch.
+
+The job's secret arrives as an argument of the method call that starts the
+worker, never in the actor's constructor or ``runtime_env``: Ray keeps
+creation arguments and runtime environments in its GCS (for restarts and the
+dashboard), while a method's arguments travel once, inside the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["REMOTE_MODULE", "WorkerActor"]
+
+REMOTE_MODULE = "cloud_elastic.driver.remote"
+
+
+class WorkerActor:
+    """One worker: either a Python training function run in this process, or a command run as a child.
+
+    Created with ``max_concurrency=2`` so :meth:`order` can reach a running command.
+    """
+
+    def __init__(self) -> None:
+        self._wrapper: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def run_function(
+        self, env: Mapping[str, str], secret: str, fn: Callable[..., Any], args: Sequence[Any],
+        kwargs: Mapping[str, Any], gpu: bool,
+    ) -> dict[str, Any]:
+        """Call ``fn(*args, **kwargs)`` as this job's worker; the worker library reads ``env`` at ``init()``.
+
+        Returns ``{"kind": "result", "rank", "value"}`` when ``fn`` returned, or
+        ``{"kind": "exit", "code"}`` when it left through ``sys.exit`` (a worker the
+        driver told to leave exits 0). An exception propagates to the caller as Ray's
+        task error, which is an instance of the user's exception class.
+        """
+        _worker_environment(env, secret, gpu)
+        try:
+            value = fn(*args, **dict(kwargs))
+        except SystemExit as exc:
+            code = exc.code
+            return {"kind": "exit", "code": code if isinstance(code, int) else (0 if code is None else 1)}
+        rank = None
+        from cloud_elastic.worker import context
+
+        if context.is_initialized():
+            ctx = context.get_context()
+            rank = ctx.info.rank
+            ctx.close()  # stop heartbeats: this worker is done
+        return {"kind": "result", "rank": rank, "value": value}
+
+    def run_command(
+        self, env: Mapping[str, str], secret: str, cwd: str, command: Sequence[str], grace_s: float, gpu: bool,
+    ) -> dict[str, Any]:
+        """Run ``command`` on this node through the SSH launcher's wrapper (:mod:`cloud_elastic.driver.remote`).
+
+        The wrapper reads the secret from its stdin, runs the worker in its own process
+        group, and stops that group when its stdin closes, which is what happens when
+        this actor is killed: a stopped worker leaves no process behind.
+        """
+        _worker_environment(env, None, gpu)
+        child_env = dict(os.environ)
+        child_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), child_env.get("PATH", "")])
+        # The driver's directory may not exist on this node; then run where Ray put us.
+        workdir = cwd if os.path.isdir(cwd) else os.getcwd()
+        argv = [sys.executable, "-m", REMOTE_MODULE, "ray", repr(grace_s), "0", workdir, *command]
+        with self._lock:
+            self._wrapper = subprocess.Popen(argv, env=child_env, stdin=subprocess.PIPE)
+            assert self._wrapper.stdin is not None
+            self._wrapper.stdin.write(secret.encode() + b"\n")
+            self._wrapper.stdin.flush()
+        code = self._wrapper.wait()
+        # The wrapper exits 128+N for a worker killed by signal N, as a shell does.
+        return {"kind": "exit", "code": 128 - code if 128 < code < 160 else code}
+
+    def order(self, line: str) -> None:
+        """Pass ``TERM <grace>`` or ``KILL`` to the running command's wrapper (no-op without one)."""
+        with self._lock:
+            wrapper = self._wrapper
+        if wrapper is None or wrapper.stdin is None:
+            return
+        try:
+            wrapper.stdin.write(line.encode() + b"\n")
+            wrapper.stdin.flush()
+        except (OSError, ValueError):  # the wrapper has ended already
+            pass
+
+
+def _worker_environment(env: Mapping[str, str], secret: str | None, gpu: bool) -> None:
+    """Put the worker's settings into this process's environment before the worker library reads it."""
+    import ray
+
+    os.environ.update(env)
+    # The driver names hosts by Ray node id; Gloo needs an address this node can bind.
+    os.environ["CLOUD_ELASTIC_HOSTNAME"] = ray.util.get_node_ip_address()
+    if secret is not None:
+        os.environ["CLOUD_ELASTIC_SECRET"] = secret
+    if gpu:
+        # The worker library picks cuda:<local rank>; Ray would show each actor only its
+        # own GPU, so, as Horovod's Ray executor did, show the node's GPUs to every worker.
+        gpus = _node_gpus()
+        if gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
+
+
+def _node_gpus() -> int:
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    for info in ray.nodes():
+        if info.get("NodeID") == node:
+            return int(info.get("Resources", {}).get("GPU", 0))
+    return 0

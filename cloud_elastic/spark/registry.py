@@ -1,0 +1,199 @@
+"""The driver side of the Spark executor: tasks register here; discovery and launch read and write it.
+
+Each of the job's Spark tasks registers when it starts (``register``), then
+long-polls for orders (``order``) every fraction of a second, which is also
+its heartbeat, and reports its worker's exit (``exited``). The messages ride
+the control plane's signed JSON (:class:`~cloud_elastic.driver.server.ControlServer`)
+under a key of their own that reached the tasks inside their Spark closure.
+
+A task is a host with one slot, named ``<ip>/task<index>.<attempt>``: a retry
+of a failed task (Spark's way of giving capacity back) is a new host, so the
+driver admits it at once instead of waiting out the failed slot's cooldown.
+
+The driver's per-job secret travels in the ``start`` order sealed under the
+registry key (:func:`seal`), never in clear.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cloud_elastic.control import Codec
+from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.errors import ControlPlaneError
+
+__all__ = ["TaskEntry", "TaskRegistry", "seal", "unseal"]
+
+log = logging.getLogger(__name__)
+
+#: How long one ``order`` long-poll waits for an order.
+ORDER_POLL_S = 0.5
+
+
+def _keystream(key: str, nonce: bytes, length: int) -> bytes:
+    out = b""
+    counter = 0
+    while len(out) < length:
+        out += hmac.new(key.encode(), nonce + counter.to_bytes(4, "big"), hashlib.sha256).digest()
+        counter += 1
+    return out[:length]
+
+
+def seal(key: str, secret: str) -> str:
+    """``secret`` encrypted and authenticated under ``key`` (HMAC-SHA256 in counter mode, then a MAC), as hex."""
+    nonce = secrets.token_bytes(16)
+    data = secret.encode()
+    body = nonce + bytes(a ^ b for a, b in zip(data, _keystream(key, b"enc" + nonce, len(data))))
+    tag = hmac.new(key.encode(), b"mac" + body, hashlib.sha256).digest()
+    return (body + tag).hex()
+
+
+def unseal(key: str, sealed: str) -> str:
+    """The secret :func:`seal` sealed; ValueError when it was not sealed under ``key``."""
+    raw = bytes.fromhex(sealed)
+    body, tag = raw[:-32], raw[-32:]
+    if len(body) < 16 or not hmac.compare_digest(tag, hmac.new(key.encode(), b"mac" + body, hashlib.sha256).digest()):
+        raise ValueError("the sealed secret does not verify")
+    nonce, data = body[:16], body[16:]
+    return bytes(a ^ b for a, b in zip(data, _keystream(key, b"enc" + nonce, len(data)))).decode()
+
+
+@dataclass
+class TaskEntry:
+    """What the driver knows about one registered task attempt."""
+
+    key: str
+    index: int
+    attempt: int
+    ip: str
+    last_seen: float
+    orders: list[dict[str, Any]] = field(default_factory=list)
+    worker_id: str | None = None
+    exit_code: int | None = None
+    #: One-line summary of the exception the training function raised, if it did.
+    error: str = ""
+
+
+class TaskRegistry:
+    """Registered tasks, their orders and their workers' exits. Thread-safe; ``start()`` serves, ``close()`` stops.
+
+    ``stale_s``: a task silent this long is gone (its executor died); its host
+    leaves discovery and its worker counts as lost.
+    """
+
+    def __init__(self, job_id: str, *, bind: str = "127.0.0.1", stale_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.job_id = job_id
+        self.key = secrets.token_hex(32)
+        self.stale_s = stale_s
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._tasks: dict[str, TaskEntry] = {}
+        self._closing = False
+        self._server = ControlServer(Codec(self.key, job_id), self._handle, bind=bind)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    def start(self) -> None:
+        self._server.start()
+
+    def finish(self) -> None:
+        """Training is over: every task polling or registering from now on is told to exit at once."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        self.finish()
+        self._server.close()
+
+    # ------------------------------------------------------------ driver side
+    def alive(self) -> dict[str, TaskEntry]:
+        """Tasks that poll and whose worker has not exited: the hosts discovery reports."""
+        now = self._clock()
+        with self._cond:
+            return {k: t for k, t in self._tasks.items()
+                    if t.exit_code is None and now - t.last_seen <= self.stale_s and not self._closing}
+
+    def errors(self) -> list[str]:
+        """Summaries of the exceptions training functions raised, in registration order."""
+        with self._cond:
+            return [t.error for t in self._tasks.values() if t.error]
+
+    def entry(self, key: str) -> TaskEntry | None:
+        with self._cond:
+            return self._tasks.get(key)
+
+    def is_stale(self, key: str) -> bool:
+        with self._cond:
+            t = self._tasks.get(key)
+            return t is None or self._clock() - t.last_seen > self.stale_s
+
+    def order(self, key: str, order: dict[str, Any]) -> bool:
+        """Queue ``order`` for task ``key``; False when there is no such task."""
+        with self._cond:
+            t = self._tasks.get(key)
+            if t is None:
+                return False
+            if order.get("order") == "start":
+                t.worker_id = order["worker_id"]
+            t.orders.append(order)
+            self._cond.notify_all()
+            return True
+
+    # ------------------------------------------------------------- task side
+    def _handle(self, kind: str, msg: dict[str, Any]) -> dict[str, Any]:
+        if kind == "register":
+            return self._register(msg)
+        key = msg.get("key")
+        if not isinstance(key, str):
+            raise ControlPlaneError("message lacks a task key")
+        with self._cond:
+            t = self._tasks.get(key)
+            if t is None:
+                return {"order": "exit"}
+            t.last_seen = self._clock()
+            if kind == "exited":
+                code = msg.get("code")
+                if not isinstance(code, int) or isinstance(code, bool):
+                    raise ControlPlaneError("malformed exited message")
+                t.exit_code = code
+                error = msg.get("error")
+                t.error = error[:500] if isinstance(error, str) else ""
+                self._cond.notify_all()
+                return {"ok": True}
+            if kind != "order":
+                raise ControlPlaneError(f"unknown message kind {kind!r}")
+            deadline = self._clock() + ORDER_POLL_S
+            while not t.orders and not self._closing and self._clock() < deadline:
+                self._cond.wait(max(0.0, deadline - self._clock()))
+            t.last_seen = self._clock()
+            if t.orders:
+                return t.orders.pop(0)
+            if self._closing:  # a task with a worker still running stops it, then exits
+                return {"order": "exit"}
+            return {"order": "none"}
+
+    def _register(self, msg: dict[str, Any]) -> dict[str, Any]:
+        index, attempt, ip = msg.get("index"), msg.get("attempt"), msg.get("ip")
+        if not isinstance(index, int) or not isinstance(attempt, int) or not isinstance(ip, str) or not ip:
+            raise ControlPlaneError("malformed register message")
+        with self._cond:
+            if self._closing:
+                return {"order": "exit"}
+            key = f"{ip}/task{index}.{attempt}"
+            if key not in self._tasks:
+                self._tasks[key] = TaskEntry(key, index, attempt, ip, self._clock())
+                log.info("job %s: spark task %d (attempt %d) registered on %s", self.job_id, index, attempt, ip)
+            self._cond.notify_all()
+            return {"key": key}

@@ -1,0 +1,46 @@
+"""Runs a training function in a worker process of its own: ``python -m cloud_elastic.spark.runfn FN RESULT``.
+
+The Spark task writes the function (as Spark's cloudpickle serialised it, in a
+private temporary directory on its own executor) to ``FN`` and starts this
+module through the SSH launcher's wrapper, so the worker has a process group
+of its own that dies with the task. When the function returns, its value and
+this worker's rank go to ``RESULT``; the task hands them back to Spark. When it
+raises, the exception's one-line summary goes to ``RESULT.error`` for the caller. No
+pickle ever crosses a socket here: both files are local to the task.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+
+def main(argv: list[str]) -> int:
+    fn_path, result_path = argv
+    with open(fn_path, "rb") as f:
+        fn, args, kwargs = pickle.load(f)
+    try:
+        value = fn(*args, **kwargs)  # a worker told to leave exits 0 from inside
+    except Exception as exc:
+        # One line for the caller of run_elastic; the traceback goes to the executor's log.
+        import traceback
+
+        with open(result_path + ".error", "w") as f:
+            f.write("".join(traceback.format_exception_only(type(exc), exc)).strip()[:500])
+        raise
+    rank = None
+    from cloud_elastic.worker import context
+
+    if context.is_initialized():
+        rank = context.get_context().info.rank
+        context.get_context().close()
+    with open(result_path + ".tmp", "wb") as f:
+        pickle.dump({"rank": rank, "value": value}, f)
+    import os
+
+    os.replace(result_path + ".tmp", result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

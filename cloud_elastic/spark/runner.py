@@ -1,0 +1,148 @@
+"""``run_elastic``: an elastic job whose workers run beside the tasks of a Spark stage.
+
+As in Horovod's elastic Spark runner: the job starts ``max_np`` Spark tasks;
+each registers its executor with the driver's task registry; the driver (the
+one of ``cloud-elastic run``) launches workers on registered tasks; a task
+whose worker fails raises, Spark retries it (possibly elsewhere) and the retry
+is admitted as new capacity; tasks still queued when training ends exit at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.errors import ConfigError, JobFailed
+from cloud_elastic.spark._deps import require_pyspark
+
+__all__ = ["run_elastic", "spark_defaults"]
+
+log = logging.getLogger(__name__)
+
+
+def _conf_int(conf: Any, name: str) -> int | None:
+    raw = conf.get(name, None)
+    try:
+        return int(raw) if raw not in (None, "") else None
+    except ValueError:
+        raise ConfigError(f"Spark configuration {name} must be an integer, got {raw!r}") from None
+
+
+def spark_defaults(conf: Any, default_parallelism: int,
+                   num_proc: int | None, min_np: int | None, max_np: int | None) -> tuple[int, int, int]:
+    """``(num_proc, min_np, max_np)`` with the gaps filled from the Spark configuration.
+
+    ``num_proc``: ``spark.dynamicAllocation.initialExecutors``, else ``minExecutors``,
+    else ``spark.default.parallelism``; ``min_np``: ``minExecutors``, else
+    ``num_proc``; ``max_np``: ``maxExecutors``, else ``num_proc``.
+    """
+    dyn_min = _conf_int(conf, "spark.dynamicAllocation.minExecutors")
+    dyn_max = _conf_int(conf, "spark.dynamicAllocation.maxExecutors")
+    dyn_initial = _conf_int(conf, "spark.dynamicAllocation.initialExecutors")
+    if num_proc is None:
+        num_proc = dyn_initial or dyn_min or default_parallelism
+    if min_np is None:
+        min_np = dyn_min or num_proc
+    if max_np is None:
+        max_np = dyn_max or num_proc
+    return num_proc, min_np, max_np
+
+
+def run_elastic(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    num_proc: int | None = None,
+    min_np: int | None = None,
+    max_np: int | None = None,
+    *,
+    elastic_timeout: float = 600.0,
+    start_timeout: float = 600.0,
+    reset_limit: int | None = None,
+    cooldown_range: tuple[float, float] = (1.0, 10.0),
+    env: Mapping[str, str] | None = None,
+    spark_context: Any = None,
+    verbose: bool = False,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` elastically on Spark; return the values of the final round, in rank order.
+
+    Uses the active SparkContext (or ``spark_context``). Missing sizes come from
+    the Spark configuration (:func:`spark_defaults`). Raises :class:`JobFailed`
+    with the driver's reason when the job fails (and, when a training function
+    raised, that exception's one-line summary), and ConfigError for bad sizes.
+    """
+    pyspark = require_pyspark()
+    sc = spark_context or pyspark.SparkContext._active_spark_context
+    if sc is None:
+        raise ConfigError("no active SparkContext: create a SparkSession (or pass spark_context=) first")
+    num_proc, min_np, max_np = spark_defaults(sc.getConf(), sc.defaultParallelism, num_proc, min_np, max_np)
+    address = _driver_address(sc)
+    bind = "127.0.0.1" if address.startswith("127.") else "0.0.0.0"
+    config = JobConfig(
+        command=("<spark task>", getattr(fn, "__qualname__", type(fn).__name__)),  # a label: tasks run fn
+        num_proc=num_proc, min_np=min_np, max_np=max_np, elastic_timeout_s=elastic_timeout,
+        start_timeout_s=start_timeout, reset_limit=reset_limit, cooldown_range_s=tuple(cooldown_range),
+        driver_address=address, notice_watcher="none", verbose=verbose,
+        forward_env=tuple(f"{k}={v}" for k, v in (env or {}).items()),
+    )
+    from cloud_elastic.driver.driver import Driver
+    from cloud_elastic.spark.discovery import SparkTaskDiscovery
+    from cloud_elastic.spark.launcher import SparkTaskLauncher
+    from cloud_elastic.spark.registry import TaskRegistry
+    from cloud_elastic.spark.task import TaskSettings, partition_fn
+
+    job_id = secrets.token_hex(4)
+    registry = TaskRegistry(job_id, bind=bind, stale_s=config.heartbeat_timeout_s)
+    registry.start()
+    settings = TaskSettings(
+        registry=f"{address}:{registry.port}", registry_key=registry.key, job_id=job_id,
+        fn=fn, args=tuple(args), kwargs=dict(kwargs or {}), grace_s=config.terminate_grace_s,
+    )
+    group = f"cloud-elastic-{job_id}"
+    collected: dict[str, Any] = {}
+    driver = Driver(config, SparkTaskDiscovery(registry), job_id=job_id, launcher=SparkTaskLauncher(registry))
+
+    def stage() -> None:
+        try:
+            sc.setJobGroup(group, f"cloud-elastic elastic job {job_id}", interruptOnCancel=True)
+            rdd = sc.parallelize(range(max_np), max_np).mapPartitionsWithIndex(partition_fn(settings))
+            collected["rows"] = rdd.collect()
+        except Exception as exc:  # the Spark job failed or was cancelled: no task will come back
+            collected["error"] = exc
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            driver.stop(f"the Spark job failed: {first[:300]}", 1)
+
+    spark_thread = threading.Thread(target=stage, name=f"spark-{job_id}", daemon=True)
+    spark_thread.start()
+    try:
+        finish = driver.run()
+        registry.finish()  # queued and polling tasks exit now
+        spark_thread.join(30.0)
+        if spark_thread.is_alive():
+            log.warning("job %s: Spark tasks did not end within 30s of training; cancelling them", job_id)
+            sc.cancelJobGroup(group)
+            spark_thread.join(30.0)
+    finally:
+        registry.close()
+    if not finish.success:
+        errors = registry.errors()
+        reason = f"{finish.reason} (the training function raised: {errors[0]})" if errors else finish.reason
+        raise JobFailed(reason, finish.exit_code)
+    if "rows" not in collected:
+        raise JobFailed(f"training finished but the Spark job failed: {collected.get('error')}")
+    rows = sorted(collected["rows"], key=lambda r: (r[0] is None, r[0] if r[0] is not None else 0))
+    return [value for _rank, value in rows]
+
+
+def _driver_address(sc: Any) -> str:
+    """The address executors reach this process at: ``spark.driver.host``, as an IP."""
+    host = sc.getConf().get("spark.driver.host", None) or socket.gethostname()
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host

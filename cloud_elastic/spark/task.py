@@ -1,0 +1,150 @@
+"""The Spark task side: what each of the job's ``max_np`` Spark tasks runs on its executor.
+
+A task registers its executor's address with the driver's task registry, then
+polls it for orders. On ``start`` it runs the training function as a worker
+process of its own (:mod:`cloud_elastic.spark.runfn` under the SSH launcher's
+wrapper), relays ``TERM``/``KILL`` orders to it, and reports its exit. Then:
+
+* the function returned: the task returns ``[(rank, value)]`` to Spark;
+* the worker was told to leave (exit 0): the task returns ``[]``;
+* the worker failed: the task **raises**, so Spark retries it (possibly on
+  another executor), and the retry registers as a new host: that is how
+  capacity comes back.
+
+A task that registers after training ended is told to exit at once.
+Imports the standard library and cloud-elastic's control plane only.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cloud_elastic.control import Codec
+
+__all__ = ["TaskSettings", "run_task"]
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """What every task needs, shipped to the executors inside Spark's task closure."""
+
+    registry: str  # host:port
+    registry_key: str = field(repr=False)
+    job_id: str
+    fn: Callable[..., Any]
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any]
+    grace_s: float = 5.0
+
+
+class WorkerFailed(RuntimeError):
+    """The worker in this task failed; raising it makes Spark retry the task."""
+
+
+def _route_ip(driver: str) -> str:
+    """This executor's address on the route to the driver (no packet is sent)."""
+    host = driver.rpartition(":")[0]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def run_task(settings: TaskSettings, index: int, attempt: int) -> list[tuple[int | None, Any]]:
+    """Run one task to its end (see module docstring)."""
+    from cloud_elastic.worker.client import DriverClient
+
+    client = DriverClient(settings.registry, Codec(settings.registry_key, settings.job_id), f"spark-task-{index}")
+    ip = _route_ip(settings.registry)
+    reply = client.call("register", {"index": index, "attempt": attempt, "ip": ip})
+    if reply.get("order") == "exit":
+        return []
+    key = reply["key"]
+    workdir = tempfile.mkdtemp(prefix="cloud-elastic-task-")
+    wrapper: subprocess.Popen | None = None
+    result_path = os.path.join(workdir, "result.pkl")
+    try:
+        while True:
+            order = client.call("order", {"key": key}, timeout_s=60.0)
+            kind = order.get("order")
+            if kind == "exit" and wrapper is None:
+                return []
+            if kind == "start" and wrapper is None:
+                wrapper = _start(settings, order, ip, workdir, result_path)
+            elif kind in ("TERM", "KILL", "exit") and wrapper is not None:
+                _send(wrapper, "KILL" if kind == "KILL" else f"TERM {float(order.get('grace_s', settings.grace_s)):g}")
+            if wrapper is not None and wrapper.poll() is not None:
+                code = wrapper.returncode
+                code = 128 - code if 128 < code < 160 else code  # the wrapper's 128+N means signal N
+                error = ""
+                if os.path.exists(result_path + ".error"):
+                    with open(result_path + ".error") as f:
+                        error = f.read(500)
+                client.call("exited", {"key": key, "code": code, "error": error})
+                if os.path.exists(result_path):
+                    with open(result_path, "rb") as f:
+                        result = pickle.load(f)
+                    return [(result["rank"], result["value"])]
+                if code == 0:
+                    return []
+                raise WorkerFailed(f"the worker in spark task {index} (attempt {attempt}) exited with code {code}")
+    finally:
+        if wrapper is not None and wrapper.poll() is None:
+            _send(wrapper, "KILL")
+            wrapper.wait()
+
+
+def _start(settings: TaskSettings, order: Mapping[str, Any], ip: str, workdir: str, result_path: str) -> subprocess.Popen:
+    from cloud_elastic.spark.registry import unseal
+
+    fn_path = os.path.join(workdir, "fn.pkl")
+    from pyspark import cloudpickle  # the serialiser Spark itself used for the closure
+
+    with open(fn_path, "wb") as f:
+        cloudpickle.dump((settings.fn, tuple(settings.args), dict(settings.kwargs)), f)
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in dict(order["env"]).items()})
+    env["CLOUD_ELASTIC_HOSTNAME"] = ip  # the driver names this host by task; Gloo binds the address
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    cwd = str(order.get("cwd") or "")
+    command = [sys.executable, "-m", "cloud_elastic.spark.runfn", fn_path, result_path]
+    argv = [sys.executable, "-m", "cloud_elastic.driver.remote", "spark", repr(settings.grace_s), "0",
+            cwd if os.path.isdir(cwd) else workdir, *command]
+    wrapper = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE)
+    secret = unseal(settings.registry_key, str(order["secret"]))
+    assert wrapper.stdin is not None
+    wrapper.stdin.write(secret.encode() + b"\n")
+    wrapper.stdin.flush()
+    return wrapper
+
+
+def _send(wrapper: subprocess.Popen, line: str) -> None:
+    try:
+        assert wrapper.stdin is not None
+        wrapper.stdin.write(line.encode() + b"\n")
+        wrapper.stdin.flush()
+    except (OSError, ValueError):  # the wrapper has ended already
+        pass
+
+
+def partition_fn(settings: TaskSettings) -> Callable[[int, Iterator[Any]], Iterator[tuple[int | None, Any]]]:
+    """The ``mapPartitionsWithIndex`` function of the job's stage."""
+
+    def fn(index: int, _rows: Iterator[Any]) -> Iterator[tuple[int | None, Any]]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        attempt = ctx.attemptNumber() if ctx is not None else 0
+        yield from run_task(settings, index, attempt)
+
+    return fn

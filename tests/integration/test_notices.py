@@ -1,0 +1,111 @@
+"""Spot and preemption notices read from instance metadata on the worker hosts, end to end.
+
+Three loopback "hosts" (127.0.0.1-3), each with its own fake metadata service on
+one shared port (``{host}`` in the endpoint override), real worker processes, and
+a commit every 5 steps so a rollback would be visible as steps executed twice.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.emulator.fake_metadata import FakeAWSMetadata, FakeAzureMetadata, FakeGCPMetadata, per_host
+from tests.integration.harness import HostsFile, probe_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+LEAVING = "127.0.0.3"
+COMMIT_EVERY = 5
+
+
+def _env(cloud: str, port: int) -> dict[str, str]:
+    return {
+        "aws": {"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://{{host}}:{port}", "AWS_EC2_METADATA_DISABLED": "false"},
+        "gcp": {"GCE_METADATA_HOST": f"{{host}}:{port}"},
+        "azure": {"CLOUD_ELASTIC_AZURE_IMDS_ENDPOINT": f"http://{{host}}:{port}"},
+    }[cloud]
+
+
+def _job(jobs, tmp_path, cloud: str, port: int, *probe: str, extra: tuple[str, ...] = ()):
+    hosts = HostsFile(tmp_path, HOSTS)
+    return jobs(
+        ["run", "-np", "3", "--min-np", "1", "--host-discovery-script", str(hosts.script),
+         "--notice-watcher", cloud, "--discovery-interval", "0.3", *extra, *probe_cmd(*probe)],
+        env=_env(cloud, port),
+    )
+
+
+def _assert_left_gracefully(job) -> None:
+    """The leaving host's worker left at a commit; the others went on at two without rolling back."""
+    resets = job.of("reset")
+    assert resets and all(r["size"] == 2 for r in resets), resets
+    assert all(r["executed"] == r["step"] for r in resets), f"survivors rolled back: {resets}"
+    assert all(r["step"] % COMMIT_EVERY == 0 for r in resets), resets  # they left exactly at a commit
+    done = job.of("done")
+    assert len(done) == 2 and len({e["checksum"] for e in done}) == 1, job.output()
+    assert "round 1 aborted" not in job.output()
+    assert "training completed on 2 worker(s)" in job.lines[-1]
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_a_notice_on_one_host_drains_it_at_the_next_commit_with_zero_rollback(jobs, tmp_path, cloud):
+    factory = {"aws": FakeAWSMetadata, "gcp": FakeGCPMetadata, "azure": FakeAzureMetadata}[cloud]
+    with per_host(factory, HOSTS) as fakes:
+        port = fakes[HOSTS[0]].port
+        job = _job(jobs, tmp_path, cloud, port, "--steps", "120", "--commit-every", str(COMMIT_EVERY))
+        job.wait_event("commit", rank=0, step=10)
+        fake = fakes[LEAVING]
+        if cloud == "aws":
+            fake.set_spot_action("terminate", time.time() + 120)
+        elif cloud == "gcp":
+            fake.set_preempted(True)
+        else:
+            event_id = fake.add_event("Preempt", not_before=time.time() + 60)
+        assert job.finish(timeout=120) == 0, job.output()
+        _assert_left_gracefully(job)
+        assert f"notice from" in job.output() and f"for host {LEAVING}" in job.output()
+        if cloud == "azure":
+            # Acknowledged once the host's worker had left, so Azure may go ahead at once.
+            assert fake.wait_for(lambda: fake.acks == [event_id], timeout=10), fake.acks
+        for host in HOSTS[:2]:  # the other hosts' watchers saw nothing
+            assert "notice" not in " ".join(
+                line for line in job.lines if f"for host {host}" in line and "notice from" in line)
+
+
+def test_a_deadline_before_the_next_commit_removes_the_host_by_force_and_survivors_roll_back(jobs, tmp_path):
+    with per_host(FakeAWSMetadata, HOSTS) as fakes:
+        port = fakes[HOSTS[0]].port
+        # A commit only every 200 steps (about 10 s): the notice's deadline comes first.
+        job = _job(jobs, tmp_path, "aws", port, "--steps", "260", "--commit-every", "200")
+        job.wait_event("commit", rank=0, step=200, timeout=120)
+        fakes[LEAVING].set_spot_action("terminate", time.time() + 7)  # the driver acts 5 s before
+        assert job.finish(timeout=120) == 0, job.output()
+    out = job.output()
+    assert "removed by force" in out, out
+    resets = job.of("reset")
+    assert resets and all(r["size"] == 2 for r in resets)
+    assert any(r["executed"] > r["step"] for r in resets)  # rolled back to the commit at step 200
+    assert all(r["step"] == 200 for r in resets)
+    done = job.of("done")
+    assert len(done) == 2 and {e["step"] for e in done} == {260} and len({e["checksum"] for e in done}) == 1
+    # A drained host is not blacklisted: it did nothing wrong.
+    assert "blacklisted" not in " ".join(line for line in job.lines if LEAVING in line)
+
+
+def test_malformed_metadata_answers_leave_the_job_unharmed(jobs, tmp_path):
+    with per_host(FakeAWSMetadata, HOSTS) as fakes:
+        port = fakes[HOSTS[0]].port
+        job = _job(jobs, tmp_path, "aws", port, "--steps", "80")
+        job.wait_event("commit", rank=0, step=5)
+        fake = fakes[LEAVING]
+        path = "/latest/meta-data/spot/instance-action"
+        fake.fault(path, times=3, status=200, body=b"{not json")
+        fake.fault(path, times=3, status=500)
+        fake.fault(path, times=1, hang_s=8)
+        fake.set_raw_spot_action(b'{"action": "terminate"}')  # no time: not a notice this watcher can trust
+        assert job.finish(timeout=120) == 0, job.output()
+    assert job.of("reset") == []  # nobody left, nobody was lost
+    assert len(job.of("done")) == 3

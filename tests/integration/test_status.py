@@ -1,0 +1,131 @@
+"""``cloud-elastic status`` against a running job: what it shows, and whom it refuses.
+
+One job on three loopback hosts: the worker on 127.0.0.2 is killed (its slot is
+blacklisted for 600 s) and 127.0.0.3 gets a spot notice from its fake metadata
+service (it drains; the notice stays pending until its deadline). The status
+command then runs as the job's user, with a wrong secret, and as ``nobody``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.emulator.fake_metadata import FakeAWSMetadata, per_host
+from tests.integration.harness import CLI, REPO, probe_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def runtime_dir():
+    """A private XDG_RUNTIME_DIR for the job's record (other jobs on the machine stay out of the listing).
+
+    Traversable by everyone, as /run/user is, so another user's refusal comes from the
+    record's own 0700 directories.
+    """
+    path = Path(tempfile.mkdtemp(prefix="ce-status-"))
+    path.chmod(0o755)
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def status(runtime_dir: Path, *args: str, user: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir), "PYTHONPATH": str(REPO)}
+    prefix = ["setpriv", f"--reuid={user}", "--regid=65534", "--clear-groups"] if user else []
+    if user:
+        env["HOME"] = "/nonexistent"
+    return subprocess.run(prefix + CLI + ["status", *args], env=env, capture_output=True, text=True, timeout=60,
+                          cwd="/", check=False)
+
+
+def _can_switch_user() -> bool:
+    if os.geteuid() != 0:
+        return False
+    probe = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c",
+                           "import cloud_elastic"], env={**os.environ, "PYTHONPATH": str(REPO)},
+                           capture_output=True, cwd="/", check=False)
+    return probe.returncode == 0
+
+
+def test_status_shows_the_running_job_and_refuses_a_wrong_secret_and_other_users(jobs, tmp_path, runtime_dir):
+    events = tmp_path / "events.jsonl"
+    with per_host(FakeAWSMetadata, ["127.0.0.1", "127.0.0.2", "127.0.0.3"]) as fakes:
+        env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://{{host}}:{fakes['127.0.0.1'].port}",
+               "AWS_EC2_METADATA_DISABLED": "false", "XDG_RUNTIME_DIR": str(runtime_dir)}
+        job = jobs(["run", "-np", "3", "--min-np", "1", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
+                    "--notice-watcher", "aws", "--blacklist-cooldown-range", "600", "600",
+                    "--events-file", str(events), *probe_cmd("--steps", "100000")], env=env)
+        victim = job.wait_event("hello", rank=1)
+        job.wait_event("commit", rank=0, step=3)
+        os.kill(victim["pid"], signal.SIGKILL)
+        job.wait_event("commit", rank=0, size=2)
+        deadline = time.time() + 600
+        fakes["127.0.0.3"].set_spot_action("terminate", when=deadline)
+        last = job.wait_event("commit", rank=0, size=1)
+        job_id = job.job_id()
+
+        # Without a job id, the one job running for this user is shown; with it, the same.
+        listed = status(runtime_dir)
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.startswith(f"job {job_id}: training, up ")
+        shown = status(runtime_dir, job_id, "--json")
+        assert shown.returncode == 0, shown.stderr
+        reply = json.loads(shown.stdout)
+        assert (reply["job"], reply["phase"], reply["round"], reply["world_size"]) == (job_id, "training", 3, 1)
+        assert (reply["num_proc"], reply["min_np"], reply["max_np"], reply["resets"]) == (3, 1, 3, 2)
+        assert reply["provider"] == "static" and reply["commit_step"] >= last["step"]
+        hosts = {h["host"]: h for h in reply["hosts"]}
+        assert (hosts["127.0.0.1"]["state"], hosts["127.0.0.1"]["slots"]) == ("ready", 1)
+        [worker] = hosts["127.0.0.1"]["workers"]
+        assert (worker["slot"], worker["rank"], worker["state"]) == (0, 0, "training")
+        assert (hosts["127.0.0.2"]["state"], hosts["127.0.0.2"]["workers"]) == ("ready", [])
+        # Its worker left the round at a commit; its process may still be on its way out.
+        assert hosts["127.0.0.3"]["state"] == "draining"
+        assert all((w["state"], w["rank"]) == ("leaving", None) for w in hosts["127.0.0.3"]["workers"])
+        [blocked] = reply["blacklisted"]
+        assert (blocked["host"], blocked["slot"], blocked["failures"]) == ("127.0.0.2", 0, 1)
+        assert 500 < blocked["seconds_left"] <= 600
+        [notice] = reply["notices"]
+        assert (notice["host"], notice["source"]) == ("127.0.0.3", "aws-imds")
+        assert abs(notice["deadline"] - deadline) < 1.0
+
+        text = status(runtime_dir, job_id).stdout
+        assert "round 3, world size 1 (-np 3, --min-np 1, --max-np 3)" in text
+        assert "127.0.0.2[0] for " in text and "(1 failure)" in text
+        assert "127.0.0.3: aws-imds, deadline in " in text
+
+        # A wrong secret: the driver refuses the request, the command says so in one line, the job goes on.
+        secret = runtime_dir / "cloud-elastic" / job_id / "secret"
+        right = secret.read_text()
+        secret.write_text("0" * len(right))
+        refused = status(runtime_dir, job_id)
+        secret.write_text(right)
+        assert refused.returncode == 1 and refused.stdout == ""
+        assert refused.stderr.count("\n") == 1 and f"job {job_id}" in refused.stderr, refused.stderr
+
+        # Another user of the machine can neither list the job nor ask for its status.
+        if _can_switch_user():
+            for args in ((), (job_id,)):
+                other = status(runtime_dir, *args, user="nobody")
+                assert other.returncode == 2 and other.stdout == "", other
+                assert "permission denied" in other.stderr and other.stderr.count("\n") == 1, other.stderr
+                assert right not in other.stderr
+
+        assert status(runtime_dir, job_id).returncode == 0  # the refusals cost the job nothing
+        job.proc.send_signal(signal.SIGTERM)
+        assert job.finish() == 143, job.output()
+
+    # The record is gone with the driver; the events file says how the job ended.
+    assert status(runtime_dir).stdout == "no cloud-elastic jobs running for this user on this machine\n"
+    finished = json.loads(events.read_text().splitlines()[-1])
+    assert (finished["event"], finished["outcome"], finished["exit_code"], finished["resets"]) == (
+        "job_finished", "interrupted", 143, 2)

@@ -1,0 +1,73 @@
+"""examples/elastic_anywhere.py: the same script under ``cloud-elastic run``, on Ray, and on Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.ray.conftest import REPO
+
+# Generous bounds: these start whole engines, and the machine may be shared.
+pytestmark = pytest.mark.timeout(420)
+
+EXAMPLE = str(REPO / "examples" / "elastic_anywhere.py")
+
+
+def _results(out: subprocess.CompletedProcess) -> list[dict]:
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in out.stdout.splitlines() if "RESULT " in line]
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=360)
+
+
+def _same_training(results: list[dict], size: int) -> None:
+    assert sorted(r["rank"] for r in results) == list(range(size)), results
+    assert all(r["size"] == size and r["step"] == 10 for r in results), results
+    assert len({r["checksum"] for r in results}) == 1, results
+
+
+def _under_run() -> list[dict]:
+    out = _run([sys.executable, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2",
+                sys.executable, EXAMPLE, "--steps", "10"])
+    results = _results(out)
+    _same_training(results, 2)
+    return results
+
+
+@pytest.fixture(scope="module")
+def under_run() -> list[dict]:
+    """The example's results under ``cloud-elastic run``: the reference the engines must match."""
+    return _under_run()
+
+
+@pytest.mark.integration
+def test_the_example_under_cloud_elastic_run(under_run):
+    assert len(under_run) == 2
+
+
+@pytest.mark.ray
+def test_the_example_on_ray_gives_the_same_model(nodes, under_run):
+    nodes.add(2)
+    on_ray = _results(_run([sys.executable, EXAMPLE, "--ray", nodes.cluster.address, "--steps", "10",
+                            "--min-np", "2", "--max-np", "2"]))
+    _same_training(on_ray, 2)
+    assert on_ray[0]["checksum"] == under_run[0]["checksum"]
+
+
+@pytest.mark.spark
+def test_the_example_on_spark_gives_the_same_model(under_run):
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'cloud-elastic[spark]')")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime (run scripts/setup-java.sh)")
+    on_spark = _results(_run([sys.executable, EXAMPLE, "--spark", "local[2]", "--steps", "10",
+                              "--min-np", "2", "--max-np", "2"]))
+    _same_training(on_spark, 2)
+    assert on_spark[0]["checksum"] == under_run[0]["checksum"]

@@ -1,0 +1,139 @@
+"""ElasticRayExecutor on a real local Ray cluster: real actors, real Gloo groups between them."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from cloud_elastic.ray import ElasticRayExecutor
+from tests.ray.conftest import load_example, wait_for
+
+# Generous bounds: a Ray cluster starts on a machine that may be shared.
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(360)]
+
+
+def _executor(min_np: int, max_np: int, **more) -> ElasticRayExecutor:
+    settings = ElasticRayExecutor.create_settings(min_np=min_np, max_np=max_np, **more)
+    executor = ElasticRayExecutor(settings, cpus_per_slot=1)
+    executor.start()
+    return executor
+
+
+def test_results_come_back_in_rank_order_with_identical_replicas(nodes):
+    nodes.add(2)
+    example = load_example()
+    results = _executor(2, 2).run(example.train, kwargs={"steps": 12})
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["size"] == 2 and r["step"] == 12 for r in results), results
+    assert len({r["checksum"] for r in results}) == 1, results
+
+
+class _Run:
+    """``executor.run`` on a thread, so the test can change the cluster meanwhile."""
+
+    def __init__(self, executor: ElasticRayExecutor, fn, kwargs: dict) -> None:
+        self.results = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._go, args=(executor, fn, kwargs), daemon=True)
+        self._thread.start()
+
+    def _go(self, executor, fn, kwargs) -> None:
+        try:
+            self.results = executor.run(fn, kwargs=kwargs)
+        except BaseException as exc:  # handed to the test
+            self.error = exc
+
+    def join(self, timeout_s: float) -> list:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "executor.run did not return"
+        if self.error is not None:
+            raise self.error
+        return self.results
+
+
+def _progress(directory: Path) -> list[dict]:
+    rows = []
+    for path in directory.glob("*"):
+        if path.suffix != ".tmp":
+            try:
+                rows.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                pass  # being replaced right now
+    return rows
+
+
+def _round_of(directory: Path, size: int, hosts: set[str] | None = None, after_step: int = 0):
+    """Workers that reported a step past ``after_step`` in a round of ``size`` (on exactly ``hosts``)."""
+    rows = [r for r in _progress(directory) if r["size"] == size and r["step"] > after_step]
+    if hosts is not None and {r["host"] for r in rows} != hosts:
+        return None
+    return rows if len(rows) == size else None
+
+
+def test_training_survives_a_node_removed_and_admits_a_node_added(nodes, tmp_path):
+    a, b = nodes.add(2)
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop = tmp_path / "stop"
+    example = load_example()
+    run = _Run(_executor(1, 2), example.train,
+               {"steps": 5, "step_sleep": 0.05, "stop_file": str(stop), "progress_dir": str(progress)})
+    first = wait_for(lambda: _round_of(progress, 2, {a.node_id, b.node_id}), 120, "two workers training together")
+
+    nodes.remove(b)  # the node dies with its worker: the survivor rolls back and goes on alone
+    alone = wait_for(lambda: _round_of(progress, 1, {a.node_id}, max(r["step"] for r in first)), 120,
+                     "the survivor training alone")
+
+    c, = nodes.add(1)  # a new node joins: it is admitted and gets the state
+    wait_for(lambda: _round_of(progress, 2, {a.node_id, c.node_id}, alone[0]["step"]), 120,
+             "the survivor and the new node training together")
+    stop.touch()
+    results = run.join(120)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["size"] == 2 for r in results), results
+    assert len({r["checksum"] for r in results}) == 1, results
+    assert results[0]["step"] == results[1]["step"] > alone[0]["step"]
+
+
+def test_a_node_ray_drains_leaves_at_a_commit_without_a_rollback(nodes, tmp_path, caplog):
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    a, b = nodes.add(2)
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop = tmp_path / "stop"
+    example = load_example()
+    run = _Run(_executor(1, 2), example.train,
+               {"steps": 5, "step_sleep": 0.05, "stop_file": str(stop), "progress_dir": str(progress)})
+    wait_for(lambda: _round_of(progress, 2, {a.node_id, b.node_id}), 120, "two workers training together")
+    gcs = ray._raylet.GcsClient(address=nodes.cluster.address)
+    accepted, why = gcs.drain_node(
+        b.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"), "spot", 0
+    )
+    assert accepted, why
+    caplog.set_level("INFO", logger="cloud_elastic.driver.job")
+    alone = wait_for(lambda: _round_of(progress, 1, {a.node_id}), 120, "the other worker training alone")
+    stop.touch()
+    results = run.join(120)
+    assert [r["size"] for r in results] == [1]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("will leave: " in m for m in messages), messages
+    assert not any("roll back" in m for m in messages), messages
+    assert results[0]["step"] >= alone[0]["step"]
+
+
+def test_a_failing_training_function_raises_its_error_in_the_caller(nodes):
+    nodes.add(2)
+
+    def broken() -> None:
+        import cloud_elastic.torch as hvd
+
+        hvd.init()
+        raise ValueError(f"bad batch on rank {hvd.rank()}")
+
+    with pytest.raises(ValueError, match="bad batch on rank"):
+        _executor(2, 2).run(broken)

@@ -1,0 +1,39 @@
+"""A local Spark (``local[3,4]``: three task slots, a task may fail four times) for the Spark executor tests.
+
+Needs PySpark and a Java runtime (``scripts/setup-java.sh`` installs one); the
+tests skip with the reason when either is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'cloud-elastic[spark]')")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime (run scripts/setup-java.sh)")
+    from pyspark.sql import SparkSession
+
+    # Executors' Python workers import this checkout like the driver does.
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    session = (
+        SparkSession.builder.master("local[3,4]")
+        .appName("cloud-elastic-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "512m")
+        .config("spark.python.worker.reuse", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    try:
+        yield session
+    finally:
+        session.stop()

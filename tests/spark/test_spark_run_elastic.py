@@ -1,0 +1,96 @@
+"""run_elastic on a real local Spark: Spark tasks, real worker processes, Gloo between them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.ray.conftest import load_example, wait_for
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+
+
+def _progress(directory: Path) -> list[dict]:
+    rows = []
+    for path in directory.glob("*"):
+        if path.suffix != ".tmp":
+            try:
+                rows.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                pass  # being replaced right now
+    return rows
+
+
+def _round_of(directory: Path, size: int, after_step: int = 0, exclude_pids: frozenset = frozenset()):
+    rows = [r for r in _progress(directory)
+            if r["size"] == size and r["step"] > after_step and r["pid"] not in exclude_pids]
+    return rows if len(rows) == size else None
+
+
+def test_results_come_back_in_rank_order_with_identical_replicas(spark):
+    from cloud_elastic.spark import run_elastic
+
+    example = load_example("pyspark")
+    results = run_elastic(example.train, kwargs={"steps": 10}, num_proc=2, min_np=2, max_np=2)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["size"] == 2 and r["step"] == 10 for r in results), results
+    assert len({r["checksum"] for r in results}) == 1, results
+
+
+def test_a_killed_worker_shrinks_the_job_and_spark_retrying_its_task_brings_it_back(spark, tmp_path):
+    from cloud_elastic.spark import run_elastic
+
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop = tmp_path / "stop"
+    example = load_example("pyspark")
+    outcome: dict = {}
+
+    def go() -> None:
+        try:
+            outcome["results"] = run_elastic(
+                example.train, kwargs={"steps": 5, "step_sleep": 0.05, "stop_file": str(stop),
+                                       "progress_dir": str(progress)},
+                num_proc=2, min_np=1, max_np=2,
+            )
+        except BaseException as exc:  # handed to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    both = wait_for(lambda: _round_of(progress, 2), 120, "two workers training together")
+    victim = max(both, key=lambda r: r["rank"])
+    os.kill(victim["pid"], signal.SIGKILL)
+    survivor = wait_for(lambda: _round_of(progress, 1, max(r["step"] for r in both), frozenset({victim["pid"]})),
+                        120, "the survivor training alone")
+    wait_for(lambda: _round_of(progress, 2, survivor[0]["step"], frozenset({victim["pid"]})), 120,
+             "the retried task's worker training with the survivor")
+    stop.touch()
+    thread.join(120)
+    assert not thread.is_alive(), "run_elastic did not return"
+    if "error" in outcome:
+        raise outcome["error"]
+    results = outcome["results"]
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["size"] == 2 for r in results), results
+    assert len({r["checksum"] for r in results}) == 1, results
+
+
+def _broken() -> None:
+    import cloud_elastic.torch as hvd
+
+    hvd.init()
+    raise ValueError(f"bad batch on rank {hvd.rank()}")
+
+
+def test_a_failing_training_function_fails_the_job_with_its_error(spark):
+    from cloud_elastic.errors import JobFailed
+    from cloud_elastic.spark import run_elastic
+
+    with pytest.raises(JobFailed, match=r"the training function raised: ValueError: bad batch on rank \d"):
+        run_elastic(_broken, num_proc=2, min_np=2, max_np=2)
