@@ -96,6 +96,7 @@ class Driver:
         self._watch_cloud = _watch_cloud(config.notice_watcher, getattr(discovery, "name", ""))
         self._previous: tuple[int, float] | None = None  # (pid, last alive) of a dead driver of this job
         self._touched = 0.0
+        self._previous_grace_s = 0.0  # the --driver-grace the job record says an earlier driver gave its workers
 
     # ----------------------------------------------------------------- public
     def stop(self, reason: str, exit_code: int) -> None:
@@ -161,8 +162,11 @@ class Driver:
             log.warning("job %s was started with the command %s; resuming it with %s",
                         record.job_id, " ".join(record.command), " ".join(self.config.command))
         self._set_job_id(record.job_id)
+        recorded_grace = record.extra.get("driver_grace_s")
+        if isinstance(recorded_grace, (int, float)) and not isinstance(recorded_grace, bool):
+            self._previous_grace_s = float(recorded_grace)
         self._previous = _previous_driver(record.job_id)
-        if self._previous is not None and _pid_alive(self._previous[0]):
+        if self._previous is not None and _driver_alive(self._previous[0]):
             raise ConfigError(f"job {self.job_id} is already running here (driver pid {self._previous[0]}); "
                               "stop it first or use another --checkpoint-dir")
         checkpoints = store.list()
@@ -191,13 +195,15 @@ class Driver:
         if self._previous is None:
             return
         pid, last_alive = self._previous
-        until = last_alive + _RECORD_TOUCH_S + self.config.driver_grace_s + _LAST_CHECKPOINT_S
+        # The previous workers got the previous driver's grace; the record keeps the first driver's.
+        grace = max(self.config.driver_grace_s, self._previous_grace_s)
+        until = last_alive + _RECORD_TOUCH_S + grace + _LAST_CHECKPOINT_S
         left = until - time.time()
         if left <= 0:
             return
         log.warning("job %s: the previous driver (pid %d) died %.0fs ago; its workers train on for up to "
                     "--driver-grace %gs: waiting %.0fs for them to stop before resuming", self.job_id, pid,
-                    time.time() - last_alive, self.config.driver_grace_s, left)
+                    time.time() - last_alive, grace, left)
         with self._cond:
             self._cond.wait_for(lambda: self._stop_reason is not None, left)
 
@@ -622,14 +628,19 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}min"
 
 
-def _pid_alive(pid: int) -> bool:
+def _driver_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live cloud-elastic process (a pid reused by anything else does not count)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"cloud" in f.read()
+    except OSError:  # no /proc (not Linux): trust the pid
+        return True
 
 
 def _previous_driver(job_id: str) -> tuple[int, float] | None:
