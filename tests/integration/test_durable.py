@@ -66,3 +66,17 @@ def test_whole_group_loss_resumes_from_the_checkpoint_with_exactly_once_samples(
     assert max(seen.values()) == 1, f"twice: {[i for i, c in seen.items() if c > 1][:10]}"
     done = job.of("done")
     assert len(done) == 2 and len({e["checksum"] for e in done}) == 1
+
+
+def test_a_job_that_must_resume_without_a_usable_checkpoint_fails_instead_of_starting_over(jobs, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = ["run", "-np", "2", "-H", "127.0.0.1:2", "--checkpoint-dir", str(ckpt), *probe_cmd("--steps", "8")]
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    assert jobs(args, env=env).finish() == 0
+    for data in ckpt.glob("ckpt-*/state.pt"):
+        data.write_bytes(b"torn" + data.read_bytes()[4:])  # every checkpoint corrupt: its digest no longer matches
+    again = jobs(args, env=env)
+    assert again.finish() == 1, again.output()
+    last = again.lines[-1]
+    assert "training state lost: cannot resume from the checkpoint: no usable checkpoint in" in last, last
+    assert not again.of("commit"), "a worker trained from its initial weights"
