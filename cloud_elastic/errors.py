@@ -11,6 +11,8 @@ The whole tree::
     ├── ControlPlaneError              a control message was forged, malformed or too big
     ├── LaunchError                    a worker could not be started on a host
     │   └── SSHError                   the SSH transport failed (not the worker)
+    ├── CheckpointError                a durable checkpoint could not be written, read or loaded
+    │   └── CheckpointBackendMissing   (also a ConfigError) the URL's fsspec package is missing
     └── JobFailed                      the elastic job ended unsuccessfully
 
 Worker control-flow exceptions (``HostsUpdatedInterrupt``, ``CollectiveError``)
@@ -31,6 +33,7 @@ __all__ = [
     "ControlPlaneError",
     "LaunchError",
     "SSHError",
+    "CheckpointError",
     "JobFailed",
 ]
 
@@ -77,6 +80,14 @@ class LaunchError(CloudElasticError):
 
 class SSHError(LaunchError):
     """The SSH transport failed (unreachable, authentication, host key), not the worker."""
+
+
+class CheckpointError(CloudElasticError):
+    """A checkpoint could not be written or read, or a payload holds something a checkpoint cannot keep.
+
+    ``CheckpointBackendMissing`` (in :mod:`cloud_elastic.checkpoint`) is also a
+    ConfigError: the URL needs a package that is not installed.
+    """
 
 
 class JobFailed(CloudElasticError):

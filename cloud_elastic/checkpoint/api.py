@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from cloud_elastic.errors import CloudElasticError, ConfigError
+from cloud_elastic.errors import CheckpointError, ConfigError
 
 __all__ = [
     "FORMAT",
@@ -24,10 +24,6 @@ __all__ = [
 FORMAT = "cloud-elastic-checkpoint"
 #: Bumped when the layout or the manifest changes incompatibly; readers refuse newer versions.
 FORMAT_VERSION = 1
-
-
-class CheckpointError(CloudElasticError):
-    """A checkpoint could not be written or read, or a payload holds something a checkpoint cannot keep."""
 
 
 class CheckpointBackendMissing(CheckpointError, ConfigError):

@@ -56,11 +56,15 @@ class CheckpointWriter:
     """One daemon thread that writes submitted checkpoints to ``store``.
 
     Use as a context manager, or ``start()`` then ``close()``. ``submit`` is
-    meant to be called from one training thread.
+    meant to be called from one training thread. ``on_written(info, seconds)``,
+    if given, is called on the writer's thread after each checkpoint is stored
+    (an exception it raises is logged, never fatal).
     """
 
-    def __init__(self, store: CheckpointStore, *, thread_name: str = "cloud-elastic-checkpoint") -> None:
+    def __init__(self, store: CheckpointStore, *, thread_name: str = "cloud-elastic-checkpoint",
+                 on_written: Callable[[CheckpointInfo, float], None] | None = None) -> None:
         self.store = store
+        self._on_written = on_written
         self._thread_name = thread_name
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -169,6 +173,12 @@ class CheckpointWriter:
                 else:
                     self._failed += 1
                     self._last_error = error
+            if info is not None and self._on_written is not None:
+                try:
+                    self._on_written(info, self._last_write_s)
+                except Exception:  # a report that fails must not stop the writer
+                    log.warning("reporting checkpoint %s failed", info.url, exc_info=True)
+            with self._cond:
                 self._job = None
                 self._cond.notify_all()
 

@@ -29,7 +29,7 @@ from cloud_elastic.protocol import PollReply, PollRequest, RendezvousRequest, Wa
 from cloud_elastic.driver.launch import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
 from cloud_elastic.driver.local import LocalLauncher
 from cloud_elastic.driver.server import ControlServer
-from cloud_elastic.errors import ControlPlaneError, LaunchError
+from cloud_elastic.errors import ConfigError, ControlPlaneError, LaunchError
 from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery
 
 __all__ = ["Driver"]
@@ -94,6 +94,9 @@ class Driver:
         self._started_at = clock()
         self._watchers: dict[str, str] = {}  # host -> worker id running its metadata notice watcher
         self._watch_cloud = _watch_cloud(config.notice_watcher, getattr(discovery, "name", ""))
+        self._previous: tuple[int, float] | None = None  # (pid, last alive) of a dead driver of this job
+        self._touched = 0.0
+        self._previous_grace_s = 0.0  # the --driver-grace the job record says an earlier driver gave its workers
 
     # ----------------------------------------------------------------- public
     def stop(self, reason: str, exit_code: int) -> None:
@@ -111,6 +114,7 @@ class Driver:
         """
         from cloud_elastic.events import open_sinks
 
+        self._open_durable()
         self._sinks = open_sinks(self.job_id, self.config.events_file, self.config.metrics_port)
         started = time.time()
         self._sinks.sink.emit(
@@ -120,6 +124,7 @@ class Driver:
         )
         outcome = Finish(False, "the driver failed", 1)
         try:
+            self._wait_for_previous_driver()
             self._start()
             outcome = self._loop()
             return outcome
@@ -131,6 +136,76 @@ class Driver:
                                   resets=self._job.resets, wall_s=round(time.time() - started, 3),
                                   reason=outcome.reason)
             self._sinks.close()
+
+    # ---------------------------------------------------------- durable state
+    def _open_durable(self) -> None:
+        """With ``--checkpoint-dir``: open the store, adopt the job identity recorded there, or record ours.
+
+        A store that already holds a checkpoint of this job makes this a
+        restarted driver: the job keeps its id and its first round loads the
+        latest checkpoint. Raises ConfigError (a missing fsspec backend, the
+        same job already running here) or CheckpointError (unreadable storage)
+        before anything starts.
+        """
+        if self.config.checkpoint_dir is None:
+            return
+        from cloud_elastic.checkpoint import CheckpointStore, DurableJobRecord, read_job_record, write_job_record
+
+        store = CheckpointStore(self.config.checkpoint_dir, keep=self.config.checkpoint_keep)
+        record = read_job_record(store)
+        if record is None:
+            write_job_record(store, DurableJobRecord(self.job_id, tuple(self.config.command), time.time(),
+                                                     extra={"driver_grace_s": self.config.driver_grace_s}))
+            log.info("job %s: checkpoints go to %s", self.job_id, store.url)
+            return
+        if record.command != tuple(self.config.command):
+            log.warning("job %s was started with the command %s; resuming it with %s",
+                        record.job_id, " ".join(record.command), " ".join(self.config.command))
+        self._set_job_id(record.job_id)
+        recorded_grace = record.extra.get("driver_grace_s")
+        if isinstance(recorded_grace, (int, float)) and not isinstance(recorded_grace, bool):
+            self._previous_grace_s = float(recorded_grace)
+        self._previous = _previous_driver(record.job_id)
+        if self._previous is not None and _driver_alive(self._previous[0]):
+            raise ConfigError(f"job {self.job_id} is already running here (driver pid {self._previous[0]}); "
+                              "stop it first or use another --checkpoint-dir")
+        checkpoints = store.list()
+        if not checkpoints:
+            log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts over",
+                     self.job_id, store.url)
+            return
+        newest = checkpoints[0]
+        log.warning("job %s: resuming from %s: the latest checkpoint is of step %d, written %s ago",
+                    self.job_id, store.url, newest.step, _age(time.time() - newest.created))
+        self._job.resumed = True
+        self._job.state_committed = True
+
+    def _set_job_id(self, job_id: str) -> None:
+        self.job_id = job_id
+        self._codec = Codec(self._secret, job_id)
+        self._job.job_id = job_id
+
+    def _wait_for_previous_driver(self) -> None:
+        """A driver of this job that died here without cleaning up may have left workers training on for
+        its ``--driver-grace``; wait until they have stopped (and written their last checkpoint).
+
+        Without this wait two generations of workers would train the same job
+        and write checkpoints to the same place.
+        """
+        if self._previous is None:
+            return
+        pid, last_alive = self._previous
+        # The previous workers got the previous driver's grace; the record keeps the first driver's.
+        grace = max(self.config.driver_grace_s, self._previous_grace_s)
+        until = last_alive + _RECORD_TOUCH_S + grace + _LAST_CHECKPOINT_S
+        left = until - time.time()
+        if left <= 0:
+            return
+        log.warning("job %s: the previous driver (pid %d) died %.0fs ago; its workers train on for up to "
+                    "--driver-grace %gs: waiting %.0fs for them to stop before resuming", self.job_id, pid,
+                    time.time() - last_alive, grace, left)
+        with self._cond:
+            self._cond.wait_for(lambda: self._stop_reason is not None, left)
 
     # ---------------------------------------------------------------- startup
     def _start(self) -> None:
@@ -246,6 +321,20 @@ class Driver:
             if outcome is not None:
                 return outcome
             self._reap()
+            self._touch_record()
+
+    def _touch_record(self) -> None:
+        """Keep the status record's mtime fresh: a restarted driver reads it as this driver's last sign of life."""
+        now = time.monotonic()
+        if not self._status_recorded or now - self._touched < _RECORD_TOUCH_S / 2:
+            return
+        self._touched = now
+        from cloud_elastic.status import job_dir
+
+        try:
+            os.utime(job_dir(self.job_id) / "driver.json")
+        except OSError:
+            log.debug("could not touch the status record", exc_info=True)
 
     def _reap(self) -> None:
         ended: list[tuple[str, ExitStatus]] = []
@@ -297,8 +386,13 @@ class Driver:
             "CLOUD_ELASTIC_SLOT": str(action.slot.index),
             "CLOUD_ELASTIC_HEARTBEAT_INTERVAL_S": str(self.config.heartbeat_interval_s),
             "CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S": str(self.config.heartbeat_timeout_s),
+            "CLOUD_ELASTIC_DRIVER_GRACE_S": str(self.config.driver_grace_s),
             "PYTHONUNBUFFERED": "1",
         }
+        if self.config.checkpoint_dir is not None:
+            env["CLOUD_ELASTIC_CHECKPOINT_DIR"] = self.config.checkpoint_dir
+            env["CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S"] = str(self.config.checkpoint_interval_s)
+            env["CLOUD_ELASTIC_CHECKPOINT_KEEP"] = str(self.config.checkpoint_keep)
         if self.config.network_interface:
             env["CLOUD_ELASTIC_NETWORK_INTERFACE"] = self.config.network_interface
         # Several workers share a host's cores; one OpenMP thread each unless the user says otherwise.
@@ -369,6 +463,8 @@ class Driver:
                 return {"ok": True}
             if kind == "notice":
                 return self._notice(worker_id, msg, now)
+            if kind == "checkpoint":
+                return self._checkpoint(worker_id, msg)
             if kind == "status":
                 return self._status(now)
         raise ControlPlaneError(f"unknown message kind {kind!r}")
@@ -434,6 +530,34 @@ class Driver:
         self._cond.notify_all()
         return {"ok": True}
 
+    def _checkpoint(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
+        """Rank 0 wrote or loaded a durable checkpoint, or could not load one (the job then ends)."""
+        event, step, path = msg.get("event"), msg.get("step"), msg.get("path")
+        w = self._job.workers.get(worker_id)
+        if w is None or not w.alive:
+            return {"ok": False}
+        if event == "failed":
+            reason = msg.get("reason")
+            if not isinstance(reason, str):
+                raise ControlPlaneError("malformed checkpoint message")
+            if self._stop_reason is None:
+                self._stop_reason = (f"training state lost: cannot resume from the checkpoint: {reason[:300]}", 1)
+            self._cond.notify_all()
+            return {"ok": True}
+        if event not in ("saved", "loaded") or not isinstance(path, str) or not _is_int(step):
+            raise ControlPlaneError("malformed checkpoint message")
+        if event == "saved":
+            extra = {k: msg[k] for k in ("duration_s", "bytes") if _is_number(msg.get(k))}
+            if "bytes" in extra and not _is_int(extra["bytes"]):
+                del extra["bytes"]
+            log.info("job %s: checkpoint of step %d saved by %s to %s", self.job_id, step, worker_id, path[:500])
+            self._sinks.sink.emit("checkpoint_saved", step=step, path=path[:1000], **extra)
+        else:
+            log.warning("job %s: resumed from the checkpoint of step %d (%s); steps after it were lost",
+                        self.job_id, step, path[:500])
+            self._sinks.sink.emit("checkpoint_loaded", step=step, path=path[:1000])
+        return {"ok": True}
+
     # ----------------------------------------------------------------- status
     def _record_for_status(self) -> None:
         """Let ``cloud-elastic status`` on this machine find the job (records are private to this user)."""
@@ -486,6 +610,51 @@ class Driver:
 
 
 _NOTICE_KINDS = ("terminate", "rebalance", "maintenance")
+#: How often the loop refreshes the status record's mtime (a restarted driver's measure of when we died).
+_RECORD_TOUCH_S = 2.0
+#: What a worker stopping at the end of the grace may spend finishing rank 0's last checkpoint, and margin.
+_LAST_CHECKPOINT_S = 12.0
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _age(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}min"
+
+
+def _driver_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live cloud-elastic process (a pid reused by anything else does not count)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"cloud" in f.read()
+    except OSError:  # no /proc (not Linux): trust the pid
+        return True
+
+
+def _previous_driver(job_id: str) -> tuple[int, float] | None:
+    """(pid, last sign of life as Unix time) of a driver of ``job_id`` that left its status record here."""
+    import json
+
+    from cloud_elastic.status import job_dir
+
+    try:
+        path = job_dir(job_id) / "driver.json"
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return int(record["pid"]), path.stat().st_mtime
+    except (OSError, ValueError, KeyError, TypeError, ConfigError):
+        return None
 _WATCHED_CLOUDS = ("aws", "gcp", "azure")
 
 

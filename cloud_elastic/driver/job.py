@@ -146,6 +146,9 @@ class ElasticJob:
     outcome: Finish | None = None
     #: Some worker has committed: from now on, the state must never be lost.
     state_committed: bool = False
+    #: A restarted driver resuming the job from its durable checkpoints: the state exists
+    #: before any worker runs, so the first round loads the latest checkpoint.
+    resumed: bool = False
     #: Host -> where its latest notice came from (for status).
     notice_sources: dict[str, str] = field(default_factory=dict)
     _actions: list[Action] = field(default_factory=list)
@@ -173,6 +176,12 @@ class ElasticJob:
     _pending_rollback: int | None = None  # the aborted round; its rollback is emitted when the next round forms
     _steps_lost: int = 0  # steps the survivors of the aborted round rolled back (they report it)
     _waits: dict[str, tuple[float, float]] = field(default_factory=dict)  # progress lines: key -> (since, last)
+
+    def __post_init__(self) -> None:
+        if self.resumed:
+            if not self.policy.checkpointing:
+                raise ValueError("a resumed job needs checkpointing (it starts from a durable checkpoint)")
+            self.state_committed = True
 
     # ------------------------------------------------------------------ events
     def start(self, now: float, wall_now: float | None = None) -> None:

@@ -11,11 +11,16 @@ through ssh. It
 2. starts ``COMMAND`` in ``CWD`` in a **new session and process group**, stdin
    from ``/dev/null``, stderr merged into stdout, and asks the kernel to KILL
    that process if the wrapper dies (``PR_SET_PDEATHSIG``);
-3. watches its own stdin (:class:`Watchdog`). End of file (the driver closed
-   the pipe, the local ssh died, the connection dropped), a ``KILL`` or
-   ``TERM <grace>`` line, no keepalive line for ``KEEPALIVE_S`` (0 = off), or a
-   TERM/HUP/INT to the wrapper stops the worker's *whole process group*: TERM,
-   then KILL after the grace;
+3. watches its own stdin (:class:`Watchdog`). A ``KILL`` or ``TERM <grace>``
+   line, or a TERM/HUP/INT to the wrapper, stops the worker's *whole process
+   group* at once: TERM, then KILL after the grace. End of file (the driver
+   died, the local ssh died, the connection dropped) or no keepalive line for
+   ``KEEPALIVE_S`` (0 = off) means the driver is gone: the worker may train on
+   for the driver grace (``CLOUD_ELASTIC_DRIVER_GRACE_S`` in the wrapper's
+   environment, as the driver passes it to workers) and normally exits by
+   itself at its end; the wrapper stops its group a margin later
+   (:data:`GRACE_MARGIN_S`), so nothing outlives a lost driver for long.
+   Keepalive lines that resume within the grace cancel it;
 4. when the worker ends, stops whatever is left in its group and writes the
    worker's exact status on a marker line on stderr (:func:`marker_line`),
    which the launcher parses (:func:`parse_marker`) and removes from the output.
@@ -56,6 +61,10 @@ REASON_NONE = "-"
 REASON_KEEPALIVE = "keepalive"
 
 _POLL_S = 0.5
+#: After the driver grace, what the worker may still spend on rank 0's last checkpoint before the wrapper stops it.
+GRACE_MARGIN_S = 15.0
+#: Where the driver's ``--driver-grace`` reaches the wrapper (and the worker).
+DRIVER_GRACE_ENV = "CLOUD_ELASTIC_DRIVER_GRACE_S"
 
 
 @dataclass(frozen=True)
@@ -117,10 +126,15 @@ def parse_marker(line: str, nonce: str) -> tuple[int, str] | None:
 
 @dataclass(frozen=True)
 class Order:
-    """What the watchdog decided: stop the worker's group with this grace, for this reason."""
+    """What the watchdog decided: stop the worker's group with this grace, for this reason.
+
+    ``after_s`` > 0: the driver is gone; stop only if the worker is still
+    there that many seconds later (it trains on for the driver grace).
+    """
 
     grace_s: float
     reason: str = REASON_NONE
+    after_s: float = 0.0
 
 
 class Watchdog:
@@ -131,10 +145,13 @@ class Watchdog:
     number: the default grace), anything else is a keepalive. End of file stops
     with the default grace; silence longer than ``keepalive_timeout_s``
     (0 disables) stops with the default grace and the reason ``keepalive``.
+    Both mean the driver is gone, so their orders wait ``driver_grace_s`` first
+    (``Order.after_s``).
     """
 
-    def __init__(self, grace_s: float, keepalive_timeout_s: float, now: float) -> None:
+    def __init__(self, grace_s: float, keepalive_timeout_s: float, now: float, driver_grace_s: float = 0.0) -> None:
         self._grace_s = grace_s
+        self._after_s = driver_grace_s
         self._keepalive_timeout_s = keepalive_timeout_s
         self._last = now
         self._buffer = b""
@@ -142,7 +159,7 @@ class Watchdog:
     def received(self, chunk: bytes, now: float) -> Order | None:
         """Bytes read from stdin at ``now``; an empty chunk is end of file."""
         if not chunk:
-            return Order(self._grace_s)
+            return Order(self._grace_s, after_s=self._after_s)
         self._last = now
         self._buffer += chunk
         while b"\n" in self._buffer:
@@ -155,7 +172,7 @@ class Watchdog:
     def idle(self, now: float) -> Order | None:
         """Nothing arrived until ``now``."""
         if self._keepalive_timeout_s > 0 and now - self._last > self._keepalive_timeout_s:
-            return Order(self._grace_s, REASON_KEEPALIVE)
+            return Order(self._grace_s, REASON_KEEPALIVE, after_s=self._after_s)
         return None
 
     def _order(self, line: bytes) -> Order | None:
@@ -202,8 +219,10 @@ def group_alive(pgid: int) -> bool:
 class Wrapper:
     """One worker under the wrapper's watch. ``run`` never returns: the wrapper exits with the worker."""
 
-    def __init__(self, args: WrapperArgs, stdin_fd: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, args: WrapperArgs, stdin_fd: int = 0, clock: Callable[[], float] = time.monotonic,
+                 driver_grace_s: float = 0.0) -> None:
         self._args = args
+        self._driver_grace_s = driver_grace_s
         self._fd = stdin_fd
         self._clock = clock
         self._lock = threading.RLock()  # re-entered by the signal handler, which runs on the main thread
@@ -258,16 +277,33 @@ class Wrapper:
                     time.sleep(0.05)
 
     def _watch(self) -> None:
-        watchdog = Watchdog(self._args.grace_s, self._args.keepalive_timeout_s, self._clock())
+        after = self._driver_grace_s + GRACE_MARGIN_S if self._driver_grace_s > 0 else 0.0
+        watchdog = Watchdog(self._args.grace_s, self._args.keepalive_timeout_s, self._clock(), after)
+        eof = False
+        pending: Order | None = None
+        deadline = 0.0
         while True:
-            if select.select([self._fd], [], [], _POLL_S)[0]:
+            if not eof and select.select([self._fd], [], [], _POLL_S)[0]:
                 try:
                     chunk = os.read(self._fd, 4096)
                 except OSError:
                     chunk = b""
+                eof = not chunk
                 order = watchdog.received(chunk, self._clock())
+                if order is None and pending is not None and pending.reason == REASON_KEEPALIVE:
+                    _say("the driver's keepalive is back")
+                    pending = None  # the driver is back within the grace
             else:
-                order = watchdog.idle(self._clock())
+                if eof:
+                    time.sleep(_POLL_S)
+                order = None if eof else watchdog.idle(self._clock())
+            if order is not None and order.after_s > 0:
+                if pending is None:
+                    pending, deadline = order, self._clock() + order.after_s
+                    _say(f"lost the driver; the worker may train on for --driver-grace {self._driver_grace_s:g}s")
+                order = None
+            if order is None and pending is not None and self._clock() >= deadline:
+                order = pending
             if order is not None:
                 break
         if order.reason == REASON_KEEPALIVE:
@@ -329,7 +365,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         _say(f"bad arguments ({exc}); is the driver's cloud-elastic version installed on this host?")
         os._exit(2)
-    Wrapper(args).run()
+    Wrapper(args, driver_grace_s=_driver_grace_s(os.environ.get(DRIVER_GRACE_ENV))).run()
+
+
+def _driver_grace_s(raw: str | None) -> float:
+    """The driver grace from the environment; 0 (stop at once, the old behaviour) when absent or bad."""
+    try:
+        return max(0.0, float(raw)) if raw else 0.0
+    except ValueError:
+        return 0.0
 
 
 if __name__ == "__main__":

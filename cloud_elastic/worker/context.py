@@ -115,6 +115,14 @@ class WorkerContext:
         self._notice_watcher: Any = None
         #: (address, port) of the driver's control plane and store: never one of a group's peers.
         self._control_peers: set[tuple[str, int]] = set()
+        #: How long this worker keeps training without reaching its driver (``--driver-grace``).
+        self.driver_grace_s = _driver_grace_s(os.environ, self.heartbeat_timeout_s)
+        #: True while the driver cannot be reached (rank 0 then checkpoints at every commit it can).
+        self.driver_lost = False
+        #: Called (on the heartbeat thread) just before the worker exits at the end of the driver grace.
+        self.before_grace_exit: list[Any] = []
+        self._reporter: DriverClient | None = None
+        self._reporter_lock = threading.Lock()
 
     @property
     def leaked_groups(self) -> int:
@@ -135,6 +143,7 @@ class WorkerContext:
             return
         self._codec = Codec(self.settings.secret, self.job_id)
         os.environ.pop("CLOUD_ELASTIC_SECRET", None)  # not inherited by the user's own children
+        _survive_output_loss()
         self._client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
         reply = self._call("register")
         if not reply.get("ok"):
@@ -196,7 +205,8 @@ class WorkerContext:
     def _call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
         """A control-plane call that rides out a network blip (these calls are idempotent on the driver)."""
         assert self._client is not None
-        deadline = time.monotonic() + 3 * self.heartbeat_timeout_s
+        # Within the driver grace the heartbeat thread decides when to give up; here, just keep trying.
+        deadline = time.monotonic() + max(3 * self.heartbeat_timeout_s, self.driver_grace_s + 5)
         while True:
             try:
                 return self._client.call(kind, payload, timeout_s=timeout_s)
@@ -205,6 +215,23 @@ class WorkerContext:
                     raise
                 log.warning("worker %s: %s to the driver failed (%s); retrying", self.worker_id, kind, exc)
                 time.sleep(0.2)
+
+    def report_checkpoint(self, event: str, **fields: Any) -> None:
+        """Tell the driver a checkpoint was ``saved``, ``loaded`` or could not be loaded (``failed``).
+
+        Best effort: while the driver is away the report is skipped (the
+        checkpoint itself is what matters), and a failed call is logged.
+        """
+        if self._codec is None or (self.driver_lost and event != "failed"):
+            return
+        with self._reporter_lock:
+            if self._reporter is None:
+                self._reporter = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
+            try:
+                self._reporter.call("checkpoint", dict(fields, event=event, round=self.info.round if self.info else 0),
+                                    timeout_s=self.heartbeat_timeout_s + 5)
+            except Exception as exc:  # the driver may be gone; the checkpoint is on storage either way
+                log.warning("worker %s: could not report checkpoint %s to the driver: %s", self.worker_id, event, exc)
 
     def close(self) -> None:
         self._shutdown.set()
@@ -409,7 +436,7 @@ class WorkerContext:
     def _heartbeat_loop(self) -> None:
         assert self._codec is not None
         client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
-        failing_since: float | None = None
+        last_ok = time.monotonic()
         while not self._shutdown.is_set():
             try:
                 reply = PollReply.from_wire(client.call(
@@ -417,16 +444,19 @@ class WorkerContext:
                     PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
-                failing_since = None
+                last_ok = time.monotonic()
+                if self.driver_lost:
+                    self.driver_lost = False
+                    log.warning("worker %s: the driver answers again", self.worker_id)
             except Exception as exc:  # any failure to reach the driver counts toward giving up
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if now - failing_since > 3 * self.heartbeat_timeout_s:
-                    print(
-                        f"cloud-elastic: worker {self.worker_id} lost contact with the driver ({exc}); exiting",
-                        file=sys.stderr, flush=True,
-                    )
-                    os._exit(75)
+                # Counted from the last answer, so a worker never outlives its driver by more than the grace.
+                silent = time.monotonic() - last_ok
+                if not self.driver_lost and silent > self.heartbeat_timeout_s:
+                    self.driver_lost = True
+                    print(f"cloud-elastic: worker {self.worker_id} cannot reach the driver ({exc}); training on "
+                          f"for up to {self.driver_grace_s:g}s (--driver-grace)", file=sys.stderr, flush=True)
+                if silent > self.driver_grace_s:
+                    self._grace_exit(exc)
                 time.sleep(0.2)
                 continue
             self._seen_round = reply.round
@@ -435,6 +465,79 @@ class WorkerContext:
             self._maybe_watch_notices(reply.notice_watcher)
             if reply.shutdown:
                 return
+
+
+    def _grace_exit(self, exc: BaseException) -> None:
+        """The driver stayed away past the grace: run the exit hooks (rank 0's last checkpoint), then exit."""
+        for hook in self.before_grace_exit:
+            try:
+                hook()
+            except Exception:  # exiting is what matters now
+                log.warning("worker %s: an exit hook failed", self.worker_id, exc_info=True)
+        print(
+            f"cloud-elastic: worker {self.worker_id} lost contact with the driver for more than "
+            f"{self.driver_grace_s:g}s (--driver-grace; last error: {exc}); exiting",
+            file=sys.stderr, flush=True,
+        )
+        os._exit(75)
+
+
+def _driver_grace_s(environ: Any, heartbeat_timeout_s: float) -> float:
+    """``CLOUD_ELASTIC_DRIVER_GRACE_S`` from the driver; without it, three heartbeat timeouts (a blip)."""
+    raw = environ.get("CLOUD_ELASTIC_DRIVER_GRACE_S")
+    try:
+        return max(0.0, float(raw)) if raw else 3 * heartbeat_timeout_s
+    except ValueError:
+        return 3 * heartbeat_timeout_s
+
+
+class _SurvivingStream:
+    """``sys.stdout``/``sys.stderr`` that outlive their reader.
+
+    A local worker's output is a pipe to its driver. When the driver dies the
+    pipe breaks, and the next ``print`` would raise BrokenPipeError inside the
+    training loop, although workers are meant to train on for the driver
+    grace. The first write that finds the pipe broken points the file
+    descriptor at /dev/null and carries on.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _lost(self) -> None:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._stream.write(data)
+        except BrokenPipeError:
+            self._lost()
+            return len(data)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._lost()
+            try:
+                self._stream.flush()  # drains the buffered bytes into /dev/null
+            except OSError:
+                pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _survive_output_loss() -> None:
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _SurvivingStream):
+            setattr(sys, name, _SurvivingStream(stream))
 
 
 def _resolved(address: str) -> set[tuple[str, int]]:

@@ -10,6 +10,7 @@
           HostsUpdatedInterrupt    -> keep the state just committed (graceful change)
         rendezvous into the next round (or leave, if the driver says so)
         sync state from rank 0 if the driver says this round needs it
+          (in a round formed from_checkpoint, rank 0 first loads the latest durable checkpoint)
         reset callbacks
 
 Whether to sync is decided by the driver for the whole round, so old and new
@@ -42,6 +43,8 @@ def run(func: F) -> F:
         try:
             return _run(func, state, *args, **kwargs)
         except WorkerRemoved as exc:
+            if _DURABLE is not None:
+                _DURABLE.stop_writing()  # a leaving rank 0 finishes the checkpoint it is writing
             init().leave()
             print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)
             sys.exit(0)
@@ -49,11 +52,52 @@ def run(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _durable(ctx: Any) -> Any:
+    """The job's checkpoint schedule when it has ``--checkpoint-dir`` (one per process), else None."""
+    global _DURABLE
+    if _DURABLE is None and not ctx.standalone:
+        from cloud_elastic.checkpoint.worker import DurableSettings, RankZeroCheckpoints
+
+        settings = DurableSettings.from_environ()
+        if settings is not None:
+            _DURABLE = RankZeroCheckpoints(settings, ctx)
+            ctx.after_commit.append(_DURABLE.after_commit)
+            ctx.before_grace_exit.append(lambda: _DURABLE.stop_writing(timeout=10.0))
+    return _DURABLE
+
+
+_DURABLE: Any = None
+
+
+def _load_checkpoint(ctx: Any, durable: Any, state: State) -> None:
+    """Rank 0 of a ``from_checkpoint`` round loads the latest checkpoint before it broadcasts the state.
+
+    Without a usable checkpoint this worker exits non-zero with a one-line
+    error (and tells the driver, which ends the job): broadcasting its
+    initial weights instead would silently start training over.
+    """
+    from cloud_elastic.errors import CheckpointError
+
+    try:
+        if durable is None:
+            raise CheckpointError("this round must resume from a checkpoint, but the worker has no "
+                                  "CLOUD_ELASTIC_CHECKPOINT_DIR")
+        durable.load_latest(state)
+    except CheckpointError as exc:
+        ctx.report_checkpoint("failed", reason=str(exc)[:300])
+        print(f"cloud-elastic: cannot resume from the checkpoint: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
 def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> Any:
     ctx = init()
+    durable = _durable(ctx)
     sync = True
     while True:
         if sync:
+            info = ctx.info
+            if info is not None and info.from_checkpoint and info.rank == 0:
+                _load_checkpoint(ctx, durable, state)
             try:
                 state.sync()
             except CollectiveError as exc:
@@ -72,6 +116,8 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
         except HostsUpdatedInterrupt:
             sync = _rejoin(ctx, "update", state)
             continue
+        if durable is not None:
+            durable.finish(state)
         ctx.report_completed()
         return result
 

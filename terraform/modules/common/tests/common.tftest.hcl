@@ -134,3 +134,16 @@ run "malformed_public_key_is_rejected" {
 
   expect_failures = [var.ssh_public_key]
 }
+
+run "the_driver_runs_under_systemd_with_restart_on_failure" {
+  command = plan
+
+  assert {
+    condition     = strcontains(output.driver_user_data, "Restart=on-failure") && strcontains(output.driver_user_data, "systemctl enable cloud-elastic-driver.service") && strcontains(output.driver_user_data, "User=ubuntu")
+    error_message = "the driver bootstrap must install and enable a systemd unit that restarts the driver on failure"
+  }
+  assert {
+    condition     = !strcontains(output.worker_user_data, "cloud-elastic-driver")
+    error_message = "workers must not run a driver"
+  }
+}

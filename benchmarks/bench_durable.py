@@ -1,0 +1,143 @@
+"""Durable checkpoints and driver restart, measured; results go to docs/benchmarks.md by hand.
+
+    flock /tmp/bench.lock .venv/bin/python benchmarks/bench_durable.py [--quick]
+
+1. Overhead of background checkpointing on step time: the benchmark model
+   (``examples/torch_synthetic.py``, committing every step) under
+   ``cloud-elastic run`` with and without ``--checkpoint-dir`` (a local
+   directory, ``--checkpoint-interval 10``), side by side in round-robin
+   slices (``run_benchmarks.interleaved_step_times``). Target: <= 2 %.
+   The interval is wall time and each job runs only in its own slices, so it
+   checkpoints about every 5 s of its own running time: twice as often as in
+   a real job, which overstates the overhead.
+2. Driver restart: SIGKILL the driver mid-training, run the same command
+   again, and time from the restart to the first step of the resumed job.
+   Reported in two parts: the wait for the previous driver's workers to stop
+   (bounded by ``--driver-grace``), and the rest (start, launch, load, sync).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_benchmarks import (  # noqa: E402
+    ELASTIC_CMD, EXAMPLE, MODEL, PY, REPO, interleaved_step_times, machine, pct, round_ratios,
+)
+
+
+def overhead(steps: int, warmup: int, directory: str) -> tuple[list[float], dict[str, float], int]:
+    common = [*MODEL, "--steps", str(steps), "--timing", "--log-every", "100000", "--commit-every", "1"]
+    ckpt = ELASTIC_CMD[:-2] + ["--checkpoint-dir", directory, "--checkpoint-interval", "10"] + ELASTIC_CMD[-2:]
+    variants = {"elastic": (ELASTIC_CMD + common, {}), "checkpointing": (ckpt + common, {})}
+    per_round = interleaved_step_times(variants, slice_s=1.5, warmup=warmup)
+    ratios = round_ratios(per_round, "checkpointing", base="elastic")
+    ms = {n: statistics.median(w for w, _ in rounds if w == w) * 1e3 for n, rounds in per_round.items()}
+    manifests = len(list(Path(directory).glob("ckpt-*/manifest.json")))
+    return ratios, ms, manifests
+
+
+def _workers_of(job_id: str) -> list[int]:
+    needle = f"CLOUD_ELASTIC_JOB_ID={job_id}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0") and ") Z " not in (entry / "stat").read_text():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+class Run:
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=dict(os.environ, **env), start_new_session=True)
+        self.lines: list[tuple[float, str]] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+                self._cond.notify_all()
+
+    def wait(self, pattern: str, timeout: float = 300.0) -> tuple[float, re.Match]:
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for t, line in self.lines:
+                    m = rx.search(line)
+                    if m:
+                        return t, m
+                if time.monotonic() > deadline or self.proc.poll() is not None and not self.lines[-1:]:
+                    raise SystemExit(f"no {pattern!r}:\n" + "\n".join(l for _, l in self.lines[-40:]))
+                self._cond.wait(0.5)
+
+
+def restart(cycles: int, grace_s: float) -> list[tuple[float, float]]:
+    """(wait for the previous workers, the rest) in seconds, per restart."""
+    results = []
+    for _ in range(cycles):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {"XDG_RUNTIME_DIR": tmp}
+            cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2", "--checkpoint-dir",
+                   f"{tmp}/ckpt", "--checkpoint-interval", "2", "--driver-grace", str(grace_s), PY, EXAMPLE,
+                   *MODEL, "--steps", "100000", "--step-log", "--log-every", "100000"]
+            first = Run(cmd, env)
+            _, m = first.wait(r"job (\w+): driver at")
+            job_id = m.group(1)
+            first.wait(r"checkpoint of step \d+ saved")
+            os.kill(first.proc.pid, signal.SIGKILL)
+            first.proc.wait()
+            while _workers_of(job_id):
+                time.sleep(0.1)
+            began = time.monotonic()
+            second = Run(cmd, env)
+            try:
+                t_step, _ = second.wait(r"^\[0\].*STEPLOG")
+                waited = 0.0
+                for t, line in second.lines:
+                    if "waiting" in line and "for them to stop" in line:
+                        w = re.search(r"waiting (\d+)s", line)
+                        waited = float(w.group(1)) if w else 0.0
+                results.append((waited, t_step - began - waited))
+            finally:
+                os.killpg(second.proc.pid, signal.SIGTERM)
+                second.proc.wait(60)
+                while _workers_of(job_id):
+                    time.sleep(0.1)
+        print(f"restart: {results[-1]}", flush=True)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    steps, warmup, cycles = (200, 40, 1) if args.quick else (600, 60, 3)
+    with tempfile.TemporaryDirectory() as d:
+        ratios, ms, written = overhead(steps, warmup, d)
+    print(json.dumps({"machine": machine(), "ratio_p50": statistics.median(ratios),
+                      "ratio_p25": pct(ratios, 0.25), "ratio_p75": pct(ratios, 0.75), "rounds": len(ratios),
+                      "step_ms": ms, "checkpoints_kept": written}), flush=True)
+    times = restart(cycles, grace_s=5.0)
+    print(json.dumps({"restart_wait_s": [w for w, _ in times], "restart_rest_s": [r for _, r in times]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

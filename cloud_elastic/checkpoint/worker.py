@@ -1,0 +1,187 @@
+"""Durable checkpoints inside a job: rank 0 writes them after commits, a ``from_checkpoint`` round loads one.
+
+The driver passes ``--checkpoint-dir``, ``--checkpoint-interval`` and
+``--checkpoint-keep`` to every worker as ``CLOUD_ELASTIC_CHECKPOINT_DIR``,
+``CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S`` and ``CLOUD_ELASTIC_CHECKPOINT_KEEP``
+(:meth:`DurableSettings.from_environ`). The elastic loop builds one
+:class:`RankZeroCheckpoints` per worker and registers its :meth:`after_commit`
+as a context after-commit hook:
+
+* on the worker that is rank 0 of the current round, each commit may submit
+  the committed state to a background :class:`CheckpointWriter` (at the first
+  commit, then every interval; the step never waits for the upload); the
+  writer starts when the worker becomes rank 0 and is closed (its write in
+  flight finished) when it stops being rank 0;
+* while the driver is unreachable, rank 0 checkpoints at every commit the
+  writer is free for, so that the workers' last steps before they stop
+  (``--driver-grace``) are on storage for the driver that resumes the job;
+* :meth:`load_latest` loads the newest usable checkpoint into the state
+  before rank 0 broadcasts it in a round the driver formed ``from_checkpoint``;
+  no checkpoint, or storage that cannot be read, raises CheckpointError and
+  the worker exits rather than broadcast its initial weights;
+* :meth:`finish` writes the final state when training completed, and waits.
+
+Each checkpoint written or loaded is reported to the driver (a signed
+``checkpoint`` control message), which logs it and writes the
+``checkpoint_saved`` / ``checkpoint_loaded`` events.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
+from cloud_elastic.checkpoint.store import CheckpointStore
+from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer
+from cloud_elastic.errors import ConfigError
+
+__all__ = ["DurableSettings", "RankZeroCheckpoints", "step_of"]
+
+log = logging.getLogger(__name__)
+
+#: How long leaving rank 0 (or a finished job) waits for the checkpoint being written.
+FLUSH_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class DurableSettings:
+    """The job's checkpoint settings as the driver passed them to the worker."""
+
+    url: str
+    interval_s: float = 300.0
+    keep: int = 2
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "DurableSettings | None":
+        """None when the job has no ``--checkpoint-dir``; ConfigError naming a bad variable."""
+        env = os.environ if environ is None else environ
+        url = env.get("CLOUD_ELASTIC_CHECKPOINT_DIR", "")
+        if not url:
+            return None
+        try:
+            interval = float(env.get("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S", "300"))
+            keep = int(env.get("CLOUD_ELASTIC_CHECKPOINT_KEEP", "2"))
+        except ValueError as exc:
+            raise ConfigError(f"CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S / _KEEP: {exc}") from None
+        if interval <= 0 or keep < 1:
+            raise ConfigError("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S must be > 0 and CLOUD_ELASTIC_CHECKPOINT_KEEP >= 1")
+        return cls(url, interval, keep)
+
+
+def step_of(state: Any, fallback: int) -> int:
+    """The step a checkpoint of ``state`` is labelled with: its integer ``step`` attribute, else ``fallback``."""
+    step = getattr(state, "step", None)
+    if isinstance(step, int) and not isinstance(step, bool):
+        return step
+    return fallback
+
+
+class RankZeroCheckpoints:
+    """Rank 0's checkpoint schedule and the loading of a checkpoint (see module docstring).
+
+    ``ctx`` is the worker's context (its ``info.rank``, ``commits``,
+    ``driver_lost`` and ``report_checkpoint`` are used); ``clock`` is
+    injectable for tests. The constructor does no I/O.
+    """
+
+    def __init__(self, settings: DurableSettings, ctx: Any, *, clock: Callable[[], float] = time.monotonic,
+                 store: CheckpointStore | None = None) -> None:
+        self.settings = settings
+        self._ctx = ctx
+        self._clock = clock
+        self.store = store if store is not None else CheckpointStore(settings.url, keep=settings.keep)
+        self._writer: CheckpointWriter | None = None
+        self._periodic: PeriodicCheckpointer | None = None
+        self._resumed_step = 0
+
+    @property
+    def writing(self) -> bool:
+        """True while this worker runs the writer (it is rank 0)."""
+        return self._writer is not None
+
+    # ------------------------------------------------------------- the hook
+    def after_commit(self, state: Any) -> None:
+        """The context's after-commit hook: checkpoint if this worker is rank 0 and one is due."""
+        info = getattr(self._ctx, "info", None)
+        if info is None or info.rank != 0:
+            self.stop_writing()
+            return
+        if self._periodic is None:
+            self._start_writing()
+        assert self._periodic is not None
+        step = step_of(state, self._resumed_step + self._ctx.commits)
+        meta = {"world_size": info.size, "job_id": self._ctx.job_id}
+        epoch = getattr(state, "epoch", None)
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            meta["epoch"] = epoch
+        if getattr(self._ctx, "driver_lost", False) and not self._periodic.writer.busy:
+            # The driver is away: keep storage as close as possible to the last commit.
+            self._periodic.writer.submit(step, _payload(state), meta)
+            return
+        self._periodic.after_commit(state, step, meta)
+
+    def _start_writing(self) -> None:
+        self._writer = CheckpointWriter(self.store, on_written=self._written).start()
+        self._periodic = PeriodicCheckpointer(self._writer, self.settings.interval_s, clock=self._clock)
+        log.info("worker %s: rank 0 writes checkpoints to %s every %gs", self._ctx.worker_id, self.settings.url,
+                 self.settings.interval_s)
+
+    def stop_writing(self, timeout: float | None = FLUSH_TIMEOUT_S) -> bool:
+        """Finish the checkpoint in flight (up to ``timeout``) and stop the writer; True if nothing was cut."""
+        writer, self._writer, self._periodic = self._writer, None, None
+        if writer is None:
+            return True
+        return writer.close(timeout)
+
+    def _written(self, info: CheckpointInfo, duration_s: float) -> None:
+        self._ctx.report_checkpoint("saved", step=info.step, path=info.url, duration_s=round(duration_s, 3),
+                                    bytes=info.size)
+
+    # -------------------------------------------------------------- loading
+    def load_latest(self, state: Any) -> CheckpointInfo:
+        """Load the newest usable checkpoint into ``state`` (and make it the state's last commit).
+
+        Raises CheckpointError when there is none, the storage cannot be read,
+        or the checkpoint does not fit the state; ``state`` then holds its last
+        commit, never a half-loaded mix.
+        """
+        from cloud_elastic.checkpoint.payload import load_state_payload
+
+        began = time.perf_counter()
+        latest = self.store.latest()
+        if latest is None:
+            raise CheckpointError(f"no usable checkpoint in {self.settings.url}")
+        load_state_payload(state, latest.payload)
+        self._resumed_step = latest.info.step
+        log.info("worker %s: loaded checkpoint of step %d from %s in %.2fs", self._ctx.worker_id, latest.info.step,
+                 latest.info.url, time.perf_counter() - began)
+        self._ctx.report_checkpoint("loaded", step=latest.info.step, path=latest.info.url)
+        return latest.info
+
+    # ------------------------------------------------------------ finishing
+    def finish(self, state: Any) -> None:
+        """Training completed: rank 0 writes the final state and waits for it to be stored."""
+        info = getattr(self._ctx, "info", None)
+        if info is None or info.rank != 0:
+            self.stop_writing()
+            return
+        if self._writer is None:
+            self._start_writing()
+        assert self._writer is not None
+        self._writer.wait(FLUSH_TIMEOUT_S)
+        step = step_of(state, self._resumed_step + self._ctx.commits)
+        try:
+            self._writer.submit(step, _payload(state), {"world_size": info.size, "job_id": self._ctx.job_id})
+        except CheckpointError as exc:
+            log.warning("worker %s: the final checkpoint was not written: %s", self._ctx.worker_id, exc)
+        self.stop_writing()
+
+
+def _payload(state: Any) -> Any:
+    from cloud_elastic.checkpoint.payload import state_payload
+
+    return state_payload(state)

@@ -1,0 +1,82 @@
+"""Nothing lost when every worker goes: the job fails loudly without checkpoints, resumes from them with."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tests.integration.harness import HostsFile, kill_job_workers, probe_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+
+def _args(hosts: HostsFile, *extra: str) -> list[str]:
+    return [
+        "run", "-np", "2", "--min-np", "2", "--max-np", "2", "--host-discovery-script", str(hosts.script),
+        "--discovery-interval", "0.2", "--host-missing-grace", "0.5", "--blacklist-cooldown-range", "300", "300",
+        "--elastic-timeout", "60", *extra,
+    ]
+
+
+def _kill_everyone_and_replace(job, hosts: HostsFile) -> None:
+    """Every worker SIGKILLed at once; new hosts appear in discovery."""
+    hosts.set(["127.0.0.3", "127.0.0.4"])
+    kill_job_workers(job.job_id())
+
+
+def test_losing_every_worker_without_a_checkpoint_dir_fails_and_never_trains_from_scratch(jobs, tmp_path):
+    hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2"])
+    job = jobs(_args(hosts, *probe_cmd("--steps", "400")))
+    # The driver learns of commits from heartbeats (every 0.5 s); give it a few.
+    job.wait_event("commit", rank=0, step=30)
+    _kill_everyone_and_replace(job, hosts)
+    assert job.finish() == 1, job.output()
+    last = job.lines[-1]
+    assert "training state" in last and "lost" in last and "--checkpoint-dir" in last, last
+    assert "\n" not in last
+    # No worker of the new hosts ever trained: nothing started over from initial weights.
+    assert not [e for e in job.events if e.data.get("worker", "").startswith(("127.0.0.3", "127.0.0.4"))
+                and e.kind in ("commit", "batch")]
+
+
+def test_whole_group_loss_resumes_from_the_checkpoint_with_exactly_once_samples(jobs, tmp_path):
+    hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2"])
+    ckpt = tmp_path / "ckpt"
+    n = 160
+    job = jobs(_args(hosts, "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0.3",
+                     *probe_cmd("--sampler", str(n), "--epochs", "1", "--step-sleep", "0.1")))
+    job.wait_for(lambda j: "checkpoint of step" in j.output() and any(e["step"] >= 6 for e in j.of("commit")),
+                 what="a checkpoint and some steps")
+    _kill_everyone_and_replace(job, hosts)
+    assert job.finish() == 0, job.output()
+    out = job.output()
+    assert "resumed from the checkpoint of step" in out
+    new = [e for e in job.events if e.data.get("worker", "").startswith(("127.0.0.3", "127.0.0.4"))]
+    resumed_at = min(e["step"] for e in new if e.kind == "batch") - 1
+    assert resumed_at >= 1, "the new workers started from step 0"  # the step counter continued
+    # The checkpoint loaded is one the old workers had reached.
+    old_batches = [e for e in job.events if e.kind == "batch" and e["worker"].startswith(("127.0.0.1", "127.0.0.2"))]
+    assert resumed_at <= max(e["step"] for e in old_batches)
+    # Exactly once from the checkpoint on: the old workers' batches up to the checkpoint's step,
+    # then the new workers' batches, cover every index of the epoch exactly once.
+    kept = [e for e in old_batches if e["step"] <= resumed_at] + [e for e in new if e.kind == "batch"]
+    seen = Counter(i for e in kept for i in e["indices"])
+    assert set(seen) == set(range(n)), f"missing {sorted(set(range(n)) - set(seen))[:10]}"
+    assert max(seen.values()) == 1, f"twice: {[i for i, c in seen.items() if c > 1][:10]}"
+    done = job.of("done")
+    assert len(done) == 2 and len({e["checksum"] for e in done}) == 1
+
+
+def test_a_job_that_must_resume_without_a_usable_checkpoint_fails_instead_of_starting_over(jobs, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = ["run", "-np", "2", "-H", "127.0.0.1:2", "--checkpoint-dir", str(ckpt), *probe_cmd("--steps", "8")]
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    assert jobs(args, env=env).finish() == 0
+    for data in ckpt.glob("ckpt-*/state.pt"):
+        data.write_bytes(b"torn" + data.read_bytes()[4:])  # every checkpoint corrupt: its digest no longer matches
+    again = jobs(args, env=env)
+    assert again.finish() == 1, again.output()
+    last = again.lines[-1]
+    assert "training state lost: cannot resume from the checkpoint: no usable checkpoint in" in last, last
+    assert not again.of("commit"), "a worker trained from its initial weights"

@@ -1,0 +1,41 @@
+"""Over SSH, a SIGKILLed driver's remote workers train on for ``--driver-grace``, then nothing is left.
+
+The remote wrapper used to stop its worker as soon as the ssh connection
+dropped; with the grace it lets the worker train on (it exits by itself at the
+end of the grace) and stops whatever is left a margin later.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from ssh_support import processes_with, wait_gone
+from test_ssh_e2e import DriverRun, _worker_pid
+
+pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(180)]
+
+GRACE_S = 6.0
+
+
+def test_remote_workers_outlive_a_killed_driver_for_the_grace_only(sshd, marker):
+    run = DriverRun(sshd, marker, "127.0.0.2:1,127.0.0.3:1", "--driver-grace", str(GRACE_S), np=2, min_np=2,
+                    train=("--steps", "100000", "--step-sleep", "0.02", "--log-every", "10"))
+    try:
+        run.wait_for("workers 2")
+        remote = [_worker_pid(marker, host) for host in ("127.0.0.2", "127.0.0.3")]
+        os.kill(run.proc.pid, signal.SIGKILL)
+        run.finish(30)
+        killed_at = time.monotonic()
+        time.sleep(GRACE_S / 2)
+        alive = {p.pid for p in processes_with(marker)}
+        assert set(remote) <= alive, "the remote workers did not outlive their driver for the grace"
+        # The workers stop themselves at the end of the grace; the wrapper 15 s later at the latest.
+        wait_gone(marker, GRACE_S + 25)
+        assert time.monotonic() - killed_at >= GRACE_S / 2
+    finally:
+        run.cleanup()
+        print(run.log())
