@@ -3,7 +3,7 @@
 The driver passes ``--checkpoint-dir``, ``--checkpoint-interval`` and
 ``--checkpoint-keep`` to every worker as ``CLOUD_ELASTIC_CHECKPOINT_DIR``,
 ``CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S`` and ``CLOUD_ELASTIC_CHECKPOINT_KEEP``
-(:meth:`DurableSettings.from_environ`). The elastic loop builds one
+(:meth:`DurableSettings.from_settings`). The elastic loop builds one
 :class:`RankZeroCheckpoints` per worker and registers its :meth:`after_commit`
 as a context after-commit hook:
 
@@ -56,20 +56,11 @@ class DurableSettings:
     keep: int = 2
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "DurableSettings | None":
-        """None when the job has no ``--checkpoint-dir``; ConfigError naming a bad variable."""
-        env = os.environ if environ is None else environ
-        url = env.get("CLOUD_ELASTIC_CHECKPOINT_DIR", "")
-        if not url:
+    def from_settings(cls, settings: Any) -> "DurableSettings | None":
+        """From the worker's :class:`~cloud_elastic.worker.settings.WorkerSettings`; None without ``--checkpoint-dir``."""
+        if not settings.checkpoint_dir:
             return None
-        try:
-            interval = float(env.get("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S", "300"))
-            keep = int(env.get("CLOUD_ELASTIC_CHECKPOINT_KEEP", "2"))
-        except ValueError as exc:
-            raise ConfigError(f"CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S / _KEEP: {exc}") from None
-        if interval <= 0 or keep < 1:
-            raise ConfigError("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S must be > 0 and CLOUD_ELASTIC_CHECKPOINT_KEEP >= 1")
-        return cls(url, interval, keep)
+        return cls(settings.checkpoint_dir, settings.checkpoint_interval_s, settings.checkpoint_keep)
 
 
 def step_of(state: Any, fallback: int) -> int:

@@ -116,7 +116,7 @@ class WorkerContext:
         #: (address, port) of the driver's control plane and store: never one of a group's peers.
         self._control_peers: set[tuple[str, int]] = set()
         #: How long this worker keeps training without reaching its driver (``--driver-grace``).
-        self.driver_grace_s = _driver_grace_s(os.environ, self.heartbeat_timeout_s)
+        self.driver_grace_s = s.driver_grace_s
         #: True while the driver cannot be reached (rank 0 then checkpoints at every commit it can).
         self.driver_lost = False
         #: Called (on the heartbeat thread) just before the worker exits at the end of the driver grace.
@@ -253,14 +253,30 @@ class WorkerContext:
         """The state was just restored to the last commit: the steps since then are lost (told to the driver)."""
         self._rolled_back, self.steps_since_commit = self.steps_since_commit, 0
 
-    def leave(self) -> None:
-        """This worker leaves the job for good (told to exit): acknowledge notices it watched, stop watching."""
+    def leave(self, timeout_s: float = 5.0) -> None:
+        """This worker leaves the job for good (told to exit).
+
+        Acknowledges the notices it watched, stops its heartbeats, and releases its
+        process group now (its peers have moved on to a new group): left to the
+        interpreter's shutdown, destroying a Gloo group blocked the exit until the
+        driver killed the worker.
+        """
         if self._notice_watcher is not None:
             try:
                 self._notice_watcher.acknowledge()
             finally:
                 self._notice_watcher.close()
                 self._notice_watcher = None
+        self._shutdown.set()
+        pg, sockets, self.pg = self.pg, self._pg_sockets, None
+        if pg is None:
+            return
+        done = self._reaper.reclaimed + self._reaper.leaked
+        self._reaper.retire(pg, sockets)
+        del pg
+        deadline = time.monotonic() + timeout_s
+        while self._reaper.reclaimed + self._reaper.leaked == done and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     # ---------------------------------------------------------------- notices
     def _maybe_watch_notices(self, cloud: Any) -> None:
@@ -480,15 +496,6 @@ class WorkerContext:
             file=sys.stderr, flush=True,
         )
         os._exit(75)
-
-
-def _driver_grace_s(environ: Any, heartbeat_timeout_s: float) -> float:
-    """``CLOUD_ELASTIC_DRIVER_GRACE_S`` from the driver; without it, three heartbeat timeouts (a blip)."""
-    raw = environ.get("CLOUD_ELASTIC_DRIVER_GRACE_S")
-    try:
-        return max(0.0, float(raw)) if raw else 3 * heartbeat_timeout_s
-    except ValueError:
-        return 3 * heartbeat_timeout_s
 
 
 class _SurvivingStream:

@@ -58,7 +58,7 @@ def _durable(ctx: Any) -> Any:
     if _DURABLE is None and not ctx.standalone:
         from cloud_elastic.checkpoint.worker import DurableSettings, RankZeroCheckpoints
 
-        settings = DurableSettings.from_environ()
+        settings = DurableSettings.from_settings(ctx.settings)
         if settings is not None:
             _DURABLE = RankZeroCheckpoints(settings, ctx)
             ctx.after_commit.append(_DURABLE.after_commit)

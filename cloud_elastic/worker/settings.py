@@ -47,8 +47,21 @@ class WorkerSettings:
     #: ``CLOUD_ELASTIC_MALLOC_TUNING=0``, or any glibc malloc setting of the user's, turns ours off.
     malloc_tuning: bool = True
     secret: str = ""
+    #: How long to keep training without an answer from the driver (``--driver-grace``);
+    #: without one from the driver, three heartbeat timeouts (a network blip).
+    driver_grace_s: float | None = None
+    #: Durable checkpoints (``--checkpoint-dir`` and friends); empty: none.
+    checkpoint_dir: str = ""
+    checkpoint_interval_s: float = 300.0
+    checkpoint_keep: int = 2
 
     def __post_init__(self) -> None:
+        if self.driver_grace_s is None:
+            object.__setattr__(self, "driver_grace_s", 3 * self.heartbeat_timeout_s)
+        if self.driver_grace_s < 0:
+            raise ConfigError(f"CLOUD_ELASTIC_DRIVER_GRACE_S={self.driver_grace_s}: must be >= 0")
+        if self.checkpoint_interval_s <= 0 or self.checkpoint_keep < 1:
+            raise ConfigError("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S must be > 0 and CLOUD_ELASTIC_CHECKPOINT_KEEP >= 1")
         if self.heartbeat_timeout_s <= 0 or self.collective_timeout_s <= 0:
             raise ConfigError("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S and CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S must be positive")
         if self.backend not in ("", "gloo", "nccl"):
@@ -99,4 +112,9 @@ class WorkerSettings:
             zero_copy_commit=flag("CLOUD_ELASTIC_ZERO_COPY_COMMIT"),
             malloc_tuning=flag("CLOUD_ELASTIC_MALLOC_TUNING") and not any(n in env for n in _GLIBC_MALLOC_SETTINGS),
             secret=env.get("CLOUD_ELASTIC_SECRET", ""),
+            driver_grace_s=number("CLOUD_ELASTIC_DRIVER_GRACE_S", "", float) if env.get("CLOUD_ELASTIC_DRIVER_GRACE_S")
+            else None,
+            checkpoint_dir=env.get("CLOUD_ELASTIC_CHECKPOINT_DIR", ""),
+            checkpoint_interval_s=number("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S", "300", float),
+            checkpoint_keep=int(number("CLOUD_ELASTIC_CHECKPOINT_KEEP", "2", int)),
         )

@@ -134,7 +134,9 @@ def test_job_across_two_ssh_hosts_survives_kill_9_of_a_worker(job, marker):
 
 @pytest.mark.parametrize("signum, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGKILL, -9)])
 def test_stopping_the_driver_leaves_no_process_on_any_host(job, marker, signum, exit_code):
-    run = job("127.0.0.2:1,127.0.0.3:1", np=2, min_np=2,
+    # A short --driver-grace: workers that lose their driver train on for it, then stop
+    # (tests/ssh/test_ssh_driver_grace.py covers the grace itself).
+    run = job("127.0.0.2:1,127.0.0.3:1", "--driver-grace", "3", np=2, min_np=2,
               train=("--steps", "100000", "--step-sleep", "0.02", "--log-every", "10"))
     run.wait_for("workers 2")
     remote = [_worker_pid(marker, host) for host in ("127.0.0.2", "127.0.0.3")]
@@ -146,8 +148,9 @@ def test_stopping_the_driver_leaves_no_process_on_any_host(job, marker, signum, 
         os.kill(run.proc.pid, signum)
     assert run.finish(60) == exit_code, run.log()
     # Driver, local ssh clients, remote wrappers, workers and their children: all gone. After a
-    # kill -9 of the driver, the ssh clients see EOF on stdin and the remote watchdogs stop the workers.
-    wait_gone(marker, 15)
+    # kill -9 of the driver, the ssh clients see EOF on stdin and the remote watchdogs stop the
+    # workers once the driver grace (3 s, plus the wrapper's margin) has passed.
+    wait_gone(marker, 30 if signum == signal.SIGKILL else 15)
     assert not {p.pid for p in processes_with(marker)} & set(remote)
 
 

@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from cloud_elastic.worker.context import _driver_grace_s, _SurvivingStream
+from cloud_elastic.errors import ConfigError
+from cloud_elastic.worker.context import _SurvivingStream
+from cloud_elastic.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -26,7 +28,11 @@ def test_writes_after_the_reader_died_are_dropped_and_training_goes_on():
 
 @pytest.mark.parametrize("environ, grace", [
     ({}, 15.0), ({"CLOUD_ELASTIC_DRIVER_GRACE_S": "60"}, 60.0), ({"CLOUD_ELASTIC_DRIVER_GRACE_S": "0"}, 0.0),
-    ({"CLOUD_ELASTIC_DRIVER_GRACE_S": "x"}, 15.0),
 ])
 def test_the_driver_grace_comes_from_the_driver(environ, grace):
-    assert _driver_grace_s(environ, heartbeat_timeout_s=5.0) == grace
+    assert WorkerSettings.from_environ(environ).driver_grace_s == grace  # default: 3 heartbeat timeouts of 5 s
+
+
+def test_a_bad_driver_grace_is_a_one_line_error():
+    with pytest.raises(ConfigError, match="CLOUD_ELASTIC_DRIVER_GRACE_S='x': not a number"):
+        WorkerSettings.from_environ({"CLOUD_ELASTIC_DRIVER_GRACE_S": "x"})
