@@ -29,6 +29,7 @@ from cloud_elastic.protocol import PollReply, PollRequest, RendezvousRequest, Wa
 from cloud_elastic.driver.launch import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
 from cloud_elastic.driver.local import LocalLauncher
 from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.metrics import StepRate
 from cloud_elastic.errors import ConfigError, ControlPlaneError, LaunchError
 from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery
 
@@ -92,6 +93,7 @@ class Driver:
         self._status_recorded = False
         self._bind = "127.0.0.1"
         self._started_at = clock()
+        self._rate = StepRate()  # rank 0's commits per second, for status
         self._watchers: dict[str, str] = {}  # host -> worker id running its metadata notice watcher
         self._watch_cloud = _watch_cloud(config.notice_watcher, getattr(discovery, "name", ""))
         self._previous: tuple[int, float] | None = None  # (pid, last alive) of a dead driver of this job
@@ -486,8 +488,10 @@ class Driver:
         request = PollRequest.from_wire(msg)
         known = (request.round, request.update_gen, request.abort_round)
         deadline = self._clock() + self.config.heartbeat_interval_s
-        if self._sinks.metrics is not None and self._job.rank_of(worker_id) == 0:
-            self._sinks.metrics.observe_step(request.commits)
+        if self._job.rank_of(worker_id) == 0:
+            self._rate.add(self._clock(), request.commits)
+            if self._sinks.metrics is not None:
+                self._sinks.metrics.observe_step(request.commits)
         while True:
             reply = self._job.heartbeat(worker_id, self._clock(), request.commits)
             if reply is None:
@@ -575,7 +579,8 @@ class Driver:
         from cloud_elastic.driver.status import status_reply
 
         return status_reply(self._job, self.config, provider=str(getattr(self._discovery, "name", "")),
-                            now=now, wall_now=time.time(), uptime_s=now - self._started_at).to_json()
+                            now=now, wall_now=time.time(), uptime_s=now - self._started_at,
+                            steps_per_s=self._rate.rate if self._rate.rate > 0 else None).to_json()
 
     def _flush_events(self) -> None:
         with self._cond:
