@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -44,7 +45,9 @@ def test_whole_group_loss_resumes_from_the_checkpoint_with_exactly_once_samples(
     hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2"])
     ckpt = tmp_path / "ckpt"
     n = 160
+    events_file = tmp_path / "events.jsonl"
     job = jobs(_args(hosts, "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0.3",
+                     "--events-file", str(events_file),
                      *probe_cmd("--sampler", str(n), "--epochs", "1", "--step-sleep", "0.1")))
     job.wait_for(lambda j: "checkpoint of step" in j.output() and any(e["step"] >= 6 for e in j.of("commit")),
                  what="a checkpoint and some steps")
@@ -66,6 +69,15 @@ def test_whole_group_loss_resumes_from_the_checkpoint_with_exactly_once_samples(
     assert max(seen.values()) == 1, f"twice: {[i for i, c in seen.items() if c > 1][:10]}"
     done = job.of("done")
     assert len(done) == 2 and len({e["checksum"] for e in done}) == 1
+    # The events file records the checkpoints written and the one the resumed round loaded.
+    records = [json.loads(line) for line in events_file.read_text().splitlines()]
+    saved = [r for r in records if r["event"] == "checkpoint_saved"]
+    loaded = [r for r in records if r["event"] == "checkpoint_loaded"]
+    assert saved and all(r["path"].startswith(str(ckpt)) and r["step"] >= 1 for r in saved), saved
+    assert len(loaded) == 1 and loaded[0]["step"] == resumed_at, (loaded, resumed_at)
+    assert loaded[0]["path"] in {r["path"] for r in saved}
+    [formed] = [r for r in records if r["event"] == "round_formed" and r.get("from_checkpoint")]
+    assert formed["synced"] is True
 
 
 def test_a_job_that_must_resume_without_a_usable_checkpoint_fails_instead_of_starting_over(jobs, tmp_path):
