@@ -128,7 +128,8 @@ class PausableJob:
 
 
 def interleaved_step_times(variants: dict[str, tuple[list[str], dict[str, str]]], slice_s: float, warmup: int,
-                           timeout_s: float = 1200) -> dict[str, list[tuple[float, float]]]:
+                           timeout_s: float = 1200,
+                           rows_out: dict[str, list[dict]] | None = None) -> dict[str, list[tuple[float, float]]]:
     """Run every variant at once, one at a time in round-robin slices; per round, each one's step time.
 
     All jobs live through the same minutes of the shared machine, and within
@@ -138,6 +139,7 @@ def interleaved_step_times(variants: dict[str, tuple[list[str], dict[str, str]]]
     comes after ``warmup`` steps. Returns name -> per round (wall, CPU)
     seconds per step: the median over the slice's steps of the slowest
     rank's wall time, and of the CPU time summed over both workers.
+    ``rows_out``, if given, receives each job's TIMING rows (for extra fields).
     """
     jobs = [PausableJob(name, cmd, env) for name, (cmd, env) in variants.items()]
     deadline = time.monotonic() + timeout_s
@@ -156,6 +158,8 @@ def interleaved_step_times(variants: dict[str, tuple[list[str], dict[str, str]]]
     per_round: dict[str, list[tuple[float, float]]] = {}
     for job in jobs:
         rows = job.rows()
+        if rows_out is not None:
+            rows_out[job.name] = rows
         rounds = []
         for t0, t1 in job.windows:
             walls, cpus = [], []

@@ -67,6 +67,8 @@ class _Bucket:
         self.ready = 0
         self.work: Any = None
         self.launched = False
+        #: Position in launch order (set by _make_buckets).
+        self.index = 0
 
     def launch_tensor(self, update_flag: float) -> torch.Tensor:
         """Gather this step's gradients into the tensor to allreduce and return it."""
@@ -119,6 +121,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         #: Snapshots of a TorchState holding this optimizer's commits (see state._SnapshotHandler).
         self._ce_snapshots: list[Any] = []
         self._ce_params = all_params
+        #: (param_groups signature, per-bucket (group, parameter) pairs, unbucketed pairs): rebuilt only
+        #: when the groups change, so a step's bookkeeping does not rescan every tensor.
+        self._ce_pairs_cache: tuple[Any, list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]] | None = None
         #: Read once (WorkerSettings), not from the environment at every step.
         self._ce_zero_copy = get_context().settings.zero_copy_commit
         for p in all_params:
@@ -170,7 +175,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         self._ce_launch_ready(force=True)  # buckets whose params got no gradient this step
         # Deferred commit copies overlap the allreduces in flight; those a zero-copy update will fill stay queued.
-        keep = zerocopy.tradeable_ptrs(self) if zerocopy.swap_update_for(self, self._ce_zero_copy) is not None else frozenset()
+        keep = zerocopy.tradeable_ptrs(self) if self._ce_swap_update() is not None else frozenset()
         for snapshot in self._ce_snapshots:
             snapshot.flush(keep)
         self._ce_wait_buckets()
@@ -213,13 +218,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Where this optimizer's parameters live now (zero-copy commits alternate two storages)."""
         return frozenset(p.data_ptr() for p in self._ce_params)
 
+    def _ce_swap_update(self) -> zerocopy.Update | None:
+        _, unbucketed = self._ce_pairs()
+        return zerocopy.swap_update_for(self, self._ce_zero_copy, (p for _, p in unbucketed))
+
+    def _ce_pairs(self) -> tuple[list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]]:
+        """Per bucket, its (group, parameter) pairs; and the pairs of parameters outside every bucket."""
+        signature = tuple((id(g), id(g["params"]), len(g["params"])) for g in self.param_groups)
+        cache = self._ce_pairs_cache
+        if cache is None or cache[0] != signature:
+            group_of = {id(p): group for group in self.param_groups for p in group["params"]}
+            bucketed = [[(group_of[id(p)], p) for p in bucket.params] for bucket in self._ce_buckets]
+            unbucketed = [(g, p) for g in self.param_groups for p in g["params"] if id(p) not in self._ce_where]
+            cache = self._ce_pairs_cache = (signature, bucketed, unbucketed)
+        return cache[1], cache[2]
+
     def step(self, closure: Any = None) -> Any:
         # This class's step() is already wrapped by torch's step-hook machinery; call the
         # wrapped class's step() unwrapped, or every step pre/post hook would run twice.
         base_step = type(self).__mro__[1].step
         if getattr(base_step, "hooked", False):
             base_step = base_step.__wrapped__
-        update = zerocopy.swap_update_for(self, self._ce_zero_copy) if closure is None else None
+        update = self._ce_swap_update() if closure is None else None
         self._ce_reset_if_new_round()
         get_context().note_step()
         if update is not None and not self._ce_skip and not self._ce_synchronized:
@@ -259,12 +279,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         taken: dict[int, Any] = {}
         for snapshot in self._ce_snapshots:
             taken.update(snapshot.take(ptrs))
-        group_of = {id(p): group for group in self.param_groups for p in group["params"]}
+        bucketed, unbucketed = self._ce_pairs()
         try:
-            self._ce_wait_buckets(lambda bucket: update(self, taken, [(group_of[id(p)], p) for p in bucket.params]))
+            self._ce_wait_buckets(lambda bucket: update(self, taken, bucketed[bucket.index]))
             # Parameters outside every bucket (no requires_grad when wrapped) but given a
-            # .grad anyway: torch's SGD updates them, so this does too (their commit copies are done).
-            update(self, taken, [(g, p) for g in self.param_groups for p in g["params"] if id(p) not in self._ce_where])
+            # .grad anyway: torch's step updates them, so this does too (their commit copies are done).
+            update(self, taken, unbucketed)
         finally:
             # After a failed wait, the parameters not yet updated still hold the committed
             # values: their snapshots get them now, so a restore is exact.
@@ -304,6 +324,8 @@ def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, solo_byte
         current.append(p)
         size += nbytes
     close()
+    for i, bucket in enumerate(buckets):
+        bucket.index = i
     return buckets
 
 

@@ -1,0 +1,87 @@
+"""What committing every step costs, per optimizer, next to plain DDP: step time and peak memory.
+
+    flock /tmp/bench.lock .venv/bin/python benchmarks/commit_cost.py [--quick] [--only blocks:adamw,...]
+
+For each (model, optimizer) case, three jobs run side by side in
+round-robin slices, as ``run_benchmarks.py`` does (SIGSTOP/SIGCONT, ratios
+per round, median over rounds): cloud-elastic committing every step,
+cloud-elastic never committing, and the same model under torchrun + DDP.
+Memory is the peak RSS (``VmHWM``) of each worker process, summed over the
+two workers, cloud-elastic committing every step / DDP. The worker script
+is ``benchmarks/commit_cost_worker.py``. Prints a Markdown table; with
+``--out`` it replaces the "Commit cost per optimizer" section of that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_benchmarks import PY, REPO, interleaved_step_times, machine, pct, round_ratios  # noqa: E402
+
+WORKER = str(REPO / "benchmarks" / "commit_cost_worker.py")
+ELASTIC = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2", "--heartbeat-timeout", "60", PY, WORKER]
+DDP = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, "--ddp"]
+CASES = ["blocks:sgd", "blocks:sgd-momentum", "blocks:adam", "blocks:adamw", "blocks:adamw-foreach", "blocks:adagrad",
+         "blocks:rmsprop", "mlp:adamw", "mlp:sgd-momentum", "many:adamw"]
+SECTION = "## Commit cost per optimizer"
+
+
+def measure(case: str, steps: int, warmup: int) -> dict:
+    model, optimizer = case.split(":")
+    common = ["--model", model, "--optimizer", optimizer, "--steps", str(steps)]
+    variants = {
+        "elastic": (ELASTIC + common + ["--commit-every", "1"], {}),
+        "no_commit": (ELASTIC + common + ["--commit-every", str(10**9)], {}),
+        "ddp": (DDP + common, {"OMP_NUM_THREADS": "1"}),
+    }
+    rows: dict[str, list[dict]] = {}
+    per_round = interleaved_step_times(variants, slice_s=1.5, warmup=warmup, rows_out=rows)
+    ratios = {n: round_ratios(per_round, n) for n in ("elastic", "no_commit")}
+    rss = {n: sum(r["peak_rss"] for r in rows[n]) for n in rows}
+    ddp_ms = statistics.median(w for w, _ in per_round["ddp"] if w == w) * 1e3
+    return {"case": case, "ratios": ratios, "rss": rss, "ddp_ms": ddp_ms}
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| model : optimizer | step time, commit every step / DDP (middle half) | never committing / DDP | "
+             "peak RSS / DDP's | DDP step |", "|---|---|---|---|---|"]
+    for r in results:
+        e, n = r["ratios"]["elastic"], r["ratios"]["no_commit"]
+        lines.append(f"| {r['case'].replace(':', ' : ')} | **{statistics.median(e):.3f}×** ({pct(e, .25):.3f}–{pct(e, .75):.3f}, "
+                     f"{len(e)} rounds) | {statistics.median(n):.3f}× | {r['rss']['elastic'] / r['rss']['ddp']:.3f}× "
+                     f"({r['rss']['elastic'] / 2**20:.0f} / {r['rss']['ddp'] / 2**20:.0f} MiB) | {r['ddp_ms']:.1f} ms |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated model:optimizer cases")
+    ap.add_argument("--out", default="", help="Markdown file whose commit-cost section is replaced")
+    args = ap.parse_args()
+    steps, warmup = (120, 30) if args.quick else (300, 50)
+    cases = args.only.split(",") if args.only else CASES
+    results = []
+    for case in cases:
+        results.append(measure(case, steps, warmup))
+        print(table(results[-1:]).splitlines()[-1], flush=True)
+    text = (f"{SECTION}\n\nMeasured {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by "
+            f"`benchmarks/commit_cost.py{' --quick' if args.quick else ''}` on {machine()}.\n\n{table(results)}\n")
+    print(text)
+    if args.out:
+        path = Path(args.out)
+        old = path.read_text()
+        m = re.search(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", old, flags=re.S | re.M)
+        head = old[: m.start()] if m else old.rstrip("\n") + "\n\n"
+        tail = old[m.end():] if m else ""
+        path.write_text(head + text + ("\n" + tail if tail else ""))
+
+
+if __name__ == "__main__":
+    main()
