@@ -344,4 +344,8 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     """
     del compression
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, backward_passes_per_step, op, int(bucket_cap_mb * 1024 * 1024))
+    wrapped = cls(optimizer.param_groups, named_parameters, backward_passes_per_step, op, int(bucket_cap_mb * 1024 * 1024))
+    # Re-running __init__ on the groups creates state from the class's defaults (Adagrad's
+    # initial_accumulator_value), and would drop state the user loaded before wrapping: keep theirs.
+    wrapped.state.update(optimizer.state)
+    return wrapped
