@@ -5,7 +5,7 @@
 For each (model, optimizer) case, three jobs run side by side in
 round-robin slices, as ``run_benchmarks.py`` does (SIGSTOP/SIGCONT, ratios
 per round, median over rounds): cloud-elastic committing every step,
-cloud-elastic never committing, and the same model under torchrun + DDP.
+the same with ``CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`` (every commit copied), cloud-elastic never committing, and the same model under torchrun + DDP.
 Memory is the peak RSS (``VmHWM``) of each worker process, summed over the
 two workers, cloud-elastic committing every step / DDP. The worker script
 is ``benchmarks/commit_cost_worker.py``. Prints a Markdown table; with
@@ -27,34 +27,36 @@ from run_benchmarks import PY, REPO, interleaved_step_times, machine, pct, round
 WORKER = str(REPO / "benchmarks" / "commit_cost_worker.py")
 ELASTIC = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2", "--heartbeat-timeout", "60", PY, WORKER]
 DDP = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, "--ddp"]
-CASES = ["blocks:sgd", "blocks:sgd-momentum", "blocks:adam", "blocks:adamw", "blocks:adamw-foreach", "blocks:adagrad",
-         "blocks:rmsprop", "mlp:adamw", "mlp:sgd-momentum", "many:adamw"]
+CASES = ["blocks:adamw", "blocks:adam", "blocks:sgd", "blocks:sgd-momentum", "blocks:adagrad", "blocks:rmsprop",
+         "blocks:adamw-foreach", "mlp:adamw", "many:adamw"]
 SECTION = "## Commit cost per optimizer"
 
 
-def measure(case: str, steps: int, warmup: int) -> dict:
+def measure(case: str, steps: int, warmup: int, slice_s: float) -> dict:
     model, optimizer = case.split(":")
     common = ["--model", model, "--optimizer", optimizer, "--steps", str(steps)]
     variants = {
         "elastic": (ELASTIC + common + ["--commit-every", "1"], {}),
+        # The same with every commit copied before the next update (what the out-of-place update saves).
+        "copying": (ELASTIC + common + ["--commit-every", "1"], {"CLOUD_ELASTIC_ZERO_COPY_COMMIT": "0"}),
         "no_commit": (ELASTIC + common + ["--commit-every", str(10**9)], {}),
         "ddp": (DDP + common, {"OMP_NUM_THREADS": "1"}),
     }
     rows: dict[str, list[dict]] = {}
-    per_round = interleaved_step_times(variants, slice_s=1.5, warmup=warmup, rows_out=rows)
-    ratios = {n: round_ratios(per_round, n) for n in ("elastic", "no_commit")}
+    per_round = interleaved_step_times(variants, slice_s=slice_s, warmup=warmup, rows_out=rows)
+    ratios = {n: round_ratios(per_round, n) for n in ("elastic", "copying", "no_commit")}
     rss = {n: sum(r["peak_rss"] for r in rows[n]) for n in rows}
     ddp_ms = statistics.median(w for w, _ in per_round["ddp"] if w == w) * 1e3
     return {"case": case, "ratios": ratios, "rss": rss, "ddp_ms": ddp_ms}
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| model : optimizer | step time, commit every step / DDP (middle half) | never committing / DDP | "
-             "peak RSS / DDP's | DDP step |", "|---|---|---|---|---|"]
+    lines = ["| model : optimizer | step time, commit every step / DDP (middle half) | copying commit / DDP | "
+             "never committing / DDP | peak RSS / DDP's | DDP step |", "|---|---|---|---|---|---|"]
     for r in results:
-        e, n = r["ratios"]["elastic"], r["ratios"]["no_commit"]
+        e, c, n = r["ratios"]["elastic"], r["ratios"]["copying"], r["ratios"]["no_commit"]
         lines.append(f"| {r['case'].replace(':', ' : ')} | **{statistics.median(e):.3f}×** ({pct(e, .25):.3f}–{pct(e, .75):.3f}, "
-                     f"{len(e)} rounds) | {statistics.median(n):.3f}× | {r['rss']['elastic'] / r['rss']['ddp']:.3f}× "
+                     f"{len(e)} rounds) | {statistics.median(c):.3f}× | {statistics.median(n):.3f}× | {r['rss']['elastic'] / r['rss']['ddp']:.3f}× "
                      f"({r['rss']['elastic'] / 2**20:.0f} / {r['rss']['ddp'] / 2**20:.0f} MiB) | {r['ddp_ms']:.1f} ms |")
     return "\n".join(lines)
 
@@ -64,12 +66,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated model:optimizer cases")
     ap.add_argument("--out", default="", help="Markdown file whose commit-cost section is replaced")
+    ap.add_argument("--slice", type=float, default=1.5, help="seconds each job runs per round")
     args = ap.parse_args()
     steps, warmup = (120, 30) if args.quick else (300, 50)
     cases = args.only.split(",") if args.only else CASES
     results = []
     for case in cases:
-        results.append(measure(case, steps, warmup))
+        results.append(measure(case, steps, warmup, args.slice))
         print(table(results[-1:]).splitlines()[-1], flush=True)
     text = (f"{SECTION}\n\nMeasured {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by "
             f"`benchmarks/commit_cost.py{' --quick' if args.quick else ''}` on {machine()}.\n\n{table(results)}\n")
