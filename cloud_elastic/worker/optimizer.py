@@ -60,8 +60,12 @@ class _Bucket:
         self.carries_flag = carries_flag
         self.solo = solo
         self.flat: torch.Tensor | None = None
+        #: Each packed parameter's slice of ``flat``, shaped like it: made once, handed out as its
+        #: gradient every step (slicing anew each step is O(tensors) Python work).
+        self.views: list[torch.Tensor] = []
         if not solo:
             self.flat = torch.zeros(total + (1 if carries_flag else 0), dtype=params[0].dtype, device=params[0].device)
+            self.views = [self.flat[off : off + p.numel()].view_as(p) for p, off in zip(params, self.offsets)]
         #: The tensor whose allreduce is in flight: ``flat``, or a solo parameter's gradient.
         self.reduced: torch.Tensor | None = None
         self.ready = 0
@@ -81,12 +85,12 @@ class _Bucket:
                 p.grad = grad.to_dense().contiguous()
             return p.grad
         assert self.flat is not None
-        for p, off in zip(self.params, self.offsets):
-            view = self.flat[off : off + p.numel()]
-            if p.grad is None:
+        for p, view in zip(self.params, self.views):
+            grad = p.grad
+            if grad is None:
                 view.zero_()
-            elif p.grad.data_ptr() != view.data_ptr():  # not already accumulated in place
-                view.copy_(p.grad.reshape(-1))
+            elif grad.data_ptr() != view.data_ptr():  # not already accumulated in place
+                view.copy_(grad)
         if self.carries_flag:
             self.flat[-1] = update_flag
         return self.flat
@@ -193,11 +197,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if bucket.solo:
                 bucket.params[0].grad = grads  # reduced in place: already the parameter's gradient
             else:
-                for p, off in zip(bucket.params, bucket.offsets):
+                for p, view in zip(bucket.params, bucket.views):
                     # The averaged gradient is handed over as a view of the bucket: no copy
                     # back. zero_grad() drops it (or zeroes it in place, which then
                     # accumulates straight into the bucket) before the next backward.
-                    p.grad = grads[off : off + p.numel()].view_as(p)
+                    p.grad = view
             if bucket.carries_flag:
                 ctx.carry_update_flag(float(bucket.reduced[-1].item()))
             bucket.reduced = None

@@ -85,9 +85,20 @@ def _values(value: Any) -> tuple[Any, ...]:
 
 
 def _states_exist(optimizer: Any) -> bool:
-    """Every parameter has its optimizer state (torch creates it at the first step) and is real."""
+    """Every parameter has its optimizer state (torch creates it at the first step) and is real.
+
+    Remembered per state dict and size (``load_state_dict`` replaces the dict,
+    ``add_param_group`` adds parameters without state), so steps do not rescan.
+    """
     state = optimizer.state
-    return all(len(state.get(p, ())) > 0 and not p.is_complex() for g in optimizer.param_groups for p in g["params"])
+    n = sum(len(g["params"]) for g in optimizer.param_groups)
+    key = (id(state), len(state), n)
+    if optimizer.__dict__.get("_ce_states_exist") == key:
+        return True
+    ok = all(len(state.get(p, ())) > 0 and not p.is_complex() for g in optimizer.param_groups for p in g["params"])
+    if ok:
+        optimizer.__dict__["_ce_states_exist"] = key
+    return ok
 
 
 def tradeable_ptrs(optimizer: Any, params: Iterable[torch.Tensor] | None = None) -> frozenset[int]:
