@@ -30,6 +30,24 @@ DDP = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2
 CASES = ["blocks:adamw", "blocks:adam", "blocks:sgd", "blocks:sgd-momentum", "blocks:adagrad", "blocks:rmsprop",
          "blocks:adamw-foreach", "mlp:adamw", "many:adamw"]
 SECTION = "## Commit cost per optimizer"
+NOTES = """
+Models (`benchmarks/commit_cost_worker.py`): *blocks* is issue 13's (40 residual blocks of
+Linear 256 + LayerNorm, 162 parameter tensors, 2.6 M parameters, batch 32); *mlp* is the
+model of the table above (3.4 M parameters, batch 64); *many* has 1,202 small parameter
+tensors (300 blocks of width 32, batch 32), where per-tensor Python work shows. Two
+workers on one host, one OpenMP thread each; the four jobs of a row (commit every step,
+the same with `CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`, never committing, DDP under torchrun)
+run side by side in round-robin slices as described above, and a row's ratio is the
+median over rounds of the per-round ratio.
+
+Reading the rows: "commit every step" is the out-of-place update for SGD, Adam, AdamW,
+Adagrad and RMSprop (no copy; the update writes into the snapshot's spare buffers); for
+`foreach` AdamW it is the copying commit. "copying commit" makes every optimizer copy the
+parameters and optimizer state before each update: the difference between the two
+columns is what the out-of-place update saves. Peak RSS is `VmHWM` summed over both
+workers: a commit keeps one more copy of the parameters and the optimizer state (for
+AdamW 3 × 10.4 MB per worker on *blocks*), which is the whole difference to DDP.
+"""
 
 
 def measure(case: str, steps: int, warmup: int, slice_s: float) -> dict:
@@ -75,7 +93,7 @@ def main() -> None:
         results.append(measure(case, steps, warmup, args.slice))
         print(table(results[-1:]).splitlines()[-1], flush=True)
     text = (f"{SECTION}\n\nMeasured {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by "
-            f"`benchmarks/commit_cost.py{' --quick' if args.quick else ''}` on {machine()}.\n\n{table(results)}\n")
+            f"`benchmarks/commit_cost.py{' --quick' if args.quick else ''}` on {machine()}.\n\n{table(results)}\n{NOTES}")
     print(text)
     if args.out:
         path = Path(args.out)

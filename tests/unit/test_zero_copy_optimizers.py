@@ -171,3 +171,25 @@ def test_a_step_that_fails_between_buckets_restores_adamw_exactly(monkeypatch):
     assert not torch.equal(model[4].weight, committed[4])  # the last layer (first bucket) had moved
     state.restore()
     _assert_equal(_values(model, opt), committed)
+
+
+def test_a_parameter_group_added_after_wrapping_is_stepped_like_torch():
+    # The per-bucket (group, parameter) pairs are cached; a new group must be seen.
+    model, reference = _model(), _model()
+    extra, ref_extra = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.01)
+    state = hvd.elastic.TorchState(model, opt)
+    for seed in range(4):
+        if seed == 2:
+            opt.add_param_group({"params": [extra], "lr": 0.5})
+            ref_opt.add_param_group({"params": [ref_extra], "lr": 0.5})
+        for m, o, e in ((model, opt, extra), (reference, ref_opt, ref_extra)):
+            x = torch.randn(8, 6, generator=torch.Generator().manual_seed(seed))
+            o.zero_grad()
+            F.mse_loss(m(x), x.sum(1, keepdim=True)).backward()
+            e.grad = torch.full_like(e, 0.25)  # set by hand: not in any bucket
+            o.step()
+        state.commit()
+    _assert_equal(_values(model, opt), _values(reference, ref_opt))
+    assert torch.equal(extra, ref_extra)
