@@ -85,8 +85,11 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated model:optimizer cases")
     ap.add_argument("--out", default="", help="Markdown file whose commit-cost section is replaced")
     ap.add_argument("--slice", type=float, default=1.5, help="seconds each job runs per round")
+    ap.add_argument("--steps", type=int, default=0, help="steps per job (default 300, 120 with --quick)")
     args = ap.parse_args()
     steps, warmup = (120, 30) if args.quick else (300, 50)
+    if args.steps:
+        steps, warmup = args.steps, args.steps // 6
     cases = args.only.split(",") if args.only else CASES
     results = []
     for case in cases:
