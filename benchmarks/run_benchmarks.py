@@ -128,7 +128,8 @@ class PausableJob:
 
 
 def interleaved_step_times(variants: dict[str, tuple[list[str], dict[str, str]]], slice_s: float, warmup: int,
-                           timeout_s: float = 1200) -> dict[str, list[tuple[float, float]]]:
+                           timeout_s: float = 1200,
+                           rows_out: dict[str, list[dict]] | None = None) -> dict[str, list[tuple[float, float]]]:
     """Run every variant at once, one at a time in round-robin slices; per round, each one's step time.
 
     All jobs live through the same minutes of the shared machine, and within
@@ -138,6 +139,7 @@ def interleaved_step_times(variants: dict[str, tuple[list[str], dict[str, str]]]
     comes after ``warmup`` steps. Returns name -> per round (wall, CPU)
     seconds per step: the median over the slice's steps of the slowest
     rank's wall time, and of the CPU time summed over both workers.
+    ``rows_out``, if given, receives each job's TIMING rows (for extra fields).
     """
     jobs = [PausableJob(name, cmd, env) for name, (cmd, env) in variants.items()]
     deadline = time.monotonic() + timeout_s
@@ -156,6 +158,8 @@ def interleaved_step_times(variants: dict[str, tuple[list[str], dict[str, str]]]
     per_round: dict[str, list[tuple[float, float]]] = {}
     for job in jobs:
         rows = job.rows()
+        if rows_out is not None:
+            rows_out[job.name] = rows
         rounds = []
         for t0, t1 in job.windows:
             walls, cpus = [], []
@@ -319,7 +323,7 @@ step-time comparison, 3 workers on three loopback "hosts" for recovery and scale
 | measurement | result | target | |
 |---|---|---|---|
 | step time, cloud-elastic (commit every step) / plain DDP | **{med['elastic']:.3f}×** (middle half of {rounds_n} rounds: {q['elastic'][0]:.3f}–{q['elastic'][1]:.3f}) | ≤ 1.10× | {verdict(med['elastic'] <= 1.10)} |
-| same with the copying commit (`CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`; what optimizers other than SGD get) / plain DDP | {med['copying']:.3f}× ({q['copying'][0]:.3f}–{q['copying'][1]:.3f}) | (breakdown) | |
+| same with the copying commit (`CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`; what `foreach`/`fused` settings and optimizers without an out-of-place update get) / plain DDP | {med['copying']:.3f}× ({q['copying'][0]:.3f}–{q['copying'][1]:.3f}) | (breakdown) | |
 | same, never committing (the optimizer path alone) / plain DDP | {med['no_commit']:.3f}× ({q['no_commit'][0]:.3f}–{q['no_commit'][1]:.3f}) | (breakdown) | |
 | cloud-elastic (commit every step) / DDP given the same allocator settings (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`; see below) | {statistics.median(vs_tuned):.3f}× ({pct(vs_tuned, 0.25):.3f}–{pct(vs_tuned, 0.75):.3f}); that DDP / plain DDP: {statistics.median(ddp_tuned):.3f}× | (breakdown) | |
 | CPU time per step / plain DDP (cross-check immune to CPU stolen by other VMs): commit every step, copying commit, never committing | {cpu_med['elastic']:.3f}×, {cpu_med['copying']:.3f}×, {cpu_med['no_commit']:.3f}× | | |
@@ -335,7 +339,7 @@ A normal step in the 3-worker job took {normal*1e3:.1f} ms.
 Reading the step-time rows: a commit must keep the parameters and the momentum (about
 27 MB for this model) until the next commit. The generic way copies them before the next
 update overwrites them, an extra read and write of the whole state per step (the "copying
-commit" row). For `torch.optim.SGD` the update after a commit runs out of place instead
+commit" row). For `torch.optim.SGD` (and Adam, AdamW, Adagrad, RMSprop: see "Commit cost per optimizer") the update after a commit runs out of place instead
 (`cloud_elastic/worker/zerocopy.py`): each tensor trades storage with its snapshot buffer
 and the update writes the new values into the spare one, bitwise identical to
 `SGD.step()`. That costs no copy, but the update writes into memory that is not in cache
@@ -387,7 +391,11 @@ How each number is taken:
   then they are interrupted at a commit. The stall is the longest gap between rank 0's
   steps around the admission minus the normal step time.
 """
-    Path(args.out).write_text(report)
+    # Sections other benchmarks write ("## ..." headings: commit cost per optimizer, peers) are kept.
+    out = Path(args.out)
+    previous = out.read_text() if out.exists() else ""
+    kept = previous[previous.index("\n## ") + 1:] if "\n## " in previous else ""
+    out.write_text(report + ("\n" + kept if kept else ""))
     print(report)
 
 

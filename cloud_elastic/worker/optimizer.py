@@ -60,13 +60,19 @@ class _Bucket:
         self.carries_flag = carries_flag
         self.solo = solo
         self.flat: torch.Tensor | None = None
+        #: Each packed parameter's slice of ``flat``, shaped like it: made once, handed out as its
+        #: gradient every step (slicing anew each step is O(tensors) Python work).
+        self.views: list[torch.Tensor] = []
         if not solo:
             self.flat = torch.zeros(total + (1 if carries_flag else 0), dtype=params[0].dtype, device=params[0].device)
+            self.views = [self.flat[off : off + p.numel()].view_as(p) for p, off in zip(params, self.offsets)]
         #: The tensor whose allreduce is in flight: ``flat``, or a solo parameter's gradient.
         self.reduced: torch.Tensor | None = None
         self.ready = 0
         self.work: Any = None
         self.launched = False
+        #: Position in launch order (set by _make_buckets).
+        self.index = 0
 
     def launch_tensor(self, update_flag: float) -> torch.Tensor:
         """Gather this step's gradients into the tensor to allreduce and return it."""
@@ -79,12 +85,12 @@ class _Bucket:
                 p.grad = grad.to_dense().contiguous()
             return p.grad
         assert self.flat is not None
-        for p, off in zip(self.params, self.offsets):
-            view = self.flat[off : off + p.numel()]
-            if p.grad is None:
+        for p, view in zip(self.params, self.views):
+            grad = p.grad
+            if grad is None:
                 view.zero_()
-            elif p.grad.data_ptr() != view.data_ptr():  # not already accumulated in place
-                view.copy_(p.grad.reshape(-1))
+            elif grad.data_ptr() != view.data_ptr():  # not already accumulated in place
+                view.copy_(grad)
         if self.carries_flag:
             self.flat[-1] = update_flag
         return self.flat
@@ -119,6 +125,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         #: Snapshots of a TorchState holding this optimizer's commits (see state._SnapshotHandler).
         self._ce_snapshots: list[Any] = []
         self._ce_params = all_params
+        #: (param_groups signature, per-bucket (group, parameter) pairs, unbucketed pairs): rebuilt only
+        #: when the groups change, so a step's bookkeeping does not rescan every tensor.
+        self._ce_pairs_cache: tuple[Any, list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]] | None = None
         #: Read once (WorkerSettings), not from the environment at every step.
         self._ce_zero_copy = get_context().settings.zero_copy_commit
         for p in all_params:
@@ -170,7 +179,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         self._ce_launch_ready(force=True)  # buckets whose params got no gradient this step
         # Deferred commit copies overlap the allreduces in flight; those a zero-copy update will fill stay queued.
-        keep = zerocopy.tradeable_ptrs(self) if zerocopy.swap_update_for(self, self._ce_zero_copy) is not None else frozenset()
+        keep = zerocopy.tradeable_ptrs(self) if self._ce_swap_update() is not None else frozenset()
         for snapshot in self._ce_snapshots:
             snapshot.flush(keep)
         self._ce_wait_buckets()
@@ -188,11 +197,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if bucket.solo:
                 bucket.params[0].grad = grads  # reduced in place: already the parameter's gradient
             else:
-                for p, off in zip(bucket.params, bucket.offsets):
+                for p, view in zip(bucket.params, bucket.views):
                     # The averaged gradient is handed over as a view of the bucket: no copy
                     # back. zero_grad() drops it (or zeroes it in place, which then
                     # accumulates straight into the bucket) before the next backward.
-                    p.grad = grads[off : off + p.numel()].view_as(p)
+                    p.grad = view
             if bucket.carries_flag:
                 ctx.carry_update_flag(float(bucket.reduced[-1].item()))
             bucket.reduced = None
@@ -213,13 +222,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Where this optimizer's parameters live now (zero-copy commits alternate two storages)."""
         return frozenset(p.data_ptr() for p in self._ce_params)
 
+    def _ce_swap_update(self) -> zerocopy.Update | None:
+        _, unbucketed = self._ce_pairs()
+        return zerocopy.swap_update_for(self, self._ce_zero_copy, (p for _, p in unbucketed))
+
+    def _ce_pairs(self) -> tuple[list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]]:
+        """Per bucket, its (group, parameter) pairs; and the pairs of parameters outside every bucket."""
+        signature = tuple((id(g), id(g["params"]), len(g["params"])) for g in self.param_groups)
+        cache = self._ce_pairs_cache
+        if cache is None or cache[0] != signature:
+            group_of = {id(p): group for group in self.param_groups for p in group["params"]}
+            bucketed = [[(group_of[id(p)], p) for p in bucket.params] for bucket in self._ce_buckets]
+            unbucketed = [(g, p) for g in self.param_groups for p in g["params"] if id(p) not in self._ce_where]
+            cache = self._ce_pairs_cache = (signature, bucketed, unbucketed)
+        return cache[1], cache[2]
+
     def step(self, closure: Any = None) -> Any:
         # This class's step() is already wrapped by torch's step-hook machinery; call the
         # wrapped class's step() unwrapped, or every step pre/post hook would run twice.
         base_step = type(self).__mro__[1].step
         if getattr(base_step, "hooked", False):
             base_step = base_step.__wrapped__
-        update = zerocopy.swap_update_for(self, self._ce_zero_copy) if closure is None else None
+        update = self._ce_swap_update() if closure is None else None
         self._ce_reset_if_new_round()
         get_context().note_step()
         if update is not None and not self._ce_skip and not self._ce_synchronized:
@@ -259,12 +283,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         taken: dict[int, Any] = {}
         for snapshot in self._ce_snapshots:
             taken.update(snapshot.take(ptrs))
-        group_of = {id(p): group for group in self.param_groups for p in group["params"]}
+        bucketed, unbucketed = self._ce_pairs()
         try:
-            self._ce_wait_buckets(lambda bucket: update(self, taken, [(group_of[id(p)], p) for p in bucket.params]))
+            self._ce_wait_buckets(lambda bucket: update(self, taken, bucketed[bucket.index]))
             # Parameters outside every bucket (no requires_grad when wrapped) but given a
-            # .grad anyway: torch's SGD updates them, so this does too (their commit copies are done).
-            update(self, taken, [(g, p) for g in self.param_groups for p in g["params"] if id(p) not in self._ce_where])
+            # .grad anyway: torch's step updates them, so this does too (their commit copies are done).
+            update(self, taken, unbucketed)
         finally:
             # After a failed wait, the parameters not yet updated still hold the committed
             # values: their snapshots get them now, so a restore is exact.
@@ -304,6 +328,8 @@ def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, solo_byte
         current.append(p)
         size += nbytes
     close()
+    for i, bucket in enumerate(buckets):
+        bucket.index = i
     return buckets
 
 
@@ -322,4 +348,8 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     """
     del compression
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, backward_passes_per_step, op, int(bucket_cap_mb * 1024 * 1024))
+    wrapped = cls(optimizer.param_groups, named_parameters, backward_passes_per_step, op, int(bucket_cap_mb * 1024 * 1024))
+    # Re-running __init__ on the groups creates state from the class's defaults (Adagrad's
+    # initial_accumulator_value), and would drop state the user loaded before wrapping: keep theirs.
+    wrapped.state.update(optimizer.state)
+    return wrapped

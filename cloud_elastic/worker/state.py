@@ -112,11 +112,17 @@ class _Snapshot:
     def flush(self, keep: frozenset[int] = frozenset()) -> None:
         """Do the queued copies, except those of storages in ``keep`` (left queued)."""
         pending, self._pending = self._pending, []
+        dsts, srcs = [], []
         for dst, src in pending:
-            if src.data_ptr() in keep:
+            if keep and src.data_ptr() in keep:
                 self._pending.append((dst, src))
             else:
-                dst.copy_(src)
+                dsts.append(dst)
+                srcs.append(src)
+        if dsts:
+            # One call for all of them: a model with thousands of tensors (each with a
+            # one-element optimizer step count) would otherwise pay a Python call per copy.
+            torch._foreach_copy_(dsts, srcs)
 
     def take(self, ptrs: frozenset[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Hand the queued copies of storages in ``ptrs`` (one per storage) to the caller, who fills them."""

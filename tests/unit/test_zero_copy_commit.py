@@ -208,7 +208,7 @@ def test_a_layer_left_out_of_backward_is_still_committed():
     _assert_equal(_values(model, opt), committed)
 
 
-def test_adam_takes_the_copying_path_and_restores_exactly():
+def test_adam_restores_exactly_to_the_commit():
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01))
     state = hvd.elastic.TorchState(model, opt)

@@ -1,0 +1,111 @@
+"""What committing every step costs, per optimizer, next to plain DDP: step time and peak memory.
+
+    flock /tmp/bench.lock .venv/bin/python benchmarks/commit_cost.py [--quick] [--only blocks:adamw,...]
+
+For each (model, optimizer) case, three jobs run side by side in
+round-robin slices, as ``run_benchmarks.py`` does (SIGSTOP/SIGCONT, ratios
+per round, median over rounds): cloud-elastic committing every step,
+the same with ``CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`` (every commit copied), cloud-elastic never committing, and the same model under torchrun + DDP.
+Memory is the peak RSS (``VmHWM``) of each worker process, summed over the
+two workers, cloud-elastic committing every step / DDP. The worker script
+is ``benchmarks/commit_cost_worker.py``. Prints a Markdown table; with
+``--out`` it replaces the "Commit cost per optimizer" section of that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_benchmarks import PY, REPO, interleaved_step_times, machine, pct, round_ratios  # noqa: E402
+
+WORKER = str(REPO / "benchmarks" / "commit_cost_worker.py")
+ELASTIC = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2", "--heartbeat-timeout", "60", PY, WORKER]
+DDP = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, "--ddp"]
+CASES = ["blocks:adamw", "blocks:adam", "blocks:sgd", "blocks:sgd-momentum", "blocks:adagrad", "blocks:rmsprop",
+         "blocks:adamw-foreach", "mlp:adamw", "many:adamw"]
+SECTION = "## Commit cost per optimizer"
+NOTES = """
+Models (`benchmarks/commit_cost_worker.py`): *blocks* is issue 13's (40 residual blocks of
+Linear 256 + LayerNorm, 162 parameter tensors, 2.6 M parameters, batch 32); *mlp* is the
+model of the table above (3.4 M parameters, batch 64); *many* has 1,202 small parameter
+tensors (300 blocks of width 32, batch 32), where per-tensor Python work shows. Two
+workers on one host, one OpenMP thread each; the four jobs of a row (commit every step,
+the same with `CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`, never committing, DDP under torchrun)
+run side by side in round-robin slices as described above, and a row's ratio is the
+median over rounds of the per-round ratio.
+
+Reading the rows: "commit every step" is the out-of-place update for SGD, Adam, AdamW,
+Adagrad and RMSprop (no copy; the update writes into the snapshot's spare buffers); for
+`foreach` AdamW it is the copying commit. "copying commit" makes every optimizer copy the
+parameters and optimizer state before each update: the difference between the two
+columns is what the out-of-place update saves. Peak RSS is `VmHWM` summed over both
+workers: a commit keeps one more copy of the parameters and the optimizer state (for
+AdamW 3 × 10.4 MB per worker on *blocks*), which is the whole difference to DDP.
+"""
+
+
+def measure(case: str, steps: int, warmup: int, slice_s: float) -> dict:
+    model, optimizer = case.split(":")
+    common = ["--model", model, "--optimizer", optimizer, "--steps", str(steps)]
+    variants = {
+        "elastic": (ELASTIC + common + ["--commit-every", "1"], {}),
+        # The same with every commit copied before the next update (what the out-of-place update saves).
+        "copying": (ELASTIC + common + ["--commit-every", "1"], {"CLOUD_ELASTIC_ZERO_COPY_COMMIT": "0"}),
+        "no_commit": (ELASTIC + common + ["--commit-every", str(10**9)], {}),
+        "ddp": (DDP + common, {"OMP_NUM_THREADS": "1"}),
+    }
+    rows: dict[str, list[dict]] = {}
+    per_round = interleaved_step_times(variants, slice_s=slice_s, warmup=warmup, rows_out=rows)
+    ratios = {n: round_ratios(per_round, n) for n in ("elastic", "copying", "no_commit")}
+    rss = {n: sum(r["peak_rss"] for r in rows[n]) for n in rows}
+    ddp_ms = statistics.median(w for w, _ in per_round["ddp"] if w == w) * 1e3
+    return {"case": case, "ratios": ratios, "rss": rss, "ddp_ms": ddp_ms}
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| model : optimizer | step time, commit every step / DDP (middle half) | copying commit / DDP | "
+             "never committing / DDP | peak RSS / DDP's | DDP step |", "|---|---|---|---|---|---|"]
+    for r in results:
+        e, c, n = r["ratios"]["elastic"], r["ratios"]["copying"], r["ratios"]["no_commit"]
+        lines.append(f"| {r['case'].replace(':', ' : ')} | **{statistics.median(e):.3f}×** ({pct(e, .25):.3f}–{pct(e, .75):.3f}, "
+                     f"{len(e)} rounds) | {statistics.median(c):.3f}× | {statistics.median(n):.3f}× | {r['rss']['elastic'] / r['rss']['ddp']:.3f}× "
+                     f"({r['rss']['elastic'] / 2**20:.0f} / {r['rss']['ddp'] / 2**20:.0f} MiB) | {r['ddp_ms']:.1f} ms |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated model:optimizer cases")
+    ap.add_argument("--out", default="", help="Markdown file whose commit-cost section is replaced")
+    ap.add_argument("--slice", type=float, default=1.5, help="seconds each job runs per round")
+    ap.add_argument("--steps", type=int, default=0, help="steps per job (default 300, 120 with --quick)")
+    args = ap.parse_args()
+    steps, warmup = (120, 30) if args.quick else (300, 50)
+    if args.steps:
+        steps, warmup = args.steps, args.steps // 6
+    cases = args.only.split(",") if args.only else CASES
+    results = []
+    for case in cases:
+        results.append(measure(case, steps, warmup, args.slice))
+        print(table(results[-1:]).splitlines()[-1], flush=True)
+    text = (f"{SECTION}\n\nMeasured {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by "
+            f"`benchmarks/commit_cost.py{' --quick' if args.quick else ''}` on {machine()}.\n\n{table(results)}\n{NOTES}")
+    print(text)
+    if args.out:
+        path = Path(args.out)
+        old = path.read_text()
+        m = re.search(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", old, flags=re.S | re.M)
+        head = old[: m.start()] if m else old.rstrip("\n") + "\n\n"
+        tail = old[m.end():] if m else ""
+        path.write_text(head + text + ("\n" + tail if tail else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Survivors continue from exactly the last commit, whichever optimizer, wherever in a step a peer dies.
+
+One job per optimizer: five workers on five loopback hosts, committing
+every step; four of them SIGKILL themselves, one at a time, at the four
+points of a step (see ``commit_probe.py``): during backward, between
+gradient buckets, during the update, and in a collective between
+``step()`` and ``commit()``. After each failure, the state the survivors
+resume from (model, every optimizer state tensor, step counter) must hash
+to exactly what the survivor committed at that step.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.commit_probe import OPTIMIZERS
+
+PROBE = str(Path(__file__).with_name("commit_probe.py"))
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
+#: host -> (point, state.step at the start of the step it dies in, the step survivors resume from)
+PLAN = {
+    "127.0.0.2": ("backward", 2, 2),
+    "127.0.0.3": ("buckets", 5, 5),
+    "127.0.0.4": ("update", 8, 9),  # survivors finish that step and commit it; the next one fails
+    "127.0.0.5": ("collective", 11, 11),
+}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_survivors_resume_exactly_from_the_last_commit(jobs, optimizer):
+    kill = ",".join(f"{host}:{point}:{step}" for host, (point, step, _) in PLAN.items())
+    job = jobs(["run", "-np", "5", "--min-np", "1", "-H", ",".join(f"{h}:1" for h in HOSTS),
+                "--blacklist-cooldown-range", "600", "600", "--start-timeout", "120",
+                sys.executable, PROBE, "--optimizer", optimizer, "--steps", "16", "--kill", kill])
+    assert job.finish(timeout=220) == 0, job.output()[-4000:]
+    survivor = [e for e in job.events if e.data.get("host") == "127.0.0.1"]
+    commits = {e["step"]: e["checksum"] for e in survivor if e.kind == "commit" and e["size"] > 1}
+    resumed = [e for e in survivor if e.kind == "resumed"][1:]  # the first one is the start
+    assert [e["step"] for e in resumed] == [resume for _, _, resume in PLAN.values()]
+    assert [e["size"] for e in resumed] == [4, 3, 2, 1]
+    for e in resumed:
+        assert e["checksum"] == commits[e["step"]], f"resumed at step {e['step']} from a state that was never committed"
+    # In the collective case the survivor had already updated its parameters: the restore undid that step.
+    window = next(e for e in survivor if e.kind == "window" and e["step"] == 12 and e["size"] == 2)
+    assert window["checksum"] != resumed[-1]["checksum"]
+    done = next(e for e in survivor if e.kind == "done")
+    assert done["step"] == 16 and done["size"] == 1
