@@ -267,7 +267,7 @@ class WorkerContext:
             finally:
                 self._notice_watcher.close()
                 self._notice_watcher = None
-        self._shutdown.set()
+        # Heartbeats go on until the process ends: a leaver that went silent would be given up.
         pg, sockets, self.pg = self.pg, self._pg_sockets, None
         if pg is None:
             return
