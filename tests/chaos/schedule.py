@@ -14,6 +14,7 @@ host back, or else by a discovery error, so every step does something.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -113,6 +114,7 @@ class Chaos:
     discovery: ChaosDiscovery
     all_hosts: list[str]
     notices: dict  # host -> FakeAWSMetadata
+    events_file: Path  # the driver's --events-file
     log: Callable[[str], None] = print
     applied: list[str] = field(default_factory=list)
     leaving: set = field(default_factory=set)   # worker ids told (or about) to leave
@@ -209,9 +211,24 @@ class Chaos:
         while time.monotonic() < deadline and any(h == host for _, h in self.live_workers().values()):
             time.sleep(0.1)
         left = not any(h == host for _, h in self.live_workers().values())
+        since = time.time()
         self.discovery.set([h for h in self.discovery.hosts if h != host])
+        self._wait_removed(host, since)
         self.notices[host].set_raw_spot_action(None)
         return f"spot notice on {host}; " + ("its worker left, host gone" if left else "worker still there after 30 s, host gone")
+
+    def _wait_removed(self, host: str, since: float, timeout: float = 15.0) -> None:
+        """Until the driver has seen ``host`` leave discovery: a terminated instance does not come
+        back under its address before the driver noticed it was gone (its notice would still apply)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.events_file.read_text().splitlines() if self.events_file.exists() else []:
+                e = json.loads(line)
+                if (e["event"] == "hosts_changed" and e["ts"] >= since - 0.01
+                        and any(r["host"] == host for r in e.get("removed", []))):
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"the driver did not see {host} leave discovery within {timeout}s")
 
     def host_removed(self, step: Step) -> str | None:
         host = self._host_of_holder(step)

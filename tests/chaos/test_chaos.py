@@ -45,17 +45,22 @@ def _seed() -> int:
 def test_chaos_schedule(tmp_path, jobs):
     seed = _seed()
     print(f"chaos: seed {seed}, {EVENTS} events (replay: CLOUD_ELASTIC_CHAOS_SEED={seed})", flush=True)
+    seen: dict = {}
     try:
-        _run(seed, tmp_path, jobs)
+        _run(seed, tmp_path, jobs, seen)
     except BaseException as exc:
         # pytest-timeout and assertion failures alike: the seed is what replays it.
         sys.stderr.write(f"\nchaos: FAILED with seed {seed}; replay with CLOUD_ELASTIC_CHAOS_SEED={seed}\n")
+        if "job" in seen:
+            # The job's last lines are mostly EVENTs: show the driver's own lines too.
+            driver = [line for line in seen["job"].lines if " EVENT " not in line]
+            sys.stderr.write("driver log (last 80 lines):\n" + "\n".join(driver[-80:]) + "\n")
         if isinstance(exc, AssertionError):
             raise AssertionError(f"[chaos seed {seed}] {exc}") from exc
         raise
 
 
-def _run(seed: int, tmp_path, jobs) -> None:
+def _run(seed: int, tmp_path, jobs, seen: dict) -> None:
     steps = plan(seed, EVENTS, heartbeat_timeout_s=HEARTBEAT_S, missing_grace_s=MISSING_GRACE_S)
     discovery = ChaosDiscovery(tmp_path, HOSTS)
     stop_file = tmp_path / "stop"
@@ -69,8 +74,9 @@ def _run(seed: int, tmp_path, jobs) -> None:
                     "--blacklist-cooldown-range", "1", "2", "--notice-watcher", "aws",
                     "--events-file", str(events_file), "--start-timeout", "120",
                     sys.executable, PROBE, "--samples", str(SAMPLES), "--stop-file", str(stop_file)], env=env)
+        seen["job"] = job
         job.wait_for(lambda j: len({e["worker"] for e in j.of("commit")}) == 4, 120, "four workers committing")
-        chaos = Chaos(job, discovery, HOSTS, fakes)
+        chaos = Chaos(job, discovery, HOSTS, fakes, events_file)
         for step in steps:
             chaos.apply(step)
         chaos.restore()
