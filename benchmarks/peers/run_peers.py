@@ -50,6 +50,41 @@ QUIET = {"RUST_LOG": "warn", "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING"}
 _STEPLOG = re.compile(r"STEPLOG (\{.*\})")
 
 
+def descendants(roots: list[int]) -> list[int]:
+    """The roots and every process below them (torchrun starts its workers in sessions of
+    their own, so killing the agent's process group leaves them running)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Job(PausableJob):
+    """A step-time job whose whole tree goes at the end, not just the root's process group."""
+
+    def kill(self) -> None:
+        kill_all(descendants([self.proc.pid]))
+        self.proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,7 +136,7 @@ def steplogs(lines: list[str]) -> list[dict]:
 def interleaved(variants: dict[str, tuple[list[str], dict[str, str]]], rounds: int, slice_s: float,
                 warmup: int) -> dict[str, list[float]]:
     """name -> per round, the median step of the slowest rank within the round's slice (nan if too few)."""
-    jobs = [PausableJob(name, cmd, {**QUIET, **env}) for name, (cmd, env) in variants.items()]
+    jobs = [Job(name, cmd, {**QUIET, **env}) for name, (cmd, env) in variants.items()]
     try:
         for job in jobs:
             job.pause()
@@ -172,11 +207,7 @@ class Procs:
                 self.cond.wait(0.2)
 
     def stop(self) -> None:
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(descendants([p.pid for p in self.procs]))
         for p in self.procs:
             p.wait()
 
