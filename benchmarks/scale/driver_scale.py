@@ -1,6 +1,6 @@
 """How the driver scales to a large group: 1,000 simulated hosts x 8 slots.
 
-    flock /tmp/bench.lock .venv/bin/python benchmarks/scale/driver_scale.py [--steady 1024 2048] [--profile]
+    flock /tmp/bench.lock .venv/bin/python benchmarks/scale/driver_scale.py [--steady 512 1024] [--profile]
 
 A fake provider (a snapshot of H hosts with 8 slots each) feeds the driver's real
 state machine (``driver/job.py:ElasticJob``); simulated workers walk through the
@@ -8,7 +8,7 @@ same calls the control-plane handlers make (register, rendezvous, assignment,
 heartbeat). Measured:
 
 1. one discovery + planning cycle (``discovered`` + ``tick``) at steady state with
-   N running workers (1,024 and 2,048 by default: forming the first round of
+   N running workers (512 and 1,024 by default: forming the first round of
    8,000 takes the driver far too long, see the rounds), and the first one;
 2. one rendezvous round of 64, 256 and 1,024 workers: every member arrives, the
    round forms, every member collects its assignment;
@@ -162,7 +162,7 @@ def control_plane_cost(job: ElasticJob, ids: list[str], seconds: float = 5.0, th
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--steady", type=int, nargs="+", default=[1024, 2048],
+    p.add_argument("--steady", type=int, nargs="+", default=[512, 1024],
                    help="worker counts whose steady-state cycle is measured (8000 needs a round of 8,000 first)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
