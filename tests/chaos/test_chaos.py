@@ -34,7 +34,7 @@ MISSING_GRACE_S = 4.0
 EVENTS = int(os.environ.get("CLOUD_ELASTIC_CHAOS_EVENTS", "20"))
 PROBE = os.path.join(os.path.dirname(__file__), "chaos_probe.py")
 
-pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.timeout(240 + 12 * EVENTS)]
+pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.timeout(240 + 20 * EVENTS)]
 
 
 def _seed() -> int:
