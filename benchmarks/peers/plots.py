@@ -77,7 +77,7 @@ def draw(results: dict) -> None:
         ratios = step_ratios(results["step_time"])
         names = list(ratios)
         fig, ax = plt.subplots(figsize=(9, 3.5))
-        ax.boxplot([ratios[n] or [float("nan")] for n in names], vert=False)
+        ax.boxplot([ratios[n] or [float("nan")] for n in names], orientation="horizontal")
         ax.set_yticks(range(1, len(names) + 1), names, fontsize=8)
         ax.axvline(1.0, color="gray", linestyle=":")
         ax.set_xlabel("step time / plain DDP's in the same round (2 workers, 3.4 M-parameter MLP)")
