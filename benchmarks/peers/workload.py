@@ -1,0 +1,233 @@
+"""One training workload, run the way each system in the peer comparison runs it.
+
+    workload.py elastic ...           under ``cloud-elastic run`` (commit every --commit-every steps)
+    workload.py ddp ...               under ``torchrun`` (plain DDP, no elastic features)
+    workload.py torchrun-elastic ...  under ``torchrun --nnodes MIN:MAX --rdzv-backend c10d``: DDP plus a
+                                      disk checkpoint every --checkpoint-every steps, resumed from on start
+    workload.py torchft --replicas N  a torchft Lighthouse and N replica groups of one worker each (Gloo)
+
+The model, the data and the optimizer are those of ``examples/torch_synthetic.py``
+(an MLP; SGD with momentum; a synthetic regression batch per step and rank), or
+with ``--adamw-tensors N`` a model of N small layers trained with AdamW (many
+tensors, as a real network has). With ``--step-log`` every worker prints one
+``STEPLOG {json}`` line per completed step (wall time, step, world size, pid);
+with ``--timing``, the ``TIMING`` line of the example at the end (the format
+``benchmarks/run_benchmarks.py`` reads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "examples"))
+from torch_synthetic import batch, make_model, report_timing  # noqa: E402
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("system", choices=["elastic", "ddp", "torchrun-elastic", "torchft", "torchft-worker"])
+    p.add_argument("--steps", type=int, default=10**9)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--features", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--adamw-tensors", type=int, default=0, help="use a model of this many small layers and AdamW")
+    p.add_argument("--commit-every", type=int, default=1)
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--checkpoint-dir", default="")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--lighthouse-heartbeat-ms", type=int, default=5000)
+    p.add_argument("--lighthouse-join-ms", type=int, default=60000)
+    p.add_argument("--lighthouse-tick-ms", type=int, default=100)
+    p.add_argument("--lighthouse", default="")
+    p.add_argument("--replica-id", type=int, default=0)
+    p.add_argument("--step-log", action="store_true")
+    p.add_argument("--timing", action="store_true")
+    return p.parse_args(argv)
+
+
+def build(args: argparse.Namespace) -> tuple[nn.Module, type, dict]:
+    """The model and (optimizer class, its arguments)."""
+    if args.adamw_tensors:
+        torch.manual_seed(1234)
+        width = args.features
+        layers: list[nn.Module] = []
+        for _ in range(args.adamw_tensors // 2):  # weight and bias per layer
+            layers += [nn.Linear(width, width), nn.Tanh()]
+        layers.append(nn.Linear(width, 1))
+        return nn.Sequential(*layers), torch.optim.AdamW, {"lr": 1e-3}
+    return make_model(args), torch.optim.SGD, {"lr": args.lr, "momentum": 0.9}
+
+
+class Steps:
+    """Step timings, and the STEPLOG line of every completed step."""
+
+    def __init__(self, args: argparse.Namespace, system: str) -> None:
+        self.args, self.system = args, system
+        self.walls: list[float] = []
+        self.cpus: list[float] = []
+        self.ends: list[float] = []
+
+    def start(self) -> None:
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+
+    def done(self, step: int, size: int, rank: int) -> None:
+        self.walls.append(time.perf_counter() - self.t0)
+        self.cpus.append(time.process_time() - self.c0)
+        self.ends.append(time.time())
+        if self.args.step_log:
+            print("STEPLOG " + json.dumps({"system": self.system, "step": step, "t": self.ends[-1], "size": size,
+                                          "rank": rank, "pid": os.getpid(), "dt": round(self.walls[-1], 6)}),
+                  flush=True)
+
+    def report(self, rank: int) -> None:
+        if self.args.timing:
+            report_timing(self.walls, self.cpus, self.ends, rank)
+
+
+def run_elastic(args: argparse.Namespace) -> None:
+    import cloud_elastic.torch as hvd
+
+    hvd.init()
+    model, opt_cls, opt_kw = build(args)
+    optimizer = hvd.DistributedOptimizer(opt_cls(model.parameters(), **opt_kw), named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, optimizer, step=0)
+    steps = Steps(args, "elastic")
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.step < args.steps:
+            steps.start()
+            x, y = batch(args, state.step, hvd.rank())
+            optimizer.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            optimizer.step()
+            state.step += 1
+            if state.step % args.commit_every == 0:
+                state.commit()
+            steps.done(state.step, hvd.size(), hvd.rank())
+
+    train(state)
+    steps.report(hvd.rank())
+
+
+def run_ddp(args: argparse.Namespace, checkpoints: bool) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    model, opt_cls, opt_kw = build(args)
+    model = DistributedDataParallel(model)
+    optimizer = opt_cls(model.parameters(), **opt_kw)
+    step = 0
+    path = Path(args.checkpoint_dir) / "checkpoint.pt" if checkpoints else None
+    if path is not None and path.exists():
+        # Every worker of the new group reads rank 0's last checkpoint (torchrun restarts them all).
+        saved = torch.load(path, weights_only=True)
+        model.module.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        step = saved["step"]
+        if rank == 0:
+            print(f"RESUMED {json.dumps({'step': step, 't': time.time(), 'size': size})}", flush=True)
+    steps = Steps(args, "torchrun-elastic" if checkpoints else "ddp")
+    while step < args.steps:
+        steps.start()
+        x, y = batch(args, step, rank)
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+        step += 1
+        if path is not None and step % args.checkpoint_every == 0 and rank == 0:
+            tmp = path.with_suffix(".tmp")
+            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
+            os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous checkpoint
+        steps.done(step, size, rank)
+    steps.report(rank)
+    dist.destroy_process_group()
+
+
+def run_torchft_worker(args: argparse.Namespace) -> None:
+    from torch.distributed import TCPStore
+    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+    # One replica group of one worker: its own store, rank 0 of 1.
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    model, opt_cls, opt_kw = build(args)
+    inner = opt_cls(model.parameters(), **opt_kw)
+
+    def state_dict() -> dict:
+        return {"model": model.state_dict(), "optimizer": inner.state_dict()}
+
+    def load_state_dict(sd: dict) -> None:
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["optimizer"])
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), min_replica_size=1,
+        load_state_dict=load_state_dict, state_dict=state_dict,
+        replica_id=f"replica_{args.replica_id}", store_addr="127.0.0.1", store_port=store.port, rank=0,
+        world_size=1, lighthouse_addr=args.lighthouse, timeout=timedelta(seconds=10),
+    )
+    ddp = DistributedDataParallel(manager, model)
+    optimizer = Optimizer(manager, inner)
+    steps = Steps(args, "torchft")
+    while manager.current_step() < args.steps:
+        steps.start()
+        before = manager.current_step()
+        x, y = batch(args, before, args.replica_id)
+        optimizer.zero_grad()
+        F.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+        if manager.current_step() > before:  # a committed step (a failed one is discarded)
+            steps.done(manager.current_step(), manager.num_participants(), args.replica_id)
+    steps.report(args.replica_id)
+    manager.shutdown()
+
+
+def run_torchft(args: argparse.Namespace, argv: list[str]) -> None:
+    """The Lighthouse in this process, and the replica groups as children."""
+    from torchft._torchft import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=args.lighthouse_join_ms,
+                                  heartbeat_timeout_ms=args.lighthouse_heartbeat_ms,
+                                  quorum_tick_ms=args.lighthouse_tick_ms)
+    rest = [a for a in argv if a != "torchft"]
+    children = [
+        subprocess.Popen([sys.executable, __file__, "torchft-worker", *rest, "--replica-id", str(i),
+                          "--lighthouse", lighthouse.address()], env=dict(os.environ, OMP_NUM_THREADS="1", RUST_LOG=os.environ.get("RUST_LOG", "warn")))
+        for i in range(args.replicas)
+    ]
+    print(f"TORCHFT {json.dumps({'lighthouse': lighthouse.address(), 'pids': [c.pid for c in children]})}", flush=True)
+    codes = [c.wait() for c in children]
+    lighthouse.shutdown()
+    sys.exit(max(codes))
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    if args.system == "elastic":
+        run_elastic(args)
+    elif args.system in ("ddp", "torchrun-elastic"):
+        run_ddp(args, checkpoints=args.system == "torchrun-elastic")
+    elif args.system == "torchft":
+        run_torchft(args, argv)
+    else:
+        run_torchft_worker(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

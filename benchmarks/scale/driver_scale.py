@@ -1,0 +1,197 @@
+"""How the driver scales to a large group: 1,000 simulated hosts x 8 slots.
+
+    flock /tmp/bench.lock .venv/bin/python benchmarks/scale/driver_scale.py [--steady 512 1024] [--profile]
+
+A fake provider (a snapshot of H hosts with 8 slots each) feeds the driver's real
+state machine (``driver/job.py:ElasticJob``); simulated workers walk through the
+same calls the control-plane handlers make (register, rendezvous, assignment,
+heartbeat). Measured:
+
+1. one discovery + planning cycle (``discovered`` + ``tick``) at steady state with
+   N running workers (512 and 1,024 by default: forming the first round of
+   8,000 takes the driver far too long, see the rounds), and the first one;
+2. one rendezvous round of 64, 256 and 1,024 workers: every member arrives, the
+   round forms, every member collects its assignment;
+3. the control plane: the CPU the driver process spends per heartbeat, through
+   the real HTTP server and HMAC codec (``ControlServer``), answered by the state
+   machine; real clients (``DriverClient``) in another process. Steady-state
+   driver CPU per second at 8,000 workers = that cost x 8,000 / the heartbeat
+   interval (``JobConfig.heartbeat_interval_s``) + the discovery cycles.
+
+Targets (issue 15): less than one core at 8,000 workers; a cycle <= 0.1 s; a
+round of 1,024 <= 2 s. ``--profile`` prints cProfile's top functions of each part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import multiprocessing
+import pstats
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from cloud_elastic.config import JobConfig  # noqa: E402
+from cloud_elastic.control import Codec, new_secret  # noqa: E402
+from cloud_elastic.driver.hosts import Blacklist, HostManager  # noqa: E402
+from cloud_elastic.driver.job import Assignment, ElasticJob, Launch, Policy  # noqa: E402
+from cloud_elastic.driver.server import ControlServer  # noqa: E402
+from cloud_elastic.protocol import PollReply, PollRequest  # noqa: E402
+from cloud_elastic.providers.api import DiscoveredHosts  # noqa: E402
+from cloud_elastic.worker.client import DriverClient  # noqa: E402
+
+SLOTS = 8
+
+
+def snapshot(hosts: int) -> DiscoveredHosts:
+    return DiscoveredHosts(ready={f"10.{i // 250}.{i % 250}.7": SLOTS for i in range(hosts)})
+
+
+def profiled(fn, profile: bool, label: str):
+    if not profile:
+        return fn()
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(18)
+    print(f"--- profile: {label}\n{s.getvalue()}")
+    return out
+
+
+def running_job(hosts: int) -> tuple[ElasticJob, list[str], float, float]:
+    """A job of hosts x 8 workers, all in round 1. Returns it, the worker ids, and the
+    seconds of the first discovery cycle and of the first round's formation."""
+    n = hosts * SLOTS
+    job = ElasticJob(Policy(n, 1, n), HostManager(Blacklist((10, 300), random.Random(0))), job_id="scale")
+    now = 1000.0
+    job.start(now)
+    snap = snapshot(hosts)
+    t = time.perf_counter()
+    job.discovered(snap, now)
+    first_cycle = time.perf_counter() - t
+    ids = [a.worker_id for a in job.take_actions() if isinstance(a, Launch)]
+    assert len(ids) == n, f"{len(ids)} launches for {n} slots"
+    t = time.perf_counter()
+    for w in ids:
+        job.registered(w, now)
+        job.rendezvous(w, 0, "start", now)
+    replies = [job.assignment(w) for w in ids]
+    round_s = time.perf_counter() - t
+    assert all(isinstance(r, Assignment) for r in replies), f"the first round did not form: {replies[:2]}"
+    job.take_events()
+    return job, ids, first_cycle, round_s
+
+
+def cycle_cost(job: ElasticJob, hosts: int, ids: list[str], repeats: int = 20) -> float:
+    snap = snapshot(hosts)
+    now = 1001.0
+    times = []
+    for i in range(repeats):
+        for w in ids:  # every worker heartbeats between cycles, as in a live job
+            job.heartbeat(w, now)
+        t = time.perf_counter()
+        job.discovered(snap, now)
+        job.tick(now)
+        times.append(time.perf_counter() - t)
+        now += 0.5
+        job.take_actions(), job.take_events()
+    return sorted(times)[len(times) // 2]
+
+
+def heartbeat_core_cost(job: ElasticJob, ids: list[str]) -> float:
+    t = time.perf_counter()
+    for w in ids:
+        job.heartbeat(w, 1001.0)
+    return (time.perf_counter() - t) / len(ids)
+
+
+def _clients(port: int, secret: str, threads: int, seconds: float, out) -> None:
+    import threading
+
+    count = [0]
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def loop(i: int) -> None:
+        client = DriverClient(f"127.0.0.1:{port}", Codec(secret, "scale"), f"w{i}")
+        n = 0
+        while time.monotonic() < stop:
+            client.call("poll", PollRequest(1, 0, 0, 0).to_wire())
+            n += 1
+        with lock:
+            count[0] += n
+
+    ts = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    out.put(count[0])
+
+
+def control_plane_cost(job: ElasticJob, ids: list[str], seconds: float = 5.0, threads: int = 16) -> float:
+    """Driver-process CPU seconds per heartbeat through the real server and codec."""
+    secret = new_secret()
+
+    def handler(kind: str, msg: dict) -> dict:
+        reply = job.heartbeat(ids[hash(msg.get("worker")) % len(ids)], 1001.0)
+        return (reply or PollReply(0, 0, 0, True)).to_wire()
+
+    server = ControlServer(Codec(secret, "scale"), handler)
+    server.start()
+    try:
+        q = multiprocessing.get_context("spawn").Queue()
+        p = multiprocessing.get_context("spawn").Process(target=_clients, args=(server.port, secret, threads, seconds, q))
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        p.start()
+        count = q.get(timeout=seconds + 60)
+        p.join()
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+    finally:
+        server.close()
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return cpu / max(1, count), count
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steady", type=int, nargs="+", default=[512, 1024],
+                   help="worker counts whose steady-state cycle is measured (8000 needs a round of 8,000 first)")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
+    args = p.parse_args()
+    res: dict = {"slots_per_host": SLOTS, "rounds": {}, "steady": {}}
+    for n in (64, 256, 1024):
+        _, _, _, round_s = profiled(lambda: running_job(n // SLOTS), args.profile and n == 256, f"round of {n}")
+        res["rounds"][n] = round_s
+        print(f"rendezvous round of {n}: {round_s * 1000:.1f} ms of driver CPU", flush=True)
+    interval = JobConfig.__dataclass_fields__["heartbeat_interval_s"].default
+    res["heartbeat_interval_s"] = interval
+    job = ids = None
+    for n in args.steady:
+        job, ids, first_cycle, round_s = running_job(n // SLOTS)
+        cycle = profiled(lambda: cycle_cost(job, n // SLOTS, ids), args.profile, f"steady cycle at {n}")
+        res["steady"][n] = {"first_cycle_s": first_cycle, "round_s": round_s, "cycle_s": cycle,
+                            "heartbeat_core_s": heartbeat_core_cost(job, ids)}
+        print(f"{n} workers: first discovery cycle (plans {n} launches) {first_cycle * 1000:.1f} ms; round "
+              f"{round_s:.1f} s; steady discovery + planning cycle {cycle * 1000:.1f} ms; heartbeat in the state "
+              f"machine {res['steady'][n]['heartbeat_core_s'] * 1e6:.1f} us", flush=True)
+    per_msg, count = control_plane_cost(job, ids)
+    res["heartbeat_http_cpu_s"], res["heartbeat_http_count"] = per_msg, count
+    per_s = 8000 / interval
+    res["heartbeat_cpu_at_8000"] = per_s * per_msg
+    print(f"heartbeat through HTTP + HMAC: {per_msg * 1e6:.0f} us of driver CPU each ({count} messages); "
+          f"8,000 workers every {interval} s = {per_s:.0f}/s -> {per_s * per_msg:.2f} cores for heartbeats alone",
+          flush=True)
+    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""A seeded random schedule of faults against a real job on four loopback hosts.
+
+Faults: ``kill -9``, SIGSTOP and resume, a Spot notice, a host removed from and
+added to discovery, a failing or empty discovery answer (see ``schedule.py``).
+Asserted once the job ends: it succeeded; no committed step was lost; one group
+trained at a time; every sample exactly once per epoch; the same parameters on
+every worker; no process left behind.
+
+The seed is random unless ``CLOUD_ELASTIC_CHAOS_SEED`` is set, and every failure
+names it, so a failing schedule can be replayed. ``CLOUD_ELASTIC_CHAOS_EVENTS``
+(default 20) makes a soak of it, e.g. 300 events (outside CI)::
+
+    CLOUD_ELASTIC_CHAOS_EVENTS=300 ./dev test tests/chaos
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+
+import pytest
+
+from tests.chaos import history
+from tests.chaos.schedule import Chaos, ChaosDiscovery, plan
+from tests.emulator.fake_metadata import FakeAWSMetadata, per_host
+from tests.integration.harness import processes_of_job
+
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
+SAMPLES = 256
+HEARTBEAT_S = 2.0
+MISSING_GRACE_S = 4.0
+EVENTS = int(os.environ.get("CLOUD_ELASTIC_CHAOS_EVENTS", "20"))
+PROBE = os.path.join(os.path.dirname(__file__), "chaos_probe.py")
+
+pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.timeout(240 + 20 * EVENTS)]
+
+
+def _seed() -> int:
+    value = os.environ.get("CLOUD_ELASTIC_CHAOS_SEED")
+    return int(value) if value else secrets.randbelow(2**31)
+
+
+def test_chaos_schedule(tmp_path, jobs):
+    seed = _seed()
+    print(f"chaos: seed {seed}, {EVENTS} events (replay: CLOUD_ELASTIC_CHAOS_SEED={seed})", flush=True)
+    seen: dict = {}
+    try:
+        _run(seed, tmp_path, jobs, seen)
+    except BaseException as exc:
+        # pytest-timeout and assertion failures alike: the seed is what replays it.
+        sys.stderr.write(f"\nchaos: FAILED with seed {seed}; replay with CLOUD_ELASTIC_CHAOS_SEED={seed}\n")
+        if "job" in seen:
+            # The job's last lines are mostly EVENTs: show the driver's own lines too.
+            driver = [line for line in seen["job"].lines if " EVENT " not in line]
+            sys.stderr.write("driver log (last 80 lines):\n" + "\n".join(driver[-80:]) + "\n")
+        if isinstance(exc, AssertionError):
+            raise AssertionError(f"[chaos seed {seed}] {exc}") from exc
+        raise
+
+
+def _run(seed: int, tmp_path, jobs, seen: dict) -> None:
+    steps = plan(seed, EVENTS, heartbeat_timeout_s=HEARTBEAT_S, missing_grace_s=MISSING_GRACE_S)
+    discovery = ChaosDiscovery(tmp_path, HOSTS)
+    stop_file = tmp_path / "stop"
+    events_file = tmp_path / "events.jsonl"
+    with per_host(FakeAWSMetadata, HOSTS) as fakes:
+        port = next(iter(fakes.values())).port
+        env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://{{host}}:{port}", "AWS_EC2_METADATA_DISABLED": "false"}
+        job = jobs(["run", "-np", "4", "--min-np", "1", "--max-np", "4",
+                    "--host-discovery-script", str(discovery.script), "--discovery-interval", "0.5",
+                    "--host-missing-grace", str(MISSING_GRACE_S), "--heartbeat-timeout", str(HEARTBEAT_S),
+                    "--blacklist-cooldown-range", "1", "2", "--notice-watcher", "aws",
+                    "--events-file", str(events_file), "--start-timeout", "120",
+                    sys.executable, PROBE, "--samples", str(SAMPLES), "--stop-file", str(stop_file)], env=env)
+        seen["job"] = job
+        job.wait_for(lambda j: len({e["worker"] for e in j.of("commit")}) == 4, 120, "four workers committing")
+        chaos = Chaos(job, discovery, HOSTS, fakes, events_file)
+        for step in steps:
+            chaos.apply(step)
+        chaos.restore()
+        # Let it grow back to full size before it stops, so the end is a normal one.
+        mark = len(job.events)
+        job.wait_for(lambda j: any(e.kind == "commit" and e["size"] == 4 for e in j.events[mark:]), 180,
+                     "the job back at four workers after the schedule")
+        stop_file.touch()
+        rc = job.finish(timeout=120)
+        applied = "\n  ".join(chaos.applied)
+        assert rc == 0, f"job failed (rc={rc}) after:\n  {applied}\n{job.output()}"
+        print("chaos: schedule applied:\n  " + applied)
+
+    job_id = job.job_id()
+    deadline = time.monotonic() + 15
+    while processes_of_job(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_of_job(job_id), f"processes left behind: {processes_of_job(job_id)}"
+
+    assert len(chaos.applied) >= 20 or EVENTS < 20
+    driver = [e for e in history.driver_events(events_file) if e.get("job") == job_id]
+    assert [e["outcome"] for e in driver if e["event"] == "job_finished"] == ["succeeded"]
+    history.check_no_commit_lost(job.events)
+    history.check_one_group_at_a_time(job.events, driver)
+    final_step, epochs = history.check_exactly_once(job.events, SAMPLES)
+    finished = history.check_same_parameters(job.events, final_step)
+    rounds = sum(1 for e in driver if e["event"] == "round_formed")
+    rollbacks = [e for e in driver if e["event"] == "rollback"]
+    print(f"chaos: seed {seed}: {len(chaos.applied)} faults, {rounds} rounds, {len(rollbacks)} rollbacks "
+          f"({sum(e.get('steps_lost', 0) for e in rollbacks)} steps lost in them), {final_step} steps, "
+          f"{epochs} epochs, {finished} workers finished with identical parameters")
