@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -170,7 +171,13 @@ class FakeMetadata:
 
             do_GET = do_PUT = do_POST = _serve
 
-        self._server = ThreadingHTTPServer((self.address, self.port), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # A watcher killed or closed mid-request (a worker's end, a cut long-poll) is not news.
+                if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+                    super().handle_error(request, client_address)
+
+        self._server = Server((self.address, self.port), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, name=f"{type(self).__name__}-{self.address}",
