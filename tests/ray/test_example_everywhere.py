@@ -66,6 +66,8 @@ def test_the_example_on_ray_gives_the_same_model(nodes, under_run):
 def test_the_example_on_spark_gives_the_same_model(under_run):
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'cloud-elastic[spark]')")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        if os.environ.get("CI"):  # ./dev test installs one; in CI its absence is a failure, not a skip
+            pytest.fail("CI must have a Java runtime for PySpark (scripts/setup-java.sh)", pytrace=False)
         pytest.skip("no Java runtime (run scripts/setup-java.sh)")
     on_spark = _results(_run([sys.executable, EXAMPLE, "--spark", "local[2]", "--steps", "10",
                               "--min-np", "2", "--max-np", "2"]))

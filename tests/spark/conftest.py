@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 def spark():
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'cloud-elastic[spark]')")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        if os.environ.get("CI"):  # ./dev test installs one; in CI its absence is a failure, not a skip
+            pytest.fail("CI must have a Java runtime for PySpark (scripts/setup-java.sh)", pytrace=False)
         pytest.skip("no Java runtime (run scripts/setup-java.sh)")
     from pyspark.sql import SparkSession
 
