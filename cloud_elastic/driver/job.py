@@ -194,6 +194,7 @@ class ElasticJob:
         """A discovery snapshot arrived."""
         self._discovered_once = True
         self._discovery_failing_since = None
+        was_missing = set(self.hosts.missing)
         changes = self.hosts.update(snapshot, now)
         if changes:
             log.info(
@@ -204,7 +205,8 @@ class ElasticJob:
             self._emit(
                 "hosts_changed",
                 added=[{"host": h, "slots": self.hosts.ready[h]} for h in changes.added],
-                removed=[{"host": h, "reason": "gone from discovery"} for h in changes.removed],
+                removed=[{"host": h, "reason": self._missing_reason() if h in was_missing else "gone from discovery"}
+                         for h in changes.removed],
                 draining=[{"host": h, "reason": self.hosts.draining[h].reason, "deadline": self.hosts.draining[h].deadline}
                           for h in changes.draining],
                 missing=list(changes.missing),
@@ -482,7 +484,7 @@ class ElasticJob:
             log.info("job %s: host %s stayed missing from discovery for %gs; removed", self.job_id, host,
                      self.hosts.missing_grace_s)
         if expired:
-            why = f"missing from discovery for {self.hosts.missing_grace_s:g}s (--host-missing-grace)"
+            why = self._missing_reason()
             self._emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
         self._check_liveness(now)
         self._mark_leavers()
@@ -498,6 +500,9 @@ class ElasticJob:
         if self.phase is not Phase.DONE:
             self._maybe_request_update()
             self._maybe_form_round(now)
+
+    def _missing_reason(self) -> str:
+        return f"missing from discovery for {self.hosts.missing_grace_s:g}s (--host-missing-grace)"
 
     def _progress(self, now: float, key: str, what: str) -> None:
         """A progress line for a long wait, every PROGRESS_EVERY_S, saying how long it has lasted."""

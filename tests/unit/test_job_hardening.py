@@ -247,3 +247,16 @@ def test_a_notice_for_rank_0s_host_hands_rank_0_to_the_oldest_survivor() -> None
     assert isinstance(sim.join("a[0]", reason="update")["a[0]"], ExitOrder)
     sim.exit("a[0]", CLEAN)
     assert sim.outcome is None and sim.released == [Release("a", None)]
+
+
+@pytest.mark.parametrize("path", ["tick", "discovery"])
+def test_a_host_removed_after_the_grace_says_so_in_its_event(path: str) -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, missing_grace=10)
+    sim.discover({"a": 1})
+    if path == "tick":
+        sim.advance(11)
+    else:
+        sim.now += 11  # the next discovery answer comes after the grace, before any tick
+        sim.discover({"a": 1})
+    removed = [f["removed"] for kind, f in sim.events if kind == "hosts_changed" and f["removed"]]
+    assert removed == [[{"host": "b", "reason": "missing from discovery for 10s (--host-missing-grace)"}]]
