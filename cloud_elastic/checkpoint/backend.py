@@ -141,7 +141,10 @@ class FsspecBackend:
 
         protocol, _ = split_url(url)
         try:
-            self._fs, root = fsspec.core.url_to_fs(url, **storage_options)
+            # A fresh filesystem object: fsspec caches instances by their arguments, and an endpoint or
+            # credentials taken from the environment (AWS_ENDPOINT_URL...) are not among them, so a cached
+            # one could keep talking to an endpoint that is no longer the one configured.
+            self._fs, root = fsspec.core.url_to_fs(url, **{"skip_instance_cache": True, **storage_options})
         except ImportError as exc:  # found by find_spec but broken (e.g. a dependency of it missing)
             package, extra = _IMPLEMENTATIONS.get(protocol, ("fsspec", None))
             raise CheckpointBackendMissing(url, package, extra) from exc
