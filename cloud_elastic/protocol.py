@@ -48,6 +48,8 @@ __all__ = [
     "PollRequest",
     "RENDEZVOUS_REASONS",
     "parse_rendezvous_reply",
+    "ReRegister",
+    "AdoptRequest",
 ]
 
 #: Why a worker comes to rendezvous: its first round, a graceful change, or a failed collective.
@@ -132,7 +134,19 @@ class WaitReply:
         return {"status": "wait"}
 
 
-RendezvousReply = Assignment | ExitOrder | WaitReply
+@dataclass(frozen=True)
+class ReRegister:
+    """Reply of a restarted driver to a worker it does not know yet: send an :class:`AdoptRequest`.
+
+    A driver restarted within ``--driver-grace`` answers a rendezvous request
+    with it (a poll reply says the same with ``PollReply.reregister``).
+    """
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"status": "reregister"}
+
+
+RendezvousReply = Assignment | ExitOrder | WaitReply | ReRegister
 
 
 def parse_rendezvous_reply(msg: Mapping[str, Any]) -> RendezvousReply:
@@ -144,6 +158,8 @@ def parse_rendezvous_reply(msg: Mapping[str, Any]) -> RendezvousReply:
         return ExitOrder.from_wire(msg)
     if status == "wait":
         return WaitReply()
+    if status == "reregister":
+        return ReRegister()
     raise ControlPlaneError(f"malformed rendezvous reply: unknown status {status!r}")
 
 
@@ -204,6 +220,8 @@ class PollReply:
     shutdown: bool
     #: Set when this worker is to run its host's metadata notice watcher for that cloud.
     notice_watcher: str | None = None
+    #: A restarted driver does not know this worker yet: it must send an :class:`AdoptRequest`.
+    reregister: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -213,4 +231,49 @@ class PollReply:
         what = "poll reply"
         watcher = msg.get("notice_watcher")
         return cls(_int(msg, "round", what), _int(msg, "update_gen", what), _int(msg, "abort_round", what),
-                   bool(msg.get("shutdown", False)), watcher if isinstance(watcher, str) else None)
+                   bool(msg.get("shutdown", False)), watcher if isinstance(watcher, str) else None,
+                   msg.get("reregister") is True)
+
+
+@dataclass(frozen=True)
+class AdoptRequest:
+    """A worker re-registers with a restarted driver (kind ``adopt``): where it stands, so that the
+    driver takes it over in its current round without a new round or a rollback.
+
+    ``round``/``ranks``/``update_gen`` are those of the round it trains in (``round`` 0:
+    it never joined one); ``seen_update``/``seen_abort`` the highest update generation
+    and aborted round it has heard of; ``commits`` its commits; ``pid`` its process id.
+    """
+
+    round: int
+    ranks: RankInfo | None
+    update_gen: int
+    seen_update: int
+    seen_abort: int
+    commits: int
+    slot: int
+    pid: int
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: getattr(self, k) for k in
+                               ("round", "update_gen", "seen_update", "seen_abort", "commits", "slot", "pid")}
+        out["ranks"] = None if self.ranks is None else asdict(self.ranks)
+        return out
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "AdoptRequest":
+        what = "adopt request"
+        raw = msg.get("ranks")
+        ranks = None
+        if raw is not None:
+            if not isinstance(raw, Mapping):
+                raise ControlPlaneError(f"malformed {what}: 'ranks' must be an object or null")
+            ranks = RankInfo(**{f.name: _int(raw, f.name, what) for f in fields(RankInfo)})
+            if ranks.rank >= ranks.size or ranks.local_rank >= ranks.local_size:
+                raise ControlPlaneError(f"malformed {what}: ranks out of range: {ranks}")
+        round_ = _int(msg, "round", what)
+        if (ranks is None) != (round_ == 0):
+            raise ControlPlaneError(f"malformed {what}: a round needs ranks and ranks need a round")
+        return cls(round_, ranks, _int(msg, "update_gen", what), _int(msg, "seen_update", what),
+                   _int(msg, "seen_abort", what), _int(msg, "commits", what), _int(msg, "slot", what),
+                   _int(msg, "pid", what))

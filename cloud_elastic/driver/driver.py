@@ -23,9 +23,9 @@ from typing import Any, Callable
 from cloud_elastic.config import JobConfig
 from cloud_elastic.control import Codec, new_secret
 from cloud_elastic.driver.discovery import DiscoveryFailure, DiscoveryPoller
-from cloud_elastic.driver.hosts import Blacklist, HostManager
+from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
 from cloud_elastic.driver.job import ElasticJob, Finish, Launch, Policy, Release, Stop
-from cloud_elastic.protocol import PollReply, PollRequest, RendezvousRequest, WaitReply
+from cloud_elastic.protocol import AdoptRequest, PollReply, PollRequest, ReRegister, RendezvousRequest, WaitReply
 from cloud_elastic.driver.launch import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
 from cloud_elastic.driver.local import LocalLauncher
 from cloud_elastic.driver.server import ControlServer
@@ -99,6 +99,9 @@ class Driver:
         self._previous: tuple[int, float] | None = None  # (pid, last alive) of a dead driver of this job
         self._touched = 0.0
         self._previous_grace_s = 0.0  # the --driver-grace the job record says an earlier driver gave its workers
+        self._adoption: Any = None  # the predecessor's AdoptionRecord, when its workers may still be running
+        self._adopting = False  # the adoption window is open: only polls and re-registrations are served
+        self._adopt_saved: Any = None  # what the adoption record last said (rewritten when it changes)
 
     # ----------------------------------------------------------------- public
     def stop(self, reason: str, exit_code: int) -> None:
@@ -126,8 +129,11 @@ class Driver:
         )
         outcome = Finish(False, "the driver failed", 1)
         try:
-            self._wait_for_previous_driver()
-            self._start()
+            if self._adoption is not None:
+                self._start_adopting()
+            else:
+                self._wait_for_previous_driver()
+                self._start()
             outcome = self._loop()
             return outcome
         finally:
@@ -171,6 +177,7 @@ class Driver:
         if self._previous is not None and _driver_alive(self._previous[0]):
             raise ConfigError(f"job {self.job_id} is already running here (driver pid {self._previous[0]}); "
                               "stop it first or use another --checkpoint-dir")
+        self._adoption = self._adoption_candidate()
         checkpoints = store.list()
         if not checkpoints:
             log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts over",
@@ -258,7 +265,7 @@ class Driver:
                     return None
                 self._cond.wait(self.config.discovery_interval_s)
 
-    def _start_store(self, bind: str) -> None:
+    def _start_store(self, bind: str, port: int = 0) -> None:
         """Listen for the rendezvous store now; let torch adopt the socket on a side thread.
 
         Importing torch takes seconds. Workers need the store only after they
@@ -267,7 +274,7 @@ class Driver:
         """
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((bind, 0))
+        sock.bind((bind, port))
         sock.listen(512)
         self._store_socket = sock
         self._store_port = sock.getsockname()[1]
@@ -324,6 +331,7 @@ class Driver:
                 return outcome
             self._reap()
             self._touch_record()
+            self._keep_adoption_record()
 
     def _touch_record(self) -> None:
         """Keep the status record's mtime fresh: a restarted driver reads it as this driver's last sign of life."""
@@ -450,6 +458,10 @@ class Driver:
             raise ControlPlaneError("message lacks a worker id")
         with self._cond:
             now = self._clock()
+            if self._adoption is not None:
+                early = self._while_adopting(kind, worker_id, msg)
+                if early is not None:
+                    return early
             if kind == "register":
                 ok = self._job.registered(worker_id, now)
                 self._cond.notify_all()
@@ -605,7 +617,10 @@ class Driver:
         if self._server is not None:
             self._server.close()
         if self._status_recorded:
-            from cloud_elastic.status import remove_driver_record
+            from cloud_elastic.driver.adoption import remove_record
+            from cloud_elastic.status import job_dir, remove_driver_record
+
+            remove_record(job_dir(self.job_id))  # every worker is stopped: nothing is left to adopt
 
             remove_driver_record(self.job_id)
         try:
@@ -614,7 +629,189 @@ class Driver:
             log.debug("discovery close failed", exc_info=True)
 
 
+    # --------------------------------------------------------------- adoption
+    def _adoption_candidate(self) -> Any:
+        """The predecessor's adoption record when its workers may still be training, else None.
+
+        Taking it over means speaking with the predecessor's secret at its ports.
+        """
+        if self._previous is None:
+            return None
+        from cloud_elastic.driver.adoption import read_record
+        from cloud_elastic.status import job_dir
+
+        record = read_record(job_dir(self.job_id))
+        if record is None or record.job_id != self.job_id or not record.workers:
+            return None
+        pid, last_alive = self._previous
+        left = last_alive + record.grace_s - time.time()
+        if left < _ADOPT_MARGIN_S:
+            log.info("job %s: the previous driver died %.0fs ago, past its workers' --driver-grace %gs: "
+                     "not adopting them", self.job_id, time.time() - last_alive, record.grace_s)
+            return None
+        self._secret = record.secret
+        self._codec = Codec(self._secret, self.job_id)
+        log.warning("job %s: the previous driver (pid %d) died %.0fs ago; adopting its %d running worker(s) "
+                    "(they train on for up to %.0fs more)", self.job_id, pid, time.time() - last_alive,
+                    len(record.workers), left)
+        return record
+
+    def _start_adopting(self) -> None:
+        """Listen where the predecessor listened, let its workers re-register, then carry on with them.
+
+        Workers that do not come back within the adoption window are stopped and
+        count as lost (the job's failure path: a new round, survivors roll back).
+        When none comes back, this is the plain resume: wait out the grace, then
+        resume from the latest checkpoint.
+        """
+        record = self._adoption
+        self._advertised, self._bind = record.advertised, record.bind
+        try:
+            self._start_store(record.bind, record.store_port)
+            self._server = ControlServer(self._codec, self._handle, bind=record.bind, port=record.control_port)
+            self._server.start()
+        except OSError as exc:
+            log.warning("job %s: cannot listen at the previous driver's address (%s); its workers cannot be "
+                        "adopted", self.job_id, exc)
+            if self._store_socket is not None:
+                self._store_socket.close()
+                self._store_socket = None
+            self._adoption = None
+            self._wait_for_previous_driver()
+            self._start()
+            return
+        self._record_for_status()
+        with self._cond:
+            self._job.begin_adoption(record.seq)
+            self._adopting = True
+        log.info("job %s: driver at %s (control port %d, store port %d) again; waiting for the running workers "
+                 "to re-register", self.job_id, self._advertised, self._server.port, self._store_port)
+        first = self._first_discovery()  # the workers re-register meanwhile, on the server's threads
+        window = max(2 * self.config.heartbeat_timeout_s, 3.0)
+        deadline = self._started_at + window
+        expected = {w.worker_id for w in record.workers}
+        with self._cond:
+            self._cond.wait_for(lambda: self._stop_reason is not None or expected <= set(self._job.workers),
+                                max(0.0, deadline - self._clock()))
+            missing = [w for w in record.workers if w.worker_id not in self._job.workers]
+            self._job.end_adoption(self._clock(), {w.worker_id: f"did not re-register within {window:g}s"
+                                                   for w in missing})
+            adopted = [w for w in record.workers if w.worker_id in self._job.workers]
+        if adopted:
+            log.warning("job %s: adopted %d running worker(s) %.2fs after the driver started", self.job_id,
+                        len(adopted), self._clock() - self._started_at)
+        for w in missing:  # they may be stopped or hung: none must outlive the job
+            proc = self._adopted_process(w)
+            if proc is not None:
+                t = threading.Thread(target=proc.terminate, args=(self.config.terminate_grace_s,), daemon=True)
+                t.start()
+                self._stoppers.append(t)
+        for w in adopted:
+            proc = self._adopted_process(w)
+            if proc is not None:
+                self._procs[w.worker_id] = proc
+        if first is not None and not adopted:
+            log.warning("job %s: no worker of the previous driver came back; resuming as without them",
+                        self.job_id)
+            self._wait_for_previous_driver()
+        with self._cond:
+            if first is not None:
+                self._job.discovered(first, self._clock())
+            self._adopting = False
+            self._cond.notify_all()
+        if first is not None:
+            self._poller = DiscoveryPoller(self._discovery, self._on_discovery,
+                                           interval_s=self.config.discovery_interval_s)
+            self._poller.start()
+
+    def _adopted_process(self, worker: Any) -> WorkerProcess | None:
+        """A handle on a worker the predecessor started: by pid locally, through its remote wrapper over SSH."""
+        from cloud_elastic.driver.adoption import AdoptedLocalProcess
+
+        spec = WorkerSpec(worker.worker_id, worker.host, worker.slot, self.config.command, {}, self._secret,
+                          self.config.cwd)
+        handle = worker.handle
+        try:
+            if handle.get("kind") == "local":
+                start = handle.get("start")
+                return AdoptedLocalProcess(spec, int(handle["pid"]), int(start) if start is not None else None)
+            if handle.get("kind") == "ssh":
+                launcher = self._launcher_for(worker.host)
+                attach = getattr(launcher, "attach", None)
+                if attach is not None:
+                    return attach(spec, str(handle["nonce"]),
+                                  lambda line, wid=worker.worker_id: self._forward(wid, line))
+        except (KeyError, TypeError, ValueError, LaunchError) as exc:
+            log.warning("job %s: cannot reach worker %s of the previous driver: %s", self.job_id, worker.worker_id, exc)
+        return None
+
+    def _while_adopting(self, kind: str, worker_id: str, msg: dict[str, Any]) -> dict[str, Any] | None:
+        """What a restarted driver answers before the job's rules see a message (None: let them).
+
+        A worker of the predecessor not adopted yet is told to re-register;
+        while the window is open, messages that would move the job (rendezvous,
+        completion, notices) wait until it has closed and discovery has answered.
+        """
+        if kind == "adopt":
+            return self._adopt_worker(worker_id, msg)
+        if kind == "status":
+            return None
+        if worker_id not in self._job.workers and self._adoption.worker(worker_id) is not None:
+            if kind == "poll":
+                return PollReply(0, 0, 0, False, reregister=True).to_wire()
+            if kind == "rendezvous":
+                return ReRegister().to_wire()
+        if self._adopting and kind in ("rendezvous", "completed", "notice", "checkpoint"):
+            self._cond.wait_for(lambda: not self._adopting, _RENDEZVOUS_POLL_S)
+        return None
+
+    def _adopt_worker(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
+        request = AdoptRequest.from_wire(msg)
+        entry = self._adoption.worker(worker_id)
+        if entry is None or entry.slot != request.slot:
+            why = "not a worker of this job's previous driver"
+        else:
+            why = self._job.adopt(worker_id, Slot(entry.host, entry.slot), entry.seq, request, self._clock())
+        if why is not None:
+            log.warning("job %s: refused to adopt worker %s: %s", self.job_id, worker_id, why)
+            return {"ok": False, "reason": why}
+        self._cond.notify_all()
+        return {"ok": True}
+
+    def _keep_adoption_record(self) -> None:
+        """Keep what a restarted driver needs to adopt our workers (see :mod:`.adoption`) up to date."""
+        if not self._status_recorded or self._server is None or self.config.checkpoint_dir is None:
+            return  # without --checkpoint-dir a restarted driver cannot find this job again
+        with self._cond:
+            workers = []
+            for worker_id, proc in self._procs.items():
+                w = self._job.workers.get(worker_id)
+                handle = getattr(proc, "handle", None)
+                if w is not None and w.alive and handle is not None:
+                    workers.append((worker_id, w.slot.host, w.slot.index, w.seq, handle))
+            seq = max((w.seq for w in self._job.workers.values()), default=0)
+        key = (seq, tuple(w[0] for w in workers))
+        if key == self._adopt_saved:
+            return
+        from cloud_elastic.driver.adoption import write_record
+        from cloud_elastic.status import job_dir
+
+        grace = max(self.config.driver_grace_s, self._adoption.grace_s if self._adoption is not None else 0.0)
+        record = {"job": self.job_id, "advertised": self._advertised, "bind": self._bind,
+                  "control_port": self._server.port, "store_port": self._store_port, "grace_s": grace, "seq": seq,
+                  "workers": [{"id": wid, "host": host, "slot": slot, "seq": wseq, "handle": handle()}
+                              for wid, host, slot, wseq, handle in workers]}
+        try:
+            write_record(job_dir(self.job_id), record)
+            self._adopt_saved = key
+        except (OSError, ConfigError) as exc:
+            log.warning("job %s: cannot keep the adoption record: %s", self.job_id, exc)
+            self._adopt_saved = key
+
+
 _NOTICE_KINDS = ("terminate", "rebalance", "maintenance")
+#: Adopting workers that have less than this left of their grace is not worth the race.
+_ADOPT_MARGIN_S = 1.0
 #: How often the loop refreshes the status record's mtime (a restarted driver's measure of when we died).
 _RECORD_TOUCH_S = 2.0
 #: What a worker stopping at the end of the grace may spend finishing rank 0's last checkpoint, and margin.

@@ -41,7 +41,7 @@ from cloud_elastic.driver.liveness import RunningClock
 from cloud_elastic.driver.planner import Member, assign_ranks
 from cloud_elastic.driver.rounds import Candidate, StateLost, plan_round
 from cloud_elastic.driver.workers import WorkerRecord, WorkerState
-from cloud_elastic.protocol import Assignment, ExitOrder, PollReply, RankInfo
+from cloud_elastic.protocol import AdoptRequest, Assignment, ExitOrder, PollReply, RankInfo
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 __all__ = [
@@ -176,6 +176,9 @@ class ElasticJob:
     _pending_rollback: int | None = None  # the aborted round; its rollback is emitted when the next round forms
     _steps_lost: int = 0  # steps the survivors of the aborted round rolled back (they report it)
     _waits: dict[str, tuple[float, float]] = field(default_factory=dict)  # progress lines: key -> (since, last)
+    #: A restarted driver takes over the running workers of its predecessor (see :meth:`adopt`).
+    adopting: bool = False
+    _adopted: dict[int, dict[str, tuple[RankInfo, int]]] = field(default_factory=dict)  # round -> id -> (ranks, gen)
 
     def __post_init__(self) -> None:
         if self.resumed:
@@ -776,6 +779,76 @@ class ElasticJob:
             from_checkpoint=plan.from_checkpoint, step=commit if self.state_committed else None,
             ranks=_ranks_by_host(ordered),
         )
+
+
+    # ------------------------------------------------------------ adoption
+    def begin_adoption(self, last_seq: int) -> None:
+        """A restarted driver is up at its predecessor's address: workers may re-register (:meth:`adopt`).
+
+        ``last_seq`` is the highest worker sequence number the predecessor used, so
+        that the ids of workers launched from now on never repeat an adopted one.
+        """
+        self.adopting = True
+        self._seq = max(self._seq, last_seq)
+
+    def adopt(self, worker_id: str, slot: Slot, seq: int, request: AdoptRequest, now: float) -> str | None:
+        """Take over a running worker of the predecessor where it stands; None when adopted, else why not.
+
+        The worker keeps its round, rank and process group: no new round forms and
+        nothing rolls back. The driver's round, update generation and aborted round
+        continue from the highest the adopted workers have seen, so that every
+        later round number (and so every later store namespace) is new to them.
+        Idempotent for a worker already adopted.
+        """
+        w = self.workers.get(worker_id)
+        if w is not None:
+            return None if w.alive else f"worker {worker_id} was already given up"
+        if not self.adopting:
+            return "the adoption window of the restarted driver has closed"
+        self._seq = max(self._seq, seq)
+        w = WorkerRecord(worker_id, slot, seq, launched_at=now, last_seen=self._clock(now), commits=request.commits)
+        if request.round and request.ranks is not None:
+            w.state, w.round, w.rank = S.RUNNING, request.round, request.ranks.rank
+            self._adopted.setdefault(request.round, {})[worker_id] = (request.ranks, request.update_gen)
+        else:
+            w.state = S.CONNECTED
+        self.workers[worker_id] = w
+        self.update_gen = max(self.update_gen, request.seen_update)
+        self.abort_round = max(self.abort_round, request.seen_abort)
+        self.round = max(self.round, request.round)
+        if request.commits:
+            self.state_committed = True
+        log.info("job %s: adopted worker %s (%s) of round %d at commit %d", self.job_id, worker_id, w.label,
+                 request.round, request.commits)
+        return None
+
+    def end_adoption(self, now: float, missing: dict[str, str]) -> None:
+        """The adoption window closed; ``missing`` (worker id -> what became of it) did not come back.
+
+        When the adopted members form their round completely, the job simply goes
+        on in it (zero steps lost). Otherwise the normal failure path applies: the
+        round is aborted, the survivors roll back to their last commit and a new
+        round forms (from the latest checkpoint if no state holder came back).
+        """
+        self.adopting = False
+        members = self._adopted.get(self.round, {})
+        if not members:
+            return
+        self.phase = Phase.RUNNING
+        self._ranks = {wid: ranks for wid, (ranks, _gen) in members.items()}
+        self._round_update_gen = max(gen for _ranks, gen in members.values())
+        self._needs_sync = False
+        self._from_checkpoint = False
+        sizes = {ranks.size for ranks in self._ranks.values()}
+        complete = len(sizes) == 1 and sorted(r.rank for r in self._ranks.values()) == list(range(sizes.pop()))
+        stragglers = [w.worker_id for w in self._alive() if w.worker_id not in members]
+        what = "; ".join(f"{wid} {why}" for wid, why in sorted(missing.items()))
+        log.warning("job %s: adopted %d running worker(s) of round %d%s", self.job_id, len(members), self.round,
+                    f"; not back: {what}" if what else "")
+        if not complete or stragglers:
+            self._last_failure = (f"worker(s) of round {self.round} did not come back to the restarted driver: {what}"
+                                  if what else f"the adopted workers do not form round {self.round} completely")
+            self._abort_round()
 
 
 def _signal_name(number: int) -> str:

@@ -13,7 +13,7 @@ import time
 from cloud_elastic.driver.launch import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.errors import LaunchError
 
-__all__ = ["LocalLauncher", "LocalProcess", "forward_lines"]
+__all__ = ["LocalLauncher", "LocalProcess", "forward_lines", "kill_group", "process_start_time"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,21 @@ def kill_group(pid: int, sig: int) -> None:
         pass
 
 
+def process_start_time(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (None if it is gone or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
 class LocalProcess:
     """A worker running as a child process in its own session (process group).
 
@@ -48,6 +63,11 @@ class LocalProcess:
         self.spec = spec
         self._popen = popen
         self._lock = threading.Lock()
+        self._start = process_start_time(popen.pid)
+
+    def handle(self) -> dict[str, object]:
+        """How a restarted driver finds this process again (see :mod:`.adoption`)."""
+        return {"kind": "local", "pid": self._popen.pid, "start": self._start}
 
     @property
     def pid(self) -> int:

@@ -43,8 +43,10 @@ from cloud_elastic.protocol import (
     Assignment,
     ExitOrder,
     PollReply,
+    AdoptRequest,
     PollRequest,
     RankInfo,
+    ReRegister,
     RendezvousRequest,
     parse_rendezvous_reply,
 )
@@ -123,6 +125,10 @@ class WorkerContext:
         self.before_grace_exit: list[Any] = []
         self._reporter: DriverClient | None = None
         self._reporter_lock = threading.Lock()
+        #: Serialises re-registering with a restarted driver (heartbeat thread and main thread may both be told).
+        self._adopt_lock = threading.Lock()
+        #: The store client lost its server with the old driver: reconnect before the next round forms.
+        self._store_stale = False
 
     @property
     def leaked_groups(self) -> int:
@@ -186,6 +192,8 @@ class WorkerContext:
                 break
             if isinstance(reply, ExitOrder):
                 raise WorkerRemoved(reply.reason)
+            if isinstance(reply, ReRegister):
+                self._reregister(self._client)
         info = RoundInfo(**vars(reply.ranks), round=reply.round, needs_sync=reply.needs_sync, update_gen=reply.update_gen,
                          from_checkpoint=reply.from_checkpoint)
         self._rolled_back = 0
@@ -193,6 +201,8 @@ class WorkerContext:
             # The GPU is the slot; a driver that disagrees would move this worker's group off its model.
             log.warning("worker %s: the driver assigned local rank %d to slot %d", self.worker_id, info.local_rank, self.settings.slot)
         self._attempted_round = info.round
+        if self._store_stale:
+            self._reconnect_store()
         self._form_group(info)
         log.info("worker %s: joined round %d as rank %d of %d", self.worker_id, info.round, info.rank, info.size)
         return info
@@ -460,6 +470,9 @@ class WorkerContext:
                     PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
+                if reply.reregister:
+                    self._reregister(client)
+                    reply = None
                 last_ok = time.monotonic()
                 if self.driver_lost:
                     self.driver_lost = False
@@ -475,6 +488,8 @@ class WorkerContext:
                     self._grace_exit(exc)
                 time.sleep(0.2)
                 continue
+            if reply is None:
+                continue  # adopted; the next poll brings the restarted driver's view
             self._seen_round = reply.round
             self._seen_update = max(self._seen_update, reply.update_gen)
             self._seen_abort = max(self._seen_abort, reply.abort_round)
@@ -482,6 +497,38 @@ class WorkerContext:
             if reply.shutdown:
                 return
 
+
+    # ------------------------------------------------------------- adoption
+    def _reregister(self, client: DriverClient) -> None:
+        """A driver restarted within the grace does not know this worker yet: tell it where we stand.
+
+        The worker keeps its process group and its step: the driver takes it over in
+        its current round. Only the store client is renewed (its server died with the
+        old driver), before the next round forms. A driver that refuses (it resumed
+        the job without this worker) makes the worker exit: its training would now
+        be a second copy of the job.
+        """
+        with self._adopt_lock:
+            info = self.info if self._attempted_round else None
+            ranks = None if info is None else RankInfo(info.rank, info.size, info.local_rank, info.local_size,
+                                                       info.cross_rank, info.cross_size)
+            request = AdoptRequest(0 if info is None else info.round, ranks, 0 if info is None else info.update_gen,
+                                   self._seen_update, self._seen_abort, self.commits, self.settings.slot, os.getpid())
+            reply = client.call("adopt", request.to_wire(), timeout_s=self.heartbeat_timeout_s + 10)
+            if not reply.get("ok"):
+                print(f"cloud-elastic: worker {self.worker_id}: the restarted driver refused to adopt it "
+                      f"({str(reply.get('reason') or 'no reason given')[:300]}); exiting", file=sys.stderr, flush=True)
+                os._exit(75)
+            self._store_stale = True
+            if self.driver_lost:
+                self.driver_lost = False
+            log.warning("worker %s: adopted by the restarted driver in round %d", self.worker_id,
+                        request.round)
+
+    def _reconnect_store(self) -> None:
+        host, _, port = self.settings.store_address.rpartition(":")
+        self._store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
+        self._store_stale = False
 
     def _grace_exit(self, exc: BaseException) -> None:
         """The driver stayed away past the grace: run the exit hooks (rank 0's last checkpoint), then exit."""

@@ -1,0 +1,101 @@
+"""A driver restarted within ``--driver-grace`` adopts the running workers: zero steps lost.
+
+The driver is SIGKILLed mid-training; the same command, run again at once,
+listens at the same address with the job's secret, the workers re-register
+with their round, rank and step, and the job goes on in the same round: the
+same processes finish it, no step is repeated, nothing is loaded from a
+checkpoint, and no process is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from cloud_elastic.control import Codec
+from cloud_elastic.errors import ControlPlaneError
+from cloud_elastic.worker.client import DriverClient
+from tests.integration.harness import processes_of_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+ADOPT_PROBE = Path(__file__).with_name("adopt_probe.py")
+GRACE_S = 40.0
+STEPS = 120
+
+
+def _args(tmp_path: Path, *train: str) -> list[str]:
+    return ["run", "-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--checkpoint-interval", "1", "--driver-grace", str(GRACE_S),
+            sys.executable, str(ADOPT_PROBE), str(tmp_path / "events"), *train]
+
+
+def _events(directory: Path) -> dict[int, list[dict]]:
+    out = {}
+    for path in directory.glob("*.jsonl"):
+        out[int(path.stem)] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return out
+
+
+def _start(jobs, tmp_path: Path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "events").mkdir()
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    args = _args(tmp_path, "--steps", str(STEPS), "--step-sleep", "0.1")
+    first = jobs(args, env=env)
+    first.wait_for(lambda j: any(e["step"] >= 10 for e in j.of("commit")), timeout=120, what="training")
+    job_id = first.job_id()
+    workers = sorted(processes_of_job(job_id))
+    assert len(workers) == 2
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    return args, env, job_id, workers
+
+
+def test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_step(jobs, tmp_path):
+    args, env, job_id, workers = _start(jobs, tmp_path)
+
+    second = jobs(args, env=env)
+    assert second.finish(150) == 0, second.output()
+    out = second.output()
+    assert second.job_id() == job_id
+    assert "adopted 2 running worker(s)" in out, out
+    assert "resumed from the checkpoint" not in out, out
+    assert "launched worker" not in out, "the restarted driver started new workers instead of adopting"
+
+    events = _events(tmp_path / "events")
+    assert sorted(events) == workers, "the adopted processes are not the ones that trained"
+    for pid, seen in events.items():
+        steps = [e["step"] for e in seen if e["kind"] == "commit"]
+        # Every step committed exactly once, in order, by the same process: zero steps lost or repeated.
+        assert steps == list(range(1, STEPS + 1)), (pid, steps)
+        assert not [e for e in seen if e["kind"] == "reset"][1:], f"worker {pid} was reset after adoption"
+        done = [e for e in seen if e["kind"] == "done"]
+        assert len(done) == 1 and done[0]["step"] == STEPS
+    assert len({e["checksum"] for seen in events.values() for e in seen if e["kind"] == "done"}) == 1
+    assert not processes_of_job(job_id), "a worker outlived the job"
+
+
+def test_a_forged_re_registration_is_refused_with_a_one_line_error(jobs, tmp_path):
+    args, env, job_id, workers = _start(jobs, tmp_path)
+    second = jobs(args, env=env)
+    second.wait_for(lambda j: "adopted 2 running worker(s)" in j.output(), timeout=60, what="adoption")
+    address = next(line for line in second.lines if "driver at" in line).split("driver at ")[1].split(" ")[0]
+    port = next(line for line in second.lines if "driver at" in line).split("control port ")[1].split(",")[0]
+    forged = DriverClient(f"{address}:{port}", Codec("f" * 64, job_id), "127.0.0.1[0]#1")
+    request = {"round": 1, "ranks": None, "update_gen": 0, "seen_update": 0, "seen_abort": 0, "commits": 0,
+               "slot": 0, "pid": 1}
+    with pytest.raises(ControlPlaneError) as refused:
+        forged.call("adopt", request)
+    assert "HTTP 401" in str(refused.value) and "\n" not in str(refused.value)
+    second.wait_for(lambda j: "rejected a request from 127.0.0.1: bad or missing signature" in j.output(),
+                    timeout=10, what="the rejection logged")
+    assert second.finish(150) == 0, second.output()
+    steps = [e["step"] for seen in _events(tmp_path / "events").values() for e in seen if e["kind"] == "commit"]
+    assert len(steps) == 2 * STEPS and len(set(steps)) == STEPS, "the forged message disturbed training"
+    assert not processes_of_job(job_id)
