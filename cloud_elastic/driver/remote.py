@@ -1,6 +1,7 @@
 """The remote half of the SSH launcher: runs on the worker host as ``python3 -m cloud_elastic.driver.remote``.
 
 usage: ``python3 -m cloud_elastic.driver.remote NONCE GRACE_S KEEPALIVE_S CWD COMMAND...``
+or ``python3 -m cloud_elastic.driver.remote --attach NONCE`` (see 5. below)
 
 One wrapper per worker, started by :class:`~cloud_elastic.driver.ssh.SSHLauncher`
 through ssh. It
@@ -23,7 +24,14 @@ through ssh. It
    Keepalive lines that resume within the grace cancel it;
 4. when the worker ends, stops whatever is left in its group and writes the
    worker's exact status on a marker line on stderr (:func:`marker_line`),
-   which the launcher parses (:func:`parse_marker`) and removes from the output.
+   which the launcher parses (:func:`parse_marker`) and removes from the output;
+5. listens on a Unix socket private to the user (:func:`control_path`, in a 0700
+   directory), so that a driver restarted within the grace can take the worker
+   over through a fresh ssh connection running ``--attach NONCE``: that
+   process relays its stdin to the wrapper (keepalives, ``KILL``, ``TERM``: the
+   same watchdog, and any data from it cancels a pending "driver lost" stop)
+   and the wrapper's marker line back on its stderr. The worker's own output
+   still goes to the first connection, which died with the old driver.
 
 It imports the standard library only (no torch, no cloud SDK, nothing else of
 cloud-elastic): it must start in milliseconds and must not fail on a host whose
@@ -35,8 +43,11 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -44,7 +55,7 @@ from typing import Callable, Sequence
 
 __all__ = [
     "SECRET_ENV", "MARKER", "WrapperArgs", "parse_args", "wrapper_argv", "Watchdog", "Order",
-    "marker_line", "parse_marker", "exit_code", "main",
+    "marker_line", "parse_marker", "exit_code", "control_path", "attach", "main",
 ]
 
 #: The variable in which the worker finds the per-job secret.
@@ -59,6 +70,8 @@ MODULE = "cloud_elastic.driver.remote"
 #: worker ("cwd", "exec").
 REASON_NONE = "-"
 REASON_KEEPALIVE = "keepalive"
+#: ``--attach`` found no wrapper for the nonce: the worker has ended (its status is unknown).
+REASON_GONE = "gone"
 
 _POLL_S = 0.5
 #: After the driver grace, what the worker may still spend on rank 0's last checkpoint before the wrapper stops it.
@@ -216,6 +229,22 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def control_path(nonce: str) -> str:
+    """The Unix socket of the wrapper of launch ``nonce`` (its directory is created 0700 by the wrapper)."""
+    return os.path.join(tempfile.gettempdir(), f"cloud-elastic-{os.getuid()}", f"{nonce}.sock")
+
+
+def _private_socket_dir(path: str) -> bool:
+    """Create the socket's directory 0700; False if it is not a private directory of this user."""
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        info = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
+
+
 class Wrapper:
     """One worker under the wrapper's watch. ``run`` never returns: the wrapper exits with the worker."""
 
@@ -228,6 +257,8 @@ class Wrapper:
         self._lock = threading.RLock()  # re-entered by the signal handler, which runs on the main thread
         self._reason = REASON_NONE
         self._pgid: int | None = None
+        self._attached: list[socket.socket] = []  # connections of restarted drivers (``--attach``)
+        self._socket_path: str | None = None
 
     def run(self) -> None:
         """Read the secret, start the worker, watch it, report its status, exit."""
@@ -276,27 +307,77 @@ class Wrapper:
                 while self._clock() < deadline and group_alive(pgid):
                     time.sleep(0.05)
 
+    def _listen(self) -> socket.socket | None:
+        """The control socket a restarted driver attaches to; None if it cannot be made (no adoption then)."""
+        path = control_path(self._args.nonce)
+        if not _private_socket_dir(path):
+            _say(f"cannot make a private directory for {path}: a restarted driver cannot adopt this worker")
+            return None
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if os.path.exists(path):
+                os.unlink(path)
+            listener.bind(path)
+            os.chmod(path, 0o600)
+            listener.listen(4)
+        except OSError as exc:
+            listener.close()
+            _say(f"cannot listen on {path} ({exc}): a restarted driver cannot adopt this worker")
+            return None
+        self._socket_path = path
+        return listener
+
     def _watch(self) -> None:
         after = self._driver_grace_s + GRACE_MARGIN_S if self._driver_grace_s > 0 else 0.0
         watchdog = Watchdog(self._args.grace_s, self._args.keepalive_timeout_s, self._clock(), after)
+        listener = self._listen()
         eof = False
         pending: Order | None = None
         deadline = 0.0
         while True:
-            if not eof and select.select([self._fd], [], [], _POLL_S)[0]:
-                try:
-                    chunk = os.read(self._fd, 4096)
-                except OSError:
-                    chunk = b""
-                eof = not chunk
-                order = watchdog.received(chunk, self._clock())
-                if order is None and pending is not None and pending.reason == REASON_KEEPALIVE:
-                    _say("the driver's keepalive is back")
+            with self._lock:
+                attached = list(self._attached)
+            watched: list = ([] if eof else [self._fd]) + ([listener] if listener is not None else []) + attached
+            ready = select.select(watched, [], [], _POLL_S)[0] if watched else []
+            if not watched:
+                time.sleep(_POLL_S)
+            order: Order | None = None
+            for source in ready:
+                if source is listener:
+                    conn, _ = listener.accept()
+                    with self._lock:
+                        self._attached.append(conn)
+                    _say("a restarted driver attached to the worker")
+                    continue
+                if isinstance(source, int):  # the first connection's stdin
+                    try:
+                        chunk = os.read(self._fd, 4096)
+                    except OSError:
+                        chunk = b""
+                    eof = not chunk
+                    if eof and attached:
+                        continue  # the old connection ended; the restarted driver speaks for it now
+                else:
+                    try:
+                        chunk = source.recv(4096)
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        with self._lock:
+                            self._attached.remove(source)
+                        source.close()
+                        if self._attached or not eof:
+                            continue  # someone else still speaks for the driver
+                got = watchdog.received(chunk, self._clock())
+                if got is None and pending is not None and (not isinstance(source, int)
+                                                            or pending.reason == REASON_KEEPALIVE):
+                    _say("the driver is back")
                     pending = None  # the driver is back within the grace
-            else:
-                if eof:
-                    time.sleep(_POLL_S)
-                order = None if eof else watchdog.idle(self._clock())
+                if got is not None:
+                    order = got
+                    break
+            if not ready and (not eof or attached):
+                order = watchdog.idle(self._clock())
             if order is not None and order.after_s > 0:
                 if pending is None:
                     pending, deadline = order, self._clock() + order.after_s
@@ -327,11 +408,24 @@ class Wrapper:
         return data[:-1].decode()
 
     def _done(self, status: int, reason: str) -> None:
+        line = marker_line(self._args.nonce, status, reason) + "\n"
         try:
-            sys.stderr.write(marker_line(self._args.nonce, status, reason) + "\n")
+            sys.stderr.write(line)
             sys.stderr.flush()
         except OSError:
             pass
+        with self._lock:
+            for conn in self._attached:
+                try:
+                    conn.sendall(line.encode())
+                    conn.close()
+                except OSError:
+                    pass
+        if self._socket_path is not None:
+            try:
+                os.unlink(self._socket_path)
+            except OSError:
+                pass
         os._exit(exit_code(status))
 
 
@@ -358,10 +452,63 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
+def attach(nonce: str, stdin_fd: int = 0) -> None:
+    """``--attach NONCE``: relay stdin to the wrapper of launch ``nonce`` and its answers to stderr; never returns.
+
+    Without such a wrapper (the worker has ended), write a marker line with the
+    reason ``gone`` and exit 1.
+    """
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(control_path(nonce))
+    except OSError:
+        _say(f"no worker of launch {nonce} runs on this host any more")
+        try:
+            sys.stderr.write(marker_line(nonce, 1, REASON_GONE) + "\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
+        os._exit(1)
+
+    def answers() -> None:
+        while True:
+            try:
+                data = conn.recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                os._exit(0)  # the wrapper ended (its marker line went first) or let go
+            try:
+                os.write(2, data)
+            except OSError:
+                pass
+
+    threading.Thread(target=answers, name="answers", daemon=True).start()
+    while True:
+        try:
+            chunk = os.read(stdin_fd, 4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            try:
+                conn.shutdown(socket.SHUT_WR)  # the wrapper sees the driver go, as with the first connection
+            except OSError:
+                pass
+            while True:
+                time.sleep(3600)  # answers() ends the process when the wrapper closes
+        try:
+            conn.sendall(chunk)
+        except OSError:
+            os._exit(1)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``python3 -m cloud_elastic.driver.remote``; never returns."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--attach":
+        attach(argv[1])
     try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
+        args = parse_args(argv)
     except ValueError as exc:
         _say(f"bad arguments ({exc}); is the driver's cloud-elastic version installed on this host?")
         os._exit(2)

@@ -35,6 +35,7 @@ cloud-elastic at that same path.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -52,7 +53,15 @@ from cloud_elastic.config import SSH_OPTION, SSHConfig
 from cloud_elastic.driver.known_hosts import JobKnownHosts
 from cloud_elastic.driver.launch import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.local import forward_lines
-from cloud_elastic.driver.remote import MODULE, REASON_KEEPALIVE, SECRET_ENV, WrapperArgs, parse_marker, wrapper_argv
+from cloud_elastic.driver.remote import (
+    MODULE,
+    REASON_GONE,
+    REASON_KEEPALIVE,
+    SECRET_ENV,
+    WrapperArgs,
+    parse_marker,
+    wrapper_argv,
+)
 from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 
 __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
@@ -230,6 +239,36 @@ class SSHLauncher:
                 self._keepalive.start()
         return proc
 
+    def attach(self, spec: WorkerSpec, nonce: str, on_output: OutputSink) -> SSHWorkerProcess:
+        """Take over a worker that another driver launched with ``nonce`` on ``spec.host``; return at once.
+
+        A fresh ssh connection runs ``remote --attach NONCE``, which speaks for
+        the driver to the worker's remote wrapper from then on: keepalives,
+        ``kill``/``terminate`` orders and the worker's exit status work as for a
+        worker this launcher started (see :mod:`cloud_elastic.driver.remote`).
+        The worker's own output is not relayed (it went to the first connection).
+        A worker that has already ended is reported by ``poll()`` with exit code 1.
+        """
+        if self._closed.is_set():
+            raise LaunchError("the SSH launcher is closed")
+        if not re.fullmatch(r"[0-9a-f]{1,64}", nonce):
+            raise LaunchError(f"worker {spec.worker_id}: malformed launch id {nonce!r}")
+        bindir = os.path.dirname(sys.executable)
+        command = " ".join(["exec", "env", "--", shlex.quote(f"PATH={bindir}:") + '"$PATH"', "python3", "-m", MODULE,
+                            "--attach", nonce])
+        argv = self.ssh_argv(spec.host) + [command]
+        logger.debug("attaching to worker %s on %s over ssh", spec.worker_id, spec.host)
+        # The wrapper already has the secret: the first line is only a keepalive.
+        proc = SSHWorkerProcess(dataclasses.replace(spec, secret=""), argv, nonce, on_output,
+                                self._destination(spec.host), self._keepalive_timeout_s, kill_wait_s=self._kill_wait_s)
+        proc.start()
+        with self._lock:
+            self._live = [p for p in self._live if p.poll() is None] + [proc]
+            if self._keepalive is None and self._keepalive_timeout_s:
+                self._keepalive = threading.Thread(target=self._keepalive_loop, name="ssh-keepalive", daemon=True)
+                self._keepalive.start()
+        return proc
+
     def __enter__(self) -> SSHLauncher:
         return self
 
@@ -309,6 +348,10 @@ class SSHWorkerProcess:
         self._reaper: threading.Thread | None = None
         self._exited_at: float | None = None
         self._status: ExitStatus | None = None
+
+    def handle(self) -> dict[str, object]:
+        """How a restarted driver reaches this worker again (:meth:`SSHLauncher.attach`)."""
+        return {"kind": "ssh", "nonce": self._nonce}
 
     @property
     def ssh_pid(self) -> int | None:
@@ -452,6 +495,8 @@ class SSHWorkerProcess:
     def _exit_status(self, rc: int) -> ExitStatus:
         if self._marker is not None:
             code, reason = self._marker
+            if reason == REASON_GONE:
+                return ExitStatus(code)  # ended while no driver watched; the driver knows if it completed
             if reason == REASON_KEEPALIVE:
                 return ExitStatus(code, self._transport(
                     f"the connection went silent for {self._keepalive_timeout_s:g}s and the remote watchdog "
