@@ -728,7 +728,14 @@ class Driver:
         """A handle on a worker the predecessor started: by pid locally, through its remote wrapper over SSH."""
         from cloud_elastic.driver.adoption import AdoptedLocalProcess
 
-        spec = WorkerSpec(worker.worker_id, worker.host, worker.slot, self.config.command, {}, self._secret,
+        env = {}
+        for item in self.config.forward_env:  # what the worker's launch forwarded (PYTHONPATH, say)
+            name, sep, value = item.partition("=")
+            if sep:
+                env[name] = value
+            elif name in os.environ:
+                env[name] = os.environ[name]
+        spec = WorkerSpec(worker.worker_id, worker.host, worker.slot, self.config.command, env, self._secret,
                           self.config.cwd)
         handle = worker.handle
         try:

@@ -196,18 +196,9 @@ class SSHLauncher:
                 raise LaunchError(f"cannot forward environment variable {name!r} to {spec.host}: not a valid name")
         if SECRET_ENV in spec.env:
             raise LaunchError(f"{SECRET_ENV} must not be in WorkerSpec.env; the secret travels on stdin")
-        bindir = os.path.dirname(sys.executable)
-        if "PATH" in spec.env:
-            path = shlex.quote(f"PATH={bindir}:{spec.env['PATH']}")
-        else:
-            path = shlex.quote(f"PATH={bindir}:") + '"$PATH"'
-        assignments = [shlex.quote(f"{k}={v}") for k, v in spec.env.items() if k != "PATH"]
         wrapper = WrapperArgs(nonce, float(self._disconnect_grace_s), float(self._keepalive_timeout_s), spec.cwd,
                               tuple(spec.command))
-        return " ".join(
-            ["exec", "env", "--", path, *assignments, "python3", "-m", MODULE]
-            + [shlex.quote(arg) for arg in wrapper_argv(wrapper)]
-        )
+        return " ".join(_env_prefix(spec) + [shlex.quote(arg) for arg in wrapper_argv(wrapper)])
 
     def launch(self, spec: WorkerSpec, on_output: OutputSink) -> SSHWorkerProcess:
         """Start ``spec`` on ``spec.host`` over ssh; return at once.
@@ -253,10 +244,8 @@ class SSHLauncher:
             raise LaunchError("the SSH launcher is closed")
         if not re.fullmatch(r"[0-9a-f]{1,64}", nonce):
             raise LaunchError(f"worker {spec.worker_id}: malformed launch id {nonce!r}")
-        bindir = os.path.dirname(sys.executable)
-        command = " ".join(["exec", "env", "--", shlex.quote(f"PATH={bindir}:") + '"$PATH"', "python3", "-m", MODULE,
-                            "--attach", nonce])
-        argv = self.ssh_argv(spec.host) + [command]
+        # The same environment as the wrapper's launch, so that the same cloud-elastic answers.
+        argv = self.ssh_argv(spec.host) + [" ".join(_env_prefix(spec) + ["--attach", nonce])]
         logger.debug("attaching to worker %s on %s over ssh", spec.worker_id, spec.host)
         # The wrapper already has the secret: the first line is only a keepalive.
         proc = SSHWorkerProcess(dataclasses.replace(spec, secret=""), argv, nonce, on_output,
@@ -513,6 +502,17 @@ class SSHWorkerProcess:
 
     def _transport(self, what: str) -> str:
         return f"SSH failure on {self._destination} (not a worker failure): {what}"
+
+
+def _env_prefix(spec: WorkerSpec) -> list[str]:
+    """``exec env -- PATH=... VAR=... python3 -m cloud_elastic.driver.remote`` for ``spec``, shell-quoted."""
+    bindir = os.path.dirname(sys.executable)
+    if "PATH" in spec.env:
+        path = shlex.quote(f"PATH={bindir}:{spec.env['PATH']}")
+    else:
+        path = shlex.quote(f"PATH={bindir}:") + '"$PATH"'
+    assignments = [shlex.quote(f"{k}={v}") for k, v in spec.env.items() if k != "PATH"]
+    return ["exec", "env", "--", path, *assignments, "python3", "-m", MODULE]
 
 
 def _wants_job_known_hosts(extra_options: tuple[str, ...] | list[str]) -> bool:
