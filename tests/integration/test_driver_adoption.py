@@ -99,3 +99,26 @@ def test_a_forged_re_registration_is_refused_with_a_one_line_error(jobs, tmp_pat
     steps = [e["step"] for seen in _events(tmp_path / "events").values() for e in seen if e["kind"] == "commit"]
     assert len(steps) == 2 * STEPS and len(set(steps)) == STEPS, "the forged message disturbed training"
     assert not processes_of_job(job_id)
+
+
+def test_a_worker_lost_while_the_driver_was_away_takes_the_normal_failure_path(jobs, tmp_path):
+    args, env, job_id, workers = _start(jobs, tmp_path)
+    by_rank = {e["rank"]: e["pid"] for seen in _events(tmp_path / "events").values() for e in seen
+               if e["kind"] == "hello"}
+    os.kill(by_rank[1], signal.SIGKILL)  # rank 1 dies while nobody watches; rank 0's allreduce fails
+
+    second = jobs(args, env=env)
+    assert second.finish(150) == 0, second.output()
+    out = second.output()
+    assert "adopted 1 running worker(s)" in out and "did not re-register" in out, out
+    assert "round 1 aborted; survivors roll back to their last commit" in out, out
+    assert "resumed from the checkpoint" not in out, "the surviving state holder was not used"
+    events = _events(tmp_path / "events")
+    survivor = [e["step"] for e in events[by_rank[0]] if e["kind"] == "commit"]
+    # The survivor rolls back to its last commit only: no committed step is made twice, none skipped.
+    assert survivor == list(range(1, STEPS + 1)), survivor
+    newcomer = [pid for pid in events if pid not in workers]
+    assert len(newcomer) == 1, "no replacement was launched for the lost worker"
+    steps = [e["step"] for e in events[newcomer[0]] if e["kind"] == "commit"]
+    assert steps and steps[0] > 10 and steps[-1] == STEPS, "the replacement did not continue from the survivor's state"
+    assert not processes_of_job(job_id)
