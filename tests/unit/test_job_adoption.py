@@ -1,0 +1,77 @@
+"""A restarted driver adopts its predecessor's running workers (ElasticJob.adopt / end_adoption)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job import ElasticJob, Launch, Phase, Policy
+from cloud_elastic.errors import ControlPlaneError
+from cloud_elastic.protocol import AdoptRequest, PollReply, RankInfo
+from cloud_elastic.providers.api import DiscoveredHosts
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def _job(np: int = 2) -> ElasticJob:
+    job = ElasticJob(Policy(np, np, np, checkpointing=True), HostManager(Blacklist((10.0, 300.0), random.Random(0))),
+                     job_id="t", resumed=True)
+    job.start(0.0)
+    job.begin_adoption(last_seq=7)
+    return job
+
+
+def _request(rank: int, size: int = 2, round_: int = 3, commits: int = 40, seen_abort: int = 2) -> AdoptRequest:
+    return AdoptRequest(round_, RankInfo(rank, size, 0, 1, rank, size), update_gen=4, seen_update=5,
+                        seen_abort=seen_abort, commits=commits, slot=0, pid=100 + rank)
+
+
+def test_a_complete_round_goes_on_without_a_new_round_or_a_rollback() -> None:
+    job = _job()
+    assert job.adopt("a[0]#6", Slot("a", 0), 6, _request(0), 1.0) is None
+    assert job.adopt("b[0]#7", Slot("b", 0), 7, _request(1), 1.0) is None
+    job.end_adoption(2.0, {})
+    job.discovered(DiscoveredHosts({"a": 1, "b": 1}), 2.0)
+    assert job.phase is Phase.RUNNING and job.round == 3 and job.abort_round == 2
+    assert not [a for a in job.take_actions() if isinstance(a, Launch)], "adopted slots were launched again"
+    assert not [k for k, _ in job.take_events() if k in ("round_formed", "rollback")]
+    # The driver continues from what the workers have seen, so nothing they know goes backwards.
+    assert job.heartbeat("a[0]#6", 3.0, 41) == PollReply(3, 5, 2, False)
+    assert job.rank_of("b[0]#7") == 1
+
+
+def test_an_incomplete_round_is_aborted_and_the_survivor_keeps_the_state() -> None:
+    job = _job()
+    job.adopt("a[0]#6", Slot("a", 0), 6, _request(0), 1.0)
+    job.end_adoption(2.0, {"b[0]#7": "did not re-register within 10s"})
+    assert job.abort_round == 3, "the survivors' round must be aborted so that they roll back and re-form"
+    job.discovered(DiscoveredHosts({"a": 1, "b": 1}), 2.0)
+    launches = [a for a in job.take_actions() if isinstance(a, Launch)]
+    assert [a.slot for a in launches] == [Slot("b", 0)]
+    assert launches[0].worker_id == "b[0]#8", "a new worker id must never repeat an adopted one"
+    job.rendezvous("a[0]#6", 3, "failure", 3.0, commits=40)
+    job.registered("b[0]#8", 3.0)
+    job.rendezvous("b[0]#8", 0, "start", 3.0)
+    a, b = job.assignment("a[0]#6"), job.assignment("b[0]#8")
+    assert a.round == b.round == 4 and a.ranks.rank == 0 and a.needs_sync and not a.from_checkpoint
+
+
+def test_a_late_worker_is_refused_once_the_window_has_closed() -> None:
+    job = _job()
+    job.adopt("a[0]#6", Slot("a", 0), 6, _request(0), 1.0)
+    job.end_adoption(2.0, {})
+    assert "closed" in job.adopt("b[0]#7", Slot("b", 0), 7, _request(1), 3.0)
+    assert job.adopt("a[0]#6", Slot("a", 0), 6, _request(0), 3.0) is None, "adopting twice is harmless"
+
+
+def test_an_adopt_request_round_trips_and_a_malformed_one_names_the_field() -> None:
+    request = _request(1)
+    assert AdoptRequest.from_wire(request.to_wire()) == request
+    with pytest.raises(ControlPlaneError, match="'commits'"):
+        AdoptRequest.from_wire(dict(request.to_wire(), commits=-1))
+    with pytest.raises(ControlPlaneError, match="ranks out of range"):
+        AdoptRequest.from_wire(dict(request.to_wire(), ranks=dict(request.to_wire()["ranks"], rank=2)))
+    with pytest.raises(ControlPlaneError, match="a round needs ranks"):
+        AdoptRequest.from_wire(dict(request.to_wire(), ranks=None))
