@@ -14,6 +14,12 @@
    again, and time from the restart to the first step of the resumed job.
    Reported in two parts: the wait for the previous driver's workers to stop
    (bounded by ``--driver-grace``), and the rest (start, launch, load, sync).
+3. Driver restart within the grace (adoption): SIGKILL the driver, run the
+   same command again one second later, and time from the restarted driver's
+   start (its process spawned) to the adoption of the running workers and to
+   rank 0's first step after it. The adopted workers' output went with the old
+   driver, so their steps are read from the files of ``tests/integration/adopt_probe.py``.
+   Target: <= 2 s to adopt.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ def _workers_of(job_id: str) -> list[int]:
 
 class Run:
     def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=dict(os.environ, **env), start_new_session=True)
         self.lines: list[tuple[float, str]] = []
@@ -125,18 +132,74 @@ def restart(cycles: int, grace_s: float) -> list[tuple[float, float]]:
     return results
 
 
+ADOPT_PROBE = str(REPO / "tests" / "integration" / "adopt_probe.py")
+
+
+def _rank0_commits_after(events: Path, after: float) -> float | None:
+    for path in events.glob("*.jsonl"):
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if any(e["kind"] == "hello" and e["rank"] == 0 for e in lines):
+            later = [e["t"] for e in lines if e["kind"] == "commit" and e["t"] > after]
+            return min(later) if later else None
+    return None
+
+
+def adopt(cycles: int, grace_s: float) -> list[dict[str, float]]:
+    """Per restart within the grace: spawn -> adopted (and the driver's own count), spawn -> rank 0's next step."""
+    results = []
+    for _ in range(cycles):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {"XDG_RUNTIME_DIR": tmp}
+            events = Path(tmp) / "events"
+            events.mkdir()
+            cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1",
+                   "--checkpoint-dir", f"{tmp}/ckpt", "--checkpoint-interval", "2", "--driver-grace", str(grace_s),
+                   PY, ADOPT_PROBE, str(events), "--steps", "100000", "--step-sleep", "0.05"]
+            first = Run(cmd, env)
+            _, m = first.wait(r"job (\w+): driver at")
+            job_id = m.group(1)
+            first.wait(r'"step": 20,')
+            os.kill(first.proc.pid, signal.SIGKILL)
+            first.proc.wait()
+            time.sleep(1.0)
+            began = time.time()
+            second = Run(cmd, env)
+            try:
+                t_line, m = second.wait(r"adopted \d+ running worker\(s\) ([\d.]+)s after the driver started", 60)
+                adopted_wall = began + (t_line - second.started)
+                step = None
+                while step is None and time.time() < adopted_wall + 30:
+                    step = _rank0_commits_after(events, adopted_wall)
+                    time.sleep(0.05)
+                results.append({"spawn_to_adopted_s": t_line - second.started, "driver_reported_s": float(m.group(1)),
+                                "spawn_to_next_step_s": (step - began) if step else float("nan")})
+            finally:
+                os.killpg(second.proc.pid, signal.SIGTERM)
+                second.proc.wait(60)
+                while _workers_of(job_id):
+                    time.sleep(0.1)
+        print(f"adopt: {results[-1]}", flush=True)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=("overhead", "restart", "adopt"), help="run one measurement only")
     args = ap.parse_args()
     steps, warmup, cycles = (200, 40, 1) if args.quick else (600, 60, 3)
-    with tempfile.TemporaryDirectory() as d:
-        ratios, ms, written = overhead(steps, warmup, d)
-    print(json.dumps({"machine": machine(), "ratio_p50": statistics.median(ratios),
-                      "ratio_p25": pct(ratios, 0.25), "ratio_p75": pct(ratios, 0.75), "rounds": len(ratios),
-                      "step_ms": ms, "checkpoints_kept": written}), flush=True)
-    times = restart(cycles, grace_s=5.0)
-    print(json.dumps({"restart_wait_s": [w for w, _ in times], "restart_rest_s": [r for _, r in times]}), flush=True)
+    if args.only in (None, "overhead"):
+        with tempfile.TemporaryDirectory() as d:
+            ratios, ms, written = overhead(steps, warmup, d)
+        print(json.dumps({"machine": machine(), "ratio_p50": statistics.median(ratios),
+                          "ratio_p25": pct(ratios, 0.25), "ratio_p75": pct(ratios, 0.75), "rounds": len(ratios),
+                          "step_ms": ms, "checkpoints_kept": written}), flush=True)
+    if args.only in (None, "restart"):
+        times = restart(cycles, grace_s=5.0)
+        print(json.dumps({"restart_wait_s": [w for w, _ in times], "restart_rest_s": [r for _, r in times]}),
+              flush=True)
+    if args.only in (None, "adopt"):
+        print(json.dumps({"adopt": adopt(cycles, grace_s=30.0)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ A driver keeps a private **adoption record** on its own disk, beside its
 status record (:mod:`cloud_elastic.status`: a 0700 directory of this user,
 the job secret in its own 0600 file)::
 
-    <job dir>/adopt.json   {"v": 1, "job", "advertised", "bind", "control_port", "store_port",
-                            "grace_s", "seq", "workers": [{"id", "host", "slot", "seq", "handle"}]}   mode 0600
+    <job dir>/adopt.json   {"v": 1, "job", "checkpoint_dir", "advertised", "bind", "control_port",
+                            "store_port", "grace_s", "seq",
+                            "workers": [{"id", "host", "slot", "seq", "handle"}]}   mode 0600
 
 ``handle`` says how to stop a worker this driver did not start: ``{"kind":
 "local", "pid", "start"}`` (its process group, and the start time that tells
@@ -35,7 +36,8 @@ from typing import Any, Mapping
 from cloud_elastic.driver.launch import ExitStatus, WorkerSpec
 from cloud_elastic.driver.local import kill_group, process_start_time
 
-__all__ = ["RECORD_NAME", "AdoptedWorker", "AdoptionRecord", "write_record", "read_record", "remove_record",
+__all__ = ["RECORD_NAME", "AdoptedWorker", "AdoptionRecord", "write_record", "read_record", "find_records",
+           "remove_record",
            "AdoptedLocalProcess"]
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ class AdoptionRecord:
     """What the predecessor recorded; ``secret`` comes from the status record's own 0600 file."""
 
     job_id: str
+    checkpoint_dir: str
     advertised: str
     bind: str
     control_port: int
@@ -95,13 +98,34 @@ def read_record(directory: Path) -> AdoptionRecord | None:
             raise ValueError(f"record version {raw.get('v')!r}")
         workers = tuple(AdoptedWorker(str(w["id"]), str(w["host"]), int(w["slot"]), int(w["seq"]), dict(w["handle"]))
                         for w in raw["workers"])
-        return AdoptionRecord(str(raw["job"]), str(raw["advertised"]), str(raw["bind"]), int(raw["control_port"]),
+        return AdoptionRecord(str(raw["job"]), str(raw["checkpoint_dir"]), str(raw["advertised"]), str(raw["bind"]), int(raw["control_port"]),
                               int(raw["store_port"]), float(raw["grace_s"]), int(raw["seq"]), workers, secret)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("cannot use the adoption record %s (%s); the running workers cannot be adopted", path, exc)
         return None
+
+
+def find_records(root: Path, checkpoint_dir: str) -> list[tuple[AdoptionRecord, int, float]]:
+    """Records under ``root`` of drivers that checkpointed to ``checkpoint_dir``: (record, driver pid, last sign
+    of life as Unix time), newest first. Found without reading the checkpoint storage (which is slow to open)."""
+    found = []
+    try:
+        directories = [p for p in root.iterdir() if (p / RECORD_NAME).is_file()]
+    except OSError:
+        return []
+    for directory in directories:
+        record = read_record(directory)
+        if record is None or record.checkpoint_dir != checkpoint_dir or record.job_id != directory.name:
+            continue
+        try:
+            status = directory / "driver.json"
+            pid = int(json.loads(status.read_text(encoding="utf-8"))["pid"])
+            found.append((record, pid, status.stat().st_mtime))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(found, key=lambda item: -item[2])
 
 
 def remove_record(directory: Path) -> None:

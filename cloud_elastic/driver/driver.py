@@ -119,6 +119,7 @@ class Driver:
         """
         from cloud_elastic.events import open_sinks
 
+        self._listen_for_adoption()
         self._open_durable()
         self._sinks = open_sinks(self.job_id, self.config.events_file, self.config.metrics_port)
         started = time.time()
@@ -169,15 +170,19 @@ class Driver:
         if record.command != tuple(self.config.command):
             log.warning("job %s was started with the command %s; resuming it with %s",
                         record.job_id, " ".join(record.command), " ".join(self.config.command))
+        if self._adoption is not None and self._adoption.job_id != record.job_id:
+            log.warning("job %s: %s belongs to job %s; not adopting the workers of job %s", self.job_id, store.url,
+                        record.job_id, self._adoption.job_id)
+            self._abandon_adoption()
         self._set_job_id(record.job_id)
         recorded_grace = record.extra.get("driver_grace_s")
         if isinstance(recorded_grace, (int, float)) and not isinstance(recorded_grace, bool):
             self._previous_grace_s = float(recorded_grace)
-        self._previous = _previous_driver(record.job_id)
+        if self._adoption is None:
+            self._previous = _previous_driver(record.job_id)
         if self._previous is not None and _driver_alive(self._previous[0]):
             raise ConfigError(f"job {self.job_id} is already running here (driver pid {self._previous[0]}); "
                               "stop it first or use another --checkpoint-dir")
-        self._adoption = self._adoption_candidate()
         checkpoints = store.list()
         if not checkpoints:
             log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts over",
@@ -630,41 +635,33 @@ class Driver:
 
 
     # --------------------------------------------------------------- adoption
-    def _adoption_candidate(self) -> Any:
-        """The predecessor's adoption record when its workers may still be training, else None.
+    def _listen_for_adoption(self) -> None:
+        """With ``--checkpoint-dir``: if a driver of this job died here within its workers' grace, listen
+        at once where it listened, with its secret, so that its workers re-register while this driver
+        opens the checkpoint storage (seconds: that imports torch).
 
-        Taking it over means speaking with the predecessor's secret at its ports.
+        Found by the checkpoint URL in this user's private driver records; the
+        job id is confirmed against the storage's job record afterwards.
         """
-        if self._previous is None:
-            return None
-        from cloud_elastic.driver.adoption import read_record
-        from cloud_elastic.status import job_dir
+        if self.config.checkpoint_dir is None:
+            return
+        from cloud_elastic.driver.adoption import find_records
+        from cloud_elastic.status import runtime_root
 
-        record = read_record(job_dir(self.job_id))
-        if record is None or record.job_id != self.job_id or not record.workers:
-            return None
-        pid, last_alive = self._previous
-        left = last_alive + record.grace_s - time.time()
-        if left < _ADOPT_MARGIN_S:
-            log.info("job %s: the previous driver died %.0fs ago, past its workers' --driver-grace %gs: "
-                     "not adopting them", self.job_id, time.time() - last_alive, record.grace_s)
-            return None
+        for record, pid, last_alive in find_records(runtime_root(), self.config.checkpoint_dir):
+            if _driver_alive(pid) or not record.workers:
+                continue  # a live driver is refused by _open_durable
+            left = last_alive + record.grace_s - time.time()
+            if left < _ADOPT_MARGIN_S:
+                log.info("job %s: the previous driver died %.0fs ago, past its workers' --driver-grace %gs: "
+                         "not adopting them", record.job_id, time.time() - last_alive, record.grace_s)
+                return
+            break
+        else:
+            return
+        self._adoption, self._previous = record, (pid, last_alive)
         self._secret = record.secret
-        self._codec = Codec(self._secret, self.job_id)
-        log.warning("job %s: the previous driver (pid %d) died %.0fs ago; adopting its %d running worker(s) "
-                    "(they train on for up to %.0fs more)", self.job_id, pid, time.time() - last_alive,
-                    len(record.workers), left)
-        return record
-
-    def _start_adopting(self) -> None:
-        """Listen where the predecessor listened, let its workers re-register, then carry on with them.
-
-        Workers that do not come back within the adoption window are stopped and
-        count as lost (the job's failure path: a new round, survivors roll back).
-        When none comes back, this is the plain resume: wait out the grace, then
-        resume from the latest checkpoint.
-        """
-        record = self._adoption
+        self._set_job_id(record.job_id)
         self._advertised, self._bind = record.advertised, record.bind
         try:
             self._start_store(record.bind, record.store_port)
@@ -673,19 +670,43 @@ class Driver:
         except OSError as exc:
             log.warning("job %s: cannot listen at the previous driver's address (%s); its workers cannot be "
                         "adopted", self.job_id, exc)
-            if self._store_socket is not None:
-                self._store_socket.close()
-                self._store_socket = None
-            self._adoption = None
-            self._wait_for_previous_driver()
-            self._start()
+            self._abandon_adoption()
             return
-        self._record_for_status()
         with self._cond:
             self._job.begin_adoption(record.seq)
             self._adopting = True
-        log.info("job %s: driver at %s (control port %d, store port %d) again; waiting for the running workers "
-                 "to re-register", self.job_id, self._advertised, self._server.port, self._store_port)
+        log.warning("job %s: the previous driver (pid %d) died %.0fs ago; adopting its %d running worker(s) "
+                    "(they train on for up to %.0fs more) at %s (control port %d, store port %d)", self.job_id,
+                    pid, time.time() - last_alive, len(record.workers), left, self._advertised, self._server.port,
+                    self._store_port)
+
+    def _abandon_adoption(self) -> None:
+        """Back to a plain restart: stop listening at the predecessor's ports, forget its secret."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._store_socket is not None:
+            self._store_socket.close()
+            self._store_socket = None
+        with self._cond:
+            self._adoption, self._adopting = None, False
+            self._job.adopting = False
+        self._secret = new_secret()
+        self._codec = Codec(self._secret, self.job_id)
+
+    def _start_adopting(self) -> None:
+        """Let the predecessor's workers re-register (they may have begun already), then carry on with them.
+
+        Workers that do not come back within the adoption window are stopped and
+        count as lost (the job's failure path: a new round, survivors roll back).
+        When none comes back, this is the plain resume: wait out the grace, then
+        resume from the latest checkpoint.
+        """
+        record = self._adoption
+        assert self._server is not None
+        self._record_for_status()
+        log.info("job %s: driver at %s (control port %d, store port %d) again", self.job_id, self._advertised,
+                 self._server.port, self._store_port)
         first = self._first_discovery()  # the workers re-register meanwhile, on the server's threads
         window = max(2 * self.config.heartbeat_timeout_s, 3.0)
         deadline = self._started_at + window
@@ -761,8 +782,14 @@ class Driver:
         """
         if kind == "adopt":
             return self._adopt_worker(worker_id, msg)
+        if kind == "status" and self._sinks is None:
+            raise ControlPlaneError("the driver is starting; ask again")
         if kind == "status":
             return None
+        if kind == "poll" and self._sinks is None and worker_id in self._job.workers:
+            # Before run() has opened the metrics: a plain heartbeat, no long-poll.
+            reply = self._job.heartbeat(worker_id, self._clock(), PollRequest.from_wire(msg).commits)
+            return (reply or PollReply(0, 0, 0, True)).to_wire()
         if worker_id not in self._job.workers and self._adoption.worker(worker_id) is not None:
             if kind == "poll":
                 return PollReply(0, 0, 0, False, reregister=True).to_wire()
@@ -804,8 +831,8 @@ class Driver:
         from cloud_elastic.status import job_dir
 
         grace = max(self.config.driver_grace_s, self._adoption.grace_s if self._adoption is not None else 0.0)
-        record = {"job": self.job_id, "advertised": self._advertised, "bind": self._bind,
-                  "control_port": self._server.port, "store_port": self._store_port, "grace_s": grace, "seq": seq,
+        record = {"job": self.job_id, "checkpoint_dir": self.config.checkpoint_dir, "advertised": self._advertised,
+                  "bind": self._bind, "control_port": self._server.port, "store_port": self._store_port, "grace_s": grace, "seq": seq,
                   "workers": [{"id": wid, "host": host, "slot": slot, "seq": wseq, "handle": handle()}
                               for wid, host, slot, wseq, handle in workers]}
         try:
