@@ -165,7 +165,9 @@ def adopt(cycles: int, grace_s: float) -> list[dict[str, float]]:
             began = time.time()
             second = Run(cmd, env)
             try:
-                t_line, m = second.wait(r"adopted \d+ running worker\(s\) ([\d.]+)s after the driver started", 60)
+                _, m = second.wait(r"adopted \d+ running worker\(s\) ([\d.]+)s after the driver started", 60)
+                # The summary waits for the checkpoint storage to open; each worker's own line comes at once.
+                t_line = max(t for t, line in second.lines if re.search(r"adopted worker .* of round", line))
                 adopted_wall = began + (t_line - second.started)
                 step = None
                 while step is None and time.time() < adopted_wall + 30:

@@ -102,6 +102,7 @@ class Driver:
         self._adoption: Any = None  # the predecessor's AdoptionRecord, when its workers may still be running
         self._adopting = False  # the adoption window is open: only polls and re-registrations are served
         self._adopt_saved: Any = None  # what the adoption record last said (rewritten when it changes)
+        self._adopted_at = 0.0  # when the last worker re-registered (clock)
 
     # ----------------------------------------------------------------- public
     def stop(self, reason: str, exit_code: int) -> None:
@@ -720,7 +721,7 @@ class Driver:
             adopted = [w for w in record.workers if w.worker_id in self._job.workers]
         if adopted:
             log.warning("job %s: adopted %d running worker(s) %.2fs after the driver started", self.job_id,
-                        len(adopted), self._clock() - self._started_at)
+                        len(adopted), self._adopted_at - self._started_at)
         for w in missing:  # they may be stopped or hung: none must outlive the job
             proc = self._adopted_process(w)
             if proc is not None:
@@ -796,7 +797,9 @@ class Driver:
             if kind == "rendezvous":
                 return ReRegister().to_wire()
         if self._adopting and kind in ("rendezvous", "completed", "notice", "checkpoint"):
-            self._cond.wait_for(lambda: not self._adopting, _RENDEZVOUS_POLL_S)
+            self._cond.wait_for(lambda: not self._adopting, _RENDEZVOUS_POLL_S if kind == "rendezvous" else 60.0)
+            if self._adopting and kind == "rendezvous":
+                return WaitReply().to_wire()  # it asks again
         return None
 
     def _adopt_worker(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
@@ -809,6 +812,7 @@ class Driver:
         if why is not None:
             log.warning("job %s: refused to adopt worker %s: %s", self.job_id, worker_id, why)
             return {"ok": False, "reason": why}
+        self._adopted_at = self._clock()
         self._cond.notify_all()
         return {"ok": True}
 
