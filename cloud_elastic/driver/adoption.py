@@ -29,16 +29,24 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from cloud_elastic.driver.launch import ExitStatus, WorkerSpec
 from cloud_elastic.driver.local import kill_group, process_start_time
 
-__all__ = ["RECORD_NAME", "AdoptedWorker", "AdoptionRecord", "write_record", "read_record", "find_records",
-           "remove_record",
-           "AdoptedLocalProcess"]
+__all__ = [
+    "RECORD_NAME",
+    "AdoptedLocalProcess",
+    "AdoptedWorker",
+    "AdoptionRecord",
+    "find_records",
+    "read_record",
+    "remove_record",
+    "write_record",
+]
 
 log = logging.getLogger(__name__)
 

@@ -334,9 +334,8 @@ class Wrapper:
         eof = False
         pending: Order | None = None
         deadline = 0.0
+        attached: list[socket.socket] = []  # attach connections still speaking (self._attached: all, for the marker)
         while True:
-            with self._lock:
-                attached = list(self._attached)
             watched: list = ([] if eof else [self._fd]) + ([listener] if listener is not None else []) + attached
             ready = select.select(watched, [], [], _POLL_S)[0] if watched else []
             if not watched:
@@ -345,6 +344,7 @@ class Wrapper:
             for source in ready:
                 if source is listener:
                     conn, _ = listener.accept()
+                    attached.append(conn)
                     with self._lock:
                         self._attached.append(conn)
                     _say("a restarted driver attached to the worker")
@@ -363,10 +363,8 @@ class Wrapper:
                     except OSError:
                         chunk = b""
                     if not chunk:
-                        with self._lock:
-                            self._attached.remove(source)
-                        source.close()
-                        if self._attached or not eof:
+                        attached.remove(source)  # kept in self._attached: it still reads the marker line
+                        if attached or not eof:
                             continue  # someone else still speaks for the driver
                 got = watchdog.received(chunk, self._clock())
                 if got is None and pending is not None and (not isinstance(source, int)

@@ -14,7 +14,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import probe  # noqa: E402
+import probe
 
 _DIR = sys.argv.pop(1)
 _print_event = probe.event

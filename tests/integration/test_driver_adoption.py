@@ -82,7 +82,7 @@ def test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_ste
 
 
 def test_a_forged_re_registration_is_refused_with_a_one_line_error(jobs, tmp_path):
-    args, env, job_id, workers = _start(jobs, tmp_path)
+    args, env, job_id, _ = _start(jobs, tmp_path)
     second = jobs(args, env=env)
     second.wait_for(lambda j: "adopted 2 running worker(s)" in j.output(), timeout=60, what="adoption")
     address = next(line for line in second.lines if "driver at" in line).split("driver at ")[1].split(" ")[0]

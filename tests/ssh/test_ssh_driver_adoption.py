@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from ssh_support import forwarded_env, wait_gone
 
-from ssh_support import forwarded_env, processes_with, wait_gone
 from tests.integration.harness import Job
 
 pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(240)]
