@@ -634,7 +634,6 @@ class Driver:
         except Exception:  # closing is best effort; the job's outcome is already decided
             log.debug("discovery close failed", exc_info=True)
 
-
     # --------------------------------------------------------------- adoption
     def _listen_for_adoption(self) -> None:
         """With ``--checkpoint-dir``: if a driver of this job died here within its workers' grace, listen
@@ -836,7 +835,8 @@ class Driver:
 
         grace = max(self.config.driver_grace_s, self._adoption.grace_s if self._adoption is not None else 0.0)
         record = {"job": self.job_id, "checkpoint_dir": self.config.checkpoint_dir, "advertised": self._advertised,
-                  "bind": self._bind, "control_port": self._server.port, "store_port": self._store_port, "grace_s": grace, "seq": seq,
+                  "bind": self._bind, "control_port": self._server.port, "store_port": self._store_port,
+                  "grace_s": grace, "seq": seq,
                   "workers": [{"id": wid, "host": host, "slot": slot, "seq": wseq, "handle": handle()}
                               for wid, host, slot, wseq, handle in workers]}
         try:
