@@ -474,7 +474,7 @@ class Driver:
     def _rendezvous(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
         request = RendezvousRequest.from_wire(msg)
         self._job.rendezvous(worker_id, request.last_round, request.reason, self._clock(), request.commits,
-                             request.rolled_back)
+                             request.rolled_back, request.commit_seq)
         self._cond.notify_all()
         deadline = self._clock() + _RENDEZVOUS_POLL_S
         while True:
@@ -493,7 +493,7 @@ class Driver:
             if self._sinks.metrics is not None:
                 self._sinks.metrics.observe_step(request.commits)
         while True:
-            reply = self._job.heartbeat(worker_id, self._clock(), request.commits)
+            reply = self._job.heartbeat(worker_id, self._clock(), request.commits, request.commit_seq)
             if reply is None:
                 return PollReply(0, 0, 0, True).to_wire()
             current = (reply.round, reply.update_gen, reply.abort_round)
