@@ -489,9 +489,10 @@ class Driver:
         known = (request.round, request.update_gen, request.abort_round)
         deadline = self._clock() + self.config.heartbeat_interval_s
         if self._job.rank_of(worker_id) == 0:
-            self._rate.add(self._clock(), request.commits)
+            # The job's commit count, not this process's: it goes on when another worker becomes rank 0.
+            self._rate.add(self._clock(), request.commit_seq)
             if self._sinks.metrics is not None:
-                self._sinks.metrics.observe_step(request.commits)
+                self._sinks.metrics.observe_step(request.commit_seq)
         while True:
             reply = self._job.heartbeat(worker_id, self._clock(), request.commits, request.commit_seq)
             if reply is None:

@@ -766,7 +766,7 @@ class ElasticJob:
             self._needs_sync, ", from the latest checkpoint" if plan.from_checkpoint else "",
             ", ".join(f"{w.rank}={w.worker_id}" for w in ordered),
         )
-        commit = max((w.commits for w in ordered), default=0)
+        commit = max((w.commit_seq for w in ordered), default=0)
         if self._pending_rollback is not None:
             aborted, self._pending_rollback = self._pending_rollback, None
             # The survivors rolled back to what they reported at rendezvous, the step this round continues
