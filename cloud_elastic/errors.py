@@ -59,11 +59,11 @@ class FatalDiscoveryError(DiscoveryError):
 
 
 class MissingDependencyError(FatalDiscoveryError):
-    """An optional cloud SDK is missing; the message names the pip extra to install."""
+    """An optional package is missing; the message names what needs it and the pip extra to install."""
 
-    def __init__(self, package: str, extra: str) -> None:
+    def __init__(self, package: str, extra: str, needed_by: str = "this provider") -> None:
         super().__init__(
-            f"the {package!r} package is required for this provider; "
+            f"the {package!r} package is required for {needed_by}; "
             f"install it with: pip install 'cloud-elastic[{extra}]'"
         )
         self.package = package

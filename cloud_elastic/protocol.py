@@ -167,18 +167,21 @@ def parse_rendezvous_reply(msg: Mapping[str, Any]) -> RendezvousReply:
 class RendezvousRequest:
     """A worker asks to join the round after ``last_round`` (0: none yet).
 
-    ``commits`` is how many commits it has made (the driver keeps rank 0 on a
-    worker with some); ``rolled_back`` how many steps its last restore undid.
+    ``commits`` is how many commits it has made; ``rolled_back`` how many steps
+    its last restore undid; ``commit_seq`` the position, in the job's history of
+    commits, of the state it would restore (see ``WorkerContext.commit_seq``):
+    the driver makes the holder of the newest commit rank 0.
     """
 
     last_round: int
     reason: str
     commits: int = 0
     rolled_back: int = 0
+    commit_seq: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return {"last_round": self.last_round, "reason": self.reason, "commits": self.commits,
-                "rolled_back": self.rolled_back}
+                "rolled_back": self.rolled_back, "commit_seq": self.commit_seq}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "RendezvousRequest":
@@ -187,7 +190,7 @@ class RendezvousRequest:
             raise ControlPlaneError(f"malformed rendezvous request: reason must be one of {RENDEZVOUS_REASONS}, got {reason!r}")
         what = "rendezvous request"
         return cls(_int(msg, "last_round", what), reason, _optional_int(msg, "commits", what),
-                   _optional_int(msg, "rolled_back", what))
+                   _optional_int(msg, "rolled_back", what), _optional_int(msg, "commit_seq", what))
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,8 @@ class PollRequest:
     abort_round: int
     #: Commits the worker has made (its progress, for the driver and the events).
     commits: int = 0
+    #: Position of its last commit in the job's history (see RendezvousRequest).
+    commit_seq: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,7 +212,7 @@ class PollRequest:
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":
         what = "poll request"
         return cls(_int(msg, "round", what), _int(msg, "update_gen", what), _int(msg, "abort_round", what),
-                   _optional_int(msg, "commits", what))
+                   _optional_int(msg, "commits", what), _optional_int(msg, "commit_seq", what))
 
 
 @dataclass(frozen=True)

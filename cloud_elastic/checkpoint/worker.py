@@ -74,7 +74,7 @@ def step_of(state: Any, fallback: int) -> int:
 class RankZeroCheckpoints:
     """Rank 0's checkpoint schedule and the loading of a checkpoint (see module docstring).
 
-    ``ctx`` is the worker's context (its ``info.rank``, ``commits``,
+    ``ctx`` is the worker's context (its ``info.rank``, ``commit_seq``,
     ``driver_lost`` and ``report_checkpoint`` are used); ``clock`` is
     injectable for tests. The constructor does no I/O.
     """
@@ -87,7 +87,6 @@ class RankZeroCheckpoints:
         self.store = store if store is not None else CheckpointStore(settings.url, keep=settings.keep)
         self._writer: CheckpointWriter | None = None
         self._periodic: PeriodicCheckpointer | None = None
-        self._resumed_step = 0
 
     @property
     def writing(self) -> bool:
@@ -104,8 +103,8 @@ class RankZeroCheckpoints:
         if self._periodic is None:
             self._start_writing()
         assert self._periodic is not None
-        step = step_of(state, self._resumed_step + self._ctx.commits)
-        meta = {"world_size": info.size, "job_id": self._ctx.job_id}
+        step = step_of(state, self._ctx.commit_seq)
+        meta = {"world_size": info.size, "job_id": self._ctx.job_id, "commit_seq": self._ctx.commit_seq}
         epoch = getattr(state, "epoch", None)
         if isinstance(epoch, int) and not isinstance(epoch, bool):
             meta["epoch"] = epoch
@@ -147,7 +146,9 @@ class RankZeroCheckpoints:
         if latest is None:
             raise CheckpointError(f"no usable checkpoint in {self.settings.url}")
         load_state_payload(state, latest.payload)
-        self._resumed_step = latest.info.step
+        # The job's history of commits goes on from the checkpoint's (older checkpoints: from its step).
+        seq = latest.info.extra.get("commit_seq", latest.info.step)
+        self._ctx.hold_commit(seq if isinstance(seq, int) and not isinstance(seq, bool) else latest.info.step)
         log.info("worker %s: loaded checkpoint of step %d from %s in %.2fs", self._ctx.worker_id, latest.info.step,
                  latest.info.url, time.perf_counter() - began)
         self._ctx.report_checkpoint("loaded", step=latest.info.step, path=latest.info.url)
@@ -164,9 +165,10 @@ class RankZeroCheckpoints:
             self._start_writing()
         assert self._writer is not None
         self._writer.wait(FLUSH_TIMEOUT_S)
-        step = step_of(state, self._resumed_step + self._ctx.commits)
+        step = step_of(state, self._ctx.commit_seq)
         try:
-            self._writer.submit(step, _payload(state), {"world_size": info.size, "job_id": self._ctx.job_id})
+            self._writer.submit(step, _payload(state), {"world_size": info.size, "job_id": self._ctx.job_id,
+                                                        "commit_seq": self._ctx.commit_seq})
         except CheckpointError as exc:
             log.warning("worker %s: the final checkpoint was not written: %s", self._ctx.worker_id, exc)
         self.stop_writing()

@@ -492,7 +492,7 @@ class Driver:
     def _rendezvous(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
         request = RendezvousRequest.from_wire(msg)
         self._job.rendezvous(worker_id, request.last_round, request.reason, self._clock(), request.commits,
-                             request.rolled_back)
+                             request.rolled_back, request.commit_seq)
         self._cond.notify_all()
         deadline = self._clock() + _RENDEZVOUS_POLL_S
         while True:
@@ -507,11 +507,12 @@ class Driver:
         known = (request.round, request.update_gen, request.abort_round)
         deadline = self._clock() + self.config.heartbeat_interval_s
         if self._job.rank_of(worker_id) == 0:
-            self._rate.add(self._clock(), request.commits)
+            # The job's commit count, not this process's: it goes on when another worker becomes rank 0.
+            self._rate.add(self._clock(), request.commit_seq)
             if self._sinks.metrics is not None:
-                self._sinks.metrics.observe_step(request.commits)
+                self._sinks.metrics.observe_step(request.commit_seq)
         while True:
-            reply = self._job.heartbeat(worker_id, self._clock(), request.commits)
+            reply = self._job.heartbeat(worker_id, self._clock(), request.commits, request.commit_seq)
             if reply is None:
                 return PollReply(0, 0, 0, True).to_wire()
             current = (reply.round, reply.update_gen, reply.abort_round)

@@ -272,14 +272,14 @@ class ElasticJob:
         return True
 
     def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float, commits: int | None = None,
-                   rolled_back: int = 0) -> None:
+                   rolled_back: int = 0, commit_seq: int | None = None) -> None:
         """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made
-        (and, after a failure, ``rolled_back`` steps undone)."""
+        (and, after a failure, ``rolled_back`` steps undone), holding the commit ``commit_seq``."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return
         w.last_seen = self._clock(now)
-        self._note_commits(w, commits)
+        self._note_commits(w, commits, commit_seq)
         if reason == "failure" and rolled_back > self._steps_lost:
             self._steps_lost = rolled_back
         if w.state is S.STARTING:
@@ -319,13 +319,14 @@ class ElasticJob:
             )
         return None
 
-    def heartbeat(self, worker_id: str, now: float, commits: int | None = None) -> PollReply | None:
+    def heartbeat(self, worker_id: str, now: float, commits: int | None = None,
+                  commit_seq: int | None = None) -> PollReply | None:
         """A worker's heartbeat; None if the worker is unknown or already given up."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return None
         w.last_seen = self._clock(now)
-        self._note_commits(w, commits)
+        self._note_commits(w, commits, commit_seq)
         return PollReply(self.round, self.update_gen, self.abort_round, self.phase is Phase.DONE)
 
     def completed(self, worker_id: str, now: float) -> None:
@@ -417,9 +418,13 @@ class ElasticJob:
     def _members(self) -> list[WorkerRecord]:
         return [w for w in self._alive() if w.member_of(self.round)]
 
-    def _note_commits(self, w: WorkerRecord, commits: int | None) -> None:
+    def _note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None) -> None:
+        # Both only grow on a worker; a heartbeat may carry an older value than a rendezvous sent after it.
+        if isinstance(commit_seq, int) and commit_seq > w.commit_seq:
+            w.commit_seq = commit_seq
         if isinstance(commits, int) and commits > w.commits:
             w.commits = commits
+        if w.holds_state:
             if not self.state_committed:
                 self.state_committed = True
                 log.debug("job %s: first commit seen (worker %s)", self.job_id, w.worker_id)
@@ -730,7 +735,7 @@ class ElasticJob:
         plan = plan_round(
             [
                 Candidate(w.worker_id, w.slot.host, w.slot.index, w.rank, w.holds_state,
-                          (self.hosts.order_of(w.slot.host), w.slot.index, w.seq))
+                          (self.hosts.order_of(w.slot.host), w.slot.index, w.seq), w.commit_seq)
                 for w in waiting
             ],
             max_np=self.policy.max_np,
@@ -764,7 +769,7 @@ class ElasticJob:
             self._needs_sync, ", from the latest checkpoint" if plan.from_checkpoint else "",
             ", ".join(f"{w.rank}={w.worker_id}" for w in ordered),
         )
-        commit = max((w.commits for w in ordered), default=0)
+        commit = max((w.commit_seq for w in ordered), default=0)
         if self._pending_rollback is not None:
             aborted, self._pending_rollback = self._pending_rollback, None
             # The survivors rolled back to what they reported at rendezvous, the step this round continues

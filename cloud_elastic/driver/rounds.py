@@ -8,7 +8,11 @@ Rules (each tested alone in ``tests/unit/test_rounds.py``):
 * Rank 0 must hold the job's committed training state once there is any: a
   worker that has never committed (a newcomer, or one whose only sync was cut
   short) never broadcasts its initial weights over trained state. Holders
-  therefore go first, in their usual order.
+  therefore go first, in their usual order, except that the holder of the
+  newest commit (highest ``commit_seq``) is rank 0: a collective can complete on some
+  ranks and fail on others, so after a failure one survivor may have committed
+  a step the others roll back from; its state is the one broadcast, as torchft
+  recovers from its most advanced peer.
 * With no holder left the round can only start from a durable checkpoint; with
   no checkpoint, the plan is :class:`StateLost` and the job must fail rather
   than silently train from initial weights.
@@ -35,6 +39,8 @@ class Candidate:
     holds_state: bool
     #: Order among newcomers: (host first seen, slot index, launch sequence).
     newcomer_key: tuple[Hashable, ...] = ()
+    #: Position in the job's history of the commit it holds (0: none known).
+    commit_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,12 @@ def plan_round(
         raise ValueError("a round needs at least one worker")
     survivors = sorted((c for c in waiting if c.prev_rank is not None), key=lambda c: (not c.holds_state, c.prev_rank))
     newcomers = sorted((c for c in waiting if c.prev_rank is None), key=lambda c: (not c.holds_state, c.newcomer_key))
-    ordered = tuple((survivors + newcomers)[:max_np])
+    queue = survivors + newcomers
+    newest = max(queue, key=lambda c: c.commit_seq)  # the first of equals: usual order otherwise
+    if newest.holds_state:
+        queue.remove(newest)
+        queue.insert(0, newest)
+    ordered = tuple(queue[:max_np])
     if state_committed and not ordered[0].holds_state:
         if checkpointing:
             return RoundPlan(ordered, needs_sync=True, from_checkpoint=True)
@@ -76,4 +87,5 @@ def plan_round(
         )
     has_newcomer = any(c.prev_rank is None for c in ordered)
     unsynced = state_committed and any(not c.holds_state for c in ordered)
-    return RoundPlan(ordered, needs_sync=has_newcomer or failure_since_last_round or unsynced)
+    diverged = len({c.commit_seq for c in ordered}) > 1
+    return RoundPlan(ordered, needs_sync=has_newcomer or failure_since_last_round or unsynced or diverged)

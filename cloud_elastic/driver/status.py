@@ -60,7 +60,7 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     rows += [HostStatus(h, 0, "draining", tuple(by_host.get(h, ()))) for h in hosts.draining]
     rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ()))) for h, (n, _) in hosts.missing.items()]
     members = [w for w in job.workers.values() if w.member_of(job.round)]
-    commit = max((w.commits for w in members), default=0)
+    commit = max((w.commit_seq for w in members), default=0)
     return StatusReply(
         job=job.job_id,
         phase=_phase(job),

@@ -65,8 +65,10 @@ class WorkerRecord:
 
     ``last_seen`` is in the driver's *running time* (see :mod:`.liveness`).
     ``why`` says why the worker is draining, exiting or lost. ``commits`` is the
-    number of commits the worker has reported: a worker with one or more holds
-    the job's committed training state.
+    number of commits the worker has reported; ``commit_seq`` the position in the
+    job's history of the commit it would restore (it holds the job's committed
+    training state once either is above zero: a worker that synced from rank 0
+    holds rank 0's commit before it makes one of its own).
     """
 
     worker_id: str
@@ -80,6 +82,7 @@ class WorkerRecord:
     rdzv_reason: str = "start"
     why: str = ""
     commits: int = 0
+    commit_seq: int = 0
 
     def to(self, new: WorkerState, why: str = "") -> None:
         """Move to ``new``; IllegalTransition if the state machine has no such edge."""
@@ -102,8 +105,8 @@ class WorkerRecord:
 
     @property
     def holds_state(self) -> bool:
-        """It has committed at least once, so it holds the job's committed training state."""
-        return self.commits > 0
+        """It holds a commit of the job's training state (its own, or rank 0's from a sync)."""
+        return self.commits > 0 or self.commit_seq > 0
 
     def member_of(self, round_: int) -> bool:
         """Whether it is a live member of round ``round_``."""

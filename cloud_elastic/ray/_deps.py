@@ -14,5 +14,5 @@ def require_ray() -> ModuleType:
     try:
         import ray
     except ImportError as exc:
-        raise MissingDependencyError("ray", "ray") from exc
+        raise MissingDependencyError("ray", "ray", "cloud-elastic on Ray") from exc
     return ray

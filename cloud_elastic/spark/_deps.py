@@ -14,5 +14,5 @@ def require_pyspark() -> ModuleType:
     try:
         import pyspark
     except ImportError as exc:
-        raise MissingDependencyError("pyspark", "spark") from exc
+        raise MissingDependencyError("pyspark", "spark", "cloud-elastic on Spark") from exc
     return pyspark

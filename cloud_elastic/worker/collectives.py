@@ -49,7 +49,8 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
     ctx = get_context()
     mean = op != Sum if average is None else average
     work_tensor = _on_device(tensor)
-    ctx.wait(ctx.pg.allreduce([work_tensor]), f"allreduce {name or ''}".strip())
+    what = f"allreduce {name or ''}".strip()
+    ctx.wait(ctx.group(what).allreduce([work_tensor]), what)
     if mean:
         work_tensor.div_(ctx.info.size)
     if work_tensor is not tensor:
@@ -71,7 +72,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
         local = local.reshape(1)
     lengths = torch.tensor([local.shape[0]], dtype=torch.int64, device=ctx.device)
     all_lengths = [torch.zeros_like(lengths) for _ in range(size)]
-    ctx.wait(ctx.pg.allgather([all_lengths], [lengths]), "allgather sizes")
+    ctx.wait(ctx.group("allgather sizes").allgather([all_lengths], [lengths]), "allgather sizes")
     counts = [int(x.item()) for x in all_lengths]
     longest = max(counts)
     padded = local
@@ -90,7 +91,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
     work_tensor = _on_device(tensor)
     opts = dist.BroadcastOptions()
     opts.rootRank = root_rank
-    ctx.wait(ctx.pg.broadcast([work_tensor], opts), f"broadcast {name or ''}".strip())
+    what = f"broadcast {name or ''}".strip()
+    ctx.wait(ctx.group(what).broadcast([work_tensor], opts), what)
     if work_tensor is not tensor:
         tensor.copy_(work_tensor)
     return tensor

@@ -107,8 +107,13 @@ class WorkerContext:
         self._shutdown = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self.device = torch.device("cpu")
-        #: Commits made by this process; reported to the driver, which keeps rank 0 on a worker that has some.
+        #: Commits made by this process (its progress, for the driver's status and events).
         self.commits = 0
+        #: Position in the job's history of commits of the state this worker would restore: each commit
+        #: adds one, a sync takes rank 0's. Reported to the driver, which makes the holder of the newest
+        #: commit rank 0 (a collective may complete on some ranks and fail on others).
+        self.commit_seq = 0
+        self._live_seq = 0  # the same for the live state, ahead of commit_seq between a commit and a restore
         #: Called with the state after each commit (e.g. rank 0's durable checkpoint schedule).
         self.after_commit: list[Any] = []
         #: DistributedOptimizer steps since the last commit: what a rollback undoes.
@@ -185,7 +190,7 @@ class WorkerContext:
         assert self._client is not None
         last_round = self._attempted_round
         self._last_reason = reason
-        request = RendezvousRequest(last_round, reason, self.commits, self._rolled_back).to_wire()
+        request = RendezvousRequest(last_round, reason, self.commits, self._rolled_back, self.commit_seq).to_wire()
         while True:
             reply = parse_rendezvous_reply(self._call("rendezvous", request, timeout_s=60.0))
             if isinstance(reply, Assignment):
@@ -251,6 +256,8 @@ class WorkerContext:
     def note_commit(self, state: Any = None) -> None:
         """A commit of ``state`` finished on this worker (``State.commit``); runs the after-commit hooks."""
         self.commits += 1
+        self._live_seq += 1
+        self.commit_seq = self._live_seq
         self.steps_since_commit = 0
         for hook in self.after_commit:
             hook(state)
@@ -262,6 +269,20 @@ class WorkerContext:
     def note_rollback(self) -> None:
         """The state was just restored to the last commit: the steps since then are lost (told to the driver)."""
         self._rolled_back, self.steps_since_commit = self.steps_since_commit, 0
+        self._live_seq = self.commit_seq
+
+    def note_restored(self) -> None:
+        """The state was restored to the last commit without losing steps (e.g. after a cut-short sync)."""
+        self._live_seq = self.commit_seq
+
+    @property
+    def live_commit_seq(self) -> int:
+        """``commit_seq`` of the live state (what a sync from this worker gives the others)."""
+        return self._live_seq
+
+    def hold_commit(self, seq: int) -> None:
+        """The state (live and saved) is now commit ``seq`` of the job: after a sync or a checkpoint load."""
+        self._live_seq = self.commit_seq = max(0, int(seq))
 
     def leave(self, timeout_s: float = 5.0) -> None:
         """This worker leaves the job for good (told to exit).
@@ -410,6 +431,17 @@ class WorkerContext:
         return dist.ProcessGroupGloo(store, info.rank, info.size, opts)
 
     # ------------------------------------------------------------ collectives
+    def group(self, what: str) -> Any:
+        """The round's process group, to start a collective on; CollectiveError once the round is aborted.
+
+        A collective started after the driver aborted the round could only fail,
+        and sending into a group whose peers have moved on can meet their next
+        collective instead (Gloo then aborts the process on the size mismatch).
+        """
+        if self.info is not None and self._aborted(self.info.round):
+            raise CollectiveError(f"{what} not started: the driver aborted round {self.info.round} (a peer was lost)")
+        return self.pg
+
     def wait(self, work: Any, what: str) -> None:
         """Wait for ``work``; abandon it when the driver aborts this round."""
         assert self.info is not None
@@ -467,7 +499,8 @@ class WorkerContext:
             try:
                 reply = PollReply.from_wire(client.call(
                     "poll",
-                    PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits).to_wire(),
+                    PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits,
+                                self.commit_seq).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:

@@ -2,7 +2,7 @@
 
 ::
 
-    sync state from rank 0
+    sync state from rank 0 (which holds the job's newest commit); save it as the last commit
     loop:
         call the training function
           returned                 -> tell the driver, return its result
@@ -24,6 +24,9 @@ import logging
 import sys
 from typing import Any, Callable, TypeVar
 
+import torch
+
+from cloud_elastic.worker import collectives
 from cloud_elastic.worker.context import init
 from cloud_elastic.worker.exceptions import CollectiveError, HostsUpdatedInterrupt, WorkerRemoved
 from cloud_elastic.worker.state import State
@@ -100,9 +103,11 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
                 _load_checkpoint(ctx, durable, state)
             try:
                 state.sync()
+                _hold_synced_state(ctx, state)
             except CollectiveError as exc:
                 log.warning("state sync failed (%s); rejoining", exc)
                 state.restore()
+                ctx.note_restored()
                 _rejoin(ctx, "failure", state)
                 continue
         try:
@@ -120,6 +125,21 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
             durable.finish(state)
         ctx.report_completed()
         return result
+
+
+def _hold_synced_state(ctx: Any, state: State) -> None:
+    """After a sync every worker holds rank 0's commit: take its ``commit_seq`` and save the synced state.
+
+    Without the save a worker's snapshot would keep its own older model next to
+    the attributes ``ObjectState.sync`` took from rank 0, and a failure before
+    its next commit would restore that mix.
+    """
+    if ctx.standalone or ctx.info is None:
+        return
+    seq = torch.tensor([ctx.live_commit_seq], dtype=torch.int64, device=ctx.device)
+    collectives.broadcast_(seq, 0, "commit sequence")
+    state.save()
+    ctx.hold_commit(int(seq.item()))
 
 
 def _rejoin(ctx: Any, reason: str, state: State) -> bool:

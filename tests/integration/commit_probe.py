@@ -11,7 +11,12 @@ the step that starts at a given ``state.step``:
 - ``update``: right after ``step()`` returned (the allreduces are complete:
   survivors finish the update and commit, and fail in the next step);
 - ``collective``: after ``step()``, in the loss allreduce that every worker
-  does between ``step()`` and ``commit()`` on every fourth step (logging).
+  does between ``step()`` and ``commit()`` on every fourth step (logging);
+- ``after-commit``: right after ``commit()`` returned;
+- ``lonely``: not a death: this worker alone does an allreduce between
+  ``step()`` and ``commit()``, which can only fail (with a peer dying at
+  ``after-commit`` of that step, its other peers have committed the step and
+  this worker has not: the survivors hold different commits).
 
 Prints ``EVENT`` lines: commit (step, checksum of the model, the optimizer
 state and the step counter), window (checksum just before the logging
@@ -26,11 +31,13 @@ import hashlib
 import json
 import os
 import signal
+import time
 
 import torch
 import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
+from cloud_elastic.worker.context import get_context
 
 OPTIMIZERS = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05),
@@ -114,8 +121,18 @@ def main() -> None:
                 if point == "collective" and start == kill_step:
                     die()
                 hvd.allreduce(loss.detach(), name="loss")
+            if point == "lonely" and start == kill_step:
+                # Only once the driver has aborted the round: a collective started then fails at once.
+                # Sent earlier, it would meet the peers' next gradient allreduce (a size mismatch).
+                ctx = get_context()
+                deadline = time.monotonic() + 30
+                while not ctx._aborted(ctx.info.round) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                hvd.allreduce(loss.detach(), name="lonely")
             state.commit()
             event("commit", step=state.step, checksum=checksum(model, optimizer, state.step))
+            if point == "after-commit" and start == kill_step:
+                die()
 
     train(state)
     event("done", step=state.step, checksum=checksum(model, optimizer, state.step))

@@ -49,3 +49,24 @@ def test_survivors_resume_exactly_from_the_last_commit(jobs, optimizer):
     assert window["checksum"] != resumed[-1]["checksum"]
     done = next(e for e in survivor if e.kind == "done")
     assert done["step"] == 16 and done["size"] == 1
+
+
+@pytest.mark.timeout(150)
+def test_survivors_resume_from_the_newest_commit_any_of_them_holds(jobs):
+    # 127.0.0.3 dies right after committing step 5; 127.0.0.2 committed it too and fails in the next step;
+    # 127.0.0.1 (rank 0) fails in a collective before its commit of step 5 and rolls back to step 4.
+    # The round of two must continue from step 5, 127.0.0.2's commit, not from rank 0's older one.
+    hosts = HOSTS[:3]
+    job = jobs(["run", "-np", "3", "--min-np", "1", "-H", ",".join(f"{h}:1" for h in hosts),
+                "--blacklist-cooldown-range", "600", "600", "--start-timeout", "120",
+                sys.executable, PROBE, "--optimizer", "adamw", "--steps", "8",
+                "--kill", "127.0.0.3:after-commit:4,127.0.0.1:lonely:4"])
+    assert job.finish(timeout=130) == 0, job.output()[-4000:]
+    committed = {(e["host"], e["step"]): e["checksum"] for e in job.events if e.kind == "commit"}
+    assert ("127.0.0.2", 5) in committed and ("127.0.0.1", 5) not in committed
+    resumed = [e for e in job.events if e.kind == "resumed" and e["size"] == 2]
+    assert sorted(e["host"] for e in resumed) == ["127.0.0.1", "127.0.0.2"]
+    for e in resumed:
+        assert e["step"] == 5 and e["checksum"] == committed[("127.0.0.2", 5)], e
+    done = [e for e in job.events if e.kind == "done"]
+    assert len({e["checksum"] for e in done}) == 1 and all(e["step"] == 8 for e in done)

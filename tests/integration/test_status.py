@@ -77,9 +77,16 @@ def test_status_shows_the_running_job_and_refuses_a_wrong_secret_and_other_users
         listed = status(runtime_dir)
         assert listed.returncode == 0, listed.stderr
         assert listed.stdout.startswith(f"job {job_id}: training, up ")
-        shown = status(runtime_dir, job_id, "--json")
-        assert shown.returncode == 0, shown.stderr
-        reply = json.loads(shown.stdout)
+        # The driver learns rank 0's commits from its heartbeats, each held up to 0.5 s: ask until
+        # the one in flight when `last` was committed has come back (the rest of the reply is settled).
+        until = time.time() + 30
+        while True:
+            shown = status(runtime_dir, job_id, "--json")
+            assert shown.returncode == 0, shown.stderr
+            reply = json.loads(shown.stdout)
+            if (reply["commit_step"] or 0) >= last["step"] or time.time() > until:
+                break
+            time.sleep(0.2)
         assert (reply["job"], reply["phase"], reply["round"], reply["world_size"]) == (job_id, "training", 3, 1)
         assert (reply["num_proc"], reply["min_np"], reply["max_np"], reply["resets"]) == (3, 1, 3, 2)
         assert reply["provider"] == "static" and reply["commit_step"] >= last["step"]

@@ -50,3 +50,4 @@ def test_a_missing_extra_is_a_one_line_error_naming_it(call, extra):
     message = out.stdout.strip()
     assert len(message.splitlines()) == 1
     assert f"pip install 'cloud-elastic[{extra}]'" in message
+    assert f"required for cloud-elastic on {extra.capitalize()}" in message, message

@@ -7,8 +7,9 @@ import pytest
 from cloud_elastic.driver.rounds import Candidate, RoundPlan, StateLost, plan_round
 
 
-def c(wid: str, prev: int | None = None, holds: bool = False, key: tuple = ()) -> Candidate:
-    return Candidate(wid, host=wid[0], slot=0, prev_rank=prev, holds_state=holds, newcomer_key=key or (wid,))
+def c(wid: str, prev: int | None = None, holds: bool = False, key: tuple = (), seq: int = 0) -> Candidate:
+    return Candidate(wid, host=wid[0], slot=0, prev_rank=prev, holds_state=holds, newcomer_key=key or (wid,),
+                     commit_seq=seq)
 
 
 def order(plan: RoundPlan | StateLost) -> list[str]:
@@ -29,6 +30,20 @@ def test_survivors_keep_their_order_and_newcomers_follow_by_host_age() -> None:
 
 def test_a_survivor_that_never_committed_yields_rank_0_to_a_holder() -> None:
     assert order(plan([c("x", 0, False), c("y", 1, True)])) == ["y", "x"]
+
+
+def test_the_holder_of_the_newest_commit_is_rank_0_and_the_others_keep_their_order() -> None:
+    # A gradient allreduce completed on s2 and failed on s0 and s1: s2 committed one more step.
+    p = plan([c("s0", 0, True, seq=73), c("s1", 1, True, seq=73), c("s2", 2, True, seq=74)], failure=True)
+    assert order(p) == ["s2", "s0", "s1"] and p.needs_sync
+
+
+def test_equal_commits_keep_the_oldest_worker_rank_0() -> None:
+    assert order(plan([c("s1", 1, True, seq=9), c("s0", 0, True, seq=9), c("n")])) == ["s0", "s1", "n"]
+
+
+def test_members_holding_different_commits_always_sync() -> None:
+    assert plan([c("s0", 0, True, seq=5), c("s1", 1, True, seq=4)], failure=False).needs_sync
 
 
 def test_no_holder_and_no_checkpoint_is_state_lost() -> None:
