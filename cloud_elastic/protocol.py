@@ -247,7 +247,8 @@ class AdoptRequest:
 
     ``round``/``ranks``/``update_gen`` are those of the round it trains in (``round`` 0:
     it never joined one); ``seen_update``/``seen_abort`` the highest update generation
-    and aborted round it has heard of; ``commits`` its commits; ``pid`` its process id.
+    and aborted round it has heard of; ``commits`` its commits; ``pid`` its process id;
+    ``commit_seq`` the position of its last commit in the job's history (see RendezvousRequest).
     """
 
     round: int
@@ -258,10 +259,11 @@ class AdoptRequest:
     commits: int
     slot: int
     pid: int
+    commit_seq: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: getattr(self, k) for k in
-                               ("round", "update_gen", "seen_update", "seen_abort", "commits", "slot", "pid")}
+        out: dict[str, Any] = {k: getattr(self, k) for k in ("round", "update_gen", "seen_update", "seen_abort",
+                                                             "commits", "slot", "pid", "commit_seq")}
         out["ranks"] = None if self.ranks is None else asdict(self.ranks)
         return out
 
@@ -281,4 +283,4 @@ class AdoptRequest:
             raise ControlPlaneError(f"malformed {what}: a round needs ranks and ranks need a round")
         return cls(round_, ranks, _int(msg, "update_gen", what), _int(msg, "seen_update", what),
                    _int(msg, "seen_abort", what), _int(msg, "commits", what), _int(msg, "slot", what),
-                   _int(msg, "pid", what))
+                   _int(msg, "pid", what), _optional_int(msg, "commit_seq", what))

@@ -789,7 +789,8 @@ class Driver:
             return None
         if kind == "poll" and self._sinks is None and worker_id in self._job.workers:
             # Before run() has opened the metrics: a plain heartbeat, no long-poll.
-            reply = self._job.heartbeat(worker_id, self._clock(), PollRequest.from_wire(msg).commits)
+            request = PollRequest.from_wire(msg)
+            reply = self._job.heartbeat(worker_id, self._clock(), request.commits, request.commit_seq)
             return (reply or PollReply(0, 0, 0, True)).to_wire()
         if worker_id not in self._job.workers and self._adoption.worker(worker_id) is not None:
             if kind == "poll":

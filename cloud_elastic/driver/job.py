@@ -811,7 +811,8 @@ class ElasticJob:
         if not self.adopting:
             return "the adoption window of the restarted driver has closed"
         self._seq = max(self._seq, seq)
-        w = WorkerRecord(worker_id, slot, seq, launched_at=now, last_seen=self._clock(now), commits=request.commits)
+        w = WorkerRecord(worker_id, slot, seq, launched_at=now, last_seen=self._clock(now), commits=request.commits,
+                         commit_seq=request.commit_seq)
         if request.round and request.ranks is not None:
             w.state, w.round, w.rank = S.RUNNING, request.round, request.ranks.rank
             self._adopted.setdefault(request.round, {})[worker_id] = (request.ranks, request.update_gen)
@@ -821,10 +822,10 @@ class ElasticJob:
         self.update_gen = max(self.update_gen, request.seen_update)
         self.abort_round = max(self.abort_round, request.seen_abort)
         self.round = max(self.round, request.round)
-        if request.commits:
+        if w.holds_state:
             self.state_committed = True
         log.info("job %s: adopted worker %s (%s) of round %d at commit %d", self.job_id, worker_id, w.label,
-                 request.round, request.commits)
+                 request.round, request.commit_seq or request.commits)
         return None
 
     def end_adoption(self, now: float, missing: dict[str, str]) -> None:

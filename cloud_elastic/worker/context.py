@@ -546,7 +546,8 @@ class WorkerContext:
             ranks = None if info is None else RankInfo(info.rank, info.size, info.local_rank, info.local_size,
                                                        info.cross_rank, info.cross_size)
             request = AdoptRequest(0 if info is None else info.round, ranks, 0 if info is None else info.update_gen,
-                                   self._seen_update, self._seen_abort, self.commits, self.settings.slot, os.getpid())
+                                   self._seen_update, self._seen_abort, self.commits, self.settings.slot, os.getpid(),
+                                   self.commit_seq)
             reply = client.call("adopt", request.to_wire(), timeout_s=self.heartbeat_timeout_s + 10)
             if not reply.get("ok"):
                 print(f"cloud-elastic: worker {self.worker_id}: the restarted driver refused to adopt it "

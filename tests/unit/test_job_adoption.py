@@ -25,7 +25,7 @@ def _job(np: int = 2) -> ElasticJob:
 
 def _request(rank: int, size: int = 2, round_: int = 3, commits: int = 40, seen_abort: int = 2) -> AdoptRequest:
     return AdoptRequest(round_, RankInfo(rank, size, 0, 1, rank, size), update_gen=4, seen_update=5,
-                        seen_abort=seen_abort, commits=commits, slot=0, pid=100 + rank)
+                        seen_abort=seen_abort, commits=commits, slot=0, pid=100 + rank, commit_seq=commits)
 
 
 def test_a_complete_round_goes_on_without_a_new_round_or_a_rollback() -> None:
