@@ -198,7 +198,10 @@ class WorkerContext:
             if isinstance(reply, ExitOrder):
                 raise WorkerRemoved(reply.reason)
             if isinstance(reply, ReRegister):
-                self._reregister(self._client)
+                try:
+                    self._reregister(self._client)
+                except OSError as exc:  # the driver went again: the next call rides it out like any other
+                    log.warning("worker %s: re-registering failed (%s); retrying", self.worker_id, exc)
         info = RoundInfo(**vars(reply.ranks), round=reply.round, needs_sync=reply.needs_sync, update_gen=reply.update_gen,
                          from_checkpoint=reply.from_checkpoint)
         self._rolled_back = 0
