@@ -122,3 +122,23 @@ def test_a_worker_lost_while_the_driver_was_away_takes_the_normal_failure_path(j
     steps = [e["step"] for e in events[newcomer[0]] if e["kind"] == "commit"]
     assert steps and steps[0] > 10 and steps[-1] == STEPS, "the replacement did not continue from the survivor's state"
     assert not processes_of_job(job_id)
+
+
+def test_a_driver_that_adopted_can_itself_be_restarted_and_adopt_again(jobs, tmp_path):
+    args, env, job_id, workers = _start(jobs, tmp_path)
+    second = jobs(args, env=env)
+    second.wait_for(lambda j: "adopted 2 running worker(s)" in j.output(), timeout=60, what="the first adoption")
+    record = tmp_path / "run" / "cloud-elastic" / job_id / "adopt.json"
+    second.wait_for(lambda j: record.exists() and str(workers[0]) in record.read_text(), timeout=30,
+                    what="the adopting driver's own record")
+    os.kill(second.proc.pid, signal.SIGKILL)
+    second.proc.wait()
+
+    third = jobs(args, env=env)
+    assert third.finish(150) == 0, third.output()
+    assert "adopted 2 running worker(s)" in third.output(), third.output()
+    events = _events(tmp_path / "events")
+    assert sorted(events) == workers
+    for pid, seen in events.items():
+        assert [e["step"] for e in seen if e["kind"] == "commit"] == list(range(1, STEPS + 1)), pid
+    assert not processes_of_job(job_id)

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from cloud_elastic.driver.remote import GRACE_MARGIN_S, MODULE, control_path, marker_line
+from cloud_elastic.driver.remote import (
+    GRACE_MARGIN_S,
+    MODULE,
+    control_path,
+    marker_line,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
