@@ -826,6 +826,8 @@ class ElasticJob:
             self.state_committed = True
         log.info("job %s: adopted worker %s (%s) of round %d at commit %d", self.job_id, worker_id, w.label,
                  request.round, request.commit_seq or request.commits)
+        self._emit("worker_adopted", worker=worker_id, host=slot.host, slot=slot.index, round=request.round,
+                   rank=w.rank, commit_step=request.commit_seq or None)
         return None
 
     def end_adoption(self, now: float, missing: dict[str, str]) -> None:
@@ -838,6 +840,7 @@ class ElasticJob:
         """
         self.adopting = False
         members = self._adopted.get(self.round, {})
+        self._emit("adoption_done", round=self.round, adopted=len(members), missing=sorted(missing))
         if not members:
             return
         self.phase = Phase.RUNNING

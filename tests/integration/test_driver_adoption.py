@@ -31,7 +31,7 @@ STEPS = 120
 
 def _args(tmp_path: Path, *train: str) -> list[str]:
     return ["run", "-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "--checkpoint-dir", str(tmp_path / "ckpt"),
-            "--checkpoint-interval", "1", "--driver-grace", str(GRACE_S),
+            "--checkpoint-interval", "1", "--driver-grace", str(GRACE_S), "--events-file", str(tmp_path / "job.jsonl"),
             sys.executable, str(ADOPT_PROBE), str(tmp_path / "events"), *train]
 
 
@@ -79,6 +79,13 @@ def test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_ste
         assert len(done) == 1 and done[0]["step"] == STEPS
     assert len({e["checksum"] for seen in events.values() for e in seen if e["kind"] == "done"}) == 1
     assert not processes_of_job(job_id), "a worker outlived the job"
+    # Both drivers wrote the job's events file: the second one records whom it took over.
+    recorded = [json.loads(line) for line in (tmp_path / "job.jsonl").read_text().splitlines()]
+    adopted = [e for e in recorded if e["event"] == "worker_adopted"]
+    assert sorted(e["host"] for e in adopted) == ["127.0.0.1", "127.0.0.2"]
+    assert all(e["commit_step"] >= 10 for e in adopted), adopted
+    [done] = [e for e in recorded if e["event"] == "adoption_done"]
+    assert (done["adopted"], done["missing"]) == (2, [])
 
 
 def test_a_forged_re_registration_is_refused_with_a_one_line_error(jobs, tmp_path):

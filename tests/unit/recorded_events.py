@@ -2,7 +2,8 @@
 
 Three workers on two loopback hosts; 127.0.0.1[1] is killed (rollback, 7
 steps lost); 127.0.0.2 gets a spot notice and leaves gracefully; 127.0.0.3
-joins; a checkpoint is saved and loaded; the job succeeds. Every event kind
+joins; a checkpoint is saved and loaded; the driver restarts and adopts
+both workers; the job succeeds. Every event kind
 of the schema appears at least once.
 """
 
@@ -44,6 +45,12 @@ TIMELINE: list[tuple[float, str, dict]] = [
     (19.5, "worker_ready", {"host": "127.0.0.3", "slot": 0, "worker": "127.0.0.3[0]#1"}),
     (20.0, "round_formed", {"round": 4, "size": 2, "synced": True, "step": 80,
                             "ranks": {"127.0.0.1": [0], "127.0.0.3": [1]}}),
+    # The driver restarts within --driver-grace and takes over both workers where they stand.
+    (24.0, "worker_adopted", {"host": "127.0.0.1", "slot": 0, "worker": "127.0.0.1[0]#1", "round": 4, "rank": 0,
+                              "commit_step": 95}),
+    (24.1, "worker_adopted", {"host": "127.0.0.3", "slot": 0, "worker": "127.0.0.3[0]#1", "round": 4, "rank": 1,
+                              "commit_step": 95}),
+    (24.2, "adoption_done", {"round": 4, "adopted": 2, "missing": []}),
     (30.0, "job_finished", {"outcome": "succeeded", "exit_code": 0, "resets": 3, "wall_s": 30.0}),
 ]
 
