@@ -169,7 +169,7 @@ class AdoptedLocalProcess:
     def poll(self) -> ExitStatus | None:
         if self._status is None and not self._running():
             # Not our child: its exit code went to whoever reaped it.
-            self._status = ExitStatus(1)
+            self._status = ExitStatus(1, known=False)
         return self._status
 
     def terminate(self, grace_s: float = 5.0) -> None:

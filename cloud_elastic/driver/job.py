@@ -373,7 +373,7 @@ class ElasticJob:
                 "exited with code 0 before its training function returned"
             )
             self._fail_worker(w, what, now, was_member=was_member, transport=status.transport_error is not None,
-                              exit_code=status.code)
+                              exit_code=status.code if status.known else None)
         self._step(now)
 
     def tick(self, now: float) -> None:

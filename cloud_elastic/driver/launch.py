@@ -54,17 +54,22 @@ class ExitStatus:
 
     ``code`` is the exit code (``-N`` when killed by signal N). ``transport_error``
     is set when the launcher's transport failed rather than the worker (for
-    SSH: unreachable host, refused key, host key mismatch).
+    SSH: unreachable host, refused key, host key mismatch). ``known`` is False
+    for a process this driver did not start (adopted from a predecessor): it
+    ended, but its exit code went to whoever reaped it (``code`` is then 1).
     """
 
     code: int
     transport_error: str | None = None
+    known: bool = True
 
     @property
     def describe(self) -> str:
         """One-line human description."""
         if self.transport_error:
             return self.transport_error
+        if not self.known:
+            return "ended without reporting completion (adopted from an earlier driver: its exit code is unknown)"
         if self.code < 0:
             return f"killed by signal {-self.code}"
         return f"exited with code {self.code}"

@@ -75,3 +75,22 @@ def test_an_adopt_request_round_trips_and_a_malformed_one_names_the_field() -> N
         AdoptRequest.from_wire(dict(request.to_wire(), ranks=dict(request.to_wire()["ranks"], rank=2)))
     with pytest.raises(ControlPlaneError, match="a round needs ranks"):
         AdoptRequest.from_wire(dict(request.to_wire(), ranks=None))
+
+
+def test_an_adopted_process_that_ends_is_reported_without_a_made_up_exit_code() -> None:
+    import subprocess
+    import sys
+
+    from cloud_elastic.driver.adoption import AdoptedLocalProcess
+    from cloud_elastic.driver.launch import WorkerSpec
+    from cloud_elastic.driver.local import process_start_time
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    spec = WorkerSpec("127.0.0.1[0]#1", "127.0.0.1", 0, ("python",), {}, "s", "/")
+    handle = AdoptedLocalProcess(spec, proc.pid, process_start_time(proc.pid))
+    assert handle.poll() is None
+    handle.terminate(grace_s=5.0)
+    proc.wait(5)  # reaped here, as the worker's real parent (the dead driver's init) would
+    status = handle.poll()
+    assert status is not None and not status.known
+    assert "exit code is unknown" in status.describe and "code 1" not in status.describe
