@@ -28,7 +28,8 @@ EXAMPLE = "examples/torch_synthetic.py"
 class DriverRun:
     """A ``cloud-elastic run`` subprocess with its stdout/stderr collected live."""
 
-    def __init__(self, sshd, marker: str, hosts: str, *args: str, np: int, min_np: int, train: tuple[str, ...]):
+    def __init__(self, sshd, marker: str, hosts: str, *args: str, np: int, min_np: int, train: tuple[str, ...],
+                 env: dict[str, str] | None = None):
         cfg = sshd.config
         argv = [sys.executable, "-m", "cloud_elastic.cli", "run", "-np", str(np), "--min-np", str(min_np),
                 *(["-H", hosts] if hosts else []), "--force-ssh", "--ssh-port", str(cfg.port),
@@ -41,7 +42,7 @@ class DriverRun:
         self.stdout: list[str] = []
         self.stderr: list[str] = []
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         self._readers = [threading.Thread(target=self._read, args=(s, sink), daemon=True)
                          for s, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))]
         for reader in self._readers:
