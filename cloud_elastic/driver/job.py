@@ -32,6 +32,7 @@ from __future__ import annotations
 import enum
 import logging
 import signal
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -179,6 +180,17 @@ class ElasticJob:
     #: A restarted driver takes over the running workers of its predecessor (see :meth:`adopt`).
     adopting: bool = False
     _adopted: dict[int, dict[str, tuple[RankInfo, int]]] = field(default_factory=dict)  # round -> id -> (ranks, gen)
+    # Incremental bookkeeping so that a rendezvous arrival costs O(1), not a scan of every worker
+    # (see _round_may_form). Rebuilt exactly by every _step; between steps only rendezvous() and
+    # assignment() move workers in or out of WAITING, and they keep these up to date.
+    _waiting_ids: set[str] = field(default_factory=set)  # alive workers in WAITING
+    _starting_ids: set[str] = field(default_factory=set)  # alive workers not yet at rendezvous
+    # Members of the current round, checked lazily: a worker that stops being a (running) member of
+    # round R never becomes one again (only forming round R+1 makes members), so the fronts are
+    # popped once each and "is anyone still running?" costs O(1) amortised.
+    _running_left: deque[WorkerRecord] = field(default_factory=deque)
+    _members_left: deque[WorkerRecord] = field(default_factory=deque)
+    _alive_memo: list[WorkerRecord] | None = None  # _alive() during one _step; reset on every birth or death
 
     def __post_init__(self) -> None:
         if self.resumed:
@@ -295,6 +307,8 @@ class ElasticJob:
                 if w.state is S.CONNECTED:
                     self._emit("worker_ready", worker=worker_id, host=w.slot.host, slot=w.slot.index)
                 w.to(S.WAITING)
+                self._waiting_ids.add(worker_id)
+            self._starting_ids.discard(worker_id)
             if reason == "failure":
                 self._failure_since_round = True
                 if was_member:
@@ -302,7 +316,61 @@ class ElasticJob:
                     # that could not form): its peers may still be blocked on it, and its
                     # old group is kept open, so only an abort releases them.
                     self._abort_round()
-        self._step(now)
+        self._arrived(w, now)
+
+    def _arrived(self, w: WorkerRecord, now: float) -> None:
+        """What one arrival at rendezvous can change, without scanning every worker.
+
+        An arrival can only make a newcomer ready (ask the round for an update) or
+        complete the round (its last member is back, or enough workers wait to
+        start). Everything else (silence, leaving hosts, launches, capacity) is
+        checked by the full :meth:`_step` on the driver's tick; it also runs here
+        when the round may form, so a round forms in the call of its last arrival.
+        """
+        if self.phase is Phase.RUNNING and w.state is S.WAITING and w.rank is None:
+            if self._update_for_round != self.round and self._member_left(running_only=False):
+                self._request_update("new worker ready")
+        if self.phase in (Phase.STARTING, Phase.RUNNING) and self._round_may_form():
+            self._step(now)
+
+    def _round_may_form(self) -> bool:
+        """O(1) (amortised): whether :meth:`_maybe_form_round` could form a round now."""
+        if self._member_left(running_only=True):
+            return False
+        waiting = len(self._waiting_ids)
+        if waiting == 0 or waiting < self.policy.min_np:
+            return False
+        return not (self.phase is Phase.STARTING and waiting < self.policy.num_proc and self._starting_ids)
+
+    def _member_left(self, *, running_only: bool) -> bool:
+        """Whether a member of the current round is still in it (``running_only``: still RUNNING)."""
+        left = self._running_left if running_only else self._members_left
+        states = (S.RUNNING,) if running_only else (S.RUNNING, S.DRAINING)
+        while left:
+            w = left[0]
+            if w.state in states and w.round == self.round:
+                return True
+            left.popleft()
+        return False
+
+    def _index(self, alive: list[WorkerRecord]) -> None:
+        """Rebuild the incremental bookkeeping from scratch (every full step)."""
+        waiting, starting, members, running = set(), set(), deque(), deque()
+        r = self.round
+        for w in alive:  # one pass, identity tests: this runs over every worker each step
+            state = w.state
+            if state is S.RUNNING:
+                if w.round == r and r > 0:
+                    members.append(w)
+                    running.append(w)
+            elif state is S.WAITING:
+                waiting.add(w.worker_id)
+            elif state is S.DRAINING:
+                if w.round == r and r > 0:
+                    members.append(w)
+            elif state is S.STARTING or state is S.CONNECTED:
+                starting.add(w.worker_id)
+        self._waiting_ids, self._starting_ids, self._members_left, self._running_left = waiting, starting, members, running
 
     def assignment(self, worker_id: str) -> Assignment | ExitOrder | None:
         """The reply for a worker waiting at rendezvous, or None while it must keep waiting."""
@@ -311,6 +379,8 @@ class ElasticJob:
             return ExitOrder("unknown or failed worker")
         if self.phase in (Phase.FINISHING, Phase.DONE) and w.state in (S.CONNECTED, S.WAITING):
             w.to(S.EXITING, "the job is finishing")
+            self._waiting_ids.discard(worker_id)
+            self._starting_ids.discard(worker_id)
         if w.state is S.EXITING:
             return ExitOrder(w.why or "told to exit")
         if w.state is S.RUNNING and w.round == self.round and self._ranks is not None:
@@ -409,14 +479,19 @@ class ElasticJob:
         self._events.append((kind, fields))
 
     def _alive(self) -> list[WorkerRecord]:
-        return [w for w in self.workers.values() if w.alive]
+        # A step asks this many times over thousands of workers: one scan per step (kept in
+        # _alive_memo until a worker is born or dies), identity tests instead of WorkerRecord.alive.
+        if self._alive_memo is not None:
+            return self._alive_memo
+        return [w for w in self.workers.values() if w.state is not S.LOST and w.state is not S.EXITED]
 
     def _active(self) -> list[WorkerRecord]:
         """Alive workers that are staying (not draining, exiting or done)."""
-        return [w for w in self._alive() if w.state in (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)]
+        return [w for w in self._alive() if w.state in _ACTIVE]
 
     def _members(self) -> list[WorkerRecord]:
-        return [w for w in self._alive() if w.member_of(self.round)]
+        r = self.round  # WorkerRecord.member_of, inlined for the same reason as in _alive
+        return [w for w in self._alive() if w.round == r and w.state in _MEMBER] if r > 0 else []
 
     def _note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None) -> None:
         # Both only grow on a worker; a heartbeat may carry an older value than a rendezvous sent after it.
@@ -487,6 +562,14 @@ class ElasticJob:
     def _step(self, now: float) -> None:
         if self.phase is Phase.DONE:
             return
+        self._alive_memo = None
+        self._alive_memo = self._alive()
+        try:
+            self._step_all(now)
+        finally:
+            self._alive_memo = None
+
+    def _step_all(self, now: float) -> None:
         expired = self.hosts.expire(now)
         for host in expired:
             log.info("job %s: host %s stayed missing from discovery for %gs; removed", self.job_id, host,
@@ -508,6 +591,7 @@ class ElasticJob:
         if self.phase is not Phase.DONE:
             self._maybe_request_update()
             self._maybe_form_round(now)
+        self._index(self._alive())
 
     def _missing_reason(self) -> str:
         return f"missing from discovery for {self.hosts.missing_grace_s:g}s (--host-missing-grace)"
@@ -524,12 +608,13 @@ class ElasticJob:
     # ----------------------------------------------------------- liveness
     def _check_liveness(self, now: float) -> None:
         running_now = self._clock(now)
+        timeout = self.policy.heartbeat_timeout_s
         for w in self._alive():
             if w.state is S.COMPLETED:
                 continue
-            if w.registered:
+            if w.state is not S.STARTING:  # registered
                 silent = running_now - w.last_seen
-                if silent > self.policy.heartbeat_timeout_s:
+                if silent > timeout:
                     self._give_up(w, f"stopped answering heartbeats for {silent:.1f}s", now)
             elif now - w.launched_at > self.policy.start_timeout_s:
                 self._give_up(w, f"did not reach rendezvous within {self.policy.start_timeout_s:g}s", now)
@@ -539,6 +624,7 @@ class ElasticJob:
         before, why_leaving = w.state, w.why
         leaving = before in (S.DRAINING, S.EXITING)
         w.to(S.LOST, what)
+        self._alive_memo = None
         self._actions.append(Stop(w.worker_id, what, immediate=True))
         if not leaving and self.phase is not Phase.FINISHING:
             self._fail_worker(w, what, now, was_member=was_member, transport=False)
@@ -556,8 +642,13 @@ class ElasticJob:
     # --------------------------------------------------- leaving hosts
     def _mark_leavers(self) -> None:
         """Workers whose host is draining or gone (past the missing grace) are asked to leave."""
+        ready, missing = self.hosts.ready, self.hosts.missing
         for w in self._alive():
-            if w.state not in (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING) or self.hosts.is_usable(w.slot):
+            if w.state not in _ACTIVE:
+                continue
+            # HostManager.is_usable, inlined: this runs over every worker each step.
+            host, index = w.slot.host, w.slot.index
+            if index < (missing[host][0] if host in missing else ready.get(host, 0)):
                 continue
             drain = self.hosts.draining.get(w.slot.host)
             why = f"host {w.slot.host} is draining ({drain.reason})" if drain else f"host {w.slot.host} left the group"
@@ -572,6 +663,8 @@ class ElasticJob:
 
     def _enforce_deadlines(self, now: float) -> None:
         """A draining host whose workers are still in their round close to its deadline is removed by force."""
+        if not self.hosts.draining:
+            return  # no deadline to enforce; spares a scan of every worker each step
         wall = now + self._wall_offset
         for w in self._alive():
             if w.state is not S.DRAINING:
@@ -583,6 +676,7 @@ class ElasticJob:
                     f"({drain.reason}); removed by force")
             log.warning("job %s: worker %s (%s) %s", self.job_id, w.worker_id, w.label, what)
             w.to(S.LOST, what)
+            self._alive_memo = None
             self._forced.add(w.slot.host)
             self._actions.append(Stop(w.worker_id, what, immediate=True))
             self._lost_leaver(w, what)
@@ -596,7 +690,7 @@ class ElasticJob:
 
     def _release_drained(self, now: float) -> None:
         """Once no worker is left on a draining host, the cloud may take it (once per host)."""
-        busy = {w.slot.host for w in self._alive()}
+        busy = {w.slot.host for w in self._alive()} if self.hosts.draining else set()
         for host, drain in self.hosts.draining.items():
             if host not in busy and host not in self._released:
                 self._released.add(host)
@@ -625,10 +719,14 @@ class ElasticJob:
 
     # ------------------------------------------------------------ capacity
     def _plan_launches(self, now: float) -> None:
+        starting = self.phase is Phase.STARTING and not self.workers
+        room = self.policy.max_np - len(self._active())
+        if room <= 0 and not starting:
+            return  # a full job need not look for free slots (a scan of every slot of the group)
         # A worker given up (LOST) may still be running on its GPU until its process is gone.
-        occupied = {w.slot for w in self.workers.values() if w.state is not S.EXITED}
-        free = [s for s in self.hosts.available_slots(now) if s not in occupied]
-        if self.phase is Phase.STARTING and not self.workers:
+        occupied = {(w.slot.host, w.slot.index) for w in self.workers.values() if w.state is not S.EXITED}
+        free = [s for s in self.hosts.available_slots(now) if (s.host, s.index) not in occupied]
+        if starting:
             if len(free) < self.policy.num_proc:
                 self._progress(now, "start", f"waiting for -np {self.policy.num_proc} slot(s): {len(free)} available")
                 if self._started_at is not None and now - self._started_at > self.policy.start_timeout_s:
@@ -643,12 +741,12 @@ class ElasticJob:
                         1,
                     )
                 return
-        room = self.policy.max_np - len(self._active())
         for slot in free[: max(room, 0)]:
             self._seq += 1
             worker_id = f"{slot.host}[{slot.index}]#{self._seq}"
             self.workers[worker_id] = WorkerRecord(worker_id, slot, self._seq, launched_at=now,
                                                    last_seen=self._clock(now))
+            self._alive_memo = None
             self._actions.append(Launch(slot, worker_id))
             self._emit("worker_started", worker=worker_id, host=slot.host, slot=slot.index)
 
@@ -713,15 +811,16 @@ class ElasticJob:
         newcomer_ready = any(w.state is S.WAITING and w.rank is None for w in self._alive())
         member_leaving = any(w.state is S.DRAINING for w in members)
         if newcomer_ready or member_leaving:
-            self.update_gen += 1
-            self._update_for_round = self.round
-            log.info(
-                "job %s: membership change requested (update %d): %s", self.job_id, self.update_gen,
-                "new worker ready" if newcomer_ready else "a host is leaving",
-            )
+            self._request_update("new worker ready" if newcomer_ready else "a host is leaving")
+
+    def _request_update(self, why: str) -> None:
+        self.update_gen += 1
+        self._update_for_round = self.round
+        log.info("job %s: membership change requested (update %d): %s", self.job_id, self.update_gen, why)
 
     def _maybe_form_round(self, now: float) -> None:
-        if any(w.state is S.RUNNING for w in self._members()):
+        # The lazy queue answers "still running" in O(1); only its "no" is confirmed by a scan.
+        if self._member_left(running_only=True) or any(w.state is S.RUNNING for w in self._members()):
             return  # the current round is still running (draining members leave at the same commit)
         alive = self._alive()
         waiting = [w for w in alive if w.state is S.WAITING]
@@ -858,6 +957,12 @@ class ElasticJob:
             self._last_failure = (f"worker(s) of round {self.round} did not come back to the restarted driver: {what}"
                                   if what else f"the adopted workers do not form round {self.round} completely")
             self._abort_round()
+
+
+#: States of alive workers that are staying (see _active) and of round members (MEMBER_STATES), as
+#: tuples: membership in a tuple tests identity first, while an enum's hash is computed in Python.
+_ACTIVE = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
+_MEMBER = (S.RUNNING, S.DRAINING)
 
 
 def _signal_name(number: int) -> str:
