@@ -29,6 +29,7 @@ from cloud_elastic.protocol import AdoptRequest, PollReply, PollRequest, ReRegis
 from cloud_elastic.driver.launch import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
 from cloud_elastic.driver.local import LocalLauncher
 from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.waiters import JobCondition
 from cloud_elastic.metrics import StepRate
 from cloud_elastic.errors import ConfigError, ControlPlaneError, LaunchError
 from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery
@@ -62,7 +63,7 @@ class Driver:
         self._clock = clock
         self._secret = new_secret()
         self._codec = Codec(self._secret, self.job_id)
-        self._cond = threading.Condition()
+        self._cond = JobCondition()  # also wakes held heartbeats and rendezvous requests, only on their news
         self._job = ElasticJob(
             Policy(
                 num_proc=config.num_proc,
@@ -78,6 +79,7 @@ class Driver:
             HostManager(Blacklist(config.cooldown_range_s), missing_grace_s=config.host_missing_grace_s),
             job_id=self.job_id,
         )
+        self._cond.watch(self._job)
         self._procs: dict[str, WorkerProcess] = {}
         self._launchers: dict[str, Launcher] = {} if launcher is None else {"given": launcher}
         self._stop_reason: tuple[str, int] | None = None
@@ -493,13 +495,15 @@ class Driver:
         request = RendezvousRequest.from_wire(msg)
         self._job.rendezvous(worker_id, request.last_round, request.reason, self._clock(), request.commits,
                              request.rolled_back, request.commit_seq)
-        self._cond.notify_all()
+        # Only the requests this arrival answered (a round formed) wake up; the loop
+        # need not tick for an arrival, the job has already done what it changes.
+        self._cond.wake()
         deadline = self._clock() + _RENDEZVOUS_POLL_S
         while True:
             reply = self._job.assignment(worker_id)
             if reply is not None or self._clock() >= deadline:
                 break
-            self._cond.wait(min(0.5, deadline - self._clock()))
+            self._cond.wait_rendezvous(worker_id, deadline - self._clock())
         return (reply or WaitReply()).to_wire()
 
     def _poll(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
@@ -518,7 +522,7 @@ class Driver:
             current = (reply.round, reply.update_gen, reply.abort_round)
             if current != known or reply.shutdown or self._clock() >= deadline:
                 return dataclasses.replace(reply, notice_watcher=self._notice_watcher(worker_id)).to_wire()
-            self._cond.wait(max(0.0, deadline - self._clock()))
+            self._cond.wait_poll(max(0.0, deadline - self._clock()))
 
     def _notice_watcher(self, worker_id: str) -> str | None:
         """The cloud whose metadata notices this worker must watch, if it is its host's watcher.

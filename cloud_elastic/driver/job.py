@@ -190,6 +190,7 @@ class ElasticJob:
     # popped once each and "is anyone still running?" costs O(1) amortised.
     _running_left: deque[WorkerRecord] = field(default_factory=deque)
     _members_left: deque[WorkerRecord] = field(default_factory=deque)
+    _rendezvous_news: set[str] = field(default_factory=set)  # left WAITING since take_rendezvous_news()
     _alive_memo: list[WorkerRecord] | None = None  # _alive() during one _step; reset on every birth or death
 
     def __post_init__(self) -> None:
@@ -370,6 +371,7 @@ class ElasticJob:
                     members.append(w)
             elif state is S.STARTING or state is S.CONNECTED:
                 starting.add(w.worker_id)
+        self._rendezvous_news |= self._waiting_ids - waiting
         self._waiting_ids, self._starting_ids, self._members_left, self._running_left = waiting, starting, members, running
 
     def assignment(self, worker_id: str) -> Assignment | ExitOrder | None:
@@ -464,6 +466,19 @@ class ElasticJob:
         """Return and forget the queued events (kind, fields) for the events file."""
         events, self._events = self._events, []
         return events
+
+    def take_rendezvous_news(self) -> set[str]:
+        """Return and forget the workers that stopped waiting at rendezvous since the last call.
+
+        Their :meth:`assignment` may have changed (a round formed with them, they
+        were told to exit, they are gone), so a request waiting for it should look
+        again; no other waiting worker's answer changed, except on a change of
+        ``round`` or ``phase``, which concerns them all. A worker's own
+        :meth:`rendezvous` and :meth:`assignment` calls are not reported: the
+        caller already has the answer.
+        """
+        news, self._rendezvous_news = self._rendezvous_news, set()
+        return news
 
     def rank_of(self, worker_id: str) -> int | None:
         w = self.workers.get(worker_id)
@@ -566,6 +581,7 @@ class ElasticJob:
         self._alive_memo = self._alive()
         try:
             self._step_all(now)
+            self._index(self._alive())
         finally:
             self._alive_memo = None
 
@@ -591,7 +607,6 @@ class ElasticJob:
         if self.phase is not Phase.DONE:
             self._maybe_request_update()
             self._maybe_form_round(now)
-        self._index(self._alive())
 
     def _missing_reason(self) -> str:
         return f"missing from discovery for {self.hosts.missing_grace_s:g}s (--host-missing-grace)"

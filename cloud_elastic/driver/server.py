@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -54,13 +55,22 @@ class ControlServer:
             # A peer that connects and never sends its body must not hold a thread forever.
             timeout = 60
 
+            def setup(self) -> None:
+                super().setup()
+                # A reply is one write, so Nagle's algorithm could only delay it.
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
             def log_message(self, fmt: str, *args: Any) -> None:
                 log.debug("control plane: " + fmt, *args)
 
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                server._serve(self)
+            def handle_one_request(self) -> None:
+                server._handle_one(self)
 
         class _Server(ThreadingHTTPServer):
+            # Every worker keeps connections open (a heartbeat and a rendezvous one); a large
+            # group connects all at once at start-up.
+            request_queue_size = 1024
+
             def handle_error(self, request: Any, client_address: Any) -> None:
                 # A worker killed mid-request resets its connection; that is not news.
                 log.debug("control plane: connection from %s ended abruptly", client_address, exc_info=True)
@@ -77,6 +87,66 @@ class ControlServer:
             self._httpd.server_close()
             self._httpd = None
 
+    def _handle_one(self, req: BaseHTTPRequestHandler) -> None:
+        """Read one request from a kept-alive connection and answer it.
+
+        A lean HTTP/1.1 reader in place of ``http.server``'s (whose header parser
+        is the email package, most of a heartbeat's cost): the request line,
+        at most :data:`_MAX_HEADERS` header lines of at most :data:`_MAX_LINE`
+        bytes, then exactly ``Content-Length`` bytes of body. Anything else is
+        refused with a 4xx/5xx status and the connection closed.
+        """
+        try:
+            line = req.rfile.readline(_MAX_LINE + 1)
+        except (TimeoutError, ConnectionError):
+            req.close_connection = True
+            return
+        if not line:
+            req.close_connection = True
+            return
+        if len(line) > _MAX_LINE:
+            self._reject(req, 414, "request line too long")
+            return
+        parts = line.split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+            self._reject(req, 400, f"malformed request line {line[:64]!r}")
+            return
+        method, target, version = parts
+        headers: dict[bytes, bytes] = {}
+        for _ in range(_MAX_HEADERS + 1):
+            raw = req.rfile.readline(_MAX_LINE + 1)
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            name, sep, value = raw.partition(b":")
+            if len(raw) > _MAX_LINE or not sep:
+                self._reject(req, 400, "malformed header line")
+                return
+            headers[name.strip().lower()] = value.strip()
+        else:
+            self._reject(req, 431, f"more than {_MAX_HEADERS} header lines")
+            return
+        connection = headers.get(b"connection", b"").lower()
+        req.close_connection = connection == b"close" or (version == b"HTTP/1.0" and connection != b"keep-alive")
+        if method != b"POST":
+            self._reject(req, 405, f"method {method[:16].decode('latin-1')!r} not allowed")
+            return
+        self._serve(req, target.decode("latin-1"), headers)
+
+    def _respond(self, req: BaseHTTPRequestHandler, status: int, body: bytes, *, signature: str | None = None,
+                 close: bool = False) -> None:
+        """The whole reply in one write (status line, headers, body)."""
+        head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}", "Content-Type: application/json",
+                f"Content-Length: {len(body)}"]
+        if signature is not None:
+            head.append(f"{SIGNATURE_HEADER}: {signature}")
+        if close:
+            head.append("Connection: close")
+            req.close_connection = True
+        try:
+            req.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        except OSError:  # the worker went away; its next request (if any) comes on a new connection
+            req.close_connection = True
+
     def _reject(self, req: BaseHTTPRequestHandler, status: int, reason: str, *, warn: bool = True) -> None:
         self.rejected += 1
         peer = req.client_address[0]
@@ -84,21 +154,15 @@ class ControlServer:
         if warn and key not in self._warned:
             self._warned.add(key)
             log.warning("control plane: rejected a request from %s: %s", peer, reason)
-        body = json.dumps({"error": reason}).encode()
-        req.send_response(status)
-        req.send_header("Content-Type", "application/json")
-        req.send_header("Content-Length", str(len(body)))
-        req.send_header("Connection", "close")
-        req.end_headers()
-        req.wfile.write(body)
+        self._respond(req, status, json.dumps({"error": reason}).encode(), close=True)
 
-    def _serve(self, req: BaseHTTPRequestHandler) -> None:
-        kind = req.path.rsplit("/", 1)[-1]
-        if not req.path.startswith("/v1/"):
-            self._reject(req, 404, f"unknown path {req.path[:64]!r}")
+    def _serve(self, req: BaseHTTPRequestHandler, path: str, headers: dict[bytes, bytes]) -> None:
+        kind = path.rsplit("/", 1)[-1]
+        if not path.startswith("/v1/"):
+            self._reject(req, 404, f"unknown path {path[:64]!r}")
             return
         try:
-            length = int(req.headers.get("Content-Length", ""))
+            length = int(headers.get(b"content-length", b""))
         except ValueError:
             self._reject(req, 411, "missing Content-Length")
             return
@@ -106,8 +170,12 @@ class ControlServer:
             self._reject(req, 413, f"body of {length} bytes exceeds the {MAX_BODY}-byte limit")
             return
         body = req.rfile.read(length)
+        if len(body) < length:
+            req.close_connection = True  # the peer hung up mid-body
+            return
+        signature = headers.get(_SIGNATURE_KEY)
         try:
-            message = self._codec.decode(body, req.headers.get(SIGNATURE_HEADER))
+            message = self._codec.decode(body, None if signature is None else signature.decode("latin-1"))
             if message["kind"] != kind:
                 raise ControlPlaneError(f"message kind {message['kind']!r} does not match path {kind!r}")
             # A reply names the request it answers, so it cannot be replayed to
@@ -123,10 +191,14 @@ class ControlServer:
                 log.error("control plane: the driver failed handling %r (a bug; please report it)", kind, exc_info=True)
             self._reject(req, 500, f"driver error handling {kind}: {type(exc).__name__}: {exc}", warn=False)
             return
-        out, signature = self._codec.encode(kind, reply)
-        req.send_response(200)
-        req.send_header("Content-Type", "application/json")
-        req.send_header("Content-Length", str(len(out)))
-        req.send_header(SIGNATURE_HEADER, signature)
-        req.end_headers()
-        req.wfile.write(out)
+        out, signature_out = self._codec.encode(kind, reply)
+        self._respond(req, 200, out, signature=signature_out)
+
+
+#: Limits of the request reader (http.server's own).
+_MAX_LINE = 65536
+_MAX_HEADERS = 100
+_SIGNATURE_KEY = SIGNATURE_HEADER.lower().encode()
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            411: "Length Required", 413: "Payload Too Large", 414: "URI Too Long",
+            431: "Request Header Fields Too Large", 500: "Internal Server Error"}
