@@ -13,7 +13,6 @@ stdin) and never travels on the wire: only signatures do.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import secrets
@@ -63,7 +62,9 @@ class Codec:
 
     def sign(self, body: bytes) -> str:
         """Hex HMAC-SHA256 of ``body``."""
-        return hmac.new(self._key, body, hashlib.sha256).hexdigest()
+        # hmac.digest is OpenSSL's one-shot HMAC: the same bytes as hmac.new(...).hexdigest(),
+        # without building an HMAC object per message (the driver signs and verifies thousands a second).
+        return hmac.digest(self._key, body, "sha256").hex()
 
     def encode(self, kind: str, payload: dict[str, Any]) -> tuple[bytes, str]:
         """Return ``(body, signature)`` for a message of ``kind``."""

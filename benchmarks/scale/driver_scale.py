@@ -33,6 +33,7 @@ import pstats
 import random
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -158,6 +159,107 @@ def control_plane_cost(job: ElasticJob, ids: list[str], seconds: float = 5.0, th
         server.close()
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     return cpu / max(1, count), count
+
+
+def _pollers(port: int, secret: str, workers: list[str], start: float, window: tuple[float, float], out) -> None:
+    """Simulated workers' heartbeat threads: each long-polls like ``WorkerContext._heartbeat_loop``."""
+    import threading
+
+    counted = [0]
+    lock = threading.Lock()
+    codec = Codec(secret, "scale")
+
+    def loop(worker: str) -> None:
+        client = DriverClient(f"127.0.0.1:{port}", codec, worker)
+        seen = (1, 0, 0)
+        n = 0
+        while time.time() < start:
+            time.sleep(0.05)
+        while time.time() < window[1]:
+            reply = PollReply.from_wire(client.call("poll", PollRequest(*seen, 1).to_wire(), timeout_s=30))
+            seen = (reply.round, reply.update_gen, reply.abort_round)
+            if window[0] <= time.time() < window[1]:
+                n += 1
+        with lock:
+            counted[0] += n
+
+    threading.stack_size(256 * 1024)
+    ts = [threading.Thread(target=loop, args=(w,), daemon=True) for w in workers]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    out.put(counted[0])
+
+
+class _NoLaunch:
+    """The simulated workers are already running: any launch is refused (nothing real may start)."""
+
+    def launch(self, spec, on_output):
+        from cloud_elastic.errors import LaunchError
+
+        raise LaunchError(f"benchmark: not launching {spec.worker_id}")
+
+    def close(self) -> None:
+        pass
+
+
+def live_driver(workers: int, seconds: float = 10.0, procs: int = 2) -> dict:
+    """The real driver at steady state: ``Driver._handle`` (held heartbeats) behind the real server,
+    its loop ticking every 50 ms, a discovery snapshot every ``discovery_interval_s``, ``workers``
+    simulated workers long-polling from ``procs`` other processes. Driver-process CPU over a window."""
+    from cloud_elastic.driver.driver import Driver
+    from cloud_elastic.events import open_sinks
+
+    hosts = workers // SLOTS
+    config = JobConfig(command=("true",), num_proc=workers, min_np=1, max_np=workers, heartbeat_timeout_s=60.0)
+    driver = Driver(config, discovery=type("Fake", (), {"name": "fake"})(), job_id="scale")
+    driver._sinks = open_sinks("scale", None, None)
+    driver._launchers = {"given": _NoLaunch()}
+    job, snap = driver._job, snapshot(hosts)
+    with driver._cond:
+        job.start(driver._clock())
+        job.discovered(snap, driver._clock())
+        ids = [a.worker_id for a in job.take_actions() if isinstance(a, Launch)]
+        for w in ids:
+            job.registered(w, driver._clock())
+            job.rendezvous(w, 0, "start", driver._clock())
+        assert all(isinstance(job.assignment(w), Assignment) for w in ids)
+        job.take_events()
+    server = ControlServer(driver._codec, driver._handle)
+    server.start()
+    loop = threading.Thread(target=driver._loop, daemon=True)
+    loop.start()
+    stop = threading.Event()
+
+    def discover() -> None:
+        while not stop.wait(config.discovery_interval_s):
+            driver._on_discovery(snap)
+
+    threading.Thread(target=discover, daemon=True).start()
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    start = time.time() + 3.0 + workers / 500  # the client processes import and start their threads
+    window = (start + 3.0, start + 3.0 + seconds)
+    ps = [ctx.Process(target=_pollers, args=(server.port, driver._secret, ids[i::procs], start, window, q))
+          for i in range(procs)]
+    for p in ps:
+        p.start()
+    time.sleep(max(0.0, window[0] - time.time()))
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    time.sleep(max(0.0, window[1] - time.time()))
+    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    polls = sum(q.get(timeout=120) for _ in ps)
+    for p in ps:
+        p.join()
+    stop.set()
+    driver.stop("benchmark over", 0)
+    loop.join(30)
+    server.close()
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    lost = sum(1 for w in job.workers.values() if w.state.value in ("lost", "exited"))
+    return {"workers": workers, "cpu_s_per_s": cpu / (t1 - t0), "polls_per_s": polls / (t1 - t0),
+            "cpu_per_poll_s": cpu / max(1, polls), "workers_lost": lost}
 
 
 def main() -> None:

@@ -521,7 +521,8 @@ class Driver:
                 return PollReply(0, 0, 0, True).to_wire()
             current = (reply.round, reply.update_gen, reply.abort_round)
             if current != known or reply.shutdown or self._clock() >= deadline:
-                return dataclasses.replace(reply, notice_watcher=self._notice_watcher(worker_id)).to_wire()
+                watcher = self._notice_watcher(worker_id)
+                return (reply if watcher is None else dataclasses.replace(reply, notice_watcher=watcher)).to_wire()
             self._cond.wait_poll(max(0.0, deadline - self._clock()))
 
     def _notice_watcher(self, worker_id: str) -> str | None:

@@ -823,8 +823,16 @@ class ElasticJob:
         members = self._members()
         if not members:
             return
-        newcomer_ready = any(w.state is S.WAITING and w.rank is None for w in self._alive())
-        member_leaving = any(w.state is S.DRAINING for w in members)
+        # Waiting workers are in _waiting_ids (exact since the last step; none start waiting
+        # within a step), so there is no need to scan every worker for them.
+        workers = self.workers
+        newcomer_ready = any(workers[i].state is S.WAITING and workers[i].rank is None
+                             for i in self._waiting_ids if i in workers)
+        member_leaving = False
+        for w in members:
+            if w.state is S.DRAINING:
+                member_leaving = True
+                break
         if newcomer_ready or member_leaving:
             self._request_update("new worker ready" if newcomer_ready else "a host is leaving")
 
