@@ -28,7 +28,7 @@ from cloud_elastic.driver.job import ElasticJob, Finish, Launch, Policy, Release
 from cloud_elastic.protocol import AdoptRequest, PollReply, PollRequest, ReRegister, RendezvousRequest, WaitReply
 from cloud_elastic.driver.launch import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
 from cloud_elastic.driver.local import LocalLauncher
-from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.server import ControlServer, Held
 from cloud_elastic.driver.waiters import JobCondition
 from cloud_elastic.metrics import StepRate
 from cloud_elastic.errors import ConfigError, ControlPlaneError, LaunchError
@@ -460,7 +460,7 @@ class Driver:
                 self._job.discovered(result, self._clock())
             self._cond.notify_all()
 
-    def _handle(self, kind: str, msg: dict[str, Any]) -> dict[str, Any]:
+    def _handle(self, kind: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
         worker_id = msg.get("worker")
         if not isinstance(worker_id, str):
             raise ControlPlaneError("message lacks a worker id")
@@ -491,39 +491,39 @@ class Driver:
                 return self._status(now)
         raise ControlPlaneError(f"unknown message kind {kind!r}")
 
-    def _rendezvous(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
+    def _rendezvous(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
         request = RendezvousRequest.from_wire(msg)
         self._job.rendezvous(worker_id, request.last_round, request.reason, self._clock(), request.commits,
                              request.rolled_back, request.commit_seq)
-        # Only the requests this arrival answered (a round formed) wake up; the loop
-        # need not tick for an arrival, the job has already done what it changes.
+        # Only the requests this arrival answered (a round formed) are answered now; the
+        # loop need not tick for an arrival, the job has already done what it changes.
         self._cond.wake()
-        deadline = self._clock() + _RENDEZVOUS_POLL_S
-        while True:
-            reply = self._job.assignment(worker_id)
-            if reply is not None or self._clock() >= deadline:
-                break
-            self._cond.wait_rendezvous(worker_id, deadline - self._clock())
-        return (reply or WaitReply()).to_wire()
 
-    def _poll(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
+        def check(final: bool) -> dict[str, Any] | None:
+            reply = self._job.assignment(worker_id)
+            return (reply or WaitReply()).to_wire() if reply is not None or final else None
+
+        return check(False) or self._cond.hold_rendezvous(worker_id, check, _RENDEZVOUS_POLL_S)
+
+    def _poll(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
         request = PollRequest.from_wire(msg)
         known = (request.round, request.update_gen, request.abort_round)
-        deadline = self._clock() + self.config.heartbeat_interval_s
         if self._job.rank_of(worker_id) == 0:
             # The job's commit count, not this process's: it goes on when another worker becomes rank 0.
             self._rate.add(self._clock(), request.commit_seq)
             if self._sinks.metrics is not None:
                 self._sinks.metrics.observe_step(request.commit_seq)
-        while True:
+
+        def check(final: bool) -> dict[str, Any] | None:
             reply = self._job.heartbeat(worker_id, self._clock(), request.commits, request.commit_seq)
             if reply is None:
                 return PollReply(0, 0, 0, True).to_wire()
-            current = (reply.round, reply.update_gen, reply.abort_round)
-            if current != known or reply.shutdown or self._clock() >= deadline:
+            if (reply.round, reply.update_gen, reply.abort_round) != known or reply.shutdown or final:
                 watcher = self._notice_watcher(worker_id)
                 return (reply if watcher is None else dataclasses.replace(reply, notice_watcher=watcher)).to_wire()
-            self._cond.wait_poll(max(0.0, deadline - self._clock()))
+            return None
+
+        return check(False) or self._cond.hold_poll(check, self.config.heartbeat_interval_s)
 
     def _notice_watcher(self, worker_id: str) -> str | None:
         """The cloud whose metadata notices this worker must watch, if it is its host's watcher.

@@ -1,19 +1,23 @@
-"""Held control-plane requests wake on their own news only (cloud_elastic.driver.waiters).
+"""Held control-plane requests are answered on their own news only (cloud_elastic.driver.waiters).
 
-Real threads wait as the driver's request threads do; each records every time it
-wakes. A wake-up nobody needed would show as an extra record.
+Each held request gets a check that counts how often it is asked: a wake-up
+nobody needed shows as an extra count. The last test goes through the real
+server and client.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
+from cloud_elastic.control import Codec, new_secret
 from cloud_elastic.driver.job import Assignment, ExitOrder
+from cloud_elastic.driver.server import ControlServer
 from cloud_elastic.driver.waiters import JobCondition
+from cloud_elastic.protocol import PollReply, PollRequest
 from cloud_elastic.providers.api import Drain
+from cloud_elastic.worker.client import DriverClient
 from tests.unit.test_job_incremental import T0, arrive, job_on
 
 pytestmark = pytest.mark.timeout(20)
@@ -21,94 +25,108 @@ pytestmark = pytest.mark.timeout(20)
 LONG = 60.0  # a held request's deadline, never reached in these tests
 
 
-def wait_until_held(cond: JobCondition, polls: int = 0, rendezvous: set[str] = frozenset()) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        with cond:
-            held_polls, held_rdzv = cond.held()
-        if held_polls >= polls and rendezvous <= held_rdzv:
-            return
-        assert time.monotonic() < deadline, "the waiting thread never got to wait"
-        time.sleep(0.01)
+class CountingCheck:
+    """A rendezvous check as the driver's: the worker's assignment, or nothing yet."""
+
+    def __init__(self, job, worker: str) -> None:
+        self.job, self.worker, self.calls, self.replies = job, worker, 0, []
+
+    def __call__(self, final: bool):
+        self.calls += 1
+        reply = self.job.assignment(self.worker)
+        if reply is None and not final:
+            return None
+        self.replies.append(reply)
+        return {"status": type(reply).__name__}
 
 
-def hold_rendezvous(cond: JobCondition, job, worker: str, wakes: list) -> threading.Thread:
-    """A thread holding ``worker``'s rendezvous request until it has an answer, as Driver._rendezvous does."""
-
-    def run() -> None:
-        with cond:
-            while True:
-                cond.wait_rendezvous(worker, LONG)
-                reply = job.assignment(worker)
-                wakes.append(reply)
-                if reply is not None:
-                    return
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
-
-
-def test_a_rendezvous_request_wakes_when_its_worker_is_told_to_leave_not_when_another_is():
+def test_a_held_rendezvous_is_answered_when_its_worker_is_told_to_leave_and_not_asked_for_another():
     job, ids = job_on({"a": 1, "b": 1, "c": 1}, 3, min_np=2)
     cond = JobCondition()
     cond.watch(job)
-    a, b = ids[0], next(w for w in ids if w.startswith("b"))
+    a, b, c = ids[0], next(w for w in ids if w.startswith("b")), next(w for w in ids if w.startswith("c"))
     with cond:
         arrive(job, a)
         arrive(job, b)
-    wakes_a: list = []
-    wakes_b: list = []
-    ta = hold_rendezvous(cond, job, a, wakes_a)
-    tb = hold_rendezvous(cond, job, b, wakes_b)
-    wait_until_held(cond, rendezvous={a, b})
-    with cond:
+        check_a, check_b = CountingCheck(job, a), CountingCheck(job, b)
+        held_a = cond.hold_rendezvous(a, check_a, LONG)
+        held_b = cond.hold_rendezvous(b, check_b, LONG)
+        assert cond.held() == (0, {a, b})
         job.notice("b", Drain(deadline=None, reason="spot interruption"), T0, source="test")
         cond.notify_all()
-    tb.join(10)
-    assert len(wakes_b) == 1 and isinstance(wakes_b[0], ExitOrder)
-    # a's request slept through b's news; the round it forms with c wakes it, once.
-    with cond:
-        assert wakes_a == []
-        arrive(job, ids[2])  # the last one still starting: a round of a and c forms in this call
+        assert held_b.answered and isinstance(check_b.replies[0], ExitOrder)
+        assert not held_a.answered and check_a.calls == 0  # b's news did not concern a
+        job.tick(T0)
+        cond.notify_all()  # the loop's tick: nothing for a
+        assert check_a.calls == 0
+        arrive(job, c)  # the last one still starting: a round of a and c forms in this call
         cond.wake()
-    ta.join(10)
+        assert held_a.answered and check_a.calls == 1 and isinstance(check_a.replies[0], Assignment)
+        assert cond.held() == (0, set())
+
+
+def test_held_heartbeats_are_asked_again_only_when_the_round_state_changes():
+    job, ids = job_on({"a": 2, "b": 1}, 2, min_np=2, max_np=3)
+    cond = JobCondition()
+    cond.watch(job)
+    calls = []
+
+    def check(final: bool):
+        calls.append(job.update_gen)
+        return {"update_gen": job.update_gen} if job.update_gen != 0 or final else None
+
     with cond:
-        assert not ta.is_alive() and wakes_a == [job.assignment(a)] and isinstance(wakes_a[0], Assignment)
+        arrive(job, ids[0])
+        arrive(job, ids[1])
+        cond.wake()  # as the driver does after each arrival: round 1 is news, before the hold
+        held = cond.hold_poll(check, LONG)
+        job.heartbeat(ids[0], T0, commits=3)
+        job.tick(T0)
+        cond.notify_all()
+        assert calls == [] and not held.answered
+        arrive(job, ids[2])  # a newcomer: the round is asked for an update
+        cond.wake()
+        assert calls == [1] and held.answered and cond.held() == (0, set())
 
 
-def test_held_heartbeats_wake_on_a_new_update_generation_and_not_on_other_notifies():
+def test_a_heartbeat_held_by_the_real_server_is_answered_with_the_new_update_generation():
     job, ids = job_on({"a": 2, "b": 1}, 2, min_np=2, max_np=3)
     cond = JobCondition()
     cond.watch(job)
     with cond:
         arrive(job, ids[0])
         arrive(job, ids[1])
-    seen: list[int] = []
-    ready = threading.Event()
 
-    def poll() -> None:
+    def handler(kind, message):
         with cond:
-            known = job.update_gen
-            ready.set()
-            while job.update_gen == known:
-                cond.wait_poll(LONG)
-                seen.append(job.update_gen)
+            request = PollRequest.from_wire(message)
 
-    t = threading.Thread(target=poll, daemon=True)
-    t.start()
-    ready.wait(10)
-    wait_until_held(cond, polls=1)
-    with cond:
-        job.heartbeat(ids[0], T0, commits=3)  # news for no held request
-        cond.notify_all()
-        job.tick(T0)
-        cond.notify_all()
-    wait_until_held(cond, polls=1)
-    with cond:
-        assert seen == []
-        arrive(job, ids[2])  # a newcomer: the round is asked for an update
-        assert job.update_gen == 1
-        cond.wake()
-    t.join(10)
-    assert seen == [1]
+            def check(final: bool):
+                reply = job.heartbeat(message["worker"], T0, request.commits)
+                changed = (reply.round, reply.update_gen, reply.abort_round) != (request.round, request.update_gen,
+                                                                                  request.abort_round)
+                return reply.to_wire() if changed or final else None
+
+            return check(False) or cond.hold_poll(check, LONG)
+
+    secret = new_secret()
+    server = ControlServer(Codec(secret, "t"), handler)
+    server.start()
+    replies = []
+    try:
+        client = DriverClient(f"127.0.0.1:{server.port}", Codec(secret, "t"), ids[0])
+        t = threading.Thread(target=lambda: replies.append(client.call("poll", PollRequest(1, 0, 0, 1).to_wire())))
+        t.start()
+        while True:  # until the server holds the request
+            with cond:
+                if cond.held()[0] == 1:
+                    break
+            t.join(0.01)
+        with cond:
+            arrive(job, ids[2])
+            cond.wake()
+        t.join(10)
+    finally:
+        server.close()
+    reply = PollReply.from_wire(replies[0])
+    assert (reply.round, reply.update_gen) == (1, 1)
