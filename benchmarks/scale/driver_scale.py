@@ -271,35 +271,94 @@ def live_driver(workers: int, seconds: float = 10.0, procs: int = 2) -> dict:
             "failed_calls": failed, "workers_lost": lost}
 
 
+def tick_cost(job: ElasticJob, ids: list[str], repeats: int = 40) -> float:
+    """Median seconds of one loop tick (``tick``: the driver calls it every 50 ms) at steady state."""
+    now, times = 1001.0, []
+    for _ in range(repeats):
+        for w in ids[:: max(1, len(ids) // 100)]:  # some workers heartbeat between two ticks, as in a live job
+            job.heartbeat(w, now)
+        t = time.perf_counter()
+        job.tick(now)
+        times.append(time.perf_counter() - t)
+        now += 0.05
+    return sorted(times)[len(times) // 2]
+
+
+def live_profiled(n: int, seconds: float, profile: bool) -> dict:
+    if not profile:
+        return live_driver(n, seconds)
+    try:
+        import yappi  # threads: cProfile sees only the calling thread
+    except ImportError:
+        print("--- profile of the live driver needs yappi (pip install -r requirements/bench.txt)")
+        return live_driver(n, seconds)
+    yappi.set_clock_type("cpu")
+    yappi.start()
+    try:
+        out = live_driver(n, seconds)
+    finally:
+        yappi.stop()
+    stats = yappi.get_func_stats().sort("tsub")
+    print(f"--- profile: live driver at {n} workers (CPU seconds; own, with callees; calls)")
+    for i, f in enumerate(stats):
+        if i >= 25:
+            break
+        print(f"{f.tsub:8.3f} {f.ttot:8.3f} {f.ncall:9d}  {Path(f.module).name}:{f.lineno} {f.name}")
+    yappi.clear_stats()
+    return out
+
+
 def main() -> None:
+    from cloud_elastic.driver.driver import _POLLS_PER_S, _TICK_S
+
     p = argparse.ArgumentParser()
-    p.add_argument("--steady", type=int, nargs="+", default=[512, 1024],
-                   help="worker counts whose steady-state cycle is measured (8000 needs a round of 8,000 first)")
+    p.add_argument("--rounds", type=int, nargs="+", default=[64, 256, 1024, 8000])
+    p.add_argument("--steady", type=int, nargs="+", default=[1024, 8000],
+                   help="worker counts whose steady-state discovery cycle and tick are measured")
+    p.add_argument("--live", type=int, nargs="+", default=[1024, 2048],
+                   help="worker counts simulated against the live driver (client threads in 2 processes)")
+    p.add_argument("--live-seconds", type=float, default=10.0)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
     args = p.parse_args()
-    res: dict = {"slots_per_host": SLOTS, "rounds": {}, "steady": {}}
-    for n in (64, 256, 1024):
-        _, _, _, round_s = profiled(lambda: running_job(n // SLOTS), args.profile and n == 256, f"round of {n}")
+    res: dict = {"slots_per_host": SLOTS, "rounds": {}, "steady": {}, "live": {}}
+    for n in args.rounds:
+        _, _, _, round_s = profiled(lambda: running_job(n // SLOTS), args.profile and n == 1024, f"round of {n}")
         res["rounds"][n] = round_s
         print(f"rendezvous round of {n}: {round_s * 1000:.1f} ms of driver CPU", flush=True)
-    interval = JobConfig.__dataclass_fields__["heartbeat_interval_s"].default
-    res["heartbeat_interval_s"] = interval
+    config = JobConfig(command=("true",), num_proc=1, min_np=1, max_np=1)
+    interval, timeout = config.heartbeat_interval_s, config.heartbeat_timeout_s
+    res["heartbeat_interval_s"], res["heartbeat_timeout_s"] = interval, timeout
     job = ids = None
     for n in args.steady:
         job, ids, first_cycle, round_s = running_job(n // SLOTS)
         cycle = profiled(lambda: cycle_cost(job, n // SLOTS, ids), args.profile, f"steady cycle at {n}")
         res["steady"][n] = {"first_cycle_s": first_cycle, "round_s": round_s, "cycle_s": cycle,
-                            "heartbeat_core_s": heartbeat_core_cost(job, ids)}
+                            "tick_s": tick_cost(job, ids), "heartbeat_core_s": heartbeat_core_cost(job, ids)}
         print(f"{n} workers: first discovery cycle (plans {n} launches) {first_cycle * 1000:.1f} ms; round "
-              f"{round_s:.1f} s; steady discovery + planning cycle {cycle * 1000:.1f} ms; heartbeat in the state "
-              f"machine {res['steady'][n]['heartbeat_core_s'] * 1e6:.1f} us", flush=True)
+              f"{round_s:.2f} s; steady discovery + planning cycle {cycle * 1000:.1f} ms; loop tick "
+              f"{res['steady'][n]['tick_s'] * 1000:.2f} ms; heartbeat in the state machine "
+              f"{res['steady'][n]['heartbeat_core_s'] * 1e6:.1f} us", flush=True)
     per_msg, count = control_plane_cost(job, ids)
     res["heartbeat_http_cpu_s"], res["heartbeat_http_count"] = per_msg, count
-    per_s = 8000 / interval
-    res["heartbeat_cpu_at_8000"] = per_s * per_msg
-    print(f"heartbeat through HTTP + HMAC: {per_msg * 1e6:.0f} us of driver CPU each ({count} messages); "
-          f"8,000 workers every {interval} s = {per_s:.0f}/s -> {per_s * per_msg:.2f} cores for heartbeats alone",
+    print(f"a heartbeat through HTTP + HMAC, answered at once: {per_msg * 1e6:.0f} us of driver CPU "
+          f"({count} messages, 16 client threads)", flush=True)
+    for n in args.live:
+        live = res["live"][n] = live_profiled(n, args.live_seconds, args.profile)
+        print(f"live driver, {n} workers long-polling: {live['cpu_s_per_s']:.2f} cores, {live['polls_per_s']:.0f} "
+              f"heartbeats/s, {live['cpu_per_poll_s'] * 1e6:.0f} us each ({live['system_share']:.0%} in the kernel), "
+              f"{live['failed_calls']} failed calls, {live['workers_lost']} workers lost", flush=True)
+    # At 8,000 workers: the heartbeats the driver holds for longer (Driver._poll_hold_s) at the cost
+    # per heartbeat of the largest live run, the loop's ticks, and one discovery cycle per interval.
+    n = 8000
+    hold = max(interval, min(timeout / 4, n / _POLLS_PER_S))
+    per_poll = res["live"][max(res["live"])]["cpu_per_poll_s"] if res["live"] else per_msg
+    steady = res["steady"].get(n) or res["steady"][max(res["steady"])]
+    parts = {"heartbeats": n / hold * per_poll, "ticks": steady["tick_s"] / _TICK_S,
+             "discovery": max(0.0, steady["cycle_s"] - steady["tick_s"]) / config.discovery_interval_s}
+    res["at_8000"] = dict(parts, hold_s=hold, heartbeats_per_s=n / hold, cores=sum(parts.values()))
+    print(f"at 8,000 workers: heartbeats held {hold:.2f} s = {n / hold:.0f}/s -> {parts['heartbeats']:.2f} cores; "
+          f"ticks {parts['ticks']:.2f}; discovery {parts['discovery']:.2f}; total {sum(parts.values()):.2f} cores",
           flush=True)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
 

@@ -107,9 +107,13 @@ class HostManager:
     provider_soft: dict[str, str] = field(default_factory=dict)
     _order: dict[str, int] = field(default_factory=dict)
     _seq: int = 0
+    #: Raised by every call that may change which slots are usable (update, notices, expiry), so a
+    #: caller can skip re-checking its workers' hosts while it stays the same.
+    version: int = 0
 
     def update(self, snapshot: DiscoveredHosts, now: float = 0.0) -> HostChanges:
         """Adopt a complete snapshot; return what changed."""
+        self.version += 1
         old_ready, old_draining, was_missing = dict(self.ready), dict(self.draining), set(self.missing)
         present = set(snapshot.ready) | set(snapshot.draining)
         for host in list(snapshot.ready) + list(snapshot.draining):
@@ -147,6 +151,7 @@ class HostManager:
         known = host in self.ready or host in self.draining or host in self.missing
         if not known:
             return False
+        self.version += 1
         news = host not in self.draining
         old = self.notices.get(host)
         if old is None or (drain.deadline is not None and (old.deadline is None or drain.deadline < old.deadline)):
@@ -157,6 +162,7 @@ class HostManager:
     def soft_notice(self, host: str, reason: str) -> bool:
         """A soft notice (rebalance, maintenance): no new worker is placed on ``host``. True if news."""
         news = host not in self.soft
+        self.version += 1
         self.soft[host] = reason
         return news
 
@@ -176,7 +182,11 @@ class HostManager:
     def expire(self, now: float) -> tuple[str, ...]:
         """Remove hosts missing for longer than the grace; return them (call on every tick)."""
         present = set(self.ready) | set(self.draining)
-        return self._forget_absent(present, now)
+        missing = len(self.missing)
+        gone = self._forget_absent(present, now)
+        if gone or len(self.missing) != missing:
+            self.version += 1
+        return gone
 
     def _forget_absent(self, present: set[str], now: float) -> tuple[str, ...]:
         for host, (_, since) in list(self.missing.items()):

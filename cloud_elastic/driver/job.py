@@ -192,6 +192,17 @@ class ElasticJob:
     _members_left: deque[WorkerRecord] = field(default_factory=deque)
     _rendezvous_news: set[str] = field(default_factory=set)  # left WAITING since take_rendezvous_news()
     _alive_memo: list[WorkerRecord] | None = None  # _alive() during one _step; reset on every birth or death
+    # Exact shortcuts for the scans of a step in which nothing they look at changed:
+    # no worker can be silent for longer than the timeout before _silence_due (running time), nor
+    # late to register before _start_due; no worker's host changed usability while hosts.version
+    # is _leavers_checked; no member was marked draining in a round other than _draining_round.
+    # All three are recomputed when a worker is born (the count of workers changes).
+    _silence_due: float = float("-inf")
+    _start_due: float = float("-inf")
+    _liveness_workers: int = -1
+    _leavers_checked: tuple[int, int] = (-1, -1)
+    _draining_round: int = -1
+    _alive_count: int = 0  # as of the last step
 
     def __post_init__(self) -> None:
         if self.resumed:
@@ -372,6 +383,7 @@ class ElasticJob:
             elif state is S.STARTING or state is S.CONNECTED:
                 starting.add(w.worker_id)
         self._rendezvous_news |= self._waiting_ids - waiting
+        self._alive_count = len(alive)
         self._waiting_ids, self._starting_ids, self._members_left, self._running_left = waiting, starting, members, running
 
     def assignment(self, worker_id: str) -> Assignment | ExitOrder | None:
@@ -479,6 +491,11 @@ class ElasticJob:
         """
         news, self._rendezvous_news = self._rendezvous_news, set()
         return news
+
+    @property
+    def alive_count(self) -> int:
+        """How many workers were alive at the last step (a cheap size of the group)."""
+        return self._alive_count
 
     def rank_of(self, worker_id: str) -> int | None:
         w = self.workers.get(worker_id)
@@ -624,6 +641,10 @@ class ElasticJob:
     def _check_liveness(self, now: float) -> None:
         running_now = self._clock(now)
         timeout = self.policy.heartbeat_timeout_s
+        if (len(self.workers) == self._liveness_workers and running_now <= self._silence_due
+                and now <= self._start_due):
+            return  # last_seen only grows, so no one can have gone silent since the last scan
+        silence_due = start_due = float("inf")
         for w in self._alive():
             if w.state is S.COMPLETED:
                 continue
@@ -631,8 +652,13 @@ class ElasticJob:
                 silent = running_now - w.last_seen
                 if silent > timeout:
                     self._give_up(w, f"stopped answering heartbeats for {silent:.1f}s", now)
+                elif w.last_seen + timeout < silence_due:
+                    silence_due = w.last_seen + timeout
             elif now - w.launched_at > self.policy.start_timeout_s:
                 self._give_up(w, f"did not reach rendezvous within {self.policy.start_timeout_s:g}s", now)
+            elif w.launched_at + self.policy.start_timeout_s < start_due:
+                start_due = w.launched_at + self.policy.start_timeout_s
+        self._silence_due, self._start_due, self._liveness_workers = silence_due, start_due, len(self.workers)
 
     def _give_up(self, w: WorkerRecord, what: str, now: float) -> None:
         was_member = w.member_of(self.round)
@@ -657,6 +683,10 @@ class ElasticJob:
     # --------------------------------------------------- leaving hosts
     def _mark_leavers(self) -> None:
         """Workers whose host is draining or gone (past the missing grace) are asked to leave."""
+        checked = (self.hosts.version, len(self.workers))
+        if checked == self._leavers_checked:
+            return  # no host changed and no worker was born since every worker's host was checked
+        self._leavers_checked = checked
         ready, missing = self.hosts.ready, self.hosts.missing
         for w in self._alive():
             if w.state not in _ACTIVE:
@@ -670,6 +700,7 @@ class ElasticJob:
             log.info("job %s: worker %s (%s) will leave: %s", self.job_id, w.worker_id, w.label, why)
             if w.state is S.RUNNING:
                 w.to(S.DRAINING, why)  # leaves at its next commit
+                self._draining_round = self.round
             else:
                 w.to(S.EXITING, why)
                 if w.state is not S.WAITING:
@@ -770,10 +801,14 @@ class ElasticJob:
             return
         # Outside start-up a worker counts once it reaches rendezvous: a slot that
         # crashes on every launch must not restart the elastic timeout each time.
-        counted = self._active()
-        if self.phase is not Phase.STARTING:
-            counted = [w for w in counted if w.state in (S.WAITING, S.RUNNING)]
-        if len(counted) >= self.policy.min_np:
+        if self.phase is Phase.STARTING:
+            counted = len(self._active())
+        else:
+            counted = 0
+            for w in self._alive():  # a count, not a list: this runs over every worker each step
+                if w.state is S.WAITING or w.state is S.RUNNING:
+                    counted += 1
+        if counted >= self.policy.min_np:
             self._below_min_since = None
             self._waits.pop("min_np", None)
             return
@@ -784,8 +819,8 @@ class ElasticJob:
                 self.job_id, len(self._active()), self.policy.min_np, self.policy.elastic_timeout_s,
             )
         else:
-            self._progress(now, "min_np", f"below --min-np {self.policy.min_np}: {len(counted)} worker(s) ready, "
-                                          f"{len(self._active()) - len(counted)} starting")
+            self._progress(now, "min_np", f"below --min-np {self.policy.min_np}: {counted} worker(s) ready, "
+                                          f"{len(self._active()) - counted} starting")
         if now - self._below_min_since > self.policy.elastic_timeout_s:
             last = f"; last failure: {self._last_failure}" if self._last_failure else ""
             self._finish(
@@ -829,10 +864,11 @@ class ElasticJob:
         newcomer_ready = any(workers[i].state is S.WAITING and workers[i].rank is None
                              for i in self._waiting_ids if i in workers)
         member_leaving = False
-        for w in members:
-            if w.state is S.DRAINING:
-                member_leaving = True
-                break
+        if self._draining_round == self.round:  # only _mark_leavers makes members drain
+            for w in members:
+                if w.state is S.DRAINING:
+                    member_leaving = True
+                    break
         if newcomer_ready or member_leaving:
             self._request_update("new worker ready" if newcomer_ready else "a host is leaving")
 

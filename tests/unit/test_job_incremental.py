@@ -85,3 +85,25 @@ def test_news_names_a_waiting_worker_told_to_leave_and_not_the_others_waiting():
     assert job.take_rendezvous_news() == {b}
     assert isinstance(job.assignment(b), ExitOrder)
     assert job.assignment(ids[0]) is None  # the other waiting worker still waits
+
+
+def test_a_worker_silent_past_the_timeout_is_given_up_at_the_first_tick_after_it_and_not_before():
+    # Ticks skip their scan of every worker while no one can have been silent for the timeout
+    # (5 s); the silent worker must still be found on time, and the others, heartbeating, never.
+    from cloud_elastic.driver.job import Stop
+
+    job, ids = job_on({"a": 4}, 4)
+    for w in ids:
+        arrive(job, w)
+    silent, now = ids[2], T0
+    while now < T0 + 5.0:
+        now = round(now + 0.05, 2)
+        for w in ids:
+            if w != silent:
+                job.heartbeat(w, now)
+        job.tick(now)
+        assert not [a for a in job.take_actions() if isinstance(a, Stop)], f"a worker was given up at {now}"
+    now = round(now + 0.05, 2)
+    job.tick(now)
+    stops = [a for a in job.take_actions() if isinstance(a, Stop)]
+    assert [s.worker_id for s in stops] == [silent] and "stopped answering heartbeats" in stops[0].reason
