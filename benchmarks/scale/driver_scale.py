@@ -1,25 +1,33 @@
 """How the driver scales to a large group: 1,000 simulated hosts x 8 slots.
 
-    flock /tmp/bench.lock .venv/bin/python benchmarks/scale/driver_scale.py [--steady 512 1024] [--profile]
+    flock /tmp/bench.lock .venv/bin/python benchmarks/scale/driver_scale.py [--profile]
 
 A fake provider (a snapshot of H hosts with 8 slots each) feeds the driver's real
 state machine (``driver/job.py:ElasticJob``); simulated workers walk through the
 same calls the control-plane handlers make (register, rendezvous, assignment,
 heartbeat). Measured:
 
-1. one discovery + planning cycle (``discovered`` + ``tick``) at steady state with
-   N running workers (512 and 1,024 by default: forming the first round of
-   8,000 takes the driver far too long, see the rounds), and the first one;
-2. one rendezvous round of 64, 256 and 1,024 workers: every member arrives, the
-   round forms, every member collects its assignment;
-3. the control plane: the CPU the driver process spends per heartbeat, through
-   the real HTTP server and HMAC codec (``ControlServer``), answered by the state
-   machine; real clients (``DriverClient``) in another process. Steady-state
-   driver CPU per second at 8,000 workers = that cost x 8,000 / the heartbeat
-   interval (``JobConfig.heartbeat_interval_s``) + the discovery cycles.
+1. one rendezvous round of 64, 256, 1,024 and 8,000 workers: every member
+   arrives, the round forms, every member collects its assignment;
+2. at steady state with 1,024 and 8,000 running workers: one discovery +
+   planning cycle (``discovered`` + ``tick``), the first one (which plans every
+   launch), and one loop tick alone (the driver ticks every 50 ms);
+3. the control plane, answered at once: driver CPU per heartbeat through the real
+   server and HMAC codec (``ControlServer``, ``Codec``), real clients
+   (``DriverClient``, 16 threads) in another process;
+4. the live driver: ``Driver._handle`` behind the real server, its loop ticking
+   and discovery answering every second, 1,024 and 2,048 simulated workers
+   long-polling their heartbeats from two other processes as the worker's
+   heartbeat thread does. Driver-process CPU per second and per heartbeat.
+
+Driver CPU at 8,000 workers is then estimated from its parts: heartbeats (8,000
+per hold time, ``Driver._poll_hold_s``, at the cost per heartbeat of the largest
+live run), ticks (20 a second) and one discovery cycle per second.
 
 Targets (issue 15): less than one core at 8,000 workers; a cycle <= 0.1 s; a
-round of 1,024 <= 2 s. ``--profile`` prints cProfile's top functions of each part.
+round of 1,024 <= 2 s. ``--profile`` prints cProfile's top functions of the
+state-machine parts and, with yappi installed (requirements/bench.txt), the
+live driver's threads.
 """
 
 from __future__ import annotations

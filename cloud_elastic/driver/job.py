@@ -644,7 +644,8 @@ class ElasticJob:
         if (len(self.workers) == self._liveness_workers and running_now <= self._silence_due
                 and now <= self._start_due):
             return  # last_seen only grows, so no one can have gone silent since the last scan
-        silence_due = start_due = float("inf")
+        # A worker that registers after this scan has last_seen >= running_now: no bound beyond now + timeout.
+        silence_due, start_due = running_now + timeout, float("inf")
         for w in self._alive():
             if w.state is S.COMPLETED:
                 continue

@@ -26,8 +26,8 @@ def job_on(hosts: dict[str, int], np: int, *, min_np: int = 1, max_np: int | Non
     return job, ids
 
 
-def arrive(job: ElasticJob, w: str, last_round: int = 0, reason: str = "start", commits: int = 0):
-    job.rendezvous(w, last_round, reason, T0, commits)
+def arrive(job: ElasticJob, w: str, last_round: int = 0, reason: str = "start", commits: int = 0, now: float = T0):
+    job.rendezvous(w, last_round, reason, now, commits)
     return job.assignment(w)
 
 
@@ -92,11 +92,16 @@ def test_a_worker_silent_past_the_timeout_is_given_up_at_the_first_tick_after_it
     # (5 s); the silent worker must still be found on time, and the others, heartbeating, never.
     from cloud_elastic.driver.job import Stop
 
-    job, ids = job_on({"a": 4}, 4)
+    job = ElasticJob(Policy(4, 1, 4), HostManager(Blacklist((10, 300), random.Random(0))), job_id="t")
+    job.start(T0)
+    job.discovered(DiscoveredHosts(ready={"a": 4}), T0)
+    ids = [a.worker_id for a in job.take_actions() if isinstance(a, Launch)]
+    job.tick(T0 + 0.05)  # the driver ticks while its workers are still starting (importing torch)
     for w in ids:
-        arrive(job, w)
-    silent, now = ids[2], T0
-    while now < T0 + 5.0:
+        job.registered(w, T0 + 0.1)
+        arrive(job, w, now=T0 + 0.1)
+    silent, now = ids[2], T0 + 0.1
+    while now < T0 + 5.1:
         now = round(now + 0.05, 2)
         for w in ids:
             if w != silent:
