@@ -240,7 +240,7 @@ class _NoLaunch:
         pass
 
 
-def live_driver(workers: int, seconds: float = 10.0, procs: int = 1) -> dict:
+def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None) -> dict:
     """The real driver at steady state: ``Driver._handle`` (held heartbeats) behind the real server,
     its loop ticking every 50 ms, a discovery snapshot every ``discovery_interval_s``, ``workers``
     simulated workers long-polling from ``procs`` other processes. Driver-process CPU over a window."""
@@ -273,6 +273,7 @@ def live_driver(workers: int, seconds: float = 10.0, procs: int = 1) -> dict:
             driver._on_discovery(snap)
 
     threading.Thread(target=discover, daemon=True).start()
+    procs = procs or (1 if workers <= 4000 else 2)  # one client process signs ~3,000 polls a second here
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     start = time.time() + 3.0 + workers / 500  # the client processes import and start their threads
@@ -377,19 +378,27 @@ def main() -> None:
         print(f"live driver, {n} workers long-polling: {live['cpu_s_per_s']:.2f} cores, {live['polls_per_s']:.0f} "
               f"heartbeats/s, {live['cpu_per_poll_s'] * 1e6:.0f} us each ({live['system_share']:.0%} in the kernel), "
               f"{live['failed_calls']} failed calls, {live['workers_lost']} workers lost", flush=True)
-    # At 8,000 workers: the heartbeats the driver holds for longer (Driver._poll_hold_s) at the cost
-    # per heartbeat of the largest live run, the loop's ticks, and one discovery cycle per interval.
+    # At 8,000 workers: the heartbeats the driver holds for longer (Driver._poll_hold_s) at the cost of one
+    # heartbeat in the largest live run (its CPU less that run's ticks and discovery cycles), the loop's
+    # ticks, and one discovery cycle per interval. A live run can fall short of the full heartbeat rate:
+    # its client processes share the machine's two cores with the driver.
     n = 8000
     hold = max(interval, min(timeout / 4, n / _POLLS_PER_S))
-    per_poll = res["live"][max(res["live"])]["cpu_per_poll_s"] if res["live"] else per_msg
     steady = res["steady"].get(n) or res["steady"][max(res["steady"])]
-    parts = {"heartbeats": n / hold * per_poll, "ticks": steady["tick_s"] / _TICK_S,
-             "discovery": max(0.0, steady["cycle_s"] - steady["tick_s"]) / config.discovery_interval_s}
-    res["at_8000"] = dict(parts, hold_s=hold, heartbeats_per_s=n / hold, cores=sum(parts.values()))
-    print(f"at 8,000 workers, estimated: heartbeats held {hold:.2f} s = {n / hold:.0f}/s -> {parts['heartbeats']:.2f} "
-          f"cores; ticks {parts['ticks']:.2f}; discovery {parts['discovery']:.2f}; total {sum(parts.values()):.2f} "
-          f"cores" + (f"; measured live: {res['live'][n]['cpu_s_per_s']:.2f} cores" if n in res["live"] else ""),
-          flush=True)
+    ticks = steady["tick_s"] / _TICK_S
+    discovery = max(0.0, steady["cycle_s"] - steady["tick_s"]) / config.discovery_interval_s
+    per_poll = per_msg
+    if res["live"]:
+        big = max(res["live"])
+        live, at = res["live"][big], res["steady"].get(big) or steady
+        overhead = at["tick_s"] / _TICK_S + max(0.0, at["cycle_s"] - at["tick_s"]) / config.discovery_interval_s
+        per_poll = max(0.0, live["cpu_s_per_s"] - overhead) / max(1.0, live["polls_per_s"])
+    parts = {"heartbeats": n / hold * per_poll, "ticks": ticks, "discovery": discovery}
+    res["at_8000"] = dict(parts, hold_s=hold, heartbeats_per_s=n / hold, heartbeat_cpu_s=per_poll,
+                          cores=sum(parts.values()))
+    print(f"at 8,000 workers, estimated: heartbeats held {hold:.2f} s = {n / hold:.0f}/s x {per_poll * 1e6:.0f} us = "
+          f"{parts['heartbeats']:.2f} cores; ticks {ticks:.2f}; discovery {discovery:.2f}; total "
+          f"{sum(parts.values()):.2f} cores", flush=True)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
 
 
