@@ -460,13 +460,13 @@ class Driver:
                 self._job.discovered(result, self._clock())
             self._cond.notify_all()
 
-    def _handle(self, kind: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
+    def _handle(self, kind: str, msg: dict[str, Any], *, adoption_checked: bool = False) -> dict[str, Any] | Held:
         worker_id = msg.get("worker")
         if not isinstance(worker_id, str):
             raise ControlPlaneError("message lacks a worker id")
         with self._cond:
             now = self._clock()
-            if self._adoption is not None:
+            if self._adoption is not None and not adoption_checked:
                 early = self._while_adopting(kind, worker_id, msg)
                 if early is not None:
                     return early
@@ -786,7 +786,7 @@ class Driver:
             log.warning("job %s: cannot reach worker %s of the previous driver: %s", self.job_id, worker.worker_id, exc)
         return None
 
-    def _while_adopting(self, kind: str, worker_id: str, msg: dict[str, Any]) -> dict[str, Any] | None:
+    def _while_adopting(self, kind: str, worker_id: str, msg: dict[str, Any]) -> dict[str, Any] | Held | None:
         """What a restarted driver answers before the job's rules see a message (None: let them).
 
         A worker of the predecessor not adopted yet is told to re-register;
@@ -810,9 +810,16 @@ class Driver:
             if kind == "rendezvous":
                 return ReRegister().to_wire()
         if self._adopting and kind in ("rendezvous", "completed", "notice", "checkpoint"):
-            self._cond.wait_for(lambda: not self._adopting, _RENDEZVOUS_POLL_S if kind == "rendezvous" else 60.0)
-            if self._adopting and kind == "rendezvous":
-                return WaitReply().to_wire()  # it asks again
+            # Held, not waited for: the control-plane server answers every connection from one thread.
+            def check(final: bool) -> dict[str, Any] | None:
+                if self._adopting and not final:
+                    return None
+                if kind == "rendezvous":
+                    return WaitReply().to_wire()  # it asks again, and is then served as usual
+                reply = self._handle(kind, msg, adoption_checked=True)
+                return reply if isinstance(reply, dict) else WaitReply().to_wire()
+
+            return self._cond.hold(check, _RENDEZVOUS_POLL_S if kind == "rendezvous" else 60.0)
         return None
 
     def _adopt_worker(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:

@@ -51,6 +51,7 @@ class JobCondition(threading.Condition):
         self._polls: dict[Held, Check] = {}
         self._rendezvous: dict[str, dict[Held, Check]] = {}
         self._rendezvous_key: tuple[Any, ...] | None = None
+        self._others: dict[Held, Check] = {}
 
     def watch(self, job: Any) -> None:
         """Answer held requests on the changes of ``job`` (an :class:`~.job.ElasticJob`)."""
@@ -70,6 +71,8 @@ class JobCondition(threading.Condition):
         job = self._job
         if job is None:
             return
+        for held, check in list(self._others.items()):  # few, and rare (see hold)
+            self._try(self._others, held, check)
         key = self._poll_state()
         if key != self._poll_key:
             self._poll_key = key
@@ -108,6 +111,13 @@ class JobCondition(threading.Condition):
 
         held = Held(timeout_s, final)
         holds[held] = check
+        return held
+
+    def hold(self, check: Check, timeout_s: float) -> Held:
+        """A request held until ``check`` answers, asked again at every ``notify_all()``: for rare
+        waits on driver state other than the job's (the server has one thread: nothing may block it)."""
+        held = Held(timeout_s, lambda: self._final(self._others, held, check))
+        self._others[held] = check
         return held
 
     def held(self) -> tuple[int, set[str]]:

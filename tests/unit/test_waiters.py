@@ -130,3 +130,19 @@ def test_a_heartbeat_held_by_the_real_server_is_answered_with_the_new_update_gen
         server.close()
     reply = PollReply.from_wire(replies[0])
     assert (reply.round, reply.update_gen) == (1, 1)
+
+
+def test_a_request_held_on_other_driver_state_is_answered_at_the_first_notify_after_it_changes():
+    # As a restarted driver holds a rendezvous until its adoption window closes: nothing may block
+    # the one server thread, so the request is held and asked again at each notify_all.
+    job, _ = job_on({"a": 1}, 1)
+    cond = JobCondition()
+    cond.watch(job)
+    adopting = [True]
+    with cond:
+        held = cond.hold(lambda final: None if adopting[0] and not final else {"status": "wait"}, LONG)
+        cond.notify_all()
+        assert not held.answered
+        adopting[0] = False
+        cond.notify_all()
+        assert held.answered
