@@ -181,6 +181,7 @@ def test_a_spot_notice_is_recorded_as_notice_drain_and_graceful_leave(jobs, tmp_
 def test_every_event_kind_is_exercised_by_an_integration_test():
     """Guards the schema: a new kind must come with a run that shows it (or be named here as covered elsewhere)."""
     source = Path(__file__).read_text()
-    elsewhere = {"checkpoint_saved", "checkpoint_loaded"}  # the durable-checkpoint tests own these
+    # The durable-checkpoint tests own the checkpoint kinds, test_driver_adoption.py the adoption ones.
+    elsewhere = {"checkpoint_saved", "checkpoint_loaded", "worker_adopted", "adoption_done"}
     missing = [k for k in SCHEMA if k not in elsewhere and f'"{k}"' not in source]
     assert missing == []
