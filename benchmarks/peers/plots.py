@@ -49,11 +49,13 @@ def fault_table(rows: dict[str, dict], what: str) -> list[str]:
 
 def tables(results: dict) -> str:
     lines = []
-    if "step_time" in results:
-        wall, cpu = results["step_time"], results.get("step_cpu", {})
+    for key in [k for k in results if k.startswith("step_time") and not k.endswith("_alone")]:
+        # One table per step-time run ("step_time", or e.g. "step_time_torchft" from --steps-key).
+        wall, cpu = results[key], results.get(key.replace("step_time", "step_cpu"), {})
         ratios, cpu_ratios = step_ratios(wall), step_ratios(cpu) if cpu else {}
-        alone = results.get("step_time_alone", {})
-        paused = results.get("paused_cpu_s", {})
+        alone = results.get(key + "_alone", {})
+        paused = results.get(key.replace("step_time", "paused_cpu_s"), {})
+        lines.append(f"{key} ({results.get('when', {}).get(key, '')}):")
         lines += ["| system (2 workers, one host) | median step (sliced) | / DDP, median of rounds (middle half) "
                   "| CPU per step / DDP's | step run alone | CPU used while paused |", "|---|---|---|---|---|---|"]
         for name, rounds in wall.items():

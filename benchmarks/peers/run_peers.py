@@ -118,9 +118,13 @@ def step_time_variants(ckpt_root: str) -> dict[str, tuple[list[str], dict[str, s
         "ddp": ([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKLOAD, "ddp", *common], {}),
         "cloud-elastic, commit every step": (elastic_cmd(2, "127.0.0.1:2", [*common, "--commit-every", "1"], 60), {}),
         "cloud-elastic, commit every 10": (elastic_cmd(2, "127.0.0.1:2", [*common, "--commit-every", "10"], 60), {}),
-        "torchft": ([PY, WORKLOAD, "torchft", "--replicas", "2", *common, "--lighthouse-heartbeat-ms", "600000"], {}),
+        # Timeouts longer than a pause (the other jobs' slices): a Gloo collective or quorum call in
+        # flight when paused would otherwise time out on resume and the step be discarded.
+        "torchft": ([PY, WORKLOAD, "torchft", "--replicas", "2", *common, "--lighthouse-heartbeat-ms", "600000",
+                     "--pg-timeout-s", "600"], {}),
         "torchft, 10 ms quorum tick": ([PY, WORKLOAD, "torchft", "--replicas", "2", *common,
-                                        "--lighthouse-heartbeat-ms", "600000", "--lighthouse-tick-ms", "10"], {}),
+                                        "--lighthouse-heartbeat-ms", "600000", "--lighthouse-tick-ms", "10",
+                                        "--pg-timeout-s", "600"], {}),
     }
     for every in (10, 100):
         d = tempfile.mkdtemp(dir=ckpt_root)
@@ -189,17 +193,19 @@ def interleaved(variants: dict[str, tuple[list[str], dict[str, str]]], rounds: i
     out = {}
     for job in jobs:
         logs = steplogs(job.lines)
-        walls, cpus = [], []
+        walls, cpus, counts = [], [], []
         for t0, t1 in job.windows:
             by_rank: dict[int, list[dict]] = {}
             for e in logs:
                 if e["t"] - e["dt"] >= t0 and e["t"] <= t1:
                     by_rank.setdefault(e["rank"], []).append(e)
-            ok = len(by_rank) == 2 and min(len(v) for v in by_rank.values()) >= 5
+            counts.append(min((len(v) for v in by_rank.values()), default=0) if len(by_rank) == 2 else 0)
+            ok = counts[-1] >= 5
             # The first step of a slice is dropped: caches and Gloo's peers are still waking up.
             walls.append(max(statistics.median(x["dt"] for x in v[1:]) for v in by_rank.values()) if ok else float("nan"))
             cpus.append(sum(statistics.median(x["cpu"] for x in v[1:]) for v in by_rank.values()) if ok else float("nan"))
         out[job.name] = {"wall": walls, "cpu": cpus, "paused_cpu_s": round(paused_cpu[job.name], 3)}
+        print(f"{job.name}: steps per slice (fewest over ranks): {counts}", flush=True)
     return out
 
 
@@ -374,6 +380,9 @@ def main() -> None:
     p.add_argument("--slice", type=float, default=2.5)
     p.add_argument("--quick", action="store_true", help="a smoke run of a few minutes: 4 rounds, 1 fault each, 45 s bound")
     p.add_argument("--only", choices=["steps", "kill", "stop"], action="append", default=None)
+    p.add_argument("--variants", action="append", default=None,
+                   help="step time: only the variants whose name contains this (and DDP, the base)")
+    p.add_argument("--steps-key", default="step_time", help="results key of the step-time rows")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "peers" / "results.json"))
     args = p.parse_args()
     if args.quick:
@@ -393,13 +402,18 @@ def main() -> None:
         results["when"] = {}
     with tempfile.TemporaryDirectory() as ckpt_root:
         if "steps" in only:
-            variants = step_time_variants(ckpt_root)
-            sliced = interleaved(variants, args.rounds, args.slice, warmup=10)
-            save("step_time", {n: v["wall"] for n, v in sliced.items()})
-            save("step_cpu", {n: v["cpu"] for n, v in sliced.items()})
-            save("paused_cpu_s", {n: v["paused_cpu_s"] for n, v in sliced.items()})
+            def chosen() -> dict:
+                every = step_time_variants(ckpt_root)
+                return {n: v for n, v in every.items() if n == "ddp" or not args.variants
+                        or any(w in n for w in args.variants)}
+
+            key = args.steps_key
+            sliced = interleaved(chosen(), args.rounds, args.slice, warmup=10)
+            save(key, {n: v["wall"] for n, v in sliced.items()})
+            save(key.replace("step_time", "step_cpu"), {n: v["cpu"] for n, v in sliced.items()})
+            save(key.replace("step_time", "paused_cpu_s"), {n: v["paused_cpu_s"] for n, v in sliced.items()})
             print(json.dumps(sliced, indent=1), flush=True)
-            save("step_time_alone", solo(step_time_variants(ckpt_root), 4.0 if args.quick else 8.0, warmup=10))
+            save(key + "_alone", solo(chosen(), 4.0 if args.quick else 8.0, warmup=10))
         for fault, key in (("kill", "recovery"), ("stop", "silent_loss")):
             if fault in only:
                 rec: dict[str, dict] = {}
