@@ -314,8 +314,10 @@ def fault_systems(ckpt_root: str, fault: str) -> dict[str, callable]:
 
 
 def one_fault(make, fault: str, warm_steps: int, bound_s: float) -> tuple[float, int]:
-    """Start a job, hit rank 1 with the fault once three ranks step, and return (seconds from the
-    fault to the survivors' next completed step, steps lost). TimeoutError past ``bound_s``."""
+    """Start a job, hit rank 1 with the fault once three ranks passed ``warm_steps``, and return
+    (seconds from the fault to the survivors' next completed step, steps lost). TimeoutError past
+    ``bound_s``. Vary ``warm_steps`` across repeats: a fault always right after a checkpoint step
+    would hide what periodic checkpoints lose."""
     job = make()
     try:
         job.wait(lambda: len({e["rank"] for e in job.logs if e["step"] >= warm_steps}) == 3, 300, "three ranks stepping")
@@ -347,7 +349,8 @@ def faults(ckpt_root: str, fault: str, repeats: int, bound_s: float, out: dict) 
         times, lost = [], []
         for i in range(repeats):
             try:
-                t, n = one_fault(make, fault, warm_steps=20, bound_s=bound_s)
+                # 23, 27, 21, 25, 29, ...: the fault lands at different distances from a checkpoint every 10.
+                t, n = one_fault(make, fault, warm_steps=21 + (4 * i + 2) % 10, bound_s=bound_s)
             except TimeoutError as exc:
                 print(f"{name}: {fault} {i + 1}: {str(exc).splitlines()[0]}", flush=True)
                 t, n = float("inf"), -1
