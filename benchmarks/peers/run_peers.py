@@ -343,9 +343,11 @@ def one_fault(make, fault: str, warm_steps: int, bound_s: float) -> tuple[float,
         job.stop()  # SIGKILL: also ends a stopped worker
 
 
-def faults(ckpt_root: str, fault: str, repeats: int, bound_s: float, out: dict) -> None:
+def faults(ckpt_root: str, fault: str, repeats: int, bound_s: float, out: dict, only: list[str] | None = None) -> None:
     """Every system's repeats of one fault into ``out``; a miss of the bound is recorded (inf), not fatal."""
     for name, make in fault_systems(ckpt_root, fault).items():
+        if only and not any(w in name for w in only):
+            continue
         times, lost = [], []
         for i in range(repeats):
             try:
@@ -385,6 +387,8 @@ def main() -> None:
     p.add_argument("--only", choices=["steps", "kill", "stop"], action="append", default=None)
     p.add_argument("--variants", action="append", default=None,
                    help="step time: only the variants whose name contains this (and DDP, the base)")
+    p.add_argument("--systems", action="append", default=None,
+                   help="faults: only the systems whose name contains this (the others' rows are kept)")
     p.add_argument("--steps-key", default="step_time", help="results key of the step-time rows")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "peers" / "results.json"))
     args = p.parse_args()
@@ -419,8 +423,9 @@ def main() -> None:
             save(key + "_alone", solo(chosen(), 4.0 if args.quick else 8.0, warmup=10))
         for fault, key in (("kill", "recovery"), ("stop", "silent_loss")):
             if fault in only:
-                rec: dict[str, dict] = {}
-                faults(ckpt_root, fault, args.repeats, args.bound, rec)
+                # With --systems, the other systems' rows of an earlier run stay.
+                rec: dict[str, dict] = dict(results.get(key, {})) if args.systems else {}
+                faults(ckpt_root, fault, args.repeats, args.bound, rec, args.systems)
                 save(key, rec)
     print(f"wrote {out}")
 
