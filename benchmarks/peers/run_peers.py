@@ -348,7 +348,7 @@ def faults(ckpt_root: str, fault: str, repeats: int, bound_s: float, out: dict, 
     for name, make in fault_systems(ckpt_root, fault).items():
         if only and not any(w in name for w in only):
             continue
-        times, lost = [], []
+        times, lost, misses = [], [], []
         for i in range(repeats):
             try:
                 # 23, 27, 21, 25, 29, ...: the fault lands at different distances from a checkpoint every 10.
@@ -356,10 +356,12 @@ def faults(ckpt_root: str, fault: str, repeats: int, bound_s: float, out: dict, 
             except TimeoutError as exc:
                 print(f"{name}: {fault} {i + 1}: {str(exc).splitlines()[0]}", flush=True)
                 t, n = float("inf"), -1
+                # What the job printed last (without step lines): why it did not step again.
+                misses.append([l[:300] for l in str(exc).splitlines() if "STEPLOG" not in l][-12:])
             times.append(t)
             lost.append(n)
             print(f"{name}: {fault} {i + 1}: next step after {t:.3f}s, {n} steps lost", flush=True)
-        out[name] = {"recovery_s": times, "steps_lost": lost, "bound_s": bound_s}
+        out[name] = {"recovery_s": times, "steps_lost": lost, "bound_s": bound_s, "misses": misses}
 
 
 def pct(values: list[float], q: float) -> float:
