@@ -301,6 +301,9 @@ def fault_systems(ckpt_root: str, fault: str) -> dict[str, callable]:
             "torchrun elastic (monitor 0.1 s, last call 1 s, checkpoint every 10)": te(10, 0.1, 1),
             "torchft (defaults)": ft(),
             "torchft (heartbeat 1 s, tick 10 ms)": ft(*fast_ft),
+            # The same without torchft.DistributedDataParallel, whose comm hook can assert on the error
+            # a dead peer raises (see workload.py): gradients through Manager.allreduce.
+            "torchft (heartbeat 1 s, tick 10 ms, Manager.allreduce)": ft(*fast_ft, "--torchft-manual-allreduce"),
         }
     return {
         "cloud-elastic (heartbeat timeout 5 s, the default)": ce(5.0),
