@@ -111,8 +111,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--worker", action="store_true")
-    ap.add_argument("--out", default=str(HERE / "results.json"))
+    ap.add_argument("--out", default=None, help="default: results.json, or results-quick.json with --quick")
     args = ap.parse_args()
+    args.out = args.out or str(HERE / ("results-quick.json" if args.quick else "results.json"))
     if args.worker:
         worker(args.quick)
         return

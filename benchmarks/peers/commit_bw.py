@@ -79,8 +79,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="up to 256 MB, 3 repetitions")
     ap.add_argument("--max-mb", type=int, default=0, help="largest state to measure (MB)")
-    ap.add_argument("--out", default=str(HERE / "results.json"))
+    ap.add_argument("--out", default=None, help="default: results.json, or results-quick.json with --quick")
     args = ap.parse_args()
+    args.out = args.out or str(HERE / ("results-quick.json" if args.quick else "results.json"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 

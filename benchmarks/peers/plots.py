@@ -1,6 +1,7 @@
 """Figures and the markdown tables of the peer comparison, from ``results.json``.
 
-    python benchmarks/peers/plots.py   -> docs/images/peers_{step_time,recovery,allreduce,commit}.png; tables on stdout
+    python benchmarks/peers/plots.py [RESULTS] [--no-draw]
+        -> docs/images/peers_{step_time,recovery,allreduce,commit}.png; markdown tables on stdout
 """
 
 from __future__ import annotations
@@ -170,7 +171,10 @@ def draw(results: dict) -> None:
 
 
 if __name__ == "__main__":
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "results.json"
+    # plots.py [RESULTS] [--no-draw]: --no-draw prints the tables only (a smoke run's, say).
+    names = [a for a in sys.argv[1:] if not a.startswith("--")]
+    path = Path(names[0]) if names else HERE / "results.json"
     results = json.loads(path.read_text())
-    draw(results)
+    if "--no-draw" not in sys.argv:
+        draw(results)
     print(tables(results))
