@@ -128,7 +128,12 @@ def draw(results: dict) -> None:
         fig.savefig(IMAGES / "peers_recovery.png", dpi=110)
         plt.close(fig)
     if "step_time" in results:
-        ratios = step_ratios(results["step_time"])
+        ratios = {n: r for n, r in step_ratios(results["step_time"]).items() if len(r) >= 3}
+        for key in [k for k in results if k.startswith("step_time_") and not k.endswith("_alone")]:
+            # A later run of some variants (--steps-key): its rows, with their own DDP as the base.
+            for n, r in step_ratios(results[key]).items():
+                if n != "ddp" and len(r) >= 3:
+                    ratios[f"{n} ({key.removeprefix('step_time_')} run)"] = r
         names = [n for n in ratios if n != "ddp"]
         fig, ax = plt.subplots(figsize=(9, 3.5))
         ax.boxplot([ratios[n] or [float("nan")] for n in names], orientation="horizontal")
