@@ -206,6 +206,10 @@ def interleaved(variants: dict[str, tuple[list[str], dict[str, str]]], rounds: i
             cpus.append(sum(statistics.median(x["cpu"] for x in v[1:]) for v in by_rank.values()) if ok else float("nan"))
         out[job.name] = {"wall": walls, "cpu": cpus, "paused_cpu_s": round(paused_cpu[job.name], 3)}
         print(f"{job.name}: steps per slice (fewest over ranks): {counts}", flush=True)
+        if not any(counts):  # say why, instead of a silent row of n/a
+            tail = [l.rstrip()[:300] for l in job.lines if "STEPLOG" not in l][-15:]
+            print(f"{job.name}: no step in any slice (exit code {job.proc.poll()}); its last lines:\n  "
+                  + "\n  ".join(tail), flush=True)
     return out
 
 
