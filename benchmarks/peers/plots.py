@@ -1,6 +1,7 @@
 """Figures and the markdown tables of the peer comparison, from ``results.json``.
 
-    python benchmarks/peers/plots.py     -> docs/images/peers_recovery.png, peers_step_time.png; tables on stdout
+    python benchmarks/peers/plots.py [RESULTS] [--no-draw]
+        -> docs/images/peers_{step_time,recovery,allreduce,commit}.png; markdown tables on stdout
 """
 
 from __future__ import annotations
@@ -17,37 +18,85 @@ IMAGES = REPO / "docs" / "images"
 
 
 def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (a miss is inf, so a p95 over a miss is a miss)."""
     s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def step_ratios(step_time: dict[str, list[float]], base: str = "ddp") -> dict[str, list[float]]:
-    """name -> per round, its step time / DDP's in the same round (rounds where both stepped)."""
-    out = {}
-    for name, rounds in step_time.items():
-        out[name] = [a / b for a, b in zip(rounds, step_time[base]) if not math.isnan(a) and not math.isnan(b)]
-    return out
+def ok(x: float) -> bool:
+    return not math.isnan(x)
+
+
+def step_ratios(per_round: dict[str, list[float]], base: str = "ddp") -> dict[str, list[float]]:
+    """name -> per round, its value / DDP's in the same round (rounds where both stepped)."""
+    return {name: [a / b for a, b in zip(rounds, per_round[base]) if ok(a) and ok(b)]
+            for name, rounds in per_round.items()}
+
+
+def seconds(t: float, bound: float | None) -> str:
+    return f"miss (> {bound:.0f} s)" if math.isinf(t) else f"{t:.2f} s"
+
+
+def fault_table(rows: dict[str, dict], what: str) -> list[str]:
+    lines = [f"| system (3 workers, 3 loopback hosts) | {what} → survivors' next step, p50 | p95 | each repeat | steps lost |",
+             "|---|---|---|---|---|"]
+    for name, r in rows.items():
+        t, b = r["recovery_s"], r.get("bound_s")
+        each = ", ".join("miss" if math.isinf(x) else f"{x:.2f}" for x in t)
+        lost = ", ".join("–" if n < 0 else str(n) for n in r["steps_lost"])
+        lines.append(f"| {name} | {seconds(pct(t, .5), b)} | {seconds(pct(t, .95), b)} | {each} | {lost} |")
+    return lines + [""]
 
 
 def tables(results: dict) -> str:
     lines = []
-    if "step_time" in results:
-        ratios = step_ratios(results["step_time"])
-        lines += ["| system (2 workers, one host) | median step | / DDP, median of rounds (range) |", "|---|---|---|"]
-        for name, rounds in results["step_time"].items():
-            ok = [r for r in rounds if not math.isnan(r)]
+    for key in [k for k in results if k.startswith("step_time") and not k.endswith("_alone")]:
+        # One table per step-time run ("step_time", or e.g. "step_time_torchft" from --steps-key).
+        wall, cpu = results[key], results.get(key.replace("step_time", "step_cpu"), {})
+        ratios, cpu_ratios = step_ratios(wall), step_ratios(cpu) if cpu else {}
+        alone = results.get(key + "_alone", {})
+        paused = results.get(key.replace("step_time", "paused_cpu_s"), {})
+        lines.append(f"{key} ({results.get('when', {}).get(key, '')}):")
+        lines += ["| system (2 workers, one host) | median step (sliced) | / DDP, median of rounds (middle half) "
+                  "| CPU per step / DDP's | step run alone | CPU used while paused |", "|---|---|---|---|---|---|"]
+        for name, rounds in wall.items():
+            good = [r for r in rounds if ok(r)]
             r = ratios[name]
-            med = f"{statistics.median(ok) * 1000:.1f} ms" if ok else "n/a"
-            rat = f"{statistics.median(r):.3f}× ({min(r):.3f}–{max(r):.3f}, {len(r)} rounds)" if r else "n/a"
-            lines.append(f"| {name} | {med} | {rat} |")
+            med = f"{statistics.median(good) * 1000:.1f} ms" if good else "n/a"
+            rat = (f"{statistics.median(r):.3f}× ({pct(r, .25):.3f}–{pct(r, .75):.3f}, {len(r)} rounds)" if r else "n/a")
+            c = cpu_ratios.get(name) or []
+            crat = f"{statistics.median(c):.3f}×" if c else "n/a"
+            a = alone.get(name)
+            al = f"{a * 1000:.1f} ms" if a is not None and ok(a) else "n/a"
+            lines.append(f"| {name} | {med} | {rat} | {crat} | {al} | {paused.get(name, float('nan')):.2f} s |")
         lines.append("")
     if "recovery" in results:
-        lines += ["| system (3 workers, 3 loopback hosts) | kill -9 → next step, p50 | p95 | max | steps lost (each kill) |",
-                  "|---|---|---|---|---|"]
-        for name, r in results["recovery"].items():
-            t = r["recovery_s"]
-            lines.append(f"| {name} | {pct(t, .5):.2f} s | {pct(t, .95):.2f} s | {max(t):.2f} s | "
-                         f"{', '.join(map(str, r['steps_lost']))} |")
+        lines += fault_table(results["recovery"], "kill -9")
+    if "silent_loss" in results:
+        lines += fault_table(results["silent_loss"], "SIGSTOP")
+    if "allreduce" in results:
+        data = results["allreduce"]
+        names = list(next(iter(data.values())))
+        lines += ["| size | " + " | ".join(names) + " | hvd.allreduce_ / raw | DistributedOptimizer / raw after the same backward |",
+                  "|---" * (len(names) + 3) + "|"]
+        for size, row in data.items():
+            n = int(size)
+            label = f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+            bw = " | ".join(f"{n / row[k] / 1e6:.3g} MB/s ({row[k] * 1e6:.0f} µs)" for k in names)
+            lines.append(f"| {label} | {bw} | {row['raw'] / row['hvd.allreduce_']:.2f} | "
+                         f"{row['raw, after the same backward'] / row['DistributedOptimizer']:.2f} |")
+        lines.append("")
+    if "commit_bandwidth" in results:
+        lines += ["| state | copying commit | its bandwidth | DistributedOptimizer: step + commit / step alone | "
+                  "commit's share of the step | memcpy | torch copy_ | copying commit / memcpy |", "|---|---|---|---|---|---|---|---|"]
+        for row in results["commit_bandwidth"]:
+            b = row["state_bytes"]
+            gbs = lambda s: b / s / 1e9  # noqa: E731
+            extra = row["step_with_commit_s"] - row["step_without_commit_s"]
+            lines.append(f"| {b / 2**20:.0f} MiB | {row['copying_commit_s'] * 1e3:.1f} ms | {gbs(row['copying_commit_s']):.2f} GB/s "
+                         f"| {row['step_with_commit_s'] * 1e3:.1f} / {row['step_without_commit_s'] * 1e3:.1f} ms "
+                         f"| {extra * 1e3:+.1f} ms | {gbs(row['memcpy_s']):.2f} GB/s | {gbs(row['torch_copy_s']):.2f} GB/s "
+                         f"| {row['memcpy_s'] / row['copying_commit_s']:.2f} |")
     return "\n".join(lines)
 
 
@@ -58,24 +107,34 @@ def draw(results: dict) -> None:
     import matplotlib.pyplot as plt
 
     IMAGES.mkdir(parents=True, exist_ok=True)
-    if "recovery" in results:
-        names = list(results["recovery"])
-        p50 = [pct(results["recovery"][n]["recovery_s"], .5) for n in names]
-        p95 = [pct(results["recovery"][n]["recovery_s"], .95) for n in names]
-        fig, ax = plt.subplots(figsize=(9, 3.8))
-        y = range(len(names))
-        ax.barh(y, p50, color="tab:blue", label="p50")
-        ax.errorbar(p95, y, fmt="|", color="black", markersize=14, label="p95")
-        ax.set_yticks(list(y), [n.replace(" (", "\n(") for n in names], fontsize=8)
-        ax.set_xscale("log")
-        ax.set_xlabel("kill -9 of one worker → survivors' next completed step (s, log scale)")
-        ax.invert_yaxis()
-        ax.legend(loc="lower right")
+    faults = [(k, t) for k, t in (("recovery", "kill -9"), ("silent_loss", "SIGSTOP")) if k in results]
+    if faults:
+        fig, axes = plt.subplots(len(faults), 1, figsize=(9, 2.2 + 0.55 * sum(len(results[k]) for k, _ in faults)))
+        for ax, (key, title) in zip([axes] if len(faults) == 1 else axes, faults):
+            names = list(results[key])
+            bound = max(r.get("bound_s", 300) for r in results[key].values())
+            p50 = [pct(results[key][n]["recovery_s"], .5) for n in names]
+            p95 = [pct(results[key][n]["recovery_s"], .95) for n in names]
+            y = list(range(len(names)))
+            ax.barh(y, [min(v, bound) for v in p50], color=["tab:red" if math.isinf(v) else "tab:blue" for v in p50],
+                    label="p50 (red: no step within the bound)")
+            ax.errorbar([min(v, bound) for v in p95], y, fmt="|", color="black", markersize=14, label="p95")
+            ax.set_yticks(y, [n.replace(" (", "\n(") for n in names], fontsize=7)
+            ax.set_xscale("log")
+            ax.set_xlabel(f"{title} of one worker → survivors' next completed step (s, log scale; bound {bound:.0f} s)")
+            ax.invert_yaxis()
+            ax.legend(loc="lower right", fontsize=7)
         fig.tight_layout()
         fig.savefig(IMAGES / "peers_recovery.png", dpi=110)
+        plt.close(fig)
     if "step_time" in results:
-        ratios = step_ratios(results["step_time"])
-        names = list(ratios)
+        ratios = {n: r for n, r in step_ratios(results["step_time"]).items() if len(r) >= 3}
+        for key in [k for k in results if k.startswith("step_time_") and not k.endswith("_alone")]:
+            # A later run of some variants (--steps-key): its rows, with their own DDP as the base.
+            for n, r in step_ratios(results[key]).items():
+                if n != "ddp" and len(r) >= 3:
+                    ratios[f"{n} ({key.removeprefix('step_time_')} run)"] = r
+        names = [n for n in ratios if n != "ddp"]
         fig, ax = plt.subplots(figsize=(9, 3.5))
         ax.boxplot([ratios[n] or [float("nan")] for n in names], orientation="horizontal")
         ax.set_yticks(range(1, len(names) + 1), names, fontsize=8)
@@ -84,10 +143,43 @@ def draw(results: dict) -> None:
         ax.invert_yaxis()
         fig.tight_layout()
         fig.savefig(IMAGES / "peers_step_time.png", dpi=110)
+        plt.close(fig)
+    if "allreduce" in results:
+        data = results["allreduce"]
+        sizes = [int(s) for s in data]
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for name in next(iter(data.values())):
+            ax.plot(sizes, [s / data[str(s)][name] / 1e6 for s in sizes], marker="o", markersize=3, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes per allreduce (2 workers, one host, Gloo)")
+        ax.set_ylabel("MB/s (bytes / median time)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(IMAGES / "peers_allreduce.png", dpi=110)
+        plt.close(fig)
+    if "commit_bandwidth" in results:
+        rows = results["commit_bandwidth"]
+        sizes = [r["state_bytes"] / 2**20 for r in rows]
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ax.plot(sizes, [r["state_bytes"] / r["copying_commit_s"] / 1e9 for r in rows], marker="o", label="copying commit")
+        ax.plot(sizes, [r["state_bytes"] / r["memcpy_s"] / 1e9 for r in rows], marker="s", linestyle="--", label="memcpy")
+        ax.plot(sizes, [r["state_bytes"] / r["torch_copy_s"] / 1e9 for r in rows], marker="^", linestyle=":", label="torch copy_")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("state (parameters + momentum), MiB")
+        ax.set_ylabel("GB/s of state copied")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(IMAGES / "peers_commit.png", dpi=110)
+        plt.close(fig)
 
 
 if __name__ == "__main__":
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "results.json"
+    # plots.py [RESULTS] [--no-draw]: --no-draw prints the tables only (a smoke run's, say).
+    names = [a for a in sys.argv[1:] if not a.startswith("--")]
+    path = Path(names[0]) if names else HERE / "results.json"
     results = json.loads(path.read_text())
-    draw(results)
+    if "--no-draw" not in sys.argv:
+        draw(results)
     print(tables(results))

@@ -118,9 +118,13 @@ def step_time_variants(ckpt_root: str) -> dict[str, tuple[list[str], dict[str, s
         "ddp": ([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKLOAD, "ddp", *common], {}),
         "cloud-elastic, commit every step": (elastic_cmd(2, "127.0.0.1:2", [*common, "--commit-every", "1"], 60), {}),
         "cloud-elastic, commit every 10": (elastic_cmd(2, "127.0.0.1:2", [*common, "--commit-every", "10"], 60), {}),
-        "torchft": ([PY, WORKLOAD, "torchft", "--replicas", "2", *common, "--lighthouse-heartbeat-ms", "600000"], {}),
+        # Timeouts longer than a pause (the other jobs' slices): a Gloo collective or quorum call in
+        # flight when paused would otherwise time out on resume and the step be discarded.
+        "torchft": ([PY, WORKLOAD, "torchft", "--replicas", "2", *common, "--lighthouse-heartbeat-ms", "600000",
+                     "--pg-timeout-s", "600"], {}),
         "torchft, 10 ms quorum tick": ([PY, WORKLOAD, "torchft", "--replicas", "2", *common,
-                                        "--lighthouse-heartbeat-ms", "600000", "--lighthouse-tick-ms", "10"], {}),
+                                        "--lighthouse-heartbeat-ms", "600000", "--lighthouse-tick-ms", "10",
+                                        "--pg-timeout-s", "600"], {}),
     }
     for every in (10, 100):
         d = tempfile.mkdtemp(dir=ckpt_root)
@@ -143,10 +147,28 @@ def steplogs(lines: list[str]) -> list[dict]:
     return [e for line in lines for e in parse(line)]
 
 
+def tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) used so far by these processes."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def interleaved(variants: dict[str, tuple[list[str], dict[str, str]]], rounds: int, slice_s: float,
-                warmup: int) -> dict[str, list[float]]:
-    """name -> per round, the median step of the slowest rank within the round's slice (nan if too few)."""
+                warmup: int) -> dict[str, dict[str, list[float]]]:
+    """name -> {"wall": per round, the median step of the slowest rank within the round's slice;
+    "cpu": per round, the median CPU seconds per step summed over both ranks (nan if too few steps);
+    "paused_cpu_s": CPU its processes used outside its own slices (should be ~0: a job that runs
+    while paused would slow every other one)}.
+
+    The order of the jobs rotates by one each round, so no job always follows the same one."""
     jobs = [Job(name, cmd, {**QUIET, **env}) for name, (cmd, env) in variants.items()]
+    paused_cpu = {job.name: 0.0 for job in jobs}
     try:
         for job in jobs:
             job.pause()
@@ -157,24 +179,61 @@ def interleaved(variants: dict[str, tuple[list[str], dict[str, str]]], rounds: i
                 job.run_for(2.0)
         for job in jobs:
             job.windows.clear()
-        for _ in range(rounds):
-            for job in jobs:
+        last = {job.name: tree_cpu_s(descendants([job.proc.pid])) for job in jobs}
+        for r in range(rounds):
+            for job in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
+                tree = descendants([job.proc.pid])
+                before = tree_cpu_s(tree)
+                paused_cpu[job.name] += before - last[job.name]
                 job.run_for(slice_s)
+                last[job.name] = tree_cpu_s(tree)
     finally:
         for job in jobs:
             job.kill()
     out = {}
     for job in jobs:
         logs = steplogs(job.lines)
-        per_round = []
+        walls, cpus, counts = [], [], []
         for t0, t1 in job.windows:
-            by_rank: dict[int, list[float]] = {}
+            by_rank: dict[int, list[dict]] = {}
             for e in logs:
                 if e["t"] - e["dt"] >= t0 and e["t"] <= t1:
-                    by_rank.setdefault(e["rank"], []).append(e["dt"])
-            ok = len(by_rank) == 2 and min(len(v) for v in by_rank.values()) >= 5
-            per_round.append(max(statistics.median(v[1:]) for v in by_rank.values()) if ok else float("nan"))
-        out[job.name] = per_round
+                    by_rank.setdefault(e["rank"], []).append(e)
+            counts.append(min((len(v) for v in by_rank.values()), default=0) if len(by_rank) == 2 else 0)
+            ok = counts[-1] >= 5
+            # The first step of a slice is dropped: caches and Gloo's peers are still waking up.
+            walls.append(max(statistics.median(x["dt"] for x in v[1:]) for v in by_rank.values()) if ok else float("nan"))
+            cpus.append(sum(statistics.median(x["cpu"] for x in v[1:]) for v in by_rank.values()) if ok else float("nan"))
+        out[job.name] = {"wall": walls, "cpu": cpus, "paused_cpu_s": round(paused_cpu[job.name], 3)}
+        print(f"{job.name}: steps per slice (fewest over ranks): {counts}", flush=True)
+        if not any(counts):  # say why, instead of a silent row of n/a
+            tail = [l.rstrip()[:300] for l in job.lines if "STEPLOG" not in l][-15:]
+            print(f"{job.name}: no step in any slice (exit code {job.proc.poll()}); its last lines:\n  "
+                  + "\n  ".join(tail), flush=True)
+    return out
+
+
+def solo(variants: dict[str, tuple[list[str], dict[str, str]]], seconds: float, warmup: int) -> dict[str, float]:
+    """name -> median step of the slowest rank, each variant run alone (one after another, no slicing):
+    the sanity baseline for the sliced numbers."""
+    out = {}
+    for name, (cmd, env) in variants.items():
+        job = Job(name, cmd, {**QUIET, **env})
+        try:
+            deadline = time.monotonic() + 180
+            while len(steplogs(job.lines)) < 2 * warmup and time.monotonic() < deadline and not job.done():
+                time.sleep(0.2)
+            t0 = time.time()
+            time.sleep(seconds)
+            t1 = time.time()
+        finally:
+            job.kill()
+        by_rank: dict[int, list[float]] = {}
+        for e in steplogs(job.lines):
+            if e["t"] - e["dt"] >= t0 and e["t"] <= t1:
+                by_rank.setdefault(e["rank"], []).append(e["dt"])
+        out[name] = max(statistics.median(v) for v in by_rank.values()) if len(by_rank) == 2 else float("nan")
+        print(f"alone: {name}: {out[name] * 1000:.1f} ms", flush=True)
     return out
 
 
@@ -220,49 +279,101 @@ class Procs:
             p.wait()
 
 
-def recovery_systems(ckpt_root: str) -> dict[str, callable]:
-    """name -> factory of a fresh three-worker job, and how to recognise the first step after a kill."""
+def fault_systems(ckpt_root: str, fault: str) -> dict[str, callable]:
+    """name -> factory of a fresh three-worker job (one worker per loopback "host").
+
+    ``fault`` is "kill" (``kill -9``) or "stop" (SIGSTOP: a silent worker, as a hung host or a
+    network partition looks). Each system at its defaults and at the fastest settings that
+    stay correct."""
     common = [*MODEL, "--step-log"]
     hosts = "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1"
 
-    def te(every: int, monitor: float | None, last_call: float | None):
-        return lambda: Procs(torchrun_elastic_cmds(3, 1, [*common, "--checkpoint-every", str(every)],
+    def te(every: int, monitor: float | None, last_call: float | None, extra: tuple[str, ...] = ()):
+        return lambda: Procs(torchrun_elastic_cmds(3, 1, [*common, "--checkpoint-every", str(every), *extra],
                                                    tempfile.mkdtemp(dir=ckpt_root), monitor, last_call), {})
 
+    def ft(*extra: str):
+        return lambda: Procs([[PY, WORKLOAD, "torchft", "--replicas", "3", *common, *extra]], {})
+
+    def ce(heartbeat_s: float):
+        return lambda: Procs([elastic_cmd(3, hosts, [*common, "--commit-every", "1"], heartbeat_s)], {})
+
+    fast_ft = ("--lighthouse-heartbeat-ms", "1000", "--lighthouse-tick-ms", "10")
+    if fault == "kill":
+        return {
+            "cloud-elastic": ce(5.0),
+            "torchrun elastic (monitor 0.1 s, last call 1 s, checkpoint every 10)": te(10, 0.1, 1),
+            "torchft (defaults)": ft(),
+            "torchft (heartbeat 1 s, tick 10 ms)": ft(*fast_ft),
+            # The same without torchft.DistributedDataParallel, whose comm hook can assert on the error
+            # a dead peer raises (see workload.py): gradients through Manager.allreduce.
+            "torchft (heartbeat 1 s, tick 10 ms, Manager.allreduce)": ft(*fast_ft, "--torchft-manual-allreduce"),
+        }
     return {
-        "cloud-elastic": lambda: Procs([elastic_cmd(3, hosts, [*common, "--commit-every", "1"])], {}),
-        "torchrun elastic (monitor 0.1 s, last call 1 s, checkpoint every 10)": te(10, 0.1, 1),
-        "torchft (defaults)": lambda: Procs([[PY, WORKLOAD, "torchft", "--replicas", "3", *common]], {}),
-        "torchft (heartbeat 1 s, tick 10 ms)": lambda: Procs([[PY, WORKLOAD, "torchft", "--replicas", "3", *common,
-                                                              "--lighthouse-heartbeat-ms", "1000",
-                                                              "--lighthouse-tick-ms", "10"]], {}),
+        "cloud-elastic (heartbeat timeout 5 s, the default)": ce(5.0),
+        "cloud-elastic (heartbeat timeout 1 s)": ce(1.0),
+        "torchrun elastic (fast settings, collective timeout 10 s)": te(10, 0.1, 1, ("--pg-timeout-s", "10")),
+        # Manual allreduce: torchft's own DDP wrapper crashes the survivors on a timeout (see workload.py).
+        "torchft (defaults: heartbeat 5 s, collective timeout 10 s)": ft("--torchft-manual-allreduce"),
+        "torchft (heartbeat 1 s, tick 10 ms, collective timeout 2 s)": ft(*fast_ft, "--pg-timeout-s", "2",
+                                                                          "--torchft-manual-allreduce"),
     }
 
 
-def one_kill(make, warm_steps: int) -> tuple[float, int]:
+def one_fault(make, fault: str, warm_steps: int, bound_s: float) -> tuple[float, int]:
+    """Start a job, hit rank 1 with the fault once three ranks passed ``warm_steps``, and return
+    (seconds from the fault to the survivors' next completed step, steps lost). TimeoutError past
+    ``bound_s``. Vary ``warm_steps`` across repeats: a fault always right after a checkpoint step
+    would hide what periodic checkpoints lose."""
     job = make()
     try:
         job.wait(lambda: len({e["rank"] for e in job.logs if e["step"] >= warm_steps}) == 3, 300, "three ranks stepping")
         victim = next(e["pid"] for e in reversed(job.logs) if e["rank"] == 1)
         with job.cond:
             before_pids = {e["pid"] for e in job.logs}
-        t_kill = time.time()
-        os.kill(victim, signal.SIGKILL)
+        t_fault = time.time()
+        os.kill(victim, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
 
         def next_step():
             for e in job.logs:
-                if e["t"] <= t_kill or e["pid"] == victim:
+                if e["t"] <= t_fault or e["pid"] == victim:
                     continue
                 # A survivor's step in the new group (size 2), or the restarted group's first step (torchrun).
                 if e["size"] == 2 or e["pid"] not in before_pids:
                     return e
             return None
 
-        nxt = job.wait(next_step, 300, "the first step after the kill")
-        last = max(e["step"] for e in job.logs if e["t"] <= t_kill)
-        return nxt["t"] - t_kill, max(0, last - (nxt["step"] - 1))
+        nxt = job.wait(next_step, bound_s, f"the first step after the {fault}")
+        last = max(e["step"] for e in job.logs if e["t"] <= t_fault)
+        return nxt["t"] - t_fault, max(0, last - (nxt["step"] - 1))
     finally:
-        job.stop()
+        job.stop()  # SIGKILL: also ends a stopped worker
+
+
+def faults(ckpt_root: str, fault: str, repeats: int, bound_s: float, out: dict, only: list[str] | None = None,
+           quick: bool = False) -> None:
+    """Every system's repeats of one fault into ``out``; a miss of the bound is recorded (inf), not fatal."""
+    systems = fault_systems(ckpt_root, fault)
+    if quick:  # a smoke run: each system at its first (default) settings only
+        firsts = [next(n for n in systems if n.startswith(f)) for f in ("cloud-elastic", "torchrun", "torchft")]
+        systems = {n: systems[n] for n in firsts}
+    for name, make in systems.items():
+        if only and not any(w in name for w in only):
+            continue
+        times, lost, misses = [], [], []
+        for i in range(repeats):
+            try:
+                # 23, 27, 21, 25, 29, ...: the fault lands at different distances from a checkpoint every 10.
+                t, n = one_fault(make, fault, warm_steps=21 + (4 * i + 2) % 10, bound_s=bound_s)
+            except TimeoutError as exc:
+                print(f"{name}: {fault} {i + 1}: {str(exc).splitlines()[0]}", flush=True)
+                t, n = float("inf"), -1
+                # What the job printed last (without step lines): why it did not step again.
+                misses.append([l[:300] for l in str(exc).splitlines() if "STEPLOG" not in l][-12:])
+            times.append(t)
+            lost.append(n)
+            print(f"{name}: {fault} {i + 1}: next step after {t:.3f}s, {n} steps lost", flush=True)
+        out[name] = {"recovery_s": times, "steps_lost": lost, "bound_s": bound_s, "misses": misses}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -282,41 +393,60 @@ def machine() -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--repeats", type=int, default=5, help="kills per system")
-    p.add_argument("--rounds", type=int, default=8, help="step-time rounds")
-    p.add_argument("--slice", type=float, default=4.0)
-    p.add_argument("--quick", action="store_true", help="2 kills, 3 rounds: a smoke run")
-    p.add_argument("--only", choices=["steps", "recovery"], default=None)
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "peers" / "results.json"))
+    p.add_argument("--repeats", type=int, default=4, help="faults per system and scenario")
+    p.add_argument("--bound", type=float, default=90.0, help="seconds a system gets to step again after a fault")
+    p.add_argument("--rounds", type=int, default=16, help="step-time rounds")
+    p.add_argument("--slice", type=float, default=2.5)
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run of a few minutes: 3 rounds of 2 s, no run alone, one fault per system at its "
+                        "default settings, 30 s bound")
+    p.add_argument("--only", choices=["steps", "kill", "stop"], action="append", default=None)
+    p.add_argument("--variants", action="append", default=None,
+                   help="step time: only the variants whose name contains this (and DDP, the base)")
+    p.add_argument("--systems", action="append", default=None,
+                   help="faults: only the systems whose name contains this (the others' rows are kept)")
+    p.add_argument("--steps-key", default="step_time", help="results key of the step-time rows")
+    p.add_argument("--out", default=None, help="default: results.json, or results-quick.json with --quick")
     args = p.parse_args()
+    # A smoke run never overwrites the published numbers.
+    args.out = args.out or str(HERE / ("results-quick.json" if args.quick else "results.json"))
     if args.quick:
-        args.repeats, args.rounds = 2, 3
-    results: dict = {"when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
-                     "model": MODEL}
-    if Path(args.out).exists():
-        results = {**json.loads(Path(args.out).read_text()), **{k: results[k] for k in ("when", "machine", "model")}}
+        args.repeats, args.rounds, args.slice, args.bound = 1, 3, 2.0, 30.0
+    only = args.only or ["steps", "kill", "stop"]
+    out = Path(args.out)
+    results: dict = json.loads(out.read_text()) if out.exists() else {}
+    results.update({"machine": machine(), "model": MODEL, "quick": args.quick})
+
+    def save(key: str, value) -> None:  # after each scenario: a later one that fails loses nothing
+        results[key] = value
+        results.setdefault("when", {})[key] = (f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, "
+                                               f"load average {os.getloadavg()[0]:.1f} at the end")
+        out.write_text(json.dumps(results, indent=1) + "\n")
+
+    if isinstance(results.get("when"), str):
+        results["when"] = {}
     with tempfile.TemporaryDirectory() as ckpt_root:
-        if args.only in (None, "steps"):
-            per_round = interleaved(step_time_variants(ckpt_root), args.rounds, args.slice, warmup=10)
-            results["step_time"] = per_round
-            print(json.dumps(per_round, indent=1), flush=True)
-        if args.only in (None, "recovery"):
-            rec: dict[str, dict] = {}
-            for name, make in recovery_systems(ckpt_root).items():
-                times, lost = [], []
-                for i in range(args.repeats):
-                    try:
-                        t, n = one_kill(make, warm_steps=30)
-                    except TimeoutError as exc:  # no recovery within the bound is a result, not a crash
-                        print(f"{name}: kill {i + 1}: {str(exc).splitlines()[0]}", flush=True)
-                        t, n = float("inf"), -1
-                    times.append(t)
-                    lost.append(n)
-                    print(f"{name}: kill {i + 1}: next step after {t:.3f}s, {n} steps lost", flush=True)
-                rec[name] = {"recovery_s": times, "steps_lost": lost}
-            results["recovery"] = rec
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
+        if "steps" in only:
+            def chosen() -> dict:
+                every = step_time_variants(ckpt_root)
+                return {n: v for n, v in every.items() if n == "ddp" or not args.variants
+                        or any(w in n for w in args.variants)}
+
+            key = args.steps_key
+            sliced = interleaved(chosen(), args.rounds, args.slice, warmup=10)
+            save(key, {n: v["wall"] for n, v in sliced.items()})
+            save(key.replace("step_time", "step_cpu"), {n: v["cpu"] for n, v in sliced.items()})
+            save(key.replace("step_time", "paused_cpu_s"), {n: v["paused_cpu_s"] for n, v in sliced.items()})
+            print(json.dumps(sliced, indent=1), flush=True)
+            if not args.quick:
+                save(key + "_alone", solo(chosen(), 8.0, warmup=10))
+        for fault, key in (("kill", "recovery"), ("stop", "silent_loss")):
+            if fault in only:
+                # With --systems, the other systems' rows of an earlier run stay.
+                rec: dict[str, dict] = dict(results.get(key, {})) if args.systems else {}
+                faults(ckpt_root, fault, args.repeats, args.bound, rec, args.systems, args.quick)
+                save(key, rec)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ The model, the data and the optimizer are those of ``examples/torch_synthetic.py
 (an MLP; SGD with momentum; a synthetic regression batch per step and rank), or
 with ``--adamw-tensors N`` a model of N small layers trained with AdamW (many
 tensors, as a real network has). With ``--step-log`` every worker prints one
-``STEPLOG {json}`` line per completed step (wall time, step, world size, pid);
+``STEPLOG {json}`` line per completed step (wall time, step, world size, pid,
+the step's wall and CPU seconds);
 with ``--timing``, the ``TIMING`` line of the example at the end (the format
 ``benchmarks/run_benchmarks.py`` reads).
 """
@@ -53,7 +54,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--lighthouse-join-ms", type=int, default=60000)
     p.add_argument("--lighthouse-tick-ms", type=int, default=100)
     p.add_argument("--lighthouse", default="")
+    p.add_argument("--pg-timeout-s", type=float, default=0.0,
+                   help="collective timeout (torchrun: torch's default 30 min; torchft: 10 s) if 0")
     p.add_argument("--replica-id", type=int, default=0)
+    p.add_argument("--torchft-manual-allreduce", action="store_true",
+                   help="torchft: allreduce the flattened gradients through Manager.allreduce after backward instead "
+                        "of torchft.DistributedDataParallel (whose comm hook asserts when a collective times out)")
     p.add_argument("--step-log", action="store_true")
     p.add_argument("--timing", action="store_true")
     return p.parse_args(argv)
@@ -90,7 +96,8 @@ class Steps:
         self.ends.append(time.time())
         if self.args.step_log:
             print("STEPLOG " + json.dumps({"system": self.system, "step": step, "t": self.ends[-1], "size": size,
-                                          "rank": rank, "pid": os.getpid(), "dt": round(self.walls[-1], 6)}),
+                                          "rank": rank, "pid": os.getpid(), "dt": round(self.walls[-1], 6),
+                                          "cpu": round(self.cpus[-1], 6)}),
                   flush=True)
 
     def report(self, rank: int) -> None:
@@ -128,7 +135,8 @@ def run_ddp(args: argparse.Namespace, checkpoints: bool) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group("gloo")
+    # torch's default collective timeout (30 min) unless given: nothing else in torchrun notices a silent peer.
+    dist.init_process_group("gloo", **({"timeout": timedelta(seconds=args.pg_timeout_s)} if args.pg_timeout_s else {}))
     rank, size = dist.get_rank(), dist.get_world_size()
     model, opt_cls, opt_kw = build(args)
     model = DistributedDataParallel(model)
@@ -176,13 +184,18 @@ def run_torchft_worker(args: argparse.Namespace) -> None:
         model.load_state_dict(sd["model"])
         inner.load_state_dict(sd["optimizer"])
 
+    timeout = timedelta(seconds=args.pg_timeout_s or 10)
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), min_replica_size=1,
+        pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
         load_state_dict=load_state_dict, state_dict=state_dict,
         replica_id=f"replica_{args.replica_id}", store_addr="127.0.0.1", store_port=store.port, rank=0,
-        world_size=1, lighthouse_addr=args.lighthouse, timeout=timedelta(seconds=10),
+        world_size=1, lighthouse_addr=args.lighthouse, timeout=timeout,
     )
-    ddp = DistributedDataParallel(manager, model)
+    # torchft 0.2.0's DistributedDataParallel comm hook does `assert fut._fut` after a collective that
+    # failed by timeout (torchft/ddp.py:_comm_hook), so a silent peer crashes the survivors; the manual
+    # path leaves the error to the Manager, which discards the step as it does for a dead peer.
+    ddp = model if args.torchft_manual_allreduce else DistributedDataParallel(manager, model)
+    params = list(model.parameters())
     optimizer = Optimizer(manager, inner)
     steps = Steps(args, "torchft")
     while manager.current_step() < args.steps:
@@ -191,6 +204,13 @@ def run_torchft_worker(args: argparse.Namespace) -> None:
         x, y = batch(args, before, args.replica_id)
         optimizer.zero_grad()
         F.mse_loss(ddp(x), y).backward()
+        if args.torchft_manual_allreduce:
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            manager.allreduce(flat).wait()  # averages; on an error the step is discarded at commit
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
         optimizer.step()
         if manager.current_step() > before:  # a committed step (a failed one is discarded)
             steps.done(manager.current_step(), manager.num_participants(), args.replica_id)

@@ -1,0 +1,142 @@
+"""Commit time and copy bandwidth against the size of the state, up to 1 GB, next to the machine's
+memory-copy bandwidth measured in the same run; into results.json.
+
+    python benchmarks/peers/commit_bw.py [--quick]      (run.sh runs it under flock /tmp/bench.lock)
+
+One process (``cloud_elastic.torch`` outside ``cloud-elastic run`` is rank 0 of 1, so no
+other worker shares the cores). The state is a model of 4 MiB float32 tensors and SGD
+with momentum: state size = parameters + momentum. Per size:
+
+- *copying commit*: ``TorchState.commit()`` with a plain ``torch.optim.SGD``: every
+  tensor of the state is copied into the snapshot's reused buffers at commit time;
+  the time of ``commit()`` itself.
+- *DistributedOptimizer, commit every step*: the path training takes (``step()`` then
+  ``commit()``; for SGD the update after a commit writes into the snapshot's spare
+  buffers instead of copying, see ``cloud_elastic/worker/zerocopy.py``); the commit's
+  cost is the median of (step + commit) minus the median of a step of the same
+  optimizer never committing, measured alternately.
+- *memcpy*: libc ``memcpy`` (ctypes.memmove) and ``torch.Tensor.copy_`` of one
+  buffer as large as the state, best of the repetitions.
+
+Bandwidth = bytes of state / seconds (a copy reads and writes each byte once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO))
+TENSOR = 1 << 20  # float32 elements per parameter tensor: 4 MiB
+STATE_MB = [16, 64, 256, 1024]
+
+
+def memcpy_s(nbytes: int, reps: int) -> tuple[float, float]:
+    """Best seconds to copy ``nbytes`` with libc memcpy, and with torch's copy_."""
+    import torch
+
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.fill_(0)  # fault the pages in before timing
+    libc, torch_ = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
+        libc.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        torch_.append(time.perf_counter() - t0)
+    return min(libc), min(torch_)
+
+
+def make(state_mb: int, distributed: bool):
+    import torch
+
+    import cloud_elastic.torch as hvd
+
+    count = max(1, state_mb * (1 << 20) // 2 // (TENSOR * 4))
+    model = torch.nn.Module()
+    model.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(TENSOR)) for _ in range(count)])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
+    if distributed:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 1e-3)
+    opt.step()  # momentum buffers exist before the state is taken
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    return model, opt, state, count * TENSOR * 4 * 2
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="up to 256 MB, 3 repetitions")
+    ap.add_argument("--max-mb", type=int, default=0, help="largest state to measure (MB)")
+    ap.add_argument("--out", default=None, help="default: results.json, or results-quick.json with --quick")
+    args = ap.parse_args()
+    args.out = args.out or str(HERE / ("results-quick.json" if args.quick else "results.json"))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    import cloud_elastic.torch as hvd
+
+    torch.set_num_threads(1)  # as the workers of the other benchmarks: one thread per worker
+    hvd.init()
+    reps = 3 if args.quick else 7
+    rows = []
+    limit = args.max_mb or (256 if args.quick else STATE_MB[-1])
+    for mb in [m for m in STATE_MB if m <= limit]:
+        model, opt, state, nbytes = make(mb, distributed=False)
+        state.commit()  # the first commit allocates the snapshot's buffers
+        commits = []
+        for _ in range(reps):
+            opt.step()
+            t0 = time.perf_counter()
+            state.commit()
+            commits.append(time.perf_counter() - t0)
+        del model, opt, state
+
+        model, opt, state, _ = make(mb, distributed=True)
+        state.commit()
+        with_commit, without = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            opt.step()
+            state.commit()
+            with_commit.append(time.perf_counter() - t0)
+            for _ in range(2):  # the step right after a commit still trades buffers: time the second
+                t0 = time.perf_counter()
+                opt.step()
+                dt = time.perf_counter() - t0
+            without.append(dt)
+            state.commit()  # so the next timed step follows a commit, as when committing every step
+        del model, opt, state
+
+        libc, torch_copy = memcpy_s(nbytes, reps)
+        row = {"state_bytes": nbytes, "copying_commit_s": statistics.median(commits),
+               "step_with_commit_s": statistics.median(with_commit), "step_without_commit_s": statistics.median(without),
+               "memcpy_s": libc, "torch_copy_s": torch_copy}
+        rows.append(row)
+        gbs = lambda s: nbytes / s / 1e9  # noqa: E731
+        extra = row["step_with_commit_s"] - row["step_without_commit_s"]
+        print(f"{nbytes / 2**20:.0f} MiB: copying commit {row['copying_commit_s'] * 1e3:.1f} ms "
+              f"({gbs(row['copying_commit_s']):.2f} GB/s); DistributedOptimizer step+commit "
+              f"{row['step_with_commit_s'] * 1e3:.1f} ms vs step {row['step_without_commit_s'] * 1e3:.1f} ms "
+              f"(+{extra * 1e3:.1f} ms); memcpy {gbs(libc):.2f} GB/s, torch copy_ {gbs(torch_copy):.2f} GB/s", flush=True)
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    results["commit_bandwidth"] = rows
+    results.setdefault("when", {})["commit_bandwidth"] = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+                                                          f"load average {os.getloadavg()[0]:.1f} at the end")
+    out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
