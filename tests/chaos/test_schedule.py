@@ -1,4 +1,5 @@
-"""The chaos schedule: drawn from the seed alone, and the CI seed exercises the driver restart."""
+"""The chaos schedule (drawn from the seed alone; the CI seed exercises the driver restart) and the
+workers' event files it reads."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from tests.chaos.test_chaos import (
     HEARTBEAT_S,
     MISSING_GRACE_S,
 )
+from tests.integration.harness import EventFiles
 
 
 def _plan(seed: int, count: int = 20):
@@ -35,3 +37,13 @@ def test_every_kind_is_drawn_and_delayed_restarts_stay_within_the_grace():
     delayed = [d for d in delays if d]
     assert 0.2 < len(delayed) / len(delays) < 0.45, "about a third of the restarts wait"
     assert all(1.5 * HEARTBEAT_S <= d <= DRIVER_GRACE_S / 3 for d in delayed), (min(delayed), max(delayed))
+
+
+def test_worker_event_files_are_merged_by_time_and_a_line_in_flight_waits(tmp_path):
+    (tmp_path / "1.jsonl").write_text('{"kind": "hello", "t": 1.0}\n{"kind": "commit", "t": 3.0}\n')
+    (tmp_path / "2.jsonl").write_text('{"kind": "hello", "t": 2.0}\n{"kind": "commit", "t": 4')
+    files = EventFiles(tmp_path)
+    assert [e["t"] for e in files.events] == [1.0, 2.0, 3.0]
+    with open(tmp_path / "2.jsonl", "a") as f:
+        f.write('.0}\n')
+    assert [e["t"] for e in files.of("commit")] == [3.0, 4.0]
