@@ -81,7 +81,8 @@ def main() -> None:
     args = p.parse_args()
     if args.events_dir:
         global _EVENTS_FILE
-        _EVENTS_FILE = open(os.path.join(args.events_dir, f"{os.getpid()}.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
+        path = os.path.join(args.events_dir, f"{os.getpid()}.jsonl")
+        _EVENTS_FILE = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
 
     hvd.init()
     event("hello", rank=hvd.rank(), size=hvd.size(), round=get_context().info.round)

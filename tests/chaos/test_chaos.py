@@ -99,7 +99,7 @@ def _run(seed: int, tmp_path, jobs, seen: dict) -> None:
                 "--events-dir", str(tmp_path / "worker-events")]
         job = jobs(args, env=env)
         seen["drivers"] = [job]
-        workers.wait_for(lambda w: len({e["worker"] for e in w.of("commit")}) == 4, 120, "four workers committing",
+        workers.wait_for(lambda w: len(w.latest("commit")) == 4, 120, "four workers committing",
                          driver=job)
         chaos = Chaos(job, discovery, HOSTS, fakes, events_file, workers, lambda: jobs(args, env=env),
                       drivers=seen["drivers"])
@@ -109,7 +109,7 @@ def _run(seed: int, tmp_path, jobs, seen: dict) -> None:
         job = chaos.job  # the driver running now, after any restarts
         # Let it grow back to full size before it stops, so the end is a normal one.
         mark = time.time()
-        workers.wait_for(lambda w: any(e["size"] == 4 and e["t"] > mark for e in w.of("commit")), 180,
+        workers.wait_for(lambda w: any(e["size"] == 4 and e["t"] > mark for e in w.latest("commit").values()), 180,
                          "the job back at four workers after the schedule", driver=job)
         stop_file.touch()
         rc = job.finish(timeout=120)

@@ -40,10 +40,16 @@ def test_every_kind_is_drawn_and_delayed_restarts_stay_within_the_grace():
 
 
 def test_worker_event_files_are_merged_by_time_and_a_line_in_flight_waits(tmp_path):
-    (tmp_path / "1.jsonl").write_text('{"kind": "hello", "t": 1.0}\n{"kind": "commit", "t": 3.0}\n')
-    (tmp_path / "2.jsonl").write_text('{"kind": "hello", "t": 2.0}\n{"kind": "commit", "t": 4')
+    (tmp_path / "1.jsonl").write_text('{"kind": "hello", "worker": "a", "t": 1.0}\n'
+                                      '{"kind": "commit", "worker": "a", "t": 3.0}\n')
+    (tmp_path / "2.jsonl").write_text('{"kind": "hello", "worker": "b", "t": 2.0}\n'
+                                      '{"kind": "commit", "worker": "b", "t": 4')
     files = EventFiles(tmp_path)
     assert [e["t"] for e in files.events] == [1.0, 2.0, 3.0]
     with open(tmp_path / "2.jsonl", "a") as f:
-        f.write('.0}\n')
-    assert [e["t"] for e in files.of("commit")] == [3.0, 4.0]
+        f.write('.0}\n{"kind": "commit", "worker": "b", "t": 6.0}\n')
+    with open(tmp_path / "1.jsonl", "a") as f:  # read later, written earlier: merged into place
+        f.write('{"kind": "commit", "worker": "a", "t": 5.0}\n')
+    assert [e["t"] for e in files.events] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert [e["t"] for e in files.of("commit", worker="a")] == [3.0, 5.0]
+    assert {w: e["t"] for w, e in files.latest("commit").items()} == {"a": 5.0, "b": 6.0}

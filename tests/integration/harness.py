@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import re
@@ -191,9 +192,14 @@ class EventFiles:
         self.directory = Path(directory)
         self._offsets: dict[Path, int] = {}
         self._events: list[Event] = []
+        self._by_kind: dict[str, list[Event]] = {}
+        self._latest: dict[tuple[str, str], Event] = {}
 
     def refresh(self) -> list[Event]:
-        """Read what was appended since the last call; return all events so far, ordered by time."""
+        """Read what was appended since the last call; return all events so far, ordered by time.
+
+        Cheap when little is new (soaks read hundreds of thousands of events): the
+        new ones are merged into the tail they overlap, not the whole list re-sorted."""
         fresh = []
         for path in sorted(self.directory.glob("*.jsonl")):
             offset = self._offsets.get(path, 0)
@@ -207,8 +213,14 @@ class EventFiles:
                     fresh.append(Event(data["kind"], data))
             self._offsets[path] = offset + end
         if fresh:
-            self._events.extend(fresh)
-            self._events.sort(key=lambda e: e.data["t"])  # stable: one process's own order is kept on a tie
+            fresh.sort(key=_event_time)  # stable: one process's own order is kept on a tie
+            _merge(self._events, fresh)
+            for kind in {e.kind for e in fresh}:
+                _merge(self._by_kind.setdefault(kind, []), [e for e in fresh if e.kind == kind])
+            for e in fresh:
+                key = (e.kind, e.data.get("worker"))
+                if key not in self._latest or e.data["t"] >= self._latest[key].data["t"]:
+                    self._latest[key] = e
         return self._events
 
     @property
@@ -216,7 +228,13 @@ class EventFiles:
         return list(self.refresh())
 
     def of(self, kind: str, **match: object) -> list[Event]:
-        return [e for e in self.refresh() if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]
+        self.refresh()
+        return [e for e in self._by_kind.get(kind, []) if all(e.data.get(k) == v for k, v in match.items())]
+
+    def latest(self, kind: str) -> dict[str, Event]:
+        """worker id -> its newest event of ``kind``."""
+        self.refresh()
+        return {worker: e for (k, worker), e in self._latest.items() if k == kind}
 
     def wait_for(self, predicate: Callable[[EventFiles], object], timeout: float = 60.0,
                  what: str = "condition", driver: Job | None = None):
@@ -236,3 +254,18 @@ class EventFiles:
                 tail = driver.output() if driver is not None else ""
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{tail}")
             time.sleep(0.2)
+
+
+def _event_time(e: Event) -> float:
+    return e.data["t"]
+
+
+def _merge(into: list[Event], fresh: list[Event]) -> None:
+    """Merge ``fresh`` (ordered by time) into ``into`` (ordered by time), in place; on a tie the older entry first."""
+    if not fresh:
+        return
+    pos = len(into)
+    first = _event_time(fresh[0])
+    while pos and _event_time(into[pos - 1]) > first:
+        pos -= 1
+    into[pos:] = heapq.merge(into[pos:], fresh, key=_event_time)
