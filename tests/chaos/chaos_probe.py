@@ -2,7 +2,10 @@
 
 Every line is ``EVENT {json}`` (the driver forwards it with a rank prefix) and
 carries the worker id, its pid, the round and the wall time, so the test can
-rebuild the training history after the fact:
+rebuild the training history after the fact. The same records also go to
+``--events-dir``/``<pid>.jsonl``, one JSON object a line: a worker adopted by a
+restarted driver lost its output pipe with the dead one, so the test reads the
+history from these files (:class:`tests.integration.harness.EventFiles`).
 
 * ``hello``: the worker started (pid, host).
 * ``enter``: the training function was entered in a round, after the state sync:
@@ -34,10 +37,17 @@ import torch.nn.functional as F
 import cloud_elastic.torch as hvd
 from cloud_elastic.worker.context import get_context
 
+_EVENTS_FILE = None  # this process's file under --events-dir, opened by main()
+
 
 def event(kind: str, **fields: object) -> None:
     fields.update(kind=kind, worker=os.environ.get("CLOUD_ELASTIC_WORKER_ID"), pid=os.getpid(), t=time.time())
-    print("EVENT " + json.dumps(fields), flush=True)
+    line = json.dumps(fields)
+    if _EVENTS_FILE is not None:
+        # One write per line, flushed: a SIGKILL loses at most the line being written.
+        _EVENTS_FILE.write(line + "\n")
+        _EVENTS_FILE.flush()
+    print("EVENT " + line, flush=True)
 
 
 def checksum(model: torch.nn.Module) -> str:
@@ -67,7 +77,12 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--step-sleep", type=float, default=0.02)
     p.add_argument("--stop-file", required=True)
+    p.add_argument("--events-dir", help="also write every EVENT to EVENTS_DIR/<pid>.jsonl")
     args = p.parse_args()
+    if args.events_dir:
+        global _EVENTS_FILE
+        path = os.path.join(args.events_dir, f"{os.getpid()}.jsonl")
+        _EVENTS_FILE = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
 
     hvd.init()
     event("hello", rank=hvd.rank(), size=hvd.size(), round=get_context().info.round)

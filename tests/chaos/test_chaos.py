@@ -1,10 +1,14 @@
 """A seeded random schedule of faults against a real job on four loopback hosts.
 
 Faults: ``kill -9``, SIGSTOP and resume, a Spot notice, a host removed from and
-added to discovery, a failing or empty discovery answer (see ``schedule.py``).
-Asserted once the job ends: it succeeded; no committed step was lost; one group
-trained at a time; every sample exactly once per epoch; the same parameters on
-every worker; no process left behind.
+added to discovery, a failing or empty discovery answer, and a driver SIGKILLed
+and started again (at once or after a delay within ``--driver-grace``), which
+adopts the running workers (see ``schedule.py``). Asserted once the job ends: it
+succeeded; no committed step was lost; one group trained at a time; every sample
+exactly once per epoch; the same parameters on every worker; no process left
+behind. The workers' events are read from their files (``--events-dir``) and the
+driver events of the job from the file every driver appends to, so each check
+spans all the drivers.
 
 The seed is random unless ``CLOUD_ELASTIC_CHAOS_SEED`` is set (CI, with ``CI`` set,
 uses seed 1), and every failure names it, so a failing schedule can be replayed. ``CLOUD_ELASTIC_CHAOS_EVENTS``
@@ -25,12 +29,13 @@ import pytest
 from tests.chaos import history
 from tests.chaos.schedule import Chaos, ChaosDiscovery, plan
 from tests.emulator.fake_metadata import FakeAWSMetadata, per_host
-from tests.integration.harness import processes_of_job
+from tests.integration.harness import EventFiles, processes_of_job
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
 SAMPLES = 256
 HEARTBEAT_S = 2.0
 MISSING_GRACE_S = 4.0
+DRIVER_GRACE_S = 30.0
 EVENTS = int(os.environ.get("CLOUD_ELASTIC_CHAOS_EVENTS", "20"))
 PROBE = os.path.join(os.path.dirname(__file__), "chaos_probe.py")
 
@@ -58,46 +63,61 @@ def test_chaos_schedule(tmp_path, jobs):
     except BaseException as exc:
         # pytest-timeout and assertion failures alike: the seed is what replays it.
         sys.stderr.write(f"\nchaos: FAILED with seed {seed}; replay with CLOUD_ELASTIC_CHAOS_SEED={seed}\n")
-        if "job" in seen:
-            # The job's last lines are mostly EVENTs: show the driver's own lines too.
-            driver = [line for line in seen["job"].lines if " EVENT " not in line]
-            sys.stderr.write("driver log (last 80 lines):\n" + "\n".join(driver[-80:]) + "\n")
+        drivers = seen.get("drivers", [])
+        for n, job in enumerate(drivers, 1):
+            # The job's last lines are mostly EVENTs: show the drivers' own lines.
+            lines = [line for line in job.lines if " EVENT " not in line]
+            keep = 80 if n == len(drivers) else 30
+            sys.stderr.write(f"driver {n} of {len(drivers)} (pid {job.proc.pid}, rc {job.proc.poll()}) log "
+                             f"(last {keep} lines):\n" + "\n".join(lines[-keep:]) + "\n")
         if isinstance(exc, AssertionError):
             raise AssertionError(f"[chaos seed {seed}] {exc}") from exc
         raise
 
 
 def _run(seed: int, tmp_path, jobs, seen: dict) -> None:
-    steps = plan(seed, EVENTS, heartbeat_timeout_s=HEARTBEAT_S, missing_grace_s=MISSING_GRACE_S)
+    steps = plan(seed, EVENTS, heartbeat_timeout_s=HEARTBEAT_S, missing_grace_s=MISSING_GRACE_S,
+                 driver_grace_s=DRIVER_GRACE_S)
     discovery = ChaosDiscovery(tmp_path, HOSTS)
     stop_file = tmp_path / "stop"
     events_file = tmp_path / "events.jsonl"
+    (tmp_path / "worker-events").mkdir()
+    (tmp_path / "run").mkdir()
+    workers = EventFiles(tmp_path / "worker-events")
     with per_host(FakeAWSMetadata, HOSTS) as fakes:
         port = next(iter(fakes.values())).port
-        env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://{{host}}:{port}", "AWS_EC2_METADATA_DISABLED": "false"}
-        job = jobs(["run", "-np", "4", "--min-np", "1", "--max-np", "4",
-                    "--host-discovery-script", str(discovery.script), "--discovery-interval", "0.5",
-                    "--host-missing-grace", str(MISSING_GRACE_S), "--heartbeat-timeout", str(HEARTBEAT_S),
-                    "--blacklist-cooldown-range", "1", "2", "--notice-watcher", "aws",
-                    "--events-file", str(events_file), "--start-timeout", "120",
-                    sys.executable, PROBE, "--samples", str(SAMPLES), "--stop-file", str(stop_file)], env=env)
-        seen["job"] = job
-        job.wait_for(lambda j: len({e["worker"] for e in j.of("commit")}) == 4, 120, "four workers committing")
-        chaos = Chaos(job, discovery, HOSTS, fakes, events_file)
+        # XDG_RUNTIME_DIR: the drivers' private records (the adoption record among them) stay in the test's dir.
+        env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://{{host}}:{port}", "AWS_EC2_METADATA_DISABLED": "false",
+               "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+        args = ["run", "-np", "4", "--min-np", "1", "--max-np", "4",
+                "--host-discovery-script", str(discovery.script), "--discovery-interval", "0.5",
+                "--host-missing-grace", str(MISSING_GRACE_S), "--heartbeat-timeout", str(HEARTBEAT_S),
+                "--blacklist-cooldown-range", "1", "2", "--notice-watcher", "aws",
+                "--checkpoint-dir", str(tmp_path / "ckpt"), "--driver-grace", str(DRIVER_GRACE_S),
+                "--events-file", str(events_file), "--start-timeout", "120",
+                sys.executable, PROBE, "--samples", str(SAMPLES), "--stop-file", str(stop_file),
+                "--events-dir", str(tmp_path / "worker-events")]
+        job = jobs(args, env=env)
+        seen["drivers"] = [job]
+        workers.wait_for(lambda w: len(w.latest("commit")) == 4, 120, "four workers committing",
+                         driver=job)
+        chaos = Chaos(job, discovery, HOSTS, fakes, events_file, workers, lambda: jobs(args, env=env),
+                      drivers=seen["drivers"])
         for step in steps:
             chaos.apply(step)
         chaos.restore()
+        job = chaos.job  # the driver running now, after any restarts
         # Let it grow back to full size before it stops, so the end is a normal one.
-        mark = len(job.events)
-        job.wait_for(lambda j: any(e.kind == "commit" and e["size"] == 4 for e in j.events[mark:]), 180,
-                     "the job back at four workers after the schedule")
+        mark = time.time()
+        workers.wait_for(lambda w: any(e["size"] == 4 and e["t"] > mark for e in w.latest("commit").values()), 180,
+                         "the job back at four workers after the schedule", driver=job)
         stop_file.touch()
         rc = job.finish(timeout=120)
         applied = "\n  ".join(chaos.applied)
         assert rc == 0, f"job failed (rc={rc}) after:\n  {applied}\n{job.output()}"
         print("chaos: schedule applied:\n  " + applied)
 
-    job_id = job.job_id()
+    job_id = chaos.job_id
     deadline = time.monotonic() + 15
     while processes_of_job(job_id) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -106,12 +126,15 @@ def _run(seed: int, tmp_path, jobs, seen: dict) -> None:
     assert len(chaos.applied) >= 20 or EVENTS < 20
     driver = [e for e in history.driver_events(events_file) if e.get("job") == job_id]
     assert [e["outcome"] for e in driver if e["event"] == "job_finished"] == ["succeeded"]
-    history.check_no_commit_lost(job.events)
-    history.check_one_group_at_a_time(job.events, driver)
-    final_step, epochs = history.check_exactly_once(job.events, SAMPLES)
-    finished = history.check_same_parameters(job.events, final_step)
+    assert job.job_id() == job_id, "the last driver ran another job"
+    events = workers.events
+    history.check_no_commit_lost(events)
+    history.check_one_group_at_a_time(events, driver)
+    final_step, epochs = history.check_exactly_once(events, SAMPLES)
+    finished = history.check_same_parameters(events, final_step)
     rounds = sum(1 for e in driver if e["event"] == "round_formed")
     rollbacks = [e for e in driver if e["event"] == "rollback"]
-    print(f"chaos: seed {seed}: {len(chaos.applied)} faults, {rounds} rounds, {len(rollbacks)} rollbacks "
+    print(f"chaos: seed {seed}: {len(chaos.applied)} faults ({chaos.restarts} driver restarts), {rounds} rounds, "
+          f"{len(rollbacks)} rollbacks "
           f"({sum(e.get('steps_lost', 0) for e in rollbacks)} steps lost in them), {final_step} steps, "
           f"{epochs} epochs, {finished} workers finished with identical parameters")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import re
@@ -175,3 +176,96 @@ class HostsFile:
         tmp = self.file.with_suffix(".tmp")
         tmp.write_text("".join(h + "\n" for h in hosts))
         tmp.replace(self.file)
+
+
+class EventFiles:
+    """The EVENTs that worker processes wrote to ``DIRECTORY/<pid>.jsonl``, one JSON object a line,
+    merged and ordered by their time ``t``.
+
+    For jobs whose workers outlive their driver: an adopted worker's stdout went
+    to the dead driver, so what it does is read from these files rather than
+    from one :class:`Job`'s output. Read incrementally; a line still being
+    written (no newline yet) is left for the next read.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self._offsets: dict[Path, int] = {}
+        self._events: list[Event] = []
+        self._by_kind: dict[str, list[Event]] = {}
+        self._latest: dict[tuple[str, str], Event] = {}
+
+    def refresh(self) -> list[Event]:
+        """Read what was appended since the last call; return all events so far, ordered by time.
+
+        Cheap when little is new (soaks read hundreds of thousands of events): the
+        new ones are merged into the tail they overlap, not the whole list re-sorted."""
+        fresh = []
+        for path in sorted(self.directory.glob("*.jsonl")):
+            offset = self._offsets.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            end = chunk.rfind(b"\n") + 1
+            for raw in chunk[:end].splitlines():
+                if raw.strip():
+                    data = json.loads(raw)
+                    fresh.append(Event(data["kind"], data))
+            self._offsets[path] = offset + end
+        if fresh:
+            fresh.sort(key=_event_time)  # stable: one process's own order is kept on a tie
+            _merge(self._events, fresh)
+            for kind in {e.kind for e in fresh}:
+                _merge(self._by_kind.setdefault(kind, []), [e for e in fresh if e.kind == kind])
+            for e in fresh:
+                key = (e.kind, e.data.get("worker"))
+                if key not in self._latest or e.data["t"] >= self._latest[key].data["t"]:
+                    self._latest[key] = e
+        return self._events
+
+    @property
+    def events(self) -> list[Event]:
+        return list(self.refresh())
+
+    def of(self, kind: str, **match: object) -> list[Event]:
+        self.refresh()
+        return [e for e in self._by_kind.get(kind, []) if all(e.data.get(k) == v for k, v in match.items())]
+
+    def latest(self, kind: str) -> dict[str, Event]:
+        """worker id -> its newest event of ``kind``."""
+        self.refresh()
+        return {worker: e for (k, worker), e in self._latest.items() if k == kind}
+
+    def wait_for(self, predicate: Callable[[EventFiles], object], timeout: float = 60.0,
+                 what: str = "condition", driver: Job | None = None):
+        """Poll until ``predicate(self)`` is truthy; return its value. Fails fast if ``driver`` ends first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate(self)
+            if value:
+                return value
+            if driver is not None and driver.proc.poll() is not None:
+                driver._reader.join(5)
+                value = predicate(self)  # what the workers wrote before the driver ended counts
+                if value:
+                    return value
+                raise AssertionError(f"driver ended (rc={driver.proc.returncode}) before {what}:\n{driver.output()}")
+            if time.monotonic() > deadline:
+                tail = driver.output() if driver is not None else ""
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{tail}")
+            time.sleep(0.2)
+
+
+def _event_time(e: Event) -> float:
+    return e.data["t"]
+
+
+def _merge(into: list[Event], fresh: list[Event]) -> None:
+    """Merge ``fresh`` (ordered by time) into ``into`` (ordered by time), in place; on a tie the older entry first."""
+    if not fresh:
+        return
+    pos = len(into)
+    first = _event_time(fresh[0])
+    while pos and _event_time(into[pos - 1]) > first:
+        pos -= 1
+    into[pos:] = heapq.merge(into[pos:], fresh, key=_event_time)
