@@ -1009,13 +1009,22 @@ class ElasticJob:
         self._from_checkpoint = False
         sizes = {ranks.size for ranks in self._ranks.values()}
         complete = len(sizes) == 1 and sorted(r.rank for r in self._ranks.values()) == list(range(sizes.pop()))
-        stragglers = [w.worker_id for w in self._alive() if w.worker_id not in members]
+        # Workers the predecessor had launched that never joined a round are newcomers: they are
+        # admitted at a commit like any other, and one that did not come back is simply replaced.
+        # Only a member of an older round (its group cannot go on) or a missing member of this
+        # one makes the adopted round unusable.
+        stragglers = [w.worker_id for w in self._alive()
+                      if w.worker_id not in members and w.state in _MEMBER and w.round != self.round]
         what = "; ".join(f"{wid} {why}" for wid, why in sorted(missing.items()))
         log.warning("job %s: adopted %d running worker(s) of round %d%s", self.job_id, len(members), self.round,
                     f"; not back: {what}" if what else "")
-        if not complete or stragglers:
-            self._last_failure = (f"worker(s) of round {self.round} did not come back to the restarted driver: {what}"
-                                  if what else f"the adopted workers do not form round {self.round} completely")
+        if not complete:
+            self._last_failure = (f"round {self.round} is incomplete after the driver restart"
+                                  + (f" (not back: {what})" if what else ""))
+            self._abort_round()
+        elif stragglers:
+            self._last_failure = (f"worker(s) {', '.join(sorted(stragglers))} came back in a round older than "
+                                  f"{self.round}")
             self._abort_round()
 
 

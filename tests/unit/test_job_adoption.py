@@ -42,6 +42,26 @@ def test_a_complete_round_goes_on_without_a_new_round_or_a_rollback() -> None:
     assert job.rank_of("b[0]#7") == 1
 
 
+def test_a_worker_that_had_not_joined_a_round_yet_is_admitted_later_without_aborting_the_round() -> None:
+    job = _job(np=3)
+    job.adopt("a[0]#6", Slot("a", 0), 6, _request(0), 1.0)
+    job.adopt("b[0]#7", Slot("b", 0), 7, _request(1), 1.0)
+    # Launched by the dead driver, still on its way to its first rendezvous.
+    newcomer = AdoptRequest(0, None, update_gen=0, seen_update=0, seen_abort=0, commits=0, slot=0, pid=300)
+    assert job.adopt("c[0]#8", Slot("c", 0), 8, newcomer, 1.0) is None
+    job.end_adoption(2.0, {"d[0]#9": "did not re-register within 10s"})  # another one that never started
+    job.discovered(DiscoveredHosts({"a": 1, "b": 1, "c": 1}), 2.0)
+    assert job.abort_round == 2, "the adopted round is complete: nothing to roll back"
+    assert not [k for k, _ in job.take_events() if k == "rollback"]
+    # The newcomer arrives at rendezvous: the round is asked to change at its next commit, as for any newcomer.
+    job.rendezvous("c[0]#8", 0, "start", 3.0)
+    job.tick(3.0)
+    assert job.heartbeat("a[0]#6", 3.0, 41).update_gen > 5
+    job.rendezvous("a[0]#6", 3, "update", 3.5, commits=42)
+    job.rendezvous("b[0]#7", 3, "update", 3.5, commits=42)
+    assert [job.assignment(w).round for w in ("a[0]#6", "b[0]#7", "c[0]#8")] == [4, 4, 4]
+
+
 def test_an_incomplete_round_is_aborted_and_the_survivor_keeps_the_state() -> None:
     job = _job()
     job.adopt("a[0]#6", Slot("a", 0), 6, _request(0), 1.0)
