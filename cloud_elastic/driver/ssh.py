@@ -222,13 +222,7 @@ class SSHLauncher:
         logger.debug("launching worker %s (slot %s) on %s over ssh", spec.worker_id, spec.slot, spec.host)
         proc = SSHWorkerProcess(spec, argv, nonce, on_output, self._destination(spec.host), self._keepalive_timeout_s,
                                 kill_wait_s=self._kill_wait_s)
-        proc.start()
-        with self._lock:
-            self._live = [p for p in self._live if p.poll() is None] + [proc]
-            if self._keepalive is None and self._keepalive_timeout_s:
-                self._keepalive = threading.Thread(target=self._keepalive_loop, name="ssh-keepalive", daemon=True)
-                self._keepalive.start()
-        return proc
+        return self._track(proc)
 
     def attach(self, spec: WorkerSpec, nonce: str, on_output: OutputSink) -> SSHWorkerProcess:
         """Take over a worker that another driver launched with ``nonce`` on ``spec.host``; return at once.
@@ -250,6 +244,10 @@ class SSHLauncher:
         # The wrapper already has the secret: the first line is only a keepalive.
         proc = SSHWorkerProcess(dataclasses.replace(spec, secret=""), argv, nonce, on_output,
                                 self._destination(spec.host), self._keepalive_timeout_s, kill_wait_s=self._kill_wait_s)
+        return self._track(proc)
+
+    def _track(self, proc: SSHWorkerProcess) -> SSHWorkerProcess:
+        """Start ``proc`` and keep it among the live workers (the keepalive thread starts with the first)."""
         proc.start()
         with self._lock:
             self._live = [p for p in self._live if p.poll() is None] + [proc]
