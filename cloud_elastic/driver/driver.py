@@ -1,11 +1,12 @@
 """The driver runtime: threads and I/O around the pure :class:`~.job.ElasticJob`.
 
 Threads, all at the edges: the discovery poller, the control-plane server's
-request threads, one output reader per worker, and the loop thread (the
-caller of :meth:`Driver.run`) that carries out the job's actions (launch,
-stop, finish) and watches worker processes. Every access to the job happens
-under one condition variable; nothing slow (provider calls, process starts,
-process stops) ever runs under it.
+one ``selectors`` thread (long-polls are held replies, not threads), one
+output reader per worker, and the loop thread (the caller of
+:meth:`Driver.run`) that carries out the job's actions (launch, stop, finish)
+and watches worker processes. Every access to the job happens under one lock
+(:class:`~.waiters.JobCondition`); nothing slow (provider calls, process
+starts, process stops) ever runs under it.
 """
 
 from __future__ import annotations
