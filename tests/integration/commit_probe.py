@@ -27,6 +27,7 @@ restore and the sync).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import hashlib
 import json
 import os
@@ -77,6 +78,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--kill", default="", help="host:point:step,... (see the module docstring)")
     args = p.parse_args()
+    faulthandler.register(signal.SIGUSR1)  # the harness dumps stacks of a hung job
     hvd.init()
     plan = {}
     for item in filter(None, args.kill.split(",")):
