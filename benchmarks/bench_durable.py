@@ -124,12 +124,17 @@ def restart(cycles: int, grace_s: float) -> list[tuple[float, float]]:
                         waited = float(w.group(1)) if w else 0.0
                 results.append((waited, t_step - began - waited))
             finally:
-                os.killpg(second.proc.pid, signal.SIGTERM)
-                second.proc.wait(60)
-                while _workers_of(job_id):
-                    time.sleep(0.1)
+                _stop(second, job_id)
         print(f"restart: {results[-1]}", flush=True)
     return results
+
+
+def _stop(driver, job_id: str) -> None:
+    """End a measured driver and wait until none of the job's workers is left."""
+    os.killpg(driver.proc.pid, signal.SIGTERM)
+    driver.proc.wait(60)
+    while _workers_of(job_id):
+        time.sleep(0.1)
 
 
 ADOPT_PROBE = str(REPO / "tests" / "integration" / "adopt_probe.py")
@@ -176,10 +181,7 @@ def adopt(cycles: int, grace_s: float) -> list[dict[str, float]]:
                 results.append({"spawn_to_adopted_s": t_line - second.started, "driver_reported_s": float(m.group(1)),
                                 "spawn_to_next_step_s": (step - began) if step else float("nan")})
             finally:
-                os.killpg(second.proc.pid, signal.SIGTERM)
-                second.proc.wait(60)
-                while _workers_of(job_id):
-                    time.sleep(0.1)
+                _stop(second, job_id)
         print(f"adopt: {results[-1]}", flush=True)
     return results
 

@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from peer_results import load, record  # this folder is on sys.path when the script runs
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -126,11 +128,7 @@ def main() -> None:
         raise SystemExit(f"allreduce benchmark failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     data = json.loads(line.split("ALLREDUCE ", 1)[1])
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
-    results["allreduce"] = data
-    results.setdefault("when", {})["allreduce"] = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-                                                   f"load average {os.getloadavg()[0]:.1f} at the end")
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    record(out, load(out), "allreduce", data)
     for size, row in data.items():
         print(size, {k: f"{int(size) / v / 1e6:.0f} MB/s" for k, v in row.items()})
 

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from peer_results import load, record  # this folder is on sys.path when the script runs
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -131,11 +132,7 @@ def main() -> None:
               f"{row['step_with_commit_s'] * 1e3:.1f} ms vs step {row['step_without_commit_s'] * 1e3:.1f} ms "
               f"(+{extra * 1e3:.1f} ms); memcpy {gbs(libc):.2f} GB/s, torch copy_ {gbs(torch_copy):.2f} GB/s", flush=True)
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
-    results["commit_bandwidth"] = rows
-    results.setdefault("when", {})["commit_bandwidth"] = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-                                                          f"load average {os.getloadavg()[0]:.1f} at the end")
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    record(out, load(out), "commit_bandwidth", rows)
 
 
 if __name__ == "__main__":

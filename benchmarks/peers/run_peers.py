@@ -35,8 +35,9 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
+
+from peer_results import load, record  # this folder is on sys.path when the script runs
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -414,17 +415,12 @@ def main() -> None:
         args.repeats, args.rounds, args.slice, args.bound = 1, 3, 2.0, 30.0
     only = args.only or ["steps", "kill", "stop"]
     out = Path(args.out)
-    results: dict = json.loads(out.read_text()) if out.exists() else {}
+    results = load(out)
     results.update({"machine": machine(), "model": MODEL, "quick": args.quick})
 
     def save(key: str, value) -> None:  # after each scenario: a later one that fails loses nothing
-        results[key] = value
-        results.setdefault("when", {})[key] = (f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, "
-                                               f"load average {os.getloadavg()[0]:.1f} at the end")
-        out.write_text(json.dumps(results, indent=1) + "\n")
+        record(out, results, key, value)
 
-    if isinstance(results.get("when"), str):
-        results["when"] = {}
     with tempfile.TemporaryDirectory() as ckpt_root:
         if "steps" in only:
             def chosen() -> dict:
