@@ -59,6 +59,10 @@ def test_a_driver_stall_longer_than_the_heartbeat_timeout_kills_nobody() -> None
     """Issue 10 #3: a driver SIGSTOPped for 6 s declared every worker dead."""
     sim = started(2, {"a": 2}, heartbeat_timeout_s=5)
     sim.stall(6)
+    # The loop's first tick after the stall comes before the heartbeats queued meanwhile are read:
+    # on the wall clock every worker has been silent for 6 s at that tick.
+    sim.job.tick(sim.now)
+    sim._collect()
     sim.advance(0.5)
     assert sim.stops == [] and sim.outcome is None
     assert sim.poll("a[0]").abort_round == 0

@@ -1,0 +1,87 @@
+"""The driver core's small pieces on their own: the worker state machine and the running clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.driver.hosts import Slot
+from cloud_elastic.driver.liveness import RunningClock
+from cloud_elastic.driver.workers import IllegalTransition, WorkerRecord, WorkerState
+
+pytestmark = pytest.mark.timeout(10)
+S = WorkerState
+
+
+def record() -> WorkerRecord:
+    return WorkerRecord("w1", Slot("a", 0), seq=1, launched_at=0.0, last_seen=0.0)
+
+
+# ------------------------------------------------------------ worker state machine
+def test_a_worker_lives_through_rounds_and_drains_at_a_commit() -> None:
+    w = record()
+    for state in (S.CONNECTED, S.WAITING, S.RUNNING, S.WAITING, S.RUNNING):
+        w.to(state)
+    w.round = 2
+    assert w.member_of(2) and not w.member_of(1)
+    w.to(S.DRAINING, "host leaving")
+    assert w.member_of(2) and w.why == "host leaving"
+    w.to(S.EXITING)
+    assert w.alive and not w.member_of(2)
+    w.to(S.EXITED)
+    assert not w.alive
+
+
+@pytest.mark.parametrize("path", [
+    (S.RUNNING,),  # a round member must have registered and waited first
+    (S.CONNECTED, S.RUNNING),
+    (S.CONNECTED, S.WAITING, S.DRAINING),  # only a member can drain
+    (S.CONNECTED, S.WAITING, S.RUNNING, S.DRAINING, S.WAITING),  # a leaver never rejoins
+    (S.LOST, S.CONNECTED),  # given up is final but for the exit
+    (S.EXITED, S.LOST),
+])
+def test_a_transition_the_machine_does_not_draw_is_refused(path: tuple[WorkerState, ...]) -> None:
+    w = record()
+    with pytest.raises(IllegalTransition, match="is not allowed"):
+        for state in path:
+            w.to(state)
+
+
+def test_staying_in_a_state_is_not_a_transition_and_keeps_the_reason() -> None:
+    w = record()
+    w.to(S.CONNECTED)
+    w.to(S.EXITING, "told to leave")
+    w.to(S.EXITING)
+    assert w.state is S.EXITING and w.why == "told to leave"
+
+
+def test_a_worker_holds_state_once_it_committed_or_synced() -> None:
+    w = record()
+    assert not w.holds_state and w.label == "not yet ranked"
+    w.commit_seq = 7  # synced rank 0's commit, made none of its own yet
+    assert w.holds_state
+    w.rank = 3
+    assert w.label == "rank 3"
+
+
+# ------------------------------------------------------------------ running clock
+def test_running_time_follows_monotonic_time_while_the_driver_runs() -> None:
+    clock = RunningClock(max_gap_s=1.0)
+    assert [clock(t) for t in (100.0, 100.05, 100.9, 101.8)] == [100.0, 100.05, 100.9, 101.8]
+    assert clock.stalled_s == 0.0
+
+
+def test_a_stall_counts_only_up_to_the_largest_gap_a_running_driver_has() -> None:
+    clock = RunningClock(max_gap_s=1.0)
+    clock(100.0)
+    assert clock(106.0) == pytest.approx(101.0)  # stopped 6 s: 5 s of it were not running time
+    assert clock.stalled_s == pytest.approx(5.0)
+    assert clock(106.5) == pytest.approx(101.5)  # and it runs on from there
+
+
+def test_time_that_goes_backwards_never_moves_the_clock_back_or_counts_as_a_stall() -> None:
+    clock = RunningClock(max_gap_s=1.0)
+    clock(100.0)
+    clock(100.5)
+    assert clock(100.2) == pytest.approx(100.2)  # a late caller with an older reading
+    assert clock(101.2) == pytest.approx(101.2)  # measured from 100.5, not from 100.2: no stall
+    assert clock.stalled_s == 0.0
