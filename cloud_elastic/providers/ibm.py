@@ -34,9 +34,11 @@ anything else (``pending``...)         ``pending``, ``starting``...             
 Instance ``status`` is one of ``deleting failed pending restarting running
 starting stopped stopping``; ``suspended`` is a ``lifecycle_state``. A
 stopped instance runs nothing, so it is absent rather than draining forever;
-``health_state`` ``degraded`` stays ready (the instance still runs). IBM
-gives no advance notice and no time in the group or instance state, so drains
-carry ``deadline=None``. Hosts are named to the driver by instance id.
+``health_state`` ``degraded`` (like ``ok`` and ``inapplicable``) stays ready
+(the instance still runs). IBM gives no advance notice and no time in the group
+or instance state, so drains carry ``deadline=None``. Hosts are the instances'
+primary IPs; each snapshot names the instance behind a host by its id
+(``DiscoveredHosts.instances``).
 
 Credentials, first found wins: the IBM SDK's external configuration for the
 ``vpc`` service (``VPC_AUTH_TYPE``, ``VPC_APIKEY``, ``VPC_AUTH_URL``...,

@@ -84,16 +84,20 @@ def test_hosts_are_ordered_by_launch_time_whatever_its_notation(aws):
 
 
 def test_a_fractional_gpu_is_one_slot_per_partition_the_instance_sees(aws):
-    # g6f.large has an eighth of an L4: GpuInfo Count 0, LogicalGpuCount 1, GpuPartitionSize 0.125.
+    """A slot is a GPU device the instance sees (LogicalGpuCount): not a physical GPU (Count, 0 on
+    fractional types, which would leave the host 1 slot as if CPU-only) and not a share of one GPU
+    (1 / GpuPartitionSize workers)."""
+    # g6f.large as AWS describes it, an eighth of an L4: Count 0, LogicalGpuCount 1, GpuPartitionSize 0.125.
+    # One worker on its one partition, not eight sharing it. (Counting Count would also give 1 here.)
     members = make_group(aws.url, "fractional", size=1, instance_type="g6f.large", cidr="10.20.4.0/24")
     assert provider("aws", aws_options(aws, "fractional")).find().ready == {members[0]["ip"]: 1}
 
-    # A type exposing two partitions gets two slots: Count (physical GPUs, 0 here) is not the device count.
-    members = make_group(aws.url, "two-partitions", size=1, instance_type="g6f.2xlarge", cidr="10.20.5.0/24")
+    # A type exposing three quarter-GPU partitions: 3 slots, where Count gives 1 and 1 / GpuPartitionSize 4.
+    members = make_group(aws.url, "three-partitions", size=1, instance_type="g6f.2xlarge", cidr="10.20.5.0/24")
     aws.rewrite("DescribeInstanceTypes", lambda body: body.replace(
-        b"<logicalGpuCount>1</logicalGpuCount>", b"<logicalGpuCount>2</logicalGpuCount>"))
-    snapshot = provider("aws", aws_options(aws, "two-partitions")).find()
-    assert snapshot.ready == {members[0]["ip"]: 2}
+        b"<logicalGpuCount>1</logicalGpuCount>", b"<logicalGpuCount>3</logicalGpuCount>"))
+    snapshot = provider("aws", aws_options(aws, "three-partitions")).find()
+    assert snapshot.ready == {members[0]["ip"]: 3}
 
 
 def test_cpu_only_type_gets_one_slot_and_slots_per_host_wins_without_type_lookups(aws):

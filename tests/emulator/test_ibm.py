@@ -79,6 +79,16 @@ def test_the_instances_own_gpu_count_wins_over_its_profile(ibm, caplog):
     assert len([r for r in caplog.records if "dependent GPU count" in r.getMessage()]) == 1
 
 
+def test_hosts_are_ordered_by_creation_instant_whatever_its_notation(ibm):
+    m = ibm.add_group("grp-order", _members("o", 3))
+    # As strings these sort o-0 < o-1 < o-2 ("." before "Z" before "+"), and by address too;
+    # as instants o-2 (08:30Z) < o-1 (09:00Z) < o-0 (09:00:00.5Z).
+    m[0].created = "2026-01-01T09:00:00.500Z"
+    m[1].created = "2026-01-01T09:00:00Z"
+    m[2].created = "2026-01-01T10:30:00+02:00"
+    assert list(provider("ibm", ibm_options(ibm, "grp-order")).find().ready) == [m[2].ip, m[1].ip, m[0].ip]
+
+
 def test_slots_from_profiles_looked_up_once_and_slots_per_host_wins(ibm):
     ibm.add_group("grp-slots", [Member("a", ip="10.61.0.1", profile="gx3-24x120x1l4"),
                                 Member("b", ip="10.61.0.2", profile="bx2-4x16")])

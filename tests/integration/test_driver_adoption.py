@@ -20,6 +20,7 @@ import pytest
 from cloud_elastic.control import Codec
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.worker.client import DriverClient
+from tests.integration.events_check import of, only, read_events
 from tests.integration.harness import processes_of_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -80,11 +81,11 @@ def test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_ste
     assert len({e["checksum"] for seen in events.values() for e in seen if e["kind"] == "done"}) == 1
     assert not processes_of_job(job_id), "a worker outlived the job"
     # Both drivers wrote the job's events file: the second one records whom it took over.
-    recorded = [json.loads(line) for line in (tmp_path / "job.jsonl").read_text().splitlines()]
-    adopted = [e for e in recorded if e["event"] == "worker_adopted"]
+    recorded = read_events(tmp_path / "job.jsonl")
+    adopted = of(recorded, "worker_adopted")
     assert sorted(e["host"] for e in adopted) == ["127.0.0.1", "127.0.0.2"]
     assert all(e["commit_step"] >= 10 for e in adopted), adopted
-    [done] = [e for e in recorded if e["event"] == "adoption_done"]
+    done = only(recorded, "adoption_done")
     assert (done["adopted"], done["missing"]) == (2, [])
 
 

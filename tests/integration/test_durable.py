@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
 
+from tests.integration.events_check import of, read_events
 from tests.integration.harness import HostsFile, kill_job_workers, probe_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -70,9 +70,9 @@ def test_whole_group_loss_resumes_from_the_checkpoint_with_exactly_once_samples(
     done = job.of("done")
     assert len(done) == 2 and len({e["checksum"] for e in done}) == 1
     # The events file records the checkpoints written and the one the resumed round loaded.
-    records = [json.loads(line) for line in events_file.read_text().splitlines()]
-    saved = [r for r in records if r["event"] == "checkpoint_saved"]
-    loaded = [r for r in records if r["event"] == "checkpoint_loaded"]
+    records = read_events(events_file)
+    saved = of(records, "checkpoint_saved")
+    loaded = of(records, "checkpoint_loaded")
     assert saved and all(r["path"].startswith(str(ckpt)) and r["step"] >= 1 for r in saved), saved
     assert len(loaded) == 1 and loaded[0]["step"] == resumed_at, (loaded, resumed_at)
     assert loaded[0]["path"] in {r["path"] for r in saved}

@@ -1,46 +1,30 @@
 """The events file of real jobs: each kind's fields checked against what the workers did.
 
-Three runs: a worker killed with SIGKILL (failure, rollback, smaller round), a
-host added by discovery (scale-up), and a spot notice from a fake instance
-metadata service (graceful drain). ``checkpoint_saved`` / ``checkpoint_loaded``
-are covered where durable checkpoints are wired, not here.
+Four runs: a worker killed with SIGKILL (failure, rollback, smaller round), a
+host added and removed by discovery (scale-up, scale-in), a spot notice from a
+fake instance metadata service (graceful drain), and a host the discovery
+provider itself reports draining. ``checkpoint_saved`` / ``checkpoint_loaded``
+are checked by test_durable.py, the adoption kinds by test_driver_adoption.py;
+events_check.OWNERS says which test checks which kind, and fails a test that
+stops checking what it owns.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-from cloud_elastic.events import SCHEMA, validate
+from cloud_elastic.events import SCHEMA
 from tests.emulator.fake_metadata import FakeAWSMetadata, per_host
+from tests.integration.events_check import OWNERS, of, only, read_events
 from tests.integration.harness import HostsFile, probe_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
-
-
-def read_events(path: Path) -> list[dict]:
-    """Every line of the events file, each checked against the schema it claims."""
-    events = [json.loads(line) for line in path.read_text().splitlines()]
-    for e in events:
-        assert e["v"] == 1 and isinstance(e["ts"], float) and isinstance(e["job"], str)
-        validate(e["event"], {k: v for k, v in e.items() if k not in ("v", "ts", "event", "job")})
-    assert [e["ts"] for e in events] == sorted(e["ts"] for e in events), "events out of order"
-    return events
-
-
-def of(events: list[dict], kind: str) -> list[dict]:
-    return [e for e in events if e["event"] == kind]
-
-
-def only(events: list[dict], kind: str) -> dict:
-    found = of(events, kind)
-    assert len(found) == 1, f"expected one {kind}, got {found}"
-    return found[0]
 
 
 def check_lifecycle(events: list[dict], job) -> None:
@@ -178,10 +162,58 @@ def test_a_spot_notice_is_recorded_as_notice_drain_and_graceful_leave(jobs, tmp_
     assert only(events, "job_finished")["outcome"] == "succeeded"
 
 
-def test_every_event_kind_is_exercised_by_an_integration_test():
-    """Guards the schema: a new kind must come with a run that shows it (or be named here as covered elsewhere)."""
-    source = Path(__file__).read_text()
-    # The durable-checkpoint tests own the checkpoint kinds, test_driver_adoption.py the adoption ones.
-    elsewhere = {"checkpoint_saved", "checkpoint_loaded", "worker_adopted", "adoption_done"}
-    missing = [k for k in SCHEMA if k not in elsewhere and f'"{k}"' not in source]
-    assert missing == []
+def test_a_host_the_provider_reports_draining_is_recorded_with_its_reason_and_deadline(jobs, tmp_path):
+    """A drain that discovery reports (a cloud group's own state, AWS queue mode) is a ``hosts_changed``
+    with the provider's reason and deadline. The example ``hostsfile`` plugin (examples/plugin, installed
+    by ./dev) stands in for a cloud: a discovery script cannot say "draining"."""
+    path, hosts = tmp_path / "events.jsonl", tmp_path / "hosts.json"
+
+    def publish(document: dict) -> None:
+        hosts.with_suffix(".tmp").write_text(json.dumps(document))
+        hosts.with_suffix(".tmp").replace(hosts)
+
+    publish({"ready": {"127.0.0.1": 2, "127.0.0.2": 1}})
+    job = jobs(["run", "-np", "3", "--min-np", "1", "--provider", "hostsfile", "-o", f"path={hosts}",
+                "--discovery-interval", "0.2", "--events-file", str(path), *probe_cmd("--steps", "60")])
+    job.wait_event("commit", rank=0, step=5)
+    deadline = float(int(time.time()) + 300)
+    publish({"ready": {"127.0.0.1": 2},
+             "draining": {"127.0.0.2": {"reason": "maintenance window", "deadline": deadline}}})
+    assert job.finish() == 0, job.output()
+    events = read_events(path)
+    check_lifecycle(events, job)
+
+    assert only(events, "job_started")["provider"] == "hostsfile"
+    first, drained = of(events, "hosts_changed")
+    assert first["added"] == [{"host": "127.0.0.1", "slots": 2}, {"host": "127.0.0.2", "slots": 1}]
+    assert drained["draining"] == [{"host": "127.0.0.2", "reason": "maintenance window", "deadline": deadline}]
+    assert (drained["added"], drained["removed"], drained["missing"]) == ([], [], [])
+    # Its worker left at a commit, saying why; the others went on without a rollback.
+    left = only(events, "worker_left")
+    assert (left["host"], left["slot"], left["round"]) == ("127.0.0.2", 0, 1)
+    assert left["reason"] == "host 127.0.0.2 is draining (maintenance window)" and left["ts"] >= drained["ts"]
+    assert of(events, "worker_failed") == [] and of(events, "rollback") == []
+    shrunk = of(events, "round_formed")[-1]
+    assert (shrunk["round"], shrunk["size"], shrunk["ranks"], shrunk["synced"]) == (2, 2, {"127.0.0.1": [0, 1]}, False)
+    resets = job.of("reset")
+    assert resets and all(r["executed"] == r["step"] == shrunk["step"] for r in resets), resets
+    assert only(events, "job_finished")["outcome"] == "succeeded"
+
+
+def test_every_event_kind_has_an_integration_test_that_checks_it():
+    """The table of owners (events_check.OWNERS) covers every kind of the schema, names only fields the
+    schema has, and each owner is an integration test that exists. (That each owner really checks
+    its kinds is enforced when it runs: tests/integration/conftest.py fails it otherwise.)"""
+    owned = {facet.partition(".")[0] for facets in OWNERS.values() for facet in facets}
+    assert sorted(set(SCHEMA) - owned) == [], "event kinds no integration test checks"
+    assert sorted(owned - set(SCHEMA)) == [], "OWNERS names kinds the schema does not have"
+    for facets in OWNERS.values():
+        for facet in facets:
+            kind, _, field = facet.partition(".")
+            assert not field or field in {**SCHEMA[kind].required, **SCHEMA[kind].optional}, facet
+    for owner in OWNERS:
+        path, name = owner.split("::")
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        assert callable(getattr(module, name, None)), f"{owner} does not exist"
+        marks = module.pytestmark if isinstance(module.pytestmark, list) else [module.pytestmark]
+        assert "integration" in {m.name for m in marks}, f"{path} is not an integration test module"

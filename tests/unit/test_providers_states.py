@@ -22,9 +22,16 @@ from cloud_elastic.providers._common import ABSENT, READY, absent, draining
     ("Detaching", "Healthy", "running", draining("Detaching")),
     ("EnteringStandby", "Healthy", "running", draining("EnteringStandby")),
     ("Standby", "Healthy", "running", draining("Standby")),
+    # A root-volume replacement reboots the instance under its workers: they leave, the host does not vanish.
+    ("ReplacingRootVolume", "Healthy", "running", draining("ReplacingRootVolume")),
+    ("ReplacingRootVolume:Wait", "Healthy", "running", draining("ReplacingRootVolume:Wait")),
+    ("ReplacingRootVolume:Proceed", "Healthy", "running", draining("ReplacingRootVolume:Proceed")),
+    ("RootVolumeReplaced", "Healthy", "running", draining("RootVolumeReplaced")),
+    ("SomeFutureState", "Healthy", "running", draining("SomeFutureState")),  # unknown: leaving is the safer reading
     ("Pending", "Healthy", "pending", ABSENT),
     ("Pending:Wait", "Healthy", "running", ABSENT),
     ("Warmed:Running", "Healthy", "running", ABSENT),
+    ("Warmed:Terminating", "Healthy", "running", ABSENT),  # a warm-pool instance never ran workers
     ("Detached", "Healthy", "running", ABSENT),
     ("Terminated", "Healthy", "terminated", ABSENT),
 ])
@@ -128,7 +135,7 @@ def test_ibm(membership, status, reasons, lifecycle, verdict):
 
 
 @pytest.mark.parametrize(("health", "verdict"), [
-    ("ok", READY), ("degraded", READY), ("faulted", draining("instance faulted")), ("", READY),
+    ("ok", READY), ("degraded", READY), ("inapplicable", READY), ("faulted", draining("instance faulted")), ("", READY),
 ])
 def test_ibm_health_state(health, verdict):
     assert ibm.classify("healthy", "running", [], "stable", health) == verdict

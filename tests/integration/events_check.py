@@ -1,0 +1,109 @@
+"""Reading a job's events file in the integration tests, and which test checks which event kind.
+
+:func:`read_events` validates every line against the schema (``cloud_elastic.events.validate``);
+tests pick a kind's events out with :func:`of` or :func:`only` and assert on their fields.
+
+:data:`OWNERS` names, for every kind of the schema, an integration test that runs a real
+job and checks that kind: its *facets*. A facet is a kind (``"notice"``) or a kind's field
+(``"hosts_changed.draining"``). While a test runs, every facet it picks out is recorded: the
+kind when :func:`of`/:func:`only` returned events of it, and ``kind.field`` when one of them
+has a value for the field (not null, not empty). ``tests/integration/conftest.py`` turns an
+owner that passed without picking out all its facets into a failure, and
+``test_events.py`` checks that the table covers the schema and names real tests. So a kind
+cannot silently stop being checked: the scenario no longer producing it, or the test no
+longer looking at it, fails its owner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Iterator
+
+from cloud_elastic.events import validate
+
+__all__ = ["OWNERS", "Events", "read_events", "of", "only", "recording", "owner_id", "unchecked"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+_EVENTS = "tests/integration/test_events.py::"
+
+#: Test id -> the facets that test must pick out of its events file.
+OWNERS: dict[str, frozenset[str]] = {
+    _EVENTS + "test_a_killed_worker_is_recorded_as_failure_rollback_and_smaller_round": frozenset({
+        "job_started", "job_started.command", "hosts_changed.added", "worker_started", "worker_ready",
+        "worker_failed", "worker_failed.signal", "worker_failed.blacklisted_s", "rollback", "round_formed",
+        "round_formed.step", "job_finished",
+    }),
+    _EVENTS + "test_scale_up_and_scale_in_by_discovery_are_recorded_as_hosts_changed_and_new_rounds": frozenset({
+        "hosts_changed.added", "hosts_changed.missing", "hosts_changed.removed", "worker_left", "round_formed",
+    }),
+    _EVENTS + "test_a_spot_notice_is_recorded_as_notice_drain_and_graceful_leave": frozenset({
+        "notice", "notice.deadline", "worker_left",
+    }),
+    _EVENTS + "test_a_host_the_provider_reports_draining_is_recorded_with_its_reason_and_deadline": frozenset({
+        "hosts_changed.draining", "worker_left",
+    }),
+    "tests/integration/test_durable.py::test_whole_group_loss_resumes_from_the_checkpoint_with_exactly_once_samples":
+        frozenset({"checkpoint_saved", "checkpoint_loaded"}),
+    "tests/integration/test_driver_adoption.py::"
+    "test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_step":
+        frozenset({"worker_adopted", "worker_adopted.commit_step", "adoption_done"}),
+}
+
+
+class Events(list):
+    """The events of one events file, each validated against the schema (only :func:`read_events` makes one)."""
+
+
+_seen: set[str] | None = None
+
+
+def read_events(path: Path) -> Events:
+    """Every line of the events file, each checked against the schema it claims, in time order."""
+    events = Events(json.loads(line) for line in Path(path).read_text().splitlines())
+    for e in events:
+        assert e["v"] == 1 and isinstance(e["ts"], float) and isinstance(e["job"], str), e
+        validate(e["event"], {k: v for k, v in e.items() if k not in ("v", "ts", "event", "job")})
+    assert [e["ts"] for e in events] == sorted(e["ts"] for e in events), "events out of order"
+    return events
+
+
+def of(events: Events, kind: str) -> list[dict]:
+    """The events of ``kind``, recorded as checked by the running test when there are any."""
+    if not isinstance(events, Events):
+        raise TypeError("of()/only() take what read_events() returned: events checked against the schema")
+    found = [e for e in events if e["event"] == kind]
+    if found and _seen is not None:
+        _seen.add(kind)
+        _seen.update(f"{kind}.{name}" for e in found for name, value in e.items() if value not in (None, [], {}))
+    return found
+
+
+def only(events: Events, kind: str) -> dict:
+    """The one event of ``kind``."""
+    found = of(events, kind)
+    assert len(found) == 1, f"expected one {kind}, got {found}"
+    return found[0]
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[set[str]]:
+    """Record the facets picked out while the block runs (one test's call)."""
+    global _seen
+    _seen = set()
+    try:
+        yield _seen
+    finally:
+        _seen = None
+
+
+def owner_id(path: Path, name: str) -> str:
+    """``tests/...::function`` for a test function (parametrized ones share it)."""
+    return f"{Path(path).resolve().relative_to(REPO).as_posix()}::{name}"
+
+
+def unchecked(owner: str, seen: set[str]) -> list[str]:
+    """The facets ``owner`` must check and did not (empty for tests that own none)."""
+    return sorted(OWNERS.get(owner, frozenset()) - seen)
