@@ -34,7 +34,7 @@ class RaySettings:
 
     min_np: int = 1
     max_np: int | None = None
-    #: Workers the first round waits for; ``None`` = ``min_np``, then the job grows to what is free.
+    #: Workers the first round waits for; ``None`` = ``min_np``; the job then grows toward ``max_np`` as slots appear.
     num_proc: int | None = None
     reset_limit: int | None = None
     elastic_timeout_s: float = 600.0

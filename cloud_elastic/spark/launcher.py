@@ -1,7 +1,7 @@
 """``SparkTaskLauncher``: starts each worker inside the Spark task its host key names.
 
-The launcher queues orders in the :class:`~cloud_elastic.spark.registry.TaskRegistry`;
-the task picks them up on its next poll (within half a second) and runs the
+The launcher queues orders in the :class:`~cloud_elastic.spark.registry.TaskRegistry`,
+which answers the task's held poll with them at once; the task runs the
 worker through the SSH launcher's wrapper (:mod:`cloud_elastic.driver.remote`),
 which gives the worker its own process group and stops it when the task ends.
 

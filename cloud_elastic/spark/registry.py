@@ -1,10 +1,18 @@
 """The driver side of the Spark executor: tasks register here; discovery and launch read and write it.
 
 Each of the job's Spark tasks registers when it starts (``register``), then
-long-polls for orders (``order``) every fraction of a second, which is also
-its heartbeat, and reports its worker's exit (``exited``). The messages ride
-the control plane's signed JSON (:class:`~cloud_elastic.driver.server.ControlServer`)
-under a key of their own that reached the tasks inside their Spark closure.
+long-polls for orders (``order``), which is also its heartbeat, and reports its
+worker's exit (``exited``). The messages ride the control plane's signed JSON
+(:class:`~cloud_elastic.driver.server.ControlServer`) under a key of their own
+that reached the tasks inside their Spark closure.
+
+That server answers every connection from one thread, so an ``order`` poll
+never blocks it: with nothing to say, the registry returns a
+:class:`~cloud_elastic.driver.server.Held` reply, answered by :meth:`TaskRegistry.order`
+(an order), :meth:`TaskRegistry.finish` (exit) or, after :data:`ORDER_POLL_S`,
+with ``none``. (Waiting in the handler instead queued every task's poll behind
+the others': eight idle tasks were each heard from only every four seconds, and
+from eleven on, past the five-second staleness limit, healthy tasks were declared dead.)
 
 A task is a host with one slot, named ``<ip>/task<index>.<attempt>``: a retry
 of a failed task (Spark's way of giving capacity back) is a new host, so the
@@ -27,14 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cloud_elastic.control import Codec
-from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.server import ControlServer, Held
 from cloud_elastic.errors import ControlPlaneError
 
 __all__ = ["TaskEntry", "TaskRegistry", "seal", "unseal"]
 
 log = logging.getLogger(__name__)
 
-#: How long one ``order`` long-poll waits for an order.
+#: How long one ``order`` long-poll is held when there is no order: the task looks at its
+#: worker between polls, so this bounds how late it reports the worker's exit.
 ORDER_POLL_S = 0.5
 
 
@@ -95,8 +104,9 @@ class TaskRegistry:
         self.key = secrets.token_hex(32)
         self.stale_s = stale_s
         self._clock = clock
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._tasks: dict[str, TaskEntry] = {}
+        self._waiting: dict[str, Held] = {}  # task key -> its order poll, held until there is news
         self._closing = False
         self._server = ControlServer(Codec(self.key, job_id), self._handle, bind=bind)
 
@@ -109,9 +119,10 @@ class TaskRegistry:
 
     def finish(self) -> None:
         """Training is over: every task polling or registering from now on is told to exit at once."""
-        with self._cond:
+        with self._lock:
             self._closing = True
-            self._cond.notify_all()
+            for key in list(self._waiting):
+                self._answer_waiting(key)
 
     def close(self) -> None:
         self.finish()
@@ -121,44 +132,44 @@ class TaskRegistry:
     def alive(self) -> dict[str, TaskEntry]:
         """Tasks that poll and whose worker has not exited: the hosts discovery reports."""
         now = self._clock()
-        with self._cond:
+        with self._lock:
             return {k: t for k, t in self._tasks.items()
                     if t.exit_code is None and now - t.last_seen <= self.stale_s and not self._closing}
 
     def errors(self) -> list[str]:
         """Summaries of the exceptions training functions raised, in registration order."""
-        with self._cond:
+        with self._lock:
             return [t.error for t in self._tasks.values() if t.error]
 
     def entry(self, key: str) -> TaskEntry | None:
-        with self._cond:
+        with self._lock:
             return self._tasks.get(key)
 
     def is_stale(self, key: str) -> bool:
-        with self._cond:
+        with self._lock:
             t = self._tasks.get(key)
             return t is None or self._clock() - t.last_seen > self.stale_s
 
     def order(self, key: str, order: dict[str, Any]) -> bool:
         """Queue ``order`` for task ``key``; False when there is no such task."""
-        with self._cond:
+        with self._lock:
             t = self._tasks.get(key)
             if t is None:
                 return False
             if order.get("order") == "start":
                 t.worker_id = order["worker_id"]
             t.orders.append(order)
-            self._cond.notify_all()
+            self._answer_waiting(key)
             return True
 
     # ------------------------------------------------------------- task side
-    def _handle(self, kind: str, msg: dict[str, Any]) -> dict[str, Any]:
+    def _handle(self, kind: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
         if kind == "register":
             return self._register(msg)
         key = msg.get("key")
         if not isinstance(key, str):
             raise ControlPlaneError("message lacks a task key")
-        with self._cond:
+        with self._lock:
             t = self._tasks.get(key)
             if t is None:
                 return {"order": "exit"}
@@ -170,30 +181,65 @@ class TaskRegistry:
                 t.exit_code = code
                 error = msg.get("error")
                 t.error = error[:500] if isinstance(error, str) else ""
-                self._cond.notify_all()
                 return {"ok": True}
             if kind != "order":
                 raise ControlPlaneError(f"unknown message kind {kind!r}")
-            deadline = self._clock() + ORDER_POLL_S
-            while not t.orders and not self._closing and self._clock() < deadline:
-                self._cond.wait(max(0.0, deadline - self._clock()))
-            t.last_seen = self._clock()
-            if t.orders:
-                return t.orders.pop(0)
-            if self._closing:  # a task with a worker still running stops it, then exits
-                return {"order": "exit"}
-            return {"order": "none"}
+            reply = self._news(t)
+            if reply is not None:
+                return self._taken(t, reply)
+            # A task polls once at a time: a poll still held is a connection it gave up.
+            stale = self._waiting.pop(key, None)
+            if stale is not None:
+                stale.finish({"order": "none"})
+            held = Held(ORDER_POLL_S, lambda: self._at_deadline(key, held))
+            self._waiting[key] = held
+            return held
+
+    def _news(self, t: TaskEntry) -> dict[str, Any] | None:
+        """What task ``t`` must hear now (its next order, or exit once training ended), if anything."""
+        if t.orders:
+            return t.orders[0]
+        if self._closing:  # a task with a worker still running stops it, then exits
+            return {"order": "exit"}
+        return None
+
+    def _taken(self, t: TaskEntry, reply: dict[str, Any]) -> dict[str, Any]:
+        """``reply`` reached task ``t``'s poll: an order leaves the queue."""
+        if t.orders and t.orders[0] is reply:
+            t.orders.pop(0)
+        t.last_seen = self._clock()
+        return reply
+
+    def _answer_waiting(self, key: str) -> None:
+        """Answer task ``key``'s held poll if it has news (under the lock)."""
+        held = self._waiting.get(key)
+        reply = self._news(self._tasks[key])
+        if held is None or reply is None:
+            return
+        del self._waiting[key]
+        if held.finish(reply):
+            self._taken(self._tasks[key], reply)
+        # else its deadline fired first: _at_deadline, waiting for the lock, takes the news instead
+
+    def _at_deadline(self, key: str, held: Held) -> dict[str, Any]:
+        """The reply of a poll held for ORDER_POLL_S (on the server's thread)."""
+        with self._lock:
+            if self._waiting.get(key) is held:
+                del self._waiting[key]
+            t = self._tasks[key]
+            return self._taken(t, self._news(t) or {"order": "none"})
 
     def _register(self, msg: dict[str, Any]) -> dict[str, Any]:
         index, attempt, ip = msg.get("index"), msg.get("attempt"), msg.get("ip")
         if not isinstance(index, int) or not isinstance(attempt, int) or not isinstance(ip, str) or not ip:
             raise ControlPlaneError("malformed register message")
-        with self._cond:
+        with self._lock:
             if self._closing:
+                log.info("job %s: spark task %d (attempt %d) started after training ended; told to exit",
+                         self.job_id, index, attempt)
                 return {"order": "exit"}
             key = f"{ip}/task{index}.{attempt}"
             if key not in self._tasks:
                 self._tasks[key] = TaskEntry(key, index, attempt, ip, self._clock())
                 log.info("job %s: spark task %d (attempt %d) registered on %s", self.job_id, index, attempt, ip)
-            self._cond.notify_all()
             return {"key": key}

@@ -24,8 +24,9 @@ class RayCluster:
         self.cluster = cluster
         self.nodes: list = []
 
-    def add(self, count: int = 1) -> list:
-        added = [self.cluster.add_node(num_cpus=1, object_store_memory=_STORE) for _ in range(count)]
+    def add(self, count: int = 1, **node_args) -> list:
+        """Add ``count`` one-CPU nodes (``node_args`` go to ``Cluster.add_node``, e.g. ``node_ip_address``)."""
+        added = [self.cluster.add_node(num_cpus=1, object_store_memory=_STORE, **node_args) for _ in range(count)]
         self.cluster.wait_for_nodes()
         self.nodes.extend(added)
         return added

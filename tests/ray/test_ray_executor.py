@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,40 @@ def test_a_failing_training_function_raises_its_error_in_the_caller(nodes):
 
     with pytest.raises(ValueError, match="bad batch on rank"):
         _executor(2, 2).run(broken)
+
+
+def test_a_spot_notice_from_a_nodes_metadata_drains_its_worker_at_a_commit_without_a_rollback(nodes, tmp_path, caplog):
+    from tests.emulator.fake_metadata import FakeAWSMetadata, per_host
+
+    # Each node on its own loopback address, each with its own fake IMDS on one shared port: the
+    # watcher on a node expands {host} to its node's IP, as on EC2 each VM reaches its own IMDS.
+    a, = nodes.add(1, node_ip_address="127.0.0.2")
+    b, = nodes.add(1, node_ip_address="127.0.0.3")
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop = tmp_path / "stop"
+    example = load_example()
+    caplog.set_level("INFO", logger="cloud_elastic.driver.job")
+    with per_host(FakeAWSMetadata, ["127.0.0.2", "127.0.0.3"]) as fakes:
+        executor = ElasticRayExecutor(
+            ElasticRayExecutor.create_settings(min_np=1, max_np=2, notice_watcher="aws"), cpus_per_slot=1,
+            env_vars={"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://{{host}}:{fakes['127.0.0.2'].port}",
+                      "AWS_EC2_METADATA_DISABLED": "false"},
+        )
+        executor.start()
+        run = _Run(executor, example.train,
+                   {"steps": 5, "step_sleep": 0.05, "stop_file": str(stop), "progress_dir": str(progress)})
+        wait_for(lambda: _round_of(progress, 2, {a.node_id, b.node_id}), 120, "two workers training together")
+        for fake in fakes.values():  # both nodes' watchers are up (one token each), so the notice is news
+            assert fake.wait_for(lambda f=fake: f.count("spot/instance-action") > 0, 60), "no watcher on a node"
+        fakes["127.0.0.3"].set_spot_action("terminate", time.time() + 120)
+        alone = wait_for(lambda: _round_of(progress, 1, {a.node_id}), 120, "the other worker training alone")
+        stop.touch()
+        results = run.join(120)
+    assert [r["size"] for r in results] == [1]
+    assert results[0]["step"] >= alone[0]["step"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("notice from aws" in m and f"for host {b.node_id}" in m for m in messages), messages
+    assert not any("notice from" in m and a.node_id in m for m in messages), messages
+    assert any(f"host {b.node_id} drained" in m and "0 steps lost" in m for m in messages), messages
+    assert not any("roll back" in m for m in messages), messages

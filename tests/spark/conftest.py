@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,10 @@ def spark():
         pytest.skip("no Java runtime (run scripts/setup-java.sh)")
     from pyspark.sql import SparkSession
 
-    # Executors' Python workers import this checkout like the driver does.
+    # Executors' Python workers import this checkout like the driver does, with the same
+    # interpreter (else Spark runs "python3" from PATH, which may lack torch).
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (
         SparkSession.builder.master("local[3,4]")
         .appName("cloud-elastic-tests")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from cloud_elastic.control import Codec
 from cloud_elastic.errors import ConfigError, ControlPlaneError
 from cloud_elastic.spark import spark_defaults
 from cloud_elastic.spark.discovery import SparkTaskDiscovery
-from cloud_elastic.spark.registry import TaskRegistry, seal, unseal
+from cloud_elastic.spark.registry import ORDER_POLL_S, TaskRegistry, seal, unseal
 from cloud_elastic.worker.client import DriverClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -64,5 +67,78 @@ def test_a_task_without_the_registry_key_is_refused():
         with pytest.raises(ControlPlaneError, match="HTTP 401"):
             stranger.call("register", {"index": 0, "attempt": 0, "ip": "10.0.0.9"})
         assert registry.alive() == {}
+    finally:
+        registry.close()
+
+
+class _PollingTask(threading.Thread):
+    """A Spark task's side of the registry, as run_task does it: register, then poll for orders until exit."""
+
+    def __init__(self, port: int, key: str, index: int, polled: threading.Condition) -> None:
+        super().__init__(name=f"task-{index}", daemon=True)
+        self._client = DriverClient(f"127.0.0.1:{port}", Codec(key, "job1"), f"spark-task-{index}")
+        self._index = index
+        self._polled = polled
+        self.key: str | None = None
+        self.registered = threading.Event()
+        self.polls = 0
+        self.news: dict[str, float] = {}  # order kind -> when it arrived
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.key = self._client.call("register", {"index": self._index, "attempt": 0, "ip": "10.0.0.1"})["key"]
+            self.registered.set()
+            while "exit" not in self.news:
+                kind = self._client.call("order", {"key": self.key})["order"]
+                with self._polled:
+                    self.polls += 1
+                    if kind != "none":
+                        self.news[kind] = time.monotonic()
+                    self._polled.notify_all()
+        except BaseException as exc:  # handed to the test
+            self.error = exc
+            self.registered.set()
+        finally:
+            self._client.close()
+
+
+def test_sixteen_idle_tasks_polling_at_once_register_promptly_stay_alive_and_hear_orders_at_once():
+    # The control-plane server answers every connection from one thread: a poll that waited
+    # in the handler queued the others behind it, and idle tasks were declared dead.
+    registry = TaskRegistry("job1")  # the default stale_s (5 s), as run_elastic uses it
+    registry.start()
+    polled = threading.Condition()
+    tasks = [_PollingTask(registry.port, registry.key, i, polled) for i in range(16)]
+    try:
+        started = time.monotonic()
+        for task in tasks:
+            task.start()
+        for task in tasks:
+            assert task.registered.wait(max(0.0, started + 3.0 - time.monotonic())), "registration was not prompt"
+            assert task.error is None, task.error
+        keys = {task.key for task in tasks}
+        discovery = SparkTaskDiscovery(registry)
+        # Every task polls (idle) for longer than stale_s; none may look dead meanwhile.
+        polls_needed = int(registry.stale_s / ORDER_POLL_S) + 2
+        deadline = time.monotonic() + 30.0
+        with polled:
+            while min(task.polls for task in tasks) < polls_needed:
+                assert time.monotonic() < deadline, f"polls: {[task.polls for task in tasks]}"
+                assert set(discovery.find().ready) == keys, "a polling task was declared gone"
+                assert not any(registry.is_stale(k) for k in keys), "a polling task was declared stale"
+                polled.wait(0.1)
+        assert all(task.error is None for task in tasks), [task.error for task in tasks]
+
+        sent = time.monotonic()
+        for i, task in enumerate(tasks):
+            registry.order(task.key, {"order": "start", "worker_id": f"w{i}", "env": {}, "secret": "s", "cwd": "/"})
+        registry.finish()
+        for task in tasks:
+            task.join(10.0)
+            assert not task.is_alive() and task.error is None, task.error
+        # Both answered a held poll at once, not at its deadline or after the others' polls.
+        assert max(task.news["start"] for task in tasks) - sent < ORDER_POLL_S
+        assert max(task.news["exit"] for task in tasks) - sent < 1.0
     finally:
         registry.close()

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,21 @@ def test_a_failing_training_function_fails_the_job_with_its_error(spark):
 
     with pytest.raises(JobFailed, match=r"the training function raised: ValueError: bad batch on rank \d"):
         run_elastic(_broken, num_proc=2, min_np=2, max_np=2)
+
+
+def test_tasks_still_queued_when_training_ends_exit_at_once_and_the_job_returns(spark, caplog):
+    from cloud_elastic.spark import run_elastic
+
+    # local[3,4] runs three tasks at once: of max_np=5, two are still queued when training ends.
+    caplog.set_level("INFO", logger="cloud_elastic.spark")
+    example = load_example("pyspark")
+    results = run_elastic(example.train, kwargs={"steps": 10}, num_proc=3, min_np=3, max_np=5)
+    returned = time.time()
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert all(r["size"] == 3 and r["step"] == 10 for r in results), results
+    assert len({r["checksum"] for r in results}) == 1, results
+    late = [r for r in caplog.records if "started after training ended; told to exit" in r.getMessage()]
+    assert len(late) == 2, [r.getMessage() for r in caplog.records]
+    # They ended by themselves: nothing waited out the 30 s before Spark is told to cancel them.
+    assert not any("cancelling them" in r.getMessage() for r in caplog.records)
+    assert returned - max(r.created for r in late) < 10.0
