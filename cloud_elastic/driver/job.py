@@ -755,6 +755,12 @@ class ElasticJob:
 
     # ------------------------------------------------------------ finishing
     def _step_finishing(self, now: float) -> None:
+        for w in self._alive():
+            if w.state is S.STARTING:
+                # It never registered, so it had no part in the result and cannot be told to exit:
+                # stop it now rather than wait out the completion grace for it.
+                w.to(S.EXITING, "the job completed before it joined")
+                self._actions.append(Stop(w.worker_id, "the job completed before it joined"))
         if not self._alive():
             self._finish(True, f"training completed on {self.completed_workers} worker(s) after {self.resets} reset(s)", 0)
         elif self._finishing_since is not None and now - self._finishing_since > self.policy.completion_grace_s:

@@ -483,6 +483,21 @@ def test_worker_that_does_not_exit_after_completion_is_stopped() -> None:
     assert sim.outcome is not None and sim.outcome.success and sim.outcome.exit_code == 0
 
 
+def test_a_worker_still_starting_when_training_completes_is_stopped_at_once() -> None:
+    """A newcomer that never registered has no part in the result: the job does not wait 30 s for it."""
+    sim = started(2, {"a": 2}, max_np=3, completion_grace_s=30)
+    sim.discover({"a": 2, "b": 1})
+    straggler = sim.id("b[0]")
+    sim.complete("a[0]")
+    sim.complete("a[1]")
+    assert [s.worker_id for s in sim.stops] == [straggler]
+    sim.exit("a[0]", CLEAN)
+    sim.exit("a[1]", CLEAN)
+    sim.exit("b[0]", KILLED)
+    assert sim.outcome == Finish(True, "training completed on 2 worker(s) after 0 reset(s)", 0)
+    assert not any(kind == "worker_failed" for kind, _ in sim.events)
+
+
 # --------------------------------------------------------------- discovery
 def test_first_discovery_failures_are_retried_until_start_timeout() -> None:
     sim = Sim(2, start_timeout_s=30)
