@@ -11,7 +11,8 @@ It is assembled from small pieces, each tested on its own:
 * :mod:`.workers` — one worker's life as an explicit state machine;
 * :mod:`.rounds` — who forms the next round, in which rank order, and whether
   it syncs or must load a checkpoint (a pure function);
-* :mod:`.liveness` — worker silence measured only over time the driver ran;
+* :mod:`.liveness` — worker silence measured only over time the driver ran, and which
+  workers are overdue;
 * :mod:`.hosts` — host order, the per-slot blacklist, hosts missing from
   discovery for less than the grace, draining hosts and their deadlines.
 
@@ -38,7 +39,7 @@ from typing import Any, Union
 
 from cloud_elastic.driver.hosts import HostManager, Slot
 from cloud_elastic.driver.launch import ExitStatus
-from cloud_elastic.driver.liveness import RunningClock
+from cloud_elastic.driver.liveness import RunningClock, SilenceWatch
 from cloud_elastic.driver.planner import Member, assign_ranks
 from cloud_elastic.driver.rounds import Candidate, StateLost, plan_round
 from cloud_elastic.driver.workers import WorkerRecord, WorkerState
@@ -192,19 +193,17 @@ class ElasticJob:
     _members_left: deque[WorkerRecord] = field(default_factory=deque)
     _rendezvous_news: set[str] = field(default_factory=set)  # left WAITING since take_rendezvous_news()
     _alive_memo: list[WorkerRecord] | None = None  # _alive() during one _step; reset on every birth or death
-    # Exact shortcuts for the scans of a step in which nothing they look at changed:
-    # no worker can be silent for longer than the timeout before _silence_due (running time), nor
-    # late to register before _start_due; no worker's host changed usability while hosts.version
+    # Exact shortcuts for the scans of a step in which nothing they look at changed (the liveness
+    # scan keeps its own, see SilenceWatch): no worker's host changed usability while hosts.version
     # is _leavers_checked; no member was marked draining in a round other than _draining_round.
-    # All three are recomputed when a worker is born (the count of workers changes).
-    _silence_due: float = float("-inf")
-    _start_due: float = float("-inf")
-    _liveness_workers: int = -1
+    # Both are recomputed when a worker is born (the count of workers changes).
+    _silence: SilenceWatch = field(init=False)
     _leavers_checked: tuple[int, int] = (-1, -1)
     _draining_round: int = -1
     _alive_count: int = 0  # as of the last step
 
     def __post_init__(self) -> None:
+        self._silence = SilenceWatch(self.policy.heartbeat_timeout_s, self.policy.start_timeout_s)
         if self.resumed:
             if not self.policy.checkpointing:
                 raise ValueError("a resumed job needs checkpointing (it starts from a durable checkpoint)")
@@ -639,27 +638,8 @@ class ElasticJob:
 
     # ----------------------------------------------------------- liveness
     def _check_liveness(self, now: float) -> None:
-        running_now = self._clock(now)
-        timeout = self.policy.heartbeat_timeout_s
-        if (len(self.workers) == self._liveness_workers and running_now <= self._silence_due
-                and now <= self._start_due):
-            return  # last_seen only grows, so no one can have gone silent since the last scan
-        # A worker that registers after this scan has last_seen >= running_now: no bound beyond now + timeout.
-        silence_due, start_due = running_now + timeout, float("inf")
-        for w in self._alive():
-            if w.state is S.COMPLETED:
-                continue
-            if w.state is not S.STARTING:  # registered
-                silent = running_now - w.last_seen
-                if silent > timeout:
-                    self._give_up(w, f"stopped answering heartbeats for {silent:.1f}s", now)
-                elif w.last_seen + timeout < silence_due:
-                    silence_due = w.last_seen + timeout
-            elif now - w.launched_at > self.policy.start_timeout_s:
-                self._give_up(w, f"did not reach rendezvous within {self.policy.start_timeout_s:g}s", now)
-            elif w.launched_at + self.policy.start_timeout_s < start_due:
-                start_due = w.launched_at + self.policy.start_timeout_s
-        self._silence_due, self._start_due, self._liveness_workers = silence_due, start_due, len(self.workers)
+        for w, what in self._silence.overdue(self._alive(), len(self.workers), now, self._clock(now)):
+            self._give_up(w, what, now)
 
     def _give_up(self, w: WorkerRecord, what: str, now: float) -> None:
         was_member = w.member_of(self.round)

@@ -7,13 +7,21 @@ given up at once. :class:`RunningClock` subtracts such stalls: the driver
 calls it at least every few tens of milliseconds (its loop ticks every 50 ms),
 so a gap between two calls longer than ``max_gap_s`` can only mean that the
 driver was not running, and the excess is not counted.
+
+:class:`SilenceWatch` finds the workers to give up: registered ones silent past
+the heartbeat timeout (in running time), and ones that never registered within
+the start timeout. It is called every step with every live worker, so it skips
+the scan exactly when nobody can have become overdue since the last one.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Iterable
 
-__all__ = ["RunningClock"]
+from cloud_elastic.driver.workers import WorkerRecord, WorkerState
+
+__all__ = ["RunningClock", "SilenceWatch"]
 
 log = logging.getLogger(__name__)
 
@@ -39,3 +47,50 @@ class RunningClock:
         if self._last is None or now > self._last:
             self._last = now
         return now - self.stalled_s
+
+
+class SilenceWatch:
+    """Which live workers are overdue: silent past ``heartbeat_timeout_s`` or unregistered past ``start_timeout_s``.
+
+    ``last_seen`` only grows and ``launched_at`` never changes, so after a scan
+    nobody can become overdue before the earliest due time it saw unless a
+    worker is born; :meth:`overdue` skips the scan until then. Workers that
+    completed their training function are never overdue (they are exiting).
+    """
+
+    def __init__(self, heartbeat_timeout_s: float, start_timeout_s: float) -> None:
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self._silence_due = float("-inf")  # running time before which no registered worker can be overdue
+        self._start_due = float("-inf")  # time before which no unregistered worker can be overdue
+        self._born = -1  # workers ever recorded, as of the last scan
+
+    def overdue(self, alive: Iterable[WorkerRecord], born: int, now: float,
+                running_now: float) -> list[tuple[WorkerRecord, str]]:
+        """The workers of ``alive`` to give up, each with what it did wrong.
+
+        ``born`` counts the job's workers ever recorded (a birth invalidates the
+        shortcut); ``now`` is the monotonic time and ``running_now`` the
+        driver's running time at ``now`` (see :class:`RunningClock`).
+        """
+        if born == self._born and running_now <= self._silence_due and now <= self._start_due:
+            return []
+        timeout, start_timeout = self.heartbeat_timeout_s, self.start_timeout_s
+        # A worker that registers after this scan has last_seen >= running_now: no bound beyond now + timeout.
+        silence_due, start_due = running_now + timeout, float("inf")
+        found = []
+        for w in alive:
+            if w.state is WorkerState.COMPLETED:
+                continue
+            if w.state is not WorkerState.STARTING:  # registered
+                silent = running_now - w.last_seen
+                if silent > timeout:
+                    found.append((w, f"stopped answering heartbeats for {silent:.1f}s"))
+                elif w.last_seen + timeout < silence_due:
+                    silence_due = w.last_seen + timeout
+            elif now - w.launched_at > start_timeout:
+                found.append((w, f"did not reach rendezvous within {start_timeout:g}s"))
+            elif w.launched_at + start_timeout < start_due:
+                start_due = w.launched_at + start_timeout
+        self._silence_due, self._start_due, self._born = silence_due, start_due, born
+        return found

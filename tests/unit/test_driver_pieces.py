@@ -1,11 +1,11 @@
-"""The driver core's small pieces on their own: the worker state machine and the running clock."""
+"""The driver core's small pieces on their own: the worker state machine, the running clock, the silence watch."""
 
 from __future__ import annotations
 
 import pytest
 
 from cloud_elastic.driver.hosts import Slot
-from cloud_elastic.driver.liveness import RunningClock
+from cloud_elastic.driver.liveness import RunningClock, SilenceWatch
 from cloud_elastic.driver.workers import IllegalTransition, WorkerRecord, WorkerState
 
 pytestmark = pytest.mark.timeout(10)
@@ -85,3 +85,31 @@ def test_time_that_goes_backwards_never_moves_the_clock_back_or_counts_as_a_stal
     assert clock(100.2) == pytest.approx(100.2)  # a late caller with an older reading
     assert clock(101.2) == pytest.approx(101.2)  # measured from 100.5, not from 100.2: no stall
     assert clock.stalled_s == 0.0
+
+
+# ------------------------------------------------------------------ silence watch
+def worker(seq: int, state: WorkerState, *, launched_at: float = 0.0, last_seen: float = 0.0) -> WorkerRecord:
+    w = WorkerRecord(f"w{seq}", Slot("a", seq), seq=seq, launched_at=launched_at, last_seen=last_seen)
+    w.state = state
+    return w
+
+
+def test_silent_and_never_registered_workers_are_overdue_with_what_they_did() -> None:
+    watch = SilenceWatch(heartbeat_timeout_s=5.0, start_timeout_s=60.0)
+    quiet = worker(1, S.RUNNING, last_seen=100.0)
+    fresh = worker(2, S.WAITING, last_seen=104.0)
+    late = worker(3, S.STARTING, launched_at=30.0)
+    done = worker(4, S.COMPLETED, last_seen=50.0)  # exiting after its function returned: never given up
+    found = watch.overdue([quiet, fresh, late, done], born=4, now=100.5, running_now=105.5)
+    assert [(w.worker_id, what) for w, what in found] == [
+        ("w1", "stopped answering heartbeats for 5.5s"), ("w3", "did not reach rendezvous within 60s")]
+
+
+def test_the_scan_is_skipped_until_someone_can_be_overdue_or_a_worker_is_born() -> None:
+    watch = SilenceWatch(heartbeat_timeout_s=5.0, start_timeout_s=60.0)
+    a = worker(1, S.RUNNING, last_seen=100.0)
+    assert watch.overdue([a], born=1, now=100.0, running_now=100.0) == []
+    b = worker(2, S.RUNNING, last_seen=90.0)  # already silent, but it is not there for the watch yet
+    assert watch.overdue([a, b], born=1, now=104.0, running_now=104.0) == []  # skipped: nobody new, nobody due
+    assert [w.worker_id for w, _ in watch.overdue([a, b], born=2, now=104.0, running_now=104.0)] == ["w2"]
+    assert [w.worker_id for w, _ in watch.overdue([a], born=2, now=105.5, running_now=105.5)] == ["w1"]
