@@ -11,7 +11,8 @@ Measured per run, on the benchmark's own clock (lines timestamped as they arrive
 
 Run: ``.venv/bin/python benchmarks/notice_latency.py [--runs 3]`` (about 1 minute a
 run); it prints a table and writes it into docs/benchmarks.md between the markers
-``<!-- notice-latency:begin -->`` and ``<!-- notice-latency:end -->``.
+``<!-- notice-latency:begin -->`` and ``<!-- notice-latency:end -->``. ``--only SOURCE``
+measures one source and only prints.
 """
 
 from __future__ import annotations
@@ -139,9 +140,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    p.add_argument("--only", choices=sorted(SOURCES), action="append",
+                   help="measure only this source (repeatable; implies --no-write)")
     args = p.parse_args()
     rows = []
     for name, source in SOURCES.items():
+        if args.only and name not in args.only:
+            continue
         latencies, losses = [], []
         for i in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:
@@ -162,7 +167,7 @@ def main() -> None:
         *rows,
     ])
     print(table)
-    if not args.no_write:
+    if not args.no_write and not args.only:
         doc = REPO / "docs" / "benchmarks.md"
         text = doc.read_text()
         block = f"{BEGIN}\n{table}\n{END}"

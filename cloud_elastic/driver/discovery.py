@@ -38,7 +38,9 @@ class DiscoveryPoller:
 
     The provider's write path (:meth:`HostDiscovery.release`) runs on the same
     thread, so a provider never sees two calls at once and the driver's loop
-    never waits on a cloud API.
+    never waits on a cloud API. A provider with a push source wakes the
+    poller (:meth:`HostDiscovery.wake_on_news`, :meth:`wake`): the next
+    find() then starts at once instead of at the end of the interval.
     """
 
     def __init__(self, discovery: HostDiscovery, on_result: Callable[[Result], None], *, interval_s: float) -> None:
@@ -46,6 +48,7 @@ class DiscoveryPoller:
         self._on_result = on_result
         self._interval_s = interval_s
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by close() too, so that a wait ends at once
         self._thread: threading.Thread | None = None
         self._releases: queue.SimpleQueue[tuple[str, str | None]] = queue.SimpleQueue()
         #: Seconds the last provider call took (for the discovery latency metric).
@@ -55,12 +58,17 @@ class DiscoveryPoller:
         """Queue ``discovery.release(host, instance)`` for the poller thread; returns at once."""
         self._releases.put((host, instance))
 
+    def wake(self) -> None:
+        """Start the next find() now rather than at the end of the interval; any thread, never blocks."""
+        self._wake.set()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="discovery", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     def poll_once(self) -> Result:
         """One provider call, its errors translated into a DiscoveryFailure."""
@@ -89,8 +97,16 @@ class DiscoveryPoller:
             except Exception as exc:  # the instance then waits out the cloud's own timeout; the job goes on
                 log.warning("could not release drained host %s: %s", host, exc)
 
+    def _ask_for_wakeups(self) -> None:
+        try:
+            self._discovery.wake_on_news(self.wake)
+        except Exception:  # the provider is then polled at the interval only; the job goes on
+            log.exception("discovery provider %s could not set up its news receiver", type(self._discovery).__name__)
+
     def _run(self) -> None:
+        self._ask_for_wakeups()
         while not self._stop.is_set():
+            self._wake.clear()  # news arriving from here on wakes the wait below
             self._release_queued()
             result = self.poll_once()
             if isinstance(result, DiscoveryFailure):
@@ -101,4 +117,4 @@ class DiscoveryPoller:
                 return
             self._on_result(result)
             self._release_queued()
-            self._stop.wait(self._interval_s)
+            self._wake.wait(self._interval_s)

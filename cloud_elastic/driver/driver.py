@@ -77,7 +77,8 @@ class Driver:
                 completion_grace_s=config.completion_grace_s,
                 checkpointing=config.checkpoint_dir is not None,
             ),
-            HostManager(Blacklist(config.cooldown_range_s), missing_grace_s=config.host_missing_grace_s),
+            HostManager(Blacklist(config.cooldown_range_s), missing_grace_s=config.host_missing_grace_s,
+                        drain_soft=config.drain_on_rebalance),
             job_id=self.job_id,
         )
         self._cond.watch(self._job)
@@ -561,8 +562,8 @@ class Driver:
             raise ControlPlaneError("malformed notice message")
         if w is None:
             return {"ok": False}
-        soft = kind != "terminate" and not self.config.drain_on_rebalance
-        self._job.notice(w.slot.host, Drain(deadline=deadline, reason=reason[:200]), now, source=source[:40], soft=soft)
+        self._job.notice(w.slot.host, Drain(deadline=deadline, reason=reason[:200]), now, source=source[:40],
+                         soft=kind != "terminate")  # the job drains on soft ones too under --drain-on-rebalance
         self._cond.notify_all()
         return {"ok": True}
 

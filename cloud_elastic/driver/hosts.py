@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+
+from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 __all__ = ["Slot", "Blacklist", "HostChanges", "HostManager"]
@@ -73,8 +75,10 @@ class HostChanges:
     draining: tuple[str, ...] = ()
     resized: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()  # newly missing from discovery, kept for the grace
+    lapsed: tuple[str, ...] = ()  # hosts whose notice lapsed (see HostManager); a hard one's host is also added
 
     def __bool__(self) -> bool:
+        """Whether the set of hosts changed (a lapsed soft notice alone changes only where workers may go)."""
         return bool(self.added or self.removed or self.draining or self.resized or self.missing)
 
 
@@ -105,6 +109,12 @@ class HostManager:
     soft: dict[str, str] = field(default_factory=dict)
     #: Soft notices the provider itself reports (``DiscoveredHosts.soft``), as of the last snapshot.
     provider_soft: dict[str, str] = field(default_factory=dict)
+    notice_grace_s: float = NOTICE_GRACE_S
+    soft_notice_ttl_s: float = SOFT_NOTICE_TTL_S
+    #: ``--drain-on-rebalance``: soft notices (the provider's too) drain their hosts like hard ones.
+    drain_soft: bool = False
+    _notice_until: dict[str, float] = field(default_factory=dict)  # host -> when its hard notice may lapse
+    _soft_until: dict[str, float] = field(default_factory=dict)  # host -> when its soft notice lapses
     _order: dict[str, int] = field(default_factory=dict)
     _seq: int = 0
     #: Raised by every call that may change which slots are usable (update, notices, expiry), so a
@@ -130,12 +140,17 @@ class HostManager:
         self.draining = dict(snapshot.draining)
         self.instances.update(snapshot.instances)
         self.provider_soft = dict(snapshot.soft)
+        if self.drain_soft:
+            for host, reason in snapshot.soft.items():
+                if self.ready.pop(host, None) is not None:
+                    self.draining[host] = Drain(None, reason)
         for host in list(self.notices):
             if host not in present and host not in self.missing:
-                del self.notices[host]
+                self._drop_notice(host)
         for host in list(self.soft):
             if host not in present and host not in self.missing:
-                del self.soft[host]
+                self._drop_soft(host)
+        lapsed = self._lapse(snapshot, now)
         self._apply_notices()
         removed = self._forget_absent(present, now)
         return HostChanges(
@@ -144,10 +159,34 @@ class HostManager:
             draining=tuple(h for h in self.draining if h not in old_draining),
             resized=tuple(h for h in self.ready if h in old_ready and old_ready[h] != self.ready[h]),
             missing=tuple(h for h in self.missing if h in old_ready),
+            lapsed=lapsed,
         )
 
-    def notice(self, host: str, drain: Drain) -> bool:
-        """A notice says ``host`` is leaving; True if that is news (the host is known and was not draining)."""
+    def _lapse(self, snapshot: DiscoveredHosts, now: float) -> tuple[str, ...]:
+        """Drop hard notices past their grace for hosts the snapshot reports ready, and soft ones past their TTL."""
+        hard = [h for h in self.notices if h in snapshot.ready and now >= self._notice_until.get(h, now)]
+        soft = [h for h in self.soft if now >= self._soft_until.get(h, now)]
+        for host in hard:
+            self._drop_notice(host)
+        for host in soft:
+            self._drop_soft(host)
+        return tuple(dict.fromkeys(hard + soft))
+
+    def _drop_notice(self, host: str) -> None:
+        del self.notices[host]
+        self._notice_until.pop(host, None)
+
+    def _drop_soft(self, host: str) -> None:
+        del self.soft[host]
+        self._soft_until.pop(host, None)
+
+    def notice(self, host: str, drain: Drain, now: float = 0.0, wall_now: float | None = None) -> bool:
+        """A notice says ``host`` is leaving; True if that is news (the host is known and was not draining).
+
+        ``now`` is the manager's clock; ``wall_now`` the Unix time at that moment
+        (deadlines are Unix times; None: the two clocks agree). The notice lasts
+        until the host leaves discovery, or lapses (see the class docstring).
+        """
         known = host in self.ready or host in self.draining or host in self.missing
         if not known:
             return False
@@ -156,14 +195,22 @@ class HostManager:
         old = self.notices.get(host)
         if old is None or (drain.deadline is not None and (old.deadline is None or drain.deadline < old.deadline)):
             self.notices[host] = drain
+        wall = now if wall_now is None else wall_now
+        lead = 0.0 if drain.deadline is None else max(0.0, drain.deadline - wall)
+        until = now + lead + self.notice_grace_s
+        self._notice_until[host] = max(until, self._notice_until.get(host, until))
         self._apply_notices()
         return news
 
-    def soft_notice(self, host: str, reason: str) -> bool:
-        """A soft notice (rebalance, maintenance): no new worker is placed on ``host``. True if news."""
+    def soft_notice(self, host: str, reason: str, now: float = 0.0) -> bool:
+        """A soft notice (rebalance, maintenance): no new worker is placed on ``host`` until it lapses. True if news.
+
+        The caller turns soft notices into hard ones (:meth:`notice`) under ``drain_soft``.
+        """
         news = host not in self.soft
         self.version += 1
         self.soft[host] = reason
+        self._soft_until[host] = now + self.soft_notice_ttl_s
         return news
 
     def _apply_notices(self) -> None:

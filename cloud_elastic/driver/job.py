@@ -172,6 +172,7 @@ class ElasticJob:
     _round_update_gen: int = 0
     _released: set[str] = field(default_factory=set)
     _forced: set[str] = field(default_factory=set)  # draining hosts whose workers were removed by force
+    _forced_drains: list[str] = field(default_factory=list)  # their log lines, until the steps lost are known
     _state_lost_logged: bool = False
     _completed: int = 0  # workers that exited after completing
     _last_discovery_error: str = ""
@@ -239,6 +240,10 @@ class ElasticJob:
                 **({"resized": [{"host": h, "slots": self.hosts.ready[h]} for h in changes.resized]}
                    if changes.resized else {}),
             )
+        for host in changes.lapsed:
+            self.notice_sources.pop(host, None)
+            log.info("job %s: the notice for host %s lapsed (the group still reports it ready); new workers may be "
+                     "placed there again", self.job_id, host)
         for host in changes.missing:
             log.warning(
                 "job %s: host %s is missing from discovery; its workers keep running for up to %gs "
@@ -251,10 +256,15 @@ class ElasticJob:
 
         A hard notice drains the host: its workers leave at their next commit, or
         are removed by force just before ``drain.deadline``. A soft one (rebalance
-        recommendation, maintenance event) only keeps new workers off the host.
-        Each notice is logged once.
+        recommendation, maintenance event) only keeps new workers off the host,
+        unless ``hosts.drain_soft`` (``--drain-on-rebalance``) makes it drain too.
+        Each notice is logged once; it lapses as :class:`~.hosts.HostManager` says.
         """
-        news = self.hosts.soft_notice(host, drain.reason) if soft else self.hosts.notice(host, drain)
+        soft = soft and not self.hosts.drain_soft  # --drain-on-rebalance
+        if soft:
+            news = self.hosts.soft_notice(host, drain.reason, now)
+        else:
+            news = self.hosts.notice(host, drain, now, now + self._wall_offset)
         if not news:
             return
         self.notice_sources[host] = source
@@ -726,10 +736,14 @@ class ElasticJob:
                 if had_workers:
                     left = "" if drain.deadline is None else (
                         f", {drain.deadline - (now + self._wall_offset):.1f}s before its deadline")
-                    how = ("removed by force before its deadline; the survivors rolled back to their last commit"
-                           if host in self._forced else "its workers left at a commit; 0 steps lost")
-                    log.info("job %s: host %s drained (%s, notice from %s)%s: %s", self.job_id, host, drain.reason,
-                             self.notice_sources.get(host, "the provider"), left, how)
+                    what = (f"job {self.job_id}: host {host} drained ({drain.reason}, notice from "
+                            f"{self.notice_sources.get(host, 'the provider')}){left}: ")
+                    if host not in self._forced:
+                        log.info("%sits workers left at a commit; 0 steps lost", what)
+                    elif self._pending_rollback is not None:
+                        self._forced_drains.append(what)  # the survivors report the steps lost when they re-form
+                    else:
+                        log.info("%sremoved by force before its deadline", what)
         self._released &= set(self.hosts.draining)
         self._forced &= set(self.hosts.draining)
 
@@ -922,6 +936,10 @@ class ElasticJob:
             self._emit("rollback", round=aborted, commit_step=commit if self.state_committed else None,
                        steps_lost=self._steps_lost,
                        reason=self._last_failure or "a collective failed")
+            for what in self._forced_drains:
+                log.info("%sremoved by force before its deadline; the survivors rolled back %d step(s) to their last "
+                         "commit", what, self._steps_lost)
+            self._forced_drains.clear()
         self._steps_lost = 0
         self._emit(
             "round_formed", round=self.round, size=len(ordered), synced=self._needs_sync,

@@ -158,6 +158,7 @@ class PollingWatcher(NoticeWatcher):
         self._thread: threading.Thread | None = None
         self._report: Report | None = None
         self._reported: dict[str, Notice] = {}
+        self._unreported: dict[str, Notice] = {}  # seen, but no report has gone through yet (first sighting)
         self._answered = False
         self._told_unreachable = False
         self._inflight: http.client.HTTPConnection | None = None
@@ -255,20 +256,31 @@ class PollingWatcher(NoticeWatcher):
         return self.unreachable_retry_s
 
     def _emit(self, notice: Notice) -> None:
+        """Report ``notice`` unless it was reported; a failed report is tried again at its next sighting.
+
+        A notice counts as reported only once ``report`` has returned. Every
+        attempt reports the notice as first seen (a GCP deadline is counted
+        from the first sighting, not from a retry).
+        """
         with self._lock:
             if notice.event_id in self._reported:
                 return
-            self._reported[notice.event_id] = notice
-        log.info("%s notice: %s (%s, deadline %s)", notice.source, notice.kind, notice.reason,
-                 "none" if notice.deadline is None else time.strftime("%H:%M:%SZ", time.gmtime(notice.deadline)))
+            first = self._unreported.setdefault(notice.event_id, notice)
+        if first is notice:
+            log.info("%s notice: %s (%s, deadline %s)", notice.source, notice.kind, notice.reason,
+                     "none" if notice.deadline is None else time.strftime("%H:%M:%SZ", time.gmtime(notice.deadline)))
         try:
             if self._report is not None:
-                self._report(notice)
+                self._report(first)
         except Exception as exc:  # the callback is the caller's; its failure must not stop the watcher
-            self._complain(f"{self.source}: report", f"{self.source}: reporting {notice.event_id} failed: {exc!r}",
-                           logging.ERROR)
+            self._complain(f"{self.source}: report", f"{self.source}: reporting {notice.event_id} failed "
+                           f"(tried again at its next sighting): {exc!r}", logging.ERROR)
+            return
+        with self._lock:
+            self._reported[notice.event_id] = self._unreported.pop(notice.event_id, first)
 
     def _forget(self, event_id: str) -> None:
         """Allow ``event_id`` to be reported again (its condition ended, e.g. maintenance back to NONE)."""
         with self._lock:
             self._reported.pop(event_id, None)
+            self._unreported.pop(event_id, None)

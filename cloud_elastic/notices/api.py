@@ -9,10 +9,12 @@ Guarantees every watcher gives:
 
 * The constructor does no I/O and starts no thread. :meth:`NoticeWatcher.start`
   starts exactly one daemon thread; :meth:`NoticeWatcher.close` stops it.
-* Each distinct notice (by :attr:`Notice.event_id`) is reported once.
+* Each distinct notice (by :attr:`Notice.event_id`) is reported once: a
+  report counts when the ``report`` callback returns; one that raises is tried
+  again at the notice's next sighting (the next read that still shows it).
 * Nothing raises out of the watcher's thread: bad answers, timeouts and an
   unreachable service are logged (rate-limited) and retried, and an exception
-  from the ``report`` callback is logged and swallowed.
+  from the ``report`` callback is logged (and the report retried, above).
 * No work happens on the caller's thread except in :meth:`acknowledge`.
 """
 
@@ -34,6 +36,8 @@ __all__ = [
     "SOURCE_GCP",
     "SOURCE_AZURE",
     "SOURCES",
+    "NOTICE_GRACE_S",
+    "SOFT_NOTICE_TTL_S",
 ]
 
 #: The host will be taken away (Spot interruption, preemption, terminating lifecycle state).
@@ -48,6 +52,12 @@ SOURCE_AWS = "aws-imds"
 SOURCE_GCP = "gcp-metadata"
 SOURCE_AZURE = "azure-scheduled-events"
 SOURCES = (SOURCE_AWS, SOURCE_GCP, SOURCE_AZURE)
+
+#: A hard notice lapses this long after its deadline (after its arrival when it has none) if the
+#: group still reports the host ready: the cloud did not take it, so the job may use it again.
+NOTICE_GRACE_S = 120.0
+#: A soft notice (rebalance recommendation, maintenance) lapses this long after it was sent.
+SOFT_NOTICE_TTL_S = 600.0
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from cloud_elastic.errors import ConfigError, FatalDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
@@ -114,6 +114,9 @@ class AddressMappedDiscovery(HostDiscovery):
 
     def release(self, host: str, instance: str | None) -> None:
         self.inner.release(self._origin.get(host, host), instance)
+
+    def wake_on_news(self, wake: Callable[[], None]) -> None:
+        self.inner.wake_on_news(wake)
 
     def close(self) -> None:
         self.inner.close()

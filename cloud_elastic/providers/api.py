@@ -28,7 +28,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar, Mapping
+from typing import Callable, ClassVar, Mapping
 
 from cloud_elastic.errors import ConfigError
 
@@ -144,6 +144,18 @@ class HostDiscovery(abc.ABC):
         the job (an AWS lifecycle hook in ``Terminating:Wait``) lets them go here.
         Called from the driver's discovery thread, at most once per drained
         instance; raises DiscoveryError like :meth:`find`. The default does nothing.
+        """
+
+    def wake_on_news(self, wake: Callable[[], None]) -> None:
+        """Ask for the next :meth:`find` as soon as news arrives, not at the next poll.
+
+        Optional: a provider with a push source (a notice queue) calls ``wake()``
+        from any thread when something came in that the next find() would
+        show; ``wake`` returns at once and never blocks. Called once, from the
+        discovery thread, after the driver's first find() and before it polls
+        on; any receiver the
+        provider starts for it stops in :meth:`close`. The default does nothing
+        (the provider is polled at ``--discovery-interval`` only).
         """
 
     def close(self) -> None:

@@ -49,10 +49,16 @@ a notice's reason wins over the state's):
   rebalance recommendations read from SQS (see
   :mod:`cloud_elastic.providers.aws_notices`). A rebalance recommendation is a
   soft notice (:attr:`~AWSAutoScalingGroup.soft_notices`) unless
-  ``drain_on_rebalance``. A notice lasts until its instance leaves the group.
-  Queue trouble never fails discovery after the first one (the group state
-  still answers; WARNING at most once a minute); on the first discovery a
-  queue that does not exist or may not be read is fatal.
+  ``drain_on_rebalance``. A notice lasts until its instance leaves the group
+  or it lapses (:meth:`~cloud_elastic.providers.aws_notices.NoticeBook.lapse`:
+  a spot or lifecycle notice 2 minutes past its deadline while the group
+  state shows the instance ready, a rebalance recommendation 10 minutes after
+  it was sent). Each find() reads what waits in the queue; once the driver
+  asks for news (:meth:`~AWSAutoScalingGroup.wake_on_news`), a receiver thread
+  long-polls the queue instead and wakes the driver's poller when a notice
+  for a member arrives. Queue trouble never fails discovery after the first
+  one (the group state still answers; WARNING at most once a minute); on the
+  first discovery a queue that does not exist or may not be read is fatal.
 
 Credentials and endpoint: boto3's standard chain (environment, shared files,
 SSO, container and instance roles). ``endpoint_url`` overrides the three APIs'
@@ -87,7 +93,14 @@ from cloud_elastic.providers._common import (
 )
 from cloud_elastic.providers.api import DiscoveredHosts, Drain, ProviderOption, parse_bool
 from cloud_elastic.providers.aws_hooks import LifecycleHolds
-from cloud_elastic.providers.aws_notices import Ignored, Notice, NoticeBook, parse_message, receive_all
+from cloud_elastic.providers.aws_notices import (
+    Ignored,
+    Notice,
+    NoticeBook,
+    QueueReceiver,
+    parse_message,
+    receive_all,
+)
 
 __all__ = ["AWSAutoScalingGroup", "classify", "gpu_devices", "launch_order"]
 
@@ -152,7 +165,7 @@ class AWSAutoScalingGroup(CloudGroupProvider):
                  max_attempts: int = 5, timeout_s: float = 10.0, page_size: int = 1000,
                  slots_per_host: int | None = None, notice_queue: str | None = None,
                  drain_on_rebalance: bool = False, lifecycle_hook: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, queue_wait_s: int = 20) -> None:
         self.group = group
         self.region = region
         self.endpoint_url = endpoint_url
@@ -171,6 +184,10 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         self._hosts: dict[str, str] = {}  # host -> instance id, from the last snapshot
         self._first = True
         self._queue_warned_at = float("-inf")
+        self._queue_wait_s = queue_wait_s  # the receiver's long-poll (WaitTimeSeconds)
+        self._wake: Callable[[], None] | None = None
+        self._receiver: QueueReceiver | None = None
+        self._member_ids: frozenset[str] = frozenset()  # instance ids of the last snapshot, for the receiver
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "AWSAutoScalingGroup":
@@ -206,18 +223,21 @@ class AWSAutoScalingGroup(CloudGroupProvider):
     def _client(self, service: str) -> Any:
         """One boto3 client per service (autoscaling, ec2, sqs), built on first use with the retry bounds."""
         if service not in self._clients:
-            config = self.sdk["config"].Config(
-                retries={"mode": "standard", "total_max_attempts": self.max_attempts},  # first attempt included
-                connect_timeout=self.timeout_s,
-                read_timeout=self.timeout_s,
-            )
-            session = self.sdk["boto3"].session.Session(region_name=self.region)
-            kwargs: dict[str, Any] = {"config": config}
-            if self.endpoint_url:
-                kwargs["endpoint_url"] = self.endpoint_url
-            self._clients[service] = session.client(service, **kwargs)
-            _log.debug("%s: %s client for region %s", self.label, service, session.region_name)
+            self._clients[service] = self._new_client(service, self.timeout_s)
         return self._clients[service]
+
+    def _new_client(self, service: str, read_timeout_s: float) -> Any:
+        config = self.sdk["config"].Config(
+            retries={"mode": "standard", "total_max_attempts": self.max_attempts},  # first attempt included
+            connect_timeout=self.timeout_s,
+            read_timeout=read_timeout_s,
+        )
+        session = self.sdk["boto3"].session.Session(region_name=self.region)
+        kwargs: dict[str, Any] = {"config": config}
+        if self.endpoint_url:
+            kwargs["endpoint_url"] = self.endpoint_url
+        _log.debug("%s: %s client for region %s", self.label, service, session.region_name)
+        return session.client(service, **kwargs)
 
     def _discover(self) -> DiscoveredHosts:
         autoscaling, ec2 = self._client("autoscaling"), self._client("ec2")
@@ -227,6 +247,7 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         self._learn_types(ec2, {m.get("InstanceType") for m in members} - {None})
         if self.notice_queue:
             self._read_queue(ids, instances)
+            self._lapse(members, instances)
         self._book.forget(ids)
         self._holds.forget(ids)
         for member in members:
@@ -248,7 +269,10 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         for host in result.ready:
             self._holds.in_use(result.instances.get(host, ""))
         self._hosts = dict(result.instances)
+        self._member_ids = frozenset(ids)
         self._first = False
+        if self._wake is not None and self._receiver is None:
+            self._start_receiver()
         return result
 
     def _with_notices(self, snapshot: DiscoveredHosts) -> DiscoveredHosts:
@@ -296,6 +320,10 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         def file(body: str) -> None:
             self._file(parse_message(body), members, instances)
 
+        if self._receiver is not None:
+            for body in self._receiver.take():
+                file(body)
+            return
         errors = self.sdk["errors"]
         try:
             receive_all(self._client("sqs"), self.notice_queue, file)
@@ -303,12 +331,50 @@ class AWSAutoScalingGroup(CloudGroupProvider):
             code = exc.response.get("Error", {}).get("Code", "") if isinstance(exc, errors.ClientError) else ""
             if self._first and (code in _NO_QUEUE_CODES or code in _AUTH_CODES):
                 raise FatalDiscoveryError(f"{self.label}: notice queue {self.notice_queue}: {one_line(exc)}") from exc
-            now = self._clock()
-            level = logging.WARNING if now - self._queue_warned_at >= _QUEUE_WARN_EVERY_S else logging.DEBUG
-            if level == logging.WARNING:
-                self._queue_warned_at = now
-            _log.log(level, "%s: cannot read notice queue %s (group state still used): %s",
-                     self.label, self.notice_queue, one_line(exc))
+            self._queue_unreadable(exc)
+
+    def _queue_unreadable(self, exc: Exception) -> None:
+        now = self._clock()
+        level = logging.WARNING if now - self._queue_warned_at >= _QUEUE_WARN_EVERY_S else logging.DEBUG
+        if level == logging.WARNING:
+            self._queue_warned_at = now
+        _log.log(level, "%s: cannot read notice queue %s (group state still used): %s",
+                 self.label, self.notice_queue, one_line(exc))
+
+    def _lapse(self, members: list[dict], instances: Mapping[str, dict]) -> None:
+        """Drop the notices AWS did not follow up (see NoticeBook.lapse); the instance is used again."""
+        ready = [m["InstanceId"] for m in members if classify(
+            m.get("LifecycleState", ""), m.get("HealthStatus", ""),
+            instances.get(m["InstanceId"], {}).get("State", {}).get("Name")) == READY]
+        for notice in self._book.lapse(self._clock(), ready):
+            _log.info("%s: the %s for %s lapsed (sent %s, the group still shows it in service)", self.label,
+                      notice.reason, notice.instance, _iso(notice.time))
+
+    def wake_on_news(self, wake: Callable[[], None]) -> None:
+        """With a notice queue: long-poll it on a receiver thread and call ``wake`` when a member's notice arrives.
+
+        The receiver starts now if a find() has succeeded, else after the first
+        one (which reads the queue itself, so a missing queue is still fatal).
+        Without a notice queue this does nothing.
+        """
+        if not self.notice_queue:
+            return
+        self._wake = wake
+        if not self._first and self._receiver is None:
+            self._start_receiver()
+
+    def _start_receiver(self) -> None:
+        assert self._wake is not None and self.notice_queue
+        sqs = self._new_client("sqs", self.timeout_s + self._queue_wait_s)  # its own: it runs on its own thread
+        self._receiver = QueueReceiver(sqs, self.notice_queue, wake=self._wake, urgent=self._urgent,
+                                       trouble=self._queue_unreadable, wait_s=self._queue_wait_s)
+        self._receiver.start()
+        _log.debug("%s: long-polling notice queue %s", self.label, self.notice_queue)
+
+    def _urgent(self, body: str) -> bool:
+        """Whether ``body`` is a notice for a member of the group (others wait for the next find())."""
+        parsed = parse_message(body)
+        return isinstance(parsed, Notice) and parsed.instance in self._member_ids and parsed.group in (None, self.group)
 
     def _file(self, parsed: Notice | Ignored, members: list[str], instances: Mapping[str, dict]) -> None:
         if self._book.take(parsed, members) != "recorded" or not isinstance(parsed, Notice):
@@ -419,6 +485,10 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         return FatalDiscoveryError(f"{self.label}: {one_line(exc)}")
 
     def close(self) -> None:
+        self._wake = None
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
         for client in self._clients.values():
             client.close()
         self._clients = {}

@@ -4,8 +4,10 @@ An EventBridge rule (the Terraform AWS module creates one) sends three kinds
 of events for the group's instances to an SQS queue; each message body is the
 event JSON. :func:`parse_message` turns one body into a :class:`Notice` or an
 :class:`Ignored` (it never raises), :class:`NoticeBook` remembers the notices
-per instance and lays them over a snapshot, and :func:`receive_all` reads what
-is waiting in the queue without blocking.
+per instance until they lapse, :func:`receive_all` reads what is waiting in
+the queue without blocking, and :class:`QueueReceiver` long-polls the queue on
+its own thread so that a notice reaches the driver at once, not at the next
+discovery.
 
 ===========================================  ==================  =============================================
 event (``detail-type``)                      kind                what the snapshot shows
@@ -25,12 +27,15 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
-__all__ = ["SPOT_WARNING_S", "Notice", "Ignored", "parse_message", "NoticeBook", "receive_all"]
+from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S
+
+__all__ = ["SPOT_WARNING_S", "Notice", "Ignored", "parse_message", "NoticeBook", "receive_all", "QueueReceiver"]
 
 _log = logging.getLogger(__name__)
 
@@ -45,6 +50,7 @@ _MAX_BODY = 256 * 1024  # SQS's own message size limit
 _RECEIVE_ROUNDS = 10  # at most 100 messages per find(); the rest wait for the next one
 _SEEN_EVENTS = 4096
 _EXCERPT = 120  # characters of a message quoted in a log line
+_MAX_WAITING = 10_000  # bodies a receiver keeps for the next find(); far more than a discovery interval brings
 
 
 @dataclass(frozen=True)
@@ -156,10 +162,11 @@ def _excerpt(value: Any) -> str:
 
 
 class NoticeBook:
-    """The notices the provider acts on, per instance, until the instance leaves the group.
+    """The notices the provider acts on, per instance, until they lapse or the instance leaves the group.
 
     Pure bookkeeping, no I/O: :meth:`take` files one parsed message and says
-    what became of it; :meth:`forget` drops instances that left the group.
+    what became of it; :meth:`lapse` drops notices AWS did not follow up;
+    :meth:`forget` drops instances that left the group.
     Each first notice is logged once at INFO; garbage once per kind at
     WARNING (later ones at DEBUG); duplicates and messages for other
     instances or groups at DEBUG, once per instance or group.
@@ -201,6 +208,29 @@ class NoticeBook:
         kinds[parsed.kind] = parsed
         return "recorded"
 
+    def lapse(self, now: float, ready: Iterable[str]) -> list[Notice]:
+        """Drop the notices that have lapsed at ``now`` (Unix time) and return them.
+
+        A rebalance recommendation lapses ``SOFT_NOTICE_TTL_S`` after it was
+        sent. A spot or lifecycle notice lapses ``NOTICE_GRACE_S`` after its
+        deadline (after it was sent, when it has none), and only while its
+        instance is in ``ready`` (the group state alone would make it ready):
+        AWS did not take it after all.
+        """
+        ready = set(ready)
+        gone = []
+        for instance, kinds in self._notices.items():
+            for kind, notice in list(kinds.items()):
+                if kind == "rebalance":
+                    over = now >= notice.time + SOFT_NOTICE_TTL_S
+                else:
+                    base = notice.time if notice.deadline is None else notice.deadline
+                    over = instance in ready and now >= base + NOTICE_GRACE_S
+                if over:
+                    del kinds[kind]
+                    gone.append(notice)
+        return gone
+
     def forget(self, members: Iterable[str]) -> None:
         """Drop the notices of instances that are no longer in the group."""
         keep = set(members)
@@ -238,13 +268,86 @@ def receive_all(sqs: Any, url: str, handle: Callable[[str], None]) -> int:
         messages = answer.get("Messages", [])
         for message in messages:
             handle(message.get("Body", ""))
-        if messages:
-            entries = [{"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(messages)]
-            result = sqs.delete_message_batch(QueueUrl=url, Entries=entries)
-            for failed in result.get("Failed", []):
-                _log.debug("notice queue: could not delete a message (%s); it will come back and be a duplicate",
-                           failed.get("Code"))
+        _delete(sqs, url, messages)
         handled += len(messages)
         if len(messages) < 10:
             break
     return handled
+
+
+def _delete(sqs: Any, url: str, messages: list[dict]) -> None:
+    if not messages:
+        return
+    entries = [{"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(messages)]
+    result = sqs.delete_message_batch(QueueUrl=url, Entries=entries)
+    for failed in result.get("Failed", []):
+        _log.debug("notice queue: could not delete a message (%s); it will come back and be a duplicate",
+                   failed.get("Code"))
+
+
+class QueueReceiver:
+    """Long-polls the notice queue on one daemon thread and hands what it receives to the provider.
+
+    Each batch is kept for :meth:`take` (the provider files it at its next
+    find()), then deleted. When a batch holds a body that ``urgent`` calls
+    urgent (a notice for a member of the group), ``wake()`` asks for that
+    find() at once, so a notice waits for one receive and one find(), not for
+    the discovery interval. SDK errors go to ``trouble`` (the provider logs
+    them) and the receive is retried ``retry_s`` later. The constructor does
+    no I/O; :meth:`start` starts the thread; :meth:`close` stops it once the
+    receive in flight returns (at most ``wait_s`` plus the client's timeout;
+    the thread is a daemon, so it never holds up the process's exit) and
+    the thread then closes ``sqs``, which is its own.
+    """
+
+    def __init__(self, sqs: Any, url: str, *, wake: Callable[[], None], urgent: Callable[[str], bool],
+                 trouble: Callable[[Exception], None], wait_s: int = 20, retry_s: float = 5.0) -> None:
+        if not 0 <= wait_s <= 20:
+            raise ValueError(f"wait_s must be 0-20 (SQS's limit), got {wait_s!r}")
+        self._sqs, self._url = sqs, url
+        self._wake, self._urgent, self._trouble = wake, urgent, trouble
+        self._wait_s, self._retry_s = wait_s, retry_s
+        self._lock = threading.Lock()
+        self._waiting: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="notice-queue", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def take(self) -> list[str]:
+        """The bodies received since the last call, oldest first."""
+        with self._lock:
+            bodies, self._waiting = self._waiting, []
+        return bodies
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._receive_once()
+                except Exception as exc:  # SDK trouble, or a bug: logged by the provider; the queue is read again
+                    if self._stop.is_set():
+                        return
+                    self._trouble(exc)
+                    self._stop.wait(self._retry_s)
+        finally:
+            self._sqs.close()
+
+    def _receive_once(self) -> None:
+        answer = self._sqs.receive_message(QueueUrl=self._url, MaxNumberOfMessages=10,
+                                           WaitTimeSeconds=self._wait_s)
+        messages = answer.get("Messages", [])
+        if not messages:
+            return
+        bodies = [m.get("Body", "") for m in messages]
+        with self._lock:
+            self._waiting.extend(bodies)
+            del self._waiting[:-_MAX_WAITING]
+        if any(self._urgent(body) for body in bodies):
+            self._wake()
+        _delete(self._sqs, self._url, messages)

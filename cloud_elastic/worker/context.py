@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -339,17 +339,7 @@ class WorkerContext:
         self._notice_watcher = watcher
         assert self._codec is not None
         client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
-
-        def report(notice: Any) -> None:
-            try:
-                client.call("notice", {
-                    "source": notice.source, "notice": notice.kind, "reason": notice.reason,
-                    "deadline": notice.deadline,
-                }, timeout_s=self.heartbeat_timeout_s + 10)
-            except Exception as exc:  # reported again by the watcher's next sighting, or lost with the host
-                log.warning("worker %s: could not report a %s notice to the driver: %s", self.worker_id, notice.kind, exc)
-
-        watcher.start(report)
+        watcher.start(notice_reporter(client, self.heartbeat_timeout_s + 10))
         log.info("worker %s: watching %s instance metadata for notices on host %s", self.worker_id, cloud, self.hostname)
 
     # --------------------------------------------------------- process groups
@@ -679,3 +669,22 @@ def get_context() -> WorkerContext:
     if _CONTEXT is None or _CONTEXT.info is None:
         raise ValueError("cloud_elastic.torch has not been initialized; call init() first")
     return _CONTEXT
+
+
+def notice_reporter(client: DriverClient, timeout_s: float) -> Callable[[Any], None]:
+    """The report callback of a host's notice watcher: sends each notice to the driver.
+
+    The callback raises (ControlPlaneError, OSError) unless the driver took the
+    notice, an ``{"ok": false}`` reply included, so that the watcher reports
+    it again at its next sighting instead of losing it.
+    """
+    from cloud_elastic.errors import ControlPlaneError
+
+    def report(notice: Any) -> None:
+        reply = client.call("notice", {
+            "source": notice.source, "notice": notice.kind, "reason": notice.reason, "deadline": notice.deadline,
+        }, timeout_s=timeout_s)
+        if reply.get("ok") is not True:
+            raise ControlPlaneError(f"the driver did not take the {notice.kind} notice ({notice.reason})")
+
+    return report

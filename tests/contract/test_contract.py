@@ -11,6 +11,7 @@ with a DiscoveryError.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -268,13 +269,57 @@ def test_registered_under_its_own_name_and_describes_itself(case):
     assert len(names) == len(set(names)) and all(o.help for o in case.cls.options)
 
 
+#: Reads sent with POST: AWS's Query and JSON APIs (logged by action), GCP's listManagedInstances and token.
+_POSTED_READS = re.compile(r"^(Describe|AmazonSQS\.(ReceiveMessage|GetQueueAttributes))|/listManagedInstances$|/token$")
+
+
+def _write_calls(case: Case) -> int:
+    """Requests the case's emulator saw that could change something (0 for providers without one)."""
+    if case.server is None:
+        return 0
+    return sum(1 for method, what in list(case.server.log) if method != "GET" and not _POSTED_READS.search(what))
+
+
 # Last in the file on purpose: release() may let a cloud go on with a leaving instance, which
 # changes the session-wide scene the tests above share.
-def test_release_is_callable_for_every_drained_host(case):
+def test_release_where_nothing_holds_the_host_writes_nothing_and_changes_nothing(case):
+    """No provider but AWS has a write path, and AWS has nothing to do without a lifecycle hook holding
+    the instance: release() is then a no-op, as far as the emulator (or the next snapshot) can tell."""
     discovery = case.make()
     try:
         snapshot = discovery.find()
-        for host in snapshot.draining:
+        before = _write_calls(case)
+        # The driver releases drained hosts; a static list or a script has none, so release its ready ones.
+        for host in snapshot.draining or snapshot.ready:
             discovery.release(host, snapshot.instances.get(host))
+            discovery.release(host, snapshot.instances.get(host))
+        assert discovery.find() == case.expected
+        assert _write_calls(case) == before
     finally:
         discovery.close()
+
+
+def test_release_completes_the_lifecycle_action_of_an_aws_instance_a_hook_holds_exactly_once(aws):
+    from tests.emulator.moto_env import clients, hold, make_group
+
+    members = make_group(aws.url, "contract-hook", size=2, instance_type="g4dn.xlarge", cidr="10.74.1.0/24")
+    autoscaling, _ = clients(aws.url)
+    autoscaling.put_lifecycle_hook(AutoScalingGroupName="contract-hook", LifecycleHookName="drain",
+                                   HeartbeatTimeout=600, LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING",
+                                   DefaultResult="CONTINUE")
+    leaving = members[1]
+    hold(aws, "contract-hook", leaving["id"], "drain")
+    discovery = registry.load("aws").from_options(aws_options(aws, "contract-hook"))
+    try:
+        snapshot = discovery.find()
+        assert set(snapshot.draining) == {leaving["ip"]}
+        assert aws.lifecycle_calls == []  # not before the job is done with it
+        discovery.release(leaving["ip"], snapshot.instances[leaving["ip"]])
+        discovery.release(leaving["ip"], snapshot.instances[leaving["ip"]])
+        discovery.find()
+        discovery.find()
+    finally:
+        discovery.close()
+    assert aws.lifecycle_calls == [{"Action": "CompleteLifecycleAction", "AutoScalingGroupName": "contract-hook",
+                                    "LifecycleHookName": "drain", "LifecycleActionResult": "CONTINUE",
+                                    "InstanceId": leaving["id"]}]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -140,7 +141,13 @@ class FakeCloud:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        class _Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # A client gone mid-request (a driver that exited during a long poll) is not news.
+                if not isinstance(sys.exc_info()[1], ConnectionError):
+                    super().handle_error(request, client_address)
+
+        self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name=type(self).__name__, daemon=True)
         self._thread.start()

@@ -25,7 +25,7 @@ def test_discover_with_a_notice_queue_shows_the_spot_deadline_and_consumes_the_m
     members = make_group(aws.url, "cli-notices", size=2, cidr="10.50.1.0/24")
     sqs = sqs_client(aws.url)
     url = sqs.create_queue(QueueName="cli-notices")["QueueUrl"]
-    sent = datetime(2026, 11, 23, 14, 0, tzinfo=timezone.utc)
+    sent = datetime.now(timezone.utc).replace(microsecond=0)  # an old warning would have lapsed (docs/notices.md)
     sqs.send_message(QueueUrl=url, MessageBody=event(
         "EC2 Spot Instance Interruption Warning", {"instance-id": members[0]["id"], "instance-action": "terminate"},
         time=sent.strftime("%Y-%m-%dT%H:%M:%SZ")))
@@ -52,34 +52,48 @@ def test_discover_with_a_missing_notice_queue_exits_1_with_one_line(aws):
                                                    "'cli-no-queue': notice queue ") and "missing" in lines[0]
 
 
-def test_run_drains_the_host_a_spot_warning_names_and_the_others_go_on_without_rolling_back(aws):
-    members = make_group(aws.url, "run-spot", size=3, instance_type="g4dn.xlarge", cidr="10.82.1.0/24")
-    hosts = [f"127.0.82.{m['ip'].rsplit('.', 1)[1]}" for m in members]
+@pytest.mark.parametrize("notice", ["spot", "rebalance"])
+def test_run_drains_the_host_a_spot_warning_names_and_the_others_go_on_without_rolling_back(aws, notice):
+    """Queue mode end to end: the notice wakes the driver (a discovery interval of a minute would be too late),
+    the host's worker leaves at a commit (one every 5 steps: a rollback would show as steps executed twice),
+    and ``--drain-on-rebalance`` makes a rebalance recommendation drain the host too."""
+    group = f"run-{notice}"
+    net = {"spot": 82, "rebalance": 85}[notice]
+    members = make_group(aws.url, group, size=3, instance_type="g4dn.xlarge", cidr=f"10.{net}.1.0/24")
+    hosts = [f"127.0.{net}.{m['ip'].rsplit('.', 1)[1]}" for m in members]
     sqs = sqs_client(aws.url)
-    url = sqs.create_queue(QueueName="run-spot")["QueueUrl"]
+    url = sqs.create_queue(QueueName=group)["QueueUrl"]
     job = Job([
-        "run", "-np", "3", "--min-np", "1", "--discovery-interval", "0.3",
-        "--aws-asg", "run-spot", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
-        "--aws-notice-queue", url, "--address-map", "10.82.1.0/24=127.0.82.0/24",
-        *probe_cmd("--steps", "60"),
+        "run", "-np", "3", "--min-np", "1", "--discovery-interval", "60",
+        *(["--drain-on-rebalance"] if notice == "rebalance" else []),
+        "--aws-asg", group, "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
+        "--aws-notice-queue", url, "--address-map", f"10.{net}.1.0/24=127.0.{net}.0/24",
+        *probe_cmd("--steps", "80", "--commit-every", "5"),
     ])
     try:
-        job.wait_event("commit", rank=0, step=5, timeout=90)
+        job.wait_event("commit", rank=0, step=10, timeout=90)
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        sqs.send_message(QueueUrl=url, MessageBody=event(
-            "EC2 Spot Instance Interruption Warning",
-            {"instance-id": members[1]["id"], "instance-action": "terminate"}, time=now))
-        job.wait_event("commit", size=2, timeout=60)
+        kind, detail = {
+            "spot": ("EC2 Spot Instance Interruption Warning",
+                     {"instance-id": members[1]["id"], "instance-action": "terminate"}),
+            "rebalance": ("EC2 Instance Rebalance Recommendation", {"instance-id": members[1]["id"]}),
+        }[notice]
+        sqs.send_message(QueueUrl=url, MessageBody=event(kind, detail, time=now))
+        job.wait_event("commit", size=2, timeout=20)
         assert job.finish() == 0, job.output()
     finally:
         if job.proc.poll() is None:
             job.kill()
 
-    assert f"host {hosts[1]} is draining (spot interruption notice (aws-sqs))" in job.output()
+    reason = {"spot": "spot interruption notice", "rebalance": "rebalance recommendation"}[notice]
+    assert f"host {hosts[1]} is draining ({reason} (aws-sqs))" in job.output()
     resets = job.of("reset")
-    assert resets and all(r["executed"] == r["step"] for r in resets), f"survivors rolled back: {resets}"
+    assert resets and all(r["size"] == 2 for r in resets), resets
+    assert all(r["executed"] == r["step"] for r in resets), f"survivors rolled back: {resets}"
+    assert all(r["step"] % 5 == 0 for r in resets), resets  # they re-formed exactly at a commit
+    assert "aborted" not in job.output()
     done = job.of("done")
-    assert len(done) == 2 and {e["step"] for e in done} == {60} and len({e["checksum"] for e in done}) == 1
+    assert len(done) == 2 and {e["step"] for e in done} == {80} and len({e["checksum"] for e in done}) == 1
 
 
 def test_run_drains_an_instance_a_lifecycle_hook_holds_and_completes_the_action_exactly_once(aws):

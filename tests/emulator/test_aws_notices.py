@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from datetime import datetime, timezone
 
 import pytest
@@ -49,7 +50,7 @@ def discovery(proxy, group: str, clock: Clock | None = None, **options: str) -> 
                                max_attempts=built.max_attempts, notice_queue=built.notice_queue,
                                drain_on_rebalance=built.drain_on_rebalance,
                                lifecycle_hook=options.get("lifecycle_hook"),
-                               clock=clock)
+                               clock=clock, queue_wait_s=1)
 
 
 @pytest.fixture
@@ -77,7 +78,7 @@ def test_a_spot_warning_drains_its_host_with_the_two_minute_deadline_until_the_i
     sqs, url = queue
     members = make_group(aws.url, "spot", size=3, cidr="10.40.1.0/24")
     ip = [m["ip"] for m in members]
-    provider = discovery(aws, "spot", notice_queue=url)
+    provider = discovery(aws, "spot", Clock(T0 + 5), notice_queue=url)
     assert set(provider.find().ready) == set(ip)
 
     sqs.send_message(QueueUrl=url, MessageBody=event(SPOT, {"instance-id": members[1]["id"],
@@ -270,7 +271,7 @@ def test_garbage_duplicates_and_other_instances_or_groups_are_ignored_and_delete
     ]
     for body in bodies:
         sqs.send_message(QueueUrl=url, MessageBody=body)
-    provider = discovery(aws, "noisy", notice_queue=url)
+    provider = discovery(aws, "noisy", Clock(T0 + 5), notice_queue=url)
     with caplog.at_level(logging.DEBUG, logger="cloud_elastic.providers"):
         snapshot = provider.find()
     assert dict(snapshot.draining) == {ip[0]: Drain(T0 + 120, "spot interruption notice: stop (aws-sqs)")}
@@ -292,7 +293,7 @@ def test_one_discovery_reads_at_most_ten_full_batches_and_leaves_the_rest_for_th
         sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": str(n), "MessageBody": body}
                                                       for n, body in enumerate(other[start:start + 10])])
     sqs.send_message(QueueUrl=url, MessageBody=spot)
-    provider = discovery(aws, "backlog", notice_queue=url)
+    provider = discovery(aws, "backlog", Clock(T0 + 5), notice_queue=url)
     aws.reset()
     provider.find()
     assert aws.count("AmazonSQS.ReceiveMessage") == 10 and waiting(sqs, url) == 5
@@ -306,13 +307,13 @@ def test_a_rebalance_recommendation_is_a_soft_notice_unless_the_option_drains_on
     members = make_group(aws.url, "rebalance", size=2, cidr="10.45.1.0/24")
     ip = [m["ip"] for m in members]
     body = event(REBALANCE, {"instance-id": members[1]["id"]}, time=iso(0))
-    soft = discovery(aws, "rebalance", notice_queue=url)
+    soft = discovery(aws, "rebalance", Clock(T0 + 5), notice_queue=url)
     sqs.send_message(QueueUrl=url, MessageBody=body)
     snapshot = soft.find()
     assert set(snapshot.ready) == set(ip) and snapshot.draining == {}
     assert dict(soft.soft_notices) == {ip[1]: "rebalance recommendation (aws-sqs)"}
 
-    draining = discovery(aws, "rebalance", notice_queue=url, drain_on_rebalance="true")
+    draining = discovery(aws, "rebalance", Clock(T0 + 5), notice_queue=url, drain_on_rebalance="true")
     sqs.send_message(QueueUrl=url, MessageBody=body)
     assert draining.find().draining == {ip[1]: Drain(None, "rebalance recommendation (aws-sqs)")}
     assert draining.soft_notices == {}
@@ -321,7 +322,7 @@ def test_a_rebalance_recommendation_is_a_soft_notice_unless_the_option_drains_on
 def test_an_unreadable_queue_leaves_the_group_state_in_charge_and_the_notice_comes_next_time(aws, queue, caplog):
     sqs, url = queue
     members = make_group(aws.url, "throttled-queue", size=2, cidr="10.46.1.0/24")
-    provider = discovery(aws, "throttled-queue", notice_queue=url, max_attempts="2")
+    provider = discovery(aws, "throttled-queue", Clock(T0 + 5), notice_queue=url, max_attempts="2")
     provider.find()
     sqs.send_message(QueueUrl=url, MessageBody=event(SPOT, {"instance-id": members[0]["id"]}, time=iso(0)))
     aws.reset()
@@ -348,3 +349,60 @@ def test_a_queue_that_does_not_exist_is_fatal_at_the_first_discovery(aws, queue)
     missing = url.rsplit("/", 1)[0] + "/no-such-queue"
     with pytest.raises(FatalDiscoveryError, match="notice queue .*no-such-queue"):
         discovery(aws, "no-queue", notice_queue=missing).find()
+
+
+def test_once_the_driver_asks_for_news_a_members_notice_wakes_it_at_once(aws, queue):
+    """The receiver long-polls the queue: the notice reaches the next find() without waiting for the interval."""
+    sqs, url = queue
+    members = make_group(aws.url, "push", size=2, cidr="10.51.1.0/24")
+    provider = discovery(aws, "push", Clock(T0 + 5), notice_queue=url)
+    woken = threading.Event()
+    try:
+        provider.wake_on_news(woken.set)  # as the driver's poller does, after its first discovery
+        assert set(provider.find().ready) == {m["ip"] for m in members}
+        sqs.send_message(QueueUrl=url, MessageBody=event(SPOT, {"instance-id": members[0]["id"]}, time=iso(0)))
+        assert woken.wait(10)
+        assert provider.find().draining == {members[0]["ip"]: Drain(T0 + 120, "spot interruption notice (aws-sqs)")}
+    finally:
+        provider.close()
+
+
+def _noticed(aws, queue, group: str, net: int, kind: str, **event_args):
+    """A group of two, a provider on a scripted clock 5 s after T0, and a ``kind`` event for the first member
+    (sent at T0) filed by a first find(). Returns the members, the clock, the provider and the message's body."""
+    sqs, url = queue
+    members = make_group(aws.url, group, size=2, cidr=f"10.{net}.1.0/24")
+    clock = Clock(T0 + 5)
+    provider = discovery(aws, group, clock, notice_queue=url)
+    body = event(kind, {"instance-id": members[0]["id"]}, time=iso(0), **event_args)
+    sqs.send_message(QueueUrl=url, MessageBody=body)
+    provider.find()
+    return members, clock, provider, body
+
+
+def test_a_spot_notice_aws_did_not_follow_lapses_two_minutes_after_its_deadline(aws, queue, caplog):
+    members, clock, provider, body = _noticed(aws, queue, "lapse", 52, SPOT, event_id="spot-1")
+    clock.now = T0 + 239
+    assert set(provider.find().draining) == {members[0]["ip"]}
+    clock.now = T0 + 240  # the interruption was due at T0 + 120 and the instance is still in service
+    with caplog.at_level(logging.INFO, logger="cloud_elastic.providers.aws"):
+        snapshot = provider.find()
+    assert snapshot.draining == {} and set(snapshot.ready) == {m["ip"] for m in members}
+    assert "lapsed" in caplog.text
+    queue[0].send_message(QueueUrl=queue[1], MessageBody=body)  # a late duplicate does not bring it back
+    assert provider.find().draining == {}
+
+
+def test_a_spot_notice_does_not_lapse_while_the_group_shows_the_instance_leaving(aws, queue):
+    members, clock, provider, _ = _noticed(aws, queue, "no-lapse", 53, SPOT)
+    set_member("no-lapse", members[0]["id"], lifecycle="Terminating")
+    clock.now = T0 + 1000
+    assert provider.find().draining == {members[0]["ip"]: Drain(T0 + 120, "spot interruption notice (aws-sqs)")}
+
+
+def test_a_rebalance_recommendation_lapses_ten_minutes_after_it_was_sent(aws, queue):
+    members, clock, provider, _ = _noticed(aws, queue, "soft-lapse", 54, REBALANCE)
+    clock.now = T0 + 599
+    assert provider.find().soft == {members[0]["ip"]: "rebalance recommendation (aws-sqs)"}
+    clock.now = T0 + 600
+    assert provider.find().soft == {}

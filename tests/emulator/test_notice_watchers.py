@@ -188,7 +188,7 @@ def test_aws_unreachable_service_is_logged_once_and_retried_slowly(run, caplog):
     assert sink.notices == []
 
 
-def test_aws_report_callback_failure_does_not_stop_the_watcher(aws_fake):
+def test_aws_report_callback_failure_does_not_stop_the_watcher_and_is_tried_again(aws_fake):
     calls: list[Notice] = []
 
     def report(notice: Notice) -> None:
@@ -199,10 +199,11 @@ def test_aws_report_callback_failure_does_not_stop_the_watcher(aws_fake):
     watcher.start(report)
     try:
         aws_fake.set_rebalance()
-        assert aws_fake.wait_for(lambda: len(calls) == 1, BOUND)
+        assert aws_fake.wait_for(lambda: len(calls) >= 2, BOUND)  # not lost: reported again at its next sighting
         aws_fake.set_spot_action()
-        assert aws_fake.wait_for(lambda: len(calls) == 2, BOUND)
-        assert [n.kind for n in calls] == [REBALANCE, TERMINATE]
+        assert aws_fake.wait_for(lambda: TERMINATE in {n.kind for n in calls}, BOUND)
+        assert {n.kind for n in calls} == {REBALANCE, TERMINATE}
+        assert watcher.reported == ()  # none went through
     finally:
         watcher.close()
     assert not watcher_alive(watcher)

@@ -100,14 +100,32 @@ def test_a_deadline_before_the_next_commit_removes_the_host_by_force_and_survivo
 def test_malformed_metadata_answers_leave_the_job_unharmed(jobs, tmp_path):
     with per_host(FakeAWSMetadata, HOSTS) as fakes:
         port = fakes[HOSTS[0]].port
-        job = _job(jobs, tmp_path, "aws", port, "--steps", "80")
+        job = _job(jobs, tmp_path, "aws", port, "--steps", "400")
         job.wait_event("commit", rank=0, step=5)
         fake = fakes[LEAVING]
         path = "/latest/meta-data/spot/instance-action"
+        served = fake.count(path)
         fake.fault(path, times=3, status=200, body=b"{not json")
         fake.fault(path, times=3, status=500)
         fake.fault(path, times=1, hang_s=8)
         fake.set_raw_spot_action(b'{"action": "terminate"}')  # no time: not a notice this watcher can trust
+        # The 7 faults, then at least one read of the untrustworthy notice, all while the job trains.
+        assert fake.wait_for(lambda: fake.count(path) >= served + 8, timeout=60), fake.count(path) - served
+        assert job.proc.poll() is None, job.output()
         assert job.finish(timeout=120) == 0, job.output()
     assert job.of("reset") == []  # nobody left, nobody was lost
     assert len(job.of("done")) == 3
+
+
+def test_one_watcher_runs_per_host_whatever_its_slots(jobs, tmp_path):
+    hosts = ["127.0.0.1", "127.0.0.2"]
+    with per_host(FakeAWSMetadata, hosts) as fakes:
+        files = HostsFile(tmp_path, ["127.0.0.1:2", "127.0.0.2"])
+        job = jobs(["run", "-np", "3", "--host-discovery-script", str(files.script), "--notice-watcher", "aws",
+                    "--discovery-interval", "0.3", *probe_cmd("--steps", "400")], env=_env("aws", fakes[hosts[0]].port))
+        spot = "/latest/meta-data/spot/instance-action"
+        for host in hosts:  # a few seconds of watching: time enough for a second watcher to show up
+            assert fakes[host].wait_for(lambda f=fakes[host]: f.count(spot) >= 4, timeout=90), job.output()
+        job.kill()
+    # Each watcher takes one IMDSv2 token (valid for 6 h) when it starts: one token, one watcher.
+    assert [fakes[h].count("/latest/api/token", "PUT") for h in hosts] == [1, 1]

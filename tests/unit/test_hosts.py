@@ -151,3 +151,62 @@ def test_available_slots_skip_only_blocked_slots() -> None:
     blacklist.record_failure(A0, NOW)
     assert hosts.available_slots(NOW + 5) == [A1, Slot("b", 0)]
     assert hosts.available_slots(NOW + 10) == [A0, A1, Slot("b", 0)]
+
+
+# ------------------------------------------------------- notices that lapse
+def _noticed(drain: Drain, *, at: float = NOW, grace: float = 120.0, ttl: float = 600.0) -> HostManager:
+    hosts = HostManager(Blacklist((10, 300), random.Random(0)), notice_grace_s=grace, soft_notice_ttl_s=ttl)
+    hosts.update(snapshot({"a": 1, "b": 1}), at)
+    assert hosts.notice("b", drain, at)
+    return hosts
+
+
+def test_a_hard_notice_the_cloud_did_not_follow_lapses_its_grace_after_the_deadline() -> None:
+    hosts = _noticed(Drain(deadline=NOW + 30, reason="spot interruption"))
+    assert not hosts.update(snapshot({"a": 1, "b": 1}), NOW + 149).lapsed
+    assert hosts.available_slots(NOW + 149) == [Slot("a", 0)]
+    changes = hosts.update(snapshot({"a": 1, "b": 1}), NOW + 150)
+    assert changes.lapsed == ("b",) and changes.added == ("b",)
+    assert hosts.notices == {} and "b" not in hosts.draining
+    assert hosts.available_slots(NOW + 150) == [Slot("a", 0), Slot("b", 0)]
+    assert hosts.order_of("b") > hosts.order_of("a")  # it kept its age: it never left the group
+
+
+def test_a_hard_notice_without_a_deadline_lapses_its_grace_after_it_arrived() -> None:
+    hosts = _noticed(Drain(reason="target lifecycle state Terminated"), grace=60)
+    assert not hosts.update(snapshot({"a": 1, "b": 1}), NOW + 59).lapsed
+    assert hosts.update(snapshot({"a": 1, "b": 1}), NOW + 60).lapsed == ("b",)
+
+
+def test_a_hard_notice_does_not_lapse_while_the_group_reports_the_host_leaving() -> None:
+    hosts = _noticed(Drain(deadline=NOW + 30, reason="spot interruption"))
+    leaving = snapshot({"a": 1}, {"b": Drain(reason="Terminating:Wait")})
+    assert not hosts.update(leaving, NOW + 1000).lapsed
+    assert hosts.draining["b"] == Drain(NOW + 30, "spot interruption")
+
+
+def test_a_deadline_in_wall_time_is_counted_on_the_managers_clock() -> None:
+    hosts = HostManager(Blacklist((10, 300), random.Random(0)), notice_grace_s=120)
+    hosts.update(snapshot({"a": 1, "b": 1}), 5.0)  # a monotonic clock; the wall clock reads NOW
+    hosts.notice("b", Drain(deadline=NOW + 30, reason="spot interruption"), 5.0, NOW)
+    assert not hosts.update(snapshot({"a": 1, "b": 1}), 154.0).lapsed
+    assert hosts.update(snapshot({"a": 1, "b": 1}), 155.0).lapsed == ("b",)
+
+
+def test_a_soft_notice_lapses_after_its_ttl_and_the_host_takes_workers_again() -> None:
+    hosts = HostManager(Blacklist((10, 300), random.Random(0)), soft_notice_ttl_s=600)
+    hosts.update(snapshot({"a": 1, "b": 1}), NOW)
+    assert hosts.soft_notice("b", "rebalance recommendation", NOW)
+    assert not hosts.update(snapshot({"a": 1, "b": 1}), NOW + 599).lapsed
+    assert hosts.available_slots(NOW + 599) == [Slot("a", 0)]
+    assert hosts.update(snapshot({"a": 1, "b": 1}), NOW + 600).lapsed == ("b",)
+    assert hosts.available_slots(NOW + 600) == [Slot("a", 0), Slot("b", 0)]
+
+
+def test_drain_soft_drains_the_hosts_of_the_providers_soft_notices_while_it_reports_them() -> None:
+    hosts = HostManager(Blacklist((10, 300), random.Random(0)), drain_soft=True)
+    hosts.update(snapshot({"a": 1, "b": 1}))
+    changes = hosts.update(DiscoveredHosts(ready={"a": 1, "b": 1}, soft={"b": "rebalance recommendation"}))
+    assert changes.draining == ("b",) and hosts.draining == {"b": Drain(None, "rebalance recommendation")}
+    assert hosts.available_slots(NOW) == [Slot("a", 0)]
+    assert hosts.update(snapshot({"a": 1, "b": 1})).added == ("b",)  # the provider no longer reports it

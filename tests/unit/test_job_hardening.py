@@ -176,7 +176,8 @@ def test_a_notice_drains_the_host_with_zero_rollback_and_releases_it(caplog) -> 
     assert sim.outcome is None
 
 
-def test_a_notice_whose_deadline_comes_first_removes_the_workers_by_force() -> None:
+def test_a_notice_whose_deadline_comes_first_removes_the_workers_by_force(caplog) -> None:
+    caplog.set_level("INFO", logger="cloud_elastic")
     sim = started(2, {"a": 1, "b": 1}, min_np=1)
     sim.job.notice("b", Drain(deadline=T0 + 30, reason="preempted"), sim.now, source="gcp-metadata")
     sim._collect()
@@ -186,8 +187,47 @@ def test_a_notice_whose_deadline_comes_first_removes_the_workers_by_force() -> N
     assert [(s.worker_id, s.immediate) for s in sim.stops] == [(sim.id("b[0]"), True)]
     assert sim.poll("a[0]").abort_round == 1  # the survivor rolls back to its last commit
     sim.exit("b[0]", KILLED)
-    assert_round(sim.join("a[0]", reason="failure"), 2, needs_sync=True)
+    sim.job.rendezvous(sim.id("a[0]"), 1, "failure", sim.now, rolled_back=3)  # it undid 3 steps
+    sim._collect()
+    assert_round({"a[0]": sim.reply("a[0]")}, 2, needs_sync=True)
     assert sim.outcome is None
+    assert [f["steps_lost"] for k, f in sim.events if k == "rollback"] == [3]
+    drained = [r.getMessage() for r in caplog.records if "drained" in r.getMessage()]
+    assert drained == ["job t: host b drained (preempted, notice from gcp-metadata), 5.0s before its deadline: "
+                       "removed by force before its deadline; the survivors rolled back 3 step(s) to their last commit"]
+
+
+def test_a_drained_host_the_group_keeps_takes_a_worker_again_once_its_notice_lapses(caplog) -> None:
+    caplog.set_level("INFO", logger="cloud_elastic")
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, cooldown=(300, 300))
+    sim.job.notice("b", Drain(deadline=T0 + 30, reason="spot interruption"), sim.now, source="aws-imds")
+    sim._collect()
+    assert_round(sim.join("a[0]", reason="update"), 2, needs_sync=False)
+    sim.join("b[0]", reason="update")
+    sim.exit("b[0]", CLEAN)
+    sim.advance(149)
+    sim.discover({"a": 1, "b": 1})  # the group still has it, 119 s after its deadline
+    assert sim.slots_launched() == ["a[0]", "b[0]"]
+    sim.advance(1)
+    sim.discover({"a": 1, "b": 1})  # 120 s after: AWS did not take it after all
+    assert sim.slots_launched() == ["a[0]", "b[0]", "b[0]"]  # not blacklisted: it did nothing wrong
+    assert any("the notice for host b lapsed" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("source", ["provider", "watcher"])
+def test_drain_on_rebalance_drains_the_host_of_every_soft_notice(source: str) -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
+    sim.job.hosts.drain_soft = True  # --drain-on-rebalance
+    if source == "provider":  # e.g. AWS queue mode's rebalance recommendation
+        sim.job.discovered(DiscoveredHosts(ready={"a": 1, "b": 1, "c": 1}, soft={"b": "rebalance recommendation"}),
+                           sim.now)
+    else:
+        sim.job.notice("b", Drain(reason="rebalance recommendation"), sim.now, source="aws-imds", soft=True)
+    sim._collect()
+    poll = sim.poll("a[0]")
+    assert (poll.update_gen, poll.abort_round) == (1, 0)
+    assert_round(sim.join("a[0]", "c[0]", reason="update"), 2, needs_sync=False)
+    assert isinstance(sim.join("b[0]", reason="update")["b[0]"], ExitOrder)
 
 
 def test_a_soft_notice_keeps_new_workers_off_the_host_only() -> None:
