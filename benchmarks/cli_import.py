@@ -31,6 +31,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from docsection import write_section
+
 REPO = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- cli-import:begin -->", "<!-- cli-import:end -->"
 TARGET_S = 0.3
@@ -140,18 +142,6 @@ def report(runs: int, walls: dict[str, list[float]], imports: list[float], own: 
     return "\n".join(lines)
 
 
-def write(table: str) -> None:
-    """Put ``table`` between the markers in docs/benchmarks.md, or add it as a new last section."""
-    doc = REPO / "docs" / "benchmarks.md"
-    text = doc.read_text()
-    block = f"{BEGIN}\n{table}\n{END}"
-    if BEGIN in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip() + "\n\n## Command-line start-up\n\n" + block + "\n"
-    doc.write_text(text)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=20)
@@ -163,7 +153,7 @@ def main() -> None:
     table = report(args.runs, *measure(args.runs), top=args.top)
     print(table)
     if not args.no_write:
-        write(table)
+        write_section(BEGIN, END, "Command-line start-up", table)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
+from docsection import write_section
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -168,14 +170,7 @@ def main() -> None:
     ])
     print(table)
     if not args.no_write and not args.only:
-        doc = REPO / "docs" / "benchmarks.md"
-        text = doc.read_text()
-        block = f"{BEGIN}\n{table}\n{END}"
-        if BEGIN in text:
-            text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-        else:
-            text = text.rstrip() + "\n\n## Spot notice to new size\n\n" + block + "\n"
-        doc.write_text(text)
+        write_section(BEGIN, END, "Spot notice to new size", table)
 
 
 if __name__ == "__main__":
