@@ -580,7 +580,9 @@ class Driver:
                 self._stop_reason = (f"training state lost: cannot resume from the checkpoint: {reason[:300]}", 1)
             self._cond.notify_all()
             return {"ok": True}
-        if event not in ("saved", "loaded") or not isinstance(path, str) or not _is_int(step):
+        commit_seq = msg.get("commit_seq")  # of a load; older workers leave it out
+        if (event not in ("saved", "loaded") or not isinstance(path, str) or not _is_int(step)
+                or not (commit_seq is None or _is_int(commit_seq))):
             raise ControlPlaneError("malformed checkpoint message")
         if event == "saved":
             extra = {k: msg[k] for k in ("duration_s", "bytes") if _is_number(msg.get(k))}
@@ -589,9 +591,8 @@ class Driver:
             log.info("job %s: checkpoint of step %d saved by %s to %s", self.job_id, step, worker_id, path[:500])
             self._sinks.sink.emit("checkpoint_saved", step=step, path=path[:1000], **extra)
         else:
-            log.warning("job %s: resumed from the checkpoint of step %d (%s); steps after it were lost",
-                        self.job_id, step, path[:500])
-            self._sinks.sink.emit("checkpoint_loaded", step=step, path=path[:1000])
+            self._job.checkpoint_loaded(step, commit_seq, path[:1000])  # logs the steps lost, emits the events
+            self._cond.notify_all()
         return {"ok": True}
 
     # ----------------------------------------------------------------- status
