@@ -4,13 +4,17 @@ The driver is SIGKILLed mid-training. Its workers train on for ``--driver-grace`
 (rank 0 checkpointing at every commit it can), then stop: no process is left.
 The same command, run again, waits for them, keeps the job's id and resumes
 from the latest checkpoint, so the steps the workers made without their driver
-are not lost either.
+are not lost either. It waits for them even when this machine's record of the
+dead driver is gone (a driver restarted on another machine): the dead driver's
+last sign of life beside the checkpoints is enough.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import threading
 import time
 
 import pytest
@@ -38,11 +42,11 @@ def _wait_until(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def test_a_killed_driver_is_resumed_by_the_same_command_and_no_worker_outlives_the_grace(jobs, tmp_path):
+def _train_then_kill_the_driver(jobs, tmp_path):
+    """Start the job, let it train and checkpoint, SIGKILL its driver: (args, env, job id, workers, last step seen)."""
     env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
     (tmp_path / "run").mkdir()
-    ckpt = tmp_path / "ckpt"
-    args = _args(ckpt, *probe_cmd("--steps", "120", "--step-sleep", "0.1"))
+    args = _args(tmp_path / "ckpt", *probe_cmd("--steps", "120", "--step-sleep", "0.1"))
     first = jobs(args, env=env)
     first.wait_for(lambda j: any(e["step"] >= 10 for e in j.of("commit")) and "checkpoint of step" in j.output(),
                    timeout=120, what="training with checkpoints")
@@ -52,6 +56,12 @@ def test_a_killed_driver_is_resumed_by_the_same_command_and_no_worker_outlives_t
     seen_before_kill = max(e["step"] for e in first.of("commit"))
     os.kill(first.proc.pid, signal.SIGKILL)
     first.proc.wait()
+    return args, env, job_id, workers, seen_before_kill
+
+
+def test_a_killed_driver_is_resumed_by_the_same_command_and_no_worker_outlives_the_grace(jobs, tmp_path):
+    args, env, job_id, _, seen_before_kill = _train_then_kill_the_driver(jobs, tmp_path)
+    ckpt = tmp_path / "ckpt"
 
     # Without their driver the workers train on (and checkpoint) for the grace, then stop.
     store = CheckpointStore(str(ckpt))
@@ -70,4 +80,43 @@ def test_a_killed_driver_is_resumed_by_the_same_command_and_no_worker_outlives_t
     assert resumed and min(e["step"] for e in resumed) == latest + 1, "training did not continue from the checkpoint"
     done = second.of("done")
     assert len(done) == 2 and {e["step"] for e in done} == {120} and len({e["checksum"] for e in done}) == 1
+    assert not processes_of_job(job_id)
+
+
+def _when_gone(pids: set[int]) -> dict[str, float]:
+    """Fill ``{"t": time.monotonic()}`` as soon as none of ``pids`` is alive (watched every 50 ms)."""
+    gone: dict[str, float] = {}
+
+    def watch() -> None:
+        while any(_alive(pid) for pid in pids):
+            time.sleep(0.05)
+        gone["t"] = time.monotonic()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return ") Z " not in f.read()
+    except OSError:
+        return False
+
+
+def test_a_driver_restarted_without_the_local_record_waits_for_the_old_workers_first(jobs, tmp_path):
+    args, env, job_id, workers, _ = _train_then_kill_the_driver(jobs, tmp_path)
+    # This machine forgets the dead driver, as another machine (or a rebooted VM) never knew it.
+    shutil.rmtree(tmp_path / "run" / "cloud-elastic" / job_id)
+    gone = _when_gone(set(workers))
+
+    second = jobs(args, env=env)
+    assert second.finish(180) == 0, second.output()
+    out = second.output()
+    assert "driver-alive.json, and this machine has no record of it" in out, out
+    assert "waiting" in out and "for them to stop before starting new ones" in out, out
+    launched = [t for t, line in zip(second.times, second.lines) if "launched worker" in line]
+    assert launched and "t" in gone, out
+    assert min(launched) > gone["t"], "new workers started while the dead driver's workers still trained"
+    assert second.job_id() == job_id and "resumed from the checkpoint of step" in out
     assert not processes_of_job(job_id)
