@@ -120,3 +120,48 @@ def test_a_driver_restarted_without_the_local_record_waits_for_the_old_workers_f
     assert min(launched) > gone["t"], "new workers started while the dead driver's workers still trained"
     assert second.job_id() == job_id and "resumed from the checkpoint of step" in out
     assert not processes_of_job(job_id)
+
+
+def test_a_driver_refreshing_the_entry_elsewhere_keeps_a_second_driver_from_starting_workers(jobs, tmp_path):
+    # A live driver on another machine: its entry beside the checkpoints keeps being refreshed.
+    from cloud_elastic.checkpoint import DurableJobRecord, write_job_record
+    from cloud_elastic.checkpoint.alive import DriverAlive, write_driver_alive
+
+    ckpt = tmp_path / "ckpt"
+    store = CheckpointStore(str(ckpt))
+    write_job_record(store, DurableJobRecord("elsewhere1", ("python", "train.py"), time.time()))
+    done = threading.Event()
+
+    def other_driver() -> None:
+        while not done.is_set():
+            write_driver_alive(store, DriverAlive("elsewhere1", time.time(), 1.0, "other-vm", 4242))
+            done.wait(1.0)
+
+    threading.Thread(target=other_driver, daemon=True).start()
+    try:
+        (tmp_path / "run").mkdir()
+        second = jobs(["run", "-np", "1", "-H", "127.0.0.1:1", "--checkpoint-dir", str(ckpt), "--driver-grace", "1",
+                       *probe_cmd("--steps", "5")], env={"XDG_RUNTIME_DIR": str(tmp_path / "run")})
+        assert second.finish(60) == 2, second.output()
+    finally:
+        done.set()
+    out = second.output()
+    assert "(pid 4242 on other-vm) was last alive" in out and "waiting" in out, out
+    assert "job elsewhere1 is already running: its driver (pid 4242 on other-vm) was alive" in second.lines[-1], out
+    assert "launched worker" not in out and not processes_of_job("elsewhere1")
+
+
+def test_a_live_driver_whose_local_record_is_gone_is_not_run_twice_on_its_machine(jobs, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = ["run", "-np", "1", "-H", "127.0.0.1:1", "--checkpoint-dir", str(ckpt),
+            *probe_cmd("--steps", "100000", "--step-sleep", "0.1")]
+    for runtime in ("run-a", "run-b"):
+        (tmp_path / runtime).mkdir()
+    first = jobs(args, env={"XDG_RUNTIME_DIR": str(tmp_path / "run-a")})
+    first.wait_event("commit")
+    assert (ckpt / "driver-alive.json").exists()
+    # Another runtime directory: this driver cannot see the first one's local record.
+    second = jobs(args, env={"XDG_RUNTIME_DIR": str(tmp_path / "run-b")})
+    assert second.finish(60) == 2, second.output()
+    assert f"is already running here (driver pid {first.proc.pid})" in second.output()
+    assert first.proc.poll() is None
