@@ -482,9 +482,9 @@ class ElasticJob:
         log.warning("job %s: resumed from the checkpoint of step %d (%s); %s after it were lost", self.job_id, step,
                     path, how_many)
         self._emit("checkpoint_loaded", step=step, path=path, steps_lost=lost)
-        if self._rollback_at_load is not None and lost is not None:
-            (aborted, why), self._rollback_at_load = self._rollback_at_load, None
-            self._emit("rollback", round=aborted, commit_step=commit_seq, steps_lost=lost, reason=why)
+        replaced, self._rollback_at_load = self._rollback_at_load, None
+        if replaced is not None and lost is not None:
+            self._emit("rollback", round=replaced[0], commit_step=commit_seq, steps_lost=lost, reason=replaced[1])
         return lost
 
     def tick(self, now: float) -> None:
