@@ -1,6 +1,6 @@
 """Durable checkpoints and driver restart, measured; results go to docs/benchmarks.md by hand.
 
-    flock /tmp/bench.lock .venv/bin/python benchmarks/bench_durable.py [--quick]
+    flock /tmp/ce-test.lock .venv/bin/python benchmarks/bench_durable.py [--quick] [--steps N] [--cycles N]
 
 1. Overhead of background checkpointing on step time: the benchmark model
    (``examples/torch_synthetic.py``, committing every step) under
@@ -190,8 +190,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=("overhead", "restart", "adopt"), help="run one measurement only")
+    ap.add_argument("--steps", type=int, help="steps of each overhead job (more steps, more rounds; default 600)")
+    ap.add_argument("--cycles", type=int, help="driver restarts measured of each kind (default 3)")
     args = ap.parse_args()
     steps, warmup, cycles = (200, 40, 1) if args.quick else (600, 60, 3)
+    steps, cycles = args.steps or steps, args.cycles or cycles
     if args.only in (None, "overhead"):
         with tempfile.TemporaryDirectory() as d:
             ratios, ms, written = overhead(steps, warmup, d)

@@ -99,7 +99,7 @@ SCHEMA: dict[str, EventKind] = {k.name: k for k in (
     _kind("checkpoint_saved", "a durable checkpoint was written",
           {"step": (int,), "path": (str,)}, {"duration_s": _NUM, "bytes": (int,)}),
     _kind("checkpoint_loaded", "training resumed from a durable checkpoint",
-          {"step": (int,), "path": (str,)}),
+          {"step": (int,), "path": (str,)}, {"steps_lost": _OPT_INT}),
     _kind("job_finished", "the job ended",
           {"outcome": (str,), "exit_code": (int,), "resets": (int,), "wall_s": _NUM},
           {"reason": (str,)}),

@@ -9,10 +9,13 @@ NumPy) is refused when saved, not discovered unreadable when needed.
 
 ``state_payload(state)`` maps a state's public attributes (what the user
 registered: ``TorchState(model, optimizer, sampler=..., epoch=0)``) to one
-flat dict: modules and optimizers by their ``state_dict()``, an
-``ElasticSampler`` by ``{"epoch", "processed_indices"}`` (Horovod's form,
-which its ``load_state_dict`` accepts), everything else as it is. The file
-is therefore usable without cloud-elastic: ``model.load_state_dict(ckpt["model"])``.
+flat dict: modules, optimizers and an ``ElasticSampler`` by their
+``state_dict()``, everything else as it is. A sampler's ``state_dict()`` is
+its progress as spans of positions (O(spans), whatever the dataset size), so
+checkpointing never builds a per-sample list on the training thread;
+``load_state_payload`` also reads checkpoints that hold Horovod's form
+``{"epoch", "processed_indices"}``. The file is usable without cloud-elastic:
+``model.load_state_dict(ckpt["model"])``.
 """
 
 from __future__ import annotations
@@ -132,14 +135,19 @@ def state_payload(state: Any) -> dict[str, Any]:
 
     payload: dict[str, Any] = {}
     for name, value in _public_attributes(state).items():
-        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+        # A sampler's state_dict() is O(spans) plain data: nothing on this thread grows with the dataset.
+        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, ElasticSampler)):
             payload[name] = value.state_dict()
-        elif isinstance(value, ElasticSampler):
-            done = sorted(value.processed_indices)
-            payload[name] = {"epoch": int(value.epoch), "processed_indices": torch.tensor(done, dtype=torch.int64)}
         else:
             payload[name] = value
     return payload
+
+
+def _sampler_state(value: Any) -> dict[str, Any]:
+    """A sampler entry as ``ElasticSampler.load_state_dict`` takes it (spans, or checkpoints before spans)."""
+    if "processed_indices" in value:  # written before checkpoints held the spans: an int64 tensor
+        return {"epoch": int(value["epoch"]), "processed_indices": value["processed_indices"].tolist()}
+    return dict(value)
 
 
 def load_state_payload(state: Any, payload: Any) -> None:
@@ -170,8 +178,7 @@ def load_state_payload(state: Any, payload: Any) -> None:
             if isinstance(target, (torch.nn.Module, torch.optim.Optimizer)):
                 target.load_state_dict(value)
             elif isinstance(target, ElasticSampler):
-                target.load_state_dict({"epoch": int(value["epoch"]),
-                                        "processed_indices": value["processed_indices"].tolist()})
+                target.load_state_dict(_sampler_state(value))
             else:
                 setattr(state, name, value)
     except Exception as exc:

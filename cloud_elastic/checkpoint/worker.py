@@ -148,10 +148,12 @@ class RankZeroCheckpoints:
         load_state_payload(state, latest.payload)
         # The job's history of commits goes on from the checkpoint's (older checkpoints: from its step).
         seq = latest.info.extra.get("commit_seq", latest.info.step)
-        self._ctx.hold_commit(seq if isinstance(seq, int) and not isinstance(seq, bool) else latest.info.step)
+        seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else latest.info.step
+        self._ctx.hold_commit(seq)
         log.info("worker %s: loaded checkpoint of step %d from %s in %.2fs", self._ctx.worker_id, latest.info.step,
                  latest.info.url, time.perf_counter() - began)
-        self._ctx.report_checkpoint("loaded", step=latest.info.step, path=latest.info.url)
+        # With the checkpoint's commit the driver counts the steps lost since it (commits it heard of past it).
+        self._ctx.report_checkpoint("loaded", step=latest.info.step, path=latest.info.url, commit_seq=seq)
         return latest.info
 
     # ------------------------------------------------------------ finishing

@@ -2,7 +2,8 @@
 
 Threads, all at the edges: the discovery poller, the control-plane server's
 one ``selectors`` thread (long-polls are held replies, not threads), one
-output reader per worker, and the loop thread (the caller of
+output reader per worker, with ``--checkpoint-dir`` the refresher of the
+driver's sign of life beside the checkpoints, and the loop thread (the caller of
 :meth:`Driver.run`) that carries out the job's actions (launch, stop, finish)
 and watches worker processes. Every access to the job happens under one lock
 (:class:`~.waiters.JobCondition`); nothing slow (provider calls, process
@@ -32,7 +33,7 @@ from cloud_elastic.driver.local import LocalLauncher
 from cloud_elastic.driver.server import ControlServer, Held
 from cloud_elastic.driver.waiters import JobCondition
 from cloud_elastic.metrics import StepRate
-from cloud_elastic.errors import ConfigError, ControlPlaneError, LaunchError
+from cloud_elastic.errors import CheckpointError, ConfigError, ControlPlaneError, LaunchError
 from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery
 
 __all__ = ["Driver"]
@@ -107,6 +108,10 @@ class Driver:
         self._adopting = False  # the adoption window is open: only polls and re-registrations are served
         self._adopt_saved: Any = None  # what the adoption record last said (rewritten when it changes)
         self._adopted_at = 0.0  # when the last worker re-registered (clock)
+        self._durable_store: Any = None  # the CheckpointStore of --checkpoint-dir, opened by run()
+        self._previous_alive: Any = None  # the DriverAlive a dead driver of this job left beside the checkpoints
+        self._alive_refresher: Any = None  # keeps our own DriverAlive fresh there
+        self._predecessor_gone = True  # False while an earlier driver's workers may still be running
 
     # ----------------------------------------------------------------- public
     def stop(self, reason: str, exit_code: int) -> None:
@@ -136,9 +141,11 @@ class Driver:
         outcome = Finish(False, "the driver failed", 1)
         try:
             if self._adoption is not None:
+                self._keep_alive_beside_checkpoints()
                 self._start_adopting()
             else:
                 self._wait_for_previous_driver()
+                self._keep_alive_beside_checkpoints()
                 self._start()
             outcome = self._loop()
             return outcome
@@ -166,6 +173,7 @@ class Driver:
         from cloud_elastic.checkpoint import CheckpointStore, DurableJobRecord, read_job_record, write_job_record
 
         store = CheckpointStore(self.config.checkpoint_dir, keep=self.config.checkpoint_keep)
+        self._durable_store = store
         record = read_job_record(store)
         if record is None:
             write_job_record(store, DurableJobRecord(self.job_id, tuple(self.config.command), time.time(),
@@ -188,6 +196,8 @@ class Driver:
         if self._previous is not None and _driver_alive(self._previous[0]):
             raise ConfigError(f"job {self.job_id} is already running here (driver pid {self._previous[0]}); "
                               "stop it first or use another --checkpoint-dir")
+        self._previous_alive = _previous_alive(store, record.job_id)
+        self._predecessor_gone = self._adoption is None and self._previous is None and self._previous_alive is None
         checkpoints = store.list()
         if not checkpoints:
             log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts over",
@@ -205,26 +215,67 @@ class Driver:
         self._job.job_id = job_id
 
     def _wait_for_previous_driver(self) -> None:
-        """A driver of this job that died here without cleaning up may have left workers training on for
-        its ``--driver-grace``; wait until they have stopped (and written their last checkpoint).
+        """A driver of this job that died without cleaning up may have left workers training on for its
+        ``--driver-grace``; wait until they have stopped (and written their last checkpoint).
 
-        Without this wait two generations of workers would train the same job
-        and write checkpoints to the same place.
+        Its last sign of life is the later of this machine's private record and
+        the entry it refreshed beside the checkpoints (which is all a driver
+        restarted on another machine has). Without this wait two generations of
+        workers would train the same job and write checkpoints to the same place.
         """
-        if self._previous is None:
-            return
-        pid, last_alive = self._previous
         # The previous workers got the previous driver's grace; the record keeps the first driver's.
         grace = max(self.config.driver_grace_s, self._previous_grace_s)
-        until = last_alive + _RECORD_TOUCH_S + grace + _LAST_CHECKPOINT_S
-        left = until - time.time()
-        if left <= 0:
+        lives = []  # (last sign of life + how stale it can be, who)
+        if self._previous is not None:
+            pid, last_alive = self._previous
+            lives.append((last_alive + _RECORD_TOUCH_S, f"the previous driver (pid {pid}) died "
+                                                        f"{time.time() - last_alive:.0f}s ago"))
+        if self._previous_alive is not None:
+            from cloud_elastic.checkpoint.alive import ALIVE_RECORD, REFRESH_S
+
+            entry = self._previous_alive
+            grace = max(grace, entry.grace_s)
+            lives.append((entry.alive + REFRESH_S, (
+                f"the previous driver (pid {entry.pid} on {entry.host}) was last alive "
+                f"{time.time() - entry.alive:.0f}s ago by {self._durable_store.backend.url(ALIVE_RECORD)}"
+                + ("" if self._previous is not None else ", and this machine has no record of it"))))
+        if lives:
+            last, who = max(lives)
+            left = last + grace + _LAST_CHECKPOINT_S - time.time()
+            if left > 0:
+                log.warning("job %s: %s; its workers train on for up to --driver-grace %gs: waiting %.0fs for them "
+                            "to stop before starting new ones", self.job_id, who, grace, left)
+                with self._cond:
+                    if self._cond.wait_for(lambda: self._stop_reason is not None, left):
+                        return  # interrupted: its workers may still run, which our last word must not deny
+            self._check_no_other_driver()
+        self._predecessor_gone = True
+
+    def _check_no_other_driver(self) -> None:
+        """After the wait: a driver elsewhere that refreshed the entry meanwhile is alive; leave the job to it."""
+        if self._previous_alive is None or self._stop_reason is not None:
             return
-        log.warning("job %s: the previous driver (pid %d) died %.0fs ago; its workers train on for up to "
-                    "--driver-grace %gs: waiting %.0fs for them to stop before resuming", self.job_id, pid,
-                    time.time() - last_alive, grace, left)
-        with self._cond:
-            self._cond.wait_for(lambda: self._stop_reason is not None, left)
+        from cloud_elastic.checkpoint.alive import read_driver_alive
+
+        try:
+            now = read_driver_alive(self._durable_store)
+        except CheckpointError as exc:
+            log.warning("job %s: %s", self.job_id, exc)
+            return
+        if (now is not None and not now.stopped and now.alive > self._previous_alive.alive
+                and not now.is_this_process()):
+            self.stop(f"job {self.job_id} is already running: its driver (pid {now.pid} on {now.host}) was alive "
+                      f"{max(0.0, time.time() - now.alive):.0f}s ago; stop it first or use another --checkpoint-dir",
+                      2)
+
+    def _keep_alive_beside_checkpoints(self) -> None:
+        """From now on this driver runs the job: keep its sign of life fresh beside the checkpoints."""
+        if self._durable_store is None or self._stop_reason is not None:
+            return
+        from cloud_elastic.checkpoint.alive import AliveRefresher
+
+        grace = max(self.config.driver_grace_s, self._adoption.grace_s if self._adoption is not None else 0.0)
+        self._alive_refresher = AliveRefresher(self._durable_store, self.job_id, grace).start()
 
     # ---------------------------------------------------------------- startup
     def _start(self) -> None:
@@ -581,7 +632,9 @@ class Driver:
                 self._stop_reason = (f"training state lost: cannot resume from the checkpoint: {reason[:300]}", 1)
             self._cond.notify_all()
             return {"ok": True}
-        if event not in ("saved", "loaded") or not isinstance(path, str) or not _is_int(step):
+        commit_seq = msg.get("commit_seq")  # of a load; older workers leave it out
+        if (event not in ("saved", "loaded") or not isinstance(path, str) or not _is_int(step)
+                or not (commit_seq is None or _is_int(commit_seq))):
             raise ControlPlaneError("malformed checkpoint message")
         if event == "saved":
             extra = {k: msg[k] for k in ("duration_s", "bytes") if _is_number(msg.get(k))}
@@ -590,9 +643,8 @@ class Driver:
             log.info("job %s: checkpoint of step %d saved by %s to %s", self.job_id, step, worker_id, path[:500])
             self._sinks.sink.emit("checkpoint_saved", step=step, path=path[:1000], **extra)
         else:
-            log.warning("job %s: resumed from the checkpoint of step %d (%s); steps after it were lost",
-                        self.job_id, step, path[:500])
-            self._sinks.sink.emit("checkpoint_loaded", step=step, path=path[:1000])
+            self._job.checkpoint_loaded(step, commit_seq, path[:1000])  # logs the steps lost, emits the events
+            self._cond.notify_all()
         return {"ok": True}
 
     # ----------------------------------------------------------------- status
@@ -633,6 +685,9 @@ class Driver:
         for t in self._stoppers:
             t.join(self.config.terminate_grace_s + 5)
         self._procs.clear()
+        if self._alive_refresher is not None:
+            # "Stopped" only when no worker of this job can be left: ours are, and the predecessor's too.
+            self._alive_refresher.close(stopped=self._predecessor_gone)
         for launcher in self._launchers.values():
             launcher.close()
         if self._server is not None:
@@ -734,6 +789,7 @@ class Driver:
                                                    for w in missing})
             adopted = [w for w in record.workers if w.worker_id in self._job.workers]
         if adopted:
+            self._predecessor_gone = True  # the missing ones are being stopped below, and joined at shutdown
             log.warning("job %s: adopted %d running worker(s) %.2fs after the driver started", self.job_id,
                         len(adopted), self._adopted_at - self._started_at)
         for w in missing:  # they may be stopped or hung: none must outlive the job
@@ -907,6 +963,26 @@ def _driver_alive(pid: int) -> bool:
             return b"cloud" in f.read()
     except OSError:  # no /proc (not Linux): trust the pid
         return True
+
+
+def _previous_alive(store: Any, job_id: str) -> Any:
+    """The sign of life a driver of ``job_id`` left beside the checkpoints, unless it ended cleanly.
+
+    ConfigError when it is a live driver on this machine (whose local record was lost).
+    """
+    from cloud_elastic.checkpoint.alive import read_driver_alive
+
+    try:
+        entry = read_driver_alive(store)
+    except CheckpointError as exc:
+        log.warning("job %s: %s; only this machine's record of the previous driver is used", job_id, exc)
+        return None
+    if entry is None or entry.job_id != job_id or entry.stopped or entry.is_this_process():
+        return None
+    if entry.host == socket.gethostname() and _driver_alive(entry.pid):
+        raise ConfigError(f"job {job_id} is already running here (driver pid {entry.pid}); "
+                          "stop it first or use another --checkpoint-dir")
+    return entry
 
 
 def _previous_driver(job_id: str) -> tuple[int, float] | None:

@@ -178,6 +178,10 @@ class ElasticJob:
     _last_discovery_error: str = ""
     _pending_rollback: int | None = None  # the aborted round; its rollback is emitted when the next round forms
     _steps_lost: int = 0  # steps the survivors of the aborted round rolled back (they report it)
+    _commit_high: int = 0  # the highest commit any worker reported since the last checkpoint load
+    #: (aborted round, why) of a failure that a from-checkpoint round replaced: its rollback is
+    #: emitted once rank 0 has said which checkpoint it loaded (checkpoint_loaded).
+    _rollback_at_load: tuple[int, str] | None = None
     _waits: dict[str, tuple[float, float]] = field(default_factory=dict)  # progress lines: key -> (since, last)
     #: A restarted driver takes over the running workers of its predecessor (see :meth:`adopt`).
     adopting: bool = False
@@ -469,6 +473,29 @@ class ElasticJob:
                               exit_code=status.code if status.known else None)
         self._step(now)
 
+    def checkpoint_loaded(self, step: int, commit_seq: int | None, path: str) -> int | None:
+        """Rank 0 of a from-checkpoint round loaded the checkpoint of ``step``, commit ``commit_seq`` of the job.
+
+        Returns the steps lost, counted in commits like ``round_formed.step``: the highest
+        commit the driver heard of since the previous load (from the workers that were lost)
+        minus the checkpoint's. None when that cannot be known: a restarted driver that never
+        heard from the lost workers, or a report without the checkpoint's commit. Logs one
+        line, emits ``checkpoint_loaded`` and, when the load replaced a failed round, its
+        ``rollback`` with the same count.
+        """
+        heard = self._commit_high > 0 or not self.resumed
+        lost = max(0, self._commit_high - commit_seq) if commit_seq is not None and heard else None
+        if commit_seq is not None:
+            self._commit_high = commit_seq  # the job's history goes on from the checkpoint
+        how_many = f"{lost} committed step(s)" if lost is not None else "steps (how many, this driver did not see)"
+        log.warning("job %s: resumed from the checkpoint of step %d (%s); %s after it were lost", self.job_id, step,
+                    path, how_many)
+        self._emit("checkpoint_loaded", step=step, path=path, steps_lost=lost)
+        replaced, self._rollback_at_load = self._rollback_at_load, None
+        if replaced is not None and lost is not None:
+            self._emit("rollback", round=replaced[0], commit_step=commit_seq, steps_lost=lost, reason=replaced[1])
+        return lost
+
     def tick(self, now: float) -> None:
         """Periodic check: heartbeats, timeouts, deadlines, launches, rounds."""
         self._step(now)
@@ -538,6 +565,8 @@ class ElasticJob:
         # Both only grow on a worker; a heartbeat may carry an older value than a rendezvous sent after it.
         if isinstance(commit_seq, int) and commit_seq > w.commit_seq:
             w.commit_seq = commit_seq
+            if commit_seq > self._commit_high:
+                self._commit_high = commit_seq
         if isinstance(commits, int) and commits > w.commits:
             w.commits = commits
         if w.holds_state:
@@ -929,6 +958,10 @@ class ElasticJob:
             ", ".join(f"{w.rank}={w.worker_id}" for w in ordered),
         )
         commit = max((w.commit_seq for w in ordered), default=0)
+        if self._pending_rollback is not None and plan.from_checkpoint:
+            # Which commit the round goes back to is known only once rank 0 has loaded the checkpoint.
+            self._rollback_at_load = (self._pending_rollback, self._last_failure or "every state holder was lost")
+            self._pending_rollback = None
         if self._pending_rollback is not None:
             aborted, self._pending_rollback = self._pending_rollback, None
             # The survivors rolled back to what they reported at rendezvous, the step this round continues
@@ -943,8 +976,10 @@ class ElasticJob:
         self._steps_lost = 0
         self._emit(
             "round_formed", round=self.round, size=len(ordered), synced=self._needs_sync,
-            # Before anyone has committed there is no step to continue from (null, as documented).
-            from_checkpoint=plan.from_checkpoint, step=commit if self.state_committed else None,
+            # Before anyone has committed there is no step to continue from, and a round that loads a
+            # checkpoint learns its step from rank 0's checkpoint_loaded (null, as documented).
+            from_checkpoint=plan.from_checkpoint,
+            step=commit if self.state_committed and not plan.from_checkpoint else None,
             ranks=_ranks_by_host(ordered),
         )
 
@@ -976,6 +1011,7 @@ class ElasticJob:
         self._seq = max(self._seq, seq)
         w = WorkerRecord(worker_id, slot, seq, launched_at=now, last_seen=self._clock(now), commits=request.commits,
                          commit_seq=request.commit_seq)
+        self._commit_high = max(self._commit_high, request.commit_seq)
         if request.round and request.ranks is not None:
             w.state, w.round, w.rank = S.RUNNING, request.round, request.ranks.rank
             self._adopted.setdefault(request.round, {})[worker_id] = (request.ranks, request.update_gen)

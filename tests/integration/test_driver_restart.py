@@ -4,13 +4,17 @@ The driver is SIGKILLed mid-training. Its workers train on for ``--driver-grace`
 (rank 0 checkpointing at every commit it can), then stop: no process is left.
 The same command, run again, waits for them, keeps the job's id and resumes
 from the latest checkpoint, so the steps the workers made without their driver
-are not lost either.
+are not lost either. It waits for them even when this machine's record of the
+dead driver is gone (a driver restarted on another machine): the dead driver's
+last sign of life beside the checkpoints is enough.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import threading
 import time
 
 import pytest
@@ -38,11 +42,11 @@ def _wait_until(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def test_a_killed_driver_is_resumed_by_the_same_command_and_no_worker_outlives_the_grace(jobs, tmp_path):
+def _train_then_kill_the_driver(jobs, tmp_path):
+    """Start the job, let it train and checkpoint, SIGKILL its driver: (args, env, job id, workers, last step seen)."""
     env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
     (tmp_path / "run").mkdir()
-    ckpt = tmp_path / "ckpt"
-    args = _args(ckpt, *probe_cmd("--steps", "120", "--step-sleep", "0.1"))
+    args = _args(tmp_path / "ckpt", *probe_cmd("--steps", "120", "--step-sleep", "0.1"))
     first = jobs(args, env=env)
     first.wait_for(lambda j: any(e["step"] >= 10 for e in j.of("commit")) and "checkpoint of step" in j.output(),
                    timeout=120, what="training with checkpoints")
@@ -52,6 +56,12 @@ def test_a_killed_driver_is_resumed_by_the_same_command_and_no_worker_outlives_t
     seen_before_kill = max(e["step"] for e in first.of("commit"))
     os.kill(first.proc.pid, signal.SIGKILL)
     first.proc.wait()
+    return args, env, job_id, workers, seen_before_kill
+
+
+def test_a_killed_driver_is_resumed_by_the_same_command_and_no_worker_outlives_the_grace(jobs, tmp_path):
+    args, env, job_id, _, seen_before_kill = _train_then_kill_the_driver(jobs, tmp_path)
+    ckpt = tmp_path / "ckpt"
 
     # Without their driver the workers train on (and checkpoint) for the grace, then stop.
     store = CheckpointStore(str(ckpt))
@@ -71,3 +81,87 @@ def test_a_killed_driver_is_resumed_by_the_same_command_and_no_worker_outlives_t
     done = second.of("done")
     assert len(done) == 2 and {e["step"] for e in done} == {120} and len({e["checksum"] for e in done}) == 1
     assert not processes_of_job(job_id)
+
+
+def _when_gone(pids: set[int]) -> dict[str, float]:
+    """Fill ``{"t": time.monotonic()}`` as soon as none of ``pids`` is alive (watched every 50 ms)."""
+    gone: dict[str, float] = {}
+
+    def watch() -> None:
+        while any(_alive(pid) for pid in pids):
+            time.sleep(0.05)
+        gone["t"] = time.monotonic()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return ") Z " not in f.read()
+    except OSError:
+        return False
+
+
+def test_a_driver_restarted_without_the_local_record_waits_for_the_old_workers_first(jobs, tmp_path):
+    args, env, job_id, workers, _ = _train_then_kill_the_driver(jobs, tmp_path)
+    # This machine forgets the dead driver, as another machine (or a rebooted VM) never knew it.
+    shutil.rmtree(tmp_path / "run" / "cloud-elastic" / job_id)
+    gone = _when_gone(set(workers))
+
+    second = jobs(args, env=env)
+    assert second.finish(180) == 0, second.output()
+    out = second.output()
+    assert "driver-alive.json, and this machine has no record of it" in out, out
+    assert "waiting" in out and "for them to stop before starting new ones" in out, out
+    launched = [t for t, line in zip(second.times, second.lines) if "launched worker" in line]
+    assert launched and "t" in gone, out
+    assert min(launched) > gone["t"], "new workers started while the dead driver's workers still trained"
+    assert second.job_id() == job_id and "resumed from the checkpoint of step" in out
+    assert not processes_of_job(job_id)
+
+
+def test_a_driver_refreshing_the_entry_elsewhere_keeps_a_second_driver_from_starting_workers(jobs, tmp_path):
+    # A live driver on another machine: its entry beside the checkpoints keeps being refreshed.
+    from cloud_elastic.checkpoint import DurableJobRecord, write_job_record
+    from cloud_elastic.checkpoint.alive import DriverAlive, write_driver_alive
+
+    ckpt = tmp_path / "ckpt"
+    store = CheckpointStore(str(ckpt))
+    write_job_record(store, DurableJobRecord("elsewhere1", ("python", "train.py"), time.time()))
+    done = threading.Event()
+
+    def other_driver() -> None:
+        while not done.is_set():
+            write_driver_alive(store, DriverAlive("elsewhere1", time.time(), 1.0, "other-vm", 4242))
+            done.wait(1.0)
+
+    threading.Thread(target=other_driver, daemon=True).start()
+    try:
+        (tmp_path / "run").mkdir()
+        second = jobs(["run", "-np", "1", "-H", "127.0.0.1:1", "--checkpoint-dir", str(ckpt), "--driver-grace", "1",
+                       *probe_cmd("--steps", "5")], env={"XDG_RUNTIME_DIR": str(tmp_path / "run")})
+        assert second.finish(60) == 2, second.output()
+    finally:
+        done.set()
+    out = second.output()
+    assert "(pid 4242 on other-vm) was last alive" in out and "waiting" in out, out
+    assert "job elsewhere1 is already running: its driver (pid 4242 on other-vm) was alive" in second.lines[-1], out
+    assert "launched worker" not in out and not processes_of_job("elsewhere1")
+
+
+def test_a_live_driver_whose_local_record_is_gone_is_not_run_twice_on_its_machine(jobs, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = ["run", "-np", "1", "-H", "127.0.0.1:1", "--checkpoint-dir", str(ckpt),
+            *probe_cmd("--steps", "100000", "--step-sleep", "0.1")]
+    for runtime in ("run-a", "run-b"):
+        (tmp_path / runtime).mkdir()
+    first = jobs(args, env={"XDG_RUNTIME_DIR": str(tmp_path / "run-a")})
+    first.wait_event("commit")
+    assert (ckpt / "driver-alive.json").exists()
+    # Another runtime directory: this driver cannot see the first one's local record.
+    second = jobs(args, env={"XDG_RUNTIME_DIR": str(tmp_path / "run-b")})
+    assert second.finish(60) == 2, second.output()
+    assert f"is already running here (driver pid {first.proc.pid})" in second.output()
+    assert first.proc.poll() is None

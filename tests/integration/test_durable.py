@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
+from cloud_elastic.status import query_status
 from tests.integration.events_check import of, read_events
-from tests.integration.harness import HostsFile, kill_job_workers, probe_cmd
+from tests.integration.harness import HostsFile, kill_job_workers, probe_cmd, processes_of_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -24,6 +30,21 @@ def _kill_everyone_and_replace(job, hosts: HostsFile) -> None:
     """Every worker SIGKILLed at once; new hosts appear in discovery."""
     hosts.set(["127.0.0.3", "127.0.0.4"])
     kill_job_workers(job.job_id())
+
+
+def _freeze_and_read_the_commit_heard(job_id: str, runtime: Path) -> int:
+    """SIGSTOP every worker and return the highest commit the driver heard of from them (its status)."""
+    for pid in processes_of_job(job_id):
+        os.kill(pid, signal.SIGSTOP)
+    # A heartbeat sent just before the stop may still land: read until two answers a heartbeat apart agree.
+    heard = None
+    for _ in range(10):
+        now = query_status(job_id, root=runtime / "cloud-elastic").commit_step
+        if now == heard:
+            return heard
+        heard = now
+        time.sleep(0.6)
+    raise AssertionError(f"the driver's commit count of stopped workers kept changing (last {heard})")
 
 
 def test_losing_every_worker_without_a_checkpoint_dir_fails_and_never_trains_from_scratch(jobs, tmp_path):
@@ -46,11 +67,15 @@ def test_whole_group_loss_resumes_from_the_checkpoint_with_exactly_once_samples(
     ckpt = tmp_path / "ckpt"
     n = 160
     events_file = tmp_path / "events.jsonl"
-    job = jobs(_args(hosts, "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0.3",
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    job = jobs(_args(hosts, "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "1",
                      "--events-file", str(events_file),
-                     *probe_cmd("--sampler", str(n), "--epochs", "1", "--step-sleep", "0.1")))
+                     *probe_cmd("--sampler", str(n), "--epochs", "1", "--step-sleep", "0.1")),
+               env={"XDG_RUNTIME_DIR": str(runtime)})
     job.wait_for(lambda j: "checkpoint of step" in j.output() and any(e["step"] >= 6 for e in j.of("commit")),
                  what="a checkpoint and some steps")
+    heard = _freeze_and_read_the_commit_heard(job.job_id(), runtime)
     _kill_everyone_and_replace(job, hosts)
     assert job.finish() == 0, job.output()
     out = job.output()
@@ -76,6 +101,13 @@ def test_whole_group_loss_resumes_from_the_checkpoint_with_exactly_once_samples(
     assert saved and all(r["path"].startswith(str(ckpt)) and r["step"] >= 1 for r in saved), saved
     assert len(loaded) == 1 and loaded[0]["step"] == resumed_at, (loaded, resumed_at)
     assert loaded[0]["path"] in {r["path"] for r in saved}
+    # The steps lost are counted and logged: what the driver heard the lost workers commit past the checkpoint.
+    lost = max(0, heard - resumed_at)
+    assert loaded[0]["steps_lost"] == lost, (loaded, heard)
+    assert f"resumed from the checkpoint of step {resumed_at} ({loaded[0]['path']}); {lost} committed step(s) " \
+           "after it were lost" in out
+    [rollback] = [r for r in records if r["event"] == "rollback"]
+    assert (rollback["commit_step"], rollback["steps_lost"]) == (resumed_at, lost), rollback
     [formed] = [r for r in records if r["event"] == "round_formed" and r.get("from_checkpoint")]
     assert formed["synced"] is True
 

@@ -8,6 +8,7 @@ load returns to the checkpoint, never to the initial weights.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,40 @@ def test_a_checkpoint_of_another_state_is_refused_and_changes_nothing(tmp_path: 
     with pytest.raises(CheckpointError, match="does not fit this state"):
         load_state_payload(other, wrong)
     _assert_same(_values(other), before)
+
+
+def test_checkpointing_a_billion_sample_sampler_builds_nothing_per_sample() -> None:
+    # A million samples processed of a billion: the checkpoint holds the sampler's spans, not the indices,
+    # so what the training thread builds and the writer stores does not grow with the dataset.
+    sampler = hvd.elastic.ElasticSampler(range(10**9), shuffle=False)
+    sampler.record_batch(0, 10**6)
+    state = hvd.elastic.TorchState(sampler=sampler, epoch=0)
+    state.commit()
+    entry = state_payload(state)["sampler"]
+    buffer = io.BytesIO()
+    torch.save(entry, buffer)
+    assert buffer.tell() < 4096, f"the sampler's checkpoint entry is {buffer.tell()} bytes"
+
+    fresh = hvd.elastic.TorchState(sampler=hvd.elastic.ElasticSampler(range(10**9), shuffle=False), epoch=0)
+    buffer.seek(0)
+    load_state_payload(fresh, {"sampler": torch.load(buffer, weights_only=True), "epoch": 0})
+    assert fresh.sampler.get_indices(0, 3) == [10**6, 10**6 + 1, 10**6 + 2]
+
+
+def test_a_checkpoint_with_the_sampler_as_processed_indices_still_loads() -> None:
+    # Checkpoints written before the sampler was stored as spans hold Horovod's form.
+    state = _build(distributed=False)
+    old = dict(state_payload(state), sampler={"epoch": 0, "processed_indices": torch.tensor([3, 7, 11])})
+    load_state_payload(state, old)
+    assert state.sampler.processed_indices == {3, 7, 11}
+    assert not {3, 7, 11} & set(state.sampler.get_indices(0, 50))
+
+
+def test_the_sampler_entry_gives_the_processed_indices_with_plain_torch_as_documented() -> None:
+    state = _build(distributed=False)
+    _train(state, 3)
+    entry = state_payload(state)["sampler"]
+    generator = torch.Generator().manual_seed(entry["seed"] + entry["epoch"])
+    order = torch.randperm(entry["size"], generator=generator) if entry["shuffle"] else torch.arange(entry["size"])
+    processed = torch.cat([order[a:b] for a, b in entry["done"]])
+    assert set(processed.tolist()) == state.sampler.processed_indices and len(processed) == 12

@@ -1,0 +1,135 @@
+"""The driver's sign of life beside the checkpoints, for a driver restarted where no local record is.
+
+A running driver keeps ``driver-alive.json`` next to ``job.json`` fresh::
+
+    {"format": "cloud-elastic-checkpoint", "job_id": "5f3a9c1e", "alive": 1795444453.5,
+     "grace_s": 60.0, "host": "driver-vm", "pid": 4242, "stopped": false}
+
+``alive`` is the Unix time of the latest refresh on the driver's clock (a
+restarted driver on another machine compares it with its own: clocks are
+assumed in sync within seconds, as NTP keeps them), ``grace_s`` the
+``--driver-grace`` its workers were given, ``stopped`` true once the driver
+ended and stopped its workers. It holds nothing secret. :class:`AliveRefresher`
+rewrites it every :data:`REFRESH_S` seconds from a thread of its own, so slow
+storage never holds up the driver's loop; each write is atomic (a reader sees
+the old entry or the new one).
+
+A driver started again without its predecessor's local record (another
+machine, a rebooted VM whose runtime directory was emptied) reads it to know
+whether the predecessor's workers may still be training, and waits them out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from cloud_elastic.checkpoint.api import FORMAT, CheckpointError
+from cloud_elastic.checkpoint.store import CheckpointStore
+
+__all__ = ["ALIVE_RECORD", "REFRESH_S", "AliveRefresher", "DriverAlive", "read_driver_alive", "write_driver_alive"]
+
+log = logging.getLogger(__name__)
+
+ALIVE_RECORD = "driver-alive.json"
+#: How often a running driver refreshes its entry: a dead driver's last refresh is at most this old.
+REFRESH_S = 5.0
+
+
+@dataclass(frozen=True)
+class DriverAlive:
+    """What a driver last said about itself beside the checkpoints (see module docstring)."""
+
+    job_id: str
+    alive: float
+    grace_s: float
+    host: str
+    pid: int
+    stopped: bool = False
+
+    def is_this_process(self) -> bool:
+        return self.host == socket.gethostname() and self.pid == os.getpid()
+
+
+def write_driver_alive(store: CheckpointStore, entry: DriverAlive) -> None:
+    """Replace the entry atomically; CheckpointError when the storage refuses."""
+    data = json.dumps({"format": FORMAT, **asdict(entry)}, sort_keys=True).encode()
+    try:
+        store.backend.write(ALIVE_RECORD, lambda f: f.write(data))
+    except Exception as exc:
+        raise CheckpointError(f"could not write {store.backend.url(ALIVE_RECORD)}: {' '.join(str(exc).split())}") \
+            from exc
+
+
+def read_driver_alive(store: CheckpointStore) -> DriverAlive | None:
+    """The entry, or None when there is none; CheckpointError when it cannot be read or parsed."""
+    try:
+        raw = store._read(ALIVE_RECORD)
+    except FileNotFoundError:
+        return None
+    try:
+        body = json.loads(raw)
+        if not isinstance(body, dict) or body.get("format") != FORMAT:
+            raise ValueError("not a cloud-elastic driver entry")
+        return DriverAlive(str(body["job_id"]), float(body["alive"]), float(body["grace_s"]), str(body["host"]),
+                           int(body["pid"]), bool(body.get("stopped", False)))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{store.backend.url(ALIVE_RECORD)} is unreadable: {exc}") from exc
+
+
+class AliveRefresher:
+    """Rewrites this driver's entry every ``interval_s`` from a daemon thread; ``close`` ends it.
+
+    A failed write is one WARNING (then DEBUG until a write succeeds again): a
+    missed refresh only makes a restarted driver wait longer. The constructor
+    does no I/O.
+    """
+
+    def __init__(self, store: CheckpointStore, job_id: str, grace_s: float, *, interval_s: float = REFRESH_S,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._entry = DriverAlive(job_id, 0.0, grace_s, socket.gethostname(), os.getpid())
+        self._interval_s = interval_s
+        self._clock = clock
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def start(self) -> "AliveRefresher":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="cloud-elastic-alive", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, *, stopped: bool) -> None:
+        """Stop refreshing; with ``stopped`` (every worker of the job is gone) say so in a last write.
+
+        Without it the last refresh stays, and a restarted driver waits out the grace from it.
+        """
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join(10.0)  # a write stuck past this lands late, saying "alive": the safe side
+        if stopped and self._thread is not None:
+            self._write(stopped=True)
+
+    def _loop(self) -> None:
+        while not self._closing.is_set():
+            self._write(stopped=False)
+            self._closing.wait(self._interval_s)
+
+    def _write(self, *, stopped: bool) -> None:
+        entry = DriverAlive(self._entry.job_id, self._clock(), self._entry.grace_s, self._entry.host,
+                            self._entry.pid, stopped)
+        try:
+            write_driver_alive(self._store, entry)
+        except CheckpointError as exc:
+            (log.debug if self._failing else log.warning)("driver sign of life not refreshed: %s", exc)
+            self._failing = True
+            return
+        self._failing = False

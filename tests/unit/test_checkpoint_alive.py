@@ -1,0 +1,68 @@
+"""The driver's sign of life beside the checkpoints: written atomically, read back, refreshed, and closed."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from cloud_elastic.checkpoint import CheckpointError, CheckpointStore
+from cloud_elastic.checkpoint.alive import (
+    ALIVE_RECORD,
+    AliveRefresher,
+    DriverAlive,
+    read_driver_alive,
+    write_driver_alive,
+)
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def _until(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+def test_an_entry_reads_back_beside_the_job_record_and_holds_nothing_secret(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    assert read_driver_alive(store) is None
+    entry = DriverAlive("job1", 1795444453.5, 60.0, "driver-vm", 4242)
+    write_driver_alive(store, entry)
+    assert read_driver_alive(store) == entry
+    assert sorted(os.listdir(tmp_path)) == [ALIVE_RECORD]  # no temporary file left behind
+    assert "secret" not in (tmp_path / ALIVE_RECORD).read_text()
+    assert store.list() == []  # not mistaken for a checkpoint
+
+
+def test_an_unreadable_entry_is_a_one_line_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / ALIVE_RECORD).write_text("{not json")
+    with pytest.raises(CheckpointError, match=f"{ALIVE_RECORD} is unreadable"):
+        read_driver_alive(CheckpointStore(str(tmp_path)))
+
+
+def test_the_refresher_keeps_the_entry_fresh_and_says_stopped_only_when_told(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    now = [100.0]
+    refresher = AliveRefresher(store, "job1", 30.0, interval_s=0.02, clock=lambda: now[0]).start()
+    first = _until(lambda: read_driver_alive(store))
+    assert (first.job_id, first.alive, first.grace_s, first.host, first.pid, first.stopped) == (
+        "job1", 100.0, 30.0, socket.gethostname(), os.getpid(), False)
+    assert first.is_this_process()
+    now[0] = 107.0
+    _until(lambda: read_driver_alive(store).alive == 107.0)  # refreshed by the thread, nobody asked
+    refresher.close(stopped=False)
+    assert read_driver_alive(store).stopped is False  # the last refresh stays: a restart waits from it
+
+    again = AliveRefresher(store, "job1", 30.0, interval_s=0.02, clock=lambda: now[0]).start()
+    now[0] = 120.0
+    again.close(stopped=True)
+    last = read_driver_alive(store)
+    assert last.stopped and last.alive == 120.0
