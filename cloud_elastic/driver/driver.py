@@ -779,13 +779,17 @@ class Driver:
                  self._server.port, self._store_port)
         first = self._first_discovery()  # the workers re-register meanwhile, on the server's threads
         window = max(2 * self.config.heartbeat_timeout_s, 3.0)
-        deadline = self._started_at + window
+        # Counted from the start, as the workers re-register while this driver imports torch and opens
+        # the storage; but never closed less than a heartbeat timeout after this driver is ready, so a
+        # slow start on a loaded machine does not leave a worker that is on its way no time.
+        deadline = max(self._started_at + window, self._clock() + self.config.heartbeat_timeout_s)
         expected = {w.worker_id for w in record.workers}
         with self._cond:
             self._cond.wait_for(lambda: self._stop_reason is not None or expected <= set(self._job.workers),
                                 max(0.0, deadline - self._clock()))
             missing = [w for w in record.workers if w.worker_id not in self._job.workers]
-            self._job.end_adoption(self._clock(), {w.worker_id: f"did not re-register within {window:g}s"
+            waited = self._clock() - self._started_at
+            self._job.end_adoption(self._clock(), {w.worker_id: f"did not re-register within {waited:.0f}s"
                                                    for w in missing})
             adopted = [w for w in record.workers if w.worker_id in self._job.workers]
         if adopted:
