@@ -1,6 +1,6 @@
 """AWS: the EC2 instance metadata service, IMDSv2 (token) flow.
 
-Each cycle (every ``poll_interval_s``, 1 s by default) reads three paths with
+Each cycle (every ``poll_interval_s``, 0.5 s by default) reads three paths with
 the session token:
 
 * ``/latest/meta-data/spot/instance-action``: 404 while there is no notice;

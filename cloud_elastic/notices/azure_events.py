@@ -1,6 +1,6 @@
 """Azure: Scheduled Events from the instance metadata service (IMDS).
 
-Each cycle (every ``poll_interval_s``, 1 s by default) reads
+Each cycle (every ``poll_interval_s``, 0.5 s by default) reads
 ``/metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: true``
 and keeps the events whose ``Resources`` name this VM:
 
