@@ -2,8 +2,12 @@
 
 The driver passes them as ``CLOUD_ELASTIC_*`` variables (a local child's
 environment, or the remote wrapper's on an SSH host); the user may set the
-tuning ones. Nothing else in the worker reads the environment: every module
-gets its values from the one :class:`WorkerSettings` of the context.
+tuning ones. Nothing else in the worker reads the environment, with one
+exception: the host's notice watcher takes its metadata endpoint from the
+variables the clouds' own tools honour (``AWS_EC2_METADATA_SERVICE_ENDPOINT``,
+``GCE_METADATA_HOST``, ``CLOUD_ELASTIC_AZURE_IMDS_ENDPOINT``; see
+:mod:`cloud_elastic.notices.factory`) when it starts. Every other module gets
+its values from the one :class:`WorkerSettings` of the context.
 A bad value raises :class:`~cloud_elastic.errors.ConfigError` naming the variable.
 """
 
