@@ -170,7 +170,10 @@ class RendezvousRequest:
     ``commits`` is how many commits it has made; ``rolled_back`` how many steps
     its last restore undid; ``commit_seq`` the position, in the job's history of
     commits, of the state it would restore (see ``WorkerContext.commit_seq``):
-    the driver makes the holder of the newest commit rank 0.
+    the driver makes the holder of the newest commit rank 0. ``holds_commit``
+    is False when its live state is not that commit and nothing it kept can
+    restore it (a failure after an in-place update, see ``worker.window``): the
+    driver must not take the state from it.
     """
 
     last_round: int
@@ -178,10 +181,11 @@ class RendezvousRequest:
     commits: int = 0
     rolled_back: int = 0
     commit_seq: int = 0
+    holds_commit: bool = True
 
     def to_wire(self) -> dict[str, Any]:
         return {"last_round": self.last_round, "reason": self.reason, "commits": self.commits,
-                "rolled_back": self.rolled_back, "commit_seq": self.commit_seq}
+                "rolled_back": self.rolled_back, "commit_seq": self.commit_seq, "holds_commit": self.holds_commit}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "RendezvousRequest":
@@ -189,8 +193,9 @@ class RendezvousRequest:
         if reason not in RENDEZVOUS_REASONS:
             raise ControlPlaneError(f"malformed rendezvous request: reason must be one of {RENDEZVOUS_REASONS}, got {reason!r}")
         what = "rendezvous request"
+        holds = True if msg.get("holds_commit") is None else _bool(msg, "holds_commit", what)  # older workers: True
         return cls(_int(msg, "last_round", what), reason, _optional_int(msg, "commits", what),
-                   _optional_int(msg, "rolled_back", what), _optional_int(msg, "commit_seq", what))
+                   _optional_int(msg, "rolled_back", what), _optional_int(msg, "commit_seq", what), holds)
 
 
 @dataclass(frozen=True)

@@ -547,7 +547,7 @@ class Driver:
     def _rendezvous(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
         request = RendezvousRequest.from_wire(msg)
         self._job.rendezvous(worker_id, request.last_round, request.reason, self._clock(), request.commits,
-                             request.rolled_back, request.commit_seq)
+                             request.rolled_back, request.commit_seq, request.holds_commit)
         # Only the requests this arrival answered (a round formed) are answered now; the
         # loop need not tick for an arrival, the job has already done what it changes.
         self._cond.wake()

@@ -309,14 +309,20 @@ class ElasticJob:
         return True
 
     def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float, commits: int | None = None,
-                   rolled_back: int = 0, commit_seq: int | None = None) -> None:
+                   rolled_back: int = 0, commit_seq: int | None = None, holds_commit: bool = True) -> None:
         """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made
-        (and, after a failure, ``rolled_back`` steps undone), holding the commit ``commit_seq``."""
+        (and, after a failure, ``rolled_back`` steps undone), holding the commit ``commit_seq``
+        unless ``holds_commit`` is False (it could not restore it: see ``worker.window``)."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return
         w.last_seen = self._clock(now)
         self._note_commits(w, commits, commit_seq)
+        if w.commit_lost != (not holds_commit):
+            w.commit_lost = not holds_commit
+            if w.commit_lost:
+                log.warning("job %s: worker %s (%s) could not restore its last commit exactly; the next round takes "
+                            "the state from another worker", self.job_id, worker_id, w.label)
         if reason == "failure" and rolled_back > self._steps_lost:
             self._steps_lost = rolled_back
         if w.state is S.STARTING:
@@ -878,8 +884,17 @@ class ElasticJob:
                 )
             return
         last = f" (last failure: {self._last_failure})" if self._last_failure else ""
-        self._finish(False, "training state lost: every worker that held committed state is gone, and without "
-                            f"--checkpoint-dir nothing can bring it back{last}", 1)
+        reason = self._commits_lost_reason() or ("every worker that held committed state is gone, and without "
+                                                 "--checkpoint-dir nothing can bring it back")
+        self._finish(False, f"training state lost: {reason}{last}", 1)
+
+    def _commits_lost_reason(self) -> str:
+        """Why the state is lost when workers survive that could not restore their commit ('' if none did)."""
+        if not any(w.commit_lost for w in self._alive()):
+            return ""
+        return ("no survivor could restore the last commit exactly (a peer failed in a collective between an "
+                "in-place optimizer update and the next commit; CLOUD_ELASTIC_COMMIT_MODE=snapshot keeps that "
+                "window restorable), and without --checkpoint-dir nothing can bring it back")
 
     # --------------------------------------------------------------- rounds
     def _maybe_request_update(self) -> None:
@@ -932,7 +947,7 @@ class ElasticJob:
             checkpointing=self.policy.checkpointing,
         )
         if isinstance(plan, StateLost):
-            self._finish(False, f"training state lost: {plan.reason}", 1)
+            self._finish(False, f"training state lost: {self._commits_lost_reason() or plan.reason}", 1)
             return
         if self.round > 0:
             self.resets += 1

@@ -83,6 +83,8 @@ class WorkerRecord:
     why: str = ""
     commits: int = 0
     commit_seq: int = 0
+    #: It said at its last rendezvous that it cannot restore its last commit exactly.
+    commit_lost: bool = False
 
     def to(self, new: WorkerState, why: str = "") -> None:
         """Move to ``new``; IllegalTransition if the state machine has no such edge."""
@@ -105,8 +107,8 @@ class WorkerRecord:
 
     @property
     def holds_state(self) -> bool:
-        """It holds a commit of the job's training state (its own, or rank 0's from a sync)."""
-        return self.commits > 0 or self.commit_seq > 0
+        """It holds a commit of the job's training state (its own, or rank 0's from a sync), exactly."""
+        return (self.commits > 0 or self.commit_seq > 0) and not self.commit_lost
 
     def member_of(self, round_: int) -> bool:
         """Whether it is a live member of round ``round_``."""

@@ -56,6 +56,7 @@ from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
 from cloud_elastic.worker.reclaim import GroupSockets, Reaper, socket_inodes
 from cloud_elastic.worker.settings import WorkerSettings
 from cloud_elastic.worker.store import SignedStore, round_namespace
+from cloud_elastic.worker.window import CommitWindow
 
 __all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized"]
 
@@ -114,6 +115,12 @@ class WorkerContext:
         #: commit rank 0 (a collective may complete on some ranks and fail on others).
         self.commit_seq = 0
         self._live_seq = 0  # the same for the live state, ahead of commit_seq between a commit and a restore
+        #: Whether this worker can restore its last commit exactly (False after a failure inside an
+        #: update's window that kept nothing; see ``window``). Reported at rendezvous: the driver then
+        #: never takes the state from it.
+        self.holds_commit = True
+        #: The commit window: may an update run in place, keeping nothing?
+        self.window = CommitWindow(s.commit_mode)
         #: Called with the state after each commit (e.g. rank 0's durable checkpoint schedule).
         self.after_commit: list[Any] = []
         #: DistributedOptimizer steps since the last commit: what a rollback undoes.
@@ -190,7 +197,8 @@ class WorkerContext:
         assert self._client is not None
         last_round = self._attempted_round
         self._last_reason = reason
-        request = RendezvousRequest(last_round, reason, self.commits, self._rolled_back, self.commit_seq).to_wire()
+        request = RendezvousRequest(last_round, reason, self.commits, self._rolled_back, self.commit_seq,
+                                    self.holds_commit).to_wire()
         while True:
             reply = parse_rendezvous_reply(self._call("rendezvous", request, timeout_s=60.0))
             if isinstance(reply, Assignment):
@@ -258,6 +266,7 @@ class WorkerContext:
 
     def note_commit(self, state: Any = None) -> None:
         """A commit of ``state`` finished on this worker (``State.commit``); runs the after-commit hooks."""
+        self.holds_commit = True
         self.commits += 1
         self._live_seq += 1
         self.commit_seq = self._live_seq
@@ -286,6 +295,14 @@ class WorkerContext:
     def hold_commit(self, seq: int) -> None:
         """The state (live and saved) is now commit ``seq`` of the job: after a sync or a checkpoint load."""
         self._live_seq = self.commit_seq = max(0, int(seq))
+        self.holds_commit = True
+
+    def lost_commit(self, why: str) -> None:
+        """The live state is not the last commit and nothing kept can bring it back (see ``window``)."""
+        if self.holds_commit:
+            log.warning("worker %s: cannot restore the last commit exactly (%s); the next round takes the state "
+                        "from a worker that can", self.worker_id, why)
+        self.holds_commit = False
 
     def leave(self, timeout_s: float = 5.0) -> None:
         """This worker leaves the job for good (told to exit).
@@ -433,6 +450,7 @@ class WorkerContext:
         """
         if self.info is not None and self._aborted(self.info.round):
             raise CollectiveError(f"{what} not started: the driver aborted round {self.info.round} (a peer was lost)")
+        self.window.collective(what)
         return self.pg
 
     def wait(self, work: Any, what: str) -> None:
@@ -480,7 +498,7 @@ class WorkerContext:
             total, self._carried_update = self._carried_update, None
             return total > 0
         flag = torch.tensor([1.0 if self.update_pending() else 0.0], device=self.device)
-        self.wait(self.pg.allreduce([flag]), "membership check")
+        self.wait(self.group("membership check").allreduce([flag]), "membership check")
         return float(flag.item()) > 0
 
     # -------------------------------------------------------------- heartbeat

@@ -125,6 +125,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         #: Snapshots of a TorchState holding this optimizer's commits (see state._SnapshotHandler).
         self._ce_snapshots: list[Any] = []
         self._ce_params = all_params
+        #: ``id()`` of each parameter this optimizer updates (a commit kept in place leaves them out).
+        self._ce_param_ids = frozenset(id(p) for p in all_params)
         #: (param_groups signature, per-bucket (group, parameter) pairs, unbucketed pairs): rebuilt only
         #: when the groups change, so a step's bookkeeping does not rescan every tensor.
         self._ce_pairs_cache: tuple[Any, list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]] | None = None
@@ -166,6 +168,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             bucket = self._ce_buckets[self._ce_next]
             if not force and bucket.ready < len(bucket.params):
                 return
+            if self._ce_next == 0:
+                ctx.window.collective("a gradient allreduce")  # of a step after an update not yet committed?
             bucket.reduced = bucket.launch_tensor(1.0 if bucket.carries_flag and ctx.update_pending() else 0.0)
             bucket.work = ctx.pg.allreduce([bucket.reduced])
             bucket.launched = True
@@ -243,9 +247,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         base_step = type(self).__mro__[1].step
         if getattr(base_step, "hooked", False):
             base_step = base_step.__wrapped__
-        update = self._ce_swap_update() if closure is None else None
         self._ce_reset_if_new_round()
-        get_context().note_step()
+        ctx = get_context()
+        ctx.note_step()
+        in_place = [s for s in self._ce_snapshots if s.in_place]
+        if in_place:
+            return self._ce_step_in_place(base_step, in_place, closure)
+        self._ce_launch_ready(force=True)  # this step's own allreduces are not in the window the update opens
+        ctx.window.update(kept=True)
+        update = self._ce_swap_update() if closure is None else None
         if update is not None and not self._ce_skip and not self._ce_synchronized:
             self._ce_step_overlapped(update)
             self._ce_clear()
@@ -267,6 +277,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             result = base_step(self, closure)
         self._ce_clear()
         return result
+
+    def _ce_step_in_place(self, base_step: Callable[..., Any], in_place: list[Any], closure: Any) -> Any:
+        """The transactional step (the last commit kept nothing of what the update writes; see ``window``).
+
+        Every gradient is in before anything changes, so a failure in this
+        step's allreduces leaves the live state at the commit, which then needs
+        no copy; the update is the wrapped optimizer's own, in place, as under DDP.
+        """
+        if not self._ce_skip:
+            self.synchronize()
+        for snapshot in self._ce_snapshots:
+            snapshot.flush()  # a commit of another TorchState kept as a snapshot
+        get_context().window.update(kept=False)
+        for snapshot in in_place:
+            snapshot.touch()
+        try:
+            return base_step(self, closure)
+        finally:
+            self._ce_clear()
 
     def _ce_step_overlapped(self, update: zerocopy.Update) -> None:
         """Synchronize and step at once: each bucket's parameters are updated as soon as its allreduce completes.

@@ -48,6 +48,9 @@ class WorkerSettings:
     backend: str = ""
     #: ``CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`` turns zero-copy SGD commits off (see ``zerocopy``).
     zero_copy_commit: bool = True
+    #: ``CLOUD_ELASTIC_COMMIT_MODE``: ``auto`` (updates run in place, keeping nothing, once the loop is
+    #: seen to commit right after each step; see ``window``) or ``snapshot`` (always keep the committed values).
+    commit_mode: str = "auto"
     #: ``CLOUD_ELASTIC_MALLOC_TUNING=0``, or any glibc malloc setting of the user's, turns ours off.
     malloc_tuning: bool = True
     secret: str = ""
@@ -70,6 +73,8 @@ class WorkerSettings:
             raise ConfigError("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S and CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S must be positive")
         if self.backend not in ("", "gloo", "nccl"):
             raise ConfigError(f"CLOUD_ELASTIC_BACKEND={self.backend!r}: use gloo or nccl")
+        if self.commit_mode not in ("auto", "snapshot"):
+            raise ConfigError(f"CLOUD_ELASTIC_COMMIT_MODE={self.commit_mode!r}: use auto or snapshot")
         if self.slot < 0:
             raise ConfigError(f"CLOUD_ELASTIC_SLOT={self.slot}: must be >= 0")
         if not self.standalone:
@@ -114,6 +119,7 @@ class WorkerSettings:
             collective_timeout_s=number("CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S", "300", float),
             backend=env.get("CLOUD_ELASTIC_BACKEND", "").strip().lower(),
             zero_copy_commit=flag("CLOUD_ELASTIC_ZERO_COPY_COMMIT"),
+            commit_mode=env.get("CLOUD_ELASTIC_COMMIT_MODE", "auto").strip().lower(),
             malloc_tuning=flag("CLOUD_ELASTIC_MALLOC_TUNING") and not any(n in env for n in _GLIBC_MALLOC_SETTINGS),
             secret=env.get("CLOUD_ELASTIC_SECRET", ""),
             driver_grace_s=number("CLOUD_ELASTIC_DRIVER_GRACE_S", "", float) if env.get("CLOUD_ELASTIC_DRIVER_GRACE_S")

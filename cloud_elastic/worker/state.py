@@ -41,8 +41,10 @@ class State:
 
     def commit(self) -> None:
         """Save the state, then interrupt if membership is changing (on every worker at once)."""
+        ctx = get_context()
+        ctx.window.close()  # first: what the window taught decides how this commit is kept
         self.save()
-        get_context().note_commit(self)
+        ctx.note_commit(self)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -108,6 +110,11 @@ class _Snapshot:
         if self._value is None or not _copy_into(self._value, value, deferred, self._pending):
             self._pending = []
             self._value = _clone(value)
+
+    def keep(self, value: Any) -> None:
+        """Hold ``value`` itself (a private copy the caller made) as the snapshot."""
+        self._pending = []
+        self._value = value
 
     def flush(self, keep: frozenset[int] = frozenset()) -> None:
         """Do the queued copies, except those of storages in ``keep`` (left queued)."""
@@ -192,20 +199,49 @@ def _copy_into(dst: Any, src: Any, deferred: frozenset[int], pending: list) -> b
 
 
 class _SnapshotHandler:
-    """Keeps a reused-buffer snapshot of one object's ``state_dict()``."""
+    """Keeps one object's last commit: a reused-buffer snapshot of its ``state_dict()``, or, when the
+    next optimizer update runs in place (see ``window``), only what that update does not write.
+
+    In place, the tensors the optimizer updates are not kept at all: the live
+    tensors *are* the commit until the update touches them (:meth:`touch`), and
+    a restore after that cannot be exact; it tells the context so
+    (``lost_commit``), and the driver takes the state from another worker.
+    """
 
     def __init__(self, value: Any) -> None:
         self.value = value
         self._snap = _Snapshot()
+        #: The last commit was kept in place (the optimizer's tensors not copied).
+        self.in_place = False
+        #: Since that commit, the live tensors were changed where nothing kept them.
+        self._touched = False
         self.save()
+
+    @property
+    def bound(self) -> bool:
+        """Updated by a DistributedOptimizer (only then can a commit be kept in place)."""
+        return False
 
     def deferred(self, state: Any) -> frozenset[int]:
         """Storages whose copy may wait for the next optimizer update (none by default)."""
         return frozenset()
 
     def save(self) -> None:
+        if self.bound and get_context().window.in_place():
+            self._snap = _Snapshot()  # the buffers of an earlier kept commit are not needed any more
+            self._save_in_place()
+            self.in_place, self._touched = True, False
+            return
+        self.in_place = False
         state = self.value.state_dict()
         self._snap.save(state, self.deferred(state))
+
+    def _save_in_place(self) -> None:
+        raise NotImplementedError
+
+    def touch(self) -> None:
+        """The live tensors are about to change in place, with nothing kept of them."""
+        self._touched = True
 
     def flush(self, keep: frozenset[int] = frozenset()) -> None:
         self._snap.flush(keep)
@@ -214,23 +250,77 @@ class _SnapshotHandler:
         return self._snap.take(ptrs)
 
     def restore(self) -> None:
-        self.value.load_state_dict(self._snap.load())
+        if not self.in_place:
+            self.value.load_state_dict(self._snap.load())
+            return
+        changed = self._changed_since_commit()
+        if changed:
+            get_context().lost_commit(changed)
+        self._restore_in_place()
 
-    def sync(self) -> None:
+    def _changed_since_commit(self) -> str:
+        """Why the live tensors are no longer the in-place commit ('' if they are)."""
+        raise NotImplementedError
+
+    def _restore_in_place(self) -> None:
+        raise NotImplementedError
+
+    def sync(self, receiving: bool) -> None:
         self._snap.flush()
+        if receiving and self.in_place and not self._changed_since_commit():
+            # The broadcast writes into the live tensors: keep this commit whole (in host memory)
+            # first, so that a sync cut short restores it exactly. Only here, never in the loop.
+            self.in_place = False
+            self._snap = _Snapshot()
+            self._snap.keep(_to_host(self.value.state_dict()))
+        elif receiving and self.in_place:
+            self._touched = True
         self._broadcast()
 
     def _broadcast(self) -> None:
         raise NotImplementedError
 
 
+def _to_host(obj: Any) -> Any:
+    """``obj`` with every tensor copied to host memory (a kept commit must not take accelerator memory)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_host(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
 class _ModelHandler(_SnapshotHandler):
     #: The DistributedOptimizer that updates this model's parameters, if any; set by TorchState.
     optimizer: Any = None
 
+    @property
+    def bound(self) -> bool:
+        return self.optimizer is not None
+
     def deferred(self, state: Any) -> frozenset[int]:
         # Asked at every save: zero-copy commits move parameters between two storages.
         return self.optimizer._ce_param_ptrs() if self.optimizer is not None else frozenset()
+
+    def _save_in_place(self) -> None:
+        # Everything but the optimizer's parameters (buffers such as BatchNorm statistics, frozen
+        # parameters) is copied; the parameters' version counters tell a later in-place change.
+        updated = self.optimizer._ce_param_ids
+        state = self.value.state_dict(keep_vars=True)
+        self._snap.save({k: v for k, v in state.items() if id(v) not in updated})
+        self._versions = [p._version for p in self.optimizer._ce_params]
+
+    def _changed_since_commit(self) -> str:
+        if self._touched:
+            return "the parameters were updated or overwritten since the commit"
+        if [p._version for p in self.optimizer._ce_params] != self._versions:
+            return "a parameter was changed in place outside the optimizer since the commit"
+        return ""
+
+    def _restore_in_place(self) -> None:
+        self.value.load_state_dict(self._snap.load(), strict=False)  # the parameters are not in it
 
     def _broadcast(self) -> None:
         collectives.broadcast_parameters(self.value.state_dict(), root_rank=0)
@@ -241,11 +331,39 @@ class _OptimizerHandler(_SnapshotHandler):
     def distributed(self) -> bool:
         return hasattr(self.value, "_ce_snapshots")
 
+    @property
+    def bound(self) -> bool:
+        return self.distributed
+
     def deferred(self, state: Any) -> frozenset[int]:
         if not self.distributed:
             return frozenset()
         # Optimizer state tensors change only in step(), which flushes first.
         return frozenset(t.data_ptr() for s in state["state"].values() for t in s.values() if isinstance(t, torch.Tensor))
+
+    def _save_in_place(self) -> None:
+        # The hyperparameters (an LR scheduler changes them between steps); the state tensors
+        # change only in step(), which touches this handler first.
+        opt = self.value
+        self._groups = [{k: _clone(v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        self._shape = self._state_shape()
+
+    def _state_shape(self) -> tuple[int, tuple[int, ...]]:
+        # Not len(state): ``state`` is a defaultdict, and merely reading an entry adds an empty one.
+        opt = self.value
+        return id(opt.state), tuple(len(g["params"]) for g in opt.param_groups)
+
+    def _changed_since_commit(self) -> str:
+        if self._touched:
+            return "the optimizer state was updated or overwritten since the commit"
+        if self._state_shape() != self._shape:
+            return "the optimizer's state or parameter groups were replaced since the commit"
+        return ""
+
+    def _restore_in_place(self) -> None:
+        if len(self._groups) == len(self.value.param_groups):
+            for group, saved in zip(self.value.param_groups, self._groups):
+                group.update(_clone(saved))
 
     def _broadcast(self) -> None:
         collectives.broadcast_optimizer_state(self.value, root_rank=0)
@@ -334,13 +452,20 @@ class TorchState(ObjectState):
         super().save()
 
     def restore(self) -> None:
+        get_context().window.discard()
         for handler in self._handlers.values():
             handler.restore()
         super().restore()
 
     def sync(self) -> None:
+        ctx = get_context()
+        ctx.window.discard()
+        receiving = ctx.info is not None and ctx.info.rank != 0
         for handler in self._handlers.values():
-            handler.sync()
+            if isinstance(handler, _SnapshotHandler):
+                handler.sync(receiving)
+            else:
+                handler.sync()
         super().sync()
 
     def reset(self) -> None:

@@ -11,7 +11,8 @@ the step that starts at a given ``state.step``:
 - ``update``: right after ``step()`` returned (the allreduces are complete:
   survivors finish the update and commit, and fail in the next step);
 - ``collective``: after ``step()``, in the loss allreduce that every worker
-  does between ``step()`` and ``commit()`` on every fourth step (logging);
+  does between ``step()`` and ``commit()`` on every fourth step (logging;
+  ``--log-every`` changes the period, 0 for none; ``--log-at`` adds one step);
 - ``after-commit``: right after ``commit()`` returned;
 - ``lonely``: not a death: this worker alone does an allreduce between
   ``step()`` and ``commit()``, which can only fail (with a peer dying at
@@ -77,6 +78,8 @@ def main() -> None:
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), required=True)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--kill", default="", help="host:point:step,... (see the module docstring)")
+    p.add_argument("--log-every", type=int, default=4, help="a loss allreduce between step() and commit() every N steps")
+    p.add_argument("--log-at", type=int, default=-1, help="... and at the step that starts at this state.step")
     args = p.parse_args()
     faulthandler.register(signal.SIGUSR1)  # the harness dumps stacks of a hung job
     hvd.init()
@@ -118,7 +121,8 @@ def main() -> None:
             if point == "update" and start == kill_step:
                 die()
             state.step += 1
-            if start % 4 == 3:  # logging every fourth step: a collective between step() and commit()
+            logging_now = (args.log_every and start % args.log_every == args.log_every - 1) or start == args.log_at
+            if logging_now:  # logging: a collective between step() and commit()
                 event("window", step=state.step, checksum=checksum(model, optimizer, state.step - 1))
                 if point == "collective" and start == kill_step:
                     die()
@@ -132,7 +136,9 @@ def main() -> None:
                     time.sleep(0.05)
                 hvd.allreduce(loss.detach(), name="lonely")
             state.commit()
-            event("commit", step=state.step, checksum=checksum(model, optimizer, state.step))
+            # in_place: this commit keeps no copy of the parameters and optimizer state (worker.window).
+            event("commit", step=state.step, checksum=checksum(model, optimizer, state.step),
+                  in_place=all(h.in_place for h in optimizer._ce_snapshots))
             if point == "after-commit" and start == kill_step:
                 die()
 

@@ -70,3 +70,52 @@ def test_survivors_resume_from_the_newest_commit_any_of_them_holds(jobs):
         assert e["step"] == 5 and e["checksum"] == committed[("127.0.0.2", 5)], e
     done = [e for e in job.events if e.kind == "done"]
     assert len({e["checksum"] for e in done}) == 1 and all(e["step"] == 8 for e in done)
+
+
+#: The common loop (no collective between step() and commit()): from its second commit on, commits keep
+#: nothing of the parameters and optimizer state (``worker.window``); host -> (point, step, resumed from).
+COMMON_PLAN = {
+    "127.0.0.2": ("backward", 3, 3),
+    "127.0.0.3": ("buckets", 6, 6),  # updates wait for every bucket: nothing changed, nothing to undo
+    "127.0.0.4": ("update", 9, 10),
+}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd-momentum"])
+def test_in_the_common_loop_commits_kept_in_place_restore_exactly(jobs, optimizer):
+    hosts = HOSTS[:4]
+    kill = ",".join(f"{host}:{point}:{step}" for host, (point, step, _) in COMMON_PLAN.items())
+    job = jobs(["run", "-np", "4", "--min-np", "1", "-H", ",".join(f"{h}:1" for h in hosts),
+                "--blacklist-cooldown-range", "600", "600", "--start-timeout", "120",
+                sys.executable, PROBE, "--optimizer", optimizer, "--steps", "13", "--log-every", "0", "--kill", kill])
+    assert job.finish(timeout=180) == 0, job.output()[-4000:]
+    survivor = [e for e in job.events if e.data.get("host") == "127.0.0.1"]
+    commits = {e["step"]: e["checksum"] for e in survivor if e.kind == "commit" and e["size"] > 1}
+    resumed = [e for e in survivor if e.kind == "resumed"][1:]
+    assert [e["step"] for e in resumed] == [resume for _, _, resume in COMMON_PLAN.values()]
+    for e in resumed:
+        assert e["checksum"] == commits[e["step"]], f"resumed at step {e['step']} from a state that was never committed"
+    assert "cannot restore the last commit exactly" not in job.output()
+    # Every commit kept nothing of parameters and optimizer state (only the state saved before the first
+    # step, at the first sync, was kept whole: the loop was not known yet).
+    assert all(e["in_place"] for e in survivor if e.kind == "commit")
+    done = next(e for e in survivor if e.kind == "done")
+    assert done["step"] == 13 and done["size"] == 1
+
+
+@pytest.mark.timeout(150)
+def test_a_failure_in_the_first_collective_after_an_in_place_update_stops_the_job_saying_why(jobs):
+    # The loop committed right after every step (its commits kept nothing), then logs once, at step 5,
+    # between step() and commit(); 127.0.0.2 dies in that allreduce. No survivor can restore its
+    # commit exactly and there is no checkpoint: the job must stop, not train on from a wrong state.
+    hosts = HOSTS[:3]
+    job = jobs(["run", "-np", "3", "--min-np", "1", "-H", ",".join(f"{h}:1" for h in hosts),
+                "--blacklist-cooldown-range", "600", "600", "--start-timeout", "120",
+                sys.executable, PROBE, "--optimizer", "adamw", "--steps", "8", "--log-every", "0", "--log-at", "5",
+                "--kill", "127.0.0.2:collective:5"])
+    assert job.finish(timeout=130) == 1, job.output()[-4000:]
+    out = job.output()
+    assert "training state lost: no survivor could restore the last commit exactly" in out, out[-4000:]
+    assert not [e for e in job.events if e.kind == "resumed" and e["size"] == 2]
+    assert not [e for e in job.events if e.kind == "done"]

@@ -28,3 +28,22 @@ def write_script(directory: Path, body: str, *, name: str = "discover.sh", mode:
 def make_script(tmp_path: Path) -> ScriptFactory:
     """:func:`write_script` into this test's ``tmp_path``."""
     return functools.partial(write_script, tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def fresh_commit_window(request: pytest.FixtureRequest) -> None:
+    """Each test starts a new training loop: the process's commit window has seen none of the others' steps.
+
+    The standalone worker context is one per process; what one test's loop taught
+    it (``worker.window``) would otherwise decide how the next test's commits are kept.
+    ``@pytest.mark.commit_mode("snapshot")`` runs a test as ``CLOUD_ELASTIC_COMMIT_MODE=snapshot``.
+    """
+    from cloud_elastic.worker import context
+    from cloud_elastic.worker.window import CommitWindow
+
+    marker = request.node.get_closest_marker("commit_mode")
+    mode = marker.args[0] if marker else "auto"
+    ctx = context.init() if marker else context._CONTEXT
+    if ctx is not None:
+        ctx.window = CommitWindow(mode)
+        ctx.holds_commit = True

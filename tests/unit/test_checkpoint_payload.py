@@ -81,6 +81,9 @@ def _assert_same(a: dict, b: dict) -> None:
         k: b[k] for k in ("batch", "best_loss", "epoch", "processed")}
 
 
+# Steps past the commit, then a restore: kept commits (a loop whose windows hold steps or collectives
+# keeps them; auto mode learns that in its first window, see test_in_place_commit.py).
+@pytest.mark.commit_mode("snapshot")
 @pytest.mark.parametrize("distributed", [False, True], ids=["plain-sgd", "distributed-optimizer"])
 def test_a_checkpoint_restores_a_fresh_state_and_becomes_its_commit(tmp_path: Path, distributed: bool) -> None:
     state = _build(distributed)

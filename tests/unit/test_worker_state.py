@@ -51,6 +51,9 @@ def _assert_same(a, b) -> None:
             assert torch.equal(a[1][key][name], b[1][key][name]), (key, name)
 
 
+# Steps past the commit, then a restore: kept commits (a loop whose windows hold steps or collectives
+# keeps them; auto mode learns that in its first window, see test_in_place_commit.py).
+@pytest.mark.commit_mode("snapshot")
 @pytest.mark.parametrize("distributed", [False, True], ids=["plain-optimizer", "distributed-optimizer"])
 def test_restore_returns_exactly_to_the_last_commit(distributed):
     model, opt = _model_and_optimizer(distributed)

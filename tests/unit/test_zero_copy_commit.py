@@ -18,7 +18,8 @@ import cloud_elastic.torch as hvd
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.settings import WorkerSettings
 
-pytestmark = pytest.mark.timeout(60)
+# These tests are about the kept (snapshot) commit and its out-of-place updates; in-place commits: test_in_place_commit.py.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.commit_mode("snapshot")]
 
 SGD_CONFIGS = {
     "plain": dict(lr=0.1),

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
 
-pytestmark = pytest.mark.timeout(90)
+# These tests are about the kept (snapshot) commit and its out-of-place updates; in-place commits: test_in_place_commit.py.
+pytestmark = [pytest.mark.timeout(90), pytest.mark.commit_mode("snapshot")]
 
 ZERO_COPY = {
     "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),

@@ -1,0 +1,86 @@
+"""Whether a step may update the training state in place, with nothing kept: the commit window.
+
+A commit must be restorable until the next one. Parameters and optimizer state
+change only in the optimizer's update, after every gradient has arrived; in
+the common loop (forward, backward, ``step()``, ``commit()``) nothing can fail
+between that update and the commit, because no collective runs there. A failure
+is then always seen *before* the update (in a gradient allreduce: the live state
+still is the commit) or *after* the commit (the live state is the new commit),
+so the last commit is the live state and nothing needs to be kept: the step is
+transactional, as torchft's are, and a commit copies only what the update does
+not own (buffers, hyperparameters, the ``State``'s attributes, the sampler).
+
+The *window* is the time from an update to the next commit. A collective in it
+(a loss allreduce for logging between ``step()`` and ``commit()``, or the next
+step's gradients when commits come every N steps) can fail after the update,
+and the restore then needs the values from before it. This class learns the
+loop: the first window of the process keeps them (a snapshot, as before), and
+only a loop whose windows were seen free of collectives updates in place from
+the next commit on. The first collective ever seen in a window ends in-place
+updates for the life of the process (the loop has such windows). If that
+collective came in a window that kept nothing, that one window is unprotected:
+a failure inside it leaves the worker unable to restore exactly, it tells the
+driver so, and the driver syncs it from a peer that can, resumes from the
+durable checkpoint, or stops with an error (see ``driver.rounds``): never a
+silent restart from the wrong state.
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["CommitWindow"]
+
+log = logging.getLogger(__name__)
+
+
+class CommitWindow:
+    """One process's record of its commit windows (see the module docstring).
+
+    ``mode`` is ``auto`` (learn) or ``snapshot`` (always keep the pre-update
+    values: ``CLOUD_ELASTIC_COMMIT_MODE=snapshot``).
+    """
+
+    def __init__(self, mode: str = "auto") -> None:
+        if mode not in ("auto", "snapshot"):
+            raise ValueError(f"commit mode {mode!r}: use auto or snapshot")
+        self.mode = mode
+        #: An update ran since the last commit (or restore).
+        self.open = False
+        #: The update of the open window kept nothing (it ran in place on the committed state).
+        self.unkept = False
+        #: Windows that closed with a commit and saw no collective.
+        self.clean_windows = 0
+        #: A collective was seen in a window: in-place updates are over for this process.
+        self.has_collectives = False
+
+    def in_place(self) -> bool:
+        """May the commit being made now keep nothing (the next update runs in place)?"""
+        return self.mode == "auto" and not self.has_collectives and self.clean_windows > 0
+
+    def update(self, kept: bool) -> None:
+        """An optimizer update starts; ``kept``: the values it overwrites are kept until the next commit."""
+        self.open = True
+        self.unkept = self.unkept or not kept
+
+    def collective(self, what: str) -> None:
+        """A collective starts (the optimizer's gradient allreduces included)."""
+        if not self.open or self.has_collectives:
+            return
+        self.has_collectives = True
+        if self.unkept:
+            log.warning(
+                "cloud-elastic: %s ran between an in-place optimizer update and the next commit; from now on "
+                "every update keeps the values it overwrites until the commit. A failure in this one collective "
+                "cannot be rolled back exactly on this worker (set CLOUD_ELASTIC_COMMIT_MODE=snapshot to keep "
+                "them from the start, or move the collective before step() or after commit())", what)
+
+    def close(self) -> None:
+        """A commit is being made: the window closes (the state is the new commit)."""
+        if self.open and not self.has_collectives:
+            self.clean_windows += 1
+        self.open = self.unkept = False
+
+    def discard(self) -> None:
+        """The state was restored or replaced (a rollback, a sync): no update is pending."""
+        self.open = self.unkept = False

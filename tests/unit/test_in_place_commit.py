@@ -1,0 +1,255 @@
+"""In-place (transactional) commits: a loop that commits right after each step keeps no copy of its state.
+
+What a user relies on (``worker/window.py``): with the common loop (forward,
+backward, ``step()``, ``commit()``) commits hold no second copy of parameters
+or optimizer state, training gives bitwise the numbers of the optimizer's own
+``step()``, and a failure before the update (in backward, in a gradient
+allreduce) restores exactly; a loop with a collective between ``step()`` and
+``commit()``, or several steps per commit, is recognised in its first window
+and keeps its commits; a worker that cannot restore exactly says so
+(``holds_commit``) instead of restoring something else. Standalone mode (rank 0
+of 1) runs the same commit and update code as a distributed worker.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cloud_elastic.torch as hvd
+from cloud_elastic.errors import ConfigError
+from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.settings import WorkerSettings
+
+pytestmark = pytest.mark.timeout(90)
+
+OPTIMIZERS = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05),
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01, amsgrad=True),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+    "adamw-foreach": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1, foreach=True),
+    "adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1, fused=True),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.05, lr_decay=0.1),
+    "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.9, centered=True),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def standalone():
+    hvd.init()
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+
+def _backward(model, opt, seed: int) -> None:
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(seed))
+    opt.zero_grad()
+    F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+
+
+def _step(model, opt, seed: int) -> None:
+    _backward(model, opt, seed)
+    opt.step()
+
+
+def _values(model, opt) -> list[torch.Tensor]:
+    out = [t.detach().clone() for t in model.state_dict().values()]  # parameters and BatchNorm statistics
+    for p in model.parameters():
+        out += [v.clone() for _, v in sorted(opt.state[p].items()) if isinstance(v, torch.Tensor)]
+    return out
+
+
+def _assert_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def _kept_bytes(state) -> int:
+    """Bytes of tensors the state's commit holds for its model and optimizer."""
+    total = 0
+
+    def walk(obj) -> None:
+        nonlocal total
+        if isinstance(obj, torch.Tensor):
+            total += obj.numel() * obj.element_size()
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v)
+
+    for handler in state._handlers.values():
+        walk(getattr(getattr(handler, "_snap", None), "_value", None))
+    return total
+
+
+def _train(state, model, opt, steps: range) -> None:
+    for seed in steps:
+        _step(model, opt, seed)
+        state.commit()
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_committing_right_after_each_step_keeps_no_copy_and_trains_like_the_optimizers_own_step(name):
+    plain_model = _model()
+    plain = OPTIMIZERS[name](plain_model.parameters())
+    model = _model()
+    opt = hvd.DistributedOptimizer(OPTIMIZERS[name](model.parameters()))
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    params_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    for seed in range(6):
+        _step(plain_model, plain, seed)
+        _step(model, opt, seed)
+        state.step += 1
+        state.commit()
+        if seed >= 1:  # the first window (step 1 after the initial commit) is kept: it teaches the loop
+            assert all(h.in_place for h in opt._ce_snapshots)
+            assert _kept_bytes(state) < params_bytes / 4  # BatchNorm statistics only
+    _assert_equal(_values(model, opt), _values(plain_model, plain))
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_a_failure_before_the_update_restores_exactly_without_a_copy(name):
+    model = _model()
+    opt = hvd.DistributedOptimizer(OPTIMIZERS[name](model.parameters()))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    _train(state, model, opt, range(3))
+    committed, lr = _values(model, opt), opt.param_groups[0]["lr"]
+    sched.step()  # between steps: the learning rate changes, it is not the optimizer's update
+    _backward(model, opt, 9)  # the forward moved the BatchNorm statistics; then the gradient allreduce fails
+    state.restore()
+    assert get_context().holds_commit
+    _assert_equal(_values(model, opt), committed)
+    assert opt.param_groups[0]["lr"] == lr
+    # Training goes on exactly as from the commit (in the next round, whose start drops the failed step's buckets).
+    opt._ce_clear()
+    reference_model = _model()
+    reference = OPTIMIZERS[name](reference_model.parameters())
+    for seed in range(3):
+        _step(reference_model, reference, seed)
+    _step(reference_model, reference, 3)
+    _step(model, opt, 3)
+    _assert_equal(_values(model, opt), _values(reference_model, reference))
+
+
+def test_a_failure_after_an_in_place_update_is_reported_not_hidden(caplog):
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    _train(state, model, opt, range(3))
+    _step(model, opt, 3)  # updated in place; then a collective before the commit fails
+    hvd.allreduce(torch.ones(1), name="loss")
+    state.restore()
+    assert not get_context().holds_commit  # told to the driver at rendezvous: it takes the state from another worker
+    assert "cannot restore the last commit exactly" in caplog.text
+    assert "between an in-place optimizer update and the next commit" in caplog.text
+    # That loop has a collective in its window: from now on its commits are kept, and restore is exact.
+    state.commit()
+    assert get_context().holds_commit and not any(h.in_place for h in opt._ce_snapshots)
+    committed = _values(model, opt)
+    _step(model, opt, 4)
+    hvd.allreduce(torch.ones(1), name="loss")
+    state.restore()
+    _assert_equal(_values(model, opt), committed)
+    assert get_context().holds_commit
+
+
+def test_a_parameter_changed_in_place_outside_the_optimizer_is_noticed():
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    state = hvd.elastic.TorchState(model, opt)
+    _train(state, model, opt, range(3))
+    with torch.no_grad():
+        model[0].weight.mul_(0.5)  # e.g. a weight clip after the commit
+    state.restore()
+    assert not get_context().holds_commit
+
+
+@pytest.mark.parametrize("loop", ["collective-after-step", "three-steps-per-commit"])
+def test_a_loop_whose_window_holds_collectives_or_steps_keeps_its_commits_from_the_first_window(loop, caplog):
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    state = hvd.elastic.TorchState(model, opt)
+    seeds = iter(range(100))
+    for _ in range(4):
+        _step(model, opt, next(seeds))
+        if loop == "collective-after-step":
+            hvd.allreduce(torch.ones(1), name="loss")
+        else:
+            _step(model, opt, next(seeds))
+            _step(model, opt, next(seeds))
+        state.commit()
+        assert not any(h.in_place for h in opt._ce_snapshots)
+    committed = _values(model, opt)
+    _step(model, opt, next(seeds))
+    hvd.allreduce(torch.ones(1), name="loss")  # fails
+    state.restore()
+    assert get_context().holds_commit
+    _assert_equal(_values(model, opt), committed)
+    assert "cannot restore" not in caplog.text and "in-place optimizer update" not in caplog.text
+
+
+@pytest.mark.commit_mode("snapshot")
+def test_snapshot_mode_never_commits_in_place():
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    state = hvd.elastic.TorchState(model, opt)
+    _train(state, model, opt, range(4))
+    assert not any(h.in_place for h in opt._ce_snapshots)
+    committed = _values(model, opt)
+    _step(model, opt, 9)
+    state.restore()
+    _assert_equal(_values(model, opt), committed)
+
+
+def test_the_commit_mode_setting_is_checked():
+    assert WorkerSettings.from_environ({"CLOUD_ELASTIC_COMMIT_MODE": "Snapshot"}).commit_mode == "snapshot"
+    assert WorkerSettings.from_environ({}).commit_mode == "auto"
+    with pytest.raises(ConfigError, match="CLOUD_ELASTIC_COMMIT_MODE='copy': use auto or snapshot"):
+        WorkerSettings.from_environ({"CLOUD_ELASTIC_COMMIT_MODE": "copy"})
+
+
+def test_a_sync_into_an_in_place_commit_that_is_cut_short_restores_it_exactly():
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    state = hvd.elastic.TorchState(model, opt)
+    _train(state, model, opt, range(3))
+    committed = _values(model, opt)
+    handlers = [h for h in state._handlers.values() if h.in_place]
+    assert len(handlers) == 2
+    for handler in handlers:
+        handler._broadcast = lambda: None  # the broadcast itself needs peers; what it writes is simulated below
+        handler.sync(receiving=True)  # a receiving rank keeps its commit whole, in host memory, first
+    with torch.no_grad():  # half of the broadcast arrived, then the root died
+        model[0].weight.add_(1.0)
+        next(iter(opt.state.values()))["exp_avg"].add_(1.0)
+    state.restore()
+    assert get_context().holds_commit
+    _assert_equal(_values(model, opt), committed)
+
+
+def test_training_state_after_restore_is_independent_of_the_commit():
+    # A restore from an in-place commit must not leave live tensors aliased to what it keeps.
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    state = hvd.elastic.TorchState(model, opt)
+    _train(state, model, opt, range(3))
+    running_mean = copy.deepcopy(model[1].running_mean)
+    _backward(model, opt, 7)
+    state.restore()
+    _backward(model, opt, 8)  # the forward updates the statistics in place again
+    state.restore()
+    assert torch.equal(model[1].running_mean, running_mean)
