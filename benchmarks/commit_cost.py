@@ -2,12 +2,15 @@
 
     flock /tmp/bench.lock .venv/bin/python benchmarks/commit_cost.py [--quick] [--only blocks:adamw,...]
 
-For each (model, optimizer) case, three jobs run side by side in
+For each (model, optimizer) case, four jobs run side by side in
 round-robin slices, as ``run_benchmarks.py`` does (SIGSTOP/SIGCONT, ratios
-per round, median over rounds): cloud-elastic committing every step,
-the same with ``CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`` (every commit copied), cloud-elastic never committing, and the same model under torchrun + DDP.
+per round, median over rounds): cloud-elastic committing every step (the
+default: commits kept in place, see ``worker/window.py``), the same with
+``CLOUD_ELASTIC_COMMIT_MODE=snapshot`` (every commit kept whole: what a loop
+with a collective between ``step()`` and ``commit()`` pays), cloud-elastic
+never committing, and the same model under torchrun + DDP.
 Memory is the peak RSS (``VmHWM``) of each worker process, summed over the
-two workers, cloud-elastic committing every step / DDP. The worker script
+two workers, against DDP's. The worker script
 is ``benchmarks/commit_cost_worker.py``. Prints a Markdown table; with
 ``--out`` it replaces the "Commit cost per optimizer" section of that file.
 """
@@ -28,7 +31,7 @@ WORKER = str(REPO / "benchmarks" / "commit_cost_worker.py")
 ELASTIC = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2", "--heartbeat-timeout", "60", PY, WORKER]
 DDP = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, "--ddp"]
 CASES = ["blocks:adamw", "blocks:adam", "blocks:sgd", "blocks:sgd-momentum", "blocks:adagrad", "blocks:rmsprop",
-         "blocks:adamw-foreach", "mlp:adamw", "many:adamw"]
+         "blocks:adamw-foreach", "blocks:adamw-fused", "mlp:adamw", "mlp:sgd-momentum", "many:adamw"]
 SECTION = "## Commit cost per optimizer"
 NOTES = """
 Models (`benchmarks/commit_cost_worker.py`): *blocks* is issue 13's (40 residual blocks of
@@ -36,17 +39,18 @@ Linear 256 + LayerNorm, 162 parameter tensors, 2.6 M parameters, batch 32); *mlp
 model of the table above (3.4 M parameters, batch 64); *many* has 1,202 small parameter
 tensors (300 blocks of width 32, batch 32), where per-tensor Python work shows. Two
 workers on one host, one OpenMP thread each; the four jobs of a row (commit every step,
-the same with `CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`, never committing, DDP under torchrun)
+the same with `CLOUD_ELASTIC_COMMIT_MODE=snapshot`, never committing, DDP under torchrun)
 run side by side in round-robin slices as described above, and a row's ratio is the
-median over rounds of the per-round ratio.
+median over rounds of the per-round ratio. Peak RSS is `VmHWM` summed over both workers.
 
-Reading the rows: "commit every step" is the out-of-place update for SGD, Adam, AdamW,
-Adagrad and RMSprop (no copy; the update writes into the snapshot's spare buffers); for
-`foreach` AdamW it is the copying commit. "copying commit" makes every optimizer copy the
-parameters and optimizer state before each update: the difference between the two
-columns is what the out-of-place update saves. Peak RSS is `VmHWM` summed over both
-workers: a commit keeps one more copy of the parameters and the optimizer state (for
-AdamW 3 × 10.4 MB per worker on *blocks*), which is the whole difference to DDP.
+Reading the rows: "commit every step" is the default loop (forward, backward, `step()`,
+`commit()`): from the first commit after the first step on, commits keep nothing of the
+parameters and optimizer state, and the update is the optimizer's own, in place, after
+every gradient has arrived (`worker/window.py`, docs/architecture.md "In-place
+commits"). "kept commits" is what a loop with a collective between `step()` and
+`commit()` (or several steps per commit) gets: each commit keeps the parameters and
+optimizer state until the next (out of place for SGD, Adam, AdamW, Adagrad and RMSprop,
+copied for the others), one more copy of them in memory.
 """
 
 
@@ -55,27 +59,30 @@ def measure(case: str, steps: int, warmup: int, slice_s: float) -> dict:
     common = ["--model", model, "--optimizer", optimizer, "--steps", str(steps)]
     variants = {
         "elastic": (ELASTIC + common + ["--commit-every", "1"], {}),
-        # The same with every commit copied before the next update (what the out-of-place update saves).
-        "copying": (ELASTIC + common + ["--commit-every", "1"], {"CLOUD_ELASTIC_ZERO_COPY_COMMIT": "0"}),
+        # The same with every commit kept whole (a loop whose windows hold a collective gets this).
+        "kept": (ELASTIC + common + ["--commit-every", "1"], {"CLOUD_ELASTIC_COMMIT_MODE": "snapshot"}),
         "no_commit": (ELASTIC + common + ["--commit-every", str(10**9)], {}),
         "ddp": (DDP + common, {"OMP_NUM_THREADS": "1"}),
     }
     rows: dict[str, list[dict]] = {}
     per_round = interleaved_step_times(variants, slice_s=slice_s, warmup=warmup, rows_out=rows)
-    ratios = {n: round_ratios(per_round, n) for n in ("elastic", "copying", "no_commit")}
+    ratios = {n: round_ratios(per_round, n) for n in ("elastic", "kept", "no_commit")}
     rss = {n: sum(r["peak_rss"] for r in rows[n]) for n in rows}
     ddp_ms = statistics.median(w for w, _ in per_round["ddp"] if w == w) * 1e3
     return {"case": case, "ratios": ratios, "rss": rss, "ddp_ms": ddp_ms}
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| model : optimizer | step time, commit every step / DDP (middle half) | copying commit / DDP | "
-             "never committing / DDP | peak RSS / DDP's | DDP step |", "|---|---|---|---|---|---|"]
+    lines = ["| model : optimizer | step time, commit every step / DDP (middle half) | peak RSS / DDP's | "
+             "kept commits (snapshot mode) / DDP: step, peak RSS | never committing / DDP | DDP step |",
+             "|---|---|---|---|---|---|"]
     for r in results:
-        e, c, n = r["ratios"]["elastic"], r["ratios"]["copying"], r["ratios"]["no_commit"]
+        e, c, n = r["ratios"]["elastic"], r["ratios"]["kept"], r["ratios"]["no_commit"]
+        rss, ddp_rss = r["rss"], r["rss"]["ddp"]
         lines.append(f"| {r['case'].replace(':', ' : ')} | **{statistics.median(e):.3f}×** ({pct(e, .25):.3f}–{pct(e, .75):.3f}, "
-                     f"{len(e)} rounds) | {statistics.median(c):.3f}× | {statistics.median(n):.3f}× | {r['rss']['elastic'] / r['rss']['ddp']:.3f}× "
-                     f"({r['rss']['elastic'] / 2**20:.0f} / {r['rss']['ddp'] / 2**20:.0f} MiB) | {r['ddp_ms']:.1f} ms |")
+                     f"{len(e)} rounds) | **{rss['elastic'] / ddp_rss:.3f}×** ({rss['elastic'] / 2**20:.0f} / "
+                     f"{ddp_rss / 2**20:.0f} MiB) | {statistics.median(c):.3f}×, {rss['kept'] / ddp_rss:.3f}× | "
+                     f"{statistics.median(n):.3f}× | {r['ddp_ms']:.1f} ms |")
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ OPTIMIZERS = {
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01),
     "adamw-foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, foreach=True),
+    "adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, fused=True),
     "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.01),
     "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=1e-3, momentum=0.9),
 }

@@ -82,7 +82,7 @@ COMMON_PLAN = {
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("optimizer", ["adamw", "sgd-momentum"])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_in_the_common_loop_commits_kept_in_place_restore_exactly(jobs, optimizer):
     hosts = HOSTS[:4]
     kill = ",".join(f"{host}:{point}:{step}" for host, (point, step, _) in COMMON_PLAN.items())
