@@ -67,20 +67,23 @@ def measure(case: str, steps: int, warmup: int, slice_s: float) -> dict:
     rows: dict[str, list[dict]] = {}
     per_round = interleaved_step_times(variants, slice_s=slice_s, warmup=warmup, rows_out=rows)
     ratios = {n: round_ratios(per_round, n) for n in ("elastic", "kept", "no_commit")}
+    # CPU seconds per step: a cross-check that CPU taken by other jobs on the machine does not reach.
+    cpu = round_ratios(per_round, "elastic", which=1)
     rss = {n: sum(r["peak_rss"] for r in rows[n]) for n in rows}
     ddp_ms = statistics.median(w for w, _ in per_round["ddp"] if w == w) * 1e3
-    return {"case": case, "ratios": ratios, "rss": rss, "ddp_ms": ddp_ms}
+    return {"case": case, "ratios": ratios, "cpu": cpu, "rss": rss, "ddp_ms": ddp_ms}
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| model : optimizer | step time, commit every step / DDP (middle half) | peak RSS / DDP's | "
-             "kept commits (snapshot mode) / DDP: step, peak RSS | never committing / DDP | DDP step |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model : optimizer | step time, commit every step / DDP (middle half) | its CPU per step / DDP's | "
+             "peak RSS / DDP's | kept commits (snapshot mode) / DDP: step, peak RSS | never committing / DDP | DDP step |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         e, c, n = r["ratios"]["elastic"], r["ratios"]["kept"], r["ratios"]["no_commit"]
         rss, ddp_rss = r["rss"], r["rss"]["ddp"]
         lines.append(f"| {r['case'].replace(':', ' : ')} | **{statistics.median(e):.3f}×** ({pct(e, .25):.3f}–{pct(e, .75):.3f}, "
-                     f"{len(e)} rounds) | **{rss['elastic'] / ddp_rss:.3f}×** ({rss['elastic'] / 2**20:.0f} / "
+                     f"{len(e)} rounds) | {statistics.median(r['cpu']) if r.get('cpu') else float('nan'):.3f}× "
+                     f"| **{rss['elastic'] / ddp_rss:.3f}×** ({rss['elastic'] / 2**20:.0f} / "
                      f"{ddp_rss / 2**20:.0f} MiB) | {statistics.median(c):.3f}×, {rss['kept'] / ddp_rss:.3f}× | "
                      f"{statistics.median(n):.3f}× | {r['ddp_ms']:.1f} ms |")
     return "\n".join(lines)

@@ -11,10 +11,11 @@ with momentum: state size = parameters + momentum. Per size:
   tensor of the state is copied into the snapshot's reused buffers at commit time;
   the time of ``commit()`` itself.
 - *DistributedOptimizer, commit every step*: the path training takes (``step()`` then
-  ``commit()``; for SGD the update after a commit writes into the snapshot's spare
-  buffers instead of copying, see ``cloud_elastic/worker/zerocopy.py``); the commit's
-  cost is the median of (step + commit) minus the median of a step of the same
-  optimizer never committing, measured alternately.
+  ``commit()``): in place (the default loop's commits keep nothing, see
+  ``cloud_elastic/worker/window.py``) and kept (``CLOUD_ELASTIC_COMMIT_MODE=snapshot``;
+  for SGD the update after a commit writes into the snapshot's spare buffers instead of
+  copying, see ``cloud_elastic/worker/zerocopy.py``); the commit's cost is the median of
+  (step + commit) minus the median of a step of the same optimizer never committing.
 - *memcpy*: libc ``memcpy`` (ctypes.memmove) and ``torch.Tensor.copy_`` of one
   buffer as large as the state, best of the repetitions.
 
@@ -76,6 +77,25 @@ def make(state_mb: int, distributed: bool):
     return model, opt, state, count * TENSOR * 4 * 2
 
 
+def _timed_steps(mb: int, reps: int, mode: str, *, commit: bool) -> list[float]:
+    """Seconds of ``step()`` (+ ``commit()``) with DistributedOptimizer, each loop a new training loop."""
+    from cloud_elastic.worker.context import get_context
+    from cloud_elastic.worker.window import CommitWindow
+
+    get_context().window = CommitWindow(mode)  # what this loop does decides how its commits are kept
+    model, opt, state, _ = make(mb, distributed=True)
+    times = []
+    for i in range(reps + 2):  # the first two steps teach the loop (and allocate what they keep)
+        t0 = time.perf_counter()
+        opt.step()
+        if commit:
+            state.commit()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    del model, opt, state
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="up to 256 MB, 3 repetitions")
@@ -104,33 +124,25 @@ def main() -> None:
             commits.append(time.perf_counter() - t0)
         del model, opt, state
 
-        model, opt, state, _ = make(mb, distributed=True)
-        state.commit()
-        with_commit, without = [], []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            opt.step()
-            state.commit()
-            with_commit.append(time.perf_counter() - t0)
-            for _ in range(2):  # the step right after a commit still trades buffers: time the second
-                t0 = time.perf_counter()
-                opt.step()
-                dt = time.perf_counter() - t0
-            without.append(dt)
-            state.commit()  # so the next timed step follows a commit, as when committing every step
-        del model, opt, state
+        # The training path, DistributedOptimizer with a commit every step, in place (the default loop's
+        # commits: nothing kept, see worker/window.py) and kept (CLOUD_ELASTIC_COMMIT_MODE=snapshot: what a
+        # loop with collectives between step() and commit() gets), against steps that never commit.
+        with_commit = _timed_steps(mb, reps, "auto", commit=True)
+        kept = _timed_steps(mb, reps, "snapshot", commit=True)
+        without = _timed_steps(mb, reps, "auto", commit=False)
 
         libc, torch_copy = memcpy_s(nbytes, reps)
         row = {"state_bytes": nbytes, "copying_commit_s": statistics.median(commits),
-               "step_with_commit_s": statistics.median(with_commit), "step_without_commit_s": statistics.median(without),
-               "memcpy_s": libc, "torch_copy_s": torch_copy}
+               "step_with_commit_s": statistics.median(with_commit), "step_kept_commit_s": statistics.median(kept),
+               "step_without_commit_s": statistics.median(without), "memcpy_s": libc, "torch_copy_s": torch_copy}
         rows.append(row)
         gbs = lambda s: nbytes / s / 1e9  # noqa: E731
         extra = row["step_with_commit_s"] - row["step_without_commit_s"]
         print(f"{nbytes / 2**20:.0f} MiB: copying commit {row['copying_commit_s'] * 1e3:.1f} ms "
               f"({gbs(row['copying_commit_s']):.2f} GB/s); DistributedOptimizer step+commit "
-              f"{row['step_with_commit_s'] * 1e3:.1f} ms vs step {row['step_without_commit_s'] * 1e3:.1f} ms "
-              f"(+{extra * 1e3:.1f} ms); memcpy {gbs(libc):.2f} GB/s, torch copy_ {gbs(torch_copy):.2f} GB/s", flush=True)
+              f"{row['step_with_commit_s'] * 1e3:.1f} ms (kept: {row['step_kept_commit_s'] * 1e3:.1f} ms) vs step "
+              f"{row['step_without_commit_s'] * 1e3:.1f} ms (+{extra * 1e3:.1f} ms); memcpy {gbs(libc):.2f} GB/s, "
+              f"torch copy_ {gbs(torch_copy):.2f} GB/s", flush=True)
     out = Path(args.out)
     record(out, load(out), "commit_bandwidth", rows)
 

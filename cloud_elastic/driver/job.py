@@ -942,7 +942,8 @@ class ElasticJob:
                 for w in waiting
             ],
             max_np=self.policy.max_np,
-            state_committed=self.state_committed,
+            # A worker that lost its commit holds a state no one may take, even before the first commit.
+            state_committed=self.state_committed or any(w.commit_lost for w in waiting),
             failure_since_last_round=self._failure_since_round,
             checkpointing=self.policy.checkpointing,
         )

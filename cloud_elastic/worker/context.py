@@ -121,6 +121,8 @@ class WorkerContext:
         self.holds_commit = True
         #: The commit window: may an update run in place, keeping nothing?
         self.window = CommitWindow(s.commit_mode)
+        #: ``commit_seq`` of the state the running (or last) sync broadcasts from rank 0.
+        self.sync_root_seq: int | None = None
         #: Called with the state after each commit (e.g. rank 0's durable checkpoint schedule).
         self.after_commit: list[Any] = []
         #: DistributedOptimizer steps since the last commit: what a rollback undoes.

@@ -102,6 +102,7 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
             if info is not None and info.from_checkpoint and info.rank == 0:
                 _load_checkpoint(ctx, durable, state)
             try:
+                ctx.sync_root_seq = _root_commit_seq(ctx)
                 state.sync()
                 _hold_synced_state(ctx, state)
             except CollectiveError as exc:
@@ -127,6 +128,23 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
         return result
 
 
+def _root_commit_seq(ctx: Any) -> int:
+    """``commit_seq`` of rank 0's live state, which the sync is about to give everyone.
+
+    Known before the sync, it tells a receiver whether the sync changes its
+    state at all: after a graceful membership change every old worker holds the
+    very commit rank 0 broadcasts (see ``TorchState.sync``). Rank 0 also tells
+    what its loop showed of collectives between an update and a commit
+    (``worker.window``), so a newcomer keeps its commits from the start if it must.
+    """
+    if ctx.standalone or ctx.info is None:
+        return ctx.live_commit_seq
+    facts = torch.tensor([ctx.live_commit_seq, int(ctx.window.has_collectives)], dtype=torch.int64, device=ctx.device)
+    collectives.broadcast_(facts, 0, "commit sequence")
+    ctx.window.learn(bool(facts[1].item()))
+    return int(facts[0].item())
+
+
 def _hold_synced_state(ctx: Any, state: State) -> None:
     """After a sync every worker holds rank 0's commit: take its ``commit_seq`` and save the synced state.
 
@@ -136,10 +154,8 @@ def _hold_synced_state(ctx: Any, state: State) -> None:
     """
     if ctx.standalone or ctx.info is None:
         return
-    seq = torch.tensor([ctx.live_commit_seq], dtype=torch.int64, device=ctx.device)
-    collectives.broadcast_(seq, 0, "commit sequence")
     state.save()
-    ctx.hold_commit(int(seq.item()))
+    ctx.hold_commit(ctx.sync_root_seq)
 
 
 def _rejoin(ctx: Any, reason: str, state: State) -> bool:

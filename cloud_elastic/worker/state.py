@@ -265,15 +265,16 @@ class _SnapshotHandler:
     def _restore_in_place(self) -> None:
         raise NotImplementedError
 
-    def sync(self, receiving: bool) -> None:
+    def sync(self, overwritten: bool) -> None:
+        """Broadcast rank 0's state into this one; ``overwritten``: the sync changes this worker's values."""
         self._snap.flush()
-        if receiving and self.in_place and not self._changed_since_commit():
-            # The broadcast writes into the live tensors: keep this commit whole (in host memory)
-            # first, so that a sync cut short restores it exactly. Only here, never in the loop.
+        if overwritten and self.in_place and not self._changed_since_commit():
+            # The broadcast writes other values into the live tensors: keep this commit whole (in host
+            # memory) first, so that a sync cut short restores it exactly. Only here, never in the loop.
             self.in_place = False
             self._snap = _Snapshot()
             self._snap.keep(_to_host(self.value.state_dict()))
-        elif receiving and self.in_place:
+        elif overwritten and self.in_place:
             self._touched = True
         self._broadcast()
 
@@ -460,10 +461,14 @@ class TorchState(ObjectState):
     def sync(self) -> None:
         ctx = get_context()
         ctx.window.discard()
-        receiving = ctx.info is not None and ctx.info.rank != 0
+        # A worker that holds the very commit rank 0 broadcasts (the usual case: after a graceful
+        # membership change, or a failure every survivor rolled back from alike) gets its own values.
+        root_seq = getattr(ctx, "sync_root_seq", None)
+        overwritten = ctx.info is not None and ctx.info.rank != 0 and (
+            root_seq is None or root_seq != ctx.live_commit_seq or not ctx.holds_commit)
         for handler in self._handlers.values():
             if isinstance(handler, _SnapshotHandler):
-                handler.sync(receiving)
+                handler.sync(overwritten)
             else:
                 handler.sync()
         super().sync()

@@ -14,15 +14,18 @@ The *window* is the time from an update to the next commit. A collective in it
 (a loss allreduce for logging between ``step()`` and ``commit()``, or the next
 step's gradients when commits come every N steps) can fail after the update,
 and the restore then needs the values from before it. This class learns the
-loop: the first window of the process keeps them (a snapshot, as before), and
-only a loop whose windows were seen free of collectives updates in place from
-the next commit on. The first collective ever seen in a window ends in-place
-updates for the life of the process (the loop has such windows). If that
-collective came in a window that kept nothing, that one window is unprotected:
-a failure inside it leaves the worker unable to restore exactly, it tells the
-driver so, and the driver syncs it from a peer that can, resumes from the
-durable checkpoint, or stops with an error (see ``driver.rounds``): never a
-silent restart from the wrong state.
+loop: commits are kept in place until a collective is seen in a window, and
+from then on, for the life of the process, every commit keeps those values (a
+snapshot, as before). A worker joining a running job learns it from rank 0 with
+the state sync. The window in which the collective is first seen is the one
+unprotected window: a failure inside that very collective leaves the worker
+unable to restore exactly; it tells the driver so, and the driver syncs it from
+a peer that can, resumes from the durable checkpoint, or stops with an error
+(see ``driver.rounds``): never a silent restart from the wrong state. Keeping
+the first window instead would cost, at the first step of every process, a copy
+of all the state that exists then (for a job resumed from a checkpoint, the
+parameters and the whole optimizer state, in accelerator memory), which is what
+in-place commits are there to avoid.
 """
 
 from __future__ import annotations
@@ -49,14 +52,16 @@ class CommitWindow:
         self.open = False
         #: The update of the open window kept nothing (it ran in place on the committed state).
         self.unkept = False
-        #: Windows that closed with a commit and saw no collective.
-        self.clean_windows = 0
         #: A collective was seen in a window: in-place updates are over for this process.
         self.has_collectives = False
 
     def in_place(self) -> bool:
         """May the commit being made now keep nothing (the next update runs in place)?"""
-        return self.mode == "auto" and not self.has_collectives and self.clean_windows > 0
+        return self.mode == "auto" and not self.has_collectives
+
+    def learn(self, has_collectives: bool) -> None:
+        """Take what another worker's loop showed (rank 0's, with the state sync)."""
+        self.has_collectives = self.has_collectives or has_collectives
 
     def update(self, kept: bool) -> None:
         """An optimizer update starts; ``kept``: the values it overwrites are kept until the next commit."""
@@ -77,8 +82,6 @@ class CommitWindow:
 
     def close(self) -> None:
         """A commit is being made: the window closes (the state is the new commit)."""
-        if self.open and not self.has_collectives:
-            self.clean_windows += 1
         self.open = self.unkept = False
 
     def discard(self) -> None:

@@ -97,8 +97,7 @@ def test_in_the_common_loop_commits_kept_in_place_restore_exactly(jobs, optimize
     for e in resumed:
         assert e["checksum"] == commits[e["step"]], f"resumed at step {e['step']} from a state that was never committed"
     assert "cannot restore the last commit exactly" not in job.output()
-    # Every commit kept nothing of parameters and optimizer state (only the state saved before the first
-    # step, at the first sync, was kept whole: the loop was not known yet).
+    # Every commit kept nothing of parameters and optimizer state.
     assert all(e["in_place"] for e in survivor if e.kind == "commit")
     done = next(e for e in survivor if e.kind == "done")
     assert done["step"] == 13 and done["size"] == 1

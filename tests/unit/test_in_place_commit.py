@@ -112,9 +112,8 @@ def test_committing_right_after_each_step_keeps_no_copy_and_trains_like_the_opti
         _step(model, opt, seed)
         state.step += 1
         state.commit()
-        if seed >= 1:  # the first window (step 1 after the initial commit) is kept: it teaches the loop
-            assert all(h.in_place for h in opt._ce_snapshots)
-            assert _kept_bytes(state) < params_bytes / 4  # BatchNorm statistics only
+        assert all(h.in_place for h in opt._ce_snapshots)
+        assert _kept_bytes(state) < params_bytes / 4  # BatchNorm statistics only
     _assert_equal(_values(model, opt), _values(plain_model, plain))
 
 
@@ -178,19 +177,21 @@ def test_a_parameter_changed_in_place_outside_the_optimizer_is_noticed():
 
 
 @pytest.mark.parametrize("loop", ["collective-after-step", "three-steps-per-commit"])
-def test_a_loop_whose_window_holds_collectives_or_steps_keeps_its_commits_from_the_first_window(loop, caplog):
+def test_a_loop_whose_window_holds_collectives_or_steps_keeps_its_commits_after_the_first_window(loop, caplog):
     caplog.set_level(logging.WARNING, logger="cloud_elastic")
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
     state = hvd.elastic.TorchState(model, opt)
     seeds = iter(range(100))
-    for _ in range(4):
+    for i in range(4):
         _step(model, opt, next(seeds))
         if loop == "collective-after-step":
             hvd.allreduce(torch.ones(1), name="loss")
         else:
             _step(model, opt, next(seeds))
             _step(model, opt, next(seeds))
+        if i == 0:  # the first window was in place: the one unprotected window, and the log says so
+            assert caplog.text.count("between an in-place optimizer update and the next commit") == 1
         state.commit()
         assert not any(h.in_place for h in opt._ce_snapshots)
     committed = _values(model, opt)
@@ -199,7 +200,21 @@ def test_a_loop_whose_window_holds_collectives_or_steps_keeps_its_commits_from_t
     state.restore()
     assert get_context().holds_commit
     _assert_equal(_values(model, opt), committed)
-    assert "cannot restore" not in caplog.text and "in-place optimizer update" not in caplog.text
+    assert "cannot restore" not in caplog.text
+    assert caplog.text.count("between an in-place optimizer update and the next commit") == 1
+
+
+def test_a_newcomer_learns_the_loop_from_rank_0():
+    from cloud_elastic.worker.window import CommitWindow
+
+    window = CommitWindow()
+    assert window.in_place()
+    window.learn(False)
+    assert window.in_place()
+    window.learn(True)  # rank 0's loop had collectives in its windows: keep every commit from the first
+    assert not window.in_place()
+    window.learn(False)
+    assert not window.in_place()
 
 
 @pytest.mark.commit_mode("snapshot")
@@ -232,7 +247,7 @@ def test_a_sync_into_an_in_place_commit_that_is_cut_short_restores_it_exactly():
     assert len(handlers) == 2
     for handler in handlers:
         handler._broadcast = lambda: None  # the broadcast itself needs peers; what it writes is simulated below
-        handler.sync(receiving=True)  # a receiving rank keeps its commit whole, in host memory, first
+        handler.sync(overwritten=True)  # a rank the sync changes keeps its commit whole, in host memory, first
     with torch.no_grad():  # half of the broadcast arrived, then the root died
         model[0].weight.add_(1.0)
         next(iter(opt.state.values()))["exp_avg"].add_(1.0)
