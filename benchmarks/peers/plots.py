@@ -2,6 +2,7 @@
 
     python benchmarks/peers/plots.py [RESULTS] [--no-draw]
         -> docs/images/peers_{step_time,recovery,allreduce,commit}.png; markdown tables on stdout
+    (the recovery figure also shows the host-added stall from ``host_added.json`` beside RESULTS)
 """
 
 from __future__ import annotations
@@ -103,6 +104,28 @@ def tables(results: dict) -> str:
     return "\n".join(lines)
 
 
+def stall_panel(ax, rows: dict) -> None:
+    """Host added (``host_added.py``): the running workers' stall, p50 bars and p95 marks, in ms."""
+    names = list(rows)
+    stalls = [[f["stall_s"] * 1000 for f in rows[n]["figures"]] or [math.inf] for n in names]
+    p50, p95 = [pct(v, .5) for v in stalls], [pct(v, .95) for v in stalls]
+    cap = 10 * max([v for v in p95 if not math.isinf(v)] or [100])
+    y = list(range(len(names)))
+    ax.barh(y, [min(v, cap) for v in p50], color=["tab:red" if math.isinf(v) else "tab:blue" for v in p50],
+            label="p50 (red: no step within the bound)")
+    ax.errorbar([min(v, cap) for v in p95], y, fmt="|", color="black", markersize=14, label="p95")
+    for i, n in enumerate(names):
+        if math.isinf(p50[i]):  # the bar's length means nothing: say what happened
+            ax.text(cap, i, f"newcomer not stepping within {rows[n].get('bound_s', 90):.0f} s ",
+                    ha="right", va="center", fontsize=7, color="white")
+    ax.axvline(20, color="tab:green", linestyle=":", label="target 20 ms")
+    ax.set_yticks(y, [n.replace(" (", "\n(") for n in names], fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("host added: running workers' longest step gap − normal step (ms, log scale)")
+    ax.invert_yaxis()
+    ax.legend(loc="upper right", fontsize=7)
+
+
 def draw(results: dict) -> None:
     import matplotlib
 
@@ -110,11 +133,15 @@ def draw(results: dict) -> None:
     import matplotlib.pyplot as plt
 
     IMAGES.mkdir(parents=True, exist_ok=True)
-    faults = [(k, t) for k, t in (("recovery", "kill -9"), ("silent_loss", "SIGSTOP")) if k in results]
+    faults = [(k, t) for k, t in (("recovery", "kill -9"), ("silent_loss", "SIGSTOP"), ("host_added", "host added"))
+              if k in results]
     if faults:
         fig, axes = plt.subplots(len(faults), 1, figsize=(9, 2.2 + 0.55 * sum(len(results[k]) for k, _ in faults)))
         for ax, (key, title) in zip([axes] if len(faults) == 1 else axes, faults):
             names = list(results[key])
+            if key == "host_added":
+                stall_panel(ax, results[key])
+                continue
             bound = max(r.get("bound_s", 300) for r in results[key].values())
             p50 = [pct(results[key][n]["recovery_s"], .5) for n in names]
             p95 = [pct(results[key][n]["recovery_s"], .95) for n in names]
@@ -183,6 +210,9 @@ if __name__ == "__main__":
     names = [a for a in sys.argv[1:] if not a.startswith("--")]
     path = Path(names[0]) if names else HERE / "results.json"
     results = json.loads(path.read_text())
+    host_added = HERE / "host_added.json"  # host_added.py keeps its own file
+    if path == HERE / "results.json" and host_added.exists():
+        results["host_added"] = json.loads(host_added.read_text()).get("host_added", {})
     if "--no-draw" not in sys.argv:
         draw(results)
     print(tables(results))

@@ -13,7 +13,10 @@ tensors, as a real network has). With ``--step-log`` every worker prints one
 ``STEPLOG {json}`` line per completed step (wall time, step, world size, pid,
 the step's wall and CPU seconds);
 with ``--timing``, the ``TIMING`` line of the example at the end (the format
-``benchmarks/run_benchmarks.py`` reads).
+``benchmarks/run_benchmarks.py`` reads); with ``--probe`` (cloud-elastic), ``PROBE``
+lines with the time of each stage of a membership change (``stall_probe.py``).
+A step whose commit raises ``HostsUpdatedInterrupt`` completed (its commit is kept),
+so it is logged too.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="torchft: allreduce the flattened gradients through Manager.allreduce after backward instead "
                         "of torchft.DistributedDataParallel (whose comm hook asserts when a collective times out)")
     p.add_argument("--step-log", action="store_true")
+    p.add_argument("--probe", action="store_true",
+                   help="print PROBE lines with the time of each stage of a membership change (stall_probe.py)")
     p.add_argument("--timing", action="store_true")
     return p.parse_args(argv)
 
@@ -108,6 +113,10 @@ class Steps:
 def run_elastic(args: argparse.Namespace) -> None:
     import cloud_elastic.torch as hvd
 
+    if args.probe:
+        import stall_probe  # beside this file
+
+        stall_probe.install()
     hvd.init()
     model, opt_cls, opt_kw = build(args)
     optimizer = hvd.DistributedOptimizer(opt_cls(model.parameters(), **opt_kw), named_parameters=model.named_parameters())
@@ -124,7 +133,13 @@ def run_elastic(args: argparse.Namespace) -> None:
             optimizer.step()
             state.step += 1
             if state.step % args.commit_every == 0:
-                state.commit()
+                try:
+                    state.commit()
+                except hvd.HostsUpdatedInterrupt:
+                    # The step completed and its commit is kept: log it, or the gap to the first step
+                    # at the new size would count a step of work as stall.
+                    steps.done(state.step, hvd.size(), hvd.rank())
+                    raise
             steps.done(state.step, hvd.size(), hvd.rank())
 
     train(state)
@@ -239,6 +254,10 @@ def run_torchft(args: argparse.Namespace, argv: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
+    if args.probe:
+        import stall_probe  # beside this file
+
+        stall_probe.emit("main", time.time())  # torch is imported by now
     if args.system == "elastic":
         run_elastic(args)
     elif args.system in ("ddp", "torchrun-elastic"):
