@@ -419,10 +419,16 @@ class WorkerContext:
         shut down, which fails its pending work at once, and is destroyed off
         this thread (see ``reclaim``). An NCCL group was aborted when its
         collective was abandoned; it is kept, as its release was never tried
-        here (no GPU). Groups left gracefully have no pending work and are
-        released normally.
+        here (no GPU). A Gloo group left gracefully has no pending work and is
+        released on a short-lived thread (joining its threads took 20-30 ms of
+        the training thread's time at every scale-up); an NCCL one is released
+        normally.
         """
-        if pg is None or not abandoned:
+        if pg is None:
+            return
+        if not abandoned:
+            if self.backend == "gloo":
+                Reaper.release(pg)  # its destructor joins Gloo's threads: not on the training thread
             return
         self._reaper.retire(pg, sockets if self.backend == "gloo" else None)
 

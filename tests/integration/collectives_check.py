@@ -24,6 +24,23 @@ def model() -> torch.nn.Module:
     )
 
 
+def broadcast_parameters_packed(rank: int) -> bool:
+    """A state dict of mixed dtypes, a 0-dim and a non-contiguous tensor, packed over two flat buffers."""
+    from cloud_elastic.worker import collectives
+
+    g = torch.Generator().manual_seed(7)  # what rank 0 holds; the others start from their own values
+    want = {"a": torch.randn(3, 4, generator=g), "b": torch.arange(5, dtype=torch.int64), "c": torch.tensor(2.5),
+            "d": torch.randn(4, 6, generator=g).t(), "e": torch.randn(300, generator=g)}
+    mine = {k: (v.clone() if rank == 0 else torch.full_like(v, rank)) for k, v in want.items()}
+    mine["d"] = mine["d"].t().contiguous().t()  # non-contiguous, like the reference
+    old, collectives._PACK_BYTES = collectives._PACK_BYTES, 512  # split into several buffers
+    try:
+        hvd.broadcast_parameters(mine, root_rank=0)
+    finally:
+        collectives._PACK_BYTES = old
+    return all(torch.equal(mine[k], want[k]) and mine[k].dtype == want[k].dtype for k in want)
+
+
 def main() -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -51,6 +68,7 @@ def main() -> None:
     checks["allgather_ragged"] = gathered.shape == (size * (size + 1) // 2, 2) and gathered[-1, 0].item() == size - 1
     checks["broadcast_object"] = hvd.broadcast_object({"from": rank}, root_rank=1) == {"from": 1}
     checks["broadcast"] = hvd.broadcast(torch.tensor([rank * 10.0]), root_rank=size - 1).item() == (size - 1) * 10
+    checks["broadcast_parameters"] = broadcast_parameters_packed(rank)
     ranks = hvd.allgather(torch.tensor([hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()]))
     checks["topology"] = ranks.view(size, 4).tolist()
     print("CHECK " + json.dumps({"rank": rank, **checks}), flush=True)
