@@ -12,9 +12,20 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from tests.chaos.schedule import ISSUE_KINDS, issue_kind
+
 
 def driver_events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def check_every_kind_applied(applied: list[str], seed: int) -> None:
+    """Every kind of fault the issue lists was applied at least once; ``applied`` holds the kinds of the
+    faults the runner inflicted (``Applied.kind``), not the ones the schedule drew."""
+    done = Counter(issue_kind(k) for k in applied)
+    for kind, name in ISSUE_KINDS.items():
+        assert done[kind], (f"chaos seed {seed}: no {name} ({kind}) was applied in {len(applied)} faults "
+                            f"(applied: {dict(done)})")
 
 
 def check_no_commit_lost(events) -> None:

@@ -5,13 +5,19 @@ starts; each step names a kind of fault, the pause before it, a number in
 [0, 1) that picks its target among the candidates alive at that moment, and a
 duration. Replaying a seed replays the same faults in the same order; which
 worker a pick lands on can differ only if the job itself behaved differently.
+A plan of 20 steps or more holds every kind of :data:`ISSUE_KINDS` (a third of
+the seeds would miss one in 20 draws).
 
 A step whose fault cannot be applied safely at its moment (killing the last
 worker that holds the trained state would legitimately end the job) waits
-until it can, for up to ``patience_s``; after that it is replaced by adding a
-host back, or else by a discovery error, so every step does something. (A
-host to add back when none is absent is replaced at once: only the schedule
-removes hosts.)
+until it can, for up to ``patience_s``; after that it is replaced by a fault
+that is safe then, so every step does something. The replacement is a kind
+the run has not applied yet if one is safe (so a short run still inflicts
+every kind of :data:`ISSUE_KINDS`; the test asserts it on :attr:`Chaos.applied`),
+else adding a host back, else a discovery error. (A host to add back when
+none is absent is replaced at once: only the schedule removes hosts.) A
+replacement's duration is drawn from the replaced step's pick, so the faults
+stay a function of the seed and of what the job did.
 
 A driver restart SIGKILLs the driver and runs the same command again; the new
 driver must adopt the running workers, and the schedule goes on against it.
@@ -26,7 +32,8 @@ import os
 import random
 import signal
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -48,6 +55,24 @@ KINDS: dict[str, int] = {
 }
 
 
+#: The fault kinds the issue asks for, as :func:`issue_kind` names them: every run of 20
+#: steps or more must apply each at least once.
+ISSUE_KINDS: dict[str, str] = {
+    "kill9": "kill -9",
+    "sigstop": "SIGSTOP and resume",
+    "spot_notice": "spot notice",
+    "host_removed": "host removed",
+    "host_added": "host added",
+    "discovery": "discovery error or empty answer",
+    "driver_restart": "driver restart",
+}
+
+
+def issue_kind(kind: str) -> str:
+    """The :data:`ISSUE_KINDS` key of a :data:`KINDS` kind: a discovery error and an empty answer are one."""
+    return "discovery" if kind.startswith("discovery_") else kind
+
+
 @dataclass(frozen=True)
 class Step:
     kind: str
@@ -56,14 +81,33 @@ class Step:
     duration_s: float
 
 
+@dataclass(frozen=True)
+class Timing:
+    """The job's timeouts that the faults' durations are drawn against."""
+
+    heartbeat_timeout_s: float
+    missing_grace_s: float
+    driver_grace_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One fault the runner inflicted: its kind (a :data:`KINDS` key), the kind the schedule had
+    drawn for that step (different when it was replaced), and the line it logged."""
+
+    kind: str
+    planned: str
+    text: str
+
+
 #: A third of the driver restarts wait before starting the driver again (a crash
 #: the supervisor notices late): longer than the heartbeat timeout, within the grace.
 DELAYED_RESTARTS = 1 / 3
 
 
-def plan(seed: int, count: int, *, heartbeat_timeout_s: float, missing_grace_s: float,
-         driver_grace_s: float = 30.0) -> list[Step]:
-    """``count`` steps drawn from ``seed`` only.
+def plan(seed: int, count: int, timing: Timing) -> list[Step]:
+    """``count`` steps drawn from ``seed`` only; from :data:`COVERED` steps on, every kind of
+    :data:`ISSUE_KINDS` among them (see :func:`_cover`).
 
     A ``driver_restart``'s duration is the delay before the driver is started
     again: 0, or (for the steps whose pick is in the top :data:`DELAYED_RESTARTS`)
@@ -73,24 +117,61 @@ def plan(seed: int, count: int, *, heartbeat_timeout_s: float, missing_grace_s: 
     steps = []
     for _ in range(count):
         kind = rng.choice(kinds)
-        if kind == "sigstop":
-            # Half of the stops end before the heartbeat timeout (no one may be
-            # declared lost), half after it (the worker is given up).
-            short = rng.random() < 0.5
-            duration = (rng.uniform(0.2, 0.4) if short else rng.uniform(1.2, 2.0)) * heartbeat_timeout_s
-        elif kind == "discovery_empty":
-            duration = rng.uniform(0.2, 0.5) * missing_grace_s
-        elif kind == "discovery_error":
-            duration = rng.uniform(0.5, 3.0)
-        else:
-            duration = 0.0
+        duration = _duration(kind, rng, timing)
         pause, pick = rng.uniform(0.3, 2.5), rng.random()
-        if kind == "driver_restart" and pick >= 1 - DELAYED_RESTARTS:
-            # From the pick alone (a restart has no target to pick), so no extra draw shifts the later steps.
-            delay = (1.5 + 2.5 * (pick - (1 - DELAYED_RESTARTS)) / DELAYED_RESTARTS) * heartbeat_timeout_s
-            duration = min(delay, driver_grace_s / 3)
+        if kind == "driver_restart":
+            duration = _restart_delay(pick, timing)
         steps.append(Step(kind, pause, pick, round(duration, 3)))
+    return _cover(steps, timing) if count >= COVERED else steps
+
+
+#: From this many steps on, a plan holds every kind of :data:`ISSUE_KINDS`.
+COVERED = 20
+
+
+def _cover(steps: list[Step], timing: Timing) -> list[Step]:
+    """A kind the draw missed takes the place of the last step of the most frequent kind (which has
+    three steps or more in 20), keeping its pause and pick: a seed that drew every kind is unchanged."""
+    steps = list(steps)
+    for kind in ISSUE_KINDS:
+        counts = Counter(issue_kind(s.kind) for s in steps)
+        if counts[kind]:
+            continue
+        most = max(ISSUE_KINDS, key=lambda k: counts[k])  # the first of the most frequent: deterministic
+        i = max(n for n, s in enumerate(steps) if issue_kind(s.kind) == most)
+        concrete = "discovery_error" if kind == "discovery" else kind
+        steps[i] = replace(stand_in(concrete, steps[i], timing), pause_s=steps[i].pause_s)
     return steps
+
+
+def stand_in(kind: str, step: Step, timing: Timing) -> Step:
+    """The step that replaces ``step`` by a fault of ``kind``: no pause, the same pick, a duration
+    drawn from the pick (so a replay of the seed draws the same one)."""
+    duration = _duration(kind, random.Random(step.pick), timing)
+    if kind == "driver_restart":
+        duration = _restart_delay(step.pick, timing)
+    return Step(kind, 0.0, step.pick, round(duration, 3))
+
+
+def _duration(kind: str, rng: random.Random, timing: Timing) -> float:
+    if kind == "sigstop":
+        # Half of the stops end before the heartbeat timeout (no one may be
+        # declared lost), half after it (the worker is given up).
+        short = rng.random() < 0.5
+        return (rng.uniform(0.2, 0.4) if short else rng.uniform(1.2, 2.0)) * timing.heartbeat_timeout_s
+    if kind == "discovery_empty":
+        return rng.uniform(0.2, 0.5) * timing.missing_grace_s
+    if kind == "discovery_error":
+        return rng.uniform(0.5, 3.0)
+    return 0.0
+
+
+def _restart_delay(pick: float, timing: Timing) -> float:
+    # From the pick alone (a restart has no target to pick), so no extra draw shifts the later steps.
+    if pick < 1 - DELAYED_RESTARTS:
+        return 0.0
+    delay = (1.5 + 2.5 * (pick - (1 - DELAYED_RESTARTS)) / DELAYED_RESTARTS) * timing.heartbeat_timeout_s
+    return min(delay, timing.driver_grace_s / 3)
 
 
 class ChaosDiscovery:
@@ -146,6 +227,7 @@ class Chaos:
     events_file: Path  # the driver's --events-file (appended by every driver of the job)
     worker_events: EventFiles
     start_driver: Callable[[], Job]
+    timing: Timing
     log: Callable[[str], None] = print
     drivers: list = field(default_factory=list)
     restarts: int = 0
@@ -154,8 +236,11 @@ class Chaos:
         self.job_id = self.job.job_id()  # the same across restarts; a new driver prints it a moment later
         assert self.job_id, "the driver has not named its job yet"
         self.drivers = self.drivers or [self.job]
-    applied: list[str] = field(default_factory=list)
+    applied: list[Applied] = field(default_factory=list)
     leaving: set = field(default_factory=set)   # worker ids told (or about) to leave
+    # worker id -> (host, when it was removed) for a live worker of a host removed and added back
+    returning: dict = field(default_factory=dict)
+    removed_at: dict = field(default_factory=dict)  # host -> when host_removed took it out of discovery
     stopped: set = field(default_factory=set)   # pids under SIGSTOP right now
     patience_s: float = 30.0                    # how long a step waits until it can be applied safely
 
@@ -172,16 +257,35 @@ class Chaos:
     def holders(self) -> dict[str, tuple[int, str]]:
         """Live workers that hold the trained state and are staying: they have committed,
         are not stopped, and their host is in discovery and not told to go."""
-        committed = set(self.worker_events.latest("commit"))
+        committed = self.worker_events.latest("commit")
+        self._readmit(committed)
         return {w: ph for w, ph in self.live_workers().items()
                 if w in committed and w not in self.leaving and ph[0] not in self.stopped
                 and ph[1] in self.discovery.hosts}
+
+    def _readmit(self, committed: dict) -> None:
+        """A worker whose host was removed and added back within the missing-host grace stays in the
+        job, so it is a target again (else a long run runs out of targets and replaces its faults):
+        once it committed after that grace ran out, if the driver never dropped its host or it."""
+        for worker, (host, since) in list(self.returning.items()):
+            commit = committed.get(worker)
+            if commit is None or commit["t"] <= since + self.timing.missing_grace_s + 1.0:
+                continue
+            del self.returning[worker]
+            if not any(_drops(e, host, worker) for e in self.driver_events(since)):
+                self.leaving.discard(worker)
+
+    def _mark_leaving(self, host: str) -> None:
+        for w, (_, h) in self.live_workers().items():
+            if h == host:
+                self.leaving.add(w)
+                self.returning.pop(w, None)
 
     def _pick(self, candidates: list, pick: float):
         return sorted(candidates)[int(pick * len(candidates))]
 
     # ------------------------------------------------------------------ applying
-    def apply(self, step: Step) -> str:
+    def apply(self, step: Step) -> Applied:
         time.sleep(step.pause_s)
         done = getattr(self, step.kind)(step)
         deadline = time.monotonic() + self.patience_s  # real time: a long soak makes each look slower
@@ -193,14 +297,26 @@ class Chaos:
             # the schedule changes, waiting cannot help.)
             time.sleep(0.25)
             done = getattr(self, step.kind)(step)
-        if done is None:  # not safe now: do something that always is
-            absent = [h for h in self.all_hosts if h not in self.discovery.hosts]
-            done = self.host_added(step) if absent else self.discovery_error(Step("discovery_error", 0, 0, 1.0))
+        kind = step.kind
+        if done is None:  # not safe now: do something that is
+            kind, done = self._replace(step)
             done = f"{done} (instead of {step.kind})"
-        line = f"{time.strftime('%H:%M:%S')} {done}"
-        self.applied.append(line)
-        self.log(f"chaos: {line}")
-        return done
+        applied = Applied(kind, step.kind, f"{time.strftime('%H:%M:%S')} {done}")
+        self.applied.append(applied)
+        self.log(f"chaos: {applied.text}")
+        return applied
+
+    def _replace(self, step: Step) -> tuple[str, str]:
+        """A fault that is safe now instead of ``step``, as (kind, what was done): the first kind of
+        :data:`KINDS` this run has not applied yet that is safe now, else a host added back, else a
+        discovery error (always safe)."""
+        done_kinds = {issue_kind(a.kind) for a in self.applied}
+        fresh = [k for k in KINDS if issue_kind(k) not in done_kinds and k != step.kind]
+        for kind in fresh + ["host_added", "discovery_error"]:
+            done = getattr(self, kind)(stand_in(kind, step, self.timing))
+            if done is not None:
+                return kind, done
+        raise AssertionError("unreachable: a discovery error is always safe")
 
     def kill9(self, step: Step) -> str | None:
         holders = self.holders()
@@ -240,9 +356,7 @@ class Chaos:
         host = self._host_of_holder(step)
         if host is None:
             return None
-        for w, (_, h) in self.live_workers().items():
-            if h == host:
-                self.leaving.add(w)
+        self._mark_leaving(host)
         self.notices[host].set_spot_action("terminate", time.time() + 120)
         # The instance goes once the job let its workers leave (as a lifecycle
         # hook would hold it), or after 30 s whatever they do.
@@ -271,9 +385,8 @@ class Chaos:
         host = self._host_of_holder(step)
         if host is None:
             return None
-        for w, (_, h) in self.live_workers().items():
-            if h == host:
-                self.leaving.add(w)
+        self._mark_leaving(host)
+        self.removed_at[host] = time.time()
         self.discovery.set([h for h in self.discovery.hosts if h != host])
         return f"host {host} removed from discovery"
 
@@ -282,6 +395,11 @@ class Chaos:
         if not absent:
             return None
         host = self._pick(absent, step.pick)
+        since = self.removed_at.pop(host, None)
+        if since is not None:  # removed by host_removed, not after a notice: its worker may still be in the job
+            for w, (_, h) in self.live_workers().items():
+                if h == host and w in self.leaving:
+                    self.returning[w] = (host, since)
         self.discovery.set(sorted(self.discovery.hosts + [host]))
         return f"host {host} added to discovery"
 
@@ -374,3 +492,10 @@ class Chaos:
         for fake in self.notices.values():
             fake.set_raw_spot_action(None)
         self.discovery.set(list(self.all_hosts))
+
+
+def _drops(event: dict, host: str, worker: str) -> bool:
+    """Whether a driver event says the driver dropped ``host`` or let ``worker`` go."""
+    if event["event"] == "hosts_changed":
+        return any(r["host"] == host for r in event.get("removed", []))
+    return event["event"] in ("worker_left", "worker_failed") and event.get("worker") == worker

@@ -86,3 +86,22 @@ def test_different_parameters_are_caught():
     events = good() + [ev("done", worker=B, step=4, size=1, checksum="y")]
     with pytest.raises(AssertionError, match="parameters differ"):
         history.check_same_parameters(events, 4)
+
+
+ALL_KINDS = ["kill9", "sigstop", "spot_notice", "host_removed", "host_added", "discovery_empty", "driver_restart"]
+
+
+def test_a_run_that_applied_every_kind_passes_a_discovery_error_or_empty_answer_alike():
+    history.check_every_kind_applied(ALL_KINDS, seed=1)
+    history.check_every_kind_applied([k if k != "discovery_empty" else "discovery_error" for k in ALL_KINDS], seed=1)
+
+
+@pytest.mark.parametrize("missing", ALL_KINDS)
+def test_a_kind_never_applied_fails_naming_the_kind_and_the_seed(missing):
+    # What a run records when the faults of a kind it drew were all replaced (by a discovery error, say).
+    filler = "host_added" if missing == "discovery_empty" else "discovery_error"
+    applied = [k for k in ALL_KINDS if k != missing] + [filler]
+    key = "discovery" if missing == "discovery_empty" else missing
+    with pytest.raises(AssertionError, match=rf"^chaos seed 17: no [^\n]+ \({key}\) was applied in 7 faults") as caught:
+        history.check_every_kind_applied(applied, seed=17)
+    assert "\n" not in str(caught.value)
