@@ -374,13 +374,11 @@ class Driver:
                     self._job.stop(*self._stop_reason)
                 self._job.tick(self._clock())
                 actions = self._job.take_actions()
-                events = self._job.take_events()
+                self._emit_events()
                 outcome = self._job.outcome
                 if not actions and outcome is None:
                     self._cond.wait(_TICK_S)
                 self._cond.notify_all()
-            for kind, fields in events:
-                self._sinks.sink.emit(kind, **fields)
             for action in actions:
                 if isinstance(action, Launch):
                     self._launch(action)
@@ -548,6 +546,7 @@ class Driver:
         request = RendezvousRequest.from_wire(msg)
         self._job.rendezvous(worker_id, request.last_round, request.reason, self._clock(), request.commits,
                              request.rolled_back, request.commit_seq, request.holds_commit)
+        self._emit_events()  # a round this arrival formed is recorded before anyone is told of it
         # Only the requests this arrival answered (a round formed) are answered now; the
         # loop need not tick for an arrival, the job has already done what it changes.
         self._cond.wake()
@@ -669,8 +668,13 @@ class Driver:
 
     def _flush_events(self) -> None:
         with self._cond:
-            events = self._job.take_events()
-        for kind, fields in events:
+            self._emit_events()
+
+    def _emit_events(self) -> None:
+        """Write the job's queued events; under the lock, so that they are written in order, and
+        before any reply that tells a worker what they record (a round that formed on a
+        control-plane thread): a driver killed right after its reply leaves no round unrecorded."""
+        for kind, fields in self._job.take_events():
             self._sinks.sink.emit(kind, **fields)
 
     # --------------------------------------------------------------- shutdown

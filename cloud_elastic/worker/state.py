@@ -215,7 +215,8 @@ class _SnapshotHandler:
         self.in_place = False
         #: Since that commit, the live tensors were changed where nothing kept them.
         self._touched = False
-        self.save()
+        # No save here: TorchState saves once it has bound the model to its optimizer, so that a
+        # first commit kept in place never copies the parameters.
 
     @property
     def bound(self) -> bool:
@@ -422,6 +423,9 @@ class TorchState(ObjectState):
         for name, handler in handlers.items():
             object.__setattr__(self, name, handler.value)
         self._defer_copies_to_optimizer_step()
+        for handler in handlers.values():
+            if isinstance(handler, _SnapshotHandler):
+                handler.save()
         super().__init__(**plain)
 
     def _defer_copies_to_optimizer_step(self) -> None:
