@@ -83,7 +83,7 @@ def _timed_steps(mb: int, reps: int, mode: str, *, commit: bool) -> list[float]:
     from cloud_elastic.worker.window import CommitWindow
 
     get_context().window = CommitWindow(mode)  # what this loop does decides how its commits are kept
-    model, opt, state, _ = make(mb, distributed=True)
+    model, opt, state, _ = make(mb, distributed=True)  # its warm-up step precedes the state: no window
     times = []
     for i in range(reps + 2):  # the first two steps teach the loop (and allocate what they keep)
         t0 = time.perf_counter()

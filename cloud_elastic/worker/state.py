@@ -423,10 +423,17 @@ class TorchState(ObjectState):
         for name, handler in handlers.items():
             object.__setattr__(self, name, handler.value)
         self._defer_copies_to_optimizer_step()
+        self._close_window()
         for handler in handlers.values():
             if isinstance(handler, _SnapshotHandler):
                 handler.save()
         super().__init__(**plain)
+
+    def _close_window(self) -> None:
+        """What is saved now is the commit: an update made before (a warm-up step outside the
+        training loop, say) is no longer in a window (see ``window``)."""
+        if any(isinstance(h, _SnapshotHandler) and h.bound for h in self._handlers.values()):
+            get_context().window.close()
 
     def _defer_copies_to_optimizer_step(self) -> None:
         """Let a DistributedOptimizer take the commit copies off the critical path.
@@ -452,6 +459,7 @@ class TorchState(ObjectState):
         super().__setattr__(name, value)
 
     def save(self) -> None:
+        self._close_window()
         for handler in self._handlers.values():
             handler.save()
         super().save()

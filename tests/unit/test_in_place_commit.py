@@ -268,3 +268,13 @@ def test_training_state_after_restore_is_independent_of_the_commit():
     _backward(model, opt, 8)  # the forward updates the statistics in place again
     state.restore()
     assert torch.equal(model[1].running_mean, running_mean)
+
+
+def test_a_warm_up_step_before_the_state_exists_does_not_count_as_a_window():
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    _step(model, opt, 0)  # outside the training loop, before TorchState: the state taken next includes it
+    state = hvd.elastic.TorchState(model, opt)
+    _train(state, model, opt, range(1, 4))
+    assert all(h.in_place for h in opt._ce_snapshots)
+    assert not get_context().window.has_collectives
