@@ -103,16 +103,21 @@ class Reaper:
         self._keep: list[Any] = []  # groups whose destruction did not finish in time
 
     @staticmethod
-    def release(pg: Any) -> None:
+    def release(pg: Any, after_s: float = 1.0) -> None:
         """Drop a group with no pending work off the caller's thread; never blocks.
 
         Its destructor joins Gloo's worker threads (20-30 ms for a group of
         three here), time a training thread switching rounds would otherwise
-        stall for. Torch runs process group destructors without the GIL.
+        stall for. Torch runs process group destructors without the GIL. The
+        reference is dropped ``after_s`` later, once the caller's frames (which
+        still hold the group while they return) are gone: dropped at once, the
+        caller's last reference would run the destructor on its own thread.
         """
         holder = [pg]
         del pg
-        threading.Thread(target=holder.clear, name="cloud-elastic-release", daemon=True).start()
+        timer = threading.Timer(after_s, holder.clear)
+        timer.name, timer.daemon = "cloud-elastic-release", True
+        timer.start()
 
     def retire(self, pg: Any, sockets: GroupSockets | None) -> None:
         """Release ``pg`` (the caller drops its own references); never blocks."""
