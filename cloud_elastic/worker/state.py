@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from cloud_elastic.worker import collectives
-from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.context import get_context, is_initialized
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
 
 __all__ = ["State", "ObjectState", "TorchState"]
@@ -465,7 +465,8 @@ class TorchState(ObjectState):
         super().save()
 
     def restore(self) -> None:
-        get_context().window.discard()
+        if is_initialized():  # a TorchState without DistributedOptimizer restores without init() too
+            get_context().window.discard()
         for handler in self._handlers.values():
             handler.restore()
         super().restore()
