@@ -108,8 +108,11 @@ def test_tasks_still_queued_when_training_ends_exit_at_once_and_the_job_returns(
     assert [r["rank"] for r in results] == [0, 1, 2]
     assert all(r["size"] == 3 and r["step"] == 10 for r in results), results
     assert len({r["checksum"] for r in results}) == 1, results
-    late = [r for r in caplog.records if "started after training ended; told to exit" in r.getMessage()]
-    assert len(late) == 2, [r.getMessage() for r in caplog.records]
+    # Tasks 3 and 4 start once training tasks end. One may register just before the driver marks the
+    # end (its worker exited a moment earlier); it then hears "exit" on its first poll instead.
+    late = [r for r in caplog.records if str(r.msg).startswith("job %s: spark task %d (attempt %d) ")
+            and r.args[1] in (3, 4)]
+    assert sorted(r.args[1] for r in late) == [3, 4], [r.getMessage() for r in caplog.records]
     # They ended by themselves: nothing waited out the 30 s before Spark is told to cancel them.
     assert not any("cancelling them" in r.getMessage() for r in caplog.records)
     assert returned - max(r.created for r in late) < 10.0
