@@ -395,14 +395,25 @@ class WorkerContext:
 
         # Forming a group blocks in C++ until every peer arrives; do it on a
         # side thread so an aborted round can be abandoned instead of waited out.
+        # A group that never forms while every member still heartbeats (seen once in
+        # CI: one member's Gloo constructor never returned after a kill, its peers
+        # waited in the first broadcast) is given up at a deadline far below Gloo's
+        # own timeout: this worker then rejoins with a failure, which aborts the
+        # round for its peers too.
         threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True).start()
+        limit_s = min(self.settings.group_form_timeout_s, self.collective_timeout_s)
+        deadline = time.monotonic() + limit_s
         while not done.wait(_ABORT_SLICE_S):
-            if self._aborted(info.round):
+            aborted = self._aborted(info.round)
+            if aborted or time.monotonic() > deadline:
                 with lock:
                     result["abandoned"] = True
                 if "pg" in result:  # formed in the very last slice
                     self._reaper.retire(result.pop("pg"), result.pop("sockets"))
-                raise CollectiveError(f"round {info.round} was aborted while forming its process group")
+                if aborted:
+                    raise CollectiveError(f"round {info.round} was aborted while forming its process group")
+                raise CollectiveError(f"the process group of round {info.round} did not form within {limit_s:g} s "
+                                      "(CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S); giving the round up")
         if "error" in result:
             raise CollectiveError(f"could not form the process group of round {info.round}: {result['error']}")
         old, old_sockets = self.pg, self._pg_sockets

@@ -44,6 +44,9 @@ class WorkerSettings:
     network_interface: str | None = None
     heartbeat_timeout_s: float = 5.0
     collective_timeout_s: float = 300.0
+    #: ``CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S``: how long a round's process group may take to form (capped by
+    #: the collective timeout) before this worker gives the round up as failed (see ``_form_group``).
+    group_form_timeout_s: float = 60.0
     #: ``gloo`` or ``nccl``; empty: NCCL when CUDA is available, else Gloo.
     backend: str = ""
     #: ``CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`` turns zero-copy SGD commits off (see ``zerocopy``).
@@ -69,8 +72,9 @@ class WorkerSettings:
             raise ConfigError(f"CLOUD_ELASTIC_DRIVER_GRACE_S={self.driver_grace_s}: must be >= 0")
         if self.checkpoint_interval_s <= 0 or self.checkpoint_keep < 1:
             raise ConfigError("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S must be > 0 and CLOUD_ELASTIC_CHECKPOINT_KEEP >= 1")
-        if self.heartbeat_timeout_s <= 0 or self.collective_timeout_s <= 0:
-            raise ConfigError("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S and CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S must be positive")
+        if self.heartbeat_timeout_s <= 0 or self.collective_timeout_s <= 0 or self.group_form_timeout_s <= 0:
+            raise ConfigError("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S, CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S and "
+                              "CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S must be positive")
         if self.backend not in ("", "gloo", "nccl"):
             raise ConfigError(f"CLOUD_ELASTIC_BACKEND={self.backend!r}: use gloo or nccl")
         if self.commit_mode not in ("auto", "snapshot"):
@@ -117,6 +121,7 @@ class WorkerSettings:
             network_interface=env.get("CLOUD_ELASTIC_NETWORK_INTERFACE") or None,
             heartbeat_timeout_s=number("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S", "5", float),
             collective_timeout_s=number("CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S", "300", float),
+            group_form_timeout_s=number("CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S", "60", float),
             backend=env.get("CLOUD_ELASTIC_BACKEND", "").strip().lower(),
             zero_copy_commit=flag("CLOUD_ELASTIC_ZERO_COPY_COMMIT"),
             commit_mode=env.get("CLOUD_ELASTIC_COMMIT_MODE", "auto").strip().lower(),

@@ -1,0 +1,46 @@
+"""A round whose process group never forms is given up at the formation deadline, not Gloo's timeout.
+
+Real store, real Gloo, real WorkerContext: rank 1 of the round never arrives while nothing
+aborts the round (its peers would still heartbeat), as in the rare CI hang where one member's
+Gloo constructor never returned after a kill and the job sat until the test's bound.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from cloud_elastic.worker.context import RoundInfo, WorkerContext
+from cloud_elastic.worker.exceptions import CollectiveError
+from cloud_elastic.worker.settings import ConfigError, WorkerSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def _worker(store: dist.TCPStore, form_s: float) -> WorkerContext:
+    ctx = WorkerContext(WorkerSettings(
+        standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{store.port}", job_id="form",
+        worker_id="w0", secret="s" * 64, backend="gloo", collective_timeout_s=120.0, group_form_timeout_s=form_s,
+        malloc_tuning=False,
+    ))
+    ctx._store = store
+    return ctx
+
+
+def test_a_group_that_never_forms_fails_the_round_at_the_formation_deadline():
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=120), wait_for_workers=False)
+    ctx = _worker(store, form_s=2.0)
+    started = time.monotonic()
+    with pytest.raises(CollectiveError, match=r"round 1 did not form within 2 s \(CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S\)"):
+        ctx._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=1, needs_sync=False, update_gen=0))
+    # Gloo alone would have waited the 120 s collective timeout for rank 1's address.
+    assert time.monotonic() - started < 30
+    assert ctx.pg is None  # nothing was joined; the worker goes back to rendezvous
+
+
+def test_the_formation_deadline_must_be_positive():
+    with pytest.raises(ConfigError, match="CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S must be positive"):
+        WorkerSettings.from_environ({"CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S": "0"})
