@@ -410,6 +410,10 @@ class WorkerContext:
                     result["abandoned"] = True
                 if "pg" in result:  # formed in the very last slice
                     self._reaper.retire(result.pop("pg"), result.pop("sockets"))
+                # The abandoned constructor may still block in a store wait, and a TCPStore
+                # client runs one operation at a time: the next round's formation on this
+                # client would wait behind it up to the collective timeout. It gets its own.
+                self._store_stale = True
                 if aborted:
                     raise CollectiveError(f"round {info.round} was aborted while forming its process group")
                 raise CollectiveError(f"the process group of round {info.round} did not form within {limit_s:g} s "

@@ -44,3 +44,16 @@ def test_a_group_that_never_forms_fails_the_round_at_the_formation_deadline():
 def test_the_formation_deadline_must_be_positive():
     with pytest.raises(ConfigError, match="CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S must be positive"):
         WorkerSettings.from_environ({"CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S": "0"})
+
+
+def test_the_round_after_an_abandoned_formation_forms_at_once():
+    # The abandoned constructor still waits for rank 1's address on the store; the next
+    # round must not queue behind that wait on the same store connection.
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=120), wait_for_workers=False)
+    ctx = _worker(store, form_s=2.0)
+    with pytest.raises(CollectiveError, match="did not form"):
+        ctx._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=1, needs_sync=False, update_gen=0))
+    if ctx._store_stale:  # what rendezvous() does before forming the next round
+        ctx._reconnect_store()
+    ctx._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=2, needs_sync=False, update_gen=0))
+    assert ctx.pg is not None and ctx.pg.size() == 1
