@@ -346,9 +346,10 @@ and the update writes the new values into the spare one, bitwise identical to
 (the spare buffers were last touched a step ago), which the CPU reads before writing, so
 `step()` runs it bucket by bucket as each bucket's allreduce completes, overlapping the
 allreduces still in flight. The "never committing"
-row is below DDP because `DistributedOptimizer` allreduces gradients of 1 MiB or more in
-place, in the tensor autograd produced, and hands packed ones back as views of their bucket,
-where DDP copies every gradient into its buckets and back.
+row is below DDP because `DistributedOptimizer` hands the averaged gradients back as views
+of their bucket, where DDP copies every gradient into its buckets and back (when this table
+was measured, gradients of 1 MiB or more were also reduced alone, in place; they are now
+packed as DDP packs them, see "Commit cost per optimizer").
 
 Workers also fix glibc's malloc thresholds at `init()` (`cloud_elastic/worker/memory.py`):
 otherwise the gradients a step frees can be handed back to the OS and faulted back in,

@@ -37,8 +37,6 @@ __all__ = ["DistributedOptimizer"]
 _BUCKET_BYTES = 25 * 1024 * 1024
 #: The first bucket is small, as in DDP, so communication starts early in backward.
 _FIRST_BUCKET_BYTES = 1024 * 1024
-#: Gradients this large are allreduced in place instead of being copied into a bucket.
-_SOLO_BYTES = 1024 * 1024
 
 
 class _Bucket:
@@ -324,11 +322,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             zerocopy.settle(taken)
 
 
-def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, solo_bytes: int = _SOLO_BYTES) -> list[_Bucket]:
-    """Reverse registration order (gradients of the last layers are ready first).
+def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_Bucket]:
+    """Reverse registration order (gradients of the last layers are ready first), laid out as DDP does.
 
-    A parameter of at least ``solo_bytes`` gets a solo bucket of its own; the
-    others are packed. The first packed bucket of a floating-point dtype
+    A bucket closes once it holds its cap (1 MiB for the first, so communication
+    starts early in backward; ``bucket_bytes`` after), the gradient that crossed
+    it included. A parameter of at least ``bucket_bytes`` fills a bucket alone:
+    it gets a solo bucket and its gradient is reduced in place, not copied.
+    Smaller ones are packed even when large: on Gloo a collective costs more
+    than copying a few MiB (docs/benchmarks.md's model, 4 MiB weights: 0.98x
+    DDP's step packed like this, 1.02x with every gradient of 1 MiB or more
+    reduced on its own, side by side over 18 rounds). The first packed bucket of a floating-point dtype
     carries the membership flag; with none (every gradient is large), the
     commit's membership check costs its own one-element allreduce instead.
     """
@@ -347,15 +351,16 @@ def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, solo_byte
 
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
-        if nbytes >= solo_bytes:
+        if nbytes >= bucket_bytes:
             close()
             buckets.append(_Bucket([p], carries_flag=False, solo=True))
             continue
-        cap = min(bucket_bytes, _FIRST_BUCKET_BYTES) if not buckets else bucket_bytes
-        if current and (size + nbytes > cap or p.dtype != current[0].dtype or p.device != current[0].device):
+        if current and (p.dtype != current[0].dtype or p.device != current[0].device):
             close()
         current.append(p)
         size += nbytes
+        if size >= (min(bucket_bytes, _FIRST_BUCKET_BYTES) if not buckets else bucket_bytes):
+            close()  # as DDP does: a bucket closes once it holds its cap (the gradient that crossed it included)
     close()
     for i, bucket in enumerate(buckets):
         bucket.index = i

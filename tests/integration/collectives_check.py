@@ -18,7 +18,8 @@ def data(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    # The 512x512 weight (1 MiB) is allreduced in place on its own; the rest is packed into buckets.
+    # With bucket_cap_mb=1 (below) the 512x512 weight (1 MiB) fills a bucket alone and is allreduced in place;
+    # the rest is packed into buckets.
     return torch.nn.Sequential(
         torch.nn.Linear(5, 512), torch.nn.Tanh(), torch.nn.Linear(512, 512), torch.nn.Tanh(), torch.nn.Linear(512, 1)
     )
@@ -56,7 +57,8 @@ def main() -> None:
     expected = [p.detach() - 0.1 * sum(g[i] for g in grads) / size for i, p in enumerate(reference.parameters())]
 
     net = model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(),
+                                   bucket_cap_mb=1)
     x, y = data(rank)
     F.mse_loss(net(x), y).backward()
     opt.step()

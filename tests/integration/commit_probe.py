@@ -90,11 +90,11 @@ def main() -> None:
     point, kill_step = plan.get(os.environ.get("CLOUD_ELASTIC_HOSTNAME", ""), ("", -1))
 
     torch.manual_seed(0)
-    # Buckets in launch order: [last Linear, 600->300 Linear] packed, the 600x600 weight solo (1.4 MB),
-    # [its bias, the first Linear] packed; the first Linear's weight gradient comes last.
+    # Buckets in launch order (bucket_cap_mb=1): [last Linear, 600->300 Linear, the 600x600 bias] packed, the
+    # 600x600 weight alone (1.4 MB, reduced in place), [the first Linear] packed; its weight gradient comes last.
     model = torch.nn.Sequential(torch.nn.Linear(8, 600), torch.nn.Tanh(), torch.nn.Linear(600, 600), torch.nn.Tanh(),
                                 torch.nn.Linear(600, 300), torch.nn.Tanh(), torch.nn.Linear(300, 1))
-    optimizer = hvd.DistributedOptimizer(OPTIMIZERS[args.optimizer](model.parameters()))
+    optimizer = hvd.DistributedOptimizer(OPTIMIZERS[args.optimizer](model.parameters()), bucket_cap_mb=1)
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     current = {"start": -1}
 

@@ -235,7 +235,8 @@ def test_step_hooks_run_once_per_step():
 
 
 def _wide_model() -> torch.nn.Module:
-    # The 512x512 weight (1 MiB) is allreduced in place on its own; the others are packed into buckets.
+    # Under DistributedOptimizer(..., bucket_cap_mb=1) the 512x512 weight (1 MiB) fills a bucket alone and is
+    # allreduced in place; the others are packed into buckets.
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(6, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
                                torch.nn.Linear(512, 1))
@@ -243,7 +244,8 @@ def _wide_model() -> torch.nn.Module:
 
 def test_large_gradients_reduced_in_place_train_and_restore_bitwise_like_torch_sgd():
     model, reference = _wide_model(), _wide_model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01),
+                                   bucket_cap_mb=1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
     state = hvd.elastic.TorchState(model, opt)
     for seed in range(5):
@@ -259,7 +261,7 @@ def test_large_gradients_reduced_in_place_train_and_restore_bitwise_like_torch_s
 
 def test_a_large_parameter_without_gradient_gets_zeros_like_the_packed_ones():
     model = _wide_model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), bucket_cap_mb=1)
     opt.zero_grad()
     model[2].requires_grad_(False)  # the 1 MiB weight and its bias get no gradient this step
     _backward(model, 1)

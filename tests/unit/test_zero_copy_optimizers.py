@@ -147,7 +147,7 @@ def test_a_step_that_fails_between_buckets_restores_adamw_exactly(monkeypatch):
     from cloud_elastic.worker.context import get_context
     from cloud_elastic.worker.exceptions import CollectiveError
 
-    torch.manual_seed(0)  # the 512x512 weight is allreduced on its own: three buckets
+    torch.manual_seed(0)  # two buckets: the last layers up to the 512x512 weight, then the first layer
     model = torch.nn.Sequential(torch.nn.Linear(6, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
                                 torch.nn.Linear(512, 1))
     opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
