@@ -395,11 +395,10 @@ class WorkerContext:
 
         # Forming a group blocks in C++ until every peer arrives; do it on a
         # side thread so an aborted round can be abandoned instead of waited out.
-        # A group that never forms while every member still heartbeats (seen once in
-        # CI: one member's Gloo constructor never returned after a kill, its peers
-        # waited in the first broadcast) is given up at a deadline far below Gloo's
-        # own timeout: this worker then rejoins with a failure, which aborts the
-        # round for its peers too.
+        # A group that never forms while every member still heartbeats is given up at a
+        # deadline far below Gloo's own timeout: this worker then rejoins with a failure,
+        # which aborts the round for its peers too. (A backstop: the one such hang seen,
+        # in CI after a kill, was the store queueing explained below.)
         threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True).start()
         limit_s = min(self.settings.group_form_timeout_s, self.collective_timeout_s)
         deadline = time.monotonic() + limit_s
