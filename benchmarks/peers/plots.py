@@ -225,12 +225,11 @@ def draw(results: dict) -> None:
                 if n != "ddp" and len(r) >= 3:
                     ratios[f"{n} ({key.removeprefix('step_time_')} run)"] = r
         names = [n for n in ratios if n != "ddp"]
-        fig, ax = plt.subplots(figsize=(9, 3.5))
+        fig, ax = plt.subplots(figsize=(9, 1.2 + 0.3 * len(names)))
         ax.boxplot([ratios[n] or [float("nan")] for n in names], orientation="horizontal")
         ax.set_yticks(range(1, len(names) + 1), names, fontsize=8)
         ax.axvline(1.0, color="gray", linestyle=":")
-        ax.set_xlabel("step time / plain DDP's in the same round (2 workers; 3.4 M-parameter MLP, "
-                      "a later run's rows: that run's model)")
+        ax.set_xlabel("step time / plain DDP's in the same round (2 workers; a named run: its own model)")
         ax.invert_yaxis()
         fig.tight_layout()
         fig.savefig(IMAGES / "peers_step_time.png", dpi=110)
