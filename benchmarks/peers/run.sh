@@ -4,7 +4,7 @@
 # SIGSTOP, allreduce and commit bandwidth, host added, the timeline), driver scale, and the
 # commit cost per optimizer (issue 13's table). Install, measure, draw.
 #   benchmarks/peers/run.sh            the full run (about 90 minutes on 2 cores, estimated from its parts)
-#   benchmarks/peers/run.sh --quick    a smoke run of every benchmark (13 minutes here), into
+#   benchmarks/peers/run.sh --quick    a smoke run of every benchmark (13 minutes here when the lock is free), into
 #                                      results-quick.json files; the published results and figures stay
 # Every measurement holds /tmp/bench.lock so benchmarks of different people never overlap.
 # Results: benchmarks/peers/results.json (merged per scenario), benchmarks/peers/host_added.json,
