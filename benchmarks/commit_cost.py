@@ -93,7 +93,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated model:optimizer cases")
-    ap.add_argument("--out", default="", help="Markdown file whose commit-cost section is replaced")
+    ap.add_argument("--out", default="", help="Markdown file whose commit-cost section is replaced (created if missing)")
     ap.add_argument("--slice", type=float, default=1.5, help="seconds each job runs per round")
     ap.add_argument("--steps", type=int, default=0, help="steps per job (default 300, 120 with --quick)")
     args = ap.parse_args()
@@ -110,9 +110,9 @@ def main() -> None:
     print(text)
     if args.out:
         path = Path(args.out)
-        old = path.read_text()
+        old = path.read_text() if path.exists() else ""  # a file of its own (benchmarks/peers/run.sh's)
         m = re.search(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", old, flags=re.S | re.M)
-        head = old[: m.start()] if m else old.rstrip("\n") + "\n\n"
+        head = old[: m.start()] if m else old.rstrip("\n") + "\n\n" if old else ""
         tail = old[m.end():] if m else ""
         path.write_text(head + text + ("\n" + tail if tail else ""))
 

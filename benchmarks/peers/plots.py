@@ -1,7 +1,7 @@
 """Figures and the markdown tables of the peer comparison, from ``results.json``.
 
     python benchmarks/peers/plots.py [RESULTS] [--no-draw]
-        -> docs/images/peers_{step_time,recovery,allreduce,commit}.png; markdown tables on stdout
+        -> docs/images/peers_{step_time,recovery,allreduce,commit,model_size}.png; markdown tables on stdout
     (the recovery figure also shows the host-added stall from ``host_added.json`` beside RESULTS)
 """
 
@@ -49,6 +49,64 @@ def fault_table(rows: dict[str, dict], what: str) -> list[str]:
     return lines + [""]
 
 
+ELASTIC_EVERY_STEP = "cloud-elastic, commit every step"
+
+
+def size_rows(sizes: dict) -> list[tuple[float, float, float, list[float], list[float]]]:
+    """Per width, widest last: (state MiB, DDP's median step s, cloud-elastic's, rounds, ratios, CPU ratios)."""
+    out = []
+    for _, row in sorted(sizes.items(), key=lambda kv: int(kv[0])):
+        wall, cpu = row["wall"], row["cpu"]
+        med = [statistics.median([x for x in wall[n] if ok(x)] or [math.nan]) for n in ("ddp", ELASTIC_EVERY_STEP)]
+        out.append((row["state_bytes"] / 2**20, *med, step_ratios(wall)[ELASTIC_EVERY_STEP],
+                    step_ratios(cpu)[ELASTIC_EVERY_STEP]))
+    return out
+
+
+def size_table(sizes: dict, when: str) -> list[str]:
+    lines = [f"model_size ({when}):",
+             "| MLP hidden width | state (parameters + momentum) | DDP step (median, sliced) | cloud-elastic, commit "
+             "every step | / DDP, median of rounds (middle half) | CPU per step / DDP's |", "|---|---|---|---|---|---|"]
+    for (hidden, _), (mib, ddp, ce, r, c) in zip(sorted(sizes.items(), key=lambda kv: int(kv[0])), size_rows(sizes)):
+        rat = f"{statistics.median(r):.3f}× ({pct(r, .25):.3f}–{pct(r, .75):.3f}, {len(r)} rounds)" if r else "n/a"
+        crat = f"{statistics.median(c):.3f}×" if c else "n/a"
+        lines.append(f"| {hidden} | {mib:.0f} MiB | {ddp * 1000:.1f} ms | {ce * 1000:.1f} ms | {rat} | {crat} |")
+    return lines + [""]
+
+
+def log2_axes(ax, xlabel: str, ylabel: str, log_y: bool = False, legend_size: int = 7) -> None:
+    """Sizes along a log-2 x axis, the labels and the legend."""
+    ax.set_xscale("log", base=2)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=legend_size)
+
+
+def size_figure(plt, sizes: dict) -> None:
+    """Step time against model size: cloud-elastic / DDP per round (median, middle half), and both steps."""
+    rows = [r for r in size_rows(sizes) if r[3]]
+    if not rows:
+        return
+    mib = [r[0] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    med = [statistics.median(r[3]) for r in rows]
+    left.errorbar(mib, med, yerr=[[m - pct(r[3], .25) for m, r in zip(med, rows)],
+                                  [pct(r[3], .75) - m for m, r in zip(med, rows)]], marker="o", capsize=4,
+                  label="cloud-elastic, commit every step / DDP\n(median of rounds, bars: middle half)")
+    left.axhline(1.0, color="gray", linestyle=":")
+    left.axhline(1.03, color="tab:green", linestyle="--", label="target 1.03×")
+    state = "state: parameters + momentum (MiB, log scale)"
+    log2_axes(left, state, "step time / DDP's in the same round")
+    right.plot(mib, [r[1] * 1000 for r in rows], marker="s", label="DDP (torchrun)")
+    right.plot(mib, [r[2] * 1000 for r in rows], marker="o", label="cloud-elastic, commit every step")
+    log2_axes(right, state, "median step, slowest of 2 workers (ms)", log_y=True)
+    fig.tight_layout()
+    fig.savefig(IMAGES / "peers_model_size.png", dpi=110)
+    plt.close(fig)
+
+
 def tables(results: dict) -> str:
     lines = []
     for key in [k for k in results if k.startswith("step_time") and not k.endswith("_alone")]:
@@ -71,6 +129,8 @@ def tables(results: dict) -> str:
             al = f"{a * 1000:.1f} ms" if a is not None and ok(a) else "n/a"
             lines.append(f"| {name} | {med} | {rat} | {crat} | {al} | {paused.get(name, float('nan')):.2f} s |")
         lines.append("")
+    if "model_size" in results:
+        lines += size_table(results["model_size"], results.get("when", {}).get("model_size", ""))
     if "recovery" in results:
         lines += fault_table(results["recovery"], "kill -9")
     if "silent_loss" in results:
@@ -165,26 +225,24 @@ def draw(results: dict) -> None:
                 if n != "ddp" and len(r) >= 3:
                     ratios[f"{n} ({key.removeprefix('step_time_')} run)"] = r
         names = [n for n in ratios if n != "ddp"]
-        fig, ax = plt.subplots(figsize=(9, 3.5))
+        fig, ax = plt.subplots(figsize=(9, 1.2 + 0.3 * len(names)))
         ax.boxplot([ratios[n] or [float("nan")] for n in names], orientation="horizontal")
         ax.set_yticks(range(1, len(names) + 1), names, fontsize=8)
         ax.axvline(1.0, color="gray", linestyle=":")
-        ax.set_xlabel("step time / plain DDP's in the same round (2 workers, 3.4 M-parameter MLP)")
+        ax.set_xlabel("step time / plain DDP's in the same round (2 workers; a named run: its own model)")
         ax.invert_yaxis()
         fig.tight_layout()
         fig.savefig(IMAGES / "peers_step_time.png", dpi=110)
         plt.close(fig)
+    if "model_size" in results:
+        size_figure(plt, results["model_size"])
     if "allreduce" in results:
         data = results["allreduce"]
         sizes = [int(s) for s in data]
         fig, ax = plt.subplots(figsize=(8, 4))
         for name in next(iter(data.values())):
             ax.plot(sizes, [s / data[str(s)][name] / 1e6 for s in sizes], marker="o", markersize=3, label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("bytes per allreduce (2 workers, one host, Gloo)")
-        ax.set_ylabel("MB/s (bytes / median time)")
-        ax.legend(fontsize=7)
+        log2_axes(ax, "bytes per allreduce (2 workers, one host, Gloo)", "MB/s (bytes / median time)", log_y=True)
         fig.tight_layout()
         fig.savefig(IMAGES / "peers_allreduce.png", dpi=110)
         plt.close(fig)

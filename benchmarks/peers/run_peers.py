@@ -11,7 +11,11 @@ replica group per worker, Gloo; default settings and faster ones), cloud-elastic
    at once and run one at a time in round-robin slices (SIGSTOP/SIGCONT, as
    ``benchmarks/run_benchmarks.py`` does), so machine noise hits them alike;
    each one's step time per round is the median over its slice of the slowest
-   rank's step, and ratios to DDP are taken within a round.
+   rank's step, and ratios to DDP are taken within a round. With ``--adamw-tensors N``
+   (and e.g. ``--steps-key step_time_adamw``) on workload.py's model of N small
+   tensors trained with AdamW instead of the MLP.
+   Model size (``--only size``): DDP and cloud-elastic committing every step, side
+   by side the same way, at each of several widths of the MLP (``--sizes``).
 2. ``kill -9`` of one worker of three (three loopback "hosts"): time from the
    kill to the survivors' next completed step (for torchrun: the restarted
    group's first step), and the steps lost. A fresh job per repeat.
@@ -113,8 +117,8 @@ def torchrun_elastic_cmds(nodes: int, nproc: int, extra: list[str], ckpt_dir: st
 
 
 # ------------------------------------------------------------------------------ step time
-def step_time_variants(ckpt_root: str) -> dict[str, tuple[list[str], dict[str, str]]]:
-    common = [*MODEL, "--step-log"]
+def step_time_variants(ckpt_root: str, model: list[str]) -> dict[str, tuple[list[str], dict[str, str]]]:
+    common = [*model, "--step-log"]
     out: dict[str, tuple[list[str], dict[str, str]]] = {
         "ddp": ([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKLOAD, "ddp", *common], {}),
         "cloud-elastic, commit every step": (elastic_cmd(2, "127.0.0.1:2", [*common, "--commit-every", "1"], 60), {}),
@@ -161,13 +165,14 @@ def tree_cpu_s(pids: list[int]) -> float:
 
 
 def interleaved(variants: dict[str, tuple[list[str], dict[str, str]]], rounds: int, slice_s: float,
-                warmup: int) -> dict[str, dict[str, list[float]]]:
+                warmup: int, min_steps: int = 0) -> dict[str, dict[str, list[float]]]:
     """name -> {"wall": per round, the median step of the slowest rank within the round's slice;
     "cpu": per round, the median CPU seconds per step summed over both ranks (nan if too few steps);
     "paused_cpu_s": CPU its processes used outside its own slices (should be ~0: a job that runs
     while paused would slow every other one)}.
 
-    The order of the jobs rotates by one each round, so no job always follows the same one."""
+    The order of the jobs rotates by one each round, so no job always follows the same one. With
+    ``min_steps``, a slice is long enough for that many of the slowest job's warm-up steps (large models)."""
     jobs = [Job(name, cmd, {**QUIET, **env}) for name, (cmd, env) in variants.items()]
     paused_cpu = {job.name: 0.0 for job in jobs}
     try:
@@ -178,6 +183,10 @@ def interleaved(variants: dict[str, tuple[list[str], dict[str, str]]], rounds: i
             deadline = time.monotonic() + 180
             while len(steplogs(job.lines)) < 2 * warmup and time.monotonic() < deadline and not job.done():
                 job.run_for(2.0)
+        if min_steps:
+            warm = [statistics.median(e["dt"] for e in steplogs(job.lines)) for job in jobs if steplogs(job.lines)]
+            slice_s = max([slice_s] + [min_steps * w for w in warm])
+            print(f"slices of {slice_s:.1f} s", flush=True)
         for job in jobs:
             job.windows.clear()
         last = {job.name: tree_cpu_s(descendants([job.proc.pid])) for job in jobs}
@@ -211,6 +220,35 @@ def interleaved(variants: dict[str, tuple[list[str], dict[str, str]]], rounds: i
             tail = [l.rstrip()[:300] for l in job.lines if "STEPLOG" not in l][-15:]
             print(f"{job.name}: no step in any slice (exit code {job.proc.poll()}); its last lines:\n  "
                   + "\n  ".join(tail), flush=True)
+    return out
+
+
+def with_hidden(model: list[str], hidden: int) -> list[str]:
+    i = model.index("--hidden")
+    return [*model[:i + 1], str(hidden), *model[i + 2:]]
+
+
+def state_bytes(hidden: int) -> int:
+    """Parameters + SGD momentum of the MLP at this width (float32)."""
+    f, layers = int(MODEL[MODEL.index("--features") + 1]), int(MODEL[MODEL.index("--layers") + 1])
+    params = f * hidden + hidden + (layers - 1) * (hidden * hidden + hidden) + hidden + 1
+    return 2 * 4 * params
+
+
+def model_sizes(hiddens: list[int], rounds: int, slice_s: float) -> dict[str, dict]:
+    """Step time against model size: per width of the MLP, DDP and cloud-elastic committing every
+    step side by side (one interleaved run per width; slices long enough for 8 steps)."""
+    out = {}
+    for hidden in hiddens:
+        common = [*with_hidden(MODEL, hidden), "--step-log"]
+        variants = {"ddp": ([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKLOAD,
+                             "ddp", *common], {}),
+                    "cloud-elastic, commit every step": (elastic_cmd(2, "127.0.0.1:2", [*common, "--commit-every", "1"],
+                                                                     600), {})}
+        print(f"model size: hidden {hidden}, state {state_bytes(hidden) / 2**20:.0f} MiB", flush=True)
+        sliced = interleaved(variants, rounds, slice_s, warmup=5, min_steps=8)
+        out[str(hidden)] = {"state_bytes": state_bytes(hidden), "wall": {n: v["wall"] for n, v in sliced.items()},
+                            "cpu": {n: v["cpu"] for n, v in sliced.items()}}
     return out
 
 
@@ -401,7 +439,14 @@ def main() -> None:
     p.add_argument("--quick", action="store_true",
                    help="a smoke run of a few minutes: 3 rounds of 2 s, no run alone, one fault per system at its "
                         "default settings, 30 s bound")
-    p.add_argument("--only", choices=["steps", "kill", "stop"], action="append", default=None)
+    p.add_argument("--only", choices=["steps", "kill", "stop", "size"], action="append", default=None)
+    p.add_argument("--adamw-tensors", type=int, default=0,
+                   help="step time on workload.py's model of this many small tensors trained with AdamW instead of "
+                        "the MLP (use with --steps-key)")
+    p.add_argument("--adamw-width", type=int, default=128, help="width of each layer of the --adamw-tensors model")
+    p.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096],
+                   help="model size: the MLP's hidden widths (state 2-410 MiB by default)")
+    p.add_argument("--size-rounds", type=int, default=8, help="model size: rounds per width")
     p.add_argument("--variants", action="append", default=None,
                    help="step time: only the variants whose name contains this (and DDP, the base)")
     p.add_argument("--systems", action="append", default=None,
@@ -413,7 +458,12 @@ def main() -> None:
     args.out = args.out or str(HERE / ("results-quick.json" if args.quick else "results.json"))
     if args.quick:
         args.repeats, args.rounds, args.slice, args.bound = 1, 3, 2.0, 30.0
-    only = args.only or ["steps", "kill", "stop"]
+        args.sizes, args.size_rounds = [256, 1024], 2
+    if args.adamw_tensors < 0 or args.adamw_tensors % 2:
+        p.error("--adamw-tensors: an even number (a weight and a bias per layer)")
+    model = MODEL + (["--adamw-tensors", str(args.adamw_tensors), "--features", str(args.adamw_width)]
+                     if args.adamw_tensors else [])
+    only = args.only or ["steps", "kill", "stop", "size"]
     out = Path(args.out)
     results = load(out)
     results.update({"machine": machine(), "model": MODEL, "quick": args.quick})
@@ -424,11 +474,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as ckpt_root:
         if "steps" in only:
             def chosen() -> dict:
-                every = step_time_variants(ckpt_root)
+                every = step_time_variants(ckpt_root, model)
                 return {n: v for n, v in every.items() if n == "ddp" or not args.variants
                         or any(w in n for w in args.variants)}
 
             key = args.steps_key
+            save("workloads", {**results.get("workloads", {}), key: model})
             sliced = interleaved(chosen(), args.rounds, args.slice, warmup=10)
             save(key, {n: v["wall"] for n, v in sliced.items()})
             save(key.replace("step_time", "step_cpu"), {n: v["cpu"] for n, v in sliced.items()})
@@ -436,6 +487,8 @@ def main() -> None:
             print(json.dumps(sliced, indent=1), flush=True)
             if not args.quick:
                 save(key + "_alone", solo(chosen(), 8.0, warmup=10))
+        if "size" in only:
+            save("model_size", model_sizes(args.sizes, args.size_rounds, args.slice))
         for fault, key in (("kill", "recovery"), ("stop", "silent_loss")):
             if fault in only:
                 # With --systems, the other systems' rows of an earlier run stay.
