@@ -15,7 +15,11 @@
    blacklisted for ``--cooldown`` s, then a new worker is started there and
    admitted, so the job keeps three workers at risk. The workers' ``poll_gap``
    PROBE lines (``stall_probe.py``) give the longest wait between two
-   heartbeat polls: the margin left below the timeout.
+   heartbeat polls: the margin left below the timeout. Linux's autogroup
+   scheduling shares the CPU between sessions first: the job runs in a
+   session of its own, and the hogs share this script's session unless
+   ``--hog-sessions`` gives each one its own (then each hog gets as much
+   CPU as the whole job).
 2. SIGSTOP of one worker of three, per timeout, ``--stops`` repeats, no hogs:
    time to the survivors' next step (``run_peers.one_fault``, as the peers'
    silent-loss scenario measures it).
@@ -50,14 +54,15 @@ def steady_command(events: Path, timeout_s: float, cooldown_s: float) -> list[st
     return cmd
 
 
-def steady(timeout_s: float, seconds: float, hogs: int, cooldown_s: float, tmp: Path) -> dict[str, Any]:
+def steady(timeout_s: float, seconds: float, hogs: int, cooldown_s: float, tmp: Path,
+           hog_sessions: bool = False) -> dict[str, Any]:
     """One window of steady training under load at ``timeout_s``; what the driver did in it."""
     events = tmp / f"steady-{timeout_s}.jsonl"
     job = Group([steady_command(events, timeout_s, cooldown_s)], {})
     burners: list[subprocess.Popen] = []
     try:
         job.wait(lambda: len({e["rank"] for e in job.logs if e["step"] >= 10}) == 3, 300, "three ranks stepping")
-        burners = [subprocess.Popen([PY, "-c", HOG]) for _ in range(hogs)]
+        burners = [subprocess.Popen([PY, "-c", HOG], start_new_session=hog_sessions) for _ in range(hogs)]
         t0 = time.time()
         time.sleep(seconds)  # the window itself: nothing to wait for but the clock
         t1, load_end = time.time(), os.getloadavg()[0]
@@ -78,7 +83,8 @@ def steady(timeout_s: float, seconds: float, hogs: int, cooldown_s: float, tmp: 
     polls = [p for p in probes if p["event"] == "poll_gap" and t0 <= p["t"] <= t1]
     driver_log = [l for l in lines if "STEPLOG" not in l and "PROBE" not in l]
     return {
-        "timeout_s": timeout_s, "seconds": round(t1 - t0, 1), "hogs": hogs, "load_end": round(load_end, 2),
+        "timeout_s": timeout_s, "seconds": round(t1 - t0, 1), "hogs": hogs, "hog_sessions": hog_sessions,
+        "load_end": round(load_end, 2),
         "false_alarms": len(failed), "failed": [e.get("reason", "") for e in failed],
         "rollbacks": sum(e["event"] == "rollback" for e in inside),
         "rounds_formed": sum(e["event"] == "round_formed" for e in inside),
@@ -131,6 +137,8 @@ def main() -> None:
     p.add_argument("--timeouts", type=float, nargs="+", default=[1.0, 1.5, 2.0])
     p.add_argument("--seconds", type=float, default=180.0, help="steady window per timeout")
     p.add_argument("--hogs", type=int, default=2, help="busy-looping processes during the window")
+    p.add_argument("--hog-sessions", action="store_true",
+                   help="each hog in a session of its own (under autogroup scheduling: as much CPU as the whole job)")
     p.add_argument("--cooldown", type=float, default=10.0, help="blacklist cooldown of a slot given up on")
     p.add_argument("--stops", type=int, default=3, help="SIGSTOP repeats per timeout")
     p.add_argument("--key", default="steady", help="results key of the steady rows (another keeps the earlier rows)")
@@ -144,7 +152,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for timeout in args.timeouts:
             key = f"{timeout:g}"
-            rows[key] = steady(timeout, args.seconds, args.hogs, args.cooldown, Path(tmp))
+            rows[key] = steady(timeout, args.seconds, args.hogs, args.cooldown, Path(tmp), args.hog_sessions)
             print({k: v for k, v in rows[key].items() if k != "driver_lines"}, flush=True)
             record(out, results, args.key, rows)
         for timeout in args.timeouts:
