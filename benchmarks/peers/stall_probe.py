@@ -1,4 +1,4 @@
-"""Timestamps of a cloud-elastic worker's way through a membership change, for the host-added benchmark.
+"""Timestamps of a cloud-elastic worker's way through a membership change, for the host-added and kill benchmarks.
 
 ``install()`` wraps, from the outside and without changing ``cloud_elastic``, the
 calls a worker makes between a pending update and its first step in the new
@@ -21,6 +21,24 @@ group, and prints one ``PROBE {json}`` line per event (wall time ``t``, ``pid``,
   (the plain attributes), ``hold_synced`` (the commit-sequence broadcast and
   the save after it), ``reset`` (the state's reset callbacks);
 * ``main``: the workload's ``main`` started (torch imported).
+
+After a peer failure (``kill_profile.py``) also:
+
+* ``collective_error``: a collective (``WorkerContext.wait`` or ``group``)
+  raised ``CollectiveError``; ``t`` is the raise, ``waited`` the time the call
+  had waited, ``why`` the start of the message (a Gloo error, or the driver's
+  abort of the round);
+* ``abort_seen``: the heartbeat thread learned that the driver aborted a
+  round (``round``);
+* ``restore`` (``TorchState.restore``, the rollback to the last commit) and
+  ``root_seq`` (the broadcast of rank 0's commit sequence that opens a sync,
+  the new group's first collective).
+
+And for the heartbeat (``false_alarms.py``): ``poll_gap``, when the heartbeat
+thread's next poll of the driver goes out more than 0.6 s after its previous
+one (``gap``: a bound on the silence the driver saw) or more than 0.1 s after
+the previous reply came back (``idle``: the thread waited for the CPU or the
+GIL). A few per second at most, never one per step.
 
 Only events, never one per step, so the probe adds nothing to a step.
 """
@@ -76,13 +94,17 @@ def _timed(event: str, fn: Callable[..., Any], counts: bool = False) -> Callable
     return wrapper
 
 
-class _SeenUpdate:
-    """A data descriptor over ``WorkerContext._seen_update``: stamps the moment it grows.
+class _Growing:
+    """A data descriptor over a counter of ``WorkerContext``: emits ``event`` the moment it grows.
 
-    The heartbeat thread assigns the attribute when a poll reply carries a
-    newer update generation; a class-level data descriptor takes precedence
-    over the instance's dict, so the assignment comes through here.
+    The heartbeat thread assigns ``_seen_update`` and ``_seen_abort`` when a poll
+    reply carries a newer update generation or aborted round; a class-level data
+    descriptor takes precedence over the instance's dict, so the assignment comes
+    through here.
     """
+
+    def __init__(self, event: str, field: str) -> None:
+        self.event, self.field = event, field
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.key = "_probe" + name
@@ -92,17 +114,64 @@ class _SeenUpdate:
 
     def __set__(self, obj: Any, value: int) -> None:
         if value > obj.__dict__.get(self.key, 0):
-            emit("update_seen", time.time(), gen=value)
+            emit(self.event, time.time(), **{self.field: value})
         obj.__dict__[self.key] = value
+
+
+def _raising(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` that emits ``collective_error`` when it raises ``CollectiveError``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.time()
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            if type(exc).__name__ == "CollectiveError":
+                now = time.time()
+                emit("collective_error", now, waited=round(now - t0, 6), why=str(exc)[:120])
+            raise
+
+    return wrapper
+
+
+#: Wall times of this process's last poll sent and its reply back (one heartbeat thread per worker).
+_POLL: dict[str, float] = {}
+
+
+def _poll_gaps(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``DriverClient.call`` that emits ``poll_gap`` for a late heartbeat poll (see the module docstring)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
+        if kind != "poll":
+            return fn(self, kind, *args, **kwargs)
+        now = time.time()
+        if _POLL:
+            gap, idle = now - _POLL["sent"], now - _POLL["back"]
+            if gap > 0.6 or idle > 0.1:
+                emit("poll_gap", now, gap=round(gap, 4), idle=round(idle, 4))
+        _POLL["sent"] = _POLL["back"] = now
+        try:
+            return fn(self, kind, *args, **kwargs)
+        finally:
+            _POLL["back"] = time.time()
+
+    return wrapper
 
 
 def install() -> None:
     """Wrap the worker's membership-change path (see the module docstring). Idempotent enough: call once."""
-    from cloud_elastic.worker import collectives, context, elastic, state, statecodec
+    from cloud_elastic.worker import client, collectives, context, elastic, state, statecodec
 
     ctx_cls = context.WorkerContext
-    ctx_cls._seen_update = _SeenUpdate()
-    ctx_cls._seen_update.__set_name__(ctx_cls, "_seen_update")
+    for name, event, field in (("_seen_update", "update_seen", "gen"), ("_seen_abort", "abort_seen", "round")):
+        descriptor = _Growing(event, field)
+        descriptor.__set_name__(ctx_cls, name)
+        setattr(ctx_cls, name, descriptor)
+    client.DriverClient.call = _poll_gaps(client.DriverClient.call)
+    ctx_cls.wait = _raising(ctx_cls.wait)
+    ctx_cls.group = _raising(ctx_cls.group)
     original_call = ctx_cls._call
 
     @functools.wraps(original_call)
@@ -116,6 +185,8 @@ def install() -> None:
     ctx_cls._new_group = _timed("new_group", ctx_cls._new_group)  # the Gloo constructor, on form_group's side thread
     context._preload_lazy_modules = _timed("preload", context._preload_lazy_modules)
     elastic._hold_synced_state = _timed("hold_synced", elastic._hold_synced_state)
+    elastic._root_commit_seq = _timed("root_seq", elastic._root_commit_seq)
+    state.TorchState.restore = _timed("restore", state.TorchState.restore)
     state.TorchState.sync = _timed("sync", state.TorchState.sync, counts=True)
     for handler in (state._ModelHandler, state._OptimizerHandler):
         handler.sync = _timed(f"sync:{handler.__name__}", handler.sync)
