@@ -15,8 +15,8 @@ speed hit all of them alike), all summing (no averaging, so no extra division):
 - *DistributedOptimizer*: a parameter of that size gets its gradient from autograd
   (``torch.autograd.backward(p, g)``), which fires the optimizer's hook and launches
   its bucket's allreduce; then ``synchronize()`` waits for it and hands the gradient
-  back. Below the bucket cap (25 MiB) the gradient is packed into a bucket (a copy in
-  and a view out); from the cap on it is reduced in place. The raw baseline for this row runs the same
+  back. Below 8 MiB the gradient is packed into a bucket (a copy in and a view out);
+  from 8 MiB on it is reduced in place. The raw baseline for this row runs the same
   backward, then ``pg.allreduce([p.grad])``.
 
 Bandwidth is bytes / median time per call (algorithm bandwidth, as nccl-tests' algbw).

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 15's benchmarks, all of them: cloud-elastic against plain DDP, torchrun elastic and torchft
 # (step time on the MLP and on a 400-tensor AdamW model, step time against model size, kill -9,
-# SIGSTOP, allreduce and commit bandwidth, host added, the timeline), driver scale, and the
+# SIGSTOP, allreduce and commit bandwidth, host added, the timeline, the kill profile and false alarms
+# of short heartbeat timeouts), driver scale, and the
 # commit cost per optimizer (issue 13's table). Install, measure, draw.
-#   benchmarks/peers/run.sh            the full run (about 90 minutes on 2 cores, estimated from its parts)
+#   benchmarks/peers/run.sh            the full run (about 110 minutes on 2 cores, estimated from its parts)
 #   benchmarks/peers/run.sh --quick    a smoke run of every benchmark (13 minutes here when the lock is free), into
 #                                      results-quick.json files; the published results and figures stay
 # Every measurement holds /tmp/bench.lock so benchmarks of different people never overlap.
@@ -27,12 +28,17 @@ if [[ ${#QUICK[@]} -eq 0 ]]; then
   flock /tmp/bench.lock "$PY" benchmarks/peers/host_added.py --repeats 7
   flock /tmp/bench.lock "$PY" benchmarks/scale/driver_scale.py
   flock /tmp/bench.lock "$PY" benchmarks/commit_cost.py --out benchmarks/commit_cost.md
+  flock /tmp/bench.lock "$PY" benchmarks/peers/kill_profile.py --kills 12   # where a kill's time goes
+  flock /tmp/bench.lock "$PY" benchmarks/peers/false_alarms.py              # short heartbeat timeouts under load
 else  # smoke runs: beside the other quick results, or on stdout only
   flock /tmp/bench.lock "$PY" benchmarks/peers/host_added.py --repeats 1 --bound 30 \
     --out benchmarks/peers/results-quick.json
   flock /tmp/bench.lock "$PY" benchmarks/scale/driver_scale.py --rounds 64 256 1024 --steady 1024 \
     --live 2048 --live-seconds 3 --out benchmarks/scale/results-quick.json
   flock /tmp/bench.lock "$PY" benchmarks/commit_cost.py --quick --only blocks:adamw
+  flock /tmp/bench.lock "$PY" benchmarks/peers/kill_profile.py --kills 1 --out benchmarks/peers/kill_profile-quick.json
+  flock /tmp/bench.lock "$PY" benchmarks/peers/false_alarms.py --timeouts 1 --seconds 20 --stops 1 \
+    --out benchmarks/peers/false_alarms-quick.json
 fi
 if [[ ${#QUICK[@]} -eq 0 ]]; then
   flock /tmp/bench.lock "$PY" benchmarks/peers/timeline_run.py

@@ -37,6 +37,9 @@ __all__ = ["DistributedOptimizer"]
 _BUCKET_BYTES = 25 * 1024 * 1024
 #: The first bucket is small, as in DDP, so communication starts early in backward.
 _FIRST_BUCKET_BYTES = 1024 * 1024
+#: A gradient this large (or as large as a bucket) is allreduced alone, in place: copying it into a
+#: bucket costs more than the collective saved (see ``_make_buckets``).
+_SOLO_BYTES = 8 * 1024 * 1024
 
 
 class _Bucket:
@@ -327,12 +330,13 @@ def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_
 
     A bucket closes once it holds its cap (1 MiB for the first, so communication
     starts early in backward; ``bucket_bytes`` after), the gradient that crossed
-    it included. A parameter of at least ``bucket_bytes`` fills a bucket alone:
-    it gets a solo bucket and its gradient is reduced in place, not copied.
-    Smaller ones are packed even when large: on Gloo a collective costs more
-    than copying a few MiB (docs/benchmarks.md's model, 4 MiB weights: 0.98x
-    DDP's step packed like this, 1.02x with every gradient of 1 MiB or more
-    reduced on its own, side by side over 18 rounds). The first packed bucket of a floating-point dtype
+    it included. A parameter of ``_SOLO_BYTES`` (8 MiB) or of a whole bucket gets a
+    solo bucket: its gradient is reduced in place, not copied. Smaller ones are
+    packed even when large. On Gloo, side by side against DDP: with 4 MiB weights
+    packing them was faster (0.98x DDP's step, 1.02x with each reduced alone: a
+    collective costs more than the copy); with 16 MiB weights reducing them alone
+    was (0.71x and 0.88x against 1.05x packed into 25 MiB buckets: the copy costs more).
+    The first packed bucket of a floating-point dtype
     carries the membership flag; with none (every gradient is large), the
     commit's membership check costs its own one-element allreduce instead.
     """
@@ -351,7 +355,7 @@ def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_
 
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
-        if nbytes >= bucket_bytes:
+        if nbytes >= min(bucket_bytes, _SOLO_BYTES):
             close()
             buckets.append(_Bucket([p], carries_flag=False, solo=True))
             continue

@@ -16,14 +16,14 @@ import cloud_elastic.torch as hvd
 pytestmark = pytest.mark.timeout(60)
 
 
-def _mlp() -> torch.nn.Module:
+def _mlp(hidden: int = 1024) -> torch.nn.Module:
     # docs/benchmarks.md's model: 256 -> 1024 -> 1024 -> 1024 -> 1024 -> 1 (4 MiB weights).
     torch.manual_seed(0)
-    widths = [256, 1024, 1024, 1024, 1024]
+    widths = [256, hidden, hidden, hidden, hidden]
     layers: list[torch.nn.Module] = []
     for a, b in zip(widths, widths[1:]):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(1024, 1))
+    return torch.nn.Sequential(*layers, torch.nn.Linear(hidden, 1))
 
 
 def _layout(opt) -> list[tuple[int, bool]]:
@@ -40,6 +40,15 @@ def test_gradients_are_bucketed_as_ddp_buckets_them():
     last = 1024 + 1 + 1024 + 1024 * 1024
     total = sum(p.numel() for p in model.parameters())
     assert _layout(opt) == [(last * 4, False), ((total - last) * 4, False)]
+
+
+def test_gradients_of_8_mib_or_more_are_reduced_alone_where_copying_them_would_cost_more():
+    hvd.init()
+    model = _mlp(2048)  # 16 MiB weights: a copy into a bucket costs more than a collective
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    layout = _layout(opt)
+    assert [size for size, solo in layout if solo] == [16 << 20] * 3
+    assert sum(size for size, _ in layout) == sum(p.numel() for p in model.parameters()) * 4
 
 
 def test_a_gradient_as_large_as_a_bucket_is_reduced_alone_in_place():
