@@ -737,6 +737,11 @@ class Driver:
         self._secret = record.secret
         self._set_job_id(record.job_id)
         self._advertised, self._bind = record.advertised, record.bind
+        # The window opens before the server answers anyone: a worker that reaches this driver the
+        # moment it listens would otherwise be refused as if it came too late, and exit.
+        with self._cond:
+            self._job.begin_adoption(record.seq)
+            self._adopting = True
         try:
             self._start_store(record.bind, record.store_port)
             self._server = ControlServer(self._codec, self._handle, bind=record.bind, port=record.control_port)
@@ -746,9 +751,6 @@ class Driver:
                         "adopted", self.job_id, exc)
             self._abandon_adoption()
             return
-        with self._cond:
-            self._job.begin_adoption(record.seq)
-            self._adopting = True
         log.warning("job %s: the previous driver (pid %d) died %.0fs ago; adopting its %d running worker(s) "
                     "(they train on for up to %.0fs more) at %s (control port %d, store port %d)", self.job_id,
                     pid, time.time() - last_alive, len(record.workers), left, self._advertised, self._server.port,

@@ -1,0 +1,97 @@
+"""A worker that reaches a restarted driver the moment it listens is adopted, not refused.
+
+The restarted driver reopens its predecessor's control port. A worker of the
+predecessor polls that port every 0.2 s, so under load its re-registration can
+be served before the driver has finished starting. It must then find the
+adoption window open: a refusal makes the worker exit (it would otherwise be a
+second copy of the job), and the job loses the trained state it held. Seen in
+the chaos test on a loaded machine before the window was opened ahead of the
+server.
+
+A real driver object, a real predecessor record on disk and a real control-plane
+server; the worker's adopt request is sent, with the real client, in the very
+call that starts the server, which is the earliest moment a worker can reach it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.control import Codec, new_secret
+from cloud_elastic.driver import driver as driver_module
+from cloud_elastic.driver.adoption import write_record
+from cloud_elastic.driver.driver import Driver
+from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.protocol import AdoptRequest
+from cloud_elastic.providers.static import StaticHosts
+from cloud_elastic.worker.client import DriverClient
+
+pytestmark = pytest.mark.timeout(60)
+
+JOB = "a1b2c3d4"
+WORKER = "127.0.0.1[0]#1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _predecessor(root, ckpt: str, secret: str) -> int:
+    """The records a driver killed a moment ago leaves behind: its status, its secret, its adoption record."""
+    directory = root / "cloud-elastic" / JOB
+    directory.mkdir(parents=True, mode=0o700)
+    pid = _dead_pid()
+    (directory / "driver.json").write_text(json.dumps({"pid": pid}))
+    (directory / "secret").write_text(secret)
+    port = _free_port()
+    write_record(directory, {
+        "job": JOB, "checkpoint_dir": ckpt, "advertised": "127.0.0.1", "bind": "127.0.0.1",
+        "control_port": port, "store_port": _free_port(), "grace_s": 60.0, "seq": 1,
+        "workers": [{"id": WORKER, "host": "127.0.0.1", "slot": 0, "seq": 1,
+                     "handle": {"kind": "local", "pid": pid, "start": 0}}],
+    })
+    return port
+
+
+def test_a_worker_arriving_as_the_restarted_driver_starts_listening_is_adopted(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    ckpt = str(tmp_path / "ckpt")
+    secret = new_secret()
+    port = _predecessor(tmp_path, ckpt, secret)
+    replies: list[dict] = []
+
+    class ArrivesAtOnce(ControlServer):
+        """The real server; its first request comes from a waiting worker before ``start`` returns."""
+
+        def start(self) -> None:
+            super().start()
+            client = DriverClient(f"127.0.0.1:{port}", Codec(secret, JOB), WORKER)
+            request = AdoptRequest(0, None, 0, 0, 0, 0, 0, 12345)
+            replies.append(client.call("adopt", request.to_wire(), timeout_s=10))
+            client.close()
+
+    monkeypatch.setattr(driver_module, "ControlServer", ArrivesAtOnce)
+    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1, checkpoint_dir=ckpt)
+    driver = Driver(config, StaticHosts({"127.0.0.1": 1}))
+    try:
+        driver._listen_for_adoption()
+        assert driver.job_id == JOB, "the predecessor's record was not found"
+        assert replies and replies[0].get("ok") is True, (
+            f"the restarted driver refused a worker that reached it as it started listening: {replies}")
+        assert WORKER in driver._job.workers
+    finally:
+        driver._abandon_adoption()
