@@ -184,7 +184,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         self._ce_launch_ready(force=True)  # buckets whose params got no gradient this step
         # Deferred commit copies overlap the allreduces in flight; those a zero-copy update will fill stay queued.
-        keep = zerocopy.tradeable_ptrs(self) if self._ce_swap_update() is not None else frozenset()
+        keep = zerocopy.tradeable_ptrs(self) if self._ce_zero_copy_step() is not None else frozenset()
         for snapshot in self._ce_snapshots:
             snapshot.flush(keep)
         self._ce_wait_buckets()
@@ -231,6 +231,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         _, unbucketed = self._ce_pairs()
         return zerocopy.swap_update_for(self, self._ce_zero_copy, (p for _, p in unbucketed))
 
+    def _ce_zero_copy_step(self) -> zerocopy.Update | None:
+        """The out-of-place update, for the update right after a kept commit only (None otherwise).
+
+        Only that update has commit copies to trade away. The others find nothing
+        pending and run torch's own step, in place, after every gradient is in:
+        with two workers the out-of-place path cost 2-4 ms more CPU per step on a
+        model of 400 tensors, for no copy saved (benchmarks/peers/every10_profile.md).
+        """
+        if not any(snapshot.pending for snapshot in self._ce_snapshots):
+            return None
+        return self._ce_swap_update()
+
     def _ce_pairs(self) -> tuple[list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]]:
         """Per bucket, its (group, parameter) pairs; and the pairs of parameters outside every bucket."""
         signature = tuple((id(g), id(g["params"]), len(g["params"])) for g in self.param_groups)
@@ -256,7 +268,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return self._ce_step_in_place(base_step, in_place, closure)
         self._ce_launch_ready(force=True)  # this step's own allreduces are not in the window the update opens
         ctx.window.update(kept=True)
-        update = self._ce_swap_update() if closure is None else None
+        update = self._ce_zero_copy_step() if closure is None else None
         if update is not None and not self._ce_skip and not self._ce_synchronized:
             self._ce_step_overlapped(update)
             self._ce_clear()

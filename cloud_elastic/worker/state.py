@@ -111,6 +111,11 @@ class _Snapshot:
             self._pending = []
             self._value = _clone(value)
 
+    @property
+    def pending(self) -> bool:
+        """Copies queued by the last save are not done yet (the next optimizer update does them)."""
+        return bool(self._pending)
+
     def keep(self, value: Any) -> None:
         """Hold ``value`` itself (a private copy the caller made) as the snapshot."""
         self._pending = []
@@ -243,6 +248,11 @@ class _SnapshotHandler:
     def touch(self) -> None:
         """The live tensors are about to change in place, with nothing kept of them."""
         self._touched = True
+
+    @property
+    def pending(self) -> bool:
+        """The last commit still waits for copies that the next optimizer update does (or trades away)."""
+        return self._snap.pending
 
     def flush(self, keep: frozenset[int] = frozenset()) -> None:
         self._snap.flush(keep)

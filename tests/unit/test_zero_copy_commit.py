@@ -224,6 +224,38 @@ def test_adam_restores_exactly_to_the_commit():
     assert all(torch.equal(opt.state[p]["exp_avg"], m) for p, m in zip(model.parameters(), moments))
 
 
+def test_only_the_update_right_after_a_commit_runs_out_of_place_and_training_matches_torch_adamw(monkeypatch):
+    # The other updates have no commit copies to trade away: torch's own step runs them, in place
+    # (the out-of-place path costs more per tensor; benchmarks/peers/every10_profile.md).
+    own_steps: list[int] = []
+    hooked = torch.optim.AdamW.step
+    raw = hooked.__wrapped__ if getattr(hooked, "hooked", False) else hooked
+
+    def counted(self, *args, **kwargs):
+        own_steps.append(1)
+        return raw(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", counted)
+    model, reference = _model(), _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.01)
+    state = hvd.elastic.TorchState(model, opt)
+    ran_torch_step = []
+    for seed in range(1, 8):
+        before = len(own_steps)
+        _step(model, opt, seed)
+        ran_torch_step.append(len(own_steps) > before)
+        _step(reference, ref_opt, seed)
+        if seed % 3 == 0:
+            state.commit()
+    # 1: creates the optimizer state (torch's step); 4 and 7 follow a commit (out of place); the rest: torch's.
+    assert ran_torch_step == [True, True, True, False, True, True, False]
+    params = [p.detach().clone() for p in model.parameters()]
+    assert all(torch.equal(p, q) for p, q in zip(params, reference.parameters()))
+    assert all(torch.equal(opt.state[p]["exp_avg_sq"], ref_opt.state[q]["exp_avg_sq"])
+               for p, q in zip(model.parameters(), reference.parameters()))
+
+
 def test_step_hooks_run_once_per_step():
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
