@@ -90,6 +90,7 @@ class Driver:
         self._server: ControlServer | None = None
         self._store: Any = None
         self._store_socket: socket.socket | None = None
+        self._store_lock = threading.Lock()  # the store's listening socket changes hands once, under it
         self._store_port = 0
         self._poller: DiscoveryPoller | None = None
         self._advertised: str | None = None
@@ -338,17 +339,23 @@ class Driver:
         sock.bind((bind, port))
         sock.listen(512)
         self._store_socket = sock
-        self._store_port = sock.getsockname()[1]
+        self._store_port = port = sock.getsockname()[1]
 
         def adopt() -> None:
             try:
                 from torch.distributed import TCPStore  # torch only where a job runs
 
-                self._store = TCPStore(
-                    bind, self._store_port, None, True, wait_for_workers=False, master_listen_fd=sock.fileno()
-                )
+                with self._store_lock:
+                    if self._store_socket is not sock:
+                        return  # given up meanwhile (_abandon_adoption): the socket is closed
+                    self._store = TCPStore(
+                        bind, port, None, True, wait_for_workers=False, master_listen_fd=sock.fileno()
+                    )
+                    # The store owns the descriptor now and closes it when it goes: closing the
+                    # socket too would close whatever later reuses the number.
+                    sock.detach()
             except Exception as exc:  # reported as the job's failure
-                self.stop(f"could not start the rendezvous store on port {self._store_port}: {exc}", 1)
+                self.stop(f"could not start the rendezvous store on port {port}: {exc}", 1)
 
         threading.Thread(target=adopt, name="rendezvous-store", daemon=True).start()
 
@@ -761,9 +768,11 @@ class Driver:
         if self._server is not None:
             self._server.close()
             self._server = None
-        if self._store_socket is not None:
-            self._store_socket.close()
-            self._store_socket = None
+        with self._store_lock:
+            if self._store_socket is not None:
+                self._store_socket.close()  # a no-op once the store took the descriptor over
+                self._store_socket = None
+            self._store = None  # an adopted store closes its descriptor as it goes
         with self._cond:
             self._adoption, self._adopting = None, False
             self._job.adopting = False

@@ -8,6 +8,12 @@ second copy of the job), and the job loses the trained state it held. Seen in
 the chaos test on a loaded machine before the window was opened ahead of the
 server.
 
+A restarted driver that gives the adoption up (a port taken, another job's
+record) lets go of the predecessor's ports. The rendezvous store owns its
+listening descriptor once it has taken the socket over: closing the socket too
+closed, later, whatever had reused the number (in the driver, a worker's pipe or
+connection).
+
 A real driver object, a real predecessor record on disk and a real control-plane
 server; the worker's adopt request is sent, with the real client, in the very
 call that starts the server, which is the earliest moment a worker can reach it.
@@ -15,10 +21,12 @@ call that starts the server, which is the earliest moment a worker can reach it.
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -95,3 +103,28 @@ def test_a_worker_arriving_as_the_restarted_driver_starts_listening_is_adopted(t
         assert WORKER in driver._job.workers
     finally:
         driver._abandon_adoption()
+
+
+def test_giving_an_adoption_up_closes_the_store_socket_once(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    ckpt = str(tmp_path / "ckpt")
+    _predecessor(tmp_path, ckpt, new_secret())
+    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1, checkpoint_dir=ckpt)
+    driver = Driver(config, StaticHosts({"127.0.0.1": 1}))
+    driver._listen_for_adoption()
+    deadline = time.monotonic() + 20
+    while driver._store is None:  # the store takes the listening socket over on a side thread
+        assert time.monotonic() < deadline, "the rendezvous store did not start"
+        time.sleep(0.05)
+    driver._abandon_adoption()
+    # New sockets take the lowest free descriptor numbers, the store's among them if it was freed.
+    probes = [socket.socket() for _ in range(8)]
+    try:
+        del driver
+        gc.collect()
+        time.sleep(0.5)
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))  # EBADF if something closed its descriptor under it
+    finally:
+        for probe in probes:
+            probe.close()
