@@ -12,7 +12,8 @@ A restarted driver that gives the adoption up (a port taken, another job's
 record) lets go of the predecessor's ports. The rendezvous store owns its
 listening descriptor once it has taken the socket over: closing the socket too
 closed, later, whatever had reused the number (in the driver, a worker's pipe or
-connection).
+connection). The same double close happened whenever a driver object was collected
+after its store, which under the Ray and Spark executors is in the user's process.
 
 A real driver object, a real predecessor record on disk and a real control-plane
 server; the worker's adopt request is sent, with the real client, in the very
@@ -125,6 +126,30 @@ def test_giving_an_adoption_up_closes_the_store_socket_once(tmp_path, monkeypatc
         time.sleep(0.5)
         for probe in probes:
             probe.bind(("127.0.0.1", 0))  # EBADF if something closed its descriptor under it
+    finally:
+        for probe in probes:
+            probe.close()
+
+
+def test_a_driver_object_that_goes_after_its_store_closes_no_other_descriptor() -> None:
+    # A driver runs in the user's process under the Ray and Spark executors and is collected
+    # whenever the garbage collector gets to it: its store socket must not close a descriptor
+    # number the store already gave back (the Spark registry test once met EBADF after the Ray tests).
+    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1)
+    driver = Driver(config, StaticHosts({"127.0.0.1": 1}))
+    driver._start_store("127.0.0.1")
+    deadline = time.monotonic() + 20
+    while driver._store is None:
+        assert time.monotonic() < deadline, "the rendezvous store did not start"
+        time.sleep(0.05)
+    store, driver._store = driver._store, None
+    del store  # the store goes first and closes its descriptor
+    probes = [socket.socket() for _ in range(8)]
+    try:
+        del driver
+        gc.collect()
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
     finally:
         for probe in probes:
             probe.close()
