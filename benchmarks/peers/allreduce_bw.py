@@ -26,14 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from peer_results import load, record  # this folder is on sys.path when the script runs
+from peer_results import load, record, run_two_workers  # this folder is on sys.path when the script runs
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -119,14 +116,7 @@ def main() -> None:
     if args.worker:
         worker(args.quick)
         return
-    cmd = [sys.executable, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2",
-           sys.executable, __file__, "--worker", *(["--quick"] if args.quick else [])]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    line = next((l for l in proc.stdout.splitlines() if "ALLREDUCE " in l), None)
-    if proc.returncode != 0 or line is None:
-        raise SystemExit(f"allreduce benchmark failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    data = json.loads(line.split("ALLREDUCE ", 1)[1])
+    data = run_two_workers(__file__, "ALLREDUCE ", args.quick, timeout_s=600)
     out = Path(args.out)
     record(out, load(out), "allreduce", data)
     for size, row in data.items():

@@ -36,12 +36,12 @@ import json
 import os
 import resource
 import statistics
-import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from peer_results import run_two_workers  # this folder is on sys.path when the script runs
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -311,14 +311,7 @@ def main() -> None:
     if args.worker:
         worker(args.quick)
         return
-    cmd = [sys.executable, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2",
-           sys.executable, __file__, "--worker", *(["--quick"] if args.quick else [])]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    line = next((l for l in proc.stdout.splitlines() if "PROFILE " in l), None)
-    if proc.returncode != 0 or line is None:
-        raise SystemExit(f"allreduce profile failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    data = json.loads(line.split("PROFILE ", 1)[1])
+    data = run_two_workers(__file__, "PROFILE ", args.quick, timeout_s=1200)
     if args.out:
         Path(args.out).write_text(json.dumps(data, indent=1))
     print(f"malloc env: {data['malloc_env'] or 'default'}; torch {data['torch']}")
