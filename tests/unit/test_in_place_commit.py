@@ -61,7 +61,8 @@ def _step(model, opt, seed: int) -> None:
 
 
 def _values(model, opt) -> list[torch.Tensor]:
-    out = [t.detach().clone() for t in model.state_dict().values()]  # parameters and BatchNorm statistics
+    # Parameters and buffers such as BatchNorm statistics (extra state is checked where a test has it).
+    out = [t.detach().clone() for t in model.state_dict().values() if isinstance(t, torch.Tensor)]
     for p in model.parameters():
         out += [v.clone() for _, v in sorted(opt.state[p].items()) if isinstance(v, torch.Tensor)]
     return out
@@ -278,3 +279,68 @@ def test_a_warm_up_step_before_the_state_exists_does_not_count_as_a_window():
     _train(state, model, opt, range(1, 4))
     assert all(h.in_place for h in opt._ce_snapshots)
     assert not get_context().window.has_collectives
+
+
+class _Counter(torch.nn.Module):
+    """A module with extra state (``get_extra_state``): a commit must keep it like a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
+        return x
+
+    def get_extra_state(self) -> dict:
+        return {"seen": self.seen}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.seen = state["seen"]
+
+
+def test_what_an_in_place_commit_keeps_follows_the_model_from_commit_to_commit():
+    # Buffers replaced, modules added, extra state: each commit sees the model as it is then.
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    state = hvd.elastic.TorchState(model, opt)
+    _train(state, model, opt, range(3))
+    model[1].running_mean = torch.full((16,), 3.0)  # a new buffer object (model.to() replaces buffers too)
+    model.add_module("counter", _Counter())
+    model.counter.register_buffer("scale", torch.ones(2))
+    model.counter.seen = 5
+    state.commit()
+    assert all(h.in_place for h in opt._ce_snapshots)
+    committed = _values(model, opt)
+    with torch.no_grad():
+        model[1].running_mean.add_(1.0)
+        model.counter.scale.mul_(7.0)
+    model.counter.seen = 9
+    state.restore()
+    assert get_context().holds_commit
+    _assert_equal(_values(model, opt), committed)
+    assert torch.equal(model[1].running_mean, torch.full((16,), 3.0))
+    assert model.counter.seen == 5
+
+
+def test_an_in_place_commit_keeps_exactly_what_state_dict_has_besides_the_optimizers_parameters():
+    from cloud_elastic.worker.state import _state_dict_without
+
+    torch.manual_seed(0)
+    shared = torch.nn.Linear(4, 4)
+    model = torch.nn.Sequential(shared, torch.nn.BatchNorm1d(4), shared, torch.nn.Linear(4, 2, bias=False))
+    model[1].register_buffer("transient", torch.zeros(1), persistent=False)
+    model[1].register_buffer("empty", None)
+    model.register_module("absent", None)
+    model.add_module("frozen", torch.nn.Linear(2, 2))
+    model.frozen.requires_grad_(False)
+    trained = {id(p) for p in model.parameters() if p.requires_grad}
+    expected = [(k, v) for k, v in model.state_dict(keep_vars=True).items() if id(v) not in trained]
+    kept = _state_dict_without(model, trained)
+    assert [k for k, _ in expected] == list(kept)  # frozen weights, BatchNorm statistics, in state_dict's order
+    assert all(kept[k] is v for k, v in expected)
+    # A module with its own state_dict hooks or extra state is asked through state_dict() itself.
+    model.add_module("counter", _Counter())
+    model[0].register_state_dict_post_hook(lambda module, sd, prefix, meta: sd.__setitem__(prefix + "hooked", torch.ones(1)))
+    kept = _state_dict_without(model, trained)
+    assert "0.hooked" in kept and "2.hooked" in kept and kept["counter._extra_state"] == {"seen": 0}
