@@ -240,8 +240,11 @@ class _SnapshotHandler:
             self.in_place, self._touched = True, False
             return
         self.in_place = False
-        state = self.value.state_dict()
+        state = self._state_dict()
         self._snap.save(state, self.deferred(state))
+
+    def _state_dict(self) -> Any:
+        return self.value.state_dict()
 
     def _save_in_place(self) -> None:
         raise NotImplementedError
@@ -360,6 +363,10 @@ class _ModelHandler(_SnapshotHandler):
     @property
     def bound(self) -> bool:
         return self.optimizer is not None
+
+    def _state_dict(self) -> Any:
+        # state_dict()'s entries without its per-module cost; the snapshot copies them (detached).
+        return _state_dict_without(self.value, frozenset())
 
     def deferred(self, state: Any) -> frozenset[int]:
         # Asked at every save: zero-copy commits move parameters between two storages.
