@@ -30,8 +30,9 @@ from run_benchmarks import PY, REPO, interleaved_step_times, machine, pct, round
 WORKER = str(REPO / "benchmarks" / "commit_cost_worker.py")
 ELASTIC = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2", "--heartbeat-timeout", "60", PY, WORKER]
 DDP = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, "--ddp"]
-CASES = ["blocks:adamw", "blocks:adam", "blocks:sgd", "blocks:sgd-momentum", "blocks:adagrad", "blocks:rmsprop",
-         "blocks:adamw-foreach", "blocks:adamw-fused", "mlp:adamw", "mlp:sgd-momentum", "many:adamw"]
+#: Every optimizer on issue 13's model (blocks) and on docs/benchmarks.md's first model (mlp); AdamW with 1,202 tensors.
+OPTIMIZER_NAMES = ["adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop", "adamw-foreach", "adamw-fused"]
+CASES = [f"{model}:{name}" for model in ("blocks", "mlp") for name in OPTIMIZER_NAMES] + ["many:adamw"]
 SECTION = "## Commit cost per optimizer"
 NOTES = """
 Models (`benchmarks/commit_cost_worker.py`): *blocks* is issue 13's (40 residual blocks of

@@ -316,8 +316,9 @@ def _plain_state_dict(cls: type) -> bool:
 def _state_dict_without(model: torch.nn.Module, skip: set[int] | frozenset[int]) -> dict[str, Any]:
     """``model.state_dict(keep_vars=True)`` minus the tensors whose ``id`` is in ``skip``.
 
-    A commit kept in place asks for this every step. ``state_dict()`` costs a few
-    microseconds per module in Python (3 ms for a model of 900 modules), so where
+    Every commit asks for this (a commit kept in place with ``skip`` = the optimizer's
+    parameters). ``state_dict()`` costs a few microseconds per module in Python
+    (3 ms for a model of 900 modules), so where
     every module is plain (torch's own ``state_dict``, ``_save_to_state_dict`` and
     ``get_extra_state``, no state-dict hooks) the same entries, in the same order,
     come from a lean walk; any other module sends the whole model through
