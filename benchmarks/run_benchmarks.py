@@ -115,9 +115,11 @@ class PausableJob:
         return self.proc.poll() is not None
 
     def kill(self) -> None:
-        self._signal(signal.SIGCONT)
-        if not self.done():
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.done():
+            return
+        # The whole tree, listed while its root lives: launchers start workers in sessions of their own,
+        # which a kill of the root's process group does not reach.
+        self._signal(signal.SIGKILL)
 
     def rows(self) -> list[dict]:
         self._reader.join(30)
@@ -125,6 +127,10 @@ class PausableJob:
         if self.proc.returncode != 0 or len(rows) != 2:
             raise SystemExit(f"{self.name} run failed (exit {self.proc.returncode}):\n{''.join(self.lines)[-3000:]}")
         return rows
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(f"stopped by signal {signum}")
 
 
 def interleaved_step_times(variants: dict[str, tuple[list[str], dict[str, str]]], slice_s: float, warmup: int,
@@ -141,6 +147,9 @@ def interleaved_step_times(variants: dict[str, tuple[list[str], dict[str, str]]]
     rank's wall time, and of the CPU time summed over both workers.
     ``rows_out``, if given, receives each job's TIMING rows (for extra fields).
     """
+    # A SIGTERM (kill, timeout) must also run the cleanup below, or the paused jobs stay behind, stopped.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal) if main else None
     jobs = [PausableJob(name, cmd, env) for name, (cmd, env) in variants.items()]
     deadline = time.monotonic() + timeout_s
     try:
@@ -155,6 +164,8 @@ def interleaved_step_times(variants: dict[str, tuple[list[str], dict[str, str]]]
     finally:
         for job in jobs:
             job.kill()
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     per_round: dict[str, list[tuple[float, float]]] = {}
     for job in jobs:
         rows = job.rows()
