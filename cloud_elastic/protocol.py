@@ -50,6 +50,10 @@ __all__ = [
     "parse_rendezvous_reply",
     "ReRegister",
     "AdoptRequest",
+    "CompletedReport",
+    "CompletionReply",
+    "COMPLETION_DECISIONS",
+    "StacksReport",
 ]
 
 #: Why a worker comes to rendezvous: its first round, a graceful change, or a failed collective.
@@ -66,6 +70,16 @@ def _int(msg: Mapping[str, Any], name: str, what: str) -> int:
 def _optional_int(msg: Mapping[str, Any], name: str, what: str) -> int:
     """A non-negative integer that older peers may leave out (0 then)."""
     return 0 if msg.get(name) is None else _int(msg, name, what)
+
+
+def _optional_seconds(msg: Mapping[str, Any], name: str, what: str) -> float:
+    """A non-negative finite number of seconds that older peers may leave out (0.0 then)."""
+    value = msg.get(name)
+    if value is None:
+        return 0.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
+        raise ControlPlaneError(f"malformed {what}: {name!r} must be a non-negative number, got {value!r}")
+    return float(value)
 
 
 def _bool(msg: Mapping[str, Any], name: str, what: str) -> bool:
@@ -209,17 +223,28 @@ class PollRequest:
     commits: int = 0
     #: Position of its last commit in the job's history (see RendezvousRequest).
     commit_seq: int = 0
+    #: A counter that grows whenever the worker makes progress: a commit, an optimizer step, a
+    #: collective completed, or its training thread moving on outside collectives (see
+    #: ``worker.progress``). The driver aborts a round whose members' counters all stand still.
+    progress: int = 0
+    #: Optimizer steps the worker has taken in all (for reports).
+    steps: int = 0
+    #: How long its training thread has been waiting in one collective (0: not waiting).
+    waiting_s: float = 0.0
 
     def to_wire(self) -> dict[str, Any]:
         # A literal, not asdict(): sent twice a second by every worker (asdict was ~15 % of a heartbeat).
         return {"round": self.round, "update_gen": self.update_gen, "abort_round": self.abort_round,
-                "commits": self.commits, "commit_seq": self.commit_seq}
+                "commits": self.commits, "commit_seq": self.commit_seq, "progress": self.progress,
+                "steps": self.steps, "waiting_s": self.waiting_s}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":
         what = "poll request"
         return cls(_int(msg, "round", what), _int(msg, "update_gen", what), _int(msg, "abort_round", what),
-                   _optional_int(msg, "commits", what), _optional_int(msg, "commit_seq", what))
+                   _optional_int(msg, "commits", what), _optional_int(msg, "commit_seq", what),
+                   _optional_int(msg, "progress", what), _optional_int(msg, "steps", what),
+                   _optional_seconds(msg, "waiting_s", what))
 
 
 @dataclass(frozen=True)
@@ -234,10 +259,13 @@ class PollReply:
     notice_watcher: str | None = None
     #: A restarted driver does not know this worker yet: it must send an :class:`AdoptRequest`.
     reregister: bool = False
+    #: The driver wants this worker's Python stacks (a stuck round): each new number asks once.
+    stacks: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return {"round": self.round, "update_gen": self.update_gen, "abort_round": self.abort_round,
-                "shutdown": self.shutdown, "notice_watcher": self.notice_watcher, "reregister": self.reregister}
+                "shutdown": self.shutdown, "notice_watcher": self.notice_watcher, "reregister": self.reregister,
+                "stacks": self.stacks}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollReply":
@@ -245,7 +273,84 @@ class PollReply:
         watcher = msg.get("notice_watcher")
         return cls(_int(msg, "round", what), _int(msg, "update_gen", what), _int(msg, "abort_round", what),
                    bool(msg.get("shutdown", False)), watcher if isinstance(watcher, str) else None,
-                   msg.get("reregister") is True)
+                   msg.get("reregister") is True, _optional_int(msg, "stacks", what))
+
+
+#: What the driver answers a worker whose training function returned (kind ``completed``).
+COMPLETION_DECISIONS = ("done", "wait", "leave")
+
+
+@dataclass(frozen=True)
+class CompletedReport:
+    """A worker's training function returned (kind ``completed``).
+
+    ``commit_seq`` and ``steps`` say how far it got; ``error`` is set when rank 0
+    could not write the final durable checkpoint (the job must not report success then).
+    """
+
+    round: int
+    commit_seq: int = 0
+    steps: int = 0
+    error: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"round": self.round, "commit_seq": self.commit_seq, "steps": self.steps, "error": self.error}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "CompletedReport":
+        what = "completion report"
+        error = msg.get("error")
+        if error is not None and not isinstance(error, str):
+            raise ControlPlaneError(f"malformed {what}: 'error' must be a string or null")
+        return cls(_optional_int(msg, "round", what), _optional_int(msg, "commit_seq", what),
+                   _optional_int(msg, "steps", what), None if error is None else error[:500])
+
+
+@dataclass(frozen=True)
+class CompletionReply:
+    """The driver's answer to :class:`CompletedReport`.
+
+    ``done``: the job is completing, the worker goes on with its script; ``wait``:
+    rank 0 is still training, ask again; ``leave``: it returned while rank 0 was
+    still training, so it leaves the job now (``reason`` says why) and its peers
+    continue without it.
+    """
+
+    decision: str
+    reason: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"ok": True, "decision": self.decision, "reason": self.reason}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "CompletionReply":
+        # A restarted driver still adopting answers {"status": "wait"}; an older driver, {"ok": true}.
+        decision = msg.get("decision", "wait" if msg.get("status") == "wait" else "done")
+        if decision not in COMPLETION_DECISIONS:
+            raise ControlPlaneError(f"malformed completion reply: decision must be one of {COMPLETION_DECISIONS}, "
+                                    f"got {decision!r}")
+        return cls(decision, str(msg.get("reason") or ""))
+
+
+@dataclass(frozen=True)
+class StacksReport:
+    """A worker's Python stacks, every thread, sent when the driver asked (``PollReply.stacks``)."""
+
+    request: int
+    text: str
+
+    #: Room left for the text in a control message (64 KiB in all).
+    MAX_TEXT = 48 * 1024
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"request": self.request, "text": self.text[-self.MAX_TEXT:]}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "StacksReport":
+        text = msg.get("text")
+        if not isinstance(text, str):
+            raise ControlPlaneError("malformed stacks report: 'text' must be a string")
+        return cls(_int(msg, "request", "stacks report"), text[-cls.MAX_TEXT:])
 
 
 @dataclass(frozen=True)

@@ -157,23 +157,37 @@ class RankZeroCheckpoints:
         return latest.info
 
     # ------------------------------------------------------------ finishing
-    def finish(self, state: Any) -> None:
-        """Training completed: rank 0 writes the final state and waits for it to be stored."""
+    def finish(self, state: Any) -> str | None:
+        """Training completed: rank 0 writes the final state and waits for it to be stored.
+
+        Returns None when it was stored (or this is not rank 0), else why not:
+        the job must not report success without the final checkpoint it promised.
+        """
         info = getattr(self._ctx, "info", None)
         if info is None or info.rank != 0:
             self.stop_writing()
-            return
+            return None
         if self._writer is None:
             self._start_writing()
-        assert self._writer is not None
-        self._writer.wait(FLUSH_TIMEOUT_S)
+        writer = self._writer
+        assert writer is not None
+        writer.wait(FLUSH_TIMEOUT_S)
         step = step_of(state, self._ctx.commit_seq)
+        written = writer.stats().written
         try:
-            self._writer.submit(step, _payload(state), {"world_size": info.size, "job_id": self._ctx.job_id,
-                                                        "commit_seq": self._ctx.commit_seq})
+            submitted = writer.submit(step, _payload(state), {"world_size": info.size, "job_id": self._ctx.job_id,
+                                                              "commit_seq": self._ctx.commit_seq})
         except CheckpointError as exc:
-            log.warning("worker %s: the final checkpoint was not written: %s", self._ctx.worker_id, exc)
-        self.stop_writing()
+            submitted, why = False, str(exc)
+        else:
+            why = f"the previous checkpoint was still being written after {FLUSH_TIMEOUT_S:g}s"
+        stored = self.stop_writing()
+        if submitted and stored and writer.stats().written > written:
+            return None
+        if submitted:
+            why = writer.stats().last_error or f"it was not stored within {FLUSH_TIMEOUT_S:g}s"
+        log.warning("worker %s: the final checkpoint was not written: %s", self._ctx.worker_id, why)
+        return f"the final checkpoint (step {step}) was not written: {why}"
 
 
 def _payload(state: Any) -> Any:

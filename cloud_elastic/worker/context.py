@@ -41,6 +41,8 @@ import torch.distributed as dist
 from cloud_elastic.control import Codec
 from cloud_elastic.protocol import (
     Assignment,
+    CompletedReport,
+    CompletionReply,
     ExitOrder,
     PollReply,
     AdoptRequest,
@@ -48,11 +50,20 @@ from cloud_elastic.protocol import (
     RankInfo,
     ReRegister,
     RendezvousRequest,
+    StacksReport,
     parse_rendezvous_reply,
 )
 from cloud_elastic.worker import memory
 from cloud_elastic.worker.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
+from cloud_elastic.worker.groups import (
+    RoundGroup,
+    nccl_error_handling_default,
+    new_gloo_group,
+    new_nccl_group,
+    quiesce_device,
+)
+from cloud_elastic.worker.progress import Progress, format_stacks
 from cloud_elastic.worker.reclaim import GroupSockets, Reaper, socket_inodes
 from cloud_elastic.worker.settings import WorkerSettings
 from cloud_elastic.worker.store import SignedStore, round_namespace
@@ -93,9 +104,11 @@ class WorkerContext:
         self.collective_timeout_s = s.collective_timeout_s
         self.backend = s.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.info: RoundInfo | None = None
-        self.pg: Any = None
-        self._pg_sockets: GroupSockets | None = None
+        self._group: RoundGroup | None = None
         self._reaper = Reaper()
+        #: What the driver's no-progress watch sees of this worker (see ``progress``).
+        self.progress = Progress()
+        self._stacks_sent = 0
         self._last_reason = "start"
         self._store: Any = None
         self._client: DriverClient | None = None
@@ -145,6 +158,11 @@ class WorkerContext:
         self._store_stale = False
 
     @property
+    def pg(self) -> Any:
+        """The current round's process group (None before the first round and after leaving)."""
+        return None if self._group is None else self._group.pg
+
+    @property
     def leaked_groups(self) -> int:
         """Abandoned process groups whose threads and sockets could not be reclaimed."""
         return self._reaper.leaked
@@ -158,6 +176,11 @@ class WorkerContext:
     def start(self) -> None:
         """Register with the driver, start heartbeats and join the first round."""
         memory.keep_freed_memory(self.settings.malloc_tuning)
+        self.progress.watch_thread()
+        if self.backend == "nccl":
+            nccl_error_handling_default()
+            if self.interface:
+                os.environ.setdefault("NCCL_SOCKET_IFNAME", self.interface)  # --network-interface reaches NCCL too
         if self.standalone:
             self._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=1, needs_sync=False, update_gen=0))
             return
@@ -197,6 +220,8 @@ class WorkerContext:
             assert self.info is not None
             return self.info
         assert self._client is not None
+        if reason == "failure":
+            self._abandon_round()  # usually done already, by the collective that failed
         last_round = self._attempted_round
         self._last_reason = reason
         request = RendezvousRequest(last_round, reason, self.commits, self._rolled_back, self.commit_seq,
@@ -225,10 +250,27 @@ class WorkerContext:
         log.info("worker %s: joined round %d as rank %d of %d", self.worker_id, info.round, info.rank, info.size)
         return info
 
-    def report_completed(self) -> None:
-        """Tell the driver the training function returned on this worker."""
-        if self._client is not None:
-            self._call("completed", {"round": self.info.round if self.info else 0})
+    def report_completed(self, error: str | None = None) -> None:
+        """Tell the driver the training function returned on this worker; return once the driver agrees.
+
+        Completion is rank 0's to decide (it holds the state). Another rank's
+        report is held until rank 0 returns too, normally milliseconds later.
+        If rank 0 is found still training (waiting in a collective this worker
+        will never join), the driver says ``leave``: WorkerRemoved is raised, and
+        ``elastic.run`` makes the worker exit while its peers go on without it.
+        ``error`` tells the driver the final durable checkpoint was not written.
+        """
+        if self._client is None:
+            return
+        report = CompletedReport(self.info.round if self.info else 0, self.live_commit_seq, self.progress.steps,
+                                 error).to_wire()
+        while True:
+            reply = CompletionReply.from_wire(self._call("completed", report, timeout_s=70.0))
+            if reply.decision == "done":
+                self.progress.mark()
+                return
+            if reply.decision == "leave":
+                raise WorkerRemoved(reply.reason or "returned from its training function before rank 0")
 
     def _call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
         """A control-plane call that rides out a network blip (these calls are idempotent on the driver)."""
@@ -273,12 +315,14 @@ class WorkerContext:
         self._live_seq += 1
         self.commit_seq = self._live_seq
         self.steps_since_commit = 0
+        self.progress.mark()
         for hook in self.after_commit:
             hook(state)
 
     def note_step(self) -> None:
         """An optimizer step finished (``DistributedOptimizer.step``)."""
         self.steps_since_commit += 1
+        self.progress.step()
 
     def note_rollback(self) -> None:
         """The state was just restored to the last commit: the steps since then are lost (told to the driver)."""
@@ -321,12 +365,12 @@ class WorkerContext:
                 self._notice_watcher.close()
                 self._notice_watcher = None
         # Heartbeats go on until the process ends: a leaver that went silent would be given up.
-        pg, sockets, self.pg = self.pg, self._pg_sockets, None
-        if pg is None:
+        group, self._group = self._group, None
+        if group is None:
             return
         done = self._reaper.reclaimed + self._reaper.leaked
-        self._reaper.retire(pg, sockets)
-        del pg
+        self._reaper.retire(group)
+        del group
         deadline = time.monotonic() + timeout_s
         while self._reaper.reclaimed + self._reaper.leaked == done and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -385,82 +429,86 @@ class WorkerContext:
                 done.set()
                 return
             sockets = GroupSockets(before, socket_inodes(), self._control_peers)
+            group = RoundGroup(pg, store, sockets, self.backend, self.device)
             with lock:
                 if result.get("abandoned"):
                     # The round was given up while this group formed: nobody will use it.
-                    self._reaper.retire(pg, sockets)
+                    self._reaper.retire(group)
                 else:
-                    result["pg"], result["sockets"] = pg, sockets
+                    result["group"] = group
             done.set()
 
         # Forming a group blocks in C++ until every peer arrives; do it on a
         # side thread so an aborted round can be abandoned instead of waited out.
         # A group that never forms while every member still heartbeats is given up at a
         # deadline far below Gloo's own timeout: this worker then rejoins with a failure,
-        # which aborts the round for its peers too. (A backstop: the one such hang seen,
-        # in CI after a kill, was the store queueing explained below.)
+        # which aborts the round for its peers too.
         threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True).start()
         limit_s = min(self.settings.group_form_timeout_s, self.collective_timeout_s)
         deadline = time.monotonic() + limit_s
-        while not done.wait(_ABORT_SLICE_S):
-            aborted = self._aborted(info.round)
-            if aborted or time.monotonic() > deadline:
-                with lock:
-                    result["abandoned"] = True
-                if "pg" in result:  # formed in the very last slice
-                    self._reaper.retire(result.pop("pg"), result.pop("sockets"))
-                # The abandoned constructor may still block in a store wait, and a TCPStore
-                # client runs one operation at a time: the next round's formation on this
-                # client would wait behind it up to the collective timeout. It gets its own.
-                self._store_stale = True
-                if aborted:
-                    raise CollectiveError(f"round {info.round} was aborted while forming its process group")
-                raise CollectiveError(f"the process group of round {info.round} did not form within {limit_s:g} s "
-                                      "(CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S); giving the round up")
+        with self.progress.waiting():
+            while not done.wait(_ABORT_SLICE_S):
+                aborted = self._aborted(info.round)
+                if aborted or time.monotonic() > deadline:
+                    with lock:
+                        result["abandoned"] = True
+                    if "group" in result:  # formed in the very last slice
+                        self._reaper.retire(result.pop("group"))
+                    # The abandoned constructor may still block in a store wait, and a TCPStore
+                    # client runs one operation at a time: the next round's formation on this
+                    # client would wait behind it up to the collective timeout. It gets its own.
+                    self._store_stale = True
+                    if aborted:
+                        raise CollectiveError(f"round {info.round} was aborted while forming its process group")
+                    raise CollectiveError(f"the process group of round {info.round} did not form within "
+                                          f"{limit_s:g} s (CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S); giving the round up")
         if "error" in result:
-            raise CollectiveError(f"could not form the process group of round {info.round}: {result['error']}")
-        old, old_sockets = self.pg, self._pg_sockets
-        self.pg, self._pg_sockets = result.pop("pg"), result.pop("sockets")
+            reason = str(result.pop("error")).splitlines()[0][:300]
+            raise CollectiveError(f"could not form the process group of round {info.round}: {reason}")
+        old, self._group = self._group, result.pop("group")
         self.info = info
-        self._retire(old, old_sockets, abandoned=self._last_reason == "failure")
+        self.progress.mark()
+        if old is not None:
+            self._retire(old)
+        del old  # this frame must not be what keeps the old group alive
 
-    def _retire(self, pg: Any, sockets: GroupSockets | None, abandoned: bool) -> None:
+    def _retire(self, group: RoundGroup) -> None:
         """Let go of the previous round's group without ever blocking on it.
 
-        Destroying a Gloo group joins its worker threads, and a collective
-        abandoned on a lost peer holds one of them until Gloo's own timeout.
-        A group left after a failure therefore first has its peer connections
-        shut down, which fails its pending work at once, and is destroyed off
-        this thread (see ``reclaim``). An NCCL group was aborted when its
-        collective was abandoned; it is kept, as its release was never tried
-        here (no GPU). A Gloo group left gracefully has no pending work and is
-        released on a short-lived thread (joining its threads took 20-30 ms of
-        the training thread's time at every scale-up); an NCCL one is released
-        normally.
+        A group left after a failure was abandoned when its collective failed
+        (see ``groups``): its pending work has failed, so destroying it is quick,
+        and it is destroyed off this thread. A group left gracefully has no
+        pending work; its destructor still joins Gloo's threads (20-30 ms of the
+        training thread's time at every scale-up), so it is released on a
+        short-lived thread.
         """
-        if pg is None:
-            return
-        if not abandoned:
-            if self.backend == "gloo":
-                Reaper.release(pg)  # its destructor joins Gloo's threads: not on the training thread
-            return
-        self._reaper.retire(pg, sockets if self.backend == "gloo" else None)
+        if group.abandoned or self._last_reason == "failure":
+            self._reaper.retire(group)
+        else:
+            Reaper.release(group)
 
     def _new_group(self, store: Any, info: RoundInfo) -> Any:
         timeout = timedelta(seconds=self.collective_timeout_s)
         if self.backend == "nccl":
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            return dist.ProcessGroupNCCL(store, info.rank, info.size, opts)
+            return new_nccl_group(store, info.rank, info.size, timeout, self.device)
         if self.backend != "gloo":
             raise RuntimeError(f"unsupported backend {self.backend!r} (use gloo or nccl)")
-        opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = timeout
-        if self.interface:
-            opts._devices = [dist.ProcessGroupGloo.create_device(interface=self.interface)]
-        else:
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.hostname)]
-        return dist.ProcessGroupGloo(store, info.rank, info.size, opts)
+        return new_gloo_group(store, info.rank, info.size, timeout, hostname=self.hostname, interface=self.interface)
+
+    def _abandon_round(self) -> None:
+        """A collective of the current round failed or was abandoned: fail the rest of its work now.
+
+        After an NCCL abort the device must finish what was queued on it before
+        the state is restored from it; a device that does not is wedged, and
+        this worker exits rather than train on from a state it cannot trust.
+        """
+        group = self._group
+        if group is None or not group.abandon():
+            return
+        if group.backend == "nccl" and not quiesce_device(group.device):
+            print(f"cloud-elastic: worker {self.worker_id}: the GPU did not become idle after aborting the NCCL "
+                  "communicator of a failed round; exiting", file=sys.stderr, flush=True)
+            os._exit(70)
 
     # ------------------------------------------------------------ collectives
     def group(self, what: str) -> Any:
@@ -471,34 +519,35 @@ class WorkerContext:
         collective instead (Gloo then aborts the process on the size mismatch).
         """
         if self.info is not None and self._aborted(self.info.round):
+            self._abandon_round()
             raise CollectiveError(f"{what} not started: the driver aborted round {self.info.round} (a peer was lost)")
         self.window.collective(what)
         return self.pg
 
     def wait(self, work: Any, what: str) -> None:
-        """Wait for ``work``; abandon it when the driver aborts this round."""
+        """Wait for ``work``; abandon it when the driver aborts this round.
+
+        Either way out by failure abandons the round's group at once (see
+        ``groups``), so nothing of it stays blocked on a peer.
+        """
         assert self.info is not None
         fut = work.get_future()
         if not fut.done():
             event = threading.Event()
             fut.add_done_callback(lambda _f: event.set())
             round_ = self.info.round
-            while not event.wait(_ABORT_SLICE_S):
-                if self._aborted(round_):
-                    if self.backend == "nccl":
-                        self._abort_nccl()
-                    raise CollectiveError(f"{what} abandoned: the driver aborted round {round_} (a peer was lost)")
+            with self.progress.waiting():
+                while not event.wait(_ABORT_SLICE_S):
+                    if self._aborted(round_):
+                        self._abandon_round()
+                        raise CollectiveError(f"{what} abandoned: the driver aborted round {round_} (a peer was lost)")
         try:
             work.wait()
         except RuntimeError as exc:
+            self._abandon_round()
             reason = str(exc).splitlines()[0].split(" This is typically")[0]
             raise CollectiveError(f"{what} failed: {reason}") from exc
-
-    def _abort_nccl(self) -> None:
-        try:
-            self.pg.abort()
-        except (RuntimeError, AttributeError):
-            log.debug("NCCL abort failed", exc_info=True)
+        self.progress.mark()
 
     def _aborted(self, round_: int) -> bool:
         return self._seen_abort >= round_
@@ -530,10 +579,12 @@ class WorkerContext:
         last_ok = time.monotonic()
         while not self._shutdown.is_set():
             try:
+                progress = self.progress
                 reply = PollReply.from_wire(client.call(
                     "poll",
                     PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits,
-                                self.commit_seq).to_wire(),
+                                self.commit_seq, progress.sample(), progress.steps,
+                                round(progress.waiting_s(), 2)).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:
@@ -560,8 +611,19 @@ class WorkerContext:
             self._seen_update = max(self._seen_update, reply.update_gen)
             self._seen_abort = max(self._seen_abort, reply.abort_round)
             self._maybe_watch_notices(reply.notice_watcher)
+            if reply.stacks > self._stacks_sent:
+                self._send_stacks(client, reply.stacks)
             if reply.shutdown:
                 return
+
+    def _send_stacks(self, client: DriverClient, request: int) -> None:
+        """The driver asked for this worker's stacks (its round looks stuck): send every thread's."""
+        self._stacks_sent = request
+        try:
+            client.call("stacks", StacksReport(request, format_stacks()).to_wire(),
+                        timeout_s=self.heartbeat_timeout_s + 10)
+        except Exception as exc:  # the heartbeat goes on; the driver stops waiting for them
+            log.warning("worker %s: could not send its stacks to the driver: %s", self.worker_id, exc)
 
 
     # ------------------------------------------------------------- adoption

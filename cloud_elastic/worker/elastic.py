@@ -94,6 +94,7 @@ def _load_checkpoint(ctx: Any, durable: Any, state: State) -> None:
 
 def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> Any:
     ctx = init()
+    ctx.progress.watch_thread()  # the thread that trains is the one the driver's no-progress watch samples
     durable = _durable(ctx)
     sync = True
     while True:
@@ -122,9 +123,8 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
         except HostsUpdatedInterrupt:
             sync = _rejoin(ctx, "update", state)
             continue
-        if durable is not None:
-            durable.finish(state)
-        ctx.report_completed()
+        error = durable.finish(state) if durable is not None else None
+        ctx.report_completed(error)  # WorkerRemoved when rank 0 is still training: this worker returned early
         return result
 
 

@@ -93,17 +93,21 @@ class GroupSockets:
 
 
 class Reaper:
-    """Destroys abandoned groups off the caller's thread, after their connections are shut down."""
+    """Lets go of rounds' groups off the training thread; counts the abandoned ones it reclaimed or leaked.
+
+    Takes :class:`~cloud_elastic.worker.groups.RoundGroup` holders: a group and
+    the store it must outlive.
+    """
 
     def __init__(self, bound_s: float = 30.0) -> None:
         self.bound_s = bound_s
         self.reclaimed = 0
         self.leaked = 0
         self._lock = threading.Lock()
-        self._keep: list[Any] = []  # groups whose destruction did not finish in time
+        self._keep: list[Any] = []  # groups whose destruction did not finish in time, or could not be tried
 
     @staticmethod
-    def release(pg: Any, after_s: float = 1.0) -> None:
+    def release(group: Any, after_s: float = 1.0) -> None:
         """Drop a group with no pending work off the caller's thread; never blocks.
 
         Its destructor joins Gloo's worker threads (20-30 ms for a group of
@@ -113,25 +117,31 @@ class Reaper:
         still hold the group while they return) are gone: dropped at once, the
         caller's last reference would run the destructor on its own thread.
         """
-        holder = [pg]
-        del pg
+        holder = [group]
+        del group
         timer = threading.Timer(after_s, holder.clear)
         timer.name, timer.daemon = "cloud-elastic-release", True
         timer.start()
 
-    def retire(self, pg: Any, sockets: GroupSockets | None) -> None:
-        """Release ``pg`` (the caller drops its own references); never blocks."""
-        if sockets is None or len(sockets) == 0:
+    def retire(self, group: Any) -> None:
+        """Release an abandoned group (abandoning it first if that was not done); never blocks.
+
+        Abandoning fails its pending collectives, so its destructor returns at
+        once on whichever thread drops the last reference. A Gloo group whose
+        connections are unknown cannot be abandoned safely and is kept (counted
+        as leaked), as before.
+        """
+        group.abandon()
+        if group.backend == "gloo" and (group.sockets is None or len(group.sockets) == 0):
             with self._lock:
-                self._keep.append(pg)
+                self._keep.append(group)
                 self.leaked += 1
             return
-        sockets.shutdown()
-        holder = [pg]
+        holder = [group]
         done = threading.Event()
 
         def destroy() -> None:
-            holder.clear()  # the last reference: Gloo's destructor joins its (now free) threads
+            holder.clear()  # the last reference, unless a caller's frame still holds it (harmless now)
             done.set()
 
         def watch() -> None:
@@ -145,5 +155,5 @@ class Reaper:
                 with self._lock:
                     self.leaked += 1
 
-        del pg
+        del group
         threading.Thread(target=watch, name="cloud-elastic-reap-watch", daemon=True).start()

@@ -1,0 +1,87 @@
+"""A round given up by a worker fails its pending collectives at once, wherever its group is then let go.
+
+Real Gloo groups of two real WorkerContexts in this process (each with its own store client), as a
+job's workers form them; the driver's abort is set directly. The interleaving is the one behind the CI
+hang of ``test_commit_kill_points``: a member's training thread dropped the last reference to its
+previous round's group while a collective of that group was still blocked on a live peer; Gloo's
+destructor then joined that collective's thread for up to the collective timeout (300 s in a job),
+with the training thread stuck inside the call and heartbeats still flowing. Abandoning the group the
+moment its collective fails or is aborted (``worker.groups``) makes every such release immediate.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.worker.context import RoundInfo, WorkerContext
+from cloud_elastic.worker.exceptions import CollectiveError
+from cloud_elastic.worker.settings import WorkerSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+#: Gloo's own timeout for the test's groups: what a release blocked on a pending collective would wait.
+COLLECTIVE_TIMEOUT_S = 30.0
+
+
+@pytest.fixture
+def pair():
+    """Two workers (hosts 127.0.0.1 and 127.0.0.2) in round 1 of one job, after one allreduce together."""
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+
+    def worker(name: str, host: str) -> WorkerContext:
+        ctx = WorkerContext(WorkerSettings(
+            standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{server.port}", job_id="ab",
+            worker_id=name, hostname=host, secret="s" * 64, backend="gloo", collective_timeout_s=COLLECTIVE_TIMEOUT_S,
+            malloc_tuning=False,
+        ))
+        ctx._store = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
+        return ctx
+
+    a, b = worker("a", "127.0.0.1"), worker("b", "127.0.0.2")
+    formed = threading.Thread(target=b._form_group, args=(RoundInfo(1, 2, 0, 1, 1, 2, round=1, needs_sync=False,
+                                                                    update_gen=0),))
+    formed.start()
+    a._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=1, needs_sync=False, update_gen=0))
+    formed.join(30)
+    pending = b.pg.allreduce([torch.ones(4)])
+    a.wait(a.pg.allreduce([torch.ones(4)]), "first allreduce")
+    pending.wait()
+    yield a, b
+    server = None  # noqa: F841 (the store outlives both workers' use of it)
+
+
+def _abort_soon(ctx: WorkerContext) -> threading.Timer:
+    timer = threading.Timer(0.3, lambda: setattr(ctx, "_seen_abort", 1))  # the driver's abort, by heartbeat
+    timer.start()
+    return timer
+
+
+def test_a_group_whose_collective_was_abandoned_is_let_go_at_once_even_on_the_training_thread(pair):
+    a, b = pair  # b stays silent: stopped, partitioned, or already in another collective
+    _abort_soon(a)
+    with pytest.raises(CollectiveError, match="abandoned: the driver aborted round 1"):
+        a.wait(a.pg.allreduce([torch.ones(1000)]), "gradient allreduce")
+    group, a._group = a._group, None
+    started = time.monotonic()
+    del group  # the last reference, dropped by the training thread itself
+    gc.collect()
+    assert time.monotonic() - started < 5, "the release waited for the collective abandoned on the silent peer"
+
+
+def test_a_peer_waiting_on_a_worker_that_gave_the_round_up_is_released_at_once(pair):
+    a, b = pair
+    waiting = b.pg.allreduce([torch.ones(1000)])  # b is in a collective that a will never join
+    _abort_soon(a)
+    with pytest.raises(CollectiveError):
+        a.wait(a.pg.broadcast([torch.ones(3)], dist.BroadcastOptions()), "another collective")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError):
+        waiting.wait(timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    assert time.monotonic() - started < 5, "the peer waited out Gloo's timeout for a worker that had left"

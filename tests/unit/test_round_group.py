@@ -1,0 +1,131 @@
+"""worker/groups.py: a round's group keeps its store alive, is abandoned once, and is released off-thread.
+
+NCCL cannot run here (no GPU): its abort and release logic is checked with a stand-in group that
+records what is called on it. The store's lifetime is checked for real, with a C++ holder of our
+Python store, which is what ``ProcessGroupNCCL`` is when it connects lazily.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.worker.context import RoundInfo, WorkerContext
+from cloud_elastic.worker.groups import RoundGroup, nccl_error_handling_default, quiesce_device
+from cloud_elastic.worker.reclaim import Reaper
+from cloud_elastic.worker.settings import WorkerSettings
+from cloud_elastic.worker.store import SignedStore
+
+pytestmark = pytest.mark.timeout(30)
+
+SECRET = "s" * 64
+
+
+@pytest.fixture
+def tcp():
+    return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+
+
+def _context(tcp) -> WorkerContext:
+    ctx = WorkerContext(WorkerSettings(
+        standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{tcp.port}", job_id="rg",
+        worker_id="w0", secret=SECRET, backend="gloo", collective_timeout_s=10.0, malloc_tuning=False,
+    ))
+    ctx._store = tcp
+    return ctx
+
+
+def test_torch_cannot_call_a_python_store_that_only_cpp_still_holds(tcp):
+    """The pitfall behind NCCL's failed first collective (if torch ever fixes it, this test says so)."""
+    holder = dist.PrefixStore("lazy", SignedStore(tcp, "r1-x", SECRET))
+    gc.collect()
+    with pytest.raises(RuntimeError, match="Not implemented"):
+        holder.set("key", "value")
+
+
+def test_a_round_group_keeps_its_python_store_alive_for_the_group_to_call_later(tcp, monkeypatch):
+    ctx = _context(tcp)
+    # A group that, like ProcessGroupNCCL, holds the round's store in C++ only and calls it later.
+    monkeypatch.setattr(ctx, "_new_group", lambda store, info: dist.PrefixStore("lazy", store))
+    ctx._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=1, needs_sync=False, update_gen=0))
+    gc.collect()
+    ctx.pg.set("address", "10.0.0.1:1234")  # what NCCL does at its first collective
+    assert ctx.pg.get("address") == b"10.0.0.1:1234"
+
+
+class _Sockets:
+    def __init__(self) -> None:
+        self.shutdowns = 0
+
+    def __len__(self) -> int:
+        return 2
+
+    def shutdown(self) -> int:
+        self.shutdowns += 1
+        return 2
+
+
+class _NcclStandIn:
+    """Records the calls the worker makes on an NCCL group (no GPU here)."""
+
+    def __init__(self) -> None:
+        self.aborts = 0
+
+    def abort(self) -> None:
+        self.aborts += 1
+
+
+def test_abandoning_a_gloo_group_shuts_its_connections_once():
+    sockets = _Sockets()
+    group = RoundGroup(object(), None, sockets, "gloo")
+    assert group.abandon() and not group.abandon()
+    assert sockets.shutdowns == 1 and group.abandoned
+
+
+def test_abandoning_an_nccl_group_aborts_its_communicator_once():
+    pg = _NcclStandIn()
+    group = RoundGroup(pg, object(), None, "nccl", torch.device("cpu"))
+    group.abandon()
+    group.abandon()
+    assert pg.aborts == 1
+
+
+def test_a_retired_nccl_group_is_aborted_and_released_not_kept():
+    """Kept forever, every failure would leave a communicator's memory behind on the GPU."""
+    reaper = Reaper(bound_s=5.0)
+    pg = _NcclStandIn()
+    group = RoundGroup(pg, object(), None, "nccl")
+    alive = [group]
+    reaper.retire(alive.pop())
+    del group
+    deadline = time.monotonic() + 5
+    while reaper.reclaimed == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pg.aborts == 1 and reaper.reclaimed == 1 and reaper.leaked == 0
+
+
+def test_a_gloo_group_whose_connections_are_unknown_is_kept_rather_than_destroyed_blind():
+    reaper = Reaper()
+
+    class NoSockets(_Sockets):
+        def __len__(self) -> int:
+            return 0
+
+    reaper.retire(RoundGroup(object(), None, NoSockets(), "gloo"))
+    assert reaper.leaked == 1 and reaper.reclaimed == 0
+
+
+def test_torchs_nccl_watchdog_is_told_to_clean_up_without_killing_the_survivor():
+    env: dict[str, str] = {}
+    assert nccl_error_handling_default(env) == "2"
+    user = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert nccl_error_handling_default(user) == "1"  # the user's own choice wins
+
+
+def test_quiescing_a_cpu_device_returns_at_once():
+    assert quiesce_device(torch.device("cpu")) and quiesce_device(None)
