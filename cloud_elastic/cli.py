@@ -69,6 +69,9 @@ def cli(ctx: click.Context) -> None:
               help="how long to wait for -np slots and for workers to start (default 600)")
 @click.option("--heartbeat-timeout", type=float, default=5.0, metavar="SECONDS",
               help="a worker silent this long is given up and its round aborted (default 5)")
+@click.option("--progress-timeout", type=float, default=120.0, metavar="SECONDS",
+              help="a round in which no worker commits, steps, completes a collective or runs Python code this "
+                   "long is aborted, its workers' stacks logged first (default 120; 0 never)")
 @click.option("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
               help="seconds between discovery calls (default 1)")
 @click.option("--host-missing-grace", type=float, default=10.0, metavar="SECONDS",
@@ -181,6 +184,7 @@ def job_config(params: dict[str, Any]):
         drain_on_rebalance=params["drain_on_rebalance"],
         events_file=params["events_file"],
         metrics_port=params["metrics_port"],
+        progress_timeout_s=params["progress_timeout"],
     )
 
 

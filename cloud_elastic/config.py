@@ -98,6 +98,8 @@ class JobConfig:
     events_file: str | None = None
     #: Prometheus metrics port; None = off.
     metrics_port: int | None = None
+    #: A round in which no worker makes progress this long is aborted (its workers' stacks logged first); 0 = never.
+    progress_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -127,6 +129,8 @@ class JobConfig:
             raise ConfigError(f"--host-missing-grace must be >= 0, got {self.host_missing_grace_s:g}")
         if self.driver_grace_s < 0:
             raise ConfigError(f"--driver-grace must be >= 0, got {self.driver_grace_s:g}")
+        if not 0 <= self.progress_timeout_s < float("inf"):
+            raise ConfigError(f"--progress-timeout must be >= 0 (0: never), got {self.progress_timeout_s:g}")
         if self.checkpoint_keep < 1:
             raise ConfigError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
         if self.notice_watcher not in NOTICE_WATCHERS:

@@ -27,7 +27,17 @@ from cloud_elastic.control import Codec, new_secret
 from cloud_elastic.driver.discovery import DiscoveryFailure, DiscoveryPoller
 from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
 from cloud_elastic.driver.job import ElasticJob, Finish, Launch, Policy, Release, Stop
-from cloud_elastic.protocol import AdoptRequest, PollReply, PollRequest, ReRegister, RendezvousRequest, WaitReply
+from cloud_elastic.protocol import (
+    AdoptRequest,
+    CompletedReport,
+    CompletionReply,
+    PollReply,
+    PollRequest,
+    ReRegister,
+    RendezvousRequest,
+    StacksReport,
+    WaitReply,
+)
 from cloud_elastic.driver.launch import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
 from cloud_elastic.driver.local import LocalLauncher
 from cloud_elastic.driver.server import ControlServer, Held
@@ -77,6 +87,7 @@ class Driver:
                 heartbeat_timeout_s=config.heartbeat_timeout_s,
                 completion_grace_s=config.completion_grace_s,
                 checkpointing=config.checkpoint_dir is not None,
+                progress_timeout_s=config.progress_timeout_s,
             ),
             HostManager(Blacklist(config.cooldown_range_s), missing_grace_s=config.host_missing_grace_s,
                         drain_soft=config.drain_on_rebalance),
@@ -199,16 +210,32 @@ class Driver:
                               "stop it first or use another --checkpoint-dir")
         self._previous_alive = _previous_alive(store, record.job_id)
         self._predecessor_gone = self._adoption is None and self._previous is None and self._previous_alive is None
+        self._resume_from_checkpoints(announce_none=True)
+
+    def _resume_from_checkpoints(self, *, announce_none: bool) -> None:
+        """When the store holds a checkpoint of this job, the first round resumes from the newest one.
+
+        Called when the store is opened and again after waiting out a dead
+        predecessor's workers: they write their last checkpoints while we wait.
+        """
+        if self._durable_store is None or self._job.resumed:
+            return
+        store = self._durable_store
         checkpoints = store.list()
         if not checkpoints:
-            log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts over",
-                     self.job_id, store.url)
+            if announce_none:
+                log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts "
+                         "over unless its workers still write one", self.job_id, store.url)
+            else:
+                log.info("job %s: the previous workers wrote no checkpoint to %s; training starts over",
+                         self.job_id, store.url)
             return
         newest = checkpoints[0]
         log.warning("job %s: resuming from %s: the latest checkpoint is of step %d, written %s ago",
                     self.job_id, store.url, newest.step, _age(time.time() - newest.created))
-        self._job.resumed = True
-        self._job.state_committed = True
+        with self._cond:
+            self._job.resumed = True
+            self._job.state_committed = True
 
     def _set_job_id(self, job_id: str) -> None:
         self.job_id = job_id
@@ -250,6 +277,10 @@ class Driver:
                     if self._cond.wait_for(lambda: self._stop_reason is not None, left):
                         return  # interrupted: its workers may still run, which our last word must not deny
             self._check_no_other_driver()
+            try:
+                self._resume_from_checkpoints(announce_none=False)  # what the old workers wrote while we waited
+            except CheckpointError as exc:
+                self.stop(f"cannot read the checkpoints in {self.config.checkpoint_dir}: {exc}", 1)
         self._predecessor_gone = True
 
     def _check_no_other_driver(self) -> None:
@@ -538,9 +569,9 @@ class Driver:
             if kind == "poll":
                 return self._poll(worker_id, msg)
             if kind == "completed":
-                self._job.completed(worker_id, now)
-                self._cond.notify_all()
-                return {"ok": True}
+                return self._completed(worker_id, msg, now)
+            if kind == "stacks":
+                return self._stacks(worker_id, msg)
             if kind == "notice":
                 return self._notice(worker_id, msg, now)
             if kind == "checkpoint":
@@ -574,7 +605,8 @@ class Driver:
                 self._sinks.metrics.observe_step(request.commit_seq)
 
         def check(final: bool) -> dict[str, Any] | None:
-            reply = self._job.heartbeat(worker_id, self._clock(), request.commits, request.commit_seq)
+            reply = self._job.heartbeat(worker_id, self._clock(), request.commits, request.commit_seq,
+                                        request.progress, request.steps, request.waiting_s)
             if reply is None:
                 return PollReply(0, 0, 0, True).to_wire()
             if (reply.round, reply.update_gen, reply.abort_round) != known or reply.shutdown or final:
@@ -583,6 +615,36 @@ class Driver:
             return None
 
         return check(False) or self._cond.hold_poll(check, self._poll_hold_s())
+
+    def _completed(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any] | Held:
+        """A worker's training function returned: held while it waits for rank 0's (see ElasticJob.completed)."""
+        report = CompletedReport.from_wire(msg)
+        decision, reason = self._job.completed(worker_id, now, commit_seq=report.commit_seq, steps=report.steps,
+                                               error=report.error)
+        self._cond.notify_all()
+        if decision != "wait":
+            return CompletionReply(decision, reason).to_wire()
+
+        def check(final: bool) -> dict[str, Any] | None:
+            answer = self._job.completion_reply(worker_id)
+            if answer is None:
+                return CompletionReply("wait").to_wire() if final else None
+            return CompletionReply(*answer).to_wire()
+
+        return self._cond.hold(check, 30.0)
+
+    def _stacks(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
+        """A worker of a stuck round sent its stacks: into the log and the events file."""
+        report = StacksReport.from_wire(msg)
+        w = self._job.stacks_received(worker_id, report.request)
+        if w is None:
+            return {"ok": False}
+        log.warning("job %s: stacks of worker %s (%s), round %d:\n%s", self.job_id, worker_id, w.label, w.round,
+                    report.text.rstrip())
+        self._sinks.sink.emit("stacks", worker=worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
+                              text=report.text, **({"round": w.round} if w.round else {}))
+        self._cond.notify_all()
+        return {"ok": True}
 
     def _poll_hold_s(self) -> float:
         """How long a heartbeat is held: the heartbeat interval, longer in a group so large that the

@@ -86,6 +86,26 @@ class Policy:
     checkpointing: bool = False
     #: A draining host's workers still in their round this long before its deadline are removed by force.
     deadline_margin_s: float = 5.0
+    #: A round in which no member makes progress this long is aborted (``--progress-timeout``; 0: never).
+    progress_timeout_s: float = 120.0
+
+
+#: A member whose training function returned is found to have returned early once rank 0 has waited
+#: this long in a collective (that member will never join it).
+EARLY_RETURN_WAIT_S = 5.0
+#: How long a stuck round's members get to send their stacks before the driver acts without them.
+STACKS_WAIT_S = 5.0
+
+
+@dataclass
+class _Stall:
+    """A stuck round found by the no-progress watch, waiting for its members' stacks before the driver acts."""
+
+    kind: str  # "stalled": nobody made progress; "not_back": members did not come back after an abort
+    round: int
+    workers: list[str]
+    asked_at: float  # running time
+    idle_s: float
 
 
 class Phase(enum.Enum):
@@ -206,6 +226,16 @@ class ElasticJob:
     _leavers_checked: tuple[int, int] = (-1, -1)
     _draining_round: int = -1
     _alive_count: int = 0  # as of the last step
+    #: The latest stacks request (a worker is asked by giving it this number; see worker.progress).
+    stacks_gen: int = 0
+    _round_progress_at: float = 0.0  # running time of the last progress of a member of the current round
+    _abort_seen_at: float | None = None  # running time the abort of the current round was first seen by a step
+    _stall: _Stall | None = None
+    #: Members whose training function returned before rank 0's -> when they did (running time).
+    _parked: dict[str, float] = field(default_factory=dict)
+    #: Why the job cannot succeed although rank 0 completed (a worker failed after completing, the final
+    #: checkpoint was not written).
+    _completion_failures: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._silence = SilenceWatch(self.policy.heartbeat_timeout_s, self.policy.start_timeout_s)
@@ -423,29 +453,111 @@ class ElasticJob:
         return None
 
     def heartbeat(self, worker_id: str, now: float, commits: int | None = None,
-                  commit_seq: int | None = None) -> PollReply | None:
-        """A worker's heartbeat; None if the worker is unknown or already given up."""
+                  commit_seq: int | None = None, progress: int | None = None, steps: int | None = None,
+                  waiting_s: float | None = None) -> PollReply | None:
+        """A worker's heartbeat; None if the worker is unknown or already given up.
+
+        ``progress`` is the worker's progress counter (see ``worker.progress``):
+        a round none of whose members' counters grows for ``progress_timeout_s``
+        is stuck. ``waiting_s`` is how long it has been waiting in one collective.
+        """
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return None
-        w.last_seen = self._clock(now)
+        running = w.last_seen = self._clock(now)
         self._note_commits(w, commits, commit_seq)
-        return PollReply(self.round, self.update_gen, self.abort_round, self.phase is Phase.DONE)
+        if progress is not None and progress != w.progress:
+            w.progress, w.progress_at = progress, running
+            if w.round == self.round and w.state in _MEMBER:
+                self._round_progress_at = running
+        if steps is not None and steps > w.steps:
+            w.steps = steps
+        if waiting_s is not None:
+            w.waiting_s, w.waiting_at = waiting_s, running
+        return PollReply(self.round, self.update_gen, self.abort_round, self.phase is Phase.DONE,
+                         stacks=w.stacks_wanted)
 
-    def completed(self, worker_id: str, now: float) -> None:
-        """A worker reports that its training function returned."""
+    def stacks_received(self, worker_id: str, request: int) -> WorkerRecord | None:
+        """A worker sent the stacks it was asked for; returns its record (None if unknown)."""
         w = self.workers.get(worker_id)
-        if w is None or w.state in (S.COMPLETED, S.EXITED, S.LOST):
-            return
+        if w is not None and request > w.stacks_sent:
+            w.stacks_sent = request
+        return w
+
+    def completed(self, worker_id: str, now: float, *, commit_seq: int | None = None, steps: int | None = None,
+                  error: str | None = None) -> tuple[str, str]:
+        """A worker reports that its training function returned; answers ``(decision, reason)``.
+
+        Completion is rank 0's to decide: it holds the state. Rank 0 returning
+        starts the job's completion (``done``), and so does any worker returning
+        once that has started. Another member returning while rank 0 still trains
+        is *parked* (``wait``) until rank 0 returns too, normally milliseconds
+        later; if rank 0 is instead found waiting in a collective, the member
+        returned early and is sent away (``leave``, see :meth:`_check_early_returns`).
+        ``error`` (rank 0 could not write the final durable checkpoint) makes the
+        job fail once it has completed.
+        """
+        w = self.workers.get(worker_id)
+        if w is None or not w.alive:
+            return "leave", "this worker was already given up"
+        w.last_seen = self._clock(now)
+        self._note_commits(w, None, commit_seq)
+        if steps is not None and steps > w.steps:
+            w.steps = steps
+        if error:
+            self._completion_failures.append(f"worker {worker_id} ({w.label}): {error}")
+            log.error("job %s: worker %s (%s): %s", self.job_id, worker_id, w.label, error)
+        decision = self.completion_reply(worker_id)
+        if decision is not None:
+            return decision
         if w.state not in (S.RUNNING, S.DRAINING):
             log.warning("job %s: worker %s reported completion while %s; ignored", self.job_id, worker_id, w.state.value)
-            return
+            return "done", ""
+        rank0 = self._rank0()
+        if self.phase in (Phase.FINISHING, Phase.DONE) or rank0 is None or rank0 is w:
+            self._complete(w, now)
+            return "done", ""
+        if not w.returned:
+            w.returned = True
+            self._parked[worker_id] = w.last_seen
+            log.info("job %s: rank %s (%s) returned from its training function at commit %d; waiting for rank 0 "
+                     "to return too", self.job_id, w.rank, worker_id, w.commit_seq)
+        return "wait", ""
+
+    def completion_reply(self, worker_id: str) -> tuple[str, str] | None:
+        """What a worker whose training function returned is told now; None while it must wait for rank 0."""
+        w = self.workers.get(worker_id)
+        if w is None or not w.alive:
+            return "leave", "this worker was given up" if w is not None else "unknown worker"
+        if w.state is S.COMPLETED:
+            return "done", ""
+        if w.state is S.EXITING:
+            return "leave", w.why or "told to exit"
+        return None  # still training, or parked until rank 0 returns
+
+    def _rank0(self) -> WorkerRecord | None:
+        """Rank 0 of the current round while it is still training in it, else None."""
+        if self._ranks is None:
+            return None
+        for worker_id, ranks in self._ranks.items():
+            if ranks.rank == 0:
+                w = self.workers.get(worker_id)
+                return w if w is not None and w.member_of(self.round) else None
+        return None
+
+    def _complete(self, w: WorkerRecord, now: float) -> None:
+        """``w`` finished its training function and the job is completing: so did every parked member."""
         w.to(S.COMPLETED)
-        w.last_seen = self._clock(now)
         if self.phase in (Phase.STARTING, Phase.RUNNING):
-            log.info("job %s: rank %s (%s) finished training; round %d is completing", self.job_id, w.rank, worker_id, self.round)
+            log.info("job %s: rank %s (%s) finished training; round %d is completing", self.job_id, w.rank,
+                     w.worker_id, self.round)
             self.phase = Phase.FINISHING
             self._finishing_since = now
+        for worker_id in sorted(self._parked):
+            parked = self.workers[worker_id]
+            if parked.alive and parked.state in _MEMBER:
+                parked.to(S.COMPLETED)
+        self._parked.clear()
         self._step(now)
 
     def exited(self, worker_id: str, status: ExitStatus, now: float) -> None:
@@ -458,7 +570,20 @@ class ElasticJob:
         w.to(S.EXITED)
         if before is S.COMPLETED:
             self._completed += 1
-            log.debug("job %s: worker %s exited after completing", self.job_id, worker_id)
+            if status.code != 0 and status.known or status.transport_error:
+                what = (f"worker {worker_id} ({w.label}) {status.describe} after its training function returned "
+                        f"(commit {w.commit_seq}, {w.steps} optimizer step(s))")
+                self._completion_failures.append(what)
+                log.error("job %s: %s", self.job_id, what)
+                self._emit("worker_failed", worker=worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
+                           reason=f"{status.describe} after its training function returned",
+                           exit_code=status.code if status.code >= 0 else None, blacklisted_s=None,
+                           **({"signal": _signal_name(-status.code)} if status.code < 0 else {}))
+            elif not status.known:
+                log.warning("job %s: worker %s (adopted) ended after completing; its exit code is unknown to this "
+                            "driver", self.job_id, worker_id)
+            else:
+                log.debug("job %s: worker %s exited after completing", self.job_id, worker_id)
         elif before in (S.EXITING, S.DRAINING):
             log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.why or "told to exit")
             self._emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index, reason=w.why or "told to exit",
@@ -632,7 +757,15 @@ class ElasticJob:
         self._failure_since_round = True
         if self.phase is Phase.RUNNING and self.abort_round < self.round:
             self.abort_round = self.round
-            log.info("job %s: round %d aborted; survivors roll back to their last commit", self.job_id, self.round)
+            self._alive_memo = None
+            left = [w for w in self._members() if not w.returned]
+            if not left:
+                what = "no member is left in it"
+            elif not self.state_committed:
+                what = "no worker has committed yet, so the survivors start over from the initial state"
+            else:
+                what = "survivors roll back to their last commit"
+            log.info("job %s: round %d aborted; %s", self.job_id, self.round, what)
             self._pending_rollback = self.round
 
     def _step(self, now: float) -> None:
@@ -655,6 +788,8 @@ class ElasticJob:
             why = self._missing_reason()
             self._emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
         self._check_liveness(now)
+        self._check_early_returns()
+        self._check_progress(now)
         self._mark_leavers()
         self._enforce_deadlines(now)
         self._release_drained(now)
@@ -705,6 +840,120 @@ class ElasticJob:
             self._lost_leaver(w, what)
         if was_member:
             self._abort_round()
+
+    # ------------------------------------------------ early returns, stuck rounds
+    def _check_early_returns(self) -> None:
+        """Parked members whose rank 0 is still training leave the round; their peers go on without them.
+
+        A member whose training function returned is parked until rank 0's returns
+        too. Rank 0 waiting in a collective for EARLY_RETURN_WAIT_S means it is
+        still training: that collective needs the parked members, who will never
+        join it (a loop or a sampler sized for another world size, typically). They
+        are told to leave, and the round is aborted, which frees rank 0 from the
+        collective: the others roll back to their last commit and continue. A
+        parked member whose rank 0 failed cannot rejoin either, and leaves too.
+        """
+        if not self._parked or self.phase is not Phase.RUNNING:
+            return
+        rank0 = self._rank0()
+        if rank0 is not None and self.abort_round < self.round:
+            # Only a wait reported after the last member parked counts: an older report may be of a
+            # collective that the parked members did join.
+            if rank0.waiting_s < EARLY_RETURN_WAIT_S or rank0.waiting_at <= max(self._parked.values()):
+                return
+        for worker_id in sorted(self._parked):
+            w = self.workers[worker_id]
+            if not w.alive or w.state not in _MEMBER:
+                continue
+            if rank0 is None or self.abort_round >= self.round:
+                why = "its round ended before rank 0 finished training; it cannot rejoin after returning"
+            else:
+                why = (f"returned from its training function at commit {w.commit_seq} ({w.steps} optimizer step(s)) "
+                       f"while rank 0 ({rank0.worker_id}) was still training (at commit {rank0.commit_seq}, "
+                       f"{rank0.steps} step(s)); likely cause: a loop or sampler sized for another world size "
+                       f"(e.g. a DistributedSampler built once at start-up: use hvd.elastic.ElasticSampler or "
+                       f"rebuild it in a reset callback)")
+            log.warning("job %s: worker %s (%s) %s; it leaves the job and the others continue", self.job_id,
+                        worker_id, w.label, why)
+            w.to(S.EXITING, why)
+            self._emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index, reason=why,
+                       early_return=True, commit_step=w.commit_seq, steps=w.steps,
+                       **({"round": w.round} if w.round else {}))
+        self._parked.clear()
+        self._alive_memo = None
+        if self.abort_round < self.round:
+            self._last_failure = "a member returned from its training function while rank 0 was still training"
+            self._abort_round()
+
+    def _check_progress(self, now: float) -> None:
+        """The backstop for a stuck round (``progress_timeout_s``): stacks first, then abort or give up.
+
+        A round none of whose members made progress (a commit, a step, a completed
+        collective, or its training thread moving on; see ``worker.progress``) for
+        the timeout is aborted. A member still in an aborted round one more
+        timeout later (stuck where the abort cannot reach it) is given up and
+        stopped. Either way every member concerned is asked for its stacks first,
+        which go to the log and the events file (see the driver's ``stacks``).
+        """
+        bound = self.policy.progress_timeout_s
+        if bound <= 0 or self.phase is not Phase.RUNNING or self.adopting or self.round == 0:
+            return
+        running = self._clock(now)
+        if self._stall is not None:
+            self._act_on_stall(running, now)
+            return
+        if self.abort_round >= self.round:
+            if self._abort_seen_at is None:
+                self._abort_seen_at = running
+            elif running - self._abort_seen_at > bound:
+                stuck = [w for w in self._members() if not w.returned]
+                if stuck:
+                    self._ask_stacks("not_back", stuck, running, running - self._abort_seen_at)
+        elif running - self._round_progress_at > bound:
+            members = [w for w in self._members() if not w.returned]
+            if members:
+                self._ask_stacks("stalled", members, running, running - self._round_progress_at)
+
+    def _ask_stacks(self, kind: str, workers: list[WorkerRecord], running: float, idle_s: float) -> None:
+        self.stacks_gen += 1
+        for w in workers:
+            w.stacks_wanted = self.stacks_gen
+        self._stall = _Stall(kind, self.round, [w.worker_id for w in workers], running, idle_s)
+        names = ", ".join(f"{w.worker_id} ({w.label})" for w in workers)
+        if kind == "stalled":
+            reason = (f"no member of round {self.round} made progress for {idle_s:.0f}s (--progress-timeout "
+                      f"{self.policy.progress_timeout_s:g}): no commit, optimizer step or completed collective")
+        else:
+            reason = (f"{len(workers)} member(s) of round {self.round} did not come back to rendezvous within "
+                      f"{idle_s:.0f}s of its abort (--progress-timeout {self.policy.progress_timeout_s:g})")
+        log.warning("job %s: %s; asking %s for their stacks", self.job_id, reason, names)
+        self._emit("round_stalled", round=self.round, idle_s=round(idle_s, 1), reason=reason,
+                   workers=[w.worker_id for w in workers])
+
+    def _act_on_stall(self, running: float, now: float) -> None:
+        stall = self._stall
+        assert stall is not None
+        workers = [self.workers[i] for i in stall.workers]
+        answered = all(w.stacks_sent >= w.stacks_wanted or not w.alive for w in workers)
+        if not answered and running - stall.asked_at < STACKS_WAIT_S:
+            return
+        self._stall = None
+        silent = [w.worker_id for w in workers if w.alive and w.stacks_sent < w.stacks_wanted]
+        if silent:
+            log.warning("job %s: no stacks came from %s within %gs", self.job_id, ", ".join(silent), STACKS_WAIT_S)
+        if stall.round != self.round:
+            return
+        if stall.kind == "stalled":
+            if self.abort_round < self.round:
+                self._last_failure = (f"round {self.round} made no progress for {stall.idle_s:.0f}s "
+                                      f"(--progress-timeout {self.policy.progress_timeout_s:g})")
+                self._abort_round()
+            return
+        what = (f"did not come back to rendezvous within {stall.idle_s:.0f}s of the abort of round {stall.round} "
+                f"(stuck where the abort cannot reach it; its stacks are above)")
+        for w in workers:
+            if w.alive and w.member_of(stall.round) and not w.returned:
+                self._give_up(w, what, now)
 
     # --------------------------------------------------- leaving hosts
     def _mark_leavers(self) -> None:
@@ -790,14 +1039,19 @@ class ElasticJob:
                 # stop it now rather than wait out the completion grace for it.
                 w.to(S.EXITING, "the job completed before it joined")
                 self._actions.append(Stop(w.worker_id, "the job completed before it joined"))
-        if not self._alive():
-            self._finish(True, f"training completed on {self.completed_workers} worker(s) after {self.resets} reset(s)", 0)
-        elif self._finishing_since is not None and now - self._finishing_since > self.policy.completion_grace_s:
-            for w in self._alive():
-                if w.state is not S.EXITING:
-                    w.to(S.EXITING, "job completed; worker did not exit in time")
-                self._actions.append(Stop(w.worker_id, "job completed; worker did not exit in time"))
-            self._finish(True, f"training completed on {self.completed_workers} worker(s) after {self.resets} reset(s)", 0)
+        if self._alive() and (self._finishing_since is None
+                              or now - self._finishing_since <= self.policy.completion_grace_s):
+            return
+        for w in self._alive():
+            if w.state is not S.EXITING:
+                w.to(S.EXITING, "job completed; worker did not exit in time")
+            self._actions.append(Stop(w.worker_id, "job completed; worker did not exit in time"))
+        failures = self._completion_failures
+        if failures:
+            more = f" (and {len(failures) - 1} more failure(s), above)" if len(failures) > 1 else ""
+            self._finish(False, f"rank 0 finished training, but {failures[0]}{more}", 1)
+            return
+        self._finish(True, f"training completed on {self.completed_workers} worker(s) after {self.resets} reset(s)", 0)
 
     # ------------------------------------------------------------ capacity
     def _plan_launches(self, now: float) -> None:
@@ -962,6 +1216,7 @@ class ElasticJob:
         self._from_checkpoint = plan.from_checkpoint
         self._round_update_gen = self.update_gen
         self._failure_since_round = False
+        self._round_progress_at, self._abort_seen_at, self._stall = self._clock(now), None, None
         for w in ordered:
             w.to(S.RUNNING)
             w.round = self.round

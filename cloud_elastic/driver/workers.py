@@ -85,6 +85,18 @@ class WorkerRecord:
     commit_seq: int = 0
     #: It said at its last rendezvous that it cannot restore its last commit exactly.
     commit_lost: bool = False
+    #: Its progress counter (see ``worker.progress``), and when (running time) it last grew.
+    progress: int = 0
+    progress_at: float = 0.0
+    #: Optimizer steps it has taken in all, and how long it has been waiting in one collective.
+    steps: int = 0
+    waiting_s: float = 0.0
+    waiting_at: float = 0.0  # running time of the heartbeat that reported waiting_s
+    #: Its training function returned while rank 0 of its round had not: it waits for rank 0's verdict.
+    returned: bool = False
+    #: The stacks request it was last asked to answer, and the last one it answered.
+    stacks_wanted: int = 0
+    stacks_sent: int = 0
 
     def to(self, new: WorkerState, why: str = "") -> None:
         """Move to ``new``; IllegalTransition if the state machine has no such edge."""

@@ -47,6 +47,11 @@ OWNERS: dict[str, frozenset[str]] = {
     }),
     "tests/integration/test_durable.py::test_whole_group_loss_resumes_from_the_checkpoint_with_exactly_once_samples":
         frozenset({"checkpoint_saved", "checkpoint_loaded"}),
+    "tests/integration/test_endings.py::"
+    "test_a_round_stuck_in_a_blocked_worker_is_aborted_after_its_stacks_and_the_job_goes_on":
+        frozenset({"round_stalled", "round_stalled.reason", "round_stalled.workers", "stacks", "stacks.rank"}),
+    "tests/integration/test_endings.py::test_a_member_that_returns_while_rank_0_trains_leaves_and_rank_0_finishes":
+        frozenset({"worker_left", "worker_left.early_return", "worker_left.commit_step", "worker_left.steps"}),
     "tests/integration/test_driver_adoption.py::"
     "test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_step":
         frozenset({"worker_adopted", "worker_adopted.commit_step", "adoption_done"}),

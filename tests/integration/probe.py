@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -54,6 +55,13 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--min-resets", type=int, default=0, help="keep training past --steps/--epochs until this many resets")
     p.add_argument("--commit-every", type=int, default=1, help="commit every N steps (without a sampler)")
+    p.add_argument("--block-at-step", type=int, default=-1,
+                   help="the training thread blocks for good in native code inside this step (--only-slot)")
+    p.add_argument("--return-at-step", type=int, default=-1,
+                   help="return from the training function after committing this step (--only-slot): too early")
+    p.add_argument("--fail-after-training", action="store_true",
+                   help="raise right after the training function returns (a final save that fails)")
+    p.add_argument("--start-when", default="", help="train only once this file exists (the test's gate)")
     args = p.parse_args()
 
     hvd.init()
@@ -85,6 +93,10 @@ def main() -> None:
         optimizer.zero_grad()
         F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
         optimizer.step()
+        if mine and state.step + 1 == args.block_at_step:
+            event("blocking", rank=hvd.rank(), step=state.step)
+            blocked_in_native_code = threading.Event()
+            blocked_in_native_code.wait()  # never set: a lock wait, no Python runs
         state.step += 1
         if mine and state.step == args.fail_at_step:
             event("failing", rank=hvd.rank())
@@ -98,12 +110,17 @@ def main() -> None:
     def train(state: hvd.elastic.TorchState) -> None:
         # Entered once per round, after the state sync, so every rank counts alike.
         state.resets += 1
+        while args.start_when and not os.path.exists(args.start_when):
+            time.sleep(0.05)
         if sampler is None:
             while state.step < args.steps or state.resets < args.min_resets:
                 one_step()
                 if state.step % args.commit_every == 0 or state.step >= args.steps:
                     state.commit()
                     event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
+                if mine and state.step == args.return_at_step:
+                    event("returning", rank=hvd.rank(), step=state.step)
+                    return
             return
         while True:
             sampler.set_epoch(state.epoch)
@@ -120,6 +137,8 @@ def main() -> None:
 
     train(state)
     event("done", rank=hvd.rank(), size=hvd.size(), step=state.step, checksum=checksum(model))
+    if args.fail_after_training:
+        raise RuntimeError("the final save failed (--fail-after-training)")
 
 
 if __name__ == "__main__":

@@ -165,3 +165,40 @@ def test_a_live_driver_whose_local_record_is_gone_is_not_run_twice_on_its_machin
     assert second.finish(60) == 2, second.output()
     assert f"is already running here (driver pid {first.proc.pid})" in second.output()
     assert first.proc.poll() is None
+
+
+def test_a_driver_restarted_before_any_checkpoint_resumes_from_what_the_old_workers_wrote_meanwhile(jobs, tmp_path):
+    """The old workers write their first checkpoints while the restarted driver waits out their grace:
+    it must look again after the wait, not start training over from initial weights."""
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    (tmp_path / "run").mkdir()
+    ckpt, gate = tmp_path / "ckpt", tmp_path / "train-now"
+    # The workers train (and so checkpoint) only once the gate exists: after the restarted driver has
+    # looked for checkpoints and found none. Their grace outlasts the restarted driver's start-up.
+    args = ["run", "-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "--checkpoint-dir", str(ckpt),
+            "--checkpoint-interval", "1", "--driver-grace", "20",
+            *probe_cmd("--steps", "250", "--step-sleep", "0.1", "--start-when", str(gate))]
+    first = jobs(args, env=env)
+    first.wait_for(lambda j: len(j.of("hello")) == 2, timeout=120, what="the workers in their first round")
+    job_id = first.job_id()
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    # As on another machine: no local record of the dead driver, so no adoption, only the wait.
+    shutil.rmtree(tmp_path / "run" / "cloud-elastic" / job_id)
+
+    second = jobs(args, env=env)
+    second.wait_for(lambda j: "it has no checkpoint yet" in j.output(), timeout=60, what="the restarted driver")
+    gate.touch()
+    store = CheckpointStore(str(ckpt))
+    _wait_until(lambda: store.list(), 30, "a checkpoint from the old workers")
+    assert second.finish(180) == 0, second.output()
+    out = second.output()
+    assert "for them to stop before starting new ones" in out, out
+    assert second.job_id() == job_id
+    loaded = [line for line in second.lines if "resumed from the checkpoint of step" in line]
+    assert loaded, out
+    step = int(loaded[0].split("resumed from the checkpoint of step ")[1].split()[0])
+    resumed = second.of("commit")
+    assert step >= 1 and resumed and min(e["step"] for e in resumed) == step + 1, (
+        "training started over from initial weights")
+    assert not processes_of_job(job_id)

@@ -33,6 +33,11 @@ TIMELINE: list[tuple[float, str, dict]] = [
     (9.1, "rollback", {"commit_step": 40, "steps_lost": 7, "round": 1, "reason": "127.0.0.1[1] failed"}),
     (10.0, "round_formed", {"round": 2, "size": 2, "synced": False, "step": 40,
                             "ranks": {"127.0.0.1": [0], "127.0.0.2": [1]}}),
+    # Round 2 looked stuck for a while (the watch asks for stacks before it acts); it then moved on.
+    (12.0, "round_stalled", {"round": 2, "idle_s": 120.0, "reason": "no member made progress",
+                             "workers": ["127.0.0.1[0]#1", "127.0.0.2[0]#1"]}),
+    (12.1, "stacks", {"host": "127.0.0.2", "slot": 0, "worker": "127.0.0.2[0]#1", "rank": 1, "round": 2,
+                      "text": "Current thread 0x1 (most recent call first):\n  File \"train.py\", line 9 in step\n"}),
     (14.0, "checkpoint_saved", {"step": 60, "path": "/ck/step-60", "duration_s": 0.4, "bytes": 1048576}),
     (15.0, "notice", {"source": "aws", "host": "127.0.0.2", "deadline": T0 + 135.0, "action": "terminate"}),
     (15.5, "hosts_changed", {"added": [], "removed": [],

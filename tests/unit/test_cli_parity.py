@@ -25,7 +25,7 @@ BASE = {
     "ssh": {"port": None, "identity_file": None, "user": None, "extra_options": [], "connect_timeout_s": 10.0},
     "verbose": False, "force_ssh": False, "host_missing_grace_s": 10.0, "checkpoint_dir": None,
     "checkpoint_interval_s": 300.0, "checkpoint_keep": 2, "driver_grace_s": 60.0, "notice_watcher": "auto",
-    "drain_on_rebalance": False, "events_file": None, "metrics_port": None,
+    "drain_on_rebalance": False, "events_file": None, "metrics_port": None, "progress_timeout_s": 120.0,
 }
 ONE = {"num_proc": 1, "min_np": 1, "max_np": 1}
 
@@ -44,10 +44,11 @@ CASES = {
                 "--discovery-interval", "0.5", "--slots-per-host", "2", "python", "t.py"], {},
                ("script", {"path": "./d.sh", "timeout_s": "5.0"}), 2, 5.0, [], {"discovery_interval_s": 0.5}),
     "elasticity": (["run", "-np", "2", "-H", "h:2", "--blacklist-cooldown-range", "1", "5", "--reset-limit", "3",
-                    "--elastic-timeout", "30", "--start-timeout", "40", "--heartbeat-timeout", "8", "python", "t.py"],
+                    "--elastic-timeout", "30", "--start-timeout", "40", "--heartbeat-timeout", "8",
+                    "--progress-timeout", "45", "python", "t.py"],
                    {}, ("static", {"hosts": "h:2"}), None, 30.0, [],
                    {"elastic_timeout_s": 30.0, "start_timeout_s": 40.0, "reset_limit": 3,
-                    "cooldown_range_s": [1.0, 5.0], "heartbeat_timeout_s": 8.0}),
+                    "cooldown_range_s": [1.0, 5.0], "heartbeat_timeout_s": 8.0, "progress_timeout_s": 45.0}),
     "remote": (["run", "-np", "2", "-H", "h:2", "--ssh-port", "2222", "--ssh-user", "u",
                 "--ssh-identity-file", "id_ed25519", "--ssh-option", "StrictHostKeyChecking=no",
                 "--ssh-option", "ConnectTimeout 5", "--driver-address", "10.0.0.1", "--network-interface", "eth0",
