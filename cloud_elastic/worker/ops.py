@@ -70,10 +70,12 @@ class Scaling:
     after: float = 1.0
 
     def apply_before(self, tensor: object) -> None:
+        """Multiply ``tensor`` in place by ``before`` (nothing when it is 1)."""
         if self.before != 1.0:
             tensor.mul_(self.before)  # type: ignore[attr-defined]
 
     def apply_after(self, tensor: object) -> None:
+        """Divide ``tensor`` in place by ``divide_after``, then multiply it by ``after`` (skipping factors of 1)."""
         if self.divide_after != 1.0:
             tensor.div_(self.divide_after)  # type: ignore[attr-defined]
         if self.after != 1.0:
