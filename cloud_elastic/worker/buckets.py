@@ -85,6 +85,13 @@ class Bucket:
         #: Position in launch order (set by make_buckets).
         self.index = 0
 
+    def clear(self) -> None:
+        """Forget this step (its allreduce done, or abandoned after a failure)."""
+        self.ready = 0
+        self.work = None
+        self.launched = False
+        self.reduced = self._solo_grad = self._codec_ctx = None
+
     @property
     def compressed(self) -> bool:
         """Whether a 16-bit cast is what goes on the wire (an average then divides before the sum)."""

@@ -90,10 +90,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _ce_clear(self) -> None:
         for bucket in self._ce_buckets:
-            bucket.ready = 0
-            bucket.work = None
-            bucket.reduced = None
-            bucket.launched = False
+            bucket.clear()
         self._ce_counts.clear()
         self._ce_next = 0
         self._ce_synchronized = False
