@@ -8,6 +8,8 @@ failure between buckets must still leave the commit restorable.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,6 +62,19 @@ def test_the_bucket_by_bucket_update_is_bitwise_the_update_after_synchronize():
         assert torch.equal(a, b)
 
 
+def lose_a_peer_at_wait(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """The ``n``-th ``WorkerContext.wait`` from now raises, as a peer's death makes it raise."""
+    ctx, count = get_context(), itertools.count(1)
+    real = ctx.wait
+
+    def wait(work: object, what: str) -> None:
+        if next(count) == n:
+            raise CollectiveError("gradient allreduce failed: Connection closed by peer")
+        real(work, what)
+
+    monkeypatch.setattr(ctx, "wait", wait)
+
+
 def test_a_compressed_step_that_fails_between_buckets_restores_exactly_to_the_commit(monkeypatch):
     hvd.init()
     model = wide_model()
@@ -69,21 +84,12 @@ def test_a_compressed_step_that_fails_between_buckets_restores_exactly_to_the_co
     opt.step()
     state.commit()
     committed = values(model, opt)
-    ctx = get_context()
-    real_wait, calls = ctx.wait, []
-
-    def wait_then_lose_a_peer(work, what):
-        calls.append(what)
-        if len(calls) == 2:  # the first bucket's parameters are already updated by now
-            raise CollectiveError("gradient allreduce failed: Connection closed by peer")
-        real_wait(work, what)
-
-    monkeypatch.setattr(ctx, "wait", wait_then_lose_a_peer)
     opt.zero_grad()
     backward(model, 2)
+    lose_a_peer_at_wait(monkeypatch, 2)  # the first bucket's parameters are already updated by then
     with pytest.raises(CollectiveError):
         opt.step()
-    monkeypatch.setattr(ctx, "wait", real_wait)
+    monkeypatch.undo()
     assert not torch.equal(model[4].weight, committed[4])  # the last layer (first bucket) had moved
     state.restore()
     for a, b in zip(values(model, opt), committed):
