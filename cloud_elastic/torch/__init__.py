@@ -14,24 +14,38 @@ A Horovod elastic script ports by changing its imports::
     train(hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0))
 
 Run as a plain ``python`` script (not under ``cloud-elastic run``), it works
-as a single process: rank 0 of 1.
+as a single process: rank 0 of 1. What is the same as Horovod and what
+differs, name by name: docs/porting.md.
 """
 
 from __future__ import annotations
 
 from cloud_elastic.torch import elastic
+from cloud_elastic.worker.builds import (
+    cuda_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
 from cloud_elastic.worker.collectives import (
-    Average,
-    Sum,
     allgather,
     allreduce,
     allreduce_,
+    barrier,
     broadcast,
     broadcast_,
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
+    grouped_allreduce,
+    grouped_allreduce_,
+    join,
 )
+from cloud_elastic.worker.compression import Compression, Compressor
 from cloud_elastic.worker.context import get_context, is_initialized
 from cloud_elastic.worker.context import init as _init
 from cloud_elastic.worker.exceptions import (
@@ -40,15 +54,20 @@ from cloud_elastic.worker.exceptions import (
     HostsUpdatedInterrupt,
     WorkerRemoved,
 )
+from cloud_elastic.worker.exchange import alltoall, reducescatter
+from cloud_elastic.worker.ops import Adasum, Average, Max, Min, Product, Sum, UnsupportedError
 from cloud_elastic.worker.optimizer import DistributedOptimizer
 from cloud_elastic.worker.statecodec import StateSyncError
+from cloud_elastic.worker.sync_batchnorm import SyncBatchNorm
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
-    "cross_size", "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "broadcast_object",
-    "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "elastic",
+    "cross_size", "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "broadcast",
+    "broadcast_", "broadcast_object", "broadcast_parameters", "broadcast_optimizer_state", "reducescatter", "alltoall",
+    "barrier", "join", "DistributedOptimizer", "SyncBatchNorm", "Compression", "Compressor", "elastic",
     "HostsUpdatedInterrupt", "HorovodInternalError", "CollectiveError", "WorkerRemoved", "StateSyncError",
-    "Average", "Sum",
+    "UnsupportedError", "Average", "Sum", "Adasum", "Min", "Max", "Product", "nccl_built", "gloo_built", "mpi_built",
+    "cuda_built", "rocm_built", "gloo_enabled", "mpi_enabled", "mpi_threads_supported",
 ]
 
 

@@ -1,9 +1,13 @@
 """Collectives with Horovod's names, on the current round's process group.
 
-Every call waits through :meth:`WorkerContext.wait`, so a failed or
-abandoned collective raises :class:`CollectiveError` instead of hanging.
-Tensors may live on CPU or GPU; with NCCL, CPU tensors are staged through
-the worker's device and results come back on the caller's device.
+Every call starts its collective through :meth:`WorkerContext.group` and
+waits through :meth:`WorkerContext.wait`, so a collective of a round the
+driver aborted fails at once, and a failed or abandoned one raises
+:class:`CollectiveError` instead of hanging. Tensors may live on CPU or GPU;
+with NCCL, CPU tensors are staged through the worker's device and results
+come back on the caller's device. Unlike Horovod's, these are not autograd
+functions: results carry no gradient. Reductions that split a tensor over
+the workers (``reducescatter``, ``alltoall``) are in ``exchange``.
 """
 
 from __future__ import annotations
@@ -11,20 +15,30 @@ from __future__ import annotations
 import ctypes
 import io
 import pickle
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
 from cloud_elastic.worker import statecodec
+from cloud_elastic.worker.compression import Compression, casts, check_compression, encode
 from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.ops import Adasum, Average, Max, Min, Product, Sum, UnsupportedError, average_scaling, check_op, reduce_op
 
 __all__ = [
     "Average",
     "Sum",
+    "Adasum",
+    "Min",
+    "Max",
+    "Product",
     "allreduce",
     "allreduce_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
     "allgather",
+    "barrier",
+    "join",
     "broadcast",
     "broadcast_",
     "broadcast_object",
@@ -33,41 +47,161 @@ __all__ = [
     "broadcast_optimizer_state",
 ]
 
-Average = "average"
-Sum = "sum"
 
-
-def _on_device(tensor: torch.Tensor) -> torch.Tensor:
+def on_device(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when contiguous on the round's device, else a contiguous copy there."""
     ctx = get_context()
     if tensor.device != ctx.device:
         return tensor.to(ctx.device)
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
-def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: str | None = None) -> torch.Tensor:
-    """Reduce ``tensor`` in place across all workers (average by default); return it."""
+def check_reducible(op: str, tensor: Any, call: str) -> None:
+    """A one-line error for what ``call`` cannot reduce: a non-tensor, or an average of integers."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"hvd.{call}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if op == Average and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise TypeError(f"hvd.{call}: cannot average a {tensor.dtype} tensor; use op=hvd.Sum (or a floating-point tensor)")
+
+
+def _reduce_options(op: str) -> Any:
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = reduce_op(op)
+    return opts
+
+
+def _allreduce_packed(tensors: list[torch.Tensor], op: str, what: str) -> None:
+    """Reduce each of ``tensors`` (contiguous, on the group's device) in place: one collective per dtype.
+
+    Tensors of one dtype and device are packed into one flat buffer; every
+    collective is launched before the first wait, in the order of ``tensors``
+    (the same on every worker, as Gloo matches collectives by issue order).
+    """
     ctx = get_context()
-    mean = op != Sum if average is None else average
-    work_tensor = _on_device(tensor)
-    what = f"allreduce {name or ''}".strip()
-    ctx.wait(ctx.group(what).allreduce([work_tensor]), what)
-    if mean:
-        work_tensor.div_(ctx.info.size)
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    packed = [(members[0].view(-1) if len(members) == 1 else torch.cat([m.reshape(-1) for m in members]), members)
+              for members in groups.values()]
+    works = [ctx.group(what).allreduce([flat], _reduce_options(op)) for flat, _ in packed]
+    for work, (flat, members) in zip(works, packed):
+        ctx.wait(work, what)
+        if len(members) > 1:
+            offset = 0
+            for m in members:
+                m.copy_(flat[offset: offset + m.numel()].view_as(m))
+                offset += m.numel()
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: str | None = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce ``tensor`` in place across all workers and return it.
+
+    ``op``: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``;
+    ``Adasum`` raises UnsupportedError. The tensor is multiplied by
+    ``prescale_factor`` before the reduction and by ``postscale_factor``
+    after it (an average divides by the world size after the sum).
+    """
+    op = check_op(op, average)
+    check_reducible(op, tensor, "allreduce_")
+    ctx = get_context()
+    scaling = average_scaling(op, ctx.info.size, False, prescale=prescale_factor, postscale=postscale_factor)
+    work_tensor = on_device(tensor)
+    scaling.apply_before(work_tensor)
+    _allreduce_packed([work_tensor], op, f"allreduce {name or ''}".strip())
+    scaling.apply_after(work_tensor)
     if work_tensor is not tensor:
         tensor.copy_(work_tensor)
     return tensor
 
 
-def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: str | None = None) -> torch.Tensor:
-    """Return the average (or sum, ``op=Sum``) of ``tensor`` over all workers."""
-    return allreduce_(tensor.detach().clone(), average=average, name=name, op=op)
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, compression: Any = Compression.none,
+              op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Return the reduction (``op``, default the average) of ``tensor`` over all workers; ``tensor`` is unchanged.
+
+    ``compression`` (``hvd.Compression.fp16``/``bf16``, or any class with
+    Horovod's ``compress``/``decompress``) is applied to what is sent; the
+    result has ``tensor``'s dtype. A 16-bit cast divides an average by the
+    world size *before* the sum, so the sum cannot overflow (see
+    ``ops.average_scaling``). Other arguments as :func:`allreduce_`.
+    """
+    return _reduce_each("allreduce", [tensor], average, name, compression, op, prescale_factor, postscale_factor)[0]
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                      compression: Any = Compression.none, op: str | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Reduce every tensor of ``tensors`` over all workers, in one collective per dtype; return the results.
+
+    As :func:`allreduce` for each tensor (the inputs are unchanged); the
+    tensors are packed into one flat buffer per dtype, which is what Horovod's
+    grouping guarantees: they are reduced together.
+    """
+    return _reduce_each("grouped_allreduce", tensors, average, name, compression, op, prescale_factor, postscale_factor)
+
+
+def _reduce_each(call: str, tensors: Sequence[torch.Tensor], average: bool | None, name: str | None, compression: Any,
+                 op: str | None, prescale_factor: float, postscale_factor: float) -> list[torch.Tensor]:
+    op = check_op(op, average)
+    compression = check_compression(compression)
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"hvd.{call}: expected a non-empty list of tensors")
+    for t in tensors:
+        check_reducible(op, t, call)
+    ctx = get_context()
+    scalings = [average_scaling(op, ctx.info.size, casts(compression, t.dtype), prescale=prescale_factor,
+                                postscale=postscale_factor) for t in tensors]
+    encoded = [encode(t, compression, s.before, ctx.device) for t, s in zip(tensors, scalings)]
+    _allreduce_packed([e.tensor for e in encoded], op, f"allreduce {name or ''}".strip())
+    results = []
+    for t, e, s in zip(tensors, encoded, scalings):
+        result = e.decode()
+        s.apply_after(result)
+        results.append(result.to(t.device))
+    return results
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                       op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """:func:`grouped_allreduce` in place: each tensor receives its result; return ``tensors``."""
+    tensors = list(tensors)
+    results = _reduce_each("grouped_allreduce_", tensors, average, name, None, op, prescale_factor, postscale_factor)
+    for t, result in zip(tensors, results):
+        t.copy_(result)
+    return tensors
+
+
+def barrier() -> None:
+    """Return once every worker of the round has called it (a one-element allreduce).
+
+    Like every collective here it fails with CollectiveError when a peer is
+    lost, instead of waiting for it.
+    """
+    ctx = get_context()
+    token = torch.zeros(1, device=ctx.device)
+    ctx.wait(ctx.group("barrier").allreduce([token]), "barrier")
+
+
+def join(device: int = -1) -> int:
+    """Not supported: raises UnsupportedError (see docs/porting.md).
+
+    Horovod's coordinator tells a joined worker which allreduces its peers
+    run, so it can contribute zeros to each. Here collectives are matched by
+    issue order with no coordinator: a joined worker cannot know its peers'
+    collectives, and a guess that differs in size aborts Gloo.
+    """
+    del device
+    raise UnsupportedError("hvd.join() is not supported by cloud-elastic (no coordinator can tell a joined worker its "
+                           "peers' allreduces): give every worker the same number of batches, e.g. with "
+                           "hvd.elastic.ElasticSampler, which pads shards to equal length")
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """Concatenate every worker's ``tensor`` along dimension 0 (first dims may differ)."""
     ctx = get_context()
     size = ctx.info.size
-    local = _on_device(tensor)
+    local = on_device(tensor)
     if local.dim() == 0:
         local = local.reshape(1)
     lengths = torch.tensor([local.shape[0]], dtype=torch.int64, device=ctx.device)
@@ -88,7 +222,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
 def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s value, in place; return it."""
     ctx = get_context()
-    work_tensor = _on_device(tensor)
+    work_tensor = on_device(tensor)
     opts = dist.BroadcastOptions()
     opts.rootRank = root_rank
     what = f"broadcast {name or ''}".strip()

@@ -4,10 +4,8 @@ Like DDP's reducer, small gradients are packed into buckets (about 25 MB,
 the last layers first, since their gradients are ready first); a bucket's
 asynchronous allreduce starts from a gradient hook as soon as all of its
 gradients are accumulated, while backward continues on earlier layers.
-A gradient of at least 1 MiB is not packed: it is allreduced in place, in
-the tensor autograd produced, because copying it into a bucket is a full
-extra read and write of it every step (DDP pays that copy; one collective
-per large tensor costs less than the copy).
+A gradient of 8 MiB or more is not packed: it is allreduced in place, in
+the tensor autograd produced (see ``buckets``).
 Buckets are always launched in the same order on every worker (a ready
 bucket waits for the ones before it), because Gloo matches collectives by
 the order they are issued. ``step()`` waits for the buckets, writes the
@@ -16,7 +14,9 @@ averaged gradients back and runs the wrapped optimizer.
 The first packed bucket carries one extra element: this worker's "membership update
 pending" flag. Its sum tells every worker the same thing at the same step,
 so ``commit()`` needs no collective of its own to agree on whether to
-interrupt (see :meth:`WorkerContext.updates_agreed`).
+interrupt (see :meth:`WorkerContext.updates_agreed`). With
+``compression=hvd.Compression.fp16`` (or ``bf16``) each bucket is sent as
+16-bit floats, the flag included, exactly (see ``buckets``).
 
 As in Horovod, the returned object is an instance of a subclass of the
 wrapped optimizer's class, so LR schedulers and ``isinstance`` checks work.
@@ -30,82 +30,25 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from cloud_elastic.worker import zerocopy
+from cloud_elastic.worker.buckets import BUCKET_BYTES, Bucket, make_buckets
+from cloud_elastic.worker.compression import Compression, check_compression
 from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.ops import Average, Scaling, Sum, average_scaling, check_op
 
 __all__ = ["DistributedOptimizer"]
-
-_BUCKET_BYTES = 25 * 1024 * 1024
-#: The first bucket is small, as in DDP, so communication starts early in backward.
-_FIRST_BUCKET_BYTES = 1024 * 1024
-#: A gradient this large (or as large as a bucket) is allreduced alone, in place: copying it into a
-#: bucket costs more than the collective saved (see ``_make_buckets``).
-_SOLO_BYTES = 8 * 1024 * 1024
-
-
-class _Bucket:
-    """Parameters whose gradients are allreduced together.
-
-    A packed bucket copies its gradients into ``flat`` and reduces that; a
-    solo bucket holds one large parameter and reduces its ``.grad`` in place
-    (``flat`` is None).
-    """
-
-    def __init__(self, params: list[torch.nn.Parameter], carries_flag: bool, solo: bool = False) -> None:
-        self.params = params
-        self.offsets: list[int] = []
-        total = 0
-        for p in params:
-            self.offsets.append(total)
-            total += p.numel()
-        self.numel = total
-        self.carries_flag = carries_flag
-        self.solo = solo
-        self.flat: torch.Tensor | None = None
-        #: Each packed parameter's slice of ``flat``, shaped like it: made once, handed out as its
-        #: gradient every step (slicing anew each step is O(tensors) Python work).
-        self.views: list[torch.Tensor] = []
-        if not solo:
-            self.flat = torch.zeros(total + (1 if carries_flag else 0), dtype=params[0].dtype, device=params[0].device)
-            self.views = [self.flat[off : off + p.numel()].view_as(p) for p, off in zip(params, self.offsets)]
-        #: The tensor whose allreduce is in flight: ``flat``, or a solo parameter's gradient.
-        self.reduced: torch.Tensor | None = None
-        self.ready = 0
-        self.work: Any = None
-        self.launched = False
-        #: Position in launch order (set by _make_buckets).
-        self.index = 0
-
-    def launch_tensor(self, update_flag: float) -> torch.Tensor:
-        """Gather this step's gradients into the tensor to allreduce and return it."""
-        if self.solo:
-            p = self.params[0]
-            grad = p.grad
-            if grad is None:  # no gradient this step: contribute zeros, as packed buckets do
-                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-            elif grad.is_sparse or not grad.is_contiguous():
-                p.grad = grad.to_dense().contiguous()
-            return p.grad
-        assert self.flat is not None
-        for p, view in zip(self.params, self.views):
-            grad = p.grad
-            if grad is None:
-                view.zero_()
-            elif grad.data_ptr() != view.data_ptr():  # not already accumulated in place
-                view.copy_(grad)
-        if self.carries_flag:
-            self.flat[-1] = update_flag
-        return self.flat
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixin whose methods are copied onto a subclass of the user's optimizer class."""
 
-    def __init__(self, params: Any, named_parameters: Any, backward_passes_per_step: int, op: str, bucket_bytes: int) -> None:
+    def __init__(self, params: Any, named_parameters: Any, backward_passes_per_step: int, op: str, bucket_bytes: int,
+                 compression: Any, predivide: float | None) -> None:
         super(self.__class__, self).__init__(params)  # the wrapped class's __init__, as Horovod does
-        if backward_passes_per_step < 1:
-            raise ValueError("backward_passes_per_step must be >= 1")
         self._ce_passes = backward_passes_per_step
-        self._ce_average = op != "sum"
+        self._ce_op = op
+        self._ce_predivide = predivide
+        #: How a bucket is scaled before and after its allreduce, by whether it is sent compressed (per round).
+        self._ce_scalings: dict[bool, Scaling] = {}
         all_params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         if named_parameters is not None:
             named = list(named_parameters)
@@ -113,8 +56,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             missing = [p for p in all_params if id(p) not in names]
             if missing:
                 raise ValueError("named_parameters does not cover every parameter of the optimizer")
-        self._ce_buckets = _make_buckets(all_params, bucket_bytes)
-        self._ce_where: dict[int, tuple[_Bucket, int]] = {}
+        self._ce_buckets = make_buckets(all_params, bucket_bytes, compression)
+        self._ce_where: dict[int, tuple[Bucket, int]] = {}
         for bucket in self._ce_buckets:
             for i, p in enumerate(bucket.params):
                 self._ce_where[id(p)] = (bucket, i)
@@ -138,17 +81,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ----------------------------------------------------------------- hooks
     def _ce_reset_if_new_round(self) -> None:
-        round_ = get_context().info.round
-        if round_ != self._ce_round:
-            self._ce_round = round_
+        info = get_context().info
+        if info.round != self._ce_round:
+            self._ce_round = info.round
+            self._ce_scalings = {compressed: average_scaling(self._ce_op, info.size, compressed, self._ce_predivide)
+                                 for compressed in (False, True)}
             self._ce_clear()
 
     def _ce_clear(self) -> None:
         for bucket in self._ce_buckets:
-            bucket.ready = 0
-            bucket.work = None
-            bucket.reduced = None
-            bucket.launched = False
+            bucket.clear()
         self._ce_counts.clear()
         self._ce_next = 0
         self._ce_synchronized = False
@@ -171,8 +113,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 return
             if self._ce_next == 0:
                 ctx.window.collective("a gradient allreduce")  # of a step after an update not yet committed?
-            bucket.reduced = bucket.launch_tensor(1.0 if bucket.carries_flag and ctx.update_pending() else 0.0)
-            bucket.work = ctx.pg.allreduce([bucket.reduced])
+            flag = 1.0 if bucket.carries_flag and ctx.update_pending() else 0.0
+            bucket.work = ctx.pg.allreduce([bucket.launch_tensor(flag, self._ce_scalings[bucket.compressed])])
             bucket.launched = True
             self._ce_next += 1
 
@@ -189,27 +131,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             snapshot.flush(keep)
         self._ce_wait_buckets()
 
-    def _ce_wait_buckets(self, after_bucket: Callable[[_Bucket], None] | None = None) -> None:
+    def _ce_wait_buckets(self, after_bucket: Callable[[Bucket], None] | None = None) -> None:
         """Wait for the buckets in order, hand out their averaged gradients, then call ``after_bucket``."""
         ctx = get_context()
-        size = ctx.info.size
         for bucket in self._ce_buckets:
             ctx.wait(bucket.work, "gradient allreduce")
-            assert bucket.reduced is not None
-            grads = bucket.reduced if bucket.solo else bucket.reduced[: bucket.numel]
-            if self._ce_average and size > 1:
-                grads.div_(size)
-            if bucket.solo:
-                bucket.params[0].grad = grads  # reduced in place: already the parameter's gradient
-            else:
-                for p, view in zip(bucket.params, bucket.views):
-                    # The averaged gradient is handed over as a view of the bucket: no copy
-                    # back. zero_grad() drops it (or zeroes it in place, which then
-                    # accumulates straight into the bucket) before the next backward.
-                    p.grad = view
-            if bucket.carries_flag:
-                ctx.carry_update_flag(float(bucket.reduced[-1].item()))
-            bucket.reduced = None
+            flag = bucket.finish(self._ce_scalings[bucket.compressed])
+            if flag is not None:
+                ctx.carry_update_flag(flag)
             if after_bucket is not None:
                 after_bucket(bucket)
         self._ce_synchronized = True
@@ -337,68 +266,38 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             zerocopy.settle(taken)
 
 
-def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_Bucket]:
-    """Reverse registration order (gradients of the last layers are ready first), laid out as DDP does.
-
-    A bucket closes once it holds its cap (1 MiB for the first, so communication
-    starts early in backward; ``bucket_bytes`` after), the gradient that crossed
-    it included. A parameter of ``_SOLO_BYTES`` (8 MiB) or of a whole bucket gets a
-    solo bucket: its gradient is reduced in place, not copied. Smaller ones are
-    packed even when large. On Gloo, side by side against DDP: with 4 MiB weights
-    packing them was faster (0.98x DDP's step, 1.02x with each reduced alone: a
-    collective costs more than the copy); with 16 MiB weights reducing them alone
-    was (0.71x and 0.88x against 1.05x packed into 25 MiB buckets: the copy costs more).
-    The first packed bucket of a floating-point dtype
-    carries the membership flag; with none (every gradient is large), the
-    commit's membership check costs its own one-element allreduce instead.
-    """
-    buckets: list[_Bucket] = []
-    current: list[torch.nn.Parameter] = []
-    size = 0
-    flag_placed = False
-
-    def close() -> None:
-        nonlocal current, size, flag_placed
-        if current:
-            carries = not flag_placed and current[0].is_floating_point()
-            flag_placed = flag_placed or carries
-            buckets.append(_Bucket(current, carries_flag=carries))
-            current, size = [], 0
-
-    for p in reversed(params):
-        nbytes = p.numel() * p.element_size()
-        if nbytes >= min(bucket_bytes, _SOLO_BYTES):
-            close()
-            buckets.append(_Bucket([p], carries_flag=False, solo=True))
-            continue
-        if current and (p.dtype != current[0].dtype or p.device != current[0].device):
-            close()
-        current.append(p)
-        size += nbytes
-        if size >= (min(bucket_bytes, _FIRST_BUCKET_BYTES) if not buckets else bucket_bytes):
-            close()  # as DDP does: a bucket closes once it holds its cap (the gradient that crossed it included)
-    close()
-    for i, bucket in enumerate(buckets):
-        bucket.index = i
-    return buckets
-
-
 def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     optimizer: torch.optim.Optimizer,
     named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
-    compression: Any = None,
+    compression: Any = Compression.none,
     backward_passes_per_step: int = 1,
-    op: str = "average",
-    bucket_cap_mb: float = 25.0,
+    op: str = Average,
+    gradient_predivide_factor: float | None = None,
+    bucket_cap_mb: float = BUCKET_BYTES / (1024 * 1024),
 ) -> torch.optim.Optimizer:
-    """Wrap ``optimizer`` so ``step()`` applies gradients averaged over all workers.
+    """Wrap ``optimizer`` so ``step()`` applies gradients averaged (``op=hvd.Sum``: summed) over all workers.
 
-    ``compression`` is accepted for Horovod compatibility and ignored.
-    Call it after ``init()``.
+    ``compression``: ``hvd.Compression.fp16``/``bf16`` send float32/float64
+    gradients as 16-bit floats (half the bytes); an average then divides by
+    the world size before the sum, as DDP's fp16 compression hook does, so
+    the sum cannot overflow. Any class with Horovod's ``compress``/``decompress``
+    is accepted. ``gradient_predivide_factor`` ``f`` (Average only) divides
+    gradients by ``f`` before the sum and by ``size / f`` after, as in Horovod.
+    ``op=hvd.Adasum`` raises UnsupportedError. Call it after ``init()``; bad
+    arguments raise a one-line ValueError or TypeError.
     """
-    del compression
+    op = check_op(op, allowed=(Average, Sum))
+    compression = check_compression(compression)
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if gradient_predivide_factor is not None:
+        if op != Average:
+            raise ValueError("gradient_predivide_factor applies only to op=hvd.Average")
+        if not gradient_predivide_factor > 0:
+            raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
-    wrapped = cls(optimizer.param_groups, named_parameters, backward_passes_per_step, op, int(bucket_cap_mb * 1024 * 1024))
+    wrapped = cls(optimizer.param_groups, named_parameters, backward_passes_per_step, op, int(bucket_cap_mb * 1024 * 1024),
+                  compression, None if gradient_predivide_factor is None else float(gradient_predivide_factor))
     # Re-running __init__ on the groups creates state from the class's defaults (Adagrad's
     # initial_accumulator_value), and would drop state the user loaded before wrapping: keep theirs.
     wrapped.state.update(optimizer.state)

@@ -1,0 +1,204 @@
+"""The Horovod names elastic scripts use: present, refused with a one-line reason where they cannot apply,
+and correct for one worker (a script run with plain ``python``). Across workers: tests/integration/test_horovod_api.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import cloud_elastic.torch as hvd
+from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.exceptions import CollectiveError
+from cloud_elastic.worker.ops import average_scaling
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    text = str(exc.value)
+    assert text and "\n" not in text
+    return text
+
+
+def test_every_name_of_horovods_elastic_examples_and_the_issue_exists():
+    names = ["Compression", "Adasum", "Average", "Sum", "Min", "Max", "Product", "join", "barrier", "grouped_allreduce",
+             "grouped_allreduce_", "reducescatter", "alltoall", "SyncBatchNorm", "nccl_built", "gloo_built", "mpi_built",
+             "cuda_built", "DistributedOptimizer", "elastic"]
+    assert [n for n in names if not hasattr(hvd, n)] == []
+    assert hvd.Compression.none and hvd.Compression.fp16 and hvd.Compression.bf16
+
+
+def test_build_queries_answer_for_the_running_torch():
+    assert hvd.gloo_built() is dist.is_gloo_available()
+    assert hvd.mpi_built() is dist.is_mpi_available()
+    assert isinstance(hvd.nccl_built(), int) and (hvd.nccl_built() > 0) == dist.is_nccl_available()
+    assert hvd.cuda_built() is (torch.version.cuda is not None)
+    assert hvd.mpi_enabled() is False
+
+
+def test_fp16_and_bf16_send_floats_as_16_bits_and_give_back_the_callers_dtype():
+    t = torch.tensor([1.0, 70000.0, 1e-3], dtype=torch.float64)
+    for compressor, wire in ((hvd.Compression.fp16, torch.float16), (hvd.Compression.bf16, torch.bfloat16)):
+        sent, ctx = compressor.compress(t)
+        assert sent.dtype == wire
+        back = compressor.decompress(sent, ctx)
+        assert back.dtype == torch.float64
+    assert torch.isinf(hvd.Compression.fp16.compress(t)[0][1])  # past fp16's range ...
+    assert hvd.Compression.bf16.compress(t)[0][1] == 70144  # ... not bf16's (8 significant bits)
+    ints = torch.arange(3)
+    assert hvd.Compression.fp16.compress(ints)[0] is ints
+    half = torch.ones(2, dtype=torch.bfloat16)  # already 16 bits: sent as it is, not cast to another 16-bit type
+    assert hvd.Compression.fp16.compress(half)[0] is half
+
+
+def test_compressed_allreduce_returns_the_callers_dtype_and_leaves_the_input_alone():
+    hvd.init()
+    t = torch.tensor([1.5, -2.25, 1000.0])
+    out = hvd.allreduce(t, compression=hvd.Compression.fp16)
+    assert out.dtype == torch.float32 and torch.equal(out, t) and out.data_ptr() != t.data_ptr()
+
+
+def test_a_compressor_of_ones_own_is_called_as_horovod_calls_it():
+    hvd.init()
+    calls = []
+
+    class Halve(hvd.Compressor):
+        @staticmethod
+        def compress(tensor):
+            calls.append("compress")
+            return tensor / 2, "ctx"
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            calls.append(ctx)
+            return tensor * 2
+
+    assert torch.equal(hvd.allreduce(torch.tensor([3.0]), compression=Halve), torch.tensor([3.0]))
+    assert calls == ["compress", "ctx"]
+
+
+def test_refused_names_fail_at_the_call_with_one_line_that_says_what_to_use():
+    hvd.init()
+    with pytest.raises(hvd.UnsupportedError) as exc:
+        hvd.join()
+    assert "ElasticSampler" in one_line(exc)
+    with pytest.raises(hvd.UnsupportedError) as exc:
+        hvd.allreduce(torch.ones(1), op=hvd.Adasum)
+    assert "hvd.Average" in one_line(exc)
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(hvd.UnsupportedError) as exc:
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
+    assert "hvd.Average" in one_line(exc)
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda m: hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), op=hvd.Max), ValueError, "hvd.Average"),
+    (lambda m: hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), op=hvd.Sum, gradient_predivide_factor=2.0),
+     ValueError, "op=hvd.Average"),
+    (lambda m: hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), gradient_predivide_factor=0.0),
+     ValueError, "> 0"),
+    (lambda m: hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), compression="fp16"), TypeError,
+     "hvd.Compression"),
+    (lambda m: hvd.allreduce(torch.ones(2), op="mean"), ValueError, "hvd.Average"),
+    (lambda m: hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum), ValueError, "not both"),
+    (lambda m: hvd.allreduce(torch.arange(3)), TypeError, "op=hvd.Sum"),
+    (lambda m: hvd.grouped_allreduce([]), ValueError, "non-empty"),
+    (lambda m: hvd.reducescatter(torch.tensor(1.0)), ValueError, "dimension 0"),
+    (lambda m: hvd.alltoall(torch.ones(3), splits=[2, 1]), ValueError, "splits"),
+    (lambda m: hvd.SyncBatchNorm(3)(torch.ones(3)), ValueError, "2 dimensions"),
+])
+def test_bad_arguments_get_a_one_line_error(call, error, words):
+    hvd.init()
+    with pytest.raises(error) as exc:
+        call(torch.nn.Linear(2, 1))
+    assert words in one_line(exc)
+
+
+def test_every_new_collective_fails_at_once_in_a_round_the_driver_aborted():
+    """They start through WorkerContext.group, the abortable path: none meets its peers' next collective."""
+    hvd.init()
+    ctx = get_context()
+    bn = hvd.SyncBatchNorm(2)
+    calls = {
+        "allreduce min": lambda: hvd.allreduce(torch.ones(2), op=hvd.Min),
+        "allreduce fp16": lambda: hvd.allreduce(torch.ones(2), compression=hvd.Compression.fp16),
+        "grouped_allreduce": lambda: hvd.grouped_allreduce([torch.ones(2), torch.ones(1, dtype=torch.float64)]),
+        "grouped_allreduce_": lambda: hvd.grouped_allreduce_([torch.ones(2)]),
+        "reducescatter": lambda: hvd.reducescatter(torch.ones(4, 2)),
+        "alltoall": lambda: hvd.alltoall(torch.ones(4)),
+        "barrier": hvd.barrier,
+    }
+    saved = ctx._seen_abort
+    ctx._seen_abort = ctx.info.round
+    try:
+        for name, call in calls.items():
+            with pytest.raises(CollectiveError, match="aborted round"):
+                call()
+    finally:
+        ctx._seen_abort = saved
+    assert bn(torch.randn(4, 2)).shape == (4, 2)  # one worker: no collective to abort, a plain batch norm
+
+
+def test_sync_batch_norm_of_one_worker_is_torchs_batch_norm():
+    hvd.init()
+    torch.manual_seed(0)
+    ref, sbn = torch.nn.BatchNorm2d(3, momentum=None), hvd.SyncBatchNorm(3, momentum=None)
+    sbn.load_state_dict(ref.state_dict())
+    for _ in range(3):
+        x = torch.randn(4, 3, 5, 5) * 2 + 1
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ref(a).square().sum().backward()
+        sbn(b).square().sum().backward()
+        assert torch.allclose(a.grad, b.grad, atol=1e-5)
+    assert torch.allclose(ref.running_mean, sbn.running_mean) and torch.allclose(ref.running_var, sbn.running_var)
+    assert ref.num_batches_tracked == sbn.num_batches_tracked == 3
+    assert sbn.state_dict().keys() == ref.state_dict().keys()  # checkpoints load either way
+
+
+def test_one_worker_collectives_return_what_horovod_returns_at_size_one():
+    hvd.init()
+    t = torch.arange(6.0).view(3, 2)
+    assert torch.equal(hvd.reducescatter(t), t)
+    assert torch.equal(hvd.alltoall(t), t)
+    out, received = hvd.alltoall(t, splits=[2])
+    assert torch.equal(out, t[:2]) and received.tolist() == [2] and received.dtype == torch.int32
+    assert [x.tolist() for x in hvd.grouped_allreduce([t, torch.tensor([1, 2])], op=hvd.Sum)] == [t.tolist(), [1, 2]]
+    assert torch.equal(hvd.allreduce(t, op=hvd.Product, prescale_factor=2.0, postscale_factor=0.5), t)
+    hvd.barrier()
+
+
+def test_a_compressed_optimizer_steps_as_the_plain_one_within_16_bit_rounding():
+    hvd.init()
+
+    def trained(**options):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), **options)
+        for step in range(5):
+            x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step))
+            opt.zero_grad()
+            F.mse_loss(model(x), x[:, :1]).backward()
+            opt.step()
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    plain = trained()
+    for compression, tol in ((hvd.Compression.fp16, 1e-3), (hvd.Compression.bf16, 1e-2)):
+        got = trained(compression=compression)
+        assert not torch.equal(got, plain)  # the gradients really went through 16 bits
+        assert torch.allclose(got, plain, atol=tol), (compression, (got - plain).abs().max())
+    assert torch.equal(trained(gradient_predivide_factor=1.0), plain)
+
+
+@pytest.mark.parametrize("compressed, predivide, expected", [
+    (False, None, (1.0, 4.0, 1.0)),   # the sum, then / size (bitwise what it always was)
+    (True, None, (0.25, 1.0, 1.0)),   # a 16-bit cast divides first, as DDP's fp16 hook
+    (False, 2.0, (0.5, 2.0, 1.0)),    # Horovod's split: / f before, / (size / f) after
+    (True, 1.0, (1.0, 4.0, 1.0)),     # an explicit factor of 1 sums first, as Horovod does
+])
+def test_where_an_average_of_four_workers_divides(compressed, predivide, expected):
+    s = average_scaling(hvd.Average, 4, compressed, predivide)
+    assert (s.before, s.divide_after, s.after) == expected
+    assert average_scaling(hvd.Sum, 4, compressed, None, prescale=2.0, postscale=3.0).before == 2.0
