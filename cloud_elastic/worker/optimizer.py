@@ -167,8 +167,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         pending and run torch's own step, in place, after every gradient is in:
         with two workers the out-of-place path cost 2-4 ms more CPU per step on a
         model of 400 tensors, for no copy saved (benchmarks/peers/every10_profile.md).
+        A commit kept in host memory (GPU tensors) has no buffer on the device to trade.
         """
         if not any(snapshot.pending for snapshot in self._ce_snapshots):
+            return None
+        if any(snapshot.on_host for snapshot in self._ce_snapshots):
             return None
         return self._ce_swap_update()
 

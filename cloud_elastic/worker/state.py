@@ -20,6 +20,7 @@ import torch
 from cloud_elastic.worker import collectives
 from cloud_elastic.worker.context import get_context, is_initialized
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
+from cloud_elastic.worker.snapshot import Snapshot, clone as _clone
 
 __all__ = ["State", "ObjectState", "TorchState"]
 
@@ -90,120 +91,6 @@ class ObjectState(State):
             setattr(self, name, copy.deepcopy(value))
 
 
-class _Snapshot:
-    """A nested copy of a state dict whose tensors live in reused buffers.
-
-    Tensors whose storage is listed in ``deferred`` (parameters and optimizer
-    state, which only the optimizer step modifies) are not copied at save
-    time: the copy is queued and done by :meth:`flush`, which runs before the
-    next optimizer update, while that step's gradient allreduce is in flight,
-    or the update takes the queued buffers with :meth:`take` and fills them
-    without a copy (see ``zerocopy``). Everything else (buffers such as
-    BatchNorm statistics, scalars, learning rates) is copied at once.
-    """
-
-    def __init__(self) -> None:
-        self._value: Any = None
-        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def save(self, value: Any, deferred: frozenset[int] = frozenset()) -> None:
-        self._pending = []
-        if self._value is None or not _copy_into(self._value, value, deferred, self._pending):
-            self._pending = []
-            self._value = _clone(value)
-
-    @property
-    def pending(self) -> bool:
-        """Copies queued by the last save are not done yet (the next optimizer update does them)."""
-        return bool(self._pending)
-
-    def keep(self, value: Any) -> None:
-        """Hold ``value`` itself (a private copy the caller made) as the snapshot."""
-        self._pending = []
-        self._value = value
-
-    def flush(self, keep: frozenset[int] = frozenset()) -> None:
-        """Do the queued copies, except those of storages in ``keep`` (left queued)."""
-        pending, self._pending = self._pending, []
-        dsts, srcs = [], []
-        for dst, src in pending:
-            if keep and src.data_ptr() in keep:
-                self._pending.append((dst, src))
-            else:
-                dsts.append(dst)
-                srcs.append(src)
-        if dsts:
-            # One call for all of them: a model with thousands of tensors (each with a
-            # one-element optimizer step count) would otherwise pay a Python call per copy.
-            torch._foreach_copy_(dsts, srcs)
-
-    def take(self, ptrs: frozenset[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """Hand the queued copies of storages in ``ptrs`` (one per storage) to the caller, who fills them."""
-        taken: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        rest = []
-        for dst, src in self._pending:
-            ptr = src.data_ptr()
-            if ptr in ptrs and ptr not in taken:
-                taken[ptr] = (dst, src)
-            else:
-                rest.append((dst, src))
-        self._pending = rest
-        return taken
-
-    def load(self) -> Any:
-        self.flush()
-        return _clone(self._value)
-
-
-def _clone(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clone(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_clone(v) for v in obj)
-    return copy.deepcopy(obj)
-
-
-def _copy_into(dst: Any, src: Any, deferred: frozenset[int], pending: list) -> bool:
-    """Copy ``src`` into ``dst`` in place; False if the structure differs (caller re-clones)."""
-    if isinstance(src, torch.Tensor):
-        if not isinstance(dst, torch.Tensor) or dst.shape != src.shape or dst.dtype != src.dtype or dst.device != src.device:
-            return False
-        if src.data_ptr() in deferred:
-            pending.append((dst, src.detach()))
-        else:
-            dst.copy_(src.detach())
-        return True
-    if isinstance(src, dict):
-        if not isinstance(dst, dict) or dst.keys() != src.keys():
-            return False
-        for k, v in src.items():
-            if isinstance(v, (torch.Tensor, dict, list, tuple)):
-                if not _copy_into(dst[k], v, deferred, pending):
-                    return False
-            elif dst[k] != v:
-                dst[k] = copy.deepcopy(v)
-        return True
-    if isinstance(src, (list, tuple)):
-        if type(dst) is not type(src) or len(dst) != len(src):
-            return False
-        if isinstance(src, tuple):
-            return all(
-                _copy_into(d, s, deferred, pending) if isinstance(s, torch.Tensor) else d == s for d, s in zip(dst, src)
-            )
-        for i, v in enumerate(src):
-            if isinstance(v, (torch.Tensor, dict, list, tuple)):
-                if not _copy_into(dst[i], v, deferred, pending):
-                    return False
-            elif dst[i] != v:
-                dst[i] = copy.deepcopy(v)
-        return True
-    return dst == src
-
-
 class _SnapshotHandler:
     """Keeps one object's last commit: a reused-buffer snapshot of its ``state_dict()``, or, when the
     next optimizer update runs in place (see ``window``), only what that update does not write.
@@ -216,7 +103,7 @@ class _SnapshotHandler:
 
     def __init__(self, value: Any) -> None:
         self.value = value
-        self._snap = _Snapshot()
+        self._snap = Snapshot()
         #: The last commit was kept in place (the optimizer's tensors not copied).
         self.in_place = False
         #: Since that commit, the live tensors were changed where nothing kept them.
@@ -236,7 +123,7 @@ class _SnapshotHandler:
     def save(self) -> None:
         if self.bound and get_context().window.in_place():
             if not self.in_place:
-                self._snap = _Snapshot()  # the buffers of an earlier kept commit are not needed any more
+                self._snap = Snapshot()  # the buffers of an earlier kept commit are not needed any more
             self._save_in_place()
             self.in_place, self._touched = True, False
             return
@@ -258,6 +145,11 @@ class _SnapshotHandler:
     def pending(self) -> bool:
         """The last commit still waits for copies that the next optimizer update does (or trades away)."""
         return self._snap.pending
+
+    @property
+    def on_host(self) -> bool:
+        """The last commit keeps GPU tensors in host memory (nothing to trade on the device)."""
+        return self._snap.on_host
 
     def flush(self, keep: frozenset[int] = frozenset()) -> None:
         self._snap.flush(keep)
@@ -288,7 +180,7 @@ class _SnapshotHandler:
             # The broadcast writes other values into the live tensors: keep this commit whole (in host
             # memory) first, so that a sync cut short restores it exactly. Only here, never in the loop.
             self.in_place = False
-            self._snap = _Snapshot()
+            self._snap = Snapshot()
             self._snap.keep(_to_host(self.value.state_dict()))
         elif overwritten and self.in_place:
             self._touched = True

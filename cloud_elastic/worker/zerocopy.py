@@ -1,7 +1,7 @@
 """Zero-copy commits: the update after a commit writes into the snapshot's spare buffers.
 
 A commit must keep the committed parameters and optimizer state until the
-next commit. The generic way (``state._Snapshot``) copies them just before
+next commit. The generic way (``snapshot.Snapshot``) copies them just before
 the next optimizer update overwrites them in place: an extra read and write
 of the whole training state per commit, which is most of the cost of
 committing every step (for AdamW: parameters and both moments).
