@@ -99,6 +99,9 @@ class _SnapshotHandler:
     tensors *are* the commit until the update touches them (:meth:`touch`), and
     a restore after that cannot be exact; it tells the context so
     (``lost_commit``), and the driver takes the state from another worker.
+    Until the loop is confirmed in place (``window.confirmed``), such a commit
+    also keeps the whole state in host memory (``_first``), so that the first
+    window restores exactly whatever the loop turns out to be.
     """
 
     def __init__(self, value: Any) -> None:
@@ -108,6 +111,8 @@ class _SnapshotHandler:
         self.in_place = False
         #: Since that commit, the live tensors were changed where nothing kept them.
         self._touched = False
+        #: The whole last commit in host memory, while the loop is not yet confirmed in place.
+        self._first: Any = None
         # No save here: TorchState saves once it has bound the model to its optimizer, so that a
         # first commit kept in place never copies the parameters.
 
@@ -121,13 +126,15 @@ class _SnapshotHandler:
         return frozenset()
 
     def save(self) -> None:
-        if self.bound and get_context().window.in_place():
+        window = get_context().window if self.bound else None
+        if window is not None and window.in_place():
             if not self.in_place:
                 self._snap = Snapshot()  # the buffers of an earlier kept commit are not needed any more
             self._save_in_place()
             self.in_place, self._touched = True, False
+            self._first = None if window.confirmed else _to_host(self.value.state_dict())
             return
-        self.in_place = False
+        self.in_place, self._first = False, None
         state = self._state_dict()
         self._snap.save(state, self.deferred(state))
 
@@ -162,6 +169,11 @@ class _SnapshotHandler:
             self.value.load_state_dict(self._snap.load())
             return
         changed = self._changed_since_commit()
+        if changed and self._first is not None:
+            self.value.load_state_dict(_clone(self._first))  # the first window: kept whole, on the host
+            self._touched = False
+            self._recorded()
+            return
         if changed:
             get_context().lost_commit(changed)
         self._restore_in_place()
@@ -172,6 +184,9 @@ class _SnapshotHandler:
 
     def _restore_in_place(self) -> None:
         raise NotImplementedError
+
+    def _recorded(self) -> None:
+        """The live state is the commit again (restored whole): record what tells a later change."""
 
     def sync(self, overwritten: bool) -> None:
         """Broadcast rank 0's state into this one; ``overwritten``: the sync changes this worker's values."""
@@ -276,6 +291,9 @@ class _ModelHandler(_SnapshotHandler):
     def _restore_in_place(self) -> None:
         self.value.load_state_dict(self._snap.load(), strict=False)  # the parameters are not in it
 
+    def _recorded(self) -> None:
+        self._versions = [p._version for p in self.optimizer._ce_params]
+
     def _broadcast(self) -> None:
         collectives.broadcast_parameters(self.value.state_dict(), root_rank=0)
 
@@ -313,6 +331,9 @@ class _OptimizerHandler(_SnapshotHandler):
         if self._state_shape() != self._shape:
             return "the optimizer's state or parameter groups were replaced since the commit"
         return ""
+
+    def _recorded(self) -> None:
+        self._shape = self._state_shape()
 
     def _restore_in_place(self) -> None:
         if len(self._groups) == len(self.value.param_groups):

@@ -17,15 +17,19 @@ and the restore then needs the values from before it. This class learns the
 loop: commits are kept in place until a collective is seen in a window, and
 from then on, for the life of the process, every commit keeps those values (a
 snapshot, as before). A worker joining a running job learns it from rank 0 with
-the state sync. The window in which the collective is first seen is the one
-unprotected window: a failure inside that very collective leaves the worker
-unable to restore exactly; it tells the driver so, and the driver syncs it from
-a peer that can, resumes from the durable checkpoint, or stops with an error
-(see ``driver.rounds``): never a silent restart from the wrong state. Keeping
-the first window instead would cost, at the first step of every process, a copy
-of all the state that exists then (for a job resumed from a checkpoint, the
-parameters and the whole optimizer state, in accelerator memory), which is what
-in-place commits are there to avoid.
+the state sync.
+
+Until a window has closed at a commit with no collective in it (the loop is then
+*confirmed* in place), a commit kept in place also keeps the whole state in host
+memory (``state._SnapshotHandler``): the first window of a loop with collectives
+in its windows (Horovod's ImageNet example logs every batch and commits every
+100) restores exactly, at the price of one host copy of the state per process
+start, dropped at the first commit of a loop confirmed in place. The unprotected
+window left is that of a loop that changes after it was confirmed (a logging
+allreduce every 100 steps): a failure inside that very collective leaves the
+worker unable to restore exactly; it tells the driver so, and the driver syncs it
+from a peer that can, resumes from the durable checkpoint, or stops with an
+error (see ``driver.rounds``): never a silent restart from the wrong state.
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ class CommitWindow:
         self.unkept = False
         #: A collective was seen in a window: in-place updates are over for this process.
         self.has_collectives = False
+        #: A window with an in-place update closed at a commit with no collective in it: the loop is
+        #: the common one, and commits kept in place need no whole copy any more.
+        self.confirmed = False
 
     def in_place(self) -> bool:
         """May the commit being made now keep nothing (the next update runs in place)?"""
@@ -73,7 +80,7 @@ class CommitWindow:
         if not self.open or self.has_collectives:
             return
         self.has_collectives = True
-        if self.unkept:
+        if self.unkept and self.confirmed:  # before confirmation, the whole commit was kept on the host
             log.warning(
                 "cloud-elastic: %s ran between an in-place optimizer update and the next commit; from now on "
                 "every update keeps the values it overwrites until the commit. A failure in this one collective "
@@ -82,6 +89,8 @@ class CommitWindow:
 
     def close(self) -> None:
         """A commit is being made: the window closes (the state is the new commit)."""
+        if self.open and self.unkept and not self.has_collectives:
+            self.confirmed = True
         self.open = self.unkept = False
 
     def discard(self) -> None:

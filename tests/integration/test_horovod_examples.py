@@ -81,12 +81,14 @@ def test_mnist_survives_a_kill_and_admits_a_newcomer_then_tests(jobs, tmp_path):
 
 
 def test_imagenet_with_fp16_predivide_and_accumulation_survives_a_kill_and_admits_a_newcomer(jobs, tmp_path):
-    # Killed in epoch 1, past its first commits. Its loop runs allreduces between step() and a commit every 10
-    # batches: until the second commit a kill cannot be rolled back exactly (docs/porting.md, "Commits").
+    # Killed at its third step, before its first commit: its loop runs metric allreduces between step() and a
+    # commit every 10 batches, so this first window is one no in-place commit could roll back; the first commit
+    # is kept whole in host memory until the loop is known, and the survivor resumes from it exactly.
     job = kill_then_grow(jobs, tmp_path, "imagenet_resnet50_elastic.py", "--fp16-allreduce",
                          "--gradient-predivide-factor", "2", "--batches-per-allreduce", "2", "--epochs", "8",
                          "--checkpoint-format", str(tmp_path / "checkpoint-{epoch}.pth.tar"), "--log-dir",
-                         str(tmp_path / "logs"), kill_at=lambda e: e["epoch"] >= 1)
+                         str(tmp_path / "logs"), kill_at=lambda e: e["epoch"] == 0 and e["batch"] < 9)
+    assert "training state lost" not in job.output() and "cannot restore" not in job.output()
     assert_trained_on(job, reset_callbacks=False)  # this example registers none
     assert [e["epoch"] for e in job.of("done")] == [8, 8]
     validated = job.of("validated", rank=0)
