@@ -262,6 +262,29 @@ def status(job: str | None, as_json: bool) -> int:
     return 0
 
 
+@cli.command(context_settings=_CONTEXT, short_help="drain a host or one slot of a running job")
+@click.argument("job")
+@click.argument("target", metavar="HOST[:SLOT]")
+def drain(job: str, target: str) -> int:
+    """Drain TARGET from JOB: its workers leave at their next commit, with no rollback, as on a spot notice.
+
+    A drained slot is blacklisted with the usual cooldown, so the job takes a
+    replacement when discovery offers one; a drained host gets no new worker
+    until it leaves discovery. Signed like 'status': only the user who started
+    the job can ask.
+    """
+    from cloud_elastic import status as st
+
+    host, sep, slot = target.rpartition(":")
+    if not sep or not slot.isdigit():
+        host, slot = target, ""
+    if not host:
+        raise click.UsageError(f"{target!r}: expected HOST or HOST:SLOT")
+    message = st.request_drain(job, host, int(slot) if slot else None)
+    sys.stdout.write((message or f"draining {target}") + "\n")
+    return 0
+
+
 @cli.command(context_settings=_CONTEXT, short_help="draw a job's events file as a picture")
 @click.argument("events_file", metavar="EVENTS_FILE", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", metavar="PNG", default="timeline.png", show_default=True,

@@ -111,10 +111,13 @@ class Assignment:
     update_gen: int
     #: No worker of the round holds the committed state: rank 0 loads the latest durable checkpoint.
     from_checkpoint: bool = False
+    #: The hosts of the round's members (each once): the only peers of its process group.
+    hosts: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return dict(asdict(self.ranks), status="assigned", round=self.round,
-                    needs_sync=self.needs_sync, update_gen=self.update_gen, from_checkpoint=self.from_checkpoint)
+                    needs_sync=self.needs_sync, update_gen=self.update_gen, from_checkpoint=self.from_checkpoint,
+                    hosts=list(self.hosts))
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "Assignment":
@@ -122,8 +125,12 @@ class Assignment:
         ranks = RankInfo(**{f.name: _int(msg, f.name, what) for f in fields(RankInfo)})
         if ranks.rank >= ranks.size or ranks.local_rank >= ranks.local_size or ranks.cross_rank >= ranks.cross_size:
             raise ControlPlaneError(f"malformed {what}: ranks out of range: {ranks}")
+        hosts = msg.get("hosts") or []
+        if (not isinstance(hosts, list) or len(hosts) > ranks.size
+                or not all(isinstance(h, str) and 0 < len(h) <= 255 for h in hosts)):
+            raise ControlPlaneError(f"malformed {what}: 'hosts' must be a list of at most 'size' host names")
         return cls(_int(msg, "round", what), ranks, _bool(msg, "needs_sync", what), _int(msg, "update_gen", what),
-                   bool(msg.get("from_checkpoint", False)))
+                   bool(msg.get("from_checkpoint", False)), tuple(hosts))
 
 
 @dataclass(frozen=True)

@@ -283,13 +283,9 @@ class StatusReply:
 # ---------------------------------------------------------------------------- the client
 
 
-def query_status(job_id: str, *, root: Path | None = None, timeout_s: float = 5.0) -> StatusReply:
-    """Ask ``job_id``'s driver for its status over the signed control plane.
-
-    ConfigError when there is no such job or its record cannot be read;
-    CloudElasticError (one line) when the driver is gone, refuses the
-    request or answers something that fails verification.
-    """
+def _call_driver(job_id: str, kind: str, payload: dict[str, Any] | None, *, root: Path | None,
+                 timeout_s: float) -> dict[str, Any]:
+    """One signed request to ``job_id``'s driver (with the job's secret, readable by its user alone)."""
     from cloud_elastic.control import Codec
     from cloud_elastic.worker.client import DriverClient
 
@@ -303,7 +299,7 @@ def query_status(job_id: str, *, root: Path | None = None, timeout_s: float = 5.
         raise ConfigError(f"cannot read the secret of job {job_id}: {exc.strerror or exc}") from None
     client = DriverClient(record.address, Codec(secret, job_id), CLIENT_ID)
     try:
-        reply = client.call("status", timeout_s=timeout_s)
+        reply = client.call(kind, payload, timeout_s=timeout_s)
     except ControlPlaneError as exc:
         raise ControlPlaneError(f"job {job_id}: {exc}") from None
     except OSError as exc:
@@ -313,11 +309,35 @@ def query_status(job_id: str, *, root: Path | None = None, timeout_s: float = 5.
         ) from None
     finally:
         client.close()
-    reply = {k: v for k, v in reply.items() if k not in ("v", "kind", "ts", "nonce", "re", "to")}
-    status = StatusReply.from_json(reply)
+    return {k: v for k, v in reply.items() if k not in ("v", "kind", "ts", "nonce", "re", "to")}
+
+
+def query_status(job_id: str, *, root: Path | None = None, timeout_s: float = 5.0) -> StatusReply:
+    """Ask ``job_id``'s driver for its status over the signed control plane.
+
+    ConfigError when there is no such job or its record cannot be read;
+    CloudElasticError (one line) when the driver is gone, refuses the
+    request or answers something that fails verification.
+    """
+    status = StatusReply.from_json(_call_driver(job_id, "status", None, root=root, timeout_s=timeout_s))
     if status.job != job_id:
         raise ControlPlaneError(f"job {job_id}: the driver answered for job {status.job}")
     return status
+
+
+def request_drain(job_id: str, host: str, slot: int | None = None, *, root: Path | None = None,
+                  timeout_s: float = 5.0) -> str:
+    """Ask ``job_id``'s driver to drain ``host`` (or one of its slots): its workers leave at their next commit.
+
+    Returns the driver's one-line answer. Errors as for :func:`query_status`;
+    CloudElasticError with the driver's reason when it refuses (no such host, say).
+    """
+    reply = _call_driver(job_id, "drain", {"host": host, "slot": slot}, root=root, timeout_s=timeout_s)
+    message = str(reply.get("message") or "")[:500]
+    if reply.get("ok") is not True:
+        raise CloudElasticError(f"job {job_id}: the driver refused to drain {host}"
+                                f"{'' if slot is None else f'[{slot}]'}: {message or 'no reason given'}")
+    return message
 
 
 # ---------------------------------------------------------------------------- rendering

@@ -7,27 +7,41 @@ heartbeat. It grows when the worker
 
 * commits, takes an optimizer step, or completes a collective;
 * or, sampled by the heartbeat thread, its training thread has moved on since
-  the last sample while it was not waiting in a collective (long forward
-  passes, evaluation, ``torch.compile``: Python code running is progress).
+  the last sample while it was not waiting in a collective: it used CPU time,
+  or its innermost Python frame or instruction changed (long forward passes,
+  evaluation, ``torch.compile``: computing is progress).
 
 A training thread blocked in one native call (a destructor joining a thread, a
-store wait, a deadlock) keeps the same innermost frame and instruction, and a
-thread waiting in a collective is not counted: such a round's counters all
-stand still, and the driver aborts it after ``--progress-timeout``, first
-asking every member for its stacks (:func:`format_stacks`).
+store wait, a deadlock) uses no CPU and keeps the same innermost frame and
+instruction, and a thread waiting in a collective is not counted: such a
+round's counters all stand still, and the driver aborts it after
+``--progress-timeout``, first asking every member for its stacks
+(:func:`format_stacks`).
+
+It also measures the worker's own *compute time* per optimizer step: the time
+between two steps minus the time spent waiting on peers in collectives (the
+gradient allreduce included). A slow worker has a long compute time and short
+waits; its peers, the opposite. The median of the last :data:`RECENT_STEPS`
+steps of the round goes to the driver with each heartbeat (see the driver's
+straggler rule).
 """
 
 from __future__ import annotations
 
 import faulthandler
+import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["Progress", "format_stacks"]
+__all__ = ["Progress", "format_stacks", "RECENT_STEPS"]
+
+#: Steps the rolling compute time is the median of.
+RECENT_STEPS = 16
 
 
 class Progress:
@@ -38,20 +52,38 @@ class Progress:
         self.steps = 0
         self._waiting_since: float | None = None
         self._thread: int | None = None
-        self._last_seen: tuple[int, int] | None = None
+        self._native: int | None = None
+        self._last_seen: tuple[int, int, int] | None = None
+        self._step_started: float | None = None
+        self._waited = 0.0  # in collectives since the last step
+        self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
 
     def mark(self) -> None:
         """Something completed (a commit, a collective, a sync)."""
         self.count += 1
 
-    def step(self) -> None:
-        """An optimizer step completed."""
+    def step(self, now: float | None = None) -> None:
+        """An optimizer step completed: the time since the previous one, less its waits, was computing."""
         self.steps += 1
         self.count += 1
+        now = time.monotonic() if now is None else now
+        if self._step_started is not None:
+            self._recent.append(max(0.0, now - self._step_started - self._waited))
+        self._step_started, self._waited = now, 0.0
 
-    def watch_thread(self, ident: int | None = None) -> None:
-        """Sample this thread (default: the caller's) as the training thread."""
-        self._thread = threading.get_ident() if ident is None else ident
+    def new_round(self) -> None:
+        """A round formed: its first step (warm-up, a state sync before it) is not a step of the loop."""
+        self._step_started, self._waited = None, 0.0
+        self._recent.clear()
+
+    def compute_s(self) -> float | None:
+        """The median compute time of the recent steps of this round; None before three of them."""
+        recent = list(self._recent)
+        return statistics.median(recent) if len(recent) >= 3 else None
+
+    def watch_thread(self) -> None:
+        """Sample the calling thread as the training thread."""
+        self._thread, self._native = threading.get_ident(), threading.get_native_id()
 
     @contextmanager
     def waiting(self) -> Iterator[None]:
@@ -63,6 +95,7 @@ class Progress:
             yield
         finally:
             if outer is None:
+                self._waited += time.monotonic() - self._waiting_since
                 self._waiting_since = None
 
     def waiting_s(self, now: float | None = None) -> float:
@@ -76,11 +109,21 @@ class Progress:
             self._last_seen = None
             return self.count
         frame = sys._current_frames().get(self._thread)
-        seen = None if frame is None else (id(frame), frame.f_lasti)
+        seen = None if frame is None else (id(frame), frame.f_lasti, _cpu_ticks(self._native))
         if seen is not None and seen != self._last_seen:
             self.count += 1
         self._last_seen = seen
         return self.count
+
+
+def _cpu_ticks(native_id: int | None) -> int:
+    """CPU time a thread of this process has used, in clock ticks (0 where /proc cannot tell)."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime (fields 14 and 15 of stat)
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def format_stacks() -> str:

@@ -16,9 +16,10 @@ descriptors close with it. Measured here: threads and descriptors stay flat
 over repeated SIGKILLed and SIGSTOPped peers, about 0.1 s per group.
 
 The group's sockets are found as the TCP sockets that appeared while it was
-being formed (:func:`socket_inodes` before and after), minus the group's
-listening socket (Gloo aborts the process if its ``accept`` fails) and any
-connection to the driver's control plane or store. Destruction runs on a
+being formed (:func:`socket_inodes` before and after) and are connected to one
+of the round's members (their addresses come with the round's assignment),
+minus the group's listening socket (Gloo aborts the process if its ``accept``
+fails) and any connection to the driver's control plane or store. Destruction runs on a
 short-lived thread, so the caller never blocks on it; if it does not finish
 within ``bound_s`` the group stays leaked, as before, and is counted.
 """
@@ -53,11 +54,24 @@ def socket_inodes() -> dict[int, str]:
     return out
 
 
-class GroupSockets:
-    """The peer connections of one process group, found by what formation opened."""
+def _plain_ip(address: str) -> str:
+    """``::ffff:10.0.0.1`` (an IPv4 peer of an IPv6 socket) as ``10.0.0.1``; other addresses unchanged."""
+    return address[7:] if address.startswith("::ffff:") and "." in address else address
 
-    def __init__(self, before: dict[int, str], after: dict[int, str], exclude_peers: Iterable[tuple[str, int]]) -> None:
+
+class GroupSockets:
+    """The peer connections of one process group, found by what formation opened.
+
+    With ``members`` (the IP addresses of the round's members), only connections
+    to one of them count: a socket another thread of the worker opened while the
+    group formed (a checkpoint upload from rank 0, say) is not the group's and is
+    never shut down with it.
+    """
+
+    def __init__(self, before: dict[int, str], after: dict[int, str], exclude_peers: Iterable[tuple[str, int]],
+                 members: Iterable[str] | None = None) -> None:
         excluded = set(exclude_peers)
+        allowed = None if members is None else {_plain_ip(m) for m in members}
         self._fds: dict[int, str] = {}
         for fd, link in after.items():
             if before.get(fd) == link:
@@ -71,8 +85,9 @@ class GroupSockets:
                     peer = s.getpeername()[:2]
             except OSError:
                 continue
-            if (peer[0], peer[1]) not in excluded:
-                self._fds[fd] = link
+            if (peer[0], peer[1]) in excluded or (allowed is not None and _plain_ip(peer[0]) not in allowed):
+                continue
+            self._fds[fd] = link
 
     def __len__(self) -> int:
         return len(self._fds)

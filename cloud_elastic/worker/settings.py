@@ -64,6 +64,8 @@ class WorkerSettings:
     checkpoint_dir: str = ""
     checkpoint_interval_s: float = 300.0
     checkpoint_keep: int = 2
+    #: ``CLOUD_ELASTIC_SELFTEST_TIMEOUT_S``: how long a newcomer's device self-test may take (``selftest``).
+    selftest_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.driver_grace_s is None:
@@ -72,6 +74,8 @@ class WorkerSettings:
             raise ConfigError(f"CLOUD_ELASTIC_DRIVER_GRACE_S={self.driver_grace_s}: must be >= 0")
         if self.checkpoint_interval_s <= 0 or self.checkpoint_keep < 1:
             raise ConfigError("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S must be > 0 and CLOUD_ELASTIC_CHECKPOINT_KEEP >= 1")
+        if self.selftest_timeout_s <= 0:
+            raise ConfigError(f"CLOUD_ELASTIC_SELFTEST_TIMEOUT_S={self.selftest_timeout_s}: must be > 0")
         if self.heartbeat_timeout_s <= 0 or self.collective_timeout_s <= 0 or self.group_form_timeout_s <= 0:
             raise ConfigError("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S, CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S and "
                               "CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S must be positive")
@@ -132,4 +136,5 @@ class WorkerSettings:
             checkpoint_dir=env.get("CLOUD_ELASTIC_CHECKPOINT_DIR", ""),
             checkpoint_interval_s=number("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S", "300", float),
             checkpoint_keep=int(number("CLOUD_ELASTIC_CHECKPOINT_KEEP", "2", int)),
+            selftest_timeout_s=number("CLOUD_ELASTIC_SELFTEST_TIMEOUT_S", "60", float),
         )

@@ -1,0 +1,104 @@
+"""worker/progress.py and worker/selftest.py: what a worker tells the driver about its own health."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from cloud_elastic.worker.progress import RECENT_STEPS, Progress, format_stacks
+from cloud_elastic.worker.selftest import check_device, device_for_slot
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_compute_time_is_the_time_between_steps_less_the_waits_on_peers():
+    p = Progress()
+    now = 100.0
+    p.step(now)  # the round's first step starts the clock
+    for _ in range(5):
+        with p.waiting():
+            time.sleep(0.02)  # a collective
+        now += 0.5
+        p.step(now)
+    compute = p.compute_s()
+    assert compute is not None and 0.4 < compute < 0.49
+
+
+def test_compute_time_needs_three_steps_of_the_round_and_starts_over_with_a_new_round():
+    p = Progress()
+    for t in (1.0, 2.0, 3.0):
+        p.step(t)
+    assert p.compute_s() is None  # two intervals only
+    p.step(4.0)
+    assert p.compute_s() == 1.0
+    p.new_round()
+    p.step(10.0)
+    assert p.compute_s() is None
+    for i in range(1, RECENT_STEPS + 5):
+        p.step(10.0 + 0.1 * i)
+    assert abs(p.compute_s() - 0.1) < 1e-9
+
+
+def test_a_thread_running_python_is_progress_and_one_blocked_in_native_code_is_not():
+    p = Progress()
+    release = threading.Event()
+    started = threading.Event()
+
+    def blocked() -> None:
+        p.watch_thread()
+        started.set()
+        release.wait()  # a lock wait: no Python runs
+
+    t = threading.Thread(target=blocked, daemon=True)
+    t.start()
+    started.wait(5)
+    time.sleep(0.05)
+    first = p.sample()
+    assert p.sample() == first and p.sample() == first
+    release.set()
+    t.join(5)
+
+    def busy() -> None:
+        p.watch_thread()
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            sum(range(100))
+
+    t = threading.Thread(target=busy, daemon=True)
+    t.start()
+    counts = []
+    for _ in range(5):
+        time.sleep(0.05)
+        counts.append(p.sample())
+    t.join(5)
+    assert counts[-1] > counts[0]
+
+
+def test_waiting_in_a_collective_is_not_progress():
+    p = Progress()
+    p.watch_thread()
+    with p.waiting():
+        before = p.sample()
+        sum(range(1000))
+        assert p.sample() == before
+        assert p.waiting_s() >= 0.0
+
+
+def test_stacks_name_every_thread():
+    text = format_stacks()
+    assert "test_stacks_name_every_thread" in text and "thread 0x" in text.lower()
+
+
+def test_a_working_device_passes_its_self_test_and_a_stuck_one_fails_with_one_line():
+    assert check_device(torch.device("cpu")) is None
+    reason = check_device(torch.device("cpu"), timeout_s=1e-6)
+    assert reason == "the device self-test on cpu did not finish within 1e-06s"
+
+
+def test_with_nccl_a_worker_tests_its_own_gpu_and_the_slot_must_have_one():
+    assert device_for_slot("nccl", 3) == torch.device("cuda", 3)
+    if not torch.cuda.is_available():
+        assert device_for_slot("gloo", 3) == torch.device("cpu")
