@@ -58,7 +58,7 @@ def test_completion_imports_nothing_heavy() -> None:
 def test_top_level_help_lists_every_command() -> None:
     result = _run("--help")
     assert result.returncode == 0
-    for command in ("run", "discover", "providers", "status", "timeline"):
+    for command in ("run", "discover", "providers", "status", "drain", "timeline"):
         assert f"\n  {command} " in result.stdout
 
 
@@ -80,7 +80,7 @@ def test_completion_scripts_for_bash_zsh_and_fish(shell: str, marker: str) -> No
 
 
 def test_completion_of_subcommands_flags_and_provider_names() -> None:
-    assert _complete("cloud-elastic ", 1) == ["run", "discover", "providers", "status", "timeline"]
+    assert _complete("cloud-elastic ", 1) == ["run", "discover", "providers", "status", "drain", "timeline"]
     assert "--num-proc" in _complete("cloud-elastic run --nu", 2)
     # Provider names come from the installed entry points, built-ins and plugins alike.
     from cloud_elastic.providers import registry
