@@ -105,6 +105,9 @@ def new_nccl_group(store: Any, rank: int, size: int, timeout: timedelta, device:
     ``eager_connect_single_device`` forms the communicator here instead of at the
     first collective. Either is skipped on a torch that lacks it.
     """
+    # The formation runs on a thread of its own, and CUDA's current device is per thread: an eager
+    # connect on another device than the communicator's fails ("Cuda failure 'invalid argument'").
+    torch.cuda.set_device(device)
     opts = dist.ProcessGroupNCCL.Options()
     opts._timeout = timeout
     config = getattr(opts, "config", None)
