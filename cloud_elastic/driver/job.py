@@ -586,8 +586,9 @@ class ElasticJob:
                 log.debug("job %s: worker %s exited after completing", self.job_id, worker_id)
         elif before in (S.EXITING, S.DRAINING):
             log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.why or "told to exit")
+            early = {"early_return": True, "commit_step": w.commit_seq, "steps": w.steps} if w.returned_early else {}
             self._emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index, reason=w.why or "told to exit",
-                       **({"round": w.round} if w.round else {}))
+                       **({"round": w.round} if w.round else {}), **early)
             if was_member:
                 # It vanished before leaving its round: peers may be blocked in a
                 # collective with it, and only an abort releases them.
@@ -876,9 +877,7 @@ class ElasticJob:
             log.warning("job %s: worker %s (%s) %s; it leaves the job and the others continue", self.job_id,
                         worker_id, w.label, why)
             w.to(S.EXITING, why)
-            self._emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index, reason=why,
-                       early_return=True, commit_step=w.commit_seq, steps=w.steps,
-                       **({"round": w.round} if w.round else {}))
+            w.returned_early = True  # its worker_left event says so when its process ends
         self._parked.clear()
         self._alive_memo = None
         if self.abort_round < self.round:

@@ -94,6 +94,8 @@ class WorkerRecord:
     waiting_at: float = 0.0  # running time of the heartbeat that reported waiting_s
     #: Its training function returned while rank 0 of its round had not: it waits for rank 0's verdict.
     returned: bool = False
+    #: It was sent away for returning while rank 0 was still training.
+    returned_early: bool = False
     #: The stacks request it was last asked to answer, and the last one it answered.
     stacks_wanted: int = 0
     stacks_sent: int = 0

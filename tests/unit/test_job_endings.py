@@ -55,9 +55,9 @@ def test_a_member_that_returns_while_rank_0_trains_on_leaves_and_the_others_cont
     assert decision == "leave"
     assert "while rank 0" in reason and "at commit 37" in reason and "sized for another world size" in reason
     assert sim.job.abort_round == 1  # frees rank 0 from the collective the leaver will never join
-    left = [f for kind, f in sim.events if kind == "worker_left"]
-    assert left and left[-1]["early_return"] is True and left[-1]["commit_step"] == 37
     sim.exit("a[2]", CLEAN)
+    left = [f for kind, f in sim.events if kind == "worker_left"]
+    assert len(left) == 1 and left[0]["early_return"] is True and left[0]["commit_step"] == 37, left
     assert not any(kind == "worker_failed" for kind, _ in sim.events)
     assert not sim.blocked("a[2]")  # a healthy slot: nothing to blacklist
     assert_round(sim.join("a[0]", "a[1]", reason="failure"), 2, needs_sync=True)
