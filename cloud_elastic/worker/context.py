@@ -137,11 +137,6 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self._store_stale = False
 
     @property
-    def pg(self) -> Any:
-        """The current round's process group (None before the first round and after leaving)."""
-        return None if self._group is None else self._group.pg
-
-    @property
     def leaked_groups(self) -> int:
         """Abandoned process groups whose threads and sockets could not be reclaimed."""
         return self._reaper.leaked

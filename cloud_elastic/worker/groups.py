@@ -119,6 +119,11 @@ class RoundInfo(RankInfo):
 class RoundGroupsMixin:
     """The worker context's process group per round, and its collectives' waits (see module docstring)."""
 
+    @property
+    def pg(self) -> Any:
+        """The current round's process group (None before the first round and after leaving)."""
+        return None if self._group is None else self._group.pg
+
     # --------------------------------------------------------- process groups
     def _form_group(self, info: RoundInfo) -> None:
         self._carried_update = None
