@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable
 
 from cloud_elastic.errors import ConfigError
-from cloud_elastic.events import validate
+from cloud_elastic.event_schema import validate
 
 __all__ = ["MetricsServer", "StepRate"]
 

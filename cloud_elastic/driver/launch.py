@@ -24,10 +24,11 @@ Guarantees every launcher gives:
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
-__all__ = ["WorkerSpec", "ExitStatus", "WorkerProcess", "Launcher", "is_local_host"]
+__all__ = ["WorkerSpec", "ExitStatus", "WorkerProcess", "Launcher", "is_local_host", "signal_name"]
 
 OutputSink = Callable[[str], None]
 
@@ -73,6 +74,14 @@ class ExitStatus:
         if self.code < 0:
             return f"killed by signal {-self.code}"
         return f"exited with code {self.code}"
+
+
+def signal_name(number: int) -> str:
+    """The name of signal ``number`` (``SIGKILL``), or ``signal N`` for one this platform does not name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 class WorkerProcess(Protocol):

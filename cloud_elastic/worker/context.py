@@ -2,13 +2,13 @@
 
 One :class:`WorkerContext` per worker process, created by ``init()``. It
 
-* registers with the driver and keeps a heartbeat thread long-polling it;
-  the replies carry the current round, the update generation (a graceful
-  membership change is pending) and the highest aborted round;
+* registers with the driver and keeps a heartbeat thread long-polling it
+  (see ``link``); the replies carry the current round, the update generation
+  (a graceful membership change is pending) and the highest aborted round;
 * forms a fresh ``torch.distributed`` process group per rendezvous round on
   the round's signed namespace of the driver's TCPStore (see ``store``: keys
   named with HMAC of the job secret, values tagged and checked), Gloo on
-  CPU, NCCL with CUDA (``CLOUD_ELASTIC_BACKEND`` overrides);
+  CPU, NCCL with CUDA (``CLOUD_ELASTIC_BACKEND`` overrides; see ``groups``);
 * reclaims the threads and sockets of a group abandoned after a failure
   (see ``reclaim``) without ever blocking on it;
 * waits for every collective in bounded slices, so a round the driver aborted
@@ -28,12 +28,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import threading
 import time
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,50 +42,31 @@ from cloud_elastic.protocol import (
     CompletedReport,
     CompletionReply,
     ExitOrder,
-    PollReply,
-    AdoptRequest,
-    PollRequest,
-    RankInfo,
     ReRegister,
     RendezvousRequest,
-    StacksReport,
     parse_rendezvous_reply,
 )
 from cloud_elastic.worker import memory
 from cloud_elastic.worker.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
-from cloud_elastic.worker.groups import (
-    RoundGroup,
-    nccl_error_handling_default,
-    new_gloo_group,
-    new_nccl_group,
-    quiesce_device,
-)
-from cloud_elastic.worker.progress import Progress, format_stacks
-from cloud_elastic.worker.reclaim import GroupSockets, Reaper, socket_inodes
+from cloud_elastic.worker.groups import RoundGroup, RoundGroupsMixin, RoundInfo, nccl_error_handling_default
+from cloud_elastic.worker.link import _SurvivingStream, DriverLinkMixin, _survive_output_loss, notice_reporter  # noqa: F401
+from cloud_elastic.worker.progress import Progress
+from cloud_elastic.worker.reclaim import Reaper
 from cloud_elastic.worker.settings import WorkerSettings
-from cloud_elastic.worker.store import SignedStore, round_namespace
 from cloud_elastic.worker.window import CommitWindow
 
-__all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized"]
+__all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized", "notice_reporter"]
 
 log = logging.getLogger(__name__)
 
-_ABORT_SLICE_S = 0.05
 
-
-@dataclass(frozen=True)
-class RoundInfo(RankInfo):
-    """This worker's place in the current rendezvous round: its ranks, plus the round's facts."""
-
-    round: int
-    needs_sync: bool
-    update_gen: int
-    from_checkpoint: bool = False
-
-
-class WorkerContext:
+class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
     """See module docstring. Constructing it does no I/O; ``start()`` connects.
+
+    Its parts: :mod:`.link` (heartbeats and every call to the driver) and
+    :mod:`.groups` (the process group per round, abortable waits); the rest is
+    here: start-up, rendezvous, completion, commits, leaving.
 
     ``settings`` default to :meth:`WorkerSettings.from_environ`, read here once.
     """
@@ -156,11 +135,6 @@ class WorkerContext:
         self._adopt_lock = threading.Lock()
         #: The store client lost its server with the old driver: reconnect before the next round forms.
         self._store_stale = False
-
-    @property
-    def pg(self) -> Any:
-        """The current round's process group (None before the first round and after leaving)."""
-        return None if self._group is None else self._group.pg
 
     @property
     def leaked_groups(self) -> int:
@@ -272,37 +246,6 @@ class WorkerContext:
             if reply.decision == "leave":
                 raise WorkerRemoved(reply.reason or "returned from its training function before rank 0")
 
-    def _call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
-        """A control-plane call that rides out a network blip (these calls are idempotent on the driver)."""
-        assert self._client is not None
-        # Within the driver grace the heartbeat thread decides when to give up; here, just keep trying.
-        deadline = time.monotonic() + max(3 * self.heartbeat_timeout_s, self.driver_grace_s + 5)
-        while True:
-            try:
-                return self._client.call(kind, payload, timeout_s=timeout_s)
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise
-                log.warning("worker %s: %s to the driver failed (%s); retrying", self.worker_id, kind, exc)
-                time.sleep(0.2)
-
-    def report_checkpoint(self, event: str, **fields: Any) -> None:
-        """Tell the driver a checkpoint was ``saved``, ``loaded`` or could not be loaded (``failed``).
-
-        Best effort: while the driver is away the report is skipped (the
-        checkpoint itself is what matters), and a failed call is logged.
-        """
-        if self._codec is None or (self.driver_lost and event != "failed"):
-            return
-        with self._reporter_lock:
-            if self._reporter is None:
-                self._reporter = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
-            try:
-                self._reporter.call("checkpoint", dict(fields, event=event, round=self.info.round if self.info else 0),
-                                    timeout_s=self.heartbeat_timeout_s + 5)
-            except Exception as exc:  # the driver may be gone; the checkpoint is on storage either way
-                log.warning("worker %s: could not report checkpoint %s to the driver: %s", self.worker_id, event, exc)
-
     def close(self) -> None:
         self._shutdown.set()
         if self._notice_watcher is not None:
@@ -375,183 +318,6 @@ class WorkerContext:
         while self._reaper.reclaimed + self._reaper.leaked == done and time.monotonic() < deadline:
             time.sleep(0.02)
 
-    # ---------------------------------------------------------------- notices
-    def _maybe_watch_notices(self, cloud: Any) -> None:
-        """Start this host's metadata notice watcher when the driver picks this worker for it (once).
-
-        Never raises: a watcher that cannot start costs the notice's lead time, not the training.
-        """
-        if not isinstance(cloud, str) or self._notice_watcher is not None or self._codec is None:
-            return
-        try:
-            self._start_notice_watcher(cloud)
-        except Exception:  # noqa: BLE001 - logged with its traceback; training goes on without a watcher
-            log.exception("worker %s: could not start the %s notice watcher", self.worker_id, cloud)
-
-    def _start_notice_watcher(self, cloud: str) -> None:
-        from cloud_elastic.errors import ConfigError
-        from cloud_elastic.notices import watcher_for
-
-        try:
-            watcher = watcher_for(cloud, self.hostname)  # its endpoint overrides come from this process's environment
-        except ConfigError as exc:
-            log.warning("worker %s: no %s notice watcher: %s", self.worker_id, cloud, exc)
-            return
-        if watcher is None:
-            return
-        self._notice_watcher = watcher
-        assert self._codec is not None
-        client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
-        watcher.start(notice_reporter(client, self.heartbeat_timeout_s + 10))
-        log.info("worker %s: watching %s instance metadata for notices on host %s", self.worker_id, cloud, self.hostname)
-
-    # --------------------------------------------------------- process groups
-    def _form_group(self, info: RoundInfo) -> None:
-        self._carried_update = None
-        if self.backend == "nccl":
-            self.device = torch.device("cuda", info.local_rank)
-            torch.cuda.set_device(self.device)
-        if self.standalone:
-            store: Any = dist.HashStore()
-        else:
-            namespace = round_namespace(self.settings.secret, self.job_id, info.round)
-            store = SignedStore(self._store, namespace, self.settings.secret)
-        done = threading.Event()
-        lock = threading.Lock()
-        result: dict[str, Any] = {}
-
-        def create() -> None:
-            before = socket_inodes()
-            try:
-                pg = self._new_group(store, info)
-            except Exception as exc:  # reported to the waiting thread below
-                result["error"] = exc
-                done.set()
-                return
-            sockets = GroupSockets(before, socket_inodes(), self._control_peers)
-            group = RoundGroup(pg, store, sockets, self.backend, self.device)
-            with lock:
-                if result.get("abandoned"):
-                    # The round was given up while this group formed: nobody will use it.
-                    self._reaper.retire(group)
-                else:
-                    result["group"] = group
-            done.set()
-
-        # Forming a group blocks in C++ until every peer arrives; do it on a
-        # side thread so an aborted round can be abandoned instead of waited out.
-        # A group that never forms while every member still heartbeats is given up at a
-        # deadline far below Gloo's own timeout: this worker then rejoins with a failure,
-        # which aborts the round for its peers too.
-        threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True).start()
-        limit_s = min(self.settings.group_form_timeout_s, self.collective_timeout_s)
-        deadline = time.monotonic() + limit_s
-        with self.progress.waiting():
-            while not done.wait(_ABORT_SLICE_S):
-                aborted = self._aborted(info.round)
-                if aborted or time.monotonic() > deadline:
-                    with lock:
-                        result["abandoned"] = True
-                    if "group" in result:  # formed in the very last slice
-                        self._reaper.retire(result.pop("group"))
-                    # The abandoned constructor may still block in a store wait, and a TCPStore
-                    # client runs one operation at a time: the next round's formation on this
-                    # client would wait behind it up to the collective timeout. It gets its own.
-                    self._store_stale = True
-                    if aborted:
-                        raise CollectiveError(f"round {info.round} was aborted while forming its process group")
-                    raise CollectiveError(f"the process group of round {info.round} did not form within "
-                                          f"{limit_s:g} s (CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S); giving the round up")
-        if "error" in result:
-            reason = str(result.pop("error")).splitlines()[0][:300]
-            raise CollectiveError(f"could not form the process group of round {info.round}: {reason}")
-        old, self._group = self._group, result.pop("group")
-        self.info = info
-        self.progress.mark()
-        if old is not None:
-            self._retire(old)
-        del old  # this frame must not be what keeps the old group alive
-
-    def _retire(self, group: RoundGroup) -> None:
-        """Let go of the previous round's group without ever blocking on it.
-
-        A group left after a failure was abandoned when its collective failed
-        (see ``groups``): its pending work has failed, so destroying it is quick,
-        and it is destroyed off this thread. A group left gracefully has no
-        pending work; its destructor still joins Gloo's threads (20-30 ms of the
-        training thread's time at every scale-up), so it is released on a
-        short-lived thread.
-        """
-        if group.abandoned or self._last_reason == "failure":
-            self._reaper.retire(group)
-        else:
-            Reaper.release(group)
-
-    def _new_group(self, store: Any, info: RoundInfo) -> Any:
-        timeout = timedelta(seconds=self.collective_timeout_s)
-        if self.backend == "nccl":
-            return new_nccl_group(store, info.rank, info.size, timeout, self.device)
-        if self.backend != "gloo":
-            raise RuntimeError(f"unsupported backend {self.backend!r} (use gloo or nccl)")
-        return new_gloo_group(store, info.rank, info.size, timeout, hostname=self.hostname, interface=self.interface)
-
-    def _abandon_round(self) -> None:
-        """A collective of the current round failed or was abandoned: fail the rest of its work now.
-
-        After an NCCL abort the device must finish what was queued on it before
-        the state is restored from it; a device that does not is wedged, and
-        this worker exits rather than train on from a state it cannot trust.
-        """
-        group = self._group
-        if group is None or not group.abandon():
-            return
-        if group.backend == "nccl" and not quiesce_device(group.device):
-            print(f"cloud-elastic: worker {self.worker_id}: the GPU did not become idle after aborting the NCCL "
-                  "communicator of a failed round; exiting", file=sys.stderr, flush=True)
-            os._exit(70)
-
-    # ------------------------------------------------------------ collectives
-    def group(self, what: str) -> Any:
-        """The round's process group, to start a collective on; CollectiveError once the round is aborted.
-
-        A collective started after the driver aborted the round could only fail,
-        and sending into a group whose peers have moved on can meet their next
-        collective instead (Gloo then aborts the process on the size mismatch).
-        """
-        if self.info is not None and self._aborted(self.info.round):
-            self._abandon_round()
-            raise CollectiveError(f"{what} not started: the driver aborted round {self.info.round} (a peer was lost)")
-        self.window.collective(what)
-        return self.pg
-
-    def wait(self, work: Any, what: str) -> None:
-        """Wait for ``work``; abandon it when the driver aborts this round.
-
-        Either way out by failure abandons the round's group at once (see
-        ``groups``), so nothing of it stays blocked on a peer.
-        """
-        assert self.info is not None
-        fut = work.get_future()
-        if not fut.done():
-            event = threading.Event()
-            fut.add_done_callback(lambda _f: event.set())
-            round_ = self.info.round
-            with self.progress.waiting():
-                while not event.wait(_ABORT_SLICE_S):
-                    if self._aborted(round_):
-                        self._abandon_round()
-                        raise CollectiveError(f"{what} abandoned: the driver aborted round {round_} (a peer was lost)")
-        try:
-            work.wait()
-        except RuntimeError as exc:
-            self._abandon_round()
-            reason = str(exc).splitlines()[0].split(" This is typically")[0]
-            raise CollectiveError(f"{what} failed: {reason}") from exc
-        self.progress.mark()
-
-    def _aborted(self, round_: int) -> bool:
-        return self._seen_abort >= round_
-
     # ------------------------------------------------- membership agreement
     def update_pending(self) -> bool:
         """Whether the driver has asked for a membership change since this round formed."""
@@ -571,157 +337,6 @@ class WorkerContext:
         flag = torch.tensor([1.0 if self.update_pending() else 0.0], device=self.device)
         self.wait(self.group("membership check").allreduce([flag]), "membership check")
         return float(flag.item()) > 0
-
-    # -------------------------------------------------------------- heartbeat
-    def _heartbeat_loop(self) -> None:
-        assert self._codec is not None
-        client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
-        last_ok = time.monotonic()
-        while not self._shutdown.is_set():
-            try:
-                progress = self.progress
-                reply = PollReply.from_wire(client.call(
-                    "poll",
-                    PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits,
-                                self.commit_seq, progress.sample(), progress.steps,
-                                round(progress.waiting_s(), 2)).to_wire(),
-                    timeout_s=self.heartbeat_timeout_s + 10,
-                ))
-                if reply.reregister:
-                    self._reregister(client)
-                    reply = None
-                last_ok = time.monotonic()
-                if self.driver_lost:
-                    self.driver_lost = False
-                    log.warning("worker %s: the driver answers again", self.worker_id)
-            except Exception as exc:  # any failure to reach the driver counts toward giving up
-                # Counted from the last answer, so a worker never outlives its driver by more than the grace.
-                silent = time.monotonic() - last_ok
-                if not self.driver_lost and silent > self.heartbeat_timeout_s:
-                    self.driver_lost = True
-                    print(f"cloud-elastic: worker {self.worker_id} cannot reach the driver ({exc}); training on "
-                          f"for up to {self.driver_grace_s:g}s (--driver-grace)", file=sys.stderr, flush=True)
-                if silent > self.driver_grace_s:
-                    self._grace_exit(exc)
-                time.sleep(0.2)
-                continue
-            if reply is None:
-                continue  # adopted; the next poll brings the restarted driver's view
-            self._seen_round = reply.round
-            self._seen_update = max(self._seen_update, reply.update_gen)
-            self._seen_abort = max(self._seen_abort, reply.abort_round)
-            self._maybe_watch_notices(reply.notice_watcher)
-            if reply.stacks > self._stacks_sent:
-                self._send_stacks(client, reply.stacks)
-            if reply.shutdown:
-                return
-
-    def _send_stacks(self, client: DriverClient, request: int) -> None:
-        """The driver asked for this worker's stacks (its round looks stuck): send every thread's."""
-        self._stacks_sent = request
-        try:
-            client.call("stacks", StacksReport(request, format_stacks()).to_wire(),
-                        timeout_s=self.heartbeat_timeout_s + 10)
-        except Exception as exc:  # the heartbeat goes on; the driver stops waiting for them
-            log.warning("worker %s: could not send its stacks to the driver: %s", self.worker_id, exc)
-
-
-    # ------------------------------------------------------------- adoption
-    def _reregister(self, client: DriverClient) -> None:
-        """A driver restarted within the grace does not know this worker yet: tell it where we stand.
-
-        The worker keeps its process group and its step: the driver takes it over in
-        its current round. Only the store client is renewed (its server died with the
-        old driver), before the next round forms. A driver that refuses (it resumed
-        the job without this worker) makes the worker exit: its training would now
-        be a second copy of the job.
-        """
-        with self._adopt_lock:
-            info = self.info if self._attempted_round else None
-            ranks = None if info is None else RankInfo(info.rank, info.size, info.local_rank, info.local_size,
-                                                       info.cross_rank, info.cross_size)
-            request = AdoptRequest(0 if info is None else info.round, ranks, 0 if info is None else info.update_gen,
-                                   self._seen_update, self._seen_abort, self.commits, self.settings.slot, os.getpid(),
-                                   self.commit_seq)
-            reply = client.call("adopt", request.to_wire(), timeout_s=self.heartbeat_timeout_s + 10)
-            if not reply.get("ok"):
-                print(f"cloud-elastic: worker {self.worker_id}: the restarted driver refused to adopt it "
-                      f"({str(reply.get('reason') or 'no reason given')[:300]}); exiting", file=sys.stderr, flush=True)
-                os._exit(75)
-            self._store_stale = True
-            if self.driver_lost:
-                self.driver_lost = False
-            log.warning("worker %s: adopted by the restarted driver in round %d", self.worker_id,
-                        request.round)
-
-    def _reconnect_store(self) -> None:
-        host, _, port = self.settings.store_address.rpartition(":")
-        self._store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
-        self._store_stale = False
-
-    def _grace_exit(self, exc: BaseException) -> None:
-        """The driver stayed away past the grace: run the exit hooks (rank 0's last checkpoint), then exit."""
-        for hook in self.before_grace_exit:
-            try:
-                hook()
-            except Exception:  # exiting is what matters now
-                log.warning("worker %s: an exit hook failed", self.worker_id, exc_info=True)
-        print(
-            f"cloud-elastic: worker {self.worker_id} lost contact with the driver for more than "
-            f"{self.driver_grace_s:g}s (--driver-grace; last error: {exc}); exiting",
-            file=sys.stderr, flush=True,
-        )
-        os._exit(75)
-
-
-class _SurvivingStream:
-    """``sys.stdout``/``sys.stderr`` that outlive their reader.
-
-    A local worker's output is a pipe to its driver. When the driver dies the
-    pipe breaks, and the next ``print`` would raise BrokenPipeError inside the
-    training loop, although workers are meant to train on for the driver
-    grace. The first write that finds the pipe broken points the file
-    descriptor at /dev/null and carries on.
-    """
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    def _lost(self) -> None:
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
-        except (OSError, ValueError):
-            pass
-
-    def write(self, data: Any) -> int:
-        try:
-            return self._stream.write(data)
-        except BrokenPipeError:
-            self._lost()
-            return len(data)
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            self._lost()
-            try:
-                self._stream.flush()  # drains the buffered bytes into /dev/null
-            except OSError:
-                pass
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-def _survive_output_loss() -> None:
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if stream is not None and not isinstance(stream, _SurvivingStream):
-            setattr(sys, name, _SurvivingStream(stream))
-
 
 def _resolved(address: str) -> set[tuple[str, int]]:
     """Every (ip, port) that ``HOST:PORT`` resolves to."""
@@ -773,20 +388,3 @@ def get_context() -> WorkerContext:
     return _CONTEXT
 
 
-def notice_reporter(client: DriverClient, timeout_s: float) -> Callable[[Any], None]:
-    """The report callback of a host's notice watcher: sends each notice to the driver.
-
-    The callback raises (ControlPlaneError, OSError) unless the driver took the
-    notice, an ``{"ok": false}`` reply included, so that the watcher reports
-    it again at its next sighting instead of losing it.
-    """
-    from cloud_elastic.errors import ControlPlaneError
-
-    def report(notice: Any) -> None:
-        reply = client.call("notice", {
-            "source": notice.source, "notice": notice.kind, "reason": notice.reason, "deadline": notice.deadline,
-        }, timeout_s=timeout_s)
-        if reply.get("ok") is not True:
-            raise ControlPlaneError(f"the driver did not take the {notice.kind} notice ({notice.reason})")
-
-    return report

@@ -23,6 +23,16 @@ destructor then joined that collective's thread for up to Gloo's timeout (300
 s) while heartbeats went on, and the round hung (the CI hang of
 ``test_commit_kill_points``). An abandoned group's destructor returns at once.
 
+:class:`RoundGroupsMixin` is the worker context's side of it: a round's group
+is formed on a side thread under a deadline (``CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S``,
+at most the collective timeout), so an aborted round is abandoned instead of
+waited out; an abandoned formation leaves the store client to a constructor that
+may still block in it, so the next round forms on a new one. Every collective
+is waited for in 50 ms slices, and fails (``CollectiveError``) the moment the
+driver aborts its round; a collective started after the abort fails at once.
+The previous round's group is let go off the training thread. :class:`RoundInfo`
+is this worker's place in the current round.
+
 NCCL (:func:`new_nccl_group`) is created non-blocking and connected eagerly
 (``eager_connect_single_device``, as torch does with ``device_id``), so the
 communicator forms inside the formation deadline and can be abandoned with
@@ -34,19 +44,30 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from cloud_elastic.worker.reclaim import GroupSockets
+from cloud_elastic.protocol import RankInfo
+from cloud_elastic.worker.exceptions import CollectiveError
+from cloud_elastic.worker.reclaim import GroupSockets, Reaper, socket_inodes
+from cloud_elastic.worker.store import SignedStore, round_namespace
 
-__all__ = ["RoundGroup", "new_gloo_group", "new_nccl_group", "nccl_error_handling_default", "quiesce_device"]
+__all__ = [
+    "RoundInfo", "RoundGroup", "RoundGroupsMixin", "new_gloo_group", "new_nccl_group", "nccl_error_handling_default",
+    "quiesce_device",
+]
 
 log = logging.getLogger(__name__)
+
+#: How often a wait for a collective or a group's formation looks whether the driver aborted the round.
+_ABORT_SLICE_S = 0.05
 
 #: torch's NCCL async error handling modes: 0 none, 1 tear down (abort and kill the process),
 #: 2 clean up only (abort the communicator, fail the work, keep the process), 3 skip clean-up (kill).
@@ -82,6 +103,174 @@ class RoundGroup:
         elif self.sockets is not None:
             self.sockets.shutdown()
         return True
+
+
+@dataclass(frozen=True)
+class RoundInfo(RankInfo):
+    """This worker's place in the current rendezvous round: its ranks, plus the round's facts."""
+
+    round: int
+    needs_sync: bool
+    update_gen: int
+    from_checkpoint: bool = False
+
+
+
+class RoundGroupsMixin:
+    """The worker context's process group per round, and its collectives' waits (see module docstring)."""
+
+    @property
+    def pg(self) -> Any:
+        """The current round's process group (None before the first round and after leaving)."""
+        return None if self._group is None else self._group.pg
+
+    # --------------------------------------------------------- process groups
+    def _form_group(self, info: RoundInfo) -> None:
+        self._carried_update = None
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", info.local_rank)
+            torch.cuda.set_device(self.device)
+        if self.standalone:
+            store: Any = dist.HashStore()
+        else:
+            namespace = round_namespace(self.settings.secret, self.job_id, info.round)
+            store = SignedStore(self._store, namespace, self.settings.secret)
+        done = threading.Event()
+        lock = threading.Lock()
+        result: dict[str, Any] = {}
+
+        def create() -> None:
+            before = socket_inodes()
+            try:
+                pg = self._new_group(store, info)
+            except Exception as exc:  # reported to the waiting thread below
+                result["error"] = exc
+                done.set()
+                return
+            sockets = GroupSockets(before, socket_inodes(), self._control_peers)
+            group = RoundGroup(pg, store, sockets, self.backend, self.device)
+            with lock:
+                if result.get("abandoned"):
+                    # The round was given up while this group formed: nobody will use it.
+                    self._reaper.retire(group)
+                else:
+                    result["group"] = group
+            done.set()
+
+        # Forming a group blocks in C++ until every peer arrives; do it on a
+        # side thread so an aborted round can be abandoned instead of waited out.
+        # A group that never forms while every member still heartbeats is given up at a
+        # deadline far below Gloo's own timeout: this worker then rejoins with a failure,
+        # which aborts the round for its peers too.
+        threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True).start()
+        limit_s = min(self.settings.group_form_timeout_s, self.collective_timeout_s)
+        deadline = time.monotonic() + limit_s
+        with self.progress.waiting():
+            while not done.wait(_ABORT_SLICE_S):
+                aborted = self._aborted(info.round)
+                if aborted or time.monotonic() > deadline:
+                    with lock:
+                        result["abandoned"] = True
+                    if "group" in result:  # formed in the very last slice
+                        self._reaper.retire(result.pop("group"))
+                    # The abandoned constructor may still block in a store wait, and a TCPStore
+                    # client runs one operation at a time: the next round's formation on this
+                    # client would wait behind it up to the collective timeout. It gets its own.
+                    self._store_stale = True
+                    if aborted:
+                        raise CollectiveError(f"round {info.round} was aborted while forming its process group")
+                    raise CollectiveError(f"the process group of round {info.round} did not form within "
+                                          f"{limit_s:g} s (CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S); giving the round up")
+        if "error" in result:
+            reason = str(result.pop("error")).splitlines()[0][:300]
+            raise CollectiveError(f"could not form the process group of round {info.round}: {reason}")
+        old, self._group = self._group, result.pop("group")
+        self.info = info
+        self.progress.mark()
+        if old is not None:
+            self._retire(old)
+        del old  # this frame must not be what keeps the old group alive
+
+    def _retire(self, group: RoundGroup) -> None:
+        """Let go of the previous round's group without ever blocking on it.
+
+        A group left after a failure was abandoned when its collective failed
+        (see ``groups``): its pending work has failed, so destroying it is quick,
+        and it is destroyed off this thread. A group left gracefully has no
+        pending work; its destructor still joins Gloo's threads (20-30 ms of the
+        training thread's time at every scale-up), so it is released on a
+        short-lived thread.
+        """
+        if group.abandoned or self._last_reason == "failure":
+            self._reaper.retire(group)
+        else:
+            Reaper.release(group)
+
+    def _new_group(self, store: Any, info: RoundInfo) -> Any:
+        timeout = timedelta(seconds=self.collective_timeout_s)
+        if self.backend == "nccl":
+            return new_nccl_group(store, info.rank, info.size, timeout, self.device)
+        if self.backend != "gloo":
+            raise RuntimeError(f"unsupported backend {self.backend!r} (use gloo or nccl)")
+        return new_gloo_group(store, info.rank, info.size, timeout, hostname=self.hostname, interface=self.interface)
+
+    def _abandon_round(self) -> None:
+        """A collective of the current round failed or was abandoned: fail the rest of its work now.
+
+        After an NCCL abort the device must finish what was queued on it before
+        the state is restored from it; a device that does not is wedged, and
+        this worker exits rather than train on from a state it cannot trust.
+        """
+        group = self._group
+        if group is None or not group.abandon():
+            return
+        if group.backend == "nccl" and not quiesce_device(group.device):
+            print(f"cloud-elastic: worker {self.worker_id}: the GPU did not become idle after aborting the NCCL "
+                  "communicator of a failed round; exiting", file=sys.stderr, flush=True)
+            os._exit(70)
+
+    # ------------------------------------------------------------ collectives
+    def group(self, what: str) -> Any:
+        """The round's process group, to start a collective on; CollectiveError once the round is aborted.
+
+        A collective started after the driver aborted the round could only fail,
+        and sending into a group whose peers have moved on can meet their next
+        collective instead (Gloo then aborts the process on the size mismatch).
+        """
+        if self.info is not None and self._aborted(self.info.round):
+            self._abandon_round()
+            raise CollectiveError(f"{what} not started: the driver aborted round {self.info.round} (a peer was lost)")
+        self.window.collective(what)
+        return self.pg
+
+    def wait(self, work: Any, what: str) -> None:
+        """Wait for ``work``; abandon it when the driver aborts this round.
+
+        Either way out by failure abandons the round's group at once (see
+        ``groups``), so nothing of it stays blocked on a peer.
+        """
+        assert self.info is not None
+        fut = work.get_future()
+        if not fut.done():
+            event = threading.Event()
+            fut.add_done_callback(lambda _f: event.set())
+            round_ = self.info.round
+            with self.progress.waiting():
+                while not event.wait(_ABORT_SLICE_S):
+                    if self._aborted(round_):
+                        self._abandon_round()
+                        raise CollectiveError(f"{what} abandoned: the driver aborted round {round_} (a peer was lost)")
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            self._abandon_round()
+            reason = str(exc).splitlines()[0].split(" This is typically")[0]
+            raise CollectiveError(f"{what} failed: {reason}") from exc
+        self.progress.mark()
+
+    def _aborted(self, round_: int) -> bool:
+        return self._seen_abort >= round_
+
 
 
 def new_gloo_group(store: Any, rank: int, size: int, timeout: timedelta, *, hostname: str,

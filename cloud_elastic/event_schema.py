@@ -1,0 +1,106 @@
+"""The schema of the job's events (version 1): every kind, its fields and their JSON types.
+
+:data:`SCHEMA` names each :class:`EventKind`; :func:`validate` raises
+ValueError for an unknown kind, a missing required field, a field the kind
+does not have or a value of the wrong type (a bool where a number belongs
+included). That is a bug in the caller: every sink validates at ``emit``, so
+the unit tests of the schema catch it. ``docs/events.md`` documents every
+kind. Pure data and one function; it imports nothing of the package, so both
+the sinks (:mod:`cloud_elastic.events`) and the metrics
+(:mod:`cloud_elastic.metrics`) can check events against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = ["SCHEMA_VERSION", "EventKind", "SCHEMA", "ENVELOPE", "validate"]
+
+SCHEMA_VERSION = 1
+
+_NUM = (int, float)
+_OPT_NUM = (int, float, type(None))
+_OPT_INT = (int, type(None))
+_OPT_STR = (str, type(None))
+
+
+@dataclass(frozen=True)
+class EventKind:
+    """One kind of event: its required and optional fields, each with the JSON types it accepts."""
+
+    name: str
+    required: Mapping[str, tuple[type, ...]]
+    optional: Mapping[str, tuple[type, ...]]
+    doc: str
+
+
+def _kind(name: str, doc: str, required: dict[str, tuple[type, ...]], optional: dict | None = None) -> EventKind:
+    return EventKind(name, required, optional or {}, doc)
+
+
+_WORKER = {"host": (str,), "slot": (int,)}
+_WORKER_OPT = {"worker": (str,), "round": (int,)}
+
+#: Every event kind of schema version 1, by name.
+SCHEMA: dict[str, EventKind] = {k.name: k for k in (
+    _kind("job_started", "the driver started the job",
+          {"num_proc": (int,), "min_np": (int,), "max_np": (int,), "provider": (str,)},
+          {"command": (list,)}),
+    _kind("hosts_changed", "discovery reported a different set of hosts",
+          {"added": (list,), "removed": (list,), "draining": (list,)},
+          {"missing": (list,), "resized": (list,)}),
+    _kind("worker_started", "a worker process was launched on a host slot", _WORKER, _WORKER_OPT),
+    _kind("worker_ready", "a worker registered and is ready to join a round", _WORKER, _WORKER_OPT),
+    _kind("worker_failed", "a worker exited or went silent before the job succeeded",
+          {**_WORKER, "exit_code": _OPT_INT, "blacklisted_s": _OPT_NUM},
+          {**_WORKER_OPT, "signal": (str,), "reason": (str,), "rank": _OPT_INT, "whole_host": (bool,)}),
+    _kind("worker_left", "a worker left gracefully (its host is draining or was removed, or it returned early)",
+          {**_WORKER, "reason": (str,)},
+          {**_WORKER_OPT, "early_return": (bool,), "commit_step": _OPT_INT, "steps": (int,)}),
+    _kind("round_stalled", "no member of a round made progress within --progress-timeout",
+          {"round": (int,), "idle_s": _NUM}, {"reason": (str,), "workers": (list,)}),
+    _kind("stacks", "a worker's Python stacks, sent when the driver found its round stuck",
+          {**_WORKER, "text": (str,)}, {**_WORKER_OPT, "rank": _OPT_INT}),
+    _kind("round_formed", "a rendezvous round formed a process group",
+          {"round": (int,), "size": (int,), "ranks": (dict,), "synced": (bool,)},
+          {"step": _OPT_INT, "from_checkpoint": (bool,)}),
+    _kind("worker_adopted", "a driver restarted within --driver-grace took over a running worker",
+          {**_WORKER, "worker": (str,), "round": (int,)}, {"rank": _OPT_INT, "commit_step": _OPT_INT}),
+    _kind("adoption_done", "the restarted driver's adoption window closed",
+          {"round": (int,), "adopted": (int,), "missing": (list,)}),
+    _kind("rollback", "survivors rolled back to their last commit after a failure",
+          {"commit_step": _OPT_INT, "steps_lost": (int,)},
+          {"round": (int,), "reason": (str,)}),
+    _kind("notice", "a host received a termination or maintenance notice",
+          {"source": (str,), "host": (str,), "deadline": _OPT_NUM},
+          {"action": (str,), "reason": (str,), "soft": (bool,)}),
+    _kind("checkpoint_saved", "a durable checkpoint was written",
+          {"step": (int,), "path": (str,)}, {"duration_s": _NUM, "bytes": (int,)}),
+    _kind("checkpoint_loaded", "training resumed from a durable checkpoint",
+          {"step": (int,), "path": (str,)}, {"steps_lost": _OPT_INT}),
+    _kind("job_finished", "the job ended",
+          {"outcome": (str,), "exit_code": (int,), "resets": (int,), "wall_s": _NUM},
+          {"reason": (str,)}),
+)}
+
+#: Names every event carries; a field may not reuse them.
+ENVELOPE = ("v", "ts", "event", "job")
+
+
+def validate(kind: str, fields: Mapping[str, Any]) -> None:
+    """Raise ValueError unless ``fields`` are exactly what ``kind`` accepts."""
+    spec = SCHEMA.get(kind)
+    if spec is None:
+        raise ValueError(f"unknown event kind {kind!r}; known: {', '.join(SCHEMA)}")
+    missing = [name for name in spec.required if name not in fields]
+    if missing:
+        raise ValueError(f"event {kind!r} lacks required field(s) {', '.join(missing)}")
+    for name, value in fields.items():
+        types = spec.required.get(name) or spec.optional.get(name)
+        if types is None:
+            raise ValueError(f"event {kind!r} has no field {name!r}")
+        # bool is an int to isinstance, but a bool where a number belongs is a bug.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise ValueError(f"event {kind!r} field {name!r} must be {wanted}, got {value!r}")

@@ -1,0 +1,139 @@
+"""The package's shape: small modules (none over 600 lines) and no import cycle among them.
+
+Imports are read from the source (``ast``), every one of them: at module level,
+under ``if TYPE_CHECKING:`` and inside functions. A cycle that only type checkers
+or a late call would walk is still two modules that cannot be understood, tested
+or moved one without the other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(30)
+
+PACKAGE = Path(__file__).resolve().parents[2] / "cloud_elastic"
+MAX_LINES = 600
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package (a package is its ``__init__``)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _imported(name: str, path: Path) -> set[str]:
+    """Every dotted name the module at ``path`` imports, relative imports resolved."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            # ``from a.b import c`` imports the module a.b.c when there is one, else a name of a.b.
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (the most specific module each import names)."""
+    modules = _modules()
+
+    def owner(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = {owner(t) for t in _imported(name, path) if t.split(".")[0] == PACKAGE.name}
+        graph[name] = {t for t in targets if t is not None and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (as a path that returns to its start) for each strongly connected group of modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm; the package is far too shallow for the recursion limit
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_path_within(graph, group) for group in groups]
+
+
+def _path_within(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """A shortest cycle through the group's first module, staying inside the group."""
+    start = min(group)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for v in frontier:
+            for w in sorted(graph[v] & group):
+                if w == start:
+                    return paths[v] + [start]
+                if w not in paths:
+                    paths[w] = paths[v] + [w]
+                    following.append(w)
+        frontier = following
+    raise AssertionError(f"no cycle through {start} in {sorted(group)}")
+
+
+def test_no_module_of_the_package_is_over_600_lines() -> None:
+    long = {str(path.relative_to(PACKAGE.parent)): n for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, "over %d lines: %s" % (MAX_LINES, ", ".join(f"{p} ({n})" for p, n in sorted(long.items())))
+
+
+def test_no_import_cycle_among_the_packages_modules() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_the_cycle_finder_sees_type_checking_and_function_local_imports(tmp_path: Path) -> None:
+    a = tmp_path / "a.py"
+    a.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cloud_elastic.b import X\n")
+    b = tmp_path / "b.py"
+    b.write_text("def f():\n    from . import c\n")
+    assert _imported("cloud_elastic.a", a) == {"typing.TYPE_CHECKING", "cloud_elastic.b.X"}
+    assert _imported("cloud_elastic.b", b) == {"cloud_elastic.c"}
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}}
+    assert cycles(graph) == [["p.a", "p.b", "p.c", "p.a"]]
+    assert cycles({"p.a": {"p.b"}, "p.b": set()}) == []
