@@ -1,107 +1,62 @@
-"""Host added: the running workers' stall, and the newcomer's time to its first step, against the peers.
+"""Host added: the running workers' stall while a third worker is admitted, and the newcomer's time to its first step.
 
-    flock /tmp/bench.lock python benchmarks/peers/host_added.py [--repeats 6] [--systems NAME ...] [--no-probe]
+    .venv/bin/python benchmarks/host_added.py [--repeats 7] [--peers] [--quick]
 
-Two workers train a small MLP (issue 15's: 3 hidden layers of width 256, batch 64,
-SGD with momentum, one OpenMP thread each) and a third is admitted, a fresh job
-per repeat, each system as it admits one:
+Two workers train a small MLP (3 hidden layers of width 256, batch 64, SGD with
+momentum, one OpenMP thread each) and a third is admitted, a fresh job per
+repeat, each system as it admits one:
 
 * cloud-elastic: a discovery script lists 127.0.0.1 and 127.0.0.2; once both
   workers are past the warm-up, 127.0.0.3 is added to its answer. The driver
   finds it at its next discovery (every 1 s, the default), starts a worker
   there, and admits it at the running workers' next commit (every step here).
-  The workers print ``PROBE`` lines (``stall_probe.py``) with the time of each
-  stage of the change.
-* torchft 0.2: a Lighthouse in this process and one replica group of one
-  worker per process; the third replica group's process is started here.
-* torchrun elastic (``--nnodes 2:3``, c10d, monitor 0.1 s, last call 1 s, a
-  checkpoint every 10 steps): a third agent is started; the running agents
-  restart all their workers to admit it.
+* with ``--peers`` (``requirements/bench.txt``), torchft 0.2: a Lighthouse in
+  this process and one replica group of one worker per process, the third
+  replica group's process started here; and torchrun elastic (``--nnodes
+  2:3``, c10d, monitor 0.1 s, last call 1 s, a checkpoint every 10 steps): a
+  third agent is started, and the running agents restart all their workers.
 
 Per repeat: the *normal step* (median interval between a survivor's consecutive
 completed steps over the 2 s before the host was added), the *longest gap*
 between consecutive completed steps of a survivor from the host's addition to
 0.5 s after the first step at size 3 (for torchrun, whose workers are all
 restarted: from the old group's last step to the new group's first), the
-*switch gap* (the interval that ends at a survivor's first step at size 3), the
-*admitting step's gap* (the longest gap ending within 0.1 s of the first step at
-size 3: torchft reports the admitted replica only from the step after the one
-that admits it) and the newcomer's time from its process start (and from the
-host's appearance in the discovery answer; for torchft the two are the same) to
-its first completed step. For cloud-elastic, where each worker's PROBE lines
-say where the switch went, a breakdown per repeat too.
-Results into ``host_added.json`` beside this file; a markdown table and the
-breakdown on stdout.
+*stall* (longest gap − normal step), the *admitting step's gap* (the longest
+gap ending within 0.1 s of the first step at size 3: torchft reports the
+admitted replica only from the step after the one that admits it) and the
+newcomer's time from its process start (and from the host's appearance in the
+discovery answer; for torchft the two are the same) to its first completed step.
+The systems take turns within each repeat, so a slow minute hits each of them.
+Prints the table and writes it into docs/benchmarks.md (``docsection``: section
+``host-added`` and its glance row).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from peer_results import load, record  # this folder is on sys.path when the script runs
-from run_peers import PY, QUIET, REPO, WORKLOAD, Procs, machine, parse, pct, torchrun_elastic_cmds
+import docsection
+from common import PY, REPO, WORKLOAD, Procs, pct, stamp, torchrun_elastic_cmds, where
 
 sys.path.insert(0, str(REPO))
 from tests.chaos.schedule import ChaosDiscovery  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 SMALL = ["--features", "256", "--hidden", "256", "--layers", "3", "--batch-size", "64"]
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 WARM_STEPS = 150  # steps of both workers before the host is added (about 1 s at this size)
 AFTER_STEPS = 40  # steps at size 3 the survivors make before the repeat ends
 ADMISSION_WINDOW_S = 0.1  # the admitting step ends this close to the first step at size 3
-
-
-class Group(Procs):
-    """Procs to which a process can be added later (the newcomer), and that keeps PROBE lines."""
-
-    probes: list[dict]
-
-    def __post_init__(self) -> None:
-        self.probes = []
-        super().__post_init__()
-
-    def add(self, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=dict(os.environ, **QUIET, **(env or {})), start_new_session=True)
-        self.procs.append(proc)
-        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
-        return proc
-
-    def _read(self, proc: subprocess.Popen) -> None:
-        for line in proc.stdout:
-            with self.cond:
-                self.lines.append(line)
-                self.logs.extend(parse(line))
-                i = line.find("PROBE {")
-                if i >= 0:
-                    try:
-                        self.probes.append(json.loads(line[i + 6:]))
-                    except json.JSONDecodeError:  # glued to another worker's output
-                        pass
-        # No notify per line: a waiter woken ~450 times a second to rescan every log line
-        # would take CPU from the workers whose stall is measured; wait() polls instead.
-
-    def wait(self, pred, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        while True:
-            with self.cond:
-                v = pred()
-                if v:
-                    return v
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{what}: not within {timeout}s:\n{''.join(self.lines[-30:])}")
-            time.sleep(0.05)
+SECTION = "Host added: the running workers' stall"
+STALL_TARGET_S = 0.020
+GLANCE_STALL = "Host added → running workers' stall (longest step gap − normal step) ≤ 20 ms"
+CLOUD_ELASTIC = "cloud-elastic (commit every step)"
 
 
 def parent(pid: int) -> int:
@@ -126,7 +81,7 @@ def process_start(pid: int) -> float:
 class Scenario:
     """One system's job: ``start()`` two workers, ``add()`` the third; ``stop()`` ends everything."""
 
-    job: Group
+    job: Procs
     restarts_all = False  # torchrun: the running workers are replaced, not kept
 
     def is_newcomer(self, pid: int, before: set[int]) -> bool:
@@ -138,18 +93,14 @@ class Scenario:
 
 
 class CloudElastic(Scenario):
-    #: Whether the workers print their PROBE lines (a dozen lines per change; off to check they cost nothing).
-    probe = True
-
     def __init__(self, tmp: Path) -> None:
         self.discovery = ChaosDiscovery(tmp, HOSTS[:2])
         self.cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "--min-np", "2", "--max-np", "3",
                     "--host-discovery-script", str(self.discovery.script), "--blacklist-cooldown-range", "300", "300",
-                    PY, WORKLOAD, "elastic", *SMALL, "--step-log", "--commit-every", "1",
-                    *(["--probe"] if self.probe else [])]
+                    PY, WORKLOAD, "elastic", *SMALL, "--step-log", "--commit-every", "1"]
 
     def start(self) -> None:
-        self.job = Group([self.cmd], {})
+        self.job = Procs([self.cmd], {})
 
     def add(self) -> None:
         self.discovery.set(HOSTS)
@@ -169,7 +120,7 @@ class TorchFT(Scenario):
         # torchft's defaults but the tick: 5 s heartbeat timeout, 60 s join timeout, at least one replica.
         self.lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=60000,
                                            heartbeat_timeout_ms=5000, quorum_tick_ms=self.tick_ms)
-        self.job = Group([self._cmd(0), self._cmd(1)], {})
+        self.job = Procs([self._cmd(0), self._cmd(1)], {})
 
     def add(self) -> None:
         self.job.add(self._cmd(2))
@@ -187,7 +138,7 @@ class TorchrunElastic(Scenario):
                                           str(tmp), monitor_s=0.1, last_call_s=1)
 
     def start(self) -> None:
-        self.job = Group(self.cmds[:2], {})
+        self.job = Procs(self.cmds[:2], {})
 
     def add(self) -> None:
         self.agent = self.job.add(self.cmds[2]).pid
@@ -204,7 +155,7 @@ class TorchrunElastic(Scenario):
 
 
 SYSTEMS: dict[str, Callable[[Path], Scenario]] = {
-    "cloud-elastic (commit every step)": CloudElastic,
+    CLOUD_ELASTIC: CloudElastic,
     "torchft (defaults: 100 ms quorum tick)": lambda tmp: TorchFT(100),
     "torchft (10 ms quorum tick)": lambda tmp: TorchFT(10),
     "torchrun elastic (monitor 0.1 s, last call 1 s, checkpoint every 10)": TorchrunElastic,
@@ -239,7 +190,7 @@ def one_admission(scenario: Scenario, bound_s: float) -> dict[str, Any]:
 
         job.wait(enough, 60, "three workers stepping at size 3")
         with job.cond:
-            logs, probes = list(job.logs), list(job.probes)
+            logs = list(job.logs)
         if scenario.restarts_all:
             survivors = {e["pid"] for e in logs if e["size"] == 3 and e["pid"] != first["pid"]}
         else:
@@ -247,30 +198,14 @@ def one_admission(scenario: Scenario, bound_s: float) -> dict[str, Any]:
         started = process_start(first["pid"])
         return {"t_add": t_add, "newcomer_pid": first["pid"], "newcomer_started": started,
                 "newcomer_first_step": first["t"], "survivors": sorted(survivors), "before_pids": sorted(before),
-                "steps": pack_steps([(e["t"], e["pid"], e["size"]) for e in logs if e["t"] >= t_add - 3], t_add),
-                "probes": [p for p in probes if p["t"] >= t_add - 3]}
+                "steps": sorted((e["t"], e["pid"], e["size"]) for e in logs if e["t"] >= t_add - 3)}
     finally:
         scenario.stop()
 
 
-def pack_steps(steps: list[tuple[float, int, int]], t0: float) -> dict[str, dict[str, str]]:
-    """(time, pid, size) per completed step -> pid -> size -> the step end times in ms after ``t0``,
-    space-separated (tens of thousands of steps per run: one JSON value per step would be megabytes)."""
-    out: dict[str, dict[str, list[str]]] = {}
-    for t, pid, size in steps:
-        out.setdefault(str(pid), {}).setdefault(str(size), []).append(f"{(t - t0) * 1000:.2f}")
-    return {pid: {size: " ".join(ts) for size, ts in by_size.items()} for pid, by_size in out.items()}
-
-
-def unpack_steps(packed: dict[str, dict[str, str]], t0: float) -> list[tuple[float, int, int]]:
-    """The inverse of :func:`pack_steps`, sorted by time."""
-    return sorted((t0 + float(ms) / 1000, int(pid), int(size))
-                  for pid, by_size in packed.items() for size, ts in by_size.items() for ms in ts.split())
-
-
 def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
     """The repeat's figures, in seconds, from its raw step times."""
-    t_add, steps = raw["t_add"], unpack_steps(raw["steps"], raw["t_add"])
+    t_add, steps = raw["t_add"], raw["steps"]
     by_pid: dict[int, list[tuple[float, int]]] = {}
     for t, pid, size in steps:
         by_pid.setdefault(pid, []).append((t, size))
@@ -301,59 +236,6 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
             "added_to_first_step_s": raw["newcomer_first_step"] - t_add}
 
 
-def probe_breakdown(raw: dict[str, Any]) -> dict[str, float]:
-    """cloud-elastic only: where a survivor's switch gap goes, from its PROBE lines (the slower survivor)."""
-    out: dict[str, float] = {}
-    worst = -1.0
-    for pid in raw["survivors"]:
-        mine = [p for p in raw["probes"] if p["pid"] == pid and p["t"] >= raw["t_add"]]
-        steps = [(t, size) for t, p, size in unpack_steps(raw["steps"], raw["t_add"]) if p == pid]
-        ev = {p["event"]: p for p in mine}
-        if not {"interrupt", "rendezvous", "form_group", "sync", "hold_synced", "reset"} <= ev.keys():
-            continue
-        t_int = ev["interrupt"]["t"]
-        prev = max(t for t, size in steps if t < t_int)  # the step before the interrupted one (logged after it)
-        first3 = min(t for t, size in steps if size == 3)
-        end = {k: ev[k]["t"] + ev[k].get("dt", 0) for k in ev}
-        parts = {
-            "interrupted step (compute, commit, flag)": t_int - prev,
-            "interrupt -> rendezvous call": ev["rendezvous"]["t"] - t_int,
-            "rendezvous (driver forms the round)": ev["rendezvous"]["dt"],
-            "rendezvous reply -> form_group": ev["form_group"]["t"] - end["rendezvous"],
-            "form_group (Gloo group of 3)": ev["form_group"]["dt"],
-            "form_group: in the Gloo constructor": ev["new_group"]["dt"] if "new_group" in ev else float("nan"),
-            "sync (broadcast of rank 0's state)": ev["sync"]["dt"],
-            "hold_synced (commit-sequence broadcast, save)": ev["hold_synced"]["dt"],
-            "reset callbacks": ev["reset"]["dt"],
-            "first step in the new group": first3 - end["hold_synced"] - ev["reset"]["dt"],
-            "update seen -> interrupt": t_int - ev["update_seen"]["t"] if "update_seen" in ev else float("nan"),
-            "sync: in broadcast_ calls": ev["sync"].get("bcast_s", float("nan")),
-            "sync: encoding/decoding": ev["sync"].get("codec_s", float("nan")),
-        }
-        if first3 - t_int > worst:
-            worst, out = first3 - t_int, parts
-    new = {p["event"]: p for p in raw["probes"] if p["pid"] == raw["newcomer_pid"]}
-    if {"main", "register", "rendezvous", "form_group"} <= new.keys():
-        out.update({
-            "newcomer: process start -> main (python, torch import)": new["main"]["t"] - raw["newcomer_started"],
-            "newcomer: main -> register reply": new["register"]["t"] + new["register"]["dt"] - new["main"]["t"],
-            "newcomer: preload torch._dynamo": new.get("preload", {}).get("dt", float("nan")),
-            "newcomer: waiting at rendezvous": new["rendezvous"]["dt"],
-            "newcomer: form_group": new["form_group"]["dt"],
-            "newcomer: sync": new.get("sync", {}).get("dt", float("nan")),
-            "newcomer: sync, model tensors": new.get("sync:_ModelHandler", {}).get("dt", float("nan")),
-            "newcomer: sync, optimizer": new.get("sync:_OptimizerHandler", {}).get("dt", float("nan")),
-            "newcomer: sync, plain attributes": new.get("sync:objects", {}).get("dt", float("nan")),
-            "newcomer: sync, in broadcast_ calls": new.get("sync", {}).get("bcast_s", float("nan")),
-            "newcomer: sync, number of broadcast_ calls (not ms)": new.get("sync", {}).get("broadcasts", 0) / 1000,
-            "newcomer: sync, encoding/decoding": new.get("sync", {}).get("codec_s", float("nan")),
-            "newcomer: hold_synced": new.get("hold_synced", {}).get("dt", float("nan")),
-            "newcomer: form_group end -> first step": raw["newcomer_first_step"] - new["form_group"]["t"]
-            - new["form_group"]["dt"],
-        })
-    return out
-
-
 # ------------------------------------------------------------------------------ report
 def table(rows: dict[str, dict]) -> str:
     ms = lambda x: f"{x * 1000:.0f} ms"  # noqa: E731
@@ -364,7 +246,7 @@ def table(rows: dict[str, dict]) -> str:
     for name, r in rows.items():
         a = r["figures"]
         if not a:
-            lines.append(f"| {name} | – | miss | miss | – | miss | miss | 0 of {len(r['misses'])} |")
+            lines.append(f"| {name} | – | miss | miss | – | miss | miss | 0 of {r['misses']} |")
             continue
         col = lambda k: [x[k] for x in a]  # noqa: E731
         lines.append(
@@ -373,59 +255,49 @@ def table(rows: dict[str, dict]) -> str:
             f"{ms(pct(col('admission_gap_s'), .5))} / {ms(pct(col('admission_gap_s'), .95))} | "
             f"{s(pct(col('start_to_first_step_s'), .5))} / "
             f"{s(pct(col('start_to_first_step_s'), .95))} | {s(pct(col('added_to_first_step_s'), .5))} | "
-            f"{len(a)} of {len(a) + len(r['misses'])} |")
+            f"{len(a)} of {len(a) + r['misses']} |")
     return "\n".join(lines)
 
 
+def glance(rows: dict[str, dict]) -> list[list[str]]:
+    figures = rows.get(CLOUD_ELASTIC, {}).get("figures")
+    if not figures:
+        return [[GLANCE_STALL, "no admission within the bound", "–", where(SECTION), docsection.verdict(False)]]
+    stalls = [f["stall_s"] for f in figures]
+    p50, p95 = pct(stalls, .5), pct(stalls, .95)
+    return [[GLANCE_STALL, f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms over {len(stalls)} admission(s)",
+             f"{p95 / STALL_TARGET_S:.2f}", where(SECTION), docsection.verdict(p95 <= STALL_TARGET_S)]]
+
+
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--repeats", type=int, default=6)
-    p.add_argument("--bound", type=float, default=90.0, help="seconds the newcomer gets to its first step")
-    p.add_argument("--systems", action="append", default=None, help="only the systems whose name contains this")
-    p.add_argument("--out", default=str(HERE / "host_added.json"))
-    p.add_argument("--no-probe", action="store_true",
-                   help="cloud-elastic's workers without their PROBE lines (its row is then named so)")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=None, help="admissions per system (default 7; 1 with --quick)")
+    p.add_argument("--bound", type=float, default=None,
+                   help="seconds the newcomer gets to its first step (default 90; 30 with --quick)")
+    p.add_argument("--peers", action="store_true", help="also torchft and torchrun elastic (requirements/bench.txt)")
+    docsection.add_arguments(p)
     args = p.parse_args()
-    if args.no_probe:
-        CloudElastic.probe = False
-        SYSTEMS["cloud-elastic (commit every step, no probe)"] = SYSTEMS.pop("cloud-elastic (commit every step)")
+    repeats, bound = args.repeats or (1 if args.quick else 7), args.bound or (30.0 if args.quick else 90.0)
     os.environ.setdefault("RUST_LOG", "warn")  # the Lighthouse in this process logs every quorum at info
-    out = Path(args.out)
-    results = load(out)
-    results["machine"], results["model"] = machine(), SMALL
-    rows: dict[str, dict] = dict(results.get("host_added", {}))
-    chosen = {n: f for n, f in SYSTEMS.items() if not args.systems or any(w in n for w in args.systems)}
+    chosen = {n: f for n, f in SYSTEMS.items() if args.peers or n == CLOUD_ELASTIC}
+    rows: dict[str, dict] = {n: {"figures": [], "misses": 0} for n in chosen}
     with tempfile.TemporaryDirectory() as root:
         # Rounds over the systems, so that a slow minute of the shared machine hits each of them.
-        for n in chosen:
-            rows[n] = {"figures": [], "raw": [], "misses": [], "breakdown": [], "bound_s": args.bound}
-        for i in range(args.repeats):
+        for i in range(repeats):
             for name, make in chosen.items():
                 scenario = make(Path(tempfile.mkdtemp(dir=root)))
                 try:
-                    raw = one_admission(scenario, args.bound)
+                    raw = one_admission(scenario, bound)
                 except TimeoutError as exc:
                     print(f"{name}: repeat {i + 1}: {str(exc).splitlines()[0]}", flush=True)
-                    rows[name]["misses"].append([l[:300] for l in str(exc).splitlines() if "STEPLOG" not in l][-25:])
+                    rows[name]["misses"] += 1
                     continue
                 fig = analyse(raw, scenario.restarts_all)
                 rows[name]["figures"].append(fig)
-                rows[name]["raw"].append(raw)
-                if isinstance(scenario, CloudElastic) and scenario.probe:
-                    rows[name]["breakdown"].append(probe_breakdown(raw))
                 print(f"{name}: repeat {i + 1}: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in fig.items()),
                       flush=True)
-            record(out, results, "host_added", rows)
-    print(table(rows))
-    for name, r in rows.items():
-        if r.get("breakdown"):
-            keys = r["breakdown"][0].keys()
-            print(f"\n{name}: median over repeats of the slower survivor's switch, and the newcomer's start:")
-            for k in keys:
-                vals = [b[k] for b in r["breakdown"] if k in b]
-                print(f"  {k}: {statistics.median(vals) * 1000:.1f} ms (each: "
-                      + ", ".join(f"{v * 1000:.1f}" for v in vals) + ")")
-    print(f"wrote {out}")
+    command = " ".join(["benchmarks/host_added.py", *sys.argv[1:]])
+    docsection.publish(args, "host-added", SECTION, f"{stamp(command)}\n\n{table(rows)}", glance(rows))
 
 
 if __name__ == "__main__":
