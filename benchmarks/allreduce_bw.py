@@ -35,7 +35,7 @@ import sys
 import time
 
 import docsection
-from common import PY, REPO, save, stamp, subplots, where
+from common import PY, REPO, command, save, span, stamp, subplots, where
 
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 MARKER = "ALLREDUCE "
@@ -148,7 +148,7 @@ def glance(data: dict) -> list[list[str]]:
              "optimizer path": ("DistributedOptimizer", "raw, after the same backward")}
     spans = {name: [row[base] / row[path] for row in data.values()] for name, (path, base) in paths.items()}
     worst = min(min(v) for v in spans.values())
-    measured = "; ".join(f"{name} {min(v):.2f}–{max(v):.2f}" for name, v in spans.items())
+    measured = "; ".join(f"{name} {span(v, 2)}" for name, v in spans.items())
     return [[GLANCE, f"{measured} of raw, {_label(int(min(data, key=int)))}–{_label(int(max(data, key=int)))}",
              f"{worst / TARGET:.2f}", where(SECTION), docsection.verdict(worst >= TARGET)]]
 
@@ -178,8 +178,7 @@ def main() -> None:
     images = docsection.images_of(args)
     if images is not None:
         draw(data, images / "allreduce.png")
-    command = " ".join(["benchmarks/allreduce_bw.py", *sys.argv[1:]])
-    text = f"{stamp(command)} Two workers under `cloud-elastic run -np 2`, summing.\n\n{table(data)}"
+    text = f"{stamp(command())} Two workers under `cloud-elastic run -np 2`, summing.\n\n{table(data)}"
     docsection.publish(args, "allreduce", SECTION, text, glance(data))
 
 

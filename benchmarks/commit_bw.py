@@ -34,7 +34,7 @@ import sys
 import time
 
 import docsection
-from common import REPO, save, stamp, subplots, where
+from common import REPO, command, save, span, stamp, subplots, where
 
 sys.path.insert(0, str(REPO))
 TENSOR = 1 << 20  # float32 elements per parameter tensor: 4 MiB
@@ -120,7 +120,7 @@ def glance(rows: list[dict]) -> list[list[str]]:
     extra = (largest["step_with_commit_s"] - largest["step_without_commit_s"]) * 1e3
     met = min(ratios) >= TARGET
     return [[GLANCE, f"the default loop's commit copies nothing ({extra:+.1f} ms a step at "
-             f"{largest['state_bytes'] / 2**20:.0f} MiB); a copying commit {min(ratios):.2f}–{max(ratios):.2f} of memcpy",
+             f"{largest['state_bytes'] / 2**20:.0f} MiB); a copying commit {span(ratios, 2)} of memcpy",
              f"{min(ratios) / TARGET:.2f}", where(SECTION),
              "met" if met else "met by the default loop; **missed** by a copying commit"]]
 
@@ -180,8 +180,7 @@ def main() -> None:
     images = docsection.images_of(args)
     if images is not None:
         draw(rows, images / "commit_bandwidth.png")
-    command = " ".join(["benchmarks/commit_bw.py", *sys.argv[1:]])
-    text = (f"{stamp(command)} One process, one thread; copying commit: median of {reps}; memcpy and "
+    text = (f"{stamp(command())} One process, one thread; copying commit: median of {reps}; memcpy and "
             f"`copy_`: best of {reps}.\n\n{table(rows)}")
     docsection.publish(args, "commit-bandwidth", SECTION, text, glance(rows))
 

@@ -22,7 +22,7 @@ import statistics
 import sys
 
 import docsection
-from common import PY, REPO, interleaved_step_times, median_and_middle_half, round_ratios, stamp, where
+from common import PY, REPO, command, interleaved_step_times, median_and_middle_half, round_ratios, span, stamp, where
 
 WORKER = str(REPO / "benchmarks" / "commit_cost_worker.py")
 ELASTIC = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2", "--heartbeat-timeout", "60", PY, WORKER]
@@ -78,10 +78,10 @@ def glance(results: list[dict], quick: bool) -> list[list[str]]:
     of = f"{len(results)} case(s){', quick run' if quick else ''}"
     over = [f"{case} {ratio:.3f}×" for case, ratio in steps.items() if ratio > STEP_TARGET]
     return [
-        [GLANCE_STEP, f"{min(steps.values()):.3f}–{max(steps.values()):.3f}× ({of})"
+        [GLANCE_STEP, f"{span(list(steps.values()))}× ({of})"
          + (f"; above: {', '.join(over)}" if over else ""),
          f"{max(steps.values()) / STEP_TARGET:.2f}", where(SECTION), docsection.verdict(not over)],
-        [GLANCE_RSS, f"{min(rss.values()):.3f}–{max(rss.values()):.3f}× ({of})", f"{max(rss.values()) / RSS_TARGET:.2f}",
+        [GLANCE_RSS, f"{span(list(rss.values()))}× ({of})", f"{max(rss.values()) / RSS_TARGET:.2f}",
          where(SECTION), docsection.verdict(max(rss.values()) <= RSS_TARGET)],
     ]
 
@@ -90,10 +90,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="comma-separated model:optimizer cases")
     ap.add_argument("--slice", type=float, default=1.5, help="seconds each job runs per round")
-    ap.add_argument("--steps", type=int, default=0, help="steps per job (default 300, 120 with --quick)")
+    ap.add_argument("--steps", type=int, default=0, help="steps per job (default 300, 80 with --quick)")
     docsection.add_arguments(ap)
     args = ap.parse_args()
-    steps, warmup = (120, 30) if args.quick else (300, 50)
+    steps, warmup = (80, 20) if args.quick else (300, 50)
     if args.steps:
         steps, warmup = args.steps, args.steps // 6
     cases = args.only.split(",") if args.only else QUICK_CASES if args.quick else CASES
@@ -101,8 +101,7 @@ def main() -> None:
     for case in cases:
         results.append(measure(case, steps, warmup, args.slice))
         print(table(results[-1:]).splitlines()[-1], flush=True)
-    command = " ".join(["benchmarks/commit_cost.py", *sys.argv[1:]])
-    text = f"{stamp(command)}\n\n{table(results)}"
+    text = f"{stamp(command())}\n\n{table(results)}"
     docsection.publish(args, "commit-cost", SECTION, text, glance(results, args.quick))
 
 

@@ -59,6 +59,18 @@ def stamp(command: str) -> str:
             f"on {machine()}; load average {os.getloadavg()[0]:.1f} at the end.")
 
 
+def command() -> str:
+    """How this benchmark was started, as the doc records it (without where its output went)."""
+    args, kept = sys.argv[1:], []
+    while args:
+        arg = args.pop(0)
+        if arg in ("--doc", "--images"):
+            args = args[1:]
+        elif not arg.startswith(("--doc=", "--images=")):
+            kept.append(arg)
+    return " ".join([f"benchmarks/{Path(sys.argv[0]).name}", *kept])
+
+
 def where(section: str) -> str:
     """The glance table's "where measured" cell: date, commit, machine and the section to read."""
     import torch
@@ -72,6 +84,12 @@ def pct(values: list[float], q: float) -> float:
     """Nearest-rank percentile (a miss counts as inf, so a p95 over a miss is a miss)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def span(values: list[float], digits: int = 3) -> str:
+    """``0.938–1.083``, or one figure when all are the same."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}–{high}"
 
 
 def median_and_middle_half(values: list[float]) -> str:
@@ -250,6 +268,14 @@ def parse(line: str) -> list[dict]:
     return out
 
 
+class JobExited(RuntimeError):
+    """Every process of a job ended while a benchmark waited for it to do something."""
+
+
+class Miss(Exception):
+    """The event a benchmark measures did not come within its bound: a result (a miss), not a failure."""
+
+
 @dataclass
 class Procs:
     """Processes of one job (one or several roots), their STEPLOG lines as they arrive."""
@@ -292,6 +318,9 @@ class Procs:
                     return value
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{what}: not within {timeout}s:\n{''.join(self.lines[-30:])}")
+                if all(p.poll() is not None for p in self.procs):
+                    raise JobExited(f"{what}: the job exited ({[p.returncode for p in self.procs]}):\n"
+                                       + "".join(self.lines[-30:]))
             time.sleep(0.05)
 
     def stop(self) -> None:

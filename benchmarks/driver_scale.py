@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import multiprocessing
 import pstats
 import random
@@ -48,7 +49,7 @@ import time
 from pathlib import Path
 
 import docsection
-from common import REPO, stamp, where
+from common import REPO, command, stamp, where
 
 sys.path.insert(0, str(REPO))
 from cloud_elastic.config import JobConfig  # noqa: E402
@@ -403,8 +404,7 @@ def main() -> None:
     print(f"at 8,000 workers, estimated: heartbeats held {hold:.2f} s = {n / hold:.0f}/s x {per_poll * 1e6:.0f} us = "
           f"{parts['heartbeats']:.2f} cores; ticks {ticks:.2f}; discovery {discovery:.2f}; total "
           f"{sum(parts.values()):.2f} cores", flush=True)
-    command = " ".join(["benchmarks/driver_scale.py", *sys.argv[1:]])
-    docsection.publish(args, "driver-scale", SECTION, f"{stamp(command)}\n\n{table(res)}", glance(res))
+    docsection.publish(args, "driver-scale", SECTION, f"{stamp(command())}\n\n{table(res)}", glance(res))
 
 
 SECTION = "Driver scale"

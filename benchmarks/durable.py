@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import docsection
-from common import PY, REPO, interleaved_step_times, median_and_middle_half, round_ratios, stamp, where
+from common import PY, REPO, command, interleaved_step_times, median_and_middle_half, round_ratios, stamp, where
 
 EXAMPLE = str(REPO / "examples" / "torch_synthetic.py")
 MODEL = ["--features", "256", "--hidden", "1024", "--layers", "4", "--batch-size", "64"]
@@ -243,7 +243,7 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, help="driver restarts measured of each kind (default 3)")
     docsection.add_arguments(ap)
     args = ap.parse_args()
-    steps, warmup, cycles = (200, 40, 1) if args.quick else (600, 60, 3)
+    steps, warmup, cycles = (100, 20, 1) if args.quick else (600, 60, 3)
     steps, cycles = args.steps or steps, args.cycles or cycles
     over = restarts = adopts = None
     if args.only in (None, "overhead"):
@@ -254,8 +254,7 @@ def main() -> None:
         restarts = restart(cycles, grace_s=5.0)
     if args.only in (None, "adopt"):
         adopts = adopt(cycles, grace_s=30.0)
-    command = " ".join(["benchmarks/durable.py", *sys.argv[1:]])
-    text = f"{stamp(command)} Two workers of the MLP on loopback.\n\n{tables(over, restarts, adopts)}"
+    text = f"{stamp(command())} Two workers of the MLP on loopback.\n\n{tables(over, restarts, adopts)}"
     if args.only:
         args.no_write = True  # one part alone would replace the whole section
     docsection.publish(args, "durable", SECTION, text, glance(over, adopts))

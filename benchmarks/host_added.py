@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import docsection
-from common import PY, REPO, WORKLOAD, Procs, pct, stamp, torchrun_elastic_cmds, where
+from common import PY, JobExited, Miss, Procs, REPO, WORKLOAD, command, pct, stamp, torchrun_elastic_cmds, where
 
 sys.path.insert(0, str(REPO))
 from tests.chaos.schedule import ChaosDiscovery  # noqa: E402
@@ -179,7 +179,10 @@ def one_admission(scenario: Scenario, bound_s: float) -> dict[str, Any]:
         def newcomer_step():
             return next((e for e in job.logs if e["size"] == 3 and scenario.is_newcomer(e["pid"], before)), None)
 
-        first = job.wait(newcomer_step, bound_s, "the newcomer's first step")
+        try:
+            first = job.wait(newcomer_step, bound_s, "the newcomer's first step")
+        except (TimeoutError, JobExited) as exc:
+            raise Miss(str(exc)) from exc
 
         def enough() -> bool:
             counts: dict[int, int] = {}
@@ -288,7 +291,7 @@ def main() -> None:
                 scenario = make(Path(tempfile.mkdtemp(dir=root)))
                 try:
                     raw = one_admission(scenario, bound)
-                except TimeoutError as exc:
+                except Miss as exc:
                     print(f"{name}: repeat {i + 1}: {str(exc).splitlines()[0]}", flush=True)
                     rows[name]["misses"] += 1
                     continue
@@ -296,8 +299,7 @@ def main() -> None:
                 rows[name]["figures"].append(fig)
                 print(f"{name}: repeat {i + 1}: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in fig.items()),
                       flush=True)
-    command = " ".join(["benchmarks/host_added.py", *sys.argv[1:]])
-    docsection.publish(args, "host-added", SECTION, f"{stamp(command)}\n\n{table(rows)}", glance(rows))
+    docsection.publish(args, "host-added", SECTION, f"{stamp(command())}\n\n{table(rows)}", glance(rows))
 
 
 if __name__ == "__main__":

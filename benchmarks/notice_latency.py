@@ -115,10 +115,10 @@ SOURCES = {
 }
 
 
-def one_run(source, tmp: Path) -> tuple[float, int]:
+def one_run(source, tmp: Path, steps: int) -> tuple[float, int]:
     with source(tmp) as (args, env, publish):
         job = Job(["run", "-np", "3", "--min-np", "1", "--discovery-interval", "1", *args,
-                        *probe_cmd("--steps", "400", "--step-sleep", str(STEP_S), "--commit-every", str(COMMIT_EVERY))],
+                        *probe_cmd("--steps", str(steps), "--step-sleep", str(STEP_S), "--commit-every", str(COMMIT_EVERY))],
                        env=env)
         try:
             job.wait_event("commit", rank=0, step=40, timeout=120)
@@ -153,7 +153,7 @@ def main() -> None:
         latencies, losses = [], []
         for i in range(runs):
             with tempfile.TemporaryDirectory() as tmp:
-                latency, lost = one_run(source, Path(tmp))
+                latency, lost = one_run(source, Path(tmp), 160 if args.quick else 400)
             latencies.append(latency)
             losses.append(lost)
             print(f"{name} run {i + 1}: notice -> new size {latency:.2f} s, steps lost {lost}", flush=True)

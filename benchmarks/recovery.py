@@ -34,7 +34,7 @@ import time
 from typing import Callable
 
 import docsection
-from common import PY, WORKLOAD, Procs, pct, save, stamp, subplots, torchrun_elastic_cmds, where
+from common import PY, JobExited, Miss, Procs, WORKLOAD, command, pct, save, stamp, subplots, torchrun_elastic_cmds, where
 
 MODEL = ["--features", "256", "--hidden", "1024", "--layers", "4", "--batch-size", "64"]
 HOSTS = "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1"
@@ -52,9 +52,9 @@ def elastic_cmd(heartbeat_s: float) -> list[str]:
             PY, WORKLOAD, "elastic", *MODEL, "--step-log", "--commit-every", "1"]
 
 
-def systems(ckpt_root: str, fault: str, peers: bool) -> dict[str, Callable[[], Procs]]:
+def systems(ckpt_root: str, fault: str, peers: bool, quick: bool) -> dict[str, Callable[[], Procs]]:
     """name -> factory of a fresh three-worker job. ``fault`` is "kill" (``kill -9``) or "stop" (SIGSTOP:
-    a silent worker, as a hung host or a network partition looks)."""
+    a silent worker, as a hung host or a network partition looks). ``quick``: cloud-elastic's defaults only."""
     common = [*MODEL, "--step-log"]
 
     def ce(heartbeat_s: float):
@@ -79,7 +79,7 @@ def systems(ckpt_root: str, fault: str, peers: bool) -> dict[str, Callable[[], P
                 "torchft (heartbeat 1 s, tick 10 ms, Manager.allreduce)": ft(*fast_ft, "--torchft-manual-allreduce"),
             })
         return out
-    out = {CE_KILL: ce(5.0), CE_STOP_FAST: ce(1.0)}
+    out = {CE_KILL: ce(5.0)} if quick else {CE_KILL: ce(5.0), CE_STOP_FAST: ce(1.0)}
     if peers:
         out.update({
             "torchrun elastic (fast settings, collective timeout 10 s)": te("--pg-timeout-s", "10"),
@@ -93,7 +93,7 @@ def systems(ckpt_root: str, fault: str, peers: bool) -> dict[str, Callable[[], P
 
 def one_fault(make: Callable[[], Procs], fault: str, warm_steps: int, bound_s: float) -> tuple[float, int]:
     """Start a job, hit rank 1 with the fault once three ranks passed ``warm_steps``, and return
-    (seconds from the fault to the survivors' next completed step, steps lost). TimeoutError past ``bound_s``."""
+    (seconds from the fault to the survivors' next completed step, steps lost). Miss past ``bound_s``."""
     job = make()
     try:
         job.wait(lambda: len({e["rank"] for e in job.logs if e["step"] >= warm_steps}) == 3, 300, "three ranks stepping")
@@ -112,7 +112,10 @@ def one_fault(make: Callable[[], Procs], fault: str, warm_steps: int, bound_s: f
                     return e
             return None
 
-        nxt = job.wait(next_step, bound_s, f"the first step after the {fault}")
+        try:
+            nxt = job.wait(next_step, bound_s, f"the first step after the {fault}")
+        except (TimeoutError, JobExited) as exc:
+            raise Miss(str(exc)) from exc
         with job.cond:
             last = max(e["step"] for e in job.logs if e["t"] <= t_fault)
         return nxt["t"] - t_fault, max(0, last - (nxt["step"] - 1))
@@ -120,16 +123,16 @@ def one_fault(make: Callable[[], Procs], fault: str, warm_steps: int, bound_s: f
         job.stop()  # SIGKILL: also ends a stopped worker
 
 
-def faults(ckpt_root: str, fault: str, repeats: int, bound_s: float, peers: bool) -> dict[str, dict]:
+def faults(ckpt_root: str, fault: str, repeats: int, bound_s: float, peers: bool, quick: bool) -> dict[str, dict]:
     """Every system's repeats of one fault; a miss of the bound is recorded (inf), not fatal."""
     out = {}
-    for name, make in systems(ckpt_root, fault, peers).items():
+    for name, make in systems(ckpt_root, fault, peers, quick).items():
         times, lost = [], []
         for i in range(repeats):
             try:
                 # 23, 27, 21, 25, 29, ...: the fault lands at different distances from a checkpoint every 10.
                 t, n = one_fault(make, fault, warm_steps=21 + (4 * i + 2) % 10, bound_s=bound_s)
-            except TimeoutError as exc:
+            except Miss as exc:
                 print(f"{name}: {fault} {i + 1}: {str(exc).splitlines()[0]}", flush=True)
                 t, n = math.inf, -1
             times.append(t)
@@ -173,6 +176,7 @@ def draw(results: dict[str, dict[str, dict]], path) -> None:
         ax.axvline(KILL_TARGET_S if key == "kill" else STOP_TARGET_S, color="tab:green", linestyle=":", label="target")
         ax.set_yticks(y, [n.replace(" (", "\n(") for n in names], fontsize=7)
         ax.set_xscale("log")
+        ax.set_xlim(0.1, bound * 1.1)
         ax.set_xlabel(f"{title} of one worker → survivors' next completed step (s, log scale; bound {bound:.0f} s)")
         ax.invert_yaxis()
         ax.legend(loc="lower right", fontsize=7)
@@ -210,10 +214,9 @@ def main() -> None:
     bound = args.bound or (30.0 if args.quick else 90.0)
     results = {}
     with tempfile.TemporaryDirectory() as ckpt_root:
-        results["kill"] = faults(ckpt_root, "kill", kills, bound, args.peers) if kills else {}
-        results["stop"] = faults(ckpt_root, "stop", stops, bound, args.peers) if stops else {}
-    command = " ".join(["benchmarks/recovery.py", *sys.argv[1:]])
-    text = "\n\n".join([stamp(command)] + [table(results[k], t) for k, t in (("kill", "kill -9"), ("stop", "SIGSTOP"))
+        results["kill"] = faults(ckpt_root, "kill", kills, bound, args.peers, args.quick) if kills else {}
+        results["stop"] = faults(ckpt_root, "stop", stops, bound, args.peers, args.quick) if stops else {}
+    text = "\n\n".join([stamp(command())] + [table(results[k], t) for k, t in (("kill", "kill -9"), ("stop", "SIGSTOP"))
                                            if results[k]])
     images = docsection.images_of(args)
     if images is not None:
