@@ -1,58 +1,40 @@
 """What committing every step costs, per optimizer, next to plain DDP: step time and peak memory.
 
-    flock /tmp/bench.lock .venv/bin/python benchmarks/commit_cost.py [--quick] [--only blocks:adamw,...]
+    .venv/bin/python benchmarks/commit_cost.py [--quick] [--only blocks:adamw,...] [--steps N] [--slice S]
 
-For each (model, optimizer) case, four jobs run side by side in
-round-robin slices, as ``run_benchmarks.py`` does (SIGSTOP/SIGCONT, ratios
-per round, median over rounds): cloud-elastic committing every step (the
-default: commits kept in place, see ``worker/window.py``), the same with
+For each (model, optimizer) case, four jobs run side by side in round-robin
+slices (``common.interleaved_step_times``: SIGSTOP/SIGCONT, ratios per round,
+median over rounds): cloud-elastic committing every step (the default: commits
+kept in place, see ``worker/window.py``), the same with
 ``CLOUD_ELASTIC_COMMIT_MODE=snapshot`` (every commit kept whole: what a loop
 with a collective between ``step()`` and ``commit()`` pays), cloud-elastic
 never committing, and the same model under torchrun + DDP.
 Memory is the peak RSS (``VmHWM``) of each worker process, summed over the
-two workers, against DDP's. The worker script
-is ``benchmarks/commit_cost_worker.py``. Prints a Markdown table; with
-``--out`` it replaces the "Commit cost per optimizer" section of that file.
+two workers, against DDP's. The worker script is ``commit_cost_worker.py``.
+Prints a Markdown table and writes it into docs/benchmarks.md (``docsection``:
+section ``commit-cost`` and its glance rows); ``--quick`` measures one case.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
-from datetime import datetime, timezone
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_benchmarks import PY, REPO, interleaved_step_times, machine, pct, round_ratios  # noqa: E402
+import docsection
+from common import PY, REPO, command, interleaved_step_times, median_and_middle_half, round_ratios, span, stamp, where
 
 WORKER = str(REPO / "benchmarks" / "commit_cost_worker.py")
 ELASTIC = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2", "--heartbeat-timeout", "60", PY, WORKER]
 DDP = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, "--ddp"]
-#: Every optimizer on issue 13's model (blocks) and on docs/benchmarks.md's first model (mlp); AdamW with 1,202 tensors.
+#: Every optimizer on issue 13's model (blocks) and on the MLP of the peers' workload (mlp); AdamW with 1,202 tensors.
 OPTIMIZER_NAMES = ["adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop", "adamw-foreach", "adamw-fused"]
 CASES = [f"{model}:{name}" for model in ("blocks", "mlp") for name in OPTIMIZER_NAMES] + ["many:adamw"]
-SECTION = "## Commit cost per optimizer"
-NOTES = """
-Models (`benchmarks/commit_cost_worker.py`): *blocks* is issue 13's (40 residual blocks of
-Linear 256 + LayerNorm, 162 parameter tensors, 2.6 M parameters, batch 32); *mlp* is the
-model of the table above (3.4 M parameters, batch 64); *many* has 1,202 small parameter
-tensors (300 blocks of width 32, batch 32), where per-tensor Python work shows. Two
-workers on one host, one OpenMP thread each; the four jobs of a row (commit every step,
-the same with `CLOUD_ELASTIC_COMMIT_MODE=snapshot`, never committing, DDP under torchrun)
-run side by side in round-robin slices as described above, and a row's ratio is the
-median over rounds of the per-round ratio. Peak RSS is `VmHWM` summed over both workers.
-
-Reading the rows: "commit every step" is the default loop (forward, backward, `step()`,
-`commit()`): from the first commit after the first step on, commits keep nothing of the
-parameters and optimizer state, and the update is the optimizer's own, in place, after
-every gradient has arrived (`worker/window.py`, docs/architecture.md "In-place
-commits"). "kept commits" is what a loop with a collective between `step()` and
-`commit()` (or several steps per commit) gets: each commit keeps the parameters and
-optimizer state until the next (out of place for SGD, Adam, AdamW, Adagrad and RMSprop,
-copied for the others), one more copy of them in memory.
-"""
+QUICK_CASES = ["blocks:adamw"]
+SECTION = "Commit cost per optimizer"
+STEP_TARGET, RSS_TARGET = 1.03, 1.05
+GLANCE_STEP = "Step time, commit every step ≤ 1.03× DDP (every optimizer)"
+GLANCE_RSS = "Peak memory, commit every step ≤ 1.05× DDP's"
 
 
 def measure(case: str, steps: int, warmup: int, slice_s: float) -> dict:
@@ -82,40 +64,45 @@ def table(results: list[dict]) -> str:
     for r in results:
         e, c, n = r["ratios"]["elastic"], r["ratios"]["kept"], r["ratios"]["no_commit"]
         rss, ddp_rss = r["rss"], r["rss"]["ddp"]
-        lines.append(f"| {r['case'].replace(':', ' : ')} | **{statistics.median(e):.3f}×** ({pct(e, .25):.3f}–{pct(e, .75):.3f}, "
-                     f"{len(e)} rounds) | {statistics.median(r['cpu']) if r.get('cpu') else float('nan'):.3f}× "
+        lines.append(f"| {r['case'].replace(':', ' : ')} | **{median_and_middle_half(e)}** | "
+                     f"{statistics.median(r['cpu']) if r.get('cpu') else float('nan'):.3f}× "
                      f"| **{rss['elastic'] / ddp_rss:.3f}×** ({rss['elastic'] / 2**20:.0f} / "
                      f"{ddp_rss / 2**20:.0f} MiB) | {statistics.median(c):.3f}×, {rss['kept'] / ddp_rss:.3f}× | "
                      f"{statistics.median(n):.3f}× | {r['ddp_ms']:.1f} ms |")
     return "\n".join(lines)
 
 
+def glance(results: list[dict], quick: bool) -> list[list[str]]:
+    steps = {r["case"]: statistics.median(r["ratios"]["elastic"]) for r in results}
+    rss = {r["case"]: r["rss"]["elastic"] / r["rss"]["ddp"] for r in results}
+    of = f"{len(results)} case(s){', quick run' if quick else ''}"
+    over = [f"{case} {ratio:.3f}×" for case, ratio in steps.items() if ratio > STEP_TARGET]
+    return [
+        [GLANCE_STEP, f"{span(list(steps.values()))}× ({of})"
+         + (f"; above: {', '.join(over)}" if over else ""),
+         f"{max(steps.values()) / STEP_TARGET:.2f}", where(SECTION), docsection.verdict(not over)],
+        [GLANCE_RSS, f"{span(list(rss.values()))}× ({of})", f"{max(rss.values()) / RSS_TARGET:.2f}",
+         where(SECTION), docsection.verdict(max(rss.values()) <= RSS_TARGET)],
+    ]
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="comma-separated model:optimizer cases")
-    ap.add_argument("--out", default="", help="Markdown file whose commit-cost section is replaced (created if missing)")
     ap.add_argument("--slice", type=float, default=1.5, help="seconds each job runs per round")
-    ap.add_argument("--steps", type=int, default=0, help="steps per job (default 300, 120 with --quick)")
+    ap.add_argument("--steps", type=int, default=0, help="steps per job (default 300, 80 with --quick)")
+    docsection.add_arguments(ap)
     args = ap.parse_args()
-    steps, warmup = (120, 30) if args.quick else (300, 50)
+    steps, warmup = (80, 20) if args.quick else (300, 50)
     if args.steps:
         steps, warmup = args.steps, args.steps // 6
-    cases = args.only.split(",") if args.only else CASES
+    cases = args.only.split(",") if args.only else QUICK_CASES if args.quick else CASES
     results = []
     for case in cases:
         results.append(measure(case, steps, warmup, args.slice))
         print(table(results[-1:]).splitlines()[-1], flush=True)
-    text = (f"{SECTION}\n\nMeasured {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by "
-            f"`benchmarks/commit_cost.py{' --quick' if args.quick else ''}` on {machine()}.\n\n{table(results)}\n{NOTES}")
-    print(text)
-    if args.out:
-        path = Path(args.out)
-        old = path.read_text() if path.exists() else ""  # a file of its own (benchmarks/peers/run.sh's)
-        m = re.search(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", old, flags=re.S | re.M)
-        head = old[: m.start()] if m else old.rstrip("\n") + "\n\n" if old else ""
-        tail = old[m.end():] if m else ""
-        path.write_text(head + text + ("\n" + tail if tail else ""))
+    text = f"{stamp(command())}\n\n{table(results)}"
+    docsection.publish(args, "commit-cost", SECTION, text, glance(results, args.quick))
 
 
 if __name__ == "__main__":

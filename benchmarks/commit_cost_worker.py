@@ -85,8 +85,6 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--commit-every", type=int, default=1)
     p.add_argument("--ddp", action="store_true")
-    p.add_argument("--timing", action="store_true", help="accepted for run_benchmarks.variants_for compatibility")
-    p.add_argument("--log-every", type=int, default=0, help="accepted and ignored")
     args = p.parse_args()
     torch.set_num_threads(1)
     features, size = SHAPES[args.model]

@@ -8,7 +8,7 @@ adjacent slices gives a ratio of median step times; the result is the median
 ratio over the pairs, written to docs/benchmarks.md (section "Notice watcher
 cost per step").
 
-    .venv/bin/python benchmarks/watcher_cost.py [--pairs 20] [--slice 2] [--no-write]
+    .venv/bin/python benchmarks/watcher_cost.py [--pairs 20] [--slice 2] [--quick] [--doc PATH]
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
-from pathlib import Path
 
-from docsection import write_section
+import docsection
+from common import REPO, stamp
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
@@ -31,7 +29,6 @@ import torch  # noqa: E402
 from cloud_elastic.notices._polling import POLL_INTERVAL_S  # noqa: E402
 from cloud_elastic.notices.aws_imds import AWSMetadataWatcher  # noqa: E402
 
-BEGIN, END = "<!-- watcher-cost:begin -->", "<!-- watcher-cost:end -->"
 _SERVE = ("import sys, time; sys.path.insert(0, sys.argv[1]);"
           "from tests.emulator.fake_metadata import FakeAWSMetadata\n"
           "with FakeAWSMetadata() as fake:\n"
@@ -85,21 +82,19 @@ def measure(pairs: int, slice_s: float) -> tuple[list[float], float, int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pairs", type=int, default=20)
-    p.add_argument("--slice", type=float, default=2.0, help="seconds per slice")
-    p.add_argument("--no-write", action="store_true")
+    p.add_argument("--pairs", type=int, default=None, help="pairs of slices (default 20; 3 with --quick)")
+    p.add_argument("--slice", type=float, default=None, help="seconds per slice (default 2; 1 with --quick)")
+    docsection.add_arguments(p)
     args = p.parse_args()
-    ratios, step, cycles = measure(args.pairs, args.slice)
-    q = statistics.quantiles(ratios, n=4)
-    table = (f"Measured {datetime.now(timezone.utc):%Y-%m-%d} with `benchmarks/watcher_cost.py --pairs {args.pairs} "
-             f"--slice {args.slice:g}`: one process, an MLP step of {step * 1000:.1f} ms (one thread), in alternating "
-             f"slices with the AWS IMDS watcher polling a fake IMDSv2 service every {POLL_INTERVAL_S:g} s "
-             f"(about {cycles} poll cycles in all) and without it.\n\n"
-             "| step time with the watcher / without (median of pairs) | middle half | pairs |\n|---|---|---|\n"
-             f"| {statistics.median(ratios):.3f}× | {q[0]:.3f}–{q[2]:.3f} | {len(ratios)} |")
-    print(table)
-    if not args.no_write:
-        write_section(BEGIN, END, "Notice watcher cost per step", table)
+    pairs, slice_s = args.pairs or (3 if args.quick else 20), args.slice or (1.0 if args.quick else 2.0)
+    ratios, step, cycles = measure(pairs, slice_s)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    text = (f"{stamp(f'benchmarks/watcher_cost.py --pairs {pairs} --slice {slice_s:g}')} One process, an MLP step "
+            f"of {step * 1000:.1f} ms (one thread), in alternating slices with the AWS IMDS watcher polling a fake "
+            f"IMDSv2 service every {POLL_INTERVAL_S:g} s (about {cycles} poll cycles in all) and without it.\n\n"
+            "| step time with the watcher / without (median of pairs) | middle half | pairs |\n|---|---|---|\n"
+            f"| {statistics.median(ratios):.3f}× | {q[0]:.3f}–{q[2]:.3f} | {len(ratios)} |")
+    docsection.publish(args, "watcher-cost", "Notice watcher cost per step", text)
 
 
 if __name__ == "__main__":

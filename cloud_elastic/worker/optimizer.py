@@ -166,7 +166,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Only that update has commit copies to trade away. The others find nothing
         pending and run torch's own step, in place, after every gradient is in:
         with two workers the out-of-place path cost 2-4 ms more CPU per step on a
-        model of 400 tensors, for no copy saved (benchmarks/peers/every10_profile.md).
+        model of 400 tensors, for no copy saved (docs/benchmarks.md, "Commit cost per optimizer"; profile at e2261fe).
         A commit kept in host memory (GPU tensors) has no buffer on the device to trade.
         """
         if not any(snapshot.pending for snapshot in self._ce_snapshots):

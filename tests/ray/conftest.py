@@ -3,10 +3,24 @@
 The head node has no CPUs, so it is never a host: every host is a worker node
 the test adds (one CPU each, one slot each) and may remove. One cluster per
 test module (starting Ray costs seconds); each test removes the nodes it added.
+
+Every node advertises a loopback address (127.0.0.1 unless a test names another
+127.x address): left alone, Ray advertises the machine's own interface address
+(``ray.util.get_node_ip_address``), and workers, Gloo and the driver would then
+talk over it. ``node_ip_address`` pins each node, but ``ray.init`` (here, in the
+CLI and in the example, which connect by address) still replaces "127.0.0.1" in
+an address by the interface address (``services.resolve_ip_for_localhost``). In
+ray 2.60 the one setting that keeps it loopback is
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: then ``get_node_ip_address`` answers
+127.0.0.1 (what Ray does on Windows and macOS); it must be in the environment
+before ray is imported, and processes the tests start inherit it.
+``RayCluster.check_loopback`` fails a test whose cluster has a node, or a driver,
+elsewhere; it runs when the cluster starts and after every node added.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import time
 from pathlib import Path
@@ -14,7 +28,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read when ray is imported: see the module docstring
 _STORE = 80 * 1024 * 1024
+LOOPBACK = "127.0.0.1"
 
 
 class RayCluster:
@@ -25,11 +41,23 @@ class RayCluster:
         self.nodes: list = []
 
     def add(self, count: int = 1, **node_args) -> list:
-        """Add ``count`` one-CPU nodes (``node_args`` go to ``Cluster.add_node``, e.g. ``node_ip_address``)."""
+        """Add ``count`` one-CPU nodes (``node_args`` go to ``Cluster.add_node``, e.g. ``node_ip_address``,
+        which must be a 127.x address; 127.0.0.1 by default)."""
+        node_args.setdefault("node_ip_address", LOOPBACK)
         added = [self.cluster.add_node(num_cpus=1, object_store_memory=_STORE, **node_args) for _ in range(count)]
         self.cluster.wait_for_nodes()
         self.nodes.extend(added)
+        self.check_loopback()
         return added
+
+    def check_loopback(self) -> None:
+        """Fail unless every live node, and this driver, advertise an address in 127.0.0.0/8."""
+        import ray
+
+        advertised = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+        advertised.add(ray.util.get_node_ip_address())
+        outside = sorted(a for a in advertised if not ipaddress.ip_address(a).is_loopback)
+        assert not outside, f"the test Ray cluster advertises non-loopback addresses {outside} (all: {sorted(advertised)})"
 
     def remove(self, node) -> None:
         self.nodes.remove(node)
@@ -49,11 +77,13 @@ def ray_cluster():
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     cluster = Cluster(
         initialize_head=True,
-        head_node_args=dict(num_cpus=0, include_dashboard=False, object_store_memory=_STORE),
+        head_node_args=dict(num_cpus=0, include_dashboard=False, object_store_memory=_STORE,
+                            node_ip_address=LOOPBACK),
     )
-    ray.init(address=cluster.address, log_to_driver=True)
+    ray.init(address=cluster.address, log_to_driver=True, _node_ip_address=LOOPBACK)
     rc = RayCluster(cluster)
     try:
+        rc.check_loopback()
         yield rc
     finally:
         ray.shutdown()

@@ -24,7 +24,9 @@ def _results(out: subprocess.CompletedProcess) -> list[dict]:
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    # SPARK_LOCAL_IP: the example's own Spark advertises loopback, not the machine's interface address.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               SPARK_LOCAL_IP="127.0.0.1")
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=360)
 
 

@@ -2,10 +2,16 @@
 
 Needs PySpark and a Java runtime (``scripts/setup-java.sh`` installs one); the
 tests skip with the reason when either is missing.
+
+Spark talks over loopback only: left alone, it advertises the machine's own
+interface address for its driver and block manager. ``SPARK_LOCAL_IP`` and
+``spark.driver.host``/``bindAddress`` pin them to 127.0.0.1, and the fixture
+fails if a block manager still advertises another address.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import sys
@@ -14,6 +20,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+LOOPBACK = "127.0.0.1"
+
+
+def check_loopback(session) -> None:
+    """Fail unless the driver and every executor (in local mode: the driver's own) advertise an address in
+    127.0.0.0/8."""
+    context = session.sparkContext
+    advertised = {context.getConf().get("spark.driver.host")}
+    advertised |= {info.host() for info in context._jsc.sc().statusTracker().getExecutorInfos()}
+    outside = sorted(a for a in advertised if not ipaddress.ip_address(a).is_loopback)
+    assert not outside, f"the test Spark advertises non-loopback addresses {outside} (all: {sorted(advertised)})"
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +46,19 @@ def spark():
     # interpreter (else Spark runs "python3" from PATH, which may lack torch).
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["SPARK_LOCAL_IP"] = LOOPBACK  # read by the JVM this session starts
     session = (
         SparkSession.builder.master("local[3,4]")
         .appName("cloud-elastic-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", "512m")
         .config("spark.python.worker.reuse", "false")
-        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.host", LOOPBACK)
+        .config("spark.driver.bindAddress", LOOPBACK)
         .getOrCreate()
     )
     try:
+        check_loopback(session)
         yield session
     finally:
         session.stop()

@@ -226,7 +226,7 @@ def test_adam_restores_exactly_to_the_commit():
 
 def test_only_the_update_right_after_a_commit_runs_out_of_place_and_training_matches_torch_adamw(monkeypatch):
     # The other updates have no commit copies to trade away: torch's own step runs them, in place
-    # (the out-of-place path costs more per tensor; benchmarks/peers/every10_profile.md).
+    # (the out-of-place path costs more per tensor; docs/benchmarks.md, "Commit cost per optimizer").
     own_steps: list[int] = []
     hooked = torch.optim.AdamW.step
     raw = hooked.__wrapped__ if getattr(hooked, "hooked", False) else hooked

@@ -1,7 +1,7 @@
 """Allreduce bandwidth: ``cloud_elastic.torch.allreduce`` and DistributedOptimizer's gradient path
-against raw ``torch.distributed`` on the same group, 1 KB to 64 MB; into results.json.
+against raw ``torch.distributed`` on the same group, 1 KB to 64 MB.
 
-    python benchmarks/peers/allreduce_bw.py [--quick]      (run.sh runs it under flock /tmp/bench.lock)
+    .venv/bin/python benchmarks/allreduce_bw.py [--quick]
 
 Two workers on one host under ``cloud-elastic run -np 2``. In each worker, per size
 and repetition, one call of each path in turn (so drifts in the shared machine's
@@ -20,21 +20,28 @@ speed hit all of them alike), all summing (no averaging, so no extra division):
   backward, then ``pg.allreduce([p.grad])``.
 
 Bandwidth is bytes / median time per call (algorithm bandwidth, as nccl-tests' algbw).
+Prints the table and writes it into docs/benchmarks.md (``docsection``: section
+``allreduce`` and its glance row), and draws ``allreduce.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
-from pathlib import Path
 
-from peer_results import load, record, run_two_workers  # this folder is on sys.path when the script runs
+import docsection
+from common import PY, REPO, command, save, span, stamp, subplots, where
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+MARKER = "ALLREDUCE "
+SECTION = "Allreduce bandwidth"
+TARGET = 0.95
+GLANCE = "Allreduce through cloud-elastic ≥ 0.95 of raw Gloo's bandwidth"
 
 
 def worker(quick: bool) -> None:
@@ -106,21 +113,73 @@ def _measure(hvd, pg, quick: bool) -> None:
         print("ALLREDUCE " + json.dumps(out), flush=True)
 
 
+def run_two_workers(quick: bool, timeout_s: float) -> dict:
+    """This script's ``--worker`` as two workers of one loopback host under ``cloud-elastic run``
+    (one OpenMP thread each); the JSON rank 0 prints."""
+    cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2",
+           PY, __file__, "--worker", *(["--quick"] if quick else [])]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    line = next((l for l in proc.stdout.splitlines() if MARKER in l), None)
+    if proc.returncode != 0 or line is None:
+        raise SystemExit(f"allreduce_bw.py failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return json.loads(line.split(MARKER, 1)[1])
+
+
+def _label(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def table(data: dict) -> str:
+    names = list(next(iter(data.values())))
+    lines = ["| size | " + " | ".join(names) + " | hvd.allreduce_ / raw | hvd.allreduce / raw | "
+             "DistributedOptimizer / raw after the same backward |", "|---" * (len(names) + 4) + "|"]
+    for size, row in data.items():
+        n = int(size)
+        bw = " | ".join(f"{n / row[k] / 1e6:.3g} MB/s ({row[k] * 1e6:.0f} µs)" for k in names)
+        lines.append(f"| {_label(n)} | {bw} | {row['raw'] / row['hvd.allreduce_']:.2f} | "
+                     f"{row['raw'] / row['hvd.allreduce']:.2f} | "
+                     f"{row['raw, after the same backward'] / row['DistributedOptimizer']:.2f} |")
+    return "\n".join(lines)
+
+
+def glance(data: dict) -> list[list[str]]:
+    paths = {"in place": ("hvd.allreduce_", "raw"), "out of place": ("hvd.allreduce", "raw"),
+             "optimizer path": ("DistributedOptimizer", "raw, after the same backward")}
+    spans = {name: [row[base] / row[path] for row in data.values()] for name, (path, base) in paths.items()}
+    worst = min(min(v) for v in spans.values())
+    measured = "; ".join(f"{name} {span(v, 2)}" for name, v in spans.items())
+    return [[GLANCE, f"{measured} of raw, {_label(int(min(data, key=int)))}–{_label(int(max(data, key=int)))}",
+             f"{worst / TARGET:.2f}", where(SECTION), docsection.verdict(worst >= TARGET)]]
+
+
+def draw(data: dict, path) -> None:
+    sizes = [int(s) for s in data]
+    fig, ax = subplots(figsize=(8, 4))
+    for name in next(iter(data.values())):
+        ax.plot(sizes, [s / data[str(s)][name] / 1e6 for s in sizes], marker="o", markersize=3, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes per allreduce (2 workers, one host, Gloo)")
+    ax.set_ylabel("MB/s (bytes / median time)")
+    ax.legend(fontsize=7)
+    save(fig, path)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--worker", action="store_true")
-    ap.add_argument("--out", default=None, help="default: results.json, or results-quick.json with --quick")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    docsection.add_arguments(ap)
     args = ap.parse_args()
-    args.out = args.out or str(HERE / ("results-quick.json" if args.quick else "results.json"))
     if args.worker:
         worker(args.quick)
         return
-    data = run_two_workers(__file__, "ALLREDUCE ", args.quick, timeout_s=600)
-    out = Path(args.out)
-    record(out, load(out), "allreduce", data)
-    for size, row in data.items():
-        print(size, {k: f"{int(size) / v / 1e6:.0f} MB/s" for k, v in row.items()})
+    data = {str(k): v for k, v in run_two_workers(args.quick, timeout_s=600).items()}
+    images = docsection.images_of(args)
+    if images is not None:
+        draw(data, images / "allreduce.png")
+    text = f"{stamp(command())} Two workers under `cloud-elastic run -np 2`, summing.\n\n{table(data)}"
+    docsection.publish(args, "allreduce", SECTION, text, glance(data))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Commit time and copy bandwidth against the size of the state, up to 1 GB, next to the machine's
-memory-copy bandwidth measured in the same run; into results.json.
+memory-copy bandwidth measured in the same run.
 
-    python benchmarks/peers/commit_bw.py [--quick]      (run.sh runs it under flock /tmp/bench.lock)
+    .venv/bin/python benchmarks/commit_bw.py [--quick] [--max-mb N]
 
 One process (``cloud_elastic.torch`` outside ``cloud-elastic run`` is rank 0 of 1, so no
 other worker shares the cores). The state is a model of 4 MiB float32 tensors and SGD
@@ -20,6 +20,8 @@ with momentum: state size = parameters + momentum. Per size:
   buffer as large as the state, best of the repetitions.
 
 Bandwidth = bytes of state / seconds (a copy reads and writes each byte once).
+Prints the table and writes it into docs/benchmarks.md (``docsection``: section
+``commit-bandwidth`` and its glance row), and draws ``commit_bandwidth.png``.
 """
 
 from __future__ import annotations
@@ -30,15 +32,16 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from peer_results import load, record  # this folder is on sys.path when the script runs
+import docsection
+from common import REPO, command, save, span, stamp, subplots, where
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 TENSOR = 1 << 20  # float32 elements per parameter tensor: 4 MiB
 STATE_MB = [16, 64, 256, 1024]
+SECTION = "Commit time and copy bandwidth"
+TARGET = 2 / 3
+GLANCE = "Commit bandwidth ≥ 2/3 of memcpy"
 
 
 def memcpy_s(nbytes: int, reps: int) -> tuple[float, float]:
@@ -96,13 +99,51 @@ def _timed_steps(mb: int, reps: int, mode: str, *, commit: bool) -> list[float]:
     return times
 
 
+def table(rows: list[dict]) -> str:
+    lines = ["| state | copying commit | its bandwidth | memcpy | torch copy_ | copying commit / memcpy | "
+             "DistributedOptimizer step alone | + commit in place (default loop) | + kept commit (snapshot mode) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        b, alone = row["state_bytes"], row["step_without_commit_s"]
+        gbs = lambda s: b / s / 1e9  # noqa: E731
+        lines.append(f"| {b / 2**20:.0f} MiB | {row['copying_commit_s'] * 1e3:.1f} ms | "
+                     f"{gbs(row['copying_commit_s']):.2f} GB/s | {gbs(row['memcpy_s']):.2f} GB/s | "
+                     f"{gbs(row['torch_copy_s']):.2f} GB/s | {row['memcpy_s'] / row['copying_commit_s']:.2f} | "
+                     f"{alone * 1e3:.1f} ms | {(row['step_with_commit_s'] - alone) * 1e3:+.1f} ms | "
+                     f"{(row['step_kept_commit_s'] - alone) * 1e3:+.1f} ms |")
+    return "\n".join(lines)
+
+
+def glance(rows: list[dict]) -> list[list[str]]:
+    ratios = [row["memcpy_s"] / row["copying_commit_s"] for row in rows]
+    largest = rows[-1]
+    extra = (largest["step_with_commit_s"] - largest["step_without_commit_s"]) * 1e3
+    met = min(ratios) >= TARGET
+    return [[GLANCE, f"the default loop's commit copies nothing ({extra:+.1f} ms a step at "
+             f"{largest['state_bytes'] / 2**20:.0f} MiB); a copying commit {span(ratios, 2)} of memcpy",
+             f"{min(ratios) / TARGET:.2f}", where(SECTION),
+             "met" if met else "met by the default loop; **missed** by a copying commit"]]
+
+
+def draw(rows: list[dict], path) -> None:
+    sizes = [r["state_bytes"] / 2**20 for r in rows]
+    fig, ax = subplots(figsize=(8, 4))
+    for key, label, style in (("copying_commit_s", "copying commit", "o-"), ("memcpy_s", "memcpy", "s--"),
+                              ("torch_copy_s", "torch copy_", "^:")):
+        ax.plot(sizes, [r["state_bytes"] / r[key] / 1e9 for r in rows], style, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("state (parameters + momentum), MiB")
+    ax.set_ylabel("GB/s of state copied")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    save(fig, path)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="up to 256 MB, 3 repetitions")
-    ap.add_argument("--max-mb", type=int, default=0, help="largest state to measure (MB)")
-    ap.add_argument("--out", default=None, help="default: results.json, or results-quick.json with --quick")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-mb", type=int, default=0, help="largest state to measure (MB; 1024, or 64 with --quick)")
+    docsection.add_arguments(ap)
     args = ap.parse_args()
-    args.out = args.out or str(HERE / ("results-quick.json" if args.quick else "results.json"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -112,7 +153,7 @@ def main() -> None:
     hvd.init()
     reps = 3 if args.quick else 7
     rows = []
-    limit = args.max_mb or (256 if args.quick else STATE_MB[-1])
+    limit = args.max_mb or (64 if args.quick else STATE_MB[-1])
     for mb in [m for m in STATE_MB if m <= limit]:
         model, opt, state, nbytes = make(mb, distributed=False)
         state.commit()  # the first commit allocates the snapshot's buffers
@@ -132,19 +173,16 @@ def main() -> None:
         without = _timed_steps(mb, reps, "auto", commit=False)
 
         libc, torch_copy = memcpy_s(nbytes, reps)
-        row = {"state_bytes": nbytes, "copying_commit_s": statistics.median(commits),
-               "step_with_commit_s": statistics.median(with_commit), "step_kept_commit_s": statistics.median(kept),
-               "step_without_commit_s": statistics.median(without), "memcpy_s": libc, "torch_copy_s": torch_copy}
-        rows.append(row)
-        gbs = lambda s: nbytes / s / 1e9  # noqa: E731
-        extra = row["step_with_commit_s"] - row["step_without_commit_s"]
-        print(f"{nbytes / 2**20:.0f} MiB: copying commit {row['copying_commit_s'] * 1e3:.1f} ms "
-              f"({gbs(row['copying_commit_s']):.2f} GB/s); DistributedOptimizer step+commit "
-              f"{row['step_with_commit_s'] * 1e3:.1f} ms (kept: {row['step_kept_commit_s'] * 1e3:.1f} ms) vs step "
-              f"{row['step_without_commit_s'] * 1e3:.1f} ms (+{extra * 1e3:.1f} ms); memcpy {gbs(libc):.2f} GB/s, "
-              f"torch copy_ {gbs(torch_copy):.2f} GB/s", flush=True)
-    out = Path(args.out)
-    record(out, load(out), "commit_bandwidth", rows)
+        rows.append({"state_bytes": nbytes, "copying_commit_s": statistics.median(commits),
+                     "step_with_commit_s": statistics.median(with_commit), "step_kept_commit_s": statistics.median(kept),
+                     "step_without_commit_s": statistics.median(without), "memcpy_s": libc, "torch_copy_s": torch_copy})
+        print(table(rows).splitlines()[-1], flush=True)
+    images = docsection.images_of(args)
+    if images is not None:
+        draw(rows, images / "commit_bandwidth.png")
+    text = (f"{stamp(command())} One process, one thread; copying commit: median of {reps}; memcpy and "
+            f"`copy_`: best of {reps}.\n\n{table(rows)}")
+    docsection.publish(args, "commit-bandwidth", SECTION, text, glance(rows))
 
 
 if __name__ == "__main__":

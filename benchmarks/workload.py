@@ -11,11 +11,7 @@ The model, the data and the optimizer are those of ``examples/torch_synthetic.py
 with ``--adamw-tensors N`` a model of N small layers trained with AdamW (many
 tensors, as a real network has). With ``--step-log`` every worker prints one
 ``STEPLOG {json}`` line per completed step (wall time, step, world size, pid,
-the step's wall and CPU seconds);
-with ``--timing``, the ``TIMING`` line of the example at the end (the format
-``benchmarks/run_benchmarks.py`` reads); with ``--probe`` (cloud-elastic), ``PROBE``
-lines with the time of each stage of a membership change (``stall_probe.py``).
-A step whose commit raises ``HostsUpdatedInterrupt`` completed (its commit is kept),
+the step's wall and CPU seconds). A step whose commit raises ``HostsUpdatedInterrupt`` completed (its commit is kept),
 so it is logged too.
 """
 
@@ -34,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
-from torch_synthetic import batch, make_model, report_timing  # noqa: E402
+from torch_synthetic import batch, make_model  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -64,9 +60,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="torchft: allreduce the flattened gradients through Manager.allreduce after backward instead "
                         "of torchft.DistributedDataParallel (whose comm hook asserts when a collective times out)")
     p.add_argument("--step-log", action="store_true")
-    p.add_argument("--probe", action="store_true",
-                   help="print PROBE lines with the time of each stage of a membership change (stall_probe.py)")
-    p.add_argument("--timing", action="store_true")
     return p.parse_args(argv)
 
 
@@ -84,39 +77,26 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, type, dict]:
 
 
 class Steps:
-    """Step timings, and the STEPLOG line of every completed step."""
+    """Times each step; with ``--step-log``, prints its STEPLOG line."""
 
     def __init__(self, args: argparse.Namespace, system: str) -> None:
         self.args, self.system = args, system
-        self.walls: list[float] = []
-        self.cpus: list[float] = []
-        self.ends: list[float] = []
 
     def start(self) -> None:
         self.t0, self.c0 = time.perf_counter(), time.process_time()
 
     def done(self, step: int, size: int, rank: int) -> None:
-        self.walls.append(time.perf_counter() - self.t0)
-        self.cpus.append(time.process_time() - self.c0)
-        self.ends.append(time.time())
+        wall, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
         if self.args.step_log:
-            print("STEPLOG " + json.dumps({"system": self.system, "step": step, "t": self.ends[-1], "size": size,
-                                          "rank": rank, "pid": os.getpid(), "dt": round(self.walls[-1], 6),
-                                          "cpu": round(self.cpus[-1], 6)}),
+            print("STEPLOG " + json.dumps({"system": self.system, "step": step, "t": time.time(), "size": size,
+                                          "rank": rank, "pid": os.getpid(), "dt": round(wall, 6),
+                                          "cpu": round(cpu, 6)}),
                   flush=True)
-
-    def report(self, rank: int) -> None:
-        if self.args.timing:
-            report_timing(self.walls, self.cpus, self.ends, rank)
 
 
 def run_elastic(args: argparse.Namespace) -> None:
     import cloud_elastic.torch as hvd
 
-    if args.probe:
-        import stall_probe  # beside this file
-
-        stall_probe.install()
     hvd.init()
     model, opt_cls, opt_kw = build(args)
     optimizer = hvd.DistributedOptimizer(opt_cls(model.parameters(), **opt_kw), named_parameters=model.named_parameters())
@@ -143,7 +123,6 @@ def run_elastic(args: argparse.Namespace) -> None:
             steps.done(state.step, hvd.size(), hvd.rank())
 
     train(state)
-    steps.report(hvd.rank())
 
 
 def run_ddp(args: argparse.Namespace, checkpoints: bool) -> None:
@@ -179,7 +158,6 @@ def run_ddp(args: argparse.Namespace, checkpoints: bool) -> None:
             torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
             os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous checkpoint
         steps.done(step, size, rank)
-    steps.report(rank)
     dist.destroy_process_group()
 
 
@@ -229,7 +207,6 @@ def run_torchft_worker(args: argparse.Namespace) -> None:
         optimizer.step()
         if manager.current_step() > before:  # a committed step (a failed one is discarded)
             steps.done(manager.current_step(), manager.num_participants(), args.replica_id)
-    steps.report(args.replica_id)
     manager.shutdown()
 
 
@@ -254,10 +231,6 @@ def run_torchft(args: argparse.Namespace, argv: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if args.probe:
-        import stall_probe  # beside this file
-
-        stall_probe.emit("main", time.time())  # torch is imported by now
     if args.system == "elastic":
         run_elastic(args)
     elif args.system in ("ddp", "torchrun-elastic"):

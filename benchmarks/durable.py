@@ -1,25 +1,30 @@
-"""Durable checkpoints and driver restart, measured; results go to docs/benchmarks.md by hand.
+"""Durable checkpoints and driver restart: what background checkpoints cost a step, and how fast a restarted driver
+resumes or adopts the job.
 
-    flock /tmp/ce-test.lock .venv/bin/python benchmarks/bench_durable.py [--quick] [--steps N] [--cycles N]
+    .venv/bin/python benchmarks/durable.py [--quick] [--only overhead|restart|adopt] [--steps N] [--cycles N]
 
-1. Overhead of background checkpointing on step time: the benchmark model
-   (``examples/torch_synthetic.py``, committing every step) under
+1. Overhead of background checkpointing on step time: the MLP of
+   ``examples/torch_synthetic.py`` (committing every step) under
    ``cloud-elastic run`` with and without ``--checkpoint-dir`` (a local
    directory, ``--checkpoint-interval 10``), side by side in round-robin
-   slices (``run_benchmarks.interleaved_step_times``). Target: <= 2 %.
+   slices (``common.interleaved_step_times``). Target: <= 2 %.
    The interval is wall time and each job runs only in its own slices, so it
    checkpoints about every 5 s of its own running time: twice as often as in
    a real job, which overstates the overhead.
-2. Driver restart: SIGKILL the driver mid-training, run the same command
-   again, and time from the restart to the first step of the resumed job.
-   Reported in two parts: the wait for the previous driver's workers to stop
-   (bounded by ``--driver-grace``), and the rest (start, launch, load, sync).
+2. Driver restart past the grace: SIGKILL the driver mid-training, wait until
+   its workers stopped, run the same command again, and time from the restart
+   to the first step of the resumed job. Reported in two parts: the wait the
+   restarted driver announces for the previous driver's workers, and the rest
+   (start, launch, load, sync).
 3. Driver restart within the grace (adoption): SIGKILL the driver, run the
    same command again one second later, and time from the restarted driver's
    start (its process spawned) to the adoption of the running workers and to
    rank 0's first step after it. The adopted workers' output went with the old
    driver, so their steps are read from the files of ``tests/integration/adopt_probe.py``.
    Target: <= 2 s to adopt.
+
+Prints the tables and writes them into docs/benchmarks.md (``docsection``:
+section ``durable`` and its glance rows).
 """
 
 from __future__ import annotations
@@ -37,10 +42,17 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_benchmarks import (  # noqa: E402
-    ELASTIC_CMD, EXAMPLE, MODEL, PY, REPO, interleaved_step_times, machine, pct, round_ratios,
-)
+import docsection
+from common import PY, REPO, command, interleaved_step_times, median_and_middle_half, round_ratios, stamp, where
+
+EXAMPLE = str(REPO / "examples" / "torch_synthetic.py")
+MODEL = ["--features", "256", "--hidden", "1024", "--layers", "4", "--batch-size", "64"]
+ELASTIC_CMD = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2",
+               # Paused for the other job's slices: longer than the default 5 s of silence.
+               "--heartbeat-timeout", "60", PY, EXAMPLE]
+SECTION = "Durable checkpoints and driver restart"
+GLANCE_OVERHEAD = "Step time with background checkpoints ≤ 1.02× without"
+GLANCE_ADOPT = "Driver restarted within the grace → running workers adopted ≤ 2 s"
 
 
 def overhead(steps: int, warmup: int, directory: str) -> tuple[list[float], dict[str, float], int]:
@@ -96,6 +108,16 @@ class Run:
                 self._cond.wait(0.5)
 
 
+def _kill_driver_at(cmd: list[str], env: dict[str, str], pattern: str) -> str:
+    """Start the job, SIGKILL its driver once its output matches ``pattern``; the job's id."""
+    first = Run(cmd, env)
+    _, m = first.wait(r"job (\w+): driver at")
+    first.wait(pattern)
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    return m.group(1)
+
+
 def restart(cycles: int, grace_s: float) -> list[tuple[float, float]]:
     """(wait for the previous workers, the rest) in seconds, per restart."""
     results = []
@@ -105,12 +127,7 @@ def restart(cycles: int, grace_s: float) -> list[tuple[float, float]]:
             cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2", "--checkpoint-dir",
                    f"{tmp}/ckpt", "--checkpoint-interval", "2", "--driver-grace", str(grace_s), PY, EXAMPLE,
                    *MODEL, "--steps", "100000", "--step-log", "--log-every", "100000"]
-            first = Run(cmd, env)
-            _, m = first.wait(r"job (\w+): driver at")
-            job_id = m.group(1)
-            first.wait(r"checkpoint of step \d+ saved")
-            os.kill(first.proc.pid, signal.SIGKILL)
-            first.proc.wait()
+            job_id = _kill_driver_at(cmd, env, r"checkpoint of step \d+ saved")
             while _workers_of(job_id):
                 time.sleep(0.1)
             began = time.monotonic()
@@ -160,12 +177,7 @@ def adopt(cycles: int, grace_s: float) -> list[dict[str, float]]:
             cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1",
                    "--checkpoint-dir", f"{tmp}/ckpt", "--checkpoint-interval", "2", "--driver-grace", str(grace_s),
                    PY, ADOPT_PROBE, str(events), "--steps", "100000", "--step-sleep", "0.05"]
-            first = Run(cmd, env)
-            _, m = first.wait(r"job (\w+): driver at")
-            job_id = m.group(1)
-            first.wait(r'"step": 20,')
-            os.kill(first.proc.pid, signal.SIGKILL)
-            first.proc.wait()
+            job_id = _kill_driver_at(cmd, env, r'"step": 20,')
             time.sleep(1.0)
             began = time.time()
             second = Run(cmd, env)
@@ -186,27 +198,66 @@ def adopt(cycles: int, grace_s: float) -> list[dict[str, float]]:
     return results
 
 
+def tables(over: tuple | None, restarts: list | None, adopts: list | None) -> str:
+    out = []
+    if over:
+        ratios, ms, written = over
+        out += ["| measurement | result |", "|---|---|",
+                f"| step time with background checkpoints / without, side by side | median step {ms['checkpointing']:.1f} "
+                f"ms vs {ms['elastic']:.1f} ms; per-round ratio {median_and_middle_half(ratios)}; {written} "
+                "checkpoints kept at the end |"]
+    if restarts:
+        if not out:
+            out += ["| measurement | result |", "|---|---|"]
+        out.append("| driver restart past the grace (SIGKILL, workers gone, same command again) → first step of the "
+                   "resumed job | announced wait " + ", ".join(f"{w:.0f} s" for w, _ in restarts)
+                   + " for the previous driver's workers, then " + ", ".join(f"{r:.1f} s" for _, r in restarts)
+                   + " to start, launch, load the checkpoint and sync |")
+    if adopts:
+        out += ["", "| driver restart within the grace (`--driver-grace 30`, restarted 1 s after the SIGKILL) | "
+                "each restart |", "|---|---|",
+                "| restarted driver's process spawned → last running worker adopted (the driver's own count) | "
+                + ", ".join(f"{a['spawn_to_adopted_s']:.2f} s ({a['driver_reported_s']:.2f} s)" for a in adopts) + " |",
+                "| … → rank 0's first step after the adoption | "
+                + ", ".join(f"{a['spawn_to_next_step_s']:.2f} s" for a in adopts) + " |"]
+    return "\n".join(out)
+
+
+def glance(over: tuple | None, adopts: list | None) -> list[list[str]]:
+    rows = []
+    if over:
+        ratio = statistics.median(over[0])
+        rows.append([GLANCE_OVERHEAD, f"{ratio:.3f}× (median of {len(over[0])} rounds)", f"{ratio / 1.02:.2f}",
+                     where(SECTION), docsection.verdict(ratio <= 1.02)])
+    if adopts:
+        worst = max(a["spawn_to_adopted_s"] for a in adopts)
+        rows.append([GLANCE_ADOPT, f"slowest {worst:.2f} s of {len(adopts)} restart(s)", f"{worst / 2:.2f}",
+                     where(SECTION), docsection.verdict(worst <= 2)])
+    return rows
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=("overhead", "restart", "adopt"), help="run one measurement only")
     ap.add_argument("--steps", type=int, help="steps of each overhead job (more steps, more rounds; default 600)")
     ap.add_argument("--cycles", type=int, help="driver restarts measured of each kind (default 3)")
+    docsection.add_arguments(ap)
     args = ap.parse_args()
-    steps, warmup, cycles = (200, 40, 1) if args.quick else (600, 60, 3)
+    steps, warmup, cycles = (100, 20, 1) if args.quick else (600, 60, 3)
     steps, cycles = args.steps or steps, args.cycles or cycles
+    over = restarts = adopts = None
     if args.only in (None, "overhead"):
         with tempfile.TemporaryDirectory() as d:
-            ratios, ms, written = overhead(steps, warmup, d)
-        print(json.dumps({"machine": machine(), "ratio_p50": statistics.median(ratios),
-                          "ratio_p25": pct(ratios, 0.25), "ratio_p75": pct(ratios, 0.75), "rounds": len(ratios),
-                          "step_ms": ms, "checkpoints_kept": written}), flush=True)
+            over = overhead(steps, warmup, d)
+        print(json.dumps({"ratios": over[0], "step_ms": over[1], "checkpoints_kept": over[2]}), flush=True)
     if args.only in (None, "restart"):
-        times = restart(cycles, grace_s=5.0)
-        print(json.dumps({"restart_wait_s": [w for w, _ in times], "restart_rest_s": [r for _, r in times]}),
-              flush=True)
+        restarts = restart(cycles, grace_s=5.0)
     if args.only in (None, "adopt"):
-        print(json.dumps({"adopt": adopt(cycles, grace_s=30.0)}), flush=True)
+        adopts = adopt(cycles, grace_s=30.0)
+    text = f"{stamp(command())} Two workers of the MLP on loopback.\n\n{tables(over, restarts, adopts)}"
+    if args.only:
+        args.no_write = True  # one part alone would replace the whole section
+    docsection.publish(args, "durable", SECTION, text, glance(over, adopts))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """How the driver scales to a large group: 1,000 simulated hosts x 8 slots.
 
-    flock /tmp/bench.lock .venv/bin/python benchmarks/scale/driver_scale.py [--profile]
+    .venv/bin/python benchmarks/driver_scale.py [--profile] [--quick]
 
 A fake provider (a snapshot of H hosts with 8 slots each) feeds the driver's real
 state machine (``driver/job.py:ElasticJob``); simulated workers walk through the
@@ -29,7 +29,8 @@ per second.
 Targets (issue 15): less than one core at 8,000 workers; a cycle <= 0.1 s; a
 round of 1,024 <= 2 s. ``--profile`` prints cProfile's top functions of the
 state-machine parts and, with yappi installed (requirements/bench.txt), the
-live driver's threads.
+live driver's threads. Prints the results and writes a table into
+docs/benchmarks.md (``docsection``: section ``driver-scale`` and its glance rows).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+import docsection
+from common import REPO, command, stamp, where
+
 sys.path.insert(0, str(REPO))
 from cloud_elastic.config import JobConfig  # noqa: E402
 from cloud_elastic.control import Codec, new_secret  # noqa: E402
@@ -349,8 +352,10 @@ def main() -> None:
                    help="worker counts simulated against the live driver (one client process)")
     p.add_argument("--live-seconds", type=float, default=10.0)
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
+    docsection.add_arguments(p)
     args = p.parse_args()
+    if args.quick:  # no 8,000: the figures at 8,000 are then estimated from 1,024
+        args.rounds, args.steady, args.live, args.live_seconds = [64, 256, 1024], [1024], [2048], 3.0
     res: dict = {"slots_per_host": SLOTS, "rounds": {}, "steady": {}, "live": {}}
     for n in args.rounds:
         _, _, _, round_s = profiled(lambda: running_job(n // SLOTS), args.profile and n == 1024, f"round of {n}")
@@ -399,7 +404,55 @@ def main() -> None:
     print(f"at 8,000 workers, estimated: heartbeats held {hold:.2f} s = {n / hold:.0f}/s x {per_poll * 1e6:.0f} us = "
           f"{parts['heartbeats']:.2f} cores; ticks {ticks:.2f}; discovery {discovery:.2f}; total "
           f"{sum(parts.values()):.2f} cores", flush=True)
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    docsection.publish(args, "driver-scale", SECTION, f"{stamp(command())}\n\n{table(res)}", glance(res))
+
+
+SECTION = "Driver scale"
+GLANCE_CPU = "Driver CPU at 8,000 workers < 1 core"
+GLANCE_CYCLE = "Driver discovery + planning cycle at 8,000 workers ≤ 0.1 s"
+GLANCE_ROUND = "Rendezvous round of 1,024 workers ≤ 2 s"
+
+
+def table(res: dict) -> str:
+    ms = lambda s: f"{s * 1000:.1f} ms"  # noqa: E731
+    lines = ["| measurement | result |", "|---|---|",
+             "| rendezvous round (all arrive, the round forms, all collect their assignment), driver CPU | "
+             + ", ".join(f"{int(n):,}: {ms(t)}" for n, t in res["rounds"].items()) + " |"]
+    for n, st in res["steady"].items():
+        lines.append(f"| at {int(n):,} running workers: discovery + planning cycle, loop tick, first cycle (plans "
+                     f"every launch) | {ms(st['cycle_s'])}, {ms(st['tick_s'])}, {ms(st['first_cycle_s'])} |")
+    lines.append(f"| a heartbeat answered at once, through HTTP + HMAC | {res['heartbeat_http_cpu_s'] * 1e6:.0f} µs of "
+                 f"driver CPU ({res['heartbeat_http_count']} messages) |")
+    for n, live in res["live"].items():
+        lines.append(f"| live driver, {int(n):,} workers long-polling | {live['cpu_s_per_s']:.2f} core: "
+                     f"{live['polls_per_s']:.0f} heartbeats/s at {live['cpu_per_poll_s'] * 1e6:.0f} µs each, "
+                     f"{live['system_share']:.0%} in the kernel; {live['failed_calls']} failed calls, "
+                     f"{live['workers_lost']} workers lost |")
+    at = res["at_8000"]
+    lines.append(f"| driver CPU at 8,000 workers, estimated from the parts | {at['cores']:.2f} core: "
+                 f"{at['heartbeats_per_s']:.0f} heartbeats/s × {at['heartbeat_cpu_s'] * 1e6:.0f} µs = "
+                 f"{at['heartbeats']:.2f}, ticks {at['ticks']:.2f}, discovery {at['discovery']:.2f} |")
+    return "\n".join(lines)
+
+
+def glance(res: dict) -> list[list[str]]:
+    at, rows = res["at_8000"], []
+    live = res["live"].get(8000)
+    measured = f"≈ {at['cores']:.2f} core estimated from its parts"
+    if live:
+        measured += f"; {live['cpu_s_per_s']:.2f} core measured at {live['polls_per_s']:.0f} heartbeats/s"
+    rows.append([GLANCE_CPU, measured, f"{at['cores']:.2f}", where(SECTION),
+                 docsection.verdict(at["cores"] < 1) + (", by estimate" if at["cores"] < 1 else "")])
+    biggest = max(res["steady"], key=int)
+    cycle = res["steady"][biggest]["cycle_s"]
+    note = "" if int(biggest) >= 8000 else f" (at {int(biggest):,} workers: 8,000 not run)"
+    rows.append([GLANCE_CYCLE, f"{cycle * 1000:.1f} ms{note}", f"{cycle / 0.1:.2f}", where(SECTION),
+                 "not measured" if note else docsection.verdict(cycle <= 0.1)])
+    if 1024 in res["rounds"]:
+        r = res["rounds"][1024]
+        rows.append([GLANCE_ROUND, f"{r * 1000:.0f} ms of driver CPU", f"{r / 2:.3f}", where(SECTION),
+                     docsection.verdict(r <= 2)])
+    return rows
 
 
 if __name__ == "__main__":

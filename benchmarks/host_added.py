@@ -1,0 +1,306 @@
+"""Host added: the running workers' stall while a third worker is admitted, and the newcomer's time to its first step.
+
+    .venv/bin/python benchmarks/host_added.py [--repeats 7] [--peers] [--quick]
+
+Two workers train a small MLP (3 hidden layers of width 256, batch 64, SGD with
+momentum, one OpenMP thread each) and a third is admitted, a fresh job per
+repeat, each system as it admits one:
+
+* cloud-elastic: a discovery script lists 127.0.0.1 and 127.0.0.2; once both
+  workers are past the warm-up, 127.0.0.3 is added to its answer. The driver
+  finds it at its next discovery (every 1 s, the default), starts a worker
+  there, and admits it at the running workers' next commit (every step here).
+* with ``--peers`` (``requirements/bench.txt``), torchft 0.2: a Lighthouse in
+  this process and one replica group of one worker per process, the third
+  replica group's process started here; and torchrun elastic (``--nnodes
+  2:3``, c10d, monitor 0.1 s, last call 1 s, a checkpoint every 10 steps): a
+  third agent is started, and the running agents restart all their workers.
+
+Per repeat: the *normal step* (median interval between a survivor's consecutive
+completed steps over the 2 s before the host was added), the *longest gap*
+between consecutive completed steps of a survivor from the host's addition to
+0.5 s after the first step at size 3 (for torchrun, whose workers are all
+restarted: from the old group's last step to the new group's first), the
+*stall* (longest gap − normal step), the *admitting step's gap* (the longest
+gap ending within 0.1 s of the first step at size 3: torchft reports the
+admitted replica only from the step after the one that admits it) and the
+newcomer's time from its process start (and from the host's appearance in the
+discovery answer; for torchft the two are the same) to its first completed step.
+The systems take turns within each repeat, so a slow minute hits each of them.
+Prints the table and writes it into docs/benchmarks.md (``docsection``: section
+``host-added`` and its glance row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import docsection
+from common import PY, JobExited, Miss, Procs, REPO, WORKLOAD, command, pct, stamp, torchrun_elastic_cmds, where
+
+sys.path.insert(0, str(REPO))
+from tests.chaos.schedule import ChaosDiscovery  # noqa: E402
+
+SMALL = ["--features", "256", "--hidden", "256", "--layers", "3", "--batch-size", "64"]
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+WARM_STEPS = 150  # steps of both workers before the host is added (about 1 s at this size)
+AFTER_STEPS = 40  # steps at size 3 the survivors make before the repeat ends
+ADMISSION_WINDOW_S = 0.1  # the admitting step ends this close to the first step at size 3
+SECTION = "Host added: the running workers' stall"
+STALL_TARGET_S = 0.020
+GLANCE_STALL = "Host added → running workers' stall (longest step gap − normal step) ≤ 20 ms"
+CLOUD_ELASTIC = "cloud-elastic (commit every step)"
+
+
+def parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def process_start(pid: int) -> float:
+    """Wall-clock start of a process (/proc, 10 ms resolution).
+
+    The start is kept in clock ticks since boot; /proc/stat's ``btime`` is whole
+    seconds, so the boot's wall time comes from CLOCK_BOOTTIME instead.
+    """
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return booted + ticks / os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------------------ the three systems
+class Scenario:
+    """One system's job: ``start()`` two workers, ``add()`` the third; ``stop()`` ends everything."""
+
+    job: Procs
+    restarts_all = False  # torchrun: the running workers are replaced, not kept
+
+    def is_newcomer(self, pid: int, before: set[int]) -> bool:
+        """Whether the worker ``pid`` is the admitted one (its first step at size 3 ends the wait)."""
+        return pid not in before
+
+    def stop(self) -> None:
+        self.job.stop()
+
+
+class CloudElastic(Scenario):
+    def __init__(self, tmp: Path) -> None:
+        self.discovery = ChaosDiscovery(tmp, HOSTS[:2])
+        self.cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "--min-np", "2", "--max-np", "3",
+                    "--host-discovery-script", str(self.discovery.script), "--blacklist-cooldown-range", "300", "300",
+                    PY, WORKLOAD, "elastic", *SMALL, "--step-log", "--commit-every", "1"]
+
+    def start(self) -> None:
+        self.job = Procs([self.cmd], {})
+
+    def add(self) -> None:
+        self.discovery.set(HOSTS)
+
+
+class TorchFT(Scenario):
+    def __init__(self, tick_ms: int) -> None:
+        self.tick_ms = tick_ms
+
+    def _cmd(self, replica: int) -> list[str]:
+        return [PY, WORKLOAD, "torchft-worker", *SMALL, "--step-log", "--replica-id", str(replica),
+                "--lighthouse", self.lighthouse.address()]
+
+    def start(self) -> None:
+        from torchft._torchft import LighthouseServer
+
+        # torchft's defaults but the tick: 5 s heartbeat timeout, 60 s join timeout, at least one replica.
+        self.lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=60000,
+                                           heartbeat_timeout_ms=5000, quorum_tick_ms=self.tick_ms)
+        self.job = Procs([self._cmd(0), self._cmd(1)], {})
+
+    def add(self) -> None:
+        self.job.add(self._cmd(2))
+
+    def stop(self) -> None:
+        super().stop()
+        self.lighthouse.shutdown()
+
+
+class TorchrunElastic(Scenario):
+    restarts_all = True
+
+    def __init__(self, tmp: Path) -> None:
+        self.cmds = torchrun_elastic_cmds(3, 1, [*SMALL, "--step-log", "--checkpoint-every", "10"],
+                                          str(tmp), monitor_s=0.1, last_call_s=1)
+
+    def start(self) -> None:
+        self.job = Procs(self.cmds[:2], {})
+
+    def add(self) -> None:
+        self.agent = self.job.add(self.cmds[2]).pid
+        self._mine: dict[int, bool] = {}
+
+    def is_newcomer(self, pid: int, before: set[int]) -> bool:
+        """Every worker is new after the restart: the admitted one is the third agent's child."""
+        if pid not in self._mine:
+            up, hops = pid, 0
+            while up > 1 and up != self.agent and hops < 4:
+                up, hops = parent(up), hops + 1
+            self._mine[pid] = up == self.agent
+        return self._mine[pid]
+
+
+SYSTEMS: dict[str, Callable[[Path], Scenario]] = {
+    CLOUD_ELASTIC: CloudElastic,
+    "torchft (defaults: 100 ms quorum tick)": lambda tmp: TorchFT(100),
+    "torchft (10 ms quorum tick)": lambda tmp: TorchFT(10),
+    "torchrun elastic (monitor 0.1 s, last call 1 s, checkpoint every 10)": TorchrunElastic,
+}
+
+
+# ------------------------------------------------------------------------------ one admission
+def one_admission(scenario: Scenario, bound_s: float) -> dict[str, Any]:
+    """Start two workers, add the third, and return the raw times of this repeat (see the module docstring)."""
+    scenario.start()
+    job = scenario.job
+    try:
+        job.wait(lambda: len({e["pid"] for e in job.logs if e["step"] >= WARM_STEPS and e["size"] == 2}) >= 2, 300,
+                 "two workers past the warm-up")
+        time.sleep(1.0)  # a steady stretch for the normal step
+        with job.cond:
+            before = {e["pid"] for e in job.logs}
+        t_add = time.time()
+        scenario.add()
+
+        def newcomer_step():
+            return next((e for e in job.logs if e["size"] == 3 and scenario.is_newcomer(e["pid"], before)), None)
+
+        try:
+            first = job.wait(newcomer_step, bound_s, "the newcomer's first step")
+        except (TimeoutError, JobExited) as exc:
+            raise Miss(str(exc)) from exc
+
+        def enough() -> bool:
+            counts: dict[int, int] = {}
+            for e in job.logs:
+                if e["size"] == 3:
+                    counts[e["pid"]] = counts.get(e["pid"], 0) + 1
+            return sum(1 for n in counts.values() if n >= AFTER_STEPS) >= 3
+
+        job.wait(enough, 60, "three workers stepping at size 3")
+        with job.cond:
+            logs = list(job.logs)
+        if scenario.restarts_all:
+            survivors = {e["pid"] for e in logs if e["size"] == 3 and e["pid"] != first["pid"]}
+        else:
+            survivors = {e["pid"] for e in logs if e["pid"] in before and e["size"] == 2}
+        started = process_start(first["pid"])
+        return {"t_add": t_add, "newcomer_pid": first["pid"], "newcomer_started": started,
+                "newcomer_first_step": first["t"], "survivors": sorted(survivors), "before_pids": sorted(before),
+                "steps": sorted((e["t"], e["pid"], e["size"]) for e in logs if e["t"] >= t_add - 3)}
+    finally:
+        scenario.stop()
+
+
+def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
+    """The repeat's figures, in seconds, from its raw step times."""
+    t_add, steps = raw["t_add"], raw["steps"]
+    by_pid: dict[int, list[tuple[float, int]]] = {}
+    for t, pid, size in steps:
+        by_pid.setdefault(pid, []).append((t, size))
+    first3 = min(t for t, pid, size in steps if size == 3)
+    normal = max(statistics.median(b[0] - a[0] for a, b in zip(v, v[1:]) if t_add - 2 <= a[0] and b[0] <= t_add)
+                 for pid, v in by_pid.items() if pid in raw["before_pids"] and len(v) > 2)
+    after = max(statistics.median(b[0] - a[0] for a, b in zip(v, v[1:]) if a[1] == 3 and b[0] <= first3 + 3)
+                for pid, v in by_pid.items() if pid in raw["survivors"])
+    if restarts_all:  # the old group's last step to the new group's first
+        last2 = max(t for t, _pid, size in steps if size == 2 and t < first3)
+        gap = switch = first3 - last2
+    else:
+        gaps, switches, admits = [], [], []
+        for pid in raw["survivors"]:
+            v = by_pid[pid]
+            pairs = [(a, b) for a, b in zip(v, v[1:]) if b[0] >= t_add and a[0] <= first3 + 0.5]
+            gaps.append(max((b[0] - a[0], b[0] - first3) for a, b in pairs))
+            switches.append(next(b[0] - a[0] for a, b in pairs if b[1] == 3))
+            # torchft's admitting step is reported at size 2 (the healing replica is not yet counted),
+            # one step before the first at size 3: the longest gap ending near that first step.
+            admits.append(max(b[0] - a[0] for a, b in pairs if abs(b[0] - first3) <= ADMISSION_WINDOW_S))
+        (gap, where), switch, admit = max(gaps), max(switches), max(admits)
+    return {"normal_step_s": normal, "normal_step_at_3_s": after, "longest_gap_s": gap, "switch_gap_s": switch,
+            "admission_gap_s": gap if restarts_all else admit,
+            # Where the longest gap ended, from the first step at size 3 (0: it is the switch itself).
+            "longest_gap_end_after_switch_s": 0.0 if restarts_all else where,
+            "stall_s": gap - normal, "start_to_first_step_s": raw["newcomer_first_step"] - raw["newcomer_started"],
+            "added_to_first_step_s": raw["newcomer_first_step"] - t_add}
+
+
+# ------------------------------------------------------------------------------ report
+def table(rows: dict[str, dict]) -> str:
+    ms = lambda x: f"{x * 1000:.0f} ms"  # noqa: E731
+    s = lambda x: f"{x:.2f} s"  # noqa: E731
+    lines = ["| system (2 workers + 1 admitted) | normal step | longest gap, p50 / p95 | stall (gap − normal step), "
+             "p50 / p95 | admitting step's gap, p50 / p95 | newcomer: process start → first step, p50 / p95 | "
+             "host added → first step, p50 | repeats |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        a = r["figures"]
+        if not a:
+            lines.append(f"| {name} | – | miss | miss | – | miss | miss | 0 of {r['misses']} |")
+            continue
+        col = lambda k: [x[k] for x in a]  # noqa: E731
+        lines.append(
+            f"| {name} | {ms(statistics.median(col('normal_step_s')))} | {ms(pct(col('longest_gap_s'), .5))} / "
+            f"{ms(pct(col('longest_gap_s'), .95))} | {ms(pct(col('stall_s'), .5))} / {ms(pct(col('stall_s'), .95))} | "
+            f"{ms(pct(col('admission_gap_s'), .5))} / {ms(pct(col('admission_gap_s'), .95))} | "
+            f"{s(pct(col('start_to_first_step_s'), .5))} / "
+            f"{s(pct(col('start_to_first_step_s'), .95))} | {s(pct(col('added_to_first_step_s'), .5))} | "
+            f"{len(a)} of {len(a) + r['misses']} |")
+    return "\n".join(lines)
+
+
+def glance(rows: dict[str, dict]) -> list[list[str]]:
+    figures = rows.get(CLOUD_ELASTIC, {}).get("figures")
+    if not figures:
+        return [[GLANCE_STALL, "no admission within the bound", "–", where(SECTION), docsection.verdict(False)]]
+    stalls = [f["stall_s"] for f in figures]
+    p50, p95 = pct(stalls, .5), pct(stalls, .95)
+    return [[GLANCE_STALL, f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms over {len(stalls)} admission(s)",
+             f"{p95 / STALL_TARGET_S:.2f}", where(SECTION), docsection.verdict(p95 <= STALL_TARGET_S)]]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=None, help="admissions per system (default 7; 1 with --quick)")
+    p.add_argument("--bound", type=float, default=None,
+                   help="seconds the newcomer gets to its first step (default 90; 30 with --quick)")
+    p.add_argument("--peers", action="store_true", help="also torchft and torchrun elastic (requirements/bench.txt)")
+    docsection.add_arguments(p)
+    args = p.parse_args()
+    repeats, bound = args.repeats or (1 if args.quick else 7), args.bound or (30.0 if args.quick else 90.0)
+    os.environ.setdefault("RUST_LOG", "warn")  # the Lighthouse in this process logs every quorum at info
+    chosen = {n: f for n, f in SYSTEMS.items() if args.peers or n == CLOUD_ELASTIC}
+    rows: dict[str, dict] = {n: {"figures": [], "misses": 0} for n in chosen}
+    with tempfile.TemporaryDirectory() as root:
+        # Rounds over the systems, so that a slow minute of the shared machine hits each of them.
+        for i in range(repeats):
+            for name, make in chosen.items():
+                scenario = make(Path(tempfile.mkdtemp(dir=root)))
+                try:
+                    raw = one_admission(scenario, bound)
+                except Miss as exc:
+                    print(f"{name}: repeat {i + 1}: {str(exc).splitlines()[0]}", flush=True)
+                    rows[name]["misses"] += 1
+                    continue
+                fig = analyse(raw, scenario.restarts_all)
+                rows[name]["figures"].append(fig)
+                print(f"{name}: repeat {i + 1}: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in fig.items()),
+                      flush=True)
+    docsection.publish(args, "host-added", SECTION, f"{stamp(command())}\n\n{table(rows)}", glance(rows))
+
+
+if __name__ == "__main__":
+    main()
