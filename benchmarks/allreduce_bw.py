@@ -35,7 +35,7 @@ import sys
 import time
 
 import docsection
-from common import PY, REPO, command, save, span, stamp, subplots, where
+from common import PY, REPO, command, run_two_workers, save, span, stamp, subplots, where
 
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 MARKER = "ALLREDUCE "
@@ -113,19 +113,6 @@ def _measure(hvd, pg, quick: bool) -> None:
         print("ALLREDUCE " + json.dumps(out), flush=True)
 
 
-def run_two_workers(quick: bool, timeout_s: float) -> dict:
-    """This script's ``--worker`` as two workers of one loopback host under ``cloud-elastic run``
-    (one OpenMP thread each); the JSON rank 0 prints."""
-    cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2",
-           PY, __file__, "--worker", *(["--quick"] if quick else [])]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    line = next((l for l in proc.stdout.splitlines() if MARKER in l), None)
-    if proc.returncode != 0 or line is None:
-        raise SystemExit(f"allreduce_bw.py failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    return json.loads(line.split(MARKER, 1)[1])
-
-
 def _label(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
@@ -174,7 +161,7 @@ def main() -> None:
     if args.worker:
         worker(args.quick)
         return
-    data = {str(k): v for k, v in run_two_workers(args.quick, timeout_s=600).items()}
+    data = {str(k): v for k, v in run_two_workers(__file__, MARKER, args.quick, timeout_s=600).items()}
     images = docsection.images_of(args)
     if images is not None:
         draw(data, images / "allreduce.png")

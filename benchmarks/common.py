@@ -351,3 +351,16 @@ def torchrun_elastic_cmds(nodes: int, nproc: int, extra: list[str], ckpt_dir: st
     if last_call_s is not None:
         base += ["--rdzv-conf", f"last_call_timeout={last_call_s}"]
     return [base + [WORKLOAD, "torchrun-elastic", "--checkpoint-dir", ckpt_dir, *extra] for _ in range(nodes)]
+
+
+def run_two_workers(script: str, marker: str, quick: bool, timeout_s: float) -> dict:
+    """Run ``script --worker`` as two workers of one loopback host under ``cloud-elastic run`` (one
+    OpenMP thread each) and return the JSON its rank 0 prints after ``marker``; exit on failure."""
+    cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "-H", "127.0.0.1:2",
+           PY, script, "--worker", *(["--quick"] if quick else [])]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    line = next((l for l in proc.stdout.splitlines() if marker in l), None)
+    if proc.returncode != 0 or line is None:
+        raise SystemExit(f"{Path(script).name} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return json.loads(line.split(marker, 1)[1])

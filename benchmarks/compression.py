@@ -26,9 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import docsection
+from common import command, run_two_workers, stamp, where
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # commit_cost_worker (the model)
-sys.path.insert(0, str(HERE / "peers"))  # peer_results (the two-worker job)
 sys.path.insert(0, str(HERE.parent))  # this checkout's cloud_elastic, for the workers too
 
 MARKER = "COMPRESSION "
@@ -130,19 +132,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="40 steps instead of 300")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    docsection.add_arguments(p)
     args = p.parse_args()
     steps = 40 if args.quick else 300
     if args.worker:
         worker(steps)
         return
-    from peer_results import run_two_workers
-
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     result = run_two_workers(str(Path(__file__).resolve()), MARKER, args.quick, timeout_s=1800)
-    print(f"Measured {started} by `python benchmarks/compression.py{' --quick' if args.quick else ''}`, "
-          f"load average {os.getloadavg()[0]:.1f} at the end; {result['params'] / 1e6:.2f} M parameters, 2 workers, "
-          "one loopback host.\n")
-    print(table(result))
+    text = (f"{stamp(command())} {result['params'] / 1e6:.2f} M parameters, 2 workers, one loopback host, "
+            f"{steps} steps each.\n\n{table(result)}")
+    halved = max(result[name]["bytes_per_step"] / result["none"]["bytes_per_step"] for name in VARIANTS if name != "none")
+    glance = [["Gradient compression (fp16, bf16) sends ≤ 0.5× the bytes of none, training alike",
+               f"{halved:.2f}× the bytes; losses within {max(result[n]['loss_gap'] for n in VARIANTS):.0e}",
+               f"{halved / 0.5:.2f}", where("Gradient compression"), docsection.verdict(halved <= 0.5 + 1e-3)]]
+    docsection.publish(args, "compression", "Gradient compression", text, glance)
 
 
 if __name__ == "__main__":

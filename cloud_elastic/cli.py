@@ -72,6 +72,11 @@ def cli(ctx: click.Context) -> None:
 @click.option("--progress-timeout", type=float, default=120.0, metavar="SECONDS",
               help="a round in which no worker commits, steps, completes a collective or runs Python code this "
                    "long is aborted, its workers' stacks logged first (default 120; 0 never)")
+@click.option("--straggler-factor", type=float, default=2.0, metavar="X",
+              help="drain a worker whose compute time per step stays X times the round's median for "
+                   "--straggler-window (default 2; 0 never)")
+@click.option("--straggler-window", type=float, default=60.0, metavar="SECONDS",
+              help="how long a worker must stay that slow to be drained (default 60)")
 @click.option("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
               help="seconds between discovery calls (default 1)")
 @click.option("--host-missing-grace", type=float, default=10.0, metavar="SECONDS",
@@ -185,6 +190,8 @@ def job_config(params: dict[str, Any]):
         events_file=params["events_file"],
         metrics_port=params["metrics_port"],
         progress_timeout_s=params["progress_timeout"],
+        straggler_factor=params["straggler_factor"],
+        straggler_window_s=params["straggler_window"],
     )
 
 

@@ -100,6 +100,9 @@ class JobConfig:
     metrics_port: int | None = None
     #: A round in which no worker makes progress this long is aborted (its workers' stacks logged first); 0 = never.
     progress_timeout_s: float = 120.0
+    #: A worker whose compute time per step stays this many times the round's median for the window is drained.
+    straggler_factor: float = 2.0
+    straggler_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -131,6 +134,10 @@ class JobConfig:
             raise ConfigError(f"--driver-grace must be >= 0, got {self.driver_grace_s:g}")
         if not 0 <= self.progress_timeout_s < float("inf"):
             raise ConfigError(f"--progress-timeout must be >= 0 (0: never), got {self.progress_timeout_s:g}")
+        if not (self.straggler_factor == 0 or 1 < self.straggler_factor < float("inf")):
+            raise ConfigError(f"--straggler-factor must be above 1 (0: never), got {self.straggler_factor:g}")
+        if not 0 < self.straggler_window_s < float("inf"):
+            raise ConfigError(f"--straggler-window must be > 0, got {self.straggler_window_s:g}")
         if self.checkpoint_keep < 1:
             raise ConfigError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
         if self.notice_watcher not in NOTICE_WATCHERS:

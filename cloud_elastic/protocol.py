@@ -238,12 +238,14 @@ class PollRequest:
     steps: int = 0
     #: How long its training thread has been waiting in one collective (0: not waiting).
     waiting_s: float = 0.0
+    #: Its compute time per optimizer step (median of its recent steps in this round), when known.
+    compute_s: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
         # A literal, not asdict(): sent twice a second by every worker (asdict was ~15 % of a heartbeat).
         return {"round": self.round, "update_gen": self.update_gen, "abort_round": self.abort_round,
                 "commits": self.commits, "commit_seq": self.commit_seq, "progress": self.progress,
-                "steps": self.steps, "waiting_s": self.waiting_s}
+                "steps": self.steps, "waiting_s": self.waiting_s, "compute_s": self.compute_s}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":
@@ -251,7 +253,8 @@ class PollRequest:
         return cls(_int(msg, "round", what), _int(msg, "update_gen", what), _int(msg, "abort_round", what),
                    _optional_int(msg, "commits", what), _optional_int(msg, "commit_seq", what),
                    _optional_int(msg, "progress", what), _optional_int(msg, "steps", what),
-                   _optional_seconds(msg, "waiting_s", what))
+                   _optional_seconds(msg, "waiting_s", what),
+                   None if msg.get("compute_s") is None else _optional_seconds(msg, "compute_s", what))
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,8 @@ class WorkerStatus:
     #: e.g. "starting", "ready", "training", "leaving".
     state: str
     rank: int | None = None
+    #: Its compute time per optimizer step (the time outside waiting on peers), when known.
+    compute_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -245,6 +247,8 @@ class StatusReply:
     blacklisted: tuple[BlacklistedSlot, ...] = ()
     notices: tuple[PendingNotice, ...] = ()
     provider: str = ""
+    #: The median of the round's members' compute times per step (what a straggler is measured against).
+    median_compute_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The reply's JSON form (what the driver returns from its handler)."""
@@ -257,7 +261,8 @@ class StatusReply:
             hosts = tuple(
                 HostStatus(str(h["host"]), int(h["slots"]), str(h["state"]), tuple(
                     WorkerStatus(int(w["slot"]), str(w["worker"]), str(w["state"]),
-                                 None if w.get("rank") is None else int(w["rank"]))
+                                 None if w.get("rank") is None else int(w["rank"]),
+                                 None if w.get("compute_s") is None else float(w["compute_s"]))
                     for w in h.get("workers", ())))
                 for h in data.get("hosts", ()))
             blacklisted = tuple(
@@ -275,6 +280,7 @@ class StatusReply:
                 commit_step=None if data.get("commit_step") is None else int(data["commit_step"]),
                 steps_per_s=None if data.get("steps_per_s") is None else float(data["steps_per_s"]),
                 hosts=hosts, blacklisted=blacklisted, notices=notices, provider=str(data.get("provider", "")),
+                median_compute_s=None if data.get("median_compute_s") is None else float(data["median_compute_s"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ControlPlaneError(f"malformed status reply: {type(exc).__name__}: {exc}") from None
@@ -378,13 +384,16 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
         + (f", provider {reply.provider}" if reply.provider else ""),
         f"round {reply.round}, world size {reply.world_size} "
         f"(-np {reply.num_proc}, --min-np {reply.min_np}, --max-np {reply.max_np})",
-        f"steps/s {rate}, last commit step {commit}, resets {reply.resets}",
+        f"steps/s {rate}, last commit step {commit}, resets {reply.resets}"
+        + (f", median compute {reply.median_compute_s * 1e3:.1f} ms/step" if reply.median_compute_s is not None
+           else ""),
         "",
     ]
     rows = [("HOST", "SLOTS", "STATE", "WORKERS")]
     for host in reply.hosts:
         workers = ", ".join(
-            f"[{w.slot}] " + (f"rank {w.rank} " if w.rank is not None else "") + w.state for w in host.workers
+            f"[{w.slot}] " + (f"rank {w.rank} " if w.rank is not None else "") + w.state
+            + (f" {w.compute_s * 1e3:.1f} ms/step" if w.compute_s is not None else "") for w in host.workers
         ) or "-"
         rows.append((host.host, str(host.slots), host.state, workers))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]

@@ -37,6 +37,10 @@ class Policy:
     deadline_margin_s: float = 5.0
     #: A round in which no member makes progress this long is aborted (``--progress-timeout``; 0: never).
     progress_timeout_s: float = 120.0
+    #: A member whose compute time per step stays this many times the round's median for ``straggler_window_s``
+    #: is drained (``--straggler-factor``; 0: never).
+    straggler_factor: float = 2.0
+    straggler_window_s: float = 60.0
 
 
 class Phase(enum.Enum):

@@ -83,6 +83,8 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
                 completion_grace_s=config.completion_grace_s,
                 checkpointing=config.checkpoint_dir is not None,
                 progress_timeout_s=config.progress_timeout_s,
+                straggler_factor=config.straggler_factor,
+                straggler_window_s=config.straggler_window_s,
             ),
             HostManager(Blacklist(config.cooldown_range_s), missing_grace_s=config.host_missing_grace_s,
                         drain_soft=config.drain_on_rebalance),

@@ -67,6 +67,8 @@ class RoundFormation:
         self.from_checkpoint = False
         #: The update generation the current round formed at (workers compare theirs to it).
         self.round_update_gen = 0
+        #: The hosts of the current round's members, each once (told to them with their assignment).
+        self.hosts: tuple[str, ...] = ()
         self._update_for_round = -1
         #: The aborted round whose rollback is emitted when the next round forms.
         self.pending_rollback: int | None = None
@@ -191,7 +193,7 @@ class RoundFormation:
         job = self._job
         if w.state is S.RUNNING and w.round == job.round and self.ranks is not None:
             return Assignment(job.round, self.ranks[w.worker_id], self.needs_sync, self.round_update_gen,
-                              self.from_checkpoint)
+                              self.from_checkpoint, self.hosts)
         return None
 
     def rank0(self) -> WorkerRecord | None:
@@ -211,6 +213,7 @@ class RoundFormation:
         self.round_update_gen = update_gen
         self.needs_sync = False
         self.from_checkpoint = False
+        self.hosts = tuple(dict.fromkeys(self._job.workers[wid].slot.host for wid in ranks if wid in self._job.workers))
 
     def maybe_form(self, now: float) -> None:
         """Form the next round if it may form now (see the module rules)."""
@@ -249,6 +252,7 @@ class RoundFormation:
                 return
         job.round += 1
         ordered = [job.workers[c.worker_id] for c in plan.members]
+        self.hosts = tuple(dict.fromkeys(w.slot.host for w in ordered))  # the group's only peers
         self.ranks = assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered])
         self.needs_sync = plan.needs_sync
         self.from_checkpoint = plan.from_checkpoint

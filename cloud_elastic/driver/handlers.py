@@ -86,7 +86,29 @@ class ControlPlaneMixin:
                 return self._checkpoint(worker_id, msg)
             if kind == "status":
                 return self._status(now)
+            if kind == "drain":
+                return self._drain(msg, now)
+            if kind == "unhealthy":
+                return self._unhealthy(worker_id, msg, now)
         raise ControlPlaneError(f"unknown message kind {kind!r}")
+
+    def _drain(self, msg: dict[str, Any], now: float) -> dict[str, Any]:
+        """``cloud-elastic drain JOB HOST[:SLOT]`` (signed with the job's secret, like ``status``)."""
+        host, slot = msg.get("host"), msg.get("slot")
+        if not isinstance(host, str) or not host or len(host) > 255 or not (slot is None or _is_int(slot) and slot >= 0):
+            raise ControlPlaneError("malformed drain request: needs a host and an optional non-negative slot")
+        done, message = self._job.drain(host, slot, now)
+        self._cond.notify_all()
+        return {"ok": done, "message": message}
+
+    def _unhealthy(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
+        """A newcomer's device self-test failed: one line in the log, its slot blacklisted (see ``worker.selftest``)."""
+        reason = msg.get("reason")
+        if not isinstance(reason, str) or not reason:
+            raise ControlPlaneError("malformed unhealthy report: needs a reason")
+        self._job.unhealthy(worker_id, reason.splitlines()[0][:300], now)
+        self._cond.notify_all()
+        return {"ok": True}
 
     def _rendezvous(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
         request = RendezvousRequest.from_wire(msg)
@@ -114,7 +136,7 @@ class ControlPlaneMixin:
 
         def check(final: bool) -> dict[str, Any] | None:
             reply = self._job.heartbeat(worker_id, self._clock(), request.commits, request.commit_seq,
-                                        request.progress, request.steps, request.waiting_s)
+                                        request.progress, request.steps, request.waiting_s, request.compute_s)
             if reply is None:
                 return PollReply(0, 0, 0, True).to_wire()
             if (reply.round, reply.update_gen, reply.abort_round) != known or reply.shutdown or final:

@@ -47,6 +47,7 @@ from cloud_elastic.driver.capacity import PROGRESS_EVERY_S, Capacity
 from cloud_elastic.driver.completion import EARLY_RETURN_WAIT_S, STACKS_WAIT_S, Completion
 from cloud_elastic.driver.failures import Failures
 from cloud_elastic.driver.formation import RoundFormation
+from cloud_elastic.driver.health import Health
 from cloud_elastic.driver.hosts import HostManager, Slot
 from cloud_elastic.driver.launch import ExitStatus
 from cloud_elastic.driver.leaving import Leavers
@@ -113,6 +114,7 @@ class ElasticJob:
         self.completion = Completion(self, self.rounds.rank0)
         self.takeover = Takeover(self, self.capacity.seen, self.rounds.adopt_round)
         self.failures = Failures(self, self.leavers.lost_leaver)
+        self.health = Health(self, self.leavers)
         if self.resumed:
             if not self.policy.checkpointing:
                 raise ValueError("a resumed job needs checkpointing (it starts from a durable checkpoint)")
@@ -266,12 +268,13 @@ class ElasticJob:
 
     def heartbeat(self, worker_id: str, now: float, commits: int | None = None,
                   commit_seq: int | None = None, progress: int | None = None, steps: int | None = None,
-                  waiting_s: float | None = None) -> PollReply | None:
+                  waiting_s: float | None = None, compute_s: float | None = None) -> PollReply | None:
         """A worker's heartbeat; None if the worker is unknown or already given up.
 
         ``progress`` is the worker's progress counter (see ``worker.progress``):
         a round none of whose members' counters grows for ``progress_timeout_s``
-        is stuck. ``waiting_s`` is how long it has been waiting in one collective.
+        is stuck. ``waiting_s`` is how long it has been waiting in one collective;
+        ``compute_s`` its compute time per step (None until it has one; see :mod:`.health`).
         """
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
@@ -286,8 +289,19 @@ class ElasticJob:
             w.steps = steps
         if waiting_s is not None:
             w.waiting_s, w.waiting_at = waiting_s, running
+        w.compute_s = compute_s
         return PollReply(self.round, self.update_gen, self.abort_round, self.phase is Phase.DONE,
                          stacks=w.stacks_wanted)
+
+    def drain(self, host: str, slot: int | None, now: float) -> tuple[bool, str]:
+        """An operator drains ``host`` or one of its slots (``cloud-elastic drain``); (done, message)."""
+        return self.health.drain(host, slot, now)
+
+    def unhealthy(self, worker_id: str, reason: str, now: float) -> None:
+        """A worker's device self-test failed (``reason``, one line): it is given up and its slot blacklisted."""
+        w = self.workers.get(worker_id)
+        if w is not None:
+            self.health.unhealthy(w, reason, now)
 
     def stacks_received(self, worker_id: str, request: int) -> WorkerRecord | None:
         """A worker sent the stacks it was asked for; returns its record (None if unknown)."""
@@ -527,6 +541,7 @@ class ElasticJob:
             self.give_up(w, what, now)
         self.completion.check_early_returns()
         self.completion.check_progress(now)
+        self.health.check(now)
         self.leavers.mark()
         self.leavers.enforce_deadlines(now)
         self.leavers.release_drained(now, rollback_pending=self.rounds.pending_rollback is not None)

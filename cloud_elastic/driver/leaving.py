@@ -115,14 +115,21 @@ class Leavers:
             drain = job.hosts.draining.get(w.slot.host)
             why = f"host {w.slot.host} is draining ({drain.reason})" if drain else f"host {w.slot.host} left the group"
             log.info("job %s: worker %s (%s) will leave: %s", job.job_id, w.worker_id, w.label, why)
-            if w.state is S.RUNNING:
-                w.to(S.DRAINING, why)  # leaves at its next commit
-                self._draining_round = job.round
-            else:
-                w.to(S.EXITING, why)
-                if w.state is not S.WAITING:
-                    # Not at rendezvous yet, so no exit order would reach it soon.
-                    job.act(Stop(w.worker_id, why))
+            self.send_away(w, why)
+
+    def send_away(self, w: WorkerRecord, why: str) -> None:
+        """Ask one staying worker to leave: a round member drains (it leaves at its next commit, zero steps
+        lost), a worker waiting at rendezvous gets an exit order, one not there yet is stopped."""
+        job = self._job
+        before = w.state
+        if before is S.RUNNING:
+            w.to(S.DRAINING, why)  # leaves at its next commit
+            self._draining_round = job.round
+            return
+        w.to(S.EXITING, why)
+        if before is not S.WAITING:
+            # Not at rendezvous yet, so no exit order would reach it soon.
+            job.act(Stop(w.worker_id, why))
 
     def enforce_deadlines(self, now: float) -> None:
         """A draining host whose workers are still in their round close to its deadline is removed by force."""

@@ -6,6 +6,8 @@ driver's lock) and returns a :class:`~cloud_elastic.status.StatusReply`.
 
 from __future__ import annotations
 
+import statistics
+
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job import ElasticJob, Phase
 from cloud_elastic.driver.workers import WorkerState
@@ -53,7 +55,8 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
         by_host.setdefault(w.slot.host, []).append(
             # A rank is only meaningful in the current round (a leaver keeps its old one).
             WorkerStatus(w.slot.index, w.worker_id, _STATE_WORDS.get(w.state, w.state.value),
-                         w.rank if w.member_of(job.round) else None)
+                         w.rank if w.member_of(job.round) else None,
+                         None if w.compute_s is None else round(w.compute_s, 4))
         )
     hosts = job.hosts
     rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ()))) for h, n in hosts.ready.items()]
@@ -61,6 +64,7 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ()))) for h, (n, _) in hosts.missing.items()]
     members = [w for w in job.workers.values() if w.member_of(job.round)]
     commit = max((w.commit_seq for w in members), default=0)
+    computes = [w.compute_s for w in members if w.compute_s is not None]
     return StatusReply(
         job=job.job_id,
         phase=_phase(job),
@@ -83,4 +87,5 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
             for h, d in hosts.draining.items()
         ),
         provider=provider,
+        median_compute_s=round(statistics.median(computes), 4) if computes else None,
     )

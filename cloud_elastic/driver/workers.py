@@ -96,6 +96,8 @@ class WorkerRecord:
     returned: bool = False
     #: It was sent away for returning while rank 0 was still training.
     returned_early: bool = False
+    #: Its compute time per optimizer step (median of its recent steps; see ``worker.progress``), if known.
+    compute_s: float | None = None
     #: The stacks request it was last asked to answer, and the last one it answered.
     stacks_wanted: int = 0
     stacks_sent: int = 0

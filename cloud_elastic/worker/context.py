@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -46,7 +47,7 @@ from cloud_elastic.protocol import (
     RendezvousRequest,
     parse_rendezvous_reply,
 )
-from cloud_elastic.worker import memory
+from cloud_elastic.worker import memory, selftest
 from cloud_elastic.worker.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
 from cloud_elastic.worker.groups import RoundGroup, RoundGroupsMixin, RoundInfo, nccl_error_handling_default
@@ -174,6 +175,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self._store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
         self._control_peers = _resolved(self.settings.driver_address) | _resolved(self.settings.store_address)
         _preload_lazy_modules()
+        self._check_device()
         reason = "start"
         while True:
             try:
@@ -182,6 +184,22 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
             except CollectiveError as exc:
                 log.warning("worker %s: %s; rejoining", self.worker_id, exc)
                 reason = "failure"
+
+    def _check_device(self) -> None:
+        """Before asking to be admitted (the running workers keep training meanwhile): is the device sound?
+
+        A failed self-test is reported to the driver in one line, which blacklists
+        the slot, and this worker exits: it never joins a round on a sick device.
+        """
+        device = selftest.device_for_slot(self.backend, self.settings.slot)
+        reason = selftest.check_device(device, self.settings.selftest_timeout_s)
+        if reason is None:
+            return
+        print(f"cloud-elastic: worker {self.worker_id}: {reason}; exiting", file=sys.stderr, flush=True)
+        try:
+            self._call("unhealthy", {"reason": reason}, timeout_s=self.heartbeat_timeout_s + 5)
+        finally:
+            os._exit(3)
 
     def rendezvous(self, reason: str) -> RoundInfo:
         """Leave the current round (if any) and join the next one.
@@ -212,7 +230,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
                 except OSError as exc:  # the driver went again: the next call rides it out like any other
                     log.warning("worker %s: re-registering failed (%s); retrying", self.worker_id, exc)
         info = RoundInfo(**vars(reply.ranks), round=reply.round, needs_sync=reply.needs_sync, update_gen=reply.update_gen,
-                         from_checkpoint=reply.from_checkpoint)
+                         from_checkpoint=reply.from_checkpoint, hosts=reply.hosts)
         self._rolled_back = 0
         if self.backend == "nccl" and info.local_rank != self.settings.slot:
             # The GPU is the slot; a driver that disagrees would move this worker's group off its model.

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -113,7 +114,8 @@ class RoundInfo(RankInfo):
     needs_sync: bool
     update_gen: int
     from_checkpoint: bool = False
-
+    #: The hosts of the round's members (each once): the only peers of its process group.
+    hosts: tuple[str, ...] = ()
 
 
 class RoundGroupsMixin:
@@ -147,7 +149,7 @@ class RoundGroupsMixin:
                 result["error"] = exc
                 done.set()
                 return
-            sockets = GroupSockets(before, socket_inodes(), self._control_peers)
+            sockets = GroupSockets(before, socket_inodes(), self._control_peers, self._member_addresses(info))
             group = RoundGroup(pg, store, sockets, self.backend, self.device)
             with lock:
                 if result.get("abandoned"):
@@ -187,6 +189,7 @@ class RoundGroupsMixin:
         old, self._group = self._group, result.pop("group")
         self.info = info
         self.progress.mark()
+        self.progress.new_round()  # compute times are of this round's steps
         if old is not None:
             self._retire(old)
         del old  # this frame must not be what keeps the old group alive
@@ -205,6 +208,23 @@ class RoundGroupsMixin:
             self._reaper.retire(group)
         else:
             Reaper.release(group)
+
+    def _member_addresses(self, info: RoundInfo) -> set[str] | None:
+        """The IP addresses of the round's members, or None when they cannot all be known.
+
+        With ``--network-interface`` the group's peers are the interfaces' addresses, which
+        the hosts' names do not tell: then (or when a name does not resolve) every
+        connection the formation opened counts, as it did before.
+        """
+        if self.interface or not info.hosts:
+            return None
+        addresses: set[str] = set()
+        for host in info.hosts:
+            try:
+                addresses |= {entry[4][0] for entry in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+            except OSError:
+                return None
+        return addresses
 
     def _new_group(self, store: Any, info: RoundInfo) -> Any:
         timeout = timedelta(seconds=self.collective_timeout_s)

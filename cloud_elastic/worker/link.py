@@ -121,7 +121,7 @@ class DriverLinkMixin:
                     "poll",
                     PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits,
                                 self.commit_seq, progress.sample(), progress.steps,
-                                round(progress.waiting_s(), 2)).to_wire(),
+                                round(progress.waiting_s(), 2), progress.compute_s()).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:

@@ -52,6 +52,9 @@ OWNERS: dict[str, frozenset[str]] = {
         frozenset({"round_stalled", "round_stalled.reason", "round_stalled.workers", "stacks", "stacks.rank"}),
     "tests/integration/test_endings.py::test_a_member_that_returns_while_rank_0_trains_leaves_and_rank_0_finishes":
         frozenset({"worker_left", "worker_left.early_return", "worker_left.commit_step", "worker_left.steps"}),
+    "tests/integration/test_health.py::test_a_slow_worker_is_drained_without_a_rollback_and_replaced_from_discovery":
+        frozenset({"straggler", "straggler.rank", "straggler.factor", "straggler.window_s",
+                   "straggler.blacklisted_s", "worker_left"}),
     "tests/integration/test_driver_adoption.py::"
     "test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_step":
         frozenset({"worker_adopted", "worker_adopted.commit_step", "adoption_done"}),

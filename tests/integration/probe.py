@@ -79,6 +79,9 @@ def main() -> None:
         extra["sampler"] = sampler
     state = hvd.elastic.TorchState(model, optimizer, step=0, epoch=0, resets=-1, **extra)
     mine = os.environ.get("CLOUD_ELASTIC_WORKER_ID", "").startswith(args.only_slot)
+    # CE_PROBE_SLOW=HOST=SECONDS: the worker on HOST sleeps that much longer every step (a slow instance).
+    slow_host, _, slow = os.environ.get("CE_PROBE_SLOW", "").partition("=")
+    slow_s = float(slow) if slow and os.environ.get("CLOUD_ELASTIC_HOSTNAME") == slow_host else 0.0
 
     def on_reset() -> None:
         event("reset", rank=hvd.rank(), size=hvd.size(), executed=counters["executed"], step=state.step, **topology())
@@ -104,7 +107,7 @@ def main() -> None:
         if mine and state.step == args.exit0_at_step:
             event("exiting0", rank=hvd.rank())
             os._exit(0)
-        time.sleep(args.step_sleep)
+        time.sleep(args.step_sleep + slow_s)
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:

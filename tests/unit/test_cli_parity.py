@@ -26,6 +26,7 @@ BASE = {
     "verbose": False, "force_ssh": False, "host_missing_grace_s": 10.0, "checkpoint_dir": None,
     "checkpoint_interval_s": 300.0, "checkpoint_keep": 2, "driver_grace_s": 60.0, "notice_watcher": "auto",
     "drain_on_rebalance": False, "events_file": None, "metrics_port": None, "progress_timeout_s": 120.0,
+    "straggler_factor": 2.0, "straggler_window_s": 60.0,
 }
 ONE = {"num_proc": 1, "min_np": 1, "max_np": 1}
 

@@ -1,0 +1,99 @@
+"""Slow, sick and unwanted workers, with real processes on loopback hosts (issue 26).
+
+- a worker made slow by the test (an extra sleep per step on 127.0.0.3 only) is drained within
+  the straggler window plus a commit, with no step repeated, and the job refills from a fourth host;
+- a newcomer whose device self-test fails (the test gives it a timeout nothing can meet) is
+  refused with a one-line reason and its slot blacklisted, while the others train on;
+- ``cloud-elastic drain JOB HOST`` sends a host away at its next commit, with zero rollback, and
+  refuses an unknown host with a one-line error.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.events_check import of, read_events
+from tests.integration.harness import REPO, HostsFile, probe_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+
+def test_a_slow_worker_is_drained_without_a_rollback_and_replaced_from_discovery(jobs, tmp_path):
+    hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2", "127.0.0.3"])
+    events = tmp_path / "events.jsonl"
+    job = jobs(["run", "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(hosts.script),
+                "--discovery-interval", "0.3", "--straggler-factor", "1.5", "--straggler-window", "4",
+                "--events-file", str(events), "-x", "CE_PROBE_SLOW=127.0.0.3=0.15",
+                *probe_cmd("--steps", "400", "--step-sleep", "0.02")])
+    job.wait_event("commit", size=3, step=5)
+    hosts.set(["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"])  # a spare the job can take
+    job.wait_for(lambda j: [e for e in j.of("commit") if e["worker"].startswith("127.0.0.4") and e["size"] == 3],
+                 timeout=90, what="the spare host's worker training in a round of three")
+    job.proc.terminate()  # enough: what follows is checked on what happened so far
+    job.finish(60)
+    out = job.output()
+    recorded = read_events(events)
+    stragglers = of(recorded, "straggler")
+    assert len(stragglers) == 1 and stragglers[0]["host"] == "127.0.0.3", out
+    assert stragglers[0]["compute_s"] >= 1.5 * stragglers[0]["median_s"]
+    left = [e for e in of(recorded, "worker_left") if e["host"] == "127.0.0.3"]
+    assert left and left[0]["reason"].startswith("straggler:")
+    assert not of(recorded, "rollback"), "the straggler's departure rolled the others back"
+    # No step was repeated: each survivor's commits only go up.
+    for worker in {e["worker"] for e in job.of("commit") if not e["worker"].startswith(("127.0.0.3", "127.0.0.4"))}:
+        steps = [e["step"] for e in job.of("commit") if e["worker"] == worker]
+        assert steps == sorted(set(steps)), f"{worker} repeated steps: {steps}"
+    assert "is a straggler" in out and "slot 127.0.0.3[0] is blacklisted" in out
+
+
+def test_a_newcomer_whose_device_self_test_fails_is_refused_in_one_line_and_blacklisted(jobs, tmp_path):
+    hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2"])
+    events = tmp_path / "events.jsonl"
+    # Only the worker on 127.0.0.3 gets a self-test timeout nothing can meet (a wedged device).
+    script = ('if [ "$CLOUD_ELASTIC_HOSTNAME" = 127.0.0.3 ]; then export CLOUD_ELASTIC_SELFTEST_TIMEOUT_S=0.000001; fi; '
+              f'exec {sys.executable} {REPO / "tests/integration/probe.py"} --steps 120 --step-sleep 0.05')
+    job = jobs(["run", "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(hosts.script),
+                "--discovery-interval", "0.3", "--blacklist-cooldown-range", "600", "600",
+                "--events-file", str(events), "sh", "-c", script])
+    job.wait_event("commit", step=5)
+    hosts.set(["127.0.0.1", "127.0.0.2", "127.0.0.3"])
+    job.wait_for(lambda j: "self-test" in j.output() and "blacklisted" in j.output(), timeout=60,
+                 what="the newcomer refused")
+    assert job.finish() == 0, job.output()
+    out = job.output()
+    line = next(line for line in job.lines if "127.0.0.3[0]" in line and "self-test" in line and "blacklisted" in line)
+    assert "did not finish within 1e-06s" in line, line
+    failed = [e for e in of(read_events(events), "worker_failed") if e["host"] == "127.0.0.3"]
+    assert len(failed) == 1 and "self-test" in failed[0]["reason"]
+    assert not of(read_events(events), "rollback")  # the running workers never waited for it
+    assert not [e for e in job.of("hello") if e["worker"].startswith("127.0.0.3")], out
+    done = job.of("done")
+    assert len(done) == 2 and {e["size"] for e in done} == {2}
+
+
+def test_cloud_elastic_drain_sends_a_host_away_at_a_commit_and_refuses_what_it_does_not_know(jobs, tmp_path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    (tmp_path / "run").mkdir()
+    job = jobs(["run", "-np", "3", "--min-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
+                *probe_cmd("--steps", "80", "--step-sleep", "0.05")], env=env)
+    job.wait_event("commit", size=3, step=5)
+
+    def drain(target: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cloud_elastic.cli", "drain", job.job_id(), target], cwd=REPO,
+                              env={**__import__("os").environ, **env}, capture_output=True, text=True, timeout=60)
+
+    refused = drain("127.0.0.9")
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [
+        f"cloud-elastic: error: job {job.job_id()}: the driver refused to drain 127.0.0.9: no host 127.0.0.9 in this job"]
+    done = drain("127.0.0.3")
+    assert done.returncode == 0 and "host 127.0.0.3 drains" in done.stdout, done.stderr
+    assert job.finish() == 0, job.output()
+    out = job.output()
+    assert "notice from operator for host 127.0.0.3" in out
+    assert "aborted" not in out and not [e for e in job.of("reset") if e["executed"] != e["step"]]
+    done_events = job.of("done")
+    assert len(done_events) == 2 and {e["size"] for e in done_events} == {2}
