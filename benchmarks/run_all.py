@@ -64,6 +64,7 @@ BENCHMARKS = [
     Benchmark("driver-scale", "driver_scale.py", 300, 1800),
     Benchmark("durable", "durable.py", 400, 3600),
     Benchmark("compression", "compression.py", 400, 3600),
+    Benchmark("straggler", "straggler.py", 400, 1800),
     Benchmark("gpu", "gpu.py", 400, 3600, needs_gpu=True),
 ]
 

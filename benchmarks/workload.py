@@ -102,6 +102,9 @@ def run_elastic(args: argparse.Namespace) -> None:
     optimizer = hvd.DistributedOptimizer(opt_cls(model.parameters(), **opt_kw), named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     steps = Steps(args, "elastic")
+    # CE_WORKLOAD_SLOW=HOST=SECONDS: the worker on HOST computes that much longer per step (a slow instance).
+    slow_host, _, slow = os.environ.get("CE_WORKLOAD_SLOW", "").partition("=")
+    slow_s = float(slow) if slow and os.environ.get("CLOUD_ELASTIC_HOSTNAME") == slow_host else 0.0
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
@@ -110,6 +113,8 @@ def run_elastic(args: argparse.Namespace) -> None:
             x, y = batch(args, state.step, hvd.rank())
             optimizer.zero_grad()
             F.mse_loss(model(x), y).backward()
+            if slow_s:
+                time.sleep(slow_s)
             optimizer.step()
             state.step += 1
             if state.step % args.commit_every == 0:

@@ -60,11 +60,13 @@ class Launch:
 
 @dataclass(frozen=True)
 class Stop:
-    """Stop a worker's process group (``immediate`` = KILL at once)."""
+    """Stop a worker's process group (``immediate`` = KILL at once; ``stacks``: ask the process for its
+    Python stacks by signal first, a second before the KILL: it is being given up as stuck or silent)."""
 
     worker_id: str
     reason: str
     immediate: bool = False
+    stacks: bool = False
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ __all__ = ["Driver"]
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.05
+#: How long a worker asked for its stacks by signal has to print them before it is killed.
+_STACKS_BEFORE_KILL_S = 1.0
 
 
 class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
@@ -388,7 +390,14 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         if proc is None:
             return
         log.info("job %s: stopping worker %s: %s", self.job_id, action.worker_id, action.reason)
-        if action.immediate:
+        dump = getattr(proc, "dump_stacks", None)
+        if action.immediate and action.stacks and dump is not None and dump():
+            # Its stacks come on its output (forwarded to this log) before it is killed; the loop never waits.
+            log.warning("job %s: asked worker %s for its stacks before stopping it", self.job_id, action.worker_id)
+            timer = threading.Timer(_STACKS_BEFORE_KILL_S, proc.kill)
+            timer.daemon = True
+            timer.start()
+        elif action.immediate:
             proc.kill()
         else:
             t = threading.Thread(target=proc.terminate, args=(self.config.terminate_grace_s,), daemon=True)

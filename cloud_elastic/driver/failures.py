@@ -82,15 +82,16 @@ class Failures:
                 lost = "; the training state was lost with them (no --checkpoint-dir)" if job.state_committed else ""
                 job.end(False, f"all workers failed; last: {reason}{lost}", 1)
 
-    def give_up(self, w: WorkerRecord, what: str, now: float) -> None:
-        """Stop ``w`` at once as lost (silent, never arrived, stuck), with the failure path that applies."""
+    def give_up(self, w: WorkerRecord, what: str, now: float, *, stacks: bool = True) -> None:
+        """Stop ``w`` at once as lost (silent, never arrived, stuck), with the failure path that applies;
+        ``stacks``: its process is asked for its Python stacks (by signal) just before it is killed."""
         job = self._job
         was_member = w.member_of(job.round)
         before, why_leaving = w.state, w.why
         leaving = before in (S.DRAINING, S.EXITING)
         w.to(S.LOST, what)
         job.forget_alive()
-        job.act(Stop(w.worker_id, what, immediate=True))
+        job.act(Stop(w.worker_id, what, immediate=True, stacks=stacks))
         if not leaving and job.phase is not Phase.FINISHING:
             self.fail(w, what, now, was_member=was_member, transport=False)
             return

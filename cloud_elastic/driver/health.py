@@ -155,4 +155,4 @@ class Health:
         """``w``'s device self-test failed: give it up with that reason (its slot is blacklisted)."""
         if not w.alive:
             return
-        self._job.give_up(w, reason, now)
+        self._job.give_up(w, reason, now, stacks=False)  # it explained itself

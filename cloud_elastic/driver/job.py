@@ -509,8 +509,8 @@ class ElasticJob:
             log.info("job %s: round %d aborted; %s", self.job_id, self.round, what)
             self.rounds.pending_rollback = self.round
 
-    def give_up(self, w: WorkerRecord, what: str, now: float) -> None:
-        self.failures.give_up(w, what, now)
+    def give_up(self, w: WorkerRecord, what: str, now: float, *, stacks: bool = True) -> None:
+        self.failures.give_up(w, what, now, stacks=stacks)
 
     def commits_lost_reason(self) -> str:
         return self.failures.commits_lost_reason()

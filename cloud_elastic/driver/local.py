@@ -94,6 +94,15 @@ class LocalProcess:
         """SIGKILL the whole group and return at once; ``poll`` reaps the child. Idempotent."""
         kill_group(self._popen.pid, signal.SIGKILL)
 
+    def dump_stacks(self) -> bool:
+        """Ask the worker process (not its children) to print its Python stacks (SIGUSR1, which the worker
+        library hands to ``faulthandler``: it answers even with its interpreter stuck); False if it is gone."""
+        try:
+            os.kill(self._popen.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return False
+        return self._popen.poll() is None
+
 
 class LocalLauncher:
     """Starts each worker as a child process with its own process group.

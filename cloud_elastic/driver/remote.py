@@ -155,14 +155,17 @@ class Watchdog:
 
     Pure: it is fed bytes and times, and returns an :class:`Order` or ``None``.
     Lines: ``KILL`` (grace 0), ``TERM <grace>`` (``TERM`` alone or with a bad
-    number: the default grace), anything else is a keepalive. End of file stops
+    number: the default grace), ``STACKS`` (``on_stacks`` is called: the worker
+    is asked for its Python stacks), anything else is a keepalive. End of file stops
     with the default grace; silence longer than ``keepalive_timeout_s``
     (0 disables) stops with the default grace and the reason ``keepalive``.
     Both mean the driver is gone, so their orders wait ``driver_grace_s`` first
     (``Order.after_s``).
     """
 
-    def __init__(self, grace_s: float, keepalive_timeout_s: float, now: float, driver_grace_s: float = 0.0) -> None:
+    def __init__(self, grace_s: float, keepalive_timeout_s: float, now: float, driver_grace_s: float = 0.0,
+                 on_stacks: Callable[[], None] | None = None) -> None:
+        self._on_stacks = on_stacks
         self._grace_s = grace_s
         self._after_s = driver_grace_s
         self._keepalive_timeout_s = keepalive_timeout_s
@@ -192,6 +195,10 @@ class Watchdog:
         words = line.split()
         if words[:1] == [b"KILL"]:
             return Order(0.0)
+        if words[:1] == [b"STACKS"]:
+            if self._on_stacks is not None:
+                self._on_stacks()
+            return None
         if words[:1] != [b"TERM"]:
             return None
         try:
@@ -329,7 +336,8 @@ class Wrapper:
 
     def _watch(self) -> None:
         after = self._driver_grace_s + GRACE_MARGIN_S if self._driver_grace_s > 0 else 0.0
-        watchdog = Watchdog(self._args.grace_s, self._args.keepalive_timeout_s, self._clock(), after)
+        watchdog = Watchdog(self._args.grace_s, self._args.keepalive_timeout_s, self._clock(), after,
+                            on_stacks=self._dump_stacks)
         listener = self._listen()
         eof = False
         pending: Order | None = None
@@ -389,6 +397,14 @@ class Wrapper:
             self._reason = REASON_KEEPALIVE
             _say(f"no keepalive from the driver for {self._args.keepalive_timeout_s:g}s: stopping the worker")
         self.stop(order.grace_s)
+
+    def _dump_stacks(self) -> None:
+        """The driver wants the worker's stacks: SIGUSR1 to the worker process only (its children may die of it)."""
+        if self._pgid is not None:
+            try:
+                os.kill(self._pgid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._pgid is None:

@@ -409,6 +409,13 @@ class SSHWorkerProcess:
                                             name=f"ssh-kill-{self.spec.worker_id}", daemon=True)
         self._reaper.start()
 
+    def dump_stacks(self) -> bool:
+        """Ask the remote wrapper to have the worker print its Python stacks (SIGUSR1); False if ssh ended."""
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        self._write(b"STACKS\n")
+        return True
+
     def hang_up(self) -> None:
         """Close ssh's stdin: the remote watchdog stops the worker with its default grace. Never blocks."""
         with self._lock:

@@ -87,8 +87,9 @@ class JobView(Protocol):
     def tick(self, now: float) -> None:
         """Run every check of the job now (what changed may form a round, end the job, ...)."""
 
-    def give_up(self, w: WorkerRecord, what: str, now: float) -> None:
-        """Stop ``w`` at once as lost (silent, stuck), with the failure path that applies to it."""
+    def give_up(self, w: WorkerRecord, what: str, now: float, *, stacks: bool = True) -> None:
+        """Stop ``w`` at once as lost (silent, stuck), with the failure path that applies to it;
+        ``stacks``: its process is first asked for its Python stacks (by signal)."""
 
     def note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None) -> None:
         """``w`` reported its commits (both only grow)."""

@@ -25,8 +25,10 @@ with ``python``), the context runs standalone: one process, rank 0 of 1.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -162,6 +164,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self._codec = Codec(self.settings.secret, self.job_id)
         os.environ.pop("CLOUD_ELASTIC_SECRET", None)  # not inherited by the user's own children
         _survive_output_loss()
+        _stacks_on_signal()
         self._client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
         reply = self._call("register")
         if not reply.get("ok"):
@@ -364,6 +367,17 @@ def _resolved(address: str) -> set[tuple[str, int]]:
     except (OSError, ValueError):
         return set()
     return {(info[4][0], info[4][1]) for info in infos}
+
+
+def _stacks_on_signal() -> None:
+    """SIGUSR1 prints every thread's Python stack on stderr (the driver's log), unless the script handles it.
+
+    The driver sends it before it kills a worker it gives up as silent or stuck:
+    ``faulthandler`` answers from its C handler, even when the interpreter is stuck
+    holding its lock and the heartbeat thread cannot ask for them.
+    """
+    if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 
 def _preload_lazy_modules() -> None:

@@ -14,6 +14,7 @@ import faulthandler
 import hashlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -62,6 +63,9 @@ def main() -> None:
     p.add_argument("--fail-after-training", action="store_true",
                    help="raise right after the training function returns (a final save that fails)")
     p.add_argument("--start-when", default="", help="train only once this file exists (the test's gate)")
+    p.add_argument("--hold-gil-at-step", type=int, default=-1,
+                   help="the training thread runs forever in C code that never releases the GIL (--only-slot): "
+                        "no other thread of the worker, its heartbeats included, runs again")
     args = p.parse_args()
 
     hvd.init()
@@ -96,6 +100,9 @@ def main() -> None:
         optimizer.zero_grad()
         F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
         optimizer.step()
+        if mine and state.step + 1 == args.hold_gil_at_step:
+            event("holding the GIL", rank=hvd.rank(), step=state.step)
+            re.fullmatch(r"(a|aa)+", "a" * 64 + "b")  # exponential backtracking, all of it in C under the GIL
         if mine and state.step + 1 == args.block_at_step:
             event("blocking", rank=hvd.rank(), step=state.step)
             blocked_in_native_code = threading.Event()

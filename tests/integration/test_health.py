@@ -97,3 +97,20 @@ def test_cloud_elastic_drain_sends_a_host_away_at_a_commit_and_refuses_what_it_d
     assert "aborted" not in out and not [e for e in job.of("reset") if e["executed"] != e["step"]]
     done_events = job.of("done")
     assert len(done_events) == 2 and {e["size"] for e in done_events} == {2}
+
+
+def test_a_worker_whose_interpreter_is_stuck_prints_its_stacks_before_it_is_given_up(jobs, tmp_path):
+    # Its training thread never lets go of the interpreter: no heartbeat goes out, so no stacks can be
+    # asked for over the control plane; the driver asks by signal, and faulthandler answers from C.
+    job = jobs(["run", "-np", "3", "--min-np", "1", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
+                "--heartbeat-timeout", "3", "--blacklist-cooldown-range", "600", "600",
+                *probe_cmd("--steps", "30", "--hold-gil-at-step", "5", "--only-slot", "127.0.0.3")])
+    assert job.finish() == 0, job.output()
+    lines = job.lines
+    asked = next(i for i, line in enumerate(lines) if "asked worker 127.0.0.3[0]" in line and "stacks" in line)
+    stacks = [line for line in lines[asked:] if line.startswith("[2]<127.0.0.3[0]>") or "<127.0.0.3[0]>" in line]
+    assert any("Current thread" in line or "Thread 0x" in line for line in stacks), job.output()
+    assert any("in one_step" in line for line in stacks), job.output()
+    assert any("silent" in line or "heartbeat" in line for line in lines[:asked + 1]), job.output()
+    done = job.of("done")
+    assert {e["worker"].split("[")[0] for e in done} == {"127.0.0.1", "127.0.0.2"} and {e["step"] for e in done} == {30}
