@@ -58,7 +58,7 @@ def test_a_leaver_given_up_costs_a_rollback_but_no_blacklisting() -> None:
     job, fail, leavers = failures()
     w = job.worker("a", 0, S.DRAINING, round_=1, rank=0)
     fail.give_up(w, "stopped answering heartbeats for 6.0s", T0)
-    assert w.state is S.LOST and job.actions == [Stop(w.worker_id, "stopped answering heartbeats for 6.0s", True)]
+    assert w.state is S.LOST and job.actions == [Stop(w.worker_id, "stopped answering heartbeats for 6.0s", True, stacks=True)]
     assert leavers == [(w.worker_id, "stopped answering heartbeats for 6.0s")] and job.aborts == 1
     assert not job.hosts.blacklist.blocked(Slot("a", 0), T0)
 
