@@ -52,7 +52,13 @@ from cloud_elastic.protocol import (
 from cloud_elastic.worker import memory, selftest
 from cloud_elastic.worker.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
-from cloud_elastic.worker.groups import RoundGroup, RoundGroupsMixin, RoundInfo, nccl_error_handling_default
+from cloud_elastic.worker.groups import (
+    RoundGroup,
+    RoundGroupsMixin,
+    RoundInfo,
+    nccl_error_handling_default,
+    nccl_nonblocking_timeout_default,
+)
 from cloud_elastic.worker.link import _SurvivingStream, DriverLinkMixin, _survive_output_loss, notice_reporter  # noqa: F401
 from cloud_elastic.worker.progress import Progress
 from cloud_elastic.worker.reclaim import Reaper
@@ -156,6 +162,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self.progress.watch_thread()
         if self.backend == "nccl":
             nccl_error_handling_default()
+            nccl_nonblocking_timeout_default(min(self.settings.group_form_timeout_s, self.collective_timeout_s))
             if self.interface:
                 os.environ.setdefault("NCCL_SOCKET_IFNAME", self.interface)  # --network-interface reaches NCCL too
         if self.standalone:

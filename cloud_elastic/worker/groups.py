@@ -50,7 +50,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -62,6 +62,7 @@ from cloud_elastic.worker.store import SignedStore, round_namespace
 
 __all__ = [
     "RoundInfo", "RoundGroup", "RoundGroupsMixin", "new_gloo_group", "new_nccl_group", "nccl_error_handling_default",
+    "nccl_nonblocking_timeout_default",
     "quiesce_device",
 ]
 
@@ -141,10 +142,14 @@ class RoundGroupsMixin:
         lock = threading.Lock()
         result: dict[str, Any] = {}
 
+        def publish(pg: Any) -> None:  # an NCCL group being connected: abortable from now on
+            with lock:
+                result["forming"] = pg
+
         def create() -> None:
             before = socket_inodes()
             try:
-                pg = self._new_group(store, info)
+                pg = self._new_group(store, info, publish)
             except Exception as exc:  # reported to the waiting thread below
                 result["error"] = exc
                 done.set()
@@ -173,6 +178,9 @@ class RoundGroupsMixin:
                 if aborted or time.monotonic() > deadline:
                     with lock:
                         result["abandoned"] = True
+                        forming = result.pop("forming", None)
+                    if forming is not None and "group" not in result:
+                        abort_nccl(forming)  # ends its eager connect on the formation thread
                     if "group" in result:  # formed in the very last slice
                         self._reaper.retire(result.pop("group"))
                     # The abandoned constructor may still block in a store wait, and a TCPStore
@@ -226,10 +234,10 @@ class RoundGroupsMixin:
                 return None
         return addresses
 
-    def _new_group(self, store: Any, info: RoundInfo) -> Any:
+    def _new_group(self, store: Any, info: RoundInfo, published: Callable[[Any], None] = lambda pg: None) -> Any:
         timeout = timedelta(seconds=self.collective_timeout_s)
         if self.backend == "nccl":
-            return new_nccl_group(store, info.rank, info.size, timeout, self.device)
+            return new_nccl_group(store, info.rank, info.size, timeout, self.device, published)
         if self.backend != "gloo":
             raise RuntimeError(f"unsupported backend {self.backend!r} (use gloo or nccl)")
         return new_gloo_group(store, info.rank, info.size, timeout, hostname=self.hostname, interface=self.interface)
@@ -305,14 +313,16 @@ def new_gloo_group(store: Any, rank: int, size: int, timeout: timedelta, *, host
     return dist.ProcessGroupGloo(store, rank, size, opts)
 
 
-def new_nccl_group(store: Any, rank: int, size: int, timeout: timedelta, device: torch.device) -> Any:
+def new_nccl_group(store: Any, rank: int, size: int, timeout: timedelta, device: torch.device,
+                   published: Callable[[Any], None] = lambda pg: None) -> Any:
     """An NCCL group whose communicator is formed now, on ``device``, and can be aborted while it forms.
 
     ``config.blocking = False`` makes NCCL's initialisation and collectives
     return at once and report through their status, so ``abort()`` from another
-    thread ends a formation stuck on a missing peer (torchft does the same).
-    ``eager_connect_single_device`` forms the communicator here instead of at the
-    first collective. Either is skipped on a torch that lacks it.
+    thread ends a formation stuck on a missing peer (torchft does the same);
+    ``published(pg)`` hands the group to whoever may have to abort it before it
+    connects. ``eager_connect_single_device`` forms the communicator here instead
+    of at the first collective. Either is skipped on a torch that lacks it.
     """
     # The formation runs on a thread of its own, and CUDA's current device is per thread: an eager
     # connect on another device than the communicator's fails ("Cuda failure 'invalid argument'").
@@ -323,6 +333,7 @@ def new_nccl_group(store: Any, rank: int, size: int, timeout: timedelta, device:
     if config is not None and hasattr(config, "blocking"):
         config.blocking = False
     pg = dist.ProcessGroupNCCL(store, rank, size, opts)
+    published(pg)
     connect = getattr(pg, "eager_connect_single_device", None)
     if connect is not None:
         connect(device)
@@ -335,6 +346,12 @@ def abort_nccl(pg: Any) -> None:
         pg.abort()
     except (RuntimeError, AttributeError) as exc:
         log.warning("aborting an NCCL process group failed: %s", exc)
+
+
+def nccl_nonblocking_timeout_default(timeout_s: float, environ: dict[str, str] | Any = os.environ) -> None:
+    """A non-blocking NCCL initialisation gives up after ``timeout_s`` (torch's default is 30 minutes)
+    unless the user set ``TORCH_NCCL_NONBLOCKING_TIMEOUT``: the formation deadline, not longer."""
+    environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(max(1, int(timeout_s))))
 
 
 def nccl_error_handling_default(environ: dict[str, str] | Any = os.environ) -> str | None:

@@ -134,7 +134,20 @@ class Reaper:
         """
         holder = [group]
         del group
-        timer = threading.Timer(after_s, holder.clear)
+
+        def drop() -> None:
+            if holder and getattr(holder[0], "backend", "") == "nccl":
+                # An NCCL group is shut down, not just dropped: torch warns about (and aborts) a
+                # communicator destroyed without it.
+                shutdown = getattr(holder[0].pg, "shutdown", None)
+                try:
+                    if shutdown is not None:
+                        shutdown()
+                except RuntimeError as exc:
+                    log.warning("shutting down an NCCL process group failed: %s", exc)
+            holder.clear()
+
+        timer = threading.Timer(after_s, drop)
         timer.name, timer.daemon = "cloud-elastic-release", True
         timer.start()
 

@@ -85,3 +85,91 @@ def test_a_peer_waiting_on_a_worker_that_gave_the_round_up_is_released_at_once(p
     with pytest.raises(RuntimeError):
         waiting.wait(timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     assert time.monotonic() - started < 5, "the peer waited out Gloo's timeout for a worker that had left"
+
+
+class _SlowBody:
+    """A request body that takes a few seconds to send: an upload still in flight when the round fails."""
+
+    def __init__(self, size: int, chunks: int, started: threading.Event, go_on: threading.Event) -> None:
+        self._left, self._chunk = size, size // chunks
+        self._started, self._go_on = started, go_on
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        if not self._started.is_set():
+            self._started.set()  # its connection is open now: inside the group's formation
+            self._go_on.wait(30)
+        else:
+            time.sleep(0.05)
+        data = b"x" * min(self._chunk, self._left)
+        self._left -= len(data)
+        return data
+
+    def __len__(self) -> int:
+        return self._left
+
+
+def test_an_upload_opened_while_a_group_formed_is_not_cut_when_that_group_is_abandoned(monkeypatch):
+    """Rank 0's background checkpoint upload shares the process with the round's group: only the
+    connections to the round's members are the group's (issue 25: reclaim by address)."""
+    import boto3
+    import botocore
+    from botocore.config import Config
+    from moto.server import ThreadedMotoServer
+
+    s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)  # not one of the members
+    s3.start()
+    try:
+        host, port = s3.get_host_and_port()
+        client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket="ckpt")
+        # The upload streams its body as it is made (no checksum or signature over it, which would read it
+        # first), and a cut connection fails it (no retry on a fresh one).
+        streaming = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
+                                 config=Config(retries={"max_attempts": 1}, signature_version=botocore.UNSIGNED,
+                                               request_checksum_calculation="when_required"))
+        server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+
+        def worker(name: str, ip: str) -> WorkerContext:
+            ctx = WorkerContext(WorkerSettings(
+                standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{server.port}",
+                job_id="up", worker_id=name, hostname=ip, secret="s" * 64, backend="gloo",
+                collective_timeout_s=COLLECTIVE_TIMEOUT_S, malloc_tuning=False))
+            ctx._store = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
+            return ctx
+
+        a, b = worker("a", "127.0.0.2"), worker("b", "127.0.0.3")
+        hosts = ("127.0.0.2", "127.0.0.3")
+        info = {r: RoundInfo(r, 2, 0, 1, r, 2, round=1, needs_sync=False, update_gen=0, hosts=hosts) for r in (0, 1)}
+        started, go_on, result = threading.Event(), threading.Event(), {}
+
+        def upload() -> None:
+            body = _SlowBody(4 << 20, 40, started, go_on)
+            try:
+                streaming.put_object(Bucket="ckpt", Key="step-7", Body=body, ContentLength=len(body))
+                result["ok"] = True
+            except Exception as exc:  # noqa: BLE001 - what the test reports
+                result["error"] = repr(exc)
+
+        forming = threading.Thread(target=a._form_group, args=(info[0],))
+        forming.start()
+        time.sleep(0.3)  # a's formation has begun: what it opens from now on looks like its group's
+        threading.Thread(target=upload, daemon=True).start()
+        assert started.wait(30)
+        b_forming = threading.Thread(target=b._form_group, args=(info[1],))
+        b_forming.start()
+        forming.join(30)
+        b_forming.join(30)
+        go_on.set()  # the upload streams on while the round fails
+        _abort_soon(a)
+        with pytest.raises(CollectiveError):
+            a.wait(a.pg.allreduce([torch.ones(1000)]), "gradient allreduce")
+        deadline = time.monotonic() + 60
+        while not result and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert result == {"ok": True}, result
+        assert client.head_object(Bucket="ckpt", Key="step-7")["ContentLength"] == 4 << 20
+    finally:
+        s3.stop()

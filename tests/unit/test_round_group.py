@@ -51,7 +51,7 @@ def test_torch_cannot_call_a_python_store_that_only_cpp_still_holds(tcp):
 def test_a_round_group_keeps_its_python_store_alive_for_the_group_to_call_later(tcp, monkeypatch):
     ctx = _context(tcp)
     # A group that, like ProcessGroupNCCL, holds the round's store in C++ only and calls it later.
-    monkeypatch.setattr(ctx, "_new_group", lambda store, info: dist.PrefixStore("lazy", store))
+    monkeypatch.setattr(ctx, "_new_group", lambda store, info, *_: dist.PrefixStore("lazy", store))
     ctx._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=1, needs_sync=False, update_gen=0))
     gc.collect()
     ctx.pg.set("address", "10.0.0.1:1234")  # what NCCL does at its first collective
@@ -129,3 +129,33 @@ def test_torchs_nccl_watchdog_is_told_to_clean_up_without_killing_the_survivor()
 
 def test_quiescing_a_cpu_device_returns_at_once():
     assert quiesce_device(torch.device("cpu")) and quiesce_device(None)
+
+
+def test_a_non_blocking_nccl_initialisation_gives_up_at_the_formation_deadline_unless_the_user_says_otherwise():
+    from cloud_elastic.worker.groups import nccl_nonblocking_timeout_default
+
+    env: dict[str, str] = {}
+    nccl_nonblocking_timeout_default(60.0, env)
+    assert env == {"TORCH_NCCL_NONBLOCKING_TIMEOUT": "60"}
+    mine = {"TORCH_NCCL_NONBLOCKING_TIMEOUT": "900"}
+    nccl_nonblocking_timeout_default(60.0, mine)
+    assert mine["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "900"
+
+
+def test_an_nccl_group_let_go_gracefully_is_shut_down_off_the_callers_thread():
+    class Graceful(_NcclStandIn):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shutdowns = []
+
+        def shutdown(self) -> None:
+            import threading
+
+            self.shutdowns.append(threading.current_thread().name)
+
+    pg = Graceful()
+    Reaper.release(RoundGroup(pg, object(), None, "nccl"), after_s=0.01)
+    deadline = time.monotonic() + 5
+    while not pg.shutdowns and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pg.shutdowns == ["cloud-elastic-release"] and pg.aborts == 0
