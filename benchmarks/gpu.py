@@ -269,22 +269,25 @@ def table(reports: dict[str, list[dict]], args: argparse.Namespace, rounds: int)
     title = f"GPU benchmark ({first['device']}, torch {first['torch']}, NCCL {first['nccl']})"
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = "python benchmarks/gpu.py" + (" --quick" if args.quick else "") + (" --device cpu" if args.device == "cpu" else "")
+    gpu = first["device"] != "CPU"
     lines = [
         f"### {title}", "",
-        f"Measured {when} with `{command}`. Model: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, "
+        f"Measured {when} with `{command}`{'' if gpu else ' (a check of the script on the CPU, not a measurement)'}. "
+        f"Model: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, "
         f"feed-forward {cfg.d_ff}, vocabulary {cfg.vocab} (head tied to the embedding), sequence {cfg.seq}, batch "
         f"{cfg.batch}: {first['params'] / 1e6:.1f} M parameters ({first['non_embedding'] / 1e6:.1f} M outside the "
-        f"embeddings); AdamW (torch's defaults), TF32 on. Each variant ran in its own process, {rounds} round(s) "
-        f"({'alternating order, ' if rounds > 1 else ''}{first['warmup']} warm-up steps dropped per run); "
-        f"{stats['ddp']['steps']} timed steps per variant, each ended by `torch.cuda.synchronize()`. Peak memory is "
-        "`torch.cuda.max_memory_allocated()` over the whole run.", "",
+        f"embeddings); AdamW (torch's defaults){', TF32 on' if gpu else ''}. Each variant ran in its own process, "
+        f"{rounds} round(s) ({'alternating order, ' if rounds > 1 else ''}{first['warmup']} warm-up steps dropped "
+        f"per run); {stats['ddp']['steps']} timed steps per variant"
+        + (", each ended by `torch.cuda.synchronize()`. Peak memory is `torch.cuda.max_memory_allocated()` over "
+           "the whole run." if gpu else "."), "",
         "| variant | median step | p90 step | median / DDP | peak GPU memory | peak / DDP |",
         "|---|---|---|---|---|---|",
     ]
     for name, s in stats.items():
         peak = f"{s['peak'] / 2**30:.2f} GiB" if s["peak"] is not None else "n/a"
         peak_ratio = f"{s['peak'] / ddp['peak']:.3f}×" if s["peak"] is not None and ddp["peak"] else "n/a"
-        label = VARIANTS[name][0] if first["device"] != "CPU" else VARIANTS[name][0].replace("NCCL", "Gloo")
+        label = VARIANTS[name][0] if gpu else VARIANTS[name][0].replace("NCCL", "Gloo")
         lines.append(f"| {label} | {s['median'] * 1e3:.1f} ms | {s['p90'] * 1e3:.1f} ms | "
                      f"{s['median'] / ddp['median']:.3f}× | {peak} | {peak_ratio} |")
     return "\n".join(lines)
