@@ -123,7 +123,7 @@ class Deaths:
                 continue  # this plan already ran (an earlier process on this slot died by it)
             self._die(planned, start, signal.SIGSTOP if planned.startswith("stop-") else signal.SIGKILL)
 
-    def _die(self, point: str, start: int, sig: int) -> None:
+    def _die(self, point: str, start: int, sig: signal.Signals) -> None:
         event("dying", point=point, step=start, round=get_context().info.round, rank=hvd.rank(), size=hvd.size(),
               signal=sig.name)
         os.kill(os.getpid(), sig)
