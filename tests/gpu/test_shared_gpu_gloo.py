@@ -59,8 +59,8 @@ def test_three_workers_sharing_one_gpu_are_scaled_up_killed_and_replaced_with_bi
     procs = by_pid(job.events)
     undone = 0
     for pid, events in procs.items():
-        if pid == victim or not any(e.kind == "resumed" and e["size"] == 3 and e["step"] <= k for e in events):
-            continue
+        if pid == victim or not any(e.kind == "resumed" and e["round"] == dying["round"] for e in events):
+            continue  # not a member of the round the death ended
         # A survivor of that round resumed the next one at the step the death interrupted, from its commit ...
         after = [e for e in events if e.kind == "resumed" and e["round"] > dying["round"]]
         assert after and after[0]["step"] == k, (pid, after)
