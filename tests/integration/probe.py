@@ -62,6 +62,8 @@ def main() -> None:
     p.add_argument("--fail-after-training", action="store_true",
                    help="raise right after the training function returns (a final save that fails)")
     p.add_argument("--start-when", default="", help="train only once this file exists (the test's gate)")
+    p.add_argument("--stop-when", default="",
+                   help="keep training past --steps/--min-resets until this file exists (rank 0 looks, after a commit)")
     args = p.parse_args()
 
     hvd.init()
@@ -106,6 +108,13 @@ def main() -> None:
             os._exit(0)
         time.sleep(args.step_sleep)
 
+    def more() -> bool:
+        """Whether to train another step: until --steps and --min-resets are reached, then until rank 0
+        sees the --stop-when file (it decides for all: after a commit, where a collective costs no copy)."""
+        if state.step < args.steps or state.resets < args.min_resets:
+            return True
+        return bool(args.stop_when) and not hvd.broadcast_object(os.path.exists(args.stop_when), root_rank=0)
+
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         # Entered once per round, after the state sync, so every rank counts alike.
@@ -113,9 +122,12 @@ def main() -> None:
         while args.start_when and not os.path.exists(args.start_when):
             time.sleep(0.05)
         if sampler is None:
-            while state.step < args.steps or state.resets < args.min_resets:
+            while more():
                 one_step()
-                if state.step % args.commit_every == 0 or state.step >= args.steps:
+                # Past --steps every step commits (the last one must), except while only --min-resets keeps
+                # the loop going: then commits stay every --commit-every steps, as a test of it expects.
+                if state.step % args.commit_every == 0 or (state.step >= args.steps
+                                                           and state.resets >= args.min_resets):
                     state.commit()
                     event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
                 if mine and state.step == args.return_at_step:
