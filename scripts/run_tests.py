@@ -1,15 +1,16 @@
-"""The whole test suite in two lanes at once, or plain pytest when the caller picks tests.
+"""The whole test suite in three lanes at once, or plain pytest when the caller picks tests.
 
 ``./dev test`` runs this (through ``scripts/test.sh``). With no test paths among its
-arguments it runs two pytest processes side by side:
+arguments it runs three pytest processes side by side:
 
-- ``fast``: the directories whose tests start no training jobs (unit, contract,
-  emulator, terraform), spread over ``pytest-xdist`` workers (``--dist loadfile``:
-  a module's tests stay on one worker, so its module and session fixtures are set up
-  once per worker);
-- ``jobs``: the directories that run real jobs, sshd, Ray or Spark (integration, ssh,
-  chaos, ray, spark) and the emulator files that run jobs (:data:`JOB_FILES`), one
-  test at a time, as their timing-sensitive scenarios expect.
+- ``jobs``: the tests that run real jobs or an sshd (integration, chaos, ssh, and the
+  emulator files that run jobs, :data:`JOB_FILES`) over ``pytest-xdist`` workers
+  (``CLOUD_ELASTIC_TEST_JOB_WORKERS``, default 2), a module's tests one after another
+  on one worker;
+- ``clusters``: tests/ray and tests/spark, one test at a time (a local Ray cluster or
+  Spark session per module);
+- ``fast``: the tests that start no job (unit, contract, emulator, terraform) over
+  ``CLOUD_ELASTIC_TEST_WORKERS`` xdist workers (default 3).
 
 Each lane is plain pytest with the project's configuration, so every test keeps its
 pytest-timeout bound. Every lane's output is shown as it comes, each line prefixed
@@ -20,13 +21,12 @@ code is 0 only when every lane passed.
 Arguments:
 
 - options only (``-x``, ``-q -ra``, ``-k EXPR``, ``-m EXPR``, ``--timeout 60`` ...)
-  go to every lane, after the lane's own (so a user's ``-n`` wins in both lanes);
+  go to every lane, after the lane's own (so a user's ``-n`` wins in every lane);
 - any test path or node id (``tests/unit``, ``tests/unit/test_job.py::test_x``)
   means the caller chose the tests: this runs ``pytest -p no:cacheprovider ARGS``
   alone, in the foreground, exactly as ``./dev test ARGS`` did before lanes;
 - ``CLOUD_ELASTIC_TEST_LANES=serial`` runs the whole suite as one plain pytest
-  (the old ``./dev test``), ``CLOUD_ELASTIC_TEST_WORKERS=N`` sets the fast lane's
-  xdist workers (default: 2).
+  (the old ``./dev test``).
 """
 
 from __future__ import annotations
@@ -71,15 +71,23 @@ class Lane:
 
 
 #: Files outside the job directories whose tests run real jobs (``tests.integration.harness.Job``):
-#: they run in the jobs lane, one at a time, and the fast lane leaves them out.
+#: they run in the jobs lane, and the fast lane leaves them out.
 JOB_FILES = ("tests/emulator/test_cli.py", "tests/emulator/test_aws_notice_cli.py")
 
 
-def lanes(workers: int) -> list[Lane]:
+def _xdist(workers: int) -> tuple[str, ...]:
+    # loadfile: a module's tests run one after another on one worker (its fixtures are set up once there,
+    # and two jobs of one module never compete with each other).
+    return ("-n", str(workers), "--dist", "loadfile") if workers > 1 else ()
+
+
+def lanes(fast_workers: int = 3, job_workers: int = 2) -> list[Lane]:
+    """The lanes of a whole run. Ray and Spark have a lane of their own, one test at a time: a local Ray
+    cluster or Spark session per module is heavy, and two at once would compete for their ports."""
     fast = ("tests/unit", "tests/contract", "tests/emulator", "tests/terraform", *(f"--ignore={f}" for f in JOB_FILES))
-    jobs = ("tests/integration", "tests/chaos", "tests/ssh", "tests/ray", "tests/spark", *JOB_FILES)
-    xdist = ("-n", str(workers), "--dist", "loadfile") if workers > 1 else ()
-    return [Lane("jobs", jobs), Lane("fast", fast, xdist)]
+    jobs = ("tests/integration", "tests/chaos", "tests/ssh", *JOB_FILES)
+    clusters = ("tests/ray", "tests/spark")
+    return [Lane("jobs", jobs, _xdist(job_workers)), Lane("clusters", clusters), Lane("fast", fast, _xdist(fast_workers))]
 
 
 def picks_tests(args: list[str]) -> bool:
@@ -189,8 +197,9 @@ def main(argv: list[str]) -> int:
     os.chdir(REPO)
     if picks_tests(argv) or os.environ.get("CLOUD_ELASTIC_TEST_LANES") == "serial":
         os.execv(sys.executable, [sys.executable, *BASE, *argv])
-    workers = int(os.environ.get("CLOUD_ELASTIC_TEST_WORKERS", "2"))
-    return run_lanes(lanes(workers), argv)
+    fast = int(os.environ.get("CLOUD_ELASTIC_TEST_WORKERS", "3"))
+    jobs = int(os.environ.get("CLOUD_ELASTIC_TEST_JOB_WORKERS", "2"))
+    return run_lanes(lanes(fast, jobs), argv)
 
 
 if __name__ == "__main__":
