@@ -60,6 +60,14 @@ def _start(jobs, tmp_path: Path, steps: int = STEPS):
     return args, env, job_id, workers
 
 
+def _recorded(tmp_path: Path, kind: str) -> list[dict]:
+    """The job's events of ``kind`` written so far (for waiting on them; the test checks them with events_check)."""
+    path = tmp_path / "job.jsonl"
+    text = path.read_text() if path.exists() else ""
+    lines = text[:text.rfind("\n") + 1].splitlines()  # a line still being written is left for the next look
+    return [e for e in map(json.loads, filter(None, lines)) if e["event"] == kind]
+
+
 def _driver_at(job) -> str:
     """``address:port`` of a driver's control plane, from its first lines."""
     line = next(line for line in job.lines if "driver at" in line)
@@ -92,10 +100,13 @@ def test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_ste
     assert "HTTP 401" in str(refused.value) and "\n" not in str(refused.value)
     second.wait_for(lambda j: "rejected a request from 127.0.0.1: bad or missing signature" in j.output(),
                     timeout=10, what="the rejection logged")
-    # The adopting driver can itself be restarted: once its own record names the workers, SIGKILL it.
+    # The adopting driver can itself be restarted: once its own record names the workers, SIGKILL it;
+    # and once it has written what it adopted (its loop writes queued events a tick later), which is
+    # checked at the end.
     record = tmp_path / "run" / "cloud-elastic" / job_id / "adopt.json"
     second.wait_for(lambda j: record.exists() and str(workers[0]) in record.read_text(), timeout=30,
                     what="the adopting driver's own record")
+    second.wait_for(lambda j: _recorded(tmp_path, "adoption_done"), timeout=30, what="the adoption in the events file")
     _adopted_all(second, job_id)
     os.kill(second.proc.pid, signal.SIGKILL)
     second.proc.wait()
