@@ -1,16 +1,16 @@
-"""The whole test suite in three lanes at once, or plain pytest when the caller picks tests.
+"""The whole test suite in lanes side by side, or plain pytest when the caller picks tests.
 
 ``./dev test`` runs this (through ``scripts/test.sh``). With no test paths among its
-arguments it runs three pytest processes side by side:
+arguments it runs these pytest processes:
 
 - ``jobs``: the tests that run real jobs or an sshd (integration, chaos, ssh, and the
   emulator files that run jobs, :data:`JOB_FILES`) over ``pytest-xdist`` workers
-  (``CLOUD_ELASTIC_TEST_JOB_WORKERS``, default 2), a module's tests one after another
+  (``CLOUD_ELASTIC_TEST_JOB_WORKERS``, default 3), a module's tests one after another
   on one worker;
-- ``clusters``: tests/ray and tests/spark, one test at a time (a local Ray cluster or
-  Spark session per module);
 - ``fast``: the tests that start no job (unit, contract, emulator, terraform) over
-  ``CLOUD_ELASTIC_TEST_WORKERS`` xdist workers (default 3).
+  ``CLOUD_ELASTIC_TEST_WORKERS`` xdist workers (default 2);
+- ``clusters``: tests/ray and tests/spark, one test at a time (a local Ray cluster or
+  Spark session per module), started when ``fast`` has ended.
 
 Each lane is plain pytest with the project's configuration, so every test keeps its
 pytest-timeout bound. Every lane's output is shown as it comes, each line prefixed
@@ -56,11 +56,12 @@ _TAKES_VALUE = {
 
 @dataclass
 class Lane:
-    """One pytest process over some test directories."""
+    """One pytest process over some test directories; with ``after``, started once that lane has ended."""
 
     name: str
     paths: tuple[str, ...]
     options: tuple[str, ...] = ()
+    after: str | None = None
     proc: subprocess.Popen | None = None
     lines: list[str] = field(default_factory=list)
     started: float = 0.0
@@ -81,13 +82,19 @@ def _xdist(workers: int) -> tuple[str, ...]:
     return ("-n", str(workers), "--dist", "loadfile") if workers > 1 else ()
 
 
-def lanes(fast_workers: int = 3, job_workers: int = 2) -> list[Lane]:
-    """The lanes of a whole run. Ray and Spark have a lane of their own, one test at a time: a local Ray
-    cluster or Spark session per module is heavy, and two at once would compete for their ports."""
+def lanes(fast_workers: int = 2, job_workers: int = 3) -> list[Lane]:
+    """The lanes of a whole run.
+
+    The job tests mostly wait (on step sleeps, grace periods, timeouts), so several run at once and
+    take the whole run's time. The fast tests are CPU-bound: they share the two cores with the jobs,
+    and only then do Ray and Spark start, one test at a time: a local Ray cluster or Spark session
+    per module is heavy, and slows down threefold when it competes with the fast lane.
+    """
     fast = ("tests/unit", "tests/contract", "tests/emulator", "tests/terraform", *(f"--ignore={f}" for f in JOB_FILES))
     jobs = ("tests/integration", "tests/chaos", "tests/ssh", *JOB_FILES)
     clusters = ("tests/ray", "tests/spark")
-    return [Lane("jobs", jobs, _xdist(job_workers)), Lane("clusters", clusters), Lane("fast", fast, _xdist(fast_workers))]
+    return [Lane("jobs", jobs, _xdist(job_workers)), Lane("fast", fast, _xdist(fast_workers)),
+            Lane("clusters", clusters, after="fast")]
 
 
 def picks_tests(args: list[str]) -> bool:
@@ -134,33 +141,41 @@ def _pump(lane: Lane, width: int) -> None:
 
 def run_lanes(chosen: list[Lane], user_args: list[str]) -> int:
     width = max(len(lane.name) for lane in chosen) + 2
-    pumps = []
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for lane in chosen:
+    pumps: dict[str, threading.Thread] = {}
+    by_name = {lane.name: lane for lane in chosen}
+
+    def start(lane: Lane) -> None:
         print(f"[{lane.name}] {' '.join(lane.command(user_args)[1:])}", flush=True)
         lane.started = time.monotonic()
         lane.proc = subprocess.Popen(lane.command(user_args), cwd=REPO, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        pump = threading.Thread(target=_pump, args=(lane, width), daemon=True)
-        pump.start()
-        pumps.append(pump)
+        pumps[lane.name] = threading.Thread(target=_pump, args=(lane, width), daemon=True)
+        pumps[lane.name].start()
 
     def forward(signum, _frame) -> None:  # SIGTERM to the runner ends the lanes too
         for lane in chosen:
             if lane.proc is not None and lane.proc.poll() is None:
                 lane.proc.send_signal(signum)
+        raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, forward)
-    try:
-        for lane, pump in zip(chosen, pumps):
-            lane.proc.wait()
-            lane.ended = time.monotonic()
-            pump.join(30)
-    except KeyboardInterrupt:  # the terminal's Ctrl-C reached the lanes as well: let them finish their reports
-        for lane, pump in zip(chosen, pumps):
-            lane.proc.wait()
-            lane.ended = lane.ended or time.monotonic()
-            pump.join(30)
+    interrupted = False
+    while any(not lane.ended for lane in chosen):
+        for lane in chosen:
+            if lane.proc is None and not lane.ended:
+                before = by_name.get(lane.after) if lane.after else None
+                if interrupted:
+                    lane.ended = time.monotonic()  # never started: no summary line, so the lane fails
+                elif before is None or before.ended:
+                    start(lane)
+            elif lane.proc is not None and not lane.ended and lane.proc.poll() is not None:
+                pumps[lane.name].join(30)
+                lane.ended = time.monotonic()
+        try:
+            time.sleep(0.2)
+        except KeyboardInterrupt:  # Ctrl-C reached the lanes as well: let them write their reports
+            interrupted = True
     return report(chosen)
 
 
@@ -170,7 +185,7 @@ def report(chosen: list[Lane]) -> int:
     ran_any = False
     print()
     for lane in chosen:
-        rc = lane.proc.returncode
+        rc = lane.proc.returncode if lane.proc is not None else None
         line = summary_line(lane.lines)
         found = counts(line)
         for key, value in found.items():
@@ -197,8 +212,8 @@ def main(argv: list[str]) -> int:
     os.chdir(REPO)
     if picks_tests(argv) or os.environ.get("CLOUD_ELASTIC_TEST_LANES") == "serial":
         os.execv(sys.executable, [sys.executable, *BASE, *argv])
-    fast = int(os.environ.get("CLOUD_ELASTIC_TEST_WORKERS", "3"))
-    jobs = int(os.environ.get("CLOUD_ELASTIC_TEST_JOB_WORKERS", "2"))
+    fast = int(os.environ.get("CLOUD_ELASTIC_TEST_WORKERS", "2"))
+    jobs = int(os.environ.get("CLOUD_ELASTIC_TEST_JOB_WORKERS", "3"))
     return run_lanes(lanes(fast, jobs), argv)
 
 
