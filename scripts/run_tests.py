@@ -5,10 +5,10 @@ arguments it runs these pytest processes:
 
 - ``jobs``: the tests that run real jobs or an sshd (integration, chaos, ssh, and the
   emulator files that run jobs, :data:`JOB_FILES`) over ``pytest-xdist`` workers
-  (``CLOUD_ELASTIC_TEST_JOB_WORKERS``, default 3), a module's tests one after another
-  on one worker;
+  (``CLOUD_ELASTIC_TEST_JOB_WORKERS``, default 3), each test on whichever is free;
 - ``fast``: the tests that start no job (unit, contract, emulator, terraform) over
-  ``CLOUD_ELASTIC_TEST_WORKERS`` xdist workers (default 2);
+  ``CLOUD_ELASTIC_TEST_WORKERS`` xdist workers (default 3), a module's tests one after
+  another on one worker;
 - ``clusters``: tests/ray and tests/spark, one test at a time (a local Ray cluster or
   Spark session per module), started when ``fast`` has ended.
 
@@ -76,13 +76,11 @@ class Lane:
 JOB_FILES = ("tests/emulator/test_cli.py", "tests/emulator/test_aws_notice_cli.py")
 
 
-def _xdist(workers: int) -> tuple[str, ...]:
-    # loadfile: a module's tests run one after another on one worker (its fixtures are set up once there,
-    # and two jobs of one module never compete with each other).
-    return ("-n", str(workers), "--dist", "loadfile") if workers > 1 else ()
+def _xdist(workers: int, dist: str) -> tuple[str, ...]:
+    return ("-n", str(workers), "--dist", dist) if workers > 1 else ()
 
 
-def lanes(fast_workers: int = 2, job_workers: int = 3) -> list[Lane]:
+def lanes(fast_workers: int = 3, job_workers: int = 3) -> list[Lane]:
     """The lanes of a whole run.
 
     The job tests mostly wait (on step sleeps, grace periods, timeouts), so several run at once and
@@ -93,7 +91,9 @@ def lanes(fast_workers: int = 2, job_workers: int = 3) -> list[Lane]:
     fast = ("tests/unit", "tests/contract", "tests/emulator", "tests/terraform", *(f"--ignore={f}" for f in JOB_FILES))
     jobs = ("tests/integration", "tests/chaos", "tests/ssh", *JOB_FILES)
     clusters = ("tests/ray", "tests/spark")
-    return [Lane("jobs", jobs, _xdist(job_workers)), Lane("fast", fast, _xdist(fast_workers)),
+    # worksteal: a job test goes to whichever worker is free, so the run does not end on one worker still
+    # going through a long module. loadfile: a fast module stays on one worker, its fixtures set up once.
+    return [Lane("jobs", jobs, _xdist(job_workers, "worksteal")), Lane("fast", fast, _xdist(fast_workers, "loadfile")),
             Lane("clusters", clusters, after="fast")]
 
 
@@ -212,7 +212,7 @@ def main(argv: list[str]) -> int:
     os.chdir(REPO)
     if picks_tests(argv) or os.environ.get("CLOUD_ELASTIC_TEST_LANES") == "serial":
         os.execv(sys.executable, [sys.executable, *BASE, *argv])
-    fast = int(os.environ.get("CLOUD_ELASTIC_TEST_WORKERS", "2"))
+    fast = int(os.environ.get("CLOUD_ELASTIC_TEST_WORKERS", "3"))
     jobs = int(os.environ.get("CLOUD_ELASTIC_TEST_JOB_WORKERS", "3"))
     return run_lanes(lanes(fast, jobs), argv)
 
