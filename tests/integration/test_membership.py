@@ -25,19 +25,26 @@ def _run_args(hosts: HostsFile, *extra: str) -> list[str]:
 
 
 def _effective_batches(job) -> list:
-    """The batch events that stayed in the training history: those rolled back by a reset are dropped.
+    """The batch events that stayed in the training history: those rolled back by a failure are dropped.
 
-    Every survivor of a failure restores the same commit (its ``step``), so a
-    reset with step S discards every batch, of any worker, taken after S. (A
-    graceful reset discards nothing: every member stopped at that commit.)
+    Each batch is tagged with the round its worker was in (the round of the worker's
+    latest hello or reset, in that worker's own order of output). A step that a
+    failure rolled back was trained again in a later round: for every step only
+    the batches of the last round that trained it count. (Read by round, not by
+    where a reset line falls among the other workers' lines: under load a
+    survivor's reset can be printed after another's first batches of the new round.)
     """
-    kept: list = []
+    round_of: dict[str, int] = {}
+    tagged = []
     for e in job.events:
-        if e.kind == "batch":
-            kept.append(e)
-        elif e.kind == "reset":
-            kept = [b for b in kept if b["step"] <= e["step"]]
-    return kept
+        if e.kind in ("hello", "reset"):
+            round_of[e["worker"]] = e["round"]
+        elif e.kind == "batch":
+            tagged.append((round_of[e["worker"]], e))
+    last = {}
+    for round_, e in tagged:
+        last[e["step"]] = max(last.get(e["step"], round_), round_)
+    return [e for round_, e in tagged if round_ == last[e["step"]]]
 
 
 def _size_runs(job) -> list[int]:
