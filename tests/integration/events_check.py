@@ -39,11 +39,8 @@ OWNERS: dict[str, frozenset[str]] = {
     _EVENTS + "test_scale_up_and_scale_in_by_discovery_are_recorded_as_hosts_changed_and_new_rounds": frozenset({
         "hosts_changed.added", "hosts_changed.missing", "hosts_changed.removed", "worker_left", "round_formed",
     }),
-    _EVENTS + "test_a_spot_notice_is_recorded_as_notice_drain_and_graceful_leave": frozenset({
-        "notice", "notice.deadline", "worker_left",
-    }),
-    _EVENTS + "test_a_host_the_provider_reports_draining_is_recorded_with_its_reason_and_deadline": frozenset({
-        "hosts_changed.draining", "worker_left",
+    _EVENTS + "test_a_spot_notice_and_a_host_the_provider_reports_draining_are_recorded_as_graceful_leaves": frozenset({
+        "notice", "notice.deadline", "hosts_changed.draining", "worker_left",
     }),
     "tests/integration/test_durable.py::test_whole_group_loss_resumes_from_the_checkpoint_with_exactly_once_samples":
         frozenset({"checkpoint_saved", "checkpoint_loaded"}),

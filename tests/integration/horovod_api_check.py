@@ -195,13 +195,13 @@ def one_step(rank: int, **options: Any) -> tuple[torch.nn.Module, list[tuple[tor
     opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(),
                                    bucket_cap_mb=1, **options)
     x = inputs(rank, 8, 5)
-    ctx = get_context()
-    recorder = ctx.pg = SentBytes(ctx.pg)
+    group = get_context()._group  # the round's group holds its process group (worker.groups.RoundGroup)
+    recorder = group.pg = SentBytes(group.pg)
     try:
         F.mse_loss(net(x), x.sum(1, keepdim=True)).backward()
         opt.step()
     finally:
-        ctx.pg = recorder.pg
+        group.pg = recorder.pg
     return net, recorder.sent
 
 

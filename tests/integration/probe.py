@@ -66,6 +66,8 @@ def main() -> None:
     p.add_argument("--hold-gil-at-step", type=int, default=-1,
                    help="the training thread runs forever in C code that never releases the GIL (--only-slot): "
                         "no other thread of the worker, its heartbeats included, runs again")
+    p.add_argument("--stop-when", default="",
+                   help="keep training past --steps/--min-resets until this file exists (rank 0 looks, after a commit)")
     args = p.parse_args()
 
     hvd.init()
@@ -116,6 +118,13 @@ def main() -> None:
             os._exit(0)
         time.sleep(args.step_sleep + slow_s)
 
+    def more() -> bool:
+        """Whether to train another step: until --steps and --min-resets are reached, then until rank 0
+        sees the --stop-when file (it decides for all: after a commit, where a collective costs no copy)."""
+        if state.step < args.steps or state.resets < args.min_resets:
+            return True
+        return bool(args.stop_when) and not hvd.broadcast_object(os.path.exists(args.stop_when), root_rank=0)
+
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         # Entered once per round, after the state sync, so every rank counts alike.
@@ -123,9 +132,12 @@ def main() -> None:
         while args.start_when and not os.path.exists(args.start_when):
             time.sleep(0.05)
         if sampler is None:
-            while state.step < args.steps or state.resets < args.min_resets:
+            while more():
                 one_step()
-                if state.step % args.commit_every == 0 or state.step >= args.steps:
+                # Past --steps every step commits (the last one must), except while only --min-resets keeps
+                # the loop going: then commits stay every --commit-every steps, as a test of it expects.
+                if state.step % args.commit_every == 0 or (state.step >= args.steps
+                                                           and state.resets >= args.min_resets):
                     state.commit()
                     event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
                 if mine and state.step == args.return_at_step:

@@ -174,10 +174,12 @@ def test_a_driver_restarted_before_any_checkpoint_resumes_from_what_the_old_work
     (tmp_path / "run").mkdir()
     ckpt, gate = tmp_path / "ckpt", tmp_path / "train-now"
     # The workers train (and so checkpoint) only once the gate exists: after the restarted driver has
-    # looked for checkpoints and found none. Their grace outlasts the restarted driver's start-up.
+    # looked for checkpoints and found none. Their grace outlasts the restarted driver's start-up (a few
+    # seconds, under load) and a checkpoint interval; the restarted driver waits all of it out, and 12 s more.
+    # In it they make 140 steps at most (0.1 s each): the restarted driver's workers train the rest.
     args = ["run", "-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "--checkpoint-dir", str(ckpt),
-            "--checkpoint-interval", "1", "--driver-grace", "20",
-            *probe_cmd("--steps", "250", "--step-sleep", "0.1", "--start-when", str(gate))]
+            "--checkpoint-interval", "1", "--driver-grace", "14",
+            *probe_cmd("--steps", "180", "--step-sleep", "0.1", "--start-when", str(gate))]
     first = jobs(args, env=env)
     first.wait_for(lambda j: len(j.of("hello")) == 2, timeout=120, what="the workers in their first round")
     job_id = first.job_id()

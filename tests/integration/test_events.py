@@ -1,8 +1,8 @@
 """The events file of real jobs: each kind's fields checked against what the workers did.
 
-Four runs: a worker killed with SIGKILL (failure, rollback, smaller round), a
-host added and removed by discovery (scale-up, scale-in), a spot notice from a
-fake instance metadata service (graceful drain), and a host the discovery
+Three runs: a worker killed with SIGKILL (failure, rollback, smaller round), a
+host added and removed by discovery (scale-up, scale-in), and a spot notice from a
+fake instance metadata service (graceful drain) followed by a host the discovery
 provider itself reports draining. ``checkpoint_saved`` / ``checkpoint_loaded``
 are checked by test_durable.py, the adoption kinds by test_driver_adoption.py;
 events_check.OWNERS says which test checks which kind, and fails a test that
@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import signal
 import time
 
@@ -85,6 +86,9 @@ def test_a_killed_worker_is_recorded_as_failure_rollback_and_smaller_round(jobs,
 
 
 def test_scale_up_and_scale_in_by_discovery_are_recorded_as_hosts_changed_and_new_rounds(jobs, tmp_path):
+    """A host added by discovery is admitted without a rollback, as the youngest worker; a host removed
+    from discovery leaves at a commit after the missing-host grace, and the others go on without a
+    rollback. (Once test_membership.py's scale-up and scale-in tests: their assertions are here.)"""
     path = tmp_path / "events.jsonl"
     hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2"])
     job = jobs(["run", "-np", "2", "--min-np", "1", "--max-np", "3", "--host-discovery-script", str(hosts.script),
@@ -117,86 +121,100 @@ def test_scale_up_and_scale_in_by_discovery_are_recorded_as_hosts_changed_and_ne
     # step the members had committed: nobody rolled back.
     grown, shrunk = rounds[1], rounds[2]
     assert grown["ranks"] == {"127.0.0.1": [0], "127.0.0.2": [1], "127.0.0.3": [2]} and grown["synced"] is True
+    assert [e["rank"] for e in job.of("hello") if e["worker"].startswith("127.0.0.3")] == [2]
     resumed = [r for r in job.of("reset") if r["size"] == 3 and not r["worker"].startswith("127.0.0.3")]
     assert {r["step"] for r in resumed} == {grown["step"]} and grown["step"] >= 5
+    # (the newcomer's own count of executed steps starts after its sync, so its first reset is left out)
+    assert all(r["executed"] == r["step"] for r in job.of("reset") if not r["worker"].startswith("127.0.0.3"))
     # The removed host's worker left at a commit; the others re-formed without a sync or a rollback.
     left = only(events, "worker_left")
     assert (left["host"], left["slot"], left["round"]) == ("127.0.0.2", 0, 2) and "left the group" in left["reason"]
     assert left["ts"] >= removed["ts"]
+    assert "left the group" in job.output()
+    assert not re.search(r"round \d+ aborted", job.output()), job.output()
     assert (shrunk["ranks"], shrunk["synced"]) == ({"127.0.0.1": [0], "127.0.0.3": [1]}, False)
+    shrunk_resets = [r for r in job.of("reset") if r["size"] == 2]
+    assert {r["worker"].split("[")[0] for r in shrunk_resets} == {"127.0.0.1", "127.0.0.3"}
+    assert {r["step"] for r in shrunk_resets} == {shrunk["step"]}, shrunk_resets
     # (the newcomer's own count of executed steps starts after its sync, so only the old worker is compared)
-    kept = [r for r in job.of("reset") if r["size"] == 2 and r["worker"].startswith("127.0.0.1")]
+    kept = [r for r in shrunk_resets if r["worker"].startswith("127.0.0.1")]
     assert kept and all(r["executed"] == r["step"] == shrunk["step"] for r in kept), kept
     assert of(events, "rollback") == [] and of(events, "worker_failed") == []
     assert only(events, "job_finished")["resets"] == 2
+    # Both finished at the same step with the same parameters, the newcomer too: the sync it got was whole.
+    done = job.of("done")
+    assert sorted(e["worker"].split("[")[0] for e in done) == ["127.0.0.1", "127.0.0.3"], job.output()
+    assert {e["size"] for e in done} == {2} and len({e["checksum"] for e in done}) == 1
+    assert len({e["step"] for e in done}) == 1 and done[0]["step"] >= 60
+    # The removed worker's exit is not what made the job succeed: two workers finished.
+    assert "training completed on 2 worker(s)" in job.lines[-1]
 
 
 @pytest.mark.timeout(180)
-def test_a_spot_notice_is_recorded_as_notice_drain_and_graceful_leave(jobs, tmp_path):
-    path = tmp_path / "events.jsonl"
-    with per_host(FakeAWSMetadata, ["127.0.0.1", "127.0.0.2"]) as fakes:
-        env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://{{host}}:{fakes['127.0.0.1'].port}",
-               "AWS_EC2_METADATA_DISABLED": "false"}
-        job = jobs(["run", "-np", "3", "--min-np", "1", "-H", "127.0.0.1:2,127.0.0.2:1", "--notice-watcher", "aws",
-                    "--events-file", str(path), *probe_cmd("--steps", "60")], env=env)
-        job.wait_event("commit", rank=0, step=5)
-        deadline = time.time() + 120
-        fakes["127.0.0.2"].set_spot_action("terminate", when=deadline)
-        assert job.finish() == 0, job.output()
-    events = read_events(path)
-    check_lifecycle(events, job)
-
-    notice = only(events, "notice")
-    assert (notice["source"], notice["host"], notice["action"], notice["soft"]) == ("aws-imds", "127.0.0.2", "drain", False)
-    assert abs(notice["deadline"] - deadline) < 1.0 and "spot" in notice["reason"].lower()
-    left = only(events, "worker_left")
-    assert (left["host"], left["slot"], left["round"]) == ("127.0.0.2", 0, 1) and "draining" in left["reason"]
-    assert notice["ts"] <= left["ts"]
-    # A graceful leave: no failure, no rollback, the others carry on from where they were.
-    assert of(events, "worker_failed") == [] and of(events, "rollback") == []
-    resets = job.of("reset")
-    assert resets and all(r["executed"] == r["step"] for r in resets), resets
-    shrunk = of(events, "round_formed")[-1]
-    assert (shrunk["round"], shrunk["size"], shrunk["ranks"]) == (2, 2, {"127.0.0.1": [0, 1]})
-    assert shrunk["step"] == resets[0]["step"]
-    assert only(events, "job_finished")["outcome"] == "succeeded"
-
-
-def test_a_host_the_provider_reports_draining_is_recorded_with_its_reason_and_deadline(jobs, tmp_path):
-    """A drain that discovery reports (a cloud group's own state, AWS queue mode) is a ``hosts_changed``
-    with the provider's reason and deadline. The example ``hostsfile`` plugin (examples/plugin, installed
-    by ./dev) stands in for a cloud: a discovery script cannot say "draining"."""
+def test_a_spot_notice_and_a_host_the_provider_reports_draining_are_recorded_as_graceful_leaves(jobs, tmp_path):
+    """Two drains, one after the other: a spot notice from 127.0.0.2's fake instance metadata service (a
+    ``notice`` with its deadline), then 127.0.0.3 reported draining by the discovery provider itself (a
+    ``hosts_changed`` with the provider's reason and deadline, as a cloud group's own state or AWS queue mode
+    gives it). The example ``hostsfile`` plugin (examples/plugin, installed by ./dev) stands in for a
+    cloud: a discovery script cannot say "draining". Each worker leaves at a commit, saying why; the
+    others go on without a rollback."""
     path, hosts = tmp_path / "events.jsonl", tmp_path / "hosts.json"
 
     def publish(document: dict) -> None:
         hosts.with_suffix(".tmp").write_text(json.dumps(document))
         hosts.with_suffix(".tmp").replace(hosts)
 
-    publish({"ready": {"127.0.0.1": 2, "127.0.0.2": 1}})
-    job = jobs(["run", "-np", "3", "--min-np", "1", "--provider", "hostsfile", "-o", f"path={hosts}",
-                "--discovery-interval", "0.2", "--events-file", str(path), *probe_cmd("--steps", "60")])
-    job.wait_event("commit", rank=0, step=5)
-    deadline = float(int(time.time()) + 300)
-    publish({"ready": {"127.0.0.1": 2},
-             "draining": {"127.0.0.2": {"reason": "maintenance window", "deadline": deadline}}})
-    assert job.finish() == 0, job.output()
+    publish({"ready": {"127.0.0.1": 2, "127.0.0.2": 1, "127.0.0.3": 1}})
+    with per_host(FakeAWSMetadata, ["127.0.0.1", "127.0.0.2", "127.0.0.3"]) as fakes:
+        env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://{{host}}:{fakes['127.0.0.1'].port}",
+               "AWS_EC2_METADATA_DISABLED": "false"}
+        job = jobs(["run", "-np", "4", "--min-np", "1", "--provider", "hostsfile", "-o", f"path={hosts}",
+                    "--discovery-interval", "0.2", "--notice-watcher", "aws", "--events-file", str(path),
+                    *probe_cmd("--steps", "60", "--min-resets", "2")], env=env)
+        job.wait_event("commit", rank=0, step=5)
+        notice_deadline = time.time() + 120
+        fakes["127.0.0.2"].set_spot_action("terminate", when=notice_deadline)
+        job.wait_event("commit", rank=0, size=3)
+        deadline = float(int(time.time()) + 300)
+        publish({"ready": {"127.0.0.1": 2, "127.0.0.2": 1},
+                 "draining": {"127.0.0.3": {"reason": "maintenance window", "deadline": deadline}}})
+        assert job.finish() == 0, job.output()
     events = read_events(path)
     check_lifecycle(events, job)
-
     assert only(events, "job_started")["provider"] == "hostsfile"
-    first, drained = of(events, "hosts_changed")
-    assert first["added"] == [{"host": "127.0.0.1", "slots": 2}, {"host": "127.0.0.2", "slots": 1}]
-    assert drained["draining"] == [{"host": "127.0.0.2", "reason": "maintenance window", "deadline": deadline}]
-    assert (drained["added"], drained["removed"], drained["missing"]) == ([], [], [])
-    # Its worker left at a commit, saying why; the others went on without a rollback.
-    left = only(events, "worker_left")
-    assert (left["host"], left["slot"], left["round"]) == ("127.0.0.2", 0, 1)
-    assert left["reason"] == "host 127.0.0.2 is draining (maintenance window)" and left["ts"] >= drained["ts"]
+    # A graceful leave each: no failure, no rollback, the others carry on from where they were.
     assert of(events, "worker_failed") == [] and of(events, "rollback") == []
-    shrunk = of(events, "round_formed")[-1]
-    assert (shrunk["round"], shrunk["size"], shrunk["ranks"], shrunk["synced"]) == (2, 2, {"127.0.0.1": [0, 1]}, False)
     resets = job.of("reset")
-    assert resets and all(r["executed"] == r["step"] == shrunk["step"] for r in resets), resets
+    assert resets and all(r["executed"] == r["step"] for r in resets), resets
+    left = {e["host"]: e for e in of(events, "worker_left")}
+    assert sorted(left) == ["127.0.0.2", "127.0.0.3"], left
+    start, after_notice, after_drain = of(events, "round_formed")
+    assert (start["round"], start["size"]) == (1, 4)
+
+    # The spot notice.
+    notice = only(events, "notice")
+    assert (notice["source"], notice["host"], notice["action"], notice["soft"]) == ("aws-imds", "127.0.0.2", "drain", False)
+    assert abs(notice["deadline"] - notice_deadline) < 1.0 and "spot" in notice["reason"].lower()
+    spot = left["127.0.0.2"]
+    assert (spot["slot"], spot["round"]) == (0, 1) and "draining" in spot["reason"]
+    assert notice["ts"] <= spot["ts"]
+    assert (after_notice["round"], after_notice["size"]) == (2, 3)
+    assert after_notice["ranks"] == {"127.0.0.1": [0, 1], "127.0.0.3": [2]}
+    assert {r["step"] for r in resets if r["size"] == 3} == {after_notice["step"]}
+
+    # The provider's drain.
+    first = of(events, "hosts_changed")[0]
+    assert first["added"] == [{"host": "127.0.0.1", "slots": 2}, {"host": "127.0.0.2", "slots": 1},
+                              {"host": "127.0.0.3", "slots": 1}]
+    [drained] = [h for h in of(events, "hosts_changed") if h["draining"]]
+    assert drained["draining"] == [{"host": "127.0.0.3", "reason": "maintenance window", "deadline": deadline}]
+    assert (drained["added"], drained["removed"], drained["missing"]) == ([], [], [])
+    provider = left["127.0.0.3"]
+    assert (provider["slot"], provider["round"]) == (0, 2)
+    assert provider["reason"] == "host 127.0.0.3 is draining (maintenance window)" and provider["ts"] >= drained["ts"]
+    assert (after_drain["round"], after_drain["size"], after_drain["ranks"], after_drain["synced"]) == (
+        3, 2, {"127.0.0.1": [0, 1]}, False)
+    assert {r["step"] for r in resets if r["size"] == 2} == {after_drain["step"]}
     assert only(events, "job_finished")["outcome"] == "succeeded"
 
 

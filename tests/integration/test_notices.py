@@ -57,7 +57,9 @@ def test_a_notice_on_one_host_drains_it_at_the_next_commit_with_zero_rollback(jo
     factory = {"aws": FakeAWSMetadata, "gcp": FakeGCPMetadata, "azure": FakeAzureMetadata}[cloud]
     with per_host(factory, HOSTS) as fakes:
         port = fakes[HOSTS[0]].port
-        job = _job(jobs, tmp_path, cloud, port, "--steps", "120", "--commit-every", str(COMMIT_EVERY))
+        # --min-resets 1: the job trains on (committing every 5 steps) until the drain has happened.
+        job = _job(jobs, tmp_path, cloud, port, "--steps", "30", "--commit-every", str(COMMIT_EVERY),
+                   "--min-resets", "1")
         job.wait_event("commit", rank=0, step=10)
         fake = fakes[LEAVING]
         if cloud == "aws":
@@ -80,27 +82,32 @@ def test_a_notice_on_one_host_drains_it_at_the_next_commit_with_zero_rollback(jo
 def test_a_deadline_before_the_next_commit_removes_the_host_by_force_and_survivors_roll_back(jobs, tmp_path):
     with per_host(FakeAWSMetadata, HOSTS) as fakes:
         port = fakes[HOSTS[0]].port
-        # A commit only every 200 steps (about 10 s): the notice's deadline comes first.
-        job = _job(jobs, tmp_path, "aws", port, "--steps", "260", "--commit-every", "200")
-        job.wait_event("commit", rank=0, step=200, timeout=120)
+        # A commit only every 60 steps (about 3 s), and none after the notice before the last step: the
+        # notice's deadline comes first.
+        job = _job(jobs, tmp_path, "aws", port, "--steps", "120", "--commit-every", "60")
+        job.wait_event("commit", rank=0, step=60, timeout=120)
         fakes[LEAVING].set_spot_action("terminate", time.time() + 7)  # the driver acts 5 s before
         assert job.finish(timeout=120) == 0, job.output()
     out = job.output()
     assert "removed by force" in out, out
     resets = job.of("reset")
     assert resets and all(r["size"] == 2 for r in resets)
-    assert any(r["executed"] > r["step"] for r in resets)  # rolled back to the commit at step 200
-    assert all(r["step"] == 200 for r in resets)
+    assert any(r["executed"] > r["step"] for r in resets)  # rolled back to the commit at step 60
+    assert all(r["step"] == 60 for r in resets)
     done = job.of("done")
-    assert len(done) == 2 and {e["step"] for e in done} == {260} and len({e["checksum"] for e in done}) == 1
+    assert len(done) == 2 and {e["step"] for e in done} == {120} and len({e["checksum"] for e in done}) == 1
     # A drained host is not blacklisted: it did nothing wrong.
     assert "blacklisted" not in " ".join(line for line in job.lines if LEAVING in line)
 
 
-def test_malformed_metadata_answers_leave_the_job_unharmed(jobs, tmp_path):
+def test_malformed_metadata_answers_leave_the_job_unharmed_and_one_watcher_runs_per_host(jobs, tmp_path):
+    """Faults on one host's metadata service change nothing; a host with two slots runs one watcher."""
+    stop = tmp_path / "stop"
     with per_host(FakeAWSMetadata, HOSTS) as fakes:
-        port = fakes[HOSTS[0]].port
-        job = _job(jobs, tmp_path, "aws", port, "--steps", "400")
+        files = HostsFile(tmp_path, ["127.0.0.1:2", *HOSTS[1:]])
+        job = jobs(["run", "-np", "4", "--min-np", "1", "--host-discovery-script", str(files.script),
+                    "--notice-watcher", "aws", "--discovery-interval", "0.3",
+                    *probe_cmd("--steps", "5", "--stop-when", str(stop))], env=_env("aws", fakes[HOSTS[0]].port))
         job.wait_event("commit", rank=0, step=5)
         fake = fakes[LEAVING]
         path = "/latest/meta-data/spot/instance-action"
@@ -111,21 +118,13 @@ def test_malformed_metadata_answers_leave_the_job_unharmed(jobs, tmp_path):
         fake.set_raw_spot_action(b'{"action": "terminate"}')  # no time: not a notice this watcher can trust
         # The 7 faults, then at least one read of the untrustworthy notice, all while the job trains.
         assert fake.wait_for(lambda: fake.count(path) >= served + 8, timeout=60), fake.count(path) - served
+        # Meanwhile the healthy hosts were watched for a few seconds: time enough for a second watcher to show up.
+        for host in HOSTS[:2]:
+            assert fakes[host].wait_for(lambda f=fakes[host]: f.count(path) >= 4, timeout=90), job.output()
         assert job.proc.poll() is None, job.output()
+        stop.touch()
         assert job.finish(timeout=120) == 0, job.output()
     assert job.of("reset") == []  # nobody left, nobody was lost
-    assert len(job.of("done")) == 3
-
-
-def test_one_watcher_runs_per_host_whatever_its_slots(jobs, tmp_path):
-    hosts = ["127.0.0.1", "127.0.0.2"]
-    with per_host(FakeAWSMetadata, hosts) as fakes:
-        files = HostsFile(tmp_path, ["127.0.0.1:2", "127.0.0.2"])
-        job = jobs(["run", "-np", "3", "--host-discovery-script", str(files.script), "--notice-watcher", "aws",
-                    "--discovery-interval", "0.3", *probe_cmd("--steps", "400")], env=_env("aws", fakes[hosts[0]].port))
-        spot = "/latest/meta-data/spot/instance-action"
-        for host in hosts:  # a few seconds of watching: time enough for a second watcher to show up
-            assert fakes[host].wait_for(lambda f=fakes[host]: f.count(spot) >= 4, timeout=90), job.output()
-        job.kill()
+    assert len(job.of("done")) == 4
     # Each watcher takes one IMDSv2 token (valid for 6 h) when it starts: one token, one watcher.
-    assert [fakes[h].count("/latest/api/token", "PUT") for h in hosts] == [1, 1]
+    assert [fakes[h].count("/latest/api/token", "PUT") for h in HOSTS[:2]] == [1, 1]

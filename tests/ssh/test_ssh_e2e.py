@@ -162,9 +162,9 @@ def test_removing_a_host_stops_its_remote_worker(job, marker, tmp_path):
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
     # A short missing-host grace: with the default 10 s, the 10 s of training could end before the
-    # host counted as gone (it did once, on a quiet machine).
+    # host counted as gone (it did once, on a quiet machine). With 1 s, 10 s of training are ample.
     run = job("", "--host-discovery-script", str(script), "--host-missing-grace", "1", np=2, min_np=1,
-              train=("--steps", "400", "--step-sleep", "0.05", "--log-every", "10"))
+              train=("--steps", "200", "--step-sleep", "0.05", "--log-every", "10"))
     run.wait_for("workers 2")
     leaving = _worker_pid(marker, "127.0.0.3")
     hosts.write_text("127.0.0.2:1\n")

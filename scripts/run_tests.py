@@ -1,0 +1,221 @@
+"""The whole test suite in lanes side by side, or plain pytest when the caller picks tests.
+
+``./dev test`` runs this (through ``scripts/test.sh``). With no test paths among its
+arguments it runs these pytest processes:
+
+- ``jobs``: the tests that run real jobs or an sshd (integration, chaos, ssh, and the
+  emulator files that run jobs, :data:`JOB_FILES`) over ``pytest-xdist`` workers
+  (``CLOUD_ELASTIC_TEST_JOB_WORKERS``, default 3), each test on whichever is free;
+- ``fast``: the tests that start no job (unit, contract, emulator, terraform) over
+  ``CLOUD_ELASTIC_TEST_WORKERS`` xdist workers (default 3), a module's tests one after
+  another on one worker;
+- ``clusters``: tests/ray and tests/spark, one test at a time (a local Ray cluster or
+  Spark session per module), started when ``fast`` has ended.
+
+Each lane is plain pytest with the project's configuration, so every test keeps its
+pytest-timeout bound. Every lane's output is shown as it comes, each line prefixed
+with the lane's name; at the end each lane's own summary line is repeated and a
+total follows on the last line (``total: N passed, N failed, N skipped``). The exit
+code is 0 only when every lane passed.
+
+Arguments:
+
+- options only (``-x``, ``-q -ra``, ``-k EXPR``, ``-m EXPR``, ``--timeout 60`` ...)
+  go to every lane, after the lane's own (so a user's ``-n`` wins in every lane);
+- any test path or node id (``tests/unit``, ``tests/unit/test_job.py::test_x``)
+  means the caller chose the tests: this runs ``pytest -p no:cacheprovider ARGS``
+  alone, in the foreground, exactly as ``./dev test ARGS`` did before lanes;
+- ``CLOUD_ELASTIC_TEST_LANES=serial`` runs the whole suite as one plain pytest
+  (the old ``./dev test``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["-m", "pytest", "-p", "no:cacheprovider"]
+
+#: Options of pytest (and its plugins used here) that take a value as the next argument:
+#: that value is not a test path even when a file of that name exists.
+_TAKES_VALUE = {
+    "-k", "-m", "-p", "-o", "-c", "-n", "-W", "--rootdir", "--basetemp", "--junitxml", "--junit-xml",
+    "--timeout", "--timeout-method", "--durations", "--durations-min", "--maxfail", "--deselect", "--ignore",
+    "--ignore-glob", "--confcutdir", "--log-level", "--log-file", "--tb", "-r", "--dist", "--numprocesses",
+    "--maxprocesses", "--import-mode", "--capture", "--override-ini", "--config-file",
+}
+
+
+@dataclass
+class Lane:
+    """One pytest process over some test directories; with ``after``, started once that lane has ended."""
+
+    name: str
+    paths: tuple[str, ...]
+    options: tuple[str, ...] = ()
+    after: str | None = None
+    proc: subprocess.Popen | None = None
+    lines: list[str] = field(default_factory=list)
+    started: float = 0.0
+    ended: float = 0.0
+
+    def command(self, user_args: list[str]) -> list[str]:
+        return [sys.executable, *BASE, *self.paths, *self.options, *user_args]
+
+
+#: Files outside the job directories whose tests run real jobs (``tests.integration.harness.Job``):
+#: they run in the jobs lane, and the fast lane leaves them out.
+JOB_FILES = ("tests/emulator/test_cli.py", "tests/emulator/test_aws_notice_cli.py")
+
+
+def _xdist(workers: int, dist: str) -> tuple[str, ...]:
+    return ("-n", str(workers), "--dist", dist) if workers > 1 else ()
+
+
+def lanes(fast_workers: int = 3, job_workers: int = 3) -> list[Lane]:
+    """The lanes of a whole run.
+
+    The job tests mostly wait (on step sleeps, grace periods, timeouts), so several run at once and
+    take the whole run's time. The fast tests are CPU-bound: they share the two cores with the jobs,
+    and only then do Ray and Spark start, one test at a time: a local Ray cluster or Spark session
+    per module is heavy, and slows down threefold when it competes with the fast lane.
+    """
+    fast = ("tests/unit", "tests/contract", "tests/emulator", "tests/terraform", *(f"--ignore={f}" for f in JOB_FILES))
+    jobs = ("tests/integration", "tests/chaos", "tests/ssh", *JOB_FILES)
+    clusters = ("tests/ray", "tests/spark")
+    # worksteal: a job test goes to whichever worker is free, so the run does not end on one worker still
+    # going through a long module. loadfile: a fast module stays on one worker, its fixtures set up once.
+    return [Lane("jobs", jobs, _xdist(job_workers, "worksteal")), Lane("fast", fast, _xdist(fast_workers, "loadfile")),
+            Lane("clusters", clusters, after="fast")]
+
+
+def picks_tests(args: list[str]) -> bool:
+    """Whether ``args`` name test paths or node ids (anything pytest would collect from)."""
+    previous = ""
+    for arg in args:
+        if not arg.startswith("-") and previous not in _TAKES_VALUE:
+            if (REPO / arg.split("::", 1)[0]).exists() or Path(arg.split("::", 1)[0]).exists():
+                return True
+        previous = arg if "=" not in arg else ""
+    return False
+
+
+_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?)\b")
+
+
+def summary_line(lines: list[str]) -> str | None:
+    """pytest's closing line (``=== 3 failed, 10 passed in 5.0s ===`` or its ``-q`` form)."""
+    for line in reversed(lines):
+        if " in " in line and _COUNT.search(line):
+            return line.strip("= ").strip()
+        if "no tests ran" in line:
+            return line.strip("= ").strip()
+    return None
+
+
+def counts(line: str | None) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for number, word in _COUNT.findall(line or ""):
+        word = {"error": "errors", "warning": "warnings"}.get(word, word)
+        found[word] = found.get(word, 0) + int(number)
+    return found
+
+
+def _pump(lane: Lane, width: int) -> None:
+    assert lane.proc is not None and lane.proc.stdout is not None
+    prefix = f"[{lane.name}]".ljust(width)
+    for raw in iter(lane.proc.stdout.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        lane.lines.append(line)
+        sys.stdout.write(f"{prefix} {line}\n")
+        sys.stdout.flush()
+
+
+def run_lanes(chosen: list[Lane], user_args: list[str]) -> int:
+    width = max(len(lane.name) for lane in chosen) + 2
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    pumps: dict[str, threading.Thread] = {}
+    by_name = {lane.name: lane for lane in chosen}
+
+    def start(lane: Lane) -> None:
+        print(f"[{lane.name}] {' '.join(lane.command(user_args)[1:])}", flush=True)
+        lane.started = time.monotonic()
+        lane.proc = subprocess.Popen(lane.command(user_args), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        pumps[lane.name] = threading.Thread(target=_pump, args=(lane, width), daemon=True)
+        pumps[lane.name].start()
+
+    def forward(signum, _frame) -> None:  # SIGTERM to the runner ends the lanes too
+        for lane in chosen:
+            if lane.proc is not None and lane.proc.poll() is None:
+                lane.proc.send_signal(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, forward)
+    interrupted = False
+    while any(not lane.ended for lane in chosen):
+        for lane in chosen:
+            if lane.proc is None and not lane.ended:
+                before = by_name.get(lane.after) if lane.after else None
+                if interrupted:
+                    lane.ended = time.monotonic()  # never started: no summary line, so the lane fails
+                elif before is None or before.ended:
+                    start(lane)
+            elif lane.proc is not None and not lane.ended and lane.proc.poll() is not None:
+                pumps[lane.name].join(30)
+                lane.ended = time.monotonic()
+        try:
+            time.sleep(0.2)
+        except KeyboardInterrupt:  # Ctrl-C reached the lanes as well: let them write their reports
+            interrupted = True
+    return report(chosen)
+
+
+def report(chosen: list[Lane]) -> int:
+    total: dict[str, int] = {}
+    failed_lanes = []
+    ran_any = False
+    print()
+    for lane in chosen:
+        rc = lane.proc.returncode if lane.proc is not None else None
+        line = summary_line(lane.lines)
+        found = counts(line)
+        for key, value in found.items():
+            total[key] = total.get(key, 0) + value
+        ran = sum(found.get(k, 0) for k in ("passed", "failed", "errors", "xfailed", "xpassed", "skipped"))
+        ran_any = ran_any or ran > 0
+        # pytest's 5 is "no tests collected": a lane whose tests were all deselected by -k/-m did nothing wrong.
+        if rc not in (0, 5) or line is None:
+            failed_lanes.append(lane.name)
+        print(f"lane {lane.name}: exit {rc} after {lane.ended - lane.started:.0f}s: {line or 'no pytest summary line'}")
+    if not ran_any:
+        failed_lanes.append("(no test ran)")
+    failed = total.get("failed", 0) + total.get("errors", 0)
+    detail = ", ".join(f"{total[k]} {k}" for k in ("errors", "xfailed", "xpassed", "deselected") if total.get(k))
+    if failed_lanes:
+        print(f"failed lanes: {', '.join(failed_lanes)}")
+    if detail:
+        print(f"also: {detail}")
+    print(f"total: {total.get('passed', 0)} passed, {failed} failed, {total.get('skipped', 0)} skipped")
+    return 1 if failed_lanes or failed else 0
+
+
+def main(argv: list[str]) -> int:
+    os.chdir(REPO)
+    if picks_tests(argv) or os.environ.get("CLOUD_ELASTIC_TEST_LANES") == "serial":
+        os.execv(sys.executable, [sys.executable, *BASE, *argv])
+    fast = int(os.environ.get("CLOUD_ELASTIC_TEST_WORKERS", "3"))
+    jobs = int(os.environ.get("CLOUD_ELASTIC_TEST_JOB_WORKERS", "3"))
+    return run_lanes(lanes(fast, jobs), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
