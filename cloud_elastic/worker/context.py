@@ -25,6 +25,7 @@ with ``python``), the context runs standalone: one process, rank 0 of 1.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import logging
 import os
@@ -108,6 +109,8 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self._carried_update: float | None = None
         self._shutdown = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        #: Threads forming a round's group (they block in torch until the group forms or times out).
+        self._formations: list[threading.Thread] = []
         self.device = torch.device("cpu")
         #: Commits made by this process (its progress, for the driver's status and events).
         self.commits = 0
@@ -159,6 +162,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
     def start(self) -> None:
         """Register with the driver, start heartbeats and join the first round."""
         memory.keep_freed_memory(self.settings.malloc_tuning)
+        atexit.register(self._at_exit)
         self.progress.watch_thread()
         if self.backend == "nccl":
             nccl_error_handling_default()
@@ -273,6 +277,34 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
                 return
             if reply.decision == "leave":
                 raise WorkerRemoved(reply.reason or "returned from its training function before rank 0")
+
+    def _at_exit(self, timeout_s: float = 10.0) -> None:
+        """As the process exits, before the interpreter finalizes: let go of every process group now.
+
+        A daemon thread still inside a group's destructor (a release 1 s after a
+        round switch, a reclaim after a failure) or a group's formation when the
+        interpreter finalizes is ended by the interpreter in the middle of torch's
+        C++ code: ``terminate called without an active exception`` and SIGABRT,
+        after a job that had succeeded (seen once in ``test_commit_kill_points``).
+        So heartbeats stop, the current group is let go on this thread (a Gloo
+        group abandoned first: nothing uses it again, and its destructor then
+        cannot wait on a peer), pending releases run here, and reclaims and
+        formations still running are waited for, all within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        self._shutdown.set()
+        group, self._group = self._group, None
+        if group is not None:
+            if group.backend == "gloo" or group.abandoned:
+                self._reaper.retire(group)
+            else:
+                self._reaper.release(group, after_s=timeout_s)  # run at once by drain below
+            del group
+        drained = self._reaper.drain(max(0.0, deadline - time.monotonic()))
+        for thread in self._formations:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if not drained or any(t.is_alive() for t in self._formations):
+            log.warning("worker %s: a process group was still being formed or destroyed at exit", self.worker_id)
 
     def close(self) -> None:
         self._shutdown.set()

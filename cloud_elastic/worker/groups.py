@@ -176,7 +176,9 @@ class RoundGroupsMixin:
         # A group that never forms while every member still heartbeats is given up at a
         # deadline far below Gloo's own timeout: this worker then rejoins with a failure,
         # which aborts the round for its peers too.
-        threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True).start()
+        former = threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True)
+        self._formations = [t for t in getattr(self, "_formations", ()) if t.is_alive()] + [former]  # joined at exit
+        former.start()
         limit_s = min(self.settings.group_form_timeout_s, self.collective_timeout_s)
         deadline = time.monotonic() + limit_s
         with self.progress.waiting():
@@ -222,7 +224,7 @@ class RoundGroupsMixin:
         if group.abandoned or self._last_reason == "failure":
             self._reaper.retire(group)
         else:
-            Reaper.release(group)
+            self._reaper.release(group)
 
     def _member_addresses(self, info: RoundInfo) -> set[str] | None:
         """The IP addresses of the round's members, or None when they cannot all be known.

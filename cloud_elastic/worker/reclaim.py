@@ -30,6 +30,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Any, Iterable
 
 __all__ = ["socket_inodes", "GroupSockets", "Reaper"]
@@ -120,9 +121,11 @@ class Reaper:
         self.leaked = 0
         self._lock = threading.Lock()
         self._keep: list[Any] = []  # groups whose destruction did not finish in time, or could not be tried
+        #: Releases not yet done (their timer, and the drop it runs), and destructions still running.
+        self._timers: dict[threading.Timer, Any] = {}
+        self._running: set[threading.Event] = set()
 
-    @staticmethod
-    def release(group: Any, after_s: float = 1.0) -> None:
+    def release(self, group: Any, after_s: float = 1.0) -> None:
         """Drop a group with no pending work off the caller's thread; never blocks.
 
         Its destructor joins Gloo's worker threads (20-30 ms for a group of
@@ -135,21 +138,55 @@ class Reaper:
         holder = [group]
         del group
 
-        def drop() -> None:
-            if holder and getattr(holder[0], "backend", "") == "nccl":
+        def drop() -> None:  # on the timer's thread, or on the exiting thread (drain): once either way
+            with self._lock:
+                self._timers.pop(timer, None)
+                if not holder:
+                    return
+                mine = holder.pop()
+            if getattr(mine, "backend", "") == "nccl":
                 # An NCCL group is shut down, not just dropped: torch warns about (and aborts) a
                 # communicator destroyed without it.
-                shutdown = getattr(holder[0].pg, "shutdown", None)
+                shutdown = getattr(mine.pg, "shutdown", None)
                 try:
                     if shutdown is not None:
                         shutdown()
                 except RuntimeError as exc:
                     log.warning("shutting down an NCCL process group failed: %s", exc)
-            holder.clear()
+            del mine
 
         timer = threading.Timer(after_s, drop)
         timer.name, timer.daemon = "cloud-elastic-release", True
+        with self._lock:
+            self._timers[timer] = drop
         timer.start()
+
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Finish every release and destruction now, on this thread or within ``timeout_s``; True if all did.
+
+        Called as the process exits. A daemon thread still inside a process
+        group's destructor (or any torch call that let go of the GIL) when the
+        interpreter finalizes is ended by the interpreter as it takes the GIL
+        back, in the middle of C++ code: the process dies of
+        ``terminate called without an active exception`` (SIGABRT) after a job
+        that succeeded. Pending releases run here instead, before finalization.
+        """
+        with self._lock:
+            pending = list(self._timers.items())
+            self._timers.clear()
+        deadline = time.monotonic() + timeout_s
+        for timer, drop in pending:
+            timer.cancel()
+            timer.join(max(0.0, deadline - time.monotonic()))  # a drop already running on it finishes first
+            drop()  # a no-op when the timer's thread did it
+        while True:
+            with self._lock:
+                running = list(self._running)
+            if not running:
+                return True
+            if not running[0].wait(max(0.0, deadline - time.monotonic())):
+                log.warning("a process group was still being destroyed %.0fs into the exit", timeout_s)
+                return False
 
     def retire(self, group: Any) -> None:
         """Release an abandoned group (abandoning it first if that was not done); never blocks.
@@ -167,6 +204,8 @@ class Reaper:
             return
         holder = [group]
         done = threading.Event()
+        with self._lock:
+            self._running.add(done)
 
         def destroy() -> None:
             holder.clear()  # the last reference, unless a caller's frame still holds it (harmless now)
@@ -178,6 +217,7 @@ class Reaper:
             if done.wait(self.bound_s):
                 with self._lock:
                     self.reclaimed += 1
+                    self._running.discard(done)
             else:
                 log.warning("an abandoned process group did not release its threads within %.0fs; left to the OS", self.bound_s)
                 with self._lock:

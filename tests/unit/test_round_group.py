@@ -154,8 +154,84 @@ def test_an_nccl_group_let_go_gracefully_is_shut_down_off_the_callers_thread():
             self.shutdowns.append(threading.current_thread().name)
 
     pg = Graceful()
-    Reaper.release(RoundGroup(pg, object(), None, "nccl"), after_s=0.01)
+    Reaper().release(RoundGroup(pg, object(), None, "nccl"), after_s=0.01)
     deadline = time.monotonic() + 5
     while not pg.shutdowns and time.monotonic() < deadline:
         time.sleep(0.01)
     assert pg.shutdowns == ["cloud-elastic-release"] and pg.aborts == 0
+
+
+def test_at_exit_a_pending_release_runs_on_the_exiting_thread_and_a_running_reclaim_is_waited_for():
+    """Nothing is left to a daemon thread that the interpreter's finalization would stop inside torch."""
+    import threading
+
+    class Graceful(_NcclStandIn):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shutdowns = []
+
+        def shutdown(self) -> None:
+            self.shutdowns.append(threading.current_thread().name)
+
+    reaper = Reaper(bound_s=5.0)
+    pg = Graceful()
+    reaper.release(RoundGroup(pg, object(), None, "nccl"), after_s=60.0)
+    slow = _Sockets()
+    destroyed = threading.Event()
+
+    class SlowToDestroy:
+        def __del__(self) -> None:
+            time.sleep(0.5)
+            destroyed.set()
+
+    reaper.retire(RoundGroup(SlowToDestroy(), None, slow, "gloo"))
+    started = time.monotonic()
+    assert reaper.drain(timeout_s=5.0)
+    assert pg.shutdowns == [threading.current_thread().name]  # not 60 s later on the timer's thread
+    assert destroyed.is_set() and time.monotonic() - started < 4.0
+    assert reaper.drain(timeout_s=0.1)  # nothing left: a second drain returns at once
+
+
+_EXIT_WHILE_FORMING = """
+import sys, time, builtins
+from datetime import timedelta
+import torch.distributed as dist
+from cloud_elastic.worker.context import WorkerContext
+from cloud_elastic.worker.exceptions import CollectiveError
+from cloud_elastic.worker.settings import WorkerSettings
+
+server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+ctx = WorkerContext(WorkerSettings(standalone=True, backend="gloo", group_form_timeout_s=0.3, malloc_tuning=False))
+
+def slow_group(store, info, *_):
+    # In torch's C++ with the GIL let go, like a Gloo group waiting for a peer that never comes.
+    try:
+        server.wait(["never"], timedelta(seconds=2))
+    except Exception:
+        pass
+    return dist.HashStore()
+
+ctx._new_group = slow_group
+try:
+    ctx.start()
+except CollectiveError as exc:
+    print("gave up:", exc, flush=True)
+
+class SlowFinalization:  # the interpreter's finalization outlasts the formation
+    def __del__(self):
+        time.sleep(3)
+
+builtins.keep = SlowFinalization()
+"""
+
+
+def test_a_worker_exiting_while_a_formation_still_waits_in_torch_exits_cleanly(tmp_path):
+    """Left to finalization, the formation thread returning from torch killed the process (SIGABRT)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_while_forming.py"
+    script.write_text(_EXIT_WHILE_FORMING)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=25)
+    assert "gave up:" in proc.stdout, proc.stdout + proc.stderr
+    assert "terminate called" not in proc.stderr and proc.returncode == 0, proc.stderr[-2000:]
