@@ -32,6 +32,7 @@ from cloud_elastic.driver.launch import ExitStatus, Launcher, WorkerProcess, Wor
 from cloud_elastic.driver.local import LocalLauncher
 from cloud_elastic.driver.restart import RECORD_TOUCH_S, RestartMixin
 from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.signal_stacks import SignalStacks
 from cloud_elastic.driver.waiters import JobCondition
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.metrics import StepRate
@@ -94,6 +95,7 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         )
         self._cond.watch(self._job)
         self._procs: dict[str, WorkerProcess] = {}
+        self._signal_stacks = SignalStacks()
         self._launchers: dict[str, Launcher] = {} if launcher is None else {"given": launcher}
         self._stop_reason: tuple[str, int] | None = None
         self._out = output or _print_line
@@ -391,10 +393,12 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
             return
         log.info("job %s: stopping worker %s: %s", self.job_id, action.worker_id, action.reason)
         dump = getattr(proc, "dump_stacks", None)
+        if action.immediate and action.stacks and dump is not None:
+            self._signal_stacks.expect(action.worker_id)
         if action.immediate and action.stacks and dump is not None and dump():
             # Its stacks come on its output (forwarded to this log) before it is killed; the loop never waits.
             log.warning("job %s: asked worker %s for its stacks before stopping it", self.job_id, action.worker_id)
-            timer = threading.Timer(_STACKS_BEFORE_KILL_S, proc.kill)
+            timer = threading.Timer(_STACKS_BEFORE_KILL_S, self._record_stacks_then_kill, args=(action.worker_id, proc))
             timer.daemon = True
             timer.start()
         elif action.immediate:
@@ -404,7 +408,22 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
             t.start()
             self._stoppers.append(t)
 
+    def _record_stacks_then_kill(self, worker_id: str, proc: WorkerProcess) -> None:
+        """A second after the signal: the stacks its output carried go to the events file; then KILL."""
+        text = self._signal_stacks.take(worker_id)
+        proc.kill()
+        if not text:
+            log.warning("job %s: worker %s printed no stacks within %gs of the signal", self.job_id, worker_id,
+                        _STACKS_BEFORE_KILL_S)
+            return
+        with self._cond:
+            w = self._job.workers.get(worker_id)
+        if w is not None:
+            self._sinks.sink.emit("stacks", worker=worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
+                                  text=text, via="signal", **({"round": w.round} if w.round else {}))
+
     def _forward(self, worker_id: str, line: str) -> None:
+        self._signal_stacks.offer(worker_id, line)
         rank = self._job.rank_of(worker_id)  # a plain dict read; no lock needed for a label
         self._out(f"[{'-' if rank is None else rank}]<{worker_id.split('#')[0]}> {line}")
 

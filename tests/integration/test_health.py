@@ -102,10 +102,15 @@ def test_cloud_elastic_drain_sends_a_host_away_at_a_commit_and_refuses_what_it_d
 def test_a_worker_whose_interpreter_is_stuck_prints_its_stacks_before_it_is_given_up(jobs, tmp_path):
     # Its training thread never lets go of the interpreter: no heartbeat goes out, so no stacks can be
     # asked for over the control plane; the driver asks by signal, and faulthandler answers from C.
+    events = tmp_path / "stuck.jsonl"
     job = jobs(["run", "-np", "3", "--min-np", "1", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
-                "--heartbeat-timeout", "3", "--blacklist-cooldown-range", "600", "600",
+                "--heartbeat-timeout", "3", "--blacklist-cooldown-range", "600", "600", "--events-file", str(events),
                 *probe_cmd("--steps", "30", "--hold-gil-at-step", "5", "--only-slot", "127.0.0.3")])
     assert job.finish() == 0, job.output()
+    # The same stacks, gathered from its output, are in the events file.
+    recorded = [e for e in of(read_events(events), "stacks") if e.get("via") == "signal"]
+    assert [e["host"] for e in recorded] == ["127.0.0.3"], job.output()
+    assert "in one_step" in recorded[0]["text"] and "Thread 0x" in recorded[0]["text"], recorded
     lines = job.lines
     asked = next(i for i, line in enumerate(lines) if "asked worker 127.0.0.3[0]" in line and "stacks" in line)
     stacks = [line for line in lines[asked:] if line.startswith("[2]<127.0.0.3[0]>") or "<127.0.0.3[0]>" in line]
