@@ -8,6 +8,9 @@ Python store, which is what ``ProcessGroupNCCL`` is when it connects lazily.
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -142,18 +145,19 @@ def test_a_non_blocking_nccl_initialisation_gives_up_at_the_formation_deadline_u
     assert mine["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "900"
 
 
+class _Graceful(_NcclStandIn):
+    """An NCCL stand-in that records on which thread it was shut down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shutdowns = []
+
+    def shutdown(self) -> None:
+        self.shutdowns.append(threading.current_thread().name)
+
+
 def test_an_nccl_group_let_go_gracefully_is_shut_down_off_the_callers_thread():
-    class Graceful(_NcclStandIn):
-        def __init__(self) -> None:
-            super().__init__()
-            self.shutdowns = []
-
-        def shutdown(self) -> None:
-            import threading
-
-            self.shutdowns.append(threading.current_thread().name)
-
-    pg = Graceful()
+    pg = _Graceful()
     Reaper().release(RoundGroup(pg, object(), None, "nccl"), after_s=0.01)
     deadline = time.monotonic() + 5
     while not pg.shutdowns and time.monotonic() < deadline:
@@ -163,18 +167,8 @@ def test_an_nccl_group_let_go_gracefully_is_shut_down_off_the_callers_thread():
 
 def test_at_exit_a_pending_release_runs_on_the_exiting_thread_and_a_running_reclaim_is_waited_for():
     """Nothing is left to a daemon thread that the interpreter's finalization would stop inside torch."""
-    import threading
-
-    class Graceful(_NcclStandIn):
-        def __init__(self) -> None:
-            super().__init__()
-            self.shutdowns = []
-
-        def shutdown(self) -> None:
-            self.shutdowns.append(threading.current_thread().name)
-
     reaper = Reaper(bound_s=5.0)
-    pg = Graceful()
+    pg = _Graceful()
     reaper.release(RoundGroup(pg, object(), None, "nccl"), after_s=60.0)
     slow = _Sockets()
     destroyed = threading.Event()
@@ -227,9 +221,6 @@ builtins.keep = SlowFinalization()
 
 def test_a_worker_exiting_while_a_formation_still_waits_in_torch_exits_cleanly(tmp_path):
     """Left to finalization, the formation thread returning from torch killed the process (SIGABRT)."""
-    import subprocess
-    import sys
-
     script = tmp_path / "exit_while_forming.py"
     script.write_text(_EXIT_WHILE_FORMING)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=25)
