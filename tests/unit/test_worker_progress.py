@@ -92,10 +92,20 @@ def test_stacks_name_every_thread():
     assert "test_stacks_name_every_thread" in text and "thread 0x" in text.lower()
 
 
-def test_a_working_device_passes_its_self_test_and_a_stuck_one_fails_with_one_line():
+def test_a_working_device_passes_its_self_test_and_a_stuck_one_fails_with_one_line(monkeypatch):
     assert check_device(torch.device("cpu")) is None
-    reason = check_device(torch.device("cpu"), timeout_s=1e-6)
-    assert reason == "the device self-test on cpu did not finish within 1e-06s"
+    # A device that never answers (the check blocks until the test lets it go): a reason at the timeout.
+    from cloud_elastic.worker import selftest
+
+    wedged = threading.Event()
+    monkeypatch.setattr(selftest, "_check", lambda device: wedged.wait(30) and None)
+    started = time.monotonic()
+    try:
+        reason = check_device(torch.device("cpu"), timeout_s=0.2)
+    finally:
+        wedged.set()
+    assert reason == "the device self-test on cpu did not finish within 0.2s"
+    assert time.monotonic() - started < 5.0
 
 
 def test_with_nccl_a_worker_tests_its_own_gpu_and_the_slot_must_have_one():
