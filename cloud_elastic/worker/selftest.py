@@ -38,7 +38,8 @@ def check_device(device: torch.device, timeout_s: float = 60.0) -> str | None:
 
     started = time.monotonic()
     threading.Thread(target=run, name="cloud-elastic-selftest", daemon=True).start()
-    if not done.wait(timeout_s):
+    # Late is failed, even when the check ended before this thread looked (a timeout shorter than the check).
+    if not done.wait(timeout_s) or time.monotonic() - started > timeout_s:
         return f"the device self-test on {device} did not finish within {timeout_s:g}s"
     reason = result.get("reason")
     if reason is not None:

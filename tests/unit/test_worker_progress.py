@@ -106,6 +106,11 @@ def test_a_working_device_passes_its_self_test_and_a_stuck_one_fails_with_one_li
         wedged.set()
     assert reason == "the device self-test on cpu did not finish within 0.2s"
     assert time.monotonic() - started < 5.0
+    # A check that ends, but later than the bound, failed it too (whichever thread ran first).
+    wedged.clear()
+    monkeypatch.setattr(selftest, "_check", lambda device: None)
+    for _ in range(20):
+        assert check_device(torch.device("cpu"), timeout_s=1e-9) == "the device self-test on cpu did not finish within 1e-09s"
 
 
 def test_with_nccl_a_worker_tests_its_own_gpu_and_the_slot_must_have_one():
