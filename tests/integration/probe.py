@@ -144,16 +144,20 @@ def main() -> None:
                     event("returning", rank=hvd.rank(), step=state.step)
                     return
             return
+        trained = False  # in this round: a round formed at the very end of the last epoch trains one more
         while True:
             sampler.set_epoch(state.epoch)
             for batch_idx, (batch,) in enumerate(loader):
+                trained = True
+                # Printed before the step: a member whose allreduce failed (or who was killed) after it sent
+                # its gradients may have had them committed by another member whose allreduce completed.
+                event("batch", rank=hvd.rank(), size=hvd.size(), epoch=state.epoch, step=state.step + 1,
+                      indices=sampler.get_indices(batch_idx, args.batch_size))
                 one_step()
                 sampler.record_batch(batch_idx, args.batch_size)
-                event("batch", rank=hvd.rank(), size=hvd.size(), epoch=state.epoch, step=state.step,
-                      indices=sampler.get_indices(batch_idx, args.batch_size))
                 state.commit()
                 event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
-            if state.epoch + 1 >= args.epochs and state.resets >= args.min_resets:
+            if state.epoch + 1 >= args.epochs and state.resets >= args.min_resets and (trained or not args.min_resets):
                 return
             state.epoch += 1
 
