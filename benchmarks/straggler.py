@@ -136,7 +136,6 @@ def bookkeeping_cost() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="shorter windows")
     ap.add_argument("--false-drains", type=float, default=None, metavar="SECONDS",
                     help="also run three equal workers this long at the default settings (default 300; 0 with --quick)")
     docsection.add_arguments(ap)
