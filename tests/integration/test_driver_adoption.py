@@ -124,7 +124,8 @@ def test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_ste
         assert steps == list(range(1, CHAIN_STEPS + 1)), (pid, steps)
         assert not [e for e in seen if e["kind"] == "reset"][1:], f"worker {pid} was reset after adoption"
         done = [e for e in seen if e["kind"] == "done"]
-        assert len(done) == 1 and done[0]["step"] == CHAIN_STEPS
+        assert len(done) == 1 and done[0]["step"] == CHAIN_STEPS, \
+            f"worker {pid}: {seen[-3:]}\nthe second driver:\n{second.output()}\nthe third:\n{third.output()}"
     assert len({e["checksum"] for seen in events.values() for e in seen if e["kind"] == "done"}) == 1
     assert not processes_of_job(job_id), "a worker outlived the job"
     # All three drivers wrote the job's events file: each restarted one records whom it took over.
