@@ -24,10 +24,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 def test_a_slow_worker_is_drained_without_a_rollback_and_replaced_from_discovery(jobs, tmp_path):
     hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2", "127.0.0.3"])
     events = tmp_path / "events.jsonl"
+    # Trains until the test ends it (--stop-when is never created): a fixed number of steps could end
+    # before the replacement joined on a loaded machine (a fresh-clone run saw that).
     job = jobs(["run", "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(hosts.script),
                 "--discovery-interval", "0.3", "--straggler-factor", "1.5", "--straggler-window", "4",
                 "--events-file", str(events), "-x", "CE_PROBE_SLOW=127.0.0.3=0.15",
-                *probe_cmd("--steps", "400", "--step-sleep", "0.02")])
+                *probe_cmd("--steps", "10", "--step-sleep", "0.02", "--stop-when", str(tmp_path / "never"))])
     job.wait_event("commit", size=3, step=5)
     hosts.set(["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"])  # a spare the job can take
     job.wait_for(lambda j: [e for e in j.of("commit") if e["worker"].startswith("127.0.0.4") and e["size"] == 3],
@@ -82,8 +84,9 @@ def test_a_newcomer_whose_device_self_test_fails_is_refused_in_one_line_and_blac
 def test_cloud_elastic_drain_sends_a_host_away_at_a_commit_and_refuses_what_it_does_not_know(jobs, tmp_path):
     env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
     (tmp_path / "run").mkdir()
+    stop = tmp_path / "stop"  # the job trains until the drain has happened (not a fixed number of steps)
     job = jobs(["run", "-np", "3", "--min-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
-                *probe_cmd("--steps", "80", "--step-sleep", "0.05")], env=env)
+                *probe_cmd("--steps", "20", "--step-sleep", "0.05", "--stop-when", str(stop))], env=env)
     job.wait_event("commit", size=3, step=5)
 
     def drain(target: str) -> subprocess.CompletedProcess:
@@ -96,6 +99,8 @@ def test_cloud_elastic_drain_sends_a_host_away_at_a_commit_and_refuses_what_it_d
         f"cloud-elastic: error: job {job.job_id()}: the driver refused to drain 127.0.0.9: no host 127.0.0.9 in this job"]
     done = drain("127.0.0.3")
     assert done.returncode == 0 and "host 127.0.0.3 drains" in done.stdout, done.stderr
+    job.wait_for(lambda j: any(e["size"] == 2 for e in j.of("commit")), timeout=60, what="training on without it")
+    stop.touch()
     assert job.finish() == 0, job.output()
     out = job.output()
     assert "notice from operator for host 127.0.0.3" in out
