@@ -137,7 +137,8 @@ class JobRecord:
     alive: bool
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -154,7 +155,7 @@ def _read_record(directory: Path) -> JobRecord:
         if raw.get("v") != RECORD_VERSION:
             raise ValueError(f"record version {raw.get('v')!r}")
         return JobRecord(str(raw["job"]), str(raw["address"]), int(raw["pid"]), float(raw["started"]),
-                         tuple(str(c) for c in raw.get("command", ())), _alive(int(raw["pid"])))
+                         tuple(str(c) for c in raw.get("command", ())), pid_alive(int(raw["pid"])))
     except FileNotFoundError:
         raise ConfigError(f"no job {directory.name} on this machine (see 'cloud-elastic status')") from None
     except PermissionError:

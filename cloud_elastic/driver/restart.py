@@ -31,6 +31,7 @@ from typing import Any
 
 from cloud_elastic.control import Codec
 from cloud_elastic.errors import CheckpointError, ConfigError
+from cloud_elastic.status import pid_alive
 
 __all__ = ["RestartMixin", "RECORD_TOUCH_S", "driver_alive"]
 
@@ -191,12 +192,8 @@ def _age(seconds: float) -> str:
 
 def driver_alive(pid: int) -> bool:
     """Whether ``pid`` is a live cloud-elastic process (a pid reused by anything else does not count)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return b"cloud" in f.read()
