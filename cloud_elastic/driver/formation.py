@@ -207,13 +207,15 @@ class RoundFormation:
                 return w if w is not None and w.member_of(job.round) else None
         return None
 
-    def adopt_round(self, ranks: dict[str, RankInfo], update_gen: int) -> None:
-        """A restarted driver goes on in the round its adopted workers were in, with their ranks."""
+    def adopt_round(self, ranks: dict[str, RankInfo], update_gen: int, now: float) -> None:
+        """A restarted driver goes on in the round its adopted workers were in, with their ranks
+        (at ``now``: for the no-progress watch, the round is as good as formed then)."""
         self.ranks = ranks
         self.round_update_gen = update_gen
         self.needs_sync = False
         self.from_checkpoint = False
         self.hosts = tuple(dict.fromkeys(self._job.workers[wid].slot.host for wid in ranks if wid in self._job.workers))
+        self._on_formed(self._job.running(now))
 
     def maybe_form(self, now: float) -> None:
         """Form the next round if it may form now (see the module rules)."""

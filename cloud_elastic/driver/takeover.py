@@ -41,9 +41,9 @@ class Takeover:
     """The adoption window of one restarted job (see module docstring)."""
 
     def __init__(self, job: JobView, seen_seq: Callable[[int], None],
-                 adopt_round: Callable[[dict[str, RankInfo], int], None]) -> None:
-        """``seen_seq(seq)``: a worker numbered ``seq`` exists; ``adopt_round(ranks, update_gen)``: the job goes
-        on in the current round with these ranks."""
+                 adopt_round: Callable[[dict[str, RankInfo], int, float], None]) -> None:
+        """``seen_seq(seq)``: a worker numbered ``seq`` exists; ``adopt_round(ranks, update_gen, now)``: the job
+        goes on in the current round with these ranks from ``now``."""
         self._job = job
         self._seen_seq = seen_seq
         self._adopt_round = adopt_round
@@ -95,7 +95,7 @@ class Takeover:
             return
         job.phase = Phase.RUNNING
         ranks = {wid: ranks for wid, (ranks, _gen) in members.items()}
-        self._adopt_round(ranks, max(gen for _ranks, gen in members.values()))
+        self._adopt_round(ranks, max(gen for _ranks, gen in members.values()), now)
         sizes = {r.size for r in ranks.values()}
         complete = len(sizes) == 1 and sorted(r.rank for r in ranks.values()) == list(range(sizes.pop()))
         # Workers the predecessor had launched that never joined a round are newcomers: they are

@@ -284,14 +284,19 @@ class RoundGroupsMixin:
         """Wait for ``work``; abandon it when the driver aborts this round.
 
         Either way out by failure abandons the round's group at once (see
-        ``groups``), so nothing of it stays blocked on a peer.
+        ``groups``), so nothing of it stays blocked on a peer. A collective that
+        completes in a round the driver has aborted fails too: the driver may
+        abort a round whose members are all alive (one returned early, an adopted
+        round it cannot use), and they must roll back and rendezvous, not train
+        on with the gradient allreduce (started on the group directly) never
+        asking whether the round still counts.
         """
         assert self.info is not None
+        round_ = self.info.round
         fut = work.get_future()
         if not fut.done():
             event = threading.Event()
             fut.add_done_callback(lambda _f: event.set())
-            round_ = self.info.round
             with self.progress.waiting():
                 while not event.wait(_ABORT_SLICE_S):
                     if self._aborted(round_):
@@ -303,6 +308,9 @@ class RoundGroupsMixin:
             self._abandon_round()
             reason = str(exc).splitlines()[0].split(" This is typically")[0]
             raise CollectiveError(f"{what} failed: {reason}") from exc
+        if self._aborted(round_):
+            self._abandon_round()
+            raise CollectiveError(f"{what} completed, but the driver aborted round {round_} meanwhile")
         self.progress.mark()
 
     def _aborted(self, round_: int) -> bool:

@@ -87,6 +87,22 @@ def test_a_peer_waiting_on_a_worker_that_gave_the_round_up_is_released_at_once(p
     assert time.monotonic() - started < 5, "the peer waited out Gloo's timeout for a worker that had left"
 
 
+def test_a_round_the_driver_aborted_ends_even_when_its_collectives_still_complete(pair):
+    """The driver may abort a round whose members are all alive (a false stall, an adopted round it
+    cannot use, a member that returned early): a collective that completes in it must not let a worker
+    train on, committing steps of a round the driver no longer counts."""
+    a, b = pair
+    theirs = b.pg.allreduce([torch.ones(4)])
+    mine = a.pg.allreduce([torch.ones(4)])
+    theirs.wait()
+    mine.wait()  # completed on both sides: nobody is stuck
+    a._seen_abort = 1  # then the abort arrives with a heartbeat
+    with pytest.raises(CollectiveError, match="the driver aborted round 1"):
+        a.wait(mine, "gradient allreduce")
+    with pytest.raises(CollectiveError, match="the driver aborted round 1"):
+        a.group("membership check")  # and nothing more starts in it
+
+
 class _SlowBody:
     """A request body that takes a few seconds to send: an upload still in flight when the round fails."""
 

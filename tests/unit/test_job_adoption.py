@@ -114,3 +114,29 @@ def test_an_adopted_process_that_ends_is_reported_without_a_made_up_exit_code() 
     status = handle.poll()
     assert status is not None and not status.known
     assert "exit code is unknown" in status.describe and "code 1" not in status.describe
+
+
+def test_the_no_progress_watch_of_an_adopted_round_starts_when_it_is_adopted() -> None:
+    """A restarted driver's clock is the machine's monotonic time (hours, on a CI runner): the adopted
+    round's watch must count from the adoption, not from zero, or it is "stalled" the moment it is adopted."""
+    job = ElasticJob(Policy(2, 2, 2, checkpointing=True, progress_timeout_s=60),
+                     HostManager(Blacklist((10.0, 300.0), random.Random(0))), job_id="t", resumed=True)
+    up = 23_000.0  # seconds since the machine booted
+    job.start(up)
+    job.begin_adoption(last_seq=7)
+    job.adopt("a[0]#6", Slot("a", 0), 6, _request(0), up + 1)
+    job.adopt("b[0]#7", Slot("b", 0), 7, _request(1), up + 1)
+    job.end_adoption(up + 2, {})
+    job.discovered(DiscoveredHosts({"a": 1, "b": 1}), up + 2)
+    def quiet_second(t: float) -> None:  # heartbeats, but no sign of progress in them
+        for w in ("a[0]#6", "b[0]#7"):
+            job.heartbeat(w, up + t, 40)
+        job.tick(up + t)
+
+    for t in range(3, 60):  # for less than the bound
+        quiet_second(t)
+    assert not [k for k, _ in job.take_events() if k == "round_stalled"], "an adopted round looked stalled at once"
+    assert job.abort_round == 2
+    for t in range(60, 70):  # past the bound: the watch does work for the adopted round
+        quiet_second(t)
+    assert [k for k, _ in job.take_events() if k == "round_stalled"] == ["round_stalled"]

@@ -133,12 +133,13 @@ def test_news_names_the_workers_that_stopped_waiting_since_the_last_step() -> No
 
 
 def test_an_adopted_round_goes_on_with_the_adopted_ranks() -> None:
-    job, rounds, _, _ = formation(1)
+    job, rounds, formed, _ = formation(1)
     w = job.worker("a", 0, S.RUNNING, round_=4, rank=0)
     job.round = 4
     from cloud_elastic.protocol import RankInfo
 
-    rounds.adopt_round({w.worker_id: RankInfo(0, 1, 0, 1, 0, 1)}, update_gen=3)
+    rounds.adopt_round({w.worker_id: RankInfo(0, 1, 0, 1, 0, 1)}, update_gen=3, now=T0)
+    assert formed == [job.running(T0)], "the no-progress watch must start over at the adoption"
     reply = rounds.assignment(w)
     assert (reply.round, reply.update_gen, reply.needs_sync, reply.from_checkpoint) == (4, 3, False, False)
     assert rounds.rank0() is w

@@ -17,7 +17,7 @@ def takeover() -> tuple[FakeJob, Takeover, list, list]:
     job = FakeJob(2)
     seqs: list[int] = []
     rounds: list = []
-    return job, Takeover(job, seqs.append, lambda ranks, gen: rounds.append((ranks, gen))), seqs, rounds
+    return job, Takeover(job, seqs.append, lambda ranks, gen, now: rounds.append((ranks, gen))), seqs, rounds
 
 
 def member(rank: int, size: int = 2, round_: int = 3, commit_seq: int = 40) -> AdoptRequest:
