@@ -25,8 +25,10 @@ def _results(out: subprocess.CompletedProcess) -> list[dict]:
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
     # SPARK_LOCAL_IP: the example's own Spark advertises loopback, not the machine's interface address.
+    # PYSPARK_PYTHON: Spark's Python workers use this interpreter (else "python3" from PATH, which may lack torch).
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                SPARK_LOCAL_IP="127.0.0.1")
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=360)
 
 
