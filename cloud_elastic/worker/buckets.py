@@ -18,13 +18,6 @@ numbers can change. Another compressor's ``compress``/``decompress`` are
 called on the bucket each step; the flag then does not ride (the commit
 pays its own one-element allreduce). Without compression nothing of this
 runs: a step is bitwise what it was.
-
-The summed flag is not read when the step's gradients come back: reading a
-GPU tensor makes the host wait for the GPU, and the optimizer step's kernels
-would then be launched only once the GPU has gone idle, every step. It is a
-:class:`PendingFlag`, read by the next commit only (on a GPU, a copy to pinned
-host memory and an event, so the commit waits for the allreduce, not for the
-optimizer step queued after it).
 """
 
 from __future__ import annotations
@@ -36,7 +29,7 @@ import torch
 from cloud_elastic.worker.compression import NoneCompressor, cast_into, casts
 from cloud_elastic.worker.ops import Scaling
 
-__all__ = ["Bucket", "PendingFlag", "make_buckets", "BUCKET_BYTES"]
+__all__ = ["Bucket", "make_buckets", "BUCKET_BYTES"]
 
 BUCKET_BYTES = 25 * 1024 * 1024
 #: The first bucket is small, as in DDP, so communication starts early in backward.
@@ -44,36 +37,6 @@ _FIRST_BUCKET_BYTES = 1024 * 1024
 #: A gradient this large (or as large as a bucket) is allreduced alone, in place: copying it into a
 #: bucket costs more than the collective saved (see ``make_buckets``).
 _SOLO_BYTES = 8 * 1024 * 1024
-
-
-class PendingFlag:
-    """A step's summed membership flag, read only when a commit asks for it (see module docstring).
-
-    One per bucket, reused every step: only the latest step's value is ever read.
-    """
-
-    def __init__(self, like: torch.Tensor) -> None:
-        self._event: Any = None
-        if like.is_cuda:
-            self._host = torch.empty(1, dtype=like.dtype, pin_memory=True)
-            self._event = torch.cuda.Event()
-        else:
-            self._host = torch.empty(1, dtype=like.dtype)
-
-    def take(self, element: torch.Tensor) -> PendingFlag:
-        """Hold ``element`` (a one-element view of the reduced tensor) without waiting for it."""
-        if self._event is not None:
-            self._host.copy_(element.reshape(1), non_blocking=True)
-            self._event.record()  # after the allreduce (the stream waits for it), before the optimizer step
-        else:
-            self._host.copy_(element.reshape(1))
-        return self
-
-    def value(self) -> float:
-        """The summed flag (on a GPU, waits for the step's allreduce and this copy only)."""
-        if self._event is not None:
-            self._event.synchronize()
-        return float(self._host[0])
 
 
 class Bucket:
@@ -121,7 +84,6 @@ class Bucket:
         self.launched = False
         #: Position in launch order (set by make_buckets).
         self.index = 0
-        self._flag: PendingFlag | None = None
 
     def clear(self) -> None:
         """Forget this step (its allreduce done, or abandoned after a failure)."""
@@ -180,20 +142,16 @@ class Bucket:
         sent, self._codec_ctx = self.codec.compress(tensor)
         return sent.contiguous()
 
-    def finish(self, scaling: Scaling) -> PendingFlag | None:
+    def finish(self, scaling: Scaling) -> float | None:
         """After the allreduce: leave the reduced gradients as the parameters' ``.grad``; return the summed flag.
 
         ``scaling.divide_after``/``after`` are applied in the parameters' own
         precision, after any cast back; the flag (None if this bucket carries
-        none) is taken before, unscaled, and not waited for (see :class:`PendingFlag`).
+        none) is read before, unscaled.
         """
         reduced = self.reduced
         assert reduced is not None
-        flag = None
-        if self.carries_flag:
-            if self._flag is None:
-                self._flag = PendingFlag(reduced)
-            flag = self._flag.take(reduced[-1])
+        flag = float(reduced[-1].item()) if self.carries_flag else None
         grads = self._solo_grad if self.solo else self.flat[: self.numel]  # type: ignore[index]
         assert grads is not None
         if self.wire is not None:

@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -65,9 +65,6 @@ from cloud_elastic.worker.progress import Progress
 from cloud_elastic.worker.reclaim import Reaper
 from cloud_elastic.worker.settings import WorkerSettings
 from cloud_elastic.worker.window import CommitWindow
-
-if TYPE_CHECKING:
-    from cloud_elastic.worker.buckets import PendingFlag
 
 __all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized", "notice_reporter"]
 
@@ -109,7 +106,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self._attempted_round = 0
         self._seen_update = 0
         self._seen_abort = 0
-        self._carried_update: PendingFlag | None = None
+        self._carried_update: float | None = None
         self._shutdown = threading.Event()
         self._heartbeat: threading.Thread | None = None
         #: Threads forming a round's group (they block in torch until the group forms or times out).
@@ -386,8 +383,8 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         """Whether the driver has asked for a membership change since this round formed."""
         return self.info is not None and self._seen_update > self.info.update_gen
 
-    def carry_update_flag(self, total: PendingFlag) -> None:
-        """DistributedOptimizer reports the summed flag that rode on its allreduce (read at the commit)."""
+    def carry_update_flag(self, total: float) -> None:
+        """DistributedOptimizer reports the summed flag that rode on its allreduce."""
         self._carried_update = total
 
     def updates_agreed(self) -> bool:
@@ -396,7 +393,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
             return False
         if self._carried_update is not None:
             total, self._carried_update = self._carried_update, None
-            return total.value() > 0
+            return total > 0
         flag = torch.tensor([1.0 if self.update_pending() else 0.0], device=self.device)
         self.wait(self.group("membership check").allreduce([flag]), "membership check")
         return float(flag.item()) > 0

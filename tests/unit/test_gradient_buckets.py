@@ -64,26 +64,3 @@ def test_a_gradient_as_large_as_a_bucket_is_reduced_alone_in_place():
     produced = model[2].weight.grad  # the tensor autograd made
     opt.synchronize()
     assert model[2].weight.grad is produced  # averaged where it lies: no copy into a bucket and back
-
-
-def test_the_summed_membership_flag_is_read_at_the_commit_not_when_the_gradients_come_back():
-    """The flag rides in the first packed bucket; what ``finish`` hands over is read later, by the commit,
-    and always gives the latest step's sum (one holder per bucket, reused)."""
-    from cloud_elastic.worker.buckets import PendingFlag, make_buckets
-    from cloud_elastic.worker.ops import Scaling
-
-    model = _mlp(64)
-    for p in model.parameters():
-        p.grad = torch.ones_like(p)
-    bucket = next(b for b in make_buckets(list(model.parameters()), 1 << 20) if b.carries_flag)
-    scaling = Scaling()
-    seen = []
-    for summed in (1.0, 0.0, 3.0):  # what an allreduce over 1, 0 and 3 pending workers would sum to
-        reduced = bucket.launch_tensor(1.0, scaling)
-        assert reduced[-1].item() == 1.0  # this worker's own flag went out with its gradients
-        reduced[-1] = summed
-        flag = bucket.finish(scaling)
-        assert isinstance(flag, PendingFlag)
-        seen.append(flag)
-        assert flag.value() == summed
-    assert seen[0] is seen[1] is seen[2]
