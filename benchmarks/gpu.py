@@ -28,7 +28,8 @@ minute on an H100; the full run (two rounds, 150 timed steps each) a few minutes
 
 Output: the Markdown table "GPU benchmark (<device>, torch <version>, NCCL <version>)",
 always printed; written to ``--out-md`` when given, and with ``--update-docs`` into
-docs/benchmarks.md between ``<!-- gpu-bench:begin -->`` and ``<!-- gpu-bench:end -->``
+docs/benchmarks.md between ``<!-- gpu:begin -->`` and ``<!-- gpu:end -->`` (its "GPU" section, the
+one ``./dev bench`` writes; the table's title names the GPU)
 (``benchmarks/docsection.py``). Without CUDA it prints one line and exits 0, so a
 benchmark suite can run it anywhere. ``--device cpu`` (not for measuring) runs a
 tiny model through the same machinery on the CPU, over Gloo, to check the script.
@@ -51,8 +52,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BEGIN, END = "<!-- gpu-bench:begin -->", "<!-- gpu-bench:end -->"
-SECTION = "GPU step time and memory"
+#: The section of docs/benchmarks.md (benchmarks/docsection.py) this table goes into; run_all.py uses the same.
+SECTION_KEY, SECTION = "gpu", "GPU"
 RESULT = re.compile(r"GPUBENCH (\{.*\})\s*$")
 ELASTIC = [sys.executable, "-m", "cloud_elastic.cli", "run", "-np", "1", "-H", "127.0.0.1:1"]
 #: name -> (label in the table, the worker's own arguments, extra environment, under cloud-elastic run)
@@ -333,10 +334,15 @@ def main() -> None:
     if args.out_md:
         Path(args.out_md).write_text(text + "\n")
     if args.update_docs:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from docsection import write_section
+        record(text)
 
-        write_section(BEGIN, END, SECTION, text)
+
+def record(text: str, doc: Path | None = None) -> None:
+    """Put ``text`` (the table) into the GPU section of docs/benchmarks.md, or of ``doc``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import docsection
+
+    docsection.write_section(SECTION_KEY, SECTION, text, doc or docsection.DOC)
 
 
 if __name__ == "__main__":
