@@ -285,14 +285,17 @@ class RoundGroupsMixin:
 
         Either way out by failure abandons the round's group at once (see
         ``groups``), so nothing of it stays blocked on a peer. A collective that
-        completes in a round the driver has aborted fails too: the driver may
-        abort a round whose members are all alive (one returned early, an adopted
-        round it cannot use), and they must roll back and rendezvous, not train
-        on with the gradient allreduce (started on the group directly) never
-        asking whether the round still counts.
+        completes in a round the driver had already aborted when the wait began
+        fails too: the driver may abort a round whose members are all alive (one
+        returned early, an adopted round it cannot use), and they must roll back
+        and rendezvous, not train on with the gradient allreduce (started on the
+        group directly) never asking whether the round still counts. An abort that
+        arrives during the wait is left to the next collective: this one's result
+        is whole, and the step it completes may still be committed.
         """
         assert self.info is not None
         round_ = self.info.round
+        aborted_before = self._aborted(round_)
         fut = work.get_future()
         if not fut.done():
             event = threading.Event()
@@ -308,9 +311,9 @@ class RoundGroupsMixin:
             self._abandon_round()
             reason = str(exc).splitlines()[0].split(" This is typically")[0]
             raise CollectiveError(f"{what} failed: {reason}") from exc
-        if self._aborted(round_):
+        if aborted_before:
             self._abandon_round()
-            raise CollectiveError(f"{what} completed, but the driver aborted round {round_} meanwhile")
+            raise CollectiveError(f"{what} completed, but the driver aborted round {round_} before it was waited for")
         self.progress.mark()
 
     def _aborted(self, round_: int) -> bool:
