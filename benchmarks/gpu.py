@@ -33,6 +33,12 @@ one ``./dev bench`` writes; the table's title names the GPU)
 (``benchmarks/docsection.py``). Without CUDA it prints one line and exits 0, so a
 benchmark suite can run it anywhere. ``--device cpu`` (not for measuring) runs a
 tiny model through the same machinery on the CPU, over Gloo, to check the script.
+
+``--profile N`` (one round; nothing written to the docs) also records N steps of each
+variant after its warm-up with ``torch.profiler`` and prints, per step, the host's waits
+on the device (``cudaStreamSynchronize``, ``cudaEventSynchronize``, ``cudaDeviceSynchronize``,
+a device-to-host ``cudaMemcpy``, ``aten::_local_scalar_dense`` from ``.item()``) and the
+operators with the most host time: where a variant's step time above DDP's goes.
 """
 
 from __future__ import annotations
@@ -143,6 +149,48 @@ def nccl_version() -> str:
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
+#: Host-side events that make the host wait for the device (counted per profiled step).
+HOST_WAITS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
+              "aten::_local_scalar_dense")
+
+
+class StepProfile:
+    """``torch.profiler`` over ``steps`` steps after ``start`` (none when ``steps`` is 0); see ``--profile``."""
+
+    def __init__(self, start: int, steps: int, cuda: bool) -> None:
+        self.start, self.steps, self.cuda = start, steps, cuda
+        self._prof = None
+        self.result: dict | None = None
+
+    def before_step(self, index: int) -> None:
+        if self.steps and index == self.start:
+            import torch
+
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.cuda:
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._prof = torch.profiler.profile(activities=activities)
+            self._prof.start()
+
+    def after_step(self, index: int) -> None:
+        if self._prof is None or index != self.start + self.steps - 1:
+            return
+        self._prof.stop()
+        events = self._prof.key_averages()
+        waits = {name: 0.0 for name in HOST_WAITS}
+        for e in events:
+            for name in HOST_WAITS:
+                if e.key.startswith(name):
+                    waits[name] += e.count / self.steps
+        top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+        self.result = {
+            "steps": self.steps,
+            "host_waits_per_step": {k: round(v, 2) for k, v in waits.items() if v},
+            "top_host_ms_per_step": [(e.key, round(e.self_cpu_time_total / 1e3 / self.steps, 3)) for e in top],
+        }
+        self._prof = None
+
+
 def run_worker(args: argparse.Namespace) -> None:
     import torch
     import torch.nn.functional as F
@@ -160,6 +208,7 @@ def run_worker(args: argparse.Namespace) -> None:
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     total = args.warmup + args.steps
     times: list[float] = []
+    profile = StepProfile(args.warmup, min(args.profile, args.steps), cuda)
 
     def sync() -> None:
         if cuda:
@@ -182,13 +231,15 @@ def run_worker(args: argparse.Namespace) -> None:
                                     world_size=1, **({"device_id": device} if cuda else {}))
             net = DistributedDataParallel(model, device_ids=[0] if cuda else None)
         opt = adamw(net.parameters())
-        for _ in range(total):
+        for index in range(total):
+            profile.before_step(index)
             began = time.perf_counter()
             opt.zero_grad()
             loss_of(net).backward()
             opt.step()
             sync()
             times.append(time.perf_counter() - began)
+            profile.after_step(index)
         if args.worker == "ddp":
             import torch.distributed as dist
 
@@ -203,6 +254,8 @@ def run_worker(args: argparse.Namespace) -> None:
         @hvd.elastic.run
         def train(state) -> None:
             while state.step < total:
+                index = state.step
+                profile.before_step(index)
                 began = time.perf_counter()
                 opt.zero_grad()
                 loss_of(model).backward()
@@ -212,6 +265,7 @@ def run_worker(args: argparse.Namespace) -> None:
                     state.commit()
                 sync()
                 times.append(time.perf_counter() - began)
+                profile.after_step(index)
 
         train(state)
         if hvd.rank() != 0:
@@ -223,7 +277,7 @@ def run_worker(args: argparse.Namespace) -> None:
         "peak": torch.cuda.max_memory_allocated(device) if cuda else None,
         "params": params, "non_embedding": params - embedding, "model": asdict(cfg),
         "device": torch.cuda.get_device_name(device) if cuda else "CPU", "torch": torch.__version__,
-        "nccl": nccl_version() if cuda else "n/a",
+        "nccl": nccl_version() if cuda else "n/a", "profile": profile.result,
     }), flush=True)
 
 
@@ -232,7 +286,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     """Run one variant as a user would; return its worker's report."""
     label, worker_args, extra_env, elastic = VARIANTS[name]
     worker = [sys.executable, str(Path(__file__).resolve()), *worker_args, "--device", args.device,
-              "--warmup", str(args.warmup), "--steps", str(args.steps)]
+              "--warmup", str(args.warmup), "--steps", str(args.steps), "--profile", str(args.profile)]
     cmd = ELASTIC + worker if elastic else worker
     path = os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     env = {**os.environ, "PYTHONPATH": path, **extra_env}
@@ -294,12 +348,27 @@ def table(reports: dict[str, list[dict]], args: argparse.Namespace, rounds: int)
     return "\n".join(lines)
 
 
+def profile_report(reports: dict[str, list[dict]]) -> str:
+    """What ``--profile`` found, per variant: the host's waits on the device and its busiest operators."""
+    lines = ["", "Profile (per step, host side):"]
+    for name, runs in reports.items():
+        prof = runs[0].get("profile")
+        if not prof:
+            continue
+        waits = ", ".join(f"{k} {v:g}" for k, v in prof["host_waits_per_step"].items()) or "none"
+        lines.append(f"- {name}: waits on the device: {waits}")
+        lines.append("  busiest: " + "; ".join(f"{k} {ms:.2f} ms" for k, ms in prof["top_host_ms_per_step"][:8]))
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one round, 30 timed steps per variant (about a minute)")
     p.add_argument("--out-md", default="", help="also write the table to this file")
     p.add_argument("--update-docs", action="store_true", help="write the table into docs/benchmarks.md")
     p.add_argument("--only", default="", help="comma-separated variants (ddp always runs: the ratios need it)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="one round; also profile N steps of each variant and print the host's waits on the device")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=("plain", "ddp", "elastic"), help=argparse.SUPPRESS)
     p.add_argument("--commit-every", type=int, default=1, help=argparse.SUPPRESS)
@@ -320,7 +389,9 @@ def main() -> None:
     if args.update_docs and args.device == "cpu":
         p.error("--update-docs records GPU figures; not with --device cpu")
     names = list(VARIANTS) if not args.only else [n for n in VARIANTS if n in args.only.split(",") or n == "ddp"]
-    rounds = 1 if args.quick or args.device == "cpu" else 2
+    if args.profile and args.update_docs:
+        p.error("--profile slows the profiled steps; its figures do not go into the docs")
+    rounds = 1 if args.quick or args.device == "cpu" or args.profile else 2
     args.variant_timeout = args.variant_timeout or (240 if args.quick else 480)
     reports: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(rounds):
@@ -331,6 +402,8 @@ def main() -> None:
                   f" over {len(report['times'])} steps, {report['wall_s']:.0f} s in all", file=sys.stderr, flush=True)
     text = table(reports, args, rounds)
     print(text)
+    if args.profile:
+        print(profile_report(reports))
     if args.out_md:
         Path(args.out_md).write_text(text + "\n")
     if args.update_docs:

@@ -1,4 +1,4 @@
-"""benchmarks/gpu.py's table lands in docs/benchmarks.md's GPU section, the one ``./dev bench`` writes.
+"""benchmarks/gpu.py's pieces that a CPU can check: where its table goes, and what ``--profile`` counts.
 
 (``--update-docs`` called ``write_section`` with the wrong arguments and failed after a GPU run:
 nothing on a CPU machine had ever called it.)
@@ -40,3 +40,23 @@ def test_the_gpu_table_replaces_the_gpu_section_and_nothing_else(tmp_path):
     assert outside(after) == outside(before)
     # ./dev bench (run_all.py) writes the same section.
     assert [b.name for b in run_all.BENCHMARKS if b.script == "gpu.py"] == [gpu.SECTION_KEY]
+
+
+def test_the_profile_counts_the_host_waits_of_each_profiled_step():
+    import torch
+
+    gpu = _load("gpu")
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    profile = gpu.StepProfile(start=2, steps=3, cuda=False)
+    for index in range(6):
+        profile.before_step(index)
+        opt.zero_grad()
+        loss = model(torch.ones(4, 8)).sum()
+        loss.backward()
+        opt.step()
+        loss.item()  # one host read of a tensor per step (a device sync on a GPU)
+        profile.after_step(index)
+    assert profile.result is not None and profile.result["steps"] == 3
+    assert profile.result["host_waits_per_step"]["aten::_local_scalar_dense"] == 1
+    assert any(name.startswith("Optimizer.step") for name, _ in profile.result["top_host_ms_per_step"])
