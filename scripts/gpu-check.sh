@@ -7,7 +7,9 @@
 # to $OUT/gpu-bench.md. CLOUD_ELASTIC_REQUIRE_GPU defaults to 1 here: a GPU check that found no GPU
 # fails instead of skipping. Each part has a time bound (CE_GPU_TESTS_BUDGET_S, default 360 s;
 # CE_GPU_BENCH_BUDGET_S, default 150 s), so the check ends within nine minutes whatever hangs.
-# Exit code: 0 when both parts passed.
+# CE_GPU_PROFILE_STEPS=N adds a third part: benchmarks/gpu.py --quick --profile N for DDP and the two
+# commit modes (bounded by CE_GPU_PROFILE_BUDGET_S, default 150 s): the host's waits on the device per step.
+# Exit code: 0 when the tests and the benchmark passed (the profile is information only).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 export CLOUD_ELASTIC_REQUIRE_GPU=${CLOUD_ELASTIC_REQUIRE_GPU:-1}
@@ -37,6 +39,11 @@ PYEOF
     echo "== benchmark (benchmarks/gpu.py --quick)"
     (cd "$ROOT" && timeout -s INT -k 30 "${CE_GPU_BENCH_BUDGET_S:-150}" "$PY" benchmarks/gpu.py --quick ${BENCH_OUT[@]+"${BENCH_OUT[@]}"})
     local bench=$?
+    if [ "${CE_GPU_PROFILE_STEPS:-0}" -gt 0 ]; then
+        echo "== profile (benchmarks/gpu.py --quick --profile $CE_GPU_PROFILE_STEPS --only every1,every10)"
+        (cd "$ROOT" && timeout -s INT -k 30 "${CE_GPU_PROFILE_BUDGET_S:-150}" "$PY" benchmarks/gpu.py --quick \
+            --profile "$CE_GPU_PROFILE_STEPS" --only every1,every10)
+    fi
     echo "== gpu-check: tests exit $tests, benchmark exit $bench (124: out of time)"
     [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
 }
