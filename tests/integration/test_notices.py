@@ -49,7 +49,8 @@ def _assert_left_gracefully(job) -> None:
     assert "round 1 aborted" not in job.output()
     assert "training completed on 2 worker(s)" in job.lines[-1]
     # The leaver exited by itself; it did not hang until the driver gave up on it.
-    assert not any("stopped answering heartbeats" in line or "did not exit in time" in line for line in job.lines)
+    assert not any("stopped answering heartbeats" in line or "did not exit in time" in line for line in job.lines), \
+        job.output()
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
