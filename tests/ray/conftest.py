@@ -2,8 +2,10 @@
 
 The head node has no CPUs, so it is never a host: every host is a worker node
 the test adds (one CPU each, one slot each) and may remove. One cluster for the
-whole run (starting one cost 6-16 s a module on a loaded machine); each test
-removes the nodes it added, so the next starts from the bare head.
+tests/ray package (starting one cost 6-16 s a module on a loaded machine), shut
+down after its last test so that its idle daemons do not take CPU from the tests
+that follow; each test removes the nodes it added, so the next starts from the
+bare head.
 
 Every node advertises a loopback address (127.0.0.1 unless a test names another
 127.x address): left alone, Ray advertises the machine's own interface address
@@ -69,7 +71,7 @@ class RayCluster:
             self.remove(node)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster():
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'cloud-elastic[ray]')")
     from ray.cluster_utils import Cluster

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)  # two interpreters importing torch, on a loaded machine
 
 # Like a step's gradients: twelve 8 MiB blocks allocated, written, then all freed. They are
 # taken from libc directly (torch's CPU allocator is libc's malloc too), so that nothing
@@ -37,16 +37,16 @@ def step():
 for _ in range(3):
     step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):
+for _ in range(5):  # untuned, each step faults 96 MiB in again: 5 show it as well as 20, at a quarter of the CPU
     step()
-faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
 print(json.dumps({"tuned": tuned, "faults_per_step": faults}))
 """
 
 
 def _run(**env: str) -> dict:
     base = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", _STEPS], env={**base, **env}, capture_output=True, text=True, timeout=50)
+    out = subprocess.run([sys.executable, "-c", _STEPS], env={**base, **env}, capture_output=True, text=True, timeout=100)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
