@@ -286,13 +286,16 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         interpreter finalizes is ended by the interpreter in the middle of torch's
         C++ code: ``terminate called without an active exception`` and SIGABRT,
         after a job that had succeeded (seen once in ``test_commit_kill_points``).
-        So heartbeats stop, the current group is let go on this thread (a Gloo
-        group abandoned first: nothing uses it again, and its destructor then
-        cannot wait on a peer), pending releases run here, and reclaims and
-        formations still running are waited for, all within ``timeout_s``.
+        So the current group is let go on this thread (a Gloo group abandoned
+        first: nothing uses it again, and its destructor then cannot wait on a
+        peer), pending releases run here, and reclaims and formations still
+        running are waited for, all within ``timeout_s``. Heartbeats go on until
+        the process is gone (their thread is Python blocked in a socket, which
+        finalization leaves alone): an exit slower than the heartbeat timeout
+        (this wait, other atexit hooks, the interpreter's teardown on a loaded
+        machine) must end the job with what the worker did, not as a silent worker.
         """
         deadline = time.monotonic() + timeout_s
-        self._shutdown.set()
         group, self._group = self._group, None
         if group is not None:
             if group.backend == "gloo" or group.abandoned:

@@ -3,6 +3,8 @@ round that stops making progress while its members still heartbeat is aborted, n
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from cloud_elastic.checkpoint import CheckpointStore
@@ -74,3 +76,25 @@ def test_a_round_stuck_in_a_blocked_worker_is_aborted_after_its_stacks_and_the_j
     done = job.of("done")
     assert {e["step"] for e in done} == {16} and len({e["checksum"] for e in done}) == 1
     assert {e["worker"].split("[")[0] for e in done} == {"127.0.0.1", "127.0.0.2"}
+
+
+_SLOW_EXIT = """
+import atexit, sys, time
+atexit.register(time.sleep, 8)  # registered first, so it runs after cloud-elastic's own exit hook
+import cloud_elastic.torch as hvd
+hvd.init()
+hvd.allreduce(__import__("torch").ones(1))
+print("EVENT", flush=True)
+"""
+
+
+def test_a_worker_that_is_slow_to_exit_is_not_taken_for_a_silent_one(jobs, tmp_path):
+    """Exiting (atexit hooks, the interpreter's teardown) can outlast the heartbeat timeout on a loaded
+    machine: the worker must keep answering heartbeats until it is gone, so that the job ends with what
+    really happened (here: exit 0 without elastic.run), not "stopped answering heartbeats"."""
+    script = tmp_path / "slow_exit.py"
+    script.write_text(_SLOW_EXIT)
+    job = jobs(["run", "-np", "2", "-H", _hosts(2), "--heartbeat-timeout", "3", sys.executable, str(script)])
+    assert job.finish() == 1, job.output()
+    assert "before its training function returned" in job.lines[-1], job.output()
+    assert "stopped answering heartbeats" not in job.output(), job.output()
