@@ -289,11 +289,10 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         So the current group is let go on this thread (a Gloo group abandoned
         first: nothing uses it again, and its destructor then cannot wait on a
         peer), pending releases run here, and reclaims and formations still
-        running are waited for, all within ``timeout_s``. Heartbeats go on until
-        the process is gone (their thread is Python blocked in a socket, which
-        finalization leaves alone): an exit slower than the heartbeat timeout
-        (this wait, other atexit hooks, the interpreter's teardown on a loaded
-        machine) must end the job with what the worker did, not as a silent worker.
+        running are waited for, all within ``timeout_s``. Heartbeats go on through
+        this and the other exit hooks, so a slow exit ends the job with what the
+        worker did, not as a silent worker (the interpreter's teardown after the
+        hooks still stops them: see docs/architecture.md, "At exit").
         """
         deadline = time.monotonic() + timeout_s
         group, self._group = self._group, None
