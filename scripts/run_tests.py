@@ -14,9 +14,10 @@ arguments it runs these pytest processes:
 
 Each lane is plain pytest with the project's configuration, so every test keeps its
 pytest-timeout bound. Every lane's output is shown as it comes, each line prefixed
-with the lane's name; at the end each lane's own summary line is repeated and a
-total follows on the last line (``total: N passed, N failed, N skipped``). The exit
-code is 0 only when every lane passed.
+with the lane's name; at the end each lane's own summary line is repeated, with the
+FAILED and ERROR lines of its short summary (``-ra``), and a total follows on the
+last line (``total: N passed, N failed, N skipped``). The exit code is 0 only when
+every lane passed.
 
 Arguments:
 
@@ -129,6 +130,12 @@ def counts(line: str | None) -> dict[str, int]:
     return found
 
 
+def failures(lines: list[str]) -> list[str]:
+    """The FAILED and ERROR lines of pytest's short summary (``-ra``), repeated at the end of the run: a
+    CI log is often shown by its tail, and a lane's failures otherwise scroll away under the other lanes."""
+    return [line.strip() for line in lines if line.startswith(("FAILED ", "ERROR "))]
+
+
 def _pump(lane: Lane, width: int) -> None:
     assert lane.proc is not None and lane.proc.stdout is not None
     prefix = f"[{lane.name}]".ljust(width)
@@ -196,6 +203,8 @@ def report(chosen: list[Lane]) -> int:
         if rc not in (0, 5) or line is None:
             failed_lanes.append(lane.name)
         print(f"lane {lane.name}: exit {rc} after {lane.ended - lane.started:.0f}s: {line or 'no pytest summary line'}")
+        for failure in failures(lane.lines):
+            print(f"  {lane.name}: {failure}")
     if not ran_any:
         failed_lanes.append("(no test ran)")
     failed = total.get("failed", 0) + total.get("errors", 0)

@@ -51,12 +51,15 @@ def test_lane_summaries_are_summed_into_one_closing_line(capsys):
             self.returncode = rc
 
     lanes = [run_tests.Lane("jobs", ()), run_tests.Lane("fast", ())]  # a lane of each outcome is enough
-    lanes[0].proc, lanes[0].lines = Done(1), ["...", "=== 1 failed, 90 passed, 2 skipped in 500.00s (0:08:20) ==="]
+    lanes[0].proc, lanes[0].lines = Done(1), ["...", "FAILED tests/integration/test_x.py::test_y - AssertionError: z",
+                                              "=== 1 failed, 90 passed, 2 skipped in 500.00s (0:08:20) ==="]
     lanes[1].proc, lanes[1].lines = Done(0), ["1300 passed, 3 skipped, 1 warning in 100.0s"]
     assert run_tests.report(lanes) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "total: 1390 passed, 1 failed, 5 skipped"
     assert "lane jobs: exit 1" in "\n".join(out) and "failed lanes: jobs" in out
+    # the failed test is named again at the end, under its lane's line
+    assert "  jobs: FAILED tests/integration/test_x.py::test_y - AssertionError: z" in out
 
     lanes[0].proc, lanes[0].lines = Done(2), ["INTERNALERROR> boom"]
     assert run_tests.report(lanes) == 1  # a lane without a summary line fails the run
