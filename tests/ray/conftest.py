@@ -19,6 +19,12 @@ ray 2.60 the one setting that keeps it loopback is
 before ray is imported, and processes the tests start inherit it.
 ``RayCluster.check_loopback`` fails a test whose cluster has a node, or a driver,
 elsewhere; it runs when the cluster starts and after every node added.
+
+Ray's own node health checks are made patient (:data:`_HEALTH`): by default the GCS
+marks a node dead after five missed checks three seconds apart, and on a loaded
+2-core CI runner it killed a healthy node's raylet that way in the middle of a test.
+A node a test removes refuses the checks at once, so it is still found dead within
+about 20 s; a slow one now has minutes.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ REPO = Path(__file__).resolve().parents[2]
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read when ray is imported: see the module docstring
 _STORE = 80 * 1024 * 1024
 LOOPBACK = "127.0.0.1"
+#: Ray's node health checks (see the module docstring): every second, each allowed 10 s, dead after 20 failures.
+_HEALTH = {"health_check_period_ms": 1000, "health_check_timeout_ms": 10000, "health_check_failure_threshold": 20}
 
 
 class RayCluster:
@@ -81,7 +89,7 @@ def ray_cluster():
     cluster = Cluster(
         initialize_head=True,
         head_node_args=dict(num_cpus=0, include_dashboard=False, object_store_memory=_STORE,
-                            node_ip_address=LOOPBACK),
+                            node_ip_address=LOOPBACK, _system_config=_HEALTH),
     )
     ray.init(address=cluster.address, log_to_driver=True, _node_ip_address=LOOPBACK)
     rc = RayCluster(cluster)
