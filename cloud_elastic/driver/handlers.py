@@ -4,6 +4,7 @@ The driver (a :class:`ControlPlaneMixin`) answers every signed message the
 control-plane server (:mod:`.server`) accepts, under the job's lock:
 
 * ``register``, ``rendezvous``, ``poll`` (heartbeats), ``completed``,
+  ``exiting`` (past its exit hooks: its heartbeats stop, its exit status follows),
   ``stacks``, ``notice``, ``checkpoint`` and ``status``; anything else is a
   ControlPlaneError (the server answers 400);
 * long-polls are *held* replies (:class:`~.server.Held`, see :mod:`.waiters`),
@@ -78,6 +79,8 @@ class ControlPlaneMixin:
                 return self._poll(worker_id, msg)
             if kind == "completed":
                 return self._completed(worker_id, msg, now)
+            if kind == "exiting":
+                return {"ok": self._job.exiting(worker_id, now)}
             if kind == "stacks":
                 return self._stacks(worker_id, msg)
             if kind == "notice":

@@ -310,6 +310,19 @@ class ElasticJob:
             w.stacks_sent = request
         return w
 
+    def exiting(self, worker_id: str, now: float) -> bool:
+        """The worker is past its exit hooks: its heartbeats stop now and its exit status follows.
+
+        Its silence is judged by :data:`~.liveness.EXIT_GRACE_S` from here on, so an
+        interpreter slow to tear down ends the worker with its exit status, not as
+        a silent one. Nothing else changes: the exit itself is handled as ever.
+        """
+        w = self.workers.get(worker_id)
+        if w is None or not w.alive:
+            return False
+        w.exiting_at = w.last_seen = self._clock(now)
+        return True
+
     def completed(self, worker_id: str, now: float, *, commit_seq: int | None = None, steps: int | None = None,
                   error: str | None = None) -> tuple[str, str]:
         """A worker reports that its training function returned; answers ``(decision, reason)``.

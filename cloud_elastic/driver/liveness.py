@@ -9,8 +9,9 @@ so a gap between two calls longer than ``max_gap_s`` can only mean that the
 driver was not running, and the excess is not counted.
 
 :class:`SilenceWatch` finds the workers to give up: registered ones silent past
-the heartbeat timeout (in running time), and ones that never registered within
-the start timeout. It is called every step with every live worker, so it skips
+the heartbeat timeout (in running time; past :data:`EXIT_GRACE_S` once a worker
+said it is past its exit hooks), and ones that never registered within the
+start timeout. It is called every step with every live worker, so it skips
 the scan exactly when nobody can have become overdue since the last one.
 """
 
@@ -21,7 +22,12 @@ from typing import Iterable
 
 from cloud_elastic.driver.workers import WorkerRecord, WorkerState
 
-__all__ = ["RunningClock", "SilenceWatch"]
+__all__ = ["EXIT_GRACE_S", "RunningClock", "SilenceWatch"]
+
+#: How long a worker that said it is past its exit hooks (``exiting``) may stay silent before its process has
+#: ended (the heartbeat timeout, if longer): the interpreter's teardown (freeing CUDA, joining native threads)
+#: can take seconds on a loaded host, and a worker on its way out is not a silent one.
+EXIT_GRACE_S = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +90,12 @@ class SilenceWatch:
                 continue
             if w.state is not WorkerState.STARTING:  # registered
                 silent = running_now - w.last_seen
-                if silent > timeout:
-                    found.append((w, f"stopped answering heartbeats for {silent:.1f}s"))
-                elif w.last_seen + timeout < silence_due:
-                    silence_due = w.last_seen + timeout
+                allowed = timeout if w.exiting_at is None else max(timeout, EXIT_GRACE_S)
+                if silent > allowed:
+                    found.append((w, f"stopped answering heartbeats for {silent:.1f}s" if w.exiting_at is None
+                                  else f"has been exiting for {silent:.1f}s and its process has not ended"))
+                elif w.last_seen + allowed < silence_due:
+                    silence_due = w.last_seen + allowed
             elif now - w.launched_at > start_timeout:
                 found.append((w, f"did not reach rendezvous within {start_timeout:g}s"))
             elif w.launched_at + start_timeout < start_due:

@@ -98,6 +98,9 @@ class WorkerRecord:
     returned_early: bool = False
     #: Its compute time per optimizer step (median of its recent steps; see ``worker.progress``), if known.
     compute_s: float | None = None
+    #: Running time at which it said it was past its exit hooks (``exiting``): its heartbeats have stopped
+    #: and its exit status is on the way; silence is then judged by ``EXIT_GRACE_S`` (see :mod:`.liveness`).
+    exiting_at: float | None = None
     #: The stacks request it was last asked to answer, and the last one it answered.
     stacks_wanted: int = 0
     stacks_sent: int = 0

@@ -290,9 +290,10 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         first: nothing uses it again, and its destructor then cannot wait on a
         peer), pending releases run here, and reclaims and formations still
         running are waited for, all within ``timeout_s``. Heartbeats go on through
-        this and the other exit hooks, so a slow exit ends the job with what the
-        worker did, not as a silent worker (the interpreter's teardown after the
-        hooks still stops them: see docs/architecture.md, "At exit").
+        this and the other exit hooks; the interpreter's teardown after the hooks
+        stops them, so this hook's last act tells the driver the worker is exiting
+        (:meth:`say_exiting`): a slow teardown then ends the job with the worker's
+        exit status, not as a silent worker (see docs/architecture.md, "At exit").
         """
         deadline = time.monotonic() + timeout_s
         group, self._group = self._group, None
@@ -307,6 +308,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
             thread.join(max(0.0, deadline - time.monotonic()))
         if not drained or any(t.is_alive() for t in self._formations):
             log.warning("worker %s: a process group was still being formed or destroyed at exit", self.worker_id)
+        self.say_exiting()
 
     def close(self) -> None:
         self._shutdown.set()

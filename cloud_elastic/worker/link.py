@@ -60,6 +60,20 @@ class DriverLinkMixin:
                 log.warning("worker %s: %s to the driver failed (%s); retrying", self.worker_id, kind, exc)
                 time.sleep(0.2)
 
+    def say_exiting(self) -> None:
+        """Tell the driver this process is past its exit hooks: heartbeats stop now, the exit status follows.
+
+        One try, a few seconds at most (the process is exiting): on failure the
+        driver judges the silence by the heartbeat timeout, as before.
+        """
+        if self._codec is None or self.driver_lost:
+            return
+        try:
+            DriverClient(self.settings.driver_address, self._codec, self.worker_id).call(
+                "exiting", timeout_s=min(5.0, self.heartbeat_timeout_s))
+        except Exception as exc:  # the driver may be gone: its heartbeat timeout then applies
+            log.debug("worker %s: could not tell the driver it is exiting: %s", self.worker_id, exc)
+
     def report_checkpoint(self, event: str, **fields: Any) -> None:
         """Tell the driver a checkpoint was ``saved``, ``loaded`` or could not be loaded (``failed``).
 

@@ -82,7 +82,13 @@ def test_a_round_stuck_in_a_blocked_worker_is_aborted_after_its_stacks_and_the_j
 
 _SLOW_EXIT = """
 import atexit, sys, time
-atexit.register(time.sleep, 8)  # registered first, so it runs after cloud-elastic's own exit hook
+if sys.argv[1] == "hook":
+    atexit.register(time.sleep, 8)  # registered first, so it runs after cloud-elastic's own exit hook
+else:
+    class SlowTeardown:
+        def __del__(self):
+            time.sleep(8)  # in the interpreter's teardown, after every exit hook: no thread runs but this one
+    slow = SlowTeardown()
 import cloud_elastic.torch as hvd
 hvd.init()
 hvd.allreduce(__import__("torch").ones(1))
@@ -90,13 +96,15 @@ print("EVENT", flush=True)
 """
 
 
-def test_a_worker_that_is_slow_to_exit_is_not_taken_for_a_silent_one(jobs, tmp_path):
+@pytest.mark.parametrize("slow_in", ["hook", "teardown"])
+def test_a_worker_that_is_slow_to_exit_is_not_taken_for_a_silent_one(jobs, tmp_path, slow_in):
     """Exiting (atexit hooks, the interpreter's teardown) can outlast the heartbeat timeout on a loaded
-    machine: the worker must keep answering heartbeats until it is gone, so that the job ends with what
-    really happened (here: exit 0 without elastic.run), not "stopped answering heartbeats"."""
+    machine: the worker keeps answering heartbeats through the exit hooks and then says it is exiting,
+    so that the job ends with what really happened (here: exit 0 without elastic.run), not "stopped
+    answering heartbeats"."""
     script = tmp_path / "slow_exit.py"
     script.write_text(_SLOW_EXIT)
-    job = jobs(["run", "-np", "2", "-H", _hosts(2), "--heartbeat-timeout", "3", sys.executable, str(script)])
+    job = jobs(["run", "-np", "2", "-H", _hosts(2), "--heartbeat-timeout", "3", sys.executable, str(script), slow_in])
     assert job.finish() == 1, job.output()
     assert "before its training function returned" in job.lines[-1], job.output()
     assert "stopped answering heartbeats" not in job.output(), job.output()

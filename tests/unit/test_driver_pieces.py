@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cloud_elastic.driver.hosts import Slot
-from cloud_elastic.driver.liveness import RunningClock, SilenceWatch
+from cloud_elastic.driver.liveness import EXIT_GRACE_S, RunningClock, SilenceWatch
 from cloud_elastic.driver.workers import IllegalTransition, WorkerRecord, WorkerState
 
 pytestmark = pytest.mark.timeout(10)
@@ -103,6 +103,16 @@ def test_silent_and_never_registered_workers_are_overdue_with_what_they_did() ->
     found = watch.overdue([quiet, fresh, late, done], born=4, now=100.5, running_now=105.5)
     assert [(w.worker_id, what) for w, what in found] == [
         ("w1", "stopped answering heartbeats for 5.5s"), ("w3", "did not reach rendezvous within 60s")]
+
+
+def test_a_worker_that_said_it_is_exiting_gets_the_exit_grace_not_the_heartbeat_timeout() -> None:
+    watch = SilenceWatch(heartbeat_timeout_s=5.0, start_timeout_s=60.0)
+    leaving = worker(1, S.RUNNING, last_seen=100.0)
+    leaving.exiting_at = 100.0  # past its exit hooks: no more heartbeats, its exit status is on the way
+    assert watch.overdue([leaving], born=1, now=130.0, running_now=130.0) == []  # a slow teardown, not silence
+    found = watch.overdue([leaving], born=1, now=100.0 + EXIT_GRACE_S + 1, running_now=100.0 + EXIT_GRACE_S + 1)
+    assert [(w.worker_id, what) for w, what in found] == [
+        ("w1", f"has been exiting for {EXIT_GRACE_S + 1:.1f}s and its process has not ended")]
 
 
 def test_the_scan_is_skipped_until_someone_can_be_overdue_or_a_worker_is_born() -> None:
