@@ -26,8 +26,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV"
     "$PY" -m venv "$VENV"
 fi
-log "installing $SPEC into $VENV (a few minutes the first time)"
-"$VENV/bin/pip" install -q --disable-pip-version-check "$SPEC"
+log "installing $SPEC into $VENV (a minute or two the first time)"
+bash scripts/pip-install.sh "$VENV" "$SPEC"
 "$VENV/bin/checkov" --version >/dev/null
 echo "$SPEC" > "$STAMP"
 log "installed checkov $("$VENV/bin/checkov" --version)"
