@@ -209,7 +209,7 @@ class RoundGroupsMixin:
         self.progress.new_round()  # compute times are of this round's steps
         if old is not None:
             self._retire(old)
-        del old  # this frame must not be what keeps the old group alive
+        del old  # the reaper drops the last reference, on its own thread (see Reaper.retire)
 
     def _retire(self, group: RoundGroup) -> None:
         """Let go of the previous round's group without ever blocking on it.

@@ -20,8 +20,9 @@ being formed (:func:`socket_inodes` before and after) and are connected to one
 of the round's members (their addresses come with the round's assignment),
 minus the group's listening socket (Gloo aborts the process if its ``accept``
 fails) and any connection to the driver's control plane or store. Destruction runs on a
-short-lived thread, so the caller never blocks on it; if it does not finish
-within ``bound_s`` the group stays leaked, as before, and is counted.
+short-lived thread, so the caller never blocks on it; that thread lets go of the group
+only once its caller has (the destructor runs wherever the last reference goes); if it
+does not finish within ``bound_s`` the group stays leaked, as before, and is counted.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Any, Iterable
@@ -36,6 +38,21 @@ from typing import Any, Iterable
 __all__ = ["socket_inodes", "GroupSockets", "Reaper"]
 
 log = logging.getLogger(__name__)
+
+#: How long a reclaim waits for its caller to let go of the group before dropping its own reference anyway.
+LAST_REFERENCE_WAIT_S = 5.0
+
+
+def _only_held_by(holder: list) -> bool:
+    """Whether ``holder[0]`` (a round's group) and its process group are referenced by nothing else.
+
+    Each count below is of the one expected reference, this frame's local name and ``getrefcount``'s argument.
+    """
+    group = holder[0]
+    if sys.getrefcount(group) > 3:  # the list's
+        return False
+    pg = getattr(group, "pg", None)
+    return pg is None or sys.getrefcount(pg) <= 3  # the group's attribute
 
 
 def socket_inodes() -> dict[int, str]:
@@ -208,7 +225,16 @@ class Reaper:
             self._running.add(done)
 
         def destroy() -> None:
-            holder.clear()  # the last reference, unless a caller's frame still holds it (harmless now)
+            # The destructor runs wherever the last reference goes. The caller's frames (the training
+            # thread's previous group, as it forms the next) still hold the group for a moment: dropped
+            # first here, the last reference would be theirs, and an abandoned Gloo group whose worker
+            # thread is still stuck (socket shutdown does not always free it at once) would block the
+            # training thread in its destructor, out of the next round's collectives, until Gloo's own
+            # timeout: the rest of the round then waits on it (the hang of issue 22).
+            deadline = time.monotonic() + LAST_REFERENCE_WAIT_S
+            while not _only_held_by(holder) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            holder.clear()
             done.set()
 
         def watch() -> None:

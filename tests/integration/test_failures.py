@@ -26,9 +26,10 @@ def _assert_consistent_finish(job, total_steps: int, expect_workers: int) -> Non
 def test_a_killed_then_a_stopped_worker_each_leave_the_survivors_completing_at_a_smaller_size(jobs):
     """Four workers: one is SIGKILLed, then one of the three left is SIGSTOPped; two finish."""
     hosts4 = HOSTS + ",127.0.0.4:1"
-    # Gloo's own timeout is 300 s here; the heartbeat finds the stopped peer in seconds.
+    # Gloo's own timeout is 300 s here; the heartbeat (the default 5 s: a shorter one can give up a healthy
+    # worker starved on a loaded 2-core runner) finds the stopped peer in seconds.
     job = jobs(["run", "-np", "4", "--min-np", "1", "--max-np", "4", "-H", hosts4, "--blacklist-cooldown-range",
-                "300", "300", "--heartbeat-timeout", "2", *probe_cmd("--steps", "60")])
+                "300", "300", "--heartbeat-timeout", "5", *probe_cmd("--steps", "60")])
     victim = job.wait_event("commit", rank=3, step=10)
     os.kill(victim["pid"], signal.SIGKILL)
     stopped = job.wait_event("commit", rank=1, size=3)

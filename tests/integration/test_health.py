@@ -114,7 +114,7 @@ def test_a_worker_whose_interpreter_is_stuck_prints_its_stacks_before_it_is_give
     # asked for over the control plane; the driver asks by signal, and faulthandler answers from C.
     events = tmp_path / "stuck.jsonl"
     job = jobs(["run", "-np", "3", "--min-np", "1", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
-                "--heartbeat-timeout", "3", "--blacklist-cooldown-range", "600", "600", "--events-file", str(events),
+                "--heartbeat-timeout", "5", "--blacklist-cooldown-range", "600", "600", "--events-file", str(events),
                 *probe_cmd("--steps", "30", "--hold-gil-at-step", "5", "--only-slot", "127.0.0.3")])
     assert job.finish() == 0, job.output()
     # The same stacks, gathered from its output, are in the events file.

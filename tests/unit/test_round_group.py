@@ -102,14 +102,37 @@ def test_a_retired_nccl_group_is_aborted_and_released_not_kept():
     """Kept forever, every failure would leave a communicator's memory behind on the GPU."""
     reaper = Reaper(bound_s=5.0)
     pg = _NcclStandIn()
+    calls = vars(pg)  # read after the reaper dropped the group: this test must not keep the group alive
     group = RoundGroup(pg, object(), None, "nccl")
+    del pg
     alive = [group]
     reaper.retire(alive.pop())
     del group
     deadline = time.monotonic() + 5
     while reaper.reclaimed == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert pg.aborts == 1 and reaper.reclaimed == 1 and reaper.leaked == 0
+    assert calls["aborts"] == 1 and reaper.reclaimed == 1 and reaper.leaked == 0
+
+
+def test_a_retired_groups_destructor_never_runs_on_the_callers_thread_even_while_the_caller_still_holds_it():
+    """The training thread retires the previous round's group and lets go of it a moment later: the
+    destructor (which can block while an abandoned collective is stuck) must run on the reaper's thread,
+    not on the training thread's last ``del``. Before: about 4 in 10 retires in a job ran it there."""
+    destroyed_on: list[str] = []
+
+    class SlowPG:
+        def __del__(self) -> None:
+            destroyed_on.append(threading.current_thread().name)
+
+    reaper = Reaper(bound_s=5.0)
+    group = RoundGroup(SlowPG(), None, _Sockets(), "gloo")
+    reaper.retire(group)
+    time.sleep(0.3)  # the reaper's thread runs meanwhile; this frame still holds the group
+    del group
+    deadline = time.monotonic() + 5
+    while not destroyed_on and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert destroyed_on == ["cloud-elastic-reap"] and reaper.reclaimed == 1
 
 
 def test_a_gloo_group_whose_connections_are_unknown_is_kept_rather_than_destroyed_blind():
