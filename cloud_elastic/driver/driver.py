@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 _TICK_S = 0.05
 #: How long a worker asked for its stacks by signal has to print them before it is killed.
 _STACKS_BEFORE_KILL_S = 1.0
+#: After that KILL: how long the stacks may still be arriving (read from the process's output until it ends).
+_STACKS_AFTER_KILL_S = 3.0
 
 
 class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
@@ -409,9 +411,18 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
             self._stoppers.append(t)
 
     def _record_stacks_then_kill(self, worker_id: str, proc: WorkerProcess) -> None:
-        """A second after the signal: the stacks its output carried go to the events file; then KILL."""
-        text = self._signal_stacks.take(worker_id)
+        """A second after the signal: KILL; the stacks its output carried go to the events file.
+
+        Gathered until the process has ended (3 s at most) and a moment more for its output to be
+        read: on a loaded machine the dump was still in the pipe at the KILL, and the event kept
+        only its first lines.
+        """
         proc.kill()
+        deadline = time.monotonic() + _STACKS_AFTER_KILL_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        text = self._signal_stacks.take(worker_id)
         if not text:
             log.warning("job %s: worker %s printed no stacks within %gs of the signal", self.job_id, worker_id,
                         _STACKS_BEFORE_KILL_S)

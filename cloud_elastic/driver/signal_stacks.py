@@ -6,8 +6,8 @@ The driver then signals it (SIGUSR1, over SSH through the remote wrapper) and
 ``faulthandler`` prints every thread's stack on the worker's stderr, from C,
 even with the interpreter stuck. Those lines reach the driver's log like any
 output; :class:`SignalStacks` also keeps the ones that are ``faulthandler``'s,
-from the signal until the worker is killed a second later, so that the driver
-records them as a ``stacks`` event (``via: "signal"``).
+from the signal until the worker, killed a second later, has ended (3 s at most),
+so that the driver records them as a ``stacks`` event (``via: "signal"``).
 """
 
 from __future__ import annotations

@@ -66,7 +66,9 @@ def test_a_round_stuck_in_a_blocked_worker_is_aborted_after_its_stacks_and_the_j
     assert [e["round"] for e in stalled] == [1, 1], stalled
     assert all(e["idle_s"] >= 6 for e in stalled)
     assert [w.split("[")[0] for w in stalled[1]["workers"]] == ["127.0.0.3"], stalled
-    stacks = {e["host"]: e["text"] for e in of(recorded, "stacks")}
+    # The stacks each member sent over the control plane when the round stalled (the blocked one is also
+    # asked by signal before it is killed: test_health checks those).
+    stacks = {e["host"]: e["text"] for e in of(recorded, "stacks") if e.get("via") != "signal"}
     # The blocked worker's training thread is in its step, outside any collective; rank 0 waits for it
     # in the gradient allreduce.
     assert "in one_step" in stacks["127.0.0.3"] and "_ce_wait_buckets" not in stacks["127.0.0.3"], stacks
