@@ -272,6 +272,11 @@ class PollReply:
     #: The driver wants this worker's Python stacks (a stuck round): each new number asks once.
     stacks: int = 0
 
+    @property
+    def dismissed(self) -> bool:
+        """The driver does not count this worker (unknown, or given up): ``PollReply(0, 0, 0, True)``."""
+        return self.shutdown and self.round == 0
+
     def to_wire(self) -> dict[str, Any]:
         return {"round": self.round, "update_gen": self.update_gen, "abort_round": self.abort_round,
                 "shutdown": self.shutdown, "notice_watcher": self.notice_watcher, "reregister": self.reregister,

@@ -106,6 +106,10 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self._attempted_round = 0
         self._seen_update = 0
         self._seen_abort = 0
+        #: When the newest heartbeat the driver has answered was sent (monotonic; see ``link.await_current_view``).
+        self.view_as_of = time.monotonic()
+        #: The driver answered that it no longer counts this worker: every round is over for it.
+        self.dismissed = False
         self._carried_update: float | None = None
         self._shutdown = threading.Event()
         self._heartbeat: threading.Thread | None = None

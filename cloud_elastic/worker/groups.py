@@ -274,6 +274,7 @@ class RoundGroupsMixin:
         and sending into a group whose peers have moved on can meet their next
         collective instead (Gloo then aborts the process on the size mismatch).
         """
+        self.await_current_view()
         if self.info is not None and self._aborted(self.info.round):
             self._abandon_round()
             raise CollectiveError(f"{what} not started: the driver aborted round {self.info.round} (a peer was lost)")
@@ -295,6 +296,7 @@ class RoundGroupsMixin:
         """
         assert self.info is not None
         round_ = self.info.round
+        self.await_current_view()
         aborted_before = self._aborted(round_)
         fut = work.get_future()
         if not fut.done():
@@ -317,7 +319,10 @@ class RoundGroupsMixin:
         self.progress.mark()
 
     def _aborted(self, round_: int) -> bool:
-        return self._seen_abort >= round_
+        return self.dismissed or self._seen_abort >= round_
+
+    def await_current_view(self) -> None:
+        """Overridden by the driver link (see ``link``): a group on its own has no driver to ask."""
 
 
 

@@ -131,6 +131,7 @@ class DriverLinkMixin:
         while not self._shutdown.is_set():
             try:
                 progress = self.progress
+                sent = time.monotonic()
                 reply = PollReply.from_wire(client.call(
                     "poll",
                     PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits,
@@ -161,11 +162,40 @@ class DriverLinkMixin:
             self._seen_round = reply.round
             self._seen_update = max(self._seen_update, reply.update_gen)
             self._seen_abort = max(self._seen_abort, reply.abort_round)
+            if reply.dismissed:
+                self.dismissed = True  # e.g. given up while it could not answer: every round is over for it
+            self.view_as_of = sent
             self._maybe_watch_notices(reply.notice_watcher)
             if reply.stacks > self._stacks_sent:
                 self._send_stacks(client, reply.stacks)
             if reply.shutdown:
                 return
+
+    def await_current_view(self) -> None:
+        """Return once what this worker knows of the driver's rounds is recent enough to act on.
+
+        The driver gives a worker up after ``heartbeat_timeout_s`` of silence and
+        aborts its round. A worker that was stopped or starved that long (its
+        heartbeat thread too) resumes with the view it had before: the abort is
+        unknown to it, and a collective completing from data its peers had sent
+        before they moved on would let it train and commit on in a dead round.
+        So when the newest answered heartbeat was *sent* longer ago than the
+        timeout, this waits until one sent after now is answered (the driver
+        answers at once when the worker's view is out of date), until the driver
+        counts as lost (training on without it is the driver grace's business),
+        or at most the heartbeat call's own timeout. Costs a clock read otherwise.
+        """
+        if self._heartbeat is None:
+            return  # standalone: no driver
+        asked = time.monotonic()
+        if asked - self.view_as_of <= self.heartbeat_timeout_s:
+            return
+        deadline = asked + self.heartbeat_timeout_s + 11
+        log.warning("worker %s: no word from the driver for %.1fs; waiting for its current view before going on",
+                    self.worker_id, asked - self.view_as_of)
+        while (self.view_as_of < asked and not self.dismissed and not self.driver_lost
+               and self._heartbeat.is_alive() and time.monotonic() < deadline):
+            time.sleep(0.01)
 
     def _send_stacks(self, client: DriverClient, request: int) -> None:
         """The driver asked for this worker's stacks (its round looks stuck): send every thread's."""

@@ -4,6 +4,7 @@ heartbeat link to the driver (worker/link.py), each on a bare object that has on
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,6 +29,7 @@ class Rounds(RoundGroupsMixin):
     def __init__(self) -> None:
         self.info = RoundInfo(0, 1, 0, 1, 0, 1, round=3, needs_sync=False, update_gen=0)
         self._seen_abort = 0
+        self.dismissed = False
         self._group = RoundGroup(pg=None, store=None, sockets=None, backend="gloo")
         self.window = CommitWindow("auto")
         self.progress = Progress()
@@ -89,6 +91,9 @@ class Link(DriverLinkMixin):
         self.driver_grace_s = 15.0
         self._stacks_sent = 0
         self._notice_watcher = None
+        self.view_as_of = time.monotonic()
+        self.dismissed = False
+        self._heartbeat: threading.Thread | None = None
 
 
 def test_the_heartbeat_learns_the_round_sends_the_stacks_asked_for_and_ends_with_the_job() -> None:
@@ -116,3 +121,92 @@ def test_the_heartbeat_learns_the_round_sends_the_stacks_asked_for_and_ends_with
     assert [k for k, _ in seen] == ["poll", "stacks", "poll"]  # stacks are sent once per request
     assert seen[0][1]["commits"] == 4 and "most recent call first" in seen[1][1]["text"]
     assert (link._seen_round, link._seen_update, link._seen_abort, link._stacks_sent) == (3, 2, 1, 1)
+
+
+class LinkedRounds(Link, Rounds):
+    """Both rooms, as in the context: the heartbeat thread writes what the waits read."""
+
+    def __init__(self, address: str, codec: Codec, heartbeat_timeout_s: float = 5.0) -> None:
+        Rounds.__init__(self)
+        Link.__init__(self, address, codec)
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+
+    def beat(self) -> None:
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True)
+        self._heartbeat.start()
+
+
+def _driver(reply: PollReply, delay_s: float = 0.0) -> tuple[ControlServer, Codec]:
+    codec = Codec(new_secret(), "j")
+
+    def handler(kind: str, msg: dict) -> dict:
+        time.sleep(delay_s)  # a poll answered late, as a long-poll is
+        return reply.to_wire()
+
+    server = ControlServer(codec, handler)
+    server.start()
+    return server, codec
+
+
+def _done() -> Any:
+    fut = torch.futures.Future()
+    fut.set_result(None)
+    return fut
+
+
+def test_a_worker_silent_past_the_heartbeat_timeout_learns_the_abort_before_a_collective_counts() -> None:
+    """Stopped past the timeout (SIGSTOP, starvation), the driver gave the worker up and aborted its
+    round; a collective that then completes (from data its peers sent before moving on) must not
+    let it train and commit on in the dead round: it first waits for a heartbeat sent after it resumed."""
+    server, codec = _driver(PollReply(3, 0, 3, False), delay_s=0.3)
+    try:
+        ctx = LinkedRounds(f"127.0.0.1:{server.port}", codec)
+        ctx.view_as_of = time.monotonic() - 10  # its last answered heartbeat was sent 10 s ago
+        ctx.beat()
+        with pytest.raises(CollectiveError, match="allreduce completed, but the driver aborted round 3"):
+            ctx.wait(Work(_done()), "allreduce")
+        assert ctx._group.abandoned
+    finally:
+        ctx._shutdown.set()
+        server.close()
+
+
+def test_a_worker_the_driver_no_longer_counts_starts_no_collective() -> None:
+    server, codec = _driver(PollReply(0, 0, 0, True))  # what the driver answers a worker it gave up
+    try:
+        ctx = LinkedRounds(f"127.0.0.1:{server.port}", codec)
+        ctx.view_as_of = time.monotonic() - 10
+        ctx.beat()
+        with pytest.raises(CollectiveError, match="allreduce not started: the driver aborted round 3"):
+            ctx.group("allreduce")
+        assert ctx.dismissed
+    finally:
+        server.close()
+
+
+def test_a_lost_driver_holds_training_up_no_longer_than_the_heartbeat_timeout() -> None:
+    server, codec = _driver(PollReply(3, 0, 0, False))
+    address = f"127.0.0.1:{server.port}"
+    server.close()  # nobody answers there any more
+    ctx = LinkedRounds(address, codec, heartbeat_timeout_s=1.0)
+    ctx.view_as_of = time.monotonic() - 10
+    ctx.beat()
+    started = time.monotonic()
+    try:
+        ctx.wait(Work(_done()), "allreduce")  # the driver grace's business: training goes on
+        assert ctx.driver_lost and time.monotonic() - started < 15
+    finally:
+        ctx._shutdown.set()
+
+
+def test_a_current_view_costs_no_wait() -> None:
+    server, codec = _driver(PollReply(3, 0, 0, False), delay_s=3.0)
+    try:
+        ctx = LinkedRounds(f"127.0.0.1:{server.port}", codec)
+        ctx.beat()  # its first poll is answered only after 3 s
+        started = time.monotonic()
+        ctx.wait(Work(_done()), "allreduce")
+        assert time.monotonic() - started < 1.0
+    finally:
+        ctx._shutdown.set()
+        server.close()
