@@ -23,6 +23,7 @@ pytestmark = pytest.mark.timeout(120)  # two interpreters importing torch, on a 
 _STEPS = r"""
 import ctypes, json, os, resource
 import torch  # imported as in a worker: its start-up allocations shape glibc's thresholds
+from cloud_elastic.worker.memory import keep_freed_memory
 from cloud_elastic.worker.settings import WorkerSettings
 tuned = keep_freed_memory(WorkerSettings.from_environ().malloc_tuning)
 libc = ctypes.CDLL(None)
