@@ -195,6 +195,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_reset_if_new_round()
         ctx = get_context()
         ctx.note_step()
+        if ctx.window.open:
+            # Another update ran since the last commit (a second optimizer after one backward, as
+            # in a GAN loop): this step's gradient allreduces, launched before it, are waited for
+            # inside its window, where a failure can no longer be undone in place.
+            ctx.window.collective("a gradient allreduce waited for after another optimizer's update")
         in_place = [s for s in self._ce_snapshots if s.in_place]
         if in_place:
             return self._ce_step_in_place(base_step, in_place, closure)

@@ -11,8 +11,10 @@ transactional, as torchft's are, and a commit copies only what the update does
 not own (buffers, hyperparameters, the ``State``'s attributes, the sampler).
 
 The *window* is the time from an update to the next commit. A collective in it
-(a loss allreduce for logging between ``step()`` and ``commit()``, or the next
-step's gradients when commits come every N steps) can fail after the update,
+(a loss allreduce for logging between ``step()`` and ``commit()``, the next
+step's gradients when commits come every N steps, or the gradients of a second
+optimizer that steps after the first one's update, as in a GAN loop with one
+backward: launched before that update, waited for after it) can fail after the update,
 and the restore then needs the values from before it. This class learns the
 loop: commits are kept in place until a collective is seen in a window, and
 from then on, for the life of the process, every commit keeps those values (a

@@ -216,6 +216,41 @@ def test_a_loop_whose_window_holds_collectives_or_steps_restores_exactly_from_it
     assert "between an in-place optimizer update and the next commit" not in caplog.text
 
 
+def test_two_optimizers_stepping_after_one_backward_restore_exactly_when_the_second_ones_allreduce_fails(caplog):
+    """A GAN-style loop: one backward, then two DistributedOptimizers step, then commit. The second
+    one's gradient allreduces were launched before the first update and are waited for after it, inside
+    the window. Before, the loop was taken for the common one and committed in place: a peer dying in
+    that allreduce left no worker able to restore (the job stopped with "training state lost")."""
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    gen, disc = _model(), _model()
+    opt_g = hvd.DistributedOptimizer(torch.optim.Adam(gen.parameters(), lr=0.01))
+    opt_d = hvd.DistributedOptimizer(torch.optim.SGD(disc.parameters(), lr=0.05, momentum=0.9))
+    state = hvd.elastic.TorchState(gen=gen, opt_g=opt_g, disc=disc, opt_d=opt_d, step=0)
+
+    def values() -> list[torch.Tensor]:
+        return _values(gen, opt_g) + _values(disc, opt_d)
+
+    def backward(seed: int) -> None:
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(seed))
+        opt_g.zero_grad()
+        opt_d.zero_grad()
+        (F.mse_loss(gen(x), x.sum(1, keepdim=True)) + F.mse_loss(disc(x), -x.sum(1, keepdim=True))).backward()
+
+    for seed in range(4):
+        backward(seed)
+        opt_g.step()
+        opt_d.step()
+        state.commit()
+    assert not any(h.in_place for h in opt_g._ce_snapshots + opt_d._ce_snapshots)  # kept: the window holds a wait
+    committed = values()
+    backward(9)
+    opt_g.step()  # then the discriminator's gradient allreduce fails, before opt_d.step()
+    state.restore()
+    assert get_context().holds_commit
+    _assert_equal(values(), committed)
+    assert "cannot restore" not in caplog.text
+
+
 def test_a_loop_confirmed_in_place_drops_the_whole_copy_at_its_first_commit():
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
