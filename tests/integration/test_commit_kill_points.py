@@ -6,7 +6,8 @@ points of a step (see ``commit_probe.py``): during backward, between
 gradient buckets, during the update, and in a collective between
 ``step()`` and ``commit()``. After each failure, the state the survivors
 resume from (model, every optimizer state tensor, step counter) must hash
-to exactly what the survivor committed at that step.
+to exactly what the survivor committed at that step. The last test runs a
+GAN-style loop with two optimizers after one backward (``gan_probe.py``).
 """
 
 from __future__ import annotations
@@ -118,3 +119,25 @@ def test_a_failure_in_the_first_collective_after_an_in_place_update_stops_the_jo
     assert "training state lost: no survivor could restore the last commit exactly" in out, out[-4000:]
     assert not [e for e in job.events if e.kind == "resumed" and e["size"] == 2]
     assert not [e for e in job.events if e.kind == "done"]
+
+
+@pytest.mark.timeout(150)
+def test_two_optimizers_after_one_backward_resume_exactly_when_a_peer_dies_between_their_updates(jobs):
+    # A GAN-style loop (gan_probe.py): one backward, opt_a.step(), opt_b.step(), commit(). 127.0.0.3 dies
+    # in step 4 once model A's allreduces are done: the survivors update model A, then fail in opt_b's.
+    # They must resume from the commit of step 4, model A's update undone (before, every commit was kept
+    # in place and no survivor could restore: the job stopped with "training state lost").
+    hosts = HOSTS[:3]
+    job = jobs(["run", "-np", "3", "--min-np", "1", "-H", ",".join(f"{h}:1" for h in hosts),
+                "--blacklist-cooldown-range", "600", "600", "--start-timeout", "120",
+                sys.executable, str(Path(__file__).with_name("gan_probe.py")), "--steps", "8",
+                "--kill", "127.0.0.3:4"])
+    assert job.finish(timeout=130) == 0, job.output()[-4000:]
+    assert "cannot restore the last commit exactly" not in job.output()
+    for host in hosts[:2]:
+        mine = [e for e in job.events if e.data.get("host") == host]
+        commits = {e["step"]: e["checksum"] for e in mine if e.kind == "commit"}
+        resumed = [e for e in mine if e.kind == "resumed"][1:]
+        assert [(e["step"], e["size"]) for e in resumed] == [(4, 2)], resumed
+        assert resumed[0]["checksum"] == commits[4]
+        assert next(e for e in mine if e.kind == "done")["step"] == 8
