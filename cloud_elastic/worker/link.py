@@ -177,20 +177,20 @@ class DriverLinkMixin:
         The driver gives a worker up after ``heartbeat_timeout_s`` of silence and
         aborts its round. A worker that was stopped or starved that long (its
         heartbeat thread too) resumes with the view it had before: the abort is
-        unknown to it, and a collective completing from data its peers had sent
-        before they moved on would let it train and commit on in a dead round.
-        So when the newest answered heartbeat was *sent* longer ago than the
-        timeout, this waits until one sent after now is answered (the driver
-        answers at once when the worker's view is out of date), until the driver
-        counts as lost (training on without it is the driver grace's business),
-        or at most the heartbeat call's own timeout. Costs a clock read otherwise.
+        unknown to it, and it trained and committed on in the dead round (a chaos
+        run: twice, before its kill). So when the newest answered heartbeat was
+        *sent* longer ago than the timeout, this waits until one sent after now is
+        answered (the driver answers at once when the worker's view is out of
+        date), until the driver counts as lost (training on without it is the
+        driver grace's business), or at most the heartbeat call's own timeout.
+        Costs a clock read otherwise.
         """
         if self._heartbeat is None:
             return  # standalone: no driver
         asked = time.monotonic()
         if asked - self.view_as_of <= self.heartbeat_timeout_s:
             return
-        deadline = asked + self.heartbeat_timeout_s + 11
+        deadline = asked + self.heartbeat_timeout_s + 10 + 1  # the poll's own timeout, and a second
         log.warning("worker %s: no word from the driver for %.1fs; waiting for its current view before going on",
                     self.worker_id, asked - self.view_as_of)
         while (self.view_as_of < asked and not self.dismissed and not self.driver_lost
