@@ -23,6 +23,8 @@ class Held:
     arrived: threading.Event = field(default_factory=threading.Event)
     #: The client's side of the connection ended (EOF or reset) before the answer was relayed.
     client_closed_early: bool = False
+    #: The upstream server ended the connection (after its answer, or instead of one).
+    server_closed: bool = False
     #: The first bytes of the upstream answer relayed back to the client.
     head: bytearray = field(default_factory=bytearray)
 
@@ -83,8 +85,7 @@ class HoldingProxy:
             while True:
                 data = client.recv(65536)
                 if not data:
-                    if holding and holding[0].status is None:
-                        holding[0].client_closed_early = True
+                    self._client_ended(holding)
                     break
                 if not holding and data.startswith(b"PUT "):
                     with self._lock:
@@ -97,13 +98,17 @@ class HoldingProxy:
                         self._release.wait()
                 server.sendall(data)
         except OSError:
-            if holding and holding[0].status is None:
-                holding[0].client_closed_early = True
+            self._client_ended(holding)
         finally:
             try:
                 server.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
+
+    @staticmethod
+    def _client_ended(holding: list[Held]) -> None:
+        if holding and holding[0].status is None and not holding[0].server_closed:
+            holding[0].client_closed_early = True
 
     @staticmethod
     def _answers(server: socket.socket, client: socket.socket, holding: list[Held]) -> None:
@@ -112,13 +117,15 @@ class HoldingProxy:
                 data = server.recv(65536)
                 if not data:
                     break
-                client.sendall(data)
-                if holding:
+                if holding:  # recorded before the client has it: it may close the moment it does
                     held = holding[0]
                     if len(held.head) < 8192:
                         held.head += data[: 8192 - len(held.head)]
+                client.sendall(data)
         except OSError:
             pass
         finally:
+            if holding:
+                holding[0].server_closed = True  # before the client's side is closed here
             client.close()
             server.close()
