@@ -151,6 +151,19 @@ def processes_of_job(job_id: str | None) -> list[int]:
     return pids
 
 
+def worker_on(job_id: str | None, host: str) -> int:
+    """PID of a live worker of the job on ``host`` (its launched process, by its environment)."""
+    for pid in processes_of_job(job_id):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"CLOUD_ELASTIC_HOSTNAME={host}".encode() in environ and any(
+                v.startswith(b"CLOUD_ELASTIC_WORKER_ID=") for v in environ):
+            return pid
+    raise AssertionError(f"no worker of job {job_id} on {host}")
+
+
 def kill_job_workers(job_id: str | None) -> None:
     for pid in processes_of_job(job_id):
         try:

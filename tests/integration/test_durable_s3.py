@@ -7,12 +7,11 @@ import os
 import signal
 import time
 import uuid
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from tests.integration.harness import probe_cmd, processes_of_job
+from tests.integration.harness import probe_cmd, worker_on
 from tests.integration.holding_proxy import HoldingProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.emulator, pytest.mark.timeout(240)]
@@ -40,17 +39,6 @@ def s3_env() -> Iterator[tuple[dict[str, str], str]]:
     server.stop()
 
 
-def _worker_on(job_id: str | None, host: str) -> int:
-    for pid in processes_of_job(job_id):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"CLOUD_ELASTIC_HOSTNAME={host}".encode() in environ and b"CLOUD_ELASTIC_WORKER_ID" in b"".join(environ):
-            return pid
-    raise AssertionError(f"no worker of job {job_id} on {host}")
-
-
 def test_a_job_checkpoints_to_s3_through_a_failure_and_the_same_command_resumes_from_there(jobs, tmp_path, s3_env,
                                                                                            monkeypatch):
     """Rank 0's checkpoint upload (fsspec, s3fs) is held in flight, by a proxy on 127.0.0.9 in front of S3,
@@ -71,7 +59,7 @@ def test_a_job_checkpoints_to_s3_through_a_failure_and_the_same_command_resumes_
         first.wait_for(lambda j: "checkpoint of step" in j.output(), timeout=120, what="a first checkpoint")
         proxy.arm(b"/state.pt")
         assert proxy.held.arrived.wait(60), "rank 0 wrote no further checkpoint"
-        os.kill(_worker_on(first.job_id(), "127.0.0.2"), signal.SIGKILL)
+        os.kill(worker_on(first.job_id(), "127.0.0.2"), signal.SIGKILL)
         first.wait_for(lambda j: any(line.startswith("[0]<127.0.0.1[0]>") and "rolling back to the last commit" in line
                                      for line in j.lines), timeout=60, what="rank 0 abandoning the round")
         proxy.release()
