@@ -77,6 +77,9 @@ def cli(ctx: click.Context) -> None:
                    "--straggler-window (default 2; 0 never)")
 @click.option("--straggler-window", type=float, default=60.0, metavar="SECONDS",
               help="how long a worker must stay that slow to be drained (default 60)")
+@click.option("--whole-hosts", is_flag=True,
+              help="a host is the unit: its --slots-per-host workers start, join rounds and leave together (one "
+                   "failing takes the others with it); -np, --min-np and --max-np must be multiples of it")
 @click.option("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
               help="seconds between discovery calls (default 1)")
 @click.option("--host-missing-grace", type=float, default=10.0, metavar="SECONDS",
@@ -123,9 +126,11 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
 
     ray_address = params.pop("ray_address")
     ray_use_gpu, ray_cpus = params.pop("ray_use_gpu"), params.pop("ray_cpus_per_slot")
-    config = job_config(params)
+    config = job_config(params, discovery)
     launcher = None
     if ray_address is not None:
+        if config.whole_host_slots:
+            raise ConfigError("--whole-hosts does not work with --ray-address yet (Ray's hosts are its nodes)")
         if discovery.hosts or discovery.host_discovery_script or discovery.provider or discovery.cloud:
             raise ConfigError("--ray-address is the host source: drop -H, --host-discovery-script, --provider "
                               "and the cloud group flags")
@@ -149,12 +154,15 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
     return outcome.exit_code
 
 
-def job_config(params: dict[str, Any]):
+def job_config(params: dict[str, Any], discovery: DiscoveryArgs | None = None):
     """The :class:`~cloud_elastic.config.JobConfig` of ``run``'s parsed options; ConfigError if invalid."""
     from cloud_elastic.config import JobConfig, SSHConfig, elastic_timeout_default
 
     if not params["command"]:
         raise ConfigError(f"no training command given (e.g. {PROG} run -np 2 -H localhost:2 python train.py)")
+    slots = discovery.slots_per_host if discovery is not None else None
+    if params.get("whole_hosts") and slots is None:
+        raise ConfigError("--whole-hosts needs --slots-per-host N: the slots every host offers, all used together")
     num_proc = params["num_proc"]
     elastic_timeout = params["elastic_timeout"]
     return JobConfig(
@@ -192,6 +200,7 @@ def job_config(params: dict[str, Any]):
         progress_timeout_s=params["progress_timeout"],
         straggler_factor=params["straggler_factor"],
         straggler_window_s=params["straggler_window"],
+        whole_host_slots=slots if params.get("whole_hosts") and slots else 0,
     )
 
 
@@ -207,7 +216,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, dict[str, Any], Discov
         params = dict(ctx.params)
     discovery = DiscoveryArgs.pop_from(params) if name in ("run", "discover") else None
     if name == "run":
-        params["config"] = job_config(params)
+        params["config"] = job_config(params, discovery)
     return name, params, discovery
 
 

@@ -103,6 +103,9 @@ class JobConfig:
     #: A worker whose compute time per step stays this many times the round's median for the window is drained.
     straggler_factor: float = 2.0
     straggler_window_s: float = 60.0
+    #: ``--whole-hosts``: every host offers this many slots (``--slots-per-host``) and its workers start, join
+    #: rounds and leave together, so each round holds whole hosts; 0 = off (workers come and go one by one).
+    whole_host_slots: int = 0
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -117,6 +120,14 @@ class JobConfig:
             raise ConfigError(
                 f"-np ({self.num_proc}) must lie between --min-np ({self.min_np}) and --max-np ({self.max_np})"
             )
+        if self.whole_host_slots < 0:
+            raise ConfigError(f"--slots-per-host must be >= 1, got {self.whole_host_slots}")
+        if self.whole_host_slots:
+            counts = {"-np": self.num_proc, "--min-np": self.min_np, "--max-np": self.max_np}
+            odd = [f"{flag} {n}" for flag, n in counts.items() if n % self.whole_host_slots]
+            if odd:
+                raise ConfigError(f"with --whole-hosts, -np, --min-np and --max-np count whole hosts' workers: "
+                                  f"{', '.join(odd)} not a multiple of --slots-per-host {self.whole_host_slots}")
         lo, hi = self.cooldown_range_s
         if lo < 0 or hi < lo:
             raise ConfigError(f"--blacklist-cooldown-range needs 0 <= MIN <= MAX, got {lo:g} {hi:g}")

@@ -41,6 +41,8 @@ class Policy:
     #: is drained (``--straggler-factor``; 0: never).
     straggler_factor: float = 2.0
     straggler_window_s: float = 60.0
+    #: ``--whole-hosts``: each host's this many slots start, join rounds and leave together (0: off).
+    whole_host_slots: int = 0
 
 
 class Phase(enum.Enum):

@@ -7,6 +7,9 @@
   up stays taken until its process is gone). At start-up nothing launches
   until ``num_proc`` slots are free; past ``start_timeout_s`` the job fails
   naming the slots it found (or discovery's last error, when it never answered);
+* with ``--whole-hosts``, launches fill whole hosts only: a host gets its
+  ``whole_host_slots`` workers at once when every one of those slots is free
+  and usable, and only while the job has room for all of them;
 * the ``min_np`` watch (:meth:`Capacity.check`): below ``min_np`` workers for
   ``elastic_timeout_s`` the job fails. Outside start-up a worker counts only once
   it reached rendezvous, so a slot that crashes on every launch does not restart
@@ -25,7 +28,7 @@ from cloud_elastic.driver.actions import Launch, Phase
 from cloud_elastic.driver.view import JobView
 from cloud_elastic.driver.workers import WorkerRecord, WorkerState
 
-__all__ = ["Capacity", "PROGRESS_EVERY_S"]
+__all__ = ["Capacity", "PROGRESS_EVERY_S", "whole_hosts"]
 
 #: A piece of the job logs as the job (its records keep the name they had before the job was split).
 log = logging.getLogger("cloud_elastic.driver.job")
@@ -62,6 +65,9 @@ class Capacity:
         # A worker given up (LOST) may still be running on its GPU until its process is gone.
         occupied = {(w.slot.host, w.slot.index) for w in job.workers.values() if w.state is not S.EXITED}
         free = [s for s in job.hosts.available_slots(now) if (s.host, s.index) not in occupied]
+        if job.policy.whole_host_slots:
+            free = whole_hosts(free, job.policy.whole_host_slots)
+            room -= room % job.policy.whole_host_slots
         if starting:
             if len(free) < job.policy.num_proc:
                 self._too_few_to_start(now, len(free))
@@ -130,3 +136,15 @@ class Capacity:
         elif now - last >= PROGRESS_EVERY_S:
             self._waits[key] = (since, now)
             log.info("job %s: %s (waiting for %.0fs)", self._job.job_id, what, now - since)
+
+
+def whole_hosts(free: list, slots: int) -> list:
+    """The slots of ``free`` on hosts whose slots ``0..slots-1`` are all in it, host by host, in ``free``'s order."""
+    by_host: dict[str, list] = {}
+    for slot in free:
+        by_host.setdefault(slot.host, []).append(slot)
+    whole = []
+    for host_slots in by_host.values():
+        if {s.index for s in host_slots} >= set(range(slots)):
+            whole += sorted((s for s in host_slots if s.index < slots), key=lambda s: s.index)
+    return whole

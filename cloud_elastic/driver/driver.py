@@ -90,6 +90,7 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
                 progress_timeout_s=config.progress_timeout_s,
                 straggler_factor=config.straggler_factor,
                 straggler_window_s=config.straggler_window_s,
+                whole_host_slots=config.whole_host_slots,
             ),
             HostManager(Blacklist(config.cooldown_range_s), missing_grace_s=config.host_missing_grace_s,
                         drain_soft=config.drain_on_rebalance),

@@ -7,7 +7,8 @@
   every slot of its host on a transport error (one outage is one failure of
   each slot, however many of the host's workers report it); a member's failure
   aborts its round; the last worker failing ends the job unless a durable
-  checkpoint can bring the state back;
+  checkpoint can bring the state back; with ``--whole-hosts`` a failure is the
+  whole host's (every slot blacklisted, and its other workers leave with it);
 * a worker given up (:meth:`Failures.give_up`: silent, never arrived, stuck) is
   stopped at once; a leaver given up costs its peers a rollback but no blacklisting;
 * the committed state is never silently lost (:meth:`Failures.check_state_kept`):
@@ -38,10 +39,13 @@ S = WorkerState
 class Failures:
     """Failures and the committed state of one job (see module docstring)."""
 
-    def __init__(self, job: JobView, lost_leaver: Callable[[WorkerRecord, str], None]) -> None:
-        """``lost_leaver(w, what)``: a draining worker was lost in its round (see :mod:`.leaving`)."""
+    def __init__(self, job: JobView, lost_leaver: Callable[[WorkerRecord, str], None],
+                 take_host_along: Callable[[WorkerRecord], None] = lambda w: None) -> None:
+        """``lost_leaver(w, what)``: a draining worker was lost in its round; ``take_host_along(w)``: the other
+        workers of ``w``'s host leave with it under ``--whole-hosts`` (see :mod:`.leaving`)."""
         self._job = job
         self._lost_leaver = lost_leaver
+        self._take_host_along = take_host_along
         self._state_lost_logged = False
 
     def fail(self, w: WorkerRecord, what: str, now: float, *, was_member: bool, transport: bool,
@@ -51,7 +55,8 @@ class Failures:
         hosts = job.hosts
         reason = f"worker {w.worker_id} ({w.label}) {what}"
         job.last_failure = reason
-        if transport:
+        whole_host = transport or bool(job.policy.whole_host_slots)
+        if whole_host:
             host_slots = hosts.ready.get(w.slot.host, w.slot.index + 1)
             # One outage is one failure of each slot, however many of the host's workers report it.
             slots = [Slot(w.slot.host, i) for i in range(host_slots)]
@@ -65,10 +70,11 @@ class Failures:
         killed_by = signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
         job.emit(
             "worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, reason=what,
-            exit_code=None if killed_by else exit_code, blacklisted_s=round(delay, 1), whole_host=transport,
+            exit_code=None if killed_by else exit_code, blacklisted_s=round(delay, 1), whole_host=whole_host,
             **({"round": w.round} if w.round else {}), **({"signal": killed_by} if killed_by else {}),
         )
         job.failure_since_round = True
+        self._take_host_along(w)
         if was_member:
             job.abort()
         if not job.alive() and job.completed_workers == 0:

@@ -9,7 +9,9 @@
 * A later round forms when no member of the previous round is still running
   and at least ``min_np`` workers wait.
 * A newcomer ready, or a member whose host is leaving, raises the update
-  generation once per round: workers agree on it at a commit.
+  generation once per round: workers agree on it at a commit. With
+  ``--whole-hosts`` a newcomer is ready once every slot of its host has one
+  waiting, and a round takes whole hosts only (see :func:`~.rounds.plan_round`).
 * Forming a round counts a reset (past ``reset_limit`` the job fails), and
   reports the rollback of the round a failure aborted, with the steps its
   survivors lost (they say so at rendezvous).
@@ -145,7 +147,7 @@ class RoundFormation:
         start). Everything else is checked by the job's full step on the driver's tick.
         """
         job = self._job
-        if job.phase is Phase.RUNNING and w.state is S.WAITING and w.rank is None:
+        if job.phase is Phase.RUNNING and w.state is S.WAITING and w.rank is None and self._host_ready(w):
             if self._update_for_round != job.round and self.member_left(running_only=False):
                 self.request_update("new worker ready")
         return job.phase in (Phase.STARTING, Phase.RUNNING) and self.may_form()
@@ -171,7 +173,7 @@ class RoundFormation:
         # Waiting workers are in _waiting_ids (exact since the last step; none start waiting
         # within a step), so there is no need to scan every worker for them.
         workers = job.workers
-        newcomer_ready = any(workers[i].state is S.WAITING and workers[i].rank is None
+        newcomer_ready = any(workers[i].state is S.WAITING and workers[i].rank is None and self._host_ready(workers[i])
                              for i in self._waiting_ids if i in workers)
         member_leaving = False
         if self._drains.members_may_drain(job.round):
@@ -181,6 +183,18 @@ class RoundFormation:
                     break
         if newcomer_ready or member_leaving:
             self.request_update("new worker ready" if newcomer_ready else "a host is leaving")
+
+    def _host_ready(self, w: WorkerRecord) -> bool:
+        """Whether newcomer ``w`` may join now: always, except under ``--whole-hosts``, where every slot of its
+        host must have a newcomer waiting (a round takes whole hosts only; asking for one sooner would cost the
+        running round a stop for nothing)."""
+        slots = self._job.policy.whole_host_slots
+        if not slots:
+            return True
+        workers = self._job.workers
+        waiting = sum(1 for i in self._waiting_ids if i in workers and workers[i].slot.host == w.slot.host
+                      and workers[i].rank is None and workers[i].state is S.WAITING)
+        return waiting >= slots
 
     def request_update(self, why: str) -> None:
         job = self._job
@@ -243,7 +257,10 @@ class RoundFormation:
             state_committed=job.state_committed or any(w.commit_lost for w in waiting),
             failure_since_last_round=job.failure_since_round,
             checkpointing=job.policy.checkpointing,
+            host_slots=job.policy.whole_host_slots,
         )
+        if plan is None or (not isinstance(plan, StateLost) and len(plan.members) < job.policy.min_np):
+            return  # whole hosts only: not enough of them wait yet
         if isinstance(plan, StateLost):
             job.end(False, f"training state lost: {job.commits_lost_reason() or plan.reason}", 1)
             return

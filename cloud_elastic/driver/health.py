@@ -46,16 +46,17 @@ S = WorkerState
 _SCAN_EVERY_S = 1.0
 
 
-def faster_without(slowest: float, others: list[float]) -> bool:
-    """Would the job do more work per second without its slowest worker? (compute times per step)
+def faster_without(slowest: float, others: list[float], leaving: int = 1) -> bool:
+    """Would the job do more work per second without its slowest worker (and the ``leaving - 1`` others that go
+    with it: its host's, under ``--whole-hosts``)? Compute times per step.
 
     Every step waits for the slowest worker: N workers do N / slowest samples per
-    second of work, N − 1 do (N − 1) / slowest-of-the-others.
+    second of work, N − leaving do (N − leaving) / slowest-of-the-others.
     """
     if not others or slowest <= 0:
         return False
-    n = len(others) + 1
-    return (n - 1) / max(others) > n / slowest
+    n = len(others) + leaving
+    return (n - leaving) / max(others) > n / slowest
 
 
 class Health:
@@ -99,14 +100,18 @@ class Health:
     def _consider(self, w: WorkerRecord, figures: dict[str, float], median: float, now: float) -> None:
         job, policy = self._job, self._job.policy
         slowest = figures[w.worker_id]
-        others = [s for wid, s in figures.items() if wid != w.worker_id]
+        # Under --whole-hosts its host's other workers leave with it.
+        gone = ({wid for wid in figures if job.workers[wid].slot.host == w.slot.host} if policy.whole_host_slots
+                else {w.worker_id})
+        leaving = policy.whole_host_slots or 1
+        others = [s for wid, s in figures.items() if wid not in gone]
         staying = sum(1 for x in job.active())
         keep = ""
-        if staying - 1 < policy.min_np:
-            keep = f"draining it would leave {staying - 1} worker(s), below --min-np {policy.min_np}"
-        elif not faster_without(slowest, others):
-            keep = (f"the job would not be faster without it ({len(others)} worker(s) at a slowest {max(others):.3f} "
-                    f"s/step against {len(others) + 1} at {slowest:.3f} s/step)")
+        if staying - leaving < policy.min_np:
+            keep = f"draining it would leave {staying - leaving} worker(s), below --min-np {policy.min_np}"
+        elif not faster_without(slowest, others, leaving):
+            keep = (f"the job would not be faster without it ({len(others)} worker(s) at a slowest "
+                    f"{max(others, default=0):.3f} s/step against {len(others) + leaving} at {slowest:.3f} s/step)")
         if keep:
             if w.worker_id not in self._kept:
                 self._kept.add(w.worker_id)

@@ -113,7 +113,7 @@ class ElasticJob:
         self.rounds = RoundFormation(self, self.leavers, on_formed=lambda running: self.completion.round_formed(running))
         self.completion = Completion(self, self.rounds.rank0)
         self.takeover = Takeover(self, self.capacity.seen, self.rounds.adopt_round)
-        self.failures = Failures(self, self.leavers.lost_leaver)
+        self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along)
         self.health = Health(self, self.leavers)
         if self.resumed:
             if not self.policy.checkpointing:

@@ -125,11 +125,24 @@ class Leavers:
         if before is S.RUNNING:
             w.to(S.DRAINING, why)  # leaves at its next commit
             self._draining_round = job.round
+        else:
+            w.to(S.EXITING, why)
+            if before is not S.WAITING:
+                # Not at rendezvous yet, so no exit order would reach it soon.
+                job.act(Stop(w.worker_id, why))
+        self.take_host_along(w)
+
+    def take_host_along(self, w: WorkerRecord) -> None:
+        """With ``--whole-hosts``, the staying workers of ``w``'s host leave with it: without ``w`` their host
+        is no longer whole (a model sharded across the host's slots is missing a shard)."""
+        job = self._job
+        if not job.policy.whole_host_slots:
             return
-        w.to(S.EXITING, why)
-        if before is not S.WAITING:
-            # Not at rendezvous yet, so no exit order would reach it soon.
-            job.act(Stop(w.worker_id, why))
+        for other in job.alive():
+            if other.slot.host == w.slot.host and other is not w and other.state in _ACTIVE:
+                why = f"worker {w.worker_id} of its host left ({w.why or 'failed'}), and a host leaves whole (--whole-hosts)"
+                log.info("job %s: worker %s (%s) will leave: %s", job.job_id, other.worker_id, other.label, why)
+                self.send_away(other, why)
 
     def enforce_deadlines(self, now: float) -> None:
         """A draining host whose workers are still in their round close to its deadline is removed by force."""

@@ -16,6 +16,12 @@ Rules (each tested alone in ``tests/unit/test_rounds.py``):
 * With no holder left the round can only start from a durable checkpoint; with
   no checkpoint, the plan is :class:`StateLost` and the job must fail rather
   than silently train from initial weights.
+* With whole hosts (``--whole-hosts``, ``host_slots`` > 0) a round holds only
+  hosts whose ``host_slots`` workers all wait (a host with one still on its
+  way waits for the next round), each host's workers side by side in slot
+  order; hosts are ordered by the rules above applied to their workers (the
+  host of the newest commit first), and ``max_np`` is cut at a host's end.
+  No complete host: :func:`plan_round` returns None (not yet).
 * ``needs_sync`` is decided here once for the whole round (Horovod #3494
   deadlocked when old and new workers decided it locally and disagreed).
 """
@@ -66,7 +72,8 @@ def plan_round(
     state_committed: bool,
     failure_since_last_round: bool,
     checkpointing: bool,
-) -> Union[RoundPlan, StateLost]:
+    host_slots: int = 0,
+) -> Union[RoundPlan, StateLost, None]:
     """The next round made of ``waiting`` (at most ``max_np`` of them); see the module rules."""
     if not waiting:
         raise ValueError("a round needs at least one worker")
@@ -77,6 +84,10 @@ def plan_round(
     if newest.holds_state:
         queue.remove(newest)
         queue.insert(0, newest)
+    if host_slots:
+        queue = _whole_hosts(queue, host_slots, max_np)
+        if not queue:
+            return None
     ordered = tuple(queue[:max_np])
     if state_committed and not ordered[0].holds_state:
         if checkpointing:
@@ -89,3 +100,19 @@ def plan_round(
     unsynced = state_committed and any(not c.holds_state for c in ordered)
     diverged = len({c.commit_seq for c in ordered}) > 1
     return RoundPlan(ordered, needs_sync=has_newcomer or failure_since_last_round or unsynced or diverged)
+
+
+def _whole_hosts(queue: list[Candidate], host_slots: int, max_np: int) -> list[Candidate]:
+    """``queue`` regrouped by host (hosts in the order of their first worker in it, each host's workers by slot),
+    keeping only hosts whose slots ``0..host_slots-1`` all wait, and as many whole hosts as ``max_np`` allows."""
+    hosts: dict[str, list[Candidate]] = {}
+    for c in queue:
+        hosts.setdefault(c.host, []).append(c)
+    regrouped: list[Candidate] = []
+    for members in hosts.values():
+        if sorted(c.slot for c in members) != list(range(host_slots)):
+            continue
+        if len(regrouped) + host_slots > max_np:
+            break
+        regrouped += sorted(members, key=lambda c: c.slot)
+    return regrouped

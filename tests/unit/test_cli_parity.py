@@ -27,6 +27,7 @@ BASE = {
     "checkpoint_interval_s": 300.0, "checkpoint_keep": 2, "driver_grace_s": 60.0, "notice_watcher": "auto",
     "drain_on_rebalance": False, "events_file": None, "metrics_port": None, "progress_timeout_s": 120.0,
     "straggler_factor": 2.0, "straggler_window_s": 60.0,
+    "whole_host_slots": 0,  # --whole-hosts came after argparse: off unless given
 }
 ONE = {"num_proc": 1, "min_np": 1, "max_np": 1}
 
@@ -38,6 +39,10 @@ CASES = {
                     "python", "t.py", "--lr", "1"], {},
                    ("static", {"hosts": "a:2,b:2"}), None, 30.0, [],
                    {"command": ["python", "t.py", "--lr", "1"], "num_proc": 3, "min_np": 1, "max_np": 4}),
+    "whole-hosts": (["run", "-np", "4", "--min-np", "2", "-H", "a:2,b:2", "--slots-per-host", "2", "--whole-hosts",
+                     "python", "t.py"], {},
+                    ("static", {"hosts": "a:2,b:2"}), 2, 30.0, [],
+                    {"num_proc": 4, "min_np": 2, "max_np": 4, "whole_host_slots": 2}),
     "double-dash": (["run", "-np", "1", "-H", "h", "--", "python", "t.py", "-np", "9"], {},
                     ("static", {"hosts": "h"}), None, 30.0, [],
                     {"command": ["python", "t.py", "-np", "9"], **ONE}),

@@ -31,6 +31,10 @@ class Case:
 CASES = {
     "max-np-below-min-np": Case(("-np", "2", "--min-np", "2", "--max-np", "1", "-H", "localhost:2", *TRAIN),
                                 "--max-np (1) must be >= --min-np (2)"),
+    "whole-hosts-without-slots": Case(("-np", "4", "-H", "a:2,b:2", "--whole-hosts", *TRAIN),
+                                      "--whole-hosts needs --slots-per-host N"),
+    "whole-hosts-part-of-a-host": Case(("-np", "3", "-H", "a:2,b:2", "--slots-per-host", "2", "--whole-hosts", *TRAIN),
+                                       "-np 3 not a multiple of --slots-per-host 2"),
     "np-below-min-np": Case(("-np", "1", "--min-np", "2", "--max-np", "4", "-H", "localhost:4", *TRAIN),
                             "-np (1) must lie between --min-np (2) and --max-np (4)"),
     "np-above-max-np": Case(("-np", "5", "--min-np", "1", "--max-np", "4", "-H", "localhost:4", *TRAIN),
