@@ -140,7 +140,8 @@ class Leavers:
             return
         for other in job.alive():
             if other.slot.host == w.slot.host and other is not w and other.state in _ACTIVE:
-                why = f"worker {w.worker_id} of its host left ({w.why or 'failed'}), and a host leaves whole (--whole-hosts)"
+                why = (f"worker {w.worker_id} of its host left ({w.why or 'failed'}), "
+                       "and a host leaves whole (--whole-hosts)")
                 log.info("job %s: worker %s (%s) will leave: %s", job.job_id, other.worker_id, other.label, why)
                 self.send_away(other, why)
 

@@ -21,7 +21,8 @@ Rules (each tested alone in ``tests/unit/test_rounds.py``):
   way waits for the next round), each host's workers side by side in slot
   order; hosts are ordered by the rules above applied to their workers (the
   host of the newest commit first), and ``max_np`` is cut at a host's end.
-  No complete host: :func:`plan_round` returns None (not yet).
+  No complete host: :func:`plan_round` returns None (not yet). Tested in
+  ``tests/unit/test_job_whole_hosts.py``.
 * ``needs_sync`` is decided here once for the whole round (Horovod #3494
   deadlocked when old and new workers decided it locally and disagreed).
 """
