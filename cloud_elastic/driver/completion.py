@@ -61,10 +61,13 @@ class _Stall:
 class Completion:
     """Completion and the no-progress watch of one job (see module docstring)."""
 
-    def __init__(self, job: JobView, rank0: Callable[[], WorkerRecord | None]) -> None:
-        """``rank0()`` is rank 0 of the current round while it is still training in it, else None."""
+    def __init__(self, job: JobView, rank0: Callable[[], WorkerRecord | None],
+                 take_host_along: Callable[[WorkerRecord], None] = lambda w: None) -> None:
+        """``rank0()`` is rank 0 of the current round while it is still training in it, else None;
+        ``take_host_along(w)``: under ``--whole-hosts``, ``w``'s host-mates leave with it (see :mod:`.leaving`)."""
         self._job = job
         self._rank0 = rank0
+        self._take_host_along = take_host_along
         #: The latest stacks request (a worker is asked by giving it this number; see worker.progress).
         self.stacks_gen = 0
         #: Workers that exited after completing.
@@ -219,6 +222,7 @@ class Completion:
                         worker_id, w.label, why)
             w.to(S.EXITING, why)
             w.returned_early = True  # its worker_left event says so when its process ends
+            self._take_host_along(w)
         self._parked.clear()
         job.forget_alive()
         if job.abort_round < job.round:

@@ -111,7 +111,7 @@ class ElasticJob:
         self.leavers = Leavers(self)
         self.capacity = Capacity(self)
         self.rounds = RoundFormation(self, self.leavers, on_formed=lambda running: self.completion.round_formed(running))
-        self.completion = Completion(self, self.rounds.rank0)
+        self.completion = Completion(self, self.rounds.rank0, self.leavers.take_host_along)
         self.takeover = Takeover(self, self.capacity.seen, self.rounds.adopt_round)
         self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along)
         self.health = Health(self, self.leavers)

@@ -12,7 +12,7 @@ from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.capacity import whole_hosts
 from cloud_elastic.driver.health import faster_without
 from cloud_elastic.driver.hosts import Slot
-from cloud_elastic.driver.job import ExitOrder, WorkerState
+from cloud_elastic.driver.job import EARLY_RETURN_WAIT_S, ExitOrder, WorkerState
 from cloud_elastic.driver.rounds import Candidate, plan_round
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.providers.api import Drain
@@ -129,3 +129,17 @@ def test_a_straggler_is_kept_when_its_host_leaving_would_go_below_min_np(caplog)
     beat(sim, 20, {"a[0]": 0.1, "a[1]": 0.1, "b[0]": 0.1, "b[1]": 0.5})
     assert sim.job.workers[sim.id("b[1]")].state is WorkerState.RUNNING
     assert "draining it would leave 2 worker(s), below --min-np 3" in caplog.text
+
+
+def test_a_member_returning_early_takes_its_host_mates_along() -> None:
+    sim = whole(4, {"a": 2, "b": 2}, min_np=2)
+    sim.commit("a[0]", "a[1]", "b[0]", "b[1]", count=12)
+    assert sim.job.completed(sim.id("b[1]"), sim.now, commit_seq=12, steps=12) == ("wait", "")
+    sim.advance(1)
+    sim.job.heartbeat(sim.id("a[0]"), sim.now, waiting_s=EARLY_RETURN_WAIT_S + 0.5)  # rank 0 trains on
+    sim.advance(0.5)
+    assert sim.job.workers[sim.id("b[1]")].state is WorkerState.EXITING
+    mate = sim.job.workers[sim.id("b[0]")]
+    assert mate.state is WorkerState.DRAINING and "a host leaves whole" in mate.why
+    assert_round(sim.join("a[0]", "a[1]", reason="failure"), 2, needs_sync=True)
+    assert sim.layout() == ["a[0]", "a[1]"]
