@@ -153,7 +153,10 @@ class Health:
                     job.job_id, w.worker_id, w.label, why, delay)
         self._leavers.send_away(w, why)
         job.tick(now)
-        return True, f"worker {w.worker_id} leaves at its next commit; slot {host}[{slot}] blacklisted for {delay:.0f}s"
+        whole = job.policy.whole_host_slots and len(on_host) > 1
+        mates = " with its host's other workers (--whole-hosts)" if whole else ""
+        return True, (f"worker {w.worker_id} leaves{mates} at its next commit; slot {host}[{slot}] blacklisted for "
+                      f"{delay:.0f}s")
 
     # ------------------------------------------------------- sick newcomers
     def unhealthy(self, w: WorkerRecord, reason: str, now: float) -> None:

@@ -143,3 +143,11 @@ def test_a_member_returning_early_takes_its_host_mates_along() -> None:
     assert mate.state is WorkerState.DRAINING and "a host leaves whole" in mate.why
     assert_round(sim.join("a[0]", "a[1]", reason="failure"), 2, needs_sync=True)
     assert sim.layout() == ["a[0]", "a[1]"]
+
+
+def test_draining_one_slot_by_hand_sends_its_whole_host_away_and_says_so() -> None:
+    sim = whole(4, {"a": 2, "b": 2}, min_np=2)
+    done, message = sim.job.drain("b", 1, sim.now)
+    assert done and "with its host's other workers (--whole-hosts)" in message, message
+    states = {sim.job.workers[sim.id(s)].state for s in ("b[0]", "b[1]")}
+    assert states == {WorkerState.DRAINING}
