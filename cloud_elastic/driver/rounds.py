@@ -20,7 +20,8 @@ Rules (each tested alone in ``tests/unit/test_rounds.py``):
   hosts whose ``host_slots`` workers all wait (a host with one still on its
   way waits for the next round), each host's workers side by side in slot
   order; hosts are ordered by the rules above applied to their workers (the
-  host of the newest commit first), and ``max_np`` is cut at a host's end.
+  host of the newest commit first, its holder rank 0 even when it is not the
+  host's slot 0), and ``max_np`` is cut at a host's end.
   No complete host: :func:`plan_round` returns None (not yet). Tested in
   ``tests/unit/test_job_whole_hosts.py``.
 * ``needs_sync`` is decided here once for the whole round (Horovod #3494
@@ -115,5 +116,13 @@ def _whole_hosts(queue: list[Candidate], host_slots: int, max_np: int) -> list[C
             continue
         if len(regrouped) + host_slots > max_np:
             break
-        regrouped += sorted(members, key=lambda c: c.slot)
+        ordered = sorted(members, key=lambda c: c.slot)
+        head = queue[0]
+        mates_newest = max((c.commit_seq for c in ordered if c is not head), default=-1)
+        if not regrouped and head in ordered and head.commit_seq > mates_newest:
+            # Only the head of the queue holds the newest commit (a collective completed on it alone): it stays
+            # rank 0, whose state the round syncs from. Host-mates with equal commits keep slot order.
+            ordered.remove(queue[0])
+            ordered.insert(0, queue[0])
+        regrouped += ordered
     return regrouped

@@ -100,6 +100,12 @@ def test_a_round_holds_whole_hosts_side_by_side_the_newest_commit_s_host_first()
     cut = plan_round(waiting, max_np=3, state_committed=True, failure_since_last_round=True, checkpointing=False,
                      host_slots=2)
     assert [c.worker_id for c in cut.members] == ["b0", "b1"]  # max_np cuts at a host's end
+    # A collective completed on b's slot 1 only: it holds the newest commit and is rank 0, whose state the
+    # round syncs from; its host-mate follows, then the other hosts.
+    waiting[1] = candidate("b1", "b", 1, 1, commit_seq=6)
+    plan = plan_round(waiting, max_np=8, state_committed=True, failure_since_last_round=True, checkpointing=False,
+                      host_slots=2)
+    assert [c.worker_id for c in plan.members] == ["b1", "b0", "a0", "a1"] and plan.needs_sync
     assert plan_round(waiting[4:], max_np=8, state_committed=False, failure_since_last_round=False,
                       checkpointing=False, host_slots=2) is None
 
@@ -151,3 +157,11 @@ def test_draining_one_slot_by_hand_sends_its_whole_host_away_and_says_so() -> No
     assert done and "with its host's other workers (--whole-hosts)" in message, message
     states = {sim.job.workers[sim.id(s)].state for s in ("b[0]", "b[1]")}
     assert states == {WorkerState.DRAINING}
+
+
+def test_hosts_of_one_slot_plan_like_single_workers() -> None:
+    waiting = [candidate("a0", "a", 0, 1, commit_seq=3), candidate("b0", "b", 0, 0, commit_seq=4),
+               candidate("c0", "c", 0, None)]
+    plan = plan_round(waiting, max_np=8, state_committed=True, failure_since_last_round=True, checkpointing=False,
+                      host_slots=1)
+    assert [c.worker_id for c in plan.members] == ["b0", "a0", "c0"]
