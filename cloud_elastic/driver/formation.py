@@ -173,8 +173,9 @@ class RoundFormation:
         # Waiting workers are in _waiting_ids (exact since the last step; none start waiting
         # within a step), so there is no need to scan every worker for them.
         workers = job.workers
-        newcomer_ready = any(workers[i].state is S.WAITING and workers[i].rank is None and self._host_ready(workers[i])
-                             for i in self._waiting_ids if i in workers)
+        newcomers = [workers[i] for i in self._waiting_ids
+                     if i in workers and workers[i].state is S.WAITING and workers[i].rank is None]
+        newcomer_ready = self._whole_host_waits(newcomers)
         member_leaving = False
         if self._drains.members_may_drain(job.round):
             for w in members:
@@ -185,16 +186,25 @@ class RoundFormation:
             self.request_update("new worker ready" if newcomer_ready else "a host is leaving")
 
     def _host_ready(self, w: WorkerRecord) -> bool:
-        """Whether newcomer ``w`` may join now: always, except under ``--whole-hosts``, where every slot of its
-        host must have a newcomer waiting (a round takes whole hosts only; asking for one sooner would cost the
-        running round a stop for nothing)."""
-        slots = self._job.policy.whole_host_slots
-        if not slots:
+        """Whether newcomer ``w`` may join now (see :meth:`_whole_host_waits`)."""
+        if not self._job.policy.whole_host_slots:
             return True
         workers = self._job.workers
-        waiting = sum(1 for i in self._waiting_ids if i in workers and workers[i].slot.host == w.slot.host
-                      and workers[i].rank is None and workers[i].state is S.WAITING)
-        return waiting >= slots
+        return self._whole_host_waits([workers[i] for i in self._waiting_ids if i in workers
+                                       and workers[i].slot.host == w.slot.host and workers[i].rank is None
+                                       and workers[i].state is S.WAITING])
+
+    def _whole_host_waits(self, newcomers: list[WorkerRecord]) -> bool:
+        """Whether any of these waiting newcomers may join: any at all, except under ``--whole-hosts``, where every
+        slot of a host must have one waiting (a round takes whole hosts only; asking for one sooner would cost the
+        running round a stop for nothing). One pass over ``newcomers``."""
+        slots = self._job.policy.whole_host_slots
+        if not slots:
+            return bool(newcomers)
+        per_host: dict[str, int] = {}
+        for w in newcomers:
+            per_host[w.slot.host] = per_host.get(w.slot.host, 0) + 1
+        return any(count >= slots for count in per_host.values())
 
     def request_update(self, why: str) -> None:
         job = self._job
