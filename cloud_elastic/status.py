@@ -250,6 +250,8 @@ class StatusReply:
     provider: str = ""
     #: The median of the round's members' compute times per step (what a straggler is measured against).
     median_compute_s: float | None = None
+    #: ``--whole-hosts``: the slots a host joins and leaves with (0: off).
+    whole_host_slots: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The reply's JSON form (what the driver returns from its handler)."""
@@ -282,6 +284,7 @@ class StatusReply:
                 steps_per_s=None if data.get("steps_per_s") is None else float(data["steps_per_s"]),
                 hosts=hosts, blacklisted=blacklisted, notices=notices, provider=str(data.get("provider", "")),
                 median_compute_s=None if data.get("median_compute_s") is None else float(data["median_compute_s"]),
+                whole_host_slots=int(data.get("whole_host_slots", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ControlPlaneError(f"malformed status reply: {type(exc).__name__}: {exc}") from None
@@ -384,7 +387,8 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
         f"job {reply.job}: {reply.phase}, up {_duration(reply.uptime_s)}"
         + (f", provider {reply.provider}" if reply.provider else ""),
         f"round {reply.round}, world size {reply.world_size} "
-        f"(-np {reply.num_proc}, --min-np {reply.min_np}, --max-np {reply.max_np})",
+        f"(-np {reply.num_proc}, --min-np {reply.min_np}, --max-np {reply.max_np}"
+        + (f", whole hosts of {reply.whole_host_slots} slot(s)" if reply.whole_host_slots else "") + ")",
         f"steps/s {rate}, last commit step {commit}, resets {reply.resets}"
         + (f", median compute {reply.median_compute_s * 1e3:.1f} ms/step" if reply.median_compute_s is not None
            else ""),

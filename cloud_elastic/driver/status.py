@@ -88,4 +88,5 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
         ),
         provider=provider,
         median_compute_s=round(statistics.median(computes), 4) if computes else None,
+        whole_host_slots=config.whole_host_slots,
     )

@@ -117,6 +117,7 @@ def test_status_shows_the_running_job_and_refuses_a_wrong_secret(jobs, tmp_path,
         assert (reply["job"], reply["phase"], reply["round"], reply["world_size"]) == (job_id, "training", 3, 1)
         assert (reply["num_proc"], reply["min_np"], reply["max_np"], reply["resets"]) == (3, 1, 3, 2)
         assert reply["provider"] == "static" and reply["commit_step"] >= last["step"]
+        assert reply["whole_host_slots"] == 0  # without --whole-hosts
         assert reply["steps_per_s"] is not None and reply["steps_per_s"] > 0  # rank 0 is committing
         hosts = {h["host"]: h for h in reply["hosts"]}
         assert (hosts["127.0.0.1"]["state"], hosts["127.0.0.1"]["slots"]) == ("ready", 1)

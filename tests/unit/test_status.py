@@ -3,6 +3,7 @@ refusals, and the rendering of a reply."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -60,8 +61,15 @@ def test_a_reply_renders_every_part_a_user_asks_about() -> None:
     )
 
 
+def test_whole_hosts_show_on_the_size_line() -> None:
+    text = render_status(dataclasses.replace(REPLY, whole_host_slots=2), now=NOW)
+    assert "round 4, world size 3 (-np 3, --min-np 1, --max-np 4, whole hosts of 2 slot(s))\n" in text
+
+
 def test_a_reply_survives_its_json_round_trip_and_a_malformed_one_is_refused() -> None:
     assert StatusReply.from_json(json.loads(json.dumps(REPLY.to_json()))) == REPLY
+    whole = dataclasses.replace(REPLY, whole_host_slots=2)
+    assert StatusReply.from_json(json.loads(json.dumps(whole.to_json()))) == whole
     broken = REPLY.to_json()
     del broken["world_size"]
     with pytest.raises(ControlPlaneError, match="malformed status reply: KeyError"):
