@@ -68,7 +68,8 @@ def test_run_drains_the_host_a_spot_warning_names_and_the_others_go_on_without_r
         *(["--drain-on-rebalance"] if notice == "rebalance" else []),
         "--aws-asg", group, "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
         "--aws-notice-queue", url, "--address-map", f"10.{net}.1.0/24=127.0.{net}.0/24",
-        *probe_cmd("--steps", "80", "--commit-every", "5"),
+        # --min-resets 1: it trains on past step 80 until the drain has happened, however slow the notice.
+        *probe_cmd("--steps", "80", "--commit-every", "5", "--min-resets", "1"),
     ])
     try:
         job.wait_event("commit", rank=0, step=10, timeout=90)
@@ -93,7 +94,8 @@ def test_run_drains_the_host_a_spot_warning_names_and_the_others_go_on_without_r
     assert all(r["step"] % 5 == 0 for r in resets), resets  # they re-formed exactly at a commit
     assert "aborted" not in job.output()
     done = job.of("done")
-    assert len(done) == 2 and {e["step"] for e in done} == {80} and len({e["checksum"] for e in done}) == 1
+    assert len(done) == 2 and len({e["step"] for e in done}) == 1 and done[0]["step"] >= 80, done
+    assert len({e["checksum"] for e in done}) == 1
 
 
 def test_run_drains_an_instance_a_lifecycle_hook_holds_and_completes_the_action_exactly_once(aws):
@@ -111,7 +113,8 @@ def test_run_drains_an_instance_a_lifecycle_hook_holds_and_completes_the_action_
         "run", "-np", "3", "--min-np", "1", "--discovery-interval", "0.3",
         "--aws-asg", "run-hook", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
         "--address-map", "10.83.1.0/24=127.0.83.0/24",
-        *probe_cmd("--steps", "80", "--commit-every", "4"),
+        # --min-resets 1: it trains on past step 80 until the drain has happened, however slow the notice.
+        *probe_cmd("--steps", "80", "--commit-every", "4", "--min-resets", "1"),
     ])
     try:
         job.wait_event("commit", rank=0, step=8, timeout=90)
@@ -131,4 +134,5 @@ def test_run_drains_an_instance_a_lifecycle_hook_holds_and_completes_the_action_
     resets = job.of("reset")
     assert resets and all(r["executed"] == r["step"] for r in resets), f"survivors rolled back: {resets}"
     done = job.of("done")
-    assert len(done) == 2 and {e["step"] for e in done} == {80} and len({e["checksum"] for e in done}) == 1
+    assert len(done) == 2 and len({e["step"] for e in done}) == 1 and done[0]["step"] >= 80, done
+    assert len({e["checksum"] for e in done}) == 1

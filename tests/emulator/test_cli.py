@@ -52,7 +52,9 @@ def test_run_with_aws_asg_trains_on_the_group_and_drains_a_terminating_instance(
         "run", "-np", "3", "--min-np", "1", "--discovery-interval", "0.3",
         "--aws-asg", "run-asg", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
         "--address-map", "10.80.1.0/24=127.0.80.0/24",
-        *probe_cmd("--steps", "60"),
+        # --min-resets 1: it trains on past step 60 until the drain has happened (on a loaded machine the
+        # 60 steps once ended before discovery saw the lifecycle state, and the job had nothing to drain).
+        *probe_cmd("--steps", "60", "--min-resets", "1"),
     ])
     job.wait_event("commit", rank=0, step=5, timeout=90)
     # One GPU per g4dn.xlarge: one worker on each discovered instance, started at its mapped address.
@@ -66,7 +68,8 @@ def test_run_with_aws_asg_trains_on_the_group_and_drains_a_terminating_instance(
     resets = job.of("reset")
     assert resets and all(r["executed"] == r["step"] for r in resets), f"survivors rolled back: {resets}"
     done = job.of("done")
-    assert len(done) == 2 and {e["step"] for e in done} == {60} and len({e["checksum"] for e in done}) == 1
+    assert len(done) == 2 and len({e["step"] for e in done}) == 1 and done[0]["step"] >= 60, done
+    assert len({e["checksum"] for e in done}) == 1
 
 
 def test_run_with_an_asg_that_does_not_exist_fails_at_once_with_one_line(aws):
