@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 
 from cloud_elastic.driver.actions import Launch, Phase
+from cloud_elastic.driver.rounds import whole_host_groups
 from cloud_elastic.driver.view import JobView
 from cloud_elastic.driver.workers import WorkerRecord, WorkerState
 
@@ -138,13 +139,7 @@ class Capacity:
             log.info("job %s: %s (waiting for %.0fs)", self._job.job_id, what, now - since)
 
 
+
 def whole_hosts(free: list, slots: int) -> list:
     """The slots of ``free`` on hosts whose slots ``0..slots-1`` are all in it, host by host, in ``free``'s order."""
-    by_host: dict[str, list] = {}
-    for slot in free:
-        by_host.setdefault(slot.host, []).append(slot)
-    whole = []
-    for host_slots in by_host.values():
-        if {s.index for s in host_slots} >= set(range(slots)):
-            whole += sorted((s for s in host_slots if s.index < slots), key=lambda s: s.index)
-    return whole
+    return [slot for host in whole_host_groups(free, slots, lambda s: (s.host, s.index)) for slot in host]

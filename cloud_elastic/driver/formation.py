@@ -32,7 +32,7 @@ from typing import Callable, Protocol
 
 from cloud_elastic.driver.actions import Phase
 from cloud_elastic.driver.planner import Member, assign_ranks
-from cloud_elastic.driver.rounds import Candidate, StateLost, plan_round
+from cloud_elastic.driver.rounds import Candidate, StateLost, plan_round, whole_host_groups
 from cloud_elastic.driver.view import JobView
 from cloud_elastic.driver.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import Assignment, RankInfo
@@ -201,10 +201,7 @@ class RoundFormation:
         slots = self._job.policy.whole_host_slots
         if not slots:
             return bool(newcomers)
-        per_host: dict[str, int] = {}
-        for w in newcomers:
-            per_host[w.slot.host] = per_host.get(w.slot.host, 0) + 1
-        return any(count >= slots for count in per_host.values())
+        return bool(whole_host_groups(newcomers, slots, lambda w: (w.slot.host, w.slot.index)))
 
     def request_update(self, why: str) -> None:
         job = self._job

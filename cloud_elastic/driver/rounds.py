@@ -31,9 +31,11 @@ Rules (each tested alone in ``tests/unit/test_rounds.py``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Sequence, Union
+from typing import Callable, Hashable, Iterable, Sequence, TypeVar, Union
 
-__all__ = ["Candidate", "RoundPlan", "StateLost", "plan_round"]
+__all__ = ["Candidate", "RoundPlan", "StateLost", "plan_round", "whole_host_groups"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -104,25 +106,35 @@ def plan_round(
     return RoundPlan(ordered, needs_sync=has_newcomer or failure_since_last_round or unsynced or diverged)
 
 
-def _whole_hosts(queue: list[Candidate], host_slots: int, max_np: int) -> list[Candidate]:
-    """``queue`` regrouped by host (hosts in the order of their first worker in it, each host's workers by slot),
-    keeping only hosts whose slots ``0..host_slots-1`` all wait, and as many whole hosts as ``max_np`` allows."""
-    hosts: dict[str, list[Candidate]] = {}
-    for c in queue:
-        hosts.setdefault(c.host, []).append(c)
-    regrouped: list[Candidate] = []
+def whole_host_groups(items: Iterable[T], slots: int, where: Callable[[T], tuple[str, int]]) -> list[list[T]]:
+    """``items`` (each on ``where(item) == (host, slot)``) by host, for the hosts that have one in every slot
+    ``0..slots-1``: hosts in the order of their first item, each host's items in slot order; items on a slot
+    at or past ``slots`` are left out. The one rule of ``--whole-hosts`` for launches, newcomers and rounds."""
+    hosts: dict[str, list[T]] = {}
+    for item in items:
+        host, slot = where(item)
+        if slot < slots:
+            hosts.setdefault(host, []).append(item)
+    whole = []
     for members in hosts.values():
-        if sorted(c.slot for c in members) != list(range(host_slots)):
-            continue
+        members.sort(key=lambda item: where(item)[1])
+        if [where(item)[1] for item in members] == list(range(slots)):
+            whole.append(members)
+    return whole
+
+
+def _whole_hosts(queue: list[Candidate], host_slots: int, max_np: int) -> list[Candidate]:
+    """``queue`` regrouped by whole host (:func:`whole_host_groups`), as many whole hosts as ``max_np`` allows."""
+    regrouped: list[Candidate] = []
+    for ordered in whole_host_groups(queue, host_slots, lambda c: (c.host, c.slot)):
         if len(regrouped) + host_slots > max_np:
             break
-        ordered = sorted(members, key=lambda c: c.slot)
         head = queue[0]
         mates_newest = max((c.commit_seq for c in ordered if c is not head), default=-1)
         if not regrouped and head in ordered and head.commit_seq > mates_newest:
             # Only the head of the queue holds the newest commit (a collective completed on it alone): it stays
             # rank 0, whose state the round syncs from. Host-mates with equal commits keep slot order.
-            ordered.remove(queue[0])
-            ordered.insert(0, queue[0])
+            ordered.remove(head)
+            ordered.insert(0, head)
         regrouped += ordered
     return regrouped
