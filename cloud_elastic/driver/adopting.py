@@ -231,7 +231,12 @@ class AdoptingMixin:
                 if kind == "rendezvous":
                     return WaitReply().to_wire()  # it asks again, and is then served as usual
                 reply = self._handle(kind, msg, adoption_checked=True)
-                return reply if isinstance(reply, dict) else WaitReply().to_wire()
+                if isinstance(reply, dict):
+                    return reply
+                # The rules would hold it (a completion waiting for rank 0's): this hold answers now
+                # instead, and the worker asks again (a hold of a hold has no connection to answer).
+                self._cond.drop(reply)
+                return WaitReply().to_wire()
 
             return self._cond.hold(check, RENDEZVOUS_POLL_S if kind == "rendezvous" else 60.0)
         return None

@@ -21,6 +21,13 @@ answers only those whose answer changed:
 
 A held request is still answered at its own deadline, so a change this misses
 costs a worker one poll interval, never a hang.
+
+A check may itself change the job and call ``notify_all()`` (a restarted
+driver's held ``completed`` report is handled by its check once adoption ends).
+That call does not recurse into :meth:`wake`: it asks the running wake for one
+more pass, and a held request is taken off its list while its own check runs,
+so no check is ever asked again from inside itself. (Recursing, a held
+``completed`` report re-ran its own check until the stack overflowed.)
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ __all__ = ["JobCondition", "Check"]
 
 #: ``check(final) -> reply``: the reply if it is ready (always when ``final``: the deadline came), else None.
 Check = Callable[[bool], Optional[dict[str, Any]]]
+
+#: Passes one :meth:`JobCondition.wake` makes at most when checks keep notifying; what is left is answered
+#: at the next notify or its own deadline.
+MAX_WAKE_PASSES = 16
 
 
 class JobCondition(threading.Condition):
@@ -52,6 +63,8 @@ class JobCondition(threading.Condition):
         self._rendezvous: dict[str, dict[Held, Check]] = {}
         self._rendezvous_key: tuple[Any, ...] | None = None
         self._others: dict[Held, Check] = {}
+        self._waking = False
+        self._wake_again = False
 
     def watch(self, job: Any) -> None:
         """Answer held requests on the changes of ``job`` (an :class:`~.job.ElasticJob`)."""
@@ -67,10 +80,29 @@ class JobCondition(threading.Condition):
     notifyAll = notify_all  # noqa: N815 (threading's alias)
 
     def wake(self) -> None:
-        """Answer only the held requests whose answer changed (the driver's loop is not woken)."""
-        job = self._job
-        if job is None:
+        """Answer only the held requests whose answer changed (the driver's loop is not woken).
+
+        Called again from inside a check (which changed the job), it only asks this wake for
+        another pass (see the module docstring).
+        """
+        if self._job is None:
             return
+        if self._waking:
+            self._wake_again = True
+            return
+        self._waking = True
+        try:
+            for _ in range(MAX_WAKE_PASSES):
+                self._wake_again = False
+                self._wake_once()
+                if not self._wake_again:
+                    break
+        finally:
+            self._waking = False
+            self._wake_again = False
+
+    def _wake_once(self) -> None:
+        job = self._job
         for held, check in list(self._others.items()):  # few, and rare (see hold)
             self._try(self._others, held, check)
         key = self._poll_state()
@@ -124,10 +156,17 @@ class JobCondition(threading.Condition):
         """(heartbeats held, workers whose rendezvous requests are held) right now."""
         return len(self._polls), {w for w, holds in self._rendezvous.items() if holds}
 
+    def drop(self, held: Held) -> None:
+        """Forget ``held`` unanswered: a hold made by a check, never given to the server to answer."""
+        self._others.pop(held, None)
+
     def _try(self, holds: dict[Held, Check], held: Held, check: Check) -> None:
+        if holds.pop(held, None) is None:
+            return  # answered meanwhile (by a check that ran before it in this pass)
         reply = check(False)
-        if reply is not None:
-            holds.pop(held, None)
+        if reply is None:
+            holds[held] = check
+        else:
             held.finish(reply)
 
     def _final(self, holds: dict[Held, Check], held: Held, check: Check) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 from cloud_elastic.control import Codec, new_secret
 from cloud_elastic.driver.job import Assignment, ExitOrder
 from cloud_elastic.driver.server import ControlServer
-from cloud_elastic.driver.waiters import JobCondition
+from cloud_elastic.driver.waiters import MAX_WAKE_PASSES, JobCondition
 from cloud_elastic.protocol import PollReply, PollRequest
 from cloud_elastic.providers.api import Drain
 from cloud_elastic.worker.client import DriverClient
@@ -146,3 +146,55 @@ def test_a_request_held_on_other_driver_state_is_answered_at_the_first_notify_af
         adopting[0] = False
         cond.notify_all()
         assert held.answered
+
+
+def test_held_reports_whose_checks_notify_are_each_handled_once_when_the_adoption_window_closes():
+    """A restarted driver holds ``completed`` reports until adoption ends; the check then hands the
+    report to the job's rules, which notify. That notify used to re-enter the wake and run the same
+    check again, and again, until RecursionError (seen after a driver adoption over SSH)."""
+    job, _ids = job_on({"a": 1, "b": 1}, 2, min_np=1)
+    cond = JobCondition()
+    cond.watch(job)
+    adopting = [True]
+    handled: list[str] = []
+
+    def held_report(worker: str):
+        def check(final: bool):
+            if adopting[0] and not final:
+                return None
+            handled.append(worker)  # the report reaches the job's rules ...
+            cond.notify_all()  # ... which notify, as ElasticJob's handlers do
+            return {"ok": True, "worker": worker}
+
+        return check
+
+    with cond:
+        held = {w: cond.hold(held_report(w), LONG) for w in ("a", "b")}
+        cond.notify_all()
+        assert handled == [] and not any(h.answered for h in held.values())
+        adopting[0] = False  # the window closes
+        cond.notify_all()
+    assert sorted(handled) == ["a", "b"]
+    assert all(h.answered for h in held.values())
+    with cond:
+        cond.notify_all()  # nothing is left held to ask again
+    assert sorted(handled) == ["a", "b"]
+
+
+def test_a_check_that_notifies_while_it_waits_does_not_spin_the_wake():
+    """A check that notifies and still answers nothing gets a bounded number of asks per wake."""
+    job, _ids = job_on({"a": 1}, 1, min_np=1)
+    cond = JobCondition()
+    cond.watch(job)
+    calls = [0]
+
+    def check(final: bool):
+        calls[0] += 1
+        cond.notify_all()
+        return {"ok": True} if final else None
+
+    with cond:
+        held = cond.hold(check, LONG)
+        cond.notify_all()
+    assert not held.answered
+    assert 1 <= calls[0] <= MAX_WAKE_PASSES
