@@ -20,11 +20,21 @@ before ray is imported, and processes the tests start inherit it.
 ``RayCluster.check_loopback`` fails a test whose cluster has a node, or a driver,
 elsewhere; it runs when the cluster starts and after every node added.
 
-Ray's own node health checks are made patient (:data:`_HEALTH`): by default the GCS
+Ray's own node health checks are made patient (:data:`_SYSTEM`): by default the GCS
 marks a node dead after five missed checks three seconds apart, and on a loaded
 2-core CI runner it killed a healthy node's raylet that way in the middle of a test.
 A node a test removes refuses the checks at once, so it is still found dead within
 about 20 s; a slow one now has minutes.
+
+Two more of Ray's guards are off, because what they guard is the CI machine's,
+not the cluster's: its memory monitor, which kills the newest actor when the
+whole machine's memory use passes 95% (the other test lanes run beside this
+one), and its disk threshold, which at 95% full refuses object creation and
+logs an error every few seconds (the shared disk sits near 95%). In one failed
+CI run every worker of two tests died "not yet ranked", and the log's tail held
+nothing but those disk errors; the cause was not in what was left, and these are
+the two guards that act on the machine's state rather than the cluster's. The
+kernel's OOM killer still stands behind them.
 """
 
 from __future__ import annotations
@@ -40,8 +50,10 @@ REPO = Path(__file__).resolve().parents[2]
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read when ray is imported: see the module docstring
 _STORE = 80 * 1024 * 1024
 LOOPBACK = "127.0.0.1"
-#: Ray's node health checks (see the module docstring): every second, each allowed 10 s, dead after 20 failures.
-_HEALTH = {"health_check_period_ms": 1000, "health_check_timeout_ms": 10000, "health_check_failure_threshold": 20}
+#: Ray's node health checks (see the module docstring): every second, each allowed 10 s, dead after 20 failures;
+#: no memory monitor and no disk threshold (see the module docstring).
+_SYSTEM = {"health_check_period_ms": 1000, "health_check_timeout_ms": 10000, "health_check_failure_threshold": 20,
+           "memory_monitor_refresh_ms": 0, "local_fs_capacity_threshold": 1.0}
 
 
 class RayCluster:
@@ -89,7 +101,7 @@ def ray_cluster():
     cluster = Cluster(
         initialize_head=True,
         head_node_args=dict(num_cpus=0, include_dashboard=False, object_store_memory=_STORE,
-                            node_ip_address=LOOPBACK, _system_config=_HEALTH),
+                            node_ip_address=LOOPBACK, _system_config=_SYSTEM),
     )
     ray.init(address=cluster.address, log_to_driver=True, _node_ip_address=LOOPBACK)
     rc = RayCluster(cluster)
