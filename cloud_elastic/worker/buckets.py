@@ -142,16 +142,19 @@ class Bucket:
         sent, self._codec_ctx = self.codec.compress(tensor)
         return sent.contiguous()
 
-    def finish(self, scaling: Scaling) -> float | None:
+    def finish(self, scaling: Scaling) -> torch.Tensor | None:
         """After the allreduce: leave the reduced gradients as the parameters' ``.grad``; return the summed flag.
 
         ``scaling.divide_after``/``after`` are applied in the parameters' own
         precision, after any cast back; the flag (None if this bucket carries
-        none) is read before, unscaled.
+        none) is taken before, unscaled, as a one-element tensor on the bucket's
+        device. It is not read here: ``.item()`` on a GPU would stall the training
+        thread until the allreduce is done, every step, before it could queue the
+        optimizer's update; the commit reads it (``WorkerContext.updates_agreed``).
         """
         reduced = self.reduced
         assert reduced is not None
-        flag = float(reduced[-1].item()) if self.carries_flag else None
+        flag = reduced[-1:].clone() if self.carries_flag else None  # the buffer is reused next step
         grads = self._solo_grad if self.solo else self.flat[: self.numel]  # type: ignore[index]
         assert grads is not None
         if self.wire is not None:

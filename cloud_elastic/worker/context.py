@@ -110,7 +110,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self.view_as_of = time.monotonic()
         #: The driver answered that it no longer counts this worker: every round is over for it.
         self.dismissed = False
-        self._carried_update: float | None = None
+        self._carried_update: torch.Tensor | None = None
         self._shutdown = threading.Event()
         self._heartbeat: threading.Thread | None = None
         #: Threads forming a round's group (they block in torch until the group forms or times out).
@@ -391,8 +391,9 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         """Whether the driver has asked for a membership change since this round formed."""
         return self.info is not None and self._seen_update > self.info.update_gen
 
-    def carry_update_flag(self, total: float) -> None:
-        """DistributedOptimizer reports the summed flag that rode on its allreduce."""
+    def carry_update_flag(self, total: torch.Tensor) -> None:
+        """DistributedOptimizer reports the summed flag that rode on its allreduce (a one-element
+        tensor, read only by the next commit: see ``Bucket.finish``)."""
         self._carried_update = total
 
     def updates_agreed(self) -> bool:
@@ -401,7 +402,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
             return False
         if self._carried_update is not None:
             total, self._carried_update = self._carried_update, None
-            return total > 0
+            return float(total.item()) > 0
         flag = torch.tensor([1.0 if self.update_pending() else 0.0], device=self.device)
         self.wait(self.group("membership check").allreduce([flag]), "membership check")
         return float(flag.item()) > 0
