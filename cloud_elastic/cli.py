@@ -140,7 +140,12 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
                                 slots_per_host=discovery.slots_per_host)
         config, built, launcher = ray_run.config, ray_run.discovery, ray_run.launcher
     else:
+        from cloud_elastic.providers.static import never_enough
+
         built = build_discovery(discovery)
+        why = never_enough(built, config.num_proc, config.whole_host_slots)
+        if why is not None:
+            raise ConfigError(why)
     _setup_logging(config.verbose)
     from cloud_elastic.driver.driver import Driver
 

@@ -77,7 +77,12 @@ class Failures:
         self._take_host_along(w)
         if was_member:
             job.abort()
-        if not job.alive() and job.completed_workers == 0:
+        # Under --whole-hosts the failed worker's host-mates are leaving with it (just above): they are not
+        # survivors. Counting them, a job whose every host had failed waited for --elastic-timeout instead
+        # of ending, relaunching the hosts at each blacklist cooldown.
+        gone = w.slot.host if job.policy.whole_host_slots else None
+        survivors = [x for x in job.alive() if x.slot.host != gone]
+        if not survivors and job.completed_workers == 0:
             policy = job.policy
             if job.state_committed and policy.checkpointing:
                 log.warning(

@@ -8,7 +8,7 @@ from cloud_elastic.errors import ConfigError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, ProviderOption
 from cloud_elastic.providers.hostspec import parse_host_list
 
-__all__ = ["StaticHosts"]
+__all__ = ["StaticHosts", "never_enough"]
 
 
 class StaticHosts(HostDiscovery):
@@ -35,3 +35,30 @@ class StaticHosts(HostDiscovery):
 
     def find(self) -> DiscoveredHosts:
         return self._snapshot
+
+
+def never_enough(discovery: HostDiscovery, num_proc: int, whole_host_slots: int = 0) -> str | None:
+    """Why a fixed host list can never start the job (None when it can, or when the hosts may change).
+
+    A job starts once ``-np`` slots are free (``Capacity.plan_launches``). A list given with
+    ``-H`` never grows, so with fewer slots than that the driver would only wait for
+    ``--start-timeout`` and then fail; this says so before anything starts. Under
+    ``--whole-hosts`` only hosts offering all ``--slots-per-host`` slots count, N slots each.
+    """
+    inner = discovery
+    while not isinstance(inner, StaticHosts):
+        inner = getattr(inner, "inner", None)  # an --address-map wrapper: the slots are the inner list's
+        if inner is None:
+            return None
+    hosts = inner.find().ready
+    if whole_host_slots:
+        usable = sum(whole_host_slots for slots in hosts.values() if slots >= whole_host_slots)
+        if usable >= num_proc:
+            return None
+        return (f"-np {num_proc} can never start: the host list offers {usable} slot(s) on hosts with all "
+                f"--slots-per-host {whole_host_slots} slots (--whole-hosts), and a fixed list never grows")
+    total = sum(hosts.values())
+    if total >= num_proc:
+        return None
+    return (f"-np {num_proc} can never start: the host list offers {total} slot(s) in all, and a fixed list "
+            "never grows (add hosts or host:slots, or lower -np)")

@@ -35,6 +35,13 @@ CASES = {
                                       "--whole-hosts needs --slots-per-host N"),
     "whole-hosts-part-of-a-host": Case(("-np", "3", "-H", "a:2,b:2", "--slots-per-host", "2", "--whole-hosts", *TRAIN),
                                        "-np 3 not a multiple of --slots-per-host 2"),
+    "static-list-too-small": Case(("-np", "3", "-H", "a:1,b:1", *TRAIN),
+                                  "-np 3 can never start: the host list offers 2 slot(s) in all"),
+    "static-list-too-small-mapped": Case(("-np", "2", "-H", "10.0.0.5:1", "--address-map", "10.0.0.0/24=127.0.0.0/24", *TRAIN),
+                                         "-np 2 can never start: the host list offers 1 slot(s) in all"),
+    "whole-hosts-none-whole": Case(("-np", "6", "-H", "a:2,b:1,c:3", "--slots-per-host", "3", "--whole-hosts", *TRAIN),
+                                   "-np 6 can never start: the host list offers 3 slot(s) on hosts with all "
+                                   "--slots-per-host 3 slots"),
     "np-below-min-np": Case(("-np", "1", "--min-np", "2", "--max-np", "4", "-H", "localhost:4", *TRAIN),
                             "-np (1) must lie between --min-np (2) and --max-np (4)"),
     "np-above-max-np": Case(("-np", "5", "--min-np", "1", "--max-np", "4", "-H", "localhost:4", *TRAIN),

@@ -63,6 +63,23 @@ def test_a_failure_takes_its_whole_host_out_and_the_others_go_on() -> None:
     assert sim.slots_launched()[-2:] == ["b[0]", "b[1]"]
 
 
+def test_a_job_whose_every_host_failed_ends_at_once_like_one_whose_every_worker_failed() -> None:
+    """The host-mates a failure takes along are not survivors: the job ends as when every worker failed,
+    instead of waiting --elastic-timeout while it relaunches the host at each cooldown."""
+    sim = Sim(2, whole_host_slots=2)
+    sim.discover({"a": 2})
+    assert sim.slots_launched() == ["a[0]", "a[1]"]
+    sim.exit("a[0]", CLEAN)  # exited 0 before its training function returned: a failure
+    assert sim.outcome is not None and not sim.outcome.success
+    assert sim.outcome.reason.startswith("all workers failed; last: worker " + sim.id("a[0]")), sim.outcome.reason
+
+
+def test_a_failed_host_with_another_host_alive_does_not_end_the_job() -> None:
+    sim = whole(4, {"a": 2, "b": 2}, min_np=2)
+    sim.exit("b[0]", KILLED)
+    assert sim.outcome is None  # a's workers survive: the job goes on with them
+
+
 def test_a_newcomer_host_joins_only_once_all_its_workers_wait() -> None:
     sim = whole(2, {"a": 2}, max_np=4)
     sim.discover({"a": 2, "b": 2})
