@@ -479,6 +479,23 @@ class Chaos:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{self.job.output()}")
             time.sleep(0.2)
 
+    def make_up(self, template: Step) -> list[Applied]:
+        """Each kind of :data:`ISSUE_KINDS` that was never applied (the plan holds every kind, but one that was
+        not safe at its moment is replaced, and may not come round again), applied now. Call it once the job
+        is whole again (after :meth:`restore`); steps are derived from ``template``'s pick, so a replay of the
+        seed makes up the same ones. A host can only be added back once one is gone: one is removed first."""
+        done = {issue_kind(a.kind) for a in self.applied}
+        made = []
+        for kind in ISSUE_KINDS:
+            if kind in done:
+                continue
+            if kind == "host_added":
+                made.append(self.apply(stand_in("host_removed", template, self.timing)))
+            concrete = "discovery_error" if kind == "discovery" else kind
+            made.append(self.apply(stand_in(concrete, template, self.timing)))
+            done = {issue_kind(a.kind) for a in self.applied}
+        return made
+
     def restore(self) -> None:
         """Every host back, discovery healthy, nothing stopped: the job may grow to full size again."""
         for pid in list(self.stopped):
