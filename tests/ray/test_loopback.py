@@ -1,4 +1,6 @@
-"""The test cluster talks over loopback only: every node, and the driver, advertise a 127.x address."""
+"""The test cluster as the other Ray tests need it: over loopback only (every node, and the driver, advertise a
+127.x address), and with its workers at normal CPU priority (see ``conftest``: at Ray's nice 15 they starved beside
+the other test lanes)."""
 
 from __future__ import annotations
 
@@ -24,3 +26,19 @@ def test_the_check_fails_on_a_node_advertising_the_machine_s_interface_address(n
     monkeypatch.setattr(ray, "nodes", lambda: [*real, {"NodeManagerAddress": "192.0.2.2", "Alive": True}])
     with pytest.raises(AssertionError, match=r"non-loopback addresses \['192.0.2.2'\]"):
         nodes.check_loopback()
+
+
+@pytest.mark.ray
+def test_the_test_cluster_runs_its_workers_at_normal_priority(nodes):
+    import os
+
+    import ray
+
+    nodes.add(1)
+
+    @ray.remote(num_cpus=1)
+    def niceness() -> int:
+        return os.nice(0)
+
+    # Ray's default is 15 (worker_niceness); conftest's _SYSTEM sets 0.
+    assert ray.get(niceness.remote(), timeout=120) == 0
