@@ -260,12 +260,22 @@ def _to_host(obj: Any) -> Any:
 
 
 class _ModelHandler(_SnapshotHandler):
-    #: The DistributedOptimizer that updates this model's parameters, if any; set by TorchState.
-    optimizer: Any = None
+    #: The DistributedOptimizers that update this model's parameters (set by TorchState): only their
+    #: steps change those parameters, so only their steps take or touch this model's commit.
+    optimizers: tuple[Any, ...] = ()
 
     @property
     def bound(self) -> bool:
-        return self.optimizer is not None
+        return bool(self.optimizers)
+
+    def _updated(self) -> tuple[frozenset[int], list[torch.nn.Parameter]]:
+        """The ids of the parameters the bound optimizers update, and those of this model among them
+        (cached per model object: ``TorchState`` may be given another model)."""
+        cached = getattr(self, "_updated_cache", None)
+        if cached is None or cached[0] is not self.value:
+            ids = frozenset().union(*(opt._ce_param_ids for opt in self.optimizers))
+            cached = self._updated_cache = (self.value, ids, [p for p in self.value.parameters() if id(p) in ids])
+        return cached[1], cached[2]
 
     def _state_dict(self) -> Any:
         # state_dict()'s entries without its per-module cost; the snapshot copies them (detached).
@@ -273,18 +283,21 @@ class _ModelHandler(_SnapshotHandler):
 
     def deferred(self, state: Any) -> frozenset[int]:
         # Asked at every save: zero-copy commits move parameters between two storages.
-        return self.optimizer._ce_param_ptrs() if self.optimizer is not None else frozenset()
+        if len(self.optimizers) == 1:
+            return self.optimizers[0]._ce_param_ptrs()
+        return frozenset().union(*(opt._ce_param_ptrs() for opt in self.optimizers))
 
     def _save_in_place(self) -> None:
-        # Everything but the optimizer's parameters (buffers such as BatchNorm statistics, frozen
+        # Everything but the optimizers' parameters (buffers such as BatchNorm statistics, frozen
         # parameters) is copied; the parameters' version counters tell a later in-place change.
-        self._snap.save(_state_dict_without(self.value, self.optimizer._ce_param_ids))
-        self._versions = [p._version for p in self.optimizer._ce_params]
+        ids, params = self._updated()
+        self._snap.save(_state_dict_without(self.value, ids))
+        self._versions = [p._version for p in params]
 
     def _changed_since_commit(self) -> str:
         if self._touched:
             return "the parameters were updated or overwritten since the commit"
-        if [p._version for p in self.optimizer._ce_params] != self._versions:
+        if [p._version for p in self._updated()[1]] != self._versions:
             return "a parameter was changed in place outside the optimizer since the commit"
         return ""
 
@@ -292,7 +305,7 @@ class _ModelHandler(_SnapshotHandler):
         self.value.load_state_dict(self._snap.load(), strict=False)  # the parameters are not in it
 
     def _recorded(self) -> None:
-        self._versions = [p._version for p in self.optimizer._ce_params]
+        self._versions = [p._version for p in self._updated()[1]]
 
     def _broadcast(self) -> None:
         collectives.broadcast_parameters(self.value.state_dict(), root_rank=0)
@@ -417,13 +430,23 @@ class TorchState(ObjectState):
         into the snapshot's spare buffers (SGD, see ``zerocopy``). Model
         parameters it does not update, buffers and everything else are still
         copied at commit time.
+
+        Each model is bound to the optimizers that update its parameters, and each
+        optimizer's step handles only its own state and those models: with two
+        (a GAN's generator and discriminator), one's step neither copies nor marks
+        as changed what only the other updates. A model no DistributedOptimizer
+        updates (an EMA copy, a frozen teacher) is copied whole at each commit.
         """
-        for opt in (h for h in self._handlers.values() if isinstance(h, _OptimizerHandler) and h.distributed):
-            for handler in self._handlers.values():
-                if isinstance(handler, _ModelHandler):
-                    handler.optimizer = opt.value
-                if isinstance(handler, (_ModelHandler, _OptimizerHandler)):
-                    opt.value._ce_snapshots.append(handler)
+        handlers = list(self._handlers.values())
+        distributed = [h.value for h in handlers if isinstance(h, _OptimizerHandler) and h.distributed]
+        for handler in handlers:
+            if isinstance(handler, _ModelHandler):
+                params = {id(p) for p in handler.value.parameters()}
+                handler.optimizers = tuple(opt for opt in distributed if not opt._ce_param_ids.isdisjoint(params))
+        for opt in distributed:
+            for handler in handlers:
+                if handler.value is opt or isinstance(handler, _ModelHandler) and opt in handler.optimizers:
+                    opt._ce_snapshots.append(handler)
 
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})

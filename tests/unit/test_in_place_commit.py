@@ -251,6 +251,66 @@ def test_two_optimizers_stepping_after_one_backward_restore_exactly_when_the_sec
     assert "cannot restore" not in caplog.text
 
 
+def test_with_two_optimizers_each_models_commit_copy_waits_for_its_own_optimizers_step():
+    """A commit copies no parameter that a DistributedOptimizer updates: the copy waits for that
+    optimizer's step, overlapping its gradient allreduce (or, with SGD, is traded for the update's own
+    writes). Before, every model was bound to the optimizer listed last, so in a GAN loop the other
+    model's parameters were copied inside ``commit()``, and either optimizer's step handled both models."""
+    gen, disc = _model(), _model()
+    opt_g = hvd.DistributedOptimizer(torch.optim.Adam(gen.parameters(), lr=0.01))
+    opt_d = hvd.DistributedOptimizer(torch.optim.SGD(disc.parameters(), lr=0.05, momentum=0.9))
+    state = hvd.elastic.TorchState(gen=gen, opt_g=opt_g, disc=disc, opt_d=opt_d, step=0)
+    g, d = state._handlers["gen"], state._handlers["disc"]
+    assert g in opt_g._ce_snapshots and g not in opt_d._ce_snapshots
+    assert d in opt_d._ce_snapshots and d not in opt_g._ce_snapshots
+
+    def step(seed: int) -> None:
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(seed))
+        opt_g.zero_grad()
+        opt_d.zero_grad()
+        (F.mse_loss(gen(x), x.sum(1, keepdim=True)) + F.mse_loss(disc(x), -x.sum(1, keepdim=True))).backward()
+        opt_g.step()
+        opt_d.step()
+
+    for seed in range(4):
+        step(seed)
+        state.commit()
+        assert not g.in_place and not d.in_place  # kept: the window holds the second optimizer's wait
+        if seed > 0:  # the first kept commit allocates its buffers, copying everything
+            assert g.pending and d.pending, "a model's parameters were copied inside commit()"
+    committed = _values(gen, opt_g) + _values(disc, opt_d)
+    step(7)
+    state.restore()
+    _assert_equal(_values(gen, opt_g) + _values(disc, opt_d), committed)
+
+
+def test_a_model_no_distributed_optimizer_updates_is_kept_whole_and_restored_exactly():
+    """An EMA copy of the model, updated by the loop itself beside a model committed in place: the EMA
+    is bound to no optimizer, so its commit is a whole copy, restored exactly after a failure."""
+    model = _model()
+    ema = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    state = hvd.elastic.TorchState(model, opt, ema=ema)
+    assert state._handlers["ema"] not in opt._ce_snapshots and not state._handlers["ema"].bound
+
+    def average() -> None:
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p, 0.1)
+
+    for seed in range(3):
+        _step(model, opt, seed)
+        average()
+        state.commit()
+    assert state._handlers["model"].in_place  # the common loop: the model's commit keeps no copy
+    kept = [t.clone() for t in ema.state_dict().values()]
+    _backward(model, opt, 9)  # a failure in this step's allreduce, after the EMA changed below
+    average()
+    state.restore()
+    assert get_context().holds_commit
+    _assert_equal(list(ema.state_dict().values()), kept)
+
+
 def test_a_loop_confirmed_in_place_drops_the_whole_copy_at_its_first_commit():
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
