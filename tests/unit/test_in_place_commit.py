@@ -304,7 +304,7 @@ def test_a_model_no_distributed_optimizer_updates_is_kept_whole_and_restored_exa
         state.commit()
     assert state._handlers["model"].in_place  # the common loop: the model's commit keeps no copy
     kept = [t.clone() for t in ema.state_dict().values()]
-    _backward(model, opt, 9)  # a failure in this step's allreduce, after the EMA changed below
+    _backward(model, opt, 9)  # this step's allreduce fails (the restore below), with the EMA changed in place
     average()
     state.restore()
     assert get_context().holds_commit
