@@ -145,12 +145,24 @@ def load_example(engine: str = "ray"):
     return module
 
 
-def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.2):
-    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.2, ended=None):
+    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` after ``timeout_s``.
+
+    ``ended()``, if given, says why waiting longer is pointless (the job it waits on has ended: a string)
+    or returns None; the wait then fails at once with that reason instead of running out its time, so a
+    failed job's own reason is in the failure's one line (CI shows little more than that line).
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
+        why = ended() if ended is not None else None
+        if why:
+            value = condition()  # what the job did just before it ended
+            if value:
+                return value
+            raise AssertionError(f"gave up waiting for {what}: {why}")
         time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+    why = ended() if ended is not None else None
+    raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}" + (f" ({why})" if why else ""))

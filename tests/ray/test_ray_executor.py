@@ -47,6 +47,15 @@ class _Run:
         except BaseException as exc:  # handed to the test
             self.error = exc
 
+    def ended(self) -> str | None:
+        """None while ``executor.run`` runs; once it ended, how (for ``wait_for``)."""
+        if self._thread.is_alive():
+            return None
+        if self.error is not None:
+            first = str(self.error).splitlines()[0] if str(self.error) else ""
+            return f"executor.run ended with {type(self.error).__name__}: {first}"
+        return f"executor.run returned {self.results!r}"
+
     def join(self, timeout_s: float) -> list:
         self._thread.join(timeout_s)
         assert not self._thread.is_alive(), "executor.run did not return"
@@ -82,15 +91,16 @@ def test_training_survives_a_node_removed_and_admits_a_node_added(nodes, tmp_pat
     example = load_example()
     run = _Run(_executor(1, 2), example.train,
                {"steps": 5, "step_sleep": 0.05, "stop_file": str(stop), "progress_dir": str(progress)})
-    first = wait_for(lambda: _round_of(progress, 2, {a.node_id, b.node_id}), 120, "two workers training together")
+    first = wait_for(lambda: _round_of(progress, 2, {a.node_id, b.node_id}), 120, "two workers training together",
+                     ended=run.ended)
 
     nodes.remove(b)  # the node dies with its worker: the survivor rolls back and goes on alone
     alone = wait_for(lambda: _round_of(progress, 1, {a.node_id}, max(r["step"] for r in first)), 120,
-                     "the survivor training alone")
+                     "the survivor training alone", ended=run.ended)
 
     c, = nodes.add(1)  # a new node joins: it is admitted and gets the state
     wait_for(lambda: _round_of(progress, 2, {a.node_id, c.node_id}, alone[0]["step"]), 120,
-             "the survivor and the new node training together")
+             "the survivor and the new node training together", ended=run.ended)
     stop.touch()
     results = run.join(120)
     assert [r["rank"] for r in results] == [0, 1]
@@ -110,14 +120,16 @@ def test_a_node_ray_drains_leaves_at_a_commit_without_a_rollback(nodes, tmp_path
     example = load_example()
     run = _Run(_executor(1, 2), example.train,
                {"steps": 5, "step_sleep": 0.05, "stop_file": str(stop), "progress_dir": str(progress)})
-    wait_for(lambda: _round_of(progress, 2, {a.node_id, b.node_id}), 120, "two workers training together")
+    wait_for(lambda: _round_of(progress, 2, {a.node_id, b.node_id}), 120, "two workers training together",
+             ended=run.ended)
     gcs = ray._raylet.GcsClient(address=nodes.cluster.address)
     accepted, why = gcs.drain_node(
         b.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"), "spot", 0
     )
     assert accepted, why
     caplog.set_level("INFO", logger="cloud_elastic.driver.job")
-    alone = wait_for(lambda: _round_of(progress, 1, {a.node_id}), 120, "the other worker training alone")
+    alone = wait_for(lambda: _round_of(progress, 1, {a.node_id}), 120, "the other worker training alone",
+                     ended=run.ended)
     stop.touch()
     results = run.join(120)
     assert [r["size"] for r in results] == [1]
@@ -161,11 +173,13 @@ def test_a_spot_notice_from_a_nodes_metadata_drains_its_worker_at_a_commit_witho
         executor.start()
         run = _Run(executor, example.train,
                    {"steps": 5, "step_sleep": 0.05, "stop_file": str(stop), "progress_dir": str(progress)})
-        wait_for(lambda: _round_of(progress, 2, {a.node_id, b.node_id}), 120, "two workers training together")
+        wait_for(lambda: _round_of(progress, 2, {a.node_id, b.node_id}), 120, "two workers training together",
+                 ended=run.ended)
         for fake in fakes.values():  # both nodes' watchers are up (one token each), so the notice is news
             assert fake.wait_for(lambda f=fake: f.count("spot/instance-action") > 0, 60), "no watcher on a node"
         fakes["127.0.0.3"].set_spot_action("terminate", time.time() + 120)
-        alone = wait_for(lambda: _round_of(progress, 1, {a.node_id}), 120, "the other worker training alone")
+        alone = wait_for(lambda: _round_of(progress, 1, {a.node_id}), 120, "the other worker training alone",
+                         ended=run.ended)
         stop.touch()
         results = run.join(120)
     assert [r["size"] for r in results] == [1]
