@@ -270,12 +270,13 @@ class _ModelHandler(_SnapshotHandler):
 
     def _updated(self) -> tuple[frozenset[int], list[torch.nn.Parameter]]:
         """The ids of the parameters the bound optimizers update, and those of this model among them
-        (cached per model object: ``TorchState`` may be given another model)."""
+        (cached per model object and binding: ``TorchState`` may be given another model or optimizer)."""
         cached = getattr(self, "_updated_cache", None)
-        if cached is None or cached[0] is not self.value:
+        if cached is None or cached[0] is not self.value or cached[1] != self.optimizers:
             ids = frozenset().union(*(opt._ce_param_ids for opt in self.optimizers))
-            cached = self._updated_cache = (self.value, ids, [p for p in self.value.parameters() if id(p) in ids])
-        return cached[1], cached[2]
+            cached = self._updated_cache = (self.value, self.optimizers, ids,
+                                            [p for p in self.value.parameters() if id(p) in ids])
+        return cached[2], cached[3]
 
     def _state_dict(self) -> Any:
         # state_dict()'s entries without its per-module cost; the snapshot copies them (detached).
@@ -448,11 +449,45 @@ class TorchState(ObjectState):
                 if handler.value is opt or isinstance(handler, _ModelHandler) and opt in handler.optimizers:
                     opt._ce_snapshots.append(handler)
 
+    def _unbind(self) -> None:
+        """Undo :meth:`_defer_copies_to_optimizer_step`: no optimizer's step handles this state's commits."""
+        ours = list(self._handlers.values())
+        for handler in ours:
+            if isinstance(handler, _OptimizerHandler) and handler.distributed:
+                handler.value._ce_snapshots[:] = [s for s in handler.value._ce_snapshots if s not in ours]
+            elif isinstance(handler, _ModelHandler):
+                handler.optimizers = ()
+
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})
-        if name in handlers:
-            handlers[name].value = value
+        if name in handlers and handlers[name].value is not value:
+            self._replace(name, value)
         super().__setattr__(name, value)
+
+    def _replace(self, name: str, value: Any) -> None:
+        """``state.model = other`` (an optimizer, a sampler): Horovod's ``set_value``.
+
+        The new object's value now is its part of the commit (it is saved here);
+        the others keep their last commit. The copies that commit still owes (left
+        to the old optimizer's next step) are made first, and every model is bound
+        again to the DistributedOptimizers that now update it. Before, a replaced
+        optimizer kept the bindings of the old one: a kept commit waited for copies
+        that no step made any more, and a restore gave neither the committed model
+        nor the committed optimizer state, while the worker still reported that it
+        held the commit.
+        """
+        handlers = self._handlers
+        new = _handler_for(value)
+        if new is None or type(new) is not type(handlers[name]):
+            what = type(handlers[name].value).__name__
+            raise TypeError(f"TorchState.{name} holds a {what}; it cannot be replaced by a {type(value).__name__}")
+        for handler in handlers.values():
+            if isinstance(handler, _SnapshotHandler):
+                handler.flush()
+        self._unbind()
+        handlers[name] = new
+        self._defer_copies_to_optimizer_step()
+        new.save()
 
     def save(self) -> None:
         self._close_window()
