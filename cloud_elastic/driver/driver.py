@@ -100,6 +100,10 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         self._procs: dict[str, WorkerProcess] = {}
         self._signal_stacks = SignalStacks()
         self._launchers: dict[str, Launcher] = {} if launcher is None else {"given": launcher}
+        #: Launches per (host, slot): under --whole-hosts a host's workers start together, so the n-th
+        #: launch of each of its slots is the same incarnation of the host (see ``CLOUD_ELASTIC_HOST_KEY``).
+        self._slot_launches: dict[tuple[str, int], int] = {}
+        self._incarnation = os.urandom(4).hex()  # this driver process's (launch counts restart with it)
         self._stop_reason: tuple[str, int] | None = None
         self._out = output or _print_line
         self._server: ControlServer | None = None
@@ -371,6 +375,12 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
             env["CLOUD_ELASTIC_CHECKPOINT_KEEP"] = str(self.config.checkpoint_keep)
         if self.config.network_interface:
             env["CLOUD_ELASTIC_NETWORK_INTERFACE"] = self.config.network_interface
+        if self.config.whole_host_slots:
+            # The host's workers form their own group (sharded training) under this key: the same for the
+            # workers launched together, new for each incarnation of the host and each driver process.
+            where = (action.slot.host, action.slot.index)
+            n = self._slot_launches[where] = self._slot_launches.get(where, 0) + 1
+            env["CLOUD_ELASTIC_HOST_KEY"] = f"{action.slot.host}/{n}/{self._incarnation}"
         # Several workers share a host's cores; one OpenMP thread each unless the user says otherwise.
         env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
         for item in self.config.forward_env:

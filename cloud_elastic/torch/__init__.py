@@ -57,6 +57,7 @@ from cloud_elastic.worker.exceptions import (
 from cloud_elastic.worker.exchange import alltoall, reducescatter
 from cloud_elastic.worker.ops import Adasum, Average, Max, Min, Product, Sum, UnsupportedError
 from cloud_elastic.worker.optimizer import DistributedOptimizer
+from cloud_elastic.worker.sharded import shard
 from cloud_elastic.worker.statecodec import StateSyncError
 from cloud_elastic.worker.sync_batchnorm import SyncBatchNorm
 
@@ -64,7 +65,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "broadcast",
     "broadcast_", "broadcast_object", "broadcast_parameters", "broadcast_optimizer_state", "reducescatter", "alltoall",
-    "barrier", "join", "DistributedOptimizer", "SyncBatchNorm", "Compression", "Compressor", "elastic",
+    "barrier", "join", "DistributedOptimizer", "shard", "SyncBatchNorm", "Compression", "Compressor", "elastic",
     "HostsUpdatedInterrupt", "HorovodInternalError", "CollectiveError", "WorkerRemoved", "StateSyncError",
     "UnsupportedError", "Average", "Sum", "Adasum", "Min", "Max", "Product", "nccl_built", "gloo_built", "mpi_built",
     "cuda_built", "rocm_built", "gloo_enabled", "mpi_enabled", "mpi_threads_supported",

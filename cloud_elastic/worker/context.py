@@ -94,6 +94,8 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self.backend = s.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.info: RoundInfo | None = None
         self._group: RoundGroup | None = None
+        #: Sharded training: the host's own process group, formed by ``hvd.shard`` (see ``sharded``).
+        self.host_group: Any = None
         self._reaper = Reaper()
         #: What the driver's no-progress watch sees of this worker (see ``progress``).
         self.progress = Progress()

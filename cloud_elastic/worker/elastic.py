@@ -26,7 +26,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from cloud_elastic.worker import collectives
+from cloud_elastic.worker import collectives, sharded
 from cloud_elastic.worker.context import init
 from cloud_elastic.worker.exceptions import CollectiveError, HostsUpdatedInterrupt, WorkerRemoved
 from cloud_elastic.worker.state import State
@@ -122,6 +122,15 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
             continue
         except HostsUpdatedInterrupt:
             sync = _rejoin(ctx, "update", state)
+            continue
+        except RuntimeError as exc:
+            if not sharded.peer_lost(ctx, exc):  # only a sharded host's own group fails this way
+                raise
+            log.warning("a collective of this host's group failed (%s); rolling back to the last commit",
+                        str(exc).splitlines()[0][:200])
+            state.restore()
+            ctx.note_rollback()
+            sync = _rejoin(ctx, "failure", state)
             continue
         error = durable.finish(state) if durable is not None else None
         ctx.report_completed(error)  # WorkerRemoved when rank 0 is still training: this worker returned early

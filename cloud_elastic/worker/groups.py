@@ -88,6 +88,9 @@ class RoundGroup:
         self.backend = backend
         self.device = device
         self.abandoned = False
+        #: Sharded training (``worker/sharded.py``): this round's group over the same local rank of every
+        #: host, formed at its first use; it lives and dies with the round's group.
+        self.cross: RoundGroup | None = None
         self._lock = threading.Lock()
 
     def abandon(self) -> bool:
@@ -100,6 +103,8 @@ class RoundGroup:
             if self.abandoned:
                 return False
             self.abandoned = True
+        if self.cross is not None:
+            self.cross.abandon()
         if self.backend == "nccl":
             abort_nccl(self.pg)
         elif self.sockets is not None:
@@ -140,11 +145,26 @@ class RoundGroupsMixin:
         if self.backend == "nccl":
             self.device = torch.device("cuda", info.local_rank)
             torch.cuda.set_device(self.device)
+        store = self._round_store(info, "")
+        group = self._formed(info, store, lambda publish: self._new_group(store, info, publish), "process group")
+        old, self._group = self._group, group
+        self.info = info
+        self.progress.mark()
+        self.progress.new_round()  # compute times are of this round's steps
+        if old is not None:
+            self._retire(old)
+        del old  # the reaper drops the last reference, on its own thread (see Reaper.retire)
+
+    def _round_store(self, info: RoundInfo, suffix: str) -> Any:
+        """The store of a group of round ``info.round`` (``suffix`` names a second group of the round)."""
         if self.standalone:
-            store: Any = dist.HashStore()
-        else:
-            namespace = round_namespace(self.settings.secret, self.job_id, info.round)
-            store = SignedStore(self._store, namespace, self.settings.secret)
+            return dist.HashStore()
+        namespace = round_namespace(self.settings.secret, self.job_id, info.round) + suffix
+        return SignedStore(self._store, namespace, self.settings.secret)
+
+    def _formed(self, info: RoundInfo, store: Any, make: Callable[[Callable[[Any], None]], Any],
+                what: str) -> RoundGroup:
+        """Form a group of round ``info.round`` with ``make(publish)`` on a side thread, under the formation deadline."""
         done = threading.Event()
         lock = threading.Lock()
         result: dict[str, Any] = {}
@@ -156,7 +176,7 @@ class RoundGroupsMixin:
         def create() -> None:
             before = socket_inodes()
             try:
-                pg = self._new_group(store, info, publish)
+                pg = make(publish)
             except Exception as exc:  # reported to the waiting thread below
                 result["error"] = exc
                 done.set()
@@ -197,19 +217,13 @@ class RoundGroupsMixin:
                     # client would wait behind it up to the collective timeout. It gets its own.
                     self._store_stale = True
                     if aborted:
-                        raise CollectiveError(f"round {info.round} was aborted while forming its process group")
-                    raise CollectiveError(f"the process group of round {info.round} did not form within "
+                        raise CollectiveError(f"round {info.round} was aborted while forming its {what}")
+                    raise CollectiveError(f"the {what} of round {info.round} did not form within "
                                           f"{limit_s:g} s (CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S); giving the round up")
         if "error" in result:
             reason = str(result.pop("error")).splitlines()[0][:300]
-            raise CollectiveError(f"could not form the process group of round {info.round}: {reason}")
-        old, self._group = self._group, result.pop("group")
-        self.info = info
-        self.progress.mark()
-        self.progress.new_round()  # compute times are of this round's steps
-        if old is not None:
-            self._retire(old)
-        del old  # the reaper drops the last reference, on its own thread (see Reaper.retire)
+            raise CollectiveError(f"could not form the {what} of round {info.round}: {reason}")
+        return result.pop("group")
 
     def _retire(self, group: RoundGroup) -> None:
         """Let go of the previous round's group without ever blocking on it.
@@ -280,6 +294,23 @@ class RoundGroupsMixin:
             raise CollectiveError(f"{what} not started: the driver aborted round {self.info.round} (a peer was lost)")
         self.window.collective(what)
         return self.pg
+
+    def cross_group(self, what: str) -> Any:
+        """Sharded training: the round's group over this local rank of every host (rank = host index),
+        formed at its first use in the round; CollectiveError once the round is aborted."""
+        self.group(what)
+        group = self._group
+        assert group is not None and self.info is not None
+        if group.cross is None:
+            info = self.info
+            store = self._round_store(info, f"-x{info.local_rank}")
+            cross = RoundInfo(info.cross_rank, info.cross_size, 0, 1, info.cross_rank, info.cross_size,
+                              round=info.round, needs_sync=info.needs_sync, update_gen=info.update_gen, hosts=info.hosts)
+            group.cross = self._formed(info, store, lambda publish: self._new_group(store, cross, publish),
+                                       "cross-host group")
+            if group.abandoned:  # aborted while it formed
+                group.cross.abandon()
+        return group.cross.pg
 
     def wait(self, work: Any, what: str) -> None:
         """Wait for ``work``; abandon it when the driver aborts this round.

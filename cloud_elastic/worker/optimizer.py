@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from cloud_elastic.worker import zerocopy
+from cloud_elastic.worker import sharded, zerocopy
 from cloud_elastic.worker.buckets import BUCKET_BYTES, Bucket, make_buckets
 from cloud_elastic.worker.compression import Compression, check_compression
 from cloud_elastic.worker.context import get_context
@@ -50,13 +50,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         #: How a bucket is scaled before and after its allreduce, by whether it is sent compressed (per round).
         self._ce_scalings: dict[bool, Scaling] = {}
         all_params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        #: Over an FSDP2-sharded model (``hvd.shard``): local gradient shards averaged across hosts in step().
+        self._ce_sharded = sharded.is_sharded(self)
+        if self._ce_sharded:
+            if getattr(get_context(), "host_group", None) is None:
+                raise ValueError("a DistributedOptimizer over DTensor parameters needs the model sharded with "
+                                 "hvd.shard(model) first")
+            if backward_passes_per_step != 1 or compression is not Compression.none or op != Average:
+                raise ValueError("over a sharded model, DistributedOptimizer averages uncompressed gradients once "
+                                 "per step (backward_passes_per_step=1, no compression, op=hvd.Average)")
         if named_parameters is not None:
             named = list(named_parameters)
             names = {id(p): n for n, p in named}
             missing = [p for p in all_params if id(p) not in names]
             if missing:
                 raise ValueError("named_parameters does not cover every parameter of the optimizer")
-        self._ce_buckets = make_buckets(all_params, bucket_bytes, compression)
+        self._ce_buckets = [] if self._ce_sharded else make_buckets(all_params, bucket_bytes, compression)
         self._ce_where: dict[int, tuple[Bucket, int]] = {}
         for bucket in self._ce_buckets:
             for i, p in enumerate(bucket.params):
@@ -76,8 +85,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_pairs_cache: tuple[Any, list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]] | None = None
         #: Read once (WorkerSettings), not from the environment at every step.
         self._ce_zero_copy = get_context().settings.zero_copy_commit
-        for p in all_params:
-            p.register_post_accumulate_grad_hook(self._ce_hook)
+        if not self._ce_sharded:
+            for p in all_params:
+                p.register_post_accumulate_grad_hook(self._ce_hook)
 
     # ----------------------------------------------------------------- hooks
     def _ce_reset_if_new_round(self) -> None:
@@ -123,6 +133,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Wait for every bucket and write the averaged gradients back into ``.grad``."""
         self._ce_reset_if_new_round()
         if self._ce_synchronized:
+            return
+        if self._ce_sharded:
+            sharded.average_gradient_shards(get_context(), self._ce_params)
+            self._ce_synchronized = True
             return
         self._ce_launch_ready(force=True)  # buckets whose params got no gradient this step
         # Deferred commit copies overlap the allreduces in flight; those a zero-copy update will fill stay queued.
@@ -200,6 +214,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # in a GAN loop): this step's gradient allreduces, launched before it, are waited for
             # inside its window, where a failure can no longer be undone in place.
             ctx.window.collective("a gradient allreduce waited for after another optimizer's update")
+        if self._ce_sharded:  # its TorchState commits are kept copies: nothing to flush, take or touch
+            ctx.window.update(kept=True)
+            if not self._ce_skip:
+                self.synchronize()
+            try:
+                return base_step(self, closure)
+            finally:
+                self._ce_clear()
         in_place = [s for s in self._ce_snapshots if s.in_place]
         if in_place:
             return self._ce_step_in_place(base_step, in_place, closure)

@@ -152,6 +152,10 @@ class Reaper:
         still hold the group while they return) are gone: dropped at once, the
         caller's last reference would run the destructor on its own thread.
         """
+        cross = getattr(group, "cross", None)
+        if cross is not None:  # a second group of the same round (sharded training) goes the same way
+            group.cross = None
+            self.release(cross, after_s)
         holder = [group]
         del group
 
@@ -214,6 +218,10 @@ class Reaper:
         as leaked), as before.
         """
         group.abandon()
+        cross = getattr(group, "cross", None)
+        if cross is not None:  # a second group of the same round (sharded training) goes the same way
+            group.cross = None
+            self.retire(cross)
         if group.backend == "gloo" and (group.sockets is None or len(group.sockets) == 0):
             with self._lock:
                 self._keep.append(group)

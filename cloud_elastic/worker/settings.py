@@ -41,6 +41,9 @@ class WorkerSettings:
     hostname: str = "127.0.0.1"
     #: The index of this worker's slot on its host (its GPU); fixed for the worker's life.
     slot: int = 0
+    #: ``CLOUD_ELASTIC_HOST_KEY`` (``--whole-hosts``): names this incarnation of the host, the same for the
+    #: workers launched on it together; their own process group (``hvd.shard``) is keyed by it.
+    host_key: str = ""
     network_interface: str | None = None
     heartbeat_timeout_s: float = 5.0
     collective_timeout_s: float = 300.0
@@ -122,6 +125,7 @@ class WorkerSettings:
             worker_id=env.get("CLOUD_ELASTIC_WORKER_ID", "standalone"),
             hostname=env.get("CLOUD_ELASTIC_HOSTNAME", "127.0.0.1"),
             slot=int(number("CLOUD_ELASTIC_SLOT", "0", int)),
+            host_key=env.get("CLOUD_ELASTIC_HOST_KEY", ""),
             network_interface=env.get("CLOUD_ELASTIC_NETWORK_INTERFACE") or None,
             heartbeat_timeout_s=number("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S", "5", float),
             collective_timeout_s=number("CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S", "300", float),

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from cloud_elastic.worker import collectives
+from cloud_elastic.worker import collectives, sharded
 from cloud_elastic.worker.context import get_context, is_initialized
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
 from cloud_elastic.worker.snapshot import Snapshot, clone as _clone
@@ -380,6 +380,10 @@ class _SamplerHandler:
 def _handler_for(value: Any) -> Any:
     from cloud_elastic.worker.sampler import ElasticSampler
 
+    if sharded.is_sharded(value):  # FSDP2 shards (``hvd.shard``): kept copies of this worker's shards
+        if isinstance(value, torch.nn.Module):
+            return sharded.ShardedModelHandler(value)
+        return sharded.ShardedOptimizerHandler(value)
     if isinstance(value, torch.nn.Module):
         return _ModelHandler(value)
     if isinstance(value, torch.optim.Optimizer):

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["SignedStore", "round_namespace", "StoreTamperedError"]
+__all__ = ["SignedStore", "host_namespace", "round_namespace", "StoreTamperedError"]
 
 _TAG_BYTES = 32
 
@@ -44,6 +44,12 @@ def round_namespace(secret: str, job_id: str, round_: int) -> str:
     """The store key prefix of ``round_``: unguessable without ``secret``, the same on every worker."""
     tag = hmac.new(secret.encode(), f"cloud-elastic/v1/{job_id}/round/{round_}".encode(), hashlib.sha256)
     return f"r{round_}-{tag.hexdigest()[:32]}"
+
+
+def host_namespace(secret: str, job_id: str, host_key: str) -> str:
+    """The store key prefix of one incarnation of a host's own group (``hvd.shard``), as :func:`round_namespace`."""
+    tag = hmac.new(secret.encode(), f"cloud-elastic/v1/{job_id}/host/{host_key}".encode(), hashlib.sha256)
+    return f"h-{tag.hexdigest()[:32]}"
 
 
 class SignedStore(dist.Store):

@@ -55,3 +55,14 @@ def test_collectives_and_gradient_averaging_across_workers(jobs):
             assert row[name] is True, (name, row)
         # rank: (local_rank, local_size, cross_rank, cross_size)
         assert row["topology"] == [[0, 2, 0, 2], [1, 2, 0, 1], [0, 1, 1, 2]]
+
+
+def test_sharded_example_trains_on_two_loopback_hosts_of_two_workers(jobs):
+    job = jobs(["run", "--whole-hosts", "--slots-per-host", "2", "-np", "4", "--min-np", "2",
+                "-H", "127.0.0.1:2,127.0.0.2:2", sys.executable, "examples/sharded_fsdp2.py", "--steps", "6"])
+    assert job.finish() == 0, job.output()
+    done = [line for line in job.lines if "> done: 6 steps" in line]
+    assert len(done) == 4 and all("4 worker(s) on 2 host(s)" in line for line in done), job.output()
+    held = sorted(int(line.split("holds ")[1].split()[0]) for line in done)
+    full = int(done[0].split("of the model's ")[1].split()[0])
+    assert held[0] + held[-1] == full and held[-1] < full, done  # each host's two workers hold half each

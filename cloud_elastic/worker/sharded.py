@@ -1,0 +1,324 @@
+"""Sharded training at host granularity: FSDP2 inside a host, replicas across hosts (``hvd.shard``).
+
+The instance is the unit of elasticity (``--whole-hosts --slots-per-host S``).
+Inside a host, the model is sharded across its S workers with FSDP2
+``fully_shard``, over the host's own process group: torch's *default* group,
+formed once by :func:`shard` on a host-keyed namespace of the driver's store
+(``CLOUD_ELASTIC_HOST_KEY``, new for each incarnation of the host), and never
+changed while the host lives. Across hosts, local rank *i* of every host holds
+shard *i*; the gradient shards are averaged over the round's *cross-host* group
+of that local rank (:meth:`RoundGroupsMixin.cross_group`), which is formed anew
+in each round at its first use and dies with the round, like the round's group.
+A host that loses a worker leaves whole (the driver's ``--whole-hosts``), so the
+host group never needs re-forming.
+
+What each piece does in sharded mode:
+
+* ``DistributedOptimizer`` over DTensor parameters: after backward (FSDP2 has
+  reduce-scattered and averaged over the host), ``step()`` allreduces the local
+  gradient shards over the cross-host group, sums then divides by the number of
+  hosts: the arithmetic of FSDP2's HSDP, bitwise (docs/design/sharded.md);
+* the membership flag is agreed over the round's whole group at each commit
+  (one one-element allreduce), so every worker of every host stops at the same
+  commit;
+* ``TorchState`` keeps a commit of the local shards of the parameters and of
+  the optimizer state (a kept copy, never in place), restores by copying them
+  back, and syncs a newcomer host from the host of the newest commit, local rank
+  *i* from local rank *i* over the cross-host group;
+* an FSDP2 collective that fails because a host-mate died surfaces as a
+  ``RuntimeError`` from torch; ``elastic.run`` treats it as a lost peer when the
+  driver aborts the round (:func:`peer_lost`), and the worker leaves with its host.
+
+Durable checkpoints of a sharded model (torch DCP) are planned, not built:
+:func:`shard` refuses ``--checkpoint-dir`` rather than write a checkpoint that
+holds one shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from datetime import timedelta
+from typing import Any, Iterable, Iterator
+
+import ctypes
+
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.errors import ConfigError
+from cloud_elastic.worker import collectives, statecodec
+from cloud_elastic.worker.context import get_context, init
+from cloud_elastic.worker.snapshot import Snapshot
+from cloud_elastic.worker.store import SignedStore, host_namespace
+
+__all__ = [
+    "shard", "is_sharded", "local", "average_gradient_shards", "peer_lost", "ShardedModelHandler",
+    "ShardedOptimizerHandler",
+]
+
+log = logging.getLogger(__name__)
+
+
+class HostGroup:
+    """The host's own process group (torch's default group), and the store it was formed on."""
+
+    def __init__(self, key: str, store: Any, size: int) -> None:
+        self.key = key
+        #: Referenced as long as the group lives: torch calls back into a Python store (see ``groups``).
+        self.store = store
+        self.size = size
+
+
+def shard(model: torch.nn.Module, modules: Iterable[torch.nn.Module] = (), **fully_shard_kwargs: Any) -> torch.nn.Module:
+    """Shard ``model`` across this host's workers with FSDP2; return it (the same object, now an ``FSDPModule``).
+
+    Each of ``modules`` (e.g. ``model.layers``) becomes its own FSDP2 unit
+    first, then the whole model: the layers' parameters are all-gathered one unit
+    at a time. ``fully_shard_kwargs`` go to ``torch.distributed.fsdp.fully_shard``.
+    Call it after ``hvd.init()`` and before creating the ``DistributedOptimizer``,
+    on every worker of every host, with the same layout. The host's group is
+    formed at the first call. Needs ``cloud-elastic run --whole-hosts``.
+    """
+    ctx = init()
+    if ctx.settings.checkpoint_dir:
+        raise ConfigError("hvd.shard: durable checkpoints of a sharded model are not built yet (planned); "
+                          "run without --checkpoint-dir")
+    if getattr(ctx, "host_group", None) is None:
+        ctx.host_group = _form_host_group(ctx)
+    from torch.distributed.fsdp import fully_shard
+
+    for module in modules:
+        fully_shard(module, **fully_shard_kwargs)
+    fully_shard(model, **fully_shard_kwargs)
+    return model
+
+
+def _form_host_group(ctx: Any) -> HostGroup:
+    if dist.is_initialized():
+        raise ConfigError("hvd.shard: torch.distributed's default process group already exists; cloud-elastic "
+                          "makes it the host's own group (do not call init_process_group)")
+    info = ctx.info
+    if ctx.standalone:
+        key, store, rank, size = "standalone", dist.HashStore(), 0, 1
+    else:
+        key = ctx.settings.host_key
+        if not key:
+            raise ConfigError("hvd.shard needs whole hosts: run the job with cloud-elastic run --whole-hosts "
+                              "--slots-per-host N")
+        store = SignedStore(ctx._store, host_namespace(ctx.settings.secret, ctx.job_id, key), ctx.settings.secret)
+        rank, size = info.local_rank, info.local_size
+    started = time.monotonic()
+    with _loopback_gloo(ctx.backend):
+        dist.init_process_group(ctx.backend, store=store, rank=rank, world_size=size,
+                                timeout=timedelta(seconds=ctx.collective_timeout_s),
+                                device_id=ctx.device if ctx.backend == "nccl" else None)
+    log.info("worker %s: formed its host's group (%d workers) in %.2fs", ctx.worker_id, size, time.monotonic() - started)
+    return HostGroup(key, store, size)
+
+
+@contextlib.contextmanager
+def _loopback_gloo(backend: str) -> Iterator[None]:
+    """A host's Gloo group connects its own workers only: over the loopback interface, whatever the
+    machine's name resolves to (``GLOO_SOCKET_IFNAME``, for the default group's formation only)."""
+    if backend != "gloo" or "GLOO_SOCKET_IFNAME" in os.environ:
+        yield
+        return
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    try:
+        yield
+    finally:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
+
+
+def is_sharded(value: Any) -> bool:
+    """Whether ``value`` is an FSDP2-sharded module, or an optimizer over DTensor parameters."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a build without distributed tensors shards nothing
+        return False
+    if isinstance(value, FSDPModule):
+        return True
+    if isinstance(value, torch.optim.Optimizer):
+        return any(isinstance(p, DTensor) for g in value.param_groups for p in g["params"])
+    return False
+
+
+def local(t: Any) -> Any:
+    """The part of ``t`` this worker holds: a DTensor's local shard (a view), any other value itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None and isinstance(t, torch.Tensor) else t
+
+
+def average_gradient_shards(ctx: Any, params: list[torch.nn.Parameter]) -> None:
+    """Average each parameter's local gradient shard over the hosts (the round's cross-host group of this
+    local rank): one allreduce per dtype, a sum, then a division by the number of hosts."""
+    info = ctx.info
+    grads = [local(p.grad) for p in params if p.grad is not None]
+    if info is None or info.cross_size <= 1 or not grads:
+        return
+    by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault((g.dtype, g.device), []).append(g)
+    ctx.window.collective("a gradient allreduce")
+    with torch.no_grad():
+        for chunk in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in chunk])
+            ctx.wait(ctx.cross_group("gradient allreduce").allreduce([flat]), "gradient allreduce")
+            flat.div_(info.cross_size)
+            offset = 0
+            for g in chunk:
+                g.copy_(flat[offset: offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+
+def peer_lost(ctx: Any, exc: BaseException) -> bool:
+    """Whether ``exc``, raised by torch inside the training function of a sharded worker, is a collective
+    that failed because a peer was lost (a host-mate died in an FSDP2 all-gather or reduce-scatter).
+
+    The driver aborts the round when it loses a member, usually just after the
+    host-mate's socket closed: the abort is waited for up to two heartbeat
+    timeouts. Any other error is the training function's own, and is raised.
+    """
+    if getattr(ctx, "host_group", None) is None or ctx.standalone or ctx.info is None:
+        return False
+    if not isinstance(exc, RuntimeError):
+        return False
+    round_ = ctx.info.round
+    deadline = time.monotonic() + 2 * ctx.heartbeat_timeout_s
+    while time.monotonic() < deadline:
+        if ctx._aborted(round_):
+            ctx._abandon_round()
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class ShardedModelHandler:
+    """``TorchState``'s keeper of an FSDP2 model: a kept copy of this worker's shards (and buffers) at each
+    commit; restore copies them back into the live shards; sync takes host 0's, local rank to local rank."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.value = model
+        self._snap = Snapshot()
+        self.save()
+
+    def _local_state(self) -> dict[str, torch.Tensor]:
+        return {k: local(v).detach() for k, v in self.value.state_dict().items() if isinstance(v, torch.Tensor)}
+
+    def save(self) -> None:
+        self._snap.save(self._local_state())
+
+    def restore(self) -> None:
+        live = self._local_state()
+        with torch.no_grad():  # the shards are views of the parameters: copied into, never replaced
+            for name, saved in self._snap.load().items():
+                live[name].copy_(saved)
+
+    def sync(self) -> None:
+        _broadcast_cross([t for _, t in sorted(self._local_state().items())], "parameters")
+
+
+class ShardedOptimizerHandler:
+    """``TorchState``'s keeper of an optimizer over FSDP2 shards: its state's local shards, kept at each commit."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.value = optimizer
+        self._snap = Snapshot()
+        self.save()
+
+    def _local_state(self) -> dict[str, Any]:
+        """``state_dict()`` with each DTensor replaced by its local shard; ``dtensors`` lists where they were."""
+        from torch.distributed.tensor import DTensor
+
+        full = self.value.state_dict()
+        state: dict[Any, dict[str, Any]] = {}
+        where: list[list[Any]] = []
+        for index, entry in full["state"].items():
+            state[index] = {}
+            for key, value in entry.items():
+                if isinstance(value, DTensor):
+                    where.append([index, key])
+                    value = value.to_local()
+                state[index][key] = value
+        return {"state": state, "param_groups": full["param_groups"], "dtensors": where}
+
+    def _load(self, saved: dict[str, Any]) -> None:
+        """Load a :meth:`_local_state` (tensors this handler may keep: clones), its shards wrapped as the parameters'."""
+        from torch.distributed.tensor import DTensor
+
+        params = [p for group in self.value.param_groups for p in group["params"]]
+        wrap = {(index, key) for index, key in saved["dtensors"]}
+        state: dict[Any, dict[str, Any]] = {}
+        for index, entry in saved["state"].items():
+            p = params[index]
+            state[index] = {
+                key: DTensor.from_local(value, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                        stride=p.stride()) if (index, key) in wrap else value
+                for key, value in entry.items()
+            }
+        self.value.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+
+    def save(self) -> None:
+        self._snap.save(self._local_state())
+
+    def restore(self) -> None:
+        self._load(self._snap.load())
+
+    def sync(self) -> None:
+        ctx = get_context()
+        root = ctx.info.cross_rank == 0
+        skeleton, tensors = collectives._split_tensors(self._local_state()) if root else (None, [])
+        skeleton = _broadcast_object_cross(skeleton, "optimizer state")
+        if not root:
+            tensors = [torch.empty(shape, dtype=collectives._dtype(dtype)) for shape, dtype in collectives._shapes(skeleton)]
+        _broadcast_cross(tensors, "optimizer state")
+        if not root:
+            self._load(collectives._join_tensors(skeleton, tensors))
+
+
+def _broadcast_cross(tensors: list[torch.Tensor], what: str) -> None:
+    """Overwrite ``tensors`` with host 0's (cross rank 0 of this local rank), one collective per dtype."""
+    ctx = get_context()
+    info = ctx.info
+    if info is None or info.cross_size <= 1 or not tensors:
+        return
+    root = info.cross_rank == 0
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    chunks: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        chunks.setdefault(t.dtype, []).append(t)
+    with torch.no_grad():
+        for dtype, chunk in chunks.items():
+            if root:
+                flat = torch.cat([collectives.on_device(t).reshape(-1) for t in chunk])
+            else:
+                flat = collectives.on_device(torch.empty(sum(t.numel() for t in chunk), dtype=dtype))
+            ctx.wait(ctx.cross_group(f"sync of the {what}").broadcast([flat], opts), f"sync of the {what}")
+            if not root:
+                offset = 0
+                for t in chunk:
+                    t.copy_(flat[offset: offset + t.numel()].view(t.shape))
+                    offset += t.numel()
+
+
+def _broadcast_object_cross(obj: Any, what: str) -> Any:
+    """Host 0's ``obj`` (plain data and tensors, never pickled: ``statecodec``) on every host, per local rank."""
+    ctx = get_context()
+    info = ctx.info
+    if info is None or info.cross_size <= 1:
+        return obj
+    root = info.cross_rank == 0
+    data = statecodec.encode(obj, what) if root else b""
+    length = torch.tensor([len(data)], dtype=torch.int64)
+    _broadcast_cross([length], what)
+    n = int(length.item())
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if root else torch.empty(n, dtype=torch.uint8)
+    _broadcast_cross([payload], what)
+    if root:
+        return obj
+    return statecodec.decode(ctypes.string_at(payload.data_ptr(), payload.numel()), what)

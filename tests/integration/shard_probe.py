@@ -1,0 +1,124 @@
+"""Training script for sharded training at host granularity (``hvd.shard``) under ``cloud-elastic run --whole-hosts``.
+
+An MLP sharded with FSDP2 across the host's workers, AdamW, one commit per step.
+It prints ``EVENT {json}`` lines (see ``probe.py``): hello (with how much of the
+model this worker holds), commit and reset (with a checksum of this worker's
+shards: parameters and optimizer state) and done. The replicas of shard *i* on
+every host must be bitwise equal at each step, and a rollback must give back
+exactly the last commit's shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import hashlib
+import json
+import os
+import signal
+import time
+
+import torch
+import torch.nn.functional as F
+
+import cloud_elastic.torch as hvd
+from cloud_elastic.worker.context import get_context
+
+
+def event(kind: str, **fields: object) -> None:
+    fields.update(kind=kind, worker=os.environ.get("CLOUD_ELASTIC_WORKER_ID"), pid=os.getpid())
+    print("EVENT " + json.dumps(fields), flush=True)
+
+
+def local_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    out = [p.to_local() for p in model.parameters()]
+    for p in model.parameters():
+        out += [v.to_local() if hasattr(v, "to_local") else v for _, v in sorted(optimizer.state[p].items())]
+    return out
+
+
+def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    h = hashlib.sha256()
+    for t in local_tensors(model, optimizer):
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def main() -> None:
+    faulthandler.register(signal.SIGUSR1)  # the harness dumps stacks of a hung job
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--stop-when", default="", help="keep training past --steps until this file exists (rank 0 looks)")
+    p.add_argument("--die-after-update", default="", metavar="WORKER:STEP",
+                   help="the worker whose id starts with WORKER dies (exit 1) right after step STEP's update, "
+                        "before its commit")
+    p.add_argument("--die-before-forward", default="", metavar="WORKER:FILE",
+                   help="the worker whose id starts with WORKER dies (exit 1) as a step starts once FILE exists: "
+                        "its host-mate is then left alone in the forward pass's all-gather")
+    args = p.parse_args()
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 1))
+    full = sum(p.numel() for p in model.parameters())
+    hvd.shard(model, modules=[m for m in model if isinstance(m, torch.nn.Linear)])
+    optimizer = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1))
+    state = hvd.elastic.TorchState(model, optimizer, step=0, resets=-1)
+    held = sum(p.to_local().numel() for p in model.parameters())
+    event("hello", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), cross_rank=hvd.cross_rank(),
+          held=held, full=full)
+    counters = {"executed": 0}
+    me = os.environ.get("CLOUD_ELASTIC_WORKER_ID", "")
+    update_victim, _, update_step = args.die_after_update.rpartition(":")
+    forward_victim, _, forward_file = args.die_before_forward.partition(":")
+
+    def on_reset() -> None:
+        event("reset", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), round=get_context().info.round,
+              executed=counters["executed"], step=state.step, checksum=checksum(model, optimizer))
+        counters["executed"] = state.step
+
+    state.register_reset_callbacks([on_reset])
+
+    def more() -> bool:
+        if state.step < args.steps:
+            return True
+        return bool(args.stop_when) and not hvd.broadcast_object(os.path.exists(args.stop_when), root_rank=0)
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        state.resets += 1
+        if not counters.get("entered"):  # this process's first round: it starts from the synced step
+            counters["entered"] = True
+            counters["executed"] = state.step
+        while more():
+            counters["executed"] += 1
+            if me.startswith(forward_victim) and os.path.exists(forward_file):
+                event("dying", rank=hvd.rank(), step=state.step + 1)
+                os._exit(1)
+            g = torch.Generator().manual_seed(state.step * 1000 + hvd.rank())
+            x = torch.randn(4, 8, generator=g)
+            optimizer.zero_grad()
+            loss = F.mse_loss(model(x), x.sum(1, keepdim=True))
+            loss.backward()
+            optimizer.step()
+            if me.startswith(update_victim) and str(state.step + 1) == update_step:
+                event("dying", rank=hvd.rank(), step=state.step + 1)
+                os._exit(1)
+            # The loss for the log, averaged over every worker between the update and the commit: a peer lost
+            # here is lost after this step's update, which the rollback must undo.
+            hvd.allreduce(loss.detach(), name="loss")
+            state.step += 1
+            state.commit()
+            event("commit", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), step=state.step,
+                  checksum=checksum(model, optimizer))
+            time.sleep(args.step_sleep)
+
+    train(state)
+    event("done", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), step=state.step,
+          checksum=checksum(model, optimizer))
+
+
+if __name__ == "__main__":
+    main()

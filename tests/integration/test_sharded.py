@@ -1,0 +1,112 @@
+"""Sharded training at host granularity (``hvd.shard``): FSDP2 inside a host, replicas across hosts.
+
+One job on three loopback hosts with two slots each (``tests/integration/shard_probe.py``: an
+MLP sharded across the host's two workers, AdamW, a commit per step; each worker holds about
+half of the model). In sequence, each step asserted:
+
+- the replicas of shard *i* (local rank *i* of every host) are bitwise equal at every step;
+- one worker of 127.0.0.3 dies between an update and its commit (while the others average the
+  loss for the log): its host-mate leaves too, and the workers of the two other hosts, which had
+  updated, roll back to exactly their last commit's shards (parameters and AdamW state) and go
+  on at size 4;
+- discovery replaces the lost instance with 127.0.0.4: the new host joins whole, and from its
+  first commit its shards are bitwise equal to the other hosts' shards of the same local rank;
+- one worker of 127.0.0.4 dies as a step starts: its host-mate, left alone in FSDP2's all-gather
+  over the host's own group, fails there and leaves too; the others roll back exactly;
+- 127.0.0.2 is drained (as a spot notice drains it): both its workers leave at a commit and
+  nobody rolls back.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from tests.integration.harness import REPO, HostsFile
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+PROBE = REPO / "tests" / "integration" / "shard_probe.py"
+
+
+def _host(event) -> str:
+    return event["worker"].split("[")[0]
+
+
+def _replicas_agree(job) -> None:
+    """Every commit's shard checksum equals every other host's for the same local rank and step."""
+    seen: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
+    for e in job.of("commit"):
+        seen[(e["step"], e["local_rank"])][e["worker"]] = e["checksum"]
+    for (step, local_rank), sums in seen.items():
+        assert len(set(sums.values())) == 1, (step, local_rank, sums)
+
+
+def _rolled_back_exactly(job, resets, size: int) -> None:
+    """Each reset's shards (parameters and AdamW state) are those of the worker's last commit at ``size``."""
+    for reset in resets:
+        last = [e for e in job.of("commit", worker=reset["worker"]) if e["size"] == size][-1]
+        assert (reset["step"], reset["checksum"]) == (last["step"], last["checksum"]), (reset, last)
+
+
+def test_a_sharded_job_loses_a_host_heals_a_new_one_from_a_peer_and_drains_one_without_rollback(jobs, tmp_path):
+    stop, die = tmp_path / "stop", tmp_path / "die"
+    hosts = HostsFile(tmp_path, ["127.0.0.1:2", "127.0.0.2:2", "127.0.0.3:2"])
+    job = jobs(["run", "-np", "6", "--min-np", "2", "--max-np", "6", "--host-discovery-script", str(hosts.script),
+                "--discovery-interval", "0.5", "--slots-per-host", "2", "--whole-hosts",
+                "--blacklist-cooldown-range", "300", "300",
+                sys.executable, str(PROBE), "--steps", "10", "--stop-when", str(stop),
+                "--die-after-update", "127.0.0.3[1]:6", "--die-before-forward", f"127.0.0.4[0]:{die}"])
+    hello = [job.wait_event("hello", rank=r) for r in range(6)]
+    assert all(e["held"] < e["full"] * 0.6 for e in hello), hello  # each worker holds about half of the model
+    # A failure: one worker of 127.0.0.3 dies right after its sixth update; the others had updated too and
+    # were averaging the loss for the log. Its host-mate leaves, the others roll back exactly to step 5.
+    job.wait_event("dying", step=6)
+    job.wait_for(lambda j: any(e["size"] == 4 for e in j.of("commit")), timeout=60, what="two hosts training on")
+    resets = [e for e in job.of("reset") if e["size"] == 4]
+    assert sorted(_host(e) for e in resets) == ["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"], resets
+    _rolled_back_exactly(job, resets, size=6)
+
+    # A new instance in its place: the new host joins whole and takes its shards from a peer host.
+    hosts.set(["127.0.0.1:2", "127.0.0.2:2", "127.0.0.4:2"])
+
+    def healed(j):
+        """The new host's commits and the first host's at the same steps, for both local ranks."""
+        new = {(e["step"], e["local_rank"]) for e in j.of("commit") if _host(e) == "127.0.0.4"}
+        both = new & {(e["step"], e["local_rank"]) for e in j.of("commit") if _host(e) == "127.0.0.1"}
+        first = min(step for step, _ in new) if new else None
+        return new if {(first, 0), (first, 1)} <= both else None
+
+    healed_at = job.wait_for(healed, timeout=120, what="the new host training beside the others")
+    assert {e["size"] for e in job.of("commit") if _host(e) == "127.0.0.4"} == {6}, healed_at
+    _replicas_agree(job)  # from its first commit on, the new host's shards are its peers' (and stay so)
+
+    # A failure inside a host: one worker of 127.0.0.4 dies as a step starts, leaving its host-mate alone in
+    # FSDP2's all-gather (the host's own group, which the driver cannot abort); it fails there and leaves too.
+    resets_before = len(job.of("reset"))
+    die.touch()
+    job.wait_for(lambda j: len(j.of("reset")) - resets_before == 4, timeout=60, what="the rollback of the others")
+    _rolled_back_exactly(job, job.of("reset")[resets_before:], size=6)
+    job.wait_for(lambda j: re.search(r"worker 127\.0\.0\.4\[1\]#\d+ left \(worker 127\.0\.0\.4\[0\]", j.output()),
+                 timeout=60, what="the host-mate to leave")
+    assert re.search(r"<127\.0\.0\.4\[1\]> a collective of this host's group failed", job.output()), job.output()
+
+    # A graceful leave: 127.0.0.2 drains at a commit, nobody rolls back.
+    resets_before = len(job.of("reset"))
+    drained = subprocess.run([sys.executable, "-m", "cloud_elastic.cli", "drain", job.job_id(), "127.0.0.2"],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    job.wait_for(lambda j: any(e["size"] == 2 for e in j.of("commit")), timeout=60, what="the host left after the drain")
+    stop.touch()
+    assert job.finish(timeout=120) == 0, job.output()
+    out = job.output()
+    assert "a host leaves whole (--whole-hosts)" in out and "host 127.0.0.3 blacklisted" in out, out
+    after_drain = job.of("reset")[resets_before:]
+    assert after_drain and all(e["executed"] == e["step"] for e in after_drain), after_drain  # zero rollback
+    _replicas_agree(job)
+    done = job.of("done")
+    assert sorted(_host(e) for e in done) == ["127.0.0.1", "127.0.0.1"], out

@@ -1,0 +1,159 @@
+"""``hvd.shard`` without processes: the host key the driver hands out, the one-line refusals, a standalone
+worker's commits and restores of FSDP2 shards, and how a failed collective inside FSDP2 is told apart.
+
+Standalone mode (rank 0 of 1, one host of one worker) runs the same commit and restore code as a
+distributed worker; the multi-host behaviour is ``tests/integration/test_sharded.py``. The host's
+group is torch's default process group: formed once in this process by the first ``shard``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cloud_elastic.torch as hvd
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.actions import Launch
+from cloud_elastic.driver.driver import Driver
+from cloud_elastic.driver.hosts import Slot
+from cloud_elastic.errors import ConfigError
+from cloud_elastic.providers.static import StaticHosts
+from cloud_elastic.worker import sharded
+from cloud_elastic.worker.context import get_context
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _key(driver: Driver, host: str, slot: int) -> str | None:
+    return driver._spec(Launch(Slot(host, slot), f"{host}[{slot}]")).env.get("CLOUD_ELASTIC_HOST_KEY")
+
+
+def test_the_workers_launched_on_a_host_together_share_its_key_and_its_next_incarnation_gets_another():
+    config = JobConfig(command=("python", "train.py"), num_proc=4, min_np=2, max_np=4, whole_host_slots=2)
+    driver = Driver(config, StaticHosts({"127.0.0.1": 2, "127.0.0.2": 2}), job_id="j1")
+    driver._server = SimpleNamespace(port=1)
+    first = {_key(driver, "127.0.0.1", 0), _key(driver, "127.0.0.1", 1)}
+    other = {_key(driver, "127.0.0.2", 0), _key(driver, "127.0.0.2", 1)}
+    again = {_key(driver, "127.0.0.1", 1), _key(driver, "127.0.0.1", 0)}  # the host came back
+    assert len(first) == len(other) == len(again) == 1
+    assert len(first | other | again) == 3
+    plain = Driver(dataclasses.replace(config, whole_host_slots=0), StaticHosts({"127.0.0.1": 2}), job_id="j2")
+    plain._server = SimpleNamespace(port=1)
+    assert _key(plain, "127.0.0.1", 0) is None
+
+
+def test_shard_without_whole_hosts_is_a_one_line_error():
+    ctx = SimpleNamespace(standalone=False, settings=SimpleNamespace(host_key=""), info=None)
+    with pytest.raises(ConfigError, match=r"^hvd.shard needs whole hosts: run the job with cloud-elastic run "
+                                          r"--whole-hosts --slots-per-host N$"):
+        sharded._form_host_group(ctx)
+
+
+def test_shard_refuses_durable_checkpoints_which_would_hold_one_shard():
+    hvd.init()
+    ctx = get_context()
+    settings = ctx.settings
+    ctx.settings = dataclasses.replace(settings, checkpoint_dir="/tmp/nowhere")
+    try:
+        with pytest.raises(ConfigError, match="durable checkpoints of a sharded model are not built yet"):
+            hvd.shard(torch.nn.Linear(2, 2))
+    finally:
+        ctx.settings = settings
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    return hvd.shard(model, modules=[model[0], model[2]])
+
+
+def _step(model, opt, seed: int) -> None:
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(seed))
+    opt.zero_grad()
+    F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+    opt.step()
+
+
+def _values(model, opt) -> list[torch.Tensor]:
+    out = [p.to_local().clone() for p in model.parameters()]
+    for p in model.parameters():
+        out += [sharded.local(v).clone() for _, v in sorted(opt.state[p].items())]
+    return out
+
+
+def test_a_sharded_models_commit_restores_exactly_and_training_goes_on_as_if_the_lost_steps_never_ran():
+    hvd.init()
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1))
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    assert isinstance(state._handlers["model"], sharded.ShardedModelHandler)
+    assert isinstance(state._handlers["optimizer"], sharded.ShardedOptimizerHandler)
+    for seed in range(3):
+        _step(model, opt, seed)
+        state.commit()
+    committed = _values(model, opt)
+    _step(model, opt, 90)
+    _step(model, opt, 91)  # two steps past the commit, then a peer is lost
+    state.restore()
+    after = _values(model, opt)
+    assert len(after) == len(committed) and all(torch.equal(a, b) for a, b in zip(after, committed))
+    assert type(opt.state[next(model.parameters())]["exp_avg"]).__name__ == "DTensor"
+    _step(model, opt, 3)
+
+    reference = _model()
+    ref_opt = hvd.DistributedOptimizer(torch.optim.AdamW(reference.parameters(), lr=0.01, weight_decay=0.1))
+    for seed in range(4):
+        _step(reference, ref_opt, seed)
+    assert all(torch.equal(a, b) for a, b in zip(_values(model, opt), _values(reference, ref_opt)))
+
+
+def test_a_commit_made_before_the_first_step_restores_an_empty_optimizer_state():
+    hvd.init()
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    state = hvd.elastic.TorchState(model, opt)
+    _step(model, opt, 0)
+    state.restore()
+    assert not opt.state_dict()["state"]
+
+
+def test_a_distributed_optimizer_over_shards_refuses_what_it_cannot_do():
+    hvd.init()
+    model = _model()
+    with pytest.raises(ValueError, match="over a sharded model, DistributedOptimizer averages uncompressed"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compression=hvd.Compression.fp16)
+    ctx = get_context()
+    host_group, ctx.host_group = ctx.host_group, None
+    try:
+        with pytest.raises(ValueError, match=r"needs the model sharded with hvd.shard\(model\) first"):
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    finally:
+        ctx.host_group = host_group
+
+
+def _sharded_worker(aborted_after_s: float | None) -> SimpleNamespace:
+    start = time.monotonic()
+    ctx = SimpleNamespace(host_group=object(), standalone=False, info=SimpleNamespace(round=3),
+                          heartbeat_timeout_s=0.2, abandoned=0)
+    ctx._aborted = lambda round_: aborted_after_s is not None and time.monotonic() - start >= aborted_after_s
+    ctx._abandon_round = lambda: setattr(ctx, "abandoned", ctx.abandoned + 1)
+    return ctx
+
+
+def test_an_error_inside_fsdp2_is_a_lost_peer_only_when_the_driver_aborts_the_round():
+    closed = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:23244")
+    ctx = _sharded_worker(aborted_after_s=0.1)  # the abort arrives just after the socket closed
+    assert sharded.peer_lost(ctx, closed) and ctx.abandoned == 1
+    ctx = _sharded_worker(aborted_after_s=None)  # the script's own error: raised after two heartbeat timeouts
+    started = time.monotonic()
+    assert not sharded.peer_lost(ctx, closed)
+    assert 0.35 < time.monotonic() - started < 5 and ctx.abandoned == 0
+    assert not sharded.peer_lost(_sharded_worker(aborted_after_s=0.0), ValueError("a shape mismatch"))
+    unsharded = _sharded_worker(aborted_after_s=0.0)
+    unsharded.host_group = None
+    assert not sharded.peer_lost(unsharded, closed)
