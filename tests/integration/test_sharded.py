@@ -1,24 +1,31 @@
 """Sharded training at host granularity (``hvd.shard``): FSDP2 inside a host, replicas across hosts.
 
-One job on three loopback hosts with two slots each (``tests/integration/shard_probe.py``: an
-MLP sharded across the host's two workers, AdamW, a commit per step; each worker holds about
-half of the model). In sequence, each step asserted:
+One job on loopback hosts with two slots each, 127.0.0.1 to 127.0.0.3 at first
+(``tests/integration/shard_probe.py``: an MLP sharded across the host's two workers, AdamW, a
+commit per step; each worker holds about half of the model). In sequence, each step asserted:
 
-- the replicas of shard *i* (local rank *i* of every host) are bitwise equal at every step;
+- ranks follow hosts side by side, local rank = slot (``--whole-hosts``); the replicas of shard
+  *i* (local rank *i* of every host) are bitwise equal at every step;
 - one worker of 127.0.0.3 dies between an update and its commit (while the others average the
-  loss for the log): its host-mate leaves too, and the workers of the two other hosts, which had
-  updated, roll back to exactly their last commit's shards (parameters and AdamW state) and go
-  on at size 4;
-- discovery replaces the lost instance with 127.0.0.4: the new host joins whole, and from its
-  first commit its shards are bitwise equal to the other hosts' shards of the same local rank;
+  loss for the log): its host-mate leaves too, the host is blacklisted, and the workers of the
+  two other hosts, which had updated, roll back to exactly their last commit's shards
+  (parameters and AdamW state) and go on at size 4;
+- discovery replaces the lost instance with 127.0.0.4: the new host joins whole as ranks 4 and
+  5, and from its first commit its shards are bitwise equal to the other hosts' shards of the
+  same local rank; ``cloud-elastic status`` shows the whole-host job;
 - one worker of 127.0.0.4 dies as a step starts: its host-mate, left alone in FSDP2's all-gather
   over the host's own group, fails there and leaves too; the others roll back exactly;
-- 127.0.0.2 is drained (as a spot notice drains it): both its workers leave at a commit and
-  nobody rolls back.
+- 127.0.0.2 is drained with ``cloud-elastic drain`` (as a spot notice drains it): both its
+  workers leave at a commit, nobody rolls back, no round is aborted, and 127.0.0.1 finishes.
+
+Merge (issue 25's rule): this test also holds every assertion of ``test_whole_hosts.py``'s
+job (ranks side by side, a whole-host join, a killed worker taking its host out and
+blacklisted, a drain by hand with zero rollback, the status line), which it replaces.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -27,6 +34,7 @@ from collections import defaultdict
 import pytest
 
 from tests.integration.harness import REPO, HostsFile
+from tests.integration.test_status import runtime_dir, status  # noqa: F401 (runtime_dir is a fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -53,16 +61,21 @@ def _rolled_back_exactly(job, resets, size: int) -> None:
         assert (reset["step"], reset["checksum"]) == (last["step"], last["checksum"]), (reset, last)
 
 
-def test_a_sharded_job_loses_a_host_heals_a_new_one_from_a_peer_and_drains_one_without_rollback(jobs, tmp_path):
+def test_a_sharded_job_loses_a_host_heals_a_new_one_from_a_peer_and_drains_one_without_rollback(jobs, runtime_dir,
+                                                                                                tmp_path):
+    env = {"XDG_RUNTIME_DIR": str(runtime_dir)}
     stop, die = tmp_path / "stop", tmp_path / "die"
     hosts = HostsFile(tmp_path, ["127.0.0.1:2", "127.0.0.2:2", "127.0.0.3:2"])
     job = jobs(["run", "-np", "6", "--min-np", "2", "--max-np", "6", "--host-discovery-script", str(hosts.script),
                 "--discovery-interval", "0.5", "--slots-per-host", "2", "--whole-hosts",
                 "--blacklist-cooldown-range", "300", "300",
                 sys.executable, str(PROBE), "--steps", "10", "--stop-when", str(stop),
-                "--die-after-update", "127.0.0.3[1]:6", "--die-before-forward", f"127.0.0.4[0]:{die}"])
+                "--die-after-update", "127.0.0.3[1]:6", "--die-before-forward", f"127.0.0.4[0]:{die}"], env=env)
     hello = [job.wait_event("hello", rank=r) for r in range(6)]
     assert all(e["held"] < e["full"] * 0.6 for e in hello), hello  # each worker holds about half of the model
+    assert [(e["rank"], _host(e), e["local_rank"], e["cross_rank"]) for e in hello] == [
+        (0, "127.0.0.1", 0, 0), (1, "127.0.0.1", 1, 0), (2, "127.0.0.2", 0, 1), (3, "127.0.0.2", 1, 1),
+        (4, "127.0.0.3", 0, 2), (5, "127.0.0.3", 1, 2)]
     # A failure: one worker of 127.0.0.3 dies right after its sixth update; the others had updated too and
     # were averaging the loss for the log. Its host-mate leaves, the others roll back exactly to step 5.
     job.wait_event("dying", step=6)
@@ -84,6 +97,11 @@ def test_a_sharded_job_loses_a_host_heals_a_new_one_from_a_peer_and_drains_one_w
     healed_at = job.wait_for(healed, timeout=120, what="the new host training beside the others")
     assert {e["size"] for e in job.of("commit") if _host(e) == "127.0.0.4"} == {6}, healed_at
     _replicas_agree(job)  # from its first commit on, the new host's shards are its peers' (and stay so)
+    joined = sorted((e["rank"], e["local_rank"]) for e in job.of("hello") if _host(e) == "127.0.0.4")
+    assert joined == [(4, 0), (5, 1)], joined
+    shown = status(runtime_dir, job.job_id())
+    assert shown.returncode == 0 and "(-np 6, --min-np 2, --max-np 6, whole hosts of 2 slot(s))" in shown.stdout, \
+        shown.stdout + shown.stderr
 
     # A failure inside a host: one worker of 127.0.0.4 dies as a step starts, leaving its host-mate alone in
     # FSDP2's all-gather (the host's own group, which the driver cannot abort); it fails there and leaves too.
@@ -96,10 +114,10 @@ def test_a_sharded_job_loses_a_host_heals_a_new_one_from_a_peer_and_drains_one_w
     assert re.search(r"<127\.0\.0\.4\[1\]> a collective of this host's group failed", job.output()), job.output()
 
     # A graceful leave: 127.0.0.2 drains at a commit, nobody rolls back.
-    resets_before = len(job.of("reset"))
+    resets_before, lines_before = len(job.of("reset")), len(job.lines)
     drained = subprocess.run([sys.executable, "-m", "cloud_elastic.cli", "drain", job.job_id(), "127.0.0.2"],
-                             cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert drained.returncode == 0, drained.stdout + drained.stderr
+                             cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    assert drained.returncode == 0 and "host 127.0.0.2 drains" in drained.stdout, drained.stdout + drained.stderr
     job.wait_for(lambda j: any(e["size"] == 2 for e in j.of("commit")), timeout=60, what="the host left after the drain")
     stop.touch()
     assert job.finish(timeout=120) == 0, job.output()
@@ -107,6 +125,7 @@ def test_a_sharded_job_loses_a_host_heals_a_new_one_from_a_peer_and_drains_one_w
     assert "a host leaves whole (--whole-hosts)" in out and "host 127.0.0.3 blacklisted" in out, out
     after_drain = job.of("reset")[resets_before:]
     assert after_drain and all(e["executed"] == e["step"] for e in after_drain), after_drain  # zero rollback
+    assert not [line for line in job.lines[lines_before:] if "aborted" in line], out
     _replicas_agree(job)
     done = job.of("done")
-    assert sorted(_host(e) for e in done) == ["127.0.0.1", "127.0.0.1"], out
+    assert sorted((e["rank"], _host(e)) for e in done) == [(0, "127.0.0.1"), (1, "127.0.0.1")], out
