@@ -148,8 +148,9 @@ def signal_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
 class PausableJob:
     """A job whose whole process tree can be stopped and resumed (SIGSTOP/SIGCONT)."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], workers: int = 2) -> None:
         self.name = name
+        self.workers = workers  # TIMING rows its run must print, one per worker
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=dict(os.environ, **env), start_new_session=True)
         self.lines: list[str] = []
@@ -183,7 +184,7 @@ class PausableJob:
     def rows(self) -> list[dict]:
         self._reader.join(30)
         rows = [json.loads(m.group(1)) for m in re.finditer(r"TIMING (\{.*\})", "".join(self.lines))]
-        if self.proc.returncode != 0 or len(rows) != 2:
+        if self.proc.returncode != 0 or len(rows) != self.workers:
             raise SystemExit(f"{self.name} run failed (exit {self.proc.returncode}):\n{''.join(self.lines)[-3000:]}")
         return rows
 
@@ -193,8 +194,8 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 
 
 def interleaved_step_times(variants: dict[str, tuple[list[str], dict[str, str]]], slice_s: float, warmup: int,
-                           timeout_s: float = 1200,
-                           rows_out: dict[str, list[dict]] | None = None) -> dict[str, list[tuple[float, float]]]:
+                           timeout_s: float = 1200, rows_out: dict[str, list[dict]] | None = None,
+                           workers: int = 2) -> dict[str, list[tuple[float, float]]]:
     """Run every variant at once, one at a time in round-robin slices; per round, each one's step time.
 
     All jobs live through the same minutes of the shared machine, and within
@@ -203,13 +204,14 @@ def interleaved_step_times(variants: dict[str, tuple[list[str], dict[str, str]]]
     ended inside one slice of its job (a pause never falls into it) and
     comes after ``warmup`` steps. Returns name -> per round (wall, CPU)
     seconds per step: the median over the slice's steps of the slowest
-    rank's wall time, and of the CPU time summed over both workers.
-    ``rows_out``, if given, receives each job's TIMING rows (for extra fields).
+    rank's wall time, and of the CPU time summed over the workers.
+    ``rows_out``, if given, receives each job's TIMING rows (for extra fields);
+    each job has ``workers`` workers (two by default).
     """
     # A SIGTERM (kill, timeout) must also run the cleanup below, or the paused jobs stay behind, stopped.
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_signal) if main else None
-    jobs = [PausableJob(name, cmd, env) for name, (cmd, env) in variants.items()]
+    jobs = [PausableJob(name, cmd, env, workers) for name, (cmd, env) in variants.items()]
     deadline = time.monotonic() + timeout_s
     try:
         for job in jobs:

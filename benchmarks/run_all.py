@@ -65,6 +65,7 @@ BENCHMARKS = [
     Benchmark("durable", "durable.py", 400, 3600),
     Benchmark("compression", "compression.py", 400, 3600),
     Benchmark("straggler", "straggler.py", 400, 1800),
+    Benchmark("sharded", "sharded.py", 400, 3600),
     Benchmark("gpu", "gpu.py", 400, 3600, needs_gpu=True),
 ]
 
