@@ -214,10 +214,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # in a GAN loop): this step's gradient allreduces, launched before it, are waited for
             # inside its window, where a failure can no longer be undone in place.
             ctx.window.collective("a gradient allreduce waited for after another optimizer's update")
-        if self._ce_sharded:  # its TorchState commits are kept copies: nothing to flush, take or touch
-            ctx.window.update(kept=True)
+        if self._ce_sharded:  # the transactional step of _ce_step_in_place; nothing is deferred to it over shards
+            in_place = [s for s in self._ce_snapshots if s.in_place]
             if not self._ce_skip:
                 self.synchronize()
+            ctx.window.update(kept=not in_place)
+            for snapshot in in_place:
+                snapshot.touch()
             try:
                 return base_step(self, closure)
             finally:

@@ -21,10 +21,12 @@ What each piece does in sharded mode:
 * the membership flag is agreed over the round's whole group at each commit
   (one one-element allreduce), so every worker of every host stops at the same
   commit;
-* ``TorchState`` keeps a commit of the local shards of the parameters and of
-  the optimizer state (a kept copy, never in place), restores by copying them
-  back, and syncs a newcomer host from the host of the newest commit, local rank
-  *i* from local rank *i* over the cross-host group;
+* ``TorchState`` commits the local shards of the parameters and of the
+  optimizer state as it commits a replica (``state._ShardedModelHandler``,
+  ``_ShardedOptimizerHandler``): in place in the common loop, else a kept copy
+  made at the commit (never deferred to the optimizer step); it restores by
+  copying them back, and syncs a newcomer host from the host of the newest
+  commit, local rank *i* from local rank *i* over the cross-host group;
 * an FSDP2 collective that fails because a host-mate died surfaces as a
   ``RuntimeError`` from torch; ``elastic.run`` treats it as a lost peer when the
   driver aborts the round (:func:`peer_lost`), and the worker leaves with its host.
@@ -51,13 +53,10 @@ import torch.distributed as dist
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.worker import collectives, statecodec
 from cloud_elastic.worker.context import get_context, init
-from cloud_elastic.worker.snapshot import Snapshot
 from cloud_elastic.worker.store import SignedStore, host_namespace
 
-__all__ = [
-    "shard", "is_sharded", "local", "average_gradient_shards", "peer_lost", "ShardedModelHandler",
-    "ShardedOptimizerHandler",
-]
+__all__ = ["shard", "is_sharded", "local", "average_gradient_shards", "peer_lost", "broadcast_cross",
+           "broadcast_object_cross"]
 
 log = logging.getLogger(__name__)
 
@@ -197,90 +196,7 @@ def peer_lost(ctx: Any, exc: BaseException) -> bool:
     return False
 
 
-class ShardedModelHandler:
-    """``TorchState``'s keeper of an FSDP2 model: a kept copy of this worker's shards (and buffers) at each
-    commit; restore copies them back into the live shards; sync takes host 0's, local rank to local rank."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.value = model
-        self._snap = Snapshot()
-        self.save()
-
-    def _local_state(self) -> dict[str, torch.Tensor]:
-        return {k: local(v).detach() for k, v in self.value.state_dict().items() if isinstance(v, torch.Tensor)}
-
-    def save(self) -> None:
-        self._snap.save(self._local_state())
-
-    def restore(self) -> None:
-        live = self._local_state()
-        with torch.no_grad():  # the shards are views of the parameters: copied into, never replaced
-            for name, saved in self._snap.load().items():
-                live[name].copy_(saved)
-
-    def sync(self) -> None:
-        _broadcast_cross([t for _, t in sorted(self._local_state().items())], "parameters")
-
-
-class ShardedOptimizerHandler:
-    """``TorchState``'s keeper of an optimizer over FSDP2 shards: its state's local shards, kept at each commit."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.value = optimizer
-        self._snap = Snapshot()
-        self.save()
-
-    def _local_state(self) -> dict[str, Any]:
-        """``state_dict()`` with each DTensor replaced by its local shard; ``dtensors`` lists where they were."""
-        from torch.distributed.tensor import DTensor
-
-        full = self.value.state_dict()
-        state: dict[Any, dict[str, Any]] = {}
-        where: list[list[Any]] = []
-        for index, entry in full["state"].items():
-            state[index] = {}
-            for key, value in entry.items():
-                if isinstance(value, DTensor):
-                    where.append([index, key])
-                    value = value.to_local()
-                state[index][key] = value
-        return {"state": state, "param_groups": full["param_groups"], "dtensors": where}
-
-    def _load(self, saved: dict[str, Any]) -> None:
-        """Load a :meth:`_local_state` (tensors this handler may keep: clones), its shards wrapped as the parameters'."""
-        from torch.distributed.tensor import DTensor
-
-        params = [p for group in self.value.param_groups for p in group["params"]]
-        wrap = {(index, key) for index, key in saved["dtensors"]}
-        state: dict[Any, dict[str, Any]] = {}
-        for index, entry in saved["state"].items():
-            p = params[index]
-            state[index] = {
-                key: DTensor.from_local(value, p.device_mesh, p.placements, run_check=False, shape=p.shape,
-                                        stride=p.stride()) if (index, key) in wrap else value
-                for key, value in entry.items()
-            }
-        self.value.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
-
-    def save(self) -> None:
-        self._snap.save(self._local_state())
-
-    def restore(self) -> None:
-        self._load(self._snap.load())
-
-    def sync(self) -> None:
-        ctx = get_context()
-        root = ctx.info.cross_rank == 0
-        skeleton, tensors = collectives._split_tensors(self._local_state()) if root else (None, [])
-        skeleton = _broadcast_object_cross(skeleton, "optimizer state")
-        if not root:
-            tensors = [torch.empty(shape, dtype=collectives._dtype(dtype)) for shape, dtype in collectives._shapes(skeleton)]
-        _broadcast_cross(tensors, "optimizer state")
-        if not root:
-            self._load(collectives._join_tensors(skeleton, tensors))
-
-
-def _broadcast_cross(tensors: list[torch.Tensor], what: str) -> None:
+def broadcast_cross(tensors: list[torch.Tensor], what: str) -> None:
     """Overwrite ``tensors`` with host 0's (cross rank 0 of this local rank), one collective per dtype."""
     ctx = get_context()
     info = ctx.info
@@ -306,7 +222,7 @@ def _broadcast_cross(tensors: list[torch.Tensor], what: str) -> None:
                     offset += t.numel()
 
 
-def _broadcast_object_cross(obj: Any, what: str) -> Any:
+def broadcast_object_cross(obj: Any, what: str) -> Any:
     """Host 0's ``obj`` (plain data and tensors, never pickled: ``statecodec``) on every host, per local rank."""
     ctx = get_context()
     info = ctx.info
@@ -315,10 +231,10 @@ def _broadcast_object_cross(obj: Any, what: str) -> Any:
     root = info.cross_rank == 0
     data = statecodec.encode(obj, what) if root else b""
     length = torch.tensor([len(data)], dtype=torch.int64)
-    _broadcast_cross([length], what)
+    broadcast_cross([length], what)
     n = int(length.item())
     payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if root else torch.empty(n, dtype=torch.uint8)
-    _broadcast_cross([payload], what)
+    broadcast_cross([payload], what)
     if root:
         return obj
     return statecodec.decode(ctypes.string_at(payload.data_ptr(), payload.numel()), what)

@@ -12,7 +12,6 @@ never pickle (see ``statecodec``).
 from __future__ import annotations
 
 import copy
-import functools
 from typing import Any, Callable, Iterable
 
 import torch
@@ -20,7 +19,7 @@ import torch
 from cloud_elastic.worker import collectives, sharded
 from cloud_elastic.worker.context import get_context, is_initialized
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
-from cloud_elastic.worker.snapshot import Snapshot, clone as _clone
+from cloud_elastic.worker.snapshot import Snapshot, clone as _clone, state_dict_without as _state_dict_without, to_host as _to_host
 
 __all__ = ["State", "ObjectState", "TorchState"]
 
@@ -132,7 +131,7 @@ class _SnapshotHandler:
                 self._snap = Snapshot()  # the buffers of an earlier kept commit are not needed any more
             self._save_in_place()
             self.in_place, self._touched = True, False
-            self._first = None if window.confirmed else _to_host(self.value.state_dict())
+            self._first = None if window.confirmed else self._whole()
             return
         self.in_place, self._first = False, None
         state = self._state_dict()
@@ -164,13 +163,21 @@ class _SnapshotHandler:
     def take(self, ptrs: frozenset[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         return self._snap.take(ptrs)
 
+    def _whole(self) -> Any:
+        """The whole state, copied to host memory (the first window's copy; a sync's)."""
+        return _to_host(self.value.state_dict())
+
+    def _load(self, saved: Any) -> None:
+        """Make the live state ``saved`` (a whole kept commit, this handler's own copy)."""
+        self.value.load_state_dict(saved)
+
     def restore(self) -> None:
         if not self.in_place:
-            self.value.load_state_dict(self._snap.load())
+            self._load(self._snap.load())
             return
         changed = self._changed_since_commit()
         if changed and self._first is not None:
-            self.value.load_state_dict(_clone(self._first))  # the first window: kept whole, on the host
+            self._load(_clone(self._first))  # the first window: kept whole, on the host
             self._touched = False
             self._recorded()
             return
@@ -196,67 +203,13 @@ class _SnapshotHandler:
             # memory) first, so that a sync cut short restores it exactly. Only here, never in the loop.
             self.in_place = False
             self._snap = Snapshot()
-            self._snap.keep(_to_host(self.value.state_dict()))
+            self._snap.keep(self._whole())
         elif overwritten and self.in_place:
             self._touched = True
         self._broadcast()
 
     def _broadcast(self) -> None:
         raise NotImplementedError
-
-
-@functools.cache
-def _plain_state_dict(cls: type) -> bool:
-    """Is ``cls.state_dict()`` torch's own walk over parameters and persistent buffers?"""
-    Module = torch.nn.Module
-    return (
-        cls.state_dict is Module.state_dict
-        and cls._save_to_state_dict is Module._save_to_state_dict
-        and getattr(cls, "get_extra_state", Module.get_extra_state) is Module.get_extra_state
-    )
-
-
-def _state_dict_without(model: torch.nn.Module, skip: set[int] | frozenset[int]) -> dict[str, Any]:
-    """``model.state_dict(keep_vars=True)`` minus the tensors whose ``id`` is in ``skip``.
-
-    Every commit of a model asks for this (one kept in place with ``skip`` = the
-    optimizer's parameters). ``state_dict()`` costs a few microseconds per module in Python
-    (3 ms for a model of 900 modules), so where
-    every module is plain (torch's own ``state_dict``, ``_save_to_state_dict`` and
-    ``get_extra_state``, no state-dict hooks) the same entries, in the same order,
-    come from a lean walk; any other module sends the whole model through
-    ``state_dict()`` itself. Nothing is cached: a module added, a buffer replaced
-    (``model.to()`` does that) is seen at the next commit.
-    """
-    out: dict[str, Any] = {}
-    stack: list[tuple[str, torch.nn.Module]] = [("", model)]
-    while stack:
-        prefix, module = stack.pop()
-        if not _plain_state_dict(type(module)) or module._state_dict_pre_hooks or module._state_dict_hooks:
-            state = model.state_dict(keep_vars=True)
-            return {k: v for k, v in state.items() if id(v) not in skip}
-        for name, param in module._parameters.items():
-            if param is not None and id(param) not in skip:
-                out[prefix + name] = param
-        if module._buffers:
-            transient = module._non_persistent_buffers_set
-            for name, buf in module._buffers.items():
-                if buf is not None and name not in transient and id(buf) not in skip:
-                    out[prefix + name] = buf
-        if module._modules:  # depth first, children in order: state_dict()'s order
-            stack.extend(reversed([(f"{prefix}{name}.", child) for name, child in module._modules.items() if child is not None]))
-    return out
-
-
-def _to_host(obj: Any) -> Any:
-    """``obj`` with every tensor copied to host memory (a kept commit must not take accelerator memory)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _to_host(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_host(v) for v in obj)
-    return copy.deepcopy(obj)
 
 
 class _ModelHandler(_SnapshotHandler):
@@ -358,6 +311,102 @@ class _OptimizerHandler(_SnapshotHandler):
         collectives.broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class _ShardedModelHandler(_ModelHandler):
+    """An FSDP2 model (``hvd.shard``): its commits hold this worker's shards, as local tensors.
+
+    In place in the common loop, as for a replica (an optimizer update bumps the
+    DTensor parameters' version counters); a kept commit copies the shards at the
+    commit, nothing deferred to the optimizer step. A restore copies back into the
+    live shards (views of the parameters); a sync sends shard *i* from host 0's
+    local rank *i* to the other hosts' (``sharded.broadcast_cross``).
+    """
+
+    sharded = True
+
+    def _local(self, skip: frozenset[int] = frozenset()) -> dict[str, torch.Tensor]:
+        return {k: sharded.local(v).detach() for k, v in _state_dict_without(self.value, skip).items()}
+
+    def _state_dict(self) -> Any:
+        return self._local()
+
+    def deferred(self, state: Any) -> frozenset[int]:
+        return frozenset()
+
+    def _save_in_place(self) -> None:
+        ids, params = self._updated()
+        self._snap.save(self._local(ids))
+        self._versions = [p._version for p in params]
+
+    def _restore_in_place(self) -> None:
+        self._load(self._snap.load())
+
+    def _whole(self) -> Any:
+        return _to_host(self._local())
+
+    def _load(self, saved: Any) -> None:
+        live = self._local()
+        with torch.no_grad():  # the shards are views of the parameters: copied into, never replaced
+            for name, value in saved.items():
+                live[name].copy_(value)
+
+    def _broadcast(self) -> None:
+        sharded.broadcast_cross([t for _, t in sorted(self._local().items())], "parameters")
+
+
+class _ShardedOptimizerHandler(_OptimizerHandler):
+    """An optimizer over FSDP2 shards: its state's local shards, committed as :class:`_ShardedModelHandler` does."""
+
+    sharded = True
+
+    def deferred(self, state: Any) -> frozenset[int]:
+        return frozenset()
+
+    def _state_dict(self) -> Any:
+        """``state_dict()`` with each DTensor replaced by its local shard; ``dtensors`` lists where they were."""
+        from torch.distributed.tensor import DTensor
+
+        full = self.value.state_dict()
+        state: dict[Any, dict[str, Any]] = {}
+        where: list[list[Any]] = []
+        for index, entry in full["state"].items():
+            state[index] = {}
+            for key, value in entry.items():
+                if isinstance(value, DTensor):
+                    where.append([index, key])
+                    value = value.to_local()
+                state[index][key] = value
+        return {"state": state, "param_groups": full["param_groups"], "dtensors": where}
+
+    def _whole(self) -> Any:
+        return _to_host(self._state_dict())
+
+    def _load(self, saved: Any) -> None:
+        from torch.distributed.tensor import DTensor
+
+        params = [p for group in self.value.param_groups for p in group["params"]]
+        wrap = {(index, key) for index, key in saved["dtensors"]}
+        state: dict[Any, dict[str, Any]] = {}
+        for index, entry in saved["state"].items():
+            p = params[index]
+            state[index] = {
+                key: DTensor.from_local(value, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                        stride=p.stride()) if (index, key) in wrap else value
+                for key, value in entry.items()
+            }
+        self.value.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+
+    def _broadcast(self) -> None:
+        ctx = get_context()
+        root = ctx.info.cross_rank == 0
+        skeleton, tensors = collectives._split_tensors(self._state_dict()) if root else (None, [])
+        skeleton = sharded.broadcast_object_cross(skeleton, "optimizer state")
+        if not root:
+            tensors = [torch.empty(shape, dtype=collectives._dtype(dtype)) for shape, dtype in collectives._shapes(skeleton)]
+        sharded.broadcast_cross(tensors, "optimizer state")
+        if not root:
+            self._load(collectives._join_tensors(skeleton, tensors))
+
+
 class _SamplerHandler:
     # ElasticSampler.state_dict() is a fresh value of a few spans, so no copying is needed
     # here: a commit costs the same for any dataset size (Horovod deep-copies the whole
@@ -380,10 +429,10 @@ class _SamplerHandler:
 def _handler_for(value: Any) -> Any:
     from cloud_elastic.worker.sampler import ElasticSampler
 
-    if sharded.is_sharded(value):  # FSDP2 shards (``hvd.shard``): kept copies of this worker's shards
+    if sharded.is_sharded(value):  # FSDP2 shards (``hvd.shard``): this worker's shards are its commit
         if isinstance(value, torch.nn.Module):
-            return sharded.ShardedModelHandler(value)
-        return sharded.ShardedOptimizerHandler(value)
+            return _ShardedModelHandler(value)
+        return _ShardedOptimizerHandler(value)
     if isinstance(value, torch.nn.Module):
         return _ModelHandler(value)
     if isinstance(value, torch.optim.Optimizer):
@@ -512,11 +561,13 @@ class TorchState(ObjectState):
         # A worker that holds the very commit rank 0 broadcasts (the usual case: after a graceful
         # membership change, or a failure every survivor rolled back from alike) gets its own values.
         root_seq = getattr(ctx, "sync_root_seq", None)
-        overwritten = ctx.info is not None and ctx.info.rank != 0 and (
-            root_seq is None or root_seq != ctx.live_commit_seq or not ctx.holds_commit)
+        other = root_seq is None or root_seq != ctx.live_commit_seq or not ctx.holds_commit
+        overwritten = ctx.info is not None and ctx.info.rank != 0 and other
+        # A shard comes from local rank i of host 0 (cross rank 0), which holds rank 0's commit.
+        shard_overwritten = ctx.info is not None and ctx.info.cross_rank != 0 and other
         for handler in self._handlers.values():
             if isinstance(handler, _SnapshotHandler):
-                handler.sync(overwritten)
+                handler.sync(shard_overwritten if getattr(handler, "sharded", False) else overwritten)
             else:
                 handler.sync()
         super().sync()

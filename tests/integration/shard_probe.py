@@ -50,12 +50,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--step-sleep", type=float, default=0.05)
     p.add_argument("--stop-when", default="", help="keep training past --steps until this file exists (rank 0 looks)")
+    p.add_argument("--no-loss-log", action="store_true",
+                   help="no loss allreduce between the update and the commit: the common loop, commits kept in place")
     p.add_argument("--die-after-update", default="", metavar="WORKER:STEP",
                    help="the worker whose id starts with WORKER dies (exit 1) right after step STEP's update, "
                         "before its commit")
     p.add_argument("--die-before-forward", default="", metavar="WORKER:FILE",
-                   help="the worker whose id starts with WORKER dies (exit 1) as a step starts once FILE exists: "
-                        "its host-mate is then left alone in the forward pass's all-gather")
+                   help="the worker whose id starts with WORKER dies (exit 1) as a step starts once FILE exists "
+                        "(or as step FILE starts, when FILE is a number): its host-mate is then left alone in the "
+                        "forward pass's all-gather")
     args = p.parse_args()
 
     hvd.init()
@@ -66,6 +69,7 @@ def main() -> None:
     hvd.shard(model, modules=[m for m in model if isinstance(m, torch.nn.Linear)])
     optimizer = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1))
     state = hvd.elastic.TorchState(model, optimizer, step=0, resets=-1)
+    in_place = state._handlers["model"]  # whether the commits keep no copy (reported with each commit)
     held = sum(p.to_local().numel() for p in model.parameters())
     event("hello", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), cross_rank=hvd.cross_rank(),
           held=held, full=full)
@@ -94,7 +98,8 @@ def main() -> None:
             counters["executed"] = state.step
         while more():
             counters["executed"] += 1
-            if me.startswith(forward_victim) and os.path.exists(forward_file):
+            if me.startswith(forward_victim) and (str(state.step + 1) == forward_file if forward_file.isdigit()
+                                                  else os.path.exists(forward_file)):
                 event("dying", rank=hvd.rank(), step=state.step + 1)
                 os._exit(1)
             g = torch.Generator().manual_seed(state.step * 1000 + hvd.rank())
@@ -108,11 +113,12 @@ def main() -> None:
                 os._exit(1)
             # The loss for the log, averaged over every worker between the update and the commit: a peer lost
             # here is lost after this step's update, which the rollback must undo.
-            hvd.allreduce(loss.detach(), name="loss")
+            if not args.no_loss_log:
+                hvd.allreduce(loss.detach(), name="loss")
             state.step += 1
             state.commit()
             event("commit", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), step=state.step,
-                  checksum=checksum(model, optimizer))
+                  checksum=checksum(model, optimizer), in_place=in_place.in_place)
             time.sleep(args.step_sleep)
 
     train(state)

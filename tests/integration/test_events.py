@@ -70,12 +70,18 @@ def test_a_killed_worker_is_recorded_as_failure_rollback_and_smaller_round(jobs,
     assert (failed["exit_code"], failed["signal"], failed["blacklisted_s"], failed["whole_host"]) == (
         None, "SIGKILL", 600.0, False)
     # The survivors went back to their last commit: the step they resumed from, and what they undid.
+    # A gradient allreduce may complete on one survivor and fail on the other as the victim dies mid-way:
+    # their commits then differ by one step, and the round continues from the newer (its holder is rank 0
+    # and syncs the other; seen once in a loaded fresh-clone run).
     resets = job.of("reset")
-    assert {r["size"] for r in resets} == {2} and len({r["step"] for r in resets}) == 1
+    steps = {r["step"] for r in resets}
+    assert {r["size"] for r in resets} == {2} and max(steps) - min(steps) <= 1, resets
     rollback = only(events, "rollback")
-    assert rollback["round"] == 1 and rollback["commit_step"] == resets[0]["step"]
+    assert rollback["round"] == 1 and rollback["commit_step"] == max(steps)
     assert rollback["steps_lost"] == max(r["executed"] - r["step"] for r in resets)
-    assert (second["round"], second["size"], second["step"]) == (2, 2, resets[0]["step"])
+    assert (second["round"], second["size"], second["step"]) == (2, 2, max(steps))
+    done = job.of("done")
+    assert len({e["checksum"] for e in done}) == 1 and {e["step"] for e in done} == {40}, done
     assert second["ranks"] == {"127.0.0.1": [0, 1]}
     assert failed["ts"] <= rollback["ts"] <= second["ts"]
 

@@ -129,3 +129,20 @@ def test_a_sharded_job_loses_a_host_heals_a_new_one_from_a_peer_and_drains_one_w
     _replicas_agree(job)
     done = job.of("done")
     assert sorted((e["rank"], _host(e)) for e in done) == [(0, "127.0.0.1"), (1, "127.0.0.1")], out
+
+
+def test_in_the_common_loop_a_sharded_job_commits_in_place_and_rolls_back_exactly(jobs):
+    """No collective between the update and the commit: the shards are the commit (nothing copied). One worker
+    of 127.0.0.2 dies as step 6 starts; its host-mate leaves, and 127.0.0.1's workers, whose gradient allreduce
+    failed before their update, hold exactly their step-5 commit and finish alone."""
+    job = jobs(["run", "-np", "4", "--min-np", "2", "--slots-per-host", "2", "--whole-hosts",
+                "-H", "127.0.0.1:2,127.0.0.2:2", sys.executable, str(PROBE), "--steps", "12", "--no-loss-log",
+                "--die-before-forward", "127.0.0.2[1]:6"])
+    assert job.finish(timeout=120) == 0, job.output()
+    commits = job.of("commit")
+    assert all(e["in_place"] for e in commits if e["step"] > 1), commits  # from the first window on
+    resets = job.of("reset")
+    assert sorted(_host(e) for e in resets) == ["127.0.0.1", "127.0.0.1"], resets
+    _rolled_back_exactly(job, resets, size=4)
+    _replicas_agree(job)
+    assert sorted((e["step"], _host(e)) for e in job.of("done")) == [(12, "127.0.0.1"), (12, "127.0.0.1")]

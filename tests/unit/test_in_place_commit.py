@@ -440,7 +440,7 @@ def test_what_an_in_place_commit_keeps_follows_the_model_from_commit_to_commit()
 
 
 def test_an_in_place_commit_keeps_exactly_what_state_dict_has_besides_the_optimizers_parameters():
-    from cloud_elastic.worker.state import _state_dict_without
+    from cloud_elastic.worker.snapshot import state_dict_without as _state_dict_without
 
     torch.manual_seed(0)
     shared = torch.nn.Linear(4, 4)

@@ -86,13 +86,13 @@ def _values(model, opt) -> list[torch.Tensor]:
     return out
 
 
-def test_a_sharded_models_commit_restores_exactly_and_training_goes_on_as_if_the_lost_steps_never_ran():
+@pytest.mark.commit_mode("snapshot")
+def test_a_sharded_models_kept_commit_restores_exactly_and_training_goes_on_as_if_the_lost_steps_never_ran():
     hvd.init()
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1))
     state = hvd.elastic.TorchState(model, opt, step=0)
-    assert isinstance(state._handlers["model"], sharded.ShardedModelHandler)
-    assert isinstance(state._handlers["optimizer"], sharded.ShardedOptimizerHandler)
+    assert all(getattr(h, "sharded", False) for h in state._handlers.values())
     for seed in range(3):
         _step(model, opt, seed)
         state.commit()
@@ -112,6 +112,33 @@ def test_a_sharded_models_commit_restores_exactly_and_training_goes_on_as_if_the
     assert all(torch.equal(a, b) for a, b in zip(_values(model, opt), _values(reference, ref_opt)))
 
 
+def test_in_the_common_loop_a_sharded_commit_keeps_no_copy_and_restores_exactly_before_the_update():
+    """Commit right after each step: the shards are the commit (nothing copied); a failure before the update
+    (in the gradient allreduce) restores exactly, one after it is said, not hidden."""
+    hvd.init()
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1))
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    for seed in range(3):
+        _step(model, opt, seed)
+        state.commit()
+    assert all(h.in_place for h in state._handlers.values() if getattr(h, "sharded", False))
+    kept = sum(t.numel() for t in state._handlers["model"]._snap._value.values())
+    assert kept == 0  # an MLP has no buffers: nothing of the model is copied
+    committed = _values(model, opt)
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(9))
+    opt.zero_grad()
+    F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()  # then the gradient allreduce fails
+    state.restore()
+    assert get_context().holds_commit
+    after = _values(model, opt)
+    assert all(torch.equal(a, b) for a, b in zip(after, committed))
+    _step(model, opt, 10)  # an update in place, then a collective before the commit fails
+    state.restore()
+    assert not get_context().holds_commit
+
+
+@pytest.mark.commit_mode("snapshot")
 def test_a_commit_made_before_the_first_step_restores_an_empty_optimizer_state():
     hvd.init()
     model = _model()
