@@ -214,19 +214,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # in a GAN loop): this step's gradient allreduces, launched before it, are waited for
             # inside its window, where a failure can no longer be undone in place.
             ctx.window.collective("a gradient allreduce waited for after another optimizer's update")
-        if self._ce_sharded:  # the transactional step of _ce_step_in_place; nothing is deferred to it over shards
-            in_place = [s for s in self._ce_snapshots if s.in_place]
-            if not self._ce_skip:
-                self.synchronize()
-            ctx.window.update(kept=not in_place)
-            for snapshot in in_place:
-                snapshot.touch()
-            try:
-                return base_step(self, closure)
-            finally:
-                self._ce_clear()
         in_place = [s for s in self._ce_snapshots if s.in_place]
-        if in_place:
+        if in_place or self._ce_sharded:  # over shards no copy is deferred to the step, in place or kept alike
             return self._ce_step_in_place(base_step, in_place, closure)
         self._ce_launch_ready(force=True)  # this step's own allreduces are not in the window the update opens
         ctx.window.update(kept=True)
@@ -259,12 +248,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Every gradient is in before anything changes, so a failure in this
         step's allreduces leaves the live state at the commit, which then needs
         no copy; the update is the wrapped optimizer's own, in place, as under DDP.
+        Over shards (``hvd.shard``) every step runs here: a kept commit of shards
+        was copied whole at the commit (``in_place`` is then empty).
         """
         if not self._ce_skip:
             self.synchronize()
         for snapshot in self._ce_snapshots:
             snapshot.flush()  # a commit of another TorchState kept as a snapshot
-        get_context().window.update(kept=False)
+        get_context().window.update(kept=not in_place)
         for snapshot in in_place:
             snapshot.touch()
         try:
