@@ -5,8 +5,8 @@
     torchrun --standalone --nproc-per-node 4 benchmarks/sharded_worker.py --hsdp --slots-per-host 2
                                                                  (plain FSDP2 HSDP on a (hosts, slots) mesh)
 
-The model is residual blocks of LayerNorm + Linear(width, width) (each block one
-FSDP2 unit), AdamW. Both modes time the same loop body (batch, forward, backward,
+The model is ``commit_cost_worker.py``'s residual blocks of LayerNorm + Linear(width, width)
+(each block one FSDP2 unit), AdamW. Both modes time the same loop body (batch, forward, backward,
 step; cloud-elastic also commits) and print one ``TIMING`` JSON line per worker
 with the step times, the process's peak RSS (``VmHWM``) and the bytes of model
 and optimizer state the worker holds.
@@ -22,21 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm, self.linear = nn.LayerNorm(width), nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.relu(self.linear(self.norm(x)))
-
-
-def peak_rss_bytes() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
+from commit_cost_worker import Block, peak_rss_bytes  # the same residual block as the commit-cost benchmark
 
 
 def held_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
