@@ -219,14 +219,25 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     return result.to(tensor.device)
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
-    """Overwrite ``tensor`` with ``root_rank``'s value, in place; return it."""
+def _my_rank(ctx: Any, cross: bool) -> int:
+    """This worker's rank in the round's group, or with ``cross`` in its cross-host group (``hvd.shard``)."""
+    return ctx.info.cross_rank if cross else ctx.info.rank
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, *, cross: bool = False) -> torch.Tensor:
+    """Overwrite ``tensor`` with ``root_rank``'s value, in place; return it.
+
+    ``cross``: over this worker's cross-host group (sharded training: the same local
+    rank of every host, ``root_rank`` a host index), a no-op with one host.
+    """
     ctx = get_context()
+    if cross and ctx.info.cross_size <= 1:
+        return tensor
     work_tensor = on_device(tensor)
     opts = dist.BroadcastOptions()
     opts.rootRank = root_rank
     what = f"broadcast {name or ''}".strip()
-    ctx.wait(ctx.group(what).broadcast([work_tensor], opts), what)
+    ctx.wait((ctx.cross_group if cross else ctx.group)(what).broadcast([work_tensor], opts), what)
     if work_tensor is not tensor:
         tensor.copy_(work_tensor)
     return tensor
@@ -263,16 +274,20 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = Non
     return pickle.loads(ctypes.string_at(payload.data_ptr(), payload.numel()))  # no numpy needed
 
 
-def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state") -> Any:
+def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *, cross: bool = False) -> Any:
     """Return ``root_rank``'s ``obj`` on every worker, never unpickling anything foreign.
 
     Used by ``sync()``: encoded with ``torch.save`` and decoded with
     ``weights_only=True`` (see ``statecodec``). If the root's object cannot be
     carried that way, every worker raises the same ``StateSyncError``.
+    ``cross``: over the cross-host group, as :func:`broadcast_`.
     """
     ctx = get_context()
+    if cross and ctx.info.cross_size <= 1:
+        return obj
+    root = _my_rank(ctx, cross) == root_rank
     error = ""
-    if ctx.info.rank == root_rank:
+    if root:
         try:
             data = statecodec.encode(obj, name)
         except statecodec.StateSyncError as exc:
@@ -280,13 +295,13 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state") ->
         length = torch.tensor([-len(data) if error else len(data)], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name)
+    broadcast_(length, root_rank, name, cross=cross)
     n = int(length.item())
-    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if ctx.info.rank == root_rank else torch.empty(abs(n), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name)
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if root else torch.empty(abs(n), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name, cross=cross)
     if n < 0:  # the root could not encode it: everyone fails alike, nobody waits for a peer
         raise statecodec.StateSyncError(error or ctypes.string_at(payload.data_ptr(), payload.numel()).decode(errors="replace"))
-    if ctx.info.rank == root_rank:
+    if root:
         return obj
     return statecodec.decode(ctypes.string_at(payload.data_ptr(), payload.numel()), name)
 
@@ -295,15 +310,19 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state") ->
 _PACK_BYTES = 32 * 1024 * 1024
 
 
-def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: str = "tensors") -> None:
+def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: str = "tensors", *,
+                       cross: bool = False) -> None:
     """Overwrite each of ``tensors`` with ``root_rank``'s value, in place, in as few collectives as fit.
 
     Tensors of one dtype and device travel packed in flat buffers of up to
     32 MiB: a state sync of a few dozen tensors is then a few collectives, not
     one each (each costs about a millisecond on loopback even when tiny).
+    ``cross``: over the cross-host group, as :func:`broadcast_`.
     """
     ctx = get_context()
-    root = ctx.info is None or ctx.info.rank == root_rank
+    if cross and ctx.info.cross_size <= 1:
+        return
+    root = ctx.info is None or _my_rank(ctx, cross) == root_rank
     groups: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
     sizes: dict[tuple[torch.dtype, torch.device], int] = {}
     for t in tensors:
@@ -319,13 +338,13 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: st
         for (dtype, device), chunks in groups.items():
             for chunk in chunks:
                 if len(chunk) == 1:
-                    broadcast_(chunk[0], root_rank, name)
+                    broadcast_(chunk[0], root_rank, name, cross=cross)
                     continue
                 if root:
                     flat = torch.cat([t.reshape(-1) for t in chunk])
                 else:
                     flat = torch.empty(sum(t.numel() for t in chunk), dtype=dtype, device=device)
-                broadcast_(flat, root_rank, name)
+                broadcast_(flat, root_rank, name, cross=cross)
                 if not root:
                     offset = 0
                     for t in chunk:

@@ -45,18 +45,14 @@ import time
 from datetime import timedelta
 from typing import Any, Iterable, Iterator
 
-import ctypes
-
 import torch
 import torch.distributed as dist
 
 from cloud_elastic.errors import ConfigError
-from cloud_elastic.worker import collectives, statecodec
-from cloud_elastic.worker.context import get_context, init
+from cloud_elastic.worker.context import init
 from cloud_elastic.worker.store import SignedStore, host_namespace
 
-__all__ = ["shard", "is_sharded", "local", "average_gradient_shards", "peer_lost", "broadcast_cross",
-           "broadcast_object_cross"]
+__all__ = ["shard", "is_sharded", "local", "average_gradient_shards", "peer_lost"]
 
 log = logging.getLogger(__name__)
 
@@ -194,47 +190,3 @@ def peer_lost(ctx: Any, exc: BaseException) -> bool:
             return True
         time.sleep(0.05)
     return False
-
-
-def broadcast_cross(tensors: list[torch.Tensor], what: str) -> None:
-    """Overwrite ``tensors`` with host 0's (cross rank 0 of this local rank), one collective per dtype."""
-    ctx = get_context()
-    info = ctx.info
-    if info is None or info.cross_size <= 1 or not tensors:
-        return
-    root = info.cross_rank == 0
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    chunks: dict[torch.dtype, list[torch.Tensor]] = {}
-    for t in tensors:
-        chunks.setdefault(t.dtype, []).append(t)
-    with torch.no_grad():
-        for dtype, chunk in chunks.items():
-            if root:
-                flat = torch.cat([collectives.on_device(t).reshape(-1) for t in chunk])
-            else:
-                flat = collectives.on_device(torch.empty(sum(t.numel() for t in chunk), dtype=dtype))
-            ctx.wait(ctx.cross_group(f"sync of the {what}").broadcast([flat], opts), f"sync of the {what}")
-            if not root:
-                offset = 0
-                for t in chunk:
-                    t.copy_(flat[offset: offset + t.numel()].view(t.shape))
-                    offset += t.numel()
-
-
-def broadcast_object_cross(obj: Any, what: str) -> Any:
-    """Host 0's ``obj`` (plain data and tensors, never pickled: ``statecodec``) on every host, per local rank."""
-    ctx = get_context()
-    info = ctx.info
-    if info is None or info.cross_size <= 1:
-        return obj
-    root = info.cross_rank == 0
-    data = statecodec.encode(obj, what) if root else b""
-    length = torch.tensor([len(data)], dtype=torch.int64)
-    broadcast_cross([length], what)
-    n = int(length.item())
-    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if root else torch.empty(n, dtype=torch.uint8)
-    broadcast_cross([payload], what)
-    if root:
-        return obj
-    return statecodec.decode(ctypes.string_at(payload.data_ptr(), payload.numel()), what)

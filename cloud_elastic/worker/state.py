@@ -318,7 +318,7 @@ class _ShardedModelHandler(_ModelHandler):
     DTensor parameters' version counters); a kept commit copies the shards at the
     commit, nothing deferred to the optimizer step. A restore copies back into the
     live shards (views of the parameters); a sync sends shard *i* from host 0's
-    local rank *i* to the other hosts' (``sharded.broadcast_cross``).
+    local rank *i* to the other hosts' (``collectives.broadcast_tensors_(cross=True)``).
     """
 
     sharded = True
@@ -350,7 +350,7 @@ class _ShardedModelHandler(_ModelHandler):
                 live[name].copy_(value)
 
     def _broadcast(self) -> None:
-        sharded.broadcast_cross([t for _, t in sorted(self._local().items())], "parameters")
+        collectives.broadcast_tensors_([t for _, t in sorted(self._local().items())], 0, "parameters", cross=True)
 
 
 class _ShardedOptimizerHandler(_OptimizerHandler):
@@ -399,10 +399,10 @@ class _ShardedOptimizerHandler(_OptimizerHandler):
         ctx = get_context()
         root = ctx.info.cross_rank == 0
         skeleton, tensors = collectives._split_tensors(self._state_dict()) if root else (None, [])
-        skeleton = sharded.broadcast_object_cross(skeleton, "optimizer state")
+        skeleton = collectives.broadcast_state(skeleton, 0, "optimizer state", cross=True)
         if not root:
             tensors = [torch.empty(shape, dtype=collectives._dtype(dtype)) for shape, dtype in collectives._shapes(skeleton)]
-        sharded.broadcast_cross(tensors, "optimizer state")
+        collectives.broadcast_tensors_(tensors, 0, "optimizer state", cross=True)
         if not root:
             self._load(collectives._join_tensors(skeleton, tensors))
 

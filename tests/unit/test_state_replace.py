@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
 from cloud_elastic.worker.context import get_context
+from tests.unit.test_in_place_commit import _backward, _step  # the same batches and loss
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -33,17 +33,6 @@ def standalone():
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-
-
-def _backward(model, opt, seed: int) -> None:
-    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(seed))
-    opt.zero_grad()
-    F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
-
-
-def _step(model, opt, seed: int) -> None:
-    _backward(model, opt, seed)
-    opt.step()
 
 
 def _values(state) -> list[torch.Tensor]:
