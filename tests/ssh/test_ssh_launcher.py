@@ -68,10 +68,12 @@ def test_secret_is_on_stdin_never_on_a_command_line(launcher, marker):
     with open(f"/proc/{worker}/environ", "rb") as f:
         assert f"{SECRET_ENV}={secret}".encode() in f.read().split(b"\0"), "the worker has no secret"
     # Polled, not one scan: a scan of /proc on a loaded machine once listed the worker but not the child it had
-    # just started (CI run of 2026-11-27); a child that really is gone still fails here, after 5 s.
+    # just started (a whole-suite run here, 2026-11-27); a child that really is gone still fails, after 5 s.
     expected = {worker, child, proc.ssh_pid}
-    wait_until(lambda: {p.pid for p in processes_with(marker)} >= expected, 5.0,
-               f"the worker {worker}, its child {child} and ssh {proc.ssh_pid} to carry the marker")
+    try:
+        wait_until(lambda: {p.pid for p in processes_with(marker)} >= expected, 5.0, "the marked processes")
+    except AssertionError:
+        raise AssertionError(f"expected {worker}, {child}, ssh {proc.ssh_pid}: {processes_with(marker)}") from None
     proc.terminate(2.0)
     wait_gone(marker, 10)
 
