@@ -105,11 +105,9 @@ class AdoptingMixin:
         if self._server is not None:
             self._server.close()
             self._server = None
-        with self._store_lock:
-            if self._store_socket is not None:
-                self._store_socket.close()  # a no-op once the store took the descriptor over
-                self._store_socket = None
-            self._store = None  # an adopted store closes its descriptor as it goes
+        if self._store is not None:
+            self._store.close()
+            self._store = None
         with self._cond:
             self._adoption, self._adopting = None, False
             self._job.adopting = False

@@ -33,6 +33,7 @@ from cloud_elastic.driver.local import LocalLauncher
 from cloud_elastic.driver.restart import RECORD_TOUCH_S, RestartMixin
 from cloud_elastic.driver.server import ControlServer
 from cloud_elastic.driver.signal_stacks import SignalStacks
+from cloud_elastic.driver.store_server import StoreServer
 from cloud_elastic.driver.waiters import JobCondition
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.metrics import StepRate
@@ -107,9 +108,7 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         self._stop_reason: tuple[str, int] | None = None
         self._out = output or _print_line
         self._server: ControlServer | None = None
-        self._store: Any = None
-        self._store_socket: socket.socket | None = None
-        self._store_lock = threading.Lock()  # the store's listening socket changes hands once, under it
+        self._store: StoreServer | None = None
         self._store_port = 0
         self._poller: DiscoveryPoller | None = None
         self._advertised: str | None = None
@@ -232,36 +231,18 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
                 self._cond.wait(self.config.discovery_interval_s)
 
     def _start_store(self, bind: str, port: int = 0) -> None:
-        """Listen for the rendezvous store now; let torch adopt the socket on a side thread.
-
-        Importing torch takes seconds. Workers need the store only after they
-        have imported torch themselves, so they are launched at once and their
-        connections wait in the listen backlog until the store takes over.
-        """
+        """Listen for the rendezvous store and serve it (:mod:`cloud_elastic.driver.store_server`: torch's
+        store protocol without torch, so the driver does not import torch for it)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((bind, port))
-        sock.listen(512)
-        self._store_socket = sock
-        self._store_port = port = sock.getsockname()[1]
-
-        def adopt() -> None:
-            try:
-                from torch.distributed import TCPStore  # torch only where a job runs
-
-                with self._store_lock:
-                    if self._store_socket is not sock:
-                        return  # given up meanwhile (_abandon_adoption): the socket is closed
-                    self._store = TCPStore(
-                        bind, port, None, True, wait_for_workers=False, master_listen_fd=sock.fileno()
-                    )
-                    # The store owns the descriptor now and closes it when it goes: closing the
-                    # socket too would close whatever later reuses the number.
-                    sock.detach()
-            except Exception as exc:  # reported as the job's failure
-                self.stop(f"could not start the rendezvous store on port {port}: {exc}", 1)
-
-        threading.Thread(target=adopt, name="rendezvous-store", daemon=True).start()
+        try:
+            sock.bind((bind, port))
+            sock.listen(512)
+        except OSError:
+            sock.close()
+            raise
+        self._store = StoreServer(sock)
+        self._store_port = self._store.port
 
     def _choose_address(self, hosts: list[str]) -> tuple[str, str]:
         """(address workers use, address to bind). Loopback unless a remote host is involved."""
@@ -504,6 +485,8 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
             launcher.close()
         if self._server is not None:
             self._server.close()
+        if self._store is not None:  # every worker is stopped; in a Ray or Spark user's process it would serve on
+            self._store.close()
         if self._status_recorded:
             from cloud_elastic.driver.adoption import remove_record
             from cloud_elastic.status import job_dir, remove_driver_record

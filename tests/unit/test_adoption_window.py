@@ -113,11 +113,11 @@ def test_giving_an_adoption_up_closes_the_store_socket_once(tmp_path, monkeypatc
     config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1, checkpoint_dir=ckpt)
     driver = Driver(config, StaticHosts({"127.0.0.1": 1}))
     driver._listen_for_adoption()
-    deadline = time.monotonic() + 20
-    while driver._store is None:  # the store takes the listening socket over on a side thread
-        assert time.monotonic() < deadline, "the rendezvous store did not start"
-        time.sleep(0.05)
+    assert driver._store is not None, "the rendezvous store did not start"
+    port = driver._store.port
     driver._abandon_adoption()
+    with pytest.raises(ConnectionRefusedError):  # nothing serves the predecessor's store port any more
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
     # New sockets take the lowest free descriptor numbers, the store's among them if it was freed.
     probes = [socket.socket() for _ in range(8)]
     try:
@@ -138,12 +138,10 @@ def test_a_driver_object_that_goes_after_its_store_closes_no_other_descriptor() 
     config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1)
     driver = Driver(config, StaticHosts({"127.0.0.1": 1}))
     driver._start_store("127.0.0.1")
-    deadline = time.monotonic() + 20
-    while driver._store is None:
-        assert time.monotonic() < deadline, "the rendezvous store did not start"
-        time.sleep(0.05)
-    store, driver._store = driver._store, None
-    del store  # the store goes first and closes its descriptor
+    port = driver._store.port
+    driver._shutdown()  # the job's end closes the store and its descriptor
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
     probes = [socket.socket() for _ in range(8)]
     try:
         del driver
