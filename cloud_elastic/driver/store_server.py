@@ -144,27 +144,35 @@ class StoreServer:
     # ----------------------------------------------------------------- the loop
     def _serve(self) -> None:
         try:
-            while not self._closing:
-                for key, mask in self._selector.select():
-                    if key.data is None:
-                        self._accept()
-                    elif key.data == "wake":
-                        self._wake_r.recv(64)
-                    else:
-                        if mask & selectors.EVENT_READ:
-                            self._receive(key.data)
-                        if mask & selectors.EVENT_WRITE:
-                            self._flush(key.data)
+            self._loop()
+        except Exception:  # a bug here: every worker's next store call would wait out its timeout
+            log.exception("rendezvous store: stopped serving")
         finally:
             for key in list(self._selector.get_map().values()):
                 key.fileobj.close()
             self._selector.close()
             self._wake_w.close()
 
+    def _loop(self) -> None:
+        while not self._closing:
+            for key, mask in self._selector.select():
+                if key.data is None:
+                    self._accept()
+                elif key.data == "wake":
+                    self._wake_r.recv(64)
+                else:
+                    if mask & selectors.EVENT_READ:
+                        self._receive(key.data)
+                    if mask & selectors.EVENT_WRITE:
+                        self._flush(key.data)
+
     def _accept(self) -> None:
         try:
             sock, addr = self._listener.accept()
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        except OSError as exc:  # out of descriptors, say: the connection waits in the backlog
+            log.warning("rendezvous store: cannot accept a connection: %s", exc)
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -197,8 +205,8 @@ class StoreServer:
                 self._command(client, reader)
             except _Incomplete:
                 break
-            except (ProtocolError, ValueError) as exc:
-                self._disconnect(client, str(exc))
+            except Exception as exc:  # ProtocolError, a bad number for ADD; never the other clients' problem
+                self._disconnect(client, str(exc) or type(exc).__name__)
                 return
             del client.inbox[:reader.pos]
         self._flush(client)
