@@ -5,7 +5,8 @@ usage: _worker.py MARKER MODE [ARGS]
   exit N          print a line, exit with N
   signal N        kill itself with signal N
   sleep [--ignore-term]
-                  start a grandchild (same marker), print "ready <pid> <child pid>", sleep
+                  start a grandchild (same marker), print "ready <pid> <child pid>" once the child
+                  carries the marker in its cmdline, sleep
   lines N         print N numbered lines, the last one without a newline
 """
 
@@ -31,6 +32,14 @@ def report() -> None:
     }), flush=True)
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def sleep(marker: str, ignore_term: bool) -> None:
     if ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -39,6 +48,12 @@ def sleep(marker: str, ignore_term: bool) -> None:
         code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     code += "time.sleep(3600)\n"
     child = subprocess.Popen([sys.executable, "-c", code, marker])
+    # Popen returns once the child's exec has begun (its close-on-exec pipe closed), before the kernel has set up
+    # the new program's arguments: for that moment /proc/<child>/cmdline is empty and the marker is in no scan
+    # (seen under load in 42 of 60 starts). "ready" means the child carries the marker.
+    deadline = time.monotonic() + 10
+    while marker.encode() not in _cmdline(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
     print(f"ready {os.getpid()} {child.pid}", flush=True)
     time.sleep(3600)
 
