@@ -62,6 +62,7 @@ BENCHMARKS = [
     Benchmark("commit-bandwidth", "commit_bw.py", 300, 1800),
     Benchmark("allreduce", "allreduce_bw.py", 300, 1800),
     Benchmark("driver-scale", "driver_scale.py", 300, 1800),
+    Benchmark("store-server", "store_server.py", 180, 900),
     Benchmark("durable", "durable.py", 400, 3600),
     Benchmark("compression", "compression.py", 400, 3600),
     Benchmark("straggler", "straggler.py", 400, 1800),
