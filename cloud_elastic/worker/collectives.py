@@ -367,14 +367,24 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     root broadcasts its state dict with tensors replaced by shapes, every
     worker allocates the same tensors, then the tensors are broadcast.
     """
-    ctx = get_context()
-    state = optimizer.state_dict()
-    skeleton, tensors = _split_tensors(state)
-    skeleton = broadcast_state(skeleton if ctx.info.rank == root_rank else None, root_rank, "optimizer state")
-    if ctx.info.rank != root_rank:
+    root = get_context().info.rank == root_rank
+    optimizer.load_state_dict(broadcast_state_dict(optimizer.state_dict() if root else None, root_rank))
+
+
+def broadcast_state_dict(state: Any, root_rank: int = 0, name: str = "optimizer state", *, cross: bool = False) -> Any:
+    """``root_rank``'s ``state`` (a state dict of plain data and tensors; other workers pass None) on every worker.
+
+    The skeleton (tensors replaced by shapes) goes first, through :func:`broadcast_state`; every worker then
+    allocates the same tensors, and they are broadcast packed (:func:`broadcast_tensors_`). Returned on every
+    worker, the root included, with tensors of its own (CPU copies). ``cross``: as :func:`broadcast_`.
+    """
+    root = _my_rank(get_context(), cross) == root_rank
+    skeleton, tensors = _split_tensors(state) if root else (None, [])
+    skeleton = broadcast_state(skeleton, root_rank, name, cross=cross)
+    if not root:
         tensors = [torch.empty(shape, dtype=_dtype(dtype)) for shape, dtype in _shapes(skeleton)]
-    broadcast_tensors_(tensors, root_rank, "optimizer state")
-    optimizer.load_state_dict(_join_tensors(skeleton, tensors))
+    broadcast_tensors_(tensors, root_rank, name, cross=cross)
+    return _join_tensors(skeleton, tensors)
 
 
 #: Key of the plain dict that stands for a tensor in a state-dict skeleton (plain, so weights_only loads it).

@@ -396,15 +396,10 @@ class _ShardedOptimizerHandler(_OptimizerHandler):
         self.value.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
 
     def _broadcast(self) -> None:
-        ctx = get_context()
-        root = ctx.info.cross_rank == 0
-        skeleton, tensors = collectives._split_tensors(self._state_dict()) if root else (None, [])
-        skeleton = collectives.broadcast_state(skeleton, 0, "optimizer state", cross=True)
+        root = get_context().info.cross_rank == 0
+        synced = collectives.broadcast_state_dict(self._state_dict() if root else None, 0, cross=True)
         if not root:
-            tensors = [torch.empty(shape, dtype=collectives._dtype(dtype)) for shape, dtype in collectives._shapes(skeleton)]
-        collectives.broadcast_tensors_(tensors, 0, "optimizer state", cross=True)
-        if not root:
-            self._load(collectives._join_tensors(skeleton, tensors))
+            self._load(synced)
 
 
 class _SamplerHandler:
