@@ -70,7 +70,11 @@ VARIANTS: dict[str, tuple[str, list[str], dict[str, str], bool]] = {
     "every10": ("cloud-elastic, commit every 10 steps", ["--worker", "elastic", "--commit-every", "10"], {}, True),
     "snapshot": ("cloud-elastic, commit every step, `CLOUD_ELASTIC_COMMIT_MODE=snapshot`",
                  ["--worker", "elastic", "--commit-every", "1"], {"CLOUD_ELASTIC_COMMIT_MODE": "snapshot"}, True),
+    # A diagnostic, run only when --only names it: DistributedOptimizer and the worker's threads, no commit.
+    "nocommit": ("cloud-elastic, no commit in the timed steps", ["--worker", "elastic", "--commit-every", "0"], {}, True),
 }
+#: What a run measures unless --only says otherwise.
+DEFAULT_VARIANTS = ("plain", "ddp", "every1", "every10", "snapshot")
 
 
 @dataclass(frozen=True)
@@ -157,8 +161,8 @@ HOST_WAITS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchr
 class StepProfile:
     """``torch.profiler`` over ``steps`` steps after ``start`` (none when ``steps`` is 0); see ``--profile``."""
 
-    def __init__(self, start: int, steps: int, cuda: bool) -> None:
-        self.start, self.steps, self.cuda = start, steps, cuda
+    def __init__(self, start: int, steps: int, cuda: bool, trace: str = "") -> None:
+        self.start, self.steps, self.cuda, self.trace = start, steps, cuda, trace
         self._prof = None
         self.result: dict | None = None
 
@@ -176,6 +180,14 @@ class StepProfile:
         if self._prof is None or index != self.start + self.steps - 1:
             return
         self._prof.stop()
+        if self.trace:  # the whole timeline, gzipped, for chrome://tracing or Perfetto
+            import gzip
+            import shutil
+
+            self._prof.export_chrome_trace(self.trace)
+            with open(self.trace, "rb") as raw, gzip.open(self.trace + ".gz", "wb") as packed:
+                shutil.copyfileobj(raw, packed)
+            os.unlink(self.trace)
         events = self._prof.key_averages()
         waits = {name: 0.0 for name in HOST_WAITS}
         for e in events:
@@ -183,10 +195,22 @@ class StepProfile:
                 if e.key.startswith(name):
                     waits[name] += e.count / self.steps
         top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+
+        def device_us(e) -> float:  # torch >= 2.4 names it device time; older ones cuda time
+            return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) or 0)
+
+        from torch.autograd import DeviceType
+
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA]  # kernels, copies, NCCL's kernels
+        busy = sorted(kernels, key=device_us, reverse=True)[:10]
         self.result = {
             "steps": self.steps,
             "host_waits_per_step": {k: round(v, 2) for k, v in waits.items() if v},
             "top_host_ms_per_step": [(e.key, round(e.self_cpu_time_total / 1e3 / self.steps, 3)) for e in top],
+            # The device's own time per step (its kernels, copies and collectives, none counted twice):
+            # against the step's wall time, what is left is the GPU idle, waiting for the host.
+            "device_ms_per_step": round(sum(device_us(e) for e in kernels) / 1e3 / self.steps, 3),
+            "top_device_ms_per_step": [(e.key, round(device_us(e) / 1e3 / self.steps, 3)) for e in busy if device_us(e)],
         }
         self._prof = None
 
@@ -208,7 +232,8 @@ def run_worker(args: argparse.Namespace) -> None:
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     total = args.warmup + args.steps
     times: list[float] = []
-    profile = StepProfile(args.warmup, min(args.profile, args.steps), cuda)
+    trace = str(Path(args.trace_dir) / f"trace-{args.variant}.json") if args.trace_dir and args.variant else ""
+    profile = StepProfile(args.warmup, min(args.profile, args.steps), cuda, trace)
 
     def sync() -> None:
         if cuda:
@@ -261,7 +286,7 @@ def run_worker(args: argparse.Namespace) -> None:
                 loss_of(model).backward()
                 opt.step()
                 state.step += 1
-                if state.step % args.commit_every == 0:
+                if args.commit_every and state.step % args.commit_every == 0:
                     state.commit()
                 sync()
                 times.append(time.perf_counter() - began)
@@ -286,7 +311,8 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     """Run one variant as a user would; return its worker's report."""
     label, worker_args, extra_env, elastic = VARIANTS[name]
     worker = [sys.executable, str(Path(__file__).resolve()), *worker_args, "--device", args.device,
-              "--warmup", str(args.warmup), "--steps", str(args.steps), "--profile", str(args.profile)]
+              "--warmup", str(args.warmup), "--steps", str(args.steps), "--profile", str(args.profile),
+              "--variant", name] + (["--trace-dir", str(Path(args.trace_dir).resolve())] if args.trace_dir else [])
     cmd = ELASTIC + worker if elastic else worker
     path = os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     env = {**os.environ, "PYTHONPATH": path, **extra_env}
@@ -358,6 +384,10 @@ def profile_report(reports: dict[str, list[dict]]) -> str:
         waits = ", ".join(f"{k} {v:g}" for k, v in prof["host_waits_per_step"].items()) or "none"
         lines.append(f"- {name}: waits on the device: {waits}")
         lines.append("  busiest: " + "; ".join(f"{k} {ms:.2f} ms" for k, ms in prof["top_host_ms_per_step"][:8]))
+        if prof.get("device_ms_per_step"):
+            wall = statistics.median(runs[0]["times"][: prof["steps"]]) * 1e3  # the profiled steps come first
+            lines.append(f"  device busy {prof['device_ms_per_step']:.2f} ms of a {wall:.2f} ms step; busiest there: "
+                         + "; ".join(f"{k[:60]} {ms:.2f} ms" for k, ms in prof["top_device_ms_per_step"][:8]))
     return "\n".join(lines)
 
 
@@ -369,7 +399,10 @@ def main() -> None:
     p.add_argument("--only", default="", help="comma-separated variants (ddp always runs: the ratios need it)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="one round; also profile N steps of each variant and print the host's waits on the device")
+    p.add_argument("--trace-dir", default="", help="with --profile: also write each variant's profiled steps there, "
+                   "as a gzipped Chrome trace (trace-<variant>.json.gz)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
+    p.add_argument("--variant", default="", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=("plain", "ddp", "elastic"), help=argparse.SUPPRESS)
     p.add_argument("--commit-every", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--warmup", type=int, default=-1, help=argparse.SUPPRESS)
@@ -388,7 +421,7 @@ def main() -> None:
         return
     if args.update_docs and args.device == "cpu":
         p.error("--update-docs records GPU figures; not with --device cpu")
-    names = list(VARIANTS) if not args.only else [n for n in VARIANTS if n in args.only.split(",") or n == "ddp"]
+    names = list(DEFAULT_VARIANTS) if not args.only else [n for n in VARIANTS if n in args.only.split(",") or n == "ddp"]
     if args.profile and args.update_docs:
         p.error("--profile slows the profiled steps; its figures do not go into the docs")
     rounds = 1 if args.quick or args.device == "cpu" or args.profile else 2

@@ -7,8 +7,10 @@
 # to $OUT/gpu-bench.md. CLOUD_ELASTIC_REQUIRE_GPU defaults to 1 here: a GPU check that found no GPU
 # fails instead of skipping. Each part has a time bound (CE_GPU_TESTS_BUDGET_S, default 360 s;
 # CE_GPU_BENCH_BUDGET_S, default 150 s), so the check ends within nine minutes whatever hangs.
-# CE_GPU_PROFILE_STEPS=N adds a third part: benchmarks/gpu.py --quick --profile N for DDP and the two
-# commit modes (bounded by CE_GPU_PROFILE_BUDGET_S, default 150 s): the host's waits on the device per step.
+# CE_GPU_BENCH_ARGS (default --quick) are the benchmark's arguments: empty for the full run (raise its budget).
+# CE_GPU_PROFILE_STEPS=N adds a third part: benchmarks/gpu.py --quick --profile N for DDP and the variants
+# in CE_GPU_PROFILE_ONLY (default every1,every10; bounded by CE_GPU_PROFILE_BUDGET_S, default 150 s): the
+# host's waits on the device and the device's busy time per step; with $OUT, each variant's Chrome trace too.
 # Exit code: 0 when the tests and the benchmark passed (the profile is information only).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -36,13 +38,17 @@ PYEOF
     echo "== tests (scripts/test-gpu.sh)"
     timeout -s INT -k 30 "${CE_GPU_TESTS_BUDGET_S:-360}" bash "$HERE/test-gpu.sh"
     local tests=$?
-    echo "== benchmark (benchmarks/gpu.py --quick)"
-    (cd "$ROOT" && timeout -s INT -k 30 "${CE_GPU_BENCH_BUDGET_S:-150}" "$PY" benchmarks/gpu.py --quick ${BENCH_OUT[@]+"${BENCH_OUT[@]}"})
+    local bench_args
+    read -r -a bench_args <<< "${CE_GPU_BENCH_ARGS---quick}"
+    echo "== benchmark (benchmarks/gpu.py ${bench_args[*]})"
+    (cd "$ROOT" && timeout -s INT -k 30 "${CE_GPU_BENCH_BUDGET_S:-150}" "$PY" benchmarks/gpu.py ${bench_args[@]+"${bench_args[@]}"} \
+        ${BENCH_OUT[@]+"${BENCH_OUT[@]}"})
     local bench=$?
     if [ "${CE_GPU_PROFILE_STEPS:-0}" -gt 0 ]; then
-        echo "== profile (benchmarks/gpu.py --quick --profile $CE_GPU_PROFILE_STEPS --only every1,every10)"
+        local only=${CE_GPU_PROFILE_ONLY:-every1,every10}
+        echo "== profile (benchmarks/gpu.py --quick --profile $CE_GPU_PROFILE_STEPS --only $only)"
         (cd "$ROOT" && timeout -s INT -k 30 "${CE_GPU_PROFILE_BUDGET_S:-150}" "$PY" benchmarks/gpu.py --quick \
-            --profile "$CE_GPU_PROFILE_STEPS" --only every1,every10)
+            --profile "$CE_GPU_PROFILE_STEPS" --only "$only" ${OUT:+--trace-dir "$OUT"})
     fi
     echo "== gpu-check: tests exit $tests, benchmark exit $bench (124: out of time)"
     [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
