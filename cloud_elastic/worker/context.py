@@ -112,7 +112,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self.view_as_of = time.monotonic()
         #: The driver answered that it no longer counts this worker: every round is over for it.
         self.dismissed = False
-        self._carried_update: torch.Tensor | None = None
+        self._carried_update: torch.Tensor | float | None = None
         self._shutdown = threading.Event()
         self._heartbeat: threading.Thread | None = None
         #: Threads forming a round's group (they block in torch until the group forms or times out).
@@ -398,14 +398,23 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         tensor, read only by the next commit: see ``Bucket.finish``)."""
         self._carried_update = total
 
+    def read_update_flag(self) -> None:
+        """Read the carried flag now, before a commit queues its copies to host memory.
+
+        On a GPU the read waits for the flag's copy to the host, which would
+        otherwise queue behind a kept commit's gigabytes on the copy engine.
+        """
+        if isinstance(self._carried_update, torch.Tensor):
+            self._carried_update = float(self._carried_update.item())
+
     def updates_agreed(self) -> bool:
         """Collectively: does every worker interrupt at this commit? Same answer on all ranks."""
         if self.standalone:
             return False
         if self._carried_update is not None:
             total, self._carried_update = self._carried_update, None
-            return float(total.item()) > 0
-        flag = torch.tensor([1.0 if self.update_pending() else 0.0], device=self.device)
+            return float(total) > 0  # a one-element tensor, or what read_update_flag made of it
+        flag = torch.full((1,), 1.0 if self.update_pending() else 0.0, device=self.device)  # no host copy
         self.wait(self.group("membership check").allreduce([flag]), "membership check")
         return float(flag.item()) > 0
 

@@ -113,7 +113,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         bucket, _ = self._ce_where[id(p)]
         bucket.ready += 1
-        self._ce_launch_ready()
+        if bucket.ready == len(bucket.params):  # only a bucket filling up can let the next one launch
+            self._ce_launch_ready()
 
     def _ce_launch_ready(self, force: bool = False) -> None:
         ctx = get_context()

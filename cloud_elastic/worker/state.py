@@ -44,6 +44,7 @@ class State:
         """Save the state, then interrupt if membership is changing (on every worker at once)."""
         ctx = get_context()
         ctx.window.close()  # first: what the window taught decides how this commit is kept
+        ctx.read_update_flag()
         self.save()
         ctx.note_commit(self)
         self.check_host_updates()

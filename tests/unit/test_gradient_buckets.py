@@ -64,3 +64,21 @@ def test_a_gradient_as_large_as_a_bucket_is_reduced_alone_in_place():
     produced = model[2].weight.grad  # the tensor autograd made
     opt.synchronize()
     assert model[2].weight.grad is produced  # averaged where it lies: no copy into a bucket and back
+
+
+def test_large_gradients_reduced_alone_do_not_split_the_small_ones_into_a_bucket_each():
+    hvd.init()
+    model = _mlp(2048)  # three 16 MiB weights reduced alone, between which lie the small biases
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    layout = _layout(opt)
+    # The three solo weights, then one packed bucket of everything else (2 MiB, the first
+    # layer's weight, closes it): four allreduces a step, not one packed bucket per layer.
+    assert [solo for _, solo in layout] == [True, True, True, False]
+    assert opt._ce_buckets[-1].carries_flag
+    x = torch.randn(8, 256)
+    opt.zero_grad()
+    F.mse_loss(model(x), x[:, :1]).backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    opt.step()  # world size 1: the average is the gradient itself
+    for name, p in model.named_parameters():
+        assert torch.equal(p.grad, expected[name]), name
