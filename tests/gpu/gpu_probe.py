@@ -17,6 +17,9 @@ lines, forwarded by the driver with a rank prefix:
 - ``commit``: step and checksum after each commit (``interrupted`` when the
   commit ended the round for a membership change), and ``kept``: whether the
   commit kept a copy of the parameters and optimizer state (None if unknown);
+- ``syncs`` (``--sync-check N``): for N steps of the first round (from its third step on),
+  whether ``zero_grad``, forward, backward and ``step()`` ran without the host waiting for
+  the device (``torch.cuda.set_sync_debug_mode("error")``), else the first such call's error;
 - ``dying`` just before a planned death; ``done`` at the end.
 
 The checksum covers the step counter, every tensor of the model's state dict and
@@ -146,6 +149,7 @@ def main() -> None:
     p.add_argument("--once-dir", default="")
     p.add_argument("--churn", default="", help="HOST/SLOT whose every process dies after --die-after steps")
     p.add_argument("--die-after", type=int, default=0)
+    p.add_argument("--sync-check", type=int, default=0, help="check N steps for host-device synchronizations")
     args = p.parse_args()
 
     hvd.init()
@@ -183,10 +187,25 @@ def main() -> None:
             start = current["start"] = state.step
             g = torch.Generator().manual_seed(start * 1000 + hvd.rank())
             x = torch.randn(8, 16, generator=g).to(device)
-            optimizer.zero_grad()
-            loss = F.mse_loss(model(x), x.sum(1, keepdim=True).tanh())
-            loss.backward()
-            optimizer.step()
+            checked = device.type == "cuda" and state.resets == 0 and 2 <= start < 2 + args.sync_check
+            if checked:
+                torch.cuda.synchronize(device)
+                torch.cuda.set_sync_debug_mode("error")  # a call that makes the host wait for the GPU raises
+            try:
+                optimizer.zero_grad()
+                loss = F.mse_loss(model(x), x.sum(1, keepdim=True).tanh())
+                loss.backward()
+                optimizer.step()
+            except RuntimeError as exc:
+                if not checked:
+                    raise
+                event("syncs", step=start, error=str(exc).splitlines()[0])
+                raise SystemExit(3) from exc
+            finally:
+                if checked:
+                    torch.cuda.set_sync_debug_mode("default")
+            if checked:
+                event("syncs", step=start, error=None)
             deaths.own_steps += 1
             deaths.at("update", start)
             state.step += 1
