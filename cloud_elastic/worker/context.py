@@ -429,7 +429,8 @@ def _resolved(address: str) -> set[tuple[str, int]]:
 
 
 def _stacks_on_signal() -> None:
-    """SIGUSR1 prints every thread's Python stack on stderr (the driver's log), unless the script handles it.
+    """SIGUSR1 prints every thread's Python stack on stderr (the driver's log), unless the script handles it;
+    so does a fatal signal, unless the script enabled ``faulthandler`` itself.
 
     The driver sends it before it kills a worker it gives up as silent or stuck:
     ``faulthandler`` answers from its C handler, even when the interpreter is stuck
@@ -437,6 +438,10 @@ def _stacks_on_signal() -> None:
     """
     if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    if not faulthandler.is_enabled():
+        # A worker killed by a fatal signal (SIGSEGV; SIGABRT from "terminate called" in torch's C++,
+        # seen once after a chaos job's training had returned) says where each thread was, once.
+        faulthandler.enable(all_threads=True)
 
 
 def _preload_lazy_modules() -> None:
