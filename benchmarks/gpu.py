@@ -431,8 +431,10 @@ def main() -> None:
         for name in names if r % 2 == 0 else reversed(names):
             report = measure(name, args)
             reports[name].append(report)
+            peak = f", peak {report['peak'] / 2**30:.2f} GiB" if report["peak"] is not None else ""
+            # Each run's figures as it ends: a benchmark cut by its time budget still leaves them in the log.
             print(f"[gpu-bench] round {r + 1}/{rounds} {name}: median {statistics.median(report['times']) * 1e3:.1f} ms"
-                  f" over {len(report['times'])} steps, {report['wall_s']:.0f} s in all", file=sys.stderr, flush=True)
+                  f"{peak} over {len(report['times'])} steps, {report['wall_s']:.0f} s in all", file=sys.stderr, flush=True)
     text = table(reports, args, rounds)
     print(text)
     if args.profile:
