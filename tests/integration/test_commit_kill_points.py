@@ -51,6 +51,21 @@ def kill_plan(points: dict) -> dict[str, tuple[str, int, int]]:
     return {host: (point, *steps) for host, (point, steps) in zip(HOSTS[1:], points.items())}
 
 
+#: What a survivor logs when the driver's abort reached it before it began waiting for a collective that had
+#: completed (``RoundGroupsMixin.wait``): it then rolls back rather than count a step of an aborted round.
+ABORTED_BEFORE_WAIT = "completed, but the driver aborted round"
+
+
+def expected_resumes(plan: dict, output: str, got: list[int]) -> list[int]:
+    """The steps survivors resume from. A peer that dies right after its ``update`` has finished the step's
+    allreduce, so the survivor commits that step too, unless (a loaded machine) the abort reached it before
+    its wait began: then it rolls back to the commit before, by design, and says so. Exact either way."""
+    planned = [resume for _, _, resume in plan.values()]
+    if got == planned or ABORTED_BEFORE_WAIT not in output:
+        return planned
+    return [r - 1 if point == "update" and g == r - 1 else r for (point, _, r), g in zip(plan.values(), got)]
+
+
 def kill_job(jobs, plan: dict, optimizer: str, *extra: str):
     hosts = HOSTS[: len(plan) + 1]
     kill = ",".join(f"{host}:{point}:{step}" for host, (point, step, _) in plan.items())
@@ -68,7 +83,8 @@ def test_survivors_resume_exactly_from_the_last_commit(jobs, optimizer, points):
     survivor = [e for e in job.events if e.data.get("host") == "127.0.0.1"]
     commits = {e["step"]: e["checksum"] for e in survivor if e.kind == "commit" and e["size"] > 1}
     resumed = [e for e in survivor if e.kind == "resumed"][1:]  # the first one is the start
-    assert [e["step"] for e in resumed] == [resume for _, _, resume in plan.values()]
+    got = [e["step"] for e in resumed]
+    assert got == expected_resumes(plan, job.output(), got)
     assert [e["size"] for e in resumed] == list(range(len(plan), 0, -1))
     for e in resumed:
         assert e["checksum"] == commits[e["step"]], f"resumed at step {e['step']} from a state that was never committed"
@@ -118,7 +134,8 @@ def test_in_the_common_loop_commits_kept_in_place_restore_exactly(jobs, optimize
     survivor = [e for e in job.events if e.data.get("host") == "127.0.0.1"]
     commits = {e["step"]: e["checksum"] for e in survivor if e.kind == "commit" and e["size"] > 1}
     resumed = [e for e in survivor if e.kind == "resumed"][1:]
-    assert [e["step"] for e in resumed] == [resume for _, _, resume in plan.values()]
+    got = [e["step"] for e in resumed]
+    assert got == expected_resumes(plan, job.output(), got)
     for e in resumed:
         assert e["checksum"] == commits[e["step"]], f"resumed at step {e['step']} from a state that was never committed"
     assert "cannot restore the last commit exactly" not in job.output()
