@@ -70,8 +70,10 @@ VARIANTS: dict[str, tuple[str, list[str], dict[str, str], bool]] = {
     "every10": ("cloud-elastic, commit every 10 steps", ["--worker", "elastic", "--commit-every", "10"], {}, True),
     "snapshot": ("cloud-elastic, commit every step, `CLOUD_ELASTIC_COMMIT_MODE=snapshot`",
                  ["--worker", "elastic", "--commit-every", "1"], {"CLOUD_ELASTIC_COMMIT_MODE": "snapshot"}, True),
-    # A diagnostic, run only when --only names it: DistributedOptimizer and the worker's threads, no commit.
+    # Diagnostics, run only when --only names them: DistributedOptimizer and the worker's threads, no commit;
+    # and a cloud-elastic worker (init(): its threads, its environment) running plain torch's step.
     "nocommit": ("cloud-elastic, no commit in the timed steps", ["--worker", "elastic", "--commit-every", "0"], {}, True),
+    "initonly": ("plain torch in a cloud-elastic worker (`init()` only)", ["--worker", "init"], {}, True),
 }
 #: What a run measures unless --only says otherwise.
 DEFAULT_VARIANTS = ("plain", "ddp", "every1", "every10", "snapshot")
@@ -245,7 +247,7 @@ def run_worker(args: argparse.Namespace) -> None:
     def adamw(params):
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
 
-    if args.worker in ("plain", "ddp"):
+    if args.worker in ("plain", "ddp", "init"):
         net, store = model, None
         if args.worker == "ddp":
             import torch.distributed as dist
@@ -256,15 +258,25 @@ def run_worker(args: argparse.Namespace) -> None:
                                     world_size=1, **({"device_id": device} if cuda else {}))
             net = DistributedDataParallel(model, device_ids=[0] if cuda else None)
         opt = adamw(net.parameters())
-        for index in range(total):
-            profile.before_step(index)
-            began = time.perf_counter()
-            opt.zero_grad()
-            loss_of(net).backward()
-            opt.step()
-            sync()
-            times.append(time.perf_counter() - began)
-            profile.after_step(index)
+
+        def plain_steps(_state=None) -> None:
+            for index in range(total):
+                profile.before_step(index)
+                began = time.perf_counter()
+                opt.zero_grad()
+                loss_of(net).backward()
+                opt.step()
+                sync()
+                times.append(time.perf_counter() - began)
+                profile.after_step(index)
+
+        if args.worker == "init":  # torch's own step, in a cloud-elastic worker's process
+            import cloud_elastic.torch as hvd
+
+            hvd.init()
+            hvd.elastic.run(plain_steps)(hvd.elastic.ObjectState(step=0))
+        else:
+            plain_steps()
         if args.worker == "ddp":
             import torch.distributed as dist
 
@@ -403,7 +415,7 @@ def main() -> None:
                    "as a gzipped Chrome trace (trace-<variant>.json.gz)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="", help=argparse.SUPPRESS)
-    p.add_argument("--worker", choices=("plain", "ddp", "elastic"), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=("plain", "ddp", "elastic", "init"), help=argparse.SUPPRESS)
     p.add_argument("--commit-every", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--warmup", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=-1, help=argparse.SUPPRESS)

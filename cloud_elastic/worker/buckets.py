@@ -34,8 +34,8 @@ __all__ = ["Bucket", "make_buckets", "BUCKET_BYTES"]
 BUCKET_BYTES = 25 * 1024 * 1024
 #: The first bucket is small, as in DDP, so communication starts early in backward.
 _FIRST_BUCKET_BYTES = 1024 * 1024
-#: A gradient this large (or as large as a bucket) is allreduced alone, in place: copying it into a
-#: bucket costs more than the collective saved (see ``make_buckets``).
+#: On the CPU a gradient this large (anywhere, one as large as a bucket) is allreduced alone, in place:
+#: copying it into a bucket costs more than the collective saved (see ``make_buckets``).
 _SOLO_BYTES = 8 * 1024 * 1024
 
 
@@ -112,12 +112,18 @@ class Bucket:
             self.reduced = self.wire
         else:
             assert self.flat is not None
+            dsts, srcs = [], []
             for p, view in zip(self.params, self.views):
                 grad = p.grad
                 if grad is None:
                     view.zero_()
                 elif grad.data_ptr() != view.data_ptr():  # not already accumulated in place
-                    view.copy_(grad)
+                    dsts.append(view)
+                    srcs.append(grad)
+            if dsts:
+                # One call for the bucket: on a GPU a copy launched per gradient costs the host
+                # more than the device (148 launches a step for a 12-layer transformer).
+                torch._foreach_copy_(dsts, srcs)
             scaling.apply_before(self.flat[: self.numel])
             if self.carries_flag:
                 # fill_ takes the value as a kernel argument; ``flat[-1] = flag`` copies a host scalar
@@ -171,7 +177,8 @@ class Bucket:
                 # The averaged gradient is handed over as a view of the bucket: no copy
                 # back. zero_grad() drops it (or zeroes it in place, which then
                 # accumulates straight into the bucket) before the next backward.
-                p.grad = view
+                if p.grad is not view:
+                    p.grad = view
         self.reduced = self._solo_grad = self._codec_ctx = None
         return flag
 
@@ -181,15 +188,17 @@ def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, compressio
 
     A bucket closes once it holds its cap (1 MiB for the first, so communication
     starts early in backward; ``bucket_bytes`` after), the gradient that crossed
-    it included. A parameter of ``_SOLO_BYTES`` (8 MiB) or of a whole bucket gets a
-    solo bucket: its gradient is reduced in place, not copied. Smaller ones are
-    packed even when large, and a solo one does not close the packed bucket being
-    filled: a transformer's 12 layers then cost 40 collectives a step, not 74 (each
-    NCCL collective costs the host tens of microseconds, and a GPU step is often
-    bound by its host). On Gloo, side by side against DDP: with 4 MiB weights
-    packing them was faster (0.98x DDP's step, 1.02x with each reduced alone: a
-    collective costs more than the copy); with 16 MiB weights reducing them alone
-    was (0.71x and 0.88x against 1.05x packed into 25 MiB buckets: the copy costs more).
+    it included. A parameter of a whole bucket gets a solo bucket: its gradient is
+    reduced in place, not copied. On the CPU so does one of ``_SOLO_BYTES`` (8 MiB):
+    on Gloo, side by side against DDP, with 4 MiB weights packing them was faster
+    (0.98x DDP's step, 1.02x with each reduced alone: a collective costs more than
+    the copy); with 16 MiB weights reducing them alone was (0.71x and 0.88x against
+    1.05x packed into 25 MiB buckets: the copy costs more). On a GPU a copy costs the
+    device microseconds and each collective costs the host tens of them, and a GPU
+    step is often bound by its host: there they are packed, as DDP packs them (a
+    12-layer transformer's step: 20 collectives, not 40). A solo gradient does not
+    close the packed bucket being filled: cut by solo ones, the small gradients
+    (biases, norms) would make a bucket per layer.
     The first packed bucket of a floating-point dtype carries the membership
     flag, unless the compression is neither none nor a cast (its output may
     not sum exactly); with none, the commit's membership check costs its own
@@ -211,7 +220,7 @@ def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, compressio
 
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
-        if nbytes >= min(bucket_bytes, _SOLO_BYTES):
+        if nbytes >= (min(bucket_bytes, _SOLO_BYTES) if p.device.type == "cpu" else bucket_bytes):
             # The open packed bucket stays open: closing it here would cut a transformer's small
             # gradients (biases, norms) into a bucket per layer, doubling the step's collectives.
             buckets.append(Bucket([p], carries_flag=False, solo=True, compression=compression))
