@@ -34,8 +34,8 @@ __all__ = ["Bucket", "make_buckets", "BUCKET_BYTES"]
 BUCKET_BYTES = 25 * 1024 * 1024
 #: The first bucket is small, as in DDP, so communication starts early in backward.
 _FIRST_BUCKET_BYTES = 1024 * 1024
-#: On the CPU a gradient this large (anywhere, one as large as a bucket) is allreduced alone, in place:
-#: copying it into a bucket costs more than the collective saved (see ``make_buckets``).
+#: A gradient this large (or as large as a bucket) is allreduced alone, in place: copying it into a
+#: bucket costs more than the collective saved (see ``make_buckets``).
 _SOLO_BYTES = 8 * 1024 * 1024
 
 
@@ -122,7 +122,7 @@ class Bucket:
                     srcs.append(grad)
             if dsts:
                 # One call for the bucket: on a GPU a copy launched per gradient costs the host
-                # more than the device (148 launches a step for a 12-layer transformer).
+                # more than the device (112 launches a step for the GPU benchmark's transformer).
                 torch._foreach_copy_(dsts, srcs)
             scaling.apply_before(self.flat[: self.numel])
             if self.carries_flag:
@@ -188,17 +188,15 @@ def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, compressio
 
     A bucket closes once it holds its cap (1 MiB for the first, so communication
     starts early in backward; ``bucket_bytes`` after), the gradient that crossed
-    it included. A parameter of a whole bucket gets a solo bucket: its gradient is
-    reduced in place, not copied. On the CPU so does one of ``_SOLO_BYTES`` (8 MiB):
-    on Gloo, side by side against DDP, with 4 MiB weights packing them was faster
-    (0.98x DDP's step, 1.02x with each reduced alone: a collective costs more than
-    the copy); with 16 MiB weights reducing them alone was (0.71x and 0.88x against
-    1.05x packed into 25 MiB buckets: the copy costs more). On a GPU a copy costs the
-    device microseconds and each collective costs the host tens of them, and a GPU
-    step is often bound by its host: there they are packed, as DDP packs them (a
-    12-layer transformer's step: 20 collectives, not 40). A solo gradient does not
-    close the packed bucket being filled: cut by solo ones, the small gradients
-    (biases, norms) would make a bucket per layer.
+    it included. A parameter of ``_SOLO_BYTES`` (8 MiB) or of a whole bucket gets a
+    solo bucket: its gradient is reduced in place, not copied. Smaller ones are
+    packed even when large, and a solo one does not close the packed bucket being
+    filled: a transformer's 12 layers then cost 40 collectives a step, not 74 (each
+    NCCL collective costs the host tens of microseconds, and a GPU step is often
+    bound by its host). On Gloo, side by side against DDP: with 4 MiB weights
+    packing them was faster (0.98x DDP's step, 1.02x with each reduced alone: a
+    collective costs more than the copy); with 16 MiB weights reducing them alone
+    was (0.71x and 0.88x against 1.05x packed into 25 MiB buckets: the copy costs more).
     The first packed bucket of a floating-point dtype carries the membership
     flag, unless the compression is neither none nor a cast (its output may
     not sum exactly); with none, the commit's membership check costs its own
@@ -220,7 +218,7 @@ def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, compressio
 
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
-        if nbytes >= (min(bucket_bytes, _SOLO_BYTES) if p.device.type == "cpu" else bucket_bytes):
+        if nbytes >= min(bucket_bytes, _SOLO_BYTES):
             # The open packed bucket stays open: closing it here would cut a transformer's small
             # gradients (biases, norms) into a bucket per layer, doubling the step's collectives.
             buckets.append(Bucket([p], carries_flag=False, solo=True, compression=compression))

@@ -4,8 +4,8 @@ Like DDP's reducer, small gradients are packed into buckets (about 25 MB,
 the last layers first, since their gradients are ready first); a bucket's
 asynchronous allreduce starts from a gradient hook as soon as all of its
 gradients are accumulated, while backward continues on earlier layers.
-A gradient as large as a bucket (on the CPU, of 8 MiB or more) is not
-packed: it is allreduced in place, in the tensor autograd produced (see ``buckets``).
+A gradient of 8 MiB or more is not packed: it is allreduced in place, in
+the tensor autograd produced (see ``buckets``).
 Buckets are always launched in the same order on every worker (a ready
 bucket waits for the ones before it), because Gloo matches collectives by
 the order they are issued. ``step()`` waits for the buckets, writes the
