@@ -10,12 +10,17 @@ import sys
 import threading
 import time
 
+from cloud_elastic.driver import forkserver
+from cloud_elastic.driver.forkserver import ForkServer
 from cloud_elastic.driver.launch import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.errors import LaunchError
 
-__all__ = ["LocalLauncher", "LocalProcess", "forward_lines", "kill_group", "process_start_time"]
+__all__ = ["ForkedProcess", "LocalLauncher", "LocalProcess", "forward_lines", "kill_group", "process_start_time"]
 
 log = logging.getLogger(__name__)
+
+#: Distinct sets of start-up variables given a fork server each; workers of any other start from scratch.
+_MAX_SERVERS = 4
 
 
 def forward_lines(stream, on_output: OutputSink) -> None:
@@ -104,18 +109,121 @@ class LocalProcess:
         return self._popen.poll() is None
 
 
+class ForkedProcess:
+    """A worker forked by a :class:`~cloud_elastic.driver.forkserver.ForkServer`, with ``LocalProcess``'s interface.
+
+    The server is its parent and reaps it at once, so its pid could be reused after its
+    exit: signals go to it only while its exit is unreported and ``/proc`` still shows
+    the process that started.
+    """
+
+    def __init__(self, spec: WorkerSpec, server: ForkServer, pid: int) -> None:
+        self.spec = spec
+        self._server = server
+        self._pid = pid
+        self._lock = threading.Lock()
+        self._start = process_start_time(pid)
+
+    def handle(self) -> dict[str, object]:
+        return {"kind": "local", "pid": self._pid, "start": self._start}
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def _alive(self) -> bool:
+        return self._server.exit_code(self._pid) is None and process_start_time(self._pid) == self._start
+
+    def poll(self) -> ExitStatus | None:
+        code = self._server.exit_code(self._pid)
+        if code is not None:
+            return ExitStatus(code)
+        if self._server.gone and process_start_time(self._pid) != self._start:
+            return ExitStatus(1, known=False)  # ended after its server: nobody here learnt how
+        return None
+
+    def _signal_group(self, sig: int) -> None:
+        if self._alive():
+            kill_group(self._pid, sig)
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        with self._lock:
+            if self.poll() is None:
+                self._signal_group(signal.SIGTERM)
+                deadline = time.monotonic() + grace_s
+                while self.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            self._signal_group(signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while self.poll() is None and time.monotonic() < deadline:
+                self._server.wait_exit(self._pid, 0.2)
+
+    def kill(self) -> None:
+        self._signal_group(signal.SIGKILL)
+
+    def dump_stacks(self) -> bool:
+        if not self._alive():
+            return False
+        try:
+            os.kill(self._pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return False
+        return self.poll() is None
+
+
 class LocalLauncher:
-    """Starts each worker as a child process with its own process group.
+    """Starts each worker as a process with its own process group: forked from a server
+    that imported torch once when it can (:mod:`.forkserver`), otherwise as a child process.
 
     The secret is put in the child's environment only (never its command line).
     """
 
-    def launch(self, spec: WorkerSpec, on_output: OutputSink) -> LocalProcess:
+    def __init__(self) -> None:
+        self._forking = forkserver.enabled()
+        self._servers: dict[tuple[tuple[str, str], ...], ForkServer | None] = {}
+        self._servers_lock = threading.Lock()
+
+    def _server_for(self, env: dict[str, str]) -> ForkServer | None:
+        key = forkserver.startup_key(env)
+        with self._servers_lock:
+            if key not in self._servers:
+                if len(self._servers) >= _MAX_SERVERS:
+                    return None
+                self._servers[key] = forkserver.start_server(env)
+            server = self._servers[key]
+        return None if server is None or server.gone else server
+
+    def _fork(self, spec: WorkerSpec, env: dict[str, str], on_output: OutputSink) -> ForkedProcess | None:
+        cwd = spec.cwd or os.getcwd()
+        how = forkserver.forkable(spec.command, env, cwd) if self._forking else None
+        server = self._server_for(env) if how is not None else None
+        if server is None or not server.fits(spec.command, env):
+            return None
+        how = {**how, "argv": list(spec.command)}
+        read_fd, write_fd = os.pipe()
+        try:
+            pid = server.spawn(how, env, cwd, write_fd)
+        except LaunchError:
+            os.close(read_fd)
+            if not server.gone:
+                raise
+            return None  # the server died: start this one from scratch
+        finally:
+            os.close(write_fd)
+        threading.Thread(target=forward_lines, args=(os.fdopen(read_fd, "rb"), on_output),
+                         name=f"out-{spec.worker_id}", daemon=True).start()
+        log.debug("forked %s as pid %d", spec.worker_id, pid)
+        return ForkedProcess(spec, server, pid)
+
+    def launch(self, spec: WorkerSpec, on_output: OutputSink) -> LocalProcess | ForkedProcess:
         env = dict(os.environ)
         env.update(spec.env)
         env["CLOUD_ELASTIC_SECRET"] = spec.secret
         # `python` in the command means the driver's interpreter (its virtualenv), as over SSH.
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+        forked = self._fork(spec, env, on_output)
+        if forked is not None:
+            return forked
         try:
             popen = subprocess.Popen(
                 list(spec.command),
@@ -135,4 +243,7 @@ class LocalLauncher:
         return LocalProcess(spec, popen)
 
     def close(self) -> None:
-        pass
+        with self._servers_lock:
+            servers, self._servers = [s for s in self._servers.values() if s is not None], {}
+        for server in servers:
+            server.close()

@@ -1,7 +1,9 @@
-"""LocalLauncher with real child processes: stopping never blocks the caller and leaves no process behind."""
+"""LocalLauncher with real processes: stopping never blocks the caller and leaves no process behind, and a
+worker forked from the fork server is what ``python SCRIPT`` would have started."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -12,7 +14,7 @@ import uuid
 import pytest
 
 from cloud_elastic.driver.launch import WorkerSpec
-from cloud_elastic.driver.local import LocalLauncher, LocalProcess
+from cloud_elastic.driver.local import ForkedProcess, LocalLauncher, LocalProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -97,3 +99,94 @@ def test_terminate_escalates_to_kill_for_a_worker_that_ignores_term(marker):
     assert proc.poll().code == -signal.SIGKILL
     _wait(lambda: not _live_with(marker), 10, "the worker's group to die")
     proc.terminate(0.5)  # idempotent
+
+
+# --------------------------------------------------------------------------------- forked workers
+# What a worker that runs this Python on a script (nearly every job's command) reports about itself:
+# it is forked from the fork server (cloud_elastic.driver.forkserver), and must be what
+# ``python SCRIPT ARGS`` would have been.
+_INTROSPECT = """
+import json, os, random, signal, subprocess, sys, time
+me = os.getpid()
+with open(f"/proc/{me}/environ", "rb") as f:
+    proc_env = [e.decode() for e in f.read().split(b"\\0") if e]
+with open(f"/proc/{me}/cmdline", "rb") as f:
+    proc_cmd = [a.decode() for a in f.read().rstrip(b"\\0").split(b"\\0")]
+print("report " + json.dumps({
+    "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
+    "mine": os.environ.get("MY_SETTING"), "secret": os.environ.get("CLOUD_ELASTIC_SECRET"),
+    "proc_env": [e for e in proc_env if e.startswith(("MY_SETTING=", "CLOUD_ELASTIC_SECRET="))],
+    "proc_cmd": proc_cmd, "session_leader": os.getsid(0) == me, "stdin": os.readlink("/proc/self/fd/0"),
+    "term_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "random": random.random(), "torch_loaded": "torch" in sys.modules,
+}), flush=True)
+if sys.argv[1] == "exit":
+    raise SystemExit(int(sys.argv[2]))
+if sys.argv[1] == "raise":
+    raise RuntimeError("the training script failed")
+if sys.argv[1] == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    subprocess.Popen([sys.executable, "-c", code, sys.argv[2]])
+    time.sleep(600)
+"""
+
+
+def _launch_script(launcher: LocalLauncher, tmp_path, worker_id: str, *args: str, env=None):
+    script = tmp_path / "introspect.py"
+    script.write_text(_INTROSPECT)
+    lines: list[str] = []
+    spec = WorkerSpec(worker_id=worker_id, host="127.0.0.1", slot=0, env=env or {"MY_SETTING": worker_id},
+                      secret=f"secret-{worker_id}", cwd=str(tmp_path), command=("python", "introspect.py", *args))
+    proc = launcher.launch(spec, lines.append)
+    report = _wait(lambda: next((json.loads(x[7:]) for x in lines if x.startswith("report ")), None), 60,
+                   f"{worker_id}'s report")
+    return proc, report, lines
+
+
+def test_a_script_worker_is_forked_and_is_what_python_would_have_started(tmp_path):
+    launcher = LocalLauncher()
+    try:
+        one, mine, _ = _launch_script(launcher, tmp_path, "w1", "exit", "3")
+        two, theirs, lines = _launch_script(launcher, tmp_path, "w2", "raise")
+        assert isinstance(one, ForkedProcess) and isinstance(two, ForkedProcess)
+        assert mine["torch_loaded"]  # forked from the server that imported it: what saves the import
+        assert mine["argv"] == ["introspect.py", "exit", "3"] and mine["name"] == "__main__"
+        assert mine["path0"] == str(tmp_path) and mine["cwd"] == str(tmp_path)
+        assert (mine["mine"], mine["secret"]) == ("w1", "secret-w1")
+        # ps and /proc show the worker's own command and environment (how a job's processes are found).
+        assert mine["proc_cmd"] == ["python", "introspect.py", "exit", "3"]
+        assert sorted(mine["proc_env"]) == ["CLOUD_ELASTIC_SECRET=secret-w1", "MY_SETTING=w1"]
+        assert sorted(theirs["proc_env"]) == ["CLOUD_ELASTIC_SECRET=secret-w2", "MY_SETTING=w2"]
+        assert mine["session_leader"] and mine["stdin"] == "/dev/null" and mine["term_default"]
+        assert mine["random"] != theirs["random"]  # each reseeded, as a new interpreter would be
+        assert _wait(one.poll, 30, "w1's exit").code == 3
+        assert _wait(two.poll, 30, "w2's exit").code == 1
+        _wait(lambda: any("RuntimeError: the training script failed" in x for x in lines), 10, "w2's traceback")
+        assert not any("zygote" in x or "runpy" in x for x in lines), lines  # the script's frames only
+    finally:
+        launcher.close()
+
+
+def test_a_forked_worker_that_ignores_term_is_killed_with_its_whole_group(tmp_path, marker):
+    launcher = LocalLauncher()
+    try:
+        proc, report, _ = _launch_script(launcher, tmp_path, "w1", "stubborn", marker)
+        assert isinstance(proc, ForkedProcess)
+        _wait(lambda: _live_with(marker), 10, "the worker's grandchild")
+        proc.terminate(0.5)
+        assert proc.poll().code == -signal.SIGKILL
+        _wait(lambda: not _live_with(marker), 10, "the worker's group to die")
+        proc.kill()  # idempotent: its pid is not signalled again once its exit is known
+    finally:
+        launcher.close()
+
+
+def test_other_commands_and_a_disabled_fork_server_start_workers_from_scratch(tmp_path, marker, monkeypatch):
+    (proc, _), = _start(LocalLauncher(), marker, 1)  # python -c: nothing for the server to run
+    assert isinstance(proc, LocalProcess)
+    proc.kill()
+    monkeypatch.setenv("CLOUD_ELASTIC_LOCAL_FORKSERVER", "0")
+    launcher = LocalLauncher()
+    proc, report, _ = _launch_script(launcher, tmp_path, "w1", "exit", "0")
+    assert isinstance(proc, LocalProcess) and not report["torch_loaded"]
+    assert _wait(proc.poll, 30, "the worker's exit").code == 0

@@ -1,0 +1,228 @@
+"""Local workers forked from a server that imported torch once (``cloud_elastic.worker.zygote``).
+
+A worker on this machine whose command is this driver's own Python running a script or
+a module (``python [-u] SCRIPT ARGS``, ``python [-u] -m MODULE ARGS``: what nearly every
+job runs) is forked from a :class:`ForkServer` instead of started from scratch. Starting
+from scratch, a worker spends about two seconds of CPU importing torch before it does
+anything (1.7-2.5 s on the 2-core test machine); a fork costs milliseconds, so a
+replacement after a failure, and every worker of a job on a small machine, starts that
+much sooner. The worker is otherwise what ``python SCRIPT ARGS`` would be (see the
+server's module): its own session, output, environment, working directory, argv,
+``sys.path[0]``, seeds and signal handlers.
+
+What a fork cannot change is what the interpreter and its libraries read when they start:
+so there is one server per distinct set of such variables (``PYTHON*`` but
+``PYTHONUNBUFFERED``, ``LD_*``, the OpenMP, MKL and OpenBLAS thread settings, glibc's
+malloc settings, ``TORCH_*``, ``HOME``), started with them. Any other command (another
+interpreter, ``python -c``, a shell) is started from scratch, as is every worker with
+``CLOUD_ELASTIC_LOCAL_FORKSERVER=0`` in the driver's environment, every worker on a machine
+with a GPU (forked workers have not run on one yet), and every worker after a server failed
+to start (one warning).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from cloud_elastic.errors import LaunchError
+from cloud_elastic.worker.zygote import ROOM_VARIABLE
+
+__all__ = ["ForkServer", "forkable", "startup_key", "enabled"]
+
+log = logging.getLogger(__name__)
+
+#: Variables read as the interpreter or its libraries start: a worker needing other values needs another server.
+_STARTUP_PREFIXES = ("PYTHON", "LC_", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "MALLOC_", "GLIBC_", "TORCH_")
+_STARTUP_NAMES = frozenset({"HOME", "LANG", "TZ"})
+#: How long a server may take to import torch before its first worker is started from scratch instead.
+READY_TIMEOUT_S = 60.0
+_REPLY_TIMEOUT_S = 30.0
+#: Bytes of room for a worker's variables other than the start-up ones, and for its command line.
+ENV_ROOM = 64 * 1024
+ARGV_ROOM = 8 * 1024
+_MAX_MESSAGE = 1 << 20
+
+
+def enabled(environ: Any = os.environ) -> bool:
+    return environ.get("CLOUD_ELASTIC_LOCAL_FORKSERVER", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def startup_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The variables of ``env`` that a forked worker would inherit from its server rather than read itself."""
+    return tuple(sorted((k, v) for k, v in env.items()
+                        if k != "PYTHONUNBUFFERED" and (k.startswith(_STARTUP_PREFIXES) or k in _STARTUP_NAMES)))
+
+
+def _same_python(exe: str, env: dict[str, str]) -> bool:
+    path = exe if os.sep in exe else shutil.which(exe, path=env.get("PATH"))
+    if not path:
+        return False
+    path = os.path.abspath(path)
+    try:  # the same interpreter, in the same environment (a virtualenv is found from the link's directory)
+        return os.path.dirname(path) == os.path.dirname(sys.executable) and os.path.samefile(path, sys.executable)
+    except OSError:
+        return False
+
+
+def forkable(command: list[str] | tuple[str, ...], env: dict[str, str], cwd: str) -> dict[str, Any] | None:
+    """What the server needs to start ``command`` (``script`` or ``module``, ``args``, ``unbuffered``); None if it cannot."""
+    if not command or not _same_python(command[0], env):
+        return None
+    rest, unbuffered = list(command[1:]), False
+    while rest and rest[0] == "-u":
+        unbuffered, rest = True, rest[1:]
+    if len(rest) >= 2 and rest[0] == "-m" and not rest[1].startswith("-"):
+        return {"module": rest[1], "args": rest[2:], "unbuffered": unbuffered}
+    if rest and not rest[0].startswith("-") and os.path.isfile(os.path.join(cwd, rest[0])):
+        return {"script": rest[0], "args": rest[1:], "unbuffered": unbuffered}
+    return None
+
+
+class ForkServer:
+    """One ``cloud_elastic.worker.zygote`` process and the driver's end of its socket.
+
+    ``spawn`` is safe from any thread; a reader thread collects the server's replies and
+    its children's exits. When the server dies, the workers it started run on: their
+    exits are then found from ``/proc`` (code unknown).
+    """
+
+    def __init__(self, env: dict[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        #: The server's environment: the start-up variables, then the room its workers' other variables
+        #: are shown in (``zygote._show_as``); its command line ends with room for theirs.
+        self.startup = dict(startup_key(env))
+        server_env = {**self.startup, ROOM_VARIABLE: "-" * ENV_ROOM}
+        argv = [sys.executable, "-m", "cloud_elastic.worker.zygote", str(theirs.fileno()), "-" * ARGV_ROOM]
+        self._arg_room = sum(len(os.fsencode(a)) + 1 for a in argv)
+        self.room = 0
+        try:
+            self._proc = subprocess.Popen(argv, env=server_env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock = ours
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._exits: dict[int, int] = {}
+        self._next_id = 0
+        self.ready = False
+        self.gone = False
+        #: Why the server would not fork workers (a GPU machine), if it said so.
+        self.declined: str | None = None
+        threading.Thread(target=self._read, name="forkserver-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                data = self._sock.recv(_MAX_MESSAGE)
+                if not data:
+                    break
+                message = json.loads(data)
+                with self._cond:
+                    op = message.get("op")
+                    if op == "ready":
+                        self.ready, self.room = True, int(message.get("room", 0))
+                    elif op == "declined":
+                        self.declined = str(message.get("reason", "declined"))
+                    elif op == "exit":
+                        self._exits[int(message["pid"])] = int(message["code"])
+                    elif op in ("spawned", "error"):
+                        self._replies[int(message["id"])] = message
+                    self._cond.notify_all()
+        except (OSError, ValueError) as exc:
+            log.debug("fork server: reader ends: %s", exc)
+        finally:
+            with self._cond:
+                self.gone = True
+                self._cond.notify_all()
+
+    def fits(self, command: list[str] | tuple[str, ...], env: dict[str, str]) -> bool:
+        """Whether a worker forked for ``command`` can show its command line and environment as its own:
+        ``/proc/PID/environ`` is how a job's processes are found, and it must name the worker's job."""
+        extra = sum(len(os.fsencode(k)) + len(os.fsencode(v)) + 2 for k, v in env.items() if k not in self.startup)
+        args = sum(len(os.fsencode(a)) + 1 for a in command)
+        return extra <= self.room and args <= self._arg_room
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: self.ready or self.gone, timeout_s)
+            return self.ready and not self.gone
+
+    def spawn(self, how: dict[str, Any], env: dict[str, str], cwd: str, out_fd: int) -> int:
+        """Fork a worker (``how`` from :func:`forkable`) writing to ``out_fd``; its pid. LaunchError if it cannot."""
+        with self._cond:
+            self._next_id += 1
+            request_id = self._next_id
+        message = json.dumps({"op": "spawn", "id": request_id, "env": env, "cwd": cwd, **how}).encode()
+        if len(message) > _MAX_MESSAGE:
+            raise LaunchError("the worker's command and environment are too large for the fork server")
+        try:
+            with self._send_lock:
+                self._sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [out_fd]))])
+        except OSError as exc:
+            raise LaunchError(f"the fork server is gone ({exc.strerror or exc})") from exc
+        with self._cond:
+            if not self._cond.wait_for(lambda: request_id in self._replies or self.gone, _REPLY_TIMEOUT_S):
+                raise LaunchError(f"the fork server did not answer in {_REPLY_TIMEOUT_S:.0f}s")
+            reply = self._replies.pop(request_id, None)
+        if reply is None:
+            raise LaunchError("the fork server is gone")
+        if reply["op"] == "error":
+            raise LaunchError(f"the fork server could not start it: {reply['error']}")
+        return int(reply["pid"])
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._cond:
+            return self._exits.get(pid)
+
+    def wait_exit(self, pid: int, timeout_s: float) -> int | None:
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exits or self.gone, timeout_s)
+            return self._exits.get(pid)
+
+    def close(self) -> None:
+        """End the server (its workers run on: they are in their own sessions)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        try:
+            self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def start_server(env: dict[str, str]) -> ForkServer | None:
+    """A ready server for workers of ``env``'s start-up variables, or None (one warning) if it did not start."""
+    began = time.monotonic()
+    try:
+        server = ForkServer(env)
+    except OSError as exc:
+        log.warning("cloud-elastic: the local fork server did not start (%s); workers start from scratch", exc)
+        return None
+    if not server.wait_ready():
+        if server.declined:
+            log.debug("local workers start from scratch: %s", server.declined)
+            server.close()
+            return None
+        log.warning("cloud-elastic: the local fork server was not ready after %.0fs; workers start from scratch",
+                    time.monotonic() - began)
+        server.close()
+        return None
+    log.debug("fork server ready in %.2fs", time.monotonic() - began)
+    return server

@@ -1,0 +1,273 @@
+"""The fork server of local workers: a process that imported torch once and forks each worker from itself.
+
+Importing torch costs a worker about two seconds of CPU (measured on the 2-core test
+machine: 1.7-2.5 s of the 2.5 s a worker needs to start), and a job on one machine
+starts a worker per slot, and again after every failure. The driver's
+:class:`~cloud_elastic.driver.forkserver.ForkServer` starts this module once per job
+(``python -m cloud_elastic.worker.zygote FD``) and hands it each worker to start: its
+argv (``python [-u] SCRIPT ARGS`` or ``python [-u] -m MODULE ARGS``), its environment,
+its working directory and the write end of its output pipe. A child is forked for it,
+which becomes what ``python SCRIPT ARGS`` would have been: its own session, the pipe as
+stdout and stderr, ``/dev/null`` as stdin, the environment and working directory given,
+``sys.argv`` and ``sys.path[0]`` as the interpreter sets them, fresh seeds for
+``random`` and numpy (a fork would share them), the signal handlers of a new
+interpreter, and the script run as ``__main__``. Its exit (code, or ``-N`` for signal N)
+is reported back to the driver.
+
+The server stays single-threaded, so a fork copies no lock held by another thread, and
+never touches CUDA (importing torch does not initialise it). It exits when the driver's
+end of its socket closes; workers it started run on (their own sessions) and are reaped
+by whoever inherits them.
+
+Protocol (one JSON object per SOCK_SEQPACKET message): the driver sends
+``{"op": "spawn", "id": N, "argv": [...], "env": {...}, "cwd": "..."}`` with the
+pipe's write end attached (SCM_RIGHTS); the server answers ``{"op": "spawned", "id": N,
+"pid": P}`` or ``{"op": "error", "id": N, "error": "..."}``, and later ``{"op": "exit",
+"pid": P, "code": C}``.
+"""
+
+from __future__ import annotations
+
+import array
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+__all__ = ["main"]
+
+#: The variable whose value is the room kept for the workers' environments (see ``_show_as``).
+ROOM_VARIABLE = "CLOUD_ELASTIC_FORKSERVER_ROOM"
+#: The largest message the driver sends (argv and environment): SOCK_SEQPACKET delivers each whole.
+MAX_MESSAGE = 1 << 20
+#: Signals a new interpreter leaves at their defaults (SIGINT is Python's own; SIGPIPE stays ignored, as Python sets it).
+_DEFAULT_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM")
+
+
+def _preload() -> None:
+    """What every worker imports first: torch, and the worker library on top of it."""
+    import torch  # noqa: F401
+
+    import cloud_elastic.torch  # noqa: F401
+
+
+class _DriverGone(Exception):
+    """The driver's end of the socket closed: the server ends (its workers run on)."""
+
+
+def _declines() -> str | None:
+    """Why this server must not fork workers, or None.
+
+    A worker forked after CUDA was initialised cannot use it, and forked workers have not
+    yet run on a GPU machine (only workers started from scratch have: docs/gpu.md), so on a
+    machine with a GPU and a torch built for it they are started from scratch.
+    """
+    import torch
+
+    if torch.cuda.is_initialized():
+        return "CUDA was initialised while preloading"
+    gpu_nodes = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")
+    if gpu_nodes and (torch.version.cuda is not None or torch.version.hip is not None):
+        return "this machine has a GPU"
+    return None
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError as exc:
+        raise _DriverGone() from exc
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """One request and the descriptors attached to it; (None, []) when the driver's end closed."""
+    fds = array.array("i")
+    try:
+        data, ancillary, _flags, _addr = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4 * fds.itemsize))
+    except OSError:
+        return None, []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(data), list(fds)
+
+
+def _reap(sock: socket.socket) -> None:
+    """Report every child that has ended."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(sock, {"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _regions() -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """Where this process's command line and initial environment lie in its memory (``/proc/self/stat``)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
+    except (OSError, ValueError, IndexError):
+        return None
+    if not (0 < arg_start < arg_end and 0 < env_start < env_end):
+        return None
+    return (arg_start, arg_end), (env_start, env_end)
+
+
+def _initial_names() -> list[str]:
+    """The names of this process's initial environment, in the order the kernel laid them out."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return list(os.environ)
+    return [os.fsdecode(e.split(b"=", 1)[0]) for e in entries if e]
+
+
+def _show_as(argv: list[str], env: dict[str, str], initial: list[str]) -> None:
+    """Make ``/proc/self/cmdline`` and ``/proc/self/environ`` (``ps``, and whoever looks for a job's processes
+    by their environment) show the worker's command and environment, not this server's.
+
+    They show what lies where the kernel put the server's own arguments and environment;
+    the server was started with room to spare in both (``forkserver.ENV_ROOM``, ``ARGV_ROOM``). The server's
+    own variables (the same values as the worker's: ``startup_key``) are rewritten in place,
+    byte for byte, so a library that kept a pointer into them reads what it read before;
+    the worker's other variables go into the room after them. Nothing of it is referred to
+    any more: ``os.environ`` was rebuilt, and the interpreter copied its arguments.
+    """
+    regions = _regions()
+    if regions is None:
+        return
+    import ctypes
+
+    kept = [k for k in initial if k != ROOM_VARIABLE]
+    env_bytes = b"".join(os.fsencode(f"{k}={env[k]}") + b"\0" for k in kept if k in env)
+    env_bytes += b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in env.items() if k not in kept)
+    arg_bytes = b"".join(os.fsencode(a) + b"\0" for a in argv)
+    for (start, end), data in zip(regions, (arg_bytes, env_bytes)):
+        if len(data) <= end - start:
+            ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
+
+
+def _be_the_worker(request: dict[str, Any], out_fd: int, sock: socket.socket, initial: list[str]) -> int:
+    """In the forked child: become ``python ARGV`` with the request's environment; return its exit code."""
+    sock.close()
+    os.setsid()
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for name in _DEFAULT_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _show_as(request.get("argv") or [], request["env"], initial)
+    unbuffered = bool(request.get("unbuffered")) or bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdin = open(0, "r", closefd=False)  # noqa: SIM115 (the process's own streams)
+    sys.stdout = open(1, "w", buffering=1 if unbuffered else -1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    if unbuffered:
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    import random
+
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    import runpy
+    import types
+
+    module, script, args = request.get("module"), request.get("script"), request["args"]
+    try:
+        if module:
+            sys.argv = ["-m", *args]
+            sys.path[0] = os.getcwd()
+            sys.modules["__main__"] = types.ModuleType("__main__")  # a namespace of its own, not this server's
+            runpy._run_module_as_main(module, alter_argv=True)  # what ``python -m`` runs
+        else:
+            sys.argv = [script, *args]
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as exc:  # as the interpreter reports it, without this server's frames
+        tb = exc.__traceback__
+        ours = (__file__, runpy.__file__, "<frozen runpy>")
+        while tb is not None and tb.tb_frame.f_code.co_filename in ours:
+            tb = tb.tb_next
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        if isinstance(exc, KeyboardInterrupt):  # the interpreter ends by SIGINT then
+            sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _serve(argv)
+    except _DriverGone:
+        return 0
+
+
+def _serve(argv: list[str] | None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    sock = socket.socket(fileno=int(args[0]))
+    initial = _initial_names()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the driver's terminal is the driver's to handle
+    _preload()
+    declined = _declines()
+    if declined:
+        _send(sock, {"op": "declined", "reason": declined})
+        return 0
+    # What the server holds now is shared with every worker, page by page, until written: the garbage
+    # collector's passes (a worker's, and its exit's) leave it alone instead of touching it all.
+    gc.freeze()
+    regions = _regions()
+    room = len(os.environ.get(ROOM_VARIABLE, "")) if regions else 0
+    _send(sock, {"op": "ready", "pid": os.getpid(), "room": room})
+    while True:
+        readable, _, _ = select.select([sock], [], [], 0.05)
+        _reap(sock)
+        if not readable:
+            continue
+        request, fds = _receive(sock)
+        if request is None:
+            return 0  # the driver is gone: so is this server (its workers run on)
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"op": "error", "id": request.get("id"), "error": "no output pipe was attached"})
+            continue
+        try:
+            os.stat(request["cwd"])
+            pid = os.fork()
+        except OSError as exc:
+            os.close(fds[0])
+            _send(sock, {"op": "error", "id": request.get("id"), "error": f"{exc.strerror or exc}"})
+            continue
+        if pid == 0:
+            return _be_the_worker(request, fds[0], sock, initial)
+        os.close(fds[0])
+        _send(sock, {"op": "spawned", "id": request["id"], "pid": pid})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

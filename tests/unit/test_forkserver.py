@@ -1,0 +1,49 @@
+"""Which local workers the fork server may start, and which of their variables pick the server.
+
+The forked workers themselves (real processes) are in tests/integration/test_local_launcher.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from cloud_elastic.driver import forkserver
+
+PATH = {"PATH": os.path.dirname(sys.executable)}
+
+
+def test_this_python_on_a_script_or_a_module_is_forked(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    assert forkserver.forkable([sys.executable, "train.py", "--lr", "1"], PATH, str(tmp_path)) == {
+        "script": "train.py", "args": ["--lr", "1"], "unbuffered": False}
+    # `python` is found on the worker's PATH, which starts with the driver's interpreter's directory.
+    assert forkserver.forkable(["python", "-u", "-m", "pkg.train", "x"], PATH, str(tmp_path)) == {
+        "module": "pkg.train", "args": ["x"], "unbuffered": True}
+
+
+def test_anything_else_starts_from_scratch(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    cwd = str(tmp_path)
+    assert forkserver.forkable([sys.executable, "-c", "print(1)"], PATH, cwd) is None  # no script to run
+    assert forkserver.forkable([sys.executable, "-X", "dev", "train.py"], PATH, cwd) is None  # an option it cannot apply
+    assert forkserver.forkable([sys.executable, "missing.py"], PATH, cwd) is None
+    assert forkserver.forkable(["/bin/sh", "train.py"], PATH, cwd) is None  # another program
+    assert forkserver.forkable(["python", "train.py"], {"PATH": "/nonexistent"}, cwd) is None  # another python
+    assert forkserver.forkable([], PATH, cwd) is None
+
+
+def test_what_a_fresh_interpreter_reads_at_start_picks_the_server_and_nothing_else_does():
+    env = {"PYTHONPATH": "/src", "OMP_NUM_THREADS": "1", "LD_PRELOAD": "x.so", "HOME": "/root",
+           "PYTHONUNBUFFERED": "1", "CLOUD_ELASTIC_WORKER_ID": "w1", "MY_SETTING": "a", "PATH": "/bin"}
+    assert dict(forkserver.startup_key(env)) == {"PYTHONPATH": "/src", "OMP_NUM_THREADS": "1",
+                                                 "LD_PRELOAD": "x.so", "HOME": "/root"}
+    other_worker = {**env, "CLOUD_ELASTIC_WORKER_ID": "w2", "MY_SETTING": "b", "PYTHONUNBUFFERED": ""}
+    assert forkserver.startup_key(other_worker) == forkserver.startup_key(env)
+    assert forkserver.startup_key({**env, "OMP_NUM_THREADS": "4"}) != forkserver.startup_key(env)
+
+
+def test_the_setting_turns_it_off():
+    assert forkserver.enabled({})
+    assert not forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": "0"})
+    assert not forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": "off"})
