@@ -53,8 +53,15 @@ ARGV_ROOM = 8 * 1024
 _MAX_MESSAGE = 1 << 20
 
 
-def enabled(environ: Any = os.environ) -> bool:
-    return environ.get("CLOUD_ELASTIC_LOCAL_FORKSERVER", "1").strip().lower() not in ("0", "false", "no", "off")
+#: Device nodes of a GPU (NVIDIA, AMD): where they exist, workers start from scratch (forked ones have not run on a GPU).
+GPU_NODES = ("/dev/nvidiactl", "/dev/kfd")
+
+
+def enabled(environ: Any = os.environ, gpu_nodes: tuple[str, ...] = GPU_NODES) -> bool:
+    """Whether local workers may be forked: not with ``CLOUD_ELASTIC_LOCAL_FORKSERVER=0``, nor on a GPU machine."""
+    if environ.get("CLOUD_ELASTIC_LOCAL_FORKSERVER", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return not any(os.path.exists(node) for node in gpu_nodes)
 
 
 def startup_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:

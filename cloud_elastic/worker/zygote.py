@@ -62,17 +62,13 @@ class _DriverGone(Exception):
 def _declines() -> str | None:
     """Why this server must not fork workers, or None.
 
-    A worker forked after CUDA was initialised cannot use it, and forked workers have not
-    yet run on a GPU machine (only workers started from scratch have: docs/gpu.md), so on a
-    machine with a GPU and a torch built for it they are started from scratch.
+    A worker forked after CUDA was initialised cannot use it. (The driver does not start a
+    server on a machine with a GPU at all: forked workers have not run on one yet.)
     """
     import torch
 
     if torch.cuda.is_initialized():
         return "CUDA was initialised while preloading"
-    gpu_nodes = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")
-    if gpu_nodes and (torch.version.cuda is not None or torch.version.hip is not None):
-        return "this machine has a GPU"
     return None
 
 

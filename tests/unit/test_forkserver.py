@@ -43,7 +43,9 @@ def test_what_a_fresh_interpreter_reads_at_start_picks_the_server_and_nothing_el
     assert forkserver.startup_key({**env, "OMP_NUM_THREADS": "4"}) != forkserver.startup_key(env)
 
 
-def test_the_setting_turns_it_off():
-    assert forkserver.enabled({})
-    assert not forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": "0"})
-    assert not forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": "off"})
+def test_the_setting_or_a_gpu_turns_it_off(tmp_path):
+    assert forkserver.enabled({}, gpu_nodes=())
+    assert not forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": "0"}, gpu_nodes=())
+    assert not forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": "off"}, gpu_nodes=())
+    (tmp_path / "nvidiactl").touch()  # a GPU's device node: forked workers have not run on a GPU yet
+    assert not forkserver.enabled({}, gpu_nodes=(str(tmp_path / "nvidiactl"),))
