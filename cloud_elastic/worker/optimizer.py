@@ -25,6 +25,7 @@ wrapped optimizer's class, so LR schedulers and ``isinstance`` checks work.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -36,6 +37,24 @@ from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.ops import Average, Scaling, Sum, average_scaling, check_op
 
 __all__ = ["DistributedOptimizer"]
+
+
+#: id(parameter) -> the DistributedOptimizer whose hook averages its gradient: the newest one made over it.
+_OWNERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def _take_over(opt: Any, p: torch.nn.Parameter) -> None:
+    """Hook ``p`` for ``opt``, and unhook the optimizer that averaged it before (a replaced
+    ``DistributedOptimizer``, e.g. for a new learning-rate schedule): two would each count its
+    gradients, and the old one, never stepped again, would hold its buckets for nothing."""
+    previous = _OWNERS.get(id(p))
+    if previous is not None and previous is not opt:
+        ref, handle = previous._ce_handles.get(id(p), (None, None))
+        if ref is not None and ref() is p:
+            handle.remove()
+            del previous._ce_handles[id(p)]
+    opt._ce_handles[id(p)] = (weakref.ref(p), p.register_post_accumulate_grad_hook(opt._ce_hook))
+    _OWNERS[id(p)] = opt
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -85,9 +104,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_pairs_cache: tuple[Any, list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]] | None = None
         #: Read once (WorkerSettings), not from the environment at every step.
         self._ce_zero_copy = get_context().settings.zero_copy_commit
+        #: id(parameter) -> (a weak reference to it, the handle of this optimizer's hook on it).
+        self._ce_handles: dict[int, tuple[Any, Any]] = {}
         if not self._ce_sharded:
             for p in all_params:
-                p.register_post_accumulate_grad_hook(self._ce_hook)
+                _take_over(self, p)
 
     # ----------------------------------------------------------------- hooks
     def _ce_reset_if_new_round(self) -> None:
@@ -109,6 +130,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_reset_if_new_round()
         count = self._ce_counts.get(id(p), 0) + 1
         self._ce_counts[id(p)] = count
+        if count > self._ce_passes:
+            # Its allreduce has started: this gradient would be silently left out of it (Horovod raises too).
+            raise AssertionError(
+                f"a gradient was computed more than backward_passes_per_step={self._ce_passes} times before step(): "
+                "pass backward_passes_per_step to DistributedOptimizer to accumulate them, or call this "
+                "optimizer's zero_grad() to drop the ones a later loss produced")
         if count != self._ce_passes:
             return
         bucket, _ = self._ce_where[id(p)]
@@ -157,6 +184,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if after_bucket is not None:
                 after_bucket(bucket)
         self._ce_synchronized = True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients since the last ``step()``, and the allreduces they started.
+
+        A gradient can reach this optimizer's parameters after its ``step()``: in a GAN
+        loop the generator's loss flows back through the discriminator, and its backward
+        fills the discriminator's gradients (and launches their allreduces) after the
+        discriminator's update. The loop's next ``zero_grad()`` means to drop them; the
+        allreduces already launched are waited for (every worker launched the same ones)
+        and dropped with them, so the next ``step()`` averages only what came after.
+        """
+        self._ce_reset_if_new_round()
+        if self._ce_counts or self._ce_next:
+            ctx = get_context()
+            for bucket in self._ce_buckets[: self._ce_next]:
+                ctx.wait(bucket.work, "gradient allreduce")
+            self._ce_clear()
+        super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -202,3 +202,59 @@ def test_where_an_average_of_four_workers_divides(compressed, predivide, expecte
     s = average_scaling(hvd.Average, 4, compressed, predivide)
     assert (s.before, s.divide_after, s.after) == expected
     assert average_scaling(hvd.Sum, 4, compressed, None, prescale=2.0, postscale=3.0).before == 2.0
+
+
+def test_a_gan_loop_whose_generator_loss_reaches_the_discriminator_trains_as_plain_torch_does():
+    # DCGAN's loop: the generator's loss flows back through the discriminator, whose gradients
+    # fill (and whose allreduces start) after its step; its next zero_grad() must drop them.
+    # Before, the discriminator's next step averaged those stale gradients instead of its own.
+    hvd.init()
+
+    def train(wrap: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        gen, disc = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+        opt_g = torch.optim.SGD(gen.parameters(), lr=0.1, momentum=0.9)
+        opt_d = torch.optim.Adam(disc.parameters(), lr=0.01)
+        if wrap:
+            opt_g, opt_d = hvd.DistributedOptimizer(opt_g), hvd.DistributedOptimizer(opt_d)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            z, real = torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
+            opt_d.zero_grad()
+            (F.softplus(-disc(real)).mean() + F.softplus(disc(gen(z).detach())).mean()).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            F.softplus(-disc(gen(z))).mean().backward()  # reaches the discriminator's parameters too
+            opt_g.step()
+        return [p.detach().clone() for p in [*gen.parameters(), *disc.parameters()]]
+
+    for plain, ours in zip(train(False), train(True)):  # one worker: the average is the gradient itself
+        assert torch.equal(plain, ours)
+
+
+def test_a_second_backward_before_step_is_refused_in_one_line_not_left_out_of_the_average():
+    # DCGAN's loop backpropagates the discriminator's real and fake losses separately: with
+    # backward_passes_per_step=1 the first one's allreduce has started, and the second one's
+    # gradients would be silently missing from the step (Horovod raises here too).
+    hvd.init()
+    disc = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(disc.parameters(), lr=0.1))
+    opt.zero_grad()
+    F.softplus(-disc(torch.randn(8, 4))).mean().backward()
+    with pytest.raises(AssertionError) as exc:
+        F.softplus(disc(torch.randn(8, 4))).mean().backward()
+    assert "backward_passes_per_step=1" in one_line(exc)
+    opt.zero_grad()  # drops both, and the allreduce the first one started
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    F.softplus(-disc(x)).mean().backward()
+    expected = [p.grad.clone() for p in disc.parameters()]
+    opt.step()  # one backward since zero_grad(): accepted, and averaged alone
+    assert all(torch.equal(p.grad, e) for p, e in zip(disc.parameters(), expected))
+    torch.manual_seed(0)
+    twice = torch.nn.Linear(4, 1)
+    opt2 = hvd.DistributedOptimizer(torch.optim.SGD(twice.parameters(), lr=0.1), backward_passes_per_step=2)
+    F.softplus(-twice(x)).mean().backward()
+    F.softplus(twice(y)).mean().backward()  # what the message says to do: both go into one step
+    summed = [p.grad.clone() for p in twice.parameters()]
+    opt2.step()
+    assert all(torch.equal(p.grad, e) for p, e in zip(twice.parameters(), summed))
