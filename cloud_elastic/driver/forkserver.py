@@ -13,7 +13,7 @@ server's module): its own session, output, environment, working directory, argv,
 What a fork cannot change is what the interpreter and its libraries read when they start:
 so there is one server per distinct set of such variables (``PYTHON*`` but
 ``PYTHONUNBUFFERED``, ``LD_*``, the OpenMP, MKL and OpenBLAS thread settings, glibc's
-malloc settings, ``TORCH_*``, ``HOME``), started with them. Any other command (another
+malloc settings, ``TORCH_*``, ``HOME``, ``LANG``, ``LC_*``, ``TZ``), started with them. Any other command (another
 interpreter, ``python -c``, a shell) is started from scratch, as is every worker with
 ``CLOUD_ELASTIC_LOCAL_FORKSERVER=0`` in the driver's environment, every worker on a machine
 with a GPU (forked workers have not run on one yet), and every worker after a server failed

@@ -131,7 +131,8 @@ def _initial_names() -> list[str]:
     return [os.fsdecode(e.split(b"=", 1)[0]) for e in entries if e]
 
 
-def _show_as(argv: list[str], env: dict[str, str], initial: list[str]) -> None:
+def _show_as(argv: list[str], env: dict[str, str], initial: list[str],
+             regions: tuple[tuple[int, int], tuple[int, int]] | None) -> None:
     """Make ``/proc/self/cmdline`` and ``/proc/self/environ`` (``ps``, and whoever looks for a job's processes
     by their environment) show the worker's command and environment, not this server's.
 
@@ -142,7 +143,6 @@ def _show_as(argv: list[str], env: dict[str, str], initial: list[str]) -> None:
     the worker's other variables go into the room after them. Nothing of it is referred to
     any more: ``os.environ`` was rebuilt, and the interpreter copied its arguments.
     """
-    regions = _regions()
     if regions is None:
         return
     import ctypes
@@ -156,7 +156,8 @@ def _show_as(argv: list[str], env: dict[str, str], initial: list[str]) -> None:
             ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
 
 
-def _be_the_worker(request: dict[str, Any], out_fd: int, sock: socket.socket, initial: list[str]) -> int:
+def _be_the_worker(request: dict[str, Any], out_fd: int, sock: socket.socket, initial: list[str],
+                   regions: tuple[tuple[int, int], tuple[int, int]] | None) -> int:
     """In the forked child: become ``python ARGV`` with the request's environment; return its exit code."""
     sock.close()
     os.setsid()
@@ -172,7 +173,7 @@ def _be_the_worker(request: dict[str, Any], out_fd: int, sock: socket.socket, in
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    _show_as(request.get("argv") or [], request["env"], initial)
+    _show_as(request.get("argv") or [], request["env"], initial, regions)
     unbuffered = bool(request.get("unbuffered")) or bool(os.environ.get("PYTHONUNBUFFERED"))
     sys.stdin = open(0, "r", closefd=False)  # noqa: SIM115 (the process's own streams)
     sys.stdout = open(1, "w", buffering=1 if unbuffered else -1, closefd=False)  # noqa: SIM115
@@ -238,11 +239,19 @@ def _serve(argv: list[str] | None) -> int:
     gc.freeze()
     regions = _regions()
     room = len(os.environ.get(ROOM_VARIABLE, "")) if regions else 0
+    # A child's exit wakes the loop at once (SIGCHLD through a pipe), so the driver hears of it
+    # without delay, and an idle server never wakes.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
     _send(sock, {"op": "ready", "pid": os.getpid(), "room": room})
     while True:
-        readable, _, _ = select.select([sock], [], [], 0.05)
+        readable, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in readable:
+            os.read(wake_r, 512)
         _reap(sock)
-        if not readable:
+        if sock not in readable:
             continue
         request, fds = _receive(sock)
         if request is None:
@@ -260,7 +269,10 @@ def _serve(argv: list[str] | None) -> int:
             _send(sock, {"op": "error", "id": request.get("id"), "error": f"{exc.strerror or exc}"})
             continue
         if pid == 0:
-            return _be_the_worker(request, fds[0], sock, initial)
+            signal.set_wakeup_fd(-1)
+            os.close(wake_r)
+            os.close(wake_w)
+            return _be_the_worker(request, fds[0], sock, initial, regions)
         os.close(fds[0])
         _send(sock, {"op": "spawned", "id": request["id"], "pid": pid})
 
