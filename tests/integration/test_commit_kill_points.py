@@ -66,6 +66,17 @@ def expected_resumes(plan: dict, output: str, got: list[int]) -> list[int]:
     return [r - 1 if point == "update" and g == r - 1 else r for (point, _, r), g in zip(plan.values(), got)]
 
 
+def committed(job) -> dict[int, set[str]]:
+    """step -> the checksums any worker committed at that step in a round of more than one. Survivors resume
+    from the newest commit any of them holds: one whose wait the driver's abort reached first rolls back to
+    the commit before, and then resumes from a peer's commit that it never made itself."""
+    out: dict[int, set[str]] = {}
+    for e in job.events:
+        if e.kind == "commit" and e["size"] > 1:
+            out.setdefault(e["step"], set()).add(e["checksum"])
+    return out
+
+
 def kill_job(jobs, plan: dict, optimizer: str, *extra: str):
     hosts = HOSTS[: len(plan) + 1]
     kill = ",".join(f"{host}:{point}:{step}" for host, (point, step, _) in plan.items())
@@ -81,13 +92,13 @@ def test_survivors_resume_exactly_from_the_last_commit(jobs, optimizer, points):
     job = kill_job(jobs, plan, optimizer, "--steps", "16")
     assert job.finish(timeout=220) == 0, job.output()[-4000:]
     survivor = [e for e in job.events if e.data.get("host") == "127.0.0.1"]
-    commits = {e["step"]: e["checksum"] for e in survivor if e.kind == "commit" and e["size"] > 1}
+    commits = committed(job)
     resumed = [e for e in survivor if e.kind == "resumed"][1:]  # the first one is the start
     got = [e["step"] for e in resumed]
     assert got == expected_resumes(plan, job.output(), got)
     assert [e["size"] for e in resumed] == list(range(len(plan), 0, -1))
     for e in resumed:
-        assert e["checksum"] == commits[e["step"]], f"resumed at step {e['step']} from a state that was never committed"
+        assert e["checksum"] in commits.get(e["step"], ()), f"resumed at step {e['step']} from a state never committed"
     # In the collective case the survivor had already updated its parameters: the restore undid that step.
     window = next(e for e in survivor if e.kind == "window" and e["step"] == 12 and e["size"] == 2)
     assert window["checksum"] != resumed[-1]["checksum"]
@@ -132,12 +143,12 @@ def test_in_the_common_loop_commits_kept_in_place_restore_exactly(jobs, optimize
     job = kill_job(jobs, plan, optimizer, "--steps", "13", "--log-every", "0")
     assert job.finish(timeout=180) == 0, job.output()[-4000:]
     survivor = [e for e in job.events if e.data.get("host") == "127.0.0.1"]
-    commits = {e["step"]: e["checksum"] for e in survivor if e.kind == "commit" and e["size"] > 1}
+    commits = committed(job)
     resumed = [e for e in survivor if e.kind == "resumed"][1:]
     got = [e["step"] for e in resumed]
     assert got == expected_resumes(plan, job.output(), got)
     for e in resumed:
-        assert e["checksum"] == commits[e["step"]], f"resumed at step {e['step']} from a state that was never committed"
+        assert e["checksum"] in commits.get(e["step"], ()), f"resumed at step {e['step']} from a state never committed"
     assert "cannot restore the last commit exactly" not in job.output()
     # Every commit kept nothing of parameters and optimizer state.
     assert all(e["in_place"] for e in survivor if e.kind == "commit")
