@@ -35,7 +35,10 @@ uv_install() {
             cert) env+=("SSL_CERT_FILE=$value") ;;
         esac
     done < <("$VENV/bin/pip" config list 2>/dev/null | sort -r || true)  # :env: last: it wins, as in pip
-    env "${env[@]}" "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --compile-bytecode "$@"
+    # No --compile-bytecode: compiling every installed module took 27 s of a fresh clone's 75 s
+    # install; Python compiles the modules a run imports as it first imports them (3 s for torch,
+    # Ray, PySpark, the cloud SDKs and moto together): the first process to import one writes its .pyc.
+    env "${env[@]}" "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" "$@"
 }
 
 if uv_install "$@"; then
