@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,10 @@ def test_a_slow_worker_is_drained_without_a_rollback_and_replaced_from_discovery
     hosts.set(["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"])  # a spare the job can take
     job.wait_for(lambda j: [e for e in j.of("commit") if e["worker"].startswith("127.0.0.4") and e["size"] == 3],
                  timeout=90, what="the spare host's worker training in a round of three")
+    # The straggler is out of the rounds once its commit has passed, and a forked spare can train before
+    # the straggler's process has finished leaving (releasing its group takes up to 5 s): wait for its exit.
+    job.wait_for(lambda j: re.search(r"worker 127\.0\.0\.3\[0\]#\d+ left \(straggler", j.output()), timeout=60,
+                 what="the straggler's process to leave")
     job.proc.terminate()  # enough: what follows is checked on what happened so far
     job.finish(60)
     out = job.output()
