@@ -271,6 +271,10 @@ class PollReply:
     reregister: bool = False
     #: The driver wants this worker's Python stacks (a stuck round): each new number asks once.
     stacks: int = 0
+    #: Why the driver sends this worker away (its host leaves: it is draining or told to exit), else None.
+    #: A worker learns it at its next commit or rendezvous; one still forming its host's group
+    #: (``hvd.shard``), where neither comes, learns it here.
+    leave: str | None = None
 
     @property
     def dismissed(self) -> bool:
@@ -280,15 +284,17 @@ class PollReply:
     def to_wire(self) -> dict[str, Any]:
         return {"round": self.round, "update_gen": self.update_gen, "abort_round": self.abort_round,
                 "shutdown": self.shutdown, "notice_watcher": self.notice_watcher, "reregister": self.reregister,
-                "stacks": self.stacks}
+                "stacks": self.stacks, "leave": self.leave}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollReply":
         what = "poll reply"
         watcher = msg.get("notice_watcher")
+        leave = msg.get("leave")
         return cls(_int(msg, "round", what), _int(msg, "update_gen", what), _int(msg, "abort_round", what),
                    bool(msg.get("shutdown", False)), watcher if isinstance(watcher, str) else None,
-                   msg.get("reregister") is True, _optional_int(msg, "stacks", what))
+                   msg.get("reregister") is True, _optional_int(msg, "stacks", what),
+                   leave[:500] if isinstance(leave, str) and leave else None)
 
 
 #: What the driver answers a worker whose training function returned (kind ``completed``).

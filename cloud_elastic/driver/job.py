@@ -290,8 +290,9 @@ class ElasticJob:
         if waiting_s is not None:
             w.waiting_s, w.waiting_at = waiting_s, running
         w.compute_s = compute_s
+        leave = (w.why or "told to leave") if w.state in (S.DRAINING, S.EXITING) else None
         return PollReply(self.round, self.update_gen, self.abort_round, self.phase is Phase.DONE,
-                         stacks=w.stacks_wanted)
+                         stacks=w.stacks_wanted, leave=leave)
 
     def drain(self, host: str, slot: int | None, now: float) -> tuple[bool, str]:
         """An operator drains ``host`` or one of its slots (``cloud-elastic drain``); (done, message)."""

@@ -112,6 +112,8 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self.view_as_of = time.monotonic()
         #: The driver answered that it no longer counts this worker: every round is over for it.
         self.dismissed = False
+        #: Why the driver sends this worker away (``PollReply.leave``), once a heartbeat said so; else None.
+        self.sent_away: str | None = None
         self._carried_update: torch.Tensor | float | None = None
         self._shutdown = threading.Event()
         self._heartbeat: threading.Thread | None = None

@@ -164,6 +164,8 @@ class DriverLinkMixin:
             self._seen_abort = max(self._seen_abort, reply.abort_round)
             if reply.dismissed:
                 self.dismissed = True  # e.g. given up while it could not answer: every round is over for it
+            if reply.leave:
+                self.sent_away = reply.leave
             self.view_as_of = sent
             self._maybe_watch_notices(reply.notice_watcher)
             if reply.stacks > self._stacks_sent:

@@ -41,15 +41,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from datetime import timedelta
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.worker.context import init
+from cloud_elastic.worker.exceptions import WorkerRemoved
 from cloud_elastic.worker.store import SignedStore, host_namespace
 
 __all__ = ["shard", "is_sharded", "local", "average_gradient_shards", "peer_lost"]
@@ -103,15 +105,79 @@ def _form_host_group(ctx: Any) -> HostGroup:
         if not key:
             raise ConfigError("hvd.shard needs whole hosts: run the job with cloud-elastic run --whole-hosts "
                               "--slots-per-host N")
-        store = SignedStore(ctx._store, host_namespace(ctx.settings.secret, ctx.job_id, key), ctx.settings.secret)
+        store = FormingStore(ctx._store, host_namespace(ctx.settings.secret, ctx.job_id, key), ctx.settings.secret,
+                             sent_away=lambda: ctx.sent_away, timeout_s=ctx.collective_timeout_s)
         rank, size = info.local_rank, info.local_size
     started = time.monotonic()
-    with _loopback_gloo(ctx.backend):
-        dist.init_process_group(ctx.backend, store=store, rank=rank, world_size=size,
-                                timeout=timedelta(seconds=ctx.collective_timeout_s),
-                                device_id=ctx.device if ctx.backend == "nccl" else None)
+    try:
+        with _loopback_gloo(ctx.backend):
+            dist.init_process_group(ctx.backend, store=store, rank=rank, world_size=size,
+                                    timeout=timedelta(seconds=ctx.collective_timeout_s),
+                                    device_id=ctx.device if ctx.backend == "nccl" else None)
+    except BaseException:
+        why = None if ctx.standalone else ctx.sent_away
+        if why is None:
+            raise
+        # Told to leave while waiting for a host-mate (it died before its hvd.shard): the host leaves whole.
+        print(f"cloud-elastic: leaving the job while forming its host's group: {why}", file=sys.stderr, flush=True)
+        ctx.leave()
+        sys.exit(0)
+    finally:
+        if isinstance(store, FormingStore):
+            store.forming = False
     log.info("worker %s: formed its host's group (%d workers) in %.2fs", ctx.worker_id, size, time.monotonic() - started)
     return HostGroup(key, store, size)
+
+
+class FormingStore(SignedStore):
+    """The host's store while its group forms: a wait for a host-mate ends when the driver sends this worker away.
+
+    A host-mate that dies before its ``hvd.shard`` never writes its address, and the driver
+    sends this worker away with its host (``--whole-hosts``); but it is blocked in torch's
+    formation of the host's group, where no commit or rendezvous would tell it, and would wait
+    ``CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S``. So each ``get`` and ``wait`` looks for its keys every
+    ``POLL_S`` and, between looks, at what the worker's heartbeats last heard (``sent_away()``:
+    the driver's reason, or None), and raises :class:`WorkerRemoved` once the driver said so. A
+    slow host-mate is waited for as long as before: only the driver's word ends the wait early.
+    Once the group has formed (``forming`` false) it is a plain :class:`SignedStore`.
+    """
+
+    POLL_S = 0.05
+
+    def __init__(self, inner: Any, namespace: str, secret: str, *, sent_away: Callable[[], str | None],
+                 timeout_s: float) -> None:
+        super().__init__(inner, namespace, secret)
+        self._sent_away = sent_away
+        self._timeout_s = timeout_s
+        self.forming = True
+
+    def _await(self, keys: list[str], timeout_s: float) -> None:
+        if not self.forming:
+            return
+        deadline = time.monotonic() + timeout_s
+        while not self._store.check(keys):
+            why = self._sent_away()
+            if why:
+                raise WorkerRemoved(why)
+            if time.monotonic() >= deadline:
+                raise _STORE_TIMEOUT(f"timed out after {timeout_s:g}s waiting for the host's group keys {keys}")
+            time.sleep(self.POLL_S)
+
+    def get(self, key: str) -> bytes:
+        self._await([key], self._timeout_s)
+        return super().get(key)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._await(keys, self._timeout_s if timeout is None else timeout.total_seconds())
+        super().wait(keys, timeout)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout_s = timeout.total_seconds()
+        super().set_timeout(timeout)
+
+
+#: What a store raises on a timeout (``DistStoreError``, a RuntimeError, where torch has it).
+_STORE_TIMEOUT = getattr(dist, "DistStoreError", RuntimeError)
 
 
 @contextlib.contextmanager

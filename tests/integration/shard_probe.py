@@ -59,9 +59,16 @@ def main() -> None:
                    help="the worker whose id starts with WORKER dies (exit 1) as a step starts once FILE exists "
                         "(or as step FILE starts, when FILE is a number): its host-mate is then left alone in the "
                         "forward pass's all-gather")
+    p.add_argument("--die-before-shard", default="", metavar="WORKER",
+                   help="the worker whose id starts with WORKER dies (exit 1) after hvd.init(), before hvd.shard(): "
+                        "its host-mate is then left waiting for it in the formation of the host's group")
     args = p.parse_args()
 
     hvd.init()
+    me = os.environ.get("CLOUD_ELASTIC_WORKER_ID", "")
+    if args.die_before_shard and me.startswith(args.die_before_shard):
+        event("dying", rank=hvd.rank(), step=0)
+        os._exit(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 1))
@@ -74,7 +81,6 @@ def main() -> None:
     event("hello", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), cross_rank=hvd.cross_rank(),
           held=held, full=full)
     counters = {"executed": 0}
-    me = os.environ.get("CLOUD_ELASTIC_WORKER_ID", "")
     update_victim, _, update_step = args.die_after_update.rpartition(":")
     forward_victim, _, forward_file = args.die_before_forward.partition(":")
 

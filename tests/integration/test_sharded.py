@@ -146,3 +146,25 @@ def test_in_the_common_loop_a_sharded_job_commits_in_place_and_rolls_back_exactl
     _rolled_back_exactly(job, resets, size=4)
     _replicas_agree(job)
     assert sorted((e["step"], _host(e)) for e in job.of("done")) == [(12, "127.0.0.1"), (12, "127.0.0.1")]
+
+
+def test_a_worker_whose_host_mate_died_before_sharding_leaves_at_once_not_after_the_collective_timeout(jobs, tmp_path):
+    """127.0.0.2[0] dies after ``hvd.init()``, before its ``hvd.shard()``. Its host-mate waits for it in the formation
+    of the host's group, where no commit or rendezvous comes to say that its host is leaving; the driver's heartbeat
+    reply does, and it leaves (exit 0) instead of waiting out the collective timeout (300 s). 127.0.0.1 trains on
+    alone until the test has seen it leave: without the heartbeat's word this test times out."""
+    gate = tmp_path / "seen-leaving"
+    job = jobs(["run", "-np", "4", "--min-np", "2", "--slots-per-host", "2", "--whole-hosts",
+                "-H", "127.0.0.1:2,127.0.0.2:2", sys.executable, str(PROBE), "--steps", "3", "--step-sleep", "0.02",
+                "--stop-when", str(gate), "--die-before-shard", "127.0.0.2[0]"],
+               env={"CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S": "300"})
+    job.wait_for(lambda j: "leaving the job while forming its host's group" in j.output(), timeout=90,
+                 what="127.0.0.2[1] to leave")
+    gate.touch()
+    assert job.finish(timeout=90) == 0, job.output()
+    out = job.output()
+    line = next(x for x in out.splitlines() if "leaving the job while forming its host's group" in x)
+    assert "<127.0.0.2[1]>" in line and "worker 127.0.0.2[0]" in line, line  # its reason names the dead mate
+    assert [e["worker"].split("#")[0] for e in job.of("dying")] == ["127.0.0.2[0]"]
+    assert sorted(_host(e) for e in job.of("done")) == ["127.0.0.1", "127.0.0.1"], job.of("done")
+    assert not [e for e in job.of("commit") if _host(e) == "127.0.0.2"]
