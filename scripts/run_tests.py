@@ -94,7 +94,10 @@ def lanes(fast_workers: int = 3, job_workers: int = 3) -> list[Lane]:
     clusters = ("tests/ray", "tests/spark")
     # worksteal: a job test goes to whichever worker is free, so the run does not end on one worker still
     # going through a long module. loadfile: a fast module stays on one worker, its fixtures set up once.
-    return [Lane("jobs", jobs, _xdist(job_workers, "worksteal")), Lane("fast", fast, _xdist(fast_workers, "loadfile")),
+    # tests/lane_order.py: each job worker starts with its share of the longest tests (worksteal only).
+    order = ("-p", "tests.lane_order") if job_workers > 1 else ()
+    return [Lane("jobs", jobs, (*_xdist(job_workers, "worksteal"), *order)),
+            Lane("fast", fast, _xdist(fast_workers, "loadfile")),
             Lane("clusters", clusters, after="fast")]
 
 

@@ -66,3 +66,32 @@ def test_lane_summaries_are_summed_into_one_closing_line(capsys):
     lanes[0].proc, lanes[0].lines = Done(0), ["90 passed in 5s"]
     assert run_tests.report(lanes) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "total: 1390 passed, 0 failed, 3 skipped"
+
+
+def test_each_job_worker_starts_with_its_share_of_the_longest_tests_and_every_test_still_runs():
+    from tests import lane_order
+
+    ids = [f"t{i}" for i in range(11)]
+    longest = {"t9": 100, "t10": 60, "t8": 50, "t1": 45}
+    order = lane_order.reorder(ids, 3, longest)
+    assert sorted(order) == list(range(11))  # a permutation: nothing dropped, nothing twice
+    sizes = lane_order.shares(11, 3)
+    assert sizes == [3, 4, 4] and sum(sizes) == 11
+    blocks, at = [], 0
+    for size in sizes:
+        blocks.append([ids[i] for i in order[at: at + size]])
+        at += size
+    # Longest first, each to the share with the least long work so far: t9 (100) | t10 (60) | t8 + t1 (95).
+    assert [b[:2] for b in blocks] == [["t9", "t0"], ["t10", "t3"], ["t8", "t1"]], blocks
+    short = [t for b in blocks for t in b if t not in longest]
+    assert short == [t for t in ids if t not in longest]  # the others keep their order
+    jobs = [lane for lane in run_tests.lanes() if lane.name == "jobs"][0]
+    assert ("-p", "tests.lane_order") == tuple(jobs.options[-2:]) and "worksteal" in jobs.options
+
+
+def test_every_test_the_jobs_lane_starts_first_exists():
+    from tests import lane_order
+
+    for nodeid in lane_order.LONGEST:
+        path, name = nodeid.split("::")
+        assert re.search(rf"^def {re.escape(name)}\(", (REPO / path).read_text(), re.M), nodeid

@@ -1,0 +1,78 @@
+"""The jobs lane's order: each xdist worker starts with its share of the longest tests.
+
+``--dist worksteal`` hands each worker a contiguous share of the collection (by count), and a
+worker that runs out steals from the end of the longest queue. In collection order the longest
+tests (a chaos run of 100 s, driver restarts of a minute, the SSH grace) came in the last
+third: one worker ran them one after another while the others had finished, and a fresh
+clone's jobs lane was 70 % done at 401 s and ended at 653 s.
+
+``scripts/run_tests.py`` loads this plugin in the jobs lane (``-p tests.lane_order``). It
+reorders the collection so that each worker's share begins with its part of :data:`LONGEST`
+(assigned longest first to the share with the least so far), followed by other tests in
+collection order up to the share's count; what the workers steal from the ends of the queues
+is then short. Only the order changes: every test runs, under the same options. A test not
+listed counts as short; a listed one that no longer exists is ignored.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+#: Seconds per test, from ``--durations`` of the jobs lane in a full run (2026-11-27, 2-core machine).
+LONGEST = {
+    "tests/chaos/test_chaos.py::test_chaos_schedule": 101,
+    "tests/ssh/test_ssh_driver_grace.py::test_remote_workers_outlive_a_killed_driver_for_the_grace_only_then_the_job_resumes": 65,
+    "tests/integration/test_driver_restart.py::test_a_driver_restarted_without_the_local_record_waits_for_the_old_workers_first": 61,
+    "tests/integration/test_driver_restart.py::test_a_driver_restarted_before_any_checkpoint_resumes_from_what_the_old_workers_wrote_meanwhile": 61,
+    "tests/integration/test_events_demo.py::test_demo_records_its_events_and_draws_its_timeline": 44,
+    "tests/integration/test_driver_restart.py::test_a_killed_driver_is_resumed_by_the_same_command_and_no_worker_outlives_the_grace": 44,
+    "tests/integration/test_group_reclaim.py::test_fifty_lost_peers_leave_threads_and_descriptors_flat": 43,
+    "tests/ssh/test_ssh_driver_adoption.py::test_a_restarted_driver_adopts_remote_workers_and_nothing_is_left": 42,
+    "tests/integration/test_driver_adoption.py::test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_step": 39,
+    "tests/integration/test_driver_adoption.py::test_a_worker_lost_while_the_driver_was_away_takes_the_normal_failure_path": 36,
+    "tests/integration/test_remote_attach.py::test_an_attached_driver_keeps_the_worker_past_the_grace_and_its_loss_stops_it": 34,
+    "tests/emulator/test_cli.py::test_run_with_aws_asg_trains_on_the_group_and_drains_a_terminating_instance": 33,
+    "tests/integration/test_durable_s3.py::test_a_job_checkpoints_to_s3_through_a_failure_and_the_same_command_resumes_from_there": 32,
+}
+
+
+def shares(count: int, workers: int) -> list[int]:
+    """How many tests each worker gets first: xdist's worksteal splits ``count`` as this does."""
+    sizes, left = [], count
+    for i in range(workers):
+        sizes.append(left // (workers - i))
+        left -= sizes[-1]
+    return sizes
+
+
+def reorder(nodeids: list[str], workers: int, longest: dict[str, float] = LONGEST) -> list[int]:
+    """The new order of ``nodeids`` (as indices) for ``workers`` workers (see the module docstring)."""
+    sizes = shares(len(nodeids), workers)
+    long_ones = sorted((i for i, n in enumerate(nodeids) if n in longest), key=lambda i: -longest[nodeids[i]])
+    heads: list[list[int]] = [[] for _ in sizes]
+    load = [0.0] * len(sizes)
+    for i in long_ones:
+        # The share with the least long work so far that still has room.
+        k = min((k for k in range(len(sizes)) if len(heads[k]) < sizes[k]), key=lambda k: load[k])
+        heads[k].append(i)
+        load[k] += longest[nodeids[i]]
+    chosen = set(long_ones)
+    rest = iter(i for i in range(len(nodeids)) if i not in chosen)
+    order: list[int] = []
+    for head, size in zip(heads, sizes):
+        order += head
+        order += [next(rest) for _ in range(size - len(head))]
+    return order
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Each xdist worker collects, and the controller schedules the order they report (they must agree:
+    # this order depends on the node ids alone). Outside xdist (one process) the order does not matter.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2:
+        return
+    order = reorder([item.nodeid for item in items], workers)
+    items[:] = [items[i] for i in order]
