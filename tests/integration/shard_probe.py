@@ -66,9 +66,15 @@ def main() -> None:
 
     hvd.init()
     me = os.environ.get("CLOUD_ELASTIC_WORKER_ID", "")
-    if args.die_before_shard and me.startswith(args.die_before_shard):
-        event("dying", rank=hvd.rank(), step=0)
-        os._exit(1)
+    if args.die_before_shard and get_context().info.round == 1:
+        # Every worker of the first round has formed its group and used it before the victim dies: dying
+        # while a peer still formed it would abort round 1 inside that peer's hvd.init(), and its host-mate,
+        # already in hvd.shard(), would wait for it there (a fresh-clone run saw that; see the test).
+        hvd.allreduce(torch.zeros(1), name="formed")
+        if me.startswith(args.die_before_shard):
+            time.sleep(2)  # the others' allreduce has ended
+            event("dying", rank=hvd.rank(), step=0)
+            os._exit(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 1))
