@@ -23,8 +23,14 @@ elsewhere; it runs when the cluster starts and after every node added.
 Ray's own node health checks are made patient (:data:`_SYSTEM`): by default the GCS
 marks a node dead after five missed checks three seconds apart, and on a loaded
 2-core CI runner it killed a healthy node's raylet that way in the middle of a test.
-A node a test removes refuses the checks at once, so it is still found dead within
-about 20 s; a slow one now has minutes.
+Here a node is dead after 20 failed checks, each allowed 10 s, the next one 0.2 s
+after the last answer or timeout (``gcs_health_check_manager.cc``): a slow node has
+minutes, while a node a test removed refuses each check at once and is found dead
+within about 4 s. That matters to every test, not only to those that remove a node:
+``Cluster.wait_for_nodes``, after each node added, waits until the live nodes are
+exactly those added and not removed, so the first test after one that removed its
+nodes (every test does, at its end) waited for them to be found dead. With checks a
+second apart that was 20 s a test, most of the Ray tests' time.
 
 Two of Ray's guards are off, because what they guard is the CI machine's,
 not the cluster's: its memory monitor, which kills the newest actor when the
@@ -60,9 +66,9 @@ REPO = Path(__file__).resolve().parents[2]
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read when ray is imported: see the module docstring
 _STORE = 80 * 1024 * 1024
 LOOPBACK = "127.0.0.1"
-#: Ray's node health checks (see the module docstring): every second, each allowed 10 s, dead after 20 failures;
+#: Ray's node health checks (see the module docstring): 0.2 s apart, each allowed 10 s, dead after 20 failures;
 #: no memory monitor, no disk threshold, workers at nice 0 (see the module docstring).
-_SYSTEM = {"health_check_period_ms": 1000, "health_check_timeout_ms": 10000, "health_check_failure_threshold": 20,
+_SYSTEM = {"health_check_period_ms": 200, "health_check_timeout_ms": 10000, "health_check_failure_threshold": 20,
            "memory_monitor_refresh_ms": 0, "local_fs_capacity_threshold": 1.0, "worker_niceness": 0}
 
 
