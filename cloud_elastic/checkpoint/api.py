@@ -13,6 +13,8 @@ from cloud_elastic.errors import CheckpointError, ConfigError
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "SHARDED_FORMAT_VERSION",
+    "READ_VERSION",
     "CheckpointError",
     "CheckpointBackendMissing",
     "CheckpointInfo",
@@ -24,6 +26,11 @@ __all__ = [
 FORMAT = "cloud-elastic-checkpoint"
 #: Bumped when the layout or the manifest changes incompatibly; readers refuse newer versions.
 FORMAT_VERSION = 1
+#: The version of a sharded checkpoint's manifest (``hvd.shard``: torch DCP data beside ``state.pt``),
+#: so that a reader from before sharded checkpoints refuses one rather than load half of it.
+SHARDED_FORMAT_VERSION = 2
+#: The newest version this cloud-elastic reads.
+READ_VERSION = SHARDED_FORMAT_VERSION
 
 
 class CheckpointBackendMissing(CheckpointError, ConfigError):
@@ -58,6 +65,11 @@ class CheckpointInfo:
     format_version: int = FORMAT_VERSION
     torch_version: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: A sharded checkpoint's torch DCP files (below ``SHARDS_DIR`` in its folder) and their sizes; None
+    #: for a replica's checkpoint.
+    shards: Mapping[str, int] | None = None
+    #: How many workers wrote the shards (the slots of the host that wrote it); None for a replica's.
+    shard_count: int | None = None
 
 
 @dataclass(frozen=True)

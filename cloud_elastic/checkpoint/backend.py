@@ -59,6 +59,12 @@ class Backend(Protocol):
     def remove_tree(self, path: str, first: str | None = None) -> None:
         """Delete ``path`` and everything below it, ``path/first`` before the rest."""
 
+    def sizes(self, path: str) -> dict[str, int]:
+        """The files directly below ``path`` and their sizes in bytes; empty when it does not exist."""
+
+    def dcp_storage(self, path: str, writing: bool) -> Any:
+        """A torch DCP storage writer (or reader) for the folder ``path`` (sharded checkpoints)."""
+
 
 def split_url(url: str) -> tuple[str, str]:
     """``(protocol, rest)``; a plain path or ``file://`` URL has protocol ``"file"``."""
@@ -132,6 +138,18 @@ class LocalBackend:
             _unlink_quietly(os.path.join(target, first))
         shutil.rmtree(target, ignore_errors=True)
 
+    def sizes(self, path: str) -> dict[str, int]:
+        try:
+            with os.scandir(self._path(path)) as entries:
+                return {e.name: e.stat().st_size for e in entries if e.is_file()}
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+
+    def dcp_storage(self, path: str, writing: bool) -> Any:
+        from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+        return FileSystemWriter(self._path(path)) if writing else FileSystemReader(self._path(path))
+
 
 class FsspecBackend:
     """Any fsspec filesystem; objects are published when their upload completes."""
@@ -149,6 +167,7 @@ class FsspecBackend:
             package, extra = _IMPLEMENTATIONS.get(protocol, ("fsspec", None))
             raise CheckpointBackendMissing(url, package, extra) from exc
         self._protocol = protocol
+        self._options = dict(storage_options)
         self.root = root.rstrip("/")
 
     def _path(self, path: str) -> str:
@@ -198,6 +217,23 @@ class FsspecBackend:
         except FileNotFoundError:
             pass
         self._fs.invalidate_cache(full)
+
+    def sizes(self, path: str) -> dict[str, int]:
+        full = self._path(path)
+        self._fs.invalidate_cache(full)
+        try:
+            entries = self._fs.ls(full, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+                for e in entries if e.get("type") == "file"}
+
+    def dcp_storage(self, path: str, writing: bool) -> Any:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+        # A fresh filesystem object, as above.
+        url, options = self.url(path), {"skip_instance_cache": True, **self._options}
+        return FsspecWriter(url, **options) if writing else FsspecReader(url, **options)
 
 
 def _unlink_quietly(path: str) -> None:

@@ -123,8 +123,9 @@ def _public_attributes(state: Any) -> dict[str, Any]:
     return {name: value for name, value in vars(state).items() if not name.startswith("_")}
 
 
-def state_payload(state: Any) -> dict[str, Any]:
-    """The checkpoint payload of a ``State``: one entry per public attribute, by name.
+def state_payload(state: Any, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The checkpoint payload of a ``State``: one entry per public attribute, by name (but those in ``skip``:
+    a sharded checkpoint keeps its sharded model and optimizer in torch DCP's files).
 
     Returns references to live tensors, not copies: call it right after a
     commit, and hand the result to ``CheckpointWriter.submit`` (which copies
@@ -135,6 +136,8 @@ def state_payload(state: Any) -> dict[str, Any]:
 
     payload: dict[str, Any] = {}
     for name, value in _public_attributes(state).items():
+        if name in skip:
+            continue
         # A sampler's state_dict() is O(spans) plain data: nothing on this thread grows with the dataset.
         if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, ElasticSampler)):
             payload[name] = value.state_dict()
@@ -150,8 +153,9 @@ def _sampler_state(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def load_state_payload(state: Any, payload: Any) -> None:
-    """Load a :func:`state_payload` into ``state`` and make it the state's last commit.
+def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozenset()) -> None:
+    """Load a :func:`state_payload` into ``state`` and make it the state's last commit (the attributes in
+    ``skip`` are not in the payload: a sharded checkpoint's loader has loaded them already).
 
     The names must match the state's public attributes both ways; a mismatch
     raises CheckpointError before anything is changed; one that does not fit
@@ -162,7 +166,7 @@ def load_state_payload(state: Any, payload: Any) -> None:
     """
     from cloud_elastic.worker.sampler import ElasticSampler
 
-    live = _public_attributes(state)
+    live = {name: value for name, value in _public_attributes(state).items() if name not in skip}
     if not isinstance(payload, dict):
         raise CheckpointError(f"a state checkpoint is a dict of attributes, got {type(payload).__name__}")
     missing, unexpected = sorted(set(live) - set(payload)), sorted(set(payload) - set(live))

@@ -7,6 +7,10 @@ Layout below the store's URL::
     ckpt-20261123T143012123456Z-step000000001200/
         state.pt                                      torch.save(payload), written first
         manifest.json                                 written last: step, digest, ...
+    ckpt-...-step000000001300/                        a sharded checkpoint (hvd.shard, checkpoint.sharded):
+        dcp/                                          torch DCP's files, by the workers of one host, first
+        state.pt                                      the state's other values
+        manifest.json                                 last, listing dcp/'s files and sizes (format version 2)
 
 A checkpoint exists once its manifest does. The data object is written and
 published first, the manifest after it, so a reader that finds a manifest
@@ -36,6 +40,8 @@ import torch
 from cloud_elastic.checkpoint.api import (
     FORMAT,
     FORMAT_VERSION,
+    READ_VERSION,
+    SHARDED_FORMAT_VERSION,
     Checkpoint,
     CheckpointError,
     CheckpointInfo,
@@ -50,6 +56,9 @@ log = logging.getLogger(__name__)
 
 DATA = "state.pt"
 MANIFEST = "manifest.json"
+#: A sharded checkpoint's folder for torch DCP's files (one or more per worker, and DCP's own metadata).
+SHARDS_DIR = "dcp"
+DCP_METADATA = ".metadata"
 JOB_RECORD = "job.json"
 _NAME = re.compile(r"ckpt-(\d{8}T\d{12})Z-step(\d+)")
 _TIME_FORMAT = "%Y%m%dT%H%M%S%f"
@@ -95,26 +104,61 @@ class CheckpointStore:
         failed save leaves the previous checkpoints as they were.
         """
         check_payload(payload)
-        fields, extra = _split_meta(meta)
         existing = self._names()
-        name = self._new_name(step, existing)
+        return self._publish(self._new_name(step, existing), existing, step, payload, meta)
+
+    # -- sharded checkpoints (hvd.shard) ----------------------------------------------
+
+    def reserve(self, step: int) -> str:
+        """The folder name of a new sharded checkpoint of ``step``; nothing is written.
+
+        The workers that hold the shards write them into ``shard_storage(name)`` (torch DCP), then one
+        of them calls :meth:`publish_sharded`: until then the folder has no manifest, so readers skip it.
+        """
+        return self._new_name(step, self._names())
+
+    def shard_storage(self, name: str, writing: bool) -> Any:
+        """torch DCP's storage writer (or reader) for the shards of the checkpoint folder ``name``."""
+        return self.backend.dcp_storage(f"{name}/{SHARDS_DIR}", writing)
+
+    def publish_sharded(self, name: str, step: int, payload: Any, meta: Mapping[str, Any] | None,
+                        shard_count: int) -> CheckpointInfo:
+        """Once every shard is in ``name`` (DCP's save returned): ``payload`` (the state's other values), then the
+        manifest, which lists the shards' files and sizes; then prune."""
+        check_payload(payload)
+        try:
+            shards = self.backend.sizes(f"{name}/{SHARDS_DIR}")
+        except Exception as exc:
+            raise CheckpointError(f"could not list the shards of {self.backend.url(name)}: {_one_line(exc)}") from exc
+        if DCP_METADATA not in shards:
+            raise CheckpointError(f"the shards of {self.backend.url(name)} have no {DCP_METADATA}: the DCP save "
+                                  "did not finish")
+        return self._publish(name, self._names(), step, payload, meta, shards=shards, shard_count=shard_count)
+
+    def _publish(self, name: str, existing: list[str], step: int, payload: Any, meta: Mapping[str, Any] | None,
+                 shards: Mapping[str, int] | None = None, shard_count: int | None = None) -> CheckpointInfo:
+        fields, extra = _split_meta(meta)
         backend = self.backend
         digest = _Digest()
         try:
             backend.write(f"{name}/{DATA}", lambda f: torch.save(payload, digest.wrap(f)))
             created = time.time()
             manifest = {
-                "format": FORMAT, "format_version": FORMAT_VERSION, "step": int(step), "created": created,
+                "format": FORMAT, "format_version": FORMAT_VERSION if shards is None else SHARDED_FORMAT_VERSION,
+                "step": int(step), "created": created,
                 "created_utc": datetime.fromtimestamp(created, timezone.utc).isoformat().replace("+00:00", "Z"),
                 **fields, "torch_version": torch.__version__,
                 "data": {"name": DATA, "size": digest.size, "sha256": digest.hexdigest()}, "extra": extra,
             }
+            if shards is not None:
+                manifest["shards"] = {"dir": SHARDS_DIR, "files": dict(shards), "count": shard_count}
             body = json.dumps(manifest, indent=1, sort_keys=True).encode()
             backend.write(f"{name}/{MANIFEST}", lambda f: f.write(body))
         except Exception as exc:
             raise CheckpointError(f"could not write checkpoint {backend.url(name)}: {_one_line(exc)}") from exc
         info = _info(name, backend.url(name), manifest)
-        log.info("checkpoint of step %d written to %s (%d bytes)", step, info.url, digest.size)
+        log.info("checkpoint of step %d written to %s (%d bytes%s)", step, info.url, digest.size,
+                 "" if shards is None else f", and {sum(shards.values())} bytes of shards")
         self._prune(name, existing)
         return info
 
@@ -184,6 +228,14 @@ class CheckpointStore:
         Raises _Unusable (a CheckpointError) when the data is missing, differs
         from its digest or holds anything but tensors and plain data.
         """
+        if info.shards is not None:
+            try:
+                found = self.backend.sizes(f"{info.name}/{SHARDS_DIR}")
+            except Exception as exc:
+                raise CheckpointError(f"could not list {self.backend.url(info.name)}: {_one_line(exc)}") from exc
+            wrong = sorted(f for f, size in info.shards.items() if found.get(f) != size)
+            if wrong:
+                raise _Unusable(f"its shard files {', '.join(wrong[:3])} are missing or not the size its manifest says")
         path = f"{info.name}/{info.data_name}"
         try:
             data = self._read(path)
@@ -203,9 +255,9 @@ class CheckpointStore:
             manifest = json.loads(raw)
             if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
                 raise ValueError("not a cloud-elastic checkpoint manifest")
-            if int(manifest["format_version"]) > FORMAT_VERSION:
+            if int(manifest["format_version"]) > READ_VERSION:
                 raise ValueError(f"format version {manifest['format_version']} is newer than this "
-                                 f"cloud-elastic reads ({FORMAT_VERSION})")
+                                 f"cloud-elastic reads ({READ_VERSION})")
             return _info(name, self.backend.url(name), manifest)
         except (ValueError, KeyError, TypeError) as exc:
             raise _Unusable(f"unreadable manifest: {_one_line(exc, 160)}") from exc
@@ -336,6 +388,12 @@ def _info(name: str, url: str, manifest: Mapping[str, Any]) -> CheckpointInfo:
     if "/" in data_name or data_name.startswith("."):
         raise ValueError(f"the data name {data_name!r} is not a plain file name")
     optional = {k: manifest.get(k) for k in _META_KEYS}
+    shards = manifest.get("shards")
+    if shards is not None:
+        files = {str(f): int(size) for f, size in dict(shards["files"]).items()}
+        if shards.get("dir") != SHARDS_DIR or any("/" in f or f in ("", "..") for f in files):
+            raise ValueError("the shards are not listed as plain file names of the dcp folder")
+        shards = {"files": files, "count": int(shards["count"])}
     return CheckpointInfo(
         name=name, url=url, step=int(manifest["step"]), created=float(manifest["created"]), size=int(data["size"]),
         sha256=sha, data_name=data_name,
@@ -344,6 +402,7 @@ def _info(name: str, url: str, manifest: Mapping[str, Any]) -> CheckpointInfo:
         job_id=None if optional["job_id"] is None else str(optional["job_id"]),
         format_version=int(manifest["format_version"]), torch_version=manifest.get("torch_version"),
         extra=dict(manifest.get("extra") or {}),
+        shards=None if shards is None else shards["files"], shard_count=None if shards is None else shards["count"],
     )
 
 

@@ -93,6 +93,10 @@ class RankZeroCheckpoints:
         """True while this worker runs the writer (it is rank 0)."""
         return self._writer is not None
 
+    def loads_here(self, info: Any) -> bool:
+        """Whether this worker loads the checkpoint in a ``from_checkpoint`` round: rank 0 (which broadcasts it)."""
+        return info.rank == 0
+
     # ------------------------------------------------------------- the hook
     def after_commit(self, state: Any) -> None:
         """The context's after-commit hook: checkpoint if this worker is rank 0 and one is due."""
@@ -145,6 +149,9 @@ class RankZeroCheckpoints:
         latest = self.store.latest()
         if latest is None:
             raise CheckpointError(f"no usable checkpoint in {self.settings.url}")
+        if latest.info.shards is not None:
+            raise CheckpointError(f"the newest checkpoint in {self.settings.url} (step {latest.info.step}) holds the "
+                                  "shards of a model trained with hvd.shard: load it with the same hvd.shard call")
         load_state_payload(state, latest.payload)
         # The job's history of commits goes on from the checkpoint's (older checkpoints: from its step).
         seq = latest.info.extra.get("commit_seq", latest.info.step)

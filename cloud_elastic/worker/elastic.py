@@ -10,7 +10,8 @@
           HostsUpdatedInterrupt    -> keep the state just committed (graceful change)
         rendezvous into the next round (or leave, if the driver says so)
         sync state from rank 0 if the driver says this round needs it
-          (in a round formed from_checkpoint, rank 0 first loads the latest durable checkpoint)
+          (in a round formed from_checkpoint, rank 0 first loads the latest durable checkpoint;
+           with hvd.shard, every worker of rank 0's host loads its shards of it)
         reset callbacks
 
 Whether to sync is decided by the driver for the whole round, so old and new
@@ -56,14 +57,23 @@ def run(func: F) -> F:
 
 
 def _durable(ctx: Any) -> Any:
-    """The job's checkpoint schedule when it has ``--checkpoint-dir`` (one per process), else None."""
+    """The job's checkpoint schedule when it has ``--checkpoint-dir`` (one per process), else None.
+
+    Rank 0 writes a replica's checkpoints; with ``hvd.shard`` (the host's group formed before
+    ``elastic.run``), the workers of rank 0's host write theirs together (``checkpoint.sharded``).
+    """
     global _DURABLE
     if _DURABLE is None and not ctx.standalone:
         from cloud_elastic.checkpoint.worker import DurableSettings, RankZeroCheckpoints
 
         settings = DurableSettings.from_settings(ctx.settings)
-        if settings is not None:
+        if settings is not None and getattr(ctx, "host_group", None) is not None:
+            from cloud_elastic.checkpoint.sharded import ShardedCheckpoints
+
+            _DURABLE = ShardedCheckpoints(settings, ctx)
+        elif settings is not None:
             _DURABLE = RankZeroCheckpoints(settings, ctx)
+        if _DURABLE is not None:
             ctx.after_commit.append(_DURABLE.after_commit)
             ctx.before_grace_exit.append(lambda: _DURABLE.stop_writing(timeout=10.0))
     return _DURABLE
@@ -73,7 +83,8 @@ _DURABLE: Any = None
 
 
 def _load_checkpoint(ctx: Any, durable: Any, state: State) -> None:
-    """Rank 0 of a ``from_checkpoint`` round loads the latest checkpoint before it broadcasts the state.
+    """Rank 0 of a ``from_checkpoint`` round (every worker of its host, with ``hvd.shard``) loads the latest
+    checkpoint before the state is broadcast.
 
     Without a usable checkpoint this worker exits non-zero with a one-line
     error (and tells the driver, which ends the job): broadcasting its
@@ -100,7 +111,8 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
     while True:
         if sync:
             info = ctx.info
-            if info is not None and info.from_checkpoint and info.rank == 0:
+            if info is not None and info.from_checkpoint and (
+                    info.rank == 0 if durable is None else durable.loads_here(info)):
                 _load_checkpoint(ctx, durable, state)
             try:
                 ctx.sync_root_seq = _root_commit_seq(ctx)

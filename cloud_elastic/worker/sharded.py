@@ -31,9 +31,9 @@ What each piece does in sharded mode:
   ``RuntimeError`` from torch; ``elastic.run`` treats it as a lost peer when the
   driver aborts the round (:func:`peer_lost`), and the worker leaves with its host.
 
-Durable checkpoints of a sharded model (torch DCP) are planned, not built:
-:func:`shard` refuses ``--checkpoint-dir`` rather than write a checkpoint that
-holds one shard.
+Durable checkpoints (``--checkpoint-dir``) of a sharded model are torch DCP
+checkpoints written by the workers of rank 0's host together
+(:mod:`cloud_elastic.checkpoint.sharded`).
 """
 
 from __future__ import annotations
@@ -80,9 +80,6 @@ def shard(model: torch.nn.Module, modules: Iterable[torch.nn.Module] = (), **ful
     formed at the first call. Needs ``cloud-elastic run --whole-hosts``.
     """
     ctx = init()
-    if ctx.settings.checkpoint_dir:
-        raise ConfigError("hvd.shard: durable checkpoints of a sharded model are not built yet (planned); "
-                          "run without --checkpoint-dir")
     if getattr(ctx, "host_group", None) is None:
         ctx.host_group = _form_host_group(ctx)
     from torch.distributed.fsdp import fully_shard
@@ -94,6 +91,9 @@ def shard(model: torch.nn.Module, modules: Iterable[torch.nn.Module] = (), **ful
 
 
 def _form_host_group(ctx: Any) -> HostGroup:
+    if not ctx.standalone and not ctx.settings.host_key:
+        raise ConfigError("hvd.shard needs whole hosts: run the job with cloud-elastic run --whole-hosts "
+                          "--slots-per-host N")
     if dist.is_initialized():
         raise ConfigError("hvd.shard: torch.distributed's default process group already exists; cloud-elastic "
                           "makes it the host's own group (do not call init_process_group)")
@@ -102,9 +102,6 @@ def _form_host_group(ctx: Any) -> HostGroup:
         key, store, rank, size = "standalone", dist.HashStore(), 0, 1
     else:
         key = ctx.settings.host_key
-        if not key:
-            raise ConfigError("hvd.shard needs whole hosts: run the job with cloud-elastic run --whole-hosts "
-                              "--slots-per-host N")
         store = FormingStore(ctx._store, host_namespace(ctx.settings.secret, ctx.job_id, key), ctx.settings.secret,
                              sent_away=lambda: ctx.sent_away, timeout_s=ctx.collective_timeout_s)
         rank, size = info.local_rank, info.local_size

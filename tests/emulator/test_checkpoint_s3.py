@@ -214,3 +214,22 @@ def test_sigkill_mid_upload_leaves_the_previous_checkpoint(moto_url: str, bucket
     manifest_key = f"run/{latest.info.name}/manifest.json"
     manifest = json.loads(_s3(moto_url).get_object(Bucket=bucket, Key=manifest_key)["Body"].read())
     assert manifest["step"] == 1
+
+
+def test_a_sharded_checkpoint_goes_to_s3_and_comes_back_bitwise(bucket: str):
+    """``hvd.shard``'s checkpoints (torch DCP through DCP's fsspec writer and reader) on S3; one host of one worker."""
+    from cloud_elastic.checkpoint.sharded import ShardedCheckpoints
+    from cloud_elastic.checkpoint.worker import DurableSettings
+    from tests.unit.test_sharded_checkpoint import _ctx, _state, _train, _values
+
+    url = f"s3://{bucket}/sharded"
+    state, ctx = _state(), _ctx()
+    _train(state, 2)
+    ctx.commit_seq = 2
+    assert ShardedCheckpoints(DurableSettings(url), ctx).finish(state) is None
+    assert ctx.reports[0][1]["path"].startswith(url + "/ckpt-")
+    [info] = CheckpointStore(url).list()
+    assert info.step == 2 and info.shard_count == 1 and ".metadata" in info.shards
+    other = _state(seed=5)
+    assert ShardedCheckpoints(DurableSettings(url), _ctx()).load_latest(other).step == 2
+    assert all(torch.equal(a, b) for a, b in zip(_values(other), _values(state)))

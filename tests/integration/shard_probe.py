@@ -3,7 +3,8 @@
 An MLP sharded with FSDP2 across the host's workers, AdamW, one commit per step.
 It prints ``EVENT {json}`` lines (see ``probe.py``): hello (with how much of the
 model this worker holds), commit and reset (with a checksum of this worker's
-shards: parameters and optimizer state) and done. The replicas of shard *i* on
+shards: parameters and optimizer state) and done; with ``--full-checksum`` also
+a checksum of the whole state, which does not depend on the layout. The replicas of shard *i* on
 every host must be bitwise equal at each step, and a rollback must give back
 exactly the last commit's shards.
 """
@@ -37,6 +38,17 @@ def local_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
     return out
 
 
+def full_checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """Of the whole model and optimizer state, whatever the layout (a collective over the host's workers)."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.full_tensor().detach().contiguous().numpy().tobytes())
+        for _, v in sorted(optimizer.state[p].items()):
+            v = v.full_tensor() if hasattr(v, "full_tensor") else v
+            h.update(v.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
     h = hashlib.sha256()
     for t in local_tensors(model, optimizer):
@@ -62,6 +74,9 @@ def main() -> None:
     p.add_argument("--die-before-shard", default="", metavar="WORKER",
                    help="the worker whose id starts with WORKER dies (exit 1) after hvd.init(), before hvd.shard(): "
                         "its host-mate is then left waiting for it in the formation of the host's group")
+    p.add_argument("--full-checksum", action="store_true",
+                   help="commit, done and entered (each entry into the training function) events also carry a "
+                        "checksum of the whole model and optimizer state (\"full\"), the same for any layout")
     args = p.parse_args()
 
     hvd.init()
@@ -102,8 +117,13 @@ def main() -> None:
             return True
         return bool(args.stop_when) and not hvd.broadcast_object(os.path.exists(args.stop_when), root_rank=0)
 
+    def whole() -> dict:
+        return {"full": full_checksum(model, optimizer)} if args.full_checksum else {}
+
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
+        if args.full_checksum:
+            event("entered", rank=hvd.rank(), size=hvd.size(), step=state.step, **whole())
         state.resets += 1
         if not counters.get("entered"):  # this process's first round: it starts from the synced step
             counters["entered"] = True
@@ -130,12 +150,12 @@ def main() -> None:
             state.step += 1
             state.commit()
             event("commit", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), step=state.step,
-                  checksum=checksum(model, optimizer), in_place=in_place.in_place)
+                  checksum=checksum(model, optimizer), in_place=in_place.in_place, **whole())
             time.sleep(args.step_sleep)
 
     train(state)
     event("done", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), step=state.step,
-          checksum=checksum(model, optimizer))
+          checksum=checksum(model, optimizer), **whole())
 
 
 if __name__ == "__main__":

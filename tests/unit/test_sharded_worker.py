@@ -54,18 +54,6 @@ def test_shard_without_whole_hosts_is_a_one_line_error():
         sharded._form_host_group(ctx)
 
 
-def test_shard_refuses_durable_checkpoints_which_would_hold_one_shard():
-    hvd.init()
-    ctx = get_context()
-    settings = ctx.settings
-    ctx.settings = dataclasses.replace(settings, checkpoint_dir="/tmp/nowhere")
-    try:
-        with pytest.raises(ConfigError, match="durable checkpoints of a sharded model are not built yet"):
-            hvd.shard(torch.nn.Linear(2, 2))
-    finally:
-        ctx.settings = settings
-
-
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))

@@ -1,0 +1,280 @@
+"""Durable checkpoints of a sharded model (``hvd.shard``): torch DCP files written by the workers of one host.
+
+A replica's checkpoint is written by rank 0 alone (:mod:`cloud_elastic.checkpoint.worker`).
+With ``hvd.shard`` no worker holds the whole model: each worker of a host holds 1/S of it,
+and every host holds all of it. So the workers of the host of rank 0 (cross rank 0) write
+the checkpoint together, each its own shards, with torch's distributed checkpoint (DCP)
+over the host's own group, into the folder ``dcp/`` of a new checkpoint folder of the
+job's :class:`~cloud_elastic.checkpoint.store.CheckpointStore`. Rank 0 (local rank 0 of that
+host) then writes the state's other values (``state.pt``, as for a replica: the step,
+the sampler, any plain value) and the manifest, which lists DCP's files and their sizes.
+A reader that finds the manifest finds every shard; one whose files are missing or of
+another size is skipped for the previous checkpoint, as a torn replica's is.
+
+* **When.** At the first commit of a host that becomes host 0, then every
+  ``--checkpoint-interval``, and at every commit while the driver is unreachable. The
+  host's local rank 0 decides and tells its host-mates (a one-element broadcast over
+  the host's group at each commit of host 0), so the host's workers always write
+  together. The write is synchronous: host 0's workers stop for it, and the other hosts
+  wait for them at the next step's gradient averaging. A failed write is logged as a
+  WARNING and training goes on, as for replicas.
+* **Loading.** In a round the driver formed ``from_checkpoint``, the workers of host 0
+  load the newest usable checkpoint: local rank 0 picks it and tells the others, each
+  loads its shards with DCP (which reshards: a checkpoint written by 2 workers a host
+  loads into 1 or 4), and the round's state sync gives them to the other hosts. No
+  usable checkpoint is a :class:`CheckpointError`: the worker exits rather than train
+  from initial weights.
+* **What is in it.** The sharded model and its optimizers (those over DTensor
+  parameters) under their attribute names, as ``get_model_state_dict`` and
+  ``get_optimizer_state_dict`` give them (keyed by parameter name, so the layout may
+  change between writing and loading); everything else in ``state.pt``.
+
+DCP's own ``.metadata`` file is a pickle, which loading unpickles: unlike a replica's
+checkpoint (``torch.load(weights_only=True)``), a sharded one must come from storage the
+job trusts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
+from cloud_elastic.checkpoint.payload import load_state_payload, state_payload
+from cloud_elastic.checkpoint.store import CheckpointStore
+
+__all__ = ["ShardedCheckpoints", "sharded_parts"]
+
+log = logging.getLogger(__name__)
+
+
+class ShardedCheckpoints:
+    """Host 0's checkpoint schedule and the loading of a sharded checkpoint (see the module docstring).
+
+    The same methods as :class:`~cloud_elastic.checkpoint.worker.RankZeroCheckpoints`,
+    which ``elastic.run`` uses in its place once ``hvd.shard`` has formed the host's group.
+    """
+
+    def __init__(self, settings: Any, ctx: Any, *, clock: Callable[[], float] = time.monotonic,
+                 store: CheckpointStore | None = None) -> None:
+        self.settings = settings
+        self._ctx = ctx
+        self._clock = clock
+        self.store = store if store is not None else CheckpointStore(settings.url, keep=settings.keep)
+        self._last: float | None = None  # when this host last wrote one while it was host 0
+        self._stored_seq: int | None = None  # the commit it holds, when it was stored
+
+    @property
+    def writing(self) -> bool:
+        """True while this worker's host writes the checkpoints (it is host 0)."""
+        info = getattr(self._ctx, "info", None)
+        return info is not None and info.cross_rank == 0
+
+    def loads_here(self, info: Any) -> bool:
+        """Whether this worker loads the checkpoint in a ``from_checkpoint`` round: every worker of host 0."""
+        return info.cross_rank == 0
+
+    # ------------------------------------------------------------- writing
+    def after_commit(self, state: Any) -> None:
+        """The context's after-commit hook: host 0's workers write a checkpoint together when one is due."""
+        info = getattr(self._ctx, "info", None)
+        if info is None or info.cross_rank != 0:
+            self._last = None  # if this host becomes host 0, it writes at its first commit there
+            return
+        driver_lost = bool(getattr(self._ctx, "driver_lost", False))
+        due = driver_lost or self._last is None or self._clock() - self._last >= self.settings.interval_s
+        if self._agree(due):
+            self._write(state)
+
+    def stop_writing(self, timeout: float | None = None) -> bool:
+        """Nothing is written in the background: there is never a write to finish."""
+        return True
+
+    def finish(self, state: Any) -> str | None:
+        """Training completed: host 0's workers write the final state; None when stored (or not host 0), else why not."""
+        info = getattr(self._ctx, "info", None)
+        if info is None or info.cross_rank != 0:
+            return None
+        # Local rank 0 decides for the host, as at commits: whether its last commit is stored already.
+        if not self._agree(self._stored_seq is None or self._stored_seq != self._ctx.commit_seq):
+            return None  # the last commit's checkpoint, written by these very workers, holds the final state
+        why = self._write(state)
+        if why is None:
+            return None
+        return f"the final checkpoint (step {self._step(state)}) was not written: {why}"
+
+    def _agree(self, mine: bool) -> bool:
+        """Local rank 0's answer, on every worker of the host (the host's own group is torch's default group)."""
+        flag = torch.tensor([int(mine)], dtype=torch.int64, device=self._ctx.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def _step(self, state: Any) -> int:
+        from cloud_elastic.checkpoint.worker import step_of
+
+        return step_of(state, self._ctx.commit_seq)
+
+    def _write(self, state: Any) -> str | None:
+        """Write the committed state; None when stored, else why not (logged; the previous checkpoints stay)."""
+        ctx, info = self._ctx, self._ctx.info
+        began = time.perf_counter()
+        step = self._step(state)
+        try:
+            tensors, skip = sharded_parts(state)
+            rest = state_payload(state, skip) if info.local_rank == 0 else None
+            named: list[Any] = [None, None]
+            if info.local_rank == 0:
+                try:
+                    named[0] = self.store.reserve(step)
+                except CheckpointError as exc:
+                    named[1] = str(exc)
+            dist.broadcast_object_list(named, src=0)
+            name, error = named
+            if error:
+                raise CheckpointError(error)
+            _save(tensors, self.store.shard_storage(name, writing=True))
+            self._stored_seq = None
+            if info.local_rank == 0:
+                meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": ctx.commit_seq,
+                        "hosts": info.cross_size}
+                epoch = getattr(state, "epoch", None)
+                if isinstance(epoch, int) and not isinstance(epoch, bool):
+                    meta["epoch"] = epoch
+                saved = self.store.publish_sharded(name, step, rest, meta, info.local_size)
+                duration = time.perf_counter() - began
+                ctx.report_checkpoint("saved", step=saved.step, path=saved.url, duration_s=round(duration, 3),
+                                      bytes=saved.size + sum((saved.shards or {}).values()))
+        except CheckpointError as exc:
+            log.warning("worker %s: the sharded checkpoint of step %d was not written: %s", ctx.worker_id, step, exc)
+            return str(exc)
+        finally:
+            self._last = self._clock()
+        self._stored_seq = ctx.commit_seq
+        return None
+
+    # -------------------------------------------------------------- loading
+    def load_latest(self, state: Any) -> CheckpointInfo:
+        """Load the newest usable sharded checkpoint into ``state`` on every worker of this host (a collective over
+        the host's group); make it the state's last commit. CheckpointError when there is none or it does not fit."""
+        ctx, info = self._ctx, self._ctx.info
+        began = time.perf_counter()
+        found: list[Any] = [None, None]
+        if info.local_rank == 0:
+            try:
+                latest = self.store.latest()
+                if latest is None:
+                    found[1] = f"no usable checkpoint in {self.settings.url}"
+                elif latest.info.shards is None:
+                    found[1] = (f"the newest checkpoint in {self.settings.url} (step {latest.info.step}) holds a whole "
+                                "model, not shards: a job with hvd.shard loads only checkpoints written with hvd.shard")
+                else:
+                    found[0] = latest.info
+            except CheckpointError as exc:
+                found[1] = str(exc)
+        dist.broadcast_object_list(found, src=0)
+        chosen, error = found
+        if error:
+            raise CheckpointError(error)
+        checkpoint = self.store.load(chosen)  # this worker's own reading of state.pt, verified
+        tensors, skip = sharded_parts(state)
+        try:
+            _load(tensors, self.store.shard_storage(chosen.name, writing=False))
+            _set(state, tensors)
+        except (Exception, _DCP_ERROR) as exc:
+            state.restore()
+            reason = " ".join(str(exc).split())[:300]
+            raise CheckpointError(f"the shards of {chosen.url} do not fit this state: {reason}") from exc
+        load_state_payload(state, checkpoint.payload, skip)
+        seq = chosen.extra.get("commit_seq", chosen.step)
+        seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else chosen.step
+        ctx.hold_commit(seq)
+        log.info("worker %s: loaded its shards of the checkpoint of step %d (written by %s workers a host) from %s "
+                 "in %.2fs", ctx.worker_id, chosen.step, chosen.shard_count, chosen.url, time.perf_counter() - began)
+        if info.rank == 0:
+            ctx.report_checkpoint("loaded", step=chosen.step, path=chosen.url, commit_seq=seq)
+        return chosen
+
+
+#: What DCP raises when a rank failed (a BaseException in torch): a load that failed on any worker.
+try:
+    from torch.distributed.checkpoint.api import CheckpointException as _DCP_ERROR
+except ImportError:  # pragma: no cover - a build without DCP cannot shard either
+    _DCP_ERROR = RuntimeError
+
+
+def _save(tensors: dict[str, Any], storage: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.save(tensors, storage_writer=storage)
+    except _DCP_ERROR as exc:  # a worker's write failed: every worker of the host gets it
+        raise CheckpointError(f"torch DCP could not write the shards: {' '.join(str(exc).split())[:300]}") from exc
+
+
+def _load(tensors: dict[str, Any], storage: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(tensors, storage_reader=storage)
+
+
+def sharded_parts(state: Any) -> tuple[dict[str, Any], frozenset[str]]:
+    """The sharded values of ``state`` as DCP state dicts, by attribute name, and those names.
+
+    The sharded model by ``get_model_state_dict``; each optimizer over its DTensor
+    parameters by ``get_optimizer_state_dict``, which needs that model: a state with
+    sharded optimizers must hold exactly one sharded model.
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    from cloud_elastic.worker.sharded import is_sharded
+
+    public = {name: value for name, value in vars(state).items() if not name.startswith("_")}
+    models = {n: v for n, v in public.items() if isinstance(v, torch.nn.Module) and is_sharded(v)}
+    optimizers = {n: v for n, v in public.items() if isinstance(v, torch.optim.Optimizer) and is_sharded(v)}
+    if optimizers and len(models) != 1:
+        raise CheckpointError(f"a sharded checkpoint needs the state to hold exactly one model sharded with hvd.shard "
+                              f"for its optimizers ({', '.join(sorted(optimizers))}); it holds {len(models)}")
+    tensors: dict[str, Any] = {name: get_model_state_dict(model) for name, model in models.items()}
+    for name, optimizer in optimizers.items():
+        model = next(iter(models.values()))
+        with _plain_step(optimizer):
+            tensors[name] = get_optimizer_state_dict(model, optimizer)
+    return tensors, frozenset(models) | frozenset(optimizers)
+
+
+def _set(state: Any, tensors: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    models = {n: getattr(state, n) for n in tensors if isinstance(getattr(state, n), torch.nn.Module)}
+    for name, model in models.items():
+        set_model_state_dict(model, tensors[name])
+    for name in tensors:
+        optimizer = getattr(state, name)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            with _plain_step(optimizer):
+                set_optimizer_state_dict(next(iter(models.values())), optimizer, tensors[name])
+
+
+@contextlib.contextmanager
+def _plain_step(optimizer: Any) -> Iterator[None]:
+    """Let torch initialise an optimizer that has no state yet with the wrapped optimizer's own step.
+
+    ``get_optimizer_state_dict`` gives such an optimizer its state by a step with zero gradients
+    at learning rate 0. Through ``DistributedOptimizer.step`` that step would count as a training
+    step and average the gradients over every host, while only host 0 takes it.
+    """
+    if optimizer.state or not hasattr(optimizer, "_ce_skip"):
+        yield
+        return
+    base = type(optimizer).__mro__[1].step
+    base = getattr(base, "__wrapped__", base) if getattr(base, "hooked", False) else base
+    optimizer.step = lambda closure=None: base(optimizer, closure)
+    try:
+        yield
+    finally:
+        del optimizer.step
