@@ -97,56 +97,109 @@ def _form_host_group(ctx: Any) -> HostGroup:
     if dist.is_initialized():
         raise ConfigError("hvd.shard: torch.distributed's default process group already exists; cloud-elastic "
                           "makes it the host's own group (do not call init_process_group)")
+    started = time.monotonic()
+    while True:
+        store, size = _try_host_group(ctx)
+        if store is not None:
+            break
+    log.info("worker %s: formed its host's group (%d workers) in %.2fs", ctx.worker_id, size, time.monotonic() - started)
+    return HostGroup(ctx.settings.host_key if not ctx.standalone else "standalone", store, size)
+
+
+def _try_host_group(ctx: Any) -> tuple[Any, int]:
+    """Form the host's group in this worker's current round; ``(None, 0)`` when that round was aborted while a
+    host-mate had not arrived (this worker has then joined the next round, where the host-mate comes).
+
+    The host's group outlives rounds, but its formation's keys are the round's
+    (``host_namespace(..., "KEY@ROUND")``): a host-mate whose own first round failed
+    to form (a peer died while it connected) is at rendezvous for the next round,
+    which needs this worker there too. Waiting for it here, as this worker did, held
+    both until the collective timeout. So a wait for a host-mate's key ends when the
+    round is aborted; this worker withdraws the keys it wrote (a host-mate that still
+    reads this round's keys does not find a stale address), joins the next round, and
+    forms the group there. A host-mate that has arrived is never left: once its key is
+    there, the formation goes on whatever happens to the round.
+    """
     info = ctx.info
     if ctx.standalone:
-        key, store, rank, size = "standalone", dist.HashStore(), 0, 1
+        store, rank, size, round_ = dist.HashStore(), 0, 1, 0
     else:
-        key = ctx.settings.host_key
-        store = FormingStore(ctx._store, host_namespace(ctx.settings.secret, ctx.job_id, key), ctx.settings.secret,
-                             sent_away=lambda: ctx.sent_away, timeout_s=ctx.collective_timeout_s)
+        round_ = info.round
+        namespace = host_namespace(ctx.settings.secret, ctx.job_id, f"{ctx.settings.host_key}@{round_}")
+        store = FormingStore(ctx._store, namespace, ctx.settings.secret, sent_away=lambda: ctx.sent_away,
+                             aborted=lambda: ctx._aborted(round_), timeout_s=ctx.collective_timeout_s)
         rank, size = info.local_rank, info.local_size
-    started = time.monotonic()
     try:
         with _loopback_gloo(ctx.backend):
             dist.init_process_group(ctx.backend, store=store, rank=rank, world_size=size,
                                     timeout=timedelta(seconds=ctx.collective_timeout_s),
                                     device_id=ctx.device if ctx.backend == "nccl" else None)
     except BaseException:
-        why = None if ctx.standalone else ctx.sent_away
-        if why is None:
+        if ctx.standalone:
             raise
-        # Told to leave while waiting for a host-mate (it died before its hvd.shard): the host leaves whole.
-        print(f"cloud-elastic: leaving the job while forming its host's group: {why}", file=sys.stderr, flush=True)
-        ctx.leave()
-        sys.exit(0)
+        why = ctx.sent_away
+        if why is not None:
+            # Told to leave while waiting for a host-mate (it died before its hvd.shard): the host leaves whole.
+            print(f"cloud-elastic: leaving the job while forming its host's group: {why}", file=sys.stderr, flush=True)
+            ctx.leave()
+            sys.exit(0)
+        if not store.gave_up:
+            raise
+        store.withdraw()
+        log.warning("worker %s: round %d was aborted while it waited for a host-mate to form its host's group; "
+                    "joining the next round", ctx.worker_id, round_)
+        _rejoin_before_training(ctx)
+        return None, 0
     finally:
         if isinstance(store, FormingStore):
             store.forming = False
-    log.info("worker %s: formed its host's group (%d workers) in %.2fs", ctx.worker_id, size, time.monotonic() - started)
-    return HostGroup(key, store, size)
+    return store, size
+
+
+def _rejoin_before_training(ctx: Any) -> None:
+    """Join the next round from inside ``hvd.shard`` (before ``elastic.run``, which syncs the state it finds)."""
+    from cloud_elastic.worker.exceptions import CollectiveError
+
+    ctx._abandon_round()
+    while True:
+        try:
+            ctx.rendezvous("failure")
+            return
+        except CollectiveError as exc:
+            log.warning("worker %s: could not join the next round (%s); retrying", ctx.worker_id, exc)
+        except WorkerRemoved as exc:
+            print(f"cloud-elastic: leaving the job while forming its host's group: {exc}", file=sys.stderr,
+                  flush=True)
+            ctx.leave()
+            sys.exit(0)
 
 
 class FormingStore(SignedStore):
-    """The host's store while its group forms: a wait for a host-mate ends when the driver sends this worker away.
+    """The host's store while its group forms: a wait for a host-mate ends when the driver sends this worker away,
+    or when the worker's round is aborted while the host-mate has not arrived.
 
     A host-mate that dies before its ``hvd.shard`` never writes its address, and the driver
     sends this worker away with its host (``--whole-hosts``); but it is blocked in torch's
     formation of the host's group, where no commit or rendezvous would tell it, and would wait
     ``CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S``. So each ``get`` and ``wait`` looks for its keys every
-    ``POLL_S`` and, between looks, at what the worker's heartbeats last heard (``sent_away()``:
-    the driver's reason, or None), and raises :class:`WorkerRemoved` once the driver said so. A
-    slow host-mate is waited for as long as before: only the driver's word ends the wait early.
+    ``POLL_S`` and, between looks, at what the worker's heartbeats last heard: ``sent_away()``
+    (the driver's reason, or None) raises :class:`WorkerRemoved`; ``aborted()`` (the round was
+    aborted) raises a store error and sets ``gave_up`` (see ``_try_host_group``). A slow
+    host-mate is waited for as long as before: only the driver's word ends the wait early.
     Once the group has formed (``forming`` false) it is a plain :class:`SignedStore`.
     """
 
     POLL_S = 0.05
 
     def __init__(self, inner: Any, namespace: str, secret: str, *, sent_away: Callable[[], str | None],
-                 timeout_s: float) -> None:
+                 timeout_s: float, aborted: Callable[[], bool] = lambda: False) -> None:
         super().__init__(inner, namespace, secret)
         self._sent_away = sent_away
+        self._aborted = aborted
         self._timeout_s = timeout_s
+        self._written: list[str] = []
         self.forming = True
+        self.gave_up = False
 
     def _await(self, keys: list[str], timeout_s: float) -> None:
         if not self.forming:
@@ -156,9 +209,26 @@ class FormingStore(SignedStore):
             why = self._sent_away()
             if why:
                 raise WorkerRemoved(why)
+            if self._aborted():
+                self.gave_up = True
+                raise _STORE_TIMEOUT(f"the round was aborted while waiting for the host's group keys {keys}")
             if time.monotonic() >= deadline:
                 raise _STORE_TIMEOUT(f"timed out after {timeout_s:g}s waiting for the host's group keys {keys}")
             time.sleep(self.POLL_S)
+
+    def set(self, key: str, value: Any) -> None:
+        super().set(key, value)
+        if self.forming:
+            self._written.append(key)
+
+    def withdraw(self) -> None:
+        """Delete the keys this worker wrote while forming (its address, in an abandoned formation)."""
+        for key in self._written:
+            try:
+                self.delete_key(key)
+            except Exception:  # the store may be gone with the driver: nothing is left to read them then
+                pass
+        self._written.clear()
 
     def get(self, key: str) -> bytes:
         self._await([key], self._timeout_s)

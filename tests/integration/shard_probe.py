@@ -74,6 +74,9 @@ def main() -> None:
     p.add_argument("--die-before-shard", default="", metavar="WORKER",
                    help="the worker whose id starts with WORKER dies (exit 1) after hvd.init(), before hvd.shard(): "
                         "its host-mate is then left waiting for it in the formation of the host's group")
+    p.add_argument("--late-to-shard", default="", metavar="WORKER:SECONDS",
+                   help="in the first round, the worker whose id starts with WORKER sleeps SECONDS before hvd.shard(): "
+                        "its host-mate waits for it there")
     p.add_argument("--full-checksum", action="store_true",
                    help="commit, done and entered (each entry into the training function) events also carry a "
                         "checksum of the whole model and optimizer state (\"full\"), the same for any layout")
@@ -90,6 +93,9 @@ def main() -> None:
             time.sleep(2)  # the others' allreduce has ended
             event("dying", rank=hvd.rank(), step=0)
             os._exit(1)
+    late, _, late_s = args.late_to_shard.rpartition(":")
+    if late and me.startswith(late) and get_context().info.round == 1:
+        time.sleep(float(late_s))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 1))

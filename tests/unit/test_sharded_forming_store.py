@@ -68,3 +68,26 @@ def test_the_poll_reply_carries_why_the_worker_is_sent_away():
     assert PollReply.from_wire(reply.to_wire()) == reply
     assert PollReply.from_wire({**reply.to_wire(), "leave": 7}).leave is None  # malformed: not a reason
     assert PollReply.from_wire({"round": 3, "update_gen": 1, "abort_round": 2, "shutdown": False}).leave is None
+
+
+def test_a_round_aborted_while_a_host_mate_is_missing_ends_the_formation_and_its_address_is_withdrawn(tcp):
+    # The real formation again: rank 0 writes its address, waits for rank 1's, and its round is aborted (rank 1
+    # is at rendezvous for the next round). The wait ends, and rank 0's address leaves the store, so a host-mate
+    # still reading this round's keys cannot find a stale address.
+    aborted = threading.Event()
+    store = FormingStore(tcp, NS, SECRET, sent_away=lambda: None, aborted=aborted.is_set, timeout_s=30)
+    _later(0.5, aborted.set)
+    began = time.monotonic()
+    with pytest.raises(BaseException):
+        dist.ProcessGroupGloo(store, 0, 2, timedelta(seconds=30))
+    assert time.monotonic() - began < 20 and store.gave_up
+    written = list(store._written)
+    assert written and SignedStore(tcp, NS, SECRET).check(written)
+    store.withdraw()
+    assert not any(SignedStore(tcp, NS, SECRET).check([key]) for key in written)
+
+
+def test_a_host_mate_that_has_arrived_is_not_left_when_the_round_is_aborted(tcp):
+    SignedStore(tcp, NS, SECRET).set("rank1", b"address of rank 1")
+    store = FormingStore(tcp, NS, SECRET, sent_away=lambda: None, aborted=lambda: True, timeout_s=5)
+    assert store.get("rank1") == b"address of rank 1" and not store.gave_up
