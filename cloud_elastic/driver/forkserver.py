@@ -18,6 +18,10 @@ interpreter, ``python -c``, a shell) is started from scratch, as is every worker
 ``CLOUD_ELASTIC_LOCAL_FORKSERVER=0`` in the driver's environment, every worker on a machine
 with a GPU (forked workers have not run on one yet), and every worker after a server failed
 to start (one warning).
+
+A machine that runs many jobs can keep a parent of servers (:func:`start_parent`): a driver
+whose environment names its socket (``CLOUD_ELASTIC_FORKSERVER_PARENT``) gets a server forked
+for it by that parent, already preloaded, when its start-up variables are the job's.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.worker.zygote import ROOM_VARIABLE
 
-__all__ = ["ForkServer", "forkable", "startup_key", "enabled"]
+__all__ = ["ForkServer", "PARENT_VARIABLE", "forkable", "startup_key", "enabled", "start_parent", "start_server"]
 
 log = logging.getLogger(__name__)
 
@@ -103,22 +107,34 @@ class ForkServer:
     exits are then found from ``/proc`` (code unknown).
     """
 
-    def __init__(self, env: dict[str, str]) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    def __init__(self, env: dict[str, str], parent: str | None = None) -> None:
         #: The server's environment: the start-up variables, then the room its workers' other variables
         #: are shown in (``zygote._show_as``); its command line ends with room for theirs.
         self.startup = dict(startup_key(env))
-        server_env = {**self.startup, ROOM_VARIABLE: "-" * ENV_ROOM}
-        argv = [sys.executable, "-m", "cloud_elastic.worker.zygote", str(theirs.fileno()), "-" * ARGV_ROOM]
-        self._arg_room = sum(len(os.fsencode(a)) + 1 for a in argv)
         self.room = 0
-        try:
-            self._proc = subprocess.Popen(argv, env=server_env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
-        except OSError:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        #: The start-up variables the server says it has (``ready``): ``startup`` unless it came from a parent.
+        self.server_startup: dict[str, str] | None = None
+        self._proc: subprocess.Popen | None = None
+        if parent is not None:  # a server forked for this driver by a parent of servers (``start_parent``)
+            ours = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                ours.connect(parent)
+            except OSError:
+                ours.close()
+                raise
+            self._arg_room = 0  # the server says (``ready``)
+        else:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            argv = server_argv([str(theirs.fileno())])
+            self._arg_room = sum(len(os.fsencode(a)) + 1 for a in argv)
+            try:
+                self._proc = subprocess.Popen(argv, env=server_env(env), pass_fds=[theirs.fileno()],
+                                              stdin=subprocess.DEVNULL)
+            except OSError:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
         self._sock = ours
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()
@@ -142,6 +158,9 @@ class ForkServer:
                     op = message.get("op")
                     if op == "ready":
                         self.ready, self.room = True, int(message.get("room", 0))
+                        self._arg_room = int(message.get("arg_room") or self._arg_room)
+                        startup = message.get("startup")
+                        self.server_startup = dict(startup) if isinstance(startup, dict) else self.startup
                     elif op == "declined":
                         self.declined = str(message.get("reason", "declined"))
                     elif op == "exit":
@@ -207,6 +226,8 @@ class ForkServer:
         except OSError:
             pass
         self._sock.close()
+        if self._proc is None:
+            return  # forked by a parent: it ends when this socket closes, and the parent reaps it
         try:
             self._proc.wait(5)
         except subprocess.TimeoutExpired:
@@ -214,8 +235,46 @@ class ForkServer:
             self._proc.wait()
 
 
+def server_argv(first: list[str]) -> list[str]:
+    """A server's command line: ``first`` is its socket's descriptor (or ``--listen PATH`` for a parent)."""
+    return [sys.executable, "-m", "cloud_elastic.worker.zygote", *first, "-" * ARGV_ROOM]
+
+
+def server_env(env: dict[str, str]) -> dict[str, str]:
+    """A server's environment for workers of ``env``: its start-up variables, and the room for the others."""
+    return {**dict(startup_key(env)), ROOM_VARIABLE: "-" * ENV_ROOM}
+
+
+def start_parent(path: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a parent of fork servers listening at ``path`` (a new socket file; its directory should be private).
+
+    A driver whose environment has ``CLOUD_ELASTIC_FORKSERVER_PARENT=PATH`` connects to it and
+    gets a server forked for it in milliseconds, instead of starting one that imports torch
+    (3.2 s of CPU on the 2-core test machine): for a machine that runs many jobs, one after
+    another or side by side (a test suite, a sweep). Its start-up variables are those of
+    ``env`` (default: this process's environment); a driver whose workers need others starts
+    its own server as before. The caller ends it (``terminate()``); the servers it forked end
+    with their drivers, and their workers run on, as for a server a driver started.
+    """
+    source = dict(os.environ if env is None else env)
+    return subprocess.Popen(server_argv(["--listen", path]), env=server_env(source), stdin=subprocess.DEVNULL)
+
+
+#: The variable naming the socket of a parent of fork servers (:func:`start_parent`).
+PARENT_VARIABLE = "CLOUD_ELASTIC_FORKSERVER_PARENT"
+
+
 def start_server(env: dict[str, str]) -> ForkServer | None:
-    """A ready server for workers of ``env``'s start-up variables, or None (one warning) if it did not start."""
+    """A ready server for workers of ``env``'s start-up variables, or None (one warning) if it did not start.
+
+    From the parent of servers ``env`` names (``CLOUD_ELASTIC_FORKSERVER_PARENT``) when there is one
+    and its start-up variables are ``env``'s; else a server of its own.
+    """
+    parent = env.get(PARENT_VARIABLE)
+    if parent:
+        server = _from_parent(parent, env)
+        if server is not None:
+            return server
     began = time.monotonic()
     try:
         server = ForkServer(env)
@@ -232,4 +291,24 @@ def start_server(env: dict[str, str]) -> ForkServer | None:
         server.close()
         return None
     log.debug("fork server ready in %.2fs", time.monotonic() - began)
+    return server
+
+
+def _from_parent(parent: str, env: dict[str, str]) -> ForkServer | None:
+    """A server forked by the parent at ``parent`` for workers of ``env``; None (logged) when there is none that fits."""
+    try:
+        server = ForkServer(env, parent=parent)
+    except OSError as exc:
+        log.warning("cloud-elastic: no fork server from %s (%s); starting one", parent, exc)
+        return None
+    if not server.wait_ready(_REPLY_TIMEOUT_S):
+        log.warning("cloud-elastic: the fork server from %s was not ready; starting one", parent)
+        server.close()
+        return None
+    if server.server_startup != server.startup:
+        different = sorted(set(server.startup.items()) ^ set((server.server_startup or {}).items()))
+        log.info("the fork servers of %s start workers with other settings (%s); starting one",
+                 parent, ", ".join(sorted({k for k, _ in different})))
+        server.close()
+        return None
     return server

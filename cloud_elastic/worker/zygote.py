@@ -14,6 +14,10 @@ stdout and stderr, ``/dev/null`` as stdin, the environment and working directory
 interpreter, and the script run as ``__main__``. Its exit (code, or ``-N`` for signal N)
 is reported back to the driver.
 
+Started as ``python -m cloud_elastic.worker.zygote --listen PATH`` (``forkserver.start_parent``)
+it is a parent of servers instead: it preloads once, and forks a server for each driver that
+connects to the Unix socket ``PATH``; that server then serves its driver as above.
+
 The server stays single-threaded, so a fork copies no lock held by another thread, and
 never touches CUDA (importing torch does not initialise it). It exits when the driver's
 end of its socket closes; workers it started run on (their own sessions) and are reaped
@@ -131,12 +135,18 @@ def _regions() -> tuple[tuple[int, int], tuple[int, int]] | None:
 
 def _initial_names() -> list[str]:
     """The names of this process's initial environment, in the order the kernel laid them out."""
+    return list(_initial_environment())
+
+
+def _initial_environment() -> dict[str, str]:
+    """This process's initial environment, in the order the kernel laid it out (what it was started with)."""
     try:
         with open("/proc/self/environ", "rb") as f:
             entries = f.read().split(b"\0")
     except OSError:
-        return list(os.environ)
-    return [os.fsdecode(e.split(b"=", 1)[0]) for e in entries if e]
+        return dict(os.environ)
+    pairs = (os.fsdecode(e).split("=", 1) for e in entries if e)
+    return {p[0]: p[1] if len(p) > 1 else "" for p in pairs}
 
 
 def _show_as(argv: list[str], env: dict[str, str], initial: list[str],
@@ -234,18 +244,58 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(argv: list[str] | None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    sock = socket.socket(fileno=int(args[0]))
-    initial = _initial_names()
+    listening = args[0] == "--listen"
+    sock = None if listening else socket.socket(fileno=int(args[0]))
+    started_with = _initial_environment()
+    initial = list(started_with)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the driver's terminal is the driver's to handle
     _preload()
     declined = _declines()
     if declined:
-        _send(sock, {"op": "declined", "reason": declined})
+        if sock is not None:
+            _send(sock, {"op": "declined", "reason": declined})
+        else:
+            print(f"cloud-elastic fork server: {declined}", file=sys.stderr, flush=True)
         return 0
     # What the server holds now is shared with every worker, page by page, until written: the garbage
     # collector's passes (a worker's, and its exit's) leave it alone instead of touching it all.
     gc.freeze()
     regions = _regions()
+    if sock is None:
+        sock = _accept_forked(args[1])  # in a server forked for one driver
+    startup = {k: v for k, v in started_with.items() if k != ROOM_VARIABLE}
+    return _serve_driver(sock, initial, regions, startup)
+
+
+def _accept_forked(path: str) -> socket.socket:
+    """A parent of servers (``--listen PATH``): for each driver that connects, fork a server for it; return its
+    socket in that child. The parent runs until it is killed (``forkserver.start_parent``).
+
+    The children are what a server started for the driver would be, minus the import: they
+    were preloaded, frozen and laid out (``_regions``) once, here.
+    """
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    old = os.umask(0o177)  # only this user may connect: a connection can start processes as this user
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the servers it forks are reaped by the kernel
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except InterruptedError:
+            continue
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server reaps its own workers, with their codes
+            return conn
+        conn.close()
+
+
+def _serve_driver(sock: socket.socket, initial: list[str], regions: Any, startup: dict[str, str]) -> int:
     room = len(os.environ.get(ROOM_VARIABLE, "")) if regions else 0
     # A child's exit wakes the loop at once (SIGCHLD through a pipe), so the driver hears of it
     # without delay, and an idle server never wakes.
@@ -253,7 +303,10 @@ def _serve(argv: list[str] | None) -> int:
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    _send(sock, {"op": "ready", "pid": os.getpid(), "room": room})
+    # Its start-up variables (what its workers inherit rather than read) and the room in its command line:
+    # a driver that did not start it checks the one and sizes by the other.
+    arg_room = regions[0][1] - regions[0][0] if regions else 0
+    _send(sock, {"op": "ready", "pid": os.getpid(), "room": room, "arg_room": arg_room, "startup": startup})
     while True:
         readable, _, _ = select.select([sock, wake_r], [], [])
         if wake_r in readable:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
 import heapq
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -30,11 +33,53 @@ class Event:
         return self.data[key]
 
 
+_PARENT: list = []  # [path or None] once asked: this process's parent of fork servers
+_PARENT_LOCK = threading.Lock()
+
+
+def parent_of_servers() -> str | None:
+    """The socket of this test process's parent of fork servers (``forkserver.start_parent``), started at the
+    first call and ended at exit; None where it cannot run (it declines on a GPU machine).
+
+    Every job a test starts gets it (``CLOUD_ELASTIC_FORKSERVER_PARENT``), so its driver's fork server
+    is forked from it in milliseconds instead of importing torch: the suite starts about a hundred
+    jobs, and their servers' imports were a fifth of its CPU (312 of 1,300 CPU-seconds). A driver
+    whose workers need other start-up settings starts its own server, as do the jobs of tests that
+    set the variable themselves (``test_local_launcher.py`` tests both ways).
+    """
+    with _PARENT_LOCK:
+        if not _PARENT:
+            from cloud_elastic.driver import forkserver
+
+            directory = tempfile.mkdtemp(prefix="cloud-elastic-servers-")
+            path = os.path.join(directory, "servers.sock")
+            # Started as the jobs' workers are: the driver gives them OMP_NUM_THREADS=1 unless it is set.
+            proc = forkserver.start_parent(path, {"OMP_NUM_THREADS": "1", **os.environ})
+            deadline = time.monotonic() + 120
+            while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            atexit.register(_end_parent, proc, directory)
+            _PARENT.append(path if os.path.exists(path) else None)
+        return _PARENT[0]
+
+
+def _end_parent(proc: subprocess.Popen, directory: str) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 class Job:
     """A running ``cloud-elastic run``; collects output lines and EVENTs as they arrive."""
 
     def __init__(self, args: list[str], *, env: dict[str, str] | None = None, cwd: Path = REPO) -> None:
         full_env = dict(os.environ)
+        parent = parent_of_servers()
+        if parent:
+            full_env.setdefault("CLOUD_ELASTIC_FORKSERVER_PARENT", parent)
         full_env.update(env or {})
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.cmd = CLI + args

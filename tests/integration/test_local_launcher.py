@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from cloud_elastic.driver import forkserver
 from cloud_elastic.driver.launch import WorkerSpec
 from cloud_elastic.driver.local import ForkedProcess, LocalLauncher, LocalProcess
 
@@ -143,12 +144,30 @@ def _launch_script(launcher: LocalLauncher, tmp_path, worker_id: str, *args: str
     return proc, report, lines
 
 
-def test_a_script_worker_is_forked_and_is_what_python_would_have_started(tmp_path):
+@pytest.fixture
+def parent_of_servers(tmp_path_factory, monkeypatch):
+    """A parent of fork servers (``forkserver.start_parent``) named in this process's environment, as a driver
+    would find it; ended after the test."""
+    path = str(tmp_path_factory.mktemp("parent") / "servers.sock")
+    proc = forkserver.start_parent(path)
+    _wait(lambda: os.path.exists(path), 60, "the parent's socket")
+    monkeypatch.setenv(forkserver.PARENT_VARIABLE, path)
+    yield proc
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.mark.parametrize("server", ["its own", "from a parent of servers"])
+def test_a_script_worker_is_forked_and_is_what_python_would_have_started(tmp_path, request, server):
+    if server != "its own":
+        request.getfixturevalue("parent_of_servers")
     launcher = LocalLauncher()
     try:
         one, mine, _ = _launch_script(launcher, tmp_path, "w1", "exit", "3")
         two, theirs, lines = _launch_script(launcher, tmp_path, "w2", "raise")
         assert isinstance(one, ForkedProcess) and isinstance(two, ForkedProcess)
+        [used] = [s for s in launcher._servers.values() if s is not None]
+        assert (used._proc is None) == (server != "its own")  # a parent's server is not the driver's child
         assert mine["torch_loaded"]  # forked from the server that imported it: what saves the import
         assert mine["argv"] == ["introspect.py", "exit", "3"] and mine["name"] == "__main__"
         assert mine["path0"] == str(tmp_path) and mine["cwd"] == str(tmp_path)
@@ -163,6 +182,19 @@ def test_a_script_worker_is_forked_and_is_what_python_would_have_started(tmp_pat
         assert _wait(two.poll, 30, "w2's exit").code == 1
         _wait(lambda: any("RuntimeError: the training script failed" in x for x in lines), 10, "w2's traceback")
         assert not any("zygote" in x or "runpy" in x for x in lines), lines  # the script's frames only
+    finally:
+        launcher.close()
+
+
+def test_a_parent_of_servers_with_other_start_up_settings_is_not_used(tmp_path, parent_of_servers, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read as the interpreter starts: the parent's servers lack it
+    launcher = LocalLauncher()
+    try:
+        proc, report, _ = _launch_script(launcher, tmp_path, "w1", "exit", "0")
+        assert isinstance(proc, ForkedProcess) and report["torch_loaded"]
+        [used] = [s for s in launcher._servers.values() if s is not None]
+        assert used._proc is not None  # a server of its own, started with OMP_NUM_THREADS=3
+        assert _wait(proc.poll, 30, "the worker's exit").code == 0
     finally:
         launcher.close()
 
