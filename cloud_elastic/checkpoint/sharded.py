@@ -127,16 +127,7 @@ class ShardedCheckpoints:
         try:
             tensors, skip = sharded_parts(state)
             rest = state_payload(state, skip) if info.local_rank == 0 else None
-            named: list[Any] = [None, None]
-            if info.local_rank == 0:
-                try:
-                    named[0] = self.store.reserve(step)
-                except CheckpointError as exc:
-                    named[1] = str(exc)
-            dist.broadcast_object_list(named, src=0)
-            name, error = named
-            if error:
-                raise CheckpointError(error)
+            name = _decided_by_local_rank_0(info, lambda: self.store.reserve(step))
             _save(tensors, self.store.shard_storage(name, writing=True))
             self._stored_seq = None
             if info.local_rank == 0:
@@ -158,28 +149,22 @@ class ShardedCheckpoints:
         return None
 
     # -------------------------------------------------------------- loading
+    def _newest_sharded(self) -> CheckpointInfo:
+        latest = self.store.latest()
+        if latest is None:
+            raise CheckpointError(f"no usable checkpoint in {self.settings.url}")
+        if latest.info.shards is None:
+            raise CheckpointError(f"the newest checkpoint in {self.settings.url} (step {latest.info.step}) holds a "
+                                  "whole model, not shards: a job with hvd.shard loads only checkpoints written with "
+                                  "hvd.shard")
+        return latest.info
+
     def load_latest(self, state: Any) -> CheckpointInfo:
         """Load the newest usable sharded checkpoint into ``state`` on every worker of this host (a collective over
         the host's group); make it the state's last commit. CheckpointError when there is none or it does not fit."""
         ctx, info = self._ctx, self._ctx.info
         began = time.perf_counter()
-        found: list[Any] = [None, None]
-        if info.local_rank == 0:
-            try:
-                latest = self.store.latest()
-                if latest is None:
-                    found[1] = f"no usable checkpoint in {self.settings.url}"
-                elif latest.info.shards is None:
-                    found[1] = (f"the newest checkpoint in {self.settings.url} (step {latest.info.step}) holds a whole "
-                                "model, not shards: a job with hvd.shard loads only checkpoints written with hvd.shard")
-                else:
-                    found[0] = latest.info
-            except CheckpointError as exc:
-                found[1] = str(exc)
-        dist.broadcast_object_list(found, src=0)
-        chosen, error = found
-        if error:
-            raise CheckpointError(error)
+        chosen = _decided_by_local_rank_0(info, self._newest_sharded)
         checkpoint = self.store.load(chosen)  # this worker's own reading of state.pt, verified
         tensors, skip = sharded_parts(state)
         try:
@@ -198,6 +183,20 @@ class ShardedCheckpoints:
         if info.rank == 0:
             ctx.report_checkpoint("loaded", step=chosen.step, path=chosen.url, commit_seq=seq)
         return chosen
+
+
+def _decided_by_local_rank_0(info: Any, decide: Callable[[], Any]) -> Any:
+    """``decide()`` on local rank 0, its value (or its CheckpointError, raised) on every worker of the host."""
+    answer: list[Any] = [None, None]
+    if info.local_rank == 0:
+        try:
+            answer[0] = decide()
+        except CheckpointError as exc:
+            answer[1] = str(exc)
+    dist.broadcast_object_list(answer, src=0)
+    if answer[1]:
+        raise CheckpointError(answer[1])
+    return answer[0]
 
 
 #: What DCP raises when a rank failed (a BaseException in torch): a load that failed on any worker.
