@@ -137,12 +137,9 @@ def _try_host_group(ctx: Any) -> tuple[Any, int]:
     except BaseException:
         if ctx.standalone:
             raise
-        why = ctx.sent_away
-        if why is not None:
+        if ctx.sent_away is not None:
             # Told to leave while waiting for a host-mate (it died before its hvd.shard): the host leaves whole.
-            print(f"cloud-elastic: leaving the job while forming its host's group: {why}", file=sys.stderr, flush=True)
-            ctx.leave()
-            sys.exit(0)
+            _leave_while_forming(ctx, ctx.sent_away)
         if not store.gave_up:
             raise
         store.withdraw()
@@ -168,10 +165,13 @@ def _rejoin_before_training(ctx: Any) -> None:
         except CollectiveError as exc:
             log.warning("worker %s: could not join the next round (%s); retrying", ctx.worker_id, exc)
         except WorkerRemoved as exc:
-            print(f"cloud-elastic: leaving the job while forming its host's group: {exc}", file=sys.stderr,
-                  flush=True)
-            ctx.leave()
-            sys.exit(0)
+            _leave_while_forming(ctx, str(exc))
+
+
+def _leave_while_forming(ctx: Any, why: str) -> None:
+    print(f"cloud-elastic: leaving the job while forming its host's group: {why}", file=sys.stderr, flush=True)
+    ctx.leave()
+    sys.exit(0)
 
 
 class FormingStore(SignedStore):

@@ -133,11 +133,6 @@ def _regions() -> tuple[tuple[int, int], tuple[int, int]] | None:
     return (arg_start, arg_end), (env_start, env_end)
 
 
-def _initial_names() -> list[str]:
-    """The names of this process's initial environment, in the order the kernel laid them out."""
-    return list(_initial_environment())
-
-
 def _initial_environment() -> dict[str, str]:
     """This process's initial environment, in the order the kernel laid it out (what it was started with)."""
     try:
