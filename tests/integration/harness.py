@@ -39,7 +39,7 @@ _PARENT_LOCK = threading.Lock()
 
 def parent_of_servers() -> str | None:
     """The socket of this test process's parent of fork servers (``forkserver.start_parent``), started at the
-    first call and ended at exit; None where it cannot run (it declines on a GPU machine).
+    first call and ended at exit; None where drivers fork no workers (a GPU machine) or it did not start.
 
     Every job a test starts gets it (``CLOUD_ELASTIC_FORKSERVER_PARENT``), so its driver's fork server
     is forked from it in milliseconds instead of importing torch: the suite starts about a hundred
@@ -51,6 +51,9 @@ def parent_of_servers() -> str | None:
         if not _PARENT:
             from cloud_elastic.driver import forkserver
 
+            if not forkserver.enabled():  # a GPU machine, or CLOUD_ELASTIC_LOCAL_FORKSERVER=0: drivers fork nothing
+                _PARENT.append(None)
+                return None
             directory = tempfile.mkdtemp(prefix="cloud-elastic-servers-")
             path = os.path.join(directory, "servers.sock")
             # Started as the jobs' workers are: the driver gives them OMP_NUM_THREADS=1 unless it is set.
