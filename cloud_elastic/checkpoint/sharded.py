@@ -69,12 +69,6 @@ class ShardedCheckpoints:
         self._last: float | None = None  # when this host last wrote one while it was host 0
         self._stored_seq: int | None = None  # the commit it holds, when it was stored
 
-    @property
-    def writing(self) -> bool:
-        """True while this worker's host writes the checkpoints (it is host 0)."""
-        info = getattr(self._ctx, "info", None)
-        return info is not None and info.cross_rank == 0
-
     def loads_here(self, info: Any) -> bool:
         """Whether this worker loads the checkpoint in a ``from_checkpoint`` round: every worker of host 0."""
         return info.cross_rank == 0

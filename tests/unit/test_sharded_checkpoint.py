@@ -109,7 +109,7 @@ def test_host_0_writes_at_its_first_commit_then_every_interval_and_not_on_anothe
     ctx.info.cross_rank = 1  # another host is host 0 now: this one writes nothing
     state.step = 5
     durable.after_commit(state)
-    assert not durable.writing and len(ctx.reports) == 2
+    assert len(ctx.reports) == 2
     ctx.info.cross_rank = 0  # host 0 again: it writes at once
     state.step, ctx.commit_seq = 6, 6
     durable.after_commit(state)
@@ -119,6 +119,11 @@ def test_host_0_writes_at_its_first_commit_then_every_interval_and_not_on_anothe
     state.step, ctx.commit_seq = 7, 7
     assert durable.finish(state) is None
     assert [f["step"] for e, f in ctx.reports if e == "saved"] == [1, 3, 6, 7]
+    ctx.driver_lost = True  # the driver is away: every commit is written, whatever the interval
+    for step in (8, 9):
+        state.step, ctx.commit_seq = step, step
+        durable.after_commit(state)
+    assert [f["step"] for e, f in ctx.reports if e == "saved"] == [1, 3, 6, 7, 8, 9]
 
 
 def test_a_torn_sharded_checkpoint_is_skipped_for_the_previous_one(tmp_path):
