@@ -224,23 +224,63 @@ def _my_rank(ctx: Any, cross: bool) -> int:
     return ctx.info.cross_rank if cross else ctx.info.rank
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, *, cross: bool = False) -> torch.Tensor:
+def _takes_part(ctx: Any, cross: bool, root_rank: int, receivers: Sequence[int] | None) -> bool:
+    """Whether this worker sends or receives in a broadcast to ``receivers`` (None: to every worker)."""
+    if receivers is None:
+        return True
+    return bool(receivers) and (_my_rank(ctx, cross) == root_rank or _my_rank(ctx, cross) in receivers)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, *, cross: bool = False,
+               receivers: Sequence[int] | None = None) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s value, in place; return it.
 
     ``cross``: over this worker's cross-host group (sharded training: the same local
     rank of every host, ``root_rank`` a host index), a no-op with one host.
+    ``receivers``: the ranks that need the value (None: every one). Given, the root
+    sends it to each of them point to point, all at once, and the other workers take
+    no part: their ``tensor`` is left as it is (see :func:`needing`).
     """
     ctx = get_context()
     if cross and ctx.info.cross_size <= 1:
         return tensor
+    if not _takes_part(ctx, cross, root_rank, receivers):
+        return tensor
+    me = _my_rank(ctx, cross)
     work_tensor = on_device(tensor)
-    opts = dist.BroadcastOptions()
-    opts.rootRank = root_rank
     what = f"broadcast {name or ''}".strip()
-    ctx.wait((ctx.cross_group if cross else ctx.group)(what).broadcast([work_tensor], opts), what)
+    group = (ctx.cross_group if cross else ctx.group)(what)
+    if receivers is None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root_rank
+        ctx.wait(group.broadcast([work_tensor], opts), what)
+    elif me == root_rank:
+        for work in [group.send([work_tensor], rank, 0) for rank in receivers]:
+            ctx.wait(work, what)
+    else:
+        ctx.wait(group.recv([work_tensor], root_rank, 0), what)
     if work_tensor is not tensor:
         tensor.copy_(work_tensor)
     return tensor
+
+
+def needing(needs: bool, name: str, *, cross: bool = False) -> list[int]:
+    """The ranks whose ``needs`` is true, on every worker of the group (one small allreduce).
+
+    A state sync asks it before sending: a worker that already holds the root's
+    commit takes no part in the transfer (``receivers`` of :func:`broadcast_`).
+    ``cross``: over the cross-host group, as :func:`broadcast_`.
+    """
+    ctx = get_context()
+    size, me = (ctx.info.cross_size, ctx.info.cross_rank) if cross else (ctx.info.size, ctx.info.rank)
+    if size <= 1:
+        return []
+    flags = torch.zeros(size, dtype=torch.int64)
+    flags[me] = int(needs)
+    work_tensor = on_device(flags)
+    what = f"which workers need the {name}"
+    ctx.wait((ctx.cross_group if cross else ctx.group)(what).allreduce([work_tensor]), what)
+    return [rank for rank, flag in enumerate(work_tensor.tolist()) if flag]
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
@@ -274,16 +314,20 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = Non
     return pickle.loads(ctypes.string_at(payload.data_ptr(), payload.numel()))  # no numpy needed
 
 
-def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *, cross: bool = False) -> Any:
+def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *, cross: bool = False,
+                    receivers: Sequence[int] | None = None) -> Any:
     """Return ``root_rank``'s ``obj`` on every worker, never unpickling anything foreign.
 
     Used by ``sync()``: encoded with ``torch.save`` and decoded with
     ``weights_only=True`` (see ``statecodec``). If the root's object cannot be
     carried that way, every worker raises the same ``StateSyncError``.
-    ``cross``: over the cross-host group, as :func:`broadcast_`.
+    ``cross`` and ``receivers``: as :func:`broadcast_` (a worker that takes no
+    part gets its own ``obj`` back, and does not learn of a root's error).
     """
     ctx = get_context()
     if cross and ctx.info.cross_size <= 1:
+        return obj
+    if not _takes_part(ctx, cross, root_rank, receivers):
         return obj
     root = _my_rank(ctx, cross) == root_rank
     error = ""
@@ -295,10 +339,10 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *,
         length = torch.tensor([-len(data) if error else len(data)], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name, cross=cross)
+    broadcast_(length, root_rank, name, cross=cross, receivers=receivers)
     n = int(length.item())
     payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if root else torch.empty(abs(n), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name, cross=cross)
+    broadcast_(payload, root_rank, name, cross=cross, receivers=receivers)
     if n < 0:  # the root could not encode it: everyone fails alike, nobody waits for a peer
         raise statecodec.StateSyncError(error or ctypes.string_at(payload.data_ptr(), payload.numel()).decode(errors="replace"))
     if root:
@@ -311,16 +355,18 @@ _PACK_BYTES = 32 * 1024 * 1024
 
 
 def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: str = "tensors", *,
-                       cross: bool = False) -> None:
+                       cross: bool = False, receivers: Sequence[int] | None = None) -> None:
     """Overwrite each of ``tensors`` with ``root_rank``'s value, in place, in as few collectives as fit.
 
     Tensors of one dtype and device travel packed in flat buffers of up to
     32 MiB: a state sync of a few dozen tensors is then a few collectives, not
     one each (each costs about a millisecond on loopback even when tiny).
-    ``cross``: over the cross-host group, as :func:`broadcast_`.
+    ``cross`` and ``receivers``: as :func:`broadcast_`.
     """
     ctx = get_context()
     if cross and ctx.info.cross_size <= 1:
+        return
+    if ctx.info is not None and not _takes_part(ctx, cross, root_rank, receivers):
         return
     root = ctx.info is None or _my_rank(ctx, cross) == root_rank
     groups: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
@@ -338,13 +384,13 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: st
         for (dtype, device), chunks in groups.items():
             for chunk in chunks:
                 if len(chunk) == 1:
-                    broadcast_(chunk[0], root_rank, name, cross=cross)
+                    broadcast_(chunk[0], root_rank, name, cross=cross, receivers=receivers)
                     continue
                 if root:
                     flat = torch.cat([t.reshape(-1) for t in chunk])
                 else:
                     flat = torch.empty(sum(t.numel() for t in chunk), dtype=dtype, device=device)
-                broadcast_(flat, root_rank, name, cross=cross)
+                broadcast_(flat, root_rank, name, cross=cross, receivers=receivers)
                 if not root:
                     offset = 0
                     for t in chunk:
@@ -371,19 +417,24 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     optimizer.load_state_dict(broadcast_state_dict(optimizer.state_dict() if root else None, root_rank))
 
 
-def broadcast_state_dict(state: Any, root_rank: int = 0, name: str = "optimizer state", *, cross: bool = False) -> Any:
+def broadcast_state_dict(state: Any, root_rank: int = 0, name: str = "optimizer state", *, cross: bool = False,
+                         receivers: Sequence[int] | None = None) -> Any:
     """``root_rank``'s ``state`` (a state dict of plain data and tensors; other workers pass None) on every worker.
 
     The skeleton (tensors replaced by shapes) goes first, through :func:`broadcast_state`; every worker then
     allocates the same tensors, and they are broadcast packed (:func:`broadcast_tensors_`). Returned on every
-    worker, the root included, with tensors of its own (CPU copies). ``cross``: as :func:`broadcast_`.
+    worker, the root included, with tensors of its own (CPU copies). ``cross`` and ``receivers``: as
+    :func:`broadcast_`; a worker that takes no part gets its own ``state`` back.
     """
-    root = _my_rank(get_context(), cross) == root_rank
+    ctx = get_context()
+    if not _takes_part(ctx, cross, root_rank, receivers):
+        return state
+    root = _my_rank(ctx, cross) == root_rank
     skeleton, tensors = _split_tensors(state) if root else (None, [])
-    skeleton = broadcast_state(skeleton, root_rank, name, cross=cross)
+    skeleton = broadcast_state(skeleton, root_rank, name, cross=cross, receivers=receivers)
     if not root:
         tensors = [torch.empty(shape, dtype=_dtype(dtype)) for shape, dtype in _shapes(skeleton)]
-    broadcast_tensors_(tensors, root_rank, name, cross=cross)
+    broadcast_tensors_(tensors, root_rank, name, cross=cross, receivers=receivers)
     return _join_tensors(skeleton, tensors)
 
 

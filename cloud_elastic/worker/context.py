@@ -135,6 +135,9 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self.window = CommitWindow(s.commit_mode)
         #: ``commit_seq`` of the state the running (or last) sync broadcasts from rank 0.
         self.sync_root_seq: int | None = None
+        #: Sharded training: the round of the last sync, and the hosts (cross ranks) that received this
+        #: local rank's shards in it (the others held that commit already).
+        self.shard_sync: tuple[int, list[int]] = (0, [])
         #: Called with the state after each commit (e.g. rank 0's durable checkpoint schedule).
         self.after_commit: list[Any] = []
         #: DistributedOptimizer steps since the last commit: what a rollback undoes.

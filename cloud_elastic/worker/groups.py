@@ -329,7 +329,7 @@ class RoundGroupsMixin:
         round_ = self.info.round
         self.await_current_view()
         aborted_before = self._aborted(round_)
-        fut = work.get_future()
+        fut, waited = _future(work)
         if not fut.done():
             event = threading.Event()
             fut.add_done_callback(lambda _f: event.set())
@@ -339,7 +339,7 @@ class RoundGroupsMixin:
                         self._abandon_round()
                         raise CollectiveError(f"{what} abandoned: the driver aborted round {round_} (a peer was lost)")
         try:
-            work.wait()
+            fut.wait() if waited else work.wait()
         except RuntimeError as exc:
             self._abandon_round()
             reason = str(exc).splitlines()[0].split(" This is typically")[0]
@@ -355,6 +355,25 @@ class RoundGroupsMixin:
     def await_current_view(self) -> None:
         """Overridden by the driver link (see ``link``): a group on its own has no driver to ask."""
 
+
+
+def _future(work: Any) -> tuple[Any, bool]:
+    """``work``'s future, and whether it already waited for the work: Gloo's point-to-point ``send`` and
+    ``recv`` have none, so a thread of their own waits for them (and, after an abort, until Gloo's timeout)."""
+    try:
+        return work.get_future(), False
+    except RuntimeError:
+        fut = torch.futures.Future()
+
+        def wait() -> None:
+            try:
+                work.wait()
+                fut.set_result(None)
+            except BaseException as exc:  # noqa: BLE001 (handed to the waiter)
+                fut.set_exception(exc)
+
+        threading.Thread(target=wait, name="cloud-elastic-p2p-wait", daemon=True).start()
+        return fut, True
 
 
 def new_gloo_group(store: Any, rank: int, size: int, timeout: timedelta, *, hostname: str,

@@ -196,8 +196,9 @@ class _SnapshotHandler:
     def _recorded(self) -> None:
         """The live state is the commit again (restored whole): record what tells a later change."""
 
-    def sync(self, overwritten: bool) -> None:
-        """Broadcast rank 0's state into this one; ``overwritten``: the sync changes this worker's values."""
+    def sync(self, overwritten: bool, receivers: list[int] | None = None) -> None:
+        """Broadcast rank 0's state into this one; ``overwritten``: the sync changes this worker's values;
+        ``receivers``: the workers that take part besides the root (a sharded handler's, see ``TorchState.sync``)."""
         self._snap.flush()
         if overwritten and self.in_place and not self._changed_since_commit():
             # The broadcast writes other values into the live tensors: keep this commit whole (in host
@@ -207,9 +208,9 @@ class _SnapshotHandler:
             self._snap.keep(self._whole())
         elif overwritten and self.in_place:
             self._touched = True
-        self._broadcast()
+        self._broadcast(receivers)
 
-    def _broadcast(self) -> None:
+    def _broadcast(self, receivers: list[int] | None) -> None:
         raise NotImplementedError
 
 
@@ -262,7 +263,7 @@ class _ModelHandler(_SnapshotHandler):
     def _recorded(self) -> None:
         self._versions = [p._version for p in self._updated()[1]]
 
-    def _broadcast(self) -> None:
+    def _broadcast(self, receivers: list[int] | None) -> None:
         collectives.broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
@@ -308,7 +309,7 @@ class _OptimizerHandler(_SnapshotHandler):
             for group, saved in zip(self.value.param_groups, self._groups):
                 group.update(_clone(saved))
 
-    def _broadcast(self) -> None:
+    def _broadcast(self, receivers: list[int] | None) -> None:
         collectives.broadcast_optimizer_state(self.value, root_rank=0)
 
 
@@ -319,7 +320,8 @@ class _ShardedModelHandler(_ModelHandler):
     DTensor parameters' version counters); a kept commit copies the shards at the
     commit, nothing deferred to the optimizer step. A restore copies back into the
     live shards (views of the parameters); a sync sends shard *i* from host 0's
-    local rank *i* to the other hosts' (``collectives.broadcast_tensors_(cross=True)``).
+    local rank *i* to the local rank *i* of each host that does not hold that
+    commit, point to point; the hosts that hold it take no part (see ``TorchState.sync``).
     """
 
     sharded = True
@@ -350,8 +352,9 @@ class _ShardedModelHandler(_ModelHandler):
             for name, value in saved.items():
                 live[name].copy_(value)
 
-    def _broadcast(self) -> None:
-        collectives.broadcast_tensors_([t for _, t in sorted(self._local().items())], 0, "parameters", cross=True)
+    def _broadcast(self, receivers: list[int] | None) -> None:
+        collectives.broadcast_tensors_([t for _, t in sorted(self._local().items())], 0, "parameters", cross=True,
+                                       receivers=receivers)
 
 
 class _ShardedOptimizerHandler(_OptimizerHandler):
@@ -396,10 +399,11 @@ class _ShardedOptimizerHandler(_OptimizerHandler):
             }
         self.value.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
 
-    def _broadcast(self) -> None:
-        root = get_context().info.cross_rank == 0
-        synced = collectives.broadcast_state_dict(self._state_dict() if root else None, 0, cross=True)
-        if not root:
+    def _broadcast(self, receivers: list[int] | None) -> None:
+        me = get_context().info.cross_rank
+        synced = collectives.broadcast_state_dict(self._state_dict() if me == 0 else None, 0, cross=True,
+                                                  receivers=receivers)
+        if me != 0 and (receivers is None or me in receivers):
             self._load(synced)
 
 
@@ -559,11 +563,19 @@ class TorchState(ObjectState):
         root_seq = getattr(ctx, "sync_root_seq", None)
         other = root_seq is None or root_seq != ctx.live_commit_seq or not ctx.holds_commit
         overwritten = ctx.info is not None and ctx.info.rank != 0 and other
-        # A shard comes from local rank i of host 0 (cross rank 0), which holds rank 0's commit.
+        # A shard comes from local rank i of host 0 (cross rank 0), which holds rank 0's commit, and only to
+        # the hosts that do not hold it (the initial state, commit 0, may differ on every host).
         shard_overwritten = ctx.info is not None and ctx.info.cross_rank != 0 and other
+        receivers = None
+        if any(getattr(h, "sharded", False) for h in self._handlers.values()) and ctx.info is not None:
+            receivers = collectives.needing(ctx.info.cross_rank != 0 and (other or ctx.live_commit_seq == 0),
+                                            "shards of the commit", cross=True)
+            ctx.shard_sync = (ctx.info.round, receivers)
         for handler in self._handlers.values():
-            if isinstance(handler, _SnapshotHandler):
-                handler.sync(shard_overwritten if getattr(handler, "sharded", False) else overwritten)
+            if getattr(handler, "sharded", False):
+                handler.sync(shard_overwritten, receivers)
+            elif isinstance(handler, _SnapshotHandler):
+                handler.sync(overwritten)
             else:
                 handler.sync()
         super().sync()

@@ -42,6 +42,22 @@ def broadcast_parameters_packed(rank: int) -> bool:
     return all(torch.equal(mine[k], want[k]) and mine[k].dtype == want[k].dtype for k in want)
 
 
+def broadcast_to_receivers(rank: int) -> bool:
+    """Point to point: only the last rank needs rank 0's tensors and state dict; the ranks between keep theirs."""
+    from cloud_elastic.worker import collectives
+
+    size = hvd.size()
+    receivers = collectives.needing(rank == size - 1, "check")
+    mine = [torch.full((3,), float(rank)), torch.arange(4) * (rank + 1)]
+    collectives.broadcast_tensors_(mine, 0, "check", receivers=receivers)
+    state = collectives.broadcast_state_dict({"step": rank, "t": torch.ones(2) * rank}, 0, receivers=receivers)
+    source = rank == 0 or rank == size - 1
+    want = 0 if source else rank
+    return (receivers == [size - 1] and torch.equal(mine[0], torch.full((3,), float(want)))
+            and torch.equal(mine[1], torch.arange(4) * (want + 1)) and state["step"] == want
+            and torch.equal(state["t"], torch.ones(2) * want))
+
+
 def main() -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -71,6 +87,7 @@ def main() -> None:
     checks["broadcast_object"] = hvd.broadcast_object({"from": rank}, root_rank=1) == {"from": 1}
     checks["broadcast"] = hvd.broadcast(torch.tensor([rank * 10.0]), root_rank=size - 1).item() == (size - 1) * 10
     checks["broadcast_parameters"] = broadcast_parameters_packed(rank)
+    checks["broadcast_to_receivers"] = broadcast_to_receivers(rank)
     ranks = hvd.allgather(torch.tensor([hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()]))
     checks["topology"] = ranks.view(size, 4).tolist()
     print("CHECK " + json.dumps({"rank": rank, **checks}), flush=True)

@@ -2,7 +2,8 @@
 
 An MLP sharded with FSDP2 across the host's workers, AdamW, one commit per step.
 It prints ``EVENT {json}`` lines (see ``probe.py``): hello (with how much of the
-model this worker holds), commit and reset (with a checksum of this worker's
+model this worker holds), entered (at each entry into the training function: the
+round of the last state sync and the hosts that received shards in it), commit and reset (with a checksum of this worker's
 shards: parameters and optimizer state) and done; with ``--full-checksum`` also
 a checksum of the whole state, which does not depend on the layout. The replicas of shard *i* on
 every host must be bitwise equal at each step, and a rollback must give back
@@ -78,8 +79,8 @@ def main() -> None:
                    help="in the first round, the worker whose id starts with WORKER sleeps SECONDS before hvd.shard(): "
                         "its host-mate waits for it there")
     p.add_argument("--full-checksum", action="store_true",
-                   help="commit, done and entered (each entry into the training function) events also carry a "
-                        "checksum of the whole model and optimizer state (\"full\"), the same for any layout")
+                   help="commit, done and entered events also carry a checksum of the whole model and optimizer "
+                        "state (\"full\"), the same for any layout")
     args = p.parse_args()
 
     hvd.init()
@@ -128,8 +129,9 @@ def main() -> None:
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
-        if args.full_checksum:
-            event("entered", rank=hvd.rank(), size=hvd.size(), step=state.step, **whole())
+        sync_round, receivers = get_context().shard_sync
+        event("entered", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), cross_rank=hvd.cross_rank(),
+              round=get_context().info.round, sync_round=sync_round, receivers=receivers, step=state.step, **whole())
         state.resets += 1
         if not counters.get("entered"):  # this process's first round: it starts from the synced step
             counters["entered"] = True

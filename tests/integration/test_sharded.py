@@ -12,7 +12,9 @@ commit per step; each worker holds about half of the model). In sequence, each s
   (parameters and AdamW state) and go on at size 4;
 - discovery replaces the lost instance with 127.0.0.4: the new host joins whole as ranks 4 and
   5, and from its first commit its shards are bitwise equal to the other hosts' shards of the
-  same local rank; ``cloud-elastic status`` shows the whole-host job;
+  same local rank; they came point to point from 127.0.0.1, and 127.0.0.2 took no part (nor did
+  any host after the failure, when both held the commit); ``cloud-elastic status`` shows the
+  whole-host job;
 - one worker of 127.0.0.4 dies as a step starts: its host-mate, left alone in FSDP2's all-gather
   over the host's own group, fails there and leaves too; the others roll back exactly;
 - 127.0.0.2 is drained with ``cloud-elastic drain`` (as a spot notice drains it): both its
@@ -83,6 +85,9 @@ def test_a_sharded_job_loses_a_host_heals_a_new_one_from_a_peer_and_drains_one_w
     resets = [e for e in job.of("reset") if e["size"] == 4]
     assert sorted(_host(e) for e in resets) == ["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"], resets
     _rolled_back_exactly(job, resets, size=6)
+    # Both hosts hold that commit: no shard travels between them.
+    back = [e for e in job.of("entered") if e["size"] == 4]
+    assert len(back) == 4 and not [e for e in back if e["sync_round"] == e["round"] and e["receivers"]], back
 
     # A new instance in its place: the new host joins whole and takes its shards from a peer host.
     hosts.set(["127.0.0.1:2", "127.0.0.2:2", "127.0.0.4:2"])
@@ -97,6 +102,13 @@ def test_a_sharded_job_loses_a_host_heals_a_new_one_from_a_peer_and_drains_one_w
     healed_at = job.wait_for(healed, timeout=120, what="the new host training beside the others")
     assert {e["size"] for e in job.of("commit") if _host(e) == "127.0.0.4"} == {6}, healed_at
     _replicas_agree(job)  # from its first commit on, the new host's shards are its peers' (and stay so)
+    # Point to point: in the round that admitted it, only the new host (cross rank 2) received shards, each
+    # local rank from 127.0.0.1's; 127.0.0.2 held that commit and took no part.
+    admitted = {e["round"] for e in job.of("entered") if _host(e) == "127.0.0.4"}
+    assert len(admitted) == 1, admitted
+    that_round = [e for e in job.of("entered") if e["round"] in admitted]
+    assert len(that_round) == 6 and {(e["sync_round"], tuple(e["receivers"])) for e in that_round} == {
+        (admitted.pop(), (2,))}, that_round
     joined = sorted((e["rank"], e["local_rank"]) for e in job.of("hello") if _host(e) == "127.0.0.4")
     assert joined == [(4, 0), (5, 1)], joined
     shown = status(runtime_dir, job.job_id())
