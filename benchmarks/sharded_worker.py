@@ -5,17 +5,24 @@
     torchrun --standalone --nproc-per-node 4 benchmarks/sharded_worker.py --hsdp --slots-per-host 2
                                                                  (plain FSDP2 HSDP on a (hosts, slots) mesh)
 
+    cloud-elastic run ... python benchmarks/sharded_worker.py --replica
+                                                                 (no hvd.shard: a whole replica per worker)
+
 The model is ``commit_cost_worker.py``'s residual blocks of LayerNorm + Linear(width, width)
-(each block one FSDP2 unit), AdamW. Both modes time the same loop body (batch, forward, backward,
-step; cloud-elastic also commits) and print one ``TIMING`` JSON line per worker
+(each block one FSDP2 unit), AdamW. Every mode times the same loop body (batch, forward, backward,
+step; cloud-elastic also commits) and prints one ``TIMING`` JSON line per worker
 with the step times, the process's peak RSS (``VmHWM``) and the bytes of model
-and optimizer state the worker holds.
+and optimizer state the worker holds; with ``--step-log``, also a ``STEPLOG`` line
+per step (``workload.py``'s format, ``size`` the number of hosts) for
+``sharded_heal.py``, and ``--steps 0`` trains until it is stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import time
 
 import torch
@@ -42,7 +49,9 @@ def main() -> None:
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=200, help="0: until stopped")
+    p.add_argument("--replica", action="store_true", help="cloud-elastic without hvd.shard: a replica per worker")
+    p.add_argument("--step-log", action="store_true", help="a STEPLOG line per step")
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(1234)
@@ -66,7 +75,8 @@ def main() -> None:
 
         hvd.init()
         rank = hvd.rank()
-        hvd.shard(model, modules=blocks)
+        if not args.replica:
+            hvd.shard(model, modules=blocks)
         opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01))
         state = hvd.elastic.TorchState(model, opt, step=0)
     walls: list[float] = []
@@ -74,20 +84,31 @@ def main() -> None:
     ends: list[float] = []
 
     def train(state) -> None:
-        for step in range(args.steps):
+        for step in range(args.steps) if args.steps else itertools.count():
             t0, c0 = time.perf_counter(), time.process_time()
-            g = torch.Generator().manual_seed(step * 100_003 + rank)
+            g = torch.Generator().manual_seed(step * 100_003 + (hvd.rank() if state is not None else rank0))
             x = torch.randn(args.batch_size, args.width, generator=g)
             opt.zero_grad()
             F.mse_loss(model(x), x[:, :1].tanh()).backward()
             opt.step()
             if state is not None:
                 state.step += 1
-                state.commit()
-            walls.append(round(time.perf_counter() - t0, 6))
-            cpus.append(round(time.process_time() - c0, 6))
-            ends.append(time.time())
+                try:
+                    state.commit()
+                except hvd.HostsUpdatedInterrupt:  # the step completed and its commit is kept (workload.py)
+                    done(step, t0, c0)
+                    raise
+            done(step, t0, c0)
 
+    def done(step: int, t0: float, c0: float) -> None:
+        walls.append(round(time.perf_counter() - t0, 6))
+        cpus.append(round(time.process_time() - c0, 6))
+        ends.append(time.time())
+        if args.step_log:
+            print("STEPLOG " + json.dumps({"step": step, "t": ends[-1], "rank": rank0, "pid": os.getpid(),
+                                          "size": hvd.cross_size() if state is not None else 0}), flush=True)
+
+    rank0 = rank
     if state is None:
         train(None)
     else:

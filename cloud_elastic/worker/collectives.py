@@ -352,6 +352,8 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *,
 
 #: Tensors are broadcast packed into flat buffers of at most this many bytes (one collective each).
 _PACK_BYTES = 32 * 1024 * 1024
+#: A tensor at least this big is broadcast alone, in place (no packing copies).
+_ALONE_BYTES = 4 * 1024 * 1024
 
 
 def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: str = "tensors", *,
@@ -360,7 +362,9 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: st
 
     Tensors of one dtype and device travel packed in flat buffers of up to
     32 MiB: a state sync of a few dozen tensors is then a few collectives, not
-    one each (each costs about a millisecond on loopback even when tiny).
+    one each (each costs about a millisecond on loopback even when tiny). A
+    tensor of 4 MiB or more travels alone, into its place: packing it would copy
+    it twice more for no gain (decided by size only, the same on every worker).
     ``cross`` and ``receivers``: as :func:`broadcast_`.
     """
     ctx = get_context()
@@ -369,11 +373,22 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: st
     if ctx.info is not None and not _takes_part(ctx, cross, root_rank, receivers):
         return
     root = ctx.info is None or _my_rank(ctx, cross) == root_rank
+
+    def alone(t: torch.Tensor) -> None:
+        buf = t if t.is_contiguous() else t.contiguous()
+        broadcast_(buf, root_rank, name, cross=cross, receivers=receivers)
+        if buf is not t and not root:
+            t.copy_(buf)
+
     groups: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
     sizes: dict[tuple[torch.dtype, torch.device], int] = {}
+    big = []
     for t in tensors:
         key = (t.dtype, t.device)
         nbytes = t.numel() * t.element_size()
+        if nbytes >= _ALONE_BYTES:
+            big.append(t)
+            continue
         chunks = groups.setdefault(key, [[]])
         if chunks[-1] and sizes.get(key, 0) + nbytes > _PACK_BYTES:
             chunks.append([])
@@ -381,10 +396,12 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: st
         chunks[-1].append(t)
         sizes[key] = sizes.get(key, 0) + nbytes
     with torch.no_grad():
+        for t in big:
+            alone(t)
         for (dtype, device), chunks in groups.items():
             for chunk in chunks:
                 if len(chunk) == 1:
-                    broadcast_(chunk[0], root_rank, name, cross=cross, receivers=receivers)
+                    alone(chunk[0])
                     continue
                 if root:
                     flat = torch.cat([t.reshape(-1) for t in chunk])

@@ -156,13 +156,17 @@ def _root_commit_seq(ctx: Any) -> int:
     state at all: after a graceful membership change every old worker holds the
     very commit rank 0 broadcasts (see ``TorchState.sync``). Rank 0 also tells
     what its loop showed of collectives between an update and a commit
-    (``worker.window``), so a newcomer keeps its commits from the start if it must.
+    (``worker.window``), so a newcomer keeps its commits from the start if it must,
+    and whether its loop is confirmed in place, so a newcomer then keeps no whole
+    copy of its first commit (a copy the running workers would wait for).
     """
     if ctx.standalone or ctx.info is None:
         return ctx.live_commit_seq
-    facts = torch.tensor([ctx.live_commit_seq, int(ctx.window.has_collectives)], dtype=torch.int64, device=ctx.device)
+    window = ctx.window
+    facts = torch.tensor([ctx.live_commit_seq, int(window.has_collectives), int(window.confirmed)], dtype=torch.int64,
+                         device=ctx.device)
     collectives.broadcast_(facts, 0, "commit sequence")
-    ctx.window.learn(bool(facts[1].item()))
+    window.learn(bool(facts[1].item()), confirmed=bool(facts[2].item()))
     return int(facts[0].item())
 
 

@@ -19,7 +19,7 @@ and the restore then needs the values from before it. This class learns the
 loop: commits are kept in place until a collective is seen in a window, and
 from then on, for the life of the process, every commit keeps those values (a
 snapshot, as before). A worker joining a running job learns it from rank 0 with
-the state sync.
+the state sync, confirmation included.
 
 Until a window has closed at a commit with no collective in it (the loop is then
 *confirmed* in place), a commit kept in place also keeps the whole state in host
@@ -68,9 +68,12 @@ class CommitWindow:
         """May the commit being made now keep nothing (the next update runs in place)?"""
         return self.mode == "auto" and not self.has_collectives
 
-    def learn(self, has_collectives: bool) -> None:
-        """Take what another worker's loop showed (rank 0's, with the state sync)."""
+    def learn(self, has_collectives: bool, confirmed: bool = False) -> None:
+        """Take what another worker's loop showed (rank 0's, with the state sync): a loop that had collectives
+        in its windows, or one confirmed in place (then a newcomer keeps no whole copy of its first commit:
+        every worker runs the same loop)."""
         self.has_collectives = self.has_collectives or has_collectives
+        self.confirmed = self.confirmed or (confirmed and not self.has_collectives)
 
     def update(self, kept: bool) -> None:
         """An optimizer update starts; ``kept``: the values it overwrites are kept until the next commit."""

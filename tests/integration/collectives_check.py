@@ -26,7 +26,7 @@ def model() -> torch.nn.Module:
 
 
 def broadcast_parameters_packed(rank: int) -> bool:
-    """A state dict of mixed dtypes, a 0-dim and a non-contiguous tensor, packed over two flat buffers."""
+    """A state dict of mixed dtypes, a 0-dim and a non-contiguous tensor, packed over flat buffers or alone."""
     from cloud_elastic.worker import collectives
 
     g = torch.Generator().manual_seed(7)  # what rank 0 holds; the others start from their own values
@@ -34,11 +34,13 @@ def broadcast_parameters_packed(rank: int) -> bool:
             "d": torch.randn(4, 6, generator=g).t(), "e": torch.randn(300, generator=g)}
     mine = {k: (v.clone() if rank == 0 else torch.full_like(v, rank)) for k, v in want.items()}
     mine["d"] = mine["d"].t().contiguous().t()  # non-contiguous, like the reference
-    old, collectives._PACK_BYTES = collectives._PACK_BYTES, 512  # split into several buffers
+    # Split into several buffers; "d" (96 bytes, non-contiguous) and "e" travel alone, the others packed.
+    old = collectives._PACK_BYTES, collectives._ALONE_BYTES
+    collectives._PACK_BYTES, collectives._ALONE_BYTES = 512, 64
     try:
         hvd.broadcast_parameters(mine, root_rank=0)
     finally:
-        collectives._PACK_BYTES = old
+        collectives._PACK_BYTES, collectives._ALONE_BYTES = old
     return all(torch.equal(mine[k], want[k]) and mine[k].dtype == want[k].dtype for k in want)
 
 

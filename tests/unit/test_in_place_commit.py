@@ -332,6 +332,17 @@ def test_a_newcomer_learns_the_loop_from_rank_0():
     assert not window.in_place()
     window.learn(False)
     assert not window.in_place()
+    window.learn(False, confirmed=True)  # a loop with collectives in its windows is never confirmed in place
+    assert not window.confirmed
+
+
+def test_a_newcomer_keeps_no_whole_copy_when_rank_0_confirmed_the_loop_in_place():
+    from cloud_elastic.worker.window import CommitWindow
+
+    window = CommitWindow()
+    assert window.in_place() and not window.confirmed  # alone, its first commit would keep a whole copy
+    window.learn(False, confirmed=True)
+    assert window.in_place() and window.confirmed
 
 
 @pytest.mark.commit_mode("snapshot")
