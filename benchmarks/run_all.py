@@ -68,6 +68,7 @@ BENCHMARKS = [
     Benchmark("straggler", "straggler.py", 400, 1800),
     Benchmark("sharded", "sharded.py", 400, 3600),
     Benchmark("sharded-heal", "sharded_heal.py", 300, 1800),
+    Benchmark("sharded-checkpoint", "sharded_checkpoint.py", 300, 1800),
     Benchmark("gpu", "gpu.py", 400, 3600, needs_gpu=True),
 ]
 

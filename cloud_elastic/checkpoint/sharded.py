@@ -12,12 +12,22 @@ A reader that finds the manifest finds every shard; one whose files are missing 
 another size is skipped for the previous checkpoint, as a torn replica's is.
 
 * **When.** At the first commit of a host that becomes host 0, then every
-  ``--checkpoint-interval``, and at every commit while the driver is unreachable. The
-  host's local rank 0 decides and tells its host-mates (a one-element broadcast over
-  the host's group at each commit of host 0), so the host's workers always write
-  together. The write is synchronous: host 0's workers stop for it, and the other hosts
-  wait for them at the next step's gradient averaging. A failed write is logged as a
-  WARNING and training goes on, as for replicas.
+  ``--checkpoint-interval``, and at every commit while the driver is unreachable, each
+  time only if this worker's previous write has finished. The host's local rank 0
+  decides and tells its host-mates (a one-element broadcast over the host's group at
+  each commit of host 0), so the host's workers always write together.
+* **In the background.** At the commit, each worker copies its shards to host memory
+  (DCP's own staging: ``_create_cpu_state_dict`` and ``_copy_state_dict``, pinned memory
+  on a GPU) and the state's other values (``stage_payload``); then a thread of its own
+  writes that copy with ``dcp.save`` over a Gloo group of the host's workers made for
+  it (formed at the first write, so DCP's collectives never meet the training's on the
+  host's group), and rank 0 publishes it. Training goes on meanwhile. A host-mate whose
+  previous write is still running queues this one: at most two copies a worker. The end
+  of training (:meth:`finish`) and a worker leaving (:meth:`stop_writing`) wait for the
+  writes. With ``CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES=sync`` (host memory too small for
+  the copy), or a torch without those staging functions, the write is synchronous: host 0's
+  workers stop for it, and the other hosts wait for them at the next gradient averaging. A
+  failed write is logged as a WARNING and training goes on, as for replicas.
 * **Loading.** In a round the driver formed ``from_checkpoint``, the workers of host 0
   load the newest usable checkpoint: local rank 0 picks it and tells the others, each
   loads its shards with DCP (which reshards: a checkpoint written by 2 workers a host
@@ -38,6 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
+import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -45,12 +57,15 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
-from cloud_elastic.checkpoint.payload import load_state_payload, state_payload
+from cloud_elastic.checkpoint.payload import load_state_payload, stage_payload, state_payload
 from cloud_elastic.checkpoint.store import CheckpointStore
 
 __all__ = ["ShardedCheckpoints", "sharded_parts"]
 
 log = logging.getLogger(__name__)
+
+#: How long a leaving worker, or the end of training, waits for the writes in the background.
+FLUSH_TIMEOUT_S = 120.0
 
 
 class ShardedCheckpoints:
@@ -68,6 +83,8 @@ class ShardedCheckpoints:
         self.store = store if store is not None else CheckpointStore(settings.url, keep=settings.keep)
         self._last: float | None = None  # when this host last wrote one while it was host 0
         self._stored_seq: int | None = None  # the commit it holds, when it was stored
+        self._writes = _Writes()
+        self._group: Any = None  # the Gloo group of the host's workers that background writes use
 
     def loads_here(self, info: Any) -> bool:
         """Whether this worker loads the checkpoint in a ``from_checkpoint`` round: every worker of host 0."""
@@ -82,12 +99,12 @@ class ShardedCheckpoints:
             return
         driver_lost = bool(getattr(self._ctx, "driver_lost", False))
         due = driver_lost or self._last is None or self._clock() - self._last >= self.settings.interval_s
-        if self._agree(due):
-            self._write(state)
+        if self._agree(due and self._writes.idle):
+            self._write(state, background=True)
 
-    def stop_writing(self, timeout: float | None = None) -> bool:
-        """Nothing is written in the background: there is never a write to finish."""
-        return True
+    def stop_writing(self, timeout: float | None = FLUSH_TIMEOUT_S) -> bool:
+        """Wait (up to ``timeout``) for this worker's writes in the background; True when none is left."""
+        return self._writes.wait(timeout)
 
     def finish(self, state: Any) -> str | None:
         """Training completed: host 0's workers write the final state; None when stored (or not host 0), else why not."""
@@ -95,9 +112,12 @@ class ShardedCheckpoints:
         if info is None or info.cross_rank != 0:
             return None
         # Local rank 0 decides for the host, as at commits: whether its last commit is stored already.
+        if not self._writes.wait(FLUSH_TIMEOUT_S):
+            log.warning("worker %s: a checkpoint written in the background did not finish within %gs",
+                        self._ctx.worker_id, FLUSH_TIMEOUT_S)
         if not self._agree(self._stored_seq is None or self._stored_seq != self._ctx.commit_seq):
             return None  # the last commit's checkpoint, written by these very workers, holds the final state
-        why = self._write(state)
+        why = self._write(state, background=False)
         if why is None:
             return None
         return f"the final checkpoint (step {self._step(state)}) was not written: {why}"
@@ -113,34 +133,49 @@ class ShardedCheckpoints:
 
         return step_of(state, self._ctx.commit_seq)
 
-    def _write(self, state: Any) -> str | None:
-        """Write the committed state; None when stored, else why not (logged; the previous checkpoints stay)."""
+    def _write(self, state: Any, background: bool) -> str | None:
+        """Write the committed state (with ``background``, a copy of it, on this worker's writer thread); None when
+        stored or handed to the thread, else why not (logged; the previous checkpoints stay)."""
         ctx, info = self._ctx, self._ctx.info
         began = time.perf_counter()
-        step = self._step(state)
+        step, seq = self._step(state), ctx.commit_seq
+        self._last = self._clock()
         try:
             tensors, skip = sharded_parts(state)
             rest = state_payload(state, skip) if info.local_rank == 0 else None
             name = _decided_by_local_rank_0(info, lambda: self.store.reserve(step))
-            _save(tensors, self.store.shard_storage(name, writing=True))
-            self._stored_seq = None
-            if info.local_rank == 0:
-                meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": ctx.commit_seq,
-                        "hosts": info.cross_size}
-                epoch = getattr(state, "epoch", None)
-                if isinstance(epoch, int) and not isinstance(epoch, bool):
-                    meta["epoch"] = epoch
-                saved = self.store.publish_sharded(name, step, rest, meta, info.local_size)
-                duration = time.perf_counter() - began
-                ctx.report_checkpoint("saved", step=saved.step, path=saved.url, duration_s=round(duration, 3),
-                                      bytes=saved.size + sum((saved.shards or {}).values()))
+            meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": seq, "hosts": info.cross_size}
+            epoch = getattr(state, "epoch", None)
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                meta["epoch"] = epoch
+            job = (name, step, seq, meta, info.local_rank, info.local_size, began)
+            staged = _stage(tensors) if background and self.settings.background else None
+            if staged is not None:
+                if self._group is None:  # every worker of the host is here: a collective of the host's group
+                    from cloud_elastic.worker.sharded import loopback_gloo
+
+                    with loopback_gloo("gloo"):
+                        self._group = dist.new_group(backend="gloo")
+                self._writes.put(lambda: self._store(staged, stage_payload(rest) if rest is not None else None,
+                                                     *job, group=self._group))
+                return None
+            self._store(tensors, rest, *job, group=None)
         except CheckpointError as exc:
             log.warning("worker %s: the sharded checkpoint of step %d was not written: %s", ctx.worker_id, step, exc)
             return str(exc)
-        finally:
-            self._last = self._clock()
-        self._stored_seq = ctx.commit_seq
         return None
+
+    def _store(self, tensors: dict[str, Any], rest: Any, name: str, step: int, seq: int, meta: dict[str, Any],
+               local_rank: int, local_size: int, began: float, *, group: Any) -> None:
+        """Save the shards with DCP, then (local rank 0) publish them with the other values; CheckpointError if not."""
+        self._stored_seq = None
+        _save(tensors, self.store.shard_storage(name, writing=True), group)
+        if local_rank == 0:
+            saved = self.store.publish_sharded(name, step, rest, meta, local_size)
+            self._ctx.report_checkpoint("saved", step=saved.step, path=saved.url,
+                                        duration_s=round(time.perf_counter() - began, 3),
+                                        bytes=saved.size + sum((saved.shards or {}).values()))
+        self._stored_seq = seq
 
     # -------------------------------------------------------------- loading
     def _newest_sharded(self) -> CheckpointInfo:
@@ -200,13 +235,69 @@ except ImportError:  # pragma: no cover - a build without DCP cannot shard eithe
     _DCP_ERROR = RuntimeError
 
 
-def _save(tensors: dict[str, Any], storage: Any) -> None:
+def _save(tensors: dict[str, Any], storage: Any, group: Any = None) -> None:
     import torch.distributed.checkpoint as dcp
 
     try:
-        dcp.save(tensors, storage_writer=storage)
-    except _DCP_ERROR as exc:  # a worker's write failed: every worker of the host gets it
+        dcp.save(tensors, storage_writer=storage, process_group=group)
+    except (_DCP_ERROR, RuntimeError) as exc:  # a worker's write failed (every worker gets it), or a host-mate died
         raise CheckpointError(f"torch DCP could not write the shards: {' '.join(str(exc).split())[:300]}") from exc
+
+
+def _stage(tensors: dict[str, Any]) -> dict[str, Any] | None:
+    """A copy of DCP state dicts in host memory (pinned for GPU tensors), as DCP's own async staging makes it;
+    None where this torch lacks those functions (the write is then synchronous)."""
+    try:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+    except ImportError:  # pragma: no cover - older or newer torch: write synchronously
+        return None
+    staged = _create_cpu_state_dict(tensors, pin_memory=torch.cuda.is_available())
+    _copy_state_dict(tensors, staged)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return staged
+
+
+class _Writes:
+    """One daemon thread that runs this worker's background writes in order (a daemon: a write still running
+    when the process ends is cut, and its folder, without a manifest, is skipped by readers)."""
+
+    def __init__(self) -> None:
+        self._queue: "queue.Queue[Callable[[], None]]" = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return self._pending == 0
+
+    def put(self, write: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="cloud-elastic-sharded-checkpoint", daemon=True)
+                self._thread.start()
+        self._queue.put(write)
+
+    def wait(self, timeout: float | None) -> bool:
+        with self._lock:
+            return self._lock.wait_for(lambda: self._pending == 0, timeout)
+
+    def _run(self) -> None:
+        while True:
+            write = self._queue.get()
+            try:
+                write()
+            except CheckpointError as exc:
+                log.warning("the sharded checkpoint written in the background failed: %s", exc)
+            except Exception:  # noqa: BLE001 - the thread must go on for the next write
+                log.exception("the sharded checkpoint written in the background failed")
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    self._lock.notify_all()
 
 
 def _load(tensors: dict[str, Any], storage: Any) -> None:

@@ -54,13 +54,16 @@ class DurableSettings:
     url: str
     interval_s: float = 300.0
     keep: int = 2
+    #: ``hvd.shard``'s checkpoints written from a host copy while training goes on (else training waits).
+    background: bool = True
 
     @classmethod
     def from_settings(cls, settings: Any) -> "DurableSettings | None":
         """From the worker's :class:`~cloud_elastic.worker.settings.WorkerSettings`; None without ``--checkpoint-dir``."""
         if not settings.checkpoint_dir:
             return None
-        return cls(settings.checkpoint_dir, settings.checkpoint_interval_s, settings.checkpoint_keep)
+        return cls(settings.checkpoint_dir, settings.checkpoint_interval_s, settings.checkpoint_keep,
+                   settings.sharded_checkpoint_writes == "background")
 
 
 def step_of(state: Any, fallback: int) -> int:

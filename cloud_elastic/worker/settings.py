@@ -67,6 +67,9 @@ class WorkerSettings:
     checkpoint_dir: str = ""
     checkpoint_interval_s: float = 300.0
     checkpoint_keep: int = 2
+    #: ``CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES``: ``background`` (``hvd.shard``'s checkpoints are written from a
+    #: host copy of the shards while training goes on) or ``sync`` (no copy: training waits for the write).
+    sharded_checkpoint_writes: str = "background"
     #: ``CLOUD_ELASTIC_SELFTEST_TIMEOUT_S``: how long a newcomer's device self-test may take (``selftest``).
     selftest_timeout_s: float = 60.0
 
@@ -86,6 +89,9 @@ class WorkerSettings:
             raise ConfigError(f"CLOUD_ELASTIC_BACKEND={self.backend!r}: use gloo or nccl")
         if self.commit_mode not in ("auto", "snapshot"):
             raise ConfigError(f"CLOUD_ELASTIC_COMMIT_MODE={self.commit_mode!r}: use auto or snapshot")
+        if self.sharded_checkpoint_writes not in ("background", "sync"):
+            raise ConfigError(f"CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES={self.sharded_checkpoint_writes!r}: use "
+                              "background or sync")
         if self.slot < 0:
             raise ConfigError(f"CLOUD_ELASTIC_SLOT={self.slot}: must be >= 0")
         if not self.standalone:
@@ -140,5 +146,6 @@ class WorkerSettings:
             checkpoint_dir=env.get("CLOUD_ELASTIC_CHECKPOINT_DIR", ""),
             checkpoint_interval_s=number("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S", "300", float),
             checkpoint_keep=int(number("CLOUD_ELASTIC_CHECKPOINT_KEEP", "2", int)),
+            sharded_checkpoint_writes=env.get("CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES", "background").strip().lower(),
             selftest_timeout_s=number("CLOUD_ELASTIC_SELFTEST_TIMEOUT_S", "60", float),
         )

@@ -130,7 +130,7 @@ def _try_host_group(ctx: Any) -> tuple[Any, int]:
                              aborted=lambda: ctx._aborted(round_), timeout_s=ctx.collective_timeout_s)
         rank, size = info.local_rank, info.local_size
     try:
-        with _loopback_gloo(ctx.backend):
+        with loopback_gloo(ctx.backend):
             dist.init_process_group(ctx.backend, store=store, rank=rank, world_size=size,
                                     timeout=timedelta(seconds=ctx.collective_timeout_s),
                                     device_id=ctx.device if ctx.backend == "nccl" else None)
@@ -248,7 +248,7 @@ _STORE_TIMEOUT = getattr(dist, "DistStoreError", RuntimeError)
 
 
 @contextlib.contextmanager
-def _loopback_gloo(backend: str) -> Iterator[None]:
+def loopback_gloo(backend: str) -> Iterator[None]:
     """A host's Gloo group connects its own workers only: over the loopback interface, whatever the
     machine's name resolves to (``GLOO_SOCKET_IFNAME``, for the default group's formation only)."""
     if backend != "gloo" or "GLOO_SOCKET_IFNAME" in os.environ:

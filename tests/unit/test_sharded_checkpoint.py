@@ -105,14 +105,16 @@ def test_host_0_writes_at_its_first_commit_then_every_interval_and_not_on_anothe
     for step, t in ((1, 100.0), (2, 105.0), (3, 110.5), (4, 111.0)):
         state.step, now[0] = step, t
         durable.after_commit(state)
+        assert durable.stop_writing(timeout=30)  # written in the background: wait for it before the next commit
     assert [f["step"] for e, f in ctx.reports if e == "saved"] == [1, 3]
     ctx.info.cross_rank = 1  # another host is host 0 now: this one writes nothing
     state.step = 5
     durable.after_commit(state)
-    assert len(ctx.reports) == 2
+    assert durable.stop_writing(timeout=30) and len(ctx.reports) == 2
     ctx.info.cross_rank = 0  # host 0 again: it writes at once
     state.step, ctx.commit_seq = 6, 6
     durable.after_commit(state)
+    assert durable.stop_writing(timeout=30)
     assert [f["step"] for e, f in ctx.reports if e == "saved"] == [1, 3, 6]
     assert durable.finish(state) is None  # the last commit is stored: no second write of it
     assert [f["step"] for e, f in ctx.reports if e == "saved"] == [1, 3, 6]
@@ -123,7 +125,57 @@ def test_host_0_writes_at_its_first_commit_then_every_interval_and_not_on_anothe
     for step in (8, 9):
         state.step, ctx.commit_seq = step, step
         durable.after_commit(state)
+        assert durable.stop_writing(timeout=30)
     assert [f["step"] for e, f in ctx.reports if e == "saved"] == [1, 3, 6, 7, 8, 9]
+
+
+def test_a_checkpoint_is_written_in_the_background_from_a_copy_made_at_its_commit(tmp_path, monkeypatch):
+    import threading
+
+    from cloud_elastic.checkpoint import sharded as sharded_checkpoints
+
+    state, ctx = _state(), _ctx()
+    durable = _checkpoints(tmp_path, ctx)
+    real_save, release, writing = sharded_checkpoints._save, threading.Event(), threading.Event()
+
+    def held_save(*args):  # the real DCP write, held until the training below has changed the live state
+        assert threading.current_thread() is not threading.main_thread()
+        writing.set()
+        assert release.wait(30)
+        real_save(*args)
+
+    monkeypatch.setattr(sharded_checkpoints, "_save", held_save)
+    _train(state, 2)
+    ctx.commit_seq = 2
+    durable.after_commit(state)  # returns while the write waits
+    committed = _values(state)
+    assert writing.wait(30) and not ctx.reports
+    _train(state, 2)  # training goes on, and changes every value the checkpoint holds
+    ctx.commit_seq = 4
+    durable.after_commit(state)  # this worker's write is still running: no second one now
+    assert not all(torch.equal(a, b) for a, b in zip(_values(state), committed))
+    release.set()
+    assert durable.stop_writing(timeout=30)
+    assert [(e, f["step"]) for e, f in ctx.reports] == [("saved", 2)]
+    other = _state(seed=5)
+    assert _checkpoints(tmp_path, _ctx()).load_latest(other).step == 2
+    assert all(torch.equal(a, b) for a, b in zip(_values(other), committed))  # the values of the commit, not later
+
+
+def test_with_sync_writes_the_checkpoint_is_stored_on_the_training_thread_before_the_commit_returns(tmp_path,
+                                                                                                    monkeypatch):
+    import threading
+
+    from cloud_elastic.checkpoint import sharded as sharded_checkpoints
+
+    state, ctx = _state(), _ctx()
+    real_save, threads = sharded_checkpoints._save, []
+    monkeypatch.setattr(sharded_checkpoints, "_save",
+                        lambda *args: (threads.append(threading.current_thread()), real_save(*args)))
+    durable = ShardedCheckpoints(DurableSettings(str(tmp_path / "ckpt"), background=False), ctx)
+    _train(state, 1)
+    durable.after_commit(state)
+    assert threads == [threading.current_thread()] and [(e, f["step"]) for e, f in ctx.reports] == [("saved", 1)]
 
 
 def test_a_torn_sharded_checkpoint_is_skipped_for_the_previous_one(tmp_path):

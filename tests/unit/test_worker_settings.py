@@ -39,6 +39,8 @@ def test_the_users_glibc_settings_turn_malloc_tuning_off(name):
     ({"CLOUD_ELASTIC_BACKEND": "mpi"}, "use gloo or nccl"),
     ({"CLOUD_ELASTIC_ZERO_COPY_COMMIT": "maybe"}, "use 0 or 1"),
     ({"CLOUD_ELASTIC_SLOT": "-1"}, "must be >= 0"),
+    ({"CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES": "later"}, "CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES='later': use "
+                                                          "background or sync"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_variable(env, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
