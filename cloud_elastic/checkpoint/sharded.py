@@ -17,8 +17,9 @@ another size is skipped for the previous checkpoint, as a torn replica's is.
   decides and tells its host-mates (a one-element broadcast over the host's group at
   each commit of host 0), so the host's workers always write together.
 * **In the background.** At the commit, each worker copies its shards to host memory
-  (DCP's own staging: ``_create_cpu_state_dict`` and ``_copy_state_dict``, pinned memory
-  on a GPU) and the state's other values (``stage_payload``); then a thread of its own
+  (on a GPU with DCP's own staging, ``_create_cpu_state_dict`` and ``_copy_state_dict``,
+  into pinned memory; on a CPU by a clone) and the state's other values
+  (``stage_payload``); then a thread of its own
   writes that copy with ``dcp.save`` over a Gloo group of the host's workers made for
   it (formed at the first write, so DCP's collectives never meet the training's on the
   host's group), and rank 0 publishes it. Training goes on meanwhile. A host-mate whose
@@ -154,8 +155,12 @@ class ShardedCheckpoints:
                 if self._group is None:  # every worker of the host is here: a collective of the host's group
                     from cloud_elastic.worker.sharded import loopback_gloo
 
-                    with loopback_gloo("gloo"):
-                        self._group = dist.new_group(backend="gloo")
+                    try:
+                        with loopback_gloo("gloo"):
+                            self._group = dist.new_group(backend="gloo")
+                    except RuntimeError as exc:  # its store is the driver's: unreachable while the driver is away
+                        raise CheckpointError(f"could not form the host's group for checkpoints: "
+                                              f"{' '.join(str(exc).split())[:200]}") from exc
                 self._writes.put(lambda: self._store(staged, stage_payload(rest) if rest is not None else None,
                                                      *job, group=self._group))
                 return None
@@ -245,17 +250,35 @@ def _save(tensors: dict[str, Any], storage: Any, group: Any = None) -> None:
 
 
 def _stage(tensors: dict[str, Any]) -> dict[str, Any] | None:
-    """A copy of DCP state dicts in host memory (pinned for GPU tensors), as DCP's own async staging makes it;
-    None where this torch lacks those functions (the write is then synchronous)."""
+    """A copy of DCP state dicts in host memory. GPU tensors go to pinned memory as DCP's own async staging
+    copies them (None where this torch lacks those functions: the write is then synchronous); CPU tensors are
+    cloned (DCP's staging would copy each of them twice)."""
+    if not torch.cuda.is_available():
+        return _clone(tensors)
     try:
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
     except ImportError:  # pragma: no cover - older or newer torch: write synchronously
         return None
-    staged = _create_cpu_state_dict(tensors, pin_memory=torch.cuda.is_available())
+    staged = _create_cpu_state_dict(tensors, pin_memory=True)
     _copy_state_dict(tensors, staged)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()
     return staged
+
+
+def _clone(value: Any) -> Any:
+    """``value`` with every CPU tensor (a DTensor's local shard too) copied, its containers new."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return DTensor.from_local(value.to_local().detach().clone(), value.device_mesh, value.placements,
+                                  run_check=False, shape=value.shape, stride=value.stride())
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {key: _clone(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_clone(item) for item in value)
+    return value
 
 
 class _Writes:
