@@ -161,8 +161,8 @@ class ShardedCheckpoints:
                     except RuntimeError as exc:  # its store is the driver's: unreachable while the driver is away
                         raise CheckpointError(f"could not form the host's group for checkpoints: "
                                               f"{' '.join(str(exc).split())[:200]}") from exc
-                self._writes.put(lambda: self._store(staged, stage_payload(rest) if rest is not None else None,
-                                                     *job, group=self._group))
+                rest = stage_payload(rest) if rest is not None else None  # here: training changes the originals
+                self._writes.put(lambda: self._store(staged, rest, *job, group=self._group))
                 return None
             self._store(tensors, rest, *job, group=None)
         except CheckpointError as exc:

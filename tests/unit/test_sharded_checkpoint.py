@@ -145,11 +145,13 @@ def test_a_checkpoint_is_written_in_the_background_from_a_copy_made_at_its_commi
         real_save(*args)
 
     monkeypatch.setattr(sharded_checkpoints, "_save", held_save)
+    state.seen = torch.zeros(3)  # a plain tensor of the state (state.pt), changed in place below
     _train(state, 2)
     ctx.commit_seq = 2
     durable.after_commit(state)  # returns while the write waits
     committed = _values(state)
     assert writing.wait(30) and not ctx.reports
+    state.seen.add_(1)
     _train(state, 2)  # training goes on, and changes every value the checkpoint holds
     ctx.commit_seq = 4
     durable.after_commit(state)  # this worker's write is still running: no second one now
@@ -158,8 +160,10 @@ def test_a_checkpoint_is_written_in_the_background_from_a_copy_made_at_its_commi
     assert durable.stop_writing(timeout=30)
     assert [(e, f["step"]) for e, f in ctx.reports] == [("saved", 2)]
     other = _state(seed=5)
+    other.seen = torch.full((3,), 9.0)
     assert _checkpoints(tmp_path, _ctx()).load_latest(other).step == 2
     assert all(torch.equal(a, b) for a, b in zip(_values(other), committed))  # the values of the commit, not later
+    assert torch.equal(other.seen, torch.zeros(3))
 
 
 def test_with_sync_writes_the_checkpoint_is_stored_on_the_training_thread_before_the_commit_returns(tmp_path,
