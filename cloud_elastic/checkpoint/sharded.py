@@ -18,7 +18,8 @@ another size is skipped for the previous checkpoint, as a torn replica's is.
   each commit of host 0), so the host's workers always write together.
 * **In the background.** At the commit, each worker copies its shards to host memory
   (on a GPU with DCP's own staging, ``_create_cpu_state_dict`` and ``_copy_state_dict``,
-  into pinned memory; on a CPU by a clone) and the state's other values
+  into pinned memory; on a CPU by a clone; later checkpoints refill that copy while no write
+  reads it, so it stays in host memory while the host is host 0) and the state's other values
   (``stage_payload``); then a thread of its own
   writes that copy with ``dcp.save`` over a Gloo group of the host's workers made for
   it (formed at the first write, so DCP's collectives never meet the training's on the
@@ -86,6 +87,7 @@ class ShardedCheckpoints:
         self._stored_seq: int | None = None  # the commit it holds, when it was stored
         self._writes = _Writes()
         self._group: Any = None  # the Gloo group of the host's workers that background writes use
+        self._staged: Any = None  # the host copy of the last background write, refilled by the next
 
     def loads_here(self, info: Any) -> bool:
         """Whether this worker loads the checkpoint in a ``from_checkpoint`` round: every worker of host 0."""
@@ -97,6 +99,7 @@ class ShardedCheckpoints:
         info = getattr(self._ctx, "info", None)
         if info is None or info.cross_rank != 0:
             self._last = None  # if this host becomes host 0, it writes at its first commit there
+            self._staged = None
             return
         driver_lost = bool(getattr(self._ctx, "driver_lost", False))
         due = driver_lost or self._last is None or self._clock() - self._last >= self.settings.interval_s
@@ -150,7 +153,10 @@ class ShardedCheckpoints:
             if isinstance(epoch, int) and not isinstance(epoch, bool):
                 meta["epoch"] = epoch
             job = (name, step, seq, meta, info.local_rank, info.local_size, began)
-            staged = _stage(tensors) if background and self.settings.background else None
+            staged = None
+            if background and self.settings.background:
+                # The last copy is refilled unless a write of this worker still reads it.
+                staged = self._staged = _stage(tensors, self._staged if self._writes.idle else None)
             if staged is not None:
                 if self._group is None:  # every worker of the host is here: a collective of the host's group
                     from cloud_elastic.worker.sharded import loopback_gloo
@@ -249,10 +255,23 @@ def _save(tensors: dict[str, Any], storage: Any, group: Any = None) -> None:
         raise CheckpointError(f"torch DCP could not write the shards: {' '.join(str(exc).split())[:300]}") from exc
 
 
-def _stage(tensors: dict[str, Any]) -> dict[str, Any] | None:
-    """A copy of DCP state dicts in host memory. GPU tensors go to pinned memory as DCP's own async staging
-    copies them (None where this torch lacks those functions: the write is then synchronous); CPU tensors are
-    cloned (DCP's staging would copy each of them twice)."""
+def _stage(tensors: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A copy of DCP state dicts in host memory, refilling ``previous`` (an earlier copy no write uses any more)
+    where every tensor's shape and dtype match, as the replicas' writer reuses its buffers.
+
+    A new copy: CPU tensors are cloned (DCP's staging would copy each of them twice); GPU tensors go to
+    pinned memory as DCP's own async staging copies them (None where this torch lacks those functions:
+    the write is then synchronous).
+    """
+    if previous is not None:
+        try:
+            with torch.no_grad():
+                staged = _refill(tensors, previous)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            return staged
+        except _Mismatch:
+            pass
     if not torch.cuda.is_available():
         return _clone(tensors)
     try:
@@ -263,6 +282,35 @@ def _stage(tensors: dict[str, Any]) -> dict[str, Any] | None:
     _copy_state_dict(tensors, staged)
     torch.cuda.synchronize()
     return staged
+
+
+class _Mismatch(Exception):
+    """The earlier copy does not have this state's shape: a new copy is made."""
+
+
+def _refill(value: Any, into: Any) -> Any:
+    """``value`` copied into the tensors of ``into`` (the same structure), containers and other values new."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        if not isinstance(into, DTensor) or into.to_local().shape != value.to_local().shape or \
+                into.dtype != value.dtype:
+            raise _Mismatch()
+        into.to_local().copy_(value.to_local())
+        return into
+    if isinstance(value, torch.Tensor):
+        if type(into) is not torch.Tensor or into.shape != value.shape or into.dtype != value.dtype:
+            raise _Mismatch()
+        return into.copy_(value)
+    if isinstance(value, dict):
+        if not isinstance(into, dict) or into.keys() != value.keys():
+            raise _Mismatch()
+        return {key: _refill(item, into[key]) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        if type(into) is not type(value) or len(into) != len(value):
+            raise _Mismatch()
+        return type(value)(_refill(item, old) for item, old in zip(value, into))
+    return value
 
 
 def _clone(value: Any) -> Any:

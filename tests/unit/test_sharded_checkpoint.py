@@ -9,6 +9,7 @@ minus the other workers. Several workers a host, the job's schedule and the 2 ->
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -164,6 +165,27 @@ def test_a_checkpoint_is_written_in_the_background_from_a_copy_made_at_its_commi
     assert _checkpoints(tmp_path, _ctx()).load_latest(other).step == 2
     assert all(torch.equal(a, b) for a, b in zip(_values(other), committed))  # the values of the commit, not later
     assert torch.equal(other.seen, torch.zeros(3))
+
+
+def test_each_background_checkpoint_holds_its_own_commit_when_the_copy_is_refilled(tmp_path):
+    state, ctx = _state(), _ctx()
+    now = [0.0]
+    durable = ShardedCheckpoints(DurableSettings(str(tmp_path / "ckpt"), interval_s=1.0, keep=5), ctx,
+                                 clock=lambda: now[0])
+    commits = {}
+    for step in (2, 4, 6):
+        _train(state, 2)
+        ctx.commit_seq, now[0] = step, float(step)
+        durable.after_commit(state)
+        commits[step] = _values(state)
+        assert durable.stop_writing(timeout=30)
+    assert [f["step"] for e, f in ctx.reports if e == "saved"] == [2, 4, 6]
+    for step in (6, 4, 2):  # every checkpoint, newest first: each holds its own commit's values
+        other = _state(seed=11)
+        _train(other, 1)
+        assert _checkpoints(tmp_path, _ctx()).load_latest(other).step == step
+        assert all(torch.equal(a, b) for a, b in zip(_values(other), commits[step])), step
+        shutil.rmtree(sorted(p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("ckpt-"))[-1])
 
 
 def test_with_sync_writes_the_checkpoint_is_stored_on_the_training_thread_before_the_commit_returns(tmp_path,
