@@ -27,7 +27,7 @@ another size is skipped for the previous checkpoint, as a torn replica's is.
   previous write is still running queues this one: at most two copies a worker. The end
   of training (:meth:`finish`) and a worker leaving (:meth:`stop_writing`) wait for the
   writes. With ``CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES=sync`` (host memory too small for
-  the copy), or a torch without those staging functions, the write is synchronous: host 0's
+  the copy), or on a GPU a torch without those staging functions, the write is synchronous: host 0's
   workers stop for it, and the other hosts wait for them at the next gradient averaging. A
   failed write is logged as a WARNING and training goes on, as for replicas.
 * **Loading.** In a round the driver formed ``from_checkpoint``, the workers of host 0
