@@ -246,3 +246,21 @@ def test_a_write_the_storage_refuses_is_reported_and_training_goes_on(tmp_path):
     why = durable.finish(state)
     assert why is not None and why.startswith("the final checkpoint (step 1) was not written: ") and "\n" not in why
     assert not ctx.reports
+
+
+def test_a_write_queued_behind_a_running_one_runs_after_it_and_the_waits_see_both():
+    """A host-mate whose previous write still runs queues the next (local rank 0 decided for the host): the
+    writer thread runs them in order, and stop_writing's wait covers the queued one too."""
+    import threading
+
+    from cloud_elastic.checkpoint.sharded import _Writes
+
+    writes, order, release = _Writes(), [], threading.Event()
+    writes.put(lambda: (release.wait(30), order.append("first")))
+    writes.put(lambda: order.append("second"))
+    assert not writes.idle and not writes.wait(0.2) and order == []  # the first holds the thread
+    release.set()
+    assert writes.wait(30) and writes.idle and order == ["first", "second"]
+    writes.put(lambda: (_ for _ in ()).throw(CheckpointError("storage refused")))  # a failed write: logged
+    writes.put(lambda: order.append("third"))  # and the thread goes on with the next
+    assert writes.wait(30) and order == ["first", "second", "third"]
