@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
+import tempfile
 from typing import Any
 
 import torch
 
-__all__ = ["Snapshot", "clone", "plain_state_dict", "state_dict_without", "to_host"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Aside", "Snapshot", "clone", "plain_state_dict", "state_dict_without", "to_host"]
 
 
 class Snapshot:
@@ -260,3 +264,63 @@ def to_host(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_host(v) for v in obj)
     return copy.deepcopy(obj)
+
+
+class Aside:
+    """A whole state kept aside, out of the training's memory, for a restore that is rarely needed (the
+    first commit window's copy, see ``state._SnapshotHandler``).
+
+    State on an accelerator is copied to host memory: the device's memory, which
+    the job is sized by, is left alone. State in host memory (training on CPU,
+    where host memory *is* the training's memory) is written to an unlinked
+    temporary file in ``TMPDIR`` (nothing is left behind, even after ``kill -9``),
+    and read back by :meth:`load`. A file that cannot be written (a full or
+    read-only disk) is logged once, and the copy is kept in host memory instead.
+    """
+
+    _warned = False
+
+    def __init__(self, state: Any) -> None:
+        self._file: Any = None
+        self._kept: Any = None
+        if any(t.device.type != "cpu" for t in _tensors(state)):
+            self._kept = to_host(state)
+            return
+        try:
+            self._file = tempfile.TemporaryFile(prefix="cloud-elastic-commit-")
+            torch.save(state, self._file)
+            self._file.flush()
+        except OSError as exc:
+            if self._file is not None:
+                self._file.close()
+            self._file = None
+            if not Aside._warned:
+                Aside._warned = True
+                log.warning("cloud-elastic: could not write the first commit window's copy to a temporary file "
+                            "(%s); keeping it in memory", exc)
+            self._kept = clone(state)
+
+    def load(self) -> Any:
+        """A private copy of the state kept aside (each call a new one)."""
+        if self._file is None:
+            return clone(self._kept)
+        self._file.seek(0)
+        return torch.load(self._file, weights_only=False)  # our own file, written by __init__
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._kept = None
+
+    __del__ = close
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []

@@ -19,7 +19,7 @@ import torch
 from cloud_elastic.worker import collectives, sharded
 from cloud_elastic.worker.context import get_context, is_initialized
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
-from cloud_elastic.worker.snapshot import Snapshot, clone as _clone, state_dict_without as _state_dict_without, to_host as _to_host
+from cloud_elastic.worker.snapshot import Aside, Snapshot, clone as _clone, state_dict_without as _state_dict_without, to_host as _to_host
 
 __all__ = ["State", "ObjectState", "TorchState"]
 
@@ -100,7 +100,8 @@ class _SnapshotHandler:
     a restore after that cannot be exact; it tells the context so
     (``lost_commit``), and the driver takes the state from another worker.
     Until the loop is confirmed in place (``window.confirmed``), such a commit
-    also keeps the whole state in host memory (``_first``), so that the first
+    also keeps the whole state aside (``_first``: in host memory, or in a temporary
+    file when the state is in host memory, see ``snapshot.Aside``), so that the first
     window restores exactly whatever the loop turns out to be.
     """
 
@@ -111,8 +112,8 @@ class _SnapshotHandler:
         self.in_place = False
         #: Since that commit, the live tensors were changed where nothing kept them.
         self._touched = False
-        #: The whole last commit in host memory, while the loop is not yet confirmed in place.
-        self._first: Any = None
+        #: The whole last commit kept aside, while the loop is not yet confirmed in place.
+        self._first: Aside | None = None
         # No save here: TorchState saves once it has bound the model to its optimizer, so that a
         # first commit kept in place never copies the parameters.
 
@@ -132,7 +133,8 @@ class _SnapshotHandler:
                 self._snap = Snapshot()  # the buffers of an earlier kept commit are not needed any more
             self._save_in_place()
             self.in_place, self._touched = True, False
-            self._first = None if window.confirmed else self._whole()
+            self._first = None  # the last one's copy first: never two at once
+            self._first = None if window.confirmed else Aside(self._live())
             return
         self.in_place, self._first = False, None
         state = self._state_dict()
@@ -164,9 +166,13 @@ class _SnapshotHandler:
     def take(self, ptrs: frozenset[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         return self._snap.take(ptrs)
 
+    def _live(self) -> Any:
+        """The whole live state, uncopied (this worker's shards, for a sharded handler)."""
+        return self.value.state_dict()
+
     def _whole(self) -> Any:
-        """The whole state, copied to host memory (the first window's copy; a sync's)."""
-        return _to_host(self.value.state_dict())
+        """The whole state, copied to host memory (a sync's copy)."""
+        return _to_host(self._live())
 
     def _load(self, saved: Any) -> None:
         """Make the live state ``saved`` (a whole kept commit, this handler's own copy)."""
@@ -178,7 +184,7 @@ class _SnapshotHandler:
             return
         changed = self._changed_since_commit()
         if changed and self._first is not None:
-            self._load(_clone(self._first))  # the first window: kept whole, on the host
+            self._load(self._first.load())  # the first window: kept whole, aside
             self._touched = False
             self._recorded()
             return
@@ -343,8 +349,8 @@ class _ShardedModelHandler(_ModelHandler):
     def _restore_in_place(self) -> None:
         self._load(self._snap.load())
 
-    def _whole(self) -> Any:
-        return _to_host(self._local())
+    def _live(self) -> Any:
+        return self._local()
 
     def _load(self, saved: Any) -> None:
         live = self._local()
@@ -381,8 +387,8 @@ class _ShardedOptimizerHandler(_OptimizerHandler):
                 state[index][key] = value
         return {"state": state, "param_groups": full["param_groups"], "dtensors": where}
 
-    def _whole(self) -> Any:
-        return _to_host(self._state_dict())
+    def _live(self) -> Any:
+        return self._state_dict()
 
     def _load(self, saved: Any) -> None:
         from torch.distributed.tensor import DTensor

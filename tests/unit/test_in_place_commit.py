@@ -471,3 +471,49 @@ def test_an_in_place_commit_keeps_exactly_what_state_dict_has_besides_the_optimi
     model[0].register_state_dict_post_hook(lambda module, sd, prefix, meta: sd.__setitem__(prefix + "hooked", torch.ones(1)))
     kept = _state_dict_without(model, trained)
     assert "0.hooked" in kept and "2.hooked" in kept and kept["counter._extra_state"] == {"seen": 0}
+
+
+def _first_window_fails_and_restores(caplog) -> list:
+    """A first window with a logging allreduce after the step, which fails: the restore must be exact."""
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    _step(model, opt, 0)  # a warm-up step before the state exists: its first commit holds optimizer state too
+    state = hvd.elastic.TorchState(model, opt)
+    firsts = [h._first for h in opt._ce_snapshots]
+    initial = _values(model, opt)
+    _step(model, opt, 7)
+    hvd.allreduce(torch.ones(1), name="loss")  # fails, after the in-place update
+    state.restore()
+    assert get_context().holds_commit
+    _assert_equal(_values(model, opt), initial)
+    assert "cannot restore" not in caplog.text
+    return firsts
+
+
+def test_on_cpu_the_first_windows_copy_is_an_unlinked_temporary_file_not_memory(tmp_path, monkeypatch, caplog):
+    """Training on CPU, host memory is the training's memory: the first window's whole copy (insurance
+    that is rarely read) goes to a file in TMPDIR that no directory lists, and restores exactly from it."""
+    import os
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    firsts = _first_window_fails_and_restores(caplog)
+    for first in firsts:
+        assert first is not None and first._kept is None
+        target = os.readlink(f"/proc/self/fd/{first._file.fileno()}")
+        assert target.startswith(str(tmp_path)) and target.endswith("(deleted)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_where_no_temporary_file_can_be_written_the_first_windows_copy_stays_in_memory_and_that_is_logged(
+        tmp_path, monkeypatch, caplog):
+    import tempfile
+
+    from cloud_elastic.worker.snapshot import Aside
+
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    monkeypatch.setattr(Aside, "_warned", False)
+    firsts = _first_window_fails_and_restores(caplog)
+    assert all(first._file is None and first._kept is not None for first in firsts)
+    assert "could not write the first commit window's copy to a temporary file" in caplog.text
