@@ -281,26 +281,60 @@ def local(t: Any) -> Any:
     return to_local() if to_local is not None and isinstance(t, torch.Tensor) else t
 
 
+#: A gradient shard this big (and contiguous) is averaged in place, with no copy; smaller ones are packed.
+_IN_PLACE_BYTES = 1 << 20
+#: The most bytes packed into one flat buffer, and the most such buffers in flight: what the averaging
+#: adds to a step's memory is bounded by their product, not by the model's size.
+_BUCKET_BYTES, _BUCKETS_IN_FLIGHT = 8 << 20, 2
+
+
 def average_gradient_shards(ctx: Any, params: list[torch.nn.Parameter]) -> None:
     """Average each parameter's local gradient shard over the hosts (the round's cross-host group of this
-    local rank): one allreduce per dtype, a sum, then a division by the number of hosts."""
+    local rank): a sum, then a division by the number of hosts.
+
+    A shard of ``_IN_PLACE_BYTES`` or more is reduced where it lies (no copy: a
+    model's weight matrices, most of its bytes); smaller ones are packed per dtype
+    into flat buffers of up to ``_BUCKET_BYTES``, at most ``_BUCKETS_IN_FLIGHT``
+    at a time, so the step holds no gradient-sized buffer of its own. Every host's
+    local rank *i* holds the same shard shapes, so all issue the same allreduces.
+    """
     info = ctx.info
     grads = [local(p.grad) for p in params if p.grad is not None]
     if info is None or info.cross_size <= 1 or not grads:
         return
-    by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for g in grads:
-        by_dtype.setdefault((g.dtype, g.device), []).append(g)
-    ctx.window.collective("a gradient allreduce")
+    group = ctx.cross_group("gradient allreduce")
+    pending: list[tuple[Any, torch.Tensor, list[torch.Tensor]]] = []  # (work, reduced tensor, packed shards)
+
+    def finish_one() -> None:
+        work, reduced, packed = pending.pop(0)
+        ctx.wait(work, "gradient allreduce")
+        reduced.div_(info.cross_size)
+        offset = 0
+        for g in packed:
+            g.copy_(reduced[offset: offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def launch(in_place: torch.Tensor | None, packed: list[torch.Tensor]) -> None:
+        while packed and sum(1 for _, _, p in pending if p) >= _BUCKETS_IN_FLIGHT:
+            finish_one()  # before this bucket's buffer is made
+        reduced = in_place if in_place is not None else torch.cat([b.reshape(-1) for b in packed])
+        pending.append((group.allreduce([reduced]), reduced, packed))
+
     with torch.no_grad():
-        for chunk in by_dtype.values():
-            flat = torch.cat([g.reshape(-1) for g in chunk])
-            ctx.wait(ctx.cross_group("gradient allreduce").allreduce([flat]), "gradient allreduce")
-            flat.div_(info.cross_size)
-            offset = 0
-            for g in chunk:
-                g.copy_(flat[offset: offset + g.numel()].view_as(g))
-                offset += g.numel()
+        small: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
+        for g in grads:
+            nbytes = g.numel() * g.element_size()
+            if g.is_contiguous() and nbytes >= _IN_PLACE_BYTES:
+                launch(g, [])
+                continue
+            buckets = small.setdefault((g.dtype, g.device), [[]])
+            if buckets[-1] and sum(b.numel() for b in buckets[-1]) * g.element_size() + nbytes > _BUCKET_BYTES:
+                buckets.append([])
+            buckets[-1].append(g)
+        for bucket in (b for buckets in small.values() for b in buckets if b):
+            launch(None, bucket)
+        while pending:
+            finish_one()
 
 
 def peer_lost(ctx: Any, exc: BaseException) -> bool:

@@ -172,3 +172,80 @@ def test_an_error_inside_fsdp2_is_a_lost_peer_only_when_the_driver_aborts_the_ro
     unsharded = _sharded_worker(aborted_after_s=0.0)
     unsharded.host_group = None
     assert not sharded.peer_lost(unsharded, closed)
+
+
+def test_gradient_shards_are_averaged_over_the_hosts_big_ones_in_place_small_ones_packed_a_few_buckets_at_a_time(
+        monkeypatch):
+    """Two "hosts" (threads, a real Gloo group of two): each local gradient shard ends as the mean of both
+    hosts'; a big contiguous one is reduced where it lies (no copy of it), smaller or non-contiguous ones are
+    packed per dtype into buckets of bounded size, with at most two buckets in flight."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    monkeypatch.setattr(sharded, "_IN_PLACE_BYTES", 256)
+    monkeypatch.setattr(sharded, "_BUCKET_BYTES", 100)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    shapes = [((64,), torch.float32), ((5,), torch.float32), ((3, 4), torch.float32), ((10,), torch.float64),
+              ((7,), torch.float32), ((80,), torch.float64), ((9,), torch.float32), ((30,), torch.float32)]
+
+    def grads(host: int) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(host)
+        out = []
+        for i, (shape, dtype) in enumerate(shapes):
+            t = torch.randn(shape, generator=g, dtype=dtype)
+            out.append(t.t().contiguous().t() if i == 2 else t)  # (3, 4) with a transposed layout: not contiguous
+        return out
+
+    results: dict[int, tuple] = {}
+
+    def host(rank: int) -> None:
+        client = dist.TCPStore("127.0.0.1", store.port, None, False, timeout=timedelta(seconds=30))  # one each
+        pg = dist.ProcessGroupGloo(dist.PrefixStore("avg", client), rank, 2, timedelta(seconds=30))
+        sizes: list[int] = []
+        packed_in_flight: list[int] = []  # the packed buffers' works not yet waited for
+        most_in_flight = [0]
+        ptrs_of_grads: set[int] = set()
+
+        class Recording:  # the real group, with what each allreduce was given written down
+            def allreduce(self, tensors):
+                sizes.append(tensors[0].numel())
+                work = pg.allreduce(tensors)
+                if tensors[0].data_ptr() not in ptrs_of_grads:
+                    packed_in_flight.append(id(work))
+                    most_in_flight[0] = max(most_in_flight[0], len(packed_in_flight))
+                return work
+
+        def wait(work, what):
+            work.wait()
+            if id(work) in packed_in_flight:
+                packed_in_flight.remove(id(work))
+
+        params = []
+        for g in grads(rank):
+            p = torch.nn.Parameter(torch.zeros(g.shape, dtype=g.dtype))
+            p.grad = g
+            params.append(p)
+        ptrs = [p.grad.data_ptr() for p in params]
+        ptrs_of_grads.update(ptrs)
+        ctx = SimpleNamespace(info=SimpleNamespace(cross_size=2), cross_group=lambda what: Recording(), wait=wait)
+        sharded.average_gradient_shards(ctx, params)
+        results[rank] = ([p.grad.clone() for p in params], sizes, ptrs == [p.grad.data_ptr() for p in params],
+                         params[2].grad.is_contiguous(), most_in_flight[0])
+
+    threads = [threading.Thread(target=host, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    expected = [(a + b) / 2 for a, b in zip(grads(0), grads(1))]
+    for rank in (0, 1):
+        averaged, sizes, same_storage, transposed_kept, most_in_flight = results[rank]
+        for got, want in zip(averaged, expected):
+            assert torch.allclose(got, want, rtol=0, atol=1e-6) and got.dtype == want.dtype
+        assert same_storage and not transposed_kept  # averaged into the gradients themselves
+        # In place: the two 256-byte-plus shards (64 float32, 80 float64). Packed: float32 (5, 12, 7 | 9 | 30:
+        # buckets of at most 100 bytes), float64 (10).
+        assert sorted(sizes) == sorted([64, 80, 24, 9, 30, 10]), sizes
+        assert most_in_flight == 2  # four packed buckets, never more than two of them in flight
