@@ -113,8 +113,17 @@ def main() -> None:
         train(None)
     else:
         hvd.elastic.run(train)(state)
-    print("TIMING " + json.dumps({"rank": rank, "end": ends, "wall_s": walls, "cpu_s": cpus,
-                                  "peak_rss": peak_rss_bytes(), "held": held_bytes(model, opt)}), flush=True)
+    line = "TIMING " + json.dumps({"rank": rank, "end": ends, "wall_s": walls, "cpu_s": cpus,
+                                   "peak_rss": peak_rss_bytes(), "held": held_bytes(model, opt)})
+    if args.hsdp:  # torchrun's workers share one pipe, and a line this long is not written at once: one at a time
+        import torch.distributed as dist
+
+        for turn in range(dist.get_world_size()):
+            if turn == rank:
+                print(line, flush=True)
+            dist.barrier()
+    else:  # cloud-elastic relays each worker's lines whole
+        print(line, flush=True)
 
 
 if __name__ == "__main__":
