@@ -22,11 +22,12 @@ snapshot, as before). A worker joining a running job learns it from rank 0 with
 the state sync, confirmation included.
 
 Until a window has closed at a commit with no collective in it (the loop is then
-*confirmed* in place), a commit kept in place also keeps the whole state in host
-memory (``state._SnapshotHandler``): the first window of a loop with collectives
-in its windows (Horovod's ImageNet example logs every batch and commits every
-100) restores exactly, at the price of one host copy of the state per process
-start, dropped at the first commit of a loop confirmed in place. The unprotected
+*confirmed* in place), a commit kept in place also keeps the whole state aside
+(``state._SnapshotHandler``, ``snapshot.Aside``: in host memory for state on a
+GPU, in an unlinked temporary file for state in host memory): the first window
+of a loop with collectives in its windows (Horovod's ImageNet example logs every
+batch and commits every 100) restores exactly, at the price of one copy of the
+state per process start, dropped at the first commit of a loop confirmed in place. The unprotected
 window left is that of a loop that changes after it was confirmed (a logging
 allreduce every 100 steps): a failure inside that very collective leaves the
 worker unable to restore exactly; it tells the driver so, and the driver syncs it
@@ -85,7 +86,7 @@ class CommitWindow:
         if not self.open or self.has_collectives:
             return
         self.has_collectives = True
-        if self.unkept and self.confirmed:  # before confirmation, the whole commit was kept on the host
+        if self.unkept and self.confirmed:  # before confirmation, the whole commit was kept aside
             log.warning(
                 "cloud-elastic: %s ran between an in-place optimizer update and the next commit; from now on "
                 "every update keeps the values it overwrites until the commit. A failure in this one collective "
