@@ -20,6 +20,10 @@ commit per step; each worker holds about half of the model). In sequence, each s
 - 127.0.0.2 is drained with ``cloud-elastic drain`` (as a spot notice drains it): both its
   workers leave at a commit, nobody rolls back, no round is aborted, and 127.0.0.1 finishes.
 
+A second job takes a host out by a real spot notice (AWS's, from a fake instance metadata
+service per loopback host): both its workers leave at one commit, the other host rolls back
+nothing.
+
 Merge (issue 25's rule): this test also holds every assertion of ``test_whole_hosts.py``'s
 job (ranks side by side, a whole-host join, a killed worker taking its host out and
 blacklisted, a drain by hand with zero rollback, the status line), which it replaces.
@@ -31,10 +35,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections import defaultdict
 
 import pytest
 
+from tests.emulator.fake_metadata import FakeAWSMetadata, per_host
 from tests.integration.harness import REPO, HostsFile
 from tests.integration.test_status import runtime_dir, status  # noqa: F401 (runtime_dir is a fixture)
 
@@ -141,6 +147,38 @@ def test_a_sharded_job_loses_a_host_heals_a_new_one_from_a_peer_and_drains_one_w
     _replicas_agree(job)
     done = job.of("done")
     assert sorted((e["rank"], _host(e)) for e in done) == [(0, "127.0.0.1"), (1, "127.0.0.1")], out
+
+
+def test_a_spot_notice_on_one_host_takes_it_out_whole_at_a_commit_with_zero_rollback(jobs, tmp_path):
+    """AWS's spot notice, read by the workers' notice watchers from a fake instance metadata service on each
+    loopback host (as in ``test_notices.py``): 127.0.0.2 is to be reclaimed. Both its workers leave at the same
+    commit; 127.0.0.1's two workers go on alone without rolling back a step and no round is aborted."""
+    names = ["127.0.0.1", "127.0.0.2"]
+    stop = tmp_path / "stop"
+    with per_host(FakeAWSMetadata, names) as fakes:
+        port = fakes[names[0]].port
+        job = jobs(["run", "-np", "4", "--min-np", "2", "--slots-per-host", "2", "--whole-hosts",
+                    "-H", "127.0.0.1:2,127.0.0.2:2", "--notice-watcher", "aws",
+                    sys.executable, str(PROBE), "--steps", "6", "--stop-when", str(stop)],
+                   env={"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://{{host}}:{port}",
+                        "AWS_EC2_METADATA_DISABLED": "false"})
+        job.wait_event("commit", rank=0, step=3)
+        fakes["127.0.0.2"].set_spot_action("terminate", time.time() + 120)
+        job.wait_for(lambda j: any(e["size"] == 2 for e in j.of("commit")), timeout=60,
+                     what="127.0.0.1 training on alone")
+        stop.touch()
+        assert job.finish(timeout=120) == 0, job.output()
+    out = job.output()
+    assert re.search(r"host 127\.0\.0\.2 drained \(EC2 Spot interruption.*notice from aws-imds\).*its workers left at "
+                     r"a commit; 0 steps lost", out), out
+    resets = job.of("reset")
+    assert sorted(_host(e) for e in resets) == ["127.0.0.1", "127.0.0.1"], resets
+    assert all(e["executed"] == e["step"] for e in resets), resets  # zero rollback
+    assert not [line for line in job.lines if "aborted" in line], out
+    last = {e["worker"]: e["step"] for e in job.of("commit") if _host(e) == "127.0.0.2"}
+    assert len(last) == 2 and len(set(last.values())) == 1, last  # the whole host left at one commit
+    _replicas_agree(job)
+    assert sorted(_host(e) for e in job.of("done")) == ["127.0.0.1", "127.0.0.1"], out
 
 
 def test_in_the_common_loop_a_sharded_job_commits_in_place_and_rolls_back_exactly(jobs):
