@@ -275,7 +275,8 @@ class Aside:
     where host memory *is* the training's memory) is written to an unlinked
     temporary file in ``TMPDIR`` (nothing is left behind, even after ``kill -9``),
     and read back by :meth:`load`. A file that cannot be written (a full or
-    read-only disk) is logged once, and the copy is kept in host memory instead.
+    read-only disk, a value that ``torch.save`` cannot pickle) is logged once, and
+    the copy is kept in host memory instead.
     """
 
     _warned = False
@@ -290,7 +291,7 @@ class Aside:
             self._file = tempfile.TemporaryFile(prefix="cloud-elastic-commit-")
             torch.save(state, self._file)
             self._file.flush()
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 (a full disk, or a value torch.save cannot pickle: kept in memory)
             if self._file is not None:
                 self._file.close()
             self._file = None
