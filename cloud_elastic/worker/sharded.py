@@ -284,7 +284,8 @@ def local(t: Any) -> Any:
 #: A gradient shard this big (and contiguous) is averaged in place, with no copy; smaller ones are packed.
 _IN_PLACE_BYTES = 1 << 20
 #: The most bytes packed into one flat buffer, and the most such buffers in flight: what the averaging
-#: adds to a step's memory is bounded by their product, not by the model's size.
+#: adds to a step's memory is bounded by their product, not by the model's size (a non-contiguous
+#: shard bigger than a bucket excepted: it is packed alone).
 _BUCKET_BYTES, _BUCKETS_IN_FLIGHT = 8 << 20, 2
 
 
@@ -292,11 +293,15 @@ def average_gradient_shards(ctx: Any, params: list[torch.nn.Parameter]) -> None:
     """Average each parameter's local gradient shard over the hosts (the round's cross-host group of this
     local rank): a sum, then a division by the number of hosts.
 
-    A shard of ``_IN_PLACE_BYTES`` or more is reduced where it lies (no copy: a
-    model's weight matrices, most of its bytes); smaller ones are packed per dtype
-    into flat buffers of up to ``_BUCKET_BYTES``, at most ``_BUCKETS_IN_FLIGHT``
-    at a time, so the step holds no gradient-sized buffer of its own. Every host's
-    local rank *i* holds the same shard shapes, so all issue the same allreduces.
+    A contiguous shard of ``_IN_PLACE_BYTES`` or more is reduced where it lies (no
+    copy: a model's weight matrices, most of its bytes; FSDP2's shards are
+    contiguous); smaller or non-contiguous ones are packed per dtype into flat
+    buffers of up to ``_BUCKET_BYTES`` (a bigger non-contiguous one alone in a buffer
+    of its size), at most ``_BUCKETS_IN_FLIGHT`` at a time, so the step holds no
+    gradient-sized buffer of its own. Every host's local rank *i* holds the same
+    shard shapes, so all issue the same allreduces. A failed wait abandons the round's
+    group (``ctx.wait``): allreduces still in flight may write into gradients until
+    its sockets close, and the step is rolled back; its gradients are computed anew.
     """
     info = ctx.info
     grads = [local(p.grad) for p in params if p.grad is not None]
@@ -322,14 +327,16 @@ def average_gradient_shards(ctx: Any, params: list[torch.nn.Parameter]) -> None:
 
     with torch.no_grad():
         small: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
+        filled: dict[tuple[torch.dtype, torch.device], int] = {}  # bytes in each dtype's last bucket
         for g in grads:
-            nbytes = g.numel() * g.element_size()
+            nbytes, key = g.numel() * g.element_size(), (g.dtype, g.device)
             if g.is_contiguous() and nbytes >= _IN_PLACE_BYTES:
                 launch(g, [])
                 continue
-            buckets = small.setdefault((g.dtype, g.device), [[]])
-            if buckets[-1] and sum(b.numel() for b in buckets[-1]) * g.element_size() + nbytes > _BUCKET_BYTES:
+            buckets = small.setdefault(key, [[]])
+            if buckets[-1] and filled[key] + nbytes > _BUCKET_BYTES:
                 buckets.append([])
+            filled[key] = (filled[key] if len(buckets[-1]) else 0) + nbytes
             buckets[-1].append(g)
         for bucket in (b for buckets in small.values() for b in buckets if b):
             launch(None, bucket)

@@ -184,10 +184,15 @@ class _SnapshotHandler:
             return
         changed = self._changed_since_commit()
         if changed and self._first is not None:
-            self._load(self._first.load())  # the first window: kept whole, aside
-            self._touched = False
-            self._recorded()
-            return
+            try:
+                saved = self._first.load()  # the first window: kept whole, aside
+            except Exception as exc:  # noqa: BLE001 (unreadable: as if nothing were kept, never a wrong state)
+                changed, self._first = f"{changed}; the first window's copy could not be read back: {exc}", None
+            else:
+                self._load(saved)
+                self._touched = False
+                self._recorded()
+                return
         if changed:
             get_context().lost_commit(changed)
         self._restore_in_place()

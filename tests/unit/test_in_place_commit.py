@@ -473,13 +473,16 @@ def test_an_in_place_commit_keeps_exactly_what_state_dict_has_besides_the_optimi
     assert "0.hooked" in kept and "2.hooked" in kept and kept["counter._extra_state"] == {"seen": 0}
 
 
-def _first_window_fails_and_restores(caplog) -> list:
-    """A first window with a logging allreduce after the step, which fails: the restore must be exact."""
-    model = _model()
+def _first_window_fails_and_restores(caplog, before_state=lambda: None, model=None) -> list:
+    """A first window with a logging allreduce after the step, which fails: the restore must be exact.
+    ``before_state`` runs after a warm-up step, just before the state (and its first commit) is made."""
+    model = model or _model()
     opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
     _step(model, opt, 0)  # a warm-up step before the state exists: its first commit holds optimizer state too
+    before_state()
     state = hvd.elastic.TorchState(model, opt)
-    firsts = [h._first for h in opt._ce_snapshots]
+    firsts = [h._first for h in state._handlers.values() if hasattr(h, "_first")]  # the model's, the optimizer's
+    assert len(firsts) == 2
     initial = _values(model, opt)
     _step(model, opt, 7)
     hvd.allreduce(torch.ones(1), name="loss")  # fails, after the in-place update
@@ -496,8 +499,7 @@ def test_on_cpu_the_first_windows_copy_is_an_unlinked_temporary_file_not_memory(
     import os
     import tempfile
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    firsts = _first_window_fails_and_restores(caplog)
+    firsts = _first_window_fails_and_restores(caplog, lambda: monkeypatch.setattr(tempfile, "tempdir", str(tmp_path)))
     for first in firsts:
         assert first is not None and first._kept is None
         target = os.readlink(f"/proc/self/fd/{first._file.fileno()}")
@@ -505,15 +507,65 @@ def test_on_cpu_the_first_windows_copy_is_an_unlinked_temporary_file_not_memory(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_where_no_temporary_file_can_be_written_the_first_windows_copy_stays_in_memory_and_that_is_logged(
-        tmp_path, monkeypatch, caplog):
+class _Unpicklable(torch.nn.Module):
+    """A module whose extra state ``torch.save`` cannot pickle (a local function), as deep copies can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fn = lambda: 0
+
+    def forward(self, x):
+        return x
+
+    def get_extra_state(self):
+        return {"fn": self.fn}
+
+    def set_extra_state(self, state) -> None:
+        self.fn = state["fn"]
+
+
+@pytest.mark.parametrize("why", ["unwritable-folder", "unpicklable-value"])
+def test_a_first_windows_copy_that_cannot_go_to_a_file_stays_in_memory_and_that_is_logged(
+        why, tmp_path, monkeypatch, caplog):
     import tempfile
 
     from cloud_elastic.worker.snapshot import Aside
 
     caplog.set_level(logging.WARNING, logger="cloud_elastic")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
     monkeypatch.setattr(Aside, "_warned", False)
-    firsts = _first_window_fails_and_restores(caplog)
-    assert all(first._file is None and first._kept is not None for first in firsts)
+    model = _model()
+    if why == "unpicklable-value":
+        model.add_module("odd", _Unpicklable())
+    missing = tmp_path / "missing"
+    firsts = _first_window_fails_and_restores(
+        caplog, lambda: monkeypatch.setattr(tempfile, "tempdir", str(missing if why == "unwritable-folder" else tmp_path)),
+        model)
+    in_memory = [first for first in firsts if first._file is None]
+    assert in_memory and all(first._kept is not None for first in in_memory)
+    if why == "unwritable-folder":
+        assert len(in_memory) == len(firsts) and not missing.exists()
     assert "could not write the first commit window's copy to a temporary file" in caplog.text
+
+
+def test_a_first_windows_copy_that_cannot_be_read_back_is_a_lost_commit_not_a_crash_or_a_wrong_state(caplog):
+    """The file under the first window's copy is cut short (a disk error): the restore says it cannot
+    return to the commit (the driver then takes the state from a worker that can), rather than raise out
+    of the rollback or load something else."""
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    _step(model, opt, 0)
+    state = hvd.elastic.TorchState(model, opt)
+    for handler in state._handlers.values():
+        if getattr(handler, "_first", None) is not None:
+            handler._first._file.truncate(10)
+    _step(model, opt, 7)
+    hvd.allreduce(torch.ones(1), name="loss")  # fails, after the in-place update
+    try:
+        state.restore()
+        assert not get_context().holds_commit
+        assert "cannot restore the last commit exactly" in caplog.text
+        assert "the first window's copy could not be read back" in caplog.text
+    finally:
+        state.commit()  # a new commit: this process's standalone context holds one again, for the other tests
+    assert get_context().holds_commit

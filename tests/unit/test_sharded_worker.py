@@ -204,6 +204,7 @@ def test_gradient_shards_are_averaged_over_the_hosts_big_ones_in_place_small_one
         client = dist.TCPStore("127.0.0.1", store.port, None, False, timeout=timedelta(seconds=30))  # one each
         pg = dist.ProcessGroupGloo(dist.PrefixStore("avg", client), rank, 2, timedelta(seconds=30))
         sizes: list[int] = []
+        given: list[int] = []  # the storage each allreduce was given
         packed_in_flight: list[int] = []  # the packed buffers' works not yet waited for
         most_in_flight = [0]
         ptrs_of_grads: set[int] = set()
@@ -211,6 +212,7 @@ def test_gradient_shards_are_averaged_over_the_hosts_big_ones_in_place_small_one
         class Recording:  # the real group, with what each allreduce was given written down
             def allreduce(self, tensors):
                 sizes.append(tensors[0].numel())
+                given.append(tensors[0].data_ptr())
                 work = pg.allreduce(tensors)
                 if tensors[0].data_ptr() not in ptrs_of_grads:
                     packed_in_flight.append(id(work))
@@ -231,8 +233,9 @@ def test_gradient_shards_are_averaged_over_the_hosts_big_ones_in_place_small_one
         ptrs_of_grads.update(ptrs)
         ctx = SimpleNamespace(info=SimpleNamespace(cross_size=2), cross_group=lambda what: Recording(), wait=wait)
         sharded.average_gradient_shards(ctx, params)
+        in_place = [given[sizes.index(64)] == ptrs[0], given[sizes.index(80)] == ptrs[5]]
         results[rank] = ([p.grad.clone() for p in params], sizes, ptrs == [p.grad.data_ptr() for p in params],
-                         params[2].grad.is_contiguous(), most_in_flight[0])
+                         params[2].grad.is_contiguous(), most_in_flight[0], in_place)
 
     threads = [threading.Thread(target=host, args=(r,)) for r in (0, 1)]
     for t in threads:
@@ -241,11 +244,12 @@ def test_gradient_shards_are_averaged_over_the_hosts_big_ones_in_place_small_one
         t.join(60)
     expected = [(a + b) / 2 for a, b in zip(grads(0), grads(1))]
     for rank in (0, 1):
-        averaged, sizes, same_storage, transposed_kept, most_in_flight = results[rank]
+        averaged, sizes, same_storage, transposed_kept, most_in_flight, in_place = results[rank]
         for got, want in zip(averaged, expected):
             assert torch.allclose(got, want, rtol=0, atol=1e-6) and got.dtype == want.dtype
         assert same_storage and not transposed_kept  # averaged into the gradients themselves
         # In place: the two 256-byte-plus shards (64 float32, 80 float64). Packed: float32 (5, 12, 7 | 9 | 30:
         # buckets of at most 100 bytes), float64 (10).
         assert sorted(sizes) == sorted([64, 80, 24, 9, 30, 10]), sizes
+        assert in_place == [True, True]  # the big shards' own storage went to the allreduce, not a packed copy
         assert most_in_flight == 2  # four packed buckets, never more than two of them in flight
