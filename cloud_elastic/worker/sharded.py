@@ -39,6 +39,7 @@ checkpoints written by the workers of rank 0's host together
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import sys
@@ -50,11 +51,12 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.errors import ConfigError
+from cloud_elastic.worker.collectives import on_device
 from cloud_elastic.worker.context import init
 from cloud_elastic.worker.exceptions import WorkerRemoved
 from cloud_elastic.worker.store import SignedStore, host_namespace
 
-__all__ = ["shard", "is_sharded", "local", "average_gradient_shards", "peer_lost"]
+__all__ = ["shard", "is_sharded", "local", "average_gradient_shards", "check_layout", "peer_lost"]
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +344,44 @@ def average_gradient_shards(ctx: Any, params: list[torch.nn.Parameter]) -> None:
             launch(None, bucket)
         while pending:
             finish_one()
+
+
+def _layout(value: Any) -> list:
+    """What must be the same on every worker: a sharded model's parameters (names, full shapes, dtypes,
+    placements) and FSDP2 units, or an optimizer's class and the full shapes of its parameter groups."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(value, torch.nn.Module):
+        params = [(n, tuple(p.shape), str(p.dtype), str(getattr(p, "placements", "")))
+                  for n, p in value.named_parameters()]
+        return [params, [n for n, m in value.named_modules() if isinstance(m, FSDPModule)]]
+    return [type(value).__name__, [[(tuple(p.shape), str(p.dtype)) for p in g["params"]] for g in value.param_groups]]
+
+
+def check_layout(ctx: Any, values: list[Any]) -> None:
+    """Every worker of every host must shard the same model the same way (``hvd.shard``): checked at each
+    state sync, before a forward pass, with one small allreduce over the round's workers.
+
+    The layout most workers have (rank 0's on a tie) is the job's; a worker whose layout differs raises a
+    one-line ``ConfigError`` naming it, where FSDP2 would hang or fail in a collective, and fails as any
+    worker does: its host leaves and is blacklisted, and the others roll back and go on without it.
+    """
+    info = ctx.info
+    if info is None or info.size <= 1 or not values:
+        return
+    digest = hashlib.blake2b(repr([_layout(v) for v in values]).encode(), digest_size=7).digest()
+    seen = torch.zeros(info.size, dtype=torch.int64)
+    seen[info.rank] = int.from_bytes(digest, "big")  # 56 bits: a positive int64
+    seen = on_device(seen)
+    ctx.wait(ctx.group("the sharded layout check").allreduce([seen]), "the sharded layout check")
+    layouts = seen.tolist()
+    counts = {h: layouts.count(h) for h in layouts}
+    usual = max(counts, key=lambda h: (counts[h], h == layouts[0]))
+    if layouts[info.rank] != usual:
+        raise ConfigError(f"hvd.shard: this worker (rank {info.rank}) shards another model or layout than "
+                          f"{counts[usual]} of the round's {info.size} workers (rank {layouts.index(usual)}'s): "
+                          "parameter names, shapes and dtypes, the FSDP2 units and the optimizer's parameters must "
+                          "be the same on every worker of every host")
 
 
 def peer_lost(ctx: Any, exc: BaseException) -> bool:

@@ -579,6 +579,7 @@ class TorchState(ObjectState):
         shard_overwritten = ctx.info is not None and ctx.info.cross_rank != 0 and other
         receivers = None
         if any(getattr(h, "sharded", False) for h in self._handlers.values()) and ctx.info is not None:
+            sharded.check_layout(ctx, [h.value for h in self._handlers.values() if getattr(h, "sharded", False)])
             receivers = collectives.needing(ctx.info.cross_rank != 0 and (other or ctx.live_commit_seq == 0),
                                             "shards of the commit", cross=True)
             ctx.shard_sync = (ctx.info.round, receivers)

@@ -78,6 +78,8 @@ def main() -> None:
     p.add_argument("--late-to-shard", default="", metavar="WORKER:SECONDS",
                    help="in the first round, the worker whose id starts with WORKER sleeps SECONDS before hvd.shard(): "
                         "its host-mate waits for it there")
+    p.add_argument("--odd-layout", default="", metavar="WORKER",
+                   help="this worker's model has another hidden width (a layout that differs from its peers')")
     p.add_argument("--full-checksum", action="store_true",
                    help="commit, done and entered events also carry a checksum of the whole model and optimizer "
                         "state (\"full\"), the same for any layout")
@@ -98,8 +100,9 @@ def main() -> None:
     if late and me.startswith(late) and get_context().info.round == 1:
         time.sleep(float(late_s))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 1))
+    width = 48 if args.odd_layout and me.startswith(args.odd_layout) else 64
+    model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, 1))
     full = sum(p.numel() for p in model.parameters())
     hvd.shard(model, modules=[m for m in model if isinstance(m, torch.nn.Linear)])
     optimizer = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1))

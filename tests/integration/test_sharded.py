@@ -181,6 +181,25 @@ def test_a_spot_notice_on_one_host_takes_it_out_whole_at_a_commit_with_zero_roll
     assert sorted(_host(e) for e in job.of("done")) == ["127.0.0.1", "127.0.0.1"], out
 
 
+def test_a_worker_that_shards_another_layout_fails_with_one_line_and_its_host_leaves_before_any_step(jobs):
+    """127.0.0.2[1]'s model has another hidden width. Left alone, FSDP2's all-gather over that host would
+    hang or fail on mismatched shards; the state sync's layout check fails that worker first, with a line
+    naming it, before any step. Its host leaves whole and stays blacklisted; 127.0.0.1 trains alone."""
+    job = jobs(["run", "-np", "4", "--min-np", "2", "--slots-per-host", "2", "--whole-hosts",
+                "--blacklist-cooldown-range", "300", "300",
+                "-H", "127.0.0.1:2,127.0.0.2:2", sys.executable, str(PROBE), "--steps", "3",
+                "--odd-layout", "127.0.0.2[1]"])
+    assert job.finish(timeout=90) == 0, job.output()
+    out = job.output()
+    errors = [line for line in job.lines if "ConfigError: hvd.shard:" in line]
+    assert errors and all(line.startswith("[3]<127.0.0.2[1]>") for line in errors), out
+    assert ("hvd.shard: this worker (rank 3) shards another model or layout than 3 of the round's 4 workers "
+            "(rank 0's): ") in errors[0], errors
+    assert "host 127.0.0.2 blacklisted" in out, out
+    assert not [e for e in job.of("commit") if _host(e) == "127.0.0.2"], out  # it never trained
+    assert sorted((e["step"], _host(e)) for e in job.of("done")) == [(3, "127.0.0.1"), (3, "127.0.0.1")], out
+
+
 def test_in_the_common_loop_a_sharded_job_commits_in_place_and_rolls_back_exactly(jobs):
     """No collective between the update and the commit: the shards are the commit (nothing copied). One worker
     of 127.0.0.2 dies as step 6 starts; its host-mate leaves, and 127.0.0.1's workers, whose gradient allreduce
