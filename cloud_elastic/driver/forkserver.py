@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-from cloud_elastic.errors import LaunchError
+from cloud_elastic.errors import ConfigError, LaunchError
 from cloud_elastic.worker.zygote import ROOM_VARIABLE
 
 __all__ = ["ForkServer", "PARENT_VARIABLE", "forkable", "startup_key", "enabled", "start_parent", "start_server"]
@@ -62,8 +62,14 @@ GPU_NODES = ("/dev/nvidiactl", "/dev/kfd")
 
 
 def enabled(environ: Any = os.environ, gpu_nodes: tuple[str, ...] = GPU_NODES) -> bool:
-    """Whether local workers may be forked: not with ``CLOUD_ELASTIC_LOCAL_FORKSERVER=0``, nor on a GPU machine."""
-    if environ.get("CLOUD_ELASTIC_LOCAL_FORKSERVER", "1").strip().lower() in ("0", "false", "no", "off"):
+    """Whether local workers may be forked: not with ``CLOUD_ELASTIC_LOCAL_FORKSERVER=0``, nor on a GPU machine.
+    A value that is neither on nor off is a one-line ``ConfigError`` (a typo must not pick a mode silently)."""
+    raw = environ.get("CLOUD_ELASTIC_LOCAL_FORKSERVER", "1")
+    value = raw.strip().lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ConfigError(f"CLOUD_ELASTIC_LOCAL_FORKSERVER={raw!r}: use 1 (fork local workers when it can) or 0 "
+                          "(start each from scratch)")
+    if value in ("0", "false", "no", "off"):
         return False
     return not any(os.path.exists(node) for node in gpu_nodes)
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 from cloud_elastic.driver import forkserver
+from cloud_elastic.errors import ConfigError
 
 PATH = {"PATH": os.path.dirname(sys.executable)}
 
@@ -49,3 +52,11 @@ def test_the_setting_or_a_gpu_turns_it_off(tmp_path):
     assert not forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": "off"}, gpu_nodes=())
     (tmp_path / "nvidiactl").touch()  # a GPU's device node: forked workers have not run on a GPU yet
     assert not forkserver.enabled({}, gpu_nodes=(str(tmp_path / "nvidiactl"),))
+
+
+@pytest.mark.parametrize("value", ["maybe", "", "O"])
+def test_a_setting_that_is_neither_on_nor_off_is_a_one_line_error(value):
+    with pytest.raises(ConfigError, match=rf"^CLOUD_ELASTIC_LOCAL_FORKSERVER='{value}': use 1 \(fork local workers "
+                                          r"when it can\) or 0 \(start each from scratch\)$"):
+        forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": value}, gpu_nodes=())
+    assert forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": " Yes "}, gpu_nodes=())
