@@ -64,8 +64,8 @@ GPU_NODES = ("/dev/nvidiactl", "/dev/kfd")
 def enabled(environ: Any = os.environ, gpu_nodes: tuple[str, ...] = GPU_NODES) -> bool:
     """Whether local workers may be forked: not with ``CLOUD_ELASTIC_LOCAL_FORKSERVER=0``, nor on a GPU machine.
     A value that is neither on nor off is a one-line ``ConfigError`` (a typo must not pick a mode silently)."""
-    raw = environ.get("CLOUD_ELASTIC_LOCAL_FORKSERVER", "1")
-    value = raw.strip().lower()
+    raw = environ.get("CLOUD_ELASTIC_LOCAL_FORKSERVER", "")
+    value = raw.strip().lower() or "1"  # unset or empty: the default
     if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         raise ConfigError(f"CLOUD_ELASTIC_LOCAL_FORKSERVER={raw!r}: use 1 (fork local workers when it can) or 0 "
                           "(start each from scratch)")

@@ -54,9 +54,10 @@ def test_the_setting_or_a_gpu_turns_it_off(tmp_path):
     assert not forkserver.enabled({}, gpu_nodes=(str(tmp_path / "nvidiactl"),))
 
 
-@pytest.mark.parametrize("value", ["maybe", "", "O"])
+@pytest.mark.parametrize("value", ["maybe", "O", "2"])
 def test_a_setting_that_is_neither_on_nor_off_is_a_one_line_error(value):
     with pytest.raises(ConfigError, match=rf"^CLOUD_ELASTIC_LOCAL_FORKSERVER='{value}': use 1 \(fork local workers "
                                           r"when it can\) or 0 \(start each from scratch\)$"):
         forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": value}, gpu_nodes=())
     assert forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": " Yes "}, gpu_nodes=())
+    assert forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": ""}, gpu_nodes=())  # empty is unset: the default
