@@ -28,6 +28,7 @@ from collections import deque
 from typing import Any, Callable, Union
 
 from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, Codec
+from cloud_elastic.driver.accepting import AcceptPause
 from cloud_elastic.errors import ControlPlaneError
 
 __all__ = ["ControlServer", "Handler", "Held"]
@@ -155,6 +156,7 @@ class ControlServer:
         self._wake_w.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(listener, selectors.EVENT_READ, "accept")
+        self._pause = AcceptPause(self._selector, listener, "accept", "control plane")
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._thread = threading.Thread(target=self._run, name="control-plane", daemon=True)
         self._thread.start()
@@ -184,7 +186,7 @@ class ControlServer:
             now = time.monotonic()
             timeout = min(sweep_at, self._timers[0][0] if self._timers else sweep_at) - now
             try:
-                events = self._selector.select(max(0.0, timeout))
+                events = self._selector.select(self._pause.timeout(max(0.0, timeout)))
             except OSError:  # a descriptor closed under select: go round again
                 continue
             for key, mask in events:
@@ -199,6 +201,7 @@ class ControlServer:
                     if mask & selectors.EVENT_READ and not conn.closed:
                         self._read(conn)
             self._deliver_finished()
+            self._pause.resume_if_due()
             now = time.monotonic()
             while self._timers and self._timers[0][0] <= now:
                 _, _, held = heapq.heappop(self._timers)
@@ -231,9 +234,11 @@ class ControlServer:
                 sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # out of descriptors, or a connection reset before accept
-                log.debug("control plane: accept failed", exc_info=True)
+            except OSError as exc:  # out of descriptors (paused a moment), or a connection reset before accept
+                if not self._pause.failed(exc):
+                    log.debug("control plane: accept failed", exc_info=True)
                 return
+            self._pause.accepted()
             sock.setblocking(False)
             # A reply is one write, so Nagle's algorithm could only delay it.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -32,6 +32,8 @@ import struct
 import threading
 from collections import deque
 
+from cloud_elastic.driver.accepting import AcceptPause
+
 log = logging.getLogger(__name__)
 
 MAGIC = 0x3C85F7CE
@@ -123,6 +125,7 @@ class StoreServer:
         self._waiters: dict[bytes, list[_Client]] = {}
         self._selector = selectors.DefaultSelector()
         self._selector.register(listener, selectors.EVENT_READ, None)
+        self._pause = AcceptPause(self._selector, listener, None, "rendezvous store")
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._closing = False
@@ -155,7 +158,7 @@ class StoreServer:
 
     def _loop(self) -> None:
         while not self._closing:
-            for key, mask in self._selector.select():
+            for key, mask in self._selector.select(self._pause.timeout(None)):
                 if key.data is None:
                     self._accept()
                 elif key.data == "wake":
@@ -165,6 +168,7 @@ class StoreServer:
                         self._receive(key.data)
                     if mask & selectors.EVENT_WRITE:
                         self._flush(key.data)
+            self._pause.resume_if_due()
 
     def _accept(self) -> None:
         try:
@@ -172,8 +176,10 @@ class StoreServer:
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return
         except OSError as exc:  # out of descriptors, say: the connection waits in the backlog
-            log.warning("rendezvous store: cannot accept a connection: %s", exc)
+            if not self._pause.failed(exc):
+                log.warning("rendezvous store: cannot accept a connection: %s", exc)
             return
+        self._pause.accepted()
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._selector.register(sock, selectors.EVENT_READ, _Client(sock, f"{addr[0]}:{addr[1]}"))

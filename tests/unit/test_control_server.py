@@ -105,3 +105,40 @@ def test_a_driver_bug_in_a_handler_is_logged_once_at_error_and_reported_to_the_w
         srv.close()
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and errors[0].exc_info is not None
+
+
+_SERVE = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+from cloud_elastic.control import Codec
+from cloud_elastic.driver.server import ControlServer
+srv = ControlServer(Codec(sys.argv[1], "job"), lambda kind, message: {"ok": True})
+srv.start()
+print(srv.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_out_of_descriptors_the_control_plane_waits_says_so_once_and_answers_once_they_are_free():
+    """As the rendezvous store does (test_store_server.py): connections it cannot accept wait, the listener
+    is paused rather than retried at once, one warning, and a worker's call is answered once descriptors
+    are free again."""
+    import time
+
+    from tests.unit.test_store_server import logged_soon, short_of_descriptors
+
+    proc, port, logged = short_of_descriptors(_SERVE, SECRET)
+    try:
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]  # more than it can accept
+        assert logged_soon(logged, "control plane: cannot accept connections"), logged
+        time.sleep(1.0)  # four pauses' worth: a loop retrying at once would have said so again by now
+        shortage = [line for line in logged if "cannot accept connections" in line]
+        assert len(shortage) == 1 and "Too many open files" in shortage[0], logged
+        for s in held:
+            s.close()
+        reply = DriverClient(f"127.0.0.1:{port}", Codec(SECRET, "job"), "w1").call("register")
+        assert reply["ok"] is True
+        assert logged_soon(logged, "control plane: accepting connections again"), logged
+    finally:
+        proc.stdin.close()
+        proc.wait(10)

@@ -7,6 +7,7 @@ the client's process would never answer them.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import subprocess
@@ -147,3 +148,66 @@ def test_close_stops_serving_and_frees_the_port(server):
     assert server.close() == "closed\n"
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+
+
+#: Lowers the serving process's descriptor limit to a few more than it has open, once it serves.
+FEW_FDS = """
+import os, resource
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 6, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+"""
+
+
+def short_of_descriptors(script: str, *argv: str) -> tuple[subprocess.Popen, int, list[str]]:
+    """``script`` (which prints its port once it serves) run with ``FEW_FDS`` applied just before that
+    print: the process, its port, and the lines it logs as they come."""
+    script = script.replace("print(", FEW_FDS + "print(", 1)
+    proc = subprocess.Popen([sys.executable, "-c", script, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    logged: list[str] = []
+    threading.Thread(target=lambda: logged.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+    return proc, port, logged
+
+
+def logged_soon(logged: list[str], text: str, timeout_s: float = 10.0) -> bool:
+    """Whether a line with ``text`` is among ``logged`` within ``timeout_s`` (it comes through a pipe)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(text in line for line in logged):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_out_of_descriptors_the_store_waits_without_spinning_says_so_once_and_serves_once_they_are_free():
+    """The driver's process out of file descriptors: a connection the store cannot accept waits in the
+    backlog. The store pauses its listener instead of waking at once to fail again (which spun a core and
+    logged a warning per attempt), says so once, and accepts the waiting connections when descriptors are
+    free again: a torch client that connected meanwhile is then served."""
+    proc, port, logged = short_of_descriptors(_SERVE)
+    try:
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]  # more than it can accept
+        assert logged_soon(logged, "rendezvous store: cannot accept connections"), logged
+        cpu_before, wall_before = _cpu_s(proc.pid), time.monotonic()
+        time.sleep(2.0)
+        busy = (_cpu_s(proc.pid) - cpu_before) / (time.monotonic() - wall_before)
+        assert busy < 0.5, f"the store used {busy:.0%} of a core while it could not accept"
+        shortage = [line for line in logged if "cannot accept connections" in line]
+        assert len(shortage) == 1 and "Too many open files" in shortage[0], logged
+        for s in held[:8]:  # the store's side of these closes: descriptors are free again
+            s.close()
+        c = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=20))
+        c.set("after", b"the shortage")
+        assert c.get("after") == b"the shortage"
+        assert logged_soon(logged, "rendezvous store: accepting connections again"), logged
+        for s in held[8:]:
+            s.close()
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
