@@ -384,17 +384,27 @@ def check_layout(ctx: Any, values: list[Any]) -> None:
                           "be the same on every worker of every host")
 
 
+#: Words of the errors a collective raises when a peer is gone (lowercase).
+_COMMUNICATION = ("gloo", "nccl", "connection", "peer", "socket", "timed out", "timeout", "c10d", "process group",
+                  "processgroup", "broken pipe", "distbackend", "distnetwork")
+
+
 def peer_lost(ctx: Any, exc: BaseException) -> bool:
     """Whether ``exc``, raised by torch inside the training function of a sharded worker, is a collective
     that failed because a peer was lost (a host-mate died in an FSDP2 all-gather or reduce-scatter).
 
     The driver aborts the round when it loses a member, usually just after the
     host-mate's socket closed: the abort is waited for up to two heartbeat
-    timeouts. Any other error is the training function's own, and is raised.
+    timeouts, for an error that reads as communication's (Gloo's, NCCL's, a
+    socket's, torch's ``DistError``). Any other error is the training function's
+    own (a shape mismatch is a ``RuntimeError`` too), and is raised at once.
     """
     if getattr(ctx, "host_group", None) is None or ctx.standalone or ctx.info is None:
         return False
     if not isinstance(exc, RuntimeError):
+        return False
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if not isinstance(exc, getattr(dist, "DistError", ())) and not any(word in text for word in _COMMUNICATION):
         return False
     round_ = ctx.info.round
     deadline = time.monotonic() + 2 * ctx.heartbeat_timeout_s

@@ -169,6 +169,16 @@ def test_an_error_inside_fsdp2_is_a_lost_peer_only_when_the_driver_aborts_the_ro
     assert not sharded.peer_lost(ctx, closed)
     assert 0.35 < time.monotonic() - started < 5 and ctx.abandoned == 0
     assert not sharded.peer_lost(_sharded_worker(aborted_after_s=0.0), ValueError("a shape mismatch"))
+    # The script's own RuntimeError that reads as nothing of communication is raised at once, even while the
+    # driver aborts the round: it is no lost peer, and waiting would only hide it for two heartbeat timeouts.
+    own = RuntimeError("mat1 and mat2 shapes cannot be multiplied (8x6 and 5x16)")
+    assert not sharded.peer_lost(_sharded_worker(aborted_after_s=0.0), own)
+    patient = _sharded_worker(aborted_after_s=None)
+    patient.heartbeat_timeout_s = 60.0  # a wait for the abort would take two minutes
+    started = time.monotonic()
+    assert not sharded.peer_lost(patient, own) and time.monotonic() - started < 30
+    import torch.distributed as dist  # torch's own type for a backend's failure counts whatever its words
+    assert sharded.peer_lost(_sharded_worker(aborted_after_s=0.0), dist.DistBackendError("failed"))
     unsharded = _sharded_worker(aborted_after_s=0.0)
     unsharded.host_group = None
     assert not sharded.peer_lost(unsharded, closed)
