@@ -94,7 +94,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_round = -1
         self._ce_synchronized = False
         self._ce_skip = False
-        #: Snapshots of a TorchState holding this optimizer's commits (see state._SnapshotHandler).
+        #: Snapshots of a TorchState holding this optimizer's commits (see commits._SnapshotHandler).
         self._ce_snapshots: list[Any] = []
         self._ce_params = all_params
         #: ``id()`` of each parameter this optimizer updates (a commit kept in place leaves them out).

@@ -23,7 +23,7 @@ the state sync, confirmation included.
 
 Until a window has closed at a commit with no collective in it (the loop is then
 *confirmed* in place), a commit kept in place also keeps the whole state aside
-(``state._SnapshotHandler``, ``snapshot.Aside``: in host memory for state on a
+(``commits._SnapshotHandler``, ``snapshot.Aside``: in host memory for state on a
 GPU, in an unlinked temporary file for state in host memory): the first window
 of a loop with collectives in its windows (Horovod's ImageNet example logs every
 batch and commits every 100) restores exactly, at the price of one copy of the
