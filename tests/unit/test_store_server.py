@@ -189,7 +189,7 @@ def test_out_of_descriptors_the_store_waits_without_spinning_says_so_once_and_se
     """The driver's process out of file descriptors: a connection the store cannot accept waits in the
     backlog. The store pauses its listener instead of waking at once to fail again (which spun a core and
     logged a warning per attempt), says so once, and accepts the waiting connections when descriptors are
-    free again: a torch client that connected meanwhile is then served."""
+    free again: a torch client is then served."""
     proc, port, logged = short_of_descriptors(_SERVE)
     try:
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]  # more than it can accept
