@@ -61,6 +61,7 @@ import torch.distributed as dist
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
 from cloud_elastic.checkpoint.payload import load_state_payload, stage_payload, state_payload
 from cloud_elastic.checkpoint.store import CheckpointStore
+from cloud_elastic.worker.snapshot import clone
 
 __all__ = ["ShardedCheckpoints", "sharded_parts"]
 
@@ -273,7 +274,7 @@ def _stage(tensors: dict[str, Any], previous: dict[str, Any] | None = None) -> d
         except _Mismatch:
             pass
     if not torch.cuda.is_available():
-        return _clone(tensors)
+        return clone(tensors)  # a DTensor's clone copies its local shard, with no collective
     try:
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
     except ImportError:  # pragma: no cover - older or newer torch: write synchronously
@@ -310,22 +311,6 @@ def _refill(value: Any, into: Any) -> Any:
         if type(into) is not type(value) or len(into) != len(value):
             raise _Mismatch()
         return type(value)(_refill(item, old) for item, old in zip(value, into))
-    return value
-
-
-def _clone(value: Any) -> Any:
-    """``value`` with every CPU tensor (a DTensor's local shard too) copied, its containers new."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(value, DTensor):
-        return DTensor.from_local(value.to_local().detach().clone(), value.device_mesh, value.placements,
-                                  run_check=False, shape=value.shape, stride=value.stride())
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {key: _clone(item) for key, item in value.items()}
-    if type(value) in (list, tuple):
-        return type(value)(_clone(item) for item in value)
     return value
 
 
