@@ -18,19 +18,41 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 from typing import Any
 
 import torch
 
 from cloud_elastic.errors import CloudElasticError
 
-__all__ = ["StateSyncError", "encode", "decode"]
+__all__ = ["MIN_TORCH", "StateSyncError", "check_torch_version", "encode", "decode"]
 
 _SAFE_BUILTINS = [set, frozenset]
+
+#: The oldest torch whose ``weights_only`` loading has no known bypass: before 2.6 it could be made to
+#: run code (CVE-2025-32434), and before 2.10 its unpickler had a reported memory corruption. Every
+#: claim here that received state and checkpoints "cannot run code" rests on it, so an older torch is
+#: refused when a worker imports ``cloud_elastic.torch`` (pyproject.toml states the same floor, but
+#: ``pip install --no-deps`` or a preinstalled torch can bypass it).
+MIN_TORCH = (2, 10)
 
 
 class StateSyncError(CloudElasticError):
     """Elastic state holds an object that ``sync()`` cannot carry without pickle."""
+
+
+def check_torch_version(version: str) -> None:
+    """ImportError, in one line, if ``version`` is older than :data:`MIN_TORCH`."""
+    release = re.match(r"(\d+)\.(\d+)", version)
+    if release is None or (int(release.group(1)), int(release.group(2))) < MIN_TORCH:
+        floor = ".".join(map(str, MIN_TORCH))
+        raise ImportError(
+            f"cloud-elastic needs torch >= {floor}, whose weights_only loading has no known bypass; "
+            f"this is torch {version}: upgrade torch (pip install 'torch>={floor}')"
+        )
+
+
+check_torch_version(torch.__version__)
 
 
 def encode(obj: Any, what: str) -> bytes:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
+import subprocess
+import sys
 from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,3 +61,32 @@ def _torch_saved(obj) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
+
+
+# --- the torch floor: weights_only loading is only trusted on a torch without known bypasses ---
+
+
+@pytest.mark.parametrize("version", ["2.1.0", "2.5.1+cu121", "2.9.1", "1.13.1", "garbage"])
+def test_a_torch_whose_weights_only_can_be_bypassed_is_refused(version):
+    with pytest.raises(ImportError, match=rf"needs torch >= 2\.10, .*this is torch {re.escape(version)}"):
+        statecodec.check_torch_version(version)
+
+
+@pytest.mark.parametrize("version", ["2.10.0", "2.11.0+cu130", "2.13.0+cpu", "2.14.0a0+git1234", "3.0.0"])
+def test_a_torch_at_or_above_the_floor_is_accepted(version):
+    statecodec.check_torch_version(version)
+
+
+def test_the_package_requires_the_same_torch_floor():
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    floor = ".".join(map(str, statecodec.MIN_TORCH))
+    assert f'"torch>={floor}"' in pyproject
+
+
+def test_a_worker_refuses_to_start_on_an_old_torch():
+    # A real interpreter whose torch reports an old release imports the worker API.
+    code = "import torch; torch.__version__ = '2.5.1'; import cloud_elastic.torch"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "ImportError: cloud-elastic needs torch >= 2.10" in proc.stderr
+    assert "this is torch 2.5.1" in proc.stderr
