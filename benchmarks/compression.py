@@ -130,7 +130,6 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="40 steps instead of 300")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     docsection.add_arguments(p)
     args = p.parse_args()
