@@ -4,7 +4,7 @@ Every message, in both directions, is one JSON object sent as an HTTP body
 with an HMAC-SHA256 signature (per-job secret) in the ``X-Cloud-Elastic-Signature``
 header. The object carries the protocol version ``v``, the ``job`` id, a
 timestamp ``ts`` and a random ``nonce``; the receiver rejects a bad signature,
-another job's message, a stale timestamp, a replayed nonce, malformed JSON and
+another job's message, a stale or non-finite timestamp, a replayed nonce, malformed JSON and
 bodies over :data:`MAX_BODY` bytes. Nothing is ever unpickled.
 
 The secret reaches workers out of band (a local child's environment, ssh's
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import secrets
 import threading
 import time
@@ -84,7 +85,8 @@ class Codec:
             raise ControlPlaneError("bad or missing signature")
         try:
             message = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        # ValueError: bad UTF-8 or JSON, and integers past Python's 4,300 digits; RecursionError: deep nesting.
+        except (ValueError, RecursionError) as exc:
             raise ControlPlaneError(f"malformed JSON: {exc}") from None
         if not isinstance(message, dict):
             raise ControlPlaneError("message is not a JSON object")
@@ -96,13 +98,20 @@ class Codec:
         if not isinstance(ts, (int, float)) or not isinstance(nonce, str) or not isinstance(message.get("kind"), str):
             raise ControlPlaneError("message lacks ts, nonce or kind")
         now = self._clock()
+        try:
+            ts = float(ts)
+        except OverflowError:  # an integer past the floats' range (JSON's 1 followed by 400 zeros)
+            ts = math.inf
+        # NaN compares false with everything, so a NaN (or infinite) ts would otherwise pass the window.
+        if not math.isfinite(ts):
+            raise ControlPlaneError("message timestamp is not a finite number")
         if abs(now - ts) > MAX_CLOCK_SKEW_S:
             raise ControlPlaneError(f"message timestamp is {now - ts:+.0f}s off")
         with self._lock:
             if nonce in self._seen:
                 raise ControlPlaneError("replayed message")
             # Remember a nonce for as long as its timestamp is acceptable, not merely since arrival.
-            self._seen[nonce] = max(now, float(ts))
+            self._seen[nonce] = max(now, ts)
             if len(self._seen) > self._prune_at:
                 horizon = now - MAX_CLOCK_SKEW_S
                 self._seen = {n: t for n, t in self._seen.items() if t >= horizon}
