@@ -315,10 +315,18 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         try:
             launcher = self._launcher_for(action.slot.host)
             proc = launcher.launch(spec, lambda line, wid=action.worker_id: self._forward(wid, line))
-        except LaunchError as exc:
-            log.error("job %s: %s", self.job_id, exc)
+        except (LaunchError, OSError) as exc:
+            # OSError: the driver's own process out of descriptors (os.pipe, a socket), say. That is a
+            # worker that failed to start, as with LaunchError (its host backs off, the job goes on), not
+            # a dead driver: this loop must live to stop the other workers at the end.
+            if isinstance(exc, LaunchError):
+                why = str(exc)
+                log.error("job %s: %s", self.job_id, why)
+            else:
+                why = f"the driver could not start it: {exc}"
+                log.error("job %s: worker %s: %s", self.job_id, action.worker_id, why)
             with self._cond:
-                self._job.exited(action.worker_id, ExitStatus(255, transport_error=str(exc)), self._clock())
+                self._job.exited(action.worker_id, ExitStatus(255, transport_error=why), self._clock())
             return
         self._procs[action.worker_id] = proc
         log.info("job %s: launched worker %s", self.job_id, action.worker_id)
