@@ -57,7 +57,7 @@ SCHEMA: dict[str, EventKind] = {k.name: k for k in (
           {**_WORKER_OPT, "signal": (str,), "reason": (str,), "rank": _OPT_INT, "whole_host": (bool,)}),
     _kind("worker_left", "a worker left gracefully (its host is draining or was removed, or it returned early)",
           {**_WORKER, "reason": (str,)},
-          {**_WORKER_OPT, "early_return": (bool,), "commit_step": _OPT_INT, "steps": (int,)}),
+          {**_WORKER_OPT, "early_return": (bool,), "commit_step": _OPT_INT, "steps": (int,), "blacklisted_s": _NUM}),
     _kind("round_stalled", "no member of a round made progress within --progress-timeout",
           {"round": (int,), "idle_s": _NUM}, {"reason": (str,), "workers": (list,)}),
     _kind("stacks", "a worker's Python stacks: sent when the driver found its round stuck, or printed when signalled",

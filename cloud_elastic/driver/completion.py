@@ -10,7 +10,11 @@
 * **early returns** (:meth:`~Completion.check_early_returns`): a parked member
   whose rank 0 has waited :data:`EARLY_RETURN_WAIT_S` in a collective returned
   early (that collective needs it, and it will never join): it is told to leave
-  and the round is aborted, so the others roll back and continue;
+  and the round is aborted, so the others roll back and continue. Its slot backs
+  off like a failed one (the blacklist's exponential cooldown): a newcomer there
+  would run the same short loop, and refilling it at once made a restart loop
+  that cost rank 0 two resets per newcomer. The likely cause is explained once
+  per job; later early returns get one line each;
 * **the end** (:meth:`~Completion.step_finishing`): once every worker has gone,
   or ``completion_grace_s`` after completion began, the job succeeds, unless a
   worker failed after completing or rank 0 could not write its final checkpoint;
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from cloud_elastic.driver.actions import Phase, Stop
+from cloud_elastic.driver.hosts import Slot
 from cloud_elastic.driver.launch import ExitStatus, signal_name
 from cloud_elastic.driver.view import JobView
 from cloud_elastic.driver.workers import WorkerRecord, WorkerState
@@ -81,6 +86,7 @@ class Completion:
         self._round_progress_at = 0.0  # running time of the last progress of a member of the current round
         self._abort_seen_at: float | None = None  # running time the abort of the current round was first seen
         self._stall: _Stall | None = None
+        self._explained = False  # the likely cause of an early return was logged (once per job)
 
     # ------------------------------------------------------------- completion
     def completed(self, worker_id: str, now: float, *, commit_seq: int | None = None, steps: int | None = None,
@@ -187,15 +193,15 @@ class Completion:
             return
         job.end(True, f"training completed on {job.completed_workers} worker(s) after {job.resets} reset(s)", 0)
 
-    def check_early_returns(self) -> None:
+    def check_early_returns(self, now: float) -> None:
         """Parked members whose rank 0 is still training leave the round; their peers go on without them.
 
         Rank 0 waiting in a collective for EARLY_RETURN_WAIT_S means it is still
         training: that collective needs the parked members, who will never join it
         (a loop or a sampler sized for another world size, typically). They are
-        told to leave, and the round is aborted, which frees rank 0 from the
-        collective. A parked member whose rank 0 failed cannot rejoin either, and
-        leaves too.
+        told to leave, their slots back off (:meth:`_back_off`), and the round is
+        aborted, which frees rank 0 from the collective. A parked member whose
+        rank 0 failed cannot rejoin either, and leaves too (its slot is not to blame).
         """
         job = self._job
         if not self._parked or job.phase is not Phase.RUNNING:
@@ -212,22 +218,52 @@ class Completion:
                 continue
             if rank0 is None or job.abort_round >= job.round:
                 why = "its round ended before rank 0 finished training; it cannot rejoin after returning"
+                log.warning("job %s: worker %s (%s) %s; it leaves the job and the others continue", job.job_id,
+                            worker_id, w.label, why)
             else:
                 why = (f"returned from its training function at commit {w.commit_seq} ({w.steps} optimizer step(s)) "
                        f"while rank 0 ({rank0.worker_id}) was still training (at commit {rank0.commit_seq}, "
-                       f"{rank0.steps} step(s)); likely cause: a loop or sampler sized for another world size "
-                       f"(e.g. a DistributedSampler built once at start-up: use hvd.elastic.ElasticSampler or "
-                       f"rebuild it in a reset callback)")
-            log.warning("job %s: worker %s (%s) %s; it leaves the job and the others continue", job.job_id,
-                        worker_id, w.label, why)
+                       f"{rank0.steps} step(s))")
+                w.returned_early = True  # its worker_left event says so when its process ends
+                w.cooldown_s = self._back_off(w, now)
+                self._explain(w, why)
             w.to(S.EXITING, why)
-            w.returned_early = True  # its worker_left event says so when its process ends
             self._take_host_along(w)
         self._parked.clear()
         job.forget_alive()
         if job.abort_round < job.round:
             job.last_failure = "a member returned from its training function while rank 0 was still training"
             job.abort()
+
+    def _back_off(self, w: WorkerRecord, now: float) -> float:
+        """``w`` returned early: its slot (its host's, under ``--whole-hosts``) cools down as after a failure.
+
+        The blacklist's own back-off, not a second one: the n-th early return (or
+        failure) of a slot keeps new workers off it for ``lo * 2**(n-1)`` seconds
+        within ``--blacklist-cooldown-range``. Returns that wait.
+        """
+        blacklist = self._job.hosts.blacklist
+        slots = [w.slot]
+        if self._job.policy.whole_host_slots:
+            slots = [Slot(w.slot.host, i) for i in range(self._job.policy.whole_host_slots)]
+        return max(blacklist.record_failure(slot, now) for slot in slots)
+
+    def _explain(self, w: WorkerRecord, why: str) -> None:
+        """Log ``w``'s early return: the likely cause the first time in the job, one line after that."""
+        job = self._job
+        where = f"host {w.slot.host}" if job.policy.whole_host_slots else f"slot {w.slot}"
+        wait = (f"a new worker starts on {where} in {w.cooldown_s:.0f}s" if w.cooldown_s > 0
+                else f"a new worker may start on {where} at once (--blacklist-cooldown-range 0 0)")
+        if not self._explained:
+            self._explained = True
+            log.warning("job %s: worker %s (%s) %s; likely cause: a loop or sampler sized for another world size "
+                        "(e.g. a DistributedSampler built once at start-up: use hvd.elastic.ElasticSampler or "
+                        "rebuild it in a reset callback). It leaves the job and the others continue; %s, and each "
+                        "further early return there doubles that wait (--blacklist-cooldown-range)", job.job_id,
+                        w.worker_id, w.label, why, wait)
+        else:
+            log.warning("job %s: worker %s (%s) returned early too (the likely cause is explained above); %s",
+                        job.job_id, w.worker_id, w.label, wait)
 
     # --------------------------------------------------------- no-progress watch
     def round_formed(self, running: float) -> None:

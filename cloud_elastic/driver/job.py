@@ -350,7 +350,8 @@ class ElasticJob:
             self.completion.exited_after_completing(w, status)
         elif before in (S.EXITING, S.DRAINING):
             log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.why or "told to exit")
-            early = {"early_return": True, "commit_step": w.commit_seq, "steps": w.steps} if w.returned_early else {}
+            early = {"early_return": True, "commit_step": w.commit_seq, "steps": w.steps,
+                     "blacklisted_s": round(w.cooldown_s, 1)} if w.returned_early else {}
             self.emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index,
                       reason=w.why or "told to exit", **({"round": w.round} if w.round else {}), **early)
             if was_member:
@@ -553,7 +554,7 @@ class ElasticJob:
             self.emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
         for w, what in self._silence.overdue(self.alive(), len(self.workers), now, self._clock(now)):
             self.give_up(w, what, now)
-        self.completion.check_early_returns()
+        self.completion.check_early_returns(now)
         self.completion.check_progress(now)
         self.health.check(now)
         self.leavers.mark()

@@ -94,8 +94,9 @@ class WorkerRecord:
     waiting_at: float = 0.0  # running time of the heartbeat that reported waiting_s
     #: Its training function returned while rank 0 of its round had not: it waits for rank 0's verdict.
     returned: bool = False
-    #: It was sent away for returning while rank 0 was still training.
+    #: It was sent away for returning while rank 0 was still training, and how long its slot then cools down.
     returned_early: bool = False
+    cooldown_s: float = 0.0
     #: Its compute time per optimizer step (median of its recent steps; see ``worker.progress``), if known.
     compute_s: float | None = None
     #: Running time at which it said it was past its exit hooks (``exiting``): its heartbeats have stopped

@@ -33,11 +33,12 @@ def test_a_member_that_returned_while_rank_0_waits_in_a_collective_leaves_and_th
     job, completion, (r0, r1) = running()
     completion.completed(r1.worker_id, T0)
     r0.waiting_s, r0.waiting_at = EARLY_RETURN_WAIT_S + 1, T0 - 1  # reported before r1 parked: not counted
-    completion.check_early_returns()
+    completion.check_early_returns(T0)
     assert r1.state is S.RUNNING
     r0.waiting_at = T0 + 1
-    completion.check_early_returns()
+    completion.check_early_returns(T0 + 1)
     assert r1.state is S.EXITING and job.aborts == 1 and "while rank 0" in r1.why
+    assert job.hosts.blacklist.blocked(r1.slot, T0 + 1)  # it backs off like a failed slot
     assert r1.returned_early  # its worker_left event (written by the job when its process ends) says so
     assert "worker_left" not in dict(job.events)
     assert completion.reply(r1.worker_id)[0] == "leave"
