@@ -1,4 +1,11 @@
-"""A listening socket that cannot accept (the process is out of descriptors): pause it, do not spin.
+"""What the driver's two servers (control plane, rendezvous store) share against bad or hostile clients.
+
+:class:`RefusalLog`: the warnings about refused clients, de-duplicated by kind. A kind is a fixed
+string the server chooses, never text from the client: keyed on the client's own bytes (or on its
+address), 3,000 garbage requests logged 3,000 lines, and the set of what was logged grew with them.
+
+:class:`AcceptPause`: a listening socket that cannot accept (the process is out of descriptors):
+pause it, do not spin.
 
 A connection that ``accept()`` cannot take stays in the listener's backlog, so the
 listener stays readable and a selector loop would wake at once, fail again and
@@ -16,13 +23,50 @@ import selectors
 import time
 from typing import Any
 
-__all__ = ["AcceptPause", "PAUSE_S"]
+__all__ = ["AcceptPause", "PAUSE_S", "RefusalLog"]
 
 log = logging.getLogger(__name__)
 
 #: How long the listener is left alone after an accept that failed for want of descriptors or memory.
 PAUSE_S = 0.25
 _SHORTAGES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+#: Kinds a RefusalLog tells apart; past them, everything is "other" (kinds are the servers' own strings,
+#: but a bound keeps a mistake from growing the driver).
+MAX_KINDS = 64
+
+
+class RefusalLog:
+    """Warnings about refused clients, one per kind and then a count at 10, 100, 1,000, ... of that kind.
+
+    ``first`` formats the first warning of a kind (``%s`` placeholders for the peer and the detail,
+    which may carry the client's bytes, escaped by the caller) for ``logger`` (the server's own); the
+    counts name the kind and the latest peer only. So a flood of N refusals logs about ``log10(N)`` lines per kind, whatever it
+    sends. Not thread-safe: each server calls it from its one thread.
+    """
+
+    def __init__(self, logger: logging.Logger, what: str, first: str) -> None:
+        self._log, self._what, self._first = logger, what, first
+        self._counts: dict[str, int] = {}
+
+    def refused(self, kind: str, peer: str, detail: str) -> None:
+        if kind not in self._counts and len(self._counts) >= MAX_KINDS:
+            kind = "other"
+        n = self._counts[kind] = self._counts.get(kind, 0) + 1
+        if n == 1:
+            self._log.warning(self._first, peer, detail)
+        elif _power_of_ten(n):
+            self._log.warning("%s: %d refusals of this kind so far (%s), the latest from %s",
+                              self._what, n, kind, peer)
+
+    def count(self, kind: str) -> int:
+        """How many refusals of ``kind`` there were."""
+        return self._counts.get(kind, 0)
+
+
+def _power_of_ten(n: int) -> bool:
+    while n % 10 == 0:
+        n //= 10
+    return n == 1
 
 
 class AcceptPause:

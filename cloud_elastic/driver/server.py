@@ -28,7 +28,7 @@ from collections import deque
 from typing import Any, Callable, Union
 
 from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, Codec
-from cloud_elastic.driver.accepting import AcceptPause
+from cloud_elastic.driver.accepting import AcceptPause, RefusalLog
 from cloud_elastic.errors import ControlPlaneError
 
 __all__ = ["ControlServer", "Handler", "Held"]
@@ -99,6 +99,18 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"
             431: "Request Header Fields Too Large", 500: "Internal Server Error"}
 
 
+def _kind_of(reason: str) -> str:
+    """The kind of a refusal from its text: the words before the first figure, quote or colon.
+
+    The codec's and the handlers' reasons put what the request said after such a character
+    ("message timestamp is +400s off", "malformed poll request: 'round' must be ..."); only a message
+    signed with the job secret gets past the signature to the reasons that quote it."""
+    for i, ch in enumerate(reason):
+        if not (ch.isalpha() or ch in " -_"):
+            return reason[:i].strip() or "other"
+    return reason.strip() or "other"
+
+
 class _Conn:
     __slots__ = ("sock", "peer", "inbuf", "outbuf", "held", "last", "close_after", "closed", "writing")
 
@@ -133,7 +145,7 @@ class ControlServer:
         self._seq = itertools.count()
         self._conns: set[_Conn] = set()
         self._closing = False
-        self._warned: set[tuple[str, str]] = set()
+        self._refusals = RefusalLog(log, "control plane", "control plane: rejected a request from %s: %s")
         self._errors: set[tuple[str, str, str]] = set()
         self.rejected = 0
 
@@ -291,42 +303,44 @@ class ControlServer:
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(buf) > _MAX_LINE * 2:
-                    self._reject(conn, 431, "request head too large")
+                    self._reject(conn, 431, "request head too large", kind="request head too large")
                 return
             lines = bytes(buf[:end]).split(b"\r\n")
             line = lines[0]
             if len(line) > _MAX_LINE:
-                self._reject(conn, 414, "request line too long")
+                self._reject(conn, 414, "request line too long", kind="request line too long")
                 return
             parts = line.split()
             if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-                self._reject(conn, 400, f"malformed request line {line[:64]!r}")
+                self._reject(conn, 400, f"malformed request line {line[:64]!r}", kind="malformed request line")
                 return
             method, target, version = parts
             if len(lines) - 1 > _MAX_HEADERS:
-                self._reject(conn, 431, f"more than {_MAX_HEADERS} header lines")
+                self._reject(conn, 431, f"more than {_MAX_HEADERS} header lines", kind="too many header lines")
                 return
             headers: dict[bytes, bytes] = {}
             for raw in lines[1:]:
                 name, sep, value = raw.partition(b":")
                 if len(raw) > _MAX_LINE or not sep:
-                    self._reject(conn, 400, "malformed header line")
+                    self._reject(conn, 400, "malformed header line", kind="malformed header line")
                     return
                 headers[name.strip().lower()] = value.strip()
             if method != b"POST":
-                self._reject(conn, 405, f"method {method[:16].decode('latin-1')!r} not allowed")
+                self._reject(conn, 405, f"method {method[:16].decode('latin-1')!r} not allowed",
+                             kind="method not allowed")
                 return
             path = target.decode("latin-1")
             if not path.startswith("/v1/"):
-                self._reject(conn, 404, f"unknown path {path[:64]!r}")
+                self._reject(conn, 404, f"unknown path {path[:64]!r}", kind="unknown path")
                 return
             try:
                 length = int(headers.get(b"content-length", b""))
             except ValueError:
-                self._reject(conn, 411, "missing Content-Length")
+                self._reject(conn, 411, "missing Content-Length", kind="missing Content-Length")
                 return
             if length < 0 or length > MAX_BODY:
-                self._reject(conn, 413, f"body of {length} bytes exceeds the {MAX_BODY}-byte limit")
+                self._reject(conn, 413, f"body of {length} bytes exceeds the {MAX_BODY}-byte limit",
+                             kind="body too large")
                 return
             if len(buf) < end + 4 + length:
                 return  # the body is still on its way
@@ -345,7 +359,7 @@ class ControlServer:
                 raise ControlPlaneError(f"message kind {message['kind']!r} does not match path {kind!r}")
             reply = self._handler(kind, message)
         except ControlPlaneError as exc:
-            self._reject(conn, 401 if "signature" in str(exc) else 400, str(exc))
+            self._reject(conn, 401 if "signature" in str(exc) else 400, str(exc), kind=_kind_of(str(exc)))
             return
         except Exception as exc:  # a driver bug: say so loudly once, and tell the worker instead of hanging up
             self._bug(conn, kind, exc)
@@ -406,12 +420,12 @@ class ControlServer:
                       exc_info=(type(exc), exc, exc.__traceback__))
         self._reject(conn, 500, f"driver error handling {kind}: {type(exc).__name__}: {exc}", warn=False)
 
-    def _reject(self, conn: _Conn, status: int, reason: str, *, warn: bool = True) -> None:
+    def _reject(self, conn: _Conn, status: int, reason: str, *, kind: str = "", warn: bool = True) -> None:
+        """Answer ``status`` with ``reason`` and close; warn once per ``kind`` (never text from the request:
+        keyed on the reason, which quotes the request, every garbage request was a line of its own)."""
         self.rejected += 1
-        key = (conn.peer, reason.split(":")[0])
-        if warn and key not in self._warned:
-            self._warned.add(key)
-            log.warning("control plane: rejected a request from %s: %s", conn.peer, reason)
+        if warn:
+            self._refusals.refused(kind or _kind_of(reason), conn.peer, reason)
         conn.close_after = True
         self._respond(conn, status, json.dumps({"error": reason}).encode())
 

@@ -1,0 +1,68 @@
+"""The control plane under a flood of garbage (issue 44 #9): its warnings are de-duplicated by the
+kind of refusal, not by text that holds the sender's own bytes or by the sender's address, so a
+flood logs a few lines; and a signed client is served throughout."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from cloud_elastic.control import SIGNATURE_HEADER, Codec, new_secret
+from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.worker.client import DriverClient
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = new_secret()
+
+
+@pytest.fixture
+def server():
+    srv = ControlServer(Codec(SECRET, "job"), lambda kind, message: {"ok": True})
+    srv.start()
+    yield srv
+    srv.close()
+
+
+def _send(port: int, source: str, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0)) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        return s.recv(64)
+
+
+def _garbage(i: int) -> bytes:
+    """Request ``i`` of five kinds, each with bytes of its own (no two alike)."""
+    body = f'{{"n":{i}}}'.encode()
+    return [
+        f"GARBAGE{i} x\r\n\r\n".encode(),  # a malformed request line
+        f"GET{i} /v1/poll HTTP/1.1\r\n\r\n".encode(),  # a method not allowed
+        f"POST /nowhere/{i} HTTP/1.1\r\nContent-Length: 0\r\n\r\n".encode(),  # an unknown path
+        f"POST /v1/poll HTTP/1.1\r\nContent-Length: {len(body)}\r\n{SIGNATURE_HEADER}: {i:064x}\r\n\r\n".encode()
+        + body,  # a bad signature
+        f"POST /v1/poll HTTP/1.1\r\nContent-Length: {10 ** 6 + i}\r\n\r\n".encode(),  # a body too large
+    ][i % 5]
+
+
+def test_a_flood_of_garbage_from_many_addresses_logs_a_few_lines_per_kind_and_a_signed_client_is_served(
+        server, caplog):
+    """Issue 44 #9: 3,000 garbage requests gave 3,000 warning lines (the key was the peer and the
+    reason's text up to its first colon, and the reason quotes the request)."""
+    client = DriverClient(f"127.0.0.1:{server.port}", Codec(SECRET, "job"), "w1")
+    n = 500
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.driver.server"):
+        for i in range(n):
+            answer = _send(server.port, f"127.0.0.{2 + i % 50}", _garbage(i))
+            assert answer.startswith(b"HTTP/1.1 4"), answer
+            if i % 100 == 0:
+                assert client.call("register")["ok"] is True
+    assert server.rejected == n
+    lines = [r.getMessage() for r in caplog.records if r.name == "cloud_elastic.driver.server"]
+    # Five kinds of 100 each: the first of each kind, then its counts at 10 and 100.
+    assert len(lines) == 5 * 3, "\n".join(lines)
+    firsts = [line for line in lines if line.startswith("control plane: rejected a request from 127.0.0.")]
+    assert len(firsts) == 5 and any("bad or missing signature" in line for line in firsts), lines
+    assert sum("100 refusals of this kind so far" in line for line in lines) == 5, lines
+    assert client.call("register")["ok"] is True
