@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -33,13 +34,18 @@ from typing import Callable
 from cloud_elastic.checkpoint.api import FORMAT, CheckpointError
 from cloud_elastic.checkpoint.store import CheckpointStore
 
-__all__ = ["ALIVE_RECORD", "REFRESH_S", "AliveRefresher", "DriverAlive", "read_driver_alive", "write_driver_alive"]
+__all__ = ["ALIVE_RECORD", "MAX_GRACE_S", "REFRESH_S", "AliveRefresher", "DriverAlive", "read_driver_alive",
+           "write_driver_alive"]
 
 log = logging.getLogger(__name__)
 
 ALIVE_RECORD = "driver-alive.json"
 #: How often a running driver refreshes its entry: a dead driver's last refresh is at most this old.
 REFRESH_S = 5.0
+#: The largest ``grace_s`` an entry may give: a restarted driver waits at most this long for old workers.
+MAX_GRACE_S = 7 * 24 * 3600.0
+#: How far ahead of this machine's clock an entry's ``alive`` may be (clocks are assumed in sync within seconds).
+MAX_CLOCK_AHEAD_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -58,8 +64,11 @@ class DriverAlive:
 
 
 def write_driver_alive(store: CheckpointStore, entry: DriverAlive) -> None:
-    """Replace the entry atomically; CheckpointError when the storage refuses."""
-    data = json.dumps({"format": FORMAT, **asdict(entry)}, sort_keys=True).encode()
+    """Replace the entry atomically; CheckpointError when the storage refuses or a number is not finite."""
+    try:
+        data = json.dumps({"format": FORMAT, **asdict(entry)}, sort_keys=True, allow_nan=False).encode()
+    except ValueError as exc:
+        raise CheckpointError(f"not writing {store.backend.url(ALIVE_RECORD)}: {exc}") from exc
     try:
         store.backend.write(ALIVE_RECORD, lambda f: f.write(data))
     except Exception as exc:
@@ -67,20 +76,34 @@ def write_driver_alive(store: CheckpointStore, entry: DriverAlive) -> None:
             from exc
 
 
-def read_driver_alive(store: CheckpointStore) -> DriverAlive | None:
-    """The entry, or None when there is none; CheckpointError when it cannot be read or parsed."""
+def read_driver_alive(store: CheckpointStore, *, now: float | None = None) -> DriverAlive | None:
+    """The entry, or None when there is none; CheckpointError (one line) when it cannot be read or parsed.
+
+    The storage is not trusted with numbers a restarted driver waits on: ``grace_s`` must be finite
+    and within [0, :data:`MAX_GRACE_S`], ``alive`` finite and at most :data:`MAX_CLOCK_AHEAD_S`
+    ahead of ``now`` (this machine's clock by default). An entry outside them is refused as
+    unreadable, so NaN, Infinity or 1e12 never reach a wait (where they overflowed or disabled it).
+    """
     try:
         raw = store._read(ALIVE_RECORD)
     except FileNotFoundError:
         return None
+    now = time.time() if now is None else now
     try:
         body = json.loads(raw)
         if not isinstance(body, dict) or body.get("format") != FORMAT:
             raise ValueError("not a cloud-elastic driver entry")
-        return DriverAlive(str(body["job_id"]), float(body["alive"]), float(body["grace_s"]), str(body["host"]),
+        alive, grace_s = float(body["alive"]), float(body["grace_s"])
+        if not (math.isfinite(grace_s) and 0.0 <= grace_s <= MAX_GRACE_S):
+            raise ValueError(f"grace_s {grace_s:g} is not a number of seconds in [0, {MAX_GRACE_S:g}]")
+        if not (math.isfinite(alive) and 0.0 <= alive <= now + MAX_CLOCK_AHEAD_S):
+            raise ValueError(f"alive {alive:g} is not a Unix time up to {MAX_CLOCK_AHEAD_S:g}s ahead of this "
+                             "machine's clock")
+        return DriverAlive(str(body["job_id"]), alive, grace_s, str(body["host"]),
                            int(body["pid"]), bool(body.get("stopped", False)))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{store.backend.url(ALIVE_RECORD)} is unreadable: {exc}") from exc
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:
+        raise CheckpointError(f"{store.backend.url(ALIVE_RECORD)} is unreadable: {' '.join(str(exc).split())}") \
+            from exc
 
 
 class AliveRefresher:

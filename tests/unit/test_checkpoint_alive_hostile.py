@@ -1,0 +1,58 @@
+"""A ``driver-alive.json`` from storage is not trusted with the numbers a restarted driver waits on.
+
+grace_s 1e12 or Infinity crashed a restarted driver (OverflowError in its wait) and NaN disabled
+the wait; such an entry is now refused in one line, and the driver goes on with what it knows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cloud_elastic.checkpoint import CheckpointError, CheckpointStore
+from cloud_elastic.checkpoint.alive import ALIVE_RECORD, MAX_GRACE_S, DriverAlive, read_driver_alive, write_driver_alive
+
+pytestmark = pytest.mark.timeout(20)
+
+NOW = 1_795_444_453.5
+
+
+def _entry(tmp_path: Path, alive: str, grace: str) -> CheckpointStore:
+    # Written as raw text: JSON from another writer may hold Infinity and NaN, which Python's json reads.
+    (tmp_path / ALIVE_RECORD).write_text(
+        '{"format": "cloud-elastic-checkpoint", "job_id": "j1", "host": "vm", "pid": 7, "stopped": false, '
+        f'"alive": {alive}, "grace_s": {grace}}}')
+    return CheckpointStore(str(tmp_path))
+
+
+@pytest.mark.parametrize("grace", ["1e12", "Infinity", "-Infinity", "NaN", "-1", str(MAX_GRACE_S * 2)])
+def test_a_grace_that_is_not_a_bounded_number_of_seconds_is_refused_in_one_line(tmp_path: Path, grace: str) -> None:
+    store = _entry(tmp_path, str(NOW), grace)
+    with pytest.raises(CheckpointError, match=rf"{ALIVE_RECORD} is unreadable: grace_s .* is not a number of "
+                                              r"seconds in \[0, 604800\]") as refused:
+        read_driver_alive(store, now=NOW)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("alive", ["1e300", "Infinity", "NaN", "-5", str(NOW + 2 * 86400)])
+def test_a_sign_of_life_that_is_not_a_time_up_to_a_day_ahead_is_refused_in_one_line(tmp_path: Path,
+                                                                                   alive: str) -> None:
+    store = _entry(tmp_path, alive, "60")
+    with pytest.raises(CheckpointError, match=rf"{ALIVE_RECORD} is unreadable: alive .* is not a Unix time"):
+        read_driver_alive(store, now=NOW)
+
+
+def test_bounded_values_still_read_back(tmp_path: Path) -> None:
+    store = _entry(tmp_path, str(NOW + 30), str(MAX_GRACE_S))  # a clock a little ahead, the largest grace
+    assert read_driver_alive(store, now=NOW) == DriverAlive("j1", NOW + 30, MAX_GRACE_S, "vm", 7)
+
+
+def test_a_driver_never_writes_a_number_json_cannot_hold(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    with pytest.raises(CheckpointError, match="not writing .*driver-alive.json"):
+        write_driver_alive(store, DriverAlive("j1", NOW, float("inf"), "vm", 7))
+    assert not (tmp_path / ALIVE_RECORD).exists()
+    write_driver_alive(store, DriverAlive("j1", NOW, 60.0, "vm", 7))
+    assert json.loads((tmp_path / ALIVE_RECORD).read_text())["grace_s"] == 60.0
