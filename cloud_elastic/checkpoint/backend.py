@@ -54,13 +54,15 @@ class Backend(Protocol):
         """The whole object; FileNotFoundError when absent."""
 
     def children(self, path: str) -> list[str]:
-        """Names directly below ``path``; empty when it does not exist."""
+        """Names directly below ``path``, symbolic links left out (a store never makes one, and following one
+        would read or delete what another folder owns); empty when it does not exist."""
 
     def remove_tree(self, path: str, first: str | None = None) -> None:
-        """Delete ``path`` and everything below it, ``path/first`` before the rest."""
+        """Delete ``path`` and everything below it, ``path/first`` before the rest; never through a symbolic link."""
 
     def sizes(self, path: str) -> dict[str, int]:
-        """The files directly below ``path`` and their sizes in bytes; empty when it does not exist."""
+        """The files directly below ``path`` (not symbolic links) and their sizes in bytes; empty when it does
+        not exist."""
 
     def dcp_storage(self, path: str, writing: bool) -> Any:
         """A torch DCP storage writer (or reader) for the folder ``path`` (sharded checkpoints)."""
@@ -128,20 +130,24 @@ class LocalBackend:
 
     def children(self, path: str) -> list[str]:
         try:
-            return sorted(os.listdir(self._path(path)))
+            with os.scandir(self._path(path)) as entries:
+                return sorted(e.name for e in entries if not e.is_symlink())
         except (FileNotFoundError, NotADirectoryError):
             return []
 
     def remove_tree(self, path: str, first: str | None = None) -> None:
         target = self._path(path)
+        if os.path.islink(target):
+            raise CheckpointError(f"not deleting {target}: it is a symbolic link, not a folder this store wrote")
         if first:
-            _unlink_quietly(os.path.join(target, first))
+            _unlink_quietly(os.path.join(target, first))  # a link named so is unlinked itself, not its target
         shutil.rmtree(target, ignore_errors=True)
 
     def sizes(self, path: str) -> dict[str, int]:
         try:
             with os.scandir(self._path(path)) as entries:
-                return {e.name: e.stat().st_size for e in entries if e.is_file()}
+                return {e.name: e.stat(follow_symlinks=False).st_size for e in entries
+                        if e.is_file(follow_symlinks=False)}
         except (FileNotFoundError, NotADirectoryError):
             return {}
 

@@ -25,10 +25,12 @@ with ``torch.load(weights_only=True)``: nothing in a checkpoint can run code.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import logging
+import pickle
 import re
 import threading
 import time
@@ -62,6 +64,8 @@ DCP_METADATA = ".metadata"
 JOB_RECORD = "job.json"
 _NAME = re.compile(r"ckpt-(\d{8}T\d{12})Z-step(\d+)")
 _TIME_FORMAT = "%Y%m%dT%H%M%S%f"
+#: Folder times from this one on are impossible: no later name could follow them (datetime ends at 9999).
+_END_OF_TIME = datetime(9000, 1, 1, tzinfo=timezone.utc)
 _META_KEYS = ("epoch", "world_size", "job_id")
 
 
@@ -84,6 +88,7 @@ class CheckpointStore:
         self._backend: Backend | None = None
         self._lock = threading.Lock()
         self._last_time = datetime.min.replace(tzinfo=timezone.utc)
+        self._ignored: set[str] = set()  # names like a checkpoint's with impossible times, warned about once
 
     @property
     def backend(self) -> Backend:
@@ -155,7 +160,8 @@ class CheckpointStore:
             body = json.dumps(manifest, indent=1, sort_keys=True).encode()
             backend.write(f"{name}/{MANIFEST}", lambda f: f.write(body))
         except Exception as exc:
-            raise CheckpointError(f"could not write checkpoint {backend.url(name)}: {_one_line(exc)}") from exc
+            raise CheckpointError(f"could not write checkpoint {backend.url(name)}: "
+                                  f"{storage_reason(exc, digest.error)}") from exc
         info = _info(name, backend.url(name), manifest)
         log.info("checkpoint of step %d written to %s (%d bytes%s)", step, info.url, digest.size,
                  "" if shards is None else f", and {sum(shards.values())} bytes of shards")
@@ -165,9 +171,12 @@ class CheckpointStore:
     def _new_name(self, step: int, existing: list[str]) -> str:
         """A name that sorts after every checkpoint already there, even if this host's clock is behind."""
         now = datetime.now(timezone.utc)
-        floor = max([self._last_time] + [_time_of(n) for n in existing[-1:]])
+        floor = max([self._last_time] + [_time_of(n) or self._last_time for n in existing[-1:]])
         if now <= floor:
             now = floor + (datetime.resolution * 1)
+        if now >= _END_OF_TIME:  # only after a folder named within a microsecond of it
+            raise CheckpointError(f"no checkpoint name can follow {self.backend.url(existing[-1])}: move that folder "
+                                  "away")
         self._last_time = now
         return f"ckpt-{now.strftime(_TIME_FORMAT)}Z-step{int(step):012d}"
 
@@ -243,11 +252,7 @@ class CheckpointStore:
             raise _Unusable(f"its data {info.data_name} is missing") from None
         if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
             raise _Unusable("its data does not match the manifest's size and SHA-256 digest")
-        try:
-            payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        except Exception as exc:  # UnpicklingError for code, RuntimeError for a bad archive
-            raise _Unusable(f"torch.load(weights_only=True) refused it: {_one_line(exc, 160)}") from exc
-        return Checkpoint(info, payload)
+        return Checkpoint(info, safe_load(data, info.data_name))
 
     def _manifest(self, name: str) -> CheckpointInfo:
         raw = self._read(f"{name}/{MANIFEST}")
@@ -263,12 +268,21 @@ class CheckpointStore:
             raise _Unusable(f"unreadable manifest: {_one_line(exc, 160)}") from exc
 
     def _names(self) -> list[str]:
+        """The checkpoint folders, oldest first: real folders (never symbolic links: the backend does not list
+        them) whose names hold a possible time. Others are left alone, with one WARNING each."""
         try:
-            return sorted(n for n in self.backend.children("") if _NAME.fullmatch(n))
+            names = sorted(n for n in self.backend.children("") if _NAME.fullmatch(n))
         except CheckpointError:
             raise
         except Exception as exc:
             raise CheckpointError(f"could not list checkpoints in {self.url}: {_one_line(exc)}") from exc
+        impossible = [n for n in names if _time_of(n) is None]
+        for name in impossible:
+            if name not in self._ignored:
+                self._ignored.add(name)
+                log.warning("ignoring %s: its name holds an impossible time (not a date, or past the year %d); "
+                            "it is never loaded, followed or deleted", self.backend.url(name), _END_OF_TIME.year)
+        return [n for n in names if n not in impossible] if impossible else names
 
     def _read(self, path: str) -> bytes:
         try:
@@ -342,6 +356,8 @@ class _Digest:
     def __init__(self) -> None:
         self._sha = hashlib.sha256()
         self.size = 0
+        #: The first OSError a write raised: torch.save rewords a failed write as "unexpected pos N vs M".
+        self.error: OSError | None = None
 
     def wrap(self, f: BinaryIO) -> "_Digest._Writer":
         return _Digest._Writer(self, f)
@@ -355,9 +371,13 @@ class _Digest:
 
         def write(self, data: Any) -> int:
             view = memoryview(data).cast("B")
+            try:
+                self._f.write(view)
+            except OSError as exc:
+                self._digest.error = self._digest.error or exc
+                raise
             self._digest._sha.update(view)
             self._digest.size += len(view)
-            self._f.write(view)
             return len(view)
 
         def flush(self) -> None:
@@ -406,9 +426,65 @@ def _info(name: str, url: str, manifest: Mapping[str, Any]) -> CheckpointInfo:
     )
 
 
-def _time_of(name: str) -> datetime:
+def _time_of(name: str) -> datetime | None:
+    """The UTC time in a checkpoint folder's name; None when it is not a date or lies past ``_END_OF_TIME``."""
     match = _NAME.fullmatch(name)
-    return datetime.strptime(match.group(1), _TIME_FORMAT).replace(tzinfo=timezone.utc)
+    try:
+        when = datetime.strptime(match.group(1), _TIME_FORMAT).replace(tzinfo=timezone.utc) if match else None
+    except ValueError:
+        return None
+    return when if when is not None and when < _END_OF_TIME else None
+
+
+def safe_load(data: bytes, what: str) -> Any:
+    """``torch.load(weights_only=True)`` of ``data``; _Unusable, in one line that names what was refused (and
+    never torch's advice to load it with ``weights_only=False``), when it holds anything else."""
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise _Unusable(f"its {what} holds something other than tensors and plain data ({_refusal(str(exc))}): "
+                        "torch.load(weights_only=True) refused it without running it") from None
+    except Exception as exc:  # RuntimeError for a bad archive
+        raise _Unusable(f"its {what} is not a readable torch.save archive: {_one_line(exc, 160)}") from None
+
+
+def _refusal(text: str) -> str:
+    """What torch's weights-only unpickler refused, without its advice (re-running with weights_only=False)."""
+    found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.\s|\.?$)", text, flags=re.M)
+    if found:
+        return _one_line(found.group(1), 160)
+    for part in re.split(r"\n\s*\n", text):
+        part = " ".join(part.split()).removeprefix("WeightsUnpickler error: ")
+        if part and not re.search(r"weights_only|Weights only load failed|Check the documentation", part):
+            return _one_line(re.split(r"(?<=\.) ", part)[0].rstrip("."), 160)
+    return "refused by the weights-only unpickler"
+
+
+def storage_reason(exc: BaseException, seen: BaseException | None = None) -> str:
+    """Why storage refused a write, in one line: "no space left on device" for a full disk (ENOSPC, EDQUOT)
+    wherever it hides (``seen``: an OSError our own stream caught before torch reworded it as
+    ``unexpected pos ...``; the exception's causes; torch DCP's per-rank failures), else the error's text."""
+    for candidate in _causes(exc, seen):
+        if isinstance(candidate, OSError) and candidate.errno in (errno.ENOSPC, errno.EDQUOT):
+            name = "ENOSPC" if candidate.errno == errno.ENOSPC else "EDQUOT"
+            where = f" writing {candidate.filename}" if candidate.filename else ""
+            return f"no space left on device ({name}{where})"
+    return _one_line(seen if isinstance(seen, OSError) else exc)
+
+
+def _causes(exc: BaseException, seen: BaseException | None) -> list[BaseException]:
+    out: list[BaseException] = [seen] if seen is not None else []
+    todo: list[Any] = [exc]
+    while todo and len(out) < 64:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or item in out:
+            continue
+        out.append(item)
+        todo += [item.__cause__, item.__context__]
+        failures = getattr(item, "failures", None)  # torch DCP's CheckpointException: {rank: (exception, trace)}
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
+    return out
 
 
 def _one_line(text: object, limit: int = 300) -> str:

@@ -1,0 +1,66 @@
+"""Hostile or broken checkpoint storage seen by real processes: a driver restarted over a ``driver-alive.json``
+with numbers it cannot wait on, and a checkpoint written to a full disk.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cloud_elastic.checkpoint import CheckpointStore, DurableJobRecord, write_job_record
+from tests.integration.harness import REPO, probe_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+@pytest.mark.parametrize("grace", ["1e12", "Infinity", "NaN"])
+def test_a_restarted_driver_refuses_a_sign_of_life_it_cannot_wait_on_in_one_line_and_runs_the_job(
+        jobs, tmp_path, grace):
+    """Before: 1e12 and Infinity crashed the driver with OverflowError in its wait; NaN disabled the wait."""
+    ckpt = tmp_path / "ckpt"
+    write_job_record(CheckpointStore(str(ckpt)), DurableJobRecord("hostile1", ("python", "train.py"), time.time()))
+    (ckpt / "driver-alive.json").write_text(
+        '{"format": "cloud-elastic-checkpoint", "job_id": "hostile1", "host": "other-vm", "pid": 4242, '
+        f'"stopped": false, "alive": {time.time()}, "grace_s": {grace}}}')
+    (tmp_path / "run").mkdir()
+    job = jobs(["run", "-np", "1", "-H", "127.0.0.1:1", "--checkpoint-dir", str(ckpt), "--driver-grace", "1",
+                *probe_cmd("--steps", "3")], env={"XDG_RUNTIME_DIR": str(tmp_path / "run")})
+    assert job.finish(90) == 0, job.output()
+    out = job.output()
+    refused = [line for line in job.lines if "driver-alive.json is unreadable: grace_s" in line]
+    assert len(refused) == 1 and "is not a number of seconds in [0, 604800]" in refused[0], out
+    assert "Traceback" not in out and "OverflowError" not in out, out
+
+
+_FULL_DISK_SAVE = """
+import sys, torch
+from cloud_elastic.checkpoint import CheckpointError, CheckpointStore
+store = CheckpointStore(sys.argv[1])
+try:
+    store.save(1, {"w": torch.zeros(200_000)})  # 800 kB into a 256 kB file system
+except CheckpointError as exc:
+    print("REFUSED", exc)
+"""
+
+
+def test_a_checkpoint_written_to_a_full_disk_says_no_space_left_on_device(tmp_path):
+    """A real full file system: a 256 kB tmpfs mounted in a private mount namespace (unshare, no root needed
+    where user namespaces are allowed). Before: torch's ``unexpected pos 704 vs 598``."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) to mount a small file system")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = (f"mount -t tmpfs -o size=256k tmpfs {mount} || exit 77; "
+              f"exec {sys.executable} -c '{_FULL_DISK_SAVE}' {mount}/ckpt")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=90)
+    if done.returncode == 77 or "unshare:" in done.stderr:
+        pytest.skip(f"cannot mount a small file system here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("REFUSED")]
+    assert "no space left on device" in line and "unexpected pos" not in line, line
+    assert f"{mount}/ckpt/ckpt-" in line  # the checkpoint it could not write

@@ -1,0 +1,95 @@
+"""Checkpoint folders the store does not own, and a tampered ``state.pt``: never followed, deleted or run.
+
+Real files in a temporary directory; the malicious pickle is a real one whose ``__reduce__`` would
+create a marker file, which must never appear.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from cloud_elastic.checkpoint import CheckpointStore
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class _RunsCode:
+    """Unpickled by a full unpickler, this would create ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _folders(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("ckpt-"))
+
+
+@pytest.mark.parametrize("name", ["ckpt-99991231T235959999999Z-step000000000001",  # the end of time
+                                  "ckpt-20261399T250000000000Z-step000000000001"])  # month 13: not a date
+def test_a_folder_named_at_an_impossible_time_is_left_alone_and_saves_go_on(tmp_path: Path, name: str,
+                                                                            caplog) -> None:
+    """Before: every later save failed with "date value out of range" (or "unconverted data"), naming no folder."""
+    (tmp_path / name).mkdir()
+    store = CheckpointStore(str(tmp_path), keep=1)
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.checkpoint.store"):
+        for step in (1, 2, 3):
+            assert store.save(step, {"step": step}).step == step
+    assert store.latest().payload == {"step": 3}
+    assert name in _folders(tmp_path) and len(_folders(tmp_path)) == 2  # kept: not ours to delete
+    warned = [r.getMessage() for r in caplog.records if "impossible time" in r.getMessage()]
+    assert len(warned) == 1 and str(tmp_path / name) in warned[0], warned
+
+
+def test_pruning_never_follows_a_symlink_named_like_a_checkpoint(tmp_path: Path) -> None:
+    """Before: pruning deleted manifest.json inside the link's target."""
+    other = CheckpointStore(str(tmp_path / "other"))
+    theirs = other.save(7, {"step": 7})
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    link = store_dir / "ckpt-20000101T000000000000Z-step000000000007"
+    link.symlink_to(tmp_path / "other" / theirs.name, target_is_directory=True)
+    store = CheckpointStore(str(store_dir), keep=1)
+    for step in (1, 2):
+        store.save(step, {"step": step})
+    assert (tmp_path / "other" / theirs.name / "manifest.json").exists()
+    assert store.latest().payload == {"step": 2}
+    os.unlink(tmp_path / "store" / store.list()[0].name / "manifest.json")
+    assert store.list() == [] and store.latest() is None  # not loaded through the link either
+    assert other.latest().payload == {"step": 7}
+    assert link.is_symlink()  # left alone
+
+
+def test_a_tampered_state_pt_is_refused_in_one_line_without_running_code_or_advising_weights_only_false(
+        tmp_path: Path, caplog) -> None:
+    """Its manifest rewritten to match, as an attacker who can write the storage would. Before: torch's text cut
+    off at 160 characters, which read as advice to load it with weights_only=False."""
+    store = CheckpointStore(str(tmp_path), keep=2)
+    store.save(1, {"step": 1})
+    newest = store.save(2, {"step": 2})
+    marker = tmp_path / "marker"
+    evil = tmp_path / newest.name / "state.pt"
+    torch.save({"step": _RunsCode(marker)}, evil)
+    manifest_path = tmp_path / newest.name / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    data = evil.read_bytes()
+    manifest["data"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.checkpoint.store"):
+        latest = store.latest()
+    assert latest.payload == {"step": 1}  # the previous checkpoint
+    assert not marker.exists()
+    [line] = [r.getMessage() for r in caplog.records if newest.name in r.getMessage()]
+    assert "holds something other than tensors and plain data" in line and "refused it without running it" in line
+    assert "posix.system" in line, line  # what was refused
+    assert "weights_only` set to `False`" not in line and "weights_only=False" not in line, line
+    assert "can still be loaded" not in line and "\n" not in line, line
