@@ -307,15 +307,20 @@ class CompletedReport:
 
     ``commit_seq`` and ``steps`` say how far it got; ``error`` is set when rank 0
     could not write the final durable checkpoint (the job must not report success then).
+    ``elastic`` is False when the report comes from the exit hook of a worker whose
+    script never entered ``hvd.elastic.run`` (a fixed-size script, see ``driver.fixed``):
+    its script ended, and ``error`` then names the exception it ended with, if any.
     """
 
     round: int
     commit_seq: int = 0
     steps: int = 0
     error: str | None = None
+    elastic: bool = True
 
     def to_wire(self) -> dict[str, Any]:
-        return {"round": self.round, "commit_seq": self.commit_seq, "steps": self.steps, "error": self.error}
+        return {"round": self.round, "commit_seq": self.commit_seq, "steps": self.steps, "error": self.error,
+                "elastic": self.elastic}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "CompletedReport":
@@ -323,8 +328,9 @@ class CompletedReport:
         error = msg.get("error")
         if error is not None and not isinstance(error, str):
             raise ControlPlaneError(f"malformed {what}: 'error' must be a string or null")
+        elastic = True if msg.get("elastic") is None else _bool(msg, "elastic", what)  # older workers: True
         return cls(_optional_int(msg, "round", what), _optional_int(msg, "commit_seq", what),
-                   _optional_int(msg, "steps", what), None if error is None else error[:500])
+                   _optional_int(msg, "steps", what), None if error is None else error[:500], elastic)
 
 
 @dataclass(frozen=True)

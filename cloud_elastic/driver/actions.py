@@ -43,6 +43,9 @@ class Policy:
     straggler_window_s: float = 60.0
     #: ``--whole-hosts``: each host's this many slots start, join rounds and leave together (0: off).
     whole_host_slots: int = 0
+    #: ``--restarts``: a fixed-size job (a script without ``hvd.elastic.run``) starts again after a failure
+    #: up to this many times (see :mod:`.fixed`).
+    restarts: int = 0
 
 
 class Phase(enum.Enum):

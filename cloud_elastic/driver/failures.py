@@ -40,17 +40,23 @@ class Failures:
     """Failures and the committed state of one job (see module docstring)."""
 
     def __init__(self, job: JobView, lost_leaver: Callable[[WorkerRecord, str], None],
-                 take_host_along: Callable[[WorkerRecord], None] = lambda w: None) -> None:
+                 take_host_along: Callable[[WorkerRecord], None] = lambda w: None,
+                 fixed_failed: Callable[..., bool] = lambda w, what, **how: False) -> None:
         """``lost_leaver(w, what)``: a draining worker was lost in its round; ``take_host_along(w)``: the other
-        workers of ``w``'s host leave with it under ``--whole-hosts`` (see :mod:`.leaving`)."""
+        workers of ``w``'s host leave with it under ``--whole-hosts`` (see :mod:`.leaving`);
+        ``fixed_failed(w, what, exit_code=, transport=)``: True when a fixed-size job takes the failure
+        (no blacklisting, no abort: the whole attempt ends; see :mod:`.fixed`)."""
         self._job = job
         self._lost_leaver = lost_leaver
         self._take_host_along = take_host_along
+        self._fixed_failed = fixed_failed
         self._state_lost_logged = False
 
     def fail(self, w: WorkerRecord, what: str, now: float, *, was_member: bool, transport: bool,
              exit_code: int | None = None) -> None:
         """``w`` failed (``what`` says how); ``transport``: its host could not be reached."""
+        if self._fixed_failed(w, what, exit_code=exit_code, transport=transport):
+            return
         job = self._job
         hosts = job.hosts
         reason = f"worker {w.worker_id} ({w.label}) {what}"

@@ -20,6 +20,8 @@ It is assembled from small pieces, each tested on its own:
 * :mod:`.takeover` — a restarted driver adopting its predecessor's workers;
 * :mod:`.failures` — what a failure costs (blacklisting, an aborted round),
   and whether the committed state survives it;
+* :mod:`.fixed` — a script without ``hvd.elastic.run``, run as a fixed-size job
+  (success when every worker exits 0; a failure ends or restarts the job);
 * :mod:`.liveness` — worker silence measured only over time the driver ran, and which
   workers are overdue;
 * :mod:`.hosts` — host order, the per-slot blacklist, hosts missing from
@@ -46,6 +48,7 @@ from cloud_elastic.driver.actions import Action, Finish, Launch, Phase, Policy, 
 from cloud_elastic.driver.capacity import PROGRESS_EVERY_S, Capacity
 from cloud_elastic.driver.completion import EARLY_RETURN_WAIT_S, STACKS_WAIT_S, Completion
 from cloud_elastic.driver.failures import Failures
+from cloud_elastic.driver.fixed import FixedSize
 from cloud_elastic.driver.formation import RoundFormation
 from cloud_elastic.driver.health import Health
 from cloud_elastic.driver.hosts import HostManager, Slot
@@ -113,7 +116,8 @@ class ElasticJob:
         self.rounds = RoundFormation(self, self.leavers, on_formed=lambda running: self.completion.round_formed(running))
         self.completion = Completion(self, self.rounds.rank0, self.leavers.take_host_along)
         self.takeover = Takeover(self, self.capacity.seen, self.rounds.adopt_round)
-        self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along)
+        self.fixed = FixedSize(self)
+        self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along, self.fixed.failed)
         self.health = Health(self, self.leavers)
         if self.resumed:
             if not self.policy.checkpointing:
@@ -325,13 +329,17 @@ class ElasticJob:
         return True
 
     def completed(self, worker_id: str, now: float, *, commit_seq: int | None = None, steps: int | None = None,
-                  error: str | None = None) -> tuple[str, str]:
+                  error: str | None = None, elastic: bool = True) -> tuple[str, str]:
         """A worker reports that its training function returned; answers ``(decision, reason)``.
 
         ``done``, ``wait`` (parked until rank 0 returns) or ``leave``: see :mod:`.completion`.
         ``error`` (rank 0 could not write the final durable checkpoint) makes the
-        job fail once it has completed.
+        job fail once it has completed. ``elastic`` False: the worker's script ended
+        without ``hvd.elastic.run`` (``error``: what it raised), see :mod:`.fixed`.
         """
+        w = self.workers.get(worker_id)
+        if not elastic and w is not None and w.alive:
+            return self.fixed.script_ended(w, error)
         return self.completion.completed(worker_id, now, commit_seq=commit_seq, steps=steps, error=error)
 
     def completion_reply(self, worker_id: str) -> tuple[str, str] | None:
@@ -362,6 +370,8 @@ class ElasticJob:
             pass  # already accounted for when it was given up
         elif self.phase in (Phase.FINISHING, Phase.DONE):
             log.info("job %s: worker %s %s while the job was finishing", self.job_id, worker_id, status.describe)
+        elif self.fixed.exited(w, status):
+            pass  # a fixed-size job: exit 0 is the worker's success, else the attempt's failure
         else:
             what = status.describe if status.code != 0 or status.transport_error else (
                 "exited with code 0 before its training function returned"
@@ -563,6 +573,8 @@ class ElasticJob:
         if self.phase is Phase.FINISHING:
             self.completion.step_finishing(now)
             return
+        if self.fixed.step(now):
+            return  # a fixed-size job's round runs (or is being stopped): nothing launches or re-forms
         self.capacity.plan_launches(now)
         self.capacity.check(now)
         if self.phase is not Phase.DONE:

@@ -158,6 +158,10 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self._adopt_lock = threading.Lock()
         #: The store client lost its server with the old driver: reconnect before the next round forms.
         self._store_stale = False
+        #: ``hvd.elastic.run`` was entered in this process. A script that ends without it is a fixed-size
+        #: script, and says so at exit (:meth:`_report_script_end`).
+        self.elastic_entered = False
+        self._uncaught: BaseException | None = None  # the exception the script ended with (see _note_uncaught)
 
     @property
     def leaked_groups(self) -> int:
@@ -185,6 +189,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
             return
         self._codec = Codec(self.settings.secret, self.job_id)
         os.environ.pop("CLOUD_ELASTIC_SECRET", None)  # not inherited by the user's own children
+        self._note_uncaught()
         _survive_output_loss()
         _stacks_on_signal()
         self._client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
@@ -307,6 +312,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         exit status, not as a silent worker (see docs/architecture.md, "At exit").
         """
         deadline = time.monotonic() + timeout_s
+        self._report_script_end()
         group, self._group = self._group, None
         if group is not None:
             if group.backend == "gloo" or group.abandoned:
@@ -320,6 +326,38 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         if not drained or any(t.is_alive() for t in self._formations):
             log.warning("worker %s: a process group was still being formed or destroyed at exit", self.worker_id)
         self.say_exiting()
+
+    def _report_script_end(self) -> None:
+        """At exit, a script that never entered ``hvd.elastic.run`` tells the driver it ended (a fixed-size
+        script: the driver then judges the job by every worker's exit status; see ``driver.fixed``).
+
+        Sent before the exit status exists, with the exception the script ended with, if any
+        (seen by ``sys.excepthook`` before the exit hooks run). Not sent by a
+        worker that never joined a round or was sent away. One try, a few seconds at most.
+        """
+        if (self._codec is None or self.elastic_entered or self.info is None or self.dismissed
+                or self.sent_away is not None or self.driver_lost):
+            return
+        raised = self._uncaught or getattr(sys, "last_value", None)
+        error = f"{type(raised).__name__}: {raised}"[:300] if raised is not None else None
+        report = CompletedReport(self.info.round, self.live_commit_seq, self.progress.steps, error,
+                                 elastic=False).to_wire()
+        try:
+            DriverClient(self.settings.driver_address, self._codec, self.worker_id).call(
+                "completed", report, timeout_s=min(5.0, self.heartbeat_timeout_s))
+        except Exception as exc:  # the driver may be gone: it then judges the exit status alone
+            log.debug("worker %s: could not tell the driver its script ended: %s", self.worker_id, exc)
+
+    def _note_uncaught(self) -> None:
+        """Keep the exception that ends the script, for :meth:`_report_script_end`: ``sys.excepthook`` sees it
+        both under the interpreter and under the local launcher's fork server (which calls the hook itself)."""
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+            self._uncaught = value
+            previous(kind, value, tb)
+
+        sys.excepthook = hook
 
     def close(self) -> None:
         self._shutdown.set()

@@ -105,6 +105,7 @@ def _load_checkpoint(ctx: Any, durable: Any, state: State) -> None:
 
 def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> Any:
     ctx = init()
+    ctx.elastic_entered = True  # an elastic script: its end is reported by report_completed, not at exit
     ctx.progress.watch_thread()  # the thread that trains is the one the driver's no-progress watch samples
     durable = _durable(ctx)
     sync = True

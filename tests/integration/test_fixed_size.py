@@ -1,0 +1,57 @@
+"""A plain Horovod script (no ``hvd.elastic.run``) runs as a fixed-size job (issue 44, finding 11).
+
+``plain_horovod.py`` calls ``hvd.init()``, ``broadcast_parameters`` and ``DistributedOptimizer`` as most
+Horovod scripts do. Every worker exiting 0 is the job's success; a failure fails it with its reason,
+blacklisting nothing, or with ``--restarts N`` restarts it whole, and the script's own checkpoint
+resumes it (as torchrun does).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.integration.events_check import of, read_events
+from tests.integration.harness import REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+PLAIN = REPO / "tests" / "integration" / "plain_horovod.py"
+
+
+def plain(*args: str) -> list[str]:
+    return [sys.executable, str(PLAIN), *args]
+
+
+def _hosts(n: int) -> str:
+    return ",".join(f"127.0.0.{i}:1" for i in range(1, n + 1))
+
+
+def test_a_plain_horovod_script_succeeds_when_every_worker_exits_0(jobs, tmp_path):
+    events = tmp_path / "events.jsonl"
+    job = jobs(["run", "-np", "2", "-H", _hosts(2), "--events-file", str(events), *plain("--steps", "12")])
+    assert job.finish() == 0, job.output()
+    assert "training completed on 2 worker(s), every one exiting 0" in job.lines[-1], job.output()
+    done = job.of("done")
+    assert sorted(e["rank"] for e in done) == [0, 1] and all(e["step"] == 12 for e in done)
+    assert len({e["checksum"] for e in done}) == 1, "the ranks' parameters differ"
+    out = job.output()
+    assert "all workers failed" not in out and "blacklisted" not in out, out
+    assert not of(read_events(events), "worker_failed")
+
+
+def test_a_plain_horovod_script_that_raises_fails_the_job_with_its_reason(jobs, tmp_path):
+    events = tmp_path / "events.jsonl"
+    job = jobs(["run", "-np", "2", "-H", _hosts(2), "--events-file", str(events),
+                *plain("--steps", "40", "--fail-at-step", "4", "--only-slot", "127.0.0.2")])
+    assert job.finish() == 1, job.output()
+    last = job.lines[-1]
+    assert "worker 127.0.0.2[0]" in last and "exited with code 1: RuntimeError: the script failed at step 4" in last, last
+    assert "a fixed-size job" in last, last
+    out = job.output()
+    assert "all workers failed" not in out and "blacklisted" not in out, out
+    failures = of(read_events(events), "worker_failed")
+    assert failures[0]["host"] == "127.0.0.2" and failures[0]["blacklisted_s"] is None, failures
+    assert not [e for e in job.of("done")], "a worker trained on to the end after its peer failed"
+

@@ -1,0 +1,133 @@
+"""A script without ``hvd.elastic.run`` runs as a fixed-size job (issue 44, finding 11; driver.fixed).
+
+Its workers say so as their scripts end (``completed`` with ``elastic`` false, from the exit hook,
+before the exit status): the job then succeeds when every worker exits 0, and a failure fails it
+with its reason, or restarts it whole with ``--restarts N``. Scripted on the job's fake clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.driver.job import Finish, WorkerState
+from cloud_elastic.driver.launch import ExitStatus
+from tests.unit.test_job import CLEAN, CRASH, KILLED, Sim, assert_round, failed, started
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def script_ends(sim: Sim, slot: str, status: ExitStatus = CLEAN, error: str | None = None) -> None:
+    """The worker on ``slot`` reaches the end of its script (its exit hook reports it), then its process ends."""
+    assert sim.job.completed(sim.id(slot), sim.now, steps=20, error=error, elastic=False) == ("done", "")
+    sim._collect()
+    sim.exit(slot, status)
+
+
+def kinds(sim: Sim) -> list[str]:
+    return [kind for kind, _ in sim.events]
+
+
+def test_a_plain_horovod_script_whose_workers_all_exit_0_succeeds() -> None:
+    sim = started(2, {"a": 2})
+    script_ends(sim, "a[1]")
+    assert sim.outcome is None  # rank 0 still runs
+    script_ends(sim, "a[0]")
+    assert sim.outcome == Finish(True, "training completed on 2 worker(s), every one exiting 0 (a fixed-size job: "
+                                       "the script does not use hvd.elastic.run)", 0)
+    assert "worker_failed" not in kinds(sim) and not sim.blocked("a[0]") and not sim.blocked("a[1]")
+    assert sim.slots_launched() == ["a[0]", "a[1]"]
+
+
+def test_a_worker_that_fails_fails_the_job_at_once_with_its_reason_and_nothing_is_blacklisted() -> None:
+    sim = started(3, {"a": 3})
+    script_ends(sim, "a[1]", CRASH, error="RuntimeError: CUDA out of memory")
+    failed(sim, "worker a[1]#2 (rank 1) exited with code 1: RuntimeError: CUDA out of memory",
+           "a fixed-size job: the script does not use hvd.elastic.run")
+    assert "all workers failed" not in sim.outcome.reason
+    assert not any(sim.blocked(s) for s in ("a[0]", "a[1]", "a[2]"))
+    failures = [f for kind, f in sim.events if kind == "worker_failed"]
+    assert len(failures) == 1 and failures[0]["exit_code"] == 1 and failures[0]["blacklisted_s"] is None
+    # The others are told the job is over (the runtime stops them on Finish).
+    assert {sim.job.workers[sim.id(s)].state for s in ("a[0]", "a[2]")} == {WorkerState.EXITING}
+
+
+def test_a_worker_killed_before_any_report_is_the_reason_once_the_others_fail_after_it() -> None:
+    sim = started(2, {"a": 2})
+    sim.exit("a[1]", KILLED)  # no exit hook ran: the job does not know yet that the script is not elastic
+    assert sim.outcome is None
+    # a[0]'s allreduce fails after the abort; the script has no elastic.run to catch it.
+    script_ends(sim, "a[0]", CRASH, error="HorovodInternalError: a peer failed")
+    failed(sim, "worker a[1]#2 (rank 1) killed by signal 9")
+    assert "HorovodInternalError" not in sim.outcome.reason
+
+
+def test_nothing_is_launched_or_re_formed_while_a_fixed_size_round_runs() -> None:
+    sim = started(2, {"a": 2}, max_np=3)
+    assert sim.job.completed(sim.id("a[1]"), sim.now, elastic=False) == ("done", "")
+    sim.discover({"a": 2, "b": 1})
+    sim.advance(30)
+    assert sim.slots_launched() == ["a[0]", "a[1]"] and sim.job.update_gen == 0
+    sim.exit("a[1]", CLEAN)
+    sim.advance(30)
+    assert sim.slots_launched() == ["a[0]", "a[1]"] and sim.job.round == 1 and sim.outcome is None
+    script_ends(sim, "a[0]")
+    assert sim.outcome.success
+
+
+def test_with_restarts_a_failure_stops_every_worker_then_starts_the_job_again() -> None:
+    sim = started(2, {"a": 2}, restarts=1)
+    first = sim.id("a[0]")
+    script_ends(sim, "a[1]", CRASH, error="ValueError: bad batch")
+    assert sim.outcome is None
+    assert [s.worker_id for s in sim.stops] == [first]  # the survivor is stopped: it cannot go on alone
+    sim.advance(1)
+    assert sim.slots_launched() == ["a[0]", "a[1]"]  # nothing starts before every worker is gone
+    sim.exit("a[0]", ExitStatus(-15))
+    sim.advance(0.5)
+    assert sim.slots_launched() == ["a[0]", "a[1]", "a[0]", "a[1]"]  # -np workers, the same slots
+    assert_round(sim.join("a[0]", "a[1]"), 2, needs_sync=True)
+    script_ends(sim, "a[0]")
+    script_ends(sim, "a[1]")
+    assert sim.outcome.success and "after 1 restart(s)" in sim.outcome.reason, sim.outcome
+
+
+def test_restarts_run_out() -> None:
+    sim = started(2, {"a": 2}, restarts=1)
+    script_ends(sim, "a[1]", CRASH)
+    sim.exit("a[0]", ExitStatus(-15))
+    sim.advance(0.5)
+    assert_round(sim.join("a[0]", "a[1]"), 2, needs_sync=True)
+    script_ends(sim, "a[0]", CRASH, error="ValueError: bad batch again")
+    failed(sim, "worker a[0]#3 (rank 0) exited with code 1: ValueError: bad batch again", "no restart left (--restarts 1)")
+
+
+def test_a_job_whose_workers_committed_is_never_restarted_from_the_script_s_start() -> None:
+    """Progress is sacred: a restart would train from initial weights over the committed state."""
+    sim = started(2, {"a": 2}, restarts=3)
+    assert sim.job.completed(sim.id("a[1]"), sim.now, elastic=False) == ("done", "")
+    sim.commit("a[0]")  # a commit (State.commit outside elastic.run): the job now holds trained state
+    sim.exit("a[1]", CRASH)
+    failed(sim, "exited with code 1", "not restarted: workers had committed training state")
+    assert sim.slots_launched() == ["a[0]", "a[1]"]
+
+
+def test_an_elastic_job_s_newcomer_ending_without_elastic_run_is_an_elastic_failure() -> None:
+    """Commits come only from elastic.run: a newcomer that fails in its set-up does not make the job fixed-size."""
+    sim = started(2, {"a": 2}, min_np=1, max_np=3)
+    sim.commit("a[0]", "a[1]", count=5)
+    sim.discover({"a": 2, "b": 1})
+    sim.join("b[0]")
+    script_ends(sim, "b[0]", CRASH, error="OSError: dataset not found")
+    assert sim.outcome is None and sim.blocked("b[0]")  # blacklisted, as any failed elastic worker
+    assert not sim.job.fixed.known
+
+
+def test_the_completion_report_carries_elastic_and_older_workers_count_as_elastic() -> None:
+    from cloud_elastic.errors import ControlPlaneError
+    from cloud_elastic.protocol import CompletedReport
+
+    report = CompletedReport(1, 0, 20, "RuntimeError: boom", elastic=False)
+    assert CompletedReport.from_wire(report.to_wire()) == report
+    assert CompletedReport.from_wire({"round": 1, "commit_seq": 3}).elastic is True
+    with pytest.raises(ControlPlaneError, match="'elastic' must be true or false"):
+        CompletedReport.from_wire({"round": 1, "elastic": "no"})
