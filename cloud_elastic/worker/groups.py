@@ -80,8 +80,11 @@ class RoundGroup:
     """A round's process group and what lives and dies with it (see module docstring)."""
 
     def __init__(self, pg: Any, store: Any, sockets: GroupSockets | None, backend: str,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, size: int | None = None) -> None:
         self.pg = pg
+        #: Members of the group, when known: a group of one has no peer connections to shut down, and none to
+        #: wait for either, so it is destroyed like any other (see ``Reaper.retire``).
+        self.size = size
         #: Referenced for as long as the group: torch calls back into it (NCCL connects lazily).
         self.store = store
         self.sockets = sockets
@@ -182,7 +185,7 @@ class RoundGroupsMixin:
                 done.set()
                 return
             sockets = GroupSockets(before, socket_inodes(), self._control_peers, self._member_addresses(info))
-            group = RoundGroup(pg, store, sockets, self.backend, self.device)
+            group = RoundGroup(pg, store, sockets, self.backend, self.device, _size_of(pg))
             with lock:
                 if result.get("abandoned"):
                     # The round was given up while this group formed: nobody will use it.
@@ -355,6 +358,14 @@ class RoundGroupsMixin:
     def await_current_view(self) -> None:
         """Overridden by the driver link (see ``link``): a group on its own has no driver to ask."""
 
+
+
+def _size_of(pg: Any) -> int | None:
+    """A process group's size, or None when it cannot tell."""
+    try:
+        return int(pg.size())
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return None
 
 
 def _future(work: Any) -> tuple[Any, bool]:

@@ -215,14 +215,18 @@ class Reaper:
         Abandoning fails its pending collectives, so its destructor returns at
         once on whichever thread drops the last reference. A Gloo group whose
         connections are unknown cannot be abandoned safely and is kept (counted
-        as leaked), as before.
+        as leaked), as before. A group of one has no connections and nothing to
+        wait for: it is destroyed. (It was kept too, as a group whose
+        connections were not found: three threads and four descriptors for each
+        round a lone survivor left by failure, the leak of issue 44.)
         """
         group.abandon()
         cross = getattr(group, "cross", None)
         if cross is not None:  # a second group of the same round (sharded training) goes the same way
             group.cross = None
             self.retire(cross)
-        if group.backend == "gloo" and (group.sockets is None or len(group.sockets) == 0):
+        alone = getattr(group, "size", None) == 1
+        if group.backend == "gloo" and not alone and (group.sockets is None or len(group.sockets) == 0):
             with self._lock:
                 self._keep.append(group)
                 self.leaked += 1

@@ -8,11 +8,20 @@ tests/integration/reclaim_check.py for the survivor and its peers.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.worker.context import RoundInfo, WorkerContext
+from cloud_elastic.worker.settings import WorkerSettings
 
 from tests.integration.harness import REPO
 
@@ -36,3 +45,35 @@ def test_fifty_lost_peers_leave_threads_and_descriptors_flat():
     early, late = rounds[:10], rounds[-10:]
     for what in ("threads", "fds"):
         assert max(r[what] for r in late) <= max(r[what] for r in early) + 2, (what, [r[what] for r in rounds])
+
+
+LONE_ROUNDS = 8
+
+
+def test_a_lone_survivors_groups_left_by_failure_are_destroyed_not_kept():
+    """A group of one (the survivor alone in its round) has no peer connections; it was kept as a group
+    whose connections could not be found, 3 threads and 4 descriptors for each round such a worker
+    left by failure (issue 44). Real Gloo groups of a real WorkerContext over a real TCPStore."""
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    ctx = WorkerContext(WorkerSettings(
+        standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{server.port}", job_id="lone",
+        worker_id="a", hostname="127.0.0.1", secret="s" * 64, backend="gloo", collective_timeout_s=30.0,
+        malloc_tuning=False,
+    ))
+    ctx._store = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
+    seen = []
+    for round_ in range(1, LONE_ROUNDS + 1):
+        ctx._last_reason = "failure"  # it left its previous round by failure: that group is retired
+        ctx._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=round_, needs_sync=False, update_gen=0,
+                                  hosts=("127.0.0.1",)))
+        ctx.wait(ctx.pg.allreduce([torch.ones(4)]), "allreduce alone")
+        deadline = time.monotonic() + 30  # the reaper works off this thread: wait for it (bounded)
+        while ctx.reclaimed_groups + ctx.leaked_groups < round_ - 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        while any(t.name.startswith("cloud-elastic-reap") for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        seen.append((len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))))
+    assert (ctx.reclaimed_groups, ctx.leaked_groups) == (LONE_ROUNDS - 1, 0)
+    # Kept, each group would add 3 threads and 4 descriptors: 21 and 28 by the last round.
+    assert seen[-1][0] <= seen[0][0] + 1 and seen[-1][1] <= seen[0][1] + 2, seen
+    ctx._retire(ctx._group)
