@@ -63,6 +63,9 @@ def cli(ctx: click.Context) -> None:
     help="a failed slot is blocked for MIN*2^(failures-1) seconds, at most MAX (default 10 300; 0 0 disables)",
 )
 @click.option("--reset-limit", type=int, metavar="N", help="fail the job after N resets (default: no limit)")
+@click.option("--restarts", type=click.IntRange(min=0), default=0, metavar="N",
+              help="a script without hvd.elastic.run runs as a fixed-size job: after a failure, start it "
+                   "again on every slot, up to N times (default 0; its own checkpoint resumes it)")
 @click.option("--elastic-timeout", type=float, metavar="SECONDS",
               help="how long to wait below --min-np before failing (default 600, or $HOROVOD_ELASTIC_TIMEOUT)")
 @click.option("--start-timeout", type=float, default=600.0, metavar="SECONDS",
@@ -178,6 +181,7 @@ def job_config(params: dict[str, Any], discovery: DiscoveryArgs | None = None):
         elastic_timeout_s=elastic_timeout if elastic_timeout is not None else elastic_timeout_default(),
         start_timeout_s=params["start_timeout"],
         reset_limit=params["reset_limit"],
+        restarts=params.get("restarts", 0),
         cooldown_range_s=tuple(params["blacklist_cooldown_range"]),
         heartbeat_timeout_s=params["heartbeat_timeout"],
         heartbeat_interval_s=min(0.5, params["heartbeat_timeout"] / 4),

@@ -69,6 +69,9 @@ class JobConfig:
     elastic_timeout_s: float = 600.0
     start_timeout_s: float = 600.0
     reset_limit: int | None = None
+    #: ``--restarts``: a fixed-size job (a script without ``hvd.elastic.run``) starts again after a failure
+    #: up to this many times (see ``driver.fixed``).
+    restarts: int = 0
     cooldown_range_s: tuple[float, float] = (10.0, 300.0)
     discovery_interval_s: float = 1.0
     heartbeat_interval_s: float = 0.5

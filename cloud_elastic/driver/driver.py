@@ -83,6 +83,7 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
                 min_np=config.min_np,
                 max_np=config.max_np,
                 reset_limit=config.reset_limit,
+                restarts=config.restarts,
                 elastic_timeout_s=config.elastic_timeout_s,
                 start_timeout_s=config.start_timeout_s,
                 heartbeat_timeout_s=config.heartbeat_timeout_s,

@@ -55,3 +55,19 @@ def test_a_plain_horovod_script_that_raises_fails_the_job_with_its_reason(jobs, 
     assert failures[0]["host"] == "127.0.0.2" and failures[0]["blacklisted_s"] is None, failures
     assert not [e for e in job.of("done")], "a worker trained on to the end after its peer failed"
 
+
+
+def test_restarts_start_a_failed_plain_script_again_and_its_checkpoint_resumes_it(jobs, tmp_path):
+    ckpt, once = tmp_path / "model.pt", tmp_path / "failed-once"
+    job = jobs(["run", "-np", "2", "-H", _hosts(2), "--restarts", "2",
+                *plain("--steps", "16", "--checkpoint", str(ckpt), "--fail-at-step", "6", "--only-slot",
+                       "127.0.0.2", "--fail-once", str(once))])
+    assert job.finish() == 0, job.output()
+    assert "training completed on 2 worker(s), every one exiting 0 after 1 restart(s)" in job.lines[-1], job.output()
+    assert "restart 1 of 2" in job.output()
+    hellos = job.of("hello")
+    assert len(hellos) == 4 and len({e["worker"] for e in hellos}) == 4  # two attempts, new workers each time
+    resumed = [e["start"] for e in hellos[2:]]
+    assert resumed[0] == resumed[1] >= 5, hellos  # the second attempt resumed from the script's checkpoint
+    done = job.of("done")
+    assert len(done) == 2 and len({e["checksum"] for e in done}) == 1

@@ -28,6 +28,7 @@ BASE = {
     "drain_on_rebalance": False, "events_file": None, "metrics_port": None, "progress_timeout_s": 120.0,
     "straggler_factor": 2.0, "straggler_window_s": 60.0,
     "whole_host_slots": 0,  # --whole-hosts came after argparse: off unless given
+    "restarts": 0,  # --restarts too
 }
 ONE = {"num_proc": 1, "min_np": 1, "max_np": 1}
 
@@ -43,6 +44,8 @@ CASES = {
                      "python", "t.py"], {},
                     ("static", {"hosts": "a:2,b:2"}), 2, 30.0, [],
                     {"num_proc": 4, "min_np": 2, "max_np": 4, "whole_host_slots": 2}),
+    "restarts": (["run", "-np", "2", "-H", "h:2", "--restarts", "2", "python", "t.py"], {},
+                 ("static", {"hosts": "h:2"}), None, 30.0, [], {"restarts": 2}),
     "double-dash": (["run", "-np", "1", "-H", "h", "--", "python", "t.py", "-np", "9"], {},
                     ("static", {"hosts": "h"}), None, 30.0, [],
                     {"command": ["python", "t.py", "-np", "9"], **ONE}),
