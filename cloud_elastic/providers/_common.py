@@ -43,6 +43,9 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+#: The longest an option in seconds may be (a day: these are API timeouts and intervals).
+_MAX_SECONDS = 86400.0
+
 
 def import_sdk(module: str, *, package: str, extra: str) -> Any:
     """Import ``module`` or raise MissingDependencyError naming ``package`` and the pip ``extra``."""
@@ -119,6 +122,9 @@ class OptionReader:
             raise ConfigError(f"provider {self._provider.name!r}: option {name!r} must be a number, got {raw!r}") from None
         if not value > 0:
             raise ConfigError(f"provider {self._provider.name!r}: option {name!r} must be > 0, got {raw}")
+        if not value <= _MAX_SECONDS:  # inf, or a typo that would overflow an SDK's timeout
+            raise ConfigError(f"provider {self._provider.name!r}: option {name!r} must be at most "
+                              f"{_MAX_SECONDS:g} seconds, got {raw}")
         return value
 
     def endpoint(self, name: str) -> str | None:

@@ -12,6 +12,10 @@ Guarantees a provider gives the driver:
   private IP). They are stable for the life of an instance, but a cloud may
   give the same address to a later instance: ``instances`` (host -> the cloud's
   instance id, where the source knows one) tells the two apart.
+* Every snapshot passes :class:`DiscoveredHosts`' checks, whichever provider built it (a plugin's too):
+  at most :data:`MAX_SLOTS_PER_HOST` slots per host, and no IPv6 address (the driver listens and routes
+  over IPv4 only). A snapshot that breaks them raises
+  :class:`~cloud_elastic.errors.FatalDiscoveryError` with one line naming the host.
 * Transient trouble raises :class:`~cloud_elastic.errors.RetryableDiscoveryError`;
   trouble retrying cannot fix raises :class:`~cloud_elastic.errors.FatalDiscoveryError`.
   Any other exception is a bug in the provider and is treated as retryable.
@@ -30,9 +34,21 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, ClassVar, Mapping
 
-from cloud_elastic.errors import ConfigError
+from cloud_elastic.errors import ConfigError, FatalDiscoveryError
 
-__all__ = ["Drain", "DiscoveredHosts", "ProviderOption", "HostDiscovery", "parse_bool"]
+__all__ = ["Drain", "DiscoveredHosts", "ProviderOption", "HostDiscovery", "parse_bool", "MAX_SLOTS_PER_HOST",
+           "ipv6_refusal"]
+
+#: The most slots one host may offer. The largest machines have 8-16 accelerators; a count beyond this is a
+#: typo (``-H host:100000000`` made the driver build a slot list of 1.8 GB in 20 s, under its job lock,
+#: deaf to SIGTERM), so every source is held to it here and in ``hostspec``.
+MAX_SLOTS_PER_HOST = 1024
+
+
+def ipv6_refusal(host: str) -> str:
+    """The one line that refuses an IPv6 ``host``."""
+    return (f"host {host!r} is an IPv6 address, which is not supported: the driver listens and routes over "
+            "IPv4 only (give an IPv4 address or a host name)")
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,12 @@ class DiscoveredHosts:
                 raise ValueError(f"host names must be non-empty strings, got {host!r}")
             if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
                 raise ValueError(f"host {host!r} has invalid slot count {slots!r}")
+            if slots > MAX_SLOTS_PER_HOST:  # a policy, not a bug: one line, and the job fails (retrying cannot help)
+                raise FatalDiscoveryError(f"host {host!r} offers {slots} slots; at most {MAX_SLOTS_PER_HOST} "
+                                          "per host are allowed")
+        for host in (*self.ready, *self.draining):
+            if isinstance(host, str) and ":" in host:  # no host name has a colon: an IPv6 address, bracketed or not
+                raise FatalDiscoveryError(ipv6_refusal(host))
         both = set(self.ready) & set(self.draining)
         if both:
             raise ValueError(f"hosts both ready and draining: {sorted(both)}")

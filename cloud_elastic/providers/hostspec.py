@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
+from cloud_elastic.providers.api import MAX_SLOTS_PER_HOST, ipv6_refusal
+
 __all__ = ["parse_host_list"]
 
-# A hostname, an IPv4 address or a bracketed IPv6 address, then optional :slots.
-_ENTRY = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::(?P<slots>-?\d+))?$")
+# A hostname or an IPv4 address, then optional :slots (at most 12 digits: no int() of a huge number).
+_ENTRY = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+)(?::(?P<slots>-?\d{1,12}))?$")
+_HUGE = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+):\d{13,}$")
 
 
 def parse_host_list(
@@ -18,8 +21,9 @@ def parse_host_list(
 
     Blank entries and ``#`` comments are ignored. Raises ValueError with a
     one-line message naming ``source`` and the entry number for garbage,
-    zero/negative slots and duplicate hosts. Order is preserved: it is the
-    order hosts are first seen in, which decides who gets the lower ranks.
+    zero/negative slots, more than :data:`~cloud_elastic.providers.api.MAX_SLOTS_PER_HOST`
+    slots, IPv6 addresses (the driver speaks IPv4 only) and duplicate hosts. Order is
+    preserved: it is the order hosts are first seen in, which decides who gets the lower ranks.
     """
     hosts: dict[str, int] = {}
     first_seen: dict[str, int] = {}
@@ -29,11 +33,22 @@ def parse_host_list(
             continue
         match = _ENTRY.match(text)
         if not match:
+            if text.startswith("[") or text.count(":") >= 2:  # [2001:db8::1]:2, or a bare IPv6 address
+                host = text[1:].split("]", 1)[0] if text.startswith("[") else text
+                raise ValueError(f"{source}: {unit} {number}: {ipv6_refusal(host[:80])}")
+            huge = _HUGE.match(text)
+            if huge:
+                raise ValueError(f"{source}: {unit} {number} gives host {huge.group('host')!r} a slot count of "
+                                 f"{len(text) - len(huge.group('host')) - 1} digits; at most "
+                                 f"{MAX_SLOTS_PER_HOST} slots per host are allowed")
             raise ValueError(f"{source}: {unit} {number} is not host[:slots]: {raw.strip()[:80]!r}")
-        host = match.group("host").strip("[]")
+        host = match.group("host")
         slots = int(match.group("slots")) if match.group("slots") is not None else default_slots
         if slots < 1:
             raise ValueError(f"{source}: {unit} {number} gives host {host!r} {slots} slots; slots must be >= 1")
+        if slots > MAX_SLOTS_PER_HOST:
+            raise ValueError(f"{source}: {unit} {number} gives host {host!r} {slots} slots; at most "
+                             f"{MAX_SLOTS_PER_HOST} per host are allowed")
         if host in hosts:
             raise ValueError(
                 f"{source}: host {host!r} is listed twice ({unit} {first_seen[host]} and {number})"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
+import selectors
 import subprocess
+import time
 from typing import Mapping
 
 from cloud_elastic.errors import ConfigError, RetryableDiscoveryError
@@ -12,17 +15,27 @@ from cloud_elastic.providers.hostspec import parse_host_list
 
 __all__ = ["DiscoveryScript"]
 
-_MAX_OUTPUT = 1 << 20
+#: The most a script may print on stdout per call; past it the script is killed (its output is not kept).
+MAX_OUTPUT = 1 << 20
+#: Of its stderr only the end is kept (the last line goes into the error message).
+_KEPT_STDERR = 64 * 1024
+_CHUNK = 64 * 1024
+
+
+class _TooMuch(Exception):
+    pass
 
 
 class DiscoveryScript(HostDiscovery):
     """Runs an executable and parses its standard output.
 
     Every failure of the script (non-zero exit, garbage output, zero or
-    negative slots, duplicate hosts, running past ``timeout_s``) raises
-    RetryableDiscoveryError with a one-line message; the driver treats the
-    first failing call as fatal and later ones as transient, keeping the last
-    good snapshot. A hanging script is killed (its whole process group).
+    negative slots, duplicate hosts, running past ``timeout_s``, printing more
+    than :data:`MAX_OUTPUT`) raises RetryableDiscoveryError with a one-line
+    message; the driver treats the first failing call as fatal and later ones
+    as transient, keeping the last good snapshot. A script that hangs or prints
+    too much is killed (its whole process group) as soon as it does: its output
+    is read as it comes, never more than the limit held.
     """
 
     name = "script"
@@ -51,8 +64,8 @@ class DiscoveryScript(HostDiscovery):
             timeout_s = float(options.get("timeout_s", "30"))
         except ValueError as exc:
             raise ConfigError(f"option 'timeout_s' must be a number, got {options['timeout_s']!r}") from exc
-        if timeout_s <= 0:
-            raise ConfigError("option 'timeout_s' must be > 0")
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ConfigError(f"option 'timeout_s' must be > 0 (a finite number of seconds), got {options['timeout_s']!r}")
         return cls(os.path.abspath(path), slots_per_host=slots_per_host or 1, timeout_s=timeout_s)
 
     def find(self) -> DiscoveredHosts:
@@ -67,19 +80,20 @@ class DiscoveryScript(HostDiscovery):
         except OSError as exc:
             raise RetryableDiscoveryError(f"discovery script {self.path} could not start: {exc}") from exc
         try:
-            out, err = proc.communicate(timeout=self.timeout_s)
+            out, err = _collect(proc, time.monotonic() + self.timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
             raise RetryableDiscoveryError(
                 f"discovery script {self.path} did not finish within {self.timeout_s:g}s and was killed"
+            ) from None
+        except _TooMuch:
+            raise RetryableDiscoveryError(
+                f"discovery script {self.path} printed more than {MAX_OUTPUT >> 20} MiB and was killed"
             ) from None
         if proc.returncode != 0:
             last = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
             raise RetryableDiscoveryError(
                 f"discovery script {self.path} exited with code {proc.returncode}: {last[0][:200]}"
             )
-        if len(out) > _MAX_OUTPUT:
-            raise RetryableDiscoveryError(f"discovery script {self.path} printed more than 1 MiB")
         try:
             hosts = parse_host_list(
                 out.decode(errors="replace").splitlines(),
@@ -90,6 +104,43 @@ class DiscoveryScript(HostDiscovery):
         except ValueError as exc:
             raise RetryableDiscoveryError(str(exc)) from exc
         return DiscoveredHosts(ready=hosts)
+
+
+def _collect(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
+    """Read the script's stdout and stderr as they come, and wait for it to exit, by ``deadline`` (monotonic).
+
+    Kills its process group and raises TimeoutExpired past the deadline, or _TooMuch once stdout exceeds
+    MAX_OUTPUT: ``communicate()`` would hold everything until the end (``yes`` printed 2 GB in a second).
+    """
+    out, err = bytearray(), bytearray()
+    streams = {proc.stdout: out, proc.stderr: err}
+    try:
+        with selectors.DefaultSelector() as selector:
+            for stream in streams:
+                selector.register(stream, selectors.EVENT_READ)
+            while selector.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(proc.args, 0)
+                for key, _ in selector.select(left):
+                    chunk = os.read(key.fd, _CHUNK)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                        continue
+                    kept = streams[key.fileobj]
+                    kept += chunk
+                    if kept is out and len(out) > MAX_OUTPUT:
+                        raise _TooMuch()
+                    if kept is err and len(err) > 2 * _KEPT_STDERR:
+                        del err[:-_KEPT_STDERR]
+        proc.wait(max(0.0, deadline - time.monotonic()))  # it closed its output; it may still be running
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        for stream in streams:
+            stream.close()
+    return bytes(out), bytes(err)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

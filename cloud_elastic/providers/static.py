@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from cloud_elastic.errors import ConfigError
+from cloud_elastic.errors import ConfigError, DiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, ProviderOption
 from cloud_elastic.providers.hostspec import parse_host_list
 
@@ -21,7 +21,10 @@ class StaticHosts(HostDiscovery):
     def __init__(self, hosts: Mapping[str, int]) -> None:
         if not hosts:
             raise ConfigError("the static host list is empty")
-        self._snapshot = DiscoveredHosts(ready=dict(hosts))
+        try:
+            self._snapshot = DiscoveredHosts(ready=dict(hosts))
+        except DiscoveryError as exc:  # too many slots, an IPv6 address: the list is the user's flag
+            raise ConfigError(f"--hosts: {exc}") from None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "StaticHosts":

@@ -22,8 +22,12 @@ def test_blank_entries_and_comments_are_ignored() -> None:
     assert parse("", "  # a comment", "a:2  # trailing comment", "   ") == {"a": 2}
 
 
-def test_bracketed_ipv6() -> None:
-    assert parse("[::1]:2", "[fe80::1]") == {"::1": 2, "fe80::1": 1}
+@pytest.mark.parametrize("entry", ["[::1]:2", "[fe80::1]", "fe80::1", "[2001:db8::1]:1"])
+def test_ipv6_is_refused_by_name(entry: str) -> None:
+    # The driver listens and routes over IPv4 only: an IPv6 host is refused in one line, not half run.
+    with pytest.raises(ValueError) as info:
+        parse("a:1", entry)
+    assert "entry 2: host" in str(info.value) and "IPv6" in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -32,7 +36,7 @@ def test_bracketed_ipv6() -> None:
         (("a:2", "b:two"), "--hosts: entry 2 is not host[:slots]: 'b:two'"),
         (("a b",), "entry 1 is not host[:slots]"),
         (("a:",), "entry 1 is not host[:slots]"),
-        (("fe80::1",), "entry 1 is not host[:slots]"),
+        (("fe80::1",), "entry 1: host 'fe80::1' is an IPv6 address"),
         (("a:0",), "entry 1 gives host 'a' 0 slots; slots must be >= 1"),
         (("a:1", "b:-2"), "entry 2 gives host 'b' -2 slots; slots must be >= 1"),
         (("a:1", "b", "a:2"), "host 'a' is listed twice (entry 1 and 3)"),

@@ -33,11 +33,11 @@ def test_hosts_in_printed_order_with_comments_and_blank_lines(make_script) -> No
         echo "10.0.0.9:2"
         echo ""
         echo "10.0.0.1   # no slots given"
-        echo "[::1]:3"
+        echo "127.0.0.3:3"
         """
     )
     snapshot = provider(script, slots_per_host=4).find()
-    assert list(snapshot.ready.items()) == [("10.0.0.9", 2), ("10.0.0.1", 4), ("::1", 3)]
+    assert list(snapshot.ready.items()) == [("10.0.0.9", 2), ("10.0.0.1", 4), ("127.0.0.3", 3)]
 
 
 def test_default_is_one_slot(make_script) -> None:
