@@ -9,18 +9,56 @@ variables the clouds' own tools honour (``AWS_EC2_METADATA_SERVICE_ENDPOINT``,
 :mod:`cloud_elastic.notices.factory`) when it starts. Every other module gets
 its values from the one :class:`WorkerSettings` of the context.
 A bad value raises :class:`~cloud_elastic.errors.ConfigError` naming the variable.
+
+The job's secret (``CLOUD_ELASTIC_SECRET``) is taken out of ``os.environ`` as
+soon as the worker library sees it, so the training script's own subprocesses
+do not inherit it: when this module is imported (``import cloud_elastic.torch``
+imports it), by :meth:`WorkerSettings.from_environ`, and, for a worker forked
+by the fork server, before the script runs at all (``zygote`` hands it over
+with :func:`keep_secret` and never puts it in the environment). It is kept in
+this module, read through :func:`taken_secret`; nothing reads it from the
+environment again.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Mapping
 
 from cloud_elastic.errors import ConfigError
 
-__all__ = ["WorkerSettings"]
+__all__ = ["WorkerSettings", "SECRET_ENV", "keep_secret", "take_secret", "taken_secret"]
 
+#: The variable the driver (or the remote wrapper) hands the job's secret in.
+SECRET_ENV = "CLOUD_ELASTIC_SECRET"
+#: The secret once taken out of the environment (one per process: a worker belongs to one job).
+_taken: list[str] = []
+
+
+def keep_secret(secret: str) -> None:
+    """Hold ``secret`` for :meth:`WorkerSettings.from_environ` without it ever being in ``os.environ``."""
+    _taken[:] = [secret] if secret else []
+
+
+def take_secret() -> str:
+    """Move the secret from ``os.environ`` (if there) into this module; return the one held ("" if none).
+
+    A later value in the environment (a Ray actor sets it before each run) replaces the held one.
+    """
+    value = os.environ.pop(SECRET_ENV, None)
+    if value:
+        keep_secret(value)
+    return taken_secret()
+
+
+def taken_secret() -> str:
+    """The secret taken so far, or ""."""
+    return _taken[0] if _taken else ""
+
+#: The longest duration a setting may give (a year), as for the driver's flags (``config.MAX_DURATION_S``).
+_MAX_DURATION_S = 365 * 86400.0
 #: glibc's own allocator settings; when the user set one, ours stay off (see ``memory``).
 _GLIBC_MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")
 
@@ -80,6 +118,17 @@ class WorkerSettings:
             raise ConfigError(f"CLOUD_ELASTIC_DRIVER_GRACE_S={self.driver_grace_s}: must be >= 0")
         if self.checkpoint_interval_s <= 0 or self.checkpoint_keep < 1:
             raise ConfigError("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S must be > 0 and CLOUD_ELASTIC_CHECKPOINT_KEEP >= 1")
+        durations = {
+            "CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S": self.heartbeat_timeout_s,
+            "CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S": self.collective_timeout_s,
+            "CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S": self.group_form_timeout_s,
+            "CLOUD_ELASTIC_DRIVER_GRACE_S": self.driver_grace_s,
+            "CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S": self.checkpoint_interval_s,
+            "CLOUD_ELASTIC_SELFTEST_TIMEOUT_S": self.selftest_timeout_s,
+        }
+        for name, value in durations.items():  # NaN passes every `<= 0` check below; inf overflows waits
+            if not math.isfinite(value) or value > _MAX_DURATION_S:
+                raise ConfigError(f"{name}={value!r}: must be a finite number of seconds, at most a year")
         if self.selftest_timeout_s <= 0:
             raise ConfigError(f"CLOUD_ELASTIC_SELFTEST_TIMEOUT_S={self.selftest_timeout_s}: must be > 0")
         if self.heartbeat_timeout_s <= 0 or self.collective_timeout_s <= 0 or self.group_form_timeout_s <= 0:
@@ -107,8 +156,10 @@ class WorkerSettings:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "WorkerSettings":
-        """Read the settings from ``environ`` (default ``os.environ``)."""
+        """Read the settings from ``environ`` (default ``os.environ``, whose secret is taken out of it:
+        see the module docstring; a given mapping is left as it is)."""
         env = os.environ if environ is None else environ
+        secret = take_secret() if environ is None else environ.get(SECRET_ENV, "")
 
         def number(name: str, default: str, kind: type) -> float:
             raw = env.get(name, default)
@@ -140,7 +191,7 @@ class WorkerSettings:
             zero_copy_commit=flag("CLOUD_ELASTIC_ZERO_COPY_COMMIT"),
             commit_mode=env.get("CLOUD_ELASTIC_COMMIT_MODE", "auto").strip().lower(),
             malloc_tuning=flag("CLOUD_ELASTIC_MALLOC_TUNING") and not any(n in env for n in _GLIBC_MALLOC_SETTINGS),
-            secret=env.get("CLOUD_ELASTIC_SECRET", ""),
+            secret=secret,
             driver_grace_s=number("CLOUD_ELASTIC_DRIVER_GRACE_S", "", float) if env.get("CLOUD_ELASTIC_DRIVER_GRACE_S")
             else None,
             checkpoint_dir=env.get("CLOUD_ELASTIC_CHECKPOINT_DIR", ""),
@@ -149,3 +200,8 @@ class WorkerSettings:
             sharded_checkpoint_writes=env.get("CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES", "background").strip().lower(),
             selftest_timeout_s=number("CLOUD_ELASTIC_SELFTEST_TIMEOUT_S", "60", float),
         )
+
+
+# The earliest moment the worker library runs in a worker started from scratch: its subprocesses,
+# from here on, inherit no secret (a forked worker never had it in its environment).
+take_secret()

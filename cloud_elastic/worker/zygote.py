@@ -8,7 +8,8 @@ starts a worker per slot, and again after every failure. The driver's
 argv (``python [-u] SCRIPT ARGS`` or ``python [-u] -m MODULE ARGS``), its environment,
 its working directory and the write end of its output pipe. A child is forked for it,
 which becomes what ``python SCRIPT ARGS`` would have been: its own session, the pipe as
-stdout and stderr, ``/dev/null`` as stdin, the environment and working directory given,
+stdout and stderr, ``/dev/null`` as stdin, the environment (less the job's secret, which is handed to
+the worker library directly: ``worker.settings.keep_secret``) and working directory given,
 ``sys.argv`` and ``sys.path[0]`` as the interpreter sets them, fresh seeds for
 ``random`` and numpy (a fork would share them), the signal handlers of a new
 interpreter, and the script run as ``__main__``. Its exit (code, or ``-N`` for signal N)
@@ -184,9 +185,15 @@ def _be_the_worker(request: dict[str, Any], out_fd: int, sock: socket.socket, in
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(request["cwd"])
+    from cloud_elastic.worker.settings import SECRET_ENV, keep_secret
+
+    # The job's secret goes to the worker library, not into the environment: the script's own
+    # subprocesses must not inherit it, nor /proc/PID/environ show it (see ``worker.settings``).
+    env = dict(request["env"])
+    keep_secret(env.pop(SECRET_ENV, ""))
     os.environ.clear()
-    os.environ.update(request["env"])
-    _show_as(request.get("argv") or [], request["env"], initial, regions)
+    os.environ.update(env)
+    _show_as(request.get("argv") or [], env, initial, regions)
     unbuffered = bool(request.get("unbuffered")) or bool(os.environ.get("PYTHONUNBUFFERED"))
     sys.stdin = open(0, "r", closefd=False)  # noqa: SIM115 (the process's own streams)
     sys.stdout = open(1, "w", buffering=1 if unbuffered else -1, closefd=False)  # noqa: SIM115

@@ -116,6 +116,7 @@ with open(f"/proc/{me}/cmdline", "rb") as f:
 print("report " + json.dumps({
     "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
     "mine": os.environ.get("MY_SETTING"), "secret": os.environ.get("CLOUD_ELASTIC_SECRET"),
+    "taken": __import__("cloud_elastic.worker.settings", fromlist=["taken_secret"]).taken_secret(),
     "proc_env": [e for e in proc_env if e.startswith(("MY_SETTING=", "CLOUD_ELASTIC_SECRET="))],
     "proc_cmd": proc_cmd, "session_leader": os.getsid(0) == me, "stdin": os.readlink("/proc/self/fd/0"),
     "term_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "random": random.random(), "torch_loaded": "torch" in sys.modules,
@@ -171,11 +172,12 @@ def test_a_script_worker_is_forked_and_is_what_python_would_have_started(tmp_pat
         assert mine["torch_loaded"]  # forked from the server that imported it: what saves the import
         assert mine["argv"] == ["introspect.py", "exit", "3"] and mine["name"] == "__main__"
         assert mine["path0"] == str(tmp_path) and mine["cwd"] == str(tmp_path)
-        assert (mine["mine"], mine["secret"]) == ("w1", "secret-w1")
+        # The secret reaches the worker library, not the environment its subprocesses inherit.
+        assert (mine["mine"], mine["secret"], mine["taken"]) == ("w1", None, "secret-w1")
         # ps and /proc show the worker's own command and environment (how a job's processes are found).
         assert mine["proc_cmd"] == ["python", "introspect.py", "exit", "3"]
-        assert sorted(mine["proc_env"]) == ["CLOUD_ELASTIC_SECRET=secret-w1", "MY_SETTING=w1"]
-        assert sorted(theirs["proc_env"]) == ["CLOUD_ELASTIC_SECRET=secret-w2", "MY_SETTING=w2"]
+        assert sorted(mine["proc_env"]) == ["MY_SETTING=w1"]
+        assert sorted(theirs["proc_env"]) == ["MY_SETTING=w2"]
         assert mine["session_leader"] and mine["stdin"] == "/dev/null" and mine["term_default"]
         assert mine["random"] != theirs["random"]  # each reseeded, as a new interpreter would be
         assert _wait(one.poll, 30, "w1's exit").code == 3
