@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import signal
 import sys
@@ -100,6 +101,9 @@ def cli(ctx: click.Context) -> None:
 @click.option("--events-file", metavar="PATH", help="write the job's events as JSON lines (see docs/events.md)")
 @click.option("--metrics-port", type=int, metavar="PORT",
               help="serve Prometheus metrics on this port (needs [metrics])")
+@click.option("--metrics-addr", default="127.0.0.1", metavar="ADDR",
+              help="address the metrics server binds (default 127.0.0.1: this machine only; 0.0.0.0: every "
+                   "interface, unauthenticated)")
 @click.option("--ssh-port", type=int, metavar="PORT", help="ssh port on the hosts (default: ssh's)")
 @click.option("--ssh-identity-file", metavar="PATH", help="private key for ssh")
 @click.option("--ssh-user", metavar="USER", help="user to log in as")
@@ -129,6 +133,8 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
 
     ray_address = params.pop("ray_address")
     ray_use_gpu, ray_cpus = params.pop("ray_use_gpu"), params.pop("ray_cpus_per_slot")
+    if not (math.isfinite(ray_cpus) and 0 < ray_cpus <= 1024):
+        raise ConfigError(f"--ray-cpus-per-slot must be a finite number above 0 and at most 1024, got {ray_cpus!r}")
     config = job_config(params, discovery)
     launcher = None
     if ray_address is not None:
@@ -206,6 +212,7 @@ def job_config(params: dict[str, Any], discovery: DiscoveryArgs | None = None):
         drain_on_rebalance=params["drain_on_rebalance"],
         events_file=params["events_file"],
         metrics_port=params["metrics_port"],
+        metrics_addr=params.get("metrics_addr", "127.0.0.1"),
         progress_timeout_s=params["progress_timeout"],
         straggler_factor=params["straggler_factor"],
         straggler_window_s=params["straggler_window"],

@@ -6,13 +6,21 @@ Environment variables the driver reads are read here and nowhere else
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
 
 from cloud_elastic.errors import ConfigError
+from cloud_elastic.providers.api import MAX_SLOTS_PER_HOST
 
-__all__ = ["JobConfig", "SSHConfig", "elastic_timeout_default", "ENV_ELASTIC_TIMEOUT", "SSH_OPTION", "NOTICE_WATCHERS"]
+__all__ = ["JobConfig", "SSHConfig", "elastic_timeout_default", "ENV_ELASTIC_TIMEOUT", "SSH_OPTION", "NOTICE_WATCHERS",
+           "MAX_DURATION_S", "check_seconds", "checkpoint_protocol_error"]
+
+#: The longest duration any flag or setting may give (a year). Longer ones are typos, and they break
+#: what they reach: ``threading`` waits refuse more than ~292 years, ``datetime`` arithmetic overflows, and a
+#: ``--driver-grace`` of 1e12 s written beside the checkpoints crashed the driver that read it back.
+MAX_DURATION_S = 365 * 86400.0
 
 #: Values of ``--notice-watcher``.
 NOTICE_WATCHERS = ("auto", "aws", "gcp", "azure", "none")
@@ -25,6 +33,47 @@ ENV_ELASTIC_TIMEOUT = "HOROVOD_ELASTIC_TIMEOUT"
 _ENV_ELASTIC_TIMEOUT_OURS = "CLOUD_ELASTIC_ELASTIC_TIMEOUT"
 
 
+def check_seconds(flag: str, value: float, *, zero_ok: bool = False) -> None:
+    """A one-line ConfigError unless ``value`` is a finite number of seconds, > 0 (>= 0 with ``zero_ok``),
+    at most :data:`MAX_DURATION_S`. NaN fails every comparison, so it must be refused by name: ``nan <= 0`` is
+    false, and a NaN heartbeat timeout meant a stopped worker was never given up."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ConfigError(f"{flag} must be a finite number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not zero_ok):
+        raise ConfigError(f"{flag} must be {'>= 0' if zero_ok else '> 0'}, got {value:g}")
+    if value > MAX_DURATION_S:
+        raise ConfigError(f"{flag} must be at most {MAX_DURATION_S:g} seconds (a year), got {value:g}")
+
+
+def checkpoint_protocol_error(url: str) -> str | None:
+    """Why ``--checkpoint-dir URL`` names a protocol fsspec does not know (one line), or None.
+
+    A plain path or ``file://`` is always fine; without fsspec installed the checkpoint backend names the
+    extra to install when the job starts, so only a protocol an installed fsspec cannot resolve is refused
+    here, before anything starts (it used to surface as fsspec's traceback from the running driver).
+    """
+    import importlib.util
+
+    if "://" not in url and "::" not in url:
+        return None
+    protocols = []
+    for bit in url.split("::"):
+        if "://" in bit:
+            protocols.append(bit.split("://", 1)[0].lower())
+        elif bit and "/" not in bit:
+            protocols.append(bit.lower())  # a chained wrapper: simplecache::s3://...
+    protocols = [p for p in protocols if p != "file"]
+    if not protocols or importlib.util.find_spec("fsspec") is None:
+        return None
+    from fsspec.registry import known_implementations, registry
+
+    for protocol in protocols:
+        if protocol not in known_implementations and protocol not in registry:
+            return (f"--checkpoint-dir {url!r}: no fsspec implementation knows the protocol {protocol!r} "
+                    "(e.g. s3://, gs://, az://, or a local path)")
+    return None
+
+
 def elastic_timeout_default(fallback: float = 600.0) -> float:
     """The default of ``--elastic-timeout``: ``$CLOUD_ELASTIC_ELASTIC_TIMEOUT``, else Horovod's
     ``$HOROVOD_ELASTIC_TIMEOUT``, else ``fallback``; a one-line error if the value is not a number."""
@@ -32,9 +81,11 @@ def elastic_timeout_default(fallback: float = 600.0) -> float:
         raw = os.environ.get(var)
         if raw:
             try:
-                return float(raw)
+                value = float(raw)
             except ValueError:
                 raise ConfigError(f"environment variable {var} must be a number of seconds, got {raw!r}") from None
+            check_seconds(f"environment variable {var}", value)
+            return value
     return fallback
 
 
@@ -51,6 +102,7 @@ class SSHConfig:
     def __post_init__(self) -> None:
         if self.port is not None and not 0 < self.port < 65536:
             raise ConfigError(f"--ssh-port must be 1-65535, got {self.port}")
+        check_seconds("the ssh connect timeout", self.connect_timeout_s)
         if self.identity_file is not None and not os.path.isfile(self.identity_file):
             raise ConfigError(f"--ssh-identity-file {self.identity_file!r} does not exist")
         for option in self.extra_options:
@@ -101,6 +153,8 @@ class JobConfig:
     events_file: str | None = None
     #: Prometheus metrics port; None = off.
     metrics_port: int | None = None
+    #: The address the metrics server binds (``--metrics-addr``): loopback unless the user opens it up.
+    metrics_addr: str = "127.0.0.1"
     #: A round in which no worker makes progress this long is aborted (its workers' stacks logged first); 0 = never.
     progress_timeout_s: float = 120.0
     #: A worker whose compute time per step stays this many times the round's median for the window is drained.
@@ -123,35 +177,17 @@ class JobConfig:
             raise ConfigError(
                 f"-np ({self.num_proc}) must lie between --min-np ({self.min_np}) and --max-np ({self.max_np})"
             )
-        if self.whole_host_slots < 0:
-            raise ConfigError(f"--slots-per-host must be >= 1, got {self.whole_host_slots}")
+        if not 0 <= self.whole_host_slots <= MAX_SLOTS_PER_HOST:
+            raise ConfigError(f"--slots-per-host must be 1-{MAX_SLOTS_PER_HOST}, got {self.whole_host_slots}")
         if self.whole_host_slots:
             counts = {"-np": self.num_proc, "--min-np": self.min_np, "--max-np": self.max_np}
             odd = [f"{flag} {n}" for flag, n in counts.items() if n % self.whole_host_slots]
             if odd:
                 raise ConfigError(f"with --whole-hosts, -np, --min-np and --max-np count whole hosts' workers: "
                                   f"{', '.join(odd)} not a multiple of --slots-per-host {self.whole_host_slots}")
-        lo, hi = self.cooldown_range_s
-        if lo < 0 or hi < lo:
-            raise ConfigError(f"--blacklist-cooldown-range needs 0 <= MIN <= MAX, got {lo:g} {hi:g}")
+        self._check_numbers()
         if self.reset_limit is not None and self.reset_limit < 0:
             raise ConfigError(f"--reset-limit must be >= 0, got {self.reset_limit}")
-        flags = {
-            "elastic_timeout_s": "--elastic-timeout",
-            "start_timeout_s": "--start-timeout",
-            "heartbeat_timeout_s": "--heartbeat-timeout",
-            "discovery_interval_s": "--discovery-interval",
-        }
-        if self.host_missing_grace_s < 0:
-            raise ConfigError(f"--host-missing-grace must be >= 0, got {self.host_missing_grace_s:g}")
-        if self.driver_grace_s < 0:
-            raise ConfigError(f"--driver-grace must be >= 0, got {self.driver_grace_s:g}")
-        if not 0 <= self.progress_timeout_s < float("inf"):
-            raise ConfigError(f"--progress-timeout must be >= 0 (0: never), got {self.progress_timeout_s:g}")
-        if not (self.straggler_factor == 0 or 1 < self.straggler_factor < float("inf")):
-            raise ConfigError(f"--straggler-factor must be above 1 (0: never), got {self.straggler_factor:g}")
-        if not 0 < self.straggler_window_s < float("inf"):
-            raise ConfigError(f"--straggler-window must be > 0, got {self.straggler_window_s:g}")
         if self.checkpoint_keep < 1:
             raise ConfigError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
         if self.notice_watcher not in NOTICE_WATCHERS:
@@ -160,9 +196,44 @@ class JobConfig:
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"--metrics-port must be 0-65535, got {self.metrics_port}")
-        flags["checkpoint_interval_s"] = "--checkpoint-interval"
-        for name, flag in flags.items():
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{flag} must be > 0, got {getattr(self, name):g}")
+        if not self.metrics_addr.strip() or any(c.isspace() for c in self.metrics_addr):
+            raise ConfigError(f"--metrics-addr must be an address or host name, got {self.metrics_addr!r}")
+        if self.driver_address is not None and ":" in self.driver_address:
+            raise ConfigError(f"--driver-address {self.driver_address!r}: IPv6 is not supported (the driver listens "
+                              "and routes over IPv4 only); give an IPv4 address or a host name")
+        if self.checkpoint_dir is not None:
+            why = checkpoint_protocol_error(self.checkpoint_dir)
+            if why is not None:
+                raise ConfigError(why)
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
             raise ConfigError("--heartbeat-timeout must exceed twice the heartbeat interval")
+
+    def _check_numbers(self) -> None:
+        """Every duration finite and within :data:`MAX_DURATION_S`; the factor and the cooldowns too."""
+        lo, hi = self.cooldown_range_s
+        if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo <= hi):  # NaN compares false: refused here
+            raise ConfigError(f"--blacklist-cooldown-range needs 0 <= MIN <= MAX, got {lo:g} {hi:g}")
+        check_seconds("--blacklist-cooldown-range MAX", hi, zero_ok=True)
+        positive = {
+            "--elastic-timeout": self.elastic_timeout_s,
+            "--start-timeout": self.start_timeout_s,
+            "--heartbeat-timeout": self.heartbeat_timeout_s,
+            "--discovery-interval": self.discovery_interval_s,
+            "--checkpoint-interval": self.checkpoint_interval_s,
+            "--straggler-window": self.straggler_window_s,
+            "the heartbeat interval": self.heartbeat_interval_s,
+        }
+        for flag, value in positive.items():
+            check_seconds(flag, value)
+        zero_ok = {
+            "--host-missing-grace": self.host_missing_grace_s,
+            "--driver-grace": self.driver_grace_s,
+            "--progress-timeout": self.progress_timeout_s,
+            "the completion grace": self.completion_grace_s,
+            "the terminate grace": self.terminate_grace_s,
+        }
+        for flag, value in zero_ok.items():
+            check_seconds(flag, value, zero_ok=True)
+        factor = self.straggler_factor
+        if not (factor == 0 or (math.isfinite(factor) and 1 < factor <= 1000)):
+            raise ConfigError(f"--straggler-factor must be above 1 and at most 1000 (0: never), got {factor:g}")

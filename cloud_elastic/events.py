@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -84,8 +85,14 @@ class JsonLinesEvents:
         self._broken = False
 
     def start(self) -> None:
-        """Open the file; OSError if it cannot be opened (report it before the job starts)."""
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        """Open the file; OSError if it cannot be opened (report it before the job starts).
+
+        A new file is created readable by its owner only (0600): it holds the job's command line, whose
+        arguments may carry credentials, and what the job went through. An existing file keeps its mode
+        (the user chose it).
+        """
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._file = open(fd, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
 
     def emit(self, kind: str, **fields: Any) -> None:
         validate(kind, fields)
@@ -147,8 +154,11 @@ class JobSinks:
         self.sink.close()
 
 
-def open_sinks(job_id: str, events_file: str | None, metrics_port: int | None) -> JobSinks:
+def open_sinks(job_id: str, events_file: str | None, metrics_port: int | None, *,
+               metrics_addr: str = "127.0.0.1") -> JobSinks:
     """Start the events file and the metrics server a job's flags ask for (either, both or none).
+
+    The metrics server binds ``metrics_addr`` (``--metrics-addr``): loopback unless the user says otherwise.
 
     Call it before any worker starts: a file that cannot be opened, a port
     that is taken or a missing ``[metrics]`` extra is a ConfigError (the CLI's
@@ -167,11 +177,12 @@ def open_sinks(job_id: str, events_file: str | None, metrics_port: int | None) -
         if metrics_port is not None:
             from cloud_elastic.metrics import MetricsServer
 
-            metrics = MetricsServer(job_id, metrics_port)
+            metrics = MetricsServer(job_id, metrics_port, bind=metrics_addr)
             try:
                 metrics.start()
             except OSError as exc:
-                raise ConfigError(f"--metrics-port {metrics_port}: {exc.strerror or exc}") from None
+                raise ConfigError(f"--metrics-addr {metrics_addr} --metrics-port {metrics_port}: "
+                                  f"{exc.strerror or exc}") from None
             sinks.append(metrics)
     except BaseException:
         for opened in sinks:

@@ -60,12 +60,15 @@ class StepRate:
 class MetricsServer:
     """Serves the job's metrics over HTTP at ``/metrics`` on ``bind:port``.
 
+    ``bind`` is loopback by default: the metrics name the job and its progress, and nothing
+    authenticates a scraper, so serving them to the network is the user's choice (``--metrics-addr``).
+
     The constructor only builds the metrics (ConfigError naming the extra
     when prometheus-client is missing); ``start()`` binds and serves from a
     daemon thread, ``close()`` stops. ``port`` is the bound port (useful with 0).
     """
 
-    def __init__(self, job_id: str, port: int, *, bind: str = "0.0.0.0",
+    def __init__(self, job_id: str, port: int, *, bind: str = "127.0.0.1",
                  clock: Callable[[], float] = time.monotonic) -> None:
         try:
             import prometheus_client as prom
@@ -114,7 +117,8 @@ class MetricsServer:
     def start(self) -> None:
         """Bind and serve; OSError if the port is taken. Logs where (with port 0, the port the system chose)."""
         self._httpd, _thread = self._prom.start_http_server(self._port, addr=self._bind, registry=self.registry)
-        log.info("job %s: Prometheus metrics at http://%s:%d/metrics", self.job_id, self._bind, self.port)
+        host = f"[{self._bind}]" if ":" in self._bind else self._bind
+        log.info("job %s: Prometheus metrics at http://%s:%d/metrics", self.job_id, host, self.port)
 
     def close(self) -> None:
         if self._httpd is not None:

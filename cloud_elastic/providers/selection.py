@@ -11,12 +11,14 @@ row. ``--address-map`` applies to every provider (see
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import click
 
+from cloud_elastic.config import MAX_DURATION_S
 from cloud_elastic.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -221,8 +223,13 @@ def build_discovery(args: DiscoveryArgs) -> "HostDiscovery":
     from cloud_elastic.providers import registry
     from cloud_elastic.providers.addressmap import AddressMappedDiscovery, parse_address_map
 
-    if args.slots_per_host is not None and args.slots_per_host < 1:
-        raise ConfigError(f"--slots-per-host must be >= 1, got {args.slots_per_host}")
+    from cloud_elastic.providers.api import MAX_SLOTS_PER_HOST
+
+    if args.slots_per_host is not None and not 1 <= args.slots_per_host <= MAX_SLOTS_PER_HOST:
+        raise ConfigError(f"--slots-per-host must be 1-{MAX_SLOTS_PER_HOST}, got {args.slots_per_host}")
+    if not (math.isfinite(args.discovery_timeout) and 0 < args.discovery_timeout <= MAX_DURATION_S):
+        raise ConfigError(f"--discovery-timeout must be a finite number of seconds, > 0 and at most "
+                          f"{MAX_DURATION_S:g}, got {args.discovery_timeout!r}")
     name, options = selected_provider(args)
     rules = parse_address_map(list(args.address_map))
     cls = registry.load(name)
