@@ -29,6 +29,7 @@ from cloud_elastic.driver.handlers import POLLS_PER_S as _POLLS_PER_S, ControlPl
 from cloud_elastic.driver.hosts import Blacklist, HostManager
 from cloud_elastic.driver.job import ElasticJob, Finish, Launch, Policy, Release, Stop
 from cloud_elastic.driver.launch import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
+from cloud_elastic.driver.liveness import Pulse
 from cloud_elastic.driver.local import LocalLauncher
 from cloud_elastic.driver.restart import RECORD_TOUCH_S, RestartMixin
 from cloud_elastic.driver.server import ControlServer
@@ -151,7 +152,8 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
 
         self._listen_for_adoption()
         self._open_durable()
-        self._sinks = open_sinks(self.job_id, self.config.events_file, self.config.metrics_port)
+        self._sinks = open_sinks(self.job_id, self.config.events_file, self.config.metrics_port,
+                                 metrics_addr=self.config.metrics_addr)
         started = time.time()
         self._sinks.sink.emit(
             "job_started", num_proc=self.config.num_proc, min_np=self.config.min_np, max_np=self.config.max_np,
@@ -159,6 +161,8 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
             command=list(self.config.command),
         )
         outcome = Finish(False, "the driver failed", 1)
+        pulse = Pulse(self._pulse_beat)  # busy threads are not a stalled driver (see .liveness)
+        pulse.start()
         try:
             if self._adoption is not None:
                 self._keep_alive_beside_checkpoints()
@@ -177,6 +181,11 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
                                   resets=self._job.resets, wall_s=round(time.time() - started, 3),
                                   reason=outcome.reason)
             self._sinks.close()
+            pulse.close()
+
+    def _pulse_beat(self) -> None:
+        with self._cond:
+            self._job.running(self._clock())
 
     # ---------------------------------------------------------------- startup
     def _start(self) -> None:
