@@ -10,8 +10,9 @@ wrapper that :func:`cloud_elastic.providers.selection.build_discovery` puts
 around the selected provider) serves every provider, third-party ones
 included, instead of each growing its own.
 
-Rules: ``FROM`` and ``TO`` are networks of the same IP version and prefix
-length (a bare address counts as /32 or /128). An address inside ``FROM`` is
+Rules: ``FROM`` and ``TO`` are IPv4 networks of the same prefix length (a
+bare address counts as /32; IPv6 is refused, as everywhere: the driver listens
+and routes over IPv4 only). An address inside ``FROM`` is
 replaced by the address at the same offset inside ``TO``; the first matching
 rule wins; addresses matching no rule and host names pass through unchanged.
 Two hosts mapped onto one address is a FatalDiscoveryError (the rules are
@@ -57,6 +58,9 @@ def parse_address_map(specs: Iterable[str]) -> tuple[AddressRule, ...]:
                 f"--address-map {spec!r}: both sides need the same IP version and prefix length "
                 f"(/{source.prefixlen} vs /{target.prefixlen})"
             )
+        if target.version == 6:  # every address it produced would be refused by the snapshot (see api)
+            raise ConfigError(f"--address-map {spec!r}: IPv6 is not supported (the driver listens and routes "
+                              "over IPv4 only)")
         rules.append(AddressRule(source, target))
     return tuple(rules)
 
