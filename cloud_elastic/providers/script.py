@@ -65,7 +65,8 @@ class DiscoveryScript(HostDiscovery):
         except ValueError as exc:
             raise ConfigError(f"option 'timeout_s' must be a number, got {options['timeout_s']!r}") from exc
         if not (math.isfinite(timeout_s) and timeout_s > 0):
-            raise ConfigError(f"option 'timeout_s' must be > 0 (a finite number of seconds), got {options['timeout_s']!r}")
+            raise ConfigError(f"option 'timeout_s' must be > 0 (a finite number of seconds), "
+                              f"got {options['timeout_s']!r}")
         return cls(os.path.abspath(path), slots_per_host=slots_per_host or 1, timeout_s=timeout_s)
 
     def find(self) -> DiscoveredHosts:
