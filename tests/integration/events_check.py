@@ -49,6 +49,9 @@ OWNERS: dict[str, frozenset[str]] = {
         frozenset({"round_stalled", "round_stalled.reason", "round_stalled.workers", "stacks", "stacks.rank"}),
     "tests/integration/test_endings.py::test_a_member_that_returns_while_rank_0_trains_leaves_and_rank_0_finishes":
         frozenset({"worker_left", "worker_left.early_return", "worker_left.commit_step", "worker_left.steps"}),
+    "tests/integration/test_early_return_backoff.py::"
+    "test_a_newcomer_whose_sampler_runs_short_backs_off_with_growing_cooldowns":
+        frozenset({"worker_left", "worker_left.early_return", "worker_left.blacklisted_s"}),
     "tests/integration/test_health.py::test_a_slow_worker_is_drained_without_a_rollback_and_replaced_from_discovery":
         frozenset({"straggler", "straggler.rank", "straggler.factor", "straggler.window_s",
                    "straggler.blacklisted_s", "worker_left"}),
