@@ -18,21 +18,53 @@ every key exists, and a client whose wait timed out sends ``CANCEL_WAIT``; ``CHE
 and ``WAIT`` count a non-empty queue as present; ``QUEUE_POP`` answers the queue's
 length and, when not empty, its first item.
 
-A client that breaks the protocol (no validation, an unknown command, a key over
-8 KiB or a payload over 8 MiB: torch's limits) is disconnected with one warning; the
-others are served on. One thread serves every connection (``selectors``).
+A client that breaks the protocol (an unknown command, a key over 8 KiB or a value over 8 MiB:
+torch's limits) is disconnected; the others are served on. One thread serves every connection
+(``selectors``).
+
+**Bounds against strangers.** torch's protocol has no authentication: its validation is a public
+magic number, and anyone who reaches the port can read and write keys (the workers sign what they
+store, see ``worker/store.py``). What this server guarantees is that no client can take the
+driver's process down or grow it without bound:
+
+* *Validation within* :data:`VALIDATE_TIMEOUT_S` (10 s). torch's client sends ``VALIDATE`` right
+  after it connects; a connection that has not is closed then. Idle validated connections are
+  kept: a worker's store client idles between rounds.
+* *Connections:* at most :data:`MAX_PEER_CONNECTIONS` (256) from one address, and all together at
+  most half the process's descriptor limit (``RLIMIT_NOFILE``, read at each accept), so the store
+  alone cannot starve the driver of the descriptors a worker launch needs (256 idle sockets under
+  a 256-descriptor limit made the next launch's ``os.pipe()`` fail). A connection past either cap
+  is closed as soon as it is accepted. A worker holds one connection, and a new one per
+  abandoned round formation.
+* *Memory:* everything the store holds, keys, values, queued items, unfinished commands, awaited
+  keys and unsent answers, stays within :data:`MAX_STORE_BYTES` (256 MiB; a Gloo round stores
+  about ``size * (160 + 8 * size)`` bytes, 150 KB at 128 workers, and a job's rounds add up). A
+  command is at most :data:`MAX_COMMAND_BYTES` (17 MiB: ``COMPARE_SET``'s two 8 MiB values and its
+  key), a value at most :data:`MAX_PAYLOAD_BYTES` (an ``APPEND`` past it is refused; there was no
+  bound, and 48 appends of 8 MiB grew the driver to 445 MB), an answer at most a command's size;
+  a client that does not read its answers is not read from past :data:`MAX_OUTBOX_BYTES`.
+* *CPU:* each command is parsed once, field by field as its bytes arrive (a parser that resumes;
+  the previous one re-read an unfinished command from its first byte on every 64 KiB read, so a
+  large ``MULTI_SET`` took minutes of CPU).
+
+A client past a bound is disconnected (torch's protocol has no error answer): its next call
+fails. Refusals are logged once per kind, then counted (:class:`~.accepting.RefusalLog`), never
+once per client: the clients are strangers and may be many.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
 import selectors
 import socket
 import struct
 import threading
+import time
 from collections import deque
+from typing import Any, Generator
 
-from cloud_elastic.driver.accepting import AcceptPause
+from cloud_elastic.driver.accepting import AcceptPause, RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -44,59 +76,69 @@ STOP_WAITING, WAIT_CANCELED = 0, 1
 MAX_KEY_BYTES = 8 * 1024
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 MAX_KEY_COUNT = 128 * 1024
+MAX_COMMAND_BYTES = 2 * MAX_PAYLOAD_BYTES + 1024 * 1024
+MAX_STORE_BYTES = 256 * 1024 * 1024
+MAX_OUTBOX_BYTES = 1024 * 1024
+MAX_PEER_CONNECTIONS = 256
+VALIDATE_TIMEOUT_S = 10.0
+_RECV_BYTES = 1 << 16
 _U32, _U64, _I64 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<q")
 
-
-class _Incomplete(Exception):
-    """The client's buffer ends inside a command: wait for more bytes."""
+#: Each command's fields after its command byte: u32, i64, key, payload (value), keys (a count, then
+#: keys), pairs (a count, then key and value each).
+_LAYOUTS = {VALIDATE: "u", SET: "kp", COMPARE_SET: "kpp", GET: "k", ADD: "ki", CHECK: "K", WAIT: "K",
+            GETNUMKEYS: "", DELETE_KEY: "k", APPEND: "kp", MULTI_GET: "K", MULTI_SET: "P", CANCEL_WAIT: "",
+            PING: "u", QUEUE_PUSH: "kp", QUEUE_POP: "k", QUEUE_LEN: "k"}
 
 
 class ProtocolError(Exception):
-    """The client broke the protocol; it is disconnected."""
+    """The client broke the protocol or a bound; it is disconnected. ``kind`` names the refusal for the log."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
-class _Reader:
-    """Reads one command from a buffer; raises :class:`_Incomplete` where the buffer ends."""
+#: What a command parser yields: how many bytes it needs next (it is sent exactly those).
+_Parser = Generator[int, bytes, "tuple[int, list[Any]]"]
 
-    def __init__(self, buf: bytearray) -> None:
-        self.buf, self.pos = buf, 0
 
-    def take(self, n: int) -> bytes:
-        if self.pos + n > len(self.buf):
-            raise _Incomplete
-        out = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
-        return out
+def _sized(limit: int, what: str) -> Generator[int, bytes, bytes]:
+    n = _U64.unpack((yield 8))[0]
+    if n > limit:
+        raise ProtocolError(f"a {what} of {n} bytes (at most {limit})", f"{what} too long")
+    return (yield n) if n else b""
 
-    def u8(self) -> int:
-        return self.take(1)[0]
 
-    def u32(self) -> int:
-        return _U32.unpack(self.take(4))[0]
-
-    def u64(self) -> int:
-        return _U64.unpack(self.take(8))[0]
-
-    def i64(self) -> int:
-        return _I64.unpack(self.take(8))[0]
-
-    def count(self) -> int:
-        n = self.u64()
-        if n > MAX_KEY_COUNT:
-            raise ProtocolError(f"{n} keys in one command (at most {MAX_KEY_COUNT})")
-        return n
-
-    def key(self) -> bytes:
-        n = self.u64()
-        if n > MAX_KEY_BYTES:
-            raise ProtocolError(f"a key of {n} bytes (at most {MAX_KEY_BYTES})")
-        return self.take(n)
-
-    def payload(self) -> bytes:
-        n = self.u64()
-        if n > MAX_PAYLOAD_BYTES:
-            raise ProtocolError(f"a value of {n} bytes (at most {MAX_PAYLOAD_BYTES})")
-        return self.take(n)
+def _command(validated: bool) -> _Parser:
+    """Parse one command, field by field: the caller sends each field's bytes once, as they arrive."""
+    command = (yield 1)[0]
+    if not validated and command != VALIDATE:
+        raise ProtocolError("it did not open with torch's store validation", "no validation")
+    layout = _LAYOUTS.get(command)
+    if layout is None:
+        raise ProtocolError(f"unknown store command {command} (a newer torch than this driver knows?)",
+                            "unknown command")
+    fields: list[Any] = []
+    for field in layout:
+        if field == "u":
+            fields.append(_U32.unpack((yield 4))[0])
+        elif field == "i":
+            fields.append(_I64.unpack((yield 8))[0])
+        elif field == "k":
+            fields.append((yield from _sized(MAX_KEY_BYTES, "key")))
+        elif field == "p":
+            fields.append((yield from _sized(MAX_PAYLOAD_BYTES, "value")))
+        else:
+            n = _U64.unpack((yield 8))[0]
+            if n > MAX_KEY_COUNT:
+                raise ProtocolError(f"{n} keys in one command (at most {MAX_KEY_COUNT})", "too many keys")
+            items: list[Any] = []
+            for _ in range(n):
+                key = yield from _sized(MAX_KEY_BYTES, "key")
+                items.append(key if field == "K" else (key, (yield from _sized(MAX_PAYLOAD_BYTES, "value"))))
+            fields.append(items)
+    return command, fields
 
 
 def _vector(value: bytes) -> bytes:
@@ -104,25 +146,48 @@ def _vector(value: bytes) -> bytes:
 
 
 class _Client:
-    def __init__(self, sock: socket.socket, peer: str) -> None:
+    def __init__(self, sock: socket.socket, address: str, port: int) -> None:
         self.sock = sock
-        self.peer = peer
+        self.address = address
+        self.peer = f"{address}:{port}"
         self.inbox = bytearray()
         self.outbox = bytearray()
         self.validated = False
+        self.open = True
         self.awaiting: set[bytes] = set()  # the keys a pending WAIT still needs
+        self.awaiting_bytes = 0
+        self.parser: _Parser | None = None  # the command being read
+        self.need = 0  # how many bytes the parser waits for
+        self.pending = 0  # bytes the unfinished command has declared so far
+        self.footprint = 0  # what this client holds of the store's budget (see StoreServer._account)
 
 
 class StoreServer:
-    """Serves torch's store protocol on ``listener`` (bound and listening) from a daemon thread until :meth:`close`."""
+    """Serves torch's store protocol on ``listener`` (bound and listening) from a daemon thread until :meth:`close`.
 
-    def __init__(self, listener: socket.socket) -> None:
+    ``max_bytes``, ``max_peer_connections`` and ``validate_timeout_s`` override the module's bounds
+    (tests use small ones).
+    """
+
+    def __init__(self, listener: socket.socket, *, max_bytes: int = MAX_STORE_BYTES,
+                 max_peer_connections: int = MAX_PEER_CONNECTIONS,
+                 validate_timeout_s: float = VALIDATE_TIMEOUT_S) -> None:
         listener.setblocking(False)
         self.port = listener.getsockname()[1]
         self._listener = listener
+        self._max_bytes = max_bytes
+        self._max_peer = max_peer_connections
+        self._validate_timeout_s = validate_timeout_s
         self._data: dict[bytes, bytes] = {}
         self._queues: dict[bytes, deque[bytes]] = {}
         self._waiters: dict[bytes, list[_Client]] = {}
+        self._stored = 0  # bytes of keys, values and queued items
+        self._held = 0  # bytes the clients hold: unfinished commands, awaited keys, unsent answers
+        self._per_address: dict[str, int] = {}
+        self._connections = 0
+        self._unvalidated: deque[tuple[float, _Client]] = deque()  # by deadline (all have the same timeout)
+        self._refusals = RefusalLog(log, "rendezvous store", "rendezvous store: disconnected %s: %s")
+        self._half_full_said = False
         self._selector = selectors.DefaultSelector()
         self._selector.register(listener, selectors.EVENT_READ, None)
         self._pause = AcceptPause(self._selector, listener, None, "rendezvous store")
@@ -158,17 +223,23 @@ class StoreServer:
 
     def _loop(self) -> None:
         while not self._closing:
-            for key, mask in self._selector.select(self._pause.timeout(None)):
+            timeout = None
+            if self._unvalidated:
+                timeout = max(0.0, self._unvalidated[0][0] - time.monotonic())
+            for key, mask in self._selector.select(self._pause.timeout(timeout)):
                 if key.data is None:
                     self._accept()
                 elif key.data == "wake":
                     self._wake_r.recv(64)
                 else:
-                    if mask & selectors.EVENT_READ:
-                        self._receive(key.data)
+                    client = key.data
                     if mask & selectors.EVENT_WRITE:
-                        self._flush(key.data)
+                        self._flush(client)
+                        self._process(client)  # commands left unread while its answers were backed up
+                    if mask & selectors.EVENT_READ and client.open:
+                        self._receive(client)
             self._pause.resume_if_due()
+            self._expire_unvalidated()
 
     def _accept(self) -> None:
         try:
@@ -180,23 +251,60 @@ class StoreServer:
                 log.warning("rendezvous store: cannot accept a connection: %s", exc)
             return
         self._pause.accepted()
+        client = _Client(sock, addr[0], addr[1])
+        at_most = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
+        if self._connections >= at_most:
+            self._refusals.refused("too many connections", client.peer,
+                                   f"{self._connections} connections are open, at most {at_most} (half the "
+                                   "driver's descriptor limit)")
+            sock.close()
+            return
+        if self._per_address.get(client.address, 0) >= self._max_peer:
+            self._refusals.refused("too many connections from one address", client.peer,
+                                   f"{self._max_peer} connections from {client.address} are open already")
+            sock.close()
+            return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._selector.register(sock, selectors.EVENT_READ, _Client(sock, f"{addr[0]}:{addr[1]}"))
+        self._connections += 1
+        self._per_address[client.address] = self._per_address.get(client.address, 0) + 1
+        self._unvalidated.append((time.monotonic() + self._validate_timeout_s, client))
+        self._selector.register(sock, selectors.EVENT_READ, client)
 
-    def _disconnect(self, client: _Client, why: str | None = None) -> None:
-        if why:
-            log.warning("rendezvous store: disconnected %s: %s", client.peer, why)
+    def _expire_unvalidated(self) -> None:
+        now = time.monotonic()
+        while self._unvalidated and (self._unvalidated[0][0] <= now or not self._unvalidated[0][1].open
+                                     or self._unvalidated[0][1].validated):
+            _, client = self._unvalidated.popleft()
+            if client.open and not client.validated:
+                self._disconnect(client, ProtocolError(f"it did not validate within {self._validate_timeout_s:g} s",
+                                                       "no validation in time"))
+
+    def _disconnect(self, client: _Client, why: ProtocolError | None = None) -> None:
+        if not client.open:
+            return
+        if why is not None:
+            self._refusals.refused(why.kind, client.peer, str(why))
+        client.open = False
         self._forget_wait(client)
+        client.parser, client.pending = None, 0
+        client.inbox, client.outbox = bytearray(), bytearray()
+        self._account(client)
+        self._connections -= 1
+        left = self._per_address[client.address] - 1
+        if left:
+            self._per_address[client.address] = left
+        else:
+            del self._per_address[client.address]
         try:
             self._selector.unregister(client.sock)
         except (KeyError, ValueError):
-            return  # already gone
+            pass
         client.sock.close()
 
     def _receive(self, client: _Client) -> None:
         try:
-            chunk = client.sock.recv(1 << 16)
+            chunk = client.sock.recv(_RECV_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -205,17 +313,77 @@ class StoreServer:
             self._disconnect(client)
             return
         client.inbox += chunk
-        while client.inbox:
-            reader = _Reader(client.inbox)
-            try:
-                self._command(client, reader)
-            except _Incomplete:
-                break
-            except Exception as exc:  # ProtocolError, a bad number for ADD; never the other clients' problem
-                self._disconnect(client, str(exc) or type(exc).__name__)
-                return
-            del client.inbox[:reader.pos]
-        self._flush(client)
+        self._process(client)
+
+    def _process(self, client: _Client) -> None:
+        """Feed the buffered bytes to the client's command parser, each byte once; run each command it
+        completes; send the answers. Stops while the client's unsent answers exceed MAX_OUTBOX_BYTES
+        (it is not read from then, and the rest waits in its inbox)."""
+        while self._parse(client) and client.open:
+            self._flush(client)
+            if len(client.outbox) > MAX_OUTBOX_BYTES or len(client.inbox) < (client.need if client.parser else 1):
+                return  # the socket's next event (writable, readable) brings the rest
+        if client.open:
+            self._flush(client)
+
+    def _parse(self, client: _Client) -> bool:
+        """Run the commands complete in ``client``'s inbox; True if it stopped for its unsent answers."""
+        inbox, pos = client.inbox, 0
+        try:
+            while client.open:
+                if len(client.outbox) > MAX_OUTBOX_BYTES:
+                    return True
+                if client.parser is None:
+                    if pos == len(inbox):
+                        break
+                    client.parser, client.pending = _command(client.validated), 0
+                    self._expect(client, next(client.parser))
+                if len(inbox) - pos < client.need:
+                    break
+                field = bytes(inbox[pos:pos + client.need])
+                pos += client.need
+                try:
+                    need = client.parser.send(field)
+                except StopIteration as done:
+                    client.parser, client.pending = None, 0
+                    self._execute(client, *done.value)
+                else:
+                    self._expect(client, need)
+        except ProtocolError as exc:
+            self._disconnect(client, exc)
+        except Exception as exc:  # ADD to a value that is not a number, say; never the other clients' problem
+            kind = "bad number" if isinstance(exc, ValueError) else type(exc).__name__
+            self._disconnect(client, ProtocolError(str(exc) or type(exc).__name__, kind))
+        finally:
+            del inbox[:pos]
+        return False
+
+    # ----------------------------------------------------------------- the budget
+    def _expect(self, client: _Client, n: int) -> None:
+        """The unfinished command declared its next ``n`` bytes: within one command's bound and the store's?"""
+        client.need = n
+        if n > 8:  # lengths and numbers count towards the command's size only
+            self._room(n, "a command")
+        client.pending += n
+        if n > 8:
+            self._account(client)
+        if client.pending > MAX_COMMAND_BYTES:
+            raise ProtocolError(f"a command of more than {MAX_COMMAND_BYTES} bytes", "command too large")
+
+    def _room(self, n: int, what: str) -> None:
+        used = self._stored + self._held
+        if used + n > self._max_bytes:
+            raise ProtocolError(f"{what} of {n} bytes would take the store past its {self._max_bytes}-byte bound "
+                                f"({used} bytes are held)", "store full")
+        if not self._half_full_said and used + n > self._max_bytes // 2:
+            self._half_full_said = True
+            log.warning("rendezvous store: it holds more than half of its %d-byte bound", self._max_bytes)
+
+    def _account(self, client: _Client) -> None:
+        """Bring the store's count of what clients hold up to date with ``client``'s."""
+        footprint = client.pending + len(client.outbox) + client.awaiting_bytes
+        self._held += footprint - client.footprint
+        client.footprint = footprint
 
     def _flush(self, client: _Client) -> None:
         while client.outbox:
@@ -227,45 +395,46 @@ class StoreServer:
                 self._disconnect(client)
                 return
             del client.outbox[:sent]
+        self._account(client)
+        events = selectors.EVENT_WRITE if client.outbox else 0
+        if len(client.outbox) <= MAX_OUTBOX_BYTES:
+            events |= selectors.EVENT_READ
         try:
-            self._selector.modify(client.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if client.outbox else 0),
-                                  client)
+            self._selector.modify(client.sock, events, client)
         except (KeyError, ValueError):
             pass  # disconnected meanwhile
 
     # ----------------------------------------------------------------- the commands
-    def _command(self, client: _Client, r: _Reader) -> None:
-        command = r.u8()
+    def _execute(self, client: _Client, command: int, f: list[Any]) -> None:
         if not client.validated:
-            if command != VALIDATE or r.u32() != MAGIC:
-                raise ProtocolError("it did not open with torch's store validation")
+            if f[0] != MAGIC:
+                raise ProtocolError("it did not open with torch's store validation", "no validation")
             client.validated = True
             return
         answer = client.outbox
         if command == SET:
-            key, value = r.key(), r.payload()
-            self._set(key, value)
+            self._set(f[0], f[1])
         elif command == GET:
-            answer += _vector(self._data.get(r.key(), b""))
+            answer += self._answer([self._data.get(f[0], b"")])
         elif command == ADD:
-            key, delta = r.key(), r.i64()
-            total = int(self._data.get(key, b"0")) + delta
-            self._set(key, str(total).encode())
+            total = int(self._data.get(f[0], b"0")) + f[1]
+            self._set(f[0], str(total).encode())
             answer += _I64.pack(total)
         elif command == WAIT:
-            keys = [r.key() for _ in range(r.count())]
-            missing = {k for k in keys if not self._present(k)}
+            self._forget_wait(client)  # torch's client waits once at a time; a second wait replaces the first
+            missing = {k for k in f[0] if not self._present(k)}
             if not missing:
                 answer.append(STOP_WAITING)
             else:
-                client.awaiting = missing
+                size = sum(len(k) for k in missing)
+                self._room(size, "a wait")
+                client.awaiting, client.awaiting_bytes = missing, size
                 for key in missing:
                     self._waiters.setdefault(key, []).append(client)
         elif command == CHECK:
-            keys = [r.key() for _ in range(r.count())]
-            answer.append(READY if all(self._present(k) for k in keys) else NOT_READY)
+            answer.append(READY if all(self._present(k) for k in f[0]) else NOT_READY)
         elif command == COMPARE_SET:
-            key, expected, desired = r.key(), r.payload(), r.payload()
+            key, expected, desired = f
             current = self._data.get(key)
             if current is None and expected:
                 answer += _vector(expected)  # torch's answer for a missing key
@@ -275,43 +444,65 @@ class StoreServer:
             else:
                 answer += _vector(current)
         elif command == MULTI_GET:
-            keys = [r.key() for _ in range(r.count())]
-            answer += b"".join(_vector(self._data.get(k, b"")) for k in keys)
+            answer += self._answer([self._data.get(k, b"") for k in f[0]])
         elif command == MULTI_SET:
-            pairs = [(r.key(), r.payload()) for _ in range(r.count())]
-            for key, value in pairs:
+            for key, value in f[0]:
                 self._set(key, value)
         elif command == APPEND:
-            key, value = r.key(), r.payload()
-            self._set(key, self._data.get(key, b"") + value)
+            key, value = f
+            old = self._data.get(key, b"")
+            if len(old) + len(value) > MAX_PAYLOAD_BYTES:
+                raise ProtocolError(f"an append past a value of {MAX_PAYLOAD_BYTES} bytes", "value too long")
+            self._set(key, old + value)
         elif command == DELETE_KEY:
-            answer += _I64.pack(1 if self._data.pop(r.key(), None) is not None else 0)
+            old = self._data.pop(f[0], None)
+            if old is not None:
+                self._stored -= len(f[0]) + len(old)
+            answer += _I64.pack(1 if old is not None else 0)
         elif command == GETNUMKEYS:
             answer += _I64.pack(len(self._data))
         elif command == CANCEL_WAIT:
             self._forget_wait(client)
             answer.append(WAIT_CANCELED)
         elif command == PING:
-            answer += _U32.pack(r.u32())
+            answer += _U32.pack(f[0])
         elif command == QUEUE_PUSH:
-            key, value = r.key(), r.payload()
-            self._queues.setdefault(key, deque()).append(value)
+            key, value = f
+            self._room(len(key) + len(value), "a queue push")
+            queue = self._queues.get(key)
+            if queue is None:
+                queue = self._queues[key] = deque()
+                self._stored += len(key)
+            queue.append(value)
+            self._stored += len(value)
             self._wake(key, one=True)
         elif command == QUEUE_POP:
-            queue = self._queues.setdefault(r.key(), deque())
+            queue = self._queues.get(f[0], ())
             answer += _I64.pack(len(queue))
             if queue:
-                answer += _vector(queue.popleft())
+                item = queue.popleft()
+                self._stored -= len(item)
+                answer += _vector(item)
         elif command == QUEUE_LEN:
-            answer += _I64.pack(len(self._queues.get(r.key(), ())))
-        else:
-            raise ProtocolError(f"unknown store command {command} (a newer torch than this driver knows?)")
+            answer += _I64.pack(len(self._queues.get(f[0], ())))
+
+    def _answer(self, values: list[bytes]) -> bytes:
+        size = sum(8 + len(v) for v in values)
+        if size > MAX_COMMAND_BYTES:
+            raise ProtocolError(f"an answer of {size} bytes (at most {MAX_COMMAND_BYTES})", "answer too large")
+        self._room(size, "an answer")
+        return b"".join(_vector(v) for v in values)
 
     def _present(self, key: bytes) -> bool:
         return key in self._data or bool(self._queues.get(key))
 
     def _set(self, key: bytes, value: bytes) -> None:
+        old = self._data.get(key)
+        grows = len(value) - (len(old) if old is not None else -len(key))
+        if grows > 0:
+            self._room(grows, "a value")
         self._data[key] = value
+        self._stored += grows
         self._wake(key)
 
     def _wake(self, key: bytes, one: bool = False) -> None:
@@ -319,7 +510,10 @@ class StoreServer:
         waiting = self._waiters.get(key)
         while waiting:
             client = waiting.pop(0)
+            if key not in client.awaiting:
+                continue
             client.awaiting.discard(key)
+            client.awaiting_bytes -= len(key)
             if not client.awaiting:
                 client.outbox.append(STOP_WAITING)
                 self._flush(client)
@@ -335,4 +529,4 @@ class StoreServer:
                 waiting.remove(client)
                 if not waiting:
                     del self._waiters[key]
-        client.awaiting = set()
+        client.awaiting, client.awaiting_bytes = set(), 0
