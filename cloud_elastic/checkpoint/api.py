@@ -27,7 +27,9 @@ FORMAT = "cloud-elastic-checkpoint"
 #: Bumped when the layout or the manifest changes incompatibly; readers refuse newer versions.
 FORMAT_VERSION = 1
 #: The version of a sharded checkpoint's manifest (``hvd.shard``: torch DCP data beside ``state.pt``),
-#: so that a reader from before sharded checkpoints refuses one rather than load half of it.
+#: so that a reader from before sharded checkpoints refuses one rather than load half of it. Its
+#: ``shards.sha256`` (each shard file's digest, with DCP's metadata as JSON beside them) is newer: a
+#: manifest without it is listed but never loaded, as its shards load only by unpickling DCP's ``.metadata``.
 SHARDED_FORMAT_VERSION = 2
 #: The newest version this cloud-elastic reads.
 READ_VERSION = SHARDED_FORMAT_VERSION
@@ -70,6 +72,8 @@ class CheckpointInfo:
     shards: Mapping[str, int] | None = None
     #: How many workers wrote the shards (the slots of the host that wrote it); None for a replica's.
     shard_count: int | None = None
+    #: The SHA-256 of each shard file (hex); None for a replica's, or a sharded one from before digests.
+    shard_digests: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -64,8 +64,9 @@ class Backend(Protocol):
         """The files directly below ``path`` (not symbolic links) and their sizes in bytes; empty when it does
         not exist."""
 
-    def dcp_storage(self, path: str, writing: bool) -> Any:
-        """A torch DCP storage writer (or reader) for the folder ``path`` (sharded checkpoints)."""
+    def dcp_storage(self, path: str, writing: bool, expected: Mapping[str, tuple[int, str]] | None = None) -> Any:
+        """A torch DCP storage writer, or a reader of the files ``expected`` lists (name -> size and SHA-256), for
+        the folder ``path`` (sharded checkpoints; :mod:`cloud_elastic.checkpoint.dcp`)."""
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -151,10 +152,10 @@ class LocalBackend:
         except (FileNotFoundError, NotADirectoryError):
             return {}
 
-    def dcp_storage(self, path: str, writing: bool) -> Any:
-        from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+    def dcp_storage(self, path: str, writing: bool, expected: Mapping[str, tuple[int, str]] | None = None) -> Any:
+        from cloud_elastic.checkpoint.dcp import digesting_writer, verifying_reader
 
-        return FileSystemWriter(self._path(path)) if writing else FileSystemReader(self._path(path))
+        return digesting_writer(self._path(path)) if writing else verifying_reader(self._path(path), expected or {})
 
 
 class FsspecBackend:
@@ -234,12 +235,12 @@ class FsspecBackend:
         return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
                 for e in entries if e.get("type") == "file"}
 
-    def dcp_storage(self, path: str, writing: bool) -> Any:
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+    def dcp_storage(self, path: str, writing: bool, expected: Mapping[str, tuple[int, str]] | None = None) -> Any:
+        from cloud_elastic.checkpoint.dcp import digesting_writer, verifying_reader
 
         # A fresh filesystem object, as above.
         url, options = self.url(path), {"skip_instance_cache": True, **self._options}
-        return FsspecWriter(url, **options) if writing else FsspecReader(url, **options)
+        return digesting_writer(url, options) if writing else verifying_reader(url, expected or {}, options)
 
 
 def _unlink_quietly(path: str) -> None:

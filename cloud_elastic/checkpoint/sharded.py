@@ -60,6 +60,9 @@ import torch.distributed as dist
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
 from cloud_elastic.checkpoint.payload import load_state_payload, stage_payload, state_payload
+from cloud_elastic.checkpoint.dcp import ShardCorrupt
+from cloud_elastic.checkpoint.safety import Unusable as _Unusable
+from cloud_elastic.checkpoint.safety import causes, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.snapshot import clone
 
@@ -181,49 +184,110 @@ class ShardedCheckpoints:
                local_rank: int, local_size: int, began: float, *, group: Any) -> None:
         """Save the shards with DCP, then (local rank 0) publish them with the other values; CheckpointError if not."""
         self._stored_seq = None
-        _save(tensors, self.store.shard_storage(name, writing=True), group)
-        if local_rank == 0:
-            saved = self.store.publish_sharded(name, step, rest, meta, local_size)
+        storage = self.store.shard_storage(name, writing=True)
+        _save(tensors, storage, group)
+        if local_rank == 0:  # DCP's coordinator: it holds every file's digest
+            saved = self.store.publish_sharded(name, step, rest, meta, local_size, getattr(storage, "files", None))
             self._ctx.report_checkpoint("saved", step=saved.step, path=saved.url,
                                         duration_s=round(time.perf_counter() - began, 3),
                                         bytes=saved.size + sum((saved.shards or {}).values()))
         self._stored_seq = seq
 
     # -------------------------------------------------------------- loading
-    def _newest_sharded(self) -> CheckpointInfo:
-        latest = self.store.latest()
-        if latest is None:
+    def _sharded_candidates(self) -> list[CheckpointInfo]:
+        """Local rank 0: the manifests of the sharded checkpoints to try, newest first (their data not verified
+        yet). CheckpointError when there is none, or when the newest is a replica's."""
+        candidates = []
+        for listed in self.store.list():
+            if listed.shards is None:
+                if not candidates:
+                    raise CheckpointError(f"the newest checkpoint in {self.settings.url} (step {listed.step}) holds a "
+                                          "whole model, not shards: a job with hvd.shard loads only checkpoints "
+                                          "written with hvd.shard")
+                break
+            candidates.append(listed)
+        if not candidates:
             raise CheckpointError(f"no usable checkpoint in {self.settings.url}")
-        if latest.info.shards is None:
-            raise CheckpointError(f"the newest checkpoint in {self.settings.url} (step {latest.info.step}) holds a "
-                                  "whole model, not shards: a job with hvd.shard loads only checkpoints written with "
-                                  "hvd.shard")
-        return latest.info
+        return candidates
 
     def load_latest(self, state: Any) -> CheckpointInfo:
         """Load the newest usable sharded checkpoint into ``state`` on every worker of this host (a collective over
-        the host's group); make it the state's last commit. CheckpointError when there is none or it does not fit."""
+        the host's group); make it the state's last commit.
+
+        A checkpoint whose ``state.pt`` or any shard file differs from its manifest is skipped for the previous
+        one, on every worker of the host alike. CheckpointError when none is usable, the storage cannot be read,
+        or the shards do not fit this state."""
         ctx, info = self._ctx, self._ctx.info
         began = time.perf_counter()
-        chosen = _decided_by_local_rank_0(info, self._newest_sharded)
-        checkpoint = self.store.load(chosen)  # this worker's own reading of state.pt, verified
+        candidates = _decided_by_local_rank_0(info, self._sharded_candidates)
+        for chosen in candidates:
+            try:
+                checkpoint, skip = self._load_one(state, chosen)
+            except _Fallback as exc:
+                log.warning("worker %s: checkpoint %s is unusable (%s); falling back to the previous one",
+                            ctx.worker_id, chosen.url, exc)
+                continue
+            load_state_payload(state, checkpoint.payload, skip)
+            seq = chosen.extra.get("commit_seq", chosen.step)
+            seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else chosen.step
+            ctx.hold_commit(seq)
+            log.info("worker %s: loaded its shards of the checkpoint of step %d (written by %s workers a host) from "
+                     "%s in %.2fs", ctx.worker_id, chosen.step, chosen.shard_count, chosen.url,
+                     time.perf_counter() - began)
+            if info.rank == 0:
+                ctx.report_checkpoint("loaded", step=chosen.step, path=chosen.url, commit_seq=seq)
+            return chosen
+        raise CheckpointError(f"no usable checkpoint in {self.settings.url}: its {len(candidates)} sharded "
+                              "checkpoint(s) are unusable")
+
+    def _load_one(self, state: Any, chosen: CheckpointInfo) -> tuple[Any, frozenset[str]]:
+        """``chosen``'s other values (verified) and its shards, loaded into ``state``, with the names of the sharded
+        attributes; _Fallback (on every worker of the host) when it is unusable, the state left at its last commit."""
+        try:
+            checkpoint, trouble, why = self.store.load(chosen), _OK, ""
+        except _Unusable as exc:
+            checkpoint, trouble, why = None, _UNUSABLE, str(exc)
+        except CheckpointError as exc:
+            checkpoint, trouble, why = None, _UNREADABLE, str(exc)
+        worst = self._worst(trouble)  # every worker of the host goes the same way
+        if worst == _UNREADABLE:
+            raise CheckpointError(why or f"a worker of this host could not read {chosen.url}")
+        if worst == _UNUSABLE:
+            raise _Fallback(why or "a worker of this host found it unusable")
         tensors, skip = sharded_parts(state)
         try:
-            _load(tensors, self.store.shard_storage(chosen.name, writing=False))
+            _load(tensors, self.store.shard_storage(chosen.name, writing=False, info=chosen))
             _set(state, tensors)
         except (Exception, _DCP_ERROR) as exc:
             state.restore()
+            corrupt, unreadable = _reason_of(exc, ShardCorrupt), _reason_of(exc, CheckpointError)
+            if corrupt is not None:  # DCP hands every worker every worker's failure: all of them fall back
+                raise _Fallback(corrupt) from exc
+            if unreadable is not None:
+                raise CheckpointError(unreadable) from exc
             reason = " ".join(str(exc).split())[:300]
             raise CheckpointError(f"the shards of {chosen.url} do not fit this state: {reason}") from exc
-        load_state_payload(state, checkpoint.payload, skip)
-        seq = chosen.extra.get("commit_seq", chosen.step)
-        seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else chosen.step
-        ctx.hold_commit(seq)
-        log.info("worker %s: loaded its shards of the checkpoint of step %d (written by %s workers a host) from %s "
-                 "in %.2fs", ctx.worker_id, chosen.step, chosen.shard_count, chosen.url, time.perf_counter() - began)
-        if info.rank == 0:
-            ctx.report_checkpoint("loaded", step=chosen.step, path=chosen.url, commit_seq=seq)
-        return chosen
+        return checkpoint, skip
+
+    def _worst(self, trouble: int) -> int:
+        flag = torch.tensor([trouble], dtype=torch.int64, device=self._ctx.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
+
+_OK, _UNUSABLE, _UNREADABLE = 0, 1, 2
+
+
+class _Fallback(Exception):
+    """This checkpoint is unusable on every worker of the host: try the previous one."""
+
+
+def _reason_of(exc: BaseException, kind: type) -> str | None:
+    """The message of the first ``kind`` among ``exc``, its causes and torch DCP's per-worker failures."""
+    for candidate in causes(exc, None):
+        if isinstance(candidate, kind):
+            return str(candidate)
+    return None
 
 
 def _decided_by_local_rank_0(info: Any, decide: Callable[[], Any]) -> Any:
@@ -252,8 +316,10 @@ def _save(tensors: dict[str, Any], storage: Any, group: Any = None) -> None:
 
     try:
         dcp.save(tensors, storage_writer=storage, process_group=group)
-    except (_DCP_ERROR, RuntimeError) as exc:  # a worker's write failed (every worker gets it), or a host-mate died
-        raise CheckpointError(f"torch DCP could not write the shards: {' '.join(str(exc).split())[:300]}") from exc
+    except (_DCP_ERROR, RuntimeError, OSError) as exc:  # a worker's write failed (every worker gets it), or a
+        # host-mate died; a full disk is said so, not as torch's "unexpected pos ..."
+        seen = (getattr(storage, "io_errors", None) or [None])[0]
+        raise CheckpointError(f"torch DCP could not write the shards: {storage_reason(exc, seen)[:300]}") from exc
 
 
 def _stage(tensors: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -359,7 +425,9 @@ class _Writes:
 def _load(tensors: dict[str, Any], storage: Any) -> None:
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(tensors, storage_reader=storage)
+    from cloud_elastic.checkpoint.dcp import SafeLoadPlanner
+
+    dcp.load(tensors, storage_reader=storage, planner=SafeLoadPlanner())
 
 
 def sharded_parts(state: Any) -> tuple[dict[str, Any], frozenset[str]]:

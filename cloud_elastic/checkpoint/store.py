@@ -25,12 +25,9 @@ with ``torch.load(weights_only=True)``: nothing in a checkpoint can run code.
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import io
 import json
 import logging
-import pickle
 import re
 import threading
 import time
@@ -51,6 +48,8 @@ from cloud_elastic.checkpoint.api import (
 )
 from cloud_elastic.checkpoint.backend import Backend, backend_for
 from cloud_elastic.checkpoint.payload import check_payload
+from cloud_elastic.checkpoint.safety import Unusable as _Unusable
+from cloud_elastic.checkpoint.safety import safe_load, storage_reason
 
 __all__ = ["CheckpointStore", "write_job_record", "read_job_record"]
 
@@ -61,6 +60,8 @@ MANIFEST = "manifest.json"
 #: A sharded checkpoint's folder for torch DCP's files (one or more per worker, and DCP's own metadata).
 SHARDS_DIR = "dcp"
 DCP_METADATA = ".metadata"
+#: DCP's metadata as JSON (checkpoint.dcp): what this cloud-elastic reads instead of the pickled ``.metadata``.
+DCP_METADATA_JSON = "metadata.json"  # the same as checkpoint.dcp.METADATA_JSON
 JOB_RECORD = "job.json"
 _NAME = re.compile(r"ckpt-(\d{8}T\d{12})Z-step(\d+)")
 _TIME_FORMAT = "%Y%m%dT%H%M%S%f"
@@ -122,26 +123,37 @@ class CheckpointStore:
         """
         return self._new_name(step, self._names())
 
-    def shard_storage(self, name: str, writing: bool) -> Any:
-        """torch DCP's storage writer (or reader) for the shards of the checkpoint folder ``name``."""
-        return self.backend.dcp_storage(f"{name}/{SHARDS_DIR}", writing)
+    def shard_storage(self, name: str, writing: bool, info: CheckpointInfo | None = None) -> Any:
+        """torch DCP's storage writer for the shards of the checkpoint folder ``name``, or the reader of those
+        ``info`` (its manifest) lists, which reads only files matching their SHA-256 (checkpoint.dcp)."""
+        expected = None
+        if not writing:
+            if info is None or info.shards is None or info.shard_digests is None:
+                raise _Unusable("its manifest lists no SHA-256 digests of its shard files")
+            expected = {f: (info.shards[f], info.shard_digests[f]) for f in info.shard_digests}
+        return self.backend.dcp_storage(f"{name}/{SHARDS_DIR}", writing, expected)
 
     def publish_sharded(self, name: str, step: int, payload: Any, meta: Mapping[str, Any] | None,
-                        shard_count: int) -> CheckpointInfo:
+                        shard_count: int, files: Mapping[str, tuple[int, str]] | None) -> CheckpointInfo:
         """Once every shard is in ``name`` (DCP's save returned): ``payload`` (the state's other values), then the
-        manifest, which lists the shards' files and sizes; then prune."""
+        manifest, which lists the shards' files with the size and SHA-256 each had as it was written (``files``,
+        from the writer of :meth:`shard_storage`); then prune."""
         check_payload(payload)
+        if not files or DCP_METADATA_JSON not in files:
+            raise CheckpointError(f"the shards of {self.backend.url(name)} have no digests: the DCP save did not "
+                                  "finish on this worker")
         try:
-            shards = self.backend.sizes(f"{name}/{SHARDS_DIR}")
+            found = self.backend.sizes(f"{name}/{SHARDS_DIR}")
         except Exception as exc:
             raise CheckpointError(f"could not list the shards of {self.backend.url(name)}: {_one_line(exc)}") from exc
-        if DCP_METADATA not in shards:
-            raise CheckpointError(f"the shards of {self.backend.url(name)} have no {DCP_METADATA}: the DCP save "
-                                  "did not finish")
-        return self._publish(name, self._names(), step, payload, meta, shards=shards, shard_count=shard_count)
+        wrong = sorted(f for f, (size, _) in files.items() if found.get(f) != size)
+        if wrong:
+            raise CheckpointError(f"the shard files {', '.join(wrong[:3])} of {self.backend.url(name)} are missing or "
+                                  "not the size they were written with")
+        return self._publish(name, self._names(), step, payload, meta, shards=dict(files), shard_count=shard_count)
 
     def _publish(self, name: str, existing: list[str], step: int, payload: Any, meta: Mapping[str, Any] | None,
-                 shards: Mapping[str, int] | None = None, shard_count: int | None = None) -> CheckpointInfo:
+                 shards: Mapping[str, tuple[int, str]] | None = None, shard_count: int | None = None) -> CheckpointInfo:
         fields, extra = _split_meta(meta)
         backend = self.backend
         digest = _Digest()
@@ -156,7 +168,8 @@ class CheckpointStore:
                 "data": {"name": DATA, "size": digest.size, "sha256": digest.hexdigest()}, "extra": extra,
             }
             if shards is not None:
-                manifest["shards"] = {"dir": SHARDS_DIR, "files": dict(shards), "count": shard_count}
+                manifest["shards"] = {"dir": SHARDS_DIR, "files": {f: size for f, (size, _) in shards.items()},
+                                      "sha256": {f: sha for f, (_, sha) in shards.items()}, "count": shard_count}
             body = json.dumps(manifest, indent=1, sort_keys=True).encode()
             backend.write(f"{name}/{MANIFEST}", lambda f: f.write(body))
         except Exception as exc:
@@ -164,7 +177,7 @@ class CheckpointStore:
                                   f"{storage_reason(exc, digest.error)}") from exc
         info = _info(name, backend.url(name), manifest)
         log.info("checkpoint of step %d written to %s (%d bytes%s)", step, info.url, digest.size,
-                 "" if shards is None else f", and {sum(shards.values())} bytes of shards")
+                 "" if shards is None else f", and {sum(size for size, _ in shards.values())} bytes of shards")
         self._prune(name, existing)
         return info
 
@@ -238,6 +251,10 @@ class CheckpointStore:
         from its digest or holds anything but tensors and plain data.
         """
         if info.shards is not None:
+            if info.shard_digests is None:
+                raise _Unusable(f"its manifest has no SHA-256 digests of its shard files (written by an older "
+                                f"cloud-elastic): its shards load only by unpickling DCP's {DCP_METADATA}, which this "
+                                "cloud-elastic never does")
             try:
                 found = self.backend.sizes(f"{info.name}/{SHARDS_DIR}")
             except Exception as exc:
@@ -293,10 +310,6 @@ class CheckpointStore:
             raise
         except Exception as exc:
             raise CheckpointError(f"could not read {self.backend.url(path)}: {_one_line(exc)}") from exc
-
-
-class _Unusable(CheckpointError):
-    """This checkpoint is torn or corrupt; an older one may still be good."""
 
 
 # -- the job record -------------------------------------------------------------------
@@ -413,7 +426,12 @@ def _info(name: str, url: str, manifest: Mapping[str, Any]) -> CheckpointInfo:
         files = {str(f): int(size) for f, size in dict(shards["files"]).items()}
         if shards.get("dir") != SHARDS_DIR or any("/" in f or f in ("", "..") for f in files):
             raise ValueError("the shards are not listed as plain file names of the dcp folder")
-        shards = {"files": files, "count": int(shards["count"])}
+        digests = None
+        if shards.get("sha256") is not None:
+            digests = {str(f): str(h) for f, h in dict(shards["sha256"]).items()}
+            if set(digests) != set(files) or not all(re.fullmatch(r"[0-9a-f]{64}", h) for h in digests.values()):
+                raise ValueError("the shard digests are not a SHA-256 hex digest for each listed file")
+        shards = {"files": files, "count": int(shards["count"]), "sha256": digests}
     return CheckpointInfo(
         name=name, url=url, step=int(manifest["step"]), created=float(manifest["created"]), size=int(data["size"]),
         sha256=sha, data_name=data_name,
@@ -423,6 +441,7 @@ def _info(name: str, url: str, manifest: Mapping[str, Any]) -> CheckpointInfo:
         format_version=int(manifest["format_version"]), torch_version=manifest.get("torch_version"),
         extra=dict(manifest.get("extra") or {}),
         shards=None if shards is None else shards["files"], shard_count=None if shards is None else shards["count"],
+        shard_digests=None if shards is None else shards["sha256"],
     )
 
 
@@ -434,57 +453,6 @@ def _time_of(name: str) -> datetime | None:
     except ValueError:
         return None
     return when if when is not None and when < _END_OF_TIME else None
-
-
-def safe_load(data: bytes, what: str) -> Any:
-    """``torch.load(weights_only=True)`` of ``data``; _Unusable, in one line that names what was refused (and
-    never torch's advice to load it with ``weights_only=False``), when it holds anything else."""
-    try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise _Unusable(f"its {what} holds something other than tensors and plain data ({_refusal(str(exc))}): "
-                        "torch.load(weights_only=True) refused it without running it") from None
-    except Exception as exc:  # RuntimeError for a bad archive
-        raise _Unusable(f"its {what} is not a readable torch.save archive: {_one_line(exc, 160)}") from None
-
-
-def _refusal(text: str) -> str:
-    """What torch's weights-only unpickler refused, without its advice (re-running with weights_only=False)."""
-    found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.\s|\.?$)", text, flags=re.M)
-    if found:
-        return _one_line(found.group(1), 160)
-    for part in re.split(r"\n\s*\n", text):
-        part = " ".join(part.split()).removeprefix("WeightsUnpickler error: ")
-        if part and not re.search(r"weights_only|Weights only load failed|Check the documentation", part):
-            return _one_line(re.split(r"(?<=\.) ", part)[0].rstrip("."), 160)
-    return "refused by the weights-only unpickler"
-
-
-def storage_reason(exc: BaseException, seen: BaseException | None = None) -> str:
-    """Why storage refused a write, in one line: "no space left on device" for a full disk (ENOSPC, EDQUOT)
-    wherever it hides (``seen``: an OSError our own stream caught before torch reworded it as
-    ``unexpected pos ...``; the exception's causes; torch DCP's per-rank failures), else the error's text."""
-    for candidate in _causes(exc, seen):
-        if isinstance(candidate, OSError) and candidate.errno in (errno.ENOSPC, errno.EDQUOT):
-            name = "ENOSPC" if candidate.errno == errno.ENOSPC else "EDQUOT"
-            where = f" writing {candidate.filename}" if candidate.filename else ""
-            return f"no space left on device ({name}{where})"
-    return _one_line(seen if isinstance(seen, OSError) else exc)
-
-
-def _causes(exc: BaseException, seen: BaseException | None) -> list[BaseException]:
-    out: list[BaseException] = [seen] if seen is not None else []
-    todo: list[Any] = [exc]
-    while todo and len(out) < 64:
-        item = todo.pop()
-        if not isinstance(item, BaseException) or item in out:
-            continue
-        out.append(item)
-        todo += [item.__cause__, item.__context__]
-        failures = getattr(item, "failures", None)  # torch DCP's CheckpointException: {rank: (exception, trace)}
-        if isinstance(failures, dict):
-            todo += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
-    return out
 
 
 def _one_line(text: object, limit: int = 300) -> str:

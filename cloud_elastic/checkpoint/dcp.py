@@ -1,0 +1,377 @@
+"""torch DCP storage for sharded checkpoints that loads without unpickling what storage holds.
+
+torch's own DCP reader unpickles ``.metadata`` with a full unpickler, and its default load
+planner reads every non-tensor item (an optimizer's ``param_groups``) with
+``torch.load(weights_only=False)``: whoever can write the checkpoint storage could run code
+in every worker that resumes. Here:
+
+* **Writing** (:func:`digesting_writer`): DCP's files are written as usual (``.metadata``
+  too, so plain ``torch.distributed.checkpoint.load`` still reads them), while each
+  worker hashes every file as it streams out. The digests travel to the coordinator
+  with DCP's own write results; the coordinator also writes :data:`METADATA_JSON`, DCP's
+  metadata as JSON, and keeps every file's size and SHA-256 in ``files`` for the
+  manifest (``CheckpointStore.publish_sharded``).
+* **Reading** (:func:`verifying_reader`): the metadata comes from :data:`METADATA_JSON`,
+  parsed strictly (dtypes from an allowlist, plain file names, integers);
+  ``.metadata`` is never opened. Every file is checked against the size and SHA-256 its
+  manifest lists before DCP reads a byte of it; a file the manifest does not list is
+  refused. Tensors are read by DCP with ``torch.load(weights_only=True)``, and
+  :class:`SafeLoadPlanner` reads the non-tensor items with ``weights_only=True`` too.
+  A mismatch raises :class:`ShardCorrupt`, which the loader answers by falling back to
+  the previous checkpoint.
+
+A file replaced between its check and its reading (someone writing the storage during the
+load) is not detected; it still cannot run code. See docs/checkpoints.md, "Trust".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from cloud_elastic.checkpoint.api import CheckpointError
+from cloud_elastic.checkpoint.safety import Unusable as _Unusable
+from cloud_elastic.checkpoint.safety import safe_load
+
+__all__ = ["METADATA_JSON", "SafeLoadPlanner", "ShardCorrupt", "digesting_writer", "verifying_reader"]
+
+#: DCP's metadata as JSON, beside DCP's own pickled ``.metadata`` (which only plain DCP reads).
+METADATA_JSON = "metadata.json"
+_FORMAT = "cloud-elastic-dcp-metadata"
+_CHUNK = 1 << 20
+_MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
+                   "preserve_format": torch.preserve_format}
+_DTYPES = {name: value for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
+
+
+class ShardCorrupt(_Unusable):
+    """A shard file differs from its manifest (digest, size, missing, unlisted) or holds what a checkpoint may
+    not: this checkpoint is unusable, and an older one may be fine."""
+
+
+# -- writing ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _FileDigests:
+    """One worker's files and their ``(size, sha256)``, appended to its DCP write results for the coordinator."""
+
+    files: dict[str, tuple[int, str]]
+
+
+class _HashingStream:
+    """A write stream that hashes what passes through it; it refuses to seek, so the hash is of the file."""
+
+    def __init__(self, raw: Any, errors: list[OSError]) -> None:
+        self._raw, self._errors = raw, errors
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        try:
+            written = self._raw.write(view)
+        except OSError as exc:  # torch rewords it ("unexpected pos ..."): keep it for the message
+            self._errors.append(exc)
+            raise
+        written = len(view) if written is None else written
+        self._sha.update(view[:written])
+        self.size += written
+        return written
+
+    def seekable(self) -> bool:
+        return False
+
+    def seek(self, *args: Any) -> int:
+        raise io.UnsupportedOperation("a checkpoint file is hashed as it is written and cannot seek")
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno (fsync), close
+        return getattr(self._raw, name)
+
+
+class _HashingFS:
+    """torch DCP's file system object, whose write streams hash what they write, by file name."""
+
+    def __init__(self, inner: Any, digests: dict[str, tuple[int, str]], errors: list[OSError]) -> None:
+        self._inner, self._digests, self._errors = inner, digests, errors
+
+    @contextlib.contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        with self._inner.create_stream(path, mode) as stream:
+            if "w" not in mode:
+                yield stream
+                return
+            hashing = _HashingStream(stream, self._errors)
+            yield hashing
+        self._digests[os.path.basename(os.fspath(path))] = (hashing.size, hashing.hexdigest())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _DigestingWriter:
+    """Mixed in before a torch DCP writer class (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        self._digests: dict[str, tuple[int, str]] = {}
+        #: OSErrors the write streams saw (a full disk), for a message torch's wording hides.
+        self.io_errors: list[OSError] = []
+        #: On the coordinator after a save: every file of the checkpoint and its ``(size, sha256)``.
+        self.files: dict[str, tuple[int, str]] | None = None
+        self.fs = _HashingFS(self.fs, self._digests, self.io_errors)
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        from torch.futures import Future
+
+        results = list(super().write_data(plan, planner).wait())  # type: ignore[misc]
+        mine = {r.storage_data.relative_path for r in results}
+        done: Future = Future()
+        done.set_result([*results, _FileDigests({name: self._digests[name] for name in mine})])
+        return done
+
+    def finish(self, metadata: Any, results: list[list[Any]]) -> None:
+        digests: dict[str, tuple[int, str]] = {}
+        plain = []
+        for per_rank in results:
+            plain.append([r for r in per_rank if not isinstance(r, _FileDigests)])
+            for r in per_rank:
+                if isinstance(r, _FileDigests):
+                    digests.update(r.files)
+        super().finish(metadata, plain)  # type: ignore[misc]  # DCP's .metadata, for plain DCP
+        temporary = [n for n in self._digests if n.startswith(".metadata") and n.endswith(".tmp")]
+        if temporary:
+            digests[".metadata"] = self._digests[temporary[0]]
+        body = json.dumps(encode_metadata(metadata), sort_keys=True).encode()
+        with self.fs.create_stream(self.fs.concat_path(self.path, METADATA_JSON), "wb") as f:
+            f.write(body)
+            with contextlib.suppress(AttributeError, io.UnsupportedOperation):
+                os.fsync(f.fileno())
+        digests[METADATA_JSON] = (len(body), hashlib.sha256(body).hexdigest())
+        self.files = digests
+
+
+def digesting_writer(path: str, fsspec_options: Mapping[str, Any] | None = None) -> Any:
+    """A DCP storage writer for the folder ``path`` (a local path, or an fsspec URL with ``fsspec_options``)."""
+    if fsspec_options is None:
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        return type("DigestingFileSystemWriter", (_DigestingWriter, FileSystemWriter), {})(path)
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    return type("DigestingFsspecWriter", (_DigestingWriter, FsspecWriter), {})(path, **fsspec_options)
+
+
+# -- reading ---------------------------------------------------------------------------------------------------
+
+
+class _VerifyingFS:
+    """torch DCP's file system object, whose read streams open only files whose digest matches the manifest."""
+
+    def __init__(self, inner: Any, expected: Mapping[str, tuple[int, str]], where: str) -> None:
+        self._inner, self._expected, self._where = inner, expected, where
+        self._verified: set[str] = set()
+
+    @contextlib.contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        if "w" not in mode and "a" not in mode and "+" not in mode:
+            self._verify(path)
+        with self._inner.create_stream(path, mode) as stream:
+            yield stream
+
+    def _verify(self, path: Any) -> None:
+        name = os.path.basename(os.fspath(path))
+        if name in self._verified:
+            return
+        if name not in self._expected:
+            raise ShardCorrupt(f"its shard file {name!r} is not listed in its manifest")
+        size, sha256 = self._expected[name]
+        digest, read = hashlib.sha256(), 0
+        try:
+            with self._inner.create_stream(path, "rb") as stream:
+                while chunk := stream.read(_CHUNK):
+                    digest.update(chunk)
+                    read += len(chunk)
+        except FileNotFoundError:
+            raise ShardCorrupt(f"its shard file {name} is missing") from None
+        except OSError as exc:  # storage trouble, not a bad checkpoint: no fallback over it
+            raise CheckpointError(f"could not read {self._where}/{name}: {' '.join(str(exc).split())}") from exc
+        if read != size or digest.hexdigest() != sha256:
+            raise ShardCorrupt(f"its shard file {name} does not match the size and SHA-256 digest in its manifest")
+        self._verified.add(name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _VerifyingReader:
+    """Mixed in before a torch DCP reader class (see the module docstring)."""
+
+    def __init__(self, path: str, expected: Mapping[str, tuple[int, str]], **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)  # type: ignore[call-arg]
+        self.fs = _VerifyingFS(self.fs, dict(expected), str(path))
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        with self.fs.create_stream(self.fs.concat_path(self.path, METADATA_JSON), "rb") as f:
+            raw = f.read()
+        try:
+            metadata = decode_metadata(json.loads(raw))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ShardCorrupt(f"its {METADATA_JSON} is not DCP metadata: {' '.join(str(exc).split())[:200]}") \
+                from None
+        metadata.storage_meta = StorageMeta(load_id=self.load_id)  # type: ignore[attr-defined]
+        return metadata
+
+
+def verifying_reader(path: str, expected: Mapping[str, tuple[int, str]],
+                     fsspec_options: Mapping[str, Any] | None = None) -> Any:
+    """A DCP storage reader for the folder ``path`` that reads only files matching ``expected``
+    (name -> ``(size, sha256)``, from the manifest)."""
+    if fsspec_options is None:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return type("VerifyingFileSystemReader", (_VerifyingReader, FileSystemReader), {})(path, expected)
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    return type("VerifyingFsspecReader", (_VerifyingReader, FsspecReader), {})(path, expected, **fsspec_options)
+
+
+def _safe_load_planner_class() -> type:
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class _SafeLoadPlanner(DefaultLoadPlanner):
+        """DCP's default load planner, but non-tensor items are read with ``torch.load(weights_only=True)``."""
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            fqn = read_item.dest_index.fqn
+            try:
+                obj = safe_load(value.getvalue(), f"shard item {fqn!r}")
+            except _Unusable as exc:
+                raise ShardCorrupt(str(exc)) from None
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
+
+    return _SafeLoadPlanner
+
+
+def SafeLoadPlanner() -> Any:  # noqa: N802 - reads as the class it builds (torch imported lazily)
+    """A DCP load planner that never reads a non-tensor item with a full unpickler."""
+    return _safe_load_planner_class()()
+
+
+# -- DCP's metadata as JSON --------------------------------------------------------------------------------------
+
+
+def encode_metadata(metadata: Any) -> dict[str, Any]:
+    """DCP's ``Metadata`` as JSON values: what loading needs (items, chunks, where each is stored)."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+    formats = {v: k for k, v in _MEMORY_FORMATS.items()}
+    items: dict[str, Any] = {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        if isinstance(md, BytesStorageMetadata):
+            items[fqn] = {"kind": "bytes"}
+        elif isinstance(md, TensorStorageMetadata):
+            props = md.properties
+            if props.layout != torch.strided:
+                raise CheckpointError(f"cannot checkpoint {fqn}: its layout {props.layout} is not strided")
+            items[fqn] = {"kind": "tensor", "dtype": str(props.dtype).removeprefix("torch."), "size": list(md.size),
+                          "requires_grad": bool(props.requires_grad), "pin_memory": bool(props.pin_memory),
+                          "memory_format": formats[props.memory_format],
+                          "chunks": [[list(c.offsets), list(c.sizes)] for c in md.chunks]}
+        else:
+            raise CheckpointError(f"cannot checkpoint {fqn}: DCP stores it as {type(md).__name__}")
+    storage = [{"fqn": index.fqn, "offset": None if index.offset is None else list(index.offset),
+                "index": index.index, "file": info.relative_path, "at": info.offset, "length": info.length,
+                "transforms": list(getattr(info, "transform_descriptors", None) or [])}
+               for index, info in metadata.storage_data.items()]
+    return {"format": _FORMAT, "version": 1, "dcp_version": metadata.version, "items": items, "storage": storage}
+
+
+def decode_metadata(body: Any) -> Any:
+    """The ``Metadata`` :func:`encode_metadata` wrote; ValueError/TypeError/KeyError on anything else."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    if not isinstance(body, dict) or body.get("format") != _FORMAT or body.get("version") != 1:
+        raise ValueError("not cloud-elastic's DCP metadata, version 1")
+    items: dict[str, Any] = {}
+    for fqn, item in _dict(body["items"]).items():
+        item = _dict(item)
+        if item["kind"] == "bytes":
+            items[fqn] = BytesStorageMetadata()
+            continue
+        if item["kind"] != "tensor" or item["dtype"] not in _DTYPES:
+            raise ValueError(f"item {fqn!r}: not a tensor of a known dtype")
+        props = TensorProperties(dtype=_DTYPES[item["dtype"]], layout=torch.strided,
+                                 requires_grad=_bool(item["requires_grad"]), pin_memory=_bool(item["pin_memory"]),
+                                 memory_format=_MEMORY_FORMATS[item["memory_format"]])
+        chunks = [ChunkStorageMetadata(offsets=torch.Size(_ints(o)), sizes=torch.Size(_ints(s)))
+                  for o, s in _list(item["chunks"])]
+        items[fqn] = TensorStorageMetadata(properties=props, size=torch.Size(_ints(item["size"])), chunks=chunks)
+    storage = {}
+    for entry in _list(body["storage"]):
+        entry = _dict(entry)
+        name = entry["file"]
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
+            raise ValueError(f"{name!r} is not a plain file name")
+        if _list(entry["transforms"]):
+            raise ValueError("stream transforms are not read")
+        index = entry["index"]
+        key = MetadataIndex(_str(entry["fqn"]), None if entry["offset"] is None else _ints(entry["offset"]),
+                            None if index is None else _ints([index])[0])
+        storage[key] = _StorageInfo(name, *_ints([entry["at"], entry["length"]]))
+    version = body.get("dcp_version")
+    return Metadata(state_dict_metadata=items, storage_data=storage, version=None if version is None else str(version))
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise TypeError("expected an object")
+    return value
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError("expected a list")
+    return value
+
+
+def _ints(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(type(v) is int and v >= 0 for v in value):
+        raise TypeError("expected a list of non-negative integers")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if type(value) is not bool:
+        raise TypeError("expected true or false")
+    return value
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("expected a string")
+    return value
