@@ -47,20 +47,43 @@ except CheckpointError as exc:
 """
 
 
-def test_a_checkpoint_written_to_a_full_disk_says_no_space_left_on_device(tmp_path):
-    """A real full file system: a 256 kB tmpfs mounted in a private mount namespace (unshare, no root needed
-    where user namespaces are allowed). Before: torch's ``unexpected pos 704 vs 598``."""
+_FULL_DISK_SHARDED_SAVE = """
+import sys
+sys.path.insert(0, ".")
+from tests.unit.test_sharded_checkpoint import _ctx, _state, _train
+from cloud_elastic.checkpoint.sharded import ShardedCheckpoints
+from cloud_elastic.checkpoint.worker import DurableSettings
+state = _state()
+_train(state, 1)
+print("REFUSED", ShardedCheckpoints(DurableSettings(sys.argv[1], background=False), _ctx()).finish(state))
+"""
+
+
+def _on_a_full_disk(tmp_path, size: str, code: str) -> str:
+    """Run ``code`` with a checkpoint folder on a real full file system: a small tmpfs mounted in a private mount
+    namespace (unshare: no root needed where user namespaces are allowed); its REFUSED line."""
     if shutil.which("unshare") is None:
         pytest.skip("no unshare(1) to mount a small file system")
     mount = tmp_path / "small"
     mount.mkdir()
-    script = (f"mount -t tmpfs -o size=256k tmpfs {mount} || exit 77; "
-              f"exec {sys.executable} -c '{_FULL_DISK_SAVE}' {mount}/ckpt")
+    script = f"mount -t tmpfs -o size={size} tmpfs {mount} || exit 77; exec {sys.executable} -c '{code}' {mount}/ckpt"
     done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, capture_output=True, text=True,
                           timeout=90)
     if done.returncode == 77 or "unshare:" in done.stderr:
         pytest.skip(f"cannot mount a small file system here: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr
     [line] = [line for line in done.stdout.splitlines() if line.startswith("REFUSED")]
+    return line
+
+
+def test_a_checkpoint_written_to_a_full_disk_says_no_space_left_on_device(tmp_path):
+    """Before: torch's ``unexpected pos 704 vs 598``."""
+    line = _on_a_full_disk(tmp_path, "256k", _FULL_DISK_SAVE)
     assert "no space left on device" in line and "unexpected pos" not in line, line
-    assert f"{mount}/ckpt/ckpt-" in line  # the checkpoint it could not write
+    assert f"{tmp_path}/small/ckpt/ckpt-" in line  # the checkpoint it could not write
+
+
+def test_a_sharded_checkpoint_written_to_a_full_disk_says_no_space_left_on_device(tmp_path):
+    line = _on_a_full_disk(tmp_path, "24k", _FULL_DISK_SHARDED_SAVE)
+    assert line.startswith("REFUSED the final checkpoint (step 1) was not written: torch DCP could not write the "
+                           "shards: no space left on device"), line
