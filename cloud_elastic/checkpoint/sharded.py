@@ -7,9 +7,9 @@ the checkpoint together, each its own shards, with torch's distributed checkpoin
 over the host's own group, into the folder ``dcp/`` of a new checkpoint folder of the
 job's :class:`~cloud_elastic.checkpoint.store.CheckpointStore`. Rank 0 (local rank 0 of that
 host) then writes the state's other values (``state.pt``, as for a replica: the step,
-the sampler, any plain value) and the manifest, which lists DCP's files and their sizes.
-A reader that finds the manifest finds every shard; one whose files are missing or of
-another size is skipped for the previous checkpoint, as a torn replica's is.
+the sampler, any plain value) and the manifest, which lists DCP's files with their sizes
+and SHA-256 digests (computed as each worker wrote its files: :mod:`cloud_elastic.checkpoint.dcp`).
+A reader that finds the manifest finds every shard.
 
 * **When.** At the first commit of a host that becomes host 0, then every
   ``--checkpoint-interval``, and at every commit while the driver is unreachable, each
@@ -33,17 +33,19 @@ another size is skipped for the previous checkpoint, as a torn replica's is.
 * **Loading.** In a round the driver formed ``from_checkpoint``, the workers of host 0
   load the newest usable checkpoint: local rank 0 picks it and tells the others, each
   loads its shards with DCP (which reshards: a checkpoint written by 2 workers a host
-  loads into 1 or 4), and the round's state sync gives them to the other hosts. No
-  usable checkpoint is a :class:`CheckpointError`: the worker exits rather than train
-  from initial weights.
+  loads into 1 or 4), and the round's state sync gives them to the other hosts. Each
+  file is checked against its manifest's digest before a byte of it is read; a
+  checkpoint with a bad file (any worker's) or a bad ``state.pt`` is skipped for the
+  previous one by every worker of the host together. No usable checkpoint is a
+  :class:`CheckpointError`: the worker exits rather than train from initial weights.
 * **What is in it.** The sharded model and its optimizers (those over DTensor
   parameters) under their attribute names, as ``get_model_state_dict`` and
   ``get_optimizer_state_dict`` give them (keyed by parameter name, so the layout may
   change between writing and loading); everything else in ``state.pt``.
 
-DCP's own ``.metadata`` file is a pickle, which loading unpickles: unlike a replica's
-checkpoint (``torch.load(weights_only=True)``), a sharded one must come from storage the
-job trusts.
+Loading unpickles nothing from storage: DCP's metadata comes from its JSON copy (DCP's own
+``.metadata`` pickle is never opened) and every item, tensor or not, is read with
+``torch.load(weights_only=True)`` (docs/checkpoints.md, "Trust").
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ Layout below the store's URL::
         state.pt                                      torch.save(payload), written first
         manifest.json                                 written last: step, digest, ...
     ckpt-...-step000000001300/                        a sharded checkpoint (hvd.shard, checkpoint.sharded):
-        dcp/                                          torch DCP's files, by the workers of one host, first
+        dcp/                                          torch DCP's files, by the workers of one host, first,
+                                                      and metadata.json (checkpoint.dcp)
         state.pt                                      the state's other values
-        manifest.json                                 last, listing dcp/'s files and sizes (format version 2)
+        manifest.json                                 last, listing dcp/'s files, sizes and SHA-256 digests
 
 A checkpoint exists once its manifest does. The data object is written and
 published first, the manifest after it, so a reader that finds a manifest
@@ -21,6 +22,8 @@ past the newest existing name), which is the order ``latest()`` tries them.
 
 The payload is ``torch.save`` output of tensors and plain data and is loaded
 with ``torch.load(weights_only=True)``: nothing in a checkpoint can run code.
+The store lists no symbolic link and no folder whose name holds an impossible
+time: it never loads, follows or deletes what it did not write.
 """
 
 from __future__ import annotations
