@@ -46,6 +46,8 @@ __all__ = ["METADATA_JSON", "SafeLoadPlanner", "ShardCorrupt", "digesting_writer
 METADATA_JSON = "metadata.json"
 _FORMAT = "cloud-elastic-dcp-metadata"
 _CHUNK = 1 << 20
+#: The largest metadata.json read (its digest is checked first, but the manifest may be an attacker's too).
+_MAX_METADATA_BYTES = 256 << 20
 _MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
                    "preserve_format": torch.preserve_format}
 _DTYPES = {name: value for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
@@ -189,13 +191,17 @@ class _VerifyingFS:
         with self._inner.create_stream(path, mode) as stream:
             yield stream
 
+    def expected(self, name: str) -> tuple[int, str]:
+        """The size and SHA-256 the manifest lists for ``name``; ShardCorrupt when it lists no such file."""
+        if name not in self._expected:
+            raise ShardCorrupt(f"its shard file {name!r} is not listed in its manifest")
+        return self._expected[name]
+
     def _verify(self, path: Any) -> None:
         name = os.path.basename(os.fspath(path))
         if name in self._verified:
             return
-        if name not in self._expected:
-            raise ShardCorrupt(f"its shard file {name!r} is not listed in its manifest")
-        size, sha256 = self._expected[name]
+        size, sha256 = self.expected(name)
         digest, read = hashlib.sha256(), 0
         try:
             with self._inner.create_stream(path, "rb") as stream:
@@ -220,15 +226,25 @@ class _VerifyingReader:
     def __init__(self, path: str, expected: Mapping[str, tuple[int, str]], **kwargs: Any) -> None:
         super().__init__(path, **kwargs)  # type: ignore[call-arg]
         self.fs = _VerifyingFS(self.fs, dict(expected), str(path))
+        self._metadata: Any = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        """DCP's metadata from :data:`METADATA_JSON` (verified, parsed strictly; read once, then kept)."""
+        if self._metadata is None:
+            self._metadata = self._read_metadata()
+        return self._metadata
+
+    def _read_metadata(self) -> Any:
         from torch.distributed.checkpoint.metadata import StorageMeta
 
+        size, _ = self.fs.expected(METADATA_JSON)
+        if size > _MAX_METADATA_BYTES:
+            raise ShardCorrupt(f"its {METADATA_JSON} is {size} bytes, over the {_MAX_METADATA_BYTES} read")
         with self.fs.create_stream(self.fs.concat_path(self.path, METADATA_JSON), "rb") as f:
-            raw = f.read()
+            raw = f.read(_MAX_METADATA_BYTES + 1)
         try:
             metadata = decode_metadata(json.loads(raw))
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise ShardCorrupt(f"its {METADATA_JSON} is not DCP metadata: {' '.join(str(exc).split())[:200]}") \
                 from None
         metadata.storage_meta = StorageMeta(load_id=self.load_id)  # type: ignore[attr-defined]

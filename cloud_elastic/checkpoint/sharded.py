@@ -245,8 +245,11 @@ class ShardedCheckpoints:
     def _load_one(self, state: Any, chosen: CheckpointInfo) -> tuple[Any, frozenset[str]]:
         """``chosen``'s other values (verified) and its shards, loaded into ``state``, with the names of the sharded
         attributes; _Fallback (on every worker of the host) when it is unusable, the state left at its last commit."""
+        storage = None
         try:
             checkpoint, trouble, why = self.store.load(chosen), _OK, ""
+            storage = self.store.shard_storage(chosen.name, writing=False, info=chosen)
+            storage.read_metadata()  # verified and parsed here, where a failure is ours to report (DCP would retry it)
         except _Unusable as exc:
             checkpoint, trouble, why = None, _UNUSABLE, str(exc)
         except CheckpointError as exc:
@@ -258,7 +261,7 @@ class ShardedCheckpoints:
             raise _Fallback(why or "a worker of this host found it unusable")
         tensors, skip = sharded_parts(state)
         try:
-            _load(tensors, self.store.shard_storage(chosen.name, writing=False, info=chosen))
+            _load(tensors, storage)
             _set(state, tensors)
         except (Exception, _DCP_ERROR) as exc:
             state.restore()

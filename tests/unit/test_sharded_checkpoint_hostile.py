@@ -169,3 +169,29 @@ def test_a_sharded_checkpoint_without_digests_is_never_loaded(tmp_path, caplog):
     with pytest.raises(CheckpointError, match="no usable checkpoint"):
         _load(tmp_path, caplog)
     assert any("no SHA-256 digests of its shard files" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("tamper,reason", [
+    (lambda md: md["storage"][0].update(file="../../state.pt"), "is not DCP metadata: '../../state.pt' is not a plain"),
+    (lambda md: md["storage"][0].update(file="__9_0.distcp"), "its shard file '__9_0.distcp' is not listed"),
+    (lambda md: next(i for i in md["items"].values() if i["kind"] == "tensor").update(dtype="object"),
+     "is not DCP metadata: item"),
+    (lambda md: md.update(items=[]), "is not DCP metadata: expected an object"),
+])
+def test_dcp_metadata_json_rewritten_with_its_manifest_is_parsed_strictly_and_falls_back(tmp_path, caplog, tamper,
+                                                                                         reason):
+    """The JSON metadata that replaced DCP's pickle, tampered with and its digest fixed in the manifest: file names
+    outside the listed ones and unknown dtypes are refused, and the previous checkpoint loads."""
+    at_2, newest, _ = _two_checkpoints(tmp_path)
+    path = newest / "dcp" / "metadata.json"
+    metadata = json.loads(path.read_text())
+    tamper(metadata)
+    path.write_text(json.dumps(metadata))
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["shards"]["files"]["metadata.json"] = path.stat().st_size
+    manifest["shards"]["sha256"]["metadata.json"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    loaded, values, warnings = _load(tmp_path, caplog)
+    assert loaded.step == 2 and all(torch.equal(a, b) for a, b in zip(values, at_2))
+    warning = next(w for w in warnings if newest.name in w)
+    assert reason in warning and "falling back to the previous one" in warning, warning
