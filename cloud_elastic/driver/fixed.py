@@ -141,10 +141,7 @@ class FixedSize:
             return True
         if self._succeeded == 0:
             return False  # no round of this attempt yet (a restart): launches and the first round go on
-        for w in job.alive():
-            w.to(S.EXITING, "the job completed before it joined")
-            job.act(Stop(w.worker_id, "the job completed before it joined"))
-        job.forget_alive()
+        # Every member exited 0. Workers that never joined are stopped with the job (Finish).
         after = f" after {self.restarts} restart(s)" if self.restarts else ""
         job.end(True, f"training completed on {self._succeeded} worker(s), every one exiting 0{after} "
                       f"({FIXED_SIZE})", 0)

@@ -131,3 +131,12 @@ def test_the_completion_report_carries_elastic_and_older_workers_count_as_elasti
     assert CompletedReport.from_wire({"round": 1, "commit_seq": 3}).elastic is True
     with pytest.raises(ControlPlaneError, match="'elastic' must be true or false"):
         CompletedReport.from_wire({"round": 1, "elastic": "no"})
+
+
+def test_a_silent_worker_of_a_fixed_size_job_fails_it_without_blacklisting() -> None:
+    sim = started(2, {"a": 2}, heartbeat_timeout_s=5)
+    assert sim.job.completed(sim.id("a[1]"), sim.now, elastic=False) == ("done", "")
+    sim.silent.add(sim.id("a[0]"))
+    sim.advance(7)
+    failed(sim, "worker a[0]#1 (rank 0)", "a fixed-size job")
+    assert not sim.blocked("a[0]") and not sim.blocked("a[1]")
