@@ -89,6 +89,7 @@ def test_with_restarts_a_failure_stops_every_worker_then_starts_the_job_again() 
     script_ends(sim, "a[0]")
     script_ends(sim, "a[1]")
     assert sim.outcome.success and "after 1 restart(s)" in sim.outcome.reason, sim.outcome
+    assert "rollback" not in kinds(sim)  # a restart starts the script over: nothing rolled back
 
 
 def test_restarts_run_out() -> None:
