@@ -212,6 +212,7 @@ class Completion:
             # collective that the parked members did join.
             if rank0.waiting_s < EARLY_RETURN_WAIT_S or rank0.waiting_at <= max(self._parked.values()):
                 return
+        backed_off: dict[Slot, float] = {}  # slots backed off in this call: one host's early returns count once
         for worker_id in sorted(self._parked):
             w = job.workers[worker_id]
             if not w.alive or w.state not in _MEMBER:
@@ -225,7 +226,7 @@ class Completion:
                        f"while rank 0 ({rank0.worker_id}) was still training (at commit {rank0.commit_seq}, "
                        f"{rank0.steps} step(s))")
                 w.returned_early = True  # its worker_left event says so when its process ends
-                w.cooldown_s = self._back_off(w, now)
+                w.cooldown_s = self._back_off(w, now, backed_off)
                 self._explain(w, why)
             w.to(S.EXITING, why)
             self._take_host_along(w)
@@ -235,18 +236,22 @@ class Completion:
             job.last_failure = "a member returned from its training function while rank 0 was still training"
             job.abort()
 
-    def _back_off(self, w: WorkerRecord, now: float) -> float:
+    def _back_off(self, w: WorkerRecord, now: float, done: dict[Slot, float]) -> float:
         """``w`` returned early: its slot (its host's, under ``--whole-hosts``) cools down as after a failure.
 
         The blacklist's own back-off, not a second one: the n-th early return (or
         failure) of a slot keeps new workers off it for ``lo * 2**(n-1)`` seconds
-        within ``--blacklist-cooldown-range``. Returns that wait.
+        within ``--blacklist-cooldown-range``. Returns that wait. ``done``: the slots already backed
+        off at ``now`` and their waits (several host-mates returning early together count once).
         """
         blacklist = self._job.hosts.blacklist
         slots = [w.slot]
         if self._job.policy.whole_host_slots:
             slots = [Slot(w.slot.host, i) for i in range(self._job.policy.whole_host_slots)]
-        return max(blacklist.record_failure(slot, now) for slot in slots)
+        for slot in slots:
+            if slot not in done:
+                done[slot] = blacklist.record_failure(slot, now)
+        return max(done[slot] for slot in slots)
 
     def _explain(self, w: WorkerRecord, why: str) -> None:
         """Log ``w``'s early return: the likely cause the first time in the job, one line after that."""

@@ -13,6 +13,7 @@ import logging
 
 import pytest
 
+from cloud_elastic.driver.hosts import Slot
 from cloud_elastic.driver.job import EARLY_RETURN_WAIT_S, WorkerState
 from tests.unit.test_job import CLEAN, Sim, assert_round, started
 
@@ -110,3 +111,19 @@ def test_a_cooldown_range_of_zero_refills_the_slot_at_once_as_before() -> None:
     sim.advance(0.5)
     assert sim.slots_launched().count("b[0]") == 2
     assert sim.job.workers[sim.id("b[0]")].state is WorkerState.STARTING
+
+
+def test_host_mates_returning_early_together_back_their_host_off_once() -> None:
+    from tests.unit.test_job_whole_hosts import whole
+
+    sim = whole(4, {"a": 2, "b": 2}, min_np=2)
+    sim.commit("a[0]", "a[1]", "b[0]", "b[1]", count=12)
+    for slot in ("b[0]", "b[1]"):
+        assert sim.job.completed(sim.id(slot), sim.now, commit_seq=12, steps=12) == ("wait", "")
+    sim.advance(1)
+    sim.job.heartbeat(sim.id("a[0]"), sim.now, waiting_s=EARLY_RETURN_WAIT_S + 0.5)
+    sim.advance(0.5)
+    blacklist = sim.job.hosts.blacklist
+    assert [blacklist.failures(s) for s in (Slot("b", 0), Slot("b", 1))] == [1, 1]
+    cooldowns = {sim.job.workers[sim.id(s)].cooldown_s for s in ("b[0]", "b[1]")}
+    assert len(cooldowns) == 1 and 10 <= cooldowns.pop() <= 11  # a first back-off, not a second one
