@@ -195,3 +195,37 @@ def test_dcp_metadata_json_rewritten_with_its_manifest_is_parsed_strictly_and_fa
     assert loaded.step == 2 and all(torch.equal(a, b) for a, b in zip(values, at_2))
     warning = next(w for w in warnings if newest.name in w)
     assert reason in warning and "falling back to the previous one" in warning, warning
+
+
+def test_over_fsspec_every_shard_file_is_digested_as_written_and_checked_before_reading(tmp_path, caplog):
+    """The same writer and reader over an fsspec URL (fsspec's in-memory file system, as s3:// or gs:// would be)."""
+    import uuid
+
+    import fsspec
+
+    from cloud_elastic.checkpoint.sharded import ShardedCheckpoints
+    from cloud_elastic.checkpoint.worker import DurableSettings
+
+    url = f"memory://ce-{uuid.uuid4().hex}/ckpt"
+    state, ctx = _state(), _ctx()
+    durable = ShardedCheckpoints(DurableSettings(url, keep=3), ctx)
+    for step in (2, 4):
+        _train(state, 2)
+        ctx.commit_seq = step
+        assert durable.finish(state) is None
+        if step == 2:
+            at_2 = _values(state)
+    fs = fsspec.filesystem("memory")
+    newest = sorted(p for p in fs.ls(url.removeprefix("memory:/"), detail=False) if "/ckpt-" in p)[-1]
+    manifest = json.loads(fs.cat_file(f"{newest}/manifest.json"))
+    shard = f"{newest}/dcp/__0_0.distcp"
+    raw = bytearray(fs.cat_file(shard))
+    assert manifest["shards"]["sha256"]["__0_0.distcp"] == hashlib.sha256(raw).hexdigest()
+    raw[len(raw) // 2] ^= 0xFF
+    fs.pipe_file(shard, bytes(raw))
+    other = _state(seed=9)
+    _train(other, 1)
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.checkpoint"):
+        assert ShardedCheckpoints(DurableSettings(url), _ctx()).load_latest(other).step == 2
+    assert all(torch.equal(a, b) for a, b in zip(_values(other), at_2))
+    assert any("__0_0.distcp does not match" in r.getMessage() for r in caplog.records)
