@@ -3,7 +3,8 @@
 Workers POST signed JSON (see :mod:`cloud_elastic.control`) to ``/v1/<kind>``;
 the server verifies each request and hands it to a handler function, whose
 result is sent back signed. Requests that fail verification are answered
-with a 4xx status, logged once per peer and reason, and never reach the
+with a 4xx status, logged once per kind of refusal and then counted (never keyed on
+the request's own bytes: see :class:`~.accepting.RefusalLog`), and never reach the
 handler: a forged, malformed or oversized message cannot change the job.
 
 One thread serves every connection (``selectors``): a large group keeps two

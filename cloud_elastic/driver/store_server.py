@@ -38,14 +38,15 @@ driver's process down or grow it without bound:
   abandoned round formation.
 * *Memory:* everything the store holds, keys, values, queued items, unfinished commands, awaited
   keys and unsent answers, stays within :data:`MAX_STORE_BYTES` (256 MiB; a Gloo round stores
-  about ``size * (160 + 8 * size)`` bytes, 150 KB at 128 workers, and a job's rounds add up). A
-  command is at most :data:`MAX_COMMAND_BYTES` (17 MiB: ``COMPARE_SET``'s two 8 MiB values and its
-  key), a value at most :data:`MAX_PAYLOAD_BYTES` (an ``APPEND`` past it is refused; there was no
-  bound, and 48 appends of 8 MiB grew the driver to 445 MB), an answer at most a command's size;
-  a client that does not read its answers is not read from past :data:`MAX_OUTBOX_BYTES`.
+  about ``size * (250 + 8 * size)`` bytes, 160 KB at 128 workers, and nothing deletes a finished
+  round's keys: some 1,600 rounds of 128). A command is at most :data:`MAX_COMMAND_BYTES` (17 MiB:
+  ``COMPARE_SET``'s two 8 MiB values and its key), a value at most :data:`MAX_PAYLOAD_BYTES` (an
+  ``APPEND`` past it is refused; there was no bound, and 48 appends of 8 MiB grew the driver to
+  445 MB), an answer at most a command's size; a client that does not read its answers is not
+  read from past :data:`MAX_OUTBOX_BYTES` (1 MiB) of them.
 * *CPU:* each command is parsed once, field by field as its bytes arrive (a parser that resumes;
   the previous one re-read an unfinished command from its first byte on every 64 KiB read, so a
-  large ``MULTI_SET`` took minutes of CPU).
+  large ``MULTI_SET`` took over a minute of CPU).
 
 A client past a bound is disconnected (torch's protocol has no error answer): its next call
 fails. Refusals are logged once per kind, then counted (:class:`~.accepting.RefusalLog`), never
