@@ -167,7 +167,7 @@ class StoreServer:
     """Serves torch's store protocol on ``listener`` (bound and listening) from a daemon thread until :meth:`close`.
 
     ``max_bytes``, ``max_peer_connections`` and ``validate_timeout_s`` override the module's bounds
-    (tests use small ones).
+    (see the module docstring); the driver uses the defaults.
     """
 
     def __init__(self, listener: socket.socket, *, max_bytes: int = MAX_STORE_BYTES,
@@ -232,7 +232,7 @@ class StoreServer:
                     self._accept()
                 elif key.data == "wake":
                     self._wake_r.recv(64)
-                else:
+                elif key.data.open:  # not disconnected earlier in this round of events
                     client = key.data
                     if mask & selectors.EVENT_WRITE:
                         self._flush(client)
