@@ -15,8 +15,8 @@ in every worker that resumes. Here:
   parsed strictly (dtypes from an allowlist, plain file names, integers);
   ``.metadata`` is never opened. Every file is checked against the size and SHA-256 its
   manifest lists before DCP reads a byte of it; a file the manifest does not list is
-  refused. Tensors are read by DCP with ``torch.load(weights_only=True)``, and
-  :class:`SafeLoadPlanner` reads the non-tensor items with ``weights_only=True`` too.
+  refused. Tensors are read by DCP with ``torch.load(weights_only=True)``, and the planner of
+  :func:`safe_load_planner` reads the non-tensor items with ``weights_only=True`` too.
   A mismatch raises :class:`ShardCorrupt`, which the loader answers by falling back to
   the previous checkpoint.
 
@@ -27,6 +27,7 @@ load) is not detected; it still cannot run code. See docs/checkpoints.md, "Trust
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -40,7 +41,7 @@ from cloud_elastic.checkpoint.api import CheckpointError
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import safe_load
 
-__all__ = ["METADATA_JSON", "SafeLoadPlanner", "ShardCorrupt", "digesting_writer", "verifying_reader"]
+__all__ = ["METADATA_JSON", "ShardCorrupt", "digesting_writer", "safe_load_planner", "verifying_reader"]
 
 #: DCP's metadata as JSON, beside DCP's own pickled ``.metadata`` (which only plain DCP reads).
 METADATA_JSON = "metadata.json"
@@ -166,12 +167,8 @@ class _DigestingWriter:
 def digesting_writer(path: str, fsspec_options: Mapping[str, Any] | None = None) -> Any:
     """A DCP storage writer for the folder ``path`` (a local path, or an fsspec URL with ``fsspec_options``)."""
     if fsspec_options is None:
-        from torch.distributed.checkpoint import FileSystemWriter
-
-        return type("DigestingFileSystemWriter", (_DigestingWriter, FileSystemWriter), {})(path)
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
-    return type("DigestingFsspecWriter", (_DigestingWriter, FsspecWriter), {})(path, **fsspec_options)
+        return _mixed(_DigestingWriter, "FileSystemWriter")(path)
+    return _mixed(_DigestingWriter, "FsspecWriter")(path, **fsspec_options)
 
 
 # -- reading ---------------------------------------------------------------------------------------------------
@@ -256,14 +253,23 @@ def verifying_reader(path: str, expected: Mapping[str, tuple[int, str]],
     """A DCP storage reader for the folder ``path`` that reads only files matching ``expected``
     (name -> ``(size, sha256)``, from the manifest)."""
     if fsspec_options is None:
-        from torch.distributed.checkpoint import FileSystemReader
-
-        return type("VerifyingFileSystemReader", (_VerifyingReader, FileSystemReader), {})(path, expected)
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-    return type("VerifyingFsspecReader", (_VerifyingReader, FsspecReader), {})(path, expected, **fsspec_options)
+        return _mixed(_VerifyingReader, "FileSystemReader")(path, expected)
+    return _mixed(_VerifyingReader, "FsspecReader")(path, expected, **fsspec_options)
 
 
+@functools.cache
+def _mixed(mixin: type, base_name: str) -> type:
+    """``mixin`` over torch DCP's class ``base_name`` (imported here: torch's DCP only when a checkpoint needs it)."""
+    if base_name.startswith("Fsspec"):
+        from torch.distributed.checkpoint import _fsspec_filesystem as module
+    else:
+        import torch.distributed.checkpoint as module
+    base = getattr(module, base_name)
+    prefix = mixin.__name__.lstrip("_").removesuffix("Writer").removesuffix("Reader")  # Digesting, Verifying
+    return type(prefix + base_name, (mixin, base), {})
+
+
+@functools.cache
 def _safe_load_planner_class() -> type:
     from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.checkpoint._traverse import set_element
@@ -285,8 +291,8 @@ def _safe_load_planner_class() -> type:
     return _SafeLoadPlanner
 
 
-def SafeLoadPlanner() -> Any:  # noqa: N802 - reads as the class it builds (torch imported lazily)
-    """A DCP load planner that never reads a non-tensor item with a full unpickler."""
+def safe_load_planner() -> Any:
+    """A DCP load planner that never reads a non-tensor item with a full unpickler (torch imported lazily)."""
     return _safe_load_planner_class()()
 
 

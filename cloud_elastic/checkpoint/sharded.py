@@ -430,9 +430,9 @@ class _Writes:
 def _load(tensors: dict[str, Any], storage: Any) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from cloud_elastic.checkpoint.dcp import SafeLoadPlanner
+    from cloud_elastic.checkpoint.dcp import safe_load_planner
 
-    dcp.load(tensors, storage_reader=storage, planner=SafeLoadPlanner())
+    dcp.load(tensors, storage_reader=storage, planner=safe_load_planner())
 
 
 def sharded_parts(state: Any) -> tuple[dict[str, Any], frozenset[str]]:
