@@ -190,9 +190,9 @@ class CheckpointStore:
         floor = max([self._last_time] + [_time_of(n) or self._last_time for n in existing[-1:]])
         if now <= floor:
             now = floor + (datetime.resolution * 1)
-        if now >= _END_OF_TIME:  # only after a folder named within a microsecond of it
-            raise CheckpointError(f"no checkpoint name can follow {self.backend.url(existing[-1])}: move that folder "
-                                  "away")
+        if now >= _END_OF_TIME:  # only after a folder named within a microsecond of it, or a clock that far
+            after = self.backend.url(existing[-1]) if existing else f"this host's clock ({now.isoformat()})"
+            raise CheckpointError(f"no checkpoint name can follow {after}: move that folder away or set the clock")
         self._last_time = now
         return f"ckpt-{now.strftime(_TIME_FORMAT)}Z-step{int(step):012d}"
 
