@@ -64,7 +64,7 @@ from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
 from cloud_elastic.checkpoint.payload import load_state_payload, stage_payload, state_payload
 from cloud_elastic.checkpoint.dcp import ShardCorrupt
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
-from cloud_elastic.checkpoint.safety import causes, storage_reason
+from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.snapshot import clone
 
@@ -254,6 +254,8 @@ class ShardedCheckpoints:
             checkpoint, trouble, why = None, _UNUSABLE, str(exc)
         except CheckpointError as exc:
             checkpoint, trouble, why = None, _UNREADABLE, str(exc)
+        except Exception as exc:  # noqa: BLE001 - raised here alone, it would leave the host-mates in the all-reduce
+            checkpoint, trouble, why = None, _UNREADABLE, f"could not read {chosen.url}: {one_line(exc)}"
         worst = self._worst(trouble)  # every worker of the host goes the same way
         if worst == _UNREADABLE:
             raise CheckpointError(why or f"a worker of this host could not read {chosen.url}")
