@@ -15,12 +15,15 @@ from cloud_elastic.errors import ConfigError
 from cloud_elastic.providers.api import MAX_SLOTS_PER_HOST
 
 __all__ = ["JobConfig", "SSHConfig", "elastic_timeout_default", "ENV_ELASTIC_TIMEOUT", "SSH_OPTION", "NOTICE_WATCHERS",
-           "MAX_DURATION_S", "check_seconds", "checkpoint_protocol_error"]
+           "MAX_DRIVER_GRACE_S", "MAX_DURATION_S", "check_seconds", "checkpoint_protocol_error"]
 
 #: The longest duration any flag or setting may give (a year). Longer ones are typos, and they break
 #: what they reach: ``threading`` waits refuse more than ~292 years, ``datetime`` arithmetic overflows, and a
 #: ``--driver-grace`` of 1e12 s written beside the checkpoints crashed the driver that read it back.
 MAX_DURATION_S = 365 * 86400.0
+#: The longest ``--driver-grace``: a restarted driver reads it back from ``driver-alive.json`` beside the
+#: checkpoints and refuses a longer one there (``checkpoint/alive.py``), so it is refused here first.
+MAX_DRIVER_GRACE_S = 7 * 86400.0
 
 #: Values of ``--notice-watcher``.
 NOTICE_WATCHERS = ("auto", "aws", "gcp", "azure", "none")
@@ -234,6 +237,9 @@ class JobConfig:
         }
         for flag, value in zero_ok.items():
             check_seconds(flag, value, zero_ok=True)
+        if self.driver_grace_s > MAX_DRIVER_GRACE_S:
+            raise ConfigError(f"--driver-grace must be at most {MAX_DRIVER_GRACE_S:g} seconds (7 days), "
+                              f"got {self.driver_grace_s:g}")
         factor = self.straggler_factor
         if not (factor == 0 or (math.isfinite(factor) and 1 < factor <= 1000)):
             raise ConfigError(f"--straggler-factor must be above 1 and at most 1000 (0: never), got {factor:g}")

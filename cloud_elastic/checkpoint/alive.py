@@ -33,6 +33,7 @@ from typing import Callable
 
 from cloud_elastic.checkpoint.api import FORMAT, CheckpointError
 from cloud_elastic.checkpoint.store import CheckpointStore
+from cloud_elastic.config import MAX_DRIVER_GRACE_S
 
 __all__ = ["ALIVE_RECORD", "MAX_GRACE_S", "REFRESH_S", "AliveRefresher", "DriverAlive", "read_driver_alive",
            "write_driver_alive"]
@@ -42,8 +43,9 @@ log = logging.getLogger(__name__)
 ALIVE_RECORD = "driver-alive.json"
 #: How often a running driver refreshes its entry: a dead driver's last refresh is at most this old.
 REFRESH_S = 5.0
-#: The largest ``grace_s`` an entry may give: a restarted driver waits at most this long for old workers.
-MAX_GRACE_S = 7 * 24 * 3600.0
+#: The largest ``grace_s`` an entry may give: a restarted driver waits at most this long for old workers
+#: (``--driver-grace`` is refused above it, so a running driver never writes an entry its successor refuses).
+MAX_GRACE_S = MAX_DRIVER_GRACE_S
 #: How far ahead of this machine's clock an entry's ``alive`` may be (clocks are assumed in sync within seconds).
 MAX_CLOCK_AHEAD_S = 24 * 3600.0
 

@@ -189,3 +189,11 @@ def test_metrics_addr_is_a_flag() -> None:
     assert params["config"].metrics_addr == "0.0.0.0"
     _, params, _ = parse_command_line([*RUN, "--metrics-port", "0", "python", "t.py"])
     assert params["config"].metrics_addr == "127.0.0.1"
+
+
+def test_the_driver_grace_is_at_most_what_a_restarted_driver_accepts_back_from_storage() -> None:
+    # The grace is written to driver-alive.json beside the checkpoints; a successor refuses more than 7 days there.
+    from cloud_elastic.checkpoint.alive import MAX_GRACE_S
+
+    assert "--driver-grace" in _refused([*RUN, "--driver-grace", str(MAX_GRACE_S + 1), "python", "train.py"])
+    parse_command_line([*RUN, "--driver-grace", str(MAX_GRACE_S), "python", "train.py"])
