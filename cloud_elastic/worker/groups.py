@@ -61,7 +61,7 @@ from cloud_elastic.worker.reclaim import GroupSockets, Reaper, socket_inodes
 from cloud_elastic.worker.store import SignedStore, round_namespace
 
 __all__ = [
-    "RoundInfo", "RoundGroup", "RoundGroupsMixin", "new_gloo_group", "new_nccl_group", "nccl_error_handling_default",
+    "RoundInfo", "RoundGroup", "RoundStore", "RoundGroupsMixin", "new_gloo_group", "new_nccl_group", "nccl_error_handling_default",
     "nccl_nonblocking_timeout_default",
     "quiesce_device",
 ]
@@ -115,6 +115,57 @@ class RoundGroup:
         return True
 
 
+_STORE_ERROR = getattr(dist, "DistStoreError", RuntimeError)
+
+
+class RoundStore(SignedStore):
+    """A round's store: a wait for a peer's key can be given up when the round's formation is.
+
+    A peer that dies or stops before it writes its address leaves the group's
+    constructor waiting in the store (torch's ``wait`` and ``get`` block) until
+    the collective timeout, 300 s by default; an abandoned formation kept its
+    thread, the group's device (a thread, a listening socket, an epoll
+    descriptor) and the store client that long. Here every wait looks for its
+    keys (``check``) in slices of 1 to 20 ms, and fails at once after
+    :meth:`give_up`, so that thread ends, and what the constructor opened closes,
+    a slice after the formation is abandoned. A wait for keys already there
+    costs one look.
+    """
+
+    MAX_SLICE_S = 0.02
+
+    def __init__(self, inner: Any, namespace: str, secret: str, timeout_s: float) -> None:
+        super().__init__(inner, namespace, secret)
+        self._timeout_s = timeout_s
+        self._given_up = threading.Event()
+
+    def give_up(self) -> None:
+        """Fail every wait for keys, now and later (the formation that uses this store was abandoned)."""
+        self._given_up.set()
+
+    def _await(self, keys: list[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pause = 0.001
+        while not self._store.check(keys):
+            if self._given_up.is_set():
+                raise _STORE_ERROR(f"the round's formation was given up while waiting for keys {keys}")
+            if time.monotonic() >= deadline:
+                raise _STORE_ERROR(f"timed out after {timeout_s:g}s waiting for keys {keys}")
+            self._given_up.wait(pause)
+            pause = min(2 * pause, self.MAX_SLICE_S)
+
+    def get(self, key: str) -> bytes:
+        self._await([key], self._timeout_s)
+        return super().get(key)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._await(keys, self._timeout_s if timeout is None else timeout.total_seconds())
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout_s = timeout.total_seconds()
+        super().set_timeout(timeout)
+
+
 @dataclass(frozen=True)
 class RoundInfo(RankInfo):
     """This worker's place in the current rendezvous round: its ranks, plus the round's facts."""
@@ -163,7 +214,7 @@ class RoundGroupsMixin:
         if self.standalone:
             return dist.HashStore()
         namespace = round_namespace(self.settings.secret, self.job_id, info.round) + suffix
-        return SignedStore(self._store, namespace, self.settings.secret)
+        return RoundStore(self._store, namespace, self.settings.secret, self.collective_timeout_s)
 
     def _formed(self, info: RoundInfo, store: Any, make: Callable[[Callable[[Any], None]], Any],
                 what: str) -> RoundGroup:
@@ -180,8 +231,11 @@ class RoundGroupsMixin:
             before = socket_inodes()
             try:
                 pg = make(publish)
-            except Exception as exc:  # reported to the waiting thread below
-                result["error"] = exc
+            except Exception as exc:  # reported to the waiting thread below, as text only: the exception's
+                # traceback holds the constructor's frames (the group's device: a thread, a listening socket, an
+                # epoll descriptor), and kept in ``result``, which those frames reach, it made a cycle that only
+                # the garbage collector ends: an abandoned formation's device stayed open until it ran.
+                result["error"] = str(exc)
                 done.set()
                 return
             sockets = GroupSockets(before, socket_inodes(), self._control_peers, self._member_addresses(info))
@@ -213,6 +267,9 @@ class RoundGroupsMixin:
                         forming = result.pop("forming", None)
                     if forming is not None and "group" not in result:
                         abort_nccl(forming)  # ends its eager connect on the formation thread
+                    give_up = getattr(store, "give_up", None)
+                    if give_up is not None:
+                        give_up()  # ends a wait of the constructor for a peer's key: see RoundStore
                     if "group" in result:  # formed in the very last slice
                         self._reaper.retire(result.pop("group"))
                     # The abandoned constructor may still block in a store wait, and a TCPStore

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.worker.context import RoundInfo, WorkerContext
+from cloud_elastic.worker.exceptions import CollectiveError
 from cloud_elastic.worker.settings import WorkerSettings
 
 from tests.integration.harness import REPO
@@ -77,3 +78,34 @@ def test_a_lone_survivors_groups_left_by_failure_are_destroyed_not_kept():
     # Kept, each group would add 3 threads and 4 descriptors: 21 and 28 by the last round.
     assert seen[-1][0] <= seen[0][0] + 1 and seen[-1][1] <= seen[0][1] + 2, seen
     ctx._retire(ctx._group)
+
+
+def test_a_formation_given_up_on_a_peer_that_never_wrote_its_address_ends_and_frees_what_it_opened():
+    """The round's other member died (or stopped) before it wrote its address: the group's constructor
+    waits in the store for it. The round is aborted; the formation is given up. Before, the constructor
+    kept waiting, up to the collective timeout (300 s), holding its thread, the group's device thread,
+    listening socket and epoll descriptor (issue 44): a stop during an admission left rank 0 at +2
+    threads and +5 descriptors for five minutes."""
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    ctx = WorkerContext(WorkerSettings(
+        standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{server.port}", job_id="gone",
+        worker_id="a", hostname="127.0.0.1", secret="s" * 64, backend="gloo", collective_timeout_s=300.0,
+        malloc_tuning=False,
+    ))
+    ctx._store = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
+    threads, fds = len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+    timer = threading.Timer(0.5, lambda: setattr(ctx, "_seen_abort", 1))  # the driver's abort, by heartbeat
+    timer.start()
+    with pytest.raises(CollectiveError, match="aborted while forming"):
+        ctx._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=1, needs_sync=False, update_gen=0,
+                                  hosts=("127.0.0.1", "127.0.0.2")))
+    timer.join()
+    for former in ctx._formations:
+        former.join(60)  # far below the 300 s the constructor would otherwise wait
+    assert not any(t.is_alive() for t in ctx._formations), "the given-up formation still waits for the peer's key"
+    # The device's thread and sockets close as the constructor unwinds (bounded wait: they go a moment later).
+    deadline = time.monotonic() + 30
+    while len(os.listdir("/proc/self/task")) > threads and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(os.listdir("/proc/self/task")) <= threads
+    assert len(os.listdir("/proc/self/fd")) <= fds
