@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from cloud_elastic.checkpoint.api import FORMAT, CheckpointError
-from cloud_elastic.checkpoint.store import CheckpointStore
+from cloud_elastic.checkpoint.backend import Oversize
+from cloud_elastic.checkpoint.store import MAX_RECORD_BYTES, CheckpointStore
 from cloud_elastic.config import MAX_DRIVER_GRACE_S
 
 __all__ = ["ALIVE_RECORD", "MAX_GRACE_S", "REFRESH_S", "AliveRefresher", "DriverAlive", "read_driver_alive",
@@ -87,9 +88,11 @@ def read_driver_alive(store: CheckpointStore, *, now: float | None = None) -> Dr
     unreadable, so NaN, Infinity or 1e12 never reach a wait (where they overflowed or disabled it).
     """
     try:
-        raw = store._read(ALIVE_RECORD)
+        raw = store._read(ALIVE_RECORD, MAX_RECORD_BYTES)
     except FileNotFoundError:
         return None
+    except Oversize as exc:
+        raise CheckpointError(f"{store.backend.url(ALIVE_RECORD)} is unreadable: {exc}") from None
     now = time.time() if now is None else now
     try:
         body = json.loads(raw)

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, Callable, Mapping, Protocol
 
 from cloud_elastic.checkpoint.api import CheckpointBackendMissing, CheckpointError
 
-__all__ = ["Backend", "LocalBackend", "FsspecBackend", "backend_for", "split_url"]
+__all__ = ["Backend", "LocalBackend", "FsspecBackend", "Oversize", "backend_for", "split_url"]
 
 #: protocol -> (package that implements it, cloud-elastic extra that installs it)
 _IMPLEMENTATIONS = {
@@ -39,6 +39,16 @@ _IMPLEMENTATIONS = {
 }
 
 
+class Oversize(ValueError):
+    """An object holds more bytes than its reader allows: storage is not trusted with the reader's memory."""
+
+
+def _within(data: bytes, limit: int | None, url: str) -> bytes:
+    if limit is not None and len(data) > limit:
+        raise Oversize(f"{url} holds more than {limit:,} bytes")
+    return data
+
+
 class Backend(Protocol):
     """The few storage operations a checkpoint store needs. Paths are ``/``-joined below ``root``."""
 
@@ -50,8 +60,9 @@ class Backend(Protocol):
     def write(self, path: str, produce: Callable[[BinaryIO], None]) -> None:
         """Publish ``path`` with what ``produce`` writes; readers see all of it or nothing."""
 
-    def read(self, path: str) -> bytes:
-        """The whole object; FileNotFoundError when absent."""
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        """The whole object; FileNotFoundError when absent; :class:`Oversize` when it holds more than ``limit``
+        bytes (nothing past ``limit + 1`` bytes is read)."""
 
     def children(self, path: str) -> list[str]:
         """Names directly below ``path``, symbolic links left out (a store never makes one, and following one
@@ -125,9 +136,9 @@ class LocalBackend:
         # The rename itself must survive a reboot before the next object (the manifest) points at it.
         _fsync_dir(directory)
 
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, limit: int | None = None) -> bytes:
         with open(self._path(path), "rb") as f:
-            return f.read()
+            return _within(f.read() if limit is None else f.read(limit + 1), limit, self.url(path))
 
     def children(self, path: str) -> list[str]:
         try:
@@ -199,8 +210,10 @@ class FsspecBackend:
             raise
         f.close()
 
-    def read(self, path: str) -> bytes:
-        return self._fs.cat_file(self._path(path))
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        if limit is None:
+            return self._fs.cat_file(self._path(path))
+        return _within(self._fs.cat_file(self._path(path), start=0, end=limit + 1), limit, self.url(path))
 
     def children(self, path: str) -> list[str]:
         full = self._path(path)

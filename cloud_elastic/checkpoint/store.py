@@ -49,7 +49,7 @@ from cloud_elastic.checkpoint.api import (
     CheckpointInfo,
     DurableJobRecord,
 )
-from cloud_elastic.checkpoint.backend import Backend, backend_for
+from cloud_elastic.checkpoint.backend import Backend, Oversize, backend_for
 from cloud_elastic.checkpoint.payload import check_payload
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import safe_load, storage_reason
@@ -66,6 +66,9 @@ DCP_METADATA = ".metadata"
 #: DCP's metadata as JSON (checkpoint.dcp): what this cloud-elastic reads instead of the pickled ``.metadata``.
 DCP_METADATA_JSON = "metadata.json"  # the same as checkpoint.dcp.METADATA_JSON
 JOB_RECORD = "job.json"
+#: The most a manifest, the job record or the driver's alive record may hold: each is a few hundred bytes to a
+#: few KiB (a manifest lists a sharded checkpoint's files), and storage is not trusted with the reader's memory.
+MAX_RECORD_BYTES = 4 * 1024 * 1024
 _NAME = re.compile(r"ckpt-(\d{8}T\d{12})Z-step(\d+)")
 _TIME_FORMAT = "%Y%m%dT%H%M%S%f"
 #: Folder times from this one on are impossible: no later name could follow them (datetime ends at 9999).
@@ -267,15 +270,20 @@ class CheckpointStore:
                 raise _Unusable(f"its shard files {', '.join(wrong[:3])} are missing or not the size its manifest says")
         path = f"{info.name}/{info.data_name}"
         try:
-            data = self._read(path)
+            data = self._read(path, info.size)
         except FileNotFoundError:
             raise _Unusable(f"its data {info.data_name} is missing") from None
+        except Oversize:
+            raise _Unusable("its data does not match the manifest's size and SHA-256 digest") from None
         if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
             raise _Unusable("its data does not match the manifest's size and SHA-256 digest")
         return Checkpoint(info, safe_load(data, info.data_name))
 
     def _manifest(self, name: str) -> CheckpointInfo:
-        raw = self._read(f"{name}/{MANIFEST}")
+        try:
+            raw = self._read(f"{name}/{MANIFEST}", MAX_RECORD_BYTES)
+        except Oversize as exc:
+            raise _Unusable(f"unreadable manifest: {exc}") from None
         try:
             manifest = json.loads(raw)
             if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -304,12 +312,11 @@ class CheckpointStore:
                             "it is never loaded, followed or deleted", self.backend.url(name), _END_OF_TIME.year)
         return [n for n in names if n not in impossible] if impossible else names
 
-    def _read(self, path: str) -> bytes:
+    def _read(self, path: str, limit: int | None = None) -> bytes:
+        """``path``'s bytes; :class:`~.backend.Oversize` past ``limit`` (records: :data:`MAX_RECORD_BYTES`)."""
         try:
-            return self.backend.read(path)
-        except FileNotFoundError:
-            raise
-        except CheckpointError:
+            return self.backend.read(path, limit)
+        except (FileNotFoundError, CheckpointError, Oversize):
             raise
         except Exception as exc:
             raise CheckpointError(f"could not read {self.backend.url(path)}: {_one_line(exc)}") from exc
@@ -345,9 +352,11 @@ def read_job_record(store: CheckpointStore) -> DurableJobRecord | None:
     Raises CheckpointError when it exists but cannot be read or parsed.
     """
     try:
-        raw = store._read(JOB_RECORD)
+        raw = store._read(JOB_RECORD, MAX_RECORD_BYTES)
     except FileNotFoundError:
         return None
+    except Oversize as exc:
+        raise CheckpointError(f"the job record in {store.url} is unreadable: {exc}") from None
     try:
         body = json.loads(raw)
         if not isinstance(body, dict) or body.get("format") != FORMAT:

@@ -93,3 +93,46 @@ def test_a_tampered_state_pt_is_refused_in_one_line_without_running_code_or_advi
     assert "posix.system" in line, line  # what was refused
     assert "weights_only` set to `False`" not in line and "weights_only=False" not in line, line
     assert "can still be loaded" not in line and "\n" not in line, line
+
+
+_BOUNDED_READER = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+from cloud_elastic.checkpoint import CheckpointStore
+from cloud_elastic.checkpoint.alive import read_driver_alive
+from cloud_elastic.checkpoint.store import read_job_record
+from cloud_elastic.errors import CloudElasticError
+store = CheckpointStore(sys.argv[1])
+print("latest", store.latest().payload)
+for read in (read_job_record, read_driver_alive):
+    try:
+        read(store)
+    except CloudElasticError as exc:
+        print("refused", exc)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("grown", ["manifest.json", "state.pt"])
+def test_files_grown_huge_in_storage_are_refused_without_reading_them_into_memory(tmp_path: Path, grown: str) -> None:
+    """A manifest, state.pt, job.json or driver-alive.json made 4 GiB (sparse) is never read whole.
+
+    Before: each was read whole, so a reader under a 1.5 GiB address-space limit failed with MemoryError
+    instead of falling back to the previous checkpoint.
+    """
+    import subprocess
+    import sys
+
+    store = CheckpointStore(str(tmp_path), keep=3)
+    store.save(1, {"step": 1})
+    newest = store.save(2, {"step": 2})
+    for path in (tmp_path / newest.name / grown, tmp_path / "job.json", tmp_path / "driver-alive.json"):
+        with open(path, "ab") as f:
+            f.truncate(4 << 30)
+    proc = subprocess.run([sys.executable, "-c", _BOUNDED_READER, str(tmp_path)], capture_output=True, text=True,
+                          timeout=50)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "latest {'step': 1}"  # the grown checkpoint is skipped, the previous one loads
+    assert len(lines) == 3 and all(line.startswith("refused ") and "more than 4,194,304 bytes" in line
+                                   for line in lines[1:]), lines
