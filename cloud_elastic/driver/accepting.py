@@ -4,6 +4,12 @@
 string the server chooses, never text from the client: keyed on the client's own bytes (or on its
 address), 3,000 garbage requests logged 3,000 lines, and the set of what was logged grew with them.
 
+:func:`descriptor_share`: how many connections a server may hold, as a share of the process's
+descriptor limit: the control plane half, the rendezvous store a quarter (a worker holds two
+control connections and one store connection), so strangers on both ports leave a quarter for the
+rest of the driver, a worker launch's pipes first (256 idle store connections under a
+256-descriptor limit made the next launch's ``os.pipe()`` fail, and the driver died of it).
+
 :class:`AcceptPause`: a listening socket that cannot accept (the process is out of descriptors):
 pause it, do not spin.
 
@@ -19,20 +25,29 @@ from __future__ import annotations
 
 import errno
 import logging
+import resource
 import selectors
 import time
 from typing import Any
 
-__all__ = ["AcceptPause", "PAUSE_S", "RefusalLog"]
+__all__ = ["AcceptPause", "CONTROL_SHARE", "PAUSE_S", "RefusalLog", "STORE_SHARE", "descriptor_share"]
 
 log = logging.getLogger(__name__)
 
 #: How long the listener is left alone after an accept that failed for want of descriptors or memory.
 PAUSE_S = 0.25
 _SHORTAGES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+#: The shares of the descriptor limit the two servers' connections may take (see the module docstring).
+CONTROL_SHARE = 0.5
+STORE_SHARE = 0.25
 #: Kinds a RefusalLog tells apart; past them, everything is "other" (kinds are the servers' own strings,
 #: but a bound keeps a mistake from growing the driver).
 MAX_KINDS = 64
+
+
+def descriptor_share(share: float) -> int:
+    """``share`` of the process's descriptor limit (``RLIMIT_NOFILE``, soft), read now: it can change."""
+    return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0] * share)
 
 
 class RefusalLog:

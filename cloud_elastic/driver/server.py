@@ -29,7 +29,7 @@ from collections import deque
 from typing import Any, Callable, Union
 
 from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, Codec
-from cloud_elastic.driver.accepting import AcceptPause, RefusalLog
+from cloud_elastic.driver.accepting import CONTROL_SHARE, AcceptPause, RefusalLog, descriptor_share
 from cloud_elastic.errors import ControlPlaneError
 
 __all__ = ["ControlServer", "Handler", "Held"]
@@ -252,6 +252,12 @@ class ControlServer:
                     log.debug("control plane: accept failed", exc_info=True)
                 return
             self._pause.accepted()
+            at_most = descriptor_share(CONTROL_SHARE)
+            if len(self._conns) >= at_most:  # strangers' idle connections must leave descriptors for launches
+                self._refusals.refused("too many connections", addr[0], f"{len(self._conns)} connections are "
+                                       f"open, at most {at_most} (half the driver's descriptor limit)")
+                sock.close()
+                continue
             sock.setblocking(False)
             # A reply is one write, so Nagle's algorithm could only delay it.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -31,9 +31,10 @@ driver's process down or grow it without bound:
   after it connects; a connection that has not is closed then. Idle validated connections are
   kept: a worker's store client idles between rounds.
 * *Connections:* at most :data:`MAX_PEER_CONNECTIONS` (256) from one address, and all together at
-  most half the process's descriptor limit (``RLIMIT_NOFILE``, read at each accept), so the store
-  alone cannot starve the driver of the descriptors a worker launch needs (256 idle sockets under
-  a 256-descriptor limit made the next launch's ``os.pipe()`` fail). A connection past either cap
+  most a quarter of the process's descriptor limit (``RLIMIT_NOFILE``, read at each accept; the
+  control plane takes at most half, see :func:`~.accepting.descriptor_share`), so strangers cannot
+  starve the driver of the descriptors a worker launch needs (256 idle sockets under a
+  256-descriptor limit made the next launch's ``os.pipe()`` fail). A connection past either cap
   is closed as soon as it is accepted. A worker holds one connection, and a new one per
   abandoned round formation.
 * *Memory:* everything the store holds, keys, values, queued items, unfinished commands, awaited
@@ -56,7 +57,6 @@ once per client: the clients are strangers and may be many.
 from __future__ import annotations
 
 import logging
-import resource
 import selectors
 import socket
 import struct
@@ -65,7 +65,7 @@ import time
 from collections import deque
 from typing import Any, Generator
 
-from cloud_elastic.driver.accepting import AcceptPause, RefusalLog
+from cloud_elastic.driver.accepting import STORE_SHARE, AcceptPause, RefusalLog, descriptor_share
 
 log = logging.getLogger(__name__)
 
@@ -253,11 +253,11 @@ class StoreServer:
             return
         self._pause.accepted()
         client = _Client(sock, addr[0], addr[1])
-        at_most = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
+        at_most = descriptor_share(STORE_SHARE)
         if self._connections >= at_most:
             self._refusals.refused("too many connections", client.peer,
-                                   f"{self._connections} connections are open, at most {at_most} (half the "
-                                   "driver's descriptor limit)")
+                                   f"{self._connections} connections are open, at most {at_most} (a quarter of "
+                                   "the driver's descriptor limit)")
             sock.close()
             return
         if self._per_address.get(client.address, 0) >= self._max_peer:

@@ -1,8 +1,8 @@
-"""A stranger on the driver's ports cannot stop a job (issue 44 #3): a real job, its driver out of
-descriptors under a low RLIMIT_NOFILE because of idle unauthenticated connections to its store and
-control plane, and a worker killed so that the driver launches another one, whose os.pipe() fails.
-The driver used to die there with a traceback (``Driver._launch`` caught only LaunchError) and leave
-its surviving worker training on, orphaned."""
+"""A stranger on the driver's ports cannot stop a job (issue 44 #3). Real jobs, their driver under a
+low RLIMIT_NOFILE (``prlimit`` on the running driver), and a worker killed so that the driver launches
+another. With 256 idle store connections under a 256-descriptor limit, that launch's ``os.pipe()``
+raised EMFILE, and the driver died with a traceback (``Driver._launch`` caught only LaunchError),
+leaving its surviving worker training on, orphaned."""
 
 from __future__ import annotations
 
@@ -36,10 +36,9 @@ def _connect_all(port: int, n: int) -> list[socket.socket]:
     return held
 
 
-def _job_short_of_descriptors(jobs, tmp_path):
-    """A job of two workers (127.0.0.1, 127.0.0.2) that trains until ``stop`` exists, its driver's
-    descriptor limit lowered to 48 above what it has open once both train: the job, the stop file
-    and the control and store ports."""
+def _job(jobs, tmp_path):
+    """Two workers (127.0.0.1, 127.0.0.2) training until ``stop`` exists, both past step 3: the job, the
+    stop file, the control and store ports, and the driver's soft descriptor limit and its open count."""
     hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2"])
     stop = tmp_path / "stop"
     job = jobs(["run", "-np", "2", "--min-np", "1", "--host-discovery-script", str(hosts.script),
@@ -47,10 +46,12 @@ def _job_short_of_descriptors(jobs, tmp_path):
                 *probe_cmd("--steps", "5", "--step-sleep", "0.02", "--stop-when", str(stop))])
     control_port, store_port = _ports(job)
     job.wait_event("commit", rank=1, step=3)
-    driver = job.proc.pid
-    spare = len(os.listdir(f"/proc/{driver}/fd")) + 48
-    resource.prlimit(driver, resource.RLIMIT_NOFILE, (spare, resource.prlimit(driver, resource.RLIMIT_NOFILE)[1]))
-    return job, stop, control_port, store_port
+    return job, stop, control_port, store_port, len(os.listdir(f"/proc/{job.proc.pid}/fd"))
+
+
+def _limit(job, soft: int) -> None:
+    hard = resource.prlimit(job.proc.pid, resource.RLIMIT_NOFILE)[1]
+    resource.prlimit(job.proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def _finished_well(job) -> str:
@@ -62,35 +63,45 @@ def _finished_well(job) -> str:
     return out
 
 
-def test_idle_strangers_on_the_store_port_take_half_the_descriptors_at_most_and_the_job_finishes(jobs, tmp_path):
-    """The issue's case: idle unauthenticated store connections, past the descriptor limit, held to the
-    end. A worker is killed so that the driver launches another (whose os.pipe() used to fail)."""
-    job, stop, _, store_port = _job_short_of_descriptors(jobs, tmp_path)
-    held = _connect_all(store_port, 300)
+def _said(*texts: str):
+    return lambda job: any(t in line for line in job.lines for t in texts)
+
+
+def test_idle_strangers_on_both_ports_leave_the_descriptors_a_launch_needs_and_the_job_finishes(jobs, tmp_path):
+    """The issue's case, on both ports: idle unauthenticated connections, far more than the descriptor
+    limit, held to the end. The store takes at most a quarter of the limit and the control plane half:
+    the driver's relaunch of a killed worker gets its pipe and the job finishes."""
+    job, stop, control_port, store_port, open_now = _job(jobs, tmp_path)
+    _limit(job, open_now + 200)
+    held = _connect_all(store_port, 400) + _connect_all(control_port, 400)
     try:
-        job.wait_for(lambda j: any("half the driver's descriptor limit" in x or "store: cannot accept" in x
-                                   for x in j.lines), 60, "the store at its cap or out of descriptors")
+        job.wait_for(_said("a quarter of the driver's descriptor limit", "store: cannot accept"), 60,
+                     "the store at its cap (or out of descriptors)")
+        job.wait_for(_said("(half the driver's descriptor limit)", "control plane: cannot accept"), 60,
+                     "the control plane at its cap (or out of descriptors)")
         os.kill(worker_on(job.job_id(), "127.0.0.2"), signal.SIGKILL)
-        job.wait_for(lambda j: any("127.0.0.2[0]#3" in x for x in j.lines), 60, "the relaunch")
+        job.wait_for(_said("launched worker 127.0.0.2[0]#3", "127.0.0.2[0]#3: the driver could not"), 60,
+                     "the relaunch")
         stop.touch()
-        assert "half the driver's descriptor limit" in _finished_well(job)
+        out = _finished_well(job)
     finally:
         for s in held:
             s.close()
+    assert "launched worker 127.0.0.2[0]#3" in out and "could not start" not in out
+    assert "Too many open files" not in out  # neither server, nor the discovery script, ran short
 
 
-def test_idle_strangers_exhausting_the_drivers_descriptors_fail_a_launch_not_the_driver(jobs, tmp_path):
-    """The control plane has no cap of its own (it closes idle connections after 60 s), so strangers there
-    can still take every descriptor: the launch then fails, and the job goes on without that worker."""
-    job, stop, control_port, store_port = _job_short_of_descriptors(jobs, tmp_path)
-    held = _connect_all(store_port, 150) + _connect_all(control_port, 300)
+def test_a_launch_the_driver_has_no_descriptors_for_is_a_worker_that_failed_to_start(jobs, tmp_path):
+    """A driver's process out of descriptors for any reason: the launch fails, the job goes on without that
+    worker, and once descriptors are back, finishes."""
+    job, stop, _, _, _ = _job(jobs, tmp_path)
+    soft = resource.prlimit(job.proc.pid, resource.RLIMIT_NOFILE)[0]
+    _limit(job, 8)  # below what it has open: no new descriptor at all until the limit is back
     try:
-        job.wait_for(lambda j: any("cannot accept connections" in x for x in j.lines), 60,
-                     "the driver out of descriptors")
         os.kill(worker_on(job.job_id(), "127.0.0.2"), signal.SIGKILL)
-        job.wait_for(lambda j: any("the driver could not start it" in x for x in j.lines), 60, "a failed launch")
+        job.wait_for(_said("127.0.0.2[0]#3: the driver could not start it"), 60, "a failed launch")
     finally:
-        for s in held:
-            s.close()
+        _limit(job, soft)
     stop.touch()
-    assert "Too many open files" in _finished_well(job)
+    out = _finished_well(job)
+    assert "Too many open files" in out and "host 127.0.0.2 blacklisted" in out

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -66,3 +70,50 @@ def test_a_flood_of_garbage_from_many_addresses_logs_a_few_lines_per_kind_and_a_
     assert len(firsts) == 5 and any("bad or missing signature" in line for line in firsts), lines
     assert sum("100 refusals of this kind so far" in line for line in lines) == 5, lines
     assert client.call("register")["ok"] is True
+
+
+_SERVE = """
+import logging, os, resource, sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+from cloud_elastic.control import Codec
+from cloud_elastic.driver.server import ControlServer
+server = ControlServer(Codec(sys.argv[1], "job"), lambda kind, message: {"ok": True})
+server.start()
+spare = 60 + len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (spare, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+print(server.port, flush=True)
+for line in sys.stdin:  # each line: open a pipe, as a worker launch does
+    try:
+        os.close(os.pipe()[0])
+        print("pipe ok", flush=True)
+    except OSError as exc:
+        print(f"pipe failed: {exc}", flush=True)
+"""
+
+
+def test_idle_connections_take_at_most_half_the_descriptors_so_a_launch_can_still_open_a_pipe():
+    """Issue 44 #3 on the control-plane port: it closes connections idle for 60 s, but strangers who open
+    them faster ran the driver's process out of descriptors. A worker's kept-alive connection is served."""
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE, SECRET], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        logged: list[str] = []
+        threading.Thread(target=lambda: logged.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+        client = DriverClient(f"127.0.0.1:{port}", Codec(SECRET, "job"), "w1")
+        assert client.call("register")["ok"] is True
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
+        deadline = time.monotonic() + 30
+        while not any("half the driver's descriptor limit" in line for line in logged):
+            assert time.monotonic() < deadline, logged
+            time.sleep(0.05)
+        proc.stdin.write("pipe\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "pipe ok"
+        assert client.call("register")["ok"] is True
+        assert sum("half the driver's descriptor limit" in line for line in logged) == 1, logged  # then counts
+        for s in held:
+            s.close()
+    finally:
+        proc.stdin.close()
+        proc.wait(10)

@@ -3,8 +3,8 @@ authentication, so the store bounds what any client can take. Real sockets, the 
 process as in the driver, its default bounds (cloud_elastic.driver.store_server's docstring).
 
 * a connection that does not validate is closed after VALIDATE_TIMEOUT_S; connections per address
-  are capped, and all of them at half the process's descriptor limit, so the process keeps
-  descriptors for the rest of the driver (a worker launch's ``os.pipe()``);
+  are capped, and all of them at a quarter of the process's descriptor limit, so the process
+  keeps descriptors for the rest of the driver (a worker launch's ``os.pipe()``);
 * the store's memory is bounded: a value, everything stored, the answers a client does not read;
 * a command is parsed once, as its bytes arrive, not again from its first byte on every read.
 """
@@ -177,13 +177,13 @@ def test_connections_past_the_cap_of_one_address_are_closed_and_other_addresses_
         s.close()
 
 
-def test_validated_idle_connections_take_at_most_half_the_descriptors_so_a_launch_can_still_open_a_pipe(served):
+def test_validated_idle_connections_take_a_quarter_of_the_descriptors_so_a_launch_can_still_open_a_pipe(served):
     """Issue 44 #3, the driver's side: 256 idle sockets under a 256-descriptor limit made the next worker
     launch's os.pipe() raise EMFILE. Connections from many addresses, validated, so that neither the
     validation timeout nor the per-address cap closes them: the store's total cap does."""
     store = served("60")
     held = [connect(store.port, f"127.0.0.{2 + i % 20}") for i in range(100)]
-    assert store.said("half the driver's descriptor limit"), store.logged
+    assert store.said("a quarter of the driver's descriptor limit"), store.logged
     assert store.can_open_a_pipe() == "pipe ok"
     worker_room = [s for s in held if served_still(s)]
     assert 0 < len(worker_room) < len(held)
