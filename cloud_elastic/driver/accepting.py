@@ -46,8 +46,13 @@ MAX_KINDS = 64
 
 
 def descriptor_share(share: float) -> int:
-    """``share`` of the process's descriptor limit (``RLIMIT_NOFILE``, soft), read now: it can change."""
-    return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0] * share)
+    """``share`` of the process's descriptor limit (``RLIMIT_NOFILE``, soft), read now: it can change.
+
+    No limit (``RLIM_INFINITY``, which some systems report): no cap either, as far as this goes."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return 1 << 62
+    return int(soft * share)
 
 
 class RefusalLog:
@@ -55,8 +60,8 @@ class RefusalLog:
 
     ``first`` formats the first warning of a kind (``%s`` placeholders for the peer and the detail,
     which may carry the client's bytes, escaped by the caller) for ``logger`` (the server's own); the
-    counts name the kind and the latest peer only. So a flood of N refusals logs about ``log10(N)`` lines per kind, whatever it
-    sends. Not thread-safe: each server calls it from its one thread.
+    counts name the kind and the latest peer only. So a flood of N refusals logs about ``log10(N)``
+    lines per kind, whatever it sends. Not thread-safe: each server calls it from its one thread.
     """
 
     def __init__(self, logger: logging.Logger, what: str, first: str) -> None:
@@ -72,10 +77,6 @@ class RefusalLog:
         elif _power_of_ten(n):
             self._log.warning("%s: %d refusals of this kind so far (%s), the latest from %s",
                               self._what, n, kind, peer)
-
-    def count(self, kind: str) -> int:
-        """How many refusals of ``kind`` there were."""
-        return self._counts.get(kind, 0)
 
 
 def _power_of_ten(n: int) -> bool:
