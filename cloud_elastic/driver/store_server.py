@@ -38,9 +38,10 @@ driver's process down or grow it without bound:
   is closed as soon as it is accepted. A worker holds one connection, and a new one per
   abandoned round formation.
 * *Memory:* everything the store holds, keys, values, queued items, unfinished commands, awaited
-  keys and unsent answers, stays within :data:`MAX_STORE_BYTES` (256 MiB; a Gloo round stores
-  about ``size * (250 + 8 * size)`` bytes, 160 KB at 128 workers, and nothing deletes a finished
-  round's keys: some 1,600 rounds of 128). A command is at most :data:`MAX_COMMAND_BYTES` (17 MiB:
+  keys and unsent answers, with what Python spends on each entry, stays within
+  :data:`MAX_STORE_BYTES` (256 MiB; a Gloo round counts about ``size * (380 + 8 * size)`` bytes,
+  180 KB at 128 workers, and nothing deletes a finished round's keys: some 1,400 rounds of 128).
+  A command is at most :data:`MAX_COMMAND_BYTES` (17 MiB:
   ``COMPARE_SET``'s two 8 MiB values and its key), a value at most :data:`MAX_PAYLOAD_BYTES` (an
   ``APPEND`` past it is refused; there was no bound, and 48 appends of 8 MiB grew the driver to
   445 MB), an answer at most a command's size; a client that does not read its answers is not
@@ -83,6 +84,11 @@ MAX_OUTBOX_BYTES = 1024 * 1024
 MAX_PEER_CONNECTIONS = 256
 VALIDATE_TIMEOUT_S = 10.0
 _RECV_BYTES = 1 << 16
+#: What Python spends beyond the bytes themselves, counted against MAX_STORE_BYTES: on a dict or set
+#: entry with its bytes objects (measured: 110-140), and on a bytes object in a list or deque (about
+#: 45). Without it a million one-byte keys counted 2 MB and took 140 MB.
+_ENTRY = 128
+_ITEM = 48
 _U32, _U64, _I64 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<q")
 
 #: Each command's fields after its command byte: u32, i64, key, payload (value), keys (a count, then
@@ -159,7 +165,8 @@ class _Client:
         self.awaiting_bytes = 0
         self.parser: _Parser | None = None  # the command being read
         self.need = 0  # how many bytes the parser waits for
-        self.pending = 0  # bytes the unfinished command has declared so far
+        self.command_bytes = 0  # bytes the unfinished command has declared so far
+        self.pending = 0  # and what they take in memory
         self.footprint = 0  # what this client holds of the store's budget (see StoreServer._account)
 
 
@@ -337,7 +344,7 @@ class StoreServer:
                 if client.parser is None:
                     if pos == len(inbox):
                         break
-                    client.parser, client.pending = _command(client.validated), 0
+                    client.parser, client.pending, client.command_bytes = _command(client.validated), 0, 0
                     self._expect(client, next(client.parser))
                 if len(inbox) - pos < client.need:
                     break
@@ -363,12 +370,11 @@ class StoreServer:
     def _expect(self, client: _Client, n: int) -> None:
         """The unfinished command declared its next ``n`` bytes: within one command's bound and the store's?"""
         client.need = n
-        if n > 8:  # lengths and numbers count towards the command's size only
-            self._room(n, "a command")
-        client.pending += n
-        if n > 8:
-            self._account(client)
-        if client.pending > MAX_COMMAND_BYTES:
+        self._room(n + _ITEM, "a command")
+        client.pending += n + _ITEM  # what its fields will take in memory (a length or number: less)
+        client.command_bytes += n
+        self._account(client)
+        if client.command_bytes > MAX_COMMAND_BYTES:
             raise ProtocolError(f"a command of more than {MAX_COMMAND_BYTES} bytes", "command too large")
 
     def _room(self, n: int, what: str) -> None:
@@ -427,7 +433,7 @@ class StoreServer:
             if not missing:
                 answer.append(STOP_WAITING)
             else:
-                size = sum(len(k) for k in missing)
+                size = sum(len(k) + _ENTRY for k in missing)
                 self._room(size, "a wait")
                 client.awaiting, client.awaiting_bytes = missing, size
                 for key in missing:
@@ -458,7 +464,7 @@ class StoreServer:
         elif command == DELETE_KEY:
             old = self._data.pop(f[0], None)
             if old is not None:
-                self._stored -= len(f[0]) + len(old)
+                self._stored -= len(f[0]) + len(old) + _ENTRY
             answer += _I64.pack(1 if old is not None else 0)
         elif command == GETNUMKEYS:
             answer += _I64.pack(len(self._data))
@@ -469,20 +475,20 @@ class StoreServer:
             answer += _U32.pack(f[0])
         elif command == QUEUE_PUSH:
             key, value = f
-            self._room(len(key) + len(value), "a queue push")
+            self._room(len(key) + _ENTRY + len(value) + _ITEM, "a queue push")
             queue = self._queues.get(key)
             if queue is None:
                 queue = self._queues[key] = deque()
-                self._stored += len(key)
+                self._stored += len(key) + _ENTRY
             queue.append(value)
-            self._stored += len(value)
+            self._stored += len(value) + _ITEM
             self._wake(key, one=True)
         elif command == QUEUE_POP:
             queue = self._queues.get(f[0], ())
             answer += _I64.pack(len(queue))
             if queue:
                 item = queue.popleft()
-                self._stored -= len(item)
+                self._stored -= len(item) + _ITEM
                 answer += _vector(item)
         elif command == QUEUE_LEN:
             answer += _I64.pack(len(self._queues.get(f[0], ())))
@@ -499,7 +505,7 @@ class StoreServer:
 
     def _set(self, key: bytes, value: bytes) -> None:
         old = self._data.get(key)
-        grows = len(value) - (len(old) if old is not None else -len(key))
+        grows = len(value) - (len(old) if old is not None else -len(key) - _ENTRY)
         if grows > 0:
             self._room(grows, "a value")
         self._data[key] = value
@@ -514,7 +520,7 @@ class StoreServer:
             if key not in client.awaiting:
                 continue
             client.awaiting.discard(key)
-            client.awaiting_bytes -= len(key)
+            client.awaiting_bytes -= len(key) + _ENTRY
             if not client.awaiting:
                 client.outbox.append(STOP_WAITING)
                 self._flush(client)

@@ -39,7 +39,7 @@ from cloud_elastic.driver.store_server import StoreServer
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 sock.listen(1024)
-server = StoreServer(sock)
+server = StoreServer(sock, **({"max_bytes": int(os.environ["MAX_BYTES"])} if "MAX_BYTES" in os.environ else {}))
 if len(sys.argv) > 1:  # a descriptor limit this many above what the process has open now
     spare = int(sys.argv[1]) + len(os.listdir("/proc/self/fd"))
     resource.setrlimit(resource.RLIMIT_NOFILE, (spare, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
@@ -56,9 +56,10 @@ for line in sys.stdin:
 class Served:
     """The store in a child process: its port, and the lines it logs."""
 
-    def __init__(self, *argv: str) -> None:
+    def __init__(self, *argv: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", _SERVE, *argv], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
         self.port = int(self.proc.stdout.readline())
         self.logged: list[str] = []
         threading.Thread(target=lambda: self.logged.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
@@ -95,8 +96,8 @@ class Served:
 def served():
     started: list[Served] = []
 
-    def start(*argv: str) -> Served:
-        started.append(Served(*argv))
+    def start(*argv: str, **kw) -> Served:
+        started.append(Served(*argv, **kw))
         return started[-1]
 
     yield start
@@ -261,3 +262,22 @@ def test_a_large_multi_set_is_parsed_once(served):
     used = store.cpu_s() - before
     assert used < 4.0, f"the store used {used:.1f} CPU-seconds on one {len(command) >> 20} MiB command"
     assert torch_client(store.port).get("key-00131071") == b"value-131071"
+
+
+def test_a_million_tiny_keys_count_what_they_take_in_memory(served):
+    """A seven-byte key and a one-byte value take some 140 bytes in the store's dict: counted as 8, a store
+    bounded at 32 MiB took 600,000 of them (some 85 MB) and more. The bound is 32 MiB here (the driver's
+    is 256), so that the test is quick."""
+    store = served(env={"MAX_BYTES": str(32 << 20)})
+    before = store.rss()
+    refused, sent = False, 0
+    while sent < 600_000 and not refused:
+        n = 50_000
+        s = connect(store.port)
+        s.sendall(bytes([MULTI_SET]) + struct.pack("<Q", n) + b"".join(
+            _vec(b"%07d" % (sent + i)) + _vec(b"v") for i in range(n)))
+        refused = not served_still(s)
+        s.close()
+        sent += n
+    assert refused and store.said("past its 33554432-byte bound"), store.logged
+    assert store.rss() - before < 2 * (32 << 20)
