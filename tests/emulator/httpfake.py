@@ -18,7 +18,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["Request", "Reply", "FakeCloud", "page_of"]
+__all__ = ["Request", "Reply", "FakeCloud", "page_of", "CutStream"]
+
+
+class CutStream(Exception):
+    """Raised by a :attr:`Reply.stream` to drop the connection mid-response (no final chunk)."""
 
 
 @dataclass
@@ -43,6 +47,9 @@ class Reply:
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None
+    #: A streamed body (a long-lived watch): each item is sent as one HTTP chunk as it comes.
+    #: The iterator raising :class:`CutStream` drops the connection without the final chunk.
+    stream: Any = None
 
 
 @dataclass
@@ -127,6 +134,9 @@ class FakeCloud:
                 query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
                 request = Request(self.command, split.path, query, {k.lower(): v for k, v in self.headers.items()}, body)
                 reply = fake._dispatch(request)
+                if reply.stream is not None:
+                    self._stream(reply)
+                    return
                 payload = reply.raw if reply.raw is not None else (
                     b"" if reply.body is None else json.dumps(reply.body).encode()
                 )
@@ -138,6 +148,25 @@ class FakeCloud:
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+
+            def _stream(self, reply: Reply) -> None:
+                self.send_response(reply.status)
+                for key, value in {"Content-Type": "application/json", **reply.headers,
+                                   "Transfer-Encoding": "chunked"}.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                try:
+                    for chunk in reply.stream:
+                        if chunk:
+                            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                            self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                except CutStream:
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(2)
+                    except OSError:
+                        pass
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 

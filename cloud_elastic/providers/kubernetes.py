@@ -1,0 +1,343 @@
+"""Kubernetes discovery (``--k8s-selector app=llm``): pods as hosts, cluster signals as drains.
+
+The provider **watches** instead of polling: its first :meth:`~KubernetesPods.find`
+lists the pods that match ``selector`` in ``namespace`` and every node (pages
+of 500), then two daemon threads watch them from the lists' ``resourceVersion``
+(:mod:`cloud_elastic.providers.kubernetes_watch`: relist on ``410 Gone``,
+reconnect with back-off). Each find() after that answers from the in-memory
+view, a complete snapshot built by :mod:`cloud_elastic.providers.kubernetes_view`
+(which holds the table of what each pod and node state means), and costs no
+request. A watch event that changes the snapshot wakes the driver's poller
+(:meth:`~KubernetesPods.wake_on_news`), so a signal reaches the driver within
+one event, not at the next ``--discovery-interval``.
+
+A host is a pod that is ``Running`` and ``Ready``, at its pod IP; workers are
+started in it over SSH (the driver needs no ``kubectl``). Slots: the worker
+container's ``nvidia.com/gpu`` limit (``gpu_resource``), else the pod's
+``cloud-elastic.io/slots`` annotation, else 1; ``--slots-per-host`` wins.
+
+Signals (see the view's table): ``deletionTimestamp`` and the
+``DisruptionTarget`` condition drain the pod, with the deletion time (or the
+condition's time + ``terminationGracePeriodSeconds``) as the deadline; the
+termination taints of Karpenter, the AWS node termination handler and GKE,
+and any key in ``drain_taints``, drain every pod of the node; a cordon and the
+termination handler's rebalance-recommendation taint are soft notices (drains
+with ``drain_on_rebalance`` or ``--drain-on-rebalance``).
+
+Credentials: ``kubeconfig`` (a path; ``context`` picks a context), else the
+pod's service account when running in a cluster (``KUBERNETES_SERVICE_HOST``),
+else ``$KUBECONFIG`` or ``~/.kube/config``. Errors at the first find() are
+one line: a refused selector (400/422), pods that may not be listed (403),
+bad credentials (401) or an unreadable kubeconfig are fatal; an unreachable
+API server, 429 and 5xx are retryable. Nodes that may not be read (403) are
+not fatal: one warning, and the job goes on without node signals (pod signals
+still work). Later, a watch that stays down longer than ``stale_after_s`` makes
+find() raise RetryableDiscoveryError until it is back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.providers._common import CloudGroupProvider, OptionReader, error_for_status, one_line
+from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption, parse_bool
+from cloud_elastic.providers.kubernetes_view import ClusterView
+from cloud_elastic.providers.kubernetes_watch import ResourceWatch
+
+__all__ = ["KubernetesPods", "check_selector"]
+
+_log = logging.getLogger(__name__)
+
+_SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}")
+_VALUE = re.compile(rf"({_NAME})?")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_REQUIREMENT = re.compile(r"\s*(?P<key>[^\s!=(),]+)\s*(?:(?P<op>==|=|!=)\s*(?P<value>[^\s!=(),]*)"
+                          r"|\s(?P<set>in|notin)\s*\((?P<values>[^()]*)\))?\s*")
+
+
+def check_selector(selector: str, flag: str = "--k8s-selector") -> None:
+    """Refuse a label selector the API server would refuse, with one line (ConfigError).
+
+    The grammar of ``kubectl get -l``: requirements separated by commas, each
+    ``key``, ``!key``, ``key=value``, ``key==value``, ``key!=value``,
+    ``key in (a,b)`` or ``key notin (a,b)``; keys are ``[prefix/]name``, names
+    and values at most 63 characters of ``[A-Za-z0-9-_.]``, starting and
+    ending alphanumeric.
+    """
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"{flag} {selector!r} is not a label selector: {why} "
+                           "(e.g. app=llm, or app in (llm,llm-spot),tier!=cpu)")
+
+    if not selector.strip():
+        raise bad("it is empty")
+    for part in re.split(r",(?![^()]*\))", selector):
+        text = part.strip()
+        if text.startswith("!"):
+            if not _KEY.fullmatch(text[1:].strip()):
+                raise bad(f"{text!r} is not '!key'")
+            continue
+        match = _REQUIREMENT.fullmatch(text)
+        if match is None or not text:
+            raise bad(f"cannot read {text!r}")
+        if not _KEY.fullmatch(match["key"]):
+            raise bad(f"{match['key']!r} is not a label key")
+        values = [match["value"]] if match["op"] else [v.strip() for v in (match["values"] or "").split(",")] \
+            if match["set"] else []
+        if match["set"] and not any(values):
+            raise bad(f"{text!r} lists no values")
+        for value in values:
+            if value is not None and not _VALUE.fullmatch(value):
+                raise bad(f"{value!r} is not a label value")
+
+
+class KubernetesPods(CloudGroupProvider):
+    """Running, Ready pods that match a label selector, and the pods the cluster is taking away."""
+
+    name = "kubernetes"
+    description = "pods matching a label selector (--k8s-selector), watched; needs cloud-elastic[kubernetes]"
+    requires = ("kubernetes",)
+    extra = "kubernetes"
+    sdk_package = "kubernetes"
+    sdk_modules = {"client": "kubernetes.client", "config": "kubernetes.config",
+                   "urllib3": "urllib3"}
+    options = (
+        ProviderOption("selector", "label selector of the worker pods, e.g. app=llm", required=True),
+        ProviderOption("namespace", "namespace of the pods (default: the kubeconfig context's, in a pod the "
+                       "service account's, else 'default')"),
+        ProviderOption("kubeconfig", "kubeconfig file (default: the service account in a pod, else $KUBECONFIG "
+                       "or ~/.kube/config)"),
+        ProviderOption("context", "kubeconfig context (default: its current-context)"),
+        ProviderOption("drain_taints", "more node taint keys that drain a node's pods, comma-separated "
+                       "(--k8s-drain-taint, repeatable)"),
+        ProviderOption("drain_on_rebalance", "drain on a cordon or a rebalance-recommendation taint instead of "
+                       "only keeping new workers off", default="false"),
+        ProviderOption("container", "the container workers run in: its GPU limit and restarts count (default: "
+                       "the pod's first)"),
+        ProviderOption("gpu_resource", "the resource whose limit gives a pod's slots", default="nvidia.com/gpu"),
+        ProviderOption("node_selector", "label selector of the nodes to watch (default: all nodes)"),
+        ProviderOption("timeout_s", "connect/read timeout of one list request, seconds", default="10"),
+        ProviderOption("watch_s", "how long one watch request lasts before it is renewed, seconds", default="120"),
+        ProviderOption("stale_after_s", "a watch down this long makes discovery fail (retryable), seconds",
+                       default="30"),
+    )
+
+    def __init__(self, selector: str, *, namespace: str | None = None, kubeconfig: str | None = None,
+                 context: str | None = None, drain_taints: tuple[str, ...] = (), drain_on_rebalance: bool = False,
+                 container: str | None = None, gpu_resource: str = "nvidia.com/gpu",
+                 node_selector: str | None = None, timeout_s: float = 10.0, watch_s: float = 120.0,
+                 stale_after_s: float = 30.0, slots_per_host: int | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.selector = selector
+        self.namespace = namespace
+        self.kubeconfig = kubeconfig
+        self.context = context
+        self.node_selector = node_selector
+        self.timeout_s = timeout_s
+        self.watch_s = watch_s
+        self.stale_after_s = stale_after_s
+        self.label = f"kubernetes pods {selector!r}"
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._view = ClusterView(self.label, drain_taints=drain_taints, container=container,
+                                 gpu_resource=gpu_resource, slots_per_host=slots_per_host,
+                                 drain_soft=drain_on_rebalance)
+        self._api: Any = None
+        self._watches: list[ResourceWatch] = []
+        self._wake: Callable[[], None] | None = None
+        self._cached: tuple[int, DiscoveredHosts] | None = None
+        self._nodes_refused = False
+        self._server = ""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "KubernetesPods":
+        read = OptionReader(cls, options)
+        selector = read.text("selector") or ""
+        check_selector(selector)
+        node_selector = read.text("node_selector")
+        if node_selector:
+            check_selector(node_selector, "-o node_selector")
+        namespace = read.text("namespace")
+        if namespace is not None and not _NAMESPACE.fullmatch(namespace):
+            raise ConfigError(f"--k8s-namespace {namespace!r} is not a namespace name (lower-case letters, digits "
+                              "and '-', at most 63)")
+        taints = tuple(t.strip() for t in (read.text("drain_taints") or "").split(",") if t.strip())
+        for taint in taints:
+            if not re.fullmatch(_KEY.pattern, taint):
+                raise ConfigError(f"--k8s-drain-taint {taint!r} is not a taint key ([prefix/]name)")
+        return cls(
+            selector, namespace=namespace, kubeconfig=read.text("kubeconfig"), context=read.text("context"),
+            drain_taints=taints,
+            drain_on_rebalance=parse_bool("drain_on_rebalance", read.text("drain_on_rebalance") or "false"),
+            container=read.text("container"), gpu_resource=read.text("gpu_resource") or "nvidia.com/gpu",
+            node_selector=node_selector, timeout_s=read.seconds("timeout_s"), watch_s=read.seconds("watch_s"),
+            stale_after_s=read.seconds("stale_after_s"), slots_per_host=slots_per_host,
+        )
+
+    # -- the client ----------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        """Build the API client from the kubeconfig or the service account; learn the namespace."""
+        client, config = self.sdk["client"], self.sdk["config"]
+        cfg = client.Configuration()
+        in_cluster = not self.kubeconfig and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+        try:
+            if in_cluster:
+                config.load_incluster_config(client_configuration=cfg)
+                namespace = _read(_SA_NAMESPACE)
+            else:
+                path = self.kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+                if not self.kubeconfig and not os.environ.get("KUBECONFIG") and not os.path.exists(path):
+                    raise FatalDiscoveryError(f"{self.label}: no Kubernetes credentials: not in a pod "
+                                              f"(KUBERNETES_SERVICE_HOST unset) and no kubeconfig at {path}; "
+                                              "pass --kubeconfig PATH")
+                config.load_kube_config(config_file=path, context=self.context, client_configuration=cfg,
+                                        persist_config=False)
+                namespace = self._context_namespace(config, path)
+        except config.ConfigException as exc:
+            where = "the service account" if in_cluster else (self.kubeconfig or "the kubeconfig")
+            raise FatalDiscoveryError(f"{self.label}: cannot load {where}: {one_line(exc)}") from exc
+        if self.namespace is None:
+            self.namespace = namespace or "default"
+        self._server = cfg.host
+        return client.ApiClient(cfg)
+
+    def _context_namespace(self, config: Any, path: str) -> str | None:
+        try:
+            contexts, active = config.list_kube_config_contexts(config_file=path)
+        except Exception:  # the loader above already read it; a namespace is only a default
+            return None
+        chosen = next((c for c in contexts or () if c.get("name") == self.context), None) if self.context else active
+        return ((chosen or {}).get("context") or {}).get("namespace")
+
+    # -- discovery -----------------------------------------------------------------------
+
+    def _discover(self) -> DiscoveredHosts:
+        if self._api is None:
+            self._first_sync()
+        else:
+            self._check_watches()
+        with self._lock:
+            version = self._view.version
+            if self._cached is None or self._cached[0] != version:
+                self._cached = (version, self._view.snapshot(self._clock()))
+            return self._cached[1]
+
+    def _first_sync(self) -> None:
+        self._api = self._connect()
+        core = self.sdk["client"].CoreV1Api(self._api)
+        pods = ResourceWatch(
+            "pods", lambda **kw: core.list_namespaced_pod(self.namespace, **kw), replace=self._view.replace_pods,
+            apply=self._view.apply_pod, lock=self._lock, on_news=self._news, selector=self.selector,
+            timeout_s=self.timeout_s, watch_s=self.watch_s)
+        try:
+            pods.sync()
+        except Exception as exc:
+            raise self._first_error(exc, "pods") from exc
+        self._watches = [pods]
+        nodes = ResourceWatch(
+            "nodes", core.list_node, replace=self._view.replace_nodes, apply=self._view.apply_node,
+            lock=self._lock, on_news=self._news, selector=self.node_selector, timeout_s=self.timeout_s,
+            watch_s=self.watch_s)
+        try:
+            nodes.sync()
+            self._watches.append(nodes)
+        except Exception as exc:
+            if getattr(exc, "status", None) != 403:
+                raise self._first_error(exc, "nodes") from exc
+            self._nodes_refused = True
+            _log.warning("%s: may not list nodes (403 %s); going on without node signals (taints, cordons): pod "
+                         "signals (DisruptionTarget, deletion) still drain. Grant get, list and watch on nodes "
+                         "(a ClusterRole) to see them", self.label, _message(exc))
+        _log.info("%s: %d pod(s) in namespace %s, %s; watching", self.label, len(self._view.pods),
+                  self.namespace, "node signals off" if self._nodes_refused else f"{len(self._view.nodes)} node(s)")
+        for watch in self._watches:
+            watch.start()
+
+    def _first_error(self, exc: Exception, what: str) -> DiscoveryError:
+        status = getattr(exc, "status", None)
+        message = _message(exc)
+        if status == 403:
+            where = f"in namespace {self.namespace!r}" if what == "pods" else "(cluster-scoped)"
+            return FatalDiscoveryError(f"{self.label}: may not list {what} {where}: {message} (the driver needs get, "
+                                       f"list and watch on {what}; see docs/providers.md)")
+        if status == 401:
+            return FatalDiscoveryError(f"{self.label}: the API server {self._server} refused the credentials "
+                                       f"(401 Unauthorized): {message}")
+        if status in (400, 422):
+            return FatalDiscoveryError(f"{self.label}: the API server refused the {what} query: {message}")
+        if status is not None:
+            return error_for_status(status, f"{self.label}: listing {what}: HTTP {status} {message}")
+        translated = self._translate(exc, self.sdk)
+        return translated if translated is not None else RetryableDiscoveryError(f"{self.label}: {one_line(exc)}")
+
+    def _check_watches(self) -> None:
+        now = time.time()
+        for watch in self._watches:
+            trouble = watch.trouble()
+            if trouble is not None and now - trouble[0] >= self.stale_after_s:
+                raise RetryableDiscoveryError(f"{self.label}: the {watch.what} watch has been down for "
+                                              f"{now - trouble[0]:.0f} s: {trouble[1]}")
+
+    def _news(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            wake()
+
+    def _translate(self, exc: Exception, sdk: Mapping[str, Any]) -> DiscoveryError | None:
+        urllib3 = sdk["urllib3"]
+        if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+            return RetryableDiscoveryError(f"{self.label}: cannot reach the API server {self._server}: "
+                                           f"{one_line(exc)}")
+        status = getattr(exc, "status", None)
+        if isinstance(exc, sdk["client"].ApiException) and status is not None:
+            return error_for_status(status, f"{self.label}: HTTP {status} {_message(exc)}")
+        return None
+
+    def wake_on_news(self, wake: Callable[[], None]) -> None:
+        """Wake the driver's poller whenever a watch event changes the snapshot (from the watch threads)."""
+        self._wake = wake
+
+    def close(self) -> None:
+        self._wake = None
+        for watch in self._watches:
+            watch.stop()
+        self._watches = []
+        if self._api is not None:
+            try:
+                self._api.close()
+            except Exception:  # a pool already gone; nothing left to release
+                pass
+            self._api = None
+
+    @property
+    def watches(self) -> tuple[ResourceWatch, ...]:
+        """The running watches (pods, then nodes unless refused), for tests and benchmarks."""
+        return tuple(self._watches)
+
+
+def _message(exc: BaseException) -> str:
+    """The API's own message (a Status body's ``message``), else the exception's, on one line."""
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            return one_line(json.loads(body).get("message") or body)
+        except (ValueError, AttributeError):
+            return one_line(body)
+    return one_line(getattr(exc, "reason", None) or exc)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None

@@ -1,0 +1,298 @@
+"""The Kubernetes provider's in-memory view of the cluster, and how pods and nodes become hosts.
+
+Pure: no I/O, no threads, no clock (``now`` is passed in). The watcher threads
+(:mod:`cloud_elastic.providers.kubernetes_watch`) feed it the API's own JSON
+(pods and nodes as dicts, straight from a list or a watch event); the provider
+asks it for a :class:`~cloud_elastic.providers.api.DiscoveredHosts` snapshot.
+Only the fields that matter are kept (:class:`PodRecord`, :class:`NodeRecord`),
+so a node's status heartbeat or a pod's unrelated update changes nothing and
+wakes nobody.
+
+How a pod reads (first matching row wins; a pod needs ``status.podIP`` and
+phase ``Running`` to appear at all: a pod with no IP yet is not a host yet):
+
+==========================================================  ======================================
+pod / its node                                              result
+==========================================================  ======================================
+``metadata.deletionTimestamp`` set                          draining "pod deleted", deadline = it
+condition ``DisruptionTarget`` ``True``                     draining "<reason>", deadline = the
+                                                            condition's time + the pod's grace
+a hard drain taint on its node (see :data:`DRAIN_TAINTS`)   draining "node <node>: <taint>"
+condition ``Ready`` ``True``                                **ready**; a soft taint or a cordon
+                                                            on its node is a *soft* notice
+anything else (not ready)                                   absent
+==========================================================  ======================================
+
+Identity: ``instances`` names each host ``<pod name>/<pod uid>/<restarts>``
+(restarts: the worker container's ``restartCount``). A pod recreated under
+the same name has a new uid; a container that restarted has lost every worker
+process in it. Either way the pod is a new instance, so the driver forgets the
+address's known-hosts key and its blacklist entries.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from cloud_elastic.providers._common import SnapshotBuilder, OnceLog, Verdict, draining, READY, ABSENT, parse_time
+from cloud_elastic.providers.api import DiscoveredHosts
+
+__all__ = ["DRAIN_TAINTS", "SOFT_TAINTS", "SLOTS_ANNOTATION", "PodRecord", "NodeRecord", "ClusterView",
+           "pod_record", "node_record"]
+
+_log = logging.getLogger(__name__)
+
+#: Node taints that say the node is going away: every pod on it drains (key -> reason).
+DRAIN_TAINTS: Mapping[str, str] = {
+    "karpenter.sh/disrupted": "Karpenter disruption",
+    "aws-node-termination-handler/spot-itn": "spot interruption (node termination handler)",
+    "aws-node-termination-handler/asg-lifecycle-termination": "ASG lifecycle termination (node termination handler)",
+    "aws-node-termination-handler/scheduled-maintenance": "scheduled maintenance (node termination handler)",
+    "cloud.google.com/impending-node-termination": "GKE impending node termination",
+}
+#: Node taints that only advise moving work off the node: a soft notice (a drain with --drain-on-rebalance).
+SOFT_TAINTS: Mapping[str, str] = {
+    "aws-node-termination-handler/rebalance-recommendation": "rebalance recommendation (node termination handler)",
+}
+#: An AWS spot interruption comes two minutes after the warning the taint stands for.
+_SPOT_TAINT_LEAD_S = {"aws-node-termination-handler/spot-itn": 120.0}
+#: The annotation that gives a pod's slots when its container has no GPU limit (CPU pods).
+SLOTS_ANNOTATION = "cloud-elastic.io/slots"
+
+
+@dataclass(frozen=True)
+class PodRecord:
+    """What the provider keeps of one pod (equal records: nothing the driver cares about changed)."""
+
+    name: str
+    uid: str
+    node: str
+    ip: str | None
+    phase: str
+    ready: bool
+    restarts: int
+    slots: int | None  # None: the slots annotation is unreadable (warned, not a host)
+    slots_text: str
+    created: str
+    deleted_at: float | None
+    grace_s: float
+    disruption: tuple[str, float | None] | None  # (reason, since) of a True DisruptionTarget
+
+    @property
+    def instance(self) -> str:
+        return f"{self.name}/{self.uid}/{self.restarts}"
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What the provider keeps of one node: its taints (key -> time added) and whether it is cordoned."""
+
+    name: str
+    taints: tuple[tuple[str, float | None], ...]
+    cordoned: bool
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == kind:
+            return cond
+    return None
+
+
+def _container(spec: Mapping[str, Any], status: Mapping[str, Any], name: str | None
+               ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The worker container's spec and status: the one named ``name``, else the first."""
+    containers = spec.get("containers") or [{}]
+    chosen = next((c for c in containers if c.get("name") == name), None) if name else containers[0]
+    chosen = chosen or {}
+    statuses = status.get("containerStatuses") or ()
+    state = next((s for s in statuses if s.get("name") == chosen.get("name")), {})
+    return chosen, state
+
+
+def _gpus(container: Mapping[str, Any], resource: str) -> int:
+    limits = (container.get("resources") or {}).get("limits") or {}
+    try:
+        return int(str(limits.get(resource, "0")).strip() or 0)
+    except ValueError:
+        return 0
+
+
+def pod_record(pod: Mapping[str, Any], *, container: str | None = None, gpu_resource: str = "nvidia.com/gpu",
+               slots_per_host: int | None = None) -> PodRecord:
+    """Read one pod, in the API's JSON, into a :class:`PodRecord`."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    worker, worker_status = _container(spec, status, container)
+    annotation = str((meta.get("annotations") or {}).get(SLOTS_ANNOTATION, "")).strip()
+    slots: int | None
+    if slots_per_host is not None:
+        slots = slots_per_host
+    elif _gpus(worker, gpu_resource) > 0:
+        slots = _gpus(worker, gpu_resource)
+    elif annotation:
+        slots = int(annotation) if annotation.isdigit() and int(annotation) > 0 else None
+    else:
+        slots = 1
+    ready = _condition(status, "Ready")
+    disrupted = _condition(status, "DisruptionTarget")
+    disruption = None
+    if disrupted is not None and disrupted.get("status") == "True":
+        why = disrupted.get("reason") or "DisruptionTarget"
+        disruption = (f"DisruptionTarget: {why}", parse_time(disrupted.get("lastTransitionTime")))
+    grace = spec.get("terminationGracePeriodSeconds")
+    return PodRecord(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        node=str(spec.get("nodeName") or ""),
+        ip=status.get("podIP") or None,
+        phase=str(status.get("phase", "")),
+        ready=ready is not None and ready.get("status") == "True",
+        restarts=int(worker_status.get("restartCount") or 0),
+        slots=slots,
+        slots_text=annotation,
+        created=str(meta.get("creationTimestamp") or ""),
+        deleted_at=parse_time(meta.get("deletionTimestamp")),
+        grace_s=float(grace if isinstance(grace, (int, float)) else 30),
+        disruption=disruption,
+    )
+
+
+def node_record(node: Mapping[str, Any]) -> NodeRecord:
+    """Read one node, in the API's JSON, into a :class:`NodeRecord`."""
+    spec = node.get("spec") or {}
+    taints = tuple(sorted((str(t.get("key", "")), parse_time(t.get("timeAdded")))
+                          for t in spec.get("taints") or () if t.get("key")))
+    return NodeRecord(str((node.get("metadata") or {}).get("name", "")), taints, bool(spec.get("unschedulable")))
+
+
+class ClusterView:
+    """The pods (by uid) and nodes (by name) the watchers have seen, and the snapshot they make.
+
+    ``drain_taints`` adds the user's taint keys to :data:`DRAIN_TAINTS`. Each
+    ``apply``/``replace`` returns whether the snapshot may have changed, so a
+    watcher wakes the driver only for news that matters to it. Not thread-safe:
+    the provider holds one lock around every call.
+    """
+
+    def __init__(self, label: str, *, drain_taints: Iterable[str] = (), container: str | None = None,
+                 gpu_resource: str = "nvidia.com/gpu", slots_per_host: int | None = None,
+                 drain_soft: bool = False) -> None:
+        self.label = label
+        self.drain_soft = drain_soft
+        #: Raised by every change that may change the snapshot (the provider caches it per version).
+        self.version = 0
+        self.hard = {**DRAIN_TAINTS, **{key: f"taint {key}" for key in drain_taints if key not in DRAIN_TAINTS}}
+        self._read_pod = {"container": container, "gpu_resource": gpu_resource, "slots_per_host": slots_per_host}
+        self.pods: dict[str, PodRecord] = {}
+        self.nodes: dict[str, NodeRecord] = {}
+        self._first_seen: dict[str, float] = {}  # pod uid -> when a disruption without a time was first seen
+        self._once = OnceLog(_log, logging.WARNING)
+
+    # -- feeding -------------------------------------------------------------------------
+
+    def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> bool:
+        """A complete list of pods (a list or a relist): what was not listed is gone."""
+        fresh = {}
+        for pod in pods:
+            record = pod_record(pod, **self._read_pod)
+            fresh[record.uid] = record
+        changed = fresh != self.pods
+        self.pods = fresh
+        return self._bump(changed)
+
+    def apply_pod(self, kind: str, pod: Mapping[str, Any]) -> bool:
+        """One watch event (``ADDED``, ``MODIFIED`` or ``DELETED``) for a pod."""
+        record = pod_record(pod, **self._read_pod)
+        if kind == "DELETED":
+            return self._bump(self.pods.pop(record.uid, None) is not None)
+        changed = self.pods.get(record.uid) != record
+        self.pods[record.uid] = record
+        return self._bump(changed)
+
+    def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> bool:
+        """A complete list of nodes; True if a node our pods run on changed."""
+        fresh = {r.name: r for r in map(node_record, nodes)}
+        ours = {p.node for p in self.pods.values()}
+        changed = any(fresh.get(n) != self.nodes.get(n) for n in ours)
+        self.nodes = fresh
+        return self._bump(changed)
+
+    def apply_node(self, kind: str, node: Mapping[str, Any]) -> bool:
+        """One watch event for a node; True if one of our pods runs there and its taints or cordon changed."""
+        record = node_record(node)
+        old = self.nodes.get(record.name)
+        if kind == "DELETED":
+            self.nodes.pop(record.name, None)
+        else:
+            self.nodes[record.name] = record
+        if old == (None if kind == "DELETED" else record):
+            return False
+        return self._bump(any(p.node == record.name for p in self.pods.values()))
+
+    def _bump(self, changed: bool) -> bool:
+        if changed:
+            self.version += 1
+        return changed
+
+    # -- reading -------------------------------------------------------------------------
+
+    def snapshot(self, now: float) -> DiscoveredHosts:
+        """The hosts as the view stands (see the module docstring), oldest pod first."""
+        builder = SnapshotBuilder(self.label)
+        soft: dict[str, str] = {}
+        uids = set()
+        for pod in self.pods.values():
+            uids.add(pod.uid)
+            if not pod.ip or pod.phase != "Running":
+                continue
+            verdict = self._verdict(pod, now)
+            if verdict.kind == "ready" and pod.slots is None:
+                self._once.note(("slots", pod.uid, pod.slots_text), "%s: pod %s has annotation %s=%r, which is not "
+                                "a positive whole number of slots; the pod is not used", self.label, pod.name,
+                                SLOTS_ANNOTATION, pod.slots_text)
+                continue
+            builder.add(pod.ip, verdict, lambda p=pod: p.slots, order=pod.created, instance=pod.instance)
+            if verdict.kind == "ready":
+                note = self._soft(pod)
+                if note:
+                    soft[pod.ip] = note
+        for uid in set(self._first_seen) - uids:
+            del self._first_seen[uid]
+        self._once.cycle()
+        snap = builder.build()
+        soft = {h: r for h, r in soft.items() if h in snap.ready}
+        return DiscoveredHosts(ready=snap.ready, draining=snap.draining, instances=snap.instances, soft=soft)
+
+    def _verdict(self, pod: PodRecord, now: float) -> Verdict:
+        if pod.deleted_at is not None:
+            return draining("pod deleted", pod.deleted_at)
+        if pod.disruption is not None:
+            reason, since = pod.disruption
+            if since is None:
+                since = self._first_seen.setdefault(pod.uid, now)
+            return draining(reason, since + pod.grace_s)
+        node = self.nodes.get(pod.node)
+        if node is not None:
+            for key, added in node.taints:
+                if key in self.hard:
+                    lead = _SPOT_TAINT_LEAD_S.get(key)
+                    deadline = None if lead is None or added is None else added + lead
+                    return draining(f"node {node.name}: {self.hard[key]}", deadline)
+        if pod.ready and self.drain_soft:
+            note = self._soft(pod)
+            if note:
+                return draining(note)
+        return READY if pod.ready else ABSENT
+
+    def _soft(self, pod: PodRecord) -> str | None:
+        node = self.nodes.get(pod.node)
+        if node is None:
+            return None
+        for key, _ in node.taints:
+            if key in SOFT_TAINTS:
+                return f"node {node.name}: {SOFT_TAINTS[key]}"
+        return f"node {node.name} cordoned" if node.cordoned else None

@@ -1,0 +1,248 @@
+"""List, then watch, one kind of Kubernetes object on a thread of its own (what client-go's reflector does).
+
+:class:`ResourceWatch` lists the objects (pages of 500), hands the complete
+list to the view, then watches from the list's ``resourceVersion``:
+
+* every event moves the kept ``resourceVersion`` on (``BOOKMARK`` events too),
+  and a change that matters to the driver calls ``on_news``;
+* a watch the server ends (its ``timeoutSeconds``) is started again at once,
+  from the kept version, so nothing between the two is missed;
+* ``410 Gone`` (the kept version is older than the server's history, sent as
+  an ``ERROR`` event or as the status of the request) relists: the view is
+  replaced by the fresh list, so what happened in the gap is neither missed
+  nor doubled, and the watch goes on from the new list's version;
+* anything else (a connection cut or refused, a 5xx, a 429) is retried from
+  the kept version after a back-off of 0.5 s doubling to 30 s, with jitter.
+  :meth:`ResourceWatch.trouble` says since when and why, so the provider can
+  report a watch that stays down as a retryable discovery error.
+
+Events are parsed as plain JSON, not into the client's models: the view reads
+a few fields, and building a ``V1Pod`` costs far more than reading it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import socket
+import threading
+import time
+from typing import Any, Callable, Iterator, Mapping
+
+__all__ = ["ResourceWatch", "Gone", "PAGE_SIZE"]
+
+_log = logging.getLogger(__name__)
+
+PAGE_SIZE = 500
+_BACKOFF_FIRST_S = 0.5
+_BACKOFF_MAX_S = 30.0
+
+
+class Gone(Exception):
+    """The kept resourceVersion is too old (HTTP 410): relist."""
+
+
+class WatchError(Exception):
+    """An ``ERROR`` event other than 410: retried with back-off."""
+
+
+class ResourceWatch:
+    """One kind's list and watch (see the module docstring).
+
+    ``call(**kwargs)`` is the client's list function with its path arguments
+    bound (``CoreV1Api.list_namespaced_pod`` with the namespace); it is always
+    called with ``_preload_content=False``. ``replace(items)`` and
+    ``apply(kind, obj)`` feed the view under ``lock`` and return whether the
+    snapshot may have changed. :meth:`sync` runs on the caller's thread and
+    raises the client's errors as they are; :meth:`start` runs the watch on a
+    daemon thread until :meth:`stop`.
+    """
+
+    def __init__(self, what: str, call: Callable[..., Any], *, replace: Callable[[list], bool],
+                 apply: Callable[[str, Mapping[str, Any]], bool], lock: threading.Lock,
+                 on_news: Callable[[], None], selector: str | None = None, timeout_s: float = 10.0,
+                 watch_s: float = 120.0, rng: random.Random | None = None) -> None:
+        self.what = what
+        self._call = call
+        self._replace = replace
+        self._apply = apply
+        self._lock = lock
+        self._on_news = on_news
+        self._selector = selector
+        self._timeout_s = timeout_s
+        self._watch_s = watch_s
+        self._rng = rng or random.Random()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._resp: Any = None
+        self._trouble: tuple[float, str] | None = None
+        #: The resourceVersion the next watch starts from (of the last list or event).
+        self.resource_version: str | None = None
+        #: Counters, for tests and benchmarks: lists made (the first included), watch requests, events.
+        self.lists = 0
+        self.watches = 0
+        self.events = 0
+
+    # -- list ----------------------------------------------------------------------------
+
+    def _selection(self) -> dict[str, Any]:
+        return {"label_selector": self._selector} if self._selector else {}
+
+    def list_all(self) -> tuple[list[dict], str]:
+        """Every object, in pages; returns (items, the list's resourceVersion)."""
+        items: list[dict] = []
+        token: str | None = None
+        version = ""
+        while True:
+            extra = {"_continue": token} if token else {}
+            resp = self._call(limit=PAGE_SIZE, _preload_content=False, _request_timeout=self._timeout_s,
+                              **self._selection(), **extra)
+            try:
+                page = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+            items.extend(page.get("items") or ())
+            meta = page.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion") or "")
+            token = meta.get("continue")
+            if not token:
+                return items, version
+
+    def sync(self) -> bool:
+        """List everything and replace the view's table; True if the snapshot may have changed."""
+        items, version = self.list_all()
+        with self._lock:
+            changed = self._replace(items)
+            self.resource_version = version
+        self.lists += 1
+        return changed
+
+    # -- watch ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Watch on a daemon thread from the version of the last :meth:`sync`."""
+        self._thread = threading.Thread(target=self._run, name=f"k8s-watch-{self.what}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End the watch: the open stream is shut so its read returns now. Idempotent."""
+        self._stop.set()
+        self._shut(self._resp)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def trouble(self) -> tuple[float, str] | None:
+        """(since when, why) while the watch cannot be (re)established; None while it runs."""
+        return self._trouble
+
+    def _run(self) -> None:
+        delay = _BACKOFF_FIRST_S
+        relist = False
+        while not self._stop.is_set():
+            try:
+                if relist:
+                    changed = self.sync()
+                    relist = False
+                    _log.info("%s watch: resourceVersion expired (410 Gone); relisted %s at version %s",
+                              self.what, self.what, self.resource_version)
+                    if changed:
+                        self._on_news()
+                started = time.monotonic()
+                if self._watch_once() == 0 and time.monotonic() - started < 1.0:
+                    # Ended at once with nothing in it: a proxy or server that will not hold a watch.
+                    # Not an error, but no reason to spin either.
+                    self._stop.wait(delay)
+                    delay = min(_BACKOFF_MAX_S, delay * 2)
+                else:
+                    delay = _BACKOFF_FIRST_S
+            except Gone:
+                relist = True
+            except Exception as exc:  # cut, refused, 5xx, 429, a bad line: back off, resume from the kept version
+                if self._stop.is_set():
+                    return
+                if getattr(exc, "status", None) == 410:  # the request itself answered 410 Gone
+                    relist = True
+                    continue
+                reason = _describe(exc)
+                if self._trouble is None:
+                    self._trouble = (time.time(), reason)
+                    _log.info("%s watch interrupted (%s); reconnecting from version %s", self.what, reason,
+                              self.resource_version)
+                else:
+                    self._trouble = (self._trouble[0], reason)
+                    _log.debug("%s watch still down: %s", self.what, reason)
+                self._stop.wait(delay * (0.75 + 0.5 * self._rng.random()))
+                delay = min(_BACKOFF_MAX_S, delay * 2)
+
+    def _watch_once(self) -> int:
+        """One watch request, its events applied until the stream ends; returns how many lines it had."""
+        resp = self._call(watch=True, resource_version=self.resource_version, allow_watch_bookmarks=True,
+                          timeout_seconds=int(self._watch_s), _preload_content=False,
+                          _request_timeout=(self._timeout_s, self._watch_s + 15), **self._selection())
+        self.watches += 1
+        self._resp = resp
+        if self._trouble is not None:
+            _log.info("%s watch resumed at version %s", self.what, self.resource_version)
+        self._trouble = None
+        lines = 0
+        try:
+            for line in _lines(resp):
+                if self._stop.is_set():
+                    break
+                lines += 1
+                self._event(json.loads(line))
+        finally:
+            self._resp = None
+            resp.release_conn()
+        return lines
+
+    def _event(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone()
+            raise WatchError(f"{obj.get('code')} {obj.get('reason', '')}: {obj.get('message', '')}")
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self.events += 1
+            with self._lock:
+                changed = self._apply(kind, obj)
+                if version:
+                    self.resource_version = str(version)
+            if changed:
+                self._on_news()
+        elif kind == "BOOKMARK" and version:
+            with self._lock:
+                self.resource_version = str(version)
+
+    @staticmethod
+    def _shut(resp: Any) -> None:
+        sock = getattr(getattr(resp, "connection", None), "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    """The stream's non-empty lines (one JSON event each), as they arrive."""
+    buffer = b""
+    for chunk in resp.stream(amt=None, decode_content=False):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield line
+    if buffer.strip():
+        yield buffer
+
+
+def _describe(exc: BaseException) -> str:
+    status = getattr(exc, "status", None)
+    if status:
+        return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:200] if text else type(exc).__name__
