@@ -1,0 +1,122 @@
+#!/bin/sh
+# A worker pod's process: sshd, as the pod's own (non-root) user, so that the driver can start
+# workers in the pod over SSH (docs/ssh.md). Until the planned pod entrypoint replaces it
+# (docs/kubernetes.md), this script is the container's command.
+#
+# - Only the driver's key logs in: the public half, mounted read-only from the Secret. No
+#   password, no forwarding of any kind.
+# - A session gets the container's environment (the image's PATH and LD_LIBRARY_PATH, the CUDA
+#   and NCCL variables, the pod's `env:`), which sshd would otherwise replace by its own.
+# - On SIGTERM (the pod is being deleted) it stops accepting connections, so the pod turns
+#   NotReady, and waits for the workers already started here to end: the driver, which sees the
+#   deletion, drains them at their next commit. The kubelet's SIGKILL at the end of
+#   terminationGracePeriodSeconds bounds the wait.
+#
+# Settings (environment): CLOUD_ELASTIC_SSHD_PORT (2222), CLOUD_ELASTIC_AUTHORIZED_KEYS
+# (/etc/cloud-elastic/ssh/authorized_keys), CLOUD_ELASTIC_SSHD_DIR (/run/cloud-elastic/sshd:
+# host key and configuration, made at each start), CLOUD_ELASTIC_SSHD (/usr/sbin/sshd).
+set -eu
+
+PORT=${CLOUD_ELASTIC_SSHD_PORT:-2222}
+KEYS=${CLOUD_ELASTIC_AUTHORIZED_KEYS:-/etc/cloud-elastic/ssh/authorized_keys}
+DIR=${CLOUD_ELASTIC_SSHD_DIR:-/run/cloud-elastic/sshd}
+SSHD=${CLOUD_ELASTIC_SSHD:-/usr/sbin/sshd}
+
+log() { printf '[start-sshd] %s\n' "$*" >&2; }
+
+if [ ! -r "$KEYS" ]; then
+    log "no authorized key at $KEYS: create the Secret cloud-elastic-ssh (docs/kubernetes.md)"
+    exit 1
+fi
+mkdir -p "$DIR"
+chmod 700 "$DIR"
+# A host key of the pod's own, kept for its life (an emptyDir survives a container restart): a
+# replaced pod is a new host with a new key, and the driver forgets the key it recorded for a
+# recycled pod IP when a new pod stands behind it (docs/ssh.md, "Known hosts").
+if [ ! -s "$DIR/host_ed25519" ]; then
+    rm -f "$DIR/host_ed25519" "$DIR/host_ed25519.pub"
+    ssh-keygen -q -t ed25519 -N '' -C "$(hostname)" -f "$DIR/host_ed25519"
+fi
+
+cat > "$DIR/sshd_config" <<EOF
+Port $PORT
+ListenAddress 0.0.0.0
+HostKey $DIR/host_ed25519
+PidFile none
+# The key file is a read-only Secret volume, whose mount directory is a world-writable tmpfs:
+# StrictModes would refuse it, and nobody but the kubelet can write it.
+StrictModes no
+AuthorizedKeysFile $KEYS
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+AllowTcpForwarding no
+AllowStreamLocalForwarding no
+AllowAgentForwarding no
+X11Forwarding no
+PermitTunnel no
+PermitUserRC no
+PrintMotd no
+# The driver opens one connection per worker, all at once when a round forms.
+MaxStartups 64:30:256
+LogLevel INFO
+EOF
+
+# The container's environment, for every session: one SetEnv line (sshd keeps only the first
+# SetEnv it reads), a quoted NAME=VALUE a variable. Variables that
+# describe the login (HOME, USER, ...) are sshd's to set; a value that sshd's configuration
+# cannot carry (a double quote, a backslash, a line break) is left out and named.
+python3 - "$DIR/sshd_config" <<'EOF'
+import os
+import re
+import sys
+
+LOGIN = {"HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "MAIL"}
+lines, skipped = [], []
+for name, value in sorted(os.environ.items()):
+    if name in LOGIN or name.startswith(("SSH_", "CLOUD_ELASTIC_SSHD")) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        continue
+    if any(c in value for c in '"\\\n\r') or not value.isprintable():
+        skipped.append(name)
+        continue
+    lines.append(f'"{name}={value}"')
+if lines:
+    with open(sys.argv[1], "a") as config:
+        config.write("SetEnv " + " ".join(lines) + "\n")
+if skipped:
+    print(f"[start-sshd] not passed to sessions (a quote, backslash or line break in the value): {' '.join(skipped)}", file=sys.stderr)
+EOF
+
+"$SSHD" -t -f "$DIR/sshd_config"
+log "sshd listening on port $PORT for the key in $KEYS"
+"$SSHD" -D -e -f "$DIR/sshd_config" &
+SSHD_PID=$!
+
+workers_left() {
+    # The remote wrapper of each worker the driver started here (cloud_elastic.driver.remote).
+    for cmdline in /proc/[0-9]*/cmdline; do
+        if grep -q 'cloud_elastic[.]driver[.]remote' "$cmdline" 2>/dev/null; then
+            return 0
+        fi
+    done
+    return 1
+}
+
+on_term() {
+    log "SIGTERM: no new connections; waiting for the workers started here to leave"
+    kill -TERM "$SSHD_PID" 2>/dev/null || true
+    while workers_left; do
+        sleep 1
+    done
+    log "no worker left: exiting"
+    exit 0
+}
+trap on_term TERM INT
+
+# sshd ending by itself is an error: the pod restarts its container.
+set +e
+wait "$SSHD_PID"
+status=$?
+log "sshd exited with status $status"
+exit "$status"

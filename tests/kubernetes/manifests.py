@@ -1,0 +1,588 @@
+"""Render the Kustomize overlays of deploy/kubernetes/ and check the properties a user relies on.
+
+Each check takes the rendered objects of one overlay and the overlay's :class:`Spec`, and returns a
+list of problems (empty when the property holds), so the same function serves the real tree
+(``test_manifests.py``) and copies broken on purpose (``test_mutations.py``, which shows that
+each check can fail).
+
+The expected values (RBAC verbs, spot labels and taints, the drain taints) are the specification
+from issue 40 and the clouds' documentation, written here once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy" / "kubernetes"
+
+#: Kubernetes versions whose API schemas every rendered object must satisfy (kubernetes-validate,
+#: strict: unknown fields are errors). The oldest minor the managed clusters still run, and the
+#: newest kubernetes-validate ships.
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+
+#: Fail instead of skipping when kubectl is missing (CI always does).
+REQUIRE_ENV = "CLOUD_ELASTIC_REQUIRE_KUBECTL"
+
+WORKER, DRIVER = "cloud-elastic-worker", "cloud-elastic-driver"
+GPU = "nvidia.com/gpu"
+SLOTS_ANNOTATION = "cloud-elastic.io/slots"
+NAMESPACE = "cloud-elastic"
+READ_VERBS = {"get", "list", "watch"}
+
+#: Taints that announce a node's end (issue 40). A worker pod must tolerate none of them: a
+#: NoSchedule one would let a new pod land on a node being drained.
+DRAIN_TAINTS = (
+    ("karpenter.sh/disrupted", "NoSchedule"),
+    ("karpenter.sh/disruption", "NoSchedule"),
+    ("aws-node-termination-handler/spot-itn", "NoSchedule"),
+    ("aws-node-termination-handler/rebalance-recommendation", "NoSchedule"),
+    ("aws-node-termination-handler/asg-lifecycle-termination", "NoSchedule"),
+    ("aws-node-termination-handler/scheduled-maintenance", "NoSchedule"),
+    ("cloud.google.com/impending-node-termination", "NoSchedule"),
+    ("node.kubernetes.io/unschedulable", "NoSchedule"),
+    ("node.kubernetes.io/not-ready", "NoExecute"),
+)
+
+#: Every spot label the overlays know: the driver must avoid all of them.
+SPOT_LABELS = {
+    "karpenter.sh/capacity-type": "spot",
+    "eks.amazonaws.com/capacityType": "SPOT",
+    "cloud.google.com/gke-spot": "true",
+    "cloud.google.com/gke-preemptible": "true",
+    "kubernetes.azure.com/scalesetpriority": "spot",
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What one overlay promises: where its workers run and how big the job is."""
+
+    name: str
+    spot_label: tuple[str, str] | None  # the node label that selects spot capacity
+    spot_taint: tuple[str, str, str] | None  # key, value, effect the workers must tolerate
+    gpus: bool  # workers have a GPU limit (else the slots annotation)
+    image: str  # what `images:` sets
+    min_grace_s: int  # a step plus a commit plus margin
+    on_demand_labels: dict[str, str]  # an on-demand CPU node's labels: the driver must fit there
+
+
+OVERLAYS = {
+    "eks-karpenter": Spec("eks-karpenter", ("karpenter.sh/capacity-type", "spot"),
+                          ("karpenter.sh/capacity-type", "spot", "NoSchedule"), True,
+                          "123456789012.dkr.ecr.us-east-1.amazonaws.com/cloud-elastic:latest", 60,
+                          {"karpenter.sh/capacity-type": "on-demand"}),
+    "gke-spot": Spec("gke-spot", ("cloud.google.com/gke-spot", "true"),
+                     ("cloud.google.com/gke-spot", "true", "NoSchedule"), True,
+                     "us-docker.pkg.dev/my-project/cloud-elastic/cloud-elastic:latest", 60, {}),
+    "aks-spot": Spec("aks-spot", ("kubernetes.azure.com/scalesetpriority", "spot"),
+                     ("kubernetes.azure.com/scalesetpriority", "spot", "NoSchedule"), True,
+                     "myregistry.azurecr.io/cloud-elastic:latest", 60, {}),
+    "kind": Spec("kind", None, None, False, "cloud-elastic:dev", 30, {}),
+}
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def find_kubectl() -> str | None:
+    return shutil.which("kubectl") or next((p for p in ("/usr/bin/kubectl", "/usr/local/bin/kubectl")
+                                            if os.access(p, os.X_OK)), None)
+
+
+def required() -> bool:
+    """Whether a missing kubectl (or kubernetes-validate) fails the tests rather than skipping them."""
+    return bool(os.environ.get("CI")) or os.environ.get(REQUIRE_ENV, "") not in ("", "0")
+
+
+class RenderError(Exception):
+    """``kubectl kustomize`` refused an overlay; the message is its output."""
+
+
+def render(kubectl: str, overlay_dir: Path) -> list[dict[str, Any]]:
+    """The objects ``kubectl kustomize DIR`` prints: offline, nothing is sent anywhere."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env["KUBECONFIG"] = os.devnull
+    result = subprocess.run([kubectl, "kustomize", str(overlay_dir)], capture_output=True, text=True,
+                            timeout=60, env=env, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise RenderError(f"kubectl kustomize {overlay_dir} failed: {result.stderr.strip()}")
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def schema_problems(objects: list[dict[str, Any]], versions=KUBERNETES_VERSIONS) -> list[str]:
+    """Each object against the API schema of each version (kubernetes-validate, strict)."""
+    import kubernetes_validate
+
+    problems = []
+    for version in versions:
+        for obj in objects:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                where = "/".join(str(p) for p in exc.path)
+                problems.append(f"{version} {kind_name(obj)}: {exc.message} (at {where or 'top level'})")
+            except kubernetes_validate.utils.SchemaNotFoundError as exc:
+                problems.append(f"{version} {kind_name(obj)}: no schema ({exc})")
+    return problems
+
+
+# --- reading the objects -----------------------------------------------------------------------
+
+
+def kind_name(obj: dict[str, Any]) -> str:
+    return f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
+
+
+def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o.get("kind") == kind]
+
+
+def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any] | None:
+    found = [o for o in of_kind(objects, kind) if name is None or o["metadata"]["name"] == name]
+    return found[0] if len(found) == 1 else None
+
+
+def workers(objects) -> dict[str, Any] | None:
+    return one(objects, "StatefulSet", WORKER)
+
+
+def driver_job(objects) -> dict[str, Any] | None:
+    return one(objects, "Job", DRIVER)
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def container(workload: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((c for c in pod_spec(workload).get("containers", []) if c.get("name") == name), None)
+
+
+def config_map_data(objects, prefix: str) -> dict[str, str]:
+    """The data of the (hash-suffixed) ConfigMap generated as ``prefix``."""
+    for cm in of_kind(objects, "ConfigMap"):
+        if re.fullmatch(re.escape(prefix) + r"(-[a-z0-9]{10})?", cm["metadata"]["name"]):
+            return cm.get("data", {})
+    return {}
+
+
+def resolved_args(objects, job: dict[str, Any]) -> list[str]:
+    """The driver's command and arguments with ``$(VAR)`` replaced as the kubelet does: from the
+    container's literal env values, ConfigMap keys, and the pod's own namespace."""
+    c = container(job, "driver") or {}
+    values: dict[str, str] = {}
+    namespace = job["metadata"].get("namespace", "")
+    for var in c.get("env", []):
+        if "value" in var:
+            values[var["name"]] = str(var["value"])
+            continue
+        source = var.get("valueFrom", {})
+        if source.get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+            values[var["name"]] = namespace
+        ref = source.get("configMapKeyRef")
+        if ref:
+            data = next((cm.get("data", {}) for cm in of_kind(objects, "ConfigMap")
+                         if cm["metadata"]["name"] == ref["name"]), {})
+            if ref["key"] in data:
+                values[var["name"]] = data[ref["key"]]
+    expand = lambda s: re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: values.get(m[1], m[0]), str(s))
+    return [expand(a) for a in [*c.get("command", []), *c.get("args", [])]]
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """The value of ``name`` among the options, before the training command (``python ...``)."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def tolerates(tolerations: list[dict[str, Any]], key: str, value: str, effect: str) -> bool:
+    """Whether any toleration matches the taint ``key=value:effect`` (the scheduler's rule)."""
+    for t in tolerations or []:
+        if t.get("effect") and t["effect"] != effect:
+            continue
+        operator = t.get("operator", "Equal")
+        if operator == "Exists" and t.get("key") in (None, "", key):
+            return True
+        if operator == "Equal" and t.get("key") == key and t.get("value", "") == value:
+            return True
+    return False
+
+
+def required_node_terms(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The required node affinity's terms (OR of ANDs), the nodeSelector ANDed into each."""
+    terms = (spec.get("affinity", {}).get("nodeAffinity", {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms") or [{}])
+    selector = [{"key": k, "operator": "In", "values": [v]} for k, v in (spec.get("nodeSelector") or {}).items()]
+    return [[*term.get("matchExpressions", []), *selector] for term in terms]
+
+
+def term_admits(term: list[dict[str, Any]], labels: dict[str, str]) -> bool:
+    """Whether a node with ``labels`` satisfies every expression of ``term``."""
+    for expr in term:
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        present = key in labels
+        if op == "In" and not (present and labels[key] in values):
+            return False
+        if op == "NotIn" and present and labels[key] in values:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def can_land_on(spec: dict[str, Any], labels: dict[str, str]) -> bool:
+    return any(term_admits(term, labels) for term in required_node_terms(spec))
+
+
+def selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    """An equality-based label selector (``a=b,c==d,e!=f``) against ``labels``."""
+    for part in filter(None, (p.strip() for p in selector.split(","))):
+        if "!=" in part:
+            key, value = part.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in part:
+            key, value = re.split(r"==?", part, maxsplit=1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif part.strip() not in labels:
+            return False
+    return True
+
+
+def strings(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+def slots_per_pod(ss: dict[str, Any]) -> int | None:
+    c = container(ss, "worker") or {}
+    gpus = c.get("resources", {}).get("limits", {}).get(GPU)
+    if gpus is not None:
+        return int(gpus)
+    annotation = ss["spec"]["template"].get("metadata", {}).get("annotations", {}).get(SLOTS_ANNOTATION)
+    return int(annotation) if annotation is not None and str(annotation).isdigit() else None
+
+
+# --- the properties -----------------------------------------------------------------------------
+
+Check = Callable[[list[dict[str, Any]], Spec], list[str]]
+CHECKS: dict[str, Check] = {}
+
+
+def check(fn: Check) -> Check:
+    CHECKS[fn.__name__] = fn
+    return fn
+
+
+@check
+def rbac_least(objects, spec: Spec) -> list[str]:
+    """Pods get/list/watch in the namespace (Role), nodes get/list/watch (ClusterRole), bound to the
+    driver's ServiceAccount, and nothing else: no other role, no other verb, resource or group."""
+    problems = []
+    roles, cluster_roles = of_kind(objects, "Role"), of_kind(objects, "ClusterRole")
+    if len(roles) != 1 or len(cluster_roles) != 1:
+        return [f"expected one Role and one ClusterRole, found {len(roles)} and {len(cluster_roles)}"]
+    for role, resource in ((roles[0], "pods"), (cluster_roles[0], "nodes")):
+        rules = role.get("rules", [])
+        if role.get("aggregationRule"):
+            problems.append(f"{kind_name(role)} aggregates other roles")
+        wanted = [{"apiGroups": [""], "resources": [resource], "verbs": sorted(READ_VERBS)}]
+        got = [{"apiGroups": r.get("apiGroups"), "resources": r.get("resources"), "verbs": sorted(r.get("verbs", [])),
+                **({"resourceNames": r["resourceNames"]} if "resourceNames" in r else {}),
+                **({"nonResourceURLs": r["nonResourceURLs"]} if "nonResourceURLs" in r else {})} for r in rules]
+        if got != wanted:
+            problems.append(f"{kind_name(role)} grants {got}; it must grant exactly {wanted}")
+    sa = of_kind(objects, "ServiceAccount")
+    job = driver_job(objects)
+    if len(sa) != 1 or job is None:
+        return problems + ["expected one ServiceAccount and the driver Job"]
+    account, namespace = sa[0]["metadata"]["name"], sa[0]["metadata"].get("namespace")
+    if pod_spec(job).get("serviceAccountName") != account:
+        problems.append(f"the driver runs as {pod_spec(job).get('serviceAccountName')!r}, not {account!r}")
+    for kind, role in (("RoleBinding", roles[0]), ("ClusterRoleBinding", cluster_roles[0])):
+        bindings = of_kind(objects, kind)
+        if len(bindings) != 1:
+            problems.append(f"expected one {kind}, found {len(bindings)}")
+            continue
+        b = bindings[0]
+        if b["roleRef"] != {"apiGroup": "rbac.authorization.k8s.io", "kind": role["kind"], "name": role["metadata"]["name"]}:
+            problems.append(f"{kind_name(b)} binds {b['roleRef']}, not {kind_name(role)}")
+        subject = {"kind": "ServiceAccount", "name": account, "namespace": namespace}
+        if [dict(s) for s in b.get("subjects", [])] != [subject]:
+            problems.append(f"{kind_name(b)} binds {b.get('subjects')}; it must bind exactly {subject}")
+    ss = workers(objects)
+    if ss is not None and pod_spec(ss).get("automountServiceAccountToken") is not False:
+        problems.append("the worker pods mount a service account token: they need no API access")
+    return problems
+
+
+@check
+def one_driver(objects, spec: Spec) -> list[str]:
+    """One driver pod at a time, restarted in place on failure, never started again once done."""
+    jobs = [o for o in objects if o.get("kind") in ("Job", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Pod")
+            and any("run" in (c.get("command", []) + c.get("args", []))[:2] and "cloud-elastic" in c.get("command", [])[:1]
+                    for c in (o["spec"].get("template", {}).get("spec", o["spec"]).get("containers", [])))]
+    if len(jobs) != 1 or jobs[0]["kind"] != "Job":
+        return [f"the driver must be exactly one Job; found {[kind_name(j) for j in jobs]}"]
+    job, problems = jobs[0], []
+    for field, wanted in (("parallelism", 1), ("completions", 1), ("podReplacementPolicy", "Failed")):
+        if job["spec"].get(field) != wanted:
+            problems.append(f"the driver Job's {field} is {job['spec'].get(field)!r}, not {wanted!r}")
+    if pod_spec(job).get("restartPolicy") != "OnFailure":
+        problems.append(f"the driver's restartPolicy is {pod_spec(job).get('restartPolicy')!r}, not 'OnFailure' "
+                        "(a restart in the same pod keeps its address and record, so it can adopt the workers)")
+    return problems
+
+
+@check
+def driver_on_demand(objects, spec: Spec) -> list[str]:
+    """The driver never lands on spot capacity: no node with any known spot label admits it, and it
+    tolerates no spot taint."""
+    job = driver_job(objects)
+    if job is None:
+        return ["no driver Job"]
+    problems, pod = [], pod_spec(job)
+    if not can_land_on(pod, {**spec.on_demand_labels, "kubernetes.io/hostname": "n1"}):
+        problems.append(f"the driver fits no on-demand node (labels {spec.on_demand_labels})")
+    for key, value in SPOT_LABELS.items():
+        if can_land_on(pod, {key: value}):
+            problems.append(f"the driver can be scheduled on a node labelled {key}={value}")
+    for name, s in OVERLAYS.items():
+        if s.spot_taint and tolerates(pod.get("tolerations", []), *s.spot_taint):
+            problems.append(f"the driver tolerates the spot taint {s.spot_taint} ({name})")
+    return problems
+
+
+@check
+def workers_on_spot(objects, spec: Spec) -> list[str]:
+    """Workers run only on the overlay's spot capacity, tolerate its taint, and tolerate no drain
+    taint (nor everything)."""
+    ss = workers(objects)
+    if ss is None:
+        return ["no worker StatefulSet"]
+    problems, pod = [], pod_spec(ss)
+    tolerations = pod.get("tolerations", [])
+    if spec.spot_label:
+        key, value = spec.spot_label
+        if not can_land_on(pod, {key: value}):
+            problems.append(f"workers cannot be scheduled on spot nodes ({key}={value})")
+        if can_land_on(pod, {}) or can_land_on(pod, {key: "on-demand"}):
+            problems.append(f"workers can be scheduled off spot capacity (they do not require {key}={value})")
+    if spec.spot_taint and not tolerates(tolerations, *spec.spot_taint):
+        problems.append(f"workers do not tolerate the spot taint {spec.spot_taint}")
+    if spec.gpus and not tolerates(tolerations, GPU, "present", "NoSchedule"):
+        problems.append(f"workers do not tolerate the {GPU} taint of GPU node pools")
+    for key, effect in DRAIN_TAINTS:
+        if tolerates(tolerations, key, "", effect) or tolerates(tolerations, key, "true", effect):
+            problems.append(f"workers tolerate the drain taint {key}:{effect}")
+    return problems
+
+
+@check
+def grace_period(objects, spec: Spec) -> list[str]:
+    """The workers' terminationGracePeriodSeconds is set and covers a step plus a commit."""
+    ss = workers(objects)
+    if ss is None:
+        return ["no worker StatefulSet"]
+    grace = pod_spec(ss).get("terminationGracePeriodSeconds")
+    if not isinstance(grace, int) or grace < spec.min_grace_s:
+        return [f"workers' terminationGracePeriodSeconds is {grace!r}; at least {spec.min_grace_s} s "
+                "(a step plus a commit plus a margin)"]
+    return []
+
+
+@check
+def gpu_limits(objects, spec: Spec) -> list[str]:
+    """Each worker pod asks for whole GPUs (its slots), or, without GPUs, carries its slots as an
+    annotation."""
+    ss = workers(objects)
+    if ss is None or container(ss, "worker") is None:
+        return ["no worker StatefulSet with a 'worker' container"]
+    resources = container(ss, "worker").get("resources", {})
+    limit = resources.get("limits", {}).get(GPU)
+    annotation = ss["spec"]["template"].get("metadata", {}).get("annotations", {}).get(SLOTS_ANNOTATION)
+    if spec.gpus:
+        if not isinstance(limit, int) or limit < 1:
+            return [f"workers' {GPU} limit is {limit!r}, not a whole number of GPUs >= 1"]
+        if resources.get("requests", {}).get(GPU, limit) != limit:
+            return [f"workers' {GPU} request differs from its limit"]
+        if annotation is not None:
+            return [f"GPU workers also carry {SLOTS_ANNOTATION}; the GPU limit is their slots"]
+        return []
+    if limit is not None:
+        return [f"the CPU overlay's workers ask for {GPU}"]
+    if annotation is None or not str(annotation).isdigit() or int(annotation) < 1:
+        return [f"CPU workers' {SLOTS_ANNOTATION} annotation is {annotation!r}, not a positive number"]
+    return []
+
+
+@check
+def one_pod_per_node(objects, spec: Spec) -> list[str]:
+    """A required pod anti-affinity on the node's hostname against the workers' own labels."""
+    ss = workers(objects)
+    if ss is None:
+        return ["no worker StatefulSet"]
+    labels = ss["spec"]["template"]["metadata"].get("labels", {})
+    terms = (pod_spec(ss).get("affinity", {}).get("podAntiAffinity", {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+    for term in terms:
+        selector = term.get("labelSelector", {})
+        if (term.get("topologyKey") == "kubernetes.io/hostname" and not selector.get("matchExpressions")
+                and selector.get("matchLabels") and selector_matches(
+                    ",".join(f"{k}={v}" for k, v in selector["matchLabels"].items()), labels)
+                and not term.get("namespaceSelector") and not term.get("namespaces")):
+            return []
+    return ["workers have no required podAntiAffinity on kubernetes.io/hostname that matches their own labels"]
+
+
+PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----|\b(ssh-(ed25519|rsa|dss)|ecdsa-sha2-\S+) AAAA")
+SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|PRIVATE|CREDENTIAL|API_?KEY", re.I)
+
+
+@check
+def no_inline_secret(objects, spec: Spec) -> list[str]:
+    """No key material or secret value is written in any manifest: no Secret object, no key text,
+    no literal env value under a secret's name. The driver gets only the private key, the workers
+    only the public one."""
+    problems = []
+    for obj in objects:
+        if obj.get("kind") == "Secret":
+            problems.append(f"{kind_name(obj)} is in the manifests: create it from your key files instead")
+        for s in strings(obj):
+            if PRIVATE_KEY.search(s):
+                problems.append(f"{kind_name(obj)} contains key material")
+                break
+        template = obj.get("spec", {}).get("template", {}).get("spec", {})
+        for c in [*template.get("containers", []), *template.get("initContainers", [])]:
+            for var in c.get("env", []):
+                if "value" in var and SECRET_NAME.search(var["name"]):
+                    problems.append(f"{kind_name(obj)} sets {var['name']} inline")
+    for workload, key, other in ((driver_job(objects), "id_ed25519", "authorized_keys"),
+                                 (workers(objects), "authorized_keys", "id_ed25519")):
+        if workload is None:
+            continue
+        items = [item["key"] for v in pod_spec(workload).get("volumes", []) if "secret" in v
+                 for item in v["secret"].get("items") or [{"key": "(every key)"}]]
+        if items != [key]:
+            problems.append(f"{kind_name(workload)} mounts {items} of the SSH Secret; it needs {key!r} only")
+    return problems
+
+
+@check
+def selector_finds_workers(objects, spec: Spec) -> list[str]:
+    """The driver's --k8s-selector selects the worker pods (and not the driver), in the namespace the
+    workers are in."""
+    job, ss = driver_job(objects), workers(objects)
+    if job is None or ss is None:
+        return ["no driver Job or worker StatefulSet"]
+    args = resolved_args(objects, job)
+    selector, namespace = flag(args, "--k8s-selector"), flag(args, "--k8s-namespace")
+    problems = []
+    if not selector:
+        return [f"the driver's command has no --k8s-selector: {args}"]
+    if not selector_matches(selector, ss["spec"]["template"]["metadata"].get("labels", {})):
+        problems.append(f"--k8s-selector {selector} does not select the worker pods")
+    if selector_matches(selector, job["spec"]["template"]["metadata"].get("labels", {})):
+        problems.append(f"--k8s-selector {selector} also selects the driver's own pod")
+    if namespace is not None and namespace != ss["metadata"].get("namespace"):
+        problems.append(f"--k8s-namespace {namespace} is not the workers' namespace {ss['metadata'].get('namespace')}")
+    return problems
+
+
+@check
+def sizes_agree(objects, spec: Spec) -> list[str]:
+    """min-np <= np <= max-np, and the workers' replicas times their slots are max-np: fewer pods
+    never reach it, more hold GPUs the job cannot use."""
+    job, ss = driver_job(objects), workers(objects)
+    if job is None or ss is None:
+        return ["no driver Job or worker StatefulSet"]
+    args = resolved_args(objects, job)
+    values = {f: flag(args, f) for f in ("-np", "--min-np", "--max-np")}
+    if not all(v is not None and v.isdigit() for v in values.values()):
+        return [f"the driver's -np/--min-np/--max-np do not resolve to numbers: {values}"]
+    np_, min_np, max_np = (int(values[f]) for f in ("-np", "--min-np", "--max-np"))
+    problems = []
+    if not 1 <= min_np <= np_ <= max_np:
+        problems.append(f"expected 1 <= --min-np ({min_np}) <= -np ({np_}) <= --max-np ({max_np})")
+    slots, replicas = slots_per_pod(ss), ss["spec"].get("replicas", 1)
+    if slots is None or replicas * slots != max_np:
+        problems.append(f"{replicas} worker pods x {slots} slots != --max-np {max_np}")
+    return problems
+
+
+@check
+def ssh_agrees(objects, spec: Spec) -> list[str]:
+    """The driver reaches sshd where it listens, as the user the pods run as, with the key file it
+    mounts."""
+    job, ss = driver_job(objects), workers(objects)
+    if job is None or ss is None:
+        return ["no driver Job or worker StatefulSet"]
+    args, worker = resolved_args(objects, job), container(ss, "worker") or {}
+    problems = []
+    port = flag(args, "--ssh-port") or "22"
+    env = {v["name"]: str(v.get("value")) for v in worker.get("env", [])}
+    ports = {str(p["containerPort"]) for p in worker.get("ports", []) if p.get("name") == "ssh"}
+    if env.get("CLOUD_ELASTIC_SSHD_PORT", "2222") != port or ports != {port}:
+        problems.append(f"the driver connects to port {port}; sshd listens on {env.get('CLOUD_ELASTIC_SSHD_PORT')} "
+                        f"and the container declares {sorted(ports)}")
+    probe = worker.get("readinessProbe", {}).get("tcpSocket", {}).get("port")
+    if probe not in ("ssh", int(port) if port.isdigit() else port):
+        problems.append(f"the workers' readiness probe checks {probe!r}, not sshd's port")
+    identity = flag(args, "--ssh-identity-file")
+    driver = container(job, "driver") or {}
+    mounted = {f"{m['mountPath'].rstrip('/')}/{item['path']}"
+               for m in driver.get("volumeMounts", [])
+               for v in pod_spec(job).get("volumes", []) if v["name"] == m["name"] and "secret" in v
+               for item in v["secret"].get("items", [])}
+    if identity not in mounted:
+        problems.append(f"--ssh-identity-file {identity} is not the key the driver mounts ({sorted(mounted)})")
+    if pod_spec(job).get("securityContext", {}).get("runAsUser") != pod_spec(ss).get("securityContext", {}).get("runAsUser"):
+        problems.append("the driver and the workers run as different users (the image installs one, uid 1000)")
+    if pod_spec(ss).get("securityContext", {}).get("runAsNonRoot") is not True:
+        problems.append("the worker pods may run as root")
+    return problems
+
+
+@check
+def image_set(objects, spec: Spec) -> list[str]:
+    """Every container runs the image the overlay names with `images:`."""
+    problems = []
+    for obj in objects:
+        template = obj.get("spec", {}).get("template", {}).get("spec", {})
+        for c in [*template.get("containers", []), *template.get("initContainers", [])]:
+            if c.get("image") != spec.image:
+                problems.append(f"{kind_name(obj)} container {c.get('name')} runs {c.get('image')!r}, not {spec.image!r}")
+    return problems
+
+
+@check
+def one_namespace(objects, spec: Spec) -> list[str]:
+    """Every namespaced object is in the overlay's namespace, which the overlay creates."""
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    problems = [f"{kind_name(o)} is in namespace {o['metadata'].get('namespace')!r}" for o in objects
+                if o["kind"] not in cluster_scoped and o["metadata"].get("namespace") != NAMESPACE]
+    if [o["metadata"]["name"] for o in of_kind(objects, "Namespace")] != [NAMESPACE]:
+        problems.append(f"the overlay does not create exactly the namespace {NAMESPACE}")
+    return problems
