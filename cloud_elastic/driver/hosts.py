@@ -53,6 +53,12 @@ class Blacklist:
         self._until[slot] = now + delay
         return delay
 
+    def forget_host(self, host: str) -> None:
+        """Forget every failure of ``host``'s slots: another instance now holds the address."""
+        for slot in [s for s in self._failures if s.host == host]:
+            del self._failures[slot]
+            self._until.pop(slot, None)
+
     def failures(self, slot: Slot) -> int:
         """How many times ``slot`` has failed."""
         return self._failures.get(slot, 0)
@@ -117,6 +123,8 @@ class HostManager:
     _soft_until: dict[str, float] = field(default_factory=dict)  # host -> when its soft notice lapses
     _order: dict[str, int] = field(default_factory=dict)
     _seq: int = 0
+    #: The last instance seen at each address, kept after the host is forgotten (addresses are reused).
+    _last_instance: dict[str, str] = field(default_factory=dict)
     #: Raised by every call that may change which slots are usable (update, notices, expiry), so a
     #: caller can skip re-checking its workers' hosts while it stays the same.
     version: int = 0
@@ -138,6 +146,11 @@ class HostManager:
                     self.missing.setdefault(host, (slots, now))
         self.ready = dict(snapshot.ready)
         self.draining = dict(snapshot.draining)
+        for host, instance in snapshot.instances.items():
+            if self._last_instance.setdefault(host, instance) != instance:
+                # A recycled IP, a recreated or restarted pod: the new instance inherits no blacklisting.
+                self._last_instance[host] = instance
+                self.blacklist.forget_host(host)
         self.instances.update(snapshot.instances)
         self.provider_soft = dict(snapshot.soft)
         if self.drain_soft:

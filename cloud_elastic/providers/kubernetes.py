@@ -155,6 +155,7 @@ class KubernetesPods(CloudGroupProvider):
         self._wake: Callable[[], None] | None = None
         self._cached: tuple[int, DiscoveredHosts] | None = None
         self._nodes_refused = False
+        self._nodes_warned: float | None = None  # when the nodes watch outage last warned about began
         self._server = ""
 
     @classmethod
@@ -280,12 +281,25 @@ class KubernetesPods(CloudGroupProvider):
         return translated if translated is not None else RetryableDiscoveryError(f"{self.label}: {one_line(exc)}")
 
     def _check_watches(self) -> None:
+        """A pods watch down past ``stale_after_s`` fails discovery (retryable): the view may be stale.
+
+        A nodes watch down that long costs only node signals (pods still come and go, and pod signals
+        still drain), so it is one warning per outage, not a failed discovery.
+        """
         now = time.time()
         for watch in self._watches:
             trouble = watch.trouble()
-            if trouble is not None and now - trouble[0] >= self.stale_after_s:
-                raise RetryableDiscoveryError(f"{self.label}: the {watch.what} watch has been down for "
+            if trouble is None or now - trouble[0] < self.stale_after_s:
+                if watch.what == "nodes" and trouble is None:
+                    self._nodes_warned = None
+                continue
+            if watch.what == "pods":
+                raise RetryableDiscoveryError(f"{self.label}: the pods watch has been down for "
                                               f"{now - trouble[0]:.0f} s: {trouble[1]}")
+            if self._nodes_warned != trouble[0]:
+                self._nodes_warned = trouble[0]
+                _log.warning("%s: the nodes watch has been down for %.0f s (%s); node signals (taints, cordons) "
+                             "are not seen until it is back", self.label, now - trouble[0], trouble[1])
 
     def _news(self) -> None:
         wake = self._wake

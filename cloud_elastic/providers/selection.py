@@ -50,6 +50,8 @@ class CloudFlag:
     help: str
     metavar: str = "VALUE"
     selects: bool = False
+    #: Repeatable: the values given are joined with commas into the one option.
+    multiple: bool = False
 
     @property
     def dest(self) -> str:
@@ -74,6 +76,15 @@ CLOUD_FLAGS: tuple[CloudFlag, ...] = (
     CloudFlag("--ibm-instance-group", "ibm", "group", "IBM Cloud VPC instance group ID", "ID", selects=True),
     CloudFlag("--ibm-region", "ibm", "region", "IBM Cloud VPC region", "REGION"),
     CloudFlag("--ibm-endpoint", "ibm", "endpoint", "VPC API URL (default: VPC_URL or the region's)", "URL"),
+    CloudFlag("--k8s-selector", "kubernetes", "selector", "Kubernetes label selector of the worker pods, e.g. app=llm",
+              "SELECTOR", selects=True),
+    CloudFlag("--k8s-namespace", "kubernetes", "namespace",
+              "namespace of the pods (default: the kubeconfig context's or the service account's)", "NS"),
+    CloudFlag("--k8s-drain-taint", "kubernetes", "drain_taints",
+              "a node taint key that drains the node's pods, besides the known ones (repeatable)", "KEY",
+              multiple=True),
+    CloudFlag("--kubeconfig", "kubernetes", "kubeconfig",
+              "kubeconfig file (default: the service account in a pod, else $KUBECONFIG or ~/.kube/config)", "PATH"),
 )
 
 
@@ -101,7 +112,9 @@ class DiscoveryArgs:
         base["provider_option"] = tuple(base["provider_option"])
         base["address_map"] = tuple(base["address_map"])
         cloud = {f.dest: params.pop(f.dest) for f in CLOUD_FLAGS}
-        return cls(**base, cloud=MappingProxyType({k: v for k, v in cloud.items() if v is not None}))
+        cloud = {k: ",".join(v) if isinstance(v, (tuple, list)) else v for k, v in cloud.items()
+                 if v is not None and v != ()}
+        return cls(**base, cloud=MappingProxyType(cloud))
 
 
 #: click parameter names of the discovery flags that are not cloud flags.
@@ -136,7 +149,7 @@ def discovery_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for cloud_flag in reversed(CLOUD_FLAGS):
         wrapped = click.option(
             cloud_flag.flag, cloud_flag.dest, metavar=cloud_flag.metavar,
-            help=cloud_flag.help,
+            help=cloud_flag.help, multiple=cloud_flag.multiple,
         )(wrapped)
     for decorator in reversed((
         click.option("-H", "--hosts", metavar="HOST[:SLOTS],...", help="a fixed list of hosts"),
@@ -195,7 +208,7 @@ def selected_provider(args: DiscoveryArgs) -> tuple[str, dict[str, str]]:
     if not chosen:
         raise ConfigError(
             "no hosts: give -H/--hosts, --host-discovery-script, a cloud group (--aws-asg, --gcp-mig, "
-            "--azure-vmss, --ibm-instance-group) or --provider NAME"
+            "--azure-vmss, --ibm-instance-group), --k8s-selector or --provider NAME"
         )
     if len(chosen) > 1:
         raise ConfigError("choose one host source: " + " / ".join(chosen) + " were given")

@@ -36,6 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+import pytest
+
 from tests.emulator.httpfake import CutStream, FakeCloud, Reply, Request
 
 TOKEN = "k8s-test-token"
@@ -143,6 +145,26 @@ class Node:
         }
 
 
+@pytest.fixture(scope="session")
+def kubernetes_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator["FakeKubernetes"]:
+    """One fake API server for the session, with a kubeconfig for it in ``.kubeconfig``."""
+    with FakeKubernetes() as fake:
+        fake.kubeconfig = fake.write_kubeconfig(tmp_path_factory.mktemp("kube"))
+        yield fake
+
+
+@pytest.fixture
+def kubernetes(kubernetes_server: "FakeKubernetes") -> "FakeKubernetes":
+    """The fake API server, its log, faults and refusals cleared."""
+    kubernetes_server.reset()
+    return kubernetes_server
+
+
+def kubernetes_options(fake: "FakeKubernetes", namespace: str, selector: str = "app=llm", **extra: str) -> dict:
+    """Provider options for pods in ``namespace`` of the fake, through its kubeconfig."""
+    return {"selector": selector, "namespace": namespace, "kubeconfig": str(fake.kubeconfig), **extra}
+
+
 def _status(code: int, reason: str, message: str, kind: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                             "message": message, "reason": reason, "code": code}
@@ -192,6 +214,7 @@ class FakeKubernetes(FakeCloud):
         self._cut = 0
         self._held = False
         self._stopping = False
+        self.kubeconfig: Path | None = None
         self.route("GET", r"/api/v1/namespaces/(?P<ns>[^/]+)/pods", self._pods)
         self.route("GET", r"/api/v1/nodes", self._nodes)
 
@@ -291,10 +314,10 @@ class FakeKubernetes(FakeCloud):
             self._cond.notify_all()
 
     def reset(self) -> None:
+        """Forget the log, faults, refusals and held or cut watches; pods and nodes stay (tests use their own
+        namespaces and node names, so a session's tests share one server)."""
         super().reset()
         with self._cond:
-            self.pods.clear()
-            self.nodes.clear()
             self.forbidden.clear()
             self.gone_as_http = False
             self._held = False
