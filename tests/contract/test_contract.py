@@ -1,8 +1,9 @@
 """The HostDiscovery contract, one suite for every provider.
 
 Built-in (static, script), third-party (the example ``hostsfile`` plugin,
-found through its entry point), an in-memory fake (``ScriptedDiscovery``)
-and the four clouds against their emulators. Each case supplies how to
+found through its entry point), an in-memory fake (``ScriptedDiscovery``),
+the four clouds against their emulators and Kubernetes against its fake API
+server. Each case supplies how to
 build the provider, the snapshot it must return (cloud snapshots name the
 cloud's instance behind every host), and a broken variant that must fail
 with a DiscoveryError.
@@ -155,15 +156,33 @@ def _ibm(request, tmp_path: Path) -> Case:
     return _cloud(request, "ibm", "grp-contract", ibm_options, scene)
 
 
+def _kubernetes(request, tmp_path: Path) -> Case:
+    from tests.emulator.fake_kubernetes import kubernetes_options
+
+    def scene(fake) -> DiscoveredHosts:
+        pods = [fake.add_pod(f"contract-{i}", f"10.75.0.{i + 1}", namespace="contract", node="contract-node",
+                             gpus=1, created=float(i)) for i in range(3)]
+        leaving = fake.delete_pod("contract-2", grace_s=60, namespace="contract")
+        return DiscoveredHosts(ready={"10.75.0.1": 1, "10.75.0.2": 1},
+                               draining={"10.75.0.3": Drain(float(int(leaving.deletion)), "pod deleted")},
+                               instances={p.ip: f"{p.name}/{p.uid}/0" for p in pods})
+
+    server = request.getfixturevalue("kubernetes")
+    expected = _once("kubernetes", server, lambda: scene(server))
+    server.forbid("pods", "contract-forbidden")  # the broken case: a namespace the driver may not read
+    return Case(registry.load("kubernetes"), kubernetes_options(server, "contract"), expected,
+                broken_options=kubernetes_options(server, "contract-forbidden"), server=server)
+
+
 BUILDERS = {"static": _static, "script": _script, "scripted": _scripted, "hostsfile": _hostsfile,
-            "aws": _aws, "gcp": _gcp, "azure": _azure, "ibm": _ibm}
+            "aws": _aws, "gcp": _gcp, "azure": _azure, "ibm": _ibm, "kubernetes": _kubernetes}
 
 
 #: Providers with a failure mode at discovery time. ``static`` has none: a bad host
 #: list is refused when it is built (tests/unit/test_static_provider.py).
 FAILING = sorted(set(BUILDERS) - {"static"})
 #: Providers that talk to an emulator, whose request log shows any I/O; their hosts are cloud instances.
-EMULATED = ["aws", "azure", "gcp", "ibm"]
+EMULATED = ["aws", "azure", "gcp", "ibm", "kubernetes"]
 
 
 @pytest.fixture(params=sorted(BUILDERS))
