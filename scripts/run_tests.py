@@ -6,7 +6,7 @@ arguments it runs these pytest processes:
 - ``jobs``: the tests that run real jobs or an sshd (integration, chaos, ssh, and the
   emulator files that run jobs, :data:`JOB_FILES`) over ``pytest-xdist`` workers
   (``CLOUD_ELASTIC_TEST_JOB_WORKERS``, default 3), each test on whichever is free;
-- ``fast``: the tests that start no job (unit, contract, emulator, terraform) over
+- ``fast``: the tests that start no job (unit, contract, emulator, terraform, kubernetes) over
   ``CLOUD_ELASTIC_TEST_WORKERS`` xdist workers (default 3), a module's tests one after
   another on one worker;
 - ``clusters``: tests/ray and tests/spark, one test at a time (a local Ray cluster or
@@ -89,7 +89,8 @@ def lanes(fast_workers: int = 3, job_workers: int = 3) -> list[Lane]:
     and only then do Ray and Spark start, one test at a time: a local Ray cluster or Spark session
     per module is heavy, and slows down threefold when it competes with the fast lane.
     """
-    fast = ("tests/unit", "tests/contract", "tests/emulator", "tests/terraform", *(f"--ignore={f}" for f in JOB_FILES))
+    fast = ("tests/unit", "tests/contract", "tests/emulator", "tests/terraform", "tests/kubernetes",
+            *(f"--ignore={f}" for f in JOB_FILES))
     jobs = ("tests/integration", "tests/chaos", "tests/ssh", *JOB_FILES)
     clusters = ("tests/ray", "tests/spark")
     # worksteal: a job test goes to whichever worker is free, so the run does not end on one worker still

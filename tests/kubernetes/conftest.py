@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pytest
 
-from .manifests import DEPLOY, OVERLAYS, REQUIRE_ENV, find_kubectl, render, required
+from .manifests import DEPLOY, MIN_KUBECTL_MINOR, OVERLAYS, REQUIRE_ENV, find_kubectl, kubectl_minor, render, required
 
 
 def unavailable(reason: str) -> None:
@@ -28,6 +28,9 @@ def kubectl() -> str:
     found = find_kubectl()
     if found is None:
         unavailable("no kubectl on PATH (scripts/setup-kubectl.sh installs it)")
+    minor = kubectl_minor(found)
+    if minor is None or minor < MIN_KUBECTL_MINOR:
+        unavailable(f"{found} is kubectl 1.{minor}: rendering the overlays needs 1.{MIN_KUBECTL_MINOR} or later (kustomize v5)")
     return found
 
 

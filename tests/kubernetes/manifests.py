@@ -11,6 +11,7 @@ from issue 40 and the clouds' documentation, written here once.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -96,6 +97,20 @@ OVERLAYS = {
 def find_kubectl() -> str | None:
     return shutil.which("kubectl") or next((p for p in ("/usr/bin/kubectl", "/usr/local/bin/kubectl")
                                             if os.access(p, os.X_OK)), None)
+
+
+#: The oldest kubectl whose kustomize (v5) renders the overlays.
+MIN_KUBECTL_MINOR = 27
+
+
+def kubectl_minor(kubectl: str) -> int | None:
+    """The client's minor version (``32`` for 1.32.4), or None when it cannot say."""
+    try:
+        out = subprocess.run([kubectl, "version", "--client", "-o", "json"], capture_output=True, text=True,
+                             timeout=30, stdin=subprocess.DEVNULL).stdout
+        return int(re.match(r"\d+", json.loads(out)["clientVersion"]["minor"])[0])
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+        return None
 
 
 def required() -> bool:

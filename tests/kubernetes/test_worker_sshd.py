@@ -1,0 +1,157 @@
+"""The worker pods' process, deploy/kubernetes/base/start-sshd.sh, run here with a real OpenSSH
+server on loopback: only the driver's key logs in, sessions get the container's environment, and
+SIGTERM stops new logins but waits for the workers already started.
+
+The script runs as whoever runs the tests (root in CI: the pods run it as uid 1000), with its
+paths pointed into a temporary directory through its settings.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .manifests import DEPLOY, required
+
+SCRIPT = DEPLOY / "base" / "start-sshd.sh"
+SSHD = "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting until {what}")
+        time.sleep(0.05)
+
+
+class Pod:
+    """start-sshd.sh as a pod would run it, with the given container environment."""
+
+    def __init__(self, tmp: Path, env: dict[str, str]):
+        self.tmp, self.port = tmp, free_port()
+        self.key = tmp / "id_ed25519"
+        for key in (self.key, tmp / "stranger"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        (tmp / "secret").mkdir()
+        (tmp / "secret" / "authorized_keys").write_text(self.key.with_suffix(".pub").read_text())
+        self.log = tmp / "sshd.log"
+        self.env = {**env, "CLOUD_ELASTIC_SSHD_PORT": str(self.port),
+                    "CLOUD_ELASTIC_AUTHORIZED_KEYS": str(tmp / "secret" / "authorized_keys"),
+                    "CLOUD_ELASTIC_SSHD_DIR": str(tmp / "run")}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Pod":
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(["/bin/sh", str(SCRIPT)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        wait_for(lambda: listening(self.port) or self.proc.poll() is not None, 15, "sshd listens")
+        assert self.proc.poll() is None, f"start-sshd.sh exited {self.proc.returncode}: {self.log.read_text()}"
+        return self
+
+    def ssh(self, command: str, key: Path | None = None, **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(
+            ["ssh", "-F", "/dev/null", "-T", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+             "-o", "ConnectTimeout=5", "-i", str(key or self.key), "-p", str(self.port),
+             f"{getpass.getuser()}@127.0.0.1", command],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, **kwargs)
+
+    def run(self, command: str, key: Path | None = None) -> tuple[int, str, str]:
+        proc = self.ssh(command, key)
+        out, err = proc.communicate(timeout=30)
+        return proc.returncode, out, err
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def pod(tmp_path):
+    if not os.access(SSHD, os.X_OK):
+        reason = f"no {SSHD} (scripts/setup-sshd.sh installs it)"
+        if required():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory, as root only
+    bin_dir = tmp_path / "image-bin"
+    bin_dir.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NCCL_SOCKET_IFNAME": "eth0",
+           "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64", "DATA": "a b $x 'c'", "BROKEN": 'say "hi"'}
+    started = Pod(tmp_path, env)
+    started.bin_dir = bin_dir
+    yield started
+    started.stop()
+
+
+def test_the_driver_key_logs_in_and_sessions_get_the_container_environment(pod):
+    pod.start()
+    rc, out, err = pod.run('printf "%s\\n" "$DATA" "$NCCL_SOCKET_IFNAME" "$LD_LIBRARY_PATH" "${BROKEN-unset}" "$PATH"')
+    assert rc == 0, err
+    data, ifname, ld_path, broken, path = out.splitlines()
+    assert (data, ifname, ld_path) == ("a b $x 'c'", "eth0", "/usr/local/nvidia/lib64")
+    assert str(pod.bin_dir) in path.split(":"), "the image's PATH did not reach the session"
+    assert broken == "unset"
+    assert "not passed to sessions (a quote, backslash or line break in the value): BROKEN" in pod.log.read_text()
+
+
+def test_another_key_is_refused(pod):
+    pod.start()
+    rc, out, err = pod.run("true", key=pod.tmp / "stranger")
+    assert rc == 255 and "Permission denied" in err, (rc, out, err)
+
+
+def test_without_the_authorized_key_the_pod_fails_in_one_line(pod):
+    (pod.tmp / "secret" / "authorized_keys").unlink()
+    proc = subprocess.run(["/bin/sh", str(SCRIPT)], env=pod.env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert "no authorized key at" in proc.stderr and "cloud-elastic-ssh" in proc.stderr
+
+
+def test_sigterm_stops_logins_and_waits_for_the_workers_started_here(pod):
+    """A deleted pod keeps its workers until they leave (the driver drains them at a commit): the
+    kubelet's SIGTERM closes sshd's port (the pod turns NotReady) and the script exits once the
+    last worker wrapper has ended, with status 0."""
+    pod.start()
+    release, started = pod.tmp / "release", pod.tmp / "started"
+    script = pod.tmp / "wrapper.py"
+    script.write_text(f"import os, time\nopen({str(started)!r}, 'w').close()\n"
+                      f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n")
+    # Stands for the remote wrapper the driver runs (python3 -m cloud_elastic.driver.remote ...).
+    worker = pod.ssh(f"exec python3 {script} cloud_elastic.driver.remote")
+    try:
+        wait_for(started.exists, 15, "the worker runs")
+        pod.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: not listening(pod.port), 10, "sshd stops listening")
+        time.sleep(1.5)  # more than one of the script's polls
+        assert pod.proc.poll() is None, "the pod's process ended while a worker was still running"
+        assert worker.poll() is None, "the worker's session was ended by the SIGTERM"
+        release.touch()
+        assert worker.wait(15) == 0
+        assert pod.proc.wait(10) == 0
+    finally:
+        release.touch()
+        worker.wait(15)
+    assert "no worker left: exiting" in pod.log.read_text()
