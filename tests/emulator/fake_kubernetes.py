@@ -102,7 +102,8 @@ class Pod:
                 "name": "worker", "ready": self.ready, "restartCount": self.restarts, "started": running,
                 "image": "registry.example/llm:1", "imageID": "registry.example/llm@sha256:" + "0" * 64,
                 "containerID": f"containerd://{self.uid[:8]}{self.restarts}",
-                "state": {"running": {"startedAt": started}} if running else {"waiting": {"reason": "ContainerCreating"}},
+                "state": ({"running": {"startedAt": started}} if running
+                          else {"waiting": {"reason": "ContainerCreating"}}),
             }],
         }
         if self.ip:
@@ -131,7 +132,8 @@ class Node:
         taints = [{"key": k, "effect": e, "timeAdded": iso(t)} for k, (e, t) in sorted(self.taints.items())]
         if self.unschedulable:
             spec["unschedulable"] = True
-            taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule", "timeAdded": iso(time.time())})
+            taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule",
+                           "timeAdded": iso(time.time())})
         if taints:
             spec["taints"] = taints
         return {

@@ -339,7 +339,8 @@ def test_the_fakes_json_reads_as_the_clients_models():
               disruption=("DeletionByTaintManager", 1767225650.0), annotations={"cloud-elastic.io/slots": "3"})
     raw = pod.json()
     v1 = model(raw, "V1Pod")
-    assert v1.metadata.name == "p0" and v1.metadata.uid == pod.uid and v1.metadata.deletion_timestamp.timestamp() == 1767225700
+    assert v1.metadata.name == "p0" and v1.metadata.uid == pod.uid
+    assert v1.metadata.deletion_timestamp.timestamp() == 1767225700
     assert v1.spec.node_name == "n1" and v1.spec.termination_grace_period_seconds == 45
     assert v1.spec.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
     assert v1.status.pod_ip == "10.68.0.1" and v1.status.phase == "Running"
