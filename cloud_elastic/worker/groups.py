@@ -61,7 +61,8 @@ from cloud_elastic.worker.reclaim import GroupSockets, Reaper, socket_inodes
 from cloud_elastic.worker.store import SignedStore, round_namespace
 
 __all__ = [
-    "RoundInfo", "RoundGroup", "RoundStore", "RoundGroupsMixin", "new_gloo_group", "new_nccl_group", "nccl_error_handling_default",
+    "RoundInfo", "RoundGroup", "RoundStore", "RoundGroupsMixin", "new_gloo_group", "new_nccl_group",
+    "nccl_error_handling_default",
     "nccl_nonblocking_timeout_default",
     "quiesce_device",
 ]
@@ -70,6 +71,10 @@ log = logging.getLogger(__name__)
 
 #: How often a wait for a collective or a group's formation looks whether the driver aborted the round.
 _ABORT_SLICE_S = 0.05
+
+#: How much longer than the formation deadline Gloo's constructor may wait for a peer: the deadline,
+#: which names its setting, is what a user sees.
+_GLOO_FORM_MARGIN_S = 5.0
 
 #: torch's NCCL async error handling modes: 0 none, 1 tear down (abort and kill the process),
 #: 2 clean up only (abort the communicator, fail the work, keep the process), 3 skip clean-up (kill).
@@ -256,7 +261,7 @@ class RoundGroupsMixin:
         former = threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True)
         self._formations = [t for t in getattr(self, "_formations", ()) if t.is_alive()] + [former]  # joined at exit
         former.start()
-        limit_s = min(self.settings.group_form_timeout_s, self.collective_timeout_s)
+        limit_s = self._form_limit_s()
         deadline = time.monotonic() + limit_s
         with self.progress.waiting():
             while not done.wait(_ABORT_SLICE_S):
@@ -284,6 +289,10 @@ class RoundGroupsMixin:
             reason = str(result.pop("error")).splitlines()[0][:300]
             raise CollectiveError(f"could not form the {what} of round {info.round}: {reason}")
         return result.pop("group")
+
+    def _form_limit_s(self) -> float:
+        """How long a group may take to form before the round is given up (the formation deadline)."""
+        return min(self.settings.group_form_timeout_s, self.collective_timeout_s)
 
     def _retire(self, group: RoundGroup) -> None:
         """Let go of the previous round's group without ever blocking on it.
@@ -323,7 +332,8 @@ class RoundGroupsMixin:
             return new_nccl_group(store, info.rank, info.size, timeout, self.device, published)
         if self.backend != "gloo":
             raise RuntimeError(f"unsupported backend {self.backend!r} (use gloo or nccl)")
-        return new_gloo_group(store, info.rank, info.size, timeout, hostname=self.hostname, interface=self.interface)
+        return new_gloo_group(store, info.rank, info.size, timeout, hostname=self.hostname, interface=self.interface,
+                              form_timeout=timedelta(seconds=self._form_limit_s() + _GLOO_FORM_MARGIN_S))
 
     def _abandon_round(self) -> None:
         """A collective of the current round failed or was abandoned: fail the rest of its work now.
@@ -389,7 +399,7 @@ class RoundGroupsMixin:
         round_ = self.info.round
         self.await_current_view()
         aborted_before = self._aborted(round_)
-        fut, waited = _future(work)
+        fut, waited = _future(work, self.collective_timeout_s)
         if not fut.done():
             event = threading.Event()
             fut.add_done_callback(lambda _f: event.set())
@@ -425,9 +435,11 @@ def _size_of(pg: Any) -> int | None:
         return None
 
 
-def _future(work: Any) -> tuple[Any, bool]:
+def _future(work: Any, timeout_s: float) -> tuple[Any, bool]:
     """``work``'s future, and whether it already waited for the work: Gloo's point-to-point ``send`` and
-    ``recv`` have none, so a thread of their own waits for them (and, after an abort, until Gloo's timeout)."""
+    ``recv`` have none, so a thread of their own waits for them (and, after an abort, until Gloo's timeout).
+    They wait ``timeout_s`` at most: left to Gloo, they would wait its context's timeout, which is the
+    formation's (see ``new_gloo_group``)."""
     try:
         return work.get_future(), False
     except RuntimeError:
@@ -435,7 +447,7 @@ def _future(work: Any) -> tuple[Any, bool]:
 
         def wait() -> None:
             try:
-                work.wait()
+                work.wait(timedelta(seconds=timeout_s))
                 fut.set_result(None)
             except BaseException as exc:  # noqa: BLE001 (handed to the waiter)
                 fut.set_exception(exc)
@@ -445,15 +457,26 @@ def _future(work: Any) -> tuple[Any, bool]:
 
 
 def new_gloo_group(store: Any, rank: int, size: int, timeout: timedelta, *, hostname: str,
-                   interface: str | None) -> Any:
-    """A Gloo group bound to ``interface`` when given, else to the address ``hostname`` resolves to."""
+                   interface: str | None, form_timeout: timedelta | None = None) -> Any:
+    """A Gloo group bound to ``interface`` when given, else to the address ``hostname`` resolves to.
+
+    ``form_timeout``: how long its constructor waits for a peer's connection; its collectives then wait
+    ``timeout``. A peer that vanished while the group formed (its address written, its connection never
+    made) cannot be woken from: the constructor's thread, the group's device thread, its listening socket
+    and epoll descriptor stay until that timeout, after the formation was given up. With one timeout for
+    both, a stop or a kill during an admission left them for the collective timeout (300 s by default).
+    """
     opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = timeout
+    settable = form_timeout is not None and hasattr(dist.ProcessGroupGloo, "_set_default_timeout")
+    opts._timeout = form_timeout if settable else timeout
     if interface:
         opts._devices = [dist.ProcessGroupGloo.create_device(interface=interface)]
     else:
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
-    return dist.ProcessGroupGloo(store, rank, size, opts)
+    pg = dist.ProcessGroupGloo(store, rank, size, opts)
+    if settable:
+        pg._set_default_timeout(timeout)  # the collectives'; point-to-point waits pass theirs (see _future)
+    return pg
 
 
 def new_nccl_group(store: Any, rank: int, size: int, timeout: timedelta, device: torch.device,
