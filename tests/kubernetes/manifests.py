@@ -22,6 +22,9 @@ from typing import Any, Callable, Iterator
 
 import yaml
 
+from cloud_elastic.providers.kubernetes_view import DRAIN_TAINTS as PROVIDER_DRAIN_TAINTS
+from cloud_elastic.providers.kubernetes_view import SLOTS_ANNOTATION, SOFT_TAINTS
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"
 
@@ -35,20 +38,15 @@ REQUIRE_ENV = "CLOUD_ELASTIC_REQUIRE_KUBECTL"
 
 WORKER, DRIVER = "cloud-elastic-worker", "cloud-elastic-driver"
 GPU = "nvidia.com/gpu"
-SLOTS_ANNOTATION = "cloud-elastic.io/slots"
 NAMESPACE = "cloud-elastic"
 READ_VERBS = {"get", "list", "watch"}
 
-#: Taints that announce a node's end (issue 40). A worker pod must tolerate none of them: a
+#: Taints that announce a node's end or advise leaving it: the provider's own (hard and soft), the
+#: older Karpenter's, a cordon's and an unready node's. A worker pod must tolerate none of them: a
 #: NoSchedule one would let a new pod land on a node being drained.
 DRAIN_TAINTS = (
-    ("karpenter.sh/disrupted", "NoSchedule"),
+    *((key, "NoSchedule") for key in (*PROVIDER_DRAIN_TAINTS, *SOFT_TAINTS)),
     ("karpenter.sh/disruption", "NoSchedule"),
-    ("aws-node-termination-handler/spot-itn", "NoSchedule"),
-    ("aws-node-termination-handler/rebalance-recommendation", "NoSchedule"),
-    ("aws-node-termination-handler/asg-lifecycle-termination", "NoSchedule"),
-    ("aws-node-termination-handler/scheduled-maintenance", "NoSchedule"),
-    ("cloud.google.com/impending-node-termination", "NoSchedule"),
     ("node.kubernetes.io/unschedulable", "NoSchedule"),
     ("node.kubernetes.io/not-ready", "NoExecute"),
 )

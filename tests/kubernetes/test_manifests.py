@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from .manifests import CHECKS, DEPLOY, KUBERNETES_VERSIONS, OVERLAYS, schema_problems
+from cloud_elastic.cli import cli
+
+from .manifests import CHECKS, DEPLOY, KUBERNETES_VERSIONS, OVERLAYS, driver_job, flag, resolved_args, schema_problems
 
 
 def test_every_overlay_is_checked():
@@ -28,3 +30,16 @@ def test_overlay_validates_against_the_api_schemas(overlay, rendered, kubernetes
 @pytest.mark.parametrize("prop", sorted(CHECKS))
 def test_overlay_has_property(overlay, prop, rendered):
     assert CHECKS[prop](rendered[overlay], OVERLAYS[overlay]) == []
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_the_driver_command_is_one_the_cli_accepts(overlay, rendered):
+    """The driver pod's command line, as the kubelet expands it, parses with cloud-elastic's own CLI:
+    no unknown option, no bad value, and the training command where the CLI looks for it."""
+    args = resolved_args(rendered[overlay], driver_job(rendered[overlay]))
+    assert args[:2] == ["cloud-elastic", "run"]
+    params = cli.commands["run"].make_context("run", args[2:]).params
+    assert params["k8s_selector"] == flag(args, "--k8s-selector") and params["k8s_namespace"] == "cloud-elastic"
+    assert [params["num_proc"], params["min_np"], params["max_np"]] == [int(flag(args, f)) for f in ("-np", "--min-np", "--max-np")]
+    assert (params["ssh_port"], params["ssh_user"]) == (2222, "trainer")
+    assert list(params["command"]) == ["python", "train.py"]
