@@ -2,9 +2,11 @@
 
 The provider **watches** instead of polling: its first :meth:`~KubernetesPods.find`
 lists the pods that match ``selector`` in ``namespace`` and every node (pages
-of 500), then two daemon threads watch them from the lists' ``resourceVersion``
+of 500); from the next find(), or as soon as the driver asks for news, two
+daemon threads watch them from the lists' ``resourceVersion``
 (:mod:`cloud_elastic.providers.kubernetes_watch`: relist on ``410 Gone``,
-reconnect with back-off). Each find() after that answers from the in-memory
+reconnect with back-off; a one-shot ``cloud-elastic discover`` starts none).
+Each find() after the first answers from the in-memory
 view, a complete snapshot built by :mod:`cloud_elastic.providers.kubernetes_view`
 (which holds the table of what each pod and node state means), and costs no
 request. A watch event that changes the snapshot wakes the driver's poller
@@ -152,6 +154,7 @@ class KubernetesPods(CloudGroupProvider):
                                  drain_soft=drain_on_rebalance)
         self._api: Any = None
         self._watches: list[ResourceWatch] = []
+        self._watching = False
         self._wake: Callable[[], None] | None = None
         self._cached: tuple[int, DiscoveredHosts] | None = None
         self._nodes_refused = False
@@ -225,6 +228,7 @@ class KubernetesPods(CloudGroupProvider):
         if self._api is None:
             self._first_sync()
         else:
+            self._watch()
             self._check_watches()
         with self._lock:
             version = self._view.version
@@ -258,10 +262,21 @@ class KubernetesPods(CloudGroupProvider):
             _log.warning("%s: may not list nodes (403 %s); going on without node signals (taints, cordons): pod "
                          "signals (DisruptionTarget, deletion) still drain. Grant get, list and watch on nodes "
                          "(a ClusterRole) to see them", self.label, _message(exc))
-        _log.info("%s: %d pod(s) in namespace %s, %s; watching", self.label, len(self._view.pods),
+        _log.info("%s: %d pod(s) in namespace %s, %s", self.label, len(self._view.pods),
                   self.namespace, "node signals off" if self._nodes_refused else f"{len(self._view.nodes)} node(s)")
+
+    def _watch(self) -> None:
+        """Start the watches, from the first lists' versions (once: at the second find() or wake_on_news()).
+
+        Not at the first find(): ``cloud-elastic discover`` makes one and closes, and needs no thread.
+        Nothing is missed meanwhile: the watches start from the lists' resourceVersion.
+        """
+        if self._watching or self._api is None:
+            return
+        self._watching = True
         for watch in self._watches:
             watch.start()
+        _log.debug("%s: watching %s", self.label, ", ".join(w.what for w in self._watches))
 
     def _first_error(self, exc: Exception, what: str) -> DiscoveryError:
         status = getattr(exc, "status", None)
@@ -317,14 +332,19 @@ class KubernetesPods(CloudGroupProvider):
         return None
 
     def wake_on_news(self, wake: Callable[[], None]) -> None:
-        """Wake the driver's poller whenever a watch event changes the snapshot (from the watch threads)."""
+        """Wake the driver's poller whenever a watch event changes the snapshot (from the watch threads).
+
+        Starts the watches now if a find() has succeeded (else at the next find()).
+        """
         self._wake = wake
+        self._watch()
 
     def close(self) -> None:
         self._wake = None
         for watch in self._watches:
             watch.stop()
         self._watches = []
+        self._watching = False
         if self._api is not None:
             try:
                 self._api.close()

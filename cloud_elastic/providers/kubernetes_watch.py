@@ -182,6 +182,10 @@ class ResourceWatch:
                           _request_timeout=(self._timeout_s, self._watch_s + 15), **self._selection())
         self.watches += 1
         self._resp = resp
+        if self._stop.is_set():  # stop() ran while the request was under way: it could not shut this one
+            resp.release_conn()
+            self._resp = None
+            return 0
         if self._trouble is not None:
             _log.info("%s watch resumed at version %s", self.what, self.resource_version)
         self._trouble = None

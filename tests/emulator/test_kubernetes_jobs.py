@@ -117,6 +117,25 @@ def test_a_tainted_node_sends_its_pods_away_with_no_rollback(kubernetes, jobs, t
     assert len(done) == 1 and done[0]["step"] >= 40
 
 
+def test_a_pod_deleted_with_a_10s_grace_period_leaves_before_its_deadline_with_no_rollback(kubernetes, jobs,
+                                                                                             tmp_path):
+    ns, net = "job-delete", 96
+    kubernetes.add_pod("p0", f"10.91.{net}.1", namespace=ns, node="delete-a", created=1.0)
+    kubernetes.add_pod("p1", f"10.91.{net}.2", namespace=ns, node="delete-a", created=2.0)
+    job = jobs(_run(kubernetes, ns, net, 2, tmp_path / "events", *probe_cmd("--steps", "40", "--min-resets", "1")))
+    job.wait_event("commit", rank=1, step=3, timeout=60)
+
+    deadline = kubernetes.delete_pod("p1", grace_s=10, namespace=ns).deletion  # kubectl delete --grace-period=10
+    _reset_after(job, 1, 0)
+    assert job.finish() == 0, job.output()
+
+    drains = [d for e in _events(tmp_path / "events", "hosts_changed") for d in e.get("draining", ())]
+    assert drains == [{"host": f"127.0.{net}.2", "reason": "pod deleted", "deadline": float(int(deadline))}]
+    left = _events(tmp_path / "events", "worker_left")
+    assert [e["host"] for e in left] == [f"127.0.{net}.2"] and left[0]["ts"] < int(deadline)
+    _no_rollback(job, tmp_path / "events")
+
+
 def test_a_pod_that_vanishes_without_a_signal_takes_the_failure_path(kubernetes, jobs, tmp_path):
     ns, net = "job-vanish", 94
     kubernetes.add_pod("p0", f"10.91.{net}.1", namespace=ns, node="vanish-a", created=1.0)
@@ -168,3 +187,5 @@ def test_discover_shows_the_pods_and_their_drains(kubernetes):
     assert result.returncode == 0, result.stderr
     assert "10.91.95.1" in result.stdout and "8" in result.stdout
     assert "10.91.95.2" in result.stdout and "pod deleted" in result.stdout
+    assert kubernetes.count(rf"/namespaces/{ns}/pods$") == 1
+    assert kubernetes.count(r"\?watch$") == 0  # one look: no watch started for it
