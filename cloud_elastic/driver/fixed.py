@@ -110,7 +110,8 @@ class FixedSize:
 
     def failed(self, w: WorkerRecord, what: str, *, exit_code: int | None = None, transport: bool = False) -> bool:
         """``w`` failed (exited other than 0, was killed, given up) in a fixed-size job; False when this mode
-        does not apply. The first failure of the attempt becomes its reason; nothing is blacklisted."""
+        does not apply. The first failure of the attempt becomes its reason; nothing is blacklisted, so
+        ``transport`` (its host unreachable) changes nothing here."""
         if not self.known:
             return False
         job = self._job
@@ -124,7 +125,7 @@ class FixedSize:
                                            "" if first else " (after the first failure, above)")
         killed_by = signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
         job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, reason=what,
-                 exit_code=None if killed_by else exit_code, blacklisted_s=None, whole_host=transport,
+                 exit_code=None if killed_by else exit_code, blacklisted_s=None,
                  **({"round": w.round} if w.round else {}), **({"signal": killed_by} if killed_by else {}))
         return True
 
