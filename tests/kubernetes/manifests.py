@@ -560,9 +560,15 @@ def ssh_agrees(objects, spec: Spec) -> list[str]:
     if env.get("CLOUD_ELASTIC_SSHD_PORT", "2222") != port or ports != {port}:
         problems.append(f"the driver connects to port {port}; sshd listens on {env.get('CLOUD_ELASTIC_SSHD_PORT')} "
                         f"and the container declares {sorted(ports)}")
-    probe = worker.get("readinessProbe", {}).get("tcpSocket", {}).get("port")
-    if probe not in ("ssh", int(port) if port.isdigit() else port):
-        problems.append(f"the workers' readiness probe checks {probe!r}, not sshd's port")
+    # start-sshd.sh keeps <its directory>/ready while sshd listens; its directory must be the
+    # emptyDir mounted for it.
+    sshd_dir = env.get("CLOUD_ELASTIC_SSHD_DIR", "/run/cloud-elastic/sshd")
+    mounts = {m["mountPath"].rstrip("/") for m in worker.get("volumeMounts", [])
+              if any(v["name"] == m["name"] and "emptyDir" in v for v in pod_spec(ss).get("volumes", []))}
+    probe = worker.get("readinessProbe", {}).get("exec", {}).get("command")
+    if probe != ["test", "-e", f"{sshd_dir}/ready"] or sshd_dir not in mounts:
+        problems.append(f"the workers' readiness probe runs {probe!r}; it must test {sshd_dir}/ready, "
+                        f"in an emptyDir (mounted: {sorted(mounts)})")
     identity = flag(args, "--ssh-identity-file")
     driver = container(job, "driver") or {}
     mounted = {f"{m['mountPath'].rstrip('/')}/{item['path']}"

@@ -1,6 +1,6 @@
 """The worker pods' process, deploy/kubernetes/base/start-sshd.sh, run here with a real OpenSSH
-server on loopback: only the driver's key logs in, sessions get the container's environment, and
-SIGTERM stops new logins but waits for the workers already started.
+server on loopback: it is ready once sshd listens, only the driver's key logs in, sessions get the
+container's environment, and SIGTERM stops new logins but waits for the workers already started.
 
 The script runs as whoever runs the tests (root in CI: the pods run it as uid 1000), with its
 paths pointed into a temporary directory through its settings.
@@ -64,8 +64,10 @@ class Pod:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(["/bin/sh", str(SCRIPT)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
-        wait_for(lambda: listening(self.port) or self.proc.poll() is not None, 15, "sshd listens")
+        self.ready = self.tmp / "run" / "ready"
+        wait_for(lambda: self.ready.exists() or self.proc.poll() is not None, 15, "the pod is ready")
         assert self.proc.poll() is None, f"start-sshd.sh exited {self.proc.returncode}: {self.log.read_text()}"
+        assert listening(self.port), "ready before sshd listens"
         return self
 
     def ssh(self, command: str, key: Path | None = None, **kwargs) -> subprocess.Popen:
@@ -132,7 +134,7 @@ def test_without_the_authorized_key_the_pod_fails_in_one_line(pod):
 
 def test_sigterm_stops_logins_and_waits_for_the_workers_started_here(pod):
     """A deleted pod keeps its workers until they leave (the driver drains them at a commit): the
-    kubelet's SIGTERM closes sshd's port (the pod turns NotReady) and the script exits once the
+    kubelet's SIGTERM closes sshd's port and the pod turns NotReady, and the script exits once the
     last worker wrapper has ended, with status 0."""
     pod.start()
     release, started = pod.tmp / "release", pod.tmp / "started"
@@ -145,6 +147,7 @@ def test_sigterm_stops_logins_and_waits_for_the_workers_started_here(pod):
         wait_for(started.exists, 15, "the worker runs")
         pod.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: not listening(pod.port), 10, "sshd stops listening")
+        assert not pod.ready.exists(), "still ready after SIGTERM"
         time.sleep(1.5)  # more than one of the script's polls
         assert pod.proc.poll() is None, "the pod's process ended while a worker was still running"
         assert worker.poll() is None, "the worker's session was ended by the SIGTERM"

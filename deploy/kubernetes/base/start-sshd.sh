@@ -7,6 +7,8 @@
 #   password, no forwarding of any kind.
 # - A session gets the container's environment (the image's PATH and LD_LIBRARY_PATH, the CUDA
 #   and NCCL variables, the pod's `env:`), which sshd would otherwise replace by its own.
+# - It is Ready (the file $CLOUD_ELASTIC_SSHD_DIR/ready, which the readiness probe tests) once
+#   sshd listens.
 # - On SIGTERM (the pod is being deleted) it stops accepting connections, so the pod turns
 #   NotReady, and waits for the workers already started here to end: the driver, which sees the
 #   deletion, drains them at their next commit. The kubelet's SIGKILL at the end of
@@ -89,7 +91,7 @@ if skipped:
 EOF
 
 "$SSHD" -t -f "$DIR/sshd_config"
-log "sshd listening on port $PORT for the key in $KEYS"
+rm -f "$DIR/ready"
 "$SSHD" -D -e -f "$DIR/sshd_config" &
 SSHD_PID=$!
 
@@ -105,6 +107,7 @@ workers_left() {
 
 on_term() {
     log "SIGTERM: no new connections; waiting for the workers started here to leave"
+    rm -f "$DIR/ready"
     kill -TERM "$SSHD_PID" 2>/dev/null || true
     while workers_left; do
         sleep 1
@@ -113,6 +116,18 @@ on_term() {
     exit 0
 }
 trap on_term TERM INT
+
+# Ready (the pod's readiness probe tests this file) once sshd listens: a probe that connected to
+# sshd instead would log two lines at each period.
+PORT_HEX=$(printf '%04X' "$PORT")
+while ! grep -q " 00000000:$PORT_HEX 00000000:0000 0A " /proc/net/tcp 2>/dev/null; do
+    kill -0 "$SSHD_PID" 2>/dev/null || break
+    sleep 0.1
+done
+if kill -0 "$SSHD_PID" 2>/dev/null; then
+    touch "$DIR/ready"
+    log "sshd listening on port $PORT for the key in $KEYS"
+fi
 
 # sshd ending by itself is an error: the pod restarts its container.
 set +e
