@@ -141,3 +141,29 @@ def test_a_silent_worker_of_a_fixed_size_job_fails_it_without_blacklisting() -> 
     sim.advance(7)
     failed(sim, "worker a[0]#1 (rank 0)", "a fixed-size job")
     assert not sim.blocked("a[0]") and not sim.blocked("a[1]")
+
+
+# ------------------------------------------------------------ the piece alone, on a FakeJob
+def test_the_piece_alone_takes_the_job_only_from_the_first_report_and_never_after_a_commit() -> None:
+    from cloud_elastic.driver.actions import Phase
+    from cloud_elastic.driver.fixed import FixedSize
+    from tests.unit.job_view import FakeJob, S
+
+    job = FakeJob(2)
+    job.phase, job.round = Phase.RUNNING, 1
+    r0, r1 = (job.worker("a", i, S.RUNNING, round_=1, rank=i) for i in range(2))
+    fixed = FixedSize(job)
+    assert not fixed.failed(r1, "exited with code 1", exit_code=1)  # not known yet: the elastic rules apply
+    assert not fixed.exited(r1, CLEAN) and not fixed.step(1000.0)
+    assert fixed.script_ended(r1, "RuntimeError: x\nmore") == ("done", "") and fixed.known
+    assert fixed.step(1000.0)  # its round runs: nothing launches or re-forms
+    r1.state = S.EXITED
+    assert fixed.exited(r1, ExitStatus(1)) and job.outcome is None
+    assert fixed.step(1000.0) and not job.outcome.success
+    assert job.outcome.reason.startswith("worker a[1]#2 (rank 1) exited with code 1: RuntimeError: x (a fixed-size")
+
+    committed = FakeJob(2)
+    committed.state_committed = True
+    w = committed.worker("a", 0, S.WAITING)
+    elastic = FixedSize(committed)
+    assert elastic.script_ended(w, None) == ("done", "") and not elastic.known
