@@ -71,6 +71,7 @@ BENCHMARKS = [
     Benchmark("sharded-heal", "sharded_heal.py", 300, 1800),
     Benchmark("sharded-checkpoint", "sharded_checkpoint.py", 300, 1800),
     Benchmark("soak", "soak.py", 300, 2 * 3600),
+    Benchmark("kubernetes", "kubernetes.py", 300, 1800),
     Benchmark("gpu", "gpu.py", 400, 3600, needs_gpu=True),
 ]
 
