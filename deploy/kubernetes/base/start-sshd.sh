@@ -14,12 +14,14 @@
 #   deletion, drains them at their next commit. The kubelet's SIGKILL at the end of
 #   terminationGracePeriodSeconds bounds the wait.
 #
-# Settings (environment): CLOUD_ELASTIC_SSHD_PORT (2222), CLOUD_ELASTIC_AUTHORIZED_KEYS
+# Settings (environment): CLOUD_ELASTIC_SSHD_PORT (2222), CLOUD_ELASTIC_SSHD_LISTEN (0.0.0.0: an
+# IPv4 address, e.g. the pod IP from the downward API), CLOUD_ELASTIC_AUTHORIZED_KEYS
 # (/etc/cloud-elastic/ssh/authorized_keys), CLOUD_ELASTIC_SSHD_DIR (/run/cloud-elastic/sshd:
-# host key and configuration, made at each start), CLOUD_ELASTIC_SSHD (/usr/sbin/sshd).
+# host key, configuration, the ready file), CLOUD_ELASTIC_SSHD (/usr/sbin/sshd).
 set -eu
 
 PORT=${CLOUD_ELASTIC_SSHD_PORT:-2222}
+LISTEN=${CLOUD_ELASTIC_SSHD_LISTEN:-0.0.0.0}
 KEYS=${CLOUD_ELASTIC_AUTHORIZED_KEYS:-/etc/cloud-elastic/ssh/authorized_keys}
 DIR=${CLOUD_ELASTIC_SSHD_DIR:-/run/cloud-elastic/sshd}
 SSHD=${CLOUD_ELASTIC_SSHD:-/usr/sbin/sshd}
@@ -42,7 +44,7 @@ fi
 
 cat > "$DIR/sshd_config" <<EOF
 Port $PORT
-ListenAddress 0.0.0.0
+ListenAddress $LISTEN
 HostKey $DIR/host_ed25519
 PidFile none
 # The key file is a read-only Secret volume, whose mount directory is a world-writable tmpfs:
@@ -119,8 +121,9 @@ trap on_term TERM INT
 
 # Ready (the pod's readiness probe tests this file) once sshd listens: a probe that connected to
 # sshd instead would log two lines at each period.
-PORT_HEX=$(printf '%04X' "$PORT")
-while ! grep -q " 00000000:$PORT_HEX 00000000:0000 0A " /proc/net/tcp 2>/dev/null; do
+# /proc/net/tcp writes a listening socket as ADDR:PORT in hex, the address's bytes reversed.
+SOCKET=$(IFS=.; set -- $LISTEN; printf '%02X%02X%02X%02X:%04X' "$4" "$3" "$2" "$1" "$PORT")
+while ! grep -q " $SOCKET 00000000:0000 0A " /proc/net/tcp 2>/dev/null; do
     kill -0 "$SSHD_PID" 2>/dev/null || break
     sleep 0.1
 done

@@ -1,0 +1,103 @@
+"""A worker pod's process, deploy/kubernetes/base/start-sshd.sh, run on this machine as a pod would
+run it: its own port and listen address, its authorized key in a "Secret" directory, its own
+environment (the container's)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .manifests import DEPLOY, required
+
+SCRIPT = DEPLOY / "base" / "start-sshd.sh"
+SSHD = "/usr/sbin/sshd"
+
+
+def need_sshd() -> None:
+    """Skip without an OpenSSH server (fail under CI); as root, make sshd's privilege separation
+    directory if it is missing, as tests/ssh does."""
+    if not os.access(SSHD, os.X_OK):
+        reason = f"no {SSHD} (scripts/setup-sshd.sh installs it)"
+        if required():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int, address: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((address, port)) == 0
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting until {what}")
+        time.sleep(0.05)
+
+
+class Pod:
+    """start-sshd.sh as a pod would run it, with the given container environment; ``start()`` waits
+    until it is ready, ``stop()`` kills whatever is left."""
+
+    def __init__(self, tmp: Path, env: dict[str, str], *, key: Path | None = None, port: int | None = None,
+                 address: str = "127.0.0.1"):
+        """``key``: the driver's private key (made here when None; its ``.pub`` beside it is the
+        authorized key). ``address``: where sshd listens (the pod IP)."""
+        self.tmp, self.address = tmp, address
+        self.port = port or free_port(address)
+        self.key = key or tmp / "id_ed25519"
+        tmp.mkdir(parents=True, exist_ok=True)
+        for made in ([] if key else [self.key]) + [tmp / "stranger"]:
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(made)], check=True)
+        (tmp / "secret").mkdir()
+        (tmp / "secret" / "authorized_keys").write_text(self.key.with_suffix(".pub").read_text())
+        self.log = tmp / "sshd.log"
+        self.env = {**env, "CLOUD_ELASTIC_SSHD_PORT": str(self.port), "CLOUD_ELASTIC_SSHD_LISTEN": address,
+                    "CLOUD_ELASTIC_AUTHORIZED_KEYS": str(tmp / "secret" / "authorized_keys"),
+                    "CLOUD_ELASTIC_SSHD_DIR": str(tmp / "run")}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Pod":
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(["/bin/sh", str(SCRIPT)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.ready = self.tmp / "run" / "ready"
+        wait_for(lambda: self.ready.exists() or self.proc.poll() is not None, 15, "the pod is ready")
+        assert self.proc.poll() is None, f"start-sshd.sh exited {self.proc.returncode}: {self.log.read_text()}"
+        assert listening(self.port, self.address), "ready before sshd listens"
+        return self
+
+    def ssh(self, command: str, key: Path | None = None, **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(
+            ["ssh", "-F", "/dev/null", "-T", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+             "-o", "ConnectTimeout=5", "-i", str(key or self.key), "-p", str(self.port),
+             f"{getpass.getuser()}@{self.address}", command],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, **kwargs)
+
+    def run(self, command: str, key: Path | None = None) -> tuple[int, str, str]:
+        proc = self.ssh(command, key)
+        out, err = proc.communicate(timeout=30)
+        return proc.returncode, out, err
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)

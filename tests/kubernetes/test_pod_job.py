@@ -1,0 +1,101 @@
+"""The manifests' driver command line trains a real job over SSH into "pods" that run the
+manifests' start-sshd.sh, with pods and their deletion served by the fake Kubernetes API.
+
+Each pod is start-sshd.sh listening on a loopback address of its own (its pod IP
+``10.91.97.x`` mapped there with ``--address-map``), all on one port, with the driver's key as its
+authorized key and this process's environment as its container's: workers find Python, the probe
+and cloud-elastic through what start-sshd.sh hands every session. The driver's arguments are the
+kind overlay's, rendered and expanded as the kubelet does; only what points at this machine is
+replaced (the SSH port, user and key, the kubeconfig, the address map, the training command).
+
+Deleting a pod is what the kubelet and the API server do: ``deletionTimestamp`` in the API and
+SIGTERM to the pod's process. The pod's workers leave at a commit, with no rollback, while
+start-sshd.sh waits for them; then it exits 0, before the deadline.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.emulator.fake_kubernetes import kubernetes, kubernetes_server  # noqa: F401
+from tests.integration.harness import Job, probe_cmd
+
+from .manifests import DEPLOY, driver_job, flag, render, resolved_args
+from .pods import Pod, free_port, need_sshd, wait_for
+
+pytestmark = [pytest.mark.emulator, pytest.mark.ssh, pytest.mark.timeout(180)]
+
+NET = 97
+NAMESPACE = "cloud-elastic"  # the kind overlay's
+
+
+def replace_flag(args: list[str], name: str, value: str) -> list[str]:
+    i = args.index(name)
+    return [*args[:i + 1], value, *args[i + 2:]]
+
+
+def driver_args(kubectl: str, fake, key: Path, port: int, events: Path) -> list[str]:
+    """The kind overlay's driver command, pointed at this machine."""
+    objects = render(kubectl, DEPLOY / "overlays" / "kind")
+    args = resolved_args(objects, driver_job(objects))
+    assert args[:2] == ["cloud-elastic", "run"] and args[-2:] == ["python", "train.py"]
+    options = args[2:-2]
+    for name, value in (("--ssh-port", str(port)), ("--ssh-user", getpass.getuser()),
+                        ("--ssh-identity-file", str(key))):
+        options = replace_flag(options, name, value)
+    assert flag(options, "--k8s-namespace") == NAMESPACE
+    return ["run", *options, "--kubeconfig", str(fake.kubeconfig), "--address-map", f"10.91.{NET}.0/24=127.0.{NET}.0/24",
+            "--force-ssh", "--discovery-interval", "0.5", "--events-file", str(events),
+            *probe_cmd("--steps", "40", "--min-resets", "1")]
+
+
+def events_of(path: Path, kind: str) -> list[dict]:
+    return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == kind]
+
+
+def test_a_deleted_pod_s_workers_leave_at_a_commit_while_its_sshd_script_waits(kubernetes, kubectl, tmp_path):
+    need_sshd()
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    port, labels = free_port(f"127.0.{NET}.1"), {"app": "cloud-elastic-worker"}
+    pods = {}
+    for i, name in enumerate(("p0", "p1"), start=1):
+        kubernetes.add_pod(name, f"10.91.{NET}.{i}", namespace=NAMESPACE, node=f"node-{i}", labels=labels,
+                           created=float(i))
+        pods[name] = Pod(tmp_path / name, dict(os.environ), key=key, port=port, address=f"127.0.{NET}.{i}").start()
+    events = tmp_path / "events"
+    job = Job(driver_args(kubectl, kubernetes, key, port, events))
+    try:
+        job.wait_event("commit", rank=1, step=3, timeout=90)
+        assert {e["worker"].split("[")[0] for e in job.of("hello")} == {f"127.0.{NET}.1", f"127.0.{NET}.2"}
+
+        # kubectl delete pod p1 --grace-period=30: the API marks it, the kubelet sends SIGTERM.
+        deadline = kubernetes.delete_pod("p1", grace_s=30, namespace=NAMESPACE).deletion
+        pods["p1"].proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: pods["p1"].proc.poll() is not None, 30, "p1's start-sshd.sh exits")
+        exited = time.time()
+        assert pods["p1"].proc.returncode == 0
+        assert "no worker left: exiting" in pods["p1"].log.read_text()
+        assert exited < deadline
+
+        assert job.finish(120) == 0, job.output()
+    finally:
+        if job.proc.poll() is None:
+            job.kill()
+        for pod in pods.values():
+            pod.stop()
+
+    left = events_of(events, "worker_left")
+    assert [e["host"] for e in left] == [f"127.0.{NET}.2"]
+    assert left[0]["ts"] <= exited, "start-sshd.sh exited before its pod's worker had left"
+    assert not events_of(events, "rollback") and not events_of(events, "worker_failed")
+    done = job.of("done")
+    assert done and done[0]["step"] >= 40
