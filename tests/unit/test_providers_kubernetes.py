@@ -1,0 +1,122 @@
+"""The kubernetes provider's pure parts: how a pod and its node read (the view's table), the selector check,
+and that configuring it imports nothing. The provider over HTTP is in tests/emulator/test_kubernetes.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from cloud_elastic.errors import ConfigError, MissingDependencyError
+from cloud_elastic.providers import registry
+from cloud_elastic.providers.api import Drain
+from cloud_elastic.providers.kubernetes import check_selector
+from cloud_elastic.providers.kubernetes_view import ClusterView, pod_record
+from tests.emulator.fake_kubernetes import Node, Pod
+
+
+def view(*pods: Pod, nodes: tuple[Node, ...] = (), **options) -> ClusterView:
+    v = ClusterView("test", **options)
+    v.replace_pods(p.json() for p in pods)
+    v.replace_nodes(n.json() for n in nodes)
+    return v
+
+
+def test_slots_come_from_the_gpu_limit_then_the_annotation_then_one():
+    assert pod_record(Pod("a", "10.0.0.1", gpus=8).json()).slots == 8
+    annotated = Pod("b", "10.0.0.2", annotations={"cloud-elastic.io/slots": "4"}).json()
+    assert pod_record(annotated).slots == 4
+    assert pod_record(Pod("c", "10.0.0.3").json()).slots == 1
+    assert pod_record(Pod("d", "10.0.0.4", gpus=2).json(), slots_per_host=3).slots == 3  # --slots-per-host wins
+    assert pod_record(Pod("e", "10.0.0.5", gpus=2).json(), gpu_resource="amd.com/gpu").slots == 1
+
+
+def test_an_unreadable_slots_annotation_leaves_the_pod_out():
+    snapshot = view(Pod("a", "10.0.0.1", annotations={"cloud-elastic.io/slots": "four"}),
+                    Pod("b", "10.0.0.2")).snapshot(now=0.0)
+    assert dict(snapshot.ready) == {"10.0.0.2": 1}
+
+
+def test_deletion_wins_over_disruption_and_disruption_over_a_node_taint():
+    node = Node("n", taints={"karpenter.sh/disrupted": ("NoSchedule", 1000.0)})
+    both = Pod("a", "10.0.0.1", node="n", deletion=2000.0, disruption=("EvictionByEvictionAPI", 1500.0))
+    disrupted = Pod("b", "10.0.0.2", node="n", disruption=("PreemptionByScheduler", 1500.0), grace_s=20)
+    tainted = Pod("c", "10.0.0.3", node="n")
+    snapshot = view(both, disrupted, tainted, nodes=(node,)).snapshot(now=0.0)
+    assert snapshot.draining == {"10.0.0.1": Drain(2000.0, "pod deleted"),
+                                 "10.0.0.2": Drain(1520.0, "DisruptionTarget: PreemptionByScheduler"),
+                                 "10.0.0.3": Drain(None, "node n: Karpenter disruption")}
+
+
+def test_a_disruption_without_a_time_is_timed_from_its_first_sighting_and_stays_put():
+    raw = Pod("a", "10.0.0.1", disruption=("TerminationByKubelet", 0.0), grace_s=30).json()
+    for cond in raw["status"]["conditions"]:
+        cond.pop("lastTransitionTime")
+    v = ClusterView("test")
+    v.replace_pods([raw])
+    assert v.snapshot(now=100.0).draining["10.0.0.1"].deadline == 130.0
+    assert v.snapshot(now=105.0).draining["10.0.0.1"].deadline == 130.0
+
+
+def test_soft_signals_keep_the_pod_ready_unless_they_drain():
+    nodes = (Node("cordoned", unschedulable=True),
+             Node("advised", taints={"aws-node-termination-handler/rebalance-recommendation": ("PreferNoSchedule", 0)}))
+    pods = (Pod("a", "10.0.0.1", node="cordoned"), Pod("b", "10.0.0.2", node="advised"))
+    soft = view(*pods, nodes=nodes).snapshot(now=0.0)
+    assert set(soft.ready) == {"10.0.0.1", "10.0.0.2"} and set(soft.soft) == {"10.0.0.1", "10.0.0.2"}
+    eager = view(*pods, nodes=nodes, drain_soft=True).snapshot(now=0.0)
+    assert not eager.ready and eager.draining["10.0.0.1"] == Drain(None, "node cordoned cordoned")
+
+
+def test_only_changes_that_matter_report_news():
+    pod = Pod("a", "10.0.0.1", node="ours")
+    v = view(pod, nodes=(Node("ours"), Node("theirs")))
+    assert not v.apply_node("MODIFIED", Node("ours").json())  # a status heartbeat
+    assert not v.apply_node("MODIFIED", Node("theirs", unschedulable=True).json())  # no pod of ours there
+    assert v.apply_node("MODIFIED", Node("ours", unschedulable=True).json())
+    raw = pod.json()
+    raw["metadata"]["labels"]["team"] = "x"  # nothing the view reads
+    assert not v.apply_pod("MODIFIED", raw)
+    raw["status"]["conditions"][1]["status"] = "False"  # not Ready any more
+    assert v.apply_pod("MODIFIED", raw)
+
+
+def test_a_restart_changes_the_instance_and_a_new_uid_too():
+    pod = Pod("a", "10.0.0.1")
+    first = view(pod).snapshot(now=0.0).instances["10.0.0.1"]
+    pod.restarts = 1
+    restarted = view(pod).snapshot(now=0.0).instances["10.0.0.1"]
+    recreated = view(Pod("a", "10.0.0.1")).snapshot(now=0.0).instances["10.0.0.1"]
+    assert len({first, restarted, recreated}) == 3 and all(i.startswith("a/") for i in (first, restarted, recreated))
+
+
+@pytest.mark.parametrize("selector", ["app=llm", "app==llm,tier!=cpu", "app in (llm, llm-spot)", "!canary",
+                                      "example.com/team notin (a,b)", "app", "app="])
+def test_selectors_the_api_accepts_pass(selector):
+    check_selector(selector)
+
+
+@pytest.mark.parametrize("selector,why", [("", "empty"), ("app in llm", "cannot read"), ("a=b=c", "cannot read"),
+                                          ("app in ()", "no values"), ("-bad=x", "not a label key"),
+                                          ("app=" + "x" * 64, "not a label value")])
+def test_selectors_the_api_refuses_are_one_line(selector, why):
+    with pytest.raises(ConfigError, match=why):
+        check_selector(selector)
+
+
+def test_a_missing_client_names_the_extra(monkeypatch):
+    for name in [m for m in sys.modules if m == "kubernetes" or m.startswith("kubernetes.")] or ["kubernetes"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    discovery = registry.load("kubernetes").from_options({"selector": "app=llm", "kubeconfig": "/nonexistent"})
+    with pytest.raises(MissingDependencyError, match=r"pip install 'cloud-elastic\[kubernetes\]'"):
+        discovery.find()
+
+
+def test_configuring_the_provider_imports_no_client():
+    code = ("import sys\nfrom cloud_elastic.providers import registry\n"
+            "registry.load('kubernetes').from_options({'selector': 'app=llm', 'namespace': 'ml'})\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'urllib3')))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
