@@ -10,7 +10,8 @@ replaced (the SSH port, user and key, the kubeconfig, the address map, the train
 
 Deleting a pod is what the kubelet and the API server do: ``deletionTimestamp`` in the API and
 SIGTERM to the pod's process. The pod's workers leave at a commit, with no rollback, while
-start-sshd.sh waits for them; then it exits 0, before the deadline.
+start-sshd.sh waits for them (it is seen running while they run, and gone only once they are);
+then it exits 0, before the deadline.
 """
 
 from __future__ import annotations
@@ -57,6 +58,22 @@ def driver_args(kubectl: str, fake, key: Path, port: int, events: Path) -> list[
             *probe_cmd("--steps", "40", "--min-resets", "1")]
 
 
+def wrappers_through(pod: Pod) -> list[int]:
+    """The remote wrappers (``cloud_elastic.driver.remote``) whose SSH connection came in through
+    ``pod``'s sshd: its address and port in their ``SSH_CONNECTION``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if b"cloud_elastic.driver.remote" not in (proc / "cmdline").read_bytes():
+                continue
+            env = dict(v.split(b"=", 1) for v in (proc / "environ").read_bytes().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if env.get(b"SSH_CONNECTION", b"").split()[2:] == [pod.address.encode(), str(pod.port).encode()]:
+            found.append(int(proc.name))
+    return found
+
+
 def events_of(path: Path, kind: str) -> list[dict]:
     return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == kind]
 
@@ -77,14 +94,21 @@ def test_a_deleted_pod_s_workers_leave_at_a_commit_while_its_sshd_script_waits(k
         job.wait_event("commit", rank=1, step=3, timeout=90)
         assert {e["worker"].split("[")[0] for e in job.of("hello")} == {f"127.0.{NET}.1", f"127.0.{NET}.2"}
 
+        p1 = pods["p1"]
+        assert wrappers_through(p1), "no worker wrapper came in through p1's sshd"
         # kubectl delete pod p1 --grace-period=30: the API marks it, the kubelet sends SIGTERM.
         deadline = kubernetes.delete_pod("p1", grace_s=30, namespace=NAMESPACE).deletion
-        pods["p1"].proc.send_signal(signal.SIGTERM)
-        wait_for(lambda: pods["p1"].proc.poll() is not None, 30, "p1's start-sshd.sh exits")
-        exited = time.time()
-        assert pods["p1"].proc.returncode == 0
-        assert "no worker left: exiting" in pods["p1"].log.read_text()
-        assert exited < deadline
+        p1.proc.send_signal(signal.SIGTERM)
+        waited = False  # p1's script seen running after the SIGTERM while its worker still was
+        while p1.proc.poll() is None:
+            alive = wrappers_through(p1)
+            waited = waited or (alive and p1.proc.poll() is None)
+            assert time.time() < deadline, "p1's start-sshd.sh still runs at the pod's deadline"
+            time.sleep(0.02)
+        assert not wrappers_through(p1), "p1's start-sshd.sh exited while a worker it served was still running"
+        assert waited, "p1's worker was gone before the test could look: nothing shows the script waited"
+        assert p1.proc.returncode == 0
+        assert "no worker left: exiting" in p1.log.read_text()
 
         assert job.finish(120) == 0, job.output()
     finally:
@@ -95,7 +119,6 @@ def test_a_deleted_pod_s_workers_leave_at_a_commit_while_its_sshd_script_waits(k
 
     left = events_of(events, "worker_left")
     assert [e["host"] for e in left] == [f"127.0.{NET}.2"]
-    assert left[0]["ts"] <= exited, "start-sshd.sh exited before its pod's worker had left"
     assert not events_of(events, "rollback") and not events_of(events, "worker_failed")
     done = job.of("done")
     assert done and done[0]["step"] >= 40

@@ -97,10 +97,15 @@ rm -f "$DIR/ready"
 "$SSHD" -D -e -f "$DIR/sshd_config" &
 SSHD_PID=$!
 
+# The remote wrapper of each worker the driver started through this sshd: a
+# cloud_elastic.driver.remote process whose SSH connection came in at this address and port. (In a
+# pod every process is the pod's; the address and port tell apart two of these scripts that share
+# a machine, as in the tests.)
+if [ "$LISTEN" = 0.0.0.0 ]; then SERVER='[^ ]*'; else SERVER=$(printf '%s' "$LISTEN" | sed 's/[.]/[.]/g'); fi
 workers_left() {
-    # The remote wrapper of each worker the driver started here (cloud_elastic.driver.remote).
-    for cmdline in /proc/[0-9]*/cmdline; do
-        if grep -q 'cloud_elastic[.]driver[.]remote' "$cmdline" 2>/dev/null; then
+    for dir in /proc/[0-9]*; do
+        grep -q 'cloud_elastic[.]driver[.]remote' "$dir/cmdline" 2>/dev/null || continue
+        if tr '\0' '\n' < "$dir/environ" 2>/dev/null | grep -q "^SSH_CONNECTION=.* $SERVER $PORT\$"; then
             return 0
         fi
     done
