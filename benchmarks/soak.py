@@ -37,8 +37,9 @@ resets is the difference between the last and the first tenth's floors over the
 resets between them. Rank 0 also reports its reaper's counts (groups reclaimed,
 groups leaked).
 
-Prints the table and writes it into docs/benchmarks.md (``docsection``: section
-``soak`` and its glance row).
+Runs with ``CLOUD_ELASTIC_COMMIT_MODE=snapshot`` (see ``JOB_ENV``). Prints the
+section, one line (the page keeps its length), and writes it into
+docs/benchmarks.md (``docsection``: section ``soak`` and its glance row).
 """
 
 from __future__ import annotations
@@ -245,9 +246,9 @@ def hit(job: SoakJob, kind: str, host: str, survivor: int, rng: random.Random) -
     job.discovery.set(HOSTS)
     if kind.endswith("+new"):
         if "kill" in kind:  # as the round that admits it forms: its peers are forming the group with it
-            rounds_at = len(job.rounds)
+            gone = next(i for i in range(before, len(job.rounds)) if all(h not in job.rounds[i]["ranks"] for h in hosts))
             job.wait(f"a round with the new worker on {hosts[0]}",
-                     lambda: any(hosts[0] in r["ranks"] for r in job.rounds[rounds_at:]), poll_s=0.005)
+                     lambda: any(hosts[0] in r["ranks"] for r in job.rounds[gone + 1:]), poll_s=0.005)
         else:  # as it registers: the driver is about to admit it
             job.wait(f"the new worker on {hosts[0]} registered",
                      lambda: any(e["host"] == hosts[0] for e in job.ready[ready_at:]))
@@ -285,24 +286,29 @@ def summarize(samples: list[tuple[int, int, int, int]], resets: int) -> dict:
     }
 
 
-def table(mine: dict, driver: dict) -> list[str]:
-    """Rank 0's rows (threads, descriptors, RSS) and one row of the driver's three figures."""
-    def cell(s: dict, key: str, c: int) -> str:
-        known = [t for t in s["tenths"] if t is not None]
-        v = {"first": known[0], "last": known[-1]}.get(key) or s[key]
-        return f"{v[c] / 1024:.0f}" if c == 2 else str(v[c])
+def figures(s: dict) -> str:
+    """One process's floors, in words: (threads, descriptors, RSS MiB) per stretch, then each tenth's."""
+    known = [t for t in s["tenths"] if t is not None]
 
-    def row(name: str, s: dict, cols: tuple[int, ...]) -> str:
-        cells = [", ".join(cell(s, key, c) for c in cols) for key in ("before", "first", "last", "last30")]
-        growth = ", ".join(f"{s['growth'][c] / (1024 if c == 2 else 1):+.2f}" for c in cols)
-        tenths = ", ".join(" ".join("–" if t is None else (f"{t[c] / 1024:.0f}" if c == 2 else str(t[c]))
-                                    for t in s["tenths"]) for c in cols)
-        return f"| {name} | {' | '.join(cells)} | {growth} | {tenths} |"
+    def three(v: tuple) -> str:
+        return f"{v[0]}, {v[1]}, {v[2] / 1024:.0f}"
 
-    return ["| floor of the samples | before the first reset | first tenth of the resets | last tenth | "
-            "last 30 samples | growth per 100 resets | each tenth |", "|---|---|---|---|---|---|---|",
-            row("rank 0: threads", mine, (0,)), row("rank 0: descriptors", mine, (1,)),
-            row("rank 0: RSS, MiB", mine, (2,)), row("driver: threads, descriptors, RSS MiB", driver, (0, 1, 2))]
+    def column(c: int) -> str:
+        return " ".join("–" if t is None else (f"{t[c] / 1024:.0f}" if c == 2 else str(t[c])) for t in s["tenths"])
+
+    g = s["growth"]
+    return (f"before the first reset {three(s['before'])}; first tenth of the resets {three(known[0])}; last tenth "
+            f"{three(known[-1])}; last 30 samples {three(s['last30'])}; growth per 100 resets {g[0]:+.2f}, {g[1]:+.2f}, "
+            f"{g[2] / 1024:+.2f} (each tenth: threads {column(0)}; descriptors {column(1)}; RSS {column(2)})")
+
+
+def text_of(run: dict, stamp_line: str) -> str:
+    """The section: one line (the page keeps its length), from the run's summary (``main`` prints it as JSON)."""
+    hits = ", ".join(f"{k} {v}" for k, v in run["hits"].items())
+    return (f"{stamp_line} {run['resets']} resets in {run['seconds'] / 60:.0f} min (hits: {hits}). Floors of the "
+            f"samples (threads, descriptors, RSS MiB), rank 0: {figures(run['survivor'])}; its reaper reclaimed "
+            f"{run['reaper']['reclaimed']} abandoned groups and leaked {run['reaper']['leaked']}. The driver: "
+            f"{figures(run['driver'])}.")
 
 
 def main() -> None:
@@ -352,11 +358,10 @@ def main() -> None:
     resets = job.resets()
     elapsed = time.monotonic() - started
     mine, driver = summarize(sampler.samples, resets), summarize(sampler.driver, resets)
-    print(json.dumps({"resets": resets, "hits": kinds, "seconds": round(elapsed), "survivor": mine,
-                      "driver": driver, "reaper": reaper}), flush=True)
-    summary = (f"{resets} resets in {elapsed / 60:.1f} min; hits: " + ", ".join(f"{k} {v}" for k, v in kinds.items())
-               + f". Rank 0's reaper: {reaper['reclaimed']} abandoned groups reclaimed, {reaper['leaked']} leaked.")
-    text = "\n".join([stamp(command()) + " " + summary, "", *table(mine, driver)])
+    run = {"resets": resets, "hits": kinds, "seconds": round(elapsed), "survivor": mine, "driver": driver,
+           "reaper": reaper}
+    print(json.dumps(run), flush=True)
+    text = text_of(run, stamp(command()))
     first = next(t for t in mine["tenths"] if t is not None)
     last = [t for t in mine["tenths"] if t is not None][-1]
     flat = last[0] <= first[0] and last[1] <= first[1] and reaper["leaked"] == 0

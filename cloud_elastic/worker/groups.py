@@ -76,6 +76,11 @@ _ABORT_SLICE_S = 0.05
 #: which names its setting, is what a user sees.
 _GLOO_FORM_MARGIN_S = 5.0
 
+#: How many times Gloo tries a connection to a peer that does not answer, each time for the group's
+#: timeout (measured on torch 2.13: 52 s for a 10 s timeout). The constructor's timeout is a share of the
+#: formation's time, so that a peer which vanished holds an abandoned formation about that long in all.
+_GLOO_CONNECT_ATTEMPTS = 5
+
 #: torch's NCCL async error handling modes: 0 none, 1 tear down (abort and kill the process),
 #: 2 clean up only (abort the communicator, fail the work, keep the process), 3 skip clean-up (kill).
 NCCL_ERROR_HANDLING = "2"
@@ -134,7 +139,8 @@ class RoundStore(SignedStore):
     keys (``check``) in slices of 1 to 20 ms, and fails at once after
     :meth:`give_up`, so that thread ends, and what the constructor opened closes,
     a slice after the formation is abandoned. A wait for keys already there
-    costs one look.
+    costs one look. Every wait is bounded by ``timeout_s`` (the formation's
+    deadline and a margin), whatever timeout the caller passes.
     """
 
     MAX_SLICE_S = 0.02
@@ -164,11 +170,8 @@ class RoundStore(SignedStore):
         return super().get(key)
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        self._await(keys, self._timeout_s if timeout is None else timeout.total_seconds())
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout_s = timeout.total_seconds()
-        super().set_timeout(timeout)
+        # The formation's time, not the caller's: Gloo passes its connection timeout, a share of it.
+        self._await(keys, self._timeout_s)
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,7 @@ class RoundGroupsMixin:
         if self.standalone:
             return dist.HashStore()
         namespace = round_namespace(self.settings.secret, self.job_id, info.round) + suffix
-        return RoundStore(self._store, namespace, self.settings.secret, self.collective_timeout_s)
+        return RoundStore(self._store, namespace, self.settings.secret, self._form_limit_s() + _GLOO_FORM_MARGIN_S)
 
     def _formed(self, info: RoundInfo, store: Any, make: Callable[[Callable[[Any], None]], Any],
                 what: str) -> RoundGroup:
@@ -333,7 +336,8 @@ class RoundGroupsMixin:
         if self.backend != "gloo":
             raise RuntimeError(f"unsupported backend {self.backend!r} (use gloo or nccl)")
         return new_gloo_group(store, info.rank, info.size, timeout, hostname=self.hostname, interface=self.interface,
-                              form_timeout=timedelta(seconds=self._form_limit_s() + _GLOO_FORM_MARGIN_S))
+                              form_timeout=timedelta(seconds=(self._form_limit_s() + _GLOO_FORM_MARGIN_S)
+                                                     / _GLOO_CONNECT_ATTEMPTS))
 
     def _abandon_round(self) -> None:
         """A collective of the current round failed or was abandoned: fail the rest of its work now.
@@ -460,11 +464,12 @@ def new_gloo_group(store: Any, rank: int, size: int, timeout: timedelta, *, host
                    interface: str | None, form_timeout: timedelta | None = None) -> Any:
     """A Gloo group bound to ``interface`` when given, else to the address ``hostname`` resolves to.
 
-    ``form_timeout``: how long its constructor waits for a peer's connection; its collectives then wait
-    ``timeout``. A peer that vanished while the group formed (its address written, its connection never
-    made) cannot be woken from: the constructor's thread, the group's device thread, its listening socket
-    and epoll descriptor stay until that timeout, after the formation was given up. With one timeout for
-    both, a stop or a kill during an admission left them for the collective timeout (300 s by default).
+    ``form_timeout``: how long its constructor waits for each try of a peer's connection; its collectives
+    then wait ``timeout``. A peer that vanished while the group formed (its address written, its
+    connection never made) cannot be woken from: the constructor's thread, the group's device thread, its
+    listening socket and epoll descriptor stay until Gloo gives up on it (see ``_GLOO_CONNECT_ATTEMPTS``),
+    after the formation was given up. With one timeout for both, a stop or a kill during an admission left
+    them for about five collective timeouts (25 minutes by default).
     """
     opts = dist.ProcessGroupGloo._Options()
     settable = form_timeout is not None and hasattr(dist.ProcessGroupGloo, "_set_default_timeout")
