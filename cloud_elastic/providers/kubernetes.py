@@ -237,6 +237,15 @@ class KubernetesPods(CloudGroupProvider):
             return self._cached[1]
 
     def _first_sync(self) -> None:
+        """List pods and nodes; on any failure nothing is kept, so the next find() starts over."""
+        try:
+            self._list_first()
+        except BaseException:
+            self._disconnect()
+            self._nodes_refused = False
+            raise
+
+    def _list_first(self) -> None:
         self._api = self._connect()
         core = self.sdk["client"].CoreV1Api(self._api)
         pods = ResourceWatch(
@@ -262,8 +271,10 @@ class KubernetesPods(CloudGroupProvider):
             _log.warning("%s: may not list nodes (403 %s); going on without node signals (taints, cordons): pod "
                          "signals (DisruptionTarget, deletion) still drain. Grant get, list and watch on nodes "
                          "(a ClusterRole) to see them", self.label, _message(exc))
-        _log.info("%s: %d pod(s) in namespace %s, %s", self.label, len(self._view.pods),
-                  self.namespace, "node signals off" if self._nodes_refused else f"{len(self._view.nodes)} node(s)")
+        _log.log(logging.INFO if self._view.pods else logging.WARNING,
+                 "%s: %d pod(s) match in namespace %s%s, %s", self.label, len(self._view.pods), self.namespace,
+                 "" if self._view.pods else " (yet: waiting for them)",
+                 "node signals off" if self._nodes_refused else f"{len(self._view.nodes)} node(s)")
 
     def _watch(self) -> None:
         """Start the watches, from the first lists' versions (once: at the second find() or wake_on_news()).
@@ -341,6 +352,9 @@ class KubernetesPods(CloudGroupProvider):
 
     def close(self) -> None:
         self._wake = None
+        self._disconnect()
+
+    def _disconnect(self) -> None:
         for watch in self._watches:
             watch.stop()
         self._watches = []

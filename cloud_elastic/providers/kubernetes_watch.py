@@ -178,7 +178,7 @@ class ResourceWatch:
     def _watch_once(self) -> int:
         """One watch request, its events applied until the stream ends; returns how many lines it had."""
         resp = self._call(watch=True, resource_version=self.resource_version, allow_watch_bookmarks=True,
-                          timeout_seconds=int(self._watch_s), _preload_content=False,
+                          timeout_seconds=max(1, int(self._watch_s)), _preload_content=False,
                           _request_timeout=(self._timeout_s, self._watch_s + 15), **self._selection())
         self.watches += 1
         self._resp = resp

@@ -277,6 +277,24 @@ def test_bad_namespace_taint_and_credentials_are_one_line(kubernetes, tmp_path):
     assert "cannot load" in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_first_discovery_that_fails_halfway_keeps_nothing_and_the_next_one_starts_over(kubernetes, watched):
+    ns = "ns-halfway"
+    kubernetes.add_node("halfway-n", taints={"karpenter.sh/disrupted": ("NoSchedule", 0.0)})
+    kubernetes.add_pod("p0", "10.69.0.1", namespace=ns, node="halfway-n")
+    kubernetes.fail(r"^/api/v1/nodes$", 1, 503, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                                 "status": "Failure", "code": 503, "reason": "ServiceUnavailable",
+                                                 "message": "etcd leader changed"})
+    discovery = provider("kubernetes", kubernetes_options(kubernetes, ns))
+    try:
+        with pytest.raises(RetryableDiscoveryError, match="listing nodes: HTTP 503 etcd leader changed"):
+            discovery.find()
+        snapshot = discovery.find()  # pods and nodes listed again: the taint is seen
+        assert snapshot.draining == {"10.69.0.1": Drain(None, "node halfway-n: Karpenter disruption")}
+        assert kubernetes.count(f"/namespaces/{ns}/pods$") == 2
+    finally:
+        discovery.close()
+
+
 def test_an_unreachable_api_server_is_retryable(kubernetes, tmp_path):
     config = json.loads(kubernetes.kubeconfig.read_text())
     config["clusters"][0]["cluster"]["server"] = "http://127.0.0.1:9"
