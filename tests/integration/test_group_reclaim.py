@@ -109,3 +109,36 @@ def test_a_formation_given_up_on_a_peer_that_never_wrote_its_address_ends_and_fr
         time.sleep(0.02)
     assert len(os.listdir("/proc/self/task")) <= threads
     assert len(os.listdir("/proc/self/fd")) <= fds
+
+
+def test_a_formation_given_up_on_a_peer_stopped_while_connecting_ends_within_a_few_deadlines():
+    """The peer wrote its address and stopped before its connection was made (SIGSTOP, as a Spot host
+    frozen during an admission). Gloo tries that connection about five times, each for the group's
+    timeout; with the collective timeout (300 s) as that timeout, the given-up formation's thread, its
+    device's thread, listener and epoll descriptor stayed 25 minutes. Now the five tries share the
+    formation's deadline (2 s here) and a 5 s margin: about 7 s. The bound below is far from both."""
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    peer = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stalled_peer.py")), str(server.port)],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        ctx = WorkerContext(WorkerSettings(
+            standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{server.port}",
+            job_id="stalled", worker_id="a", hostname="127.0.0.1", secret="s" * 64, backend="gloo",
+            collective_timeout_s=300.0, group_form_timeout_s=2.0, malloc_tuning=False,
+        ))
+        ctx._store = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
+        threads = len(os.listdir("/proc/self/task"))
+        with pytest.raises(CollectiveError, match="did not form within 2 s"):
+            ctx._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=1, needs_sync=False, update_gen=0,
+                                      hosts=("127.0.0.1",)))
+        assert peer.stdout is not None and peer.stdout.readline().strip() == "stopping"  # it did stop mid-formation
+        for former in ctx._formations:
+            former.join(25)
+        assert not any(t.is_alive() for t in ctx._formations), "the given-up formation still waits for the peer"
+        deadline = time.monotonic() + 30  # the device's thread ends a moment after the constructor unwinds
+        while len(os.listdir("/proc/self/task")) > threads and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(os.listdir("/proc/self/task")) <= threads
+    finally:
+        peer.kill()
+        peer.wait(30)
