@@ -14,6 +14,9 @@ control-plane server (:mod:`.server`) accepts, under the job's lock:
   order, a completion until rank 0's verdict;
 * one worker per host runs the host's metadata notice watcher: the first live
   one, then whoever heartbeats first after it goes;
+* a worker that got SIGTERM reports it as a notice for its host (``own``), and is
+  told whether it stays until the drain sends it away (``stay``): not when the
+  TERM was the driver's own;
 * a malformed notice or checkpoint report is refused as a whole; a rank 0 that
   cannot load its checkpoint stops the job (``training state lost``).
 
@@ -31,6 +34,7 @@ from typing import Any
 
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.driver.server import Held
+from cloud_elastic.driver.workers import WorkerState
 from cloud_elastic.protocol import (
     CompletedReport,
     CompletionReply,
@@ -50,6 +54,9 @@ log = logging.getLogger("cloud_elastic.driver.driver")
 #: How long a rendezvous request is held before the worker is told to ask again.
 RENDEZVOUS_POLL_S = 10.0
 _NOTICE_KINDS = ("terminate", "rebalance", "maintenance")
+#: A worker that gets SIGTERM in these states stays until its host's drain sends it away (at its next commit,
+#: or at once from rendezvous); in any other, the TERM is the driver's own (see ``_notice``).
+_STAYS_ON_SIGTERM = (WorkerState.WAITING, WorkerState.RUNNING, WorkerState.DRAINING)
 #: Heartbeats a second the driver is sized for (about half a core on the benchmark machine): up to 2,000 workers
 #: poll every heartbeat interval (0.5 s); a larger group is held longer (see Driver._poll_hold_s).
 POLLS_PER_S = 4000.0
@@ -214,10 +221,15 @@ class ControlPlaneMixin:
             raise ControlPlaneError("malformed notice message")
         if w is None:
             return {"ok": False}
+        if msg.get("own") is True:
+            # A SIGTERM to this worker (worker.termination). The driver's own TERM goes only to workers it
+            # no longer wants, or to all at the job's end: those die of it. Any other drains the host.
+            if self._job.outcome is not None or w.state not in _STAYS_ON_SIGTERM:
+                return {"ok": True, "stay": False}
         self._job.notice(w.slot.host, Drain(deadline=deadline, reason=reason[:200]), now, source=source[:40],
                          soft=kind != "terminate")  # the job drains on soft ones too under --drain-on-rebalance
         self._cond.notify_all()
-        return {"ok": True}
+        return {"ok": True, "stay": True} if msg.get("own") is True else {"ok": True}
 
     def _checkpoint(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
         """Rank 0 wrote or loaded a durable checkpoint, or could not load one (the job then ends)."""

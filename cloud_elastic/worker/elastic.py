@@ -27,7 +27,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from cloud_elastic.worker import collectives, sharded
+from cloud_elastic.worker import collectives, sharded, termination
 from cloud_elastic.worker.context import init
 from cloud_elastic.worker.exceptions import CollectiveError, HostsUpdatedInterrupt, WorkerRemoved
 from cloud_elastic.worker.state import State
@@ -45,7 +45,8 @@ def run(func: F) -> F:
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         try:
-            return _run(func, state, *args, **kwargs)
+            with termination.leave_at_commit_on_sigterm(init()):  # SIGTERM: leave at the next commit
+                return _run(func, state, *args, **kwargs)
         except WorkerRemoved as exc:
             if _DURABLE is not None:
                 _DURABLE.stop_writing()  # a leaving rank 0 finishes the checkpoint it is writing

@@ -93,6 +93,24 @@ class DriverLinkMixin:
 
 
     # ---------------------------------------------------------------- notices
+    def report_sigterm(self, deadline: float) -> bool:
+        """A SIGTERM reached this worker inside ``elastic.run`` (see ``termination``): report it as a
+        ``terminate`` notice for this host, as the host's watcher would, with ``deadline`` (Unix seconds).
+
+        True when the driver keeps this worker until it leaves at its next commit; False when it
+        does not (the TERM was the driver's own: the job is over, or the worker is no longer wanted).
+        One try, within the heartbeat timeout; raises when the driver cannot be reached.
+        """
+        from cloud_elastic.worker.termination import REASON, SOURCE
+
+        if self._codec is None or self.driver_lost:
+            return False
+        reply = DriverClient(self.settings.driver_address, self._codec, self.worker_id).call("notice", {
+            "source": SOURCE, "notice": "terminate", "reason": REASON.format(worker=self.worker_id),
+            "deadline": deadline, "own": True,
+        }, timeout_s=self.heartbeat_timeout_s)
+        return reply.get("ok") is True and reply.get("stay") is True
+
     def _maybe_watch_notices(self, cloud: Any) -> None:
         """Start this host's metadata notice watcher when the driver picks this worker for it (once).
 

@@ -110,6 +110,9 @@ class WorkerSettings:
     sharded_checkpoint_writes: str = "background"
     #: ``CLOUD_ELASTIC_SELFTEST_TIMEOUT_S``: how long a newcomer's device self-test may take (``selftest``).
     selftest_timeout_s: float = 60.0
+    #: ``CLOUD_ELASTIC_TERM_GRACE_S``: how long after a SIGTERM the worker's host is expected to go (a pod's
+    #: ``terminationGracePeriodSeconds``; 30 s, the kubelet's default): the deadline of its notice (``termination``).
+    term_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.driver_grace_s is None:
@@ -125,12 +128,15 @@ class WorkerSettings:
             "CLOUD_ELASTIC_DRIVER_GRACE_S": self.driver_grace_s,
             "CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S": self.checkpoint_interval_s,
             "CLOUD_ELASTIC_SELFTEST_TIMEOUT_S": self.selftest_timeout_s,
+            "CLOUD_ELASTIC_TERM_GRACE_S": self.term_grace_s,
         }
         for name, value in durations.items():  # NaN passes every `<= 0` check below; inf overflows waits
             if not math.isfinite(value) or value > _MAX_DURATION_S:
                 raise ConfigError(f"{name}={value!r}: must be a finite number of seconds, at most a year")
         if self.selftest_timeout_s <= 0:
             raise ConfigError(f"CLOUD_ELASTIC_SELFTEST_TIMEOUT_S={self.selftest_timeout_s}: must be > 0")
+        if self.term_grace_s < 0:
+            raise ConfigError(f"CLOUD_ELASTIC_TERM_GRACE_S={self.term_grace_s}: must be >= 0")
         if self.heartbeat_timeout_s <= 0 or self.collective_timeout_s <= 0 or self.group_form_timeout_s <= 0:
             raise ConfigError("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S, CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S and "
                               "CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S must be positive")
@@ -199,6 +205,7 @@ class WorkerSettings:
             checkpoint_keep=int(number("CLOUD_ELASTIC_CHECKPOINT_KEEP", "2", int)),
             sharded_checkpoint_writes=env.get("CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES", "background").strip().lower(),
             selftest_timeout_s=number("CLOUD_ELASTIC_SELFTEST_TIMEOUT_S", "60", float),
+            term_grace_s=number("CLOUD_ELASTIC_TERM_GRACE_S", "30", float),
         )
 
 

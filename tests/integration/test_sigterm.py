@@ -1,0 +1,83 @@
+"""SIGTERM to a worker inside ``elastic.run``, end to end: a request to leave at the next commit.
+
+Three loopback "hosts" (127.0.0.1-3) of one slot each, real worker processes, and no
+notice from anywhere but the signal (no metadata watcher, a static host list): what
+a pod deletion or node drain that no watcher saw looks like from inside the pod.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import HostsFile, probe_cmd, worker_on
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+LEAVING = "127.0.0.3"
+
+
+def _job(jobs, tmp_path: Path, *probe: str):
+    hosts = HostsFile(tmp_path, HOSTS)
+    return jobs(["run", "-np", "3", "--min-np", "1", "--host-discovery-script", str(hosts.script),
+                 "--discovery-interval", "0.3", "--events-file", str(tmp_path / "events"), *probe_cmd(*probe)],
+                env={"CLOUD_ELASTIC_TERM_GRACE_S": "45"})
+
+
+def _events(tmp_path: Path, kind: str) -> list[dict]:
+    lines = (tmp_path / "events").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def test_a_sigterm_to_a_worker_makes_it_leave_at_its_next_commit_with_zero_rollback(jobs, tmp_path):
+    # --min-resets 1: the job trains on (committing every 5 steps) until the leave has happened.
+    job = _job(jobs, tmp_path, "--steps", "30", "--commit-every", "5", "--min-resets", "1")
+    job.wait_event("commit", rank=0, step=10)
+    victim = worker_on(job.job_id(), LEAVING)
+    os.kill(victim, signal.SIGTERM)
+    assert job.finish(timeout=120) == 0, job.output()
+
+    out = job.output()
+    assert f"notice from sigterm for host {LEAVING}: SIGTERM to worker {LEAVING}" in out, out
+    assert "SIGTERM: leaving at the next commit" in out
+    resets = job.of("reset")
+    assert resets and all(r["size"] == 2 for r in resets), resets
+    assert all(r["executed"] == r["step"] for r in resets), f"survivors rolled back: {resets}"
+    assert all(r["step"] % 5 == 0 for r in resets), resets  # the leaver left exactly at a commit
+    done = job.of("done")
+    assert len(done) == 2 and len({e["checksum"] for e in done}) == 1, out
+    assert "training completed on 2 worker(s)" in job.lines[-1]
+
+    [notice] = _events(tmp_path, "notice")
+    assert (notice["source"], notice["host"], notice["action"]) == ("sigterm", LEAVING, "drain")
+    assert 40 <= notice["deadline"] - notice["ts"] <= 46  # CLOUD_ELASTIC_TERM_GRACE_S ahead of the signal
+    assert [e["host"] for e in _events(tmp_path, "worker_left")] == [LEAVING]
+    assert not _events(tmp_path, "rollback") and not _events(tmp_path, "worker_failed")
+    assert "0 steps lost" in out and f"host {LEAVING} drained" in out
+
+
+def test_a_second_sigterm_ends_the_worker_at_once_and_the_survivors_take_the_failure_path(jobs, tmp_path):
+    # A commit every 100 steps (5 s at the least): the second SIGTERM comes long before the leaver's next one.
+    job = _job(jobs, tmp_path, "--steps", "300", "--commit-every", "100")
+    job.wait_event("commit", rank=0, step=100, timeout=120)
+    victim = worker_on(job.job_id(), LEAVING)
+    os.kill(victim, signal.SIGTERM)
+    job.wait_for(lambda j: any("SIGTERM: leaving at the next commit" in line for line in j.lines), 60,
+                 "the worker to say it leaves at its next commit")
+    os.kill(victim, signal.SIGTERM)
+    assert job.finish(timeout=120) == 0, job.output()
+
+    # The leaver vanished mid-round, before its next commit (step 200): its peers rolled back to the last one.
+    # (A draining worker's exit is a leave whatever its status, so its slot is not blacklisted.)
+    [rollback] = _events(tmp_path, "rollback")
+    assert rollback["steps_lost"] >= 1, rollback
+    resets = job.of("reset")
+    assert resets and all(r["size"] == 2 and r["step"] == 100 and r["executed"] > 100 for r in resets), resets
+    assert [e["host"] for e in _events(tmp_path, "worker_left")] == [LEAVING]
+    done = job.of("done")
+    assert len(done) == 2 and {e["step"] for e in done} == {300} and len({e["checksum"] for e in done}) == 1

@@ -1,0 +1,172 @@
+"""SIGTERM inside ``elastic.run`` (worker/termination.py) in real processes, and the driver's answer to it
+(driver/handlers.py, on a Driver that was never started)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cloud_elastic.driver.workers import WorkerState
+from tests.unit.test_driver_rooms import driver
+
+pytestmark = pytest.mark.timeout(60)
+
+# A process with the handler installed; ``ask`` answers as the test says, after writing "asked".
+_PROGRAM = textwrap.dedent("""
+    import os, signal, sys, time
+    from cloud_elastic.worker.termination import TermHandler
+
+    answer = sys.argv[1]
+    def ask(deadline):
+        print("asked", round(deadline - time.time()), flush=True)
+        if answer == "raise":
+            raise OSError("the driver cannot be reached")
+        return answer == "stay"
+
+    if sys.argv[2] == "user-handler":
+        signal.signal(signal.SIGTERM, lambda *_: print("the script's own handler", flush=True))
+    handler = TermHandler(ask, 40.0, label="w1")
+    print("installed", handler.install(), flush=True)
+    if sys.argv[2] == "uninstall":
+        handler.uninstall()
+        print("default again", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+    if sys.argv[2] == "fork":
+        started, ready = os.pipe()
+        child = os.fork()
+        if child == 0:  # says it runs (a signal just after fork() is lost to Python's own reset of its flags)
+            os.write(ready, b"!")
+            time.sleep(60)
+            os._exit(0)
+        os.read(started, 1)
+        os.kill(child, signal.SIGTERM)
+        print("child", os.waitpid(child, 0)[1], flush=True)
+    print("ready", flush=True)
+    for line in sys.stdin:  # each line: the test's next step
+        if line.strip() == "state":
+            print("stays", handler.stays, flush=True)
+    time.sleep(60)
+""")
+
+
+class Worker:
+    def __init__(self, answer: str, mode: str = "") -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _PROGRAM, answer, mode], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+
+    def read_until(self, prefix: str) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith(prefix):
+                return line.rstrip("\n")
+        raise AssertionError(f"no {prefix!r} line: {self.lines}; stderr: {self.proc.stderr.read()}")
+
+    def ask(self, what: str) -> str:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        return self.read_until("stays")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def worker():
+    started: list[Worker] = []
+
+    def start(answer: str, mode: str = "") -> Worker:
+        started.append(Worker(answer, mode))
+        return started[-1]
+
+    yield start
+    for w in started:
+        w.close()
+
+
+def test_a_worker_the_driver_keeps_survives_the_first_sigterm_and_dies_of_the_second(worker):
+    w = worker("stay")
+    assert w.read_until("installed") == "installed True"
+    w.read_until("ready")
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.read_until("asked") == "asked 40"  # the deadline: CLOUD_ELASTIC_TERM_GRACE_S ahead
+    assert w.ask("state") == "stays True"
+    assert w.proc.poll() is None
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(30) == -signal.SIGTERM
+    assert "SIGTERM: leaving at the next commit" in w.proc.stderr.read()
+
+
+@pytest.mark.parametrize("answer", ["exit", "raise"])
+def test_a_worker_the_driver_does_not_keep_or_cannot_answer_dies_of_the_sigterm(worker, answer):
+    w = worker(answer)
+    w.read_until("ready")
+    w.proc.send_signal(signal.SIGTERM)
+    w.read_until("asked")
+    assert w.proc.wait(30) == -signal.SIGTERM
+    if answer == "raise":
+        assert "could not report its SIGTERM to the driver: the driver cannot be reached" in w.proc.stderr.read()
+
+
+def test_a_script_that_handles_sigterm_keeps_its_handler(worker):
+    w = worker("stay", "user-handler")
+    assert w.read_until("installed") == "installed False"
+    w.read_until("ready")
+    w.proc.send_signal(signal.SIGTERM)
+    w.read_until("the script's own handler")
+    assert w.ask("state") == "stays None" and "asked" not in " ".join(w.lines)
+
+
+def test_uninstall_gives_sigterm_its_default_action_back(worker):
+    w = worker("stay", "uninstall")
+    assert w.read_until("default again") == "default again True"
+    w.read_until("ready")
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(30) == -signal.SIGTERM and "asked" not in " ".join(w.lines)
+
+
+def test_a_forked_child_dies_of_sigterm_as_by_default(worker):
+    w = worker("stay", "fork")
+    assert w.read_until("child") == f"child {signal.SIGTERM}"  # waitpid's status: killed by SIGTERM
+    assert "asked" not in " ".join(w.lines)
+
+
+def _own(d, worker: str) -> dict:
+    return d._handle("notice", {"worker": worker, "source": "sigterm", "notice": "terminate",
+                                "reason": f"SIGTERM to worker {worker}", "deadline": 2e9, "own": True})
+
+
+def _to(d, worker: str, *states: WorkerState) -> None:
+    w = d._job.workers[worker]
+    for state in states:
+        w.to(state, "test")
+
+
+def test_the_driver_keeps_a_worker_of_a_round_and_drains_its_host() -> None:
+    d = driver()
+    worker = sorted(d._job.workers)[0]
+    _to(d, worker, WorkerState.CONNECTED, WorkerState.WAITING, WorkerState.RUNNING)
+    assert _own(d, worker) == {"ok": True, "stay": True}
+    assert d._job.hosts.draining["127.0.0.1"].deadline == 2e9
+
+
+def test_the_driver_keeps_no_worker_it_stops_itself() -> None:
+    d = driver()
+    first, second = sorted(d._job.workers)
+    _to(d, first, WorkerState.EXITING)  # e.g. its host left discovery: the driver sent the TERM
+    assert _own(d, first) == {"ok": True, "stay": False}
+    assert not d._job.hosts.draining
+    _to(d, second, WorkerState.CONNECTED, WorkerState.WAITING, WorkerState.RUNNING)
+    with d._cond:
+        d._job.stop("stopped by SIGTERM", 143)  # the job's end: the driver stops every worker
+    assert _own(d, second) == {"ok": True, "stay": False}
+    assert not d._job.hosts.draining
+    assert d._handle("notice", {"worker": "stranger", "source": "sigterm", "notice": "terminate",
+                                "reason": "x", "deadline": None, "own": True}) == {"ok": False}
