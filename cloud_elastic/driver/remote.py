@@ -13,8 +13,11 @@ through ssh. It
    from ``/dev/null``, stderr merged into stdout, and asks the kernel to KILL
    that process if the wrapper dies (``PR_SET_PDEATHSIG``);
 3. watches its own stdin (:class:`Watchdog`). A ``KILL`` or ``TERM <grace>``
-   line, or a TERM/HUP/INT to the wrapper, stops the worker's *whole process
-   group* at once: TERM, then KILL after the grace. End of file (the driver
+   line, or a HUP/INT to the wrapper, stops the worker's *whole process
+   group* at once: TERM, then KILL after the grace. The first TERM to the
+   wrapper (the host is going: start-sshd.sh passes a pod's SIGTERM on) goes
+   to the worker's process alone, which may leave at its next commit
+   (``worker.termination``); a second stops the group. End of file (the driver
    died, the local ssh died, the connection dropped) or no keepalive line for
    ``KEEPALIVE_S`` (0 = off) means the driver is gone: the worker may train on
    for the driver grace (``CLOUD_ELASTIC_DRIVER_GRACE_S`` in the wrapper's
@@ -266,6 +269,7 @@ class Wrapper:
         self._pgid: int | None = None
         self._attached: list[socket.socket] = []  # connections of restarted drivers (``--attach``)
         self._socket_path: str | None = None
+        self._term_passed_on = False  # a SIGTERM to the wrapper went to the worker (see _on_signal)
 
     def run(self) -> None:
         """Read the secret, start the worker, watch it, report its status, exit."""
@@ -409,6 +413,18 @@ class Wrapper:
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._pgid is None:
             os._exit(1)
+        if signum == signal.SIGTERM and not self._term_passed_on:
+            # The host is going (a pod's SIGTERM, which start-sshd.sh passes on): the worker decides what to
+            # do with it, e.g. leave at its next commit. Its process only: its own children (a DataLoader's
+            # workers) die of a SIGTERM that does not come from their parent, mid-step. The driver's orders
+            # still stop the group, and so does a second SIGTERM.
+            self._term_passed_on = True
+            _say("SIGTERM: passed on to the worker")
+            try:
+                os.kill(self._pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            return
         self.stop(self._args.grace_s)
 
     def _read_secret(self) -> str | None:
