@@ -120,3 +120,27 @@ def test_configuring_the_provider_imports_no_client():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_deleted_pods_deadline_is_enforced_by_the_driver_a_margin_before_it():
+    """The provider's drain goes the way every drain goes: a member still in its round 5 s before the
+    pod's deletion timestamp is removed by force (driver/leaving.py), not left to vanish under the job."""
+    from cloud_elastic.driver.leaving import Leavers
+    from cloud_elastic.driver.actions import Phase
+    from tests.unit.job_view import T0, FakeJob, S
+
+    job = FakeJob(2, min_np=1, max_np=4)
+    pods = (Pod("a", "10.0.0.1", created=1.0), Pod("b", "10.0.0.2", created=2.0))
+    job.hosts.update(view(*pods).snapshot(now=T0), T0)
+    job.phase, job.round = Phase.RUNNING, 1
+    leavers = Leavers(job)
+    leaver = job.worker("10.0.0.2", 0, S.RUNNING, round_=1, rank=1)
+    job.worker("10.0.0.1", 0, S.RUNNING, round_=1, rank=0)
+    pods[1].deletion = T0 + 10 + job.wall_offset
+    job.hosts.update(view(*pods).snapshot(now=T0), T0)
+    leavers.mark()
+    assert leaver.state is S.DRAINING and "pod deleted" in leaver.why
+    leavers.enforce_deadlines(T0 + 4.9)
+    assert leaver.state is S.DRAINING
+    leavers.enforce_deadlines(T0 + 5)
+    assert leaver.state is S.LOST and "removed by force" in leaver.why
