@@ -295,6 +295,16 @@ def test_a_first_discovery_that_fails_halfway_keeps_nothing_and_the_next_one_sta
         discovery.close()
 
 
+def test_without_a_namespace_the_kubeconfig_contexts_is_used(kubernetes, tmp_path):
+    kubernetes.add_pod("p0", "10.69.1.1", namespace="ns-from-context", node="context-n")
+    config = kubernetes.write_kubeconfig(tmp_path, namespace="ns-from-context")
+    discovery = provider("kubernetes", {"selector": "app=llm", "kubeconfig": str(config)})
+    try:
+        assert dict(discovery.find().ready) == {"10.69.1.1": 1}
+    finally:
+        discovery.close()
+
+
 def test_an_unreachable_api_server_is_retryable(kubernetes, tmp_path):
     config = json.loads(kubernetes.kubeconfig.read_text())
     config["clusters"][0]["cluster"]["server"] = "http://127.0.0.1:9"
