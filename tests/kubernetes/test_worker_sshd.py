@@ -1,6 +1,7 @@
 """The worker pods' process, deploy/kubernetes/base/start-sshd.sh, run here with a real OpenSSH
 server on loopback: it is ready once sshd listens, only the driver's key logs in, sessions get the
-container's environment, and SIGTERM stops new logins but waits for the workers already started.
+container's environment, and SIGTERM stops new logins, passes the SIGTERM on to the workers already started
+and waits for them.
 
 The script runs as whoever runs the tests (root in CI: the pods run it as uid 1000), with its
 paths pointed into a temporary directory through its settings.
@@ -55,29 +56,42 @@ def test_without_the_authorized_key_the_pod_fails_in_one_line(pod):
     assert "no authorized key at" in proc.stderr and "cloud-elastic-ssh" in proc.stderr
 
 
-def test_sigterm_stops_logins_and_waits_for_the_workers_started_here(pod):
-    """A deleted pod keeps its workers until they leave (the driver drains them at a commit): the
-    kubelet's SIGTERM closes sshd's port and the pod turns NotReady, and the script exits once the
-    last worker wrapper has ended, with status 0."""
+def test_sigterm_stops_logins_passes_the_sigterm_on_once_and_waits_for_the_workers_started_here(pod):
+    """A deleted pod keeps its workers until they leave: the kubelet's SIGTERM closes sshd's port and
+    the pod turns NotReady, each worker's wrapper gets the SIGTERM once (the worker then leaves at its
+    next commit, even if the driver never saw the deletion), a restarted driver's ``--attach`` relay
+    gets none (it would end), and the script exits once the last wrapper has ended, with status 0."""
     pod.start()
-    release, started = pod.tmp / "release", pod.tmp / "started"
+    release = pod.tmp / "release"
     script = pod.tmp / "wrapper.py"
-    script.write_text(f"import os, time\nopen({str(started)!r}, 'w').close()\n"
-                      f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n")
-    # Stands for the remote wrapper the driver runs (python3 -m cloud_elastic.driver.remote ...).
-    worker = pod.ssh(f"exec python3 {script} cloud_elastic.driver.remote")
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "name = sys.argv[1]\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: open(os.path.join({str(pod.tmp)!r}, 'terms-' + name), 'a')"
+        ".write('TERM\\n'))\n"
+        f"open(os.path.join({str(pod.tmp)!r}, 'started-' + name), 'w').close()\n"
+        f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n")
+    # Stand for the remote wrapper the driver runs (python3 -m cloud_elastic.driver.remote ...), and the relay
+    # of a restarted driver (python3 -m cloud_elastic.driver.remote --attach NONCE).
+    worker = pod.ssh(f"exec python3 {script} worker cloud_elastic.driver.remote n1 5 30 /")
+    relay = pod.ssh(f"exec python3 {script} relay cloud_elastic.driver.remote --attach n1")
     try:
-        wait_for(started.exists, 15, "the worker runs")
+        wait_for(lambda: (pod.tmp / "started-worker").exists() and (pod.tmp / "started-relay").exists(), 15,
+                 "the worker and the relay run")
         pod.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: not listening(pod.port), 10, "sshd stops listening")
         assert not pod.ready.exists(), "still ready after SIGTERM"
+        wait_for((pod.tmp / "terms-worker").exists, 10, "the SIGTERM reaches the worker's wrapper")
         time.sleep(1.5)  # more than one of the script's polls
         assert pod.proc.poll() is None, "the pod's process ended while a worker was still running"
-        assert worker.poll() is None, "the worker's session was ended by the SIGTERM"
+        assert worker.poll() is None and relay.poll() is None, "a session was ended by the SIGTERM"
+        assert (pod.tmp / "terms-worker").read_text() == "TERM\n", "the SIGTERM was passed on more than once"
+        assert not (pod.tmp / "terms-relay").exists(), "an --attach relay got the SIGTERM"
         release.touch()
-        assert worker.wait(15) == 0
+        assert worker.wait(15) == 0 and relay.wait(15) == 0
         assert pod.proc.wait(10) == 0
     finally:
         release.touch()
         worker.wait(15)
+        relay.wait(15)
     assert "no worker left: exiting" in pod.log.read_text()

@@ -10,9 +10,10 @@
 # - It is Ready (the file $CLOUD_ELASTIC_SSHD_DIR/ready, which the readiness probe tests) once
 #   sshd listens.
 # - On SIGTERM (the pod is being deleted) it stops accepting connections, so the pod turns
-#   NotReady, and waits for the workers already started here to end: the driver, which sees the
-#   deletion, drains them at their next commit. The kubelet's SIGKILL at the end of
-#   terminationGracePeriodSeconds bounds the wait.
+#   NotReady, passes the SIGTERM on to each worker started here (through its remote wrapper), and
+#   waits for them to end: each worker asks the driver to let it leave at its next commit, so a
+#   deletion the driver's own watch missed still ends in a graceful leave. The kubelet's SIGKILL
+#   at the end of terminationGracePeriodSeconds bounds the wait.
 #
 # Settings (environment): CLOUD_ELASTIC_SSHD_PORT (2222), CLOUD_ELASTIC_SSHD_LISTEN (0.0.0.0: an
 # IPv4 address, e.g. the pod IP from the downward API), CLOUD_ELASTIC_AUTHORIZED_KEYS
@@ -102,21 +103,35 @@ SSHD_PID=$!
 # pod every process is the pod's; the address and port tell apart two of these scripts that share
 # a machine, as in the tests.)
 if [ "$LISTEN" = 0.0.0.0 ]; then SERVER='[^ ]*'; else SERVER=$(printf '%s' "$LISTEN" | sed 's/[.]/[.]/g'); fi
-workers_left() {
+wrappers() {
+    # Their pids, one a line (a restarted driver's `--attach` relays included).
     for dir in /proc/[0-9]*; do
         grep -q 'cloud_elastic[.]driver[.]remote' "$dir/cmdline" 2>/dev/null || continue
         if tr '\0' '\n' < "$dir/environ" 2>/dev/null | grep -q "^SSH_CONNECTION=.* $SERVER $PORT\$"; then
-            return 0
+            echo "${dir#/proc/}"
         fi
     done
-    return 1
+}
+
+SIGNALLED=" "
+pass_on_term() {
+    # SIGTERM, once, to each wrapper (not to an `--attach` relay, which it would end): the wrapper
+    # passes it to its worker, which leaves at its next commit (docs/kubernetes.md). Wrappers that
+    # show up later (a login that sshd had already accepted) get theirs at the next look.
+    for pid in $1; do
+        case "$SIGNALLED" in *" $pid "*) continue ;; esac
+        SIGNALLED="$SIGNALLED$pid "
+        tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q 'driver[.]remote --attach' && continue
+        kill -TERM "$pid" 2>/dev/null || true
+    done
 }
 
 on_term() {
-    log "SIGTERM: no new connections; waiting for the workers started here to leave"
+    log "SIGTERM: no new connections; the workers started here leave at their next commit"
     rm -f "$DIR/ready"
     kill -TERM "$SSHD_PID" 2>/dev/null || true
-    while workers_left; do
+    while left=$(wrappers) && [ -n "$left" ]; do
+        pass_on_term "$left"
         sleep 1
     done
     log "no worker left: exiting"
