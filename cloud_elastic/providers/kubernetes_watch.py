@@ -183,8 +183,8 @@ class ResourceWatch:
         self.watches += 1
         self._resp = resp
         if self._stop.is_set():  # stop() ran while the request was under way: it could not shut this one
-            resp.release_conn()
             self._resp = None
+            _close(resp)
             return 0
         if self._trouble is not None:
             _log.info("%s watch resumed at version %s", self.what, self.resource_version)
@@ -198,7 +198,7 @@ class ResourceWatch:
                 self._event(json.loads(line))
         finally:
             self._resp = None
-            resp.release_conn()
+            _close(resp)
         return lines
 
     def _event(self, event: Mapping[str, Any]) -> None:
@@ -229,6 +229,14 @@ class ResourceWatch:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+def _close(resp: Any) -> None:
+    """Close a watch's connection, then hand it back: a stream left mid-way must never be reused."""
+    try:
+        resp.close()
+    finally:
+        resp.release_conn()
 
 
 def _lines(resp: Any) -> Iterator[bytes]:
