@@ -305,6 +305,18 @@ def test_without_a_namespace_the_kubeconfig_contexts_is_used(kubernetes, tmp_pat
         discovery.close()
 
 
+def test_no_credentials_anywhere_is_one_line_naming_the_flag(monkeypatch, tmp_path):
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    discovery = provider("kubernetes", {"selector": "app=llm"})
+    with pytest.raises(FatalDiscoveryError) as err:
+        discovery.find()
+    assert str(err.value) == (f"kubernetes pods 'app=llm': no Kubernetes credentials: not in a pod "
+                              f"(KUBERNETES_SERVICE_HOST unset) and no kubeconfig at {tmp_path}/.kube/config; "
+                              "pass --kubeconfig PATH")
+
+
 def test_an_unreachable_api_server_is_retryable(kubernetes, tmp_path):
     config = json.loads(kubernetes.kubeconfig.read_text())
     config["clusters"][0]["cluster"]["server"] = "http://127.0.0.1:9"
