@@ -75,7 +75,8 @@ class Lane:
 #: Files outside the job directories whose tests run real jobs (``tests.integration.harness.Job``):
 #: they run in the jobs lane, and the fast lane leaves them out.
 JOB_FILES = ("tests/emulator/test_cli.py", "tests/emulator/test_aws_notice_cli.py",
-             "tests/emulator/test_kubernetes_jobs.py", "tests/kubernetes/test_pod_job.py")
+             "tests/emulator/test_kubernetes_jobs.py", "tests/kubernetes/test_pod_job.py",
+             "tests/kubernetes/test_pod_sigterm.py")
 
 
 def _xdist(workers: int, dist: str) -> tuple[str, ...]:
