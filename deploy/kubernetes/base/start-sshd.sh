@@ -1,7 +1,7 @@
 #!/bin/sh
 # A worker pod's process: sshd, as the pod's own (non-root) user, so that the driver can start
-# workers in the pod over SSH (docs/ssh.md). Until the planned pod entrypoint replaces it
-# (docs/kubernetes.md), this script is the container's command.
+# workers in the pod over SSH (docs/ssh.md). This script is the container's command
+# (docs/kubernetes.md).
 #
 # - Only the driver's key logs in: the public half, mounted read-only from the Secret. No
 #   password, no forwarding of any kind.
