@@ -136,26 +136,39 @@ def test_a_pod_deleted_with_a_10s_grace_period_leaves_before_its_deadline_with_n
     _no_rollback(job, tmp_path / "events")
 
 
-def test_a_pod_that_vanishes_without_a_signal_takes_the_failure_path(kubernetes, jobs, tmp_path):
+def test_a_restarted_pod_gets_a_worker_again_at_once_and_a_vanished_pod_takes_the_failure_path(kubernetes, jobs,
+                                                                                                 tmp_path):
     ns, net = "job-vanish", 94
     kubernetes.add_pod("p0", f"10.91.{net}.1", namespace=ns, node="vanish-a", created=1.0)
     kubernetes.add_pod("p1", f"10.91.{net}.2", namespace=ns, node="vanish-b", created=2.0)
-    job = jobs(_run(kubernetes, ns, net, 2, tmp_path / "events", *probe_cmd("--steps", "40", "--min-resets", "1")))
+    events, host = tmp_path / "events", f"127.0.{net}.2"
+    # A failed slot waits 300 s before a new worker starts there: unless a new instance holds the address.
+    stop = tmp_path / "stop"  # it trains until both changes are done
+    job = jobs(_run(kubernetes, ns, net, 2, events, "--blacklist-cooldown-range", "300", "300",
+                    *probe_cmd("--steps", "20", "--stop-when", str(stop))))
     job.wait_event("commit", rank=1, step=3, timeout=60)
 
-    # The node died: the pod is gone from the API with no notice before, and its processes with it.
+    # The worker container restarts (an OOM kill, say): its processes die, then the kubelet restarts it.
+    subprocess.run(["kill", "-9", str(worker_on(job.job_id(), host))], check=True)
+    job.wait_for(lambda j: _events(events, "worker_failed"), 30, "the failure")
+    kubernetes.restart("p1", ns)
+    _reset_after(job, 2, len(job.of("reset")))  # a new worker on the restarted pod, within the 300 s
+    started = [e["host"] for e in _events(events, "worker_started")]
+    assert started.count(host) == 2, started
+
+    # Then the node dies: the pod is gone from the API with no notice before, and its processes with it.
     kubernetes.remove_pod("p1", ns)
-    pid = worker_on(job.job_id(), f"127.0.{net}.2")
-    subprocess.run(["kill", "-9", str(pid)], check=True)
-    _reset_after(job, 1, 0)
+    subprocess.run(["kill", "-9", str(worker_on(job.job_id(), host))], check=True)
+    _reset_after(job, 1, len(job.of("reset")))
+    stop.touch()
     assert job.finish() == 0, job.output()
 
-    failed = _events(tmp_path / "events", "worker_failed")
-    assert [(e["host"], e.get("signal")) for e in failed] == [(f"127.0.{net}.2", "SIGKILL")]
-    assert not _events(tmp_path / "events", "worker_left")  # not a graceful leave
-    assert len(_events(tmp_path / "events", "rollback")) == 1
+    failed = _events(events, "worker_failed")
+    assert [(e["host"], e.get("signal")) for e in failed] == [(host, "SIGKILL"), (host, "SIGKILL")]
+    assert not _events(events, "worker_left")  # neither was a graceful leave
+    assert len(_events(events, "rollback")) == 2
     done = job.of("done")
-    assert len(done) == 1 and done[0]["step"] >= 40
+    assert len(done) == 1 and done[0]["step"] >= 20
 
 
 def test_run_with_a_bad_selector_or_an_unreadable_namespace_fails_at_once_with_one_line(kubernetes):
