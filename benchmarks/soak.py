@@ -69,7 +69,8 @@ STEP_SLEEP_S = 0.02
 #: ("training state lost": the sync had replaced rank 0's optimizer state, so its commit could not be
 #: restored exactly), a bug of its own, not this benchmark's subject.
 JOB_ENV = {"PYTHONUNBUFFERED": "1", "CLOUD_ELASTIC_COMMIT_MODE": "snapshot"}
-WAIT_S = 180.0  # a hit that does not get the job back to three workers by then fails the benchmark
+WAIT_S = 180.0
+QUIET_END_S = 20.0  # a hit that does not get the job back to three workers by then fails the benchmark
 
 
 # ------------------------------------------------------------------------------ the job's worker
@@ -348,7 +349,9 @@ def main() -> None:
                           f"{sampler.samples[-1][1:]} (threads, fds, RSS KiB), load {os.getloadavg()[0]:.1f}",
                           flush=True)
             job.wait("three workers", job.full)
-            time.sleep(3.0)  # the last group's release, then quiet samples
+            # Quiet samples: longer than a given-up formation lives (five tries sharing the 65 s deadline), so
+            # that "the last 30 samples" are of the job at rest, not of the last hit.
+            time.sleep(QUIET_END_S)
             sampler.close()
             if sampler.lost:
                 raise SystemExit("soak: the survivor exited")
@@ -367,7 +370,7 @@ def main() -> None:
     flat = last[0] <= first[0] and last[1] <= first[1] and reaper["leaked"] == 0
     glance = [[GLANCE, f"threads {first[0]} → {last[0]}, descriptors {first[1]} → {last[1]}, RSS "
                f"{first[2] / 1024:.0f} → {last[2] / 1024:.0f} MiB (floors, first and last tenth of {resets} resets); "
-               f"{reaper['leaked']} groups leaked", f"{resets / 1000:.2f} of the resets",
+               f"{reaper['leaked']} groups leaked", f"{resets / 1000:.2f} (resets run / 1,000)",
                where(SECTION), docsection.verdict(flat and resets >= 1000)]]
     docsection.publish(args, "soak", SECTION, text, glance)
 
