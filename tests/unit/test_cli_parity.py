@@ -29,6 +29,7 @@ BASE = {
     "straggler_factor": 2.0, "straggler_window_s": 60.0,
     "whole_host_slots": 0,  # --whole-hosts came after argparse: off unless given
     "restarts": 0,  # --restarts too
+    "metrics_addr": "127.0.0.1",  # and --metrics-addr: argparse's metrics server bound every interface
 }
 ONE = {"num_proc": 1, "min_np": 1, "max_np": 1}
 
@@ -139,9 +140,11 @@ def test_new_run_flags_reach_the_job_configuration() -> None:
     _, params, _ = parse_command_line([
         "run", "-np", "1", "-H", "h", "--host-missing-grace", "3", "--checkpoint-dir", "s3://b/ck",
         "--checkpoint-interval", "60", "--checkpoint-keep", "5", "--driver-grace", "20", "--notice-watcher", "gcp",
-        "--drain-on-rebalance", "--events-file", "ev.jsonl", "--metrics-port", "9100", "python", "t.py",
+        "--drain-on-rebalance", "--events-file", "ev.jsonl", "--metrics-port", "9100",
+        "--metrics-addr", "0.0.0.0", "python", "t.py",
     ])
     config = params["config"]
     assert (config.host_missing_grace_s, config.checkpoint_dir, config.checkpoint_interval_s) == (3.0, "s3://b/ck", 60.0)
     assert (config.checkpoint_keep, config.driver_grace_s, config.notice_watcher) == (5, 20.0, "gcp")
     assert (config.drain_on_rebalance, config.events_file, config.metrics_port) == (True, "ev.jsonl", 9100)
+    assert config.metrics_addr == "0.0.0.0"
