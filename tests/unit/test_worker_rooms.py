@@ -24,9 +24,11 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class Rounds(RoundGroupsMixin):
-    """What RoundGroupsMixin uses of the context: the round, the aborts seen, the group, window and progress."""
+    """What RoundGroupsMixin uses of the context: the round, the aborts seen, the group, window and progress,
+    and the collective timeout its waits pass on."""
 
     def __init__(self) -> None:
+        self.collective_timeout_s = 300.0
         self.info = RoundInfo(0, 1, 0, 1, 0, 1, round=3, needs_sync=False, update_gen=0)
         self._seen_abort = 0
         self.dismissed = False
