@@ -170,3 +170,14 @@ def test_the_driver_keeps_no_worker_it_stops_itself() -> None:
     assert not d._job.hosts.draining
     assert d._handle("notice", {"worker": "stranger", "source": "sigterm", "notice": "terminate",
                                 "reason": "x", "deadline": None, "own": True}) == {"ok": False}
+
+
+def test_the_grace_comes_from_the_environment_and_a_bad_one_is_refused() -> None:
+    from cloud_elastic.errors import ConfigError
+    from cloud_elastic.worker.settings import WorkerSettings
+
+    assert WorkerSettings.from_environ({}).term_grace_s == 30.0  # the kubelet's default grace period
+    assert WorkerSettings.from_environ({"CLOUD_ELASTIC_TERM_GRACE_S": "120"}).term_grace_s == 120.0
+    for bad in ("-1", "soon", "nan"):
+        with pytest.raises(ConfigError, match="CLOUD_ELASTIC_TERM_GRACE_S"):
+            WorkerSettings.from_environ({"CLOUD_ELASTIC_TERM_GRACE_S": bad})
