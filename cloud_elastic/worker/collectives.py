@@ -357,7 +357,7 @@ _ALONE_BYTES = 4 * 1024 * 1024
 
 
 def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: str = "tensors", *,
-                       cross: bool = False, receivers: Sequence[int] | None = None) -> None:
+                       cross: bool = False, receivers: Sequence[int] | None = None, discard: bool = False) -> None:
     """Overwrite each of ``tensors`` with ``root_rank``'s value, in place, in as few collectives as fit.
 
     Tensors of one dtype and device travel packed in flat buffers of up to
@@ -365,7 +365,9 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: st
     one each (each costs about a millisecond on loopback even when tiny). A
     tensor of 4 MiB or more travels alone, into its place: packing it would copy
     it twice more for no gain (decided by size only, the same on every worker).
-    ``cross`` and ``receivers``: as :func:`broadcast_`.
+    ``cross`` and ``receivers``: as :func:`broadcast_`. ``discard``: a receiver takes part
+    but writes nothing into ``tensors`` (it holds the root's values already, and a
+    commit kept in place must see them untouched: see ``commits``).
     """
     ctx = get_context()
     if cross and ctx.info.cross_size <= 1:
@@ -373,11 +375,15 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: st
     if ctx.info is not None and not _takes_part(ctx, cross, root_rank, receivers):
         return
     root = ctx.info is None or _my_rank(ctx, cross) == root_rank
+    write = not root and not discard  # what is received goes into ``tensors``
 
     def alone(t: torch.Tensor) -> None:
-        buf = t if t.is_contiguous() else t.contiguous()
+        if root or write:
+            buf = t if t.is_contiguous() else t.contiguous()
+        else:  # received into a scratch buffer, dropped
+            buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
         broadcast_(buf, root_rank, name, cross=cross, receivers=receivers)
-        if buf is not t and not root:
+        if buf is not t and write:
             t.copy_(buf)
 
     groups: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
@@ -408,30 +414,40 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: st
                 else:
                     flat = torch.empty(sum(t.numel() for t in chunk), dtype=dtype, device=device)
                 broadcast_(flat, root_rank, name, cross=cross, receivers=receivers)
-                if not root:
+                if write:
                     offset = 0
                     for t in chunk:
                         t.copy_(flat[offset: offset + t.numel()].view(t.shape))
                         offset += t.numel()
 
 
-def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], root_rank: int = 0) -> None:
-    """Broadcast a ``state_dict()`` or ``named_parameters()`` from ``root_rank``, in place."""
+def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], root_rank: int = 0,
+                         *, discard: bool = False) -> None:
+    """Broadcast a ``state_dict()`` or ``named_parameters()`` from ``root_rank``, in place.
+
+    ``discard``: this worker takes part without changing its tensors (see :func:`broadcast_tensors_`).
+    """
     items = sorted(params.items()) if isinstance(params, Mapping) else list(params)
     tensors = [t.detach() for _, t in items if isinstance(t, torch.Tensor)]
-    broadcast_tensors_(tensors, root_rank, "parameters")
+    broadcast_tensors_(tensors, root_rank, "parameters", discard=discard)
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, *, discard: bool = False) -> None:
     """Make every worker's optimizer state equal to ``root_rank``'s.
 
     Workers that joined late may not have created their state yet (momentum
     buffers appear on the first step), so the structure is agreed first: the
     root broadcasts its state dict with tensors replaced by shapes, every
-    worker allocates the same tensors, then the tensors are broadcast.
+    worker allocates the same tensors, then the tensors are broadcast. The
+    root's state is left as it is: loading a copy of itself would replace its
+    state objects, and a commit kept in place, which holds those very objects,
+    could no longer be restored if the sync were cut short (``commits``).
+    ``discard``: this worker takes part without changing its state.
     """
     root = get_context().info.rank == root_rank
-    optimizer.load_state_dict(broadcast_state_dict(optimizer.state_dict() if root else None, root_rank))
+    synced = broadcast_state_dict(optimizer.state_dict() if root else None, root_rank)
+    if not root and not discard:
+        optimizer.load_state_dict(synced)
 
 
 def broadcast_state_dict(state: Any, root_rank: int = 0, name: str = "optimizer state", *, cross: bool = False,

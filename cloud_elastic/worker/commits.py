@@ -137,9 +137,12 @@ class _SnapshotHandler:
     def _recorded(self) -> None:
         """The live state is the commit again (restored whole): record what tells a later change."""
 
-    def sync(self, overwritten: bool, receivers: list[int] | None = None) -> None:
+    def sync(self, overwritten: bool, receivers: list[int] | None = None, *, takes: bool = True) -> None:
         """Broadcast rank 0's state into this one; ``overwritten``: the sync changes this worker's values;
-        ``receivers``: the workers that take part besides the root (a sharded handler's, see ``TorchState.sync``)."""
+        ``receivers``: the workers that take part besides the root (a sharded handler's, see ``TorchState.sync``);
+        ``takes``: false, this worker (the root, or one that holds the root's very commit) takes part in the
+        broadcast but its live state is left untouched, so that its last commit, even one kept in place,
+        still restores exactly if the sync is cut short."""
         self._snap.flush()
         if overwritten and self.in_place and not self._changed_since_commit():
             # The broadcast writes other values into the live tensors: keep this commit whole (in host
@@ -149,9 +152,9 @@ class _SnapshotHandler:
             self._snap.keep(self._whole())
         elif overwritten and self.in_place:
             self._touched = True
-        self._broadcast(receivers)
+        self._broadcast(receivers, takes)
 
-    def _broadcast(self, receivers: list[int] | None) -> None:
+    def _broadcast(self, receivers: list[int] | None, takes: bool) -> None:
         raise NotImplementedError
 
 
@@ -204,8 +207,8 @@ class _ModelHandler(_SnapshotHandler):
     def _recorded(self) -> None:
         self._versions = [p._version for p in self._updated()[1]]
 
-    def _broadcast(self, receivers: list[int] | None) -> None:
-        collectives.broadcast_parameters(self.value.state_dict(), root_rank=0)
+    def _broadcast(self, receivers: list[int] | None, takes: bool) -> None:
+        collectives.broadcast_parameters(self.value.state_dict(), root_rank=0, discard=not takes)
 
 
 class _OptimizerHandler(_SnapshotHandler):
@@ -250,8 +253,8 @@ class _OptimizerHandler(_SnapshotHandler):
             for group, saved in zip(self.value.param_groups, self._groups):
                 group.update(_clone(saved))
 
-    def _broadcast(self, receivers: list[int] | None) -> None:
-        collectives.broadcast_optimizer_state(self.value, root_rank=0)
+    def _broadcast(self, receivers: list[int] | None, takes: bool) -> None:
+        collectives.broadcast_optimizer_state(self.value, root_rank=0, discard=not takes)
 
 
 class _ShardedModelHandler(_ModelHandler):
@@ -293,7 +296,7 @@ class _ShardedModelHandler(_ModelHandler):
             for name, value in saved.items():
                 live[name].copy_(value)
 
-    def _broadcast(self, receivers: list[int] | None) -> None:
+    def _broadcast(self, receivers: list[int] | None, takes: bool) -> None:
         collectives.broadcast_tensors_([t for _, t in sorted(self._local().items())], 0, "parameters", cross=True,
                                        receivers=receivers)
 
@@ -340,7 +343,7 @@ class _ShardedOptimizerHandler(_OptimizerHandler):
             }
         self.value.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
 
-    def _broadcast(self, receivers: list[int] | None) -> None:
+    def _broadcast(self, receivers: list[int] | None, takes: bool) -> None:
         me = get_context().info.cross_rank
         synced = collectives.broadcast_state_dict(self._state_dict() if me == 0 else None, 0, cross=True,
                                                   receivers=receivers)

@@ -212,6 +212,10 @@ class TorchState(ObjectState):
         root_seq = getattr(ctx, "sync_root_seq", None)
         other = root_seq is None or root_seq != ctx.live_commit_seq or not ctx.holds_commit
         overwritten = ctx.info is not None and ctx.info.rank != 0 and other
+        # Only the workers whose values the sync gives change their live state (commit 0, the initial state, may
+        # differ on every worker): rank 0 and the holders of its commit keep theirs, and with it a commit kept in
+        # place, which a sync cut short (a peer dead in it) then still restores exactly.
+        takes = ctx.info is not None and ctx.info.rank != 0 and (other or ctx.live_commit_seq == 0)
         # A shard comes from local rank i of host 0 (cross rank 0), which holds rank 0's commit, and only to
         # the hosts that do not hold it (the initial state, commit 0, may differ on every host).
         shard_overwritten = ctx.info is not None and ctx.info.cross_rank != 0 and other
@@ -225,7 +229,7 @@ class TorchState(ObjectState):
             if getattr(handler, "sharded", False):
                 handler.sync(shard_overwritten, receivers)
             elif isinstance(handler, _SnapshotHandler):
-                handler.sync(overwritten)
+                handler.sync(overwritten, takes=takes)
             else:
                 handler.sync()
         super().sync()
