@@ -1,7 +1,7 @@
 """Training script for tests/integration/test_sync_kill_points.py: a worker dies during a state sync.
 
-Every worker trains ``commit_probe.py``'s model with an optimizer that keeps
-state (``--optimizer``), committing every step (commits kept in place, the
+Every worker trains a small model with an optimizer that keeps state
+(``--optimizer``), committing every step (commits kept in place, the
 default commit mode). The worker on ``--victim`` dies at ``--point`` of the
 first state sync of a round of three (a newcomer the test adds by discovery
 joins the two that train), while its peers are in that sync:
@@ -68,6 +68,7 @@ def main() -> None:
     p.add_argument("--victim", required=True, help="the host whose worker dies in the sync")
     p.add_argument("--point", choices=sorted(POINTS), required=True)
     p.add_argument("--step-sleep", type=float, default=0.02)
+    p.add_argument("--wide", action="store_true", help="a tensor of over 4 MiB, broadcast alone")
     args = p.parse_args()
     faulthandler.register(signal.SIGUSR1)  # the harness dumps stacks of a hung job
     hvd.init()
@@ -75,8 +76,11 @@ def main() -> None:
         die_in_sync(args.point)
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 600), torch.nn.Tanh(), torch.nn.Linear(600, 600), torch.nn.Tanh(),
-                                torch.nn.Linear(600, 300), torch.nn.Tanh(), torch.nn.Linear(300, 1))
+    # Every tensor is broadcast packed (``collectives.broadcast_tensors_``); with --wide, the 600x1800 weight
+    # (4.3 MB) and its optimizer state go alone, first: a sync meets both ways.
+    width = 1800 if args.wide else 300
+    model = torch.nn.Sequential(torch.nn.Linear(8, 600), torch.nn.Tanh(), torch.nn.Linear(600, width), torch.nn.Tanh(),
+                                torch.nn.Linear(width, 1))
     optimizer = hvd.DistributedOptimizer(OPTIMIZERS[args.optimizer](model.parameters()), bucket_cap_mb=1)
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     resets = {"n": 0}  # the same on every worker that trains: each reset is a round they all form

@@ -9,7 +9,10 @@ optimizer state, step), and finish the job. Before, a sync made rank 0 load
 a copy of its own optimizer state, and the worker that already held rank 0's
 commit load the copy it received: their in-place commits were then
 "replaced", and a failure later in the sync ended the job with "training
-state lost" (the soak benchmark saw it twice in 60-100 resets).
+state lost" (the soak benchmark saw it twice in 60-100 resets). Even a
+newcomer dead at the start of the parameters' broadcast did harm: rank 0's
+broadcast reached 127.0.0.2 before it failed on the newcomer, and 127.0.0.2
+wrote what it received into its parameters (a packed chunk's copy-back).
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ OLD = ["127.0.0.1", "127.0.0.2"]
 NEWCOMER = "127.0.0.3"
 
 
-def run_job(jobs, tmp_path, optimizer: str, victim: str, point: str, *extra: str):
+def run_job(jobs, tmp_path, optimizer: str, victim: str, point: str, *extra: str, wide: bool = False):
     hosts = HostsFile(tmp_path, OLD)
     job = jobs(["run", "-np", "2", "--min-np", "1", "--max-np", "3", "--host-discovery-script", str(hosts.script),
                 "--discovery-interval", "0.2", "--blacklist-cooldown-range", "600", "600", "--start-timeout", "120",
-                *extra, sys.executable, PROBE, "--optimizer", optimizer, "--victim", victim, "--point", point])
+                *extra, sys.executable, PROBE, "--optimizer", optimizer, "--victim", victim, "--point", point,
+                *(["--wide"] if wide else [])])
     job.wait_event("commit", step=3, size=2)
     hosts.set([*OLD, NEWCOMER])
     return job
@@ -67,7 +71,7 @@ def test_a_newcomer_killed_during_its_state_sync_leaves_the_others_at_their_last
 
 @pytest.mark.timeout(200)
 def test_a_newcomer_stopped_during_its_state_sync_is_given_up_and_the_others_resume_exactly(jobs, tmp_path):
-    job = run_job(jobs, tmp_path, "sgd-momentum", NEWCOMER, "stop", "--heartbeat-timeout", "5")
+    job = run_job(jobs, tmp_path, "sgd-momentum", NEWCOMER, "stop", "--heartbeat-timeout", "5", wide=True)
     stopped = job.wait_event("stopping", timeout=120)
     try:
         assert job.finish(timeout=180) == 0, job.output()[-4000:]
@@ -84,7 +88,7 @@ def test_a_newcomer_stopped_during_its_state_sync_is_given_up_and_the_others_res
 def test_the_root_killed_during_a_state_sync_leaves_the_worker_that_held_its_commit_able_to_restore_it(jobs, tmp_path):
     # 127.0.0.2 received rank 0's model and optimizer state before rank 0 died: it held that very commit,
     # so it must still restore it exactly, and give it to the newcomer.
-    job = run_job(jobs, tmp_path, "adam", OLD[0], "attributes")
+    job = run_job(jobs, tmp_path, "adam", OLD[0], "attributes", wide=True)
     assert job.finish(timeout=180) == 0, job.output()[-4000:]
     check_resumed_exactly(job, OLD[1:], 12)
     newcomer = [e for e in job.events if e.data.get("host") == NEWCOMER and e.kind == "resumed"]
