@@ -29,6 +29,8 @@ __all__ = [
     "SIGNATURE_HEADER",
     "MAX_CLOCK_SKEW_S",
     "new_secret",
+    "round_namespace",
+    "host_namespace",
     "Codec",
 ]
 
@@ -42,6 +44,19 @@ MAX_CLOCK_SKEW_S = 300.0
 def new_secret() -> str:
     """A fresh per-job secret (256 bits, hex)."""
     return secrets.token_hex(32)
+
+
+def round_namespace(secret: str, job_id: str, round_: int) -> str:
+    """The rendezvous store's key prefix of ``round_``: unguessable without ``secret``, the same on every worker
+    (see ``worker/store.py``); the driver computes it too, to delete a finished round's keys."""
+    tag = hmac.new(secret.encode(), f"cloud-elastic/v1/{job_id}/round/{round_}".encode(), "sha256")
+    return f"r{round_}-{tag.hexdigest()[:32]}"
+
+
+def host_namespace(secret: str, job_id: str, host_key: str) -> str:
+    """The store key prefix of one incarnation of a host's own group (``hvd.shard``), as :func:`round_namespace`."""
+    tag = hmac.new(secret.encode(), f"cloud-elastic/v1/{job_id}/host/{host_key}".encode(), "sha256")
+    return f"h-{tag.hexdigest()[:32]}"
 
 
 class Codec:

@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable
 
 from cloud_elastic.config import JobConfig
-from cloud_elastic.control import Codec, new_secret
+from cloud_elastic.control import Codec, new_secret, round_namespace
 from cloud_elastic.driver.adopting import AdoptingMixin
 from cloud_elastic.driver.discovery import DiscoveryFailure, DiscoveryPoller
 from cloud_elastic.driver.handlers import POLLS_PER_S as _POLLS_PER_S, ControlPlaneMixin, watch_cloud  # noqa: F401 (read here by benchmarks)
@@ -112,6 +112,7 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         self._server: ControlServer | None = None
         self._store: StoreServer | None = None
         self._store_port = 0
+        self._kept_round = 1  # the oldest round whose store keys are still kept (see _forget_old_rounds)
         self._poller: DiscoveryPoller | None = None
         self._advertised: str | None = None
         self._stoppers: list[threading.Thread] = []
@@ -276,6 +277,7 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
                     self._job.stop(*self._stop_reason)
                 self._job.tick(self._clock())
                 actions = self._job.take_actions()
+                current_round = self._job.round
                 self._emit_events()
                 outcome = self._job.outcome
                 if not actions and outcome is None:
@@ -291,8 +293,18 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
             if outcome is not None:
                 return outcome
             self._reap()
+            self._forget_old_rounds(current_round)
             self._touch_record()
             self._keep_adoption_record()
+
+    def _forget_old_rounds(self, current: int) -> None:
+        """Delete the store keys of rounds before the last two: their groups formed (or were given up on) long
+        ago, and the store would otherwise keep every round's keys until its bound."""
+        if self._store is None:
+            return
+        while self._kept_round < current - 1:
+            self._store.forget(round_namespace(self._secret, self.job_id, self._kept_round))
+            self._kept_round += 1
 
     def _touch_record(self) -> None:
         """Keep the status record's mtime fresh: a restarted driver reads it as this driver's last sign of life."""

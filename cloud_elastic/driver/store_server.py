@@ -40,7 +40,8 @@ driver's process down or grow it without bound:
 * *Memory:* everything the store holds, keys, values, queued items, unfinished commands, awaited
   keys and unsent answers, with what Python spends on each entry, stays within
   :data:`MAX_STORE_BYTES` (256 MiB; a Gloo round counts about ``size * (380 + 8 * size)`` bytes,
-  180 KB at 128 workers, and nothing deletes a finished round's keys: some 1,400 rounds of 128).
+  180 KB at 128 workers, 2.2 MB at 512; the driver deletes the keys of rounds before the last two,
+  :meth:`StoreServer.forget`, so the bound holds a job's current rounds, not every round it formed).
   A command is at most :data:`MAX_COMMAND_BYTES` (17 MiB:
   ``COMPARE_SET``'s two 8 MiB values and its key), a value at most :data:`MAX_PAYLOAD_BYTES` (an
   ``APPEND`` past it is refused; there was no bound, and 48 appends of 8 MiB grew the driver to
@@ -199,6 +200,8 @@ class StoreServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(listener, selectors.EVENT_READ, None)
         self._pause = AcceptPause(self._selector, listener, None, "rendezvous store")
+        self._forget_lock = threading.Lock()
+        self._to_forget: list[bytes] = []  # namespaces whose keys go, handed over by forget()
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._closing = False
@@ -217,6 +220,25 @@ class StoreServer:
         if self._thread is not threading.current_thread():
             self._thread.join(5)
 
+    def forget(self, namespace: str) -> None:
+        """Delete, from the serving thread, every key that holds ``namespace`` (a finished round's, whose
+        process groups formed long ago): nothing else deletes a round's keys, and the store's bound would
+        otherwise be reached after some rounds of a large job (a round of ``size`` Gloo workers stores
+        about ``size * (250 + 8 * size)`` bytes: 2 MB at 512)."""
+        with self._forget_lock:
+            self._to_forget.append(namespace.encode())
+        try:
+            self._wake_w.send(b"f")
+        except OSError:  # closed: nothing to forget any more
+            pass
+
+    def _forget_now(self) -> None:
+        with self._forget_lock:
+            namespaces, self._to_forget = self._to_forget, []
+        for namespace in namespaces:
+            for key in [k for k in self._data if namespace in k]:
+                self._stored -= len(key) + len(self._data.pop(key)) + _ENTRY
+
     # ----------------------------------------------------------------- the loop
     def _serve(self) -> None:
         try:
@@ -234,7 +256,10 @@ class StoreServer:
             timeout = None
             if self._unvalidated:
                 timeout = max(0.0, self._unvalidated[0][0] - time.monotonic())
-            for key, mask in self._selector.select(self._pause.timeout(timeout)):
+            events = self._selector.select(self._pause.timeout(timeout))
+            if self._to_forget:  # before any command that arrived after forget() returned
+                self._forget_now()
+            for key, mask in events:
                 if key.data is None:
                     self._accept()
                 elif key.data == "wake":

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from cloud_elastic.control import host_namespace, round_namespace
+
 __all__ = ["SignedStore", "host_namespace", "round_namespace", "StoreTamperedError"]
 
 _TAG_BYTES = 32
@@ -40,16 +42,6 @@ class StoreTamperedError(RuntimeError):
     """A store value's signature is wrong: someone without the job secret wrote it."""
 
 
-def round_namespace(secret: str, job_id: str, round_: int) -> str:
-    """The store key prefix of ``round_``: unguessable without ``secret``, the same on every worker."""
-    tag = hmac.new(secret.encode(), f"cloud-elastic/v1/{job_id}/round/{round_}".encode(), hashlib.sha256)
-    return f"r{round_}-{tag.hexdigest()[:32]}"
-
-
-def host_namespace(secret: str, job_id: str, host_key: str) -> str:
-    """The store key prefix of one incarnation of a host's own group (``hvd.shard``), as :func:`round_namespace`."""
-    tag = hmac.new(secret.encode(), f"cloud-elastic/v1/{job_id}/host/{host_key}".encode(), hashlib.sha256)
-    return f"h-{tag.hexdigest()[:32]}"
 
 
 class SignedStore(dist.Store):
