@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cloud_elastic.providers.kubernetes_view import DRAIN_TAINTS
 from tests.emulator.fake_kubernetes import kubernetes, kubernetes_server  # noqa: F401
 from tests.integration.harness import REPO, Job, probe_cmd, worker_on
 
@@ -93,23 +94,34 @@ def test_a_pod_that_becomes_ready_joins_and_a_disruption_target_leaves_with_no_r
     assert len(done) == 2 and len({e["checksum"] for e in done}) == 1 and done[0]["step"] >= 40
 
 
-def test_a_tainted_node_sends_its_pods_away_with_no_rollback(kubernetes, jobs, tmp_path):
-    ns, net = "job-taint", 93
+#: Each node signal of the issue, as (taint key, flags, the reason the driver logs; None: not checked).
+_TAINTS = [(key, (), reason) for key, reason in DRAIN_TAINTS.items()] + [
+    ("example.com/going-away", ("--k8s-drain-taint", "example.com/going-away"), "taint example.com/going-away"),
+    ("aws-node-termination-handler/rebalance-recommendation", ("--drain-on-rebalance",), None),
+]
+
+
+@pytest.mark.parametrize("taint,flags,reason", _TAINTS, ids=[t[0].split("/")[-1] for t in _TAINTS])
+def test_a_tainted_node_sends_its_pods_away_with_no_rollback(kubernetes, jobs, tmp_path, taint, flags, reason):
+    index = [t[0] for t in _TAINTS].index(taint)
+    ns, net = f"job-taint-{index}", 110 + index
     kubernetes.add_node("taint-a")
     kubernetes.add_node("taint-b")
     kubernetes.add_pod("p0", f"10.91.{net}.1", namespace=ns, node="taint-a", created=1.0)
     kubernetes.add_pod("p1", f"10.91.{net}.2", namespace=ns, node="taint-b", created=2.0)
     kubernetes.add_pod("p2", f"10.91.{net}.3", namespace=ns, node="taint-b", created=3.0)
-    job = jobs(_run(kubernetes, ns, net, 3, tmp_path / "events", *probe_cmd("--steps", "40", "--min-resets", "1")))
+    job = jobs(_run(kubernetes, ns, net, 3, tmp_path / "events", *flags,
+                    *probe_cmd("--steps", "40", "--min-resets", "1")))
     job.wait_event("commit", rank=0, step=3, timeout=60)
 
-    kubernetes.taint("taint-b", "aws-node-termination-handler/spot-itn")
+    kubernetes.taint("taint-b", taint)
     _reset_after(job, 1, 0)
     assert job.finish() == 0, job.output()
 
     out = job.output()
     for host in (2, 3):
-        assert f"host 127.0.{net}.{host} is draining (node taint-b: spot interruption" in out
+        if reason is not None:
+            assert f"host 127.0.{net}.{host} is draining (node taint-b: {reason}" in out
     _no_rollback(job, tmp_path / "events")
     assert sorted(e["host"] for e in _events(tmp_path / "events", "worker_left")) == [f"127.0.{net}.2",
                                                                                        f"127.0.{net}.3"]
