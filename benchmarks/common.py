@@ -189,6 +189,19 @@ class PausableJob:
         return rows
 
 
+def to_new_size(job, size: int) -> tuple[float, int]:
+    """After a signal sent to ``job`` (a ``tests.integration.harness.Job`` of probe workers): wait for its first
+    commit at ``size`` and for its end; return that commit's ``time.monotonic()`` and the steps rank 0 lost.
+    The caller kills the job if this raises."""
+    job.wait_event("commit", size=size, timeout=60)
+    marker = f'"size": {size}'
+    when = next(t for t, line in zip(job.times, job.lines) if marker in line and '"kind": "commit"' in line)
+    if job.finish(timeout=120) != 0:
+        raise RuntimeError("job failed:\n" + job.output())
+    lost = sum(max(0, r["executed"] - r["step"]) for r in job.of("reset") if r["rank"] == 0)
+    return when, lost
+
+
 def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(f"stopped by signal {signum}")
 

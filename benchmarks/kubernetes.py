@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import docsection
-from common import PY, REPO, pct, stamp, where
+from common import PY, REPO, pct, stamp, to_new_size, where
 
 # This file's name is the client's: the client must not import this script. Its folder leaves the path
 # once docsection and common are in.
@@ -193,14 +193,10 @@ def signal_run(fake, signal: str, run: int, steps: int) -> tuple[float, int]:
             fake.delete_pod("p2", grace_s=30, namespace=ns)
         else:
             fake.taint(f"{ns}-n2", "karpenter.sh/disrupted")
-        job.wait_event("commit", size=2, timeout=60)
-        when = next(t for t, line in zip(job.times, job.lines) if '"size": 2' in line and '"kind": "commit"' in line)
-        if job.finish(timeout=120) != 0:
-            raise RuntimeError("job failed:\n" + job.output())
+        when, lost = to_new_size(job, 2)
     finally:
         if job.proc.poll() is None:
             job.kill()
-    lost = sum(max(0, r["executed"] - r["step"]) for r in job.of("reset") if r["rank"] == 0)
     return when - sent, lost
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import docsection
-from common import REPO, pct, stamp, where
+from common import REPO, pct, stamp, to_new_size, where
 
 sys.path.insert(0, str(REPO))
 
@@ -124,14 +124,10 @@ def one_run(source, tmp: Path, steps: int) -> tuple[float, int]:
             job.wait_event("commit", rank=0, step=40, timeout=120)
             published = time.monotonic()
             publish()
-            job.wait_event("commit", size=2, timeout=60)
-            when = next(t for t, line in zip(job.times, job.lines) if '"size": 2' in line and '"kind": "commit"' in line)
-            if job.finish(timeout=120) != 0:
-                raise RuntimeError("job failed:\n" + job.output())
+            when, lost = to_new_size(job, 2)
         finally:
             if job.proc.poll() is None:
                 job.kill()
-        lost = sum(max(0, r["executed"] - r["step"]) for r in job.of("reset") if r["rank"] == 0)
         return when - published, lost
 
 
