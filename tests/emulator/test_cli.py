@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from tests.emulator.moto_env import make_group, set_member
-from tests.integration.harness import REPO, Job, probe_cmd
+from tests.integration.conftest import jobs  # noqa: F401  (the fixture that kills what a test leaves running)
+from tests.integration.harness import REPO, probe_cmd
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(150)]
 
@@ -29,20 +30,6 @@ def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def _local(ip: str, net: str) -> str:
     return f"127.0.{net}.{ip.rsplit('.', 1)[1]}"
-
-
-@pytest.fixture
-def jobs():
-    started: list[Job] = []
-
-    def start(args: list[str]) -> Job:
-        started.append(Job(args))
-        return started[-1]
-
-    yield start
-    for job in started:
-        if job.proc.poll() is None:
-            job.kill()
 
 
 def test_run_with_aws_asg_trains_on_the_group_and_drains_a_terminating_instance(aws, jobs):

@@ -19,25 +19,12 @@ import pytest
 
 from cloud_elastic.providers.kubernetes_view import DRAIN_TAINTS
 from tests.emulator.fake_kubernetes import kubernetes, kubernetes_server  # noqa: F401
+from tests.integration.conftest import jobs  # noqa: F401  (the fixture that kills what a test leaves running)
 from tests.integration.harness import REPO, Job, probe_cmd, worker_on
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(150)]
 
 CLI = [sys.executable, "-m", "cloud_elastic.cli"]
-
-
-@pytest.fixture
-def jobs():
-    started: list[Job] = []
-
-    def start(args: list[str]) -> Job:
-        started.append(Job(args))
-        return started[-1]
-
-    yield start
-    for job in started:
-        if job.proc.poll() is None:
-            job.kill()
 
 
 def _run(fake, namespace: str, net: int, np: int, events: Path, *extra: str) -> list[str]:

@@ -30,7 +30,7 @@ from tests.emulator.fake_kubernetes import kubernetes, kubernetes_server  # noqa
 from tests.integration.harness import Job, probe_cmd
 
 from .manifests import DEPLOY, driver_job, flag, render, resolved_args
-from .pods import Pod, free_port, need_sshd, wait_for
+from .pods import Pod, free_port, need_sshd
 
 pytestmark = [pytest.mark.emulator, pytest.mark.ssh, pytest.mark.timeout(180)]
 
@@ -41,6 +41,21 @@ NAMESPACE = "cloud-elastic"  # the kind overlay's
 def replace_flag(args: list[str], name: str, value: str) -> list[str]:
     i = args.index(name)
     return [*args[:i + 1], value, *args[i + 2:]]
+
+
+def start_pods(fake, tmp: Path, net: int, namespace: str) -> tuple[Path, int, dict[str, Pod]]:
+    """Two Ready worker pods, p0 and p1, in ``fake``'s ``namespace`` at 10.91.NET.1-2, each running start-sshd.sh
+    on 127.0.NET.1-2, one port for both: the driver's key, the port, the pods by name."""
+    need_sshd()
+    key = tmp / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    port, labels = free_port(f"127.0.{net}.1"), {"app": "cloud-elastic-worker"}
+    pods = {}
+    for i, name in enumerate(("p0", "p1"), start=1):
+        fake.add_pod(name, f"10.91.{net}.{i}", namespace=namespace, node=f"node-{i}", labels=labels,
+                     created=float(i))
+        pods[name] = Pod(tmp / name, dict(os.environ), key=key, port=port, address=f"127.0.{net}.{i}").start()
+    return key, port, pods
 
 
 def driver_args(kubectl: str, fake, key: Path, port: int, events: Path) -> list[str]:
@@ -79,15 +94,7 @@ def events_of(path: Path, kind: str) -> list[dict]:
 
 
 def test_a_deleted_pod_s_workers_leave_at_a_commit_while_its_sshd_script_waits(kubernetes, kubectl, tmp_path):
-    need_sshd()
-    key = tmp_path / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    port, labels = free_port(f"127.0.{NET}.1"), {"app": "cloud-elastic-worker"}
-    pods = {}
-    for i, name in enumerate(("p0", "p1"), start=1):
-        kubernetes.add_pod(name, f"10.91.{NET}.{i}", namespace=NAMESPACE, node=f"node-{i}", labels=labels,
-                           created=float(i))
-        pods[name] = Pod(tmp_path / name, dict(os.environ), key=key, port=port, address=f"127.0.{NET}.{i}").start()
+    key, port, pods = start_pods(kubernetes, tmp_path, NET, NAMESPACE)
     events = tmp_path / "events"
     job = Job(driver_args(kubectl, kubernetes, key, port, events))
     try:

@@ -10,9 +10,7 @@ spot notice, with no rollback, and the script exits 0 once its worker has left.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import time
 
 import pytest
@@ -20,8 +18,7 @@ import pytest
 from tests.emulator.fake_kubernetes import kubernetes, kubernetes_server  # noqa: F401
 from tests.integration.harness import Job
 
-from .pods import Pod, free_port, need_sshd
-from .test_pod_job import driver_args, events_of, replace_flag, wrappers_through
+from .test_pod_job import driver_args, events_of, replace_flag, start_pods, wrappers_through
 
 pytestmark = [pytest.mark.emulator, pytest.mark.ssh, pytest.mark.timeout(180)]
 
@@ -31,15 +28,7 @@ NAMESPACE = "pods-sigterm"  # pods stay in the fake between tests: a namespace o
 
 def test_a_pod_whose_deletion_the_driver_never_sees_leaves_at_a_commit_through_its_sigterm(kubernetes, kubectl,
                                                                                           tmp_path):
-    need_sshd()
-    key = tmp_path / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    port, labels = free_port(f"127.0.{NET}.1"), {"app": "cloud-elastic-worker"}
-    pods = {}
-    for i, name in enumerate(("p0", "p1"), start=1):
-        kubernetes.add_pod(name, f"10.91.{NET}.{i}", namespace=NAMESPACE, node=f"node-{i}", labels=labels,
-                           created=float(i))
-        pods[name] = Pod(tmp_path / name, dict(os.environ), key=key, port=port, address=f"127.0.{NET}.{i}").start()
+    key, port, pods = start_pods(kubernetes, tmp_path, NET, NAMESPACE)
     events = tmp_path / "events"
     args = driver_args(kubectl, kubernetes, key, port, events)
     args = replace_flag(replace_flag(args, "--k8s-namespace", NAMESPACE), "--address-map",
