@@ -16,20 +16,9 @@ if command -v java >/dev/null 2>&1 || [ -x "${JAVA_HOME:-/nonexistent}/bin/java"
     exit 0
 fi
 
-if ! command -v apt-get >/dev/null 2>&1; then
-    log "no java and no apt-get: install a Java 17 runtime by hand, or the Spark tests will skip"
-    exit 0
-fi
-
-SUDO=
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-        SUDO="sudo -n"
-    else
-        log "no java and not root (no passwordless sudo): install openjdk-17-jre-headless, or the Spark tests will skip"
-        exit 0
-    fi
-fi
+# shellcheck source=scripts/apt-lib.sh
+. "$(dirname "$0")/apt-lib.sh"
+apt_or_leave "no java" "install openjdk-17-jre-headless (a Java 17 runtime) by hand, or the Spark tests will skip"
 
 log "installing openjdk-17-jre-headless"
 $SUDO apt-get update -q >/dev/null

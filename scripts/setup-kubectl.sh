@@ -31,20 +31,9 @@ if command -v kubectl >/dev/null 2>&1; then
     exit 0
 fi
 
-if ! command -v apt-get >/dev/null 2>&1; then
-    log "no kubectl and no apt-get: install kubectl 1.27+ by hand, or the Kubernetes tests will skip"
-    exit 0
-fi
-
-SUDO=
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-        SUDO="sudo -n"
-    else
-        log "no kubectl and not root (no passwordless sudo): install kubectl 1.27+, or the Kubernetes tests will skip"
-        exit 0
-    fi
-fi
+# shellcheck source=scripts/apt-lib.sh
+. "$(dirname "$0")/apt-lib.sh"
+apt_or_leave "no kubectl" "install kubectl 1.27+ by hand, or the Kubernetes tests will skip"
 
 log "installing kubernetes-client (kubectl)"
 $SUDO apt-get update -q >/dev/null

@@ -19,20 +19,9 @@ if [ -x "$SSHD" ]; then
     exit 0
 fi
 
-if ! command -v apt-get >/dev/null 2>&1; then
-    log "no $SSHD and no apt-get: install an OpenSSH server by hand, or the SSH tests will skip"
-    exit 0
-fi
-
-SUDO=
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-        SUDO="sudo -n"
-    else
-        log "no $SSHD and not root (no passwordless sudo): install openssh-server, or the SSH tests will skip"
-        exit 0
-    fi
-fi
+# shellcheck source=scripts/apt-lib.sh
+. "$(dirname "$0")/apt-lib.sh"
+apt_or_leave "no $SSHD" "install openssh-server by hand, or the SSH tests will skip"
 
 # policy-rc.d exit code 101 keeps the package's maintainer scripts from
 # starting (or enabling a start of) the system sshd during installation.
