@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/driver_scale.py [--profile] [--quick]
 
 A fake provider (a snapshot of H hosts with 8 slots each) feeds the driver's real
-state machine (``driver/job.py:ElasticJob``); simulated workers walk through the
+state machine (``driver/job/elastic_job.py:ElasticJob``); simulated workers walk through the
 same calls the control-plane handlers make (register, rendezvous, assignment,
 heartbeat). Measured:
 
@@ -54,12 +54,12 @@ from common import REPO, command, stamp, where
 sys.path.insert(0, str(REPO))
 from cloud_elastic.config import JobConfig  # noqa: E402
 from cloud_elastic.control import Codec, new_secret  # noqa: E402
-from cloud_elastic.driver.hosts import Blacklist, HostManager  # noqa: E402
-from cloud_elastic.driver.job import Assignment, ElasticJob, Launch, Policy  # noqa: E402
-from cloud_elastic.driver.server import ControlServer  # noqa: E402
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager  # noqa: E402
+from cloud_elastic.driver.job.elastic_job import Assignment, ElasticJob, Launch, Policy  # noqa: E402
+from cloud_elastic.driver.net.control_server import ControlServer  # noqa: E402
 from cloud_elastic.protocol import PollReply, PollRequest  # noqa: E402
 from cloud_elastic.providers.api import DiscoveredHosts  # noqa: E402
-from cloud_elastic.worker.client import DriverClient  # noqa: E402
+from cloud_elastic.worker.link.client import DriverClient  # noqa: E402
 
 SLOTS = 8
 
@@ -247,7 +247,7 @@ def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None) -
     """The real driver at steady state: ``Driver._handle`` (held heartbeats) behind the real server,
     its loop ticking every 50 ms, a discovery snapshot every ``discovery_interval_s``, ``workers``
     simulated workers long-polling from ``procs`` other processes. Driver-process CPU over a window."""
-    from cloud_elastic.driver.driver import Driver
+    from cloud_elastic.driver.runtime.driver import Driver
     from cloud_elastic.events import open_sinks
 
     hosts = workers // SLOTS
@@ -342,7 +342,7 @@ def live_profiled(n: int, seconds: float, profile: bool) -> dict:
 
 
 def main() -> None:
-    from cloud_elastic.driver.driver import _POLLS_PER_S, _TICK_S
+    from cloud_elastic.driver.runtime.driver import _POLLS_PER_S, _TICK_S
 
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, nargs="+", default=[64, 256, 1024, 8000])

@@ -214,9 +214,10 @@ def tables(over: tuple | None, restarts: list | None, adopts: list | None) -> st
                    + " for the previous driver's workers, then " + ", ".join(f"{r:.1f} s" for _, r in restarts)
                    + " to start, launch, load the checkpoint and sync |")
     if adopts:
-        out += ["", "| driver restart within the grace (`--driver-grace 30`, restarted 1 s after the SIGKILL) | "
-                "each restart |", "|---|---|",
-                "| restarted driver's process spawned → last running worker adopted (the driver's own count) | "
+        if not out:
+            out += ["| measurement | result |", "|---|---|"]
+        out += ["| driver restart within the grace (`--driver-grace 30`, restarted 1 s after the SIGKILL): its "
+                "process spawned → last running worker adopted (the driver's own count), each restart | "
                 + ", ".join(f"{a['spawn_to_adopted_s']:.2f} s ({a['driver_reported_s']:.2f} s)" for a in adopts) + " |",
                 "| … → rank 0's first step after the adoption | "
                 + ", ".join(f"{a['spawn_to_next_step_s']:.2f} s" for a in adopts) + " |"]

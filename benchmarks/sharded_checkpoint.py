@@ -83,7 +83,7 @@ def main() -> None:
                      f"{' / '.join(str(s) for _m, s, _c in got)} | {costs} |")
     medians = {n: statistics.median(c for _m, _s, c in got) for n, got in rows.items() if VARIANTS[n]}
     print("median cost of a checkpoint: " + ", ".join(f"{n} {c:.2f} s" for n, c in medians.items()), flush=True)
-    docsection.publish(args, "sharded-checkpoint", SECTION, f"{stamp(command())}\n\n" + "\n".join(lines))
+    docsection.publish(args, "sharded-checkpoint", SECTION, f"{stamp(command())} " + "\n".join(lines))
 
 
 if __name__ == "__main__":

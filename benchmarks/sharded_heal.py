@@ -163,7 +163,7 @@ def main() -> None:
                     continue
                 rows[name].append(fig)
                 print(f"{name}: repeat {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in fig.items()), flush=True)
-    text = f"{stamp(command())}\n\n{table(rows, misses, width, args.layers)}"
+    text = f"{stamp(command())} {table(rows, misses, width, args.layers)}"
     docsection.publish(args, "sharded-heal", SECTION, text, glance(rows, args.quick))
 
 

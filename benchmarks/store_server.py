@@ -1,4 +1,4 @@
-"""The driver's rendezvous store (``driver/store_server.py``) against torch's own ``TCPStore`` server.
+"""The driver's rendezvous store (``driver/net/store_server.py``) against torch's own ``TCPStore`` server.
 
 The driver serves torch's store protocol in Python so that it does not import torch. This
 measures what that costs and saves, both servers side by side in each round (interleaved, so a
@@ -30,7 +30,7 @@ from common import REPO, stamp
 SERVERS = {
     "cloud-elastic (Python)": """
 import socket, sys
-from cloud_elastic.driver.store_server import StoreServer
+from cloud_elastic.driver.net.store_server import StoreServer
 sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(512)
 server = StoreServer(sock)
 print(server.port, flush=True)

@@ -123,7 +123,7 @@ def false_drains(seconds: float) -> dict:
 def bookkeeping_cost() -> float:
     """Seconds a step's compute-time bookkeeping costs (Progress.step + one waiting() block)."""
     sys.path.insert(0, str(REPO))
-    from cloud_elastic.worker.progress import Progress
+    from cloud_elastic.worker.link.progress import Progress
 
     p, n = Progress(), 200_000
     began = time.perf_counter()

@@ -91,9 +91,9 @@ def main() -> None:
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     text = (f"{stamp(f'benchmarks/watcher_cost.py --pairs {pairs} --slice {slice_s:g}')} One process, an MLP step "
             f"of {step * 1000:.1f} ms (one thread), in alternating slices with the AWS IMDS watcher polling a fake "
-            f"IMDSv2 service every {POLL_INTERVAL_S:g} s (about {cycles} poll cycles in all) and without it.\n\n"
-            "| step time with the watcher / without (median of pairs) | middle half | pairs |\n|---|---|---|\n"
-            f"| {statistics.median(ratios):.3f}× | {q[0]:.3f}–{q[2]:.3f} | {len(ratios)} |")
+            f"IMDSv2 service every {POLL_INTERVAL_S:g} s (about {cycles} poll cycles in all) and without it. "
+            f"Step time with the watcher / without, median of {len(ratios)} pairs: "
+            f"**{statistics.median(ratios):.3f}×** (middle half {q[0]:.3f}–{q[2]:.3f}).")
     docsection.publish(args, "watcher-cost", "Notice watcher cost per step", text)
 
 

@@ -156,7 +156,7 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
         if why is not None:
             raise ConfigError(why)
     _setup_logging(config.verbose)
-    from cloud_elastic.driver.driver import Driver
+    from cloud_elastic.driver.runtime.driver import Driver
 
     driver = Driver(config, built, launcher=launcher)
     names = {signal.SIGINT: ("interrupted by SIGINT", 130), signal.SIGTERM: ("terminated by SIGTERM", 143)}

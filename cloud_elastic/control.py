@@ -48,7 +48,7 @@ def new_secret() -> str:
 
 def round_namespace(secret: str, job_id: str, round_: int) -> str:
     """The rendezvous store's key prefix of ``round_``: unguessable without ``secret``, the same on every worker
-    (see ``worker/store.py``); the driver computes it too, to delete a finished round's keys."""
+    (see ``worker/rounds/signed_store.py``); the driver computes it too, to delete a finished round's keys."""
     tag = hmac.new(secret.encode(), f"cloud-elastic/v1/{job_id}/round/{round_}".encode(), "sha256")
     return f"r{round_}-{tag.hexdigest()[:32]}"
 

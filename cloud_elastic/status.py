@@ -297,7 +297,7 @@ def _call_driver(job_id: str, kind: str, payload: dict[str, Any] | None, *, root
                  timeout_s: float) -> dict[str, Any]:
     """One signed request to ``job_id``'s driver (with the job's secret, readable by its user alone)."""
     from cloud_elastic.control import Codec
-    from cloud_elastic.worker.client import DriverClient
+    from cloud_elastic.worker.link.client import DriverClient
 
     directory = job_dir(job_id, root)
     record = _read_record(directory)

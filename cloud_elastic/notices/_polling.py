@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from .api import Notice, NoticeWatcher, Report
 
-log = logging.getLogger("cloud_elastic.notices")
+log = logging.getLogger(__name__)
 
 #: How often a polling watcher reads its metadata service. A notice is seen up to this late, and the
 #: budget from notice to stepping at the new size is 1 s plus a step: at 1 s, the slowest sightings

@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["REMOTE_MODULE", "WorkerActor"]
 
-REMOTE_MODULE = "cloud_elastic.driver.remote"
+REMOTE_MODULE = "cloud_elastic.driver.launch.ssh_remote"
 
 
 class WorkerActor:
@@ -63,7 +63,7 @@ class WorkerActor:
     def run_command(
         self, env: Mapping[str, str], secret: str, cwd: str, command: Sequence[str], grace_s: float, gpu: bool,
     ) -> dict[str, Any]:
-        """Run ``command`` on this node through the SSH launcher's wrapper (:mod:`cloud_elastic.driver.remote`).
+        """Run ``command`` on this node through the SSH launcher's wrapper (:mod:`cloud_elastic.driver.launch.ssh_remote`).
 
         The wrapper reads the secret from its stdin, runs the worker in its own process
         group, and stops that group when its stdin closes, which is what happens when

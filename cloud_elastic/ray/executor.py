@@ -149,7 +149,7 @@ class ElasticRayExecutor:
         """
         if self._driver_address is None:
             raise ConfigError("call ElasticRayExecutor.start() before run()")
-        from cloud_elastic.driver.driver import Driver
+        from cloud_elastic.driver.runtime.driver import Driver
 
         name = getattr(worker_fn, "__qualname__", type(worker_fn).__name__)
         # The command is only a label here: the launcher runs the function instead.

@@ -7,7 +7,7 @@ slot's resources (``cpus_per_slot`` CPUs, and ``gpus_per_slot`` GPUs with
 sent once through the object store) inside the actor, or, for
 :func:`~cloud_elastic.ray.build_ray_run` (a command job, as the CLI runs), the job's command as a child of the actor.
 
-How the launcher guarantees of :mod:`cloud_elastic.driver.launch` hold here:
+How the launcher guarantees of :mod:`cloud_elastic.driver.launch.api` hold here:
 
 * ``launch`` only submits the actor; it never waits for it to be placed.
 * The secret travels as an argument of the call that starts the worker (Ray's
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloud_elastic.driver.launch import ExitStatus, OutputSink, WorkerSpec
+from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.ray._deps import require_ray
 
@@ -59,7 +59,7 @@ class WorkerResult:
 
 
 class RayWorker:
-    """A worker running in a Ray actor (the :class:`~cloud_elastic.driver.launch.WorkerProcess` protocol)."""
+    """A worker running in a Ray actor (the :class:`~cloud_elastic.driver.launch.api.WorkerProcess` protocol)."""
 
     def __init__(self, spec: WorkerSpec, actor: Any, ref: Any, on_output: OutputSink, owner: RayLauncher) -> None:
         self.spec = spec

@@ -2,10 +2,10 @@
 
 The launcher queues orders in the :class:`~cloud_elastic.spark.registry.TaskRegistry`,
 which answers the task's held poll with them at once; the task runs the
-worker through the SSH launcher's wrapper (:mod:`cloud_elastic.driver.remote`),
+worker through the SSH launcher's wrapper (:mod:`cloud_elastic.driver.launch.ssh_remote`),
 which gives the worker its own process group and stops it when the task ends.
 
-Launcher guarantees (:mod:`cloud_elastic.driver.launch`) as they hold here:
+Launcher guarantees (:mod:`cloud_elastic.driver.launch.api`) as they hold here:
 ``launch``, ``poll`` and ``kill`` return at once; ``terminate`` sends TERM,
 waits up to the grace, then KILL. The secret travels sealed under the
 registry key (:func:`~cloud_elastic.spark.registry.seal`). A task that stops
@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 
-from cloud_elastic.driver.launch import ExitStatus, OutputSink, WorkerSpec
+from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.spark.registry import TaskRegistry, seal
 

@@ -3,12 +3,12 @@
 Each of the job's Spark tasks registers when it starts (``register``), then
 long-polls for orders (``order``), which is also its heartbeat, and reports its
 worker's exit (``exited``). The messages ride the control plane's signed JSON
-(:class:`~cloud_elastic.driver.server.ControlServer`) under a key of their own
+(:class:`~cloud_elastic.driver.net.control_server.ControlServer`) under a key of their own
 that reached the tasks inside their Spark closure.
 
 That server answers every connection from one thread, so an ``order`` poll
 never blocks it: with nothing to say, the registry returns a
-:class:`~cloud_elastic.driver.server.Held` reply, answered by :meth:`TaskRegistry.order`
+:class:`~cloud_elastic.driver.net.control_server.Held` reply, answered by :meth:`TaskRegistry.order`
 (an order), :meth:`TaskRegistry.finish` (exit) or, after :data:`ORDER_POLL_S`,
 with ``none``. (Waiting in the handler instead queued every task's poll behind
 the others': eight idle tasks were each heard from only every four seconds, and
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cloud_elastic.control import Codec
-from cloud_elastic.driver.server import ControlServer, Held
+from cloud_elastic.driver.net.control_server import ControlServer, Held
 from cloud_elastic.errors import ControlPlaneError
 
 __all__ = ["TaskEntry", "TaskRegistry", "seal", "unseal"]

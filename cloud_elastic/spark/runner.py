@@ -90,7 +90,7 @@ def run_elastic(
         driver_address=address, notice_watcher="none", verbose=verbose,
         forward_env=tuple(f"{k}={v}" for k, v in (env or {}).items()),
     )
-    from cloud_elastic.driver.driver import Driver
+    from cloud_elastic.driver.runtime.driver import Driver
     from cloud_elastic.spark.discovery import SparkTaskDiscovery
     from cloud_elastic.spark.launcher import SparkTaskLauncher
     from cloud_elastic.spark.registry import TaskRegistry

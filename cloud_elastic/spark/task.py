@@ -62,7 +62,7 @@ def _route_ip(driver: str) -> str:
 
 def run_task(settings: TaskSettings, index: int, attempt: int) -> list[tuple[int | None, Any]]:
     """Run one task to its end (see module docstring)."""
-    from cloud_elastic.worker.client import DriverClient
+    from cloud_elastic.worker.link.client import DriverClient
 
     client = DriverClient(settings.registry, Codec(settings.registry_key, settings.job_id), f"spark-task-{index}")
     ip = _route_ip(settings.registry)
@@ -118,7 +118,7 @@ def _start(settings: TaskSettings, order: Mapping[str, Any], ip: str, workdir: s
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     cwd = str(order.get("cwd") or "")
     command = [sys.executable, "-m", "cloud_elastic.spark.runfn", fn_path, result_path]
-    argv = [sys.executable, "-m", "cloud_elastic.driver.remote", "spark", repr(settings.grace_s), "0",
+    argv = [sys.executable, "-m", "cloud_elastic.driver.launch.ssh_remote", "spark", repr(settings.grace_s), "0",
             cwd if os.path.isdir(cwd) else workdir, *command]
     wrapper = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE)
     secret = unseal(settings.registry_key, str(order["secret"]))

@@ -21,7 +21,7 @@ differs, name by name: docs/porting.md.
 from __future__ import annotations
 
 from cloud_elastic.torch import elastic
-from cloud_elastic.worker.builds import (
+from cloud_elastic.worker.comm.builds import (
     cuda_built,
     gloo_built,
     gloo_enabled,
@@ -31,7 +31,7 @@ from cloud_elastic.worker.builds import (
     nccl_built,
     rocm_built,
 )
-from cloud_elastic.worker.collectives import (
+from cloud_elastic.worker.comm.collectives import (
     allgather,
     allreduce,
     allreduce_,
@@ -45,7 +45,7 @@ from cloud_elastic.worker.collectives import (
     grouped_allreduce_,
     join,
 )
-from cloud_elastic.worker.compression import Compression, Compressor
+from cloud_elastic.worker.comm.compression import Compression, Compressor
 from cloud_elastic.worker.context import get_context, is_initialized
 from cloud_elastic.worker.context import init as _init
 from cloud_elastic.worker.exceptions import (
@@ -54,12 +54,12 @@ from cloud_elastic.worker.exceptions import (
     HostsUpdatedInterrupt,
     WorkerRemoved,
 )
-from cloud_elastic.worker.exchange import alltoall, reducescatter
-from cloud_elastic.worker.ops import Adasum, Average, Max, Min, Product, Sum, UnsupportedError
-from cloud_elastic.worker.optimizer import DistributedOptimizer
+from cloud_elastic.worker.comm.partitioned import alltoall, reducescatter
+from cloud_elastic.worker.comm.ops import Adasum, Average, Max, Min, Product, Sum, UnsupportedError
+from cloud_elastic.worker.optim.optimizer import DistributedOptimizer
 from cloud_elastic.worker.sharded import shard
-from cloud_elastic.worker.statecodec import StateSyncError
-from cloud_elastic.worker.sync_batchnorm import SyncBatchNorm
+from cloud_elastic.worker.comm.statecodec import StateSyncError
+from cloud_elastic.worker.comm.sync_batchnorm import SyncBatchNorm
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",

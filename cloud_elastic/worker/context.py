@@ -51,20 +51,20 @@ from cloud_elastic.protocol import (
     parse_rendezvous_reply,
 )
 from cloud_elastic.worker import memory, selftest
-from cloud_elastic.worker.client import DriverClient
+from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
-from cloud_elastic.worker.groups import (
+from cloud_elastic.worker.rounds.groups import (
     RoundGroup,
     RoundGroupsMixin,
     RoundInfo,
     nccl_error_handling_default,
     nccl_nonblocking_timeout_default,
 )
-from cloud_elastic.worker.link import _SurvivingStream, DriverLinkMixin, _survive_output_loss, notice_reporter  # noqa: F401
-from cloud_elastic.worker.progress import Progress
-from cloud_elastic.worker.reclaim import Reaper
+from cloud_elastic.worker.link.driver_link import _SurvivingStream, DriverLinkMixin, _survive_output_loss, notice_reporter  # noqa: F401
+from cloud_elastic.worker.link.progress import Progress
+from cloud_elastic.worker.rounds.reclaim import Reaper
 from cloud_elastic.worker.settings import WorkerSettings
-from cloud_elastic.worker.window import CommitWindow
+from cloud_elastic.worker.commit.window import CommitWindow
 
 __all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized", "notice_reporter"]
 

@@ -27,10 +27,12 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from cloud_elastic.worker import collectives, sharded, termination
+from cloud_elastic.worker import sharded, termination
+
+from cloud_elastic.worker.comm import collectives
 from cloud_elastic.worker.context import init
 from cloud_elastic.worker.exceptions import CollectiveError, HostsUpdatedInterrupt, WorkerRemoved
-from cloud_elastic.worker.state import State
+from cloud_elastic.worker.commit.state import State
 
 __all__ = ["run"]
 
@@ -65,11 +67,11 @@ def _durable(ctx: Any) -> Any:
     """
     global _DURABLE
     if _DURABLE is None and not ctx.standalone:
-        from cloud_elastic.checkpoint.worker import DurableSettings, RankZeroCheckpoints
+        from cloud_elastic.worker.durable.rank_zero import DurableSettings, RankZeroCheckpoints
 
         settings = DurableSettings.from_settings(ctx.settings)
         if settings is not None and getattr(ctx, "host_group", None) is not None:
-            from cloud_elastic.checkpoint.sharded import ShardedCheckpoints
+            from cloud_elastic.worker.durable.sharded import ShardedCheckpoints
 
             _DURABLE = ShardedCheckpoints(settings, ctx)
         elif settings is not None:

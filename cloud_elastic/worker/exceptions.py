@@ -15,7 +15,7 @@ class HostsUpdatedInterrupt(Exception):
 
     The state was just committed, so nothing rolls back. ``skip_sync`` keeps
     Horovod's signature; the elastic loop follows the driver's collective
-    decision instead (see ``cloud_elastic.driver.job``).
+    decision instead (see ``cloud_elastic.driver.job.elastic_job``).
     """
 
     def __init__(self, skip_sync: bool = False) -> None:

@@ -33,7 +33,7 @@ What each piece does in sharded mode:
 
 Durable checkpoints (``--checkpoint-dir``) of a sharded model are torch DCP
 checkpoints written by the workers of rank 0's host together
-(:mod:`cloud_elastic.checkpoint.sharded`).
+(:mod:`cloud_elastic.worker.durable.sharded`).
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.errors import ConfigError
-from cloud_elastic.worker.collectives import on_device
+from cloud_elastic.worker.comm.collectives import on_device
 from cloud_elastic.worker.context import init
 from cloud_elastic.worker.exceptions import WorkerRemoved
-from cloud_elastic.worker.store import SignedStore, host_namespace
+from cloud_elastic.worker.rounds.signed_store import SignedStore, host_namespace
 
 __all__ = ["shard", "is_sharded", "local", "average_gradient_shards", "check_layout", "peer_lost"]
 

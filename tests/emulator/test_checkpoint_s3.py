@@ -218,8 +218,8 @@ def test_sigkill_mid_upload_leaves_the_previous_checkpoint(moto_url: str, bucket
 
 def test_a_sharded_checkpoint_goes_to_s3_and_comes_back_bitwise(bucket: str):
     """``hvd.shard``'s checkpoints (torch DCP through DCP's fsspec writer and reader) on S3; one host of one worker."""
-    from cloud_elastic.checkpoint.sharded import ShardedCheckpoints
-    from cloud_elastic.checkpoint.worker import DurableSettings
+    from cloud_elastic.worker.durable.sharded import ShardedCheckpoints
+    from cloud_elastic.worker.durable.rank_zero import DurableSettings
     from tests.unit.test_sharded_checkpoint import _ctx, _state, _train, _values
 
     url = f"s3://{bucket}/sharded"

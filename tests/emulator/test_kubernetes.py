@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
 from cloud_elastic.errors import ConfigError, FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers._common import parse_time
 from cloud_elastic.providers.api import DiscoveredHosts, Drain

@@ -24,9 +24,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from cloud_elastic.worker.groups import RoundGroup, nccl_error_handling_default, new_nccl_group, quiesce_device
-from cloud_elastic.worker.reclaim import Reaper
-from cloud_elastic.worker.store import SignedStore, round_namespace
+from cloud_elastic.worker.rounds.groups import RoundGroup, nccl_error_handling_default, new_nccl_group, quiesce_device
+from cloud_elastic.worker.rounds.reclaim import Reaper
+from cloud_elastic.worker.rounds.signed_store import SignedStore, round_namespace
 
 SECRET = "tests/gpu/nccl_cycles"
 

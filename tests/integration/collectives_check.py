@@ -27,8 +27,7 @@ def model() -> torch.nn.Module:
 
 def broadcast_parameters_packed(rank: int) -> bool:
     """A state dict of mixed dtypes, a 0-dim and a non-contiguous tensor, packed over flat buffers or alone."""
-    from cloud_elastic.worker import collectives
-
+    from cloud_elastic.worker.comm import collectives
     g = torch.Generator().manual_seed(7)  # what rank 0 holds; the others start from their own values
     want = {"a": torch.randn(3, 4, generator=g), "b": torch.arange(5, dtype=torch.int64), "c": torch.tensor(2.5),
             "d": torch.randn(4, 6, generator=g).t(), "e": torch.randn(300, generator=g)}
@@ -46,8 +45,7 @@ def broadcast_parameters_packed(rank: int) -> bool:
 
 def broadcast_to_receivers(rank: int) -> bool:
     """Point to point: only the last rank needs rank 0's tensors and state dict; the ranks between keep theirs."""
-    from cloud_elastic.worker import collectives
-
+    from cloud_elastic.worker.comm import collectives
     size = hvd.size()
     receivers = collectives.needing(rank == size - 1, "check")
     mine = [torch.full((3,), float(rank)), torch.arange(4) * (rank + 1)]

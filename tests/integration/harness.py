@@ -49,8 +49,7 @@ def parent_of_servers() -> str | None:
     """
     with _PARENT_LOCK:
         if not _PARENT:
-            from cloud_elastic.driver import forkserver
-
+            from cloud_elastic.driver.launch import forkserver
             if not forkserver.enabled():  # a GPU machine, or CLOUD_ELASTIC_LOCAL_FORKSERVER=0: drivers fork nothing
                 _PARENT.append(None)
                 return None

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from cloud_elastic.worker import groups
+from cloud_elastic.worker.rounds import groups
 from cloud_elastic.worker.context import RoundInfo, WorkerContext
 from cloud_elastic.worker.settings import WorkerSettings
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
-from cloud_elastic.worker import collectives
+from cloud_elastic.worker.comm import collectives
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
 from commit_probe import OPTIMIZERS, checksum, event  # the script's own directory is on sys.path
 

@@ -19,7 +19,7 @@ import pytest
 
 from cloud_elastic.control import Codec
 from cloud_elastic.errors import ControlPlaneError
-from cloud_elastic.worker.client import DriverClient
+from cloud_elastic.worker.link.client import DriverClient
 from tests.integration.events_check import of, only, read_events
 from tests.integration.harness import processes_of_job
 

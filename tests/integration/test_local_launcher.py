@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from cloud_elastic.driver import forkserver
-from cloud_elastic.driver.launch import WorkerSpec
-from cloud_elastic.driver.local import ForkedProcess, LocalLauncher, LocalProcess
+from cloud_elastic.driver.launch import forkserver
+from cloud_elastic.driver.launch.api import WorkerSpec
+from cloud_elastic.driver.launch.local import ForkedProcess, LocalLauncher, LocalProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -104,7 +104,7 @@ def test_terminate_escalates_to_kill_for_a_worker_that_ignores_term(marker):
 
 # --------------------------------------------------------------------------------- forked workers
 # What a worker that runs this Python on a script (nearly every job's command) reports about itself:
-# it is forked from the fork server (cloud_elastic.driver.forkserver), and must be what
+# it is forked from the fork server (cloud_elastic.driver.launch.forkserver), and must be what
 # ``python SCRIPT ARGS`` would have been.
 _INTROSPECT = """
 import json, os, random, signal, subprocess, sys, time

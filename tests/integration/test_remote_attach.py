@@ -1,6 +1,6 @@
 """The remote wrapper's attach channel, without ssh: how a restarted driver takes over a remote worker.
 
-The wrapper (``python -m cloud_elastic.driver.remote``) runs a real worker
+The wrapper (``python -m cloud_elastic.driver.launch.ssh_remote``) runs a real worker
 process; its stdin (the first driver's ssh connection) is closed to play the
 driver's death, and ``remote --attach NONCE`` plays the restarted driver's
 fresh ssh connection.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_elastic.driver.remote import (
+from cloud_elastic.driver.launch.ssh_remote import (
     GRACE_MARGIN_S,
     MODULE,
     control_path,

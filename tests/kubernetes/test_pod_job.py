@@ -74,12 +74,12 @@ def driver_args(kubectl: str, fake, key: Path, port: int, events: Path) -> list[
 
 
 def wrappers_through(pod: Pod) -> list[int]:
-    """The remote wrappers (``cloud_elastic.driver.remote``) whose SSH connection came in through
+    """The remote wrappers (``cloud_elastic.driver.launch.ssh_remote``) whose SSH connection came in through
     ``pod``'s sshd: its address and port in their ``SSH_CONNECTION``."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if b"cloud_elastic.driver.remote" not in (proc / "cmdline").read_bytes():
+            if b"cloud_elastic.driver.launch.ssh_remote" not in (proc / "cmdline").read_bytes():
                 continue
             env = dict(v.split(b"=", 1) for v in (proc / "environ").read_bytes().split(b"\0") if b"=" in v)
         except OSError:

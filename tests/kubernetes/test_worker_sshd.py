@@ -71,10 +71,10 @@ def test_sigterm_stops_logins_passes_the_sigterm_on_once_and_waits_for_the_worke
         ".write('TERM\\n'))\n"
         f"open(os.path.join({str(pod.tmp)!r}, 'started-' + name), 'w').close()\n"
         f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n")
-    # Stand for the remote wrapper the driver runs (python3 -m cloud_elastic.driver.remote ...), and the relay
-    # of a restarted driver (python3 -m cloud_elastic.driver.remote --attach NONCE).
-    worker = pod.ssh(f"exec python3 {script} worker cloud_elastic.driver.remote n1 5 30 /")
-    relay = pod.ssh(f"exec python3 {script} relay cloud_elastic.driver.remote --attach n1")
+    # Stand for the remote wrapper the driver runs (python3 -m cloud_elastic.driver.launch.ssh_remote ...), and the relay
+    # of a restarted driver (python3 -m cloud_elastic.driver.launch.ssh_remote --attach NONCE).
+    worker = pod.ssh(f"exec python3 {script} worker cloud_elastic.driver.launch.ssh_remote n1 5 30 /")
+    relay = pod.ssh(f"exec python3 {script} relay cloud_elastic.driver.launch.ssh_remote --attach n1")
     try:
         wait_for(lambda: (pod.tmp / "started-worker").exists() and (pod.tmp / "started-relay").exists(), 15,
                  "the worker and the relay run")

@@ -12,7 +12,7 @@ from cloud_elastic.errors import ConfigError, ControlPlaneError
 from cloud_elastic.spark import spark_defaults
 from cloud_elastic.spark.discovery import SparkTaskDiscovery
 from cloud_elastic.spark.registry import ORDER_POLL_S, TaskRegistry, seal, unseal
-from cloud_elastic.worker.client import DriverClient
+from cloud_elastic.worker.link.client import DriverClient
 
 pytestmark = pytest.mark.timeout(60)
 

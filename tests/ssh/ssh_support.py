@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from cloud_elastic.driver.launch import ExitStatus, WorkerSpec
-from cloud_elastic.driver.ssh import SSHLauncher, SSHWorkerProcess
+from cloud_elastic.driver.launch.api import ExitStatus, WorkerSpec
+from cloud_elastic.driver.launch.ssh import SSHLauncher, SSHWorkerProcess
 
 #: Loopback aliases the test sshd serves; 127.0.0.2 and 127.0.0.3 play remote hosts.
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
@@ -119,7 +119,7 @@ def spec(host: str, marker: str, *args: str, env: dict[str, str] | None = None, 
     """A spec running ``_worker.py MARKER ARGS`` with the marker in env and cmdline.
 
     The test run's ``PYTHONPATH`` is forwarded, so the remote wrapper
-    (``python3 -m cloud_elastic.driver.remote``) is the code under test.
+    (``python3 -m cloud_elastic.driver.launch.ssh_remote``) is the code under test.
     """
     return WorkerSpec(worker_id=f"w-{marker[-6:]}", host=host, slot=0, command=(PYTHON, WORKER, marker, *args),
                       env={**forwarded_env(), "CETEST_MARKER": marker, **(env or {})}, secret=secret, cwd=cwd,

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from cloud_elastic.driver.ssh import SSHLauncher
+from cloud_elastic.driver.launch.ssh import SSHLauncher
 from ssh_support import RECYCLED_ADDRESS as ADDRESS, start, wait_exit
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(60)]

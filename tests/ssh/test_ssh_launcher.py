@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from cloud_elastic.driver.ssh import SECRET_ENV, SSHLauncher
+from cloud_elastic.driver.launch.ssh import SECRET_ENV, SSHLauncher
 from ssh_support import (
     REFUSING_HOST, UNREACHABLE_HOST, Output, processes_with, spec, start, wait_exit, wait_gone, wait_until,
 )

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from cloud_elastic.config import SSHConfig
-from cloud_elastic.driver.launch import WorkerSpec
-from cloud_elastic.driver.remote import MODULE
-from cloud_elastic.driver.ssh import SECRET_ENV, SSHLauncher, _classify, _wrapper_failure
+from cloud_elastic.driver.launch.api import WorkerSpec
+from cloud_elastic.driver.launch.ssh_remote import MODULE
+from cloud_elastic.driver.launch.ssh import SECRET_ENV, SSHLauncher, _classify, _wrapper_failure
 from cloud_elastic.errors import ConfigError, LaunchError
 
 pytestmark = pytest.mark.timeout(10)

@@ -39,7 +39,7 @@ def fresh_commit_window(request: pytest.FixtureRequest) -> None:
     ``@pytest.mark.commit_mode("snapshot")`` runs a test as ``CLOUD_ELASTIC_COMMIT_MODE=snapshot``.
     """
     from cloud_elastic.worker import context
-    from cloud_elastic.worker.window import CommitWindow
+    from cloud_elastic.worker.commit.window import CommitWindow
 
     marker = request.node.get_closest_marker("commit_mode")
     mode = marker.args[0] if marker else "auto"

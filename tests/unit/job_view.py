@@ -1,4 +1,4 @@
-"""A small stand-in for :class:`~cloud_elastic.driver.view.JobView`: a piece of the job tested without the job.
+"""A small stand-in for :class:`~cloud_elastic.driver.job.view.JobView`: a piece of the job tested without the job.
 
 It holds the shared state as plain attributes and records the moves a piece
 makes (actions, events, aborts, the end, ticks, workers given up) instead of
@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from cloud_elastic.driver.actions import Finish, Phase, Policy
-from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
-from cloud_elastic.driver.workers import WorkerRecord, WorkerState
+from cloud_elastic.driver.job.actions import Finish, Phase, Policy
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
 S = WorkerState
 T0 = 1000.0

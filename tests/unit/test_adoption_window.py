@@ -33,13 +33,13 @@ import pytest
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.control import Codec, new_secret
-from cloud_elastic.driver import driver as driver_module
-from cloud_elastic.driver.adoption import write_record
-from cloud_elastic.driver.driver import Driver
-from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.runtime import driver as driver_module
+from cloud_elastic.driver.restart.record import write_record
+from cloud_elastic.driver.runtime.driver import Driver
+from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.protocol import AdoptRequest
 from cloud_elastic.providers.static import StaticHosts
-from cloud_elastic.worker.client import DriverClient
+from cloud_elastic.worker.link.client import DriverClient
 
 pytestmark = pytest.mark.timeout(60)
 

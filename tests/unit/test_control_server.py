@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from cloud_elastic.control import SIGNATURE_HEADER, Codec, new_secret
-from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.errors import ControlPlaneError
-from cloud_elastic.worker.client import DriverClient
+from cloud_elastic.worker.link.client import DriverClient
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -111,7 +111,7 @@ _SERVE = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 from cloud_elastic.control import Codec
-from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.net.control_server import ControlServer
 srv = ControlServer(Codec(sys.argv[1], "job"), lambda kind, message: {"ok": True})
 srv.start()
 print(srv.port, flush=True)

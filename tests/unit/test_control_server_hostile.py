@@ -14,8 +14,8 @@ import time
 import pytest
 
 from cloud_elastic.control import SIGNATURE_HEADER, Codec, new_secret
-from cloud_elastic.driver.server import ControlServer
-from cloud_elastic.worker.client import DriverClient
+from cloud_elastic.driver.net.control_server import ControlServer
+from cloud_elastic.worker.link.client import DriverClient
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,14 +56,14 @@ def test_a_flood_of_garbage_from_many_addresses_logs_a_few_lines_per_kind_and_a_
     reason's text up to its first colon, and the reason quotes the request)."""
     client = DriverClient(f"127.0.0.1:{server.port}", Codec(SECRET, "job"), "w1")
     n = 500
-    with caplog.at_level(logging.WARNING, logger="cloud_elastic.driver.server"):
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.driver.net.control_server"):
         for i in range(n):
             answer = _send(server.port, f"127.0.0.{2 + i % 50}", _garbage(i))
             assert answer.startswith(b"HTTP/1.1 4"), answer
             if i % 100 == 0:
                 assert client.call("register")["ok"] is True
     assert server.rejected == n
-    lines = [r.getMessage() for r in caplog.records if r.name == "cloud_elastic.driver.server"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "cloud_elastic.driver.net.control_server"]
     # Five kinds of 100 each: the first of each kind, then its counts at 10 and 100.
     assert len(lines) == 5 * 3, "\n".join(lines)
     firsts = [line for line in lines if line.startswith("control plane: rejected a request from 127.0.0.")]
@@ -76,7 +76,7 @@ _SERVE = """
 import logging, os, resource, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 from cloud_elastic.control import Codec
-from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.net.control_server import ControlServer
 server = ControlServer(Codec(sys.argv[1], "job"), lambda kind, message: {"ok": True})
 server.start()
 spare = 60 + len(os.listdir("/proc/self/fd"))

@@ -8,7 +8,7 @@ from typing import Callable, Mapping
 
 import pytest
 
-from cloud_elastic.driver.discovery import DiscoveryPoller
+from cloud_elastic.driver.runtime.discovery import DiscoveryPoller
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 
 pytestmark = pytest.mark.timeout(20)

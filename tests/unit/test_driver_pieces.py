@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.hosts import Slot
-from cloud_elastic.driver.liveness import EXIT_GRACE_S, RunningClock, SilenceWatch
-from cloud_elastic.driver.workers import IllegalTransition, WorkerRecord, WorkerState
+from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.liveness import EXIT_GRACE_S, RunningClock, SilenceWatch
+from cloud_elastic.driver.job.workers import IllegalTransition, WorkerRecord, WorkerState
 
 pytestmark = pytest.mark.timeout(10)
 S = WorkerState

@@ -1,5 +1,5 @@
-"""The driver's rooms on their own: the control-plane handlers (driver/handlers.py) and the durable
-record of a restarted job (driver/restart.py), on a Driver that was never started."""
+"""The driver's rooms on their own: the control-plane handlers (driver/runtime/control_plane.py) and the durable
+record of a restarted job (driver/restart/predecessor.py), on a Driver that was never started."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from cloud_elastic.config import JobConfig
-from cloud_elastic.driver.driver import Driver
-from cloud_elastic.driver.handlers import POLLS_PER_S, watch_cloud
-from cloud_elastic.driver.restart import driver_alive
+from cloud_elastic.driver.runtime.driver import Driver
+from cloud_elastic.driver.runtime.control_plane import POLLS_PER_S, watch_cloud
+from cloud_elastic.driver.restart.predecessor import driver_alive
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.providers.api import DiscoveredHosts
 from cloud_elastic.providers.static import StaticHosts

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from cloud_elastic.worker import sampler as sampler_module
-from cloud_elastic.worker import statecodec
+from cloud_elastic.worker.comm import statecodec
 from cloud_elastic.worker.sampler import ElasticSampler
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from cloud_elastic.driver import forkserver
+from cloud_elastic.driver.launch import forkserver
 from cloud_elastic.errors import ConfigError
 
 PATH = {"PATH": os.path.dirname(sys.executable)}

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import cloud_elastic.torch as hvd
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.exceptions import CollectiveError
-from cloud_elastic.worker.ops import average_scaling
+from cloud_elastic.worker.comm.ops import average_scaling
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""Blacklist arithmetic and host ordering (cloud_elastic.driver.hosts)."""
+"""Blacklist arithmetic and host ordering (cloud_elastic.driver.job.hosts)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 pytestmark = pytest.mark.timeout(10)

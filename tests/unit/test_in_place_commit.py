@@ -1,6 +1,6 @@
 """In-place (transactional) commits: a loop that commits right after each step keeps no copy of its state.
 
-What a user relies on (``worker/window.py``): with the common loop (forward,
+What a user relies on (``worker/commit/window.py``): with the common loop (forward,
 backward, ``step()``, ``commit()``) commits hold no second copy of parameters
 or optimizer state, training gives bitwise the numbers of the optimizer's own
 ``step()``, and a failure before the update (in backward, in a gradient
@@ -322,7 +322,7 @@ def test_a_loop_confirmed_in_place_drops_the_whole_copy_at_its_first_commit():
 
 
 def test_a_newcomer_learns_the_loop_from_rank_0():
-    from cloud_elastic.worker.window import CommitWindow
+    from cloud_elastic.worker.commit.window import CommitWindow
 
     window = CommitWindow()
     assert window.in_place()
@@ -337,7 +337,7 @@ def test_a_newcomer_learns_the_loop_from_rank_0():
 
 
 def test_a_newcomer_keeps_no_whole_copy_when_rank_0_confirmed_the_loop_in_place():
-    from cloud_elastic.worker.window import CommitWindow
+    from cloud_elastic.worker.commit.window import CommitWindow
 
     window = CommitWindow()
     assert window.in_place() and not window.confirmed  # alone, its first commit would keep a whole copy
@@ -451,7 +451,7 @@ def test_what_an_in_place_commit_keeps_follows_the_model_from_commit_to_commit()
 
 
 def test_an_in_place_commit_keeps_exactly_what_state_dict_has_besides_the_optimizers_parameters():
-    from cloud_elastic.worker.snapshot import state_dict_without as _state_dict_without
+    from cloud_elastic.worker.commit.snapshot import state_dict_without as _state_dict_without
 
     torch.manual_seed(0)
     shared = torch.nn.Linear(4, 4)
@@ -529,7 +529,7 @@ def test_a_first_windows_copy_that_cannot_go_to_a_file_stays_in_memory_and_that_
         why, tmp_path, monkeypatch, caplog):
     import tempfile
 
-    from cloud_elastic.worker.snapshot import Aside
+    from cloud_elastic.worker.commit.snapshot import Aside
 
     caplog.set_level(logging.WARNING, logger="cloud_elastic")
     monkeypatch.setattr(Aside, "_warned", False)

@@ -1,4 +1,4 @@
-"""Scripted membership timelines for the driver state machine (cloud_elastic.driver.job).
+"""Scripted membership timelines for the driver state machine (cloud_elastic.driver.job.elastic_job).
 
 :class:`Sim` plays the driver runtime around one :class:`ElasticJob` on a fake
 clock: it carries out nothing, but records the queued actions and lets tests
@@ -11,13 +11,13 @@ import random
 
 import pytest
 
-from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
-from cloud_elastic.driver.job import (
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job.elastic_job import (
     Assignment, ElasticJob, ExitOrder, Finish, Launch, Phase, Policy, Release, Stop, WorkerState,
 )
-from cloud_elastic.driver.launch import ExitStatus
+from cloud_elastic.driver.launch.api import ExitStatus
 from cloud_elastic.events import validate
-from cloud_elastic.driver.planner import RankInfo
+from cloud_elastic.driver.job.ranks import RankInfo
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 pytestmark = pytest.mark.timeout(10)

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from cloud_elastic.driver.hosts import Blacklist, HostManager, Slot
-from cloud_elastic.driver.job import ElasticJob, Launch, Phase, Policy
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job.elastic_job import ElasticJob, Launch, Phase, Policy
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.protocol import AdoptRequest, PollReply, RankInfo
 from cloud_elastic.providers.api import DiscoveredHosts
@@ -101,9 +101,9 @@ def test_an_adopted_process_that_ends_is_reported_without_a_made_up_exit_code() 
     import subprocess
     import sys
 
-    from cloud_elastic.driver.adoption import AdoptedLocalProcess
-    from cloud_elastic.driver.launch import WorkerSpec
-    from cloud_elastic.driver.local import process_start_time
+    from cloud_elastic.driver.restart.record import AdoptedLocalProcess
+    from cloud_elastic.driver.launch.api import WorkerSpec
+    from cloud_elastic.driver.launch.local import process_start_time
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     spec = WorkerSpec("127.0.0.1[0]#1", "127.0.0.1", 0, ("python",), {}, "s", "/")

@@ -1,12 +1,12 @@
-"""Capacity on its own (cloud_elastic.driver.capacity): launches, the start and --min-np waits."""
+"""Capacity on its own (cloud_elastic.driver.job.capacity): launches, the start and --min-np waits."""
 
 from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.actions import Launch, Phase
-from cloud_elastic.driver.capacity import Capacity
-from cloud_elastic.driver.hosts import Slot
+from cloud_elastic.driver.job.actions import Launch, Phase
+from cloud_elastic.driver.job.capacity import Capacity
+from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.providers.api import DiscoveredHosts
 from tests.unit.job_view import T0, FakeJob, S
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.job import Assignment
+from cloud_elastic.driver.job.elastic_job import Assignment
 from cloud_elastic.protocol import ControlPlaneError, RendezvousRequest
 from tests.unit.test_job import KILLED, Sim, failed
 

@@ -1,12 +1,12 @@
-"""Completion and the no-progress watch on their own (cloud_elastic.driver.completion)."""
+"""Completion and the no-progress watch on their own (cloud_elastic.driver.job.completion)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.actions import Phase, Stop
-from cloud_elastic.driver.completion import EARLY_RETURN_WAIT_S, STACKS_WAIT_S, Completion
-from cloud_elastic.driver.launch import ExitStatus
+from cloud_elastic.driver.job.actions import Phase, Stop
+from cloud_elastic.driver.job.completion import EARLY_RETURN_WAIT_S, STACKS_WAIT_S, Completion
+from cloud_elastic.driver.launch.api import ExitStatus
 from tests.unit.job_view import T0, FakeJob, S
 
 pytestmark = pytest.mark.timeout(30)  # the first test may import torch (conftest)

@@ -13,8 +13,8 @@ import logging
 
 import pytest
 
-from cloud_elastic.driver.hosts import Slot
-from cloud_elastic.driver.job import EARLY_RETURN_WAIT_S, WorkerState
+from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.elastic_job import EARLY_RETURN_WAIT_S, WorkerState
 from tests.unit.test_job import CLEAN, Sim, assert_round, started
 
 pytestmark = pytest.mark.timeout(10)

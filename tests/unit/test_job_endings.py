@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from cloud_elastic.driver.job import EARLY_RETURN_WAIT_S, STACKS_WAIT_S, Finish, Phase, WorkerState
+from cloud_elastic.driver.job.elastic_job import EARLY_RETURN_WAIT_S, STACKS_WAIT_S, Finish, Phase, WorkerState
 from tests.unit.test_job import CLEAN, CRASH, KILLED, PAST_FIRST_COOLDOWN_S, Sim, assert_round, failed, started
 
 pytestmark = pytest.mark.timeout(10)

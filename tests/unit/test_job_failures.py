@@ -1,12 +1,12 @@
-"""What a failure costs, on its own (cloud_elastic.driver.failures)."""
+"""What a failure costs, on its own (cloud_elastic.driver.job.failures)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.actions import Phase, Stop
-from cloud_elastic.driver.failures import Failures
-from cloud_elastic.driver.hosts import Slot
+from cloud_elastic.driver.job.actions import Phase, Stop
+from cloud_elastic.driver.job.failures import Failures
+from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.providers.api import DiscoveredHosts
 from tests.unit.job_view import T0, FakeJob, S
 

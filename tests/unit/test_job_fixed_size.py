@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.job import Finish, WorkerState
-from cloud_elastic.driver.launch import ExitStatus
+from cloud_elastic.driver.job.elastic_job import Finish, WorkerState
+from cloud_elastic.driver.launch.api import ExitStatus
 from tests.unit.test_job import CLEAN, CRASH, KILLED, Sim, assert_round, failed, started
 
 pytestmark = pytest.mark.timeout(10)
@@ -145,8 +145,8 @@ def test_a_silent_worker_of_a_fixed_size_job_fails_it_without_blacklisting() -> 
 
 # ------------------------------------------------------------ the piece alone, on a FakeJob
 def test_the_piece_alone_takes_the_job_only_from_the_first_report_and_never_after_a_commit() -> None:
-    from cloud_elastic.driver.actions import Phase
-    from cloud_elastic.driver.fixed import FixedSize
+    from cloud_elastic.driver.job.actions import Phase
+    from cloud_elastic.driver.job.fixed_size import FixedSize
     from tests.unit.job_view import FakeJob, S
 
     job = FakeJob(2)

@@ -1,12 +1,12 @@
-"""Round formation on its own (cloud_elastic.driver.formation): when a round forms, updates, rollbacks,
+"""Round formation on its own (cloud_elastic.driver.job.formation): when a round forms, updates, rollbacks,
 and the O(1) bookkeeping of arrivals."""
 
 from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.actions import Phase
-from cloud_elastic.driver.formation import RoundFormation
+from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.formation import RoundFormation
 from cloud_elastic.providers.api import DiscoveredHosts
 from tests.unit.job_view import T0, FakeJob, S
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.job import Assignment, ExitOrder, Phase, Release
-from cloud_elastic.driver.workers import IllegalTransition, WorkerState
+from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder, Phase, Release
+from cloud_elastic.driver.job.workers import IllegalTransition, WorkerState
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 from tests.unit.test_job import CLEAN, KILLED, T0, Sim, assert_round, failed, started
 

@@ -1,11 +1,11 @@
-"""driver/health.py in the job: stragglers drained without a rollback, hand drains, failed self-tests."""
+"""driver/job/health.py in the job: stragglers drained without a rollback, hand drains, failed self-tests."""
 
 from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.health import faster_without
-from cloud_elastic.driver.job import WorkerState
+from cloud_elastic.driver.job.health import faster_without
+from cloud_elastic.driver.job.elastic_job import WorkerState
 from tests.unit.test_job import CLEAN, Sim, assert_round, started
 
 pytestmark = pytest.mark.timeout(30)

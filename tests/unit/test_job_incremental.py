@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from cloud_elastic.driver.hosts import Blacklist, HostManager
-from cloud_elastic.driver.job import Assignment, ElasticJob, ExitOrder, Launch, Policy
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager
+from cloud_elastic.driver.job.elastic_job import Assignment, ElasticJob, ExitOrder, Launch, Policy
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 pytestmark = pytest.mark.timeout(10)
@@ -90,7 +90,7 @@ def test_news_names_a_waiting_worker_told_to_leave_and_not_the_others_waiting():
 def test_a_worker_silent_past_the_timeout_is_given_up_at_the_first_tick_after_it_and_not_before():
     # Ticks skip their scan of every worker while no one can have been silent for the timeout
     # (5 s); the silent worker must still be found on time, and the others, heartbeating, never.
-    from cloud_elastic.driver.job import Stop
+    from cloud_elastic.driver.job.elastic_job import Stop
 
     job = ElasticJob(Policy(4, 1, 4), HostManager(Blacklist((10, 300), random.Random(0))), job_id="t")
     job.start(T0)

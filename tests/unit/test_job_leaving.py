@@ -1,11 +1,11 @@
-"""Leaving hosts on their own (cloud_elastic.driver.leaving): notices, draining, deadlines, release."""
+"""Leaving hosts on their own (cloud_elastic.driver.job.leaving): notices, draining, deadlines, release."""
 
 from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.actions import Phase, Release, Stop
-from cloud_elastic.driver.leaving import Leavers
+from cloud_elastic.driver.job.actions import Phase, Release, Stop
+from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 from tests.unit.job_view import T0, FakeJob, S
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from cloud_elastic.driver.job import PROGRESS_EVERY_S
+from cloud_elastic.driver.job.elastic_job import PROGRESS_EVERY_S
 from tests.unit.test_job import T0, Sim, started
 
 pytestmark = pytest.mark.timeout(10)
@@ -26,7 +26,7 @@ def _progress_lines(sim: Sim, caplog: pytest.LogCaptureFixture, until: float) ->
         caplog.clear()
         sim.advance(TICK_S)
         lines += [(sim.now - T0, r.getMessage()) for r in caplog.records
-                  if r.name == "cloud_elastic.driver.job" and r.levelno == logging.INFO
+                  if r.name.startswith("cloud_elastic.driver.job") and r.levelno == logging.INFO
                   and "below --min-np" in r.getMessage()]
     return lines
 

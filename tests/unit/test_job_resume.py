@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from cloud_elastic.driver.hosts import Blacklist, HostManager
-from cloud_elastic.driver.job import Assignment, ElasticJob, Phase, Policy
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager
+from cloud_elastic.driver.job.elastic_job import Assignment, ElasticJob, Phase, Policy
 from tests.unit.test_job import KILLED, Sim, failed
 
 pytestmark = pytest.mark.timeout(10)

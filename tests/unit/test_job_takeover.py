@@ -1,12 +1,12 @@
-"""The job's side of adoption on its own (cloud_elastic.driver.takeover)."""
+"""The job's side of adoption on its own (cloud_elastic.driver.job.adoption)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.actions import Phase
-from cloud_elastic.driver.hosts import Slot
-from cloud_elastic.driver.takeover import Takeover
+from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.adoption import Takeover
 from cloud_elastic.protocol import AdoptRequest, RankInfo
 from tests.unit.job_view import T0, FakeJob, S
 

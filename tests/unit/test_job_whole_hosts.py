@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from cloud_elastic.config import JobConfig
-from cloud_elastic.driver.capacity import whole_hosts
-from cloud_elastic.driver.health import faster_without
-from cloud_elastic.driver.hosts import Slot
-from cloud_elastic.driver.job import EARLY_RETURN_WAIT_S, ExitOrder, WorkerState
-from cloud_elastic.driver.rounds import Candidate, plan_round
+from cloud_elastic.driver.job.capacity import whole_hosts
+from cloud_elastic.driver.job.health import faster_without
+from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.elastic_job import EARLY_RETURN_WAIT_S, ExitOrder, WorkerState
+from cloud_elastic.driver.job.plan import Candidate, plan_round
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.providers.api import Drain
 from tests.unit.test_job import CLEAN, KILLED, PAST_FIRST_COOLDOWN_S, Sim, assert_round

@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from cloud_elastic.driver.known_hosts import JobKnownHosts, drop_host
+from cloud_elastic.driver.launch.known_hosts import JobKnownHosts, drop_host
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -15,12 +15,12 @@ import time
 import pytest
 
 from cloud_elastic.control import Codec, new_secret
-from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.notices import TERMINATE, Notice
 from cloud_elastic.notices._polling import PollingWatcher
 from cloud_elastic.notices.api import SOURCE_GCP
-from cloud_elastic.worker.client import DriverClient
+from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.context import notice_reporter
 
 pytestmark = pytest.mark.timeout(30)

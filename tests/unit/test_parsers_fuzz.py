@@ -25,12 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cloud_elastic.control import MAX_BODY, PROTOCOL_VERSION, SIGNATURE_HEADER, Codec, new_secret
-from cloud_elastic.driver.store_server import (
+from cloud_elastic.driver.net.store_server import (
     MAGIC, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES, MAX_STORE_BYTES, PING, VALIDATE, ProtocolError,
     _command as store_command,
 )
-from cloud_elastic.worker.client import DriverClient
-from cloud_elastic.worker.store import SignedStore
+from cloud_elastic.worker.link.client import DriverClient
+from cloud_elastic.worker.rounds.signed_store import SignedStore
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,7 +43,7 @@ SECRET = new_secret()
 _STORE = """
 import logging, socket, sys
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-from cloud_elastic.driver.store_server import StoreServer
+from cloud_elastic.driver.net.store_server import StoreServer
 sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(1024)
 server = StoreServer(sock)
 print(server.port, flush=True)
@@ -55,7 +55,7 @@ import logging, sys
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 from cloud_elastic import protocol
 from cloud_elastic.control import Codec
-from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.errors import ControlPlaneError
 
 PARSERS = {"rendezvous": protocol.RendezvousRequest.from_wire, "poll": protocol.PollRequest.from_wire,

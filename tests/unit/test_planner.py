@@ -1,10 +1,10 @@
-"""Rank assignment for one round (cloud_elastic.driver.planner)."""
+"""Rank assignment for one round (cloud_elastic.driver.job.ranks)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.planner import Member, RankInfo, assign_ranks
+from cloud_elastic.driver.job.ranks import Member, RankInfo, assign_ranks
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -124,9 +124,9 @@ def test_configuring_the_provider_imports_no_client():
 
 def test_a_deleted_pods_deadline_is_enforced_by_the_driver_a_margin_before_it():
     """The provider's drain goes the way every drain goes: a member still in its round 5 s before the
-    pod's deletion timestamp is removed by force (driver/leaving.py), not left to vanish under the job."""
-    from cloud_elastic.driver.leaving import Leavers
-    from cloud_elastic.driver.actions import Phase
+    pod's deletion timestamp is removed by force (driver/job/leaving.py), not left to vanish under the job."""
+    from cloud_elastic.driver.job.leaving import Leavers
+    from cloud_elastic.driver.job.actions import Phase
     from tests.unit.job_view import T0, FakeJob, S
 
     job = FakeJob(2, min_np=1, max_np=4)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cloud_elastic.driver.remote import (
+from cloud_elastic.driver.launch.ssh_remote import (
     MODULE, Order, Watchdog, WrapperArgs, exit_code, marker_line, parse_args, parse_marker, wrapper_argv,
 )
 

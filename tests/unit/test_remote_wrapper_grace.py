@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.remote import REASON_KEEPALIVE, Order, Watchdog, _driver_grace_s
+from cloud_elastic.driver.launch.ssh_remote import REASON_KEEPALIVE, Order, Watchdog, _driver_grace_s
 
 pytestmark = pytest.mark.timeout(10)
 

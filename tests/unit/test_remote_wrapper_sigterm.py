@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from cloud_elastic.driver.remote import MODULE, parse_marker
+from cloud_elastic.driver.launch.ssh_remote import MODULE, parse_marker
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""worker/groups.py: a round's group keeps its store alive, is abandoned once, and is released off-thread.
+"""worker/rounds/groups.py: a round's group keeps its store alive, is abandoned once, and is released off-thread.
 
 NCCL cannot run here (no GPU): its abort and release logic is checked with a stand-in group that
 records what is called on it. The store's lifetime is checked for real, with a C++ holder of our
@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.worker.context import RoundInfo, WorkerContext
-from cloud_elastic.worker.groups import RoundGroup, nccl_error_handling_default, quiesce_device
-from cloud_elastic.worker.reclaim import Reaper
+from cloud_elastic.worker.rounds.groups import RoundGroup, nccl_error_handling_default, quiesce_device
+from cloud_elastic.worker.rounds.reclaim import Reaper
 from cloud_elastic.worker.settings import WorkerSettings
-from cloud_elastic.worker.store import SignedStore
+from cloud_elastic.worker.rounds.signed_store import SignedStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -158,7 +158,7 @@ def test_quiescing_a_cpu_device_returns_at_once():
 
 
 def test_a_non_blocking_nccl_initialisation_gives_up_at_the_formation_deadline_unless_the_user_says_otherwise():
-    from cloud_elastic.worker.groups import nccl_nonblocking_timeout_default
+    from cloud_elastic.worker.rounds.groups import nccl_nonblocking_timeout_default
 
     env: dict[str, str] = {}
     nccl_nonblocking_timeout_default(60.0, env)

@@ -1,10 +1,10 @@
-"""Round formation rules (cloud_elastic.driver.rounds), each alone."""
+"""Round formation rules (cloud_elastic.driver.job.plan), each alone."""
 
 from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.rounds import Candidate, RoundPlan, StateLost, plan_round
+from cloud_elastic.driver.job.plan import Candidate, RoundPlan, StateLost, plan_round
 
 
 def c(wid: str, prev: int | None = None, holds: bool = False, key: tuple = (), seq: int = 0) -> Candidate:

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
-from cloud_elastic.checkpoint.sharded import ShardedCheckpoints
+from cloud_elastic.worker.durable.sharded import ShardedCheckpoints
 from cloud_elastic.checkpoint.store import CheckpointStore
-from cloud_elastic.checkpoint.worker import DurableSettings, RankZeroCheckpoints
+from cloud_elastic.worker.durable.rank_zero import DurableSettings, RankZeroCheckpoints
 from cloud_elastic.errors import CheckpointError
 from cloud_elastic.worker import sharded
 
@@ -133,8 +133,7 @@ def test_host_0_writes_at_its_first_commit_then_every_interval_and_not_on_anothe
 def test_a_checkpoint_is_written_in_the_background_from_a_copy_made_at_its_commit(tmp_path, monkeypatch):
     import threading
 
-    from cloud_elastic.checkpoint import sharded as sharded_checkpoints
-
+    from cloud_elastic.worker.durable import sharded as sharded_checkpoints
     state, ctx = _state(), _ctx()
     durable = _checkpoints(tmp_path, ctx)
     real_save, release, writing = sharded_checkpoints._save, threading.Event(), threading.Event()
@@ -192,8 +191,7 @@ def test_with_sync_writes_the_checkpoint_is_stored_on_the_training_thread_before
                                                                                                     monkeypatch):
     import threading
 
-    from cloud_elastic.checkpoint import sharded as sharded_checkpoints
-
+    from cloud_elastic.worker.durable import sharded as sharded_checkpoints
     state, ctx = _state(), _ctx()
     real_save, threads = sharded_checkpoints._save, []
     monkeypatch.setattr(sharded_checkpoints, "_save",
@@ -253,7 +251,7 @@ def test_a_write_queued_behind_a_running_one_runs_after_it_and_the_waits_see_bot
     writer thread runs them in order, and stop_writing's wait covers the queued one too."""
     import threading
 
-    from cloud_elastic.checkpoint.sharded import _Writes
+    from cloud_elastic.worker.durable.sharded import _Writes
 
     writes, order, release = _Writes(), [], threading.Event()
     writes.put(lambda: (release.wait(30), order.append("first")))

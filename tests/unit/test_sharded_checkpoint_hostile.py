@@ -203,8 +203,8 @@ def test_over_fsspec_every_shard_file_is_digested_as_written_and_checked_before_
 
     import fsspec
 
-    from cloud_elastic.checkpoint.sharded import ShardedCheckpoints
-    from cloud_elastic.checkpoint.worker import DurableSettings
+    from cloud_elastic.worker.durable.sharded import ShardedCheckpoints
+    from cloud_elastic.worker.durable.rank_zero import DurableSettings
 
     url = f"memory://ce-{uuid.uuid4().hex}/ckpt"
     state, ctx = _state(), _ctx()

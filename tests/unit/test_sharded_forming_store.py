@@ -12,7 +12,7 @@ import torch.distributed as dist
 from cloud_elastic.protocol import PollReply
 from cloud_elastic.worker.exceptions import WorkerRemoved
 from cloud_elastic.worker.sharded import FormingStore
-from cloud_elastic.worker.store import SignedStore, host_namespace
+from cloud_elastic.worker.rounds.signed_store import SignedStore, host_namespace
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
 from cloud_elastic.config import JobConfig
-from cloud_elastic.driver.actions import Launch
-from cloud_elastic.driver.driver import Driver
-from cloud_elastic.driver.hosts import Slot
+from cloud_elastic.driver.job.actions import Launch
+from cloud_elastic.driver.runtime.driver import Driver
+from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.providers.static import StaticHosts
 from cloud_elastic.worker import sharded

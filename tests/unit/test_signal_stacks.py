@@ -1,11 +1,11 @@
-"""driver/signal_stacks.py: a signalled worker's faulthandler lines are told apart from its other output."""
+"""driver/runtime/signal_stacks.py: a signalled worker's faulthandler lines are told apart from its other output."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from cloud_elastic.driver.signal_stacks import MAX_TEXT, SignalStacks
+from cloud_elastic.driver.runtime.signal_stacks import MAX_TEXT, SignalStacks
 
 _DUMP = """
 import faulthandler, sys, threading, time

@@ -1,5 +1,5 @@
 """SIGTERM inside ``elastic.run`` (worker/termination.py) in real processes, and the driver's answer to it
-(driver/handlers.py, on a Driver that was never started)."""
+(driver/runtime/control_plane.py, on a Driver that was never started)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from cloud_elastic.driver.workers import WorkerState
+from cloud_elastic.driver.job.workers import WorkerState
 from tests.unit.test_driver_rooms import driver
 
 pytestmark = pytest.mark.timeout(60)

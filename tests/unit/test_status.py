@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cloud_elastic.control import Codec, new_secret
-from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.errors import CloudElasticError, ConfigError, ControlPlaneError
 from cloud_elastic.status import (
     BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus, job_dir, list_jobs, query_status,

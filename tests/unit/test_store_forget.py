@@ -21,7 +21,7 @@ SECRET = "s" * 64
 
 _SERVE = """
 import socket, sys
-from cloud_elastic.driver.store_server import StoreServer
+from cloud_elastic.driver.net.store_server import StoreServer
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 sock.listen(64)

@@ -1,4 +1,4 @@
-"""The driver's rendezvous store (cloud_elastic.driver.store_server) answers torch's own TCPStore client.
+"""The driver's rendezvous store (cloud_elastic.driver.net.store_server) answers torch's own TCPStore client.
 
 The server runs in its own process, as in the driver: some of torch's client calls
 (``queue_len``) hold the GIL while they wait for the answer, so a server thread in
@@ -19,14 +19,14 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from cloud_elastic.driver.store_server import MAGIC
+from cloud_elastic.driver.net.store_server import MAGIC
 
 pytestmark = pytest.mark.timeout(60)
 
 _SERVE = """
 import logging, socket, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-from cloud_elastic.driver.store_server import StoreServer
+from cloud_elastic.driver.net.store_server import StoreServer
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 sock.listen(64)

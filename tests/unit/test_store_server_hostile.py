@@ -1,6 +1,6 @@
 """The driver's rendezvous store against strangers (issue 44 #3, #4): torch's store protocol has no
 authentication, so the store bounds what any client can take. Real sockets, the server in a child
-process as in the driver, its default bounds (cloud_elastic.driver.store_server's docstring).
+process as in the driver, its default bounds (cloud_elastic.driver.net.store_server's docstring).
 
 * a connection that does not validate is closed after VALIDATE_TIMEOUT_S; connections per address
   are capped, and all of them at a quarter of the process's descriptor limit, so the process
@@ -23,7 +23,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from cloud_elastic.driver.store_server import (
+from cloud_elastic.driver.net.store_server import (
     GET, MAGIC, MAX_PAYLOAD_BYTES, MAX_PEER_CONNECTIONS, MAX_STORE_BYTES, MULTI_SET, PING, SET, VALIDATE,
     VALIDATE_TIMEOUT_S,
 )
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(120)
 _SERVE = """
 import logging, os, resource, socket, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-from cloud_elastic.driver.store_server import StoreServer
+from cloud_elastic.driver.net.store_server import StoreServer
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 sock.listen(1024)

@@ -1,4 +1,4 @@
-"""Held control-plane requests are answered on their own news only (cloud_elastic.driver.waiters).
+"""Held control-plane requests are answered on their own news only (cloud_elastic.driver.runtime.condition).
 
 Each held request gets a check that counts how often it is asked: a wake-up
 nobody needed shows as an extra count. The last test goes through the real
@@ -12,12 +12,12 @@ import threading
 import pytest
 
 from cloud_elastic.control import Codec, new_secret
-from cloud_elastic.driver.job import Assignment, ExitOrder
-from cloud_elastic.driver.server import ControlServer
-from cloud_elastic.driver.waiters import MAX_WAKE_PASSES, JobCondition
+from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder
+from cloud_elastic.driver.net.control_server import ControlServer
+from cloud_elastic.driver.runtime.condition import MAX_WAKE_PASSES, JobCondition
 from cloud_elastic.protocol import PollReply, PollRequest
 from cloud_elastic.providers.api import Drain
-from cloud_elastic.worker.client import DriverClient
+from cloud_elastic.worker.link.client import DriverClient
 from tests.unit.test_job_incremental import T0, arrive, job_on
 
 pytestmark = pytest.mark.timeout(20)

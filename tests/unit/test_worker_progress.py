@@ -1,4 +1,4 @@
-"""worker/progress.py and worker/selftest.py: what a worker tells the driver about its own health."""
+"""worker/link/progress.py and worker/selftest.py: what a worker tells the driver about its own health."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from cloud_elastic.worker.progress import RECENT_STEPS, Progress, format_stacks
+from cloud_elastic.worker.link.progress import RECENT_STEPS, Progress, format_stacks
 from cloud_elastic.worker.selftest import check_device, device_for_slot
 
 pytestmark = pytest.mark.timeout(30)

@@ -1,5 +1,5 @@
-"""The worker context's rooms on their own: the round's group and its waits (worker/groups.py) and the
-heartbeat link to the driver (worker/link.py), each on a bare object that has only what the room uses."""
+"""The worker context's rooms on their own: the round's group and its waits (worker/rounds/groups.py) and the
+heartbeat link to the driver (worker/link/driver_link.py), each on a bare object that has only what the room uses."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from cloud_elastic.control import Codec, new_secret
-from cloud_elastic.driver.server import ControlServer
+from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.protocol import PollReply
 from cloud_elastic.worker.exceptions import CollectiveError
-from cloud_elastic.worker.groups import RoundGroup, RoundGroupsMixin, RoundInfo
-from cloud_elastic.worker.link import DriverLinkMixin
-from cloud_elastic.worker.progress import Progress
-from cloud_elastic.worker.window import CommitWindow
+from cloud_elastic.worker.rounds.groups import RoundGroup, RoundGroupsMixin, RoundInfo
+from cloud_elastic.worker.link.driver_link import DriverLinkMixin
+from cloud_elastic.worker.link.progress import Progress
+from cloud_elastic.worker.commit.window import CommitWindow
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""worker/statecodec.py: what sync() receives can build values, never run code."""
+"""worker/comm/statecodec.py: what sync() receives can build values, never run code."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from cloud_elastic.errors import CloudElasticError
-from cloud_elastic.worker import statecodec
-
+from cloud_elastic.worker.comm import statecodec
 pytestmark = pytest.mark.timeout(30)
 
 

@@ -1,4 +1,4 @@
-"""worker/store.py: a stranger who reaches the rendezvous store cannot plant or replay what a round reads."""
+"""worker/rounds/signed_store.py: a stranger who reaches the rendezvous store cannot plant or replay what a round reads."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from cloud_elastic.worker.store import SignedStore, StoreTamperedError, round_namespace
+from cloud_elastic.worker.rounds.signed_store import SignedStore, StoreTamperedError, round_namespace
 
 pytestmark = pytest.mark.timeout(30)
 

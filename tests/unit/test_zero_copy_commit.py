@@ -1,4 +1,4 @@
-"""Zero-copy commits (worker/zerocopy.py): SGD's update after a commit runs out of place.
+"""Zero-copy commits (worker/optim/zerocopy.py): SGD's update after a commit runs out of place.
 
 What a user relies on: training gives bitwise the same numbers as
 ``torch.optim.SGD``, and ``restore()`` returns exactly to the last commit,

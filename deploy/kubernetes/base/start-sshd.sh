@@ -99,7 +99,7 @@ rm -f "$DIR/ready"
 SSHD_PID=$!
 
 # The remote wrapper of each worker the driver started through this sshd: a
-# cloud_elastic.driver.remote process whose SSH connection came in at this address and port. (In a
+# cloud_elastic.driver.launch.ssh_remote process whose SSH connection came in at this address and port. (In a
 # pod every process is the pod's; the address and port tell apart two of these scripts that share
 # a machine, as in the tests.)
 if [ "$LISTEN" = 0.0.0.0 ]; then SERVER='[^ ]*'; else SERVER=$(printf '%s' "$LISTEN" | sed 's/[.]/[.]/g'); fi

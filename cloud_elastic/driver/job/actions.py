@@ -1,0 +1,94 @@
+"""What the elastic job asks of its runtime, and the numbers that steer it.
+
+:class:`~.job.ElasticJob` decides and the runtime (:mod:`.driver`) carries out:
+the job queues :data:`Action` values (:class:`Launch`, :class:`Stop`,
+:class:`Release`, :class:`Finish`) and the driver's loop takes them. All are
+frozen dataclasses; :class:`Policy` is the job's configuration, fixed for its
+life; :class:`Phase` is where the job as a whole stands. Nothing here does
+anything: these are the words the job and the driver share.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+from cloud_elastic.driver.job.hosts import Slot
+
+__all__ = ["Policy", "Phase", "Launch", "Stop", "Release", "Finish", "Action"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The numbers that steer the job (from :class:`~cloud_elastic.config.JobConfig`)."""
+
+    num_proc: int
+    min_np: int
+    max_np: int
+    reset_limit: int | None = None
+    elastic_timeout_s: float = 600.0
+    start_timeout_s: float = 600.0
+    heartbeat_timeout_s: float = 5.0
+    completion_grace_s: float = 30.0
+    #: A durable checkpoint can bring the state back when no worker holds it.
+    checkpointing: bool = False
+    #: A draining host's workers still in their round this long before its deadline are removed by force.
+    deadline_margin_s: float = 5.0
+    #: A round in which no member makes progress this long is aborted (``--progress-timeout``; 0: never).
+    progress_timeout_s: float = 120.0
+    #: A member whose compute time per step stays this many times the round's median for ``straggler_window_s``
+    #: is drained (``--straggler-factor``; 0: never).
+    straggler_factor: float = 2.0
+    straggler_window_s: float = 60.0
+    #: ``--whole-hosts``: each host's this many slots start, join rounds and leave together (0: off).
+    whole_host_slots: int = 0
+    #: ``--restarts``: a fixed-size job (a script without ``hvd.elastic.run``) starts again after a failure
+    #: up to this many times (see :mod:`.fixed`).
+    restarts: int = 0
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"  # waiting for -np slots / the first round
+    RUNNING = "running"
+    FINISHING = "finishing"  # a worker's training function returned
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start a worker with this id on this slot."""
+
+    slot: Slot
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop a worker's process group (``immediate`` = KILL at once; ``stacks``: ask the process for its
+    Python stacks by signal first, a second before the KILL: it is being given up as stuck or silent)."""
+
+    worker_id: str
+    reason: str
+    immediate: bool = False
+    stacks: bool = False
+
+
+@dataclass(frozen=True)
+class Release:
+    """The job no longer needs draining ``host``: let the cloud take it (``HostDiscovery.release``)."""
+
+    host: str
+    instance: str | None
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The job is over: stop everything and exit with ``exit_code``."""
+
+    success: bool
+    reason: str
+    exit_code: int
+
+
+Action = Union[Launch, Stop, Release, Finish]

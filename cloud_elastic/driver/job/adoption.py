@@ -1,0 +1,117 @@
+"""A restarted driver taking over its predecessor's running workers: the job's side of adoption.
+
+The runtime side (the predecessor's record, its ports and secret, the window's
+deadline) is in :mod:`.restart`; this piece decides what the job makes of the
+workers that come back:
+
+* :meth:`Takeover.begin`: the window opens; worker ids go on from the
+  predecessor's highest sequence number, so none is ever reused;
+* :meth:`Takeover.adopt`: a worker is taken over where it stands, keeping its
+  round, rank and process group (nothing forms, nothing rolls back); the job's
+  round, update generation and aborted round continue from the highest any
+  adopted worker has seen, so every later round number (and store namespace)
+  is new to them. Idempotent for a worker already adopted;
+* :meth:`Takeover.end`: the window closes. When the adopted members form their
+  round completely, the job goes on in it (zero steps lost); otherwise the
+  round is aborted and the normal failure path applies (survivors roll back, a
+  new round forms, from the latest checkpoint if no state holder came back).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.protocol import AdoptRequest, RankInfo
+
+__all__ = ["Takeover"]
+
+#: A piece of the job logs as the job (its records keep the name they had before the job was split).
+log = logging.getLogger(__name__)
+
+S = WorkerState
+_MEMBER = (S.RUNNING, S.DRAINING)
+
+
+class Takeover:
+    """The adoption window of one restarted job (see module docstring)."""
+
+    def __init__(self, job: JobView, seen_seq: Callable[[int], None],
+                 adopt_round: Callable[[dict[str, RankInfo], int, float], None]) -> None:
+        """``seen_seq(seq)``: a worker numbered ``seq`` exists; ``adopt_round(ranks, update_gen, now)``: the job
+        goes on in the current round with these ranks from ``now``."""
+        self._job = job
+        self._seen_seq = seen_seq
+        self._adopt_round = adopt_round
+        #: The window is open: workers of the predecessor may re-register.
+        self.open = False
+        self._adopted: dict[int, dict[str, tuple[RankInfo, int]]] = {}  # round -> id -> (ranks, gen)
+
+    def begin(self, last_seq: int) -> None:
+        """Open the window; ``last_seq`` is the highest worker sequence number the predecessor used."""
+        self.open = True
+        self._seen_seq(last_seq)
+
+    def adopt(self, worker_id: str, slot: Slot, seq: int, request: AdoptRequest, now: float) -> str | None:
+        """Take over a running worker of the predecessor where it stands; None when adopted, else why not."""
+        job = self._job
+        w = job.workers.get(worker_id)
+        if w is not None:
+            return None if w.alive else f"worker {worker_id} was already given up"
+        if not self.open:
+            return "the adoption window of the restarted driver has closed"
+        self._seen_seq(seq)
+        w = WorkerRecord(worker_id, slot, seq, launched_at=now, last_seen=job.running(now), commits=request.commits,
+                         commit_seq=request.commit_seq)
+        job.commit_high = max(job.commit_high, request.commit_seq)
+        if request.round and request.ranks is not None:
+            w.state, w.round, w.rank = S.RUNNING, request.round, request.ranks.rank
+            self._adopted.setdefault(request.round, {})[worker_id] = (request.ranks, request.update_gen)
+        else:
+            w.state = S.CONNECTED
+        job.workers[worker_id] = w
+        job.update_gen = max(job.update_gen, request.seen_update)
+        job.abort_round = max(job.abort_round, request.seen_abort)
+        job.round = max(job.round, request.round)
+        if w.holds_state:
+            job.state_committed = True
+        log.info("job %s: adopted worker %s (%s) of round %d at commit %d", job.job_id, worker_id, w.label,
+                 request.round, request.commit_seq or request.commits)
+        job.emit("worker_adopted", worker=worker_id, host=slot.host, slot=slot.index, round=request.round,
+                 rank=w.rank, commit_step=request.commit_seq or None)
+        return None
+
+    def end(self, now: float, missing: dict[str, str]) -> None:
+        """Close the window; ``missing`` (worker id -> what became of it) did not come back."""
+        job = self._job
+        self.open = False
+        members = self._adopted.get(job.round, {})
+        job.emit("adoption_done", round=job.round, adopted=len(members), missing=sorted(missing))
+        if not members:
+            return
+        job.phase = Phase.RUNNING
+        ranks = {wid: ranks for wid, (ranks, _gen) in members.items()}
+        self._adopt_round(ranks, max(gen for _ranks, gen in members.values()), now)
+        sizes = {r.size for r in ranks.values()}
+        complete = len(sizes) == 1 and sorted(r.rank for r in ranks.values()) == list(range(sizes.pop()))
+        # Workers the predecessor had launched that never joined a round are newcomers: they are
+        # admitted at a commit like any other, and one that did not come back is simply replaced.
+        # Only a member of an older round (its group cannot go on) or a missing member of this
+        # one makes the adopted round unusable.
+        stragglers = [w.worker_id for w in job.alive()
+                      if w.worker_id not in members and w.state in _MEMBER and w.round != job.round]
+        what = "; ".join(f"{wid} {why}" for wid, why in sorted(missing.items()))
+        log.warning("job %s: adopted %d running worker(s) of round %d%s", job.job_id, len(members), job.round,
+                    f"; not back: {what}" if what else "")
+        if not complete:
+            job.last_failure = (f"round {job.round} is incomplete after the driver restart"
+                                + (f" (not back: {what})" if what else ""))
+            job.abort()
+        elif stragglers:
+            job.last_failure = (f"worker(s) {', '.join(sorted(stragglers))} came back in a round older than "
+                                f"{job.round}")
+            job.abort()

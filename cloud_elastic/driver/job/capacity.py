@@ -1,0 +1,145 @@
+"""Capacity: which slots get a new worker, and how long the job may wait for enough of them.
+
+:class:`Capacity` decides, for the job:
+
+* launches (:meth:`Capacity.plan_launches`): up to ``max_np`` staying workers,
+  on the free usable slots in host order (a slot whose last worker was given
+  up stays taken until its process is gone). At start-up nothing launches
+  until ``num_proc`` slots are free; past ``start_timeout_s`` the job fails
+  naming the slots it found (or discovery's last error, when it never answered);
+* with ``--whole-hosts``, launches fill whole hosts only: a host gets its
+  ``whole_host_slots`` workers at once when every one of those slots is free
+  and usable, and only while the job has room for all of them;
+* the ``min_np`` watch (:meth:`Capacity.check`): below ``min_np`` workers for
+  ``elastic_timeout_s`` the job fails. Outside start-up a worker counts only once
+  it reached rendezvous, so a slot that crashes on every launch does not restart
+  the timeout each time.
+
+Worker ids are ``host[slot]#seq`` with ``seq`` never reused, an adopted
+predecessor's included (:meth:`Capacity.seen`). A long wait prints a progress
+line every :data:`PROGRESS_EVERY_S` saying how long it has lasted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cloud_elastic.driver.job.actions import Launch, Phase
+from cloud_elastic.driver.job.plan import whole_host_groups
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+
+__all__ = ["Capacity", "PROGRESS_EVERY_S", "whole_hosts"]
+
+#: A piece of the job logs as the job (its records keep the name they had before the job was split).
+log = logging.getLogger(__name__)
+
+S = WorkerState
+
+#: How often a long wait (slots for -np, below --min-np) prints a progress line.
+PROGRESS_EVERY_S = 15.0
+
+
+class Capacity:
+    """Launch planning and the ``min_np`` watch of one job (see module docstring)."""
+
+    def __init__(self, job: JobView) -> None:
+        self._job = job
+        #: The highest worker sequence number used (ids are never reused).
+        self.seq = 0
+        #: When the driver started (``ElasticJob.start``): the start timeout counts from it.
+        self.started_at: float | None = None
+        self._below_min_since: float | None = None
+        self._waits: dict[str, tuple[float, float]] = {}  # progress lines: key -> (since, last)
+
+    def seen(self, seq: int) -> None:
+        """A worker numbered ``seq`` exists (adopted from a predecessor): later ids follow it."""
+        self.seq = max(self.seq, seq)
+
+    def plan_launches(self, now: float) -> None:
+        """Queue a :class:`Launch` for each free slot the job may fill now."""
+        job = self._job
+        starting = job.phase is Phase.STARTING and not job.workers
+        room = job.policy.max_np - len(job.active())
+        if room <= 0 and not starting:
+            return  # a full job need not look for free slots (a scan of every slot of the group)
+        # A worker given up (LOST) may still be running on its GPU until its process is gone.
+        occupied = {(w.slot.host, w.slot.index) for w in job.workers.values() if w.state is not S.EXITED}
+        free = [s for s in job.hosts.available_slots(now) if (s.host, s.index) not in occupied]
+        if job.policy.whole_host_slots:
+            free = whole_hosts(free, job.policy.whole_host_slots)
+            room -= room % job.policy.whole_host_slots
+        if starting:
+            if len(free) < job.policy.num_proc:
+                self._too_few_to_start(now, len(free))
+                return
+        for slot in free[: max(room, 0)]:
+            self.seq += 1
+            worker_id = f"{slot.host}[{slot.index}]#{self.seq}"
+            job.workers[worker_id] = WorkerRecord(worker_id, slot, self.seq, launched_at=now,
+                                                  last_seen=job.running(now))
+            job.forget_alive()
+            job.act(Launch(slot, worker_id))
+            job.emit("worker_started", worker=worker_id, host=slot.host, slot=slot.index)
+
+    def _too_few_to_start(self, now: float, free: int) -> None:
+        job, policy = self._job, self._job.policy
+        self._progress(now, "start", f"waiting for -np {policy.num_proc} slot(s): {free} available")
+        if self.started_at is not None and now - self.started_at > policy.start_timeout_s:
+            if not job.discovered_once and job.last_discovery_error:
+                why = f"host discovery kept failing for {policy.start_timeout_s:g}s (--start-timeout): "
+                job.end(False, why + job.last_discovery_error, 1)
+                return
+            job.end(False, f"only {free} slot(s) available after {policy.start_timeout_s:g}s; "
+                           f"-np {policy.num_proc} needed to start", 1)
+
+    def check(self, now: float) -> None:
+        """Fail the job after ``elastic_timeout_s`` below ``min_np`` workers."""
+        job, policy = self._job, self._job.policy
+        if job.phase is Phase.STARTING and job.round == 0 and not job.workers:
+            return
+        # Outside start-up a worker counts once it reaches rendezvous: a slot that
+        # crashes on every launch must not restart the elastic timeout each time.
+        if job.phase is Phase.STARTING:
+            counted = len(job.active())
+        else:
+            counted = 0
+            for w in job.alive():  # a count, not a list: this runs over every worker each step
+                if w.state is S.WAITING or w.state is S.RUNNING:
+                    counted += 1
+        if counted >= policy.min_np:
+            self._below_min_since = None
+            self._waits.pop("min_np", None)
+            return
+        if self._below_min_since is None:
+            self._below_min_since = now
+            log.warning(
+                "job %s: %d worker(s) available, below --min-np %d; waiting up to %gs for more",
+                job.job_id, len(job.active()), policy.min_np, policy.elastic_timeout_s,
+            )
+        else:
+            self._progress(now, "min_np", f"below --min-np {policy.min_np}: {counted} worker(s) ready, "
+                                          f"{len(job.active()) - counted} starting")
+        if now - self._below_min_since > policy.elastic_timeout_s:
+            last = f"; last failure: {job.last_failure}" if job.last_failure else ""
+            job.end(
+                False,
+                f"fewer than --min-np {policy.min_np} worker(s) for {policy.elastic_timeout_s:g}s "
+                f"(elastic timeout){last}",
+                1,
+            )
+
+    def _progress(self, now: float, key: str, what: str) -> None:
+        """A progress line for a long wait, every PROGRESS_EVERY_S, saying how long it has lasted."""
+        since, last = self._waits.get(key, (now, now))
+        if key not in self._waits:
+            self._waits[key] = (now, now)
+        elif now - last >= PROGRESS_EVERY_S:
+            self._waits[key] = (since, now)
+            log.info("job %s: %s (waiting for %.0fs)", self._job.job_id, what, now - since)
+
+
+
+def whole_hosts(free: list, slots: int) -> list:
+    """The slots of ``free`` on hosts whose slots ``0..slots-1`` are all in it, host by host, in ``free``'s order."""
+    return [slot for host in whole_host_groups(free, slots, lambda s: (s.host, s.index)) for slot in host]

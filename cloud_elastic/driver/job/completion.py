@@ -1,0 +1,345 @@
+"""How a job completes, and the backstop for a round that makes no progress.
+
+:class:`Completion` decides, for the job:
+
+* **completion** (:meth:`~Completion.completed`): it is rank 0's to decide (it
+  holds the state). Rank 0 returning from its training function starts the
+  job's completion (``done``), and so does any worker returning once that has
+  started. Another member returning while rank 0 still trains is *parked*
+  (``wait``) until rank 0 returns too, normally milliseconds later;
+* **early returns** (:meth:`~Completion.check_early_returns`): a parked member
+  whose rank 0 has waited :data:`EARLY_RETURN_WAIT_S` in a collective returned
+  early (that collective needs it, and it will never join): it is told to leave
+  and the round is aborted, so the others roll back and continue. Its slot backs
+  off like a failed one (the blacklist's exponential cooldown): a newcomer there
+  would run the same short loop, and refilling it at once made a restart loop
+  that cost rank 0 two resets per newcomer. The likely cause is explained once
+  per job; later early returns get one line each;
+* **the end** (:meth:`~Completion.step_finishing`): once every worker has gone,
+  or ``completion_grace_s`` after completion began, the job succeeds, unless a
+  worker failed after completing or rank 0 could not write its final checkpoint;
+* **the no-progress watch** (:meth:`~Completion.check_progress`): a round none
+  of whose members made progress for ``progress_timeout_s`` is aborted, and a
+  member still in an aborted round one more timeout later is given up. Either
+  way the members concerned are asked for their stacks first, and get
+  :data:`STACKS_WAIT_S` to send them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from cloud_elastic.driver.job.actions import Phase, Stop
+from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.launch.api import ExitStatus, signal_name
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+
+__all__ = ["Completion", "EARLY_RETURN_WAIT_S", "STACKS_WAIT_S"]
+
+#: A piece of the job logs as the job (its records keep the name they had before the job was split).
+log = logging.getLogger(__name__)
+
+S = WorkerState
+_MEMBER = (S.RUNNING, S.DRAINING)
+
+#: A member whose training function returned is found to have returned early once rank 0 has waited
+#: this long in a collective (that member will never join it).
+EARLY_RETURN_WAIT_S = 5.0
+#: How long a stuck round's members get to send their stacks before the driver acts without them.
+STACKS_WAIT_S = 5.0
+
+
+@dataclass
+class _Stall:
+    """A stuck round found by the no-progress watch, waiting for its members' stacks before the driver acts."""
+
+    kind: str  # "stalled": nobody made progress; "not_back": members did not come back after an abort
+    round: int
+    workers: list[str]
+    asked_at: float  # running time
+    idle_s: float
+
+
+class Completion:
+    """Completion and the no-progress watch of one job (see module docstring)."""
+
+    def __init__(self, job: JobView, rank0: Callable[[], WorkerRecord | None],
+                 take_host_along: Callable[[WorkerRecord], None] = lambda w: None) -> None:
+        """``rank0()`` is rank 0 of the current round while it is still training in it, else None;
+        ``take_host_along(w)``: under ``--whole-hosts``, ``w``'s host-mates leave with it (see :mod:`.leaving`)."""
+        self._job = job
+        self._rank0 = rank0
+        self._take_host_along = take_host_along
+        #: The latest stacks request (a worker is asked by giving it this number; see worker.progress).
+        self.stacks_gen = 0
+        #: Workers that exited after completing.
+        self.exited = 0
+        self._finishing_since: float | None = None
+        #: Members whose training function returned before rank 0's -> when they did (running time).
+        self._parked: dict[str, float] = {}
+        #: Why the job cannot succeed although rank 0 completed (a worker failed after completing, the final
+        #: checkpoint was not written).
+        self._failures: list[str] = []
+        self._round_progress_at = 0.0  # running time of the last progress of a member of the current round
+        self._abort_seen_at: float | None = None  # running time the abort of the current round was first seen
+        self._stall: _Stall | None = None
+        self._explained = False  # the likely cause of an early return was logged (once per job)
+
+    # ------------------------------------------------------------- completion
+    def completed(self, worker_id: str, now: float, *, commit_seq: int | None = None, steps: int | None = None,
+                  error: str | None = None) -> tuple[str, str]:
+        """A worker reports that its training function returned; answers ``(decision, reason)``.
+
+        ``error`` (rank 0 could not write the final durable checkpoint) makes the
+        job fail once it has completed.
+        """
+        job = self._job
+        w = job.workers.get(worker_id)
+        if w is None or not w.alive:
+            return "leave", "this worker was already given up"
+        w.last_seen = job.running(now)
+        job.note_commits(w, None, commit_seq)
+        if steps is not None and steps > w.steps:
+            w.steps = steps
+        if error:
+            self._failures.append(f"worker {worker_id} ({w.label}): {error}")
+            log.error("job %s: worker %s (%s): %s", job.job_id, worker_id, w.label, error)
+        decision = self.reply(worker_id)
+        if decision is not None:
+            return decision
+        if w.state not in (S.RUNNING, S.DRAINING):
+            log.warning("job %s: worker %s reported completion while %s; ignored", job.job_id, worker_id, w.state.value)
+            return "done", ""
+        rank0 = self._rank0()
+        if job.phase in (Phase.FINISHING, Phase.DONE) or rank0 is None or rank0 is w:
+            self._complete(w, now)
+            return "done", ""
+        if not w.returned:
+            w.returned = True
+            self._parked[worker_id] = w.last_seen
+            log.info("job %s: rank %s (%s) returned from its training function at commit %d; waiting for rank 0 "
+                     "to return too", job.job_id, w.rank, worker_id, w.commit_seq)
+        return "wait", ""
+
+    def reply(self, worker_id: str) -> tuple[str, str] | None:
+        """What a worker whose training function returned is told now; None while it must wait for rank 0."""
+        w = self._job.workers.get(worker_id)
+        if w is None or not w.alive:
+            return "leave", "this worker was given up" if w is not None else "unknown worker"
+        if w.state is S.COMPLETED:
+            return "done", ""
+        if w.state is S.EXITING:
+            return "leave", w.why or "told to exit"
+        return None  # still training, or parked until rank 0 returns
+
+    def _complete(self, w: WorkerRecord, now: float) -> None:
+        """``w`` finished its training function and the job is completing: so did every parked member."""
+        job = self._job
+        w.to(S.COMPLETED)
+        if job.phase in (Phase.STARTING, Phase.RUNNING):
+            log.info("job %s: rank %s (%s) finished training; round %d is completing", job.job_id, w.rank,
+                     w.worker_id, job.round)
+            job.phase = Phase.FINISHING
+            self._finishing_since = now
+        for worker_id in sorted(self._parked):
+            parked = job.workers[worker_id]
+            if parked.alive and parked.state in _MEMBER:
+                parked.to(S.COMPLETED)
+        self._parked.clear()
+        job.tick(now)
+
+    def exited_after_completing(self, w: WorkerRecord, status: ExitStatus) -> None:
+        """``w``'s process ended after its training function returned: a failure only if it says so."""
+        job = self._job
+        self.exited += 1
+        if status.code != 0 and status.known or status.transport_error:
+            what = (f"worker {w.worker_id} ({w.label}) {status.describe} after its training function returned "
+                    f"(commit {w.commit_seq}, {w.steps} optimizer step(s))")
+            self._failures.append(what)
+            log.error("job %s: %s", job.job_id, what)
+            job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
+                     reason=f"{status.describe} after its training function returned",
+                     exit_code=status.code if status.code >= 0 else None, blacklisted_s=None,
+                     **({"signal": signal_name(-status.code)} if status.code < 0 else {}))
+        elif not status.known:
+            log.warning("job %s: worker %s (adopted) ended after completing; its exit code is unknown to this "
+                        "driver", job.job_id, w.worker_id)
+        else:
+            log.debug("job %s: worker %s exited after completing", job.job_id, w.worker_id)
+
+    def step_finishing(self, now: float) -> None:
+        """The job is completing: end it once every worker has gone or the completion grace is over."""
+        job = self._job
+        for w in job.alive():
+            if w.state is S.STARTING:
+                # It never registered, so it had no part in the result and cannot be told to exit:
+                # stop it now rather than wait out the completion grace for it.
+                w.to(S.EXITING, "the job completed before it joined")
+                job.act(Stop(w.worker_id, "the job completed before it joined"))
+        if job.alive() and (self._finishing_since is None
+                            or now - self._finishing_since <= job.policy.completion_grace_s):
+            return
+        for w in job.alive():
+            if w.state is not S.EXITING:
+                w.to(S.EXITING, "job completed; worker did not exit in time")
+            job.act(Stop(w.worker_id, "job completed; worker did not exit in time"))
+        failures = self._failures
+        if failures:
+            more = f" (and {len(failures) - 1} more failure(s), above)" if len(failures) > 1 else ""
+            job.end(False, f"rank 0 finished training, but {failures[0]}{more}", 1)
+            return
+        job.end(True, f"training completed on {job.completed_workers} worker(s) after {job.resets} reset(s)", 0)
+
+    def check_early_returns(self, now: float) -> None:
+        """Parked members whose rank 0 is still training leave the round; their peers go on without them.
+
+        Rank 0 waiting in a collective for EARLY_RETURN_WAIT_S means it is still
+        training: that collective needs the parked members, who will never join it
+        (a loop or a sampler sized for another world size, typically). They are
+        told to leave, their slots back off (:meth:`_back_off`), and the round is
+        aborted, which frees rank 0 from the collective. A parked member whose
+        rank 0 failed cannot rejoin either, and leaves too (its slot is not to blame).
+        """
+        job = self._job
+        if not self._parked or job.phase is not Phase.RUNNING:
+            return
+        rank0 = self._rank0()
+        if rank0 is not None and job.abort_round < job.round:
+            # Only a wait reported after the last member parked counts: an older report may be of a
+            # collective that the parked members did join.
+            if rank0.waiting_s < EARLY_RETURN_WAIT_S or rank0.waiting_at <= max(self._parked.values()):
+                return
+        backed_off: dict[Slot, float] = {}  # slots backed off in this call: one host's early returns count once
+        for worker_id in sorted(self._parked):
+            w = job.workers[worker_id]
+            if not w.alive or w.state not in _MEMBER:
+                continue
+            if rank0 is None or job.abort_round >= job.round:
+                why = "its round ended before rank 0 finished training; it cannot rejoin after returning"
+                log.warning("job %s: worker %s (%s) %s; it leaves the job and the others continue", job.job_id,
+                            worker_id, w.label, why)
+            else:
+                why = (f"returned from its training function at commit {w.commit_seq} ({w.steps} optimizer step(s)) "
+                       f"while rank 0 ({rank0.worker_id}) was still training (at commit {rank0.commit_seq}, "
+                       f"{rank0.steps} step(s))")
+                w.returned_early = True  # its worker_left event says so when its process ends
+                w.cooldown_s = self._back_off(w, now, backed_off)
+                self._explain(w, why)
+            w.to(S.EXITING, why)
+            self._take_host_along(w)
+        self._parked.clear()
+        job.forget_alive()
+        if job.abort_round < job.round:
+            job.last_failure = "a member returned from its training function while rank 0 was still training"
+            job.abort()
+
+    def _back_off(self, w: WorkerRecord, now: float, done: dict[Slot, float]) -> float:
+        """``w`` returned early: its slot (its host's, under ``--whole-hosts``) cools down as after a failure.
+
+        The blacklist's own back-off, not a second one: the n-th early return (or
+        failure) of a slot keeps new workers off it for ``lo * 2**(n-1)`` seconds
+        within ``--blacklist-cooldown-range``. Returns that wait. ``done``: the slots already backed
+        off at ``now`` and their waits (several host-mates returning early together count once).
+        """
+        blacklist = self._job.hosts.blacklist
+        slots = [w.slot]
+        if self._job.policy.whole_host_slots:
+            slots = [Slot(w.slot.host, i) for i in range(self._job.policy.whole_host_slots)]
+        for slot in slots:
+            if slot not in done:
+                done[slot] = blacklist.record_failure(slot, now)
+        return max(done[slot] for slot in slots)
+
+    def _explain(self, w: WorkerRecord, why: str) -> None:
+        """Log ``w``'s early return: the likely cause the first time in the job, one line after that."""
+        job = self._job
+        where = f"host {w.slot.host}" if job.policy.whole_host_slots else f"slot {w.slot}"
+        wait = (f"a new worker starts on {where} in {w.cooldown_s:.0f}s" if w.cooldown_s > 0
+                else f"a new worker may start on {where} at once (--blacklist-cooldown-range 0 0)")
+        if not self._explained:
+            self._explained = True
+            log.warning("job %s: worker %s (%s) %s; likely cause: a loop or sampler sized for another world size "
+                        "(e.g. a DistributedSampler built once at start-up: use hvd.elastic.ElasticSampler or "
+                        "rebuild it in a reset callback). It leaves the job and the others continue; %s, and each "
+                        "further early return there doubles that wait (--blacklist-cooldown-range)", job.job_id,
+                        w.worker_id, w.label, why, wait)
+        else:
+            log.warning("job %s: worker %s (%s) returned early too (the likely cause is explained above); %s",
+                        job.job_id, w.worker_id, w.label, wait)
+
+    # --------------------------------------------------------- no-progress watch
+    def round_formed(self, running: float) -> None:
+        """A round formed at running time ``running``: the watch starts over."""
+        self._round_progress_at, self._abort_seen_at, self._stall = running, None, None
+
+    def progressed(self, running: float) -> None:
+        """A member of the current round made progress at running time ``running``."""
+        self._round_progress_at = running
+
+    def check_progress(self, now: float) -> None:
+        """The backstop for a stuck round (``progress_timeout_s``): stacks first, then abort or give up."""
+        job = self._job
+        bound = job.policy.progress_timeout_s
+        if bound <= 0 or job.phase is not Phase.RUNNING or job.adopting or job.round == 0:
+            return
+        running = job.running(now)
+        if self._stall is not None:
+            self._act_on_stall(running, now)
+            return
+        if job.abort_round >= job.round:
+            if self._abort_seen_at is None:
+                self._abort_seen_at = running
+            elif running - self._abort_seen_at > bound:
+                stuck = [w for w in job.members() if not w.returned]
+                if stuck:
+                    self._ask_stacks("not_back", stuck, running, running - self._abort_seen_at)
+        elif running - self._round_progress_at > bound:
+            members = [w for w in job.members() if not w.returned]
+            if members:
+                self._ask_stacks("stalled", members, running, running - self._round_progress_at)
+
+    def _ask_stacks(self, kind: str, workers: list[WorkerRecord], running: float, idle_s: float) -> None:
+        job = self._job
+        self.stacks_gen += 1
+        for w in workers:
+            w.stacks_wanted = self.stacks_gen
+        self._stall = _Stall(kind, job.round, [w.worker_id for w in workers], running, idle_s)
+        names = ", ".join(f"{w.worker_id} ({w.label})" for w in workers)
+        timeout = job.policy.progress_timeout_s
+        if kind == "stalled":
+            reason = (f"no member of round {job.round} made progress for {idle_s:.0f}s (--progress-timeout "
+                      f"{timeout:g}): no commit, optimizer step or completed collective")
+        else:
+            reason = (f"{len(workers)} member(s) of round {job.round} did not come back to rendezvous within "
+                      f"{idle_s:.0f}s of its abort (--progress-timeout {timeout:g})")
+        log.warning("job %s: %s; asking %s for their stacks", job.job_id, reason, names)
+        job.emit("round_stalled", round=job.round, idle_s=round(idle_s, 1), reason=reason,
+                 workers=[w.worker_id for w in workers])
+
+    def _act_on_stall(self, running: float, now: float) -> None:
+        job, stall = self._job, self._stall
+        assert stall is not None
+        workers = [job.workers[i] for i in stall.workers]
+        answered = all(w.stacks_sent >= w.stacks_wanted or not w.alive for w in workers)
+        if not answered and running - stall.asked_at < STACKS_WAIT_S:
+            return
+        self._stall = None
+        silent = [w.worker_id for w in workers if w.alive and w.stacks_sent < w.stacks_wanted]
+        if silent:
+            log.warning("job %s: no stacks came from %s within %gs", job.job_id, ", ".join(silent), STACKS_WAIT_S)
+        if stall.round != job.round:
+            return
+        if stall.kind == "stalled":
+            if job.abort_round < job.round:
+                job.last_failure = (f"round {job.round} made no progress for {stall.idle_s:.0f}s "
+                                    f"(--progress-timeout {job.policy.progress_timeout_s:g})")
+                job.abort()
+            return
+        what = (f"did not come back to rendezvous within {stall.idle_s:.0f}s of the abort of round {stall.round} "
+                f"(stuck where the abort cannot reach it; its stacks are above)")
+        for w in workers:
+            if w.alive and w.member_of(stall.round) and not w.returned:
+                job.give_up(w, what, now)

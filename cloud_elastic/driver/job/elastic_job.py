@@ -1,0 +1,587 @@
+"""The elastic job as a state machine: the driver's every decision, no I/O.
+
+:class:`ElasticJob` is fed events (discovery snapshots, notices, worker
+messages, process exits, clock ticks) with the current time, and answers with
+replies and queued :data:`Action` objects that the runtime (:mod:`.driver`)
+carries out. It starts no thread, opens no socket and reads no clock of its
+own, so every rule is tested alone with scripted timelines.
+
+It is assembled from small pieces, each tested on its own:
+
+* :mod:`.workers` — one worker's life as an explicit state machine;
+* :mod:`.rounds` — who forms the next round, in which rank order, and whether
+  it syncs or must load a checkpoint (a pure function);
+* :mod:`.formation` — when a round forms, the update requests that lead to
+  one, and the rollback it reports;
+* :mod:`.leaving` — notices, draining hosts, their deadlines, giving them back;
+* :mod:`.capacity` — launches, and the ``min_np`` and start timeouts;
+* :mod:`.completion` — how the job completes, early returns, and the
+  no-progress watch;
+* :mod:`.takeover` — a restarted driver adopting its predecessor's workers;
+* :mod:`.failures` — what a failure costs (blacklisting, an aborted round),
+  and whether the committed state survives it;
+* :mod:`.fixed` — a script without ``hvd.elastic.run``, run as a fixed-size job
+  (success when every worker exits 0; a failure ends or restarts the job);
+* :mod:`.liveness` — worker silence measured only over time the driver ran, and which
+  workers are overdue;
+* :mod:`.hosts` — host order, the per-slot blacklist, hosts missing from
+  discovery for less than the grace, draining hosts and their deadlines.
+
+The pieces own their state; what they share (workers, round, phase, the
+queues) is this module's, and they see it through :class:`~.view.JobView`.
+What stays here is the job's entry points (a worker's messages and exits,
+discovery, ticks), aborting a round, ending the job, and the step that runs
+every piece's checks in order.
+
+Progress is never silently lost: the driver knows which workers hold committed
+state (they report their commits), rank 0 is always one of them, and when none
+is left the job resumes from a durable checkpoint or fails with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from cloud_elastic.driver.job.actions import Action, Finish, Launch, Phase, Policy, Release, Stop
+from cloud_elastic.driver.job.capacity import PROGRESS_EVERY_S, Capacity
+from cloud_elastic.driver.job.completion import EARLY_RETURN_WAIT_S, STACKS_WAIT_S, Completion
+from cloud_elastic.driver.job.failures import Failures
+from cloud_elastic.driver.job.fixed_size import FixedSize
+from cloud_elastic.driver.job.formation import RoundFormation
+from cloud_elastic.driver.job.health import Health
+from cloud_elastic.driver.job.hosts import HostManager, Slot
+from cloud_elastic.driver.launch.api import ExitStatus
+from cloud_elastic.driver.job.leaving import Leavers
+from cloud_elastic.driver.job.liveness import RunningClock, SilenceWatch
+from cloud_elastic.driver.job.adoption import Takeover
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.protocol import AdoptRequest, Assignment, ExitOrder, PollReply
+from cloud_elastic.providers.api import DiscoveredHosts, Drain
+
+__all__ = [
+    "Policy", "Phase", "WorkerState", "WorkerRecord", "Launch", "Stop", "Release", "Finish", "Action",
+    "Assignment", "ExitOrder", "PollReply", "ElasticJob", "PROGRESS_EVERY_S", "EARLY_RETURN_WAIT_S", "STACKS_WAIT_S",
+]
+
+log = logging.getLogger(__name__)
+
+S = WorkerState
+
+#: States of alive workers that are staying (see active) and of round members (MEMBER_STATES), as
+#: tuples: membership in a tuple tests identity first, while an enum's hash is computed in Python.
+_ACTIVE = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
+_MEMBER = (S.RUNNING, S.DRAINING)
+
+
+@dataclass
+class ElasticJob:
+    """Pure state machine of one elastic job (see module docstring)."""
+
+    policy: Policy
+    hosts: HostManager
+    job_id: str = "job"
+    phase: Phase = Phase.STARTING
+    round: int = 0
+    resets: int = 0
+    update_gen: int = 0
+    abort_round: int = 0
+    workers: dict[str, WorkerRecord] = field(default_factory=dict)
+    outcome: Finish | None = None
+    #: Some worker has committed: from now on, the state must never be lost.
+    state_committed: bool = False
+    #: A restarted driver resuming the job from its durable checkpoints: the state exists
+    #: before any worker runs, so the first round loads the latest checkpoint.
+    resumed: bool = False
+    # What the pieces share (see view.JobView).
+    last_failure: str = field(default="", init=False)
+    failure_since_round: bool = field(default=False, init=False)
+    commit_high: int = field(default=0, init=False)  # the highest commit reported since the last checkpoint load
+    wall_offset: float = field(default=0.0, init=False)
+    discovered_once: bool = field(default=False, init=False)
+    last_discovery_error: str = field(default="", init=False)
+    _actions: list[Action] = field(default_factory=list, init=False)
+    _events: list[tuple[str, dict[str, Any]]] = field(default_factory=list, init=False)
+    _clock: RunningClock = field(default_factory=RunningClock, init=False)
+    _discovery_failing_since: float | None = field(default=None, init=False)
+    _alive_memo: list[WorkerRecord] | None = field(default=None, init=False)  # alive() during one step
+    _alive_count: int = field(default=0, init=False)  # as of the last step
+    _silence: SilenceWatch = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._silence = SilenceWatch(self.policy.heartbeat_timeout_s, self.policy.start_timeout_s)
+        self.leavers = Leavers(self)
+        self.capacity = Capacity(self)
+        self.rounds = RoundFormation(self, self.leavers, on_formed=lambda running: self.completion.round_formed(running))
+        self.completion = Completion(self, self.rounds.rank0, self.leavers.take_host_along)
+        self.takeover = Takeover(self, self.capacity.seen, self.rounds.adopt_round)
+        self.fixed = FixedSize(self)
+        self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along, self.fixed.failed)
+        self.health = Health(self, self.leavers)
+        if self.resumed:
+            if not self.policy.checkpointing:
+                raise ValueError("a resumed job needs checkpointing (it starts from a durable checkpoint)")
+            self.state_committed = True
+
+    @property
+    def notice_sources(self) -> dict[str, str]:
+        """Host -> where its latest notice came from (for status)."""
+        return self.leavers.sources
+
+    @property
+    def adopting(self) -> bool:
+        """A restarted driver takes over the running workers of its predecessor (see :meth:`adopt`)."""
+        return self.takeover.open
+
+    @adopting.setter
+    def adopting(self, value: bool) -> None:
+        self.takeover.open = value
+
+    @property
+    def stacks_gen(self) -> int:
+        """The latest stacks request (a worker is asked by giving it this number; see worker.progress)."""
+        return self.completion.stacks_gen
+
+    # ------------------------------------------------------------------ events
+    def start(self, now: float, wall_now: float | None = None) -> None:
+        """The driver is up; start timers. ``wall_now`` (Unix time) relates drain deadlines to ``now``."""
+        self.capacity.started_at = now
+        self.wall_offset = (wall_now if wall_now is not None else now) - now
+        self._clock(now)
+
+    def discovered(self, snapshot: DiscoveredHosts, now: float) -> None:
+        """A discovery snapshot arrived."""
+        self.discovered_once = True
+        self._discovery_failing_since = None
+        was_missing = set(self.hosts.missing)
+        changes = self.hosts.update(snapshot, now)
+        if changes:
+            log.info(
+                "job %s: hosts changed: added=%s removed=%s draining=%s resized=%s missing=%s (ready slots: %d)",
+                self.job_id, list(changes.added), list(changes.removed), list(changes.draining),
+                list(changes.resized), list(changes.missing), sum(self.hosts.ready.values()),
+            )
+            self.emit(
+                "hosts_changed",
+                added=[{"host": h, "slots": self.hosts.ready[h]} for h in changes.added],
+                removed=[{"host": h, "reason": self._missing_reason() if h in was_missing else "gone from discovery"}
+                         for h in changes.removed],
+                draining=[{"host": h, "reason": self.hosts.draining[h].reason, "deadline": self.hosts.draining[h].deadline}
+                          for h in changes.draining],
+                missing=list(changes.missing),
+                **({"resized": [{"host": h, "slots": self.hosts.ready[h]} for h in changes.resized]}
+                   if changes.resized else {}),
+            )
+        for host in changes.lapsed:
+            self.leavers.lapsed(host)
+            log.info("job %s: the notice for host %s lapsed (the group still reports it ready); new workers may be "
+                     "placed there again", self.job_id, host)
+        for host in changes.missing:
+            log.warning(
+                "job %s: host %s is missing from discovery; its workers keep running for up to %gs "
+                "unless it comes back or is reported draining", self.job_id, host, self.hosts.missing_grace_s,
+            )
+        self._step(now)
+
+    def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False) -> None:
+        """A notice for ``host`` from ``source`` (a metadata watcher, a notice queue); see :mod:`.leaving`.
+
+        Each notice is logged once; it lapses as :class:`~.hosts.HostManager` says.
+        """
+        if self.leavers.notice(host, drain, now, source=source, soft=soft):
+            self._step(now)
+
+    def discovery_failed(self, message: str, *, fatal: bool, now: float) -> None:
+        """A discovery call failed. Fatal failures end the job; others are retried within the timeouts."""
+        if fatal:
+            self.end(False, f"host discovery failed: {message}", 1)
+            return
+        self.last_discovery_error = message
+        if self._discovery_failing_since is None:
+            self._discovery_failing_since = now
+        limit = self.policy.elastic_timeout_s if self.discovered_once else self.policy.start_timeout_s
+        if now - self._discovery_failing_since > limit:
+            which = "--elastic-timeout" if self.discovered_once else "--start-timeout"
+            self.end(False, f"host discovery kept failing for {limit:g}s ({which}): {message}", 1)
+
+    def registered(self, worker_id: str, now: float) -> bool:
+        """A worker process connected. False if the driver does not know it."""
+        w = self.workers.get(worker_id)
+        if w is None or not w.alive:
+            return False
+        if w.state is S.STARTING:
+            w.to(S.CONNECTED)
+        w.last_seen = self._clock(now)
+        return True
+
+    def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float, commits: int | None = None,
+                   rolled_back: int = 0, commit_seq: int | None = None, holds_commit: bool = True) -> None:
+        """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made
+        (and, after a failure, ``rolled_back`` steps undone), holding the commit ``commit_seq``
+        unless ``holds_commit`` is False (it could not restore it: see ``worker.window``)."""
+        w = self.workers.get(worker_id)
+        if w is None or not w.alive:
+            return
+        w.last_seen = self._clock(now)
+        self.note_commits(w, commits, commit_seq)
+        if w.commit_lost != (not holds_commit):
+            w.commit_lost = not holds_commit
+            if w.commit_lost:
+                log.warning("job %s: worker %s (%s) could not restore its last commit exactly; the next round takes "
+                            "the state from another worker", self.job_id, worker_id, w.label)
+        rounds = self.rounds
+        if reason == "failure" and rolled_back > rounds.steps_lost:
+            rounds.steps_lost = rolled_back
+        if w.state is S.STARTING:
+            w.to(S.CONNECTED)
+        # A repeated long-poll for the same round changes nothing; once the
+        # worker has been assigned a newer round, it waits for that reply.
+        if w.round <= last_round and w.state in (S.CONNECTED, S.RUNNING, S.DRAINING):
+            was_member = w.member_of(self.round)
+            w.rdzv_reason = reason
+            if w.state is S.DRAINING or self.phase in (Phase.FINISHING, Phase.DONE):
+                w.to(S.EXITING, w.why or "the job is finishing")
+                rounds.stopped_waiting(worker_id)
+            else:
+                if w.state is S.CONNECTED:
+                    self.emit("worker_ready", worker=worker_id, host=w.slot.host, slot=w.slot.index)
+                w.to(S.WAITING)
+                rounds.now_waiting(worker_id)
+            if reason == "failure":
+                self.failure_since_round = True
+                if was_member:
+                    # Its collective failed without anyone dying (a broken link, a group
+                    # that could not form): its peers may still be blocked on it, and its
+                    # old group is kept open, so only an abort releases them.
+                    self.abort()
+        if rounds.arrived(w):
+            self._step(now)
+
+    def assignment(self, worker_id: str) -> Assignment | ExitOrder | None:
+        """The reply for a worker waiting at rendezvous, or None while it must keep waiting."""
+        w = self.workers.get(worker_id)
+        if w is None or not w.alive:
+            return ExitOrder("unknown or failed worker")
+        if self.phase in (Phase.FINISHING, Phase.DONE) and w.state in (S.CONNECTED, S.WAITING):
+            w.to(S.EXITING, "the job is finishing")
+            self.rounds.stopped_waiting(worker_id)
+        if w.state is S.EXITING:
+            return ExitOrder(w.why or "told to exit")
+        return self.rounds.assignment(w)
+
+    def heartbeat(self, worker_id: str, now: float, commits: int | None = None,
+                  commit_seq: int | None = None, progress: int | None = None, steps: int | None = None,
+                  waiting_s: float | None = None, compute_s: float | None = None) -> PollReply | None:
+        """A worker's heartbeat; None if the worker is unknown or already given up.
+
+        ``progress`` is the worker's progress counter (see ``worker.progress``):
+        a round none of whose members' counters grows for ``progress_timeout_s``
+        is stuck. ``waiting_s`` is how long it has been waiting in one collective;
+        ``compute_s`` its compute time per step (None until it has one; see :mod:`.health`).
+        """
+        w = self.workers.get(worker_id)
+        if w is None or not w.alive:
+            return None
+        running = w.last_seen = self._clock(now)
+        self.note_commits(w, commits, commit_seq)
+        if progress is not None and progress != w.progress:
+            w.progress, w.progress_at = progress, running
+            if w.round == self.round and w.state in _MEMBER:
+                self.completion.progressed(running)
+        if steps is not None and steps > w.steps:
+            w.steps = steps
+        if waiting_s is not None:
+            w.waiting_s, w.waiting_at = waiting_s, running
+        w.compute_s = compute_s
+        leave = (w.why or "told to leave") if w.state in (S.DRAINING, S.EXITING) else None
+        return PollReply(self.round, self.update_gen, self.abort_round, self.phase is Phase.DONE,
+                         stacks=w.stacks_wanted, leave=leave)
+
+    def drain(self, host: str, slot: int | None, now: float) -> tuple[bool, str]:
+        """An operator drains ``host`` or one of its slots (``cloud-elastic drain``); (done, message)."""
+        return self.health.drain(host, slot, now)
+
+    def unhealthy(self, worker_id: str, reason: str, now: float) -> None:
+        """A worker's device self-test failed (``reason``, one line): it is given up and its slot blacklisted."""
+        w = self.workers.get(worker_id)
+        if w is not None:
+            self.health.unhealthy(w, reason, now)
+
+    def stacks_received(self, worker_id: str, request: int) -> WorkerRecord | None:
+        """A worker sent the stacks it was asked for; returns its record (None if unknown)."""
+        w = self.workers.get(worker_id)
+        if w is not None and request > w.stacks_sent:
+            w.stacks_sent = request
+        return w
+
+    def exiting(self, worker_id: str, now: float) -> bool:
+        """The worker is past its exit hooks: its heartbeats stop now and its exit status follows.
+
+        Its silence is judged by :data:`~.liveness.EXIT_GRACE_S` from here on, so an
+        interpreter slow to tear down ends the worker with its exit status, not as
+        a silent one. Nothing else changes: the exit itself is handled as ever.
+        """
+        w = self.workers.get(worker_id)
+        if w is None or not w.alive:
+            return False
+        w.exiting_at = w.last_seen = self._clock(now)
+        return True
+
+    def completed(self, worker_id: str, now: float, *, commit_seq: int | None = None, steps: int | None = None,
+                  error: str | None = None, elastic: bool = True) -> tuple[str, str]:
+        """A worker reports that its training function returned; answers ``(decision, reason)``.
+
+        ``done``, ``wait`` (parked until rank 0 returns) or ``leave``: see :mod:`.completion`.
+        ``error`` (rank 0 could not write the final durable checkpoint) makes the
+        job fail once it has completed. ``elastic`` False: the worker's script ended
+        without ``hvd.elastic.run`` (``error``: what it raised), see :mod:`.fixed`.
+        """
+        w = self.workers.get(worker_id)
+        if not elastic and w is not None and w.alive:
+            return self.fixed.script_ended(w, error)
+        return self.completion.completed(worker_id, now, commit_seq=commit_seq, steps=steps, error=error)
+
+    def completion_reply(self, worker_id: str) -> tuple[str, str] | None:
+        """What a worker whose training function returned is told now; None while it must wait for rank 0."""
+        return self.completion.reply(worker_id)
+
+    def exited(self, worker_id: str, status: ExitStatus, now: float) -> None:
+        """A worker process ended."""
+        w = self.workers.get(worker_id)
+        if w is None or w.state is S.EXITED:
+            return
+        before = w.state
+        was_member = w.member_of(self.round)
+        w.to(S.EXITED)
+        if before is S.COMPLETED:
+            self.completion.exited_after_completing(w, status)
+        elif before in (S.EXITING, S.DRAINING):
+            log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.why or "told to exit")
+            early = {"early_return": True, "commit_step": w.commit_seq, "steps": w.steps,
+                     "blacklisted_s": round(w.cooldown_s, 1)} if w.returned_early else {}
+            self.emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index,
+                      reason=w.why or "told to exit", **({"round": w.round} if w.round else {}), **early)
+            if was_member:
+                # It vanished before leaving its round: peers may be blocked in a
+                # collective with it, and only an abort releases them.
+                self.abort()
+        elif before is S.LOST:
+            pass  # already accounted for when it was given up
+        elif self.phase in (Phase.FINISHING, Phase.DONE):
+            log.info("job %s: worker %s %s while the job was finishing", self.job_id, worker_id, status.describe)
+        elif self.fixed.exited(w, status):
+            pass  # a fixed-size job: exit 0 is the worker's success, else the attempt's failure
+        else:
+            what = status.describe if status.code != 0 or status.transport_error else (
+                "exited with code 0 before its training function returned"
+            )
+            self.failures.fail(w, what, now, was_member=was_member, transport=status.transport_error is not None,
+                              exit_code=status.code if status.known else None)
+        self._step(now)
+
+    def checkpoint_loaded(self, step: int, commit_seq: int | None, path: str) -> int | None:
+        """Rank 0 of a from-checkpoint round loaded the checkpoint of ``step``, commit ``commit_seq`` of the job.
+
+        Returns the steps lost, counted in commits like ``round_formed.step``: the highest
+        commit the driver heard of since the previous load (from the workers that were lost)
+        minus the checkpoint's. None when that cannot be known: a restarted driver that never
+        heard from the lost workers, or a report without the checkpoint's commit. Logs one
+        line, emits ``checkpoint_loaded`` and, when the load replaced a failed round, its
+        ``rollback`` with the same count.
+        """
+        heard = self.commit_high > 0 or not self.resumed
+        lost = max(0, self.commit_high - commit_seq) if commit_seq is not None and heard else None
+        if commit_seq is not None:
+            self.commit_high = commit_seq  # the job's history goes on from the checkpoint
+        how_many = f"{lost} committed step(s)" if lost is not None else "steps (how many, this driver did not see)"
+        log.warning("job %s: resumed from the checkpoint of step %d (%s); %s after it were lost", self.job_id, step,
+                    path, how_many)
+        self.emit("checkpoint_loaded", step=step, path=path, steps_lost=lost)
+        replaced, self.rounds.rollback_at_load = self.rounds.rollback_at_load, None
+        if replaced is not None and lost is not None:
+            self.emit("rollback", round=replaced[0], commit_step=commit_seq, steps_lost=lost, reason=replaced[1])
+        return lost
+
+    def tick(self, now: float) -> None:
+        """Periodic check: heartbeats, timeouts, deadlines, launches, rounds."""
+        self._step(now)
+
+    def stop(self, reason: str, exit_code: int) -> None:
+        """End the job from outside (a signal): every worker is to be stopped."""
+        self.end(False, reason, exit_code)
+
+    # ------------------------------------------------------------ adoption
+    def begin_adoption(self, last_seq: int) -> None:
+        """A restarted driver is up at its predecessor's address: workers may re-register (:meth:`adopt`).
+
+        ``last_seq`` is the highest worker sequence number the predecessor used, so
+        that the ids of workers launched from now on never repeat an adopted one.
+        """
+        self.takeover.begin(last_seq)
+
+    def adopt(self, worker_id: str, slot: Slot, seq: int, request: AdoptRequest, now: float) -> str | None:
+        """Take over a running worker of the predecessor where it stands; None when adopted, else why not
+        (see :mod:`.takeover`)."""
+        return self.takeover.adopt(worker_id, slot, seq, request, now)
+
+    def end_adoption(self, now: float, missing: dict[str, str]) -> None:
+        """The adoption window closed; ``missing`` (worker id -> what became of it) did not come back."""
+        self.takeover.end(now, missing)
+
+    # --------------------------------------------------------------- queries
+    def take_actions(self) -> list[Action]:
+        """Return and forget the queued actions."""
+        actions, self._actions = self._actions, []
+        return actions
+
+    def take_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """Return and forget the queued events (kind, fields) for the events file."""
+        events, self._events = self._events, []
+        return events
+
+    def take_rendezvous_news(self) -> set[str]:
+        """Return and forget the workers that stopped waiting at rendezvous since the last call.
+
+        Their :meth:`assignment` may have changed (a round formed with them, they
+        were told to exit, they are gone), so a request waiting for it should look
+        again; no other waiting worker's answer changed, except on a change of
+        ``round`` or ``phase``, which concerns them all. A worker's own
+        :meth:`rendezvous` and :meth:`assignment` calls are not reported: the
+        caller already has the answer.
+        """
+        return self.rounds.take_news()
+
+    @property
+    def alive_count(self) -> int:
+        """How many workers were alive at the last step (a cheap size of the group)."""
+        return self._alive_count
+
+    def rank_of(self, worker_id: str) -> int | None:
+        w = self.workers.get(worker_id)
+        return w.rank if w is not None else None
+
+    @property
+    def completed_workers(self) -> int:
+        """Workers whose training function returned (exited since, or not yet)."""
+        return self.completion.exited + sum(1 for w in self.workers.values() if w.state is S.COMPLETED)
+
+    # ------------------------------------------------------- the pieces' view
+    def running(self, now: float) -> float:
+        """The driver's running time at ``now`` (see :mod:`.liveness`)."""
+        return self._clock(now)
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self._events.append((kind, fields))
+
+    def act(self, action: Action) -> None:
+        self._actions.append(action)
+
+    def alive(self) -> list[WorkerRecord]:
+        # A step asks this many times over thousands of workers: one scan per step (kept in
+        # _alive_memo until a worker is born or dies), identity tests instead of WorkerRecord.alive.
+        if self._alive_memo is not None:
+            return self._alive_memo
+        return [w for w in self.workers.values() if w.state is not S.LOST and w.state is not S.EXITED]
+
+    def forget_alive(self) -> None:
+        self._alive_memo = None
+
+    def active(self) -> list[WorkerRecord]:
+        """Alive workers that are staying (not draining, exiting or done)."""
+        return [w for w in self.alive() if w.state in _ACTIVE]
+
+    def members(self) -> list[WorkerRecord]:
+        r = self.round  # WorkerRecord.member_of, inlined for the same reason as in alive
+        return [w for w in self.alive() if w.round == r and w.state in _MEMBER] if r > 0 else []
+
+    def note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None) -> None:
+        # Both only grow on a worker; a heartbeat may carry an older value than a rendezvous sent after it.
+        if isinstance(commit_seq, int) and commit_seq > w.commit_seq:
+            w.commit_seq = commit_seq
+            if commit_seq > self.commit_high:
+                self.commit_high = commit_seq
+        if isinstance(commits, int) and commits > w.commits:
+            w.commits = commits
+        if w.holds_state:
+            if not self.state_committed:
+                self.state_committed = True
+                log.debug("job %s: first commit seen (worker %s)", self.job_id, w.worker_id)
+
+    def end(self, success: bool, reason: str, exit_code: int) -> None:
+        if self.outcome is not None:
+            return
+        self.phase = Phase.DONE
+        self.outcome = Finish(success, reason, exit_code)
+        (log.info if success else log.error)("job %s: %s", self.job_id, reason)
+        for w in self.alive():
+            if w.state is not S.EXITING:
+                w.to(S.EXITING, "the job is over")
+        self._actions.append(self.outcome)
+
+    def abort(self) -> None:
+        self.failure_since_round = True
+        if self.phase is Phase.RUNNING and self.abort_round < self.round:
+            self.abort_round = self.round
+            self._alive_memo = None
+            left = [w for w in self.members() if not w.returned]
+            if not left:
+                what = "no member is left in it"
+            elif not self.state_committed:
+                what = "no worker has committed yet, so the survivors start over from the initial state"
+            else:
+                what = "survivors roll back to their last commit"
+            log.info("job %s: round %d aborted; %s", self.job_id, self.round, what)
+            self.rounds.pending_rollback = self.round
+
+    def give_up(self, w: WorkerRecord, what: str, now: float, *, stacks: bool = True) -> None:
+        self.failures.give_up(w, what, now, stacks=stacks)
+
+    def commits_lost_reason(self) -> str:
+        return self.failures.commits_lost_reason()
+
+    # ---------------------------------------------------------------- internals
+    def _step(self, now: float) -> None:
+        if self.phase is Phase.DONE:
+            return
+        self._alive_memo = None
+        self._alive_memo = self.alive()
+        try:
+            self._step_all(now)
+            alive = self.alive()
+            self.rounds.index(alive)
+            self._alive_count = len(alive)
+        finally:
+            self._alive_memo = None
+
+    def _step_all(self, now: float) -> None:
+        expired = self.hosts.expire(now)
+        for host in expired:
+            log.info("job %s: host %s stayed missing from discovery for %gs; removed", self.job_id, host,
+                     self.hosts.missing_grace_s)
+        if expired:
+            why = self._missing_reason()
+            self.emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
+        for w, what in self._silence.overdue(self.alive(), len(self.workers), now, self._clock(now)):
+            self.give_up(w, what, now)
+        self.completion.check_early_returns(now)
+        self.completion.check_progress(now)
+        self.health.check(now)
+        self.leavers.mark()
+        self.leavers.enforce_deadlines(now)
+        self.leavers.release_drained(now, rollback_pending=self.rounds.pending_rollback is not None)
+        if self.phase is Phase.FINISHING:
+            self.completion.step_finishing(now)
+            return
+        if self.fixed.step(now):
+            return  # a fixed-size job's round runs (or is being stopped): nothing launches or re-forms
+        self.capacity.plan_launches(now)
+        self.capacity.check(now)
+        if self.phase is not Phase.DONE:
+            self.failures.check_state_kept()
+        if self.phase is not Phase.DONE:
+            self.rounds.maybe_request_update()
+            self.rounds.maybe_form(now)
+
+    def _missing_reason(self) -> str:
+        return f"missing from discovery for {self.hosts.missing_grace_s:g}s (--host-missing-grace)"

@@ -1,0 +1,179 @@
+"""A script without ``hvd.elastic.run``: the job runs it as a fixed-size job.
+
+Most Horovod scripts call ``hvd.init()``, wrap the optimizer and broadcast the
+parameters, and never enter ``hvd.elastic.run``: nothing in them can roll back
+to a commit or take a newcomer in. Such a worker says so as its script ends:
+its exit hook sends ``completed`` with ``elastic`` false (see
+``WorkerContext._at_exit``), whether the script returned or raised, before its
+exit status reaches the driver. From the first such report (unless a worker
+has committed: commits are made inside ``elastic.run``, so the job is elastic
+and the reporter only failed in its set-up), :class:`FixedSize` decides, for
+the job:
+
+* **nothing grows or re-forms** while the attempt's round runs: no launch, no
+  new round (:meth:`FixedSize.step` answers True and the job's step stops there);
+* **success** is every member of the round exiting 0: the job then succeeds,
+  and workers that never joined are stopped;
+* **failure**: the first failure of the attempt (an exit other than 0, a worker
+  killed or given up; a failure seen before the first report counts too, since
+  the others' collectives fail after it) is the job's reason. No slot is
+  blacklisted: the script, not the slot, ends the attempt. The job fails with
+  that reason at once, or, with ``--restarts N``
+  (``Policy.restarts``), every worker is stopped and, once all are gone, the
+  job starts again from its first round on ``-np`` slots, up to N times (as
+  torchrun's ``--max-restarts``). A restarted script resumes only from a
+  checkpoint it writes and loads itself; the driver says so in its log;
+* **progress is never silently reset**: a job in which a worker ever committed
+  training state (through ``elastic.run``) is not restarted from the script's
+  start, since that would train from initial weights over the committed state;
+  it fails with its reason instead.
+
+Pure logic: no clock, thread or socket; ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cloud_elastic.driver.job.actions import Phase, Stop
+from cloud_elastic.driver.launch.api import ExitStatus, signal_name
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+
+__all__ = ["FixedSize", "FIXED_SIZE"]
+
+#: A piece of the job logs as the job (its records keep the name they had before the job was split).
+log = logging.getLogger(__name__)
+
+S = WorkerState
+
+#: How the job's messages name this mode.
+FIXED_SIZE = "a fixed-size job: the script does not use hvd.elastic.run"
+
+
+class FixedSize:
+    """The fixed-size mode of one job (see module docstring)."""
+
+    def __init__(self, job: JobView) -> None:
+        self._job = job
+        #: The job runs a script without elastic.run (known from the first worker's report).
+        self.known = False
+        #: Restarts made so far (``--restarts``).
+        self.restarts = 0
+        self._failure: str | None = None  # the first failure of the current attempt
+        self._errors: dict[str, str] = {}  # worker id -> the error its script ended with (from its report)
+        self._succeeded = 0  # members of the current attempt that exited 0
+
+    # ---------------------------------------------------------------- reports
+    def script_ended(self, w: WorkerRecord, error: str | None) -> tuple[str, str]:
+        """``w``'s script ended without ever entering ``elastic.run`` (its exit status follows).
+
+        Answers the ``completed`` reply: ``done`` (the worker is exiting anyway).
+        """
+        job = self._job
+        if job.state_committed:
+            # Commits come from elastic.run: this is an elastic job, and w ended (or failed) in its set-up.
+            # Its exit is judged as any elastic worker's.
+            log.info("job %s: worker %s (%s) ended its script without entering hvd.elastic.run", job.job_id,
+                     w.worker_id, w.label)
+            return "done", ""
+        if error:
+            self._errors[w.worker_id] = error.splitlines()[0][:300]
+        if not self.known:
+            self.known = True
+            # A failure seen before the first report (a worker killed: no report) is this attempt's.
+            self._failure = job.last_failure or None
+            restarts = job.policy.restarts
+            log.info("job %s: worker %s ended its script without hvd.elastic.run: the job runs as a fixed-size "
+                     "job, as torchrun would. It succeeds when every worker exits 0; no worker is replaced or "
+                     "added, and a failure %s", job.job_id, w.worker_id,
+                     f"restarts the whole job (--restarts {restarts})" if restarts
+                     else "fails the job (--restarts N would restart it)")
+        return "done", ""
+
+    # ------------------------------------------------------------------ exits
+    def exited(self, w: WorkerRecord, status: ExitStatus) -> bool:
+        """A live, staying worker's process ended in a fixed-size job; False when this mode does not apply.
+
+        Exit 0 is the worker's success; anything else is the attempt's failure (:meth:`failed`).
+        """
+        if not self.known:
+            return False
+        if status.code == 0 and status.known and status.transport_error is None:
+            job = self._job
+            if w.round == job.round and w.round > 0:
+                self._succeeded += 1
+            log.info("job %s: worker %s (%s) finished its script (exit 0)", job.job_id, w.worker_id, w.label)
+            return True
+        exit_code = status.code if status.known else None
+        return self.failed(w, status.describe, exit_code=exit_code, transport=status.transport_error is not None)
+
+    def failed(self, w: WorkerRecord, what: str, *, exit_code: int | None = None, transport: bool = False) -> bool:
+        """``w`` failed (exited other than 0, was killed, given up) in a fixed-size job; False when this mode
+        does not apply. The first failure of the attempt becomes its reason; nothing is blacklisted, so
+        ``transport`` (its host unreachable) changes nothing here."""
+        if not self.known:
+            return False
+        job = self._job
+        error = self._errors.get(w.worker_id)
+        reason = f"worker {w.worker_id} ({w.label}) {what}" + (f": {error}" if error else "")
+        job.last_failure = reason
+        first = self._failure is None
+        if first:
+            self._failure = reason
+        (log.error if first else log.info)("job %s: %s%s", job.job_id, reason,
+                                           "" if first else " (after the first failure, above)")
+        killed_by = signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
+        job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, reason=what,
+                 exit_code=None if killed_by else exit_code, blacklisted_s=None,
+                 **({"round": w.round} if w.round else {}), **({"signal": killed_by} if killed_by else {}))
+        return True
+
+    # ------------------------------------------------------------------- step
+    def step(self, now: float) -> bool:
+        """The fixed-size rules at each step of the job: True while the attempt's round runs or is being
+        stopped (no launch, no new round), False when it does not apply or the job may form a round."""
+        job = self._job
+        if not self.known or job.phase is Phase.DONE:
+            return False
+        if self._failure is not None:
+            return self._after_failure(now)
+        if job.members():
+            return True
+        if self._succeeded == 0:
+            return False  # no round of this attempt yet (a restart): launches and the first round go on
+        # Every member exited 0. Workers that never joined are stopped with the job (Finish).
+        after = f" after {self.restarts} restart(s)" if self.restarts else ""
+        job.end(True, f"training completed on {self._succeeded} worker(s), every one exiting 0{after} "
+                      f"({FIXED_SIZE})", 0)
+        return True
+
+    def _after_failure(self, now: float) -> bool:
+        job, reason = self._job, self._failure
+        limit = job.policy.restarts
+        if self.restarts >= limit or job.state_committed:
+            why = ""
+            if self.restarts < limit:
+                why = ("; not restarted: workers had committed training state, which a restart from the script's "
+                       "start would silently lose")
+            elif limit:
+                why = f"; no restart left (--restarts {limit})"
+            job.end(False, f"{reason} ({FIXED_SIZE}){why}", 1)
+            return True
+        stopping = [w for w in job.alive() if w.state is not S.EXITING]
+        if stopping:
+            log.warning("job %s: %s fails with a worker: stopping every worker for restart %d of %d (--restarts)",
+                        job.job_id, FIXED_SIZE.split(":")[0], self.restarts + 1, limit)
+        for w in stopping:
+            w.to(S.EXITING, "the fixed-size job restarts after a failure")
+            job.act(Stop(w.worker_id, "the fixed-size job restarts after a failure"))
+        job.forget_alive()
+        if job.alive():
+            return True  # wait until every worker of the failed attempt is gone
+        self.restarts += 1
+        self._failure, self._errors, self._succeeded = None, {}, 0
+        job.phase = Phase.STARTING
+        log.warning("job %s: restart %d of %d: every worker starts the script again (after: %s). It resumes "
+                    "only from a checkpoint the script itself writes and loads; without one it trains from the "
+                    "start", job.job_id, self.restarts, limit, reason)
+        return False

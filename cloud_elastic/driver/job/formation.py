@@ -1,0 +1,334 @@
+"""When the next round forms, and who is in it: the job's round formation.
+
+:class:`RoundFormation` decides *when*; :func:`~.rounds.plan_round` decides
+*who*, in which rank order, and whether the round syncs or loads a checkpoint.
+
+* The first round forms once ``num_proc`` workers wait at rendezvous (or every
+  worker launched has arrived or failed, with at least ``min_np``); later
+  arrivals join as a scale-up.
+* A later round forms when no member of the previous round is still running
+  and at least ``min_np`` workers wait.
+* A newcomer ready, or a member whose host is leaving, raises the update
+  generation once per round: workers agree on it at a commit. With
+  ``--whole-hosts`` a newcomer is ready once every slot of its host has one
+  waiting, and a round takes whole hosts only (see :func:`~.rounds.plan_round`).
+* Forming a round counts a reset (past ``reset_limit`` the job fails), and
+  reports the rollback of the round a failure aborted, with the steps its
+  survivors lost (they say so at rendezvous).
+
+Cost: an arrival at rendezvous is O(1) amortised, never a scan of every worker.
+The bookkeeping behind that (who waits, who is still starting, which members of
+the current round may still be in it) is rebuilt exactly by :meth:`index` at
+every step of the job; between steps only the job's ``rendezvous`` and
+``assignment`` move workers in or out of WAITING, and they keep it up to date
+(:meth:`now_waiting`, :meth:`stopped_waiting`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Callable, Protocol
+
+from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.ranks import Member, assign_ranks
+from cloud_elastic.driver.job.plan import Candidate, StateLost, plan_round, whole_host_groups
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.protocol import Assignment, RankInfo
+
+__all__ = ["RoundFormation", "DrainNews"]
+
+#: A piece of the job logs as the job (its records keep the name they had before the job was split).
+log = logging.getLogger(__name__)
+
+S = WorkerState
+
+
+class DrainNews(Protocol):
+    """What round formation needs to know of leaving hosts (see :mod:`.leaving`)."""
+
+    def members_may_drain(self, round_: int) -> bool:
+        """False when no member of round ``round_`` can be draining (spares a scan)."""
+
+    def take_forced_drains(self) -> list[str]:
+        """The log lines of hosts drained by force, waiting for the steps their removal lost."""
+
+
+class RoundFormation:
+    """The job's rounds: when one forms, its ranks and facts, and the rollback it reports."""
+
+    def __init__(self, job: JobView, drains: DrainNews, on_formed: Callable[[float], None]) -> None:
+        """``on_formed(running_now)`` is called when a round forms (the no-progress watch starts over)."""
+        self._job = job
+        self._drains = drains
+        self._on_formed = on_formed
+        #: Ranks of the current round's members (None before the first round).
+        self.ranks: dict[str, RankInfo] | None = None
+        self.needs_sync = True
+        self.from_checkpoint = False
+        #: The update generation the current round formed at (workers compare theirs to it).
+        self.round_update_gen = 0
+        #: The hosts of the current round's members, each once (told to them with their assignment).
+        self.hosts: tuple[str, ...] = ()
+        self._update_for_round = -1
+        #: The aborted round whose rollback is emitted when the next round forms.
+        self.pending_rollback: int | None = None
+        #: Steps the survivors of the aborted round rolled back (they report it at rendezvous).
+        self.steps_lost = 0
+        #: (aborted round, why) of a failure that a from-checkpoint round replaced: its rollback is
+        #: emitted once rank 0 has said which checkpoint it loaded (``ElasticJob.checkpoint_loaded``).
+        self.rollback_at_load: tuple[int, str] | None = None
+        self._waiting_ids: set[str] = set()  # alive workers in WAITING
+        self._starting_ids: set[str] = set()  # alive workers not yet at rendezvous
+        # Members of the current round, checked lazily: a worker that stops being a (running) member of
+        # round R never becomes one again (only forming round R+1 makes members), so the fronts are
+        # popped once each and "is anyone still running?" costs O(1) amortised.
+        self._running_left: deque[WorkerRecord] = deque()
+        self._members_left: deque[WorkerRecord] = deque()
+        self._news: set[str] = set()  # left WAITING since take_news()
+
+    # ------------------------------------------------------------ bookkeeping
+    def now_waiting(self, worker_id: str) -> None:
+        """``worker_id`` arrived at rendezvous and waits for a round."""
+        self._waiting_ids.add(worker_id)
+        self._starting_ids.discard(worker_id)
+
+    def stopped_waiting(self, worker_id: str) -> None:
+        """``worker_id`` left rendezvous without a round (told to exit), or arrived only to leave."""
+        self._waiting_ids.discard(worker_id)
+        self._starting_ids.discard(worker_id)
+
+    def take_news(self) -> set[str]:
+        """Return and forget the workers that stopped waiting since the last call (see the job's
+        ``take_rendezvous_news``)."""
+        news, self._news = self._news, set()
+        return news
+
+    def index(self, alive: list[WorkerRecord]) -> None:
+        """Rebuild the incremental bookkeeping from scratch (every full step of the job)."""
+        waiting, starting, members, running = set(), set(), deque(), deque()
+        r = self._job.round
+        for w in alive:  # one pass, identity tests: this runs over every worker each step
+            state = w.state
+            if state is S.RUNNING:
+                if w.round == r and r > 0:
+                    members.append(w)
+                    running.append(w)
+            elif state is S.WAITING:
+                waiting.add(w.worker_id)
+            elif state is S.DRAINING:
+                if w.round == r and r > 0:
+                    members.append(w)
+            elif state is S.STARTING or state is S.CONNECTED:
+                starting.add(w.worker_id)
+        self._news |= self._waiting_ids - waiting
+        self._waiting_ids, self._starting_ids, self._members_left, self._running_left = waiting, starting, members, running
+
+    def member_left(self, *, running_only: bool) -> bool:
+        """Whether a member of the current round is still in it (``running_only``: still RUNNING)."""
+        left = self._running_left if running_only else self._members_left
+        states = (S.RUNNING,) if running_only else (S.RUNNING, S.DRAINING)
+        r = self._job.round
+        while left:
+            w = left[0]
+            if w.state in states and w.round == r:
+                return True
+            left.popleft()
+        return False
+
+    # -------------------------------------------------------------- decisions
+    def arrived(self, w: WorkerRecord) -> bool:
+        """What one arrival at rendezvous can change, without scanning every worker; True when the
+        round may form now (the job then runs a full step, so it forms in the call of its last arrival).
+
+        An arrival can only make a newcomer ready (ask the round for an update) or
+        complete the round (its last member is back, or enough workers wait to
+        start). Everything else is checked by the job's full step on the driver's tick.
+        """
+        job = self._job
+        if job.phase is Phase.RUNNING and w.state is S.WAITING and w.rank is None and self._host_ready(w):
+            if self._update_for_round != job.round and self.member_left(running_only=False):
+                self.request_update("new worker ready")
+        return job.phase in (Phase.STARTING, Phase.RUNNING) and self.may_form()
+
+    def may_form(self) -> bool:
+        """O(1) (amortised): whether :meth:`maybe_form` could form a round now."""
+        if self.member_left(running_only=True):
+            return False
+        waiting = len(self._waiting_ids)
+        job = self._job
+        if waiting == 0 or waiting < job.policy.min_np:
+            return False
+        return not (job.phase is Phase.STARTING and waiting < job.policy.num_proc and self._starting_ids)
+
+    def maybe_request_update(self) -> None:
+        """A newcomer waits or a member's host is leaving: ask the running round for a change (once a round)."""
+        job = self._job
+        if job.phase is not Phase.RUNNING or self._update_for_round == job.round:
+            return
+        members = job.members()
+        if not members:
+            return
+        # Waiting workers are in _waiting_ids (exact since the last step; none start waiting
+        # within a step), so there is no need to scan every worker for them.
+        workers = job.workers
+        newcomers = [workers[i] for i in self._waiting_ids
+                     if i in workers and workers[i].state is S.WAITING and workers[i].rank is None]
+        newcomer_ready = self._whole_host_waits(newcomers)
+        member_leaving = False
+        if self._drains.members_may_drain(job.round):
+            for w in members:
+                if w.state is S.DRAINING:
+                    member_leaving = True
+                    break
+        if newcomer_ready or member_leaving:
+            self.request_update("new worker ready" if newcomer_ready else "a host is leaving")
+
+    def _host_ready(self, w: WorkerRecord) -> bool:
+        """Whether newcomer ``w`` may join now (see :meth:`_whole_host_waits`)."""
+        if not self._job.policy.whole_host_slots:
+            return True
+        workers = self._job.workers
+        return self._whole_host_waits([workers[i] for i in self._waiting_ids if i in workers
+                                       and workers[i].slot.host == w.slot.host and workers[i].rank is None
+                                       and workers[i].state is S.WAITING])
+
+    def _whole_host_waits(self, newcomers: list[WorkerRecord]) -> bool:
+        """Whether any of these waiting newcomers may join: any at all, except under ``--whole-hosts``, where every
+        slot of a host must have one waiting (a round takes whole hosts only; asking for one sooner would cost the
+        running round a stop for nothing). One pass over ``newcomers``."""
+        slots = self._job.policy.whole_host_slots
+        if not slots:
+            return bool(newcomers)
+        return bool(whole_host_groups(newcomers, slots, lambda w: (w.slot.host, w.slot.index)))
+
+    def request_update(self, why: str) -> None:
+        job = self._job
+        job.update_gen += 1
+        self._update_for_round = job.round
+        log.info("job %s: membership change requested (update %d): %s", job.job_id, job.update_gen, why)
+
+    def assignment(self, w: WorkerRecord) -> Assignment | None:
+        """``w``'s assignment when it is a running member of the current round, else None."""
+        job = self._job
+        if w.state is S.RUNNING and w.round == job.round and self.ranks is not None:
+            return Assignment(job.round, self.ranks[w.worker_id], self.needs_sync, self.round_update_gen,
+                              self.from_checkpoint, self.hosts)
+        return None
+
+    def rank0(self) -> WorkerRecord | None:
+        """Rank 0 of the current round while it is still training in it, else None."""
+        if self.ranks is None:
+            return None
+        job = self._job
+        for worker_id, ranks in self.ranks.items():
+            if ranks.rank == 0:
+                w = job.workers.get(worker_id)
+                return w if w is not None and w.member_of(job.round) else None
+        return None
+
+    def adopt_round(self, ranks: dict[str, RankInfo], update_gen: int, now: float) -> None:
+        """A restarted driver goes on in the round its adopted workers were in, with their ranks
+        (at ``now``: for the no-progress watch, the round is as good as formed then)."""
+        self.ranks = ranks
+        self.round_update_gen = update_gen
+        self.needs_sync = False
+        self.from_checkpoint = False
+        self.hosts = tuple(dict.fromkeys(self._job.workers[wid].slot.host for wid in ranks if wid in self._job.workers))
+        self._on_formed(self._job.running(now))
+
+    def maybe_form(self, now: float) -> None:
+        """Form the next round if it may form now (see the module rules)."""
+        job = self._job
+        # The lazy queue answers "still running" in O(1); only its "no" is confirmed by a scan.
+        if self.member_left(running_only=True) or any(w.state is S.RUNNING for w in job.members()):
+            return  # the current round is still running (draining members leave at the same commit)
+        alive = job.alive()
+        waiting = [w for w in alive if w.state is S.WAITING]
+        if job.phase is Phase.STARTING:
+            still_starting = any(w.state in (S.STARTING, S.CONNECTED) for w in alive)
+            # The first round forms once -np workers are ready; later arrivals join as a scale-up.
+            if len(waiting) < job.policy.num_proc and still_starting:
+                return
+        if not waiting or len(waiting) < job.policy.min_np:
+            return
+        plan = plan_round(
+            [
+                Candidate(w.worker_id, w.slot.host, w.slot.index, w.rank, w.holds_state,
+                          (job.hosts.order_of(w.slot.host), w.slot.index, w.seq), w.commit_seq)
+                for w in waiting
+            ],
+            max_np=job.policy.max_np,
+            # A worker that lost its commit holds a state no one may take, even before the first commit.
+            state_committed=job.state_committed or any(w.commit_lost for w in waiting),
+            failure_since_last_round=job.failure_since_round,
+            checkpointing=job.policy.checkpointing,
+            host_slots=job.policy.whole_host_slots,
+        )
+        if plan is None or (not isinstance(plan, StateLost) and len(plan.members) < job.policy.min_np):
+            return  # whole hosts only: not enough of them wait yet
+        if isinstance(plan, StateLost):
+            job.end(False, f"training state lost: {job.commits_lost_reason() or plan.reason}", 1)
+            return
+        if job.round > 0:
+            job.resets += 1
+            if job.policy.reset_limit is not None and job.resets > job.policy.reset_limit:
+                job.end(False, f"reset limit exceeded: {job.resets} resets > --reset-limit {job.policy.reset_limit}", 1)
+                return
+        job.round += 1
+        ordered = [job.workers[c.worker_id] for c in plan.members]
+        self.hosts = tuple(dict.fromkeys(w.slot.host for w in ordered))  # the group's only peers
+        self.ranks = assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered])
+        self.needs_sync = plan.needs_sync
+        self.from_checkpoint = plan.from_checkpoint
+        self.round_update_gen = job.update_gen
+        job.failure_since_round = False
+        self._on_formed(job.running(now))
+        for w in ordered:
+            w.to(S.RUNNING)
+            w.round = job.round
+            w.rank = self.ranks[w.worker_id].rank
+        if job.phase is Phase.STARTING:
+            job.phase = Phase.RUNNING
+        log.info(
+            "job %s: round %d formed with %d worker(s) (sync=%s%s): %s", job.job_id, job.round, len(ordered),
+            self.needs_sync, ", from the latest checkpoint" if plan.from_checkpoint else "",
+            ", ".join(f"{w.rank}={w.worker_id}" for w in ordered),
+        )
+        commit = max((w.commit_seq for w in ordered), default=0)
+        self._report_rollback(commit, plan.from_checkpoint)
+        job.emit(
+            "round_formed", round=job.round, size=len(ordered), synced=self.needs_sync,
+            # Before anyone has committed there is no step to continue from, and a round that loads a
+            # checkpoint learns its step from rank 0's checkpoint_loaded (null, as documented).
+            from_checkpoint=plan.from_checkpoint,
+            step=commit if job.state_committed and not plan.from_checkpoint else None,
+            ranks=_ranks_by_host(ordered),
+        )
+
+    def _report_rollback(self, commit: int, from_checkpoint: bool) -> None:
+        """The round an abort ended rolled back to ``commit``, where this round continues from."""
+        job = self._job
+        if self.pending_rollback is not None and from_checkpoint:
+            # Which commit the round goes back to is known only once rank 0 has loaded the checkpoint.
+            self.rollback_at_load = (self.pending_rollback, job.last_failure or "every state holder was lost")
+            self.pending_rollback = None
+        if self.pending_rollback is not None:
+            aborted, self.pending_rollback = self.pending_rollback, None
+            # The survivors rolled back to what they reported at rendezvous, the step this round continues
+            # from; the commit count seen at the abort comes from older heartbeats and may lag behind.
+            job.emit("rollback", round=aborted, commit_step=commit if job.state_committed else None,
+                     steps_lost=self.steps_lost, reason=job.last_failure or "a collective failed")
+            for what in self._drains.take_forced_drains():
+                log.info("%sremoved by force before its deadline; the survivors rolled back %d step(s) to their last "
+                         "commit", what, self.steps_lost)
+        self.steps_lost = 0
+
+
+def _ranks_by_host(ordered: list[WorkerRecord]) -> dict[str, list[int]]:
+    by_host: dict[str, list[int]] = {}
+    for w in ordered:
+        if w.rank is not None:
+            by_host.setdefault(w.slot.host, []).append(w.rank)
+    return by_host

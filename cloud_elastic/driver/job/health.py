@@ -1,0 +1,166 @@
+"""Slow, sick and unwanted workers: found, explained, and sent away without a rollback.
+
+:class:`Health` decides, for the job:
+
+* **stragglers** (:meth:`Health.check`): every worker reports its compute time
+  per optimizer step (the time its step spends outside waiting on peers; see
+  ``worker.progress``). A member whose figure stays at least
+  ``straggler_factor`` times the round's median for ``straggler_window_s`` is a
+  straggler. It is drained like a spot notice (it leaves at its next commit,
+  with zero steps lost) and its slot is blacklisted with the usual cooldown, so
+  a replacement is taken where discovery offers one. It is kept when draining
+  it would take the job below ``--min-np``, or when the job would not be faster
+  without it: synchronous training runs at the speed of its slowest worker, so
+  N workers do N / slowest samples per unit of work and N − 1 do
+  (N − 1) / slowest-of-the-others; it is drained only when the latter is larger
+  (:func:`faster_without`). One straggler leaves at a time.
+* **hand drains** (:meth:`Health.drain`, ``cloud-elastic drain JOB HOST[:SLOT]``):
+  a host drains as on a notice from the operator; a slot's worker drains alone
+  and its slot is blacklisted, so it is not refilled at once;
+* **sick newcomers** (:meth:`Health.unhealthy`): a worker whose device
+  self-test failed (see ``worker.selftest``) is given up with that one-line
+  reason and its slot blacklisted, before it ever joined a round.
+
+Cost: the straggler scan looks at the round's members at most once a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+
+from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.leaving import Leavers
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.providers.api import Drain
+
+__all__ = ["Health", "faster_without"]
+
+#: A piece of the job logs as the job (its records keep the name they had before the job was split).
+log = logging.getLogger(__name__)
+
+S = WorkerState
+#: How often the straggler scan runs (seconds of the job's clock).
+_SCAN_EVERY_S = 1.0
+
+
+def faster_without(slowest: float, others: list[float], leaving: int = 1) -> bool:
+    """Would the job do more work per second without its slowest worker (and the ``leaving - 1`` others that go
+    with it: its host's, under ``--whole-hosts``)? Compute times per step.
+
+    Every step waits for the slowest worker: N workers do N / slowest samples per
+    second of work, N − leaving do (N − leaving) / slowest-of-the-others.
+    """
+    if not others or slowest <= 0:
+        return False
+    n = len(others) + leaving
+    return (n - leaving) / max(others) > n / slowest
+
+
+class Health:
+    """Stragglers, hand drains and failed self-tests, for one job (see module docstring)."""
+
+    def __init__(self, job: JobView, leavers: Leavers) -> None:
+        self._job = job
+        self._leavers = leavers
+        self._slow_since: dict[str, float] = {}  # worker id -> running time it was first seen slow
+        self._kept: set[str] = set()  # slow workers already said to be kept (logged once each)
+        self._next_scan = 0.0
+
+    # ----------------------------------------------------------- stragglers
+    def check(self, now: float) -> None:
+        """Drain a member that stayed a straggler for the window (see module docstring)."""
+        job, policy = self._job, self._job.policy
+        if policy.straggler_factor <= 0 or job.phase is not Phase.RUNNING or job.adopting:
+            return
+        running = job.running(now)
+        if running < self._next_scan:
+            return
+        self._next_scan = running + _SCAN_EVERY_S
+        members = [w for w in job.members() if w.state is S.RUNNING and not w.returned]
+        figures = {w.worker_id: w.compute_s for w in members if w.compute_s is not None and w.compute_s > 0}
+        if job.abort_round >= job.round or len(figures) < 2 or len(figures) < len(members):
+            self._slow_since.clear()  # a round changing, or not every member measured yet
+            return
+        median = statistics.median(figures.values())
+        slow = {wid for wid, s in figures.items() if s >= policy.straggler_factor * median}
+        for wid in list(self._slow_since):
+            if wid not in slow:
+                del self._slow_since[wid]
+        for wid in slow:
+            self._slow_since.setdefault(wid, running)
+        due = [wid for wid, since in self._slow_since.items() if running - since >= policy.straggler_window_s]
+        if not due:
+            return
+        worst = max(due, key=lambda wid: figures[wid])
+        self._consider(job.workers[worst], figures, median, now)
+
+    def _consider(self, w: WorkerRecord, figures: dict[str, float], median: float, now: float) -> None:
+        job, policy = self._job, self._job.policy
+        slowest = figures[w.worker_id]
+        # Under --whole-hosts its host's other workers leave with it.
+        gone = ({wid for wid in figures if job.workers[wid].slot.host == w.slot.host} if policy.whole_host_slots
+                else {w.worker_id})
+        leaving = policy.whole_host_slots or 1
+        others = [s for wid, s in figures.items() if wid not in gone]
+        staying = sum(1 for x in job.active())
+        keep = ""
+        if staying - leaving < policy.min_np:
+            keep = f"draining it would leave {staying - leaving} worker(s), below --min-np {policy.min_np}"
+        elif not faster_without(slowest, others, leaving):
+            keep = (f"the job would not be faster without it ({len(others)} worker(s) at a slowest "
+                    f"{max(others, default=0):.3f} s/step against {len(others) + leaving} at {slowest:.3f} s/step)")
+        if keep:
+            if w.worker_id not in self._kept:
+                self._kept.add(w.worker_id)
+                log.warning("job %s: worker %s (%s) is slow (%.3f s of compute per step, %.1fx the round's median "
+                            "%.3f s) but is kept: %s", job.job_id, w.worker_id, w.label, slowest, slowest / median,
+                            median, keep)
+            return
+        self._slow_since.clear()
+        why = (f"straggler: {slowest:.3f} s of compute per step, {slowest / median:.1f}x the round's median "
+               f"{median:.3f} s for {policy.straggler_window_s:g}s (--straggler-factor {policy.straggler_factor:g})")
+        delay = job.hosts.blacklist.record_failure(w.slot, now)
+        log.warning("job %s: worker %s (%s) is a %s; it leaves at its next commit and slot %s is blacklisted for "
+                    "%.0fs", job.job_id, w.worker_id, w.label, why, w.slot, delay)
+        job.emit("straggler", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
+                 compute_s=round(slowest, 4), median_s=round(median, 4), factor=policy.straggler_factor,
+                 window_s=policy.straggler_window_s, blacklisted_s=round(delay, 1))
+        self._leavers.send_away(w, why)
+
+    # ---------------------------------------------------------- hand drains
+    def drain(self, host: str, slot: int | None, now: float) -> tuple[bool, str]:
+        """``cloud-elastic drain``: (done, what the operator is told)."""
+        job = self._job
+        if job.phase not in (Phase.STARTING, Phase.RUNNING):
+            return False, f"the job is {job.phase.value}"
+        on_host = [w for w in job.active() if w.slot.host == host]
+        if slot is None:
+            if host not in job.hosts.ready and not on_host:
+                return False, f"no host {host} in this job"
+            self._leavers.notice(host, Drain(None, "drained by hand (cloud-elastic drain)"), now, source="operator")
+            job.tick(now)
+            return True, f"host {host} drains: its {len(on_host)} worker(s) leave at their next commit"
+        mine = [w for w in on_host if w.slot.index == slot]
+        if not mine:
+            return False, f"no worker on {host}[{slot}]"
+        w = mine[0]
+        why = f"drained by hand (cloud-elastic drain {host}:{slot})"
+        delay = job.hosts.blacklist.record_failure(Slot(host, slot), now)
+        log.warning("job %s: worker %s (%s) %s; it leaves at its next commit and its slot is blacklisted for %.0fs",
+                    job.job_id, w.worker_id, w.label, why, delay)
+        self._leavers.send_away(w, why)
+        job.tick(now)
+        whole = job.policy.whole_host_slots and len(on_host) > 1
+        mates = " with its host's other workers (--whole-hosts)" if whole else ""
+        return True, (f"worker {w.worker_id} leaves{mates} at its next commit; slot {host}[{slot}] blacklisted for "
+                      f"{delay:.0f}s")
+
+    # ------------------------------------------------------- sick newcomers
+    def unhealthy(self, w: WorkerRecord, reason: str, now: float) -> None:
+        """``w``'s device self-test failed: give it up with that reason (its slot is blacklisted)."""
+        if not w.alive:
+            return
+        self._job.give_up(w, reason, now, stacks=False)  # it explained itself

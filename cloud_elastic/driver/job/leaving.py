@@ -1,0 +1,203 @@
+"""Hosts that leave: notices, draining, deadlines, and giving a drained host back.
+
+:class:`Leavers` decides, for the job:
+
+* what a notice does (:meth:`Leavers.notice`): a hard one drains the host, a
+  soft one (rebalance recommendation, maintenance) only keeps new workers off
+  it unless ``--drain-on-rebalance``; each is logged and emitted once;
+* which workers are asked to leave (:meth:`Leavers.mark`): those on a draining
+  host or one gone past the missing grace; a round member drains (it leaves at
+  its next commit, with zero steps lost), anyone else exits;
+* when a draining worker is removed by force (:meth:`Leavers.enforce_deadlines`):
+  still in its round ``deadline_margin_s`` before its host's deadline; its
+  peers roll back, and its slot is not blacklisted (the host is going, the
+  worker did nothing wrong);
+* when a draining host is given back to the cloud (:meth:`Leavers.release_drained`):
+  once no worker is left on it, exactly once per notice.
+
+Cost: :meth:`Leavers.mark` scans every worker only when a host changed
+usability or a worker was born since its last scan; the deadline and release
+checks scan only while some host is draining.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cloud_elastic.driver.job.actions import Release, Stop
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.providers.api import Drain
+
+__all__ = ["Leavers"]
+
+#: A piece of the job logs as the job (its records keep the name they had before the job was split).
+log = logging.getLogger(__name__)
+
+S = WorkerState
+#: States of alive workers that are staying (see JobView.active), as a tuple: membership in a tuple tests
+#: identity first, while an enum's hash is computed in Python.
+_ACTIVE = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
+
+
+class Leavers:
+    """Notices and draining hosts, for one job (see module docstring)."""
+
+    def __init__(self, job: JobView) -> None:
+        self._job = job
+        #: Host -> where its latest notice came from (for status).
+        self.sources: dict[str, str] = {}
+        self._released: set[str] = set()
+        self._forced: set[str] = set()  # draining hosts whose workers were removed by force
+        self._forced_drains: list[str] = []  # their log lines, until the steps lost are known
+        # Exact shortcut: no worker's host changed usability while hosts.version is _checked[0] and no
+        # worker was born while the count of workers is _checked[1].
+        self._checked: tuple[int, int] = (-1, -1)
+        self._draining_round = -1  # the last round in which a member was marked draining
+
+    def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False) -> bool:
+        """A notice for ``host`` from ``source``; True when it is news (the job then steps).
+
+        A hard notice drains the host: its workers leave at their next commit, or
+        are removed by force just before ``drain.deadline``. A soft one only keeps
+        new workers off the host, unless ``hosts.drain_soft`` makes it drain too.
+        """
+        job = self._job
+        soft = soft and not job.hosts.drain_soft  # --drain-on-rebalance
+        if soft:
+            news = job.hosts.soft_notice(host, drain.reason, now)
+        else:
+            news = job.hosts.notice(host, drain, now, now + job.wall_offset)
+        if not news:
+            return False
+        self.sources[host] = source
+        left = ""
+        if drain.deadline is not None:
+            left = f", {drain.deadline - (now + job.wall_offset):.0f}s before its deadline"
+        if soft:
+            log.info("job %s: notice from %s for host %s: %s; no new worker will be placed there",
+                     job.job_id, source, host, drain.reason)
+        else:
+            log.warning("job %s: notice from %s for host %s: %s%s; its workers leave at their next commit",
+                        job.job_id, source, host, drain.reason, left)
+        job.emit("notice", source=source, host=host, reason=drain.reason, deadline=drain.deadline, soft=soft,
+                 action="no new workers" if soft else "drain")
+        return True
+
+    def lapsed(self, host: str) -> None:
+        """The notice for ``host`` lapsed (see :class:`~.hosts.HostManager`)."""
+        self.sources.pop(host, None)
+
+    def members_may_drain(self, round_: int) -> bool:
+        """False when no member of round ``round_`` was marked draining (only :meth:`mark` drains members)."""
+        return self._draining_round == round_
+
+    def take_forced_drains(self) -> list[str]:
+        """The log lines of hosts drained by force, kept until the survivors report the steps lost."""
+        lines, self._forced_drains = self._forced_drains, []
+        return lines
+
+    def mark(self) -> None:
+        """Workers whose host is draining or gone (past the missing grace) are asked to leave."""
+        job = self._job
+        checked = (job.hosts.version, len(job.workers))
+        if checked == self._checked:
+            return  # no host changed and no worker was born since every worker's host was checked
+        self._checked = checked
+        ready, missing = job.hosts.ready, job.hosts.missing
+        for w in job.alive():
+            if w.state not in _ACTIVE:
+                continue
+            # HostManager.is_usable, inlined: this runs over every worker each step.
+            host, index = w.slot.host, w.slot.index
+            if index < (missing[host][0] if host in missing else ready.get(host, 0)):
+                continue
+            drain = job.hosts.draining.get(w.slot.host)
+            why = f"host {w.slot.host} is draining ({drain.reason})" if drain else f"host {w.slot.host} left the group"
+            log.info("job %s: worker %s (%s) will leave: %s", job.job_id, w.worker_id, w.label, why)
+            self.send_away(w, why)
+
+    def send_away(self, w: WorkerRecord, why: str) -> None:
+        """Ask one staying worker to leave: a round member drains (it leaves at its next commit, zero steps
+        lost), a worker waiting at rendezvous gets an exit order, one not there yet is stopped."""
+        job = self._job
+        before = w.state
+        if before is S.RUNNING:
+            w.to(S.DRAINING, why)  # leaves at its next commit
+            self._draining_round = job.round
+        else:
+            w.to(S.EXITING, why)
+            if before is not S.WAITING:
+                # Not at rendezvous yet, so no exit order would reach it soon.
+                job.act(Stop(w.worker_id, why))
+        self.take_host_along(w)
+
+    def take_host_along(self, w: WorkerRecord) -> None:
+        """With ``--whole-hosts``, the staying workers of ``w``'s host leave with it: without ``w`` their host
+        is no longer whole (a model sharded across the host's slots is missing a shard)."""
+        job = self._job
+        if not job.policy.whole_host_slots:
+            return
+        for other in job.alive():
+            if other.slot.host == w.slot.host and other is not w and other.state in _ACTIVE:
+                why = (f"worker {w.worker_id} of its host left ({w.why or 'failed'}), "
+                       "and a host leaves whole (--whole-hosts)")
+                log.info("job %s: worker %s (%s) will leave: %s", job.job_id, other.worker_id, other.label, why)
+                self.send_away(other, why)
+
+    def enforce_deadlines(self, now: float) -> None:
+        """A draining host whose workers are still in their round close to its deadline is removed by force."""
+        job = self._job
+        if not job.hosts.draining:
+            return  # no deadline to enforce; spares a scan of every worker each step
+        wall = now + job.wall_offset
+        margin = job.policy.deadline_margin_s
+        for w in job.alive():
+            if w.state is not S.DRAINING:
+                continue
+            drain = job.hosts.draining.get(w.slot.host)
+            if drain is None or drain.deadline is None or wall < drain.deadline - margin:
+                continue
+            what = f"had not left by {margin:g}s before its host's deadline ({drain.reason}); removed by force"
+            log.warning("job %s: worker %s (%s) %s", job.job_id, w.worker_id, w.label, what)
+            w.to(S.LOST, what)
+            job.forget_alive()
+            self._forced.add(w.slot.host)
+            job.act(Stop(w.worker_id, what, immediate=True))
+            self.lost_leaver(w, what)
+            job.abort()
+
+    def lost_leaver(self, w: WorkerRecord, what: str) -> None:
+        """A draining worker lost inside its round: its peers roll back, but its slot is not blacklisted."""
+        job = self._job
+        job.last_failure = f"worker {w.worker_id} ({w.label}) {what}"
+        job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
+                 reason=what, exit_code=None, blacklisted_s=None, **({"round": w.round} if w.round else {}))
+
+    def release_drained(self, now: float, rollback_pending: bool) -> None:
+        """Once no worker is left on a draining host, the cloud may take it (once per host).
+
+        ``rollback_pending``: an aborted round's survivors have not re-formed yet, so the
+        steps lost by a forced drain are logged when they do (:meth:`take_forced_drains`).
+        """
+        job = self._job
+        draining = job.hosts.draining
+        busy = {w.slot.host for w in job.alive()} if draining else set()
+        for host, drain in draining.items():
+            if host not in busy and host not in self._released:
+                self._released.add(host)
+                job.act(Release(host, job.hosts.instances.get(host)))
+                had_workers = any(w.slot.host == host for w in job.workers.values())
+                if had_workers:
+                    left = "" if drain.deadline is None else (
+                        f", {drain.deadline - (now + job.wall_offset):.1f}s before its deadline")
+                    what = (f"job {job.job_id}: host {host} drained ({drain.reason}, notice from "
+                            f"{self.sources.get(host, 'the provider')}){left}: ")
+                    if host not in self._forced:
+                        log.info("%sits workers left at a commit; 0 steps lost", what)
+                    elif rollback_pending:
+                        self._forced_drains.append(what)  # the survivors report the steps lost when they re-form
+                    else:
+                        log.info("%sremoved by force before its deadline", what)
+        self._released &= set(draining)
+        self._forced &= set(draining)

@@ -1,0 +1,92 @@
+"""The driver's answer to ``cloud-elastic status``: a snapshot of the job, built from the pure job.
+
+Pure: reads the :class:`~cloud_elastic.driver.job.elastic_job.ElasticJob` (under the
+driver's lock) and returns a :class:`~cloud_elastic.status.StatusReply`.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.job.elastic_job import ElasticJob, Phase
+from cloud_elastic.driver.job.workers import WorkerState
+from cloud_elastic.status import BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus
+
+__all__ = ["status_reply", "MAX_WORKER_ROWS"]
+
+#: Worker rows listed at most (a reply must fit the control plane's 64 KiB message limit).
+MAX_WORKER_ROWS = 256
+
+_STATE_WORDS = {
+    WorkerState.STARTING: "starting",
+    WorkerState.CONNECTED: "starting",
+    WorkerState.WAITING: "ready",
+    WorkerState.RUNNING: "training",
+    WorkerState.DRAINING: "leaving",
+    WorkerState.COMPLETED: "completed",
+    WorkerState.EXITING: "leaving",
+}
+
+
+def _phase(job: ElasticJob) -> str:
+    if job.phase is Phase.STARTING:
+        return "waiting for slots" if not job.workers else "starting"
+    if job.phase is Phase.FINISHING:
+        return "finishing"
+    if job.phase is Phase.DONE:
+        return "done"
+    members = [w for w in job.workers.values() if w.member_of(job.round)]
+    if len(members) < job.policy.min_np:
+        return "below --min-np"
+    return "training"
+
+
+def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: float, wall_now: float,
+                 uptime_s: float, steps_per_s: float | None = None) -> StatusReply:
+    """What the driver answers to a signed ``status`` request.
+
+    ``steps_per_s`` is rank 0's commit rate as the driver measures it from heartbeats
+    (a :class:`~cloud_elastic.metrics.StepRate`); None shows as unknown.
+    """
+    alive = [w for w in job.workers.values() if w.alive][:MAX_WORKER_ROWS]
+    by_host: dict[str, list[WorkerStatus]] = {}
+    for w in sorted(alive, key=lambda w: (w.slot.host, w.slot.index)):
+        by_host.setdefault(w.slot.host, []).append(
+            # A rank is only meaningful in the current round (a leaver keeps its old one).
+            WorkerStatus(w.slot.index, w.worker_id, _STATE_WORDS.get(w.state, w.state.value),
+                         w.rank if w.member_of(job.round) else None,
+                         None if w.compute_s is None else round(w.compute_s, 4))
+        )
+    hosts = job.hosts
+    rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ()))) for h, n in hosts.ready.items()]
+    rows += [HostStatus(h, 0, "draining", tuple(by_host.get(h, ()))) for h in hosts.draining]
+    rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ()))) for h, (n, _) in hosts.missing.items()]
+    members = [w for w in job.workers.values() if w.member_of(job.round)]
+    commit = max((w.commit_seq for w in members), default=0)
+    computes = [w.compute_s for w in members if w.compute_s is not None]
+    return StatusReply(
+        job=job.job_id,
+        phase=_phase(job),
+        round=job.round,
+        world_size=len(members),
+        num_proc=config.num_proc,
+        min_np=config.min_np,
+        max_np=config.max_np,
+        uptime_s=round(uptime_s, 1),
+        resets=job.resets,
+        commit_step=commit or None,
+        steps_per_s=None if steps_per_s is None else round(steps_per_s, 2),
+        hosts=tuple(rows),
+        blacklisted=tuple(
+            BlacklistedSlot(s.host, s.index, round(left, 1), failures)
+            for s, left, failures in hosts.blacklist.blocked_slots(now)
+        ),
+        notices=tuple(
+            PendingNotice(h, job.notice_sources.get(h, "provider"), d.deadline)
+            for h, d in hosts.draining.items()
+        ),
+        provider=provider,
+        median_compute_s=round(statistics.median(computes), 4) if computes else None,
+        whole_host_slots=config.whole_host_slots,
+    )

@@ -1,0 +1,139 @@
+"""One worker's life as seen by the driver: an explicit state machine.
+
+::
+
+    STARTING ──register──► CONNECTED ──rendezvous──► WAITING ──round formed──► RUNNING
+                                                       ▲                         │ │
+                                                       └──── commit sees update ─┘ │ host leaving
+                                                             / collective failed   ▼
+    RUNNING ──training function returned──► COMPLETED                          DRAINING
+    any live state ──told to leave / job over──► EXITING   (DRAINING at rendezvous, too)
+    any live state ──given up (silent, never arrived)──► LOST
+    any state ──process ended──► EXITED
+
+A worker is *alive* until it is LOST or EXITED. Every transition goes through
+:meth:`WorkerRecord.to`, which refuses the ones not drawn above: a refused
+transition is a driver bug, and failing loudly beats a silently stuck job.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from cloud_elastic.driver.job.hosts import Slot
+
+__all__ = ["WorkerState", "WorkerRecord", "IllegalTransition"]
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"  # launched; has not registered yet
+    CONNECTED = "connected"  # registered; not yet at rendezvous
+    WAITING = "waiting"  # at rendezvous, wants a round
+    RUNNING = "running"  # member of a round
+    DRAINING = "draining"  # member of a round whose host is leaving: leaves at its next commit
+    COMPLETED = "completed"  # its training function returned
+    EXITING = "exiting"  # told to exit (its host is leaving, the job is over); process still there
+    LOST = "lost"  # given up (silent, never arrived); counted once, killed
+    EXITED = "exited"  # the process ended
+
+
+_S = WorkerState
+_ALLOWED: dict[WorkerState, frozenset[WorkerState]] = {
+    _S.STARTING: frozenset({_S.CONNECTED, _S.EXITING, _S.LOST, _S.EXITED}),
+    _S.CONNECTED: frozenset({_S.WAITING, _S.EXITING, _S.LOST, _S.EXITED}),
+    _S.WAITING: frozenset({_S.RUNNING, _S.EXITING, _S.LOST, _S.EXITED}),
+    _S.RUNNING: frozenset({_S.WAITING, _S.DRAINING, _S.COMPLETED, _S.EXITING, _S.LOST, _S.EXITED}),
+    _S.DRAINING: frozenset({_S.EXITING, _S.COMPLETED, _S.LOST, _S.EXITED}),
+    _S.COMPLETED: frozenset({_S.EXITING, _S.LOST, _S.EXITED}),
+    _S.EXITING: frozenset({_S.LOST, _S.EXITED}),
+    _S.LOST: frozenset({_S.EXITED}),
+    _S.EXITED: frozenset(),
+}
+
+#: States of a worker that belongs to a formed round (its group may be in use).
+MEMBER_STATES = frozenset({_S.RUNNING, _S.DRAINING})
+
+
+class IllegalTransition(RuntimeError):
+    """A driver bug: a worker was moved along a transition the state machine does not have."""
+
+
+@dataclass
+class WorkerRecord:
+    """What the driver knows about one worker process.
+
+    ``last_seen`` is in the driver's *running time* (see :mod:`.liveness`).
+    ``why`` says why the worker is draining, exiting or lost. ``commits`` is the
+    number of commits the worker has reported; ``commit_seq`` the position in the
+    job's history of the commit it would restore (it holds the job's committed
+    training state once either is above zero: a worker that synced from rank 0
+    holds rank 0's commit before it makes one of its own).
+    """
+
+    worker_id: str
+    slot: Slot
+    seq: int
+    launched_at: float
+    last_seen: float
+    state: WorkerState = WorkerState.STARTING
+    round: int = 0
+    rank: int | None = None
+    rdzv_reason: str = "start"
+    why: str = ""
+    commits: int = 0
+    commit_seq: int = 0
+    #: It said at its last rendezvous that it cannot restore its last commit exactly.
+    commit_lost: bool = False
+    #: Its progress counter (see ``worker.progress``), and when (running time) it last grew.
+    progress: int = 0
+    progress_at: float = 0.0
+    #: Optimizer steps it has taken in all, and how long it has been waiting in one collective.
+    steps: int = 0
+    waiting_s: float = 0.0
+    waiting_at: float = 0.0  # running time of the heartbeat that reported waiting_s
+    #: Its training function returned while rank 0 of its round had not: it waits for rank 0's verdict.
+    returned: bool = False
+    #: It was sent away for returning while rank 0 was still training, and how long its slot then cools down.
+    returned_early: bool = False
+    cooldown_s: float = 0.0
+    #: Its compute time per optimizer step (median of its recent steps; see ``worker.progress``), if known.
+    compute_s: float | None = None
+    #: Running time at which it said it was past its exit hooks (``exiting``): its heartbeats have stopped
+    #: and its exit status is on the way; silence is then judged by ``EXIT_GRACE_S`` (see :mod:`.liveness`).
+    exiting_at: float | None = None
+    #: The stacks request it was last asked to answer, and the last one it answered.
+    stacks_wanted: int = 0
+    stacks_sent: int = 0
+
+    def to(self, new: WorkerState, why: str = "") -> None:
+        """Move to ``new``; IllegalTransition if the state machine has no such edge."""
+        if new is self.state:
+            return
+        if new not in _ALLOWED[self.state]:
+            raise IllegalTransition(f"worker {self.worker_id}: {self.state.value} -> {new.value} is not allowed")
+        self.state = new
+        if why:
+            self.why = why
+
+    @property
+    def alive(self) -> bool:
+        """Its process is (as far as the driver knows) running and not given up."""
+        return self.state not in (WorkerState.LOST, WorkerState.EXITED)
+
+    @property
+    def registered(self) -> bool:
+        return self.state is not WorkerState.STARTING
+
+    @property
+    def holds_state(self) -> bool:
+        """It holds a commit of the job's training state (its own, or rank 0's from a sync), exactly."""
+        return (self.commits > 0 or self.commit_seq > 0) and not self.commit_lost
+
+    def member_of(self, round_: int) -> bool:
+        """Whether it is a live member of round ``round_``."""
+        return self.state in MEMBER_STATES and self.round == round_ and round_ > 0
+
+    @property
+    def label(self) -> str:
+        return "not yet ranked" if self.rank is None else f"rank {self.rank}"

@@ -1,0 +1,249 @@
+"""Starting workers on this machine (``localhost`` and every loopback address)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from cloud_elastic.driver.launch import forkserver
+from cloud_elastic.driver.launch.forkserver import ForkServer
+from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
+from cloud_elastic.errors import LaunchError
+
+__all__ = ["ForkedProcess", "LocalLauncher", "LocalProcess", "forward_lines", "kill_group", "process_start_time"]
+
+log = logging.getLogger(__name__)
+
+#: Distinct sets of start-up variables given a fork server each; workers of any other start from scratch.
+_MAX_SERVERS = 4
+
+
+def forward_lines(stream, on_output: OutputSink) -> None:
+    """Read ``stream`` line by line into ``on_output`` until EOF (runs on its own thread)."""
+    try:
+        for raw in iter(stream.readline, b""):
+            on_output(raw.decode(errors="replace").rstrip("\n"))
+    except (OSError, ValueError):
+        pass
+    finally:
+        stream.close()
+
+
+def kill_group(pid: int, sig: int) -> None:
+    """Send ``sig`` to process group ``pid``; a group that is gone is fine."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (None if it is gone or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+class LocalProcess:
+    """A worker running as a child process in its own session (process group).
+
+    ``poll`` and ``kill`` never block; ``terminate`` blocks up to its grace.
+    The child stays unreaped (a zombie) until ``poll`` or ``terminate`` sees it end.
+    """
+
+    def __init__(self, spec: WorkerSpec, popen: subprocess.Popen) -> None:
+        self.spec = spec
+        self._popen = popen
+        self._lock = threading.Lock()
+        self._start = process_start_time(popen.pid)
+
+    def handle(self) -> dict[str, object]:
+        """How a restarted driver finds this process again (see :mod:`.adoption`)."""
+        return {"kind": "local", "pid": self._popen.pid, "start": self._start}
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def poll(self) -> ExitStatus | None:
+        """The exit status once the child has ended (reaping it), else ``None``. Never blocks."""
+        code = self._popen.poll()
+        return None if code is None else ExitStatus(code)
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        """TERM the group, KILL it after ``grace_s``, reap the child. Blocks up to ``grace_s``; idempotent."""
+        with self._lock:
+            if self._popen.poll() is None:
+                kill_group(self._popen.pid, signal.SIGTERM)
+                deadline = time.monotonic() + grace_s
+                while self._popen.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            # Children the worker left behind in its group go too.
+            kill_group(self._popen.pid, signal.SIGKILL)
+            self._popen.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the whole group and return at once; ``poll`` reaps the child. Idempotent."""
+        kill_group(self._popen.pid, signal.SIGKILL)
+
+    def dump_stacks(self) -> bool:
+        """Ask the worker process (not its children) to print its Python stacks (SIGUSR1, which the worker
+        library hands to ``faulthandler``: it answers even with its interpreter stuck); False if it is gone."""
+        try:
+            os.kill(self._popen.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return False
+        return self._popen.poll() is None
+
+
+class ForkedProcess:
+    """A worker forked by a :class:`~cloud_elastic.driver.launch.forkserver.ForkServer`, with ``LocalProcess``'s interface.
+
+    The server is its parent and reaps it at once, so its pid could be reused after its
+    exit: signals go to it only while its exit is unreported and ``/proc`` still shows
+    the process that started.
+    """
+
+    def __init__(self, spec: WorkerSpec, server: ForkServer, pid: int) -> None:
+        self.spec = spec
+        self._server = server
+        self._pid = pid
+        self._lock = threading.Lock()
+        self._start = process_start_time(pid)
+
+    def handle(self) -> dict[str, object]:
+        return {"kind": "local", "pid": self._pid, "start": self._start}
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def _alive(self) -> bool:
+        return self._server.exit_code(self._pid) is None and process_start_time(self._pid) == self._start
+
+    def poll(self) -> ExitStatus | None:
+        code = self._server.exit_code(self._pid)
+        if code is not None:
+            return ExitStatus(code)
+        if self._server.gone and process_start_time(self._pid) != self._start:
+            return ExitStatus(1, known=False)  # ended after its server: nobody here learnt how
+        return None
+
+    def _signal_group(self, sig: int) -> None:
+        if self._alive():
+            kill_group(self._pid, sig)
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        with self._lock:
+            if self.poll() is None:
+                self._signal_group(signal.SIGTERM)
+                deadline = time.monotonic() + grace_s
+                while self.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            self._signal_group(signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while self.poll() is None and time.monotonic() < deadline:
+                self._server.wait_exit(self._pid, 0.2)
+
+    def kill(self) -> None:
+        self._signal_group(signal.SIGKILL)
+
+    def dump_stacks(self) -> bool:
+        if not self._alive():
+            return False
+        try:
+            os.kill(self._pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return False
+        return self.poll() is None
+
+
+class LocalLauncher:
+    """Starts each worker as a process with its own process group: forked from a server
+    that imported torch once when it can (:mod:`.forkserver`), otherwise as a child process.
+
+    The secret is put in the child's environment only (never its command line).
+    """
+
+    def __init__(self) -> None:
+        self._forking = forkserver.enabled()
+        self._servers: dict[tuple[tuple[str, str], ...], ForkServer | None] = {}
+        self._servers_lock = threading.Lock()
+
+    def _server_for(self, env: dict[str, str]) -> ForkServer | None:
+        key = forkserver.startup_key(env)
+        with self._servers_lock:
+            if key not in self._servers:
+                if len(self._servers) >= _MAX_SERVERS:
+                    return None
+                self._servers[key] = forkserver.start_server(env)
+            server = self._servers[key]
+        return None if server is None or server.gone else server
+
+    def _fork(self, spec: WorkerSpec, env: dict[str, str], on_output: OutputSink) -> ForkedProcess | None:
+        cwd = spec.cwd or os.getcwd()
+        how = forkserver.forkable(spec.command, env, cwd) if self._forking else None
+        server = self._server_for(env) if how is not None else None
+        if server is None or not server.fits(spec.command, env):
+            return None
+        how = {**how, "argv": list(spec.command)}
+        read_fd, write_fd = os.pipe()
+        try:
+            pid = server.spawn(how, env, cwd, write_fd)
+        except LaunchError:
+            os.close(read_fd)
+            if not server.gone:
+                raise
+            return None  # the server died: start this one from scratch
+        finally:
+            os.close(write_fd)
+        threading.Thread(target=forward_lines, args=(os.fdopen(read_fd, "rb"), on_output),
+                         name=f"out-{spec.worker_id}", daemon=True).start()
+        log.debug("forked %s as pid %d", spec.worker_id, pid)
+        return ForkedProcess(spec, server, pid)
+
+    def launch(self, spec: WorkerSpec, on_output: OutputSink) -> LocalProcess | ForkedProcess:
+        env = dict(os.environ)
+        env.update(spec.env)
+        env["CLOUD_ELASTIC_SECRET"] = spec.secret
+        # `python` in the command means the driver's interpreter (its virtualenv), as over SSH.
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+        forked = self._fork(spec, env, on_output)
+        if forked is not None:
+            return forked
+        try:
+            popen = subprocess.Popen(
+                list(spec.command),
+                env=env,
+                cwd=spec.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start {spec.command[0]!r} for {spec.worker_id}: {exc.strerror or exc}") from exc
+        threading.Thread(
+            target=forward_lines, args=(popen.stdout, on_output), name=f"out-{spec.worker_id}", daemon=True
+        ).start()
+        log.debug("started %s as pid %d", spec.worker_id, popen.pid)
+        return LocalProcess(spec, popen)
+
+    def close(self) -> None:
+        with self._servers_lock:
+            servers, self._servers = [s for s in self._servers.values() if s is not None], {}
+        for server in servers:
+            server.close()

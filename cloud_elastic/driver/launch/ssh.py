@@ -1,0 +1,564 @@
+"""The SSH launcher: start workers on remote hosts through the system ``ssh`` client.
+
+One ``ssh`` process per worker, non-interactive (``BatchMode=yes``), no tty.
+The remote login shell runs ``python3 -m cloud_elastic.driver.launch.ssh_remote`` (see
+:mod:`cloud_elastic.driver.launch.ssh_remote`; its command line holds no secret), which:
+
+1. reads the per-job secret from the first line of its stdin and hands it to
+   the worker as ``CLOUD_ELASTIC_SECRET`` (so it never appears on any command
+   line, local or remote);
+2. starts ``spec.command`` in ``spec.cwd`` in a **new session and process
+   group**, stdin from ``/dev/null``, stderr merged into stdout;
+3. runs a watchdog on its own stdin. End of file (the driver closed the pipe,
+   the local ssh died, the connection dropped), a ``KILL`` or ``TERM <grace>``
+   line, a missing keepalive, or a TERM/HUP/INT to the wrapper itself stops the
+   worker's *whole process group*: TERM, then KILL after the grace;
+4. when the worker ends, stops whatever is left in its group and reports the
+   worker's exact status (``-N`` for signal N) on a marker line on stderr.
+
+So ``ExitStatus.code`` is the worker's own status, and ``transport_error`` is
+set only when ssh itself failed (exit 255 without a marker, classified from
+ssh's stderr), when the remote wrapper ended without starting the worker (for
+example cloud-elastic missing on that host), when the local ssh client was
+killed by someone else, or when the remote watchdog lost the driver's keepalive.
+
+Host keys: unless the user's ssh options choose a known-hosts file or strict
+checking, ssh checks keys against a job-private known-hosts file
+(:class:`~cloud_elastic.driver.launch.known_hosts.JobKnownHosts`) that forgets an
+address's key when discovery reports a different instance behind it.
+
+The remote PATH gets the driver's Python bin directory prepended, so
+``python3`` (for the wrapper) and a worker command such as ``python train.py``
+use the same virtualenv path remotely: cloud images are expected to install
+cloud-elastic at that same path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+
+from cloud_elastic.config import SSH_OPTION, SSHConfig
+from cloud_elastic.driver.launch.known_hosts import JobKnownHosts
+from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
+from cloud_elastic.driver.launch.local import forward_lines
+from cloud_elastic.driver.launch.ssh_remote import (
+    MODULE,
+    REASON_GONE,
+    REASON_KEEPALIVE,
+    SECRET_ENV,
+    WrapperArgs,
+    parse_marker,
+    wrapper_argv,
+)
+from cloud_elastic.errors import ConfigError, LaunchError, SSHError
+
+__all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
+
+logger = logging.getLogger(__name__)
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SSH_OPTION = SSH_OPTION
+_SERVER_ALIVE_INTERVAL_S = 5
+_SERVER_ALIVE_COUNT_MAX = 3
+_DRAIN_WAIT_S = 2.0
+_STDERR_TAIL = 20
+
+# Options the user may override through SSHConfig.extra_options (ssh keeps the
+# first value it sees for an option, and the user's options come first).
+_DEFAULT_OPTIONS = (
+    "StrictHostKeyChecking=accept-new",
+    "LogLevel=ERROR",
+    f"ServerAliveInterval={_SERVER_ALIVE_INTERVAL_S}",
+    f"ServerAliveCountMax={_SERVER_ALIVE_COUNT_MAX}",
+)
+
+# (substring of ssh's stderr, lower case) -> what went wrong. First match wins.
+_SSH_FAILURES = (
+    ("remote host identification has changed", "host key mismatch (the host key changed)"),
+    ("host key is known", "host key unknown (not in known_hosts, and strict checking is on)"),
+    ("host key verification failed", "host key verification failed"),
+    ("permission denied", "authentication refused"),
+    ("too many authentication failures", "authentication refused"),
+    ("connection refused", "host unreachable: connection refused"),
+    ("no route to host", "host unreachable: no route to host"),
+    ("network is unreachable", "host unreachable: network is unreachable"),
+    ("timed out", "host unreachable: connection timed out"),
+    ("could not resolve hostname", "host name does not resolve"),
+    ("not responding", "connection lost: the server stopped responding"),
+    ("closed by remote host", "connection lost: closed by the remote host"),
+    ("connection reset", "connection lost: reset"),
+    ("connection closed", "connection lost: closed"),
+    ("broken pipe", "connection lost: broken pipe"),
+)
+
+class SSHLauncher:
+    """Starts workers on remote hosts through the system ``ssh`` client.
+
+    Guarantees, in addition to those of :class:`~cloud_elastic.driver.launch.api.Launcher`:
+
+    * ssh runs with ``BatchMode=yes`` (never prompts), ``-T`` (no tty) and the
+      ConnectTimeout, port, user and identity of ``config``. ``config.extra_options``
+      are ``Key=Value`` ssh options; they come before the launcher's defaults
+      (``StrictHostKeyChecking=accept-new``, ``LogLevel=ERROR``,
+      ``ServerAliveInterval=5``, ``ServerAliveCountMax=3``, ``IdentitiesOnly=yes``
+      with an identity file), so they override them. ``BatchMode`` cannot be overridden.
+    * The launcher writes a keepalive line to every live worker's stdin each
+      ``keepalive_interval_s``; a remote wrapper that hears nothing for
+      ``keepalive_timeout_s`` (0 disables) stops its worker, so a silently dead
+      connection or driver VM leaves no orphan even when sshd never notices.
+    * If the connection drops, the remote group gets TERM, then KILL after
+      ``disconnect_grace_s``.
+    * Host keys are checked against a job-private known-hosts file
+      (``UserKnownHostsFile``, with ``HashKnownHosts=no``), unless
+      ``config.extra_options`` set ``UserKnownHostsFile`` or demand strict
+      checking (``StrictHostKeyChecking=yes``), in which case the user's files
+      are used and never edited. When ``spec.instance`` differs from the
+      instance an address was last launched for, the address's recorded keys
+      are forgotten first: a recycled private IP is accepted as a new host.
+      The file is removed in ``close``.
+    * ``kill`` never waits: the order is written and a short-lived thread ends
+      the local ssh if the remote side has not finished within ``kill_wait_s``.
+
+    The constructor does no I/O and starts no thread; the keepalive thread
+    starts with the first ``launch`` and stops in ``close``. The launcher is a
+    context manager that calls ``close``.
+    """
+
+    def __init__(
+        self,
+        config: SSHConfig,
+        *,
+        keepalive_interval_s: float = 5.0,
+        keepalive_timeout_s: float = 30.0,
+        disconnect_grace_s: float = 5.0,
+        kill_wait_s: float = 1.0,
+    ) -> None:
+        for option in config.extra_options:
+            if not _SSH_OPTION.match(option):
+                raise ConfigError(f"extra ssh option {option!r} must look like Key=Value (it is passed as ssh -o)")
+        if keepalive_interval_s <= 0 or disconnect_grace_s < 0 or kill_wait_s < 0:
+            raise ConfigError("keepalive_interval_s must be > 0, disconnect_grace_s and kill_wait_s >= 0")
+        if keepalive_timeout_s and keepalive_timeout_s <= 2 * keepalive_interval_s:
+            raise ConfigError("keepalive_timeout_s must exceed twice keepalive_interval_s (or be 0 to disable)")
+        self._config = config
+        self._keepalive_interval_s = keepalive_interval_s
+        self._keepalive_timeout_s = keepalive_timeout_s
+        self._disconnect_grace_s = disconnect_grace_s
+        self._kill_wait_s = kill_wait_s
+        self._known_hosts = JobKnownHosts() if _wants_job_known_hosts(config.extra_options) else None
+        self._lock = threading.Lock()
+        self._live: list[SSHWorkerProcess] = []
+        self._closed = threading.Event()
+        self._keepalive: threading.Thread | None = None
+        self._logged_options = False
+
+    def ssh_argv(self, host: str) -> list[str]:
+        """The ssh client invocation (without the remote command) used for ``host``."""
+        ssh = shutil.which("ssh")
+        if ssh is None:
+            raise SSHError("the ssh client is not installed on the driver host (install openssh-client)")
+        cfg = self._config
+        argv = [ssh, "-T", "-o", "BatchMode=yes"]
+        for option in cfg.extra_options:
+            argv += ["-o", option]
+        argv += ["-o", f"ConnectTimeout={max(1, math.ceil(cfg.connect_timeout_s))}"]
+        defaults = _DEFAULT_OPTIONS + (("IdentitiesOnly=yes",) if cfg.identity_file else ())
+        if self._known_hosts is not None:
+            defaults += (f"UserKnownHostsFile={_ssh_quote(self._known_hosts.path)}", "HashKnownHosts=no")
+        overridden = {_option_key(option) for option in cfg.extra_options}
+        for option in defaults:
+            if _option_key(option) not in overridden:
+                argv += ["-o", option]
+        if cfg.identity_file:
+            argv += ["-i", cfg.identity_file]
+        if cfg.port is not None:
+            argv += ["-p", str(cfg.port)]
+        if cfg.user:
+            argv += ["-l", cfg.user]
+        return argv + ["--", host]
+
+    def remote_command(self, spec: WorkerSpec, nonce: str) -> str:
+        """The shell command line the remote login shell runs. Holds no secret."""
+        for name in spec.env:
+            if not _ENV_NAME.match(name):
+                raise LaunchError(f"cannot forward environment variable {name!r} to {spec.host}: not a valid name")
+        if SECRET_ENV in spec.env:
+            raise LaunchError(f"{SECRET_ENV} must not be in WorkerSpec.env; the secret travels on stdin")
+        wrapper = WrapperArgs(nonce, float(self._disconnect_grace_s), float(self._keepalive_timeout_s), spec.cwd,
+                              tuple(spec.command))
+        return " ".join(_env_prefix(spec) + [shlex.quote(arg) for arg in wrapper_argv(wrapper)])
+
+    def launch(self, spec: WorkerSpec, on_output: OutputSink) -> SSHWorkerProcess:
+        """Start ``spec`` on ``spec.host`` over ssh; return at once.
+
+        Raises :class:`~cloud_elastic.errors.SSHError` if the ssh client cannot
+        be started and :class:`~cloud_elastic.errors.LaunchError` for a spec that
+        cannot be sent (bad variable name, secret with a newline). Unreachable
+        hosts and refused keys are reported later by ``poll()`` as a transport error.
+        """
+        if self._closed.is_set():
+            raise LaunchError("the SSH launcher is closed")
+        if not spec.command:
+            raise LaunchError(f"worker {spec.worker_id}: empty command")
+        if "\n" in spec.secret or "\r" in spec.secret:
+            raise LaunchError("the job secret must be a single line")
+        nonce = secrets.token_hex(8)
+        argv = self.ssh_argv(spec.host) + [self.remote_command(spec, nonce)]
+        if self._known_hosts is not None:
+            self._known_hosts.admit(spec.host, spec.instance, self._config.port)
+        self._log_options_once(argv)
+        logger.debug("launching worker %s (slot %s) on %s over ssh", spec.worker_id, spec.slot, spec.host)
+        proc = SSHWorkerProcess(spec, argv, nonce, on_output, self._destination(spec.host), self._keepalive_timeout_s,
+                                kill_wait_s=self._kill_wait_s)
+        return self._track(proc)
+
+    def attach(self, spec: WorkerSpec, nonce: str, on_output: OutputSink) -> SSHWorkerProcess:
+        """Take over a worker that another driver launched with ``nonce`` on ``spec.host``; return at once.
+
+        A fresh ssh connection runs ``remote --attach NONCE``, which speaks for
+        the driver to the worker's remote wrapper from then on: keepalives,
+        ``kill``/``terminate`` orders and the worker's exit status work as for a
+        worker this launcher started (see :mod:`cloud_elastic.driver.launch.ssh_remote`).
+        The worker's own output is not relayed (it went to the first connection).
+        A worker that has already ended is reported by ``poll()`` with exit code 1.
+        """
+        if self._closed.is_set():
+            raise LaunchError("the SSH launcher is closed")
+        if not re.fullmatch(r"[0-9a-f]{1,64}", nonce):
+            raise LaunchError(f"worker {spec.worker_id}: malformed launch id {nonce!r}")
+        # The same environment as the wrapper's launch, so that the same cloud-elastic answers.
+        argv = self.ssh_argv(spec.host) + [" ".join(_env_prefix(spec) + ["--attach", nonce])]
+        logger.debug("attaching to worker %s on %s over ssh", spec.worker_id, spec.host)
+        # The wrapper already has the secret: the first line is only a keepalive.
+        proc = SSHWorkerProcess(dataclasses.replace(spec, secret=""), argv, nonce, on_output,
+                                self._destination(spec.host), self._keepalive_timeout_s, kill_wait_s=self._kill_wait_s)
+        return self._track(proc)
+
+    def _track(self, proc: SSHWorkerProcess) -> SSHWorkerProcess:
+        """Start ``proc`` and keep it among the live workers (the keepalive thread starts with the first)."""
+        proc.start()
+        with self._lock:
+            self._live = [p for p in self._live if p.poll() is None] + [proc]
+            if self._keepalive is None and self._keepalive_timeout_s:
+                self._keepalive = threading.Thread(target=self._keepalive_loop, name="ssh-keepalive", daemon=True)
+                self._keepalive.start()
+        return proc
+
+    def __enter__(self) -> SSHLauncher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def known_hosts_file(self) -> str | None:
+        """The job-private known-hosts file, or ``None`` when the user's ssh options choose their own."""
+        return self._known_hosts.path if self._known_hosts is not None else None
+
+    def close(self) -> None:
+        """Stop the keepalive thread and remove the job-private known-hosts file. Idempotent.
+
+        Workers should have been stopped already; any still running get their
+        stdin closed here, so their remote watchdog stops them (TERM, then KILL
+        after ``disconnect_grace_s``) instead of leaving them unattended.
+        """
+        self._closed.set()
+        with self._lock:
+            live, self._live = [p for p in self._live if p.poll() is None], []
+            thread, self._keepalive = self._keepalive, None
+        for proc in live:
+            logger.warning("closing the SSH launcher with worker %s still running on %s: stopping it",
+                           proc.spec.worker_id, proc.spec.host)
+            proc.hang_up()
+        if thread is not None:
+            thread.join(timeout=self._keepalive_interval_s + 1)
+        if self._known_hosts is not None:
+            self._known_hosts.close()  # ssh reads it only while connecting; live sessions do not need it
+
+    def _keepalive_loop(self) -> None:
+        while not self._closed.wait(self._keepalive_interval_s):
+            with self._lock:
+                self._live = [p for p in self._live if p.poll() is None]
+                live = list(self._live)
+            for proc in live:
+                proc.send_keepalive()
+
+    def _destination(self, host: str) -> str:
+        user = f"{self._config.user}@" if self._config.user else ""
+        return f"{user}{host}:{self._config.port or 22}"
+
+    def _log_options_once(self, argv: list[str]) -> None:
+        if not self._logged_options:
+            self._logged_options = True
+            logger.info("ssh client for remote hosts: %s (keepalive %gs, remote timeout %gs)",
+                        " ".join(shlex.quote(a) for a in argv[:-3]), self._keepalive_interval_s,
+                        self._keepalive_timeout_s)
+
+
+class SSHWorkerProcess:
+    """One worker started through one local ``ssh`` process.
+
+    ``poll``/``terminate``/``kill`` are safe from any thread; ``poll``, ``kill``
+    and ``hang_up`` never block. The local ssh runs in its own session, so a
+    Ctrl-C at the driver's terminal reaches the driver only, which then stops
+    workers in order.
+    """
+
+    def __init__(self, spec: WorkerSpec, argv: list[str], nonce: str, on_output: OutputSink,
+                 destination: str, keepalive_timeout_s: float, *, kill_wait_s: float = 1.0) -> None:
+        self.spec = spec
+        self._argv = argv
+        self._nonce = nonce
+        self._on_output = on_output
+        self._destination = destination
+        self._keepalive_timeout_s = keepalive_timeout_s
+        self._kill_wait_s = kill_wait_s
+        self._lock = threading.RLock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._readers: list[threading.Thread] = []
+        self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
+        self._marker: tuple[int, str] | None = None
+        self._stdin_fd: int | None = None
+        self._stopping = False
+        self._reaper: threading.Thread | None = None
+        self._exited_at: float | None = None
+        self._status: ExitStatus | None = None
+
+    def handle(self) -> dict[str, object]:
+        """How a restarted driver reaches this worker again (:meth:`SSHLauncher.attach`)."""
+        return {"kind": "ssh", "nonce": self._nonce}
+
+    @property
+    def ssh_pid(self) -> int | None:
+        """Process id of the local ssh client (``None`` before ``start``)."""
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> None:
+        """Start ssh, hand over the secret on stdin, start the output readers."""
+        try:
+            self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise SSHError(f"cannot start the ssh client for {self._destination}: {exc}") from exc
+        self._stdin_fd = self._proc.stdin.fileno()
+        os.set_blocking(self._stdin_fd, False)
+        self._write(f"{self.spec.secret}\n".encode())
+        for name, stream, handler in (("out", self._proc.stdout, self._on_stdout),
+                                      ("err", self._proc.stderr, self._on_stderr)):
+            reader = threading.Thread(target=forward_lines, args=(stream, handler),
+                                      name=f"ssh-{name}-{self.spec.worker_id}", daemon=True)
+            reader.start()
+            self._readers.append(reader)
+
+    def poll(self) -> ExitStatus | None:
+        """The exit status once ssh has ended and its output is drained, else ``None``. Never blocks."""
+        if self._status is not None or self._proc is None:
+            return self._status
+        rc = self._proc.poll()
+        if rc is None:
+            return None
+        with self._lock:
+            if self._status is not None:
+                return self._status
+            now = time.monotonic()
+            self._exited_at = self._exited_at or now
+            if any(r.is_alive() for r in self._readers) and now - self._exited_at < _DRAIN_WAIT_S:
+                return None
+            self._close_stdin()
+            self._status = self._exit_status(rc)
+        logger.debug("worker %s on %s ended: %s", self.spec.worker_id, self._destination, self._status.describe)
+        return self._status
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        """TERM the remote process group, KILL it after ``grace_s``; then end the local ssh.
+
+        Blocks up to ``grace_s`` (call it from a thread of its own). If the
+        remote side has not finished by then the local ssh is killed; the remote
+        wrapper, which already has its orders, still delivers the KILL. Idempotent.
+        """
+        if self._order(f"TERM {max(grace_s, 0.0)!r}\n"):
+            self._end_ssh(grace_s)
+
+    def kill(self) -> None:
+        """KILL the remote process group; return at once. Idempotent.
+
+        The ``KILL`` order is written to the remote wrapper, which kills the
+        group. A thread of this process ends the local ssh (and so the
+        connection, which makes the wrapper stop the group anyway) if the remote
+        side has not finished within the launcher's ``kill_wait_s``. ``poll()``
+        reports the end.
+        """
+        if not self._order("KILL\n"):
+            return
+        with self._lock:
+            if self._reaper is not None:
+                return
+            self._reaper = threading.Thread(target=self._end_ssh, args=(self._kill_wait_s,),
+                                            name=f"ssh-kill-{self.spec.worker_id}", daemon=True)
+        self._reaper.start()
+
+    def dump_stacks(self) -> bool:
+        """Ask the remote wrapper to have the worker print its Python stacks (SIGUSR1); False if ssh ended."""
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        self._write(b"STACKS\n")
+        return True
+
+    def hang_up(self) -> None:
+        """Close ssh's stdin: the remote watchdog stops the worker with its default grace. Never blocks."""
+        with self._lock:
+            self._stopping = True
+        self._close_stdin()
+
+    def send_keepalive(self) -> None:
+        """Write one keepalive line to the remote watchdog; never blocks."""
+        self._write(b"\n")
+
+    def _order(self, order: str) -> bool:
+        """Send a stop order and close stdin; ``False`` when ssh has already ended."""
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        with self._lock:
+            self._stopping = True
+        self._write(order.encode())
+        self._close_stdin()
+        return True
+
+    def _end_ssh(self, wait_s: float) -> None:
+        """Wait up to ``wait_s`` for ssh to end after an order; then kill the local client."""
+        if self._proc is None:
+            return
+        try:
+            self._proc.wait(timeout=max(wait_s, 0.0))
+        except subprocess.TimeoutExpired:
+            logger.warning("ssh to %s did not end within %gs of stopping worker %s: killing the ssh client",
+                           self._destination, wait_s, self.spec.worker_id)
+            self._proc.kill()
+            self._proc.wait()
+
+    def _write(self, data: bytes) -> None:
+        with self._lock:
+            if self._stdin_fd is None:
+                return
+            try:
+                os.write(self._stdin_fd, data)
+            except (BlockingIOError, BrokenPipeError):
+                pass  # ssh is not reading (stalled) or is gone; poll() reports which
+            except OSError as exc:
+                logger.debug("writing to ssh for worker %s failed: %s", self.spec.worker_id, exc)
+
+    def _close_stdin(self) -> None:
+        with self._lock:
+            if self._stdin_fd is None or self._proc is None or self._proc.stdin is None:
+                return
+            self._stdin_fd = None
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass  # BrokenPipe on flush: nothing buffered matters any more
+
+    def _on_stdout(self, line: str) -> None:
+        self._forward(line)
+
+    def _on_stderr(self, line: str) -> None:
+        marker = parse_marker(line, self._nonce)
+        if marker is not None:
+            self._marker = marker
+            return
+        self._stderr_tail.append(line)
+        self._forward(line)
+
+    def _forward(self, line: str) -> None:
+        try:
+            self._on_output(line)
+        except Exception:  # a broken sink must not stop draining, or the worker blocks on a full pipe
+            logger.exception("output callback failed for worker %s", self.spec.worker_id)
+
+    def _exit_status(self, rc: int) -> ExitStatus:
+        if self._marker is not None:
+            code, reason = self._marker
+            if reason == REASON_GONE:
+                return ExitStatus(code)  # ended while no driver watched; the driver knows if it completed
+            if reason == REASON_KEEPALIVE:
+                return ExitStatus(code, self._transport(
+                    f"the connection went silent for {self._keepalive_timeout_s:g}s and the remote watchdog "
+                    "stopped the worker"))
+            return ExitStatus(code)
+        if rc == 255:
+            return ExitStatus(rc, self._transport(_classify(self._stderr_tail)))
+        if rc < 0 and not self._stopping:
+            return ExitStatus(rc, self._transport(f"the local ssh client was killed by signal {-rc}"))
+        if not self._stopping:
+            # No marker and not stopped by us: the wrapper ended before it could start the worker.
+            return ExitStatus(rc, self._transport(_wrapper_failure(rc, self._stderr_tail)))
+        return ExitStatus(rc)
+
+    def _transport(self, what: str) -> str:
+        return f"SSH failure on {self._destination} (not a worker failure): {what}"
+
+
+def _env_prefix(spec: WorkerSpec) -> list[str]:
+    """``exec env -- PATH=... VAR=... python3 -m cloud_elastic.driver.launch.ssh_remote`` for ``spec``, shell-quoted."""
+    bindir = os.path.dirname(sys.executable)
+    if "PATH" in spec.env:
+        path = shlex.quote(f"PATH={bindir}:{spec.env['PATH']}")
+    else:
+        path = shlex.quote(f"PATH={bindir}:") + '"$PATH"'
+    assignments = [shlex.quote(f"{k}={v}") for k, v in spec.env.items() if k != "PATH"]
+    return ["exec", "env", "--", path, *assignments, "python3", "-m", MODULE]
+
+
+def _wants_job_known_hosts(extra_options: tuple[str, ...] | list[str]) -> bool:
+    """Whether to use a job-private known-hosts file: not if the user chose a file or strict checking."""
+    given = {}
+    for option in extra_options:
+        match = _SSH_OPTION.match(option)
+        if match:
+            given.setdefault(match.group(1).lower(), option[match.end(2):].strip().lower())
+    strict = given.get("stricthostkeychecking", "")
+    return "userknownhostsfile" not in given and strict not in ("yes", "true", "ask")
+
+
+def _ssh_quote(value: str) -> str:
+    # ssh splits an -o value on whitespace (UserKnownHostsFile takes several files) unless double-quoted.
+    return f'"{value}"' if any(c.isspace() for c in value) else value
+
+
+def _wrapper_failure(rc: int, stderr_tail: deque[str] | list[str]) -> str:
+    """Name a remote wrapper that ended with ``rc`` without starting the worker."""
+    lines = [line.strip() for line in stderr_tail if line.strip()]
+    last = lines[-1] if lines else "nothing"
+    if any("no module named" in line.lower() and "cloud_elastic" in line for line in lines):
+        return (f"python3 on that host cannot import cloud_elastic: install cloud-elastic there at the driver's "
+                f"path ({os.path.dirname(sys.executable)}) (remote said: {last})")
+    return f"the remote wrapper exited with {rc} without starting the worker (remote said: {last})"
+
+
+def _option_key(option: str) -> str:
+    match = _SSH_OPTION.match(option)
+    return match.group(1).lower() if match else option.lower()
+
+
+def _classify(stderr_tail: deque[str] | list[str]) -> str:
+    """Name an ssh exit-255 failure from ssh's stderr; quote ssh's last words."""
+    lines = [line.strip() for line in stderr_tail if line.strip()]
+    if not lines:  # ssh reports every failure of its own; silence means the remote side died
+        return "the remote wrapper ended without reporting the worker's status (killed by a signal?)"
+    text = " ".join(lines).lower()
+    last = lines[-1]
+    for needle, what in _SSH_FAILURES:
+        if needle in text:
+            return f"{what} (ssh said: {last})"
+    return f"ssh exited with 255 (ssh said: {last})"

@@ -1,0 +1,557 @@
+"""The remote half of the SSH launcher: runs on the worker host as ``python3 -m cloud_elastic.driver.launch.ssh_remote``.
+
+usage: ``python3 -m cloud_elastic.driver.launch.ssh_remote NONCE GRACE_S KEEPALIVE_S CWD COMMAND...``
+or ``python3 -m cloud_elastic.driver.launch.ssh_remote --attach NONCE`` (see 5. below)
+
+One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHLauncher`
+through ssh. It
+
+1. reads the per-job secret from the first line of its stdin and hands it to
+   the worker as ``CLOUD_ELASTIC_SECRET``, so the secret is on no command line,
+   local or remote;
+2. starts ``COMMAND`` in ``CWD`` in a **new session and process group**, stdin
+   from ``/dev/null``, stderr merged into stdout, and asks the kernel to KILL
+   that process if the wrapper dies (``PR_SET_PDEATHSIG``);
+3. watches its own stdin (:class:`Watchdog`). A ``KILL`` or ``TERM <grace>``
+   line, or a HUP/INT to the wrapper, stops the worker's *whole process
+   group* at once: TERM, then KILL after the grace. The first TERM to the
+   wrapper (the host is going: start-sshd.sh passes a pod's SIGTERM on) goes
+   to the worker's process alone, which may leave at its next commit
+   (``worker.termination``); a second stops the group. End of file (the driver
+   died, the local ssh died, the connection dropped) or no keepalive line for
+   ``KEEPALIVE_S`` (0 = off) means the driver is gone: the worker may train on
+   for the driver grace (``CLOUD_ELASTIC_DRIVER_GRACE_S`` in the wrapper's
+   environment, as the driver passes it to workers) and normally exits by
+   itself at its end; the wrapper stops its group a margin later
+   (:data:`GRACE_MARGIN_S`), so nothing outlives a lost driver for long.
+   Keepalive lines that resume within the grace cancel it;
+4. when the worker ends, stops whatever is left in its group and writes the
+   worker's exact status on a marker line on stderr (:func:`marker_line`),
+   which the launcher parses (:func:`parse_marker`) and removes from the output;
+5. listens on a Unix socket private to the user (:func:`control_path`, in a 0700
+   directory), so that a driver restarted within the grace can take the worker
+   over through a fresh ssh connection running ``--attach NONCE``: that
+   process relays its stdin to the wrapper (keepalives, ``KILL``, ``TERM``: the
+   same watchdog, and any data from it cancels a pending "driver lost" stop)
+   and the wrapper's marker line back on its stderr. The worker's own output
+   still goes to the first connection, which died with the old driver.
+
+It imports the standard library only (no torch, no cloud SDK, nothing else of
+cloud-elastic): it must start in milliseconds and must not fail on a host whose
+worker environment is broken, so that the driver learns what went wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+__all__ = [
+    "SECRET_ENV", "MARKER", "WrapperArgs", "parse_args", "wrapper_argv", "Watchdog", "Order",
+    "marker_line", "parse_marker", "exit_code", "control_path", "attach", "main",
+]
+
+#: The variable in which the worker finds the per-job secret.
+SECRET_ENV = "CLOUD_ELASTIC_SECRET"
+#: First word of the status line the wrapper writes on stderr when the worker ends.
+MARKER = "CLOUD_ELASTIC_EXIT"
+#: ``python3 -m`` target of the remote command.
+MODULE = "cloud_elastic.driver.launch.ssh_remote"
+
+#: Marker reasons: the worker ended on its own or was stopped by an order ("-"),
+#: the driver's keepalive stopped ("keepalive"), the wrapper could not start the
+#: worker ("cwd", "exec").
+REASON_NONE = "-"
+REASON_KEEPALIVE = "keepalive"
+#: ``--attach`` found no wrapper for the nonce: the worker has ended (its status is unknown).
+REASON_GONE = "gone"
+
+_POLL_S = 0.5
+#: After the driver grace, what the worker may still spend on rank 0's last checkpoint before the wrapper stops it.
+GRACE_MARGIN_S = 15.0
+#: Where the driver's ``--driver-grace`` reaches the wrapper (and the worker).
+DRIVER_GRACE_ENV = "CLOUD_ELASTIC_DRIVER_GRACE_S"
+
+
+@dataclass(frozen=True)
+class WrapperArgs:
+    """What one wrapper runs, as the launcher put it on the remote command line."""
+
+    nonce: str
+    grace_s: float
+    keepalive_timeout_s: float
+    cwd: str
+    command: tuple[str, ...]
+
+
+def wrapper_argv(args: WrapperArgs) -> list[str]:
+    """The arguments after ``-m cloud_elastic.driver.launch.ssh_remote`` that :func:`parse_args` reads back."""
+    return [args.nonce, repr(args.grace_s), repr(args.keepalive_timeout_s), args.cwd, *args.command]
+
+
+def parse_args(argv: Sequence[str]) -> WrapperArgs:
+    """Read the wrapper's arguments; ValueError with a one-line message if they are not ours."""
+    if len(argv) < 5:
+        raise ValueError(f"expected NONCE GRACE_S KEEPALIVE_S CWD COMMAND..., got {len(argv)} argument(s)")
+    nonce, grace, keepalive, cwd, *command = argv
+    try:
+        grace_s, keepalive_s = float(grace), float(keepalive)
+    except ValueError:
+        raise ValueError(f"GRACE_S and KEEPALIVE_S must be numbers, got {grace!r} and {keepalive!r}") from None
+    if not nonce or grace_s < 0 or keepalive_s < 0:
+        raise ValueError("NONCE must be non-empty and GRACE_S, KEEPALIVE_S >= 0")
+    return WrapperArgs(nonce, grace_s, keepalive_s, cwd, tuple(command))
+
+
+def exit_code(status: int) -> int:
+    """The wrapper's own exit code for a worker status (``-N`` = signal N), as a shell would give it."""
+    if 0 <= status < 255:
+        return status
+    return 128 - status if status < 0 else 254
+
+
+def marker_line(nonce: str, status: int, reason: str) -> str:
+    """The line that tells the launcher the worker's exact status (without the newline)."""
+    return f"{MARKER} {nonce} {status} {reason}"
+
+
+def parse_marker(line: str, nonce: str) -> tuple[int, str] | None:
+    """``(status, reason)`` if ``line`` is this wrapper's marker line, else ``None``.
+
+    The nonce is per launch, so a worker that prints something that looks like
+    a marker cannot forge its own status.
+    """
+    words = line.split()
+    if len(words) != 4 or words[0] != MARKER or words[1] != nonce:
+        return None
+    try:
+        return int(words[2]), words[3]
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Order:
+    """What the watchdog decided: stop the worker's group with this grace, for this reason.
+
+    ``after_s`` > 0: the driver is gone; stop only if the worker is still
+    there that many seconds later (it trains on for the driver grace).
+    """
+
+    grace_s: float
+    reason: str = REASON_NONE
+    after_s: float = 0.0
+
+
+class Watchdog:
+    """Decides, from what arrives on the wrapper's stdin and when, whether to stop the worker.
+
+    Pure: it is fed bytes and times, and returns an :class:`Order` or ``None``.
+    Lines: ``KILL`` (grace 0), ``TERM <grace>`` (``TERM`` alone or with a bad
+    number: the default grace), ``STACKS`` (``on_stacks`` is called: the worker
+    is asked for its Python stacks), anything else is a keepalive. End of file stops
+    with the default grace; silence longer than ``keepalive_timeout_s``
+    (0 disables) stops with the default grace and the reason ``keepalive``.
+    Both mean the driver is gone, so their orders wait ``driver_grace_s`` first
+    (``Order.after_s``).
+    """
+
+    def __init__(self, grace_s: float, keepalive_timeout_s: float, now: float, driver_grace_s: float = 0.0,
+                 on_stacks: Callable[[], None] | None = None) -> None:
+        self._on_stacks = on_stacks
+        self._grace_s = grace_s
+        self._after_s = driver_grace_s
+        self._keepalive_timeout_s = keepalive_timeout_s
+        self._last = now
+        self._buffer = b""
+
+    def received(self, chunk: bytes, now: float) -> Order | None:
+        """Bytes read from stdin at ``now``; an empty chunk is end of file."""
+        if not chunk:
+            return Order(self._grace_s, after_s=self._after_s)
+        self._last = now
+        self._buffer += chunk
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            order = self._order(line)
+            if order is not None:
+                return order
+        return None
+
+    def idle(self, now: float) -> Order | None:
+        """Nothing arrived until ``now``."""
+        if self._keepalive_timeout_s > 0 and now - self._last > self._keepalive_timeout_s:
+            return Order(self._grace_s, REASON_KEEPALIVE, after_s=self._after_s)
+        return None
+
+    def _order(self, line: bytes) -> Order | None:
+        words = line.split()
+        if words[:1] == [b"KILL"]:
+            return Order(0.0)
+        if words[:1] == [b"STACKS"]:
+            if self._on_stacks is not None:
+                self._on_stacks()
+            return None
+        if words[:1] != [b"TERM"]:
+            return None
+        try:
+            grace_s = float(words[1])
+        except (IndexError, ValueError):
+            return Order(self._grace_s)
+        return Order(max(grace_s, 0.0))
+
+
+# ---------------------------------------------------------------- process group
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a live (non-zombie) member."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return True
+    # killpg(…, 0) also succeeds for unreaped zombies (the worker's children
+    # whose parent is gone are reaped by init only later): look closer.
+    for name in names:
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError, ValueError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def control_path(nonce: str) -> str:
+    """The Unix socket of the wrapper of launch ``nonce`` (its directory is created 0700 by the wrapper)."""
+    return os.path.join(tempfile.gettempdir(), f"cloud-elastic-{os.getuid()}", f"{nonce}.sock")
+
+
+def _private_socket_dir(path: str) -> bool:
+    """Create the socket's directory 0700; False if it is not a private directory of this user."""
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        info = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
+
+
+class Wrapper:
+    """One worker under the wrapper's watch. ``run`` never returns: the wrapper exits with the worker."""
+
+    def __init__(self, args: WrapperArgs, stdin_fd: int = 0, clock: Callable[[], float] = time.monotonic,
+                 driver_grace_s: float = 0.0) -> None:
+        self._args = args
+        self._driver_grace_s = driver_grace_s
+        self._fd = stdin_fd
+        self._clock = clock
+        self._lock = threading.RLock()  # re-entered by the signal handler, which runs on the main thread
+        self._reason = REASON_NONE
+        self._pgid: int | None = None
+        self._attached: list[socket.socket] = []  # connections of restarted drivers (``--attach``)
+        self._socket_path: str | None = None
+        self._term_passed_on = False  # a SIGTERM to the wrapper went to the worker (see _on_signal)
+
+    def run(self) -> None:
+        """Read the secret, start the worker, watch it, report its status, exit."""
+        secret = self._read_secret()
+        if secret is None:
+            _say("the driver went away before the worker started")
+            os._exit(1)
+        if not os.path.isdir(self._args.cwd):
+            _say(f"working directory {self._args.cwd} does not exist on this host")
+            self._done(127, "cwd")
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        env = dict(os.environ)
+        env[SECRET_ENV] = secret
+        try:
+            proc = subprocess.Popen(list(self._args.command), cwd=self._args.cwd, env=env,
+                                    stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=_die_with_parent())
+        except (OSError, subprocess.SubprocessError) as exc:
+            _say(f"cannot start {self._args.command[0]}: {exc}")
+            self._done(127, "exec")
+        self._pgid = proc.pid
+        threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
+        status = proc.wait()
+        self.stop(self._args.grace_s)  # whatever the worker left behind in its group
+        self._done(status, self._reason)
+
+    def stop(self, grace_s: float) -> None:
+        """TERM the worker's group, KILL it after ``grace_s`` (at once if 0); return when it is empty."""
+        pgid = self._pgid
+        if pgid is None:
+            return
+        with self._lock:
+            steps = [(signal.SIGKILL, 0.0)]
+            if grace_s > 0:
+                steps.insert(0, (signal.SIGTERM, grace_s))
+            for sig, wait_s in steps:
+                if not group_alive(pgid):
+                    return
+                try:
+                    os.killpg(pgid, sig)
+                    os.killpg(pgid, signal.SIGCONT)  # a stopped process cannot act on TERM
+                except ProcessLookupError:
+                    return
+                deadline = self._clock() + wait_s
+                while self._clock() < deadline and group_alive(pgid):
+                    time.sleep(0.05)
+
+    def _listen(self) -> socket.socket | None:
+        """The control socket a restarted driver attaches to; None if it cannot be made (no adoption then)."""
+        path = control_path(self._args.nonce)
+        if not _private_socket_dir(path):
+            _say(f"cannot make a private directory for {path}: a restarted driver cannot adopt this worker")
+            return None
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if os.path.exists(path):
+                os.unlink(path)
+            listener.bind(path)
+            os.chmod(path, 0o600)
+            listener.listen(4)
+        except OSError as exc:
+            listener.close()
+            _say(f"cannot listen on {path} ({exc}): a restarted driver cannot adopt this worker")
+            return None
+        self._socket_path = path
+        return listener
+
+    def _watch(self) -> None:
+        after = self._driver_grace_s + GRACE_MARGIN_S if self._driver_grace_s > 0 else 0.0
+        watchdog = Watchdog(self._args.grace_s, self._args.keepalive_timeout_s, self._clock(), after,
+                            on_stacks=self._dump_stacks)
+        listener = self._listen()
+        eof = False
+        pending: Order | None = None
+        deadline = 0.0
+        attached: list[socket.socket] = []  # attach connections still speaking (self._attached: all, for the marker)
+        while True:
+            watched: list = ([] if eof else [self._fd]) + ([listener] if listener is not None else []) + attached
+            ready = select.select(watched, [], [], _POLL_S)[0] if watched else []
+            if not watched:
+                time.sleep(_POLL_S)
+            order: Order | None = None
+            for source in ready:
+                if source is listener:
+                    conn, _ = listener.accept()
+                    attached.append(conn)
+                    with self._lock:
+                        self._attached.append(conn)
+                    _say("a restarted driver attached to the worker")
+                    continue
+                if isinstance(source, int):  # the first connection's stdin
+                    try:
+                        chunk = os.read(self._fd, 4096)
+                    except OSError:
+                        chunk = b""
+                    eof = not chunk
+                    if eof and attached:
+                        continue  # the old connection ended; the restarted driver speaks for it now
+                else:
+                    try:
+                        chunk = source.recv(4096)
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        attached.remove(source)  # kept in self._attached: it still reads the marker line
+                        if attached or not eof:
+                            continue  # someone else still speaks for the driver
+                got = watchdog.received(chunk, self._clock())
+                if got is None and pending is not None and (not isinstance(source, int)
+                                                            or pending.reason == REASON_KEEPALIVE):
+                    _say("the driver is back")
+                    pending = None  # the driver is back within the grace
+                if got is not None:
+                    order = got
+                    break
+            if not ready and (not eof or attached):
+                order = watchdog.idle(self._clock())
+            if order is not None and order.after_s > 0:
+                if pending is None:
+                    pending, deadline = order, self._clock() + order.after_s
+                    _say(f"lost the driver; the worker may train on for --driver-grace {self._driver_grace_s:g}s")
+                order = None
+            if order is None and pending is not None and self._clock() >= deadline:
+                order = pending
+            if order is not None:
+                break
+        if order.reason == REASON_KEEPALIVE:
+            self._reason = REASON_KEEPALIVE
+            _say(f"no keepalive from the driver for {self._args.keepalive_timeout_s:g}s: stopping the worker")
+        self.stop(order.grace_s)
+
+    def _dump_stacks(self) -> None:
+        """The driver wants the worker's stacks: SIGUSR1 to the worker process only (its children may die of it)."""
+        if self._pgid is not None:
+            try:
+                os.kill(self._pgid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self._pgid is None:
+            os._exit(1)
+        if signum == signal.SIGTERM and not self._term_passed_on:
+            # The host is going (a pod's SIGTERM, which start-sshd.sh passes on): the worker decides what to
+            # do with it, e.g. leave at its next commit. Its process only: its own children (a DataLoader's
+            # workers) die of a SIGTERM that does not come from their parent, mid-step. The driver's orders
+            # still stop the group, and so does a second SIGTERM.
+            self._term_passed_on = True
+            _say("SIGTERM: passed on to the worker")
+            try:
+                os.kill(self._pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            return
+        self.stop(self._args.grace_s)
+
+    def _read_secret(self) -> str | None:
+        # Byte by byte: whatever follows the first line is the watchdog's.
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = os.read(self._fd, 1)
+            if not chunk:
+                return None
+            data += chunk
+        return data[:-1].decode()
+
+    def _done(self, status: int, reason: str) -> None:
+        line = marker_line(self._args.nonce, status, reason) + "\n"
+        try:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        except OSError:
+            pass
+        with self._lock:
+            for conn in self._attached:
+                try:
+                    conn.sendall(line.encode())
+                    conn.close()
+                except OSError:
+                    pass
+        if self._socket_path is not None:
+            try:
+                os.unlink(self._socket_path)
+            except OSError:
+                pass
+        os._exit(exit_code(status))
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(f"cloud-elastic remote: {message}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec function asking the kernel to KILL the worker's leader if the wrapper dies (Linux only)."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None).prctl
+    except (ImportError, OSError, AttributeError):  # not Linux, or no libc: best effort only
+        return None
+
+    def preexec() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return preexec
+
+
+def attach(nonce: str, stdin_fd: int = 0) -> None:
+    """``--attach NONCE``: relay stdin to the wrapper of launch ``nonce`` and its answers to stderr; never returns.
+
+    Without such a wrapper (the worker has ended), write a marker line with the
+    reason ``gone`` and exit 1.
+    """
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(control_path(nonce))
+    except OSError:
+        _say(f"no worker of launch {nonce} runs on this host any more")
+        try:
+            sys.stderr.write(marker_line(nonce, 1, REASON_GONE) + "\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
+        os._exit(1)
+
+    def answers() -> None:
+        while True:
+            try:
+                data = conn.recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                os._exit(0)  # the wrapper ended (its marker line went first) or let go
+            try:
+                os.write(2, data)
+            except OSError:
+                pass
+
+    threading.Thread(target=answers, name="answers", daemon=True).start()
+    while True:
+        try:
+            chunk = os.read(stdin_fd, 4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            try:
+                conn.shutdown(socket.SHUT_WR)  # the wrapper sees the driver go, as with the first connection
+            except OSError:
+                pass
+            while True:
+                time.sleep(3600)  # answers() ends the process when the wrapper closes
+        try:
+            conn.sendall(chunk)
+        except OSError:
+            os._exit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``python3 -m cloud_elastic.driver.launch.ssh_remote``; never returns."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--attach":
+        attach(argv[1])
+    try:
+        args = parse_args(argv)
+    except ValueError as exc:
+        _say(f"bad arguments ({exc}); is the driver's cloud-elastic version installed on this host?")
+        os._exit(2)
+    Wrapper(args, driver_grace_s=_driver_grace_s(os.environ.get(DRIVER_GRACE_ENV))).run()
+
+
+def _driver_grace_s(raw: str | None) -> float:
+    """The driver grace from the environment; 0 (stop at once, the old behaviour) when absent or bad."""
+    try:
+        return max(0.0, float(raw)) if raw else 0.0
+    except ValueError:
+        return 0.0
+
+
+if __name__ == "__main__":
+    main()

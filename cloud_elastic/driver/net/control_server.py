@@ -1,0 +1,471 @@
+"""The control-plane HTTP server the driver runs for its workers.
+
+Workers POST signed JSON (see :mod:`cloud_elastic.control`) to ``/v1/<kind>``;
+the server verifies each request and hands it to a handler function, whose
+result is sent back signed. Requests that fail verification are answered
+with a 4xx status, logged once per kind of refusal and then counted (never keyed on
+the request's own bytes: see :class:`~.accepting.RefusalLog`), and never reach the
+handler: a forged, malformed or oversized message cannot change the job.
+
+One thread serves every connection (``selectors``): a large group keeps two
+connections per worker open, mostly holding a long-poll, and a thread per
+connection cost more in switching than the requests themselves. A handler
+answers at once with a dict, or returns :class:`Held` for a long-poll: the
+connection then waits, with no thread, until someone calls
+:meth:`Held.finish` (from any thread) or its deadline passes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Union
+
+from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, Codec
+from cloud_elastic.driver.net.accepting import CONTROL_SHARE, AcceptPause, RefusalLog, descriptor_share
+from cloud_elastic.errors import ControlPlaneError
+
+__all__ = ["ControlServer", "Handler", "Held"]
+
+log = logging.getLogger(__name__)
+
+
+class Held:
+    """A reply that is not ready yet: the request is held until :meth:`finish` or the deadline.
+
+    ``on_deadline()`` gives the reply when ``timeout_s`` passes first (it runs on
+    the server's thread). Exactly one of the two answers the request.
+    """
+
+    def __init__(self, timeout_s: float, on_deadline: Callable[[], dict[str, Any]]) -> None:
+        self.deadline = time.monotonic() + timeout_s
+        self._on_deadline = on_deadline
+        self._lock = threading.Lock()
+        self._done = False
+        self._early: dict[str, Any] | None = None
+        self._deliver: Callable[[Held, dict[str, Any]], None] | None = None
+        self._conn: _Conn | None = None
+        self._message: dict[str, Any] = {}
+
+    @property
+    def answered(self) -> bool:
+        """Whether the request has been answered (by :meth:`finish` or at the deadline)."""
+        return self._done
+
+    def finish(self, reply: dict[str, Any]) -> bool:
+        """Answer the request with ``reply`` (thread-safe); False if it was already answered."""
+        with self._lock:
+            if self._done:
+                return False
+            self._done = True
+            deliver = self._deliver
+            if deliver is None:
+                self._early = reply  # answered before the server took it over
+                return True
+        deliver(self, reply)
+        return True
+
+    def _adopt(self, deliver: Callable[[Held, dict[str, Any]], None]) -> dict[str, Any] | None:
+        with self._lock:
+            if self._done:
+                return self._early
+            self._deliver = deliver
+            return None
+
+    def _expire(self) -> dict[str, Any] | None:
+        with self._lock:
+            if self._done:
+                return None
+            self._done = True
+        return self._on_deadline()
+
+
+#: ``handler(kind, message) -> reply``; raise ControlPlaneError for a bad request.
+Handler = Callable[[str, dict[str, Any]], Union[dict[str, Any], Held]]
+
+#: Limits of the request reader (http.server's own), and how long a connection may sit idle.
+_MAX_LINE = 65536
+_MAX_HEADERS = 100
+_IDLE_S = 60.0
+_SIGNATURE_KEY = SIGNATURE_HEADER.lower().encode()
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            411: "Length Required", 413: "Payload Too Large", 414: "URI Too Long",
+            431: "Request Header Fields Too Large", 500: "Internal Server Error"}
+
+
+def _kind_of(reason: str) -> str:
+    """The kind of a refusal from its text: the words before the first figure, quote or colon.
+
+    The codec's and the handlers' reasons put what the request said after such a character
+    ("message timestamp is +400s off", "malformed poll request: 'round' must be ..."); only a message
+    signed with the job secret gets past the signature to the reasons that quote it."""
+    for i, ch in enumerate(reason):
+        if not (ch.isalpha() or ch in " -_"):
+            return reason[:i].strip() or "other"
+    return reason.strip() or "other"
+
+
+class _Conn:
+    __slots__ = ("sock", "peer", "inbuf", "outbuf", "held", "last", "close_after", "closed", "writing")
+
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.inbuf = bytearray()
+        self.outbuf = bytearray()
+        self.held: Held | None = None
+        self.last = time.monotonic()
+        self.close_after = False  # close once the reply is out (a rejected request, Connection: close)
+        self.closed = False
+        self.writing = False
+
+
+class ControlServer:
+    """HTTP/1.1 server on one thread; ``start()`` binds and serves, ``close()`` stops."""
+
+    def __init__(self, codec: Codec, handler: Handler, *, bind: str = "127.0.0.1", port: int = 0) -> None:
+        self._codec = codec
+        self._handler = handler
+        self._bind = bind
+        self._port = port
+        self._listener: socket.socket | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._thread: threading.Thread | None = None
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        self._signalled = False
+        self._finished: deque[tuple[Held, dict[str, Any]]] = deque()
+        self._timers: list[tuple[float, int, Held]] = []
+        self._seq = itertools.count()
+        self._conns: set[_Conn] = set()
+        self._closing = False
+        self._refusals = RefusalLog(log, "control plane", "control plane: rejected a request from %s: %s")
+        self._errors: set[tuple[str, str, str]] = set()
+        self.rejected = 0
+
+    @property
+    def port(self) -> int:
+        if self._listener is None:
+            raise RuntimeError("server not started")
+        return self._listener.getsockname()[1]
+
+    def start(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self._bind, self._port))
+        # Every worker connects at start-up, a large group all at once.
+        listener.listen(1024)
+        listener.setblocking(False)
+        self._listener = listener
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(listener, selectors.EVENT_READ, "accept")
+        self._pause = AcceptPause(self._selector, listener, "accept", "control plane")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._run, name="control-plane", daemon=True)
+        self._thread.start()
+        log.debug("control plane listening on %s:%d", self._bind, self.port)
+
+    def close(self) -> None:
+        if self._thread is None:
+            return
+        self._closing = True
+        self._signal()
+        self._thread.join(10)
+        self._thread = None
+        for conn in list(self._conns):
+            self._drop(conn)
+        assert self._selector is not None and self._listener is not None
+        self._selector.close()
+        self._listener.close()
+        for s in (self._wake_r, self._wake_w):
+            if s is not None:
+                s.close()
+
+    # ------------------------------------------------------------------ loop
+    def _run(self) -> None:
+        assert self._selector is not None
+        sweep_at = time.monotonic() + 1.0
+        while not self._closing:
+            now = time.monotonic()
+            timeout = min(sweep_at, self._timers[0][0] if self._timers else sweep_at) - now
+            try:
+                events = self._selector.select(self._pause.timeout(max(0.0, timeout)))
+            except OSError:  # a descriptor closed under select: go round again
+                continue
+            for key, mask in events:
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wake":
+                    self._drain_wake()
+                else:
+                    conn = key.data
+                    if mask & selectors.EVENT_WRITE:
+                        self._flush(conn)
+                    if mask & selectors.EVENT_READ and not conn.closed:
+                        self._read(conn)
+            self._deliver_finished()
+            self._pause.resume_if_due()
+            now = time.monotonic()
+            while self._timers and self._timers[0][0] <= now:
+                _, _, held = heapq.heappop(self._timers)
+                self._expire(held)
+            if now >= sweep_at:
+                sweep_at = now + 1.0
+                self._sweep(now)
+
+    def _signal(self) -> None:
+        if not self._signalled and self._wake_w is not None:
+            self._signalled = True
+            try:
+                self._wake_w.send(b"x")
+            except OSError:  # full (the loop is behind and will look anyway) or closed
+                pass
+
+    def _drain_wake(self) -> None:
+        assert self._wake_r is not None
+        self._signalled = False  # before reading the queue, so a later finish signals again
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+
+    def _accept(self) -> None:
+        assert self._listener is not None and self._selector is not None
+        while True:
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors (paused a moment), or a connection reset before accept
+                if not self._pause.failed(exc):
+                    log.debug("control plane: accept failed", exc_info=True)
+                return
+            self._pause.accepted()
+            at_most = descriptor_share(CONTROL_SHARE)
+            if len(self._conns) >= at_most:  # strangers' idle connections must leave descriptors for launches
+                self._refusals.refused("too many connections", addr[0], f"{len(self._conns)} connections are "
+                                       f"open, at most {at_most} (half the driver's descriptor limit)")
+                sock.close()
+                continue
+            sock.setblocking(False)
+            # A reply is one write, so Nagle's algorithm could only delay it.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(sock, addr[0])
+            self._conns.add(conn)
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(262144)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the worker went away (a held request is dropped when it ends)
+            self._drop(conn)
+            return
+        conn.inbuf += data
+        conn.last = time.monotonic()
+        self._parse(conn)
+
+    def _sweep(self, now: float) -> None:
+        """Close connections idle (no request held, none arriving) for longer than _IDLE_S."""
+        for conn in [c for c in self._conns if c.held is None and now - c.last > _IDLE_S]:
+            self._drop(conn)
+
+    def _drop(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._conns.discard(conn)
+        try:
+            assert self._selector is not None
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        conn.sock.close()
+
+    # -------------------------------------------------------------- requests
+    def _parse(self, conn: _Conn) -> None:
+        """Read the requests buffered on ``conn``, one at a time (the next waits for a held one).
+
+        A lean HTTP/1.1 reader: the request line, at most :data:`_MAX_HEADERS`
+        header lines of at most :data:`_MAX_LINE` bytes, then exactly
+        ``Content-Length`` bytes of body. Anything else is refused with a
+        4xx status and the connection closed.
+        """
+        while conn.held is None and not conn.close_after and not conn.closed and conn.inbuf:
+            buf = conn.inbuf
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > _MAX_LINE * 2:
+                    self._reject(conn, 431, "request head too large", kind="request head too large")
+                return
+            lines = bytes(buf[:end]).split(b"\r\n")
+            line = lines[0]
+            if len(line) > _MAX_LINE:
+                self._reject(conn, 414, "request line too long", kind="request line too long")
+                return
+            parts = line.split()
+            if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+                self._reject(conn, 400, f"malformed request line {line[:64]!r}", kind="malformed request line")
+                return
+            method, target, version = parts
+            if len(lines) - 1 > _MAX_HEADERS:
+                self._reject(conn, 431, f"more than {_MAX_HEADERS} header lines", kind="too many header lines")
+                return
+            headers: dict[bytes, bytes] = {}
+            for raw in lines[1:]:
+                name, sep, value = raw.partition(b":")
+                if len(raw) > _MAX_LINE or not sep:
+                    self._reject(conn, 400, "malformed header line", kind="malformed header line")
+                    return
+                headers[name.strip().lower()] = value.strip()
+            if method != b"POST":
+                self._reject(conn, 405, f"method {method[:16].decode('latin-1')!r} not allowed",
+                             kind="method not allowed")
+                return
+            path = target.decode("latin-1")
+            if not path.startswith("/v1/"):
+                self._reject(conn, 404, f"unknown path {path[:64]!r}", kind="unknown path")
+                return
+            try:
+                length = int(headers.get(b"content-length", b""))
+            except ValueError:
+                self._reject(conn, 411, "missing Content-Length", kind="missing Content-Length")
+                return
+            if length < 0 or length > MAX_BODY:
+                self._reject(conn, 413, f"body of {length} bytes exceeds the {MAX_BODY}-byte limit",
+                             kind="body too large")
+                return
+            if len(buf) < end + 4 + length:
+                return  # the body is still on its way
+            body = bytes(buf[end + 4:end + 4 + length])
+            del buf[:end + 4 + length]
+            connection = headers.get(b"connection", b"").lower()
+            if connection == b"close" or (version == b"HTTP/1.0" and connection != b"keep-alive"):
+                conn.close_after = True
+            signature = headers.get(_SIGNATURE_KEY)
+            self._dispatch(conn, path.rsplit("/", 1)[-1], body, None if signature is None else signature.decode("latin-1"))
+
+    def _dispatch(self, conn: _Conn, kind: str, body: bytes, signature: str | None) -> None:
+        try:
+            message = self._codec.decode(body, signature)
+            if message["kind"] != kind:
+                raise ControlPlaneError(f"message kind {message['kind']!r} does not match path {kind!r}")
+            reply = self._handler(kind, message)
+        except ControlPlaneError as exc:
+            self._reject(conn, 401 if "signature" in str(exc) else 400, str(exc), kind=_kind_of(str(exc)))
+            return
+        except Exception as exc:  # a driver bug: say so loudly once, and tell the worker instead of hanging up
+            self._bug(conn, kind, exc)
+            return
+        if isinstance(reply, Held):
+            reply._conn, reply._message = conn, message
+            early = reply._adopt(self._finish_from_any_thread)
+            if early is None:
+                conn.held = reply
+                heapq.heappush(self._timers, (reply.deadline, next(self._seq), reply))
+                return
+            reply = early
+        self._answer(conn, kind, message, reply)
+
+    def _answer(self, conn: _Conn, kind: str, message: dict[str, Any], reply: dict[str, Any]) -> None:
+        # A reply names the request it answers, so it cannot be replayed to
+        # another worker or for another request.
+        out, signature = self._codec.encode(kind, dict(reply, re=message["nonce"], to=message.get("worker")))
+        self._respond(conn, 200, out, signature=signature)
+
+    def _finish_from_any_thread(self, held: Held, reply: dict[str, Any]) -> None:
+        self._finished.append((held, reply))
+        if threading.current_thread() is not self._thread:
+            self._signal()
+
+    def _deliver_finished(self) -> None:
+        while self._finished:
+            held, reply = self._finished.popleft()
+            self._release(held, reply)
+
+    def _expire(self, held: Held) -> None:
+        try:
+            reply = held._expire()
+        except Exception as exc:  # a driver bug, as in _dispatch
+            conn = held._conn
+            if conn is not None and conn.held is held:
+                conn.held = None
+                self._bug(conn, str(held._message.get("kind")), exc)
+            return
+        if reply is not None:
+            self._release(held, reply)
+
+    def _release(self, held: Held, reply: dict[str, Any]) -> None:
+        conn = held._conn
+        if conn is None or conn.held is not held:
+            return
+        conn.held = None
+        if conn.closed:
+            return
+        self._answer(conn, str(held._message["kind"]), held._message, reply)
+        self._parse(conn)  # a request that arrived meanwhile (clients do not pipeline, but may)
+
+    def _bug(self, conn: _Conn, kind: str, exc: Exception) -> None:
+        key = (kind, type(exc).__name__, str(exc))
+        if key not in self._errors:
+            self._errors.add(key)
+            log.error("control plane: the driver failed handling %r (a bug; please report it)", kind,
+                      exc_info=(type(exc), exc, exc.__traceback__))
+        self._reject(conn, 500, f"driver error handling {kind}: {type(exc).__name__}: {exc}", warn=False)
+
+    def _reject(self, conn: _Conn, status: int, reason: str, *, kind: str = "", warn: bool = True) -> None:
+        """Answer ``status`` with ``reason`` and close; warn once per ``kind`` (never text from the request:
+        keyed on the reason, which quotes the request, every garbage request was a line of its own)."""
+        self.rejected += 1
+        if warn:
+            self._refusals.refused(kind or _kind_of(reason), conn.peer, reason)
+        conn.close_after = True
+        self._respond(conn, status, json.dumps({"error": reason}).encode())
+
+    def _respond(self, conn: _Conn, status: int, body: bytes, *, signature: str | None = None) -> None:
+        """The whole reply in one write (status line, headers, body)."""
+        head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n" \
+               f"Content-Length: {len(body)}\r\n"
+        if signature is not None:
+            head += f"{SIGNATURE_HEADER}: {signature}\r\n"
+        if conn.close_after:
+            head += "Connection: close\r\n"
+        conn.outbuf += head.encode("latin-1") + b"\r\n" + body
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        try:
+            while conn.outbuf:
+                sent = conn.sock.send(conn.outbuf)
+                del conn.outbuf[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:  # the worker went away; its next request (if any) comes on a new connection
+            self._drop(conn)
+            return
+        assert self._selector is not None
+        if conn.outbuf and not conn.writing:
+            conn.writing = True
+            self._selector.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+        elif not conn.outbuf:
+            if conn.writing:
+                conn.writing = False
+                self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
+            if conn.close_after:
+                self._drop(conn)

@@ -1,0 +1,564 @@
+"""The rendezvous store the driver serves, in Python: torch's ``TCPStore`` wire protocol without torch.
+
+Workers reach the driver's store with torch's own client (``torch.distributed.TCPStore``),
+and Gloo, NCCL and cloud-elastic's rounds rendezvous through it. The driver never
+reads or writes it; it only serves it. Serving it with torch's server cost every
+driver an ``import torch``: most of a small job's driver CPU (a 2-worker job of 20
+steps here: 1.6 CPU-seconds with it, 0.3 with this server, which is the standard
+library only and starts at once).
+
+The protocol is c10d's (``TCPStoreLibUvBackend.cpp``): a client is ignored until it
+sends ``VALIDATE`` with the magic number; then each command is one byte, followed by
+keys and payloads as a little-endian u64 length and the bytes, and integers as
+little-endian i64. The command numbers are torch's ``QueryType`` (torch appends new
+ones at the end). Answers and semantics follow torch's server: ``ADD`` stores the
+decimal string; ``COMPARE_SET`` answers the value now held (or ``expected`` for a
+missing key and a non-empty ``expected``); ``WAIT`` answers ``STOP_WAITING`` once
+every key exists, and a client whose wait timed out sends ``CANCEL_WAIT``; ``CHECK``
+and ``WAIT`` count a non-empty queue as present; ``QUEUE_POP`` answers the queue's
+length and, when not empty, its first item.
+
+A client that breaks the protocol (an unknown command, a key over 8 KiB or a value over 8 MiB:
+torch's limits) is disconnected; the others are served on. One thread serves every connection
+(``selectors``).
+
+**Bounds against strangers.** torch's protocol has no authentication: its validation is a public
+magic number, and anyone who reaches the port can read and write keys (the workers sign what they
+store, see ``worker/rounds/signed_store.py``). What this server guarantees is that no client can take the
+driver's process down or grow it without bound:
+
+* *Validation within* :data:`VALIDATE_TIMEOUT_S` (10 s). torch's client sends ``VALIDATE`` right
+  after it connects; a connection that has not is closed then. Idle validated connections are
+  kept: a worker's store client idles between rounds.
+* *Connections:* at most :data:`MAX_PEER_CONNECTIONS` (256) from one address, and all together at
+  most a quarter of the process's descriptor limit (``RLIMIT_NOFILE``, read at each accept; the
+  control plane takes at most half, see :func:`~.accepting.descriptor_share`), so strangers cannot
+  starve the driver of the descriptors a worker launch needs (256 idle sockets under a
+  256-descriptor limit made the next launch's ``os.pipe()`` fail). A connection past either cap
+  is closed as soon as it is accepted. A worker holds one connection, and a new one per
+  abandoned round formation.
+* *Memory:* everything the store holds, keys, values, queued items, unfinished commands, awaited
+  keys and unsent answers, with what Python spends on each entry, stays within
+  :data:`MAX_STORE_BYTES` (256 MiB; a Gloo round counts about ``size * (380 + 8 * size)`` bytes,
+  180 KB at 128 workers, 2.2 MB at 512; the driver deletes the keys of rounds before the last two,
+  :meth:`StoreServer.forget`, so the bound holds a job's current rounds, not every round it formed).
+  A command is at most :data:`MAX_COMMAND_BYTES` (17 MiB:
+  ``COMPARE_SET``'s two 8 MiB values and its key), a value at most :data:`MAX_PAYLOAD_BYTES` (an
+  ``APPEND`` past it is refused; there was no bound, and 48 appends of 8 MiB grew the driver to
+  445 MB), an answer at most a command's size; a client that does not read its answers is not
+  read from past :data:`MAX_OUTBOX_BYTES` (1 MiB) of them.
+* *CPU:* each command is parsed once, field by field as its bytes arrive (a parser that resumes;
+  the previous one re-read an unfinished command from its first byte on every 64 KiB read, so a
+  large ``MULTI_SET`` took over a minute of CPU).
+
+A client past a bound is disconnected (torch's protocol has no error answer): its next call
+fails. Refusals are logged once per kind, then counted (:class:`~.accepting.RefusalLog`), never
+once per client: the clients are strangers and may be many.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from typing import Any, Generator
+
+from cloud_elastic.driver.net.accepting import STORE_SHARE, AcceptPause, RefusalLog, descriptor_share
+
+log = logging.getLogger(__name__)
+
+MAGIC = 0x3C85F7CE
+(VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
+ CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN) = range(17)
+READY, NOT_READY = 0, 1
+STOP_WAITING, WAIT_CANCELED = 0, 1
+MAX_KEY_BYTES = 8 * 1024
+MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+MAX_KEY_COUNT = 128 * 1024
+MAX_COMMAND_BYTES = 2 * MAX_PAYLOAD_BYTES + 1024 * 1024
+MAX_STORE_BYTES = 256 * 1024 * 1024
+MAX_OUTBOX_BYTES = 1024 * 1024
+MAX_PEER_CONNECTIONS = 256
+VALIDATE_TIMEOUT_S = 10.0
+_RECV_BYTES = 1 << 16
+#: What Python spends beyond the bytes themselves, counted against MAX_STORE_BYTES: on a dict or set
+#: entry with its bytes objects (measured: 110-140), and on a bytes object in a list or deque (about
+#: 45). Without it a million one-byte keys counted 2 MB and took 140 MB.
+_ENTRY = 128
+_ITEM = 48
+_U32, _U64, _I64 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<q")
+
+#: Each command's fields after its command byte: u32, i64, key, payload (value), keys (a count, then
+#: keys), pairs (a count, then key and value each).
+_LAYOUTS = {VALIDATE: "u", SET: "kp", COMPARE_SET: "kpp", GET: "k", ADD: "ki", CHECK: "K", WAIT: "K",
+            GETNUMKEYS: "", DELETE_KEY: "k", APPEND: "kp", MULTI_GET: "K", MULTI_SET: "P", CANCEL_WAIT: "",
+            PING: "u", QUEUE_PUSH: "kp", QUEUE_POP: "k", QUEUE_LEN: "k"}
+
+
+class ProtocolError(Exception):
+    """The client broke the protocol or a bound; it is disconnected. ``kind`` names the refusal for the log."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+#: What a command parser yields: how many bytes it needs next (it is sent exactly those).
+_Parser = Generator[int, bytes, "tuple[int, list[Any]]"]
+
+
+def _sized(limit: int, what: str) -> Generator[int, bytes, bytes]:
+    n = _U64.unpack((yield 8))[0]
+    if n > limit:
+        raise ProtocolError(f"a {what} of {n} bytes (at most {limit})", f"{what} too long")
+    return (yield n) if n else b""
+
+
+def _command(validated: bool) -> _Parser:
+    """Parse one command, field by field: the caller sends each field's bytes once, as they arrive."""
+    command = (yield 1)[0]
+    if not validated and command != VALIDATE:
+        raise ProtocolError("it did not open with torch's store validation", "no validation")
+    layout = _LAYOUTS.get(command)
+    if layout is None:
+        raise ProtocolError(f"unknown store command {command} (a newer torch than this driver knows?)",
+                            "unknown command")
+    fields: list[Any] = []
+    for field in layout:
+        if field == "u":
+            fields.append(_U32.unpack((yield 4))[0])
+        elif field == "i":
+            fields.append(_I64.unpack((yield 8))[0])
+        elif field == "k":
+            fields.append((yield from _sized(MAX_KEY_BYTES, "key")))
+        elif field == "p":
+            fields.append((yield from _sized(MAX_PAYLOAD_BYTES, "value")))
+        else:
+            n = _U64.unpack((yield 8))[0]
+            if n > MAX_KEY_COUNT:
+                raise ProtocolError(f"{n} keys in one command (at most {MAX_KEY_COUNT})", "too many keys")
+            items: list[Any] = []
+            for _ in range(n):
+                key = yield from _sized(MAX_KEY_BYTES, "key")
+                items.append(key if field == "K" else (key, (yield from _sized(MAX_PAYLOAD_BYTES, "value"))))
+            fields.append(items)
+    return command, fields
+
+
+def _vector(value: bytes) -> bytes:
+    return _U64.pack(len(value)) + value
+
+
+class _Client:
+    def __init__(self, sock: socket.socket, address: str, port: int) -> None:
+        self.sock = sock
+        self.address = address
+        self.peer = f"{address}:{port}"
+        self.inbox = bytearray()
+        self.outbox = bytearray()
+        self.validated = False
+        self.open = True
+        self.awaiting: set[bytes] = set()  # the keys a pending WAIT still needs
+        self.awaiting_bytes = 0
+        self.parser: _Parser | None = None  # the command being read
+        self.need = 0  # how many bytes the parser waits for
+        self.command_bytes = 0  # bytes the unfinished command has declared so far
+        self.pending = 0  # and what they take in memory
+        self.footprint = 0  # what this client holds of the store's budget (see StoreServer._account)
+
+
+class StoreServer:
+    """Serves torch's store protocol on ``listener`` (bound and listening) from a daemon thread until :meth:`close`.
+
+    ``max_bytes``, ``max_peer_connections`` and ``validate_timeout_s`` override the module's bounds
+    (see the module docstring); the driver uses the defaults.
+    """
+
+    def __init__(self, listener: socket.socket, *, max_bytes: int = MAX_STORE_BYTES,
+                 max_peer_connections: int = MAX_PEER_CONNECTIONS,
+                 validate_timeout_s: float = VALIDATE_TIMEOUT_S) -> None:
+        listener.setblocking(False)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        self._max_bytes = max_bytes
+        self._max_peer = max_peer_connections
+        self._validate_timeout_s = validate_timeout_s
+        self._data: dict[bytes, bytes] = {}
+        self._queues: dict[bytes, deque[bytes]] = {}
+        self._waiters: dict[bytes, list[_Client]] = {}
+        self._stored = 0  # bytes of keys, values and queued items
+        self._held = 0  # bytes the clients hold: unfinished commands, awaited keys, unsent answers
+        self._per_address: dict[str, int] = {}
+        self._connections = 0
+        self._unvalidated: deque[tuple[float, _Client]] = deque()  # by deadline (all have the same timeout)
+        self._refusals = RefusalLog(log, "rendezvous store", "rendezvous store: disconnected %s: %s")
+        self._half_full_said = False
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(listener, selectors.EVENT_READ, None)
+        self._pause = AcceptPause(self._selector, listener, None, "rendezvous store")
+        self._forget_lock = threading.Lock()
+        self._to_forget: list[bytes] = []  # namespaces whose keys go, handed over by forget()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._closing = False
+        self._thread = threading.Thread(target=self._serve, name="rendezvous-store", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and close every connection and the listening socket. Idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    def forget(self, namespace: str) -> None:
+        """Delete, from the serving thread, every key that holds ``namespace`` (a finished round's, whose
+        process groups formed long ago): nothing else deletes a round's keys, and the store's bound would
+        otherwise be reached after some rounds of a large job (a round of ``size`` Gloo workers stores
+        about ``size * (250 + 8 * size)`` bytes: 2 MB at 512)."""
+        with self._forget_lock:
+            self._to_forget.append(namespace.encode())
+        try:
+            self._wake_w.send(b"f")
+        except OSError:  # closed: nothing to forget any more
+            pass
+
+    def _forget_now(self) -> None:
+        with self._forget_lock:
+            namespaces, self._to_forget = self._to_forget, []
+        for namespace in namespaces:
+            for key in [k for k in self._data if namespace in k]:
+                self._stored -= len(key) + len(self._data.pop(key)) + _ENTRY
+
+    # ----------------------------------------------------------------- the loop
+    def _serve(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # a bug here: every worker's next store call would wait out its timeout
+            log.exception("rendezvous store: stopped serving")
+        finally:
+            for key in list(self._selector.get_map().values()):
+                key.fileobj.close()
+            self._selector.close()
+            self._wake_w.close()
+
+    def _loop(self) -> None:
+        while not self._closing:
+            timeout = None
+            if self._unvalidated:
+                timeout = max(0.0, self._unvalidated[0][0] - time.monotonic())
+            events = self._selector.select(self._pause.timeout(timeout))
+            if self._to_forget:  # before any command that arrived after forget() returned
+                self._forget_now()
+            for key, mask in events:
+                if key.data is None:
+                    self._accept()
+                elif key.data == "wake":
+                    self._wake_r.recv(64)
+                elif key.data.open:  # not disconnected earlier in this round of events
+                    client = key.data
+                    if mask & selectors.EVENT_WRITE:
+                        self._flush(client)
+                        self._process(client)  # commands left unread while its answers were backed up
+                    if mask & selectors.EVENT_READ and client.open:
+                        self._receive(client)
+            self._pause.resume_if_due()
+            self._expire_unvalidated()
+
+    def _accept(self) -> None:
+        try:
+            sock, addr = self._listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        except OSError as exc:  # out of descriptors, say: the connection waits in the backlog
+            if not self._pause.failed(exc):
+                log.warning("rendezvous store: cannot accept a connection: %s", exc)
+            return
+        self._pause.accepted()
+        client = _Client(sock, addr[0], addr[1])
+        at_most = descriptor_share(STORE_SHARE)
+        if self._connections >= at_most:
+            self._refusals.refused("too many connections", client.peer,
+                                   f"{self._connections} connections are open, at most {at_most} (a quarter of "
+                                   "the driver's descriptor limit)")
+            sock.close()
+            return
+        if self._per_address.get(client.address, 0) >= self._max_peer:
+            self._refusals.refused("too many connections from one address", client.peer,
+                                   f"{self._max_peer} connections from {client.address} are open already")
+            sock.close()
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._connections += 1
+        self._per_address[client.address] = self._per_address.get(client.address, 0) + 1
+        self._unvalidated.append((time.monotonic() + self._validate_timeout_s, client))
+        self._selector.register(sock, selectors.EVENT_READ, client)
+
+    def _expire_unvalidated(self) -> None:
+        now = time.monotonic()
+        while self._unvalidated and (self._unvalidated[0][0] <= now or not self._unvalidated[0][1].open
+                                     or self._unvalidated[0][1].validated):
+            _, client = self._unvalidated.popleft()
+            if client.open and not client.validated:
+                self._disconnect(client, ProtocolError(f"it did not validate within {self._validate_timeout_s:g} s",
+                                                       "no validation in time"))
+
+    def _disconnect(self, client: _Client, why: ProtocolError | None = None) -> None:
+        if not client.open:
+            return
+        if why is not None:
+            self._refusals.refused(why.kind, client.peer, str(why))
+        client.open = False
+        self._forget_wait(client)
+        client.parser, client.pending = None, 0
+        client.inbox, client.outbox = bytearray(), bytearray()
+        self._account(client)
+        self._connections -= 1
+        left = self._per_address[client.address] - 1
+        if left:
+            self._per_address[client.address] = left
+        else:
+            del self._per_address[client.address]
+        try:
+            self._selector.unregister(client.sock)
+        except (KeyError, ValueError):
+            pass
+        client.sock.close()
+
+    def _receive(self, client: _Client) -> None:
+        try:
+            chunk = client.sock.recv(_RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._disconnect(client)
+            return
+        client.inbox += chunk
+        self._process(client)
+
+    def _process(self, client: _Client) -> None:
+        """Feed the buffered bytes to the client's command parser, each byte once; run each command it
+        completes; send the answers. Stops while the client's unsent answers exceed MAX_OUTBOX_BYTES
+        (it is not read from then, and the rest waits in its inbox)."""
+        while self._parse(client) and client.open:
+            self._flush(client)
+            if len(client.outbox) > MAX_OUTBOX_BYTES or len(client.inbox) < (client.need if client.parser else 1):
+                return  # the socket's next event (writable, readable) brings the rest
+        if client.open:
+            self._flush(client)
+
+    def _parse(self, client: _Client) -> bool:
+        """Run the commands complete in ``client``'s inbox; True if it stopped for its unsent answers."""
+        inbox, pos = client.inbox, 0
+        try:
+            while client.open:
+                if len(client.outbox) > MAX_OUTBOX_BYTES:
+                    return True
+                if client.parser is None:
+                    if pos == len(inbox):
+                        break
+                    client.parser, client.pending, client.command_bytes = _command(client.validated), 0, 0
+                    self._expect(client, next(client.parser))
+                if len(inbox) - pos < client.need:
+                    break
+                field = bytes(inbox[pos:pos + client.need])
+                pos += client.need
+                try:
+                    need = client.parser.send(field)
+                except StopIteration as done:
+                    client.parser, client.pending = None, 0
+                    self._execute(client, *done.value)
+                else:
+                    self._expect(client, need)
+        except ProtocolError as exc:
+            self._disconnect(client, exc)
+        except Exception as exc:  # ADD to a value that is not a number, say; never the other clients' problem
+            kind = "bad number" if isinstance(exc, ValueError) else type(exc).__name__
+            self._disconnect(client, ProtocolError(str(exc) or type(exc).__name__, kind))
+        finally:
+            del inbox[:pos]
+        return False
+
+    # ----------------------------------------------------------------- the budget
+    def _expect(self, client: _Client, n: int) -> None:
+        """The unfinished command declared its next ``n`` bytes: within one command's bound and the store's?"""
+        client.need = n
+        self._room(n + _ITEM, "a command")
+        client.pending += n + _ITEM  # what its fields will take in memory (a length or number: less)
+        client.command_bytes += n
+        self._account(client)
+        if client.command_bytes > MAX_COMMAND_BYTES:
+            raise ProtocolError(f"a command of more than {MAX_COMMAND_BYTES} bytes", "command too large")
+
+    def _room(self, n: int, what: str) -> None:
+        used = self._stored + self._held
+        if used + n > self._max_bytes:
+            raise ProtocolError(f"{what} of {n} bytes would take the store past its {self._max_bytes}-byte bound "
+                                f"({used} bytes are held)", "store full")
+        if not self._half_full_said and used + n > self._max_bytes // 2:
+            self._half_full_said = True
+            log.warning("rendezvous store: it holds more than half of its %d-byte bound", self._max_bytes)
+
+    def _account(self, client: _Client) -> None:
+        """Bring the store's count of what clients hold up to date with ``client``'s."""
+        footprint = client.pending + len(client.outbox) + client.awaiting_bytes
+        self._held += footprint - client.footprint
+        client.footprint = footprint
+
+    def _flush(self, client: _Client) -> None:
+        while client.outbox:
+            try:
+                sent = client.sock.send(client.outbox)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._disconnect(client)
+                return
+            del client.outbox[:sent]
+        self._account(client)
+        events = selectors.EVENT_WRITE if client.outbox else 0
+        if len(client.outbox) <= MAX_OUTBOX_BYTES:
+            events |= selectors.EVENT_READ
+        try:
+            self._selector.modify(client.sock, events, client)
+        except (KeyError, ValueError):
+            pass  # disconnected meanwhile
+
+    # ----------------------------------------------------------------- the commands
+    def _execute(self, client: _Client, command: int, f: list[Any]) -> None:
+        if not client.validated:
+            if f[0] != MAGIC:
+                raise ProtocolError("it did not open with torch's store validation", "no validation")
+            client.validated = True
+            return
+        answer = client.outbox
+        if command == SET:
+            self._set(f[0], f[1])
+        elif command == GET:
+            answer += self._answer([self._data.get(f[0], b"")])
+        elif command == ADD:
+            total = int(self._data.get(f[0], b"0")) + f[1]
+            self._set(f[0], str(total).encode())
+            answer += _I64.pack(total)
+        elif command == WAIT:
+            self._forget_wait(client)  # torch's client waits once at a time; a second wait replaces the first
+            missing = {k for k in f[0] if not self._present(k)}
+            if not missing:
+                answer.append(STOP_WAITING)
+            else:
+                size = sum(len(k) + _ENTRY for k in missing)
+                self._room(size, "a wait")
+                client.awaiting, client.awaiting_bytes = missing, size
+                for key in missing:
+                    self._waiters.setdefault(key, []).append(client)
+        elif command == CHECK:
+            answer.append(READY if all(self._present(k) for k in f[0]) else NOT_READY)
+        elif command == COMPARE_SET:
+            key, expected, desired = f
+            current = self._data.get(key)
+            if current is None and expected:
+                answer += _vector(expected)  # torch's answer for a missing key
+            elif current is None or current == expected:
+                self._set(key, desired)
+                answer += _vector(desired)
+            else:
+                answer += _vector(current)
+        elif command == MULTI_GET:
+            answer += self._answer([self._data.get(k, b"") for k in f[0]])
+        elif command == MULTI_SET:
+            for key, value in f[0]:
+                self._set(key, value)
+        elif command == APPEND:
+            key, value = f
+            old = self._data.get(key, b"")
+            if len(old) + len(value) > MAX_PAYLOAD_BYTES:
+                raise ProtocolError(f"an append past a value of {MAX_PAYLOAD_BYTES} bytes", "value too long")
+            self._set(key, old + value)
+        elif command == DELETE_KEY:
+            old = self._data.pop(f[0], None)
+            if old is not None:
+                self._stored -= len(f[0]) + len(old) + _ENTRY
+            answer += _I64.pack(1 if old is not None else 0)
+        elif command == GETNUMKEYS:
+            answer += _I64.pack(len(self._data))
+        elif command == CANCEL_WAIT:
+            self._forget_wait(client)
+            answer.append(WAIT_CANCELED)
+        elif command == PING:
+            answer += _U32.pack(f[0])
+        elif command == QUEUE_PUSH:
+            key, value = f
+            self._room(len(key) + _ENTRY + len(value) + _ITEM, "a queue push")
+            queue = self._queues.get(key)
+            if queue is None:
+                queue = self._queues[key] = deque()
+                self._stored += len(key) + _ENTRY
+            queue.append(value)
+            self._stored += len(value) + _ITEM
+            self._wake(key, one=True)
+        elif command == QUEUE_POP:
+            queue = self._queues.get(f[0], ())
+            answer += _I64.pack(len(queue))
+            if queue:
+                item = queue.popleft()
+                self._stored -= len(item) + _ITEM
+                answer += _vector(item)
+        elif command == QUEUE_LEN:
+            answer += _I64.pack(len(self._queues.get(f[0], ())))
+
+    def _answer(self, values: list[bytes]) -> bytes:
+        size = sum(8 + len(v) for v in values)
+        if size > MAX_COMMAND_BYTES:
+            raise ProtocolError(f"an answer of {size} bytes (at most {MAX_COMMAND_BYTES})", "answer too large")
+        self._room(size, "an answer")
+        return b"".join(_vector(v) for v in values)
+
+    def _present(self, key: bytes) -> bool:
+        return key in self._data or bool(self._queues.get(key))
+
+    def _set(self, key: bytes, value: bytes) -> None:
+        old = self._data.get(key)
+        grows = len(value) - (len(old) if old is not None else -len(key) - _ENTRY)
+        if grows > 0:
+            self._room(grows, "a value")
+        self._data[key] = value
+        self._stored += grows
+        self._wake(key)
+
+    def _wake(self, key: bytes, one: bool = False) -> None:
+        """Answer the waits that ``key`` completes (``one``: the first only, as a queue push does)."""
+        waiting = self._waiters.get(key)
+        while waiting:
+            client = waiting.pop(0)
+            if key not in client.awaiting:
+                continue
+            client.awaiting.discard(key)
+            client.awaiting_bytes -= len(key) + _ENTRY
+            if not client.awaiting:
+                client.outbox.append(STOP_WAITING)
+                self._flush(client)
+                if one:
+                    break
+        if not waiting:
+            self._waiters.pop(key, None)
+
+    def _forget_wait(self, client: _Client) -> None:
+        for key in client.awaiting:
+            waiting = self._waiters.get(key)
+            if waiting and client in waiting:
+                waiting.remove(client)
+                if not waiting:
+                    del self._waiters[key]
+        client.awaiting, client.awaiting_bytes = set(), 0

@@ -1,0 +1,188 @@
+"""What a restarted driver needs to take over its predecessor's running workers.
+
+A driver keeps a private **adoption record** on its own disk, beside its
+status record (:mod:`cloud_elastic.status`: a 0700 directory of this user,
+the job secret in its own 0600 file)::
+
+    <job dir>/adopt.json   {"v": 1, "job", "checkpoint_dir", "advertised", "bind", "control_port",
+                            "store_port", "grace_s", "seq",
+                            "workers": [{"id", "host", "slot", "seq", "handle"}]}   mode 0600
+
+``handle`` says how to stop a worker this driver did not start: ``{"kind":
+"local", "pid", "start"}`` (its process group, and the start time that tells
+the same process from a later one with a reused pid), or ``{"kind": "ssh",
+"nonce"}`` (the remote wrapper, reached again with ``remote --attach``).
+Nothing of it lands on shared checkpoint storage.
+
+A driver of the same job started again within ``--driver-grace`` reads it,
+listens on the same ports with the same secret, and answers the workers'
+polls with ``ReRegister`` until they have re-registered (see
+:meth:`~cloud_elastic.driver.job.elastic_job.ElasticJob.adopt`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cloud_elastic.driver.launch.api import ExitStatus, WorkerSpec
+from cloud_elastic.driver.launch.local import kill_group, process_start_time
+
+__all__ = [
+    "RECORD_NAME",
+    "AdoptedLocalProcess",
+    "AdoptedWorker",
+    "AdoptionRecord",
+    "find_records",
+    "read_record",
+    "remove_record",
+    "write_record",
+]
+
+log = logging.getLogger(__name__)
+
+RECORD_NAME = "adopt.json"
+_VERSION = 1
+
+
+@dataclass(frozen=True)
+class AdoptedWorker:
+    """One worker of the predecessor: its id, slot and how to reach its process."""
+
+    worker_id: str
+    host: str
+    slot: int
+    seq: int
+    handle: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class AdoptionRecord:
+    """What the predecessor recorded; ``secret`` comes from the status record's own 0600 file."""
+
+    job_id: str
+    checkpoint_dir: str
+    advertised: str
+    bind: str
+    control_port: int
+    store_port: int
+    grace_s: float
+    seq: int
+    workers: tuple[AdoptedWorker, ...]
+    secret: str
+
+    def worker(self, worker_id: str) -> AdoptedWorker | None:
+        return next((w for w in self.workers if w.worker_id == worker_id), None)
+
+
+def write_record(directory: Path, record: Mapping[str, Any]) -> None:
+    """Write ``record`` as ``directory/adopt.json``, 0600 and atomically (the status record made ``directory``)."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{RECORD_NAME}.")  # mkstemp creates 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(dict(record, v=_VERSION)) + "\n")
+        os.replace(tmp, directory / RECORD_NAME)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def read_record(directory: Path) -> AdoptionRecord | None:
+    """The predecessor's record, or None when there is none or it cannot be used (logged)."""
+    path = directory / RECORD_NAME
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        secret = (directory / "secret").read_text(encoding="utf-8").strip()
+        if raw.get("v") != _VERSION:
+            raise ValueError(f"record version {raw.get('v')!r}")
+        workers = tuple(AdoptedWorker(str(w["id"]), str(w["host"]), int(w["slot"]), int(w["seq"]), dict(w["handle"]))
+                        for w in raw["workers"])
+        return AdoptionRecord(str(raw["job"]), str(raw["checkpoint_dir"]), str(raw["advertised"]), str(raw["bind"]), int(raw["control_port"]),
+                              int(raw["store_port"]), float(raw["grace_s"]), int(raw["seq"]), workers, secret)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("cannot use the adoption record %s (%s); the running workers cannot be adopted", path, exc)
+        return None
+
+
+def find_records(root: Path, checkpoint_dir: str) -> list[tuple[AdoptionRecord, int, float]]:
+    """Records under ``root`` of drivers that checkpointed to ``checkpoint_dir``: (record, driver pid, last sign
+    of life as Unix time), newest first. Found without reading the checkpoint storage (which is slow to open)."""
+    found = []
+    try:
+        directories = [p for p in root.iterdir() if (p / RECORD_NAME).is_file()]
+    except OSError:
+        return []
+    for directory in directories:
+        record = read_record(directory)
+        if record is None or record.checkpoint_dir != checkpoint_dir or record.job_id != directory.name:
+            continue
+        try:
+            status = directory / "driver.json"
+            pid = int(json.loads(status.read_text(encoding="utf-8"))["pid"])
+            found.append((record, pid, status.stat().st_mtime))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(found, key=lambda item: -item[2])
+
+
+def remove_record(directory: Path) -> None:
+    try:
+        (directory / RECORD_NAME).unlink()
+    except FileNotFoundError:
+        pass
+
+
+class AdoptedLocalProcess:
+    """A local worker this driver did not start: known by its pid and start time, never our child.
+
+    ``poll`` sees the end of the process (its status cannot be known: the
+    worker's ``completed`` message and heartbeats tell the driver how it
+    ended); ``kill``/``terminate`` signal its whole process group, and only
+    while the pid is still the same process.
+    """
+
+    def __init__(self, spec: WorkerSpec, pid: int, start: int | None) -> None:
+        self.spec = spec
+        self.pid = pid
+        self._start = start
+        self._status: ExitStatus | None = None
+        self._lock = threading.Lock()
+
+    def handle(self) -> dict[str, Any]:
+        return {"kind": "local", "pid": self.pid, "start": self._start}
+
+    def _running(self) -> bool:
+        started = process_start_time(self.pid)
+        return started is not None and (self._start is None or started == self._start)
+
+    def poll(self) -> ExitStatus | None:
+        if self._status is None and not self._running():
+            # Not our child: its exit code went to whoever reaped it.
+            self._status = ExitStatus(1, known=False)
+        return self._status
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        with self._lock:
+            if not self._running():
+                return
+            kill_group(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while self._running() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            # Whatever it left in its group goes too (the kernel keeps a live group's id from being reused).
+            kill_group(self.pid, signal.SIGKILL)
+
+    def kill(self) -> None:
+        if self._running():
+            kill_group(self.pid, signal.SIGKILL)

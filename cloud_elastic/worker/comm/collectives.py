@@ -1,0 +1,529 @@
+"""Collectives with Horovod's names, on the current round's process group.
+
+Every call starts its collective through :meth:`WorkerContext.group` and
+waits through :meth:`WorkerContext.wait`, so a collective of a round the
+driver aborted fails at once, and a failed or abandoned one raises
+:class:`CollectiveError` instead of hanging. Tensors may live on CPU or GPU;
+with NCCL, CPU tensors are staged through the worker's device and results
+come back on the caller's device. Unlike Horovod's, these are not autograd
+functions: results carry no gradient. Reductions that split a tensor over
+the workers (``reducescatter``, ``alltoall``) are in ``exchange``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import pickle
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.worker.comm import statecodec
+from cloud_elastic.worker.comm.compression import Compression, casts, check_compression, encode
+from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.comm.ops import Adasum, Average, Max, Min, Product, Sum, UnsupportedError, average_scaling, check_op, reduce_op
+
+__all__ = [
+    "Average",
+    "Sum",
+    "Adasum",
+    "Min",
+    "Max",
+    "Product",
+    "allreduce",
+    "allreduce_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "allgather",
+    "barrier",
+    "join",
+    "broadcast",
+    "broadcast_",
+    "broadcast_object",
+    "broadcast_state",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
+]
+
+
+def on_device(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when contiguous on the round's device, else a contiguous copy there."""
+    ctx = get_context()
+    if tensor.device != ctx.device:
+        return tensor.to(ctx.device)
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def check_reducible(op: str, tensor: Any, call: str) -> None:
+    """A one-line error for what ``call`` cannot reduce: a non-tensor, or an average of integers."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"hvd.{call}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if op == Average and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise TypeError(f"hvd.{call}: cannot average a {tensor.dtype} tensor; use op=hvd.Sum (or a floating-point tensor)")
+
+
+def _reduce_options(op: str) -> Any:
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = reduce_op(op)
+    return opts
+
+
+def _allreduce_packed(tensors: list[torch.Tensor], op: str, what: str) -> None:
+    """Reduce each of ``tensors`` (contiguous, on the group's device) in place: one collective per dtype.
+
+    Tensors of one dtype and device are packed into one flat buffer; every
+    collective is launched before the first wait, in the order of ``tensors``
+    (the same on every worker, as Gloo matches collectives by issue order).
+    """
+    ctx = get_context()
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    packed = [(members[0].view(-1) if len(members) == 1 else torch.cat([m.reshape(-1) for m in members]), members)
+              for members in groups.values()]
+    works = [ctx.group(what).allreduce([flat], _reduce_options(op)) for flat, _ in packed]
+    for work, (flat, members) in zip(works, packed):
+        ctx.wait(work, what)
+        if len(members) > 1:
+            offset = 0
+            for m in members:
+                m.copy_(flat[offset: offset + m.numel()].view_as(m))
+                offset += m.numel()
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: str | None = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce ``tensor`` in place across all workers and return it.
+
+    ``op``: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``;
+    ``Adasum`` raises UnsupportedError. The tensor is multiplied by
+    ``prescale_factor`` before the reduction and by ``postscale_factor``
+    after it (an average divides by the world size after the sum).
+    """
+    op = check_op(op, average)
+    check_reducible(op, tensor, "allreduce_")
+    ctx = get_context()
+    scaling = average_scaling(op, ctx.info.size, False, prescale=prescale_factor, postscale=postscale_factor)
+    work_tensor = on_device(tensor)
+    scaling.apply_before(work_tensor)
+    _allreduce_packed([work_tensor], op, f"allreduce {name or ''}".strip())
+    scaling.apply_after(work_tensor)
+    if work_tensor is not tensor:
+        tensor.copy_(work_tensor)
+    return tensor
+
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, compression: Any = Compression.none,
+              op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Return the reduction (``op``, default the average) of ``tensor`` over all workers; ``tensor`` is unchanged.
+
+    ``compression`` (``hvd.Compression.fp16``/``bf16``, or any class with
+    Horovod's ``compress``/``decompress``) is applied to what is sent; the
+    result has ``tensor``'s dtype. A 16-bit cast divides an average by the
+    world size *before* the sum, so the sum cannot overflow (see
+    ``ops.average_scaling``). Other arguments as :func:`allreduce_`.
+    """
+    return _reduce_each("allreduce", [tensor], average, name, compression, op, prescale_factor, postscale_factor)[0]
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                      compression: Any = Compression.none, op: str | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Reduce every tensor of ``tensors`` over all workers, in one collective per dtype; return the results.
+
+    As :func:`allreduce` for each tensor (the inputs are unchanged); the
+    tensors are packed into one flat buffer per dtype, which is what Horovod's
+    grouping guarantees: they are reduced together.
+    """
+    return _reduce_each("grouped_allreduce", tensors, average, name, compression, op, prescale_factor, postscale_factor)
+
+
+def _reduce_each(call: str, tensors: Sequence[torch.Tensor], average: bool | None, name: str | None, compression: Any,
+                 op: str | None, prescale_factor: float, postscale_factor: float) -> list[torch.Tensor]:
+    op = check_op(op, average)
+    compression = check_compression(compression)
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"hvd.{call}: expected a non-empty list of tensors")
+    for t in tensors:
+        check_reducible(op, t, call)
+    ctx = get_context()
+    scalings = [average_scaling(op, ctx.info.size, casts(compression, t.dtype), prescale=prescale_factor,
+                                postscale=postscale_factor) for t in tensors]
+    encoded = [encode(t, compression, s.before, ctx.device) for t, s in zip(tensors, scalings)]
+    _allreduce_packed([e.tensor for e in encoded], op, f"allreduce {name or ''}".strip())
+    results = []
+    for t, e, s in zip(tensors, encoded, scalings):
+        result = e.decode()
+        s.apply_after(result)
+        results.append(result.to(t.device))
+    return results
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                       op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """:func:`grouped_allreduce` in place: each tensor receives its result; return ``tensors``."""
+    tensors = list(tensors)
+    results = _reduce_each("grouped_allreduce_", tensors, average, name, None, op, prescale_factor, postscale_factor)
+    for t, result in zip(tensors, results):
+        t.copy_(result)
+    return tensors
+
+
+def barrier() -> None:
+    """Return once every worker of the round has called it (a one-element allreduce).
+
+    Like every collective here it fails with CollectiveError when a peer is
+    lost, instead of waiting for it.
+    """
+    ctx = get_context()
+    token = torch.zeros(1, device=ctx.device)
+    ctx.wait(ctx.group("barrier").allreduce([token]), "barrier")
+
+
+def join(device: int = -1) -> int:
+    """Not supported: raises UnsupportedError (see docs/porting.md).
+
+    Horovod's coordinator tells a joined worker which allreduces its peers
+    run, so it can contribute zeros to each. Here collectives are matched by
+    issue order with no coordinator: a joined worker cannot know its peers'
+    collectives, and a guess that differs in size aborts Gloo.
+    """
+    del device
+    raise UnsupportedError("hvd.join() is not supported by cloud-elastic (no coordinator can tell a joined worker its "
+                           "peers' allreduces): give every worker the same number of batches, e.g. with "
+                           "hvd.elastic.ElasticSampler, which pads shards to equal length")
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """Concatenate every worker's ``tensor`` along dimension 0 (first dims may differ)."""
+    ctx = get_context()
+    size = ctx.info.size
+    local = on_device(tensor)
+    if local.dim() == 0:
+        local = local.reshape(1)
+    lengths = torch.tensor([local.shape[0]], dtype=torch.int64, device=ctx.device)
+    all_lengths = [torch.zeros_like(lengths) for _ in range(size)]
+    ctx.wait(ctx.group("allgather sizes").allgather([all_lengths], [lengths]), "allgather sizes")
+    counts = [int(x.item()) for x in all_lengths]
+    longest = max(counts)
+    padded = local
+    if local.shape[0] < longest:
+        pad = torch.zeros((longest - local.shape[0],) + tuple(local.shape[1:]), dtype=local.dtype, device=local.device)
+        padded = torch.cat([local, pad])
+    outs = [torch.empty_like(padded) for _ in range(size)]
+    ctx.wait(ctx.pg.allgather([outs], [padded]), f"allgather {name or ''}".strip())
+    result = torch.cat([o[:n] for o, n in zip(outs, counts)])
+    return result.to(tensor.device)
+
+
+def _my_rank(ctx: Any, cross: bool) -> int:
+    """This worker's rank in the round's group, or with ``cross`` in its cross-host group (``hvd.shard``)."""
+    return ctx.info.cross_rank if cross else ctx.info.rank
+
+
+def _takes_part(ctx: Any, cross: bool, root_rank: int, receivers: Sequence[int] | None) -> bool:
+    """Whether this worker sends or receives in a broadcast to ``receivers`` (None: to every worker)."""
+    if receivers is None:
+        return True
+    return bool(receivers) and (_my_rank(ctx, cross) == root_rank or _my_rank(ctx, cross) in receivers)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, *, cross: bool = False,
+               receivers: Sequence[int] | None = None) -> torch.Tensor:
+    """Overwrite ``tensor`` with ``root_rank``'s value, in place; return it.
+
+    ``cross``: over this worker's cross-host group (sharded training: the same local
+    rank of every host, ``root_rank`` a host index), a no-op with one host.
+    ``receivers``: the ranks that need the value (None: every one). Given, the root
+    sends it to each of them point to point, all at once, and the other workers take
+    no part: their ``tensor`` is left as it is (see :func:`needing`).
+    """
+    ctx = get_context()
+    if cross and ctx.info.cross_size <= 1:
+        return tensor
+    if not _takes_part(ctx, cross, root_rank, receivers):
+        return tensor
+    me = _my_rank(ctx, cross)
+    work_tensor = on_device(tensor)
+    what = f"broadcast {name or ''}".strip()
+    group = (ctx.cross_group if cross else ctx.group)(what)
+    if receivers is None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root_rank
+        ctx.wait(group.broadcast([work_tensor], opts), what)
+    elif me == root_rank:
+        for work in [group.send([work_tensor], rank, 0) for rank in receivers]:
+            ctx.wait(work, what)
+    else:
+        ctx.wait(group.recv([work_tensor], root_rank, 0), what)
+    if work_tensor is not tensor:
+        tensor.copy_(work_tensor)
+    return tensor
+
+
+def needing(needs: bool, name: str, *, cross: bool = False) -> list[int]:
+    """The ranks whose ``needs`` is true, on every worker of the group (one small allreduce).
+
+    A state sync asks it before sending: a worker that already holds the root's
+    commit takes no part in the transfer (``receivers`` of :func:`broadcast_`).
+    ``cross``: over the cross-host group, as :func:`broadcast_`.
+    """
+    ctx = get_context()
+    size, me = (ctx.info.cross_size, ctx.info.cross_rank) if cross else (ctx.info.size, ctx.info.rank)
+    if size <= 1:
+        return []
+    flags = torch.zeros(size, dtype=torch.int64)
+    flags[me] = int(needs)
+    work_tensor = on_device(flags)
+    what = f"which workers need the {name}"
+    ctx.wait((ctx.cross_group if cross else ctx.group)(what).allreduce([work_tensor]), what)
+    return [rank for rank, flag in enumerate(work_tensor.tolist()) if flag]
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
+    """Return ``root_rank``'s value of ``tensor``."""
+    return broadcast_(tensor.detach().clone(), root_rank, name)
+
+
+def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = None) -> Any:
+    """Return ``root_rank``'s ``obj`` on every worker.
+
+    Objects are pickled, as in Horovod and ``torch.distributed``: this trusts
+    the round's members (only holders of the job secret can form a round, see
+    ``worker/rounds/signed_store.py``) and the network between them. ``sync()`` never uses
+    it (see :func:`broadcast_state`); the control plane never pickles.
+    """
+    ctx = get_context()
+    if ctx.info.rank == root_rank:
+        buf = io.BytesIO()
+        pickle.dump(obj, buf, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, name)
+    if ctx.info.rank != root_rank:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name)
+    if ctx.info.rank == root_rank:
+        return obj
+    payload = payload.contiguous()
+    return pickle.loads(ctypes.string_at(payload.data_ptr(), payload.numel()))  # no numpy needed
+
+
+def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *, cross: bool = False,
+                    receivers: Sequence[int] | None = None) -> Any:
+    """Return ``root_rank``'s ``obj`` on every worker, never unpickling anything foreign.
+
+    Used by ``sync()``: encoded with ``torch.save`` and decoded with
+    ``weights_only=True`` (see ``statecodec``). If the root's object cannot be
+    carried that way, every worker raises the same ``StateSyncError``.
+    ``cross`` and ``receivers``: as :func:`broadcast_` (a worker that takes no
+    part gets its own ``obj`` back, and does not learn of a root's error).
+    """
+    ctx = get_context()
+    if cross and ctx.info.cross_size <= 1:
+        return obj
+    if not _takes_part(ctx, cross, root_rank, receivers):
+        return obj
+    root = _my_rank(ctx, cross) == root_rank
+    error = ""
+    if root:
+        try:
+            data = statecodec.encode(obj, name)
+        except statecodec.StateSyncError as exc:
+            data, error = str(exc).encode(), str(exc)
+        length = torch.tensor([-len(data) if error else len(data)], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, name, cross=cross, receivers=receivers)
+    n = int(length.item())
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if root else torch.empty(abs(n), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name, cross=cross, receivers=receivers)
+    if n < 0:  # the root could not encode it: everyone fails alike, nobody waits for a peer
+        raise statecodec.StateSyncError(error or ctypes.string_at(payload.data_ptr(), payload.numel()).decode(errors="replace"))
+    if root:
+        return obj
+    return statecodec.decode(ctypes.string_at(payload.data_ptr(), payload.numel()), name)
+
+
+#: Tensors are broadcast packed into flat buffers of at most this many bytes (one collective each).
+_PACK_BYTES = 32 * 1024 * 1024
+#: A tensor at least this big is broadcast alone, in place (no packing copies).
+_ALONE_BYTES = 4 * 1024 * 1024
+
+
+def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: str = "tensors", *,
+                       cross: bool = False, receivers: Sequence[int] | None = None, discard: bool = False) -> None:
+    """Overwrite each of ``tensors`` with ``root_rank``'s value, in place, in as few collectives as fit.
+
+    Tensors of one dtype and device travel packed in flat buffers of up to
+    32 MiB: a state sync of a few dozen tensors is then a few collectives, not
+    one each (each costs about a millisecond on loopback even when tiny). A
+    tensor of 4 MiB or more travels alone, into its place: packing it would copy
+    it twice more for no gain (decided by size only, the same on every worker).
+    ``cross`` and ``receivers``: as :func:`broadcast_`. ``discard``: a receiver takes part
+    but writes nothing into ``tensors`` (it holds the root's values already, and a
+    commit kept in place must see them untouched: see ``commits``).
+    """
+    ctx = get_context()
+    if cross and ctx.info.cross_size <= 1:
+        return
+    if ctx.info is not None and not _takes_part(ctx, cross, root_rank, receivers):
+        return
+    root = ctx.info is None or _my_rank(ctx, cross) == root_rank
+    write = not root and not discard  # what is received goes into ``tensors``
+
+    def alone(t: torch.Tensor) -> None:
+        if root or write:
+            buf = t if t.is_contiguous() else t.contiguous()
+        else:  # received into a scratch buffer, dropped
+            buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        broadcast_(buf, root_rank, name, cross=cross, receivers=receivers)
+        if buf is not t and write:
+            t.copy_(buf)
+
+    groups: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
+    sizes: dict[tuple[torch.dtype, torch.device], int] = {}
+    big = []
+    for t in tensors:
+        key = (t.dtype, t.device)
+        nbytes = t.numel() * t.element_size()
+        if nbytes >= _ALONE_BYTES:
+            big.append(t)
+            continue
+        chunks = groups.setdefault(key, [[]])
+        if chunks[-1] and sizes.get(key, 0) + nbytes > _PACK_BYTES:
+            chunks.append([])
+            sizes[key] = 0
+        chunks[-1].append(t)
+        sizes[key] = sizes.get(key, 0) + nbytes
+    with torch.no_grad():
+        for t in big:
+            alone(t)
+        for (dtype, device), chunks in groups.items():
+            for chunk in chunks:
+                if len(chunk) == 1:
+                    alone(chunk[0])
+                    continue
+                if root:
+                    flat = torch.cat([t.reshape(-1) for t in chunk])
+                else:
+                    flat = torch.empty(sum(t.numel() for t in chunk), dtype=dtype, device=device)
+                broadcast_(flat, root_rank, name, cross=cross, receivers=receivers)
+                if write:
+                    offset = 0
+                    for t in chunk:
+                        t.copy_(flat[offset: offset + t.numel()].view(t.shape))
+                        offset += t.numel()
+
+
+def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], root_rank: int = 0,
+                         *, discard: bool = False) -> None:
+    """Broadcast a ``state_dict()`` or ``named_parameters()`` from ``root_rank``, in place.
+
+    ``discard``: this worker takes part without changing its tensors (see :func:`broadcast_tensors_`).
+    """
+    items = sorted(params.items()) if isinstance(params, Mapping) else list(params)
+    tensors = [t.detach() for _, t in items if isinstance(t, torch.Tensor)]
+    broadcast_tensors_(tensors, root_rank, "parameters", discard=discard)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, *, discard: bool = False) -> None:
+    """Make every worker's optimizer state equal to ``root_rank``'s.
+
+    Workers that joined late may not have created their state yet (momentum
+    buffers appear on the first step), so the structure is agreed first: the
+    root broadcasts its state dict with tensors replaced by shapes, every
+    worker allocates the same tensors, then the tensors are broadcast. The
+    root's state is left as it is: loading a copy of itself would replace its
+    state objects, and a commit kept in place, which holds those very objects,
+    could no longer be restored if the sync were cut short (``commits``).
+    ``discard``: this worker takes part without changing its state.
+    """
+    root = get_context().info.rank == root_rank
+    synced = broadcast_state_dict(optimizer.state_dict() if root else None, root_rank)
+    if not root and not discard:
+        optimizer.load_state_dict(synced)
+
+
+def broadcast_state_dict(state: Any, root_rank: int = 0, name: str = "optimizer state", *, cross: bool = False,
+                         receivers: Sequence[int] | None = None) -> Any:
+    """``root_rank``'s ``state`` (a state dict of plain data and tensors; other workers pass None) on every worker.
+
+    The skeleton (tensors replaced by shapes) goes first, through :func:`broadcast_state`; every worker then
+    allocates the same tensors, and they are broadcast packed (:func:`broadcast_tensors_`). Returned on every
+    worker, the root included, with tensors of its own (CPU copies). ``cross`` and ``receivers``: as
+    :func:`broadcast_`; a worker that takes no part gets its own ``state`` back.
+    """
+    ctx = get_context()
+    if not _takes_part(ctx, cross, root_rank, receivers):
+        return state
+    root = _my_rank(ctx, cross) == root_rank
+    skeleton, tensors = _split_tensors(state) if root else (None, [])
+    skeleton = broadcast_state(skeleton, root_rank, name, cross=cross, receivers=receivers)
+    if not root:
+        tensors = [torch.empty(shape, dtype=_dtype(dtype)) for shape, dtype in _shapes(skeleton)]
+    broadcast_tensors_(tensors, root_rank, name, cross=cross, receivers=receivers)
+    return _join_tensors(skeleton, tensors)
+
+
+#: Key of the plain dict that stands for a tensor in a state-dict skeleton (plain, so weights_only loads it).
+_TENSOR = "__cloud_elastic_tensor__"
+
+
+def _slot(index: int, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
+    return {_TENSOR: index, "shape": list(shape), "dtype": dtype}
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise statecodec.StateSyncError(f"optimizer state: {name!r} is not a torch dtype")
+    return dtype
+
+
+def _is_slot(obj: Any) -> bool:
+    return isinstance(obj, dict) and _TENSOR in obj
+
+
+def _split_tensors(obj: Any, out: list[torch.Tensor] | None = None) -> tuple[Any, list[torch.Tensor]]:
+    out = [] if out is None else out
+    if isinstance(obj, torch.Tensor):
+        out.append(obj.detach().cpu().contiguous().clone())
+        return _slot(len(out) - 1, tuple(obj.shape), str(obj.dtype).replace("torch.", "")), out
+    if isinstance(obj, dict):
+        return {k: _split_tensors(v, out)[0] for k, v in obj.items()}, out
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_split_tensors(v, out)[0] for v in obj), out
+    return obj, out
+
+
+def _shapes(skeleton: Any) -> list[tuple[tuple[int, ...], str]]:
+    found: dict[int, tuple[tuple[int, ...], str]] = {}
+
+    def walk(o: Any) -> None:
+        if _is_slot(o):
+            found[o[_TENSOR]] = (tuple(o["shape"]), o["dtype"])
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+
+    walk(skeleton)
+    return [found[i] for i in range(len(found))]
+
+
+def _join_tensors(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    if _is_slot(skeleton):
+        return tensors[skeleton[_TENSOR]]
+    if isinstance(skeleton, dict):
+        return {k: _join_tensors(v, tensors) for k, v in skeleton.items()}
+    if isinstance(skeleton, (list, tuple)):
+        return type(skeleton)(_join_tensors(v, tensors) for v in skeleton)
+    return skeleton

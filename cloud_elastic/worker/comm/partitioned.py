@@ -1,0 +1,109 @@
+"""Collectives that give each worker a different part: ``reducescatter`` and ``alltoall`` (Horovod's names).
+
+Both split along dimension 0 and run on torch's ``alltoall_base``, started
+through :meth:`WorkerContext.group` and waited for through
+:meth:`WorkerContext.wait` like every other collective, so a lost peer
+aborts them. ``reducescatter`` is not torch's ``reduce_scatter``: Gloo's has
+no future (``Work::getFuture not implemented`` in the torch this project
+pins), so it could not be waited for in slices and abandoned when the driver
+aborts the round. Instead each worker sends every peer that peer's rows
+(one alltoall: the same bytes per worker as a ring reduce-scatter) and
+reduces what it receives itself. Neither is an autograd function.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from cloud_elastic.worker.comm.collectives import on_device, check_reducible
+from cloud_elastic.worker.comm.compression import Compression, casts, check_compression, encode
+from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.comm.ops import Average, Max, Min, Product, Sum, average_scaling, check_op
+
+__all__ = ["reducescatter", "alltoall"]
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Any = Compression.none,
+                  op: str = Average, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce ``tensor`` over all workers and return this worker's rows of the result.
+
+    Rows are split as Horovod splits them: each rank gets ``dim0 // size``,
+    and the first ``dim0 % size`` ranks one more. ``tensor`` must have the
+    same shape on every worker and is left unchanged; ``op``, ``compression``
+    and the scale factors mean what they mean for :func:`allreduce`.
+    """
+    op = check_op(op)
+    compression = check_compression(compression)
+    check_reducible(op, tensor, "reducescatter")
+    if tensor.dim() == 0:
+        raise ValueError("hvd.reducescatter: expected a tensor of at least one dimension (it splits dimension 0)")
+    ctx = get_context()
+    size, rank = ctx.info.size, ctx.info.rank
+    scaling = average_scaling(op, size, casts(compression, tensor.dtype), prescale=prescale_factor,
+                              postscale=postscale_factor)
+    sent = encode(tensor, compression, scaling.before, ctx.device)
+    # Horovod's split: dim0 // size rows each, the first dim0 % size ranks one more (as tensor_split does).
+    counts = [len(chunk) for chunk in torch.tensor_split(torch.empty(sent.tensor.shape[0], device="meta"), size)]
+    received = torch.empty((size * counts[rank],) + tuple(sent.tensor.shape[1:]), dtype=sent.tensor.dtype,
+                           device=sent.tensor.device)
+    what = f"reducescatter {name or ''}".strip()
+    ctx.wait(ctx.group(what).alltoall_base(received, sent.tensor, [counts[rank]] * size, counts), what)
+    mine = _REDUCE[op](received.view((size, counts[rank]) + tuple(sent.tensor.shape[1:])))
+    result = sent.decode(mine)
+    scaling.apply_after(result)
+    return result.to(tensor.device)
+
+
+#: How a worker reduces the (size, rows, ...) stack of its rows from every peer, per op (Average: sum, then divide).
+_REDUCE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    Average: lambda t: t.sum(0, dtype=t.dtype), Sum: lambda t: t.sum(0, dtype=t.dtype), Min: lambda t: t.amin(0),
+    Max: lambda t: t.amax(0), Product: lambda t: t.prod(0, dtype=t.dtype),
+}
+
+
+def alltoall(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None = None,
+             name: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Send ``splits[i]`` rows of ``tensor`` (dimension 0, in order) to worker ``i``; return what arrived.
+
+    Without ``splits`` the rows are split equally (their number must be a
+    multiple of the world size) and only the gathered tensor is returned;
+    with ``splits`` (one count per worker, summing to at most the rows),
+    ``(tensor, received_splits)`` as in Horovod, ``received_splits`` an int32
+    tensor. Rows may differ in number between workers; the other dimensions
+    and the dtype must match.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"hvd.alltoall: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dim() == 0:
+        raise ValueError("hvd.alltoall: expected a tensor of at least one dimension (it splits dimension 0)")
+    ctx = get_context()
+    size = ctx.info.size
+    rows = tensor.shape[0]
+    send = _send_counts(splits, rows, size)
+    what = f"alltoall {name or ''}".strip()
+    # Each worker learns how many rows every peer sends it (its rows and splits are its own).
+    counts = torch.tensor(send, dtype=torch.int64, device=ctx.device)
+    received = torch.empty_like(counts)
+    ctx.wait(ctx.group(what).alltoall_base(received, counts, [], []), what)
+    recv = [int(n) for n in received.tolist()]
+    local = on_device(tensor.detach()[: sum(send)])
+    out = torch.empty((sum(recv),) + tuple(local.shape[1:]), dtype=local.dtype, device=local.device)
+    ctx.wait(ctx.group(what).alltoall_base(out, local, recv, send), what)
+    out = out.to(tensor.device)
+    if splits is None:
+        return out
+    return out, torch.tensor(recv, dtype=torch.int32)
+
+
+def _send_counts(splits: Sequence[int] | torch.Tensor | None, rows: int, size: int) -> list[int]:
+    if splits is None:
+        if rows % size:
+            raise ValueError(f"hvd.alltoall: {rows} rows do not split equally over {size} workers; pass splits=")
+        return [rows // size] * size
+    counts = [int(n) for n in (splits.reshape(-1).tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if len(counts) != size or any(n < 0 for n in counts) or sum(counts) > rows:
+        raise ValueError(f"hvd.alltoall: splits must be {size} non-negative row counts summing to at most {rows}; "
+                         f"got {counts}")
+    return counts

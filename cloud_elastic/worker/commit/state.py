@@ -1,0 +1,243 @@
+"""Elastic state objects with Horovod's names: ``State``, ``ObjectState``, ``TorchState``.
+
+``commit()`` = ``save()`` + ``check_host_updates()``. ``save()`` copies the
+model and optimizer into buffers allocated once and reused, which runs at
+memory speed (fresh allocations page-fault and run an order of magnitude
+slower); ``restore()`` copies them back after a failure; ``sync()``
+broadcasts the state of rank 0, the oldest worker, to everyone: tensors as
+tensors, everything else with ``torch.save`` and ``weights_only`` loading,
+never pickle (see ``statecodec``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterable
+
+import torch
+
+from cloud_elastic.worker import sharded
+
+from cloud_elastic.worker.comm import collectives
+from cloud_elastic.worker.commit.handlers import _ModelHandler, _OptimizerHandler, _SamplerHandler, _SnapshotHandler, _handler_for
+from cloud_elastic.worker.context import get_context, is_initialized
+from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
+
+__all__ = ["State", "ObjectState", "TorchState"]
+
+
+class State:
+    """Base of elastic state: commit/restore/sync plus reset callbacks."""
+
+    def __init__(self) -> None:
+        self._reset_callbacks: list[Callable[[], None]] = []
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Call each of ``callbacks`` after every reset (membership change)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Called by ``elastic.run`` once a new round has formed."""
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Save the state, then interrupt if membership is changing (on every worker at once)."""
+        ctx = get_context()
+        ctx.window.close()  # first: what the window taught decides how this commit is kept
+        ctx.read_update_flag()
+        self.save()
+        ctx.note_commit(self)
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt, on all workers at the same call, if membership is changing."""
+        if get_context().updates_agreed():
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Hook for subclasses; called on reset before the callbacks."""
+
+
+class ObjectState(State):
+    """State made of plain attributes: ``ObjectState(epoch=0, batch=0)`` then ``state.epoch``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self._saved_state = dict(kwargs)
+        self._set_attrs()
+
+    def save(self) -> None:
+        self._saved_state = {name: copy.deepcopy(getattr(self, name)) for name in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = collectives.broadcast_state(self._saved_state, 0, "ObjectState attributes")
+            self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, copy.deepcopy(value))
+
+
+class TorchState(ObjectState):
+    """State of a PyTorch job: ``TorchState(model, optimizer, epoch=0, batch=0, sampler=...)``.
+
+    Modules, optimizers and ElasticSamplers get dedicated handlers; every other
+    keyword is kept as an ObjectState attribute.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
+        kwargs.update(model=model, optimizer=optimizer)
+        handlers: dict[str, Any] = {}
+        plain: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            handler = _handler_for(value)
+            if handler is not None:
+                handlers[name] = handler
+            elif value is not None or name not in ("model", "optimizer"):
+                plain[name] = value
+        object.__setattr__(self, "_handlers", handlers)
+        for name, handler in handlers.items():
+            object.__setattr__(self, name, handler.value)
+        self._defer_copies_to_optimizer_step()
+        self._close_window()
+        for handler in handlers.values():
+            if isinstance(handler, _SnapshotHandler):
+                handler.save()
+        super().__init__(**plain)
+
+    def _close_window(self) -> None:
+        """What is saved now is the commit: an update made before (a warm-up step outside the
+        training loop, say) is no longer in a window (see ``window``)."""
+        if any(isinstance(h, _SnapshotHandler) and h.bound for h in self._handlers.values()):
+            get_context().window.close()
+
+    def _defer_copies_to_optimizer_step(self) -> None:
+        """Let a DistributedOptimizer take the commit copies off the critical path.
+
+        Parameters and optimizer state change only in the optimizer's step, so
+        their copies may wait until just before it, where they overlap the
+        gradient allreduce, or be skipped when the step writes its results
+        into the snapshot's spare buffers (SGD, see ``zerocopy``). Model
+        parameters it does not update, buffers and everything else are still
+        copied at commit time.
+
+        Each model is bound to the optimizers that update its parameters, and each
+        optimizer's step handles only its own state and those models: with two
+        (a GAN's generator and discriminator), one's step neither copies nor marks
+        as changed what only the other updates. A model no DistributedOptimizer
+        updates (an EMA copy, a frozen teacher) is copied whole at each commit.
+        """
+        handlers = list(self._handlers.values())
+        distributed = [h.value for h in handlers if isinstance(h, _OptimizerHandler) and h.distributed]
+        for handler in handlers:
+            if isinstance(handler, _ModelHandler):
+                params = {id(p) for p in handler.value.parameters()}
+                handler.optimizers = tuple(opt for opt in distributed if not opt._ce_param_ids.isdisjoint(params))
+        for opt in distributed:
+            for handler in handlers:
+                if handler.value is opt or isinstance(handler, _ModelHandler) and opt in handler.optimizers:
+                    opt._ce_snapshots.append(handler)
+
+    def _unbind(self) -> None:
+        """Undo :meth:`_defer_copies_to_optimizer_step`: no optimizer's step handles this state's commits."""
+        ours = list(self._handlers.values())
+        for handler in ours:
+            if isinstance(handler, _OptimizerHandler) and handler.distributed:
+                handler.value._ce_snapshots[:] = [s for s in handler.value._ce_snapshots if s not in ours]
+            elif isinstance(handler, _ModelHandler):
+                handler.optimizers = ()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers = self.__dict__.get("_handlers", {})
+        if name in handlers and handlers[name].value is not value:
+            self._replace(name, value)
+        super().__setattr__(name, value)
+
+    def _replace(self, name: str, value: Any) -> None:
+        """``state.model = other`` (an optimizer, a sampler): Horovod's ``set_value``.
+
+        The new object's value now is its part of the commit (it is saved here);
+        the others keep their last commit. The copies that commit still owes (left
+        to the old optimizer's next step) are made first, and every model is bound
+        again to the DistributedOptimizers that now update it. Before, a replaced
+        optimizer kept the bindings of the old one: a kept commit waited for copies
+        that no step made any more, and a restore gave neither the committed model
+        nor the committed optimizer state, while the worker still reported that it
+        held the commit.
+        """
+        handlers = self._handlers
+        new = _handler_for(value)
+        if new is None or type(new) is not type(handlers[name]):
+            what = type(handlers[name].value).__name__
+            raise TypeError(f"TorchState.{name} holds a {what}; it cannot be replaced by a {type(value).__name__}")
+        for handler in handlers.values():
+            if isinstance(handler, _SnapshotHandler):
+                handler.flush()
+        self._unbind()
+        handlers[name] = new
+        self._defer_copies_to_optimizer_step()
+        new.save()
+
+    def save(self) -> None:
+        self._close_window()
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+
+    def restore(self) -> None:
+        if is_initialized():  # a TorchState without DistributedOptimizer restores without init() too
+            get_context().window.discard()
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+
+    def sync(self) -> None:
+        ctx = get_context()
+        ctx.window.discard()
+        # A worker that holds the very commit rank 0 broadcasts (the usual case: after a graceful
+        # membership change, or a failure every survivor rolled back from alike) gets its own values.
+        root_seq = getattr(ctx, "sync_root_seq", None)
+        other = root_seq is None or root_seq != ctx.live_commit_seq or not ctx.holds_commit
+        overwritten = ctx.info is not None and ctx.info.rank != 0 and other
+        # Only the workers whose values the sync gives change their live state (commit 0, the initial state, may
+        # differ on every worker): rank 0 and the holders of its commit keep theirs, and with it a commit kept in
+        # place, which a sync cut short (a peer dead in it) then still restores exactly.
+        takes = ctx.info is not None and ctx.info.rank != 0 and (other or ctx.live_commit_seq == 0)
+        # A shard comes from local rank i of host 0 (cross rank 0), which holds rank 0's commit, and only to
+        # the hosts that do not hold it (the initial state, commit 0, may differ on every host).
+        shard_overwritten = ctx.info is not None and ctx.info.cross_rank != 0 and other
+        receivers = None
+        if any(getattr(h, "sharded", False) for h in self._handlers.values()) and ctx.info is not None:
+            sharded.check_layout(ctx, [h.value for h in self._handlers.values() if getattr(h, "sharded", False)])
+            receivers = collectives.needing(ctx.info.cross_rank != 0 and (other or ctx.live_commit_seq == 0),
+                                            "shards of the commit", cross=True)
+            ctx.shard_sync = (ctx.info.round, receivers)
+        for handler in self._handlers.values():
+            if getattr(handler, "sharded", False):
+                handler.sync(shard_overwritten, receivers)
+            elif isinstance(handler, _SnapshotHandler):
+                handler.sync(overwritten, takes=takes)
+            else:
+                handler.sync()
+        super().sync()
+
+    def reset(self) -> None:
+        # Samplers re-shard over the new number of workers even when no sync runs.
+        for handler in self._handlers.values():
+            if isinstance(handler, _SamplerHandler):
+                handler.value.reset()

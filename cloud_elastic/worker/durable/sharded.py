@@ -1,0 +1,495 @@
+"""Durable checkpoints of a sharded model (``hvd.shard``): torch DCP files written by the workers of one host.
+
+A replica's checkpoint is written by rank 0 alone (:mod:`cloud_elastic.worker.durable.rank_zero`).
+With ``hvd.shard`` no worker holds the whole model: each worker of a host holds 1/S of it,
+and every host holds all of it. So the workers of the host of rank 0 (cross rank 0) write
+the checkpoint together, each its own shards, with torch's distributed checkpoint (DCP)
+over the host's own group, into the folder ``dcp/`` of a new checkpoint folder of the
+job's :class:`~cloud_elastic.checkpoint.store.CheckpointStore`. Rank 0 (local rank 0 of that
+host) then writes the state's other values (``state.pt``, as for a replica: the step,
+the sampler, any plain value) and the manifest, which lists DCP's files with their sizes
+and SHA-256 digests (computed as each worker wrote its files: :mod:`cloud_elastic.checkpoint.dcp`).
+A reader that finds the manifest finds every shard.
+
+* **When.** At the first commit of a host that becomes host 0, then every
+  ``--checkpoint-interval``, and at every commit while the driver is unreachable, each
+  time only if this worker's previous write has finished. The host's local rank 0
+  decides and tells its host-mates (a one-element broadcast over the host's group at
+  each commit of host 0), so the host's workers always write together.
+* **In the background.** At the commit, each worker copies its shards to host memory
+  (on a GPU with DCP's own staging, ``_create_cpu_state_dict`` and ``_copy_state_dict``,
+  into pinned memory; on a CPU by a clone; later checkpoints refill that copy while no write
+  reads it, so it stays in host memory while the host is host 0) and the state's other values
+  (``stage_payload``); then a thread of its own
+  writes that copy with ``dcp.save`` over a Gloo group of the host's workers made for
+  it (formed at the first write, so DCP's collectives never meet the training's on the
+  host's group), and rank 0 publishes it. Training goes on meanwhile. A host-mate whose
+  previous write is still running queues this one: at most two copies a worker. The end
+  of training (:meth:`finish`) and a worker leaving (:meth:`stop_writing`) wait for the
+  writes. With ``CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES=sync`` (host memory too small for
+  the copy), or on a GPU a torch without those staging functions, the write is synchronous: host 0's
+  workers stop for it, and the other hosts wait for them at the next gradient averaging. A
+  failed write is logged as a WARNING and training goes on, as for replicas.
+* **Loading.** In a round the driver formed ``from_checkpoint``, the workers of host 0
+  load the newest usable checkpoint: local rank 0 picks it and tells the others, each
+  loads its shards with DCP (which reshards: a checkpoint written by 2 workers a host
+  loads into 1 or 4), and the round's state sync gives them to the other hosts. Each
+  file is checked against its manifest's digest before a byte of it is read; a
+  checkpoint with a bad file (any worker's) or a bad ``state.pt`` is skipped for the
+  previous one by every worker of the host together. No usable checkpoint is a
+  :class:`CheckpointError`: the worker exits rather than train from initial weights.
+* **What is in it.** The sharded model and its optimizers (those over DTensor
+  parameters) under their attribute names, as ``get_model_state_dict`` and
+  ``get_optimizer_state_dict`` give them (keyed by parameter name, so the layout may
+  change between writing and loading); everything else in ``state.pt``.
+
+Loading unpickles nothing from storage: DCP's metadata comes from its JSON copy (DCP's own
+``.metadata`` pickle is never opened) and every item, tensor or not, is read with
+``torch.load(weights_only=True)`` (docs/checkpoints.md, "Trust").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
+from cloud_elastic.checkpoint.payload import load_state_payload, stage_payload, state_payload
+from cloud_elastic.checkpoint.dcp import ShardCorrupt
+from cloud_elastic.checkpoint.safety import Unusable as _Unusable
+from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
+from cloud_elastic.checkpoint.store import CheckpointStore
+from cloud_elastic.worker.commit.snapshot import clone
+
+__all__ = ["ShardedCheckpoints", "sharded_parts"]
+
+log = logging.getLogger(__name__)
+
+#: How long a leaving worker, or the end of training, waits for the writes in the background.
+FLUSH_TIMEOUT_S = 120.0
+
+
+class ShardedCheckpoints:
+    """Host 0's checkpoint schedule and the loading of a sharded checkpoint (see the module docstring).
+
+    The same methods as :class:`~cloud_elastic.worker.durable.rank_zero.RankZeroCheckpoints`,
+    which ``elastic.run`` uses in its place once ``hvd.shard`` has formed the host's group.
+    """
+
+    def __init__(self, settings: Any, ctx: Any, *, clock: Callable[[], float] = time.monotonic,
+                 store: CheckpointStore | None = None) -> None:
+        self.settings = settings
+        self._ctx = ctx
+        self._clock = clock
+        self.store = store if store is not None else CheckpointStore(settings.url, keep=settings.keep)
+        self._last: float | None = None  # when this host last wrote one while it was host 0
+        self._stored_seq: int | None = None  # the commit it holds, when it was stored
+        self._writes = _Writes()
+        self._group: Any = None  # the Gloo group of the host's workers that background writes use
+        self._staged: Any = None  # the host copy of the last background write, refilled by the next
+
+    def loads_here(self, info: Any) -> bool:
+        """Whether this worker loads the checkpoint in a ``from_checkpoint`` round: every worker of host 0."""
+        return info.cross_rank == 0
+
+    # ------------------------------------------------------------- writing
+    def after_commit(self, state: Any) -> None:
+        """The context's after-commit hook: host 0's workers write a checkpoint together when one is due."""
+        info = getattr(self._ctx, "info", None)
+        if info is None or info.cross_rank != 0:
+            self._last = None  # if this host becomes host 0, it writes at its first commit there
+            self._staged = None
+            return
+        driver_lost = bool(getattr(self._ctx, "driver_lost", False))
+        due = driver_lost or self._last is None or self._clock() - self._last >= self.settings.interval_s
+        if self._agree(due and self._writes.idle):
+            self._write(state, background=True)
+
+    def stop_writing(self, timeout: float | None = FLUSH_TIMEOUT_S) -> bool:
+        """Wait (up to ``timeout``) for this worker's writes in the background; True when none is left."""
+        return self._writes.wait(timeout)
+
+    def finish(self, state: Any) -> str | None:
+        """Training completed: host 0's workers write the final state; None when stored (or not host 0), else why not."""
+        info = getattr(self._ctx, "info", None)
+        if info is None or info.cross_rank != 0:
+            return None
+        # Local rank 0 decides for the host, as at commits: whether its last commit is stored already.
+        if not self._writes.wait(FLUSH_TIMEOUT_S):
+            log.warning("worker %s: a checkpoint written in the background did not finish within %gs",
+                        self._ctx.worker_id, FLUSH_TIMEOUT_S)
+        if not self._agree(self._stored_seq is None or self._stored_seq != self._ctx.commit_seq):
+            return None  # the last commit's checkpoint, written by these very workers, holds the final state
+        why = self._write(state, background=False)
+        if why is None:
+            return None
+        return f"the final checkpoint (step {self._step(state)}) was not written: {why}"
+
+    def _agree(self, mine: bool) -> bool:
+        """Local rank 0's answer, on every worker of the host (the host's own group is torch's default group)."""
+        flag = torch.tensor([int(mine)], dtype=torch.int64, device=self._ctx.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def _step(self, state: Any) -> int:
+        from cloud_elastic.worker.durable.rank_zero import step_of
+
+        return step_of(state, self._ctx.commit_seq)
+
+    def _write(self, state: Any, background: bool) -> str | None:
+        """Write the committed state (with ``background``, a copy of it, on this worker's writer thread); None when
+        stored or handed to the thread, else why not (logged; the previous checkpoints stay)."""
+        ctx, info = self._ctx, self._ctx.info
+        began = time.perf_counter()
+        step, seq = self._step(state), ctx.commit_seq
+        self._last = self._clock()
+        try:
+            tensors, skip = sharded_parts(state)
+            rest = state_payload(state, skip) if info.local_rank == 0 else None
+            name = _decided_by_local_rank_0(info, lambda: self.store.reserve(step))
+            meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": seq, "hosts": info.cross_size}
+            epoch = getattr(state, "epoch", None)
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                meta["epoch"] = epoch
+            job = (name, step, seq, meta, info.local_rank, info.local_size, began)
+            staged = None
+            if background and self.settings.background:
+                # The last copy is refilled unless a write of this worker still reads it.
+                staged = self._staged = _stage(tensors, self._staged if self._writes.idle else None)
+            if staged is not None:
+                if self._group is None:  # every worker of the host is here: a collective of the host's group
+                    from cloud_elastic.worker.sharded import loopback_gloo
+
+                    try:
+                        with loopback_gloo("gloo"):
+                            self._group = dist.new_group(backend="gloo")
+                    except RuntimeError as exc:  # its store is the driver's: unreachable while the driver is away
+                        raise CheckpointError(f"could not form the host's group for checkpoints: "
+                                              f"{' '.join(str(exc).split())[:200]}") from exc
+                rest = stage_payload(rest) if rest is not None else None  # here: training changes the originals
+                self._writes.put(lambda: self._store(staged, rest, *job, group=self._group))
+                return None
+            self._store(tensors, rest, *job, group=None)
+        except CheckpointError as exc:
+            log.warning("worker %s: the sharded checkpoint of step %d was not written: %s", ctx.worker_id, step, exc)
+            return str(exc)
+        return None
+
+    def _store(self, tensors: dict[str, Any], rest: Any, name: str, step: int, seq: int, meta: dict[str, Any],
+               local_rank: int, local_size: int, began: float, *, group: Any) -> None:
+        """Save the shards with DCP, then (local rank 0) publish them with the other values; CheckpointError if not."""
+        self._stored_seq = None
+        storage = self.store.shard_storage(name, writing=True)
+        _save(tensors, storage, group)
+        if local_rank == 0:  # DCP's coordinator: it holds every file's digest
+            saved = self.store.publish_sharded(name, step, rest, meta, local_size, getattr(storage, "files", None))
+            self._ctx.report_checkpoint("saved", step=saved.step, path=saved.url,
+                                        duration_s=round(time.perf_counter() - began, 3),
+                                        bytes=saved.size + sum((saved.shards or {}).values()))
+        self._stored_seq = seq
+
+    # -------------------------------------------------------------- loading
+    def _sharded_candidates(self) -> list[CheckpointInfo]:
+        """Local rank 0: the manifests of the sharded checkpoints to try, newest first (their data not verified
+        yet). CheckpointError when there is none, or when the newest is a replica's."""
+        candidates = []
+        for listed in self.store.list():
+            if listed.shards is None:
+                if not candidates:
+                    raise CheckpointError(f"the newest checkpoint in {self.settings.url} (step {listed.step}) holds a "
+                                          "whole model, not shards: a job with hvd.shard loads only checkpoints "
+                                          "written with hvd.shard")
+                break
+            candidates.append(listed)
+        if not candidates:
+            raise CheckpointError(f"no usable checkpoint in {self.settings.url}")
+        return candidates
+
+    def load_latest(self, state: Any) -> CheckpointInfo:
+        """Load the newest usable sharded checkpoint into ``state`` on every worker of this host (a collective over
+        the host's group); make it the state's last commit.
+
+        A checkpoint whose ``state.pt`` or any shard file differs from its manifest is skipped for the previous
+        one, on every worker of the host alike. CheckpointError when none is usable, the storage cannot be read,
+        or the shards do not fit this state."""
+        ctx, info = self._ctx, self._ctx.info
+        began = time.perf_counter()
+        candidates = _decided_by_local_rank_0(info, self._sharded_candidates)
+        for chosen in candidates:
+            try:
+                checkpoint, skip = self._load_one(state, chosen)
+            except _Fallback as exc:
+                log.warning("worker %s: checkpoint %s is unusable (%s); falling back to the previous one",
+                            ctx.worker_id, chosen.url, exc)
+                continue
+            load_state_payload(state, checkpoint.payload, skip)
+            seq = chosen.extra.get("commit_seq", chosen.step)
+            seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else chosen.step
+            ctx.hold_commit(seq)
+            log.info("worker %s: loaded its shards of the checkpoint of step %d (written by %s workers a host) from "
+                     "%s in %.2fs", ctx.worker_id, chosen.step, chosen.shard_count, chosen.url,
+                     time.perf_counter() - began)
+            if info.rank == 0:
+                ctx.report_checkpoint("loaded", step=chosen.step, path=chosen.url, commit_seq=seq)
+            return chosen
+        raise CheckpointError(f"no usable checkpoint in {self.settings.url}: its {len(candidates)} sharded "
+                              "checkpoint(s) are unusable")
+
+    def _load_one(self, state: Any, chosen: CheckpointInfo) -> tuple[Any, frozenset[str]]:
+        """``chosen``'s other values (verified) and its shards, loaded into ``state``, with the names of the sharded
+        attributes; _Fallback (on every worker of the host) when it is unusable, the state left at its last commit."""
+        storage = None
+        try:
+            checkpoint, trouble, why = self.store.load(chosen), _OK, ""
+            storage = self.store.shard_storage(chosen.name, writing=False, info=chosen)
+            storage.read_metadata()  # verified and parsed here, where a failure is ours to report (DCP would retry it)
+        except _Unusable as exc:
+            checkpoint, trouble, why = None, _UNUSABLE, str(exc)
+        except CheckpointError as exc:
+            checkpoint, trouble, why = None, _UNREADABLE, str(exc)
+        except Exception as exc:  # noqa: BLE001 - raised here alone, it would leave the host-mates in the all-reduce
+            checkpoint, trouble, why = None, _UNREADABLE, f"could not read {chosen.url}: {one_line(exc)}"
+        worst = self._worst(trouble)  # every worker of the host goes the same way
+        if worst == _UNREADABLE:
+            raise CheckpointError(why or f"a worker of this host could not read {chosen.url}")
+        if worst == _UNUSABLE:
+            raise _Fallback(why or "a worker of this host found it unusable")
+        tensors, skip = sharded_parts(state)
+        try:
+            _load(tensors, storage)
+            _set(state, tensors)
+        except (Exception, _DCP_ERROR) as exc:
+            state.restore()
+            corrupt, unreadable = _reason_of(exc, ShardCorrupt), _reason_of(exc, CheckpointError)
+            if corrupt is not None:  # DCP hands every worker every worker's failure: all of them fall back
+                raise _Fallback(corrupt) from exc
+            if unreadable is not None:
+                raise CheckpointError(unreadable) from exc
+            reason = " ".join(str(exc).split())[:300]
+            raise CheckpointError(f"the shards of {chosen.url} do not fit this state: {reason}") from exc
+        return checkpoint, skip
+
+    def _worst(self, trouble: int) -> int:
+        flag = torch.tensor([trouble], dtype=torch.int64, device=self._ctx.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
+
+_OK, _UNUSABLE, _UNREADABLE = 0, 1, 2
+
+
+class _Fallback(Exception):
+    """This checkpoint is unusable on every worker of the host: try the previous one."""
+
+
+def _reason_of(exc: BaseException, kind: type) -> str | None:
+    """The message of the first ``kind`` among ``exc``, its causes and torch DCP's per-worker failures."""
+    for candidate in causes(exc, None):
+        if isinstance(candidate, kind):
+            return str(candidate)
+    return None
+
+
+def _decided_by_local_rank_0(info: Any, decide: Callable[[], Any]) -> Any:
+    """``decide()`` on local rank 0, its value (or its CheckpointError, raised) on every worker of the host."""
+    answer: list[Any] = [None, None]
+    if info.local_rank == 0:
+        try:
+            answer[0] = decide()
+        except CheckpointError as exc:
+            answer[1] = str(exc)
+    dist.broadcast_object_list(answer, src=0)
+    if answer[1]:
+        raise CheckpointError(answer[1])
+    return answer[0]
+
+
+#: What DCP raises when a rank failed (a BaseException in torch): a load that failed on any worker.
+try:
+    from torch.distributed.checkpoint.api import CheckpointException as _DCP_ERROR
+except ImportError:  # pragma: no cover - a build without DCP cannot shard either
+    _DCP_ERROR = RuntimeError
+
+
+def _save(tensors: dict[str, Any], storage: Any, group: Any = None) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.save(tensors, storage_writer=storage, process_group=group)
+    except (_DCP_ERROR, RuntimeError, OSError) as exc:  # a worker's write failed (every worker gets it), or a
+        # host-mate died; a full disk is said so, not as torch's "unexpected pos ..."
+        seen = (getattr(storage, "io_errors", None) or [None])[0]
+        raise CheckpointError(f"torch DCP could not write the shards: {storage_reason(exc, seen)[:300]}") from exc
+
+
+def _stage(tensors: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A copy of DCP state dicts in host memory, refilling ``previous`` (an earlier copy no write uses any more)
+    where every tensor's shape and dtype match, as the replicas' writer reuses its buffers.
+
+    A new copy: CPU tensors are cloned (DCP's staging would copy each of them twice); GPU tensors go to
+    pinned memory as DCP's own async staging copies them (None where this torch lacks those functions:
+    the write is then synchronous).
+    """
+    if previous is not None:
+        try:
+            with torch.no_grad():
+                staged = _refill(tensors, previous)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            return staged
+        except _Mismatch:
+            pass
+    if not torch.cuda.is_available():
+        return clone(tensors)  # a DTensor's clone copies its local shard, with no collective
+    try:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+    except ImportError:  # pragma: no cover - older or newer torch: write synchronously
+        return None
+    staged = _create_cpu_state_dict(tensors, pin_memory=True)
+    _copy_state_dict(tensors, staged)
+    torch.cuda.synchronize()
+    return staged
+
+
+class _Mismatch(Exception):
+    """The earlier copy does not have this state's shape: a new copy is made."""
+
+
+def _refill(value: Any, into: Any) -> Any:
+    """``value`` copied into the tensors of ``into`` (the same structure), containers and other values new."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        if not isinstance(into, DTensor) or into.to_local().shape != value.to_local().shape or \
+                into.dtype != value.dtype:
+            raise _Mismatch()
+        into.to_local().copy_(value.to_local())
+        return into
+    if isinstance(value, torch.Tensor):
+        if type(into) is not torch.Tensor or into.shape != value.shape or into.dtype != value.dtype:
+            raise _Mismatch()
+        return into.copy_(value)
+    if isinstance(value, dict):
+        if not isinstance(into, dict) or into.keys() != value.keys():
+            raise _Mismatch()
+        return {key: _refill(item, into[key]) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        if type(into) is not type(value) or len(into) != len(value):
+            raise _Mismatch()
+        return type(value)(_refill(item, old) for item, old in zip(value, into))
+    return value
+
+
+class _Writes:
+    """One daemon thread that runs this worker's background writes in order (a daemon: a write still running
+    when the process ends is cut, and its folder, without a manifest, is skipped by readers)."""
+
+    def __init__(self) -> None:
+        self._queue: "queue.Queue[Callable[[], None]]" = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return self._pending == 0
+
+    def put(self, write: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="cloud-elastic-sharded-checkpoint", daemon=True)
+                self._thread.start()
+        self._queue.put(write)
+
+    def wait(self, timeout: float | None) -> bool:
+        with self._lock:
+            return self._lock.wait_for(lambda: self._pending == 0, timeout)
+
+    def _run(self) -> None:
+        while True:
+            write = self._queue.get()
+            try:
+                write()
+            except CheckpointError as exc:
+                log.warning("the sharded checkpoint written in the background failed: %s", exc)
+            except Exception:  # noqa: BLE001 - the thread must go on for the next write
+                log.exception("the sharded checkpoint written in the background failed")
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    self._lock.notify_all()
+
+
+def _load(tensors: dict[str, Any], storage: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from cloud_elastic.checkpoint.dcp import safe_load_planner
+
+    dcp.load(tensors, storage_reader=storage, planner=safe_load_planner())
+
+
+def sharded_parts(state: Any) -> tuple[dict[str, Any], frozenset[str]]:
+    """The sharded values of ``state`` as DCP state dicts, by attribute name, and those names.
+
+    The sharded model by ``get_model_state_dict``; each optimizer over its DTensor
+    parameters by ``get_optimizer_state_dict``, which needs that model: a state with
+    sharded optimizers must hold exactly one sharded model.
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    from cloud_elastic.worker.sharded import is_sharded
+
+    public = {name: value for name, value in vars(state).items() if not name.startswith("_")}
+    models = {n: v for n, v in public.items() if isinstance(v, torch.nn.Module) and is_sharded(v)}
+    optimizers = {n: v for n, v in public.items() if isinstance(v, torch.optim.Optimizer) and is_sharded(v)}
+    if optimizers and len(models) != 1:
+        raise CheckpointError(f"a sharded checkpoint needs the state to hold exactly one model sharded with hvd.shard "
+                              f"for its optimizers ({', '.join(sorted(optimizers))}); it holds {len(models)}")
+    tensors: dict[str, Any] = {name: get_model_state_dict(model) for name, model in models.items()}
+    for name, optimizer in optimizers.items():
+        model = next(iter(models.values()))
+        with _plain_step(optimizer):
+            tensors[name] = get_optimizer_state_dict(model, optimizer)
+    return tensors, frozenset(models) | frozenset(optimizers)
+
+
+def _set(state: Any, tensors: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    models = {n: getattr(state, n) for n in tensors if isinstance(getattr(state, n), torch.nn.Module)}
+    for name, model in models.items():
+        set_model_state_dict(model, tensors[name])
+    for name in tensors:
+        optimizer = getattr(state, name)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            with _plain_step(optimizer):
+                set_optimizer_state_dict(next(iter(models.values())), optimizer, tensors[name])
+
+
+@contextlib.contextmanager
+def _plain_step(optimizer: Any) -> Iterator[None]:
+    """Let torch initialise an optimizer that has no state yet with the wrapped optimizer's own step.
+
+    ``get_optimizer_state_dict`` gives such an optimizer its state by a step with zero gradients
+    at learning rate 0. Through ``DistributedOptimizer.step`` that step would count as a training
+    step and average the gradients over every host, while only host 0 takes it.
+    """
+    if optimizer.state or not hasattr(optimizer, "_ce_skip"):
+        yield
+        return
+    base = type(optimizer).__mro__[1].step
+    base = getattr(base, "__wrapped__", base) if getattr(base, "hooked", False) else base
+    optimizer.step = lambda closure=None: base(optimizer, closure)
+    try:
+        yield
+    finally:
+        del optimizer.step

@@ -1,0 +1,1 @@
+"""The worker's link to its driver: signed requests, heartbeats, notices and progress reports."""

@@ -1,0 +1,343 @@
+"""The worker's link to its driver: heartbeats, reports, a lost or restarted driver.
+
+A :class:`DriverLinkMixin` (the worker's context) keeps one heartbeat thread
+long-polling the driver and decides:
+
+* what the worker learns from each reply: the current round, the update
+  generation (a graceful membership change is pending), the highest aborted
+  round, whether to start the host's notice watcher, whether the driver wants
+  this worker's stacks (its round looks stuck), and whether the job is over;
+* how long it trains on without a driver: a control-plane call rides out a
+  network blip; past the heartbeat timeout the driver counts as lost (rank 0
+  then checkpoints at every commit it can); past ``--driver-grace`` the exit
+  hooks run (rank 0's last checkpoint) and the worker exits with code 75;
+* what a restarted driver gets: an :class:`~cloud_elastic.protocol.AdoptRequest`
+  saying where the worker stands (it keeps its round, rank and process group;
+  only the store client is renewed before its next round); a refusal makes it
+  exit (code 75), as its training would now be a second copy of the job;
+* that standard output and error survive a dead driver's broken pipe
+  (:class:`_SurvivingStream`), so the worker can train on for the grace.
+
+A mixin, not a piece of its own: the heartbeat thread writes what the training
+thread reads (the rounds seen, the driver's state), which is the context's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from cloud_elastic.protocol import AdoptRequest, PollReply, PollRequest, RankInfo, StacksReport
+from cloud_elastic.worker.link.client import DriverClient
+from cloud_elastic.worker.link.progress import format_stacks
+
+__all__ = ["DriverLinkMixin", "notice_reporter"]
+
+log = logging.getLogger(__name__)
+
+
+class DriverLinkMixin:
+    """The heartbeat thread and every call to the driver (see module docstring)."""
+
+    def _call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
+        """A control-plane call that rides out a network blip (these calls are idempotent on the driver)."""
+        assert self._client is not None
+        # Within the driver grace the heartbeat thread decides when to give up; here, just keep trying.
+        deadline = time.monotonic() + max(3 * self.heartbeat_timeout_s, self.driver_grace_s + 5)
+        while True:
+            try:
+                return self._client.call(kind, payload, timeout_s=timeout_s)
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("worker %s: %s to the driver failed (%s); retrying", self.worker_id, kind, exc)
+                time.sleep(0.2)
+
+    def say_exiting(self) -> None:
+        """Tell the driver this process is past its exit hooks: heartbeats stop now, the exit status follows.
+
+        One try, a few seconds at most (the process is exiting): on failure the
+        driver judges the silence by the heartbeat timeout, as before.
+        """
+        if self._codec is None or self.driver_lost:
+            return
+        try:
+            DriverClient(self.settings.driver_address, self._codec, self.worker_id).call(
+                "exiting", timeout_s=min(5.0, self.heartbeat_timeout_s))
+        except Exception as exc:  # the driver may be gone: its heartbeat timeout then applies
+            log.debug("worker %s: could not tell the driver it is exiting: %s", self.worker_id, exc)
+
+    def report_checkpoint(self, event: str, **fields: Any) -> None:
+        """Tell the driver a checkpoint was ``saved``, ``loaded`` or could not be loaded (``failed``).
+
+        Best effort: while the driver is away the report is skipped (the
+        checkpoint itself is what matters), and a failed call is logged.
+        """
+        if self._codec is None or (self.driver_lost and event != "failed"):
+            return
+        with self._reporter_lock:
+            if self._reporter is None:
+                self._reporter = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
+            try:
+                self._reporter.call("checkpoint", dict(fields, event=event, round=self.info.round if self.info else 0),
+                                    timeout_s=self.heartbeat_timeout_s + 5)
+            except Exception as exc:  # the driver may be gone; the checkpoint is on storage either way
+                log.warning("worker %s: could not report checkpoint %s to the driver: %s", self.worker_id, event, exc)
+
+
+    # ---------------------------------------------------------------- notices
+    def report_sigterm(self, deadline: float) -> bool:
+        """A SIGTERM reached this worker inside ``elastic.run`` (see ``termination``): report it as a
+        ``terminate`` notice for this host, as the host's watcher would, with ``deadline`` (Unix seconds).
+
+        True when the driver keeps this worker until it leaves at its next commit; False when it
+        does not (the TERM was the driver's own: the job is over, or the worker is no longer wanted).
+        One try, within the heartbeat timeout; raises when the driver cannot be reached.
+        """
+        from cloud_elastic.worker.termination import REASON, SOURCE
+
+        if self._codec is None or self.driver_lost:
+            return False
+        reply = DriverClient(self.settings.driver_address, self._codec, self.worker_id).call("notice", {
+            "source": SOURCE, "notice": "terminate", "reason": REASON.format(worker=self.worker_id),
+            "deadline": deadline, "own": True,
+        }, timeout_s=self.heartbeat_timeout_s)
+        return reply.get("ok") is True and reply.get("stay") is True
+
+    def _maybe_watch_notices(self, cloud: Any) -> None:
+        """Start this host's metadata notice watcher when the driver picks this worker for it (once).
+
+        Never raises: a watcher that cannot start costs the notice's lead time, not the training.
+        """
+        if not isinstance(cloud, str) or self._notice_watcher is not None or self._codec is None:
+            return
+        try:
+            self._start_notice_watcher(cloud)
+        except Exception:  # noqa: BLE001 - logged with its traceback; training goes on without a watcher
+            log.exception("worker %s: could not start the %s notice watcher", self.worker_id, cloud)
+
+    def _start_notice_watcher(self, cloud: str) -> None:
+        from cloud_elastic.errors import ConfigError
+        from cloud_elastic.notices import watcher_for
+
+        try:
+            watcher = watcher_for(cloud, self.hostname)  # its endpoint overrides come from this process's environment
+        except ConfigError as exc:
+            log.warning("worker %s: no %s notice watcher: %s", self.worker_id, cloud, exc)
+            return
+        if watcher is None:
+            return
+        self._notice_watcher = watcher
+        assert self._codec is not None
+        client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
+        watcher.start(notice_reporter(client, self.heartbeat_timeout_s + 10))
+        log.info("worker %s: watching %s instance metadata for notices on host %s", self.worker_id, cloud, self.hostname)
+
+
+    # -------------------------------------------------------------- heartbeat
+    def _heartbeat_loop(self) -> None:
+        assert self._codec is not None
+        client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
+        last_ok = time.monotonic()
+        while not self._shutdown.is_set():
+            try:
+                progress = self.progress
+                sent = time.monotonic()
+                reply = PollReply.from_wire(client.call(
+                    "poll",
+                    PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits,
+                                self.commit_seq, progress.sample(), progress.steps,
+                                round(progress.waiting_s(), 2), progress.compute_s()).to_wire(),
+                    timeout_s=self.heartbeat_timeout_s + 10,
+                ))
+                if reply.reregister:
+                    self._reregister(client)
+                    reply = None
+                last_ok = time.monotonic()
+                if self.driver_lost:
+                    self.driver_lost = False
+                    log.warning("worker %s: the driver answers again", self.worker_id)
+            except Exception as exc:  # any failure to reach the driver counts toward giving up
+                # Counted from the last answer, so a worker never outlives its driver by more than the grace.
+                silent = time.monotonic() - last_ok
+                if not self.driver_lost and silent > self.heartbeat_timeout_s:
+                    self.driver_lost = True
+                    print(f"cloud-elastic: worker {self.worker_id} cannot reach the driver ({exc}); training on "
+                          f"for up to {self.driver_grace_s:g}s (--driver-grace)", file=sys.stderr, flush=True)
+                if silent > self.driver_grace_s:
+                    self._grace_exit(exc)
+                time.sleep(0.2)
+                continue
+            if reply is None:
+                continue  # adopted; the next poll brings the restarted driver's view
+            self._seen_round = reply.round
+            self._seen_update = max(self._seen_update, reply.update_gen)
+            self._seen_abort = max(self._seen_abort, reply.abort_round)
+            if reply.dismissed:
+                self.dismissed = True  # e.g. given up while it could not answer: every round is over for it
+            if reply.leave:
+                self.sent_away = reply.leave
+            self.view_as_of = sent
+            self._maybe_watch_notices(reply.notice_watcher)
+            if reply.stacks > self._stacks_sent:
+                self._send_stacks(client, reply.stacks)
+            if reply.shutdown:
+                return
+
+    def await_current_view(self) -> None:
+        """Return once what this worker knows of the driver's rounds is recent enough to act on.
+
+        The driver gives a worker up after ``heartbeat_timeout_s`` of silence and
+        aborts its round. A worker that was stopped or starved that long (its
+        heartbeat thread too) resumes with the view it had before: the abort is
+        unknown to it, and it trained and committed on in the dead round (a chaos
+        run: twice, before its kill). So when the newest answered heartbeat was
+        *sent* longer ago than the timeout, this waits until one sent after now is
+        answered (the driver answers at once when the worker's view is out of
+        date), until the driver counts as lost (training on without it is the
+        driver grace's business), or at most the heartbeat call's own timeout.
+        Costs a clock read otherwise.
+        """
+        if self._heartbeat is None:
+            return  # standalone: no driver
+        asked = time.monotonic()
+        if asked - self.view_as_of <= self.heartbeat_timeout_s:
+            return
+        deadline = asked + self.heartbeat_timeout_s + 10 + 1  # the poll's own timeout, and a second
+        log.warning("worker %s: no word from the driver for %.1fs; waiting for its current view before going on",
+                    self.worker_id, asked - self.view_as_of)
+        while (self.view_as_of < asked and not self.dismissed and not self.driver_lost
+               and self._heartbeat.is_alive() and time.monotonic() < deadline):
+            time.sleep(0.01)
+
+    def _send_stacks(self, client: DriverClient, request: int) -> None:
+        """The driver asked for this worker's stacks (its round looks stuck): send every thread's."""
+        self._stacks_sent = request
+        try:
+            client.call("stacks", StacksReport(request, format_stacks()).to_wire(),
+                        timeout_s=self.heartbeat_timeout_s + 10)
+        except Exception as exc:  # the heartbeat goes on; the driver stops waiting for them
+            log.warning("worker %s: could not send its stacks to the driver: %s", self.worker_id, exc)
+
+
+    # ------------------------------------------------------------- adoption
+    def _reregister(self, client: DriverClient) -> None:
+        """A driver restarted within the grace does not know this worker yet: tell it where we stand.
+
+        The worker keeps its process group and its step: the driver takes it over in
+        its current round. Only the store client is renewed (its server died with the
+        old driver), before the next round forms. A driver that refuses (it resumed
+        the job without this worker) makes the worker exit: its training would now
+        be a second copy of the job.
+        """
+        with self._adopt_lock:
+            info = self.info if self._attempted_round else None
+            ranks = None if info is None else RankInfo(info.rank, info.size, info.local_rank, info.local_size,
+                                                       info.cross_rank, info.cross_size)
+            request = AdoptRequest(0 if info is None else info.round, ranks, 0 if info is None else info.update_gen,
+                                   self._seen_update, self._seen_abort, self.commits, self.settings.slot, os.getpid(),
+                                   self.commit_seq)
+            reply = client.call("adopt", request.to_wire(), timeout_s=self.heartbeat_timeout_s + 10)
+            if not reply.get("ok"):
+                print(f"cloud-elastic: worker {self.worker_id}: the restarted driver refused to adopt it "
+                      f"({str(reply.get('reason') or 'no reason given')[:300]}); exiting", file=sys.stderr, flush=True)
+                os._exit(75)
+            self._store_stale = True
+            if self.driver_lost:
+                self.driver_lost = False
+            log.warning("worker %s: adopted by the restarted driver in round %d", self.worker_id,
+                        request.round)
+
+    def _reconnect_store(self) -> None:
+        host, _, port = self.settings.store_address.rpartition(":")
+        self._store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
+        self._store_stale = False
+
+    def _grace_exit(self, exc: BaseException) -> None:
+        """The driver stayed away past the grace: run the exit hooks (rank 0's last checkpoint), then exit."""
+        for hook in self.before_grace_exit:
+            try:
+                hook()
+            except Exception:  # exiting is what matters now
+                log.warning("worker %s: an exit hook failed", self.worker_id, exc_info=True)
+        print(
+            f"cloud-elastic: worker {self.worker_id} lost contact with the driver for more than "
+            f"{self.driver_grace_s:g}s (--driver-grace; last error: {exc}); exiting",
+            file=sys.stderr, flush=True,
+        )
+        os._exit(75)
+
+
+class _SurvivingStream:
+    """``sys.stdout``/``sys.stderr`` that outlive their reader.
+
+    A local worker's output is a pipe to its driver. When the driver dies the
+    pipe breaks, and the next ``print`` would raise BrokenPipeError inside the
+    training loop, although workers are meant to train on for the driver
+    grace. The first write that finds the pipe broken points the file
+    descriptor at /dev/null and carries on.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _lost(self) -> None:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._stream.write(data)
+        except BrokenPipeError:
+            self._lost()
+            return len(data)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._lost()
+            try:
+                self._stream.flush()  # drains the buffered bytes into /dev/null
+            except OSError:
+                pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _survive_output_loss() -> None:
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _SurvivingStream):
+            setattr(sys, name, _SurvivingStream(stream))
+
+
+
+def notice_reporter(client: DriverClient, timeout_s: float) -> Callable[[Any], None]:
+    """The report callback of a host's notice watcher: sends each notice to the driver.
+
+    The callback raises (ControlPlaneError, OSError) unless the driver took the
+    notice, an ``{"ok": false}`` reply included, so that the watcher reports
+    it again at its next sighting instead of losing it.
+    """
+    from cloud_elastic.errors import ControlPlaneError
+
+    def report(notice: Any) -> None:
+        reply = client.call("notice", {
+            "source": notice.source, "notice": notice.kind, "reason": notice.reason, "deadline": notice.deadline,
+        }, timeout_s=timeout_s)
+        if reply.get("ok") is not True:
+            raise ControlPlaneError(f"the driver did not take the {notice.kind} notice ({notice.reason})")
+
+    return report

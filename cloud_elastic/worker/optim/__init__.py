@@ -1,0 +1,1 @@
+"""``DistributedOptimizer``: gradient buckets and the zero-copy update after a commit."""

@@ -1,0 +1,376 @@
+"""``DistributedOptimizer``: gradient averaging that overlaps the backward pass.
+
+Like DDP's reducer, small gradients are packed into buckets (about 25 MB,
+the last layers first, since their gradients are ready first); a bucket's
+asynchronous allreduce starts from a gradient hook as soon as all of its
+gradients are accumulated, while backward continues on earlier layers.
+A gradient of 8 MiB or more is not packed: it is allreduced in place, in
+the tensor autograd produced (see ``buckets``).
+Buckets are always launched in the same order on every worker (a ready
+bucket waits for the ones before it), because Gloo matches collectives by
+the order they are issued. ``step()`` waits for the buckets, writes the
+averaged gradients back and runs the wrapped optimizer.
+
+The first packed bucket carries one extra element: this worker's "membership update
+pending" flag. Its sum tells every worker the same thing at the same step,
+so ``commit()`` needs no collective of its own to agree on whether to
+interrupt (see :meth:`WorkerContext.updates_agreed`). With
+``compression=hvd.Compression.fp16`` (or ``bf16``) each bucket is sent as
+16-bit floats, the flag included, exactly (see ``buckets``).
+
+As in Horovod, the returned object is an instance of a subclass of the
+wrapped optimizer's class, so LR schedulers and ``isinstance`` checks work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from cloud_elastic.worker import sharded
+
+from cloud_elastic.worker.optim import zerocopy
+from cloud_elastic.worker.optim.buckets import BUCKET_BYTES, Bucket, make_buckets
+from cloud_elastic.worker.comm.compression import Compression, check_compression
+from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.comm.ops import Average, Scaling, Sum, average_scaling, check_op
+
+__all__ = ["DistributedOptimizer"]
+
+
+#: id(parameter) -> the DistributedOptimizer whose hook averages its gradient: the newest one made over it.
+_OWNERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def _take_over(opt: Any, p: torch.nn.Parameter) -> None:
+    """Hook ``p`` for ``opt``, and unhook the optimizer that averaged it before (a replaced
+    ``DistributedOptimizer``, e.g. for a new learning-rate schedule): two would each count its
+    gradients, and the old one, never stepped again, would hold its buckets for nothing."""
+    previous = _OWNERS.get(id(p))
+    if previous is not None and previous is not opt:
+        ref, handle = previous._ce_handles.get(id(p), (None, None))
+        if ref is not None and ref() is p:
+            handle.remove()
+            del previous._ce_handles[id(p)]
+    opt._ce_handles[id(p)] = (weakref.ref(p), p.register_post_accumulate_grad_hook(opt._ce_hook))
+    _OWNERS[id(p)] = opt
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixin whose methods are copied onto a subclass of the user's optimizer class."""
+
+    def __init__(self, params: Any, named_parameters: Any, backward_passes_per_step: int, op: str, bucket_bytes: int,
+                 compression: Any, predivide: float | None) -> None:
+        super(self.__class__, self).__init__(params)  # the wrapped class's __init__, as Horovod does
+        self._ce_passes = backward_passes_per_step
+        self._ce_op = op
+        self._ce_predivide = predivide
+        #: How a bucket is scaled before and after its allreduce, by whether it is sent compressed (per round).
+        self._ce_scalings: dict[bool, Scaling] = {}
+        all_params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        #: Over an FSDP2-sharded model (``hvd.shard``): local gradient shards averaged across hosts in step().
+        self._ce_sharded = sharded.is_sharded(self)
+        if self._ce_sharded:
+            if getattr(get_context(), "host_group", None) is None:
+                raise ValueError("a DistributedOptimizer over DTensor parameters needs the model sharded with "
+                                 "hvd.shard(model) first")
+            if backward_passes_per_step != 1 or compression is not Compression.none or op != Average:
+                raise ValueError("over a sharded model, DistributedOptimizer averages uncompressed gradients once "
+                                 "per step (backward_passes_per_step=1, no compression, op=hvd.Average)")
+        if named_parameters is not None:
+            named = list(named_parameters)
+            names = {id(p): n for n, p in named}
+            missing = [p for p in all_params if id(p) not in names]
+            if missing:
+                raise ValueError("named_parameters does not cover every parameter of the optimizer")
+        self._ce_buckets = [] if self._ce_sharded else make_buckets(all_params, bucket_bytes, compression)
+        self._ce_where: dict[int, tuple[Bucket, int]] = {}
+        for bucket in self._ce_buckets:
+            for i, p in enumerate(bucket.params):
+                self._ce_where[id(p)] = (bucket, i)
+        self._ce_counts: dict[int, int] = {}
+        self._ce_next = 0
+        self._ce_round = -1
+        self._ce_synchronized = False
+        self._ce_skip = False
+        #: Snapshots of a TorchState holding this optimizer's commits (see commits._SnapshotHandler).
+        self._ce_snapshots: list[Any] = []
+        self._ce_params = all_params
+        #: ``id()`` of each parameter this optimizer updates (a commit kept in place leaves them out).
+        self._ce_param_ids = frozenset(id(p) for p in all_params)
+        #: (param_groups signature, per-bucket (group, parameter) pairs, unbucketed pairs): rebuilt only
+        #: when the groups change, so a step's bookkeeping does not rescan every tensor.
+        self._ce_pairs_cache: tuple[Any, list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]] | None = None
+        #: Read once (WorkerSettings), not from the environment at every step.
+        self._ce_zero_copy = get_context().settings.zero_copy_commit
+        #: id(parameter) -> (a weak reference to it, the handle of this optimizer's hook on it).
+        self._ce_handles: dict[int, tuple[Any, Any]] = {}
+        if not self._ce_sharded:
+            for p in all_params:
+                _take_over(self, p)
+
+    # ----------------------------------------------------------------- hooks
+    def _ce_reset_if_new_round(self) -> None:
+        info = get_context().info
+        if info.round != self._ce_round:
+            self._ce_round = info.round
+            self._ce_scalings = {compressed: average_scaling(self._ce_op, info.size, compressed, self._ce_predivide)
+                                 for compressed in (False, True)}
+            self._ce_clear()
+
+    def _ce_clear(self) -> None:
+        for bucket in self._ce_buckets:
+            bucket.clear()
+        self._ce_counts.clear()
+        self._ce_next = 0
+        self._ce_synchronized = False
+
+    def _ce_hook(self, p: torch.nn.Parameter) -> None:
+        self._ce_reset_if_new_round()
+        count = self._ce_counts.get(id(p), 0) + 1
+        self._ce_counts[id(p)] = count
+        if count > self._ce_passes:
+            # Its allreduce has started: this gradient would be silently left out of it (Horovod raises too).
+            raise AssertionError(
+                f"a gradient was computed more than backward_passes_per_step={self._ce_passes} times before step(): "
+                "pass backward_passes_per_step to DistributedOptimizer to accumulate them, or call this "
+                "optimizer's zero_grad() to drop the ones a later loss produced")
+        if count != self._ce_passes:
+            return
+        bucket, _ = self._ce_where[id(p)]
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):  # only a bucket filling up can let the next one launch
+            self._ce_launch_ready()
+
+    def _ce_launch_ready(self, force: bool = False) -> None:
+        ctx = get_context()
+        while self._ce_next < len(self._ce_buckets):
+            bucket = self._ce_buckets[self._ce_next]
+            if not force and bucket.ready < len(bucket.params):
+                return
+            if self._ce_next == 0:
+                ctx.window.collective("a gradient allreduce")  # of a step after an update not yet committed?
+            flag = 1.0 if bucket.carries_flag and ctx.update_pending() else 0.0
+            bucket.work = ctx.pg.allreduce([bucket.launch_tensor(flag, self._ce_scalings[bucket.compressed])])
+            bucket.launched = True
+            self._ce_next += 1
+
+    # ------------------------------------------------------------ public API
+    def synchronize(self) -> None:
+        """Wait for every bucket and write the averaged gradients back into ``.grad``."""
+        self._ce_reset_if_new_round()
+        if self._ce_synchronized:
+            return
+        if self._ce_sharded:
+            sharded.average_gradient_shards(get_context(), self._ce_params)
+            self._ce_synchronized = True
+            return
+        self._ce_launch_ready(force=True)  # buckets whose params got no gradient this step
+        # Deferred commit copies overlap the allreduces in flight; those a zero-copy update will fill stay queued.
+        keep = zerocopy.tradeable_ptrs(self) if self._ce_zero_copy_step() is not None else frozenset()
+        for snapshot in self._ce_snapshots:
+            snapshot.flush(keep)
+        self._ce_wait_buckets()
+
+    def _ce_wait_buckets(self, after_bucket: Callable[[Bucket], None] | None = None) -> None:
+        """Wait for the buckets in order, hand out their averaged gradients, then call ``after_bucket``."""
+        ctx = get_context()
+        for bucket in self._ce_buckets:
+            ctx.wait(bucket.work, "gradient allreduce")
+            flag = bucket.finish(self._ce_scalings[bucket.compressed])
+            if flag is not None:
+                ctx.carry_update_flag(flag)
+            if after_bucket is not None:
+                after_bucket(bucket)
+        self._ce_synchronized = True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients since the last ``step()``, and the allreduces they started.
+
+        A gradient can reach this optimizer's parameters after its ``step()``: in a GAN
+        loop the generator's loss flows back through the discriminator, and its backward
+        fills the discriminator's gradients (and launches their allreduces) after the
+        discriminator's update. The loop's next ``zero_grad()`` means to drop them; the
+        allreduces already launched are waited for (every worker launched the same ones)
+        and dropped with them, so the next ``step()`` averages only what came after.
+        """
+        self._ce_reset_if_new_round()
+        if self._ce_counts or self._ce_next:
+            ctx = get_context()
+            for bucket in self._ce_buckets[: self._ce_next]:
+                ctx.wait(bucket.work, "gradient allreduce")
+            self._ce_clear()
+        super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Run ``step()`` without synchronizing (after an explicit ``synchronize()``)."""
+        self._ce_skip = True
+        try:
+            yield
+        finally:
+            self._ce_skip = False
+
+    def _ce_param_ptrs(self) -> frozenset[int]:
+        """Where this optimizer's parameters live now (zero-copy commits alternate two storages)."""
+        return frozenset(p.data_ptr() for p in self._ce_params)
+
+    def _ce_swap_update(self) -> zerocopy.Update | None:
+        _, unbucketed = self._ce_pairs()
+        return zerocopy.swap_update_for(self, self._ce_zero_copy, (p for _, p in unbucketed))
+
+    def _ce_zero_copy_step(self) -> zerocopy.Update | None:
+        """The out-of-place update, for the update right after a kept commit only (None otherwise).
+
+        Only that update has commit copies to trade away. The others find nothing
+        pending and run torch's own step, in place, after every gradient is in:
+        with two workers the out-of-place path cost 2-4 ms more CPU per step on a
+        model of 400 tensors, for no copy saved (docs/benchmarks.md, "Commit cost per optimizer"; profile at e2261fe).
+        A commit kept in host memory (GPU tensors) has no buffer on the device to trade.
+        """
+        if not any(snapshot.pending for snapshot in self._ce_snapshots):
+            return None
+        if any(snapshot.on_host for snapshot in self._ce_snapshots):
+            return None
+        return self._ce_swap_update()
+
+    def _ce_pairs(self) -> tuple[list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]]:
+        """Per bucket, its (group, parameter) pairs; and the pairs of parameters outside every bucket."""
+        signature = tuple((id(g), id(g["params"]), len(g["params"])) for g in self.param_groups)
+        cache = self._ce_pairs_cache
+        if cache is None or cache[0] != signature:
+            group_of = {id(p): group for group in self.param_groups for p in group["params"]}
+            bucketed = [[(group_of[id(p)], p) for p in bucket.params] for bucket in self._ce_buckets]
+            unbucketed = [(g, p) for g in self.param_groups for p in g["params"] if id(p) not in self._ce_where]
+            cache = self._ce_pairs_cache = (signature, bucketed, unbucketed)
+        return cache[1], cache[2]
+
+    def step(self, closure: Any = None) -> Any:
+        # This class's step() is already wrapped by torch's step-hook machinery; call the
+        # wrapped class's step() unwrapped, or every step pre/post hook would run twice.
+        base_step = type(self).__mro__[1].step
+        if getattr(base_step, "hooked", False):
+            base_step = base_step.__wrapped__
+        self._ce_reset_if_new_round()
+        ctx = get_context()
+        ctx.note_step()
+        if ctx.window.open:
+            # Another update ran since the last commit (a second optimizer after one backward, as
+            # in a GAN loop): this step's gradient allreduces, launched before it, are waited for
+            # inside its window, where a failure can no longer be undone in place.
+            ctx.window.collective("a gradient allreduce waited for after another optimizer's update")
+        in_place = [s for s in self._ce_snapshots if s.in_place]
+        if in_place or self._ce_sharded:  # over shards no copy is deferred to the step, in place or kept alike
+            return self._ce_step_in_place(base_step, in_place, closure)
+        self._ce_launch_ready(force=True)  # this step's own allreduces are not in the window the update opens
+        ctx.window.update(kept=True)
+        update = self._ce_zero_copy_step() if closure is None else None
+        if update is not None and not self._ce_skip and not self._ce_synchronized:
+            self._ce_step_overlapped(update)
+            self._ce_clear()
+            return None
+        if not self._ce_skip:
+            self.synchronize()
+        taken: dict[int, Any] = {}
+        if update is not None:
+            ptrs = zerocopy.tradeable_ptrs(self)
+            for snapshot in self._ce_snapshots:
+                taken.update(snapshot.take(ptrs))
+        for snapshot in self._ce_snapshots:
+            snapshot.flush()
+        if taken:
+            assert update is not None
+            update(self, taken)
+            result = None
+        else:
+            result = base_step(self, closure)
+        self._ce_clear()
+        return result
+
+    def _ce_step_in_place(self, base_step: Callable[..., Any], in_place: list[Any], closure: Any) -> Any:
+        """The transactional step (the last commit kept nothing of what the update writes; see ``window``).
+
+        Every gradient is in before anything changes, so a failure in this
+        step's allreduces leaves the live state at the commit, which then needs
+        no copy; the update is the wrapped optimizer's own, in place, as under DDP.
+        Over shards (``hvd.shard``) every step runs here: a kept commit of shards
+        was copied whole at the commit (``in_place`` is then empty).
+        """
+        if not self._ce_skip:
+            self.synchronize()
+        for snapshot in self._ce_snapshots:
+            snapshot.flush()  # a commit of another TorchState kept as a snapshot
+        get_context().window.update(kept=not in_place)
+        for snapshot in in_place:
+            snapshot.touch()
+        try:
+            return base_step(self, closure)
+        finally:
+            self._ce_clear()
+
+    def _ce_step_overlapped(self, update: zerocopy.Update) -> None:
+        """Synchronize and step at once: each bucket's parameters are updated as soon as its allreduce completes.
+
+        The update of early buckets then overlaps the allreduces still in
+        flight. Every parameter of a bucket is given a gradient (zeros if it
+        had none), so the storages the update writes are known before the
+        first wait; the commit copies of everything else are done first.
+        """
+        self._ce_launch_ready(force=True)
+        ptrs = zerocopy.tradeable_ptrs(self, self._ce_params)
+        for snapshot in self._ce_snapshots:
+            snapshot.flush(ptrs)
+        taken: dict[int, Any] = {}
+        for snapshot in self._ce_snapshots:
+            taken.update(snapshot.take(ptrs))
+        bucketed, unbucketed = self._ce_pairs()
+        try:
+            self._ce_wait_buckets(lambda bucket: update(self, taken, bucketed[bucket.index]))
+            # Parameters outside every bucket (no requires_grad when wrapped) but given a
+            # .grad anyway: torch's step updates them, so this does too (their commit copies are done).
+            update(self, taken, unbucketed)
+        finally:
+            # After a failed wait, the parameters not yet updated still hold the committed
+            # values: their snapshots get them now, so a restore is exact.
+            zerocopy.settle(taken)
+
+
+def DistributedOptimizer(  # noqa: N802 (Horovod's name)
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
+    compression: Any = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: str = Average,
+    gradient_predivide_factor: float | None = None,
+    bucket_cap_mb: float = BUCKET_BYTES / (1024 * 1024),
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so ``step()`` applies gradients averaged (``op=hvd.Sum``: summed) over all workers.
+
+    ``compression``: ``hvd.Compression.fp16``/``bf16`` send float32/float64
+    gradients as 16-bit floats (half the bytes); an average then divides by
+    the world size before the sum, as DDP's fp16 compression hook does, so
+    the sum cannot overflow. Any class with Horovod's ``compress``/``decompress``
+    is accepted. ``gradient_predivide_factor`` ``f`` (Average only) divides
+    gradients by ``f`` before the sum and by ``size / f`` after, as in Horovod.
+    ``op=hvd.Adasum`` raises UnsupportedError. Call it after ``init()``; bad
+    arguments raise a one-line ValueError or TypeError.
+    """
+    op = check_op(op, allowed=(Average, Sum))
+    compression = check_compression(compression)
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if gradient_predivide_factor is not None:
+        if op != Average:
+            raise ValueError("gradient_predivide_factor applies only to op=hvd.Average")
+        if not gradient_predivide_factor > 0:
+            raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    wrapped = cls(optimizer.param_groups, named_parameters, backward_passes_per_step, op, int(bucket_cap_mb * 1024 * 1024),
+                  compression, None if gradient_predivide_factor is None else float(gradient_predivide_factor))
+    # Re-running __init__ on the groups creates state from the class's defaults (Adagrad's
+    # initial_accumulator_value), and would drop state the user loaded before wrapping: keep theirs.
+    wrapped.state.update(optimizer.state)
+    return wrapped

@@ -1,0 +1,564 @@
+"""One round's process group: formed under a deadline, abandoned at once, let go off the training thread.
+
+A :class:`RoundGroup` holds what must live exactly as long as the group:
+
+* the torch process group;
+* the round's store. ``ProcessGroupNCCL`` creates its communicator lazily and
+  calls the store then; when the store is a Python subclass of ``dist.Store``
+  (our :class:`~cloud_elastic.worker.rounds.signed_store.SignedStore`) whose last Python
+  reference is gone, that call fails inside torch (``fn INTERNAL ASSERT FAILED
+  ... Not implemented``), the first collective of every NCCL job failed that
+  way on an H100. The holder keeps the store referenced until the group itself
+  is released;
+* the group's peer connections (Gloo), found when it formed (see ``reclaim``).
+
+:meth:`RoundGroup.abandon` is called the moment a collective of the round fails
+or the driver aborts the round: the round is over for this worker, so every
+collective still pending in it is failed now (Gloo: its peer connections are
+shut down; NCCL: its communicator is aborted). Doing this only when the next
+round formed, as before, left a window in which the group's last reference
+could be dropped on the training thread (a traceback kept alive by the failure,
+a frame returning) while a collective was still blocked on a live peer: Gloo's
+destructor then joined that collective's thread for up to Gloo's timeout (300
+s) while heartbeats went on, and the round hung (the CI hang of
+``test_commit_kill_points``). An abandoned group's destructor returns at once.
+
+:class:`RoundGroupsMixin` is the worker context's side of it: a round's group
+is formed on a side thread under a deadline (``CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S``,
+at most the collective timeout), so an aborted round is abandoned instead of
+waited out; an abandoned formation leaves the store client to a constructor that
+may still block in it, so the next round forms on a new one. Every collective
+is waited for in 50 ms slices, and fails (``CollectiveError``) the moment the
+driver aborts its round; a collective started after the abort fails at once.
+The previous round's group is let go off the training thread. :class:`RoundInfo`
+is this worker's place in the current round.
+
+NCCL (:func:`new_nccl_group`) is created non-blocking and connected eagerly
+(``eager_connect_single_device``, as torch does with ``device_id``), so the
+communicator forms inside the formation deadline and can be abandoned with
+``abort()`` like a Gloo group. Only exercised on a GPU; see docs/architecture.md
+"GPUs" for what was run on hardware.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.protocol import RankInfo
+from cloud_elastic.worker.exceptions import CollectiveError
+from cloud_elastic.worker.rounds.reclaim import GroupSockets, Reaper, socket_inodes
+from cloud_elastic.worker.rounds.signed_store import SignedStore, round_namespace
+
+__all__ = [
+    "RoundInfo", "RoundGroup", "RoundStore", "RoundGroupsMixin", "new_gloo_group", "new_nccl_group",
+    "nccl_error_handling_default",
+    "nccl_nonblocking_timeout_default",
+    "quiesce_device",
+]
+
+log = logging.getLogger(__name__)
+
+#: How often a wait for a collective or a group's formation looks whether the driver aborted the round.
+_ABORT_SLICE_S = 0.05
+
+#: How much longer than the formation deadline Gloo's constructor may wait for a peer: the deadline,
+#: which names its setting, is what a user sees.
+_GLOO_FORM_MARGIN_S = 5.0
+
+#: How many times Gloo tries a connection to a peer that does not answer, each time for the group's
+#: timeout (measured on torch 2.13: 52 s for a 10 s timeout). The constructor's timeout is a share of the
+#: formation's time, so that a peer which vanished holds an abandoned formation about that long in all.
+_GLOO_CONNECT_ATTEMPTS = 5
+
+#: torch's NCCL async error handling modes: 0 none, 1 tear down (abort and kill the process),
+#: 2 clean up only (abort the communicator, fail the work, keep the process), 3 skip clean-up (kill).
+NCCL_ERROR_HANDLING = "2"
+
+
+class RoundGroup:
+    """A round's process group and what lives and dies with it (see module docstring)."""
+
+    def __init__(self, pg: Any, store: Any, sockets: GroupSockets | None, backend: str,
+                 device: torch.device | None = None, size: int | None = None) -> None:
+        self.pg = pg
+        #: Members of the group, when known: a group of one has no peer connections to shut down, and none to
+        #: wait for either, so it is destroyed like any other (see ``Reaper.retire``).
+        self.size = size
+        #: Referenced for as long as the group: torch calls back into it (NCCL connects lazily).
+        self.store = store
+        self.sockets = sockets
+        self.backend = backend
+        self.device = device
+        self.abandoned = False
+        #: Sharded training (``worker/sharded.py``): this round's group over the same local rank of every
+        #: host, formed at its first use; it lives and dies with the round's group.
+        self.cross: RoundGroup | None = None
+        self._lock = threading.Lock()
+
+    def abandon(self) -> bool:
+        """Fail every collective still pending in this group; True the first time. Never blocks for long.
+
+        Called when a collective of the round failed or the driver aborted the
+        round: nothing will use the group again. Idempotent and thread-safe.
+        """
+        with self._lock:
+            if self.abandoned:
+                return False
+            self.abandoned = True
+        if self.cross is not None:
+            self.cross.abandon()
+        if self.backend == "nccl":
+            abort_nccl(self.pg)
+        elif self.sockets is not None:
+            self.sockets.shutdown()
+        return True
+
+
+_STORE_ERROR = getattr(dist, "DistStoreError", RuntimeError)
+
+
+class RoundStore(SignedStore):
+    """A round's store: a wait for a peer's key can be given up when the round's formation is.
+
+    A peer that dies or stops before it writes its address leaves the group's
+    constructor waiting in the store (torch's ``wait`` and ``get`` block) until
+    the collective timeout, 300 s by default; an abandoned formation kept its
+    thread, the group's device (a thread, a listening socket, an epoll
+    descriptor) and the store client that long. Here every wait looks for its
+    keys (``check``) in slices of 1 to 20 ms, and fails at once after
+    :meth:`give_up`, so that thread ends, and what the constructor opened closes,
+    a slice after the formation is abandoned. A wait for keys already there
+    costs one look. Every wait is bounded by ``timeout_s`` (the formation's
+    deadline and a margin), whatever timeout the caller passes.
+    """
+
+    MAX_SLICE_S = 0.02
+
+    def __init__(self, inner: Any, namespace: str, secret: str, timeout_s: float) -> None:
+        super().__init__(inner, namespace, secret)
+        self._timeout_s = timeout_s
+        self._given_up = threading.Event()
+
+    def give_up(self) -> None:
+        """Fail every wait for keys, now and later (the formation that uses this store was abandoned)."""
+        self._given_up.set()
+
+    def _await(self, keys: list[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pause = 0.001
+        while not self._store.check(keys):
+            if self._given_up.is_set():
+                raise _STORE_ERROR(f"the round's formation was given up while waiting for keys {keys}")
+            if time.monotonic() >= deadline:
+                raise _STORE_ERROR(f"timed out after {timeout_s:g}s waiting for keys {keys}")
+            self._given_up.wait(pause)
+            pause = min(2 * pause, self.MAX_SLICE_S)
+
+    def get(self, key: str) -> bytes:
+        self._await([key], self._timeout_s)
+        return super().get(key)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        # The formation's time, not the caller's: Gloo passes its connection timeout, a share of it.
+        self._await(keys, self._timeout_s)
+
+
+@dataclass(frozen=True)
+class RoundInfo(RankInfo):
+    """This worker's place in the current rendezvous round: its ranks, plus the round's facts."""
+
+    round: int
+    needs_sync: bool
+    update_gen: int
+    from_checkpoint: bool = False
+    #: The hosts of the round's members (each once): the only peers of its process group.
+    hosts: tuple[str, ...] = ()
+
+
+class RoundGroupsMixin:
+    """The worker context's process group per round, and its collectives' waits (see module docstring)."""
+
+    @property
+    def pg(self) -> Any:
+        """The current round's process group (None before the first round and after leaving)."""
+        return None if self._group is None else self._group.pg
+
+    @pg.setter
+    def pg(self, value: Any) -> None:
+        """Put a wrapper in front of the current round's group (tests count the bytes a step sends)."""
+        if self._group is None:
+            raise ValueError("no round's group to wrap")
+        self._group.pg = value
+
+    # --------------------------------------------------------- process groups
+    def _form_group(self, info: RoundInfo) -> None:
+        self._carried_update = None
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", info.local_rank)
+            torch.cuda.set_device(self.device)
+        store = self._round_store(info, "")
+        group = self._formed(info, store, lambda publish: self._new_group(store, info, publish), "process group")
+        old, self._group = self._group, group
+        self.info = info
+        self.progress.mark()
+        self.progress.new_round()  # compute times are of this round's steps
+        if old is not None:
+            self._retire(old)
+        del old  # the reaper drops the last reference, on its own thread (see Reaper.retire)
+
+    def _round_store(self, info: RoundInfo, suffix: str) -> Any:
+        """The store of a group of round ``info.round`` (``suffix`` names a second group of the round)."""
+        if self.standalone:
+            return dist.HashStore()
+        namespace = round_namespace(self.settings.secret, self.job_id, info.round) + suffix
+        return RoundStore(self._store, namespace, self.settings.secret, self._form_limit_s() + _GLOO_FORM_MARGIN_S)
+
+    def _formed(self, info: RoundInfo, store: Any, make: Callable[[Callable[[Any], None]], Any],
+                what: str) -> RoundGroup:
+        """Form a group of round ``info.round`` with ``make(publish)`` on a side thread, under the formation deadline."""
+        done = threading.Event()
+        lock = threading.Lock()
+        result: dict[str, Any] = {}
+
+        def publish(pg: Any) -> None:  # an NCCL group being connected: abortable from now on
+            with lock:
+                result["forming"] = pg
+
+        def create() -> None:
+            before = socket_inodes()
+            try:
+                pg = make(publish)
+            except Exception as exc:  # reported to the waiting thread below, as text only: the exception's
+                # traceback holds the constructor's frames (the group's device: a thread, a listening socket, an
+                # epoll descriptor), and kept in ``result``, which those frames reach, it made a cycle that only
+                # the garbage collector ends: an abandoned formation's device stayed open until it ran.
+                result["error"] = str(exc)
+                done.set()
+                return
+            sockets = GroupSockets(before, socket_inodes(), self._control_peers, self._member_addresses(info))
+            group = RoundGroup(pg, store, sockets, self.backend, self.device, _size_of(pg))
+            with lock:
+                if result.get("abandoned"):
+                    # The round was given up while this group formed: nobody will use it.
+                    self._reaper.retire(group)
+                else:
+                    result["group"] = group
+            done.set()
+
+        # Forming a group blocks in C++ until every peer arrives; do it on a
+        # side thread so an aborted round can be abandoned instead of waited out.
+        # A group that never forms while every member still heartbeats is given up at a
+        # deadline far below Gloo's own timeout: this worker then rejoins with a failure,
+        # which aborts the round for its peers too.
+        former = threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True)
+        self._formations = [t for t in getattr(self, "_formations", ()) if t.is_alive()] + [former]  # joined at exit
+        former.start()
+        limit_s = self._form_limit_s()
+        deadline = time.monotonic() + limit_s
+        with self.progress.waiting():
+            while not done.wait(_ABORT_SLICE_S):
+                aborted = self._aborted(info.round)
+                if aborted or time.monotonic() > deadline:
+                    with lock:
+                        result["abandoned"] = True
+                        forming = result.pop("forming", None)
+                    if forming is not None and "group" not in result:
+                        abort_nccl(forming)  # ends its eager connect on the formation thread
+                    give_up = getattr(store, "give_up", None)
+                    if give_up is not None:
+                        give_up()  # ends a wait of the constructor for a peer's key: see RoundStore
+                    if "group" in result:  # formed in the very last slice
+                        self._reaper.retire(result.pop("group"))
+                    # The abandoned constructor may still block in a store wait, and a TCPStore
+                    # client runs one operation at a time: the next round's formation on this
+                    # client would wait behind it up to the collective timeout. It gets its own.
+                    self._store_stale = True
+                    if aborted:
+                        raise CollectiveError(f"round {info.round} was aborted while forming its {what}")
+                    raise CollectiveError(f"the {what} of round {info.round} did not form within "
+                                          f"{limit_s:g} s (CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S); giving the round up")
+        if "error" in result:
+            reason = str(result.pop("error")).splitlines()[0][:300]
+            raise CollectiveError(f"could not form the {what} of round {info.round}: {reason}")
+        return result.pop("group")
+
+    def _form_limit_s(self) -> float:
+        """How long a group may take to form before the round is given up (the formation deadline)."""
+        return min(self.settings.group_form_timeout_s, self.collective_timeout_s)
+
+    def _retire(self, group: RoundGroup) -> None:
+        """Let go of the previous round's group without ever blocking on it.
+
+        A group left after a failure was abandoned when its collective failed
+        (see ``groups``): its pending work has failed, so destroying it is quick,
+        and it is destroyed off this thread. A group left gracefully has no
+        pending work; its destructor still joins Gloo's threads (20-30 ms of the
+        training thread's time at every scale-up), so it is released on a
+        short-lived thread.
+        """
+        if group.abandoned or self._last_reason == "failure":
+            self._reaper.retire(group)
+        else:
+            self._reaper.release(group)
+
+    def _member_addresses(self, info: RoundInfo) -> set[str] | None:
+        """The IP addresses of the round's members, or None when they cannot all be known.
+
+        With ``--network-interface`` the group's peers are the interfaces' addresses, which
+        the hosts' names do not tell: then (or when a name does not resolve) every
+        connection the formation opened counts, as it did before.
+        """
+        if self.interface or not info.hosts:
+            return None
+        addresses: set[str] = set()
+        for host in info.hosts:
+            try:
+                addresses |= {entry[4][0] for entry in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+            except OSError:
+                return None
+        return addresses
+
+    def _new_group(self, store: Any, info: RoundInfo, published: Callable[[Any], None] = lambda pg: None) -> Any:
+        timeout = timedelta(seconds=self.collective_timeout_s)
+        if self.backend == "nccl":
+            return new_nccl_group(store, info.rank, info.size, timeout, self.device, published)
+        if self.backend != "gloo":
+            raise RuntimeError(f"unsupported backend {self.backend!r} (use gloo or nccl)")
+        return new_gloo_group(store, info.rank, info.size, timeout, hostname=self.hostname, interface=self.interface,
+                              form_timeout=timedelta(seconds=(self._form_limit_s() + _GLOO_FORM_MARGIN_S)
+                                                     / _GLOO_CONNECT_ATTEMPTS))
+
+    def _abandon_round(self) -> None:
+        """A collective of the current round failed or was abandoned: fail the rest of its work now.
+
+        After an NCCL abort the device must finish what was queued on it before
+        the state is restored from it; a device that does not is wedged, and
+        this worker exits rather than train on from a state it cannot trust.
+        """
+        group = self._group
+        if group is None or not group.abandon():
+            return
+        if group.backend == "nccl" and not quiesce_device(group.device):
+            print(f"cloud-elastic: worker {self.worker_id}: the GPU did not become idle after aborting the NCCL "
+                  "communicator of a failed round; exiting", file=sys.stderr, flush=True)
+            os._exit(70)
+
+    # ------------------------------------------------------------ collectives
+    def group(self, what: str) -> Any:
+        """The round's process group, to start a collective on; CollectiveError once the round is aborted.
+
+        A collective started after the driver aborted the round could only fail,
+        and sending into a group whose peers have moved on can meet their next
+        collective instead (Gloo then aborts the process on the size mismatch).
+        """
+        self.await_current_view()
+        if self.info is not None and self._aborted(self.info.round):
+            self._abandon_round()
+            raise CollectiveError(f"{what} not started: the driver aborted round {self.info.round} (a peer was lost)")
+        self.window.collective(what)
+        return self.pg
+
+    def cross_group(self, what: str) -> Any:
+        """Sharded training: the round's group over this local rank of every host (rank = host index),
+        formed at its first use in the round; CollectiveError once the round is aborted."""
+        self.group(what)
+        group = self._group
+        assert group is not None and self.info is not None
+        if group.cross is None:
+            info = self.info
+            store = self._round_store(info, f"-x{info.local_rank}")
+            cross = RoundInfo(info.cross_rank, info.cross_size, 0, 1, info.cross_rank, info.cross_size,
+                              round=info.round, needs_sync=info.needs_sync, update_gen=info.update_gen, hosts=info.hosts)
+            group.cross = self._formed(info, store, lambda publish: self._new_group(store, cross, publish),
+                                       "cross-host group")
+            if group.abandoned:  # aborted while it formed
+                group.cross.abandon()
+        return group.cross.pg
+
+    def wait(self, work: Any, what: str) -> None:
+        """Wait for ``work``; abandon it when the driver aborts this round.
+
+        Either way out by failure abandons the round's group at once (see
+        ``groups``), so nothing of it stays blocked on a peer. A collective that
+        completes in a round the driver had already aborted when the wait began
+        fails too: the driver may abort a round whose members are all alive (one
+        returned early, an adopted round it cannot use), and they must roll back
+        and rendezvous, not train on with the gradient allreduce (started on the
+        group directly) never asking whether the round still counts. An abort that
+        arrives during the wait is left to the next collective: this one's result
+        is whole, and the step it completes may still be committed.
+        """
+        assert self.info is not None
+        round_ = self.info.round
+        self.await_current_view()
+        aborted_before = self._aborted(round_)
+        fut, waited = _future(work, self.collective_timeout_s)
+        if not fut.done():
+            event = threading.Event()
+            fut.add_done_callback(lambda _f: event.set())
+            with self.progress.waiting():
+                while not event.wait(_ABORT_SLICE_S):
+                    if self._aborted(round_):
+                        self._abandon_round()
+                        raise CollectiveError(f"{what} abandoned: the driver aborted round {round_} (a peer was lost)")
+        try:
+            fut.wait() if waited else work.wait()
+        except RuntimeError as exc:
+            self._abandon_round()
+            reason = str(exc).splitlines()[0].split(" This is typically")[0]
+            raise CollectiveError(f"{what} failed: {reason}") from exc
+        if aborted_before:
+            self._abandon_round()
+            raise CollectiveError(f"{what} completed, but the driver aborted round {round_} before it was waited for")
+        self.progress.mark()
+
+    def _aborted(self, round_: int) -> bool:
+        return self.dismissed or self._seen_abort >= round_
+
+    def await_current_view(self) -> None:
+        """Overridden by the driver link (see ``link``): a group on its own has no driver to ask."""
+
+
+
+def _size_of(pg: Any) -> int | None:
+    """A process group's size, or None when it cannot tell."""
+    try:
+        return int(pg.size())
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _future(work: Any, timeout_s: float) -> tuple[Any, bool]:
+    """``work``'s future, and whether it already waited for the work: Gloo's point-to-point ``send`` and
+    ``recv`` have none, so a thread of their own waits for them (and, after an abort, until Gloo's timeout).
+    They wait ``timeout_s`` at most: left to Gloo, they would wait its context's timeout, which is the
+    formation's (see ``new_gloo_group``)."""
+    try:
+        return work.get_future(), False
+    except RuntimeError:
+        fut = torch.futures.Future()
+
+        def wait() -> None:
+            try:
+                work.wait(timedelta(seconds=timeout_s))
+                fut.set_result(None)
+            except BaseException as exc:  # noqa: BLE001 (handed to the waiter)
+                fut.set_exception(exc)
+
+        threading.Thread(target=wait, name="cloud-elastic-p2p-wait", daemon=True).start()
+        return fut, True
+
+
+def new_gloo_group(store: Any, rank: int, size: int, timeout: timedelta, *, hostname: str,
+                   interface: str | None, form_timeout: timedelta | None = None) -> Any:
+    """A Gloo group bound to ``interface`` when given, else to the address ``hostname`` resolves to.
+
+    ``form_timeout``: how long its constructor waits for each try of a peer's connection; its collectives
+    then wait ``timeout``. A peer that vanished while the group formed (its address written, its
+    connection never made) cannot be woken from: the constructor's thread, the group's device thread, its
+    listening socket and epoll descriptor stay until Gloo gives up on it (see ``_GLOO_CONNECT_ATTEMPTS``),
+    after the formation was given up. With one timeout for both, a stop or a kill during an admission left
+    them for about five collective timeouts (25 minutes by default).
+    """
+    opts = dist.ProcessGroupGloo._Options()
+    settable = form_timeout is not None and hasattr(dist.ProcessGroupGloo, "_set_default_timeout")
+    opts._timeout = form_timeout if settable else timeout
+    if interface:
+        opts._devices = [dist.ProcessGroupGloo.create_device(interface=interface)]
+    else:
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
+    pg = dist.ProcessGroupGloo(store, rank, size, opts)
+    if settable:
+        pg._set_default_timeout(timeout)  # the collectives'; point-to-point waits pass theirs (see _future)
+    return pg
+
+
+def new_nccl_group(store: Any, rank: int, size: int, timeout: timedelta, device: torch.device,
+                   published: Callable[[Any], None] = lambda pg: None) -> Any:
+    """An NCCL group whose communicator is formed now, on ``device``, and can be aborted while it forms.
+
+    ``config.blocking = False`` makes NCCL's initialisation and collectives
+    return at once and report through their status, so ``abort()`` from another
+    thread ends a formation stuck on a missing peer (torchft does the same);
+    ``published(pg)`` hands the group to whoever may have to abort it before it
+    connects. ``eager_connect_single_device`` forms the communicator here instead
+    of at the first collective. Either is skipped on a torch that lacks it.
+    """
+    # The formation runs on a thread of its own, and CUDA's current device is per thread: an eager
+    # connect on another device than the communicator's fails ("Cuda failure 'invalid argument'").
+    torch.cuda.set_device(device)
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    config = getattr(opts, "config", None)
+    if config is not None and hasattr(config, "blocking"):
+        config.blocking = False
+    pg = dist.ProcessGroupNCCL(store, rank, size, opts)
+    published(pg)
+    connect = getattr(pg, "eager_connect_single_device", None)
+    if connect is not None:
+        connect(device)
+    return pg
+
+
+def abort_nccl(pg: Any) -> None:
+    """Abort an NCCL group's communicators with torch's current API; never raises."""
+    try:
+        pg.abort()
+    except (RuntimeError, AttributeError) as exc:
+        log.warning("aborting an NCCL process group failed: %s", exc)
+
+
+def nccl_nonblocking_timeout_default(timeout_s: float, environ: dict[str, str] | Any = os.environ) -> None:
+    """A non-blocking NCCL initialisation gives up after ``timeout_s`` (torch's default is 30 minutes)
+    unless the user set ``TORCH_NCCL_NONBLOCKING_TIMEOUT``: the formation deadline, not longer."""
+    environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(max(1, int(timeout_s))))
+
+
+def nccl_error_handling_default(environ: dict[str, str] | Any = os.environ) -> str | None:
+    """Make torch's NCCL watchdog clean up a failed collective without killing the process.
+
+    With torch's default (3: skip clean-up) a collective that times out tears
+    the whole process down, survivor included. Mode 2 aborts the communicator
+    and fails the collective's work, which the worker sees as any other failed
+    collective: it rolls back and joins the next round in the same process.
+    The user's own setting wins. Returns the value now in effect.
+    """
+    environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING)
+    return environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def quiesce_device(device: torch.device | None, timeout_s: float = 30.0) -> bool:
+    """After an NCCL abort: wait (bounded) for the device to finish what was queued on it.
+
+    True when it did (or there is nothing to wait for); False when it did not
+    within ``timeout_s``: the GPU is wedged, and the worker cannot continue safely.
+    """
+    if device is None or device.type != "cuda":
+        return True
+    done = threading.Event()
+
+    def sync() -> None:
+        try:
+            torch.cuda.synchronize(device)
+        except RuntimeError as exc:  # an aborted kernel may report here; the device is idle either way
+            log.debug("synchronize after an NCCL abort: %s", exc)
+        done.set()
+
+    threading.Thread(target=sync, name="cloud-elastic-quiesce", daemon=True).start()
+    started = time.monotonic()
+    if done.wait(timeout_s):
+        return True
+    log.error("the GPU %s did not finish its queued work within %.0fs of an NCCL abort", device,
+              time.monotonic() - started)
+    return False

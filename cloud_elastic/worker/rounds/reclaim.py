@@ -1,0 +1,265 @@
+"""Reclaiming the threads and sockets of a process group abandoned after a failure.
+
+A Gloo group whose collective was abandoned on a lost peer cannot simply be
+dropped: its destructor joins its worker threads, and the one running the
+abandoned collective waits for the peer until Gloo's own timeout (minutes
+when the peer is stopped rather than dead). Keeping such groups alive
+forever leaked about two threads and three descriptors per failure, which a
+long spot job turns into the 1,024-descriptor limit.
+
+What releases it instead: the sockets Gloo opened for the group's peer
+connections are shut down (``shutdown(2)`` on a duplicate descriptor; Gloo
+keeps and later closes its own). Every pending read or write on them fails
+at once, so the abandoned collective ends with an error, its thread becomes
+free, and the group can be destroyed in a fraction of a second; the
+descriptors close with it. Measured here: threads and descriptors stay flat
+over repeated SIGKILLed and SIGSTOPped peers, about 0.1 s per group.
+
+The group's sockets are found as the TCP sockets that appeared while it was
+being formed (:func:`socket_inodes` before and after) and are connected to one
+of the round's members (their addresses come with the round's assignment),
+minus the group's listening socket (Gloo aborts the process if its ``accept``
+fails) and any connection to the driver's control plane or store. Destruction runs on a
+short-lived thread, so the caller never blocks on it; that thread lets go of the group
+only once its caller has (the destructor runs wherever the last reference goes); if it
+does not finish within ``bound_s`` the group stays leaked, as before, and is counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Iterable
+
+__all__ = ["socket_inodes", "GroupSockets", "Reaper"]
+
+log = logging.getLogger(__name__)
+
+#: How long a reclaim waits for its caller to let go of the group before dropping its own reference anyway.
+LAST_REFERENCE_WAIT_S = 5.0
+
+
+def _only_held_by(holder: list) -> bool:
+    """Whether ``holder[0]`` (a round's group) and its process group are referenced by nothing else.
+
+    Each count below is of the one expected reference, this frame's local name and ``getrefcount``'s argument.
+    """
+    group = holder[0]
+    if sys.getrefcount(group) > 3:  # the list's
+        return False
+    pg = getattr(group, "pg", None)
+    return pg is None or sys.getrefcount(pg) <= 3  # the group's attribute
+
+
+def socket_inodes() -> dict[int, str]:
+    """This process's socket descriptors: fd -> ``socket:[inode]``."""
+    out: dict[int, str] = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:  # no procfs: nothing can be reclaimed, groups are leaked as before
+        return out
+    for name in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            out[int(name)] = link
+    return out
+
+
+def _plain_ip(address: str) -> str:
+    """``::ffff:10.0.0.1`` (an IPv4 peer of an IPv6 socket) as ``10.0.0.1``; other addresses unchanged."""
+    return address[7:] if address.startswith("::ffff:") and "." in address else address
+
+
+class GroupSockets:
+    """The peer connections of one process group, found by what formation opened.
+
+    With ``members`` (the IP addresses of the round's members), only connections
+    to one of them count: a socket another thread of the worker opened while the
+    group formed (a checkpoint upload from rank 0, say) is not the group's and is
+    never shut down with it.
+    """
+
+    def __init__(self, before: dict[int, str], after: dict[int, str], exclude_peers: Iterable[tuple[str, int]],
+                 members: Iterable[str] | None = None) -> None:
+        excluded = set(exclude_peers)
+        allowed = None if members is None else {_plain_ip(m) for m in members}
+        self._fds: dict[int, str] = {}
+        for fd, link in after.items():
+            if before.get(fd) == link:
+                continue
+            try:
+                with socket.socket(fileno=os.dup(fd)) as s:
+                    if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+                        continue
+                    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                        continue  # the group's listener: shutting it down makes Gloo abort the process
+                    peer = s.getpeername()[:2]
+            except OSError:
+                continue
+            if (peer[0], peer[1]) in excluded or (allowed is not None and _plain_ip(peer[0]) not in allowed):
+                continue
+            self._fds[fd] = link
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def shutdown(self) -> int:
+        """Shut down every connection still held by the group; return how many."""
+        done = 0
+        for fd, link in self._fds.items():
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") != link:
+                    continue  # closed meanwhile and the number reused: not ours any more
+                with socket.socket(fileno=os.dup(fd)) as s:
+                    s.shutdown(socket.SHUT_RDWR)
+                done += 1
+            except OSError:
+                continue
+        return done
+
+
+class Reaper:
+    """Lets go of rounds' groups off the training thread; counts the abandoned ones it reclaimed or leaked.
+
+    Takes :class:`~cloud_elastic.worker.rounds.groups.RoundGroup` holders: a group and
+    the store it must outlive.
+    """
+
+    def __init__(self, bound_s: float = 30.0) -> None:
+        self.bound_s = bound_s
+        self.reclaimed = 0
+        self.leaked = 0
+        self._lock = threading.Lock()
+        self._keep: list[Any] = []  # groups whose destruction did not finish in time, or could not be tried
+        #: Releases not yet done (their timer, and the drop it runs), and destructions still running.
+        self._timers: dict[threading.Timer, Any] = {}
+        self._running: set[threading.Event] = set()
+
+    def release(self, group: Any, after_s: float = 1.0) -> None:
+        """Drop a group with no pending work off the caller's thread; never blocks.
+
+        Its destructor joins Gloo's worker threads (20-30 ms for a group of
+        three here), time a training thread switching rounds would otherwise
+        stall for. Torch runs process group destructors without the GIL. The
+        reference is dropped ``after_s`` later, once the caller's frames (which
+        still hold the group while they return) are gone: dropped at once, the
+        caller's last reference would run the destructor on its own thread.
+        """
+        cross = getattr(group, "cross", None)
+        if cross is not None:  # a second group of the same round (sharded training) goes the same way
+            group.cross = None
+            self.release(cross, after_s)
+        holder = [group]
+        del group
+
+        def drop() -> None:  # on the timer's thread, or on the exiting thread (drain): once either way
+            with self._lock:
+                self._timers.pop(timer, None)
+                if not holder:
+                    return
+                mine = holder.pop()
+            if getattr(mine, "backend", "") == "nccl":
+                # An NCCL group is shut down, not just dropped: torch warns about (and aborts) a
+                # communicator destroyed without it.
+                shutdown = getattr(mine.pg, "shutdown", None)
+                try:
+                    if shutdown is not None:
+                        shutdown()
+                except RuntimeError as exc:
+                    log.warning("shutting down an NCCL process group failed: %s", exc)
+            del mine
+
+        timer = threading.Timer(after_s, drop)
+        timer.name, timer.daemon = "cloud-elastic-release", True
+        with self._lock:
+            self._timers[timer] = drop
+        timer.start()
+
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Finish every release and destruction now, on this thread or within ``timeout_s``; True if all did.
+
+        Called as the process exits. A daemon thread still inside a process
+        group's destructor (or any torch call that let go of the GIL) when the
+        interpreter finalizes is ended by the interpreter as it takes the GIL
+        back, in the middle of C++ code: the process dies of
+        ``terminate called without an active exception`` (SIGABRT) after a job
+        that succeeded. Pending releases run here instead, before finalization.
+        """
+        with self._lock:
+            pending = list(self._timers.items())
+            self._timers.clear()
+        deadline = time.monotonic() + timeout_s
+        for timer, drop in pending:
+            timer.cancel()
+            timer.join(max(0.0, deadline - time.monotonic()))  # a drop already running on it finishes first
+            drop()  # a no-op when the timer's thread did it
+        while True:
+            with self._lock:
+                running = list(self._running)
+            if not running:
+                return True
+            if not running[0].wait(max(0.0, deadline - time.monotonic())):
+                log.warning("a process group was still being destroyed %.0fs into the exit", timeout_s)
+                return False
+
+    def retire(self, group: Any) -> None:
+        """Release an abandoned group (abandoning it first if that was not done); never blocks.
+
+        Abandoning fails its pending collectives, so its destructor returns at
+        once on whichever thread drops the last reference. A Gloo group whose
+        connections are unknown cannot be abandoned safely and is kept (counted
+        as leaked), as before. A group of one has no connections and nothing to
+        wait for: it is destroyed. (It was kept too, as a group whose
+        connections were not found: three threads and four descriptors for each
+        round a lone survivor left by failure, the leak of issue 44.)
+        """
+        group.abandon()
+        cross = getattr(group, "cross", None)
+        if cross is not None:  # a second group of the same round (sharded training) goes the same way
+            group.cross = None
+            self.retire(cross)
+        alone = getattr(group, "size", None) == 1
+        if group.backend == "gloo" and not alone and (group.sockets is None or len(group.sockets) == 0):
+            with self._lock:
+                self._keep.append(group)
+                self.leaked += 1
+            return
+        holder = [group]
+        done = threading.Event()
+        with self._lock:
+            self._running.add(done)
+
+        def destroy() -> None:
+            # The destructor runs wherever the last reference goes. The caller's frames (the training
+            # thread's previous group, as it forms the next) still hold the group for a moment: dropped
+            # first here, the last reference would be theirs, and an abandoned Gloo group whose worker
+            # thread is still stuck (socket shutdown does not always free it at once) would block the
+            # training thread in its destructor, out of the next round's collectives, until Gloo's own
+            # timeout: the rest of the round then waits on it (the hang of issue 22).
+            deadline = time.monotonic() + LAST_REFERENCE_WAIT_S
+            while not _only_held_by(holder) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            holder.clear()
+            done.set()
+
+        def watch() -> None:
+            t = threading.Thread(target=destroy, name="cloud-elastic-reap", daemon=True)
+            t.start()
+            if done.wait(self.bound_s):
+                with self._lock:
+                    self.reclaimed += 1
+                    self._running.discard(done)
+            else:
+                log.warning("an abandoned process group did not release its threads within %.0fs; left to the OS", self.bound_s)
+                with self._lock:
+                    self.leaked += 1
+
+        del group
+        threading.Thread(target=watch, name="cloud-elastic-reap-watch", daemon=True).start()
