@@ -6,8 +6,10 @@ The whole tree::
     ├── ConfigError                    bad flags, options or environment (CLI exit code 2)
     ├── DiscoveryError                 a discovery provider could not answer
     │   ├── RetryableDiscoveryError    transient: throttling, timeouts, 5xx; retried
-    │   └── FatalDiscoveryError        retrying cannot fix it: no group, no credentials
-    │       └── MissingDependencyError a cloud SDK is not installed (names the extra)
+    │   ├── FatalDiscoveryError        retrying cannot fix it: no group, no credentials
+    │   │   └── MissingDependencyError a cloud SDK is not installed (names the extra)
+    │   └── CapacityError              a group's desired capacity could not be set (--manage-capacity)
+    │       └── CapacityDeniedError    the credentials may not change the group (AccessDenied)
     ├── ControlPlaneError              a control message was forged, malformed or too big
     ├── LaunchError                    a worker could not be started on a host
     │   └── SSHError                   the SSH transport failed (not the worker)
@@ -30,6 +32,8 @@ __all__ = [
     "RetryableDiscoveryError",
     "FatalDiscoveryError",
     "MissingDependencyError",
+    "CapacityError",
+    "CapacityDeniedError",
     "ControlPlaneError",
     "LaunchError",
     "SSHError",
@@ -68,6 +72,14 @@ class MissingDependencyError(FatalDiscoveryError):
         )
         self.package = package
         self.extra = extra
+
+
+class CapacityError(DiscoveryError):
+    """A group's desired capacity could not be set (``--manage-capacity``); the job goes on, retried later."""
+
+
+class CapacityDeniedError(CapacityError):
+    """The credentials may not change the group (AccessDenied): the job goes on without managing it."""
 
 
 class ControlPlaneError(CloudElasticError):

@@ -114,7 +114,24 @@ class AddressMappedDiscovery(HostDiscovery):
         self._origin = origin
         instances = {map_address(h, self.rules): i for h, i in snapshot.instances.items()}
         soft = {map_address(h, self.rules): r for h, r in snapshot.soft.items()}
-        return DiscoveredHosts(ready=ready, draining=draining, instances=instances, soft=soft)
+        sources = {map_address(h, self.rules): s for h, s in snapshot.sources.items()}
+        prices = {map_address(h, self.rules): p for h, p in snapshot.prices.items()}
+        return DiscoveredHosts(ready=ready, draining=draining, instances=instances, soft=soft, sources=sources,
+                               prices=prices)
+
+    @property
+    def can_set_capacity(self) -> bool:  # type: ignore[override]
+        return self.inner.can_set_capacity
+
+    def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
+        self.inner.set_capacity(hosts, source=source)
+
+    def hourly_prices(self, snapshot: DiscoveredHosts) -> Mapping[str, float]:
+        back = {mapped: self._origin.get(mapped, mapped) for mapped in (*snapshot.ready, *snapshot.draining)}
+        inner = DiscoveredHosts(ready={back[h]: n for h, n in snapshot.ready.items()},
+                                draining={back[h]: d for h, d in snapshot.draining.items()},
+                                instances={back[h]: i for h, i in snapshot.instances.items()})
+        return {map_address(h, self.rules): p for h, p in self.inner.hourly_prices(inner).items()}
 
     def release(self, host: str, instance: str | None) -> None:
         self.inner.release(self._origin.get(host, host), instance)

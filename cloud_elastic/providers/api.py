@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, ClassVar, Mapping
 
-from cloud_elastic.errors import ConfigError, FatalDiscoveryError
+from cloud_elastic.errors import CapacityError, ConfigError, FatalDiscoveryError
 
 __all__ = ["Drain", "DiscoveredHosts", "ProviderOption", "HostDiscovery", "parse_bool", "MAX_SLOTS_PER_HOST",
            "ipv6_refusal"]
@@ -81,6 +81,10 @@ class DiscoveredHosts:
     #: Ready hosts with a soft notice (host -> reason), e.g. an AWS rebalance recommendation:
     #: they keep their workers, but no new worker is placed there.
     soft: Mapping[str, str] = field(default_factory=dict)
+    #: Host -> the name of the host source it came from, when the job has several (``providers.multi``).
+    sources: Mapping[str, str] = field(default_factory=dict)
+    #: Host -> price in dollars per slot-hour, where known (a source's ``price``, an AWS spot price).
+    prices: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for host, slots in self.ready.items():
@@ -106,6 +110,15 @@ class DiscoveredHosts:
         if set(self.soft) - set(self.ready):
             raise ValueError(f"soft notices for hosts that are not ready: {sorted(set(self.soft) - set(self.ready))}")
         object.__setattr__(self, "soft", MappingProxyType(dict(self.soft)))
+        known = set(self.ready) | set(self.draining)
+        for name, mapping in (("sources", self.sources), ("prices", self.prices)):
+            if set(mapping) - known:
+                raise ValueError(f"{name} given for hosts not in the snapshot: {sorted(set(mapping) - known)}")
+        for host, price in self.prices.items():
+            if not isinstance(price, (int, float)) or isinstance(price, bool) or not 0 <= price < float("inf"):
+                raise ValueError(f"host {host!r} has invalid price {price!r} (dollars per slot-hour, >= 0)")
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        object.__setattr__(self, "prices", MappingProxyType(dict(self.prices)))
 
     @property
     def total_slots(self) -> int:
@@ -167,6 +180,31 @@ class HostDiscovery(abc.ABC):
         Called from the driver's discovery thread, at most once per drained
         instance; raises DiscoveryError like :meth:`find`. The default does nothing.
         """
+
+    #: Whether :meth:`set_capacity` can change the group (``--manage-capacity`` refuses a source without it).
+    can_set_capacity: ClassVar[bool] = False
+
+    def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
+        """Optional write path: set the group's desired capacity to ``hosts`` instances (``--manage-capacity``).
+
+        Called from the driver's discovery thread only, and only for a source the
+        user marked ``fallback`` (``source`` names it when the job has several).
+        Idempotent. Raises :class:`~cloud_elastic.errors.CapacityDeniedError` when
+        the credentials may not change the group, and
+        :class:`~cloud_elastic.errors.CapacityError` for anything else (retried).
+        The default raises CapacityError: the provider cannot set a capacity.
+        """
+        raise CapacityError(f"provider {self.name!r} cannot set a group's desired capacity")
+
+    def hourly_prices(self, snapshot: DiscoveredHosts) -> Mapping[str, float]:
+        """Optional: the price the cloud quotes per instance-hour (dollars) of hosts of ``snapshot``.
+
+        Called from the discovery thread after :meth:`find`, only when the user
+        gave no price for the source; a provider caches what it looked up. Hosts
+        it cannot price are left out. Raises DiscoveryError like :meth:`find`
+        (the job then goes on without those prices). The default knows none.
+        """
+        return {}
 
     def wake_on_news(self, wake: Callable[[], None]) -> None:
         """Ask for the next :meth:`find` as soon as news arrives, not at the next poll.

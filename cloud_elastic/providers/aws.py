@@ -93,6 +93,7 @@ from cloud_elastic.providers._common import (
 )
 from cloud_elastic.providers.api import DiscoveredHosts, Drain, ProviderOption, parse_bool
 from cloud_elastic.providers.aws_hooks import LifecycleHolds
+from cloud_elastic.providers.aws_pricing import InstancePrice, SpotPrices, set_desired_capacity
 from cloud_elastic.providers.aws_notices import (
     Ignored,
     Notice,
@@ -159,13 +160,17 @@ class AWSAutoScalingGroup(CloudGroupProvider):
                        "reporting it", default="false"),
         ProviderOption("lifecycle_hook", "the termination lifecycle hook to heartbeat and complete; needed when "
                        "the group has several (default: the one a notice names, or the group's only one)"),
+        ProviderOption("on_demand_price", "dollars per instance-hour of the group's on-demand instances, for the "
+                       "job's cost (spot instances are priced from DescribeSpotPriceHistory)"),
     )
+    can_set_capacity = True
 
     def __init__(self, group: str, *, region: str | None = None, endpoint_url: str | None = None,
                  max_attempts: int = 5, timeout_s: float = 10.0, page_size: int = 1000,
                  slots_per_host: int | None = None, notice_queue: str | None = None,
                  drain_on_rebalance: bool = False, lifecycle_hook: str | None = None,
-                 clock: Callable[[], float] = time.time, queue_wait_s: int = 20) -> None:
+                 clock: Callable[[], float] = time.time, queue_wait_s: int = 20,
+                 on_demand_price: float | None = None) -> None:
         self.group = group
         self.region = region
         self.endpoint_url = endpoint_url
@@ -188,6 +193,9 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         self._wake: Callable[[], None] | None = None
         self._receiver: QueueReceiver | None = None
         self._member_ids: frozenset[str] = frozenset()  # instance ids of the last snapshot, for the receiver
+        self.on_demand_price = on_demand_price
+        self._spot = SpotPrices(clock)
+        self._priced: dict[str, InstancePrice] = {}  # host -> what decides its price, from the last snapshot
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "AWSAutoScalingGroup":
@@ -206,6 +214,7 @@ class AWSAutoScalingGroup(CloudGroupProvider):
             notice_queue=read.endpoint("notice_queue"),
             drain_on_rebalance=parse_bool("drain_on_rebalance", read.text("drain_on_rebalance") or "false"),
             lifecycle_hook=read.text("lifecycle_hook"),
+            on_demand_price=_price(read.text("on_demand_price")),
         )
 
     @property
@@ -269,6 +278,8 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         for host in result.ready:
             self._holds.in_use(result.instances.get(host, ""))
         self._hosts = dict(result.instances)
+        by_id = {i: h for h, i in result.instances.items()}
+        self._priced = {by_id[i]: InstancePrice.of(inst) for i, inst in instances.items() if i in by_id}
         self._member_ids = frozenset(ids)
         self._first = False
         if self._wake is not None and self._receiver is None:
@@ -401,6 +412,21 @@ class AWSAutoScalingGroup(CloudGroupProvider):
             return
         self._holds.release(self._client("autoscaling"), self._client_errors(), instance)
 
+    def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
+        """``SetDesiredCapacity`` of the group (``--manage-capacity``; see :mod:`.aws_pricing`)."""
+        set_desired_capacity(self._client("autoscaling"), self.sdk["errors"], self.group, hosts, self.label)
+
+    def hourly_prices(self, snapshot: DiscoveredHosts) -> Mapping[str, float]:
+        """Spot instances at their latest spot price, on-demand ones at ``on_demand_price`` (see :mod:`.aws_pricing`)."""
+        wanted = {h: self._priced[h] for h in (*snapshot.ready, *snapshot.draining) if h in self._priced}
+        try:
+            return self._spot.prices(self._client("ec2"), wanted, self.on_demand_price)
+        except Exception as exc:
+            error = self._translate(exc, self.sdk)
+            if error is None:
+                raise
+            raise error from exc
+
     def _client_errors(self) -> tuple[type[BaseException], ...]:
         errors = self.sdk["errors"]
         return (errors.BotoCoreError, errors.ClientError)
@@ -492,6 +518,17 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         for client in self._clients.values():
             client.close()
         self._clients = {}
+
+
+def _price(text: str | None) -> float | None:
+    if text is None:
+        return None
+    from cloud_elastic.providers.sources import check_price
+
+    try:
+        return check_price("provider 'aws': option 'on_demand_price'", float(text))
+    except ValueError:
+        raise ConfigError(f"provider 'aws': option 'on_demand_price' must be a number of dollars, got {text!r}") from None
 
 
 def gpu_devices(gpu_info: Mapping[str, Any]) -> int:

@@ -64,7 +64,8 @@ import logging
 import re
 from typing import Any, Iterable, Mapping
 
-from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.errors import (CapacityDeniedError, CapacityError, ConfigError, DiscoveryError, FatalDiscoveryError,
+                                  RetryableDiscoveryError)
 from cloud_elastic.providers._common import (
     ABSENT,
     READY,
@@ -150,6 +151,8 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
         ProviderOption("page_size", "results per page of instances.list, and of listManagedInstances for a "
                        "PAGINATED group (1-500)", default="500"),
     )
+
+    can_set_capacity = True
 
     def __init__(self, group: str, *, project: str, zone: str | None = None, region: str | None = None,
                  endpoint: str | None = None, retry_deadline_s: float = 30.0, timeout_s: float = 10.0,
@@ -292,6 +295,22 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
                          self.label, machine_type, zone, one_line(exc.message or exc, 120))
             return 0
         return sum(a.guest_accelerator_count for a in info.accelerators)
+
+    def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
+        """Resize the MIG to ``hosts`` instances (``--manage-capacity``): one ``instanceGroupManagers.resize``,
+        whose operation is not waited for (the next finds show the instances as they come)."""
+        errors = self.sdk["errors"]
+        try:
+            api = self._clients()
+            api["groups"].resize_unary(project=self.project, instance_group_manager=self.group, size=hosts,
+                                       **self._where(), **api["call"])
+        except errors.Forbidden as exc:
+            raise CapacityDeniedError(f"{self.label}: resize: {one_line(exc.message or exc)}") from exc
+        except Exception as exc:
+            error = self._translate(exc, self.sdk)
+            if error is None:
+                raise
+            raise CapacityError(f"resize to {hosts}: {error}") from exc
 
     def _translate(self, exc: Exception, sdk: Mapping[str, Any]) -> DiscoveryError | None:
         auth, errors = sdk["auth_errors"], sdk["errors"]

@@ -7,6 +7,11 @@ cloud flags) are shorthands for ``--provider NAME -o key=value``: the cloud
 flags come from one table, :data:`CLOUD_FLAGS`, so adding a cloud flag is one
 row. ``--address-map`` applies to every provider (see
 :mod:`cloud_elastic.providers.addressmap`).
+
+The group flags repeat and mix (``--aws-asg a --aws-asg b --gcp-mig c``): each
+group is then one host source of a :class:`~cloud_elastic.providers.multi.MultiSourceDiscovery`,
+named after the group, and ``--source NAME:KEY=VALUE,...`` gives a source its
+priority, price, fallback mark or provider options (see :mod:`.sources`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from cloud_elastic.errors import ConfigError
 
 if TYPE_CHECKING:
     from cloud_elastic.providers.api import HostDiscovery
+    from cloud_elastic.providers.sources import SourceSpec
 
 __all__ = [
     "CloudFlag",
@@ -32,6 +38,8 @@ __all__ = [
     "parse_discovery_args",
     "selected_provider",
     "build_discovery",
+    "build_sources",
+    "source_specs",
 ]
 
 
@@ -50,7 +58,8 @@ class CloudFlag:
     help: str
     metavar: str = "VALUE"
     selects: bool = False
-    #: Repeatable: the values given are joined with commas into the one option.
+    #: Repeatable: the values given are joined with commas into the one option. (A ``selects`` flag
+    #: repeats too, but each value is a host source of its own.)
     multiple: bool = False
 
     @property
@@ -104,6 +113,10 @@ class DiscoveryArgs:
     discovery_timeout: float = 30.0
     address_map: tuple[str, ...] = ()
     cloud: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: Every group flag given, as (flag dest, group), in :data:`CLOUD_FLAGS` order, then as given.
+    groups: tuple[tuple[str, str], ...] = ()
+    #: ``--source NAME:KEY=VALUE,...`` values, as given.
+    source: tuple[str, ...] = ()
 
     @classmethod
     def pop_from(cls, params: dict[str, Any]) -> "DiscoveryArgs":
@@ -111,15 +124,27 @@ class DiscoveryArgs:
         base = {name: params.pop(name) for name in _BASE_PARAMS}
         base["provider_option"] = tuple(base["provider_option"])
         base["address_map"] = tuple(base["address_map"])
-        cloud = {f.dest: params.pop(f.dest) for f in CLOUD_FLAGS}
-        cloud = {k: ",".join(v) if isinstance(v, (tuple, list)) else v for k, v in cloud.items()
-                 if v is not None and v != ()}
-        return cls(**base, cloud=MappingProxyType(cloud))
+        base["source"] = tuple(base["source"])
+        raw = {f.dest: params.pop(f.dest) for f in CLOUD_FLAGS}
+        groups = tuple((f.dest, value) for f in CLOUD_FLAGS if f.selects for value in raw[f.dest] or ())
+        cloud = {}
+        for flag in CLOUD_FLAGS:
+            value = raw[flag.dest]
+            if value is None or value == ():
+                continue
+            # A group flag keeps its first value here (one source: as ever); ``groups`` holds them all.
+            cloud[flag.dest] = value[0] if flag.selects else ",".join(value) if flag.multiple else value
+        return cls(**base, cloud=MappingProxyType(cloud), groups=groups)
+
+    @property
+    def several(self) -> bool:
+        """Whether the command line asks for a multi-source discovery (several groups, or ``--source``)."""
+        return len(self.groups) > 1 or bool(self.source)
 
 
 #: click parameter names of the discovery flags that are not cloud flags.
 _BASE_PARAMS = ("hosts", "host_discovery_script", "provider", "provider_option", "slots_per_host",
-                "discovery_timeout", "address_map")
+                "discovery_timeout", "address_map", "source")
 
 
 def _complete_provider(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
@@ -149,7 +174,8 @@ def discovery_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for cloud_flag in reversed(CLOUD_FLAGS):
         wrapped = click.option(
             cloud_flag.flag, cloud_flag.dest, metavar=cloud_flag.metavar,
-            help=cloud_flag.help, multiple=cloud_flag.multiple,
+            help=cloud_flag.help + (" (repeatable: one host source each)" if cloud_flag.selects else ""),
+            multiple=cloud_flag.multiple or cloud_flag.selects,
         )(wrapped)
     for decorator in reversed((
         click.option("-H", "--hosts", metavar="HOST[:SLOTS],...", help="a fixed list of hosts"),
@@ -164,6 +190,10 @@ def discovery_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="kill a discovery script that runs longer than this (default 30)"),
         click.option("--address-map", metavar="FROM=TO", multiple=True,
                      help="rewrite discovered addresses, e.g. 10.0.1.0/24=127.0.1.0/24 (repeatable; any provider)"),
+        click.option("--source", metavar="NAME:KEY=VALUE,...", multiple=True,
+                     help="weigh the host source (group) NAME: priority=N, price=DOLLARS per slot-hour, fallback, "
+                          "on_demand_price=DOLLARS per instance-hour (AWS), or an option of its provider "
+                          "(repeatable; see docs/multi-source.md)"),
     )):
         wrapped = decorator(wrapped)
     return wrapped
@@ -231,7 +261,11 @@ def selected_provider(args: DiscoveryArgs) -> tuple[str, dict[str, str]]:
 
 
 def build_discovery(args: DiscoveryArgs) -> "HostDiscovery":
-    """Load and configure the selected provider. No I/O beyond loading its entry point."""
+    """Load and configure the selected provider. No I/O beyond loading its entry point.
+
+    Several groups, or any ``--source``, build a
+    :class:`~cloud_elastic.providers.multi.MultiSourceDiscovery` (:func:`build_sources`).
+    """
     # Imported here, not at the top: --help and completion never need importlib.metadata.
     from cloud_elastic.providers import registry
     from cloud_elastic.providers.addressmap import AddressMappedDiscovery, parse_address_map
@@ -243,11 +277,87 @@ def build_discovery(args: DiscoveryArgs) -> "HostDiscovery":
     if not (math.isfinite(args.discovery_timeout) and 0 < args.discovery_timeout <= MAX_DURATION_S):
         raise ConfigError(f"--discovery-timeout must be a finite number of seconds, > 0 and at most "
                           f"{MAX_DURATION_S:g}, got {args.discovery_timeout!r}")
+    if args.several:
+        return build_sources(args)
     name, options = selected_provider(args)
     rules = parse_address_map(list(args.address_map))
     cls = registry.load(name)
     discovery = cls.from_options(options, slots_per_host=args.slots_per_host)
     return AddressMappedDiscovery(discovery, rules) if rules else discovery
+
+
+def source_specs(args: DiscoveryArgs) -> "tuple[SourceSpec, ...]":
+    """The host sources of a multi-source command line, validated (no provider is loaded).
+
+    Each group flag is one source named after its group; the provider's other
+    cloud flags (``--aws-region``) are options of each of its sources, and
+    ``--source NAME:...`` adds the source's weights and its own provider options.
+    """
+    from cloud_elastic.providers.sources import SourceSpec, check_unique, parse_source_flag
+
+    if args.hosts or args.host_discovery_script or args.provider or args.provider_option:
+        raise ConfigError("several host sources come from the group flags (--aws-asg, --gcp-mig, --azure-vmss, "
+                          "--ibm-instance-group, --k8s-selector); -H, --host-discovery-script, --provider and -o "
+                          "take one source only")
+    if not args.groups:
+        raise ConfigError("--source weighs a group given by a group flag (e.g. --aws-asg NAME); none was given")
+    by_dest = {f.dest: f for f in CLOUD_FLAGS}
+    check_unique([(value, f"{by_dest[dest].flag} {value}") for dest, value in args.groups])
+    flags = {}
+    for text in args.source:
+        parsed = parse_source_flag(text)
+        if parsed.name in flags:
+            raise ConfigError(f"--source {parsed.name}: given twice; put its keys in one --source")
+        flags[parsed.name] = parsed
+    names = [value for _, value in args.groups]
+    for name in flags:
+        if name not in names:
+            raise ConfigError(f"--source {name}: no host source is named {name!r} (sources: {', '.join(names)})")
+    specs = []
+    for dest, value in args.groups:
+        flag = by_dest[dest]
+        options = {flag.option: value}
+        for other in CLOUD_FLAGS:
+            if other.provider == flag.provider and not other.selects and other.dest in args.cloud:
+                options[other.option] = args.cloud[other.dest]
+        given = flags.get(value)
+        if given is not None:
+            if flag.option in given.options:
+                raise ConfigError(f"--source {value}: {flag.option!r} is the group itself; it cannot be changed")
+            options.update(given.options)
+        if given is not None and given.on_demand_price is not None and flag.provider != "aws":
+            raise ConfigError(f"--source {value}: on_demand_price is read for AWS groups only; give price=")
+        specs.append(SourceSpec(
+            name=value, provider=flag.provider, options=options,
+            priority=given.priority if given is not None and given.priority is not None else 0,
+            price=given.price if given is not None else None,
+            on_demand_price=given.on_demand_price if given is not None else None,
+            fallback=bool(given.fallback) if given is not None else False,
+        ))
+    if all(s.fallback for s in specs):
+        raise ConfigError("every host source is marked fallback; at least one must not be")
+    return tuple(specs)
+
+
+def build_sources(args: DiscoveryArgs) -> "HostDiscovery":
+    """A MultiSourceDiscovery over :func:`source_specs`; each source has the address map of its own."""
+    from cloud_elastic.providers import registry
+    from cloud_elastic.providers.addressmap import AddressMappedDiscovery, parse_address_map
+    from cloud_elastic.providers.multi import MultiSourceDiscovery
+
+    specs = source_specs(args)
+    rules = parse_address_map(list(args.address_map))
+    built = []
+    for spec in specs:
+        options = dict(spec.options)
+        if spec.on_demand_price is not None:
+            options["on_demand_price"] = repr(spec.on_demand_price)
+        try:
+            discovery = registry.load(spec.provider).from_options(options, slots_per_host=args.slots_per_host)
+        except ConfigError as exc:
+            raise ConfigError(f"host source {spec.name!r}: {exc}") from None
+        built.append((spec, AddressMappedDiscovery(discovery, rules) if rules else discovery))
+    return MultiSourceDiscovery(built)
 
 
 def _parse_options(pairs: Sequence[str]) -> dict[str, str]:

@@ -62,6 +62,10 @@ class Group:
     base: str
     members: list[Member]
     list_results: str = "PAGELESS"  # listManagedInstancesResults
+    #: The sizes ``instanceGroupManagers.resize`` was called with, in order (``--manage-capacity``).
+    resizes: list[int] = field(default_factory=list)
+    #: When set, resize answers 403 (the caller lacks compute.instanceGroupManagers.update).
+    deny_resize: bool = False
 
 
 class FakeGCP(FakeCloud):
@@ -77,6 +81,7 @@ class FakeGCP(FakeCloud):
         self.route("POST", "/token", self._token)
         self.route("GET", f"{_API}/{_SCOPE}/instanceGroupManagers/(?P<name>[^/]+)", self._get_group)
         self.route("POST", f"{_API}/{_SCOPE}/instanceGroupManagers/(?P<name>[^/]+)/listManagedInstances", self._list_managed)
+        self.route("POST", f"{_API}/{_SCOPE}/instanceGroupManagers/(?P<name>[^/]+)/resize", self._resize)
         self.route("GET", f"{_API}/zones/(?P<zone>[^/]+)/instances", self._list_instances)
         self.route("GET", f"{_API}/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)", self._get_instance)
         self.route("GET", f"{_API}/zones/(?P<zone>[^/]+)/machineTypes/(?P<name>[^/]+)", self._machine_type)
@@ -144,6 +149,17 @@ class FakeGCP(FakeCloud):
         return Reply(200, {"name": request.params["name"], "baseInstanceName": group.base,
                            "listManagedInstancesResults": group.list_results,
                            "targetSize": len(group.members), "kind": "compute#instanceGroupManager"})
+
+    def _resize(self, request: Request) -> Reply:
+        """Records the size asked for; the test adds or removes the members it stands for."""
+        group = self._group(request)
+        if group.deny_resize:
+            return _error(403, "Required 'compute.instanceGroupManagers.update' permission for "
+                               f"'{request.params['name']}'", "forbidden")
+        group.resizes.append(int(request.query["size"]))
+        return Reply(200, {"kind": "compute#operation", "name": f"operation-resize-{len(group.resizes)}",
+                           "operationType": "compute.instanceGroupManagers.resize", "status": "DONE",
+                           "progress": 100})
 
     def _list_managed(self, request: Request) -> Reply:
         group = self._group(request)

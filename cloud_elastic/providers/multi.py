@@ -1,0 +1,267 @@
+"""Several host sources as one :class:`~.api.HostDiscovery`: merged snapshots, prices, capacity.
+
+:class:`MultiSourceDiscovery` calls every source's ``find()`` in turn, on the
+driver's discovery thread, and merges the snapshots; each host is tagged with
+its source's name (``DiscoveredHosts.sources``) and, where known, its price per
+slot-hour (``DiscoveredHosts.prices``).
+
+Guarantees, beyond :class:`~.api.HostDiscovery`'s:
+
+* **A failing source does not stop the others.** Its last good snapshot is kept
+  (its hosts keep their workers, as when a job's one source fails today) for up to
+  ``stale_limit_s``; after that its hosts are left out, so the driver's
+  ``--host-missing-grace`` applies to them. One WARNING when a source starts
+  failing, one INFO when it recovers. ``find()`` raises only when every source
+  failed and none has a snapshot left to report.
+* A source that fails *fatally on its first call* (no such group, no
+  credentials) fails the job, naming the source: a typo must not run a job on
+  fewer groups than the user meant. Later fatal errors count as failures.
+* A host reported by two sources (two groups that share a subnet) counts for the
+  first one given; one WARNING.
+* Prices: a source's ``price`` (per slot-hour) for each of its hosts; else the
+  provider's :meth:`~.api.HostDiscovery.hourly_prices` (per instance-hour, AWS spot
+  prices, refreshed every ``price_refresh_s``) divided by the host's slots.
+* :meth:`set_capacity` (``--manage-capacity``) goes to the named source. When the
+  credentials may not change the group (AccessDenied), one WARNING says so and the
+  source is left unmanaged for the rest of the job; other errors are retried at
+  each later ``find()`` until a call succeeds or a newer value replaces it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryError, FatalDiscoveryError,
+                                  RetryableDiscoveryError)
+from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+from cloud_elastic.providers.sources import SourceSpec
+
+__all__ = ["MultiSourceDiscovery", "SourceState"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SourceState:
+    """One source and what its edge remembers: the last good snapshot, failures, prices, capacity."""
+
+    spec: SourceSpec
+    discovery: HostDiscovery
+    last: DiscoveredHosts | None = None
+    failing_since: float | None = None
+    error: str = ""
+    #: host -> dollars per instance-hour from the provider, and when they were read.
+    hourly: Mapping[str, float] = field(default_factory=dict)
+    priced_at: float = float("-inf")
+    #: The desired capacity still to be set (None: nothing pending) and whether the group may be managed.
+    pending_capacity: int | None = None
+    managed: bool = True
+    capacity_set: int | None = None
+
+
+class MultiSourceDiscovery(HostDiscovery):
+    """Merged discovery over named sources (see module docstring)."""
+
+    name = "multi"
+    description = "several host sources in one job (repeat --aws-asg, --gcp-mig...; see docs/multi-source.md)"
+
+    def __init__(self, sources: Sequence[tuple[SourceSpec, HostDiscovery]], *, stale_limit_s: float = 600.0,
+                 price_refresh_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if not sources:
+            raise ValueError("MultiSourceDiscovery needs at least one source")
+        self.sources = [SourceState(spec, discovery) for spec, discovery in sources]
+        self._by_name = {s.spec.name: s for s in self.sources}
+        if len(self._by_name) != len(self.sources):
+            raise ValueError("source names must be unique")
+        self.stale_limit_s = stale_limit_s
+        self.price_refresh_s = price_refresh_s
+        self._clock = clock
+        self._doubled: set[str] = set()  # hosts already warned about (reported by two sources)
+        clouds = self.provider_names()
+        # Reads like its provider when every source is of one cloud (the notice watcher follows it).
+        self.name = clouds[0] if len(clouds) == 1 else "multi"  # type: ignore[misc]
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "HostDiscovery":
+        raise FatalDiscoveryError("the 'multi' source is built from the command line (repeat the group flags)")
+
+    @property
+    def can_set_capacity(self) -> bool:  # type: ignore[override]
+        return any(s.discovery.can_set_capacity for s in self.sources)
+
+    @property
+    def specs(self) -> tuple[SourceSpec, ...]:
+        """The sources, in the order given."""
+        return tuple(s.spec for s in self.sources)
+
+    def provider_names(self) -> tuple[str, ...]:
+        """The providers of the sources (for the notice watcher), in order, without repeats."""
+        return tuple(dict.fromkeys(getattr(s.discovery, "name", "") for s in self.sources))
+
+    # ------------------------------------------------------------------ find
+    def find(self) -> DiscoveredHosts:
+        now = self._clock()
+        fatal: list[str] = []
+        for source in self.sources:
+            self._apply_capacity(source)
+            try:
+                snapshot = source.discovery.find()
+            except DiscoveryError as exc:
+                self._failed(source, exc, now, fatal)
+                continue
+            except Exception as exc:  # a provider bug: counted as a failure of this source only
+                log.exception("host source %r raised an unexpected error", source.spec.name)
+                self._failed(source, RetryableDiscoveryError(f"{type(exc).__name__}: {exc}"), now, fatal)
+                continue
+            if source.failing_since is not None:
+                log.info("host source %r answers again (it failed for %.0fs)", source.spec.name,
+                         now - source.failing_since)
+            source.last, source.failing_since, source.error = snapshot, None, ""
+            self._refresh_prices(source, snapshot, now)
+        if fatal:
+            raise FatalDiscoveryError("; ".join(fatal))
+        usable = [s for s in self.sources if s.last is not None and
+                  (s.failing_since is None or now - s.failing_since <= self.stale_limit_s)]
+        if not usable:
+            raise RetryableDiscoveryError("every host source failed: " +
+                                          "; ".join(f"{s.spec.name}: {s.error}" for s in self.sources))
+        return self._merge(usable)
+
+    def _failed(self, source: SourceState, exc: DiscoveryError, now: float, fatal: list[str]) -> None:
+        message = f"host source {source.spec.name!r}: {exc}"
+        if isinstance(exc, FatalDiscoveryError) and source.last is None:
+            fatal.append(message)
+            return
+        if source.failing_since is None:
+            source.failing_since = now
+            kept = "its hosts are kept as last seen" if source.last is not None else "it has no hosts yet"
+            log.warning("%s; the other sources go on, %s (for up to %gs)", message, kept, self.stale_limit_s)
+        elif source.last is not None and now - source.failing_since > self.stale_limit_s >= 0 and \
+                source.error != "stale":
+            log.warning("host source %r has failed for %.0fs; its hosts are no longer reported", source.spec.name,
+                        now - source.failing_since)
+            message = "stale"
+        source.error = message if message == "stale" else str(exc)
+
+    def _merge(self, usable: list[SourceState]) -> DiscoveredHosts:
+        ready: dict[str, int] = {}
+        draining: dict = {}
+        instances: dict[str, str] = {}
+        soft: dict[str, str] = {}
+        sources: dict[str, str] = {}
+        prices: dict[str, float] = {}
+        for source in usable:
+            snap = source.last
+            assert snap is not None
+            for host in (*snap.ready, *snap.draining):
+                if host in sources:
+                    if host not in self._doubled:
+                        self._doubled.add(host)
+                        log.warning("host %s is reported by sources %r and %r; it counts for %r", host,
+                                    sources[host], source.spec.name, sources[host])
+                    continue
+                sources[host] = source.spec.name
+                if host in snap.ready:
+                    ready[host] = snap.ready[host]
+                else:
+                    draining[host] = snap.draining[host]
+                if host in snap.instances:
+                    instances[host] = snap.instances[host]
+                if host in snap.soft:
+                    soft[host] = snap.soft[host]
+                price = self._price(source, snap, host)
+                if price is not None:
+                    prices[host] = price
+        return DiscoveredHosts(ready=ready, draining=draining, instances=instances, soft=soft, sources=sources,
+                               prices=prices)
+
+    # ---------------------------------------------------------------- prices
+    def _price(self, source: SourceState, snap: DiscoveredHosts, host: str) -> float | None:
+        if source.spec.price is not None:
+            return source.spec.price
+        if host in snap.prices:
+            return snap.prices[host]
+        hourly = source.hourly.get(host)
+        if hourly is None:
+            return None
+        slots = snap.ready.get(host) or 1  # a draining host's slots are no longer reported: its whole price
+        return hourly / slots
+
+    def _refresh_prices(self, source: SourceState, snapshot: DiscoveredHosts, now: float) -> None:
+        if source.spec.price is not None:
+            return
+        unknown = (set(snapshot.ready) | set(snapshot.draining)) - set(source.hourly)
+        if now - source.priced_at < self.price_refresh_s and not unknown:
+            return
+        try:
+            source.hourly = dict(source.discovery.hourly_prices(snapshot))
+        except DiscoveryError as exc:
+            log.warning("host source %r: could not read prices (the cost shown leaves its hosts out): %s",
+                        source.spec.name, exc)
+        source.priced_at = now
+
+    # -------------------------------------------------------------- capacity
+    def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
+        """Set the desired capacity of ``source``'s group (see module docstring); never raises for the cloud."""
+        target = self._by_name.get(source or "")
+        if target is None:
+            log.warning("--manage-capacity: no host source named %r", source)
+            return
+        if not target.managed:
+            return
+        target.pending_capacity = hosts
+        self._apply_capacity(target)
+
+    def _apply_capacity(self, source: SourceState) -> None:
+        hosts = source.pending_capacity
+        if hosts is None or not source.managed:
+            return
+        try:
+            source.discovery.set_capacity(hosts, source=source.spec.name)
+        except CapacityDeniedError as exc:
+            source.managed = False
+            source.pending_capacity = None
+            log.warning("--manage-capacity: the job may not change host source %r (%s); it goes on without "
+                        "managing the group: set its desired capacity yourself", source.spec.name, exc)
+            return
+        except CapacityError as exc:
+            log.warning("--manage-capacity: could not set the desired capacity of host source %r to %d (%s); "
+                        "retrying at the next discovery", source.spec.name, hosts, exc)
+            return
+        source.pending_capacity = None
+        source.capacity_set = hosts
+        log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
+
+    def managed(self, source: str) -> bool:
+        """Whether the driver still manages ``source``'s group (False after AccessDenied)."""
+        state = self._by_name.get(source)
+        return state is not None and state.managed
+
+    # ----------------------------------------------------------- the others
+    def release(self, host: str, instance: str | None) -> None:
+        owner = self._owner(host)
+        if owner is not None:
+            owner.discovery.release(host, instance)
+
+    def wake_on_news(self, wake: Callable[[], None]) -> None:
+        for source in self.sources:
+            try:
+                source.discovery.wake_on_news(wake)
+            except Exception:  # that source is polled at the interval only; the others keep their receivers
+                log.exception("host source %r could not set up its news receiver", source.spec.name)
+
+    def close(self) -> None:
+        for source in self.sources:
+            try:
+                source.discovery.close()
+            except Exception:  # closing is best effort
+                log.debug("host source %r: close failed", source.spec.name, exc_info=True)
+
+    def _owner(self, host: str) -> SourceState | None:
+        for source in self.sources:
+            if source.last is not None and (host in source.last.ready or host in source.last.draining):
+                return source
+        return None

@@ -1,0 +1,198 @@
+"""Several host sources in one job: the command line, the merged discovery, prices and the capacity calls.
+
+The sources are scripted stand-ins for providers; the cloud ones are tested over HTTP in
+``tests/emulator/test_multi_source.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from cloud_elastic.errors import (CapacityDeniedError, CapacityError, ConfigError, FatalDiscoveryError,
+                                  RetryableDiscoveryError)
+from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery
+from cloud_elastic.providers.multi import MultiSourceDiscovery
+from cloud_elastic.providers.selection import build_discovery, parse_discovery_args, source_specs
+from cloud_elastic.providers.sources import SourceSpec
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class Scripted(HostDiscovery):
+    """Answers what the test put in ``answers`` (a snapshot or an exception), the last one again and again."""
+
+    name = "scripted"
+
+    def __init__(self, *answers, hourly=None, capacity_errors=()) -> None:
+        self.answers = list(answers)
+        self.hourly = hourly or {}
+        self.capacity_errors = list(capacity_errors)
+        self.capacity_calls: list[int] = []
+
+    @classmethod
+    def from_options(cls, options, *, slots_per_host=None):
+        raise NotImplementedError
+
+    def find(self) -> DiscoveredHosts:
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def hourly_prices(self, snapshot):
+        return {h: p for h, p in self.hourly.items() if h in snapshot.ready or h in snapshot.draining}
+
+    def set_capacity(self, hosts, *, source=None):
+        self.capacity_calls.append(hosts)
+        if self.capacity_errors:
+            raise self.capacity_errors.pop(0)
+
+
+def spec(name, **kw) -> SourceSpec:
+    return SourceSpec(name=name, provider="scripted", **kw)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ----------------------------------------------------------------------------- command line
+
+def specs(*argv: str):
+    return source_specs(parse_discovery_args(list(argv)))
+
+
+def test_repeated_and_mixed_group_flags_are_sources_named_after_their_groups_with_their_clouds_options():
+    got = specs("--aws-asg", "spot-a", "--aws-asg", "spot-b", "--aws-region", "us-east-1",
+                "--gcp-mig", "od", "--gcp-project", "p", "--gcp-zone", "z",
+                "--source", "od:fallback,price=3.5", "--source", "spot-b:priority=2,region=us-west-2")
+    assert [(s.name, s.provider, dict(s.options)) for s in got] == [
+        ("spot-a", "aws", {"group": "spot-a", "region": "us-east-1"}),
+        ("spot-b", "aws", {"group": "spot-b", "region": "us-west-2"}),
+        ("od", "gcp", {"group": "od", "project": "p", "zone": "z"}),
+    ]
+    assert [(s.priority, s.price, s.fallback) for s in got] == [(0, None, False), (2, None, False), (0, 3.5, True)]
+
+
+def test_one_group_alone_is_one_provider_as_before():
+    built = build_discovery(parse_discovery_args(["--aws-asg", "g", "--aws-region", "r"]))
+    assert not isinstance(built, MultiSourceDiscovery) and built.name == "aws"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--aws-asg", "g", "--aws-asg", "g"], "two host sources are named 'g' (--aws-asg g and --aws-asg g)"),
+    (["--aws-asg", "g", "--gcp-mig", "g", "--gcp-project", "p", "--gcp-zone", "z"], "two host sources are named 'g'"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "b:price=-1"], "price must be >= 0 dollars, got -1"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "b:price=nan"], "must be a finite number of dollars"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "b:price=lots"], "price must be a number of dollars"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "c:fallback"], "no host source is named 'c' (sources: a, b)"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:fallback", "--source", "b:fallback"],
+     "every host source is marked fallback"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:priority=high"], "priority must be an integer"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:group=c"], "'group' is the group itself"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:price=1", "--source", "a:fallback"], "given twice"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "nocolon"], "expected NAME:KEY=VALUE"),
+    (["-H", "h", "--aws-asg", "a", "--aws-asg", "b"], "take one source only"),
+    (["-H", "h", "--source", "h:price=1"], "take one source only"),
+])
+def test_bad_source_flags_are_refused_with_one_line(argv, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        build_discovery(parse_discovery_args(argv))
+    assert message in str(info.value)
+
+
+def test_an_unknown_provider_option_in_source_names_the_source():
+    with pytest.raises(ConfigError, match="host source 'b': provider 'aws' has no option 'colour'"):
+        build_discovery(parse_discovery_args(["--aws-asg", "a", "--aws-asg", "b", "--source", "b:colour=red"]))
+
+
+# ----------------------------------------------------------------------------- merging
+
+def test_discovery_merges_the_sources_and_tags_each_host_with_its_source_and_price():
+    a = Scripted(DiscoveredHosts(ready={"10.0.0.1": 2}, instances={"10.0.0.1": "i-1"}))
+    b = Scripted(DiscoveredHosts(ready={"10.0.1.1": 4}, draining={"10.0.1.2": Drain(None, "spot")}),
+                 hourly={"10.0.1.1": 8.0, "10.0.1.2": 6.0})
+    merged = MultiSourceDiscovery([(spec("a", price=0.5), a), (spec("b"), b)]).find()
+    assert dict(merged.ready) == {"10.0.0.1": 2, "10.0.1.1": 4}
+    assert dict(merged.draining) == {"10.0.1.2": Drain(None, "spot")}
+    assert dict(merged.sources) == {"10.0.0.1": "a", "10.0.1.1": "b", "10.0.1.2": "b"}
+    # The user's price per slot-hour; the cloud's per instance-hour over the host's slots (a draining host: whole).
+    assert dict(merged.prices) == {"10.0.0.1": 0.5, "10.0.1.1": 2.0, "10.0.1.2": 6.0}
+    assert dict(merged.instances) == {"10.0.0.1": "i-1"}
+
+
+def test_a_failing_source_keeps_its_last_hosts_and_the_others_go_on(caplog):
+    clock = Clock()
+    a = Scripted(DiscoveredHosts(ready={"h1": 1}), RetryableDiscoveryError("throttled"))
+    b = Scripted(DiscoveredHosts(ready={"h2": 1}), DiscoveredHosts(ready={"h2": 1, "h3": 1}))
+    multi = MultiSourceDiscovery([(spec("a"), a), (spec("b"), b)], stale_limit_s=60, clock=clock)
+    assert set(multi.find().ready) == {"h1", "h2"}
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            clock.now += 10
+            assert set(multi.find().ready) == {"h1", "h2", "h3"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "host source 'a': throttled" in warnings[0], warnings
+    clock.now += 60  # past the stale limit: its hosts are left out, and the driver's missing grace takes over
+    assert set(multi.find().ready) == {"h2", "h3"}
+
+
+def test_every_source_failing_is_a_retryable_failure_and_a_fatal_first_answer_fails_the_job():
+    a = Scripted(RetryableDiscoveryError("throttled"))
+    b = Scripted(RetryableDiscoveryError("timeout"))
+    with pytest.raises(RetryableDiscoveryError, match="every host source failed: a: throttled; b: timeout"):
+        MultiSourceDiscovery([(spec("a"), a), (spec("b"), b)]).find()
+    ok = Scripted(DiscoveredHosts(ready={"h": 1}))
+    typo = Scripted(FatalDiscoveryError("group 'spot-c' not found"))
+    with pytest.raises(FatalDiscoveryError, match="host source 'c': group 'spot-c' not found"):
+        MultiSourceDiscovery([(spec("a"), ok), (spec("c"), typo)]).find()
+
+
+def test_a_fatal_error_after_a_first_good_answer_counts_as_a_failing_source():
+    a = Scripted(DiscoveredHosts(ready={"h1": 1}), FatalDiscoveryError("credentials expired"))
+    b = Scripted(DiscoveredHosts(ready={"h2": 1}))
+    multi = MultiSourceDiscovery([(spec("a"), a), (spec("b"), b)])
+    multi.find()
+    assert set(multi.find().ready) == {"h1", "h2"}
+
+
+def test_a_host_two_sources_report_counts_for_the_first(caplog):
+    a = Scripted(DiscoveredHosts(ready={"h": 1}))
+    b = Scripted(DiscoveredHosts(ready={"h": 2}))
+    with caplog.at_level(logging.WARNING):
+        merged = MultiSourceDiscovery([(spec("a"), a), (spec("b"), b)]).find()
+    assert dict(merged.ready) == {"h": 1} and dict(merged.sources) == {"h": "a"}
+    assert "host h is reported by sources 'a' and 'b'" in caplog.text
+
+
+# ----------------------------------------------------------------------------- capacity
+
+def test_access_denied_says_so_once_and_the_source_is_left_unmanaged(caplog):
+    od = Scripted(DiscoveredHosts(), capacity_errors=[CapacityDeniedError("AccessDenied: not allowed")])
+    multi = MultiSourceDiscovery([(spec("spot"), Scripted(DiscoveredHosts(ready={"h": 1}))),
+                                  (spec("od", fallback=True), od)])
+    with caplog.at_level(logging.WARNING):
+        multi.set_capacity(2, source="od")
+        multi.set_capacity(3, source="od")
+        multi.find()
+    assert od.capacity_calls == [2]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "may not change host source 'od'" in warnings[0]
+    assert "goes on without managing the group" in warnings[0]
+    assert not multi.managed("od")
+
+
+def test_a_capacity_call_that_fails_otherwise_is_retried_at_the_next_discovery():
+    od = Scripted(DiscoveredHosts(), capacity_errors=[CapacityError("throttled")])
+    multi = MultiSourceDiscovery([(spec("spot"), Scripted(DiscoveredHosts(ready={"h": 1}))),
+                                  (spec("od", fallback=True), od)])
+    multi.set_capacity(2, source="od")
+    multi.find()
+    multi.find()
+    assert od.capacity_calls == [2, 2] and multi.managed("od")
