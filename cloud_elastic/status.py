@@ -1,42 +1,25 @@
-"""``cloud-elastic status``: find the jobs running on this machine and ask a driver how its job is doing.
+"""``cloud-elastic status``: list the jobs running on this machine and ask a driver how its job is doing.
 
-Each running driver leaves a record in a per-user runtime directory::
+The jobs are found by their drivers' records (:mod:`cloud_elastic.records`). The status request is a
+signed control-plane message (kind ``status``, see :mod:`cloud_elastic.control`) sent to the recorded
+address; the driver answers with a signed :class:`StatusReply`. Only a user who can read the job's
+secret can sign the request, and the records' directories keep everyone else out, so no other user
+of the machine can read a job's status (nor forge messages to its driver).
 
-    $XDG_RUNTIME_DIR/cloud-elastic/        (else ~/.cloud-elastic/jobs/)   mode 0700
-        <job>/                                                              mode 0700
-            driver.json   {"v": 1, "job", "address", "pid", "started", "command"}   mode 0600
-            secret        the job's control-plane secret                            mode 0600
-
-The status request is a signed control-plane message (kind ``status``, see
-:mod:`cloud_elastic.control`) sent to ``address``; the driver answers with a
-signed :class:`StatusReply`. Only a user who can read ``secret`` can sign
-the request, and the directories keep everyone else out, so no other user of
-the machine can read a job's status (nor forge messages to its driver).
-
-The driver side: call :func:`write_driver_record` once its control server
-listens, :func:`remove_driver_record` when it ends, and answer ``status`` with
-``StatusReply(...).to_json()``.
+The driver answers ``status`` with ``StatusReply(...).to_json()``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import stat
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from cloud_elastic.errors import CloudElasticError, ConfigError, ControlPlaneError
+from cloud_elastic.records import JobRecord, job_dir, list_jobs, read_record
 
 __all__ = [
-    "RECORD_VERSION",
-    "runtime_root",
-    "job_dir",
-    "write_driver_record",
-    "remove_driver_record",
     "JobRecord",
     "list_jobs",
     "WorkerStatus",
@@ -45,141 +28,13 @@ __all__ = [
     "PendingNotice",
     "StatusReply",
     "query_status",
+    "request_drain",
     "render_status",
     "render_job_list",
 ]
 
-RECORD_VERSION = 1
 #: The worker id the status client signs its requests with (the driver's reply is addressed to it).
 CLIENT_ID = "cli:status"
-
-
-def runtime_root() -> Path:
-    """This user's directory of job records: ``$XDG_RUNTIME_DIR/cloud-elastic`` when that
-    variable names a directory, else ``~/.cloud-elastic/jobs``."""
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isdir(xdg):
-        return Path(xdg) / "cloud-elastic"
-    return Path.home() / ".cloud-elastic" / "jobs"
-
-
-def job_dir(job_id: str, root: Path | None = None) -> Path:
-    """Where the record of ``job_id`` lives (not created). ConfigError for an id that is not a plain name."""
-    if not job_id or job_id in (".", "..") or "/" in job_id or "\0" in job_id:
-        raise ConfigError(f"invalid job id {job_id!r}")
-    return (root or runtime_root()) / job_id
-
-
-def _private_dir(path: Path) -> None:
-    """Create ``path`` (and parents) as 0700 and make sure it is ours, a real directory and private."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise ConfigError(f"{path} is not a directory owned by this user; refusing to keep job secrets there")
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(path, 0o700)
-
-
-def _write_private(path: Path, data: str) -> None:
-    """Write ``data`` to ``path`` as 0600, atomically (a reader never sees half a file)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp creates 0600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def write_driver_record(job_id: str, address: str, secret: str, *, pid: int | None = None,
-                        command: Sequence[str] = (), root: Path | None = None) -> Path:
-    """Record a running driver so ``cloud-elastic status`` can find it; return the job's directory.
-
-    ``address`` is the control plane's ``host:port`` as reachable from this
-    machine. The secret goes to its own 0600 file, never into driver.json.
-    """
-    root = root or runtime_root()
-    directory = job_dir(job_id, root)
-    _private_dir(root)
-    _private_dir(directory)
-    _write_private(directory / "secret", secret)
-    record = {"v": RECORD_VERSION, "job": job_id, "address": address, "pid": pid or os.getpid(),
-              "started": time.time(), "command": list(command)}
-    _write_private(directory / "driver.json", json.dumps(record) + "\n")
-    return directory
-
-
-def remove_driver_record(job_id: str, root: Path | None = None) -> None:
-    """Remove a job's record (the driver calls this when it ends). Missing files are fine."""
-    directory = job_dir(job_id, root)
-    for name in ("driver.json", "secret"):
-        try:
-            (directory / name).unlink()
-        except FileNotFoundError:
-            pass
-    try:
-        directory.rmdir()
-    except OSError:
-        pass
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    """A driver record found on this machine."""
-
-    job_id: str
-    address: str
-    pid: int
-    started: float
-    command: tuple[str, ...]
-    #: False when the driver's process is gone (it was killed before it could remove its record).
-    alive: bool
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one of another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _read_record(directory: Path) -> JobRecord:
-    path = directory / "driver.json"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        if raw.get("v") != RECORD_VERSION:
-            raise ValueError(f"record version {raw.get('v')!r}")
-        return JobRecord(str(raw["job"]), str(raw["address"]), int(raw["pid"]), float(raw["started"]),
-                         tuple(str(c) for c in raw.get("command", ())), pid_alive(int(raw["pid"])))
-    except FileNotFoundError:
-        raise ConfigError(f"no job {directory.name} on this machine (see 'cloud-elastic status')") from None
-    except PermissionError:
-        raise ConfigError(f"cannot read {path}: permission denied (the job belongs to another user)") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"unreadable job record {path}: {exc}") from None
-
-
-def list_jobs(root: Path | None = None) -> list[JobRecord]:
-    """Every job record of this user, oldest first; unreadable entries are skipped."""
-    root = root or runtime_root()
-    try:
-        entries = sorted(p for p in root.iterdir() if p.is_dir())
-    except FileNotFoundError:
-        return []
-    except PermissionError:
-        raise ConfigError(f"cannot read {root}: permission denied") from None
-    jobs = []
-    for entry in entries:
-        try:
-            jobs.append(_read_record(entry))
-        except ConfigError:
-            continue
-    return sorted(jobs, key=lambda j: j.started)
 
 
 # ---------------------------------------------------------------------------- the reply
@@ -300,7 +155,7 @@ def _call_driver(job_id: str, kind: str, payload: dict[str, Any] | None, *, root
     from cloud_elastic.worker.link.client import DriverClient
 
     directory = job_dir(job_id, root)
-    record = _read_record(directory)
+    record = read_record(directory)
     try:
         secret = (directory / "secret").read_text(encoding="utf-8").strip()
     except PermissionError:

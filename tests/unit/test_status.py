@@ -17,9 +17,10 @@ import pytest
 from cloud_elastic.control import Codec, new_secret
 from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.errors import CloudElasticError, ConfigError, ControlPlaneError
+from cloud_elastic.records import job_dir, list_jobs, remove_driver_record, runtime_root, write_driver_record
 from cloud_elastic.status import (
-    BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus, job_dir, list_jobs, query_status,
-    remove_driver_record, render_job_list, render_status, runtime_root, write_driver_record,
+    BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus, query_status, render_job_list,
+    render_status,
 )
 
 pytestmark = pytest.mark.timeout(30)

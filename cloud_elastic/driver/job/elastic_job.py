@@ -52,7 +52,7 @@ from cloud_elastic.driver.job.fixed_size import FixedSize
 from cloud_elastic.driver.job.formation import RoundFormation
 from cloud_elastic.driver.job.health import Health
 from cloud_elastic.driver.job.hosts import HostManager, Slot
-from cloud_elastic.driver.launch.api import ExitStatus
+from cloud_elastic.driver.job.exit_status import ExitStatus
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.liveness import RunningClock, SilenceWatch
 from cloud_elastic.driver.job.adoption import Takeover
@@ -112,7 +112,7 @@ class ElasticJob:
     def __post_init__(self) -> None:
         self._silence = SilenceWatch(self.policy.heartbeat_timeout_s, self.policy.start_timeout_s)
         self.leavers = Leavers(self)
-        self.capacity = Capacity(self)
+        self.capacity = Capacity(self, self.leavers.send_away)
         self.rounds = RoundFormation(self, self.leavers, on_formed=lambda running: self.completion.round_formed(running))
         self.completion = Completion(self, self.rounds.rank0, self.leavers.take_host_along)
         self.takeover = Takeover(self, self.capacity.seen, self.rounds.adopt_round)

@@ -24,7 +24,7 @@ from typing import Callable
 
 from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.hosts import Slot
-from cloud_elastic.driver.launch.api import signal_name
+from cloud_elastic.driver.job.exit_status import signal_name
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 
 from cloud_elastic.driver.job.actions import Phase, Stop
-from cloud_elastic.driver.launch.api import ExitStatus, signal_name
+from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from cloud_elastic.control import Codec
 from cloud_elastic.errors import CheckpointError, ConfigError
-from cloud_elastic.status import pid_alive
+from cloud_elastic.records import pid_alive
 
 __all__ = ["RestartMixin", "RECORD_TOUCH_S", "driver_alive"]
 
@@ -224,7 +224,7 @@ def _previous_driver(job_id: str) -> tuple[int, float] | None:
     """(pid, last sign of life as Unix time) of a driver of ``job_id`` that left its status record here."""
     import json
 
-    from cloud_elastic.status import job_dir
+    from cloud_elastic.records import job_dir
 
     try:
         path = job_dir(job_id) / "driver.json"

@@ -1,7 +1,7 @@
 """What a restarted driver needs to take over its predecessor's running workers.
 
 A driver keeps a private **adoption record** on its own disk, beside its
-status record (:mod:`cloud_elastic.status`: a 0700 directory of this user,
+status record (:mod:`cloud_elastic.records`: a 0700 directory of this user,
 the job secret in its own 0600 file)::
 
     <job dir>/adopt.json   {"v": 1, "job", "checkpoint_dir", "advertised", "bind", "control_port",

@@ -64,7 +64,7 @@ class AdoptingMixin:
         if self.config.checkpoint_dir is None:
             return
         from cloud_elastic.driver.restart.record import find_records
-        from cloud_elastic.status import runtime_root
+        from cloud_elastic.records import runtime_root
 
         for record, pid, last_alive in find_records(runtime_root(), self.config.checkpoint_dir):
             if driver_alive(pid) or not record.workers:
@@ -268,7 +268,7 @@ class AdoptingMixin:
         if key == self._adopt_saved:
             return
         from cloud_elastic.driver.restart.record import write_record
-        from cloud_elastic.status import job_dir
+        from cloud_elastic.records import job_dir
 
         grace = max(self.config.driver_grace_s, self._adoption.grace_s if self._adoption is not None else 0.0)
         record = {"job": self.job_id, "checkpoint_dir": self.config.checkpoint_dir, "advertised": self._advertised,

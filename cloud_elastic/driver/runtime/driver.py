@@ -312,7 +312,7 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         if not self._status_recorded or now - self._touched < RECORD_TOUCH_S / 2:
             return
         self._touched = now
-        from cloud_elastic.status import job_dir
+        from cloud_elastic.records import job_dir
 
         try:
             os.utime(job_dir(self.job_id) / "driver.json")
@@ -475,7 +475,7 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
     # ----------------------------------------------------------------- status
     def _record_for_status(self) -> None:
         """Let ``cloud-elastic status`` on this machine find the job (records are private to this user)."""
-        from cloud_elastic.status import write_driver_record
+        from cloud_elastic.records import write_driver_record
 
         assert self._server is not None
         host = "127.0.0.1" if self._bind in ("0.0.0.0", "127.0.0.1") else self._bind
@@ -519,7 +519,7 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
             self._store.close()
         if self._status_recorded:
             from cloud_elastic.driver.restart.record import remove_record
-            from cloud_elastic.status import job_dir, remove_driver_record
+            from cloud_elastic.records import job_dir, remove_driver_record
 
             remove_record(job_dir(self.job_id))  # every worker is stopped: nothing is left to adopt
 
