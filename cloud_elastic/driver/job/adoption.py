@@ -1,17 +1,17 @@
-"""A restarted driver taking over its predecessor's running workers: the job's side of adoption.
+"""A restarted driver adopting its predecessor's running workers: the job's side of adoption.
 
 The runtime side (the predecessor's record, its ports and secret, the window's
-deadline) is in :mod:`.restart`; this piece decides what the job makes of the
+deadline) is in :mod:`cloud_elastic.driver.restart`; this piece decides what the job makes of the
 workers that come back:
 
-* :meth:`Takeover.begin`: the window opens; worker ids go on from the
+* :meth:`Adoption.begin`: the window opens; worker ids go on from the
   predecessor's highest sequence number, so none is ever reused;
-* :meth:`Takeover.adopt`: a worker is taken over where it stands, keeping its
+* :meth:`Adoption.adopt`: a worker is adopted where it stands, keeping its
   round, rank and process group (nothing forms, nothing rolls back); the job's
   round, update generation and aborted round continue from the highest any
   adopted worker has seen, so every later round number (and store namespace)
   is new to them. Idempotent for a worker already adopted;
-* :meth:`Takeover.end`: the window closes. When the adopted members form their
+* :meth:`Adoption.end`: the window closes. When the adopted members form their
   round completely, the job goes on in it (zero steps lost); otherwise the
   round is aborted and the normal failure path applies (survivors roll back, a
   new round forms, from the latest checkpoint if no state holder came back).
@@ -28,16 +28,15 @@ from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import AdoptRequest, RankInfo
 
-__all__ = ["Takeover"]
+__all__ = ["Adoption"]
 
-#: A piece of the job logs as the job (its records keep the name they had before the job was split).
 log = logging.getLogger(__name__)
 
 S = WorkerState
 _MEMBER = (S.RUNNING, S.DRAINING)
 
 
-class Takeover:
+class Adoption:
     """The adoption window of one restarted job (see module docstring)."""
 
     def __init__(self, job: JobView, seen_seq: Callable[[int], None],
@@ -57,7 +56,7 @@ class Takeover:
         self._seen_seq(last_seq)
 
     def adopt(self, worker_id: str, slot: Slot, seq: int, request: AdoptRequest, now: float) -> str | None:
-        """Take over a running worker of the predecessor where it stands; None when adopted, else why not."""
+        """Adopt a running worker of the predecessor where it stands; None when adopted, else why not."""
         job = self._job
         w = job.workers.get(worker_id)
         if w is not None:

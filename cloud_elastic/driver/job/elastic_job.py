@@ -17,7 +17,7 @@ It is assembled from small pieces, each tested on its own:
 * :mod:`.capacity` — launches, and the ``min_np`` and start timeouts;
 * :mod:`.completion` — how the job completes, early returns, and the
   no-progress watch;
-* :mod:`.takeover` — a restarted driver adopting its predecessor's workers;
+* :mod:`.adoption` — a restarted driver adopting its predecessor's workers;
 * :mod:`.failures` — what a failure costs (blacklisting, an aborted round),
   and whether the committed state survives it;
 * :mod:`.fixed` — a script without ``hvd.elastic.run``, run as a fixed-size job
@@ -55,7 +55,7 @@ from cloud_elastic.driver.job.hosts import HostManager, Slot
 from cloud_elastic.driver.job.exit_status import ExitStatus
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.liveness import RunningClock, SilenceWatch
-from cloud_elastic.driver.job.adoption import Takeover
+from cloud_elastic.driver.job.adoption import Adoption
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import AdoptRequest, Assignment, ExitOrder, PollReply
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
@@ -115,7 +115,7 @@ class ElasticJob:
         self.capacity = Capacity(self)
         self.rounds = RoundFormation(self, self.leavers, on_formed=lambda running: self.completion.round_formed(running))
         self.completion = Completion(self, self.rounds.rank0, self.leavers.take_host_along)
-        self.takeover = Takeover(self, self.capacity.seen, self.rounds.adopt_round)
+        self.adoption = Adoption(self, self.capacity.seen, self.rounds.adopt_round)
         self.fixed = FixedSize(self)
         self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along, self.fixed.failed)
         self.health = Health(self, self.leavers)
@@ -131,12 +131,12 @@ class ElasticJob:
 
     @property
     def adopting(self) -> bool:
-        """A restarted driver takes over the running workers of its predecessor (see :meth:`adopt`)."""
-        return self.takeover.open
+        """A restarted driver adopts the running workers of its predecessor (see :meth:`adopt`)."""
+        return self.adoption.open
 
     @adopting.setter
     def adopting(self, value: bool) -> None:
-        self.takeover.open = value
+        self.adoption.open = value
 
     @property
     def stacks_gen(self) -> int:
@@ -418,16 +418,16 @@ class ElasticJob:
         ``last_seq`` is the highest worker sequence number the predecessor used, so
         that the ids of workers launched from now on never repeat an adopted one.
         """
-        self.takeover.begin(last_seq)
+        self.adoption.begin(last_seq)
 
     def adopt(self, worker_id: str, slot: Slot, seq: int, request: AdoptRequest, now: float) -> str | None:
-        """Take over a running worker of the predecessor where it stands; None when adopted, else why not
-        (see :mod:`.takeover`)."""
-        return self.takeover.adopt(worker_id, slot, seq, request, now)
+        """Adopt a running worker of the predecessor where it stands; None when adopted, else why not
+        (see :mod:`.adoption`)."""
+        return self.adoption.adopt(worker_id, slot, seq, request, now)
 
     def end_adoption(self, now: float, missing: dict[str, str]) -> None:
         """The adoption window closed; ``missing`` (worker id -> what became of it) did not come back."""
-        self.takeover.end(now, missing)
+        self.adoption.end(now, missing)
 
     # --------------------------------------------------------------- queries
     def take_actions(self) -> list[Action]:

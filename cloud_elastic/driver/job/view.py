@@ -2,7 +2,7 @@
 
 :class:`~.job.ElasticJob` is assembled from pieces that each own one part of its
 decisions and the state that part needs (:mod:`.formation`, :mod:`.leaving`,
-:mod:`.capacity`, :mod:`.completion`, :mod:`.takeover`). What they share
+:mod:`.capacity`, :mod:`.completion`, :mod:`.adoption`). What they share
 (the workers, the round, the phase, the queues of actions and events, and the
 few moves that any of them may make: give a worker up, abort the round, end
 the job) is the job's own, and a piece reaches it only through this view. A
@@ -51,7 +51,7 @@ class JobView(Protocol):
     #: Discovery has answered at least once, and what its last failure said.
     discovered_once: bool
     last_discovery_error: str
-    #: A restarted driver's adoption window is open (see :mod:`.takeover`).
+    #: A restarted driver's adoption window is open (see :mod:`.adoption`).
     adopting: bool
 
     @property
