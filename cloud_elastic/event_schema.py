@@ -50,7 +50,8 @@ SCHEMA: dict[str, EventKind] = {k.name: k for k in (
     _kind("hosts_changed", "discovery reported a different set of hosts",
           {"added": (list,), "removed": (list,), "draining": (list,)},
           {"missing": (list,), "resized": (list,)}),
-    _kind("worker_started", "a worker process was launched on a host slot", _WORKER, _WORKER_OPT),
+    _kind("worker_started", "a worker process was launched on a host slot", _WORKER,
+          {**_WORKER_OPT, "source": (str,), "price": _NUM}),
     _kind("worker_ready", "a worker registered and is ready to join a round", _WORKER, _WORKER_OPT),
     _kind("worker_failed", "a worker exited or went silent before the job succeeded",
           {**_WORKER, "exit_code": _OPT_INT, "blacklisted_s": _OPT_NUM},
@@ -82,9 +83,15 @@ SCHEMA: dict[str, EventKind] = {k.name: k for k in (
           {"step": (int,), "path": (str,)}, {"duration_s": _NUM, "bytes": (int,)}),
     _kind("checkpoint_loaded", "training resumed from a durable checkpoint",
           {"step": (int,), "path": (str,)}, {"steps_lost": _OPT_INT}),
+    _kind("capacity", "--manage-capacity: the job set a fallback group's desired capacity",
+          {"source": (str,), "hosts": (int,)}, {"reason": (str,)}),
+    _kind("cost", "what the job has cost so far (several host sources with prices)",
+          {"dollars": _NUM, "dollars_per_hour": _NUM, "slot_hours": _NUM},
+          {"per_step": _OPT_NUM, "fallback_slots": (int,), "by_source": (dict,)}),
     _kind("job_finished", "the job ended",
           {"outcome": (str,), "exit_code": (int,), "resets": (int,), "wall_s": _NUM},
-          {"reason": (str,)}),
+          {"reason": (str,), "cost": _NUM, "cost_fallback_only": _OPT_NUM, "slot_hours": _NUM,
+           "cost_per_step": _OPT_NUM}),
 )}
 
 #: Names every event carries; a field may not reuse them.

@@ -107,6 +107,12 @@ class MetricsServer:
         )
         self.discovery_errors = prom.Counter("discovery_errors", "discovery calls that failed", ["kind"],
                                              namespace=ns, registry=registry)
+        # From the ``cost`` events of a job with several priced host sources (docs/multi-source.md).
+        self.cost = prom.Counter("cost_dollars", "dollars the job's workers have cost so far", namespace=ns,
+                                 registry=registry)
+        self.cost_rate = prom.Gauge("cost_dollars_per_hour", "dollars per hour the job's workers cost now",
+                                    namespace=ns, registry=registry)
+        self._dollars = 0.0
 
     @property
     def port(self) -> int:
@@ -147,9 +153,20 @@ class MetricsServer:
                 self.worker_failures.inc()
             elif kind == "worker_left":
                 self.workers_left.inc()
+            elif kind == "cost":
+                self._charge(fields["dollars"])
+                self.cost_rate.set(fields["dollars_per_hour"])
             elif kind == "job_finished":
                 self.world_size.set(0)
                 self.step_rate.set(0)
+                self.cost_rate.set(0)
+                if fields.get("cost") is not None:
+                    self._charge(fields["cost"])
+
+    def _charge(self, dollars: float) -> None:
+        if dollars > self._dollars:  # a counter only grows; the events carry the running total
+            self.cost.inc(dollars - self._dollars)
+            self._dollars = dollars
 
     def observe_discovery(self, latency_s: float, error: str | None = None) -> None:
         """Record one discovery call: its latency and, if it failed, the kind of error

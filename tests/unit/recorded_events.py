@@ -58,6 +58,10 @@ TIMELINE: list[tuple[float, str, dict]] = [
     (24.1, "worker_adopted", {"host": "127.0.0.3", "slot": 0, "worker": "127.0.0.3[0]#1", "round": 4, "rank": 1,
                               "commit_step": 95}),
     (24.2, "adoption_done", {"round": 4, "adopted": 2, "missing": []}),
+    # Several host sources with prices: the running cost, and a fallback group the job scaled up.
+    (25.0, "capacity", {"source": "on-demand", "hosts": 1, "reason": "1 fallback slot(s) wanted"}),
+    (26.0, "cost", {"dollars": 0.0125, "dollars_per_hour": 1.8, "slot_hours": 0.02, "per_step": 0.000125,
+                    "fallback_slots": 1, "by_source": {"spot-a": 0.0125}}),
     (30.0, "job_finished", {"outcome": "succeeded", "exit_code": 0, "resets": 3, "wall_s": 30.0}),
 ]
 

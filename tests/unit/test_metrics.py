@@ -54,6 +54,8 @@ def test_scraped_metrics_follow_the_recorded_job() -> None:
     assert metrics["cloud_elastic_discovery_latency_seconds_count"] == 2
     assert metrics["cloud_elastic_discovery_latency_seconds_sum"] == 1.7
     assert metrics['cloud_elastic_discovery_errors_total{kind="retryable"}'] == 1
+    assert metrics["cloud_elastic_cost_dollars_total"] == 0.0125  # the recorded cost event's running total
+    assert metrics["cloud_elastic_cost_dollars_per_hour"] == 1.8
 
 
 def test_closed_server_stops_answering_and_two_servers_do_not_share_metrics() -> None:

@@ -2,7 +2,7 @@
 
 :class:`~.job.ElasticJob` decides and the runtime (:mod:`.driver`) carries out:
 the job queues :data:`Action` values (:class:`Launch`, :class:`Stop`,
-:class:`Release`, :class:`Finish`) and the driver's loop takes them. All are
+:class:`Release`, :class:`SetCapacity`, :class:`Finish`) and the driver's loop takes them. All are
 frozen dataclasses; :class:`Policy` is the job's configuration, fixed for its
 life; :class:`Phase` is where the job as a whole stands. Nothing here does
 anything: these are the words the job and the driver share.
@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Union
 
 from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.providers.sources import SourceSpec
 
-__all__ = ["Policy", "Phase", "Launch", "Stop", "Release", "Finish", "Action"]
+__all__ = ["Policy", "Phase", "Launch", "Stop", "Release", "SetCapacity", "Finish", "Action"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class Policy:
     #: ``--restarts``: a fixed-size job (a script without ``hvd.elastic.run``) starts again after a failure
     #: up to this many times (see :mod:`.fixed`).
     restarts: int = 0
+    #: The host sources of a job with several (see :mod:`.sourcing`); empty for one source.
+    sources: tuple[SourceSpec, ...] = ()
+    #: ``--fallback-after``: below -np from the other sources this long, the fallback tops the job up to -np.
+    fallback_after_s: float | None = None
+    #: ``--manage-capacity``: the job raises a fallback group's desired capacity when it needs its hosts.
+    manage_capacity: bool = False
 
 
 class Phase(enum.Enum):
@@ -83,6 +90,14 @@ class Release:
 
 
 @dataclass(frozen=True)
+class SetCapacity:
+    """Set the desired capacity of host source ``source``'s group to ``hosts`` (``HostDiscovery.set_capacity``)."""
+
+    source: str
+    hosts: int
+
+
+@dataclass(frozen=True)
 class Finish:
     """The job is over: stop everything and exit with ``exit_code``."""
 
@@ -91,4 +106,4 @@ class Finish:
     exit_code: int
 
 
-Action = Union[Launch, Stop, Release, Finish]
+Action = Union[Launch, Stop, Release, SetCapacity, Finish]

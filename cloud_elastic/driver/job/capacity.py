@@ -23,9 +23,11 @@ line every :data:`PROGRESS_EVERY_S` saying how long it has lasted.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from cloud_elastic.driver.job.actions import Launch, Phase
 from cloud_elastic.driver.job.plan import whole_host_groups
+from cloud_elastic.driver.job.sourcing import Sourcing
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
@@ -43,8 +45,11 @@ PROGRESS_EVERY_S = 15.0
 class Capacity:
     """Launch planning and the ``min_np`` watch of one job (see module docstring)."""
 
-    def __init__(self, job: JobView) -> None:
+    def __init__(self, job: JobView, send_away: Callable[[WorkerRecord, str], None] | None = None) -> None:
         self._job = job
+        #: Which sources slots come from (several sources; see :mod:`.sourcing`): it orders and limits launches,
+        #: and sends fallback workers away (``send_away``: :meth:`.leaving.Leavers.send_away`) once cheaper slots return.
+        self.sourcing = Sourcing(job, send_away) if job.policy.sources and send_away is not None else None
         #: The highest worker sequence number used (ids are never reused).
         self.seq = 0
         #: When the driver started (``ElasticJob.start``): the start timeout counts from it.
@@ -59,6 +64,8 @@ class Capacity:
     def plan_launches(self, now: float) -> None:
         """Queue a :class:`Launch` for each free slot the job may fill now."""
         job = self._job
+        if self.sourcing is not None:
+            self.sourcing.step(now)
         starting = job.phase is Phase.STARTING and not job.workers
         room = job.policy.max_np - len(job.active())
         if room <= 0 and not starting:
@@ -66,6 +73,8 @@ class Capacity:
         # A worker given up (LOST) may still be running on its GPU until its process is gone.
         occupied = {(w.slot.host, w.slot.index) for w in job.workers.values() if w.state is not S.EXITED}
         free = [s for s in job.hosts.available_slots(now) if (s.host, s.index) not in occupied]
+        if self.sourcing is not None:
+            free = self.sourcing.order(free)
         if job.policy.whole_host_slots:
             free = whole_hosts(free, job.policy.whole_host_slots)
             room -= room % job.policy.whole_host_slots
@@ -80,7 +89,15 @@ class Capacity:
                                                   last_seen=job.running(now))
             job.forget_alive()
             job.act(Launch(slot, worker_id))
-            job.emit("worker_started", worker=worker_id, host=slot.host, slot=slot.index)
+            job.emit("worker_started", worker=worker_id, host=slot.host, slot=slot.index, **self._source_of(slot))
+
+    def _source_of(self, slot) -> dict:
+        """The ``source`` and ``price`` fields of a worker's events, where the job has several sources."""
+        if self.sourcing is None or not self.sourcing.active:
+            return {}
+        hosts = self._job.hosts
+        price = hosts.prices.get(slot.host)
+        return {"source": hosts.sources.get(slot.host, ""), **({} if price is None else {"price": price})}
 
     def _too_few_to_start(self, now: float, free: int) -> None:
         job, policy = self._job, self._job.policy

@@ -112,7 +112,7 @@ class ElasticJob:
     def __post_init__(self) -> None:
         self._silence = SilenceWatch(self.policy.heartbeat_timeout_s, self.policy.start_timeout_s)
         self.leavers = Leavers(self)
-        self.capacity = Capacity(self)
+        self.capacity = Capacity(self, self.leavers.send_away)
         self.rounds = RoundFormation(self, self.leavers, on_formed=lambda running: self.completion.round_formed(running))
         self.completion = Completion(self, self.rounds.rank0, self.leavers.take_host_along)
         self.adoption = Adoption(self, self.capacity.seen, self.rounds.adopt_round)

@@ -125,6 +125,9 @@ class HostManager:
     _seq: int = 0
     #: The last instance seen at each address, kept after the host is forgotten (addresses are reused).
     _last_instance: dict[str, str] = field(default_factory=dict)
+    #: Host -> the name of its source and its price per slot-hour, as discovery last said (several sources).
+    sources: dict[str, str] = field(default_factory=dict)
+    prices: dict[str, float] = field(default_factory=dict)
     #: Raised by every call that may change which slots are usable (update, notices, expiry), so a
     #: caller can skip re-checking its workers' hosts while it stays the same.
     version: int = 0
@@ -152,6 +155,11 @@ class HostManager:
                 self._last_instance[host] = instance
                 self.blacklist.forget_host(host)
         self.instances.update(snapshot.instances)
+        self.sources.update(snapshot.sources)  # a missing host keeps its source and price until it is forgotten
+        self.prices.update(snapshot.prices)
+        for host in present:
+            if host not in snapshot.prices:
+                self.prices.pop(host, None)
         self.provider_soft = dict(snapshot.soft)
         if self.drain_soft:
             for host, reason in snapshot.soft.items():
@@ -256,6 +264,8 @@ class HostManager:
         for host in gone:
             del self._order[host]
             self.instances.pop(host, None)
+            self.sources.pop(host, None)
+            self.prices.pop(host, None)
         return tuple(gone)
 
     def order_of(self, host: str) -> int:

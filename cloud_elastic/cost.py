@@ -1,0 +1,87 @@
+"""What a job costs: dollars integrated over the slot-hours its workers occupy.
+
+:class:`CostMeter` is pure (time is passed in): at each call of :meth:`CostMeter.advance`
+the job says, per source, how many of its worker slots are held and at what price
+per slot-hour; the meter charges the time since the previous call at the previous
+rates (rates change only at those calls, so the integral is exact for a job whose
+workers start and stop at them).
+
+What counts: a slot counts from its worker's launch to its exit, at its host's
+price; a slot whose host has no known price counts in ``unpriced_slot_hours``,
+never as free. Idle capacity of a group (hosts no worker uses) is not the job's
+cost and is not counted. ``fallback_only`` is what the same slot-hours would have
+cost at the fallback source's price.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+__all__ = ["CostMeter", "CostSummary", "format_dollars"]
+
+
+@dataclass(frozen=True)
+class CostSummary:
+    """The running figures of a :class:`CostMeter`."""
+
+    dollars: float
+    dollars_per_hour: float
+    slot_hours: float
+    unpriced_slot_hours: float
+    #: What the same (priced and unpriced) slot-hours would have cost at the fallback's price; None if unknown.
+    fallback_only: float | None
+    #: Dollars spent per source name.
+    by_source: Mapping[str, float] = field(default_factory=dict)
+
+    def per_step(self, steps: int) -> float | None:
+        """Dollars per useful (committed) step, or None before the first."""
+        return self.dollars / steps if steps > 0 else None
+
+
+class CostMeter:
+    """Integrates the job's cost over time (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+        self._rates: dict[str, float] = {}  # source -> dollars per hour now
+        self._slots = 0  # slots held now
+        self._unpriced = 0  # of them, without a price
+        self.dollars = 0.0
+        self.slot_hours = 0.0
+        self.unpriced_slot_hours = 0.0
+        self.by_source: dict[str, float] = {}
+        #: The fallback source's price per slot-hour, as last known (None: never known).
+        self.fallback_price: float | None = None
+
+    def advance(self, now: float, held: Mapping[str, tuple[int, float, int]]) -> None:
+        """Charge up to ``now`` at the old rates, then take ``held``: source -> (slots held, dollars per hour of
+        them, slots of them without a price)."""
+        if self._last is not None and now > self._last:
+            hours = (now - self._last) / 3600.0
+            for source, rate in self._rates.items():
+                spent = rate * hours
+                self.dollars += spent
+                self.by_source[source] = self.by_source.get(source, 0.0) + spent
+            self.slot_hours += self._slots * hours
+            self.unpriced_slot_hours += self._unpriced * hours
+        if self._last is None or now >= self._last:
+            self._last = now
+        self._rates = {source: rate for source, (_, rate, _) in held.items()}
+        self._slots = sum(slots for slots, _, _ in held.values())
+        self._unpriced = sum(unpriced for _, _, unpriced in held.values())
+
+    @property
+    def dollars_per_hour(self) -> float:
+        return sum(self._rates.values())
+
+    def summary(self) -> CostSummary:
+        fallback = None if self.fallback_price is None else self.fallback_price * self.slot_hours
+        return CostSummary(dollars=self.dollars, dollars_per_hour=self.dollars_per_hour, slot_hours=self.slot_hours,
+                           unpriced_slot_hours=self.unpriced_slot_hours, fallback_only=fallback,
+                           by_source=dict(self.by_source))
+
+
+def format_dollars(value: float) -> str:
+    """``$12.34``, or ``$0.0042`` for sums below a cent (a short test job costs fractions of one)."""
+    return f"${value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"${value:.4f}"

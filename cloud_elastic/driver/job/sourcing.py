@@ -1,0 +1,248 @@
+"""Which host sources the job's slots come from: the choice rule, the fallback, group capacity, the cost.
+
+Only for a job with several sources (``Policy.sources``, see
+:mod:`cloud_elastic.providers.sources`); with one, :class:`Sourcing` changes nothing.
+
+* **The choice rule** (:func:`choose`): free slots are taken non-fallback first, then
+  by higher ``priority``, then lower price per slot-hour (a slot of unknown price after
+  every priced one of its priority), then older host, then slot index. So when more
+  slots are offered than ``--max-np`` allows, the job fills the preferred ones, and
+  ties keep the order hosts were first seen (older hosts first, as ranks do).
+* **The fallback** (:class:`FallbackRule`): fallback slots are wanted only while the
+  other sources' usable slots (ready, not blacklisted, no notice) are below
+  ``--min-np``, or below ``-np`` for ``--fallback-after`` seconds; the fallback then
+  tops the job up to ``-np`` (its normal size: a job below ``--min-np`` at start-up
+  could not start with less, and a job just topped up to ``--min-np`` would be drained
+  again as soon as one preferred slot came back).
+* **Coming back** (:meth:`Sourcing.step`): fallback workers beyond what is wanted are
+  drained, newest first: they leave at their next commit, with no rollback, and the
+  freed room is filled from the cheaper sources by the same step's launches.
+* **Capacity** (``--manage-capacity``): while fallback slots are wanted and the
+  preferred fallback group shows fewer hosts than they need, one :class:`~.actions.SetCapacity`
+  raises its desired capacity to ``ceil(wanted slots / slots per host)``; once no
+  fallback slot is wanted and no worker is left on a group the job raised, one sets
+  it back to 0. Nothing else: a group the job never raised is never lowered, and a
+  raised one is never lowered while a worker runs on it. Slots per host: the group's
+  own hosts as last seen, else any host's, else 1.
+* **Cost** (:class:`~cloud_elastic.cost.CostMeter`): each worker's slot is charged at
+  its host's price from launch to exit; a ``cost`` event at most every
+  :data:`COST_EVENT_EVERY_S` while the rate changes, and at least every
+  :data:`COST_EVENT_MAX_S`.
+
+Pure: time comes in as ``now``; the I/O (capacity calls, price look-ups) is the runtime's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Callable, Mapping
+
+from cloud_elastic.cost import CostMeter, CostSummary
+from cloud_elastic.driver.job.actions import SetCapacity
+from cloud_elastic.driver.job.hosts import HostManager, Slot
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.providers.sources import SourceSpec
+
+__all__ = ["choose", "FallbackRule", "Sourcing", "COST_EVENT_EVERY_S", "COST_EVENT_MAX_S"]
+
+log = logging.getLogger(__name__)
+
+S = WorkerState
+_ACTIVE = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
+#: The rate of spending changed: a ``cost`` event, but not more often than this.
+COST_EVENT_EVERY_S = 5.0
+#: A ``cost`` event at least this often while the job runs.
+COST_EVENT_MAX_S = 60.0
+
+
+def _rank(spec: SourceSpec | None) -> tuple[bool, int]:
+    return (False, 0) if spec is None else (spec.fallback, -spec.priority)
+
+
+def choose(free: list[Slot], hosts: HostManager, specs: Mapping[str, SourceSpec]) -> list[Slot]:
+    """``free`` in the order the job takes slots (see the module docstring). Stable, deterministic."""
+    def key(slot: Slot) -> tuple:
+        spec = specs.get(hosts.sources.get(slot.host, ""))
+        price = hosts.prices.get(slot.host)
+        return (*_rank(spec), price is None, price if price is not None else 0.0, hosts.order_of(slot.host),
+                slot.index)
+
+    return sorted(free, key=key)
+
+
+class FallbackRule:
+    """When the fallback is wanted, and how many slots it should give (see the module docstring)."""
+
+    def __init__(self, num_proc: int, min_np: int, max_np: int, fallback_after_s: float | None) -> None:
+        self.num_proc, self.min_np, self.max_np = num_proc, min_np, max_np
+        self.fallback_after_s = fallback_after_s
+        self.below_np_since: float | None = None
+
+    def wanted(self, preferred_slots: int, now: float) -> tuple[int, str]:
+        """(fallback slots wanted, why) given the other sources' usable slots at ``now``."""
+        if preferred_slots < self.num_proc:
+            if self.below_np_since is None:
+                self.below_np_since = now
+        else:
+            self.below_np_since = None
+        timed = (self.fallback_after_s is not None and self.below_np_since is not None
+                 and now - self.below_np_since >= self.fallback_after_s)
+        if preferred_slots < self.min_np:
+            why = f"below --min-np {self.min_np}"
+        elif timed:
+            why = f"below -np {self.num_proc} for {self.fallback_after_s:g}s (--fallback-after)"
+        else:
+            return 0, ""
+        return max(0, min(self.num_proc, self.max_np) - preferred_slots), why
+
+
+class Sourcing:
+    """The job's sources at each step (see module docstring)."""
+
+    def __init__(self, job: JobView, send_away: Callable[[WorkerRecord, str], None]) -> None:
+        self._job = job
+        self._send_away = send_away
+        policy = job.policy
+        self.specs = {s.name: s for s in policy.sources}
+        self.rule = FallbackRule(policy.num_proc, policy.min_np, policy.max_np, policy.fallback_after_s)
+        self.cost = CostMeter()
+        #: Fallback slots wanted at the last step, and why.
+        self.wanted, self.why = 0, ""
+        #: Source -> the desired capacity the job last asked for.
+        self.requested: dict[str, int] = {}
+        self._known: dict[str, tuple[str, float | None]] = {}  # host -> (source, price), kept past its departure
+        self._fallbacks = [s.name for s in sorted(policy.sources, key=lambda s: (-s.priority, s.price is None,
+                                                                                 s.price or 0.0))
+                           if s.fallback]
+        self._held_key: tuple = ()
+        self._held: dict[str, tuple[int, float, int]] = {}
+        self._cost_at = float("-inf")  # when the last cost event was emitted
+        self._cost_rate = -1.0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.specs)
+
+    def is_fallback(self, host: str) -> bool:
+        spec = self.specs.get(self._job.hosts.sources.get(host, ""))
+        return spec is not None and spec.fallback
+
+    # ------------------------------------------------------------------ choice
+    def order(self, free: list[Slot]) -> list[Slot]:
+        """The free slots the job may fill now, preferred first; fallback ones only as many as wanted."""
+        if not self.specs:
+            return free
+        ordered = choose(free, self._job.hosts, self.specs)
+        allowed = self.wanted - sum(1 for w in self._job.active() if self.is_fallback(w.slot.host))
+        taken: list[Slot] = []
+        for slot in ordered:
+            if self.is_fallback(slot.host):
+                if allowed <= 0:
+                    continue
+                allowed -= 1
+            taken.append(slot)
+        return taken
+
+    # -------------------------------------------------------------------- step
+    def step(self, now: float) -> None:
+        """Weigh the fallback, send back its surplus workers, ask for capacity, and charge the cost."""
+        if not self.specs:
+            return
+        job = self._job
+        preferred = sum(1 for s in job.hosts.available_slots(now) if not self.is_fallback(s.host))
+        wanted, why = self.rule.wanted(preferred, now)
+        if wanted != self.wanted:
+            if wanted > self.wanted:
+                log.info("job %s: %d slot(s) from the other sources, %s: up to %d fallback slot(s) wanted",
+                         job.job_id, preferred, why, wanted)
+            else:
+                log.info("job %s: %d slot(s) from the other sources: %d fallback slot(s) wanted", job.job_id,
+                         preferred, wanted)
+            self.wanted, self.why = wanted, why
+        self._send_back(preferred)
+        if job.policy.manage_capacity:
+            self._capacity()
+        self._charge(now)
+
+    def _send_back(self, preferred: int) -> None:
+        job = self._job
+        on_fallback = sorted((w for w in job.active() if self.is_fallback(w.slot.host)), key=lambda w: -w.seq)
+        for w in on_fallback[: max(0, len(on_fallback) - self.wanted)]:
+            if w.state not in _ACTIVE:
+                continue  # taken along by a whole host already
+            why = (f"cheaper slots are back ({preferred} from the preferred sources): fallback host "
+                   f"{w.slot.host} is no longer needed")
+            log.info("job %s: worker %s (%s) will leave: %s", job.job_id, w.worker_id, w.label, why)
+            self._send_away(w, why)
+
+    def _capacity(self) -> None:
+        job = self._job
+        hosts = job.hosts
+        if self.wanted > 0 and self._fallbacks:
+            name = self._fallbacks[0]
+            present = [h for h in (*hosts.ready, *hosts.missing) if hosts.sources.get(h) == name]
+            per_host = max((hosts.ready.get(h, 0) for h in present), default=0) or max(hosts.ready.values(),
+                                                                                       default=1)
+            need = math.ceil(self.wanted / max(per_host, 1))
+            if need > len(present) and need > self.requested.get(name, 0):
+                self._ask(name, need, f"{self.wanted} fallback slot(s) wanted ({self.why})")
+            return
+        busy = {hosts.sources.get(w.slot.host) for w in job.alive()}
+        for name, asked in list(self.requested.items()):
+            if asked > 0 and name not in busy:
+                self._ask(name, 0, "the job no longer needs it")
+
+    def _ask(self, source: str, hosts: int, why: str) -> None:
+        job = self._job
+        self.requested[source] = hosts
+        log.info("job %s: --manage-capacity: desired capacity of host source %r to %d: %s", job.job_id, source,
+                 hosts, why)
+        job.emit("capacity", source=source, hosts=hosts, reason=why)
+        job.act(SetCapacity(source, hosts))
+
+    # -------------------------------------------------------------------- cost
+    def _charge(self, now: float) -> None:
+        job = self._job
+        hosts = job.hosts
+        for host, source in hosts.sources.items():
+            self._known[host] = (source, hosts.prices.get(host))
+        alive = job.alive()
+        key = (hosts.version, len(job.workers), len(alive))
+        if key != self._held_key:
+            self._held_key = key
+            held: dict[str, list] = {}
+            for w in alive:
+                source, price = self._known.get(w.slot.host, ("", None))
+                entry = held.setdefault(source, [0, 0.0, 0])
+                entry[0] += 1
+                if price is None:
+                    entry[2] += 1
+                else:
+                    entry[1] += price
+            self._held = {s: (n, rate, unpriced) for s, (n, rate, unpriced) in held.items()}
+        self.cost.advance(now, self._held)
+        fallback_prices = [p for h, (s, p) in self._known.items() if s in self._fallbacks and p is not None]
+        fallback_spec = next((self.specs[n].price for n in self._fallbacks if self.specs[n].price is not None), None)
+        if fallback_spec is not None or fallback_prices:
+            self.cost.fallback_price = fallback_spec if fallback_spec is not None else max(fallback_prices)
+        rate = self.cost.dollars_per_hour
+        if (rate != self._cost_rate and now - self._cost_at >= COST_EVENT_EVERY_S) or \
+                now - self._cost_at >= COST_EVENT_MAX_S:
+            self._cost_at, self._cost_rate = now, rate
+            self.emit_cost()
+
+    def summary(self, now: float) -> CostSummary:
+        """The cost so far, charged up to ``now``."""
+        self.cost.advance(now, self._held)
+        return self.cost.summary()
+
+    def emit_cost(self) -> None:
+        """A ``cost`` event with the running figures."""
+        s = self.cost.summary()
+        steps = self._job.commit_high
+        self._job.emit("cost", dollars=round(s.dollars, 6), dollars_per_hour=round(s.dollars_per_hour, 6),
+                       slot_hours=round(s.slot_hours, 6), fallback_slots=self.wanted,
+                       per_step=None if not steps else round(s.dollars / steps, 8),
+                       by_source={k: round(v, 6) for k, v in s.by_source.items()})

@@ -1,0 +1,208 @@
+"""Several host sources in the pure job (cloud_elastic.driver.job.sourcing): the choice rule and its ties,
+the fallback and its --fallback-after, draining the fallback when cheaper slots return, the capacity the
+job asks of a fallback group, and what the job costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.cost import CostMeter
+from cloud_elastic.driver.job.actions import SetCapacity
+from cloud_elastic.driver.job.elastic_job import Finish, Launch, Release, Stop, WorkerState
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job.sourcing import FallbackRule, choose
+from cloud_elastic.events import validate
+from cloud_elastic.providers.api import DiscoveredHosts
+from cloud_elastic.providers.sources import SourceSpec
+from tests.unit.test_job import CLEAN, Sim
+
+pytestmark = pytest.mark.timeout(10)
+
+SPOT_A = SourceSpec("spot-a", "aws", price=1.0)
+SPOT_B = SourceSpec("spot-b", "aws", price=1.2)
+OD = SourceSpec("od", "aws", price=4.0, fallback=True)
+SPECS = {s.name: s for s in (SPOT_A, SPOT_B, OD)}
+
+
+# ------------------------------------------------------------------------- the choice rule
+
+def hosts_of(ready: dict[str, int], sources: dict[str, str], prices: dict[str, float]) -> HostManager:
+    hosts = HostManager(Blacklist((0, 0)))
+    hosts.update(DiscoveredHosts(ready=ready, sources=sources, prices=prices), 0.0)
+    return hosts
+
+
+def test_the_cheapest_slots_are_taken_first_and_the_fallback_last():
+    hosts = hosts_of({"od1": 2, "b1": 2, "a1": 2}, {"od1": "od", "b1": "spot-b", "a1": "spot-a"},
+                     {"od1": 4.0, "b1": 1.2, "a1": 1.0})
+    free = hosts.available_slots(0.0)  # oldest host first: od1, b1, a1
+    assert [str(s) for s in choose(free, hosts, SPECS)] == ["a1[0]", "a1[1]", "b1[0]", "b1[1]", "od1[0]", "od1[1]"]
+
+
+def test_priority_wins_over_price_and_an_unknown_price_comes_after_every_known_one():
+    specs = {"cheap": SourceSpec("cheap", "aws"), "favoured": SourceSpec("favoured", "aws", priority=5),
+             "unpriced": SourceSpec("unpriced", "aws")}
+    hosts = hosts_of({"u": 1, "c": 1, "f": 1}, {"u": "unpriced", "c": "cheap", "f": "favoured"},
+                     {"c": 0.5, "f": 3.0})
+    assert [s.host for s in choose(hosts.available_slots(0.0), hosts, specs)] == ["f", "c", "u"]
+
+
+def test_ties_keep_the_older_host_first_then_the_lower_slot():
+    hosts = HostManager(Blacklist((0, 0)))
+    hosts.update(DiscoveredHosts(ready={"x": 2}, sources={"x": "spot-a"}, prices={"x": 1.0}), 0.0)
+    hosts.update(DiscoveredHosts(ready={"x": 2, "y": 2, "z": 1}, sources={"x": "spot-a", "y": "spot-a", "z": "spot-b"},
+                                 prices={"x": 1.0, "y": 1.0, "z": 1.0}), 1.0)
+    # x and y: same source, same price, x seen first; z: another source at the same price, seen with y.
+    assert [str(s) for s in choose(hosts.available_slots(1.0), hosts, SPECS)] == ["x[0]", "x[1]", "y[0]", "y[1]",
+                                                                                   "z[0]"]
+
+
+def test_the_fallback_is_wanted_below_min_np_at_once_and_below_np_only_after_fallback_after():
+    rule = FallbackRule(num_proc=4, min_np=2, max_np=6, fallback_after_s=30)
+    assert rule.wanted(4, 0.0) == (0, "")
+    assert rule.wanted(1, 1.0) == (3, "below --min-np 2")  # tops the job up to -np, never beyond
+    assert rule.wanted(3, 2.0) == (0, "")  # at --min-np or more: not yet
+    assert rule.wanted(3, 30.9)[0] == 0
+    assert rule.wanted(3, 31.0) == (1, "below -np 4 for 30s (--fallback-after)")  # below -np since t=1
+    assert rule.wanted(4, 32.0) == (0, "")
+    never = FallbackRule(num_proc=4, min_np=2, max_np=3, fallback_after_s=None)
+    assert never.wanted(3, 1e6) == (0, "") and never.wanted(0, 1e6)[0] == 3  # --max-np 3 bounds it
+
+
+# ------------------------------------------------------------------------- the job
+
+class Sourced(Sim):
+    """The test_job simulator, with several sources and the capacity actions collected."""
+
+    def __init__(self, np: int, **kwargs) -> None:
+        self.capacity: list[SetCapacity] = []
+        kwargs.setdefault("sources", (SPOT_A, SPOT_B, OD))
+        super().__init__(np, **kwargs)
+
+    def _collect(self) -> None:
+        for kind, fields in self.job.take_events():
+            validate(kind, fields)
+            self.events.append((kind, fields))
+        for action in self.job.take_actions():
+            kinds = {Launch: self.launched, Stop: self.stops, Finish: self.finished, Release: self.released,
+                     SetCapacity: self.capacity}
+            kinds[type(action)].append(action)
+
+    def groups(self, a: int = 0, b: int = 0, od: int = 0) -> None:
+        """Discovery shows ``a`` hosts of spot-a, ``b`` of spot-b and ``od`` of the fallback, one slot each."""
+        ready, sources = {}, {}
+        for name, count in (("a", a), ("b", b), ("od", od)):
+            for i in range(count):
+                ready[f"{name}{i}"] = 1
+                sources[f"{name}{i}"] = {"a": "spot-a", "b": "spot-b", "od": "od"}[name]
+        prices = {h: SPECS[s].price for h, s in sources.items()}
+        self.job.discovered(DiscoveredHosts(ready=ready, sources=sources, prices=prices), self.now)
+        self._collect()
+
+    def state(self, slot: str) -> WorkerState:
+        return self.job.workers[self.id(slot)].state
+
+
+def running(sim: Sourced) -> list[str]:
+    return sorted(str(w.slot) for w in sim.job.workers.values() if w.state is WorkerState.RUNNING)
+
+
+def test_a_job_with_enough_spot_slots_never_touches_the_fallback():
+    sim = Sourced(2, manage_capacity=True)
+    sim.groups(a=1, b=1, od=2)
+    assert sim.slots_launched() == ["a0[0]", "b0[0]"]
+    sim.join(*sim.slots_launched())
+    sim.advance(60)
+    assert sim.slots_launched() == ["a0[0]", "b0[0]"] and sim.capacity == []
+
+
+def test_more_slots_than_max_np_fill_the_cheapest_source_first():
+    sim = Sourced(2, max_np=3)
+    sim.groups(a=2, b=2)
+    assert sim.slots_launched() == ["a0[0]", "a1[0]", "b0[0]"]
+
+
+def test_below_min_np_the_fallback_group_is_scaled_up_its_hosts_admitted_then_drained_and_scaled_to_zero():
+    sim = Sourced(2, manage_capacity=True)
+    sim.groups(a=1, b=1, od=0)
+    sim.join("a0[0]", "b0[0]")
+    sim.commit("a0[0]", "b0[0]")
+    # spot-b is emptied: below --min-np 2, the fallback group (at 0 hosts) is asked for one.
+    sim.groups(a=1, b=0, od=0)
+    sim.advance(1)
+    assert sim.capacity == [SetCapacity("od", 1)]
+    assert ("capacity", {"source": "od", "hosts": 1, "reason": "1 fallback slot(s) wanted (below --min-np 2)"}) \
+        in sim.events
+    sim.exit("b0[0]", CLEAN)  # its host is gone; the survivor comes back to rendezvous
+    sim.groups(a=1, b=0, od=1)
+    assert sim.slots_launched()[-1] == "od0[0]"
+    sim.join("a0[0]", "od0[0]")
+    assert running(sim) == ["a0[0]", "od0[0]"]
+    # Spot returns: the fallback worker leaves at its next commit (draining, no rollback) and spot-b is filled.
+    rollbacks = [f for k, f in sim.events if k == "rollback"]  # b0's silent loss above cost one; no more
+    sim.groups(a=1, b=1, od=1)
+    assert sim.state("od0[0]") is WorkerState.DRAINING
+    assert sim.slots_launched()[-1] == "b0[0]"
+    assert sim.capacity == [SetCapacity("od", 1)]  # not lowered while its worker runs
+    sim.join("od0[0]")  # it reached its commit and came to rendezvous: it is told to leave
+    sim.exit("od0[0]", CLEAN)
+    sim.advance(1)
+    assert sim.capacity == [SetCapacity("od", 1), SetCapacity("od", 0)]
+    assert [f for k, f in sim.events if k == "rollback"] == rollbacks
+    left = [f for k, f in sim.events if k == "worker_left"]
+    assert left and "cheaper slots are back" in left[-1]["reason"]
+
+
+def test_without_manage_capacity_no_group_is_ever_changed():
+    sim = Sourced(2)
+    sim.groups(a=1, b=1)
+    sim.join("a0[0]", "b0[0]")
+    sim.groups(a=1)
+    sim.advance(5)
+    sim.groups(a=1, od=1)
+    assert sim.slots_launched()[-1] == "od0[0]" and sim.capacity == []
+
+
+def test_a_group_the_job_never_raised_is_never_lowered():
+    sim = Sourced(1, manage_capacity=True)
+    sim.groups(a=1, od=3)  # the user left the fallback group at 3 hosts
+    sim.advance(10)
+    assert sim.capacity == [] and sim.slots_launched() == ["a0[0]"]
+
+
+def test_below_np_the_fallback_waits_for_fallback_after():
+    sim = Sourced(2, min_np=1, fallback_after_s=20)
+    sim.groups(a=1, b=1, od=1)
+    sim.join("a0[0]", "b0[0]")
+    sim.groups(a=1, od=1)
+    sim.exit("b0[0]", CLEAN)
+    sim.advance(19)
+    assert "od0[0]" not in sim.slots_launched()
+    sim.advance(2)
+    assert sim.slots_launched()[-1] == "od0[0]"
+
+
+def test_the_job_is_charged_each_slot_at_its_hosts_price_and_compared_with_the_fallback_alone():
+    sim = Sourced(2, progress_timeout_s=0)
+    sim.groups(a=1, b=1, od=1)
+    sim.join("a0[0]", "b0[0]")
+    sim.advance(360)  # a tenth of an hour at 1.0 + 1.2 $/slot-hour
+    summary = sim.job.capacity.sourcing.summary(sim.now)
+    assert summary.dollars == pytest.approx(0.22, rel=1e-6)
+    assert summary.slot_hours == pytest.approx(0.2, rel=1e-6)
+    assert summary.fallback_only == pytest.approx(0.8, rel=1e-6)  # 0.2 slot-hours at the fallback's 4.0
+    assert summary.by_source == pytest.approx({"spot-a": 0.1, "spot-b": 0.12})
+    costs = [f for k, f in sim.events if k == "cost"]
+    assert costs and costs[-1]["dollars_per_hour"] == pytest.approx(2.2)
+    started = [f for k, f in sim.events if k == "worker_started"]
+    assert [(f["source"], f["price"]) for f in started] == [("spot-a", 1.0), ("spot-b", 1.2)]
+
+
+def test_the_cost_meter_integrates_rates_between_calls_and_counts_unpriced_slots_apart():
+    meter = CostMeter()
+    meter.advance(0.0, {"a": (2, 2.0, 0)})
+    meter.advance(1800.0, {"a": (2, 2.0, 0), "x": (1, 0.0, 1)})
+    meter.advance(3600.0, {})
+    s = meter.summary()
+    assert s.dollars == pytest.approx(2.0) and s.slot_hours == pytest.approx(2.5)
+    assert s.unpriced_slot_hours == pytest.approx(0.5) and s.fallback_only is None
