@@ -46,6 +46,8 @@ __all__ = [
     "PollReply",
     "RendezvousRequest",
     "PollRequest",
+    "LinkReport",
+    "ProbeOrder",
     "RENDEZVOUS_REASONS",
     "parse_rendezvous_reply",
     "ReRegister",
@@ -220,6 +222,60 @@ class RendezvousRequest:
 
 
 @dataclass(frozen=True)
+class LinkReport:
+    """A worker's link probe, sent with its heartbeats (see ``worker.comm.link_probe``).
+
+    ``port``: where its probe answers on its host (0: no probe); ``probed``: the
+    :class:`ProbeOrder` its ``mb_s`` answers (0: none yet); ``mb_s``: per peer
+    worker id, the bandwidth measured to it, in MB/s (at most :attr:`MAX_PEERS`).
+    """
+
+    port: int = 0
+    probed: int = 0
+    mb_s: tuple[tuple[str, float], ...] = ()
+
+    MAX_PEERS = 16
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"port": self.port, "probed": self.probed, "mb_s": dict(self.mb_s)}
+
+    @classmethod
+    def from_wire(cls, msg: Any) -> "LinkReport | None":
+        if msg is None:
+            return None
+        what = "link report"
+        if not isinstance(msg, Mapping):
+            raise ControlPlaneError(f"malformed {what}: must be an object or null")
+        port = _optional_int(msg, "port", what)
+        raw = msg.get("mb_s") or {}
+        if port > 65535 or not isinstance(raw, Mapping) or len(raw) > cls.MAX_PEERS:
+            raise ControlPlaneError(f"malformed {what}: 'port' must be a port, 'mb_s' at most {cls.MAX_PEERS} peers")
+        mb_s = tuple((str(peer)[:200], _optional_seconds(raw, peer, what)) for peer in raw)
+        return cls(port, _optional_int(msg, "probed", what), mb_s)
+
+
+@dataclass(frozen=True)
+class ProbeOrder:
+    """The driver asks a worker to probe its links to ``peers`` (``worker_id@host:port`` each), once per ``seq``."""
+
+    seq: int
+    peers: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"seq": self.seq, "peers": list(self.peers)}
+
+    @classmethod
+    def from_wire(cls, msg: Any) -> "ProbeOrder | None":
+        if not isinstance(msg, Mapping):
+            return None
+        peers = msg.get("peers")
+        if not isinstance(peers, list) or len(peers) > LinkReport.MAX_PEERS or not all(
+                isinstance(p, str) and 0 < len(p) <= 300 for p in peers):
+            raise ControlPlaneError("malformed probe order: 'peers' must be a short list of worker@host:port")
+        return cls(_int(msg, "seq", "probe order"), tuple(peers))
+
+
+@dataclass(frozen=True)
 class PollRequest:
     """Heartbeat long-poll: what the worker already knows; the reply comes when any of it changes."""
 
@@ -240,12 +296,17 @@ class PollRequest:
     waiting_s: float = 0.0
     #: Its compute time per optimizer step (median of its recent steps in this round), when known.
     compute_s: float | None = None
+    #: Its time per optimizer step in collectives (waiting on peers and sending), when known.
+    comm_s: float | None = None
+    #: Its link probe: its port and its last measurements (None: no probe).
+    link: LinkReport | None = None
 
     def to_wire(self) -> dict[str, Any]:
         # A literal, not asdict(): sent twice a second by every worker (asdict was ~15 % of a heartbeat).
         return {"round": self.round, "update_gen": self.update_gen, "abort_round": self.abort_round,
                 "commits": self.commits, "commit_seq": self.commit_seq, "progress": self.progress,
-                "steps": self.steps, "waiting_s": self.waiting_s, "compute_s": self.compute_s}
+                "steps": self.steps, "waiting_s": self.waiting_s, "compute_s": self.compute_s,
+                "comm_s": self.comm_s, "link": None if self.link is None else self.link.to_wire()}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":
@@ -254,7 +315,9 @@ class PollRequest:
                    _optional_int(msg, "commits", what), _optional_int(msg, "commit_seq", what),
                    _optional_int(msg, "progress", what), _optional_int(msg, "steps", what),
                    _optional_seconds(msg, "waiting_s", what),
-                   None if msg.get("compute_s") is None else _optional_seconds(msg, "compute_s", what))
+                   None if msg.get("compute_s") is None else _optional_seconds(msg, "compute_s", what),
+                   None if msg.get("comm_s") is None else _optional_seconds(msg, "comm_s", what),
+                   LinkReport.from_wire(msg.get("link")))
 
 
 @dataclass(frozen=True)
@@ -275,6 +338,8 @@ class PollReply:
     #: A worker learns it at its next commit or rendezvous; one still forming its host's group
     #: (``hvd.shard``), where neither comes, learns it here.
     leave: str | None = None
+    #: The driver wants this worker to probe its links to these peers (each order once; see :class:`ProbeOrder`).
+    probe: ProbeOrder | None = None
 
     @property
     def dismissed(self) -> bool:
@@ -284,7 +349,8 @@ class PollReply:
     def to_wire(self) -> dict[str, Any]:
         return {"round": self.round, "update_gen": self.update_gen, "abort_round": self.abort_round,
                 "shutdown": self.shutdown, "notice_watcher": self.notice_watcher, "reregister": self.reregister,
-                "stacks": self.stacks, "leave": self.leave}
+                "stacks": self.stacks, "leave": self.leave,
+                "probe": None if self.probe is None else self.probe.to_wire()}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollReply":
@@ -294,7 +360,7 @@ class PollReply:
         return cls(_int(msg, "round", what), _int(msg, "update_gen", what), _int(msg, "abort_round", what),
                    bool(msg.get("shutdown", False)), watcher if isinstance(watcher, str) else None,
                    msg.get("reregister") is True, _optional_int(msg, "stacks", what),
-                   leave[:500] if isinstance(leave, str) and leave else None)
+                   leave[:500] if isinstance(leave, str) and leave else None, ProbeOrder.from_wire(msg.get("probe")))
 
 
 #: What the driver answers a worker whose training function returned (kind ``completed``).
