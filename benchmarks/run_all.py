@@ -12,7 +12,7 @@ A full run writes docs/benchmarks.md and docs/images. ``--quick`` is a smoke run
 of a few minutes: fewer repeats, and its sections and pictures go into a copy of
 docs/benchmarks.md under ``--out`` (a temporary folder by default), so published
 figures are never replaced by a smoke run's. ``--peers`` adds torchft and
-torchrun elastic to the recovery and host-added benchmarks (``./dev bench``
+torchrun elastic to the recovery, host-added and goodput benchmarks (``./dev bench``
 installs requirements/bench.txt for it).
 
 The GPU benchmark (``gpu.py``, which writes a markdown table to ``--out-md``)
@@ -72,6 +72,7 @@ BENCHMARKS = [
     Benchmark("sharded-checkpoint", "sharded_checkpoint.py", 300, 1800),
     Benchmark("soak", "soak.py", 300, 2 * 3600),
     Benchmark("kubernetes", "kubernetes.py", 300, 1800),
+    Benchmark("goodput", "goodput.py", 600, 3600, peers=True),
     Benchmark("gpu", "gpu.py", 400, 3600, needs_gpu=True),
 ]
 
