@@ -40,6 +40,8 @@ TIMELINE: list[tuple[float, str, dict]] = [
                       "text": "Current thread 0x1 (most recent call first):\n  File \"train.py\", line 9 in step\n"}),
     (13.0, "straggler", {"host": "127.0.0.1", "slot": 1, "worker": "127.0.0.1[1]#2", "rank": 1, "round": 2,
                          "compute_s": 0.42, "median_s": 0.2, "factor": 2.0, "window_s": 60.0, "blacklisted_s": 10.0}),
+    (13.5, "slow_link", {"host": "127.0.0.2", "workers": ["127.0.0.2[0]#1"], "mb_s": 11.5, "peers_mb_s": 1180.0,
+                         "peers": ["127.0.0.1", "127.0.0.3"], "factor": 4.0, "blacklisted_s": 10.0}),
     (14.0, "checkpoint_saved", {"step": 60, "path": "/ck/step-60", "duration_s": 0.4, "bytes": 1048576}),
     (15.0, "notice", {"source": "aws", "host": "127.0.0.2", "deadline": T0 + 135.0, "action": "terminate"}),
     (15.5, "hosts_changed", {"added": [], "removed": [],

@@ -57,7 +57,7 @@ from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.liveness import RunningClock, SilenceWatch
 from cloud_elastic.driver.job.adoption import Adoption
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
-from cloud_elastic.protocol import AdoptRequest, Assignment, ExitOrder, PollReply
+from cloud_elastic.protocol import AdoptRequest, Assignment, ExitOrder, LinkReport, PollReply
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 __all__ = [
@@ -272,13 +272,15 @@ class ElasticJob:
 
     def heartbeat(self, worker_id: str, now: float, commits: int | None = None,
                   commit_seq: int | None = None, progress: int | None = None, steps: int | None = None,
-                  waiting_s: float | None = None, compute_s: float | None = None) -> PollReply | None:
+                  waiting_s: float | None = None, compute_s: float | None = None, comm_s: float | None = None,
+                  link: LinkReport | None = None) -> PollReply | None:
         """A worker's heartbeat; None if the worker is unknown or already given up.
 
         ``progress`` is the worker's progress counter (see ``worker.progress``):
         a round none of whose members' counters grows for ``progress_timeout_s``
         is stuck. ``waiting_s`` is how long it has been waiting in one collective;
-        ``compute_s`` its compute time per step (None until it has one; see :mod:`.health`).
+        ``compute_s`` its compute time per step (None until it has one; see :mod:`.health`), ``comm_s`` its
+        time in collectives per step; ``link`` its link probe (see :mod:`.links`).
         """
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
@@ -293,10 +295,10 @@ class ElasticJob:
             w.steps = steps
         if waiting_s is not None:
             w.waiting_s, w.waiting_at = waiting_s, running
-        w.compute_s = compute_s
+        w.compute_s, w.comm_s = compute_s, comm_s
         leave = (w.why or "told to leave") if w.state in (S.DRAINING, S.EXITING) else None
         return PollReply(self.round, self.update_gen, self.abort_round, self.phase is Phase.DONE,
-                         stacks=w.stacks_wanted, leave=leave)
+                         stacks=w.stacks_wanted, leave=leave, probe=self.health.heard(w, link, running))
 
     def drain(self, host: str, slot: int | None, now: float) -> tuple[bool, str]:
         """An operator drains ``host`` or one of its slots (``cloud-elastic drain``); (done, message)."""

@@ -14,6 +14,11 @@
   N workers do N / slowest samples per unit of work and N − 1 do
   (N − 1) / slowest-of-the-others; it is drained only when the latter is larger
   (:func:`faster_without`). One straggler leaves at a time.
+* **slow networks** (:meth:`Health.heard`, and the scan of :meth:`Health.check`): a
+  host whose links are all slow, found by pairwise probes (see :mod:`.links`), is
+  drained the same way: its workers leave at their next commit, no rollback, its
+  slots blacklisted; kept when that would take the job below ``--min-np``. Both
+  watches are off at ``--straggler-factor 0``.
 * **hand drains** (:meth:`Health.drain`, ``cloud-elastic drain JOB HOST[:SLOT]``):
   a host drains as on a notice from the operator; a slot's worker drains alone
   and its slot is blacklisted, so it is not refilled at once;
@@ -21,7 +26,7 @@
   self-test failed (see ``worker.selftest``) is given up with that one-line
   reason and its slot blacklisted, before it ever joined a round.
 
-Cost: the straggler scan looks at the round's members at most once a second.
+Cost: the scan looks at the round's members at most once a second.
 """
 
 from __future__ import annotations
@@ -32,11 +37,13 @@ import statistics
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.leaving import Leavers
+from cloud_elastic.driver.job.links import LinkWatch, SlowHost
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.protocol import LinkReport, ProbeOrder
 from cloud_elastic.providers.api import Drain
 
-__all__ = ["Health", "faster_without"]
+__all__ = ["Health", "faster_without", "comm_share"]
 
 #: A piece of the job logs as the job (its records keep the name they had before the job was split).
 log = logging.getLogger(__name__)
@@ -59,6 +66,13 @@ def faster_without(slowest: float, others: list[float], leaving: int = 1) -> boo
     return (n - leaving) / max(others) > n / slowest
 
 
+def comm_share(w: WorkerRecord) -> float | None:
+    """The share of ``w``'s step time spent in collectives (None until both of its figures are known)."""
+    if w.comm_s is None or w.compute_s is None or w.comm_s + w.compute_s <= 0:
+        return None
+    return w.comm_s / (w.comm_s + w.compute_s)
+
+
 class Health:
     """Stragglers, hand drains and failed self-tests, for one job (see module docstring)."""
 
@@ -66,8 +80,17 @@ class Health:
         self._job = job
         self._leavers = leavers
         self._slow_since: dict[str, float] = {}  # worker id -> running time it was first seen slow
-        self._kept: set[str] = set()  # slow workers already said to be kept (logged once each)
+        self._kept: set[str] = set()  # slow workers (and slow-link hosts) already said to be kept
         self._next_scan = 0.0
+        #: Pairwise link probes and the slow-network rule (see :mod:`.links`).
+        self.links = LinkWatch()
+
+    # ------------------------------------------------------------ heartbeats
+    def heard(self, w: WorkerRecord, link: LinkReport | None, running: float) -> ProbeOrder | None:
+        """``w``'s heartbeat carried ``link`` (its probe's port and figures): the probe it is to run now, if any."""
+        if self._job.policy.straggler_factor <= 0:
+            return None
+        return self.links.heard(w.worker_id, w.slot.host, link, running)
 
     # ----------------------------------------------------------- stragglers
     def check(self, now: float) -> None:
@@ -79,6 +102,7 @@ class Health:
         if running < self._next_scan:
             return
         self._next_scan = running + _SCAN_EVERY_S
+        self._check_links(running, now)
         members = [w for w in job.members() if w.state is S.RUNNING and not w.returned]
         figures = {w.worker_id: w.compute_s for w in members if w.compute_s is not None and w.compute_s > 0}
         if job.abort_round >= job.round or len(figures) < 2 or len(figures) < len(members):
@@ -129,6 +153,44 @@ class Health:
                  compute_s=round(slowest, 4), median_s=round(median, 4), factor=policy.straggler_factor,
                  window_s=policy.straggler_window_s, blacklisted_s=round(delay, 1))
         self._leavers.send_away(w, why)
+
+    # ------------------------------------------------------- slow networks
+    def _check_links(self, running: float, now: float) -> None:
+        job = self._job
+        present = [(w.worker_id, w.slot.host) for w in job.active() if not w.returned]
+        shares = [s for s in (comm_share(w) for w in job.members()) if s is not None]
+        self.links.plan(present, running, statistics.median(shares) if shares else None)
+        if job.abort_round >= job.round:
+            return  # a round changing: decide once it has formed
+        found = self.links.verdict(running)
+        if found is not None:
+            self._drain_host(found, now)
+
+    def _drain_host(self, found: SlowHost, now: float) -> None:
+        job, policy = self._job, self._job.policy
+        gone = [w for w in job.active() if w.slot.host == found.host]
+        if not gone:
+            return
+        figures = (f"its fastest link {found.mb_s:.1f} MB/s against a median of {found.peers_mb_s:.1f} MB/s between "
+                   f"the other hosts (measured with {', '.join(found.peers)})")
+        staying = len(job.active())
+        if staying - len(gone) < policy.min_np and any(w.state is S.RUNNING for w in gone):
+            if found.host not in self._kept:
+                self._kept.add(found.host)
+                log.warning("job %s: host %s has a slow network (%s) but is kept: draining it would leave %d "
+                            "worker(s), below --min-np %d", job.job_id, found.host, figures,
+                            staying - len(gone), policy.min_np)
+            return
+        why = f"slow network: host {found.host}, {figures}"
+        log.warning("job %s: host %s has a %s; its %d worker(s) leave at their next commit and their slots are "
+                    "blacklisted", job.job_id, found.host, why, len(gone))
+        delays = [job.hosts.blacklist.record_failure(w.slot, now) for w in gone]
+        job.emit("slow_link", host=found.host, workers=[w.worker_id for w in gone], mb_s=round(found.mb_s, 2),
+                 peers_mb_s=round(found.peers_mb_s, 2), peers=list(found.peers), factor=self.links.factor,
+                 blacklisted_s=round(max(delays), 1))
+        for w in gone:
+            if w.alive and w.state not in (S.DRAINING, S.EXITING):
+                self._leavers.send_away(w, why)
 
     # ---------------------------------------------------------- hand drains
     def drain(self, host: str, slot: int | None, now: float) -> tuple[bool, str]:

@@ -99,6 +99,8 @@ class WorkerRecord:
     cooldown_s: float = 0.0
     #: Its compute time per optimizer step (median of its recent steps; see ``worker.progress``), if known.
     compute_s: float | None = None
+    #: Its time per optimizer step in collectives (waiting on peers and sending), if known.
+    comm_s: float | None = None
     #: Running time at which it said it was past its exit hooks (``exiting``): its heartbeats have stopped
     #: and its exit status is on the way; silence is then judged by ``EXIT_GRACE_S`` (see :mod:`.liveness`).
     exiting_at: float | None = None
