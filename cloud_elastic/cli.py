@@ -84,6 +84,12 @@ def cli(ctx: click.Context) -> None:
 @click.option("--whole-hosts", is_flag=True,
               help="a host is the unit: its --slots-per-host workers start, join rounds and leave together (one "
                    "failing takes the others with it); -np, --min-np and --max-np must be multiples of it")
+@click.option("--fallback-after", type=float, metavar="SECONDS",
+              help="with several host sources: below -np from the preferred ones this long, the fallback source "
+                   "tops the job up to -np (default: the fallback only below --min-np)")
+@click.option("--manage-capacity", is_flag=True,
+              help="raise the fallback group's desired capacity when the job needs it, and set it back to 0 after "
+                   "(AWS, GCP, Azure; default: the driver never changes a group)")
 @click.option("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
               help="seconds between discovery calls (default 1)")
 @click.option("--host-missing-grace", type=float, default=10.0, metavar="SECONDS",
@@ -151,7 +157,10 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
     else:
         from cloud_elastic.providers.static import never_enough
 
+        from cloud_elastic.providers.multi import check_job_flags
+
         built = build_discovery(discovery)
+        check_job_flags(built, manage_capacity=config.manage_capacity, fallback_after_s=config.fallback_after_s)
         why = never_enough(built, config.num_proc, config.whole_host_slots)
         if why is not None:
             raise ConfigError(why)
@@ -217,6 +226,8 @@ def job_config(params: dict[str, Any], discovery: DiscoveryArgs | None = None):
         straggler_factor=params["straggler_factor"],
         straggler_window_s=params["straggler_window"],
         whole_host_slots=slots if params.get("whole_hosts") and slots else 0,
+        fallback_after_s=params.get("fallback_after"),
+        manage_capacity=params.get("manage_capacity", False),
     )
 
 

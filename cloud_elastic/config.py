@@ -166,6 +166,12 @@ class JobConfig:
     #: ``--whole-hosts``: every host offers this many slots (``--slots-per-host``) and its workers start, join
     #: rounds and leave together, so each round holds whole hosts; 0 = off (workers come and go one by one).
     whole_host_slots: int = 0
+    #: ``--fallback-after``: with several host sources, below -np from the preferred ones this long, the fallback
+    #: source tops the job up to -np (None: only below --min-np; see docs/multi-source.md).
+    fallback_after_s: float | None = None
+    #: ``--manage-capacity``: the driver raises a fallback group's desired capacity when the job needs it, and
+    #: sets it back to 0 when the job is done with it; never otherwise.
+    manage_capacity: bool = False
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -237,6 +243,8 @@ class JobConfig:
         }
         for flag, value in zero_ok.items():
             check_seconds(flag, value, zero_ok=True)
+        if self.fallback_after_s is not None:
+            check_seconds("--fallback-after", self.fallback_after_s, zero_ok=True)
         if self.driver_grace_s > MAX_DRIVER_GRACE_S:
             raise ConfigError(f"--driver-grace must be at most {MAX_DRIVER_GRACE_S:g} seconds (7 days), "
                               f"got {self.driver_grace_s:g}")

@@ -62,6 +62,9 @@ class HostStatus:
     #: "ready", "draining" or "missing" (gone from discovery, within --host-missing-grace).
     state: str
     workers: tuple[WorkerStatus, ...] = ()
+    #: The host source (group) it came from, in a job with several; its price per slot-hour where known.
+    source: str = ""
+    price: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,13 @@ class StatusReply:
     median_compute_s: float | None = None
     #: ``--whole-hosts``: the slots a host joins and leaves with (0: off).
     whole_host_slots: int = 0
+    #: With several host sources: dollars so far, per hour now, per committed step, on the fallback alone.
+    cost: float | None = None
+    cost_per_hour: float | None = None
+    cost_per_step: float | None = None
+    cost_fallback_only: float | None = None
+    #: Fallback slots the job wants now (several host sources).
+    fallback_slots: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The reply's JSON form (what the driver returns from its handler)."""
@@ -121,7 +131,7 @@ class StatusReply:
                     WorkerStatus(int(w["slot"]), str(w["worker"]), str(w["state"]),
                                  None if w.get("rank") is None else int(w["rank"]),
                                  None if w.get("compute_s") is None else float(w["compute_s"]))
-                    for w in h.get("workers", ())))
+                    for w in h.get("workers", ())), str(h.get("source", "")), _number(h.get("price")))
                 for h in data.get("hosts", ()))
             blacklisted = tuple(
                 BlacklistedSlot(str(b["host"]), None if b.get("slot") is None else int(b["slot"]),
@@ -140,9 +150,17 @@ class StatusReply:
                 hosts=hosts, blacklisted=blacklisted, notices=notices, provider=str(data.get("provider", "")),
                 median_compute_s=None if data.get("median_compute_s") is None else float(data["median_compute_s"]),
                 whole_host_slots=int(data.get("whole_host_slots", 0)),
+                cost=_number(data.get("cost")), cost_per_hour=_number(data.get("cost_per_hour")),
+                cost_per_step=_number(data.get("cost_per_step")),
+                cost_fallback_only=_number(data.get("cost_fallback_only")),
+                fallback_slots=int(data.get("fallback_slots", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ControlPlaneError(f"malformed status reply: {type(exc).__name__}: {exc}") from None
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 # ---------------------------------------------------------------------------- the client
@@ -219,6 +237,19 @@ def _duration(seconds: float) -> str:
     return f"{secs}s"
 
 
+def _cost_line(reply: StatusReply) -> str:
+    from cloud_elastic.cost import format_dollars
+
+    line = f"cost {format_dollars(reply.cost or 0.0)} so far, {format_dollars(reply.cost_per_hour or 0.0)}/h now"
+    if reply.cost_per_step is not None:
+        line += f", {format_dollars(reply.cost_per_step)} per committed step"
+    if reply.cost_fallback_only is not None:
+        line += f"; on the fallback alone: {format_dollars(reply.cost_fallback_only)}"
+    if reply.fallback_slots:
+        line += f"; {reply.fallback_slots} fallback slot(s) wanted"
+    return line
+
+
 def render_job_list(jobs: Sequence[JobRecord], *, now: float | None = None) -> str:
     """The job table ``cloud-elastic status`` prints without a job id."""
     if not jobs:
@@ -247,17 +278,22 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
         f"steps/s {rate}, last commit step {commit}, resets {reply.resets}"
         + (f", median compute {reply.median_compute_s * 1e3:.1f} ms/step" if reply.median_compute_s is not None
            else ""),
-        "",
     ]
-    rows = [("HOST", "SLOTS", "STATE", "WORKERS")]
+    if reply.cost is not None:
+        out.append(_cost_line(reply))
+    out.append("")
+    sourced = any(h.source for h in reply.hosts)
+    rows = [("HOST", "SLOTS", "STATE", *(("SOURCE", "$/SLOT-H") if sourced else ()), "WORKERS")]
     for host in reply.hosts:
         workers = ", ".join(
             f"[{w.slot}] " + (f"rank {w.rank} " if w.rank is not None else "") + w.state
             + (f" {w.compute_s * 1e3:.1f} ms/step" if w.compute_s is not None else "") for w in host.workers
         ) or "-"
-        rows.append((host.host, str(host.slots), host.state, workers))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    out += ["  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)) + "  " + row[3] for row in rows]
+        where = (host.source or "-", "-" if host.price is None else f"{host.price:.4g}") if sourced else ()
+        rows.append((host.host, str(host.slots), host.state, *where, workers))
+    columns = len(rows[0]) - 1
+    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
+    out += ["  ".join(cell.ljust(w) for cell, w in zip(row[:columns], widths)) + "  " + row[columns] for row in rows]
     if reply.blacklisted:
         out.append("")
         out.append("blacklisted:")

@@ -3,7 +3,8 @@
 :func:`read_events` reads the JSON lines of ``--events-file`` (the last job in
 the file, unless told which); :func:`build_timeline` turns them into a pure
 :class:`Timeline` (world size over time, one lane per host slot holding each
-worker's life, notices, rollbacks); :func:`draw_timeline` draws it with
+worker's life, notices, rollbacks, and with several priced host sources the
+running cost); :func:`draw_timeline` draws it with
 matplotlib, which is the optional extra ``[plot]``.
 """
 
@@ -45,13 +46,16 @@ class Timeline:
     notices: list[tuple[float, str, str]] = field(default_factory=list)
     #: (t, steps lost, commit rolled back to)
     rollbacks: list[tuple[float, int, int | None]] = field(default_factory=list)
+    #: (t, dollars so far), from the ``cost`` events and ``job_finished`` (several host sources).
+    cost: list[tuple[float, float]] = field(default_factory=list)
     outcome: str | None = None
 
     def summary(self) -> str:
         workers = sum(len(lives) for lives in self.lanes.values())
         lost = sum(r[1] for r in self.rollbacks)
+        cost = f", cost ${self.cost[-1][1]:.4g}" if self.cost else ""
         return (f"job {self.job}: {workers} workers on {len(self.lanes)} host slots, {len(self.world)} rounds, "
-                f"{len(self.rollbacks)} rollbacks ({lost} steps lost), {len(self.notices)} notices")
+                f"{len(self.rollbacks)} rollbacks ({lost} steps lost), {len(self.notices)} notices{cost}")
 
 
 def read_events(path: str, job: str | None = None) -> list[dict[str, Any]]:
@@ -108,8 +112,12 @@ def build_timeline(events: Iterable[dict[str, Any]]) -> Timeline:
             line.notices.append((t, event["host"], event["source"]))
         elif kind == "rollback":
             line.rollbacks.append((t, event["steps_lost"], event.get("commit_step")))
+        elif kind == "cost":
+            line.cost.append((t, float(event["dollars"])))
         elif kind == "job_finished":
             line.outcome = event["outcome"]
+            if event.get("cost") is not None:
+                line.cost.append((t, float(event["cost"])))
             for life in open_lives.values():
                 life.end, life.how = t, "finished"
             open_lives.clear()
@@ -173,6 +181,12 @@ def _draw_world(ax: Any, line: Timeline, end: float) -> None:
         ax.plot([t], [0.3], marker="v", color="tab:orange", markersize=9)
         ax.annotate(f"{source} notice: {host}", (t, 0.3), xytext=(4, 4), textcoords="offset points", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
+    if line.cost:  # the running cost, on its own scale
+        dollars = ax.twinx()
+        dollars.plot([0.0] + [t for t, _ in line.cost], [0.0] + [d for _, d in line.cost], color="tab:green",
+                     linewidth=1.5)
+        dollars.set_ylabel("dollars so far", color="tab:green")
+        dollars.set_ylim(bottom=0)
 
 
 _COLOURS = {"starting": "0.75", "ready": "tab:green"}

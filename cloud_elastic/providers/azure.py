@@ -66,7 +66,8 @@ import os
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
-from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.errors import (CapacityDeniedError, CapacityError, ConfigError, DiscoveryError, FatalDiscoveryError,
+                                  RetryableDiscoveryError)
 from cloud_elastic.providers._common import (
     ABSENT,
     READY,
@@ -270,6 +271,23 @@ class AzureScaleSet(CloudGroupProvider):
         if gpus is None:
             _log.warning("%s: VM size %s is not among the location's SKUs; using 1 slot", self.label, size)
         return gpus or 0
+
+    can_set_capacity = True
+
+    def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
+        """Set the scale set's ``sku.capacity`` to ``hosts`` (``--manage-capacity``): one PATCH, not waited for."""
+        errors = self.sdk["errors"]
+        try:
+            api = self._clients()
+            api["compute"].virtual_machine_scale_sets.begin_update(
+                self.resource_group, self.group, {"sku": {"capacity": hosts}}, polling=False, **api["call"])
+        except errors.HttpResponseError as exc:
+            first = one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            if exc.status_code == 403:
+                raise CapacityDeniedError(f"{self.label}: {first}") from exc
+            raise CapacityError(f"{self.label}: capacity {hosts}: {first}") from exc
+        except errors.AzureError as exc:
+            raise CapacityError(f"{self.label}: capacity {hosts}: {one_line(exc)}") from exc
 
     def _translate(self, exc: Exception, sdk: Mapping[str, Any]) -> DiscoveryError | None:
         errors = sdk["errors"]

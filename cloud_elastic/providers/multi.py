@@ -39,7 +39,7 @@ from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryE
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 from cloud_elastic.providers.sources import SourceSpec
 
-__all__ = ["MultiSourceDiscovery", "SourceState"]
+__all__ = ["MultiSourceDiscovery", "SourceState", "check_job_flags"]
 
 log = logging.getLogger(__name__)
 
@@ -265,3 +265,20 @@ class MultiSourceDiscovery(HostDiscovery):
             if source.last is not None and (host in source.last.ready or host in source.last.draining):
                 return source
         return None
+
+
+def check_job_flags(discovery: HostDiscovery, *, manage_capacity: bool, fallback_after_s: float | None) -> None:
+    """ConfigError for ``--manage-capacity`` / ``--fallback-after`` on a job that cannot use them (before it starts)."""
+    from cloud_elastic.errors import ConfigError
+
+    specs = discovery.specs if isinstance(discovery, MultiSourceDiscovery) else ()
+    fallbacks = [s for s in specs if s.fallback]
+    for flag, given in (("--manage-capacity", manage_capacity), ("--fallback-after", fallback_after_s is not None)):
+        if given and not fallbacks:
+            raise ConfigError(f"{flag} needs a fallback host source: mark one with --source NAME:fallback")
+    states = discovery.sources if isinstance(discovery, MultiSourceDiscovery) else []
+    if manage_capacity:
+        for source in states:
+            if source.spec.fallback and not source.discovery.can_set_capacity:
+                raise ConfigError(f"--manage-capacity: host source {source.spec.name!r} ({source.spec.provider}) "
+                                  "cannot set a group's desired capacity (AWS, GCP and Azure groups can)")

@@ -19,7 +19,7 @@ identity), so the real credential chain runs without leaving the machine.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
 from tests.emulator.httpfake import FakeCloud, Reply, Request, page_of
@@ -49,6 +49,10 @@ class ScaleSet:
     mode: str
     location: str
     vms: list[VM]
+    #: The capacities a PATCH of ``sku.capacity`` asked for, in order (``--manage-capacity``).
+    capacities: list[int] = field(default_factory=list)
+    #: When set, the PATCH answers 403 AuthorizationFailed (no Microsoft.Compute/virtualMachineScaleSets/write).
+    deny_update: bool = False
 
 
 class FakeAzure(FakeCloud):
@@ -64,6 +68,7 @@ class FakeAzure(FakeCloud):
         self.page_size = 500
         self.route("GET", "/msi/token", self._token)
         self.route("GET", _VMSS, self._get_scale_set)
+        self.route("PATCH", _VMSS, self._update_scale_set)
         self.route("GET", _VMSS + "/virtualMachines", self._uniform_vms)
         self.route("GET", _VMSS + "/networkInterfaces", self._uniform_nics)
         self.route("GET", _RG + "/Microsoft.Compute/virtualMachines", self._flexible_vms)
@@ -110,6 +115,18 @@ class FakeAzure(FakeCloud):
         p = request.params
         return Reply(200, {"id": _vmss_id(p["sub"], p["rg"], p["name"]), "name": p["name"], "location": ss.location,
                            "properties": {"orchestrationMode": ss.mode}})
+
+    def _update_scale_set(self, request: Request) -> Reply:
+        """Records ``sku.capacity``; the test adds or removes the VMs it stands for."""
+        ss = self._scale_set(request)
+        p = request.params
+        if ss.deny_update:
+            return _error(403, "AuthorizationFailed", "The client does not have authorization to perform action "
+                          "'Microsoft.Compute/virtualMachineScaleSets/write'.")
+        ss.capacities.append(int(request.json()["sku"]["capacity"]))
+        return Reply(200, {"id": _vmss_id(p["sub"], p["rg"], p["name"]), "name": p["name"], "location": ss.location,
+                           "sku": {"capacity": ss.capacities[-1]},
+                           "properties": {"orchestrationMode": ss.mode, "provisioningState": "Succeeded"}})
 
     def _page(self, request: Request, items: list) -> Reply:
         page, token = page_of(items, request.query.get("$skiptoken"), self.page_size)

@@ -30,6 +30,7 @@ BASE = {
     "whole_host_slots": 0,  # --whole-hosts came after argparse: off unless given
     "restarts": 0,  # --restarts too
     "metrics_addr": "127.0.0.1",  # and --metrics-addr: argparse's metrics server bound every interface
+    "fallback_after_s": None, "manage_capacity": False,  # several host sources (issue 45) came later still
 }
 ONE = {"num_proc": 1, "min_np": 1, "max_np": 1}
 
@@ -148,3 +149,15 @@ def test_new_run_flags_reach_the_job_configuration() -> None:
     assert (config.checkpoint_keep, config.driver_grace_s, config.notice_watcher) == (5, 20.0, "gcp")
     assert (config.drain_on_rebalance, config.events_file, config.metrics_port) == (True, "ev.jsonl", 9100)
     assert config.metrics_addr == "0.0.0.0"
+
+
+def test_the_multi_source_flags_reach_the_job_configuration_and_the_sources() -> None:
+    _, params, discovery = parse_command_line([
+        "run", "-np", "2", "--aws-asg", "spot-a", "--aws-asg", "spot-b", "--aws-asg", "od",
+        "--source", "od:fallback,on_demand_price=3.06", "--fallback-after", "120", "--manage-capacity",
+        "python", "t.py",
+    ])
+    config = params["config"]
+    assert (config.fallback_after_s, config.manage_capacity) == (120.0, True)
+    assert discovery.groups == (("aws_asg", "spot-a"), ("aws_asg", "spot-b"), ("aws_asg", "od"))
+    assert discovery.source == ("od:fallback,on_demand_price=3.06",)

@@ -35,13 +35,14 @@ def test_timeline_command_writes_a_png_of_the_recorded_job(tmp_path: Path) -> No
     assert width >= 600 and height >= 300
     assert result.stdout.strip() == (
         f"cloud-elastic: wrote {out} (job {JOB}: 4 workers on 4 host slots, 4 rounds, "
-        "1 rollbacks (7 steps lost), 1 notices)"
+        "1 rollbacks (7 steps lost), 1 notices, cost $0.0125)"  # the recorded cost event's running total
     )
 
 
 def test_the_picture_is_built_from_the_lives_rounds_notices_and_rollbacks(tmp_path: Path) -> None:
     line = build_timeline(read_events(str(write_recorded_events(tmp_path / "e.jsonl"))))
     assert [(round(t, 3), size) for t, size in line.world] == [(2.0, 3), (10.0, 2), (16.2, 1), (20.0, 2)]
+    assert [(round(t, 3), d) for t, d in line.cost] == [(26.0, 0.0125)]
     killed = line.lanes[("127.0.0.1", 1)][0]
     assert (round(killed.start, 3), round(killed.ready, 3), round(killed.end, 3), killed.how) == (0.2, 1.6, 9.0, "failed")
     assert line.lanes[("127.0.0.2", 0)][0].how == "left"

@@ -59,9 +59,12 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
                          None if w.compute_s is None else round(w.compute_s, 4))
         )
     hosts = job.hosts
-    rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ()))) for h, n in hosts.ready.items()]
-    rows += [HostStatus(h, 0, "draining", tuple(by_host.get(h, ()))) for h in hosts.draining]
-    rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ()))) for h, (n, _) in hosts.missing.items()]
+    rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h))
+            for h, n in hosts.ready.items()]
+    rows += [HostStatus(h, 0, "draining", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h))
+             for h in hosts.draining]
+    rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h))
+             for h, (n, _) in hosts.missing.items()]
     members = [w for w in job.workers.values() if w.member_of(job.round)]
     commit = max((w.commit_seq for w in members), default=0)
     computes = [w.compute_s for w in members if w.compute_s is not None]
@@ -89,4 +92,18 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
         provider=provider,
         median_compute_s=round(statistics.median(computes), 4) if computes else None,
         whole_host_slots=config.whole_host_slots,
+        **_cost(job, now),
     )
+
+
+def _cost(job: ElasticJob, now: float) -> dict:
+    """The cost fields of a job with several host sources (none otherwise)."""
+    sourcing = job.capacity.sourcing
+    if sourcing is None:
+        return {}
+    s = sourcing.summary(now)
+    per_step = s.per_step(job.commit_high)
+    return {"cost": round(s.dollars, 6), "cost_per_hour": round(s.dollars_per_hour, 6),
+            "cost_per_step": None if per_step is None else round(per_step, 8),
+            "cost_fallback_only": None if s.fallback_only is None else round(s.fallback_only, 6),
+            "fallback_slots": sourcing.wanted}

@@ -36,9 +36,9 @@ Result = Union[DiscoveredHosts, DiscoveryFailure]
 class DiscoveryPoller:
     """Calls ``discovery.find()`` every ``interval_s`` and reports each result.
 
-    The provider's write path (:meth:`HostDiscovery.release`) runs on the same
-    thread, so a provider never sees two calls at once and the driver's loop
-    never waits on a cloud API. A provider with a push source wakes the
+    The provider's write paths (:meth:`HostDiscovery.release`,
+    :meth:`HostDiscovery.set_capacity`) run on the same thread, so a provider
+    never sees two calls at once and the driver's loop never waits on a cloud API. A provider with a push source wakes the
     poller (:meth:`HostDiscovery.wake_on_news`, :meth:`wake`): the next
     find() then starts at once instead of at the end of the interval.
     """
@@ -51,12 +51,18 @@ class DiscoveryPoller:
         self._wake = threading.Event()  # set by close() too, so that a wait ends at once
         self._thread: threading.Thread | None = None
         self._releases: queue.SimpleQueue[tuple[str, str | None]] = queue.SimpleQueue()
+        self._capacity: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         #: Seconds the last provider call took (for the discovery latency metric).
         self.last_latency_s = 0.0
 
     def release(self, host: str, instance: str | None) -> None:
         """Queue ``discovery.release(host, instance)`` for the poller thread; returns at once."""
         self._releases.put((host, instance))
+
+    def set_capacity(self, source: str, hosts: int) -> None:
+        """Queue ``discovery.set_capacity(hosts, source=source)`` for the poller thread and wake it; returns at once."""
+        self._capacity.put((source, hosts))
+        self._wake.set()
 
     def wake(self) -> None:
         """Start the next find() now rather than at the end of the interval; any thread, never blocks."""
@@ -97,6 +103,17 @@ class DiscoveryPoller:
             except Exception as exc:  # the instance then waits out the cloud's own timeout; the job goes on
                 log.warning("could not release drained host %s: %s", host, exc)
 
+    def _set_capacity_queued(self) -> None:
+        while True:
+            try:
+                source, hosts = self._capacity.get_nowait()
+            except queue.Empty:
+                return
+            try:  # a multi-source provider logs and retries its own failures (see providers.multi)
+                self._discovery.set_capacity(hosts, source=source)
+            except Exception as exc:  # the job goes on; the group keeps the capacity it had
+                log.warning("could not set the desired capacity of host source %r to %d: %s", source, hosts, exc)
+
     def _ask_for_wakeups(self) -> None:
         try:
             self._discovery.wake_on_news(self.wake)
@@ -108,6 +125,7 @@ class DiscoveryPoller:
         while not self._stop.is_set():
             self._wake.clear()  # news arriving from here on wakes the wait below
             self._release_queued()
+            self._set_capacity_queued()
             result = self.poll_once()
             if isinstance(result, DiscoveryFailure):
                 log.warning("host discovery failed: %s", result.message)

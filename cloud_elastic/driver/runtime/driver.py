@@ -26,6 +26,7 @@ from cloud_elastic.control import Codec, new_secret, round_namespace
 from cloud_elastic.driver.restart.window import AdoptingMixin
 from cloud_elastic.driver.runtime.discovery import DiscoveryFailure, DiscoveryPoller
 from cloud_elastic.driver.runtime.control_plane import POLLS_PER_S as _POLLS_PER_S, ControlPlaneMixin, watch_cloud  # noqa: F401 (read here by benchmarks)
+from cloud_elastic.driver.job.actions import SetCapacity
 from cloud_elastic.driver.job.hosts import Blacklist, HostManager
 from cloud_elastic.driver.job.elastic_job import ElasticJob, Finish, Launch, Policy, Release, Stop
 from cloud_elastic.driver.launch.api import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
@@ -36,6 +37,7 @@ from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.driver.runtime.signal_stacks import SignalStacks
 from cloud_elastic.driver.net.store_server import StoreServer
 from cloud_elastic.driver.runtime.condition import JobCondition
+from cloud_elastic.driver.runtime.costs import final_cost
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.metrics import StepRate
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
@@ -94,6 +96,9 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
                 straggler_factor=config.straggler_factor,
                 straggler_window_s=config.straggler_window_s,
                 whole_host_slots=config.whole_host_slots,
+                sources=tuple(getattr(discovery, "specs", ())),  # several host sources (providers.multi)
+                fallback_after_s=config.fallback_after_s,
+                manage_capacity=config.manage_capacity,
             ),
             HostManager(Blacklist(config.cooldown_range_s), missing_grace_s=config.host_missing_grace_s,
                         drain_soft=config.drain_on_rebalance),
@@ -178,9 +183,13 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
             self._shutdown()
             self._flush_events()
             verdict = "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in (130, 143) else "failed")
+            with self._cond:
+                cost = final_cost(self._job, self._clock())
+            if cost.line:
+                log.info("%s", cost.line)
             self._sinks.sink.emit("job_finished", outcome=verdict, exit_code=outcome.exit_code,
                                   resets=self._job.resets, wall_s=round(time.time() - started, 3),
-                                  reason=outcome.reason)
+                                  reason=outcome.reason, **cost.fields)
             self._sinks.close()
             pulse.close()
 
@@ -290,6 +299,8 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
                     self._stop_worker(action)
                 elif isinstance(action, Release) and self._poller is not None:
                     self._poller.release(action.host, action.instance)
+                elif isinstance(action, SetCapacity) and self._poller is not None:
+                    self._poller.set_capacity(action.source, action.hosts)
             if outcome is not None:
                 return outcome
             self._reap()

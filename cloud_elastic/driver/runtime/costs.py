@@ -1,0 +1,46 @@
+"""The job's cost at its end: the ``job_finished`` fields and the line the driver prints.
+
+Only for a job with several host sources (see :mod:`cloud_elastic.driver.job.sourcing`);
+read under the driver's lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cloud_elastic.cost import format_dollars
+from cloud_elastic.driver.job.elastic_job import ElasticJob
+
+__all__ = ["FinalCost", "final_cost"]
+
+
+@dataclass(frozen=True)
+class FinalCost:
+    """``fields`` for ``job_finished``; ``line`` for the log (None: the job has no priced sources)."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    line: str | None = None
+
+
+def final_cost(job: ElasticJob, now: float) -> FinalCost:
+    """What the job cost, charged up to ``now``, and what the same slot-hours would have cost on the fallback."""
+    sourcing = job.capacity.sourcing
+    if sourcing is None:
+        return FinalCost()
+    s = sourcing.summary(now)
+    steps = job.commit_high
+    per_step = s.per_step(steps)
+    fields = {"cost": round(s.dollars, 6), "cost_fallback_only": None if s.fallback_only is None
+              else round(s.fallback_only, 6), "slot_hours": round(s.slot_hours, 6),
+              "cost_per_step": None if per_step is None else round(per_step, 8)}
+    line = f"job {job.job_id}: cost {format_dollars(s.dollars)} for {s.slot_hours:.3f} slot-hour(s)"
+    if per_step is not None:
+        line += f", {format_dollars(per_step)} per committed step ({steps})"
+    if s.unpriced_slot_hours > 0:
+        line += f"; {s.unpriced_slot_hours:.3f} slot-hour(s) had no known price and are not in it"
+    if s.fallback_only is not None:
+        line += f"; the same slot-hours on the fallback alone: {format_dollars(s.fallback_only)}"
+    if s.by_source:
+        line += " (" + ", ".join(f"{k or '?'} {format_dollars(v)}" for k, v in sorted(s.by_source.items())) + ")"
+    return FinalCost(fields, line)

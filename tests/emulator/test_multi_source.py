@@ -1,0 +1,247 @@
+"""Several host sources over real SDKs (issue 45): moto for AWS, the local fakes for GCP and Azure.
+
+The provider tests go through :class:`~cloud_elastic.providers.multi.MultiSourceDiscovery` as the
+command line builds it: capacity calls (``SetDesiredCapacity``, MIG resize, VMSS ``sku.capacity``), an
+AccessDenied said once, spot prices read from ``DescribeSpotPriceHistory``. The job test runs the real CLI
+on three Auto Scaling groups (two spot groups, an on-demand fallback at desired capacity 0), with moto's
+subnets mapped onto loopback so the workers run on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from cloud_elastic.errors import ConfigError
+from cloud_elastic.providers.multi import MultiSourceDiscovery
+from cloud_elastic.providers.selection import build_discovery, parse_discovery_args
+from tests.emulator.fake_azure import VM
+from tests.emulator.fake_gcp import Member
+from tests.emulator.moto_env import clients, group_backend, make_group, set_member
+from tests.integration.conftest import jobs  # noqa: F401  (the fixture that kills what a test leaves running)
+from tests.integration.harness import probe_cmd
+
+pytestmark = [pytest.mark.emulator, pytest.mark.timeout(60)]
+
+DENIED = (b'<ErrorResponse><Error><Type>Sender</Type><Code>AccessDenied</Code><Message>User: arn:aws:iam::'
+          b'123456789012:user/ci is not authorized to perform: autoscaling:SetDesiredCapacity</Message></Error>'
+          b'<RequestId>test</RequestId></ErrorResponse>')
+
+
+def aws_sources(proxy, *names: str, source: tuple[str, ...] = ()) -> MultiSourceDiscovery:
+    argv = [a for n in names for a in ("--aws-asg", n)]
+    argv += ["--aws-region", "us-east-1", "--aws-endpoint-url", proxy.url]
+    argv += [a for s in source for a in ("--source", s)]
+    built = build_discovery(parse_discovery_args(argv))
+    assert isinstance(built, MultiSourceDiscovery)
+    return built
+
+
+def desired(proxy, name: str) -> int:
+    autoscaling, _ = clients(proxy.url)
+    return autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0][
+        "DesiredCapacity"]
+
+
+# ------------------------------------------------------------------------------------ AWS
+
+
+def test_aws_groups_merge_and_the_fallback_group_is_scaled_up_and_back_to_zero(aws):
+    a = make_group(aws.url, "ms-spot-a", size=2, instance_type="g4dn.xlarge", cidr="10.61.1.0/24")
+    b = make_group(aws.url, "ms-spot-b", size=1, instance_type="g4dn.xlarge", cidr="10.61.2.0/24")
+    make_group(aws.url, "ms-od", size=0, instance_type="g4dn.xlarge", cidr="10.61.3.0/24")
+    multi = aws_sources(aws, "ms-spot-a", "ms-spot-b", "ms-od", source=("ms-od:fallback,price=0.526",))
+    try:
+        snapshot = multi.find()
+        assert dict(snapshot.sources) == {a[0]["ip"]: "ms-spot-a", a[1]["ip"]: "ms-spot-a", b[0]["ip"]: "ms-spot-b"}
+        multi.set_capacity(2, source="ms-od")
+        assert desired(aws, "ms-od") == 2
+        grown = multi.find()
+        od = [h for h, s in grown.sources.items() if s == "ms-od"]
+        assert len(od) == 2 and all(grown.prices[h] == 0.526 for h in od)
+        multi.set_capacity(0, source="ms-od")
+        assert desired(aws, "ms-od") == 0
+    finally:
+        multi.close()
+
+
+def test_aws_access_denied_is_one_warning_and_the_job_goes_on_unmanaged(aws, caplog):
+    make_group(aws.url, "dn-spot", size=1, instance_type="g4dn.xlarge", cidr="10.62.1.0/24")
+    make_group(aws.url, "dn-od", size=0, instance_type="g4dn.xlarge", cidr="10.62.2.0/24")
+    aws.fail("SetDesiredCapacity", times=10, status=403, body=DENIED)
+    multi = aws_sources(aws, "dn-spot", "dn-od", source=("dn-od:fallback",))
+    try:
+        with caplog.at_level(logging.WARNING, logger="cloud_elastic"):
+            multi.find()
+            multi.set_capacity(1, source="dn-od")
+            multi.find()
+            multi.set_capacity(2, source="dn-od")
+            assert len(multi.find().ready) == 1  # discovery goes on
+    finally:
+        multi.close()
+    assert aws.count("SetDesiredCapacity") == 1 and desired(aws, "dn-od") == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "may not change host source 'dn-od'" in warnings[0] and "AccessDenied" in warnings[0]
+    assert "goes on without managing the group" in warnings[0]
+
+
+def test_aws_prices_spot_instances_from_the_spot_price_history_and_on_demand_ones_at_the_given_price(aws):
+    spot = make_group(aws.url, "px-spot", size=1, instance_type="g4dn.12xlarge", cidr="10.63.1.0/24")
+    od = make_group(aws.url, "px-od", size=1, instance_type="g4dn.12xlarge", cidr="10.63.2.0/24")
+    for state in group_backend("px-spot").instance_states:
+        state.instance.lifecycle = "spot"  # what a spot request's instance carries (moto's ASG launches on-demand)
+    _, ec2 = clients(aws.url)
+    zone = ec2.describe_instances(InstanceIds=[spot[0]["id"]])["Reservations"][0]["Instances"][0]["Placement"][
+        "AvailabilityZone"]
+    history = (
+        '<DescribeSpotPriceHistoryResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>t</requestId>'
+        '<spotPriceHistorySet>'
+        f'<item><instanceType>g4dn.12xlarge</instanceType><productDescription>Linux/UNIX</productDescription>'
+        f'<spotPrice>1.9560</spotPrice><timestamp>2026-11-28T19:00:00.000Z</timestamp>'
+        f'<availabilityZone>{zone}</availabilityZone></item>'
+        f'<item><instanceType>g4dn.12xlarge</instanceType><productDescription>Linux/UNIX</productDescription>'
+        f'<spotPrice>1.5000</spotPrice><timestamp>2026-11-28T18:00:00.000Z</timestamp>'
+        f'<availabilityZone>{zone}</availabilityZone></item>'
+        '</spotPriceHistorySet><nextToken></nextToken></DescribeSpotPriceHistoryResponse>')
+    aws.rewrite("DescribeSpotPriceHistory", lambda _body: history.encode())
+    multi = aws_sources(aws, "px-spot", "px-od", source=("px-od:fallback,on_demand_price=3.912",))
+    try:
+        prices = multi.find().prices
+    finally:
+        multi.close()
+    # Per slot-hour: a g4dn.12xlarge has 4 GPUs; the latest spot price wins over the older one.
+    assert prices == {spot[0]["ip"]: pytest.approx(1.956 / 4), od[0]["ip"]: pytest.approx(3.912 / 4)}
+    assert aws.count("DescribeSpotPriceHistory") == 1
+
+
+# ------------------------------------------------------------------------------ GCP, Azure
+
+
+def test_gcp_fallback_mig_is_resized_and_a_403_is_one_warning(gcp, caplog):
+    gcp.add_group("proj-1", "spot-mig", [Member("spot-1", "us-central1-a", ip="10.64.0.2")], zone="us-central1-a")
+    gcp.add_group("proj-1", "od-mig", [], zone="us-central1-a")
+    argv = ["--gcp-mig", "spot-mig", "--gcp-mig", "od-mig", "--gcp-project", "proj-1", "--gcp-zone", "us-central1-a",
+            "--gcp-endpoint", gcp.url, "--source", "od-mig:fallback,price=2.48"]
+    multi = build_discovery(parse_discovery_args(argv))
+    try:
+        assert dict(multi.find().sources) == {"10.64.0.2": "spot-mig"}
+        multi.set_capacity(3, source="od-mig")
+        multi.set_capacity(0, source="od-mig")
+        assert gcp.groups[("proj-1", "zones/us-central1-a", "od-mig")].resizes == [3, 0]
+        gcp.groups[("proj-1", "zones/us-central1-a", "od-mig")].deny_resize = True
+        with caplog.at_level(logging.WARNING, logger="cloud_elastic"):
+            multi.set_capacity(1, source="od-mig")
+            multi.set_capacity(2, source="od-mig")
+    finally:
+        multi.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "may not change host source 'od-mig'" in warnings[0], warnings
+
+
+def test_azure_fallback_scale_set_capacity_is_set(azure):
+    azure.add_scale_set("sub-1", "rg-1", "spot-vmss", [VM("0", "10.65.0.4", size="Standard_NC6s_v3")])
+    azure.add_scale_set("sub-1", "rg-1", "od-vmss", [])
+    argv = ["--azure-vmss", "spot-vmss", "--azure-vmss", "od-vmss", "--azure-resource-group", "rg-1",
+            "--azure-subscription", "sub-1", "--azure-endpoint", azure.url, "--source", "od-vmss:fallback"]
+    multi = build_discovery(parse_discovery_args(argv))
+    try:
+        assert set(multi.find().ready) == {"10.65.0.4"}
+        multi.set_capacity(2, source="od-vmss")
+        multi.set_capacity(0, source="od-vmss")
+    finally:
+        multi.close()
+    assert azure.scale_sets[("sub-1", "rg-1", "od-vmss")].capacities == [2, 0]
+
+
+# ------------------------------------------------------------------------------ bad input
+
+CLI = [sys.executable, "-m", "cloud_elastic.cli"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--source", "ms-b:price=-0.5"], "price must be >= 0 dollars, got -0.5"),
+    (["--aws-asg", "ms-a"], "two host sources are named 'ms-a'"),
+    (["--manage-capacity"], "--manage-capacity needs a fallback host source"),
+    (["--source", "ms-b:fallback", "--fallback-after", "-1"], "--fallback-after must be >= 0"),
+])
+def test_bad_multi_source_flags_exit_2_with_one_line_before_anything_starts(extra, message):
+    from cloud_elastic.cli import main
+
+    argv = ["run", "-np", "1", "--aws-asg", "ms-a", "--aws-asg", "ms-b", "--aws-region", "us-east-1", *extra,
+            "python", "t.py"]
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(argv) == 2
+    assert message in err.getvalue() and err.getvalue().count("\n") == 1, err.getvalue()
+
+
+# ------------------------------------------------------------------------------ the job
+
+
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(240)
+def test_a_job_trains_on_spot_falls_back_below_min_np_and_comes_back_with_zero_rollback(aws, jobs, tmp_path):
+    autoscaling, _ = clients(aws.url)
+    a = make_group(aws.url, "job-spot-a", size=1, instance_type="g4dn.xlarge", cidr="10.66.1.0/24")
+    b = make_group(aws.url, "job-spot-b", size=1, instance_type="g4dn.xlarge", cidr="10.66.2.0/24")
+    make_group(aws.url, "job-od", size=0, instance_type="g4dn.xlarge", cidr="10.66.3.0/24")
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName="job-od", MaxSize=2)
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName="job-spot-b", MaxSize=2)
+    events = tmp_path / "events.jsonl"
+    stop = tmp_path / "stop"
+    job = jobs([
+        "run", "-np", "2", "--min-np", "2", "--discovery-interval", "0.3", "--host-missing-grace", "1",
+        "--aws-asg", "job-spot-a", "--aws-asg", "job-spot-b", "--aws-asg", "job-od",
+        "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
+        "--source", "job-spot-a:price=0.2", "--source", "job-spot-b:price=0.3",
+        "--source", "job-od:fallback,price=1.5", "--manage-capacity", "--events-file", str(events),
+        *[a for n in (1, 2, 3) for a in ("--address-map", f"10.66.{n}.0/24=127.66.{n}.0/24")],
+        *probe_cmd("--steps", "20", "--step-sleep", "0.1", "--stop-when", str(stop)),
+    ])
+    job.wait_event("commit", rank=0, step=5, timeout=90)
+    assert desired(aws, "job-od") == 0  # enough spot: the fallback group is left alone
+    first = {e["host"] for e in _events(events) if e["event"] == "worker_started"}
+    assert first == {f"127.66.1.{a[0]['ip'].rsplit('.', 1)[1]}", f"127.66.2.{b[0]['ip'].rsplit('.', 1)[1]}"}
+
+    # spot-b is reclaimed: its member drains (a worker leaves at a commit), then it is gone.
+    set_member("job-spot-b", b[0]["id"], lifecycle="Terminating:Wait")
+    job.wait_for(lambda j: desired(aws, "job-od") == 1, timeout=60, what="the fallback group scaled up")
+    autoscaling.terminate_instance_in_auto_scaling_group(InstanceId=b[0]["id"], ShouldDecrementDesiredCapacity=True)
+    job.wait_for(lambda j: any(e["event"] == "round_formed" and e["size"] == 2 and any(
+        h.startswith("127.66.3.") for h in e["ranks"]) for e in _events(events)), timeout=90,
+        what="a round with the fallback host")
+
+    # Spot returns: the fallback host's worker leaves at a commit, and the group goes back to 0.
+    autoscaling.set_desired_capacity(AutoScalingGroupName="job-spot-b", DesiredCapacity=1)
+    job.wait_for(lambda j: desired(aws, "job-od") == 0, timeout=90, what="the fallback group back at 0")
+    job.wait_for(lambda j: any(e["event"] == "round_formed" and e["size"] == 2 and not any(
+        h.startswith("127.66.3.") for h in e["ranks"]) for e in _events(events)[-5:]), timeout=90,
+        what="a round on spot again")
+    stop.touch()
+    assert job.finish() == 0, job.output()
+
+    seen = _events(events)
+    assert [e for e in seen if e["event"] == "rollback"] == [], "a drain rolled the survivors back"
+    left = [e for e in seen if e["event"] == "worker_left" and e["host"].startswith("127.66.3.")]
+    assert left and "cheaper slots are back" in left[0]["reason"]
+    assert [(e["source"], e["hosts"]) for e in seen if e["event"] == "capacity"] == [("job-od", 1), ("job-od", 0)]
+    # The money adds up: each worker's slot at its source's price, from its start to its end.
+    starts = {e["worker"]: (e["ts"], e["price"]) for e in seen if e["event"] == "worker_started"}
+    ends = {e["worker"]: e["ts"] for e in seen if e["event"] in ("worker_left", "worker_failed")}
+    finished = next(e for e in seen if e["event"] == "job_finished")
+    expected = sum(price * (ends.get(w, finished["ts"]) - t) / 3600 for w, (t, price) in starts.items())
+    assert finished["cost"] == pytest.approx(expected, rel=0.1)
+    hours = sum((ends.get(w, finished["ts"]) - t) / 3600 for w, (t, _) in starts.items())
+    assert finished["cost_fallback_only"] == pytest.approx(1.5 * hours, rel=0.1)
+    assert "cost $" in job.output() and "on the fallback alone: $" in job.output()
