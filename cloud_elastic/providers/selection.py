@@ -304,12 +304,12 @@ def source_specs(args: DiscoveryArgs) -> "tuple[SourceSpec, ...]":
     by_dest = {f.dest: f for f in CLOUD_FLAGS}
     check_unique([(value, f"{by_dest[dest].flag} {value}") for dest, value in args.groups])
     flags = {}
+    names = [value for _, value in args.groups]
     for text in args.source:
-        parsed = parse_source_flag(text)
+        parsed = parse_source_flag(text, names)
         if parsed.name in flags:
             raise ConfigError(f"--source {parsed.name}: given twice; put its keys in one --source")
         flags[parsed.name] = parsed
-    names = [value for _, value in args.groups]
     for name in flags:
         if name not in names:
             raise ConfigError(f"--source {name}: no host source is named {name!r} (sources: {', '.join(names)})")
@@ -334,6 +334,11 @@ def source_specs(args: DiscoveryArgs) -> "tuple[SourceSpec, ...]":
             on_demand_price=given.on_demand_price if given is not None else None,
             fallback=bool(given.fallback) if given is not None else False,
         ))
+    queues = [s.options["notice_queue"] for s in specs if s.options.get("notice_queue")]
+    if len(queues) != len(set(queues)):
+        # Each source reads and deletes what its queue holds: a shared queue would lose one group's notices.
+        raise ConfigError("a notice queue can serve one host source only (each reads and deletes what it holds): "
+                          "give each AWS group its own with --source NAME:notice_queue=URL")
     if all(s.fallback for s in specs):
         raise ConfigError("every host source is marked fallback; at least one must not be")
     return tuple(specs)

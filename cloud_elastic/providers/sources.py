@@ -85,11 +85,20 @@ class SourceFlag:
     options: Mapping[str, str] = field(default_factory=dict)
 
 
-def parse_source_flag(text: str) -> SourceFlag:
-    """Parse ``NAME:KEY=VALUE,...`` (``fallback`` alone means ``fallback=true``); ConfigError naming the flag."""
+def parse_source_flag(text: str, names: Sequence[str] = ()) -> SourceFlag:
+    """Parse ``NAME:KEY=VALUE,...`` (``fallback`` alone means ``fallback=true``); ConfigError naming the flag.
+
+    ``NAME`` is the longest of ``names`` that ``text`` starts with (followed by a colon), else
+    everything before the first colon: a value may hold colons (``notice_queue=https://...``).
+    """
     from cloud_elastic.providers.api import parse_bool
 
-    name, sep, rest = text.rpartition(":")
+    known = [n for n in names if text.startswith(n + ":")]
+    if known:
+        name = max(known, key=len)
+        sep, rest = ":", text[len(name) + 1:]
+    else:
+        name, sep, rest = text.partition(":")
     if not sep or not name.strip():
         raise ConfigError(f"--source {text!r}: expected NAME:KEY=VALUE[,KEY=VALUE...], "
                           "e.g. --source spot-a:price=0.9,priority=1")

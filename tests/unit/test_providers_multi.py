@@ -80,6 +80,13 @@ def test_repeated_and_mixed_group_flags_are_sources_named_after_their_groups_wit
     assert [(s.priority, s.price, s.fallback) for s in got] == [(0, None, False), (2, None, False), (0, 3.5, True)]
 
 
+def test_a_value_may_hold_colons_and_a_group_name_may_too():
+    got = specs("--aws-asg", "a", "--aws-asg", "team:b", "--source", "a:notice_queue=https://sqs.example:443/1/q",
+                "--source", "team:b:price=0.5")
+    assert dict(got[0].options) == {"group": "a", "notice_queue": "https://sqs.example:443/1/q"}
+    assert (got[1].name, got[1].price) == ("team:b", 0.5)
+
+
 def test_one_group_alone_is_one_provider_as_before():
     built = build_discovery(parse_discovery_args(["--aws-asg", "g", "--aws-region", "r"]))
     assert not isinstance(built, MultiSourceDiscovery) and built.name == "aws"
@@ -100,6 +107,8 @@ def test_one_group_alone_is_one_provider_as_before():
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "nocolon"], "expected NAME:KEY=VALUE"),
     (["-H", "h", "--aws-asg", "a", "--aws-asg", "b"], "take one source only"),
     (["-H", "h", "--source", "h:price=1"], "take one source only"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--aws-notice-queue", "https://sqs.example/q"],
+     "a notice queue can serve one host source only"),
 ])
 def test_bad_source_flags_are_refused_with_one_line(argv, message):
     with pytest.raises(ConfigError, match=None) as info:
