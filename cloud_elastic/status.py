@@ -51,6 +51,8 @@ class WorkerStatus:
     rank: int | None = None
     #: Its compute time per optimizer step (the time outside waiting on peers), when known.
     compute_s: float | None = None
+    #: The share of its step time spent in collectives (waiting on peers and sending), when known.
+    comm_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,8 @@ class StatusReply:
                 HostStatus(str(h["host"]), int(h["slots"]), str(h["state"]), tuple(
                     WorkerStatus(int(w["slot"]), str(w["worker"]), str(w["state"]),
                                  None if w.get("rank") is None else int(w["rank"]),
-                                 None if w.get("compute_s") is None else float(w["compute_s"]))
+                                 None if w.get("compute_s") is None else float(w["compute_s"]),
+                                 None if w.get("comm_share") is None else float(w["comm_share"]))
                     for w in h.get("workers", ())), str(h.get("source", "")), _number(h.get("price")))
                 for h in data.get("hosts", ()))
             blacklisted = tuple(
@@ -287,7 +290,8 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
     for host in reply.hosts:
         workers = ", ".join(
             f"[{w.slot}] " + (f"rank {w.rank} " if w.rank is not None else "") + w.state
-            + (f" {w.compute_s * 1e3:.1f} ms/step" if w.compute_s is not None else "") for w in host.workers
+            + (f" {w.compute_s * 1e3:.1f} ms/step" if w.compute_s is not None else "")
+            + (f" {w.comm_share * 100:.0f}% comm" if w.comm_share is not None else "") for w in host.workers
         ) or "-"
         where = (host.source or "-", "-" if host.price is None else f"{host.price:.4g}") if sourced else ()
         rows.append((host.host, str(host.slots), host.state, *where, workers))

@@ -218,3 +218,23 @@ def test_a_slow_host_is_kept_when_draining_it_would_go_below_min_np(caplog):
     beat(sim, 30, {"c": SLOW})
     assert sim.job.workers[sim.id("c[0]")].state is S.RUNNING
     assert caplog.text.count("has a slow network") == 1 and "below --min-np 3" in caplog.text
+
+
+def test_status_shows_each_workers_share_of_time_in_collectives():
+    import dataclasses
+
+    from cloud_elastic.driver.job.health import comm_share
+    from cloud_elastic.status import HostStatus, StatusReply, WorkerStatus, render_status
+
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
+    assert comm_share(sim.job.workers[sim.id("a[0]")]) is None  # nothing measured yet
+    beat(sim, 2, {}, compute_s=0.1, comm_s=0.3)
+    assert comm_share(sim.job.workers[sim.id("a[0]")]) == pytest.approx(0.75)
+    worker = WorkerStatus(0, "a[0]#1", "training", 0, 0.1, 0.75)
+    reply = StatusReply(job="j", phase="training", round=1, world_size=1, num_proc=1, min_np=1, max_np=1,
+                        uptime_s=1.0, resets=0, commit_step=None, steps_per_s=None,
+                        hosts=(HostStatus("a", 1, "ready", (worker,)),), blacklisted=(), notices=())
+    assert "a     1      ready  [0] rank 0 training 100.0 ms/step 75% comm\n" in render_status(reply, now=0.0)
+    assert StatusReply.from_json(reply.to_json()) == reply
+    assert StatusReply.from_json(dataclasses.replace(reply, hosts=(HostStatus("a", 1, "ready", (
+        WorkerStatus(0, "a[0]#1", "training", 0),)),)).to_json()).hosts[0].workers[0].comm_share is None

@@ -182,8 +182,8 @@ class Health:
                             staying - len(gone), policy.min_np)
             return
         why = f"slow network: host {found.host}, {figures}"
-        log.warning("job %s: host %s has a %s; its %d worker(s) leave at their next commit and their slots are "
-                    "blacklisted", job.job_id, found.host, why, len(gone))
+        log.warning("job %s: %s; its %d worker(s) leave at their next commit and their slots are blacklisted",
+                    job.job_id, why, len(gone))
         delays = [job.hosts.blacklist.record_failure(w.slot, now) for w in gone]
         job.emit("slow_link", host=found.host, workers=[w.worker_id for w in gone], mb_s=round(found.mb_s, 2),
                  peers_mb_s=round(found.peers_mb_s, 2), peers=list(found.peers), factor=self.links.factor,

@@ -10,6 +10,7 @@ import statistics
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.elastic_job import ElasticJob, Phase
+from cloud_elastic.driver.job.health import comm_share
 from cloud_elastic.driver.job.workers import WorkerState
 from cloud_elastic.status import BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus
 
@@ -56,7 +57,8 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
             # A rank is only meaningful in the current round (a leaver keeps its old one).
             WorkerStatus(w.slot.index, w.worker_id, _STATE_WORDS.get(w.state, w.state.value),
                          w.rank if w.member_of(job.round) else None,
-                         None if w.compute_s is None else round(w.compute_s, 4))
+                         None if w.compute_s is None else round(w.compute_s, 4),
+                         None if (share := comm_share(w)) is None else round(share, 3))
         )
     hosts = job.hosts
     rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h))

@@ -145,7 +145,8 @@ class ControlPlaneMixin:
 
         def check(final: bool) -> dict[str, Any] | None:
             reply = self._job.heartbeat(worker_id, self._clock(), request.commits, request.commit_seq,
-                                        request.progress, request.steps, request.waiting_s, request.compute_s)
+                                        request.progress, request.steps, request.waiting_s, request.compute_s,
+                                        comm_s=request.comm_s, link=request.link)
             if reply is None:
                 return PollReply(0, 0, 0, True).to_wire()
             if (reply.round, reply.update_gen, reply.abort_round) != known or reply.shutdown or final:

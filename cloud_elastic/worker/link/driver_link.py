@@ -34,6 +34,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from cloud_elastic.protocol import AdoptRequest, PollReply, PollRequest, RankInfo, StacksReport
+from cloud_elastic.worker.comm.link_probe import link_probe_of
 from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.link.progress import format_stacks
 
@@ -153,7 +154,8 @@ class DriverLinkMixin:
                     "poll",
                     PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits,
                                 self.commit_seq, progress.sample(), progress.steps,
-                                round(progress.waiting_s(), 2), progress.compute_s()).to_wire(),
+                                round(progress.waiting_s(), 2), progress.compute_s(),
+                                comm_s=progress.comm_s(), link=link_probe_of(self).report()).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:
@@ -185,6 +187,7 @@ class DriverLinkMixin:
                 self.sent_away = reply.leave
             self.view_as_of = sent
             self._maybe_watch_notices(reply.notice_watcher)
+            link_probe_of(self).order(reply.probe)  # the driver's probe order runs on a thread of its own
             if reply.stacks > self._stacks_sent:
                 self._send_stacks(client, reply.stacks)
             if reply.shutdown:

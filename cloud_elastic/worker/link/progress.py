@@ -23,7 +23,9 @@ between two steps minus the time spent waiting on peers in collectives (the
 gradient allreduce included). A slow worker has a long compute time and short
 waits; its peers, the opposite. The median of the last :data:`RECENT_STEPS`
 steps of the round goes to the driver with each heartbeat (see the driver's
-straggler rule).
+straggler rule), and so does the median of their *communication time*, the
+waits themselves: a slow network shows there, on every rank alike (see the
+driver's slow-network rule, ``driver.job.links``).
 """
 
 from __future__ import annotations
@@ -57,28 +59,37 @@ class Progress:
         self._step_started: float | None = None
         self._waited = 0.0  # in collectives since the last step
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        self._recent_comm: deque[float] = deque(maxlen=RECENT_STEPS)
 
     def mark(self) -> None:
         """Something completed (a commit, a collective, a sync)."""
         self.count += 1
 
     def step(self, now: float | None = None) -> None:
-        """An optimizer step completed: the time since the previous one, less its waits, was computing."""
+        """An optimizer step completed: the time since the previous one, less its waits, was computing;
+        the waits were communication."""
         self.steps += 1
         self.count += 1
         now = time.monotonic() if now is None else now
         if self._step_started is not None:
             self._recent.append(max(0.0, now - self._step_started - self._waited))
+            self._recent_comm.append(self._waited)
         self._step_started, self._waited = now, 0.0
 
     def new_round(self) -> None:
         """A round formed: its first step (warm-up, a state sync before it) is not a step of the loop."""
         self._step_started, self._waited = None, 0.0
         self._recent.clear()
+        self._recent_comm.clear()
 
     def compute_s(self) -> float | None:
         """The median compute time of the recent steps of this round; None before three of them."""
         recent = list(self._recent)
+        return statistics.median(recent) if len(recent) >= 3 else None
+
+    def comm_s(self) -> float | None:
+        """The median time in collectives of the recent steps of this round; None before three of them."""
+        recent = list(self._recent_comm)
         return statistics.median(recent) if len(recent) >= 3 else None
 
     def watch_thread(self) -> None:
