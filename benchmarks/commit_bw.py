@@ -12,7 +12,7 @@ with momentum: state size = parameters + momentum. Per size:
   the time of ``commit()`` itself.
 - *DistributedOptimizer, commit every step*: the path training takes (``step()`` then
   ``commit()``): in place (the default loop's commits keep nothing, see
-  ``cloud_elastic/worker/commit/window.py``) and kept (``CLOUD_ELASTIC_COMMIT_MODE=snapshot``;
+  ``cloud_elastic/worker/ledger.py``) and kept (``CLOUD_ELASTIC_COMMIT_MODE=snapshot``;
   for SGD the update after a commit writes into the snapshot's spare buffers instead of
   copying, see ``cloud_elastic/worker/optim/zerocopy.py``); the commit's cost is the median of
   (step + commit) minus the median of a step of the same optimizer never committing.
@@ -83,9 +83,9 @@ def make(state_mb: int, distributed: bool):
 def _timed_steps(mb: int, reps: int, mode: str, *, commit: bool) -> list[float]:
     """Seconds of ``step()`` (+ ``commit()``) with DistributedOptimizer, each loop a new training loop."""
     from cloud_elastic.worker.context import get_context
-    from cloud_elastic.worker.commit.window import CommitWindow
+    from cloud_elastic.worker.ledger import CommitWindow
 
-    get_context().window = CommitWindow(mode)  # what this loop does decides how its commits are kept
+    get_context().ledger.window = CommitWindow(mode)  # what this loop does decides how its commits are kept
     model, opt, state, _ = make(mb, distributed=True)  # its warm-up step precedes the state: no window
     times = []
     for i in range(reps + 2):  # the first two steps teach the loop (and allocate what they keep)
@@ -166,7 +166,7 @@ def main() -> None:
         del model, opt, state
 
         # The training path, DistributedOptimizer with a commit every step, in place (the default loop's
-        # commits: nothing kept, see worker/commit/window.py) and kept (CLOUD_ELASTIC_COMMIT_MODE=snapshot: what a
+        # commits: nothing kept, see worker/ledger.py) and kept (CLOUD_ELASTIC_COMMIT_MODE=snapshot: what a
         # loop with collectives between step() and commit() gets), against steps that never commit.
         with_commit = _timed_steps(mb, reps, "auto", commit=True)
         kept = _timed_steps(mb, reps, "snapshot", commit=True)

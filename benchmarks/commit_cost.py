@@ -5,7 +5,7 @@
 For each (model, optimizer) case, four jobs run side by side in round-robin
 slices (``common.interleaved_step_times``: SIGSTOP/SIGCONT, ratios per round,
 median over rounds): cloud-elastic committing every step (the default: commits
-kept in place, see ``worker/commit/window.py``), the same with
+kept in place, see ``worker/ledger.py``), the same with
 ``CLOUD_ELASTIC_COMMIT_MODE=snapshot`` (every commit kept whole: what a loop
 with a collective between ``step()`` and ``commit()`` pays), cloud-elastic
 never committing, and the same model under torchrun + DDP.

@@ -9,8 +9,8 @@ NumPy) is refused when saved, not discovered unreadable when needed.
 
 ``state_payload(state)`` maps a state's public attributes (what the user
 registered: ``TorchState(model, optimizer, sampler=..., epoch=0)``) to one
-flat dict: modules, optimizers and an ``ElasticSampler`` by their
-``state_dict()``, everything else as it is. A sampler's ``state_dict()`` is
+flat dict: modules, optimizers and a :class:`SavedByStateDict` (an
+``ElasticSampler``) by their ``state_dict()``, everything else as it is. A sampler's ``state_dict()`` is
 its progress as spans of positions (O(spans), whatever the dataset size), so
 checkpointing never builds a per-sample list on the training thread;
 ``load_state_payload`` also reads checkpoints that hold Horovod's form
@@ -21,13 +21,13 @@ checkpointing never builds a per-sample list on the training thread;
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from cloud_elastic.checkpoint.api import CheckpointError
 
-__all__ = ["check_payload", "stage_payload", "state_payload", "load_state_payload"]
+__all__ = ["SavedByStateDict", "check_payload", "stage_payload", "state_payload", "load_state_payload"]
 
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), torch.Size, torch.dtype, torch.device)
 _DICTS = (dict, collections.OrderedDict)
@@ -118,6 +118,22 @@ def _refuse(value: Any, where: str) -> CheckpointError:
 # -- the payload of a state ------------------------------------------------------------
 
 
+@runtime_checkable
+class SavedByStateDict(Protocol):
+    """A value that a state payload holds as its ``state_dict()`` and loads with ``load_state_dict()``,
+    besides modules and optimizers: a class opts in with ``saved_by_state_dict = True``.
+
+    ``ElasticSampler`` (``cloud_elastic.worker.sampler``) does: its ``state_dict()`` is O(spans) plain data.
+    ``load_state_dict`` must also take Horovod's form ``{"epoch", "processed_indices"}`` (a list).
+    """
+
+    saved_by_state_dict: bool
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
 def _public_attributes(state: Any) -> dict[str, Any]:
     """The attributes the user registered on the state: its public instance attributes."""
     return {name: value for name, value in vars(state).items() if not name.startswith("_")}
@@ -132,14 +148,12 @@ def state_payload(state: Any, skip: frozenset[str] = frozenset()) -> dict[str, A
     before returning) or ``CheckpointStore.save`` (which writes before
     returning).
     """
-    from cloud_elastic.worker.sampler import ElasticSampler
-
     payload: dict[str, Any] = {}
     for name, value in _public_attributes(state).items():
         if name in skip:
             continue
         # A sampler's state_dict() is O(spans) plain data: nothing on this thread grows with the dataset.
-        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, ElasticSampler)):
+        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, SavedByStateDict)):
             payload[name] = value.state_dict()
         else:
             payload[name] = value
@@ -164,8 +178,6 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
     ``state.save()`` runs, so a later rollback returns to the checkpoint and
     never to the weights the process started with.
     """
-    from cloud_elastic.worker.sampler import ElasticSampler
-
     live = {name: value for name, value in _public_attributes(state).items() if name not in skip}
     if not isinstance(payload, dict):
         raise CheckpointError(f"a state checkpoint is a dict of attributes, got {type(payload).__name__}")
@@ -181,7 +193,7 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
             target = live[name]
             if isinstance(target, (torch.nn.Module, torch.optim.Optimizer)):
                 target.load_state_dict(value)
-            elif isinstance(target, ElasticSampler):
+            elif isinstance(target, SavedByStateDict):
                 target.load_state_dict(_sampler_state(value))
             else:
                 setattr(state, name, value)

@@ -60,13 +60,13 @@ from cloud_elastic.worker.rounds.groups import (
     nccl_error_handling_default,
     nccl_nonblocking_timeout_default,
 )
-from cloud_elastic.worker.link.driver_link import _SurvivingStream, DriverLinkMixin, _survive_output_loss, notice_reporter  # noqa: F401
+from cloud_elastic.worker.ledger import CommitLedger, CommitWindow
+from cloud_elastic.worker.link.driver_link import DriverLinkMixin, _survive_output_loss
 from cloud_elastic.worker.link.progress import Progress
 from cloud_elastic.worker.rounds.reclaim import Reaper
 from cloud_elastic.worker.settings import WorkerSettings
-from cloud_elastic.worker.commit.window import CommitWindow
 
-__all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized", "notice_reporter"]
+__all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized"]
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,11 @@ log = logging.getLogger(__name__)
 class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
     """See module docstring. Constructing it does no I/O; ``start()`` connects.
 
-    Its parts: :mod:`.link` (heartbeats and every call to the driver) and
-    :mod:`.groups` (the process group per round, abortable waits); the rest is
-    here: start-up, rendezvous, completion, commits, leaving.
+    Its parts: :mod:`.link.driver_link` (heartbeats and every call to the driver),
+    :mod:`.rounds.groups` (the process group per round, abortable waits) and
+    ``ledger`` (:class:`CommitLedger`: this worker's record of its commits, written
+    by ``worker.commit`` and ``worker.optim``); the rest is here: start-up,
+    rendezvous, completion, the membership flag each commit agrees on, leaving.
 
     ``settings`` default to :meth:`WorkerSettings.from_environ`, read here once.
     """
@@ -120,29 +122,8 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         #: Threads forming a round's group (they block in torch until the group forms or times out).
         self._formations: list[threading.Thread] = []
         self.device = torch.device("cpu")
-        #: Commits made by this process (its progress, for the driver's status and events).
-        self.commits = 0
-        #: Position in the job's history of commits of the state this worker would restore: each commit
-        #: adds one, a sync takes rank 0's. Reported to the driver, which makes the holder of the newest
-        #: commit rank 0 (a collective may complete on some ranks and fail on others).
-        self.commit_seq = 0
-        self._live_seq = 0  # the same for the live state, ahead of commit_seq between a commit and a restore
-        #: Whether this worker can restore its last commit exactly (False after a failure inside an
-        #: update's window that kept nothing; see ``window``). Reported at rendezvous: the driver then
-        #: never takes the state from it.
-        self.holds_commit = True
-        #: The commit window: may an update run in place, keeping nothing?
-        self.window = CommitWindow(s.commit_mode)
-        #: ``commit_seq`` of the state the running (or last) sync broadcasts from rank 0.
-        self.sync_root_seq: int | None = None
-        #: Sharded training: the round of the last sync, and the hosts (cross ranks) that received this
-        #: local rank's shards in it (the others held that commit already).
-        self.shard_sync: tuple[int, list[int]] = (0, [])
-        #: Called with the state after each commit (e.g. rank 0's durable checkpoint schedule).
-        self.after_commit: list[Any] = []
-        #: DistributedOptimizer steps since the last commit: what a rollback undoes.
-        self.steps_since_commit = 0
-        self._rolled_back = 0
+        #: This worker's record of its commits, reported at every rendezvous and heartbeat.
+        self.ledger = CommitLedger(s.commit_mode, self.progress, self.worker_id)
         self._notice_watcher: Any = None
         #: (address, port) of the driver's control plane and store: never one of a group's peers.
         self._control_peers: set[tuple[str, int]] = set()
@@ -162,6 +143,22 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         #: script, and says so at exit (:meth:`_report_script_end`).
         self.elastic_entered = False
         self._uncaught: BaseException | None = None  # the exception the script ended with (see _note_uncaught)
+
+    # What the heartbeat (``link.driver_link``) reports and each collective (``rounds.groups``) tells, of the ledger.
+    @property
+    def commits(self) -> int:
+        """Commits made by this process (``ledger.commits``)."""
+        return self.ledger.commits
+
+    @property
+    def commit_seq(self) -> int:
+        """``ledger.commit_seq``: the position of the state this worker would restore in the job's commits."""
+        return self.ledger.commit_seq
+
+    @property
+    def window(self) -> CommitWindow:
+        """``ledger.window``: each collective started is shown to it."""
+        return self.ledger.window
 
     @property
     def leaked_groups(self) -> int:
@@ -246,8 +243,9 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
             self._abandon_round()  # usually done already, by the collective that failed
         last_round = self._attempted_round
         self._last_reason = reason
-        request = RendezvousRequest(last_round, reason, self.commits, self._rolled_back, self.commit_seq,
-                                    self.holds_commit).to_wire()
+        ledger = self.ledger
+        request = RendezvousRequest(last_round, reason, ledger.commits, ledger.rolled_back, ledger.commit_seq,
+                                    ledger.holds_commit).to_wire()
         while True:
             reply = parse_rendezvous_reply(self._call("rendezvous", request, timeout_s=60.0))
             if isinstance(reply, Assignment):
@@ -261,7 +259,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
                     log.warning("worker %s: re-registering failed (%s); retrying", self.worker_id, exc)
         info = RoundInfo(**vars(reply.ranks), round=reply.round, needs_sync=reply.needs_sync, update_gen=reply.update_gen,
                          from_checkpoint=reply.from_checkpoint, hosts=reply.hosts)
-        self._rolled_back = 0
+        ledger.rolled_back = 0
         if self.backend == "nccl" and info.local_rank != self.settings.slot:
             # The GPU is the slot; a driver that disagrees would move this worker's group off its model.
             log.warning("worker %s: the driver assigned local rank %d to slot %d", self.worker_id, info.local_rank, self.settings.slot)
@@ -284,7 +282,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         """
         if self._client is None:
             return
-        report = CompletedReport(self.info.round if self.info else 0, self.live_commit_seq, self.progress.steps,
+        report = CompletedReport(self.info.round if self.info else 0, self.ledger.live_commit_seq, self.progress.steps,
                                  error).to_wire()
         while True:
             reply = CompletionReply.from_wire(self._call("completed", report, timeout_s=70.0))
@@ -301,8 +299,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         round switch, a reclaim after a failure) or a group's formation when the
         interpreter finalizes is ended by the interpreter in the middle of torch's
         C++ code: ``terminate called without an active exception`` and SIGABRT,
-        after a job that had succeeded (seen once in ``test_commit_kill_points``).
-        So the current group is let go on this thread (a Gloo group abandoned
+        after a job that had succeeded. So the current group is let go on this thread (a Gloo group abandoned
         first: nothing uses it again, and its destructor then cannot wait on a
         peer), pending releases run here, and reclaims and formations still
         running are waited for, all within ``timeout_s``. Heartbeats go on through
@@ -340,7 +337,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
             return
         raised = self._uncaught or getattr(sys, "last_value", None)
         error = f"{type(raised).__name__}: {raised}"[:300] if raised is not None else None
-        report = CompletedReport(self.info.round, self.live_commit_seq, self.progress.steps, error,
+        report = CompletedReport(self.info.round, self.ledger.live_commit_seq, self.progress.steps, error,
                                  elastic=False).to_wire()
         try:
             DriverClient(self.settings.driver_address, self._codec, self.worker_id).call(
@@ -363,48 +360,6 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self._shutdown.set()
         if self._notice_watcher is not None:
             self._notice_watcher.close()
-
-    def note_commit(self, state: Any = None) -> None:
-        """A commit of ``state`` finished on this worker (``State.commit``); runs the after-commit hooks."""
-        self.holds_commit = True
-        self.commits += 1
-        self._live_seq += 1
-        self.commit_seq = self._live_seq
-        self.steps_since_commit = 0
-        self.progress.mark()
-        for hook in self.after_commit:
-            hook(state)
-
-    def note_step(self) -> None:
-        """An optimizer step finished (``DistributedOptimizer.step``)."""
-        self.steps_since_commit += 1
-        self.progress.step()
-
-    def note_rollback(self) -> None:
-        """The state was just restored to the last commit: the steps since then are lost (told to the driver)."""
-        self._rolled_back, self.steps_since_commit = self.steps_since_commit, 0
-        self._live_seq = self.commit_seq
-
-    def note_restored(self) -> None:
-        """The state was restored to the last commit without losing steps (e.g. after a cut-short sync)."""
-        self._live_seq = self.commit_seq
-
-    @property
-    def live_commit_seq(self) -> int:
-        """``commit_seq`` of the live state (what a sync from this worker gives the others)."""
-        return self._live_seq
-
-    def hold_commit(self, seq: int) -> None:
-        """The state (live and saved) is now commit ``seq`` of the job: after a sync or a checkpoint load."""
-        self._live_seq = self.commit_seq = max(0, int(seq))
-        self.holds_commit = True
-
-    def lost_commit(self, why: str) -> None:
-        """The live state is not the last commit and nothing kept can bring it back (see ``window``)."""
-        if self.holds_commit:
-            log.warning("worker %s: cannot restore the last commit exactly (%s); the next round takes the state "
-                        "from a worker that can", self.worker_id, why)
-        self.holds_commit = False
 
     def leave(self, timeout_s: float = 5.0) -> None:
         """This worker leaves the job for good (told to exit).
@@ -483,7 +438,7 @@ def _stacks_on_signal() -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     if not faulthandler.is_enabled():
         # A worker killed by a fatal signal (SIGSEGV; SIGABRT from "terminate called" in torch's C++,
-        # seen once after a chaos job's training had returned) says where each thread was, once.
+        # which can come after the training returned) says where each thread was, once.
         faulthandler.enable(all_threads=True)
 
 

@@ -30,9 +30,10 @@ import torch
 from cloud_elastic.worker import sharded, termination
 
 from cloud_elastic.worker.comm import collectives
-from cloud_elastic.worker.context import init
-from cloud_elastic.worker.exceptions import CollectiveError, HostsUpdatedInterrupt, WorkerRemoved
 from cloud_elastic.worker.commit.state import State
+from cloud_elastic.worker.context import WorkerContext, init
+from cloud_elastic.worker.durable.api import DurableSchedule, open_schedule
+from cloud_elastic.worker.exceptions import CollectiveError, HostsUpdatedInterrupt, WorkerRemoved
 
 __all__ = ["run"]
 
@@ -50,8 +51,8 @@ def run(func: F) -> F:
             with termination.leave_at_commit_on_sigterm(init()):  # SIGTERM: leave at the next commit
                 return _run(func, state, *args, **kwargs)
         except WorkerRemoved as exc:
-            if _DURABLE is not None:
-                _DURABLE.stop_writing()  # a leaving rank 0 finishes the checkpoint it is writing
+            if _schedule is not None:
+                _schedule.stop_writing()  # a leaving rank 0 finishes the checkpoint it is writing
             init().leave()
             print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)
             sys.exit(0)
@@ -59,33 +60,25 @@ def run(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _durable(ctx: Any) -> Any:
-    """The job's checkpoint schedule when it has ``--checkpoint-dir`` (one per process), else None.
-
-    Rank 0 writes a replica's checkpoints; with ``hvd.shard`` (the host's group formed before
-    ``elastic.run``), the workers of rank 0's host write theirs together (``checkpoint.sharded``).
-    """
-    global _DURABLE
-    if _DURABLE is None and not ctx.standalone:
-        from cloud_elastic.worker.durable.rank_zero import DurableSettings, RankZeroCheckpoints
-
-        settings = DurableSettings.from_settings(ctx.settings)
-        if settings is not None and getattr(ctx, "host_group", None) is not None:
-            from cloud_elastic.worker.durable.sharded import ShardedCheckpoints
-
-            _DURABLE = ShardedCheckpoints(settings, ctx)
-        elif settings is not None:
-            _DURABLE = RankZeroCheckpoints(settings, ctx)
-        if _DURABLE is not None:
-            ctx.after_commit.append(_DURABLE.after_commit)
-            ctx.before_grace_exit.append(lambda: _DURABLE.stop_writing(timeout=10.0))
-    return _DURABLE
+#: This process's durable-checkpoint schedule, made by the first ``run`` (see :func:`_durable`); None before,
+#: and in a job without ``--checkpoint-dir``.
+_schedule: DurableSchedule | None = None
 
 
-_DURABLE: Any = None
+def _durable(ctx: WorkerContext) -> DurableSchedule | None:
+    """The job's checkpoint schedule (``durable.api.open_schedule``), made once per process: a later
+    ``run`` in the same process keeps it, and its hooks (after each commit, before the driver-grace exit)
+    are registered once."""
+    global _schedule
+    if _schedule is None:
+        _schedule = schedule = open_schedule(ctx)
+        if schedule is not None:
+            ctx.ledger.after_commit.append(schedule.after_commit)
+            ctx.before_grace_exit.append(lambda: schedule.stop_writing(timeout=10.0))
+    return _schedule
 
 
-def _load_checkpoint(ctx: Any, durable: Any, state: State) -> None:
+def _load_checkpoint(ctx: WorkerContext, durable: DurableSchedule | None, state: State) -> None:
     """Rank 0 of a ``from_checkpoint`` round (every worker of its host, with ``hvd.shard``) loads the latest
     checkpoint before the state is broadcast.
 
@@ -108,6 +101,7 @@ def _load_checkpoint(ctx: Any, durable: Any, state: State) -> None:
 
 def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> Any:
     ctx = init()
+    ledger = ctx.ledger
     ctx.elastic_entered = True  # an elastic script: its end is reported by report_completed, not at exit
     ctx.progress.watch_thread()  # the thread that trains is the one the driver's no-progress watch samples
     durable = _durable(ctx)
@@ -119,13 +113,13 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
                     info.rank == 0 if durable is None else durable.loads_here(info)):
                 _load_checkpoint(ctx, durable, state)
             try:
-                ctx.sync_root_seq = _root_commit_seq(ctx)
+                ledger.sync_root_seq = _root_commit_seq(ctx)
                 state.sync()
                 _hold_synced_state(ctx, state)
             except CollectiveError as exc:
                 log.warning("state sync failed (%s); rejoining", exc)
                 state.restore()
-                ctx.note_restored()
+                ledger.note_restored()
                 _rejoin(ctx, "failure", state)
                 continue
         try:
@@ -133,7 +127,7 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
         except CollectiveError as exc:
             log.warning("collective failed (%s); rolling back to the last commit", exc)
             state.restore()
-            ctx.note_rollback()
+            ledger.note_rollback()
             sync = _rejoin(ctx, "failure", state)
             continue
         except HostsUpdatedInterrupt:
@@ -145,7 +139,7 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
             log.warning("a collective of this host's group failed (%s); rolling back to the last commit",
                         str(exc).splitlines()[0][:200])
             state.restore()
-            ctx.note_rollback()
+            ledger.note_rollback()
             sync = _rejoin(ctx, "failure", state)
             continue
         error = durable.finish(state) if durable is not None else None
@@ -153,28 +147,29 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
         return result
 
 
-def _root_commit_seq(ctx: Any) -> int:
+def _root_commit_seq(ctx: WorkerContext) -> int:
     """``commit_seq`` of rank 0's live state, which the sync is about to give everyone.
 
     Known before the sync, it tells a receiver whether the sync changes its
     state at all: after a graceful membership change every old worker holds the
     very commit rank 0 broadcasts (see ``TorchState.sync``). Rank 0 also tells
     what its loop showed of collectives between an update and a commit
-    (``worker.window``), so a newcomer keeps its commits from the start if it must,
+    (``ledger.CommitWindow``), so a newcomer keeps its commits from the start if it must,
     and whether its loop is confirmed in place, so a newcomer then keeps no whole
     copy of its first commit (a copy the running workers would wait for).
     """
+    ledger = ctx.ledger
     if ctx.standalone or ctx.info is None:
-        return ctx.live_commit_seq
-    window = ctx.window
-    facts = torch.tensor([ctx.live_commit_seq, int(window.has_collectives), int(window.confirmed)], dtype=torch.int64,
+        return ledger.live_commit_seq
+    window = ledger.window
+    facts = torch.tensor([ledger.live_commit_seq, int(window.has_collectives), int(window.confirmed)], dtype=torch.int64,
                          device=ctx.device)
     collectives.broadcast_(facts, 0, "commit sequence")
     window.learn(bool(facts[1].item()), confirmed=bool(facts[2].item()))
     return int(facts[0].item())
 
 
-def _hold_synced_state(ctx: Any, state: State) -> None:
+def _hold_synced_state(ctx: WorkerContext, state: State) -> None:
     """After a sync every worker holds rank 0's commit: take its ``commit_seq`` and save the synced state.
 
     Without the save a worker's snapshot would keep its own older model next to
@@ -184,10 +179,10 @@ def _hold_synced_state(ctx: Any, state: State) -> None:
     if ctx.standalone or ctx.info is None:
         return
     state.save()
-    ctx.hold_commit(ctx.sync_root_seq)
+    ctx.ledger.hold_commit(ctx.ledger.sync_root_seq)
 
 
-def _rejoin(ctx: Any, reason: str, state: State) -> bool:
+def _rejoin(ctx: WorkerContext, reason: str, state: State) -> bool:
     """Rendezvous until a round forms; return whether that round needs a state sync."""
     while True:
         try:

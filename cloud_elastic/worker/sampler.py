@@ -43,6 +43,9 @@ Spans = list[tuple[int, int]]
 class ElasticSampler(Sampler):
     """Horovod's ``ElasticSampler``: ``ElasticSampler(dataset, shuffle=True, seed=0)``."""
 
+    #: A durable checkpoint holds it as its ``state_dict()`` (``cloud_elastic.checkpoint.payload.SavedByStateDict``).
+    saved_by_state_dict = True
+
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0) -> None:
         self.dataset = dataset
         self.shuffle = shuffle

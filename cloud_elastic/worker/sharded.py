@@ -22,8 +22,8 @@ What each piece does in sharded mode:
   (one one-element allreduce), so every worker of every host stops at the same
   commit;
 * ``TorchState`` commits the local shards of the parameters and of the
-  optimizer state as it commits a replica (``commits._ShardedModelHandler``,
-  ``_ShardedOptimizerHandler``): in place in the common loop, else a kept copy
+  optimizer state as it commits a replica (``commit.handlers.ShardedModelHandler``,
+  ``ShardedOptimizerHandler``): in place in the common loop, else a kept copy
   made at the commit (never deferred to the optimizer step); it restores by
   copying them back, and syncs a newcomer host from the host of the newest
   commit, local rank *i* from local rank *i* over the cross-host group;

@@ -225,7 +225,7 @@ def test_a_sharded_checkpoint_goes_to_s3_and_comes_back_bitwise(bucket: str):
     url = f"s3://{bucket}/sharded"
     state, ctx = _state(), _ctx()
     _train(state, 2)
-    ctx.commit_seq = 2
+    ctx.ledger.commit_seq = 2
     assert ShardedCheckpoints(DurableSettings(url), ctx).finish(state) is None
     assert ctx.reports[0][1]["path"].startswith(url + "/ckpt-")
     [info] = CheckpointStore(url).list()

@@ -80,7 +80,7 @@ def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
 
 
 def kept_commit(optimizer: torch.optim.Optimizer) -> bool | None:
-    """Whether the last commit kept a copy of what the update overwrites (see worker/commit/window.py)."""
+    """Whether the last commit kept a copy of what the update overwrites (see worker/ledger.py)."""
     snapshots = getattr(optimizer, "_ce_snapshots", None)
     if not snapshots or not all(hasattr(s, "in_place") for s in snapshots):
         return None

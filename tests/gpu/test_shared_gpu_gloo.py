@@ -6,7 +6,7 @@ so with one GPU the multi-worker paths run over Gloo, which carries CUDA tensors
 host, so each one's ``cuda:<local rank>`` is ``cuda:0``. The loop does a loss
 allreduce between ``step()`` and ``commit()`` at every step, so from its first
 such window on every commit keeps a copy of the parameters and optimizer state
-(see worker/commit/window.py): a peer that dies after its update leaves the survivors
+(see worker/ledger.py): a peer that dies after its update leaves the survivors
 past their own update, and only that copy can bring them back.
 """
 
@@ -41,7 +41,7 @@ def test_three_workers_sharing_one_gpu_are_scaled_up_killed_and_replaced_with_bi
     assert {(e["backend"], e["device"]) for e in hellos} == {("gloo", "cuda:0")}, hellos
     assert sorted(e["slot"] for e in hellos) == ["127.0.0.1/0", "127.0.0.2/0", "127.0.0.2/0", "127.0.0.3/0"], hellos
     # The loop's logging allreduce sits in the commit window from the first step: the first commit was kept
-    # whole in host memory until the loop was known (worker/commit/window.py), so no in-place update ever had to be
+    # whole in host memory until the loop was known (worker/ledger.py), so no in-place update ever had to be
     # undone without a copy and nothing is warned about; every later commit is kept (checked just below).
     assert "from now on every update keeps the values it overwrites" not in out
     assert not [e for e in job.of("commit") if e["step"] > 2 and e["kept"] is False], "a commit after the first " \

@@ -132,7 +132,7 @@ def main() -> None:
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
-        sync_round, receivers = get_context().shard_sync
+        sync_round, receivers = get_context().ledger.shard_sync
         event("entered", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), cross_rank=hvd.cross_rank(),
               round=get_context().info.round, sync_round=sync_round, receivers=receivers, step=state.step, **whole())
         state.resets += 1

@@ -35,15 +35,15 @@ def fresh_commit_window(request: pytest.FixtureRequest) -> None:
     """Each test starts a new training loop: the process's commit window has seen none of the others' steps.
 
     The standalone worker context is one per process; what one test's loop taught
-    it (``worker.window``) would otherwise decide how the next test's commits are kept.
+    it (``worker.ledger.CommitWindow``) would otherwise decide how the next test's commits are kept.
     ``@pytest.mark.commit_mode("snapshot")`` runs a test as ``CLOUD_ELASTIC_COMMIT_MODE=snapshot``.
     """
     from cloud_elastic.worker import context
-    from cloud_elastic.worker.commit.window import CommitWindow
+    from cloud_elastic.worker.ledger import CommitWindow
 
     marker = request.node.get_closest_marker("commit_mode")
     mode = marker.args[0] if marker else "auto"
     ctx = context.init() if marker else context._CONTEXT
     if ctx is not None:
-        ctx.window = CommitWindow(mode)
-        ctx.holds_commit = True
+        ctx.ledger.window = CommitWindow(mode)
+        ctx.ledger.holds_commit = True

@@ -1,6 +1,6 @@
 """In-place (transactional) commits: a loop that commits right after each step keeps no copy of its state.
 
-What a user relies on (``worker/commit/window.py``): with the common loop (forward,
+What a user relies on (``worker/ledger.py``): with the common loop (forward,
 backward, ``step()``, ``commit()``) commits hold no second copy of parameters
 or optimizer state, training gives bitwise the numbers of the optimizer's own
 ``step()``, and a failure before the update (in backward, in a gradient
@@ -129,7 +129,7 @@ def test_a_failure_before_the_update_restores_exactly_without_a_copy(name):
     sched.step()  # between steps: the learning rate changes, it is not the optimizer's update
     _backward(model, opt, 9)  # the forward moved the BatchNorm statistics; then the gradient allreduce fails
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     _assert_equal(_values(model, opt), committed)
     assert opt.param_groups[0]["lr"] == lr
     # Training goes on exactly as from the commit (in the next round, whose start drops the failed step's buckets).
@@ -152,18 +152,18 @@ def test_a_failure_after_an_in_place_update_is_reported_not_hidden(caplog):
     _step(model, opt, 3)  # updated in place; then a collective before the commit fails
     hvd.allreduce(torch.ones(1), name="loss")
     state.restore()
-    assert not get_context().holds_commit  # told to the driver at rendezvous: it takes the state from another worker
+    assert not get_context().ledger.holds_commit  # told to the driver at rendezvous: it takes the state from another worker
     assert "cannot restore the last commit exactly" in caplog.text
     assert "between an in-place optimizer update and the next commit" in caplog.text
     # That loop has a collective in its window: from now on its commits are kept, and restore is exact.
     state.commit()
-    assert get_context().holds_commit and not any(h.in_place for h in opt._ce_snapshots)
+    assert get_context().ledger.holds_commit and not any(h.in_place for h in opt._ce_snapshots)
     committed = _values(model, opt)
     _step(model, opt, 4)
     hvd.allreduce(torch.ones(1), name="loss")
     state.restore()
     _assert_equal(_values(model, opt), committed)
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
 
 
 def test_a_parameter_changed_in_place_outside_the_optimizer_is_noticed():
@@ -174,7 +174,7 @@ def test_a_parameter_changed_in_place_outside_the_optimizer_is_noticed():
     with torch.no_grad():
         model[0].weight.mul_(0.5)  # e.g. a weight clip after the commit
     state.restore()
-    assert not get_context().holds_commit
+    assert not get_context().ledger.holds_commit
 
 
 @pytest.mark.parametrize("loop", ["collective-after-step", "three-steps-per-commit"])
@@ -200,7 +200,7 @@ def test_a_loop_whose_window_holds_collectives_or_steps_restores_exactly_from_it
     window()  # the first window: in place, and a collective (or more steps) in it
     hvd.allreduce(torch.ones(1), name="loss")  # fails
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     _assert_equal(_values(model, opt), initial)
     for _ in range(4):
         window()
@@ -210,7 +210,7 @@ def test_a_loop_whose_window_holds_collectives_or_steps_restores_exactly_from_it
     window()
     hvd.allreduce(torch.ones(1), name="loss")  # fails
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     _assert_equal(_values(model, opt), committed)
     assert "cannot restore" not in caplog.text
     assert "between an in-place optimizer update and the next commit" not in caplog.text
@@ -246,7 +246,7 @@ def test_two_optimizers_stepping_after_one_backward_restore_exactly_when_the_sec
     backward(9)
     opt_g.step()  # then the discriminator's gradient allreduce fails, before opt_d.step()
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     _assert_equal(values(), committed)
     assert "cannot restore" not in caplog.text
 
@@ -307,7 +307,7 @@ def test_a_model_no_distributed_optimizer_updates_is_kept_whole_and_restored_exa
     _backward(model, opt, 9)  # this step's allreduce fails (the restore below), with the EMA changed in place
     average()
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     _assert_equal(list(ema.state_dict().values()), kept)
 
 
@@ -322,7 +322,7 @@ def test_a_loop_confirmed_in_place_drops_the_whole_copy_at_its_first_commit():
 
 
 def test_a_newcomer_learns_the_loop_from_rank_0():
-    from cloud_elastic.worker.commit.window import CommitWindow
+    from cloud_elastic.worker.ledger import CommitWindow
 
     window = CommitWindow()
     assert window.in_place()
@@ -337,7 +337,7 @@ def test_a_newcomer_learns_the_loop_from_rank_0():
 
 
 def test_a_newcomer_keeps_no_whole_copy_when_rank_0_confirmed_the_loop_in_place():
-    from cloud_elastic.worker.commit.window import CommitWindow
+    from cloud_elastic.worker.ledger import CommitWindow
 
     window = CommitWindow()
     assert window.in_place() and not window.confirmed  # alone, its first commit would keep a whole copy
@@ -380,7 +380,7 @@ def test_a_sync_into_an_in_place_commit_that_is_cut_short_restores_it_exactly():
         model[0].weight.add_(1.0)
         next(iter(opt.state.values()))["exp_avg"].add_(1.0)
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     _assert_equal(_values(model, opt), committed)
 
 
@@ -405,7 +405,7 @@ def test_a_warm_up_step_before_the_state_exists_does_not_count_as_a_window():
     state = hvd.elastic.TorchState(model, opt)
     _train(state, model, opt, range(1, 4))
     assert all(h.in_place for h in opt._ce_snapshots)
-    assert not get_context().window.has_collectives
+    assert not get_context().ledger.window.has_collectives
 
 
 class _Counter(torch.nn.Module):
@@ -444,7 +444,7 @@ def test_what_an_in_place_commit_keeps_follows_the_model_from_commit_to_commit()
         model.counter.scale.mul_(7.0)
     model.counter.seen = 9
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     _assert_equal(_values(model, opt), committed)
     assert torch.equal(model[1].running_mean, torch.full((16,), 3.0))
     assert model.counter.seen == 5
@@ -487,7 +487,7 @@ def _first_window_fails_and_restores(caplog, before_state=lambda: None, model=No
     _step(model, opt, 7)
     hvd.allreduce(torch.ones(1), name="loss")  # fails, after the in-place update
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     _assert_equal(_values(model, opt), initial)
     assert "cannot restore" not in caplog.text
     return firsts
@@ -563,9 +563,9 @@ def test_a_first_windows_copy_that_cannot_be_read_back_is_a_lost_commit_not_a_cr
     hvd.allreduce(torch.ones(1), name="loss")  # fails, after the in-place update
     try:
         state.restore()
-        assert not get_context().holds_commit
+        assert not get_context().ledger.holds_commit
         assert "cannot restore the last commit exactly" in caplog.text
         assert "the first window's copy could not be read back" in caplog.text
     finally:
         state.commit()  # a new commit: this process's standalone context holds one again, for the other tests
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit

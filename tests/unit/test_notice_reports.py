@@ -21,7 +21,7 @@ from cloud_elastic.notices import TERMINATE, Notice
 from cloud_elastic.notices._polling import PollingWatcher
 from cloud_elastic.notices.api import SOURCE_GCP
 from cloud_elastic.worker.link.client import DriverClient
-from cloud_elastic.worker.context import notice_reporter
+from cloud_elastic.worker.link.driver_link import notice_reporter
 
 pytestmark = pytest.mark.timeout(30)
 

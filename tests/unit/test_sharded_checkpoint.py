@@ -58,11 +58,11 @@ def _ctx() -> SimpleNamespace:
     reports: list[tuple[str, dict]] = []
     ctx = SimpleNamespace(
         info=SimpleNamespace(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1),
-        device=torch.device("cpu"), job_id="job-1", worker_id="127.0.0.1[0]#1", commit_seq=0, driver_lost=False,
-        reports=reports, held=[],
+        device=torch.device("cpu"), job_id="job-1", worker_id="127.0.0.1[0]#1", driver_lost=False,
+        reports=reports, ledger=SimpleNamespace(commit_seq=0, held=[]),
     )
     ctx.report_checkpoint = lambda event, **fields: reports.append((event, fields))
-    ctx.hold_commit = ctx.held.append
+    ctx.ledger.hold_commit = ctx.ledger.held.append
     return ctx
 
 
@@ -75,7 +75,7 @@ def test_host_0_writes_dcp_shards_and_a_manifest_listing_them_and_a_fresh_worker
     state, ctx = _state(), _ctx()
     durable = _checkpoints(tmp_path, ctx)
     _train(state, 3)
-    ctx.commit_seq = 3
+    ctx.ledger.commit_seq = 3
     assert durable.finish(state) is None
     written = _values(state)
     [(event, fields)] = ctx.reports
@@ -91,7 +91,7 @@ def test_host_0_writes_dcp_shards_and_a_manifest_listing_them_and_a_fresh_worker
     loaded = _checkpoints(tmp_path, (octx := _ctx())).load_latest(other)
     assert loaded.step == 3 and other.step == 3 and other.note == "x"
     assert all(torch.equal(a, b) for a, b in zip(_values(other), written))
-    assert octx.held == [3] and octx.reports[0][0] == "loaded"
+    assert octx.ledger.held == [3] and octx.reports[0][0] == "loaded"
     # The load is the state's last commit: a rollback now returns to the checkpoint.
     _train(other, 1, commit=False)
     other.restore()
@@ -113,18 +113,18 @@ def test_host_0_writes_at_its_first_commit_then_every_interval_and_not_on_anothe
     durable.after_commit(state)
     assert durable.stop_writing(timeout=30) and len(ctx.reports) == 2
     ctx.info.cross_rank = 0  # host 0 again: it writes at once
-    state.step, ctx.commit_seq = 6, 6
+    state.step, ctx.ledger.commit_seq = 6, 6
     durable.after_commit(state)
     assert durable.stop_writing(timeout=30)
     assert [f["step"] for e, f in ctx.reports if e == "saved"] == [1, 3, 6]
     assert durable.finish(state) is None  # the last commit is stored: no second write of it
     assert [f["step"] for e, f in ctx.reports if e == "saved"] == [1, 3, 6]
-    state.step, ctx.commit_seq = 7, 7
+    state.step, ctx.ledger.commit_seq = 7, 7
     assert durable.finish(state) is None
     assert [f["step"] for e, f in ctx.reports if e == "saved"] == [1, 3, 6, 7]
     ctx.driver_lost = True  # the driver is away: every commit is written, whatever the interval
     for step in (8, 9):
-        state.step, ctx.commit_seq = step, step
+        state.step, ctx.ledger.commit_seq = step, step
         durable.after_commit(state)
         assert durable.stop_writing(timeout=30)
     assert [f["step"] for e, f in ctx.reports if e == "saved"] == [1, 3, 6, 7, 8, 9]
@@ -147,13 +147,13 @@ def test_a_checkpoint_is_written_in_the_background_from_a_copy_made_at_its_commi
     monkeypatch.setattr(sharded_checkpoints, "_save", held_save)
     state.seen = torch.zeros(3)  # a plain tensor of the state (state.pt), changed in place below
     _train(state, 2)
-    ctx.commit_seq = 2
+    ctx.ledger.commit_seq = 2
     durable.after_commit(state)  # returns while the write waits
     committed = _values(state)
     assert writing.wait(30) and not ctx.reports
     state.seen.add_(1)
     _train(state, 2)  # training goes on, and changes every value the checkpoint holds
-    ctx.commit_seq = 4
+    ctx.ledger.commit_seq = 4
     durable.after_commit(state)  # this worker's write is still running: no second one now
     assert not all(torch.equal(a, b) for a, b in zip(_values(state), committed))
     release.set()
@@ -174,7 +174,7 @@ def test_each_background_checkpoint_holds_its_own_commit_when_the_copy_is_refill
     commits = {}
     for step in (2, 4, 6):
         _train(state, 2)
-        ctx.commit_seq, now[0] = step, float(step)
+        ctx.ledger.commit_seq, now[0] = step, float(step)
         durable.after_commit(state)
         commits[step] = _values(state)
         assert durable.stop_writing(timeout=30)
@@ -206,11 +206,11 @@ def test_a_torn_sharded_checkpoint_is_skipped_for_the_previous_one(tmp_path):
     state, ctx = _state(), _ctx()
     durable = _checkpoints(tmp_path, ctx)
     _train(state, 2)
-    ctx.commit_seq = 2
+    ctx.ledger.commit_seq = 2
     assert durable.finish(state) is None
     good = _values(state)
     _train(state, 2)
-    ctx.commit_seq = 4
+    ctx.ledger.commit_seq = 4
     assert durable.finish(state) is None
     newest = sorted(p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("ckpt-"))[-1]
     shard = next(p for p in (newest / "dcp").iterdir() if p.suffix == ".distcp")

@@ -37,11 +37,11 @@ def _two_checkpoints(tmp_path: Path):
     state, ctx = _state(), _ctx()
     durable = _checkpoints(tmp_path, ctx)
     _train(state, 2)
-    ctx.commit_seq = 2
+    ctx.ledger.commit_seq = 2
     assert durable.finish(state) is None
     at_2 = _values(state)
     _train(state, 2)
-    ctx.commit_seq = 4
+    ctx.ledger.commit_seq = 4
     assert durable.finish(state) is None
     newest = sorted(p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("ckpt-"))[-1]
     return at_2, newest, _values(state)
@@ -211,7 +211,7 @@ def test_over_fsspec_every_shard_file_is_digested_as_written_and_checked_before_
     durable = ShardedCheckpoints(DurableSettings(url, keep=3), ctx)
     for step in (2, 4):
         _train(state, 2)
-        ctx.commit_seq = step
+        ctx.ledger.commit_seq = step
         assert durable.finish(state) is None
         if step == 2:
             at_2 = _values(state)

@@ -71,7 +71,7 @@ def test_a_replaced_optimizer_restores_the_last_commit_exactly(name):
     _step(state.model, state.optimizer, 9)
     _step(state.model, state.optimizer, 10)  # two steps since the commit; then a peer fails
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     _assert_equal(_values(state), committed)
 
 
@@ -88,7 +88,7 @@ def test_a_replaced_model_and_optimizer_restore_the_last_commit_exactly():
     committed = _values(state)
     _step(state.model, state.optimizer, 9)
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     _assert_equal(_values(state), committed)
 
 
@@ -103,11 +103,11 @@ def test_an_optimizer_replaced_in_the_common_loop_restores_exactly_after_a_failu
     committed = _values(state)
     _backward(state.model, state.optimizer, 9)  # the gradient allreduce fails: the update never ran
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     _assert_equal(_values(state), committed)
     _step(state.model, state.optimizer, 10)  # an update in place, then a failure: said, not hidden
     state.restore()
-    assert not get_context().holds_commit
+    assert not get_context().ledger.holds_commit
 
 
 @pytest.mark.commit_mode("snapshot")

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from cloud_elastic.errors import ConfigError
-from cloud_elastic.worker.context import _SurvivingStream
+from cloud_elastic.worker.link.driver_link import _SurvivingStream
 from cloud_elastic.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.timeout(10)

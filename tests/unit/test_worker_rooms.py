@@ -18,7 +18,7 @@ from cloud_elastic.worker.exceptions import CollectiveError
 from cloud_elastic.worker.rounds.groups import RoundGroup, RoundGroupsMixin, RoundInfo
 from cloud_elastic.worker.link.driver_link import DriverLinkMixin
 from cloud_elastic.worker.link.progress import Progress
-from cloud_elastic.worker.commit.window import CommitWindow
+from cloud_elastic.worker.ledger import CommitWindow
 
 pytestmark = pytest.mark.timeout(60)
 

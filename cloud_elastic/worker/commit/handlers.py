@@ -1,10 +1,11 @@
 """What a ``TorchState`` commits, one handler per value: a model's, an optimizer's, a sampler's.
 
-:class:`_SnapshotHandler` keeps one object's last commit (a reused-buffer
-snapshot, or in place: see ``window``), restores it, and syncs it from rank 0;
+:class:`SnapshotHandler` keeps one object's last commit (a reused-buffer
+snapshot, or in place: see ``ledger.CommitWindow``), restores it, and syncs it from rank 0;
 the sharded handlers do the same with this worker's FSDP2 shards (``hvd.shard``),
 synced point to point from the peer host that holds the commit. ``TorchState``
-(``state``) picks a handler for each value with :func:`_handler_for`.
+(``state``) picks a handler for each value with :func:`handler_for`. A handler
+bound to a ``DistributedOptimizer`` is a ``participant.BoundCommit`` to it.
 """
 
 from __future__ import annotations
@@ -18,20 +19,22 @@ from cloud_elastic.worker import sharded
 
 from cloud_elastic.worker.comm import collectives
 from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.commit.participant import CommitParticipant
 from cloud_elastic.worker.commit.snapshot import Aside, Snapshot, clone as _clone, state_dict_without as _state_dict_without, to_host as _to_host
 
-__all__ = ["_SnapshotHandler", "_ModelHandler", "_OptimizerHandler", "_SamplerHandler", "_handler_for"]
+__all__ = ["SnapshotHandler", "ModelHandler", "OptimizerHandler", "SamplerHandler", "ShardedModelHandler",
+           "ShardedOptimizerHandler", "handler_for"]
 
 
-class _SnapshotHandler:
+class SnapshotHandler:
     """Keeps one object's last commit: a reused-buffer snapshot of its ``state_dict()``, or, when the
-    next optimizer update runs in place (see ``window``), only what that update does not write.
+    next optimizer update runs in place (see ``ledger.CommitWindow``), only what that update does not write.
 
     In place, the tensors the optimizer updates are not kept at all: the live
     tensors *are* the commit until the update touches them (:meth:`touch`), and
-    a restore after that cannot be exact; it tells the context so
+    a restore after that cannot be exact; it tells the ledger so
     (``lost_commit``), and the driver takes the state from another worker.
-    Until the loop is confirmed in place (``window.confirmed``), such a commit
+    Until the loop is confirmed in place (``CommitWindow.confirmed``), such a commit
     also keeps the whole state aside (``_first``: in host memory, or in a temporary
     file when the state is in host memory, see ``snapshot.Aside``), so that the first
     window restores exactly whatever the loop turns out to be.
@@ -59,7 +62,7 @@ class _SnapshotHandler:
         return frozenset()
 
     def save(self) -> None:
-        window = get_context().window if self.bound else None
+        window = get_context().ledger.window if self.bound else None
         if window is not None and window.in_place():
             if not self.in_place:
                 self._snap = Snapshot()  # the buffers of an earlier kept commit are not needed any more
@@ -126,7 +129,7 @@ class _SnapshotHandler:
                 self._recorded()
                 return
         if changed:
-            get_context().lost_commit(changed)
+            get_context().ledger.lost_commit(changed)
         self._restore_in_place()
 
     def _changed_since_commit(self) -> str:
@@ -160,10 +163,12 @@ class _SnapshotHandler:
         raise NotImplementedError
 
 
-class _ModelHandler(_SnapshotHandler):
+class ModelHandler(SnapshotHandler):
+    """A model's commit. Bound to the optimizers that update its parameters: their steps copy those."""
+
     #: The DistributedOptimizers that update this model's parameters (set by TorchState): only their
     #: steps change those parameters, so only their steps take or touch this model's commit.
-    optimizers: tuple[Any, ...] = ()
+    optimizers: tuple[CommitParticipant, ...] = ()
 
     @property
     def bound(self) -> bool:
@@ -213,10 +218,17 @@ class _ModelHandler(_SnapshotHandler):
         collectives.broadcast_parameters(self.value.state_dict(), root_rank=0, discard=not takes)
 
 
-class _OptimizerHandler(_SnapshotHandler):
+class OptimizerHandler(SnapshotHandler):
+    """An optimizer's commit. A ``DistributedOptimizer``'s (a :class:`CommitParticipant`) is bound to it."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
+        self._participant = isinstance(value, CommitParticipant)
+
     @property
     def distributed(self) -> bool:
-        return hasattr(self.value, "_ce_snapshots")
+        """The optimizer is a :class:`CommitParticipant`: its ``step()`` makes this commit's copies."""
+        return self._participant
 
     @property
     def bound(self) -> bool:
@@ -259,7 +271,7 @@ class _OptimizerHandler(_SnapshotHandler):
         collectives.broadcast_optimizer_state(self.value, root_rank=0, discard=not takes)
 
 
-class _ShardedModelHandler(_ModelHandler):
+class ShardedModelHandler(ModelHandler):
     """An FSDP2 model (``hvd.shard``): its commits hold this worker's shards, as local tensors.
 
     In place in the common loop, as for a replica (an optimizer update bumps the
@@ -303,8 +315,8 @@ class _ShardedModelHandler(_ModelHandler):
                                        receivers=receivers)
 
 
-class _ShardedOptimizerHandler(_OptimizerHandler):
-    """An optimizer over FSDP2 shards: its state's local shards, committed as :class:`_ShardedModelHandler` does."""
+class ShardedOptimizerHandler(OptimizerHandler):
+    """An optimizer over FSDP2 shards: its state's local shards, committed as :class:`ShardedModelHandler` does."""
 
     sharded = True
 
@@ -353,7 +365,9 @@ class _ShardedOptimizerHandler(_OptimizerHandler):
             self._load(synced)
 
 
-class _SamplerHandler:
+class SamplerHandler:
+    """An ``ElasticSampler``'s commit: its ``state_dict()``."""
+
     # ElasticSampler.state_dict() is a fresh value of a few spans, so no copying is needed
     # here: a commit costs the same for any dataset size (Horovod deep-copies the whole
     # processed set).
@@ -372,17 +386,18 @@ class _SamplerHandler:
         self.value.load_state_dict(collectives.broadcast_state(self.value.state_dict(), 0, "sampler state"))
 
 
-def _handler_for(value: Any) -> Any:
+def handler_for(value: Any) -> Any:
+    """The handler that commits ``value`` (a model, an optimizer, an ``ElasticSampler``), else None."""
     from cloud_elastic.worker.sampler import ElasticSampler
 
     if sharded.is_sharded(value):  # FSDP2 shards (``hvd.shard``): this worker's shards are its commit
         if isinstance(value, torch.nn.Module):
-            return _ShardedModelHandler(value)
-        return _ShardedOptimizerHandler(value)
+            return ShardedModelHandler(value)
+        return ShardedOptimizerHandler(value)
     if isinstance(value, torch.nn.Module):
-        return _ModelHandler(value)
+        return ModelHandler(value)
     if isinstance(value, torch.optim.Optimizer):
-        return _OptimizerHandler(value)
+        return OptimizerHandler(value)
     if isinstance(value, ElasticSampler):
-        return _SamplerHandler(value)
+        return SamplerHandler(value)
     return None

@@ -268,7 +268,7 @@ def to_host(obj: Any) -> Any:
 
 class Aside:
     """A whole state kept aside, out of the training's memory, for a restore that is rarely needed (the
-    first commit window's copy, see ``commits._SnapshotHandler``).
+    first commit window's copy, see ``handlers.SnapshotHandler``).
 
     State on an accelerator is copied to host memory: the device's memory, which
     the job is sized by, is left alone. State in host memory (training on CPU,

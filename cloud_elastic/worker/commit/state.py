@@ -19,7 +19,8 @@ import torch
 from cloud_elastic.worker import sharded
 
 from cloud_elastic.worker.comm import collectives
-from cloud_elastic.worker.commit.handlers import _ModelHandler, _OptimizerHandler, _SamplerHandler, _SnapshotHandler, _handler_for
+from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler, SamplerHandler, SnapshotHandler, handler_for
+from cloud_elastic.worker.commit.participant import CommitParticipant
 from cloud_elastic.worker.context import get_context, is_initialized
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
 
@@ -45,10 +46,10 @@ class State:
     def commit(self) -> None:
         """Save the state, then interrupt if membership is changing (on every worker at once)."""
         ctx = get_context()
-        ctx.window.close()  # first: what the window taught decides how this commit is kept
+        ctx.ledger.window.close()  # first: what the window taught decides how this commit is kept
         ctx.read_update_flag()
         self.save()
-        ctx.note_commit(self)
+        ctx.ledger.note_commit(self)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -105,7 +106,7 @@ class TorchState(ObjectState):
         handlers: dict[str, Any] = {}
         plain: dict[str, Any] = {}
         for name, value in kwargs.items():
-            handler = _handler_for(value)
+            handler = handler_for(value)
             if handler is not None:
                 handlers[name] = handler
             elif value is not None or name not in ("model", "optimizer"):
@@ -116,15 +117,15 @@ class TorchState(ObjectState):
         self._defer_copies_to_optimizer_step()
         self._close_window()
         for handler in handlers.values():
-            if isinstance(handler, _SnapshotHandler):
+            if isinstance(handler, SnapshotHandler):
                 handler.save()
         super().__init__(**plain)
 
     def _close_window(self) -> None:
         """What is saved now is the commit: an update made before (a warm-up step outside the
-        training loop, say) is no longer in a window (see ``window``)."""
-        if any(isinstance(h, _SnapshotHandler) and h.bound for h in self._handlers.values()):
-            get_context().window.close()
+        training loop, say) is no longer in a window (see ``ledger.CommitWindow``)."""
+        if any(isinstance(h, SnapshotHandler) and h.bound for h in self._handlers.values()):
+            get_context().ledger.window.close()
 
     def _defer_copies_to_optimizer_step(self) -> None:
         """Let a DistributedOptimizer take the commit copies off the critical path.
@@ -143,23 +144,24 @@ class TorchState(ObjectState):
         updates (an EMA copy, a frozen teacher) is copied whole at each commit.
         """
         handlers = list(self._handlers.values())
-        distributed = [h.value for h in handlers if isinstance(h, _OptimizerHandler) and h.distributed]
+        distributed: list[CommitParticipant] = [h.value for h in handlers
+                                                if isinstance(h, OptimizerHandler) and h.distributed]
         for handler in handlers:
-            if isinstance(handler, _ModelHandler):
+            if isinstance(handler, ModelHandler):
                 params = {id(p) for p in handler.value.parameters()}
                 handler.optimizers = tuple(opt for opt in distributed if not opt._ce_param_ids.isdisjoint(params))
         for opt in distributed:
             for handler in handlers:
-                if handler.value is opt or isinstance(handler, _ModelHandler) and opt in handler.optimizers:
+                if handler.value is opt or isinstance(handler, ModelHandler) and opt in handler.optimizers:
                     opt._ce_snapshots.append(handler)
 
     def _unbind(self) -> None:
         """Undo :meth:`_defer_copies_to_optimizer_step`: no optimizer's step handles this state's commits."""
         ours = list(self._handlers.values())
         for handler in ours:
-            if isinstance(handler, _OptimizerHandler) and handler.distributed:
+            if isinstance(handler, OptimizerHandler) and handler.distributed:
                 handler.value._ce_snapshots[:] = [s for s in handler.value._ce_snapshots if s not in ours]
-            elif isinstance(handler, _ModelHandler):
+            elif isinstance(handler, ModelHandler):
                 handler.optimizers = ()
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -174,19 +176,18 @@ class TorchState(ObjectState):
         The new object's value now is its part of the commit (it is saved here);
         the others keep their last commit. The copies that commit still owes (left
         to the old optimizer's next step) are made first, and every model is bound
-        again to the DistributedOptimizers that now update it. Before, a replaced
-        optimizer kept the bindings of the old one: a kept commit waited for copies
-        that no step made any more, and a restore gave neither the committed model
-        nor the committed optimizer state, while the worker still reported that it
-        held the commit.
+        again to the DistributedOptimizers that now update it: a binding left to the
+        old optimizer would leave a kept commit waiting for copies that no step makes
+        any more, and a restore would then give neither the committed model nor the
+        committed optimizer state.
         """
         handlers = self._handlers
-        new = _handler_for(value)
+        new = handler_for(value)
         if new is None or type(new) is not type(handlers[name]):
             what = type(handlers[name].value).__name__
             raise TypeError(f"TorchState.{name} holds a {what}; it cannot be replaced by a {type(value).__name__}")
         for handler in handlers.values():
-            if isinstance(handler, _SnapshotHandler):
+            if isinstance(handler, SnapshotHandler):
                 handler.flush()
         self._unbind()
         handlers[name] = new
@@ -201,36 +202,37 @@ class TorchState(ObjectState):
 
     def restore(self) -> None:
         if is_initialized():  # a TorchState without DistributedOptimizer restores without init() too
-            get_context().window.discard()
+            get_context().ledger.window.discard()
         for handler in self._handlers.values():
             handler.restore()
         super().restore()
 
     def sync(self) -> None:
         ctx = get_context()
-        ctx.window.discard()
+        ledger = ctx.ledger
+        ledger.window.discard()
         # A worker that holds the very commit rank 0 broadcasts (the usual case: after a graceful
         # membership change, or a failure every survivor rolled back from alike) gets its own values.
-        root_seq = getattr(ctx, "sync_root_seq", None)
-        other = root_seq is None or root_seq != ctx.live_commit_seq or not ctx.holds_commit
+        root_seq = ledger.sync_root_seq
+        other = root_seq is None or root_seq != ledger.live_commit_seq or not ledger.holds_commit
         overwritten = ctx.info is not None and ctx.info.rank != 0 and other
         # Only the workers whose values the sync gives change their live state (commit 0, the initial state, may
         # differ on every worker): rank 0 and the holders of its commit keep theirs, and with it a commit kept in
         # place, which a sync cut short (a peer dead in it) then still restores exactly.
-        takes = ctx.info is not None and ctx.info.rank != 0 and (other or ctx.live_commit_seq == 0)
+        takes = ctx.info is not None and ctx.info.rank != 0 and (other or ledger.live_commit_seq == 0)
         # A shard comes from local rank i of host 0 (cross rank 0), which holds rank 0's commit, and only to
         # the hosts that do not hold it (the initial state, commit 0, may differ on every host).
         shard_overwritten = ctx.info is not None and ctx.info.cross_rank != 0 and other
         receivers = None
         if any(getattr(h, "sharded", False) for h in self._handlers.values()) and ctx.info is not None:
             sharded.check_layout(ctx, [h.value for h in self._handlers.values() if getattr(h, "sharded", False)])
-            receivers = collectives.needing(ctx.info.cross_rank != 0 and (other or ctx.live_commit_seq == 0),
+            receivers = collectives.needing(ctx.info.cross_rank != 0 and (other or ledger.live_commit_seq == 0),
                                             "shards of the commit", cross=True)
-            ctx.shard_sync = (ctx.info.round, receivers)
+            ledger.shard_sync = (ctx.info.round, receivers)
         for handler in self._handlers.values():
             if getattr(handler, "sharded", False):
                 handler.sync(shard_overwritten, receivers)
-            elif isinstance(handler, _SnapshotHandler):
+            elif isinstance(handler, SnapshotHandler):
                 handler.sync(overwritten, takes=takes)
             else:
                 handler.sync()
@@ -239,5 +241,5 @@ class TorchState(ObjectState):
     def reset(self) -> None:
         # Samplers re-shard over the new number of workers even when no sync runs.
         for handler in self._handlers.values():
-            if isinstance(handler, _SamplerHandler):
+            if isinstance(handler, SamplerHandler):
                 handler.value.reset()

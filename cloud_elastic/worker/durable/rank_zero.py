@@ -4,8 +4,8 @@ The driver passes ``--checkpoint-dir``, ``--checkpoint-interval`` and
 ``--checkpoint-keep`` to every worker as ``CLOUD_ELASTIC_CHECKPOINT_DIR``,
 ``CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S`` and ``CLOUD_ELASTIC_CHECKPOINT_KEEP``
 (:meth:`DurableSettings.from_settings`). The elastic loop builds one
-:class:`RankZeroCheckpoints` per worker and registers its :meth:`after_commit`
-as a context after-commit hook:
+:class:`RankZeroCheckpoints` per worker (a ``DurableSchedule``, see ``durable.api``)
+and registers its :meth:`after_commit` as an after-commit hook of the ledger:
 
 * on the worker that is rank 0 of the current round, each commit may submit
   the committed state to a background :class:`CheckpointWriter` (at the first
@@ -75,9 +75,9 @@ def step_of(state: Any, fallback: int) -> int:
 
 
 class RankZeroCheckpoints:
-    """Rank 0's checkpoint schedule and the loading of a checkpoint (see module docstring).
+    """Rank 0's checkpoint schedule and the loading of a checkpoint (see module docstring): a ``DurableSchedule``.
 
-    ``ctx`` is the worker's context (its ``info.rank``, ``commit_seq``,
+    ``ctx`` is the worker's context (its ``info.rank``, ``ledger``,
     ``driver_lost`` and ``report_checkpoint`` are used); ``clock`` is
     injectable for tests. The constructor does no I/O.
     """
@@ -102,7 +102,7 @@ class RankZeroCheckpoints:
 
     # ------------------------------------------------------------- the hook
     def after_commit(self, state: Any) -> None:
-        """The context's after-commit hook: checkpoint if this worker is rank 0 and one is due."""
+        """The ledger's after-commit hook: checkpoint if this worker is rank 0 and one is due."""
         info = getattr(self._ctx, "info", None)
         if info is None or info.rank != 0:
             self.stop_writing()
@@ -110,8 +110,8 @@ class RankZeroCheckpoints:
         if self._periodic is None:
             self._start_writing()
         assert self._periodic is not None
-        step = step_of(state, self._ctx.commit_seq)
-        meta = {"world_size": info.size, "job_id": self._ctx.job_id, "commit_seq": self._ctx.commit_seq}
+        step = step_of(state, self._ctx.ledger.commit_seq)
+        meta = {"world_size": info.size, "job_id": self._ctx.job_id, "commit_seq": self._ctx.ledger.commit_seq}
         epoch = getattr(state, "epoch", None)
         if isinstance(epoch, int) and not isinstance(epoch, bool):
             meta["epoch"] = epoch
@@ -159,7 +159,7 @@ class RankZeroCheckpoints:
         # The job's history of commits goes on from the checkpoint's (older checkpoints: from its step).
         seq = latest.info.extra.get("commit_seq", latest.info.step)
         seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else latest.info.step
-        self._ctx.hold_commit(seq)
+        self._ctx.ledger.hold_commit(seq)
         log.info("worker %s: loaded checkpoint of step %d from %s in %.2fs", self._ctx.worker_id, latest.info.step,
                  latest.info.url, time.perf_counter() - began)
         # With the checkpoint's commit the driver counts the steps lost since it (commits it heard of past it).
@@ -182,11 +182,11 @@ class RankZeroCheckpoints:
         writer = self._writer
         assert writer is not None
         writer.wait(FLUSH_TIMEOUT_S)
-        step = step_of(state, self._ctx.commit_seq)
+        step = step_of(state, self._ctx.ledger.commit_seq)
         written = writer.stats().written
         try:
             submitted = writer.submit(step, _payload(state), {"world_size": info.size, "job_id": self._ctx.job_id,
-                                                              "commit_seq": self._ctx.commit_seq})
+                                                              "commit_seq": self._ctx.ledger.commit_seq})
         except CheckpointError as exc:
             submitted, why = False, str(exc)
         else:

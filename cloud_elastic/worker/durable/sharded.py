@@ -79,8 +79,8 @@ FLUSH_TIMEOUT_S = 120.0
 class ShardedCheckpoints:
     """Host 0's checkpoint schedule and the loading of a sharded checkpoint (see the module docstring).
 
-    The same methods as :class:`~cloud_elastic.worker.durable.rank_zero.RankZeroCheckpoints`,
-    which ``elastic.run`` uses in its place once ``hvd.shard`` has formed the host's group.
+    A ``DurableSchedule`` (``durable.api``), as :class:`~cloud_elastic.worker.durable.rank_zero.RankZeroCheckpoints`
+    is; ``elastic.run`` uses it in that one's place once ``hvd.shard`` has formed the host's group.
     """
 
     def __init__(self, settings: Any, ctx: Any, *, clock: Callable[[], float] = time.monotonic,
@@ -101,7 +101,7 @@ class ShardedCheckpoints:
 
     # ------------------------------------------------------------- writing
     def after_commit(self, state: Any) -> None:
-        """The context's after-commit hook: host 0's workers write a checkpoint together when one is due."""
+        """The ledger's after-commit hook: host 0's workers write a checkpoint together when one is due."""
         info = getattr(self._ctx, "info", None)
         if info is None or info.cross_rank != 0:
             self._last = None  # if this host becomes host 0, it writes at its first commit there
@@ -125,7 +125,7 @@ class ShardedCheckpoints:
         if not self._writes.wait(FLUSH_TIMEOUT_S):
             log.warning("worker %s: a checkpoint written in the background did not finish within %gs",
                         self._ctx.worker_id, FLUSH_TIMEOUT_S)
-        if not self._agree(self._stored_seq is None or self._stored_seq != self._ctx.commit_seq):
+        if not self._agree(self._stored_seq is None or self._stored_seq != self._ctx.ledger.commit_seq):
             return None  # the last commit's checkpoint, written by these very workers, holds the final state
         why = self._write(state, background=False)
         if why is None:
@@ -141,14 +141,14 @@ class ShardedCheckpoints:
     def _step(self, state: Any) -> int:
         from cloud_elastic.worker.durable.rank_zero import step_of
 
-        return step_of(state, self._ctx.commit_seq)
+        return step_of(state, self._ctx.ledger.commit_seq)
 
     def _write(self, state: Any, background: bool) -> str | None:
         """Write the committed state (with ``background``, a copy of it, on this worker's writer thread); None when
         stored or handed to the thread, else why not (logged; the previous checkpoints stay)."""
         ctx, info = self._ctx, self._ctx.info
         began = time.perf_counter()
-        step, seq = self._step(state), ctx.commit_seq
+        step, seq = self._step(state), ctx.ledger.commit_seq
         self._last = self._clock()
         try:
             tensors, skip = sharded_parts(state)
@@ -232,7 +232,7 @@ class ShardedCheckpoints:
             load_state_payload(state, checkpoint.payload, skip)
             seq = chosen.extra.get("commit_seq", chosen.step)
             seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else chosen.step
-            ctx.hold_commit(seq)
+            ctx.ledger.hold_commit(seq)
             log.info("worker %s: loaded its shards of the checkpoint of step %d (written by %s workers a host) from "
                      "%s in %.2fs", ctx.worker_id, chosen.step, chosen.shard_count, chosen.url,
                      time.perf_counter() - began)

@@ -20,6 +20,8 @@ interrupt (see :meth:`WorkerContext.updates_agreed`). With
 
 As in Horovod, the returned object is an instance of a subclass of the
 wrapped optimizer's class, so LR schedulers and ``isinstance`` checks work.
+It is a ``CommitParticipant`` (``worker.commit.participant``): a ``TorchState``
+holding it binds to it the commits its ``step()`` copies.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from cloud_elastic.worker import sharded
 from cloud_elastic.worker.optim import zerocopy
 from cloud_elastic.worker.optim.buckets import BUCKET_BYTES, Bucket, make_buckets
 from cloud_elastic.worker.comm.compression import Compression, check_compression
+from cloud_elastic.worker.commit.participant import BoundCommit
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.comm.ops import Average, Scaling, Sum, average_scaling, check_op
 
@@ -60,7 +63,10 @@ def _take_over(opt: Any, p: torch.nn.Parameter) -> None:
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
-    """Mixin whose methods are copied onto a subclass of the user's optimizer class."""
+    """Mixin whose methods are copied onto a subclass of the user's optimizer class.
+
+    Implements ``CommitParticipant`` (``_ce_snapshots``, ``_ce_param_ids``, ``_ce_param_ptrs``).
+    """
 
     def __init__(self, params: Any, named_parameters: Any, backward_passes_per_step: int, op: str, bucket_bytes: int,
                  compression: Any, predivide: float | None) -> None:
@@ -96,8 +102,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_round = -1
         self._ce_synchronized = False
         self._ce_skip = False
-        #: Snapshots of a TorchState holding this optimizer's commits (see commits._SnapshotHandler).
-        self._ce_snapshots: list[Any] = []
+        #: The commits of each TorchState holding this optimizer that its step copies or touches.
+        self._ce_snapshots: list[BoundCommit] = []
         self._ce_params = all_params
         #: ``id()`` of each parameter this optimizer updates (a commit kept in place leaves them out).
         self._ce_param_ids = frozenset(id(p) for p in all_params)
@@ -152,7 +158,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if not force and bucket.ready < len(bucket.params):
                 return
             if self._ce_next == 0:
-                ctx.window.collective("a gradient allreduce")  # of a step after an update not yet committed?
+                ctx.ledger.window.collective("a gradient allreduce")  # of a step after an update not yet committed?
             flag = 1.0 if bucket.carries_flag and ctx.update_pending() else 0.0
             bucket.work = ctx.pg.allreduce([bucket.launch_tensor(flag, self._ce_scalings[bucket.compressed])])
             bucket.launched = True
@@ -226,9 +232,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The out-of-place update, for the update right after a kept commit only (None otherwise).
 
         Only that update has commit copies to trade away. The others find nothing
-        pending and run torch's own step, in place, after every gradient is in:
-        with two workers the out-of-place path cost 2-4 ms more CPU per step on a
-        model of 400 tensors, for no copy saved (docs/benchmarks.md, "Commit cost per optimizer"; profile at e2261fe).
+        pending and run torch's own step, in place, after every gradient is in: the
+        out-of-place path costs milliseconds more CPU per step on a model of a few
+        hundred tensors, for no copy saved (docs/benchmarks.md, "Commit cost per optimizer").
         A commit kept in host memory (GPU tensors) has no buffer on the device to trade.
         """
         if not any(snapshot.pending for snapshot in self._ce_snapshots):
@@ -255,18 +261,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if getattr(base_step, "hooked", False):
             base_step = base_step.__wrapped__
         self._ce_reset_if_new_round()
-        ctx = get_context()
-        ctx.note_step()
-        if ctx.window.open:
+        ledger = get_context().ledger
+        ledger.note_step()
+        window = ledger.window
+        if window.open:
             # Another update ran since the last commit (a second optimizer after one backward, as
             # in a GAN loop): this step's gradient allreduces, launched before it, are waited for
             # inside its window, where a failure can no longer be undone in place.
-            ctx.window.collective("a gradient allreduce waited for after another optimizer's update")
+            window.collective("a gradient allreduce waited for after another optimizer's update")
         in_place = [s for s in self._ce_snapshots if s.in_place]
         if in_place or self._ce_sharded:  # over shards no copy is deferred to the step, in place or kept alike
             return self._ce_step_in_place(base_step, in_place, closure)
         self._ce_launch_ready(force=True)  # this step's own allreduces are not in the window the update opens
-        ctx.window.update(kept=True)
+        window.update(kept=True)
         update = self._ce_zero_copy_step() if closure is None else None
         if update is not None and not self._ce_skip and not self._ce_synchronized:
             self._ce_step_overlapped(update)
@@ -290,8 +297,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_clear()
         return result
 
-    def _ce_step_in_place(self, base_step: Callable[..., Any], in_place: list[Any], closure: Any) -> Any:
-        """The transactional step (the last commit kept nothing of what the update writes; see ``window``).
+    def _ce_step_in_place(self, base_step: Callable[..., Any], in_place: list[BoundCommit], closure: Any) -> Any:
+        """The transactional step (the last commit kept nothing of what the update writes; see ``CommitWindow``).
 
         Every gradient is in before anything changes, so a failure in this
         step's allreduces leaves the live state at the commit, which then needs
@@ -303,7 +310,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         for snapshot in self._ce_snapshots:
             snapshot.flush()  # a commit of another TorchState kept as a snapshot
-        get_context().window.update(kept=not in_place)
+        get_context().ledger.window.update(kept=not in_place)
         for snapshot in in_place:
             snapshot.touch()
         try:
