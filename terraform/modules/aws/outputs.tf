@@ -37,3 +37,13 @@ output "cli_command" {
   description = "The command to run on the driver to start training."
   value       = "cloud-elastic run --aws-asg ${aws_autoscaling_group.workers.name} --aws-region ${data.aws_region.current.name} --aws-notice-queue ${aws_sqs_queue.notices.url} ${module.common.cli_args}"
 }
+
+output "launch_template_id" {
+  description = "Launch template of the GPU workers, for more groups of the same workers (examples/aws-multi-source)."
+  value       = aws_launch_template.workers.id
+}
+
+output "driver_role_name" {
+  description = "IAM role of the driver, for a root that grants it more (examples/aws-multi-source)."
+  value       = aws_iam_role.driver.name
+}

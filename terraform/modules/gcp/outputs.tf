@@ -43,3 +43,23 @@ output "cli_command" {
   description = "The command to run on the driver to start training."
   value       = "cloud-elastic run --gcp-mig ${local.created_mig_name} --gcp-project ${var.project} ${local.location_flag} ${module.common.cli_args}"
 }
+
+output "instance_template_id" {
+  description = "Instance template of the Spot GPU workers, for more groups of them (examples/gcp-multi-source)."
+  value       = google_compute_instance_template.workers.id
+}
+
+output "worker_service_account_email" {
+  description = "Service account (no roles) the workers run as, for more templates of them."
+  value       = google_service_account.workers.email
+}
+
+output "driver_service_account_email" {
+  description = "Service account of the driver, for a root that grants it more (examples/gcp-multi-source)."
+  value       = google_service_account.driver.email
+}
+
+output "worker_metadata" {
+  description = "Metadata of the workers' template (driver SSH key, startup script), for more templates of them."
+  value       = google_compute_instance_template.workers.metadata
+}

@@ -1,0 +1,102 @@
+variable "region" {
+  type        = string
+  description = "AWS region to deploy into."
+  default     = "us-east-1"
+
+  validation {
+    condition     = can(regex("^[a-z]{2}(-gov)?-[a-z]+-[0-9]$", var.region))
+    error_message = "region must be an AWS region such as us-east-1."
+  }
+}
+
+variable "cluster_name" {
+  type        = string
+  description = "Name of the deployment."
+  default     = "multi"
+}
+
+variable "workers" {
+  type        = number
+  description = "GPU workers each Spot group starts with."
+  default     = 2
+
+  validation {
+    condition     = var.workers >= 0 && floor(var.workers) == var.workers
+    error_message = "workers must be a whole number >= 0."
+  }
+}
+
+variable "max_workers" {
+  type        = number
+  description = "Most GPU workers each group may grow to."
+  default     = 4
+
+  validation {
+    condition     = var.max_workers >= 1 && floor(var.max_workers) == var.max_workers
+    error_message = "max_workers must be a whole number >= 1."
+  }
+}
+
+variable "spot_a_instance_types" {
+  type        = list(string)
+  description = "Instance types of the first Spot group (one GPU each)."
+  default     = ["g5.xlarge", "g6.xlarge"]
+
+  validation {
+    condition     = length(var.spot_a_instance_types) >= 1
+    error_message = "spot_a_instance_types needs at least one type."
+  }
+}
+
+variable "spot_b_instance_types" {
+  type        = list(string)
+  description = "Instance types of the second Spot group (one GPU each): other pools than the first's."
+  default     = ["g4dn.xlarge", "g6e.xlarge"]
+
+  validation {
+    condition     = length(var.spot_b_instance_types) >= 1 && alltrue([for t in var.spot_b_instance_types : can(regex("^[a-z][a-z0-9-]*\\.[a-z0-9]+$", t))])
+    error_message = "spot_b_instance_types must hold instance types such as g4dn.xlarge."
+  }
+}
+
+variable "on_demand_instance_type" {
+  type        = string
+  description = "Instance type of the on-demand fallback group (one GPU)."
+  default     = "g5.xlarge"
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]*\\.[a-z0-9]+$", var.on_demand_instance_type))
+    error_message = "on_demand_instance_type must be an instance type such as g5.xlarge."
+  }
+}
+
+variable "on_demand_price" {
+  type        = number
+  description = "Dollars per instance-hour of on_demand_instance_type (AWS's price list), for the job's cost."
+  default     = 1.006
+
+  validation {
+    condition     = var.on_demand_price >= 0
+    error_message = "on_demand_price must be >= 0."
+  }
+}
+
+variable "ssh_public_key" {
+  type        = string
+  description = "OpenSSH public key; keep the private key to copy to the driver."
+
+  validation {
+    condition     = can(regex("^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp[0-9]+) ", var.ssh_public_key))
+    error_message = "ssh_public_key must be an OpenSSH public key."
+  }
+}
+
+variable "admin_ssh_cidrs" {
+  type        = list(string)
+  description = "Your address ranges, allowed to SSH to the driver."
+
+  validation {
+    condition     = alltrue([for c in var.admin_ssh_cidrs : can(cidrhost(c, 0))])
+    error_message = "admin_ssh_cidrs must hold CIDR ranges."
+  }
+}
