@@ -78,7 +78,7 @@ def cli(ctx: click.Context) -> None:
                    "long is aborted, its workers' stacks logged first (default 120; 0 never)")
 @click.option("--straggler-factor", type=float, default=2.0, metavar="X",
               help="drain a worker whose compute time per step stays X times the round's median for "
-                   "--straggler-window (default 2; 0 never)")
+                   "--straggler-window (default 2; 0 never, and no host is drained for a slow network either)")
 @click.option("--straggler-window", type=float, default=60.0, metavar="SECONDS",
               help="how long a worker must stay that slow to be drained (default 60)")
 @click.option("--whole-hosts", is_flag=True,

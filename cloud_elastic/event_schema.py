@@ -65,10 +65,11 @@ SCHEMA: dict[str, EventKind] = {k.name: k for k in (
           {**_WORKER, "text": (str,)}, {**_WORKER_OPT, "rank": _OPT_INT, "via": (str,)}),
     _kind("straggler", "a worker stayed slower than --straggler-factor x the round's median: it is drained",
           {**_WORKER, "compute_s": _NUM, "median_s": _NUM},
-          {**_WORKER_OPT, "rank": _OPT_INT, "factor": _NUM, "window_s": _NUM, "blacklisted_s": _NUM}),
+          {**_WORKER_OPT, "rank": _OPT_INT, "factor": _NUM, "window_s": _NUM, "blacklisted_s": _NUM,
+           "comm_share": _OPT_NUM}),
     _kind("slow_link", "every measured link of a host was much slower than the links between the other hosts: "
           "its workers are drained", {"host": (str,), "mb_s": _NUM, "peers_mb_s": _NUM},
-          {"workers": (list,), "peers": (list,), "factor": _NUM, "blacklisted_s": _NUM}),
+          {"workers": (list,), "peers": (list,), "factor": _NUM, "blacklisted_s": _NUM, "comm_share": _OPT_NUM}),
     _kind("round_formed", "a rendezvous round formed a process group",
           {"round": (int,), "size": (int,), "ranks": (dict,), "synced": (bool,)},
           {"step": _OPT_INT, "from_checkpoint": (bool,)}),

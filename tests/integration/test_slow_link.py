@@ -8,8 +8,11 @@ two train on; no worker is reported as a straggler.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -26,11 +29,24 @@ def test_a_worker_slow_only_in_its_sends_and_receives_is_drained_as_a_slow_netwo
     script = ('if [ "$CLOUD_ELASTIC_HOSTNAME" = 127.0.0.3 ]; then export CLOUD_ELASTIC_TEST_LINK_BYTES_PER_S=200000; '
               f'fi; exec {sys.executable} {REPO / "tests/integration/probe.py"} --steps 20 --step-sleep 0.02 '
               f'--stop-when {stop}')
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}  # where `cloud-elastic status` finds the job
+    (tmp_path / "run").mkdir()
     job = jobs(["run", "-np", "3", "--min-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
-                "--events-file", str(events), "sh", "-c", script])
+                "--events-file", str(events), "sh", "-c", script], env=env)
     job.wait_for(lambda j: re.search(r"worker 127\.0\.0\.3\[0\]#\d+ left \(slow network", j.output()), timeout=90,
                  what="the worker with the slow network to leave")
     job.wait_for(lambda j: [e for e in j.of("commit") if e["size"] == 2], timeout=60, what="training on without it")
+
+    def status() -> str:
+        return subprocess.run([sys.executable, "-m", "cloud_elastic.cli", "status", job.job_id()], cwd=REPO,
+                              env={**os.environ, **env}, capture_output=True, text=True, timeout=60).stdout
+
+    # Each survivor's share of time in collectives shows once it has a few steps in the new round.
+    deadline = time.monotonic() + 60
+    while (shown := status()).count("% comm") < 2:
+        assert time.monotonic() < deadline, f"status never showed both survivors' share of time in collectives:\n{shown}"
+        time.sleep(0.5)
+    assert re.search(r"127\.0\.0\.1 .*rank 0 training [\d.]+ ms/step \d+% comm", shown), shown
     stop.touch()
     assert job.finish() == 0, job.output()
     out = job.output()
@@ -39,6 +55,7 @@ def test_a_worker_slow_only_in_its_sends_and_receives_is_drained_as_a_slow_netwo
     assert len(slow) == 1 and slow[0]["host"] == "127.0.0.3", out
     assert slow[0]["mb_s"] * slow[0]["factor"] <= slow[0]["peers_mb_s"]
     assert sorted(slow[0]["peers"]) == ["127.0.0.1", "127.0.0.2"]
+    assert 0 < slow[0]["comm_share"] <= 1  # every worker waited in collectives, and that alone named nobody
     assert not of(recorded, "straggler"), "its compute was as fast as the others'"
     left = [e for e in of(recorded, "worker_left") if e["host"] == "127.0.0.3"]
     assert left and left[0]["reason"].startswith("slow network: host 127.0.0.3")

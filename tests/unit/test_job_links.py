@@ -198,7 +198,7 @@ def test_a_host_with_a_slow_network_drains_at_its_next_commit_with_no_rollback_a
     assert all(sim.job.workers[sim.id(s)].state is S.RUNNING for s in ("a[0]", "b[0]"))
     events = [f for kind, f in sim.events if kind == "slow_link"]
     assert len(events) == 1 and events[0]["host"] == "c" and events[0]["workers"] == [sim.id("c[0]")]
-    assert events[0]["mb_s"] == SLOW and events[0]["peers_mb_s"] == FAST
+    assert events[0]["mb_s"] == SLOW and events[0]["peers_mb_s"] == FAST and events[0]["comm_share"] == 0.5
     assert not [kind for kind, _ in sim.events if kind == "straggler"]
     assert sim.blocked("c[0]")
     assert sim.poll("a[0]").update_gen == 1 and sim.job.abort_round == 0  # a graceful change: no rollback

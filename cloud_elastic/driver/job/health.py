@@ -73,6 +73,10 @@ def comm_share(w: WorkerRecord) -> float | None:
     return w.comm_s / (w.comm_s + w.compute_s)
 
 
+def _rounded(share: float | None) -> float | None:
+    return None if share is None else round(share, 3)
+
+
 class Health:
     """Stragglers, hand drains and failed self-tests, for one job (see module docstring)."""
 
@@ -151,7 +155,7 @@ class Health:
                     "%.0fs", job.job_id, w.worker_id, w.label, why, w.slot, delay)
         job.emit("straggler", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
                  compute_s=round(slowest, 4), median_s=round(median, 4), factor=policy.straggler_factor,
-                 window_s=policy.straggler_window_s, blacklisted_s=round(delay, 1))
+                 window_s=policy.straggler_window_s, blacklisted_s=round(delay, 1), comm_share=_rounded(comm_share(w)))
         self._leavers.send_away(w, why)
 
     # ------------------------------------------------------- slow networks
@@ -159,14 +163,15 @@ class Health:
         job = self._job
         present = [(w.worker_id, w.slot.host) for w in job.active() if not w.returned]
         shares = [s for s in (comm_share(w) for w in job.members()) if s is not None]
-        self.links.plan(present, running, statistics.median(shares) if shares else None)
+        median = statistics.median(shares) if shares else None
+        self.links.plan(present, running, median)
         if job.abort_round >= job.round:
             return  # a round changing: decide once it has formed
         found = self.links.verdict(running)
         if found is not None:
-            self._drain_host(found, now)
+            self._drain_host(found, now, median)
 
-    def _drain_host(self, found: SlowHost, now: float) -> None:
+    def _drain_host(self, found: SlowHost, now: float, share: float | None) -> None:
         job, policy = self._job, self._job.policy
         gone = [w for w in job.active() if w.slot.host == found.host]
         if not gone:
@@ -187,7 +192,7 @@ class Health:
         delays = [job.hosts.blacklist.record_failure(w.slot, now) for w in gone]
         job.emit("slow_link", host=found.host, workers=[w.worker_id for w in gone], mb_s=round(found.mb_s, 2),
                  peers_mb_s=round(found.peers_mb_s, 2), peers=list(found.peers), factor=self.links.factor,
-                 blacklisted_s=round(max(delays), 1))
+                 blacklisted_s=round(max(delays), 1), comm_share=_rounded(share))
         for w in gone:
             if w.alive and w.state not in (S.DRAINING, S.EXITING):
                 self._leavers.send_away(w, why)
