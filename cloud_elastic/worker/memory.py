@@ -7,8 +7,8 @@ about twice the largest freed block) is free there, and the next backward
 faults the same pages back in, zero-filled by the kernel. Whether that
 happens depends on where the blocks happen to lie, so the same job runs
 clean one time and pays thousands of page faults per step the next
-(measured here for the benchmark model: from about a hundred to 29,000
-faults per second from run to run).
+(for the benchmark model, from about a hundred to tens of thousands of
+faults per second).
 
 :func:`keep_freed_memory` fixes glibc's thresholds: blocks up to 32 MiB (its
 maximum for this setting) come from the heap, and up to 1 GiB of free heap

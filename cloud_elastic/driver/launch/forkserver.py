@@ -4,7 +4,7 @@ A worker on this machine whose command is this driver's own Python running a scr
 a module (``python [-u] SCRIPT ARGS``, ``python [-u] -m MODULE ARGS``: what nearly every
 job runs) is forked from a :class:`ForkServer` instead of started from scratch. Starting
 from scratch, a worker spends about two seconds of CPU importing torch before it does
-anything (1.7-2.5 s on the 2-core test machine); a fork costs milliseconds, so a
+anything; a fork costs milliseconds, so a
 replacement after a failure, and every worker of a job on a small machine, starts that
 much sooner. The worker is otherwise what ``python SCRIPT ARGS`` would be (see the
 server's module): its own session, output, environment, working directory, argv,
@@ -256,7 +256,7 @@ def start_parent(path: str, env: dict[str, str] | None = None) -> subprocess.Pop
 
     A driver whose environment has ``CLOUD_ELASTIC_FORKSERVER_PARENT=PATH`` connects to it and
     gets a server forked for it in milliseconds, instead of starting one that imports torch
-    (3.2 s of CPU on the 2-core test machine): for a machine that runs many jobs, one after
+    (seconds of CPU): for a machine that runs many jobs, one after
     another or side by side (a test suite, a sweep). Its start-up variables are those of
     ``env`` (default: this process's environment); a driver whose workers need others starts
     its own server as before. The caller ends it (``terminate()``); the servers it forked end

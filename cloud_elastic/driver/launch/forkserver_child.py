@@ -1,7 +1,7 @@
 """The fork server of local workers: a process that imported torch once and forks each worker from itself.
 
-Importing torch costs a worker about two seconds of CPU (measured on the 2-core test
-machine: 1.7-2.5 s of the 2.5 s a worker needs to start), and a job on one machine
+Importing torch costs a worker about two seconds of CPU (most of the time a worker
+needs to start), and a job on one machine
 starts a worker per slot, and again after every failure. The driver's
 :class:`~cloud_elastic.driver.launch.forkserver.ForkServer` starts this module once per job
 (``python -m cloud_elastic.driver.launch.forkserver_child FD``) and hands it each worker to start: its
@@ -57,8 +57,7 @@ def _preload() -> None:
     """What every worker imports: torch, the worker library on top of it, and what ``hvd.init()`` preloads.
 
     ``hvd.init()`` imports ``torch._dynamo`` before the worker joins (``context._preload_lazy_modules``):
-    2.2 s of CPU on the 2-core test machine, as much as torch itself, which each forked worker paid
-    again until the server imported it too.
+    about as much CPU as torch itself, which each forked worker would otherwise pay again.
     """
     import torch  # noqa: F401
 
