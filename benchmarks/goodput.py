@@ -100,6 +100,17 @@ class Trace:
     def counted(self) -> list[TraceEvent]:
         return [e for e in self.events if e.kind != "gone"]
 
+    def mean_instances(self, cap: int | None = None) -> float:
+        """Instances running (paid for), on average over the trace: the cost side of spares. With ``cap``,
+        at most ``cap`` of them count: ``mean_instances(SIZE) / SIZE`` is the goodput of a system that
+        used every running instance at once, the ceiling without spares."""
+        running, last, area = len(self.initial), 0.0, 0.0
+        for e in self.events:
+            area += min(running, cap or running) * (e.at_s - last)
+            last = e.at_s
+            running += {"kill": -1, "gone": -1, "back": 1}.get(e.kind, 0)
+        return (area + min(running, cap or running) * (self.duration_s - last)) / self.duration_s
+
 
 def address(i: int) -> str:
     return f"127.0.0.{2 + i}"
@@ -195,7 +206,10 @@ class CloudElastic(System):
         self.fakes = self._stack.enter_context(per_host(FakeAWSMetadata, self.trace.hosts()))
         port = next(iter(self.fakes.values())).port
         env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://{{host}}:{port}", "AWS_EC2_METADATA_DISABLED": "false",
-               "GOODPUT_DEAD_DIR": str(self.dead)}
+               "GOODPUT_DEAD_DIR": str(self.dead),
+               # Every worker starts from scratch, importing torch, as on a new instance (and as the peers'
+               # do): forked from the driver's preloaded server, a loopback "new host" would skip that.
+               "CLOUD_ELASTIC_LOCAL_FORKSERVER": "0"}
         self.job = Procs([self.cmd], env)
 
     def _pids_on(self, host: str) -> list[int]:
@@ -306,7 +320,15 @@ def to_full_size(records: list[dict], since: float, host: str, until: float) -> 
     """Seconds from an event at ``since`` on ``host`` to the end of the first step at full size that started
     after the host's last step (a noticed host's workers may step on until they leave); None if none by ``until``."""
     last = max([r["t"] for r in records if r["host"] == host and r["t"] >= since], default=since)
-    ends = [r["t"] for r in records if r["size"] >= SIZE and r["t0"] > last and r["t"] <= until]
+    steps: dict[int, list[dict]] = {}
+    for r in records:
+        if r["size"] >= SIZE and r["t0"] > last and r["t"] <= until:
+            steps.setdefault(r["step"], []).append(r)
+    # A step counts once SIZE hosts logged it, none of them the lost one: a step whose collective ran just
+    # before a kill can end after it, logged by the survivors only, and a restart from a checkpoint
+    # repeats step numbers (its records are all later than ``last``).
+    ends = [max(r["t"] for r in rs) for rs in steps.values()
+            if len({r["host"] for r in rs}) >= SIZE and host not in {r["host"] for r in rs}]
     return min(ends) - since if ends else None
 
 
@@ -320,7 +342,8 @@ def sizes(kept: list[dict], t0: float) -> str:
     return ", ".join(out)
 
 
-def one_run(system: System, trace: Trace, baseline_s: float, batch: int, bound_s: float) -> dict:
+def one_run(system: System, trace: Trace, baseline_s: float, batch: int, bound_s: float,
+            log_dir: Path | None = None) -> dict:
     system.start()
     job = system.job
     try:
@@ -344,6 +367,10 @@ def one_run(system: System, trace: Trace, baseline_s: float, batch: int, bound_s
             records = steps()
     finally:
         system.stop()
+        if log_dir is not None and getattr(system, "job", None) is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            name = "".join(c if c.isalnum() else "-" for c in system.name.split(" (")[0])
+            (log_dir / f"{name}-{trace.events_per_min:g}.log").write_text("".join(system.job.lines))
     kept = history(records)
     base = samples(kept, tb, t0, batch) / (t0 - tb)
     useful = samples(kept, t0, t1, batch)
@@ -410,8 +437,12 @@ def main() -> None:
     p.add_argument("--device-s", type=float, default=0.2, help="device time per step (slept)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--peers", action="store_true", help="also torchft and torchrun elastic (requirements/bench.txt)")
+    p.add_argument("--only", action="append", choices=["cloud-elastic", "torchft", "torchrun"],
+                   help="run only this system (repeatable; implies --no-write)")
+    p.add_argument("--log-dir", type=Path, default=None, help="write each run's whole output here")
     docsection.add_arguments(p)
     args = p.parse_args()
+    args.no_write = args.no_write or bool(args.only)
     if args.spares and not has_spares():
         raise SystemExit("`cloud-elastic run` has no --spares yet (issue 41): run with --spares 0")
     rates = args.rates or ([3.0] if args.quick else [1.0, 3.0])
@@ -425,14 +456,17 @@ def main() -> None:
     for rate, trace in traces.items():
         print(f"trace at {rate:g} events a minute: " + ", ".join(f"{e.at_s:.1f} {e.kind} {e.host}" for e in trace.events),
               flush=True)
-        makers = [lambda tmp: CloudElastic(trace, tmp, worker_args, args.spares)]
+        makers = {"cloud-elastic": lambda tmp: CloudElastic(trace, tmp, worker_args, args.spares)}
         if args.peers:
-            makers += [lambda tmp: TorchFT(trace, tmp, worker_args), lambda tmp: TorchrunElastic(trace, tmp, worker_args)]
-        for make in makers:
+            makers.update({"torchft": lambda tmp: TorchFT(trace, tmp, worker_args),
+                           "torchrun": lambda tmp: TorchrunElastic(trace, tmp, worker_args)})
+        for key, make in makers.items():
+            if args.only and key not in args.only:
+                continue
             with tempfile.TemporaryDirectory() as tmp:
                 system = make(Path(tmp))
                 try:
-                    r = one_run(system, trace, baseline_s, args.batch_size, bound_s=180.0)
+                    r = one_run(system, trace, baseline_s, args.batch_size, bound_s=180.0, log_dir=args.log_dir)
                 except (TimeoutError, JobExited) as exc:
                     print(f"{system.name}: {exc}", flush=True)
                     r = {"error": str(exc).splitlines()[0][:80]}
@@ -446,7 +480,10 @@ def main() -> None:
         f"host {args.boot_s:g} s after the loss; {', '.join(f'{t.duration_s:g} s at {r:g}/min' for r, t in traces.items())}. "
         f"Goodput = useful samples (steps kept in the training's history) ÷ the same job's samples per second over "
         f"the {baseline_s:g} s at full size before the trace × the trace's length. Spares: {args.spares} "
-        f"(`--spares` is planned, issue 41). One run per row, systems one after another on a shared machine.",
+        f"(`--spares` is planned, issue 41). Instances running (paid) on average: "
+        f"{', '.join(f'{t.mean_instances():.2f} at {r:g}/min' for r, t in traces.items())}; a system that used "
+        f"each at once would reach {', '.join(f'{t.mean_instances(SIZE) / SIZE:.3f}' for t in traces.values())} "
+        f"(the ceiling without spares). One run per row, systems one after another on a shared machine.",
         table(results, traces)])
     docsection.publish(args, "goodput", SECTION, text, glance(results, args.spares))
 
