@@ -138,6 +138,7 @@ class LinkWatch:
         if report is not None and report.probed == order.order.seq:
             self._record(order, report, running)
             self._order = None
+            self._ask_next(running)  # the next one now, not at the next scan
             return None
         return order.order
 
