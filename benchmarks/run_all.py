@@ -66,6 +66,7 @@ BENCHMARKS = [
     Benchmark("durable", "durable.py", 400, 3600),
     Benchmark("compression", "compression.py", 400, 3600),
     Benchmark("straggler", "straggler.py", 400, 1800),
+    Benchmark("slow-link", "link_probe.py", 300, 900),
     Benchmark("early-return", "early_return.py", 400, 1800),
     Benchmark("sharded", "sharded.py", 400, 3600),
     Benchmark("sharded-heal", "sharded_heal.py", 300, 1800),
