@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import statistics
@@ -472,6 +473,9 @@ def main() -> None:
                     r = {"error": str(exc).splitlines()[0][:80]}
                 results[(system.name, rate)] = r
                 print(f"{system.name} at {rate:g}/min: " + ", ".join(f"{k} {v}" for k, v in r.items()), flush=True)
+    if args.log_dir is not None:
+        (args.log_dir / "results.json").write_text(json.dumps({f"{n} @ {r:g}/min": v for (n, r), v in results.items()},
+                                                               indent=1))
     text = "\n\n".join([
         f"{stamp(command())} Three workers, one per emulated host; each new worker process sleeps "
         f"{args.startup_s:g} s before it joins (start-up: CUDA initialisation, data loading) and each step sleeps "
