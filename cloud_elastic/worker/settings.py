@@ -1,8 +1,9 @@
 """The worker's settings, read from its environment once, at ``init()``.
 
 The driver passes them as ``CLOUD_ELASTIC_*`` variables (a local child's
-environment, or the remote wrapper's on an SSH host); the user may set the
-tuning ones. Nothing else in the worker reads the environment, with one
+environment, or the remote wrapper's on an SSH host), written by
+:meth:`WorkerSettings.to_environ`, the one writer of that contract (the names
+are this module's ``*_ENV`` constants); the user may set the tuning ones. Nothing else in the worker reads the environment, with one
 exception: the host's notice watcher takes its metadata endpoint from the
 variables the clouds' own tools honour (``AWS_EC2_METADATA_SERVICE_ENDPOINT``,
 ``GCE_METADATA_HOST``, ``CLOUD_ELASTIC_AZURE_IMDS_ENDPOINT``; see
@@ -29,10 +30,28 @@ from typing import Mapping
 
 from cloud_elastic.errors import ConfigError
 
-__all__ = ["WorkerSettings", "SECRET_ENV", "keep_secret", "take_secret", "taken_secret"]
+__all__ = ["WorkerSettings", "SECRET_ENV", "DRIVER_ENV", "STORE_ENV", "JOB_ID_ENV", "WORKER_ID_ENV", "HOSTNAME_ENV",
+           "SLOT_ENV", "HOST_KEY_ENV", "NETWORK_INTERFACE_ENV", "HEARTBEAT_INTERVAL_ENV", "HEARTBEAT_TIMEOUT_ENV",
+           "DRIVER_GRACE_ENV", "CHECKPOINT_DIR_ENV", "CHECKPOINT_INTERVAL_ENV", "CHECKPOINT_KEEP_ENV",
+           "keep_secret", "take_secret", "taken_secret"]
 
 #: The variable the driver (or the remote wrapper) hands the job's secret in.
 SECRET_ENV = "CLOUD_ELASTIC_SECRET"
+#: The variables the driver sets for each worker (:meth:`WorkerSettings.to_environ`).
+DRIVER_ENV = "CLOUD_ELASTIC_DRIVER"
+STORE_ENV = "CLOUD_ELASTIC_STORE"
+JOB_ID_ENV = "CLOUD_ELASTIC_JOB_ID"
+WORKER_ID_ENV = "CLOUD_ELASTIC_WORKER_ID"
+HOSTNAME_ENV = "CLOUD_ELASTIC_HOSTNAME"
+SLOT_ENV = "CLOUD_ELASTIC_SLOT"
+HOST_KEY_ENV = "CLOUD_ELASTIC_HOST_KEY"
+NETWORK_INTERFACE_ENV = "CLOUD_ELASTIC_NETWORK_INTERFACE"
+HEARTBEAT_INTERVAL_ENV = "CLOUD_ELASTIC_HEARTBEAT_INTERVAL_S"
+HEARTBEAT_TIMEOUT_ENV = "CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S"
+DRIVER_GRACE_ENV = "CLOUD_ELASTIC_DRIVER_GRACE_S"
+CHECKPOINT_DIR_ENV = "CLOUD_ELASTIC_CHECKPOINT_DIR"
+CHECKPOINT_INTERVAL_ENV = "CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S"
+CHECKPOINT_KEEP_ENV = "CLOUD_ELASTIC_CHECKPOINT_KEEP"
 #: The secret once taken out of the environment (one per process: a worker belongs to one job).
 _taken: list[str] = []
 
@@ -83,6 +102,9 @@ class WorkerSettings:
     #: workers launched on it together; their own process group (``hvd.shard``) is keyed by it.
     host_key: str = ""
     network_interface: str | None = None
+    #: ``--heartbeat-interval``, for the script's information: the worker takes the interval it heartbeats at
+    #: from the driver's answer to its registration.
+    heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 5.0
     collective_timeout_s: float = 300.0
     #: ``CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S``: how long a round's process group may take to form (capped by
@@ -157,6 +179,32 @@ class WorkerSettings:
                 if not sep or not host or not port.isdigit():
                     raise ConfigError(f"{name}={value!r}: expected HOST:PORT")
 
+    def to_environ(self) -> dict[str, str]:
+        """The variables that give a worker these settings (the driver's part of them: where the driver and
+        its store are, who the worker is, the heartbeat, grace and checkpoint settings). Not the secret,
+        which goes to the worker out of band (see :mod:`cloud_elastic.driver.launch.api`), nor the tuning
+        ones, which the user's environment sets. Read back by :meth:`from_environ`."""
+        env = {
+            DRIVER_ENV: self.driver_address,
+            STORE_ENV: self.store_address,
+            JOB_ID_ENV: self.job_id,
+            WORKER_ID_ENV: self.worker_id,
+            HOSTNAME_ENV: self.hostname,
+            SLOT_ENV: str(self.slot),
+            HEARTBEAT_INTERVAL_ENV: str(self.heartbeat_interval_s),
+            HEARTBEAT_TIMEOUT_ENV: str(self.heartbeat_timeout_s),
+            DRIVER_GRACE_ENV: str(self.driver_grace_s),
+        }
+        if self.checkpoint_dir:
+            env[CHECKPOINT_DIR_ENV] = self.checkpoint_dir
+            env[CHECKPOINT_INTERVAL_ENV] = str(self.checkpoint_interval_s)
+            env[CHECKPOINT_KEEP_ENV] = str(self.checkpoint_keep)
+        if self.network_interface:
+            env[NETWORK_INTERFACE_ENV] = self.network_interface
+        if self.host_key:
+            env[HOST_KEY_ENV] = self.host_key
+        return env
+
     def __repr__(self) -> str:  # never print the secret
         return f"WorkerSettings(worker_id={self.worker_id!r}, job_id={self.job_id!r}, standalone={self.standalone})"
 
@@ -181,16 +229,17 @@ class WorkerSettings:
             return raw in ("1", "true", "yes", "on")
 
         return cls(
-            standalone="CLOUD_ELASTIC_DRIVER" not in env,
-            driver_address=env.get("CLOUD_ELASTIC_DRIVER", ""),
-            store_address=env.get("CLOUD_ELASTIC_STORE", ""),
-            job_id=env.get("CLOUD_ELASTIC_JOB_ID", "standalone"),
-            worker_id=env.get("CLOUD_ELASTIC_WORKER_ID", "standalone"),
-            hostname=env.get("CLOUD_ELASTIC_HOSTNAME", "127.0.0.1"),
-            slot=int(number("CLOUD_ELASTIC_SLOT", "0", int)),
-            host_key=env.get("CLOUD_ELASTIC_HOST_KEY", ""),
-            network_interface=env.get("CLOUD_ELASTIC_NETWORK_INTERFACE") or None,
-            heartbeat_timeout_s=number("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S", "5", float),
+            standalone=DRIVER_ENV not in env,
+            driver_address=env.get(DRIVER_ENV, ""),
+            store_address=env.get(STORE_ENV, ""),
+            job_id=env.get(JOB_ID_ENV, "standalone"),
+            worker_id=env.get(WORKER_ID_ENV, "standalone"),
+            hostname=env.get(HOSTNAME_ENV, "127.0.0.1"),
+            slot=int(number(SLOT_ENV, "0", int)),
+            host_key=env.get(HOST_KEY_ENV, ""),
+            network_interface=env.get(NETWORK_INTERFACE_ENV) or None,
+            heartbeat_interval_s=_lenient(env.get(HEARTBEAT_INTERVAL_ENV), 0.5),
+            heartbeat_timeout_s=number(HEARTBEAT_TIMEOUT_ENV, "5", float),
             collective_timeout_s=number("CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S", "300", float),
             group_form_timeout_s=number("CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S", "60", float),
             backend=env.get("CLOUD_ELASTIC_BACKEND", "").strip().lower(),
@@ -198,15 +247,22 @@ class WorkerSettings:
             commit_mode=env.get("CLOUD_ELASTIC_COMMIT_MODE", "auto").strip().lower(),
             malloc_tuning=flag("CLOUD_ELASTIC_MALLOC_TUNING") and not any(n in env for n in _GLIBC_MALLOC_SETTINGS),
             secret=secret,
-            driver_grace_s=number("CLOUD_ELASTIC_DRIVER_GRACE_S", "", float) if env.get("CLOUD_ELASTIC_DRIVER_GRACE_S")
-            else None,
-            checkpoint_dir=env.get("CLOUD_ELASTIC_CHECKPOINT_DIR", ""),
-            checkpoint_interval_s=number("CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S", "300", float),
-            checkpoint_keep=int(number("CLOUD_ELASTIC_CHECKPOINT_KEEP", "2", int)),
+            driver_grace_s=number(DRIVER_GRACE_ENV, "", float) if env.get(DRIVER_GRACE_ENV) else None,
+            checkpoint_dir=env.get(CHECKPOINT_DIR_ENV, ""),
+            checkpoint_interval_s=number(CHECKPOINT_INTERVAL_ENV, "300", float),
+            checkpoint_keep=int(number(CHECKPOINT_KEEP_ENV, "2", int)),
             sharded_checkpoint_writes=env.get("CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES", "background").strip().lower(),
             selftest_timeout_s=number("CLOUD_ELASTIC_SELFTEST_TIMEOUT_S", "60", float),
             term_grace_s=number("CLOUD_ELASTIC_TERM_GRACE_S", "30", float),
         )
+
+
+def _lenient(raw: str | None, default: float) -> float:
+    """A number only reported to the script (never acted on): a bad value is the default, not an error."""
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        return default
 
 
 # The earliest moment the worker library runs in a worker started from scratch: its subprocesses,

@@ -46,3 +46,19 @@ def test_bad_values_are_one_line_errors_naming_the_variable(env, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
         WorkerSettings.from_environ({**DRIVER, **env})
     assert "\n" not in str(info.value)
+
+
+def test_what_the_driver_writes_is_read_back_as_the_same_settings_and_holds_no_secret():
+    from cloud_elastic.worker.settings import SECRET_ENV
+
+    given = WorkerSettings(standalone=False, driver_address="10.0.0.1:4000", store_address="10.0.0.1:4001",
+                           job_id="j1", worker_id="h[1]#3", hostname="h", slot=1, host_key="h/1/ab",
+                           network_interface="eth1", heartbeat_interval_s=0.25, heartbeat_timeout_s=2.5,
+                           driver_grace_s=45.0, checkpoint_dir="s3://b/ckpt", checkpoint_interval_s=60.0,
+                           checkpoint_keep=3, secret="s" * 64)
+    env = given.to_environ()
+    assert all(name.startswith("CLOUD_ELASTIC_") for name in env) and "s" * 64 not in env.values()
+    assert WorkerSettings.from_environ({**env, SECRET_ENV: "s" * 64}) == given
+    plain = WorkerSettings(standalone=False, driver_address="a:1", store_address="a:2", secret="s" * 64)
+    assert not {"CLOUD_ELASTIC_CHECKPOINT_DIR", "CLOUD_ELASTIC_HOST_KEY",
+                "CLOUD_ELASTIC_NETWORK_INTERFACE"} & set(plain.to_environ())

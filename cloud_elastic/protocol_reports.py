@@ -1,0 +1,122 @@
+"""The reports and requests the driver parses besides :mod:`cloud_elastic.protocol`'s: ``drain``,
+``unhealthy``, ``notice`` and ``checkpoint``, as typed values.
+
+As in :mod:`cloud_elastic.protocol`, each type converts to the JSON object sent on the wire
+(``to_wire()``) and back (``from_wire()``), and ``from_wire`` refuses a malformed object as a whole
+with :class:`~cloud_elastic.errors.ControlPlaneError` (one line, naming the field). They live
+beside that module, which is at its size bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from cloud_elastic.errors import ControlPlaneError
+from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
+
+__all__ = ["CHECKPOINT_EVENTS", "CheckpointReport", "DrainRequest", "NOTICE_KINDS", "NoticeReport", "UnhealthyReport"]
+
+#: What a durable checkpoint report says happened (kind ``checkpoint``).
+CHECKPOINT_EVENTS = ("saved", "loaded", "failed")
+CHECKPOINT_EVENTS = ("saved", "loaded", "failed")
+
+
+def _field(msg: Mapping[str, Any], name: str, what: str, kind: type, must: str, ok: Any = None) -> Any:
+    """``msg[name]`` if it is a ``kind`` (never a bool for a number) and ``ok(value)``, else a one-line error."""
+    value = msg.get(name)
+    if not isinstance(value, kind) or (kind is not str and isinstance(value, bool)) or (ok and not ok(value)):
+        raise ControlPlaneError(f"malformed {what}: {name!r} must be {must}, got {value!r:.80}")
+    return value
+
+
+@dataclass(frozen=True)
+class DrainRequest:
+    """``cloud-elastic drain JOB HOST[:SLOT]`` (kind ``drain``, signed like ``status``): the host's workers,
+    or the one in ``slot``, leave at their next commit."""
+
+    host: str
+    slot: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"host": self.host, "slot": self.slot}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "DrainRequest":
+        what = "drain request"
+        host = _field(msg, "host", what, str, "a host name of 1 to 255 characters", lambda v: 0 < len(v) <= 255)
+        if msg.get("slot") is None:
+            return cls(host)
+        return cls(host, _field(msg, "slot", what, int, "a non-negative integer", lambda v: v >= 0))
+
+
+@dataclass(frozen=True)
+class UnhealthyReport:
+    """A newcomer's device self-test failed (kind ``unhealthy``): ``reason``, its first line, at most 300 characters."""
+
+    reason: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"reason": self.reason}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "UnhealthyReport":
+        return cls(_field(msg, "reason", "unhealthy report", str, "a non-empty string", len).splitlines()[0][:300])
+
+
+@dataclass(frozen=True)
+class NoticeReport:
+    """A notice for the reporting worker's own host (kind ``notice``): from its metadata watcher, or (``own``)
+    the SIGTERM the worker got. ``notice`` is one of :data:`NOTICE_KINDS`; ``deadline`` the Unix time the host
+    goes, if known; ``source`` is cut to 40 characters and ``reason`` to 200."""
+
+    source: str
+    notice: str
+    reason: str
+    deadline: float | None = None
+    own: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"source": self.source, "notice": self.notice, "reason": self.reason, "deadline": self.deadline,
+                **({"own": True} if self.own else {})}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "NoticeReport":
+        what = "notice message"
+        notice = _field(msg, "notice", what, str, f"one of {NOTICE_KINDS}", lambda v: v in NOTICE_KINDS)
+        deadline = None if msg.get("deadline") is None else _field(msg, "deadline", what, (int, float),
+                                                                     "a number or null")
+        return cls(_field(msg, "source", what, str, "a string")[:40], notice,
+                   _field(msg, "reason", what, str, "a string")[:200], deadline, msg.get("own") is True)
+
+
+@dataclass(frozen=True)
+class CheckpointReport:
+    """Rank 0 wrote (``saved``) or loaded (``loaded``) a durable checkpoint of ``step`` at ``path``, or could not
+    load one (``failed``, ``reason``: the job then ends) (kind ``checkpoint``). A load may give the ``commit_seq``
+    it restored, a save its ``duration_s`` and ``bytes`` (left out, not refused, when of the wrong type).
+    ``path`` is cut to 1,000 characters and ``reason`` to 300."""
+
+    event: str
+    step: int | None = None
+    path: str | None = None
+    commit_seq: int | None = None
+    reason: str | None = None
+    duration_s: float | None = None
+    bytes: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "CheckpointReport":
+        what = "checkpoint message"
+        event = _field(msg, "event", what, str, f"one of {CHECKPOINT_EVENTS}", lambda v: v in CHECKPOINT_EVENTS)
+        if event == "failed":
+            return cls(event, reason=_field(msg, "reason", what, str, "a string")[:300])
+        seq = None if msg.get("commit_seq") is None else _field(msg, "commit_seq", what, int, "an integer")
+        step, path = _field(msg, "step", what, int, "an integer"), _field(msg, "path", what, str, "a string")
+        duration, size = msg.get("duration_s"), msg.get("bytes")
+        return cls(event, step, path[:1000], seq,
+                   duration_s=duration if isinstance(duration, (int, float)) and not isinstance(duration, bool) else None,
+                   bytes=size if isinstance(size, int) and not isinstance(size, bool) else None)
