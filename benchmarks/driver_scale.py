@@ -252,9 +252,9 @@ def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None) -
 
     hosts = workers // SLOTS
     config = JobConfig(command=("true",), num_proc=workers, min_np=1, max_np=workers, heartbeat_timeout_s=60.0)
-    driver = Driver(config, discovery=type("Fake", (), {"name": "fake"})(), job_id="scale")
+    driver = Driver(config, discovery=type("Fake", (), {"name": "fake"})(), job_id="scale", launcher=_NoLaunch())
     driver._sinks = open_sinks("scale", None, None)
-    driver._launchers = {"given": _NoLaunch()}
+    driver._plane = driver._control_plane(None)
     job, snap = driver._job, snapshot(hosts)
     with driver._cond:
         job.start(driver._clock())
@@ -265,8 +265,7 @@ def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None) -
             job.rendezvous(w, 0, "start", driver._clock())
         assert all(isinstance(job.assignment(w), Assignment) for w in ids)
         job.take_events()
-    server = ControlServer(driver._codec, driver._handle)
-    server.start()
+    driver._endpoints.start("127.0.0.1", advertised="127.0.0.1")
     loop = threading.Thread(target=driver._loop, daemon=True)
     loop.start()
     stop = threading.Event()
@@ -281,7 +280,7 @@ def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None) -
     q = ctx.Queue()
     start = time.time() + 3.0 + workers / 500  # the client processes import and start their threads
     window = (start + 3.0, start + 3.0 + seconds)
-    ps = [ctx.Process(target=_pollers, args=(server.port, driver._secret, ids[i::procs], start, window, q))
+    ps = [ctx.Process(target=_pollers, args=(driver._endpoints.control_port, driver._endpoints.secret, ids[i::procs], start, window, q))
           for i in range(procs)]
     for p in ps:
         p.start()
@@ -296,7 +295,7 @@ def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None) -
     stop.set()
     driver.stop("benchmark over", 0)
     loop.join(30)
-    server.close()
+    driver._endpoints.close()
     user, system = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
     lost = sum(1 for w in job.workers.values() if w.state.value in ("lost", "exited"))
     return {"workers": workers, "cpu_s_per_s": (user + system) / (t1 - t0), "system_share": system / max(1e-9, user + system),
@@ -342,7 +341,8 @@ def live_profiled(n: int, seconds: float, profile: bool) -> dict:
 
 
 def main() -> None:
-    from cloud_elastic.driver.runtime.driver import _POLLS_PER_S, _TICK_S
+    from cloud_elastic.driver.runtime.control_plane import POLLS_PER_S
+    from cloud_elastic.driver.runtime.driver import _TICK_S
 
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, nargs="+", default=[64, 256, 1024, 8000])
@@ -383,12 +383,12 @@ def main() -> None:
         print(f"live driver, {n} workers long-polling: {live['cpu_s_per_s']:.2f} cores, {live['polls_per_s']:.0f} "
               f"heartbeats/s, {live['cpu_per_poll_s'] * 1e6:.0f} us each ({live['system_share']:.0%} in the kernel), "
               f"{live['failed_calls']} failed calls, {live['workers_lost']} workers lost", flush=True)
-    # At 8,000 workers: the heartbeats the driver holds for longer (Driver._poll_hold_s) at the cost of one
+    # At 8,000 workers: the heartbeats the driver holds for longer (ControlPlane.poll_hold_s) at the cost of one
     # heartbeat in the largest live run (its CPU less that run's ticks and discovery cycles), the loop's
     # ticks, and one discovery cycle per interval. A live run can fall short of the full heartbeat rate:
     # its client processes share the machine's two cores with the driver.
     n = 8000
-    hold = max(interval, min(timeout / 4, n / _POLLS_PER_S))
+    hold = max(interval, min(timeout / 4, n / POLLS_PER_S))
     steady = res["steady"].get(n) or res["steady"][max(res["steady"])]
     ticks = steady["tick_s"] / _TICK_S
     discovery = max(0.0, steady["cycle_s"] - steady["tick_s"]) / config.discovery_interval_s

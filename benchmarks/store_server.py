@@ -32,7 +32,7 @@ SERVERS = {
 import socket, sys
 from cloud_elastic.driver.net.store_server import StoreServer
 sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(512)
-server = StoreServer(sock)
+server = StoreServer(sock).start()
 print(server.port, flush=True)
 sys.stdin.read()
 """,

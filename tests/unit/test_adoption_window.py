@@ -8,8 +8,8 @@ second copy of the job), and the job loses the trained state it held. Seen in
 the chaos test on a loaded machine before the window was opened ahead of the
 server.
 
-A restarted driver that gives the adoption up (a port taken, another job's
-record) lets go of the predecessor's ports. The rendezvous store owns its
+A restarted driver that gives the adoption up (a port taken) lets go of the
+predecessor's ports. The rendezvous store owns its
 listening descriptor once it has taken the socket over: closing the socket too
 closed, later, whatever had reused the number (in the driver, a worker's pipe or
 connection). The same double close happened whenever a driver object was collected
@@ -33,10 +33,11 @@ import pytest
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.control import Codec, new_secret
-from cloud_elastic.driver.runtime import driver as driver_module
+from cloud_elastic.driver.net import endpoints as endpoints_module
+from cloud_elastic.driver.net.control_server import ControlServer
+from cloud_elastic.driver.restart.predecessor import open_store, plan_start
 from cloud_elastic.driver.restart.record import write_record
 from cloud_elastic.driver.runtime.driver import Driver
-from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.protocol import AdoptRequest
 from cloud_elastic.providers.static import StaticHosts
 from cloud_elastic.worker.link.client import DriverClient
@@ -57,6 +58,14 @@ def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def _restarted(config: JobConfig) -> tuple[Driver, object]:
+    """A restarted driver and its start plan (the plan comes first: the job's identity and whom to adopt)."""
+    driver = Driver(config, StaticHosts({"127.0.0.1": 1}))
+    plan = plan_start(config, open_store(config), job_id=driver.job_id)
+    driver._set_job_id(plan.job_id)
+    return driver, plan
 
 
 def _predecessor(root, ckpt: str, secret: str) -> int:
@@ -93,29 +102,37 @@ def test_a_worker_arriving_as_the_restarted_driver_starts_listening_is_adopted(t
             replies.append(client.call("adopt", request.to_wire(), timeout_s=10))
             client.close()
 
-    monkeypatch.setattr(driver_module, "ControlServer", ArrivesAtOnce)
+    monkeypatch.setattr(endpoints_module, "ControlServer", ArrivesAtOnce)
     config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1, checkpoint_dir=ckpt)
-    driver = Driver(config, StaticHosts({"127.0.0.1": 1}))
+    driver, plan = _restarted(config)
     try:
-        driver._listen_for_adoption()
+        assert driver._listen_for_adoption(plan).adopt is not None, "the restarted driver gave the adoption up"
         assert driver.job_id == JOB, "the predecessor's record was not found"
         assert replies and replies[0].get("ok") is True, (
             f"the restarted driver refused a worker that reached it as it started listening: {replies}")
         assert WORKER in driver._job.workers
     finally:
-        driver._abandon_adoption()
+        driver._endpoints.close()
 
 
 def test_giving_an_adoption_up_closes_the_store_socket_once(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     ckpt = str(tmp_path / "ckpt")
-    _predecessor(tmp_path, ckpt, new_secret())
+    control_port = _predecessor(tmp_path, ckpt, new_secret())
     config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1, checkpoint_dir=ckpt)
-    driver = Driver(config, StaticHosts({"127.0.0.1": 1}))
-    driver._listen_for_adoption()
-    assert driver._store is not None, "the rendezvous store did not start"
-    port = driver._store.port
-    driver._abandon_adoption()
+    driver, plan = _restarted(config)
+    store_ports: list[int] = []
+
+    class StoreFirst(endpoints_module.StoreServer):
+        def start(self):
+            store_ports.append(self.port)
+            return super().start()
+
+    monkeypatch.setattr(endpoints_module, "StoreServer", StoreFirst)
+    with socket.create_server(("127.0.0.1", control_port)):  # the predecessor's control port is taken
+        assert driver._listen_for_adoption(plan).adopt is None, "the adoption went on without its control port"
+    assert store_ports, "the rendezvous store did not start"
+    port = store_ports[0]
     with pytest.raises(ConnectionRefusedError):  # nothing serves the predecessor's store port any more
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     # New sockets take the lowest free descriptor numbers, the store's among them if it was freed.
@@ -137,8 +154,8 @@ def test_a_driver_object_that_goes_after_its_store_closes_no_other_descriptor() 
     # number the store already gave back (the Spark registry test once met EBADF after the Ray tests).
     config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1)
     driver = Driver(config, StaticHosts({"127.0.0.1": 1}))
-    driver._start_store("127.0.0.1")
-    port = driver._store.port
+    driver._endpoints.start("127.0.0.1", advertised="127.0.0.1")
+    port = driver._endpoints.store_port
     driver._shutdown()  # the job's end closes the store and its descriptor
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()

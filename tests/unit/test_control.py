@@ -143,12 +143,12 @@ def test_short_secret_refused() -> None:
         Codec("short", "job")
 
 
-def test_bug_replay_accepted_once_nonce_is_pruned_while_timestamp_still_valid() -> None:
-    """BUG control.py:101: nonces are remembered by arrival time, not by timestamp.
+def test_a_replay_is_refused_while_its_timestamp_is_valid_even_after_4096_other_messages() -> None:
+    """A nonce is remembered as long as its message's own timestamp is acceptable, not by arrival.
 
-    A message from a sender whose clock runs ahead (within the allowed skew) is
-    still acceptable after its nonce has been pruned from the replay cache, so
-    a captured copy can be replayed once 4096 other messages have arrived.
+    A message from a sender whose clock runs ahead (within the allowed skew) stays
+    acceptable for longer than the skew after it arrived; a captured copy of it,
+    replayed after 4096 other messages, is still refused.
     """
     clock = Clock(NOW)
     receiver = Codec(SECRET, "job", clock=clock)

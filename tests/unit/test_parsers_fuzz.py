@@ -45,7 +45,7 @@ import logging, socket, sys
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 from cloud_elastic.driver.net.store_server import StoreServer
 sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(1024)
-server = StoreServer(sock)
+server = StoreServer(sock).start()
 print(server.port, flush=True)
 sys.stdin.read()
 """

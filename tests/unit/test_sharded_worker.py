@@ -30,21 +30,25 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def _key(driver: Driver, host: str, slot: int) -> str | None:
-    return driver._spec(Launch(Slot(host, slot), f"{host}[{slot}]")).env.get("CLOUD_ELASTIC_HOST_KEY")
+    return driver._processes.spec(Launch(Slot(host, slot), f"{host}[{slot}]")).env.get("CLOUD_ELASTIC_HOST_KEY")
 
 
 def test_the_workers_launched_on_a_host_together_share_its_key_and_its_next_incarnation_gets_another():
     config = JobConfig(command=("python", "train.py"), num_proc=4, min_np=2, max_np=4, whole_host_slots=2)
     driver = Driver(config, StaticHosts({"127.0.0.1": 2, "127.0.0.2": 2}), job_id="j1")
-    driver._server = SimpleNamespace(port=1)
-    first = {_key(driver, "127.0.0.1", 0), _key(driver, "127.0.0.1", 1)}
-    other = {_key(driver, "127.0.0.2", 0), _key(driver, "127.0.0.2", 1)}
-    again = {_key(driver, "127.0.0.1", 1), _key(driver, "127.0.0.1", 0)}  # the host came back
-    assert len(first) == len(other) == len(again) == 1
-    assert len(first | other | again) == 3
     plain = Driver(dataclasses.replace(config, whole_host_slots=0), StaticHosts({"127.0.0.1": 2}), job_id="j2")
-    plain._server = SimpleNamespace(port=1)
-    assert _key(plain, "127.0.0.1", 0) is None
+    for d in (driver, plain):
+        d._endpoints.start("127.0.0.1", advertised="127.0.0.1")
+    try:
+        first = {_key(driver, "127.0.0.1", 0), _key(driver, "127.0.0.1", 1)}
+        other = {_key(driver, "127.0.0.2", 0), _key(driver, "127.0.0.2", 1)}
+        again = {_key(driver, "127.0.0.1", 1), _key(driver, "127.0.0.1", 0)}  # the host came back
+        assert len(first) == len(other) == len(again) == 1
+        assert len(first | other | again) == 3
+        assert _key(plain, "127.0.0.1", 0) is None
+    finally:
+        for d in (driver, plain):
+            d._endpoints.close()
 
 
 def test_shard_without_whole_hosts_is_a_one_line_error():

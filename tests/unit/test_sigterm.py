@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from cloud_elastic.driver.job.workers import WorkerState
-from tests.unit.test_driver_rooms import driver
+from tests.unit.test_control_plane import plane
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,38 +148,36 @@ def test_a_forked_child_dies_of_sigterm_as_by_default(worker):
     assert "asked" not in " ".join(w.lines)
 
 
-def _own(d, worker: str) -> dict:
-    return d._handle("notice", {"worker": worker, "source": "sigterm", "notice": "terminate",
-                                "reason": f"SIGTERM to worker {worker}", "deadline": 2e9, "own": True})
+def _own(p, worker: str) -> dict:
+    return p.handle("notice", {"worker": worker, "source": "sigterm", "notice": "terminate",
+                               "reason": f"SIGTERM to worker {worker}", "deadline": 2e9, "own": True})
 
 
-def _to(d, worker: str, *states: WorkerState) -> None:
-    w = d._job.workers[worker]
-    for state in states:
-        w.to(state, "test")
+def _to(job, worker: str, state: WorkerState) -> None:
+    job.workers[worker].state = state
 
 
 def test_the_driver_keeps_a_worker_of_a_round_and_drains_its_host() -> None:
-    d = driver()
-    worker = sorted(d._job.workers)[0]
-    _to(d, worker, WorkerState.CONNECTED, WorkerState.WAITING, WorkerState.RUNNING)
-    assert _own(d, worker) == {"ok": True, "stay": True}
-    assert d._job.hosts.draining["127.0.0.1"].deadline == 2e9
+    p, job, _, _ = plane()
+    worker = sorted(job.workers)[0]
+    _to(job, worker, WorkerState.RUNNING)
+    assert _own(p, worker) == {"ok": True, "stay": True}
+    (host, drain, source, soft), = job.notices
+    assert (host, drain.deadline, source, soft) == ("127.0.0.1", 2e9, "sigterm", False)
 
 
 def test_the_driver_keeps_no_worker_it_stops_itself() -> None:
-    d = driver()
-    first, second = sorted(d._job.workers)
-    _to(d, first, WorkerState.EXITING)  # e.g. its host left discovery: the driver sent the TERM
-    assert _own(d, first) == {"ok": True, "stay": False}
-    assert not d._job.hosts.draining
-    _to(d, second, WorkerState.CONNECTED, WorkerState.WAITING, WorkerState.RUNNING)
-    with d._cond:
-        d._job.stop("stopped by SIGTERM", 143)  # the job's end: the driver stops every worker
-    assert _own(d, second) == {"ok": True, "stay": False}
-    assert not d._job.hosts.draining
-    assert d._handle("notice", {"worker": "stranger", "source": "sigterm", "notice": "terminate",
-                                "reason": "x", "deadline": None, "own": True}) == {"ok": False}
+    p, job, _, _ = plane()
+    first, second = sorted(job.workers)
+    _to(job, first, WorkerState.EXITING)  # e.g. its host left discovery: the driver sent the TERM
+    assert _own(p, first) == {"ok": True, "stay": False}
+    assert not job.notices
+    _to(job, second, WorkerState.RUNNING)
+    job.end(False, "stopped by SIGTERM", 143)  # the job's end: the driver stops every worker
+    assert _own(p, second) == {"ok": True, "stay": False}
+    assert not job.notices
+    assert p.handle("notice", {"worker": "stranger", "source": "sigterm", "notice": "terminate",
+                               "reason": "x", "deadline": None, "own": True}) == {"ok": False}
 
 
 def test_the_grace_comes_from_the_environment_and_a_bad_one_is_refused() -> None:

@@ -25,7 +25,7 @@ from cloud_elastic.driver.net.store_server import StoreServer
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 sock.listen(64)
-server = StoreServer(sock, max_bytes=int(sys.argv[1]))
+server = StoreServer(sock, max_bytes=int(sys.argv[1])).start()
 print(server.port, flush=True)
 for line in sys.stdin:  # "forget NAMESPACE", one a line, until the test closes stdin
     server.forget(line.split()[1])

@@ -30,7 +30,7 @@ from cloud_elastic.driver.net.store_server import StoreServer
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 sock.listen(64)
-server = StoreServer(sock)
+server = StoreServer(sock).start()
 print(server.port, flush=True)
 sys.stdin.read()  # until the test closes it
 server.close()

@@ -39,7 +39,7 @@ from cloud_elastic.driver.net.store_server import StoreServer
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 sock.listen(1024)
-server = StoreServer(sock, **({"max_bytes": int(os.environ["MAX_BYTES"])} if "MAX_BYTES" in os.environ else {}))
+server = StoreServer(sock, **({"max_bytes": int(os.environ["MAX_BYTES"])} if "MAX_BYTES" in os.environ else {})).start()
 if len(sys.argv) > 1:  # a descriptor limit this many above what the process has open now
     spare = int(sys.argv[1]) + len(os.listdir("/proc/self/fd"))
     resource.setrlimit(resource.RLIMIT_NOFILE, (spare, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

@@ -14,6 +14,7 @@ from cloud_elastic.driver.launch import forkserver
 from cloud_elastic.driver.launch.forkserver import ForkServer
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.errors import LaunchError
+from cloud_elastic.worker.settings import SECRET_ENV
 
 __all__ = ["ForkedProcess", "LocalLauncher", "LocalProcess", "forward_lines", "kill_group", "process_start_time"]
 
@@ -71,7 +72,7 @@ class LocalProcess:
         self._start = process_start_time(popen.pid)
 
     def handle(self) -> dict[str, object]:
-        """How a restarted driver finds this process again (see :mod:`.adoption`)."""
+        """How a restarted driver finds this process again (see :mod:`cloud_elastic.driver.restart.record`)."""
         return {"kind": "local", "pid": self._popen.pid, "start": self._start}
 
     @property
@@ -218,7 +219,7 @@ class LocalLauncher:
     def launch(self, spec: WorkerSpec, on_output: OutputSink) -> LocalProcess | ForkedProcess:
         env = dict(os.environ)
         env.update(spec.env)
-        env["CLOUD_ELASTIC_SECRET"] = spec.secret
+        env[SECRET_ENV] = spec.secret
         # `python` in the command means the driver's interpreter (its virtualenv), as over SSH.
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
         forked = self._fork(spec, env, on_output)

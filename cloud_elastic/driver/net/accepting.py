@@ -2,13 +2,13 @@
 
 :class:`RefusalLog`: the warnings about refused clients, de-duplicated by kind. A kind is a fixed
 string the server chooses, never text from the client: keyed on the client's own bytes (or on its
-address), 3,000 garbage requests logged 3,000 lines, and the set of what was logged grew with them.
+address), each garbage request would log a line of its own, and the set of what was logged would
+grow with them.
 
 :func:`descriptor_share`: how many connections a server may hold, as a share of the process's
 descriptor limit: the control plane half, the rendezvous store a quarter (a worker holds two
 control connections and one store connection), so strangers on both ports leave a quarter for the
-rest of the driver, a worker launch's pipes first (256 idle store connections under a
-256-descriptor limit made the next launch's ``os.pipe()`` fail, and the driver died of it).
+rest of the driver, a worker launch's pipes first (without them the launch fails).
 
 :class:`AcceptPause`: a listening socket that cannot accept (the process is out of descriptors):
 pause it, do not spin.

@@ -429,7 +429,7 @@ class ControlServer:
 
     def _reject(self, conn: _Conn, status: int, reason: str, *, kind: str = "", warn: bool = True) -> None:
         """Answer ``status`` with ``reason`` and close; warn once per ``kind`` (never text from the request:
-        keyed on the reason, which quotes the request, every garbage request was a line of its own)."""
+        the reason quotes the request, so keyed on it every garbage request would be a line of its own)."""
         self.rejected += 1
         if warn:
             self._refusals.refused(kind or _kind_of(reason), conn.peer, reason)

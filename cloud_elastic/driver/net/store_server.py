@@ -2,9 +2,9 @@
 
 Workers reach the driver's store with torch's own client (``torch.distributed.TCPStore``),
 and Gloo, NCCL and cloud-elastic's rounds rendezvous through it. The driver never
-reads or writes it; it only serves it. Serving it with torch's server cost every
-driver an ``import torch``: most of a small job's driver CPU (a 2-worker job of 20
-steps here: 1.6 CPU-seconds with it, 0.3 with this server, which is the standard
+reads or writes it; it only serves it. Serving it with torch's server would cost every
+driver an ``import torch``, most of a small job's driver CPU (for a 2-worker job of 20
+steps, 1.6 CPU-seconds with it against 0.3 with this server, which is the standard
 library only and starts at once).
 
 The protocol is c10d's (``TCPStoreLibUvBackend.cpp``): a client is ignored until it
@@ -33,8 +33,7 @@ driver's process down or grow it without bound:
 * *Connections:* at most :data:`MAX_PEER_CONNECTIONS` (256) from one address, and all together at
   most a quarter of the process's descriptor limit (``RLIMIT_NOFILE``, read at each accept; the
   control plane takes at most half, see :func:`~.accepting.descriptor_share`), so strangers cannot
-  starve the driver of the descriptors a worker launch needs (256 idle sockets under a
-  256-descriptor limit made the next launch's ``os.pipe()`` fail). A connection past either cap
+  starve the driver of the descriptors a worker launch needs (its ``os.pipe()``). A connection past either cap
   is closed as soon as it is accepted. A worker holds one connection, and a new one per
   abandoned round formation.
 * *Memory:* everything the store holds, keys, values, queued items, unfinished commands, awaited
@@ -44,12 +43,11 @@ driver's process down or grow it without bound:
   :meth:`StoreServer.forget`, so the bound holds a job's current rounds, not every round it formed).
   A command is at most :data:`MAX_COMMAND_BYTES` (17 MiB:
   ``COMPARE_SET``'s two 8 MiB values and its key), a value at most :data:`MAX_PAYLOAD_BYTES` (an
-  ``APPEND`` past it is refused; there was no bound, and 48 appends of 8 MiB grew the driver to
-  445 MB), an answer at most a command's size; a client that does not read its answers is not
-  read from past :data:`MAX_OUTBOX_BYTES` (1 MiB) of them.
-* *CPU:* each command is parsed once, field by field as its bytes arrive (a parser that resumes;
-  the previous one re-read an unfinished command from its first byte on every 64 KiB read, so a
-  large ``MULTI_SET`` took over a minute of CPU).
+  ``APPEND`` past it is refused: appends would otherwise grow one value without bound), an answer
+  at most a command's size; a client that does not read its answers is not read from past
+  :data:`MAX_OUTBOX_BYTES` (1 MiB) of them.
+* *CPU:* each command is parsed once, field by field as its bytes arrive (a parser that resumes),
+  so a large ``MULTI_SET`` sent in small pieces costs no more than sent at once.
 
 A client past a bound is disconnected (torch's protocol has no error answer): its next call
 fails. Refusals are logged once per kind, then counted (:class:`~.accepting.RefusalLog`), never
@@ -86,8 +84,8 @@ MAX_PEER_CONNECTIONS = 256
 VALIDATE_TIMEOUT_S = 10.0
 _RECV_BYTES = 1 << 16
 #: What Python spends beyond the bytes themselves, counted against MAX_STORE_BYTES: on a dict or set
-#: entry with its bytes objects (measured: 110-140), and on a bytes object in a list or deque (about
-#: 45). Without it a million one-byte keys counted 2 MB and took 140 MB.
+#: entry with its bytes objects (110-140 bytes), and on a bytes object in a list or deque (about 45):
+#: a million one-byte keys take 140 MB, not 2.
 _ENTRY = 128
 _ITEM = 48
 _U32, _U64, _I64 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<q")
@@ -172,7 +170,9 @@ class _Client:
 
 
 class StoreServer:
-    """Serves torch's store protocol on ``listener`` (bound and listening) from a daemon thread until :meth:`close`.
+    """Serves torch's store protocol on ``listener`` (bound and listening) from a daemon thread, from
+    :meth:`start` until :meth:`close`. The server owns ``listener`` from construction: :meth:`close`
+    closes it, once.
 
     ``max_bytes``, ``max_peer_connections`` and ``validate_timeout_s`` override the module's bounds
     (see the module docstring); the driver uses the defaults.
@@ -181,8 +181,7 @@ class StoreServer:
     def __init__(self, listener: socket.socket, *, max_bytes: int = MAX_STORE_BYTES,
                  max_peer_connections: int = MAX_PEER_CONNECTIONS,
                  validate_timeout_s: float = VALIDATE_TIMEOUT_S) -> None:
-        listener.setblocking(False)
-        self.port = listener.getsockname()[1]
+        self.port: int = listener.getsockname()[1]
         self._listener = listener
         self._max_bytes = max_bytes
         self._max_peer = max_peer_connections
@@ -197,22 +196,33 @@ class StoreServer:
         self._unvalidated: deque[tuple[float, _Client]] = deque()  # by deadline (all have the same timeout)
         self._refusals = RefusalLog(log, "rendezvous store", "rendezvous store: disconnected %s: %s")
         self._half_full_said = False
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(listener, selectors.EVENT_READ, None)
-        self._pause = AcceptPause(self._selector, listener, None, "rendezvous store")
         self._forget_lock = threading.Lock()
         self._to_forget: list[bytes] = []  # namespaces whose keys go, handed over by forget()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "StoreServer":
+        """Serve from a daemon thread until :meth:`close`; returns the server."""
+        if self._thread is not None:
+            raise RuntimeError("the store server is already started")
+        self._listener.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._pause = AcceptPause(self._selector, self._listener, None, "rendezvous store")
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._closing = False
         self._thread = threading.Thread(target=self._serve, name="rendezvous-store", daemon=True)
         self._thread.start()
+        return self
 
     def close(self) -> None:
         """Stop serving and close every connection and the listening socket. Idempotent."""
         if self._closing:
             return
         self._closing = True
+        if self._thread is None:  # never started: only the listener is open
+            self._listener.close()
+            return
         try:
             self._wake_w.send(b"x")
         except OSError:
@@ -227,6 +237,8 @@ class StoreServer:
         about ``size * (250 + 8 * size)`` bytes: 2 MB at 512)."""
         with self._forget_lock:
             self._to_forget.append(namespace.encode())
+        if self._thread is None:
+            return  # not serving yet: forgotten before its first command
         try:
             self._wake_w.send(b"f")
         except OSError:  # closed: nothing to forget any more

@@ -1,39 +1,42 @@
-"""A driver restarted for a job that has a durable record: who the job is, and whether to wait.
+"""A driver restarted for a job that has a durable record: who the job is, whether to adopt, and how long to wait.
 
-With ``--checkpoint-dir`` the driver is a :class:`RestartMixin`: it opens the
-checkpoint store and adopts or writes its ``job.json`` (job id and command,
-never the secret), so that running the same command again after a driver
-crash keeps the job id and resumes from the latest checkpoint
-(``ElasticJob(resumed=True)``). It decides:
+With ``--checkpoint-dir`` the checkpoint store holds the job's ``job.json`` (job id and command,
+never the secret), so that running the same command again after a driver crash keeps the job id
+and resumes from the latest checkpoint. :func:`plan_start` makes every decision of a start once,
+before anything listens, and returns them as a frozen :class:`StartPlan`:
 
-* whether this is a restart (the store holds a record of the job) and whether
-  its first round loads a checkpoint (the store holds one of this job);
-* that the same job is not already running (a live driver pid on this
-  machine, or a sign of life beside the checkpoints refreshed after ours was
-  read): ConfigError before anything starts, or a stop with exit code 2;
-* how long to wait before starting new workers when a dead predecessor's
-  workers may still train for its ``--driver-grace`` (and write a last
-  checkpoint), so that two generations never train the same job;
-* to keep this driver's own sign of life fresh beside the checkpoints.
+* the job id: the one the store records, else ours (then recorded there);
+* whether the first round resumes from a checkpoint (the store holds one of this job);
+* whether to adopt a dead predecessor's running workers: found by the checkpoint URL in this
+  user's private driver records (:mod:`.record`), when it died within its workers' grace (less
+  than a second left is not worth the race) and the record is of the store's job;
+* that the same job is not already running (a live driver pid on this machine, or a sign of life
+  beside the checkpoints from a live driver here): ConfigError before anything starts;
+* until when new workers must wait (:attr:`StartPlan.wait_until`): a dead predecessor's workers
+  may train on for its ``--driver-grace`` and write a last checkpoint, and two generations must
+  never train the same job.
 
-A mixin, not a piece of its own: it reads and writes the driver's job, lock,
-codec and adoption state, which the driver's other parts share (see
-``docs/architecture.md``, "The driver").
+:func:`wait_for_predecessor` carries out that wait (when nothing was adopted) and then checks
+again: a driver elsewhere that refreshed its sign of life meanwhile owns the job, and the
+checkpoints the old workers wrote meanwhile are resumed from.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 import socket
 import time
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
-from cloud_elastic.control import Codec
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.restart.record import AdoptionRecord, find_records
 from cloud_elastic.errors import CheckpointError, ConfigError
-from cloud_elastic.records import pid_alive
+from cloud_elastic.records import job_dir, pid_alive, runtime_root
 
-__all__ = ["RestartMixin", "RECORD_TOUCH_S", "driver_alive"]
+__all__ = ["RECORD_TOUCH_S", "StartPlan", "WaitOutcome", "driver_alive", "open_store", "plan_start", "resumes",
+           "wait_for_predecessor"]
 
 log = logging.getLogger(__name__)
 
@@ -41,148 +44,209 @@ log = logging.getLogger(__name__)
 RECORD_TOUCH_S = 2.0
 #: What a worker stopping at the end of the grace may spend finishing rank 0's last checkpoint, and margin.
 _LAST_CHECKPOINT_S = 12.0
+#: Adopting workers that have less than this left of their grace is not worth the race.
+_ADOPT_MARGIN_S = 1.0
 
 
-class RestartMixin:
-    """The durable record of a job and the wait for a dead predecessor's workers (see module docstring)."""
+@dataclass(frozen=True)
+class StartPlan:
+    """What a starting driver does, decided once before anything listens (see module docstring).
 
-    def _open_durable(self) -> None:
-        """With ``--checkpoint-dir``: open the store, adopt the job identity recorded there, or record ours.
+    ``wait_until`` (Unix time, None: no predecessor) is when a dead predecessor's workers have
+    surely stopped, and ``waiting_for`` says who that predecessor was (for the log). ``grace_s`` is
+    the longest ``--driver-grace`` any driver of the job gave its workers; ``previous_alive`` the
+    sign of life a dead driver left beside the checkpoints, read again after the wait.
+    ``predecessor_gone``: no worker of an earlier driver can be running.
+    """
 
-        A store that already holds a checkpoint of this job makes this a
-        restarted driver: the job keeps its id and its first round loads the
-        latest checkpoint. Raises ConfigError (a missing fsspec backend, the
-        same job already running here) or CheckpointError (unreadable storage)
-        before anything starts.
-        """
-        if self.config.checkpoint_dir is None:
-            return
-        from cloud_elastic.checkpoint import CheckpointStore, DurableJobRecord, read_job_record, write_job_record
+    job_id: str
+    resumed: bool = False
+    adopt: AdoptionRecord | None = None
+    wait_until: float | None = None
+    waiting_for: str = ""
+    grace_s: float = 0.0
+    previous_alive: Any = None
+    predecessor_gone: bool = True
+    checkpoint_dir: str | None = None
 
-        store = CheckpointStore(self.config.checkpoint_dir, keep=self.config.checkpoint_keep)
-        self._durable_store = store
-        record = read_job_record(store)
-        if record is None:
-            write_job_record(store, DurableJobRecord(self.job_id, tuple(self.config.command), time.time(),
-                                                     extra={"driver_grace_s": self.config.driver_grace_s}))
-            log.info("job %s: checkpoints go to %s", self.job_id, store.url)
-            return
-        if record.command != tuple(self.config.command):
-            log.warning("job %s was started with the command %s; resuming it with %s",
-                        record.job_id, " ".join(record.command), " ".join(self.config.command))
-        if self._adoption is not None and self._adoption.job_id != record.job_id:
-            log.warning("job %s: %s belongs to job %s; not adopting the workers of job %s", self.job_id, store.url,
-                        record.job_id, self._adoption.job_id)
-            self._abandon_adoption()
-        self._set_job_id(record.job_id)
-        recorded_grace = record.extra.get("driver_grace_s")
-        if isinstance(recorded_grace, (int, float)) and not isinstance(recorded_grace, bool):
-            self._previous_grace_s = float(recorded_grace)
-        if self._adoption is None:
-            self._previous = _previous_driver(record.job_id)
-        if self._previous is not None and driver_alive(self._previous[0]):
-            raise ConfigError(f"job {self.job_id} is already running here (driver pid {self._previous[0]}); "
-                              "stop it first or use another --checkpoint-dir")
-        self._previous_alive = _previous_alive(store, record.job_id)
-        self._predecessor_gone = self._adoption is None and self._previous is None and self._previous_alive is None
-        self._resume_from_checkpoints(announce_none=True)
+    def without_adoption(self) -> "StartPlan":
+        """The plan once an adoption is given up (the predecessor's ports could not be bound)."""
+        return replace(self, adopt=None)
 
-    def _resume_from_checkpoints(self, *, announce_none: bool) -> None:
-        """When the store holds a checkpoint of this job, the first round resumes from the newest one.
 
-        Called when the store is opened and again after waiting out a dead
-        predecessor's workers: they write their last checkpoints while we wait.
-        """
-        if self._durable_store is None or self._job.resumed:
-            return
-        store = self._durable_store
-        checkpoints = store.list()
-        if not checkpoints:
-            if announce_none:
-                log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts "
-                         "over unless its workers still write one", self.job_id, store.url)
-            else:
-                log.info("job %s: the previous workers wrote no checkpoint to %s; training starts over",
-                         self.job_id, store.url)
-            return
-        newest = checkpoints[0]
-        log.warning("job %s: resuming from %s: the latest checkpoint is of step %d, written %s ago",
-                    self.job_id, store.url, newest.step, _age(time.time() - newest.created))
-        with self._cond:
-            self._job.resumed = True
-            self._job.state_committed = True
+def open_store(config: JobConfig) -> Any:
+    """The CheckpointStore of ``--checkpoint-dir`` (None without one). Imports torch: seconds.
 
-    def _set_job_id(self, job_id: str) -> None:
-        self.job_id = job_id
-        self._codec = Codec(self._secret, job_id)
-        self._job.job_id = job_id
+    ConfigError for a missing fsspec backend."""
+    if config.checkpoint_dir is None:
+        return None
+    from cloud_elastic.checkpoint import CheckpointStore
 
-    def _wait_for_previous_driver(self) -> None:
-        """A driver of this job that died without cleaning up may have left workers training on for its
-        ``--driver-grace``; wait until they have stopped (and written their last checkpoint).
+    return CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep)
 
-        Its last sign of life is the later of this machine's private record and
-        the entry it refreshed beside the checkpoints (which is all a driver
-        restarted on another machine has). Without this wait two generations of
-        workers would train the same job and write checkpoints to the same place.
-        """
-        # The previous workers got the previous driver's grace; the record keeps the first driver's.
-        grace = max(self.config.driver_grace_s, self._previous_grace_s)
-        lives = []  # (last sign of life + how stale it can be, who)
-        if self._previous is not None:
-            pid, last_alive = self._previous
-            lives.append((last_alive + RECORD_TOUCH_S, f"the previous driver (pid {pid}) died "
-                                                        f"{time.time() - last_alive:.0f}s ago"))
-        if self._previous_alive is not None:
-            from cloud_elastic.checkpoint.alive import ALIVE_RECORD, REFRESH_S
 
-            entry = self._previous_alive
-            grace = max(grace, entry.grace_s)
-            lives.append((entry.alive + REFRESH_S, (
-                f"the previous driver (pid {entry.pid} on {entry.host}) was last alive "
-                f"{time.time() - entry.alive:.0f}s ago by {self._durable_store.backend.url(ALIVE_RECORD)}"
-                + ("" if self._previous is not None else ", and this machine has no record of it"))))
-        if lives:
-            last, who = max(lives)
-            left = last + grace + _LAST_CHECKPOINT_S - time.time()
-            if left > 0:
-                log.warning("job %s: %s; its workers train on for up to --driver-grace %gs: waiting %.0fs for them "
-                            "to stop before starting new ones", self.job_id, who, grace, left)
-                with self._cond:
-                    if self._cond.wait_for(lambda: self._stop_reason is not None, left):
-                        return  # interrupted: its workers may still run, which our last word must not deny
-            self._check_no_other_driver()
-            try:
-                self._resume_from_checkpoints(announce_none=False)  # what the old workers wrote while we waited
-            except CheckpointError as exc:
-                self.stop(f"cannot read the checkpoints in {self.config.checkpoint_dir}: {exc}", 1)
-        self._predecessor_gone = True
+def plan_start(config: JobConfig, store: Any, *, job_id: str) -> StartPlan:
+    """Decide how a driver of ``config`` starts, with ``store`` (:func:`open_store`) and ``job_id`` as its own.
 
-    def _check_no_other_driver(self) -> None:
-        """After the wait: a driver elsewhere that refreshed the entry meanwhile is alive; leave the job to it."""
-        if self._previous_alive is None or self._stop_reason is not None:
-            return
-        from cloud_elastic.checkpoint.alive import read_driver_alive
+    Writes the job's record to a store that has none. Raises ConfigError (the same job already
+    running here) or CheckpointError (unreadable storage) before anything starts.
+    """
+    if store is None:
+        return StartPlan(job_id)
+    return replace(_plan(config, store, job_id), checkpoint_dir=config.checkpoint_dir)
 
+
+def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
+    from cloud_elastic.checkpoint import DurableJobRecord, read_job_record, write_job_record
+
+    adopt, previous = _adoptable(config)
+    record = read_job_record(store)
+    if record is None:
+        job_id = adopt.job_id if adopt is not None else job_id
+        write_job_record(store, DurableJobRecord(job_id, tuple(config.command), time.time(),
+                                                 extra={"driver_grace_s": config.driver_grace_s}))
+        log.info("job %s: checkpoints go to %s", job_id, store.url)
+        # Only an adopted predecessor is waited for here: without a job record there is no other to know of.
+        return _with_wait(StartPlan(job_id, adopt=adopt, grace_s=config.driver_grace_s), config,
+                          previous if adopt is not None else None, None, store)
+    if record.command != tuple(config.command):
+        log.warning("job %s was started with the command %s; resuming it with %s",
+                    record.job_id, " ".join(record.command), " ".join(config.command))
+    if adopt is not None and adopt.job_id != record.job_id:
+        log.warning("job %s: %s belongs to job %s; not adopting the workers of job %s", adopt.job_id, store.url,
+                    record.job_id, adopt.job_id)
+        adopt = None
+    job_id = record.job_id
+    grace = config.driver_grace_s
+    recorded_grace = record.extra.get("driver_grace_s")
+    if isinstance(recorded_grace, (int, float)) and not isinstance(recorded_grace, bool):
+        grace = max(grace, float(recorded_grace))  # the previous workers got the first driver's grace
+    if adopt is None:
+        previous = _previous_driver(job_id)
+    if previous is not None and driver_alive(previous[0]):
+        raise ConfigError(f"job {job_id} is already running here (driver pid {previous[0]}); "
+                          "stop it first or use another --checkpoint-dir")
+    previous_alive = _previous_alive(store, job_id)
+    plan = StartPlan(job_id, resumed=resumes(store, job_id, announce_none=True), adopt=adopt, grace_s=grace)
+    return _with_wait(plan, config, previous, previous_alive, store)
+
+
+def resumes(store: Any, job_id: str, *, announce_none: bool) -> bool:
+    """Whether the store holds a checkpoint of this job (the first round then resumes from the newest), said in the log.
+
+    Asked when the store is opened and again after waiting out a dead predecessor's workers: they
+    write their last checkpoints while we wait.
+    """
+    checkpoints = store.list()
+    if not checkpoints:
+        if announce_none:
+            log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts "
+                     "over unless its workers still write one", job_id, store.url)
+        else:
+            log.info("job %s: the previous workers wrote no checkpoint to %s; training starts over", job_id, store.url)
+        return False
+    newest = checkpoints[0]
+    log.warning("job %s: resuming from %s: the latest checkpoint is of step %d, written %s ago",
+                job_id, store.url, newest.step, _age(time.time() - newest.created))
+    return True
+
+
+@dataclass(frozen=True)
+class WaitOutcome:
+    """After :func:`wait_for_predecessor`: whether the first round resumes from a checkpoint, and whether
+    the predecessor's workers are surely gone (False when the wait was interrupted)."""
+
+    resumed: bool
+    predecessor_gone: bool
+
+
+def wait_for_predecessor(plan: StartPlan, store: Any, wait: Callable[[float], bool],
+                         stop: Callable[[str, int], None], *, resumed: bool) -> WaitOutcome:
+    """Wait until a dead predecessor's workers have stopped (and written their last checkpoint).
+
+    ``wait(seconds)`` waits on the job's lock, True when the job was stopped meanwhile (the wait
+    then ends at once: its workers may still run, which our last word must not deny).
+    ``stop(reason, code)`` ends the job when another driver turns out to run it, or the
+    checkpoints cannot be read. ``resumed``: the first round resumes from a checkpoint already.
+    """
+    if plan.wait_until is None:
+        return WaitOutcome(resumed, True)
+    left = plan.wait_until - time.time()
+    if left > 0:
+        log.warning("job %s: %s; its workers train on for up to --driver-grace %gs: waiting %.0fs for them "
+                    "to stop before starting new ones", plan.job_id, plan.waiting_for, plan.grace_s, left)
+        if wait(left):
+            return WaitOutcome(resumed, False)
+    _another_driver(plan, store, stop)
+    if not resumed:
         try:
-            now = read_driver_alive(self._durable_store)
+            resumed = resumes(store, plan.job_id, announce_none=False)  # what the old workers wrote while we waited
         except CheckpointError as exc:
-            log.warning("job %s: %s", self.job_id, exc)
-            return
-        if (now is not None and not now.stopped and now.alive > self._previous_alive.alive
-                and not now.is_this_process()):
-            self.stop(f"job {self.job_id} is already running: its driver (pid {now.pid} on {now.host}) was alive "
-                      f"{max(0.0, time.time() - now.alive):.0f}s ago; stop it first or use another --checkpoint-dir",
-                      2)
+            stop(f"cannot read the checkpoints in {plan.checkpoint_dir}: {exc}", 1)
+    return WaitOutcome(resumed, True)
 
-    def _keep_alive_beside_checkpoints(self) -> None:
-        """From now on this driver runs the job: keep its sign of life fresh beside the checkpoints."""
-        if self._durable_store is None or self._stop_reason is not None:
-            return
-        from cloud_elastic.checkpoint.alive import AliveRefresher
 
-        grace = max(self.config.driver_grace_s, self._adoption.grace_s if self._adoption is not None else 0.0)
-        self._alive_refresher = AliveRefresher(self._durable_store, self.job_id, grace).start()
+def _adoptable(config: JobConfig) -> tuple[AdoptionRecord | None, tuple[int, float] | None]:
+    """The adoption record of a dead driver of ``--checkpoint-dir`` whose workers may still run, and
+    (pid, last sign of life) of that driver; (None, None) when there is none worth adopting."""
+    for record, pid, last_alive in find_records(runtime_root(), config.checkpoint_dir):
+        if driver_alive(pid) or not record.workers:
+            continue  # a live driver is refused by plan_start
+        left = last_alive + record.grace_s - time.time()
+        if left < _ADOPT_MARGIN_S:
+            log.info("job %s: the previous driver died %.0fs ago, past its workers' --driver-grace %gs: "
+                     "not adopting them", record.job_id, time.time() - last_alive, record.grace_s)
+            return None, (pid, last_alive)
+        log.warning("job %s: the previous driver (pid %d) died %.0fs ago; adopting its %d running worker(s) "
+                    "(they train on for up to %.0fs more)", record.job_id, pid, time.time() - last_alive,
+                    len(record.workers), left)
+        return record, (pid, last_alive)
+    return None, None
+
+
+def _with_wait(plan: StartPlan, config: JobConfig, previous: tuple[int, float] | None, previous_alive: Any,
+               store: Any) -> StartPlan:
+    """``plan`` with the wait for a dead predecessor's workers: the later of its last signs of life (this
+    machine's private record, the entry beside the checkpoints, which is all a driver restarted on
+    another machine has), plus its grace and the time a last checkpoint takes."""
+    grace = max(plan.grace_s, config.driver_grace_s)
+    lives = []  # (last sign of life + how stale it can be, who)
+    if previous is not None:
+        pid, last_alive = previous
+        lives.append((last_alive + RECORD_TOUCH_S, f"the previous driver (pid {pid}) died "
+                                                    f"{time.time() - last_alive:.0f}s ago"))
+    if previous_alive is not None:
+        from cloud_elastic.checkpoint.alive import ALIVE_RECORD, REFRESH_S
+
+        grace = max(grace, previous_alive.grace_s)
+        lives.append((previous_alive.alive + REFRESH_S, (
+            f"the previous driver (pid {previous_alive.pid} on {previous_alive.host}) was last alive "
+            f"{time.time() - previous_alive.alive:.0f}s ago by {store.backend.url(ALIVE_RECORD)}"
+            + ("" if previous is not None else ", and this machine has no record of it"))))
+    if not lives:
+        return replace(plan, grace_s=grace)
+    last, who = max(lives)
+    return replace(plan, wait_until=last + grace + _LAST_CHECKPOINT_S, waiting_for=who, grace_s=grace,
+                   previous_alive=previous_alive, predecessor_gone=False)
+
+
+def _another_driver(plan: StartPlan, store: Any, stop: Callable[[str, int], None]) -> bool:
+    """After the wait: a driver elsewhere that refreshed the entry meanwhile is alive; leave the job to it."""
+    if plan.previous_alive is None:
+        return False
+    from cloud_elastic.checkpoint.alive import read_driver_alive
+
+    try:
+        now = read_driver_alive(store)
+    except CheckpointError as exc:
+        log.warning("job %s: %s", plan.job_id, exc)
+        return False
+    if (now is not None and not now.stopped and now.alive > plan.previous_alive.alive
+            and not now.is_this_process()):
+        stop(f"job {plan.job_id} is already running: its driver (pid {now.pid} on {now.host}) was alive "
+             f"{max(0.0, time.time() - now.alive):.0f}s ago; stop it first or use another --checkpoint-dir", 2)
+        return True
+    return False
 
 
 def _age(seconds: float) -> str:
@@ -222,10 +286,6 @@ def _previous_alive(store: Any, job_id: str) -> Any:
 
 def _previous_driver(job_id: str) -> tuple[int, float] | None:
     """(pid, last sign of life as Unix time) of a driver of ``job_id`` that left its status record here."""
-    import json
-
-    from cloud_elastic.records import job_dir
-
     try:
         path = job_dir(job_id) / "driver.json"
         record = json.loads(path.read_text(encoding="utf-8"))

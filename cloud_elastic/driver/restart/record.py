@@ -1,4 +1,4 @@
-"""What a restarted driver needs to take over its predecessor's running workers.
+"""What a restarted driver needs to adopt its predecessor's running workers.
 
 A driver keeps a private **adoption record** on its own disk, beside its
 status record (:mod:`cloud_elastic.records`: a 0700 directory of this user,
@@ -40,6 +40,7 @@ from cloud_elastic.driver.launch.local import kill_group, process_start_time
 __all__ = [
     "RECORD_NAME",
     "AdoptedLocalProcess",
+    "SuccessorRecord",
     "AdoptedWorker",
     "AdoptionRecord",
     "find_records",
@@ -186,3 +187,36 @@ class AdoptedLocalProcess:
     def kill(self) -> None:
         if self._running():
             kill_group(self.pid, signal.SIGKILL)
+
+
+class SuccessorRecord:
+    """Keeps this driver's own adoption record up to date, for a driver of the job restarted after it.
+
+    Written again only when what it says changed (the workers' sequence numbers or who runs);
+    a record that cannot be written is logged and tried again at the next change.
+    """
+
+    def __init__(self, job_id: str, checkpoint_dir: str, grace_s: float) -> None:
+        self.job_id = job_id
+        self._checkpoint_dir = checkpoint_dir
+        self._grace_s = grace_s
+        self._saved: Any = None
+
+    def update(self, *, advertised: str, bind: str, control_port: int, store_port: int, seq: int,
+               workers: list[tuple[str, str, int, int, Any]]) -> None:
+        """Record the endpoints and the live ``workers``: (id, host, slot, seq, ``handle()`` of its process)."""
+        key = (seq, tuple(w[0] for w in workers))
+        if key == self._saved:
+            return
+        from cloud_elastic.errors import ConfigError
+        from cloud_elastic.records import job_dir
+
+        record = {"job": self.job_id, "checkpoint_dir": self._checkpoint_dir, "advertised": advertised, "bind": bind,
+                  "control_port": control_port, "store_port": store_port, "grace_s": self._grace_s, "seq": seq,
+                  "workers": [{"id": wid, "host": host, "slot": slot, "seq": wseq, "handle": handle()}
+                              for wid, host, slot, wseq, handle in workers]}
+        try:
+            write_record(job_dir(self.job_id), record)
+        except (OSError, ConfigError) as exc:
+            log.warning("job %s: cannot keep the adoption record: %s", self.job_id, exc)
+        self._saved = key

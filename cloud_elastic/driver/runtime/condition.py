@@ -2,21 +2,21 @@
 
 Workers long-poll the driver: a heartbeat (``poll``) is held until the round,
 the update generation or the abort round changes, and a ``rendezvous`` request
-until the worker has an answer (an assignment or an exit order). With one
-condition variable for everything, every change anywhere woke every held
-request (8,000 of each in a large group, 20 times a second from the loop's
-tick alone) only for most of them to go back to sleep.
+until the worker has an answer (an assignment or an exit order). In a large
+group thousands of each are held at once, and the job changes many times a
+second (the loop alone ticks 20 times a second): waking every held request at
+every change would cost far more than the answers.
 
-:class:`JobCondition` is that one condition variable (the driver's loop and
-discovery thread keep waiting on it and notifying it as before). Held requests
-do not wait on it: they are :class:`~.server.Held` replies, kept by the
-control-plane server with no thread, and ``notify_all()`` (or :meth:`wake`)
+:class:`JobCondition` is the driver's one condition variable (its loop and
+discovery thread wait on it and notify it). Held requests do not wait on it:
+they are :class:`~cloud_elastic.driver.net.control_server.Held` replies, kept by
+the control-plane server with no thread, and ``notify_all()`` (or :meth:`wake`)
 answers only those whose answer changed:
 
 * the heartbeats, only when ``(round, update_gen, abort_round, done)`` changed
   (all of them then: every worker must hear of a new round or an abort);
 * a rendezvous request, only when that worker stopped waiting
-  (:meth:`~.job.ElasticJob.take_rendezvous_news`), or on a change of round or
+  (:meth:`~cloud_elastic.driver.job.elastic_job.ElasticJob.take_rendezvous_news`), or on a change of round or
   phase (which may concern any of them).
 
 A held request is still answered at its own deadline, so a change this misses
@@ -26,8 +26,8 @@ A check may itself change the job and call ``notify_all()`` (a restarted
 driver's held ``completed`` report is handled by its check once adoption ends).
 That call does not recurse into :meth:`wake`: it asks the running wake for one
 more pass, and a held request is taken off its list while its own check runs,
-so no check is ever asked again from inside itself. (Recursing, a held
-``completed`` report re-ran its own check until the stack overflowed.)
+so no check is ever asked again from inside itself (which would recurse without
+end).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class JobCondition(threading.Condition):
         self._wake_again = False
 
     def watch(self, job: Any) -> None:
-        """Answer held requests on the changes of ``job`` (an :class:`~.job.ElasticJob`)."""
+        """Answer held requests on the changes of ``job`` (an :class:`~cloud_elastic.driver.job.elastic_job.ElasticJob`)."""
         self._job = job
         self._poll_key = self._poll_state()
         self._rendezvous_key = (job.round, job.phase)

@@ -1,28 +1,25 @@
-"""The driver's answers to the control plane: one handler per message kind.
+"""The driver's answers to the control plane: :class:`ControlPlane`, one handler per message kind.
 
-The driver (a :class:`ControlPlaneMixin`) answers every signed message the
-control-plane server (:mod:`.server`) accepts, under the job's lock:
+:meth:`ControlPlane.handle` answers every signed message the control-plane
+server (:mod:`cloud_elastic.driver.net.control_server`) accepts, under the job's lock:
 
 * ``register``, ``rendezvous``, ``poll`` (heartbeats), ``completed``,
   ``exiting`` (past its exit hooks: its heartbeats stop, its exit status follows),
-  ``stacks``, ``notice``, ``checkpoint`` and ``status``; anything else is a
-  ControlPlaneError (the server answers 400);
-* long-polls are *held* replies (:class:`~.server.Held`, see :mod:`.waiters`),
-  never a blocked thread: a heartbeat until the round, update generation or
-  abort round changes (held longer in a very large group, see
-  :data:`POLLS_PER_S`), a rendezvous until the worker's assignment or exit
-  order, a completion until rank 0's verdict;
-* one worker per host runs the host's metadata notice watcher: the first live
-  one, then whoever heartbeats first after it goes;
-* a worker that got SIGTERM reports it as a notice for its host (``own``), and is
-  told whether it stays until the drain sends it away (``stay``): not when the
-  TERM was the driver's own;
-* a malformed notice or checkpoint report is refused as a whole; a rank 0 that
-  cannot load its checkpoint stops the job (``training state lost``).
-
-A mixin, not a piece of its own: every handler reads the job under the driver's
-lock and may wake its held requests, and the adoption window (:mod:`.adopting`)
-answers some messages before the job's rules see them.
+  ``stacks``, ``notice``, ``checkpoint``, ``unhealthy``, ``drain`` and ``status``
+  (:data:`ControlPlane.KINDS`); anything else is a ControlPlaneError (the server answers 400);
+* every message's fields are parsed by its type (:mod:`cloud_elastic.protocol`,
+  :mod:`cloud_elastic.protocol_reports`), which refuses a malformed one as a whole (one line
+  naming the field);
+* long-polls are *held* replies (:class:`~cloud_elastic.driver.net.control_server.Held`, see
+  :mod:`.condition`), never a blocked thread: a heartbeat until the round, update generation or
+  abort round changes (held longer in a very large group, see :data:`POLLS_PER_S`), a rendezvous
+  until the worker's assignment or exit order, a completion until rank 0's verdict;
+* who watches a host's metadata notices, and what a notice does, are the pure rules of
+  :mod:`cloud_elastic.driver.job.notice_policy`;
+* a rank 0 that cannot load its checkpoint stops the job (``training state lost``);
+* an :class:`Interceptor` (a restarted driver's adoption window,
+  :class:`~cloud_elastic.driver.restart.window.AdoptionWindow`) sees each message first and may
+  answer it before the job's rules do.
 """
 
 from __future__ import annotations
@@ -30,11 +27,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import Any, Callable, Protocol
 
-from cloud_elastic.errors import ControlPlaneError
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.job.notice_policy import notice_action, notice_watcher
 from cloud_elastic.driver.net.control_server import Held
-from cloud_elastic.driver.job.workers import WorkerState
+from cloud_elastic.driver.runtime.condition import JobCondition
+from cloud_elastic.errors import ControlPlaneError
+from cloud_elastic.metrics import StepRate
 from cloud_elastic.protocol import (
     CompletedReport,
     CompletionReply,
@@ -44,86 +44,128 @@ from cloud_elastic.protocol import (
     StacksReport,
     WaitReply,
 )
+from cloud_elastic.protocol_reports import CheckpointReport, DrainRequest, NoticeReport, UnhealthyReport
 from cloud_elastic.providers.api import Drain
 
-__all__ = ["ControlPlaneMixin", "POLLS_PER_S", "RENDEZVOUS_POLL_S", "watch_cloud"]
+__all__ = ["ControlPlane", "Interceptor", "POLLS_PER_S", "RENDEZVOUS_POLL_S"]
 
 log = logging.getLogger(__name__)
 
 #: How long a rendezvous request is held before the worker is told to ask again.
 RENDEZVOUS_POLL_S = 10.0
-_NOTICE_KINDS = ("terminate", "rebalance", "maintenance")
-#: A worker that gets SIGTERM in these states stays until its host's drain sends it away (at its next commit,
-#: or at once from rendezvous); in any other, the TERM is the driver's own (see ``_notice``).
-_STAYS_ON_SIGTERM = (WorkerState.WAITING, WorkerState.RUNNING, WorkerState.DRAINING)
 #: Heartbeats a second the driver is sized for (about half a core on the benchmark machine): up to 2,000 workers
-#: poll every heartbeat interval (0.5 s); a larger group is held longer (see Driver._poll_hold_s).
+#: poll every heartbeat interval (0.5 s); a larger group is held longer (see ControlPlane.poll_hold_s).
 POLLS_PER_S = 4000.0
+#: How long a completion report is held while it waits for rank 0's verdict.
+_COMPLETION_HOLD_S = 30.0
 
 
-class ControlPlaneMixin:
-    """The driver's control-plane message handlers (see module docstring)."""
+class Interceptor(Protocol):
+    """Sees every message before the job's rules, under the job's lock.
 
-    def _handle(self, kind: str, msg: dict[str, Any], *, adoption_checked: bool = False) -> dict[str, Any] | Held:
-        worker_id = msg.get("worker")
-        if not isinstance(worker_id, str):
-            raise ControlPlaneError("message lacks a worker id")
+    Returns the reply (a dict, or :class:`Held` for a reply that comes later) when it answers the
+    message itself, or None to let the rules answer it. It may raise ControlPlaneError to refuse it.
+    """
+
+    def intercept(self, kind: str, worker_id: str, msg: dict[str, Any]) -> dict[str, Any] | Held | None:
+        ...
+
+
+class ControlPlane:
+    """The job's side of every control-plane message (see module docstring).
+
+    ``sinks`` is the job's open events file and metrics; ``stop(reason, exit_code)`` ends the job
+    (it takes the lock, which is reentrant); ``record_events()`` writes the job's queued events (called
+    under the lock before a reply that tells a worker of a round); ``provider`` and ``started_at``
+    (``clock`` time) go into the status reply; ``watch_cloud`` is the cloud whose metadata notices
+    workers watch (None: none, see :func:`~cloud_elastic.driver.job.notice_policy.watched_cloud`).
+    """
+
+    KINDS = ("register", "rendezvous", "poll", "completed", "exiting", "stacks", "notice", "checkpoint", "status",
+             "drain", "unhealthy")
+
+    def __init__(self, job: Any, cond: JobCondition, config: JobConfig, *, sinks: Any,
+                 clock: Callable[[], float], stop: Callable[[str, int], None], record_events: Callable[[], None],
+                 provider: str = "", started_at: float = 0.0, watch_cloud: str | None = None,
+                 interceptor: Interceptor | None = None) -> None:
+        self._job = job
+        self._cond = cond
+        self._config = config
+        self._sinks = sinks
+        self._clock = clock
+        self._stop = stop
+        self._record_events = record_events
+        self._provider = provider
+        self._started_at = started_at
+        self._watch_cloud = watch_cloud
+        self._interceptor = interceptor
+        self._watchers: dict[str, str] = {}  # host -> worker id running its metadata notice watcher
+        self.rate = StepRate()  # rank 0's commits per second, for status
+        self._table: dict[str, Callable[[str, dict[str, Any], float], Any]] = {
+            "register": self._register, "rendezvous": self._rendezvous, "poll": self._poll,
+            "completed": self._completed, "exiting": self._exiting, "stacks": self._stacks,
+            "notice": self._notice, "checkpoint": self._checkpoint, "status": self._status,
+            "drain": self._drain, "unhealthy": self._unhealthy,
+        }
+
+    def handle(self, kind: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
+        """Answer one verified message (the control server's handler): the interceptor's reply, else the rules'.
+
+        ControlPlaneError for a message without a worker id, or of a kind the driver does not know.
+        """
+        worker_id = _worker_of(msg)
         with self._cond:
-            now = self._clock()
-            if self._adoption is not None and not adoption_checked:
-                early = self._while_adopting(kind, worker_id, msg)
+            if self._interceptor is not None:
+                early = self._interceptor.intercept(kind, worker_id, msg)
                 if early is not None:
                     return early
-            if kind == "register":
-                ok = self._job.registered(worker_id, now)
-                self._cond.notify_all()
-                return {"ok": ok, "heartbeat_interval_s": self.config.heartbeat_interval_s,
-                        "notice_watcher": self._notice_watcher(worker_id)}
-            if kind == "rendezvous":
-                return self._rendezvous(worker_id, msg)
-            if kind == "poll":
-                return self._poll(worker_id, msg)
-            if kind == "completed":
-                return self._completed(worker_id, msg, now)
-            if kind == "exiting":
-                return {"ok": self._job.exiting(worker_id, now)}
-            if kind == "stacks":
-                return self._stacks(worker_id, msg)
-            if kind == "notice":
-                return self._notice(worker_id, msg, now)
-            if kind == "checkpoint":
-                return self._checkpoint(worker_id, msg)
-            if kind == "status":
-                return self._status(now)
-            if kind == "drain":
-                return self._drain(msg, now)
-            if kind == "unhealthy":
-                return self._unhealthy(worker_id, msg, now)
-        raise ControlPlaneError(f"unknown message kind {kind!r}")
+            return self.by_rules(kind, msg)
 
-    def _drain(self, msg: dict[str, Any], now: float) -> dict[str, Any]:
+    def by_rules(self, kind: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
+        """The job's rules' answer to ``msg``, past the interceptor (which calls this for a message it held)."""
+        worker_id = _worker_of(msg)
+        handler = self._table.get(kind)
+        if handler is None:
+            raise ControlPlaneError(f"unknown message kind {kind!r}")
+        with self._cond:
+            return handler(worker_id, msg, self._clock())
+
+    def poll_hold_s(self) -> float:
+        """How long a heartbeat is held: the heartbeat interval, longer in a group so large that the
+        driver would otherwise answer more than POLLS_PER_S heartbeats a second, and never more
+        than a quarter of the heartbeat timeout (a worker's silence is still found in time)."""
+        interval = self._config.heartbeat_interval_s
+        return max(interval, min(self._config.heartbeat_timeout_s / 4, self._job.alive_count / POLLS_PER_S))
+
+    # --------------------------------------------------------------- the kinds
+    def _register(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
+        ok = self._job.registered(worker_id, now)
+        self._cond.notify_all()
+        return {"ok": ok, "heartbeat_interval_s": self._config.heartbeat_interval_s,
+                "notice_watcher": self._notice_watcher(worker_id)}
+
+    def _exiting(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
+        return {"ok": self._job.exiting(worker_id, now)}
+
+    def _drain(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         """``cloud-elastic drain JOB HOST[:SLOT]`` (signed with the job's secret, like ``status``)."""
-        host, slot = msg.get("host"), msg.get("slot")
-        if not isinstance(host, str) or not host or len(host) > 255 or not (slot is None or _is_int(slot) and slot >= 0):
-            raise ControlPlaneError("malformed drain request: needs a host and an optional non-negative slot")
-        done, message = self._job.drain(host, slot, now)
+        request = DrainRequest.from_wire(msg)
+        done, message = self._job.drain(request.host, request.slot, now)
         self._cond.notify_all()
         return {"ok": done, "message": message}
 
     def _unhealthy(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         """A newcomer's device self-test failed: one line in the log, its slot blacklisted (see ``worker.selftest``)."""
-        reason = msg.get("reason")
-        if not isinstance(reason, str) or not reason:
-            raise ControlPlaneError("malformed unhealthy report: needs a reason")
-        self._job.unhealthy(worker_id, reason.splitlines()[0][:300], now)
+        report = UnhealthyReport.from_wire(msg)
+        self._job.unhealthy(worker_id, report.reason, now)
         self._cond.notify_all()
         return {"ok": True}
 
-    def _rendezvous(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
+    def _rendezvous(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any] | Held:
         request = RendezvousRequest.from_wire(msg)
-        self._job.rendezvous(worker_id, request.last_round, request.reason, self._clock(), request.commits,
+        self._job.rendezvous(worker_id, request.last_round, request.reason, now, request.commits,
                              request.rolled_back, request.commit_seq, request.holds_commit)
-        self._emit_events()  # a round this arrival formed is recorded before anyone is told of it
+        self._record_events()  # a round this arrival formed is recorded before anyone is told of it
         # Only the requests this arrival answered (a round formed) are answered now; the
         # loop need not tick for an arrival, the job has already done what it changes.
         self._cond.wake()
@@ -134,12 +176,12 @@ class ControlPlaneMixin:
 
         return check(False) or self._cond.hold_rendezvous(worker_id, check, RENDEZVOUS_POLL_S)
 
-    def _poll(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
+    def _poll(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any] | Held:
         request = PollRequest.from_wire(msg)
         known = (request.round, request.update_gen, request.abort_round)
         if self._job.rank_of(worker_id) == 0:
             # The job's commit count, not this process's: it goes on when another worker becomes rank 0.
-            self._rate.add(self._clock(), request.commit_seq)
+            self.rate.add(now, request.commit_seq)
             if self._sinks.metrics is not None:
                 self._sinks.metrics.observe_step(request.commit_seq)
 
@@ -154,7 +196,9 @@ class ControlPlaneMixin:
                 return (reply if watcher is None else dataclasses.replace(reply, notice_watcher=watcher)).to_wire()
             return None
 
-        return check(False) or self._cond.hold_poll(check, self._poll_hold_s())
+        # Its arrival, not the held reply's later looks, is when the worker was last known alive (see liveness).
+        self._job.silence.heard(worker_id, self._job.running(self._clock()), request.flight, request.pause_s)
+        return check(False) or self._cond.hold_poll(check, self.poll_hold_s())
 
     def _completed(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any] | Held:
         """A worker's training function returned: held while it waits for rank 0's (see ElasticJob.completed)."""
@@ -171,117 +215,73 @@ class ControlPlaneMixin:
                 return CompletionReply("wait").to_wire() if final else None
             return CompletionReply(*answer).to_wire()
 
-        return self._cond.hold(check, 30.0)
+        return self._cond.hold(check, _COMPLETION_HOLD_S)
 
-    def _stacks(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
+    def _stacks(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         """A worker of a stuck round sent its stacks: into the log and the events file."""
         report = StacksReport.from_wire(msg)
         w = self._job.stacks_received(worker_id, report.request)
         if w is None:
             return {"ok": False}
-        log.warning("job %s: stacks of worker %s (%s), round %d:\n%s", self.job_id, worker_id, w.label, w.round,
+        log.warning("job %s: stacks of worker %s (%s), round %d:\n%s", self._job.job_id, worker_id, w.label, w.round,
                     report.text.rstrip())
         self._sinks.sink.emit("stacks", worker=worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
                               text=report.text, **({"round": w.round} if w.round else {}))
         self._cond.notify_all()
         return {"ok": True}
 
-    def _poll_hold_s(self) -> float:
-        """How long a heartbeat is held: the heartbeat interval, longer in a group so large that the
-        driver would otherwise answer more than POLLS_PER_S heartbeats a second, and never more
-        than a quarter of the heartbeat timeout (a worker's silence is still found in time)."""
-        interval = self.config.heartbeat_interval_s
-        return max(interval, min(self.config.heartbeat_timeout_s / 4, self._job.alive_count / POLLS_PER_S))
-
     def _notice_watcher(self, worker_id: str) -> str | None:
-        """The cloud whose metadata notices this worker must watch, if it is its host's watcher.
-
-        One watcher per host: the first live worker there; when it goes, the next
-        worker of that host to heartbeat takes over.
-        """
-        if self._watch_cloud is None:
-            return None
+        """The cloud whose metadata notices this worker must watch, if it is its host's watcher."""
         w = self._job.workers.get(worker_id)
-        if w is None or not w.alive:
-            return None
-        current = self._job.workers.get(self._watchers.get(w.slot.host, ""))
-        if current is None or not current.alive:
+        current = self._job.workers.get(self._watchers.get(w.slot.host, "")) if w is not None else None
+        choice = notice_watcher(self._watch_cloud, w, current)
+        if choice.takes_over:
             self._watchers[w.slot.host] = worker_id
-            return self._watch_cloud
-        return self._watch_cloud if current is w else None
+        return choice.cloud
 
     def _notice(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
-        """A worker's metadata watcher saw a notice for its own host."""
+        """A worker's metadata watcher saw a notice for its own host, or the worker got SIGTERM (``own``)."""
+        report = NoticeReport.from_wire(msg)
         w = self._job.workers.get(worker_id)
-        source, kind, reason, deadline = msg.get("source"), msg.get("notice"), msg.get("reason"), msg.get("deadline")
-        if (
-            not isinstance(source, str) or kind not in _NOTICE_KINDS or not isinstance(reason, str)
-            or not (deadline is None or (isinstance(deadline, (int, float)) and not isinstance(deadline, bool)))
-        ):
-            raise ControlPlaneError("malformed notice message")
         if w is None:
             return {"ok": False}
-        if msg.get("own") is True:
-            # A SIGTERM to this worker (worker.termination). The driver's own TERM goes only to workers it
-            # no longer wants, or to all at the job's end: those die of it. Any other drains the host.
-            if self._job.outcome is not None or w.state not in _STAYS_ON_SIGTERM:
-                return {"ok": True, "stay": False}
-        self._job.notice(w.slot.host, Drain(deadline=deadline, reason=reason[:200]), now, source=source[:40],
-                         soft=kind != "terminate")  # the job drains on soft ones too under --drain-on-rebalance
-        self._cond.notify_all()
-        return {"ok": True, "stay": True} if msg.get("own") is True else {"ok": True}
+        action = notice_action(report.notice, own=report.own, state=w.state, job_over=self._job.outcome is not None)
+        if action.drain:
+            # The job drains on soft notices too under --drain-on-rebalance.
+            self._job.notice(w.slot.host, Drain(deadline=report.deadline, reason=report.reason), now,
+                             source=report.source, soft=action.soft)
+            self._cond.notify_all()
+        return {"ok": True, "stay": action.stay} if report.own else {"ok": True}
 
-    def _checkpoint(self, worker_id: str, msg: dict[str, Any]) -> dict[str, Any]:
+    def _checkpoint(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         """Rank 0 wrote or loaded a durable checkpoint, or could not load one (the job then ends)."""
-        event, step, path = msg.get("event"), msg.get("step"), msg.get("path")
         w = self._job.workers.get(worker_id)
         if w is None or not w.alive:
             return {"ok": False}
-        if event == "failed":
-            reason = msg.get("reason")
-            if not isinstance(reason, str):
-                raise ControlPlaneError("malformed checkpoint message")
-            if self._stop_reason is None:
-                self._stop_reason = (f"training state lost: cannot resume from the checkpoint: {reason[:300]}", 1)
+        report = CheckpointReport.from_wire(msg)
+        if report.event == "failed":
+            self._stop(f"training state lost: cannot resume from the checkpoint: {report.reason}", 1)
             self._cond.notify_all()
-            return {"ok": True}
-        commit_seq = msg.get("commit_seq")  # of a load; older workers leave it out
-        if (event not in ("saved", "loaded") or not isinstance(path, str) or not _is_int(step)
-                or not (commit_seq is None or _is_int(commit_seq))):
-            raise ControlPlaneError("malformed checkpoint message")
-        if event == "saved":
-            extra = {k: msg[k] for k in ("duration_s", "bytes") if _is_number(msg.get(k))}
-            if "bytes" in extra and not _is_int(extra["bytes"]):
-                del extra["bytes"]
-            log.info("job %s: checkpoint of step %d saved by %s to %s", self.job_id, step, worker_id, path[:500])
-            self._sinks.sink.emit("checkpoint_saved", step=step, path=path[:1000], **extra)
+        elif report.event == "saved":
+            extra = {k: v for k, v in (("duration_s", report.duration_s), ("bytes", report.bytes)) if v is not None}
+            log.info("job %s: checkpoint of step %d saved by %s to %s", self._job.job_id, report.step, worker_id,
+                     report.path[:500])
+            self._sinks.sink.emit("checkpoint_saved", step=report.step, path=report.path, **extra)
         else:
-            self._job.checkpoint_loaded(step, commit_seq, path[:1000])  # logs the steps lost, emits the events
+            self._job.checkpoint_loaded(report.step, report.commit_seq, report.path)  # logs the steps lost
             self._cond.notify_all()
         return {"ok": True}
 
-    def _status(self, now: float) -> dict[str, Any]:
+    def _status(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         from cloud_elastic.driver.job.status_reply import status_reply
 
-        return status_reply(self._job, self.config, provider=str(getattr(self._discovery, "name", "")),
-                            now=now, wall_now=time.time(), uptime_s=now - self._started_at,
-                            steps_per_s=self._rate.rate if self._rate.rate > 0 else None).to_json()
+        return status_reply(self._job, self._config, provider=self._provider, now=now, wall_now=time.time(),
+                            uptime_s=now - self._started_at,
+                            steps_per_s=self.rate.rate if self.rate.rate > 0 else None).to_json()
 
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-_WATCHED_CLOUDS = ("aws", "gcp", "azure")
-
-
-def watch_cloud(setting: str, provider: str) -> str | None:
-    """Which metadata notice watcher workers run: ``--notice-watcher``, or with ``auto`` the provider's cloud."""
-    if setting == "auto":
-        return provider if provider in _WATCHED_CLOUDS else None
-    return None if setting == "none" else setting
+def _worker_of(msg: dict[str, Any]) -> str:
+    worker_id = msg.get("worker")
+    if not isinstance(worker_id, str):
+        raise ControlPlaneError("message lacks a worker id")
+    return worker_id

@@ -1,12 +1,18 @@
-"""The driver runtime: threads and I/O around the pure :class:`~.job.ElasticJob`.
+"""The driver runtime: threads and I/O around the pure :class:`~cloud_elastic.driver.job.elastic_job.ElasticJob`.
+
+:meth:`Driver.run` is one sequence: the start plan (:func:`~cloud_elastic.driver.restart.predecessor.plan_start`:
+the job's identity, resume or adopt, how long a dead predecessor's workers may still train), the
+endpoints (:class:`~cloud_elastic.driver.net.endpoints.Endpoints`: control server, rendezvous store,
+codec), the adoption window when adopting (:class:`~cloud_elastic.driver.restart.window.AdoptionWindow`),
+the control plane (:class:`~.control_plane.ControlPlane`), then the loop that carries out the
+job's actions (launch, stop, release, finish) and watches worker processes, and shutdown.
 
 Threads, all at the edges: the discovery poller, the control-plane server's
-one ``selectors`` thread (long-polls are held replies, not threads), one
+one ``selectors`` thread (long-polls are held replies, not threads), the store's, one
 output reader per worker, with ``--checkpoint-dir`` the refresher of the
 driver's sign of life beside the checkpoints, and the loop thread (the caller of
-:meth:`Driver.run`) that carries out the job's actions (launch, stop, finish)
-and watches worker processes. Every access to the job happens under one lock
-(:class:`~.waiters.JobCondition`); nothing slow (provider calls, process
+:meth:`Driver.run`). Every access to the job happens under one lock
+(:class:`~.condition.JobCondition`); nothing slow (provider calls, process
 starts, process stops) ever runs under it.
 """
 
@@ -22,44 +28,41 @@ import time
 from typing import Any, Callable
 
 from cloud_elastic.config import JobConfig
-from cloud_elastic.control import Codec, new_secret, round_namespace
-from cloud_elastic.driver.restart.window import AdoptingMixin
-from cloud_elastic.driver.runtime.discovery import DiscoveryFailure, DiscoveryPoller
-from cloud_elastic.driver.runtime.control_plane import POLLS_PER_S as _POLLS_PER_S, ControlPlaneMixin, watch_cloud  # noqa: F401 (read here by benchmarks)
+from cloud_elastic.control import round_namespace
 from cloud_elastic.driver.job.actions import SetCapacity
-from cloud_elastic.driver.job.hosts import Blacklist, HostManager
 from cloud_elastic.driver.job.elastic_job import ElasticJob, Finish, Launch, Policy, Release, Stop
-from cloud_elastic.driver.launch.api import ExitStatus, Launcher, WorkerProcess, WorkerSpec, is_local_host
-from cloud_elastic.driver.job.liveness import Pulse
-from cloud_elastic.driver.launch.local import LocalLauncher
-from cloud_elastic.driver.restart.predecessor import RECORD_TOUCH_S, RestartMixin
-from cloud_elastic.driver.net.control_server import ControlServer
-from cloud_elastic.driver.runtime.signal_stacks import SignalStacks
-from cloud_elastic.driver.net.store_server import StoreServer
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager
+from cloud_elastic.driver.job.notice_policy import watched_cloud
+from cloud_elastic.driver.launch.api import Launcher, is_local_host
+from cloud_elastic.driver.net.control_server import Held
+from cloud_elastic.driver.net.endpoints import Endpoints
+from cloud_elastic.driver.restart.predecessor import (
+    RECORD_TOUCH_S,
+    StartPlan,
+    open_store,
+    plan_start,
+    wait_for_predecessor,
+)
+from cloud_elastic.driver.restart.record import SuccessorRecord, remove_record
+from cloud_elastic.driver.restart.window import AdoptionWindow
 from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.driver.runtime.costs import final_cost
-from cloud_elastic.errors import LaunchError
-from cloud_elastic.metrics import StepRate
+from cloud_elastic.driver.runtime.control_plane import RENDEZVOUS_POLL_S, ControlPlane
+from cloud_elastic.driver.runtime.discovery import DiscoveryFailure, DiscoveryPoller
+from cloud_elastic.driver.runtime.processes import WorkerProcesses
+from cloud_elastic.driver.runtime.pulse import Pulse
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+from cloud_elastic.records import job_dir, remove_driver_record, write_driver_record
 
 __all__ = ["Driver"]
 
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.05
-#: How long a worker asked for its stacks by signal has to print them before it is killed.
-_STACKS_BEFORE_KILL_S = 1.0
-#: After that KILL: how long the stacks may still be arriving (read from the process's output until it ends).
-_STACKS_AFTER_KILL_S = 3.0
 
 
-class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
-    """Runs one elastic job to its end. ``run()`` blocks and returns the outcome.
-
-    Its parts: :mod:`.restart` (the durable record, a dead predecessor), :mod:`.adopting` (its
-    running workers), :mod:`.handlers` (the control-plane messages); the rest is here: start-up, the
-    loop that carries out the job's actions, launching and stopping workers, shutdown.
-    """
+class Driver:
+    """Runs one elastic job to its end. ``run()`` blocks and returns the outcome (see module docstring)."""
 
     def __init__(
         self,
@@ -77,8 +80,6 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         self.job_id = job_id or secrets.token_hex(4)
         self._discovery = discovery
         self._clock = clock
-        self._secret = new_secret()
-        self._codec = Codec(self._secret, self.job_id)
         self._cond = JobCondition()  # also wakes held heartbeats and rendezvous requests, only on their news
         self._job = ElasticJob(
             Policy(
@@ -105,39 +106,21 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
             job_id=self.job_id,
         )
         self._cond.watch(self._job)
-        self._procs: dict[str, WorkerProcess] = {}
-        self._signal_stacks = SignalStacks()
-        self._launchers: dict[str, Launcher] = {} if launcher is None else {"given": launcher}
-        #: Launches per (host, slot): under --whole-hosts a host's workers start together, so the n-th
-        #: launch of each of its slots is the same incarnation of the host (see ``CLOUD_ELASTIC_HOST_KEY``).
-        self._slot_launches: dict[tuple[str, int], int] = {}
-        self._incarnation = os.urandom(4).hex()  # this driver process's (launch counts restart with it)
         self._stop_reason: tuple[str, int] | None = None
-        self._out = output or _print_line
-        self._server: ControlServer | None = None
-        self._store: StoreServer | None = None
-        self._store_port = 0
+        self._endpoints = Endpoints(self.job_id, self._handle)
+        self._processes = WorkerProcesses(config, self._job, self._cond, self._endpoints, clock=clock,
+                                          sinks=lambda: self._sinks, out=output or _print_line, launcher=launcher)
+        self._plane: ControlPlane | None = None
+        self._window: AdoptionWindow | None = None
+        self._successor: SuccessorRecord | None = None  # our adoption record, for a driver restarted after us
         self._kept_round = 1  # the oldest round whose store keys are still kept (see _forget_old_rounds)
         self._poller: DiscoveryPoller | None = None
-        self._advertised: str | None = None
-        self._stoppers: list[threading.Thread] = []
         self._sinks: Any = None  # events file and metrics, opened by run()
         self._status_recorded = False
-        self._bind = "127.0.0.1"
         self._started_at = clock()
-        self._rate = StepRate()  # rank 0's commits per second, for status
-        self._watchers: dict[str, str] = {}  # host -> worker id running its metadata notice watcher
-        self._watch_cloud = watch_cloud(config.notice_watcher, getattr(discovery, "name", ""))
-        self._previous: tuple[int, float] | None = None  # (pid, last alive) of a dead driver of this job
         self._touched = 0.0
-        self._previous_grace_s = 0.0  # the --driver-grace the job record says an earlier driver gave its workers
-        self._adoption: Any = None  # the predecessor's AdoptionRecord, when its workers may still be running
-        self._adopting = False  # the adoption window is open: only polls and re-registrations are served
-        self._adopt_saved: Any = None  # what the adoption record last said (rewritten when it changes)
-        self._adopted_at = 0.0  # when the last worker re-registered (clock)
-        self._durable_store: Any = None  # the CheckpointStore of --checkpoint-dir, opened by run()
-        self._previous_alive: Any = None  # the DriverAlive a dead driver of this job left beside the checkpoints
-        self._alive_refresher: Any = None  # keeps our own DriverAlive fresh there
+        self._durable: Any = None  # the CheckpointStore of --checkpoint-dir, opened by run()
+        self._alive_refresher: Any = None  # keeps our own sign of life fresh beside the checkpoints
         self._predecessor_gone = True  # False while an earlier driver's workers may still be running
 
     # ----------------------------------------------------------------- public
@@ -152,30 +135,34 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         """Run the job to its end; always stops every worker it started.
 
         Raises ConfigError before anything starts when the events file cannot be
-        opened or the metrics port cannot be bound.
+        opened, the metrics port cannot be bound, or the job is already running
+        (``--checkpoint-dir``); CheckpointError when the checkpoint storage cannot be read.
         """
         from cloud_elastic.events import open_sinks
 
-        self._listen_for_adoption()
-        self._open_durable()
+        self._durable = open_store(self.config)
+        plan = plan_start(self.config, self._durable, job_id=self.job_id)
+        self._set_job_id(plan.job_id)
+        self._predecessor_gone = plan.predecessor_gone
+        if plan.resumed:
+            self._resume()
         self._sinks = open_sinks(self.job_id, self.config.events_file, self.config.metrics_port,
                                  metrics_addr=self.config.metrics_addr)
         started = time.time()
         self._sinks.sink.emit(
             "job_started", num_proc=self.config.num_proc, min_np=self.config.min_np, max_np=self.config.max_np,
-            provider=str(getattr(self._discovery, "name", "") or type(self._discovery).__name__),
-            command=list(self.config.command),
+            provider=self._provider(), command=list(self.config.command),
         )
         outcome = Finish(False, "the driver failed", 1)
-        pulse = Pulse(self._pulse_beat)  # busy threads are not a stalled driver (see .liveness)
+        pulse = Pulse(self._pulse_beat)  # busy threads are not a stalled driver (see .pulse)
         pulse.start()
         try:
-            if self._adoption is not None:
-                self._keep_alive_beside_checkpoints()
-                self._start_adopting()
+            plan = self._listen_for_adoption(plan)
+            self._keep_alive_beside_checkpoints()
+            if self._window is not None:
+                self._start_adopting(self._window, plan)
             else:
-                self._wait_for_previous_driver()
-                self._keep_alive_beside_checkpoints()
+                self._wait_for_predecessor(plan)
                 self._start()
             outcome = self._loop()
             return outcome
@@ -197,7 +184,61 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         with self._cond:
             self._job.running(self._clock())
 
+    def _handle(self, kind: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
+        """The control server's handler: the control plane (built before anything listens)."""
+        assert self._plane is not None
+        return self._plane.handle(kind, msg)
+
+    def _set_job_id(self, job_id: str) -> None:
+        self.job_id = job_id
+        self._job.job_id = job_id
+        self._endpoints.job_id = job_id
+
+    def _resume(self) -> None:
+        """The first round loads the latest checkpoint."""
+        with self._cond:
+            self._job.resumed = True
+            self._job.state_committed = True
+
+    def _provider(self) -> str:
+        return str(getattr(self._discovery, "name", "") or type(self._discovery).__name__)
+
+    def _control_plane(self, window: AdoptionWindow | None) -> ControlPlane:
+        return ControlPlane(self._job, self._cond, self.config, sinks=self._sinks, clock=self._clock, stop=self.stop,
+                            record_events=self._emit_events, provider=str(getattr(self._discovery, "name", "")),
+                            started_at=self._started_at,
+                            watch_cloud=watched_cloud(self.config.notice_watcher, getattr(self._discovery, "name", "")),
+                            interceptor=window)
+
     # ---------------------------------------------------------------- startup
+    def _listen_for_adoption(self, plan: StartPlan) -> StartPlan:
+        """Build the control plane; when the plan adopts, in front of it the adoption window, and listen at
+        once where the predecessor listened, with its secret (its workers poll there). Returns the plan,
+        without the adoption when those ports cannot be bound."""
+        record = plan.adopt
+        if record is None:
+            self._plane = self._control_plane(None)
+            return plan
+        window = AdoptionWindow(record, self._job, self._cond, rules=lambda kind, msg: self._plane.by_rules(kind, msg),
+                                clock=self._clock, started_at=self._started_at,
+                                heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+                                rendezvous_hold_s=RENDEZVOUS_POLL_S)
+        self._plane = self._control_plane(window)
+        window.open()  # before the server answers anyone: a worker may reach it the moment it listens
+        try:
+            self._endpoints.start(record.bind, advertised=record.advertised, control_port=record.control_port,
+                                  store_port=record.store_port, secret=record.secret)
+        except OSError as exc:
+            log.warning("job %s: cannot listen at the previous driver's address (%s); its workers cannot be "
+                        "adopted", self.job_id, exc)
+            window.give_up()
+            self._plane = self._control_plane(None)
+            return plan.without_adoption()
+        self._window = window
+        log.info("job %s: listening at the previous driver's %s (control port %d, store port %d)", self.job_id,
+                 self._endpoints.advertised, self._endpoints.control_port, self._endpoints.store_port)
+        return plan
+
     def _start(self) -> None:
         first = self._first_discovery()
         if first is None:
@@ -205,23 +246,78 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         with self._cond:
             self._job.discovered(first, self._clock())
             hosts = list(first.ready) + list(first.draining)
-        self._advertised, bind = self._choose_address(hosts)
-        self._bind = bind
-        self._start_store(bind)
-        self._serve(bind)
+        advertised, bind = self._choose_address(hosts)
+        self._endpoints.start(bind, advertised=advertised)
         self._record_for_status()
         log.info(
             "job %s: driver at %s (control port %d, store port %d), -np %d --min-np %d --max-np %d",
-            self.job_id, self._advertised, self._server.port, self._store_port,
+            self.job_id, advertised, self._endpoints.control_port, self._endpoints.store_port,
             self.config.num_proc, self.config.min_np, self.config.max_np,
         )
+        self._start_polling()
+
+    def _start_polling(self) -> None:
         self._poller = DiscoveryPoller(self._discovery, self._on_discovery, interval_s=self.config.discovery_interval_s)
         self._poller.start()
 
-    def _serve(self, bind: str, port: int = 0) -> None:
-        """Start answering the control plane at ``bind``:``port`` (0: any free port)."""
-        self._server = ControlServer(self._codec, self._handle, bind=bind, port=port)
-        self._server.start()
+    def _start_adopting(self, window: AdoptionWindow, plan: StartPlan) -> None:
+        """Let the predecessor's workers re-register (they may have begun already), then carry on with them.
+
+        Workers that do not come back within the adoption window are stopped and
+        count as lost (the job's failure path: a new round, survivors roll back).
+        When none comes back, this is the plain resume: wait out the grace, then
+        resume from the latest checkpoint.
+        """
+        self._record_for_status()
+        log.info("job %s: driver at %s (control port %d, store port %d) again", self.job_id,
+                 self._endpoints.advertised, self._endpoints.control_port, self._endpoints.store_port)
+        first = self._first_discovery()  # the workers re-register meanwhile, on the server's thread
+        closed = window.wait(lambda: self._stop_reason is not None)
+        if closed.adopted:
+            self._predecessor_gone = True  # the missing ones are being stopped below, and joined at shutdown
+            log.warning("job %s: adopted %d running worker(s) %.2fs after the driver started", self.job_id,
+                        len(closed.adopted), closed.adopted_after_s)
+        for w in closed.missing:
+            self._processes.stop_missing(w)
+        for w in closed.adopted:
+            self._processes.adopt(w)
+        if first is not None and not closed.adopted:
+            log.warning("job %s: no worker of the previous driver came back; resuming as without them",
+                        self.job_id)
+            self._wait_for_predecessor(plan)
+        with self._cond:
+            if first is not None:
+                self._job.discovered(first, self._clock())
+            window.close()
+        if first is not None:
+            self._start_polling()
+
+    def _wait_for_predecessor(self, plan: StartPlan) -> None:
+        """A driver of this job that died without cleaning up may have left workers training on for its
+        ``--driver-grace``: wait until they have stopped (see :func:`.predecessor.wait_for_predecessor`)."""
+
+        def wait(seconds: float) -> bool:
+            with self._cond:
+                return self._cond.wait_for(lambda: self._stop_reason is not None, seconds)
+
+        waited = wait_for_predecessor(plan, self._durable, wait, self.stop, resumed=self._job.resumed)
+        if waited.resumed and not self._job.resumed:
+            self._resume()
+        if waited.predecessor_gone:
+            self._predecessor_gone = True
+
+    def _keep_alive_beside_checkpoints(self) -> None:
+        """From now on this driver runs the job: keep its sign of life fresh beside the checkpoints."""
+        if self._durable is None or self._stop_reason is not None:
+            return
+        from cloud_elastic.checkpoint.alive import AliveRefresher
+
+        self._alive_refresher = AliveRefresher(self._durable, self.job_id, self._workers_grace_s()).start()
+
+    def _workers_grace_s(self) -> float:
+        """The grace our workers train on for without a driver (an adopted one got its first driver's)."""
+        adopted = self._window.record.grace_s if self._window is not None else 0.0
+        return max(self.config.driver_grace_s, adopted)
 
     def _first_discovery(self) -> DiscoveredHosts | None:
         """Discover until it works; transient failures are retried within --start-timeout.
@@ -249,20 +345,6 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
                 if self._job.outcome is not None:
                     return None
                 self._cond.wait(self.config.discovery_interval_s)
-
-    def _start_store(self, bind: str, port: int = 0) -> None:
-        """Listen for the rendezvous store and serve it (:mod:`cloud_elastic.driver.net.store_server`: torch's
-        store protocol without torch, so the driver does not import torch for it)."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((bind, port))
-            sock.listen(512)
-        except OSError:
-            sock.close()
-            raise
-        self._store = StoreServer(sock)
-        self._store_port = self._store.port
 
     def _choose_address(self, hosts: list[str]) -> tuple[str, str]:
         """(address workers use, address to bind). Loopback unless a remote host is involved."""
@@ -294,16 +376,16 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
                 self._cond.notify_all()
             for action in actions:
                 if isinstance(action, Launch):
-                    self._launch(action)
+                    self._processes.launch(action)
                 elif isinstance(action, Stop):
-                    self._stop_worker(action)
+                    self._processes.stop(action)
                 elif isinstance(action, Release) and self._poller is not None:
                     self._poller.release(action.host, action.instance)
                 elif isinstance(action, SetCapacity) and self._poller is not None:
                     self._poller.set_capacity(action.source, action.hosts)
             if outcome is not None:
                 return outcome
-            self._reap()
+            self._processes.reap()
             self._forget_old_rounds(current_round)
             self._touch_record()
             self._keep_adoption_record()
@@ -311,10 +393,11 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
     def _forget_old_rounds(self, current: int) -> None:
         """Delete the store keys of rounds before the last two: their groups formed (or were given up on) long
         ago, and the store would otherwise keep every round's keys until its bound."""
-        if self._store is None:
+        store = self._endpoints.store
+        if store is None:
             return
         while self._kept_round < current - 1:
-            self._store.forget(round_namespace(self._secret, self.job_id, self._kept_round))
+            store.forget(round_namespace(self._endpoints.secret, self.job_id, self._kept_round))
             self._kept_round += 1
 
     def _touch_record(self) -> None:
@@ -323,153 +406,10 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
         if not self._status_recorded or now - self._touched < RECORD_TOUCH_S / 2:
             return
         self._touched = now
-        from cloud_elastic.records import job_dir
-
         try:
             os.utime(job_dir(self.job_id) / "driver.json")
         except OSError:
             log.debug("could not touch the status record", exc_info=True)
-
-    def _reap(self) -> None:
-        ended: list[tuple[str, ExitStatus]] = []
-        for worker_id, proc in list(self._procs.items()):
-            status = proc.poll()
-            if status is not None:
-                ended.append((worker_id, status))
-                del self._procs[worker_id]
-        if ended:
-            with self._cond:
-                for worker_id, status in ended:
-                    self._job.exited(worker_id, status, self._clock())
-                self._cond.notify_all()
-
-    def _launch(self, action: Launch) -> None:
-        spec = self._spec(action)
-        try:
-            launcher = self._launcher_for(action.slot.host)
-            proc = launcher.launch(spec, lambda line, wid=action.worker_id: self._forward(wid, line))
-        except (LaunchError, OSError) as exc:
-            # OSError: the driver's own process out of descriptors (os.pipe, a socket), say. That is a
-            # worker that failed to start, as with LaunchError (its host backs off, the job goes on), not
-            # a dead driver: this loop must live to stop the other workers at the end.
-            if isinstance(exc, LaunchError):
-                why = str(exc)
-                log.error("job %s: %s", self.job_id, why)
-            else:
-                why = f"the driver could not start it: {exc}"
-                log.error("job %s: worker %s: %s", self.job_id, action.worker_id, why)
-            with self._cond:
-                self._job.exited(action.worker_id, ExitStatus(255, transport_error=why), self._clock())
-            return
-        self._procs[action.worker_id] = proc
-        log.info("job %s: launched worker %s", self.job_id, action.worker_id)
-
-    def _launcher_for(self, host: str) -> Launcher:
-        if "given" in self._launchers:
-            return self._launchers["given"]
-        kind = "local" if is_local_host(host) and not self.config.force_ssh else "ssh"
-        if kind not in self._launchers:
-            if kind == "local":
-                self._launchers[kind] = LocalLauncher()
-            else:
-                from cloud_elastic.driver.launch.ssh import SSHLauncher
-
-                self._launchers[kind] = SSHLauncher(self.config.ssh)
-        return self._launchers[kind]
-
-    def _spec(self, action: Launch) -> WorkerSpec:
-        assert self._server is not None
-        env = {
-            "CLOUD_ELASTIC_DRIVER": f"{self._advertised}:{self._server.port}",
-            "CLOUD_ELASTIC_STORE": f"{self._advertised}:{self._store_port}",
-            "CLOUD_ELASTIC_JOB_ID": self.job_id,
-            "CLOUD_ELASTIC_WORKER_ID": action.worker_id,
-            "CLOUD_ELASTIC_HOSTNAME": action.slot.host,
-            "CLOUD_ELASTIC_SLOT": str(action.slot.index),
-            "CLOUD_ELASTIC_HEARTBEAT_INTERVAL_S": str(self.config.heartbeat_interval_s),
-            "CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S": str(self.config.heartbeat_timeout_s),
-            "CLOUD_ELASTIC_DRIVER_GRACE_S": str(self.config.driver_grace_s),
-            "PYTHONUNBUFFERED": "1",
-        }
-        if self.config.checkpoint_dir is not None:
-            env["CLOUD_ELASTIC_CHECKPOINT_DIR"] = self.config.checkpoint_dir
-            env["CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S"] = str(self.config.checkpoint_interval_s)
-            env["CLOUD_ELASTIC_CHECKPOINT_KEEP"] = str(self.config.checkpoint_keep)
-        if self.config.network_interface:
-            env["CLOUD_ELASTIC_NETWORK_INTERFACE"] = self.config.network_interface
-        if self.config.whole_host_slots:
-            # The host's workers form their own group (sharded training) under this key: the same for the
-            # workers launched together, new for each incarnation of the host and each driver process.
-            where = (action.slot.host, action.slot.index)
-            n = self._slot_launches[where] = self._slot_launches.get(where, 0) + 1
-            env["CLOUD_ELASTIC_HOST_KEY"] = f"{action.slot.host}/{n}/{self._incarnation}"
-        # Several workers share a host's cores; one OpenMP thread each unless the user says otherwise.
-        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-        for item in self.config.forward_env:
-            name, sep, value = item.partition("=")
-            if sep:
-                env[name] = value
-            elif name in os.environ:
-                env[name] = os.environ[name]
-        return WorkerSpec(
-            worker_id=action.worker_id,
-            host=action.slot.host,
-            slot=action.slot.index,
-            command=self.config.command,
-            env=env,
-            secret=self._secret,
-            cwd=self.config.cwd,
-            instance=self._job.hosts.instances.get(action.slot.host),
-        )
-
-    def _stop_worker(self, action: Stop) -> None:
-        proc = self._procs.get(action.worker_id)
-        if proc is None:
-            return
-        log.info("job %s: stopping worker %s: %s", self.job_id, action.worker_id, action.reason)
-        dump = getattr(proc, "dump_stacks", None)
-        if action.immediate and action.stacks and dump is not None:
-            self._signal_stacks.expect(action.worker_id)
-        if action.immediate and action.stacks and dump is not None and dump():
-            # Its stacks come on its output (forwarded to this log) before it is killed; the loop never waits.
-            log.warning("job %s: asked worker %s for its stacks before stopping it", self.job_id, action.worker_id)
-            timer = threading.Timer(_STACKS_BEFORE_KILL_S, self._record_stacks_then_kill, args=(action.worker_id, proc))
-            timer.daemon = True
-            timer.start()
-        elif action.immediate:
-            proc.kill()
-        else:
-            t = threading.Thread(target=proc.terminate, args=(self.config.terminate_grace_s,), daemon=True)
-            t.start()
-            self._stoppers.append(t)
-
-    def _record_stacks_then_kill(self, worker_id: str, proc: WorkerProcess) -> None:
-        """A second after the signal: KILL; the stacks its output carried go to the events file.
-
-        Gathered until the process has ended (3 s at most) and a moment more for its output to be
-        read: on a loaded machine the dump was still in the pipe at the KILL, and the event kept
-        only its first lines.
-        """
-        proc.kill()
-        deadline = time.monotonic() + _STACKS_AFTER_KILL_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.2)
-        text = self._signal_stacks.take(worker_id)
-        if not text:
-            log.warning("job %s: worker %s printed no stacks within %gs of the signal", self.job_id, worker_id,
-                        _STACKS_BEFORE_KILL_S)
-            return
-        with self._cond:
-            w = self._job.workers.get(worker_id)
-        if w is not None:
-            self._sinks.sink.emit("stacks", worker=worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
-                                  text=text, via="signal", **({"round": w.round} if w.round else {}))
-
-    def _forward(self, worker_id: str, line: str) -> None:
-        self._signal_stacks.offer(worker_id, line)
-        rank = self._job.rank_of(worker_id)  # a plain dict read; no lock needed for a label
-        self._out(f"[{'-' if rank is None else rank}]<{worker_id.split('#')[0]}> {line}")
 
     # ---------------------------------------------------------- control plane
     def _on_discovery(self, result: Any) -> None:
@@ -486,15 +426,33 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
     # ----------------------------------------------------------------- status
     def _record_for_status(self) -> None:
         """Let ``cloud-elastic status`` on this machine find the job (records are private to this user)."""
-        from cloud_elastic.records import write_driver_record
-
-        assert self._server is not None
-        host = "127.0.0.1" if self._bind in ("0.0.0.0", "127.0.0.1") else self._bind
+        endpoints = self._endpoints
+        host = "127.0.0.1" if endpoints.bind in ("0.0.0.0", "127.0.0.1") else endpoints.bind
         try:
-            write_driver_record(self.job_id, f"{host}:{self._server.port}", self._secret, command=self.config.command)
+            write_driver_record(self.job_id, f"{host}:{endpoints.control_port}", endpoints.secret,
+                                command=self.config.command)
             self._status_recorded = True
         except OSError as exc:  # status is a convenience; the job runs without it
             log.warning("job %s: cannot record the job for 'cloud-elastic status': %s", self.job_id, exc)
+
+    def _keep_adoption_record(self) -> None:
+        """Keep what a driver restarted after this one needs to adopt our workers (see :mod:`.restart.record`)."""
+        if not self._status_recorded or not self._endpoints.started or self.config.checkpoint_dir is None:
+            return  # without --checkpoint-dir a restarted driver cannot find this job again
+        if self._successor is None:
+            self._successor = SuccessorRecord(self.job_id, self.config.checkpoint_dir, self._workers_grace_s())
+        with self._cond:
+            workers = []
+            for worker_id, proc in self._processes.procs.items():
+                w = self._job.workers.get(worker_id)
+                handle = getattr(proc, "handle", None)
+                if w is not None and w.alive and handle is not None:
+                    workers.append((worker_id, w.slot.host, w.slot.index, w.seq, handle))
+            seq = max((w.seq for w in self._job.workers.values()), default=0)
+        endpoints = self._endpoints
+        self._successor.update(advertised=endpoints.advertised, bind=endpoints.bind,
+                               control_port=endpoints.control_port, store_port=endpoints.store_port, seq=seq,
+                               workers=workers)
 
     def _flush_events(self) -> None:
         with self._cond:
@@ -511,34 +469,19 @@ class Driver(RestartMixin, AdoptingMixin, ControlPlaneMixin):
     def _shutdown(self) -> None:
         if self._poller is not None:
             self._poller.close()
-        for proc in self._procs.values():  # stopped in parallel, each TERM then KILL
-            self._stoppers.append(
-                threading.Thread(target=proc.terminate, args=(self.config.terminate_grace_s,), daemon=True)
-            )
-            self._stoppers[-1].start()
-        for t in self._stoppers:
-            t.join(self.config.terminate_grace_s + 5)
-        self._procs.clear()
+        self._processes.close()  # each TERM then KILL, in parallel; the launchers closed
         if self._alive_refresher is not None:
             # "Stopped" only when no worker of this job can be left: ours are, and the predecessor's too.
             self._alive_refresher.close(stopped=self._predecessor_gone)
-        for launcher in self._launchers.values():
-            launcher.close()
-        if self._server is not None:
-            self._server.close()
-        if self._store is not None:  # every worker is stopped; in a Ray or Spark user's process it would serve on
-            self._store.close()
+        self._endpoints.close()  # every worker is stopped; in a Ray or Spark user's process it would serve on
         if self._status_recorded:
-            from cloud_elastic.driver.restart.record import remove_record
-            from cloud_elastic.records import job_dir, remove_driver_record
-
             remove_record(job_dir(self.job_id))  # every worker is stopped: nothing is left to adopt
-
             remove_driver_record(self.job_id)
         try:
             self._discovery.close()
         except Exception:  # closing is best effort; the job's outcome is already decided
             log.debug("discovery close failed", exc_info=True)
+
 
 def _route_address(target: str) -> str:
     """The local address the kernel would use to reach ``target`` (no packet is sent)."""

@@ -1,0 +1,120 @@
+"""What the driver listens on, with one lifecycle: the control plane, the rendezvous store, and the codec.
+
+:class:`Endpoints` owns the :class:`~.control_server.ControlServer` (signed JSON to a handler),
+the :class:`~.store_server.StoreServer` (torch's store protocol, for the workers' process groups)
+and the :class:`~cloud_elastic.control.Codec` that signs with the job's secret.
+
+* :meth:`Endpoints.start` binds both servers at ``bind`` (port 0: any free port; a restarted
+  driver adopting its predecessor's workers reuses that driver's ports and secret) and serves;
+  an OSError (a port taken) leaves nothing listening;
+* :attr:`Endpoints.advertised` is the address workers use, with :attr:`control_port` and
+  :attr:`store_port`;
+* :meth:`Endpoints.close` stops both servers and closes their sockets, each once. Idempotent.
+
+The constructor does no I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from cloud_elastic.control import Codec, new_secret
+from cloud_elastic.driver.net.control_server import ControlServer, Handler
+from cloud_elastic.driver.net.store_server import StoreServer
+
+__all__ = ["Endpoints"]
+
+log = logging.getLogger(__name__)
+
+#: The store's listen backlog: every worker connects at the start of a round, a large group all at once.
+_STORE_BACKLOG = 512
+
+
+class Endpoints:
+    """The driver's control server, rendezvous store and codec for job ``job_id`` (see module docstring)."""
+
+    def __init__(self, job_id: str, handler: Handler) -> None:
+        self.job_id = job_id
+        self._handler = handler
+        self._server: ControlServer | None = None
+        self._store: StoreServer | None = None
+        self._codec: Codec | None = None
+        self._secret = ""
+        self._advertised = ""
+        self.bind = ""
+
+    def start(self, bind: str, *, advertised: str, control_port: int = 0, store_port: int = 0,
+              secret: str | None = None) -> None:
+        """Listen at ``bind`` and serve; ``advertised`` is the address workers reach them at.
+
+        ``secret``: the job's control-plane secret (a fresh one by default). OSError when a port cannot
+        be bound; nothing is left listening then.
+        """
+        self._secret = secret if secret is not None else new_secret()
+        self._codec = Codec(self._secret, self.job_id)
+        self._advertised, self.bind = advertised, bind
+        self._store = StoreServer(_listen(bind, store_port))
+        self._store.start()
+        try:
+            self._server = ControlServer(self._codec, self._handler, bind=bind, port=control_port)
+            self._server.start()
+        except BaseException:
+            self._server = None
+            self.close()
+            raise
+        log.debug("job %s: control plane on %s:%d, rendezvous store on %s:%d", self.job_id, bind, self.control_port,
+                  bind, self.store_port)
+
+    @property
+    def started(self) -> bool:
+        return self._server is not None
+
+    @property
+    def advertised(self) -> str:
+        """The address workers reach the driver at (``--driver-address``, or the one chosen for them)."""
+        return self._advertised
+
+    @property
+    def control_port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("endpoints not started")
+        return self._server.port
+
+    @property
+    def store_port(self) -> int:
+        if self._store is None:
+            raise RuntimeError("endpoints not started")
+        return self._store.port
+
+    @property
+    def secret(self) -> str:
+        """The job's control-plane secret (also the key of its store namespaces); set by :meth:`start`."""
+        return self._secret
+
+    @property
+    def store(self) -> StoreServer | None:
+        """The rendezvous store, to delete a finished round's keys (:meth:`StoreServer.forget`)."""
+        return self._store
+
+    def close(self) -> None:
+        """Stop serving and close every socket (each once). Idempotent."""
+        server, self._server = self._server, None
+        store, self._store = self._store, None
+        if server is not None:
+            server.close()
+        if store is not None:  # every worker is stopped; in a Ray or Spark user's process it would serve on
+            store.close()
+
+
+def _listen(bind: str, port: int) -> socket.socket:
+    """A listening socket for the store; closed again when it cannot bind."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bind, port))
+        sock.listen(_STORE_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock

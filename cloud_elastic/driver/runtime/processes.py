@@ -1,0 +1,244 @@
+"""The driver's worker processes: launching them, stopping them, watching them end.
+
+:class:`WorkerProcesses` carries out the job's :class:`~cloud_elastic.driver.job.actions.Launch`
+and :class:`~cloud_elastic.driver.job.actions.Stop` actions on the driver's loop thread, and
+reports each process that ended to the job (:meth:`WorkerProcesses.reap`). Nothing here blocks
+the loop: a graceful stop (TERM, then KILL after ``--terminate-grace``) runs on a thread of its
+own, and a stop that asks for the worker's stacks first kills it from a timer.
+
+A worker's environment is its :class:`~cloud_elastic.worker.settings.WorkerSettings`
+(:meth:`~cloud_elastic.worker.settings.WorkerSettings.to_environ`, the one writer of the
+``CLOUD_ELASTIC_*`` contract), ``PYTHONUNBUFFERED``, one OpenMP thread unless the user says
+otherwise, and ``--forward-env``. The secret goes out of band (:class:`~cloud_elastic.driver.launch.api.WorkerSpec`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.job.actions import Launch, Stop
+from cloud_elastic.driver.job.exit_status import ExitStatus
+from cloud_elastic.driver.launch.api import Launcher, WorkerProcess, WorkerSpec, is_local_host
+from cloud_elastic.driver.launch.local import LocalLauncher
+from cloud_elastic.driver.net.endpoints import Endpoints
+from cloud_elastic.driver.restart.record import AdoptedWorker
+from cloud_elastic.driver.restart.window import adopted_process
+from cloud_elastic.driver.runtime.signal_stacks import SignalStacks
+from cloud_elastic.errors import LaunchError
+from cloud_elastic.worker.settings import WorkerSettings
+
+__all__ = ["WorkerProcesses", "forwarded_env"]
+
+log = logging.getLogger(__name__)
+
+#: How long a worker asked for its stacks by signal has to print them before it is killed.
+STACKS_BEFORE_KILL_S = 1.0
+#: After that KILL: how long the stacks may still be arriving (read from the process's output until it ends).
+_STACKS_AFTER_KILL_S = 3.0
+
+
+def forwarded_env(forward: tuple[str, ...], environ: Any = None) -> dict[str, str]:
+    """``--forward-env``: NAME=VALUE as given, NAME with the driver's own value (left out when it has none)."""
+    environ = os.environ if environ is None else environ
+    env = {}
+    for item in forward:
+        name, sep, value = item.partition("=")
+        if sep:
+            env[name] = value
+        elif name in environ:
+            env[name] = environ[name]
+    return env
+
+
+class WorkerProcesses:
+    """The processes of one driver's workers (see module docstring).
+
+    ``job`` and ``cond`` are the job and its lock; ``endpoints`` where the workers reach the driver;
+    ``sinks()`` the open events file (for a stop's stacks); ``out(line)`` prints a worker's output line.
+    ``launcher``, when given, starts every worker; by default loopback hosts get local child processes
+    and the others SSH.
+    """
+
+    def __init__(self, config: JobConfig, job: Any, cond: Any, endpoints: Endpoints, *, clock: Callable[[], float],
+                 sinks: Callable[[], Any], out: Callable[[str], None], launcher: Launcher | None = None) -> None:
+        self._config = config
+        self._job = job
+        self._cond = cond
+        self._endpoints = endpoints
+        self._clock = clock
+        self._sinks = sinks
+        self._out = out
+        self.procs: dict[str, WorkerProcess] = {}
+        self._stoppers: list[threading.Thread] = []
+        self._signal_stacks = SignalStacks()
+        self._launchers: dict[str, Launcher] = {} if launcher is None else {"given": launcher}
+        #: Launches per (host, slot): under --whole-hosts a host's workers start together, so the n-th
+        #: launch of each of its slots is the same incarnation of the host (see ``CLOUD_ELASTIC_HOST_KEY``).
+        self._slot_launches: dict[tuple[str, int], int] = {}
+        self._incarnation = os.urandom(4).hex()  # this driver process's (launch counts restart with it)
+
+    # ----------------------------------------------------------------- launch
+    def launch(self, action: Launch) -> None:
+        spec = self.spec(action)
+        try:
+            launcher = self.launcher_for(action.slot.host)
+            proc = launcher.launch(spec, lambda line, wid=action.worker_id: self._forward(wid, line))
+        except (LaunchError, OSError) as exc:
+            # OSError: the driver's own process out of descriptors (os.pipe, a socket), say. That is a
+            # worker that failed to start, as with LaunchError (its host backs off, the job goes on), not
+            # a dead driver: this loop must live to stop the other workers at the end.
+            if isinstance(exc, LaunchError):
+                why = str(exc)
+                log.error("job %s: %s", self._job.job_id, why)
+            else:
+                why = f"the driver could not start it: {exc}"
+                log.error("job %s: worker %s: %s", self._job.job_id, action.worker_id, why)
+            with self._cond:
+                self._job.exited(action.worker_id, ExitStatus(255, transport_error=why), self._clock())
+            return
+        self.procs[action.worker_id] = proc
+        log.info("job %s: launched worker %s", self._job.job_id, action.worker_id)
+
+    def launcher_for(self, host: str) -> Launcher:
+        if "given" in self._launchers:
+            return self._launchers["given"]
+        kind = "local" if is_local_host(host) and not self._config.force_ssh else "ssh"
+        if kind not in self._launchers:
+            if kind == "local":
+                self._launchers[kind] = LocalLauncher()
+            else:
+                from cloud_elastic.driver.launch.ssh import SSHLauncher
+
+                self._launchers[kind] = SSHLauncher(self._config.ssh)
+        return self._launchers[kind]
+
+    def spec(self, action: Launch) -> WorkerSpec:
+        """What to start for ``action``, with the environment of the module docstring."""
+        config, endpoints = self._config, self._endpoints
+        host_key = ""
+        if config.whole_host_slots:
+            # The host's workers form their own group (sharded training) under this key: the same for the
+            # workers launched together, new for each incarnation of the host and each driver process.
+            where = (action.slot.host, action.slot.index)
+            n = self._slot_launches[where] = self._slot_launches.get(where, 0) + 1
+            host_key = f"{action.slot.host}/{n}/{self._incarnation}"
+        settings = WorkerSettings(
+            standalone=False, driver_address=f"{endpoints.advertised}:{endpoints.control_port}",
+            store_address=f"{endpoints.advertised}:{endpoints.store_port}", job_id=self._job.job_id,
+            worker_id=action.worker_id, hostname=action.slot.host, slot=action.slot.index, host_key=host_key,
+            network_interface=config.network_interface or None, heartbeat_interval_s=config.heartbeat_interval_s,
+            heartbeat_timeout_s=config.heartbeat_timeout_s, driver_grace_s=config.driver_grace_s,
+            checkpoint_dir=config.checkpoint_dir or "", checkpoint_interval_s=config.checkpoint_interval_s,
+            checkpoint_keep=config.checkpoint_keep, secret=endpoints.secret,
+        )
+        env = settings.to_environ()
+        env["PYTHONUNBUFFERED"] = "1"
+        # Several workers share a host's cores; one OpenMP thread each unless the user says otherwise.
+        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+        env.update(forwarded_env(config.forward_env))
+        return WorkerSpec(worker_id=action.worker_id, host=action.slot.host, slot=action.slot.index,
+                          command=config.command, env=env, secret=endpoints.secret, cwd=config.cwd,
+                          instance=self._job.hosts.instances.get(action.slot.host))
+
+    # ------------------------------------------------------------- adoption
+    def adopt(self, worker: AdoptedWorker) -> None:
+        """Take a handle on a worker of a dead predecessor that re-registered; this driver stops it in the end."""
+        proc = self._adopted(worker)
+        if proc is not None:
+            self.procs[worker.worker_id] = proc
+
+    def stop_missing(self, worker: AdoptedWorker) -> None:
+        """Stop a worker of a dead predecessor that did not re-register: it may be stopped or hung, and none
+        must outlive the job."""
+        proc = self._adopted(worker)
+        if proc is not None:
+            self._terminate_in_background(proc)
+
+    def _adopted(self, worker: AdoptedWorker) -> WorkerProcess | None:
+        spec = WorkerSpec(worker.worker_id, worker.host, worker.slot, self._config.command,
+                          forwarded_env(self._config.forward_env), self._endpoints.secret, self._config.cwd)
+        return adopted_process(worker, spec, self.launcher_for,
+                               lambda line, wid=worker.worker_id: self._forward(wid, line))
+
+    # ---------------------------------------------------------- watch, stop
+    def reap(self) -> None:
+        """Tell the job about every process that ended since the last call."""
+        ended: list[tuple[str, ExitStatus]] = []
+        for worker_id, proc in list(self.procs.items()):
+            status = proc.poll()
+            if status is not None:
+                ended.append((worker_id, status))
+                del self.procs[worker_id]
+        if ended:
+            with self._cond:
+                for worker_id, status in ended:
+                    self._job.exited(worker_id, status, self._clock())
+                self._cond.notify_all()
+
+    def stop(self, action: Stop) -> None:
+        proc = self.procs.get(action.worker_id)
+        if proc is None:
+            return
+        log.info("job %s: stopping worker %s: %s", self._job.job_id, action.worker_id, action.reason)
+        dump = getattr(proc, "dump_stacks", None)
+        if action.immediate and action.stacks and dump is not None:
+            self._signal_stacks.expect(action.worker_id)
+        if action.immediate and action.stacks and dump is not None and dump():
+            # Its stacks come on its output (forwarded to this log) before it is killed; the loop never waits.
+            log.warning("job %s: asked worker %s for its stacks before stopping it", self._job.job_id,
+                        action.worker_id)
+            timer = threading.Timer(STACKS_BEFORE_KILL_S, self._record_stacks_then_kill,
+                                    args=(action.worker_id, proc))
+            timer.daemon = True
+            timer.start()
+        elif action.immediate:
+            proc.kill()
+        else:
+            self._terminate_in_background(proc)
+
+    def close(self) -> None:
+        """Stop every worker (in parallel, each TERM then KILL), wait for the stops, close the launchers."""
+        for proc in self.procs.values():
+            self._terminate_in_background(proc)
+        for t in self._stoppers:
+            t.join(self._config.terminate_grace_s + 5)
+        self.procs.clear()
+        for launcher in self._launchers.values():
+            launcher.close()
+
+    def _terminate_in_background(self, proc: WorkerProcess) -> None:
+        t = threading.Thread(target=proc.terminate, args=(self._config.terminate_grace_s,), daemon=True)
+        t.start()
+        self._stoppers.append(t)
+
+    def _record_stacks_then_kill(self, worker_id: str, proc: WorkerProcess) -> None:
+        """A second after the signal: KILL; the stacks its output carried go to the events file.
+
+        Gathered until the process has ended (3 s at most) and a moment more for its output to be
+        read: on a loaded machine the dump can still be in the pipe at the KILL.
+        """
+        proc.kill()
+        deadline = time.monotonic() + _STACKS_AFTER_KILL_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        text = self._signal_stacks.take(worker_id)
+        if not text:
+            log.warning("job %s: worker %s printed no stacks within %gs of the signal", self._job.job_id, worker_id,
+                        STACKS_BEFORE_KILL_S)
+            return
+        with self._cond:
+            w = self._job.workers.get(worker_id)
+        if w is not None:
+            self._sinks().sink.emit("stacks", worker=worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
+                                    text=text, via="signal", **({"round": w.round} if w.round else {}))
+
+    def _forward(self, worker_id: str, line: str) -> None:
+        self._signal_stacks.offer(worker_id, line)
+        rank = self._job.rank_of(worker_id)  # a plain dict read; no lock needed for a label
+        self._out(f"[{'-' if rank is None else rank}]<{worker_id.split('#')[0]}> {line}")

@@ -1,0 +1,187 @@
+"""The control plane's answers on their own: a :class:`ControlPlane` over a :class:`FakeJob`, no server, no driver.
+
+Each test sends the messages a worker (or ``cloud-elastic drain``) sends and checks the reply and
+what the job was asked to do; the job's own rules are tested with the job (tests/unit/test_job*.py).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.job.notice_policy import watched_cloud
+from cloud_elastic.driver.runtime.condition import JobCondition
+from cloud_elastic.driver.runtime.control_plane import POLLS_PER_S, ControlPlane
+from cloud_elastic.errors import ControlPlaneError
+from tests.unit.job_view import T0, FakeJob, S
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Job(FakeJob):
+    """FakeJob with the job's side of the messages the tests send, recorded instead of carried out."""
+
+    def __init__(self, np: int = 2) -> None:
+        super().__init__(np)
+        self.notices: list[tuple[str, Any, str, bool]] = []
+        self.drains: list[tuple[str, int | None]] = []
+        self.loaded: list[tuple[int, int | None, str]] = []
+        self.unhealthy_slots: list[tuple[str, str]] = []
+        self.alive_count = 0
+
+    def registered(self, worker_id: str, now: float) -> bool:
+        return worker_id in self.workers
+
+    def notice(self, host: str, drain: Any, now: float, *, source: str, soft: bool) -> None:
+        self.notices.append((host, drain, source, soft))
+
+    def drain(self, host: str, slot: int | None, now: float) -> tuple[bool, str]:
+        self.drains.append((host, slot))
+        return True, f"draining {host}"
+
+    def checkpoint_loaded(self, step: int, commit_seq: int | None, path: str) -> None:
+        self.loaded.append((step, commit_seq, path))
+
+    def unhealthy(self, worker_id: str, reason: str, now: float) -> None:
+        self.unhealthy_slots.append((worker_id, reason))
+
+    def take_rendezvous_news(self) -> list[str]:
+        return []
+
+    def rank_of(self, worker_id: str) -> int | None:
+        w = self.workers.get(worker_id)
+        return None if w is None else w.rank
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.events.append((kind, fields))
+
+
+def plane(job: Job | None = None, **config: Any) -> tuple[ControlPlane, Job, list[tuple[str, int]], Sink]:
+    job = job or Job()
+    for index in range(2):
+        job.worker("127.0.0.1", index, S.CONNECTED)
+    stops: list[tuple[str, int]] = []
+    sink = Sink()
+    base = dict(command=("python", "train.py"), num_proc=2, min_np=1, max_np=2)
+    cond = JobCondition()
+    cond.watch(job)
+    return ControlPlane(job, cond, JobConfig(**(base | config)), sinks=SimpleNamespace(sink=sink, metrics=None),
+                        clock=lambda: T0, stop=lambda reason, code: stops.append((reason, code)),
+                        record_events=lambda: None, watch_cloud=watched_cloud(config.get("notice_watcher", "auto"),
+                                                                               "static")), job, stops, sink
+
+
+def _notice(worker: str, **fields: Any) -> dict[str, Any]:
+    return {"worker": worker, "source": "aws", "notice": "terminate", "reason": "spot interruption",
+            "deadline": None} | fields
+
+
+def test_an_unknown_kind_or_a_message_without_a_worker_is_refused() -> None:
+    p, _, _, _ = plane()
+    with pytest.raises(ControlPlaneError, match="unknown message kind 'nope'"):
+        p.handle("nope", {"worker": "x"})
+    with pytest.raises(ControlPlaneError, match="lacks a worker id"):
+        p.handle("register", {})
+
+
+def test_register_knows_only_the_jobs_workers_and_names_the_hosts_notice_watcher() -> None:
+    p, job, _, _ = plane(notice_watcher="aws")
+    first, second = sorted(job.workers)
+    assert p.handle("register", {"worker": "stranger"})["ok"] is False
+    reply = p.handle("register", {"worker": first})
+    assert reply["ok"] is True and reply["notice_watcher"] == "aws"  # the first live worker of its host
+    assert p.handle("register", {"worker": second})["notice_watcher"] is None
+    job.workers[first].state = S.LOST  # the watcher went: the next worker of the host to ask takes over
+    assert p.handle("register", {"worker": second})["notice_watcher"] == "aws"
+
+
+def test_a_malformed_notice_is_refused_by_field_and_a_good_one_drains_the_host() -> None:
+    p, job, _, _ = plane()
+    worker = sorted(job.workers)[0]
+    with pytest.raises(ControlPlaneError, match="malformed notice message: 'notice' must be one of"):
+        p.handle("notice", _notice(worker, notice="meteor"))
+    with pytest.raises(ControlPlaneError, match="malformed notice message: 'deadline' must be a number"):
+        p.handle("notice", _notice(worker, deadline="soon"))
+    assert job.notices == []
+    assert p.handle("notice", _notice(worker)) == {"ok": True}
+    (host, drain, source, soft), = job.notices
+    assert (host, drain.reason, source, soft) == ("127.0.0.1", "spot interruption", "aws", False)
+    assert p.handle("notice", _notice(worker, notice="rebalance")) == {"ok": True}
+    assert job.notices[-1][3] is True  # a recommendation: soft
+    assert p.handle("notice", _notice("stranger")) == {"ok": False}
+
+
+def test_a_checkpoint_rank_0_cannot_load_stops_the_job_and_a_malformed_report_is_refused() -> None:
+    p, job, stops, sink = plane()
+    worker = sorted(job.workers)[0]
+    with pytest.raises(ControlPlaneError, match="malformed checkpoint message: 'step' must be an integer"):
+        p.handle("checkpoint", {"worker": worker, "event": "saved", "step": "7", "path": "p"})
+    assert p.handle("checkpoint", {"worker": worker, "event": "saved", "step": 7, "path": "p", "bytes": 9,
+                                   "duration_s": 0.5}) == {"ok": True}
+    assert sink.events == [("checkpoint_saved", {"step": 7, "path": "p", "duration_s": 0.5, "bytes": 9})]
+    assert p.handle("checkpoint", {"worker": worker, "event": "loaded", "step": 7, "path": "p",
+                                   "commit_seq": 40}) == {"ok": True}
+    assert job.loaded == [(7, 40, "p")]
+    assert p.handle("checkpoint", {"worker": worker, "event": "failed", "reason": "torn file"}) == {"ok": True}
+    assert stops == [("training state lost: cannot resume from the checkpoint: torn file", 1)]
+    assert p.handle("checkpoint", {"worker": "stranger", "event": "failed", "reason": "x"}) == {"ok": False}
+
+
+def test_a_drain_names_its_host_and_an_unhealthy_report_its_first_line() -> None:
+    p, job, _, _ = plane()
+    worker = sorted(job.workers)[0]
+    with pytest.raises(ControlPlaneError, match="malformed drain request: 'slot' must be a non-negative integer"):
+        p.handle("drain", {"worker": "cli:status", "host": "10.0.0.1", "slot": -1})
+    assert p.handle("drain", {"worker": "cli:status", "host": "10.0.0.1", "slot": 1}) == {
+        "ok": True, "message": "draining 10.0.0.1"}
+    assert job.drains == [("10.0.0.1", 1)]
+    with pytest.raises(ControlPlaneError, match="malformed unhealthy report: 'reason' must be a non-empty string"):
+        p.handle("unhealthy", {"worker": worker, "reason": ""})
+    assert p.handle("unhealthy", {"worker": worker, "reason": "CUDA error\ntraceback"}) == {"ok": True}
+    assert job.unhealthy_slots == [(worker, "CUDA error")]
+
+
+def test_heartbeats_are_held_longer_only_in_a_very_large_group() -> None:
+    p, job, _, _ = plane(heartbeat_interval_s=0.5, heartbeat_timeout_s=60.0)
+    assert p.poll_hold_s() == 0.5
+    job.alive_count = 8000
+    assert p.poll_hold_s() == 8000 / POLLS_PER_S
+    job.alive_count = 10**6
+    assert p.poll_hold_s() == 15.0  # never more than a quarter of the heartbeat timeout
+
+
+class Holding:
+    """An interceptor that answers ``adopt`` itself and lets everything else through."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def intercept(self, kind: str, worker_id: str, msg: dict[str, Any]) -> dict[str, Any] | None:
+        self.seen.append(kind)
+        return {"ok": True, "by": "interceptor"} if kind == "adopt" else None
+
+
+def test_the_interceptor_sees_every_message_first_and_may_answer_it() -> None:
+    p, job, _, _ = plane()
+    interceptor = Holding()
+    p = ControlPlane(job, JobCondition(), JobConfig(command=("x",), num_proc=2, min_np=1, max_np=2),
+                     sinks=SimpleNamespace(sink=Sink(), metrics=None), clock=lambda: T0, stop=lambda r, c: None,
+                     record_events=lambda: None, interceptor=interceptor)
+    assert p.handle("adopt", {"worker": "w"}) == {"ok": True, "by": "interceptor"}
+    assert p.handle("register", {"worker": sorted(job.workers)[0]})["ok"] is True
+    with pytest.raises(ControlPlaneError, match="unknown message kind 'nope'"):
+        p.handle("nope", {"worker": "w"})
+    assert interceptor.seen == ["adopt", "register", "nope"]
+
+
+def test_the_notice_watcher_follows_the_provider_unless_told() -> None:
+    assert watched_cloud("auto", "aws") == "aws" and watched_cloud("auto", "static") is None
+    assert watched_cloud("none", "aws") is None and watched_cloud("gcp", "static") == "gcp"

@@ -1,0 +1,106 @@
+"""A starting driver's plan (cloud_elastic.driver.restart.predecessor.plan_start) over real checkpoint storage
+and real driver records on disk: the job's identity, resume, adopt, and the wait for a dead predecessor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.restart.predecessor import driver_alive, open_store, plan_start
+from cloud_elastic.driver.restart.record import write_record
+from cloud_elastic.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _config(ckpt: str, **changes) -> JobConfig:
+    return JobConfig(**(dict(command=("python", "train.py"), num_proc=2, min_np=1, max_np=2, checkpoint_dir=ckpt)
+                        | changes))
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _dead_driver(root, job: str, ckpt: str, *, workers: bool) -> int:
+    """The records a driver of ``job`` killed a moment ago leaves on this machine."""
+    directory = root / "cloud-elastic" / job
+    directory.mkdir(parents=True, mode=0o700)
+    pid = _dead_pid()
+    (directory / "driver.json").write_text(json.dumps({"pid": pid}))
+    (directory / "secret").write_text("s" * 64)
+    write_record(directory, {
+        "job": job, "checkpoint_dir": ckpt, "advertised": "127.0.0.1", "bind": "127.0.0.1", "control_port": 1,
+        "store_port": 2, "grace_s": 60.0, "seq": 1,
+        "workers": [{"id": "127.0.0.1[0]#1", "host": "127.0.0.1", "slot": 0, "seq": 1,
+                     "handle": {"kind": "local", "pid": pid, "start": 0}}] if workers else [],
+    })
+    return pid
+
+
+def test_without_a_checkpoint_dir_the_plan_is_a_plain_start() -> None:
+    config = JobConfig(command=("python", "train.py"), num_proc=2, min_np=1, max_np=2)
+    plan = plan_start(config, open_store(config), job_id="j1")
+    assert (plan.job_id, plan.resumed, plan.adopt, plan.wait_until, plan.predecessor_gone) == (
+        "j1", False, None, None, True)
+
+
+def test_a_new_checkpoint_dir_records_the_job_and_a_second_driver_takes_its_identity(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = _config(str(tmp_path / "ckpt"))
+    first = plan_start(config, open_store(config), job_id="j1")
+    assert first.job_id == "j1" and not first.resumed  # no checkpoint yet: training starts from the beginning
+    second = plan_start(config, open_store(config), job_id="other")
+    assert second.job_id == "j1" and not second.resumed and second.adopt is None
+
+
+def test_a_predecessor_dead_within_its_grace_is_adopted_and_waited_for_should_none_come_back(tmp_path,
+                                                                                            monkeypatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    ckpt = str(tmp_path / "ckpt")
+    _dead_driver(tmp_path, "a1b2c3d4", ckpt, workers=True)
+    config = _config(ckpt)
+    plan = plan_start(config, open_store(config), job_id="mine")
+    assert plan.job_id == "a1b2c3d4" and plan.adopt is not None and plan.adopt.job_id == "a1b2c3d4"
+    assert not plan.predecessor_gone and plan.wait_until is not None and plan.wait_until > time.time()
+    assert plan.without_adoption().adopt is None
+
+
+def test_the_workers_of_another_jobs_record_are_not_adopted(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    ckpt = str(tmp_path / "ckpt")
+    config = _config(ckpt)
+    plan_start(config, open_store(config), job_id="theirs")  # the storage belongs to job "theirs"
+    _dead_driver(tmp_path, "a1b2c3d4", ckpt, workers=True)
+    plan = plan_start(config, open_store(config), job_id="mine")
+    assert plan.job_id == "theirs" and plan.adopt is None
+
+
+def test_a_live_driver_of_the_job_refuses_a_second_one(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = _config(str(tmp_path / "ckpt"))
+    plan_start(config, open_store(config), job_id="j1")
+    directory = tmp_path / "cloud-elastic" / "j1"
+    directory.mkdir(parents=True, mode=0o700)
+    live = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
+                             "cloud-elastic"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert live.stdout.readline() == "up\n"  # its command line is the driver's by now
+        (directory / "driver.json").write_text(json.dumps({"pid": live.pid}))
+        with pytest.raises(ConfigError, match=f"job j1 is already running here \\(driver pid {live.pid}\\)"):
+            plan_start(config, open_store(config), job_id="other")
+    finally:
+        live.kill()
+        live.wait()
+        live.stdout.close()
+
+
+def test_a_dead_pid_is_no_live_driver() -> None:
+    assert not driver_alive(_dead_pid())
