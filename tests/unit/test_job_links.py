@@ -105,6 +105,22 @@ def test_one_probe_at_a_time_each_newcomer_once_against_the_next_hosts_of_the_ri
     assert watch.figures(1.0) == {("a", "b"): FAST, ("a", "c"): FAST}
 
 
+def test_a_host_of_several_slots_is_probed_by_one_of_its_workers():
+    watch = LinkWatch()
+    hosts = {f"a[{i}]": "a" for i in range(4)} | {f"b[{i}]": "b" for i in range(4)} | {"c[0]": "c"}
+    asked: list[str] = []
+    t = 0.0
+    for _ in range(10):
+        watch.plan(hosts.items(), t)
+        for wid, host in hosts.items():
+            order = report(watch, wid, host, 7000, t)
+            if order is not None:
+                asked.append(wid)
+                report(watch, wid, host, 7000, t + 0.5, order.seq, {p.split("@")[0]: FAST for p in order.peers})
+        t += 1.0
+    assert sorted(asked) == ["a[0]", "b[0]", "c[0]"]
+
+
 def test_an_unanswered_probe_is_given_up_and_the_next_worker_asked():
     watch = LinkWatch()
     hosts = {"a[0]": "a", "b[0]": "b"}

@@ -13,8 +13,9 @@ measure its links to :data:`PEERS_PER_PROBE` peers on other hosts, the next
 hosts in name order after its own (a ring, so each host is in two pairs or
 more). It orders
 
-* a newcomer as soon as its port is known (usually while it waits for
-  admission; one found slow before it is admitted is sent away unadmitted);
+* a newcomer as soon as its port is known, unless a worker of its host has
+  probed already (usually while it waits for admission; one found slow before
+  it is admitted is sent away unadmitted);
 * a sweep of every host (one worker of each) every :data:`SWEEP_EVERY_S`, and at
   most every :data:`HIGH_COMM_SWEEP_S` while the round's median share of time in
   collectives is :data:`HIGH_COMM_SHARE` or more;
@@ -163,8 +164,14 @@ class LinkWatch:
         if self._order is not None and (self._order.worker not in here
                                         or running - self._order.asked_at > ORDER_TIMEOUT_S):
             self._order = None
+        covered = {self._ports[wid][0] for wid in [*self._probed, *self._queue] if wid in self._ports}
         for wid in sorted(self._ports):
-            if wid not in self._probed and wid not in self._queue:
+            if wid in self._probed or wid in self._queue:
+                continue
+            if self._ports[wid][0] in covered:
+                self._probed.add(wid)  # its host's links are (to be) measured by another slot's worker
+            else:
+                covered.add(self._ports[wid][0])
                 self._queue.append(wid)  # a newcomer (or the job's first workers)
         if self._next_sweep is None:
             self._next_sweep = running + self.sweep_every_s

@@ -16,6 +16,11 @@ a process descheduled for part of the probe (a loaded machine) does not lower
 it, a slow link lowers every chunk. Its cost: at most 4 MiB each way per peer,
 or a quarter of a second plus one chunk, on both ends.
 
+Its sockets are not a round's: its listener is skipped by the group-socket
+reclaim (a listener), and its connections last a probe (well under a second),
+so one that a round's formation happened to see is closed before that round
+is reclaimed (the reclaim checks that a descriptor still names the same socket).
+
 **The test hook** (``CLOUD_ELASTIC_TEST_LINK_BYTES_PER_S``, read once, the first
 time a worker's link probe is made): a worker given it has a slow network and
 normal compute. Every Gloo operation it starts (collectives and point-to-point
