@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass, field
 
 from cloud_elastic.errors import ConfigError
-from cloud_elastic.providers.api import MAX_SLOTS_PER_HOST
 
 __all__ = ["JobConfig", "SSHConfig", "elastic_timeout_default", "ENV_ELASTIC_TIMEOUT", "SSH_OPTION", "NOTICE_WATCHERS",
            "MAX_DRIVER_GRACE_S", "MAX_DURATION_S", "check_seconds", "checkpoint_protocol_error"]
@@ -21,6 +20,11 @@ __all__ = ["JobConfig", "SSHConfig", "elastic_timeout_default", "ENV_ELASTIC_TIM
 #: what they reach: ``threading`` waits refuse more than ~292 years, ``datetime`` arithmetic overflows, and a
 #: ``--driver-grace`` of 1e12 s written beside the checkpoints crashed the driver that read it back.
 MAX_DURATION_S = 365 * 86400.0
+#: The most slots one host may offer. The largest machines have 8-16 accelerators; a count beyond this is a
+#: typo (``-H host:100000000`` made the driver build a slot list of 1.8 GB in 20 s, under its job lock,
+#: deaf to SIGTERM), so every host source is held to it (:mod:`cloud_elastic.providers.api`) and so is
+#: ``--slots-per-host``.
+MAX_SLOTS_PER_HOST = 1024
 #: The longest ``--driver-grace``: a restarted driver reads it back from ``driver-alive.json`` beside the
 #: checkpoints and refuses a longer one there (``checkpoint/alive.py``), so it is refused here first.
 MAX_DRIVER_GRACE_S = 7 * 86400.0

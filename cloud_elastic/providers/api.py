@@ -34,15 +34,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, ClassVar, Mapping
 
+from cloud_elastic.config import MAX_SLOTS_PER_HOST  # the limit --slots-per-host is held to, too
 from cloud_elastic.errors import CapacityError, ConfigError, FatalDiscoveryError
 
 __all__ = ["Drain", "DiscoveredHosts", "ProviderOption", "HostDiscovery", "parse_bool", "MAX_SLOTS_PER_HOST",
            "ipv6_refusal"]
-
-#: The most slots one host may offer. The largest machines have 8-16 accelerators; a count beyond this is a
-#: typo (``-H host:100000000`` made the driver build a slot list of 1.8 GB in 20 s, under its job lock,
-#: deaf to SIGTERM), so every source is held to it here and in ``hostspec``.
-MAX_SLOTS_PER_HOST = 1024
 
 
 def ipv6_refusal(host: str) -> str:
