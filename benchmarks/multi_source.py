@@ -135,8 +135,8 @@ def run_job(trace: dict, sources: tuple[SourceSpec, ...], minutes: int, *, fallb
             manage: bool = False, od_size: int = 0) -> dict:
     """Replay ``minutes`` of the trace through one job; its samples, cost and fallback hours."""
     job = ElasticJob(Policy(NP, MIN_NP, NP, elastic_timeout_s=1e9, start_timeout_s=1e9, heartbeat_timeout_s=1e9,
-                            progress_timeout_s=0, checkpointing=True, sources=sources, fallback_after_s=fallback_after_s,
-                            manage_capacity=manage),
+                            progress_timeout_s=0, checkpointing=True, sources=sources,
+                            fallback_after_s=fallback_after_s, manage_capacity=manage),
                      HostManager(Blacklist((10, 300), random.Random(0))), job_id="bench")
     groups = {s.name: Group(s.name) for s in sources}
     if "on-demand" in groups and od_size:

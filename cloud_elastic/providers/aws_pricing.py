@@ -38,8 +38,8 @@ class InstancePrice:
     @classmethod
     def of(cls, instance: Mapping[str, Any]) -> "InstancePrice":
         """From one ``DescribeInstances`` instance."""
-        return cls(str(instance.get("InstanceType", "")), str(instance.get("Placement", {}).get("AvailabilityZone", "")),
-                   instance.get("InstanceLifecycle") == "spot")
+        zone = instance.get("Placement", {}).get("AvailabilityZone", "")
+        return cls(str(instance.get("InstanceType", "")), str(zone), instance.get("InstanceLifecycle") == "spot")
 
 
 class SpotPrices:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from cloud_elastic.errors import ConfigError
 from cloud_elastic.providers.multi import MultiSourceDiscovery
 from cloud_elastic.providers.selection import build_discovery, parse_discovery_args
 from tests.emulator.fake_azure import VM

@@ -17,7 +17,7 @@ from .hcl import TERRAFORM_DIR, Module
 
 pytestmark = pytest.mark.terraform
 
-EXAMPLES = {"aws": TERRAFORM_DIR / "examples" / "aws-multi-source", "gcp": TERRAFORM_DIR / "examples" / "gcp-multi-source"}
+EXAMPLES = {cloud: TERRAFORM_DIR / "examples" / f"{cloud}-multi-source" for cloud in ("aws", "gcp")}
 
 
 def _interpolations_as_names(text: str) -> str:

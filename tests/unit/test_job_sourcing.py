@@ -9,7 +9,7 @@ import pytest
 from cloud_elastic.cost import CostMeter
 from cloud_elastic.driver.job.actions import SetCapacity
 from cloud_elastic.driver.job.elastic_job import Finish, Launch, Release, Stop, WorkerState
-from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager
 from cloud_elastic.driver.job.sourcing import FallbackRule, choose
 from cloud_elastic.events import validate
 from cloud_elastic.providers.api import DiscoveredHosts

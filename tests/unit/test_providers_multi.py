@@ -205,3 +205,30 @@ def test_a_capacity_call_that_fails_otherwise_is_retried_at_the_next_discovery()
     multi.find()
     multi.find()
     assert od.capacity_calls == [2, 2] and multi.managed("od")
+
+
+# ----------------------------------------------------------------------------- the provider contract
+
+def test_the_merged_discovery_keeps_the_provider_contract():
+    """What tests/contract asks of every provider, for a merged one: complete and idempotent snapshots,
+    --slots-per-host passed to each source, an idempotent close, a one-line failure, no I/O when built."""
+    from tests.contract.scripted import ScriptedDiscovery
+
+    a = DiscoveredHosts(ready={"10.0.0.1": 2})
+    b = DiscoveredHosts(ready={"10.0.1.1": 1}, draining={"10.0.1.9": Drain(None, "scripted")})
+
+    def build(sph=None, broken=False):
+        sources = [ScriptedDiscovery([RetryableDiscoveryError("outage a") if broken else a], slots_per_host=sph),
+                   ScriptedDiscovery([RetryableDiscoveryError("outage b") if broken else b], slots_per_host=sph)]
+        return MultiSourceDiscovery([(spec("a"), sources[0]), (spec("b"), sources[1])])
+
+    multi = build()
+    first, second = multi.find(), multi.find()
+    assert first == second and dict(first.ready) == {"10.0.0.1": 2, "10.0.1.1": 1}
+    assert dict(first.draining) == {"10.0.1.9": Drain(None, "scripted")}
+    multi.close()
+    multi.close()
+    assert dict(build(3).find().ready) == {"10.0.0.1": 3, "10.0.1.1": 3}
+    with pytest.raises(RetryableDiscoveryError) as err:
+        build(broken=True).find()
+    assert "\n" not in str(err.value)

@@ -38,9 +38,10 @@ class DiscoveryPoller:
 
     The provider's write paths (:meth:`HostDiscovery.release`,
     :meth:`HostDiscovery.set_capacity`) run on the same thread, so a provider
-    never sees two calls at once and the driver's loop never waits on a cloud API. A provider with a push source wakes the
-    poller (:meth:`HostDiscovery.wake_on_news`, :meth:`wake`): the next
-    find() then starts at once instead of at the end of the interval.
+    never sees two calls at once and the driver's loop never waits on a cloud
+    API. A provider with a push source wakes the poller
+    (:meth:`HostDiscovery.wake_on_news`, :meth:`wake`): the next find() then
+    starts at once instead of at the end of the interval.
     """
 
     def __init__(self, discovery: HostDiscovery, on_result: Callable[[Result], None], *, interval_s: float) -> None:
