@@ -2,7 +2,7 @@
 
 The wrapper (``python -m cloud_elastic.driver.launch.ssh_remote``) runs a real worker
 process; its stdin (the first driver's ssh connection) is closed to play the
-driver's death, and ``remote --attach NONCE`` plays the restarted driver's
+driver's death, and ``ssh_remote --attach NONCE`` plays the restarted driver's
 fresh ssh connection.
 """
 

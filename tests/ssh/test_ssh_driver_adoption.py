@@ -2,7 +2,7 @@
 
 The first driver is SIGKILLed; its ssh connections die with it, and the remote
 wrappers let their workers train on. The same command, run again, re-attaches
-to each wrapper over a fresh ssh connection (``remote --attach``), the workers
+to each wrapper over a fresh ssh connection (``ssh_remote --attach``), the workers
 re-register and finish the job in the same processes, and nothing is left on
 any host: no worker, no wrapper, no attach relay, no local ssh client.
 """

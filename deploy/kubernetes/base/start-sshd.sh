@@ -106,7 +106,7 @@ if [ "$LISTEN" = 0.0.0.0 ]; then SERVER='[^ ]*'; else SERVER=$(printf '%s' "$LIS
 wrappers() {
     # Their pids, one a line (a restarted driver's `--attach` relays included).
     for dir in /proc/[0-9]*; do
-        grep -q 'cloud_elastic[.]driver[.]remote' "$dir/cmdline" 2>/dev/null || continue
+        grep -q 'cloud_elastic[.]driver[.]launch[.]ssh_remote' "$dir/cmdline" 2>/dev/null || continue
         if tr '\0' '\n' < "$dir/environ" 2>/dev/null | grep -q "^SSH_CONNECTION=.* $SERVER $PORT\$"; then
             echo "${dir#/proc/}"
         fi
@@ -121,7 +121,7 @@ pass_on_term() {
     for pid in $1; do
         case "$SIGNALLED" in *" $pid "*) continue ;; esac
         SIGNALLED="$SIGNALLED$pid "
-        tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q 'driver[.]remote --attach' && continue
+        tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q 'ssh_remote --attach' && continue
         kill -TERM "$pid" 2>/dev/null || true
     done
 }
