@@ -44,6 +44,7 @@ __all__ = [
     "WaitReply",
     "RendezvousReply",
     "PollReply",
+    "FlightEntry",
     "RendezvousRequest",
     "PollRequest",
     "LinkReport",
@@ -276,6 +277,37 @@ class ProbeOrder:
 
 
 @dataclass(frozen=True)
+class FlightEntry:
+    """A worker's newest collective (its flight record, see ``worker.rounds.flight``), sent with its heartbeat.
+
+    ``seq`` numbers the collectives of ``round`` from 1, the same on every rank; ``state`` is
+    ``entered`` (waiting in it), ``completed`` or ``failed``; ``age_s`` is how long ago it was
+    entered (``entered``) or ended (the others), so that no clocks need agree.
+    """
+
+    round: int
+    seq: int
+    op: str
+    state: str
+    age_s: float
+
+    STATES = ("entered", "completed", "failed")
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"round": self.round, "seq": self.seq, "op": self.op, "state": self.state, "age_s": self.age_s}
+
+    @classmethod
+    def from_wire(cls, msg: Any) -> "FlightEntry | None":
+        if msg is None:
+            return None
+        what = "flight entry"
+        if not isinstance(msg, Mapping) or msg.get("state") not in cls.STATES or not isinstance(msg.get("op"), str):
+            raise ControlPlaneError(f"malformed {what}: needs a state of {cls.STATES} and an op")
+        return cls(_int(msg, "round", what), _int(msg, "seq", what), msg["op"][:80], msg["state"],
+                   _optional_seconds(msg, "age_s", what))
+
+
+@dataclass(frozen=True)
 class PollRequest:
     """Heartbeat long-poll: what the worker already knows; the reply comes when any of it changes."""
 
@@ -300,13 +332,18 @@ class PollRequest:
     comm_s: float | None = None
     #: Its link probe: its port and its last measurements (None: no probe).
     link: LinkReport | None = None
+    #: Its newest collective (None: none yet, or an older worker).
+    flight: FlightEntry | None = None
+    #: The longest pause of its garbage collector to expect (its heartbeats wait for it; see ``worker.link.pauses``).
+    pause_s: float = 0.0
 
     def to_wire(self) -> dict[str, Any]:
         # A literal, not asdict(): sent twice a second by every worker (asdict was ~15 % of a heartbeat).
         return {"round": self.round, "update_gen": self.update_gen, "abort_round": self.abort_round,
                 "commits": self.commits, "commit_seq": self.commit_seq, "progress": self.progress,
                 "steps": self.steps, "waiting_s": self.waiting_s, "compute_s": self.compute_s,
-                "comm_s": self.comm_s, "link": None if self.link is None else self.link.to_wire()}
+                "comm_s": self.comm_s, "link": None if self.link is None else self.link.to_wire(),
+                "flight": None if self.flight is None else self.flight.to_wire(), "pause_s": self.pause_s}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":
@@ -317,7 +354,8 @@ class PollRequest:
                    _optional_seconds(msg, "waiting_s", what),
                    None if msg.get("compute_s") is None else _optional_seconds(msg, "compute_s", what),
                    None if msg.get("comm_s") is None else _optional_seconds(msg, "comm_s", what),
-                   LinkReport.from_wire(msg.get("link")))
+                   LinkReport.from_wire(msg.get("link")), FlightEntry.from_wire(msg.get("flight")),
+                   _optional_seconds(msg, "pause_s", what))
 
 
 @dataclass(frozen=True)

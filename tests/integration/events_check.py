@@ -55,6 +55,9 @@ OWNERS: dict[str, frozenset[str]] = {
     "tests/integration/test_health.py::test_a_slow_worker_is_drained_without_a_rollback_and_replaced_from_discovery":
         frozenset({"straggler", "straggler.rank", "straggler.factor", "straggler.window_s",
                    "straggler.blacklisted_s", "worker_left"}),
+    "tests/integration/test_silence.py::test_a_worker_stopped_during_a_collective_is_named_before_its_round_is_aborted":
+        frozenset({"collective_stalled", "collective_stalled.missing", "collective_stalled.waiting",
+                   "collective_stalled.verdict", "worker_failed"}),
     "tests/integration/test_driver_adoption.py::"
     "test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_step":
         frozenset({"worker_adopted", "worker_adopted.commit_step", "adoption_done"}),

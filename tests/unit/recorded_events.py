@@ -34,6 +34,11 @@ TIMELINE: list[tuple[float, str, dict]] = [
     (10.0, "round_formed", {"round": 2, "size": 2, "synced": False, "step": 40,
                             "ranks": {"127.0.0.1": [0], "127.0.0.2": [1]}}),
     # Round 2 looked stuck for a while (the watch asks for stacks before it acts); it then moved on.
+    (11.9, "collective_stalled", {"round": 2, "seq": 57, "op": "gradient allreduce", "waited_s": 5.2, "waiting": [0],
+                                  "verdict": "still heartbeating",
+                                  "missing": [{"rank": 1, "worker": "127.0.0.2[0]#1", "host": "127.0.0.2", "slot": 0,
+                                               "last": "#56 gradient allreduce of round 2 completed 5.3s ago",
+                                               "silent_s": 0.2}]}),
     (12.0, "round_stalled", {"round": 2, "idle_s": 120.0, "reason": "no member made progress",
                              "workers": ["127.0.0.1[0]#1", "127.0.0.2[0]#1"]}),
     (12.1, "stacks", {"host": "127.0.0.2", "slot": 0, "worker": "127.0.0.2[0]#1", "rank": 1, "round": 2,

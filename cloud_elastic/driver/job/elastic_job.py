@@ -107,10 +107,11 @@ class ElasticJob:
     _discovery_failing_since: float | None = field(default=None, init=False)
     _alive_memo: list[WorkerRecord] | None = field(default=None, init=False)  # alive() during one step
     _alive_count: int = field(default=0, init=False)  # as of the last step
-    _silence: SilenceWatch = field(init=False)
+    silence: SilenceWatch = field(init=False)  # fed each heartbeat's arrival by the runtime (see liveness)
 
     def __post_init__(self) -> None:
-        self._silence = SilenceWatch(self.policy.heartbeat_timeout_s, self.policy.start_timeout_s)
+        policy = self.policy
+        self.silence = SilenceWatch(policy.heartbeat_timeout_s, policy.start_timeout_s, self.emit, self.job_id)
         self.leavers = Leavers(self)
         self.capacity = Capacity(self, self.leavers.send_away)
         self.rounds = RoundFormation(self, self.leavers, on_formed=lambda running: self.completion.round_formed(running))
@@ -564,7 +565,7 @@ class ElasticJob:
         if expired:
             why = self._missing_reason()
             self.emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
-        for w, what in self._silence.overdue(self.alive(), len(self.workers), now, self._clock(now)):
+        for w, what in self.silence.overdue(self.alive(), len(self.workers), now, self._clock(now), self.round):
             self.give_up(w, what, now)
         self.completion.check_early_returns(now)
         self.completion.check_progress(now)

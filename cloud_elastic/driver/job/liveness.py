@@ -24,17 +24,67 @@ the heartbeat timeout (in running time; past :data:`EXIT_GRACE_S` once a worker
 said it is past its exit hooks), and ones that never registered within the
 start timeout. It is called every step with every live worker, so it skips
 the scan exactly when nobody can have become overdue since the last one.
+
+**The fast rule.** A member of the running round is also given up well before
+the heartbeat timeout when two independent signs agree:
+
+1. *its heartbeats stopped*: silence since its last heartbeat's *arrival* beyond
+   :func:`silence_limit`, an adaptive bound learned from that worker's own
+   inter-arrival times (phi accrual: the mean plus :data:`PHI_Z` standard
+   deviations above it, so a jittery or loaded worker gets a longer bound), never
+   below :data:`FAST_FLOOR_S`, nor below its longest recent gap plus
+   :data:`PEAK_MARGIN_S` (a worker once seen silent for 2 s while healthy is
+   allowed 2.5 s from then on), nor below the garbage-collector pause it says to
+   expect (``pause_s``, see ``worker/link/pauses.py``) plus a heartbeat interval
+   and the margin; none before :data:`WARMUP_ARRIVALS` arrivals;
+2. *its peers wait for it*: other members have waited at least
+   :data:`WAIT_MIN_S` in a collective that it has not completed (their flight
+   records, see :mod:`.stalls`).
+
+Why this cannot fire on a healthy busy worker: its heartbeat thread shares nothing
+with the training thread but the GIL, which Python code hands over every 5 ms and
+torch's operators, file and socket I/O release, so a long first step, a
+``torch.compile``, a checkpoint write or a busy machine hold a heartbeat up by
+milliseconds to a few tenths of a second (measured: docs/architecture.md,
+"Silent workers"). What holds the GIL for longer is one C call over a huge object,
+above all a full garbage collection, and the worker announces that pause before it
+happens (from its heap's size and the collections it measured), so its bound
+includes it. A pause it did not announce (a C extension that keeps the GIL for
+seconds) is taken for silence only if it also outlasts every gap seen of that
+worker *and* its peers are stuck waiting on it; from then on its gap raises that
+worker's bound. Without peers waiting on it (between rounds, in rendezvous, no
+collective) only the heartbeat timeout gives a worker up, as before.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Callable, Iterable
 
+from cloud_elastic.driver.job.stalls import Heard, Stall, describe, find_stall, stall_event
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.protocol import FlightEntry
 
-__all__ = ["EXIT_GRACE_S", "Pulse", "RunningClock", "SilenceWatch"]
+__all__ = ["EXIT_GRACE_S", "FAST_FLOOR_S", "PHI_Z", "Pulse", "RunningClock", "SilenceWatch", "silence_limit"]
+
+#: The fast rule's shortest bound on a member's silence: three heartbeat intervals of 0.5 s.
+FAST_FLOOR_S = 1.5
+#: Phi accrual with a normal model: phi = 8 (a one in 10^8 chance that a healthy gap is this long) is the
+#: mean plus 5.6 standard deviations.
+PHI_Z = 5.6
+#: A worker's longest recent gap, plus this, is always allowed again.
+PEAK_MARGIN_S = 0.5
+#: Gaps the fast rule needs to have seen of a worker before it judges it (about 3 s of heartbeats).
+WARMUP_ARRIVALS = 6
+#: How long peers must have waited in a collective before it counts as stalled.
+WAIT_MIN_S = 0.5
+#: Weight of a new gap in the running mean and variance (about the last 16 gaps count).
+_ALPHA = 1 / 16
+#: Per arrival, how much of the peak's excess over the mean is kept (half of it after about 6 minutes
+#: of heartbeats): a healthy pause seen once is allowed again for minutes.
+_PEAK_KEEP = 0.998
 
 #: How long a worker that said it is past its exit hooks (``exiting``) may stay silent before its process has
 #: ended (the heartbeat timeout, if longer): the interpreter's teardown (freeing CUDA, joining native threads)
@@ -99,36 +149,103 @@ class Pulse:
                 log.exception("the driver's pulse failed")
 
 
+def silence_limit(heard: Heard, floor_s: float = FAST_FLOOR_S) -> float | None:
+    """How long ``heard``'s worker may be silent before the fast rule suspects it; None while warming up.
+
+    The largest of the floor, the phi-accrual bound (mean + :data:`PHI_Z` standard deviations of its
+    inter-arrival gaps), its longest recent gap plus :data:`PEAK_MARGIN_S`, and its mean gap plus the
+    garbage-collector pause it said to expect plus the same margin.
+    """
+    if heard.arrivals < WARMUP_ARRIVALS:
+        return None
+    return max(floor_s, heard.mean + PHI_Z * math.sqrt(heard.var), heard.peak + PEAK_MARGIN_S,
+               heard.mean + heard.pause + PEAK_MARGIN_S)
+
+
+def arrived(heard: Heard, running: float) -> None:
+    """A new heartbeat arrived at ``running`` (running time): fold its gap into ``heard``'s statistics."""
+    gap = running - heard.at
+    heard.at = running
+    if gap <= 0:
+        return
+    if heard.arrivals == 0:
+        heard.mean, heard.var, heard.peak = gap, 0.0, gap
+    else:
+        # The upper semi-variance: a heartbeat answered early (the round changed) is a short gap, and
+        # says nothing of how late one can be; only gaps longer than the mean widen the bound.
+        delta = gap - heard.mean
+        heard.mean += _ALPHA * delta
+        heard.var = (1 - _ALPHA) * (heard.var + _ALPHA * max(0.0, delta) ** 2)
+        heard.peak = max(gap, heard.mean + (heard.peak - heard.mean) * _PEAK_KEEP)
+    heard.arrivals += 1
+
+
 class SilenceWatch:
-    """Which live workers are overdue: silent past ``heartbeat_timeout_s`` or unregistered past ``start_timeout_s``.
+    """Which live workers are overdue: silent past ``heartbeat_timeout_s`` or unregistered past ``start_timeout_s``,
+    or caught by the fast rule (see module docstring).
 
     ``last_seen`` only grows and ``launched_at`` never changes, so after a scan
     nobody can become overdue before the earliest due time it saw unless a
-    worker is born; :meth:`overdue` skips the scan until then. Workers that
-    completed their training function are never overdue (they are exiting).
+    worker is born or a heartbeat reports a wait in a collective (:meth:`heard`);
+    :meth:`overdue` skips the scan until then. Workers that completed their
+    training function are never overdue (they are exiting).
+
+    ``emit(kind, **fields)`` receives a ``collective_stalled`` event whenever a
+    stall is named: before the fast rule gives its culprit up, or once a stall
+    has lasted the heartbeat timeout while its culprits still heartbeat.
     """
 
-    def __init__(self, heartbeat_timeout_s: float, start_timeout_s: float) -> None:
+    def __init__(self, heartbeat_timeout_s: float, start_timeout_s: float,
+                 emit: Callable[..., None] | None = None, job_id: str = "job") -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.start_timeout_s = start_timeout_s
+        self._emit = emit
+        self._job_id = job_id
         self._silence_due = float("-inf")  # running time before which no registered worker can be overdue
         self._start_due = float("-inf")  # time before which no unregistered worker can be overdue
         self._born = -1  # workers ever recorded, as of the last scan
+        self._heard: dict[str, Heard] = {}
+        self._reported: tuple[int, int] = (0, 0)  # (round, seq) of the last stall named while all heartbeat
+
+    def heard(self, worker_id: str, running: float, flight: FlightEntry | None, pause_s: float = 0.0) -> None:
+        """A heartbeat of ``worker_id`` arrived at ``running`` (running time), with its newest collective
+        and the longest garbage-collector pause it expects."""
+        h = self._heard.get(worker_id)
+        if h is None:
+            h = self._heard[worker_id] = Heard(running)
+        else:
+            arrived(h, running)
+        h.pause = pause_s
+        if flight is not None:
+            if h.flight is None or (flight.round, flight.seq, flight.state) != (h.flight.round, h.flight.seq,
+                                                                              h.flight.state):
+                h.flight_at = running - flight.age_s
+            h.flight = flight
+            if flight.state == "entered" and h.flight_at + WAIT_MIN_S < self._silence_due:
+                self._silence_due = h.flight_at + WAIT_MIN_S  # a stall may form: look then
 
     def overdue(self, alive: Iterable[WorkerRecord], born: int, now: float,
-                running_now: float) -> list[tuple[WorkerRecord, str]]:
+                running_now: float, round_: int = 0) -> list[tuple[WorkerRecord, str]]:
         """The workers of ``alive`` to give up, each with what it did wrong.
 
         ``born`` counts the job's workers ever recorded (a birth invalidates the
         shortcut); ``now`` is the monotonic time and ``running_now`` the
-        driver's running time at ``now`` (see :class:`RunningClock`).
+        driver's running time at ``now`` (see :class:`RunningClock`);
+        ``round_`` is the running round (its members are judged by the fast rule too).
         """
         if born == self._born and running_now <= self._silence_due and now <= self._start_due:
             return []
+        alive = list(alive)
+        if born != self._born and len(self._heard) > len(alive):  # forget the dead (at a birth: rarely)
+            ids = {w.worker_id for w in alive}
+            self._heard = {k: v for k, v in self._heard.items() if k in ids}
         timeout, start_timeout = self.heartbeat_timeout_s, self.start_timeout_s
         # A worker that registers after this scan has last_seen >= running_now: no bound beyond now + timeout.
         silence_due, start_due = running_now + timeout, float("inf")
-        found = []
+        members = [w for w in alive if round_ and w.round == round_ and w.state in _MEMBER]
+        member_ids = {w.worker_id for w in members}
+        stall = find_stall(members, self._heard, round_, running_now, WAIT_MIN_S) if members else None
+        found, fast = [], []
         for w in alive:
             if w.state is WorkerState.COMPLETED:
                 continue
@@ -138,11 +255,51 @@ class SilenceWatch:
                 if silent > allowed:
                     found.append((w, f"stopped answering heartbeats for {silent:.1f}s" if w.exiting_at is None
                                   else f"has been exiting for {silent:.1f}s and its process has not ended"))
-                elif w.last_seen + allowed < silence_due:
+                    continue
+                if w.last_seen + allowed < silence_due:
                     silence_due = w.last_seen + allowed
+                h = self._heard.get(w.worker_id)
+                limit = (None if h is None or w.exiting_at is not None or w.worker_id not in member_ids
+                         else silence_limit(h))
+                if limit is None or limit >= allowed:
+                    continue
+                if running_now - h.at <= limit:
+                    silence_due = min(silence_due, h.at + limit)
+                elif stall is not None and stall.blames(w.worker_id):
+                    fast.append((w, limit))
             elif now - w.launched_at > start_timeout:
                 found.append((w, f"did not reach rendezvous within {start_timeout:g}s"))
             elif w.launched_at + start_timeout < start_due:
                 start_due = w.launched_at + start_timeout
+        if stall is not None:
+            found += self._name(stall, fast, running_now)
+            if (stall.round, stall.seq) != self._reported:
+                silence_due = min(silence_due, stall.since + timeout)
         self._silence_due, self._start_due, self._born = silence_due, start_due, born
         return found
+
+    def _name(self, stall: Stall, fast: list[tuple[WorkerRecord, float]],
+              running_now: float) -> list[tuple[WorkerRecord, str]]:
+        """Say who the stalled collective waits for, in the log and the events, before anyone is given up;
+        return the silent culprits to give up now (the fast rule)."""
+        if fast:
+            log.warning("job %s: %s", self._job_id, describe(stall, running_now))
+            self._event(stall, running_now, "silent rank(s) given up")
+            waited = stall.waited_s(running_now)
+            ranks = ", ".join(str(r) for r in stall.waiting)
+            return [(w, f"stopped answering heartbeats for {running_now - self._heard[w.worker_id].at:.1f}s "
+                        f"(its limit {limit:.1f}s) while rank(s) {ranks} waited {waited:.1f}s for it in "
+                        f"collective #{stall.seq} ({stall.op}) of round {stall.round}") for w, limit in fast]
+        if stall.waited_s(running_now) >= self.heartbeat_timeout_s and (stall.round, stall.seq) != self._reported:
+            self._reported = (stall.round, stall.seq)
+            log.warning("job %s: %s (still heartbeating: busy, or stuck outside the collective)", self._job_id,
+                        describe(stall, running_now))
+            self._event(stall, running_now, "still heartbeating")
+        return []
+
+    def _event(self, stall: Stall, running_now: float, verdict: str) -> None:
+        if self._emit is not None:
+            self._emit("collective_stalled", **stall_event(stall, running_now, verdict))
+
+
+_MEMBER = (WorkerState.RUNNING, WorkerState.DRAINING)

@@ -33,9 +33,10 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from cloud_elastic.protocol import AdoptRequest, PollReply, PollRequest, RankInfo, StacksReport
+from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo, StacksReport
 from cloud_elastic.worker.comm.link_probe import link_probe_of
 from cloud_elastic.worker.link.client import DriverClient
+from cloud_elastic.worker.link.pauses import GcPauses
 from cloud_elastic.worker.link.progress import format_stacks
 
 __all__ = ["DriverLinkMixin", "notice_reporter"]
@@ -145,6 +146,14 @@ class DriverLinkMixin:
     def _heartbeat_loop(self) -> None:
         assert self._codec is not None
         client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
+        pauses = GcPauses()  # the driver's silence rule allows for them (see link.pauses)
+        pauses.start()
+        try:
+            self._heartbeats(client, pauses)
+        finally:
+            pauses.close()
+
+    def _heartbeats(self, client: DriverClient, pauses: GcPauses) -> None:
         last_ok = time.monotonic()
         while not self._shutdown.is_set():
             try:
@@ -155,7 +164,8 @@ class DriverLinkMixin:
                     PollRequest(self._seen_round, self._seen_update, self._seen_abort, self.commits,
                                 self.commit_seq, progress.sample(), progress.steps,
                                 round(progress.waiting_s(), 2), progress.compute_s(),
-                                comm_s=progress.comm_s(), link=link_probe_of(self).report()).to_wire(),
+                                comm_s=progress.comm_s(), link=link_probe_of(self).report(),
+                                flight=self._flight_entry(), pause_s=pauses.expected_s()).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:
@@ -193,6 +203,12 @@ class DriverLinkMixin:
             if reply.shutdown:
                 return
 
+    def _flight_entry(self) -> FlightEntry | None:
+        """The newest entry of this worker's flight record, for its heartbeat (see ``rounds.flight``)."""
+        recorder = self.__dict__.get("_flight")  # made by the training thread when its first round formed
+        latest = None if recorder is None else recorder.latest()
+        return None if latest is None else FlightEntry(**latest)
+
     def await_current_view(self) -> None:
         """Return once what this worker knows of the driver's rounds is recent enough to act on.
 
@@ -223,7 +239,9 @@ class DriverLinkMixin:
         """The driver asked for this worker's stacks (its round looks stuck): send every thread's."""
         self._stacks_sent = request
         try:
-            client.call("stacks", StacksReport(request, format_stacks()).to_wire(),
+            recorder = self.__dict__.get("_flight")
+            text = format_stacks() + ("" if recorder is None else "\n" + recorder.format() + "\n")
+            client.call("stacks", StacksReport(request, text).to_wire(),
                         timeout_s=self.heartbeat_timeout_s + 10)
         except Exception as exc:  # the heartbeat goes on; the driver stops waiting for them
             log.warning("worker %s: could not send its stacks to the driver: %s", self.worker_id, exc)

@@ -57,6 +57,7 @@ import torch.distributed as dist
 
 from cloud_elastic.protocol import RankInfo
 from cloud_elastic.worker.exceptions import CollectiveError
+from cloud_elastic.worker.rounds.flight import FlightRecorder
 from cloud_elastic.worker.rounds.reclaim import GroupSockets, Reaper, socket_inodes
 from cloud_elastic.worker.rounds.signed_store import SignedStore, round_namespace
 
@@ -201,6 +202,14 @@ class RoundGroupsMixin:
             raise ValueError("no round's group to wrap")
         self._group.pg = value
 
+    @property
+    def flight(self) -> FlightRecorder:
+        """This worker's record of its last collectives (see ``flight``); its newest entry rides on heartbeats."""
+        recorder = self.__dict__.get("_flight")
+        if recorder is None:
+            recorder = self.__dict__["_flight"] = FlightRecorder()
+        return recorder
+
     # --------------------------------------------------------- process groups
     def _form_group(self, info: RoundInfo) -> None:
         self._carried_update = None
@@ -211,6 +220,7 @@ class RoundGroupsMixin:
         group = self._formed(info, store, lambda publish: self._new_group(store, info, publish), "process group")
         old, self._group = self._group, group
         self.info = info
+        self.flight.new_round(info.round)
         self.progress.mark()
         self.progress.new_round()  # compute times are of this round's steps
         if old is not None:
@@ -404,20 +414,25 @@ class RoundGroupsMixin:
         self.await_current_view()
         aborted_before = self._aborted(round_)
         fut, waited = _future(work, self.collective_timeout_s)
+        # Point-to-point work (no future: a thread waits for it) is not numbered: not every rank takes part.
+        slot = -1 if waited else self.flight.entered(what)
         if not fut.done():
             event = threading.Event()
             fut.add_done_callback(lambda _f: event.set())
             with self.progress.waiting():
                 while not event.wait(_ABORT_SLICE_S):
                     if self._aborted(round_):
+                        self.flight.completed(slot, ok=False)
                         self._abandon_round()
                         raise CollectiveError(f"{what} abandoned: the driver aborted round {round_} (a peer was lost)")
         try:
             fut.wait() if waited else work.wait()
         except RuntimeError as exc:
+            self.flight.completed(slot, ok=False)
             self._abandon_round()
             reason = str(exc).splitlines()[0].split(" This is typically")[0]
             raise CollectiveError(f"{what} failed: {reason}") from exc
+        self.flight.completed(slot)
         if aborted_before:
             self._abandon_round()
             raise CollectiveError(f"{what} completed, but the driver aborted round {round_} before it was waited for")

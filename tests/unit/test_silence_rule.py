@@ -1,0 +1,220 @@
+"""The fast silence rule (driver/job/liveness.py) on scripted timelines and on recorded heartbeat traces.
+
+A member is given up before the heartbeat timeout only when its heartbeats stopped for longer
+than its own adaptive limit *and* its peers wait for it in a collective; the stall is named
+(log and ``collective_stalled`` event) before. The recorded traces
+(``data/heartbeat_traces.json``, from ``benchmarks/heartbeat_traces.py``) are real arrivals
+at a driver: three loopback workers on the 2-core machine, as it was (*jittery*), with two CPU
+hogs beside them (*loaded*), and with one worker collecting 3 million objects every 10 s
+(*paused*). They are replayed with the worst case for a false alarm: peers always waiting for
+the worker judged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.liveness import FAST_FLOOR_S, SilenceWatch, silence_limit
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.protocol import FlightEntry
+
+pytestmark = pytest.mark.timeout(30)
+
+TRACES = json.loads((Path(__file__).parent / "data" / "heartbeat_traces.json").read_text())
+TIMEOUT = 5.0
+TICK = 0.05  # the driver's loop
+
+
+def members(n: int = 3, round_: int = 1) -> list[WorkerRecord]:
+    out = []
+    for i in range(n):
+        w = WorkerRecord(f"w{i}", Slot(f"10.0.0.{i + 1}", 0), seq=i, launched_at=0.0, last_seen=0.0)
+        for state in (WorkerState.CONNECTED, WorkerState.WAITING, WorkerState.RUNNING):
+            w.to(state)
+        w.round, w.rank = round_, i
+        out.append(w)
+    return out
+
+
+class Sim:
+    """A SilenceWatch fed heartbeats at given times and scanned every tick, as the driver does."""
+
+    def __init__(self, workers: list[WorkerRecord]) -> None:
+        self.events: list[tuple[str, dict]] = []
+        self.watch = SilenceWatch(TIMEOUT, 60.0, lambda kind, **f: self.events.append((kind, f)))
+        self.workers = {w.worker_id: w for w in workers}
+        self.lost: dict[str, tuple[float, str]] = {}
+        self.events_at_loss: dict[str, int] = {}
+
+    def beat(self, wid: str, t: float, flight: FlightEntry | None, pause_s: float = 0.0) -> None:
+        if wid in self.lost:
+            return
+        self.workers[wid].last_seen = t
+        self.watch.heard(wid, t, flight, pause_s)
+
+    def scan(self, t: float) -> None:
+        alive = [w for w in self.workers.values() if w.worker_id not in self.lost]
+        for w, what in self.watch.overdue(alive, len(self.workers), t, t, round_=1):
+            self.lost[w.worker_id] = (t, what)
+            self.events_at_loss[w.worker_id] = len(self.events)
+
+    def run(self, arrivals: list[tuple[float, str, FlightEntry | None, float]], until: float) -> None:
+        arrivals = sorted(arrivals, key=lambda a: a[0])
+        t, i = 0.0, 0
+        while t <= until:
+            while i < len(arrivals) and arrivals[i][0] <= t:
+                at, wid, flight, pause = arrivals[i]
+                self.beat(wid, at, flight, pause)
+                i += 1
+            self.scan(t)
+            t = round(t + TICK, 6)
+
+
+def steady(wid: str, start: float, end: float, flight, every: float = 0.5, pause: float = 0.0) -> list:
+    out, t = [], start
+    while t < end:
+        out.append((round(t, 6), wid, flight(t) if callable(flight) else flight, pause))
+        t += every
+    return out
+
+
+def waiting_since(t0: float, seq: int = 5, op: str = "gradient allreduce"):
+    return lambda t: FlightEntry(1, seq, op, "entered", round(max(0.0, t - t0), 3))
+
+
+BEHIND = FlightEntry(1, 4, "gradient allreduce", "completed", 0.0)
+
+
+# ------------------------------------------------------------------ scripted
+def test_a_member_silent_while_its_peers_wait_for_it_is_named_then_given_up_by_the_fast_rule() -> None:
+    sim = Sim(members())
+    beats = steady("w1", 0.0, 10.0, BEHIND)  # stops at 10 s, its last report: #4 completed
+    for wid in ("w0", "w2"):
+        beats += steady(wid, 0.0, 10.2, BEHIND) + steady(wid, 10.2, 30.0, waiting_since(10.1))
+    sim.run(beats, until=20.0)
+    t, what = sim.lost["w1"]
+    assert list(sim.lost) == ["w1"] and t < 9.5 + TIMEOUT  # long before the heartbeat timeout
+    assert "while rank(s) 0, 2 waited" in what and "collective #5 (gradient allreduce) of round 1" in what, what
+    kinds = [k for k, _ in sim.events[: sim.events_at_loss["w1"]]]
+    assert kinds == ["collective_stalled"]  # named before it is given up
+    stalled = sim.events[0][1]
+    assert (stalled["round"], stalled["seq"], stalled["op"], stalled["waiting"]) == (1, 5, "gradient allreduce", [0, 2])
+    assert [(m["rank"], m["worker"], m["host"], m["slot"]) for m in stalled["missing"]] == [(1, "w1", "10.0.0.2", 0)]
+    assert stalled["missing"][0]["last"].startswith("#4 gradient allreduce of round 1 completed")
+    assert stalled["verdict"] == "silent rank(s) given up"
+
+
+def test_a_silent_member_nobody_waits_for_is_given_up_only_at_the_heartbeat_timeout() -> None:
+    sim = Sim(members())
+    beats = steady("w1", 0.0, 10.0, BEHIND)
+    for wid in ("w0", "w2"):
+        beats += steady(wid, 0.0, 30.0, BEHIND)  # computing, or between collectives: nobody waits
+    sim.run(beats, until=20.0)
+    t, what = sim.lost["w1"]
+    assert what.startswith("stopped answering heartbeats for 5.") and not sim.events and t > 9.5 + TIMEOUT
+
+
+def test_a_silent_member_that_finished_the_stalled_collective_is_not_blamed_for_it() -> None:
+    sim = Sim(members())
+    ahead = FlightEntry(1, 5, "gradient allreduce", "completed", 0.0)  # w1 is past #5, w2 waits in #5 for w0
+    beats = steady("w1", 0.0, 10.0, ahead) + steady("w0", 0.0, 30.0, FlightEntry(1, 4, "x", "completed", 0.0))
+    beats += steady("w2", 0.0, 30.0, waiting_since(8.0))
+    sim.run(beats, until=14.0)
+    assert "w1" not in sim.lost
+
+
+def test_a_busy_member_that_heartbeats_while_its_peers_wait_20_s_is_named_once_and_never_given_up() -> None:
+    sim = Sim(members())
+    beats = steady("w1", 0.0, 40.0, FlightEntry(1, 6, "broadcast parameters", "completed", 0.0))  # compiling
+    for wid in ("w0", "w2"):
+        beats += steady(wid, 0.0, 3.0, None) + steady(wid, 3.0, 40.0, waiting_since(3.0, seq=7))
+    sim.run(beats, until=23.0)
+    assert not sim.lost
+    assert [(k, f["verdict"], f["seq"]) for k, f in sim.events] == [("collective_stalled", "still heartbeating", 7)]
+    assert sim.events[0][1]["waited_s"] >= TIMEOUT
+
+
+def test_a_worker_that_expects_a_long_collector_pause_gets_it_and_a_new_worker_only_the_timeout() -> None:
+    sim = Sim(members())
+    # w1 says a full collection may hold it 2 s; it then goes quiet 2.4 s, while its peers wait.
+    beats = steady("w1", 0.0, 10.0, BEHIND, pause=2.0) + steady("w1", 12.4, 20.0, BEHIND, pause=2.0)
+    for wid in ("w0", "w2"):
+        beats += steady(wid, 0.0, 10.2, BEHIND) + steady(wid, 10.2, 20.0, waiting_since(10.1))
+    sim.run(beats, until=20.0)
+    assert not sim.lost
+    fresh = Sim(members())  # heard four times only: too little to judge by anything but the timeout
+    beats = steady("w1", 0.0, 1.9, BEHIND) + [b for wid in ("w0", "w2")
+                                              for b in steady(wid, 0.0, 12.0, waiting_since(0.1))]
+    fresh.run(beats, until=6.0)
+    assert "w1" not in fresh.lost
+
+
+# ------------------------------------------------------------------ recorded traces
+def replay_judging(trace: dict[str, list[list[float]]], judged: str, stop_at: float | None = None) -> Sim:
+    """Replay ``trace`` with the peers of ``judged`` always waiting for it (the worst case for a false alarm);
+    ``stop_at``: its heartbeats end there (a SIGSTOP)."""
+    names = sorted(trace)
+    sim = Sim(members(len(names)))
+    ids = {name: f"w{i}" for i, name in enumerate(names)}
+    beats = []
+    for name, arrivals in trace.items():
+        for t, pause in arrivals:
+            if name == judged and stop_at is not None and t >= stop_at:
+                break
+            flight = BEHIND if name == judged else FlightEntry(1, 5, "gradient allreduce", "entered", round(t, 3))
+            beats.append((t, ids[name], flight, pause))
+    end = max(a[-1][0] for a in trace.values())
+    sim.run(beats, until=end)
+    sim.ids = ids
+    return sim
+
+
+@pytest.mark.parametrize("name", sorted(TRACES))
+def test_no_worker_of_a_recorded_trace_is_given_up_even_with_its_peers_always_waiting_for_it(name: str) -> None:
+    trace = TRACES[name]
+    for judged in trace:
+        sim = replay_judging(trace, judged)
+        assert not sim.lost, (name, judged, sim.lost)
+
+
+@pytest.mark.parametrize("name", sorted(TRACES))
+def test_a_worker_of_a_recorded_trace_stopped_mid_run_is_found_long_before_the_timeout(name: str) -> None:
+    trace = TRACES[name]
+    for judged, arrivals in trace.items():
+        stop = arrivals[len(arrivals) // 2][0] + 0.01
+        sim = replay_judging(trace, judged, stop_at=stop)
+        wid = sim.ids[judged]
+        assert wid in sim.lost, (name, judged)
+        t, what = sim.lost[wid]
+        assert "while rank(s)" in what and t - stop < TIMEOUT, (name, judged, t - stop, what)
+
+
+def test_the_recorded_traces_are_what_their_names_say() -> None:
+    """Guards the recording: the paused worker really paused and said so, the others did not."""
+    def gaps(arrivals):
+        return [b[0] - a[0] for a, b in zip(arrivals, arrivals[1:])]
+
+    paused = TRACES["paused"]
+    longest = {w: max(gaps(a)) for w, a in paused.items()}
+    worst = max(longest, key=longest.get)
+    assert longest[worst] > FAST_FLOOR_S - 0.5 and max(p for _, p in paused[worst]) > 1.0
+    for name in ("jittery", "loaded"):
+        assert all(len(a) > 60 for a in TRACES[name].values())
+
+
+def test_silence_limit_widens_with_jitter_and_with_a_long_gap_seen() -> None:
+    from cloud_elastic.driver.job.liveness import arrived
+    from cloud_elastic.driver.job.stalls import Heard
+
+    calm, jittery, paused = Heard(0.0), Heard(0.0), Heard(0.0)
+    for i in range(1, 41):
+        arrived(calm, 0.5 * i)
+        arrived(jittery, jittery.at + (0.3 if i % 2 else 0.8))
+        arrived(paused, paused.at + (2.5 if i == 20 else 0.5))
+    assert silence_limit(calm) == FAST_FLOOR_S
+    assert silence_limit(jittery) > FAST_FLOOR_S
+    assert silence_limit(paused) > 2.5  # 2.5 s seen once: allowed again (the allowance fades over minutes)
