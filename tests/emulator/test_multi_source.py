@@ -244,3 +244,31 @@ def test_a_job_trains_on_spot_falls_back_below_min_np_and_comes_back_with_zero_r
     hours = sum((ends.get(w, finished["ts"]) - t) / 3600 for w, (t, _) in starts.items())
     assert finished["cost_fallback_only"] == pytest.approx(1.5 * hours, rel=0.1)
     assert "cost $" in job.output() and "on the fallback alone: $" in job.output()
+
+
+@pytest.mark.timeout(180)
+def test_a_job_denied_the_fallback_groups_capacity_warns_once_and_trains_on(aws, jobs, tmp_path):
+    autoscaling, _ = clients(aws.url)
+    make_group(aws.url, "deny-spot-a", size=1, instance_type="g4dn.xlarge", cidr="10.67.1.0/24")
+    b = make_group(aws.url, "deny-spot-b", size=1, instance_type="g4dn.xlarge", cidr="10.67.2.0/24")
+    make_group(aws.url, "deny-od", size=0, instance_type="g4dn.xlarge", cidr="10.67.3.0/24")
+    aws.fail("SetDesiredCapacity", times=100, status=403, body=DENIED)
+    stop = tmp_path / "stop"
+    job = jobs([
+        "run", "-np", "2", "--min-np", "1", "--discovery-interval", "0.3", "--fallback-after", "1",
+        "--aws-asg", "deny-spot-a", "--aws-asg", "deny-spot-b", "--aws-asg", "deny-od",
+        "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
+        "--source", "deny-od:fallback,price=1.5", "--manage-capacity",
+        *[a for n in (1, 2, 3) for a in ("--address-map", f"10.67.{n}.0/24=127.67.{n}.0/24")],
+        *probe_cmd("--steps", "10", "--step-sleep", "0.1", "--stop-when", str(stop)),
+    ])
+    job.wait_event("commit", rank=0, step=3, timeout=90)
+    set_member("deny-spot-b", b[0]["id"], lifecycle="Terminating:Wait")  # one spot host leaves: below -np
+    job.wait_for(lambda j: "may not change host source 'deny-od'" in j.output(), timeout=60,
+                 what="the AccessDenied warning")
+    job.wait_event("commit", size=1, timeout=60)  # it trains on at the smaller size
+    stop.touch()
+    assert job.finish() == 0, job.output()
+    warned = [line for line in job.output().splitlines() if "may not change host source" in line]
+    assert len(warned) == 1 and "AccessDenied" in warned[0] and "goes on without managing" in warned[0], warned
+    assert aws.count("SetDesiredCapacity") == 1 and desired(aws, "deny-od") == 0

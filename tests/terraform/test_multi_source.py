@@ -15,7 +15,7 @@ from cloud_elastic.providers.selection import source_specs
 from .conventions import call_problems, variable_problems, version_problems
 from .hcl import TERRAFORM_DIR, Module
 
-pytestmark = pytest.mark.terraform
+pytestmark = [pytest.mark.terraform, pytest.mark.timeout(60)]
 
 EXAMPLES = {cloud: TERRAFORM_DIR / "examples" / f"{cloud}-multi-source" for cloud in ("aws", "gcp")}
 

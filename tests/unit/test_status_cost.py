@@ -1,0 +1,28 @@
+"""`cloud-elastic status` of a job with several host sources: each host's source and price, and the cost line."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.job.status_reply import status_reply
+from cloud_elastic.status import StatusReply, render_status
+from tests.unit.test_job_sourcing import Sourced
+
+pytestmark = pytest.mark.timeout(30)  # the first test of a run may import torch (conftest)
+
+
+def test_status_shows_each_hosts_source_and_price_and_what_the_job_has_cost():
+    sim = Sourced(2, progress_timeout_s=0)
+    sim.groups(a=1, b=1, od=1)
+    sim.join("a0[0]", "b0[0]")
+    sim.advance(360)
+    config = JobConfig(command=("python", "t.py"), num_proc=2, min_np=2, max_np=2)
+    reply = status_reply(sim.job, config, provider="aws", now=sim.now, wall_now=sim.now, uptime_s=360)
+    reply = StatusReply.from_json(reply.to_json())  # as it comes over the wire
+    text = render_status(reply, now=sim.now)
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line[:2] in ("a0", "b0", "od")}
+    assert rows["a0"][3:5] == ["spot-a", "1"] and rows["b0"][3:5] == ["spot-b", "1.2"]
+    assert rows["od0"][3:6] == ["od", "4", "-"]  # a fallback host no worker uses
+    assert "cost $0.22 so far, $2.20/h now" in text
+    assert "on the fallback alone: $0.80" in text
