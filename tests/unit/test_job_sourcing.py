@@ -206,3 +206,18 @@ def test_the_cost_meter_integrates_rates_between_calls_and_counts_unpriced_slots
     s = meter.summary()
     assert s.dollars == pytest.approx(2.0) and s.slot_hours == pytest.approx(2.5)
     assert s.unpriced_slot_hours == pytest.approx(0.5) and s.fallback_only is None
+
+
+def test_with_whole_hosts_the_fallback_gives_whole_hosts():
+    sim = Sourced(4, min_np=2, max_np=4, whole_host_slots=2, progress_timeout_s=0, fallback_after_s=0)
+    ready = {"a0": 2, "a1": 2, "od0": 2, "od1": 2}
+    sources = {"a0": "spot-a", "a1": "spot-a", "od0": "od", "od1": "od"}
+    sim.job.discovered(DiscoveredHosts(ready=ready, sources=sources), sim.now)
+    sim._collect()
+    assert sorted(sim.slots_launched()) == ["a0[0]", "a0[1]", "a1[0]", "a1[1]"]
+    sim.join(*sim.slots_launched())
+    # One fallback slot wanted (a Spot slot blacklisted, say) is half a host: a whole host is allowed instead.
+    sourcing = sim.job.capacity.sourcing
+    sourcing.wanted = 1
+    free = sim.job.hosts.available_slots(sim.now)
+    assert [str(s) for s in sourcing.order(free) if s.host.startswith("od")] == ["od0[0]", "od0[1]"]

@@ -55,6 +55,9 @@ _ACTIVE = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
 COST_EVENT_EVERY_S = 5.0
 #: A ``cost`` event at least this often while the job runs.
 COST_EVENT_MAX_S = 60.0
+#: The fallback is weighed again at least this often (a blacklisted slot coming back, --fallback-after's timer),
+#: and at once when a host or a worker changed: a step of a large job does not count every slot.
+RECHECK_S = 1.0
 
 
 def _rank(spec: SourceSpec | None) -> tuple[bool, int]:
@@ -120,6 +123,8 @@ class Sourcing:
         self._held: dict[str, tuple[int, float, int]] = {}
         self._cost_at = float("-inf")  # when the last cost event was emitted
         self._cost_rate = -1.0
+        self._weighed: tuple = ()  # (hosts version, workers, alive) when the fallback was last weighed
+        self._weighed_at = float("-inf")
 
     @property
     def active(self) -> bool:
@@ -136,6 +141,9 @@ class Sourcing:
             return free
         ordered = choose(free, self._job.hosts, self.specs)
         allowed = self.wanted - sum(1 for w in self._job.active() if self.is_fallback(w.slot.host))
+        whole = self._job.policy.whole_host_slots
+        if whole and allowed > 0:
+            allowed += -allowed % whole  # whole hosts only: a part of one would be no host at all
         taken: list[Slot] = []
         for slot in ordered:
             if self.is_fallback(slot.host):
@@ -151,6 +159,14 @@ class Sourcing:
         if not self.specs:
             return
         job = self._job
+        changed = (job.hosts.version, len(job.workers), len(job.alive()))
+        if changed != self._weighed or now - self._weighed_at >= RECHECK_S:
+            self._weighed, self._weighed_at = changed, now
+            self._weigh(now)
+        self._charge(now)
+
+    def _weigh(self, now: float) -> None:
+        job = self._job
         preferred = sum(1 for s in job.hosts.available_slots(now) if not self.is_fallback(s.host))
         wanted, why = self.rule.wanted(preferred, now)
         if wanted != self.wanted:
@@ -164,7 +180,8 @@ class Sourcing:
         self._send_back(preferred)
         if job.policy.manage_capacity:
             self._capacity()
-        self._charge(now)
+        for host, source in job.hosts.sources.items():
+            self._known[host] = (source, job.hosts.prices.get(host))
 
     def _send_back(self, preferred: int) -> None:
         job = self._job
@@ -206,8 +223,6 @@ class Sourcing:
     def _charge(self, now: float) -> None:
         job = self._job
         hosts = job.hosts
-        for host, source in hosts.sources.items():
-            self._known[host] = (source, hosts.prices.get(host))
         alive = job.alive()
         key = (hosts.version, len(job.workers), len(alive))
         if key != self._held_key:
@@ -222,11 +237,12 @@ class Sourcing:
                 else:
                     entry[1] += price
             self._held = {s: (n, rate, unpriced) for s, (n, rate, unpriced) in held.items()}
+            fallback_prices = [p for h, (s, p) in self._known.items() if s in self._fallbacks and p is not None]
+            fallback_spec = next((self.specs[n].price for n in self._fallbacks if self.specs[n].price is not None),
+                                 None)
+            if fallback_spec is not None or fallback_prices:
+                self.cost.fallback_price = fallback_spec if fallback_spec is not None else max(fallback_prices)
         self.cost.advance(now, self._held)
-        fallback_prices = [p for h, (s, p) in self._known.items() if s in self._fallbacks and p is not None]
-        fallback_spec = next((self.specs[n].price for n in self._fallbacks if self.specs[n].price is not None), None)
-        if fallback_spec is not None or fallback_prices:
-            self.cost.fallback_price = fallback_spec if fallback_spec is not None else max(fallback_prices)
         rate = self.cost.dollars_per_hour
         if (rate != self._cost_rate and now - self._cost_at >= COST_EVENT_EVERY_S) or \
                 now - self._cost_at >= COST_EVENT_MAX_S:
