@@ -73,19 +73,28 @@ def discover(discovery: HostDiscovery, *, as_json: bool, out: TextIO, err: TextI
 
 
 def snapshot_json(provider: str, snapshot: DiscoveredHosts) -> dict:
-    """The JSON shape of ``discover --json``: ready host -> slots, draining host -> {reason, deadline}."""
-    return {
+    """The JSON shape of ``discover --json``: ready host -> slots, draining host -> {reason, deadline}; with
+    several host sources also host -> source and host -> price per slot-hour (where known)."""
+    shape = {
         "provider": provider,
         "ready": dict(snapshot.ready),
         "draining": {h: {"reason": d.reason, "deadline": d.deadline} for h, d in snapshot.draining.items()},
         "total_slots": snapshot.total_slots,
     }
+    if snapshot.sources:
+        shape.update(sources=dict(snapshot.sources), prices=dict(snapshot.prices))
+    return shape
 
 
 def _write_table(snapshot: DiscoveredHosts, out: TextIO) -> None:
     rows = [(host, "ready", str(slots), "", "") for host, slots in snapshot.ready.items()]
     rows += [(host, "draining", "-", _when(d.deadline), d.reason) for host, d in snapshot.draining.items()]
-    header = ("HOST", "STATE", "SLOTS", "DEADLINE", "REASON")
+    header: tuple[str, ...] = ("HOST", "STATE", "SLOTS", "DEADLINE", "REASON")
+    if snapshot.sources:  # several host sources: which one each host came from, and its price
+        price = snapshot.prices.get
+        rows = [(*r[:3], snapshot.sources.get(r[0], "-"), "-" if price(r[0]) is None else f"{price(r[0]):.4g}",
+                 *r[3:]) for r in rows]
+        header = ("HOST", "STATE", "SLOTS", "SOURCE", "$/SLOT-H", "DEADLINE", "REASON")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")

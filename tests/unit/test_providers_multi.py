@@ -232,3 +232,24 @@ def test_the_merged_discovery_keeps_the_provider_contract():
     with pytest.raises(RetryableDiscoveryError) as err:
         build(broken=True).find()
     assert "\n" not in str(err.value)
+
+
+def test_discover_prints_each_hosts_source_and_price():
+    import io
+    import json as json_
+
+    from cloud_elastic.providers.inspect import discover
+
+    def multi():
+        return MultiSourceDiscovery([(spec("spot", price=0.9), Scripted(DiscoveredHosts(ready={"10.0.0.1": 1}))),
+                                     (spec("od", fallback=True), Scripted(DiscoveredHosts(ready={"10.0.1.1": 4})))])
+
+    table, as_json = io.StringIO(), io.StringIO()
+    assert discover(multi(), as_json=False, out=table) == 0
+    rows = [line.split() for line in table.getvalue().splitlines()]
+    assert rows[0][:5] == ["HOST", "STATE", "SLOTS", "SOURCE", "$/SLOT-H"]
+    assert rows[1][:5] == ["10.0.0.1", "ready", "1", "spot", "0.9"]
+    assert rows[2][:5] == ["10.0.1.1", "ready", "4", "od", "-"]
+    assert discover(multi(), as_json=True, out=as_json) == 0
+    shape = json_.loads(as_json.getvalue())
+    assert shape["sources"] == {"10.0.0.1": "spot", "10.0.1.1": "od"} and shape["prices"] == {"10.0.0.1": 0.9}
