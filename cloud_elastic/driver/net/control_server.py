@@ -7,12 +7,12 @@ with a 4xx status, logged once per kind of refusal and then counted (never keyed
 the request's own bytes: see :class:`~.accepting.RefusalLog`), and never reach the
 handler: a forged, malformed or oversized message cannot change the job.
 
-One thread serves every connection (``selectors``): a large group keeps two
-connections per worker open, mostly holding a long-poll, and a thread per
-connection cost more in switching than the requests themselves. A handler
-answers at once with a dict, or returns :class:`Held` for a long-poll: the
-connection then waits, with no thread, until someone calls
-:meth:`Held.finish` (from any thread) or its deadline passes.
+One thread serves every connection (:class:`~.selector_server.SelectorServer`,
+shared with the rendezvous store): a large group keeps two connections per
+worker open, mostly holding a long-poll. A handler answers at once with a dict,
+or returns :class:`Held` for a long-poll: the connection then waits, with no
+thread, until someone calls :meth:`Held.finish` (from any thread) or its
+deadline passes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import heapq
 import itertools
 import json
 import logging
-import selectors
 import socket
 import threading
 import time
@@ -29,7 +28,8 @@ from collections import deque
 from typing import Any, Callable, Union
 
 from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, Codec
-from cloud_elastic.driver.net.accepting import CONTROL_SHARE, AcceptPause, RefusalLog, descriptor_share
+from cloud_elastic.driver.net.accepting import CONTROL_SHARE, RefusalLog
+from cloud_elastic.driver.net.selector_server import Connection, SelectorServer
 from cloud_elastic.errors import ControlPlaneError
 
 __all__ = ["ControlServer", "Handler", "Held"]
@@ -112,41 +112,33 @@ def _kind_of(reason: str) -> str:
     return reason.strip() or "other"
 
 
-class _Conn:
-    __slots__ = ("sock", "peer", "inbuf", "outbuf", "held", "last", "close_after", "closed", "writing")
-
-    def __init__(self, sock: socket.socket, peer: str) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.inbuf = bytearray()
-        self.outbuf = bytearray()
+class _Conn(Connection):
+    def __init__(self, sock: socket.socket, address: str, peer: str) -> None:
+        super().__init__(sock, address, peer)
         self.held: Held | None = None
-        self.last = time.monotonic()
         self.close_after = False  # close once the reply is out (a rejected request, Connection: close)
-        self.closed = False
-        self.writing = False
 
 
-class ControlServer:
+class ControlServer(SelectorServer):
     """HTTP/1.1 server on one thread; ``start()`` binds and serves, ``close()`` stops."""
 
+    name = "control plane"
+    share = CONTROL_SHARE
+    share_words = "half"
+    recv_bytes = 262144
+    join_s = 10.0
+    peer_has_port = False
+
     def __init__(self, codec: Codec, handler: Handler, *, bind: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(RefusalLog(log, "control plane", "control plane: rejected a request from %s: %s"))
         self._codec = codec
         self._handler = handler
         self._bind = bind
         self._port = port
-        self._listener: socket.socket | None = None
-        self._selector: selectors.BaseSelector | None = None
-        self._thread: threading.Thread | None = None
-        self._wake_r: socket.socket | None = None
-        self._wake_w: socket.socket | None = None
-        self._signalled = False
         self._finished: deque[tuple[Held, dict[str, Any]]] = deque()
         self._timers: list[tuple[float, int, Held]] = []
         self._seq = itertools.count()
-        self._conns: set[_Conn] = set()
-        self._closing = False
-        self._refusals = RefusalLog(log, "control plane", "control plane: rejected a request from %s: %s")
+        self._sweep_at = 0.0
         self._errors: set[tuple[str, str, str]] = set()
         self.rejected = 0
 
@@ -159,142 +151,49 @@ class ControlServer:
     def start(self) -> None:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((self._bind, self._port))
-        # Every worker connects at start-up, a large group all at once.
-        listener.listen(1024)
-        listener.setblocking(False)
-        self._listener = listener
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(listener, selectors.EVENT_READ, "accept")
-        self._pause = AcceptPause(self._selector, listener, "accept", "control plane")
-        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._thread = threading.Thread(target=self._run, name="control-plane", daemon=True)
-        self._thread.start()
+        try:
+            listener.bind((self._bind, self._port))
+            # Every worker connects at start-up, a large group all at once.
+            listener.listen(1024)
+        except OSError:
+            listener.close()
+            raise
+        self._sweep_at = time.monotonic() + 1.0
+        self._serve_on(listener)
         log.debug("control plane listening on %s:%d", self._bind, self.port)
 
-    def close(self) -> None:
-        if self._thread is None:
-            return
-        self._closing = True
-        self._signal()
-        self._thread.join(10)
-        self._thread = None
-        for conn in list(self._conns):
-            self._drop(conn)
-        assert self._selector is not None and self._listener is not None
-        self._selector.close()
-        self._listener.close()
-        for s in (self._wake_r, self._wake_w):
-            if s is not None:
-                s.close()
-
     # ------------------------------------------------------------------ loop
-    def _run(self) -> None:
-        assert self._selector is not None
-        sweep_at = time.monotonic() + 1.0
-        while not self._closing:
-            now = time.monotonic()
-            timeout = min(sweep_at, self._timers[0][0] if self._timers else sweep_at) - now
-            try:
-                events = self._selector.select(self._pause.timeout(max(0.0, timeout)))
-            except OSError:  # a descriptor closed under select: go round again
-                continue
-            for key, mask in events:
-                if key.data == "accept":
-                    self._accept()
-                elif key.data == "wake":
-                    self._drain_wake()
-                else:
-                    conn = key.data
-                    if mask & selectors.EVENT_WRITE:
-                        self._flush(conn)
-                    if mask & selectors.EVENT_READ and not conn.closed:
-                        self._read(conn)
-            self._deliver_finished()
-            self._pause.resume_if_due()
-            now = time.monotonic()
-            while self._timers and self._timers[0][0] <= now:
-                _, _, held = heapq.heappop(self._timers)
-                self._expire(held)
-            if now >= sweep_at:
-                sweep_at = now + 1.0
-                self._sweep(now)
+    def _connect(self, sock: socket.socket, address: str, peer: str) -> _Conn:
+        return _Conn(sock, address, peer)
 
-    def _signal(self) -> None:
-        if not self._signalled and self._wake_w is not None:
-            self._signalled = True
-            try:
-                self._wake_w.send(b"x")
-            except OSError:  # full (the loop is behind and will look anyway) or closed
-                pass
+    def _timeout(self) -> float:
+        sweep_at = self._sweep_at
+        return max(0.0, min(sweep_at, self._timers[0][0] if self._timers else sweep_at) - time.monotonic())
 
-    def _drain_wake(self) -> None:
-        assert self._wake_r is not None
-        self._signalled = False  # before reading the queue, so a later finish signals again
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except OSError:
-            pass
+    def _after_events(self) -> None:
+        self._deliver_finished()
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, held = heapq.heappop(self._timers)
+            self._expire(held)
+        if now >= self._sweep_at:
+            self._sweep_at = now + 1.0
+            self._sweep(now)
 
-    def _accept(self) -> None:
-        assert self._listener is not None and self._selector is not None
-        while True:
-            try:
-                sock, addr = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of descriptors (paused a moment), or a connection reset before accept
-                if not self._pause.failed(exc):
-                    log.debug("control plane: accept failed", exc_info=True)
-                return
-            self._pause.accepted()
-            at_most = descriptor_share(CONTROL_SHARE)
-            if len(self._conns) >= at_most:  # strangers' idle connections must leave descriptors for launches
-                self._refusals.refused("too many connections", addr[0], f"{len(self._conns)} connections are "
-                                       f"open, at most {at_most} (half the driver's descriptor limit)")
-                sock.close()
-                continue
-            sock.setblocking(False)
-            # A reply is one write, so Nagle's algorithm could only delay it.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, addr[0])
-            self._conns.add(conn)
-            self._selector.register(sock, selectors.EVENT_READ, conn)
-
-    def _read(self, conn: _Conn) -> None:
-        try:
-            data = conn.sock.recv(262144)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:  # the worker went away (a held request is dropped when it ends)
-            self._drop(conn)
-            return
-        conn.inbuf += data
-        conn.last = time.monotonic()
+    def _received(self, conn: Connection) -> None:
+        assert isinstance(conn, _Conn)
         self._parse(conn)
+
+    def _flushed(self, conn: Connection) -> None:
+        assert isinstance(conn, _Conn)
+        if not conn.outbox and conn.close_after:
+            self._drop(conn)
 
     def _sweep(self, now: float) -> None:
         """Close connections idle (no request held, none arriving) for longer than _IDLE_S."""
-        for conn in [c for c in self._conns if c.held is None and now - c.last > _IDLE_S]:
+        for conn in [c for c in self._connections if isinstance(c, _Conn) and c.held is None
+                     and now - c.last > _IDLE_S]:
             self._drop(conn)
-
-    def _drop(self, conn: _Conn) -> None:
-        if conn.closed:
-            return
-        conn.closed = True
-        self._conns.discard(conn)
-        try:
-            assert self._selector is not None
-            self._selector.unregister(conn.sock)
-        except (KeyError, ValueError, OSError):
-            pass
-        conn.sock.close()
 
     # -------------------------------------------------------------- requests
     def _parse(self, conn: _Conn) -> None:
@@ -305,8 +204,8 @@ class ControlServer:
         ``Content-Length`` bytes of body. Anything else is refused with a
         4xx status and the connection closed.
         """
-        while conn.held is None and not conn.close_after and not conn.closed and conn.inbuf:
-            buf = conn.inbuf
+        while conn.held is None and not conn.close_after and conn.open and conn.inbox:
+            buf = conn.inbox
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(buf) > _MAX_LINE * 2:
@@ -390,7 +289,7 @@ class ControlServer:
     def _finish_from_any_thread(self, held: Held, reply: dict[str, Any]) -> None:
         self._finished.append((held, reply))
         if threading.current_thread() is not self._thread:
-            self._signal()
+            self.wake()
 
     def _deliver_finished(self) -> None:
         while self._finished:
@@ -414,7 +313,7 @@ class ControlServer:
         if conn is None or conn.held is not held:
             return
         conn.held = None
-        if conn.closed:
+        if not conn.open:
             return
         self._answer(conn, str(held._message["kind"]), held._message, reply)
         self._parse(conn)  # a request that arrived meanwhile (clients do not pipeline, but may)
@@ -444,28 +343,5 @@ class ControlServer:
             head += f"{SIGNATURE_HEADER}: {signature}\r\n"
         if conn.close_after:
             head += "Connection: close\r\n"
-        conn.outbuf += head.encode("latin-1") + b"\r\n" + body
+        conn.outbox += head.encode("latin-1") + b"\r\n" + body
         self._flush(conn)
-
-    def _flush(self, conn: _Conn) -> None:
-        if conn.closed:
-            return
-        try:
-            while conn.outbuf:
-                sent = conn.sock.send(conn.outbuf)
-                del conn.outbuf[:sent]
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError:  # the worker went away; its next request (if any) comes on a new connection
-            self._drop(conn)
-            return
-        assert self._selector is not None
-        if conn.outbuf and not conn.writing:
-            conn.writing = True
-            self._selector.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
-        elif not conn.outbuf:
-            if conn.writing:
-                conn.writing = False
-                self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
-            if conn.close_after:
-                self._drop(conn)

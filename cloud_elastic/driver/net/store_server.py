@@ -20,7 +20,7 @@ length and, when not empty, its first item.
 
 A client that breaks the protocol (an unknown command, a key over 8 KiB or a value over 8 MiB:
 torch's limits) is disconnected; the others are served on. One thread serves every connection
-(``selectors``).
+(:class:`~.selector_server.SelectorServer`, shared with the control plane).
 
 **Bounds against strangers.** torch's protocol has no authentication: its validation is a public
 magic number, and anyone who reaches the port can read and write keys (the workers sign what they
@@ -65,7 +65,8 @@ import time
 from collections import deque
 from typing import Any, Generator
 
-from cloud_elastic.driver.net.accepting import STORE_SHARE, AcceptPause, RefusalLog, descriptor_share
+from cloud_elastic.driver.net.accepting import STORE_SHARE, RefusalLog
+from cloud_elastic.driver.net.selector_server import Connection, SelectorServer
 
 log = logging.getLogger(__name__)
 
@@ -151,15 +152,10 @@ def _vector(value: bytes) -> bytes:
     return _U64.pack(len(value)) + value
 
 
-class _Client:
-    def __init__(self, sock: socket.socket, address: str, port: int) -> None:
-        self.sock = sock
-        self.address = address
-        self.peer = f"{address}:{port}"
-        self.inbox = bytearray()
-        self.outbox = bytearray()
+class _Client(Connection):
+    def __init__(self, sock: socket.socket, address: str, peer: str) -> None:
+        super().__init__(sock, address, peer)
         self.validated = False
-        self.open = True
         self.awaiting: set[bytes] = set()  # the keys a pending WAIT still needs
         self.awaiting_bytes = 0
         self.parser: _Parser | None = None  # the command being read
@@ -169,7 +165,7 @@ class _Client:
         self.footprint = 0  # what this client holds of the store's budget (see StoreServer._account)
 
 
-class StoreServer:
+class StoreServer(SelectorServer):
     """Serves torch's store protocol on ``listener`` (bound and listening) from a daemon thread, from
     :meth:`start` until :meth:`close`. The server owns ``listener`` from construction: :meth:`close`
     closes it, once.
@@ -178,9 +174,15 @@ class StoreServer:
     (see the module docstring); the driver uses the defaults.
     """
 
+    name = "rendezvous store"
+    share = STORE_SHARE
+    share_words = "a quarter of"
+    recv_bytes = _RECV_BYTES
+
     def __init__(self, listener: socket.socket, *, max_bytes: int = MAX_STORE_BYTES,
                  max_peer_connections: int = MAX_PEER_CONNECTIONS,
                  validate_timeout_s: float = VALIDATE_TIMEOUT_S) -> None:
+        super().__init__(RefusalLog(log, "rendezvous store", "rendezvous store: disconnected %s: %s"))
         self.port: int = listener.getsockname()[1]
         self._listener = listener
         self._max_bytes = max_bytes
@@ -192,43 +194,15 @@ class StoreServer:
         self._stored = 0  # bytes of keys, values and queued items
         self._held = 0  # bytes the clients hold: unfinished commands, awaited keys, unsent answers
         self._per_address: dict[str, int] = {}
-        self._connections = 0
         self._unvalidated: deque[tuple[float, _Client]] = deque()  # by deadline (all have the same timeout)
-        self._refusals = RefusalLog(log, "rendezvous store", "rendezvous store: disconnected %s: %s")
         self._half_full_said = False
         self._forget_lock = threading.Lock()
         self._to_forget: list[bytes] = []  # namespaces whose keys go, handed over by forget()
-        self._closing = False
-        self._thread: threading.Thread | None = None
 
     def start(self) -> "StoreServer":
         """Serve from a daemon thread until :meth:`close`; returns the server."""
-        if self._thread is not None:
-            raise RuntimeError("the store server is already started")
-        self._listener.setblocking(False)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._listener, selectors.EVENT_READ, None)
-        self._pause = AcceptPause(self._selector, self._listener, None, "rendezvous store")
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._thread = threading.Thread(target=self._serve, name="rendezvous-store", daemon=True)
-        self._thread.start()
+        self._serve_on(self._listener)
         return self
-
-    def close(self) -> None:
-        """Stop serving and close every connection and the listening socket. Idempotent."""
-        if self._closing:
-            return
-        self._closing = True
-        if self._thread is None:  # never started: only the listener is open
-            self._listener.close()
-            return
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        if self._thread is not threading.current_thread():
-            self._thread.join(5)
 
     def forget(self, namespace: str) -> None:
         """Delete, from the serving thread, every key that holds ``namespace`` (a finished round's, whose
@@ -237,12 +211,7 @@ class StoreServer:
         about ``size * (250 + 8 * size)`` bytes: 2 MB at 512)."""
         with self._forget_lock:
             self._to_forget.append(namespace.encode())
-        if self._thread is None:
-            return  # not serving yet: forgotten before its first command
-        try:
-            self._wake_w.send(b"f")
-        except OSError:  # closed: nothing to forget any more
-            pass
+        self.wake()  # not serving yet: forgotten before its first command
 
     def _forget_now(self) -> None:
         with self._forget_lock:
@@ -252,69 +221,27 @@ class StoreServer:
                 self._stored -= len(key) + len(self._data.pop(key)) + _ENTRY
 
     # ----------------------------------------------------------------- the loop
-    def _serve(self) -> None:
-        try:
-            self._loop()
-        except Exception:  # a bug here: every worker's next store call would wait out its timeout
-            log.exception("rendezvous store: stopped serving")
-        finally:
-            for key in list(self._selector.get_map().values()):
-                key.fileobj.close()
-            self._selector.close()
-            self._wake_w.close()
+    def _timeout(self) -> float | None:
+        return max(0.0, self._unvalidated[0][0] - time.monotonic()) if self._unvalidated else None
 
-    def _loop(self) -> None:
-        while not self._closing:
-            timeout = None
-            if self._unvalidated:
-                timeout = max(0.0, self._unvalidated[0][0] - time.monotonic())
-            events = self._selector.select(self._pause.timeout(timeout))
-            if self._to_forget:  # before any command that arrived after forget() returned
-                self._forget_now()
-            for key, mask in events:
-                if key.data is None:
-                    self._accept()
-                elif key.data == "wake":
-                    self._wake_r.recv(64)
-                elif key.data.open:  # not disconnected earlier in this round of events
-                    client = key.data
-                    if mask & selectors.EVENT_WRITE:
-                        self._flush(client)
-                        self._process(client)  # commands left unread while its answers were backed up
-                    if mask & selectors.EVENT_READ and client.open:
-                        self._receive(client)
-            self._pause.resume_if_due()
-            self._expire_unvalidated()
+    def _before_events(self) -> None:
+        if self._to_forget:  # before any command that arrived after forget() returned
+            self._forget_now()
 
-    def _accept(self) -> None:
-        try:
-            sock, addr = self._listener.accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            return
-        except OSError as exc:  # out of descriptors, say: the connection waits in the backlog
-            if not self._pause.failed(exc):
-                log.warning("rendezvous store: cannot accept a connection: %s", exc)
-            return
-        self._pause.accepted()
-        client = _Client(sock, addr[0], addr[1])
-        at_most = descriptor_share(STORE_SHARE)
-        if self._connections >= at_most:
-            self._refusals.refused("too many connections", client.peer,
-                                   f"{self._connections} connections are open, at most {at_most} (a quarter of "
-                                   "the driver's descriptor limit)")
-            sock.close()
-            return
-        if self._per_address.get(client.address, 0) >= self._max_peer:
-            self._refusals.refused("too many connections from one address", client.peer,
-                                   f"{self._max_peer} connections from {client.address} are open already")
-            sock.close()
-            return
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._connections += 1
-        self._per_address[client.address] = self._per_address.get(client.address, 0) + 1
+    def _after_events(self) -> None:
+        self._expire_unvalidated()
+
+    def _refusal(self, address: str) -> tuple[str, str] | None:
+        if self._per_address.get(address, 0) >= self._max_peer:
+            return ("too many connections from one address",
+                    f"{self._max_peer} connections from {address} are open already")
+        return None
+
+    def _connect(self, sock: socket.socket, address: str, peer: str) -> _Client:
+        client = _Client(sock, address, peer)
+        self._per_address[address] = self._per_address.get(address, 0) + 1
         self._unvalidated.append((time.monotonic() + self._validate_timeout_s, client))
-        self._selector.register(sock, selectors.EVENT_READ, client)
+        return client
 
     def _expire_unvalidated(self) -> None:
         now = time.monotonic()
@@ -326,39 +253,30 @@ class StoreServer:
                                                        "no validation in time"))
 
     def _disconnect(self, client: _Client, why: ProtocolError | None = None) -> None:
-        if not client.open:
-            return
-        if why is not None:
+        if client.open and why is not None:
             self._refusals.refused(why.kind, client.peer, str(why))
-        client.open = False
-        self._forget_wait(client)
-        client.parser, client.pending = None, 0
-        client.inbox, client.outbox = bytearray(), bytearray()
-        self._account(client)
-        self._connections -= 1
-        left = self._per_address[client.address] - 1
-        if left:
-            self._per_address[client.address] = left
-        else:
-            del self._per_address[client.address]
-        try:
-            self._selector.unregister(client.sock)
-        except (KeyError, ValueError):
-            pass
-        client.sock.close()
+        self._drop(client)
 
-    def _receive(self, client: _Client) -> None:
-        try:
-            chunk = client.sock.recv(_RECV_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._disconnect(client)
-            return
-        client.inbox += chunk
-        self._process(client)
+    def _dropped(self, conn: Connection) -> None:
+        assert isinstance(conn, _Client)
+        self._forget_wait(conn)
+        conn.parser, conn.pending = None, 0
+        conn.inbox, conn.outbox = bytearray(), bytearray()
+        self._account(conn)
+        left = self._per_address[conn.address] - 1
+        if left:
+            self._per_address[conn.address] = left
+        else:
+            del self._per_address[conn.address]
+
+    def _received(self, conn: Connection) -> None:
+        assert isinstance(conn, _Client)
+        self._process(conn)
+
+    def _writable(self, conn: Connection) -> None:
+        assert isinstance(conn, _Client)
+        self._flush(conn)
+        self._process(conn)  # commands left unread while its answers were backed up
 
     def _process(self, client: _Client) -> None:
         """Feed the buffered bytes to the client's command parser, each byte once; run each command it
@@ -429,24 +347,14 @@ class StoreServer:
         self._held += footprint - client.footprint
         client.footprint = footprint
 
-    def _flush(self, client: _Client) -> None:
-        while client.outbox:
-            try:
-                sent = client.sock.send(client.outbox)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                self._disconnect(client)
-                return
-            del client.outbox[:sent]
-        self._account(client)
-        events = selectors.EVENT_WRITE if client.outbox else 0
-        if len(client.outbox) <= MAX_OUTBOX_BYTES:
-            events |= selectors.EVENT_READ
-        try:
-            self._selector.modify(client.sock, events, client)
-        except (KeyError, ValueError):
-            pass  # disconnected meanwhile
+    def _interest(self, conn: Connection) -> int:
+        """Its answers while some wait; its commands while fewer than MAX_OUTBOX_BYTES of answers wait."""
+        events = selectors.EVENT_WRITE if conn.outbox else 0
+        return events | (selectors.EVENT_READ if len(conn.outbox) <= MAX_OUTBOX_BYTES else 0)
+
+    def _flushed(self, conn: Connection) -> None:
+        assert isinstance(conn, _Client)
+        self._account(conn)
 
     # ----------------------------------------------------------------- the commands
     def _execute(self, client: _Client, command: int, f: list[Any]) -> None:
