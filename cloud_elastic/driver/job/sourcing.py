@@ -180,6 +180,10 @@ class Sourcing:
         self._send_back(preferred)
         if job.policy.manage_capacity:
             self._capacity()
+        # Where each host came from and its price, kept while a worker may still run there (a host gone from
+        # discovery is charged at its last price until its worker exits), and no longer.
+        keep = {w.slot.host for w in job.alive()}
+        self._known = {h: v for h, v in self._known.items() if h in keep}
         for host, source in job.hosts.sources.items():
             self._known[host] = (source, job.hosts.prices.get(host))
 
