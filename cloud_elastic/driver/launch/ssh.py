@@ -225,7 +225,7 @@ class SSHLauncher:
         return self._track(proc)
 
     def attach(self, spec: WorkerSpec, nonce: str, on_output: OutputSink) -> SSHWorkerProcess:
-        """Take over a worker that another driver launched with ``nonce`` on ``spec.host``; return at once.
+        """Adopt a worker that another driver launched with ``nonce`` on ``spec.host``; return at once.
 
         A fresh ssh connection runs ``remote --attach NONCE``, which speaks for
         the driver to the worker's remote wrapper from then on: keepalives,

@@ -29,8 +29,8 @@ through ssh. It
    worker's exact status on a marker line on stderr (:func:`marker_line`),
    which the launcher parses (:func:`parse_marker`) and removes from the output;
 5. listens on a Unix socket private to the user (:func:`control_path`, in a 0700
-   directory), so that a driver restarted within the grace can take the worker
-   over through a fresh ssh connection running ``--attach NONCE``: that
+   directory), so that a driver restarted within the grace can adopt the worker
+   through a fresh ssh connection running ``--attach NONCE``: that
    process relays its stdin to the wrapper (keepalives, ``KILL``, ``TERM``: the
    same watchdog, and any data from it cancels a pending "driver lost" stop)
    and the wrapper's marker line back on its stderr. The worker's own output
@@ -38,7 +38,10 @@ through ssh. It
 
 It imports the standard library only (no torch, no cloud SDK, nothing else of
 cloud-elastic): it must start in milliseconds and must not fail on a host whose
-worker environment is broken, so that the driver learns what went wrong.
+worker environment is broken, so that the driver learns what went wrong. So it
+spells the two variables of the worker's environment contract it handles itself
+(:data:`SECRET_ENV`, :data:`DRIVER_GRACE_ENV`; the contract's owner is
+:mod:`cloud_elastic.worker.settings`).
 """
 
 from __future__ import annotations
