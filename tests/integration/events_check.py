@@ -58,6 +58,10 @@ OWNERS: dict[str, frozenset[str]] = {
     "tests/integration/test_silence.py::test_a_worker_stopped_during_a_collective_is_named_before_its_round_is_aborted":
         frozenset({"collective_stalled", "collective_stalled.missing", "collective_stalled.waiting",
                    "collective_stalled.verdict", "worker_failed"}),
+    "tests/integration/test_slow_link.py::"
+    "test_a_worker_slow_only_in_its_sends_and_receives_is_drained_as_a_slow_network_and_the_others_are_not":
+        frozenset({"slow_link", "slow_link.workers", "slow_link.peers", "slow_link.factor", "slow_link.blacklisted_s",
+                   "slow_link.comm_share", "worker_left"}),
     "tests/integration/test_driver_adoption.py::"
     "test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_step":
         frozenset({"worker_adopted", "worker_adopted.commit_step", "adoption_done"}),
