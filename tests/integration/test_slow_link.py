@@ -19,7 +19,7 @@ import pytest
 from tests.integration.events_check import of, read_events
 from tests.integration.harness import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]  # its job waits up to 210 s
 
 
 def test_a_worker_slow_only_in_its_sends_and_receives_is_drained_as_a_slow_network_and_the_others_are_not(

@@ -220,6 +220,26 @@ def test_a_host_with_a_slow_network_drains_at_its_next_commit_with_no_rollback_a
     assert sim.poll("a[0]").update_gen == 1 and sim.job.abort_round == 0  # a graceful change: no rollback
 
 
+def test_a_newcomer_found_slow_while_it_waits_for_admission_is_sent_away_unadmitted():
+    from cloud_elastic.protocol import ExitOrder
+
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1, max_np=4)
+    beat(sim, 10, {})  # the first three measured each other: all fast
+    sim.discover({"a": 1, "b": 1, "c": 1, "d": 1})
+    sim.join("d[0]")  # it waits at rendezvous; the members are still in their round
+    newcomer = sim.job.workers[sim.id("d[0]")]
+    for _ in range(30):
+        beat(sim, 1, {"d": SLOW})
+        if newcomer.state is not S.WAITING:
+            break
+    assert newcomer.state is S.EXITING and newcomer.rank is None
+    reply = sim.reply("d[0]")
+    assert isinstance(reply, ExitOrder) and reply.reason.startswith("slow network: host d")
+    assert [f["host"] for kind, f in sim.events if kind == "slow_link"] == ["d"]
+    assert all(sim.job.workers[sim.id(s)].state is S.RUNNING for s in ("a[0]", "b[0]", "c[0]"))
+    assert sim.job.abort_round == 0
+
+
 def test_equal_hosts_drain_nobody_and_the_watch_is_off_at_straggler_factor_zero():
     sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
     beat(sim, 30, {})
