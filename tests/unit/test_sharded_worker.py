@@ -122,12 +122,12 @@ def test_in_the_common_loop_a_sharded_commit_keeps_no_copy_and_restores_exactly_
     opt.zero_grad()
     F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()  # then the gradient allreduce fails
     state.restore()
-    assert get_context().holds_commit
+    assert get_context().ledger.holds_commit
     after = _values(model, opt)
     assert all(torch.equal(a, b) for a, b in zip(after, committed))
     _step(model, opt, 10)  # an update in place, then a collective before the commit fails
     state.restore()
-    assert not get_context().holds_commit
+    assert not get_context().ledger.holds_commit
 
 
 @pytest.mark.commit_mode("snapshot")
