@@ -24,7 +24,7 @@ from tests.emulator.moto_env import clients, group_backend, make_group, set_memb
 from tests.integration.conftest import jobs  # noqa: F401  (the fixture that kills what a test leaves running)
 from tests.integration.harness import probe_cmd
 
-pytestmark = [pytest.mark.emulator, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.emulator, pytest.mark.timeout(120)]  # the first GCP test imports its SDK (20-30 s when loaded)
 
 DENIED = (b'<ErrorResponse><Error><Type>Sender</Type><Code>AccessDenied</Code><Message>User: arn:aws:iam::'
           b'123456789012:user/ci is not authorized to perform: autoscaling:SetDesiredCapacity</Message></Error>'
@@ -272,3 +272,27 @@ def test_a_job_denied_the_fallback_groups_capacity_warns_once_and_trains_on(aws,
     warned = [line for line in job.output().splitlines() if "may not change host source" in line]
     assert len(warned) == 1 and "AccessDenied" in warned[0] and "goes on without managing" in warned[0], warned
     assert aws.count("SetDesiredCapacity") == 1 and desired(aws, "deny-od") == 0
+
+
+def test_aws_and_gcp_groups_mix_and_a_failing_one_keeps_its_hosts_while_the_other_goes_on(aws, gcp, caplog):
+    spot = make_group(aws.url, "mix-spot", size=1, instance_type="g4dn.xlarge", cidr="10.68.1.0/24")
+    gcp.add_group("proj-mix", "mix-mig", [Member("mix-1", "us-central1-a", ip="10.68.2.2")], zone="us-central1-a")
+    argv = ["--aws-asg", "mix-spot", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
+            "--gcp-mig", "mix-mig", "--gcp-project", "proj-mix", "--gcp-zone", "us-central1-a", "--gcp-endpoint",
+            gcp.url, "--source", "mix-mig:price=2.1"]
+    multi = build_discovery(parse_discovery_args(argv))
+    try:
+        assert dict(multi.find().sources) == {spot[0]["ip"]: "mix-spot", "10.68.2.2": "mix-mig"}
+        gcp.forbidden_projects.add("proj-mix")  # its credentials lose the permission mid-job
+        autoscaling, _ = clients(aws.url)
+        autoscaling.update_auto_scaling_group(AutoScalingGroupName="mix-spot", MaxSize=2, DesiredCapacity=2)
+        with caplog.at_level(logging.WARNING, logger="cloud_elastic"):
+            snapshots = [multi.find() for _ in range(3)]
+    finally:
+        gcp.forbidden_projects.discard("proj-mix")
+        multi.close()
+    for snapshot in snapshots:
+        assert "10.68.2.2" in snapshot.ready and snapshot.prices["10.68.2.2"] == 2.1  # kept, as last seen
+        assert sum(1 for s in snapshot.sources.values() if s == "mix-spot") == 2  # AWS's news still comes in
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "host source 'mix-mig'" in warnings[0] and "the other sources go on" in warnings[0]
