@@ -10,7 +10,6 @@ bound to a ``DistributedOptimizer`` is a ``participant.BoundCommit`` to it.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch

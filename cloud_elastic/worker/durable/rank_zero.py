@@ -29,15 +29,13 @@ Each checkpoint written or loaded is reported to the driver (a signed
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer
-from cloud_elastic.errors import ConfigError
 
 __all__ = ["DurableSettings", "RankZeroCheckpoints", "step_of"]
 
