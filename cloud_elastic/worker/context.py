@@ -3,20 +3,22 @@
 One :class:`WorkerContext` per worker process, created by ``init()``. It
 
 * registers with the driver and keeps a heartbeat thread long-polling it
-  (see ``link``); the replies carry the current round, the update generation
+  (see ``link.driver_link``); the replies carry the current round, the update generation
   (a graceful membership change is pending) and the highest aborted round;
 * forms a fresh ``torch.distributed`` process group per rendezvous round on
-  the round's signed namespace of the driver's TCPStore (see ``store``: keys
+  the round's signed namespace of the driver's TCPStore (see ``rounds.signed_store``: keys
   named with HMAC of the job secret, values tagged and checked), Gloo on
-  CPU, NCCL with CUDA (``CLOUD_ELASTIC_BACKEND`` overrides; see ``groups``);
+  CPU, NCCL with CUDA (``CLOUD_ELASTIC_BACKEND`` overrides; see ``rounds.groups``);
 * reclaims the threads and sockets of a group abandoned after a failure
-  (see ``reclaim``) without ever blocking on it;
+  (see ``rounds.reclaim``) without ever blocking on it;
 * waits for every collective in bounded slices, so a round the driver aborted
   is abandoned within ~0.1 s even when a peer is stopped or partitioned and
   Gloo would otherwise wait for its own timeout;
 * decides *collectively* whether a pending update interrupts at this commit:
   the flag rides on the gradient allreduce when ``DistributedOptimizer`` ran
-  one since the last commit, else it costs one 1-element allreduce.
+  one since the last commit, else it costs one 1-element allreduce;
+* holds this worker's :class:`CommitLedger` (``worker.ledger``) and reports it
+  to the driver at every rendezvous and heartbeat.
 
 Its settings are read from the environment once (:class:`WorkerSettings`).
 Without ``CLOUD_ELASTIC_DRIVER`` in the environment (a script run directly
