@@ -149,6 +149,22 @@ def test_hosts_are_swept_again_rarely_and_sooner_while_collectives_take_half_the
     assert report(watch, "a[0]", "a", 7000, SWEEP_EVERY_S + 1) is not None
 
 
+def test_a_share_of_time_in_collectives_that_doubles_brings_the_sweep_forward_once():
+    watch = LinkWatch()
+    hosts = {"a[0]": "a", "b[0]": "b", "c[0]": "c"}
+    t = run_probes(watch, hosts, {}, 0.0)
+    watch.plan(hosts.items(), t, comm_share=0.1)  # the round's first figure
+    t = HIGH_COMM_SWEEP_S + 1
+    watch.plan(hosts.items(), t, comm_share=0.15)  # grew, but not twice
+    assert all(report(watch, w, h, 7000, t) is None for w, h in hosts.items())
+    watch.plan(hosts.items(), t, comm_share=0.25)  # more than twice, and above 0.2: a sweep
+    assert report(watch, "a[0]", "a", 7000, t) is not None
+    t = run_probes(watch, hosts, {}, t)
+    t += HIGH_COMM_SWEEP_S + 1
+    watch.plan(hosts.items(), t, comm_share=0.3)  # what it now is: no new sweep for the same level
+    assert all(report(watch, w, h, 7000, t) is None for w, h in hosts.items())
+
+
 def test_a_slow_host_is_named_only_after_its_own_probe_confirms_it_and_then_once():
     watch = LinkWatch()
     hosts = {"a[0]": "a", "b[0]": "b", "c[0]": "c"}

@@ -16,9 +16,11 @@ more). It orders
 * a newcomer as soon as its port is known, unless a worker of its host has
   probed already (usually while it waits for admission; one found slow before
   it is admitted is sent away unadmitted);
-* a sweep of every host (one worker of each) every :data:`SWEEP_EVERY_S`, and at
-  most every :data:`HIGH_COMM_SWEEP_S` while the round's median share of time in
-  collectives is :data:`HIGH_COMM_SHARE` or more;
+* a sweep of every host (one worker of each) every :data:`SWEEP_EVERY_S`, and
+  sooner, at most every :data:`HIGH_COMM_SWEEP_S`, when the round's median share
+  of time in collectives rises: to :data:`HIGH_COMM_SHARE` or more, or to
+  :data:`RISE_FACTOR` times its value at the last sweep (and at least
+  :data:`RISE_MIN_SHARE`);
 * a worker of a suspect host again, to confirm (below).
 
 A probe costs its two ends at most 4 MiB each way, or about a quarter of a
@@ -58,6 +60,9 @@ PEERS_PER_PROBE = 2
 SWEEP_EVERY_S = 600.0
 #: A round whose members' median share of time in collectives is at least this is swept sooner,
 HIGH_COMM_SHARE = 0.5
+#: and so is one whose share grew this many times since the last sweep, to at least RISE_MIN_SHARE,
+RISE_FACTOR = 2.0
+RISE_MIN_SHARE = 0.2
 #: but not more often than this.
 HIGH_COMM_SWEEP_S = 60.0
 #: A probe not answered within this is forgotten (its worker may be gone or busy forming a round).
@@ -125,6 +130,7 @@ class LinkWatch:
         self._pairs: dict[tuple[str, str], tuple[float, float]] = {}  # (host, host) sorted -> (MB/s, running time)
         self._next_sweep: float | None = None
         self._last_sweep = float("-inf")
+        self._share_at_sweep: float | None = None  # the comm share the last sweep was made at (or first seen)
         self._suspect: tuple[str, int] | None = None  # host, and the last order before it was suspected
         self._answered: dict[str, int] = {}  # host -> the last order whose figures touch it
 
@@ -175,14 +181,20 @@ class LinkWatch:
                 self._queue.append(wid)  # a newcomer (or the job's first workers)
         if self._next_sweep is None:
             self._next_sweep = running + self.sweep_every_s
-        high = comm_share is not None and comm_share >= HIGH_COMM_SHARE
-        if running >= self._next_sweep or (high and running - self._last_sweep >= HIGH_COMM_SWEEP_S):
-            self._sweep(running)
+        if comm_share is not None and self._share_at_sweep is None:
+            self._share_at_sweep = comm_share
+        risen = comm_share is not None and (
+            comm_share >= HIGH_COMM_SHARE
+            or comm_share >= max(RISE_MIN_SHARE, RISE_FACTOR * (self._share_at_sweep or 0.0)))
+        if running >= self._next_sweep or (risen and running - self._last_sweep >= HIGH_COMM_SWEEP_S):
+            self._sweep(running, comm_share)
         if self._order is None:
             self._ask_next(running)
 
-    def _sweep(self, running: float) -> None:
+    def _sweep(self, running: float, comm_share: float | None) -> None:
         self._last_sweep, self._next_sweep = running, running + self.sweep_every_s
+        if comm_share is not None:
+            self._share_at_sweep = comm_share
         for wid in self._one_per_host().values():
             if wid not in self._queue:
                 self._queue.append(wid)
