@@ -84,6 +84,9 @@ def cli(ctx: click.Context) -> None:
 @click.option("--whole-hosts", is_flag=True,
               help="a host is the unit: its --slots-per-host workers start, join rounds and leave together (one "
                    "failing takes the others with it); -np, --min-np and --max-np must be multiples of it")
+@click.option("--spares", type=int, default=0, metavar="N",
+              help="start up to N workers beyond --max-np (N whole hosts with --whole-hosts) that connect and wait "
+                   "outside the rounds: a lost or leaving worker's place is taken in the same round (default 0)")
 @click.option("--fallback-after", type=float, metavar="SECONDS",
               help="with several host sources: below -np from the preferred ones this long, the fallback source "
                    "tops the job up to -np (default: the fallback only below --min-np)")
@@ -228,6 +231,7 @@ def job_config(params: dict[str, Any], discovery: DiscoveryArgs | None = None):
         whole_host_slots=slots if params.get("whole_hosts") and slots else 0,
         fallback_after_s=params.get("fallback_after"),
         manage_capacity=params.get("manage_capacity", False),
+        spares=params.get("spares", 0),
     )
 
 

@@ -28,6 +28,8 @@ MAX_SLOTS_PER_HOST = 1024
 #: The longest ``--driver-grace``: a restarted driver reads it back from ``driver-alive.json`` beside the
 #: checkpoints and refuses a longer one there (``checkpoint/alive.py``), so it is refused here first.
 MAX_DRIVER_GRACE_S = 7 * 86400.0
+#: ``--spares`` at most: a spare holds a slot the job pays for, so a larger number is a mistake, not a plan.
+MAX_SPARES = 1024
 
 #: Values of ``--notice-watcher``.
 NOTICE_WATCHERS = ("auto", "aws", "gcp", "azure", "none")
@@ -176,6 +178,9 @@ class JobConfig:
     #: ``--manage-capacity``: the driver raises a fallback group's desired capacity when the job needs it, and
     #: sets it back to 0 when the job is done with it; never otherwise.
     manage_capacity: bool = False
+    #: ``--spares``: workers started beyond ``--max-np`` that wait outside the rounds to take the place of a lost
+    #: or leaving member in the same round; under ``--whole-hosts`` whole hosts (see driver/job/spares.py).
+    spares: int = 0
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -199,6 +204,8 @@ class JobConfig:
                 raise ConfigError(f"with --whole-hosts, -np, --min-np and --max-np count whole hosts' workers: "
                                   f"{', '.join(odd)} not a multiple of --slots-per-host {self.whole_host_slots}")
         self._check_numbers()
+        if not 0 <= self.spares <= MAX_SPARES:
+            raise ConfigError(f"--spares must be 0-{MAX_SPARES}, got {self.spares}")
         if self.reset_limit is not None and self.reset_limit < 0:
             raise ConfigError(f"--reset-limit must be >= 0, got {self.reset_limit}")
         if self.checkpoint_keep < 1:

@@ -113,6 +113,8 @@ class MetricsServer:
         self.cost_rate = prom.Gauge("cost_dollars_per_hour", "dollars per hour the job's workers cost now",
                                     namespace=ns, registry=registry)
         self._dollars = 0.0
+        self.spares = prom.Gauge("spares", "spares ready outside the rounds (--spares)", namespace=ns,
+                                 registry=registry)
 
     @property
     def port(self) -> int:
@@ -153,6 +155,8 @@ class MetricsServer:
                 self.worker_failures.inc()
             elif kind == "worker_left":
                 self.workers_left.inc()
+            elif kind == "spares":
+                self.spares.set(fields["ready"])
             elif kind == "cost":
                 self._charge(fields["dollars"])
                 self.cost_rate.set(fields["dollars_per_hour"])
@@ -160,6 +164,7 @@ class MetricsServer:
                 self.world_size.set(0)
                 self.step_rate.set(0)
                 self.cost_rate.set(0)
+                self.spares.set(0)
                 if fields.get("cost") is not None:
                     self._charge(fields["cost"])
 

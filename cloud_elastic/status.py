@@ -119,6 +119,9 @@ class StatusReply:
     cost_fallback_only: float | None = None
     #: Fallback slots the job wants now (several host sources).
     fallback_slots: int = 0
+    #: ``--spares``: workers waiting outside the rounds now, and how many the job keeps.
+    spares: int = 0
+    spares_wanted: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The reply's JSON form (what the driver returns from its handler)."""
@@ -157,6 +160,7 @@ class StatusReply:
                 cost_per_step=_number(data.get("cost_per_step")),
                 cost_fallback_only=_number(data.get("cost_fallback_only")),
                 fallback_slots=int(data.get("fallback_slots", 0)),
+                spares=int(data.get("spares", 0)), spares_wanted=int(data.get("spares_wanted", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ControlPlaneError(f"malformed status reply: {type(exc).__name__}: {exc}") from None
@@ -277,7 +281,8 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
         + (f", provider {reply.provider}" if reply.provider else ""),
         f"round {reply.round}, world size {reply.world_size} "
         f"(-np {reply.num_proc}, --min-np {reply.min_np}, --max-np {reply.max_np}"
-        + (f", whole hosts of {reply.whole_host_slots} slot(s)" if reply.whole_host_slots else "") + ")",
+        + (f", whole hosts of {reply.whole_host_slots} slot(s)" if reply.whole_host_slots else "") + ")"
+        + (f", spares {reply.spares} of {reply.spares_wanted}" if reply.spares_wanted else ""),
         f"steps/s {rate}, last commit step {commit}, resets {reply.resets}"
         + (f", median compute {reply.median_compute_s * 1e3:.1f} ms/step" if reply.median_compute_s is not None
            else ""),

@@ -67,6 +67,8 @@ TIMELINE: list[tuple[float, str, dict]] = [
     (24.2, "adoption_done", {"round": 4, "adopted": 2, "missing": []}),
     # Several host sources with prices: the running cost, and a fallback group the job scaled up.
     (25.0, "capacity", {"source": "on-demand", "hosts": 1, "reason": "1 fallback slot(s) wanted"}),
+    # --spares 1: a spare host's worker waits outside the rounds, ready to take a lost member's place.
+    (25.5, "spares", {"ready": 1, "wanted": 1, "workers": ["127.0.0.4[0]#1"]}),
     (26.0, "cost", {"dollars": 0.0125, "dollars_per_hour": 1.8, "slot_hours": 0.02, "per_step": 0.000125,
                     "fallback_slots": 1, "by_source": {"spot-a": 0.0125}}),
     (30.0, "job_finished", {"outcome": "succeeded", "exit_code": 0, "resets": 3, "wall_s": 30.0}),

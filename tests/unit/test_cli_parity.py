@@ -31,6 +31,7 @@ BASE = {
     "restarts": 0,  # --restarts too
     "metrics_addr": "127.0.0.1",  # and --metrics-addr: argparse's metrics server bound every interface
     "fallback_after_s": None, "manage_capacity": False,  # several host sources (issue 45) came later still
+    "spares": 0,  # --spares (issue 41): none unless asked for
 }
 ONE = {"num_proc": 1, "min_np": 1, "max_np": 1}
 
@@ -48,6 +49,8 @@ CASES = {
                     {"num_proc": 4, "min_np": 2, "max_np": 4, "whole_host_slots": 2}),
     "restarts": (["run", "-np", "2", "-H", "h:2", "--restarts", "2", "python", "t.py"], {},
                  ("static", {"hosts": "h:2"}), None, 30.0, [], {"restarts": 2}),
+    "spares": (["run", "-np", "2", "-H", "h:3", "--spares", "1", "python", "t.py"], {},
+               ("static", {"hosts": "h:3"}), None, 30.0, [], {"spares": 1}),
     "double-dash": (["run", "-np", "1", "-H", "h", "--", "python", "t.py", "-np", "9"], {},
                     ("static", {"hosts": "h"}), None, 30.0, [],
                     {"command": ["python", "t.py", "-np", "9"], **ONE}),

@@ -62,6 +62,7 @@ CASES = {
                                "option '--blacklist-cooldown-range' requires 2 arguments"),
     "bad-notice-watcher": Case(("-np", "1", "-H", "h", "--notice-watcher", "ibm", *TRAIN),
                                "'ibm' is not one of 'auto', 'aws', 'gcp', 'azure', 'none'"),
+    "spares-negative": Case(("-np", "1", "-H", "h", "--spares", "-1", *TRAIN), "--spares must be 0-1024, got -1"),
     "checkpoint-keep-0": Case(("-np", "1", "-H", "h", "--checkpoint-keep", "0", *TRAIN), "--checkpoint-keep must be >= 1"),
     "metrics-port-range": Case(("-np", "1", "-H", "h", "--metrics-port", "70000", *TRAIN), "--metrics-port must be 0-65535"),
     "bad-timeout-env": Case(("-np", "1", "-H", "localhost", *TRAIN),

@@ -56,6 +56,7 @@ def test_scraped_metrics_follow_the_recorded_job() -> None:
     assert metrics['cloud_elastic_discovery_errors_total{kind="retryable"}'] == 1
     assert metrics["cloud_elastic_cost_dollars_total"] == 0.0125  # the recorded cost event's running total
     assert metrics["cloud_elastic_cost_dollars_per_hour"] == 1.8
+    assert metrics["cloud_elastic_spares"] == 1  # the recorded spares event: one spare waiting
 
 
 def test_closed_server_stops_answering_and_two_servers_do_not_share_metrics() -> None:

@@ -53,6 +53,9 @@ class Policy:
     fallback_after_s: float | None = None
     #: ``--manage-capacity``: the job raises a fallback group's desired capacity when it needs its hosts.
     manage_capacity: bool = False
+    #: ``--spares``: up to this many workers (whole hosts under ``--whole-hosts``) beyond ``max_np`` start and
+    #: wait at rendezvous, outside the rounds, to take a lost or leaving member's place (see :mod:`.spares`).
+    spares: int = 0
 
 
 class Phase(enum.Enum):

@@ -2,7 +2,8 @@
 
 :class:`Capacity` decides, for the job:
 
-* launches (:meth:`Capacity.plan_launches`): up to ``max_np`` staying workers,
+* launches (:meth:`Capacity.plan_launches`): up to ``max_np`` staying workers (and ``--spares``
+  beyond them, see :mod:`.spares`),
   on the free usable slots in host order (a slot whose last worker was given
   up stays taken until its process is gone). At start-up nothing launches
   until ``num_proc`` slots are free; past ``start_timeout_s`` the job fails
@@ -28,6 +29,7 @@ from typing import Callable
 from cloud_elastic.driver.job.actions import Launch, Phase
 from cloud_elastic.driver.job.plan import whole_host_groups
 from cloud_elastic.driver.job.sourcing import Sourcing
+from cloud_elastic.driver.job.spares import launch_room
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
@@ -67,7 +69,9 @@ class Capacity:
         if self.sourcing is not None:
             self.sourcing.step(now)
         starting = job.phase is Phase.STARTING and not job.workers
-        room = job.policy.max_np - len(job.active())
+        policy = job.policy
+        room = launch_room(len(job.active()), max_np=policy.max_np, spares=policy.spares,
+                           host_slots=policy.whole_host_slots)
         if room <= 0 and not starting:
             return  # a full job need not look for free slots (a scan of every slot of the group)
         # A worker given up (LOST) may still be running on its GPU until its process is gone.

@@ -33,6 +33,7 @@ from typing import Callable, Protocol
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.ranks import Member, assign_ranks
 from cloud_elastic.driver.job.plan import Candidate, StateLost, plan_round, whole_host_groups
+from cloud_elastic.driver.job.spares import admit, has_room, source_rank, spare_key, spare_slots, spares_now
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import Assignment, RankInfo
@@ -87,11 +88,21 @@ class RoundFormation:
         self._running_left: deque[WorkerRecord] = deque()
         self._members_left: deque[WorkerRecord] = deque()
         self._news: set[str] = set()  # left WAITING since take_news()
+        # --spares (see .spares): the order workers reached rendezvous in, the spares as of the last step,
+        # and every worker counted a spare while it waited (a round that takes one reports it).
+        self._arrivals: dict[str, int] = {}
+        self._arrived = 0
+        #: The workers waiting as spares at the last step (for status), in the order they would be taken.
+        self.spare_ids: tuple[str, ...] = ()
+        self._were_spares: set[str] = set()
 
     # ------------------------------------------------------------ bookkeeping
     def now_waiting(self, worker_id: str) -> None:
         """``worker_id`` arrived at rendezvous and waits for a round."""
         self._waiting_ids.add(worker_id)
+        if worker_id not in self._arrivals:
+            self._arrived += 1
+            self._arrivals[worker_id] = self._arrived
         self._starting_ids.discard(worker_id)
 
     def stopped_waiting(self, worker_id: str) -> None:
@@ -123,6 +134,8 @@ class RoundFormation:
             elif state is S.STARTING or state is S.CONNECTED:
                 starting.add(w.worker_id)
         self._news |= self._waiting_ids - waiting
+        if self._arrivals:
+            self._arrivals = {i: n for i, n in self._arrivals.items() if i in waiting}
         self._waiting_ids, self._starting_ids, self._members_left, self._running_left = waiting, starting, members, running
 
     def member_left(self, *, running_only: bool) -> bool:
@@ -148,8 +161,10 @@ class RoundFormation:
         """
         job = self._job
         if job.phase is Phase.RUNNING and w.state is S.WAITING and w.rank is None and self._host_ready(w):
-            if self._update_for_round != job.round and self.member_left(running_only=False):
+            if self._update_for_round != job.round and self.member_left(running_only=False) and self._room():
                 self.request_update("new worker ready")
+        if job.policy.spares and w.rank is None:
+            self.track_spares()  # a spare shows as one from its arrival, not from the next tick
         return job.phase in (Phase.STARTING, Phase.RUNNING) and self.may_form()
 
     def may_form(self) -> bool:
@@ -175,7 +190,7 @@ class RoundFormation:
         workers = job.workers
         newcomers = [workers[i] for i in self._waiting_ids
                      if i in workers and workers[i].state is S.WAITING and workers[i].rank is None]
-        newcomer_ready = self._whole_host_waits(newcomers)
+        newcomer_ready = self._whole_host_waits(newcomers) and self._room(members)
         member_leaving = False
         if self._drains.members_may_drain(job.round):
             for w in members:
@@ -184,6 +199,49 @@ class RoundFormation:
                     break
         if newcomer_ready or member_leaving:
             self.request_update("new worker ready" if newcomer_ready else "a host is leaving")
+
+    def _room(self, members: list[WorkerRecord] | None = None) -> bool:
+        """Whether the running round has room for a newcomer: always without ``--spares`` (the job then never
+        launches beyond ``--max-np``), else below ``--max-np`` staying members (see :mod:`.spares`)."""
+        job = self._job
+        if not job.policy.spares:
+            return True
+        staying = sum(1 for w in (job.members() if members is None else members) if w.state is S.RUNNING)
+        return has_room(staying, max_np=job.policy.max_np, host_slots=job.policy.whole_host_slots)
+
+    def _spare_key(self, w: WorkerRecord) -> tuple:
+        """Which waiting newcomer a round takes first (see :func:`~.spares.spare_key`)."""
+        job = self._job
+        specs = {s.name: s for s in job.policy.sources}
+        ranked = source_rank(specs.get(job.hosts.sources.get(w.slot.host, "")),
+                             job.hosts.prices.get(w.slot.host)) if specs else ()
+        return spare_key(ranked, self._arrivals.get(w.worker_id, 1 << 62), job.hosts.order_of(w.slot.host),
+                         w.slot.index, w.seq)
+
+    def track_spares(self) -> None:
+        """Which waiting workers are spares now (every step of a job with ``--spares``): the newcomers beyond the
+        running round's room. A change of their number is logged and emitted as a ``spares`` event."""
+        job = self._job
+        policy = job.policy
+        if not policy.spares or job.phase is not Phase.RUNNING:
+            return
+        r = job.round
+        staying, newcomers = 0, []
+        for w in job.alive():
+            if w.state is S.WAITING and w.round != r:
+                newcomers.append(w)
+            elif w.round == r and (w.state is S.RUNNING or w.state is S.WAITING):
+                staying += 1  # a member, or one back at rendezvous for the next round
+        spares = spares_now(newcomers, staying=staying, max_np=policy.max_np, host_slots=policy.whole_host_slots,
+                            key=self._spare_key, where=lambda w: (w.slot.host, w.slot.index))
+        ids = tuple(w.worker_id for w in spares)
+        self._were_spares.update(ids)
+        if len(ids) != len(self.spare_ids):
+            wanted = spare_slots(policy.spares, policy.whole_host_slots)
+            log.info("job %s: %d of %d spare(s) ready%s", job.job_id, len(ids), wanted,
+                     f": {', '.join(ids)}" if ids else "")
+            job.emit("spares", ready=len(ids), wanted=wanted, workers=list(ids))
+        self.spare_ids = ids
 
     def _host_ready(self, w: WorkerRecord) -> bool:
         """Whether newcomer ``w`` may join now (see :meth:`_whole_host_waits`)."""
@@ -239,7 +297,11 @@ class RoundFormation:
         self._on_formed(self._job.running(now))
 
     def maybe_form(self, now: float) -> None:
-        """Form the next round if it may form now (see the module rules)."""
+        """Form the next round if it may form now (see the module rules); then note the spares."""
+        self._maybe_form(now)
+        self.track_spares()
+
+    def _maybe_form(self, now: float) -> None:
         job = self._job
         # The lazy queue answers "still running" in O(1); only its "no" is confirmed by a scan.
         if self.member_left(running_only=True) or any(w.state is S.RUNNING for w in job.members()):
@@ -253,12 +315,17 @@ class RoundFormation:
                 return
         if not waiting or len(waiting) < job.policy.min_np:
             return
+        candidates = [
+            Candidate(w.worker_id, w.slot.host, w.slot.index, w.rank, w.holds_state,
+                      (job.hosts.order_of(w.slot.host), w.slot.index, w.seq), w.commit_seq)
+            for w in waiting
+        ]
+        if job.policy.spares:  # more may wait than a round takes: which of them go first (see .spares)
+            workers = job.workers
+            candidates = admit(candidates, max_np=job.policy.max_np, host_slots=job.policy.whole_host_slots,
+                               key=lambda c: self._spare_key(workers[c.worker_id]))
         plan = plan_round(
-            [
-                Candidate(w.worker_id, w.slot.host, w.slot.index, w.rank, w.holds_state,
-                          (job.hosts.order_of(w.slot.host), w.slot.index, w.seq), w.commit_seq)
-                for w in waiting
-            ],
+            candidates,
             max_np=job.policy.max_np,
             # A worker that lost its commit holds a state no one may take, even before the first commit.
             state_committed=job.state_committed or any(w.commit_lost for w in waiting),
@@ -298,13 +365,17 @@ class RoundFormation:
         )
         commit = max((w.commit_seq for w in ordered), default=0)
         self._report_rollback(commit, plan.from_checkpoint)
+        taken = sum(1 for w in ordered if w.worker_id in self._were_spares)
+        self._were_spares.intersection_update(w.worker_id for w in waiting if w.state is S.WAITING)
+        if taken:
+            log.info("job %s: round %d took %d spare(s)", job.job_id, job.round, taken)
         job.emit(
             "round_formed", round=job.round, size=len(ordered), synced=self.needs_sync,
             # Before anyone has committed there is no step to continue from, and a round that loads a
             # checkpoint learns its step from rank 0's checkpoint_loaded (null, as documented).
             from_checkpoint=plan.from_checkpoint,
             step=commit if job.state_committed and not plan.from_checkpoint else None,
-            ranks=_ranks_by_host(ordered),
+            ranks=_ranks_by_host(ordered), **({"spares_taken": taken} if taken else {}),
         )
 
     def _report_rollback(self, commit: int, from_checkpoint: bool) -> None:

@@ -11,6 +11,7 @@ import statistics
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.elastic_job import ElasticJob, Phase
 from cloud_elastic.driver.job.health import comm_share
+from cloud_elastic.driver.job.spares import spare_slots
 from cloud_elastic.driver.job.workers import WorkerState
 from cloud_elastic.status import BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus
 
@@ -51,11 +52,13 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     (a :class:`~cloud_elastic.metrics.StepRate`); None shows as unknown.
     """
     alive = [w for w in job.workers.values() if w.alive][:MAX_WORKER_ROWS]
+    spares = set(job.rounds.spare_ids)
     by_host: dict[str, list[WorkerStatus]] = {}
     for w in sorted(alive, key=lambda w: (w.slot.host, w.slot.index)):
         by_host.setdefault(w.slot.host, []).append(
             # A rank is only meaningful in the current round (a leaver keeps its old one).
-            WorkerStatus(w.slot.index, w.worker_id, _STATE_WORDS.get(w.state, w.state.value),
+            WorkerStatus(w.slot.index, w.worker_id,
+                         "spare" if w.worker_id in spares else _STATE_WORDS.get(w.state, w.state.value),
                          w.rank if w.member_of(job.round) else None,
                          None if w.compute_s is None else round(w.compute_s, 4),
                          None if (share := comm_share(w)) is None else round(share, 3))
@@ -94,6 +97,8 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
         provider=provider,
         median_compute_s=round(statistics.median(computes), 4) if computes else None,
         whole_host_slots=config.whole_host_slots,
+        spares=len(spares),
+        spares_wanted=spare_slots(job.policy.spares, job.policy.whole_host_slots),
         **_cost(job, now),
     )
 
