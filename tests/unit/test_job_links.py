@@ -6,7 +6,7 @@ import pytest
 
 from cloud_elastic.driver.job.elastic_job import WorkerState
 from cloud_elastic.driver.job.links import (HIGH_COMM_SWEEP_S, ORDER_TIMEOUT_S, SWEEP_EVERY_S, LinkWatch,
-                                            slow_host)
+                                            faster_without_host, slow_host)
 from cloud_elastic.protocol import LinkReport
 from tests.unit.test_job import Sim, started
 
@@ -61,6 +61,15 @@ def test_two_equally_slow_hosts_name_one_of_them_by_name_and_the_slower_first():
     assert slow_host(pairs).host == "e"  # a tie: the first by name
     pairs = mesh("abcdef", {"e": SLOW, "f": SLOW / 2})
     assert slow_host(pairs).host == "f"
+
+
+def test_a_host_is_worth_draining_only_when_the_others_would_do_more_work_without_it():
+    # Three workers, steps of 0.1 s compute and 0.1 s in collectives, the slow links 50x slower:
+    # two at about 0.102 s beat three at 0.2 s.
+    assert faster_without_host(3, 1, 0.1, 0.1, 1 / 50)
+    # A compute-bound job (0.01 s in collectives): three at 0.11 s beat two at 0.1 s.
+    assert not faster_without_host(3, 1, 0.1, 0.01, 1 / 50)
+    assert not faster_without_host(1, 1, 0.1, 0.1, 0.0) and not faster_without_host(3, 1, 0.0, 0.0, 0.0)
 
 
 def test_a_factor_of_one_or_less_names_nobody():
@@ -270,6 +279,15 @@ def test_a_slow_host_is_kept_when_draining_it_would_go_below_min_np(caplog):
     beat(sim, 30, {"c": SLOW})
     assert sim.job.workers[sim.id("c[0]")].state is S.RUNNING
     assert caplog.text.count("has a slow network") == 1 and "below --min-np 3" in caplog.text
+
+
+def test_a_slow_host_is_kept_when_the_job_would_not_be_faster_without_it(caplog):
+    # Collectives take a tenth of the step: three workers still do more than two would.
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
+    beat(sim, 30, {"c": SLOW}, compute_s=0.1, comm_s=0.01)
+    assert sim.job.workers[sim.id("c[0]")].state is S.RUNNING
+    assert caplog.text.count("has a slow network") == 1 and "would not be faster without it" in caplog.text
+    assert not [kind for kind, _ in sim.events if kind == "slow_link"]
 
 
 def test_status_shows_each_workers_share_of_time_in_collectives():

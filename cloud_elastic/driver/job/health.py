@@ -17,8 +17,9 @@
 * **slow networks** (:meth:`Health.heard`, and the scan of :meth:`Health.check`): a
   host whose links are all slow, found by pairwise probes (see :mod:`.links`), is
   drained the same way: its workers leave at their next commit, no rollback, its
-  slots blacklisted; kept when that would take the job below ``--min-np``. Both
-  watches are off at ``--straggler-factor 0``.
+  slots blacklisted; kept when that would take the job below ``--min-np``, or when
+  the job would not be faster without it (:func:`~.links.faster_without_host`).
+  Both watches are off at ``--straggler-factor 0``.
 * **hand drains** (:meth:`Health.drain`, ``cloud-elastic drain JOB HOST[:SLOT]``):
   a host drains as on a notice from the operator; a slot's worker drains alone
   and its slot is blacklisted, so it is not refilled at once;
@@ -37,7 +38,7 @@ import statistics
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.leaving import Leavers
-from cloud_elastic.driver.job.links import LinkWatch, SlowHost
+from cloud_elastic.driver.job.links import LinkWatch, SlowHost, faster_without_host
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import LinkReport, ProbeOrder
@@ -179,12 +180,23 @@ class Health:
         figures = (f"its fastest link {found.mb_s:.1f} MB/s against a median of {found.peers_mb_s:.1f} MB/s between "
                    f"the other hosts (measured with {', '.join(found.peers)})")
         staying = len(job.active())
-        if staying - len(gone) < policy.min_np and any(w.state is S.RUNNING for w in gone):
+        keep = ""
+        if any(w.state is S.RUNNING for w in gone):  # a newcomer not admitted yet costs the job nothing to refuse
+            members = [w for w in job.members() if w.compute_s is not None and w.comm_s is not None]
+            compute = statistics.median([w.compute_s for w in members]) if members else None
+            comm = statistics.median([w.comm_s for w in members]) if members else None
+            ratio = found.mb_s / found.peers_mb_s
+            if staying - len(gone) < policy.min_np:
+                keep = f"draining it would leave {staying - len(gone)} worker(s), below --min-np {policy.min_np}"
+            elif compute is not None and comm is not None and not faster_without_host(
+                    len(job.members()), len(gone), compute, comm, ratio):
+                keep = (f"the job would not be faster without it (steps of {compute:.3f} s of compute and "
+                        f"{comm:.3f} s in collectives)")
+        if keep:
             if found.host not in self._kept:
                 self._kept.add(found.host)
-                log.warning("job %s: host %s has a slow network (%s) but is kept: draining it would leave %d "
-                            "worker(s), below --min-np %d", job.job_id, found.host, figures,
-                            staying - len(gone), policy.min_np)
+                log.warning("job %s: host %s has a slow network (%s) but is kept: %s", job.job_id, found.host,
+                            figures, keep)
             return
         why = f"slow network: host {found.host}, {figures}"
         log.warning("job %s: %s; its %d worker(s) leave at their next commit and their slots are blacklisted",

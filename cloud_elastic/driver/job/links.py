@@ -35,6 +35,11 @@ of its hosts has a fast pair elsewhere. Hosts of unequal but healthy NICs are
 not named either, since the median of the other pairs is as slow. When several
 hosts qualify the slowest, relative to its reference, is named (ties: by name).
 
+**Worth it?** As for a straggler, the host is drained only if the job would
+do more work per second without it (:func:`faster_without_host`): a step of
+``compute + comm`` becomes at best ``compute + comm x ratio`` (the slow link's
+share of the time in collectives gone), for fewer workers.
+
 **Noise.** One low figure (a host descheduled during its probe) does not drain
 anyone: a host named for the first time becomes a *suspect* and one of its
 workers probes again; it is named only when the rule still names it once that
@@ -50,7 +55,7 @@ from typing import Iterable, Mapping
 
 from cloud_elastic.protocol import LinkReport, ProbeOrder
 
-__all__ = ["SlowHost", "slow_host", "LinkWatch", "LINK_FACTOR", "SWEEP_EVERY_S", "HIGH_COMM_SHARE"]
+__all__ = ["SlowHost", "slow_host", "faster_without_host", "LinkWatch", "LINK_FACTOR", "SWEEP_EVERY_S", "HIGH_COMM_SHARE"]
 
 #: A host whose fastest link is this many times slower than the other pairs' median is slow.
 LINK_FACTOR = 4.0
@@ -102,6 +107,18 @@ def slow_host(pairs: Mapping[tuple[str, str], float], factor: float = LINK_FACTO
             found.append(SlowHost(host, fastest, reference, tuple(sorted(inner))))
     # The worst relative to its reference; a tie goes to the first by name (found is in name order).
     return min(found, key=lambda s: s.mb_s / s.peers_mb_s) if found else None
+
+
+def faster_without_host(workers: int, leaving: int, compute_s: float, comm_s: float, ratio: float) -> bool:
+    """Would ``workers - leaving`` workers do more work per second than ``workers``, once the slow host's links
+    no longer hold the collectives up? Times per step (the round's medians); ``ratio``: its links' speed over
+    the others' (:attr:`SlowHost.mb_s` / :attr:`SlowHost.peers_mb_s`), so the collectives would take
+    ``comm_s x ratio`` at best without it."""
+    step = compute_s + comm_s
+    staying = workers - leaving
+    if staying <= 0 or step <= 0:
+        return False
+    return staying / (compute_s + comm_s * ratio) > workers / step
 
 
 @dataclass
