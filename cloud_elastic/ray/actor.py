@@ -101,11 +101,13 @@ def _worker_environment(env: Mapping[str, str], secret: str | None, gpu: bool) -
     """Put the worker's settings into this process's environment before the worker library reads it."""
     import ray
 
+    from cloud_elastic.worker.settings import HOSTNAME_ENV, SECRET_ENV
+
     os.environ.update(env)
     # The driver names hosts by Ray node id; Gloo needs an address this node can bind.
-    os.environ["CLOUD_ELASTIC_HOSTNAME"] = ray.util.get_node_ip_address()
+    os.environ[HOSTNAME_ENV] = ray.util.get_node_ip_address()
     if secret is not None:
-        os.environ["CLOUD_ELASTIC_SECRET"] = secret
+        os.environ[SECRET_ENV] = secret
     if gpu:
         # The worker library picks cuda:<local rank>; Ray would show each actor only its
         # own GPU, so, as Horovod's Ray executor did, show the node's GPUs to every worker.

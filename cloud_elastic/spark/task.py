@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cloud_elastic.control import Codec
+from cloud_elastic.worker.settings import HOSTNAME_ENV
 
 __all__ = ["TaskSettings", "run_task"]
 
@@ -114,7 +115,7 @@ def _start(settings: TaskSettings, order: Mapping[str, Any], ip: str, workdir: s
         cloudpickle.dump((settings.fn, tuple(settings.args), dict(settings.kwargs)), f)
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in dict(order["env"]).items()})
-    env["CLOUD_ELASTIC_HOSTNAME"] = ip  # the driver names this host by task; Gloo binds the address
+    env[HOSTNAME_ENV] = ip  # the driver names this host by task; Gloo binds the address
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     cwd = str(order.get("cwd") or "")
     command = [sys.executable, "-m", "cloud_elastic.spark.runfn", fn_path, result_path]
