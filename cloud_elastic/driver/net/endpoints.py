@@ -68,6 +68,7 @@ class Endpoints:
 
     @property
     def started(self) -> bool:
+        """Whether both servers listen (from :meth:`start` until :meth:`close`)."""
         return self._server is not None
 
     @property
@@ -77,12 +78,14 @@ class Endpoints:
 
     @property
     def control_port(self) -> int:
+        """The control plane's port (RuntimeError before :meth:`start`)."""
         if self._server is None:
             raise RuntimeError("endpoints not started")
         return self._server.port
 
     @property
     def store_port(self) -> int:
+        """The rendezvous store's port (RuntimeError before :meth:`start`)."""
         if self._store is None:
             raise RuntimeError("endpoints not started")
         return self._store.port

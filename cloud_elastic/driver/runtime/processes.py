@@ -84,6 +84,7 @@ class WorkerProcesses:
 
     # ----------------------------------------------------------------- launch
     def launch(self, action: Launch) -> None:
+        """Start ``action``'s worker; a worker that cannot start is reported to the job as exited (255)."""
         spec = self.spec(action)
         try:
             launcher = self.launcher_for(action.slot.host)
@@ -105,6 +106,7 @@ class WorkerProcesses:
         log.info("job %s: launched worker %s", self._job.job_id, action.worker_id)
 
     def launcher_for(self, host: str) -> Launcher:
+        """The launcher of ``host``'s workers (the given one, else local or SSH), made on first use."""
         if "given" in self._launchers:
             return self._launchers["given"]
         kind = "local" if is_local_host(host) and not self._config.force_ssh else "ssh"
@@ -181,6 +183,8 @@ class WorkerProcesses:
                 self._cond.notify_all()
 
     def stop(self, action: Stop) -> None:
+        """Stop ``action``'s worker without waiting: KILL at once (after its stacks, when asked), or TERM then
+        KILL after ``--terminate-grace`` from a thread of its own."""
         proc = self.procs.get(action.worker_id)
         if proc is None:
             return
