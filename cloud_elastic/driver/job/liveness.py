@@ -186,8 +186,11 @@ class SilenceWatch:
 
     ``last_seen`` only grows and ``launched_at`` never changes, so after a scan
     nobody can become overdue before the earliest due time it saw unless a
-    worker is born or a heartbeat reports a wait in a collective (:meth:`heard`);
-    :meth:`overdue` skips the scan until then. Workers that completed their
+    worker is born or a heartbeat reports a wait in a collective that may
+    corroborate a member already past its limit, or that will have lasted the
+    heartbeat timeout (:meth:`heard`); :meth:`overdue` skips the scan until then.
+    The round's stall is worked out only when someone is past its limit or a wait
+    is that long. Workers that completed their
     training function are never overdue (they are exiting).
 
     ``emit(kind, **fields)`` receives a ``collective_stalled`` event whenever a
@@ -206,6 +209,7 @@ class SilenceWatch:
         self._born = -1  # workers ever recorded, as of the last scan
         self._heard: dict[str, Heard] = {}
         self._reported: tuple[int, int] = (0, 0)  # (round, seq) of the last stall named while all heartbeat
+        self._suspects: frozenset[str] = frozenset()  # members past their limit at the last scan, nobody waiting
 
     def heard(self, worker_id: str, running: float, flight: FlightEntry | None, pause_s: float = 0.0) -> None:
         """A heartbeat of ``worker_id`` arrived at ``running`` (running time), with its newest collective
@@ -216,13 +220,18 @@ class SilenceWatch:
         else:
             arrived(h, running)
         h.pause = pause_s
+        h.limit = silence_limit(h)
         if flight is not None:
             if h.flight is None or (flight.round, flight.seq, flight.state) != (h.flight.round, h.flight.seq,
                                                                               h.flight.state):
                 h.flight_at = running - flight.age_s
             h.flight = flight
-            if flight.state == "entered" and h.flight_at + WAIT_MIN_S < self._silence_due:
-                self._silence_due = h.flight_at + WAIT_MIN_S  # a stall may form: look then
+            if flight.state == "entered":
+                # A member already past its limit is given up once peers wait for it: look then. A wait
+                # that lasts the heartbeat timeout is named: look then too.
+                due = h.flight_at + (WAIT_MIN_S if self._suspects else self.heartbeat_timeout_s)
+                if due < self._silence_due:
+                    self._silence_due = due
 
     def overdue(self, alive: Iterable[WorkerRecord], born: int, now: float,
                 running_now: float, round_: int = 0) -> list[tuple[WorkerRecord, str]]:
@@ -242,10 +251,8 @@ class SilenceWatch:
         timeout, start_timeout = self.heartbeat_timeout_s, self.start_timeout_s
         # A worker that registers after this scan has last_seen >= running_now: no bound beyond now + timeout.
         silence_due, start_due = running_now + timeout, float("inf")
-        members = [w for w in alive if round_ and w.round == round_ and w.state in _MEMBER]
-        member_ids = {w.worker_id for w in members}
-        stall = find_stall(members, self._heard, round_, running_now, WAIT_MIN_S) if members else None
-        found, fast = [], []
+        found, suspects, long_wait = [], [], False
+        heard = self._heard
         for w in alive:
             if w.state is WorkerState.COMPLETED:
                 continue
@@ -258,23 +265,31 @@ class SilenceWatch:
                     continue
                 if w.last_seen + allowed < silence_due:
                     silence_due = w.last_seen + allowed
-                h = self._heard.get(w.worker_id)
-                limit = (None if h is None or w.exiting_at is not None or w.worker_id not in member_ids
-                         else silence_limit(h))
+                h = heard.get(w.worker_id)
+                if h is None or not round_ or w.round != round_ or w.state not in _MEMBER or w.exiting_at is not None:
+                    continue
+                f = h.flight
+                if f is not None and f.state == "entered" and h.flight_at + timeout <= running_now:
+                    long_wait = True
+                limit = h.limit
                 if limit is None or limit >= allowed:
                     continue
                 if running_now - h.at <= limit:
-                    silence_due = min(silence_due, h.at + limit)
-                elif stall is not None and stall.blames(w.worker_id):
-                    fast.append((w, limit))
+                    if h.at + limit < silence_due:
+                        silence_due = h.at + limit
+                else:
+                    suspects.append((w, limit))
             elif now - w.launched_at > start_timeout:
                 found.append((w, f"did not reach rendezvous within {start_timeout:g}s"))
             elif w.launched_at + start_timeout < start_due:
                 start_due = w.launched_at + start_timeout
-        if stall is not None:
-            found += self._name(stall, fast, running_now)
-            if (stall.round, stall.seq) != self._reported:
-                silence_due = min(silence_due, stall.since + timeout)
+        self._suspects = frozenset(w.worker_id for w, _ in suspects)
+        if suspects or long_wait:  # only then is the round's stall worth working out
+            members = [w for w in alive if w.round == round_ and w.state in _MEMBER]
+            stall = find_stall(members, heard, round_, running_now, WAIT_MIN_S)
+            if stall is not None:
+                found += self._name(stall, [(w, limit) for w, limit in suspects if stall.blames(w.worker_id)],
+                                    running_now)
         self._silence_due, self._start_due, self._born = silence_due, start_due, born
         return found
 

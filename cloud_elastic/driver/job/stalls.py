@@ -43,6 +43,8 @@ class Heard:
     peak: float = 0.0
     #: The longest garbage-collector pause it says to expect (see ``worker.link.pauses``).
     pause: float = 0.0
+    #: Its silence limit as of its last heartbeat (see ``liveness.silence_limit``; None: too few heard yet).
+    limit: float | None = None
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,9 @@ def find_stall(members: Iterable[WorkerRecord], heard: Mapping[str, Heard], roun
         waiting.append(w)
     if not waiting:
         return None
-    missing = []
+    missing, waiters = [], {w.worker_id for w in waiting}
     for w in members:
-        if w in waiting:
+        if w.worker_id in waiters:
             continue
         h = heard.get(w.worker_id)
         f = None if h is None else h.flight
