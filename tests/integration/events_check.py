@@ -65,6 +65,9 @@ OWNERS: dict[str, frozenset[str]] = {
     "tests/integration/test_driver_adoption.py::"
     "test_a_driver_restarted_within_the_grace_adopts_its_workers_and_loses_no_step":
         frozenset({"worker_adopted", "worker_adopted.commit_step", "adoption_done"}),
+    "tests/integration/test_spares.py::"
+    "test_a_killed_worker_is_replaced_by_the_waiting_spare_holding_the_survivors_committed_state":
+        frozenset({"spares", "spares.workers", "round_formed.spares_taken", "worker_failed"}),
 }
 
 

@@ -68,6 +68,9 @@ def main() -> None:
                         "no other thread of the worker, its heartbeats included, runs again")
     p.add_argument("--stop-when", default="",
                    help="keep training past --steps/--min-resets until this file exists (rank 0 looks, after a commit)")
+    p.add_argument("--entry-events", action="store_true",
+                   help="an 'entered' event at each entry into the training function (after the state sync): "
+                        "the round, the step and a checksum of the parameters")
     args = p.parse_args()
 
     hvd.init()
@@ -129,6 +132,9 @@ def main() -> None:
     def train(state: hvd.elastic.TorchState) -> None:
         # Entered once per round, after the state sync, so every rank counts alike.
         state.resets += 1
+        if args.entry_events:
+            event("entered", rank=hvd.rank(), size=hvd.size(), round=get_context().info.round, step=state.step,
+                  checksum=checksum(model))
         while args.start_when and not os.path.exists(args.start_when):
             time.sleep(0.05)
         if sampler is None:
