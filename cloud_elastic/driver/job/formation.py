@@ -206,6 +206,8 @@ class RoundFormation:
         job = self._job
         if not job.policy.spares:
             return True
+        if job.abort_round >= job.round:
+            return False  # an aborted round re-forms anyway: its recovery takes the spares, no update needed
         staying = sum(1 for w in (job.members() if members is None else members) if w.state is S.RUNNING)
         return has_room(staying, max_np=job.policy.max_np, host_slots=job.policy.whole_host_slots)
 
