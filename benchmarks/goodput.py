@@ -354,15 +354,20 @@ def one_run(system: System, trace: Trace, baseline_s: float, batch: int, bound_s
         tb = time.time()
         time.sleep(baseline_s)
         t0 = time.time()
-        applied = []
-        for e in sorted(trace.events, key=lambda e: e.at_s):
-            time.sleep(max(0.0, t0 + e.at_s - time.time()))
-            if job.procs and all(p.poll() is not None for p in job.procs):
-                raise JobExited(f"{system.name}: every process ended:\n" + "".join(job.lines[-30:]))
+        applied, ended = [], None
+        # The trace plays on even when every process of the job has ended: a host that comes back starts
+        # its process again (a torchrun agent joins the rendezvous and resumes from the checkpoint).
+        for e in [*sorted(trace.events, key=lambda e: e.at_s), TraceEvent(trace.duration_s, "end", "")]:
+            while time.time() < t0 + e.at_s:
+                time.sleep(min(0.5, max(0.0, t0 + e.at_s - time.time())))
+                if ended is None and all(p.poll() is not None for p in job.procs):
+                    ended = time.time() - t0
+                    print(f"{system.name}: every process ended at {ended:.1f} s:\n" + "".join(job.lines[-20:]), flush=True)
+            if e.kind == "end":
+                break
             getattr(system, e.kind)(e.host)
             applied.append((time.time(), e))
             print(f"{system.name}: {e.at_s:6.1f} s {e.kind} {e.host}", flush=True)
-        time.sleep(max(0.0, t0 + trace.duration_s - time.time()))
         t1 = time.time()
         with job.cond:
             records = steps()
@@ -379,6 +384,7 @@ def one_run(system: System, trace: Trace, baseline_s: float, batch: int, bound_s
     times = {kind: [to_full_size(records, at, e.host, t1) for at, e in applied if e.kind == kind]
              for kind in ("kill", "notice")}
     return {"goodput": useful / (base * (t1 - t0)), "baseline_per_s": base, "useful": useful, "window_s": t1 - t0,
+            "ended_s": ended,
             "to_full": times, "left_s": {k: [t1 - at for at, e in applied if e.kind == k] for k in times}}
 
 
@@ -399,7 +405,8 @@ def table(results: dict[tuple[str, float], dict], traces: dict[float, Trace]) ->
         if "error" in r:
             lines.append(f"| {name} | {rate:g} ({mix}) | failed: {r['error']} | – | – | – |")
             continue
-        lines.append(f"| {name} | {rate:g} ({mix}) | **{r['goodput']:.3f}** | {r['baseline_per_s']:.0f} | "
+        died = f" (every process had ended at {r['ended_s']:.0f} s)" if r.get("ended_s") is not None else ""
+        lines.append(f"| {name} | {rate:g} ({mix}) | **{r['goodput']:.3f}**{died} | {r['baseline_per_s']:.0f} | "
                      f"{_times(r['to_full']['kill'], r['left_s']['kill'])} | "
                      f"{_times(r['to_full']['notice'], r['left_s']['notice'])} |")
     return "\n".join(lines)
@@ -470,7 +477,7 @@ def main() -> None:
                     r = one_run(system, trace, baseline_s, args.batch_size, bound_s=180.0, log_dir=args.log_dir)
                 except (TimeoutError, JobExited) as exc:
                     print(f"{system.name}: {exc}", flush=True)
-                    r = {"error": str(exc).splitlines()[0][:80]}
+                    r = {"error": str(exc).splitlines()[0].replace(f"{system.name}: ", "")[:80]}
                 results[(system.name, rate)] = r
                 print(f"{system.name} at {rate:g}/min: " + ", ".join(f"{k} {v}" for k, v in r.items()), flush=True)
     if args.log_dir is not None:
