@@ -1,4 +1,5 @@
-"""The package's shape: small modules (none over 600 lines) and no import cycle among them.
+"""The package's shape: small modules (none over 600 lines), no import cycle among them nor among its
+packages, a decision core that does no I/O, and loggers named after their modules.
 
 Imports are read from the source (``ast``), every one of them: at module level,
 under ``if TYPE_CHECKING:`` and inside functions. A cycle that only type checkers
@@ -137,3 +138,97 @@ def test_the_cycle_finder_sees_type_checking_and_function_local_imports(tmp_path
     graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}}
     assert cycles(graph) == [["p.a", "p.b", "p.c", "p.a"]]
     assert cycles({"p.a": {"p.b"}, "p.b": set()}) == []
+
+
+def package_graph(graph: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """The import graph between the package's parts: a package without sub-packages is one node (its
+    modules folded into it); a module directly in a package that has sub-packages is a node of its own
+    (``cloud_elastic.config``, ``cloud_elastic.worker.context``), as is each package's ``__init__``."""
+    graph = import_graph() if graph is None else graph
+    packages = {m for m, path in _modules().items() if path.name == "__init__.py"}
+    packages |= {m.rpartition(".")[0] for m in graph} - {""}
+
+    def node(module: str) -> str:
+        if module in packages:
+            return module
+        parent = module.rpartition(".")[0]
+        return module if any(p.rpartition(".")[0] == parent for p in packages) else parent
+
+    folded: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        folded.setdefault(node(a), set()).update(node(b) for b in targets)
+    for n, targets in folded.items():
+        targets.discard(n)
+    for targets in list(folded.values()):
+        for t in targets:
+            folded.setdefault(t, set())
+    return folded
+
+
+def test_no_import_cycle_among_the_packages_parts() -> None:
+    found = cycles(package_graph())
+    assert not found, "package cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+#: What the driver's decision core (``driver/job``) may not import: no clock, thread, socket, process or
+#: selector, and nothing of the runtime shell around it.
+CORE = "cloud_elastic.driver.job"
+CORE_FORBIDDEN_STDLIB = ("time", "threading", "socket", "os", "subprocess", "selectors")
+CORE_FORBIDDEN_PACKAGES = tuple(f"cloud_elastic.driver.{p}" for p in ("runtime", "net", "launch", "restart"))
+
+
+def test_the_decision_core_imports_no_io_and_nothing_of_the_runtime() -> None:
+    found = []
+    for name, path in _modules().items():
+        if name != CORE and not name.startswith(CORE + "."):
+            continue
+        for imported in sorted(_imported(name, path)):
+            top = imported.split(".")[0]
+            if top in CORE_FORBIDDEN_STDLIB or any(imported == p or imported.startswith(p + ".")
+                                                   for p in CORE_FORBIDDEN_PACKAGES):
+                found.append(f"{name} imports {imported}")
+    assert not found, "; ".join(found)
+
+
+def _loggers(path: Path) -> list[tuple[int, str]]:
+    """(line, what) for each ``getLogger`` call whose name is not ``__name__``, and each log call on the
+    ``logging`` module itself (the root logger)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        on_logging = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "logging"
+        if name == "getLogger":
+            arg = node.args[0] if node.args else None
+            if not (isinstance(arg, ast.Name) and arg.id == "__name__"):
+                found.append((node.lineno, f"getLogger({ast.unparse(arg) if arg is not None else ''})"))
+        elif on_logging and name in ("debug", "info", "warning", "error", "exception", "critical", "log"):
+            found.append((node.lineno, f"logging.{name}(...)"))
+    return found
+
+
+#: The CLI configures the package's logger, ``cloud_elastic``, for the user (``--verbose``): its one exception.
+LOGGER_EXCEPTIONS = {("cloud_elastic.cli", "getLogger('cloud_elastic')")}
+
+
+def test_every_module_logs_under_its_own_name() -> None:
+    found = [f"{name}:{line} {what}" for name, path in _modules().items() for line, what in _loggers(path)
+             if (name, what) not in LOGGER_EXCEPTIONS]
+    assert not found, "loggers not named after their module: " + "; ".join(found)
+
+
+def test_the_layout_checks_see_package_cycles_core_imports_and_stray_loggers(tmp_path: Path) -> None:
+    graph = {"cloud_elastic.driver.restart.window": {"cloud_elastic.driver.runtime.condition"},
+             "cloud_elastic.driver.runtime.condition": {"cloud_elastic.driver.restart.record"},
+             "cloud_elastic.driver.restart.record": set()}
+    assert cycles(package_graph(graph)) == [["cloud_elastic.driver.restart", "cloud_elastic.driver.runtime",
+                                             "cloud_elastic.driver.restart"]]
+    bad = tmp_path / "bad.py"
+    bad.write_text("import logging\nlog = logging.getLogger('cloud_elastic.other')\nlogging.info('x')\n"
+                   "good = logging.getLogger(__name__)\n")
+    assert _loggers(bad) == [(2, "getLogger('cloud_elastic.other')"), (3, "logging.info(...)")]
+    core = tmp_path / "core.py"
+    core.write_text("import time\nfrom cloud_elastic.driver.net.control_server import Held\n")
+    assert _imported(CORE + ".core", core) == {"time", "cloud_elastic.driver.net.control_server.Held"}
