@@ -234,3 +234,12 @@ def test_status_marks_the_spares_and_counts_them() -> None:
     assert "world size 3 (-np 3, --min-np 1, --max-np 3), spares 1 of 1" in text
     rows = {line.split()[0]: line for line in text.splitlines() if line[:2] in ("a ", "b ", "c ", "d ")}
     assert rows["d"].endswith("[0] spare") and "rank 0 training" in rows["a"]
+
+
+def test_a_notice_for_the_spares_host_sends_the_spare_away_unblamed_and_another_takes_its_place() -> None:
+    sim = with_spare(ready={**FOUR, "e": 1})
+    sim.discover({"a": 1, "b": 1, "c": 1, "e": 1}, {"d": Drain(reason="spot interruption")})
+    assert isinstance(sim.reply("d[0]"), ExitOrder)
+    sim.exit("d[0]", CLEAN)
+    assert not sim.blocked("d[0]") and sim.poll("a[0]").update_gen == 0  # the round did not stop for it
+    assert sim.slots_launched()[-1] == "e[0]"
