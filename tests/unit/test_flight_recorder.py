@@ -7,10 +7,10 @@ import tracemalloc
 import pytest
 
 from cloud_elastic.protocol import FlightEntry, PollRequest
-from cloud_elastic.worker.link.pauses import GcPauses
+from cloud_elastic.worker.link.pauses import BUSY_S, Pauses
 from cloud_elastic.worker.rounds.flight import RING_SIZE, FlightRecorder
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(120)  # the compile test imports dynamo: seconds on a loaded machine
 
 
 def test_collectives_are_numbered_per_round_and_the_newest_rides_on_the_heartbeat() -> None:
@@ -65,7 +65,7 @@ def test_a_malformed_flight_entry_is_refused() -> None:
 def test_the_expected_garbage_collector_pause_grows_with_the_heap_and_remembers_a_measured_one() -> None:
     import gc
 
-    pauses = GcPauses()
+    pauses = Pauses()
     pauses.start()
     try:
         small = pauses.expected_s()
@@ -76,6 +76,30 @@ def test_the_expected_garbage_collector_pause_grows_with_the_heap_and_remembers_
         measured = pauses._longest
         del heap
         assert measured > 0 and pauses.expected_s() >= round(measured, 3)  # remembered after the heap is gone
+        assert pauses.expected_s(first_step=True) == BUSY_S  # a round's first step may compile
     finally:
         pauses.close()
     assert pauses._callback not in gc.callbacks
+
+
+def test_a_worker_compiling_announces_a_long_pause_once_dynamo_is_in_use() -> None:
+    import torch
+
+    pauses = Pauses()
+    pauses.start()
+    try:
+        seen = []
+        model = torch.nn.Linear(4, 4)
+
+        def spy(gm, example_inputs):
+            seen.append(pauses.expected_s())  # called while dynamo compiles
+            return gm.forward
+
+        pauses.expected_s()  # the heartbeat thread looks: dynamo is not in use yet, nothing hooked
+        compiled = torch.compile(model, backend=spy)
+        import torch._dynamo.callback  # noqa: F401 (what torch.compile's first call imports)
+        pauses.expected_s()  # hooked now
+        compiled(torch.randn(2, 4))
+        assert seen == [BUSY_S] and pauses.expected_s() < BUSY_S
+    finally:
+        pauses.close()

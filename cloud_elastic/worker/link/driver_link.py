@@ -36,7 +36,7 @@ import torch.distributed as dist
 from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo, StacksReport
 from cloud_elastic.worker.comm.link_probe import link_probe_of
 from cloud_elastic.worker.link.client import DriverClient
-from cloud_elastic.worker.link.pauses import GcPauses
+from cloud_elastic.worker.link.pauses import Pauses
 from cloud_elastic.worker.link.progress import format_stacks
 
 __all__ = ["DriverLinkMixin", "notice_reporter"]
@@ -146,14 +146,14 @@ class DriverLinkMixin:
     def _heartbeat_loop(self) -> None:
         assert self._codec is not None
         client = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
-        pauses = GcPauses()  # the driver's silence rule allows for them (see link.pauses)
+        pauses = Pauses()  # the driver's silence rule allows for them (see link.pauses)
         pauses.start()
         try:
             self._heartbeats(client, pauses)
         finally:
             pauses.close()
 
-    def _heartbeats(self, client: DriverClient, pauses: GcPauses) -> None:
+    def _heartbeats(self, client: DriverClient, pauses: Pauses) -> None:
         last_ok = time.monotonic()
         while not self._shutdown.is_set():
             try:
@@ -165,7 +165,8 @@ class DriverLinkMixin:
                                 self.commit_seq, progress.sample(), progress.steps,
                                 round(progress.waiting_s(), 2), progress.compute_s(),
                                 comm_s=progress.comm_s(), link=link_probe_of(self).report(),
-                                flight=self._flight_entry(), pause_s=pauses.expected_s()).to_wire(),
+                                flight=self._flight_entry(),
+                                pause_s=pauses.expected_s(first_step=self._first_step_of_round())).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:
@@ -202,6 +203,10 @@ class DriverLinkMixin:
                 self._send_stacks(client, reply.stacks)
             if reply.shutdown:
                 return
+
+    def _first_step_of_round(self) -> bool:
+        """In a round, before its first optimizer step (set when the round's group formed, see ``rounds.groups``)."""
+        return self.progress.steps == self.__dict__.get("_round_steps0", -1)
 
     def _flight_entry(self) -> FlightEntry | None:
         """The newest entry of this worker's flight record, for its heartbeat (see ``rounds.flight``)."""

@@ -221,6 +221,7 @@ class RoundGroupsMixin:
         old, self._group = self._group, group
         self.info = info
         self.flight.new_round(info.round)
+        self._round_steps0 = self.progress.steps  # its first step may compile: see link.pauses
         self.progress.mark()
         self.progress.new_round()  # compute times are of this round's steps
         if old is not None:
