@@ -11,7 +11,7 @@ the job secret in its own 0600 file)::
 ``handle`` says how to stop a worker this driver did not start: ``{"kind":
 "local", "pid", "start"}`` (its process group, and the start time that tells
 the same process from a later one with a reused pid), or ``{"kind": "ssh",
-"nonce"}`` (the remote wrapper, reached again with ``remote --attach``).
+"nonce"}`` (the remote wrapper, reached again with ``ssh_remote --attach``).
 Nothing of it lands on shared checkpoint storage.
 
 A driver of the same job started again within ``--driver-grace`` reads it,
