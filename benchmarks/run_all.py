@@ -56,6 +56,7 @@ BENCHMARKS = [
     Benchmark("cli-import", "cli_import.py", 120, 600),
     Benchmark("commit-cost", "commit_cost.py", 600, 4 * 3600),
     Benchmark("recovery", "recovery.py", 300, 2 * 3600, peers=True),
+    Benchmark("silence", "silence.py", 400, 2 * 3600),
     Benchmark("host-added", "host_added.py", 300, 2 * 3600, peers=True),
     Benchmark("notice-latency", "notice_latency.py", 400, 3600),
     Benchmark("watcher-cost", "watcher_cost.py", 120, 600),
