@@ -125,22 +125,22 @@ def _s(t: float, bound: float) -> str:
 
 
 def text_of(results: list[dict], soaked: dict | None, bound: float) -> str:
-    t = [r["s"] for r in results]
-    parts = []
+    """One table: the stops (survivors' next step, by which rule, named first) and the soak (false alarms)."""
+    lines = ["| run, every setting at its default | survivors' next step p50 / p95 | each (s) | given up | "
+             "stall named before the give-up |", "|---|---|---|---|---|"]
     if results:
+        t = [r["s"] for r in results]
         each = ", ".join("miss" if math.isinf(x) else f"{x:.2f}" for x in t)
-        parts.append("| SIGSTOP of one worker of three, defaults | p50 | p95 | each stop (s) | given up by the fast rule "
-                     "| stall named before the give-up |\n|---|---|---|---|---|---|\n"
-                     f"| cloud-elastic | {_s(pct(t, .5), bound)} | {_s(pct(t, .95), bound)} | {each} | "
-                     f"{sum(r['fast'] for r in results)} of {len(results)} | "
-                     f"{sum(r['named_first'] for r in results)} of {len(results)} |")
+        lines.append(f"| {len(results)} SIGSTOPs of one worker of three | {_s(pct(t, .5), bound)} / "
+                     f"{_s(pct(t, .95), bound)} | {each} | {sum(r['fast'] for r in results)} of {len(results)} by "
+                     f"the fast rule | {sum(r['named_first'] for r in results)} of {len(results)} |")
     if soaked:
-        parts.append(f"False-alarm soak: three equal workers for {soaked['minutes']:.0f} min beside "
-                     f"{soaked['hogs']} CPU hog(s) (median load {soaked['load_median']:.1f}), {soaked['steps']} steps: "
-                     f"**{soaked['false_alarms']} worker(s) given up**"
-                     + (f" ({'; '.join(soaked['reasons'])})" if soaked["reasons"] else "")
-                     + f"; {soaked['stalls_named']} stall(s) named while every worker heartbeat.")
-    return "\n\n".join(parts)
+        reasons = f" ({'; '.join(soaked['reasons'])})" if soaked["reasons"] else ""
+        lines.append(f"| {soaked['minutes']:.0f}-min soak: three equal workers, {soaked['hogs']} CPU hog(s) beside "
+                     f"(median load {soaked['load_median']:.1f}), {soaked['steps']} steps | – | – | "
+                     f"**{soaked['false_alarms']} (false alarms)**{reasons} | {soaked['stalls_named']} stall(s) "
+                     "named while all heartbeat |")
+    return "\n".join(lines)
 
 
 def glance(results: list[dict], soaked: dict | None, bound: float) -> list[list[str]]:
@@ -161,8 +161,18 @@ def main() -> None:
     p.add_argument("--soak-minutes", type=float, default=None, help="false-alarm soak (default 30; 1 with --quick)")
     p.add_argument("--hogs", type=int, default=1, help="CPU-bound processes beside the soak's job")
     p.add_argument("--results", type=Path, default=None, help="also write the raw results here (JSON)")
+    p.add_argument("--from-results", type=Path, default=None,
+                   help="publish a run saved with --results (its stamp line given by --stamp) instead of running")
+    p.add_argument("--stamp", default="", help="with --from-results: the saved run's stamp line")
     docsection.add_arguments(p)
     args = p.parse_args()
+    if args.from_results:
+        saved = json.loads(args.from_results.read_text())
+        results = [dict(r, s=float(r["s"])) for r in saved["stops"]]
+        docsection.publish(args, "silence", SECTION, "\n\n".join([args.stamp, text_of(results, saved["soak"],
+                                                                                          args.bound)]),
+                           glance(results, saved["soak"], args.bound))
+        return
     n = args.stops if args.stops is not None else 2 if args.quick else 12
     minutes = args.soak_minutes if args.soak_minutes is not None else 1 if args.quick else 30
     results = stops(n, args.warm_s, args.bound)
