@@ -8,16 +8,9 @@ calls it at least every few tens of milliseconds (its loop ticks every 50 ms),
 so a gap between two calls longer than ``max_gap_s`` can only mean that the
 driver was not running, and the excess is not counted.
 
-The driver's loop thread cannot promise such calls by itself: it does blocking
-work of its own (the first discovery, which may run a script or import a cloud
-SDK; starting the fork server and launching workers; stopping them). Before
-any worker heartbeats, nothing else calls the clock either, so that work read
-as stalls: every job printed lines of "the driver did not run for 1.0s" before
-its first round, on an idle machine, and the busy time was excused for workers.
-:class:`Pulse` is the driver's own heartbeat: a thread that does nothing but
-call the clock every ``interval_s``. Busy threads do not delay it; a paused,
-starved or swapped process delays it as much as every other thread, and only
-then is a stall counted.
+The driver's own heartbeat, a thread that does nothing but read the clock every
+0.1 s (``driver/runtime/pulse.py``), makes those calls: busy threads do not delay
+it, a paused, starved or swapped process does.
 
 :class:`SilenceWatch` finds the workers to give up: registered ones silent past
 the heartbeat timeout (in running time; past :data:`EXIT_GRACE_S` once a worker
@@ -60,14 +53,13 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from typing import Callable, Iterable
 
 from cloud_elastic.driver.job.stalls import Heard, Stall, describe, find_stall, stall_event
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import FlightEntry
 
-__all__ = ["EXIT_GRACE_S", "FAST_FLOOR_S", "PHI_Z", "Pulse", "RunningClock", "SilenceWatch", "silence_limit"]
+__all__ = ["EXIT_GRACE_S", "FAST_FLOOR_S", "PHI_Z", "RunningClock", "SilenceWatch", "silence_limit"]
 
 #: The fast rule's shortest bound on a member's silence: three heartbeat intervals of 0.5 s.
 FAST_FLOOR_S = 1.5
@@ -115,38 +107,6 @@ class RunningClock:
         if self._last is None or now > self._last:
             self._last = now
         return now - self.stalled_s
-
-
-class Pulse:
-    """Calls ``beat()`` every ``interval_s`` from a thread of its own, between ``start()`` and ``close()``.
-
-    The driver's beat reads its :class:`RunningClock` (under the job lock), so that a gap between two
-    readings means the whole process did not run, never that one of its threads was busy. ``beat`` must
-    not raise; an exception is logged and the pulse goes on.
-    """
-
-    def __init__(self, beat: Callable[[], None], interval_s: float = 0.1) -> None:
-        self._beat = beat
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="driver-pulse", daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        """Stop the thread and wait for it (at most one beat)."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                self._beat()
-            except Exception:  # the pulse must outlive a bug in one beat; the job's own checks go on
-                log.exception("the driver's pulse failed")
 
 
 def silence_limit(heard: Heard, floor_s: float = FAST_FLOOR_S) -> float | None:
