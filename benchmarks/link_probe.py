@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/link_probe.py [--quick] [--jobs N]
 
-In this process, three link probes on loopback hosts 127.0.0.1-3 (``worker.comm.link_probe``):
+In this process, three link probes on loopback hosts 127.0.0.1-3 (``worker.link.link_probe``):
 
 * a probe of two healthy peers, repeated: its time per peer and its figures (MB/s);
 * the same with the test hook (``CLOUD_ELASTIC_TEST_LINK_BYTES_PER_S``) on one peer, at a few rates;
@@ -31,7 +31,7 @@ from common import PY, REPO, command, pct, stamp
 
 from cloud_elastic.driver.job.links import LINK_FACTOR, slow_host
 from cloud_elastic.protocol import LinkReport, PollRequest, ProbeOrder
-from cloud_elastic.worker.comm.link_probe import LinkProbe, SlowLink
+from cloud_elastic.worker.link.link_probe import LinkProbe, SlowLink
 
 SECTION = "Slow networks"
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")

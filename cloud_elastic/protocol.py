@@ -224,7 +224,7 @@ class RendezvousRequest:
 
 @dataclass(frozen=True)
 class LinkReport:
-    """A worker's link probe, sent with its heartbeats (see ``worker.comm.link_probe``).
+    """A worker's link probe, sent with its heartbeats (see ``worker.link.link_probe``).
 
     ``port``: where its probe answers on its host (0: no probe); ``probed``: the
     :class:`ProbeOrder` its ``mb_s`` answers (0: none yet); ``mb_s``: per peer

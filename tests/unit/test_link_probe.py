@@ -1,4 +1,4 @@
-"""worker/comm/link_probe.py and the communication time of worker/link/progress.py, on loopback sockets."""
+"""worker/link/link_probe.py and the communication time of worker/link/progress.py, on loopback sockets."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.protocol import ProbeOrder
-from cloud_elastic.worker.comm.link_probe import HOOK_ENV, LinkProbe, SlowLink, link_probe_of, measure
+from cloud_elastic.worker.link.link_probe import HOOK_ENV, LinkProbe, SlowLink, link_probe_of, measure
 from cloud_elastic.worker.link.progress import Progress
 
 pytestmark = pytest.mark.timeout(60)

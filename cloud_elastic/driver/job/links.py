@@ -6,7 +6,7 @@ in a ring allreduce every rank then waits about as long, so per-rank collective
 time cannot name it. Pairwise measurements can: every link of the slow host is
 slow, and the links between the other hosts are not.
 
-**Measurements.** Every worker runs a small probe (``worker.comm.link_probe``)
+**Measurements.** Every worker runs a small probe (``worker.link.link_probe``)
 and reports its port with its heartbeats. :class:`LinkWatch` orders one worker at
 a time (never two at once, so probes do not share the wire with each other) to
 measure its links to :data:`PEERS_PER_PROBE` peers on other hosts, the next

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo, StacksReport
-from cloud_elastic.worker.comm.link_probe import link_probe_of
+from cloud_elastic.worker.link.link_probe import link_probe_of
 from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.link.pauses import Pauses
 from cloud_elastic.worker.link.progress import format_stacks
