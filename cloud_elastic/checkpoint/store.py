@@ -39,16 +39,8 @@ from typing import Any, BinaryIO, Mapping
 
 import torch
 
-from cloud_elastic.checkpoint.api import (
-    FORMAT,
-    FORMAT_VERSION,
-    READ_VERSION,
-    SHARDED_FORMAT_VERSION,
-    Checkpoint,
-    CheckpointError,
-    CheckpointInfo,
-    DurableJobRecord,
-)
+from cloud_elastic.checkpoint.api import (FORMAT, FORMAT_VERSION, READ_VERSION, SHARDED_FORMAT_VERSION, Checkpoint,
+                                          CheckpointError, CheckpointInfo, DurableJobRecord)
 from cloud_elastic.checkpoint.backend import Backend, Oversize, backend_for
 from cloud_elastic.checkpoint.payload import check_payload
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable

@@ -15,22 +15,7 @@ from .factory import CLOUDS, ENV_AWS, ENV_AZURE, ENV_GCP, HOST_PLACEHOLDER, endp
 from .gcp_metadata import GCPMetadataWatcher
 
 __all__ = [
-    "Notice",
-    "NoticeWatcher",
-    "Report",
-    "TERMINATE",
-    "REBALANCE",
-    "MAINTENANCE",
-    "KINDS",
-    "SOURCES",
-    "AWSMetadataWatcher",
-    "GCPMetadataWatcher",
-    "AzureScheduledEventsWatcher",
-    "watcher_for",
-    "endpoint_for",
-    "CLOUDS",
-    "ENV_AWS",
-    "ENV_GCP",
-    "ENV_AZURE",
-    "HOST_PLACEHOLDER",
+    "Notice", "NoticeWatcher", "Report", "TERMINATE", "REBALANCE", "MAINTENANCE", "KINDS", "SOURCES",
+    "AWSMetadataWatcher", "GCPMetadataWatcher", "AzureScheduledEventsWatcher",
+    "watcher_for", "endpoint_for", "CLOUDS", "ENV_AWS", "ENV_GCP", "ENV_AZURE", "HOST_PLACEHOLDER",
 ]

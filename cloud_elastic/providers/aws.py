@@ -78,30 +78,13 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
 from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
-from cloud_elastic.providers._common import (
-    ABSENT,
-    READY,
-    CloudGroupProvider,
-    OptionReader,
-    SlotCache,
-    SnapshotBuilder,
-    Verdict,
-    draining,
-    error_for_status,
-    one_line,
-    retry_options,
-)
+from cloud_elastic.providers._common import (ABSENT, READY, CloudGroupProvider, OptionReader, SlotCache,
+                                             SnapshotBuilder, Verdict, draining, error_for_status, one_line,
+                                             retry_options)
 from cloud_elastic.providers.api import DiscoveredHosts, Drain, ProviderOption, parse_bool
 from cloud_elastic.providers.aws_hooks import LifecycleHolds
 from cloud_elastic.providers.aws_pricing import InstancePrice, SpotPrices, set_desired_capacity
-from cloud_elastic.providers.aws_notices import (
-    Ignored,
-    Notice,
-    NoticeBook,
-    QueueReceiver,
-    parse_message,
-    receive_all,
-)
+from cloud_elastic.providers.aws_notices import (Ignored, Notice, NoticeBook, QueueReceiver, parse_message, receive_all)
 
 __all__ = ["AWSAutoScalingGroup", "classify", "gpu_devices", "launch_order"]
 

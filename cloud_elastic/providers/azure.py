@@ -68,21 +68,9 @@ from urllib.parse import urlsplit
 
 from cloud_elastic.errors import (CapacityDeniedError, CapacityError, ConfigError, DiscoveryError, FatalDiscoveryError,
                                   RetryableDiscoveryError)
-from cloud_elastic.providers._common import (
-    ABSENT,
-    READY,
-    CloudGroupProvider,
-    OnceLog,
-    OptionReader,
-    SlotCache,
-    SnapshotBuilder,
-    Verdict,
-    absent,
-    draining,
-    error_for_status,
-    one_line,
-    retry_options,
-)
+from cloud_elastic.providers._common import (ABSENT, READY, CloudGroupProvider, OnceLog, OptionReader, SlotCache,
+                                             SnapshotBuilder, Verdict, absent, draining, error_for_status, one_line,
+                                             retry_options)
 from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption
 
 __all__ = ["AzureScaleSet", "classify"]

@@ -66,21 +66,9 @@ from typing import Any, Iterable, Mapping
 
 from cloud_elastic.errors import (CapacityDeniedError, CapacityError, ConfigError, DiscoveryError, FatalDiscoveryError,
                                   RetryableDiscoveryError)
-from cloud_elastic.providers._common import (
-    ABSENT,
-    READY,
-    CloudGroupProvider,
-    OnceLog,
-    OptionReader,
-    SlotCache,
-    SnapshotBuilder,
-    Verdict,
-    absent,
-    draining,
-    error_for_status,
-    one_line,
-    parse_time,
-)
+from cloud_elastic.providers._common import (ABSENT, READY, CloudGroupProvider, OnceLog, OptionReader, SlotCache,
+                                             SnapshotBuilder, Verdict, absent, draining, error_for_status, one_line,
+                                             parse_time)
 from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption
 
 __all__ = ["GCPManagedInstanceGroup", "classify"]

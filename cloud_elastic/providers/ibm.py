@@ -60,21 +60,9 @@ import re
 from typing import Any, Iterable, Mapping
 
 from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
-from cloud_elastic.providers._common import (
-    ABSENT,
-    READY,
-    CloudGroupProvider,
-    OnceLog,
-    OptionReader,
-    SlotCache,
-    SnapshotBuilder,
-    Verdict,
-    absent,
-    draining,
-    error_for_status,
-    one_line,
-    retry_options,
-)
+from cloud_elastic.providers._common import (ABSENT, READY, CloudGroupProvider, OnceLog, OptionReader, SlotCache,
+                                             SnapshotBuilder, Verdict, absent, draining, error_for_status, one_line,
+                                             retry_options)
 from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption
 
 __all__ = ["IBMInstanceGroup", "classify"]

@@ -53,15 +53,8 @@ from cloud_elastic.config import SSH_OPTION, SSHConfig
 from cloud_elastic.driver.launch.known_hosts import JobKnownHosts
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.launch.local import forward_lines
-from cloud_elastic.driver.launch.ssh_remote import (
-    MODULE,
-    REASON_GONE,
-    REASON_KEEPALIVE,
-    SECRET_ENV,
-    WrapperArgs,
-    parse_marker,
-    wrapper_argv,
-)
+from cloud_elastic.driver.launch.ssh_remote import (MODULE, REASON_GONE, REASON_KEEPALIVE, SECRET_ENV, WrapperArgs,
+                                                    parse_marker, wrapper_argv)
 from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 
 __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
