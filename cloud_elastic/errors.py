@@ -25,6 +25,9 @@ signals the elastic loop depends on.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 __all__ = [
     "CloudElasticError",
     "ConfigError",
@@ -32,6 +35,7 @@ __all__ = [
     "RetryableDiscoveryError",
     "FatalDiscoveryError",
     "MissingDependencyError",
+    "require_module",
     "CapacityError",
     "CapacityDeniedError",
     "ControlPlaneError",
@@ -72,6 +76,14 @@ class MissingDependencyError(FatalDiscoveryError):
         )
         self.package = package
         self.extra = extra
+
+
+def require_module(module: str, *, package: str, extra: str, needed_by: str = "this provider") -> ModuleType:
+    """Import ``module``, or raise a one-line :class:`MissingDependencyError` naming ``package`` and the pip ``extra``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(package, extra, needed_by) from exc
 
 
 class CapacityError(DiscoveryError):

@@ -1,4 +1,4 @@
-"""Pieces every cloud provider shares: lazy SDK import, option parsing, snapshot
+"""Pieces every cloud provider shares: lazy SDK modules, option parsing, snapshot
 building, time parsing, slot caching and error classification.
 
 Nothing here does I/O. Cloud modules import this; it imports no cloud SDK.
@@ -7,7 +7,6 @@ Nothing here does I/O. Cloud modules import this; it imports no cloud SDK.
 from __future__ import annotations
 
 import abc
-import importlib
 import ipaddress
 import logging
 from dataclasses import dataclass
@@ -18,13 +17,12 @@ from cloud_elastic.errors import (
     ConfigError,
     DiscoveryError,
     FatalDiscoveryError,
-    MissingDependencyError,
     RetryableDiscoveryError,
+    require_module,
 )
 from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery, ProviderOption
 
 __all__ = [
-    "import_sdk",
     "OptionReader",
     "retry_options",
     "Verdict",
@@ -45,14 +43,6 @@ _log = logging.getLogger(__name__)
 
 #: The longest an option in seconds may be (a day: these are API timeouts and intervals).
 _MAX_SECONDS = 86400.0
-
-
-def import_sdk(module: str, *, package: str, extra: str) -> Any:
-    """Import ``module`` or raise MissingDependencyError naming ``package`` and the pip ``extra``."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise MissingDependencyError(package, extra) from exc
 
 
 def one_line(text: object, limit: int = 300) -> str:
@@ -349,7 +339,7 @@ class CloudGroupProvider(HostDiscovery, abc.ABC):
         """The SDK modules by short name, imported on first use (MissingDependencyError names the extra)."""
         loaded = self.__dict__.get("_sdk_loaded")
         if loaded is None:
-            loaded = {name: import_sdk(path, package=self.sdk_package, extra=self.extra)
+            loaded = {name: require_module(path, package=self.sdk_package, extra=self.extra)
                       for name, path in self.sdk_modules.items()}
             self.__dict__["_sdk_loaded"] = loaded
         return loaded

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from cloud_elastic.errors import MissingDependencyError
+from cloud_elastic.errors import require_module
 
 __all__ = ["require_ray"]
 
 
 def require_ray() -> ModuleType:
     """The ``ray`` module; a one-line :class:`MissingDependencyError` naming ``cloud-elastic[ray]`` without it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise MissingDependencyError("ray", "ray", "cloud-elastic on Ray") from exc
-    return ray
+    return require_module("ray", package="ray", extra="ray", needed_by="cloud-elastic on Ray")

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from cloud_elastic.errors import MissingDependencyError
+from cloud_elastic.errors import require_module
 
 __all__ = ["require_pyspark"]
 
 
 def require_pyspark() -> ModuleType:
     """The ``pyspark`` module; a one-line :class:`MissingDependencyError` naming ``cloud-elastic[spark]`` without it."""
-    try:
-        import pyspark
-    except ImportError as exc:
-        raise MissingDependencyError("pyspark", "spark", "cloud-elastic on Spark") from exc
-    return pyspark
+    return require_module("pyspark", package="pyspark", extra="spark", needed_by="cloud-elastic on Spark")
