@@ -200,21 +200,8 @@ class LifecycleHolds:
         hook = self._ours(hold)
         if hook is None:
             return  # retried once the hook is known
-        # The token belongs to the hook of the notice that brought it.
-        target = {"LifecycleActionToken": hold.token} if hold.token and hold.hook == hook else {
-            "InstanceId": hold.instance}
-        try:
-            autoscaling.complete_lifecycle_action(
-                AutoScalingGroupName=self._group, LifecycleHookName=hook, LifecycleActionResult="CONTINUE",
-                **target,
-            )
-        except client_errors as exc:
-            if _already_over(exc):
-                _log.info("%s: lifecycle action of %s is already over (%s)", self._label, hold.instance, one_line(exc))
-                hold.completed = True
-                return
-            self._warn(f"complete {hold.instance}", "%s: CompleteLifecycleAction for %s failed (retried at the next "
-                       "discovery): %s", self._label, hold.instance, one_line(exc))
+        if not self._lifecycle_call(autoscaling.complete_lifecycle_action, "CompleteLifecycleAction", "complete",
+                                    client_errors, hold, hook, LifecycleActionResult="CONTINUE"):
             return
         hold.completed = True
         _log.info("%s: released %s to terminate (lifecycle hook %s completed with CONTINUE)",
@@ -226,22 +213,31 @@ class LifecycleHolds:
             return
         if hold.deadline - now >= hook.timeout_s * _HEARTBEAT_WHEN_LEFT or hold.deadline >= hold.cap:
             return
-        target = {"LifecycleActionToken": hold.token} if hold.token and hold.hook == hook.name else {
-            "InstanceId": hold.instance}
-        try:
-            autoscaling.record_lifecycle_action_heartbeat(
-                AutoScalingGroupName=self._group, LifecycleHookName=hook.name, **target
-            )
-        except client_errors as exc:
-            if _already_over(exc):  # completed by someone else, or timed out: nothing left to extend
-                _log.info("%s: lifecycle action of %s is already over (%s)", self._label, hold.instance, one_line(exc))
-                hold.completed = True
-                return
-            self._warn(f"heartbeat {hold.instance}", "%s: RecordLifecycleActionHeartbeat for %s failed (retried at "
-                       "the next discovery): %s", self._label, hold.instance, one_line(exc))
+        if not self._lifecycle_call(autoscaling.record_lifecycle_action_heartbeat, "RecordLifecycleActionHeartbeat",
+                                    "heartbeat", client_errors, hold, hook.name):
             return
         hold.deadline = min(now + hook.timeout_s, hold.cap)
         _log.debug("%s: heartbeat for %s; the hook now holds it until %.0f", self._label, hold.instance, hold.deadline)
+
+    def _lifecycle_call(self, call: Callable[..., Any], api: str, key: str, client_errors: tuple, hold: Hold,
+                        hook: str, **arguments: Any) -> bool:
+        """Call the lifecycle action API ``call`` (named ``api``) on ``hook``'s action for ``hold``: True if it was
+        accepted. An action already over (completed by someone else, or timed out) marks the hold completed; any
+        other client error is warned (once a minute per ``key`` and instance) and retried at the next discovery."""
+        # The token belongs to the hook of the notice that brought it.
+        target = {"LifecycleActionToken": hold.token} if hold.token and hold.hook == hook else {
+            "InstanceId": hold.instance}
+        try:
+            call(AutoScalingGroupName=self._group, LifecycleHookName=hook, **arguments, **target)
+        except client_errors as exc:
+            if _already_over(exc):
+                _log.info("%s: lifecycle action of %s is already over (%s)", self._label, hold.instance, one_line(exc))
+                hold.completed = True
+            else:
+                self._warn(f"{key} {hold.instance}", "%s: %s for %s failed (retried at the next discovery): %s",
+                           self._label, api, hold.instance, one_line(exc))
+            return False
+        return True
 
     def _warn(self, key: str, message: str, *args: Any) -> None:
         # At most one WARNING a minute per kind of trouble and instance, so a long outage does not flood the log.
