@@ -34,7 +34,7 @@ def test_a_worker_that_fails_after_training_fails_the_job_and_keeps_the_checkpoi
 def test_a_member_that_returns_while_rank_0_trains_leaves_and_rank_0_finishes(jobs, tmp_path):
     events = tmp_path / "events.jsonl"
     # --heartbeat-timeout 20: the leaver's exit must be seen as such; a slow teardown is covered by its
-    # `exiting` message (docs/architecture.md, "At exit"), and this is the margin should that message be late.
+    # `exiting` message (docs/architecture/worker.md, "At exit"), and this is the margin should that message be late.
     job = jobs(["run", "-np", "3", "--min-np", "1", "-H", _hosts(3), "--events-file", str(events),
                 "--blacklist-cooldown-range", "600", "600", "--heartbeat-timeout", "20",
                 *probe_cmd("--steps", "24", "--return-at-step", "6", "--only-slot", "127.0.0.3")])

@@ -40,7 +40,7 @@ def test_a_worker_script_also_runs_standalone_without_the_launcher():
 def test_collectives_and_gradient_averaging_across_workers(jobs):
     # Two "hosts": 127.0.0.1 with two slots and 127.0.0.2 with one.
     # --heartbeat-timeout 20: the check is about the exit's reason; a slow teardown is covered by the workers'
-    # `exiting` message (docs/architecture.md, "At exit"), and this is the margin should that message be late.
+    # `exiting` message (docs/architecture/worker.md, "At exit"), and this is the margin should that message be late.
     job = jobs(["run", "-np", "3", "-H", "127.0.0.1:2,127.0.0.2:1", "--heartbeat-timeout", "20", sys.executable,
                 "tests/integration/collectives_check.py"])
     # The script does not use elastic.run: it runs as a fixed-size job, which succeeds when every worker exits 0.

@@ -1,7 +1,7 @@
 """Compression on the update paths of kept commits: bucket by bucket as exact as all at once, and restorable.
 
 With a kept commit, ``step()`` updates each bucket's parameters as soon as its
-allreduce completes (see docs/architecture.md, "Zero-copy commits"); with
+allreduce completes (see docs/architecture/commits.md, "Zero-copy commits"); with
 ``compression=fp16`` each bucket must be cast back before its update, and a
 failure between buckets must still leave the commit restorable.
 """
