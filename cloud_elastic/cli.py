@@ -72,7 +72,8 @@ def cli(ctx: click.Context) -> None:
 @click.option("--start-timeout", type=float, default=600.0, metavar="SECONDS",
               help="how long to wait for -np slots and for workers to start (default 600)")
 @click.option("--heartbeat-timeout", type=float, default=5.0, metavar="SECONDS",
-              help="a worker silent this long is given up and its round aborted (default 5)")
+              help="a worker silent this long is given up and its round aborted (default 5); one that its peers "
+                   "wait for in a collective is given up sooner, once silent past its own limit (1.5 s or more)")
 @click.option("--progress-timeout", type=float, default=120.0, metavar="SECONDS",
               help="a round in which no worker commits, steps, completes a collective or runs Python code this "
                    "long is aborted, its workers' stacks logged first (default 120; 0 never)")
