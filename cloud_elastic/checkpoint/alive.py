@@ -29,11 +29,10 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from cloud_elastic.checkpoint.api import FORMAT, CheckpointError
-from cloud_elastic.checkpoint.backend import Oversize
-from cloud_elastic.checkpoint.store import MAX_RECORD_BYTES, CheckpointStore
+from cloud_elastic.checkpoint.store import CheckpointStore, read_record
 from cloud_elastic.config import MAX_DRIVER_GRACE_S
 
 __all__ = ["ALIVE_RECORD", "MAX_GRACE_S", "REFRESH_S", "AliveRefresher", "DriverAlive", "read_driver_alive",
@@ -87,17 +86,9 @@ def read_driver_alive(store: CheckpointStore, *, now: float | None = None) -> Dr
     ahead of ``now`` (this machine's clock by default). An entry outside them is refused as
     unreadable, so NaN, Infinity or 1e12 never reach a wait (where they overflowed or disabled it).
     """
-    try:
-        raw = store._read(ALIVE_RECORD, MAX_RECORD_BYTES)
-    except FileNotFoundError:
-        return None
-    except Oversize as exc:
-        raise CheckpointError(f"{store.backend.url(ALIVE_RECORD)} is unreadable: {exc}") from None
     now = time.time() if now is None else now
-    try:
-        body = json.loads(raw)
-        if not isinstance(body, dict) or body.get("format") != FORMAT:
-            raise ValueError("not a cloud-elastic driver entry")
+
+    def parse(body: dict[str, Any]) -> DriverAlive:
         alive, grace_s = float(body["alive"]), float(body["grace_s"])
         if not (math.isfinite(grace_s) and 0.0 <= grace_s <= MAX_GRACE_S):
             raise ValueError(f"grace_s {grace_s:g} is not a number of seconds in [0, {MAX_GRACE_S:g}]")
@@ -106,9 +97,8 @@ def read_driver_alive(store: CheckpointStore, *, now: float | None = None) -> Dr
                              "machine's clock")
         return DriverAlive(str(body["job_id"]), alive, grace_s, str(body["host"]),
                            int(body["pid"]), bool(body.get("stopped", False)))
-    except (ValueError, KeyError, TypeError, OverflowError) as exc:
-        raise CheckpointError(f"{store.backend.url(ALIVE_RECORD)} is unreadable: {' '.join(str(exc).split())}") \
-            from exc
+
+    return read_record(store, ALIVE_RECORD, store.backend.url(ALIVE_RECORD), "driver entry", parse)
 
 
 class AliveRefresher:

@@ -35,7 +35,7 @@ import re
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, BinaryIO, Mapping
+from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
 import torch
 
@@ -49,6 +49,8 @@ from cloud_elastic.checkpoint.safety import safe_load, storage_reason
 __all__ = ["CheckpointStore", "write_job_record", "read_job_record"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 DATA = "state.pt"
 MANIFEST = "manifest.json"
@@ -277,13 +279,7 @@ class CheckpointStore:
         except Oversize as exc:
             raise _Unusable(f"unreadable manifest: {exc}") from None
         try:
-            manifest = json.loads(raw)
-            if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-                raise ValueError("not a cloud-elastic checkpoint manifest")
-            if int(manifest["format_version"]) > READ_VERSION:
-                raise ValueError(f"format version {manifest['format_version']} is newer than this "
-                                 f"cloud-elastic reads ({READ_VERSION})")
-            return _info(name, self.backend.url(name), manifest)
+            return _info(name, self.backend.url(name), record_body(raw, "checkpoint manifest", READ_VERSION))
         except (ValueError, KeyError, TypeError) as exc:
             raise _Unusable(f"unreadable manifest: {_one_line(exc, 160)}") from exc
 
@@ -343,25 +339,48 @@ def read_job_record(store: CheckpointStore) -> DurableJobRecord | None:
 
     Raises CheckpointError when it exists but cannot be read or parsed.
     """
-    try:
-        raw = store._read(JOB_RECORD, MAX_RECORD_BYTES)
-    except FileNotFoundError:
-        return None
-    except Oversize as exc:
-        raise CheckpointError(f"the job record in {store.url} is unreadable: {exc}") from None
-    try:
-        body = json.loads(raw)
-        if not isinstance(body, dict) or body.get("format") != FORMAT:
-            raise ValueError("not a cloud-elastic job record")
-        if int(body["format_version"]) > FORMAT_VERSION:
-            raise ValueError(f"format version {body['format_version']} is newer than this cloud-elastic reads")
+
+    def parse(body: dict[str, Any]) -> DurableJobRecord:
         command = body["command"]
         if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
             raise ValueError("command is not a list of strings")
         return DurableJobRecord(job_id=str(body["job_id"]), command=tuple(command), created=float(body["created"]),
-                         format_version=int(body["format_version"]), extra=dict(body.get("extra") or {}))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"the job record in {store.url} is unreadable: {_one_line(exc)}") from exc
+                                format_version=int(body["format_version"]), extra=dict(body.get("extra") or {}))
+
+    return read_record(store, JOB_RECORD, f"the job record in {store.url}", "job record", parse,
+                       read_version=FORMAT_VERSION)
+
+
+def read_record(store: CheckpointStore, path: str, what: str, kind: str, parse: Callable[[dict[str, Any]], _T], *,
+                read_version: int | None = None) -> _T | None:
+    """The small JSON record at ``path`` beside the checkpoints, as ``parse`` makes it; None when there is none.
+
+    CheckpointError "``what`` is unreadable: ..." (one line) when it is over :data:`MAX_RECORD_BYTES`, is not
+    cloud-elastic's record of ``kind`` or is newer than ``read_version`` (:func:`record_body`), or ``parse``
+    raises ValueError, KeyError, TypeError or OverflowError.
+    """
+    try:
+        raw = store._read(path, MAX_RECORD_BYTES)
+    except FileNotFoundError:
+        return None
+    except Oversize as exc:
+        raise CheckpointError(f"{what} is unreadable: {exc}") from None
+    try:
+        return parse(record_body(raw, kind, read_version))
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:
+        raise CheckpointError(f"{what} is unreadable: {_one_line(exc)}") from exc
+
+
+def record_body(raw: bytes, kind: str, read_version: int | None = None) -> dict[str, Any]:
+    """``raw`` as a JSON object of cloud-elastic's ``FORMAT``: ValueError when it is not one (``not a cloud-elastic
+    KIND``), or when ``read_version`` is given and its ``format_version`` is newer (KeyError when it has none)."""
+    body = json.loads(raw)
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise ValueError(f"not a cloud-elastic {kind}")
+    if read_version is not None and int(body["format_version"]) > read_version:
+        raise ValueError(f"format version {body['format_version']} is newer than this cloud-elastic reads "
+                         f"({read_version})")
+    return body
 
 
 # -- helpers ---------------------------------------------------------------------------
