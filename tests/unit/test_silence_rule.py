@@ -108,6 +108,19 @@ def test_a_member_silent_while_its_peers_wait_for_it_is_named_then_given_up_by_t
     assert stalled["verdict"] == "silent rank(s) given up"
 
 
+def test_waiting_ranks_one_collective_apart_are_both_waiting_and_the_stall_is_the_earlier_collective() -> None:
+    """A broadcast's root may still be sending (#100) while a receiver has moved on to the next one (#101):
+    both wait for the stopped rank, which is named; neither waiting rank is."""
+    sim = Sim(members())
+    beats = steady("w1", 0.0, 10.0, FlightEntry(1, 90, "gradient allreduce", "completed", 0.0))
+    beats += steady("w0", 0.0, 10.2, BEHIND) + steady("w0", 10.2, 30.0, waiting_since(10.1, seq=100, op="broadcast"))
+    beats += steady("w2", 0.0, 10.2, BEHIND) + steady("w2", 10.2, 30.0, waiting_since(10.15, seq=101, op="broadcast"))
+    sim.run(beats, until=16.0)
+    assert list(sim.lost) == ["w1"]
+    stalled = sim.events[0][1]
+    assert (stalled["seq"], stalled["waiting"], [m["rank"] for m in stalled["missing"]]) == (100, [0, 2], [1])
+
+
 def test_a_silent_member_nobody_waits_for_is_given_up_only_at_the_heartbeat_timeout() -> None:
     sim = Sim(members())
     beats = steady("w1", 0.0, 10.0, BEHIND)
