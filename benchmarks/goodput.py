@@ -32,11 +32,11 @@ rollback or a restart from a checkpoint counts once, at its last size).
 Also reported: each kill's and notice's time to the first step that starts
 after it at full size.
 
-``--spares N`` is the knob for cloud-elastic's planned ``--spares N`` (issue
-41: N workers beyond the target size, started and waiting, that replace a lost
-one in the same recovery): with N > 0 the job gets N more hosts from the start
-and ``cloud-elastic run --spares N``. It is 0 by default; ``cloud-elastic
-run`` has no ``--spares`` yet, and asking for more says so.
+``--spares N`` is cloud-elastic's ``--spares N`` (issue 41: N workers beyond
+the target size, started and waiting, that replace a lost one in the same
+recovery): with N > 0 the job gets N more hosts from the start (the trace's
+picks then fall among them too) and ``cloud-elastic run --spares N``. It is 0
+by default; the peers have no spares.
 
 Prints the table and writes it into docs/benchmarks.md (``docsection``: section
 ``goodput`` and its glance row).
@@ -419,7 +419,7 @@ def glance(results: dict[tuple[str, float], dict], spares: int) -> list[list[str
     peers = "; ".join(f"{n.split(' ')[0]} {r['goodput']:.3f}" for (n, rate), r in results.items()
                       if rate == 3 and not n.startswith(CLOUD_ELASTIC) and "goodput" in r)
     kills = [v for v in ce["to_full"]["kill"] if v is not None]
-    what = (f"{ce['goodput']:.3f} with {spares} spare(s)" + (" (`--spares` not built yet)" if not spares else "")
+    what = (f"{ce['goodput']:.3f} with {spares} spare(s)"
             + (f"; kill → full size {statistics.median(kills):.0f} s" if kills else "") + (f"; {peers}" if peers else ""))
     met = spares >= 1 and ce["goodput"] >= TARGET
     return [[GLANCE, what, f"{ce['goodput'] / TARGET:.2f}", where(SECTION), docsection.verdict(met)]]
@@ -437,7 +437,7 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=None,
                    help="seconds of trace per run (default 240 at 1 event a minute, 120 at more; 60 with --quick)")
     p.add_argument("--spares", type=int, default=0,
-                   help="cloud-elastic's spares (planned: issue 41); 0 today, as `cloud-elastic run` has no --spares")
+                   help="cloud-elastic's --spares (issue 41): N more hosts from the start (default 0)")
     p.add_argument("--seed", type=int, default=41)
     p.add_argument("--boot-s", type=float, default=20.0, help="a new instance runs this long after the event")
     p.add_argument("--lead-s", type=float, default=10.0, help="a noticed instance goes this long after its notice")
@@ -452,7 +452,7 @@ def main() -> None:
     args = p.parse_args()
     args.no_write = args.no_write or bool(args.only)
     if args.spares and not has_spares():
-        raise SystemExit("`cloud-elastic run` has no --spares yet (issue 41): run with --spares 0")
+        raise SystemExit("this checkout's `cloud-elastic run` has no --spares (issue 41): run with --spares 0")
     rates = args.rates or ([3.0] if args.quick else [1.0, 3.0])
     baseline_s = 10.0 if args.quick else 30.0
     os.environ.setdefault("RUST_LOG", "warn")  # the Lighthouse in this process logs every quorum at info
@@ -491,7 +491,7 @@ def main() -> None:
         f"host {args.boot_s:g} s after the loss; {', '.join(f'{t.duration_s:g} s at {r:g}/min' for r, t in traces.items())}. "
         f"Goodput = useful samples (steps kept in the training's history) ÷ the same job's samples per second over "
         f"the {baseline_s:g} s at full size before the trace × the trace's length. Spares: {args.spares} "
-        f"(`--spares` is planned, issue 41). Instances running (paid) on average: "
+        f"(`--spares`). Instances running (paid) on average: "
         f"{', '.join(f'{t.mean_instances():.2f} at {r:g}/min' for r, t in traces.items())}; a system that used "
         f"each at once would reach {', '.join(f'{t.mean_instances(SIZE) / SIZE:.3f}' for t in traces.values())} "
         f"(the ceiling without spares). One run per row, systems one after another on a shared machine.",
