@@ -76,7 +76,8 @@ class Lane:
 #: they run in the jobs lane, and the fast lane leaves them out.
 JOB_FILES = ("tests/emulator/test_cli.py", "tests/emulator/test_aws_notice_cli.py",
              "tests/emulator/test_kubernetes_jobs.py", "tests/kubernetes/test_pod_job.py",
-             "tests/kubernetes/test_pod_sigterm.py")
+             "tests/kubernetes/test_pod_sigterm.py",
+             "tests/emulator/test_multi_source.py")
 
 
 def _xdist(workers: int, dist: str) -> tuple[str, ...]:

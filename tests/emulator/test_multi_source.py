@@ -9,6 +9,7 @@ subnets mapped onto loopback so the workers run on this machine.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import sys
@@ -21,6 +22,7 @@ from cloud_elastic.providers.selection import build_discovery, parse_discovery_a
 from tests.emulator.fake_azure import VM
 from tests.emulator.fake_gcp import Member
 from tests.emulator.moto_env import clients, group_backend, make_group, set_member
+from tests.integration.events_check import of, read_events
 from tests.integration.conftest import jobs  # noqa: F401  (the fixture that kills what a test leaves running)
 from tests.integration.harness import probe_cmd
 
@@ -234,7 +236,16 @@ def test_a_job_trains_on_spot_falls_back_below_min_np_and_comes_back_with_zero_r
     assert [e for e in seen if e["event"] == "rollback"] == [], "a drain rolled the survivors back"
     left = [e for e in seen if e["event"] == "worker_left" and e["host"].startswith("127.66.3.")]
     assert left and "cheaper slots are back" in left[0]["reason"]
-    assert [(e["source"], e["hosts"]) for e in seen if e["event"] == "capacity"] == [("job-od", 1), ("job-od", 0)]
+    checked = read_events(events)
+    assert [(e["source"], e["hosts"]) for e in of(checked, "capacity")] == [("job-od", 1), ("job-od", 0)]
+    # The running cost (an event when the rate changed, at most every 5 s): never falling, each rate a
+    # sum of the running slots' prices (0.2 and 0.3 Spot, 1.5 the fallback), each source one the job has.
+    costs = of(checked, "cost")
+    assert costs, "no cost event"
+    assert [c["dollars"] for c in costs] == sorted(c["dollars"] for c in costs)
+    sums = {round(sum(c), 6) for n in range(4) for c in itertools.combinations((0.2, 0.3, 1.5, 0.3), n)}
+    assert {round(c["dollars_per_hour"], 6) for c in costs} <= sums
+    assert all(set(c["by_source"]) <= {"job-spot-a", "job-spot-b", "job-od"} for c in costs)
     # The money adds up: each worker's slot at its source's price, from its start to its end.
     starts = {e["worker"]: (e["ts"], e["price"]) for e in seen if e["event"] == "worker_started"}
     ends = {e["worker"]: e["ts"] for e in seen if e["event"] in ("worker_left", "worker_failed")}

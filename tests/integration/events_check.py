@@ -3,7 +3,7 @@
 :func:`read_events` validates every line against the schema (``cloud_elastic.events.validate``);
 tests pick a kind's events out with :func:`of` or :func:`only` and assert on their fields.
 
-:data:`OWNERS` names, for every kind of the schema, an integration test that runs a real
+:data:`OWNERS` names, for every kind of the schema, an integration (or emulator) test that runs a real
 job and checks that kind: its *facets*. A facet is a kind (``"notice"``) or a kind's field
 (``"hosts_changed.draining"``). While a test runs, every facet it picks out is recorded: the
 kind when :func:`of`/:func:`only` returned events of it, and ``kind.field`` when one of them
@@ -20,6 +20,8 @@ import contextlib
 import json
 from pathlib import Path
 from typing import Iterator
+
+import pytest
 
 from cloud_elastic.events import validate
 
@@ -68,6 +70,9 @@ OWNERS: dict[str, frozenset[str]] = {
     "tests/integration/test_spares.py::"
     "test_a_killed_worker_is_replaced_by_the_waiting_spare_holding_the_survivors_committed_state":
         frozenset({"spares", "spares.workers", "round_formed.spares_taken", "worker_failed"}),
+    "tests/emulator/test_multi_source.py::"
+    "test_a_job_trains_on_spot_falls_back_below_min_np_and_comes_back_with_zero_rollback":
+        frozenset({"capacity", "capacity.source", "capacity.hosts", "cost", "cost.dollars_per_hour"}),
 }
 
 
@@ -125,3 +130,28 @@ def owner_id(path: Path, name: str) -> str:
 def unchecked(owner: str, seen: set[str]) -> list[str]:
     """The facets ``owner`` must check and did not (empty for tests that own none)."""
     return sorted(OWNERS.get(owner, frozenset()) - seen)
+
+
+_SEEN = pytest.StashKey[set]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Record which event kinds (and fields) the test picks out of its events files."""
+    with recording() as seen:
+        item.stash[_SEEN] = seen
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """An owner of event kinds (OWNERS) that passed without checking all of them fails."""
+    report = yield
+    if call.when == "call" and report.passed and hasattr(item, "originalname"):
+        owner = owner_id(item.path, item.originalname)
+        missing = unchecked(owner, item.stash.get(_SEEN, set()))
+        if missing:
+            report.outcome = "failed"
+            report.longrepr = (f"{item.nodeid} passed without checking the event facets it owns "
+                               f"(tests/integration/events_check.py OWNERS): {', '.join(missing)}")
+    return report

@@ -240,4 +240,4 @@ def test_every_event_kind_has_an_integration_test_that_checks_it():
         module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
         assert callable(getattr(module, name, None)), f"{owner} does not exist"
         marks = module.pytestmark if isinstance(module.pytestmark, list) else [module.pytestmark]
-        assert "integration" in {m.name for m in marks}, f"{path} is not an integration test module"
+        assert {"integration", "emulator"} & {m.name for m in marks}, f"{path} is not an integration or emulator test module"

@@ -21,7 +21,7 @@ from tests.unit.job_view import T0, FakeJob, S
 pytestmark = pytest.mark.timeout(60)
 
 
-class Job(FakeJob):
+class RecordingJob(FakeJob):
     """FakeJob with the job's side of the messages the tests send, recorded instead of carried out."""
 
     def __init__(self, np: int = 2) -> None:
@@ -64,8 +64,8 @@ class Sink:
         self.events.append((kind, fields))
 
 
-def plane(job: Job | None = None, **config: Any) -> tuple[ControlPlane, Job, list[tuple[str, int]], Sink]:
-    job = job or Job()
+def plane(job: RecordingJob | None = None, **config: Any) -> tuple[ControlPlane, RecordingJob, list[tuple[str, int]], Sink]:
+    job = job or RecordingJob()
     for index in range(2):
         job.worker("127.0.0.1", index, S.CONNECTED)
     stops: list[tuple[str, int]] = []
