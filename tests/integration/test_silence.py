@@ -18,7 +18,7 @@ from tests.integration.events_check import of, only, read_events
 HOSTS = "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1"
 BUSY = [sys.executable, str(Path(__file__).with_name("busy_probe.py"))]
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 def _run(jobs, events: Path, *probe_args: str):
