@@ -13,7 +13,7 @@ from cloud_elastic.driver.job.elastic_job import ElasticJob, Phase
 from cloud_elastic.driver.job.health import comm_share
 from cloud_elastic.driver.job.spares import spare_slots
 from cloud_elastic.driver.job.workers import WorkerState
-from cloud_elastic.status import BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus
+from cloud_elastic.protocol_status import BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus
 
 __all__ = ["status_reply", "MAX_WORKER_ROWS"]
 
