@@ -61,6 +61,29 @@ def test_a_worker_killed_before_any_report_is_the_reason_once_the_others_fail_af
     assert "HorovodInternalError" not in sim.outcome.reason
 
 
+def test_the_worker_that_reported_its_error_first_is_the_reason_though_a_peer_s_exit_is_seen_before_its_own(
+) -> None:
+    """The failing script reports its error, then its process closes its sockets as it exits; its peer's
+    allreduce fails at that, and the peer's exit can be reaped first. The reason is still the root cause."""
+    sim = started(2, {"a": 2})
+    assert sim.job.completed(sim.id("a[1]"), sim.now, steps=4, error="RuntimeError: the script failed at step 4",
+                             elastic=False) == ("done", "")
+    script_ends(sim, "a[0]", CRASH, error="CollectiveError: gradient allreduce failed: Connection closed by peer")
+    assert sim.outcome is None  # a[1], which reported first, is still exiting
+    sim.exit("a[1]", CRASH)
+    failed(sim, "worker a[1]#2 (rank 1) exited with code 1: RuntimeError: the script failed at step 4",
+           "a fixed-size job: the script does not use hvd.elastic.run")
+
+
+def test_a_root_cause_that_never_exits_does_not_hold_the_job_up() -> None:
+    sim = started(2, {"a": 2})
+    assert sim.job.completed(sim.id("a[1]"), sim.now, steps=4, error="RuntimeError: boom", elastic=False) == \
+        ("done", "")
+    script_ends(sim, "a[0]", CRASH, error="CollectiveError: a peer failed")
+    sim.advance(3.0)  # a[1] hangs in its exit: after ROOT_CAUSE_WAIT_S the first failure seen is the reason
+    failed(sim, "worker a[0]#1 (rank 0) exited with code 1: CollectiveError: a peer failed")
+
+
 def test_nothing_is_launched_or_re_formed_while_a_fixed_size_round_runs() -> None:
     sim = started(2, {"a": 2}, max_np=3)
     assert sim.job.completed(sim.id("a[1]"), sim.now, elastic=False) == ("done", "")

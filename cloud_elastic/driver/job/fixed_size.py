@@ -50,6 +50,10 @@ S = WorkerState
 #: How the job's messages name this mode.
 FIXED_SIZE = "a fixed-size job: the script does not use hvd.elastic.run"
 
+#: How long the job waits, after a failure, for the exit of the worker whose script reported its error
+#: first (the root cause: its peers fail only when its sockets close), so that its error is the reason.
+ROOT_CAUSE_WAIT_S = 2.0
+
 
 class FixedSize:
     """The fixed-size mode of one job (see module docstring)."""
@@ -61,6 +65,9 @@ class FixedSize:
         #: Restarts made so far (``--restarts``).
         self.restarts = 0
         self._failure: str | None = None  # the first failure of the current attempt
+        self._failure_of: str | None = None  # the worker whose failure that is
+        self._failure_seen: float | None = None  # when the job's step first saw it
+        self._root_before: str | None = None  # the first worker to report an error, before that failure
         self._errors: dict[str, str] = {}  # worker id -> the error its script ended with (from its report)
         self._succeeded = 0  # members of the current attempt that exited 0
 
@@ -119,8 +126,13 @@ class FixedSize:
         reason = f"worker {w.worker_id} ({w.label}) {what}" + (f": {error}" if error else "")
         job.last_failure = reason
         first = self._failure is None
-        if first:
-            self._failure = reason
+        if first or (w.worker_id == self._root_before and self._failure_of != w.worker_id):
+            # The root cause is a worker whose script had reported its error before the first failure was
+            # seen: its peers' collectives fail only once its process closes its sockets, and their exits
+            # may be reaped before its own.
+            self._root_before = self._root() if first else None
+            first = True
+            self._failure, self._failure_of = reason, w.worker_id
         (log.error if first else log.info)("job %s: %s%s", job.job_id, reason,
                                            "" if first else " (after the first failure, above)")
         killed_by = signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
@@ -148,8 +160,19 @@ class FixedSize:
                       f"({FIXED_SIZE})", 0)
         return True
 
+    def _root(self) -> str | None:
+        """The worker whose script reported an error first in this attempt (None when none did)."""
+        return next(iter(self._errors), None)
+
     def _after_failure(self, now: float) -> bool:
-        job, reason = self._job, self._failure
+        job = self._job
+        if self._failure_seen is None:
+            self._failure_seen = now
+        root = self._root_before
+        if root is not None and root != self._failure_of and now - self._failure_seen < ROOT_CAUSE_WAIT_S and \
+                any(w.worker_id == root for w in job.alive()):
+            return True  # the worker that reported its error first is exiting: its failure is the reason
+        reason = self._failure
         limit = job.policy.restarts
         if self.restarts >= limit or job.state_committed:
             why = ""
@@ -171,7 +194,8 @@ class FixedSize:
         if job.alive():
             return True  # wait until every worker of the failed attempt is gone
         self.restarts += 1
-        self._failure, self._errors, self._succeeded = None, {}, 0
+        self._failure, self._failure_of, self._failure_seen, self._root_before = None, None, None, None
+        self._errors, self._succeeded = {}, 0
         job.phase = Phase.STARTING
         log.warning("job %s: restart %d of %d: every worker starts the script again (after: %s). It resumes "
                     "only from a checkpoint the script itself writes and loads; without one it trains from the "
