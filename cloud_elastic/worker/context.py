@@ -66,7 +66,7 @@ from cloud_elastic.worker.ledger import CommitLedger, CommitWindow
 from cloud_elastic.worker.link.driver_link import DriverLinkMixin, _survive_output_loss
 from cloud_elastic.worker.link.progress import Progress
 from cloud_elastic.worker.rounds.reclaim import Reaper
-from cloud_elastic.worker.settings import WorkerSettings
+from cloud_elastic.worker.settings import SECRET_ENV, WorkerSettings
 
 __all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized"]
 
@@ -187,7 +187,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
             self._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=1, needs_sync=False, update_gen=0))
             return
         self._codec = Codec(self.settings.secret, self.job_id)
-        os.environ.pop("CLOUD_ELASTIC_SECRET", None)  # not inherited by the user's own children
+        os.environ.pop(SECRET_ENV, None)  # not inherited by the user's own children
         self._note_uncaught()
         _survive_output_loss()
         _stacks_on_signal()

@@ -87,11 +87,12 @@ def _load_checkpoint(ctx: WorkerContext, durable: DurableSchedule | None, state:
     initial weights instead would silently start training over.
     """
     from cloud_elastic.errors import CheckpointError
+    from cloud_elastic.worker.settings import CHECKPOINT_DIR_ENV
 
     try:
         if durable is None:
             raise CheckpointError("this round must resume from a checkpoint, but the worker has no "
-                                  "CLOUD_ELASTIC_CHECKPOINT_DIR")
+                                  f"{CHECKPOINT_DIR_ENV}")
         durable.load_latest(state)
     except CheckpointError as exc:
         ctx.report_checkpoint("failed", reason=str(exc)[:300])

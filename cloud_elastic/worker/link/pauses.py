@@ -3,8 +3,8 @@
 The heartbeat thread shares only the GIL with the training thread, and Python hands
 the GIL over every few milliseconds, except inside one long C call. The common one in
 a training process is a full garbage collection, which holds the GIL for the whole
-scan: about 0.05-0.2 µs per allocated block on the 2-core benchmark machine (0.08 s for
-a bare torch worker, 0.5-1.8 s with 3 million small objects, the longer when loaded).
+scan: about 0.05-0.2 µs per allocated block (0.08 s for a bare torch worker, 0.5-1.8 s
+with 3 million small objects, the longer when the machine is loaded).
 
 :class:`Pauses` tells the driver, with every heartbeat, the longest such pause to
 expect (``pause_s``), so that its fast silence rule allows for it (see

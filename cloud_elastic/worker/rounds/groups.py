@@ -15,13 +15,13 @@ A :class:`RoundGroup` holds what must live exactly as long as the group:
 :meth:`RoundGroup.abandon` is called the moment a collective of the round fails
 or the driver aborts the round: the round is over for this worker, so every
 collective still pending in it is failed now (Gloo: its peer connections are
-shut down; NCCL: its communicator is aborted). Doing this only when the next
-round formed, as before, left a window in which the group's last reference
-could be dropped on the training thread (a traceback kept alive by the failure,
-a frame returning) while a collective was still blocked on a live peer: Gloo's
-destructor then joined that collective's thread for up to Gloo's timeout (300
-s) while heartbeats went on, and the round hung (the CI hang of
-``test_commit_kill_points``). An abandoned group's destructor returns at once.
+shut down; NCCL: its communicator is aborted). Waiting for the next round to
+do it would leave a window in which the group's last reference could be dropped
+on the training thread (a traceback kept alive by the failure, a frame
+returning) while a collective was still blocked on a live peer: Gloo's
+destructor then joins that collective's thread for up to Gloo's timeout (300 s)
+while heartbeats go on, and the round hangs. An abandoned group's destructor
+returns at once.
 
 :class:`RoundGroupsMixin` is the worker context's side of it: a round's group
 is formed on a side thread under a deadline (``CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S``,

@@ -242,7 +242,7 @@ class Reaper:
             # first here, the last reference would be theirs, and an abandoned Gloo group whose worker
             # thread is still stuck (socket shutdown does not always free it at once) would block the
             # training thread in its destructor, out of the next round's collectives, until Gloo's own
-            # timeout: the rest of the round then waits on it (the hang of issue 22).
+            # timeout: the rest of the round would wait on it.
             deadline = time.monotonic() + LAST_REFERENCE_WAIT_S
             while not _only_held_by(holder) and time.monotonic() < deadline:
                 time.sleep(0.005)
