@@ -196,7 +196,7 @@ class RendezvousRequest:
     commits, of the state it would restore (see ``WorkerContext.commit_seq``):
     the driver makes the holder of the newest commit rank 0. ``holds_commit``
     is False when its live state is not that commit and nothing it kept can
-    restore it (a failure after an in-place update, see ``worker.window``): the
+    restore it (a failure after an in-place update, see ``worker.ledger``): the
     driver must not take the state from it.
     """
 
@@ -320,7 +320,7 @@ class PollRequest:
     commit_seq: int = 0
     #: A counter that grows whenever the worker makes progress: a commit, an optimizer step, a
     #: collective completed, or its training thread moving on outside collectives (see
-    #: ``worker.progress``). The driver aborts a round whose members' counters all stand still.
+    #: ``worker.link.progress``). The driver aborts a round whose members' counters all stand still.
     progress: int = 0
     #: Optimizer steps the worker has taken in all (for reports).
     steps: int = 0

@@ -1,6 +1,6 @@
 """What the elastic job asks of its runtime, and the numbers that steer it.
 
-:class:`~.job.ElasticJob` decides and the runtime (:mod:`.driver`) carries out:
+:class:`~.elastic_job.ElasticJob` decides and the runtime (:mod:`cloud_elastic.driver.runtime`) carries out:
 the job queues :data:`Action` values (:class:`Launch`, :class:`Stop`,
 :class:`Release`, :class:`SetCapacity`, :class:`Finish`) and the driver's loop takes them. All are
 frozen dataclasses; :class:`Policy` is the job's configuration, fixed for its
@@ -45,7 +45,7 @@ class Policy:
     #: ``--whole-hosts``: each host's this many slots start, join rounds and leave together (0: off).
     whole_host_slots: int = 0
     #: ``--restarts``: a fixed-size job (a script without ``hvd.elastic.run``) starts again after a failure
-    #: up to this many times (see :mod:`.fixed`).
+    #: up to this many times (see :mod:`.fixed_size`).
     restarts: int = 0
     #: The host sources of a job with several (see :mod:`.sourcing`); empty for one source.
     sources: tuple[SourceSpec, ...] = ()

@@ -35,7 +35,6 @@ from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
 __all__ = ["Capacity", "PROGRESS_EVERY_S", "whole_hosts"]
 
-#: A piece of the job logs as the job (its records keep the name they had before the job was split).
 log = logging.getLogger(__name__)
 
 S = WorkerState

@@ -39,7 +39,6 @@ from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
 __all__ = ["Completion", "EARLY_RETURN_WAIT_S", "STACKS_WAIT_S"]
 
-#: A piece of the job logs as the job (its records keep the name they had before the job was split).
 log = logging.getLogger(__name__)
 
 S = WorkerState
@@ -73,7 +72,7 @@ class Completion:
         self._job = job
         self._rank0 = rank0
         self._take_host_along = take_host_along
-        #: The latest stacks request (a worker is asked by giving it this number; see worker.progress).
+        #: The latest stacks request (a worker is asked by giving it this number; see worker.link.progress).
         self.stacks_gen = 0
         #: Workers that exited after completing.
         self.exited = 0

@@ -2,14 +2,14 @@
 
 :class:`ElasticJob` is fed events (discovery snapshots, notices, worker
 messages, process exits, clock ticks) with the current time, and answers with
-replies and queued :data:`Action` objects that the runtime (:mod:`.driver`)
+replies and queued :data:`Action` objects that the runtime (:mod:`cloud_elastic.driver.runtime`)
 carries out. It starts no thread, opens no socket and reads no clock of its
 own, so every rule is tested alone with scripted timelines.
 
 It is assembled from small pieces, each tested on its own:
 
 * :mod:`.workers` — one worker's life as an explicit state machine;
-* :mod:`.rounds` — who forms the next round, in which rank order, and whether
+* :mod:`.plan` and :mod:`.ranks` — who forms the next round, in which rank order, and whether
   it syncs or must load a checkpoint (a pure function);
 * :mod:`.formation` — when a round forms, the update requests that lead to
   one, and the rollback it reports;
@@ -20,12 +20,21 @@ It is assembled from small pieces, each tested on its own:
 * :mod:`.adoption` — a restarted driver adopting its predecessor's workers;
 * :mod:`.failures` — what a failure costs (blacklisting, an aborted round),
   and whether the committed state survives it;
-* :mod:`.fixed` — a script without ``hvd.elastic.run``, run as a fixed-size job
+* :mod:`.fixed_size` — a script without ``hvd.elastic.run``, run as a fixed-size job
   (success when every worker exits 0; a failure ends or restarts the job);
 * :mod:`.liveness` — worker silence measured only over time the driver ran, and which
   workers are overdue;
 * :mod:`.hosts` — host order, the per-slot blacklist, hosts missing from
   discovery for less than the grace, draining hosts and their deadlines.
+* :mod:`.stalls` — a collective some members wait in and others have not
+  completed: the culprit named, and the evidence the fast silence rule needs;
+* :mod:`.health` and :mod:`.links` — stragglers, failed self-tests and slow
+  networks, drained without a rollback;
+* :mod:`.spares` — workers beyond the target size waiting at rendezvous, and
+  which of them a round takes;
+* :mod:`.sourcing` — several host sources: the choice rule, the fallback and
+  what the job costs;
+* :mod:`.notice_policy` — which worker watches for notices, soft or hard.
 
 The pieces own their state; what they share (workers, round, phase, the
 queues) is this module's, and they see it through :class:`~.view.JobView`.
@@ -141,7 +150,7 @@ class ElasticJob:
 
     @property
     def stacks_gen(self) -> int:
-        """The latest stacks request (a worker is asked by giving it this number; see worker.progress)."""
+        """The latest stacks request (a worker is asked by giving it this number; see worker.link.progress)."""
         return self.completion.stacks_gen
 
     # ------------------------------------------------------------------ events
@@ -220,7 +229,7 @@ class ElasticJob:
                    rolled_back: int = 0, commit_seq: int | None = None, holds_commit: bool = True) -> None:
         """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made
         (and, after a failure, ``rolled_back`` steps undone), holding the commit ``commit_seq``
-        unless ``holds_commit`` is False (it could not restore it: see ``worker.window``)."""
+        unless ``holds_commit`` is False (it could not restore it: see ``worker.ledger``)."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return
@@ -277,7 +286,7 @@ class ElasticJob:
                   link: LinkReport | None = None) -> PollReply | None:
         """A worker's heartbeat; None if the worker is unknown or already given up.
 
-        ``progress`` is the worker's progress counter (see ``worker.progress``):
+        ``progress`` is the worker's progress counter (see ``worker.link.progress``):
         a round none of whose members' counters grows for ``progress_timeout_s``
         is stuck. ``waiting_s`` is how long it has been waiting in one collective;
         ``compute_s`` its compute time per step (None until it has one; see :mod:`.health`), ``comm_s`` its
@@ -338,7 +347,7 @@ class ElasticJob:
         ``done``, ``wait`` (parked until rank 0 returns) or ``leave``: see :mod:`.completion`.
         ``error`` (rank 0 could not write the final durable checkpoint) makes the
         job fail once it has completed. ``elastic`` False: the worker's script ended
-        without ``hvd.elastic.run`` (``error``: what it raised), see :mod:`.fixed`.
+        without ``hvd.elastic.run`` (``error``: what it raised), see :mod:`.fixed_size`.
         """
         w = self.workers.get(worker_id)
         if not elastic and w is not None and w.alive:

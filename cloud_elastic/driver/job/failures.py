@@ -30,7 +30,6 @@ from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
 __all__ = ["Failures"]
 
-#: A piece of the job logs as the job (its records keep the name they had before the job was split).
 log = logging.getLogger(__name__)
 
 S = WorkerState
@@ -45,7 +44,7 @@ class Failures:
         """``lost_leaver(w, what)``: a draining worker was lost in its round; ``take_host_along(w)``: the other
         workers of ``w``'s host leave with it under ``--whole-hosts`` (see :mod:`.leaving`);
         ``fixed_failed(w, what, exit_code=, transport=)``: True when a fixed-size job takes the failure
-        (no blacklisting, no abort: the whole attempt ends; see :mod:`.fixed`)."""
+        (no blacklisting, no abort: the whole attempt ends; see :mod:`.fixed_size`)."""
         self._job = job
         self._lost_leaver = lost_leaver
         self._take_host_along = take_host_along

@@ -40,7 +40,6 @@ from cloud_elastic.protocol import Assignment, RankInfo
 
 __all__ = ["RoundFormation", "DrainNews"]
 
-#: A piece of the job logs as the job (its records keep the name they had before the job was split).
 log = logging.getLogger(__name__)
 
 S = WorkerState

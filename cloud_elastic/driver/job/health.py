@@ -4,7 +4,7 @@
 
 * **stragglers** (:meth:`Health.check`): every worker reports its compute time
   per optimizer step (the time its step spends outside waiting on peers; see
-  ``worker.progress``). A member whose figure stays at least
+  ``worker.link.progress``). A member whose figure stays at least
   ``straggler_factor`` times the round's median for ``straggler_window_s`` is a
   straggler. It is drained like a spot notice (it leaves at its next commit,
   with zero steps lost) and its slot is blacklisted with the usual cooldown, so
@@ -46,7 +46,6 @@ from cloud_elastic.providers.api import Drain
 
 __all__ = ["Health", "faster_without", "comm_share"]
 
-#: A piece of the job logs as the job (its records keep the name they had before the job was split).
 log = logging.getLogger(__name__)
 
 S = WorkerState

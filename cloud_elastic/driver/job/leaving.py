@@ -31,7 +31,6 @@ from cloud_elastic.providers.api import Drain
 
 __all__ = ["Leavers"]
 
-#: A piece of the job logs as the job (its records keep the name they had before the job was split).
 log = logging.getLogger(__name__)
 
 S = WorkerState

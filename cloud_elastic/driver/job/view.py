@@ -1,6 +1,6 @@
 """What a piece of the elastic job sees of the whole: the :class:`JobView` protocol.
 
-:class:`~.job.ElasticJob` is assembled from pieces that each own one part of its
+:class:`~.elastic_job.ElasticJob` is assembled from pieces that each own one part of its
 decisions and the state that part needs (:mod:`.formation`, :mod:`.leaving`,
 :mod:`.capacity`, :mod:`.completion`, :mod:`.adoption`). What they share
 (the workers, the round, the phase, the queues of actions and events, and the

@@ -85,7 +85,7 @@ class WorkerRecord:
     commit_seq: int = 0
     #: It said at its last rendezvous that it cannot restore its last commit exactly.
     commit_lost: bool = False
-    #: Its progress counter (see ``worker.progress``), and when (running time) it last grew.
+    #: Its progress counter (see ``worker.link.progress``), and when (running time) it last grew.
     progress: int = 0
     progress_at: float = 0.0
     #: Optimizer steps it has taken in all, and how long it has been waiting in one collective.
@@ -97,7 +97,7 @@ class WorkerRecord:
     #: It was sent away for returning while rank 0 was still training, and how long its slot then cools down.
     returned_early: bool = False
     cooldown_s: float = 0.0
-    #: Its compute time per optimizer step (median of its recent steps; see ``worker.progress``), if known.
+    #: Its compute time per optimizer step (median of its recent steps; see ``worker.link.progress``), if known.
     compute_s: float | None = None
     #: Its time per optimizer step in collectives (waiting on peers and sending), if known.
     comm_s: float | None = None
