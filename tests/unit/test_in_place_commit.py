@@ -374,7 +374,7 @@ def test_a_sync_into_an_in_place_commit_that_is_cut_short_restores_it_exactly():
     handlers = [h for h in state._handlers.values() if h.in_place]
     assert len(handlers) == 2
     for handler in handlers:
-        handler._broadcast = lambda receivers, takes: None  # the broadcast itself needs peers; what it writes is simulated below
+        handler._broadcast = lambda *_: None  # the transfer itself needs peers; what it writes is simulated below
         handler.sync(overwritten=True)  # a rank the sync changes keeps its commit whole, in host memory, first
     with torch.no_grad():  # half of the broadcast arrived, then the root died
         model[0].weight.add_(1.0)

@@ -356,18 +356,43 @@ _PACK_BYTES = 32 * 1024 * 1024
 _ALONE_BYTES = 4 * 1024 * 1024
 
 
+def pack_chunks(tensors: Sequence[torch.Tensor], *, by_device: bool = True) -> list[list[int]]:
+    """How :func:`broadcast_tensors_` packs ``tensors``: lists of indices into them, one a message.
+
+    A tensor of 4 MiB or more is a message alone (first, in order); the others are
+    packed by dtype (and device, with ``by_device``) in flat buffers of up to 32 MiB,
+    in order. Decided by dtype, shape and order only, so every worker that holds
+    tensors of the same dtypes and shapes packs them alike (``heal`` relies on it:
+    its receivers' tensors may live on another device than its senders').
+    """
+    groups: dict[Any, list[list[int]]] = {}
+    sizes: dict[Any, int] = {}
+    big = []
+    for i, t in enumerate(tensors):
+        key = (t.dtype, t.device) if by_device else t.dtype
+        nbytes = t.numel() * t.element_size()
+        if nbytes >= _ALONE_BYTES:
+            big.append([i])
+            continue
+        chunks = groups.setdefault(key, [[]])
+        if chunks[-1] and sizes.get(key, 0) + nbytes > _PACK_BYTES:
+            chunks.append([])
+            sizes[key] = 0
+        chunks[-1].append(i)
+        sizes[key] = sizes.get(key, 0) + nbytes
+    return big + [chunk for chunks in groups.values() for chunk in chunks]
+
+
 def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: str = "tensors", *,
-                       cross: bool = False, receivers: Sequence[int] | None = None, discard: bool = False) -> None:
+                       cross: bool = False, receivers: Sequence[int] | None = None) -> None:
     """Overwrite each of ``tensors`` with ``root_rank``'s value, in place, in as few collectives as fit.
 
     Tensors of one dtype and device travel packed in flat buffers of up to
     32 MiB: a state sync of a few dozen tensors is then a few collectives, not
     one each (each costs about a millisecond on loopback even when tiny). A
     tensor of 4 MiB or more travels alone, into its place: packing it would copy
-    it twice more for no gain (decided by size only, the same on every worker).
-    ``cross`` and ``receivers``: as :func:`broadcast_`. ``discard``: a receiver takes part
-    but writes nothing into ``tensors`` (it holds the root's values already, and a
-    commit kept in place must see them untouched: see ``commits``).
+    it twice more for no gain (see :func:`pack_chunks`).
+    ``cross`` and ``receivers``: as :func:`broadcast_`.
     """
     ctx = get_context()
     if cross and ctx.info.cross_size <= 1:
@@ -375,64 +400,40 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: st
     if ctx.info is not None and not _takes_part(ctx, cross, root_rank, receivers):
         return
     root = ctx.info is None or _my_rank(ctx, cross) == root_rank
-    write = not root and not discard  # what is received goes into ``tensors``
-
-    def alone(t: torch.Tensor) -> None:
-        if root or write:
-            buf = t if t.is_contiguous() else t.contiguous()
-        else:  # received into a scratch buffer, dropped
-            buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-        broadcast_(buf, root_rank, name, cross=cross, receivers=receivers)
-        if buf is not t and write:
-            t.copy_(buf)
-
-    groups: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
-    sizes: dict[tuple[torch.dtype, torch.device], int] = {}
-    big = []
-    for t in tensors:
-        key = (t.dtype, t.device)
-        nbytes = t.numel() * t.element_size()
-        if nbytes >= _ALONE_BYTES:
-            big.append(t)
-            continue
-        chunks = groups.setdefault(key, [[]])
-        if chunks[-1] and sizes.get(key, 0) + nbytes > _PACK_BYTES:
-            chunks.append([])
-            sizes[key] = 0
-        chunks[-1].append(t)
-        sizes[key] = sizes.get(key, 0) + nbytes
     with torch.no_grad():
-        for t in big:
-            alone(t)
-        for (dtype, device), chunks in groups.items():
-            for chunk in chunks:
-                if len(chunk) == 1:
-                    alone(chunk[0])
-                    continue
-                if root:
-                    flat = torch.cat([t.reshape(-1) for t in chunk])
-                else:
-                    flat = torch.empty(sum(t.numel() for t in chunk), dtype=dtype, device=device)
-                broadcast_(flat, root_rank, name, cross=cross, receivers=receivers)
-                if write:
-                    offset = 0
-                    for t in chunk:
-                        t.copy_(flat[offset: offset + t.numel()].view(t.shape))
-                        offset += t.numel()
+        for chunk in pack_chunks(tensors):
+            members = [tensors[i] for i in chunk]
+            if len(members) == 1:
+                t = members[0]
+                buf = t if t.is_contiguous() else t.contiguous()
+                broadcast_(buf, root_rank, name, cross=cross, receivers=receivers)
+                if buf is not t and not root:
+                    t.copy_(buf)
+                continue
+            if root:
+                flat = torch.cat([t.reshape(-1) for t in members])
+            else:
+                flat = torch.empty(sum(t.numel() for t in members), dtype=members[0].dtype, device=members[0].device)
+            broadcast_(flat, root_rank, name, cross=cross, receivers=receivers)
+            if not root:
+                offset = 0
+                for t in members:
+                    t.copy_(flat[offset: offset + t.numel()].view(t.shape))
+                    offset += t.numel()
 
 
-def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], root_rank: int = 0,
-                         *, discard: bool = False) -> None:
-    """Broadcast a ``state_dict()`` or ``named_parameters()`` from ``root_rank``, in place.
+def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], root_rank: int = 0) -> None:
+    """Broadcast a ``state_dict()`` or ``named_parameters()`` from ``root_rank``, in place."""
+    broadcast_tensors_(parameter_tensors(params), root_rank, "parameters")
 
-    ``discard``: this worker takes part without changing its tensors (see :func:`broadcast_tensors_`).
-    """
+
+def parameter_tensors(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """The tensors of a ``state_dict()`` (sorted by name) or ``named_parameters()``, detached, in the order they travel."""
     items = sorted(params.items()) if isinstance(params, Mapping) else list(params)
-    tensors = [t.detach() for _, t in items if isinstance(t, torch.Tensor)]
-    broadcast_tensors_(tensors, root_rank, "parameters", discard=discard)
+    return [t.detach() for _, t in items if isinstance(t, torch.Tensor)]
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, *, discard: bool = False) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
     """Make every worker's optimizer state equal to ``root_rank``'s.
 
     Workers that joined late may not have created their state yet (momentum
@@ -442,11 +443,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     root's state is left as it is: loading a copy of itself would replace its
     state objects, and a commit kept in place, which holds those very objects,
     could no longer be restored if the sync were cut short (``commits``).
-    ``discard``: this worker takes part without changing its state.
     """
     root = get_context().info.rank == root_rank
     synced = broadcast_state_dict(optimizer.state_dict() if root else None, root_rank)
-    if not root and not discard:
+    if not root:
         optimizer.load_state_dict(synced)
 
 
@@ -490,15 +490,16 @@ def _is_slot(obj: Any) -> bool:
     return isinstance(obj, dict) and _TENSOR in obj
 
 
-def _split_tensors(obj: Any, out: list[torch.Tensor] | None = None) -> tuple[Any, list[torch.Tensor]]:
+def _split_tensors(obj: Any, out: list[torch.Tensor] | None = None, copy: bool = True) -> tuple[Any, list[torch.Tensor]]:
+    """``obj`` with each tensor replaced by a slot, and the tensors (CPU copies, or with ``copy`` false themselves)."""
     out = [] if out is None else out
     if isinstance(obj, torch.Tensor):
-        out.append(obj.detach().cpu().contiguous().clone())
+        out.append(obj.detach().cpu().contiguous().clone() if copy else obj.detach())
         return _slot(len(out) - 1, tuple(obj.shape), str(obj.dtype).replace("torch.", "")), out
     if isinstance(obj, dict):
-        return {k: _split_tensors(v, out)[0] for k, v in obj.items()}, out
+        return {k: _split_tensors(v, out, copy)[0] for k, v in obj.items()}, out
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_split_tensors(v, out)[0] for v in obj), out
+        return type(obj)(_split_tensors(v, out, copy)[0] for v in obj), out
     return obj, out
 
 

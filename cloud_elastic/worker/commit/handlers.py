@@ -17,6 +17,7 @@ import torch
 from cloud_elastic.worker import sharded
 
 from cloud_elastic.worker.comm import collectives
+from cloud_elastic.worker.comm.heal import Heal
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.commit.participant import CommitParticipant
 from cloud_elastic.worker.commit.snapshot import Aside, Snapshot, clone as _clone, state_dict_without as _state_dict_without, to_host as _to_host
@@ -141,24 +142,28 @@ class SnapshotHandler:
     def _recorded(self) -> None:
         """The live state is the commit again (restored whole): record what tells a later change."""
 
-    def sync(self, overwritten: bool, receivers: list[int] | None = None, *, takes: bool = True) -> None:
-        """Broadcast rank 0's state into this one; ``overwritten``: the sync changes this worker's values;
-        ``receivers``: the workers that take part besides the root (a sharded handler's, see ``TorchState.sync``);
-        ``takes``: false, this worker (the root, or one that holds the root's very commit) takes part in the
-        broadcast but its live state is left untouched, so that its last commit, even one kept in place,
-        still restores exactly if the sync is cut short."""
+    def sync(self, overwritten: bool, receivers: list[int] | None = None, *, takes: bool = True,
+             heal: Heal | None = None) -> None:
+        """Make this state rank 0's commit; ``overwritten``: the sync changes this worker's values.
+
+        A replica's comes from its peers (``heal``: every worker that holds that commit sends
+        a part to those that need it, see ``comm.heal``); a sharded handler's from host 0,
+        to ``receivers`` (see ``TorchState.sync``). ``takes``: false, this worker (rank 0, or
+        one that holds its very commit) takes nothing and its live state is left untouched,
+        so that its last commit, even one kept in place, still restores exactly if the sync
+        is cut short."""
         self._snap.flush()
         if overwritten and self.in_place and not self._changed_since_commit():
-            # The broadcast writes other values into the live tensors: keep this commit whole (in host
+            # The sync writes other values into the live tensors: keep this commit whole (in host
             # memory) first, so that a sync cut short restores it exactly. Only here, never in the loop.
             self.in_place = False
             self._snap = Snapshot()
             self._snap.keep(self._whole())
         elif overwritten and self.in_place:
             self._touched = True
-        self._broadcast(receivers, takes)
+        self._broadcast(receivers, takes, heal)
 
-    def _broadcast(self, receivers: list[int] | None, takes: bool) -> None:
+    def _broadcast(self, receivers: list[int] | None, takes: bool, heal: Heal | None) -> None:
         raise NotImplementedError
 
 
@@ -213,8 +218,9 @@ class ModelHandler(SnapshotHandler):
     def _recorded(self) -> None:
         self._versions = [p._version for p in self._updated()[1]]
 
-    def _broadcast(self, receivers: list[int] | None, takes: bool) -> None:
-        collectives.broadcast_parameters(self.value.state_dict(), root_rank=0, discard=not takes)
+    def _broadcast(self, receivers: list[int] | None, takes: bool, heal: Heal | None) -> None:
+        if heal is not None:
+            heal.parameters(self.value.state_dict())
 
 
 class OptimizerHandler(SnapshotHandler):
@@ -266,8 +272,13 @@ class OptimizerHandler(SnapshotHandler):
             for group, saved in zip(self.value.param_groups, self._groups):
                 group.update(_clone(saved))
 
-    def _broadcast(self, receivers: list[int] | None, takes: bool) -> None:
-        collectives.broadcast_optimizer_state(self.value, root_rank=0, discard=not takes)
+    def _broadcast(self, receivers: list[int] | None, takes: bool, heal: Heal | None) -> None:
+        if heal is None:
+            return
+        # The root's state is read, never loaded back into it: a commit kept in place holds its very objects.
+        synced = heal.state_dict(self.value.state_dict() if get_context().info.rank in heal.holders else None)
+        if synced is not None and takes:
+            self.value.load_state_dict(synced)
 
 
 class ShardedModelHandler(ModelHandler):
@@ -309,7 +320,7 @@ class ShardedModelHandler(ModelHandler):
             for name, value in saved.items():
                 live[name].copy_(value)
 
-    def _broadcast(self, receivers: list[int] | None, takes: bool) -> None:
+    def _broadcast(self, receivers: list[int] | None, takes: bool, heal: Heal | None) -> None:
         collectives.broadcast_tensors_([t for _, t in sorted(self._local().items())], 0, "parameters", cross=True,
                                        receivers=receivers)
 
@@ -356,7 +367,7 @@ class ShardedOptimizerHandler(OptimizerHandler):
             }
         self.value.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
 
-    def _broadcast(self, receivers: list[int] | None, takes: bool) -> None:
+    def _broadcast(self, receivers: list[int] | None, takes: bool, heal: Heal | None) -> None:
         me = get_context().info.cross_rank
         synced = collectives.broadcast_state_dict(self._state_dict() if me == 0 else None, 0, cross=True,
                                                   receivers=receivers)

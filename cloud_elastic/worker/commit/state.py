@@ -4,9 +4,11 @@
 model and optimizer into buffers allocated once and reused, which runs at
 memory speed (fresh allocations page-fault and run an order of magnitude
 slower); ``restore()`` copies them back after a failure; ``sync()``
-broadcasts the state of rank 0, the oldest worker, to everyone: tensors as
-tensors, everything else with ``torch.save`` and ``weights_only`` loading,
-never pickle (see ``statecodec``).
+gives every worker the state of rank 0, the holder of the newest commit: a
+model's and an optimizer's tensors from every worker that holds that commit,
+each sending a part to those that need it (``comm.heal``); everything else from
+rank 0, with ``torch.save`` and ``weights_only`` loading, never pickle (see
+``statecodec``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from cloud_elastic.worker import sharded
 
 from cloud_elastic.worker.comm import collectives
+from cloud_elastic.worker.comm.heal import Heal
 from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler, SamplerHandler, SnapshotHandler, handler_for
 from cloud_elastic.worker.commit.participant import CommitParticipant
 from cloud_elastic.worker.context import get_context, is_initialized
@@ -211,8 +214,8 @@ class TorchState(ObjectState):
         ctx = get_context()
         ledger = ctx.ledger
         ledger.window.discard()
-        # A worker that holds the very commit rank 0 broadcasts (the usual case: after a graceful
-        # membership change, or a failure every survivor rolled back from alike) gets its own values.
+        # A worker that holds rank 0's very commit (the usual case: after a graceful membership change,
+        # or a failure every survivor rolled back from alike) keeps its own values, and sends a part of them.
         root_seq = ledger.sync_root_seq
         other = root_seq is None or root_seq != ledger.live_commit_seq or not ledger.holds_commit
         overwritten = ctx.info is not None and ctx.info.rank != 0 and other
@@ -229,13 +232,21 @@ class TorchState(ObjectState):
             receivers = collectives.needing(ctx.info.cross_rank != 0 and (other or ledger.live_commit_seq == 0),
                                             "shards of the commit", cross=True)
             ledger.shard_sync = (ctx.info.round, receivers)
+        heal = None
+        if ctx.info is not None and any(isinstance(h, SnapshotHandler) and not getattr(h, "sharded", False)
+                                        for h in self._handlers.values()):
+            # A replica comes from every worker that holds rank 0's commit, each sending a part, to those that
+            # need it (see ``comm.heal``); with no one needing it, nothing moves.
+            heal = Heal(collectives.needing(takes, "commit"), ctx.info.size, root_seq)
         for handler in self._handlers.values():
             if getattr(handler, "sharded", False):
                 handler.sync(shard_overwritten, receivers)
             elif isinstance(handler, SnapshotHandler):
-                handler.sync(overwritten, takes=takes)
+                handler.sync(overwritten, takes=takes, heal=heal)
             else:
                 handler.sync()
+        if heal is not None:
+            heal.report(ctx.worker_id)
         super().sync()
 
     def reset(self) -> None:

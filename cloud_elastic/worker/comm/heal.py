@@ -1,0 +1,209 @@
+"""Healing from peers: a replica's state sync comes from every worker that holds rank 0's commit, each a part.
+
+``TorchState.sync`` asks :func:`collectives.needing` which workers need rank 0's
+commit (a newcomer, a spare, a worker that could not restore it); every other
+worker *holds* it, bit for bit, rank 0 among them. The tensors are packed as
+:func:`collectives.broadcast_tensors_` packs them (:func:`collectives.pack_chunks`,
+the same messages on every worker), the packed bytes are cut into one contiguous
+range per holder (:func:`assign`, cut at element boundaries, so several holders
+share even one big tensor), and each holder sends its range to each receiver
+point to point, all holders at once. A worker that neither holds a part nor
+needs one takes no part; with no receiver, nothing is sent at all.
+
+Memory in flight is bounded: a holder builds one piece at a time; a receiver
+takes one piece from each holder at a time (a *wave*), straight into its tensor
+when a piece is one tensor's slice, else through a buffer of at most 32 MiB.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from cloud_elastic.worker.comm import collectives
+from cloud_elastic.worker.comm.collectives import _dtype, _is_slot, _join_tensors, _shapes, _split_tensors, _TENSOR, on_device
+from cloud_elastic.worker.comm.statecodec import StateSyncError
+from cloud_elastic.worker.context import get_context
+
+__all__ = ["Piece", "assign", "Heal"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Elements ``start`` to ``stop`` (excluded) of the flat message ``chunk``."""
+
+    chunk: int
+    start: int
+    stop: int
+
+
+def assign(chunks: Sequence[tuple[int, int]], holders: int) -> list[list[Piece]]:
+    """Each holder's pieces of ``chunks`` (``(elements, bytes per element)`` each), balanced by bytes.
+
+    The chunks' bytes, end to end, are cut into ``holders`` contiguous ranges of
+    equal size (the last ones a byte longer when it does not divide), each cut moved
+    down to an element boundary: holder *h* gets what lies in range *h*, in chunk
+    order, so a big chunk is shared by several holders and no holder gets more than
+    its share plus one element. The same on every worker (integers only).
+    """
+    if holders < 1:
+        raise ValueError(f"assign: no holder to send {len(chunks)} chunk(s)")
+    total = sum(n * size for n, size in chunks)
+    cuts = [total * h // holders for h in range(holders + 1)]
+    pieces: list[list[Piece]] = [[] for _ in range(holders)]
+    offset = 0
+    for index, (n, size) in enumerate(chunks):
+        def element(cut: int) -> int:
+            return min(n, max(0, (cut - offset) // size))
+
+        for h in range(holders):
+            start, stop = element(cuts[h]), element(cuts[h + 1])
+            if stop > start:
+                pieces[h].append(Piece(index, start, stop))
+        offset += n * size
+    return pieces
+
+
+def _parts(members: list[torch.Tensor], start: int, stop: int):
+    """(tensor, its first element, its stop, position in the piece) of each member overlapping the piece."""
+    offset = 0
+    for t in members:
+        lo, hi = max(start, offset), min(stop, offset + t.numel())
+        if hi > lo:
+            yield t, lo - offset, hi - offset, lo - start
+        offset += t.numel()
+
+
+class Heal:
+    """One replica sync: who holds rank 0's commit ``seq``, who needs it, and what this worker moved."""
+
+    def __init__(self, receivers: Sequence[int], size: int, seq: int | None) -> None:
+        self.receivers = list(receivers)
+        #: Every worker that does not need the commit holds it (rank 0 first): they share the sending.
+        self.holders = [rank for rank in range(size) if rank not in self.receivers]
+        self.seq = seq
+        self.bytes = 0  # sent (a holder) or received (a receiver)
+        self.pieces = 0  # this holder's pieces
+        self.all_pieces = 0  # every holder's
+        self.sources: set[int] = set()  # the holders a receiver took a part from
+
+    def parameters(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """A model's ``state_dict()``: holders send it, receivers take it in place (as ``broadcast_parameters``)."""
+        self.tensors(collectives.parameter_tensors(state_dict), "parameters")
+
+    def state_dict(self, state: Any, name: str = "optimizer state") -> Any:
+        """Rank 0's ``state`` (plain data and tensors) on a receiver; None elsewhere (a holder passes its own).
+
+        The skeleton (tensors replaced by shapes) comes from rank 0 to every worker,
+        receivers and holders: it is small, a holder orders its own tensors by it
+        (:func:`_pick`), and a state rank 0 cannot encode fails on every worker alike.
+        """
+        ctx = get_context()
+        if not self.receivers:
+            return None
+        me = ctx.info.rank
+        skeleton = _split_tensors(state, copy=False)[0] if me == 0 else None
+        skeleton = collectives.broadcast_state(skeleton, 0, name)
+        if me in self.holders:
+            self.tensors(_pick(skeleton, state, name), name)
+            return None
+        tensors = [torch.empty(shape, dtype=_dtype(dtype)) for shape, dtype in _shapes(skeleton)]
+        self.tensors(tensors, name)
+        return _join_tensors(skeleton, tensors)
+
+    def tensors(self, tensors: list[torch.Tensor], name: str) -> None:
+        """Holders send their ``tensors``, receivers receive into theirs (same dtypes and shapes on every worker)."""
+        ctx = get_context()
+        me = ctx.info.rank
+        if not self.receivers or (me not in self.receivers and me not in self.holders):
+            return
+        chunks = [[tensors[i] for i in chunk] for chunk in collectives.pack_chunks(tensors, by_device=False)]
+        plan = assign([(sum(t.numel() for t in c), c[0].element_size()) for c in chunks], len(self.holders))
+        self.all_pieces += sum(len(p) for p in plan)
+        what = f"healing {name} from peers"
+        with torch.no_grad():
+            if me in self.holders:
+                self._send(ctx, chunks, plan[self.holders.index(me)], what)
+            else:
+                self._receive(ctx, tensors, chunks, plan, what)
+
+    def _send(self, ctx: Any, chunks: list[list[torch.Tensor]], mine: list[Piece], what: str) -> None:
+        for piece in mine:  # one piece at a time: a holder keeps at most one packed buffer
+            parts = [on_device(t.reshape(-1)[a:b]) for t, a, b, _ in _parts(chunks[piece.chunk], piece.start, piece.stop)]
+            buf = parts[0] if len(parts) == 1 else torch.cat(parts)
+            for work in [ctx.group(what).send([buf], rank, 0) for rank in self.receivers]:
+                ctx.wait(work, what)
+            self.pieces += 1
+            self.bytes += buf.numel() * buf.element_size() * len(self.receivers)
+
+    def _receive(self, ctx: Any, tensors: list[torch.Tensor], chunks: list[list[torch.Tensor]],
+                 plan: list[list[Piece]], what: str) -> None:
+        # Received into the tensors themselves where they are contiguous on the group's device, else into copies.
+        landing = {id(t): on_device(t) for t in tensors}
+        for wave in range(max(len(p) for p in plan)):
+            posted = []
+            for holder, pieces in zip(self.holders, plan):
+                if wave >= len(pieces):
+                    continue
+                piece = pieces[wave]
+                members = [landing[id(t)] for t in chunks[piece.chunk]]
+                if len(members) == 1:
+                    buf = members[0].view(-1)[piece.start: piece.stop]
+                else:
+                    buf = torch.empty(piece.stop - piece.start, dtype=members[0].dtype, device=ctx.device)
+                posted.append((ctx.group(what).recv([buf], holder, 0), buf, members, piece, holder))
+            for work, buf, members, piece, holder in posted:
+                ctx.wait(work, what)
+                if len(members) > 1:
+                    for t, a, b, at in _parts(members, piece.start, piece.stop):
+                        t.view(-1)[a:b].copy_(buf[at: at + b - a])
+                self.bytes += buf.numel() * buf.element_size()
+                self.sources.add(holder)
+        for t in tensors:
+            if landing[id(t)] is not t:
+                t.copy_(landing[id(t)])
+
+    def report(self, worker_id: str) -> None:
+        """One INFO line of what this worker sent or received in this sync (nothing when it moved nothing)."""
+        amount = f"{self.bytes / 1e6:.1f} MB" if self.bytes >= 100_000 else f"{self.bytes / 1e3:.1f} kB"
+        if self.pieces:
+            log.info("worker %s: sent %s of commit %s (pieces %d of %d) to rank(s) %s", worker_id, amount, self.seq,
+                     self.pieces, self.all_pieces, self.receivers)
+        elif self.sources:
+            log.info("worker %s: received %s of commit %s from %d holder(s) %s", worker_id, amount, self.seq,
+                     len(self.sources), sorted(self.sources))
+
+
+def _pick(skeleton: Any, own: Any, name: str) -> list[torch.Tensor]:
+    """A holder's own tensors in the order of rank 0's ``skeleton`` (found by the same keys).
+
+    A holder of rank 0's very commit has the same structure; one that does not
+    raises here, loudly, rather than send the receivers wrong bytes.
+    """
+    found: dict[int, torch.Tensor] = {}
+
+    def walk(slot: Any, value: Any, where: str) -> None:
+        if _is_slot(slot):
+            shape, dtype = tuple(slot["shape"]), _dtype(slot["dtype"])
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape or value.dtype != dtype:
+                raise StateSyncError(f"{name}: this worker holds rank 0's commit, but its {where or 'state'} is not "
+                                     f"a {dtype} tensor of shape {list(shape)} as rank 0's")
+            found[slot[_TENSOR]] = value.detach()
+        elif isinstance(slot, dict):
+            for key, sub in slot.items():
+                if not isinstance(value, dict) or key not in value:
+                    raise StateSyncError(f"{name}: this worker holds rank 0's commit, but its state has no {where}[{key!r}]")
+                walk(sub, value[key], f"{where}[{key!r}]")
+        elif isinstance(slot, (list, tuple)):
+            if not isinstance(value, (list, tuple)) or len(value) != len(slot):
+                raise StateSyncError(f"{name}: this worker holds rank 0's commit, but its {where} differs from rank 0's")
+            for i, (sub, v) in enumerate(zip(slot, value)):
+                walk(sub, v, f"{where}[{i}]")
+
+    walk(skeleton, own, "")
+    return [found[i] for i in range(len(found))]

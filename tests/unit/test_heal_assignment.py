@@ -1,0 +1,83 @@
+"""How a replica sync divides the packed commit among the workers that hold it (``comm.heal.assign``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cloud_elastic.worker.comm.collectives import pack_chunks
+from cloud_elastic.worker.comm.heal import Piece, assign
+
+
+def _covered(chunks, plan):
+    """Every element of every chunk is sent exactly once, and each holder's pieces are in chunk order."""
+    seen = {c: [] for c in range(len(chunks))}
+    for pieces in plan:
+        assert [(p.chunk, p.start) for p in pieces] == sorted((p.chunk, p.start) for p in pieces)
+        for p in pieces:
+            assert 0 <= p.start < p.stop <= chunks[p.chunk][0]
+            seen[p.chunk].append((p.start, p.stop))
+    for c, (n, _) in enumerate(chunks):
+        ranges = sorted(seen[c])
+        assert ranges[0][0] == 0 and ranges[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), ranges
+
+
+def _bytes(chunks, pieces):
+    return sum((p.stop - p.start) * chunks[p.chunk][1] for p in pieces)
+
+
+def test_one_holder_sends_every_chunk_whole():
+    chunks = [(10, 4), (3, 8), (1, 2)]
+    assert assign(chunks, 1) == [[Piece(0, 0, 10), Piece(1, 0, 3), Piece(2, 0, 1)]]
+
+
+def test_one_huge_tensor_is_shared_by_every_holder_in_equal_byte_ranges():
+    chunks = [(1_000_000, 4)]
+    plan = assign(chunks, 3)
+    _covered(chunks, plan)
+    assert [len(p) for p in plan] == [1, 1, 1]
+    assert [_bytes(chunks, p) for p in plan] == [1_333_332, 1_333_332, 1_333_336]
+
+
+def test_bytes_are_balanced_across_chunks_of_different_dtypes():
+    chunks = [(1_500_000, 4), (100, 8), (700_000, 2), (33, 1)]
+    for holders in (2, 3, 5, 7):
+        plan = assign(chunks, holders)
+        _covered(chunks, plan)
+        total = sum(n * s for n, s in chunks)
+        for pieces in plan:  # each gets its share, give or take an element at each of its two cuts
+            assert abs(_bytes(chunks, pieces) - total / holders) <= 16, (holders, plan)
+
+
+def test_equal_chunks_tie_by_order_and_the_plan_is_the_same_every_time():
+    chunks = [(4, 4)] * 4
+    plan = assign(chunks, 2)
+    assert plan == [[Piece(0, 0, 4), Piece(1, 0, 4)], [Piece(2, 0, 4), Piece(3, 0, 4)]]
+    assert assign(list(chunks), 2) == plan
+
+
+def test_more_holders_than_chunks_split_the_chunks_and_more_holders_than_elements_leave_some_idle():
+    chunks = [(6, 4), (2, 4)]
+    plan = assign(chunks, 4)
+    _covered(chunks, plan)
+    assert [_bytes(chunks, p) for p in plan] == [8, 8, 8, 8]
+    tiny = [(2, 8)]
+    plan = assign(tiny, 5)
+    _covered(tiny, plan)
+    assert sum(1 for p in plan if p) == 2 and sum(len(p) for p in plan) == 2
+
+
+def test_no_holder_is_an_error_and_no_bytes_is_no_piece():
+    with pytest.raises(ValueError):
+        assign([(3, 4)], 0)
+    assert assign([(0, 4)], 2) == [[], []]
+    assert assign([], 3) == [[], [], []]
+
+
+def test_the_packing_does_not_depend_on_the_device_the_tensors_live_on_when_asked():
+    # A holder's optimizer state may be on the accelerator while a receiver allocates it in host memory:
+    # both must cut the same messages. By dtype and shape only, the packing is the same.
+    tensors = [torch.zeros(3), torch.zeros(2, dtype=torch.int64), torch.zeros(2_000_000), torch.zeros(5)]
+    assert pack_chunks(tensors, by_device=False) == [[2], [0, 3], [1]]
+    assert pack_chunks(tensors) == [[2], [0, 3], [1]]
