@@ -1,6 +1,6 @@
 """Host added: the running workers' stall while a third worker is admitted, and the newcomer's time to its first step.
 
-    .venv/bin/python benchmarks/host_added.py [--repeats 7] [--peers] [--quick]
+    .venv/bin/python benchmarks/host_added.py [--repeats 7] [--state-mb 10,100,1000] [--peers] [--quick]
 
 Two workers train a small MLP (3 hidden layers of width 256, batch 64, SGD with
 momentum, one OpenMP thread each) and a third is admitted, a fresh job per
@@ -27,8 +27,16 @@ admitted replica only from the step after the one that admits it) and the
 newcomer's time from its process start (and from the host's appearance in the
 discovery answer; for torchft the two are the same) to its first completed step.
 The systems take turns within each repeat, so a slow minute hits each of them.
+
+``--state-mb 10,100,1000`` (the default; 10 with ``--quick``; ``none`` for
+none) adds, per size, a row of cloud-elastic whose state carries that many MB
+more (``workload.py --state-mb``: an entry of the optimizer's state that no step
+reads, so the step time stays the small model's while every sync carries it to
+the newcomer), in the same rounds. Each job's peak resident memory (every
+process of the job, summed; sampled every 0.2 s) is reported.
+
 Prints the table and writes it into docs/benchmarks.md (``docsection``: section
-``host-added`` and its glance row).
+``host-added`` and its glance row, which names the sizes).
 """
 
 from __future__ import annotations
@@ -38,12 +46,14 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import docsection
-from common import PY, JobExited, Miss, Procs, REPO, WORKLOAD, command, pct, stamp, torchrun_elastic_cmds, where
+from common import (PY, JobExited, Miss, Procs, REPO, WORKLOAD, command, descendants, pct, stamp,
+                    torchrun_elastic_cmds, where)
 
 sys.path.insert(0, str(REPO))
 from tests.chaos.schedule import ChaosDiscovery  # noqa: E402
@@ -57,6 +67,12 @@ SECTION = "Host added: the running workers' stall"
 STALL_TARGET_S = 0.020
 GLANCE_STALL = "Host added → running workers' stall (longest step gap − normal step) ≤ 20 ms"
 CLOUD_ELASTIC = "cloud-elastic (commit every step)"
+STATE_SIZES = "10,100,1000"
+
+
+def with_state(mb: float) -> str:
+    """The row (and system) name of cloud-elastic with ``mb`` MB more state."""
+    return f"cloud-elastic, +{mb:g} MB of state"
 
 
 def parent(pid: int) -> int:
@@ -93,11 +109,12 @@ class Scenario:
 
 
 class CloudElastic(Scenario):
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, state_mb: float = 0.0) -> None:
         self.discovery = ChaosDiscovery(tmp, HOSTS[:2])
         self.cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "--min-np", "2", "--max-np", "3",
                     "--host-discovery-script", str(self.discovery.script), "--blacklist-cooldown-range", "300", "300",
-                    PY, WORKLOAD, "elastic", *SMALL, "--step-log", "--commit-every", "1"]
+                    PY, WORKLOAD, "elastic", *SMALL, "--step-log", "--commit-every", "1",
+                    *(["--state-mb", f"{state_mb:g}"] if state_mb else [])]
 
     def start(self) -> None:
         self.job = Procs([self.cmd], {})
@@ -163,10 +180,39 @@ SYSTEMS: dict[str, Callable[[Path], Scenario]] = {
 
 
 # ------------------------------------------------------------------------------ one admission
+class PeakRSS:
+    """The peak of the summed resident memory of a job's processes, sampled every 0.2 s until ``stop()``
+    (its processes listed once a second)."""
+
+    def __init__(self, job: Procs) -> None:
+        self.job, self.peak_bytes, self._done = job, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        page, pids, listed = os.sysconf("SC_PAGE_SIZE"), [], 0.0
+        while not self._done.wait(0.2):
+            if time.monotonic() - listed > 1.0:  # the walk of /proc once a second: the job's CPU is measured
+                pids, listed = descendants([p.pid for p in self.job.procs]), time.monotonic()
+            total = 0
+            for pid in pids:
+                try:
+                    total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+                except (OSError, IndexError, ValueError):
+                    pass
+            self.peak_bytes = max(self.peak_bytes, total)
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join(5)
+        return self.peak_bytes
+
+
 def one_admission(scenario: Scenario, bound_s: float) -> dict[str, Any]:
     """Start two workers, add the third, and return the raw times of this repeat (see the module docstring)."""
     scenario.start()
     job = scenario.job
+    rss = PeakRSS(job)
     try:
         job.wait(lambda: len({e["pid"] for e in job.logs if e["step"] >= WARM_STEPS and e["size"] == 2}) >= 2, 300,
                  "two workers past the warm-up")
@@ -199,10 +245,11 @@ def one_admission(scenario: Scenario, bound_s: float) -> dict[str, Any]:
         else:
             survivors = {e["pid"] for e in logs if e["pid"] in before and e["size"] == 2}
         started = process_start(first["pid"])
-        return {"t_add": t_add, "newcomer_pid": first["pid"], "newcomer_started": started,
+        return {"t_add": t_add, "newcomer_pid": first["pid"], "newcomer_started": started, "peak_rss": rss.stop(),
                 "newcomer_first_step": first["t"], "survivors": sorted(survivors), "before_pids": sorted(before),
                 "steps": sorted((e["t"], e["pid"], e["size"]) for e in logs if e["t"] >= t_add - 3)}
     finally:
+        rss.stop()
         scenario.stop()
 
 
@@ -236,40 +283,63 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
             # Where the longest gap ended, from the first step at size 3 (0: it is the switch itself).
             "longest_gap_end_after_switch_s": 0.0 if restarts_all else where,
             "stall_s": gap - normal, "start_to_first_step_s": raw["newcomer_first_step"] - raw["newcomer_started"],
-            "added_to_first_step_s": raw["newcomer_first_step"] - t_add}
+            "added_to_first_step_s": raw["newcomer_first_step"] - t_add, "peak_rss_gib": raw["peak_rss"] / 2**30}
 
 
 # ------------------------------------------------------------------------------ report
-def table(rows: dict[str, dict]) -> str:
-    ms = lambda x: f"{x * 1000:.0f} ms"  # noqa: E731
+def duration(x: float) -> str:
+    """Milliseconds below 10 s (``54 ms``), seconds from there (``25.1 s``)."""
+    return f"{x * 1000:.0f} ms" if x < 10 else f"{x:.1f} s"
+
+
+def table(rows: dict[str, dict], rss: bool = True) -> str:
+    """The figures per system; ``rss``: with the job's peak resident memory."""
+    ms = duration
     s = lambda x: f"{x:.2f} s"  # noqa: E731
     lines = ["| system (2 workers + 1 admitted) | normal step | longest gap, p50 / p95 | stall (gap − normal step), "
              "p50 / p95 | admitting step's gap, p50 / p95 | newcomer: process start → first step, p50 / p95 | "
-             "host added → first step, p50 | repeats |", "|---|---|---|---|---|---|---|---|"]
+             "host added → first step, p50 | " + ("peak RSS, whole job | " if rss else "") + "repeats |",
+             "|---|---|---|---|---|---|---|---|" + ("---|" if rss else "")]
     for name, r in rows.items():
         a = r["figures"]
         if not a:
-            lines.append(f"| {name} | – | miss | miss | – | miss | miss | 0 of {r['misses']} |")
+            lines.append(f"| {name} | – | miss | miss | – | miss | miss | " + ("– | " if rss else "")
+                         + f"0 of {r['misses']} |")
             continue
         col = lambda k: [x[k] for x in a]  # noqa: E731
+        memory = f"{max(col('peak_rss_gib')):.1f} GiB | " if rss else ""
         lines.append(
             f"| {name} | {ms(statistics.median(col('normal_step_s')))} | {ms(pct(col('longest_gap_s'), .5))} / "
             f"{ms(pct(col('longest_gap_s'), .95))} | {ms(pct(col('stall_s'), .5))} / {ms(pct(col('stall_s'), .95))} | "
             f"{ms(pct(col('admission_gap_s'), .5))} / {ms(pct(col('admission_gap_s'), .95))} | "
             f"{s(pct(col('start_to_first_step_s'), .5))} / "
-            f"{s(pct(col('start_to_first_step_s'), .95))} | {s(pct(col('added_to_first_step_s'), .5))} | "
+            f"{s(pct(col('start_to_first_step_s'), .95))} | {s(pct(col('added_to_first_step_s'), .5))} | {memory}"
             f"{len(a)} of {len(a) + r['misses']} |")
     return "\n".join(lines)
 
 
-def glance(rows: dict[str, dict]) -> list[list[str]]:
+def glance(rows: dict[str, dict], sizes: dict[float, str]) -> list[list[str]]:
+    """The stall's glance row; with ``sizes`` (MB -> row name), the p50 / p95 stall at each state size too."""
     figures = rows.get(CLOUD_ELASTIC, {}).get("figures")
     if not figures:
         return [[GLANCE_STALL, "no admission within the bound", "–", where(SECTION), docsection.verdict(False)]]
     stalls = [f["stall_s"] for f in figures]
     p50, p95 = pct(stalls, .5), pct(stalls, .95)
-    return [[GLANCE_STALL, f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms over {len(stalls)} admission(s)",
+    by_size = []
+    for mb, name in sizes.items():
+        sized = [f["stall_s"] for f in rows[name]["figures"]]
+        by_size.append(f"{mb:g} MB: " + (f"{duration(pct(sized, .5))} / {duration(pct(sized, .95))}" if sized
+                                         else "miss"))
+    more = f"; with more state (p50 / p95), {', '.join(by_size)}" if by_size else ""
+    return [[GLANCE_STALL, f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms over {len(stalls)} admission(s){more}",
              f"{p95 / STALL_TARGET_S:.2f}", where(SECTION), docsection.verdict(p95 <= STALL_TARGET_S)]]
+
+
+def parse_sizes(text: str) -> list[float]:
+    """``10,100,1000`` -> [10.0, 100.0, 1000.0]; ``none`` (or empty) -> []."""
+    if text.strip().lower() in ("", "none", "0"):
+        return []
+    return [float(x) for x in text.split(",") if x.strip()]
 
 
 def main() -> None:
@@ -278,11 +348,17 @@ def main() -> None:
     p.add_argument("--bound", type=float, default=None,
                    help="seconds the newcomer gets to its first step (default 90; 30 with --quick)")
     p.add_argument("--peers", action="store_true", help="also torchft and torchrun elastic (requirements/bench.txt)")
+    p.add_argument("--state-mb", default=None,
+                   help=f"cloud-elastic with this much more state, MB, comma-separated (default {STATE_SIZES}; 10 "
+                        "with --quick; none: none)")
     docsection.add_arguments(p)
     args = p.parse_args()
     repeats, bound = args.repeats or (1 if args.quick else 7), args.bound or (30.0 if args.quick else 90.0)
     os.environ.setdefault("RUST_LOG", "warn")  # the Lighthouse in this process logs every quorum at info
     chosen = {n: f for n, f in SYSTEMS.items() if args.peers or n == CLOUD_ELASTIC}
+    sizes = {mb: with_state(mb) for mb in parse_sizes(args.state_mb if args.state_mb is not None
+                                                      else "10" if args.quick else STATE_SIZES)}
+    chosen.update({name: (lambda mb: lambda tmp: CloudElastic(tmp, mb))(mb) for mb, name in sizes.items()})
     rows: dict[str, dict] = {n: {"figures": [], "misses": 0} for n in chosen}
     with tempfile.TemporaryDirectory() as root:
         # Rounds over the systems, so that a slow minute of the shared machine hits each of them.
@@ -297,9 +373,18 @@ def main() -> None:
                     continue
                 fig = analyse(raw, scenario.restarts_all)
                 rows[name]["figures"].append(fig)
-                print(f"{name}: repeat {i + 1}: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in fig.items()),
+                print(f"{name}: repeat {i + 1}: " + ", ".join(f"{k} {v:.2f} GiB" if k.endswith("_gib") else
+                                                               f"{k} {v * 1000:.1f} ms" for k, v in fig.items()),
                       flush=True)
-    docsection.publish(args, "host-added", SECTION, f"{stamp(command())}\n\n{table(rows)}", glance(rows))
+    # cloud-elastic, its rows with more state, then the peers.
+    order = [CLOUD_ELASTIC, *sizes.values(), *(n for n in rows if n != CLOUD_ELASTIC and n not in sizes.values())]
+    more = (" *+N MB of state*: the same job with N MB (10^6 bytes) more in the optimizer's state, an entry no step "
+            "reads (`workload.py --state-mb`): every sync carries it to the newcomer, and a commit kept in place "
+            "copies none of it, so the normal step stays the small model's." if sizes else "")
+    docsection.publish(args, "host-added", SECTION,
+                       f"{stamp(command())}{more} Peak RSS: every process of the job (driver, workers, newcomer; for "
+                       f"torchft without the Lighthouse), summed, the largest over the repeats.\n\n"
+                       f"{table({n: rows[n] for n in order})}", glance(rows, sizes))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ The model, the data and the optimizer are those of ``examples/torch_synthetic.py
 with ``--adamw-tensors N`` a model of N small layers trained with AdamW (many
 tensors, as a real network has). With ``--step-log`` every worker prints one
 ``STEPLOG {json}`` line per completed step (wall time, step, world size, pid,
-the step's wall and CPU seconds). A step whose commit raises ``HostsUpdatedInterrupt`` completed (its commit is kept),
+the step's wall and CPU seconds). ``--state-mb N`` adds N MB to the optimizer's state
+(:func:`add_state`): every sync carries it, no step computes with it. A step whose commit raises ``HostsUpdatedInterrupt`` completed (its commit is kept),
 so it is logged too.
 """
 
@@ -60,6 +61,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="torchft: allreduce the flattened gradients through Manager.allreduce after backward instead "
                         "of torchft.DistributedDataParallel (whose comm hook asserts when a collective times out)")
     p.add_argument("--step-log", action="store_true")
+    p.add_argument("--state-mb", type=float, default=0.0,
+                   help="add this many MB (10^6 bytes) to the optimizer's state (see add_state): carried by every "
+                        "sync, used by no step")
     return p.parse_args(argv)
 
 
@@ -74,6 +78,20 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, type, dict]:
         layers.append(nn.Linear(width, 1))
         return nn.Sequential(*layers), torch.optim.AdamW, {"lr": 1e-3}
     return make_model(args), torch.optim.SGD, {"lr": args.lr, "momentum": 0.9}
+
+
+def add_state(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> None:
+    """``--state-mb``: that many MB more in the optimizer's state, as an entry of the first parameter's state
+    that the optimizer's step never reads (SGD keeps its own momentum beside it).
+
+    It travels in ``optimizer.state_dict()``, so every sync carries it to a newcomer as it carries Adam's
+    moments; a commit kept in place copies no optimizer state, so the steps cost what they cost without it.
+    A registered buffer would not do: a commit copies a model's buffers every time (1 GB: a 0.33 s step
+    against 12 ms). Filled, not left as zero pages: every byte is resident, as trained state is.
+    """
+    if args.state_mb:
+        first = optimizer.param_groups[0]["params"][0]
+        optimizer.state[first]["ballast"] = torch.full((int(args.state_mb * 1e6) // 4,), 0.5)
 
 
 class Steps:
@@ -100,6 +118,7 @@ def run_elastic(args: argparse.Namespace) -> None:
     hvd.init()
     model, opt_cls, opt_kw = build(args)
     optimizer = hvd.DistributedOptimizer(opt_cls(model.parameters(), **opt_kw), named_parameters=model.named_parameters())
+    add_state(optimizer, args)
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     steps = Steps(args, "elastic")
     # CE_WORKLOAD_SLOW=HOST=SECONDS: the worker on HOST computes that much longer per step (a slow instance).
@@ -174,6 +193,7 @@ def run_torchft_worker(args: argparse.Namespace) -> None:
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     model, opt_cls, opt_kw = build(args)
     inner = opt_cls(model.parameters(), **opt_kw)
+    add_state(inner, args)
 
     def state_dict() -> dict:
         return {"model": model.state_dict(), "optimizer": inner.state_dict()}
