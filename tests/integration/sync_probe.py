@@ -6,12 +6,12 @@ default commit mode). The worker on ``--victim`` dies at ``--point`` of the
 first state sync of a round of three (a newcomer the test adds by discovery
 joins the two that train), while its peers are in that sync:
 
-- ``parameters``: as the model's parameters are broadcast;
-- ``optimizer``: after the optimizer state's skeleton, as its tensors are broadcast;
+- ``parameters``: as the model's parameters are sent (healed from the peers that hold the commit);
+- ``optimizer``: after the optimizer state's skeleton, as its tensors are sent;
 - ``attributes``: once the model and the optimizer state are synced, as the plain attributes are;
 - ``stop``: at that point, SIGSTOP instead of SIGKILL (the driver gives it up for silence).
 
-The victim is the newcomer (it receives), or rank 0 (the root). The others
+The victim is the newcomer (it receives), or rank 0 (a holder, and the root of the rest). The others
 train until ``--steps`` and two resets (the newcomer admitted, then the round
 without the victim). Prints ``EVENT`` lines: commit (step, checksum of model,
 optimizer state and step, as ``commit_probe.py``; also for the commit that is
@@ -31,23 +31,24 @@ import torch
 import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
-from cloud_elastic.worker.comm import collectives
+from cloud_elastic.worker.comm import collectives, heal
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
 from commit_probe import OPTIMIZERS, checksum, event  # the script's own directory is on sys.path
 
-#: point -> (the collectives function the victim dies in, the name of the broadcast)
+#: point -> (where the function is, the function the victim dies in, the name of its transfer): the name is its
+#: third argument (``Heal.tensors(self, tensors, name)``, ``broadcast_state(obj, root_rank, name)``)
 POINTS = {
-    "parameters": ("broadcast_tensors_", "parameters"),
-    "optimizer": ("broadcast_tensors_", "optimizer state"),
-    "attributes": ("broadcast_state", "ObjectState attributes"),
-    "stop": ("broadcast_state", "ObjectState attributes"),
+    "parameters": (heal.Heal, "tensors", "parameters"),
+    "optimizer": (heal.Heal, "tensors", "optimizer state"),
+    "attributes": (collectives, "broadcast_state", "ObjectState attributes"),
+    "stop": (collectives, "broadcast_state", "ObjectState attributes"),
 }
 
 
 def die_in_sync(point: str) -> None:
-    """Make this worker die as it enters ``point``'s broadcast in a round of three or more."""
-    function, name = POINTS[point]
-    original = getattr(collectives, function)
+    """Make this worker die as it enters ``point``'s transfer in a round of three or more."""
+    owner, function, name = POINTS[point]
+    original = getattr(owner, function)
 
     def dying(*args, **kwargs):
         if hvd.size() >= 3 and (args[2] if len(args) > 2 else kwargs.get("name")) == name:
@@ -58,7 +59,7 @@ def die_in_sync(point: str) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
         return original(*args, **kwargs)
 
-    setattr(collectives, function, dying)  # the sync looks it up in the module at each call
+    setattr(owner, function, dying)  # the sync looks it up at each call
 
 
 def main() -> None:
@@ -76,7 +77,7 @@ def main() -> None:
         die_in_sync(args.point)
 
     torch.manual_seed(0)
-    # Every tensor is broadcast packed (``collectives.broadcast_tensors_``); with --wide, the 600x1800 weight
+    # Every tensor travels packed (``collectives.pack_chunks``); with --wide, the 600x1800 weight
     # (4.3 MB) and its optimizer state go alone, first: a sync meets both ways.
     width = 1800 if args.wide else 300
     model = torch.nn.Sequential(torch.nn.Linear(8, 600), torch.nn.Tanh(), torch.nn.Linear(600, width), torch.nn.Tanh(),
