@@ -74,7 +74,8 @@ BENCHMARKS = [
     Benchmark("sharded-checkpoint", "sharded_checkpoint.py", 300, 1800),
     Benchmark("soak", "soak.py", 300, 2 * 3600),
     Benchmark("kubernetes", "kubernetes.py", 300, 1800),
-    Benchmark("goodput", "goodput.py", 900, 3600, peers=True),
+    Benchmark("kill-to-full-size", "kill_to_full.py", 400, 1800),
+    Benchmark("goodput", "goodput.py", 1200, 3600, peers=True),
     Benchmark("multi-source", "multi_source.py", 120, 600),
     Benchmark("gpu", "gpu.py", 400, 3600, needs_gpu=True),
 ]
