@@ -86,8 +86,8 @@ def test_a_newcomer_stopped_during_its_state_sync_is_given_up_and_the_others_res
 
 @pytest.mark.timeout(200)
 def test_the_root_killed_during_a_state_sync_leaves_the_worker_that_held_its_commit_able_to_restore_it(jobs, tmp_path):
-    # 127.0.0.2 received rank 0's model and optimizer state before rank 0 died: it held that very commit,
-    # so it must still restore it exactly, and give it to the newcomer.
+    # 127.0.0.2 held rank 0's very commit and sent its part of the model and optimizer state to the newcomer
+    # before rank 0 died: it must still restore that commit exactly, and give it to the newcomer.
     job = run_job(jobs, tmp_path, "adam", OLD[0], "attributes", wide=True)
     assert job.finish(timeout=180) == 0, job.output()[-4000:]
     check_resumed_exactly(job, OLD[1:], 12)

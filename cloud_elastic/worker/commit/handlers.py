@@ -273,9 +273,9 @@ class OptimizerHandler(SnapshotHandler):
                 group.update(_clone(saved))
 
     def _broadcast(self, receivers: list[int] | None, takes: bool, heal: Heal | None) -> None:
-        if heal is None:
+        if heal is None or not heal.receivers:
             return
-        # The root's state is read, never loaded back into it: a commit kept in place holds its very objects.
+        # A holder's state is read, never loaded back into it: a commit kept in place holds its very objects.
         synced = heal.state_dict(self.value.state_dict() if get_context().info.rank in heal.holders else None)
         if synced is not None and takes:
             self.value.load_state_dict(synced)
