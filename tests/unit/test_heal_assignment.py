@@ -81,3 +81,21 @@ def test_the_packing_does_not_depend_on_the_device_the_tensors_live_on_when_aske
     tensors = [torch.zeros(3), torch.zeros(2, dtype=torch.int64), torch.zeros(2_000_000), torch.zeros(5)]
     assert pack_chunks(tensors, by_device=False) == [[2], [0, 3], [1]]
     assert pack_chunks(tensors) == [[2], [0, 3], [1]]
+
+
+def test_a_holder_sends_its_optimizer_tensors_in_rank_0s_order_and_refuses_a_state_shaped_otherwise():
+    from cloud_elastic.worker.comm.collectives import _split_tensors
+    from cloud_elastic.worker.comm.heal import _pick
+    from cloud_elastic.worker.comm.statecodec import StateSyncError
+
+    root = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}, 1: {"exp_avg": torch.zeros(4)}},
+            "param_groups": [{"lr": 0.1, "params": [0, 1]}]}
+    skeleton = _split_tensors(root, copy=False)[0]
+    mine = {"param_groups": root["param_groups"],  # the same values, its dicts in another order
+            "state": {1: {"exp_avg": torch.zeros(4)}, 0: {"exp_avg": torch.ones(2), "step": torch.tensor(3.0)}}}
+    picked = _pick(skeleton, mine, "optimizer state")
+    assert [t.shape for t in picked] == [t.shape for t in _split_tensors(root, copy=False)[1]]
+    assert all(torch.equal(a, b) for a, b in zip(picked, _split_tensors(root, copy=False)[1]))
+    mine["state"][1]["exp_avg"] = torch.zeros(5)
+    with pytest.raises(StateSyncError, match=r"\[1\]\['exp_avg'\].*shape \[4\]"):
+        _pick(skeleton, mine, "optimizer state")
