@@ -1,6 +1,6 @@
 """Goodput on a seeded trace of spot events: cloud-elastic, torchft and torchrun elastic on the same trace.
 
-    .venv/bin/python benchmarks/goodput.py [--rates 1 3] [--spares N] [--seed 41] [--peers] [--quick]
+    .venv/bin/python benchmarks/goodput.py [--rates 1 3] [--spares 0 1] [--seed 41] [--peers] [--quick]
 
 Goodput = useful samples ÷ what an undisturbed run at full size makes in the same time.
 
@@ -32,14 +32,20 @@ rollback or a restart from a checkpoint counts once, at its last size).
 Also reported: each kill's and notice's time to the first step that starts
 after it at full size.
 
-``--spares N`` is cloud-elastic's ``--spares N`` (issue 41: N workers beyond
+``--spares N ...`` (default ``0 1``: both, side by side) runs cloud-elastic
+once per N with ``cloud-elastic run --spares N`` (issue 41: N workers beyond
 the target size, started and waiting, that replace a lost one in the same
-recovery): with N > 0 the job gets N more hosts from the start (the trace's
-picks then fall among them too) and ``cloud-elastic run --spares N``. It is 0
-by default; the peers have no spares.
+recovery). With N > 0 the job gets N more hosts from the start; its trace has
+the same event times and kinds (the same seed), the picks falling among every
+running instance, the spare included, as a cloud's reclaims do. The peers have
+no spares: they run once per rate, on the trace of 0 spares. The cost of a
+spare is stated as the instances paid (running) on average over the trace and
+the goodput per instance paid (goodput × 3 ÷ instances paid: 1 for an
+undisturbed job of 3 instances).
 
 Prints the table and writes it into docs/benchmarks.md (``docsection``: section
-``goodput`` and its glance row).
+``goodput`` and its glance row, which states the figure with one spare against
+the 0.99 target).
 """
 
 from __future__ import annotations
@@ -49,7 +55,6 @@ import contextlib
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -184,7 +189,7 @@ class System:
 
 class CloudElastic(System):
     def __init__(self, trace: Trace, tmp: Path, worker_args: list[str], spares: int) -> None:
-        self.name = CLOUD_ELASTIC + (f", --spares {spares}" if spares else ", 0 spares")
+        self.name = CLOUD_ELASTIC
         self.trace, self.tmp, self.spares = trace, tmp, spares
         self.dead = tmp / "dead"
         self.dead.mkdir()
@@ -344,7 +349,7 @@ def sizes(kept: list[dict], t0: float) -> str:
 
 
 def one_run(system: System, trace: Trace, baseline_s: float, batch: int, bound_s: float,
-            log_dir: Path | None = None) -> dict:
+            log_dir: Path | None = None, tag: str = "") -> dict:
     system.start()
     job = system.job
     try:
@@ -376,7 +381,7 @@ def one_run(system: System, trace: Trace, baseline_s: float, batch: int, bound_s
         if log_dir is not None and getattr(system, "job", None) is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
             name = "".join(c if c.isalnum() else "-" for c in system.name.split(" (")[0])
-            (log_dir / f"{name}-{trace.events_per_min:g}.log").write_text("".join(system.job.lines))
+            (log_dir / f"{name}{'-' + tag if tag else ''}-{trace.events_per_min:g}.log").write_text("".join(system.job.lines))
     kept = history(records)
     base = samples(kept, tb, t0, batch) / (t0 - tb)
     useful = samples(kept, t0, t1, batch)
@@ -395,34 +400,59 @@ def _times(values: list[float | None], left: list[float]) -> str:
     return ", ".join(f"{v:.1f}" if v is not None else f"> {l:.0f}" for v, l in zip(values, left))
 
 
-def table(results: dict[tuple[str, float], dict], traces: dict[float, Trace]) -> str:
-    lines = ["| system | events a minute (kills, notices, hosts back) | goodput | undisturbed samples/s | "
+Results = dict[tuple[str, float, int], dict]  # (system, events a minute, spares) -> one run's figures
+
+
+def per_instance(r: dict) -> float:
+    """Goodput per instance paid: useful samples ÷ what the instances paid would make at full speed
+    (1.0: an undisturbed job of SIZE instances; a spare that is never needed costs 1/(SIZE+1) of it)."""
+    return r["goodput"] * SIZE / r["instances"]
+
+
+def table(results: Results, traces: dict[tuple[float, int], Trace]) -> str:
+    lines = ["| system | spares | events a minute (kills, notices, hosts back) | goodput | instances paid, mean | "
+             f"goodput per instance paid (× {SIZE} ÷ instances) | undisturbed samples/s | "
              "kill → first step at full size (s, each) | notice → first step at full size (s, each) |",
-             "|---|---|---|---|---|---|"]
-    for (name, rate), r in results.items():
-        counted = traces[rate].counted()
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (name, rate, spares), r in sorted(results.items(), key=lambda kv: kv[0][1]):  # stable: run order per rate
+        counted = traces[(rate, spares)].counted()
         mix = ", ".join(str(sum(e.kind == k for e in counted)) for k in ("kill", "notice", "back"))
+        paid = f"{traces[(rate, spares)].mean_instances():.2f}"
         if "error" in r:
-            lines.append(f"| {name} | {rate:g} ({mix}) | failed: {r['error']} | – | – | – |")
+            lines.append(f"| {name} | {spares} | {rate:g} ({mix}) | failed: {r['error']} | {paid} | – | – | – | – |")
             continue
         died = f" (every process had ended at {r['ended_s']:.0f} s)" if r.get("ended_s") is not None else ""
-        lines.append(f"| {name} | {rate:g} ({mix}) | **{r['goodput']:.3f}**{died} | {r['baseline_per_s']:.0f} | "
+        lines.append(f"| {name} | {spares} | {rate:g} ({mix}) | **{r['goodput']:.3f}**{died} | {paid} | "
+                     f"{per_instance(r):.3f} | {r['baseline_per_s']:.0f} | "
                      f"{_times(r['to_full']['kill'], r['left_s']['kill'])} | "
                      f"{_times(r['to_full']['notice'], r['left_s']['notice'])} |")
     return "\n".join(lines)
 
 
-def glance(results: dict[tuple[str, float], dict], spares: int) -> list[list[str]]:
-    ce = next((r for (n, rate), r in results.items() if n.startswith(CLOUD_ELASTIC) and rate == 3 and "goodput" in r), None)
-    if ce is None:
+def glance(results: Results) -> list[list[str]]:
+    """The glance row: cloud-elastic with one spare at 3 events a minute against the target, with none, the peers,
+    and what the spare costs."""
+    at3 = {(n, spares): r for (n, rate, spares), r in results.items() if rate == 3 and "goodput" in r}
+    if not at3:
         return []
-    peers = "; ".join(f"{n.split(' ')[0]} {r['goodput']:.3f}" for (n, rate), r in results.items()
-                      if rate == 3 and not n.startswith(CLOUD_ELASTIC) and "goodput" in r)
-    kills = [v for v in ce["to_full"]["kill"] if v is not None]
-    what = (f"{ce['goodput']:.3f} with {spares} spare(s)"
-            + (f"; kill → full size {statistics.median(kills):.0f} s" if kills else "") + (f"; {peers}" if peers else ""))
-    met = spares >= 1 and ce["goodput"] >= TARGET
-    return [[GLANCE, what, f"{ce['goodput'] / TARGET:.2f}", where(SECTION), docsection.verdict(met)]]
+    one, none = at3.get((CLOUD_ELASTIC, 1)), at3.get((CLOUD_ELASTIC, 0))
+    parts = []
+    if one is not None:
+        kills = [v for v in one["to_full"]["kill"] if v is not None]
+        parts.append(f"{one['goodput']:.3f} with one spare" + (f" (kill → full size {max(kills):.1f} s)" if kills else ""))
+    if none is not None:
+        kills = [v for v in none["to_full"]["kill"] if v is not None]
+        parts.append(f"{none['goodput']:.3f} with none" + (f" (kill → full size {max(kills):.0f} s)" if kills else ""))
+    if one is not None and none is not None:
+        parts.append(f"the spare: {one['instances']:.2f} instances paid on average against {none['instances']:.2f}, "
+                     f"goodput per instance paid {per_instance(one):.3f} against {per_instance(none):.3f}")
+    peers = [f"{n.split(' ')[0]} {r['goodput']:.3f}" for (n, spares), r in at3.items() if n != CLOUD_ELASTIC]
+    if peers:
+        parts.append(", ".join(peers))
+    if one is None:
+        return [[GLANCE, "; ".join(["not run with a spare", *parts]), "–", where(SECTION), docsection.verdict(False)]]
+    return [[GLANCE, "; ".join(parts), f"{one['goodput'] / TARGET:.3f}", where(SECTION),
+             docsection.verdict(one["goodput"] >= TARGET)]]
 
 
 def has_spares() -> bool:
@@ -436,8 +466,9 @@ def main() -> None:
                    help="events a minute, one run per system each (default 1 3; 3 with --quick)")
     p.add_argument("--duration", type=float, default=None,
                    help="seconds of trace per run (default 240 at 1 event a minute, 120 at more; 60 with --quick)")
-    p.add_argument("--spares", type=int, default=0,
-                   help="cloud-elastic's --spares (issue 41): N more hosts from the start (default 0)")
+    p.add_argument("--spares", type=int, nargs="+", default=[0, 1],
+                   help="cloud-elastic's --spares (issue 41), one run per N, side by side on the same trace; N more "
+                        "hosts from the start (default: 0 1)")
     p.add_argument("--seed", type=int, default=41)
     p.add_argument("--boot-s", type=float, default=20.0, help="a new instance runs this long after the event")
     p.add_argument("--lead-s", type=float, default=10.0, help="a noticed instance goes this long after its notice")
@@ -451,53 +482,63 @@ def main() -> None:
     docsection.add_arguments(p)
     args = p.parse_args()
     args.no_write = args.no_write or bool(args.only)
-    if args.spares and not has_spares():
+    if max(args.spares) > 0 and not has_spares():
         raise SystemExit("this checkout's `cloud-elastic run` has no --spares (issue 41): run with --spares 0")
     rates = args.rates or ([3.0] if args.quick else [1.0, 3.0])
     baseline_s = 10.0 if args.quick else 30.0
     os.environ.setdefault("RUST_LOG", "warn")  # the Lighthouse in this process logs every quorum at info
     worker_args = ["--startup-s", str(args.startup_s), "--device-s", str(args.device_s),
                    "--batch-size", str(args.batch_size)]
-    traces = {rate: make_trace(args.seed, rate, args.duration or (60.0 if args.quick else 240.0 if rate <= 1 else 120.0),
-                               args.boot_s, args.lead_s, SIZE + args.spares) for rate in rates}
-    results: dict[tuple[str, float], dict] = {}
-    for rate, trace in traces.items():
-        print(f"trace at {rate:g} events a minute: " + ", ".join(f"{e.at_s:.1f} {e.kind} {e.host}" for e in trace.events),
-              flush=True)
-        makers = {"cloud-elastic": lambda tmp: CloudElastic(trace, tmp, worker_args, args.spares)}
+    spares_runs = sorted(set(args.spares))
+    duration = lambda rate: args.duration or (60.0 if args.quick else 240.0 if rate <= 1 else 120.0)  # noqa: E731
+    # One trace per rate and number of spares: the same seed, so the same event times and kinds.
+    traces = {(rate, n): make_trace(args.seed, rate, duration(rate), args.boot_s, args.lead_s, SIZE + n)
+              for rate in rates for n in sorted({0, *spares_runs})}
+    results: Results = {}
+    for rate in rates:
+        runs: list[tuple[str, int, object]] = [
+            ("cloud-elastic", n, (lambda n: lambda tmp: CloudElastic(traces[(rate, n)], tmp, worker_args, n))(n))
+            for n in spares_runs]
         if args.peers:
-            makers.update({"torchft": lambda tmp: TorchFT(trace, tmp, worker_args),
-                           "torchrun": lambda tmp: TorchrunElastic(trace, tmp, worker_args)})
-        for key, make in makers.items():
+            runs += [("torchft", 0, lambda tmp: TorchFT(traces[(rate, 0)], tmp, worker_args)),
+                     ("torchrun", 0, lambda tmp: TorchrunElastic(traces[(rate, 0)], tmp, worker_args))]
+        for key, spares, make in runs:
             if args.only and key not in args.only:
                 continue
+            trace = traces[(rate, spares)]
+            print(f"trace at {rate:g} events a minute, {spares} spare(s): "
+                  + ", ".join(f"{e.at_s:.1f} {e.kind} {e.host}" for e in trace.events), flush=True)
             with tempfile.TemporaryDirectory() as tmp:
                 system = make(Path(tmp))
                 try:
-                    r = one_run(system, trace, baseline_s, args.batch_size, bound_s=180.0, log_dir=args.log_dir)
+                    r = one_run(system, trace, baseline_s, args.batch_size, bound_s=180.0, log_dir=args.log_dir,
+                                tag=f"{spares}spare" if key == "cloud-elastic" else "")
                 except (TimeoutError, JobExited) as exc:
                     print(f"{system.name}: {exc}", flush=True)
                     r = {"error": str(exc).splitlines()[0].replace(f"{system.name}: ", "")[:80]}
-                results[(system.name, rate)] = r
-                print(f"{system.name} at {rate:g}/min: " + ", ".join(f"{k} {v}" for k, v in r.items()), flush=True)
+                r["instances"] = trace.mean_instances()
+                results[(system.name, rate, spares)] = r
+                print(f"{system.name}, {spares} spare(s), at {rate:g}/min: " + ", ".join(f"{k} {v}" for k, v in r.items()),
+                      flush=True)
     if args.log_dir is not None:
-        (args.log_dir / "results.json").write_text(json.dumps({f"{n} @ {r:g}/min": v for (n, r), v in results.items()},
-                                                               indent=1))
+        (args.log_dir / "results.json").write_text(json.dumps(
+            {f"{n}, {s} spare(s) @ {r:g}/min": v for (n, r, s), v in results.items()}, indent=1))
+    no_spare = {r: t for (r, n), t in traces.items() if n == 0}
     text = "\n\n".join([
         f"{stamp(command())} Three workers, one per emulated host; each new worker process sleeps "
         f"{args.startup_s:g} s before it joins (start-up: CUDA initialisation, data loading) and each step sleeps "
         f"{args.device_s:g} s (device time, no load on the CPU), batch {args.batch_size}. Trace seed {args.seed}: a "
         f"host lost by turns to `kill -9` and to a spot notice (gone {args.lead_s:g} s later), each followed by a new "
-        f"host {args.boot_s:g} s after the loss; {', '.join(f'{t.duration_s:g} s at {r:g}/min' for r, t in traces.items())}. "
+        f"host {args.boot_s:g} s after the loss; {', '.join(f'{t.duration_s:g} s at {r:g}/min' for r, t in no_spare.items())}. "
         f"Goodput = useful samples (steps kept in the training's history) ÷ the same job's samples per second over "
-        f"the {baseline_s:g} s at full size before the trace × the trace's length. Spares: {args.spares} "
-        f"(`--spares`). Instances running (paid) on average: "
-        f"{', '.join(f'{t.mean_instances():.2f} at {r:g}/min' for r, t in traces.items())}; a system that used "
-        f"each at once would reach {', '.join(f'{t.mean_instances(SIZE) / SIZE:.3f}' for t in traces.values())} "
-        f"(the ceiling without spares). One run per row, systems one after another on a shared machine.",
+        f"the {baseline_s:g} s at full size before the trace × the trace's length. Spares: "
+        f"{', '.join(map(str, spares_runs))} (`--spares`): with N, N more instances from the start, the same event "
+        f"times and kinds, the picks among every running instance (the spare included); the peers run on the trace "
+        f"of 0 spares. Instances paid = running, on average over the trace. Without spares a system that used every "
+        f"running instance at once would reach {', '.join(f'{t.mean_instances(SIZE) / SIZE:.3f} at {r:g}/min' for r, t in no_spare.items())} "
+        f"(the ceiling without spares). One run per row, one after another on a shared machine.",
         table(results, traces)])
-    docsection.publish(args, "goodput", SECTION, text, glance(results, args.spares))
-
+    docsection.publish(args, "goodput", SECTION, text, glance(results))
 
 if __name__ == "__main__":
     main()
