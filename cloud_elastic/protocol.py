@@ -44,6 +44,7 @@ __all__ = [
     "WaitReply",
     "RendezvousReply",
     "PollReply",
+    "NextRound", "NextRoundReport",
     "FlightEntry",
     "RendezvousRequest",
     "PollRequest",
@@ -116,11 +117,14 @@ class Assignment:
     from_checkpoint: bool = False
     #: The hosts of the round's members (each once): the only peers of its process group.
     hosts: tuple[str, ...] = ()
+    #: The round is the planned one of this number (:class:`NextRound`): every member formed its group in the
+    #: background, and switches to it instead of forming one (0: form the group now, as usual).
+    planned: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return dict(asdict(self.ranks), status="assigned", round=self.round,
                     needs_sync=self.needs_sync, update_gen=self.update_gen, from_checkpoint=self.from_checkpoint,
-                    hosts=list(self.hosts))
+                    hosts=list(self.hosts), planned=self.planned)
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "Assignment":
@@ -133,7 +137,59 @@ class Assignment:
                 or not all(isinstance(h, str) and 0 < len(h) <= 255 for h in hosts)):
             raise ControlPlaneError(f"malformed {what}: 'hosts' must be a list of at most 'size' host names")
         return cls(_int(msg, "round", what), ranks, _bool(msg, "needs_sync", what), _int(msg, "update_gen", what),
-                   bool(msg.get("from_checkpoint", False)), tuple(hosts))
+                   bool(msg.get("from_checkpoint", False)), tuple(hosts), _optional_int(msg, "planned", what))
+
+
+@dataclass(frozen=True)
+class NextRound:
+    """The driver's plan of the next round, offered to each of its members in their heartbeat reply.
+
+    ``plan`` numbers the plans of this driver (a dropped plan is never offered again); each member
+    forms the plan's process group in the background, on the round's namespace with the suffix
+    ``-p<plan>``, and says so (kind ``next_round``). The plan is a proposal: only an
+    :class:`Assignment` whose ``planned`` is ``plan`` makes it the round.
+    """
+
+    plan: int
+    round: int
+    ranks: RankInfo
+    hosts: tuple[str, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return dict(asdict(self.ranks), plan=self.plan, round=self.round, hosts=list(self.hosts))
+
+    @classmethod
+    def from_wire(cls, msg: Any) -> "NextRound | None":
+        if not isinstance(msg, Mapping):
+            return None
+        what = "next round"
+        ranks = RankInfo(**{f.name: _int(msg, f.name, what) for f in fields(RankInfo)})
+        if ranks.rank >= ranks.size or ranks.local_rank >= ranks.local_size or ranks.cross_rank >= ranks.cross_size:
+            raise ControlPlaneError(f"malformed {what}: ranks out of range: {ranks}")
+        hosts = msg.get("hosts") or []
+        if (not isinstance(hosts, list) or len(hosts) > ranks.size
+                or not all(isinstance(h, str) and 0 < len(h) <= 255 for h in hosts)):
+            raise ControlPlaneError(f"malformed {what}: 'hosts' must be a list of at most 'size' host names")
+        return cls(_int(msg, "plan", what), _int(msg, "round", what), ranks, tuple(hosts))
+
+
+@dataclass(frozen=True)
+class NextRoundReport:
+    """A worker formed the process group of plan ``plan`` in the background (``formed``), or could not
+    (kind ``next_round``)."""
+
+    plan: int
+    formed: bool
+    reason: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"plan": self.plan, "formed": self.formed, "reason": self.reason[:300]}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "NextRoundReport":
+        what = "next round report"
+        reason = msg.get("reason")
+        return cls(_int(msg, "plan", what), _bool(msg, "formed", what), reason[:300] if isinstance(reason, str) else "")
 
 
 @dataclass(frozen=True)
@@ -336,6 +392,8 @@ class PollRequest:
     flight: FlightEntry | None = None
     #: The longest pause of its garbage collector to expect (its heartbeats wait for it; see ``worker.link.pauses``).
     pause_s: float = 0.0
+    #: The planned next round it acts on (:class:`NextRound`'s ``plan``; 0: none).
+    next_plan: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         # A literal, not asdict(): sent twice a second by every worker (asdict was ~15 % of a heartbeat).
@@ -343,7 +401,8 @@ class PollRequest:
                 "commits": self.commits, "commit_seq": self.commit_seq, "progress": self.progress,
                 "steps": self.steps, "waiting_s": self.waiting_s, "compute_s": self.compute_s,
                 "comm_s": self.comm_s, "link": None if self.link is None else self.link.to_wire(),
-                "flight": None if self.flight is None else self.flight.to_wire(), "pause_s": self.pause_s}
+                "flight": None if self.flight is None else self.flight.to_wire(), "pause_s": self.pause_s,
+                "next_plan": self.next_plan}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":
@@ -355,7 +414,7 @@ class PollRequest:
                    None if msg.get("compute_s") is None else _optional_seconds(msg, "compute_s", what),
                    None if msg.get("comm_s") is None else _optional_seconds(msg, "comm_s", what),
                    LinkReport.from_wire(msg.get("link")), FlightEntry.from_wire(msg.get("flight")),
-                   _optional_seconds(msg, "pause_s", what))
+                   _optional_seconds(msg, "pause_s", what), _optional_int(msg, "next_plan", what))
 
 
 @dataclass(frozen=True)
@@ -378,6 +437,10 @@ class PollReply:
     leave: str | None = None
     #: The driver wants this worker to probe its links to these peers (each order once; see :class:`ProbeOrder`).
     probe: ProbeOrder | None = None
+    #: The planned next round this worker is a member of, to form its group in the background (see :class:`NextRound`).
+    next_round: NextRound | None = None
+    #: The plan the current round formed from (0: none): a worker told of a plan learns whether it became the round.
+    round_plan: int = 0
 
     @property
     def dismissed(self) -> bool:
@@ -388,7 +451,9 @@ class PollReply:
         return {"round": self.round, "update_gen": self.update_gen, "abort_round": self.abort_round,
                 "shutdown": self.shutdown, "notice_watcher": self.notice_watcher, "reregister": self.reregister,
                 "stacks": self.stacks, "leave": self.leave,
-                "probe": None if self.probe is None else self.probe.to_wire()}
+                "probe": None if self.probe is None else self.probe.to_wire(),
+                "next_round": None if self.next_round is None else self.next_round.to_wire(),
+                "round_plan": self.round_plan}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollReply":
@@ -398,7 +463,8 @@ class PollReply:
         return cls(_int(msg, "round", what), _int(msg, "update_gen", what), _int(msg, "abort_round", what),
                    bool(msg.get("shutdown", False)), watcher if isinstance(watcher, str) else None,
                    msg.get("reregister") is True, _optional_int(msg, "stacks", what),
-                   leave[:500] if isinstance(leave, str) and leave else None, ProbeOrder.from_wire(msg.get("probe")))
+                   leave[:500] if isinstance(leave, str) and leave else None, ProbeOrder.from_wire(msg.get("probe")),
+                   NextRound.from_wire(msg.get("next_round")), _optional_int(msg, "round_plan", what))
 
 
 #: What the driver answers a worker whose training function returned (kind ``completed``).

@@ -65,6 +65,7 @@ from cloud_elastic.worker.rounds.groups import (
 from cloud_elastic.worker.ledger import CommitLedger, CommitWindow
 from cloud_elastic.worker.link.driver_link import DriverLinkMixin, _survive_output_loss
 from cloud_elastic.worker.link.progress import Progress
+from cloud_elastic.worker.rounds.next_group import NextGroupMixin
 from cloud_elastic.worker.rounds.reclaim import Reaper
 from cloud_elastic.worker.settings import SECRET_ENV, WorkerSettings
 
@@ -73,7 +74,7 @@ __all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized"
 log = logging.getLogger(__name__)
 
 
-class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
+class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
     """See module docstring. Constructing it does no I/O; ``start()`` connects.
 
     Its parts: :mod:`.link.driver_link` (heartbeats and every call to the driver),
@@ -260,7 +261,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
                 except OSError as exc:  # the driver went again: the next call rides it out like any other
                     log.warning("worker %s: re-registering failed (%s); retrying", self.worker_id, exc)
         info = RoundInfo(**vars(reply.ranks), round=reply.round, needs_sync=reply.needs_sync, update_gen=reply.update_gen,
-                         from_checkpoint=reply.from_checkpoint, hosts=reply.hosts)
+                         from_checkpoint=reply.from_checkpoint, hosts=reply.hosts, planned=reply.planned)
         ledger.rolled_back = 0
         if self.backend == "nccl" and info.local_rank != self.settings.slot:
             # The GPU is the slot; a driver that disagrees would move this worker's group off its model.
@@ -268,6 +269,8 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         self._attempted_round = info.round
         if self._store_stale:
             self._reconnect_store()
+        if not info.planned:  # a planned group of this round or an older one will not be used
+            self._drop_next(f"round {info.round} formed without it", before_round=info.round)
         self._form_group(info)
         log.info("worker %s: joined round %d as rank %d of %d", self.worker_id, info.round, info.rank, info.size)
         return info
@@ -312,6 +315,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
         """
         deadline = time.monotonic() + timeout_s
         self._report_script_end()
+        self._drop_next("the worker exits")
         group, self._group = self._group, None
         if group is not None:
             if group.backend == "gloo" or group.abandoned:
@@ -378,6 +382,7 @@ class WorkerContext(DriverLinkMixin, RoundGroupsMixin):
                 self._notice_watcher.close()
                 self._notice_watcher = None
         # Heartbeats go on until the process ends: a leaver that went silent would be given up.
+        self._drop_next("the worker leaves")
         group, self._group = self._group, None
         if group is None:
             return

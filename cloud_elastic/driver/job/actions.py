@@ -56,6 +56,10 @@ class Policy:
     #: ``--spares``: up to this many workers (whole hosts under ``--whole-hosts``) beyond ``max_np`` start and
     #: wait at rendezvous, outside the rounds, to take a lost or leaving member's place (see :mod:`.spares`).
     spares: int = 0
+    #: Newcomers are admitted through a planned next round whose group forms in the background (see
+    #: :mod:`.next_round`); off, the running round is asked to change as soon as one is ready. The driver
+    #: turns it on; the core's rules without it are those of every admission that cannot be planned.
+    plan_admissions: bool = False
 
 
 class Phase(enum.Enum):

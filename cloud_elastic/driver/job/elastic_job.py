@@ -592,7 +592,7 @@ class ElasticJob:
         if self.phase is not Phase.DONE:
             self.failures.check_state_kept()
         if self.phase is not Phase.DONE:
-            self.rounds.maybe_request_update()
+            self.rounds.maybe_request_update(now)
             self.rounds.maybe_form(now)
 
     def _missing_reason(self) -> str:

@@ -31,8 +31,9 @@ from collections import deque
 from typing import Callable, Protocol
 
 from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.next_round import NextRounds, Plan
 from cloud_elastic.driver.job.ranks import Member, assign_ranks
-from cloud_elastic.driver.job.plan import Candidate, StateLost, plan_round, whole_host_groups
+from cloud_elastic.driver.job.plan import Candidate, RoundPlan, StateLost, plan_round, whole_host_groups
 from cloud_elastic.driver.job.spares import admit, has_room, source_rank, spare_key, spare_slots, spares_now
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
@@ -94,6 +95,10 @@ class RoundFormation:
         #: The workers waiting as spares at the last step (for status), in the order they would be taken.
         self.spare_ids: tuple[str, ...] = ()
         self._were_spares: set[str] = set()
+        #: The planned next round, formed in the background by its members (see :mod:`.next_round`).
+        self.next = NextRounds(job, self.request_update)
+        #: The plan the current round was formed from (0: none; its members switch to the group they formed).
+        self.planned = 0
 
     # ------------------------------------------------------------ bookkeeping
     def now_waiting(self, worker_id: str) -> None:
@@ -159,9 +164,11 @@ class RoundFormation:
         start). Everything else is checked by the job's full step on the driver's tick.
         """
         job = self._job
+        if self.next.told:
+            self.next.came_back(w.worker_id)
         if job.phase is Phase.RUNNING and w.state is S.WAITING and w.rank is None and self._host_ready(w):
             if self._update_for_round != job.round and self.member_left(running_only=False) and self._room():
-                self.request_update("new worker ready")
+                self._newcomers_ready(job.members(), self._ready_newcomers())
         if job.policy.spares and w.rank is None:
             self.track_spares()  # a spare shows as one from its arrival, not from the next tick
         return job.phase in (Phase.STARTING, Phase.RUNNING) and self.may_form()
@@ -176,19 +183,18 @@ class RoundFormation:
             return False
         return not (job.phase is Phase.STARTING and waiting < job.policy.num_proc and self._starting_ids)
 
-    def maybe_request_update(self) -> None:
-        """A newcomer waits or a member's host is leaving: ask the running round for a change (once a round)."""
+    def maybe_request_update(self, now: float | None = None) -> None:
+        """A newcomer waits or a member's host is leaving: ask the running round for a change (once a round);
+        newcomers alone are first offered a planned next round (see :mod:`.next_round`)."""
         job = self._job
+        if now is not None:
+            self.next.check(now)
         if job.phase is not Phase.RUNNING or self._update_for_round == job.round:
             return
         members = job.members()
         if not members:
             return
-        # Waiting workers are in _waiting_ids (exact since the last step; none start waiting
-        # within a step), so there is no need to scan every worker for them.
-        workers = job.workers
-        newcomers = [workers[i] for i in self._waiting_ids
-                     if i in workers and workers[i].state is S.WAITING and workers[i].rank is None]
+        newcomers = self._ready_newcomers()
         newcomer_ready = self._whole_host_waits(newcomers) and self._room(members)
         member_leaving = False
         if self._drains.members_may_drain(job.round):
@@ -196,8 +202,23 @@ class RoundFormation:
                 if w.state is S.DRAINING:
                     member_leaving = True
                     break
-        if newcomer_ready or member_leaving:
-            self.request_update("new worker ready" if newcomer_ready else "a host is leaving")
+        if member_leaving:
+            self.next.drop("a host is leaving")
+            self.request_update("a host is leaving")
+        elif newcomer_ready:
+            self._newcomers_ready(members, newcomers)
+
+    def _ready_newcomers(self) -> list[WorkerRecord]:
+        # Waiting workers are in _waiting_ids (exact since the last step; none start waiting
+        # within a step), so there is no need to scan every worker for them.
+        workers = self._job.workers
+        return [workers[i] for i in self._waiting_ids
+                if i in workers and workers[i].state is S.WAITING and workers[i].rank is None]
+
+    def _newcomers_ready(self, members: list[WorkerRecord], newcomers: list[WorkerRecord]) -> None:
+        """Plan the next round in the background, or (when it may not be planned) ask for the update now."""
+        if not self.next.offer(members, newcomers):
+            self.request_update("new worker ready")
 
     def _room(self, members: list[WorkerRecord] | None = None) -> bool:
         """Whether the running round has room for a newcomer: always without ``--spares`` (the job then never
@@ -269,11 +290,14 @@ class RoundFormation:
         log.info("job %s: membership change requested (update %d): %s", job.job_id, job.update_gen, why)
 
     def assignment(self, w: WorkerRecord) -> Assignment | None:
-        """``w``'s assignment when it is a running member of the current round, else None."""
+        """``w``'s assignment when it is a running member of the current round, or a newcomer of the planned
+        next round (see :mod:`.next_round`), else None."""
         job = self._job
+        if w.state is S.WAITING:
+            return self.next.assignment_for(w)
         if w.state is S.RUNNING and w.round == job.round and self.ranks is not None:
             return Assignment(job.round, self.ranks[w.worker_id], self.needs_sync, self.round_update_gen,
-                              self.from_checkpoint, self.hosts)
+                              self.from_checkpoint, self.hosts, self.planned)
         return None
 
     def rank0(self) -> WorkerRecord | None:
@@ -294,6 +318,7 @@ class RoundFormation:
         self.round_update_gen = update_gen
         self.needs_sync = False
         self.from_checkpoint = False
+        self.planned = 0
         self.hosts = tuple(dict.fromkeys(self._job.workers[wid].slot.host for wid in ranks if wid in self._job.workers))
         self._on_formed(self._job.running(now))
 
@@ -316,6 +341,13 @@ class RoundFormation:
                 return
         if not waiting or len(waiting) < job.policy.min_np:
             return
+        planned = self.next.take(waiting) if job.phase is Phase.RUNNING else None
+        if planned is not None:  # the round is the plan's members, nobody else
+            waiting = [w for w in waiting if w.worker_id in planned.ranks]
+        elif self.next.told:  # newcomers told of a plan wait in its group until they learn it was dropped
+            waiting = [w for w in waiting if w.worker_id not in self.next.told]
+            if not waiting or len(waiting) < job.policy.min_np:
+                return
         candidates = [
             Candidate(w.worker_id, w.slot.host, w.slot.index, w.rank, w.holds_state,
                       (job.hosts.order_of(w.slot.host), w.slot.index, w.seq), w.commit_seq)
@@ -336,6 +368,12 @@ class RoundFormation:
         )
         if plan is None or (not isinstance(plan, StateLost) and len(plan.members) < job.policy.min_np):
             return  # whole hosts only: not enough of them wait yet
+        if planned is not None and not (isinstance(plan, RoundPlan) and _plan_fits(planned, plan)
+                                         and job.update_gen == planned.update_gen):
+            # Not the round the rules form now: form that one, without the newcomers told of the plan.
+            self.next.drop("the round it planned is not the round the rules form now")
+            self._maybe_form(now)
+            return
         if isinstance(plan, StateLost):
             job.end(False, f"training state lost: {job.commits_lost_reason() or plan.reason}", 1)
             return
@@ -346,8 +384,14 @@ class RoundFormation:
                 return
         job.round += 1
         ordered = [job.workers[c.worker_id] for c in plan.members]
-        self.hosts = tuple(dict.fromkeys(w.slot.host for w in ordered))  # the group's only peers
-        self.ranks = assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered])
+        if planned is not None:
+            ordered.sort(key=lambda w: planned.ranks[w.worker_id].rank)
+            self.hosts, self.ranks, self.planned = planned.hosts, dict(planned.ranks), planned.plan
+            self.next.formed(planned)
+        else:
+            self.hosts = tuple(dict.fromkeys(w.slot.host for w in ordered))  # the group's only peers
+            self.ranks = assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered])
+            self.planned = 0
         self.needs_sync = plan.needs_sync
         self.from_checkpoint = plan.from_checkpoint
         self.round_update_gen = job.update_gen
@@ -360,8 +404,9 @@ class RoundFormation:
         if job.phase is Phase.STARTING:
             job.phase = Phase.RUNNING
         log.info(
-            "job %s: round %d formed with %d worker(s) (sync=%s%s): %s", job.job_id, job.round, len(ordered),
+            "job %s: round %d formed with %d worker(s) (sync=%s%s%s): %s", job.job_id, job.round, len(ordered),
             self.needs_sync, ", from the latest checkpoint" if plan.from_checkpoint else "",
+            f", planned: its group formed in the background (plan {self.planned})" if self.planned else "",
             ", ".join(f"{w.rank}={w.worker_id}" for w in ordered),
         )
         commit = max((w.commit_seq for w in ordered), default=0)
@@ -396,6 +441,16 @@ class RoundFormation:
                 log.info("%sremoved by force before its deadline; the survivors rolled back %d step(s) to their last "
                          "commit", what, self.steps_lost)
         self.steps_lost = 0
+
+
+def _plan_fits(planned: Plan, plan: RoundPlan) -> bool:
+    """Whether the round planned in the background is the round the rules form now: the same members, and
+    the plan's rank 0 holds the newest commit the rules would sync from (else it forms as usual)."""
+    if plan.from_checkpoint or {c.worker_id for c in plan.members} != set(planned.ranks):
+        return False
+    first = plan.members[0]
+    root = next(c for c in plan.members if planned.ranks[c.worker_id].rank == 0)
+    return root.holds_state == first.holds_state and root.commit_seq == first.commit_seq
 
 
 def _ranks_by_host(ordered: list[WorkerRecord]) -> dict[str, list[int]]:

@@ -179,4 +179,5 @@ class JobCondition(threading.Condition):
 
     def _poll_state(self) -> tuple[Any, ...]:
         job = self._job
-        return (job.round, job.update_gen, job.abort_round, job.outcome is not None)
+        plans = getattr(getattr(job, "rounds", None), "next", None)  # the planned next round's offers
+        return (job.round, job.update_gen, job.abort_round, job.outcome is not None, getattr(plans, "version", 0))

@@ -35,7 +35,8 @@ from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.metrics import StepRate
-from cloud_elastic.protocol import (CompletedReport, CompletionReply, PollReply, PollRequest, RendezvousRequest,
+from cloud_elastic.protocol import (CompletedReport, CompletionReply, NextRoundReport, PollReply, PollRequest,
+                                    RendezvousRequest,
                                     StacksReport, WaitReply)
 from cloud_elastic.protocol_reports import CheckpointReport, DrainRequest, NoticeReport, UnhealthyReport
 from cloud_elastic.providers.api import Drain
@@ -75,7 +76,7 @@ class ControlPlane:
     """
 
     KINDS = ("register", "rendezvous", "poll", "completed", "exiting", "stacks", "notice", "checkpoint", "status",
-             "drain", "unhealthy")
+             "drain", "unhealthy", "next_round")
 
     def __init__(self, job: Any, cond: JobCondition, config: JobConfig, *, sinks: Any,
                  clock: Callable[[], float], stop: Callable[[str, int], None], record_events: Callable[[], None],
@@ -98,7 +99,7 @@ class ControlPlane:
             "register": self._register, "rendezvous": self._rendezvous, "poll": self._poll,
             "completed": self._completed, "exiting": self._exiting, "stacks": self._stacks,
             "notice": self._notice, "checkpoint": self._checkpoint, "status": self._status,
-            "drain": self._drain, "unhealthy": self._unhealthy,
+            "drain": self._drain, "unhealthy": self._unhealthy, "next_round": self._next_round,
         }
 
     def handle(self, kind: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
@@ -171,7 +172,7 @@ class ControlPlane:
 
     def _poll(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any] | Held:
         request = PollRequest.from_wire(msg)
-        known = (request.round, request.update_gen, request.abort_round)
+        known = (request.round, request.update_gen, request.abort_round, request.next_plan)
         if self._job.rank_of(worker_id) == 0:
             # The job's commit count, not this process's: it goes on when another worker becomes rank 0.
             self.rate.add(now, request.commit_seq)
@@ -184,7 +185,12 @@ class ControlPlane:
                                         comm_s=request.comm_s, link=request.link)
             if reply is None:
                 return PollReply(0, 0, 0, True).to_wire()
-            if (reply.round, reply.update_gen, reply.abort_round) != known or reply.shutdown or final:
+            rounds = self._job.rounds
+            offer = rounds.next.offer_to(worker_id)  # the planned next round (see job.next_round)
+            if offer is not None or rounds.planned:
+                reply = dataclasses.replace(reply, next_round=offer, round_plan=rounds.planned)
+            if (reply.round, reply.update_gen, reply.abort_round, offer.plan if offer else 0) != known \
+                    or reply.shutdown or final:
                 watcher = self._notice_watcher(worker_id)
                 return (reply if watcher is None else dataclasses.replace(reply, notice_watcher=watcher)).to_wire()
             return None
@@ -192,6 +198,13 @@ class ControlPlane:
         # Its arrival, not the held reply's later looks, is when the worker was last known alive (see liveness).
         self._job.silence.heard(worker_id, self._job.running(self._clock()), request.flight, request.pause_s)
         return check(False) or self._cond.hold_poll(check, self.poll_hold_s())
+
+    def _next_round(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
+        """A worker formed the planned next round's group in the background, or could not (see job.next_round)."""
+        report = NextRoundReport.from_wire(msg)
+        self._job.rounds.next.report(worker_id, report.plan, report.formed, report.reason)
+        self._cond.notify_all()  # the last member's report raises the update: every held heartbeat learns it now
+        return {"ok": True}
 
     def _completed(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any] | Held:
         """A worker's training function returned: held while it waits for rank 0's (see ElasticJob.completed)."""

@@ -101,6 +101,7 @@ class Driver:
                 fallback_after_s=config.fallback_after_s,
                 manage_capacity=config.manage_capacity,
                 spares=config.spares,
+                plan_admissions=True,
             ),
             HostManager(Blacklist(config.cooldown_range_s), missing_grace_s=config.host_missing_grace_s,
                         drain_soft=config.drain_on_rebalance),

@@ -47,6 +47,15 @@ log = logging.getLogger(__name__)
 class DriverLinkMixin:
     """The heartbeat thread and every call to the driver (see module docstring)."""
 
+    #: The planned next round this worker acts on; ``rounds.next_group`` (the context's) overrides these three.
+    next_plan = 0
+
+    def _next_offered(self, offer: Any, round_now: int, round_plan: int, sent: float) -> None:
+        """What a heartbeat reply says of the planned next round (none here)."""
+
+    def _drop_next(self, why: str, *, before_round: int | None = None) -> None:
+        """Retire the planned next round's group (none here)."""
+
     def _call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
         """A control-plane call that rides out a network blip (these calls are idempotent on the driver)."""
         assert self._client is not None
@@ -166,7 +175,8 @@ class DriverLinkMixin:
                                 round(progress.waiting_s(), 2), progress.compute_s(),
                                 comm_s=progress.comm_s(), link=link_probe_of(self).report(),
                                 flight=self._flight_entry(),
-                                pause_s=pauses.expected_s(first_step=self._first_step_of_round())).to_wire(),
+                                pause_s=pauses.expected_s(first_step=self._first_step_of_round()),
+                                next_plan=self.next_plan).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:
@@ -199,6 +209,7 @@ class DriverLinkMixin:
             self.view_as_of = sent
             self._maybe_watch_notices(reply.notice_watcher)
             link_probe_of(self).order(reply.probe)  # the driver's probe order runs on a thread of its own
+            self._next_offered(reply.next_round, reply.round, reply.round_plan, sent)  # a planned next round forms in the background
             if reply.stacks > self._stacks_sent:
                 self._send_stacks(client, reply.stacks)
             if reply.shutdown:
@@ -275,6 +286,7 @@ class DriverLinkMixin:
                       f"({str(reply.get('reason') or 'no reason given')[:300]}); exiting", file=sys.stderr, flush=True)
                 os._exit(75)
             self._store_stale = True
+            self._drop_next("a restarted driver knows no plan")
             if self.driver_lost:
                 self.driver_lost = False
             log.warning("worker %s: adopted by the restarted driver in round %d", self.worker_id,

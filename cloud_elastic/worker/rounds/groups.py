@@ -185,6 +185,8 @@ class RoundInfo(RankInfo):
     from_checkpoint: bool = False
     #: The hosts of the round's members (each once): the only peers of its process group.
     hosts: tuple[str, ...] = ()
+    #: The plan whose group, formed in the background, this round uses (0: formed when the round forms).
+    planned: int = 0
 
 
 class RoundGroupsMixin:
@@ -216,8 +218,11 @@ class RoundGroupsMixin:
         if self.backend == "nccl":
             self.device = torch.device("cuda", info.local_rank)
             torch.cuda.set_device(self.device)
-        store = self._round_store(info, "")
-        group = self._formed(info, store, lambda publish: self._new_group(store, info, publish), "process group")
+        if info.planned:  # formed in the background while the previous round trained (see next_group)
+            group = self._planned_group(info)
+        else:
+            store = self._round_store(info, "")
+            group = self._formed(info, store, lambda publish: self._new_group(store, info, publish), "process group")
         old, self._group = self._group, group
         self.info = info
         self.flight.new_round(info.round)
@@ -228,12 +233,13 @@ class RoundGroupsMixin:
             self._retire(old)
         del old  # the reaper drops the last reference, on its own thread (see Reaper.retire)
 
-    def _round_store(self, info: RoundInfo, suffix: str) -> Any:
-        """The store of a group of round ``info.round`` (``suffix`` names a second group of the round)."""
+    def _round_store(self, info: RoundInfo, suffix: str, client: Any = None) -> Any:
+        """The store of a group of round ``info.round`` (``suffix`` names a second group of the round), on the
+        context's store client unless ``client`` is given."""
         if self.standalone:
             return dist.HashStore()
         namespace = round_namespace(self.settings.secret, self.job_id, info.round) + suffix
-        return RoundStore(self._store, namespace, self.settings.secret, self._form_limit_s() + _GLOO_FORM_MARGIN_S)
+        return RoundStore(self._store if client is None else client, namespace, self.settings.secret, self._form_limit_s() + _GLOO_FORM_MARGIN_S)
 
     def _formed(self, info: RoundInfo, store: Any, make: Callable[[Callable[[Any], None]], Any],
                 what: str) -> RoundGroup:
@@ -440,7 +446,11 @@ class RoundGroupsMixin:
         self.progress.mark()
 
     def _aborted(self, round_: int) -> bool:
-        return self.dismissed or self._seen_abort >= round_
+        return self.dismissed or self._seen_abort >= round_ or self._plan_given_up(round_)
+
+    def _plan_given_up(self, round_: int) -> bool:
+        """A planned round the driver dropped (see ``next_group``); none without a driver."""
+        return False
 
     def await_current_view(self) -> None:
         """Overridden by the driver link (see ``link``): a group on its own has no driver to ask."""

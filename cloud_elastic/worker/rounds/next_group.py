@@ -1,0 +1,228 @@
+"""The planned next round's process group, formed in the background while this worker trains on.
+
+The driver may plan the next round before it asks the running round to change
+(see ``driver.job.next_round``): each member gets the plan in its heartbeat
+reply (:class:`~cloud_elastic.protocol.NextRound`). :class:`NextGroupMixin`
+(the worker context's) then forms the plan's group on a thread of its own, on
+the round's namespace with the suffix ``-p<plan>`` and on a store client of its
+own (a TCPStore client runs one operation at a time; the training thread's must
+stay free for a round that forms as usual meanwhile), runs one allreduce on it
+(so that *formed* means every member reached every other), and reports it to
+the driver (kind ``next_round``). The running round is not touched: its
+collectives go on in their own group.
+
+The switch happens at a commit: the members rendezvous, and an assignment that
+names the plan (``Assignment.planned``) makes ``RoundGroupsMixin._form_group``
+take this group instead of forming one. The group is retired (abandoned and
+reclaimed by the :class:`~.reclaim.Reaper`, so no thread or descriptor stays)
+when the driver stops offering the plan before its round formed (it dropped
+it), when a round forms without it, when a restarted driver adopts this
+worker, and at exit. A plan whose group cannot be formed is reported as such:
+the driver drops it and the round changes as usual.
+
+Gloo only: a worker on another backend reports at once that it cannot form the
+group in the background, and the job admits as usual. (An NCCL communicator
+formed on a second thread while the training thread uses the device is not
+exercised on hardware.)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.protocol import NextRound, NextRoundReport, RankInfo
+from cloud_elastic.worker.exceptions import CollectiveError
+from cloud_elastic.worker.link.client import DriverClient
+from cloud_elastic.worker.rounds.groups import RoundGroup, RoundInfo, _size_of
+from cloud_elastic.worker.rounds.reclaim import GroupSockets, socket_inodes
+
+__all__ = ["NextGroupMixin"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    offer: NextRound
+    store: Any = None
+    group: RoundGroup | None = None
+    failed: bool = False
+    dropped: bool = False
+    #: Set when its formation ended (formed or not).
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class NextGroupMixin:
+    """The worker context's planned next round (see module docstring). Its state is guarded by one lock:
+    the heartbeat thread starts and drops plans, a formation thread fills them, the training thread takes one."""
+
+    def _next_lock(self) -> threading.Lock:
+        lock = self.__dict__.get("_next_lock_")
+        if lock is None:
+            lock = self.__dict__.setdefault("_next_lock_", threading.Lock())
+        return lock
+
+    @property
+    def next_plan(self) -> int:
+        """The plan this worker acts on (for its heartbeat), 0 when none."""
+        pending = self.__dict__.get("_next_pending")
+        return 0 if pending is None else pending.offer.plan
+
+    # -------------------------------------------------------- heartbeat thread
+    def _next_offered(self, offer: NextRound | None, round_now: int, round_plan: int, sent: float) -> None:
+        """What a heartbeat reply (to a poll ``sent`` then) says of the planned next round: ``offer``, the
+        driver's current round ``round_now`` and the plan it formed from, ``round_plan``."""
+        info = self.info
+        if info is not None and info.planned:
+            if offer is not None and offer.plan == info.planned:
+                return  # this worker is in the plan's round already (a newcomer answered at once)
+            if (sent > self.__dict__.get("_planned_at", float("inf")) and round_now <= info.round
+                    and not (round_now == info.round and round_plan == info.planned)):
+                self.__dict__["_gone_plan"] = info.planned  # its collectives fail now: see _plan_given_up
+        pending = self.__dict__.get("_next_pending")
+        if offer is not None:
+            if pending is not None and pending.offer.plan == offer.plan:
+                return
+            self._drop_next("the driver planned another round")
+            self._start_next(offer)
+        elif pending is not None and round_now < pending.offer.round:
+            # Before its round formed, the driver no longer offers it: the plan was dropped.
+            self._drop_next("the driver dropped the plan")
+
+    def _plan_given_up(self, round_: int) -> bool:
+        """Whether ``round_`` is a planned round this worker joined and the driver has since dropped."""
+        info = self.info
+        return (info is not None and info.round == round_ and info.planned != 0
+                and self.__dict__.get("_gone_plan") == info.planned)
+
+    def _start_next(self, offer: NextRound) -> None:
+        pending = _Pending(offer)
+        with self._next_lock():
+            self.__dict__["_next_pending"] = pending
+        if self.backend != "gloo":
+            pending.failed = True
+            pending.done.set()
+            self._report_next(pending, False, f"the {self.backend} backend forms no group in the background")
+            return
+        former = threading.Thread(target=self._form_next, args=(pending,), name=f"form-plan-{offer.plan}", daemon=True)
+        self._formations = [t for t in self._formations if t.is_alive()] + [former]  # joined at exit
+        former.start()
+
+    def _form_next(self, pending: _Pending) -> None:
+        offer = pending.offer
+        info = RoundInfo(**vars(offer.ranks), round=offer.round, needs_sync=True, update_gen=0, hosts=offer.hosts)
+        started = time.monotonic()
+        group = None
+        try:
+            host, _, port = self.settings.store_address.rpartition(":")
+            client = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
+            with self._next_lock():
+                if pending.dropped:
+                    return
+                pending.store = store = self._round_store(info, f"-p{offer.plan}", client)
+            before = socket_inodes()
+            pg = self._new_group(store, info)
+            group = RoundGroup(pg, store, GroupSockets(before, socket_inodes(), self._control_peers,
+                                                      self._member_addresses(info)), self.backend, self.device,
+                               _size_of(pg))
+            del pg
+            flag = torch.zeros(1)
+            group.pg.allreduce([flag]).wait(timedelta(seconds=self._form_limit_s()))
+        except Exception as exc:  # reported to the driver, which drops the plan; text only (see groups._formed)
+            reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            with self._next_lock():
+                pending.failed = True
+                dropped = pending.dropped
+            pending.done.set()
+            if group is not None:
+                self._reaper.retire(group)
+            if not dropped:
+                log.warning("worker %s: could not form round %d's group in the background (plan %d): %s",
+                            self.worker_id, offer.round, offer.plan, reason)
+                self._report_next(pending, False, reason)
+            return
+        with self._next_lock():
+            keep = not pending.dropped
+            if keep:
+                pending.group = group
+        pending.done.set()
+        if not keep:
+            self._reaper.retire(group)
+            return
+        log.info("worker %s: formed round %d's group in the background (plan %d, rank %d of %d) in %.0f ms",
+                 self.worker_id, offer.round, offer.plan, offer.ranks.rank, offer.ranks.size,
+                 1000 * (time.monotonic() - started))
+        self._report_next(pending, True)
+
+    def _report_next(self, pending: _Pending, formed: bool, reason: str = "") -> None:
+        if self._codec is None:
+            return
+        try:
+            DriverClient(self.settings.driver_address, self._codec, self.worker_id).call(
+                "next_round", NextRoundReport(pending.offer.plan, formed, reason).to_wire(),
+                timeout_s=self.heartbeat_timeout_s)
+        except Exception as exc:  # the plan then times out on the driver, which admits as usual
+            log.warning("worker %s: could not report plan %d to the driver: %s", self.worker_id, pending.offer.plan, exc)
+
+    # ---------------------------------------------------------- any thread
+    def _drop_next(self, why: str, *, before_round: int | None = None) -> None:
+        """Retire the planned group (if any; with ``before_round``, only a plan of a round up to it)."""
+        with self._next_lock():
+            pending = self.__dict__.get("_next_pending")
+            if pending is None or (before_round is not None and pending.offer.round > before_round):
+                return
+            self.__dict__["_next_pending"] = None
+            pending.dropped = True
+            group, pending.group = pending.group, None
+            store = pending.store
+        pending.done.set()
+        give_up = getattr(store, "give_up", None)
+        if give_up is not None:
+            give_up()  # ends a formation still waiting for a peer's key (see groups.RoundStore)
+        if group is not None:
+            self._reaper.retire(group)
+        del group
+        log.info("worker %s: dropped the group of planned round %d (plan %d): %s", self.worker_id,
+                 pending.offer.round, pending.offer.plan, why)
+
+    # ---------------------------------------------------------- training thread
+    def _planned_group(self, info: RoundInfo) -> RoundGroup:
+        """The group of the plan ``info`` names, formed in the background: at once for a running member (it
+        formed it before the driver asked for the switch); a newcomer, answered at rendezvous as soon as the
+        plan was made, forms it now (or waits for the formation its heartbeat started), under the formation
+        deadline. CollectiveError when it cannot: the round then fails here, and is given up as any other."""
+        ranks = RankInfo(info.rank, info.size, info.local_rank, info.local_size, info.cross_rank, info.cross_size)
+        self.__dict__["_planned_at"] = time.monotonic()
+        with self._next_lock():
+            pending = self.__dict__.get("_next_pending")
+            mine = (pending is not None and pending.offer.plan == info.planned and pending.offer.round == info.round
+                    and pending.offer.ranks == ranks)
+        if not mine:
+            self._drop_next("its round formed from another plan")
+            self._start_next(NextRound(info.planned, info.round, ranks, info.hosts))
+            pending = self.__dict__.get("_next_pending")
+        assert pending is not None
+        deadline = time.monotonic() + self._form_limit_s()
+        with self.progress.waiting():
+            while not pending.done.wait(0.05):
+                if self._aborted(info.round) or time.monotonic() > deadline:
+                    self._drop_next("the planned round was given up while its group formed")
+                    raise CollectiveError(f"the process group of planned round {info.round} did not form")
+        with self._next_lock():
+            group, pending.group = pending.group, None
+            if self.__dict__.get("_next_pending") is pending:
+                self.__dict__["_next_pending"] = None
+        if group is None:
+            raise CollectiveError(f"could not form the process group of planned round {info.round} (plan "
+                                  f"{info.planned})")
+        log.info("worker %s: round %d uses the group formed in the background (plan %d)", self.worker_id,
+                 info.round, info.planned)
+        return group
