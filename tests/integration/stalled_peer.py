@@ -1,7 +1,7 @@
 """A round's peer that stops itself (SIGSTOP) as it forms the group: after it wrote its address and read
 rank 0's, before its connection is made. Run by tests/integration/test_group_reclaim.py.
 
-    python stalled_peer.py STORE_PORT
+    python stalled_peer.py STORE_PORT ROUND
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from cloud_elastic.worker.context import RoundInfo, WorkerContext
 from cloud_elastic.worker.settings import WorkerSettings
 
 
-def main(port: int) -> None:
+def main(port: int, round_: int) -> None:
     read = groups.RoundStore.get
 
     def get_then_stop(self: groups.RoundStore, key: str) -> bytes:
@@ -34,8 +34,8 @@ def main(port: int) -> None:
         malloc_tuning=False,
     ))
     ctx._store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30))
-    ctx._form_group(RoundInfo(1, 2, 0, 1, 1, 2, round=1, needs_sync=False, update_gen=0, hosts=("127.0.0.1",)))
+    ctx._form_group(RoundInfo(1, 2, 0, 1, 1, 2, round=round_, needs_sync=False, update_gen=0, hosts=("127.0.0.1",)))
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), int(sys.argv[2]))

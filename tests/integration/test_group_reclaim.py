@@ -116,29 +116,46 @@ def test_a_formation_given_up_on_a_peer_stopped_while_connecting_ends_within_a_f
     frozen during an admission). Gloo tries that connection about five times, each for the group's
     timeout; with the collective timeout (300 s) as that timeout, the given-up formation's thread, its
     device's thread, listener and epoll descriptor stayed 25 minutes. Now the five tries share the
-    formation's deadline (2 s here) and a 5 s margin: about 7 s. The bound below is far from both."""
+    formation's deadline (2 s here) and a 5 s margin: about 7 s. The bound below is far from both.
+
+    Which side of a pair connects is Gloo's choice (by the two listening addresses): when this worker
+    connects, the stopped peer's kernel completes the connection and the group forms on this side
+    (its first collective would then wait, and silence detection ends it). Only when this worker waits
+    for the peer's connection is the formation given up, so the test forms rounds until that happens
+    (each side about half the time; eight tries leave a chance of 1 in 256 of never seeing it)."""
     server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
-    peer = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stalled_peer.py")), str(server.port)],
-                            cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        ctx = WorkerContext(WorkerSettings(
-            standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{server.port}",
-            job_id="stalled", worker_id="a", hostname="127.0.0.1", secret="s" * 64, backend="gloo",
-            collective_timeout_s=300.0, group_form_timeout_s=2.0, malloc_tuning=False,
-        ))
-        ctx._store = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
-        threads = len(os.listdir("/proc/self/task"))
-        with pytest.raises(CollectiveError, match="did not form within 2 s"):
-            ctx._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=1, needs_sync=False, update_gen=0,
-                                      hosts=("127.0.0.1",)))
-        assert peer.stdout is not None and peer.stdout.readline().strip() == "stopping"  # it did stop mid-formation
-        for former in ctx._formations:
-            former.join(25)
-        assert not any(t.is_alive() for t in ctx._formations), "the given-up formation still waits for the peer"
-        deadline = time.monotonic() + 30  # the device's thread ends a moment after the constructor unwinds
-        while len(os.listdir("/proc/self/task")) > threads and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(os.listdir("/proc/self/task")) <= threads
-    finally:
-        peer.kill()
-        peer.wait(30)
+    ctx = WorkerContext(WorkerSettings(
+        standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{server.port}",
+        job_id="stalled", worker_id="a", hostname="127.0.0.1", secret="s" * 64, backend="gloo",
+        collective_timeout_s=300.0, group_form_timeout_s=2.0, malloc_tuning=False,
+    ))
+    ctx._store = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
+    threads = len(os.listdir("/proc/self/task"))
+    for round_ in range(1, 9):
+        peer = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stalled_peer.py")), str(server.port),
+                                 str(round_)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        try:
+            try:
+                ctx._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=round_, needs_sync=False, update_gen=0,
+                                          hosts=("127.0.0.1",)))
+            except CollectiveError as exc:
+                assert "did not form within 2 s" in str(exc), exc
+                assert peer.stdout is not None and peer.stdout.readline().strip() == "stopping"  # mid-formation
+                break
+        finally:
+            peer.kill()
+            peer.wait(30)
+    else:
+        pytest.fail("in 8 rounds this worker never waited for the stopped peer's connection")
+    for former in ctx._formations:
+        former.join(25)
+    assert not any(t.is_alive() for t in ctx._formations), "the given-up formation still waits for the peer"
+    formed, ctx._group = ctx._group, None  # a group formed in an earlier try: reclaimed as after a failure
+    if formed is not None:
+        formed.abandon()
+        ctx._reaper.retire(formed)
+    del formed
+    deadline = time.monotonic() + 30  # the device's thread ends a moment after the constructor unwinds
+    while len(os.listdir("/proc/self/task")) > threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(os.listdir("/proc/self/task")) <= threads
