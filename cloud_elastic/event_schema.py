@@ -75,7 +75,7 @@ SCHEMA: dict[str, EventKind] = {k.name: k for k in (
           {"workers": (list,), "peers": (list,), "factor": _NUM, "blacklisted_s": _NUM, "comm_share": _OPT_NUM}),
     _kind("round_formed", "a rendezvous round formed a process group",
           {"round": (int,), "size": (int,), "ranks": (dict,), "synced": (bool,)},
-          {"step": _OPT_INT, "from_checkpoint": (bool,), "spares_taken": (int,)}),
+          {"step": _OPT_INT, "from_checkpoint": (bool,), "spares_taken": (int,), "planned": (int,)}),
     _kind("spares", "the number of spares waiting outside the rounds changed (--spares)",
           {"ready": (int,), "wanted": (int,), "workers": (list,)}),
     _kind("worker_adopted", "a driver restarted within --driver-grace took over a running worker",

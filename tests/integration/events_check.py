@@ -70,6 +70,9 @@ OWNERS: dict[str, frozenset[str]] = {
     "tests/integration/test_spares.py::"
     "test_a_killed_worker_is_replaced_by_the_waiting_spare_holding_the_survivors_committed_state":
         frozenset({"spares", "spares.workers", "round_formed.spares_taken", "worker_failed"}),
+    "tests/integration/test_planned_round.py::"
+    "test_a_host_added_joins_a_round_formed_in_the_background_with_no_step_repeated":
+        frozenset({"round_formed", "round_formed.planned"}),
     "tests/emulator/test_multi_source.py::"
     "test_a_job_trains_on_spot_falls_back_below_min_np_and_comes_back_with_zero_rollback":
         frozenset({"capacity", "capacity.source", "capacity.hosts", "cost", "cost.dollars_per_hour"}),

@@ -422,6 +422,7 @@ class RoundFormation:
             from_checkpoint=plan.from_checkpoint,
             step=commit if job.state_committed and not plan.from_checkpoint else None,
             ranks=_ranks_by_host(ordered), **({"spares_taken": taken} if taken else {}),
+            **({"planned": self.planned} if self.planned else {}),
         )
 
     def _report_rollback(self, commit: int, from_checkpoint: bool) -> None:

@@ -70,7 +70,7 @@ class JobCondition(threading.Condition):
         """Answer held requests on the changes of ``job`` (an :class:`~cloud_elastic.driver.job.elastic_job.ElasticJob`)."""
         self._job = job
         self._poll_key = self._poll_state()
-        self._rendezvous_key = (job.round, job.phase)
+        self._rendezvous_key = (job.round, job.phase, self._plans_version())
 
     def notify_all(self) -> None:
         """Wake the threads waiting on this condition, and answer the held requests whose answer changed."""
@@ -113,7 +113,7 @@ class JobCondition(threading.Condition):
         news = job.take_rendezvous_news()
         if not self._rendezvous:
             return
-        key = (job.round, job.phase)
+        key = (job.round, job.phase, self._plans_version())  # a plan answers its newcomers at once
         if key != self._rendezvous_key:
             self._rendezvous_key = key
             news = list(self._rendezvous)  # a new round or phase may concern every waiting worker
@@ -179,5 +179,9 @@ class JobCondition(threading.Condition):
 
     def _poll_state(self) -> tuple[Any, ...]:
         job = self._job
-        plans = getattr(getattr(job, "rounds", None), "next", None)  # the planned next round's offers
-        return (job.round, job.update_gen, job.abort_round, job.outcome is not None, getattr(plans, "version", 0))
+        return (job.round, job.update_gen, job.abort_round, job.outcome is not None, self._plans_version())
+
+    def _plans_version(self) -> int:
+        """Changes whenever the planned next round's offers change (see ``driver.job.next_round``)."""
+        plans = getattr(getattr(self._job, "rounds", None), "next", None)
+        return getattr(plans, "version", 0)

@@ -1,0 +1,86 @@
+"""Admission without a stall: the round that admits a newcomer is planned, and its group formed in the background
+while the running workers train on (``driver.job.next_round``, ``worker.rounds.next_group``).
+
+A host added by discovery is admitted through plan 1: the running round is asked to change only once every
+member of the planned round has formed its group, and the round forms from the plan; a member killed while the
+plan's group forms drops the plan, and the job recovers as without it and admits the newcomer afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+
+from tests.integration.events_check import of, read_events
+from tests.integration.harness import HostsFile, probe_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+OLD = ["127.0.0.1", "127.0.0.2"]
+NEWCOMER = "127.0.0.3"
+
+
+def start(jobs, tmp_path, *probe: str):
+    hosts = HostsFile(tmp_path, OLD)
+    path = tmp_path / "events.jsonl"
+    job = jobs(["run", "-np", "2", "--min-np", "1", "--max-np", "3", "--host-discovery-script", str(hosts.script),
+                "--discovery-interval", "0.2", "--blacklist-cooldown-range", "600", "600", "--events-file", str(path),
+                *probe_cmd(*probe)])
+    job.wait_event("commit", rank=0, step=5)
+    return job, hosts, path
+
+
+def test_a_host_added_joins_a_round_formed_in_the_background_with_no_step_repeated(jobs, tmp_path):
+    job, hosts, path = start(jobs, tmp_path, "--steps", "40")
+    hosts.set([*OLD, NEWCOMER])
+    assert job.finish() == 0, job.output()
+    out = job.output()
+    planned = out.index("round 2 planned (plan 1, 3 worker(s))")
+    # The running round is asked to change only once every member reported the plan's group formed.
+    asked = out.index("membership change requested (update 1): new worker ready; round 2 formed in the background")
+    switched = out.index("round 2 formed with 3 worker(s) (sync=True, planned: its group formed in the background")
+    assert planned < asked < switched, out[-4000:]
+    assert "dropped" not in out and not re.search(r"round \d+ aborted", out), out[-4000:]
+
+    rounds = of(read_events(path), "round_formed")
+    assert [(r["round"], r["size"], r.get("planned")) for r in rounds] == [(1, 2, None), (2, 3, 1)]
+    assert rounds[1]["ranks"] == {"127.0.0.1": [0], "127.0.0.2": [1], "127.0.0.3": [2]} and rounds[1]["synced"]
+    # Training went on from the step the members committed: nobody repeated a step, and the replicas agree.
+    resets = [r for r in job.of("reset") if r["size"] == 3 and not r["worker"].startswith(NEWCOMER)]
+    assert {r["step"] for r in resets} == {rounds[1]["step"]} and rounds[1]["step"] >= 5
+    assert all(r["executed"] == r["step"] for r in job.of("reset") if not r["worker"].startswith(NEWCOMER))
+    done = job.of("done")
+    assert len(done) == 3 and {e["step"] for e in done} == {40} and len({e["checksum"] for e in done}) == 1, done
+
+
+def test_a_member_killed_while_the_planned_round_forms_drops_the_plan_and_the_job_recovers(jobs, tmp_path):
+    job, hosts, path = start(jobs, tmp_path, "--steps", "40")
+    victim = next(e for e in job.of("hello") if e["worker"].startswith("127.0.0.2"))
+    # Stopped, it can neither train nor form the plan's group: the plan stays offered, unformed, until the kill.
+    os.kill(victim["pid"], signal.SIGSTOP)
+    try:
+        hosts.set([*OLD, NEWCOMER])
+        job.wait_for(lambda j: "round 2 planned (plan 1" in j.output(), 30, "the plan")
+    finally:
+        os.kill(victim["pid"], signal.SIGKILL)
+    assert job.finish() == 0, job.output()
+    out = job.output()
+    assert re.search(r"plan 1 of round 2 dropped \((the running round was aborted|a worker failed|worker \S+ is "
+                     r"gone)\)", out), out[-4000:]
+    assert "membership change requested (update 1): new worker ready; round 2 formed" not in out
+    assert "training state lost" not in out
+
+    events = read_events(path)
+    assert [e["host"] for e in of(events, "worker_failed")] == ["127.0.0.2"]
+    rounds = of(events, "round_formed")
+    # Recovery forms as before, without the newcomer (it waits in the dropped plan's group until it learns);
+    # then the newcomer is admitted, through a new plan.
+    assert [(r["size"], r["synced"]) for r in rounds[:2]] == [(2, True), (1, True)]
+    assert "planned" not in rounds[1] and rounds[-1]["size"] == 2
+    assert rounds[-1]["ranks"] == {"127.0.0.1": [0], "127.0.0.3": [1]}
+    done = job.of("done")
+    assert {e["worker"].split("[")[0] for e in done} == {"127.0.0.1", NEWCOMER}
+    assert {e["step"] for e in done} == {40} and len({e["checksum"] for e in done}) == 1, done
