@@ -53,8 +53,9 @@ log = logging.getLogger(__name__)
 
 S = WorkerState
 
-#: How long the members of a plan have to form its group, from the offer, before the plan is dropped.
-FORM_DEADLINE_S = 20.0
+#: How long the members of a plan have to form its group, from the offer, before the plan is dropped. A newcomer
+#: reports once its script reached its first collective in the plan's round: this covers its set-up too.
+FORM_DEADLINE_S = 120.0
 
 
 @dataclass

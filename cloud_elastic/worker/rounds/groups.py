@@ -383,6 +383,7 @@ class RoundGroupsMixin:
         if self.info is not None and self._aborted(self.info.round):
             self._abandon_round()
             raise CollectiveError(f"{what} not started: the driver aborted round {self.info.round} (a peer was lost)")
+        self._first_collective_of_plan()
         self.window.collective(what)
         return self.pg
 
@@ -451,6 +452,9 @@ class RoundGroupsMixin:
     def _plan_given_up(self, round_: int) -> bool:
         """A planned round the driver dropped (see ``next_group``); none without a driver."""
         return False
+
+    def _first_collective_of_plan(self) -> None:
+        """A newcomer's report that its planned round's group formed, deferred to here (see ``next_group``)."""
 
     def await_current_view(self) -> None:
         """Overridden by the driver link (see ``link``): a group on its own has no driver to ask."""

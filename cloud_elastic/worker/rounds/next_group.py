@@ -56,6 +56,10 @@ class _Pending:
     group: RoundGroup | None = None
     failed: bool = False
     dropped: bool = False
+    #: The training thread joins the plan's round as its current one (a newcomer): the report that it formed
+    #: waits for its first collective there, so that the running round switches once it is set up.
+    joined: bool = False
+    reported: bool = False
     #: Set when its formation ended (formed or not).
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -103,8 +107,8 @@ class NextGroupMixin:
         return (info is not None and info.round == round_ and info.planned != 0
                 and self.__dict__.get("_gone_plan") == info.planned)
 
-    def _start_next(self, offer: NextRound) -> None:
-        pending = _Pending(offer)
+    def _start_next(self, offer: NextRound, *, joined: bool = False) -> None:
+        pending = _Pending(offer, joined=joined)
         with self._next_lock():
             self.__dict__["_next_pending"] = pending
         if self.backend != "gloo":
@@ -153,6 +157,8 @@ class NextGroupMixin:
             keep = not pending.dropped
             if keep:
                 pending.group = group
+            report = keep and not pending.joined
+            pending.reported = pending.reported or report
         pending.done.set()
         if not keep:
             self._reaper.retire(group)
@@ -160,7 +166,8 @@ class NextGroupMixin:
         log.info("worker %s: formed round %d's group in the background (plan %d, rank %d of %d) in %.0f ms",
                  self.worker_id, offer.round, offer.plan, offer.ranks.rank, offer.ranks.size,
                  1000 * (time.monotonic() - started))
-        self._report_next(pending, True)
+        if report:
+            self._report_next(pending, True)
 
     def _report_next(self, pending: _Pending, formed: bool, reason: str = "") -> None:
         if self._codec is None:
@@ -205,9 +212,11 @@ class NextGroupMixin:
             pending = self.__dict__.get("_next_pending")
             mine = (pending is not None and pending.offer.plan == info.planned and pending.offer.round == info.round
                     and pending.offer.ranks == ranks)
+            if mine:
+                pending.joined = True
         if not mine:
             self._drop_next("its round formed from another plan")
-            self._start_next(NextRound(info.planned, info.round, ranks, info.hosts))
+            self._start_next(NextRound(info.planned, info.round, ranks, info.hosts), joined=True)
             pending = self.__dict__.get("_next_pending")
         assert pending is not None
         deadline = time.monotonic() + self._form_limit_s()
@@ -220,9 +229,20 @@ class NextGroupMixin:
             group, pending.group = pending.group, None
             if self.__dict__.get("_next_pending") is pending:
                 self.__dict__["_next_pending"] = None
+            if group is not None and not pending.reported:
+                pending.reported = True
+                self.__dict__["_report_deferred"] = pending
         if group is None:
             raise CollectiveError(f"could not form the process group of planned round {info.round} (plan "
                                   f"{info.planned})")
         log.info("worker %s: round %d uses the group formed in the background (plan %d)", self.worker_id,
                  info.round, info.planned)
         return group
+
+    def _first_collective_of_plan(self) -> None:
+        """A newcomer reports its planned round's group formed at its first collective there (its state sync):
+        its script has set up by then, and the running members, who switch once every member has reported,
+        do not wait for that."""
+        pending = self.__dict__.pop("_report_deferred", None)
+        if pending is not None:
+            self._report_next(pending, True)
