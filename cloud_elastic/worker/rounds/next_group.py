@@ -76,9 +76,13 @@ class NextGroupMixin:
 
     @property
     def next_plan(self) -> int:
-        """The plan this worker acts on (for its heartbeat), 0 when none."""
+        """The plan this worker acts on (for its heartbeat; the driver answers at once when it offers another),
+        0 when none: the one it forms, or the one whose round it joined before the driver formed it."""
         pending = self.__dict__.get("_next_pending")
-        return 0 if pending is None else pending.offer.plan
+        if pending is not None:
+            return pending.offer.plan
+        info = self.info
+        return info.planned if info is not None and info.planned and self._seen_round < info.round else 0
 
     # -------------------------------------------------------- heartbeat thread
     def _next_offered(self, offer: NextRound | None, round_now: int, round_plan: int, sent: float) -> None:
