@@ -56,6 +56,10 @@ class DriverLinkMixin:
     def _drop_next(self, why: str, *, before_round: int | None = None) -> None:
         """Retire the planned next round's group (none here)."""
 
+    def _joined_unformed_plan(self) -> bool:
+        """In a planned round its driver had not formed yet (never here)."""
+        return False
+
     def _call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
         """A control-plane call that rides out a network blip (these calls are idempotent on the driver)."""
         assert self._client is not None
@@ -274,7 +278,7 @@ class DriverLinkMixin:
         be a second copy of the job.
         """
         with self._adopt_lock:
-            info = self.info if self._attempted_round else None
+            info = self.info if self._attempted_round and not self._joined_unformed_plan() else None
             ranks = None if info is None else RankInfo(info.rank, info.size, info.local_rank, info.local_size,
                                                        info.cross_rank, info.cross_size)
             request = AdoptRequest(0 if info is None else info.round, ranks, 0 if info is None else info.update_gen,

@@ -212,6 +212,8 @@ class NextGroupMixin:
         deadline. CollectiveError when it cannot: the round then fails here, and is given up as any other."""
         ranks = RankInfo(info.rank, info.size, info.local_rank, info.local_size, info.cross_rank, info.cross_size)
         self.__dict__["_planned_at"] = time.monotonic()
+        # A member of the round before switches once the driver formed the round; a newcomer joins it earlier.
+        self.__dict__["_plan_was_member"] = self.info is not None and self.info.round == info.round - 1
         with self._next_lock():
             pending = self.__dict__.get("_next_pending")
             mine = (pending is not None and pending.offer.plan == info.planned and pending.offer.round == info.round
@@ -242,6 +244,13 @@ class NextGroupMixin:
         log.info("worker %s: round %d uses the group formed in the background (plan %d)", self.worker_id,
                  info.round, info.planned)
         return group
+
+    def _joined_unformed_plan(self) -> bool:
+        """A newcomer in a planned round the driver has not formed yet, as far as it knows: a restarted driver,
+        which knows no plan, must take it for a newcomer (see ``link.driver_link._reregister``)."""
+        info = self.info
+        return (info is not None and info.planned != 0 and not self.__dict__.get("_plan_was_member")
+                and self._seen_round < info.round)
 
     def _first_collective_of_plan(self) -> None:
         """A newcomer reports its planned round's group formed at its first collective there (its state sync):
