@@ -34,7 +34,7 @@ def start(jobs, tmp_path, *probe: str):
 
 
 def test_a_host_added_joins_a_round_formed_in_the_background_with_no_step_repeated(jobs, tmp_path):
-    job, hosts, path = start(jobs, tmp_path, "--steps", "40")
+    job, hosts, path = start(jobs, tmp_path, "--steps", "40", "--min-resets", "1")  # trains on until admitted
     hosts.set([*OLD, NEWCOMER])
     assert job.finish() == 0, job.output()
     out = job.output()
@@ -53,11 +53,12 @@ def test_a_host_added_joins_a_round_formed_in_the_background_with_no_step_repeat
     assert {r["step"] for r in resets} == {rounds[1]["step"]} and rounds[1]["step"] >= 5
     assert all(r["executed"] == r["step"] for r in job.of("reset") if not r["worker"].startswith(NEWCOMER))
     done = job.of("done")
-    assert len(done) == 3 and {e["step"] for e in done} == {40} and len({e["checksum"] for e in done}) == 1, done
+    assert len(done) == 3 and len({e["step"] for e in done}) == 1 and len({e["checksum"] for e in done}) == 1, done
+    assert done[0]["step"] >= 40
 
 
 def test_a_member_killed_while_the_planned_round_forms_drops_the_plan_and_the_job_recovers(jobs, tmp_path):
-    job, hosts, path = start(jobs, tmp_path, "--steps", "40")
+    job, hosts, path = start(jobs, tmp_path, "--steps", "40", "--min-resets", "2")  # a recovery, then the admission
     victim = next(e for e in job.of("hello") if e["worker"].startswith("127.0.0.2"))
     # Stopped, it can neither train nor form the plan's group: the plan stays offered, unformed, until the kill.
     os.kill(victim["pid"], signal.SIGSTOP)
@@ -83,4 +84,4 @@ def test_a_member_killed_while_the_planned_round_forms_drops_the_plan_and_the_jo
     assert rounds[-1]["ranks"] == {"127.0.0.1": [0], "127.0.0.3": [1]}
     done = job.of("done")
     assert {e["worker"].split("[")[0] for e in done} == {"127.0.0.1", NEWCOMER}
-    assert {e["step"] for e in done} == {40} and len({e["checksum"] for e in done}) == 1, done
+    assert len({e["step"] for e in done}) == 1 and len({e["checksum"] for e in done}) == 1, done

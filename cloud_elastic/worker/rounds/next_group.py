@@ -60,6 +60,8 @@ class _Pending:
     #: waits for its first collective there, so that the running round switches once it is set up.
     joined: bool = False
     reported: bool = False
+    #: When it was made (monotonic): only replies to heartbeats sent later can say the plan is gone.
+    since: float = field(default_factory=time.monotonic)
     #: Set when its formation ended (formed or not).
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -101,8 +103,9 @@ class NextGroupMixin:
                 return
             self._drop_next("the driver planned another round")
             self._start_next(offer)
-        elif pending is not None and round_now < pending.offer.round:
-            # Before its round formed, the driver no longer offers it: the plan was dropped.
+        elif (pending is not None and sent > pending.since
+              and not (round_now == pending.offer.round and round_plan == pending.offer.plan)):
+            # No longer offered, and not the round the driver formed: the plan was dropped.
             self._drop_next("the driver dropped the plan")
 
     def _plan_given_up(self, round_: int) -> bool:
