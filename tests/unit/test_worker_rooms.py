@@ -77,6 +77,19 @@ def test_a_failed_collective_says_why_in_one_line() -> None:
     assert rounds._group.abandoned
 
 
+def test_a_send_to_a_peer_already_gone_is_the_rounds_failure_not_a_crash() -> None:
+    """Gloo raises as a send starts when the receiver's connection is closed: a heal's holder then rolls back
+    and rejoins like any worker whose collective failed, instead of leaving elastic.run with a RuntimeError."""
+    rounds = Rounds()
+
+    def send(group: Any) -> Any:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:590] Connection closed by peer [127.0.0.2]:4242")
+
+    with pytest.raises(CollectiveError, match=r"^healing parameters from peers failed: \[gloo.*Connection closed"):
+        rounds.point_to_point("healing parameters from peers", send)
+    assert rounds._group.abandoned
+
+
 class Link(DriverLinkMixin):
     """What DriverLinkMixin's heartbeat uses of the context."""
 

@@ -249,16 +249,17 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
     me = _my_rank(ctx, cross)
     work_tensor = on_device(tensor)
     what = f"broadcast {name or ''}".strip()
-    group = (ctx.cross_group if cross else ctx.group)(what)
     if receivers is None:
+        group = (ctx.cross_group if cross else ctx.group)(what)
         opts = dist.BroadcastOptions()
         opts.rootRank = root_rank
         ctx.wait(group.broadcast([work_tensor], opts), what)
     elif me == root_rank:
-        for work in [group.send([work_tensor], rank, 0) for rank in receivers]:
+        for work in [ctx.point_to_point(what, lambda g, r=rank: g.send([work_tensor], r, 0), cross=cross)
+                     for rank in receivers]:
             ctx.wait(work, what)
     else:
-        ctx.wait(group.recv([work_tensor], root_rank, 0), what)
+        ctx.wait(ctx.point_to_point(what, lambda g: g.recv([work_tensor], root_rank, 0), cross=cross), what)
     if work_tensor is not tensor:
         tensor.copy_(work_tensor)
     return tensor

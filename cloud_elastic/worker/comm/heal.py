@@ -136,7 +136,7 @@ class Heal:
         for piece in mine:  # one piece at a time: a holder keeps at most one packed buffer
             parts = [on_device(t.reshape(-1)[a:b]) for t, a, b, _ in _parts(chunks[piece.chunk], piece.start, piece.stop)]
             buf = parts[0] if len(parts) == 1 else torch.cat(parts)
-            for work in [ctx.group(what).send([buf], rank, 0) for rank in self.receivers]:
+            for work in [ctx.point_to_point(what, lambda g, r=rank: g.send([buf], r, 0)) for rank in self.receivers]:
                 ctx.wait(work, what)
             self.pieces += 1
             self.bytes += buf.numel() * buf.element_size() * len(self.receivers)
@@ -156,7 +156,8 @@ class Heal:
                     buf = members[0].view(-1)[piece.start: piece.stop]
                 else:
                     buf = torch.empty(piece.stop - piece.start, dtype=members[0].dtype, device=ctx.device)
-                posted.append((ctx.group(what).recv([buf], holder, 0), buf, members, piece, holder))
+                work = ctx.point_to_point(what, lambda g, b=buf, h=holder: g.recv([b], h, 0))
+                posted.append((work, buf, members, piece, holder))
             for work, buf, members, piece, holder in posted:
                 ctx.wait(work, what)
                 if len(members) > 1:

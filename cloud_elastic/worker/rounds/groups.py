@@ -3,13 +3,9 @@
 A :class:`RoundGroup` holds what must live exactly as long as the group:
 
 * the torch process group;
-* the round's store. ``ProcessGroupNCCL`` creates its communicator lazily and
-  calls the store then; when the store is a Python subclass of ``dist.Store``
-  (our :class:`~cloud_elastic.worker.rounds.signed_store.SignedStore`) whose last Python
-  reference is gone, that call fails inside torch (``fn INTERNAL ASSERT FAILED
-  ... Not implemented``), the first collective of every NCCL job failed that
-  way on an H100. The holder keeps the store referenced until the group itself
-  is released;
+* the round's store: ``ProcessGroupNCCL`` may call it after the formation, and a
+  Python ``dist.Store`` subclass (``SignedStore``) with no Python reference left
+  fails inside torch then (``fn INTERNAL ASSERT FAILED ... Not implemented``);
 * the group's peer connections (Gloo), found when it formed (see ``reclaim``).
 
 :meth:`RoundGroup.abandon` is called the moment a collective of the round fails
@@ -36,8 +32,7 @@ is this worker's place in the current round.
 NCCL (:func:`new_nccl_group`) is created non-blocking and connected eagerly
 (``eager_connect_single_device``, as torch does with ``device_id``), so the
 communicator forms inside the formation deadline and can be abandoned with
-``abort()`` like a Gloo group. Only exercised on a GPU; see docs/architecture.md
-"GPUs" for what was run on hardware.
+``abort()`` like a Gloo group (see docs/architecture/gpus.md).
 """
 
 from __future__ import annotations
@@ -50,7 +45,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -330,12 +325,8 @@ class RoundGroupsMixin:
             self._reaper.release(group)
 
     def _member_addresses(self, info: RoundInfo) -> set[str] | None:
-        """The IP addresses of the round's members, or None when they cannot all be known.
-
-        With ``--network-interface`` the group's peers are the interfaces' addresses, which
-        the hosts' names do not tell: then (or when a name does not resolve) every
-        connection the formation opened counts, as it did before.
-        """
+        """The IP addresses of the round's members, or None when they cannot all be known (with
+        ``--network-interface``, or a name that does not resolve: every connection the formation opened counts)."""
         if self.interface or not info.hosts:
             return None
         addresses: set[str] = set()
@@ -387,6 +378,21 @@ class RoundGroupsMixin:
         self.window.collective(what)
         return self.pg
 
+    def point_to_point(self, what: str, start: Callable[[Any], Any], *, cross: bool = False) -> Any:
+        """``start(group)``'s send or receive on the round's (or cross-host) group. Gloo raises at once when the
+        peer's connection is closed (a receiver died): the round's failure, handled as :meth:`wait` handles it."""
+        try:
+            return start(self.cross_group(what) if cross else self.group(what))
+        except RuntimeError as exc:
+            self._failed(exc, what)
+
+    def _failed(self, exc: RuntimeError, what: str, slot: int | None = None) -> NoReturn:
+        if slot is not None:
+            self.flight.completed(slot, ok=False)
+        self._abandon_round()
+        reason = str(exc).splitlines()[0].split(" This is typically")[0]
+        raise CollectiveError(f"{what} failed: {reason}") from exc
+
     def cross_group(self, what: str) -> Any:
         """Sharded training: the round's group over this local rank of every host (rank = host index),
         formed at its first use in the round; CollectiveError once the round is aborted."""
@@ -436,10 +442,7 @@ class RoundGroupsMixin:
         try:
             fut.wait() if waited else work.wait()
         except RuntimeError as exc:
-            self.flight.completed(slot, ok=False)
-            self._abandon_round()
-            reason = str(exc).splitlines()[0].split(" This is typically")[0]
-            raise CollectiveError(f"{what} failed: {reason}") from exc
+            self._failed(exc, what, slot)
         self.flight.completed(slot)
         if aborted_before:
             self._abandon_round()
