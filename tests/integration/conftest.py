@@ -18,5 +18,9 @@ def jobs():
     yield start
     for job in started:
         if job.proc.poll() is None:
+            # A job still running here usually means a hang the test's timeout cut short: its output (shown
+            # with a failing test's report) is the only record of where it stood.
+            print(f"--- output of a job still running at the end of the test: {' '.join(job.cmd[-6:])}")
+            print(job.output()[-30000:])
             job.kill()
 
