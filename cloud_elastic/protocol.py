@@ -129,15 +129,21 @@ class Assignment:
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "Assignment":
         what = "rendezvous assignment"
-        ranks = RankInfo(**{f.name: _int(msg, f.name, what) for f in fields(RankInfo)})
-        if ranks.rank >= ranks.size or ranks.local_rank >= ranks.local_size or ranks.cross_rank >= ranks.cross_size:
-            raise ControlPlaneError(f"malformed {what}: ranks out of range: {ranks}")
-        hosts = msg.get("hosts") or []
-        if (not isinstance(hosts, list) or len(hosts) > ranks.size
-                or not all(isinstance(h, str) and 0 < len(h) <= 255 for h in hosts)):
-            raise ControlPlaneError(f"malformed {what}: 'hosts' must be a list of at most 'size' host names")
+        ranks, hosts = _ranks_and_hosts(msg, what)
         return cls(_int(msg, "round", what), ranks, _bool(msg, "needs_sync", what), _int(msg, "update_gen", what),
-                   bool(msg.get("from_checkpoint", False)), tuple(hosts), _optional_int(msg, "planned", what))
+                   bool(msg.get("from_checkpoint", False)), hosts, _optional_int(msg, "planned", what))
+
+
+def _ranks_and_hosts(msg: Mapping[str, Any], what: str) -> tuple[RankInfo, tuple[str, ...]]:
+    """A message's ranks (each in range) and the round's host names (at most one a rank)."""
+    ranks = RankInfo(**{f.name: _int(msg, f.name, what) for f in fields(RankInfo)})
+    if ranks.rank >= ranks.size or ranks.local_rank >= ranks.local_size or ranks.cross_rank >= ranks.cross_size:
+        raise ControlPlaneError(f"malformed {what}: ranks out of range: {ranks}")
+    hosts = msg.get("hosts") or []
+    if (not isinstance(hosts, list) or len(hosts) > ranks.size
+            or not all(isinstance(h, str) and 0 < len(h) <= 255 for h in hosts)):
+        raise ControlPlaneError(f"malformed {what}: 'hosts' must be a list of at most 'size' host names")
+    return ranks, tuple(hosts)
 
 
 @dataclass(frozen=True)
@@ -163,14 +169,8 @@ class NextRound:
         if not isinstance(msg, Mapping):
             return None
         what = "next round"
-        ranks = RankInfo(**{f.name: _int(msg, f.name, what) for f in fields(RankInfo)})
-        if ranks.rank >= ranks.size or ranks.local_rank >= ranks.local_size or ranks.cross_rank >= ranks.cross_size:
-            raise ControlPlaneError(f"malformed {what}: ranks out of range: {ranks}")
-        hosts = msg.get("hosts") or []
-        if (not isinstance(hosts, list) or len(hosts) > ranks.size
-                or not all(isinstance(h, str) and 0 < len(h) <= 255 for h in hosts)):
-            raise ControlPlaneError(f"malformed {what}: 'hosts' must be a list of at most 'size' host names")
-        return cls(_int(msg, "plan", what), _int(msg, "round", what), ranks, tuple(hosts))
+        ranks, hosts = _ranks_and_hosts(msg, what)
+        return cls(_int(msg, "plan", what), _int(msg, "round", what), ranks, hosts)
 
 
 @dataclass(frozen=True)
