@@ -127,3 +127,30 @@ def test_without_the_policy_the_newcomer_asks_for_the_update_at_once() -> None:
     sim.join("b[0]")
     assert sim.job.rounds.next.plan is None and sim.reply("b[0]") is None
     assert sim.poll("a[0]").update_gen == 1
+
+
+@pytest.mark.parametrize("first", ["the survivor's failure", "the kill's detection"])
+def test_a_newcomer_back_from_a_dropped_plan_before_the_recovery_round_forms_is_taken_into_it(first: str) -> None:
+    # As in test_planned_round: a member (c[0]) is killed while the plan's group forms; the survivor's collective
+    # fails at once, the kill is found on its own clock, and the newcomer learns of the drop in its heartbeat.
+    sim = started(2, {"a": 1, "c": 1}, max_np=3, min_np=1, plan_admissions=True)
+    sim.commit("a[0]", "c[0]")
+    sim.discover({"a": 1, "c": 1, "b": 1})
+    sim.join("b[0]")
+    assert sim.reply("b[0]").planned == 1
+    if first == "the survivor's failure":
+        assert sim.join("a[0]", reason="failure")["a[0]"] is None  # its peer's death is not known yet
+    else:
+        sim.exit("c[0]", KILLED)
+    sim.advance(0.5)
+    assert sim.job.rounds.next.plan is None
+    assert sim.join("b[0]", reason="failure")["b[0]"] is None  # back at rendezvous: it counts for rounds again
+    if first == "the survivor's failure":
+        sim.exit("c[0]", KILLED)
+        sim.advance(0.5)
+    else:
+        sim.join("a[0]", reason="failure")
+    replies = {s: sim.reply(s) for s in ("a[0]", "b[0]")}
+    assert_round(replies, 2, needs_sync=True)  # the recovery round admits it: one reset, not two
+    assert sim.layout() == ["a[0]", "b[0]"] and all(r.planned == 0 for r in replies.values())
+    assert sim.job.rounds.next.told == {}

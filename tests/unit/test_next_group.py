@@ -3,6 +3,8 @@ start, keep or drop the plan it acts on, and when a planned round it joined coun
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 
 import pytest
@@ -87,3 +89,71 @@ def test_a_planned_assignment_without_its_group_fails_the_round_here() -> None:
     with pytest.raises(CollectiveError, match="planned round 2"):
         ctx._planned_group(info)  # NCCL: it cannot form the group in the background
     assert ctx.next_plan == 0
+
+
+class GlooCtx(Ctx):
+    """On Gloo, with a stand-in for the group's formation: it starts (recorded), and ends when the test says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backend = "gloo"
+        self.progress = type("P", (), {"waiting": lambda self: contextlib.nullcontext()})()
+        self._form_limit_s = lambda: 5.0
+        self._aborted = lambda round_: False
+        self.formations: list = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.at_lock = None  # once: run just before some thread next takes the plan lock
+        self._form_next = self._fake_form
+
+    def _next_lock(self):
+        hook, self.at_lock = self.at_lock, None
+        if hook is not None:
+            hook()
+        return super()._next_lock()
+
+    def _fake_form(self, pending) -> None:
+        self.formations.append(pending)
+        self.started.set()
+        self.release.wait(5)
+        with super()._next_lock():
+            if not pending.dropped:
+                pending.group = object()
+        pending.done.set()
+
+
+def assignment(offer: NextRound) -> RoundInfo:
+    return RoundInfo(*vars(offer.ranks).values(), round=offer.round, needs_sync=True, update_gen=1, hosts=offer.hosts,
+                     planned=offer.plan)
+
+
+def test_a_newcomer_told_of_the_plan_by_heartbeat_and_rendezvous_at_the_same_moment_forms_its_group_once() -> None:
+    ctx = GlooCtx()
+    taken: dict = {}
+
+    def training_thread() -> None:
+        try:
+            taken["group"] = ctx._planned_group(assignment(PLAN))
+        except CollectiveError as exc:
+            taken["error"] = exc
+
+    trainer = threading.Thread(target=training_thread)
+
+    def assignment_arrives() -> None:  # the rendezvous answer, while the heartbeat thread handles the same plan
+        trainer.start()
+        assert ctx.started.wait(5)
+
+    ctx.at_lock = assignment_arrives
+    ctx._next_offered(PLAN, 1, 0, time.monotonic())
+    ctx.release.set()
+    trainer.join(5)
+    assert "error" not in taken and taken.get("group") is not None
+    assert len(ctx.formations) == 1  # a second formation of its rank: peers meet one, the other waits out its deadline
+
+
+def test_an_offer_of_the_plan_whose_group_the_training_thread_took_starts_no_second_formation() -> None:
+    ctx = GlooCtx()
+    ctx.release.set()
+    assert ctx._planned_group(assignment(PLAN)) is not None
+    ctx._next_offered(PLAN, 1, 0, later())  # answered before the round's info was set: still offered
+    assert len(ctx.formations) == 1 and ctx.__dict__.get("_next_pending") is None

@@ -99,10 +99,8 @@ class NextGroupMixin:
                 self.__dict__["_gone_plan"] = info.planned  # its collectives fail now: see _plan_given_up
         pending = self.__dict__.get("_next_pending")
         if offer is not None:
-            if pending is not None and pending.offer.plan == offer.plan:
-                return
-            self._drop_next("the driver planned another round")
-            self._start_next(offer)
+            if pending is None or pending.offer.plan != offer.plan:
+                self._start_next(offer)  # retires the plan it held, if another
         elif (pending is not None and sent > pending.since
               and not (round_now == pending.offer.round and round_plan == pending.offer.plan)):
             # No longer offered, and not the round the driver formed: the plan was dropped.
@@ -114,18 +112,34 @@ class NextGroupMixin:
         return (info is not None and info.round == round_ and info.planned != 0
                 and self.__dict__.get("_gone_plan") == info.planned)
 
-    def _start_next(self, offer: NextRound, *, joined: bool = False) -> None:
-        pending = _Pending(offer, joined=joined)
+    def _start_next(self, offer: NextRound, *, joined: bool = False,
+                    why: str = "the driver planned another round") -> _Pending:
+        """Form ``offer``'s group, unless its formation is under way already; retire another plan's. The heartbeat
+        thread (an offer) and the training thread (an assignment naming the plan) are answered at the same moment
+        when a plan is made: whichever comes second takes the first one's formation, so that this worker never
+        forms the same rank of the plan's group twice (peers would connect to one of the two, and the other one,
+        perhaps the one the round uses, wait out the formation deadline)."""
         with self._next_lock():
-            self.__dict__["_next_pending"] = pending
+            old = self.__dict__.get("_next_pending")
+            if old is not None and _same(old.offer, offer):
+                old.joined = old.joined or joined
+                return old
+            taken = self.__dict__.get("_taken_offer")
+            if old is None and not joined and taken is not None and _same(taken, offer):
+                return _Pending(offer, dropped=True)  # the training thread holds its group already: nothing to do
+            pending = self.__dict__["_next_pending"] = _Pending(offer, joined=joined)
+            retired = None if old is None else _detach(old)
+        if old is not None:
+            self._retired(old, *retired, why)
         if self.backend != "gloo":
             pending.failed = True
             pending.done.set()
             self._report_next(pending, False, f"the {self.backend} backend forms no group in the background")
-            return
+            return pending
         former = threading.Thread(target=self._form_next, args=(pending,), name=f"form-plan-{offer.plan}", daemon=True)
         self._formations = [t for t in self._formations if t.is_alive()] + [former]  # joined at exit
         former.start()
+        return pending
 
     def _form_next(self, pending: _Pending) -> None:
         offer = pending.offer
@@ -194,9 +208,11 @@ class NextGroupMixin:
             if pending is None or (before_round is not None and pending.offer.round > before_round):
                 return
             self.__dict__["_next_pending"] = None
-            pending.dropped = True
-            group, pending.group = pending.group, None
-            store = pending.store
+            group, store = _detach(pending)
+        self._retired(pending, group, store, why)
+
+    def _retired(self, pending: _Pending, group: RoundGroup | None, store: Any, why: str) -> None:
+        """``pending`` is no longer this worker's plan (see :func:`_detach`): its formation ends, its group goes."""
         pending.done.set()
         give_up = getattr(store, "give_up", None)
         if give_up is not None:
@@ -217,17 +233,9 @@ class NextGroupMixin:
         self.__dict__["_planned_at"] = time.monotonic()
         # A member of the round before switches once the driver formed the round; a newcomer joins it earlier.
         self.__dict__["_plan_was_member"] = self.info is not None and self.info.round == info.round - 1
-        with self._next_lock():
-            pending = self.__dict__.get("_next_pending")
-            mine = (pending is not None and pending.offer.plan == info.planned and pending.offer.round == info.round
-                    and pending.offer.ranks == ranks)
-            if mine:
-                pending.joined = True
-        if not mine:
-            self._drop_next("its round formed from another plan")
-            self._start_next(NextRound(info.planned, info.round, ranks, info.hosts), joined=True)
-            pending = self.__dict__.get("_next_pending")
-        assert pending is not None
+        # The formation its heartbeat started for this plan, if any (else one of its own; another plan's retired).
+        pending = self._start_next(NextRound(info.planned, info.round, ranks, info.hosts), joined=True,
+                                   why="its round formed from another plan")
         deadline = time.monotonic() + self._form_limit_s()
         with self.progress.waiting():
             while not pending.done.wait(0.05):
@@ -238,6 +246,8 @@ class NextGroupMixin:
             group, pending.group = pending.group, None
             if self.__dict__.get("_next_pending") is pending:
                 self.__dict__["_next_pending"] = None
+            if group is not None:
+                self.__dict__["_taken_offer"] = pending.offer  # an offer of it the heartbeat brings now is stale
             if group is not None and not pending.reported:
                 pending.reported = True
                 self.__dict__["_report_deferred"] = pending
@@ -262,3 +272,15 @@ class NextGroupMixin:
         pending = self.__dict__.pop("_report_deferred", None)
         if pending is not None:
             self._report_next(pending, True)
+
+
+def _same(a: NextRound, b: NextRound) -> bool:
+    """Whether two offers are the same plan of this worker (the same group to form)."""
+    return (a.plan, a.round, a.ranks) == (b.plan, b.round, b.ranks)
+
+
+def _detach(pending: _Pending) -> tuple[RoundGroup | None, Any]:
+    """Mark ``pending`` dropped and take its group and store (under the plan lock)."""
+    pending.dropped = True
+    group, pending.group = pending.group, None
+    return group, pending.store
