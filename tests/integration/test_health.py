@@ -127,10 +127,13 @@ def test_a_worker_whose_interpreter_is_stuck_prints_its_stacks_before_it_is_give
     assert [e["host"] for e in recorded] == ["127.0.0.3"], job.output()
     assert "in one_step" in recorded[0]["text"] and "Thread 0x" in recorded[0]["text"], recorded
     lines = job.lines
-    asked = next(i for i, line in enumerate(lines) if "asked worker 127.0.0.3[0]" in line and "stacks" in line)
-    stacks = [line for line in lines[asked:] if line.startswith("[2]<127.0.0.3[0]>") or "<127.0.0.3[0]>" in line]
+    assert any("asked worker 127.0.0.3[0]" in line and "stacks" in line for line in lines), job.output()
+    # The driver gives the worker up (logged), signals it, then logs that it asked; the stacks the signal makes the
+    # worker print come through its output pipe, so they may reach the job's output before or after that last line.
+    given_up = next(i for i, line in enumerate(lines)
+                    if "127.0.0.3[0]" in line and "stopped answering heartbeats" in line)
+    stacks = [line for line in lines[given_up:] if "<127.0.0.3[0]>" in line]
     assert any("Current thread" in line or "Thread 0x" in line for line in stacks), job.output()
     assert any("in one_step" in line for line in stacks), job.output()
-    assert any("silent" in line or "heartbeat" in line for line in lines[:asked + 1]), job.output()
     done = job.of("done")
     assert {e["worker"].split("[")[0] for e in done} == {"127.0.0.1", "127.0.0.2"} and {e["step"] for e in done} == {30}
