@@ -36,8 +36,7 @@ from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.metrics import StepRate
 from cloud_elastic.protocol import (CompletedReport, CompletionReply, NextRoundReport, PollReply, PollRequest,
-                                    RendezvousRequest,
-                                    StacksReport, WaitReply)
+                                    RendezvousRequest, StacksReport, WaitReply)
 from cloud_elastic.protocol_reports import CheckpointReport, DrainRequest, NoticeReport, UnhealthyReport
 from cloud_elastic.providers.api import Drain
 
