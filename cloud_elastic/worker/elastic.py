@@ -25,11 +25,9 @@ import logging
 import sys
 from typing import Any, Callable, TypeVar
 
-import torch
-
 from cloud_elastic.worker import sharded, termination
 
-from cloud_elastic.worker.comm import collectives
+from cloud_elastic.worker.commit import sync_facts
 from cloud_elastic.worker.commit.state import State
 from cloud_elastic.worker.context import WorkerContext, init
 from cloud_elastic.worker.durable.api import DurableSchedule, open_schedule
@@ -114,8 +112,9 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
                     info.rank == 0 if durable is None else durable.loads_here(info)):
                 _load_checkpoint(ctx, durable, state)
             try:
-                ledger.sync_root_seq = _root_commit_seq(ctx)
+                sync_facts.begin(ctx)  # rank 0 learns which workers hold its commit; the sync tells them
                 state.sync()
+                sync_facts.ensure_known(ctx)
                 _hold_synced_state(ctx, state)
             except CollectiveError as exc:
                 log.warning("state sync failed (%s); rejoining", exc)
@@ -148,28 +147,6 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
         return result
 
 
-def _root_commit_seq(ctx: WorkerContext) -> int:
-    """``commit_seq`` of rank 0's live state, which the sync is about to give everyone.
-
-    Known before the sync, it tells a receiver whether the sync changes its
-    state at all: after a graceful membership change every old worker holds the
-    very commit rank 0 broadcasts (see ``TorchState.sync``). Rank 0 also tells
-    what its loop showed of collectives between an update and a commit
-    (``ledger.CommitWindow``), so a newcomer keeps its commits from the start if it must,
-    and whether its loop is confirmed in place, so a newcomer then keeps no whole
-    copy of its first commit (a copy the running workers would wait for).
-    """
-    ledger = ctx.ledger
-    if ctx.standalone or ctx.info is None:
-        return ledger.live_commit_seq
-    window = ledger.window
-    facts = torch.tensor([ledger.live_commit_seq, int(window.has_collectives), int(window.confirmed)], dtype=torch.int64,
-                         device=ctx.device)
-    collectives.broadcast_(facts, 0, "commit sequence")
-    window.learn(bool(facts[1].item()), confirmed=bool(facts[2].item()))
-    return int(facts[0].item())
-
-
 def _hold_synced_state(ctx: WorkerContext, state: State) -> None:
     """After a sync every worker holds rank 0's commit: take its ``commit_seq`` and save the synced state.
 
@@ -177,6 +154,7 @@ def _hold_synced_state(ctx: WorkerContext, state: State) -> None:
     the attributes ``ObjectState.sync`` took from rank 0, and a failure before
     its next commit would restore that mix.
     """
+    sync_facts.end(ctx.ledger)
     if ctx.standalone or ctx.info is None:
         return
     state.save()

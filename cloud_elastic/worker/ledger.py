@@ -151,6 +151,13 @@ class CommitLedger:
         self.rolled_back = 0
         #: ``commit_seq`` of the state the running (or last) sync broadcasts from rank 0.
         self.sync_root_seq: int | None = None
+        #: The ranks the running (or last) sync gives rank 0's commit: those that do not hold it.
+        self.sync_receivers: list[int] = []
+        #: A sync's facts (see ``commit.sync_facts``): gathered (``sync_begun``), on rank 0 waiting to be sent
+        #: (``sync_pending``), and learnt by this worker (``sync_known``: ``sync_root_seq`` and
+        #: ``sync_receivers`` are this sync's).
+        self.sync_begun = self.sync_known = False
+        self.sync_pending: dict[str, Any] | None = None
         #: Sharded training: the round of the last sync, and the hosts (cross ranks) that received this
         #: local rank's shards in it (the others held that commit already).
         self.shard_sync: tuple[int, list[int]] = (0, [])

@@ -58,6 +58,31 @@ def broadcast_to_receivers(rank: int) -> bool:
             and torch.equal(state["t"], torch.ones(2) * want))
 
 
+def broadcast_state_sizes(rank: int) -> bool:
+    """A small state (its bytes ride with its length) and one of over 64 KiB (a second transfer), to every
+    worker and, point to point, to the last rank only."""
+    from cloud_elastic.worker.comm import collectives
+    size = hvd.size()
+    small = {"epoch": 3, "name": "x" * 10}
+    big = {"ids": list(range(40_000)), "t": torch.arange(30_000, dtype=torch.int64)}
+    ok = collectives.broadcast_state(small if rank == 0 else None, 0, "small check") == small
+    got = collectives.broadcast_state(big if rank == 0 else None, 0, "big check")
+    ok = ok and got["ids"] == big["ids"] and torch.equal(got["t"], big["t"])
+    mine = {"ids": [rank], "t": torch.tensor([rank])}
+    got = collectives.broadcast_state(big if rank == 0 else mine, 0, "big check", receivers=[size - 1])
+    keeps = big if rank in (0, size - 1) else mine
+    return ok and got["ids"] == keeps["ids"] and torch.equal(got["t"], keeps["t"])
+
+
+def gather_rows(rank: int) -> bool:
+    """Every worker's row on rank 0, in rank order; nothing elsewhere."""
+    from cloud_elastic.worker.comm import collectives
+    rows = collectives.gather_rows(torch.tensor([rank, rank * 10], dtype=torch.int64), "check")
+    if rank != 0:
+        return rows is None
+    return rows.tolist() == [[r, r * 10] for r in range(hvd.size())]
+
+
 def main() -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -88,6 +113,8 @@ def main() -> None:
     checks["broadcast"] = hvd.broadcast(torch.tensor([rank * 10.0]), root_rank=size - 1).item() == (size - 1) * 10
     checks["broadcast_parameters"] = broadcast_parameters_packed(rank)
     checks["broadcast_to_receivers"] = broadcast_to_receivers(rank)
+    checks["broadcast_state_sizes"] = broadcast_state_sizes(rank)
+    checks["gather_rows"] = gather_rows(rank)
     ranks = hvd.allgather(torch.tensor([hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()]))
     checks["topology"] = ranks.view(size, 4).tolist()
     print("CHECK " + json.dumps({"rank": rank, **checks}), flush=True)

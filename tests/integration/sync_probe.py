@@ -6,10 +6,11 @@ default commit mode). The worker on ``--victim`` dies at ``--point`` of the
 first state sync of a round of three (a newcomer the test adds by discovery
 joins the two that train), while its peers are in that sync:
 
-- ``parameters``: as the model's parameters are sent (healed from the peers that hold the commit);
-- ``optimizer``: after the optimizer state's skeleton, as its tensors are sent;
-- ``attributes``: once the model and the optimizer state are synced, as the plain attributes are;
-- ``stop``: at that point, SIGSTOP instead of SIGKILL (the driver gives it up for silence).
+- ``attributes``: as the sync's small parts (plain attributes, optimizer state's skeleton) are
+  broadcast, its first transfer after the commit sequences' exchange;
+- ``parameters``: then, as the model's parameters are sent (healed from the peers that hold the commit);
+- ``optimizer``: then, as the optimizer state's tensors are sent;
+- ``stop``: at ``attributes``, SIGSTOP instead of SIGKILL (the driver gives it up for silence).
 
 The victim is the newcomer (it receives), or rank 0 (a holder, and the root of the rest). The others
 train until ``--steps`` and two resets (the newcomer admitted, then the round
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
 from cloud_elastic.worker.comm import collectives, heal
+from cloud_elastic.worker.commit.state import SMALL_STATE
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
 from commit_probe import OPTIMIZERS, checksum, event  # the script's own directory is on sys.path
 
@@ -40,8 +42,8 @@ from commit_probe import OPTIMIZERS, checksum, event  # the script's own directo
 POINTS = {
     "parameters": (heal.Heal, "tensors", "parameters"),
     "optimizer": (heal.Heal, "tensors", "optimizer state"),
-    "attributes": (collectives, "broadcast_state", "ObjectState attributes"),
-    "stop": (collectives, "broadcast_state", "ObjectState attributes"),
+    "attributes": (collectives, "broadcast_state", SMALL_STATE),
+    "stop": (collectives, "broadcast_state", SMALL_STATE),
 }
 
 

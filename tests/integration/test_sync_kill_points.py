@@ -86,9 +86,10 @@ def test_a_newcomer_stopped_during_its_state_sync_is_given_up_and_the_others_res
 
 @pytest.mark.timeout(200)
 def test_the_root_killed_during_a_state_sync_leaves_the_worker_that_held_its_commit_able_to_restore_it(jobs, tmp_path):
-    # 127.0.0.2 held rank 0's very commit and sent its part of the model and optimizer state to the newcomer
-    # before rank 0 died: it must still restore that commit exactly, and give it to the newcomer.
-    job = run_job(jobs, tmp_path, "adam", OLD[0], "attributes", wide=True)
+    # 127.0.0.2 held rank 0's very commit and sent its part of the model to the newcomer before rank 0 died
+    # (as the optimizer state's tensors were to go): it must still restore that commit exactly, and give it to
+    # the newcomer.
+    job = run_job(jobs, tmp_path, "adam", OLD[0], "optimizer", wide=True)
     assert job.finish(timeout=180) == 0, job.output()[-4000:]
     check_resumed_exactly(job, OLD[1:], 12)
     newcomer = [e for e in job.events if e.data.get("host") == NEWCOMER and e.kind == "resumed"]

@@ -7,6 +7,7 @@ import torch
 
 from cloud_elastic.worker.comm.collectives import pack_chunks
 from cloud_elastic.worker.comm.heal import Piece, assign
+from cloud_elastic.worker.commit.sync_facts import receivers
 
 
 def _covered(chunks, plan):
@@ -99,3 +100,12 @@ def test_a_holder_sends_its_optimizer_tensors_in_rank_0s_order_and_refuses_a_sta
     mine["state"][1]["exp_avg"] = torch.zeros(5)
     with pytest.raises(StateSyncError, match=r"\[1\]\['exp_avg'\].*shape \[4\]"):
         _pick(skeleton, mine, "optimizer state")
+
+
+def test_the_receivers_of_a_sync_are_the_workers_that_do_not_hold_rank_0s_very_commit():
+    # (live commit_seq, holds_commit) by rank: rank 0 is the root and never receives.
+    assert receivers([(7, True), (7, True), (0, True)]) == [2]  # a newcomer after a graceful change
+    assert receivers([(7, True), (6, True), (7, False), (9, True)]) == [1, 2, 3]  # older, unrestorable, other
+    assert receivers([(7, True), (7, True)]) == []  # everyone holds it: nothing moves
+    # Commit 0, the initial state, may differ on every worker: it is always sent.
+    assert receivers([(0, True), (0, True), (0, True)]) == [1, 2]

@@ -41,6 +41,14 @@ def test_an_object_only_pickle_can_carry_is_refused_before_sending_with_a_remedy
     assert "ObjectState attributes" in str(info.value)
 
 
+def test_parts_sent_as_one_name_the_part_that_cannot_be_synced():
+    parts = statecodec.Parts({"sampler state": {"epoch": 1}, "ObjectState attributes": {"x": _Custom()}})
+    with pytest.raises(statecodec.StateSyncError, match=r"^ObjectState attributes cannot be synced safely.*_Custom"):
+        statecodec.encode(parts, "state attributes")
+    ok = statecodec.Parts({"sampler state": {"epoch": 1}, "ObjectState attributes": {"x": 2}})
+    assert statecodec.decode(statecodec.encode(ok, "state attributes"), "state attributes") == dict(ok)
+
+
 def test_a_crafted_payload_does_not_run_code(tmp_path):
     marker = tmp_path / "pwned"
 

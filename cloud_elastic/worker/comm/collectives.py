@@ -265,6 +265,24 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
     return tensor
 
 
+def gather_rows(row: torch.Tensor, name: str) -> torch.Tensor | None:
+    """Every worker's ``row`` (same shape and dtype on all), stacked by rank, on rank 0; None elsewhere.
+
+    One gather: each worker sends to rank 0 once, all at once (an allreduce of the
+    same rows would pass through every worker in turn).
+    """
+    ctx = get_context()
+    size, me = ctx.info.size, ctx.info.rank
+    if size <= 1:
+        return row.unsqueeze(0).clone()
+    work_tensor = on_device(row)
+    outputs = [[torch.empty_like(work_tensor) for _ in range(size)]] if me == 0 else []
+    opts = dist.GatherOptions()
+    opts.rootRank = 0
+    ctx.wait(ctx.group(name).gather(outputs, [work_tensor], opts), name)
+    return torch.stack([t.cpu() for t in outputs[0]]) if me == 0 else None
+
+
 def needing(needs: bool, name: str, *, cross: bool = False) -> list[int]:
     """The ranks whose ``needs`` is true, on every worker of the group (one small allreduce).
 
@@ -332,18 +350,30 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *,
         return obj
     root = _my_rank(ctx, cross) == root_rank
     error = ""
+    data = b""
     if root:
         try:
             data = statecodec.encode(obj, name)
         except statecodec.StateSyncError as exc:
             data, error = str(exc).encode(), str(exc)
-        length = torch.tensor([-len(data) if error else len(data)], dtype=torch.int64)
+    # One collective for a state of up to _INLINE_BYTES (the usual sync's attributes, a sampler, a skeleton):
+    # its length, then its first bytes; only a bigger state takes a second for the rest.
+    head = torch.zeros(8 + _INLINE_BYTES, dtype=torch.uint8)
+    if root:
+        head[:8] = torch.tensor([-len(data) if error else len(data)], dtype=torch.int64).view(torch.uint8)
+        first = data[:_INLINE_BYTES]
+        if first:
+            head[8: 8 + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
+    broadcast_(head, root_rank, name, cross=cross, receivers=receivers)
+    n = int(head[:8].view(torch.int64).item())
+    if root:
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     else:
-        length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name, cross=cross, receivers=receivers)
-    n = int(length.item())
-    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if root else torch.empty(abs(n), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name, cross=cross, receivers=receivers)
+        payload = torch.empty(abs(n), dtype=torch.uint8)
+        payload[: min(abs(n), _INLINE_BYTES)] = head[8: 8 + min(abs(n), _INLINE_BYTES)]
+    if abs(n) > _INLINE_BYTES:
+        rest = payload[_INLINE_BYTES:]
+        broadcast_(rest, root_rank, name, cross=cross, receivers=receivers)
     if n < 0:  # the root could not encode it: everyone fails alike, nobody waits for a peer
         raise statecodec.StateSyncError(error or ctypes.string_at(payload.data_ptr(), payload.numel()).decode(errors="replace"))
     if root:
@@ -351,6 +381,8 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *,
     return statecodec.decode(ctypes.string_at(payload.data_ptr(), payload.numel()), name)
 
 
+#: A state of at most this many bytes is broadcast in one collective with its length (see :func:`broadcast_state`).
+_INLINE_BYTES = 64 * 1024
 #: Tensors are broadcast packed into flat buffers of at most this many bytes (one collective each).
 _PACK_BYTES = 32 * 1024 * 1024
 #: A tensor at least this big is broadcast alone, in place (no packing copies).

@@ -28,7 +28,7 @@ from cloud_elastic.worker.comm.collectives import _dtype, _is_slot, _join_tensor
 from cloud_elastic.worker.comm.statecodec import StateSyncError
 from cloud_elastic.worker.context import get_context
 
-__all__ = ["Piece", "assign", "Heal"]
+__all__ = ["Piece", "assign", "Heal", "skeleton"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,8 @@ class Heal:
         self.pieces = 0  # this holder's pieces
         self.all_pieces = 0  # every holder's
         self.sources: set[int] = set()  # the holders a receiver took a part from
+        #: Rank 0's skeletons of the states :meth:`state_dict` syncs, in order (see there).
+        self.skeletons: list[Any] = []
 
     def parameters(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """A model's ``state_dict()``: holders send it, receivers take it in place (as ``broadcast_parameters``)."""
@@ -99,22 +101,25 @@ class Heal:
     def state_dict(self, state: Any, name: str = "optimizer state") -> Any:
         """Rank 0's ``state`` (plain data and tensors) on a receiver; None elsewhere (a holder passes its own).
 
-        The skeleton (tensors replaced by shapes) comes from rank 0 to every worker,
-        receivers and holders: it is small, a holder orders its own tensors by it
-        (:func:`_pick`), and a state rank 0 cannot encode fails on every worker alike.
+        Its skeleton (tensors replaced by shapes, :func:`skeleton`) came from rank 0 to
+        every worker before, in the sync's one broadcast of its small parts
+        (``TorchState._small_state``), and waits in :attr:`skeletons`, in the order the
+        states are synced: a holder orders its own tensors by it (:func:`_pick`), a
+        receiver allocates them by it.
         """
         ctx = get_context()
         if not self.receivers:
             return None
+        if not self.skeletons:
+            raise StateSyncError(f"{name}: no skeleton came from rank 0 for it")
+        shape = self.skeletons.pop(0)
         me = ctx.info.rank
-        skeleton = _split_tensors(state, copy=False)[0] if me == 0 else None
-        skeleton = collectives.broadcast_state(skeleton, 0, name)
         if me in self.holders:
-            self.tensors(_pick(skeleton, state, name), name)
+            self.tensors(_pick(shape, state, name), name)
             return None
-        tensors = [torch.empty(shape, dtype=_dtype(dtype)) for shape, dtype in _shapes(skeleton)]
+        tensors = [torch.empty(size, dtype=_dtype(dtype)) for size, dtype in _shapes(shape)]
         self.tensors(tensors, name)
-        return _join_tensors(skeleton, tensors)
+        return _join_tensors(shape, tensors)
 
     def tensors(self, tensors: list[torch.Tensor], name: str) -> None:
         """Holders send their ``tensors``, receivers receive into theirs (same dtypes and shapes on every worker)."""
@@ -178,6 +183,11 @@ class Heal:
         elif self.sources:
             log.info("worker %s: received %s of commit %s from %d holder(s) %s", worker_id, amount, self.seq,
                      len(self.sources), sorted(self.sources))
+
+
+def skeleton(state: Any) -> Any:
+    """``state`` with each tensor replaced by its shape, dtype and index (what :meth:`Heal.state_dict` needs)."""
+    return _split_tensors(state, copy=False)[0]
 
 
 def _pick(skeleton: Any, own: Any, name: str) -> list[torch.Tensor]:

@@ -25,7 +25,7 @@ import torch
 
 from cloud_elastic.errors import CloudElasticError
 
-__all__ = ["MIN_TORCH", "StateSyncError", "check_torch_version", "encode", "decode"]
+__all__ = ["MIN_TORCH", "StateSyncError", "Parts", "check_torch_version", "encode", "decode"]
 
 _SAFE_BUILTINS = [set, frozenset]
 
@@ -55,8 +55,20 @@ def check_torch_version(version: str) -> None:
 check_torch_version(torch.__version__)
 
 
+class Parts(dict):
+    """Several states sent as one, each under its name (``{"sampler state": ..., ...}``): what cannot be
+    synced is named by its part, as it would be sent alone."""
+
+
 def encode(obj: Any, what: str) -> bytes:
     """``obj`` as bytes that :func:`decode` accepts; StateSyncError if it could not load them."""
+    if isinstance(obj, Parts):
+        try:
+            return encode(dict(obj), what)
+        except StateSyncError:
+            for name, part in obj.items():  # the part to blame, in its own words
+                encode(part, name)
+            raise
     buf = io.BytesIO()
     try:
         torch.save(obj, buf)

@@ -391,9 +391,10 @@ class SamplerHandler:
     def restore(self) -> None:
         self.value.load_state_dict(self._saved)
 
-    def sync(self) -> None:
-        # record_batch accounts for every worker, so rank 0's view is complete.
-        self.value.load_state_dict(collectives.broadcast_state(self.value.state_dict(), 0, "sampler state"))
+    def sync(self, synced: Any) -> None:
+        """Take rank 0's position (``synced``, its ``state_dict()``, broadcast with the sync's other small parts,
+        see ``TorchState._small_state``): record_batch accounts for every worker, so rank 0's view is complete."""
+        self.value.load_state_dict(synced)
 
 
 def handler_for(value: Any) -> Any:

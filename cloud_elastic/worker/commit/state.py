@@ -21,13 +21,18 @@ import torch
 from cloud_elastic.worker import sharded
 
 from cloud_elastic.worker.comm import collectives
-from cloud_elastic.worker.comm.heal import Heal
+from cloud_elastic.worker.comm.heal import Heal, skeleton
+from cloud_elastic.worker.comm.statecodec import Parts
 from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler, SamplerHandler, SnapshotHandler, handler_for
+from cloud_elastic.worker.commit import sync_facts
 from cloud_elastic.worker.commit.participant import CommitParticipant
 from cloud_elastic.worker.context import get_context, is_initialized
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
 
-__all__ = ["State", "ObjectState", "TorchState"]
+__all__ = ["State", "ObjectState", "TorchState", "SMALL_STATE"]
+
+#: The name of a sync's one broadcast of its small parts (see ``TorchState._small_state``).
+SMALL_STATE = "state attributes"
 
 
 class State:
@@ -88,8 +93,17 @@ class ObjectState(State):
         self._set_attrs()
 
     def sync(self) -> None:
+        ctx = get_context()
+        carry, facts = sync_facts.carried(ctx)
+        if not self._saved_state and not carry:
+            return
+        # Rank 0's attributes, and with them what the sync must know of its commit (see ``sync_facts``).
+        small = collectives.broadcast_state(Parts({sync_facts.NAME: facts, "ObjectState attributes": self._saved_state}),
+                                            0, "ObjectState attributes")
+        if carry:
+            sync_facts.learn(ctx.ledger, small[sync_facts.NAME])
         if self._saved_state:
-            self._saved_state = collectives.broadcast_state(self._saved_state, 0, "ObjectState attributes")
+            self._saved_state = small["ObjectState attributes"]
             self._set_attrs()
 
     def _set_attrs(self) -> None:
@@ -214,6 +228,9 @@ class TorchState(ObjectState):
         ctx = get_context()
         ledger = ctx.ledger
         ledger.window.discard()
+        replicas = ctx.info is not None and any(isinstance(h, SnapshotHandler) and not getattr(h, "sharded", False)
+                                                for h in self._handlers.values())
+        small = self._small_state(ctx, replicas)  # first: it tells every worker rank 0's commit (sync_facts)
         # A worker that holds rank 0's very commit (the usual case: after a graceful membership change,
         # or a failure every survivor rolled back from alike) keeps its own values, and sends a part of them.
         root_seq = ledger.sync_root_seq
@@ -222,7 +239,7 @@ class TorchState(ObjectState):
         # Only the workers whose values the sync gives change their live state (commit 0, the initial state, may
         # differ on every worker): rank 0 and the holders of its commit keep theirs, and with it a commit kept in
         # place, which a sync cut short (a peer dead in it) then still restores exactly.
-        takes = ctx.info is not None and ctx.info.rank != 0 and (other or ledger.live_commit_seq == 0)
+        takes = ctx.info is not None and ctx.info.rank in ledger.sync_receivers
         # A shard comes from local rank i of host 0 (cross rank 0), which holds rank 0's commit, and only to
         # the hosts that do not hold it (the initial state, commit 0, may differ on every host).
         shard_overwritten = ctx.info is not None and ctx.info.cross_rank != 0 and other
@@ -233,24 +250,49 @@ class TorchState(ObjectState):
                                             "shards of the commit", cross=True)
             ledger.shard_sync = (ctx.info.round, receivers)
         heal = None
-        if ctx.info is not None and any(isinstance(h, SnapshotHandler) and not getattr(h, "sharded", False)
-                                        for h in self._handlers.values()):
+        if replicas:
             # A replica comes from every worker that holds rank 0's commit, each sending a part, to those that
             # need it (see ``comm.heal``); with no one needing it, nothing moves.
-            heal = Heal(collectives.needing(takes, "commit"), ctx.info.size, root_seq)
+            heal = Heal(ledger.sync_receivers, ctx.info.size, root_seq)
+            heal.skeletons = list(small["optimizer state"])
+        samplers = list(small["sampler state"])
         for handler in self._handlers.values():
             if getattr(handler, "sharded", False):
                 handler.sync(shard_overwritten, receivers)
             elif isinstance(handler, SnapshotHandler):
                 handler.sync(overwritten, takes=takes, heal=heal)
             else:
-                handler.sync()
+                handler.sync(samplers.pop(0))
         if heal is not None:
             heal.report(ctx.worker_id)
-        super().sync()
+        if self._saved_state:
+            self._saved_state = small["ObjectState attributes"]
+            self._set_attrs()
+
+    def _small_state(self, ctx: Any, replicas: bool) -> Any:
+        """The sync's small parts, from rank 0 to every worker in one broadcast (``collectives.broadcast_state``),
+        not one each: which workers need rank 0's commit (``sync_facts``), its plain attributes, its samplers'
+        positions and, when a replica's commit is to be sent, its optimizer states' skeletons (``comm.heal``)."""
+        carry, facts = sync_facts.carried(ctx)
+        small = None
+        if ctx.info is None or ctx.info.rank == 0:
+            send = replicas and bool(facts["receivers"] if carry else ctx.ledger.sync_receivers)
+            small = Parts({
+                sync_facts.NAME: facts,
+                "ObjectState attributes": self._saved_state,
+                "sampler state": [h.value.state_dict() for h in self._handlers.values() if isinstance(h, SamplerHandler)],
+                "optimizer state": [skeleton(h.value.state_dict()) for h in self._handlers.values()
+                                    if send and isinstance(h, OptimizerHandler) and not getattr(h, "sharded", False)],
+            })
+        if ctx.info is not None:
+            small = collectives.broadcast_state(small, 0, SMALL_STATE)
+        if carry:
+            sync_facts.learn(ctx.ledger, small[sync_facts.NAME])
+        return small
 
     def reset(self) -> None:
         # Samplers re-shard over the new number of workers even when no sync runs.
         for handler in self._handlers.values():
             if isinstance(handler, SamplerHandler):
                 handler.value.reset()
+

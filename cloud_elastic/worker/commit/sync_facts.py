@@ -1,0 +1,96 @@
+"""What a state sync must know first: rank 0's commit, and which workers need it.
+
+A sync gives every worker rank 0's newest commit. A worker that already holds
+that very commit (every old member after a graceful membership change, every
+survivor after a failure they all rolled back from alike) keeps its own values
+and sends a part of them (``comm.heal``); only the others receive. So before
+anything moves, each worker must learn rank 0's ``commit_seq`` and the set of
+receivers, and a newcomer what rank 0's loop showed of its commit window
+(``ledger.CommitWindow``).
+
+It costs one gather and no collective of its own after it: :func:`begin`
+(``elastic.run``, before ``state.sync()``) gathers every worker's live commit
+sequence and whether it holds that commit to rank 0, which works out the facts
+(:func:`receivers`); they then ride, as :func:`carried`, in the first broadcast
+the sync makes anyway (``ObjectState``'s and ``TorchState``'s, of their small
+parts), and every worker takes them there (:func:`learn`). A ``State`` whose own
+``sync()`` carries nothing gets them in a broadcast of their own afterwards
+(:func:`ensure_known`), before the synced state is held as the new commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from cloud_elastic.worker.comm import collectives
+from cloud_elastic.worker.comm.statecodec import StateSyncError
+
+__all__ = ["begin", "receivers", "carried", "learn", "ensure_known", "NAME"]
+
+#: The name of the gather (and of the facts' own broadcast, when no sync carries them).
+NAME = "commit sequence"
+
+
+def receivers(rows: Sequence[tuple[int, bool]]) -> list[int]:
+    """The ranks that need rank 0's commit, from every rank's (live ``commit_seq``, ``holds_commit``).
+
+    A worker needs it unless it holds that very commit; commit 0, the initial
+    state, may differ on every worker, so it is always given.
+    """
+    root_seq = rows[0][0]
+    return [rank for rank, (seq, holds) in enumerate(rows) if rank != 0 and (seq != root_seq or not holds or seq == 0)]
+
+
+def begin(ctx: Any) -> None:
+    """Gather the facts to rank 0 (every worker of the round calls it, before ``state.sync()``)."""
+    ledger = ctx.ledger
+    ledger.sync_begun, ledger.sync_known, ledger.sync_pending = True, False, None
+    mine = [ledger.live_commit_seq, int(ledger.holds_commit)]
+    if ctx.standalone or ctx.info is None:
+        learn(ledger, _facts(ledger, [tuple(mine)]))
+        return
+    rows = collectives.gather_rows(torch.tensor(mine, dtype=torch.int64), NAME)
+    if rows is not None:
+        ledger.sync_pending = _facts(ledger, [(int(seq), bool(holds)) for seq, holds in rows.tolist()])
+
+
+def _facts(ledger: Any, rows: list[tuple[int, bool]]) -> dict[str, Any]:
+    window = ledger.window  # rank 0's
+    return {"root_seq": rows[0][0], "has_collectives": bool(window.has_collectives), "confirmed": bool(window.confirmed),
+            "receivers": receivers(rows)}
+
+
+def carried(ctx: Any) -> tuple[bool, dict[str, Any] | None]:
+    """Whether the sync's first broadcast must carry the facts (the same on every worker), and what rank 0
+    puts there (None on the others)."""
+    ledger = ctx.ledger
+    if not ledger.sync_begun:
+        begin(ctx)  # a sync() called outside elastic.run: on every worker alike
+    return not ledger.sync_known, ledger.sync_pending
+
+
+def learn(ledger: Any, facts: dict[str, Any] | None) -> None:
+    """Take rank 0's facts (received in a broadcast, or worked out here)."""
+    if ledger.sync_known:
+        return
+    if not isinstance(facts, dict):
+        raise StateSyncError(f"{NAME}: rank 0 sent no facts of its commit")
+    ledger.window.learn(bool(facts["has_collectives"]), confirmed=bool(facts["confirmed"]))
+    ledger.sync_root_seq = int(facts["root_seq"])
+    ledger.sync_receivers = [int(rank) for rank in facts["receivers"]]
+    ledger.sync_known = True
+
+
+def ensure_known(ctx: Any) -> None:
+    """After ``state.sync()``: the facts in a broadcast of their own if the sync carried none."""
+    ledger = ctx.ledger
+    if ledger.sync_begun and not ledger.sync_known:
+        learn(ledger, collectives.broadcast_state(ledger.sync_pending, 0, NAME))
+
+
+def end(ledger: Any) -> None:
+    """The sync is over: its facts are no longer pending (the next sync gathers its own)."""
+    ledger.sync_begun = ledger.sync_known = False
+    ledger.sync_pending = None
