@@ -265,6 +265,11 @@ class TorchState(ObjectState):
                 handler.sync(samplers.pop(0))
         if heal is not None:
             heal.report(ctx.worker_id)
+        if receivers is not None:
+            # Sharded: every worker of the round leaves the sync together. A host-mate that failed in it (its
+            # cross-host group lost a peer) must not leave the others in FSDP2's first all-gather over the host,
+            # which no abort wakes; they wait here, where the driver's abort does.
+            collectives.barrier()
         if self._saved_state:
             self._saved_state = small["ObjectState attributes"]
             self._set_attrs()
