@@ -297,6 +297,9 @@ class Procs:
 
     cmds: list[list[str]]
     env: dict[str, str]
+    #: Where the processes start: another checkout (a worktree of another revision) runs its own
+    #: cloud_elastic, since ``python -m`` and the workers it forks import from there first.
+    cwd: Path = REPO
     logs: list[dict] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
 
@@ -308,7 +311,7 @@ class Procs:
 
     def add(self, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start one more root process of this job (a newcomer, another agent)."""
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=dict(os.environ, **QUIET, **self.env, **(env or {})), start_new_session=True)
         self.procs.append(proc)
         threading.Thread(target=self._read, args=(proc,), daemon=True).start()

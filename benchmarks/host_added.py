@@ -35,6 +35,10 @@ reads, so the step time stays the small model's while every sync carries it to
 the newcomer), in the same rounds. Each job's peak resident memory (every
 process of the job, summed; sampled every 0.2 s) is reported.
 
+``--against DIR`` adds a row of cloud-elastic run from another checkout (a ``git
+worktree`` of an older revision, say), in the same rounds: a change's effect side by
+side, which two runs on this shared machine cannot show.
+
 Prints the table and writes it into docs/benchmarks.md (``docsection``: section
 ``host-added`` and its glance row, which names the sizes).
 """
@@ -44,6 +48,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -109,7 +114,8 @@ class Scenario:
 
 
 class CloudElastic(Scenario):
-    def __init__(self, tmp: Path, state_mb: float = 0.0) -> None:
+    def __init__(self, tmp: Path, state_mb: float = 0.0, tree: Path | None = None) -> None:
+        self.tree = tree  # --against: another checkout's cloud_elastic (PYTHONPATH and the working directory)
         self.discovery = ChaosDiscovery(tmp, HOSTS[:2])
         self.cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "--min-np", "2", "--max-np", "3",
                     "--host-discovery-script", str(self.discovery.script), "--blacklist-cooldown-range", "300", "300",
@@ -117,7 +123,10 @@ class CloudElastic(Scenario):
                     *(["--state-mb", f"{state_mb:g}"] if state_mb else [])]
 
     def start(self) -> None:
-        self.job = Procs([self.cmd], {})
+        if self.tree is None:
+            self.job = Procs([self.cmd], {})
+        else:
+            self.job = Procs([self.cmd], {"PYTHONPATH": str(self.tree)}, cwd=self.tree)
 
     def add(self) -> None:
         self.discovery.set(HOSTS)
@@ -351,6 +360,9 @@ def main() -> None:
     p.add_argument("--state-mb", default=None,
                    help=f"cloud-elastic with this much more state, MB, comma-separated (default {STATE_SIZES}; 10 "
                         "with --quick; none: none)")
+    p.add_argument("--against", type=Path, default=None,
+                   help="also cloud-elastic from this other checkout (e.g. a `git worktree` of an older revision), "
+                        "in the same rounds: a change's effect, side by side")
     docsection.add_arguments(p)
     args = p.parse_args()
     repeats, bound = args.repeats or (1 if args.quick else 7), args.bound or (30.0 if args.quick else 90.0)
@@ -359,6 +371,10 @@ def main() -> None:
     sizes = {mb: with_state(mb) for mb in parse_sizes(args.state_mb if args.state_mb is not None
                                                       else "10" if args.quick else STATE_SIZES)}
     chosen.update({name: (lambda mb: lambda tmp: CloudElastic(tmp, mb))(mb) for mb, name in sizes.items()})
+    if args.against is not None:
+        tree = args.against.resolve()
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True).stdout
+        chosen[f"cloud-elastic at `{rev.strip() or tree.name}` (--against)"] = lambda tmp: CloudElastic(tmp, 0.0, tree)
     rows: dict[str, dict] = {n: {"figures": [], "misses": 0} for n in chosen}
     with tempfile.TemporaryDirectory() as root:
         # Rounds over the systems, so that a slow minute of the shared machine hits each of them.
