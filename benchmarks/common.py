@@ -357,11 +357,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: torchrun for a job whose membership changes. In its default mode (the rendezvous' TCPStore shared with the
+#: workers) a node that joins a running job waits forever for the master address (``RendezvousStoreInfo.build``),
+#: which the old rank 0, keeping its first round's, never writes for the new round: every admission, and every
+#: restart after a kill, then hangs until the store's timeout (torch 2.13). torch's own opt-out makes every node
+#: build it in every round.
+TORCHRUN_ELASTIC = ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", PY, "-m", "torch.distributed.run"]
+
+
 def torchrun_elastic_cmds(nodes: int, nproc: int, extra: list[str], ckpt_dir: str, monitor_s: float | None,
                           last_call_s: float | None) -> list[list[str]]:
     """One torchrun agent per node running ``workload.py torchrun-elastic``, c10d rendezvous on the first."""
     port = free_port()
-    base = [PY, "-m", "torch.distributed.run", "--nnodes", f"1:{nodes}" if nodes == 1 else f"2:{nodes}",
+    base = [*TORCHRUN_ELASTIC, "--nnodes", f"1:{nodes}" if nodes == 1 else f"2:{nodes}",
             "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
             "--rdzv-id", f"bench{port}", "--max-restarts", "100"]
     if monitor_s is not None:

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docsection
-from common import PY, REPO, JobExited, Procs, command, descendants, free_port, signal_all, stamp, where
+from common import PY, REPO, TORCHRUN_ELASTIC, JobExited, Procs, command, descendants, free_port, signal_all, stamp, where
 
 sys.path.insert(0, str(REPO))
 from tests.emulator.fake_metadata import FakeAWSMetadata, per_host  # noqa: E402
@@ -291,7 +291,7 @@ class TorchrunElastic(System):
             self.back(host)
 
     def back(self, host: str) -> None:
-        cmd = [PY, "-m", "torch.distributed.run", "--nnodes", f"1:{SIZE}", "--nproc-per-node", "1",
+        cmd = [*TORCHRUN_ELASTIC, "--nnodes", f"1:{SIZE}", "--nproc-per-node", "1",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", f"goodput{self.port}",
                "--rdzv-conf", "is_host=false,last_call_timeout=1", "--max-restarts", "1000", "--monitor-interval", "0.1",
                WORKER, "torchrun", "--checkpoint-dir", str(self.tmp), *self.worker_args]
