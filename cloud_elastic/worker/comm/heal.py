@@ -1,7 +1,7 @@
 """Healing from peers: a replica's state sync comes from every worker that holds rank 0's commit, each a part.
 
-``TorchState.sync`` asks :func:`collectives.needing` which workers need rank 0's
-commit (a newcomer, a spare, a worker that could not restore it); every other
+``TorchState.sync`` knows which workers need rank 0's commit (a newcomer, a spare,
+a worker that could not restore it) from ``commit.sync_facts``; every other
 worker *holds* it, bit for bit, rank 0 among them. The tensors are packed as
 :func:`collectives.broadcast_tensors_` packs them (:func:`collectives.pack_chunks`,
 the same messages on every worker), the packed bytes are cut into one contiguous
