@@ -22,7 +22,6 @@ from cloud_elastic.worker import sharded
 
 from cloud_elastic.worker.comm import collectives
 from cloud_elastic.worker.comm.heal import Heal, skeleton
-from cloud_elastic.worker.comm.statecodec import Parts
 from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler, SamplerHandler, SnapshotHandler, handler_for
 from cloud_elastic.worker.commit import sync_facts
 from cloud_elastic.worker.commit.participant import CommitParticipant
@@ -94,14 +93,10 @@ class ObjectState(State):
 
     def sync(self) -> None:
         ctx = get_context()
-        carry, facts = sync_facts.carried(ctx)
-        if not self._saved_state and not carry:
+        if not self._saved_state and not sync_facts.carried(ctx)[0]:
             return
         # Rank 0's attributes, and with them what the sync must know of its commit (see ``sync_facts``).
-        small = collectives.broadcast_state(Parts({sync_facts.NAME: facts, "ObjectState attributes": self._saved_state}),
-                                            0, "ObjectState attributes")
-        if carry:
-            sync_facts.learn(ctx.ledger, small[sync_facts.NAME])
+        small = sync_facts.share(ctx, lambda facts: {"ObjectState attributes": self._saved_state}, "ObjectState attributes")
         if self._saved_state:
             self._saved_state = small["ObjectState attributes"]
             self._set_attrs()
@@ -278,22 +273,16 @@ class TorchState(ObjectState):
         """The sync's small parts, from rank 0 to every worker in one broadcast (``collectives.broadcast_state``),
         not one each: which workers need rank 0's commit (``sync_facts``), its plain attributes, its samplers'
         positions and, when a replica's commit is to be sent, its optimizer states' skeletons (``comm.heal``)."""
-        carry, facts = sync_facts.carried(ctx)
-        small = None
-        if ctx.info is None or ctx.info.rank == 0:
-            send = replicas and bool(facts["receivers"] if carry else ctx.ledger.sync_receivers)
-            small = Parts({
-                sync_facts.NAME: facts,
+        def parts(facts: dict[str, Any] | None) -> dict[str, Any]:  # on rank 0
+            send = replicas and bool(facts["receivers"] if facts is not None else ctx.ledger.sync_receivers)
+            return {
                 "ObjectState attributes": self._saved_state,
                 "sampler state": [h.value.state_dict() for h in self._handlers.values() if isinstance(h, SamplerHandler)],
                 "optimizer state": [skeleton(h.value.state_dict()) for h in self._handlers.values()
                                     if send and isinstance(h, OptimizerHandler) and not getattr(h, "sharded", False)],
-            })
-        if ctx.info is not None:
-            small = collectives.broadcast_state(small, 0, SMALL_STATE)
-        if carry:
-            sync_facts.learn(ctx.ledger, small[sync_facts.NAME])
-        return small
+            }
+
+        return sync_facts.share(ctx, parts, SMALL_STATE)
 
     def reset(self) -> None:
         # Samplers re-shard over the new number of workers even when no sync runs.

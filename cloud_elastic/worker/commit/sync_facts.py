@@ -20,14 +20,14 @@ parts), and every worker takes them there (:func:`learn`). A ``State`` whose own
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from cloud_elastic.worker.comm import collectives
-from cloud_elastic.worker.comm.statecodec import StateSyncError
+from cloud_elastic.worker.comm.statecodec import Parts, StateSyncError
 
-__all__ = ["begin", "receivers", "carried", "learn", "ensure_known", "NAME"]
+__all__ = ["begin", "receivers", "carried", "learn", "share", "ensure_known", "end", "NAME"]
 
 #: The name of the gather (and of the facts' own broadcast, when no sync carries them).
 NAME = "commit sequence"
@@ -81,6 +81,18 @@ def learn(ledger: Any, facts: dict[str, Any] | None) -> None:
     ledger.sync_root_seq = int(facts["root_seq"])
     ledger.sync_receivers = [int(rank) for rank in facts["receivers"]]
     ledger.sync_known = True
+
+
+def share(ctx: Any, parts: Callable[[dict[str, Any] | None], dict[str, Any]], name: str) -> dict[str, Any]:
+    """A sync's first broadcast: rank 0's ``parts(facts)`` (its facts, None once known), with the facts when
+    this sync has not told them yet, to every worker, who learns them; outside a round, the parts as they are."""
+    carry, facts = carried(ctx)
+    small = Parts({NAME: facts, **parts(facts if carry else None)}) if ctx.info is None or ctx.info.rank == 0 else None
+    if ctx.info is not None:
+        small = collectives.broadcast_state(small, 0, name)
+    if carry:
+        learn(ctx.ledger, small[NAME])
+    return small
 
 
 def ensure_known(ctx: Any) -> None:
