@@ -83,6 +83,20 @@ def gather_rows(rank: int) -> bool:
     return rows.tolist() == [[r, r * 10] for r in range(hvd.size())]
 
 
+def sync_facts_alone(rank: int) -> bool:
+    """A sync whose State broadcasts nothing of its own: the facts gathered to rank 0 come in a broadcast of
+    their own (``sync_facts.ensure_known``). Nobody has committed: commit 0 goes to every rank but 0."""
+    from cloud_elastic.worker.commit import sync_facts
+    from cloud_elastic.worker.context import get_context
+    ctx = get_context()
+    sync_facts.begin(ctx)
+    sync_facts.ensure_known(ctx)
+    ledger = ctx.ledger
+    ok = ledger.sync_known and ledger.sync_root_seq == 0 and ledger.sync_receivers == list(range(1, hvd.size()))
+    sync_facts.end(ledger)
+    return ok and not ledger.sync_known
+
+
 def main() -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -115,6 +129,7 @@ def main() -> None:
     checks["broadcast_to_receivers"] = broadcast_to_receivers(rank)
     checks["broadcast_state_sizes"] = broadcast_state_sizes(rank)
     checks["gather_rows"] = gather_rows(rank)
+    checks["sync_facts_alone"] = sync_facts_alone(rank)
     ranks = hvd.allgather(torch.tensor([hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()]))
     checks["topology"] = ranks.view(size, 4).tolist()
     print("CHECK " + json.dumps({"rank": rank, **checks}), flush=True)
