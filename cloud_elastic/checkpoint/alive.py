@@ -3,13 +3,15 @@
 A running driver keeps ``driver-alive.json`` next to ``job.json`` fresh::
 
     {"format": "cloud-elastic-checkpoint", "job_id": "5f3a9c1e", "alive": 1795444453.5,
-     "grace_s": 60.0, "host": "driver-vm", "pid": 4242, "stopped": false}
+     "grace_s": 60.0, "host": "driver-vm", "pid": 4242, "stopped": false, "raised": {"gpu-od": 2}}
 
 ``alive`` is the Unix time of the latest refresh on the driver's clock (a
 restarted driver on another machine compares it with its own: clocks are
 assumed in sync within seconds, as NTP keeps them), ``grace_s`` the
 ``--driver-grace`` its workers were given, ``stopped`` true once the driver
-ended and stopped its workers. It holds nothing secret. :class:`AliveRefresher`
+ended and stopped its workers, ``raised`` the host groups ``--manage-capacity``
+raised and has not set back to 0 (a driver restarted after a crash sets them back
+when the job no longer needs them). It holds nothing secret. :class:`AliveRefresher`
 rewrites it every :data:`REFRESH_S` seconds from a thread of its own, so slow
 storage never holds up the driver's loop; each write is atomic (a reader sees
 the old entry or the new one).
@@ -48,6 +50,9 @@ REFRESH_S = 5.0
 MAX_GRACE_S = MAX_DRIVER_GRACE_S
 #: How far ahead of this machine's clock an entry's ``alive`` may be (clocks are assumed in sync within seconds).
 MAX_CLOCK_AHEAD_S = 24 * 3600.0
+#: The most groups ``raised`` may name, and the largest capacity it may give one (storage is not trusted).
+MAX_RAISED = 64
+MAX_RAISED_HOSTS = 100_000
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class DriverAlive:
     host: str
     pid: int
     stopped: bool = False
+    #: (host source, desired capacity) of each group this driver raised and has not set back to 0.
+    raised: tuple[tuple[str, int], ...] = ()
 
     def is_this_process(self) -> bool:
         return self.host == socket.gethostname() and self.pid == os.getpid()
@@ -68,7 +75,8 @@ class DriverAlive:
 def write_driver_alive(store: CheckpointStore, entry: DriverAlive) -> None:
     """Replace the entry atomically; CheckpointError when the storage refuses or a number is not finite."""
     try:
-        data = json.dumps({"format": FORMAT, **asdict(entry)}, sort_keys=True, allow_nan=False).encode()
+        data = json.dumps({"format": FORMAT, **asdict(entry), "raised": dict(entry.raised)}, sort_keys=True,
+                          allow_nan=False).encode()
     except ValueError as exc:
         raise CheckpointError(f"not writing {store.backend.url(ALIVE_RECORD)}: {exc}") from exc
     try:
@@ -96,9 +104,22 @@ def read_driver_alive(store: CheckpointStore, *, now: float | None = None) -> Dr
             raise ValueError(f"alive {alive:g} is not a Unix time up to {MAX_CLOCK_AHEAD_S:g}s ahead of this "
                              "machine's clock")
         return DriverAlive(str(body["job_id"]), alive, grace_s, str(body["host"]),
-                           int(body["pid"]), bool(body.get("stopped", False)))
+                           int(body["pid"]), bool(body.get("stopped", False)), _raised(body.get("raised") or {}))
 
     return read_record(store, ALIVE_RECORD, store.backend.url(ALIVE_RECORD), "driver entry", parse)
+
+
+def _raised(raw: Any) -> tuple[tuple[str, int], ...]:
+    """An entry's ``raised``, checked: at most :data:`MAX_RAISED` names, each capacity an integer in
+    [1, :data:`MAX_RAISED_HOSTS`] (ValueError otherwise: the entry is then unreadable, as for its other fields)."""
+    if not isinstance(raw, dict) or len(raw) > MAX_RAISED:
+        raise ValueError(f"raised is not a mapping of at most {MAX_RAISED} host sources to capacities")
+    for name, hosts in raw.items():
+        if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= MAX_RAISED_HOSTS \
+                or len(name) > 256:
+            raise ValueError(f"raised gives host source {name[:80]!r} the capacity {hosts!r}, not an integer in "
+                             f"[1, {MAX_RAISED_HOSTS}]")
+    return tuple(sorted((str(name), int(hosts)) for name, hosts in raw.items()))
 
 
 class AliveRefresher:
@@ -118,6 +139,12 @@ class AliveRefresher:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        self._raised: tuple[tuple[str, int], ...] = ()
+        self._written_raised: tuple[tuple[str, int], ...] = ()
+
+    def set_raised(self, raised: dict[str, int]) -> None:
+        """What the next writes say this driver raised (``Sourcing.raised``): any thread, no I/O."""
+        self._raised = tuple(sorted(raised.items()))
 
     def start(self) -> "AliveRefresher":
         if self._thread is None:
@@ -128,13 +155,14 @@ class AliveRefresher:
     def close(self, *, stopped: bool) -> None:
         """Stop refreshing; with ``stopped`` (every worker of the job is gone) say so in a last write.
 
-        Without it the last refresh stays, and a restarted driver waits out the grace from it.
+        Without it the last refresh stays, and a restarted driver waits out the grace from it (written once
+        more when the groups it says were raised changed since: one set back to 0 at the end).
         """
         self._closing.set()
         if self._thread is not None:
             self._thread.join(10.0)  # a write stuck past this lands late, saying "alive": the safe side
-        if stopped and self._thread is not None:
-            self._write(stopped=True)
+        if self._thread is not None and (stopped or self._raised != self._written_raised):
+            self._write(stopped=stopped)  # a group set back to 0 at the end must not be taken over as raised
 
     def _loop(self) -> None:
         while not self._closing.is_set():
@@ -143,9 +171,10 @@ class AliveRefresher:
 
     def _write(self, *, stopped: bool) -> None:
         entry = DriverAlive(self._entry.job_id, self._clock(), self._entry.grace_s, self._entry.host,
-                            self._entry.pid, stopped)
+                            self._entry.pid, stopped, self._raised)
         try:
             write_driver_alive(self._store, entry)
+            self._written_raised = entry.raised
         except CheckpointError as exc:
             (log.debug if self._failing else log.warning)("driver sign of life not refreshed: %s", exc)
             self._failing = True

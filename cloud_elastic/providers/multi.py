@@ -235,6 +235,11 @@ class MultiSourceDiscovery(HostDiscovery):
         source.capacity_set = hosts
         log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
 
+    def capacity_of(self, source: str) -> int | None:
+        """The desired capacity last set on ``source``'s group by this job (None: none set, or not a source)."""
+        state = self._by_name.get(source)
+        return None if state is None else state.capacity_set
+
     def managed(self, source: str) -> bool:
         """Whether the driver still manages ``source``'s group (False after AccessDenied)."""
         state = self._by_name.get(source)

@@ -258,6 +258,29 @@ def test_a_job_trains_on_spot_falls_back_below_min_np_and_comes_back_with_zero_r
 
 
 @pytest.mark.timeout(180)
+def test_a_job_that_ends_on_the_fallback_sets_the_group_it_raised_back_to_zero(aws, jobs, tmp_path):
+    # An on-demand group left at the size the job gave it would be paid for after the job.
+    make_group(aws.url, "end-spot", size=1, instance_type="g4dn.xlarge", cidr="10.69.1.0/24")
+    make_group(aws.url, "end-od", size=0, instance_type="g4dn.xlarge", cidr="10.69.2.0/24")
+    clients(aws.url)[0].update_auto_scaling_group(AutoScalingGroupName="end-od", MaxSize=1)
+    events = tmp_path / "events.jsonl"
+    job = jobs([
+        "run", "-np", "2", "--min-np", "2", "--discovery-interval", "0.3",
+        "--aws-asg", "end-spot", "--aws-asg", "end-od", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
+        "--source", "end-od:fallback,price=1.5", "--manage-capacity", "--events-file", str(events),
+        *[a for n in (1, 2) for a in ("--address-map", f"10.69.{n}.0/24=127.69.{n}.0/24")],
+        *probe_cmd("--steps", "8", "--step-sleep", "0.05"),
+    ])
+    assert job.finish(timeout=150) == 0, job.output()[-3000:]  # one spot slot: it trained with the fallback host
+    assert desired(aws, "end-od") == 0
+    seen = read_events(events)
+    assert [(e["source"], e["hosts"]) for e in of(seen, "capacity")] == [("end-od", 1), ("end-od", 0)]
+    assert of(seen, "capacity")[-1]["reason"] == "the job is over"
+    assert any(e["size"] == 2 and any(h.startswith("127.69.2.") for h in e["ranks"]) for e in of(seen, "round_formed"))
+    assert "desired capacity of host source 'end-od' set back to 0: the job is over" in job.output()
+
+
+@pytest.mark.timeout(180)
 def test_a_job_denied_the_fallback_groups_capacity_warns_once_and_trains_on(aws, jobs, tmp_path):
     autoscaling, _ = clients(aws.url)
     make_group(aws.url, "deny-spot-a", size=1, instance_type="g4dn.xlarge", cidr="10.67.1.0/24")

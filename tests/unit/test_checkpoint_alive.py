@@ -58,8 +58,13 @@ def test_the_refresher_keeps_the_entry_fresh_and_says_stopped_only_when_told(tmp
     assert first.is_this_process()
     now[0] = 107.0
     _until(lambda: read_driver_alive(store).alive == 107.0)  # refreshed by the thread, nobody asked
+    assert first.raised == ()
+    refresher.set_raised({"gpu-od": 2})  # --manage-capacity raised a group: the next refresh says so
+    _until(lambda: read_driver_alive(store).raised == (("gpu-od", 2),))
+    refresher.set_raised({})  # set back to 0 as the job ended: the last entry says so, not stopped though
     refresher.close(stopped=False)
     assert read_driver_alive(store).stopped is False  # the last refresh stays: a restart waits from it
+    assert read_driver_alive(store).raised == ()
 
     again = AliveRefresher(store, "job1", 30.0, interval_s=0.02, clock=lambda: now[0]).start()
     now[0] = 120.0

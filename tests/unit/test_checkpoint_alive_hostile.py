@@ -56,3 +56,31 @@ def test_a_driver_never_writes_a_number_json_cannot_hold(tmp_path: Path) -> None
     assert not (tmp_path / ALIVE_RECORD).exists()
     write_driver_alive(store, DriverAlive("j1", NOW, 60.0, "vm", 7))
     assert json.loads((tmp_path / ALIVE_RECORD).read_text())["grace_s"] == 60.0
+
+
+def _raised_entry(tmp_path: Path, raised: str) -> CheckpointStore:
+    (tmp_path / ALIVE_RECORD).write_text(
+        '{"format": "cloud-elastic-checkpoint", "job_id": "j1", "host": "vm", "pid": 7, "stopped": false, '
+        f'"alive": {NOW}, "grace_s": 60, "raised": {raised}}}')
+    return CheckpointStore(str(tmp_path))
+
+
+def test_the_groups_a_driver_raised_read_back_and_an_entry_without_them_raised_none(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    write_driver_alive(store, DriverAlive("j1", NOW, 60.0, "vm", 7, raised=(("gpu-od", 2),)))
+    assert json.loads((tmp_path / ALIVE_RECORD).read_text())["raised"] == {"gpu-od": 2}
+    assert read_driver_alive(store, now=NOW).raised == (("gpu-od", 2),)
+    assert read_driver_alive(_raised_entry(tmp_path, "{}"), now=NOW).raised == ()
+    (tmp_path / ALIVE_RECORD).write_text(  # a record written before drivers kept it
+        f'{{"format": "cloud-elastic-checkpoint", "job_id": "j1", "host": "vm", "pid": 7, "alive": {NOW}, '
+        '"grace_s": 60}')
+    assert read_driver_alive(store, now=NOW).raised == ()
+
+
+@pytest.mark.parametrize("raised", ['{"od": 1e9}', '{"od": -1}', '{"od": "2"}', '{"od": true}', '[["od", 2]]',
+                                    '{' + ", ".join(f'"g{i}": 1' for i in range(65)) + '}'])
+def test_raised_groups_that_are_not_a_small_mapping_of_bounded_capacities_are_refused_in_one_line(
+        tmp_path: Path, raised: str) -> None:
+    with pytest.raises(CheckpointError, match=rf"{ALIVE_RECORD} is unreadable: raised") as refused:
+        read_driver_alive(_raised_entry(tmp_path, raised), now=NOW)
+    assert "\n" not in str(refused.value)

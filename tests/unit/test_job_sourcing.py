@@ -221,3 +221,57 @@ def test_with_whole_hosts_the_fallback_gives_whole_hosts():
     sourcing.wanted = 1
     free = sim.job.hosts.available_slots(sim.now)
     assert [str(s) for s in sourcing.order(free) if s.host.startswith("od")] == ["od0[0]", "od0[1]"]
+
+
+# ------------------------------------------------------------------------- raised groups across the driver's life
+
+def test_what_the_job_raised_is_reported_until_it_is_set_back_to_zero():
+    sim = Sourced(2, manage_capacity=True)
+    sim.groups(a=1, b=1)
+    sim.join("a0[0]", "b0[0]")
+    sim.groups(a=1)  # below --min-np: the fallback is raised
+    sim.advance(1)
+    sourcing = sim.job.capacity.sourcing
+    assert sourcing.raised() == {"od": 1}
+    sourcing.lowered("od")  # the driver set it back to 0 as the job ended (driver.runtime.raised)
+    sim._collect()
+    assert sourcing.raised() == {}
+    assert ("capacity", {"source": "od", "hosts": 0, "reason": "the job is over"}) in sim.events
+
+
+def test_a_group_a_crashed_predecessor_raised_is_set_back_to_zero_once_nothing_needs_it():
+    sim = Sourced(1, manage_capacity=True)
+    sim.job.capacity.sourcing.inherit({"od": 2})
+    sim.groups(a=1, od=2)  # the spot slot is enough: nothing needs the fallback the predecessor raised
+    sim.advance(1)
+    assert sim.capacity == [SetCapacity("od", 0)] and sim.slots_launched() == ["a0[0]"]
+
+
+def test_a_predecessors_raised_group_that_is_still_needed_stays_and_is_not_asked_again():
+    sim = Sourced(2, manage_capacity=True)
+    sim.job.capacity.sourcing.inherit({"od": 1})
+    sim.groups(a=1, od=1)  # below --min-np 2 without it
+    sim.advance(1)
+    assert sim.capacity == [] and sim.slots_launched() == ["a0[0]", "od0[0]"]
+
+
+def test_a_predecessors_word_that_a_group_is_raised_does_not_stop_this_job_raising_it_when_it_shows_none():
+    sim = Sourced(2, manage_capacity=True)
+    sim.job.capacity.sourcing.inherit({"od": 2})  # stale: the group was set back to 0 since
+    sim.groups(a=1, od=0)  # below --min-np 2, and the fallback group shows no host
+    sim.advance(1)
+    assert sim.capacity == [SetCapacity("od", 1)]
+
+
+def test_a_raised_source_this_command_does_not_manage_as_a_fallback_is_left_alone(caplog):
+    sim = Sourced(1, manage_capacity=True)
+    sim.job.capacity.sourcing.inherit({"spot-a": 3, "gone": 1})
+    sim.groups(a=1)
+    sim.advance(5)
+    assert sim.capacity == [] and sim.job.capacity.sourcing.raised() == {}
+    assert "raised host source 'spot-a' to 3, which this command does not manage" in caplog.text
+    unmanaged = Sourced(1)  # no --manage-capacity: no group is ever changed, an inherited one included
+    unmanaged.job.capacity.sourcing.inherit({"od": 2})
+    unmanaged.groups(a=1, od=2)
+    unmanaged.advance(5)
+    assert unmanaged.capacity == []

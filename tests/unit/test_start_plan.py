@@ -10,7 +10,9 @@ import time
 
 import pytest
 
+from cloud_elastic.checkpoint.alive import DriverAlive, write_driver_alive
 from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.runtime import raised
 from cloud_elastic.driver.restart.predecessor import driver_alive, open_store, plan_start
 from cloud_elastic.driver.restart.record import write_record
 from cloud_elastic.errors import ConfigError
@@ -104,3 +106,27 @@ def test_a_live_driver_of_the_job_refuses_a_second_one(tmp_path, monkeypatch) ->
 
 def test_a_dead_pid_is_no_live_driver() -> None:
     assert not driver_alive(_dead_pid())
+
+
+def test_the_groups_a_crashed_predecessor_raised_are_taken_over_and_set_back_once_nothing_needs_them(
+        tmp_path, monkeypatch) -> None:
+    from tests.unit.test_job_sourcing import Sourced
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = _config(str(tmp_path / "ckpt"))
+    store = open_store(config)
+    plan_start(config, store, job_id="j1")
+    # The driver on another machine died with the on-demand group raised (its last refresh, not "stopped").
+    write_driver_alive(store, DriverAlive("j1", time.time() - 2, 60.0, "driver-vm", 4242, raised=(("od", 2),)))
+    plan = plan_start(config, open_store(config), job_id="j2")
+    assert plan.job_id == "j1" and plan.previous_alive.raised == (("od", 2),)
+    sim = Sourced(1, manage_capacity=True)
+    raised.inherit(sim.job, plan.previous_alive)
+    assert sim.job.capacity.sourcing.raised() == {"od": 2}
+    sim.groups(a=1, od=2)  # a spot slot is enough
+    sim.advance(1)
+    assert [(a.source, a.hosts) for a in sim.capacity] == [("od", 0)]
+    # A predecessor that stopped cleanly set its groups back itself: nothing is taken over.
+    write_driver_alive(store, DriverAlive("j1", time.time(), 60.0, "driver-vm", 4242, stopped=True,
+                                          raised=(("od", 2),)))
+    assert plan_start(config, open_store(config), job_id="j3").previous_alive is None

@@ -23,7 +23,10 @@ Only for a job with several sources (``Policy.sources``, see
   fallback slot is wanted and no worker is left on a group the job raised, one sets
   it back to 0. Nothing else: a group the job never raised is never lowered, and a
   raised one is never lowered while a worker runs on it. Slots per host: the group's
-  own hosts as last seen, else any host's, else 1.
+  own hosts as last seen, else any host's, else 1. When the job ends, the driver sets
+  every group still raised back to 0 once its workers have stopped (:meth:`Sourcing.lowered`);
+  a driver restarted after a crash takes over what its predecessor had raised
+  (:meth:`Sourcing.inherit`, kept beside the checkpoints).
 * **Cost** (:class:`~cloud_elastic.cost.CostMeter`): each worker's slot is charged at
   its host's price from launch to exit; a ``cost`` event at most every
   :data:`COST_EVENT_EVERY_S` while the rate changes, and at least every
@@ -115,6 +118,9 @@ class Sourcing:
         self.wanted, self.why = 0, ""
         #: Source -> the desired capacity the job last asked for.
         self.requested: dict[str, int] = {}
+        #: Sources in ``requested`` by a crashed predecessor's word only (:meth:`inherit`): set back to 0 by
+        #: the same rule, but never taken for a capacity this job asked for (the word may be stale).
+        self._inherited: set[str] = set()
         self._known: dict[str, tuple[str, float | None]] = {}  # host -> (source, price), kept past its departure
         self._fallbacks = [s.name for s in sorted(policy.sources, key=lambda s: (-s.priority, s.price is None,
                                                                                  s.price or 0.0))
@@ -207,7 +213,8 @@ class Sourcing:
             per_host = max((hosts.ready.get(h, 0) for h in present), default=0) or max(hosts.ready.values(),
                                                                                        default=1)
             need = math.ceil(self.wanted / max(per_host, 1))
-            if need > len(present) and need > self.requested.get(name, 0):
+            asked = 0 if name in self._inherited else self.requested.get(name, 0)
+            if need > len(present) and need > asked:
                 self._ask(name, need, f"{self.wanted} fallback slot(s) wanted ({self.why})")
             return
         busy = {hosts.sources.get(w.slot.host) for w in job.alive()}
@@ -215,9 +222,36 @@ class Sourcing:
             if asked > 0 and name not in busy:
                 self._ask(name, 0, "the job no longer needs it")
 
+    def raised(self) -> dict[str, int]:
+        """The groups this job raised and has not set back to 0: source -> the desired capacity it asked for."""
+        return {name: hosts for name, hosts in self.requested.items() if hosts > 0}
+
+    def inherit(self, raised: Mapping[str, int]) -> None:
+        """Take over what a crashed predecessor had raised (its :meth:`raised`, kept beside the checkpoints):
+        set back to 0 by the same rule as a group this job raised. A source that is not a fallback of this
+        command is left as it is, with a warning."""
+        job = self._job
+        for name, hosts in raised.items():
+            spec = self.specs.get(name)
+            if spec is None or not spec.fallback or not job.policy.manage_capacity:
+                log.warning("job %s: the previous driver raised host source %r to %d, which this command does not "
+                            "manage as a fallback (--manage-capacity): it is left as it is", job.job_id, name, hosts)
+                continue
+            if hosts > self.requested.get(name, 0):
+                self.requested[name] = hosts
+                self._inherited.add(name)
+                log.info("job %s: the previous driver raised host source %r to %d; it is set back to 0 once the "
+                         "job no longer needs it", job.job_id, name, hosts)
+
+    def lowered(self, source: str) -> None:
+        """``source``'s group was set back to 0 outside a step (the job is over, see the driver's shutdown)."""
+        self.requested[source] = 0
+        self._job.emit("capacity", source=source, hosts=0, reason="the job is over")
+
     def _ask(self, source: str, hosts: int, why: str) -> None:
         job = self._job
         self.requested[source] = hosts
+        self._inherited.discard(source)
         log.info("job %s: --manage-capacity: desired capacity of host source %r to %d: %s", job.job_id, source,
                  hosts, why)
         job.emit("capacity", source=source, hosts=hosts, reason=why)

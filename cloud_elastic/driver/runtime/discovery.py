@@ -77,6 +77,14 @@ class DiscoveryPoller:
         self._stop.set()
         self._wake.set()
 
+    def join(self, timeout_s: float) -> bool:
+        """After :meth:`close`: wait up to ``timeout_s`` for the thread's provider call to end; whether it did
+        (only then may another thread call the provider)."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        return True
+
     def poll_once(self) -> Result:
         """One provider call, its errors translated into a DiscoveryFailure."""
         started = time.monotonic()

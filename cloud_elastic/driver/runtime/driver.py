@@ -51,6 +51,7 @@ from cloud_elastic.driver.runtime.control_plane import RENDEZVOUS_POLL_S, Contro
 from cloud_elastic.driver.runtime.discovery import DiscoveryFailure, DiscoveryPoller
 from cloud_elastic.driver.runtime.processes import WorkerProcesses
 from cloud_elastic.driver.runtime.pulse import Pulse
+from cloud_elastic.driver.runtime import raised
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 from cloud_elastic.records import job_dir, remove_driver_record, write_driver_record
 
@@ -146,6 +147,8 @@ class Driver:
         plan = plan_start(self.config, self._durable, job_id=self.job_id)
         self._set_job_id(plan.job_id)
         self._predecessor_gone = plan.predecessor_gone
+        with self._cond:
+            raised.inherit(self._job, plan.previous_alive)  # the groups a crashed predecessor raised
         if plan.resumed:
             self._resume()
         self._sinks = open_sinks(self.job_id, self.config.events_file, self.config.metrics_port,
@@ -314,7 +317,10 @@ class Driver:
             return
         from cloud_elastic.checkpoint.alive import AliveRefresher
 
-        self._alive_refresher = AliveRefresher(self._durable, self.job_id, self._workers_grace_s()).start()
+        self._alive_refresher = AliveRefresher(self._durable, self.job_id, self._workers_grace_s())
+        with self._cond:
+            raised.remember(self._job, self._alive_refresher)
+        self._alive_refresher.start()
 
     def _workers_grace_s(self) -> float:
         """The grace our workers train on for without a driver (an adopted one got its first driver's)."""
@@ -385,6 +391,8 @@ class Driver:
                     self._poller.release(action.host, action.instance)
                 elif isinstance(action, SetCapacity) and self._poller is not None:
                     self._poller.set_capacity(action.source, action.hosts)
+                    with self._cond:
+                        raised.remember(self._job, self._alive_refresher)
             if outcome is not None:
                 return outcome
             self._processes.reap()
@@ -472,6 +480,10 @@ class Driver:
         if self._poller is not None:
             self._poller.close()
         self._processes.close()  # each TERM then KILL, in parallel; the launchers closed
+        if self._poller is None or self._poller.join(30.0):  # the provider is ours alone now
+            raised.lower(self._job, self._discovery, self._cond)  # no worker is left to need a raised group
+            with self._cond:
+                raised.remember(self._job, self._alive_refresher)
         if self._alive_refresher is not None:
             # "Stopped" only when no worker of this job can be left: ours are, and the predecessor's too.
             self._alive_refresher.close(stopped=self._predecessor_gone)

@@ -1,0 +1,81 @@
+"""The host groups ``--manage-capacity`` raised: carried across a driver crash, set back to 0 when the job ends.
+
+A fallback group the job raised (an on-demand group, say) is paid for as long as
+its instances run. The job's core sets it back to 0 once no fallback slot is
+wanted (``driver.job.sourcing``); two ends of a driver's life are the runtime's:
+
+* **The job ends** with a group still raised (the cheaper slots never came back,
+  or the training finished on the fallback): once every worker has stopped,
+  :func:`lower` sets each such group back to 0, tries a failed call again a few
+  times, and says in one line which group stays raised if the cloud keeps
+  refusing. A ``capacity`` event (reason "the job is over") records each change.
+* **The driver crashes**: each refresh of its sign of life beside the checkpoints
+  (``checkpoint.alive``, every 5 s) carries what it raised (:func:`remember`), and
+  the driver restarted for the job takes it over (:func:`inherit`): it sets those
+  groups back to 0 by the same rule. Without ``--checkpoint-dir`` there is no such
+  record, and a crashed driver's raised group stays as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+__all__ = ["inherit", "remember", "lower", "LOWER_TRIES"]
+
+log = logging.getLogger(__name__)
+
+#: Calls made to set a group back to 0 at the end of the job, a second apart, before giving up on it.
+LOWER_TRIES = 3
+
+
+def _sourcing(job: Any) -> Any:
+    sourcing = job.capacity.sourcing
+    return sourcing if sourcing is not None and sourcing.active else None
+
+
+def inherit(job: Any, previous_alive: Any) -> None:
+    """Take over the groups a crashed predecessor raised (its sign of life, ``StartPlan.previous_alive``)."""
+    sourcing = _sourcing(job)
+    raised = dict(getattr(previous_alive, "raised", ()) or ())
+    if raised:
+        if sourcing is None:
+            log.warning("job %s: the previous driver raised host source(s) %s, which this command does not manage: "
+                        "they are left as they are", job.job_id, ", ".join(f"{n!r} to {h}" for n, h in raised.items()))
+            return
+        sourcing.inherit(raised)
+
+
+def remember(job: Any, refresher: Any) -> None:
+    """Have the sign of life say what the job has raised now (call with the job's lock held)."""
+    sourcing = _sourcing(job)
+    if refresher is not None and sourcing is not None:
+        refresher.set_raised(sourcing.raised())
+
+
+def lower(job: Any, discovery: Any, lock: threading.Condition, *, pause_s: float = 1.0) -> None:
+    """Set every group the job still holds raised back to 0 (its workers have all stopped)."""
+    with lock:
+        sourcing = _sourcing(job)
+        raised = sourcing.raised() if sourcing is not None else {}
+    for source, hosts in raised.items():
+        for attempt in range(LOWER_TRIES):
+            if attempt:
+                time.sleep(pause_s)
+            try:
+                discovery.set_capacity(0, source=source)  # a multi-source provider logs its own failures
+            except Exception as exc:  # noqa: BLE001 (tried again; the last failure is said below)
+                log.warning("could not set the desired capacity of host source %r to 0: %s", source, exc)
+                continue
+            if getattr(discovery, "capacity_of", lambda _s: 0)(source) == 0:
+                break
+        else:
+            log.warning("job %s: host source %r stays at the desired capacity %d this job gave it: set it to 0 "
+                        "yourself once nothing needs it", job.job_id, source, hosts)
+            continue
+        with lock:
+            sourcing.lowered(source)
+        log.info("job %s: --manage-capacity: desired capacity of host source %r set back to 0: the job is over",
+                 job.job_id, source)
