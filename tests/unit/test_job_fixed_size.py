@@ -61,6 +61,24 @@ def test_a_worker_killed_before_any_report_is_the_reason_once_the_others_fail_af
     assert "HorovodInternalError" not in sim.outcome.reason
 
 
+@pytest.mark.parametrize("dies", ["before the first report", "after it"])
+def test_a_spare_that_dies_while_it_waits_is_replaced_and_does_not_fail_the_fixed_size_job(dies) -> None:
+    sim = Sim(2, spares=1, min_np=1)
+    sim.discover({"a": 1, "b": 1, "c": 1})
+    assert_round(sim.join("a[0]", "b[0]"), 1, needs_sync=True)
+    sim.join("c[0]")  # the spare waits outside the round
+    sim.advance(1)
+    if dies == "after it":
+        script_ends(sim, "b[0]")
+    sim.exit("c[0]", KILLED)  # its spot instance is reclaimed, say
+    assert sim.blocked("c[0]") and sim.outcome is None
+    if dies == "before the first report":
+        script_ends(sim, "b[0]")
+    script_ends(sim, "a[0]")
+    assert sim.outcome == Finish(True, "training completed on 2 worker(s), every one exiting 0 (a fixed-size job: "
+                                       "the script does not use hvd.elastic.run)", 0)
+
+
 def test_the_worker_that_reported_its_error_first_is_the_reason_though_a_peer_s_exit_is_seen_before_its_own(
 ) -> None:
     """The failing script reports its error, then its process closes its sockets as it exits; its peer's
@@ -176,7 +194,8 @@ def test_the_piece_alone_takes_the_job_only_from_the_first_report_and_never_afte
     job.phase, job.round = Phase.RUNNING, 1
     r0, r1 = (job.worker("a", i, S.RUNNING, round_=1, rank=i) for i in range(2))
     fixed = FixedSize(job)
-    assert not fixed.failed(r1, "exited with code 1", exit_code=1)  # not known yet: the elastic rules apply
+    spare = job.worker("b", 0, S.WAITING)
+    assert not fixed.failed(spare, "exited with code 1", exit_code=1, was_member=False)  # not known yet: elastic rules
     assert not fixed.exited(r1, CLEAN) and not fixed.step(1000.0)
     assert fixed.script_ended(r1, "RuntimeError: x\nmore") == ("done", "") and fixed.known
     assert fixed.step(1000.0)  # its round runs: nothing launches or re-forms

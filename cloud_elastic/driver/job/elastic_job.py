@@ -382,7 +382,7 @@ class ElasticJob:
             pass  # already accounted for when it was given up
         elif self.phase in (Phase.FINISHING, Phase.DONE):
             log.info("job %s: worker %s %s while the job was finishing", self.job_id, worker_id, status.describe)
-        elif self.fixed.exited(w, status):
+        elif self.fixed.exited(w, status, was_member):
             pass  # a fixed-size job: exit 0 is the worker's success, else the attempt's failure
         else:
             what = status.describe if status.code != 0 or status.transport_error else (

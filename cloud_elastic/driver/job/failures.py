@@ -43,7 +43,7 @@ class Failures:
                  fixed_failed: Callable[..., bool] = lambda w, what, **how: False) -> None:
         """``lost_leaver(w, what)``: a draining worker was lost in its round; ``take_host_along(w)``: the other
         workers of ``w``'s host leave with it under ``--whole-hosts`` (see :mod:`.leaving`);
-        ``fixed_failed(w, what, exit_code=, transport=)``: True when a fixed-size job takes the failure
+        ``fixed_failed(w, what, exit_code=, transport=, was_member=)``: True when a fixed-size job takes the failure
         (no blacklisting, no abort: the whole attempt ends; see :mod:`.fixed_size`)."""
         self._job = job
         self._lost_leaver = lost_leaver
@@ -54,7 +54,7 @@ class Failures:
     def fail(self, w: WorkerRecord, what: str, now: float, *, was_member: bool, transport: bool,
              exit_code: int | None = None) -> None:
         """``w`` failed (``what`` says how); ``transport``: its host could not be reached."""
-        if self._fixed_failed(w, what, exit_code=exit_code, transport=transport):
+        if self._fixed_failed(w, what, exit_code=exit_code, transport=transport, was_member=was_member):
             return
         job = self._job
         hosts = job.hosts

@@ -14,9 +14,11 @@ the job:
   new round (:meth:`FixedSize.step` answers True and the job's step stops there);
 * **success** is every member of the round exiting 0: the job then succeeds,
   and workers that never joined are stopped;
-* **failure**: the first failure of the attempt (an exit other than 0, a worker
-  killed or given up; a failure seen before the first report counts too, since
-  the others' collectives fail after it) is the job's reason. No slot is
+* **failure**: the first failure of a member of the attempt's round (an exit
+  other than 0, a worker killed or given up; a failure seen before the first
+  report counts too, since the others' collectives fail after it) is the job's
+  reason. A worker outside the round (a ``--spares`` spare, one still starting)
+  that fails is blacklisted and replaced as in an elastic job. No slot is
   blacklisted: the script, not the slot, ends the attempt. The job fails with
   that reason at once, or, with ``--restarts N``
   (``Policy.restarts``), every worker is stopped and, once all are gone, the
@@ -68,6 +70,7 @@ class FixedSize:
         self._failure_seen: float | None = None  # when the job's step first saw it
         self._root_before: str | None = None  # the first worker to report an error, before that failure
         self._errors: dict[str, str] = {}  # worker id -> the error its script ended with (from its report)
+        self._member_failure: str | None = None  # the last failure of a round member before the first report
         self._succeeded = 0  # members of the current attempt that exited 0
 
     # ---------------------------------------------------------------- reports
@@ -87,8 +90,9 @@ class FixedSize:
             self._errors[w.worker_id] = error.splitlines()[0][:300]
         if not self.known:
             self.known = True
-            # A failure seen before the first report (a worker killed: no report) is this attempt's.
-            self._failure = job.last_failure or None
+            # A member's failure seen before the first report (a worker killed: no report) is this attempt's;
+            # a spare's, or a worker's that never joined, is not (it was blacklisted and replaced).
+            self._failure = self._member_failure
             restarts = job.policy.restarts
             log.info("job %s: worker %s ended its script without hvd.elastic.run: the job runs as a fixed-size "
                      "job, as torchrun would. It succeeds when every worker exits 0; no worker is replaced or "
@@ -98,10 +102,11 @@ class FixedSize:
         return "done", ""
 
     # ------------------------------------------------------------------ exits
-    def exited(self, w: WorkerRecord, status: ExitStatus) -> bool:
+    def exited(self, w: WorkerRecord, status: ExitStatus, was_member: bool = True) -> bool:
         """A live, staying worker's process ended in a fixed-size job; False when this mode does not apply.
 
-        Exit 0 is the worker's success; anything else is the attempt's failure (:meth:`failed`).
+        Exit 0 is the worker's success; anything else is the attempt's failure (:meth:`failed`), when
+        ``was_member`` (a member of the attempt's round).
         """
         if not self.known:
             return False
@@ -112,17 +117,23 @@ class FixedSize:
             log.info("job %s: worker %s (%s) finished its script (exit 0)", job.job_id, w.worker_id, w.label)
             return True
         exit_code = status.code if status.known else None
-        return self.failed(w, status.describe, exit_code=exit_code, transport=status.transport_error is not None)
+        return self.failed(w, status.describe, exit_code=exit_code, transport=status.transport_error is not None,
+                           was_member=was_member)
 
-    def failed(self, w: WorkerRecord, what: str, *, exit_code: int | None = None, transport: bool = False) -> bool:
+    def failed(self, w: WorkerRecord, what: str, *, exit_code: int | None = None, transport: bool = False,
+               was_member: bool = True) -> bool:
         """``w`` failed (exited other than 0, was killed, given up) in a fixed-size job; False when this mode
-        does not apply. The first failure of the attempt becomes its reason; nothing is blacklisted, so
-        ``transport`` (its host unreachable) changes nothing here."""
-        if not self.known:
-            return False
+        does not apply. The first failure of a member of the attempt's round becomes its reason; nothing is
+        blacklisted, so ``transport`` (its host unreachable) changes nothing here. A worker outside the round
+        (a spare, one still starting) fails as in an elastic job: blacklisted and replaced."""
         job = self._job
         error = self._errors.get(w.worker_id)
         reason = f"worker {w.worker_id} ({w.label}) {what}" + (f": {error}" if error else "")
+        if not was_member:
+            return False
+        if not self.known:
+            self._member_failure = reason
+            return False
         job.last_failure = reason
         first = self._failure is None
         if first or (w.worker_id == self._root_before and self._failure_of != w.worker_id):
@@ -194,7 +205,7 @@ class FixedSize:
             return True  # wait until every worker of the failed attempt is gone
         self.restarts += 1
         self._failure, self._failure_of, self._failure_seen, self._root_before = None, None, None, None
-        self._errors, self._succeeded = {}, 0
+        self._errors, self._succeeded, self._member_failure = {}, 0, None
         job.phase = Phase.STARTING
         log.warning("job %s: restart %d of %d: every worker starts the script again (after: %s). It resumes "
                     "only from a checkpoint the script itself writes and loads; without one it trains from the "
