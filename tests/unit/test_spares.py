@@ -171,6 +171,15 @@ def test_a_spare_becomes_a_member_at_the_next_commit_when_max_np_allows_it() -> 
     assert spares_events(sim)[-1]["workers"] == [sim.id("c[0]")]
 
 
+def test_with_whole_hosts_the_first_round_waits_for_np_slots_on_whole_hosts() -> None:
+    sim = Sim(4, whole_host_slots=2, spares=1, min_np=2)
+    sim.discover({"a": 2, "b": 2, "c": 2})
+    # -np 4 workers are ready, but only host c is whole: no round of host c alone, then a reset to grow it.
+    assert sim.join("a[0]", "b[0]", "c[0]", "c[1]") == {"a[0]": None, "b[0]": None, "c[0]": None, "c[1]": None}
+    sim.join("a[1]")
+    assert sorted(sim.layout()) == ["a[0]", "a[1]", "c[0]", "c[1]"] and sim.job.round == 1 and sim.job.resets == 0
+
+
 def test_with_whole_hosts_a_spare_is_a_whole_host() -> None:
     sim = Sim(4, whole_host_slots=2, spares=1, min_np=2)
     sim.discover({"a": 2, "b": 2, "c": 2, "d": 2})

@@ -340,8 +340,12 @@ class RoundFormation:
                    and (w.rank is not None or w.holds_state or not blocked(w.slot, now))]
         if job.phase is Phase.STARTING:
             still_starting = any(w.state in (S.STARTING, S.CONNECTED) for w in alive)
-            # The first round forms once -np workers are ready; later arrivals join as a scale-up.
-            if len(waiting) < job.policy.num_proc and still_starting:
+            # The first round forms once -np workers are ready (under --whole-hosts, on whole hosts: a host
+            # still starting is no part of a round yet); later arrivals join as a scale-up.
+            slots = job.policy.whole_host_slots
+            ready = sum(map(len, whole_host_groups(waiting, slots, lambda w: (w.slot.host, w.slot.index)))) \
+                if slots else len(waiting)
+            if ready < job.policy.num_proc and still_starting:
                 return
         if not waiting or len(waiting) < job.policy.min_np:
             return
