@@ -258,6 +258,11 @@ def test_status_marks_the_spares_and_counts_them() -> None:
     assert "world size 3 (-np 3, --min-np 1, --max-np 3), spares 1 of 1" in text
     rows = {line.split()[0]: line for line in text.splitlines() if line[:2] in ("a ", "b ", "c ", "d ")}
     assert rows["d"].endswith("[0] spare") and "rank 0 training" in rows["a"]
+    sim.complete("a[0]")  # rank 0 returned: the job finishes, and the spare is told to exit
+    finishing = status_reply(sim.job, config, provider="static", now=sim.now, wall_now=sim.now, uptime_s=11)
+    assert finishing.spares == 0 and "spare" not in render_status(finishing, now=sim.now).split("spares 0 of 1")[-1]
+    assert spares_events(sim)[-1] == {"ready": 0, "wanted": 1, "workers": []}
+
 
 
 def test_a_notice_for_the_spares_host_sends_the_spare_away_unblamed_and_another_takes_its_place() -> None:

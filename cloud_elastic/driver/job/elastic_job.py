@@ -584,6 +584,7 @@ class ElasticJob:
         self.leavers.release_drained(now, rollback_pending=self.rounds.pending_rollback is not None)
         if self.phase is Phase.FINISHING:
             self.completion.step_finishing(now)
+            self.rounds.track_spares()  # none once the job finishes (status, events)
             return
         if self.fixed.step(now):
             return  # a fixed-size job's round runs (or is being stopped): nothing launches or re-forms

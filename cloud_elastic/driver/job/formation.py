@@ -242,23 +242,27 @@ class RoundFormation:
 
     def track_spares(self) -> None:
         """Which waiting workers are spares now (every step of a job with ``--spares``): the newcomers beyond the
-        running round's room. A change of their number is logged and emitted as a ``spares`` event."""
+        running round's room; none once the job no longer runs (it finishes, or a fixed-size job restarts). A
+        change of who they are is logged and emitted as a ``spares`` event."""
         job = self._job
         policy = job.policy
-        if not policy.spares or job.phase is not Phase.RUNNING:
+        if not policy.spares:
             return
-        r = job.round
-        staying, newcomers = 0, []
-        for w in job.alive():
-            if w.state is S.WAITING and w.round != r:
-                newcomers.append(w)
-            elif w.round == r and (w.state is S.RUNNING or w.state is S.WAITING):
-                staying += 1  # a member, or one back at rendezvous for the next round
-        spares = spares_now(newcomers, staying=staying, max_np=policy.max_np, host_slots=policy.whole_host_slots,
-                            key=self._spare_key, where=lambda w: (w.slot.host, w.slot.index))
-        ids = tuple(w.worker_id for w in spares)
-        self._were_spares.update(ids)
-        if len(ids) != len(self.spare_ids):
+        ids: tuple[str, ...] = ()
+        if job.phase is Phase.RUNNING:
+            r = job.round
+            staying, newcomers = 0, []
+            for w in job.alive():
+                if w.state is S.WAITING and w.round != r:
+                    newcomers.append(w)
+                elif w.round == r and (w.state is S.RUNNING or w.state is S.WAITING):
+                    staying += 1  # a member, or one back at rendezvous for the next round
+            spares = spares_now(newcomers, staying=staying, max_np=policy.max_np,
+                                host_slots=policy.whole_host_slots, key=self._spare_key,
+                                where=lambda w: (w.slot.host, w.slot.index))
+            ids = tuple(w.worker_id for w in spares)
+            self._were_spares.update(ids)
+        if set(ids) != set(self.spare_ids):
             wanted = spare_slots(policy.spares, policy.whole_host_slots)
             log.info("job %s: %d of %d spare(s) ready%s", job.job_id, len(ids), wanted,
                      f": {', '.join(ids)}" if ids else "")
