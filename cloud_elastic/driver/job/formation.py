@@ -295,11 +295,13 @@ class RoundFormation:
 
     def assignment(self, w: WorkerRecord) -> Assignment | None:
         """``w``'s assignment when it is a running member of the current round, or a newcomer of the planned
-        next round (see :mod:`.next_round`), else None."""
+        next round (see :mod:`.next_round`), else None. A member drained (a notice for its host) before it took
+        its assignment still gets it: its peers wait for it in the round's group, and it leaves at the round's
+        first commit, as any drained member."""
         job = self._job
         if w.state is S.WAITING:
             return self.next.assignment_for(w)
-        if w.state is S.RUNNING and w.round == job.round and self.ranks is not None:
+        if w.state in (S.RUNNING, S.DRAINING) and w.round == job.round and self.ranks is not None:
             return Assignment(job.round, self.ranks[w.worker_id], self.needs_sync, self.round_update_gen,
                               self.from_checkpoint, self.hosts, self.planned)
         return None
