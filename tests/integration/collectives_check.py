@@ -97,6 +97,29 @@ def sync_facts_alone(rank: int) -> bool:
     return ok and not ledger.sync_known
 
 
+def heal_buffers_from_rank0(rank: int) -> bool:
+    """A model with BatchNorm whose parameters are the same on every worker but whose running statistics are each
+    worker's own, healed to the last rank (``ModelHandler`` with ``comm.heal``, as a sync with a newcomer): it
+    ends with rank 0's whole state, its parameters from every holder and its buffers from rank 0 alone."""
+    from cloud_elastic.worker.comm.heal import Heal
+    from cloud_elastic.worker.commit.handlers import ModelHandler
+    size, receiver = hvd.size(), hvd.size() - 1
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 64),
+                              torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 1))
+    g = torch.Generator().manual_seed(100 + rank)
+    with torch.no_grad():
+        for _ in range(3):
+            net(torch.randn(32, 64, generator=g))  # each worker's own batches: its own running statistics
+        if rank == receiver:
+            for p in net.parameters():
+                p.fill_(0.5)  # a newcomer's own initial values
+    ModelHandler(net)._broadcast(None, True, Heal([receiver], size, 1))
+    flat = torch.cat([t.reshape(-1).double() for t in net.state_dict().values()])
+    everyone = hvd.allgather(flat.unsqueeze(0))
+    return bool(torch.equal(everyone[receiver], everyone[0])) and not torch.equal(everyone[1], everyone[0])
+
+
 def main() -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -130,6 +153,7 @@ def main() -> None:
     checks["broadcast_state_sizes"] = broadcast_state_sizes(rank)
     checks["gather_rows"] = gather_rows(rank)
     checks["sync_facts_alone"] = sync_facts_alone(rank)
+    checks["heal_buffers_from_rank0"] = heal_buffers_from_rank0(rank)
     ranks = hvd.allgather(torch.tensor([hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()]))
     checks["topology"] = ranks.view(size, 4).tolist()
     print("CHECK " + json.dumps({"rank": rank, **checks}), flush=True)

@@ -8,7 +8,10 @@ the same messages on every worker), the packed bytes are cut into one contiguous
 range per holder (:func:`assign`, cut at element boundaries, so several holders
 share even one big tensor), and each holder sends its range to each receiver
 point to point, all holders at once. A worker that neither holds a part nor
-needs one takes no part; with no receiver, nothing is sent at all.
+needs one takes no part; with no receiver, nothing is sent at all. A model's
+buffers come from rank 0 alone (:meth:`Heal.buffers`): holders share its
+parameters and optimizer state bit for bit, but not, say, BatchNorm's running
+statistics, which are each worker's own.
 
 Memory in flight is bounded: a holder builds one piece at a time; a receiver
 takes one piece from each holder at a time (a *wave*), straight into its tensor
@@ -95,8 +98,14 @@ class Heal:
         self.skeletons: list[Any] = []
 
     def parameters(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """A model's ``state_dict()``: holders send it, receivers take it in place (as ``broadcast_parameters``)."""
+        """A model's parameters (of its ``state_dict()``): holders send them, receivers take them in place."""
         self.tensors(collectives.parameter_tensors(state_dict), "parameters")
+
+    def buffers(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """A model's buffers (the rest of its ``state_dict()``), from rank 0 alone: a buffer need not be the same on
+        every holder (BatchNorm's running statistics are each worker's own), and parts of several holders' would
+        make a state that no worker has."""
+        self.tensors(collectives.parameter_tensors(state_dict), "buffers", from_root=True)
 
     def state_dict(self, state: Any, name: str = "optimizer state") -> Any:
         """Rank 0's ``state`` (plain data and tensors) on a receiver; None elsewhere (a holder passes its own).
@@ -121,21 +130,23 @@ class Heal:
         self.tensors(tensors, name)
         return _join_tensors(shape, tensors)
 
-    def tensors(self, tensors: list[torch.Tensor], name: str) -> None:
-        """Holders send their ``tensors``, receivers receive into theirs (same dtypes and shapes on every worker)."""
+    def tensors(self, tensors: list[torch.Tensor], name: str, *, from_root: bool = False) -> None:
+        """Holders send their ``tensors`` (rank 0 alone: ``from_root``), receivers receive into theirs (same dtypes
+        and shapes on every worker)."""
         ctx = get_context()
         me = ctx.info.rank
-        if not self.receivers or (me not in self.receivers and me not in self.holders):
+        holders = self.holders[:1] if from_root else self.holders  # rank 0 is always the first holder
+        if not self.receivers or (me not in self.receivers and me not in holders):
             return
         chunks = [[tensors[i] for i in chunk] for chunk in collectives.pack_chunks(tensors, by_device=False)]
-        plan = assign([(sum(t.numel() for t in c), c[0].element_size()) for c in chunks], len(self.holders))
+        plan = assign([(sum(t.numel() for t in c), c[0].element_size()) for c in chunks], len(holders))
         self.all_pieces += sum(len(p) for p in plan)
         what = f"healing {name} from peers"
         with torch.no_grad():
-            if me in self.holders:
-                self._send(ctx, chunks, plan[self.holders.index(me)], what)
+            if me in holders:
+                self._send(ctx, chunks, plan[holders.index(me)], what)
             else:
-                self._receive(ctx, tensors, chunks, plan, what)
+                self._receive(ctx, tensors, chunks, plan, holders, what)
 
     def _send(self, ctx: Any, chunks: list[list[torch.Tensor]], mine: list[Piece], what: str) -> None:
         for piece in mine:  # one piece at a time: a holder keeps at most one packed buffer
@@ -147,12 +158,12 @@ class Heal:
             self.bytes += buf.numel() * buf.element_size() * len(self.receivers)
 
     def _receive(self, ctx: Any, tensors: list[torch.Tensor], chunks: list[list[torch.Tensor]],
-                 plan: list[list[Piece]], what: str) -> None:
+                 plan: list[list[Piece]], holders: list[int], what: str) -> None:
         # Received into the tensors themselves where they are contiguous on the group's device, else into copies.
         landing = {id(t): on_device(t) for t in tensors}
         for wave in range(max(len(p) for p in plan)):
             posted = []
-            for holder, pieces in zip(self.holders, plan):
+            for holder, pieces in zip(holders, plan):
                 if wave >= len(pieces):
                     continue
                 piece = pieces[wave]

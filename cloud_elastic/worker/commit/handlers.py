@@ -220,7 +220,10 @@ class ModelHandler(SnapshotHandler):
 
     def _broadcast(self, receivers: list[int] | None, takes: bool, heal: Heal | None) -> None:
         if heal is not None:
-            heal.parameters(self.value.state_dict())
+            state = self.value.state_dict()
+            params = {name for name, _ in self.value.named_parameters(remove_duplicate=False)}
+            heal.parameters({k: v for k, v in state.items() if k in params})  # the same on every holder
+            heal.buffers({k: v for k, v in state.items() if k not in params})  # rank 0's
 
 
 class OptimizerHandler(SnapshotHandler):
