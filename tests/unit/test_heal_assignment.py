@@ -102,6 +102,28 @@ def test_a_holder_sends_its_optimizer_tensors_in_rank_0s_order_and_refuses_a_sta
         _pick(skeleton, mine, "optimizer state")
 
 
+def test_an_empty_entry_only_rank_0_has_is_no_reason_to_refuse_a_holder():
+    # Reading ``optimizer.state[p]`` of a parameter that never had a gradient (a rank-0-only log line, say) adds
+    # an empty entry to rank 0's state (a defaultdict): the holders, which lack it, have nothing less to send.
+    from cloud_elastic.worker.comm.heal import _pick, skeleton
+    from cloud_elastic.worker.comm.statecodec import StateSyncError
+
+    def adam() -> torch.optim.Adam:
+        params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))]
+        opt = torch.optim.Adam(params, lr=0.1)
+        params[0].grad = torch.ones(3)  # the second parameter is unused: no state
+        opt.step()
+        return opt
+
+    root, holder = adam(), adam()
+    root.state[root.param_groups[0]["params"][1]]  # noqa: B018 (the read that adds the entry)
+    picked = _pick(skeleton(root.state_dict()), holder.state_dict(), "optimizer state")
+    assert [t.shape for t in picked] == [torch.Size([]), torch.Size([3]), torch.Size([3])]
+    holder.state[holder.param_groups[0]["params"][0]].pop("exp_avg")  # a tensor missing is still refused
+    with pytest.raises(StateSyncError, match="exp_avg"):
+        _pick(skeleton(root.state_dict()), holder.state_dict(), "optimizer state")
+
+
 def test_the_receivers_of_a_sync_are_the_workers_that_do_not_hold_rank_0s_very_commit():
     # (live commit_seq, holds_commit) by rank: rank 0 is the root and never receives.
     assert receivers([(7, True), (7, True), (0, True)]) == [2]  # a newcomer after a graceful change

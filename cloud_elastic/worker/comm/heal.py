@@ -219,6 +219,8 @@ def _pick(skeleton: Any, own: Any, name: str) -> list[torch.Tensor]:
         elif isinstance(slot, dict):
             for key, sub in slot.items():
                 if not isinstance(value, dict) or key not in value:
+                    if not _holds_tensor(sub):
+                        continue  # nothing to send (an empty entry that reading a defaultdict on rank 0 added)
                     raise StateSyncError(f"{name}: this worker holds rank 0's commit, but its state has no {where}[{key!r}]")
                 walk(sub, value[key], f"{where}[{key!r}]")
         elif isinstance(slot, (list, tuple)):
@@ -229,3 +231,14 @@ def _pick(skeleton: Any, own: Any, name: str) -> list[torch.Tensor]:
 
     walk(skeleton, own, "")
     return [found[i] for i in range(len(found))]
+
+
+def _holds_tensor(slot: Any) -> bool:
+    """Whether a part of a skeleton has a tensor in it."""
+    if _is_slot(slot):
+        return True
+    if isinstance(slot, dict):
+        return any(_holds_tensor(sub) for sub in slot.values())
+    if isinstance(slot, (list, tuple)):
+        return any(_holds_tensor(sub) for sub in slot)
+    return False
