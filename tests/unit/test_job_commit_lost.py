@@ -70,3 +70,15 @@ def test_the_flag_is_checked_on_the_wire() -> None:
     assert RendezvousRequest.from_wire(wire).holds_commit is True
     with pytest.raises(ControlPlaneError, match="holds_commit"):
         RendezvousRequest.from_wire({**wire, "holds_commit": "no"})
+
+
+def test_rank_0_is_chosen_by_the_commits_the_survivors_hold_now_not_by_a_higher_one_heard_before() -> None:
+    # b's heartbeats once said commit 7; a sync to an older rank 0 then lowered it (``ledger.hold_commit``).
+    # At rendezvous each survivor says what it would restore now: a holds 6, b 5. The newest is a's.
+    sim = _three_committed()
+    sim.job.heartbeat(sim.id("b[0]"), sim.now, 7, 7)
+    sim.exit("c[0]", KILLED)
+    _arrive(sim, "a[0]", 6, holds_commit=True)
+    _arrive(sim, "b[0]", 5, holds_commit=True)
+    assert all(isinstance(sim.reply(s), Assignment) for s in ("a[0]", "b[0]"))
+    assert sim.layout() == ["a[0]", "b[0]"]  # a broadcasts its commit 6 to b; b's 7 is no longer there

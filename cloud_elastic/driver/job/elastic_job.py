@@ -173,8 +173,7 @@ class ElasticJob:
                 list(changes.resized), list(changes.missing), sum(self.hosts.ready.values()),
             )
             self.emit(
-                "hosts_changed",
-                added=[{"host": h, "slots": self.hosts.ready[h]} for h in changes.added],
+                "hosts_changed", added=[{"host": h, "slots": self.hosts.ready[h]} for h in changes.added],
                 removed=[{"host": h, "reason": self._missing_reason() if h in was_missing else "gone from discovery"}
                          for h in changes.removed],
                 draining=[{"host": h, "reason": self.hosts.draining[h].reason, "deadline": self.hosts.draining[h].deadline}
@@ -234,7 +233,7 @@ class ElasticJob:
         if w is None or not w.alive:
             return
         w.last_seen = self._clock(now)
-        self.note_commits(w, commits, commit_seq)
+        self.note_commits(w, commits, commit_seq, exact=True)  # what it would restore now, even if lower
         if w.commit_lost != (not holds_commit):
             w.commit_lost = not holds_commit
             if w.commit_lost:
@@ -507,9 +506,10 @@ class ElasticJob:
         r = self.round  # WorkerRecord.member_of, inlined for the same reason as in alive
         return [w for w in self.alive() if w.round == r and w.state in _MEMBER] if r > 0 else []
 
-    def note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None) -> None:
-        # Both only grow on a worker; a heartbeat may carry an older value than a rendezvous sent after it.
-        if isinstance(commit_seq, int) and commit_seq > w.commit_seq:
+    def note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None, *, exact=False) -> None:
+        # A heartbeat (which may be older than a later rendezvous) only raises ``commit_seq``; a rendezvous
+        # (``exact``) says it as it is, even lower (a sync to an older rank 0: ``ledger.hold_commit``).
+        if isinstance(commit_seq, int) and (commit_seq > w.commit_seq or exact):
             w.commit_seq = commit_seq
             if commit_seq > self.commit_high:
                 self.commit_high = commit_seq

@@ -91,7 +91,8 @@ class JobView(Protocol):
         """Stop ``w`` at once as lost (silent, stuck), with the failure path that applies to it;
         ``stacks``: its process is first asked for its Python stacks (by signal)."""
 
-    def note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None) -> None:
+    def note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None, *,
+                     exact: bool = False) -> None:
         """``w`` reported its commits (both only grow)."""
 
     def commits_lost_reason(self) -> str:
