@@ -129,5 +129,6 @@ def test_the_receivers_of_a_sync_are_the_workers_that_do_not_hold_rank_0s_very_c
     assert receivers([(7, True), (7, True), (0, True)]) == [2]  # a newcomer after a graceful change
     assert receivers([(7, True), (6, True), (7, False), (9, True)]) == [1, 2, 3]  # older, unrestorable, other
     assert receivers([(7, True), (7, True)]) == []  # everyone holds it: nothing moves
+    assert receivers([(7, False), (7, True), (7, True)]) == [1, 2]  # rank 0's is not exact: not kept apart
     # Commit 0, the initial state, may differ on every worker: it is always sent.
     assert receivers([(0, True), (0, True), (0, True)]) == [1, 2]

@@ -37,10 +37,12 @@ def receivers(rows: Sequence[tuple[int, bool]]) -> list[int]:
     """The ranks that need rank 0's commit, from every rank's (live ``commit_seq``, ``holds_commit``).
 
     A worker needs it unless it holds that very commit; commit 0, the initial
-    state, may differ on every worker, so it is always given.
+    state, may differ on every worker, so it is always given. A rank 0 that does
+    not hold its commit exactly (the driver never makes one rank 0) gives it to all.
     """
-    root_seq = rows[0][0]
-    return [rank for rank, (seq, holds) in enumerate(rows) if rank != 0 and (seq != root_seq or not holds or seq == 0)]
+    root_seq, root_holds = rows[0][0], rows[0][1]
+    return [rank for rank, (seq, holds) in enumerate(rows)
+            if rank != 0 and (seq != root_seq or not holds or seq == 0 or not root_holds)]
 
 
 def begin(ctx: Any) -> None:
