@@ -27,6 +27,7 @@ from typing import Any, Callable, TypeVar
 
 from cloud_elastic.worker import sharded, termination
 
+from cloud_elastic.worker.comm.statecodec import StateSyncError
 from cloud_elastic.worker.commit import sync_facts
 from cloud_elastic.worker.commit.state import State
 from cloud_elastic.worker.context import WorkerContext, init
@@ -122,6 +123,9 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
                 ledger.note_restored()
                 _rejoin(ctx, "failure", state)
                 continue
+            except StateSyncError as exc:  # this worker's state cannot take part (a model built otherwise...)
+                print(f"cloud-elastic: {exc}", file=sys.stderr, flush=True)
+                sys.exit(1)
         try:
             result = func(state, *args, **kwargs)
         except CollectiveError as exc:

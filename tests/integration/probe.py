@@ -76,7 +76,9 @@ def main() -> None:
     hvd.init()
     event("hello", rank=hvd.rank(), size=hvd.size(), **topology())
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    # CE_PROBE_WIDE=HOST: the worker on HOST builds its hidden layer wider (a model built otherwise there).
+    width = 32 if os.environ.get("CLOUD_ELASTIC_HOSTNAME") == os.environ.get("CE_PROBE_WIDE", "-") else 16
+    model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     counters = {"executed": 0}
     extra = {}

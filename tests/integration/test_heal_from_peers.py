@@ -19,6 +19,7 @@ from tests.integration.harness import REPO, HostsFile
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 HEAL_PROBE = REPO / "tests" / "integration" / "heal_probe.py"
+PROBE = REPO / "tests" / "integration" / "probe.py"
 _SENT = re.compile(r"worker (\S+): sent ([\d.]+ [kM]B) of commit (\d+) \(pieces (\d+) of (\d+)\) to rank\(s\) \[([\d, ]*)\]")
 _RECEIVED = re.compile(r"worker (\S+): received ([\d.]+ [kM]B) of commit (\d+) from (\d+) holder\(s\)")
 
@@ -46,3 +47,22 @@ def test_a_newcomer_receives_the_commit_in_parts_from_several_holders(jobs, tmp_
     assert all(int(m.group(4)) < int(m.group(5)) for m in sent), [m.group(0) for m in sent]  # each sent a part
     received = [m for m in map(_RECEIVED.search, job.lines) if m and m.group(1).startswith("127.0.0.4")]
     assert received and int(received[-1].group(4)) == len(senders), job.output()
+
+
+def test_a_newcomer_whose_model_is_built_otherwise_leaves_in_one_line_and_the_others_go_on(jobs, tmp_path):
+    # Its hidden layer is 32 wide where rank 0's is 16: without the check, bytes cut for one shape went into
+    # the other (silently, had the sizes agreed).
+    hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2"])
+    job = jobs(["run", "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(hosts.script),
+                "--discovery-interval", "0.2", "--blacklist-cooldown-range", "600", "600",
+                "-x", "CE_PROBE_WIDE=127.0.0.3", sys.executable, str(PROBE), "--steps", "40", "--step-sleep", "0.1"])
+    job.wait_event("commit", rank=0, step=3, timeout=60)
+    hosts.set(["127.0.0.1", "127.0.0.2", "127.0.0.3"])
+    assert job.finish(timeout=80) == 0, job.output()
+    said = [line for line in job.lines if line.startswith("[2]<127.0.0.3[0]>") and "cloud-elastic: state sync" in line]
+    assert len(said) == 1 and said[0].endswith(
+        "cloud-elastic: state sync: this worker's model 0 differs from rank 0's at '0.bias': float32 [32] here, "
+        "float32 [16] on rank 0 (is the model built the same way on every worker?)"), job.output()
+    assert "Traceback" not in job.output()  # one line, not a stack
+    done = job.of("done")
+    assert len(done) == 2 and len({e["checksum"] for e in done}) == 1 and {e["step"] for e in done} == {40}, done

@@ -132,3 +132,23 @@ def test_the_receivers_of_a_sync_are_the_workers_that_do_not_hold_rank_0s_very_c
     assert receivers([(7, False), (7, True), (7, True)]) == [1, 2]  # rank 0's is not exact: not kept apart
     # Commit 0, the initial state, may differ on every worker: it is always sent.
     assert receivers([(0, True), (0, True), (0, True)]) == [1, 2]
+
+
+def test_a_receiver_whose_model_is_built_otherwise_is_told_which_tensor_differs_before_anything_moves():
+    from cloud_elastic.worker.commit.state import check_models, model_tensors
+    from cloud_elastic.worker.comm.statecodec import StateSyncError
+
+    def net(width: int) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.Linear(width, 1))
+
+    root = [model_tensors(net(16))]
+    check_models(root, [net(16)])  # built the same way: nothing to say
+    with pytest.raises(StateSyncError, match=r"^state sync: this worker's model 0 differs from rank 0's at '0.bias': "
+                                             r"float32 \[32\] here, float32 \[16\] on rank 0 \(is the model built"):
+        check_models(root, [net(32)])
+    extra = net(16)
+    extra.register_buffer("scale", torch.ones((), dtype=torch.int64))  # a buffer rank 0's model has not
+    with pytest.raises(StateSyncError, match=r"at 'scale': int64 \[\] here, no such tensor on rank 0"):
+        check_models(root, [extra])
+    with pytest.raises(StateSyncError, match="rank 0 syncs 1 model"):
+        check_models(root, [net(16), net(16)])

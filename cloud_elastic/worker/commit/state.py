@@ -22,6 +22,7 @@ from cloud_elastic.worker import sharded
 
 from cloud_elastic.worker.comm import collectives
 from cloud_elastic.worker.comm.heal import Heal, skeleton
+from cloud_elastic.worker.comm.statecodec import StateSyncError
 from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler, SamplerHandler, SnapshotHandler, handler_for
 from cloud_elastic.worker.commit import sync_facts
 from cloud_elastic.worker.commit.participant import CommitParticipant
@@ -32,6 +33,33 @@ __all__ = ["State", "ObjectState", "TorchState", "SMALL_STATE"]
 
 #: The name of a sync's one broadcast of its small parts (see ``TorchState._small_state``).
 SMALL_STATE = "state attributes"
+
+
+def model_tensors(model: torch.nn.Module) -> list[list[Any]]:
+    """``[name, shape, dtype]`` of each tensor of ``model.state_dict()``, in name order (as a sync sends them)."""
+    return [[name, list(t.shape), str(t.dtype)] for name, t in sorted(model.state_dict().items())
+            if isinstance(t, torch.Tensor)]
+
+
+def check_models(roots: list[list[list[Any]]], models: list[torch.nn.Module]) -> None:
+    """A receiver's models against rank 0's (:func:`model_tensors`), before anything is received into them.
+
+    A model built otherwise here (a layer of another size, a lazy module not run yet, a buffer more) would get
+    bytes cut for another shape, silently when the sizes agree: StateSyncError, in one line, names the first
+    tensor that differs; the worker leaves, and the others go back to their commit.
+    """
+    if len(roots) != len(models):
+        raise StateSyncError(f"state sync: rank 0 syncs {len(roots)} model(s), this worker {len(models)}")
+    for index, (root, model) in enumerate(zip(roots, models)):
+        mine = {name: (shape, dtype) for name, shape, dtype in model_tensors(model)}
+        theirs = {name: (tuple(shape), dtype) for name, shape, dtype in root}
+        for name in sorted(mine.keys() | theirs.keys()):
+            here, there = mine.get(name), theirs.get(name)
+            if here is None or there is None or (tuple(here[0]), here[1]) != there:
+                what = lambda t: "no such tensor" if t is None else f"{t[1].removeprefix('torch.')} {list(t[0])}"
+                raise StateSyncError(f"state sync: this worker's model {index} differs from rank 0's at {name!r}: "
+                                     f"{what(here)} here, {what(there)} on rank 0 (is the model built the same "
+                                     "way on every worker?)")
 
 
 class State:
@@ -250,6 +278,9 @@ class TorchState(ObjectState):
             # need it (see ``comm.heal``); with no one needing it, nothing moves.
             heal = Heal(ledger.sync_receivers, ctx.info.size, root_seq)
             heal.skeletons = list(small["optimizer state"])
+            if takes:
+                check_models(small["model tensors"], [h.value for h in self._handlers.values()
+                                                      if isinstance(h, ModelHandler) and not getattr(h, "sharded", False)])
         samplers = list(small["sampler state"])
         for handler in self._handlers.values():
             if getattr(handler, "sharded", False):
@@ -259,6 +290,10 @@ class TorchState(ObjectState):
             else:
                 handler.sync(samplers.pop(0))
         if heal is not None:
+            if takes and getattr(ctx.device, "type", "cpu") == "cuda":
+                # NCCL's futures complete as the work is queued: before this worker holds the commit (and may
+                # restore it as exact), what it received must have landed.
+                torch.cuda.current_stream(ctx.device).synchronize()
             heal.report(ctx.worker_id)
         if receivers is not None:
             # Sharded: every worker of the round leaves the sync together. A host-mate that failed in it (its
@@ -280,6 +315,8 @@ class TorchState(ObjectState):
                 "sampler state": [h.value.state_dict() for h in self._handlers.values() if isinstance(h, SamplerHandler)],
                 "optimizer state": [skeleton(h.value.state_dict()) for h in self._handlers.values()
                                     if send and isinstance(h, OptimizerHandler) and not getattr(h, "sharded", False)],
+                "model tensors": [model_tensors(h.value) for h in self._handlers.values()
+                                  if send and isinstance(h, ModelHandler) and not getattr(h, "sharded", False)],
             }
 
         return sync_facts.share(ctx, parts, SMALL_STATE)
