@@ -16,9 +16,11 @@ other options come from ``storage_options`` or fsspec's own configuration
 
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.util
 import os
+import stat
 import shutil
 import uuid
 from typing import Any, BinaryIO, Callable, Mapping, Protocol
@@ -41,6 +43,10 @@ _IMPLEMENTATIONS = {
 
 class Oversize(ValueError):
     """An object holds more bytes than its reader allows: storage is not trusted with the reader's memory."""
+
+
+class NotAFile(Oversize):
+    """An object that is no regular file (a FIFO, a device, a link): unusable, as an oversize one is."""
 
 
 def _within(data: bytes, limit: int | None, url: str) -> bytes:
@@ -137,7 +143,20 @@ class LocalBackend:
         _fsync_dir(directory)
 
     def read(self, path: str, limit: int | None = None) -> bytes:
-        with open(self._path(path), "rb") as f:
+        # A regular file only, never through a link (this store writes neither): a FIFO would block the reader
+        # for good, and a link to /dev/zero hand it bytes without end.
+        try:
+            fd = os.open(self._path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise NotAFile(f"{self.url(path)} is a symbolic link, not a file this store wrote") from None
+            raise
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise NotAFile(f"{self.url(path)} is not a regular file")
+            if limit is not None and st.st_size > limit:
+                raise Oversize(f"{self.url(path)} holds more than {limit:,} bytes ({st.st_size:,})")
             return _within(f.read() if limit is None else f.read(limit + 1), limit, self.url(path))
 
     def children(self, path: str) -> list[str]:

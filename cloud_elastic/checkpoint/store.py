@@ -280,7 +280,7 @@ class CheckpointStore:
             raise _Unusable(f"unreadable manifest: {exc}") from None
         try:
             return _info(name, self.backend.url(name), record_body(raw, "checkpoint manifest", READ_VERSION))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:  # Infinity, deep nesting
             raise _Unusable(f"unreadable manifest: {_one_line(exc, 160)}") from exc
 
     def _names(self) -> list[str]:
@@ -356,8 +356,8 @@ def read_record(store: CheckpointStore, path: str, what: str, kind: str, parse: 
     """The small JSON record at ``path`` beside the checkpoints, as ``parse`` makes it; None when there is none.
 
     CheckpointError "``what`` is unreadable: ..." (one line) when it is over :data:`MAX_RECORD_BYTES`, is not
-    cloud-elastic's record of ``kind`` or is newer than ``read_version`` (:func:`record_body`), or ``parse``
-    raises ValueError, KeyError, TypeError or OverflowError.
+    cloud-elastic's record of ``kind`` or is newer than ``read_version`` (:func:`record_body`), or reading it
+    raises ValueError, KeyError, TypeError, OverflowError or RecursionError (JSON nested beyond Python's limit).
     """
     try:
         raw = store._read(path, MAX_RECORD_BYTES)
@@ -367,7 +367,7 @@ def read_record(store: CheckpointStore, path: str, what: str, kind: str, parse: 
         raise CheckpointError(f"{what} is unreadable: {exc}") from None
     try:
         return parse(record_body(raw, kind, read_version))
-    except (ValueError, KeyError, TypeError, OverflowError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise CheckpointError(f"{what} is unreadable: {_one_line(exc)}") from exc
 
 
@@ -435,6 +435,14 @@ def _split_meta(meta: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[st
     return fields, meta
 
 
+def _size(value: Any) -> int:
+    """A byte count from a manifest: an integer in [0, 2**62] (ValueError otherwise; storage is not trusted)."""
+    size = int(value)
+    if not 0 <= size <= 2**62:
+        raise ValueError(f"a file size of {value!r} bytes")
+    return size
+
+
 def _info(name: str, url: str, manifest: Mapping[str, Any]) -> CheckpointInfo:
     data = manifest["data"]
     sha = str(data["sha256"])
@@ -446,7 +454,7 @@ def _info(name: str, url: str, manifest: Mapping[str, Any]) -> CheckpointInfo:
     optional = {k: manifest.get(k) for k in _META_KEYS}
     shards = manifest.get("shards")
     if shards is not None:
-        files = {str(f): int(size) for f, size in dict(shards["files"]).items()}
+        files = {str(f): _size(size) for f, size in dict(shards["files"]).items()}
         if shards.get("dir") != SHARDS_DIR or any("/" in f or f in ("", "..") for f in files):
             raise ValueError("the shards are not listed as plain file names of the dcp folder")
         digests = None
@@ -456,7 +464,7 @@ def _info(name: str, url: str, manifest: Mapping[str, Any]) -> CheckpointInfo:
                 raise ValueError("the shard digests are not a SHA-256 hex digest for each listed file")
         shards = {"files": files, "count": int(shards["count"]), "sha256": digests}
     return CheckpointInfo(
-        name=name, url=url, step=int(manifest["step"]), created=float(manifest["created"]), size=int(data["size"]),
+        name=name, url=url, step=int(manifest["step"]), created=float(manifest["created"]), size=_size(data["size"]),
         sha256=sha, data_name=data_name,
         epoch=None if optional["epoch"] is None else int(optional["epoch"]),
         world_size=None if optional["world_size"] is None else int(optional["world_size"]),

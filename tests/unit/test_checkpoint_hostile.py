@@ -136,3 +136,50 @@ def test_files_grown_huge_in_storage_are_refused_without_reading_them_into_memor
     assert lines[0] == "latest {'step': 1}"  # the grown checkpoint is skipped, the previous one loads
     assert len(lines) == 3 and all(line.startswith("refused ") and "more than 4,194,304 bytes" in line
                                    for line in lines[1:]), lines
+
+
+def _two_checkpoints(tmp_path: Path) -> tuple[CheckpointStore, Path]:
+    store = CheckpointStore(str(tmp_path), keep=3)
+    store.save(1, {"step": 1})
+    return store, tmp_path / store.save(2, {"step": 2}).name
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("tamper", ["manifest a FIFO", "data a link to /dev/zero", "step Infinity", "size 1e400",
+                                    "format_version Infinity", "nested 100k deep"])
+def test_a_newest_checkpoint_tampered_in_storage_is_passed_over_for_the_one_before(tmp_path: Path, tamper: str,
+                                                                                   caplog) -> None:
+    # Each once escaped as an exception (OverflowError, RecursionError), blocked the reader for good (a FIFO)
+    # or read gigabytes (a link to /dev/zero whose manifest claims 3 GiB).
+    store, newest = _two_checkpoints(tmp_path)
+    manifest = newest / "manifest.json"
+    body = json.loads(manifest.read_text())
+    if tamper == "manifest a FIFO":
+        manifest.unlink()
+        os.mkfifo(manifest)
+    elif tamper == "data a link to /dev/zero":
+        (newest / "state.pt").unlink()
+        (newest / "state.pt").symlink_to("/dev/zero")
+        body["data"]["size"] = 3 << 30
+        manifest.write_text(json.dumps(body))
+    elif tamper == "nested 100k deep":
+        manifest.write_text('{"format": "cloud-elastic-checkpoint", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    else:
+        key, value = tamper.split(" ")
+        (body["data"] if key == "size" else body)[key] = float("inf") if value == "Infinity" else 10**400
+        manifest.write_text(json.dumps(body))
+    with caplog.at_level(logging.WARNING):
+        assert store.latest().payload == {"step": 1}
+    if tamper != "data a link to /dev/zero":  # a listing reads manifests only
+        assert [c.step for c in store.list()] == [1]
+    assert "is unusable" in caplog.text and "falling back to the previous one" in caplog.text
+
+
+def test_a_job_record_nested_beyond_pythons_limit_is_unreadable_in_one_line(tmp_path: Path) -> None:
+    from cloud_elastic.checkpoint.api import CheckpointError
+    from cloud_elastic.checkpoint.store import read_job_record
+
+    (tmp_path / "job.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CheckpointError, match="the job record in .* is unreadable") as refused:
+        read_job_record(CheckpointStore(str(tmp_path)))
+    assert "\n" not in str(refused.value)

@@ -6,7 +6,7 @@ import http.client
 import json
 from typing import Any
 
-from cloud_elastic.control import SIGNATURE_HEADER, Codec
+from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, Codec
 from cloud_elastic.errors import ControlPlaneError
 
 __all__ = ["DriverClient"]
@@ -40,7 +40,7 @@ class DriverClient:
                     {"Content-Type": "application/json", SIGNATURE_HEADER: signature},
                 )
                 resp = self._conn.getresponse()
-                data = resp.read()
+                data = _bounded_body(resp, kind)
                 break
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 self.close()
@@ -48,7 +48,7 @@ class DriverClient:
                     raise
                 body, signature = self._codec.encode(kind, dict(payload or {}, worker=self._worker_id))
                 nonce = json.loads(body)["nonce"]
-            except OSError:
+            except (OSError, ControlPlaneError):  # a reply too long leaves the connection unread: not reused
                 self.close()
                 raise
         if resp.status != 200:
@@ -63,3 +63,15 @@ class DriverClient:
             self._conn.close()
             self._conn = None
 
+
+
+def _bounded_body(resp: http.client.HTTPResponse, kind: str) -> bytes:
+    """The reply's body, read no further than :data:`~cloud_elastic.control.MAX_BODY` bytes: whoever answers at the
+    driver's address (a port taken over after the driver died) cannot make the worker read without end."""
+    length = resp.getheader("Content-Length")
+    if length is not None and length.strip().isdigit() and int(length) > MAX_BODY:
+        raise ControlPlaneError(f"the {kind} reply of {int(length)} bytes exceeds the {MAX_BODY}-byte limit")
+    data = resp.read(MAX_BODY + 1)
+    if len(data) > MAX_BODY:
+        raise ControlPlaneError(f"the {kind} reply exceeds the {MAX_BODY}-byte limit")
+    return data

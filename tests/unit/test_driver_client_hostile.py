@@ -1,0 +1,49 @@
+"""A worker's control-plane client reads no more of a reply than a message may hold (``control.MAX_BODY``).
+
+Whoever answers at the driver's address (a port taken over after the driver died, say) could stream a body
+without end: the worker read it all (1.4 GB in about a second, then MemoryError).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from cloud_elastic.control import MAX_BODY, Codec
+from cloud_elastic.errors import ControlPlaneError
+from cloud_elastic.worker.link.client import DriverClient
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _answer(head: bytes, chunks: bool) -> tuple[socket.socket, threading.Thread]:
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(head)
+            try:
+                for _ in range(200):  # 200 MiB at most, far past the bound, should the client read on
+                    conn.sendall(b"100000\r\n" + b"x" * (1 << 20) + b"\r\n" if chunks else b"x" * (1 << 20))
+            except OSError:
+                pass  # the client closed: what it should do
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server, thread
+
+
+@pytest.mark.parametrize("head", [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\nContent-Length: 209715200\r\n\r\n"])
+def test_a_reply_longer_than_a_message_may_be_is_refused_in_one_line_without_reading_it(head: bytes) -> None:
+    server, thread = _answer(head, chunks=b"chunked" in head)
+    client = DriverClient(f"127.0.0.1:{server.getsockname()[1]}", Codec("k" * 64, "job"), "w1")
+    with pytest.raises(ControlPlaneError, match=f"^the heartbeat reply .*exceeds the {MAX_BODY}-byte limit$"):
+        client.call("heartbeat", {}, timeout_s=10)
+    client.close()
+    thread.join(20)
+    server.close()
