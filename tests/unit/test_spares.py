@@ -13,7 +13,7 @@ from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder, WorkerSt
 from cloud_elastic.driver.job.plan import Candidate
 from cloud_elastic.driver.job.spares import admit, has_room, launch_room, spare_slots
 from cloud_elastic.providers.api import Drain
-from tests.unit.test_job import CLEAN, KILLED, UNREACHABLE, Sim, assert_round
+from tests.unit.test_job import CLEAN, KILLED, Sim, assert_round
 from tests.unit.test_job_sourcing import Sourced
 
 pytestmark = pytest.mark.timeout(10)
@@ -113,41 +113,6 @@ def test_a_spare_that_fails_while_waiting_is_blacklisted_and_replaced_and_the_ro
     sim.join("e[0]")
     sim.advance(1)
     assert [e["ready"] for e in spares_events(sim)] == [1, 0, 1]
-
-
-def test_after_a_host_is_found_unreachable_the_recovery_round_takes_no_spare_from_it() -> None:
-    sim = Sim(3, spares=1, min_np=1)
-    sim.discover({"a": 2, "b": 1, "c": 1, "d": 1})
-    assert_round(sim.join("a[0]", "b[0]", "c[0]"), 1, needs_sync=True)
-    sim.join("a[1]")  # the spare, on the same host as rank 0
-    sim.advance(1)
-    sim.exit("a[0]", UNREACHABLE)  # host a unreachable: every slot of it is blacklisted
-    assert sim.blocked("a[1]")
-    sim.join("b[0]", "c[0]", reason="failure")
-    # The spare waits out its host's cooldown rather than join a round it would likely fail; the room goes
-    # to a healthy host, admitted as any newcomer.
-    assert sorted(sim.layout()) == ["b[0]", "c[0]"]
-    assert sim.slots_launched()[-1] == "d[0]"
-
-
-def test_a_spare_drained_before_it_took_its_place_in_the_recovery_round_still_joins_then_leaves_at_a_commit(
-        ) -> None:
-    sim = with_spare()
-    sim.exit("c[0]", KILLED)
-    assert_round(sim.join("a[0]", "b[0]", reason="failure"), 2, needs_sync=True)
-    assert "d[0]" in sim.layout()
-    # A notice for d's host arrives before d's held rendezvous is answered: its peers wait for it in the group.
-    sim.discover({"a": 1, "b": 1, "c": 1}, {"d": Drain(reason="spot")})
-    reply = sim.reply("d[0]")
-    assert isinstance(reply, Assignment) and reply.round == 2, reply
-    assert sim.poll("a[0]").update_gen > reply.update_gen  # it leaves at the round's first commit
-    rollbacks = [f for kind, f in sim.events if kind == "rollback"]
-    sim.commit("a[0]", "b[0]", "d[0]")
-    replies = sim.join("a[0]", "b[0]", reason="update")
-    assert isinstance(sim.join("d[0]", reason="update")["d[0]"], ExitOrder)
-    assert_round(replies, 3, needs_sync=False)  # the survivors hold the commit: nothing to sync
-    assert sim.layout() == ["a[0]", "b[0]"]
-    assert [f for kind, f in sim.events if kind == "rollback"] == rollbacks  # left at a commit: none rolled back
 
 
 def test_the_spare_waiting_longest_goes_first() -> None:

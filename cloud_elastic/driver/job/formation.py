@@ -339,11 +339,7 @@ class RoundFormation:
         if self.member_left(running_only=True) or any(w.state is S.RUNNING for w in job.members()):
             return  # the current round is still running (draining members leave at the same commit)
         alive = job.alive()
-        blocked = job.hosts.blacklist.blocked
-        # A newcomer on a slot blacklisted since it arrived (its host found unreachable through a peer, say)
-        # waits out the cooldown rather than join a round it would likely fail; survivors and holders stay.
-        waiting = [w for w in alive if w.state is S.WAITING
-                   and (w.rank is not None or w.holds_state or not blocked(w.slot, now))]
+        waiting = [w for w in alive if w.state is S.WAITING]
         if job.phase is Phase.STARTING:
             still_starting = any(w.state in (S.STARTING, S.CONNECTED) for w in alive)
             # The first round forms once -np workers are ready (under --whole-hosts, on whole hosts: a host
