@@ -115,6 +115,26 @@ def test_a_spare_that_fails_while_waiting_is_blacklisted_and_replaced_and_the_ro
     assert [e["ready"] for e in spares_events(sim)] == [1, 0, 1]
 
 
+def test_a_spare_drained_before_it_took_its_place_in_the_recovery_round_still_joins_then_leaves_at_a_commit(
+        ) -> None:
+    sim = with_spare()
+    sim.exit("c[0]", KILLED)
+    assert_round(sim.join("a[0]", "b[0]", reason="failure"), 2, needs_sync=True)
+    assert "d[0]" in sim.layout()
+    # A notice for d's host arrives before d's held rendezvous is answered: its peers wait for it in the group.
+    sim.discover({"a": 1, "b": 1, "c": 1}, {"d": Drain(reason="spot")})
+    reply = sim.reply("d[0]")
+    assert isinstance(reply, Assignment) and reply.round == 2, reply
+    assert sim.poll("a[0]").update_gen > reply.update_gen  # it leaves at the round's first commit
+    rollbacks = [f for kind, f in sim.events if kind == "rollback"]
+    sim.commit("a[0]", "b[0]", "d[0]")
+    replies = sim.join("a[0]", "b[0]", reason="update")
+    assert isinstance(sim.join("d[0]", reason="update")["d[0]"], ExitOrder)
+    assert_round(replies, 3, needs_sync=False)  # the survivors hold the commit: nothing to sync
+    assert sim.layout() == ["a[0]", "b[0]"]
+    assert [f for kind, f in sim.events if kind == "rollback"] == rollbacks  # left at a commit: none rolled back
+
+
 def test_the_spare_waiting_longest_goes_first() -> None:
     sim = Sim(3, spares=2, min_np=1)
     sim.discover({**FOUR, "e": 1})
