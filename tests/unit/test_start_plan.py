@@ -121,7 +121,7 @@ def test_the_groups_a_crashed_predecessor_raised_are_taken_over_and_set_back_onc
     plan = plan_start(config, open_store(config), job_id="j2")
     assert plan.job_id == "j1" and plan.previous_alive.raised == (("od", 2),)
     sim = Sourced(1, manage_capacity=True)
-    raised.inherit(sim.job, plan.previous_alive)
+    raised.inherit(sim.job, raised.carried(plan.previous_alive))
     assert sim.job.capacity.sourcing.raised() == {"od": 2}
     sim.groups(a=1, od=2)  # a spot slot is enough
     sim.advance(1)

@@ -124,6 +124,7 @@ class Driver:
         self._touched = 0.0
         self._durable: Any = None  # the CheckpointStore of --checkpoint-dir, opened by run()
         self._alive_refresher: Any = None  # keeps our own sign of life fresh beside the checkpoints
+        self._carried: dict[str, int] = {}  # host groups a crashed predecessor raised, not yet taken over
         self._predecessor_gone = True  # False while an earlier driver's workers may still be running
 
     # ----------------------------------------------------------------- public
@@ -147,8 +148,7 @@ class Driver:
         plan = plan_start(self.config, self._durable, job_id=self.job_id)
         self._set_job_id(plan.job_id)
         self._predecessor_gone = plan.predecessor_gone
-        with self._cond:
-            raised.inherit(self._job, plan.previous_alive)  # the groups a crashed predecessor raised
+        self._carried = raised.carried(plan.previous_alive)  # taken over once this driver runs the job
         if plan.resumed:
             self._resume()
         self._sinks = open_sinks(self.job_id, self.config.events_file, self.config.metrics_port,
@@ -169,6 +169,11 @@ class Driver:
             else:
                 self._wait_for_predecessor(plan)
                 self._start()
+            if self._stop_reason is None:  # this driver runs the job: a crashed predecessor's groups are its own
+                with self._cond:
+                    raised.inherit(self._job, self._carried)
+                    self._carried = {}
+                    raised.remember(self._job, self._alive_refresher, self._carried)
             outcome = self._loop()
             return outcome
         finally:
@@ -319,7 +324,7 @@ class Driver:
 
         self._alive_refresher = AliveRefresher(self._durable, self.job_id, self._workers_grace_s())
         with self._cond:
-            raised.remember(self._job, self._alive_refresher)
+            raised.remember(self._job, self._alive_refresher, self._carried)
         self._alive_refresher.start()
 
     def _workers_grace_s(self) -> float:
@@ -392,7 +397,7 @@ class Driver:
                 elif isinstance(action, SetCapacity) and self._poller is not None:
                     self._poller.set_capacity(action.source, action.hosts)
                     with self._cond:
-                        raised.remember(self._job, self._alive_refresher)
+                        raised.remember(self._job, self._alive_refresher, self._carried)
             if outcome is not None:
                 return outcome
             self._processes.reap()
@@ -480,10 +485,9 @@ class Driver:
         if self._poller is not None:
             self._poller.close()
         self._processes.close()  # each TERM then KILL, in parallel; the launchers closed
-        if self._poller is None or self._poller.join(30.0):  # the provider is ours alone now
-            raised.lower(self._job, self._discovery, self._cond)  # no worker is left to need a raised group
-            with self._cond:
-                raised.remember(self._job, self._alive_refresher)
+        raised.lower(self._job, self._discovery, self._cond, self._poller)  # no worker is left to need it
+        with self._cond:
+            raised.remember(self._job, self._alive_refresher, self._carried)
         if self._alive_refresher is not None:
             # "Stopped" only when no worker of this job can be left: ours are, and the predecessor's too.
             self._alive_refresher.close(stopped=self._predecessor_gone)

@@ -12,8 +12,12 @@ wanted (``driver.job.sourcing``); two ends of a driver's life are the runtime's:
 * **The driver crashes**: each refresh of its sign of life beside the checkpoints
   (``checkpoint.alive``, every 5 s) carries what it raised (:func:`remember`), and
   the driver restarted for the job takes it over (:func:`inherit`): it sets those
-  groups back to 0 by the same rule. Without ``--checkpoint-dir`` there is no such
-  record, and a crashed driver's raised group stays as it was.
+  groups back to 0 by the same rule. It takes them over only once it runs the job:
+  while it waits out its predecessor's workers (which may still train on those
+  groups) it only carries them in its own sign of life (:func:`carried`), so a
+  driver stopped in that wait lowers nothing and leaves them to the next one.
+  Without ``--checkpoint-dir`` there is no such record, and a crashed driver's
+  raised group stays as it was.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["inherit", "remember", "lower", "LOWER_TRIES"]
+__all__ = ["carried", "inherit", "remember", "lower", "LOWER_TRIES"]
 
 log = logging.getLogger(__name__)
 
@@ -36,30 +40,55 @@ def _sourcing(job: Any) -> Any:
     return sourcing if sourcing is not None and sourcing.active else None
 
 
-def inherit(job: Any, previous_alive: Any) -> None:
-    """Take over the groups a crashed predecessor raised (its sign of life, ``StartPlan.previous_alive``)."""
+def carried(previous_alive: Any) -> dict[str, int]:
+    """What a crashed predecessor raised (``StartPlan.previous_alive``), not yet taken over."""
+    return dict(getattr(previous_alive, "raised", ()) or ())
+
+
+def inherit(job: Any, raised: dict[str, int]) -> None:
+    """Take over the groups a crashed predecessor raised, once this driver runs the job (with the job's lock)."""
+    if not raised:
+        return
     sourcing = _sourcing(job)
-    raised = dict(getattr(previous_alive, "raised", ()) or ())
-    if raised:
-        if sourcing is None:
-            log.warning("job %s: the previous driver raised host source(s) %s, which this command does not manage: "
-                        "they are left as they are", job.job_id, ", ".join(f"{n!r} to {h}" for n, h in raised.items()))
-            return
-        sourcing.inherit(raised)
+    if sourcing is None:
+        log.warning("job %s: the previous driver raised host source(s) %s, which this command does not manage: "
+                    "they are left as they are", job.job_id, ", ".join(f"{n!r} to {h}" for n, h in raised.items()))
+        return
+    sourcing.inherit(raised)
 
 
-def remember(job: Any, refresher: Any) -> None:
-    """Have the sign of life say what the job has raised now (call with the job's lock held)."""
+def remember(job: Any, refresher: Any, carry: dict[str, int]) -> None:
+    """Have the sign of life say what the job has raised now, and what it carries for a predecessor (with the
+    job's lock)."""
     sourcing = _sourcing(job)
-    if refresher is not None and sourcing is not None:
-        refresher.set_raised(sourcing.raised())
+    if refresher is not None:
+        refresher.set_raised({**carry, **(sourcing.raised() if sourcing is not None else {})})
 
 
-def lower(job: Any, discovery: Any, lock: threading.Condition, *, pause_s: float = 1.0) -> None:
-    """Set every group the job still holds raised back to 0 (its workers have all stopped)."""
+def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, pause_s: float = 1.0,
+          join_s: float = 10.0) -> None:
+    """Set every group the job still holds raised back to 0 (its workers have all stopped): those it asked for
+    and has not set back, and those whose last change, to 0, the closed discovery thread never made. A job that
+    never raised one returns at once; one that did waits up to ``join_s`` for a discovery call under way (the
+    provider takes one call at a time), then says which group stays raised."""
+    capacity_of = getattr(discovery, "capacity_of", lambda _source: None)
     with lock:
         sourcing = _sourcing(job)
-        raised = sourcing.raised() if sourcing is not None else {}
+        if sourcing is None:
+            return
+        raised = sourcing.raised()
+        asked = list(sourcing.requested)
+    if not raised and not asked:
+        return  # nothing was ever raised: no wait for the discovery thread
+    if poller is not None and not poller.join(join_s):
+        for source, hosts in raised.items():
+            log.warning("job %s: host source %r stays at the desired capacity %d this job gave it: the discovery "
+                        "call under way did not end within %.0fs; set it to 0 yourself", job.job_id, source, hosts,
+                        join_s)
+        return
+    for source in asked:  # a change to 0 queued for the discovery thread and never made
+        if source not in raised and (capacity_of(source) or 0) > 0:
+            raised[source] = capacity_of(source)
     for source, hosts in raised.items():
         for attempt in range(LOWER_TRIES):
             if attempt:
@@ -69,7 +98,7 @@ def lower(job: Any, discovery: Any, lock: threading.Condition, *, pause_s: float
             except Exception as exc:  # noqa: BLE001 (tried again; the last failure is said below)
                 log.warning("could not set the desired capacity of host source %r to 0: %s", source, exc)
                 continue
-            if getattr(discovery, "capacity_of", lambda _s: 0)(source) == 0:
+            if capacity_of(source) in (0, None):
                 break
         else:
             log.warning("job %s: host source %r stays at the desired capacity %d this job gave it: set it to 0 "
