@@ -82,3 +82,16 @@ def test_rank_0_is_chosen_by_the_commits_the_survivors_hold_now_not_by_a_higher_
     _arrive(sim, "b[0]", 5, holds_commit=True)
     assert all(isinstance(sim.reply(s), Assignment) for s in ("a[0]", "b[0]"))
     assert sim.layout() == ["a[0]", "b[0]"]  # a broadcasts its commit 6 to b; b's 7 is no longer there
+
+
+
+def test_a_held_poll_sent_before_a_sync_lowered_a_commit_does_not_raise_it_again_at_rendezvous() -> None:
+    # The control plane re-checks a held heartbeat at its deadline or when woken: the commit it carries was read
+    # before the worker's sync lowered it. Once the worker waits at rendezvous, its request's value stands.
+    sim = _three_committed()
+    sim.job.heartbeat(sim.id("b[0]"), sim.now, 7, 7)
+    sim.exit("c[0]", KILLED)
+    _arrive(sim, "b[0]", 5, holds_commit=True)
+    sim.job.heartbeat(sim.id("b[0]"), sim.now, 7, 7)  # the held poll, checked again
+    _arrive(sim, "a[0]", 6, holds_commit=True)
+    assert sim.layout() == ["a[0]", "b[0]"]

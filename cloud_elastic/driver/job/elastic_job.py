@@ -295,7 +295,7 @@ class ElasticJob:
         if w is None or not w.alive:
             return None
         running = w.last_seen = self._clock(now)
-        self.note_commits(w, commits, commit_seq)
+        self.note_commits(w, commits, None if w.state is S.WAITING else commit_seq)  # waiting: rendezvous says it
         if progress is not None and progress != w.progress:
             w.progress, w.progress_at = progress, running
             if w.round == self.round and w.state in _MEMBER:
