@@ -150,5 +150,8 @@ def test_a_receiver_whose_model_is_built_otherwise_is_told_which_tensor_differs_
     extra.register_buffer("scale", torch.ones((), dtype=torch.int64))  # a buffer rank 0's model has not
     with pytest.raises(StateSyncError, match=r"at 'scale': int64 \[\] here, no such tensor on rank 0"):
         check_models(root, [extra])
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(16), torch.nn.Linear(16, 1))  # not run yet: no shape
+    with pytest.raises(StateSyncError, match=r"at '0.bias': float32 uninitialized here, float32 \[16\] on rank 0"):
+        check_models(root, [lazy])
     with pytest.raises(StateSyncError, match="rank 0 syncs 1 model"):
         check_models(root, [net(16), net(16)])

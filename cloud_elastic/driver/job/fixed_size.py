@@ -18,7 +18,8 @@ the job:
   other than 0, a worker killed or given up; a failure seen before the first
   report counts too, since the others' collectives fail after it) is the job's
   reason. A worker outside the round (a ``--spares`` spare, one still starting)
-  that fails is blacklisted and replaced as in an elastic job. No slot is
+  that fails is blacklisted as in an elastic job, and does not end the attempt
+  (nothing is launched while the attempt's round runs). No slot is
   blacklisted: the script, not the slot, ends the attempt. The job fails with
   that reason at once, or, with ``--restarts N``
   (``Policy.restarts``), every worker is stopped and, once all are gone, the

@@ -37,8 +37,8 @@ SMALL_STATE = "state attributes"
 
 def model_tensors(model: torch.nn.Module) -> list[list[Any]]:
     """``[name, shape, dtype]`` of each tensor of ``model.state_dict()``, in name order (as a sync sends them)."""
-    return [[name, list(t.shape), str(t.dtype)] for name, t in sorted(model.state_dict().items())
-            if isinstance(t, torch.Tensor)]
+    return [[name, "uninitialized" if torch.nn.parameter.is_lazy(t) else list(t.shape), str(t.dtype)]
+            for name, t in sorted(model.state_dict().items()) if isinstance(t, torch.Tensor)]
 
 
 def check_models(roots: list[list[list[Any]]], models: list[torch.nn.Module]) -> None:
@@ -51,12 +51,16 @@ def check_models(roots: list[list[list[Any]]], models: list[torch.nn.Module]) ->
     if len(roots) != len(models):
         raise StateSyncError(f"state sync: rank 0 syncs {len(roots)} model(s), this worker {len(models)}")
     for index, (root, model) in enumerate(zip(roots, models)):
-        mine = {name: (shape, dtype) for name, shape, dtype in model_tensors(model)}
-        theirs = {name: (tuple(shape), dtype) for name, shape, dtype in root}
+        def key(shape: Any) -> Any:
+            return shape if isinstance(shape, str) else tuple(shape)
+
+        mine = {name: (key(shape), dtype) for name, shape, dtype in model_tensors(model)}
+        theirs = {name: (key(shape), dtype) for name, shape, dtype in root}
         for name in sorted(mine.keys() | theirs.keys()):
             here, there = mine.get(name), theirs.get(name)
-            if here is None or there is None or (tuple(here[0]), here[1]) != there:
-                what = lambda t: "no such tensor" if t is None else f"{t[1].removeprefix('torch.')} {list(t[0])}"
+            if here is None or there is None or here != there or isinstance(here[0], str):
+                what = lambda t: "no such tensor" if t is None else (  # noqa: E731
+                    f"{t[1].removeprefix('torch.')} {t[0] if isinstance(t[0], str) else list(t[0])}")
                 raise StateSyncError(f"state sync: this worker's model {index} differs from rank 0's at {name!r}: "
                                      f"{what(here)} here, {what(there)} on rank 0 (is the model built the same "
                                      "way on every worker?)")
@@ -258,11 +262,12 @@ class TorchState(ObjectState):
         # or a failure every survivor rolled back from alike) keeps its own values, and sends a part of them.
         root_seq = ledger.sync_root_seq
         other = root_seq is None or root_seq != ledger.live_commit_seq or not ledger.holds_commit
-        overwritten = ctx.info is not None and ctx.info.rank != 0 and other
         # Only the workers whose values the sync gives change their live state (commit 0, the initial state, may
         # differ on every worker): rank 0 and the holders of its commit keep theirs, and with it a commit kept in
-        # place, which a sync cut short (a peer dead in it) then still restores exactly.
+        # place, which a sync cut short (a peer dead in it) then still restores exactly. A receiver keeps its own
+        # commit whole first (``SnapshotHandler.sync``), even one at rank 0's sequence.
         takes = ctx.info is not None and ctx.info.rank in ledger.sync_receivers
+        overwritten = ctx.info is not None and ctx.info.rank != 0 and other or takes
         # A shard comes from local rank i of host 0 (cross rank 0), which holds rank 0's commit, and only to
         # the hosts that do not hold it (the initial state, commit 0, may differ on every host).
         shard_overwritten = ctx.info is not None and ctx.info.cross_rank != 0 and other
