@@ -5,6 +5,7 @@ flood logs a few lines; and a signed client is served throughout."""
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import subprocess
 import sys
@@ -117,3 +118,38 @@ def test_idle_connections_take_at_most_half_the_descriptors_so_a_launch_can_stil
     finally:
         proc.stdin.close()
         proc.wait(10)
+
+
+def test_one_address_holding_connections_without_a_signed_request_cannot_lock_the_workers_out(monkeypatch):
+    """Hostile review: one address opened 512 connections of one byte each, kept them open by trickling, filled
+    the control plane's share of descriptors, and a worker's signed register was then refused. Now an address
+    holds at most 64 connections that have not brought a signed request, each for 10 s at most."""
+    import cloud_elastic.driver.net.control_server as control_server
+
+    monkeypatch.setattr(control_server, "_FIRST_REQUEST_S", 1.0)
+    srv = ControlServer(Codec(SECRET, "job"), lambda kind, message: {"ok": True})
+    srv.start()
+    try:
+        held = []
+        for _ in range(100):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=5, source_address=("127.0.0.9", 0))
+            s.sendall(b"P")  # a byte of a request that never comes whole
+            held.append(s)
+
+        def open_ones() -> int:
+            """How many of ``held`` the server keeps open: a closed one reads as readable (end of file or reset)."""
+            time.sleep(0.3)
+            closed, _, _ = select.select(held, [], [], 0)
+            return len(held) - len(closed)
+
+        assert open_ones() == 64
+        worker = DriverClient(f"127.0.0.1:{srv.port}", Codec(SECRET, "job"), "w1")
+        assert worker.call("register")["ok"] is True  # from another address: served
+        deadline = time.monotonic() + 10
+        while open_ones():  # none brought a signed request within the deadline
+            assert time.monotonic() < deadline
+        assert worker.call("register")["ok"] is True  # a signed connection is kept past it
+        for s in held:
+            s.close()
+    finally:
+        srv.close()
