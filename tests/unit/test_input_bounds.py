@@ -127,6 +127,22 @@ def test_every_snapshot_is_held_to_the_bound_whoever_built_it() -> None:
         StaticHosts({"h": MAX_SLOTS_PER_HOST + 1})
 
 
+def test_a_snapshot_is_held_to_a_bound_on_hosts_and_slots_in_all() -> None:
+    # A script's typo (a loop run too far) made 10,000 hosts of 1,024 slots: 1.4 GB and 13 s of the driver's
+    # planning before the first launch. One line, fatal, before any slot is counted twice.
+    from cloud_elastic.providers.api import MAX_HOSTS, MAX_SLOTS
+
+    many = {f"10.{i // 65536}.{i // 256 % 256}.{i % 256}": 1 for i in range(MAX_HOSTS + 1)}
+    with pytest.raises(FatalDiscoveryError, match=f"^discovery reported {MAX_HOSTS + 1} hosts with {MAX_HOSTS + 1} "
+                                                  f"slots; at most {MAX_HOSTS} hosts and {MAX_SLOTS} slots"):
+        DiscoveredHosts(ready=many)
+    wide = {f"10.0.{i // 256}.{i % 256}": MAX_SLOTS_PER_HOST for i in range(MAX_SLOTS // MAX_SLOTS_PER_HOST + 1)}
+    with pytest.raises(FatalDiscoveryError, match=f"with {len(wide) * MAX_SLOTS_PER_HOST} slots"):
+        DiscoveredHosts(ready=wide)
+    wide.popitem()
+    assert sum(DiscoveredHosts(ready=wide).ready.values()) == MAX_SLOTS  # the bound itself is allowed
+
+
 # ----------------------------------------------------------------------------------------------- IPv6
 @pytest.mark.parametrize("hosts", ["[2001:db8::1]:1", "127.0.0.1:1,[::1]:2", "fe80::1"])
 def test_ipv6_hosts_are_refused_at_parse_time(hosts: str) -> None:
