@@ -239,17 +239,31 @@ def _close(resp: Any) -> None:
         resp.release_conn()
 
 
+#: The longest event line a watch takes (a pod's JSON is a few KiB; the API server's own limit on an object is
+#: 1.5 MiB): a longer one is a bad line, and the watch starts again from its kept version.
+MAX_LINE = 4 * 1024 * 1024
+
+
 def _lines(resp: Any) -> Iterator[bytes]:
-    """The stream's non-empty lines (one JSON event each), as they arrive."""
-    buffer = b""
+    """The stream's non-empty lines (one JSON event each), as they arrive; ValueError past :data:`MAX_LINE`.
+
+    Each byte is looked at once (a line's end is searched only in what arrived since), so a long line costs
+    linear time, not quadratic."""
+    buffer = bytearray()
     for chunk in resp.stream(amt=None, decode_content=False):
+        start = len(buffer)
         buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
+        end = buffer.find(b"\n", start)
+        while end >= 0:
+            line = bytes(buffer[:end])
+            del buffer[:end + 1]
             if line.strip():
                 yield line
+            end = buffer.find(b"\n")
+        if len(buffer) > MAX_LINE:
+            raise ValueError(f"a watch event line longer than {MAX_LINE} bytes")
     if buffer.strip():
-        yield buffer
+        yield bytes(buffer)
 
 
 def _describe(exc: BaseException) -> str:
