@@ -225,6 +225,19 @@ class CheckpointStore:
                 continue
         return out
 
+    def unreadable(self) -> list[tuple[str, str]]:
+        """(folder, why) of each checkpoint whose manifest is there but cannot be read (torn, corrupt, or of a
+        newer cloud-elastic), newest first: complete to their writer, so a job must not take them for none."""
+        out = []
+        for name in reversed(self._names()):
+            try:
+                self._manifest(name)
+            except FileNotFoundError:
+                continue  # an interrupted write: no manifest
+            except _Unusable as exc:
+                out.append((name, str(exc)))
+        return out
+
     def latest(self) -> Checkpoint | None:
         """The newest checkpoint whose manifest parses and whose data matches its digest and loads.
 

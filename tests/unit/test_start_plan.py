@@ -130,3 +130,40 @@ def test_the_groups_a_crashed_predecessor_raised_are_taken_over_and_set_back_onc
     write_driver_alive(store, DriverAlive("j1", time.time(), 60.0, "driver-vm", 4242, stopped=True,
                                           raised=(("od", 2),)))
     assert plan_start(config, open_store(config), job_id="j3").previous_alive is None
+
+
+def test_checkpoints_without_a_job_record_are_resumed_under_their_job_never_trained_over(tmp_path, monkeypatch):
+    # job.json deleted (or not copied with the checkpoints): a fresh job id trained from the start, and its first
+    # saves pruned the trained checkpoints away (found by review).
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = _config(str(tmp_path / "ckpt"))
+    store = open_store(config)
+    store.save(500, {"step": 500}, {"job_id": "j1"})
+    store.save(600, {"step": 600}, {"job_id": "j1"})
+    plan = plan_start(config, open_store(config), job_id="fresh")
+    assert (plan.job_id, plan.resumed) == ("j1", True)
+    assert (tmp_path / "ckpt" / "job.json").exists()
+
+
+def test_checkpoints_that_name_no_job_and_have_no_record_stop_the_start_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = _config(str(tmp_path / "ckpt"))
+    open_store(config).save(500, {"step": 500})
+    with pytest.raises(ConfigError, match=r"holds checkpoints but no job record \(job.json\), and no checkpoint "
+                                          r"names its job: not starting the training over them") as refused:
+        plan_start(config, open_store(config), job_id="fresh")
+    assert "\n" not in str(refused.value)
+
+
+def test_checkpoints_none_of_which_can_be_read_are_never_taken_for_no_checkpoint(tmp_path, monkeypatch):
+    # A package downgraded under manifests of a newer format, or every manifest torn: "no checkpoint yet, so
+    # training starts over" was said, and the unreadable checkpoints were pruned by the new run's saves.
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = _config(str(tmp_path / "ckpt"))
+    plan_start(config, open_store(config), job_id="j1")  # the job record
+    saved = open_store(config).save(500, {"step": 500}, {"job_id": "j1"})
+    manifest = tmp_path / "ckpt" / saved.name / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"format_version": 1', '"format_version": 99'))
+    with pytest.raises(ConfigError, match=r"holds 1 checkpoint\(s\) and none can be read .*not starting the "
+                                          r"training over; was it written by a newer cloud-elastic\?"):
+        plan_start(config, open_store(config), job_id="other")

@@ -101,6 +101,8 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
 
     adopt, previous = _adoptable(config)
     record = read_job_record(store)
+    if record is None and (store.list() or store.unreadable()):
+        record = _record_lost(config, store)  # checkpoints of a job whose record went: resume them, never restart
     if record is None:
         job_id = adopt.job_id if adopt is not None else job_id
         write_job_record(store, DurableJobRecord(job_id, tuple(config.command), time.time(),
@@ -131,6 +133,24 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
     return _with_wait(plan, config, previous, previous_alive, store)
 
 
+def _record_lost(config: JobConfig, store: Any) -> Any:
+    """The job record written again for checkpoints found without one (``job.json`` deleted, or not copied with
+    them), from the newest checkpoint's job id; ConfigError when none names its job: a fresh job id and training
+    from the start would prune those checkpoints away."""
+    from cloud_elastic.checkpoint import DurableJobRecord, read_job_record, write_job_record
+
+    newest = next((c for c in store.list() if c.job_id), None)
+    if newest is None:
+        raise ConfigError(f"{store.url} holds checkpoints but no job record (job.json), and no checkpoint names "
+                          "its job: not starting the training over them; restore job.json, or give an empty "
+                          "--checkpoint-dir to start over")
+    log.warning("job %s: %s holds checkpoints of this job but no job record (job.json); it is written again and the "
+                "job resumes from them", newest.job_id, store.url)
+    write_job_record(store, DurableJobRecord(newest.job_id, tuple(config.command), time.time(),
+                                             extra={"driver_grace_s": config.driver_grace_s}))
+    return read_job_record(store)
+
+
 def resumes(store: Any, job_id: str, *, announce_none: bool) -> bool:
     """Whether the store holds a checkpoint of this job (the first round then resumes from the newest), said in the log.
 
@@ -139,6 +159,12 @@ def resumes(store: Any, job_id: str, *, announce_none: bool) -> bool:
     """
     checkpoints = store.list()
     if not checkpoints:
+        unreadable = store.unreadable()
+        if unreadable:  # never "no checkpoint yet": training from the start would prune them too
+            name, why = unreadable[0]
+            raise ConfigError(f"job {job_id}: {store.url} holds {len(unreadable)} checkpoint(s) and none can be read "
+                              f"(the newest, {name}: {why}): not starting the training over; was it written by a "
+                              "newer cloud-elastic?")
         if announce_none:
             log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts "
                      "over unless its workers still write one", job_id, store.url)
