@@ -579,7 +579,7 @@ class ElasticJob:
         self.completion.check_early_returns(now)
         self.completion.check_progress(now)
         self.health.check(now)
-        self.leavers.mark()
+        self.leavers.mark(now)
         self.leavers.enforce_deadlines(now)
         self.leavers.release_drained(now, rollback_pending=self.rounds.pending_rollback is not None)
         if self.phase is Phase.FINISHING:

@@ -34,6 +34,9 @@ __all__ = ["Leavers"]
 log = logging.getLogger(__name__)
 
 S = WorkerState
+#: The last holders of the state drain this many deadline margins before their host's deadline (see
+#: :meth:`Leavers.mark`): one margin to reach a commit before the force-removal margin.
+HOLD_MARGINS = 2
 #: States of alive workers that are staying (see JobView.active), as a tuple: membership in a tuple tests
 #: identity first, while an enum's hash is computed in Python.
 _ACTIVE = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
@@ -53,6 +56,7 @@ class Leavers:
         # worker was born while the count of workers is _checked[1].
         self._checked: tuple[int, int] = (-1, -1)
         self._draining_round = -1  # the last round in which a member was marked draining
+        self._holding_round = -1  # the last round whose members were kept as the last holders (said once)
 
     def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False) -> bool:
         """A notice for ``host`` from ``source``; True when it is news (the job then steps).
@@ -96,14 +100,21 @@ class Leavers:
         lines, self._forced_drains = self._forced_drains, []
         return lines
 
-    def mark(self) -> None:
-        """Workers whose host is draining or gone (past the missing grace) are asked to leave."""
+    def mark(self, now: float | None = None) -> None:
+        """Workers whose host is draining or gone (past the missing grace) are asked to leave.
+
+        Except the last holders of the state: when every running member's host is draining (a notice for
+        every host at once), they train on, and leave only once a new worker holds the state (it joins as
+        any newcomer, and they drain the step after) or :data:`HOLD_MARGINS` deadline margins before their
+        host's deadline; sent away at once, they took the training state with them.
+        """
         job = self._job
         checked = (job.hosts.version, len(job.workers))
         if checked == self._checked:
             return  # no host changed and no worker was born since every worker's host was checked
         self._checked = checked
         ready, missing = job.hosts.ready, job.hosts.missing
+        leaving = []
         for w in job.alive():
             if w.state not in _ACTIVE:
                 continue
@@ -111,10 +122,39 @@ class Leavers:
             host, index = w.slot.host, w.slot.index
             if index < (missing[host][0] if host in missing else ready.get(host, 0)):
                 continue
+            leaving.append(w)
+        held = {w.worker_id for w in self._holding(leaving, now)}
+        for w in leaving:
+            if w.worker_id in held or w.state not in _ACTIVE:  # taken along with its host already (--whole-hosts)
+                continue
             drain = job.hosts.draining.get(w.slot.host)
             why = f"host {w.slot.host} is draining ({drain.reason})" if drain else f"host {w.slot.host} left the group"
             log.info("job %s: worker %s (%s) will leave: %s", job.job_id, w.worker_id, w.label, why)
             self.send_away(w, why)
+
+    def _holding(self, leaving: list[WorkerRecord], now: float | None) -> list[WorkerRecord]:
+        """The members of ``leaving`` kept training as the last holders of the state (see :meth:`mark`)."""
+        job = self._job
+        if now is None or not leaving:
+            return []
+        going = {w.worker_id for w in leaving}
+        holders = [w for w in job.alive() if (w.state is S.RUNNING or w.state is S.WAITING) and w.holds_state]
+        if not holders or any(w.worker_id not in going for w in holders):
+            return []  # someone stays to hold the state (or none holds any yet)
+        wall = now + job.wall_offset
+        hold = HOLD_MARGINS * job.policy.deadline_margin_s
+        held = []
+        for w in holders:
+            drain = job.hosts.draining.get(w.slot.host)
+            if drain is not None and (drain.deadline is None or wall < drain.deadline - hold):
+                held.append(w)
+        if held:
+            self._checked = (-1, -1)  # looked at again next step: the deadline comes closer without any change
+            if self._holding_round != job.round:
+                self._holding_round = job.round
+                log.warning("job %s: every member's host is draining: they train on, and leave once a new worker "
+                            "holds the state, or %gs before their host's deadline", job.job_id, hold)
+        return held
 
     def send_away(self, w: WorkerRecord, why: str) -> None:
         """Ask one staying worker to leave: a round member drains (it leaves at its next commit, zero steps
