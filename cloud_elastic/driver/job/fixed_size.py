@@ -126,7 +126,7 @@ class FixedSize:
         """``w`` failed (exited other than 0, was killed, given up) in a fixed-size job; False when this mode
         does not apply. The first failure of a member of the attempt's round becomes its reason; nothing is
         blacklisted, so ``transport`` (its host unreachable) changes nothing here. A worker outside the round
-        (a spare, one still starting) fails as in an elastic job: blacklisted and replaced."""
+        (a spare, one still starting) fails as in an elastic job: blacklisted, and no end of the attempt."""
         job = self._job
         error = self._errors.get(w.worker_id)
         reason = f"worker {w.worker_id} ({w.label}) {what}" + (f": {error}" if error else "")
