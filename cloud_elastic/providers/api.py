@@ -37,7 +37,8 @@ from typing import Callable, ClassVar, Mapping
 from cloud_elastic.config import MAX_SLOTS_PER_HOST  # the limit --slots-per-host is held to, too
 from cloud_elastic.errors import CapacityError, ConfigError, FatalDiscoveryError
 
-__all__ = ["Drain", "DiscoveredHosts", "MAX_HOSTS", "MAX_SLOTS", "ProviderOption", "HostDiscovery", "parse_bool", "MAX_SLOTS_PER_HOST",
+__all__ = ["Drain", "DiscoveredHosts", "MAX_HOSTS", "MAX_SLOTS", "ProviderOption", "HostDiscovery", "parse_bool",
+           "MAX_SLOTS_PER_HOST",
            "ipv6_refusal"]
 
 
@@ -90,12 +91,6 @@ class DiscoveredHosts:
     prices: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        hosts = len(self.ready) + len(self.draining)
-        if hosts > MAX_HOSTS or len(self.ready) * MAX_SLOTS_PER_HOST > MAX_SLOTS:
-            total = sum(s for s in self.ready.values() if isinstance(s, int))
-            if hosts > MAX_HOSTS or total > MAX_SLOTS:  # the driver plans over every slot at each step
-                raise FatalDiscoveryError(f"discovery reported {hosts} hosts with {total} slots; at most {MAX_HOSTS} "
-                                          f"hosts and {MAX_SLOTS} slots are allowed")
         for host, slots in self.ready.items():
             if not isinstance(host, str) or not host:
                 raise ValueError(f"host names must be non-empty strings, got {host!r}")
@@ -104,6 +99,11 @@ class DiscoveredHosts:
             if slots > MAX_SLOTS_PER_HOST:  # a policy, not a bug: one line, and the job fails (retrying cannot help)
                 raise FatalDiscoveryError(f"host {host!r} offers {slots} slots; at most {MAX_SLOTS_PER_HOST} "
                                           "per host are allowed")
+        hosts = len(self.ready) + len(self.draining)
+        total = sum(self.ready.values())
+        if hosts > MAX_HOSTS or total > MAX_SLOTS:  # the driver plans over every slot at each step
+            raise FatalDiscoveryError(f"discovery reported {hosts} hosts with {total} slots; at most {MAX_HOSTS} "
+                                      f"hosts and {MAX_SLOTS} slots are allowed")
         for host in (*self.ready, *self.draining):
             if isinstance(host, str) and ":" in host:  # no host name has a colon: an IPv6 address, bracketed or not
                 raise FatalDiscoveryError(ipv6_refusal(host))

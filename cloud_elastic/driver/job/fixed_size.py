@@ -127,11 +127,11 @@ class FixedSize:
         does not apply. The first failure of a member of the attempt's round becomes its reason; nothing is
         blacklisted, so ``transport`` (its host unreachable) changes nothing here. A worker outside the round
         (a spare, one still starting) fails as in an elastic job: blacklisted, and no end of the attempt."""
+        if not was_member:
+            return False
         job = self._job
         error = self._errors.get(w.worker_id)
         reason = f"worker {w.worker_id} ({w.label}) {what}" + (f": {error}" if error else "")
-        if not was_member:
-            return False
         if not self.known:
             self._member_failure = reason
             return False

@@ -101,8 +101,10 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
 
     adopt, previous = _adoptable(config)
     record = read_job_record(store)
-    if record is None and (store.list() or store.unreadable()):
-        record = _record_lost(config, store)  # checkpoints of a job whose record went: resume them, never restart
+    if record is None:
+        found = store.list()
+        if found or store.unreadable():
+            record = _record_lost(config, store, found)  # checkpoints whose record went: resume them, never restart
     if record is None:
         job_id = adopt.job_id if adopt is not None else job_id
         write_job_record(store, DurableJobRecord(job_id, tuple(config.command), time.time(),
@@ -133,13 +135,13 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
     return _with_wait(plan, config, previous, previous_alive, store)
 
 
-def _record_lost(config: JobConfig, store: Any) -> Any:
+def _record_lost(config: JobConfig, store: Any, found: list[Any]) -> Any:
     """The job record written again for checkpoints found without one (``job.json`` deleted, or not copied with
     them), from the newest checkpoint's job id; ConfigError when none names its job: a fresh job id and training
-    from the start would prune those checkpoints away."""
+    from the start would prune those checkpoints away. ``found``: the readable ones (``store.list()``)."""
     from cloud_elastic.checkpoint import DurableJobRecord, read_job_record, write_job_record
 
-    newest = next((c for c in store.list() if c.job_id), None)
+    newest = next((c for c in found if c.job_id), None)
     if newest is None:
         raise ConfigError(f"{store.url} holds checkpoints but no job record (job.json), and no checkpoint names "
                           "its job: not starting the training over them; restore job.json, or give an empty "

@@ -41,6 +41,11 @@ def model_tensors(model: torch.nn.Module) -> list[list[Any]]:
             for name, t in sorted(model.state_dict().items()) if isinstance(t, torch.Tensor)]
 
 
+def _described(tensors: list[list[Any]]) -> dict[str, str]:
+    """Name -> "float32 [16]" (or "float32 uninitialized") of :func:`model_tensors`' list."""
+    return {name: f"{dtype.removeprefix('torch.')} {shape}" for name, shape, dtype in tensors}
+
+
 def check_models(roots: list[list[list[Any]]], models: list[torch.nn.Module]) -> None:
     """A receiver's models against rank 0's (:func:`model_tensors`), before anything is received into them.
 
@@ -51,19 +56,13 @@ def check_models(roots: list[list[list[Any]]], models: list[torch.nn.Module]) ->
     if len(roots) != len(models):
         raise StateSyncError(f"state sync: rank 0 syncs {len(roots)} model(s), this worker {len(models)}")
     for index, (root, model) in enumerate(zip(roots, models)):
-        def key(shape: Any) -> Any:
-            return shape if isinstance(shape, str) else tuple(shape)
-
-        mine = {name: (key(shape), dtype) for name, shape, dtype in model_tensors(model)}
-        theirs = {name: (key(shape), dtype) for name, shape, dtype in root}
+        mine, theirs = _described(model_tensors(model)), _described(root)
         for name in sorted(mine.keys() | theirs.keys()):
-            here, there = mine.get(name), theirs.get(name)
-            if here is None or there is None or here != there or isinstance(here[0], str):
-                what = lambda t: "no such tensor" if t is None else (  # noqa: E731
-                    f"{t[1].removeprefix('torch.')} {t[0] if isinstance(t[0], str) else list(t[0])}")
+            here, there = mine.get(name, "no such tensor"), theirs.get(name, "no such tensor")
+            if here != there or here.endswith("uninitialized"):
                 raise StateSyncError(f"state sync: this worker's model {index} differs from rank 0's at {name!r}: "
-                                     f"{what(here)} here, {what(there)} on rank 0 (is the model built the same "
-                                     "way on every worker?)")
+                                     f"{here} here, {there} on rank 0 (is the model built the same way on every "
+                                     "worker?)")
 
 
 class State:

@@ -64,7 +64,6 @@ class DriverClient:
             self._conn = None
 
 
-
 def _bounded_body(resp: http.client.HTTPResponse, kind: str) -> bytes:
     """The reply's body, read no further than :data:`~cloud_elastic.control.MAX_BODY` bytes: whoever answers at the
     driver's address (a port taken over after the driver died) cannot make the worker read without end."""
