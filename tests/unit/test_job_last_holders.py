@@ -51,3 +51,12 @@ def test_a_new_worker_takes_the_state_from_the_last_holders_then_they_leave() ->
     replies = sim.join("a[0]", "b[0]", "c[0]", reason="update")
     assert isinstance(replies["a[0]"], ExitOrder) and isinstance(replies["b[0]"], ExitOrder)
     assert sim.layout() == ["c[0]"] and not [kind for kind, _ in sim.events if kind == "rollback"]
+
+
+def test_a_notice_without_a_deadline_never_sends_the_last_holders_away_on_its_own() -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, max_np=2)
+    sim.commit("a[0]", "b[0]")
+    sim.discover({}, {"a": Drain(None, "rebalance"), "b": Drain(None, "rebalance")})
+    sim.advance(100)  # longer than any deadline margin: nothing comes closer
+    assert {state(sim, "a[0]"), state(sim, "b[0]")} == {WorkerState.RUNNING} and sim.outcome is None
+    assert sim.poll("a[0]").update_gen == 0

@@ -77,3 +77,63 @@ def test_a_job_that_raised_nothing_does_not_wait_for_a_slow_discovery_call_to_ex
     assert time.monotonic() - started < 30  # not held by the 45 s call: nothing is raised to set back
     assert groups.calls == []
 
+
+
+class _Cloud:
+    """The provider's capacity write path: refuses ``refusals`` calls, then sets the capacity."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals, self.capacity, self.calls = refusals, 1, 0
+
+    def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise RuntimeError("throttled")
+        self.capacity = hosts
+
+    def capacity_of(self, source: str) -> int:
+        return self.capacity
+
+
+class _BusyPoller:
+    def join(self, timeout_s: float) -> bool:
+        return False  # its provider call did not end in time
+
+
+def _raised_job():
+    from tests.unit.test_job_sourcing import Sourced
+
+    sim = Sourced(2, manage_capacity=True)
+    sim.groups(a=1, b=1)
+    sim.join("a0[0]", "b0[0]")
+    sim.groups(a=1)  # below --min-np: the fallback group is raised
+    sim.advance(1)
+    assert sim.job.capacity.sourcing.raised() == {"od": 1}
+    return sim
+
+
+def test_at_the_end_a_raised_group_is_tried_three_times_then_named_as_staying_raised(caplog):
+    from cloud_elastic.driver.runtime import raised
+
+    sim = _raised_job()
+    lock = threading.Condition()
+    refusing = _Cloud(refusals=3)
+    raised.lower(sim.job, refusing, lock, None, pause_s=0)
+    assert refusing.calls == 3 and sim.job.capacity.sourcing.raised() == {"od": 1}
+    assert "host source 'od' stays at the desired capacity 1 this job gave it: set it to 0 yourself" in caplog.text
+    cloud = _Cloud(refusals=2)
+    raised.lower(sim.job, cloud, lock, None, pause_s=0)
+    sim._collect()
+    assert (cloud.calls, cloud.capacity, sim.job.capacity.sourcing.raised()) == (3, 0, {})
+    assert ("capacity", {"source": "od", "hosts": 0, "reason": "the job is over"}) in sim.events
+
+
+def test_at_the_end_a_discovery_call_that_does_not_end_leaves_the_group_named_as_raised(caplog):
+    from cloud_elastic.driver.runtime import raised
+
+    sim = _raised_job()
+    cloud = _Cloud(refusals=0)
+    raised.lower(sim.job, cloud, threading.Condition(), _BusyPoller(), join_s=0)
+    assert cloud.calls == 0 and sim.job.capacity.sourcing.raised() == {"od": 1}
+    assert "host source 'od' stays at the desired capacity 1 this job gave it: the discovery call under way did " \
+           "not end within 0s; set it to 0 yourself" in caplog.text
