@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cloud_elastic.driver.job.actions import Phase, Release, Stop
+from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 from tests.unit.job_view import T0, FakeJob, S
@@ -85,6 +86,22 @@ def test_a_drained_host_is_released_once_when_no_worker_is_left_on_it() -> None:
     leavers.release_drained(T0 + 1, rollback_pending=False)
     leavers.release_drained(T0 + 2, rollback_pending=False)
     assert job.actions == [Release("a", None)]
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_a_host_released_for_a_hard_notice_takes_no_worker_while_its_instance_is_listed(soft: bool) -> None:
+    job, leavers = on_hosts(a=1, b=1)
+    job.hosts.drain_soft = soft  # --drain-on-rebalance: a soft notice drains too, but is no termination
+    pods = DiscoveredHosts(ready={"a": 1, "b": 1}, instances={"a": "pa/1/0", "b": "pb/2/0"})
+    job.hosts.update(pods, T0)
+    w = job.worker("a", 0, S.RUNNING, round_=1, rank=0)
+    leavers.notice("a", Drain(deadline=T0 + 30, reason="why"), T0, source="sigterm", soft=soft)
+    w.state = S.EXITED  # it left at a commit
+    leavers.release_drained(T0 + 1, rollback_pending=False)
+    assert job.actions == [Release("a", "pa/1/0")]
+    lapsed = job.hosts.update(pods, T0 + 1000).lapsed
+    assert lapsed == (("a",) if soft else ())
+    assert (Slot("a", 0) in job.hosts.available_slots(T0 + 1000)) is soft
 
 
 def test_a_forced_drain_waits_for_the_rollback_to_say_the_steps_lost() -> None:

@@ -101,6 +101,12 @@ class HostManager:
     is launched on it, and only when it is still missing after the grace does it
     count as removed. A draining state acts at once, and so does the loss of a
     host that was already draining (the cloud took it).
+
+    A hard notice lapses (:meth:`_lapse`) when the host is still reported ready
+    ``notice_grace_s`` past its deadline: the cloud did not take it. Except a host
+    :meth:`given_back` to the cloud: while discovery lists the same instance there,
+    the notice stays (a Kubernetes pod whose SIGTERM drained it is listed ready
+    until it is gone, and its sshd has ended with its workers).
     """
 
     blacklist: Blacklist
@@ -121,6 +127,7 @@ class HostManager:
     drain_soft: bool = False
     _notice_until: dict[str, float] = field(default_factory=dict)  # host -> when its hard notice may lapse
     _soft_until: dict[str, float] = field(default_factory=dict)  # host -> when its soft notice lapses
+    _given_back: dict[str, str] = field(default_factory=dict)  # host -> the instance released for its hard notice
     _order: dict[str, int] = field(default_factory=dict)
     _seq: int = 0
     #: The last instance seen at each address, kept after the host is forgotten (addresses are reused).
@@ -154,6 +161,7 @@ class HostManager:
                 # A recycled IP, a recreated or restarted pod: the new instance inherits no blacklisting.
                 self._last_instance[host] = instance
                 self.blacklist.forget_host(host)
+                self._given_back.pop(host, None)
         self.instances.update(snapshot.instances)
         self.sources.update(snapshot.sources)  # a missing host keeps its source and price until it is forgotten
         self.prices.update(snapshot.prices)
@@ -184,8 +192,12 @@ class HostManager:
         )
 
     def _lapse(self, snapshot: DiscoveredHosts, now: float) -> tuple[str, ...]:
-        """Drop hard notices past their grace for hosts the snapshot reports ready, and soft ones past their TTL."""
-        hard = [h for h in self.notices if h in snapshot.ready and now >= self._notice_until.get(h, now)]
+        """Drop hard notices past their grace for hosts the snapshot reports ready, and soft ones past their TTL.
+
+        Not the hard notice of a host given back whose instance discovery still lists (see the class docstring).
+        """
+        hard = [h for h in self.notices if h in snapshot.ready and now >= self._notice_until.get(h, now)
+                and self._given_back.get(h, "") != self.instances.get(h)]
         soft = [h for h in self.soft if now >= self._soft_until.get(h, now)]
         for host in hard:
             self._drop_notice(host)
@@ -196,6 +208,15 @@ class HostManager:
     def _drop_notice(self, host: str) -> None:
         del self.notices[host]
         self._notice_until.pop(host, None)
+        self._given_back.pop(host, None)
+
+    def given_back(self, host: str) -> None:
+        """``host``, drained for a hard notice, was released to the cloud: its notice no longer lapses while
+        discovery lists the same instance there. A host without an instance id lapses as before (a static
+        list or a script cannot tell it from a successor at the same address)."""
+        instance = self.instances.get(host)
+        if host in self.notices and instance:
+            self._given_back[host] = instance
 
     def _drop_soft(self, host: str) -> None:
         del self.soft[host]

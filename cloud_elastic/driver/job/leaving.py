@@ -13,7 +13,9 @@
   peers roll back, and its slot is not blacklisted (the host is going, the
   worker did nothing wrong);
 * when a draining host is given back to the cloud (:meth:`Leavers.release_drained`):
-  once no worker is left on it, exactly once per notice.
+  once no worker is left on it, exactly once per notice; after a hard notice,
+  the job takes no worker there again while discovery lists the same instance
+  (:meth:`~.hosts.HostManager.given_back`).
 
 Cost: :meth:`Leavers.mark` scans every worker only when a host changed
 usability or a worker was born since its last scan; the deadline and release
@@ -51,6 +53,7 @@ class Leavers:
         self.sources: dict[str, str] = {}
         self._released: set[str] = set()
         self._forced: set[str] = set()  # draining hosts whose workers were removed by force
+        self._terminating: set[str] = set()  # hosts drained by a hard notice (not a soft one under drain_soft)
         self._forced_drains: list[str] = []  # their log lines, until the steps lost are known
         # Exact shortcut: no worker's host changed usability while hosts.version is _checked[0] and no
         # worker was born while the count of workers is _checked[1].
@@ -66,6 +69,8 @@ class Leavers:
         new workers off the host, unless ``hosts.drain_soft`` makes it drain too.
         """
         job = self._job
+        if not soft:
+            self._terminating.add(host)
         soft = soft and not job.hosts.drain_soft  # --drain-on-rebalance
         if soft:
             news = job.hosts.soft_notice(host, drain.reason, now)
@@ -90,6 +95,7 @@ class Leavers:
     def lapsed(self, host: str) -> None:
         """The notice for ``host`` lapsed (see :class:`~.hosts.HostManager`)."""
         self.sources.pop(host, None)
+        self._terminating.discard(host)
 
     def members_may_drain(self, round_: int) -> bool:
         """False when no member of round ``round_`` was marked draining (only :meth:`mark` drains members)."""
@@ -226,6 +232,8 @@ class Leavers:
             if host not in busy and host not in self._released:
                 self._released.add(host)
                 job.act(Release(host, job.hosts.instances.get(host)))
+                if host in self._terminating:
+                    job.hosts.given_back(host)
                 had_workers = any(w.slot.host == host for w in job.workers.values())
                 if had_workers:
                     left = "" if drain.deadline is None else (
@@ -240,3 +248,4 @@ class Leavers:
                         log.info("%sremoved by force before its deadline", what)
         self._released &= set(draining)
         self._forced &= set(draining)
+        self._terminating &= set(draining)
