@@ -68,10 +68,12 @@ _TIME_FORMAT = "%Y%m%dT%H%M%S%f"
 #: Folder times from this one on are impossible: no later name could follow them (datetime ends at 9999).
 _END_OF_TIME = datetime(9000, 1, 1, tzinfo=timezone.utc)
 _META_KEYS = ("epoch", "world_size", "job_id")
+#: Why a folder is no checkpoint (yet): an interrupted write, or one whose manifest is still to come.
+_NO_MANIFEST = "no manifest"
 
 
 class CheckpointStore:
-    """Checkpoints under ``url`` (a local path or an fsspec URL), keeping the newest ``keep``.
+    """Checkpoints under ``url`` (a local path or an fsspec URL), keeping the newest ``keep`` that verify.
 
     The constructor does no I/O; it fails at once, with the pip extra to
     install, when the URL's fsspec implementation is missing. Methods may be
@@ -90,6 +92,7 @@ class CheckpointStore:
         self._lock = threading.Lock()
         self._last_time = datetime.min.replace(tzinfo=timezone.utc)
         self._ignored: set[str] = set()  # names like a checkpoint's with impossible times, warned about once
+        self._kept_unverified: set[str] = set()  # checkpoints pruning kept without counting, warned about once
 
     @property
     def backend(self) -> Backend:
@@ -194,24 +197,57 @@ class CheckpointStore:
         return f"ckpt-{now.strftime(_TIME_FORMAT)}Z-step{int(step):012d}"
 
     def _prune(self, newest: str, existing: list[str]) -> None:
-        """Keep ``newest`` and the ``keep - 1`` complete checkpoints before it; delete the older ones.
+        """Delete the checkpoints older than the ``keep`` newest that verify; keep everything newer.
 
-        Folders without a manifest older than ``newest`` are interrupted writes
-        and go too. A failure to delete is logged and retried at the next save.
+        A checkpoint verifies when its manifest reads and its files have the sizes the manifest lists (no
+        digest: that would re-read every payload at every save); one that does not is kept while newer than
+        the ``keep``-th that does, and does not count, so a torn, tampered or newer-format checkpoint never
+        pushes the last readable one out. Nothing is deleted unless ``newest`` (just written) verifies, nor
+        past a checkpoint the storage would not let us check. Folders without a manifest older than
+        ``newest`` are interrupted writes and go too. A failure to delete is logged and retried at the next save.
         """
-        kept = 1
         backend = self.backend
-        for name in reversed([n for n in existing if n < newest]):
+        verified = 0
+        for name in [newest] + list(reversed([n for n in existing if n < newest])):
             try:
-                complete = MANIFEST in backend.children(name)
-                if complete and kept < self.keep:
-                    kept += 1
-                    continue
+                if verified < self.keep:
+                    why = self._unverified(name)
+                    if why is None:
+                        verified += 1
+                        continue
+                    if name == newest:
+                        log.warning("checkpoint %s does not verify just after it was written (%s): deleting no "
+                                    "older checkpoint", backend.url(name), why)
+                        return
+                    if why != _NO_MANIFEST:
+                        if name not in self._kept_unverified:
+                            self._kept_unverified.add(name)
+                            log.warning("checkpoint %s does not verify (%s): kept, and not counted among the %d "
+                                        "kept", backend.url(name), why, self.keep)
+                        continue
                 # Manifest first: a reader never finds a manifest whose data is being deleted.
                 backend.remove_tree(name, first=MANIFEST)
                 log.debug("deleted old checkpoint %s", backend.url(name))
             except Exception as exc:  # storage trouble must not fail the save that succeeded
-                log.warning("could not delete old checkpoint %s: %s", backend.url(name), _one_line(exc))
+                log.warning("could not check or delete old checkpoint %s: %s; deleting no older one until the "
+                            "next save", backend.url(name), _one_line(exc))
+                return
+
+    def _unverified(self, name: str) -> str | None:
+        """None when ``name`` verifies (its manifest reads, its data and shard files have the sizes it lists),
+        else why not (:data:`_NO_MANIFEST` for an interrupted write). Raises CheckpointError when the storage
+        cannot be read: that says nothing about the checkpoint."""
+        try:
+            info = self._manifest(name)
+            if self.backend.sizes(name).get(info.data_name) != info.size:
+                raise _Unusable(f"its data {info.data_name} is missing or not the size its manifest says")
+            if info.shards is not None:
+                self._check_shards(info)
+        except FileNotFoundError:
+            return _NO_MANIFEST
+        except _Unusable as exc:
+            return str(exc)
+        return None
 
     # -- reading -------------------------------------------------------------------
 
@@ -264,17 +300,7 @@ class CheckpointStore:
         from its digest or holds anything but tensors and plain data.
         """
         if info.shards is not None:
-            if info.shard_digests is None:
-                raise _Unusable(f"its manifest has no SHA-256 digests of its shard files (written by an older "
-                                f"cloud-elastic): its shards load only by unpickling DCP's {DCP_METADATA}, which this "
-                                "cloud-elastic never does")
-            try:
-                found = self.backend.sizes(f"{info.name}/{SHARDS_DIR}")
-            except Exception as exc:
-                raise CheckpointError(f"could not list {self.backend.url(info.name)}: {_one_line(exc)}") from exc
-            wrong = sorted(f for f, size in info.shards.items() if found.get(f) != size)
-            if wrong:
-                raise _Unusable(f"its shard files {', '.join(wrong[:3])} are missing or not the size its manifest says")
+            self._check_shards(info)
         path = f"{info.name}/{info.data_name}"
         try:
             data = self._read(path, info.size)
@@ -285,6 +311,21 @@ class CheckpointStore:
         if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
             raise _Unusable("its data does not match the manifest's size and SHA-256 digest")
         return Checkpoint(info, safe_load(data, info.data_name))
+
+    def _check_shards(self, info: CheckpointInfo) -> None:
+        """_Unusable unless a sharded checkpoint's manifest lists its shards' digests and its shard files are
+        there with the sizes it lists; CheckpointError when they cannot be listed."""
+        if info.shard_digests is None:
+            raise _Unusable(f"its manifest has no SHA-256 digests of its shard files (written by an older "
+                            f"cloud-elastic): its shards load only by unpickling DCP's {DCP_METADATA}, which this "
+                            "cloud-elastic never does")
+        try:
+            found = self.backend.sizes(f"{info.name}/{SHARDS_DIR}")
+        except Exception as exc:
+            raise CheckpointError(f"could not list {self.backend.url(info.name)}: {_one_line(exc)}") from exc
+        wrong = sorted(f for f, size in (info.shards or {}).items() if found.get(f) != size)
+        if wrong:
+            raise _Unusable(f"its shard files {', '.join(wrong[:3])} are missing or not the size its manifest says")
 
     def _manifest(self, name: str) -> CheckpointInfo:
         try:
