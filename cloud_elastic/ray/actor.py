@@ -98,16 +98,17 @@ class WorkerActor:
 
 
 def _worker_environment(env: Mapping[str, str], secret: str | None, gpu: bool) -> None:
-    """Put the worker's settings into this process's environment before the worker library reads it."""
+    """Put the worker's settings into this process's environment before the worker library reads it, and the
+    secret into the worker library: in the environment, the function's subprocesses would inherit it."""
     import ray
 
-    from cloud_elastic.worker.settings import HOSTNAME_ENV, SECRET_ENV
+    from cloud_elastic.worker.settings import HOSTNAME_ENV, keep_secret
 
     os.environ.update(env)
     # The driver names hosts by Ray node id; Gloo needs an address this node can bind.
     os.environ[HOSTNAME_ENV] = ray.util.get_node_ip_address()
     if secret is not None:
-        os.environ[SECRET_ENV] = secret
+        keep_secret(secret)
     if gpu:
         # The worker library picks cuda:<local rank>; Ray would show each actor only its
         # own GPU, so, as Horovod's Ray executor did, show the node's GPUs to every worker.

@@ -11,32 +11,40 @@ variables the clouds' own tools honour (``AWS_EC2_METADATA_SERVICE_ENDPOINT``,
 its values from the one :class:`WorkerSettings` of the context.
 A bad value raises :class:`~cloud_elastic.errors.ConfigError` naming the variable.
 
-The job's secret (``CLOUD_ELASTIC_SECRET``) is taken out of ``os.environ`` as
-soon as the worker library sees it, so the training script's own subprocesses
-do not inherit it: when this module is imported (``import cloud_elastic.torch``
-imports it), by :meth:`WorkerSettings.from_environ`, and, for a worker forked
-by the fork server, before the script runs at all (``zygote`` hands it over
-with :func:`keep_secret` and never puts it in the environment). It is kept in
-this module, read through :func:`taken_secret`; nothing reads it from the
-environment again.
+The job's secret is never in the worker's environment: ``/proc/PID/environ``
+shows the environment a process started with to every process of the same user,
+whatever the process removes from it later. A worker started from scratch (by
+the local launcher or the remote wrapper) inherits the read end of a pipe that
+holds it, named by ``CLOUD_ELASTIC_SECRET_FD``; the worker library reads it once
+and closes it, and drops the variable, when this module is imported (``import
+cloud_elastic.torch`` imports it), so the training script's own subprocesses
+inherit neither. A worker forked by the fork server gets it from the server
+(``zygote`` hands it over with :func:`keep_secret`), and a Ray actor's function
+from the actor. It is kept in this module, read through :func:`taken_secret`.
+Under a shell that runs several Pythons importing ``cloud_elastic``, only the
+first gets the secret.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import stat
 from dataclasses import dataclass
 from typing import Mapping
 
 from cloud_elastic.errors import ConfigError
 
-__all__ = ["WorkerSettings", "SECRET_ENV", "DRIVER_ENV", "STORE_ENV", "JOB_ID_ENV", "WORKER_ID_ENV", "HOSTNAME_ENV",
-           "SLOT_ENV", "HOST_KEY_ENV", "NETWORK_INTERFACE_ENV", "HEARTBEAT_INTERVAL_ENV", "HEARTBEAT_TIMEOUT_ENV",
+__all__ = ["WorkerSettings", "SECRET_ENV", "SECRET_FD_ENV", "DRIVER_ENV", "STORE_ENV", "JOB_ID_ENV", "WORKER_ID_ENV",
+           "HOSTNAME_ENV", "SLOT_ENV", "HOST_KEY_ENV", "NETWORK_INTERFACE_ENV", "HEARTBEAT_INTERVAL_ENV", "HEARTBEAT_TIMEOUT_ENV",
            "DRIVER_GRACE_ENV", "CHECKPOINT_DIR_ENV", "CHECKPOINT_INTERVAL_ENV", "CHECKPOINT_KEEP_ENV",
            "keep_secret", "take_secret", "taken_secret"]
 
-#: The variable the driver (or the remote wrapper) hands the job's secret in.
+#: The name of the secret among settings (:meth:`WorkerSettings.from_environ` of a mapping); never in a
+#: worker's environment.
 SECRET_ENV = "CLOUD_ELASTIC_SECRET"
+#: The descriptor the launcher (or the remote wrapper) hands the job's secret in (a pipe's read end).
+SECRET_FD_ENV = "CLOUD_ELASTIC_SECRET_FD"
 #: The variables the driver sets for each worker (:meth:`WorkerSettings.to_environ`).
 DRIVER_ENV = "CLOUD_ELASTIC_DRIVER"
 STORE_ENV = "CLOUD_ELASTIC_STORE"
@@ -62,14 +70,36 @@ def keep_secret(secret: str) -> None:
 
 
 def take_secret() -> str:
-    """Move the secret from ``os.environ`` (if there) into this module; return the one held ("" if none).
-
-    A later value in the environment (a Ray actor sets it before each run) replaces the held one.
-    """
-    value = os.environ.pop(SECRET_ENV, None)
-    if value:
-        keep_secret(value)
+    """Read the secret from the descriptor ``CLOUD_ELASTIC_SECRET_FD`` names (if set) into this module, closing it
+    and dropping the variable; return the one held ("" if none)."""
+    raw = os.environ.pop(SECRET_FD_ENV, None)
+    if raw:
+        value = _read_pipe(raw)
+        if value:
+            keep_secret(value)
     return taken_secret()
+
+
+def _read_pipe(raw: str) -> str:
+    """What the pipe at descriptor ``raw`` holds up to its end, then closed. Never blocks: the launcher wrote
+    the secret and closed its end before the worker started. "" for a descriptor that is not such a pipe (the
+    variable reached a process that did not inherit the descriptor), which is left alone."""
+    try:
+        fd = int(raw)
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return ""
+        os.set_blocking(fd, False)
+    except (ValueError, OSError):
+        return ""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    except OSError:  # a writer is still open: not the launcher's pipe
+        os.set_blocking(fd, True)
+        return ""
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
 
 
 def taken_secret() -> str:
@@ -173,7 +203,8 @@ class WorkerSettings:
             raise ConfigError(f"CLOUD_ELASTIC_SLOT={self.slot}: must be >= 0")
         if not self.standalone:
             if not self.secret:
-                raise ConfigError("CLOUD_ELASTIC_SECRET is not set; workers must be started by 'cloud-elastic run'")
+                raise ConfigError("the job's secret is missing (CLOUD_ELASTIC_SECRET_FD); workers must be started by "
+                                  "'cloud-elastic run'")
             for name, value in (("CLOUD_ELASTIC_DRIVER", self.driver_address), ("CLOUD_ELASTIC_STORE", self.store_address)):
                 host, sep, port = value.rpartition(":")
                 if not sep or not host or not port.isdigit():
@@ -210,8 +241,8 @@ class WorkerSettings:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "WorkerSettings":
-        """Read the settings from ``environ`` (default ``os.environ``, whose secret is taken out of it:
-        see the module docstring; a given mapping is left as it is)."""
+        """Read the settings from ``environ`` (default ``os.environ``, the secret from its descriptor: see the
+        module docstring; a given mapping is left as it is, its secret is its ``CLOUD_ELASTIC_SECRET``)."""
         env = os.environ if environ is None else environ
         secret = take_secret() if environ is None else environ.get(SECRET_ENV, "")
 
@@ -266,5 +297,5 @@ def _lenient(raw: str | None, default: float) -> float:
 
 
 # The earliest moment the worker library runs in a worker started from scratch: its subprocesses,
-# from here on, inherit no secret (a forked worker never had it in its environment).
+# from here on, inherit neither the secret's descriptor nor its variable.
 take_secret()

@@ -1,7 +1,8 @@
-"""A stand-in worker for the SSH launcher tests (stdlib only).
+"""A stand-in worker for the SSH launcher tests (the standard library, and in report mode the worker library's settings).
 
 usage: _worker.py MARKER MODE [ARGS]
-  report          print one JSON line: cwd, environment, executable, pid/pgid/sid
+  report          print one JSON line: cwd, environment, executable, pid/pgid/sid, the secret read from
+                  its descriptor (as the worker library reads it) and whether /proc/self/environ shows it
   exit N          print a line, exit with N
   signal N        kill itself with signal N
   sleep [--ignore-term]
@@ -21,9 +22,17 @@ import time
 
 
 def report() -> None:
+    from cloud_elastic.worker.settings import take_secret
+
+    env = dict(os.environ)
+    secret = take_secret()
+    with open("/proc/self/environ", "rb") as f:
+        shown = bool(secret) and secret.encode() in f.read()
     print(json.dumps({
         "cwd": os.getcwd(),
-        "env": dict(os.environ),
+        "env": env,
+        "secret": secret,
+        "secret_in_proc_environ": shown,
         "executable": sys.executable,
         "pid": os.getpid(),
         "pgid": os.getpgid(0),

@@ -33,7 +33,7 @@ def test_the_users_glibc_settings_turn_malloc_tuning_off(name):
 
 
 @pytest.mark.parametrize("env,message", [
-    ({"CLOUD_ELASTIC_SECRET": ""}, "CLOUD_ELASTIC_SECRET is not set"),
+    ({"CLOUD_ELASTIC_SECRET": ""}, "the job's secret is missing"),
     ({"CLOUD_ELASTIC_STORE": "nohost"}, "CLOUD_ELASTIC_STORE='nohost': expected HOST:PORT"),
     ({"CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S": "soon"}, "CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S='soon': not a number"),
     ({"CLOUD_ELASTIC_BACKEND": "mpi"}, "use gloo or nccl"),
@@ -62,3 +62,31 @@ def test_what_the_driver_writes_is_read_back_as_the_same_settings_and_holds_no_s
     plain = WorkerSettings(standalone=False, driver_address="a:1", store_address="a:2", secret="s" * 64)
     assert not {"CLOUD_ELASTIC_CHECKPOINT_DIR", "CLOUD_ELASTIC_HOST_KEY",
                 "CLOUD_ELASTIC_NETWORK_INTERFACE"} & set(plain.to_environ())
+
+
+def test_the_secret_is_read_once_from_its_pipe_which_is_closed_and_its_variable_dropped(monkeypatch):
+    """What a worker started from scratch does as the worker library loads: the launcher's pipe (its write end
+    closed) is read without blocking and closed, so the script's subprocesses inherit neither it nor its
+    number, and a variable naming a descriptor that is not such a pipe takes nothing."""
+    import os
+
+    from cloud_elastic.driver.launch.ssh_remote import secret_pipe
+    from cloud_elastic.worker import settings
+
+    monkeypatch.setattr(settings, "_taken", [])
+    fd = secret_pipe("s" * 64)
+    monkeypatch.setenv(settings.SECRET_FD_ENV, str(fd))
+    assert settings.take_secret() == "s" * 64 and settings.taken_secret() == "s" * 64
+    assert settings.SECRET_FD_ENV not in os.environ
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+    read_end, write_end = os.pipe()  # a writer still open: not the launcher's pipe
+    try:
+        for foreign in (str(write_end), str(read_end), "not-a-number"):
+            monkeypatch.setattr(settings, "_taken", [])
+            monkeypatch.setenv(settings.SECRET_FD_ENV, foreign)
+            assert settings.take_secret() == ""
+        os.fstat(read_end)  # left open for its owner
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -9,8 +9,10 @@ Guarantees every launcher gives:
 
 * ``launch`` returns quickly; it never waits for the worker to start training.
   A failure to even start raises :class:`~cloud_elastic.errors.LaunchError`.
-* The per-job secret is handed to the worker out of band (environment of a
-  local child, stdin of ssh), never on a command line.
+* The per-job secret is handed to the worker out of band (an inherited pipe,
+  the fork server's socket, stdin of ssh), never on a command line nor in the
+  worker's environment (which ``/proc/PID/environ`` shows to the user's other
+  processes for the worker's life).
 * ``terminate`` stops the worker's whole process group (TERM, then KILL after
   the grace period) and is idempotent. It may block up to the grace period,
   so the driver calls it from a thread of its own.

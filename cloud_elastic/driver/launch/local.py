@@ -13,8 +13,9 @@ import time
 from cloud_elastic.driver.launch import forkserver
 from cloud_elastic.driver.launch.forkserver import ForkServer
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
+from cloud_elastic.driver.launch.ssh_remote import secret_pipe
 from cloud_elastic.errors import LaunchError
-from cloud_elastic.worker.settings import SECRET_ENV
+from cloud_elastic.worker.settings import SECRET_ENV, SECRET_FD_ENV
 
 __all__ = ["ForkedProcess", "LocalLauncher", "LocalProcess", "forward_lines", "kill_group", "process_start_time"]
 
@@ -176,7 +177,10 @@ class LocalLauncher:
     """Starts each worker as a process with its own process group: forked from a server
     that imported torch once when it can (:mod:`.forkserver`), otherwise as a child process.
 
-    The secret is put in the child's environment only (never its command line).
+    The secret is never on a command line nor in a worker's environment, where ``/proc/PID/environ``
+    would show it to every process of the user for the worker's life: a forked worker gets it from the
+    server (over its private socket), one started from scratch through an inherited pipe
+    (``CLOUD_ELASTIC_SECRET_FD``), which a shell wrapping the worker passes on.
     """
 
     def __init__(self) -> None:
@@ -219,12 +223,14 @@ class LocalLauncher:
     def launch(self, spec: WorkerSpec, on_output: OutputSink) -> LocalProcess | ForkedProcess:
         env = dict(os.environ)
         env.update(spec.env)
-        env[SECRET_ENV] = spec.secret
         # `python` in the command means the driver's interpreter (its virtualenv), as over SSH.
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-        forked = self._fork(spec, env, on_output)
+        # The fork server takes the secret out of the request's environment before the worker runs.
+        forked = self._fork(spec, {**env, SECRET_ENV: spec.secret}, on_output)
         if forked is not None:
             return forked
+        secret_fd = secret_pipe(spec.secret)
+        env[SECRET_FD_ENV] = str(secret_fd)
         try:
             popen = subprocess.Popen(
                 list(spec.command),
@@ -233,10 +239,13 @@ class LocalLauncher:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
+                pass_fds=(secret_fd,),
                 start_new_session=True,
             )
         except OSError as exc:
             raise LaunchError(f"cannot start {spec.command[0]!r} for {spec.worker_id}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(secret_fd)
         threading.Thread(
             target=forward_lines, args=(popen.stdout, on_output), name=f"out-{spec.worker_id}", daemon=True
         ).start()

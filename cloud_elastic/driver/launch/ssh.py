@@ -5,8 +5,9 @@ The remote login shell runs ``python3 -m cloud_elastic.driver.launch.ssh_remote`
 :mod:`cloud_elastic.driver.launch.ssh_remote`; its command line holds no secret), which:
 
 1. reads the per-job secret from the first line of its stdin and hands it to
-   the worker as ``CLOUD_ELASTIC_SECRET`` (so it never appears on any command
-   line, local or remote);
+   the worker through an inherited pipe (``CLOUD_ELASTIC_SECRET_FD``), so it
+   never appears on any command line, local or remote, nor in the worker's
+   ``/proc/PID/environ``;
 2. starts ``spec.command`` in ``spec.cwd`` in a **new session and process
    group**, stdin from ``/dev/null``, stderr merged into stdout;
 3. runs a watchdog on its own stdin. End of file (the driver closed the pipe,

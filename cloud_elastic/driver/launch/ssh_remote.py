@@ -7,8 +7,11 @@ One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHL
 through ssh. It
 
 1. reads the per-job secret from the first line of its stdin and hands it to
-   the worker as ``CLOUD_ELASTIC_SECRET``, so the secret is on no command line,
-   local or remote;
+   the worker through an inherited pipe whose descriptor ``CLOUD_ELASTIC_SECRET_FD``
+   names (:func:`secret_pipe`), so the secret is on no command line, local or
+   remote, and not in the worker's environment (``/proc/PID/environ``, which
+   other processes of the user can read, shows the environment a process
+   started with, whatever it removes later);
 2. starts ``COMMAND`` in ``CWD`` in a **new session and process group**, stdin
    from ``/dev/null``, stderr merged into stdout, and asks the kernel to KILL
    that process if the wrapper dies (``PR_SET_PDEATHSIG``);
@@ -40,12 +43,13 @@ It imports the standard library only (no torch, no cloud SDK, nothing else of
 cloud-elastic): it must start in milliseconds and must not fail on a host whose
 worker environment is broken, so that the driver learns what went wrong. So it
 spells the two variables of the worker's environment contract it handles itself
-(:data:`SECRET_ENV`, :data:`DRIVER_GRACE_ENV`; the contract's owner is
+(:data:`SECRET_FD_ENV`, :data:`DRIVER_GRACE_ENV`; the contract's owner is
 :mod:`cloud_elastic.worker.settings`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import signal
@@ -60,12 +64,15 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 __all__ = [
-    "SECRET_ENV", "MARKER", "WrapperArgs", "parse_args", "wrapper_argv", "Watchdog", "Order",
+    "SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "MARKER", "WrapperArgs", "parse_args", "wrapper_argv",
+    "Watchdog", "Order",
     "marker_line", "parse_marker", "exit_code", "control_path", "attach", "main",
 ]
 
-#: The variable in which the worker finds the per-job secret.
+#: The variable the secret must never travel in (the launcher refuses it in a worker's environment).
 SECRET_ENV = "CLOUD_ELASTIC_SECRET"
+#: The variable naming the descriptor the worker reads the per-job secret from.
+SECRET_FD_ENV = "CLOUD_ELASTIC_SECRET_FD"
 #: First word of the status line the wrapper writes on stderr when the worker ends.
 MARKER = "CLOUD_ELASTIC_EXIT"
 #: ``python3 -m`` target of the remote command.
@@ -114,6 +121,30 @@ def parse_args(argv: Sequence[str]) -> WrapperArgs:
     if not nonce or grace_s < 0 or keepalive_s < 0:
         raise ValueError("NONCE must be non-empty and GRACE_S, KEEPALIVE_S >= 0")
     return WrapperArgs(nonce, grace_s, keepalive_s, cwd, tuple(command))
+
+
+def secret_pipe(secret: str) -> int:
+    """The read end of a pipe holding ``secret``, its write end closed: start the worker with it in
+    ``pass_fds`` and its number in :data:`SECRET_FD_ENV`, then close it here.
+
+    The worker reads it once and closes it (``worker.settings.take_secret``). Not inheritable until passed.
+    """
+    read_fd, write_fd = os.pipe()
+    try:
+        os.set_blocking(write_fd, False)  # a secret larger than the pipe raises rather than hangs
+        data = secret.encode()
+        while data:
+            data = data[os.write(write_fd, data):]
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    if read_fd < 3:  # a parent started without stdin: the child's stdin would replace it
+        moved = fcntl.fcntl(read_fd, fcntl.F_DUPFD_CLOEXEC, 3)
+        os.close(read_fd)
+        read_fd = moved
+    return read_fd
 
 
 def exit_code(status: int) -> int:
@@ -285,15 +316,17 @@ class Wrapper:
             self._done(127, "cwd")
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        env = dict(os.environ)
-        env[SECRET_ENV] = secret
+        secret_fd = secret_pipe(secret)
+        env = {**os.environ, SECRET_FD_ENV: str(secret_fd)}
         try:
             proc = subprocess.Popen(list(self._args.command), cwd=self._args.cwd, env=env,
-                                    stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, pass_fds=(secret_fd,),
                                     start_new_session=True, preexec_fn=_die_with_parent())
         except (OSError, subprocess.SubprocessError) as exc:
             _say(f"cannot start {self._args.command[0]}: {exc}")
             self._done(127, "exec")
+        finally:
+            os.close(secret_fd)
         self._pgid = proc.pid
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
         status = proc.wait()
