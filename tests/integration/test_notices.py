@@ -83,20 +83,22 @@ def test_a_notice_on_one_host_drains_it_at_the_next_commit_with_zero_rollback(jo
 def test_a_deadline_before_the_next_commit_removes_the_host_by_force_and_survivors_roll_back(jobs, tmp_path):
     with per_host(FakeAWSMetadata, HOSTS) as fakes:
         port = fakes[HOSTS[0]].port
-        # A commit only every 60 steps (about 3 s), and none after the notice before the last step: the
-        # notice's deadline comes first.
-        job = _job(jobs, tmp_path, "aws", port, "--steps", "120", "--commit-every", "60")
-        job.wait_event("commit", rank=0, step=60, timeout=120)
-        fakes[LEAVING].set_spot_action("terminate", time.time() + 7)  # the driver acts 5 s before
+        # A commit every 20 steps, and the leaver stuck inside step 22 (so is its round): the notice's
+        # deadline comes before its next commit.
+        job = _job(jobs, tmp_path, "aws", port, "--steps", "40", "--commit-every", "20", "--block-at-step", "22",
+                   "--only-slot", LEAVING)
+        job.wait_event("commit", rank=0, step=20, timeout=120)
+        # The driver acts 5 s before, but no sooner than 5 s after the notice reached it.
+        fakes[LEAVING].set_spot_action("terminate", time.time() + 7)
         assert job.finish(timeout=120) == 0, job.output()
     out = job.output()
     assert "removed by force" in out, out
     resets = job.of("reset")
     assert resets and all(r["size"] == 2 for r in resets)
-    assert any(r["executed"] > r["step"] for r in resets)  # rolled back to the commit at step 60
-    assert all(r["step"] == 60 for r in resets)
+    assert any(r["executed"] > r["step"] for r in resets)  # rolled back to the commit at step 20
+    assert all(r["step"] == 20 for r in resets)
     done = job.of("done")
-    assert len(done) == 2 and {e["step"] for e in done} == {120} and len({e["checksum"] for e in done}) == 1
+    assert len(done) == 2 and {e["step"] for e in done} == {40} and len({e["checksum"] for e in done}) == 1
     # A drained host is not blacklisted: it did nothing wrong.
     assert "blacklisted" not in " ".join(line for line in job.lines if LEAVING in line)
 

@@ -66,6 +66,7 @@ def test_a_leaver_still_in_its_round_near_the_deadline_is_removed_by_force_and_n
     job.worker("b", 0, S.RUNNING, round_=1, rank=0)
     leavers.notice("a", Drain(deadline=T0 + 30, reason="spot interruption"), T0, source="aws")
     leavers.mark()
+    leavers.enforce_deadlines(T0)  # the job steps on the notice: it sees the deadline now
     leavers.enforce_deadlines(T0 + 24.9)  # 5 s margin
     assert leaver.state is S.DRAINING and job.aborts == 0
     leavers.enforce_deadlines(T0 + 25)
@@ -74,6 +75,27 @@ def test_a_leaver_still_in_its_round_near_the_deadline_is_removed_by_force_and_n
     failed = dict(job.events)["worker_failed"]
     assert failed["blacklisted_s"] is None and "removed by force" in failed["reason"]
     assert job.last_failure.startswith(f"worker {leaver.worker_id}")
+
+
+@pytest.mark.parametrize("lead", [-3.0, 7.0])
+def test_a_deadline_past_or_close_when_it_arrives_leaves_a_margin_to_reach_a_commit(caplog, lead) -> None:
+    # A pod's SIGTERM deadline or a cloud's notice time read on a clock a few seconds ahead of the driver's.
+    caplog.set_level("WARNING", logger="cloud_elastic")
+    job, leavers = on_hosts(a=1, b=1)
+    leaver = job.worker("a", 0, S.RUNNING, round_=1, rank=1)
+    job.worker("b", 0, S.RUNNING, round_=1, rank=0)
+    leavers.notice("a", Drain(deadline=T0 + lead, reason="SIGTERM"), T0, source="sigterm")
+    leavers.mark(T0)
+    leavers.enforce_deadlines(T0)
+    assert leaver.state is S.DRAINING and job.aborts == 0  # it leaves at its next commit, with no rollback
+    leavers.enforce_deadlines(T0 + 4.9)  # a 5 s margin
+    assert leaver.state is S.DRAINING and job.aborts == 0
+    leavers.enforce_deadlines(T0 + 5)  # still in its round: the margin is a bound
+    assert leaver.state is S.LOST and job.aborts == 1
+    assert "after the driver learned of its host's deadline (SIGTERM), which was past or close" in leaver.why
+    said = "already 3.0s past" if lead < 0 else "only 7.0s ahead"
+    assert any(f"host a's deadline (SIGTERM) was {said} when the driver learned of it" in r.getMessage()
+               for r in caplog.records), caplog.text
 
 
 def test_a_drained_host_is_released_once_when_no_worker_is_left_on_it() -> None:
@@ -107,10 +129,11 @@ def test_a_host_released_for_a_hard_notice_takes_no_worker_while_its_instance_is
 def test_a_forced_drain_waits_for_the_rollback_to_say_the_steps_lost() -> None:
     job, leavers = on_hosts(a=1, b=1)
     job.worker("a", 0, S.RUNNING, round_=1, rank=1)
-    leavers.notice("a", Drain(deadline=T0 + 6, reason="spot interruption"), T0, source="aws")
+    leavers.notice("a", Drain(deadline=T0 + 30, reason="spot interruption"), T0, source="aws")
     leavers.mark()
-    leavers.enforce_deadlines(T0 + 1)
-    leavers.release_drained(T0 + 1, rollback_pending=True)
+    leavers.enforce_deadlines(T0)
+    leavers.enforce_deadlines(T0 + 25)
+    leavers.release_drained(T0 + 25, rollback_pending=True)
     lines = leavers.take_forced_drains()
     assert len(lines) == 1 and "host a drained (spot interruption, notice from aws)" in lines[0]
     assert leavers.take_forced_drains() == []

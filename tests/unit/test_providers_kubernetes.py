@@ -136,11 +136,12 @@ def test_a_deleted_pods_deadline_is_enforced_by_the_driver_a_margin_before_it():
     leavers = Leavers(job)
     leaver = job.worker("10.0.0.2", 0, S.RUNNING, round_=1, rank=1)
     job.worker("10.0.0.1", 0, S.RUNNING, round_=1, rank=0)
-    pods[1].deletion = T0 + 10 + job.wall_offset
+    pods[1].deletion = T0 + 30 + job.wall_offset  # the default terminationGracePeriodSeconds
     job.hosts.update(view(*pods).snapshot(now=T0), T0)
     leavers.mark()
     assert leaver.state is S.DRAINING and "pod deleted" in leaver.why
-    leavers.enforce_deadlines(T0 + 4.9)
+    leavers.enforce_deadlines(T0)  # the job steps on the snapshot: it sees the deadline now
+    leavers.enforce_deadlines(T0 + 24.9)
     assert leaver.state is S.DRAINING
-    leavers.enforce_deadlines(T0 + 5)
+    leavers.enforce_deadlines(T0 + 25)
     assert leaver.state is S.LOST and "removed by force" in leaver.why

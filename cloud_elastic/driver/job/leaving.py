@@ -9,9 +9,12 @@
   host or one gone past the missing grace; a round member drains (it leaves at
   its next commit, with zero steps lost), anyone else exits;
 * when a draining worker is removed by force (:meth:`Leavers.enforce_deadlines`):
-  still in its round ``deadline_margin_s`` before its host's deadline; its
-  peers roll back, and its slot is not blacklisted (the host is going, the
-  worker did nothing wrong);
+  still in its round ``deadline_margin_s`` before its host's deadline, but never
+  sooner than one such margin after the driver learned of that deadline (one
+  already past or close on arrival is most often clock skew between the driver
+  and the pod or cloud that set it, or a late notice: the worker, still
+  answering, gets that long to reach a commit); its peers roll back, and its
+  slot is not blacklisted (the host is going, the worker did nothing wrong);
 * when a draining host is given back to the cloud (:meth:`Leavers.release_drained`):
   once no worker is left on it, exactly once per notice; after a hard notice,
   the job takes no worker there again while discovery lists the same instance
@@ -54,6 +57,7 @@ class Leavers:
         self._released: set[str] = set()
         self._forced: set[str] = set()  # draining hosts whose workers were removed by force
         self._terminating: set[str] = set()  # hosts drained by a hard notice (not a soft one under drain_soft)
+        self._deadlines: dict[str, tuple[float, float]] = {}  # draining host -> (its deadline, wall time first seen)
         self._forced_drains: list[str] = []  # their log lines, until the steps lost are known
         # Exact shortcut: no worker's host changed usability while hosts.version is _checked[0] and no
         # worker was born while the count of workers is _checked[1].
@@ -193,17 +197,24 @@ class Leavers:
     def enforce_deadlines(self, now: float) -> None:
         """A draining host whose workers are still in their round close to its deadline is removed by force."""
         job = self._job
-        if not job.hosts.draining:
+        draining = job.hosts.draining
+        if not draining and not self._deadlines:
             return  # no deadline to enforce; spares a scan of every worker each step
         wall = now + job.wall_offset
         margin = job.policy.deadline_margin_s
+        force_at = {host: self._force_at(host, drain.deadline, wall, margin)
+                    for host, drain in draining.items() if drain.deadline is not None}
+        self._deadlines = {h: seen for h, seen in self._deadlines.items() if h in force_at}
+        if not force_at:
+            return
         for w in job.alive():
-            if w.state is not S.DRAINING:
+            if w.state is not S.DRAINING or wall < force_at.get(w.slot.host, wall + 1):
                 continue
-            drain = job.hosts.draining.get(w.slot.host)
-            if drain is None or drain.deadline is None or wall < drain.deadline - margin:
-                continue
+            drain = draining[w.slot.host]
             what = f"had not left by {margin:g}s before its host's deadline ({drain.reason}); removed by force"
+            if self._deadlines[w.slot.host][1] + margin > drain.deadline - margin:
+                what = (f"had not left {margin:g}s after the driver learned of its host's deadline ({drain.reason}), "
+                        "which was past or close; removed by force")
             log.warning("job %s: worker %s (%s) %s", job.job_id, w.worker_id, w.label, what)
             w.to(S.LOST, what)
             job.forget_alive()
@@ -211,6 +222,22 @@ class Leavers:
             job.act(Stop(w.worker_id, what, immediate=True))
             self.lost_leaver(w, what)
             job.abort()
+
+    def _force_at(self, host: str, deadline: float, wall: float, margin: float) -> float:
+        """When (wall time) ``host``'s draining workers are removed by force: ``margin`` before its deadline, but
+        no sooner than ``margin`` after the driver first saw that deadline; logs the skew once."""
+        seen = self._deadlines.get(host)
+        if seen is None or seen[0] != deadline:
+            seen = self._deadlines[host] = (deadline, wall)
+            if deadline - margin < wall + margin:
+                job = self._job
+                lead = deadline - wall
+                when = f"already {-lead:.1f}s past" if lead < 0 else f"only {lead:.1f}s ahead"
+                log.warning("job %s: host %s's deadline (%s) was %s when the driver learned of it (clock skew, or "
+                            "a late notice): its workers leave at their next commit, and are removed by force only "
+                            "if still there %gs from now", job.job_id, host, job.hosts.draining[host].reason, when,
+                            margin)
+        return max(deadline - margin, seen[1] + margin)
 
     def lost_leaver(self, w: WorkerRecord, what: str) -> None:
         """A draining worker lost inside its round: its peers roll back, but its slot is not blacklisted."""
