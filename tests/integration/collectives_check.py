@@ -50,7 +50,8 @@ def broadcast_to_receivers(rank: int) -> bool:
     receivers = collectives.needing(rank == size - 1, "check")
     mine = [torch.full((3,), float(rank)), torch.arange(4) * (rank + 1)]
     collectives.broadcast_tensors_(mine, 0, "check", receivers=receivers)
-    state = collectives.broadcast_state_dict({"step": rank, "t": torch.ones(2) * rank}, 0, receivers=receivers)
+    state = collectives.broadcast_state_dict({"step": rank, "t": torch.ones(2) * rank}, 0, receivers=receivers,
+                                             limit=1 << 20)
     source = rank == 0 or rank == size - 1
     want = 0 if source else rank
     return (receivers == [size - 1] and torch.equal(mine[0], torch.full((3,), float(want)))

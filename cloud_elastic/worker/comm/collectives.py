@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.worker.comm import statecodec
+from cloud_elastic.worker.comm.skeleton import _join_tensors, _split_tensors, allocate, state_limit
 from cloud_elastic.worker.comm.compression import Compression, casts, check_compression, encode
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.comm.ops import Adasum, Average, Max, Min, Product, Sum, UnsupportedError, average_scaling, check_op, reduce_op
@@ -355,7 +356,8 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *,
         try:
             data = statecodec.encode(obj, name)
         except statecodec.StateSyncError as exc:
-            data, error = str(exc).encode(), str(exc)
+            error = str(exc)[:_INLINE_BYTES // 4]  # one collective carries it (4: the most bytes a character takes)
+            data = error.encode()
     # One collective for a state of up to _INLINE_BYTES (the usual sync's attributes, a sampler, a skeleton):
     # its length, then its first bytes; only a bigger state takes a second for the rest.
     head = torch.zeros(8 + _INLINE_BYTES, dtype=torch.uint8)
@@ -369,6 +371,7 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *,
     if root:
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     else:
+        _check_length(n, name)  # before allocating by it: the header came from the network
         payload = torch.empty(abs(n), dtype=torch.uint8)
         payload[: min(abs(n), _INLINE_BYTES)] = head[8: 8 + min(abs(n), _INLINE_BYTES)]
     if abs(n) > _INLINE_BYTES:
@@ -379,6 +382,14 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *,
     if root:
         return obj
     return statecodec.decode(ctypes.string_at(payload.data_ptr(), payload.numel()), name)
+
+
+def _check_length(n: int, name: str) -> None:
+    """StateSyncError, in one line, for a length header no root sends: a state over ``statecodec.MAX_BYTES`` (the
+    root refuses to encode one), or an error message (a negative length) longer than one collective carries."""
+    if n > statecodec.MAX_BYTES or n < -_INLINE_BYTES:
+        raise statecodec.StateSyncError(f"{name}: rank 0's header announces {n} bytes, outside -{_INLINE_BYTES} to "
+                                        f"{statecodec.MAX_BYTES}: corrupt or forged traffic")
 
 
 #: A state of at most this many bytes is broadcast in one collective with its length (see :func:`broadcast_state`).
@@ -478,17 +489,18 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     could no longer be restored if the sync were cut short (``commits``).
     """
     root = get_context().info.rank == root_rank
-    synced = broadcast_state_dict(optimizer.state_dict() if root else None, root_rank)
+    synced = broadcast_state_dict(optimizer.state_dict() if root else None, root_rank, limit=state_limit(optimizer))
     if not root:
         optimizer.load_state_dict(synced)
 
 
 def broadcast_state_dict(state: Any, root_rank: int = 0, name: str = "optimizer state", *, cross: bool = False,
-                         receivers: Sequence[int] | None = None) -> Any:
+                         receivers: Sequence[int] | None = None, limit: int) -> Any:
     """``root_rank``'s ``state`` (a state dict of plain data and tensors; other workers pass None) on every worker.
 
     The skeleton (tensors replaced by shapes) goes first, through :func:`broadcast_state`; every worker then
-    allocates the same tensors, and they are broadcast packed (:func:`broadcast_tensors_`). Returned on every
+    allocates the same tensors, at most ``limit`` bytes of them (``skeleton.allocate``: a skeleton announcing
+    more is refused), and they are broadcast packed (:func:`broadcast_tensors_`). Returned on every
     worker, the root included, with tensors of its own (CPU copies). ``cross`` and ``receivers``: as
     :func:`broadcast_`; a worker that takes no part gets its own ``state`` back.
     """
@@ -499,65 +511,6 @@ def broadcast_state_dict(state: Any, root_rank: int = 0, name: str = "optimizer 
     skeleton, tensors = _split_tensors(state) if root else (None, [])
     skeleton = broadcast_state(skeleton, root_rank, name, cross=cross, receivers=receivers)
     if not root:
-        tensors = [torch.empty(shape, dtype=_dtype(dtype)) for shape, dtype in _shapes(skeleton)]
+        tensors = allocate(skeleton, name, limit)
     broadcast_tensors_(tensors, root_rank, name, cross=cross, receivers=receivers)
     return _join_tensors(skeleton, tensors)
-
-
-#: Key of the plain dict that stands for a tensor in a state-dict skeleton (plain, so weights_only loads it).
-_TENSOR = "__cloud_elastic_tensor__"
-
-
-def _slot(index: int, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
-    return {_TENSOR: index, "shape": list(shape), "dtype": dtype}
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, str(name), None)
-    if not isinstance(dtype, torch.dtype):
-        raise statecodec.StateSyncError(f"optimizer state: {name!r} is not a torch dtype")
-    return dtype
-
-
-def _is_slot(obj: Any) -> bool:
-    return isinstance(obj, dict) and _TENSOR in obj
-
-
-def _split_tensors(obj: Any, out: list[torch.Tensor] | None = None, copy: bool = True) -> tuple[Any, list[torch.Tensor]]:
-    """``obj`` with each tensor replaced by a slot, and the tensors (CPU copies, or with ``copy`` false themselves)."""
-    out = [] if out is None else out
-    if isinstance(obj, torch.Tensor):
-        out.append(obj.detach().cpu().contiguous().clone() if copy else obj.detach())
-        return _slot(len(out) - 1, tuple(obj.shape), str(obj.dtype).replace("torch.", "")), out
-    if isinstance(obj, dict):
-        return {k: _split_tensors(v, out, copy)[0] for k, v in obj.items()}, out
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_split_tensors(v, out, copy)[0] for v in obj), out
-    return obj, out
-
-
-def _shapes(skeleton: Any) -> list[tuple[tuple[int, ...], str]]:
-    found: dict[int, tuple[tuple[int, ...], str]] = {}
-
-    def walk(o: Any) -> None:
-        if _is_slot(o):
-            found[o[_TENSOR]] = (tuple(o["shape"]), o["dtype"])
-        elif isinstance(o, dict):
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, (list, tuple)):
-            for v in o:
-                walk(v)
-
-    walk(skeleton)
-    return [found[i] for i in range(len(found))]
-
-
-def _join_tensors(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    if _is_slot(skeleton):
-        return tensors[skeleton[_TENSOR]]
-    if isinstance(skeleton, dict):
-        return {k: _join_tensors(v, tensors) for k, v in skeleton.items()}
-    if isinstance(skeleton, (list, tuple)):
-        return type(skeleton)(_join_tensors(v, tensors) for v in skeleton)
-    return skeleton

@@ -27,7 +27,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from cloud_elastic.worker.comm import collectives
-from cloud_elastic.worker.comm.collectives import _dtype, _is_slot, _join_tensors, _shapes, _split_tensors, _TENSOR, on_device
+from cloud_elastic.worker.comm.collectives import on_device
+from cloud_elastic.worker.comm.skeleton import _checked_slots, _dtype, _is_slot, _join_tensors, _split_tensors, _TENSOR, allocate
 from cloud_elastic.worker.comm.statecodec import StateSyncError
 from cloud_elastic.worker.context import get_context
 
@@ -107,14 +108,15 @@ class Heal:
         make a state that no worker has."""
         self.tensors(collectives.parameter_tensors(state_dict), "buffers", from_root=True)
 
-    def state_dict(self, state: Any, name: str = "optimizer state") -> Any:
+    def state_dict(self, state: Any, name: str = "optimizer state", *, limit: int) -> Any:
         """Rank 0's ``state`` (plain data and tensors) on a receiver; None elsewhere (a holder passes its own).
 
         Its skeleton (tensors replaced by shapes, :func:`skeleton`) came from rank 0 to
         every worker before, in the sync's one broadcast of its small parts
         (``TorchState._small_state``), and waits in :attr:`skeletons`, in the order the
         states are synced: a holder orders its own tensors by it (:func:`_pick`), a
-        receiver allocates them by it.
+        receiver allocates them by it, at most ``limit`` bytes (``skeleton.allocate``: a skeleton that
+        announces more, or is malformed, is refused before anything is allocated).
         """
         ctx = get_context()
         if not self.receivers:
@@ -126,7 +128,7 @@ class Heal:
         if me in self.holders:
             self.tensors(_pick(shape, state, name), name)
             return None
-        tensors = [torch.empty(size, dtype=_dtype(dtype)) for size, dtype in _shapes(shape)]
+        tensors = allocate(shape, name, limit)
         self.tensors(tensors, name)
         return _join_tensors(shape, tensors)
 
@@ -207,6 +209,7 @@ def _pick(skeleton: Any, own: Any, name: str) -> list[torch.Tensor]:
     A holder of rank 0's very commit has the same structure; one that does not
     raises here, loudly, rather than send the receivers wrong bytes.
     """
+    _checked_slots(skeleton, name)  # a peer's: a tree of well-formed slots, walked below without revisiting
     found: dict[int, torch.Tensor] = {}
 
     def walk(slot: Any, value: Any, where: str) -> None:

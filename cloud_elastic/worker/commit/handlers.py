@@ -18,6 +18,7 @@ from cloud_elastic.worker import sharded
 
 from cloud_elastic.worker.comm import collectives
 from cloud_elastic.worker.comm.heal import Heal
+from cloud_elastic.worker.comm.skeleton import state_limit
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.commit.participant import CommitParticipant
 from cloud_elastic.worker.commit.snapshot import Aside, Snapshot, clone as _clone, state_dict_without as _state_dict_without, to_host as _to_host
@@ -279,7 +280,8 @@ class OptimizerHandler(SnapshotHandler):
         if heal is None or not heal.receivers:
             return
         # A holder's state is read, never loaded back into it: a commit kept in place holds its very objects.
-        synced = heal.state_dict(self.value.state_dict() if get_context().info.rank in heal.holders else None)
+        synced = heal.state_dict(self.value.state_dict() if get_context().info.rank in heal.holders else None,
+                                 limit=state_limit(self.value))
         if synced is not None and takes:
             self.value.load_state_dict(synced)
 
@@ -373,7 +375,7 @@ class ShardedOptimizerHandler(OptimizerHandler):
     def _broadcast(self, receivers: list[int] | None, takes: bool, heal: Heal | None) -> None:
         me = get_context().info.cross_rank
         synced = collectives.broadcast_state_dict(self._state_dict() if me == 0 else None, 0, cross=True,
-                                                  receivers=receivers)
+                                                  receivers=receivers, limit=state_limit(self.value))
         if me != 0 and (receivers is None or me in receivers):
             self._load(synced)
 

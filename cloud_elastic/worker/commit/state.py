@@ -56,13 +56,31 @@ def check_models(roots: list[list[list[Any]]], models: list[torch.nn.Module]) ->
     if len(roots) != len(models):
         raise StateSyncError(f"state sync: rank 0 syncs {len(roots)} model(s), this worker {len(models)}")
     for index, (root, model) in enumerate(zip(roots, models)):
-        mine, theirs = _described(model_tensors(model)), _described(root)
+        try:  # rank 0's, from the network: [name, shape, dtype] triples of strings and ints
+            theirs = _described(root)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise StateSyncError(f"state sync: rank 0's description of model {index} is malformed ({exc}): "
+                                 "corrupt or forged") from exc
+        mine = _described(model_tensors(model))
         for name in sorted(mine.keys() | theirs.keys()):
             here, there = mine.get(name, "no such tensor"), theirs.get(name, "no such tensor")
             if here != there or here.endswith("uninitialized"):
                 raise StateSyncError(f"state sync: this worker's model {index} differs from rank 0's at {name!r}: "
                                      f"{here} here, {there} on rank 0 (is the model built the same way on every "
                                      "worker?)")
+
+
+def _check_small(small: Any, samplers: int) -> None:
+    """StateSyncError unless rank 0's small parts (from the network) are lists where a sync takes them one by
+    one, with one sampler position per sampler of this worker's state (the same ``TorchState`` on every worker)."""
+    parts = ("sampler state", "optimizer state", "model tensors")
+    if (not isinstance(small, dict) or not all(isinstance(small.get(part), list) for part in parts)
+            or not isinstance(small.get("ObjectState attributes"), dict)):
+        raise StateSyncError(f"{SMALL_STATE}: rank 0's parts are malformed (not lists of {', '.join(parts)} and a "
+                             "dict of attributes): corrupt or forged")
+    if len(small["sampler state"]) != samplers:
+        raise StateSyncError(f"{SMALL_STATE}: rank 0 sends {len(small['sampler state'])} sampler position(s), this "
+                             f"worker has {samplers} sampler(s)")
 
 
 class State:
@@ -323,7 +341,9 @@ class TorchState(ObjectState):
                                   if send and isinstance(h, ModelHandler) and not getattr(h, "sharded", False)],
             }
 
-        return sync_facts.share(ctx, parts, SMALL_STATE)
+        small = sync_facts.share(ctx, parts, SMALL_STATE)
+        _check_small(small, sum(isinstance(h, SamplerHandler) for h in self._handlers.values()))
+        return small
 
     def reset(self) -> None:
         # Samplers re-shard over the new number of workers even when no sync runs.

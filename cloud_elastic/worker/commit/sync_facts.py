@@ -73,15 +73,24 @@ def carried(ctx: Any) -> tuple[bool, dict[str, Any] | None]:
     return not ledger.sync_known, ledger.sync_pending
 
 
-def learn(ledger: Any, facts: dict[str, Any] | None) -> None:
-    """Take rank 0's facts (received in a broadcast, or worked out here)."""
+def learn(ledger: Any, facts: dict[str, Any] | None, size: int | None = None) -> None:
+    """Take rank 0's facts (received in a broadcast from a round of ``size`` workers, or worked out here)."""
     if ledger.sync_known:
         return
     if not isinstance(facts, dict):
         raise StateSyncError(f"{NAME}: rank 0 sent no facts of its commit")
-    ledger.window.learn(bool(facts["has_collectives"]), confirmed=bool(facts["confirmed"]))
-    ledger.sync_root_seq = int(facts["root_seq"])
-    ledger.sync_receivers = [int(rank) for rank in facts["receivers"]]
+    try:
+        has_collectives, confirmed = bool(facts["has_collectives"]), bool(facts["confirmed"])
+        root_seq, ranks = int(facts["root_seq"]), [int(rank) for rank in facts["receivers"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateSyncError(f"{NAME}: rank 0's facts of its commit are malformed ({exc!r}): corrupt or forged") from exc
+    # Peer traffic: the receivers are other ranks of this round, each once (a heal plans by them).
+    if size is not None and (len(set(ranks)) != len(ranks) or not all(0 < rank < size for rank in ranks)):
+        raise StateSyncError(f"{NAME}: rank 0 names {len(ranks)} receiver(s) {str(ranks)[:80]}, not distinct ranks "
+                             f"of 1 to {size - 1}: corrupt or forged")
+    ledger.window.learn(has_collectives, confirmed=confirmed)
+    ledger.sync_root_seq = root_seq
+    ledger.sync_receivers = ranks
     ledger.sync_known = True
 
 
@@ -93,7 +102,7 @@ def share(ctx: Any, parts: Callable[[dict[str, Any] | None], dict[str, Any]], na
     if ctx.info is not None:
         small = collectives.broadcast_state(small, 0, name)
     if carry:
-        learn(ctx.ledger, small[NAME])
+        learn(ctx.ledger, small.get(NAME) if isinstance(small, dict) else None, None if ctx.info is None else ctx.info.size)
     return small
 
 
@@ -101,7 +110,7 @@ def ensure_known(ctx: Any) -> None:
     """After ``state.sync()``: the facts in a broadcast of their own if the sync carried none."""
     ledger = ctx.ledger
     if ledger.sync_begun and not ledger.sync_known:
-        learn(ledger, collectives.broadcast_state(ledger.sync_pending, 0, NAME))
+        learn(ledger, collectives.broadcast_state(ledger.sync_pending, 0, NAME), ctx.info.size)
 
 
 def end(ledger: Any) -> None:

@@ -1,0 +1,212 @@
+"""A state sync checks every length and shape a peer sends before it allocates by it.
+
+Process-group traffic is not authenticated: a corrupted or forged header, skeleton or
+message must end the receiving worker's sync in one line (``StateSyncError``, which
+``elastic.run`` turns into that worker's exit), never in a huge allocation. Each test plays
+a receiver (rank 1 of 2) whose peer traffic is forged; ``torch.empty`` is watched so that a
+huge allocation is caught, not made.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import zipfile
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cloud_elastic.worker.comm import collectives, heal as heal_module, statecodec
+from cloud_elastic.worker.comm.heal import Heal, skeleton
+from cloud_elastic.worker.commit import handlers, state as state_module, sync_facts
+from cloud_elastic.worker.commit.handlers import OptimizerHandler
+
+pytestmark = pytest.mark.timeout(30)
+
+_HUGE = 256 * 1024 * 1024  # more than any test here allocates honestly
+
+
+@pytest.fixture
+def allocations(monkeypatch):
+    """The bytes each ``torch.empty`` asked for; one that would take the total past 256 MiB fails the test."""
+    real, asked = torch.empty, []
+
+    def empty(*size, **kwargs):
+        shape = size[0] if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)) else size
+        numel = math.prod(int(n) for n in kwargs.get("size", shape))
+        asked.append(numel * (kwargs.get("dtype") or torch.float32).itemsize)
+        if sum(asked) > _HUGE:
+            raise AssertionError(f"a huge allocation was attempted: {numel} elements")
+        return real(*size, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    return asked
+
+
+def _receiver(monkeypatch, *modules, size: int = 2) -> SimpleNamespace:
+    """This process as rank 1 of ``size``, for the ``get_context`` of each of ``modules``."""
+    ledger = SimpleNamespace(window=SimpleNamespace(learn=lambda *a, **k: None), sync_begun=True,
+                             sync_known=False, sync_pending=None)
+    ctx = SimpleNamespace(info=SimpleNamespace(rank=1, size=size, cross_rank=0, cross_size=1, round=1),
+                          ledger=ledger, standalone=False, device=torch.device("cpu"))
+    for module in modules:
+        monkeypatch.setattr(module, "get_context", lambda: ctx)
+    return ctx
+
+
+def _one_line(info) -> str:
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# --- the small parts' broadcast: a length header, then bytes ---
+
+
+@pytest.mark.parametrize("announced", [2 ** 62, 2 ** 30 + 1, -(2 ** 40), -(64 * 1024 + 1)])
+def test_a_forged_length_header_is_refused_before_anything_is_allocated_by_it(monkeypatch, allocations, announced):
+    _receiver(monkeypatch, collectives)
+
+    def forged(tensor, root_rank, name, **kwargs):  # rank 0's first collective, as it arrives here
+        if tensor.numel() == 8 + collectives._INLINE_BYTES:
+            tensor[:8] = torch.tensor([announced], dtype=torch.int64).view(torch.uint8)
+        return tensor
+
+    monkeypatch.setattr(collectives, "broadcast_", forged)
+    with pytest.raises(statecodec.StateSyncError) as info:
+        collectives.broadcast_state(None, 0, "state attributes")
+    assert f"state attributes: rank 0's header announces {announced} bytes" in _one_line(info)
+    assert sum(allocations) < 1024 * 1024
+
+
+def test_a_state_over_the_cap_is_refused_by_rank_0_before_it_is_sent(monkeypatch):
+    monkeypatch.setattr(statecodec, "MAX_BYTES", 4096)
+    with pytest.raises(statecodec.StateSyncError, match=r"^ObjectState attributes cannot be synced: \d+ bytes encoded, "
+                                                        r"more than the 4096 a sync carries"):
+        statecodec.encode({"big": list(range(10_000))}, "ObjectState attributes")
+    assert statecodec.decode(statecodec.encode({"epoch": 1}, "x"), "x") == {"epoch": 1}
+
+
+# --- what decoding a small message may build ---
+
+
+def _saved(obj, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf, **kwargs)
+    return buf.getvalue()
+
+
+def test_a_compressed_record_cannot_unpack_a_small_message_into_a_big_tensor():
+    data = _saved({"t": torch.zeros(16 * 1024 * 1024, dtype=torch.uint8)})
+    original, out = zipfile.ZipFile(io.BytesIO(data)), io.BytesIO()
+    with zipfile.ZipFile(out, "w") as bomb:  # the same records, the tensor's deflated: 16 MiB in about 16 kB
+        for record in original.infolist():
+            deflate = record.filename.endswith("data/0")
+            bomb.writestr(record.filename, original.read(record.filename),
+                          compress_type=zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED)
+    message = out.getvalue()
+    assert len(message) < 100_000
+    with pytest.raises(statecodec.StateSyncError, match=r"^sampler state: received state has a compressed record") as info:
+        statecodec.decode(message, "sampler state")
+    _one_line(info)
+
+
+def test_the_legacy_format_whose_header_sizes_the_storages_is_refused():
+    message = _saved({"t": torch.arange(3)}, _use_new_zipfile_serialization=False)
+    with pytest.raises(statecodec.StateSyncError, match=r"^x: received state is corrupt \(not a torch.save archive"):
+        statecodec.decode(message, "x")
+
+
+def test_a_view_repeating_one_stored_element_cannot_stand_for_a_huge_tensor():
+    message = _saved({"t": torch.zeros(1).expand(2 ** 29)})  # 2 GiB once copied, 4 bytes on the wire
+    assert len(message) < 10_000
+    with pytest.raises(statecodec.StateSyncError, match=r"^x: received state has a tensor of shape \[536870912\]"):
+        statecodec.decode(message, "x")
+
+
+# --- optimizer-state skeletons: shapes from rank 0, allocated by the receiver ---
+
+
+def _sgd():
+    """An SGD with momentum as after its first step (its buffers set here: a step's first call costs seconds)."""
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for p in model.parameters():
+        opt.state[p]["momentum_buffer"] = torch.randn_like(p)
+    return opt
+
+
+def _slot(index, shape, dtype="float32"):
+    return {"__cloud_elastic_tensor__": index, "shape": shape, "dtype": dtype}
+
+
+_SHARED = {"momentum_buffer": _slot(0, [3])}
+
+
+_FORGED = {
+    "a shape of 2^62 elements": ({"state": {0: {"momentum_buffer": _slot(0, [2 ** 62])}}}, r"announces 1 tensor\(s\) of \d+ bytes"),
+    "a negative shape": ({"state": {0: {"momentum_buffer": _slot(0, [-1])}}}, r"malformed tensor slot"),
+    "many tensors, each modest": ({"state": {i: {"momentum_buffer": _slot(i, [2 ** 20])} for i in range(1000)}},
+                                  r"announces 1000 tensor\(s\) of 4194304000 bytes, more than the \d+ bytes"),
+    "a slot reached twice": ({"state": {0: _SHARED, 1: _SHARED}}, r"not a tree"),
+}
+
+
+@pytest.mark.parametrize("forged", list(_FORGED), ids=list(_FORGED))
+def test_a_healed_optimizer_state_is_allocated_only_by_a_skeleton_that_passes_the_checks(monkeypatch, allocations, forged):
+    skeleton_, why = _FORGED[forged]
+    _receiver(monkeypatch, heal_module, handlers)
+    heal = Heal([1], 2, 7)
+    heal.skeletons = [skeleton_]
+    with pytest.raises(statecodec.StateSyncError, match=rf"^optimizer state: rank 0's skeleton .*{why}") as info:
+        OptimizerHandler(_sgd())._broadcast(None, True, heal)
+    _one_line(info)
+    assert sum(allocations) < 1024 * 1024
+
+
+def test_an_optimizer_state_is_allocated_as_rank_0_holds_it_and_a_forged_one_not_at_all(monkeypatch, allocations):
+    _receiver(monkeypatch, collectives)
+    root, newcomer = _sgd(), torch.optim.SGD(torch.nn.Linear(4, 3).parameters(), lr=0.1, momentum=0.9)
+    sent = [skeleton(root.state_dict()), _FORGED["a shape of 2^62 elements"][0]]
+    monkeypatch.setattr(collectives, "broadcast_state", lambda *a, **k: sent.pop(0))
+    monkeypatch.setattr(collectives, "broadcast_tensors_", lambda tensors, *a, **k: [t.fill_(1.0) for t in tensors])
+    collectives.broadcast_optimizer_state(newcomer)  # honest: within 256 times the parameters' bytes
+    got, want = newcomer.state_dict()["state"], root.state_dict()["state"]
+    assert {k: s["momentum_buffer"].shape for k, s in got.items()} == {k: s["momentum_buffer"].shape for k, s in want.items()}
+    with pytest.raises(statecodec.StateSyncError, match=r"^optimizer state: rank 0's skeleton announces"):
+        collectives.broadcast_optimizer_state(newcomer)
+    assert sum(allocations) < 1024 * 1024
+
+
+# --- the facts and small parts rank 0 sends with them ---
+
+
+@pytest.mark.parametrize("ranks", [[5], [1, 1], [0], [-1]])
+def test_receivers_that_are_not_distinct_other_ranks_of_the_round_are_refused(monkeypatch, ranks):
+    ctx = _receiver(monkeypatch, collectives)
+    facts = {"root_seq": 3, "has_collectives": False, "confirmed": True, "receivers": ranks}
+    monkeypatch.setattr(collectives, "broadcast_state", lambda *a, **k: {sync_facts.NAME: facts})
+    with pytest.raises(statecodec.StateSyncError, match=r"^commit sequence: rank 0 names \d receiver\(s\)") as info:
+        sync_facts.share(ctx, lambda facts: {}, "state attributes")
+    _one_line(info)
+    assert not ctx.ledger.sync_known
+
+
+def test_a_malformed_model_description_is_refused_in_one_line():
+    with pytest.raises(statecodec.StateSyncError, match=r"^state sync: rank 0's description of model 0 is malformed"):
+        state_module.check_models([[["weight", [3, 4], 5]]], [torch.nn.Linear(4, 3)])
+
+
+@pytest.mark.parametrize("small, why", [
+    ({"sampler state": [{"epoch": 1}], "optimizer state": [], "model tensors": [], "ObjectState attributes": {}},
+     r"rank 0 sends 1 sampler position\(s\), this worker has 0"),
+    ({"sampler state": [], "optimizer state": "x", "model tensors": [], "ObjectState attributes": {}}, r"malformed"),
+])
+def test_small_parts_that_do_not_fit_this_workers_state_are_refused(monkeypatch, small, why):
+    ctx = _receiver(monkeypatch, collectives)
+    ctx.ledger.sync_known = True
+    monkeypatch.setattr(collectives, "broadcast_state", lambda *a, **k: small)
+    state = state_module.TorchState(epoch=1)
+    with pytest.raises(statecodec.StateSyncError, match=rf"^state attributes: .*{why}"):
+        state._small_state(ctx, False)
