@@ -99,9 +99,9 @@ def test_commits_do_not_copy_progress_proportional_to_the_dataset(monkeypatch):
     assert len(s.processed_indices) == 1600
 
 
-def test_sync_carries_a_few_hundred_bytes_for_five_million_samples(monkeypatch):
-    # The state sync after a failure used to pickle the processed set: 25 MB at this size.
-    workers = _Workers(monkeypatch, 5_000_000, 4, seed=1)
+def test_sync_carries_a_few_hundred_bytes_for_a_million_samples(monkeypatch):
+    # The state sync after a failure used to pickle the processed set: 5 MB at this size.
+    workers = _Workers(monkeypatch, 1_000_000, 4, seed=1)
     for _ in range(3):
         workers.run_batches(40, 64, [])
         workers.resize(3, base=workers.samplers[0])

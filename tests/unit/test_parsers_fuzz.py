@@ -135,7 +135,7 @@ _validated = st.lists(_command, min_size=1, max_size=6).map(
 _store_input = st.one_of(st.binary(max_size=300), _validated)
 
 
-@settings(FUZZ, max_examples=1000)
+@settings(FUZZ, max_examples=400)
 @given(data=st.one_of(st.binary(max_size=200), _command, _validated.map(lambda b: b[5:])), validated=st.booleans())
 def test_the_store_parser_finishes_refuses_or_waits_and_asks_for_no_field_past_its_bounds(data, validated):
     """The parser alone, as the server drives it: it asks for its next field's size and gets exactly those
@@ -168,7 +168,7 @@ def store():
     child.close()
 
 
-@settings(FUZZ, max_examples=400)
+@settings(FUZZ, max_examples=200)
 @given(data=_store_input, chunks=st.lists(st.integers(1, 64), min_size=1, max_size=4))
 def test_the_store_survives_any_bytes_and_serves_a_signed_worker_throughout(store, data, chunks):
     child, worker = store
@@ -260,7 +260,7 @@ _fields = ["round", "update_gen", "abort_round", "last_round", "reason", "commit
            "ranks", "worker", "kind", "ts", "nonce", "v", "job"]
 
 
-@settings(FUZZ, max_examples=400)
+@settings(FUZZ, max_examples=200)
 @given(data=_control_input)
 def test_the_control_plane_survives_any_bytes_and_serves_a_signed_worker_throughout(control, data):
     child, worker = control
