@@ -6,6 +6,13 @@ upload visible only when it completes, and a failed upload is discarded
 (s3fs aborts the multipart upload) rather than committed. That is what makes
 "data first, manifest last" atomic for readers.
 
+:meth:`Backend.create` publishes an object only where none is (the job record: of two drivers started at
+once on a fresh store, one wins). Locally that is a hard link of the finished temporary file, which fails
+when the name exists (``O_CREAT|O_EXCL`` where the filesystem has no hard links); on object stores it is
+fsspec's exclusive mode ``xb``, a conditional upload (``If-None-Match: *``) that s3fs, gcsfs and adlfs send.
+Other fsspec filesystems offer none: there it is a check, then a write, with one WARNING that two
+drivers started at the same moment could both run.
+
 fsspec and its cloud implementations are imported only when a URL needs
 them; a missing one raises :class:`CheckpointBackendMissing` naming the pip
 extra. Credentials come from each library's default chain; endpoint and
@@ -19,6 +26,7 @@ from __future__ import annotations
 import errno
 import importlib
 import importlib.util
+import logging
 import os
 import stat
 import shutil
@@ -28,6 +36,8 @@ from typing import Any, BinaryIO, Callable, Mapping, Protocol
 from cloud_elastic.checkpoint.api import CheckpointBackendMissing, CheckpointError
 
 __all__ = ["Backend", "LocalBackend", "FsspecBackend", "Oversize", "backend_for", "split_url"]
+
+log = logging.getLogger(__name__)
 
 #: protocol -> (package that implements it, cloud-elastic extra that installs it)
 _IMPLEMENTATIONS = {
@@ -39,6 +49,10 @@ _IMPLEMENTATIONS = {
     "abfs": ("adlfs", "azure"),
     "abfss": ("adlfs", "azure"),
 }
+#: The protocols whose fsspec implementation makes ``open(path, "xb")`` a conditional upload the storage
+#: refuses when the object exists (s3fs: ``If-None-Match: *``; gcsfs: ``ifGenerationMatch=0``; adlfs:
+#: ``If-None-Match: *``). S3-compatible stores that ignore ``If-None-Match`` make it a plain write.
+_EXCLUSIVE = frozenset(_IMPLEMENTATIONS)
 
 
 class Oversize(ValueError):
@@ -65,6 +79,10 @@ class Backend(Protocol):
 
     def write(self, path: str, produce: Callable[[BinaryIO], None]) -> None:
         """Publish ``path`` with what ``produce`` writes; readers see all of it or nothing."""
+
+    def create(self, path: str, produce: Callable[[BinaryIO], None]) -> bool:
+        """Publish ``path`` as :meth:`write` does, only if nothing is there: False (nothing written) when
+        something is. Atomic where the storage offers a conditional create (see the module docstring)."""
 
     def read(self, path: str, limit: int | None = None) -> bytes:
         """The whole object; FileNotFoundError when absent; :class:`Oversize` when it holds more than ``limit``
@@ -126,6 +144,45 @@ class LocalBackend:
         return self._path(path)
 
     def write(self, path: str, produce: Callable[[BinaryIO], None]) -> None:
+        final, tmp = self._written(path, produce)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        # The rename itself must survive a reboot before the next object (the manifest) points at it.
+        _fsync_dir(os.path.dirname(final))
+
+    def create(self, path: str, produce: Callable[[BinaryIO], None]) -> bool:
+        final, tmp = self._written(path, produce)
+        try:
+            # A hard link fails when the name exists, and shows the whole file or nothing (a reader never
+            # finds it half written); O_EXCL only where the filesystem has no hard links.
+            os.link(tmp, final)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+                raise
+            try:
+                f = open(final, "xb")  # O_CREAT|O_EXCL
+            except FileExistsError:
+                return False
+            try:
+                with f:
+                    produce(f)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except BaseException:
+                _unlink_quietly(final)  # ours, half written: the next start must not find it
+                raise
+        finally:
+            _unlink_quietly(tmp)
+        _fsync_dir(os.path.dirname(final))
+        return True
+
+    def _written(self, path: str, produce: Callable[[BinaryIO], None]) -> tuple[str, str]:
+        """(final path, a hidden temporary file beside it holding what ``produce`` wrote, fsynced)."""
         final = self._path(path)
         directory = os.path.dirname(final)
         os.makedirs(directory, exist_ok=True)
@@ -135,12 +192,10 @@ class LocalBackend:
                 produce(f)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, final)
         except BaseException:
             _unlink_quietly(tmp)
             raise
-        # The rename itself must survive a reboot before the next object (the manifest) points at it.
-        _fsync_dir(directory)
+        return final, tmp
 
     def read(self, path: str, limit: int | None = None) -> bytes:
         # A regular file only, never through a link (this store writes neither): a FIFO would block the reader
@@ -213,8 +268,8 @@ class FsspecBackend:
     def url(self, path: str) -> str:
         return f"{self._protocol}://{self._path(path)}"
 
-    def write(self, path: str, produce: Callable[[BinaryIO], None]) -> None:
-        f = self._fs.open(self._path(path), "wb")
+    def write(self, path: str, produce: Callable[[BinaryIO], None], mode: str = "wb") -> None:
+        f = self._fs.open(self._path(path), mode)
         try:
             produce(f)
         except BaseException:
@@ -228,6 +283,21 @@ class FsspecBackend:
                     pass
             raise
         f.close()
+
+    def create(self, path: str, produce: Callable[[BinaryIO], None]) -> bool:
+        if self._protocol not in _EXCLUSIVE:
+            log.warning("%s offers no create-if-absent to cloud-elastic: two drivers started at the same moment "
+                        "on it could both run the job", self.url(""))
+            self._fs.invalidate_cache(self._path(path).rsplit("/", 1)[0])
+            if self._fs.exists(self._path(path)):
+                return False
+            self.write(path, produce)
+            return True
+        try:
+            self.write(path, produce, "xb")
+        except FileExistsError:
+            return False
+        return True
 
     def read(self, path: str, limit: int | None = None) -> bytes:
         if limit is None:

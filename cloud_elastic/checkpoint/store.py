@@ -367,9 +367,11 @@ class CheckpointStore:
 # -- the job record -------------------------------------------------------------------
 
 
-def write_job_record(store: CheckpointStore, record: DurableJobRecord) -> None:
-    """Write ``record`` as ``job.json`` beside the checkpoints (atomically, replacing an older one).
+def write_job_record(store: CheckpointStore, record: DurableJobRecord, *, only_if_absent: bool = False) -> bool:
+    """Write ``record`` as ``job.json`` beside the checkpoints (atomically, replacing an older one); True.
 
+    With ``only_if_absent`` it is written only where there is none, and False says another one was there
+    (of two drivers started at once on a fresh store, one gets True): see :meth:`.backend.Backend.create`.
     The record is stored in clear; ``extra`` keys that mention a secret are
     refused so the job's HMAC secret cannot end up on shared storage.
     """
@@ -383,9 +385,12 @@ def write_job_record(store: CheckpointStore, record: DurableJobRecord) -> None:
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"the job record holds a value JSON cannot store: {_one_line(exc)}") from exc
     try:
+        if only_if_absent:
+            return store.backend.create(JOB_RECORD, lambda f: f.write(data))
         store.backend.write(JOB_RECORD, lambda f: f.write(data))
     except Exception as exc:
         raise CheckpointError(f"could not write the job record to {store.url}: {_one_line(exc)}") from exc
+    return True
 
 
 def read_job_record(store: CheckpointStore) -> DurableJobRecord | None:

@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 import pytest
 import torch
 
-from cloud_elastic.checkpoint import CheckpointError, CheckpointStore, CheckpointWriter
+from cloud_elastic.checkpoint import (CheckpointError, CheckpointStore, CheckpointWriter, DurableJobRecord,
+                                      read_job_record, write_job_record)
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(120)]
 
@@ -107,6 +108,16 @@ def test_a_corrupt_latest_object_falls_back_to_the_previous(
     assert latest.info.step == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and newest.name in warnings[0] and "digest" in warnings[0]
+
+
+def test_the_job_record_is_created_on_s3_only_where_there_is_none(bucket: str) -> None:
+    """A conditional upload (``If-None-Match: *``): of two drivers started at once, one claims the store."""
+    url = f"s3://{bucket}/jobs/claimed"
+    assert write_job_record(CheckpointStore(url), DurableJobRecord("first111", ("python", "a.py"), 1.0),
+                            only_if_absent=True)
+    assert not write_job_record(CheckpointStore(url), DurableJobRecord("second22", ("python", "b.py"), 2.0),
+                                only_if_absent=True)
+    assert read_job_record(CheckpointStore(url)).job_id == "first111"
 
 
 def test_unreachable_storage_is_an_error_not_an_empty_store(bucket: str) -> None:

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
@@ -23,6 +25,20 @@ pytestmark = pytest.mark.timeout(60)
 def _config(ckpt: str, **changes) -> JobConfig:
     return JobConfig(**(dict(command=("python", "train.py"), num_proc=2, min_np=1, max_np=2, checkpoint_dir=ckpt)
                         | changes))
+
+
+@contextmanager
+def live_driver() -> Iterator[int]:
+    """The pid of a live process whose command line is a cloud-elastic driver's, until the block ends."""
+    live = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
+                             "cloud-elastic"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert live.stdout.readline() == "up\n"  # its command line is the driver's by now
+        yield live.pid
+    finally:
+        live.kill()
+        live.wait()
+        live.stdout.close()
 
 
 def _dead_pid() -> int:
@@ -91,17 +107,10 @@ def test_a_live_driver_of_the_job_refuses_a_second_one(tmp_path, monkeypatch) ->
     plan_start(config, open_store(config), job_id="j1")
     directory = tmp_path / "cloud-elastic" / "j1"
     directory.mkdir(parents=True, mode=0o700)
-    live = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
-                             "cloud-elastic"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert live.stdout.readline() == "up\n"  # its command line is the driver's by now
-        (directory / "driver.json").write_text(json.dumps({"pid": live.pid}))
-        with pytest.raises(ConfigError, match=f"job j1 is already running here \\(driver pid {live.pid}\\)"):
+    with live_driver() as pid:
+        (directory / "driver.json").write_text(json.dumps({"pid": pid}))
+        with pytest.raises(ConfigError, match=f"job j1 is already running here \\(driver pid {pid}\\)"):
             plan_start(config, open_store(config), job_id="other")
-    finally:
-        live.kill()
-        live.wait()
-        live.stdout.close()
 
 
 def test_a_dead_pid_is_no_live_driver() -> None:

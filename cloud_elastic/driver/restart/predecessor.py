@@ -5,13 +5,15 @@ never the secret), so that running the same command again after a driver crash k
 and resumes from the latest checkpoint. :func:`plan_start` makes every decision of a start once,
 before anything listens, and returns them as a frozen :class:`StartPlan`:
 
-* the job id: the one the store records, else ours (then recorded there);
+* the job id: the one the store records, else ours, recorded there only if no other driver recorded one
+  meanwhile (:func:`_claim`: of two drivers started at once on a fresh store, one runs the job);
 * whether the first round resumes from a checkpoint (the store holds one of this job);
 * whether to adopt a dead predecessor's running workers: found by the checkpoint URL in this
   user's private driver records (:mod:`.record`), when it died within its workers' grace (less
   than a second left is not worth the race) and the record is of the store's job;
 * that the same job is not already running (a live driver pid on this machine, or a sign of life
-  beside the checkpoints from a live driver here): ConfigError before anything starts;
+  beside the checkpoints from a live driver here, or ``job.json`` created by one that has not yet
+  written its first): ConfigError before anything starts;
 * until when new workers must wait (:attr:`StartPlan.wait_until`): a dead predecessor's workers
   may train on for its ``--driver-grace`` and write a last checkpoint, and two generations must
   never train the same job.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 from dataclasses import dataclass, replace
@@ -97,7 +100,7 @@ def plan_start(config: JobConfig, store: Any, *, job_id: str) -> StartPlan:
 
 
 def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
-    from cloud_elastic.checkpoint import DurableJobRecord, read_job_record, write_job_record
+    from cloud_elastic.checkpoint import read_job_record
 
     adopt, previous = _adoptable(config)
     record = read_job_record(store)
@@ -107,8 +110,7 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
             record = _record_lost(config, store, found)  # checkpoints whose record went: resume them, never restart
     if record is None:
         job_id = adopt.job_id if adopt is not None else job_id
-        write_job_record(store, DurableJobRecord(job_id, tuple(config.command), time.time(),
-                                                 extra={"driver_grace_s": config.driver_grace_s}))
+        _claim(store, config, job_id)
         log.info("job %s: checkpoints go to %s", job_id, store.url)
         # Only an adopted predecessor is waited for here: without a job record there is no other to know of.
         return _with_wait(StartPlan(job_id, adopt=adopt, grace_s=config.driver_grace_s), config,
@@ -130,17 +132,15 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
     if previous is not None and driver_alive(previous[0]):
         raise ConfigError(f"job {job_id} is already running here (driver pid {previous[0]}); "
                           "stop it first or use another --checkpoint-dir")
-    previous_alive = _previous_alive(store, job_id)
+    previous_alive, by = _previous_alive(store, job_id, record)
     plan = StartPlan(job_id, resumed=resumes(store, job_id, announce_none=True), adopt=adopt, grace_s=grace)
-    return _with_wait(plan, config, previous, previous_alive, store)
+    return _with_wait(plan, config, previous, previous_alive, store, by)
 
 
 def _record_lost(config: JobConfig, store: Any, found: list[Any]) -> Any:
     """The job record written again for checkpoints found without one (``job.json`` deleted, or not copied with
     them), from the newest checkpoint's job id; ConfigError when none names its job: a fresh job id and training
     from the start would prune those checkpoints away. ``found``: the readable ones (``store.list()``)."""
-    from cloud_elastic.checkpoint import DurableJobRecord, read_job_record, write_job_record
-
     newest = next((c for c in found if c.job_id), None)
     if newest is None:
         raise ConfigError(f"{store.url} holds checkpoints but no job record (job.json), and no checkpoint names "
@@ -148,9 +148,29 @@ def _record_lost(config: JobConfig, store: Any, found: list[Any]) -> Any:
                           "--checkpoint-dir to start over")
     log.warning("job %s: %s holds checkpoints of this job but no job record (job.json); it is written again and the "
                 "job resumes from them", newest.job_id, store.url)
-    write_job_record(store, DurableJobRecord(newest.job_id, tuple(config.command), time.time(),
-                                             extra={"driver_grace_s": config.driver_grace_s}))
-    return read_job_record(store)
+    return _claim(store, config, newest.job_id)
+
+
+def _claim(store: Any, config: JobConfig, job_id: str) -> Any:
+    """The job record of ``job_id`` (naming this driver), written where there is none; ConfigError naming the
+    driver that wrote one since we looked: of two drivers started at once on a fresh store, one runs the job."""
+    from cloud_elastic.checkpoint import DurableJobRecord, read_job_record, write_job_record
+
+    record = DurableJobRecord(job_id, tuple(config.command), time.time(), extra={
+        "driver_grace_s": config.driver_grace_s, "driver": {"host": socket.gethostname(), "pid": os.getpid()}})
+    if write_job_record(store, record, only_if_absent=True):
+        return record
+    try:
+        other = read_job_record(store)
+    except CheckpointError:
+        other = None  # being written where the storage has no atomic create
+    driver = other.extra.get("driver") if other is not None else None
+    who = "another driver"
+    if isinstance(driver, dict) and isinstance(driver.get("pid"), int):
+        who += f" (pid {driver['pid']} on {' '.join(str(driver.get('host'))[:100].split())})"
+    job = f"job {' '.join(other.job_id[:64].split())}" if other is not None else "its job"
+    raise ConfigError(f"{who} started {job} on {store.url} at the same moment; not running it twice: stop that "
+                      "driver first or use another --checkpoint-dir")
 
 
 def resumes(store: Any, job_id: str, *, announce_none: bool) -> bool:
@@ -233,7 +253,7 @@ def _adoptable(config: JobConfig) -> tuple[AdoptionRecord | None, tuple[int, flo
 
 
 def _with_wait(plan: StartPlan, config: JobConfig, previous: tuple[int, float] | None, previous_alive: Any,
-               store: Any) -> StartPlan:
+               store: Any, by: str | None = None) -> StartPlan:
     """``plan`` with the wait for a dead predecessor's workers: the later of its last signs of life (this
     machine's private record, the entry beside the checkpoints, which is all a driver restarted on
     another machine has), plus its grace and the time a last checkpoint takes."""
@@ -247,9 +267,10 @@ def _with_wait(plan: StartPlan, config: JobConfig, previous: tuple[int, float] |
         from cloud_elastic.checkpoint.alive import ALIVE_RECORD, REFRESH_S
 
         grace = max(grace, previous_alive.grace_s)
+        by = store.backend.url(by or ALIVE_RECORD)
         lives.append((previous_alive.alive + REFRESH_S, (
             f"the previous driver (pid {previous_alive.pid} on {previous_alive.host}) was last alive "
-            f"{time.time() - previous_alive.alive:.0f}s ago by {store.backend.url(ALIVE_RECORD)}"
+            f"{time.time() - previous_alive.alive:.0f}s ago by {by}"
             + ("" if previous is not None else ", and this machine has no record of it"))))
     if not lives:
         return replace(plan, grace_s=grace)
@@ -292,8 +313,10 @@ def driver_alive(pid: int) -> bool:
         return True
 
 
-def _previous_alive(store: Any, job_id: str) -> Any:
-    """The sign of life a driver of ``job_id`` left beside the checkpoints, unless it ended cleanly.
+def _previous_alive(store: Any, job_id: str, record: Any) -> tuple[Any, str | None]:
+    """The sign of life a driver of ``job_id`` left beside the checkpoints, unless it ended cleanly; without
+    one, the creation of ``record`` (``job.json``) by the driver it names, which writes its own a moment
+    later. With the name of the record it was read from.
 
     ConfigError when it is a live driver on this machine (whose local record was lost).
     """
@@ -303,13 +326,30 @@ def _previous_alive(store: Any, job_id: str) -> Any:
         entry = read_driver_alive(store)
     except CheckpointError as exc:
         log.warning("job %s: %s; only this machine's record of the previous driver is used", job_id, exc)
-        return None
+        return None, None
+    by = None
+    if entry is None:
+        entry, by = _creator(record), "job.json"
+        if entry is not None and entry.host == socket.gethostname() and not driver_alive(entry.pid):
+            return None, None  # died here before its first sign of life: its local record tells of any worker
     if entry is None or entry.job_id != job_id or entry.stopped or entry.is_this_process():
-        return None
+        return None, None
     if entry.host == socket.gethostname() and driver_alive(entry.pid):
         raise ConfigError(f"job {job_id} is already running here (driver pid {entry.pid}); "
                           "stop it first or use another --checkpoint-dir")
-    return entry
+    return entry, by
+
+
+def _creator(record: Any) -> Any:
+    """The driver ``job.json`` names as its creator (:func:`_claim`), alive when it created it (never later
+    than now: storage is not trusted with a wait); None when it names none."""
+    from cloud_elastic.checkpoint.alive import DriverAlive
+
+    driver = record.extra.get("driver")
+    if not isinstance(driver, dict) or not isinstance(driver.get("host"), str) \
+            or type(driver.get("pid")) is not int or not 0 < driver["pid"] < 2**22:  # never 0 or -1: a group
+        return None
+    return DriverAlive(record.job_id, min(record.created, time.time()), 0.0, driver["host"][:256], driver["pid"])
 
 
 def _previous_driver(job_id: str) -> tuple[int, float] | None:
