@@ -126,7 +126,10 @@ class JobRecord:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one of another user's counts)."""
+    """Whether a process ``pid`` exists (one of another user's counts). A pid read from storage may be
+    anything: 0 and negative numbers name process groups or every process, never one process."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

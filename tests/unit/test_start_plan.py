@@ -117,6 +117,12 @@ def test_a_dead_pid_is_no_live_driver() -> None:
     assert not driver_alive(_dead_pid())
 
 
+@pytest.mark.parametrize("pid", [0, -1])
+def test_a_pid_naming_a_group_or_every_process_is_no_live_driver(pid) -> None:
+    # A record in storage may say anything: kill(0) and kill(-1) reach groups, so they would "exist".
+    assert not driver_alive(pid)
+
+
 def test_the_groups_a_crashed_predecessor_raised_are_taken_over_and_set_back_once_nothing_needs_them(
         tmp_path, monkeypatch) -> None:
     from tests.unit.test_job_sourcing import Sourced
