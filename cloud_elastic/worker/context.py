@@ -52,7 +52,7 @@ from cloud_elastic.protocol import (
     RendezvousRequest,
     parse_rendezvous_reply,
 )
-from cloud_elastic.worker import memory, selftest
+from cloud_elastic.worker import memory, selftest, termination
 from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
 from cloud_elastic.worker.rounds.groups import (
@@ -197,6 +197,12 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         if not reply.get("ok"):
             raise WorkerRemoved("the driver does not know this worker")
         self._maybe_watch_notices(reply.get("notice_watcher"))
+        # A SIGTERM before the first round is a notice as well: the host drains and this worker leaves uncounted.
+        with termination.leave_at_commit_on_sigterm(self):
+            self._join_first_round()
+
+    def _join_first_round(self) -> None:
+        """Start heartbeats, connect to the store, check the device and join the first round."""
         # Heartbeats start at once: the driver counts silence from registration on,
         # and connecting to the store can wait for the driver's own torch import.
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="cloud-elastic-heartbeat", daemon=True)

@@ -1,4 +1,4 @@
-"""SIGTERM inside ``hvd.elastic.run``: a request to leave at the next commit, not a death mid-step.
+"""SIGTERM inside ``hvd.elastic.run`` or before the first round: a request to leave, not a death mid-step.
 
 Kubernetes ends a pod with SIGTERM, then SIGKILL once its grace period is over;
 so do a node drain, a spot reclaim that the node's graceful shutdown handles, and
@@ -7,7 +7,8 @@ kubernetes provider drains the host), but where its watch missed it (the API was
 unreachable, RBAC) the SIGTERM inside the pod is the only word that the host is
 going. A worker that died of it would die mid-step, and its peers would roll back.
 
-So, while a worker is inside ``elastic.run`` (:func:`leave_at_commit_on_sigterm`):
+So, while a worker is inside ``elastic.run``, and from its registration until it has
+joined its first round (``hvd.init``, :func:`leave_at_commit_on_sigterm` both times):
 
 * the **first** SIGTERM puts SIGTERM's default action back at once, so that a
   second one ends the worker at once, and hands the signal to a thread of its own
@@ -17,9 +18,10 @@ So, while a worker is inside ``elastic.run`` (:func:`leave_at_commit_on_sigterm`
   ``CLOUD_ELASTIC_TERM_GRACE_S`` ahead (default 30 s, the kubelet's default grace:
   set it to the pod's ``terminationGracePeriodSeconds``);
 * the driver answers whether it keeps the worker until it leaves: yes for a worker
-  in a round or waiting for one in a job that goes on. The host then drains as for
-  a spot notice: the worker leaves at its next commit (at once from rendezvous),
-  exit status 0, and its peers roll back nothing;
+  in a round, waiting for one or on its way there, in a job that goes on. The host
+  then drains as for a spot notice: the worker leaves at its next commit (at once
+  from rendezvous: before its first round, ``hvd.init`` exits 0), and neither it
+  nor its peers count a failure, blacklist or roll back;
 * the driver answers no when the SIGTERM is its own (it stops workers it no longer
   wants, or all of them at the end of the job, with TERM then KILL), and a worker
   that cannot reach its driver gets no answer: the worker then dies of the signal
@@ -29,9 +31,11 @@ So, while a worker is inside ``elastic.run`` (:func:`leave_at_commit_on_sigterm`
 Left alone: a script that handles SIGTERM itself (its handler stays, ours is not
 installed), ``elastic.run`` outside the main thread (Python's signal handlers run
 there only), a worker run without a driver, and every process the worker forks
-(a forked child that inherited the handler dies of SIGTERM as by default). Outside
-``elastic.run`` (a fixed-size script, before ``elastic.run``, after it returned)
-SIGTERM keeps its default action.
+(a forked child that inherited the handler dies of SIGTERM as by default). Before
+the worker registers, between its first round and ``elastic.run``, after
+``elastic.run`` returned, and in a fixed-size script once it has joined its round,
+SIGTERM keeps its default action. Once one SIGTERM was reported, no handler is
+installed again in the process: the next SIGTERM ends it at once.
 
 Limits: Python runs a signal's handler on the main thread between bytecodes, so a
 SIGTERM that arrives inside one long native call is acted on when that call
@@ -53,6 +57,9 @@ from typing import Any, Callable, Iterator
 __all__ = ["REASON", "SOURCE", "TermHandler", "leave_at_commit_on_sigterm"]
 
 log = logging.getLogger(__name__)
+
+#: A handler of this process took a SIGTERM: none is installed again, so that the next one ends the process.
+_taken = False
 
 #: The notice's source, as the driver logs and records it (the ``notice`` event's ``source``).
 SOURCE = "sigterm"
@@ -89,7 +96,7 @@ class TermHandler:
 
     def install(self) -> bool:
         """Take SIGTERM; False (nothing changed) off the main thread or where the script handles it itself."""
-        if threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread() or _taken:
             return False
         current = signal.getsignal(signal.SIGTERM)
         if current is not signal.SIG_DFL:
@@ -115,9 +122,11 @@ class TermHandler:
 
     def _on_term(self, signum: int, frame: Any) -> None:
         # No locks here but the event's own, no logging, no I/O: this interrupts the main thread anywhere.
+        global _taken
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM: the default action, at once
         if os.getpid() != self._pid or self._signalled.is_set():
             _die()  # a forked child that inherited the handler, or a stale call: the default action
+        _taken = True
         self._deadline = self._clock() + self._grace_s
         self._signalled.set()
 
@@ -153,7 +162,8 @@ def _die() -> None:
 
 @contextlib.contextmanager
 def leave_at_commit_on_sigterm(ctx: Any) -> Iterator[TermHandler | None]:
-    """While inside: SIGTERM asks the driver to let this worker leave at its next commit (module docstring).
+    """While inside: SIGTERM asks the driver to let this worker leave at its next commit, or at once from
+    rendezvous (module docstring).
 
     ``ctx`` is the worker's context; nothing is installed for a worker without a driver.
     """

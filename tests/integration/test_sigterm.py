@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,36 @@ def test_a_second_sigterm_ends_the_worker_at_once_and_the_survivors_take_the_fai
     assert [e["host"] for e in _events(tmp_path, "worker_left")] == [LEAVING]
     done = job.of("done")
     assert len(done) == 2 and {e["step"] for e in done} == {300} and len({e["checksum"] for e in done}) == 1
+
+
+# A worker that waits at its first rendezvous for a peer that never comes (the peer's host sleeps first).
+_WAITS_FOR_A_PEER = """
+import os, sys, time
+if os.environ["CLOUD_ELASTIC_HOSTNAME"] == "127.0.0.2":
+    time.sleep(60)
+import cloud_elastic.torch as hvd
+hvd.init()
+print("joined a round", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_sigterm_before_the_first_round_drains_the_host_and_the_worker_leaves_uncounted(jobs, tmp_path):
+    script = tmp_path / "waits.py"
+    script.write_text(_WAITS_FOR_A_PEER)
+    hosts = HostsFile(tmp_path, HOSTS[:2])
+    job = jobs(["run", "-np", "2", "--min-np", "2", "--host-discovery-script", str(hosts.script),
+                "--discovery-interval", "0.3", "--events-file", str(tmp_path / "events"), sys.executable, str(script)])
+    ready = tmp_path / "events"
+    job.wait_for(lambda j: ready.exists() and _events(tmp_path, "worker_ready"), 40, "127.0.0.1's worker at rendezvous")
+    os.kill(worker_on(job.job_id(), HOSTS[0]), signal.SIGTERM)
+    job.wait_for(lambda j: _events(tmp_path, "worker_left") or _events(tmp_path, "worker_failed"), 30,
+                 "127.0.0.1's worker to end")
+    job.kill()
+
+    out = job.output()
+    notices = [(e["source"], e["host"], e["action"]) for e in _events(tmp_path, "notice")]
+    assert notices == [("sigterm", HOSTS[0], "drain")], out
+    assert [e["host"] for e in _events(tmp_path, "worker_left")] == [HOSTS[0]], out
+    assert not _events(tmp_path, "worker_failed") and "blacklisted" not in out, out
+    assert "leaving the job" in out and "joined a round" not in out, out

@@ -48,6 +48,9 @@ _PROGRAM = textwrap.dedent("""
     for line in sys.stdin:  # each line: the test's next step
         if line.strip() == "state":
             print("stays", handler.stays, flush=True)
+        if line.strip() == "reinstall":  # hvd.init's handler gone, elastic.run's comes
+            handler.uninstall()
+            print("reinstalled", TermHandler(ask, 40.0, label="w1").install(), flush=True)
     time.sleep(60)
 """)
 
@@ -125,6 +128,22 @@ def test_a_worker_the_driver_does_not_keep_or_cannot_answer_dies_of_the_sigterm(
         assert "could not report its SIGTERM to the driver: the driver cannot be reached" in w.proc.stderr.read()
 
 
+def test_after_a_reported_sigterm_no_handler_is_installed_again_and_the_next_one_ends_the_worker(worker):
+    # A SIGTERM while joining the first round (hvd.init), then elastic.run: the second TERM still ends it at once.
+    w = worker("stay")
+    w.read_until("ready")
+    w.proc.send_signal(signal.SIGTERM)
+    w.read_until("asked")
+    assert w.answered() == "stays True"
+    assert w.proc.stdin is not None
+    w.proc.stdin.write("reinstall\n")
+    w.proc.stdin.flush()
+    assert w.read_until("reinstalled") == "reinstalled False"
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(30) == -signal.SIGTERM
+    assert " ".join(w.lines).count("asked") == 1
+
+
 def test_a_script_that_handles_sigterm_keeps_its_handler(worker):
     w = worker("stay", "user-handler")
     assert w.read_until("installed") == "installed False"
@@ -164,6 +183,15 @@ def test_the_driver_keeps_a_worker_of_a_round_and_drains_its_host() -> None:
     assert _own(p, worker) == {"ok": True, "stay": True}
     (host, drain, source, soft), = job.notices
     assert (host, drain.deadline, source, soft) == ("127.0.0.1", 2e9, "sigterm", False)
+
+
+def test_the_driver_keeps_a_worker_on_its_way_to_its_first_round_and_drains_its_host() -> None:
+    p, job, _, _ = plane()
+    worker = sorted(job.workers)[0]
+    assert job.workers[worker].state is WorkerState.CONNECTED  # registered, not yet at rendezvous
+    assert _own(p, worker) == {"ok": True, "stay": True}
+    (host, drain, source, soft), = job.notices
+    assert (host, source, soft) == ("127.0.0.1", "sigterm", False)
 
 
 def test_the_driver_keeps_no_worker_it_stops_itself() -> None:

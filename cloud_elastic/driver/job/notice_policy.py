@@ -9,7 +9,8 @@
   ``--drain-on-rebalance``, which the job decides) and for real for ``terminate``. A SIGTERM
   the worker itself got (``own``) drains its host too, and the worker stays until the drain
   sends it away, unless the TERM was the driver's own: at the job's end, or to a worker the
-  driver no longer wants (any state but waiting, running or draining).
+  driver no longer wants (any state but connected, waiting, running or draining: the driver
+  moves a worker out of these before it stops it).
 
 The control plane (:mod:`cloud_elastic.driver.runtime.control_plane`) applies these to the job
 and answers the worker.
@@ -27,8 +28,9 @@ __all__ = ["NoticeAction", "STAYS_ON_SIGTERM", "WatcherChoice", "notice_action",
 #: The clouds whose metadata a worker can watch for notices.
 WATCHED_CLOUDS = ("aws", "gcp", "azure")
 #: A worker that gets SIGTERM in these states stays until its host's drain sends it away (at its next commit,
-#: or at once from rendezvous); in any other, the TERM is the driver's own.
-STAYS_ON_SIGTERM = (WorkerState.WAITING, WorkerState.RUNNING, WorkerState.DRAINING)
+#: or at once from rendezvous or on its way there: a SIGTERM before its first round); in any other, the TERM
+#: is the driver's own.
+STAYS_ON_SIGTERM = (WorkerState.CONNECTED, WorkerState.WAITING, WorkerState.RUNNING, WorkerState.DRAINING)
 
 
 def watched_cloud(setting: str, provider: str) -> str | None:
