@@ -55,7 +55,9 @@ def cli(ctx: click.Context) -> None:
     context_settings={**_CONTEXT, "allow_interspersed_args": False},
     short_help="run an elastic training job",
 )
-@click.option("-np", "--num-proc", type=int, required=True, metavar="N", help="workers to start with")
+@click.option("-np", "--num-proc", type=int, required=True, metavar="N",
+              help="workers to start training with: the first round forms once N are ready; workers started "
+                   "on further free slots, up to --max-np, join as a scale-up")
 @click.option("--min-np", type=int, metavar="N", help="fewest workers to keep training with (default: -np)")
 @click.option("--max-np", type=int, metavar="N", help="most workers to scale up to (default: -np, as in Horovod)")
 @discovery_options
@@ -68,7 +70,8 @@ def cli(ctx: click.Context) -> None:
               help="a script without hvd.elastic.run runs as a fixed-size job: after a failure, start it "
                    "again on every slot, up to N times (default 0; its own checkpoint resumes it)")
 @click.option("--elastic-timeout", type=float, metavar="SECONDS",
-              help="how long to wait below --min-np before failing (default 600, or $HOROVOD_ELASTIC_TIMEOUT)")
+              help="how long to wait below --min-np before failing (default $CLOUD_ELASTIC_ELASTIC_TIMEOUT, else "
+                   "$HOROVOD_ELASTIC_TIMEOUT, else 600)")
 @click.option("--start-timeout", type=float, default=600.0, metavar="SECONDS",
               help="how long to wait for -np slots and for workers to start (default 600)")
 @click.option("--heartbeat-timeout", type=float, default=5.0, metavar="SECONDS",
