@@ -82,6 +82,13 @@ def test_exit_0_before_training_returned_is_not_success(jobs):
     assert "before its training function returned" in job.lines[-1]
 
 
+def test_a_command_that_never_calls_init_succeeds_as_a_plain_command(jobs):
+    """A newcomer's smoke test (as ``horovodrun ... hostname``): nothing connects, nothing elastic happens."""
+    job = jobs(["run", "-np", "2", "-H", "127.0.0.1:2", "python", "-c", "1"])
+    assert job.finish(30) == 0, job.output()
+    assert "succeeded: every worker (2) exited with code 0 without ever connecting to the driver" in job.lines[-1]
+
+
 def test_sigint_to_driver_stops_every_worker(jobs):
     job = jobs(["run", *ELASTIC, *probe_cmd("--steps", "1000")])
     job.wait_event("commit", rank=0, step=5)

@@ -209,3 +209,56 @@ def test_the_piece_alone_takes_the_job_only_from_the_first_report_and_never_afte
     w = committed.worker("a", 0, S.WAITING)
     elastic = FixedSize(committed)
     assert elastic.script_ended(w, None) == ("done", "") and not elastic.known
+
+
+# --------------------------------------------- a command that never calls hvd.init() (hostname, python -c 1)
+def launched(np: int = 2, **kwargs) -> Sim:
+    """A job whose -np workers were launched and have not registered yet."""
+    sim = Sim(np, **kwargs)
+    sim.discover({"a": np})
+    assert sim.slots_launched() == [f"a[{i}]" for i in range(np)]
+    return sim
+
+
+def test_a_command_that_never_connects_succeeds_when_every_worker_exits_0() -> None:
+    sim = launched(2)
+    sim.exit("a[1]", CLEAN)
+    assert sim.outcome is None  # a[0] still runs the command
+    sim.advance(30)
+    assert sim.slots_launched() == ["a[0]", "a[1]"]  # nothing runs the command again meanwhile
+    sim.exit("a[0]", CLEAN)
+    assert sim.outcome == Finish(True, "every worker (2) exited with code 0 without ever connecting to the driver "
+                                       "(its command never called hvd.init()): the job ran it as a plain command "
+                                       "(nothing elastic happened)", 0)
+    assert "worker_failed" not in kinds(sim) and not sim.blocked("a[0]") and not sim.blocked("a[1]")
+
+
+def test_with_checkpoint_dir_a_command_that_never_connects_is_no_success() -> None:
+    """Progress is sacred: the command neither loaded the job's checkpoints nor saved any."""
+    sim = launched(2, checkpointing=True)
+    sim.exit("a[0]", CLEAN)
+    sim.exit("a[1]", CLEAN)
+    failed(sim, "all workers failed", "without ever connecting to the driver (its command never called hvd.init())",
+           "with --checkpoint-dir that is no success")
+
+
+def test_a_worker_that_never_connects_among_workers_that_did_is_a_failure() -> None:
+    sim = launched(2, min_np=1)
+    sim.join("a[0]")
+    sim.exit("a[1]", CLEAN)
+    assert sim.outcome is None and sim.blocked("a[1]")
+    [failure] = [f for kind, f in sim.events if kind == "worker_failed"]
+    assert failure["reason"] == ("exited with code 0 without ever connecting to the driver (its command never called "
+                                 "hvd.init()); other workers of the job connected or failed")
+
+
+def test_a_worker_connecting_after_a_plain_exit_puts_the_job_back_under_its_elastic_rules() -> None:
+    sim = launched(2)
+    sim.exit("a[0]", CLEAN)
+    assert sim.outcome is None and not sim.blocked("a[0]")
+    sim.join("a[1]")  # it runs cloud_elastic after all: the job is no plain command
+    sim.advance(0.5)
+    assert sim.outcome is None
+    assert sim.slots_launched() == ["a[0]", "a[1]", "a[0]"]  # the plain exit's slot runs a worker again
+    sim.exit("a[0]", CLEAN)  # and it exits 0 unregistered again: now a failure
+    assert sim.outcome is None and sim.blocked("a[0]")

@@ -16,7 +16,7 @@ from cloud_elastic.driver.job.elastic_job import EARLY_RETURN_WAIT_S, ExitOrder,
 from cloud_elastic.driver.job.plan import Candidate, plan_round
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.providers.api import Drain
-from tests.unit.test_job import CLEAN, KILLED, PAST_FIRST_COOLDOWN_S, Sim, assert_round
+from tests.unit.test_job import CLEAN, CRASH, KILLED, PAST_FIRST_COOLDOWN_S, Sim, assert_round
 from tests.unit.test_job_health import beat
 
 pytestmark = pytest.mark.timeout(10)
@@ -69,7 +69,7 @@ def test_a_job_whose_every_host_failed_ends_at_once_like_one_whose_every_worker_
     sim = Sim(2, whole_host_slots=2)
     sim.discover({"a": 2})
     assert sim.slots_launched() == ["a[0]", "a[1]"]
-    sim.exit("a[0]", CLEAN)  # exited 0 before its training function returned: a failure
+    sim.exit("a[0]", CRASH)
     assert sim.outcome is not None and not sim.outcome.success
     assert sim.outcome.reason.startswith("all workers failed; last: worker " + sim.id("a[0]")), sim.outcome.reason
 

@@ -381,12 +381,10 @@ class ElasticJob:
             pass  # already accounted for when it was given up
         elif self.phase in (Phase.FINISHING, Phase.DONE):
             log.info("job %s: worker %s %s while the job was finishing", self.job_id, worker_id, status.describe)
-        elif self.fixed.exited(w, status, was_member):
-            pass  # a fixed-size job: exit 0 is the worker's success, else the attempt's failure
+        elif self.fixed.exited(w, status, was_member, connected=before is not S.STARTING):
+            pass  # a fixed-size job or a plain command: exit 0 is the worker's success, else the attempt's failure
         else:
-            what = status.describe if status.code != 0 or status.transport_error else (
-                "exited with code 0 before its training function returned"
-            )
+            what = self.fixed.early_exit(status, connected=before is not S.STARTING)
             self.failures.fail(w, what, now, was_member=was_member, transport=status.transport_error is not None,
                               exit_code=status.code if status.known else None)
         self._step(now)

@@ -31,6 +31,19 @@ the job:
   start, since that would train from initial weights over the committed state;
   it fails with its reason instead.
 
+A command that never calls ``hvd.init()`` (``hostname``, ``python -c 1``) never
+registers, so it sends no report. Its worker exiting 0 unregistered is a *plain
+exit* (:meth:`FixedSize.exited` with ``connected`` false): while every worker of
+the job does the same, nothing is launched, and once none is left the job
+succeeds, as ``horovodrun`` or ``mpirun`` would run the command, with one line
+saying the command never connected (nothing elastic happened: there is no
+training state to protect). It stays a failure (:meth:`FixedSize.early_exit`
+says which) when the job has state a command that never connects cannot have
+kept: ``--checkpoint-dir`` (it neither loaded nor saved a checkpoint), a commit,
+a restarted driver's job; or when another worker of the job connected or failed
+(a mix: the elastic rules judge the job, and earlier plain exits' slots are
+launched again).
+
 Pure logic: no clock, thread or socket; ``now`` is passed in.
 """
 
@@ -51,6 +64,9 @@ S = WorkerState
 
 #: How the job's messages name this mode.
 FIXED_SIZE = "a fixed-size job: the script does not use hvd.elastic.run"
+
+#: What a worker that exited 0 without ever registering did, in the job's messages.
+NEVER_CONNECTED = "exited with code 0 without ever connecting to the driver (its command never called hvd.init())"
 
 #: How long the job waits, after a failure, for the exit of the worker whose script reported its error
 #: first (the root cause: its peers fail only when its sockets close), so that its error is the reason.
@@ -73,6 +89,7 @@ class FixedSize:
         self._errors: dict[str, str] = {}  # worker id -> the error its script ended with (from its report)
         self._member_failure: str | None = None  # the last failure of a round member before the first report
         self._succeeded = 0  # members of the current attempt that exited 0
+        self._plain: set[str] = set()  # workers that exited 0 unregistered while no other worker did otherwise
 
     # ---------------------------------------------------------------- reports
     def script_ended(self, w: WorkerRecord, error: str | None) -> tuple[str, str]:
@@ -103,15 +120,16 @@ class FixedSize:
         return "done", ""
 
     # ------------------------------------------------------------------ exits
-    def exited(self, w: WorkerRecord, status: ExitStatus, was_member: bool = True) -> bool:
+    def exited(self, w: WorkerRecord, status: ExitStatus, was_member: bool = True, *, connected: bool = True) -> bool:
         """A live, staying worker's process ended in a fixed-size job; False when this mode does not apply.
 
         Exit 0 is the worker's success; anything else is the attempt's failure (:meth:`failed`), when
-        ``was_member`` (a member of the attempt's round).
+        ``was_member`` (a member of the attempt's round). ``connected`` False: it never registered, and
+        an exit 0 of it may be a plain command's (see module docstring).
         """
         if not self.known:
-            return False
-        if status.code == 0 and status.known and status.transport_error is None:
+            return not connected and _clean(status) and self._plain_exit(w)
+        if _clean(status):
             job = self._job
             if w.round == job.round and w.round > 0:
                 self._succeeded += 1
@@ -152,12 +170,63 @@ class FixedSize:
                  **({"round": w.round} if w.round else {}), **({"signal": killed_by} if killed_by else {}))
         return True
 
+    def early_exit(self, status: ExitStatus, connected: bool) -> str:
+        """How the exit of a worker whose training function had not returned reads, as a failure."""
+        if status.code != 0 or status.transport_error:
+            return status.describe
+        if connected:
+            return "exited with code 0 before its training function returned"
+        return NEVER_CONNECTED + "; " + (self._protected() or "other workers of the job connected or failed")
+
+    def _protected(self) -> str:
+        """Why a command that never connects cannot succeed in this job ('' when it can)."""
+        job = self._job
+        if job.policy.checkpointing:
+            return "with --checkpoint-dir that is no success: it neither loaded nor saved a checkpoint"
+        if job.state_committed or job.resumed:
+            return "the job holds committed training state that the command never loaded"
+        return ""
+
+    def _plain_exit(self, w: WorkerRecord) -> bool:
+        """``w`` exited 0 without registering: True when the job takes it as a plain command's worker."""
+        job = self._job
+        self._plain.add(w.worker_id)
+        if self._protected() or self._mixed():
+            self._plain.discard(w.worker_id)
+            return False
+        log.info("job %s: worker %s %s", job.job_id, w.worker_id, NEVER_CONNECTED)
+        return True
+
+    def _mixed(self) -> bool:
+        """Some worker did other than exit 0 unregistered (it connected, failed, is being stopped)."""
+        plain = self._plain
+        return any(w.state is not S.STARTING and w.worker_id not in plain for w in self._job.workers.values())
+
+    def _plain_step(self) -> bool:
+        """The plain-command rules at each step while workers exited 0 unregistered (see :meth:`step`)."""
+        job = self._job
+        if self._mixed():
+            log.warning("job %s: %d worker(s) %s, but other workers of the job connected or failed: the job is "
+                        "judged by its other rules, and their slots may be launched again", job.job_id,
+                        len(self._plain), NEVER_CONNECTED)
+            self._plain = set()
+            return False
+        if job.alive():
+            return True  # the others are still starting: no launch in the meantime
+        job.end(True, f"every worker ({len(self._plain)}) {NEVER_CONNECTED}: the job ran it as a plain command "
+                      "(nothing elastic happened)", 0)
+        return True
+
     # ------------------------------------------------------------------- step
     def step(self, now: float) -> bool:
         """The fixed-size rules at each step of the job: True while the attempt's round runs or is being
         stopped (no launch, no new round), False when it does not apply or the job may form a round."""
         job = self._job
-        if not self.known or job.phase is Phase.DONE:
+        if job.phase is Phase.DONE:
+            return False
+        if self._plain and self._plain_step():
+            return True
+        if not self.known:
             return False
         if self._failure is not None:
             return self._after_failure(now)
@@ -212,3 +281,8 @@ class FixedSize:
                     "only from a checkpoint the script itself writes and loads; without one it trains from the "
                     "start", job.job_id, self.restarts, limit, reason)
         return False
+
+
+def _clean(status: ExitStatus) -> bool:
+    """The process exited 0, as reported by the launcher that started it."""
+    return status.code == 0 and status.known and status.transport_error is None
