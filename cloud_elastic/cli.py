@@ -281,10 +281,14 @@ def providers() -> int:
 @cli.command(context_settings=_CONTEXT, short_help="show running jobs, or one job's state")
 @click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True, help="print the driver's reply as JSON")
-def status(job: str | None, as_json: bool) -> int:
+@click.option("--all", "show_all", is_flag=True,
+              help="also list drivers gone for longer than their --driver-grace")
+def status(job: str | None, as_json: bool, show_all: bool) -> int:
     """List the jobs running on this machine, or show JOB: phase, round, hosts, workers, commits.
 
-    Without JOB: the list, or the one job's status when exactly one is running.
+    Without JOB: the list, or the one job's status when exactly one is running. The
+    list holds running drivers and those gone within their --driver-grace (their
+    workers may still run); a record gone a day past its grace is deleted.
 
     Asks the job's driver over its authenticated control plane; only the user
     who started the job can read its secret, so only that user can ask.
@@ -294,14 +298,14 @@ def status(job: str | None, as_json: bool) -> int:
     import json
 
     if job is None:
-        jobs = st.list_jobs()
+        jobs, hidden = st.listed_jobs(show_all=show_all)
         alive = [j for j in jobs if j.alive]
         if as_json:
             json.dump([dataclasses.asdict(j) for j in jobs], sys.stdout, indent=2)
             sys.stdout.write("\n")
             return 0
         if len(alive) != 1:
-            sys.stdout.write(st.render_job_list(jobs))
+            sys.stdout.write(st.render_job_list(jobs, hidden=hidden))
             return 0
         job = alive[0].job_id  # the usual case: one job on this machine, show it
     reply = st.query_status(job)

@@ -7,11 +7,18 @@ Each running driver leaves a record in a per-user runtime directory::
             driver.json   {"v": 1, "job", "address", "pid", "started", "command"}   mode 0600
             secret        the job's control-plane secret                            mode 0600
 
-The driver calls :func:`write_driver_record` once its control server listens and
-:func:`remove_driver_record` when it ends; a restarted driver reads the directory to find its
-predecessor (:mod:`cloud_elastic.driver.restart`). ``cloud-elastic status`` (:mod:`cloud_elastic.status`)
+The driver calls :func:`write_driver_record` once its control server listens, refreshes the
+record's mtime every few seconds (its last sign of life) and calls :func:`remove_driver_record`
+when it ends; a restarted driver reads the directory, and the adoption record ``adopt.json`` a
+driver with ``--checkpoint-dir`` keeps there, to find its predecessor
+(:mod:`cloud_elastic.driver.restart`). ``cloud-elastic status`` (:mod:`cloud_elastic.status`)
 lists the records and asks their drivers. The directories keep every other user out, so only the
 user who started a job can read its secret and sign messages to its driver.
+
+A driver killed outright leaves its record behind. Its workers train on for its ``--driver-grace``
+and a restarted driver may adopt them meanwhile, so the record matters until then
+(:meth:`JobRecord.recent`); :func:`prune_gone` deletes it :data:`PRUNE_AFTER_S` after that,
+when nothing can use it any more.
 """
 
 from __future__ import annotations
@@ -25,14 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from cloud_elastic.config import JobConfig
 from cloud_elastic.errors import ConfigError
 
 __all__ = [
+    "PRUNE_AFTER_S",
     "RECORD_VERSION",
     "JobRecord",
     "job_dir",
     "list_jobs",
     "pid_alive",
+    "prune_gone",
     "read_record",
     "remove_driver_record",
     "runtime_root",
@@ -40,6 +50,13 @@ __all__ = [
 ]
 
 RECORD_VERSION = 1
+
+#: A gone driver's record is deleted this long after its workers' grace ended: by then no worker of it
+#: runs and no restarted driver can adopt them (the restart gives up past the grace).
+PRUNE_AFTER_S = 86400.0
+
+#: The adoption record's name (``driver.restart.record.RECORD_NAME``): status reads only its ``grace_s``.
+_ADOPTION_RECORD = "adopt.json"
 
 
 def runtime_root() -> Path:
@@ -123,6 +140,18 @@ class JobRecord:
     command: tuple[str, ...]
     #: False when the driver's process is gone (it was killed before it could remove its record).
     alive: bool
+    #: The driver's last sign of life (Unix time: the record's mtime, refreshed while it runs).
+    last_seen: float = 0.0
+    #: How long its workers train on without it (its adoption record's ``--driver-grace``, else the default).
+    grace_s: float = JobConfig.driver_grace_s
+
+    def recent(self, now: float) -> bool:
+        """The driver runs, or died so recently that its workers may still run and a restart adopt them."""
+        return self.alive or now - self.last_seen <= self.grace_s
+
+    def prunable(self, now: float) -> bool:
+        """The driver is gone, and its grace ended :data:`PRUNE_AFTER_S` ago: nothing can use the record."""
+        return not self.alive and now - self.last_seen > self.grace_s + PRUNE_AFTER_S
 
 
 def pid_alive(pid: int) -> bool:
@@ -147,7 +176,8 @@ def read_record(directory: Path) -> JobRecord:
         if raw.get("v") != RECORD_VERSION:
             raise ValueError(f"record version {raw.get('v')!r}")
         return JobRecord(str(raw["job"]), str(raw["address"]), int(raw["pid"]), float(raw["started"]),
-                         tuple(str(c) for c in raw.get("command", ())), pid_alive(int(raw["pid"])))
+                         tuple(str(c) for c in raw.get("command", ())), pid_alive(int(raw["pid"])),
+                         path.stat().st_mtime, _recorded_grace(directory))
     except FileNotFoundError:
         raise ConfigError(f"no job {directory.name} on this machine (see 'cloud-elastic status')") from None
     except PermissionError:
@@ -172,3 +202,51 @@ def list_jobs(root: Path | None = None) -> list[JobRecord]:
         except ConfigError:
             continue
     return sorted(jobs, key=lambda j: j.started)
+
+
+def _recorded_grace(directory: Path) -> float:
+    """The ``--driver-grace`` the job's adoption record gives its workers; the default without a usable one
+    (a driver without ``--checkpoint-dir`` keeps none, and no restart can adopt its workers)."""
+    try:
+        grace = json.loads((directory / _ADOPTION_RECORD).read_text(encoding="utf-8"))["grace_s"]
+        if isinstance(grace, (int, float)) and not isinstance(grace, bool) and 0 <= grace < float("inf"):
+            return float(grace)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return JobConfig.driver_grace_s
+
+
+def prune_gone(jobs: Sequence[JobRecord], now: float, root: Path | None = None) -> list[JobRecord]:
+    """Delete the records of ``jobs`` that are :meth:`~JobRecord.prunable`; return the others.
+
+    Each is read again just before: a record whose driver is alive, or that changed since (a driver of the
+    same job restarted in it), is kept. A record that cannot be deleted is kept too.
+    """
+    kept = []
+    for job in jobs:
+        if job.prunable(now) and _remove_gone(job, now, root):
+            continue
+        kept.append(job)
+    return kept
+
+
+def _remove_gone(job: JobRecord, now: float, root: Path | None) -> bool:
+    directory = job_dir(job.job_id, root)
+    try:
+        again = read_record(directory)
+    except ConfigError:
+        return False
+    if again != job or not again.prunable(now):
+        return False
+    # driver.json last: a deletion cut short leaves a record the next listing still finds and prunes.
+    names = [_ADOPTION_RECORD, "secret"] + [p.name for p in directory.glob(".*") if p.is_file()] + ["driver.json"]
+    try:
+        for name in names:
+            (directory / name).unlink(missing_ok=True)
+    except OSError:
+        return False
+    try:
+        directory.rmdir()
+    except OSError:
+        pass
+    return True

@@ -1,6 +1,9 @@
 """``cloud-elastic status``: list the jobs running on this machine and ask a driver how its job is doing.
 
-The jobs are found by their drivers' records (:mod:`cloud_elastic.records`). The status request is a
+The jobs are found by their drivers' records (:mod:`cloud_elastic.records`). The list shows the running
+drivers and those gone within their workers' ``--driver-grace`` (the workers may still run, and a restarted
+driver adopt them); older records are hidden unless asked for (``--all``), and deleted a day past their grace
+as the list is made (:func:`listed_jobs`). The status request is a
 signed control-plane message (kind ``status``, see :mod:`cloud_elastic.control`) sent to the recorded
 address; the driver answers with a signed :class:`StatusReply` (:mod:`cloud_elastic.protocol_status`). Only a user who can read the job's
 secret can sign the request, and the records' directories keep everyone else out, so no other user
@@ -17,11 +20,12 @@ from typing import Any, Sequence
 
 from cloud_elastic.errors import CloudElasticError, ConfigError, ControlPlaneError
 from cloud_elastic.protocol_status import BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus
-from cloud_elastic.records import JobRecord, job_dir, list_jobs, read_record
+from cloud_elastic.records import JobRecord, job_dir, list_jobs, prune_gone, read_record
 
 __all__ = [
     "JobRecord",
     "list_jobs",
+    "listed_jobs",
     "WorkerStatus",
     "HostStatus",
     "BlacklistedSlot",
@@ -124,18 +128,36 @@ def _cost_line(reply: StatusReply) -> str:
     return line
 
 
-def render_job_list(jobs: Sequence[JobRecord], *, now: float | None = None) -> str:
-    """The job table ``cloud-elastic status`` prints without a job id."""
+def listed_jobs(*, show_all: bool = False, root: Path | None = None,
+                now: float | None = None) -> tuple[list[JobRecord], int]:
+    """The records ``cloud-elastic status`` lists, and how many older gone ones it hides (none with
+    ``show_all``). Records of drivers gone a day past their grace are deleted first (see :mod:`.records`)."""
+    now = time.time() if now is None else now
+    jobs = prune_gone(list_jobs(root), now, root)
+    shown = jobs if show_all else [j for j in jobs if j.recent(now)]
+    return shown, len(jobs) - len(shown)
+
+
+def render_job_list(jobs: Sequence[JobRecord], *, now: float | None = None, hidden: int = 0) -> str:
+    """The job table ``cloud-elastic status`` prints without a job id; ``hidden``: older gone records not in it.
+
+    A gone driver's row says when it was last seen; its UP is ``-`` (it is not up).
+    """
+    more = (f"({hidden} record(s) of drivers gone for longer than their --driver-grace not shown: "
+            "cloud-elastic status --all)\n") if hidden else ""
     if not jobs:
-        return "no cloud-elastic jobs running for this user on this machine\n"
+        return "no cloud-elastic jobs running for this user on this machine\n" + more
     now = time.time() if now is None else now
     rows = [("JOB", "DRIVER", "PID", "UP", "COMMAND")]
     for job in jobs:
-        pid = str(job.pid) if job.alive else f"{job.pid} (gone)"
-        rows.append((job.job_id, job.address, pid, _duration(now - job.started), " ".join(job.command)))
+        if job.alive:
+            pid, up = str(job.pid), _duration(now - job.started)
+        else:
+            pid, up = f"{job.pid} (gone, last seen {_duration(now - job.last_seen)} ago)", "-"
+        rows.append((job.job_id, job.address, pid, up, " ".join(job.command)))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+    return "\n".join(line.rstrip() for line in lines) + "\n" + more
 
 
 def render_status(reply: StatusReply, *, now: float | None = None) -> str:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,12 @@ import pytest
 from cloud_elastic.control import Codec, new_secret
 from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.errors import CloudElasticError, ConfigError, ControlPlaneError
-from cloud_elastic.records import job_dir, list_jobs, remove_driver_record, runtime_root, write_driver_record
+from cloud_elastic.records import (
+    job_dir, list_jobs, prune_gone, remove_driver_record, runtime_root, write_driver_record,
+)
 from cloud_elastic.status import (
-    BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus, query_status, render_job_list,
-    render_status,
+    BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus, listed_jobs, query_status,
+    render_job_list, render_status,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -152,7 +156,7 @@ def test_a_driver_that_is_gone_is_a_one_line_error(tmp_path: Path) -> None:
     write_driver_record("gone", "127.0.0.1:1", new_secret(), pid=2 ** 22 + 12345, root=root)
     with pytest.raises(CloudElasticError, match=r"the driver at 127.0.0.1:1 does not answer: .*\(its process \d+ is gone\)"):
         query_status("gone", root=root)
-    assert "(gone)" in render_job_list(list_jobs(root), now=NOW)
+    assert "(gone, last seen" in render_job_list(list_jobs(root), now=NOW)
 
 
 def _cli(*args: str, env: dict[str, str], user: int | None = None) -> subprocess.CompletedProcess:
@@ -209,3 +213,75 @@ def test_another_user_can_read_neither_the_record_nor_the_secret() -> None:
         root.rmdir()
         (shared / "public").unlink()
         shared.rmdir()
+
+
+# ------------------------------------------------------------------ records of drivers that are gone
+DEAD_PID = 2 ** 22 + 12345  # above any pid_max: no process
+
+
+def _record(root: Path, job: str, *, seen_ago: float, pid: int = DEAD_PID, grace_s: float | None = None) -> Path:
+    """A driver record last refreshed ``seen_ago`` seconds ago, with an adoption record giving ``grace_s``."""
+    directory = write_driver_record(job, "127.0.0.1:1", new_secret(), pid=pid, command=["python", f"{job}.py"],
+                                    root=root)
+    if grace_s is not None:
+        (directory / "adopt.json").write_text(json.dumps({"v": 1, "grace_s": grace_s}))
+    seen = time.time() - seen_ago
+    os.utime(directory / "driver.json", (seen, seen))
+    return directory
+
+
+def test_a_gone_driver_s_row_says_when_it_was_last_seen_and_its_up_time_stops_counting(tmp_path: Path) -> None:
+    root = tmp_path / "cloud-elastic"
+    _record(root, "runs0000", seen_ago=0, pid=os.getpid())
+    _record(root, "died0000", seen_ago=40)
+    [alive, gone] = sorted(list_jobs(root), key=lambda j: j.job_id, reverse=True)
+    text = render_job_list([alive, gone], now=alive.started + 3600)
+    rows = {line.split()[0]: line for line in text.splitlines()}
+    assert rows["runs0000"].split()[3] == "1h00m"
+    assert re.split(r"\s{2,}", rows["died0000"]) == [
+        "died0000", "127.0.0.1:1", f"{DEAD_PID} (gone, last seen 1h00m ago)", "-", "python died0000.py"], text
+
+
+def test_status_lists_drivers_gone_within_their_grace_hides_older_ones_and_prunes_those_a_day_past_it(
+        tmp_path: Path) -> None:
+    root = tmp_path / "cloud-elastic"
+    _record(root, "runs0000", seen_ago=10 * 86400, pid=os.getpid())  # alive, however stale: never deleted
+    _record(root, "recent00", seen_ago=30)  # within the default --driver-grace (60 s): its workers may run
+    _record(root, "adoptabl", seen_ago=2 * 86400, grace_s=3 * 86400)  # a restart may still adopt its workers
+    _record(root, "hidden00", seen_ago=3600)  # past its grace: hidden, kept a day
+    pruned = _record(root, "pruned00", seen_ago=86400 + 61)  # a day past its grace: deleted
+    assert (pruned / "secret").exists()
+    shown, hidden = listed_jobs(root=root)
+    assert sorted(j.job_id for j in shown) == ["adoptabl", "recent00", "runs0000"] and hidden == 1
+    assert not pruned.exists()
+    assert sorted(j.job_id for j in listed_jobs(root=root, show_all=True)[0]) == [
+        "adoptabl", "hidden00", "recent00", "runs0000"]
+    assert render_job_list([], hidden=1).endswith(
+        "(1 record(s) of drivers gone for longer than their --driver-grace not shown: cloud-elastic status --all)\n")
+
+
+def test_a_record_rewritten_by_a_restarted_driver_is_not_pruned(tmp_path: Path) -> None:
+    root = tmp_path / "cloud-elastic"
+    _record(root, "again000", seen_ago=3 * 86400)
+    [old] = list_jobs(root)
+    _record(root, "again000", seen_ago=0, pid=os.getpid())  # the same job's driver, restarted meanwhile
+    assert prune_gone([old], time.time(), root) == [old] and (job_dir("again000", root) / "driver.json").exists()
+
+
+def test_status_reads_the_grace_from_the_adoption_record_the_restart_writes() -> None:
+    from cloud_elastic.driver.restart.record import RECORD_NAME
+    from cloud_elastic.records import _ADOPTION_RECORD
+
+    assert _ADOPTION_RECORD == RECORD_NAME
+
+
+def test_the_status_command_hides_old_gone_drivers_unless_asked_for_all(tmp_path: Path) -> None:
+    root = tmp_path / "cloud-elastic"
+    _record(root, "recent00", seen_ago=30)
+    _record(root, "hidden00", seen_ago=3600)
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    listed = _cli(env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["JOB", "recent00", "(1"]
+    every = _cli("--all", env=env)
+    assert sorted(line.split()[0] for line in every.stdout.splitlines()) == ["JOB", "hidden00", "recent00"]
