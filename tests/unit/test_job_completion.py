@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cloud_elastic.driver.job.actions import Phase, Stop
-from cloud_elastic.driver.job.completion import EARLY_RETURN_WAIT_S, STACKS_WAIT_S, Completion
+from cloud_elastic.driver.job.completion import EARLY_RETURN_WAIT_S, NOT_BACK_LIMIT, STACKS_WAIT_S, Completion
 from cloud_elastic.driver.launch.api import ExitStatus
 from tests.unit.job_view import T0, FakeJob, S
 
@@ -90,3 +90,23 @@ def test_members_not_back_a_timeout_after_the_abort_are_given_up_after_their_sta
     assert dict(job.events)["round_stalled"]["workers"] == [r0.worker_id, r1.worker_id]
     completion.check_progress(T0 + 62 + STACKS_WAIT_S)
     assert [w for w, _ in job.given_up] == [r0.worker_id, r1.worker_id]
+
+
+def test_a_member_progressing_after_the_abort_is_given_up_only_past_the_limit_of_a_phase_without_collectives() -> None:
+    job, completion, (r0, r1) = running(progress_timeout_s=60)
+    completion.round_formed(T0)
+    job.abort_round = 1
+    completion.check_progress(T0 + 1)  # the abort is seen now
+    limit = T0 + 1 + NOT_BACK_LIMIT * 60
+    t = T0 + 1
+    while t < limit:  # both compute (an evaluation pass): never idle for the timeout
+        t += 10
+        r0.progress_at = r1.progress_at = t
+        completion.check_progress(t)
+    assert job.kinds() == [] and job.given_up == []
+    r0.progress_at = r1.progress_at = t = limit + 1
+    completion.check_progress(t)
+    assert dict(job.events)["round_stalled"]["workers"] == [r0.worker_id, r1.worker_id]
+    completion.check_progress(t + STACKS_WAIT_S)
+    assert [w for w, _ in job.given_up] == [r0.worker_id, r1.worker_id]
+    assert "though still making progress" in job.given_up[0][1]

@@ -177,6 +177,28 @@ def test_a_member_that_does_not_come_back_after_an_abort_is_given_up_after_its_s
     assert_round({"a[0]": sim.reply("a[0]")}, 2, needs_sync=True)
 
 
+def test_survivors_computing_after_an_abort_are_waited_for_and_one_whose_progress_stops_is_given_up() -> None:
+    # A local evaluation pass of minutes, no collective in it: the survivors learn of the peer's death only at
+    # their next collective. Their counters keep growing (they compute): past --progress-timeout after the
+    # abort they are working, not stuck. a[1] stops progressing 60 s after the abort (blocked): it is given up
+    # a timeout later, as before.
+    sim = started(3, {"a": 3}, min_np=1, progress_timeout_s=120)
+    sim.commit("a[0]", "a[1]", "a[2]", count=50)
+    sim.exit("a[2]", CRASH)
+    assert sim.job.abort_round == 1
+    for second in range(1, 201):
+        beat(sim, "a[0]", progress=second)
+        beat(sim, "a[1]", progress=min(second, 60))
+        sim.advance(1)
+    computing, blocked = sim.job.workers[sim.id("a[0]")], sim.job.workers[sim.id("a[1]")]
+    assert computing.state is WorkerState.RUNNING and sim.outcome is None
+    assert blocked.state is WorkerState.LOST and "with no progress for the last" in blocked.why, blocked.why
+    stalled = [e for kind, e in sim.events if kind == "round_stalled"]
+    assert [e["workers"] for e in stalled] == [[sim.id("a[1]")]] and stalled[0]["idle_s"] > 120, stalled
+    sim.join("a[0]", reason="failure")  # its evaluation done, it reaches its next collective and comes back
+    assert_round({"a[0]": sim.reply("a[0]")}, 2, needs_sync=True)
+
+
 # ----------------------------------------------------------------- messages
 @pytest.mark.parametrize("committed, says", [
     (False, "no worker has committed yet, so the survivors start over from the initial state"),

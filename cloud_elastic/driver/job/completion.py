@@ -20,9 +20,11 @@
   worker failed after completing or rank 0 could not write its final checkpoint;
 * **the no-progress watch** (:meth:`~Completion.check_progress`): a round none
   of whose members made progress for ``progress_timeout_s`` is aborted, and a
-  member still in an aborted round one more timeout later is given up. Either
-  way the members concerned are asked for their stacks first, and get
-  :data:`STACKS_WAIT_S` to send them.
+  member still in an aborted round is given up once it has made no progress
+  for one more timeout since the abort, or, progressing all along, once it is
+  still out :data:`NOT_BACK_LIMIT` timeouts after it. Either way the members
+  concerned are asked for their stacks first, and get :data:`STACKS_WAIT_S` to
+  send them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
-__all__ = ["Completion", "EARLY_RETURN_WAIT_S", "STACKS_WAIT_S"]
+__all__ = ["Completion", "EARLY_RETURN_WAIT_S", "NOT_BACK_LIMIT", "STACKS_WAIT_S"]
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +51,26 @@ _MEMBER = (S.RUNNING, S.DRAINING)
 EARLY_RETURN_WAIT_S = 5.0
 #: How long a stuck round's members get to send their stacks before the driver acts without them.
 STACKS_WAIT_S = 5.0
+#: A member of an aborted round whose progress counter keeps growing is working (a survivor learns of the
+#: abort only at its next collective or commit: a local evaluation pass can take minutes), not stuck; but
+#: the next round waits for it, so it is given up anyway once it is still out this many --progress-timeouts
+#: after the abort. Three: at the default (120 s) that is past the default collective timeout (300 s), which
+#: frees a survivor spinning in a collective the abort cannot reach (NCCL's device synchronization).
+NOT_BACK_LIMIT = 3
 
 
 @dataclass
 class _Stall:
     """A stuck round found by the no-progress watch, waiting for its members' stacks before the driver acts."""
 
-    kind: str  # "stalled": nobody made progress; "not_back": members did not come back after an abort
+    # "stalled": nobody made progress; "not_back": members did not come back after an abort and made no progress
+    # since for the timeout; "not_back_busy": members progressing but still out NOT_BACK_LIMIT timeouts after it
+    kind: str
     round: int
     workers: list[str]
     asked_at: float  # running time
-    idle_s: float
+    idle_s: float  # without progress (since the abort at most); for "not_back_busy", since the abort
+    out_s: float = 0.0  # since the abort ("not_back" kinds)
 
 
 class Completion:
@@ -291,29 +302,46 @@ class Completion:
         if job.abort_round >= job.round:
             if self._abort_seen_at is None:
                 self._abort_seen_at = running
-            elif running - self._abort_seen_at > bound:
-                stuck = [w for w in job.members() if not w.returned]
-                if stuck:
-                    self._ask_stacks("not_back", stuck, running, running - self._abort_seen_at)
+            else:
+                self._check_not_back(running, bound)
         elif running - self._round_progress_at > bound:
             members = [w for w in job.members() if not w.returned]
             if members:
                 self._ask_stacks("stalled", members, running, running - self._round_progress_at)
 
-    def _ask_stacks(self, kind: str, workers: list[WorkerRecord], running: float, idle_s: float) -> None:
+    def _check_not_back(self, running: float, bound: float) -> None:
+        """Members still in the aborted round: stuck once idle for ``bound`` since the abort (a blocked
+        collective, a deadlock: their counters stand still), or out past :data:`NOT_BACK_LIMIT` bounds."""
+        seen = self._abort_seen_at
+        assert seen is not None
+        out = [w for w in self._job.members() if not w.returned]
+        idle = {w.worker_id: running - max(seen, w.progress_at) for w in out}
+        stuck = [w for w in out if idle[w.worker_id] > bound]
+        if stuck:
+            self._ask_stacks("not_back", stuck, running, min(idle[w.worker_id] for w in stuck), running - seen)
+        elif out and running - seen > NOT_BACK_LIMIT * bound:
+            self._ask_stacks("not_back_busy", out, running, running - seen, running - seen)
+
+    def _ask_stacks(self, kind: str, workers: list[WorkerRecord], running: float, idle_s: float,
+                    out_s: float = 0.0) -> None:
         job = self._job
         self.stacks_gen += 1
         for w in workers:
             w.stacks_wanted = self.stacks_gen
-        self._stall = _Stall(kind, job.round, [w.worker_id for w in workers], running, idle_s)
+        self._stall = _Stall(kind, job.round, [w.worker_id for w in workers], running, idle_s, out_s)
         names = ", ".join(f"{w.worker_id} ({w.label})" for w in workers)
         timeout = job.policy.progress_timeout_s
         if kind == "stalled":
             reason = (f"no member of round {job.round} made progress for {idle_s:.0f}s (--progress-timeout "
                       f"{timeout:g}): no commit, optimizer step or completed collective")
+        elif kind == "not_back":
+            reason = (f"{len(workers)} member(s) of round {job.round} did not come back to rendezvous within "
+                      f"{out_s:.0f}s of its abort, with no progress for the last {idle_s:.0f}s or more "
+                      f"(--progress-timeout {timeout:g})")
         else:
             reason = (f"{len(workers)} member(s) of round {job.round} did not come back to rendezvous within "
-                      f"{idle_s:.0f}s of its abort (--progress-timeout {timeout:g})")
+                      f"{idle_s:.0f}s of its abort although still making progress ({NOT_BACK_LIMIT} x "
+                      f"--progress-timeout {timeout:g})")
         log.warning("job %s: %s; asking %s for their stacks", job.job_id, reason, names)
         job.emit("round_stalled", round=job.round, idle_s=round(idle_s, 1), reason=reason,
                  workers=[w.worker_id for w in workers])
@@ -337,8 +365,14 @@ class Completion:
                                     f"(--progress-timeout {job.policy.progress_timeout_s:g})")
                 job.abort()
             return
-        what = (f"did not come back to rendezvous within {stall.idle_s:.0f}s of the abort of round {stall.round} "
-                f"(stuck where the abort cannot reach it; its stacks are above)")
+        if stall.kind == "not_back":
+            what = (f"did not come back to rendezvous within {stall.out_s:.0f}s of the abort of round {stall.round}, "
+                    f"with no progress for the last {stall.idle_s:.0f}s or more (stuck where the abort cannot reach "
+                    f"it; its stacks are above)")
+        else:
+            what = (f"did not come back to rendezvous within {stall.out_s:.0f}s of the abort of round {stall.round}"
+                    f", though still making progress: no collective or commit for that long ({NOT_BACK_LIMIT} x "
+                    f"--progress-timeout; its stacks are above)")
         for w in workers:
             if w.alive and w.member_of(stall.round) and not w.returned:
                 job.give_up(w, what, now)
