@@ -56,7 +56,8 @@ def parent_of_servers() -> str | None:
             directory = tempfile.mkdtemp(prefix="cloud-elastic-servers-")
             path = os.path.join(directory, "servers.sock")
             # Started as the jobs' workers are: the driver gives them OMP_NUM_THREADS=1 unless it is set.
-            proc = forkserver.start_parent(path, {"OMP_NUM_THREADS": "1", **os.environ})
+            # die_with_caller: a test process ended by os._exit (pytest-timeout's thread method) runs no atexit.
+            proc = forkserver.start_parent(path, {"OMP_NUM_THREADS": "1", **os.environ}, die_with_caller=True)
             deadline = time.monotonic() + 120
             while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)

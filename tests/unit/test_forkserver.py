@@ -6,7 +6,9 @@ The forked workers themselves (real processes) are in tests/integration/test_loc
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -61,3 +63,29 @@ def test_a_setting_that_is_neither_on_nor_off_is_a_one_line_error(value):
         forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": value}, gpu_nodes=())
     assert forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": " Yes "}, gpu_nodes=())
     assert forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": ""}, gpu_nodes=())  # empty is unset: the default
+
+
+@pytest.mark.timeout(60)
+def test_a_parent_of_servers_started_to_die_with_its_caller_ends_when_the_caller_is_killed(tmp_path):
+    # The caller ends by os._exit (as pytest-timeout's thread method ends a test process): no atexit, no terminate().
+    caller = subprocess.run(
+        [sys.executable, "-c",
+         "import os, sys\n"
+         "from cloud_elastic.driver.launch import forkserver\n"
+         f"proc = forkserver.start_parent({str(tmp_path / 's.sock')!r}, die_with_caller=True)\n"
+         "print(proc.pid, flush=True)\n"
+         "os._exit(0)\n"],
+        capture_output=True, text=True, timeout=30)
+    pid = int(caller.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "the parent of servers outlived the process that started it"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return ") Z " not in f.read()
+    except OSError:
+        return False

@@ -40,6 +40,7 @@ from typing import Any
 
 from cloud_elastic.errors import ConfigError, LaunchError
 from cloud_elastic.driver.launch.forkserver_child import ROOM_VARIABLE
+from cloud_elastic.driver.launch.ssh_remote import die_with_parent
 
 __all__ = ["ForkServer", "PARENT_VARIABLE", "forkable", "startup_key", "enabled", "start_parent", "start_server"]
 
@@ -251,7 +252,7 @@ def server_env(env: dict[str, str]) -> dict[str, str]:
     return {**dict(startup_key(env)), ROOM_VARIABLE: "-" * ENV_ROOM}
 
 
-def start_parent(path: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_parent(path: str, env: dict[str, str] | None = None, *, die_with_caller: bool = False) -> subprocess.Popen:
     """Start a parent of fork servers listening at ``path`` (a new socket file; its directory should be private).
 
     A driver whose environment has ``CLOUD_ELASTIC_FORKSERVER_PARENT=PATH`` connects to it and
@@ -261,9 +262,13 @@ def start_parent(path: str, env: dict[str, str] | None = None) -> subprocess.Pop
     ``env`` (default: this process's environment); a driver whose workers need others starts
     its own server as before. The caller ends it (``terminate()``); the servers it forked end
     with their drivers, and their workers run on, as for a server a driver started.
+    ``die_with_caller``: the kernel also ends it when the calling thread dies without doing so
+    (Linux), so a caller killed outright (``os._exit``, SIGKILL) leaves no parent behind.
     """
     source = dict(os.environ if env is None else env)
-    return subprocess.Popen(server_argv(["--listen", path]), env=server_env(source), stdin=subprocess.DEVNULL)
+    preexec = die_with_parent() if die_with_caller else None
+    return subprocess.Popen(server_argv(["--listen", path]), env=server_env(source), stdin=subprocess.DEVNULL,
+                            preexec_fn=preexec)
 
 
 #: The variable naming the socket of a parent of fork servers (:func:`start_parent`).

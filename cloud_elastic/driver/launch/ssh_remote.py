@@ -66,7 +66,7 @@ from typing import Callable, Sequence
 __all__ = [
     "SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "MARKER", "WrapperArgs", "parse_args", "wrapper_argv",
     "Watchdog", "Order",
-    "marker_line", "parse_marker", "exit_code", "control_path", "attach", "main",
+    "marker_line", "parse_marker", "exit_code", "control_path", "attach", "main", "die_with_parent",
 ]
 
 #: The variable the secret must never travel in (the launcher refuses it in a worker's environment).
@@ -321,7 +321,7 @@ class Wrapper:
         try:
             proc = subprocess.Popen(list(self._args.command), cwd=self._args.cwd, env=env,
                                     stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, pass_fds=(secret_fd,),
-                                    start_new_session=True, preexec_fn=_die_with_parent())
+                                    start_new_session=True, preexec_fn=die_with_parent())
         except (OSError, subprocess.SubprocessError) as exc:
             _say(f"cannot start {self._args.command[0]}: {exc}")
             self._done(127, "exec")
@@ -503,8 +503,9 @@ def _say(message: str) -> None:
         pass
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec function asking the kernel to KILL the worker's leader if the wrapper dies (Linux only)."""
+def die_with_parent() -> Callable[[], None] | None:
+    """A preexec function asking the kernel to KILL the child if the thread that started it dies (Linux only):
+    here the worker's leader when the wrapper dies."""
     try:
         import ctypes
 
