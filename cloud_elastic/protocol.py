@@ -139,11 +139,15 @@ def _ranks_and_hosts(msg: Mapping[str, Any], what: str) -> tuple[RankInfo, tuple
     ranks = RankInfo(**{f.name: _int(msg, f.name, what) for f in fields(RankInfo)})
     if ranks.rank >= ranks.size or ranks.local_rank >= ranks.local_size or ranks.cross_rank >= ranks.cross_size:
         raise ControlPlaneError(f"malformed {what}: ranks out of range: {ranks}")
-    hosts = msg.get("hosts") or []
-    if (not isinstance(hosts, list) or len(hosts) > ranks.size
-            or not all(isinstance(h, str) and 0 < len(h) <= 255 for h in hosts)):
-        raise ControlPlaneError(f"malformed {what}: 'hosts' must be a list of at most 'size' host names")
-    return ranks, tuple(hosts)
+    return ranks, _host_names(msg, "hosts", ranks.size, what)
+
+
+def _host_names(msg: Mapping[str, Any], name: str, limit: int, what: str) -> tuple[str, ...]:
+    """``msg[name]``: a list of at most ``limit`` host names, each at most 255 characters (none when absent)."""
+    hosts = msg.get(name) or []
+    if not isinstance(hosts, list) or len(hosts) > limit or not all(isinstance(h, str) and 0 < len(h) <= 255 for h in hosts):
+        raise ControlPlaneError(f"malformed {what}: {name!r} must be a list of at most {limit} host names")
+    return tuple(hosts)
 
 
 @dataclass(frozen=True)
@@ -247,13 +251,12 @@ def parse_rendezvous_reply(msg: Mapping[str, Any]) -> RendezvousReply:
 class RendezvousRequest:
     """A worker asks to join the round after ``last_round`` (0: none yet).
 
-    ``commits`` is how many commits it has made; ``rolled_back`` how many steps
-    its last restore undid; ``commit_seq`` the position, in the job's history of
-    commits, of the state it would restore (see ``WorkerContext.commit_seq``):
-    the driver makes the holder of the newest commit rank 0. ``holds_commit``
-    is False when its live state is not that commit and nothing it kept can
-    restore it (a failure after an in-place update, see ``worker.ledger``): the
-    driver must not take the state from it.
+    ``commits`` is how many commits it has made; ``rolled_back`` how many steps its last restore undid;
+    ``commit_seq`` the position, in the job's history of commits, of the state it would restore (see
+    ``WorkerContext.commit_seq``): the driver makes the holder of the newest commit rank 0. ``holds_commit``
+    is False when its live state is not that commit and nothing it kept can restore it (a failure after an
+    in-place update, see ``worker.ledger``): the driver must not take the state from it. ``unreachable``:
+    the hosts of its last round its group could not connect to (at most 16; see ``driver.job.partitions``).
     """
 
     last_round: int
@@ -262,10 +265,11 @@ class RendezvousRequest:
     rolled_back: int = 0
     commit_seq: int = 0
     holds_commit: bool = True
+    unreachable: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        return {"last_round": self.last_round, "reason": self.reason, "commits": self.commits,
-                "rolled_back": self.rolled_back, "commit_seq": self.commit_seq, "holds_commit": self.holds_commit}
+        return {"last_round": self.last_round, "reason": self.reason, "commits": self.commits, "rolled_back": self.rolled_back,
+                "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, "unreachable": list(self.unreachable[:16])}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "RendezvousRequest":
@@ -274,8 +278,8 @@ class RendezvousRequest:
             raise ControlPlaneError(f"malformed rendezvous request: reason must be one of {RENDEZVOUS_REASONS}, got {reason!r}")
         what = "rendezvous request"
         holds = True if msg.get("holds_commit") is None else _bool(msg, "holds_commit", what)  # older workers: True
-        return cls(_int(msg, "last_round", what), reason, _optional_int(msg, "commits", what),
-                   _optional_int(msg, "rolled_back", what), _optional_int(msg, "commit_seq", what), holds)
+        return cls(_int(msg, "last_round", what), reason, _optional_int(msg, "commits", what), _optional_int(
+            msg, "rolled_back", what), _optional_int(msg, "commit_seq", what), holds, _host_names(msg, "unreachable", 16, what))
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,8 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         self._adopt_lock = threading.Lock()
         #: The store client lost its server with the old driver: reconnect before the next round forms.
         self._store_stale = False
+        #: The hosts of the round whose group this worker could not form that it never connected to (see groups).
+        self.unreachable: tuple[str, ...] = ()
         #: ``hvd.elastic.run`` was entered in this process. A script that ends without it is a fixed-size
         #: script, and says so at exit (:meth:`_report_script_end`).
         self.elastic_entered = False
@@ -254,7 +256,8 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         self._last_reason = reason
         ledger = self.ledger
         request = RendezvousRequest(last_round, reason, ledger.commits, ledger.rolled_back, ledger.commit_seq,
-                                    ledger.holds_commit).to_wire()
+                                    ledger.holds_commit, self.unreachable if reason == "failure" else ()).to_wire()
+        self.unreachable = ()
         while True:
             reply = parse_rendezvous_reply(self._call("rendezvous", request, timeout_s=60.0))
             if isinstance(reply, Assignment):

@@ -11,8 +11,8 @@ It is assembled from small pieces, each tested on its own:
 * :mod:`.workers` — one worker's life as an explicit state machine;
 * :mod:`.plan` and :mod:`.ranks` — who forms the next round, in which rank order, and whether
   it syncs or must load a checkpoint (a pure function);
-* :mod:`.formation` — when a round forms, the update requests that lead to
-  one, and the rollback it reports;
+* :mod:`.formation` — when a round forms, the update requests that lead to one, and the rollback it
+  reports; :mod:`.partitions` — a round that keeps failing to form, cut smaller or ended;
 * :mod:`.leaving` — notices, draining hosts, their deadlines, giving them back;
 * :mod:`.capacity` — launches, and the ``min_np`` and start timeouts;
 * :mod:`.completion` — how the job completes, early returns, and the
@@ -22,8 +22,7 @@ It is assembled from small pieces, each tested on its own:
   and whether the committed state survives it;
 * :mod:`.fixed_size` — a script without ``hvd.elastic.run``, run as a fixed-size job
   (success when every worker exits 0; a failure ends or restarts the job);
-* :mod:`.liveness` — worker silence measured only over time the driver ran, and which
-  workers are overdue;
+* :mod:`.liveness` — worker silence measured only over time the driver ran, and which workers are overdue;
 * :mod:`.hosts` — host order, the per-slot blacklist, hosts missing from
   discovery for less than the grace, draining hosts and their deadlines.
 * :mod:`.stalls` — a collective some members wait in and others have not
@@ -225,10 +224,11 @@ class ElasticJob:
         return True
 
     def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float, commits: int | None = None,
-                   rolled_back: int = 0, commit_seq: int | None = None, holds_commit: bool = True) -> None:
-        """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made
-        (and, after a failure, ``rolled_back`` steps undone), holding the commit ``commit_seq``
-        unless ``holds_commit`` is False (it could not restore it: see ``worker.ledger``)."""
+                   rolled_back: int = 0, commit_seq: int | None = None, holds_commit: bool = True,
+                   unreachable: tuple[str, ...] = ()) -> None:
+        """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made (and, after a
+        failure, ``rolled_back`` steps undone and the ``unreachable`` hosts its group never reached: see .partitions),
+        holding the commit ``commit_seq`` unless ``holds_commit`` is False (see ``worker.ledger``)."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return
@@ -248,7 +248,7 @@ class ElasticJob:
         # worker has been assigned a newer round, it waits for that reply.
         if w.round <= last_round and w.state in (S.CONNECTED, S.RUNNING, S.DRAINING):
             was_member = w.member_of(self.round)
-            w.rdzv_reason = reason
+            w.rdzv_reason, w.unreachable = reason, unreachable
             if w.state is S.DRAINING or self.phase in (Phase.FINISHING, Phase.DONE):
                 w.to(S.EXITING, w.why or "the job is finishing")
                 rounds.stopped_waiting(worker_id)

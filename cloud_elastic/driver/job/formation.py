@@ -32,6 +32,7 @@ from typing import Callable, Protocol
 
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.next_round import NextRounds, Plan
+from cloud_elastic.driver.job.partitions import Partitions
 from cloud_elastic.driver.job.ranks import Member, assign_ranks
 from cloud_elastic.driver.job.plan import Candidate, RoundPlan, StateLost, plan_round, whole_host_groups
 from cloud_elastic.driver.job.spares import admit, has_room, source_rank, spare_key, spare_slots, spares_now
@@ -54,6 +55,9 @@ class DrainNews(Protocol):
 
     def take_forced_drains(self) -> list[str]:
         """The log lines of hosts drained by force, waiting for the steps their removal lost."""
+
+    def send_away(self, w: WorkerRecord, why: str) -> None:
+        """Ask a staying worker to leave (a waiting one gets an exit order)."""
 
 
 class RoundFormation:
@@ -99,6 +103,8 @@ class RoundFormation:
         self.next = NextRounds(job, self.request_update)
         #: The plan the current round was formed from (0: none; its members switch to the group they formed).
         self.planned = 0
+        #: Rounds that keep failing to form with the same members (see :mod:`.partitions`).
+        self.partitions = Partitions(job, lambda w, why: drains.send_away(w, why))
 
     # ------------------------------------------------------------ bookkeeping
     def now_waiting(self, worker_id: str) -> None:
@@ -351,6 +357,10 @@ class RoundFormation:
                 return
         if not waiting or len(waiting) < job.policy.min_np:
             return
+        if not self.partitions.check(waiting, now):  # the job ended, or hosts cut off were sent away
+            if job.phase is not Phase.DONE:
+                self._maybe_form(now)
+            return
         planned = self.next.take(waiting) if job.phase is Phase.RUNNING else None
         if planned is not None:  # the round is the plan's members, nobody else
             waiting = [w for w in waiting if w.worker_id in planned.ranks]
@@ -411,6 +421,7 @@ class RoundFormation:
             w.to(S.RUNNING)
             w.round = job.round
             w.rank = self.ranks[w.worker_id].rank
+        self.partitions.formed(job.round, ordered)
         if job.phase is Phase.STARTING:
             job.phase = Phase.RUNNING
         log.info(

@@ -80,6 +80,8 @@ class WorkerRecord:
     round: int = 0
     rank: int | None = None
     rdzv_reason: str = "start"
+    #: The hosts of its round it said it could not reach, at its last rendezvous (see :mod:`.partitions`).
+    unreachable: tuple[str, ...] = ()
     why: str = ""
     commits: int = 0
     commit_seq: int = 0

@@ -53,7 +53,7 @@ import torch.distributed as dist
 from cloud_elastic.protocol import RankInfo
 from cloud_elastic.worker.exceptions import CollectiveError
 from cloud_elastic.worker.rounds.flight import FlightRecorder
-from cloud_elastic.worker.rounds.reclaim import GroupSockets, Reaper, socket_inodes
+from cloud_elastic.worker.rounds.reclaim import GroupSockets, Reaper, socket_inodes, unreached_hosts
 from cloud_elastic.worker.rounds.signed_store import SignedStore, round_namespace
 
 __all__ = [
@@ -296,6 +296,8 @@ class RoundGroupsMixin:
                     # client runs one operation at a time: the next round's formation on this
                     # client would wait behind it up to the collective timeout. It gets its own.
                     self._store_stale = True
+                    # The peers still unanswered now are the driver's evidence of a partition (driver.job.partitions).
+                    self.unreachable = () if aborted else unreached_hosts(info.hosts, self.hostname)
                     if aborted:
                         raise CollectiveError(f"round {info.round} was aborted while forming its {what}")
                     raise CollectiveError(f"the {what} of round {info.round} did not form within "

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-__all__ = ["socket_inodes", "GroupSockets", "Reaper"]
+__all__ = ["socket_inodes", "GroupSockets", "Reaper", "unreached_hosts", "connecting_to"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,58 @@ def socket_inodes() -> dict[int, str]:
 def _plain_ip(address: str) -> str:
     """``::ffff:10.0.0.1`` (an IPv4 peer of an IPv6 socket) as ``10.0.0.1``; other addresses unchanged."""
     return address[7:] if address.startswith("::ffff:") and "." in address else address
+
+
+def _proc_tcp_address(field: str) -> str:
+    """An address of ``/proc/net/tcp{,6}`` (hex, in the kernel's byte order per 32-bit word) as text."""
+    raw = bytes.fromhex(field)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    return _plain_ip(socket.inet_ntop(socket.AF_INET6, words))
+
+
+def connecting_to() -> set[str]:
+    """The addresses this process's TCP sockets are trying to connect to and have not reached (SYN sent, no
+    answer): a peer that is up but whose packets the network drops. Empty when that cannot be read."""
+    mine = {link[8:-1] for link in socket_inodes().values()}  # socket:[inode]
+    out: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and cols[3] == "02" and cols[9] in mine:  # 02: SYN_SENT
+                out.add(_proc_tcp_address(cols[2].split(":")[0]))
+    return out
+
+
+def unreached_hosts(hosts: Iterable[str], own: str) -> tuple[str, ...]:
+    """The hosts of a round (as the driver names them; ``own`` left out) this worker is still trying to reach:
+    what a formation that failed says of the peers it could not reach (see ``driver.job.partitions``).
+
+    Forming a group connects every pair of ranks, one connection at a time, only once each peer has published
+    its address; a connection that stays unanswered (SYN sent, nothing back) is one the network drops between
+    two hosts that are both up. A peer that never published its address, or one that refused, is not named.
+    () when nothing can be known (no procfs, a name that does not resolve).
+    """
+    trying = connecting_to()
+    if not trying:
+        return ()
+    out = []
+    for host in dict.fromkeys(hosts):
+        if host == own:
+            continue
+        try:
+            addresses = {_plain_ip(entry[4][0]) for entry in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+        except OSError:
+            continue
+        if addresses & trying:
+            out.append(host)
+    return tuple(out)
 
 
 class GroupSockets:

@@ -1,0 +1,150 @@
+"""Worker hosts that cannot reach each other: a round that keeps failing to form, ended or cut smaller.
+
+When two worker hosts cannot reach each other but both still reach the driver,
+no rule that watches a single worker fires: every member keeps heartbeating,
+waits in the same formation (or collective), and comes back to rendezvous with
+reason ``failure`` once the formation deadline (or the no-progress abort) gives
+the round up. Nobody died, so nothing is blacklisted, and the driver would form
+the very same round again, forever.
+
+:class:`Partitions` watches for exactly that signature, judged once per round
+when the next one is about to form: the round, on two hosts or more, was
+aborted, **every** member of it is back at rendezvous with reason ``failure``
+(none died or was given up), and none of them committed in it. Such rounds in
+a row, with the same slots, are *failed formations*. A commit, a member lost,
+or a different set of slots starts the count over.
+
+**Evidence.** A member whose round's group did not form by the deadline says
+which of the round's hosts it was still trying to connect to, its SYN
+unanswered (``RendezvousRequest.unreachable``, see
+``worker.rounds.reclaim.unreached_hosts``). Each such report is an edge between
+two hosts.
+
+**The rule.**
+
+* After :data:`EXCLUDE_AFTER` failed formations in a row with evidence, the
+  hosts on one side are excluded: the side of the failed round's rank 0 (it
+  holds the state) is kept, and of the others the hosts with the most edges are
+  taken out first (ties: the host seen last goes) until no edge is left
+  (:func:`hosts_to_exclude`). Their slots are blacklisted for a cooldown, as a
+  failed host's are, and their waiting workers are sent away; the round forms
+  without them, provided at least ``--min-np`` workers remain.
+* After :data:`FAILED_FORMATIONS_LIMIT` failed formations in a row that could
+  not be cut that way (no evidence, or too few workers would remain), the job
+  ends with one line naming the hosts involved and what to check.
+
+So a partition costs at most :data:`FAILED_FORMATIONS_LIMIT` formation
+deadlines (60 s each by default) before the job either trains at a smaller size
+or stops; it never loops.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Callable, Iterable
+
+from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+
+__all__ = ["Partitions", "hosts_to_exclude", "EXCLUDE_AFTER", "FAILED_FORMATIONS_LIMIT"]
+
+log = logging.getLogger(__name__)
+
+S = WorkerState
+
+#: Failed formations in a row, with members naming the peers they could not reach, before a side is excluded.
+EXCLUDE_AFTER = 2
+#: Failed formations in a row (same slots, no commit between them) after which the job ends.
+FAILED_FORMATIONS_LIMIT = 3
+
+
+def hosts_to_exclude(edges: Iterable[tuple[str, str]], keep: str, order: Callable[[str], int]) -> list[str]:
+    """The hosts to take out so that no two remaining hosts report each other unreachable, never ``keep``.
+
+    Greedy: the host with the most unreachable peers goes first; on a tie, the one latest in ``order``
+    (the newest host: older hosts keep their ranks). Pure.
+    """
+    left = {frozenset(e) for e in edges if e[0] != e[1]}
+    out: list[str] = []
+    while left:
+        degree = Counter(h for e in left for h in e if h != keep)
+        host = max(degree, key=lambda h: (degree[h], order(h), h))
+        out.append(host)
+        left = {e for e in left if host not in e}
+    return out
+
+
+class Partitions:
+    """Failed formations of one job, and what ends them (see module docstring)."""
+
+    def __init__(self, job: JobView, send_away: Callable[[WorkerRecord, str], None]) -> None:
+        self._job = job
+        self._send_away = send_away
+        self._formed: tuple[int, frozenset[Slot], int] | None = None  # round, its slots, its members' commits
+        self._judged = 0  # the last round judged
+        #: Failed formations in a row, and the slots they had.
+        self.streak = 0
+        self._slots: frozenset[Slot] = frozenset()
+
+    def formed(self, round_: int, members: list[WorkerRecord]) -> None:
+        """Round ``round_`` formed with ``members``."""
+        self._formed = (round_, frozenset(w.slot for w in members), sum(w.commits for w in members))
+
+    def check(self, waiting: list[WorkerRecord], now: float) -> bool:
+        """Before a round forms from ``waiting``: judge the last round once. False when the job ended or hosts
+        were excluded (the waiting workers changed: the caller looks again)."""
+        job = self._job
+        if self._formed is None or self._formed[0] != job.round or self._judged == job.round:
+            return True
+        self._judged = job.round
+        round_, slots, commits = self._formed
+        back = [w for w in waiting if w.round == round_]
+        hosts = {w.slot.host for w in back}
+        failed = (job.abort_round >= round_ and len(back) == len(slots) and len(hosts) > 1
+                  and all(w.rdzv_reason == "failure" for w in back) and sum(w.commits for w in back) <= commits)
+        if not failed:
+            self.streak = 0
+            return True
+        self.streak = self.streak + 1 if slots == self._slots else 1
+        self._slots = slots
+        edges = {(w.slot.host, peer) for w in back for peer in w.unreachable if peer in hosts and peer != w.slot.host}
+        if edges and self.streak >= EXCLUDE_AFTER and self._exclude(back, waiting, edges, now):
+            return False
+        if self.streak >= FAILED_FORMATIONS_LIMIT:
+            self._stop(sorted(hosts, key=job.hosts.order_of), edges)
+            return False
+        return True
+
+    def _exclude(self, back: list[WorkerRecord], waiting: list[WorkerRecord], edges: set[tuple[str, str]],
+                 now: float) -> bool:
+        job = self._job
+        rank0 = next((w for w in back if w.rank == 0), None)
+        keep = rank0.slot.host if rank0 is not None else min(edges)[0]
+        gone = set(hosts_to_exclude(edges, keep, job.hosts.order_of))
+        if sum(1 for w in waiting if w.slot.host not in gone) < job.policy.min_np:
+            return False
+        pairs = ", ".join(f"{a} -> {b}" for a, b in sorted(edges))
+        why = (f"partitioned: host(s) {', '.join(sorted(gone))} could not reach host {keep}'s side in {self.streak} "
+               f"formation(s) in a row ({pairs}); check the firewall or security group between worker hosts")
+        log.warning("job %s: %s; excluded, their slots blacklisted; the round forms without them", job.job_id, why)
+        # Every slot of the host, as for a host that could not be reached: the network is the host's, not a slot's.
+        slots = {Slot(h, i) for h in gone for i in range(job.hosts.ready.get(h, 0))}
+        for slot in slots | {w.slot for w in waiting if w.slot.host in gone}:
+            if not job.hosts.blacklist.blocked(slot, now):
+                job.hosts.blacklist.record_failure(slot, now)
+        for w in waiting:
+            if w.slot.host in gone and w.state is S.WAITING:
+                self._send_away(w, why)
+        self.streak = 0
+        return True
+
+    def _stop(self, hosts: list[str], edges: set[tuple[str, str]]) -> None:
+        job = self._job
+        named = f"; members reported {', '.join(f'{a} cannot reach {b}' for a, b in sorted(edges))}" if edges else ""
+        short = (f", and excluding a side would leave fewer than --min-np {job.policy.min_np}" if edges else "")
+        job.end(False, f"round formation failed {self.streak} times in a row with the same members on hosts "
+                f"{', '.join(hosts)} and no commit between them, while every member still reached the driver{named}"
+                f"{short}: the worker hosts likely cannot reach each other; check the firewall or security group "
+                "between worker hosts (the ports of the process group)", 1)

@@ -1,0 +1,154 @@
+"""Worker hosts that cannot reach each other (both still reach the driver): the job never loops forever.
+
+Every member of a round comes back with reason ``failure`` at the formation deadline, nobody died, and
+nobody committed: after two such rounds in a row with members naming the peers they could not reach,
+the side without rank 0 is excluded; without that evidence (or with too few workers left) the job ends
+after three, with one line naming the hosts (see cloud_elastic.driver.job.partitions).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder
+from cloud_elastic.driver.job.partitions import EXCLUDE_AFTER, FAILED_FORMATIONS_LIMIT, hosts_to_exclude
+from cloud_elastic.errors import ControlPlaneError
+from cloud_elastic.protocol import RendezvousRequest
+from cloud_elastic.worker.rounds.reclaim import unreached_hosts
+from tests.unit.test_job import Sim, failed, started
+
+pytestmark = pytest.mark.timeout(10)
+
+FORM_DEADLINE_S = 60.0  # CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S's default
+
+
+def formation_fails(sim: Sim, named: dict[str, tuple[str, ...]] | None = None) -> None:
+    """The round's group does not form: at the deadline every member comes back with reason failure,
+    ``named[slot]`` being the hosts that member was still trying to reach."""
+    sim.advance(FORM_DEADLINE_S)
+    members = [str(w.slot) for w in sim.job.workers.values() if w.alive and w.round == sim.job.round and w.rank is not None]
+    for slot in members:
+        w = sim.job.workers[sim.id(slot)]
+        sim.job.rendezvous(w.worker_id, w.round, "failure", sim.now, sim.commits.get(w.worker_id),
+                           unreachable=(named or {}).get(slot, ()))
+    sim._collect()
+
+
+def test_a_partition_with_no_evidence_ends_the_job_after_three_failed_formations_naming_the_hosts() -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=1)
+    for _ in range(FAILED_FORMATIONS_LIMIT - 1):
+        formation_fails(sim)
+        assert sim.outcome is None  # a formation may fail once or twice for other reasons
+    assert sim.layout() == ["a[0]", "b[0]"] and sim.job.round == FAILED_FORMATIONS_LIMIT
+    formation_fails(sim)
+    failed(sim, "round formation failed 3 times in a row", "hosts a, b", "no commit between them",
+           "firewall or security group between worker hosts")
+    assert "\n" not in sim.outcome.reason
+    assert isinstance(sim.reply("a[0]"), ExitOrder) and isinstance(sim.reply("b[0]"), ExitOrder)
+
+
+def test_members_naming_the_peer_they_cannot_reach_exclude_the_side_without_rank_0() -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
+    assert sim.layout() == ["a[0]", "b[0]", "c[0]"]
+    # b and c cannot reach each other; both reach a (rank 0, holding the state) and the driver.
+    evidence = {"b[0]": ("c",), "c[0]": ("b",)}
+    for _ in range(EXCLUDE_AFTER - 1):
+        formation_fails(sim, evidence)
+        assert not sim.blocked("c[0]")
+    formation_fails(sim, evidence)
+    assert sim.outcome is None
+    assert isinstance(sim.reply("c[0]"), ExitOrder) and "partitioned" in sim.reply("c[0]").reason
+    assert sim.blocked("c[0]") and not sim.blocked("b[0]") and not sim.blocked("a[0]")
+    assert sim.layout() == ["a[0]", "b[0]"]  # the round formed without c, at a smaller size
+    assert isinstance(sim.reply("a[0]"), Assignment) and sim.reply("a[0]").ranks.size == 2
+    # The round trains: a later failed formation starts the count over instead of ending the job.
+    sim.commit("a[0]", "b[0]")
+    formation_fails(sim)
+    formation_fails(sim)
+    assert sim.outcome is None and sim.layout() == ["a[0]", "b[0]"]
+
+
+def test_excluding_a_side_below_min_np_ends_the_job_naming_who_cannot_reach_whom() -> None:
+    sim = started(2, {"a": 1, "b": 1})  # --min-np 2: neither side may be left alone
+    for _ in range(FAILED_FORMATIONS_LIMIT):
+        formation_fails(sim, {"b[0]": ("a",)})
+    failed(sim, "round formation failed 3 times", "b cannot reach a", "fewer than --min-np 2")
+    assert not sim.blocked("b[0]")
+
+
+def test_a_commit_between_failed_formations_starts_the_count_over() -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=1)
+    for _ in range(FAILED_FORMATIONS_LIMIT - 1):
+        formation_fails(sim)
+    sim.commit("a[0]", "b[0]")  # the round formed this time and trained, then failed: it does not count
+    for _ in range(FAILED_FORMATIONS_LIMIT):
+        formation_fails(sim)
+        assert sim.outcome is None
+    formation_fails(sim)
+    failed(sim, f"failed {FAILED_FORMATIONS_LIMIT} times in a row")
+
+
+def test_a_member_that_died_is_a_failure_not_a_partition() -> None:
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(0.0, 0.0))
+    for _ in range(FAILED_FORMATIONS_LIMIT + 1):
+        round_ = sim.job.round
+        sim.exit("b[0]")  # crashes before committing; relaunched on its slot, the round re-forms with it
+        sim.join("a[0]", reason="failure")
+        sim.advance(1)
+        sim.join("b[0]")
+        assert sim.job.round == round_ + 1 and sim.layout() == ["a[0]", "b[0]"]
+    # None of those rounds counted: only the next three failed formations end the job.
+    for _ in range(FAILED_FORMATIONS_LIMIT - 1):
+        formation_fails(sim)
+        assert sim.outcome is None
+    formation_fails(sim)
+    failed(sim, f"failed {FAILED_FORMATIONS_LIMIT} times in a row")
+
+
+@pytest.mark.parametrize("edges, keep, gone", [
+    ([("b", "c"), ("c", "b")], "a", ["c"]),  # a tie between b and c: the newer host goes
+    ([("a", "b")], "a", ["b"]),  # rank 0's host is never excluded
+    ([("a", "c"), ("b", "c"), ("d", "c")], "a", ["c"]),  # the host nobody reaches
+    ([("a", "c"), ("a", "d"), ("b", "c"), ("b", "d")], "a", ["d", "c"]),  # {a, b} | {c, d}
+])
+def test_hosts_to_exclude_keep_rank_0_and_cut_every_unreachable_pair(edges, keep, gone) -> None:
+    assert hosts_to_exclude(edges, keep, "abcd".index) == gone
+
+
+def test_the_rendezvous_request_carries_the_unreachable_hosts_within_bounds() -> None:
+    request = RendezvousRequest(3, "failure", unreachable=("10.0.0.2", "b"))
+    assert RendezvousRequest.from_wire(request.to_wire()).unreachable == ("10.0.0.2", "b")
+    older = {k: v for k, v in request.to_wire().items() if k != "unreachable"}
+    assert RendezvousRequest.from_wire(older).unreachable == ()
+    for bad in (["h"] * 17, [3], [""], ["x" * 256], "a,b"):
+        with pytest.raises(ControlPlaneError, match="unreachable"):
+            RendezvousRequest.from_wire({**request.to_wire(), "unreachable": bad})
+
+
+def test_a_worker_names_the_peer_host_its_connection_is_unanswered_by() -> None:
+    # A listener whose accept queue is full drops new SYNs, as a firewall dropping packets does.
+    listener = socket.socket()
+    listener.bind(("127.0.0.3", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    tries = []
+    try:
+        for _ in range(4):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.3", port))
+            tries.append(s)
+        found: tuple[str, ...] = ()
+        deadline = time.monotonic() + 5
+        while not found and time.monotonic() < deadline:  # the kernel answers the first connections at once
+            found = unreached_hosts(["127.0.0.2", "127.0.0.3", "127.0.0.4"], "127.0.0.2")
+            time.sleep(0.05)
+        assert found == ("127.0.0.3",)
+        assert unreached_hosts(["127.0.0.2", "127.0.0.3"], "127.0.0.3") == ()  # never its own host
+    finally:
+        for s in tries:
+            s.close()
+        listener.close()
