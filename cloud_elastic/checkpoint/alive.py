@@ -37,8 +37,8 @@ from cloud_elastic.checkpoint.api import FORMAT, CheckpointError
 from cloud_elastic.checkpoint.store import CheckpointStore, read_record
 from cloud_elastic.config import MAX_DRIVER_GRACE_S
 
-__all__ = ["ALIVE_RECORD", "MAX_GRACE_S", "REFRESH_S", "AliveRefresher", "DriverAlive", "read_driver_alive",
-           "write_driver_alive"]
+__all__ = ["ALIVE_RECORD", "MAX_GRACE_S", "REFRESH_S", "AliveRefresher", "DriverAlive", "entry_bytes",
+           "read_driver_alive", "read_entry", "write_driver_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -74,16 +74,21 @@ class DriverAlive:
 
 def write_driver_alive(store: CheckpointStore, entry: DriverAlive) -> None:
     """Replace the entry atomically; CheckpointError when the storage refuses or a number is not finite."""
-    try:
-        data = json.dumps({"format": FORMAT, **asdict(entry), "raised": dict(entry.raised)}, sort_keys=True,
-                          allow_nan=False).encode()
-    except ValueError as exc:
-        raise CheckpointError(f"not writing {store.backend.url(ALIVE_RECORD)}: {exc}") from exc
+    data = entry_bytes(store, ALIVE_RECORD, entry)
     try:
         store.backend.write(ALIVE_RECORD, lambda f: f.write(data))
     except Exception as exc:
         raise CheckpointError(f"could not write {store.backend.url(ALIVE_RECORD)}: {' '.join(str(exc).split())}") \
             from exc
+
+
+def entry_bytes(store: CheckpointStore, path: str, entry: DriverAlive, **more: Any) -> bytes:
+    """``entry`` (and ``more``) as the JSON stored at ``path``; CheckpointError when a number is not finite."""
+    try:
+        return json.dumps({"format": FORMAT, **asdict(entry), "raised": dict(entry.raised), **more}, sort_keys=True,
+                          allow_nan=False).encode()
+    except ValueError as exc:
+        raise CheckpointError(f"not writing {store.backend.url(path)}: {exc}") from exc
 
 
 def read_driver_alive(store: CheckpointStore, *, now: float | None = None) -> DriverAlive | None:
@@ -94,6 +99,12 @@ def read_driver_alive(store: CheckpointStore, *, now: float | None = None) -> Dr
     ahead of ``now`` (this machine's clock by default). An entry outside them is refused as
     unreadable, so NaN, Infinity or 1e12 never reach a wait (where they overflowed or disabled it).
     """
+    return read_entry(store, ALIVE_RECORD, "driver entry", now=now)
+
+
+def read_entry(store: CheckpointStore, path: str, kind: str, *, now: float | None = None) -> DriverAlive | None:
+    """The :class:`DriverAlive` stored at ``path`` (a sign of life, or a driver's claim: :mod:`.claims`), checked as
+    :func:`read_driver_alive` says; None when there is none."""
     now = time.time() if now is None else now
 
     def parse(body: dict[str, Any]) -> DriverAlive:
@@ -106,7 +117,7 @@ def read_driver_alive(store: CheckpointStore, *, now: float | None = None) -> Dr
         return DriverAlive(str(body["job_id"]), alive, grace_s, str(body["host"]),
                            int(body["pid"]), bool(body.get("stopped", False)), _raised(body.get("raised") or {}))
 
-    return read_record(store, ALIVE_RECORD, store.backend.url(ALIVE_RECORD), "driver entry", parse)
+    return read_record(store, path, store.backend.url(path), kind, parse)
 
 
 def _raised(raw: Any) -> tuple[tuple[str, int], ...]:

@@ -6,10 +6,11 @@ upload visible only when it completes, and a failed upload is discarded
 (s3fs aborts the multipart upload) rather than committed. That is what makes
 "data first, manifest last" atomic for readers.
 
-:meth:`Backend.create` publishes an object only where none is (the job record: of two drivers started at
-once on a fresh store, one wins). Locally that is a hard link of the finished temporary file, which fails
-when the name exists (``O_CREAT|O_EXCL`` where the filesystem has no hard links); on object stores it is
-fsspec's exclusive mode ``xb``, a conditional upload (``If-None-Match: *``) that s3fs, gcsfs and adlfs send.
+:meth:`Backend.create` publishes an object only where none is (the job record, and a driver's claim of its
+generation, :mod:`.claims`: of two drivers started at once, one wins). Locally that is a hard link of the
+finished temporary file, which fails when the name exists (``O_CREAT|O_EXCL`` where the filesystem has no
+hard links); on object stores it is fsspec's exclusive mode ``xb``, a conditional upload
+(``If-None-Match: *``) that s3fs, gcsfs and adlfs send.
 Other fsspec filesystems offer none: there it is a check, then a write, with one WARNING that two
 drivers started at the same moment could both run.
 
@@ -94,6 +95,9 @@ class Backend(Protocol):
 
     def remove_tree(self, path: str, first: str | None = None) -> None:
         """Delete ``path`` and everything below it, ``path/first`` before the rest; never through a symbolic link."""
+
+    def remove(self, path: str) -> None:
+        """Delete the object ``path`` (a symbolic link itself, never its target); nothing when it is absent."""
 
     def sizes(self, path: str) -> dict[str, int]:
         """The files directly below ``path`` (not symbolic links) and their sizes in bytes; empty when it does
@@ -229,6 +233,9 @@ class LocalBackend:
             _unlink_quietly(os.path.join(target, first))  # a link named so is unlinked itself, not its target
         shutil.rmtree(target, ignore_errors=True)
 
+    def remove(self, path: str) -> None:
+        _unlink_quietly(self._path(path))
+
     def sizes(self, path: str) -> dict[str, int]:
         try:
             with os.scandir(self._path(path)) as entries:
@@ -326,6 +333,13 @@ class FsspecBackend:
         except FileNotFoundError:
             pass
         self._fs.invalidate_cache(full)
+
+    def remove(self, path: str) -> None:
+        try:
+            self._fs.rm_file(self._path(path))
+        except FileNotFoundError:
+            pass
+        self._fs.invalidate_cache(self._path(path).rsplit("/", 1)[0])
 
     def sizes(self, path: str) -> dict[str, int]:
         full = self._path(path)

@@ -4,6 +4,7 @@ Layout below the store's URL::
 
     job.json                                          the job record (write_job_record)
     driver-alive.json                                 the running driver's sign of life (checkpoint.alive)
+    drivers/<generation>.json                         the newest drivers' claims (checkpoint.claims)
     ckpt-20261123T143012123456Z-step000000001200/
         state.pt                                      torch.save(payload), written first
         manifest.json                                 written last: step, digest, ...

@@ -7,13 +7,16 @@ before anything listens, and returns them as a frozen :class:`StartPlan`:
 
 * the job id: the one the store records, else ours, recorded there only if no other driver recorded one
   meanwhile (:func:`_claim`: of two drivers started at once on a fresh store, one runs the job);
+* when the store recorded one, the next generation of the job's drivers, claimed beside the checkpoints only
+  if no other driver claimed it meanwhile (:func:`_next_generation`: of two drivers restarted at once, one
+  runs the job), once every check below let this start go on;
 * whether the first round resumes from a checkpoint (the store holds one of this job);
 * whether to adopt a dead predecessor's running workers: found by the checkpoint URL in this
   user's private driver records (:mod:`.record`), when it died within its workers' grace (less
   than a second left is not worth the race) and the record is of the store's job;
 * that the same job is not already running (a live driver pid on this machine, or a sign of life
-  beside the checkpoints from a live driver here, or ``job.json`` created by one that has not yet
-  written its first): ConfigError before anything starts;
+  beside the checkpoints from a live driver here, or ``job.json`` created or the newest generation
+  claimed by one that has not yet written its first): ConfigError before anything starts;
 * until when new workers must wait (:attr:`StartPlan.wait_until`): a dead predecessor's workers
   may train on for its ``--driver-grace`` and write a last checkpoint, and two generations must
   never train the same job.
@@ -101,6 +104,7 @@ def plan_start(config: JobConfig, store: Any, *, job_id: str) -> StartPlan:
 
 def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
     from cloud_elastic.checkpoint import read_job_record
+    from cloud_elastic.checkpoint.claims import newest_claim
 
     adopt, previous = _adoptable(config)
     record = read_job_record(store)
@@ -132,8 +136,10 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
     if previous is not None and driver_alive(previous[0]):
         raise ConfigError(f"job {job_id} is already running here (driver pid {previous[0]}); "
                           "stop it first or use another --checkpoint-dir")
-    previous_alive, by = _previous_alive(store, job_id, record)
+    newest = newest_claim(store)
+    previous_alive, by = _previous_alive(store, job_id, record, newest)
     plan = StartPlan(job_id, resumed=resumes(store, job_id, announce_none=True), adopt=adopt, grace_s=grace)
+    _next_generation(store, job_id, grace, newest.generation + 1 if newest is not None else 1)
     return _with_wait(plan, config, previous, previous_alive, store, by)
 
 
@@ -165,12 +171,33 @@ def _claim(store: Any, config: JobConfig, job_id: str) -> Any:
     except CheckpointError:
         other = None  # being written where the storage has no atomic create
     driver = other.extra.get("driver") if other is not None else None
+    pid = driver.get("pid") if isinstance(driver, dict) else None
+    raise _twice(store, (pid, driver.get("host")) if isinstance(pid, int) else None,
+                 f"started job {other.job_id}" if other is not None else "started its job")
+
+
+def _next_generation(store: Any, job_id: str, grace_s: float, generation: int) -> None:
+    """Claim ``generation`` of the job's drivers (:mod:`cloud_elastic.checkpoint.claims`) for this one; ConfigError
+    naming the driver that claimed it first: of two drivers restarted at the same moment, one runs the job."""
+    from cloud_elastic.checkpoint.alive import DriverAlive
+    from cloud_elastic.checkpoint.claims import claim
+
+    other = claim(store, generation, DriverAlive(job_id, time.time(), grace_s, socket.gethostname(), os.getpid()))
+    if other is not None:
+        driver = other.driver
+        raise _twice(store, (driver.pid, driver.host) if driver is not None else None,
+                     f"restarted job {job_id} (driver generation {generation})")
+    log.info("job %s: driver generation %d", job_id, generation)
+
+
+def _twice(store: Any, driver: tuple[int, Any] | None, did: str) -> ConfigError:
+    """The one-line refusal of a driver that lost a claim to ``driver`` (pid, host)."""
     who = "another driver"
-    if isinstance(driver, dict) and isinstance(driver.get("pid"), int):
-        who += f" (pid {driver['pid']} on {' '.join(str(driver.get('host'))[:100].split())})"
-    job = f"job {' '.join(other.job_id[:64].split())}" if other is not None else "its job"
-    raise ConfigError(f"{who} started {job} on {store.url} at the same moment; not running it twice: stop that "
-                      "driver first or use another --checkpoint-dir")
+    if driver is not None:
+        who += f" (pid {driver[0]} on {' '.join(str(driver[1])[:100].split())})"
+    did = " ".join(did[:120].split())
+    return ConfigError(f"{who} {did} on {store.url} at the same moment; not running it twice: stop that driver "
+                       "first or use another --checkpoint-dir")
 
 
 def resumes(store: Any, job_id: str, *, announce_none: bool) -> bool:
@@ -313,31 +340,40 @@ def driver_alive(pid: int) -> bool:
         return True
 
 
-def _previous_alive(store: Any, job_id: str, record: Any) -> tuple[Any, str | None]:
-    """The sign of life a driver of ``job_id`` left beside the checkpoints, unless it ended cleanly; without
-    one, the creation of ``record`` (``job.json``) by the driver it names, which writes its own a moment
-    later. With the name of the record it was read from.
+def _previous_alive(store: Any, job_id: str, record: Any, newest: Any) -> tuple[Any, str | None]:
+    """The latest sign of life of a driver of ``job_id``, with the name of the record it was read from: the one
+    left beside the checkpoints, unless it ended cleanly; without one, the creation of ``record`` (``job.json``)
+    by the driver it names; and the newest claim (``newest``, :mod:`cloud_elastic.checkpoint.claims`) of a
+    driver other than the one that left it. A creation or claim is the sign of life of a driver that writes its
+    own a moment later (or never, having lost to a live one).
 
     ConfigError when it is a live driver on this machine (whose local record was lost).
     """
     from cloud_elastic.checkpoint.alive import read_driver_alive
 
+    signs = []  # (sign of life, the record it was read from, whether it is a driver's first word)
     try:
         entry = read_driver_alive(store)
+        signs.append((entry, None, False) if entry is not None else (_creator(record), "job.json", True))
     except CheckpointError as exc:
-        log.warning("job %s: %s; only this machine's record of the previous driver is used", job_id, exc)
-        return None, None
-    by = None
-    if entry is None:
-        entry, by = _creator(record), "job.json"
-        if entry is not None and entry.host == socket.gethostname() and not driver_alive(entry.pid):
-            return None, None  # died here before its first sign of life: its local record tells of any worker
-    if entry is None or entry.job_id != job_id or entry.stopped or entry.is_this_process():
-        return None, None
-    if entry.host == socket.gethostname() and driver_alive(entry.pid):
-        raise ConfigError(f"job {job_id} is already running here (driver pid {entry.pid}); "
-                          "stop it first or use another --checkpoint-dir")
-    return entry, by
+        log.warning("job %s: %s; only this machine's record and the drivers' claims are used", job_id, exc)
+        entry = None
+    claimed = newest.driver if newest is not None else None
+    if claimed is not None and (entry is None or (entry.host, entry.pid) != (claimed.host, claimed.pid)):
+        signs.append((replace(claimed, alive=min(claimed.alive, time.time())), newest.path, True))
+    best: tuple[Any, str | None] = (None, None)
+    for sign, by, first in signs:
+        if sign is None or sign.job_id != job_id or sign.stopped or sign.is_this_process():
+            continue
+        if sign.host == socket.gethostname():
+            if driver_alive(sign.pid):
+                raise ConfigError(f"job {job_id} is already running here (driver pid {sign.pid}); "
+                                  "stop it first or use another --checkpoint-dir")
+            if first:
+                continue  # died here before its first sign of life: its local record tells of any worker
+        if best[0] is None or sign.alive > best[0].alive:
+            best = (sign, by)
+    return best
 
 
 def _creator(record: Any) -> Any:
