@@ -3,7 +3,8 @@
 Every member of a round comes back with reason ``failure`` at the formation deadline, nobody died, and
 nobody committed: after two such rounds in a row with members naming the peers they could not reach,
 the side without rank 0 is excluded; without that evidence (or with too few workers left) the job ends
-after three, with one line naming the hosts (see cloud_elastic.driver.job.partitions).
+after three that lasted the elastic timeout, with one line naming the hosts (see
+cloud_elastic.driver.job.partitions).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from tests.unit.test_job import Sim, failed, started
 pytestmark = pytest.mark.timeout(10)
 
 FORM_DEADLINE_S = 60.0  # CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S's default
+#: An elastic timeout that three failed formations (judged 60 s apart) outlast: the first is judged at 60 s.
+SHORT = {"elastic_timeout_s": 2 * FORM_DEADLINE_S}
 
 
 def formation_fails(sim: Sim, named: dict[str, tuple[str, ...]] | None = None) -> None:
@@ -38,16 +41,34 @@ def formation_fails(sim: Sim, named: dict[str, tuple[str, ...]] | None = None) -
 
 
 def test_a_partition_with_no_evidence_ends_the_job_after_three_failed_formations_naming_the_hosts() -> None:
-    sim = started(2, {"a": 1, "b": 1}, min_np=1)
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, **SHORT)
     for _ in range(FAILED_FORMATIONS_LIMIT - 1):
         formation_fails(sim)
         assert sim.outcome is None  # a formation may fail once or twice for other reasons
     assert sim.layout() == ["a[0]", "b[0]"] and sim.job.round == FAILED_FORMATIONS_LIMIT
     formation_fails(sim)
-    failed(sim, "round formation failed 3 times in a row", "hosts a, b", "no commit between them",
+    failed(sim, "round formation failed 3 times in a row over 120s (--elastic-timeout 120s)", "hosts a, b",
+           "no commit between them",
            "firewall or security group between worker hosts")
     assert "\n" not in sim.outcome.reason
     assert isinstance(sim.reply("a[0]"), ExitOrder) and isinstance(sim.reply("b[0]"), ExitOrder)
+
+
+def test_a_partition_that_heals_within_the_elastic_timeout_trains_on_from_the_workers_state() -> None:
+    # The default --elastic-timeout (600 s): three failed formations (3 minutes) do not end the job, whose
+    # trained state lives only in its workers; the network comes back and the next round trains on.
+    sim = started(2, {"a": 1, "b": 1}, min_np=1)
+    sim.commit("a[0]", "b[0]")
+    for _ in range(FAILED_FORMATIONS_LIMIT + 2):
+        formation_fails(sim)
+        assert sim.outcome is None
+    assert sim.layout() == ["a[0]", "b[0]"]
+    sim.commit("a[0]", "b[0]")  # the partition healed: this round formed and trained
+    assert sim.outcome is None
+    # Left unhealed, failed formations end the job once they have lasted the elastic timeout.
+    while sim.outcome is None and sim.now < 2000:
+        formation_fails(sim)
+    failed(sim, "over 600s (--elastic-timeout 600s)")
 
 
 def test_members_naming_the_peer_they_cannot_reach_exclude_the_side_without_rank_0() -> None:
@@ -72,7 +93,7 @@ def test_members_naming_the_peer_they_cannot_reach_exclude_the_side_without_rank
 
 
 def test_excluding_a_side_below_min_np_ends_the_job_naming_who_cannot_reach_whom() -> None:
-    sim = started(2, {"a": 1, "b": 1})  # --min-np 2: neither side may be left alone
+    sim = started(2, {"a": 1, "b": 1}, **SHORT)  # --min-np 2: neither side may be left alone
     for _ in range(FAILED_FORMATIONS_LIMIT):
         formation_fails(sim, {"b[0]": ("a",)})
     failed(sim, "round formation failed 3 times", "b cannot reach a", "fewer than --min-np 2")
@@ -80,7 +101,7 @@ def test_excluding_a_side_below_min_np_ends_the_job_naming_who_cannot_reach_whom
 
 
 def test_a_commit_between_failed_formations_starts_the_count_over() -> None:
-    sim = started(2, {"a": 1, "b": 1}, min_np=1)
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, **SHORT)
     for _ in range(FAILED_FORMATIONS_LIMIT - 1):
         formation_fails(sim)
     sim.commit("a[0]", "b[0]")  # the round formed this time and trained, then failed: it does not count
@@ -92,7 +113,7 @@ def test_a_commit_between_failed_formations_starts_the_count_over() -> None:
 
 
 def test_a_member_that_died_is_a_failure_not_a_partition() -> None:
-    sim = started(2, {"a": 1, "b": 1}, cooldown=(0.0, 0.0))
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(0.0, 0.0), **SHORT)
     for _ in range(FAILED_FORMATIONS_LIMIT + 1):
         round_ = sim.job.round
         sim.exit("b[0]")  # crashes before committing; relaunched on its slot, the round re-forms with it

@@ -29,13 +29,18 @@ two hosts.
   (:func:`hosts_to_exclude`). Their slots are blacklisted for a cooldown, as a
   failed host's are, and their waiting workers are sent away; the round forms
   without them, provided at least ``--min-np`` workers remain.
-* After :data:`FAILED_FORMATIONS_LIMIT` failed formations in a row that could
-  not be cut that way (no evidence, or too few workers would remain), the job
-  ends with one line naming the hosts involved and what to check.
+* Failed formations in a row that could not be cut that way (no evidence, or
+  too few workers would remain) end the job once there have been at least
+  :data:`FAILED_FORMATIONS_LIMIT` of them and they have lasted the elastic
+  timeout (``--elastic-timeout``, 600 s by default), with one line naming the
+  hosts involved and what to check. Until then a partition that heals (a rule
+  rolled back, a link back up) lets the next round form and train on: the
+  trained state lives only in the workers, so the job waits as long as it waits
+  for workers below ``--min-np``.
 
-So a partition costs at most :data:`FAILED_FORMATIONS_LIMIT` formation
-deadlines (60 s each by default) before the job either trains at a smaller size
-or stops; it never loops.
+So a partition costs at most the elastic timeout (or :data:`FAILED_FORMATIONS_LIMIT`
+formation deadlines, 60 s each by default, if longer) before the job either
+trains at a smaller size or stops; it never loops for good.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ class Partitions:
         self._judged = 0  # the last round judged
         #: Failed formations in a row, and the slots they had.
         self.streak = 0
+        self._since = 0.0  # when the first failed formation of the streak was judged
         self._slots: frozenset[Slot] = frozenset()
 
     def formed(self, round_: int, members: list[WorkerRecord]) -> None:
@@ -108,12 +114,16 @@ class Partitions:
             self.streak = 0
             return True
         self.streak = self.streak + 1 if slots == self._slots else 1
+        if self.streak == 1:
+            self._since = now
         self._slots = slots
         edges = {(w.slot.host, peer) for w in back for peer in w.unreachable if peer in hosts and peer != w.slot.host}
         if edges and self.streak >= EXCLUDE_AFTER and self._exclude(back, waiting, edges, now):
             return False
-        if self.streak >= FAILED_FORMATIONS_LIMIT:
-            self._stop(sorted(hosts, key=job.hosts.order_of), edges)
+        # A partition may heal (a rule rolled back, a switch back up): the state lives only in the workers, so
+        # the job gives it as long as it gives a job below --min-np to recover.
+        if self.streak >= FAILED_FORMATIONS_LIMIT and now - self._since >= job.policy.elastic_timeout_s:
+            self._stop(sorted(hosts, key=job.hosts.order_of), edges, now - self._since)
             return False
         return True
 
@@ -140,11 +150,12 @@ class Partitions:
         self.streak = 0
         return True
 
-    def _stop(self, hosts: list[str], edges: set[tuple[str, str]]) -> None:
+    def _stop(self, hosts: list[str], edges: set[tuple[str, str]], lasted_s: float) -> None:
         job = self._job
         named = f"; members reported {', '.join(f'{a} cannot reach {b}' for a, b in sorted(edges))}" if edges else ""
         short = (f", and excluding a side would leave fewer than --min-np {job.policy.min_np}" if edges else "")
-        job.end(False, f"round formation failed {self.streak} times in a row with the same members on hosts "
+        job.end(False, f"round formation failed {self.streak} times in a row over {lasted_s:.0f}s (--elastic-timeout "
+                f"{job.policy.elastic_timeout_s:g}s) with the same members on hosts "
                 f"{', '.join(hosts)} and no commit between them, while every member still reached the driver{named}"
                 f"{short}: the worker hosts likely cannot reach each other; check the firewall or security group "
                 "between worker hosts (the ports of the process group)", 1)
