@@ -20,7 +20,12 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   first one given; one WARNING.
 * Prices: a source's ``price`` (per slot-hour) for each of its hosts; else the
   provider's :meth:`~.api.HostDiscovery.hourly_prices` (per instance-hour, AWS spot
-  prices, refreshed every ``price_refresh_s``) divided by the host's slots.
+  prices, refreshed every ``price_refresh_s``) divided by the host's slots. A draining
+  host is no longer reported with its slots: it is divided by the slots it had when last
+  ready (else those of its source's other hosts; else its price is unknown, never its
+  whole instance price per slot). A price look-up that fails (AccessDenied, throttling)
+  is tried again after ``PRICE_RETRY_S``, doubling up to ``price_refresh_s``, not at
+  every ``find()``; one WARNING per kind of failure, saying how to give the price by hand.
 * :meth:`set_capacity` (``--manage-capacity``) goes to the named source. When the
   credentials may not change the group (AccessDenied), one WARNING says so and the
   source is left unmanaged for the rest of the job; other errors are retried at
@@ -30,6 +35,7 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -39,9 +45,12 @@ from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryE
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 from cloud_elastic.providers.sources import SourceSpec
 
-__all__ = ["MultiSourceDiscovery", "SourceState", "check_job_flags"]
+__all__ = ["MultiSourceDiscovery", "SourceState", "check_job_flags", "PRICE_RETRY_S"]
 
 log = logging.getLogger(__name__)
+
+#: A failed price look-up is tried again after this long, then twice as long each time, up to the refresh interval.
+PRICE_RETRY_S = 30.0
 
 
 @dataclass
@@ -56,6 +65,12 @@ class SourceState:
     #: host -> dollars per instance-hour from the provider, and when they were read.
     hourly: Mapping[str, float] = field(default_factory=dict)
     priced_at: float = float("-inf")
+    #: After a failed look-up: when to try again, the wait before the one after, the kinds already warned of.
+    price_retry_at: float | None = None
+    price_backoff_s: float = 0.0
+    price_warned: set[str] = field(default_factory=set)
+    #: Host -> its slots when last reported ready (a draining host's price per slot divides by them).
+    slots: dict[str, int] = field(default_factory=dict)
     #: The desired capacity still to be set (None: nothing pending) and whether the group may be managed.
     pending_capacity: int | None = None
     managed: bool = True
@@ -120,6 +135,9 @@ class MultiSourceDiscovery(HostDiscovery):
                 log.info("host source %r answers again (it failed for %.0fs)", source.spec.name,
                          now - source.failing_since)
             source.last, source.failing_since, source.error = snapshot, None, ""
+            present = set(snapshot.ready) | set(snapshot.draining)
+            source.slots = {h: n for h, n in source.slots.items() if h in present}
+            source.slots.update(snapshot.ready)
             self._refresh_prices(source, snapshot, now)
         if fatal:
             raise FatalDiscoveryError("; ".join(fatal))
@@ -187,21 +205,37 @@ class MultiSourceDiscovery(HostDiscovery):
         hourly = source.hourly.get(host)
         if hourly is None:
             return None
-        slots = snap.ready.get(host) or 1  # a draining host's slots are no longer reported: its whole price
-        return hourly / slots
+        # A draining host's slots are no longer reported: those it had, else its group's (its hosts are alike).
+        slots = snap.ready.get(host) or source.slots.get(host) or max(source.slots.values(), default=0)
+        return hourly / slots if slots else None
 
     def _refresh_prices(self, source: SourceState, snapshot: DiscoveredHosts, now: float) -> None:
         if source.spec.price is not None:
             return
-        unknown = (set(snapshot.ready) | set(snapshot.draining)) - set(source.hourly)
-        if now - source.priced_at < self.price_refresh_s and not unknown:
-            return
+        if source.price_retry_at is not None:
+            if now < source.price_retry_at:
+                return  # the last look-up failed: not again at every find()
+        else:
+            unknown = (set(snapshot.ready) | set(snapshot.draining)) - set(source.hourly)
+            if now - source.priced_at < self.price_refresh_s and not unknown:
+                return
+        source.priced_at = now
         try:
             source.hourly = dict(source.discovery.hourly_prices(snapshot))
         except DiscoveryError as exc:
-            log.warning("host source %r: could not read prices (the cost shown leaves its hosts out): %s",
-                        source.spec.name, exc)
-        source.priced_at = now
+            source.price_backoff_s = min(max(2 * source.price_backoff_s, PRICE_RETRY_S), self.price_refresh_s)
+            source.price_retry_at = now + source.price_backoff_s
+            kind = _failure_kind(exc)
+            if kind not in source.price_warned:
+                source.price_warned.add(kind)
+                log.warning("host source %r: could not read prices (the cost shown leaves its hosts out; tried "
+                            "again after %gs, then less often): %s; to give the price by hand: --source %s:price=D "
+                            "(dollars per slot-hour)", source.spec.name, source.price_backoff_s, exc, source.spec.name)
+            return
+        if source.price_retry_at is not None:
+            log.info("host source %r: prices read again", source.spec.name)
+        source.price_retry_at, source.price_backoff_s = None, 0.0
+        source.price_warned.clear()
 
     # -------------------------------------------------------------- capacity
     def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
@@ -270,6 +304,12 @@ class MultiSourceDiscovery(HostDiscovery):
             if source.last is not None and (host in source.last.ready or host in source.last.draining):
                 return source
         return None
+
+
+def _failure_kind(exc: Exception) -> str:
+    """The kind of a cloud error (its code, such as ``UnauthorizedOperation`` or ``Throttling``), else its type."""
+    code = re.search(r"\(([A-Za-z.]+)\)", str(exc))
+    return code.group(1) if code else type(exc).__name__
 
 
 def check_job_flags(discovery: HostDiscovery, *, manage_capacity: bool, fallback_after_s: float | None) -> None:

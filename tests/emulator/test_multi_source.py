@@ -120,6 +120,20 @@ def test_aws_prices_spot_instances_from_the_spot_price_history_and_on_demand_one
     assert aws.count("DescribeSpotPriceHistory") == 1
 
 
+def test_aws_a_draining_multi_gpu_host_keeps_its_price_per_slot(aws):
+    od = make_group(aws.url, "dr-od", size=1, instance_type="g4dn.12xlarge", cidr="10.65.1.0/24")
+    make_group(aws.url, "dr-fb", size=0, instance_type="g4dn.xlarge", cidr="10.65.2.0/24")
+    multi = aws_sources(aws, "dr-od", "dr-fb", source=("dr-od:on_demand_price=3.912", "dr-fb:fallback,price=1"))
+    try:
+        assert multi.find().prices == {od[0]["ip"]: pytest.approx(3.912 / 4)}
+        set_member("dr-od", od[0]["id"], lifecycle="Terminating:Wait")
+        drained = multi.find()
+    finally:
+        multi.close()
+    assert od[0]["ip"] in drained.draining
+    assert drained.prices == {od[0]["ip"]: pytest.approx(3.912 / 4)}  # its 4 slots, not the whole 3.912 each
+
+
 # ------------------------------------------------------------------------------ GCP, Azure
 
 

@@ -30,6 +30,7 @@ class Scripted(HostDiscovery):
         self.hourly = hourly or {}
         self.capacity_errors = list(capacity_errors)
         self.capacity_calls: list[int] = []
+        self.price_calls = 0
 
     @classmethod
     def from_options(cls, options, *, slots_per_host=None):
@@ -42,6 +43,9 @@ class Scripted(HostDiscovery):
         return answer
 
     def hourly_prices(self, snapshot):
+        self.price_calls += 1
+        if isinstance(self.hourly, Exception):
+            raise self.hourly
         return {h: p for h, p in self.hourly.items() if h in snapshot.ready or h in snapshot.draining}
 
     def set_capacity(self, hosts, *, source=None):
@@ -131,8 +135,9 @@ def test_discovery_merges_the_sources_and_tags_each_host_with_its_source_and_pri
     assert dict(merged.ready) == {"10.0.0.1": 2, "10.0.1.1": 4}
     assert dict(merged.draining) == {"10.0.1.2": Drain(None, "spot")}
     assert dict(merged.sources) == {"10.0.0.1": "a", "10.0.1.1": "b", "10.0.1.2": "b"}
-    # The user's price per slot-hour; the cloud's per instance-hour over the host's slots (a draining host: whole).
-    assert dict(merged.prices) == {"10.0.0.1": 0.5, "10.0.1.1": 2.0, "10.0.1.2": 6.0}
+    # The user's price per slot-hour; the cloud's per instance-hour over the host's slots (a host first seen
+    # draining: over the slots of its group's other hosts).
+    assert dict(merged.prices) == {"10.0.0.1": 0.5, "10.0.1.1": 2.0, "10.0.1.2": 1.5}
     assert dict(merged.instances) == {"10.0.0.1": "i-1"}
 
 
@@ -253,3 +258,32 @@ def test_discover_prints_each_hosts_source_and_price():
     assert discover(multi(), as_json=True, out=as_json) == 0
     shape = json_.loads(as_json.getvalue())
     assert shape["sources"] == {"10.0.0.1": "spot", "10.0.1.1": "od"} and shape["prices"] == {"10.0.0.1": 0.9}
+
+
+def test_a_draining_host_is_priced_per_slot_it_had_not_at_its_whole_instance_price_per_slot():
+    four_gpus = Scripted(DiscoveredHosts(ready={"h1": 4}, instances={"h1": "i-1"}),
+                         DiscoveredHosts(draining={"h1": Drain(None, "Terminating:Wait")}, instances={"h1": "i-1"}),
+                         hourly={"h1": 4.0})
+    alone = Scripted(DiscoveredHosts(draining={"h2": Drain(None, "spot")}), hourly={"h2": 4.0})
+    multi = MultiSourceDiscovery([(spec("spot"), four_gpus), (spec("other"), alone)])
+    assert multi.find().prices == {"h1": 1.0}  # h2: never seen ready, nor any host of its group: unknown, not 4.0
+    assert multi.find().prices == {"h1": 1.0}  # h1 drains: still $4 an instance-hour for its 4 slots
+
+
+def test_a_failed_price_look_up_is_retried_with_backoff_and_warned_of_once_with_how_to_give_the_price(caplog):
+    clock = Clock()
+    denied = FatalDiscoveryError("An error occurred (UnauthorizedOperation) when calling DescribeSpotPriceHistory")
+    g = Scripted(DiscoveredHosts(ready={"h": 1}), hourly=denied)
+    multi = MultiSourceDiscovery([(spec("g"), g), (spec("od", fallback=True, price=1.0), Scripted(DiscoveredHosts()))],
+                                 clock=clock, price_refresh_s=300)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(600):  # ten minutes of discovery at its default interval of 1 s
+            multi.find()
+            clock.now += 1.0
+    assert 3 <= g.price_calls <= 6  # after 30 s, then twice as long each time up to 300 s; not 600 times
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "UnauthorizedOperation" in warnings[0] and "--source g:price=D" in warnings[0]
+    g.hourly = {"h": 2.0}  # the permission was granted: read at the next retry
+    clock.now += 300
+    assert multi.find().prices == {"h": 2.0}
+
