@@ -205,6 +205,12 @@ class HostDiscovery(abc.ABC):
         """
         raise CapacityError(f"provider {self.name!r} cannot set a group's desired capacity")
 
+    def capacity_limits(self) -> tuple[int, int] | None:
+        """The group's smallest and largest desired capacity (AWS MinSize, MaxSize) as the last :meth:`find`
+        read them; :meth:`set_capacity` is held within them (the cloud refuses a value outside). None: no
+        limits known (the default)."""
+        return None
+
     def hourly_prices(self, snapshot: DiscoveredHosts) -> Mapping[str, float]:
         """Optional: the price the cloud quotes per instance-hour (dollars) of hosts of ``snapshot``.
 

@@ -179,6 +179,7 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         self.on_demand_price = on_demand_price
         self._spot = SpotPrices(clock)
         self._priced: dict[str, InstancePrice] = {}  # host -> what decides its price, from the last snapshot
+        self._limits: tuple[int, int] | None = None  # the group's (MinSize, MaxSize), from the last snapshot
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "AWSAutoScalingGroup":
@@ -399,6 +400,10 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         """``SetDesiredCapacity`` of the group (``--manage-capacity``; see :mod:`.aws_pricing`)."""
         set_desired_capacity(self._client("autoscaling"), self.sdk["errors"], self.group, hosts, self.label)
 
+    def capacity_limits(self) -> tuple[int, int] | None:
+        """The group's MinSize and MaxSize as the last find() read them (SetDesiredCapacity must stay within)."""
+        return self._limits
+
     def hourly_prices(self, snapshot: DiscoveredHosts) -> Mapping[str, float]:
         """Spot instances at their latest spot price, on-demand ones at ``on_demand_price`` (see :mod:`.aws_pricing`)."""
         wanted = {h: self._priced[h] for h in (*snapshot.ready, *snapshot.draining) if h in self._priced}
@@ -422,6 +427,8 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         if not groups:
             region = autoscaling.meta.region_name
             raise FatalDiscoveryError(f"{self.label} not found in region {region}")
+        low, high = groups[0].get("MinSize"), groups[0].get("MaxSize")
+        self._limits = (low, high) if isinstance(low, int) and isinstance(high, int) else None
         return list(groups[0].get("Instances", []))
 
     def _instances(self, ec2: Any, ids: list[str]) -> Iterator[tuple[str, dict]]:

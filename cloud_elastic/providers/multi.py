@@ -26,7 +26,10 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   whole instance price per slot). A price look-up that fails (AccessDenied, throttling)
   is tried again after ``PRICE_RETRY_S``, doubling up to ``price_refresh_s``, not at
   every ``find()``; one WARNING per kind of failure, saying how to give the price by hand.
-* :meth:`set_capacity` (``--manage-capacity``) goes to the named source. When the
+* :meth:`set_capacity` (``--manage-capacity``) goes to the named source, held within
+  the group's MinSize..MaxSize where its provider reports them
+  (:meth:`~.api.HostDiscovery.capacity_limits`): more than MaxSize asks MaxSize, with
+  one WARNING; less than MinSize asks MinSize. When the
   credentials may not change the group (AccessDenied), one WARNING says so and the
   source is left unmanaged for the rest of the job; other errors are retried at
   each later ``find()`` until a call succeeds or a newer value replaces it.
@@ -75,6 +78,7 @@ class SourceState:
     pending_capacity: int | None = None
     managed: bool = True
     capacity_set: int | None = None
+    above_max_warned: bool = False
 
 
 class MultiSourceDiscovery(HostDiscovery):
@@ -250,9 +254,10 @@ class MultiSourceDiscovery(HostDiscovery):
         self._apply_capacity(target)
 
     def _apply_capacity(self, source: SourceState) -> None:
-        hosts = source.pending_capacity
-        if hosts is None or not source.managed:
+        asked = source.pending_capacity
+        if asked is None or not source.managed:
             return
+        hosts = self._within_limits(source, asked)
         try:
             source.discovery.set_capacity(hosts, source=source.spec.name)
         except CapacityDeniedError as exc:
@@ -266,11 +271,28 @@ class MultiSourceDiscovery(HostDiscovery):
                         "retrying at the next discovery", source.spec.name, hosts, exc)
             return
         source.pending_capacity = None
-        source.capacity_set = hosts
+        source.capacity_set = asked
         log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
 
+    def _within_limits(self, source: SourceState, hosts: int) -> int:
+        """``hosts`` held within the group's MinSize..MaxSize (the cloud refuses a value outside them)."""
+        limits = source.discovery.capacity_limits()
+        if limits is None:
+            return hosts
+        low, high = limits
+        if hosts > high:
+            if not source.above_max_warned:
+                source.above_max_warned = True
+                log.warning("--manage-capacity: the job wants %d host(s) of host source %r, but its group's maximum "
+                            "size is %d: it is set to %d (raise the group's maximum to give the job more)", hosts,
+                            source.spec.name, high, high)
+            return high
+        source.above_max_warned = False
+        return max(hosts, low)
+
     def capacity_of(self, source: str) -> int | None:
-        """The desired capacity last set on ``source``'s group by this job (None: none set, or not a source)."""
+        """The desired capacity this job last had set on ``source``'s group, as the job asked it (the group
+        holds it within its MinSize..MaxSize); None: none set, or not a source."""
         state = self._by_name.get(source)
         return None if state is None else state.capacity_set
 

@@ -55,6 +55,7 @@ def test_aws_groups_merge_and_the_fallback_group_is_scaled_up_and_back_to_zero(a
     a = make_group(aws.url, "ms-spot-a", size=2, instance_type="g4dn.xlarge", cidr="10.61.1.0/24")
     b = make_group(aws.url, "ms-spot-b", size=1, instance_type="g4dn.xlarge", cidr="10.61.2.0/24")
     make_group(aws.url, "ms-od", size=0, instance_type="g4dn.xlarge", cidr="10.61.3.0/24")
+    clients(aws.url)[0].update_auto_scaling_group(AutoScalingGroupName="ms-od", MaxSize=2)  # AWS refuses more
     multi = aws_sources(aws, "ms-spot-a", "ms-spot-b", "ms-od", source=("ms-od:fallback,price=0.526",))
     try:
         snapshot = multi.find()
@@ -118,6 +119,26 @@ def test_aws_prices_spot_instances_from_the_spot_price_history_and_on_demand_one
     # Per slot-hour: a g4dn.12xlarge has 4 GPUs; the latest spot price wins over the older one.
     assert prices == {spot[0]["ip"]: pytest.approx(1.956 / 4), od[0]["ip"]: pytest.approx(3.912 / 4)}
     assert aws.count("DescribeSpotPriceHistory") == 1
+
+
+def test_aws_fallback_capacity_is_held_within_the_groups_min_and_max_size(aws, caplog):
+    make_group(aws.url, "lm-spot", size=1, instance_type="g4dn.xlarge", cidr="10.64.1.0/24")
+    make_group(aws.url, "lm-od", size=0, instance_type="g4dn.xlarge", cidr="10.64.2.0/24")
+    autoscaling, _ = clients(aws.url)
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName="lm-od", MinSize=1, MaxSize=2)
+    multi = aws_sources(aws, "lm-spot", "lm-od", source=("lm-od:fallback,price=1",))
+    try:
+        multi.find()  # reads the group's MinSize and MaxSize
+        with caplog.at_level(logging.WARNING, logger="cloud_elastic"):
+            multi.set_capacity(4, source="lm-od")  # AWS would refuse 4 (ValidationError) at every discovery
+            assert desired(aws, "lm-od") == 2
+            multi.find()
+        multi.set_capacity(0, source="lm-od")
+        assert desired(aws, "lm-od") == 1  # MinSize: lower is refused too
+    finally:
+        multi.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "maximum size is 2" in warnings[0], warnings
 
 
 def test_aws_a_draining_multi_gpu_host_keeps_its_price_per_slot(aws):

@@ -25,11 +25,12 @@ class Scripted(HostDiscovery):
 
     name = "scripted"
 
-    def __init__(self, *answers, hourly=None, capacity_errors=()) -> None:
+    def __init__(self, *answers, hourly=None, capacity_errors=(), limits=None) -> None:
         self.answers = list(answers)
         self.hourly = hourly or {}
         self.capacity_errors = list(capacity_errors)
         self.capacity_calls: list[int] = []
+        self.limits = limits
         self.price_calls = 0
 
     @classmethod
@@ -52,6 +53,9 @@ class Scripted(HostDiscovery):
         self.capacity_calls.append(hosts)
         if self.capacity_errors:
             raise self.capacity_errors.pop(0)
+
+    def capacity_limits(self):
+        return self.limits
 
 
 def spec(name, **kw) -> SourceSpec:
@@ -287,3 +291,18 @@ def test_a_failed_price_look_up_is_retried_with_backoff_and_warned_of_once_with_
     clock.now += 300
     assert multi.find().prices == {"h": 2.0}
 
+
+def test_the_capacity_asked_is_held_within_the_groups_min_and_max_size_with_one_warning(caplog):
+    od = Scripted(DiscoveredHosts(), limits=(1, 2))
+    multi = MultiSourceDiscovery([(spec("spot"), Scripted(DiscoveredHosts(ready={"h": 1}))),
+                                  (spec("od", fallback=True), od)])
+    multi.find()
+    with caplog.at_level(logging.WARNING):
+        multi.set_capacity(4, source="od")
+        multi.find()
+        multi.set_capacity(5, source="od")
+        multi.set_capacity(0, source="od")  # lowered: to MinSize, not below it (the cloud refuses less)
+    assert od.capacity_calls == [2, 2, 1]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "wants 4 host(s) of host source 'od'" in warnings[0] and "maximum size is 2" in \
+        warnings[0]
