@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from cloud_elastic.checkpoint.alive import DriverAlive, write_driver_alive
 from cloud_elastic.checkpoint.backend import LocalBackend
 from cloud_elastic.checkpoint.claims import KEEP
 from cloud_elastic.config import JobConfig
-from cloud_elastic.driver.restart.predecessor import plan_start
+from cloud_elastic.driver.restart.predecessor import plan_start, wait_for_predecessor
 from cloud_elastic.errors import ConfigError
 from tests.unit.test_start_plan import live_driver
 
@@ -124,6 +125,28 @@ def test_a_driver_restarted_just_after_another_claimed_elsewhere_waits_on_that_c
     assert plan.wait_until is not None and plan.wait_until > time.time() + 30
     assert plan.waiting_for.startswith("the previous driver (pid 4242 on driver-vm-2) was last alive")
     assert plan.waiting_for.endswith(f"ago by {ckpt}/drivers/1.json, and this machine has no record of it")
+
+
+def test_of_two_drivers_waiting_out_a_predecessor_the_one_that_claimed_last_runs_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Neither writes a sign of life while it waits, so only the claims tell them apart afterwards.
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    ckpt = str(tmp_path / "ckpt")
+    _ended_job(ckpt, stopped=False)
+    write_driver_alive(CheckpointStore(ckpt), DriverAlive(JOB, time.time() - 5, 30.0, "driver-vm-1", 1111))
+    plan = plan_start(_config(ckpt), CheckpointStore(ckpt), job_id="second22")
+    assert plan.generation == 1 and plan.wait_until is not None and plan.wait_until > time.time()
+    _claimed(ckpt, 2, "driver-vm-3", 5151)  # started elsewhere while this one waits
+    stops: list[tuple[str, int]] = []
+    wait_for_predecessor(plan, CheckpointStore(ckpt), lambda seconds: False,
+                         lambda reason, code: stops.append((reason, code)), resumed=False)
+    assert stops == [(f"job {JOB}: another driver (pid 5151 on driver-vm-3) claimed it (driver generation 2) while "
+                      "this one (generation 1) waited for the previous driver's workers; not running it twice", 2)]
+    # The newer one, after the same wait, sees no newer claim and runs the job.
+    stops.clear()
+    wait_for_predecessor(replace(plan, generation=2), CheckpointStore(ckpt), lambda seconds: False,
+                         lambda reason, code: stops.append((reason, code)), resumed=False)
+    assert stops == []
 
 
 def test_a_driver_restarted_just_after_another_claimed_here_is_refused_until_that_one_died(

@@ -74,6 +74,8 @@ class StartPlan:
     previous_alive: Any = None
     predecessor_gone: bool = True
     checkpoint_dir: str | None = None
+    #: The driver generation this start claimed (:mod:`cloud_elastic.checkpoint.claims`); None: none claimed.
+    generation: int | None = None
 
     def without_adoption(self) -> "StartPlan":
         """The plan once an adoption is given up (the predecessor's ports could not be bound)."""
@@ -139,8 +141,8 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
     newest = newest_claim(store)
     previous_alive, by = _previous_alive(store, job_id, record, newest)
     plan = StartPlan(job_id, resumed=resumes(store, job_id, announce_none=True), adopt=adopt, grace_s=grace)
-    _next_generation(store, job_id, grace, newest.generation + 1 if newest is not None else 1)
-    return _with_wait(plan, config, previous, previous_alive, store, by)
+    generation = _next_generation(store, job_id, grace, newest.generation + 1 if newest is not None else 1)
+    return _with_wait(replace(plan, generation=generation), config, previous, previous_alive, store, by)
 
 
 def _record_lost(config: JobConfig, store: Any, found: list[Any]) -> Any:
@@ -176,7 +178,7 @@ def _claim(store: Any, config: JobConfig, job_id: str) -> Any:
                  f"started job {other.job_id}" if other is not None else "started its job")
 
 
-def _next_generation(store: Any, job_id: str, grace_s: float, generation: int) -> None:
+def _next_generation(store: Any, job_id: str, grace_s: float, generation: int) -> int:
     """Claim ``generation`` of the job's drivers (:mod:`cloud_elastic.checkpoint.claims`) for this one; ConfigError
     naming the driver that claimed it first: of two drivers restarted at the same moment, one runs the job."""
     from cloud_elastic.checkpoint.alive import DriverAlive
@@ -188,6 +190,7 @@ def _next_generation(store: Any, job_id: str, grace_s: float, generation: int) -
         raise _twice(store, (driver.pid, driver.host) if driver is not None else None,
                      f"restarted job {job_id} (driver generation {generation})")
     log.info("job %s: driver generation %d", job_id, generation)
+    return generation
 
 
 def _twice(store: Any, driver: tuple[int, Any] | None, did: str) -> ConfigError:
@@ -307,7 +310,10 @@ def _with_wait(plan: StartPlan, config: JobConfig, previous: tuple[int, float] |
 
 
 def _another_driver(plan: StartPlan, store: Any, stop: Callable[[str, int], None]) -> bool:
-    """After the wait: a driver elsewhere that refreshed the entry meanwhile is alive; leave the job to it."""
+    """After the wait: a driver elsewhere that refreshed the entry meanwhile is alive, or one that claimed a
+    newer generation while this one waited will run the job; leave the job to it."""
+    if _claimed_since(plan, store, stop):
+        return True
     if plan.previous_alive is None:
         return False
     from cloud_elastic.checkpoint.alive import read_driver_alive
@@ -323,6 +329,26 @@ def _another_driver(plan: StartPlan, store: Any, stop: Callable[[str, int], None
              f"{max(0.0, time.time() - now.alive):.0f}s ago; stop it first or use another --checkpoint-dir", 2)
         return True
     return False
+
+
+def _claimed_since(plan: StartPlan, store: Any, stop: Callable[[str, int], None]) -> bool:
+    """A driver started while this one waited claimed the generation after this one's: it runs the job."""
+    if plan.generation is None:
+        return False
+    from cloud_elastic.checkpoint.claims import newest_claim
+
+    try:
+        newest = newest_claim(store)
+    except CheckpointError as exc:
+        stop(f"job {plan.job_id}: cannot read the driver claims in {plan.checkpoint_dir}: {exc}", 1)
+        return True
+    if newest is None or newest.generation <= plan.generation:
+        return False
+    driver = newest.driver
+    who = f" (pid {driver.pid} on {' '.join(str(driver.host)[:100].split())})" if driver is not None else ""
+    stop(f"job {plan.job_id}: another driver{who} claimed it (driver generation {newest.generation}) while this "
+         f"one (generation {plan.generation}) waited for the previous driver's workers; not running it twice", 2)
+    return True
 
 
 def _age(seconds: float) -> str:
