@@ -275,3 +275,16 @@ def test_a_raised_source_this_command_does_not_manage_as_a_fallback_is_left_alon
     unmanaged.groups(a=1, od=2)
     unmanaged.advance(5)
     assert unmanaged.capacity == []
+
+
+def test_a_failed_first_discovery_call_raises_no_group_before_any_host_was_seen():
+    sim = Sourced(2, manage_capacity=True)
+    sim.discovery_failed("Rate exceeded (Throttling)")  # no host known yet: not a lack of Spot hosts
+    sim.advance(5)
+    assert sim.capacity == []
+    sim.groups(a=1, b=1, od=0)  # the retry answers: Spot has every slot
+    sim.advance(5)
+    assert sim.capacity == [] and sim.slots_launched() == ["a0[0]", "b0[0]"]
+    sim.groups(a=0, b=1, od=0)  # an answer that shows too few Spot slots still raises the fallback
+    assert sim.capacity == [SetCapacity("od", 1)]
+

@@ -21,7 +21,8 @@ Only for a job with several sources (``Policy.sources``, see
   preferred fallback group shows fewer hosts than they need, one :class:`~.actions.SetCapacity`
   raises its desired capacity to ``ceil(wanted slots / slots per host)``; once no
   fallback slot is wanted and no worker is left on a group the job raised, one sets
-  it back to 0. Nothing else: a group the job never raised is never lowered, and a
+  it back to 0. Nothing before the job's first discovery answer (a failed first call
+  shows no host, not a lack of them). Nothing else: a group the job never raised is never lowered, and a
   raised one is never lowered while a worker runs on it. Slots per host: the group's
   own hosts as last seen, else any host's, else 1. When the job ends, the driver sets
   every group still raised back to 0 once its workers have stopped (:meth:`Sourcing.lowered`);
@@ -206,6 +207,8 @@ class Sourcing:
 
     def _capacity(self) -> None:
         job = self._job
+        if not job.discovered_once:
+            return  # no host seen yet is not no spot host: a failed first discovery call must not raise a group
         hosts = job.hosts
         if self.wanted > 0 and self._fallbacks:
             name = self._fallbacks[0]
