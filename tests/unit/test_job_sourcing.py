@@ -288,3 +288,30 @@ def test_a_failed_first_discovery_call_raises_no_group_before_any_host_was_seen(
     sim.groups(a=0, b=1, od=0)  # an answer that shows too few Spot slots still raises the fallback
     assert sim.capacity == [SetCapacity("od", 1)]
 
+
+def test_the_cost_goes_on_at_each_driver_tick_while_nothing_is_launched_and_stops_with_the_workers():
+    """A finishing job plans no launches; the driver's tick still moves the meter (a cost event at least every
+    60 s, the metric with it), and a worker stops costing when it exits."""
+    from cloud_elastic.driver.runtime.costs import charge
+
+    sim = Sourced(2, progress_timeout_s=0, completion_grace_s=600)
+    sim.groups(a=1, b=1, od=1)
+    sim.join("a0[0]", "b0[0]")
+    sim.complete("a0[0]")
+    sim.exit("a0[0]", CLEAN)  # b0 (spot-b, 1.2 $/slot-hour) still runs: the job is finishing
+    meter = sim.job.capacity.sourcing.cost
+    start, before = sim.now, meter.summary().dollars
+    sim.events.clear()
+    while sim.now < start + 180:
+        sim.advance(0.5)
+        charge(sim.job, sim.now)  # what the driver's loop does after each tick
+        sim._collect()
+    assert meter.summary().dollars - before == pytest.approx(1.2 * 180 / 3600, rel=0.02)
+    costs = [f for k, f in sim.events if k == "cost"]
+    assert len(costs) >= 3 and costs[-1]["dollars_per_hour"] == pytest.approx(1.2)
+    sim.exit("b0[0]", CLEAN)
+    charge(sim.job, sim.now)
+    stopped = meter.summary().dollars
+    sim.advance(120)
+    charge(sim.job, sim.now)
+    assert meter.summary().dollars == pytest.approx(stopped) and meter.summary().dollars_per_hour == 0

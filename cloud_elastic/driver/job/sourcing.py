@@ -31,7 +31,9 @@ Only for a job with several sources (``Policy.sources``, see
 * **Cost** (:class:`~cloud_elastic.cost.CostMeter`): each worker's slot is charged at
   its host's price from launch to exit; a ``cost`` event at most every
   :data:`COST_EVENT_EVERY_S` while the rate changes, and at least every
-  :data:`COST_EVENT_MAX_S`.
+  :data:`COST_EVENT_MAX_S`. The meter moves at each :meth:`Sourcing.step` and each
+  :meth:`Sourcing.charge`, which the driver calls at every tick (a fixed-size job's
+  running round and a finishing job plan no launches, so take no step).
 
 Pure: time comes in as ``now``; the I/O (capacity calls, price look-ups) is the runtime's.
 """
@@ -170,7 +172,7 @@ class Sourcing:
         if changed != self._weighed or now - self._weighed_at >= RECHECK_S:
             self._weighed, self._weighed_at = changed, now
             self._weigh(now)
-        self._charge(now)
+        self.charge(now)
 
     def _weigh(self, now: float) -> None:
         job = self._job
@@ -261,7 +263,10 @@ class Sourcing:
         job.act(SetCapacity(source, hosts))
 
     # -------------------------------------------------------------------- cost
-    def _charge(self, now: float) -> None:
+    def charge(self, now: float) -> None:
+        """Charge the workers alive now up to ``now``, and emit a ``cost`` event when one is due."""
+        if not self.specs:
+            return
         job = self._job
         hosts = job.hosts
         alive = job.alive()

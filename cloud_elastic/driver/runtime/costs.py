@@ -1,7 +1,9 @@
-"""The job's cost at its end: the ``job_finished`` fields and the line the driver prints.
+"""The job's cost as it runs and at its end: the meter's tick, the ``job_finished`` fields and the line printed.
 
 Only for a job with several host sources (see :mod:`cloud_elastic.driver.job.sourcing`);
-read under the driver's lock.
+read under the driver's lock. The driver calls :func:`charge` at every tick, so the
+meter and its ``cost`` events go on while nothing is launched (a fixed-size job's round,
+a finishing job), and :func:`final_cost` with the time its workers had all stopped.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 from cloud_elastic.cost import format_dollars
 from cloud_elastic.driver.job.elastic_job import ElasticJob
 
-__all__ = ["FinalCost", "final_cost"]
+__all__ = ["FinalCost", "final_cost", "charge"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,12 @@ class FinalCost:
 
     fields: dict[str, Any] = field(default_factory=dict)
     line: str | None = None
+
+
+def charge(job: ElasticJob, now: float) -> None:
+    """Move the job's cost meter to ``now`` (a ``cost`` event when one is due)."""
+    if job.capacity.sourcing is not None:
+        job.capacity.sourcing.charge(now)
 
 
 def final_cost(job: ElasticJob, now: float) -> FinalCost:

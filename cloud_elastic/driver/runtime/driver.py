@@ -46,7 +46,7 @@ from cloud_elastic.driver.restart.predecessor import (
 from cloud_elastic.driver.restart.record import SuccessorRecord, remove_record
 from cloud_elastic.driver.restart.window import AdoptionWindow
 from cloud_elastic.driver.runtime.condition import JobCondition
-from cloud_elastic.driver.runtime.costs import final_cost
+from cloud_elastic.driver.runtime.costs import charge, final_cost
 from cloud_elastic.driver.runtime.control_plane import RENDEZVOUS_POLL_S, ControlPlane
 from cloud_elastic.driver.runtime.discovery import DiscoveryFailure, DiscoveryPoller
 from cloud_elastic.driver.runtime.processes import WorkerProcesses
@@ -126,6 +126,7 @@ class Driver:
         self._alive_refresher: Any = None  # keeps our own sign of life fresh beside the checkpoints
         self._carried: dict[str, int] = {}  # host groups a crashed predecessor raised, not yet taken over
         self._predecessor_gone = True  # False while an earlier driver's workers may still be running
+        self._stopped_at: float | None = None  # when shutdown had stopped every worker (the cost ends there)
 
     # ----------------------------------------------------------------- public
     def stop(self, reason: str, exit_code: int) -> None:
@@ -181,7 +182,8 @@ class Driver:
             self._flush_events()
             verdict = "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in (130, 143) else "failed")
             with self._cond:
-                cost = final_cost(self._job, self._clock())
+                # Charged until the workers had stopped, not through the groups' lowering after it.
+                cost = final_cost(self._job, self._stopped_at if self._stopped_at is not None else self._clock())
             if cost.line:
                 log.info("%s", cost.line)
             self._sinks.sink.emit("job_finished", outcome=verdict, exit_code=outcome.exit_code,
@@ -379,7 +381,9 @@ class Driver:
             with self._cond:
                 if self._stop_reason is not None and self._job.outcome is None:
                     self._job.stop(*self._stop_reason)
-                self._job.tick(self._clock())
+                now = self._clock()
+                self._job.tick(now)
+                charge(self._job, now)
                 actions = self._job.take_actions()
                 current_round = self._job.round
                 self._emit_events()
@@ -485,6 +489,7 @@ class Driver:
         if self._poller is not None:
             self._poller.close()
         self._processes.close()  # each TERM then KILL, in parallel; the launchers closed
+        self._stopped_at = self._clock()
         raised.lower(self._job, self._discovery, self._cond, self._poller)  # no worker is left to need it
         with self._cond:
             raised.remember(self._job, self._alive_refresher, self._carried)
