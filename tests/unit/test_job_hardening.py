@@ -197,6 +197,18 @@ def test_a_notice_whose_deadline_comes_first_removes_the_workers_by_force(caplog
                        "removed by force before its deadline; the survivors rolled back 3 step(s) to their last commit"]
 
 
+def test_the_log_says_how_many_steps_a_rollback_lost_and_to_which_commit(caplog) -> None:
+    caplog.set_level("INFO", logger="cloud_elastic")
+    sim = started(2, {"a": 1, "b": 1}, min_np=1)
+    sim.commit("a[0]", "b[0]", count=5)
+    sim.exit("b[0]", KILLED)
+    sim.job.rendezvous(sim.id("a[0]"), 1, "failure", sim.now, 5, rolled_back=2, commit_seq=5)  # it undid 2 steps
+    sim._collect()
+    assert_round({"a[0]": sim.reply("a[0]")}, 2, needs_sync=True)
+    lines = [r.getMessage() for r in caplog.records if "rolled back" in r.getMessage()]
+    assert lines == ["job t: round 1's survivors rolled back 2 step(s), to their commit of step 5"]
+
+
 def test_a_drained_host_the_group_keeps_takes_a_worker_again_once_its_notice_lapses(caplog) -> None:
     caplog.set_level("INFO", logger="cloud_elastic")
     sim = started(2, {"a": 1, "b": 1}, min_np=1, cooldown=(300, 300))

@@ -459,6 +459,9 @@ class RoundFormation:
             # from; the commit count seen at the abort comes from older heartbeats and may lag behind.
             job.emit("rollback", round=aborted, commit_step=commit if job.state_committed else None,
                      steps_lost=self.steps_lost, reason=job.last_failure or "a collective failed")
+            if job.state_committed:
+                log.info("job %s: round %d's survivors rolled back %d step(s), to their commit of step %d",
+                         job.job_id, aborted, self.steps_lost, commit)
             for what in self._drains.take_forced_drains():
                 log.info("%sremoved by force before its deadline; the survivors rolled back %d step(s) to their last "
                          "commit", what, self.steps_lost)
