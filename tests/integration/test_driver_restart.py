@@ -125,15 +125,19 @@ def test_a_driver_restarted_without_the_local_record_waits_for_the_old_workers_f
 def test_a_driver_refreshing_the_entry_elsewhere_keeps_a_second_driver_from_starting_workers(jobs, tmp_path):
     # A live driver on another machine: its entry beside the checkpoints keeps being refreshed.
     from cloud_elastic.checkpoint import DurableJobRecord, write_job_record
-    from cloud_elastic.checkpoint.alive import DriverAlive, write_driver_alive
+    from cloud_elastic.checkpoint.alive import DriverAlive, read_driver_alive, write_driver_alive
 
     ckpt = tmp_path / "ckpt"
     store = CheckpointStore(str(ckpt))
     write_job_record(store, DurableJobRecord("elsewhere1", ("python", "train.py"), time.time()))
     done = threading.Event()
+    overwritten: list = []  # entries the second driver wrote over the live one's
 
     def other_driver() -> None:
         while not done.is_set():
+            seen = read_driver_alive(store)
+            if seen is not None and seen.pid != 4242:
+                overwritten.append(seen)
             write_driver_alive(store, DriverAlive("elsewhere1", time.time(), 1.0, "other-vm", 4242))
             done.wait(1.0)
 
@@ -149,6 +153,8 @@ def test_a_driver_refreshing_the_entry_elsewhere_keeps_a_second_driver_from_star
     assert "(pid 4242 on other-vm) was last alive" in out and "waiting" in out, out
     assert "job elsewhere1 is already running: its driver (pid 4242 on other-vm) was alive" in second.lines[-1], out
     assert "launched worker" not in out and not processes_of_job("elsewhere1")
+    # While it waited, it wrote no sign of life of its own over the live driver's (which would hide it).
+    assert not overwritten, overwritten
 
 
 def test_a_live_driver_whose_local_record_is_gone_is_not_run_twice_on_its_machine(jobs, tmp_path):

@@ -164,11 +164,15 @@ class Driver:
         pulse.start()
         try:
             plan = self._listen_for_adoption(plan)
-            self._keep_alive_beside_checkpoints()
             if self._window is not None:
+                self._keep_alive_beside_checkpoints()
                 self._start_adopting(self._window, plan)
             else:
+                # Not before the wait: a predecessor that turns out alive elsewhere refreshes the entry, and our
+                # own writes would hide it (and our last one, "stopped", would deny it). Our claim of the job's
+                # next driver generation speaks for us meanwhile (see .restart.predecessor).
                 self._wait_for_predecessor(plan)
+                self._keep_alive_beside_checkpoints()
                 self._start()
             if self._stop_reason is None:  # this driver runs the job: a crashed predecessor's groups are its own
                 with self._cond:
