@@ -13,6 +13,11 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   ``--host-missing-grace`` applies to them. One WARNING when a source starts
   failing, one INFO when it recovers. ``find()`` raises only when every source
   failed and none has a snapshot left to report.
+* **The first answer is complete.** While a source that has never answered
+  fails (retryably) for less than ``stale_limit_s``, ``find()`` raises a
+  retryable error too: a job that saw the fallback group alone would take the
+  spot group for empty and raise the fallback (paid instances) on a throttled
+  first call. Past that limit the job goes on without it.
 * A source that fails *fatally on its first call* (no such group, no
   credentials) fails the job, naming the source: a typo must not run a job on
   fewer groups than the user meant. Later fatal errors count as failures.
@@ -150,6 +155,11 @@ class MultiSourceDiscovery(HostDiscovery):
         if not usable:
             raise RetryableDiscoveryError("every host source failed: " +
                                           "; ".join(f"{s.spec.name}: {s.error}" for s in self.sources))
+        unheard = [s for s in self.sources if s.last is None and s.failing_since is not None
+                   and now - s.failing_since <= self.stale_limit_s]
+        if unheard:
+            raise RetryableDiscoveryError("no first answer yet from " + "; ".join(
+                f"host source {s.spec.name!r} ({s.error})" for s in unheard))
         return self._merge(usable)
 
     def _failed(self, source: SourceState, exc: DiscoveryError, now: float, fatal: list[str]) -> None:

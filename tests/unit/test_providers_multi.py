@@ -161,6 +161,29 @@ def test_a_failing_source_keeps_its_last_hosts_and_the_others_go_on(caplog):
     assert set(multi.find().ready) == {"h2", "h3"}
 
 
+def test_a_source_that_has_not_answered_yet_is_waited_for_up_to_the_stale_limit():
+    # A spot group throttled at its first call: the fallback alone would read as "no spot capacity".
+    clock = Clock()
+    spot = Scripted(RetryableDiscoveryError("Throttling"), RetryableDiscoveryError("Throttling"),
+                    DiscoveredHosts(ready={"s1": 1}))
+    fallback = Scripted(DiscoveredHosts(ready={"od1": 1}))
+    multi = MultiSourceDiscovery([(spec("spot"), spot), (spec("od"), fallback)], stale_limit_s=60, clock=clock)
+    with pytest.raises(RetryableDiscoveryError, match="no first answer yet from host source 'spot' \\(Throttling\\)"):
+        multi.find()
+    clock.now += 5
+    with pytest.raises(RetryableDiscoveryError):
+        multi.find()
+    clock.now += 5
+    assert set(multi.find().ready) == {"s1", "od1"}  # the first snapshot the job sees has both
+    # A source that never answers is waited for up to the stale limit only.
+    broken = Scripted(RetryableDiscoveryError("AccessDenied"))
+    multi = MultiSourceDiscovery([(spec("spot"), broken), (spec("od"), fallback)], stale_limit_s=60, clock=clock)
+    with pytest.raises(RetryableDiscoveryError):
+        multi.find()
+    clock.now += 61
+    assert set(multi.find().ready) == {"od1"}
+
+
 def test_every_source_failing_is_a_retryable_failure_and_a_fatal_first_answer_fails_the_job():
     a = Scripted(RetryableDiscoveryError("throttled"))
     b = Scripted(RetryableDiscoveryError("timeout"))
