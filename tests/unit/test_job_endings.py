@@ -201,8 +201,9 @@ def test_survivors_computing_after_an_abort_are_waited_for_and_one_whose_progres
 
 # ----------------------------------------------------------------- messages
 @pytest.mark.parametrize("committed, says", [
-    (False, "no worker has committed yet, so the survivors start over from the initial state"),
-    (True, "survivors roll back to their last commit"),
+    # Heartbeats tell of commits late: before one has, the driver cannot say the survivors start over.
+    (False, "survivors roll back to their last commit (none reported yet: the initial state if none)"),
+    (True, "survivors roll back to their last commit\n"),
 ])
 def test_an_abort_says_what_the_survivors_do(caplog, committed, says) -> None:
     sim = started(2, {"a": 2}, min_np=1)

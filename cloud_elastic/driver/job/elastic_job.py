@@ -538,7 +538,8 @@ class ElasticJob:
             if not left:
                 what = "no member is left in it"
             elif not self.state_committed:
-                what = "no worker has committed yet, so the survivors start over from the initial state"
+                # Heartbeats tell of commits late: the survivors know, and the next round's log says.
+                what = "survivors roll back to their last commit (none reported yet: the initial state if none)"
             else:
                 what = "survivors roll back to their last commit"
             log.info("job %s: round %d aborted; %s", self.job_id, self.round, what)
