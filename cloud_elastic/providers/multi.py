@@ -13,11 +13,11 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   ``--host-missing-grace`` applies to them. One WARNING when a source starts
   failing, one INFO when it recovers. ``find()`` raises only when every source
   failed and none has a snapshot left to report.
-* **The first answer is complete.** While a source that has never answered
-  fails (retryably) for less than ``stale_limit_s``, ``find()`` raises a
-  retryable error too: a job that saw the fallback group alone would take the
-  spot group for empty and raise the fallback (paid instances) on a throttled
-  first call. Past that limit the job goes on without it.
+* **No fallback raised on a partial first answer.** While a non-fallback source
+  that has never answered fails (retryably), for up to ``stale_limit_s``, a
+  request to raise a fallback group is kept pending (one INFO line): the job
+  starts on what answered, but a spot group throttled at its first call would
+  otherwise look empty and the fallback's paid instances would be raised.
 * A source that fails *fatally on its first call* (no such group, no
   credentials) fails the job, naming the source: a typo must not run a job on
   fewer groups than the user meant. Later fatal errors count as failures.
@@ -84,6 +84,8 @@ class SourceState:
     managed: bool = True
     capacity_set: int | None = None
     above_max_warned: bool = False
+    #: Fallback sources told that a raise waits for this source's first answer (logged once each).
+    held_back: set[str] = field(default_factory=set)
 
 
 class MultiSourceDiscovery(HostDiscovery):
@@ -155,11 +157,6 @@ class MultiSourceDiscovery(HostDiscovery):
         if not usable:
             raise RetryableDiscoveryError("every host source failed: " +
                                           "; ".join(f"{s.spec.name}: {s.error}" for s in self.sources))
-        unheard = [s for s in self.sources if s.last is None and s.failing_since is not None
-                   and now - s.failing_since <= self.stale_limit_s]
-        if unheard:
-            raise RetryableDiscoveryError("no first answer yet from " + "; ".join(
-                f"host source {s.spec.name!r} ({s.error})" for s in unheard))
         return self._merge(usable)
 
     def _failed(self, source: SourceState, exc: DiscoveryError, now: float, fatal: list[str]) -> None:
@@ -267,6 +264,8 @@ class MultiSourceDiscovery(HostDiscovery):
         asked = source.pending_capacity
         if asked is None or not source.managed:
             return
+        if source.spec.fallback and asked > (source.capacity_set or 0) and self._unheard(source):
+            return  # kept pending: asked again at every discovery
         hosts = self._within_limits(source, asked)
         try:
             source.discovery.set_capacity(hosts, source=source.spec.name)
@@ -283,6 +282,19 @@ class MultiSourceDiscovery(HostDiscovery):
         source.pending_capacity = None
         source.capacity_set = asked
         log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
+
+    def _unheard(self, fallback: SourceState) -> bool:
+        """Whether a non-fallback source that has never answered is still failing within the stale limit (a
+        fallback raised now would be paid for what may be a throttled first call); logs it once per source."""
+        now = self._clock()
+        unheard = [s for s in self.sources if not s.spec.fallback and s.last is None and s.failing_since is not None
+                   and now - s.failing_since <= self.stale_limit_s]
+        for s in unheard:
+            if fallback.spec.name not in s.held_back:
+                s.held_back.add(fallback.spec.name)
+                log.info("--manage-capacity: not raising host source %r while host source %r has not answered yet "
+                         "(%s); for up to %gs", fallback.spec.name, s.spec.name, s.error, self.stale_limit_s)
+        return bool(unheard)
 
     def _within_limits(self, source: SourceState, hosts: int) -> int:
         """``hosts`` held within the group's MinSize..MaxSize (the cloud refuses a value outside them)."""

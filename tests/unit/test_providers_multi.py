@@ -161,27 +161,39 @@ def test_a_failing_source_keeps_its_last_hosts_and_the_others_go_on(caplog):
     assert set(multi.find().ready) == {"h2", "h3"}
 
 
-def test_a_source_that_has_not_answered_yet_is_waited_for_up_to_the_stale_limit():
-    # A spot group throttled at its first call: the fallback alone would read as "no spot capacity".
+def test_no_fallback_is_raised_while_a_spot_source_has_not_answered_yet(caplog):
+    # A spot group throttled at the job's first call: next to the fallback it reads as "no spot capacity".
     clock = Clock()
     spot = Scripted(RetryableDiscoveryError("Throttling"), RetryableDiscoveryError("Throttling"),
                     DiscoveredHosts(ready={"s1": 1}))
-    fallback = Scripted(DiscoveredHosts(ready={"od1": 1}))
-    multi = MultiSourceDiscovery([(spec("spot"), spot), (spec("od"), fallback)], stale_limit_s=60, clock=clock)
-    with pytest.raises(RetryableDiscoveryError, match="no first answer yet from host source 'spot' \\(Throttling\\)"):
+    od = Scripted(DiscoveredHosts(ready={"od1": 1}))
+    multi = MultiSourceDiscovery([(spec("spot"), spot), (spec("od", fallback=True), od)], stale_limit_s=60, clock=clock)
+    assert set(multi.find().ready) == {"od1"}  # the job starts on what answered
+    with caplog.at_level(logging.INFO):
+        multi.set_capacity(2, source="od")
+        clock.now += 5
         multi.find()
+    assert od.capacity_calls == []  # held back, asked again at each discovery
+    held = [r.getMessage() for r in caplog.records if "not raising" in r.getMessage()]
+    assert held == ["--manage-capacity: not raising host source 'od' while host source 'spot' has not answered yet "
+                    "(Throttling); for up to 60s"]
+    multi.set_capacity(0, source="od")  # lowering is never held back
+    assert od.capacity_calls == [0]
+    multi.set_capacity(2, source="od")
     clock.now += 5
-    with pytest.raises(RetryableDiscoveryError):
-        multi.find()
-    clock.now += 5
-    assert set(multi.find().ready) == {"s1", "od1"}  # the first snapshot the job sees has both
-    # A source that never answers is waited for up to the stale limit only.
+    assert set(multi.find().ready) == {"s1", "od1"}  # spot answered: the raise goes through
+    assert od.capacity_calls == [0, 2]
+    # A source that never answers holds a raise back for the stale limit only.
     broken = Scripted(RetryableDiscoveryError("AccessDenied"))
-    multi = MultiSourceDiscovery([(spec("spot"), broken), (spec("od"), fallback)], stale_limit_s=60, clock=clock)
-    with pytest.raises(RetryableDiscoveryError):
-        multi.find()
+    od2 = Scripted(DiscoveredHosts(ready={"od1": 1}))
+    multi = MultiSourceDiscovery([(spec("spot"), broken), (spec("od", fallback=True), od2)], stale_limit_s=60,
+                                 clock=clock)
+    multi.find()
+    multi.set_capacity(1, source="od")
+    assert od2.capacity_calls == []
     clock.now += 61
-    assert set(multi.find().ready) == {"od1"}
+    multi.find()
+    assert od2.capacity_calls == [1]
 
 
 def test_every_source_failing_is_a_retryable_failure_and_a_fatal_first_answer_fails_the_job():
