@@ -28,7 +28,7 @@ from cloud_elastic.checkpoint.alive import DriverAlive, entry_bytes, read_entry
 from cloud_elastic.checkpoint.api import CheckpointError
 from cloud_elastic.checkpoint.store import CheckpointStore
 
-__all__ = ["CLAIMS", "KEEP", "Claim", "claim", "newest_claim"]
+__all__ = ["CLAIMS", "KEEP", "Claim", "claim", "newest_claim", "renew", "claims_between"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,22 @@ def claim(store: CheckpointStore, generation: int, driver: DriverAlive) -> Claim
     except Exception as exc:  # kept a little longer: the next winner deletes them
         log.debug("old driver claims in %s not deleted: %s", store.url, exc)
     return None
+
+
+def renew(store: CheckpointStore, generation: int, driver: DriverAlive) -> None:
+    """Write ``generation``'s claim again with ``driver``'s fresh time: a driver that waits (for a predecessor's
+    workers) shows it is still there. CheckpointError when the storage refuses."""
+    path = _path(generation)
+    data = entry_bytes(store, path, driver, generation=generation)
+    try:
+        store.backend.write(path, lambda f: f.write(data))
+    except Exception as exc:
+        raise CheckpointError(f"could not write {store.backend.url(path)}: {' '.join(str(exc).split())}") from exc
+
+
+def claims_between(store: CheckpointStore, low: int, high: int) -> list[Claim]:
+    """The claims of generations ``low`` < g < ``high``, oldest first; CheckpointError when they cannot be listed."""
+    return [_read(store, g) for g in _generations(store) if low < g < high]
 
 
 def _generations(store: CheckpointStore) -> list[int]:

@@ -22,7 +22,7 @@ from cloud_elastic.checkpoint.alive import DriverAlive, write_driver_alive
 from cloud_elastic.checkpoint.backend import LocalBackend
 from cloud_elastic.checkpoint.claims import KEEP
 from cloud_elastic.config import JobConfig
-from cloud_elastic.driver.restart.predecessor import plan_start, wait_for_predecessor
+from cloud_elastic.driver.restart.predecessor import CLAIM_LIVE_S, plan_start, wait_for_predecessor
 from cloud_elastic.errors import ConfigError
 from tests.unit.test_start_plan import live_driver
 
@@ -127,26 +127,62 @@ def test_a_driver_restarted_just_after_another_claimed_elsewhere_waits_on_that_c
     assert plan.waiting_for.endswith(f"ago by {ckpt}/drivers/1.json, and this machine has no record of it")
 
 
-def test_of_two_drivers_waiting_out_a_predecessor_the_one_that_claimed_last_runs_the_job(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Neither writes a sign of life while it waits, so only the claims tell them apart afterwards.
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    ckpt = str(tmp_path / "ckpt")
+def _short_wait(seconds: float) -> bool:
+    time.sleep(min(seconds, 0.1))
+    return False
+
+
+def _waited(plan, ckpt: str) -> list[tuple[str, int]]:
+    """The stops of ``plan``'s wait for its predecessor, cut to a moment (the rules after it are what count)."""
+    stops: list[tuple[str, int]] = []
+    wait_for_predecessor(replace(plan, wait_until=time.time() + 0.3), CheckpointStore(ckpt), _short_wait,
+                         lambda reason, code: stops.append((reason, code)), resumed=False)
+    return stops
+
+
+def _predecessor_alive_elsewhere(ckpt: str) -> None:
     _ended_job(ckpt, stopped=False)
     write_driver_alive(CheckpointStore(ckpt), DriverAlive(JOB, time.time() - 5, 30.0, "driver-vm-1", 1111))
+
+
+def test_of_two_drivers_waiting_out_a_predecessor_the_one_that_claimed_first_runs_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Neither writes a sign of life while it waits; each renews its claim. A driver restarted after this one
+    # (generation 2) does not stop this one: it yields (below), so supervisors restarting both never make them
+    # take turns for good.
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    ckpt = str(tmp_path / "ckpt")
+    _predecessor_alive_elsewhere(ckpt)
     plan = plan_start(_config(ckpt), CheckpointStore(ckpt), job_id="second22")
     assert plan.generation == 1 and plan.wait_until is not None and plan.wait_until > time.time()
+    claimed_at = _claim_of(ckpt, 1)["alive"]
     _claimed(ckpt, 2, "driver-vm-3", 5151)  # started elsewhere while this one waits
-    stops: list[tuple[str, int]] = []
-    wait_for_predecessor(plan, CheckpointStore(ckpt), lambda seconds: False,
-                         lambda reason, code: stops.append((reason, code)), resumed=False)
-    assert stops == [(f"job {JOB}: another driver (pid 5151 on driver-vm-3) claimed it (driver generation 2) while "
-                      "this one (generation 1) waited for the previous driver's workers; not running it twice", 2)]
-    # The newer one, after the same wait, sees no newer claim and runs the job.
-    stops.clear()
-    wait_for_predecessor(replace(plan, generation=2), CheckpointStore(ckpt), lambda seconds: False,
-                         lambda reason, code: stops.append((reason, code)), resumed=False)
-    assert stops == []
+    assert _waited(plan, ckpt) == []
+    assert _claim_of(ckpt, 1)["alive"] > claimed_at  # renewed while it waited
+
+
+def test_a_driver_that_claimed_after_another_still_waiting_yields_to_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    ckpt = str(tmp_path / "ckpt")
+    _predecessor_alive_elsewhere(ckpt)
+    _claimed(ckpt, 1, "driver-vm-2", 4242)  # restarted a moment before this one, and waiting too
+    plan = plan_start(_config(ckpt), CheckpointStore(ckpt), job_id="second22")
+    assert plan.generation == 2
+    _claimed(ckpt, 1, "driver-vm-2", 4242)  # its renewal, as this one's wait ends
+    assert _waited(plan, ckpt) == [(
+        f"job {JOB}: another driver (pid 4242 on driver-vm-2) restarted it first (driver generation 1; this one is "
+        "2) and still waits or runs; not running it twice", 2)]
+
+
+def test_an_older_claim_no_longer_renewed_does_not_hold_a_driver_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    ckpt = str(tmp_path / "ckpt")
+    _predecessor_alive_elsewhere(ckpt)
+    _claimed(ckpt, 1, "driver-vm-2", 4242, ago=CLAIM_LIVE_S + 1)  # it died while it waited
+    plan = plan_start(_config(ckpt), CheckpointStore(ckpt), job_id="second22")
+    assert plan.generation == 2 and _waited(plan, ckpt) == []
 
 
 def test_a_driver_restarted_just_after_another_claimed_here_is_refused_until_that_one_died(

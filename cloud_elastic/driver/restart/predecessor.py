@@ -253,8 +253,12 @@ def wait_for_predecessor(plan: StartPlan, store: Any, wait: Callable[[float], bo
     if left > 0:
         log.warning("job %s: %s; its workers train on for up to --driver-grace %gs: waiting %.0fs for them "
                     "to stop before starting new ones", plan.job_id, plan.waiting_for, plan.grace_s, left)
-        if wait(left):
-            return WaitOutcome(resumed, False)
+        while left > 0:
+            # Our claim, renewed while we wait, says we are still there: a driver restarted after us yields.
+            if wait(min(left, CLAIM_RENEW_S)):
+                return WaitOutcome(resumed, False)
+            _renew_claim(plan, store)
+            left = plan.wait_until - time.time()
     _another_driver(plan, store, stop)
     if not resumed:
         try:
@@ -331,23 +335,48 @@ def _another_driver(plan: StartPlan, store: Any, stop: Callable[[str, int], None
     return False
 
 
-def _claimed_since(plan: StartPlan, store: Any, stop: Callable[[str, int], None]) -> bool:
-    """A driver started while this one waited claimed the generation after this one's: it runs the job."""
+#: How often a driver waiting out a predecessor renews its claim, and how old a renewal may be and still count.
+CLAIM_RENEW_S = 5.0
+CLAIM_LIVE_S = 4 * CLAIM_RENEW_S
+
+
+def _renew_claim(plan: StartPlan, store: Any) -> None:
     if plan.generation is None:
-        return False
-    from cloud_elastic.checkpoint.claims import newest_claim
+        return
+    from cloud_elastic.checkpoint.alive import DriverAlive
+    from cloud_elastic.checkpoint.claims import renew
 
     try:
-        newest = newest_claim(store)
+        renew(store, plan.generation, DriverAlive(plan.job_id, time.time(), plan.grace_s, socket.gethostname(),
+                                                  os.getpid()))
+    except CheckpointError as exc:
+        log.warning("job %s: %s", plan.job_id, exc)
+
+
+def _claimed_since(plan: StartPlan, store: Any, stop: Callable[[str, int], None]) -> bool:
+    """A driver that claimed the job before this one (an older generation) and renewed its claim lately waits
+    too, or has just started to run the job: the older one goes on, this one stops. A newer one yields to us the
+    same way, so two supervised drivers restarted together never take turns for good. A claim not renewed for
+    :data:`CLAIM_LIVE_S` is a driver that died or has run the job long enough for its sign of life to speak."""
+    if plan.generation is None:
+        return False
+    from cloud_elastic.checkpoint.claims import claims_between
+
+    try:
+        older = claims_between(store, 0, plan.generation)
     except CheckpointError as exc:
         stop(f"job {plan.job_id}: cannot read the driver claims in {plan.checkpoint_dir}: {exc}", 1)
         return True
-    if newest is None or newest.generation <= plan.generation:
+    now = time.time()
+    live = [c for c in older if c.driver is not None and now - c.driver.alive <= CLAIM_LIVE_S
+            and not c.driver.is_this_process()]
+    if not live:
         return False
-    driver = newest.driver
-    who = f" (pid {driver.pid} on {' '.join(str(driver.host)[:100].split())})" if driver is not None else ""
-    stop(f"job {plan.job_id}: another driver{who} claimed it (driver generation {newest.generation}) while this "
-         f"one (generation {plan.generation}) waited for the previous driver's workers; not running it twice", 2)
+    first = live[0]
+    driver = first.driver
+    who = f" (pid {driver.pid} on {' '.join(str(driver.host)[:100].split())})"
+    stop(f"job {plan.job_id}: another driver{who} restarted it first (driver generation {first.generation}; this "
+         f"one is {plan.generation}) and still waits or runs; not running it twice", 2)
     return True
 
 
