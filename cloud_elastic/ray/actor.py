@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["REMOTE_MODULE", "WorkerActor"]
+__all__ = ["REMOTE_MODULE", "WorkerActor", "cuda_visible_devices"]
 
 REMOTE_MODULE = "cloud_elastic.driver.launch.ssh_remote"
 
@@ -102,7 +102,7 @@ def _worker_environment(env: Mapping[str, str], secret: str | None, gpu: bool) -
     secret into the worker library: in the environment, the function's subprocesses would inherit it."""
     import ray
 
-    from cloud_elastic.worker.settings import HOSTNAME_ENV, keep_secret
+    from cloud_elastic.worker.settings import HOSTNAME_ENV, SLOT_ENV, keep_secret
 
     os.environ.update(env)
     # The driver names hosts by Ray node id; Gloo needs an address this node can bind.
@@ -110,11 +110,41 @@ def _worker_environment(env: Mapping[str, str], secret: str | None, gpu: bool) -
     if secret is not None:
         keep_secret(secret)
     if gpu:
-        # The worker library picks cuda:<local rank>; Ray would show each actor only its
-        # own GPU, so, as Horovod's Ray executor did, show the node's GPUs to every worker.
-        gpus = _node_gpus()
-        if gpus:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(
+            _node_gpu_ids(), [str(i) for i in ray.get_gpu_ids()], int(env.get(SLOT_ENV, "0"))
+        )
+
+
+def cuda_visible_devices(node_gpus: Sequence[str], own: Sequence[str], slot: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the worker on ``slot`` of a node whose Ray GPU ids are ``node_gpus``, when
+    Ray assigned it the GPUs ``own``.
+
+    The worker library trains on ``cuda:<local rank>``, and its local rank is its slot: so the worker's
+    first own GPU goes at position ``slot``, the node's other GPUs around it (visible, as under Horovod, so
+    that NCCL can reach its peers directly). Showing it ``0..N-1`` instead would put it on whatever GPU
+    has index ``slot``, not the one Ray gave it, wrong wherever the raylet has only some of the GPUs.
+    """
+    mine = sorted(own, key=lambda g: node_gpus.index(g) if g in node_gpus else len(node_gpus))
+    if not mine:
+        raise RuntimeError("Ray assigned this worker no GPU (use_gpu=True needs gpus_per_slot >= 1)")
+    others = [g for g in node_gpus if g not in mine]
+    if slot > len(others):
+        raise RuntimeError(f"slot {slot} cannot be a GPU of its own: Ray shows {len(node_gpus)} GPU(s) on this node")
+    return ",".join([*others[:slot], *mine, *others[slot:]])
+
+
+def _node_gpu_ids() -> list[str]:
+    """The GPU ids Ray hands out on this node: those its raylet was started with (its
+    ``CUDA_VISIBLE_DEVICES``, which Ray keeps only privately), else ``0..N-1``."""
+    try:
+        from ray._private.worker import global_worker
+
+        original = global_worker.original_visible_accelerator_ids.get("GPU")
+    except Exception:  # a Ray without the attribute: its ids are 0..N-1 unless the raylet had a subset
+        original = None
+    if original is not None:
+        return [str(i) for i in original]
+    return [str(i) for i in range(_node_gpus())]
 
 
 def _node_gpus() -> int:

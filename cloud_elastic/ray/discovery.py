@@ -38,7 +38,7 @@ from cloud_elastic.providers.api import (
 )
 from cloud_elastic.ray._deps import require_ray
 
-__all__ = ["RayHostDiscovery"]
+__all__ = ["RayHostDiscovery", "check_gpus_per_slot"]
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,8 @@ class RayHostDiscovery(HostDiscovery):
     ) -> None:
         if cpus_per_slot < 0 or (not use_gpu and cpus_per_slot <= 0):
             raise ConfigError(f"cpus_per_slot must be > 0, got {cpus_per_slot:g}")
-        if use_gpu and gpus_per_slot <= 0:
-            raise ConfigError(f"gpus_per_slot must be > 0, got {gpus_per_slot:g}")
+        if use_gpu:
+            check_gpus_per_slot(gpus_per_slot)
         if slots_per_host is not None and slots_per_host < 1:
             raise ConfigError(f"--slots-per-host must be >= 1, got {slots_per_host}")
         self.address = address
@@ -141,6 +141,15 @@ class RayHostDiscovery(HostDiscovery):
                 ready[node_id] = slots
         hosts = {**ready, **leaving}
         return DiscoveredHosts(ready=ready, draining=leaving, instances={h: h for h in hosts})
+
+
+def check_gpus_per_slot(gpus_per_slot: Any) -> None:
+    """Refuse a GPU share that is not whole GPUs: every worker trains on ``cuda:<local rank>``, a GPU of its own,
+    and with half a GPU per slot a node would offer twice as many slots as it has GPUs."""
+    if isinstance(gpus_per_slot, bool) or not isinstance(gpus_per_slot, (int, float)) or \
+            not (gpus_per_slot >= 1 and float(gpus_per_slot).is_integer()):
+        raise ConfigError(f"gpus_per_slot must be a whole number >= 1 (each worker trains on a GPU of its own), "
+                          f"got {gpus_per_slot!r}")
 
 
 def _draining_nodes() -> dict[str, int]:
