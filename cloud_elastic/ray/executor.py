@@ -8,16 +8,20 @@ the calling process and listens on this node's IP (Ray's
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.errors import ConfigError, JobFailed
 from cloud_elastic.ray._deps import require_ray
-from cloud_elastic.ray.discovery import RayHostDiscovery
+from cloud_elastic.providers.api import HostDiscovery
+from cloud_elastic.ray.discovery import RayHostDiscovery, check_gpus_per_slot
 from cloud_elastic.ray.launcher import FunctionPayload, RayLauncher
 
 __all__ = ["ElasticRayExecutor", "RayRun", "RaySettings", "build_ray_run"]
@@ -95,16 +99,25 @@ class ElasticRayExecutor:
         *,
         use_gpu: bool = False,
         cpus_per_slot: float = 1.0,
-        gpus_per_slot: float = 1.0,
+        gpus_per_slot: float | None = None,
         env_vars: Mapping[str, str] | None = None,
-        override_discovery: RayHostDiscovery | None = None,
+        override_discovery: HostDiscovery | bool | None = None,
     ) -> None:
+        """``gpus_per_slot``: whole GPUs per worker with ``use_gpu`` (``None``: 1). ``override_discovery``: the
+        :class:`HostDiscovery` to use instead of Ray's nodes; ``None`` or ``True`` (Horovod's default) keep Ray's."""
+        if gpus_per_slot is None:
+            gpus_per_slot = 1.0
+        if use_gpu:
+            check_gpus_per_slot(gpus_per_slot)
+        if override_discovery is False:
+            raise ConfigError("override_discovery=False: pass the HostDiscovery to use instead (Ray's nodes are "
+                              "the default)")
         self.settings = settings
         self.use_gpu = use_gpu
         self.cpus_per_slot = cpus_per_slot
         self.gpus_per_slot = gpus_per_slot
         self.env_vars = dict(env_vars or {})
-        self._discovery = override_discovery or RayHostDiscovery(
+        self._discovery = override_discovery if isinstance(override_discovery, HostDiscovery) else RayHostDiscovery(
             address=None, use_gpu=use_gpu, cpus_per_slot=cpus_per_slot, gpus_per_slot=gpus_per_slot
         )
         self._driver_address: str | None = None
@@ -119,10 +132,31 @@ class ElasticRayExecutor:
         cooldown_range: tuple[float, float] | None = None,
         num_proc: int | None = None,
         verbose: bool = False,
+        *,
+        min_num_proc: int | None = None,
+        max_num_proc: int | None = None,
+        timeout_s: float | None = None,
         **more: Any,
     ) -> RaySettings:
-        """Settings with Horovod's argument names (seconds for timeouts); ``more`` sets other RaySettings fields."""
+        """Settings with Horovod's argument names (seconds for timeouts); ``more`` sets other RaySettings fields.
+
+        Horovod's ``min_num_proc``/``max_num_proc`` are ``min_np``/``max_np``, its ``timeout_s`` is
+        ``start_timeout``; its ``ssh_identity_file`` and ``nics`` have no meaning here and are refused.
+        """
         extra = dict(more)
+        horovod_only = sorted({"ssh_identity_file", "nics"} & extra.keys())
+        if horovod_only:
+            raise ConfigError(f"create_settings({horovod_only[0]}=...) is Horovod's and has no use here: there is "
+                              f"no SSH, and each worker binds Gloo to its Ray node's IP")
+        unknown = sorted(extra.keys() - {f.name for f in dataclasses.fields(RaySettings)})
+        if unknown:
+            raise ConfigError(f"create_settings: unknown setting(s) {', '.join(unknown)}")
+        if min_num_proc is not None:
+            min_np = _alias("min_np", min_np, 1, "min_num_proc", min_num_proc)
+        if max_num_proc is not None:
+            max_np = _alias("max_np", max_np, None, "max_num_proc", max_num_proc)
+        if timeout_s is not None:
+            start_timeout = _alias("start_timeout", start_timeout, 600.0, "timeout_s", timeout_s)
         if cooldown_range is not None:
             extra["cooldown_range_s"] = tuple(cooldown_range)
         return RaySettings(
@@ -142,10 +176,9 @@ class ElasticRayExecutor:
     ) -> list[Any]:
         """Run ``worker_fn(*args, **kwargs)`` on every worker until the job ends; return the results in rank order.
 
-        Raises the training function's own exception (Ray's task error, an
-        instance of the same class, with the remote traceback) when the job
-        failed and a worker's function raised; otherwise :class:`JobFailed`
-        with the driver's reason.
+        Raises :class:`JobFailed` with the driver's reason when the job failed. When that reason names a
+        worker whose training function raised, its exception (Ray's task error, an instance of the user's
+        class, with the remote traceback) is the ``__cause__``; an error the job had recovered from is not.
         """
         if self._driver_address is None:
             raise ConfigError("call ElasticRayExecutor.start() before run()")
@@ -161,14 +194,50 @@ class ElasticRayExecutor:
             use_gpu=self.use_gpu, cpus_per_slot=self.cpus_per_slot, gpus_per_slot=self.gpus_per_slot,
             terminate_grace_s=config.terminate_grace_s,
         )
-        finish = Driver(config, self._discovery, launcher=launcher).run()
+        with _logging(self.settings.verbose):
+            finish = Driver(config, self._discovery, launcher=launcher).run()
         if not finish.success:
-            errors = launcher.errors
-            if errors:
-                raise errors[0][1]
-            raise JobFailed(finish.reason, finish.exit_code)
+            raise JobFailed(finish.reason, finish.exit_code) from _cause(finish.reason, launcher.errors)
         ranked = sorted(launcher.results, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))
         return [r.value for r in ranked]
+
+
+def _alias(name: str, value: Any, default: Any, horovod_name: str, horovod_value: Any) -> Any:
+    """``horovod_value``, Horovod's spelling of ``name``, unless ``name`` was given too (then refused)."""
+    if value != default and value != horovod_value:
+        raise ConfigError(f"create_settings: {name}={value!r} and {horovod_name}={horovod_value!r} name the same "
+                          f"setting; pass one")
+    return horovod_value
+
+
+def _cause(reason: str, errors: Sequence[tuple[str, BaseException]]) -> BaseException | None:
+    """The newest training-function error of a worker the driver's final ``reason`` names (``worker <id>``)."""
+    for worker_id, exc in reversed(errors):
+        if re.search(rf"\bworker {re.escape(worker_id)}(?!\w)", reason):
+            return exc
+    return None
+
+
+@contextlib.contextmanager
+def _logging(verbose: bool) -> Iterator[None]:
+    """What the CLI's ``--verbose`` does, for this call: the driver's debug lines, on stderr unless the
+    application has its own logging handlers."""
+    if not verbose:
+        yield
+        return
+    logger = logging.getLogger("cloud_elastic")
+    level, handler = logger.level, None
+    if not logger.hasHandlers():
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("cloud-elastic: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if handler is not None:
+            logger.removeHandler(handler)
 
 
 @dataclass(frozen=True)

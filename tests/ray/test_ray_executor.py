@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cloud_elastic.errors import JobFailed
 from cloud_elastic.ray import ElasticRayExecutor
 from tests.ray.conftest import load_example, wait_for
 
@@ -139,7 +140,7 @@ def test_a_node_ray_drains_leaves_at_a_commit_without_a_rollback(nodes, tmp_path
     assert results[0]["step"] >= alone[0]["step"]
 
 
-def test_a_failing_training_function_raises_its_error_in_the_caller(nodes):
+def test_a_failing_training_function_is_the_cause_of_the_job_failure_raised_in_the_caller(nodes):
     nodes.add(2)
 
     def broken() -> None:
@@ -148,8 +149,10 @@ def test_a_failing_training_function_raises_its_error_in_the_caller(nodes):
         hvd.init()
         raise ValueError(f"bad batch on rank {hvd.rank()}")
 
-    with pytest.raises(ValueError, match="bad batch on rank"):
+    with pytest.raises(JobFailed) as failed:
         _executor(2, 2).run(broken)
+    assert isinstance(failed.value.__cause__, ValueError)
+    assert "bad batch on rank" in str(failed.value.__cause__)
 
 
 def test_a_spot_notice_from_a_nodes_metadata_drains_its_worker_at_a_commit_without_a_rollback(nodes, tmp_path, caplog):

@@ -209,8 +209,10 @@ def _loggers(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-#: The CLI configures the package's logger, ``cloud_elastic``, for the user (``--verbose``): its one exception.
-LOGGER_EXCEPTIONS = {("cloud_elastic.cli", "getLogger('cloud_elastic')")}
+#: The CLI configures the package's logger, ``cloud_elastic``, for the user (``--verbose``), and so does
+#: ``ElasticRayExecutor.run`` for ``create_settings(verbose=True)``, the CLI's flag in Horovod's API.
+LOGGER_EXCEPTIONS = {("cloud_elastic.cli", "getLogger('cloud_elastic')"),
+                     ("cloud_elastic.ray.executor", "getLogger('cloud_elastic')")}
 
 
 def test_every_module_logs_under_its_own_name() -> None:

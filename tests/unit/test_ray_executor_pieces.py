@@ -1,0 +1,176 @@
+"""The Ray executor's pure pieces, without a Ray cluster: GPU visibility, settings, errors, verbose logging.
+
+Ray itself is replaced by small fakes here (the real cluster is tests/ray/); none of these start Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import types
+
+import pytest
+
+from cloud_elastic.driver.job.actions import Finish
+from cloud_elastic.driver.runtime import driver as driver_module
+from cloud_elastic.errors import ConfigError, JobFailed
+from cloud_elastic.ray import ElasticRayExecutor, RayHostDiscovery
+from cloud_elastic.ray import executor as executor_module
+from cloud_elastic.ray.actor import WorkerActor, cuda_visible_devices
+from cloud_elastic.worker import settings as worker_settings
+
+pytestmark = pytest.mark.timeout(30)
+
+
+# ---------------------------------------------------------------- GPUs
+
+
+def test_each_worker_sees_the_gpu_ray_gave_it_at_its_local_rank():
+    node = ["4", "5", "6", "7"]  # the raylet was started with CUDA_VISIBLE_DEVICES=4,5,6,7
+    for slot, own in [(0, "6"), (1, "4"), (2, "7"), (3, "5")]:
+        visible = cuda_visible_devices(node, [own], slot).split(",")
+        assert visible[slot] == own  # cuda:<local rank> is the GPU Ray reserved for this worker
+        assert sorted(visible) == node  # and no GPU outside the raylet's, none twice
+
+
+def test_a_worker_with_two_gpus_has_its_first_at_its_local_rank():
+    assert cuda_visible_devices(["0", "1", "2", "3"], ["3", "2"], 1) == "0,2,3,1"
+
+
+def test_a_slot_past_the_nodes_gpus_is_refused_with_a_reason():
+    with pytest.raises(RuntimeError, match="slot 2 cannot be a GPU of its own: Ray shows 2 GPU"):
+        cuda_visible_devices(["0", "1"], ["1"], 2)
+
+
+def _fake_ray(monkeypatch: pytest.MonkeyPatch, *, node_gpus: list[str] | None, gpu_ids: list) -> None:
+    ray = types.ModuleType("ray")
+    ray.get_gpu_ids = lambda: list(gpu_ids)
+    ray.util = types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1")
+    ray.get_runtime_context = lambda: types.SimpleNamespace(get_node_id=lambda: "n1")
+    ray.nodes = lambda: [{"NodeID": "n1", "Resources": {"GPU": 4.0}}]
+    private = types.ModuleType("ray._private")
+    worker = types.ModuleType("ray._private.worker")
+    worker.global_worker = types.SimpleNamespace(original_visible_accelerator_ids={"GPU": node_gpus})
+    for name, module in (("ray", ray), ("ray._private", private), ("ray._private.worker", worker)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the actor writes its process's environment
+    monkeypatch.setattr(worker_settings, "_taken", [])
+
+
+@pytest.mark.parametrize(("node_gpus", "expected"), [(["4", "5", "6", "7"], "4,5,6,7"), (None, "0,2,1,3")])
+def test_the_actor_shows_its_training_function_the_gpu_ray_assigned(monkeypatch, node_gpus, expected):
+    # Ray gave the slot-2 worker GPU 6 of a raylet on 4..7, or GPU 1 of a raylet on all four.
+    _fake_ray(monkeypatch, node_gpus=node_gpus, gpu_ids=[6] if node_gpus else [1])
+    reply = WorkerActor().run_function({worker_settings.SLOT_ENV: "2"}, "secret",
+                                       lambda: os.environ["CUDA_VISIBLE_DEVICES"], (), {}, True)
+    assert reply["value"] == expected
+
+
+def test_gpus_per_slot_is_whole_gpus_and_defaults_to_one():
+    settings = ElasticRayExecutor.create_settings()
+    assert ElasticRayExecutor(settings, use_gpu=True, gpus_per_slot=None).gpus_per_slot == 1
+    for share in (0.5, 1.5, 0):
+        with pytest.raises(ConfigError, match="gpus_per_slot must be a whole number >= 1"):
+            ElasticRayExecutor(settings, use_gpu=True, gpus_per_slot=share)
+    with pytest.raises(ConfigError, match="gpus_per_slot must be a whole number >= 1"):
+        RayHostDiscovery.from_options({"use_gpu": "true", "gpus_per_slot": "0.5"})
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_horovods_names_set_the_same_settings():
+    config = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=6, timeout_s=30).job_config(
+        ("<ray actor>", "train"), "127.0.0.1")
+    assert (config.min_np, config.max_np, config.start_timeout_s) == (2, 6, 30)
+    with pytest.raises(ConfigError, match="min_np=3 and min_num_proc=2 name the same setting"):
+        ElasticRayExecutor.create_settings(min_np=3, min_num_proc=2)
+
+
+@pytest.mark.parametrize("name", ["nics", "ssh_identity_file"])
+def test_horovods_ssh_and_nic_settings_are_refused_with_a_reason(name):
+    with pytest.raises(ConfigError, match=rf"create_settings\({name}=...\) is Horovod's and has no use here"):
+        ElasticRayExecutor.create_settings(**{name: "x"})
+
+
+def test_an_unknown_setting_is_named():
+    with pytest.raises(ConfigError, match="unknown setting.s. events_file"):
+        ElasticRayExecutor.create_settings(events_file="e.jsonl")
+
+
+def test_override_discovery_takes_horovods_true_or_a_discovery():
+    settings = ElasticRayExecutor.create_settings()
+    assert isinstance(ElasticRayExecutor(settings, override_discovery=True)._discovery, RayHostDiscovery)
+    with pytest.raises(ConfigError, match="override_discovery=False: pass the HostDiscovery"):
+        ElasticRayExecutor(settings, override_discovery=False)
+
+
+# ---------------------------------------------------------------- run(): errors and verbose
+
+
+def _run(monkeypatch, settings, reason: str | None, errors=(), log_line: str = ""):
+    """Run an executor whose driver logs ``log_line`` at debug and ends with ``reason`` (None: success) after
+    the training functions of ``errors`` (worker id, exception) raised."""
+
+    class FakeDriver:
+        def __init__(self, config, discovery, *, launcher):
+            self.launcher = launcher
+
+        def run(self):
+            for worker_id, exc in errors:
+                self.launcher._record_error(worker_id, exc)
+            if log_line:
+                logging.getLogger("cloud_elastic.driver.runtime.driver").debug(log_line)
+            return Finish(reason is None, reason or "done", 0 if reason is None else 1)
+
+    fake = types.SimpleNamespace(is_initialized=lambda: True,
+                                 util=types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"))
+    monkeypatch.setattr(executor_module, "require_ray", lambda: fake)
+    monkeypatch.setattr(driver_module, "Driver", FakeDriver)
+    executor = ElasticRayExecutor(settings, override_discovery=RayHostDiscovery(address=None))
+    executor.start()
+    return executor.run(print)
+
+
+def test_a_failed_job_raises_the_drivers_reason_not_an_error_it_recovered_from(monkeypatch):
+    oom = MemoryError("CUDA out of memory at step 10")
+    reason = "round formation failed 5 times in a row over 600s (--elastic-timeout 600s)"
+    with pytest.raises(JobFailed) as failed:
+        _run(monkeypatch, ElasticRayExecutor.create_settings(), reason, [("n1[0]#1", oom)])
+    assert failed.value.reason == reason
+    assert failed.value.__cause__ is None
+
+
+def test_the_training_error_of_the_worker_the_driver_names_is_the_cause(monkeypatch):
+    first, last = ValueError("bad batch on rank 0"), KeyError("rank 1")
+    reason = "all workers failed; last: worker n1[1]#12 (rank 1 on n1) exited with code 1"
+    errors = [("n1[0]#1", first), ("n1[1]#1", ValueError("older")), ("n1[1]#12", last)]
+    with pytest.raises(JobFailed, match=r"all workers failed; last: worker n1\[1\]#12") as failed:
+        _run(monkeypatch, ElasticRayExecutor.create_settings(), reason, errors)
+    assert failed.value.__cause__ is last
+
+
+@contextlib.contextmanager
+def _no_logging_configured():
+    """No handler on or above cloud_elastic's logger, as in a script that never configured logging. Undone
+    within the test: pytest's own capture handlers, added around the test's body, must be in place after it."""
+    logger = logging.getLogger("cloud_elastic")
+    saved = logger.handlers, logger.propagate, logger.level
+    logger.handlers, logger.propagate = [], False
+    logger.setLevel(logging.NOTSET)
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = saved[0], saved[1]
+        logger.setLevel(saved[2])
+
+
+def test_verbose_shows_the_drivers_debug_lines_on_stderr_for_the_run(monkeypatch, capsys):
+    with _no_logging_configured():
+        _run(monkeypatch, ElasticRayExecutor.create_settings(verbose=True), None, log_line="round 1: 2 workers")
+        _run(monkeypatch, ElasticRayExecutor.create_settings(), None, log_line="round 2: 3 workers")
+    err = capsys.readouterr().err
+    assert "cloud-elastic: round 1: 2 workers" in err
+    assert "round 2" not in err  # verbose was for that run only
