@@ -123,11 +123,13 @@ def run_elastic(
         finish = driver.run()
         registry.finish()  # queued and polling tasks exit now
         spark_thread.join(30.0)
+    finally:
+        # Also when driver.run() raised: no task may keep its executor's slot (or its worker) after we return.
+        registry.finish()
         if spark_thread.is_alive():
-            log.warning("job %s: Spark tasks did not end within 30s of training; cancelling them", job_id)
+            log.warning("job %s: Spark tasks did not end with training; cancelling them", job_id)
             sc.cancelJobGroup(group)
             spark_thread.join(30.0)
-    finally:
         registry.close()
     if not finish.success:
         errors = registry.errors()
