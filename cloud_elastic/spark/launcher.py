@@ -7,8 +7,8 @@ which gives the worker its own process group and stops it when the task ends.
 
 Launcher guarantees (:mod:`cloud_elastic.driver.launch.api`) as they hold here:
 ``launch``, ``poll`` and ``kill`` return at once; ``terminate`` sends TERM,
-waits up to the grace, then KILL. The secret travels sealed under the
-registry key (:func:`~cloud_elastic.spark.registry.seal`). A task that stops
+waits up to the grace, then KILL. The secret and the worker's environment
+travel sealed under the registry key (:func:`~cloud_elastic.spark.registry.seal`). A task that stops
 polling (its executor died) makes ``poll`` report a transport error; the
 driver's worker heartbeats usually notice first. Workers' output goes to the
 Spark executors' stdout (the executor logs), not to ``on_output``.
@@ -16,6 +16,7 @@ Spark executors' stdout (the executor logs), not to ``on_output``.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -65,7 +66,8 @@ class SparkTaskLauncher:
 
     def launch(self, spec: WorkerSpec, on_output: OutputSink) -> SparkWorker:
         order = {
-            "order": "start", "worker_id": spec.worker_id, "env": dict(spec.env),
+            "order": "start", "worker_id": spec.worker_id,
+            "env": seal(self._registry.key, json.dumps(dict(spec.env))),  # may hold the user's tokens
             "secret": seal(self._registry.key, spec.secret), "cwd": spec.cwd,
         }
         if self._registry.is_stale(spec.host) or not self._registry.order(spec.host, order):

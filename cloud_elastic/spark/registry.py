@@ -18,8 +18,9 @@ A task is a host with one slot, named ``<ip>/task<index>.<attempt>``: a retry
 of a failed task (Spark's way of giving capacity back) is a new host, so the
 driver admits it at once instead of waiting out the failed slot's cooldown.
 
-The driver's per-job secret travels in the ``start`` order sealed under the
-registry key (:func:`seal`), never in clear.
+The driver's per-job secret and the worker's environment (which holds the
+user's ``env=`` values) travel in the ``start`` order sealed under the registry
+key (:func:`seal`), never in clear.
 """
 
 from __future__ import annotations

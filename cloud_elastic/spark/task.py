@@ -17,6 +17,7 @@ Imports the standard library and cloud-elastic's control plane only.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import socket
@@ -114,7 +115,7 @@ def _start(settings: TaskSettings, order: Mapping[str, Any], ip: str, workdir: s
     with open(fn_path, "wb") as f:
         cloudpickle.dump((settings.fn, tuple(settings.args), dict(settings.kwargs)), f)
     env = dict(os.environ)
-    env.update({str(k): str(v) for k, v in dict(order["env"]).items()})
+    env.update({str(k): str(v) for k, v in json.loads(unseal(settings.registry_key, str(order["env"]))).items()})
     env[HOSTNAME_ENV] = ip  # the driver names this host by task; Gloo binds the address
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     cwd = str(order.get("cwd") or "")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import pytest
 
 from cloud_elastic.control import Codec
+from cloud_elastic.driver.launch.api import WorkerSpec
 from cloud_elastic.errors import ConfigError, ControlPlaneError
 from cloud_elastic.spark import spark_defaults
 from cloud_elastic.spark.discovery import SparkTaskDiscovery
+from cloud_elastic.spark.launcher import SparkTaskLauncher
 from cloud_elastic.spark.registry import ORDER_POLL_S, TaskRegistry, seal, unseal
 from cloud_elastic.worker.link.client import DriverClient
 
@@ -35,6 +38,21 @@ def test_a_sealed_secret_opens_only_under_its_key_and_does_not_show_in_clear():
     assert seal("k1", "the-job-secret") != sealed  # a fresh nonce every time
     with pytest.raises(ValueError, match="does not verify"):
         unseal("k2", sealed)
+
+
+def test_the_start_order_carries_the_worker_environment_sealed():
+    registry = TaskRegistry("job1")
+    registry.start()
+    try:
+        client = DriverClient(f"127.0.0.1:{registry.port}", Codec(registry.key, "job1"), "spark-task-0")
+        key = client.call("register", {"index": 0, "attempt": 0, "ip": "127.0.0.1"})["key"]
+        spec = WorkerSpec("w1", key, 0, ("x",), {"WANDB_API_KEY": "sk-live-123"}, "S" * 64, "/tmp")
+        SparkTaskLauncher(registry).launch(spec, print)
+        order = client.call("order", {"key": key})  # as anyone on the path reads it: signed, not encrypted
+        assert order["order"] == "start"
+        assert "sk-live-123" not in json.dumps(order) and "S" * 64 not in json.dumps(order)
+    finally:
+        registry.close()
 
 
 def test_tasks_register_poll_get_orders_and_leave_discovery_when_their_worker_exits():
