@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job.hosts import GIVEN_BACK_GRACE_S, Blacklist, HostManager, Slot
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 pytestmark = pytest.mark.timeout(10)
@@ -193,19 +193,30 @@ def test_a_deadline_in_wall_time_is_counted_on_the_managers_clock() -> None:
     assert hosts.update(snapshot({"a": 1, "b": 1}), 155.0).lapsed == ("b",)
 
 
-def test_a_host_given_back_for_a_hard_notice_is_not_reused_while_the_same_instance_is_listed() -> None:
-    # A Kubernetes pod whose SIGTERM drained it is listed Running and Ready until it is gone.
+def test_a_host_given_back_for_a_hard_notice_waits_longer_while_the_same_instance_is_listed() -> None:
+    # A Kubernetes pod whose SIGTERM drained it may be listed Running and Ready until it is gone.
     hosts = HostManager(Blacklist((10, 300), random.Random(0)), notice_grace_s=120)
     pod = DiscoveredHosts(ready={"a": 1, "b": 1}, instances={"a": "pa/u1/0", "b": "pb/u2/0"})
     hosts.update(pod, NOW)
     hosts.notice("b", Drain(deadline=NOW + 30, reason="SIGTERM to worker b[0]"), NOW)
     hosts.given_back("b")  # its workers left and it was released to the cloud
-    assert not hosts.update(pod, NOW + 1000).lapsed
-    assert "b" in hosts.draining and hosts.available_slots(NOW + 1000) == [Slot("a", 0)]
+    assert not hosts.update(pod, NOW + 150 + GIVEN_BACK_GRACE_S - 1).lapsed
+    assert "b" in hosts.draining and hosts.available_slots(NOW + 700) == [Slot("a", 0)]
+    # Not for good: a VM whose guest rebooted (systemd's SIGTERM reached the worker) is the same instance after.
+    assert hosts.update(pod, NOW + 150 + GIVEN_BACK_GRACE_S).lapsed == ("b",)
+    assert hosts.available_slots(NOW + 800) == [Slot("a", 0), Slot("b", 0)]
+
+
+def test_a_host_given_back_that_is_another_instance_now_lapses_as_before() -> None:
+    hosts = HostManager(Blacklist((10, 300), random.Random(0)), notice_grace_s=120)
+    hosts.update(DiscoveredHosts(ready={"a": 1, "b": 1}, instances={"a": "pa/u1/0", "b": "pb/u2/0"}), NOW)
+    hosts.notice("b", Drain(deadline=NOW + 30, reason="SIGTERM to worker b[0]"), NOW)
+    hosts.given_back("b")
     # The container restarted: another instance at the address, which the lapse may give back to the job.
     restarted = DiscoveredHosts(ready={"a": 1, "b": 1}, instances={"a": "pa/u1/0", "b": "pb/u2/1"})
-    assert hosts.update(restarted, NOW + 1001).lapsed == ("b",)
-    assert hosts.available_slots(NOW + 1001) == [Slot("a", 0), Slot("b", 0)]
+    assert not hosts.update(restarted, NOW + 149).lapsed
+    assert hosts.update(restarted, NOW + 150).lapsed == ("b",)
+    assert hosts.available_slots(NOW + 150) == [Slot("a", 0), Slot("b", 0)]
 
 
 def test_a_host_given_back_without_an_instance_id_lapses_as_before() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cloud_elastic.driver.job.actions import Phase, Release, Stop
-from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.hosts import GIVEN_BACK_GRACE_S, Slot
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 from tests.unit.job_view import T0, FakeJob, S
@@ -111,7 +111,8 @@ def test_a_drained_host_is_released_once_when_no_worker_is_left_on_it() -> None:
 
 
 @pytest.mark.parametrize("soft", [False, True])
-def test_a_host_released_for_a_hard_notice_takes_no_worker_while_its_instance_is_listed(soft: bool) -> None:
+def test_a_host_released_for_a_hard_notice_waits_longer_to_take_a_worker_while_its_instance_is_listed(
+        soft: bool) -> None:
     job, leavers = on_hosts(a=1, b=1)
     job.hosts.drain_soft = soft  # --drain-on-rebalance: a soft notice drains too, but is no termination
     pods = DiscoveredHosts(ready={"a": 1, "b": 1}, instances={"a": "pa/1/0", "b": "pb/2/0"})
@@ -121,9 +122,10 @@ def test_a_host_released_for_a_hard_notice_takes_no_worker_while_its_instance_is
     w.state = S.EXITED  # it left at a commit
     leavers.release_drained(T0 + 1, rollback_pending=False)
     assert job.actions == [Release("a", "pa/1/0")]
-    lapsed = job.hosts.update(pods, T0 + 1000).lapsed
+    later = T0 + 30 + 120 + GIVEN_BACK_GRACE_S - 1  # past the usual lapse (deadline + notice grace)
+    lapsed = job.hosts.update(pods, later).lapsed
     assert lapsed == (("a",) if soft else ())
-    assert (Slot("a", 0) in job.hosts.available_slots(T0 + 1000)) is soft
+    assert (Slot("a", 0) in job.hosts.available_slots(later)) is soft
 
 
 def test_a_forced_drain_waits_for_the_rollback_to_say_the_steps_lost() -> None:

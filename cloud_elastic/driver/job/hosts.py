@@ -72,6 +72,10 @@ class Blacklist:
         return self._until.get(slot, float("-inf")) > now
 
 
+#: How much longer the notice of a host given back lasts while the same instance is listed (see HostManager).
+GIVEN_BACK_GRACE_S = 600.0
+
+
 @dataclass(frozen=True)
 class HostChanges:
     """What one discovery snapshot changed."""
@@ -103,10 +107,12 @@ class HostManager:
     host that was already draining (the cloud took it).
 
     A hard notice lapses (:meth:`_lapse`) when the host is still reported ready
-    ``notice_grace_s`` past its deadline: the cloud did not take it. Except a host
-    :meth:`given_back` to the cloud: while discovery lists the same instance there,
-    the notice stays (a Kubernetes pod whose SIGTERM drained it is listed ready
-    until it is gone, and its sshd has ended with its workers).
+    ``notice_grace_s`` past its deadline: the cloud did not take it. A host
+    :meth:`given_back` to the cloud, while discovery lists the same instance there,
+    waits :data:`GIVEN_BACK_GRACE_S` longer (a Kubernetes pod whose SIGTERM drained
+    it may be listed ready until it is gone, its sshd ended with its workers), but
+    not for good: a VM whose guest rebooted (systemd's SIGTERM reached the worker)
+    comes back as the same instance, and must take workers again.
     """
 
     blacklist: Blacklist
@@ -197,7 +203,7 @@ class HostManager:
         Not the hard notice of a host given back whose instance discovery still lists (see the class docstring).
         """
         hard = [h for h in self.notices if h in snapshot.ready and now >= self._notice_until.get(h, now)
-                and self._given_back.get(h, "") != self.instances.get(h)]
+                + (GIVEN_BACK_GRACE_S if self._given_back.get(h, "") == self.instances.get(h) else 0.0)]
         soft = [h for h in self.soft if now >= self._soft_until.get(h, now)]
         for host in hard:
             self._drop_notice(host)
