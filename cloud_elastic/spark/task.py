@@ -3,7 +3,8 @@
 A task registers its executor's address with the driver's task registry, then
 polls it for orders. On ``start`` it runs the training function as a worker
 process of its own (:mod:`cloud_elastic.spark.runfn` under the SSH launcher's
-wrapper), relays ``TERM``/``KILL`` orders to it, and reports its exit. Then:
+wrapper, which dies with the task), relays ``TERM``/``KILL`` orders to it, and
+reports its exit. Then:
 
 * the function returned: the task returns ``[(rank, value)]`` to Spark;
 * the worker was told to leave (exit 0): the task returns ``[]``;
@@ -11,7 +12,9 @@ wrapper), relays ``TERM``/``KILL`` orders to it, and reports its exit. Then:
   another executor), and the retry registers as a new host: that is how
   capacity comes back.
 
-A task that registers after training ended is told to exit at once.
+A task that registers after training ended is told to exit at once. The
+worker sees only the GPUs Spark assigned to its task (:func:`worker_env`).
+Its temporary folder (the pickled function and result) is removed when the task ends.
 Imports the standard library and cloud-elastic's control plane only.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -31,7 +35,10 @@ from typing import Any
 from cloud_elastic.control import Codec
 from cloud_elastic.worker.settings import HOSTNAME_ENV
 
-__all__ = ["TaskSettings", "run_task"]
+__all__ = ["TaskSettings", "run_task", "task_gpus", "worker_env"]
+
+#: The variable through which a worker sees only its task's GPUs.
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,39 @@ def _route_ip(driver: str) -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
-def run_task(settings: TaskSettings, index: int, attempt: int) -> list[tuple[int | None, Any]]:
-    """Run one task to its end (see module docstring)."""
+def task_gpus(ctx: Any) -> list[str] | None:
+    """The GPU addresses Spark assigned to the task of ``ctx`` (a ``TaskContext``); None when it assigned none."""
+    if ctx is None:
+        return None
+    try:
+        gpu = ctx.resources().get("gpu")
+    except Exception:  # a Spark without task resources
+        return None
+    addresses = [str(a) for a in getattr(gpu, "addresses", None) or ()]
+    return addresses or None
+
+
+def worker_env(base: Mapping[str, str], job_env: Mapping[str, Any], ip: str,
+               gpus: Sequence[str] | None) -> dict[str, str]:
+    """The worker's environment: the executor's ``base``, then the driver's ``job_env``.
+
+    Each task is a host with one slot, so every worker's local rank is 0 and it
+    takes ``cuda:0``. With the task's GPUs in ``CUDA_VISIBLE_DEVICES``, that is
+    the GPU Spark gave this task, not the executor's first, unless the user set
+    the variable themselves (``env=`` of ``run_elastic``).
+    """
+    env = dict(base)
+    env.update({str(k): str(v) for k, v in job_env.items()})
+    if gpus and CUDA_VISIBLE_DEVICES not in job_env:
+        env[CUDA_VISIBLE_DEVICES] = ",".join(gpus)
+    env[HOSTNAME_ENV] = ip  # the driver names this host by task; Gloo binds the address
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    return env
+
+
+def run_task(settings: TaskSettings, index: int, attempt: int,
+             gpus: Sequence[str] | None = None) -> list[tuple[int | None, Any]]:
+    """Run one task to its end (see module docstring); ``gpus``: the GPU addresses Spark assigned to it."""
     from cloud_elastic.worker.link.client import DriverClient
 
     client = DriverClient(settings.registry, Codec(settings.registry_key, settings.job_id), f"spark-task-{index}")
@@ -82,7 +120,7 @@ def run_task(settings: TaskSettings, index: int, attempt: int) -> list[tuple[int
             if kind == "exit" and wrapper is None:
                 return []
             if kind == "start" and wrapper is None:
-                wrapper = _start(settings, order, ip, workdir, result_path)
+                wrapper = _start(settings, order, ip, gpus, workdir, result_path)
             elif kind in ("TERM", "KILL", "exit") and wrapper is not None:
                 _send(wrapper, "KILL" if kind == "KILL" else f"TERM {float(order.get('grace_s', settings.grace_s)):g}")
             if wrapper is not None and wrapper.poll() is not None:
@@ -104,9 +142,12 @@ def run_task(settings: TaskSettings, index: int, attempt: int) -> list[tuple[int
         if wrapper is not None and wrapper.poll() is None:
             _send(wrapper, "KILL")
             wrapper.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _start(settings: TaskSettings, order: Mapping[str, Any], ip: str, workdir: str, result_path: str) -> subprocess.Popen:
+def _start(settings: TaskSettings, order: Mapping[str, Any], ip: str, gpus: Sequence[str] | None,
+           workdir: str, result_path: str) -> subprocess.Popen:
+    from cloud_elastic.driver.launch.ssh_remote import die_with_parent
     from cloud_elastic.spark.registry import unseal
 
     fn_path = os.path.join(workdir, "fn.pkl")
@@ -114,15 +155,16 @@ def _start(settings: TaskSettings, order: Mapping[str, Any], ip: str, workdir: s
 
     with open(fn_path, "wb") as f:
         cloudpickle.dump((settings.fn, tuple(settings.args), dict(settings.kwargs)), f)
-    env = dict(os.environ)
-    env.update({str(k): str(v) for k, v in json.loads(unseal(settings.registry_key, str(order["env"]))).items()})
-    env[HOSTNAME_ENV] = ip  # the driver names this host by task; Gloo binds the address
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    job_env = json.loads(unseal(settings.registry_key, str(order["env"])))
+    env = worker_env(os.environ, job_env, ip, gpus)
     cwd = str(order.get("cwd") or "")
     command = [sys.executable, "-m", "cloud_elastic.spark.runfn", fn_path, result_path]
     argv = [sys.executable, "-m", "cloud_elastic.driver.launch.ssh_remote", "spark", repr(settings.grace_s), "0",
             cwd if os.path.isdir(cwd) else workdir, *command]
-    wrapper = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE)
+    # The kernel KILLs the wrapper when the task's process dies (Spark killed it: task kill, cancel,
+    # stage abort); the wrapper then KILLs the worker. Without it the wrapper reads the closed pipe as
+    # "driver lost" and lets the worker train on for the driver grace.
+    wrapper = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, preexec_fn=die_with_parent())
     secret = unseal(settings.registry_key, str(order["secret"]))
     assert wrapper.stdin is not None
     wrapper.stdin.write(secret.encode() + b"\n")
@@ -147,6 +189,6 @@ def partition_fn(settings: TaskSettings) -> Callable[[int, Iterator[Any]], Itera
 
         ctx = TaskContext.get()
         attempt = ctx.attemptNumber() if ctx is not None else 0
-        yield from run_task(settings, index, attempt)
+        yield from run_task(settings, index, attempt, task_gpus(ctx))
 
     return fn

@@ -1,0 +1,163 @@
+"""The Spark task's side (``run_task``) with real wrapper and worker processes, against a real registry; no Spark.
+
+The training functions are standard-library callables, so the worker imports
+nothing of the tests; the task pickles them with PySpark's cloudpickle, so
+PySpark must be installed (Java is not needed).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import operator
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cloud_elastic.driver.launch.api import ExitStatus, WorkerSpec
+from cloud_elastic.spark.launcher import SparkTaskLauncher
+from cloud_elastic.spark.registry import TaskRegistry
+from cloud_elastic.spark.task import TaskSettings, run_task, task_gpus, worker_env
+from tests.ray.conftest import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _ctx(addresses):
+    """A stand-in for pyspark's TaskContext (which exists only inside a Spark task): the attributes read."""
+    resources = {"gpu": SimpleNamespace(name="gpu", addresses=addresses)} if addresses is not None else {}
+    return SimpleNamespace(resources=lambda: resources)
+
+
+def test_each_worker_sees_only_the_gpus_spark_assigned_to_its_task():
+    executor = {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}  # the executor sees all its GPUs
+    env = worker_env(executor, {"A": 1}, "10.0.0.5", task_gpus(_ctx(["2"])))
+    assert env["CUDA_VISIBLE_DEVICES"] == "2"  # so the worker's cuda:0 (local rank 0) is GPU 2
+    assert env["A"] == "1" and env["CLOUD_ELASTIC_HOSTNAME"] == "10.0.0.5"
+    assert worker_env({}, {}, "ip", task_gpus(_ctx(["1", "3"])))["CUDA_VISIBLE_DEVICES"] == "1,3"
+    # The user's own choice (env= of run_elastic) wins.
+    assert worker_env({}, {"CUDA_VISIBLE_DEVICES": "7"}, "ip", ["2"])["CUDA_VISIBLE_DEVICES"] == "7"
+    # No GPUs assigned (a CPU job, or Spark without GPU scheduling): the executor's environment stands.
+    assert task_gpus(_ctx(None)) is None and task_gpus(_ctx([])) is None and task_gpus(None) is None
+    assert worker_env(executor, {}, "ip", None)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert "CUDA_VISIBLE_DEVICES" not in worker_env({}, {}, "ip", None)
+
+
+@pytest.fixture
+def task_tmp(tmp_path, monkeypatch):
+    """The folder the task's temporary folders go to, so the test sees whether they are removed."""
+    pytest.importorskip("pyspark", reason="the task pickles the function with PySpark's cloudpickle")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+class _Task:
+    """``run_task`` on a thread, as a Spark task runs it, against a real registry."""
+
+    def __init__(self, fn, args) -> None:
+        self.registry = TaskRegistry("job1")
+        self.registry.start()
+        self.settings = TaskSettings(f"127.0.0.1:{self.registry.port}", self.registry.key, "job1", fn, args, {})
+        self.outcome: dict = {}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self.key = next(iter(wait_for(self.registry.alive, 30, "the task registering")))
+        self.launcher = SparkTaskLauncher(self.registry)
+
+    def _run(self) -> None:
+        try:
+            self.outcome["rows"] = run_task(self.settings, 0, 0)
+        except BaseException as exc:  # handed to the test
+            self.outcome["error"] = exc
+
+    def run_worker(self, worker_id: str) -> ExitStatus:
+        worker = self.launcher.launch(WorkerSpec(worker_id, self.key, 0, ("x",), {}, "S" * 64, ""), print)
+        return wait_for(worker.poll, 30, f"worker {worker_id} exiting")
+
+    def end(self) -> dict:
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "run_task did not return"
+        self.registry.close()
+        return self.outcome
+
+
+def test_a_task_whose_function_returned_hands_the_value_back_leaves_and_removes_its_folder(task_tmp):
+    task = _Task(operator.add, (2, 3))
+    try:
+        assert task.run_worker("w1") == ExitStatus(0)
+    finally:
+        outcome = task.end()
+    assert outcome == {"rows": [(None, 5)]}
+    assert task.key not in task.registry.alive()
+    assert not list(task_tmp.glob("cloud-elastic-task-*")), "the task's folder (function, result) was left behind"
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, set[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rpartition(")")[2].split()[1])
+            children.setdefault(ppid, set()).add(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _task_process(settings: TaskSettings) -> None:
+    run_task(settings, 0, 0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_worker_dies_with_its_task(task_tmp):
+    registry = TaskRegistry("job1")
+    registry.start()
+    settings = TaskSettings(f"127.0.0.1:{registry.port}", registry.key, "job1", time.sleep, (300,), {})
+    task = multiprocessing.get_context("fork").Process(target=_task_process, args=(settings,), daemon=True)
+    task.start()
+    left: set[int] = set()
+    try:
+        key = next(iter(wait_for(registry.alive, 30, "the task registering")))
+        # With a driver grace, a wrapper that only sees its pipe close lets the worker train on that long.
+        spec = WorkerSpec("w1", key, 0, ("x",), {"CLOUD_ELASTIC_DRIVER_GRACE_S": "90"}, "S" * 64, "")
+        SparkTaskLauncher(registry).launch(spec, print)
+
+        def worker_started() -> set[int]:
+            procs = _descendants(task.pid)
+            return procs if any(b"cloud_elastic.spark.runfn" in _cmdline(p) for p in procs) else set()
+
+        left = wait_for(worker_started, 30, "the worker starting")
+        os.kill(task.pid, signal.SIGKILL)  # as Spark kills a task's Python process (task kill, cancel)
+        wait_for(lambda: not any(_running(p) for p in left), 30, "the wrapper and worker dying with their task")
+    finally:
+        for pid in left:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        task.join(10)
+        registry.close()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
