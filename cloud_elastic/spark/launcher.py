@@ -8,7 +8,9 @@ which gives the worker its own process group and stops it when the task ends.
 Launcher guarantees (:mod:`cloud_elastic.driver.launch.api`) as they hold here:
 ``launch``, ``poll`` and ``kill`` return at once; ``terminate`` sends TERM,
 waits up to the grace, then KILL. The secret and the worker's environment
-travel sealed under the registry key (:func:`~cloud_elastic.spark.registry.seal`). A task that stops
+travel sealed under the registry key (:func:`~cloud_elastic.spark.registry.seal`);
+``TERM``/``KILL`` name their worker, so one meant for a worker that already
+left never reaches the next worker of the same task. A task that stops
 polling (its executor died) makes ``poll`` report a transport error; the
 driver's worker heartbeats usually notice first. Workers' output goes to the
 Spark executors' stdout (the executor logs), not to ``on_output``.
@@ -36,9 +38,9 @@ class SparkWorker:
         self._lock = threading.Lock()
 
     def poll(self) -> ExitStatus | None:
-        entry = self._registry.entry(self.spec.host)
-        if entry is not None and entry.exit_code is not None:
-            return ExitStatus(entry.exit_code)
+        code = self._registry.exit_code(self.spec.host, self.spec.worker_id)
+        if code is not None:
+            return ExitStatus(code)
         if self._registry.is_stale(self.spec.host):
             return ExitStatus(255, transport_error=f"spark task {self.spec.host} stopped polling (executor lost?)")
         return None
@@ -47,7 +49,8 @@ class SparkWorker:
         with self._lock:
             if self.poll() is not None:
                 return
-            self._registry.order(self.spec.host, {"order": "TERM", "grace_s": grace_s})
+            self._registry.order(self.spec.host, {"order": "TERM", "grace_s": grace_s,
+                                                  "worker_id": self.spec.worker_id})
             deadline = time.monotonic() + grace_s + 2.0  # the task needs a poll to pick the order up
             while self.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -55,7 +58,7 @@ class SparkWorker:
                 self.kill()
 
     def kill(self) -> None:
-        self._registry.order(self.spec.host, {"order": "KILL"})
+        self._registry.order(self.spec.host, {"order": "KILL", "worker_id": self.spec.worker_id})
 
 
 class SparkTaskLauncher:

@@ -1,8 +1,10 @@
 """The driver side of the Spark executor: tasks register here; discovery and launch read and write it.
 
 Each of the job's Spark tasks registers when it starts (``register``), then
-long-polls for orders (``order``), which is also its heartbeat, and reports its
-worker's exit (``exited``). The messages ride the control plane's signed JSON
+long-polls for orders (``order``), which is also its heartbeat, and reports each
+of its workers' exits (``exited``). A task whose worker was sent away (exit 0)
+stays registered and may run another; one whose worker failed or returned its
+result says it is ``leaving``, and its host leaves discovery at once. The messages ride the control plane's signed JSON
 (:class:`~cloud_elastic.driver.net.control_server.ControlServer`) under a key of their own
 that reached the tasks inside their Spark closure.
 
@@ -87,7 +89,10 @@ class TaskEntry:
     last_seen: float
     orders: list[dict[str, Any]] = field(default_factory=list)
     worker_id: str | None = None
-    exit_code: int | None = None
+    #: Worker id -> its exit code, for every worker of this task that exited.
+    exits: dict[str, int] = field(default_factory=dict)
+    #: The task ended (its worker failed or returned): it runs no other worker.
+    leaving: bool = False
     #: One-line summary of the exception the training function raised, if it did.
     error: str = ""
 
@@ -131,11 +136,11 @@ class TaskRegistry:
 
     # ------------------------------------------------------------ driver side
     def alive(self) -> dict[str, TaskEntry]:
-        """Tasks that poll and whose worker has not exited: the hosts discovery reports."""
+        """Tasks that poll and have not ended: the hosts discovery reports."""
         now = self._clock()
         with self._lock:
             return {k: t for k, t in self._tasks.items()
-                    if t.exit_code is None and now - t.last_seen <= self.stale_s and not self._closing}
+                    if not t.leaving and now - t.last_seen <= self.stale_s and not self._closing}
 
     def errors(self) -> list[str]:
         """Summaries of the exceptions training functions raised, in registration order."""
@@ -145,6 +150,12 @@ class TaskRegistry:
     def entry(self, key: str) -> TaskEntry | None:
         with self._lock:
             return self._tasks.get(key)
+
+    def exit_code(self, key: str, worker_id: str) -> int | None:
+        """The exit code of worker ``worker_id`` of task ``key``; None while it has not exited."""
+        with self._lock:
+            t = self._tasks.get(key)
+            return None if t is None else t.exits.get(worker_id)
 
     def is_stale(self, key: str) -> bool:
         with self._lock:
@@ -179,7 +190,9 @@ class TaskRegistry:
                 code = msg.get("code")
                 if not isinstance(code, int) or isinstance(code, bool):
                     raise ControlPlaneError("malformed exited message")
-                t.exit_code = code
+                worker_id = msg.get("worker_id")
+                t.exits[worker_id if isinstance(worker_id, str) and worker_id else t.worker_id or ""] = code
+                t.leaving = t.leaving or msg.get("leaving", True) is not False
                 error = msg.get("error")
                 t.error = error[:500] if isinstance(error, str) else ""
                 return {"ok": True}

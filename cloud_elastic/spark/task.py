@@ -7,7 +7,10 @@ wrapper, which dies with the task), relays ``TERM``/``KILL`` orders to it, and
 reports its exit. Then:
 
 * the function returned: the task returns ``[(rank, value)]`` to Spark;
-* the worker was told to leave (exit 0): the task returns ``[]``;
+* the worker was told to leave (exit 0): the task stays registered and goes
+  back to waiting for orders, because Spark never reruns a partition that
+  succeeded: returning would take its slot from the job for good. It returns
+  ``[]`` when the driver says training is over;
 * the worker failed: the task **raises**, so Spark retries it (possibly on
   another executor), and the retry registers as a new host: that is how
   capacity comes back.
@@ -112,6 +115,7 @@ def run_task(settings: TaskSettings, index: int, attempt: int,
     key = reply["key"]
     workdir = tempfile.mkdtemp(prefix="cloud-elastic-task-")
     wrapper: subprocess.Popen | None = None
+    worker_id = ""
     result_path = os.path.join(workdir, "result.pkl")
     try:
         while True:
@@ -120,29 +124,44 @@ def run_task(settings: TaskSettings, index: int, attempt: int,
             if kind == "exit" and wrapper is None:
                 return []
             if kind == "start" and wrapper is None:
+                worker_id = str(order.get("worker_id", ""))
                 wrapper = _start(settings, order, ip, gpus, workdir, result_path)
-            elif kind in ("TERM", "KILL", "exit") and wrapper is not None:
+            elif wrapper is not None and (kind == "exit" or kind in ("TERM", "KILL") and _for(order, worker_id)):
                 _send(wrapper, "KILL" if kind == "KILL" else f"TERM {float(order.get('grace_s', settings.grace_s)):g}")
             if wrapper is not None and wrapper.poll() is not None:
                 code = wrapper.returncode
                 code = 128 - code if 128 < code < 160 else code  # the wrapper's 128+N means signal N
-                error = ""
-                if os.path.exists(result_path + ".error"):
-                    with open(result_path + ".error") as f:
-                        error = f.read(500)
-                client.call("exited", {"key": key, "code": code, "error": error})
-                if os.path.exists(result_path):
-                    with open(result_path, "rb") as f:
-                        result = pickle.load(f)
+                wrapper = None
+                error = _take(result_path + ".error", lambda f: f.read(500), "r") or ""
+                client.call("exited", {"key": key, "worker_id": worker_id, "code": code, "error": error,
+                                       "leaving": code != 0 or os.path.exists(result_path)})
+                result = _take(result_path, pickle.load, "rb")
+                if result is not None:
                     return [(result["rank"], result["value"])]
-                if code == 0:
-                    return []
-                raise WorkerFailed(f"the worker in spark task {index} (attempt {attempt}) exited with code {code}")
+                if code != 0:
+                    raise WorkerFailed(f"the worker in spark task {index} (attempt {attempt}) exited with code {code}")
+                # Sent away (exit 0): wait for the next worker or the end of training.
     finally:
         if wrapper is not None and wrapper.poll() is None:
             _send(wrapper, "KILL")
             wrapper.wait()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _for(order: Mapping[str, Any], worker_id: str) -> bool:
+    """Whether a TERM/KILL ``order`` is meant for worker ``worker_id`` (not one of this task's earlier workers)."""
+    return str(order.get("worker_id", worker_id)) == worker_id
+
+
+def _take(path: str, read: Callable[[Any], Any], mode: str) -> Any:
+    """What ``read`` makes of the file at ``path``, which is then removed (the next worker writes its own);
+    None when there is no such file."""
+    if not os.path.exists(path):
+        return None
+    with open(path, mode) as f:
+        value = read(f)
+    os.unlink(path)
+    return value
 
 
 def _start(settings: TaskSettings, order: Mapping[str, Any], ip: str, gpus: Sequence[str] | None,

@@ -68,7 +68,7 @@ def test_tasks_register_poll_get_orders_and_leave_discovery_when_their_worker_ex
         registry.order(key, {"order": "start", "worker_id": "w1", "env": {}, "secret": "s", "cwd": "/"})
         assert client.call("order", {"key": key})["order"] == "start"
         client.call("exited", {"key": key, "code": -9})
-        assert registry.entry(key).exit_code == -9
+        assert registry.exit_code(key, "w1") == -9
         assert dict(discovery.find().ready) == {}
         registry.finish()
         late = client.call("register", {"index": 1, "attempt": 0, "ip": "10.1.2.4"})

@@ -87,6 +87,21 @@ class _Task:
         return self.outcome
 
 
+def test_a_task_whose_worker_was_sent_away_keeps_its_slot_for_the_next_worker(task_tmp):
+    task = _Task(sys.exit, (0,))  # what a worker the driver sends away does: exit 0, no result
+    try:
+        assert task.run_worker("w1") == ExitStatus(0)
+        # Spark never reruns a partition that succeeded: the task must stay, or the job loses the slot for good.
+        assert task.thread.is_alive() and task.key in task.registry.alive()
+        assert task.run_worker("w2") == ExitStatus(0)
+        assert task.key in task.registry.alive()
+        task.registry.finish()  # training is over
+    finally:
+        outcome = task.end()
+    assert outcome == {"rows": []}
+    assert not list(task_tmp.glob("cloud-elastic-task-*")), "the task's folder was left behind"
+
+
 def test_a_task_whose_function_returned_hands_the_value_back_leaves_and_removes_its_folder(task_tmp):
     task = _Task(operator.add, (2, 3))
     try:
