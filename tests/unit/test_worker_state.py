@@ -148,12 +148,13 @@ def test_sync_carries_plain_attributes_and_optimizer_state_without_pickle():
     assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
 
 
-def test_sync_refuses_an_attribute_only_pickle_can_carry_with_a_remedy():
-    state = hvd.elastic.ObjectState(epoch=0, extra=_Opaque())
-    with pytest.raises(hvd.StateSyncError, match=r"ObjectState attributes.*_Opaque.*add_safe_globals"):
-        state.sync()
+def test_an_attribute_only_pickle_can_carry_is_refused_up_front_with_a_remedy():
+    with pytest.raises(hvd.StateSyncError, match=r"^state\.extra holds a .*_Opaque.*add_safe_globals"):
+        hvd.elastic.ObjectState(epoch=0, extra=_Opaque())
     torch.serialization.add_safe_globals([_Opaque])  # the user vouches for the class
     try:
+        state = hvd.elastic.ObjectState(epoch=0, extra=_Opaque())
+        state.commit()
         state.sync()
         assert isinstance(state.extra, _Opaque)
     finally:

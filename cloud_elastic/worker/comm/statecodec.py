@@ -7,8 +7,12 @@ bytes, ``None``, dicts, lists, tuples, ``OrderedDict``, torch dtypes and
 sizes, plus ``set`` and ``frozenset`` (allowed here: building them runs no
 user code), and whatever the user allowlisted with
 ``torch.serialization.add_safe_globals`` in the script (on every worker).
-Anything else in an ``ObjectState`` attribute is refused before it is sent,
-on every worker at once, with :class:`StateSyncError` naming the type.
+A numpy number or numeric array (``np.mean(...)``, as Horovod's pickling
+carries it) travels as its raw bytes and dtype string, in a tagged dict
+(:func:`_pack`), and is rebuilt with ``np.frombuffer`` for the numeric kinds
+only (:func:`_unpack`): numpy's own pickle reconstructors are never allowed.
+Anything else in an ``ObjectState`` attribute is refused at ``commit()``
+(:func:`check_attributes`, a walk of types, no encoding), naming the attribute.
 
 Explicit ``hvd.broadcast_object`` calls keep Horovod's behaviour (pickle):
 they carry what the user chose to send between the job's members.
@@ -16,9 +20,11 @@ they carry what the user chose to send between the job's members.
 
 from __future__ import annotations
 
+import collections
 import io
 import pickle
 import re
+import sys
 import zipfile
 from typing import Any
 
@@ -26,7 +32,8 @@ import torch
 
 from cloud_elastic.errors import CloudElasticError
 
-__all__ = ["MIN_TORCH", "MAX_BYTES", "StateSyncError", "Parts", "check_torch_version", "encode", "decode"]
+__all__ = ["MIN_TORCH", "MAX_BYTES", "StateSyncError", "Parts", "check_torch_version", "check_attributes", "encode",
+           "decode"]
 
 #: The most bytes one encoded state may take (a sync's small parts: attributes, samplers' positions,
 #: skeletons). Fixed rather than derived from the receiver's own state, which a newcomer may not have
@@ -79,7 +86,7 @@ def encode(obj: Any, what: str) -> bytes:
             raise
     buf = io.BytesIO()
     try:
-        torch.save(obj, buf)
+        torch.save(_pack(obj, {}), buf)
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         raise StateSyncError(f"{what} cannot be synced: {exc}") from exc
     data = buf.getvalue()
@@ -107,6 +114,8 @@ def decode(data: bytes, what: str) -> Any:
         raise StateSyncError(f"{what}: received state is corrupt ({exc})") from exc
     if stored:  # a tensor needs a stored record: without one there is nothing to walk for
         _check_tensors(obj, what)
+    if _TAG.encode() in data:  # pickle keeps a string's bytes as they are: without them there is no tag
+        obj = _unpack(obj, what, {})
     return obj
 
 
@@ -146,3 +155,158 @@ def _check_tensors(obj: Any, what: str) -> None:
         elif isinstance(o, (dict, list, tuple, set, frozenset)) and id(o) not in seen:
             seen.add(id(o))
             stack.extend(o.values() if isinstance(o, dict) else o)
+
+
+# --- numpy values: rewritten into the safe set, never unpickled ---
+
+#: The first item of a tuple that stands for a value :func:`_pack` rewrote: ``(tag, "numpy", dtype, shape, its
+#: bytes as a uint8 tensor)`` for a numpy number (shape None) or array, ``(tag, "tuple", t)`` for a tuple of the
+#: user's that starts with this very string. A tuple, so that a numpy number may stay a dict's key.
+_TAG = "\x00cloud-elastic statecodec tag"
+#: Bool, signed and unsigned integers, floats, complex: plain bytes, whatever their values.
+_NUMERIC_KINDS = "biufc"
+_DICTS = (dict, collections.OrderedDict, collections.Counter)
+_SEQUENCES = (list, tuple, set, frozenset)
+
+
+def _numeric(np: Any, obj: Any) -> bool:
+    """A numpy number or plain numeric array (not an object array, a record, a subclass such as np.matrix)."""
+    if not (type(obj) is np.ndarray or isinstance(obj, np.generic)):
+        return False
+    return obj.dtype.kind in _NUMERIC_KINDS and obj.dtype.fields is None and obj.dtype.subdtype is None
+
+
+def _tagged(obj: Any) -> bool:
+    return type(obj) is tuple and len(obj) > 0 and type(obj[0]) is str and obj[0] == _TAG
+
+
+def _pack(obj: Any, memo: dict[int, Any]) -> Any:
+    """``obj`` with each numpy number or numeric array replaced by its tagged form (containers rebuilt only
+    where something inside changed: the rest is ``obj``'s own objects, as ``torch.save`` would see them)."""
+    np = sys.modules.get("numpy")  # a numpy value exists only once numpy was imported
+    if np is not None and _numeric(np, obj):
+        dt = obj.dtype
+        # The character code keeps aliases apart (np.longlong is not np.int64); a foreign byte order needs the string.
+        code = dt.char if dt.isnative else dt.str
+        shape = None if isinstance(obj, np.generic) else tuple(obj.shape)
+        # The bytes as a tensor: stored as a record of their own, not as a pickled string (twice the size).
+        raw = torch.from_numpy(np.ascontiguousarray(obj).reshape(-1).view(np.uint8).copy())
+        return (_TAG, "numpy", code, shape, raw)
+    kind = type(obj)
+    if kind not in _DICTS and kind not in _SEQUENCES:
+        return obj
+    if id(obj) in memo:  # a container met again (shared, or inside itself): as it was packed, or itself
+        return memo[id(obj)]
+    memo[id(obj)] = obj
+    if kind in _DICTS:
+        items = [(_pack(k, memo), _pack(v, memo)) for k, v in obj.items()]
+        changed = any(a is not k or b is not v for (a, b), (k, v) in zip(items, obj.items()))
+    else:
+        items = [_pack(v, memo) for v in obj]
+        changed = any(a is not v for a, v in zip(items, obj))
+    out = kind(items) if changed else obj
+    if _tagged(obj):
+        out = (_TAG, "tuple", out)
+    memo[id(obj)] = out
+    return out
+
+
+def _unpack(obj: Any, what: str, memo: dict[int, Any]) -> Any:
+    """:func:`_pack` undone on a decoded value (from the network: a tag that is not exactly one is refused)."""
+    kind = type(obj)
+    if kind not in _DICTS and kind not in _SEQUENCES:
+        return obj
+    if id(obj) in memo:
+        return memo[id(obj)]
+    memo[id(obj)] = obj
+    if _tagged(obj):
+        if len(obj) == 5 and obj[1] == "numpy":
+            out = _numpy_value(obj, what)
+        elif len(obj) == 3 and obj[1] == "tuple" and _tagged(obj[2]):
+            out = tuple(_unpack(v, what, memo) for v in obj[2])
+        else:
+            raise StateSyncError(f"{what}: received state has a malformed tagged value: corrupt or forged")
+    elif kind in _DICTS:
+        out = kind((_unpack(k, what, memo), _unpack(v, what, memo)) for k, v in obj.items())
+    else:
+        out = kind(_unpack(v, what, memo) for v in obj)
+    memo[id(obj)] = out
+    return out
+
+
+def _numpy_value(tag: tuple[Any, ...], what: str) -> Any:
+    """The numpy number or array of a ``(tag, "numpy", dtype, shape, bytes)`` tuple: numeric dtypes only, the bytes'
+    length exactly what the dtype and shape take (so nothing bigger than the message is built)."""
+    try:
+        import numpy as np
+    except ImportError as exc:
+        raise StateSyncError(f"{what}: rank 0's state holds numpy values, and numpy is not installed here") from exc
+    try:
+        _, _, code, shape, raw = tag
+        if type(code) is not str or type(raw) is not torch.Tensor or raw.dtype != torch.uint8 or raw.dim() != 1:
+            raise TypeError("a dtype string and a tensor of bytes expected")
+        raw = raw.numpy().tobytes()  # at most MAX_BYTES (``_check_tensors``)
+        if shape is not None and (type(shape) is not tuple or len(shape) > 64
+                                  or not all(type(n) is int and n >= 0 for n in shape)):
+            raise TypeError("a shape of non-negative integers expected")
+        dt = np.dtype(code)  # a string: parsed, never imported from
+        if dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
+            raise TypeError(f"dtype {code!r} is not numeric")
+        count = 1
+        for n in shape or ():
+            count *= n
+        if count * dt.itemsize != len(raw):
+            raise ValueError(f"{len(raw)} bytes for {count} element(s) of {dt.itemsize}")
+        flat = np.frombuffer(raw, dtype=dt)
+        return flat[0] if shape is None else flat.reshape(shape).copy()
+    except (TypeError, ValueError, OverflowError, IndexError) as exc:
+        raise StateSyncError(f"{what}: received state has a malformed numpy value ({exc}): corrupt or forged") from exc
+
+
+# --- at commit: what a sync could not carry, found by its type ---
+
+_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device, torch.layout,
+           torch.Size, torch.Tensor, torch.nn.Parameter)
+
+
+def check_attributes(attributes: dict[str, Any], owner: str = "state") -> None:
+    """StateSyncError, in one line naming the attribute and the type, if one of ``attributes`` holds a value
+    that :func:`encode` would refuse. A walk of types, no encoding: cheap enough for every ``commit()``, so a
+    script learns it at its first commit, not at the first failure (when the survivors' sync would need it)."""
+    for name, value in attributes.items():
+        found = _unsupported(value)
+        if found is not None:
+            where, kind = found
+            at = f" (at {owner}.{name}{where})" if where else ""
+            raise StateSyncError(
+                f"{owner}.{name} holds a {kind.__module__}.{kind.__qualname__}{at}, "
+                "which a state sync cannot carry without pickle: keep numbers, strings, tensors, numeric numpy "
+                "values, lists, tuples, sets and dicts in elastic state, or allow the class with "
+                "torch.serialization.add_safe_globals([...]) in the script")
+
+
+def _unsupported(obj: Any) -> tuple[str, type] | None:
+    """Where in ``obj`` (``"['k'][0]"``) a value of a type the codec refuses is, and that type; None if nowhere."""
+    np = sys.modules.get("numpy")
+    seen: set[int] = set()
+    stack: list[tuple[str, Any]] = [("", obj)]
+    allowed: set[Any] | None = None
+    while stack:
+        where, o = stack.pop()
+        kind = type(o)
+        if kind in _DICTS or kind in _SEQUENCES:
+            if id(o) not in seen:
+                seen.add(id(o))
+                if kind in _DICTS:
+                    stack.extend((f"{where}[{k!r}]", v) for k, v in o.items())
+                    stack.extend((f"{where} (a key)", k) for k in o)
+                else:
+                    stack.extend((f"{where}[{i}]", v) for i, v in enumerate(o))
+        elif kind in _LEAVES or np is not None and _numeric(np, o):
+            continue
+        else:
+            if allowed is None:  # what the script allowlisted (entries are classes, or (class, name) pairs)
+                allowed = {g[0] if isinstance(g, tuple) else g for g in torch.serialization.get_safe_globals()}
+            if kind not in allowed:
+                return where, kind
+    return None

@@ -22,7 +22,7 @@ from cloud_elastic.worker import sharded
 
 from cloud_elastic.worker.comm import collectives
 from cloud_elastic.worker.comm.heal import Heal, skeleton
-from cloud_elastic.worker.comm.statecodec import StateSyncError
+from cloud_elastic.worker.comm.statecodec import StateSyncError, check_attributes
 from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler, SamplerHandler, SnapshotHandler, handler_for
 from cloud_elastic.worker.commit import sync_facts
 from cloud_elastic.worker.commit.participant import CommitParticipant
@@ -131,11 +131,16 @@ class ObjectState(State):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
+        check_attributes(kwargs)
         self._saved_state = dict(kwargs)
         self._set_attrs()
 
     def save(self) -> None:
-        self._saved_state = {name: copy.deepcopy(getattr(self, name)) for name in self._saved_state}
+        # Refused here, on every worker alike, what a sync could not carry: found at the first failure or
+        # newcomer instead, it would fail every survivor's sync at once, and the job with its trained state.
+        live = {name: getattr(self, name) for name in self._saved_state}
+        check_attributes(live)
+        self._saved_state = {name: copy.deepcopy(value) for name, value in live.items()}
 
     def restore(self) -> None:
         self._set_attrs()

@@ -96,10 +96,11 @@ def learn(ledger: Any, facts: dict[str, Any] | None, size: int | None = None) ->
 
 def share(ctx: Any, parts: Callable[[dict[str, Any] | None], dict[str, Any]], name: str) -> dict[str, Any]:
     """A sync's first broadcast: rank 0's ``parts(facts)`` (its facts, None once known), with the facts when
-    this sync has not told them yet, to every worker, who learns them; outside a round, the parts as they are."""
+    this sync has not told them yet, to every worker, who learns them; outside a round or alone in it, the parts
+    as they are."""
     carry, facts = carried(ctx)
     small = Parts({NAME: facts, **parts(facts if carry else None)}) if ctx.info is None or ctx.info.rank == 0 else None
-    if ctx.info is not None:
+    if ctx.info is not None and ctx.info.size > 1:  # alone, nobody to send to: nothing to encode either
         small = collectives.broadcast_state(small, 0, name)
     if carry:
         learn(ctx.ledger, small.get(NAME) if isinstance(small, dict) else None, None if ctx.info is None else ctx.info.size)
