@@ -74,29 +74,62 @@ def take_secret() -> str:
     and dropping the variable; return the one held ("" if none)."""
     raw = os.environ.pop(SECRET_FD_ENV, None)
     if raw:
-        value = _read_pipe(raw)
+        value = _read_pipe(raw) or _read_parents_pipe(raw)
         if value:
             keep_secret(value)
     return taken_secret()
 
 
+def _fd_and_inode(raw: str) -> tuple[int, int | None]:
+    """``N`` or ``N:INODE`` (the launcher's form: the inode of its pipe); ValueError otherwise."""
+    fd, _, inode = raw.partition(":")
+    return int(fd), (int(inode) if inode else None)
+
+
 def _read_pipe(raw: str) -> str:
     """What the pipe at descriptor ``raw`` holds up to its end, then closed. Never blocks: the launcher wrote
-    the secret and closed its end before the worker started. "" for a descriptor that is not such a pipe (the
+    the secret and closed its end before the worker started. "" for a descriptor that is not that pipe (the
     variable reached a process that did not inherit the descriptor), which is left alone."""
     try:
-        fd = int(raw)
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        fd, inode = _fd_and_inode(raw)
+        info = os.fstat(fd)
+        if not stat.S_ISFIFO(info.st_mode) or (inode is not None and info.st_ino != inode):
             return ""
         os.set_blocking(fd, False)
     except (ValueError, OSError):
         return ""
+    return _drain(fd)
+
+
+def _read_parents_pipe(raw: str) -> str:
+    """The launcher's pipe read through the parent process (``/proc/PPID/fd/N``), for a worker a wrapper started
+    without passing the descriptor on (Python's ``subprocess`` closes it): only that very pipe (its inode)."""
+    try:
+        fd, inode = _fd_and_inode(raw)
+        if inode is None:
+            return ""
+        path = f"/proc/{os.getppid()}/fd/{fd}"
+        info = os.stat(path)
+        if not stat.S_ISFIFO(info.st_mode) or info.st_ino != inode:
+            return ""
+        mine = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (ValueError, OSError):
+        return ""
+    return _drain(mine, own=True)
+
+
+def _drain(fd: int, own: bool = False) -> str:
+    """What the pipe at ``fd`` holds up to its end, then closed; "" when a writer is still open (not the
+    launcher's pipe: left as it was, unless ``own``, a descriptor opened here, which is closed)."""
     chunks = []
     try:
         while chunk := os.read(fd, 4096):
             chunks.append(chunk)
-    except OSError:  # a writer is still open: not the launcher's pipe
-        os.set_blocking(fd, True)
+    except OSError:
+        if own:
+            os.close(fd)
+        else:
+            os.set_blocking(fd, True)
         return ""
     os.close(fd)
     return b"".join(chunks).decode(errors="replace")

@@ -90,3 +90,36 @@ def test_the_secret_is_read_once_from_its_pipe_which_is_closed_and_its_variable_
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_worker_whose_wrapper_did_not_pass_the_pipe_on_reads_it_through_its_parent(tmp_path):
+    """``python wrap.py`` starting the training with ``subprocess`` (which closes inherited descriptors): the worker
+    reads the launcher's pipe through its parent, that very pipe only (its inode), and nothing else's."""
+    import os
+    import subprocess
+    import sys
+
+    from cloud_elastic.driver.launch.ssh_remote import secret_fd_value, secret_pipe
+    from cloud_elastic.worker.settings import SECRET_FD_ENV
+
+    child = "from cloud_elastic.worker.settings import taken_secret; print(repr(taken_secret()))"
+    wrapper = f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', {child!r}]))"
+
+    def run(value: str, fd: int) -> str:
+        env = {**os.environ, SECRET_FD_ENV: value}
+        out = subprocess.run([sys.executable, "-c", wrapper], env=env, pass_fds=(fd,), capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    fd = secret_pipe("w" * 64)
+    try:
+        assert run(secret_fd_value(fd), fd) == repr("w" * 64)
+    finally:
+        os.close(fd)
+    other = secret_pipe("x" * 64)  # a pipe whose inode is not the one named: never read
+    try:
+        number, _, inode = secret_fd_value(other).partition(":")
+        assert run(f"{number}:{int(inode) + 1}", other) == repr("")
+    finally:
+        os.close(other)

@@ -13,7 +13,7 @@ import time
 from cloud_elastic.driver.launch import forkserver
 from cloud_elastic.driver.launch.forkserver import ForkServer
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
-from cloud_elastic.driver.launch.ssh_remote import secret_pipe
+from cloud_elastic.driver.launch.ssh_remote import secret_fd_value, secret_pipe
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.worker.settings import SECRET_ENV, SECRET_FD_ENV
 
@@ -230,7 +230,7 @@ class LocalLauncher:
         if forked is not None:
             return forked
         secret_fd = secret_pipe(spec.secret)
-        env[SECRET_FD_ENV] = str(secret_fd)
+        env[SECRET_FD_ENV] = secret_fd_value(secret_fd)
         try:
             popen = subprocess.Popen(
                 list(spec.command),

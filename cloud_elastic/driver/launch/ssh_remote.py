@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 __all__ = [
-    "SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "MARKER", "WrapperArgs", "parse_args", "wrapper_argv",
+    "SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MARKER", "WrapperArgs", "parse_args", "wrapper_argv",
     "Watchdog", "Order",
     "marker_line", "parse_marker", "exit_code", "control_path", "attach", "main", "die_with_parent",
 ]
@@ -145,6 +145,12 @@ def secret_pipe(secret: str) -> int:
         os.close(read_fd)
         read_fd = moved
     return read_fd
+
+
+def secret_fd_value(fd: int) -> str:
+    """:data:`SECRET_FD_ENV` for the pipe at ``fd``, ``N:INODE``: the worker reads that very pipe, through its
+    parent (``/proc/PPID/fd/N``) when a wrapper did not pass it on (``subprocess`` closes it)."""
+    return f"{fd}:{os.fstat(fd).st_ino}"
 
 
 def exit_code(status: int) -> int:
@@ -317,7 +323,7 @@ class Wrapper:
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         secret_fd = secret_pipe(secret)
-        env = {**os.environ, SECRET_FD_ENV: str(secret_fd)}
+        env = {**os.environ, SECRET_FD_ENV: secret_fd_value(secret_fd)}
         try:
             proc = subprocess.Popen(list(self._args.command), cwd=self._args.cwd, env=env,
                                     stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, pass_fds=(secret_fd,),
