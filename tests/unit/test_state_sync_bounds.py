@@ -199,9 +199,12 @@ def test_a_malformed_model_description_is_refused_in_one_line():
 
 
 @pytest.mark.parametrize("small, why", [
-    ({"sampler state": [{"epoch": 1}], "optimizer state": [], "model tensors": [], "ObjectState attributes": {}},
-     r"rank 0 sends 1 sampler position\(s\), this worker has 0"),
-    ({"sampler state": [], "optimizer state": "x", "model tensors": [], "ObjectState attributes": {}}, r"malformed"),
+    ({"sampler state": [{"epoch": 1}], "scheduler state": [], "optimizer state": [], "model tensors": [],
+      "ObjectState attributes": {}}, r"rank 0 sends 1 sampler position\(s\), this worker has 0"),
+    ({"sampler state": [], "scheduler state": [{"last_epoch": 1}], "optimizer state": [], "model tensors": [],
+      "ObjectState attributes": {}}, r"rank 0 sends 1 LR scheduler or GradScaler state\(s\), this worker has 0"),
+    ({"sampler state": [], "scheduler state": [], "optimizer state": "x", "model tensors": [], "ObjectState attributes": {}},
+     r"malformed"),
 ])
 def test_small_parts_that_do_not_fit_this_workers_state_are_refused(monkeypatch, small, why):
     ctx = _receiver(monkeypatch, collectives)

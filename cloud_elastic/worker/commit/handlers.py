@@ -1,4 +1,4 @@
-"""What a ``TorchState`` commits, one handler per value: a model's, an optimizer's, a sampler's.
+"""What a ``TorchState`` commits, one handler per value: a model's, an optimizer's, a sampler's, a scheduler's.
 
 :class:`SnapshotHandler` keeps one object's last commit (a reused-buffer
 snapshot, or in place: see ``ledger.CommitWindow``), restores it, and syncs it from rank 0;
@@ -10,6 +10,7 @@ bound to a ``DistributedOptimizer`` is a ``participant.BoundCommit`` to it.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -23,8 +24,8 @@ from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.commit.participant import CommitParticipant
 from cloud_elastic.worker.commit.snapshot import Aside, Snapshot, clone as _clone, state_dict_without as _state_dict_without, to_host as _to_host
 
-__all__ = ["SnapshotHandler", "ModelHandler", "OptimizerHandler", "SamplerHandler", "ShardedModelHandler",
-           "ShardedOptimizerHandler", "handler_for"]
+__all__ = ["SnapshotHandler", "ModelHandler", "OptimizerHandler", "StateDictHandler", "SamplerHandler",
+           "ShardedModelHandler", "ShardedOptimizerHandler", "handler_for"]
 
 
 class SnapshotHandler:
@@ -380,30 +381,49 @@ class ShardedOptimizerHandler(OptimizerHandler):
             self._load(synced)
 
 
-class SamplerHandler:
-    """An ``ElasticSampler``'s commit: its ``state_dict()``."""
+class StateDictHandler:
+    """The commit of an object kept through its own ``state_dict()``: an LR scheduler, a ``GradScaler``.
 
-    # ElasticSampler.state_dict() is a fresh value of a few spans, so no copying is needed
-    # here: a commit costs the same for any dataset size (Horovod deep-copies the whole
-    # processed set).
-    def __init__(self, sampler: Any) -> None:
-        self.value = sampler
-        self._saved = sampler.state_dict()
+    The user's object stays the state's (``state.scheduler is sched``), loaded in place at a restore or a
+    sync: a copy would hold a copy of the optimizer, and its ``step()`` would change no live learning rate.
+    Its ``state_dict()`` is a few plain values, synced from rank 0 with the sync's other small parts
+    (``TorchState._small_state``)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self._saved = self._copy(value.state_dict())
+
+    @staticmethod
+    def _copy(state: Any) -> Any:
+        # A scheduler's state_dict() holds its own lists (base_lrs, _last_lr), which its step() changes.
+        return copy.deepcopy(state)
 
     def save(self) -> None:
-        self._saved = self.value.state_dict()
+        self._saved = self._copy(self.value.state_dict())
 
     def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
+        self.value.load_state_dict(self._copy(self._saved))
 
     def sync(self, synced: Any) -> None:
-        """Take rank 0's position (``synced``, its ``state_dict()``, broadcast with the sync's other small parts,
-        see ``TorchState._small_state``): record_batch accounts for every worker, so rank 0's view is complete."""
-        self.value.load_state_dict(synced)
+        """Take rank 0's ``state_dict()`` (``synced``, broadcast with the sync's other small parts)."""
+        self.value.load_state_dict(self._copy(synced))
+
+
+class SamplerHandler(StateDictHandler):
+    """An ``ElasticSampler``'s commit: its ``state_dict()``. Synced from rank 0: record_batch accounts for
+    every worker, so rank 0's view is complete."""
+
+    @staticmethod
+    def _copy(state: Any) -> Any:
+        # ElasticSampler.state_dict() is a fresh value of a few spans, so no copying is needed
+        # here: a commit costs the same for any dataset size (Horovod deep-copies the whole
+        # processed set).
+        return state
 
 
 def handler_for(value: Any) -> Any:
-    """The handler that commits ``value`` (a model, an optimizer, an ``ElasticSampler``), else None."""
+    """The handler that commits ``value`` (a model, an optimizer, an ``ElasticSampler``, an LR scheduler, a
+    ``GradScaler``), else None."""
     from cloud_elastic.worker.sampler import ElasticSampler
 
     if sharded.is_sharded(value):  # FSDP2 shards (``hvd.shard``): this worker's shards are its commit
@@ -416,4 +436,6 @@ def handler_for(value: Any) -> Any:
         return OptimizerHandler(value)
     if isinstance(value, ElasticSampler):
         return SamplerHandler(value)
+    if isinstance(value, (torch.optim.lr_scheduler.LRScheduler, torch.amp.GradScaler)):
+        return StateDictHandler(value)
     return None

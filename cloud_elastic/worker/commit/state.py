@@ -23,7 +23,8 @@ from cloud_elastic.worker import sharded
 from cloud_elastic.worker.comm import collectives
 from cloud_elastic.worker.comm.heal import Heal, skeleton
 from cloud_elastic.worker.comm.statecodec import StateSyncError, check_attributes
-from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler, SamplerHandler, SnapshotHandler, handler_for
+from cloud_elastic.worker.commit.handlers import (ModelHandler, OptimizerHandler, SamplerHandler, SnapshotHandler,
+                                                  StateDictHandler, handler_for)
 from cloud_elastic.worker.commit import sync_facts
 from cloud_elastic.worker.commit.participant import CommitParticipant
 from cloud_elastic.worker.context import get_context, is_initialized
@@ -70,10 +71,11 @@ def check_models(roots: list[list[list[Any]]], models: list[torch.nn.Module]) ->
                                      "worker?)")
 
 
-def _check_small(small: Any, samplers: int) -> None:
+def _check_small(small: Any, samplers: int, schedulers: int = 0) -> None:
     """StateSyncError unless rank 0's small parts (from the network) are lists where a sync takes them one by
-    one, with one sampler position per sampler of this worker's state (the same ``TorchState`` on every worker)."""
-    parts = ("sampler state", "optimizer state", "model tensors")
+    one, with one sampler position per sampler of this worker's state (the same ``TorchState`` on every worker),
+    and one ``state_dict()`` per LR scheduler or GradScaler."""
+    parts = ("sampler state", "scheduler state", "optimizer state", "model tensors")
     if (not isinstance(small, dict) or not all(isinstance(small.get(part), list) for part in parts)
             or not isinstance(small.get("ObjectState attributes"), dict)):
         raise StateSyncError(f"{SMALL_STATE}: rank 0's parts are malformed (not lists of {', '.join(parts)} and a "
@@ -81,6 +83,9 @@ def _check_small(small: Any, samplers: int) -> None:
     if len(small["sampler state"]) != samplers:
         raise StateSyncError(f"{SMALL_STATE}: rank 0 sends {len(small['sampler state'])} sampler position(s), this "
                              f"worker has {samplers} sampler(s)")
+    if len(small["scheduler state"]) != schedulers:
+        raise StateSyncError(f"{SMALL_STATE}: rank 0 sends {len(small['scheduler state'])} LR scheduler or GradScaler "
+                             f"state(s), this worker has {schedulers}")
 
 
 class State:
@@ -163,8 +168,9 @@ class ObjectState(State):
 class TorchState(ObjectState):
     """State of a PyTorch job: ``TorchState(model, optimizer, epoch=0, batch=0, sampler=...)``.
 
-    Modules, optimizers and ElasticSamplers get dedicated handlers; every other
-    keyword is kept as an ObjectState attribute.
+    Modules, optimizers, ElasticSamplers, LR schedulers and GradScalers get dedicated handlers (the
+    object given is the one kept: ``state.scheduler is sched``); every other keyword is kept as an
+    ObjectState attribute.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
@@ -308,14 +314,14 @@ class TorchState(ObjectState):
             if takes:
                 check_models(small["model tensors"], [h.value for h in self._handlers.values()
                                                       if isinstance(h, ModelHandler) and not getattr(h, "sharded", False)])
-        samplers = list(small["sampler state"])
+        samplers, schedulers = list(small["sampler state"]), list(small["scheduler state"])
         for handler in self._handlers.values():
             if getattr(handler, "sharded", False):
                 handler.sync(shard_overwritten, receivers)
             elif isinstance(handler, SnapshotHandler):
                 handler.sync(overwritten, takes=takes, heal=heal)
             else:
-                handler.sync(samplers.pop(0))
+                handler.sync((samplers if isinstance(handler, SamplerHandler) else schedulers).pop(0))
         if heal is not None:
             if takes and getattr(ctx.device, "type", "cpu") == "cuda":
                 # NCCL's futures complete as the work is queued: before this worker holds the commit (and may
@@ -340,6 +346,8 @@ class TorchState(ObjectState):
             return {
                 "ObjectState attributes": self._saved_state,
                 "sampler state": [h.value.state_dict() for h in self._handlers.values() if isinstance(h, SamplerHandler)],
+                "scheduler state": [h.value.state_dict() for h in self._handlers.values()
+                                    if isinstance(h, StateDictHandler) and not isinstance(h, SamplerHandler)],
                 "optimizer state": [skeleton(h.value.state_dict()) for h in self._handlers.values()
                                     if send and isinstance(h, OptimizerHandler) and not getattr(h, "sharded", False)],
                 "model tensors": [model_tensors(h.value) for h in self._handlers.values()
@@ -347,8 +355,14 @@ class TorchState(ObjectState):
             }
 
         small = sync_facts.share(ctx, parts, SMALL_STATE)
-        _check_small(small, sum(isinstance(h, SamplerHandler) for h in self._handlers.values()))
+        _check_small(small, *self._counts())
         return small
+
+    def _counts(self) -> tuple[int, int]:
+        """How many samplers, and how many LR schedulers and GradScalers, this state holds."""
+        plain = [h for h in self._handlers.values() if isinstance(h, StateDictHandler)]
+        samplers = sum(isinstance(h, SamplerHandler) for h in plain)
+        return samplers, len(plain) - samplers
 
     def reset(self) -> None:
         # Samplers re-shard over the new number of workers even when no sync runs.
