@@ -4,8 +4,10 @@ Each epoch has one fixed order of the dataset: a permutation seeded by
 ``seed + epoch`` (the identity without shuffling), the same on every worker.
 After every reset, the positions of that order not yet processed are split
 over the new number of workers, in order: position ``j`` of what remains
-goes to worker ``j % size``. ``record_batch(i, batch_size)`` marks the
-``i``-th batch of *every* worker as processed: workers step in lockstep, so
+goes to worker ``j % size``. Each ``record_batch(batch_idx, batch_size)``
+marks the next batch of *every* worker as processed, counted from the round's
+start (``batch_idx`` is ignored, as by Horovod >= 0.24, which adds
+``batch_size * size`` to a processed count): workers step in lockstep, so
 each one can account for all of them without any exchange, and the work a
 failed worker had committed is not redone by the survivors.
 
@@ -61,6 +63,8 @@ class ElasticSampler(Sampler):
         self._round_spans: Spans = []
         #: Dataset indices marked with ``record_indices`` since the last reset.
         self._extra: set[int] = set()
+        #: This round's positions that ``record_batch`` has recorded (its calls since the last reset).
+        self._recorded = 0
         self.reset()
 
     # ------------------------------------------------------------ progress
@@ -90,9 +94,12 @@ class ElasticSampler(Sampler):
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Mark the ``batch_idx``-th batch of every worker as processed (padding excluded)."""
+        """Mark the next batch of every worker as processed (padding excluded): the batches recorded since the
+        round began are this round's first ones. ``batch_idx`` is ignored (Horovod >= 0.24 ignores it too):
+        an epoch-wide counter (``state.batch``) would name a batch the re-sharded order never had."""
         width = batch_size * self.num_replicas
-        start, end = batch_idx * width, min((batch_idx + 1) * width, self._remaining_len)
+        start, end = self._recorded, min(self._recorded + width, self._remaining_len)
+        self._recorded += width
         if start < end:
             self._round_spans = _merge(self._round_spans, (start, end))
 
@@ -137,6 +144,7 @@ class ElasticSampler(Sampler):
         if self._round_spans or self._extra:
             self._done = self._done_with_extra()
             self._round_spans, self._extra = [], set()
+        self._recorded = 0
         ctx = get_context()
         self.num_replicas = ctx.info.size
         self.rank = ctx.info.rank

@@ -30,6 +30,9 @@ class _Workers:
         self.dataset = list(range(dataset_len))
         self.kwargs = kwargs
         self.samplers: list[ElasticSampler] = []
+        #: ``state.batch``, the index a script may pass to record_batch: counted over the whole epoch,
+        #: set back to its committed value on a restore (``commit``/``restore``), never by a reset.
+        self.epoch_batch = self._committed_batch = 0
         self.resize(size, base=None)
 
     def _as(self, rank: int, size: int):
@@ -40,6 +43,7 @@ class _Workers:
         # As sync() carries it: torch.save, then weights_only loading.
         state = statecodec.decode(statecodec.encode(base.state_dict(), "s"), "s") if base is not None else None
         self.samplers = []
+        self.next_batch = 0  # each worker's loader starts over on its new shard
         for rank in range(size):
             self._as(rank, size)
             s = ElasticSampler(self.dataset, **self.kwargs)
@@ -47,15 +51,29 @@ class _Workers:
                 s.load_state_dict(state)
             self.samplers.append(s)
 
-    def run_batches(self, n: int, batch_size: int, seen: list[int]) -> None:
-        """Every worker takes its next ``n`` batches (real samples go to ``seen``) and records them."""
-        for b in range(n):
+    def run_batches(self, n: int, batch_size: int, seen: list[int], index: str = "loader") -> None:
+        """Every worker takes its next ``n`` batches (real samples go to ``seen``) and records them, naming each
+        by its index in this round's loader (``index="loader"``, Horovod's examples) or by ``state.batch``."""
+        for _ in range(n):
+            b = self.next_batch
             for rank, s in enumerate(self.samplers):
                 self._as(rank, len(self.samplers))
                 seen.extend(s.get_indices(b, batch_size))
             for rank, s in enumerate(self.samplers):
                 self._as(rank, len(self.samplers))
-                s.record_batch(b, batch_size)
+                s.record_batch(b if index == "loader" else self.epoch_batch, batch_size)
+            self.next_batch += 1
+            self.epoch_batch += 1
+
+    def commit(self) -> dict:
+        self._committed_batch = self.epoch_batch
+        return self.samplers[0].state_dict()
+
+    def restore(self, committed: dict) -> None:
+        """A failure: every survivor restores its own commit, ``state.batch`` with it."""
+        for s in self.samplers:
+            s.load_state_dict(committed)
+        self.epoch_batch, self.next_batch = self._committed_batch, 0
 
 
 @pytest.mark.parametrize("dataset_len,batch_size", [(103, 4), (64, 8), (10, 3)])
@@ -133,20 +151,25 @@ def test_reset_commit_restore_and_sync_do_not_walk_the_dataset(monkeypatch):
     assert len(workers.samplers[0]) == (10**12 - 30) // 2
 
 
-def test_exactly_once_across_a_failure_that_loses_uncommitted_batches(monkeypatch):
-    # A kill -9: batches after the last commit are lost and redone by the survivors.
+@pytest.mark.parametrize("index", ["loader", "state.batch"])
+def test_exactly_once_across_a_failure_that_loses_uncommitted_batches(monkeypatch, index):
+    # A kill -9: batches after the last commit are lost and redone by the survivors. The index passed to
+    # record_batch is ignored: an epoch-wide counter (state.batch) names batches the new shards never had.
     workers = _Workers(monkeypatch, 211, 4, seed=9)
     seen: list[int] = []
-    workers.run_batches(3, 4, seen)
-    committed = workers.samplers[0].state_dict()
+    workers.run_batches(3, 4, seen, index)
+    committed = workers.commit()
     lost: list[int] = []
-    workers.run_batches(2, 4, lost)  # processed, never committed
-    for s in workers.samplers:
-        s.load_state_dict(committed)  # every survivor restores its own commit
+    workers.run_batches(2, 4, lost, index)  # processed, never committed
+    workers.restore(committed)
     workers.resize(3, base=workers.samplers[0])
-    while len(workers.samplers[0]) > 0:
-        workers.run_batches(-(-len(workers.samplers[0]) // 4), 4, seen)
-        workers.resize(3, base=workers.samplers[0])
+    workers.run_batches(2, 4, seen, index)
+    workers.resize(2, base=workers.samplers[0])  # a graceful shrink
+    for _ in range(10):  # rounds until the epoch is done (bounded: a sampler that loses count never ends)
+        if len(workers.samplers[0]) == 0:
+            break
+        workers.run_batches(-(-len(workers.samplers[0]) // 4), 4, seen, index)
+        workers.resize(2, base=workers.samplers[0])
     assert sorted(seen) == list(range(211))
     assert set(lost) <= set(seen)
 
@@ -176,5 +199,9 @@ def test_padding_is_never_recorded(monkeypatch):
     workers = _Workers(monkeypatch, 7, 3, shuffle=False)
     last = [s.get_indices(2, 1) for s in workers.samplers]
     assert last == [[6], [], []]
-    workers.samplers[0].record_batch(2, 1)  # only the batch holding the padding
-    assert workers.samplers[0].processed_indices == {6}
+    s = workers.samplers[0]
+    for b in range(2):
+        s.record_batch(b, 1)
+    assert s.processed_indices == set(range(6))
+    s.record_batch(2, 1)  # the batch holding the padding
+    assert s.processed_indices == set(range(7)) and s.state_dict()["done"] == [[0, 7]]
