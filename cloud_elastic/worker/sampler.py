@@ -65,6 +65,8 @@ class ElasticSampler(Sampler):
         self._extra: set[int] = set()
         #: This round's positions that ``record_batch`` has recorded (its calls since the last reset).
         self._recorded = 0
+        #: ``set_epoch`` was called since the last reset (see there).
+        self._same_round = False
         self.reset()
 
     # ------------------------------------------------------------ progress
@@ -85,13 +87,24 @@ class ElasticSampler(Sampler):
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch``: nothing processed yet.
 
-        Calling it again with the current epoch (as training functions do when
-        ``elastic.run`` re-enters them after a reset) keeps the progress made.
+        Calling it again with the current epoch keeps the progress made while
+        the epoch is unfinished: a training function that ``elastic.run``
+        re-enters after a reset calls ``set_epoch(state.epoch)`` again. Once
+        every sample of the epoch is processed, it starts a new pass (a script
+        that reuses one epoch number), unless nothing happened in this round
+        but the reset (no batch recorded, no ``set_epoch`` since): a function
+        re-entered between the epoch's last batch and its next epoch finds the
+        epoch finished, not to be trained again.
         """
-        if epoch != self.epoch:
+        this_round = self._same_round or self._recorded > 0 or bool(self._extra)
+        if epoch != self.epoch or this_round and self._finished():
             self._done, self._round_spans, self._extra = [], [], set()
         self.epoch = epoch
         self.reset()
+        self._same_round = True
+
+    def _finished(self) -> bool:
+        return self._done_with_extra() == ([(0, self._n)] if self._n else [])
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
         """Mark the next batch of every worker as processed (padding excluded): the batches recorded since the
@@ -144,7 +157,7 @@ class ElasticSampler(Sampler):
         if self._round_spans or self._extra:
             self._done = self._done_with_extra()
             self._round_spans, self._extra = [], set()
-        self._recorded = 0
+        self._recorded, self._same_round = 0, False
         ctx = get_context()
         self.num_replicas = ctx.info.size
         self.rank = ctx.info.rank

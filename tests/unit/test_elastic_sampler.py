@@ -205,3 +205,38 @@ def test_padding_is_never_recorded(monkeypatch):
     assert s.processed_indices == set(range(6))
     s.record_batch(2, 1)  # the batch holding the padding
     assert s.processed_indices == set(range(7)) and s.state_dict()["done"] == [[0, 7]]
+
+
+def _one_pass(s: ElasticSampler, batch_size: int) -> list[int]:
+    seen = list(s)
+    for _ in range(-(-len(s) // batch_size)):
+        s.record_batch(0, batch_size)
+    return seen
+
+
+@pytest.mark.parametrize("first_set_epoch", [True, False])
+def test_a_script_that_reuses_one_epoch_number_trains_every_pass(monkeypatch, first_set_epoch):
+    s = _Workers(monkeypatch, 10, 1, seed=3).samplers[0]
+    if first_set_epoch:
+        s.set_epoch(0)
+    first = _one_pass(s, 4)
+    s.set_epoch(0)  # the epoch is finished: a new pass over the same order
+    assert len(s) == 10 and s.processed_indices == set()
+    assert _one_pass(s, 4) == first
+
+
+def test_set_epoch_again_keeps_an_unfinished_epoch_and_a_finished_one_reentered_after_a_reset(monkeypatch):
+    workers = _Workers(monkeypatch, 12, 2, shuffle=False)
+    workers.samplers[0].set_epoch(0)
+    workers.run_batches(1, 2, [])
+    workers.resize(3, base=workers.samplers[0])  # re-entered mid-epoch
+    s = workers.samplers[0]
+    s.set_epoch(0)
+    assert s.processed_indices == {0, 1, 2, 3} and len(s) == 3
+    workers.run_batches(3, 1, [])  # the epoch's last batches (8 left over 3 workers)
+    workers.resize(3, base=s)  # a reset between the last batch and state.epoch += 1
+    s = workers.samplers[0]
+    s.set_epoch(0)  # the re-entered function finds the epoch done, not to be trained again
+    assert len(s) == 0
+    s.set_epoch(0)  # called once more in this round: a new pass
+    assert len(s) == 4 and s.processed_indices == set()
