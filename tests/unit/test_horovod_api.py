@@ -190,6 +190,8 @@ def test_a_compressed_optimizer_steps_as_the_plain_one_within_16_bit_rounding():
         assert not torch.equal(got, plain)  # the gradients really went through 16 bits
         assert torch.allclose(got, plain, atol=tol), (compression, (got - plain).abs().max())
     assert torch.equal(trained(gradient_predivide_factor=1.0), plain)
+    # Horovod's default, passed explicitly with a sum: accepted, as Horovod accepts it (one worker: the same sum).
+    assert torch.equal(trained(op=hvd.Sum, gradient_predivide_factor=1.0), plain)
 
 
 @pytest.mark.parametrize("compressed, predivide, expected", [

@@ -370,9 +370,12 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if gradient_predivide_factor is not None:
+        if op != Average and gradient_predivide_factor != 1.0:
+            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} applies only to op=hvd.Average "
+                             "(only 1.0, Horovod's default, goes with other ops)")
         if op != Average:
-            raise ValueError("gradient_predivide_factor applies only to op=hvd.Average")
-        if not gradient_predivide_factor > 0:
+            gradient_predivide_factor = None  # Horovod's default, passed explicitly: no split to apply to a sum
+        elif not gradient_predivide_factor > 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, backward_passes_per_step, op, int(bucket_cap_mb * 1024 * 1024),
