@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import random
 from typing import Any, Iterable, Iterator, Sized
 
 import torch
@@ -137,10 +138,17 @@ class ElasticSampler(Sampler):
                 "done": [list(s) for s in done]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a ``state_dict()``, or Horovod's form ``{"epoch", "processed_indices"}``."""
+        """Load a ``state_dict()``, or Horovod's forms: ``{"epoch", "processed_indices"}`` (before 0.24) and
+        ``{"epoch", "processed_num"}`` (0.24 on: the first ``processed_num`` of Horovod's own order of the epoch,
+        ``random.Random(seed + epoch)`` shuffling, rebuilt here once: O(dataset), as Horovod's every reset)."""
         self.epoch = int(state_dict["epoch"])
         if "processed_indices" in state_dict:
             self.processed_indices = state_dict["processed_indices"]
+        elif "processed_num" in state_dict:
+            order = list(range(self._n))
+            if self.shuffle:
+                random.Random(self.seed + self.epoch).shuffle(order)
+            self.processed_indices = order[:max(0, int(state_dict["processed_num"]))]
         else:
             theirs = (state_dict["size"], state_dict["seed"], state_dict["shuffle"])
             if theirs != (self._n, self.seed, self.shuffle):

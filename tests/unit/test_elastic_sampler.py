@@ -240,3 +240,18 @@ def test_set_epoch_again_keeps_an_unfinished_epoch_and_a_finished_one_reentered_
     assert len(s) == 0
     s.set_epoch(0)  # called once more in this round: a new pass
     assert len(s) == 4 and s.processed_indices == set()
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_horovod_024_state_dict_form_resumes_after_horovods_own_prefix(monkeypatch, shuffle):
+    import random
+
+    s = _Workers(monkeypatch, 30, 2, shuffle=shuffle, seed=4).samplers[0]
+    s.load_state_dict({"epoch": 2, "processed_num": 12})  # Horovod >= 0.24's ElasticSampler.state_dict()
+    horovods = list(range(30))
+    if shuffle:
+        random.Random(4 + 2).shuffle(horovods)  # Horovod's order of epoch 2: its first 12 were processed
+    assert s.epoch == 2 and s.processed_indices == set(horovods[:12])
+    assert len(s) == 9 and not set(s) & set(horovods[:12])
+    s.load_state_dict({"epoch": 2, "processed_num": 40})  # past the end (padding counted): the epoch is done
+    assert len(s) == 0

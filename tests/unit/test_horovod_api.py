@@ -260,3 +260,28 @@ def test_a_second_backward_before_step_is_refused_in_one_line_not_left_out_of_th
     summed = [p.grad.clone() for p in twice.parameters()]
     opt2.step()
     assert all(torch.equal(p.grad, e) for p, e in zip(twice.parameters(), summed))
+
+
+def test_set_backward_passes_per_step_changes_how_many_backward_passes_a_step_takes():
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    opt.set_backward_passes_per_step(2)  # Horovod's API, between steps
+    model(x).sum().backward()
+    with pytest.raises(ValueError) as exc:  # mid-step: the first pass was counted for the old number
+        opt.set_backward_passes_per_step(3)
+    assert "after step() or zero_grad()" in one_line(exc)
+    model(y).sum().backward()  # the second pass: accepted, both go into one step
+    summed = [p.grad.clone() for p in model.parameters()]
+    opt.step()
+    assert all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), summed))
+    opt.zero_grad()
+    opt.set_backward_passes_per_step(1)
+    model(x).sum().backward()
+    with pytest.raises(AssertionError, match="backward_passes_per_step=1"):
+        model(y).sum().backward()
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="int >= 1"):
+            opt.set_backward_passes_per_step(bad)

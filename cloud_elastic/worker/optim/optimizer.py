@@ -211,6 +211,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._ce_clear()
         super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Horovod's: from the next step on, allreduce each gradient once it was computed ``passes`` times.
+
+        Between steps only (after ``step()`` or ``zero_grad()``): a gradient of the step under way was
+        counted against the old number, and its bucket may have been sent already."""
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")
+        if self._ce_sharded and passes != 1:
+            raise ValueError("over a sharded model, DistributedOptimizer averages gradients once per step "
+                             "(backward_passes_per_step=1)")
+        self._ce_reset_if_new_round()
+        if self._ce_counts:
+            raise ValueError(f"set_backward_passes_per_step({passes}) in the middle of a step: its gradients were "
+                             f"counted for backward_passes_per_step={self._ce_passes}; call it after step() or "
+                             "zero_grad()")
+        self._ce_passes = passes
+
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """Run ``step()`` without synchronizing (after an explicit ``synchronize()``)."""
