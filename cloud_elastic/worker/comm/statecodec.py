@@ -8,9 +8,10 @@ sizes, plus ``set`` and ``frozenset`` (allowed here: building them runs no
 user code), and whatever the user allowlisted with
 ``torch.serialization.add_safe_globals`` in the script (on every worker).
 A numpy number or numeric array (``np.mean(...)``, as Horovod's pickling
-carries it) travels as its raw bytes and dtype string, in a tagged dict
-(:func:`_pack`), and is rebuilt with ``np.frombuffer`` for the numeric kinds
-only (:func:`_unpack`): numpy's own pickle reconstructors are never allowed.
+carries it) travels as its raw bytes and dtype string, in a tagged tuple
+(``cloud_elastic.plain_numpy``, as durable checkpoints keep it), and is
+rebuilt with ``np.frombuffer`` for the numeric kinds only: numpy's own
+pickle reconstructors are never allowed.
 Anything else in an ``ObjectState`` attribute is refused at ``commit()``
 (:func:`check_attributes`, a walk of types, no encoding), naming the attribute.
 
@@ -20,7 +21,6 @@ they carry what the user chose to send between the job's members.
 
 from __future__ import annotations
 
-import collections
 import io
 import pickle
 import re
@@ -30,7 +30,9 @@ from typing import Any
 
 import torch
 
+from cloud_elastic import plain_numpy
 from cloud_elastic.errors import CloudElasticError
+from cloud_elastic.plain_numpy import DICTS as _DICTS, SEQUENCES as _SEQUENCES, TAG as _TAG, is_numeric as _numeric
 
 __all__ = ["MIN_TORCH", "MAX_BYTES", "StateSyncError", "Parts", "check_torch_version", "check_attributes", "encode",
            "decode"]
@@ -86,7 +88,7 @@ def encode(obj: Any, what: str) -> bytes:
             raise
     buf = io.BytesIO()
     try:
-        torch.save(_pack(obj, {}), buf)
+        torch.save(plain_numpy.pack(obj), buf)
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         raise StateSyncError(f"{what} cannot be synced: {exc}") from exc
     data = buf.getvalue()
@@ -115,7 +117,7 @@ def decode(data: bytes, what: str) -> Any:
     if stored:  # a tensor needs a stored record: without one there is nothing to walk for
         _check_tensors(obj, what)
     if _TAG.encode() in data:  # pickle keeps a string's bytes as they are: without them there is no tag
-        obj = _unpack(obj, what, {})
+        obj = _unpack(obj, what)
     return obj
 
 
@@ -157,110 +159,17 @@ def _check_tensors(obj: Any, what: str) -> None:
             stack.extend(o.values() if isinstance(o, dict) else o)
 
 
-# --- numpy values: rewritten into the safe set, never unpickled ---
-
-#: The first item of a tuple that stands for a value :func:`_pack` rewrote: ``(tag, "numpy", dtype, shape, its
-#: bytes as a uint8 tensor)`` for a numpy number (shape None) or array, ``(tag, "tuple", t)`` for a tuple of the
-#: user's that starts with this very string. A tuple, so that a numpy number may stay a dict's key.
-_TAG = "\x00cloud-elastic statecodec tag"
-#: Bool, signed and unsigned integers, floats, complex: plain bytes, whatever their values.
-_NUMERIC_KINDS = "biufc"
-_DICTS = (dict, collections.OrderedDict, collections.Counter)
-_SEQUENCES = (list, tuple, set, frozenset)
+# --- numpy values: rewritten into the safe set, never unpickled (``cloud_elastic.plain_numpy``) ---
 
 
-def _numeric(np: Any, obj: Any) -> bool:
-    """A numpy number or plain numeric array (not an object array, a record, a subclass such as np.matrix)."""
-    if not (type(obj) is np.ndarray or isinstance(obj, np.generic)):
-        return False
-    return obj.dtype.kind in _NUMERIC_KINDS and obj.dtype.fields is None and obj.dtype.subdtype is None
-
-
-def _tagged(obj: Any) -> bool:
-    return type(obj) is tuple and len(obj) > 0 and type(obj[0]) is str and obj[0] == _TAG
-
-
-def _pack(obj: Any, memo: dict[int, Any]) -> Any:
-    """``obj`` with each numpy number or numeric array replaced by its tagged form (containers rebuilt only
-    where something inside changed: the rest is ``obj``'s own objects, as ``torch.save`` would see them)."""
-    np = sys.modules.get("numpy")  # a numpy value exists only once numpy was imported
-    if np is not None and _numeric(np, obj):
-        dt = obj.dtype
-        # The character code keeps aliases apart (np.longlong is not np.int64); a foreign byte order needs the string.
-        code = dt.char if dt.isnative else dt.str
-        shape = None if isinstance(obj, np.generic) else tuple(obj.shape)
-        # The bytes as a tensor: stored as a record of their own, not as a pickled string (twice the size).
-        raw = torch.from_numpy(np.ascontiguousarray(obj).reshape(-1).view(np.uint8).copy())
-        return (_TAG, "numpy", code, shape, raw)
-    kind = type(obj)
-    if kind not in _DICTS and kind not in _SEQUENCES:
-        return obj
-    if id(obj) in memo:  # a container met again (shared, or inside itself): as it was packed, or itself
-        return memo[id(obj)]
-    memo[id(obj)] = obj
-    if kind in _DICTS:
-        items = [(_pack(k, memo), _pack(v, memo)) for k, v in obj.items()]
-        changed = any(a is not k or b is not v for (a, b), (k, v) in zip(items, obj.items()))
-    else:
-        items = [_pack(v, memo) for v in obj]
-        changed = any(a is not v for a, v in zip(items, obj))
-    out = kind(items) if changed else obj
-    if _tagged(obj):
-        out = (_TAG, "tuple", out)
-    memo[id(obj)] = out
-    return out
-
-
-def _unpack(obj: Any, what: str, memo: dict[int, Any]) -> Any:
-    """:func:`_pack` undone on a decoded value (from the network: a tag that is not exactly one is refused)."""
-    kind = type(obj)
-    if kind not in _DICTS and kind not in _SEQUENCES:
-        return obj
-    if id(obj) in memo:
-        return memo[id(obj)]
-    memo[id(obj)] = obj
-    if _tagged(obj):
-        if len(obj) == 5 and obj[1] == "numpy":
-            out = _numpy_value(obj, what)
-        elif len(obj) == 3 and obj[1] == "tuple" and _tagged(obj[2]):
-            out = tuple(_unpack(v, what, memo) for v in obj[2])
-        else:
-            raise StateSyncError(f"{what}: received state has a malformed tagged value: corrupt or forged")
-    elif kind in _DICTS:
-        out = kind((_unpack(k, what, memo), _unpack(v, what, memo)) for k, v in obj.items())
-    else:
-        out = kind(_unpack(v, what, memo) for v in obj)
-    memo[id(obj)] = out
-    return out
-
-
-def _numpy_value(tag: tuple[Any, ...], what: str) -> Any:
-    """The numpy number or array of a ``(tag, "numpy", dtype, shape, bytes)`` tuple: numeric dtypes only, the bytes'
-    length exactly what the dtype and shape take (so nothing bigger than the message is built)."""
+def _unpack(obj: Any, what: str) -> Any:
+    """:func:`plain_numpy.unpack` of a decoded value, its refusals in this codec's words."""
     try:
-        import numpy as np
+        return plain_numpy.unpack(obj)
+    except plain_numpy.Malformed as exc:
+        raise StateSyncError(f"{what}: received state has {exc}: corrupt or forged") from exc
     except ImportError as exc:
         raise StateSyncError(f"{what}: rank 0's state holds numpy values, and numpy is not installed here") from exc
-    try:
-        _, _, code, shape, raw = tag
-        if type(code) is not str or type(raw) is not torch.Tensor or raw.dtype != torch.uint8 or raw.dim() != 1:
-            raise TypeError("a dtype string and a tensor of bytes expected")
-        raw = raw.numpy().tobytes()  # at most MAX_BYTES (``_check_tensors``)
-        if shape is not None and (type(shape) is not tuple or len(shape) > 64
-                                  or not all(type(n) is int and n >= 0 for n in shape)):
-            raise TypeError("a shape of non-negative integers expected")
-        dt = np.dtype(code)  # a string: parsed, never imported from
-        if dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
-            raise TypeError(f"dtype {code!r} is not numeric")
-        count = 1
-        for n in shape or ():
-            count *= n
-        if count * dt.itemsize != len(raw):
-            raise ValueError(f"{len(raw)} bytes for {count} element(s) of {dt.itemsize}")
-        flat = np.frombuffer(raw, dtype=dt)
-        return flat[0] if shape is None else flat.reshape(shape).copy()
-    except (TypeError, ValueError, OverflowError, IndexError) as exc:
-        raise StateSyncError(f"{what}: received state has a malformed numpy value ({exc}): corrupt or forged") from exc
 
 
 # --- at commit: what a sync could not carry, found by its type ---
