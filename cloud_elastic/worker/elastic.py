@@ -55,6 +55,13 @@ def run(func: F) -> F:
             init().leave()
             print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)
             sys.exit(0)
+        except StateSyncError as exc:
+            # This worker's state cannot take part in a sync: at a sync (a model built otherwise...) or at a
+            # commit (an attribute a sync could not carry). The same on every worker; one line, no traceback.
+            if _schedule is not None:
+                _schedule.stop_writing()  # the checkpoint of an earlier commit in flight is finished, not cut
+            print(f"cloud-elastic: {exc}", file=sys.stderr, flush=True)
+            sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
 
@@ -123,9 +130,6 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
                 ledger.note_restored()
                 _rejoin(ctx, "failure", state)
                 continue
-            except StateSyncError as exc:  # this worker's state cannot take part (a model built otherwise...)
-                print(f"cloud-elastic: {exc}", file=sys.stderr, flush=True)
-                sys.exit(1)
         try:
             result = func(state, *args, **kwargs)
         except CollectiveError as exc:
