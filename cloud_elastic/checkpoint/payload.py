@@ -1,16 +1,19 @@
 """What goes into a checkpoint: tensors and plain data, and the payload of a ``TorchState``.
 
-A payload is a tree of dicts, lists, tuples and sets whose leaves are
+A payload is a tree of dicts (``OrderedDict``, ``Counter``), lists, tuples and sets whose leaves are
 tensors, ``str``, ``bytes``, ``int``, ``float``, ``complex``, ``bool``,
 ``None``, ``torch.Size``, ``torch.dtype`` or ``torch.device``: exactly what
 ``torch.load(weights_only=True)`` reads back without running code. The type
-test is exact, so a NumPy scalar (a ``float`` subclass that unpickles through
-NumPy) is refused when saved, not discovered unreadable when needed.
+test is exact, so a raw NumPy scalar (a ``float`` subclass that unpickles
+through NumPy) is refused when saved, not discovered unreadable when needed.
 
 ``state_payload(state)`` maps a state's public attributes (what the user
 registered: ``TorchState(model, optimizer, sampler=..., epoch=0)``) to one
-flat dict: modules, optimizers and a :class:`SavedByStateDict` (an
-``ElasticSampler``) by their ``state_dict()``, everything else as it is. A sampler's ``state_dict()`` is
+flat dict: modules, optimizers, LR schedulers, ``GradScaler``s and a
+:class:`SavedByStateDict` (an ``ElasticSampler``) by their ``state_dict()``,
+everything else as it is, but numpy numbers and numeric arrays, which it
+writes in the tagged plain form the state sync uses (``cloud_elastic.plain_numpy``)
+and ``load_state_payload`` rebuilds with their type and value. A sampler's ``state_dict()`` is
 its progress as spans of positions (O(spans), whatever the dataset size), so
 checkpointing never builds a per-sample list on the training thread;
 ``load_state_payload`` also reads checkpoints that hold Horovod's form
@@ -25,12 +28,25 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from cloud_elastic import plain_numpy
 from cloud_elastic.checkpoint.api import CheckpointError
 
 __all__ = ["SavedByStateDict", "check_payload", "stage_payload", "state_payload", "load_state_payload"]
 
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), torch.Size, torch.dtype, torch.device)
-_DICTS = (dict, collections.OrderedDict)
+#: Counter too: MultiStepLR keeps its milestones in one, and torch's weights-only loader reads it.
+_DICTS = (dict, collections.OrderedDict, collections.Counter)
+
+
+def _kept_by_state_dict() -> tuple[type, ...]:
+    """LR schedulers and GradScalers (and their older, deprecated classes where torch still has distinct ones):
+    saved by ``state_dict()`` (a few plain values) and loaded in place, as ``TorchState`` commits them."""
+    found = [torch.optim.lr_scheduler.LRScheduler, getattr(torch.optim.lr_scheduler, "_LRScheduler", None),
+             torch.amp.GradScaler, getattr(torch.cuda.amp, "GradScaler", None)]
+    return tuple(dict.fromkeys(kind for kind in found if isinstance(kind, type)))
+
+
+_BY_STATE_DICT = _kept_by_state_dict()
 
 
 def check_payload(payload: Any) -> None:
@@ -61,8 +77,7 @@ def _walk(value: Any, old: Any, where: str, *, copy: bool) -> Any:
     if kind in _DICTS:
         out = kind() if copy else None
         for key, item in value.items():
-            if type(key) not in _LEAVES:
-                raise _refuse(key, f"{where} key")
+            _check_key(key, f"{where} key")
             staged = _walk(item, old.get(key) if isinstance(old, dict) else None, f"{where}[{key!r}]", copy=copy)
             if copy:
                 out[key] = staged
@@ -78,10 +93,18 @@ def _walk(value: Any, old: Any, where: str, *, copy: bool) -> Any:
         return kind(items) if copy else None
     if kind is set:
         for item in value:
-            if type(item) not in _LEAVES:
-                raise _refuse(item, f"{where} element")
+            _check_key(item, f"{where} element")
         return set(value) if copy else None
     raise _refuse(value, where)
+
+
+def _check_key(key: Any, where: str) -> None:
+    """A dict key or set element: a plain leaf, or a tuple of plain data (a numpy number as
+    ``plain_numpy.pack`` writes it, whose tensor is its own copy: kept as it is)."""
+    if type(key) is tuple:
+        _walk(key, None, where, copy=False)
+    elif type(key) not in _LEAVES:
+        raise _refuse(key, where)
 
 
 def _copy_tensor(value: torch.Tensor, old: Any) -> torch.Tensor:
@@ -153,11 +176,12 @@ def state_payload(state: Any, skip: frozenset[str] = frozenset()) -> dict[str, A
         if name in skip:
             continue
         # A sampler's state_dict() is O(spans) plain data: nothing on this thread grows with the dataset.
-        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, SavedByStateDict)):
+        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, SavedByStateDict, *_BY_STATE_DICT)):
             payload[name] = value.state_dict()
         else:
             payload[name] = value
-    return payload
+    # Numpy values (state.loss = np.mean(...)) as the sync carries them: plain data, no numpy pickle to refuse.
+    return plain_numpy.pack(payload)
 
 
 def _sampler_state(value: Any) -> dict[str, Any]:
@@ -174,7 +198,7 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
     The names must match the state's public attributes both ways; a mismatch
     raises CheckpointError before anything is changed; one that does not fit
     (shapes, optimizer groups) restores the state's last commit and raises
-    CheckpointError. After loading,
+    CheckpointError, as does a malformed numpy value (before anything is changed). After loading,
     ``state.save()`` runs, so a later rollback returns to the checkpoint and
     never to the weights the process started with.
     """
@@ -188,10 +212,11 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
             + "; ".join(f"{what}: {', '.join(names)}" for what, names in
                         (("missing", missing), ("unexpected", unexpected)) if names)
         )
+    payload = _numpy_rebuilt(payload)
     try:
         for name, value in payload.items():
             target = live[name]
-            if isinstance(target, (torch.nn.Module, torch.optim.Optimizer)):
+            if isinstance(target, (torch.nn.Module, torch.optim.Optimizer, *_BY_STATE_DICT)):
                 target.load_state_dict(value)
             elif isinstance(target, SavedByStateDict):
                 target.load_state_dict(_sampler_state(value))
@@ -203,3 +228,14 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
         reason = " ".join(str(exc).split())[:300]
         raise CheckpointError(f"the checkpoint does not fit this state ({name}): {reason}") from exc
     state.save()
+
+
+def _numpy_rebuilt(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` with the numpy values :func:`state_payload` tagged rebuilt (a checkpoint written before they
+    were kept has none: it comes back as it is); CheckpointError, before anything is loaded, for a forged tag."""
+    try:
+        return plain_numpy.unpack(payload)
+    except plain_numpy.Malformed as exc:
+        raise CheckpointError(f"the checkpoint holds {exc}: corrupt or forged") from None
+    except ImportError:
+        raise CheckpointError("the checkpoint holds numpy values, and numpy is not installed here") from None
