@@ -102,8 +102,10 @@ def _read_pipe(raw: str) -> str:
 
 
 def _read_parents_pipe(raw: str) -> str:
-    """The launcher's pipe read through the parent process (``/proc/PPID/fd/N``), for a worker a wrapper started
-    without passing the descriptor on (Python's ``subprocess`` closes it): only that very pipe (its inode)."""
+    """A copy of the launcher's pipe, read through the parent process (``/proc/PPID/fd/N``), for a worker a wrapper
+    started without passing the descriptor on (Python's ``subprocess`` closes it): only that very pipe (its inode),
+    and without taking the secret from it (``tee(2)``): the parent may be the worker itself, whose script started
+    this Python before importing ``cloud_elastic``, and still to read it."""
     try:
         fd, inode = _fd_and_inode(raw)
         if inode is None:
@@ -112,10 +114,34 @@ def _read_parents_pipe(raw: str) -> str:
         info = os.stat(path)
         if not stat.S_ISFIFO(info.st_mode) or info.st_ino != inode:
             return ""
-        mine = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        theirs = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (ValueError, OSError):
         return ""
-    return _drain(mine, own=True)
+    try:
+        return _copy_of_pipe(theirs)
+    finally:
+        os.close(theirs)
+
+
+def _copy_of_pipe(fd: int) -> str:
+    """What the pipe at ``fd`` holds, left in it: ``tee(2)`` into a pipe of our own, read from there (Linux)."""
+    try:
+        import ctypes
+
+        tee = ctypes.CDLL(None, use_errno=True).tee
+    except (OSError, AttributeError):
+        return ""
+    tee.restype, tee.argtypes = ctypes.c_ssize_t, [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
+    read_end, write_end = os.pipe()
+    try:
+        copied = tee(fd, write_end, 65536, 2)  # SPLICE_F_NONBLOCK; the secret is far smaller than a pipe
+        os.close(write_end)
+        write_end = -1
+        return os.read(read_end, copied).decode(errors="replace") if copied > 0 else ""
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
 
 
 def _drain(fd: int, own: bool = False) -> str:

@@ -123,3 +123,22 @@ def test_a_worker_whose_wrapper_did_not_pass_the_pipe_on_reads_it_through_its_pa
         assert run(f"{number}:{int(inode) + 1}", other) == repr("")
     finally:
         os.close(other)
+
+
+def test_a_python_started_by_the_worker_before_it_imports_cloud_elastic_leaves_it_the_secret():
+    """The worker's script runs a Python child before its own ``import cloud_elastic``: the child, which inherited
+    the variable but not the descriptor, copies the secret through its parent without taking it from the pipe."""
+    import os
+    import subprocess
+    import sys
+
+    from cloud_elastic.driver.launch.ssh_remote import secret_fd_value, secret_pipe
+    from cloud_elastic.worker import settings
+
+    fd = secret_pipe("v" * 64)  # this process plays the worker, its pipe not read yet
+    child = "from cloud_elastic.worker.settings import taken_secret; print(repr(taken_secret()))"
+    out = subprocess.run([sys.executable, "-c", child], env={**os.environ, settings.SECRET_FD_ENV: secret_fd_value(fd)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == repr("v" * 64)
+    assert settings._read_pipe(secret_fd_value(fd)) == "v" * 64  # still there for the worker, which closes it
