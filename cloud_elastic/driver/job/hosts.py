@@ -217,9 +217,9 @@ class HostManager:
         self._given_back.pop(host, None)
 
     def given_back(self, host: str) -> None:
-        """``host``, drained for a hard notice, was released to the cloud: its notice no longer lapses while
-        discovery lists the same instance there. A host without an instance id lapses as before (a static
-        list or a script cannot tell it from a successor at the same address)."""
+        """``host``, drained for a hard notice, was released to the cloud: while discovery lists the same instance
+        there, its notice lapses :data:`GIVEN_BACK_GRACE_S` later than usual. A host without an instance id lapses
+        as before (a static list or a script cannot tell it from a successor at the same address)."""
         instance = self.instances.get(host)
         if host in self.notices and instance:
             self._given_back[host] = instance

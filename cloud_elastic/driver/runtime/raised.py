@@ -106,5 +106,6 @@ def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, p
             continue
         with lock:
             sourcing.lowered(source)
-        log.info("job %s: --manage-capacity: desired capacity of host source %r set back to 0: the job is over",
-                 job.job_id, source)
+        # "0" is what the job asked: a group whose MinSize is above it was held there (providers/multi.py).
+        log.info("job %s: --manage-capacity: desired capacity of host source %r set back to 0 (or its group's "
+                 "minimum size): the job is over", job.job_id, source)
