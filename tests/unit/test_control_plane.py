@@ -185,3 +185,35 @@ def test_the_interceptor_sees_every_message_first_and_may_answer_it() -> None:
 def test_the_notice_watcher_follows_the_provider_unless_told() -> None:
     assert watched_cloud("auto", "aws") == "aws" and watched_cloud("auto", "static") is None
     assert watched_cloud("none", "aws") is None and watched_cloud("gcp", "static") == "gcp"
+
+
+class HeartbeatJob(RecordingJob):
+    """RecordingJob that records when each heartbeat says its worker was heard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heard_at: list[float] = []
+        self.silence = SimpleNamespace(heard=lambda *args: None)
+        self.rounds = SimpleNamespace(next=SimpleNamespace(offer_to=lambda worker_id: None), planned=0)
+
+    def heartbeat(self, worker_id: str, now: float, *args: Any, **kwargs: Any) -> Any:
+        from cloud_elastic.protocol import PollReply
+
+        self.heard_at.append(now)
+        return PollReply(0, 0, 0, False)
+
+
+def test_a_held_heartbeat_counts_its_worker_alive_at_its_arrival_not_at_its_later_looks() -> None:
+    """A worker that dies while its poll is held must be found silent a heartbeat timeout after that
+    poll arrived: the hold's later looks at the job (the deadline's, a wake's) are no news of it."""
+    job = HeartbeatJob()
+    now = [T0]
+    p, _, _, _ = plane(job)
+    p._clock = lambda: now[0]
+    worker = sorted(job.workers)[0]
+    held = p.handle("poll", {"worker": worker, "round": 0, "update_gen": 0, "abort_round": 0})
+    assert not isinstance(held, dict)  # nothing changed: the poll is held
+    now[0] = T0 + p.poll_hold_s()
+    p._cond.wake()
+    assert held._on_deadline()["round"] == 0  # answered at the deadline
+    assert job.heard_at and set(job.heard_at) == {T0}

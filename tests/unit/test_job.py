@@ -388,6 +388,19 @@ def test_heartbeat_loss_gives_the_worker_up_and_aborts_the_round() -> None:
     assert_round(sim.join("a[0]", reason="failure"), 2, needs_sync=True)
 
 
+def test_a_heartbeat_that_arrived_earlier_than_the_last_one_looked_at_does_not_move_last_seen_back() -> None:
+    """A held poll is looked at with its arrival time, which may precede another call already counted."""
+    sim = started(2, {"a": 2}, min_np=1, heartbeat_timeout_s=5)
+    sim.silent.add(sim.id("a[1]"))
+    sim.advance(3.0)
+    sim.job.heartbeat(sim.id("a[1]"), sim.now)
+    sim.job.heartbeat(sim.id("a[1]"), sim.now - 2.0)  # a held poll's late look at its early arrival
+    sim.advance(4.9)
+    assert sim.stops == []  # silent 4.9 s since the newest arrival: not yet
+    sim.advance(0.2)
+    assert [s.worker_id for s in sim.stops] == [sim.id("a[1]")]
+
+
 def test_all_workers_failing_fails_the_job() -> None:
     sim = started(2, {"a": 2}, min_np=1)
     sim.exit("a[0]")

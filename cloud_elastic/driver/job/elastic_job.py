@@ -294,7 +294,7 @@ class ElasticJob:
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return None
-        running = w.last_seen = self._clock(now)
+        w.last_seen = max(w.last_seen, running := self._clock(now))  # a held poll's arrival may precede a later call
         self.note_commits(w, commits, None if w.state is S.WAITING else commit_seq)  # waiting: rendezvous says it
         if progress is not None and progress != w.progress:
             w.progress, w.progress_at = progress, running

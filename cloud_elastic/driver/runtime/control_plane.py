@@ -179,7 +179,8 @@ class ControlPlane:
                 self._sinks.metrics.observe_step(request.commit_seq)
 
         def check(final: bool) -> dict[str, Any] | None:
-            reply = self._job.heartbeat(worker_id, self._clock(), request.commits, request.commit_seq,
+            # At its arrival (``now``): a held poll's later looks bring no news of the worker (see liveness).
+            reply = self._job.heartbeat(worker_id, now, request.commits, request.commit_seq,
                                         request.progress, request.steps, request.waiting_s, request.compute_s,
                                         comm_s=request.comm_s, link=request.link)
             if reply is None:
@@ -195,7 +196,7 @@ class ControlPlane:
             return None
 
         # Its arrival, not the held reply's later looks, is when the worker was last known alive (see liveness).
-        self._job.silence.heard(worker_id, self._job.running(self._clock()), request.flight, request.pause_s)
+        self._job.silence.heard(worker_id, self._job.running(now), request.flight, request.pause_s)
         return check(False) or self._cond.hold_poll(check, self.poll_hold_s())
 
     def _next_round(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
