@@ -180,6 +180,15 @@ class Job:
             return [e for e in self.events if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: it has exited and waits for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return ") Z " not in f.read()
+    except OSError:
+        return False
+
+
 def processes_of_job(job_id: str | None) -> list[int]:
     """PIDs of live processes whose environment names this job (by process listing)."""
     if not job_id:

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from cloud_elastic.checkpoint import CheckpointStore, read_job_record
-from tests.integration.harness import processes_of_job, probe_cmd
+from tests.integration.harness import probe_cmd, process_alive as _alive, processes_of_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -94,14 +94,6 @@ def _when_gone(pids: set[int]) -> dict[str, float]:
 
     threading.Thread(target=watch, daemon=True).start()
     return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return ") Z " not in f.read()
-    except OSError:
-        return False
 
 
 def test_a_driver_restarted_without_the_local_record_waits_for_the_old_workers_first(jobs, tmp_path):

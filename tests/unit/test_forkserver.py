@@ -14,6 +14,7 @@ import pytest
 
 from cloud_elastic.driver.launch import forkserver
 from cloud_elastic.errors import ConfigError
+from tests.integration.harness import process_alive as _alive
 
 PATH = {"PATH": os.path.dirname(sys.executable)}
 
@@ -83,9 +84,3 @@ def test_a_parent_of_servers_started_to_die_with_its_caller_ends_when_the_caller
     assert not _alive(pid), "the parent of servers outlived the process that started it"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return ") Z " not in f.read()
-    except OSError:
-        return False
