@@ -11,6 +11,10 @@ price; a slot whose host has no known price counts in ``unpriced_slot_hours``,
 never as free. Idle capacity of a group (hosts no worker uses) is not the job's
 cost and is not counted. ``fallback_only`` is what the same slot-hours would have
 cost at the fallback source's price.
+
+A driver restarted after a crash starts its meter from what its predecessor's meter
+said at its last sign of life (:meth:`CostMeter.carry` of a :class:`CostSoFar`, kept
+beside the checkpoints by :mod:`cloud_elastic.checkpoint.alive`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["CostMeter", "CostSummary", "format_dollars"]
+__all__ = ["CostMeter", "CostSoFar", "CostSummary", "format_dollars"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,24 @@ class CostSummary:
     def per_step(self, steps: int) -> float | None:
         """Dollars per useful (committed) step, or None before the first."""
         return self.dollars / steps if steps > 0 else None
+
+
+@dataclass(frozen=True)
+class CostSoFar:
+    """What a job has cost up to a moment, without its rate: what a driver's sign of life carries for the
+    driver restarted after it."""
+
+    dollars: float = 0.0
+    slot_hours: float = 0.0
+    unpriced_slot_hours: float = 0.0
+    #: (source name, dollars spent on it), sorted by name.
+    by_source: tuple[tuple[str, float], ...] = ()
+
+    def plus(self, other: "CostSoFar") -> "CostSoFar":
+        meter = CostMeter()
+        meter.carry(self)
+        meter.carry(other)
+        return meter.so_far()
 
 
 class CostMeter:
@@ -70,6 +92,17 @@ class CostMeter:
         self._rates = {source: rate for source, (_, rate, _) in held.items()}
         self._slots = sum(slots for slots, _, _ in held.values())
         self._unpriced = sum(unpriced for _, _, unpriced in held.values())
+
+    def carry(self, before: CostSoFar) -> None:
+        """Count ``before`` (what the job cost under an earlier driver) as spent: the figures go on from it."""
+        self.dollars += before.dollars
+        self.slot_hours += before.slot_hours
+        self.unpriced_slot_hours += before.unpriced_slot_hours
+        for source, dollars in before.by_source:
+            self.by_source[source] = self.by_source.get(source, 0.0) + dollars
+
+    def so_far(self) -> CostSoFar:
+        return CostSoFar(self.dollars, self.slot_hours, self.unpriced_slot_hours, tuple(sorted(self.by_source.items())))
 
     @property
     def dollars_per_hour(self) -> float:

@@ -3,7 +3,9 @@
 A running driver keeps ``driver-alive.json`` next to ``job.json`` fresh::
 
     {"format": "cloud-elastic-checkpoint", "job_id": "5f3a9c1e", "alive": 1795444453.5,
-     "grace_s": 60.0, "host": "driver-vm", "pid": 4242, "stopped": false, "raised": {"gpu-od": 2}}
+     "grace_s": 60.0, "host": "driver-vm", "pid": 4242, "stopped": false, "raised": {"gpu-od": 2},
+     "cost": {"dollars": 12.5, "slot_hours": 9.75, "unpriced_slot_hours": 0.0,
+              "by_source": {"gpu-spot": 3.1, "gpu-od": 9.4}}}
 
 ``alive`` is the Unix time of the latest refresh on the driver's clock (a
 restarted driver on another machine compares it with its own: clocks are
@@ -11,7 +13,9 @@ assumed in sync within seconds, as NTP keeps them), ``grace_s`` the
 ``--driver-grace`` its workers were given, ``stopped`` true once the driver
 ended and stopped its workers, ``raised`` the host groups ``--manage-capacity``
 raised and has not set back to 0 (a driver restarted after a crash sets them back
-when the job no longer needs them). It holds nothing secret. :class:`AliveRefresher`
+when the job no longer needs them), ``cost`` what the job had cost so far (a job with
+several host sources, :mod:`cloud_elastic.cost`: the driver restarted after a crash
+goes on from it; null without one). It holds nothing secret. :class:`AliveRefresher`
 rewrites it every :data:`REFRESH_S` seconds from a thread of its own, so slow
 storage never holds up the driver's loop; each write is atomic (a reader sees
 the old entry or the new one).
@@ -36,6 +40,7 @@ from typing import Any, Callable
 from cloud_elastic.checkpoint.api import FORMAT, CheckpointError
 from cloud_elastic.checkpoint.store import CheckpointStore, read_record
 from cloud_elastic.config import MAX_DRIVER_GRACE_S
+from cloud_elastic.cost import CostSoFar
 
 __all__ = ["ALIVE_RECORD", "MAX_GRACE_S", "REFRESH_S", "AliveRefresher", "DriverAlive", "entry_bytes",
            "read_driver_alive", "read_entry", "write_driver_alive"]
@@ -53,6 +58,8 @@ MAX_CLOCK_AHEAD_S = 24 * 3600.0
 #: The most groups ``raised`` may name, and the largest capacity it may give one (storage is not trusted).
 MAX_RAISED = 64
 MAX_RAISED_HOSTS = 100_000
+#: The largest figure (dollars, slot-hours) ``cost`` may give; its ``by_source`` names at most MAX_RAISED sources.
+MAX_COST = 1e12
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,8 @@ class DriverAlive:
     stopped: bool = False
     #: (host source, desired capacity) of each group this driver raised and has not set back to 0.
     raised: tuple[tuple[str, int], ...] = ()
+    #: What the job had cost so far, this driver's predecessors included (None: not a job that is priced).
+    cost: CostSoFar | None = None
 
     def is_this_process(self) -> bool:
         return self.host == socket.gethostname() and self.pid == os.getpid()
@@ -85,8 +94,9 @@ def write_driver_alive(store: CheckpointStore, entry: DriverAlive) -> None:
 def entry_bytes(store: CheckpointStore, path: str, entry: DriverAlive, **more: Any) -> bytes:
     """``entry`` (and ``more``) as the JSON stored at ``path``; CheckpointError when a number is not finite."""
     try:
-        return json.dumps({"format": FORMAT, **asdict(entry), "raised": dict(entry.raised), **more}, sort_keys=True,
-                          allow_nan=False).encode()
+        cost = None if entry.cost is None else {**asdict(entry.cost), "by_source": dict(entry.cost.by_source)}
+        return json.dumps({"format": FORMAT, **asdict(entry), "raised": dict(entry.raised), "cost": cost, **more},
+                          sort_keys=True, allow_nan=False).encode()
     except ValueError as exc:
         raise CheckpointError(f"not writing {store.backend.url(path)}: {exc}") from exc
 
@@ -97,7 +107,8 @@ def read_driver_alive(store: CheckpointStore, *, now: float | None = None) -> Dr
     The storage is not trusted with numbers a restarted driver waits on: ``grace_s`` must be finite
     and within [0, :data:`MAX_GRACE_S`], ``alive`` finite and at most :data:`MAX_CLOCK_AHEAD_S`
     ahead of ``now`` (this machine's clock by default). An entry outside them is refused as
-    unreadable, so NaN, Infinity or 1e12 never reach a wait (where they overflowed or disabled it).
+    unreadable, so NaN, Infinity or 1e12 never reach a wait (where they overflowed or disabled it);
+    so is one whose ``raised`` or ``cost`` is out of bounds (:func:`_raised`, :func:`_cost`).
     """
     return read_entry(store, ALIVE_RECORD, "driver entry", now=now)
 
@@ -115,7 +126,8 @@ def read_entry(store: CheckpointStore, path: str, kind: str, *, now: float | Non
             raise ValueError(f"alive {alive:g} is not a Unix time up to {MAX_CLOCK_AHEAD_S:g}s ahead of this "
                              "machine's clock")
         return DriverAlive(str(body["job_id"]), alive, grace_s, str(body["host"]),
-                           int(body["pid"]), bool(body.get("stopped", False)), _raised(body.get("raised") or {}))
+                           int(body["pid"]), bool(body.get("stopped", False)), _raised(body.get("raised") or {}),
+                           _cost(body.get("cost")))
 
     return read_record(store, path, store.backend.url(path), kind, parse)
 
@@ -131,6 +143,24 @@ def _raised(raw: Any) -> tuple[tuple[str, int], ...]:
             raise ValueError(f"raised gives host source {name[:80]!r} the capacity {hosts!r}, not an integer in "
                              f"[1, {MAX_RAISED_HOSTS}]")
     return tuple(sorted((str(name), int(hosts)) for name, hosts in raw.items()))
+
+
+def _cost(raw: Any) -> CostSoFar | None:
+    """An entry's ``cost``, checked: each figure (``dollars``, ``slot_hours``, ``unpriced_slot_hours``, and each
+    source's dollars in ``by_source``) a finite number in [0, :data:`MAX_COST`], ``by_source`` at most
+    :data:`MAX_RAISED` names of at most 256 characters (ValueError otherwise: the entry is then unreadable, as
+    for a bad ``raised``). None when there is none."""
+    if raw is None:
+        return None
+    by_source = raw.get("by_source") if isinstance(raw, dict) else None
+    if not isinstance(by_source, dict) or len(by_source) > MAX_RAISED or any(len(n) > 256 for n in by_source):
+        raise ValueError(f"cost is not a mapping of figures with at most {MAX_RAISED} sources' dollars")
+    figures = {name: raw.get(name) for name in ("dollars", "slot_hours", "unpriced_slot_hours")}
+    for name, value in [*figures.items(), *((f"dollars of {n[:80]!r}", v) for n, v in by_source.items())]:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= MAX_COST:
+            raise ValueError(f"cost gives {name} {value!r:.80}, not a number in [0, {MAX_COST:g}]")
+    return CostSoFar(*(float(v) for v in figures.values()),
+                     by_source=tuple(sorted((str(n), float(v)) for n, v in by_source.items())))
 
 
 class AliveRefresher:
@@ -152,10 +182,17 @@ class AliveRefresher:
         self._failing = False
         self._raised: tuple[tuple[str, int], ...] = ()
         self._written_raised: tuple[tuple[str, int], ...] = ()
+        self._cost: CostSoFar | None = None
+        self._written_cost: CostSoFar | None = None
 
     def set_raised(self, raised: dict[str, int]) -> None:
         """What the next writes say this driver raised (``Sourcing.raised``): any thread, no I/O."""
         self._raised = tuple(sorted(raised.items()))
+
+    def set_cost(self, cost: CostSoFar | None) -> None:
+        """What the next writes say the job has cost so far: a snapshot (immutable), set by the driver at each
+        tick of its loop; any thread, no I/O."""
+        self._cost = cost
 
     def start(self) -> "AliveRefresher":
         if self._thread is None:
@@ -167,12 +204,13 @@ class AliveRefresher:
         """Stop refreshing; with ``stopped`` (every worker of the job is gone) say so in a last write.
 
         Without it the last refresh stays, and a restarted driver waits out the grace from it (written once
-        more when the groups it says were raised changed since: one set back to 0 at the end).
+        more when the groups it says were raised changed since, one set back to 0 at the end, or the cost did).
         """
         self._closing.set()
         if self._thread is not None:
             self._thread.join(10.0)  # a write stuck past this lands late, saying "alive": the safe side
-        if self._thread is not None and (stopped or self._raised != self._written_raised):
+        if self._thread is not None and (stopped or self._raised != self._written_raised
+                                         or self._cost != self._written_cost):
             self._write(stopped=stopped)  # a group set back to 0 at the end must not be taken over as raised
 
     def _loop(self) -> None:
@@ -182,10 +220,10 @@ class AliveRefresher:
 
     def _write(self, *, stopped: bool) -> None:
         entry = DriverAlive(self._entry.job_id, self._clock(), self._entry.grace_s, self._entry.host,
-                            self._entry.pid, stopped, self._raised)
+                            self._entry.pid, stopped, self._raised, self._cost)
         try:
             write_driver_alive(self._store, entry)
-            self._written_raised = entry.raised
+            self._written_raised, self._written_cost = entry.raised, entry.cost
         except CheckpointError as exc:
             (log.debug if self._failing else log.warning)("driver sign of life not refreshed: %s", exc)
             self._failing = True

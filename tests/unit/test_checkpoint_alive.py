@@ -17,6 +17,7 @@ from cloud_elastic.checkpoint.alive import (
     read_driver_alive,
     write_driver_alive,
 )
+from cloud_elastic.cost import CostSoFar
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -71,3 +72,15 @@ def test_the_refresher_keeps_the_entry_fresh_and_says_stopped_only_when_told(tmp
     again.close(stopped=True)
     last = read_driver_alive(store)
     assert last.stopped and last.alive == 120.0
+
+
+def test_the_refresher_writes_the_cost_so_far_it_is_handed_and_its_last_figures_at_close(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    refresher = AliveRefresher(store, "job1", 30.0, interval_s=60.0, clock=lambda: 100.0)
+    refresher.set_cost(CostSoFar(1.0, 2.0))  # the snapshot the driver hands it at each tick
+    refresher.start()
+    assert _until(lambda: read_driver_alive(store)).cost == CostSoFar(1.0, 2.0)  # the first refresh
+    later = CostSoFar(1.5, 3.0, by_source=(("od", 1.5),))
+    refresher.set_cost(later)  # the next refresh is a minute away: the close writes it
+    refresher.close(stopped=False)
+    assert read_driver_alive(store).cost == later and not read_driver_alive(store).stopped

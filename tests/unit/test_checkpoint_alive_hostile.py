@@ -13,6 +13,7 @@ import pytest
 
 from cloud_elastic.checkpoint import CheckpointError, CheckpointStore
 from cloud_elastic.checkpoint.alive import ALIVE_RECORD, MAX_GRACE_S, DriverAlive, read_driver_alive, write_driver_alive
+from cloud_elastic.cost import CostSoFar
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -58,10 +59,11 @@ def test_a_driver_never_writes_a_number_json_cannot_hold(tmp_path: Path) -> None
     assert json.loads((tmp_path / ALIVE_RECORD).read_text())["grace_s"] == 60.0
 
 
-def _raised_entry(tmp_path: Path, raised: str) -> CheckpointStore:
+def _entry_with(tmp_path: Path, name: str, value: str) -> CheckpointStore:
+    """An entry whose field ``name`` (``raised``, ``cost``) is the JSON text ``value``."""
     (tmp_path / ALIVE_RECORD).write_text(
         '{"format": "cloud-elastic-checkpoint", "job_id": "j1", "host": "vm", "pid": 7, "stopped": false, '
-        f'"alive": {NOW}, "grace_s": 60, "raised": {raised}}}')
+        f'"alive": {NOW}, "grace_s": 60, "{name}": {value}}}')
     return CheckpointStore(str(tmp_path))
 
 
@@ -70,7 +72,7 @@ def test_the_groups_a_driver_raised_read_back_and_an_entry_without_them_raised_n
     write_driver_alive(store, DriverAlive("j1", NOW, 60.0, "vm", 7, raised=(("gpu-od", 2),)))
     assert json.loads((tmp_path / ALIVE_RECORD).read_text())["raised"] == {"gpu-od": 2}
     assert read_driver_alive(store, now=NOW).raised == (("gpu-od", 2),)
-    assert read_driver_alive(_raised_entry(tmp_path, "{}"), now=NOW).raised == ()
+    assert read_driver_alive(_entry_with(tmp_path, "raised", "{}"), now=NOW).raised == ()
     (tmp_path / ALIVE_RECORD).write_text(  # a record written before drivers kept it
         f'{{"format": "cloud-elastic-checkpoint", "job_id": "j1", "host": "vm", "pid": 7, "alive": {NOW}, '
         '"grace_s": 60}')
@@ -82,5 +84,34 @@ def test_the_groups_a_driver_raised_read_back_and_an_entry_without_them_raised_n
 def test_raised_groups_that_are_not_a_small_mapping_of_bounded_capacities_are_refused_in_one_line(
         tmp_path: Path, raised: str) -> None:
     with pytest.raises(CheckpointError, match=rf"{ALIVE_RECORD} is unreadable: raised") as refused:
-        read_driver_alive(_raised_entry(tmp_path, raised), now=NOW)
+        read_driver_alive(_entry_with(tmp_path, "raised", raised), now=NOW)
     assert "\n" not in str(refused.value)
+
+
+def test_the_cost_so_far_reads_back_and_an_entry_without_it_has_none(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    cost = CostSoFar(12.5, 9.75, 0.25, (("gpu-od", 9.4), ("gpu-spot", 3.1)))
+    write_driver_alive(store, DriverAlive("j1", NOW, 60.0, "vm", 7, cost=cost))
+    assert json.loads((tmp_path / ALIVE_RECORD).read_text())["cost"] == {
+        "dollars": 12.5, "slot_hours": 9.75, "unpriced_slot_hours": 0.25, "by_source": {"gpu-od": 9.4, "gpu-spot": 3.1}}
+    assert read_driver_alive(store, now=NOW).cost == cost
+    assert read_driver_alive(_entry_with(tmp_path, "cost", "null"), now=NOW).cost is None  # a job with one source
+    assert read_driver_alive(_entry_with(tmp_path, "raised", "{}"), now=NOW).cost is None  # written before drivers kept it
+
+
+_FIGURES = '"slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {}'
+
+
+@pytest.mark.parametrize("cost", [
+    '{"dollars": NaN, ' + _FIGURES + '}', '{"dollars": -1, ' + _FIGURES + '}', '{"dollars": 1e300, ' + _FIGURES + '}',
+    '{"dollars": Infinity, ' + _FIGURES + '}', '{"dollars": "5", ' + _FIGURES + '}',
+    '{"dollars": true, ' + _FIGURES + '}', '{"dollars": 1, "slot_hours": 1, "by_source": {}}',
+    '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {"od": -0.5}}',
+    '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {'
+    + ", ".join(f'"s{i}": 1' for i in range(1000)) + '}}',
+    '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {"' + "x" * 300 + '": 1}}',
+    '[12.5, 9.75]', '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0}'])
+def test_a_cost_that_is_not_bounded_figures_of_a_few_sources_is_refused_in_one_line(tmp_path: Path, cost: str) -> None:
+    with pytest.raises(CheckpointError, match=rf"{ALIVE_RECORD} is unreadable: cost") as refused:
+        read_driver_alive(_entry_with(tmp_path, "cost", cost), now=NOW)
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 400

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.cost import CostMeter
+from cloud_elastic.cost import CostMeter, CostSoFar
 from cloud_elastic.driver.job.actions import SetCapacity
 from cloud_elastic.driver.job.elastic_job import Finish, Launch, Release, Stop, WorkerState
 from cloud_elastic.driver.job.hosts import Blacklist, HostManager
@@ -206,6 +206,37 @@ def test_the_cost_meter_integrates_rates_between_calls_and_counts_unpriced_slots
     s = meter.summary()
     assert s.dollars == pytest.approx(2.0) and s.slot_hours == pytest.approx(2.5)
     assert s.unpriced_slot_hours == pytest.approx(0.5) and s.fallback_only is None
+
+
+def test_a_meter_carried_from_a_crashed_driver_goes_on_from_its_figures():
+    meter = CostMeter()
+    meter.carry(CostSoFar(10.0, 5.0, 1.0, (("od", 8.0), ("spot-a", 2.0))))  # the predecessor's last sign of life
+    meter.advance(0.0, {"od": (1, 4.0, 0), "x": (1, 0.0, 1)})
+    meter.advance(1800.0, {})
+    s = meter.summary()
+    assert (s.dollars, s.slot_hours, s.unpriced_slot_hours) == pytest.approx((12.0, 6.0, 1.5))
+    assert s.by_source == pytest.approx({"od": 10.0, "spot-a": 2.0, "x": 0.0})
+    assert meter.so_far() == CostSoFar(s.dollars, s.slot_hours, 1.5, (("od", 10.0), ("spot-a", 2.0), ("x", 0.0)))
+
+
+def test_a_job_that_carried_its_predecessors_cost_reports_the_sum_in_events_status_and_its_end_line():
+    from cloud_elastic.config import JobConfig
+    from cloud_elastic.driver.job.status_reply import status_reply
+    from cloud_elastic.driver.runtime.costs import final_cost
+
+    sim = Sourced(1, progress_timeout_s=0)
+    sim.job.capacity.sourcing.carry_cost(CostSoFar(10.0, 5.0, by_source=(("od", 10.0),)))
+    sim._collect()
+    assert [f["dollars"] for k, f in sim.events if k == "cost"] == [10.0]  # at once, not at the next rate change
+    sim.groups(a=1)
+    sim.join("a0[0]")
+    sim.advance(3600)  # an hour on spot-a at 1.0 $/slot-hour
+    config = JobConfig(command=("python", "t.py"), num_proc=1, min_np=1, max_np=1)
+    reply = status_reply(sim.job, config, provider="aws", now=sim.now, wall_now=sim.now, uptime_s=3600)
+    assert reply.cost == pytest.approx(11.0, rel=1e-3)
+    assert final_cost(sim.job, sim.now).line.startswith(f"job {sim.job.job_id}: cost $11.00 for 6.000 slot-hour(s)")
+    # The events go on from the sum too (one at least every minute: a minute at 1 $/h behind at most).
+    assert [f["dollars"] for k, f in sim.events if k == "cost"][-1] == pytest.approx(11.0, abs=1 / 60)
 
 
 def test_with_whole_hosts_the_fallback_gives_whole_hosts():

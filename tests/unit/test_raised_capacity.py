@@ -4,11 +4,14 @@ with a real Driver and checkpoint store, and a discovery provider of this test's
 The job's core decides when a group goes back to 0 (tests/unit/test_job_sourcing.py); these check the runtime:
 a driver that waits out a crashed predecessor's workers lowers none of the groups that predecessor raised (its
 workers may still train there, or a live driver elsewhere still runs the job), and keeps saying they are
-raised; a job that raised nothing does not wait for a slow discovery call to end before it exits.
+raised; a job that raised nothing does not wait for a slow discovery call to end before it exits. The cost so
+far rides the same sign of life: the driver that takes the job over reports its predecessor's with its own.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 
@@ -16,12 +19,15 @@ import pytest
 
 from cloud_elastic.checkpoint.alive import DriverAlive, read_driver_alive, write_driver_alive
 from cloud_elastic.config import JobConfig
+from cloud_elastic.cost import CostSoFar
 from cloud_elastic.driver.restart.predecessor import open_store, plan_start
 from cloud_elastic.driver.runtime.driver import Driver
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 from cloud_elastic.providers.sources import SourceSpec
 
 pytestmark = pytest.mark.timeout(60)
+
+_COST = CostSoFar(12.5, 9.75, 0.0, (("od", 9.4), ("spot", 3.1)))  # what a crashed driver's meter last said
 
 
 class Groups(HostDiscovery):
@@ -56,16 +62,70 @@ def test_a_driver_stopped_while_it_waits_out_its_predecessor_lowers_none_of_its_
     store = open_store(config)
     plan_start(config, store, job_id="j1")
     # The driver on another machine was alive a second ago, with the on-demand group raised.
-    write_driver_alive(store, DriverAlive("j1", time.time() - 1, 60.0, "other-vm", 4242, raised=(("od", 2),)))
+    write_driver_alive(store, DriverAlive("j1", time.time() - 1, 60.0, "other-vm", 4242, raised=(("od", 2),),
+                                          cost=_COST))
     groups = Groups()
     driver = Driver(config, groups, job_id="j2")
     threading.Timer(2.0, lambda: driver.stop("interrupted", 130)).start()  # Ctrl-C while it waits
     assert driver.run().exit_code == 130
     assert groups.calls == []  # the old workers may still train on it
     # It wrote nothing over the entry while it waited (the driver elsewhere may be alive): the entry still
-    # carries the raised group, which the next driver takes over.
+    # carries the raised group and the cost so far, which the next driver takes over.
     entry = read_driver_alive(store)
-    assert entry.pid == 4242 and entry.raised == (("od", 2),)
+    assert entry.pid == 4242 and entry.raised == (("od", 2),) and entry.cost == _COST
+
+
+class StopsAtFind(Groups):
+    """Groups whose first discovery call stops the driver, as a Ctrl-C then would (no timer to race); with
+    ``taken_over``, its first call once the driver took the job over (it holds no raised group of its
+    predecessor's apart any more)."""
+
+    def __init__(self, taken_over: bool) -> None:
+        super().__init__()
+        self.taken_over, self.driver = taken_over, None
+
+    def find(self) -> DiscoveredHosts:
+        if not self.taken_over or not self.driver._carried:
+            self.driver.stop("interrupted", 130)
+        return super().find()
+
+
+def _after_a_crash(tmp_path, monkeypatch, taken_over: bool, **options):
+    """A driver started for job j1 an hour after its driver crashed (its workers' grace long over) having spent
+    ``_COST`` with the on-demand group raised; the new driver is stopped as :class:`StopsAtFind` says."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1,
+                       checkpoint_dir=str(tmp_path / "ckpt"), manage_capacity=True, driver_grace_s=60.0,
+                       discovery_interval_s=0.05, **options)
+    store = open_store(config)
+    plan_start(config, store, job_id="j1")
+    write_driver_alive(store, DriverAlive("j1", time.time() - 3600, 60.0, "other-vm", 4242, raised=(("od", 2),),
+                                          cost=_COST))
+    groups = StopsAtFind(taken_over)
+    groups.driver = Driver(config, groups, job_id="j2")
+    assert groups.driver.run().exit_code == 130
+    return store
+
+
+def test_a_driver_that_takes_the_job_over_reports_its_predecessors_cost_with_its_own(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    events = tmp_path / "events.jsonl"
+    store = _after_a_crash(tmp_path, monkeypatch, taken_over=True, events_file=str(events))
+    assert "job j1: cost so far carried from the previous driver: $12.50 for 9.750 slot-hour(s), up to its last " \
+           "sign of life at " in caplog.text
+    assert "job j1: cost $12.50 for 9.750 slot-hour(s)" in caplog.text  # the end line: no worker ran since
+    written = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [e["dollars"] for e in written if e["event"] == "cost"][-1] == 12.5  # one at the takeover, at least
+    assert [e["cost"] for e in written if e["event"] == "job_finished"] == [12.5]
+    last = read_driver_alive(store)  # its own sign of life, for a driver after it (had it crashed)
+    assert last.is_this_process() and last.cost == _COST
+
+
+def test_a_driver_stopped_before_it_takes_the_job_over_carries_its_predecessors_cost_forward(tmp_path, monkeypatch):
+    store = _after_a_crash(tmp_path, monkeypatch, taken_over=False)  # Ctrl-C during its first discovery call
+    last = read_driver_alive(store)
+    assert last.is_this_process()
+    assert (last.cost, last.raised) == (_COST, (("od", 2),))  # its own sign of life says both, as they were
 
 
 def test_a_job_that_raised_nothing_does_not_wait_for_a_slow_discovery_call_to_exit(tmp_path, monkeypatch):

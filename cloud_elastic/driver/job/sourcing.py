@@ -33,7 +33,8 @@ Only for a job with several sources (``Policy.sources``, see
   :data:`COST_EVENT_EVERY_S` while the rate changes, and at least every
   :data:`COST_EVENT_MAX_S`. The meter moves at each :meth:`Sourcing.step` and each
   :meth:`Sourcing.charge`, which the driver calls at every tick (a fixed-size job's
-  running round and a finishing job plan no launches, so take no step).
+  running round and a finishing job plan no launches, so take no step). A driver restarted
+  after a crash goes on from its predecessor's figures (:meth:`Sourcing.carry_cost`).
 
 Pure: time comes in as ``now``; the I/O (capacity calls, price look-ups) is the runtime's.
 """
@@ -44,7 +45,7 @@ import logging
 import math
 from typing import Callable, Mapping
 
-from cloud_elastic.cost import CostMeter, CostSummary
+from cloud_elastic.cost import CostMeter, CostSoFar, CostSummary
 from cloud_elastic.driver.job.actions import SetCapacity
 from cloud_elastic.driver.job.hosts import HostManager, Slot
 from cloud_elastic.driver.job.view import JobView
@@ -293,6 +294,13 @@ class Sourcing:
         if (rate != self._cost_rate and now - self._cost_at >= COST_EVENT_EVERY_S) or \
                 now - self._cost_at >= COST_EVENT_MAX_S:
             self._cost_at, self._cost_rate = now, rate
+            self.emit_cost()
+
+    def carry_cost(self, before: CostSoFar) -> None:
+        """Go on from what the job cost under a crashed predecessor (its meter's figures, kept beside the
+        checkpoints), with a ``cost`` event that says the sum."""
+        if self.specs:
+            self.cost.carry(before)
             self.emit_cost()
 
     def summary(self, now: float) -> CostSummary:

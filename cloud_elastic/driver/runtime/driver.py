@@ -125,6 +125,7 @@ class Driver:
         self._durable: Any = None  # the CheckpointStore of --checkpoint-dir, opened by run()
         self._alive_refresher: Any = None  # keeps our own sign of life fresh beside the checkpoints
         self._carried: dict[str, int] = {}  # host groups a crashed predecessor raised, not yet taken over
+        self._carried_cost: Any = None  # what the job cost under a crashed predecessor, not yet taken over
         self._predecessor_gone = True  # False while an earlier driver's workers may still be running
         self._stopped_at: float | None = None  # when shutdown had stopped every worker (the cost ends there)
 
@@ -150,6 +151,7 @@ class Driver:
         self._set_job_id(plan.job_id)
         self._predecessor_gone = plan.predecessor_gone
         self._carried = raised.carried(plan.previous_alive)  # taken over once this driver runs the job
+        self._carried_cost = raised.carried_cost(plan.previous_alive)
         if plan.resumed:
             self._resume()
         self._sinks = open_sinks(self.job_id, self.config.events_file, self.config.metrics_port,
@@ -177,7 +179,8 @@ class Driver:
             if self._stop_reason is None:  # this driver runs the job: a crashed predecessor's groups are its own
                 with self._cond:
                     raised.inherit(self._job, self._carried)
-                    self._carried = {}
+                    raised.inherit_cost(self._job, self._carried_cost, plan.previous_alive)
+                    self._carried, self._carried_cost = {}, None
                     raised.remember(self._job, self._alive_refresher, self._carried)
             outcome = self._loop()
             return outcome
@@ -330,7 +333,7 @@ class Driver:
 
         self._alive_refresher = AliveRefresher(self._durable, self.job_id, self._workers_grace_s())
         with self._cond:
-            raised.remember(self._job, self._alive_refresher, self._carried)
+            raised.remember(self._job, self._alive_refresher, self._carried, self._carried_cost)
         self._alive_refresher.start()
 
     def _workers_grace_s(self) -> float:
@@ -389,6 +392,8 @@ class Driver:
                 self._job.tick(now)
                 charge(self._job, now)
                 actions = self._job.take_actions()
+                # Each tick: what the sign of life says (groups raised, cost so far) is never a tick behind.
+                raised.remember(self._job, self._alive_refresher, self._carried, self._carried_cost)
                 current_round = self._job.round
                 self._emit_events()
                 outcome = self._job.outcome
@@ -404,8 +409,6 @@ class Driver:
                     self._poller.release(action.host, action.instance)
                 elif isinstance(action, SetCapacity) and self._poller is not None:
                     self._poller.set_capacity(action.source, action.hosts)
-                    with self._cond:
-                        raised.remember(self._job, self._alive_refresher, self._carried)
             if outcome is not None:
                 return outcome
             self._processes.reap()
@@ -496,7 +499,8 @@ class Driver:
         self._stopped_at = self._clock()
         raised.lower(self._job, self._discovery, self._cond, self._poller)  # no worker is left to need it
         with self._cond:
-            raised.remember(self._job, self._alive_refresher, self._carried)
+            charge(self._job, self._stopped_at)  # the last sign of life's cost: up to when the workers had stopped
+            raised.remember(self._job, self._alive_refresher, self._carried, self._carried_cost)
         if self._alive_refresher is not None:
             # "Stopped" only when no worker of this job can be left: ours are, and the predecessor's too.
             self._alive_refresher.close(stopped=self._predecessor_gone)

@@ -1,4 +1,5 @@
-"""The host groups ``--manage-capacity`` raised: carried across a driver crash, set back to 0 when the job ends.
+"""The host groups ``--manage-capacity`` raised: carried across a driver crash, set back to 0 when the job ends;
+and the job's cost so far, carried across a driver crash the same way.
 
 A fallback group the job raised (an on-demand group, say) is paid for as long as
 its instances run. The job's core sets it back to 0 once no fallback slot is
@@ -18,6 +19,10 @@ wanted (``driver.job.sourcing``); two ends of a driver's life are the runtime's:
   driver stopped in that wait lowers nothing and leaves them to the next one.
   Without ``--checkpoint-dir`` there is no such record, and a crashed driver's
   raised group stays as it was.
+
+The sign of life also carries what the job has cost so far (``cloud_elastic.cost``),
+which the driver that takes the job over goes on from (:func:`inherit_cost`), and a
+driver stopped before it does carries forward (:func:`remember`), as for raised groups.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["carried", "inherit", "remember", "lower", "LOWER_TRIES"]
+from cloud_elastic.cost import CostSoFar, format_dollars
+
+__all__ = ["carried", "carried_cost", "inherit", "inherit_cost", "remember", "lower", "LOWER_TRIES"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +52,11 @@ def carried(previous_alive: Any) -> dict[str, int]:
     return dict(getattr(previous_alive, "raised", ()) or ())
 
 
+def carried_cost(previous_alive: Any) -> CostSoFar | None:
+    """What the job had cost under a crashed predecessor, up to its last sign of life; not yet taken over."""
+    return getattr(previous_alive, "cost", None)
+
+
 def inherit(job: Any, raised: dict[str, int]) -> None:
     """Take over the groups a crashed predecessor raised, once this driver runs the job (with the job's lock)."""
     if not raised:
@@ -57,12 +69,39 @@ def inherit(job: Any, raised: dict[str, int]) -> None:
     sourcing.inherit(raised)
 
 
-def remember(job: Any, refresher: Any, carry: dict[str, int]) -> None:
-    """Have the sign of life say what the job has raised now, and what it carries for a predecessor (with the
-    job's lock)."""
+def inherit_cost(job: Any, cost: CostSoFar | None, previous_alive: Any) -> None:
+    """Go on from what the job cost under a crashed predecessor, once this driver runs the job (with the job's
+    lock), and say so in one line.
+
+    The predecessor's figures are those of its last sign of life (``previous_alive.alive``, refreshed every
+    5 s): the time from then until this driver takes the job over is metered by no driver, and is not in the
+    job's cost (its workers may have trained on through it, for up to their ``--driver-grace``).
+    """
+    if cost is None:
+        return
+    sourcing = _sourcing(job)
+    if sourcing is None:
+        log.info("job %s: the previous driver's cost so far (%s) is not reported: this command has a single host "
+                 "source", job.job_id, format_dollars(cost.dollars))
+        return
+    sourcing.carry_cost(cost)
+    alive = previous_alive.alive
+    log.info("job %s: cost so far carried from the previous driver: %s for %.3f slot-hour(s), up to its last sign "
+             "of life at %s (%.0fs ago; the time since is not counted)", job.job_id, format_dollars(cost.dollars),
+             cost.slot_hours, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(alive)),
+             max(0.0, time.time() - alive))
+
+
+def remember(job: Any, refresher: Any, carry: dict[str, int], carry_cost: CostSoFar | None = None) -> None:
+    """Have the sign of life say what the job has raised now and what it has cost so far, with what it carries
+    for a predecessor not yet taken over (with the job's lock; the driver calls it at each tick)."""
     sourcing = _sourcing(job)
     if refresher is not None:
         refresher.set_raised({**carry, **(sourcing.raised() if sourcing is not None else {})})
+        own = sourcing.cost.so_far() if sourcing is not None else None
+        if carry_cost is not None:
+            own = carry_cost if own is None else carry_cost.plus(own)
+        refresher.set_cost(own)
 
 
 def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, pause_s: float = 1.0,
