@@ -14,7 +14,8 @@ The whole tree::
     ├── LaunchError                    a worker could not be started on a host
     │   └── SSHError                   the SSH transport failed (not the worker)
     ├── CheckpointError                a durable checkpoint could not be written, read or loaded
-    │   └── CheckpointBackendMissing   (also a ConfigError) the URL's fsspec package is missing
+    │   ├── CheckpointBackendMissing   (also a ConfigError) the URL's fsspec package is missing
+    │   └── CheckpointBackendTooOld    (also a ConfigError) it is older than cloud-elastic needs
     └── JobFailed                      the elastic job ended unsuccessfully
 
 Worker control-flow exceptions (``HostsUpdatedInterrupt``, ``CollectiveError``)
@@ -109,8 +110,8 @@ class SSHError(LaunchError):
 class CheckpointError(CloudElasticError):
     """A checkpoint could not be written or read, or a payload holds something a checkpoint cannot keep.
 
-    ``CheckpointBackendMissing`` (in :mod:`cloud_elastic.checkpoint`) is also a
-    ConfigError: the URL needs a package that is not installed.
+    ``CheckpointBackendMissing`` and ``CheckpointBackendTooOld`` (in :mod:`cloud_elastic.checkpoint`) are also
+    ConfigErrors: the URL needs a package that is not installed, or a newer release of it.
     """
 
 

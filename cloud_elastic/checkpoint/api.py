@@ -17,6 +17,7 @@ __all__ = [
     "READ_VERSION",
     "CheckpointError",
     "CheckpointBackendMissing",
+    "CheckpointBackendTooOld",
     "CheckpointInfo",
     "Checkpoint",
     "DurableJobRecord",
@@ -43,6 +44,11 @@ class CheckpointBackendMissing(CheckpointError, ConfigError):
         super().__init__(f"checkpoint URL {url!r} needs the {package!r} package; install it with: {how}")
         self.package = package
         self.extra = extra
+
+
+class CheckpointBackendTooOld(CheckpointError, ConfigError):
+    """The installed fsspec implementation for a checkpoint URL lacks what cloud-elastic needs of it (a
+    create-if-absent); the message names the packages, their installed versions and the versions needed."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -34,7 +35,7 @@ import shutil
 import uuid
 from typing import Any, BinaryIO, Callable, Mapping, Protocol
 
-from cloud_elastic.checkpoint.api import CheckpointBackendMissing, CheckpointError
+from cloud_elastic.checkpoint.api import CheckpointBackendMissing, CheckpointBackendTooOld, CheckpointError
 
 __all__ = ["Backend", "LocalBackend", "FsspecBackend", "Oversize", "backend_for", "split_url"]
 
@@ -54,6 +55,10 @@ _IMPLEMENTATIONS = {
 #: refuses when the object exists (s3fs: ``If-None-Match: *``; gcsfs: ``ifGenerationMatch=0``; adlfs:
 #: ``If-None-Match: *``). S3-compatible stores that ignore ``If-None-Match`` make it a plain write.
 _EXCLUSIVE = frozenset(_IMPLEMENTATIONS)
+#: The first release of each package with that mode (checked in their sources): before it, open(path, "xb")
+#: raises NotImplementedError("File mode not supported"). adlfs's own files take "xb" while fsspec's
+#: AbstractBufferedFile, which they build on, refuses to write them before fsspec 2024.12.0.
+_EXCLUSIVE_SINCE = {"fsspec": "2024.12.0", "s3fs": "2024.12.0", "gcsfs": "2024.12.0", "adlfs": "2024.12.0"}
 
 
 class Oversize(ValueError):
@@ -275,21 +280,8 @@ class FsspecBackend:
     def url(self, path: str) -> str:
         return f"{self._protocol}://{self._path(path)}"
 
-    def write(self, path: str, produce: Callable[[BinaryIO], None], mode: str = "wb") -> None:
-        f = self._fs.open(self._path(path), mode)
-        try:
-            produce(f)
-        except BaseException:
-            # Closing would commit what was written so far; throw the upload away instead.
-            try:
-                f.discard()
-            finally:
-                try:
-                    f.closed = True
-                except AttributeError:
-                    pass
-            raise
-        f.close()
+    def write(self, path: str, produce: Callable[[BinaryIO], None]) -> None:
+        _publish(self._fs.open(self._path(path), "wb"), produce)
 
     def create(self, path: str, produce: Callable[[BinaryIO], None]) -> bool:
         if self._protocol not in _EXCLUSIVE:
@@ -301,10 +293,29 @@ class FsspecBackend:
             self.write(path, produce)
             return True
         try:
-            self.write(path, produce, "xb")
+            f = self._fs.open(self._path(path), "xb")
+        except FileExistsError:
+            return False
+        except (NotImplementedError, ValueError) as exc:
+            if isinstance(exc, ValueError) and "mode" not in str(exc):
+                raise
+            raise self._without_exclusive_mode(exc) from exc
+        try:
+            _publish(f, produce)
         except FileExistsError:
             return False
         return True
+
+    def _without_exclusive_mode(self, exc: Exception) -> CheckpointBackendTooOld:
+        """The one-line refusal of an fsspec implementation from before mode ``xb``: it names what to upgrade,
+        where a plain storage error would send the user after the storage's permissions."""
+        packages = dict.fromkeys((_IMPLEMENTATIONS.get(self._protocol, ("fsspec", None))[0], "fsspec"))
+        have = " with ".join(f"{name} {_installed(name)}" for name in packages)
+        needs = " ".join(f"'{name}>={_EXCLUSIVE_SINCE[name]}'" for name in packages)
+        return CheckpointBackendTooOld(
+            f"{self.url('')}: {have} cannot create an object only where none is (open mode 'xb': "
+            f"{' '.join(str(exc).split())[:200]}), which cloud-elastic needs to start a job on it; upgrade: "
+            f"pip install {needs}")
 
     def read(self, path: str, limit: int | None = None) -> bytes:
         if limit is None:
@@ -357,6 +368,30 @@ class FsspecBackend:
         # A fresh filesystem object, as above.
         url, options = self.url(path), {"skip_instance_cache": True, **self._options}
         return digesting_writer(url, options) if writing else verifying_reader(url, expected or {}, options)
+
+
+def _publish(f: Any, produce: Callable[[BinaryIO], None]) -> None:
+    """Write ``produce``'s bytes to the fsspec file ``f`` opened for writing, and commit them by closing it."""
+    try:
+        produce(f)
+    except BaseException:
+        # Closing would commit what was written so far; throw the upload away instead.
+        try:
+            f.discard()
+        finally:
+            try:
+                f.closed = True
+            except AttributeError:
+                pass
+        raise
+    f.close()
+
+
+def _installed(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
 
 
 def _unlink_quietly(path: str) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from cloud_elastic.checkpoint.alive import DriverAlive, entry_bytes, read_entry
 from cloud_elastic.checkpoint.api import CheckpointError
 from cloud_elastic.checkpoint.store import CheckpointStore
+from cloud_elastic.errors import ConfigError
 
 __all__ = ["CLAIMS", "KEEP", "Claim", "claim", "newest_claim", "renew", "claims_between"]
 
@@ -61,6 +62,8 @@ def claim(store: CheckpointStore, generation: int, driver: DriverAlive) -> Claim
     data = entry_bytes(store, path, driver, generation=generation)
     try:
         created = store.backend.create(path, lambda f: f.write(data))
+    except ConfigError:  # says what to install; wrapped, it would read as storage trouble
+        raise
     except Exception as exc:
         raise CheckpointError(f"could not write {store.backend.url(path)}: {' '.join(str(exc).split())}") from exc
     if not created:

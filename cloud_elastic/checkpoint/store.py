@@ -46,6 +46,7 @@ from cloud_elastic.checkpoint.backend import Backend, Oversize, backend_for
 from cloud_elastic.checkpoint.payload import check_payload
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import safe_load, storage_reason
+from cloud_elastic.errors import ConfigError
 
 __all__ = ["CheckpointStore", "write_job_record", "read_job_record"]
 
@@ -389,6 +390,8 @@ def write_job_record(store: CheckpointStore, record: DurableJobRecord, *, only_i
         if only_if_absent:
             return store.backend.create(JOB_RECORD, lambda f: f.write(data))
         store.backend.write(JOB_RECORD, lambda f: f.write(data))
+    except ConfigError:  # says what to install; wrapped, it would read as storage trouble
+        raise
     except Exception as exc:
         raise CheckpointError(f"could not write the job record to {store.url}: {_one_line(exc)}") from exc
     return True

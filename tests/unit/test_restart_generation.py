@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from cloud_elastic.checkpoint.claims import KEEP
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.restart.predecessor import CLAIM_LIVE_S, plan_start, wait_for_predecessor
 from cloud_elastic.errors import ConfigError
+from tests.unit.test_start_claim import start_driver
 from tests.unit.test_start_plan import live_driver
 
 pytestmark = pytest.mark.timeout(60)
@@ -224,10 +224,6 @@ def test_an_unreadable_newest_claim_still_takes_its_generation(
 
 def test_the_driver_that_loses_a_restart_exits_2_with_one_line_and_launches_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import signal
-
-    from cloud_elastic import cli
-
     ckpt = str(tmp_path / "c")
     _ended_job(ckpt, stopped=True)
     create = LocalBackend.create
@@ -238,15 +234,8 @@ def test_the_driver_that_loses_a_restart_exits_2_with_one_line_and_launches_noth
         return create(self, path, produce)
 
     monkeypatch.setattr(LocalBackend, "create", create_after_another_driver)
-    monkeypatch.setattr(signal, "signal", lambda *args: None)  # the test process keeps its own handlers
-    monkeypatch.setattr(cli, "_setup_logging", lambda verbose: None)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    ran = tmp_path / "ran"
-    code = cli.main(["run", "-np", "1", "-H", "localhost:1", "--checkpoint-dir", ckpt,
-                     sys.executable, "-c", f"open({str(ran)!r}, 'w')"])
-    assert code == 2
+    assert start_driver(monkeypatch, tmp_path, ckpt) == (2, False)
     assert capsys.readouterr().err.splitlines() == [
         f"cloud-elastic: error: another driver (pid 4242 on driver-vm-2) restarted job {JOB} (driver generation 1) "
         f"on {ckpt} at the same moment; not running it twice: stop that driver first or use another "
         "--checkpoint-dir"]
-    assert not ran.exists()
