@@ -33,8 +33,20 @@ one line: a refused selector (400/422), pods that may not be listed (403),
 bad credentials (401) or an unreadable kubeconfig are fatal; an unreachable
 API server, 429 and 5xx are retryable. Nodes that may not be read (403) are
 not fatal: one warning, and the job goes on without node signals (pod signals
-still work). Later, a watch that stays down longer than ``stale_after_s`` makes
-find() raise RetryableDiscoveryError until it is back.
+still work).
+
+Staleness: later, a pods watch that has not heard from the API server for
+``stale_after_s`` (30 s) makes find() raise RetryableDiscoveryError until it is
+back. A watch that fails (cut, refused, 5xx) counts as down at once; one that
+goes silent (a stalled path: no reset, no bytes) counts as down once nothing
+(no event, no bookmark, no end of stream) has come for ``watch_s`` + 10 s: each
+watch asks for bookmarks and lasts ``watch_s`` (30 s), so the server always
+writes within it. So, with the defaults, a change (a deletion, a taint) that
+the view misses is either seen or reported as an error within 40 s
+(max(``stale_after_s``, ``watch_s`` + min(10, ``watch_s``))) plus one
+``--discovery-interval``: well inside a pod's grace period. TCP keepalive on
+the client's sockets (15 s idle, 3 probes 5 s apart) fails a read on a peer
+that is gone within 30 s.
 """
 
 from __future__ import annotations
@@ -51,7 +63,7 @@ from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryErro
 from cloud_elastic.providers._common import CloudGroupProvider, OptionReader, error_for_status, one_line
 from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption, parse_bool
 from cloud_elastic.providers.kubernetes_view import ClusterView
-from cloud_elastic.providers.kubernetes_watch import ResourceWatch
+from cloud_elastic.providers.kubernetes_watch import ResourceWatch, keepalive_options
 
 __all__ = ["KubernetesPods", "check_selector"]
 
@@ -127,15 +139,16 @@ class KubernetesPods(CloudGroupProvider):
         ProviderOption("gpu_resource", "the resource whose limit gives a pod's slots", default="nvidia.com/gpu"),
         ProviderOption("node_selector", "label selector of the nodes to watch (default: all nodes)"),
         ProviderOption("timeout_s", "connect/read timeout of one list request, seconds", default="10"),
-        ProviderOption("watch_s", "how long one watch request lasts before it is renewed, seconds", default="120"),
-        ProviderOption("stale_after_s", "a watch down this long makes discovery fail (retryable), seconds",
-                       default="30"),
+        ProviderOption("watch_s", "how long one watch request lasts before it is renewed, seconds; a watch silent "
+                       "for this + 10 s is down", default="30"),
+        ProviderOption("stale_after_s", "a pods watch that has not heard from the server for this long makes "
+                       "discovery fail (retryable), seconds", default="30"),
     )
 
     def __init__(self, selector: str, *, namespace: str | None = None, kubeconfig: str | None = None,
                  context: str | None = None, drain_taints: tuple[str, ...] = (), drain_on_rebalance: bool = False,
                  container: str | None = None, gpu_resource: str = "nvidia.com/gpu",
-                 node_selector: str | None = None, timeout_s: float = 10.0, watch_s: float = 120.0,
+                 node_selector: str | None = None, timeout_s: float = 10.0, watch_s: float = 30.0,
                  stale_after_s: float = 30.0, slots_per_host: int | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.selector = selector
@@ -211,6 +224,7 @@ class KubernetesPods(CloudGroupProvider):
             raise FatalDiscoveryError(f"{self.label}: cannot load {where}: {one_line(exc)}") from exc
         if self.namespace is None:
             self.namespace = namespace or "default"
+        cfg.socket_options = keepalive_options(self.sdk["urllib3"].connection.HTTPConnection.default_socket_options)
         self._server = cfg.host
         return client.ApiClient(cfg)
 

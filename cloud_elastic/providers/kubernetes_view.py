@@ -17,11 +17,25 @@ pod / its node                                              result
 ``metadata.deletionTimestamp`` set                          draining "pod deleted", deadline = it
 condition ``DisruptionTarget`` ``True``                     draining "<reason>", deadline = the
                                                             condition's time + the pod's grace
-a hard drain taint on its node (see :data:`DRAIN_TAINTS`)   draining "node <node>: <taint>"
+a hard drain taint on its node (see :data:`DRAIN_TAINTS`)   draining "node <node>: <taint>"; for
+                                                            ``spot-itn``, deadline = the taint's
+                                                            time + 120 s
 condition ``Ready`` ``True``                                **ready**; a soft taint or a cordon
                                                             on its node is a *soft* notice
 anything else (not ready)                                   absent
 ==========================================================  ======================================
+
+A time the API leaves out is counted from when the view first saw the signal
+(a snapshot's ``now``): a ``DisruptionTarget`` without ``lastTransitionTime``,
+and a taint without ``timeAdded``, which is every taint but a ``NoExecute``
+one (the termination handler's ``spot-itn`` is ``NoSchedule``). The deadline
+is then later than the truth by the time the signal took to reach the view:
+usually the one event that woke the driver.
+
+Slots from the annotation must be a whole number from 1 to
+:data:`~cloud_elastic.providers.api.MAX_SLOTS_PER_HOST`; any other value is
+warned about once and leaves the pod out (it does not fail discovery, which
+would end the job for one pod's typo).
 
 Identity: ``instances`` names each host ``<pod name>/<pod uid>/<restarts>``
 (restarts: the worker container's ``restartCount``). A pod recreated under
@@ -37,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from cloud_elastic.providers._common import SnapshotBuilder, OnceLog, Verdict, draining, READY, ABSENT, parse_time
-from cloud_elastic.providers.api import DiscoveredHosts
+from cloud_elastic.providers.api import MAX_SLOTS_PER_HOST, DiscoveredHosts
 
 __all__ = ["DRAIN_TAINTS", "SOFT_TAINTS", "SLOTS_ANNOTATION", "PodRecord", "NodeRecord", "ClusterView",
            "pod_record", "node_record"]
@@ -120,6 +134,20 @@ def _gpus(container: Mapping[str, Any], resource: str) -> int:
         return 0
 
 
+def _annotated_slots(text: str) -> int | None:
+    """The annotation's slots, or None unless it is a whole number in 1..MAX_SLOTS_PER_HOST (ASCII digits only:
+    ``int`` takes other scripts' digits, and refuses more than 4300 of them)."""
+    if not (text.isascii() and text.isdigit()) or len(text.lstrip("0")) > len(str(MAX_SLOTS_PER_HOST)):
+        return None
+    return int(text) if 0 < int(text) <= MAX_SLOTS_PER_HOST else None
+
+
+def _slots_refusal(text: str) -> str:
+    if text.isascii() and text.isdigit() and text.strip("0"):
+        return f"more than the {MAX_SLOTS_PER_HOST} slots a host may have"
+    return "not a positive whole number of slots"
+
+
 def pod_record(pod: Mapping[str, Any], *, container: str | None = None, gpu_resource: str = "nvidia.com/gpu",
                slots_per_host: int | None = None) -> PodRecord:
     """Read one pod, in the API's JSON, into a :class:`PodRecord`."""
@@ -134,7 +162,7 @@ def pod_record(pod: Mapping[str, Any], *, container: str | None = None, gpu_reso
     elif _gpus(worker, gpu_resource) > 0:
         slots = _gpus(worker, gpu_resource)
     elif annotation:
-        slots = int(annotation) if annotation.isdigit() and int(annotation) > 0 else None
+        slots = _annotated_slots(annotation)
     else:
         slots = 1
     ready = _condition(status, "Ready")
@@ -190,6 +218,7 @@ class ClusterView:
         self.pods: dict[str, PodRecord] = {}
         self.nodes: dict[str, NodeRecord] = {}
         self._first_seen: dict[str, float] = {}  # pod uid -> when a disruption without a time was first seen
+        self._taint_seen: dict[tuple[str, str], float] = {}  # (node, key) -> when a timeless taint was first seen
         self._once = OnceLog(_log, logging.WARNING)
 
     # -- feeding -------------------------------------------------------------------------
@@ -251,9 +280,9 @@ class ClusterView:
                 continue
             verdict = self._verdict(pod, now)
             if verdict.kind == "ready" and pod.slots is None:
-                self._once.note(("slots", pod.uid, pod.slots_text), "%s: pod %s has annotation %s=%r, which is not "
-                                "a positive whole number of slots; the pod is not used", self.label, pod.name,
-                                SLOTS_ANNOTATION, pod.slots_text)
+                self._once.note(("slots", pod.uid, pod.slots_text), "%s: pod %s has annotation %s=%r, which is %s; "
+                                "the pod is not used", self.label, pod.name, SLOTS_ANNOTATION, pod.slots_text,
+                                _slots_refusal(pod.slots_text))
                 continue
             builder.add(pod.ip, verdict, lambda p=pod: p.slots, order=pod.created, instance=pod.instance)
             if verdict.kind == "ready":
@@ -262,6 +291,9 @@ class ClusterView:
                     soft[pod.ip] = note
         for uid in set(self._first_seen) - uids:
             del self._first_seen[uid]
+        taints = {(node.name, key) for node in self.nodes.values() for key, _ in node.taints}
+        for gone in set(self._taint_seen) - taints:
+            del self._taint_seen[gone]
         self._once.cycle()
         snap = builder.build()
         soft = {h: r for h, r in soft.items() if h in snap.ready}
@@ -280,7 +312,9 @@ class ClusterView:
             for key, added in node.taints:
                 if key in self.hard:
                     lead = _SPOT_TAINT_LEAD_S.get(key)
-                    deadline = None if lead is None or added is None else added + lead
+                    if lead is not None and added is None:
+                        added = self._taint_seen.setdefault((node.name, key), now)
+                    deadline = None if lead is None else added + lead
                     return draining(f"node {node.name}: {self.hard[key]}", deadline)
         if pod.ready and self.drain_soft:
             note = self._soft(pod)

@@ -5,16 +5,25 @@ list to the view, then watches from the list's ``resourceVersion``:
 
 * every event moves the kept ``resourceVersion`` on (``BOOKMARK`` events too),
   and a change that matters to the driver calls ``on_news``;
-* a watch the server ends (its ``timeoutSeconds``) is started again at once,
-  from the kept version, so nothing between the two is missed;
+* a watch the server ends (its ``timeoutSeconds``, ``watch_s``) is started
+  again at once, from the kept version, so nothing between the two is missed;
+* a watch that goes **silent** is trouble too: the API server ends each watch
+  at its ``timeoutSeconds`` and, since we ask for bookmarks, sends a
+  ``BOOKMARK`` about two seconds before (and about once a minute on longer
+  watches), so a healthy stream is never quiet for longer than ``watch_s``.
+  The read timeout is :func:`silence_s` (``watch_s`` + at most 10 s): no byte
+  for that long (a stalled path, a proxy that stopped forwarding, a peer gone
+  without a reset) ends the request like a cut connection would;
 * ``410 Gone`` (the kept version is older than the server's history, sent as
   an ``ERROR`` event or as the status of the request) relists: the view is
   replaced by the fresh list, so what happened in the gap is neither missed
   nor doubled, and the watch goes on from the new list's version;
 * anything else (a connection cut or refused, a 5xx, a 429) is retried from
   the kept version after a back-off of 0.5 s doubling to 30 s, with jitter.
-  :meth:`ResourceWatch.trouble` says since when and why, so the provider can
-  report a watch that stays down as a retryable discovery error.
+  :meth:`ResourceWatch.trouble` says why, and since when the view may be
+  stale: the last line (event or bookmark) or response from the server, not
+  the first failure, so the provider's ``stale_after_s`` counts from the last
+  word and a silent stream is reported ``silence_s`` after it at the latest.
 
 Events are parsed as plain JSON, not into the client's models: the view reads
 a few fields, and building a ``V1Pod`` costs far more than reading it.
@@ -30,13 +39,34 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Mapping
 
-__all__ = ["ResourceWatch", "Gone", "PAGE_SIZE"]
+__all__ = ["ResourceWatch", "Gone", "PAGE_SIZE", "silence_s", "keepalive_options"]
 
 _log = logging.getLogger(__name__)
 
 PAGE_SIZE = 500
 _BACKOFF_FIRST_S = 0.5
 _BACKOFF_MAX_S = 30.0
+#: How long past its timeoutSeconds a watch may stay silent: the server's bookmark comes ~2 s before its deadline,
+#: and the end of the stream at it; the rest is room for a busy server and the network.
+_SILENCE_MARGIN_S = 10.0
+#: TCP keepalive on the client's sockets: a peer that stops acknowledging (a node or NAT gone) fails the read after
+#: 15 s idle + 3 unanswered probes 5 s apart = 30 s, before the read timeout; the probes also keep a NAT or load
+#: balancer from dropping a quiet watch's connection.
+_KEEPALIVE = {"TCP_KEEPIDLE": 15, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
+
+
+def silence_s(watch_s: float) -> float:
+    """The read timeout of a watch of ``watch_s`` seconds: a stream quiet this long is stalled."""
+    return watch_s + min(_SILENCE_MARGIN_S, watch_s)
+
+
+def keepalive_options(base: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """``base`` (urllib3's default socket options) with TCP keepalive on, where the platform has the knobs."""
+    options = list(base) + [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in _KEEPALIVE.items():
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return options
 
 
 class Gone(Exception):
@@ -62,7 +92,7 @@ class ResourceWatch:
     def __init__(self, what: str, call: Callable[..., Any], *, replace: Callable[[list], bool],
                  apply: Callable[[str, Mapping[str, Any]], bool], lock: threading.Lock,
                  on_news: Callable[[], None], selector: str | None = None, timeout_s: float = 10.0,
-                 watch_s: float = 120.0, rng: random.Random | None = None) -> None:
+                 watch_s: float = 30.0, rng: random.Random | None = None) -> None:
         self.what = what
         self._call = call
         self._replace = replace
@@ -77,6 +107,7 @@ class ResourceWatch:
         self._thread: threading.Thread | None = None
         self._resp: Any = None
         self._trouble: tuple[float, str] | None = None
+        self._heard = time.time()  # the last line or response from the server: the view is current up to then
         #: The resourceVersion the next watch starts from (of the last list or event).
         self.resource_version: str | None = None
         #: Counters, for tests and benchmarks: lists made (the first included), watch requests, events.
@@ -115,6 +146,7 @@ class ResourceWatch:
         with self._lock:
             changed = self._replace(items)
             self.resource_version = version
+        self._heard = time.time()
         self.lists += 1
         return changed
 
@@ -122,6 +154,7 @@ class ResourceWatch:
 
     def start(self) -> None:
         """Watch on a daemon thread from the version of the last :meth:`sync`."""
+        self._heard = time.time()  # silence counts from here: what changed since the list comes with the first lines
         self._thread = threading.Thread(target=self._run, name=f"k8s-watch-{self.what}", daemon=True)
         self._thread.start()
 
@@ -133,8 +166,17 @@ class ResourceWatch:
             self._thread.join(timeout_s)
 
     def trouble(self) -> tuple[float, str] | None:
-        """(since when, why) while the watch cannot be (re)established; None while it runs."""
-        return self._trouble
+        """(since when the view may be stale, why) while the watch is down; None while it runs.
+
+        Down: a request failed and none has succeeded since, or the server has been silent longer than
+        :func:`silence_s` (the thread may still be waiting on it: a request urllib3 retries can take several
+        read timeouts before it fails).
+        """
+        trouble = self._trouble
+        quiet = time.time() - self._heard
+        if trouble is None and self._thread is not None and quiet > silence_s(self._watch_s):
+            return self._heard, f"no word from the API server for {quiet:.0f} s (a stalled connection?)"
+        return trouble
 
     def _run(self) -> None:
         delay = _BACKOFF_FIRST_S
@@ -166,7 +208,7 @@ class ResourceWatch:
                     continue
                 reason = _describe(exc)
                 if self._trouble is None:
-                    self._trouble = (time.time(), reason)
+                    self._trouble = (self._heard, reason)
                     _log.info("%s watch interrupted (%s); reconnecting from version %s", self.what, reason,
                               self.resource_version)
                 else:
@@ -179,9 +221,10 @@ class ResourceWatch:
         """One watch request, its events applied until the stream ends; returns how many lines it had."""
         resp = self._call(watch=True, resource_version=self.resource_version, allow_watch_bookmarks=True,
                           timeout_seconds=max(1, int(self._watch_s)), _preload_content=False,
-                          _request_timeout=(self._timeout_s, self._watch_s + 15), **self._selection())
+                          _request_timeout=(self._timeout_s, silence_s(self._watch_s)), **self._selection())
         self.watches += 1
         self._resp = resp
+        self._heard = time.time()
         if self._stop.is_set():  # stop() ran while the request was under way: it could not shut this one
             self._resp = None
             _close(resp)
@@ -195,7 +238,9 @@ class ResourceWatch:
                 if self._stop.is_set():
                     break
                 lines += 1
+                self._heard = time.time()
                 self._event(json.loads(line))
+            self._heard = time.time()  # the server ended the stream: it was there until now
         finally:
             self._resp = None
             _close(resp)

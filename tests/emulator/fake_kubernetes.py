@@ -5,7 +5,9 @@ Speaks the API's own JSON (https://kubernetes.io/docs/reference/kubernetes-api/)
 (``labelSelector``, ``limit``/``continue`` pages, the list's
 ``metadata.resourceVersion``) and as watches (``?watch=true&resourceVersion=N``:
 a chunked stream of JSON lines ``{"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR,
-"object": ...}``, ended at ``timeoutSeconds``). Every change gets the next
+"object": ...}``, ended at ``timeoutSeconds`` after a ``BOOKMARK`` when
+``allowWatchBookmarks`` asks for one). Node taints carry ``timeAdded`` only
+when their effect is ``NoExecute``, as on a real cluster. Every change gets the next
 resourceVersion and is kept in a history; a watch from a version older than
 the history (after :meth:`FakeKubernetes.compact`) gets what the API server
 sends for it, an ``ERROR`` event whose Status has code 410 (``Expired``), or with
@@ -16,7 +18,8 @@ sends for it, an ``ERROR`` event whose Status has code 410 (``Expired``), or wit
 Tests script pods and nodes with the methods below (add, ready, restart,
 disrupt, delete with a grace period, vanish, taint, cordon), cut every open
 watch (:meth:`FakeKubernetes.cut_watches`), refuse new ones for a while
-(:meth:`FakeKubernetes.hold_watches`) and count requests with
+(:meth:`FakeKubernetes.hold_watches`), silence them all
+(:meth:`FakeKubernetes.stall_watches`) and count requests with
 :meth:`~tests.emulator.httpfake.FakeCloud.count` (a watch is logged as
 ``<path>?watch``). Not served: field selectors, objects leaving a selector
 (the API sends DELETED then; the fake never relabels a pod).
@@ -129,11 +132,13 @@ class Node:
 
     def json(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"providerID": f"aws:///us-east-1a/i-{self.uid[:8]}"}
-        taints = [{"key": k, "effect": e, "timeAdded": iso(t)} for k, (e, t) in sorted(self.taints.items())]
+        # The API server writes timeAdded only for NoExecute taints (the taint manager needs it for
+        # tolerationSeconds); a NoSchedule taint, as the node termination handler adds, has none.
+        taints = [{"key": k, "effect": e, **({"timeAdded": iso(t)} if e == "NoExecute" else {})}
+                  for k, (e, t) in sorted(self.taints.items())]
         if self.unschedulable:
             spec["unschedulable"] = True
-            taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule",
-                           "timeAdded": iso(time.time())})
+            taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
         if taints:
             spec["taints"] = taints
         return {
@@ -215,6 +220,7 @@ class FakeKubernetes(FakeCloud):
         self._cond = threading.Condition()
         self._cut = 0
         self._held = False
+        self._stalled = False
         self._stopping = False
         self.kubeconfig: Path | None = None
         self.route("GET", r"/api/v1/namespaces/(?P<ns>[^/]+)/pods", self._pods)
@@ -315,6 +321,15 @@ class FakeKubernetes(FakeCloud):
                 self._cut += 1
             self._cond.notify_all()
 
+    def stall_watches(self, on: bool) -> None:
+        """While stalled, watches get nothing, as over a path that stopped forwarding (no reset, no bytes): open
+        ones send no event, bookmark or end, new ones no answer. Ending the stall drops the silent ones."""
+        with self._cond:
+            self._stalled = on
+            if not on:
+                self._cut += 1
+            self._cond.notify_all()
+
     def reset(self) -> None:
         """Forget the log, faults, refusals and held or cut watches; pods and nodes stay (tests use their own
         namespaces and node names, so a session's tests share one server)."""
@@ -323,6 +338,7 @@ class FakeKubernetes(FakeCloud):
             self.forbidden.clear()
             self.gone_as_http = False
             self._held = False
+            self._stalled = False
             self._cut += 1
             self._cond.notify_all()
 
@@ -397,6 +413,8 @@ class FakeKubernetes(FakeCloud):
         since = int(request.query.get("resourceVersion") or 0)
         timeout = float(request.query.get("timeoutSeconds") or 1800)
         with self._cond:
+            while self._stalled and not self._stopping:  # no answer: the client's read timeout must end it
+                self._cond.wait()
             if self._held:
                 return Reply(503, _status(503, "ServiceUnavailable", "the server is currently unable to handle "
                                           "the request"))
@@ -420,6 +438,9 @@ class FakeKubernetes(FakeCloud):
                 while True:
                     if self._cut != generation or self._stopping:
                         raise CutStream()
+                    if self._stalled:
+                        self._cond.wait()
+                        continue
                     index = bisect.bisect_right(self._versions, position)
                     fresh = self._history[index:]
                     if fresh or time.monotonic() >= deadline:

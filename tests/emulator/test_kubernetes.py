@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from types import SimpleNamespace
@@ -112,8 +113,10 @@ def test_each_cluster_signal_drains_with_its_deadline_and_reason(kubernetes, wat
     kubernetes.add_node("sig-pods")
     kubernetes.add_pod("deleted", "10.61.1.1", namespace=ns, node="sig-pods", created=50.0)
     kubernetes.add_pod("evicted", "10.61.1.2", namespace=ns, node="sig-pods", grace_s=45, created=51.0)
+    kubernetes.add_node("sig-spot-noexecute")
+    kubernetes.add_pod("spot-ne", "10.61.1.3", namespace=ns, node="sig-spot-noexecute", created=52.0)
     w = watched(ns, drain_taints="example.com/going-away")
-    assert len(w.first.ready) == len(hard) + len(soft) + 2
+    assert len(w.first.ready) == len(hard) + len(soft) + 3
 
     added = time.time() - 3
     for i, key in enumerate(hard + soft):
@@ -121,14 +124,19 @@ def test_each_cluster_signal_drains_with_its_deadline_and_reason(kubernetes, wat
             kubernetes.cordon(f"sig-n{i}")
         else:
             kubernetes.taint(f"sig-n{i}", key, when=added)
+    kubernetes.taint("sig-spot-noexecute", "aws-node-termination-handler/spot-itn", "NoExecute", when=added)
     deleted = kubernetes.delete_pod("deleted", grace_s=10, namespace=ns).deletion
     kubernetes.disrupt("evicted", "PreemptionByScheduler", when=1767225700.0, namespace=ns)
-    snapshot = w.until(lambda s: len(s.draining) == len(hard) + 2 and len(s.soft) == len(soft))
+    snapshot = w.until(lambda s: len(s.draining) == len(hard) + 3 and len(s.soft) == len(soft))
+    seen = time.time()
 
     assert snapshot.draining["10.61.1.1"] == Drain(float(int(deleted)), "pod deleted")
     assert snapshot.draining["10.61.1.2"] == Drain(1767225700.0 + 45, "DisruptionTarget: PreemptionByScheduler")
+    # The termination handler's taint is NoSchedule, so the API gives it no timeAdded: its two minutes count from
+    # when the provider saw it. A NoExecute one (the handler's taintEffect option) carries its own time.
     spot = snapshot.draining["10.61.0.2"]
-    assert spot.deadline == float(int(added)) + 120 and "spot interruption" in spot.reason
+    assert added + 120 < spot.deadline <= seen + 120 and "spot interruption" in spot.reason
+    assert snapshot.draining["10.61.1.3"].deadline == float(int(added)) + 120
     for i, key in enumerate(hard):
         drain = snapshot.draining[f"10.61.0.{i + 1}"]
         assert drain.reason.startswith(f"node sig-n{i}: ")
@@ -355,6 +363,39 @@ def test_a_watch_down_past_stale_after_s_fails_discovery_until_it_is_back(kubern
         time.sleep(0.2)
 
 
+def test_a_silent_watch_fails_discovery_within_its_silence_bound_and_catches_up_after(kubernetes, watched):
+    """A path that stops forwarding (no reset, no bytes) is noticed by its silence alone: each watch asks for
+    bookmarks and lasts watch_s, so nothing for watch_s + min(10, watch_s) (here 2 s) is trouble, counted from
+    the last word. Before, only a failed request counted: the 16 s read timeout, then stale_after_s."""
+    ns = "ns-silent"
+    kubernetes.add_pod("p0", "10.69.0.1", namespace=ns, node="silent-n")
+    w = watched(ns, watch_s="1", stale_after_s="1")
+    socket_options = w.discovery._api.rest_client.pool_manager.connection_pool_kw["socket_options"]
+    assert (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1) in socket_options  # a vanished peer fails the read too
+    kubernetes.stall_watches(True)
+    kubernetes.delete_pod("p0", grace_s=120, namespace=ns)
+    deadline = time.monotonic() + 10
+    while True:  # bounded: the silence bound is 2 s; the old rule took 17 s
+        try:
+            snapshot = w.discovery.find()
+        except RetryableDiscoveryError as exc:
+            assert "the pods watch has been down for" in str(exc)
+            break
+        assert "10.69.0.1" in snapshot.ready  # the deletion is not seen: the view is stale
+        assert time.monotonic() < deadline, "find() kept answering from a view nobody updates"
+        time.sleep(0.2)
+    kubernetes.stall_watches(False)
+    deadline = time.monotonic() + 30  # the back-off after a short outage is a few seconds
+    while True:
+        try:
+            if "10.69.0.1" in w.discovery.find().draining:
+                break  # the watch is back, from its kept version: the deletion arrived
+        except RetryableDiscoveryError:
+            pass
+        assert time.monotonic() < deadline, "the watch never came back"
+        time.sleep(0.2)
+
+
 def _normal(value):
     """JSON with times as Unix seconds and null fields dropped, to compare what two writers meant."""
     if isinstance(value, dict):
@@ -390,13 +431,16 @@ def test_the_fakes_json_reads_as_the_clients_models():
     # Nothing the model does not know, nothing lost (times written as +00:00, nulls dropped: same values).
     assert _normal(api.sanitize_for_serialization(v1)) == _normal(raw)
 
-    node = Node("n1", taints={"karpenter.sh/disrupted": ("NoSchedule", 1767225600.0)}, unschedulable=True)
+    node = Node("n1", taints={"karpenter.sh/disrupted": ("NoSchedule", 1767225600.0),
+                              "node.kubernetes.io/not-ready": ("NoExecute", 1767225700.0)}, unschedulable=True)
     raw_node = node.json()
     v1node = model(raw_node, "V1Node")
     assert v1node.spec.unschedulable is True
     assert [(t.key, t.effect) for t in v1node.spec.taints] == [("karpenter.sh/disrupted", "NoSchedule"),
+                                                               ("node.kubernetes.io/not-ready", "NoExecute"),
                                                                ("node.kubernetes.io/unschedulable", "NoSchedule")]
-    assert v1node.spec.taints[0].time_added.timestamp() == 1767225600
+    # The API server writes timeAdded only for NoExecute taints.
+    assert [t.time_added and t.time_added.timestamp() for t in v1node.spec.taints] == [None, 1767225700, None]
     assert _normal(api.sanitize_for_serialization(v1node)) == _normal(raw_node)
 
     from tests.emulator.fake_kubernetes import _status

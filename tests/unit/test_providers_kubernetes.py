@@ -3,6 +3,7 @@ and that configuring it imports nothing. The provider over HTTP is in tests/emul
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 
 from cloud_elastic.errors import ConfigError, MissingDependencyError
 from cloud_elastic.providers import registry
-from cloud_elastic.providers.api import Drain
+from cloud_elastic.providers.api import MAX_SLOTS_PER_HOST, Drain
 from cloud_elastic.providers.kubernetes import check_selector
 from cloud_elastic.providers.kubernetes_view import ClusterView, pod_record
 from tests.emulator.fake_kubernetes import Node, Pod
@@ -36,6 +37,39 @@ def test_an_unreadable_slots_annotation_leaves_the_pod_out():
     snapshot = view(Pod("a", "10.0.0.1", annotations={"cloud-elastic.io/slots": "four"}),
                     Pod("b", "10.0.0.2")).snapshot(now=0.0)
     assert dict(snapshot.ready) == {"10.0.0.2": 1}
+
+
+def test_too_many_annotated_slots_leave_the_pod_out_with_one_warning_and_the_job_goes_on(caplog):
+    """One pod's typo must not end the job: past MAX_SLOTS_PER_HOST it is left out, like an unreadable value."""
+    pods = [Pod("huge", "10.0.0.1", annotations={"cloud-elastic.io/slots": "100000"}),
+            Pod("digits", "10.0.0.2", annotations={"cloud-elastic.io/slots": "9" * 5000}),
+            Pod("superscript", "10.0.0.3", annotations={"cloud-elastic.io/slots": "\u00b2"}),
+            Pod("at-limit", "10.0.0.4", annotations={"cloud-elastic.io/slots": str(MAX_SLOTS_PER_HOST)}),
+            Pod("fine", "10.0.0.5")]
+    v = view(*pods)
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.providers.kubernetes_view"):
+        assert dict(v.snapshot(now=0.0).ready) == {"10.0.0.4": MAX_SLOTS_PER_HOST, "10.0.0.5": 1}
+        assert dict(v.snapshot(now=1.0).ready) == {"10.0.0.4": MAX_SLOTS_PER_HOST, "10.0.0.5": 1}
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 3  # once per pod, not once per snapshot
+    assert f"pod huge has annotation cloud-elastic.io/slots='100000', which is more than the {MAX_SLOTS_PER_HOST} " \
+           "slots a host may have; the pod is not used" in warnings[0]
+    assert f"more than the {MAX_SLOTS_PER_HOST} slots" in warnings[1]
+    assert "pod superscript" in warnings[2] and "not a positive whole number" in warnings[2]
+
+
+def test_a_spot_taint_without_time_added_is_timed_from_its_first_sighting_and_forgotten_when_lifted():
+    """The termination handler's spot-itn taint is NoSchedule: the API gives it no timeAdded."""
+    spot = Node("n", taints={"aws-node-termination-handler/spot-itn": ("NoSchedule", 0.0)})
+    assert "timeAdded" not in spot.json()["spec"]["taints"][0]
+    v = view(Pod("a", "10.0.0.1", node="n"), nodes=(spot,))
+    assert v.snapshot(now=100.0).draining["10.0.0.1"] == Drain(220.0, "node n: spot interruption (node termination "
+                                                                     "handler)")
+    assert v.snapshot(now=150.0).draining["10.0.0.1"].deadline == 220.0  # not pushed back by later looks
+    v.apply_node("MODIFIED", Node("n").json())
+    assert "10.0.0.1" in v.snapshot(now=160.0).ready
+    v.apply_node("MODIFIED", spot.json())  # a new interruption notice: a new two minutes
+    assert v.snapshot(now=400.0).draining["10.0.0.1"].deadline == 520.0
 
 
 def test_deletion_wins_over_disruption_and_disruption_over_a_node_taint():
