@@ -60,3 +60,19 @@ def test_a_notice_without_a_deadline_never_sends_the_last_holders_away_on_its_ow
     sim.advance(100)  # longer than any deadline margin: nothing comes closer
     assert {state(sim, "a[0]"), state(sim, "b[0]")} == {WorkerState.RUNNING} and sim.outcome is None
     assert sim.poll("a[0]").update_gen == 0
+
+
+def test_a_new_host_gets_a_worker_in_the_place_of_the_last_holders_of_a_full_job_and_it_takes_the_state() -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, max_np=2)
+    sim.commit("a[0]", "b[0]")
+    sim.discover({"c": 1}, {"a": Drain(T0 + 300, "spot"), "b": Drain(T0 + 300, "spot")})
+    assert sim.slots_launched()[-1] == "c[0]"  # the holders are leaving: they hold no place of --max-np
+    sim.join("c[0]")
+    assert sim.poll("a[0]").update_gen == 1
+    assert_round(sim.join("a[0]", "b[0]", reason="update"), 2, needs_sync=True)
+    assert sorted(sim.layout()) == ["a[0]", "b[0]", "c[0]"]  # beyond --max-np until the holders leave
+    sim.commit("a[0]", "b[0]", "c[0]")
+    sim.advance(1)
+    replies = sim.join("a[0]", "b[0]", "c[0]", reason="update")
+    assert isinstance(replies["a[0]"], ExitOrder) and isinstance(replies["b[0]"], ExitOrder)
+    assert sim.layout() == ["c[0]"] and sim.outcome is None

@@ -3,7 +3,8 @@
 :class:`Capacity` decides, for the job:
 
 * launches (:meth:`Capacity.plan_launches`): up to ``max_np`` staying workers (and ``--spares``
-  beyond them, see :mod:`.spares`),
+  beyond them, see :mod:`.spares`; the last holders of the state on leaving hosts
+  and spares on doubtful hosts hold no place),
   on the free usable slots in host order (a slot whose last worker was given
   up stays taken until its process is gone). At start-up nothing launches
   until ``num_proc`` slots are free; past ``start_timeout_s`` the job fails
@@ -29,7 +30,7 @@ from typing import Callable
 from cloud_elastic.driver.job.actions import Launch, Phase
 from cloud_elastic.driver.job.plan import whole_host_groups
 from cloud_elastic.driver.job.sourcing import Sourcing
-from cloud_elastic.driver.job.spares import launch_room
+from cloud_elastic.driver.job.spares import doubtful, launch_room
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
@@ -69,7 +70,7 @@ class Capacity:
             self.sourcing.step(now)
         starting = job.phase is Phase.STARTING and not job.workers
         policy = job.policy
-        room = launch_room(len(job.active()), max_np=policy.max_np, spares=policy.spares,
+        room = launch_room(self._placed(), max_np=policy.max_np, spares=policy.spares,
                            host_slots=policy.whole_host_slots)
         if room <= 0 and not starting:
             return  # a full job need not look for free slots (a scan of every slot of the group)
@@ -93,6 +94,25 @@ class Capacity:
             job.forget_alive()
             job.act(Launch(slot, worker_id))
             job.emit("worker_started", worker=worker_id, host=slot.host, slot=slot.index, **self._source_of(slot))
+
+    def _placed(self) -> int:
+        """The staying workers that hold a place for launches: not the last holders of the state training on a
+        leaving host (a new worker takes their place; see :meth:`.leaving.Leavers.mark`), nor, with ``--spares``,
+        a worker outside the rounds on a doubtful host (a healthy spare replaces it; see :mod:`.spares`)."""
+        job = self._job
+        hosts, spares = job.hosts, job.policy.spares
+        active = job.active()
+        if not hosts.draining and not hosts.notices and not (spares and (hosts.soft or hosts.provider_soft
+                                                                         or hosts.missing)):
+            return len(active)  # nothing to leave out: spares a scan of every worker each step
+        placed = 0
+        for w in active:
+            if w.state is S.RUNNING and not hosts.is_usable(w.slot):
+                continue
+            if spares and w.rank is None and doubtful(hosts, w.slot.host):
+                continue
+            placed += 1
+        return placed
 
     def _source_of(self, slot) -> dict:
         """The ``source`` and ``price`` fields of a worker's events, where the job has several sources."""

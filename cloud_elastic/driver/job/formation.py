@@ -31,11 +31,13 @@ from collections import deque
 from typing import Callable, Protocol
 
 from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.next_round import NextRounds, Plan
 from cloud_elastic.driver.job.partitions import Partitions
 from cloud_elastic.driver.job.ranks import Member, assign_ranks
 from cloud_elastic.driver.job.plan import Candidate, RoundPlan, StateLost, plan_round, whole_host_groups
-from cloud_elastic.driver.job.spares import admit, has_room, source_rank, spare_key, spare_slots, spares_now
+from cloud_elastic.driver.job.spares import (admit, doubtful, has_room, source_rank, spare_key, spare_slots,
+                                             spares_now)
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import Assignment, RankInfo
@@ -228,13 +230,16 @@ class RoundFormation:
 
     def _room(self, members: list[WorkerRecord] | None = None) -> bool:
         """Whether the running round has room for a newcomer: always without ``--spares`` (the job then never
-        launches beyond ``--max-np``), else below ``--max-np`` staying members (see :mod:`.spares`)."""
+        launches beyond ``--max-np``), else below ``--max-np`` staying members (see :mod:`.spares`). The last
+        holders of the state training on leaving hosts are not staying: a spare must join to take the state."""
         job = self._job
         if not job.policy.spares:
             return True
         if job.abort_round >= job.round:
             return False  # an aborted round re-forms anyway: its recovery takes the spares, no update needed
-        staying = sum(1 for w in (job.members() if members is None else members) if w.state is S.RUNNING)
+        usable = job.hosts.is_usable
+        staying = sum(1 for w in (job.members() if members is None else members)
+                      if w.state is S.RUNNING and usable(w.slot))
         return has_room(staying, max_np=job.policy.max_np, host_slots=job.policy.whole_host_slots)
 
     def _spare_key(self, w: WorkerRecord) -> tuple:
@@ -244,7 +249,7 @@ class RoundFormation:
         ranked = source_rank(specs.get(job.hosts.sources.get(w.slot.host, "")),
                              job.hosts.prices.get(w.slot.host)) if specs else ()
         return spare_key(ranked, self._arrivals.get(w.worker_id, 1 << 62), job.hosts.order_of(w.slot.host),
-                         w.slot.index, w.seq)
+                         w.slot.index, w.seq, doubtful(job.hosts, w.slot.host))
 
     def track_spares(self) -> None:
         """Which waiting workers are spares now (every step of a job with ``--spares``): the newcomers beyond the
@@ -257,15 +262,17 @@ class RoundFormation:
         ids: tuple[str, ...] = ()
         if job.phase is Phase.RUNNING:
             r = job.round
+            hosts = job.hosts
             staying, newcomers = 0, []
             for w in job.alive():
                 if w.state is S.WAITING and w.round != r:
                     newcomers.append(w)
-                elif w.round == r and (w.state is S.RUNNING or w.state is S.WAITING):
-                    staying += 1  # a member, or one back at rendezvous for the next round
+                elif w.round == r and (w.state is S.RUNNING or w.state is S.WAITING) and hosts.is_usable(w.slot):
+                    staying += 1  # a member, or one back at rendezvous for the next round (not a last holder)
             spares = spares_now(newcomers, staying=staying, max_np=policy.max_np,
                                 host_slots=policy.whole_host_slots, key=self._spare_key,
-                                where=lambda w: (w.slot.host, w.slot.index))
+                                where=lambda w: (w.slot.host, w.slot.index),
+                                doubtful=lambda w: doubtful(hosts, w.slot.host))
             ids = tuple(w.worker_id for w in spares)
             self._were_spares.update(ids)
         if set(ids) != set(self.spare_ids):
@@ -373,13 +380,14 @@ class RoundFormation:
                       (job.hosts.order_of(w.slot.host), w.slot.index, w.seq), w.commit_seq)
             for w in waiting
         ]
+        leaving = _last_holders(waiting, job.hosts.is_usable)
         if job.policy.spares:  # more may wait than a round takes: which of them go first (see .spares)
             workers = job.workers
             candidates = admit(candidates, max_np=job.policy.max_np, host_slots=job.policy.whole_host_slots,
-                               key=lambda c: self._spare_key(workers[c.worker_id]))
+                               key=lambda c: self._spare_key(workers[c.worker_id]), leaving=leaving)
         plan = plan_round(
             candidates,
-            max_np=job.policy.max_np,
+            max_np=job.policy.max_np + len(leaving),
             # A worker that lost its commit holds a state no one may take, even before the first commit.
             state_committed=job.state_committed or any(w.commit_lost for w in waiting),
             failure_since_last_round=job.failure_since_round,
@@ -388,6 +396,9 @@ class RoundFormation:
         )
         if plan is None or (not isinstance(plan, StateLost) and len(plan.members) < job.policy.min_np):
             return  # whole hosts only: not enough of them wait yet
+        if (isinstance(plan, StateLost) or plan.from_checkpoint) and any(
+                w.state is S.DRAINING and w.holds_state for w in job.members()):
+            return  # a member leaving at its next commit still trains with the state: no round without it
         if planned is not None and not (isinstance(plan, RoundPlan) and _plan_fits(planned, plan)
                                          and job.update_gen == planned.update_gen):
             # Not the round the rules form now: form that one, without the newcomers told of the plan.
@@ -466,6 +477,15 @@ class RoundFormation:
                 log.info("%sremoved by force before its deadline; the survivors rolled back %d step(s) to their last "
                          "commit", what, self.steps_lost)
         self.steps_lost = 0
+
+
+def _last_holders(waiting: list[WorkerRecord], usable: Callable[[Slot], bool]) -> set[str]:
+    """The waiting workers kept as the last holders of the state (see :meth:`.leaving.Leavers.mark`): every
+    waiting holder is on a leaving host. They take no place of ``--max-np`` in the next round: a newcomer joins
+    next to them and receives the state, and they leave at that round's first commit."""
+    holders = [w for w in waiting if w.holds_state]
+    going = {w.worker_id for w in holders if not usable(w.slot)}
+    return going if len(going) == len(holders) else set()
 
 
 def _plan_fits(planned: Plan, plan: RoundPlan) -> bool:

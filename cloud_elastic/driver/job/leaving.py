@@ -63,7 +63,7 @@ class Leavers:
         # worker was born while the count of workers is _checked[1].
         self._checked: tuple[int, int] = (-1, -1)
         self._draining_round = -1  # the last round in which a member was marked draining
-        self._holding_round = -1  # the last round whose members were kept as the last holders (said once)
+        self._held_said: set[str] = set()  # workers kept as the last holders, said once (not again per round)
 
     def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False) -> bool:
         """A notice for ``host`` from ``source``; True when it is news (the job then steps).
@@ -115,7 +115,8 @@ class Leavers:
 
         Except the last holders of the state: when every running member's host is draining (a notice for
         every host at once), they train on, and leave only once a new worker holds the state (it joins as
-        any newcomer, and they drain the step after) or :data:`HOLD_MARGINS` deadline margins before their
+        any newcomer, or a waiting spare, with room next to them: see :mod:`.spares`; they drain the step
+        after) or :data:`HOLD_MARGINS` deadline margins before their
         host's deadline; sent away at once, they took the training state with them.
         """
         job = self._job
@@ -160,8 +161,8 @@ class Leavers:
                 held.append(w)
         if held:
             self._checked = (-1, -1)  # looked at again next step: the deadline comes closer without any change
-            if self._holding_round != job.round:
-                self._holding_round = job.round
+            if any(w.worker_id not in self._held_said for w in held):
+                self._held_said.update(w.worker_id for w in held)
                 log.warning("job %s: every member's host is draining: they train on, and leave once a new worker "
                             "holds the state, or %gs before their host's deadline", job.job_id, hold)
         return held

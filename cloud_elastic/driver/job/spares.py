@@ -29,29 +29,44 @@ takes it. It is not counted in ``-np``. The rules, each a pure function here
   the last round always stay; of the newcomers, the preferred source first
   (the multi-source choice rule: not a fallback, higher priority, lower price),
   then the one that has waited longest at rendezvous (it has been healthy
-  longest), then the older host, the lower slot, the earlier launch. Under
+  longest), then the older host, the lower slot, the earlier launch; a spare on
+  a doubtful host (a soft notice, or missing from discovery within its grace)
+  goes after every other. Under
   ``--whole-hosts`` whole hosts are taken, each ordered by its first worker.
   This picks *who* joins; ranks then follow the usual order (survivors first,
   older hosts first; see :mod:`.plan`).
+* **The last holders of the state** (every member's host leaving, see
+  :mod:`.leaving`) take no place: the round has room for a spare next to them,
+  the spare receives the state from them in that round, and they leave at its
+  first commit (:func:`admit`'s ``leaving``).
 * **A spare's own failure** is any non-member's: its slot (its host, under
   ``--whole-hosts``) is blacklisted for the usual cooldown, no round is
   aborted, and the launch rule starts a replacement on the next free slot.
 * **What shows** (:func:`spares_now`): the waiting workers beyond the running
   round's room are the job's spares; a ``spares`` event and a log line each
   time their number changes, ``status`` rows marked ``spare``, and the
-  ``cloud_elastic_spares`` gauge.
+  ``cloud_elastic_spares`` gauge. A spare on a doubtful host is not counted
+  ready, nor as a place of ``--spares`` for launches: a replacement starts on a
+  healthy slot.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Sequence, TypeVar
+from typing import Callable, Collection, Hashable, Sequence, TypeVar
 
+from cloud_elastic.driver.job.hosts import HostManager
 from cloud_elastic.driver.job.plan import Candidate, whole_host_groups
 from cloud_elastic.providers.sources import SourceSpec
 
-__all__ = ["spare_slots", "launch_room", "has_room", "source_rank", "spare_key", "admit", "spares_now"]
+__all__ = ["doubtful", "spare_slots", "launch_room", "has_room", "source_rank", "spare_key", "admit", "spares_now"]
 
 T = TypeVar("T")
+
+
+def doubtful(hosts: HostManager, host: str) -> bool:
+    """Whether ``host`` has a soft notice (its own or the provider's) or is missing from discovery: its workers
+    stay, but no new worker is placed there (:meth:`~.hosts.HostManager.available_slots`), nor counted a spare."""
+    return host in hosts.soft or host in hosts.provider_soft or host in hosts.missing
 
 
 def spare_slots(spares: int, host_slots: int) -> int:
@@ -79,27 +94,29 @@ def source_rank(spec: SourceSpec | None, price: float | None) -> tuple[Hashable,
 
 
 def spare_key(source_rank: tuple[Hashable, ...], arrival: int, host_order: int, slot: int,
-              seq: int) -> tuple[Hashable, ...]:
-    """Which waiting newcomer goes first (lower first): preferred source, longest waiting, older host, slot,
-    launch order. ``source_rank`` is ``()`` for a job with one source."""
-    return (*source_rank, arrival, host_order, slot, seq)
+              seq: int, doubtful: bool = False) -> tuple[Hashable, ...]:
+    """Which waiting newcomer goes first (lower first): not on a doubtful host, preferred source, longest
+    waiting, older host, slot, launch order. ``source_rank`` is ``()`` for a job with one source."""
+    return (doubtful, *source_rank, arrival, host_order, slot, seq)
 
 
 def admit(waiting: Sequence[Candidate], *, max_np: int, host_slots: int,
-          key: Callable[[Candidate], Hashable]) -> list[Candidate]:
+          key: Callable[[Candidate], Hashable], leaving: Collection[str] = ()) -> list[Candidate]:
     """Who of ``waiting`` may be in the next round, in ``waiting``'s order, when more wait than ``max_np``.
 
     Survivors of earlier rounds (and any holder of the state) always stay: they are
     at most a round's size. The rest of the room goes to newcomers by ``key``
-    (lowest first), whole hosts only under ``--whole-hosts``. With no more waiting
-    than ``max_np``, ``waiting`` is returned as it is: :func:`~.plan.plan_round`
-    decides as ever.
+    (lowest first), whole hosts only under ``--whole-hosts``. ``leaving`` are kept
+    workers that are the last holders of the state on leaving hosts: they take no
+    room (the round is that much larger than ``max_np`` until they leave). With no
+    more waiting than that, ``waiting`` is returned as it is:
+    :func:`~.plan.plan_round` decides as ever.
     """
-    if len(waiting) <= max_np:
+    if len(waiting) <= max_np + len(leaving):
         return list(waiting)
     kept = {c.worker_id for c in waiting if c.prev_rank is not None or c.holds_state}
     newcomers = sorted((c for c in waiting if c.worker_id not in kept), key=key)
-    room = max_np - len(kept)
+    room = max_np - len(kept.difference(leaving))
     chosen: set[str] = set()
     if host_slots:
         # Hosts whose every slot waits, in the order of their first worker by key.
@@ -114,18 +131,20 @@ def admit(waiting: Sequence[Candidate], *, max_np: int, host_slots: int,
 
 
 def spares_now(newcomers: Sequence[T], *, staying: int, max_np: int, host_slots: int,
-               key: Callable[[T], Hashable], where: Callable[[T], tuple[str, int]]) -> list[T]:
-    """The spares among ``newcomers`` (waiting, in no round) while a round with ``staying`` members runs: those
-    beyond its room, last by ``key`` (under ``--whole-hosts``, whole hosts; a host not complete yet is still
-    starting, not a spare)."""
+               key: Callable[[T], Hashable], where: Callable[[T], tuple[str, int]],
+               doubtful: Callable[[T], bool] = lambda _: False) -> list[T]:
+    """The ready spares among ``newcomers`` (waiting, in no round) while a round with ``staying`` members runs:
+    those beyond its room, last by ``key`` (under ``--whole-hosts``, whole hosts; a host not complete yet is
+    still starting, not a spare), except those on a ``doubtful`` host."""
     room = max(max_np - staying, 0)
     ordered = sorted(newcomers, key=key)
     if not host_slots:
-        return ordered[room:]
-    spares: list[T] = []
-    for host in whole_host_groups(ordered, host_slots, where):
-        if room >= host_slots:
-            room -= host_slots
-        else:
-            spares += host
-    return spares
+        spares = ordered[room:]
+    else:
+        spares = []
+        for host in whole_host_groups(ordered, host_slots, where):
+            if room >= host_slots:
+                room -= host_slots
+            else:
+                spares += host
+    return [w for w in spares if not doubtful(w)]
