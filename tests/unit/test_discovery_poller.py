@@ -1,14 +1,17 @@
-"""The discovery poller: a provider with a push source gets its next find() at once, not at the interval."""
+"""The discovery poller: a provider with a push source gets its next find() at once, not at the interval; a
+failing one is asked less often, and logged in a few lines."""
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import Callable, Mapping
 
 import pytest
 
-from cloud_elastic.driver.runtime.discovery import DiscoveryPoller
+from cloud_elastic.driver.runtime.discovery import MAX_BACKOFF_S, DiscoveryFailure, DiscoveryPoller, FailingStreak
+from cloud_elastic.errors import RetryableDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 
 pytestmark = pytest.mark.timeout(20)
@@ -59,3 +62,86 @@ def test_close_ends_the_wait_between_finds_at_once() -> None:
     poller.close()
     poller._thread.join(5)
     assert not poller._thread.is_alive()
+
+
+class Throttled(HostDiscovery):
+    """Fails ``failures`` times as a throttled cloud API does, then answers."""
+
+    name = "throttled"
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "Throttled":
+        return cls(0)
+
+    def find(self) -> DiscoveredHosts:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise RetryableDiscoveryError("ThrottlingException: Rate exceeded")
+        return DiscoveredHosts(ready={"a": 1})
+
+
+class RecordedWaits:
+    """Stands in for the poller's wake event: records each wait between finds and returns at once."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float) -> bool:
+        self.waits.append(timeout)
+        return False
+
+    def set(self) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+def _poll_until_an_answer(provider: HostDiscovery, **kwargs) -> tuple[list, list[float]]:
+    results: list = []
+    poller = DiscoveryPoller(provider, results.append, **kwargs)
+    poller._wake = RecordedWaits()
+
+    def on_result(result) -> None:
+        results.append(result)
+        if isinstance(result, DiscoveredHosts):
+            poller.close()
+
+    poller._on_result = on_result
+    poller._run()  # on this thread: the waits are recorded, not slept
+    return results, poller._wake.waits
+
+
+def test_a_failing_discovery_logs_a_few_lines_backs_off_and_reports_every_failure_to_the_job(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="cloud_elastic.driver.runtime.discovery")
+    results, waits = _poll_until_an_answer(Throttled(120), interval_s=1.0)
+    assert [isinstance(r, DiscoveryFailure) for r in results] == [True] * 120 + [False]  # the job sees each one
+    assert waits[:7] == [1, 2, 4, 8, 16, 30, 30] and max(waits) == MAX_BACKOFF_S == 30
+    assert waits[-1] == 1.0  # back to the interval once it works
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert len(lines) == 4, lines  # not 120
+    assert lines[0][0] == "WARNING" and "ThrottlingException: Rate exceeded" in lines[0][1]
+    assert "failed 10 times" in lines[1][1] and "failed 100 times" in lines[2][1]
+    assert lines[3][0] == "INFO" and "works again" in lines[3][1] and "(120 call(s))" in lines[3][1]
+
+
+def test_the_back_off_stays_within_its_bound_and_never_below_the_interval() -> None:
+    _, waits = _poll_until_an_answer(Throttled(8), interval_s=0.5, max_backoff_s=3.0)
+    assert waits == [0.5, 1, 2, 3, 3, 3, 3, 3, 0.5]
+    _, waits = _poll_until_an_answer(Throttled(3), interval_s=2.0, max_backoff_s=0.1)
+    assert waits == [2.0] * 4
+
+
+def test_a_new_error_within_a_failing_streak_is_logged_once(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="cloud_elastic.driver.runtime.discovery")
+    streak = FailingStreak(1.0)
+    for n in range(1, 10):
+        streak.failed("Rate exceeded" if n < 4 else "AccessDenied", float(n))
+    assert [r.getMessage() for r in caplog.records] == [
+        "host discovery failed: Rate exceeded; retrying, less often while it fails (up to every 30s)",
+        "host discovery failed: AccessDenied (4 calls in a row)",
+    ]

@@ -17,9 +17,13 @@ from typing import Callable, Union
 from cloud_elastic.errors import DiscoveryError, FatalDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 
-__all__ = ["DiscoveryPoller", "DiscoveryFailure"]
+__all__ = ["DiscoveryPoller", "DiscoveryFailure", "FailingStreak", "MAX_BACKOFF_S"]
 
 log = logging.getLogger(__name__)
+
+#: While discovery fails, the wait between calls doubles from ``--discovery-interval`` up to this: a cloud API
+#: that throttles us (``ThrottlingException: Rate exceeded``) is not asked again every second.
+MAX_BACKOFF_S = 30.0
 
 
 class DiscoveryFailure:
@@ -33,8 +37,50 @@ class DiscoveryFailure:
 Result = Union[DiscoveredHosts, DiscoveryFailure]
 
 
+class FailingStreak:
+    """The log lines and the back-off of a run of failed discovery calls.
+
+    One WARNING when calls start failing and one each time the error changes, a count at 10, 100, 1,000,
+    ... failed calls (with the latest error), and one INFO line when a call works again, saying for how long
+    and how many calls it failed: a cloud API failing for the whole ``--elastic-timeout`` logs a handful of
+    lines, not one a second. :meth:`failed` returns the wait before the next call: ``interval_s`` doubled per failure, at most
+    ``max_wait_s`` (never below ``interval_s``).
+    """
+
+    def __init__(self, interval_s: float, max_wait_s: float = MAX_BACKOFF_S) -> None:
+        self._interval_s = interval_s
+        self._max_wait_s = max(interval_s, max_wait_s)
+        self.count = 0
+        self._since = 0.0
+        self._said = ""
+
+    def failed(self, message: str, now: float) -> float:
+        self.count += 1
+        if self.count == 1:
+            self._since = now
+            log.warning("host discovery failed: %s; retrying, less often while it fails (up to every %gs)",
+                        message, self._max_wait_s)
+        elif message != self._said:
+            log.warning("host discovery failed: %s (%d calls in a row)", message, self.count)
+        elif str(self.count).rstrip("0") == "1":  # 10, 100, 1000, ...
+            log.warning("host discovery has failed %d times in a row over %.0fs, the latest: %s",
+                        self.count, now - self._since, message)
+        self._said = message
+        return min(self._max_wait_s, self._interval_s * 2.0 ** min(self.count - 1, 64))
+
+    def succeeded(self, now: float) -> float:
+        if self.count:
+            log.info("host discovery works again, after failing for %.1fs (%d call(s))", now - self._since,
+                     self.count)
+            self.count = 0
+        return self._interval_s
+
+
 class DiscoveryPoller:
     """Calls ``discovery.find()`` every ``interval_s`` and reports each result.
+
+    While calls fail, each failure is still reported (the job counts its ``--elastic-timeout`` from them) but
+    they are logged and spaced as :class:`FailingStreak` says, at most ``max_backoff_s`` apart.
 
     The provider's write paths (:meth:`HostDiscovery.release`,
     :meth:`HostDiscovery.set_capacity`) run on the same thread, so a provider
@@ -44,10 +90,12 @@ class DiscoveryPoller:
     starts at once instead of at the end of the interval.
     """
 
-    def __init__(self, discovery: HostDiscovery, on_result: Callable[[Result], None], *, interval_s: float) -> None:
+    def __init__(self, discovery: HostDiscovery, on_result: Callable[[Result], None], *, interval_s: float,
+                 max_backoff_s: float = MAX_BACKOFF_S) -> None:
         self._discovery = discovery
         self._on_result = on_result
         self._interval_s = interval_s
+        self._streak = FailingStreak(interval_s, max_backoff_s)
         self._stop = threading.Event()
         self._wake = threading.Event()  # set by close() too, so that a wait ends at once
         self._thread: threading.Thread | None = None
@@ -95,7 +143,9 @@ class DiscoveryPoller:
         except DiscoveryError as exc:
             return DiscoveryFailure(str(exc), fatal=False)
         except Exception as exc:  # a provider bug must not kill the poller; retried like a transient error
-            log.exception("discovery provider %s raised an unexpected error", type(self._discovery).__name__)
+            # Its traceback once per failing streak: the streak's own lines count the repeats.
+            log.log(logging.DEBUG if self._streak.count else logging.ERROR,
+                    "discovery provider %s raised an unexpected error", type(self._discovery).__name__, exc_info=True)
             return DiscoveryFailure(f"{type(exc).__name__}: {exc}", fatal=False)
         finally:
             self.last_latency_s = time.monotonic() - started
@@ -137,11 +187,12 @@ class DiscoveryPoller:
             self._set_capacity_queued()
             result = self.poll_once()
             if isinstance(result, DiscoveryFailure):
-                log.warning("host discovery failed: %s", result.message)
+                wait_s = self._streak.failed(result.message, time.monotonic())
             else:
+                wait_s = self._streak.succeeded(time.monotonic())
                 log.debug("discovered %d ready host(s), %d draining", len(result.ready), len(result.draining))
             if self._stop.is_set():
                 return
             self._on_result(result)
             self._release_queued()
-            self._wake.wait(self._interval_s)
+            self._wake.wait(wait_s)

@@ -48,7 +48,7 @@ from cloud_elastic.driver.restart.window import AdoptionWindow
 from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.driver.runtime.costs import charge, final_cost
 from cloud_elastic.driver.runtime.control_plane import RENDEZVOUS_POLL_S, ControlPlane
-from cloud_elastic.driver.runtime.discovery import DiscoveryFailure, DiscoveryPoller
+from cloud_elastic.driver.runtime.discovery import MAX_BACKOFF_S, DiscoveryFailure, DiscoveryPoller
 from cloud_elastic.driver.runtime.processes import WorkerProcesses
 from cloud_elastic.driver.runtime.pulse import Pulse
 from cloud_elastic.driver.runtime import raised
@@ -276,7 +276,10 @@ class Driver:
         self._start_polling()
 
     def _start_polling(self) -> None:
-        self._poller = DiscoveryPoller(self._discovery, self._on_discovery, interval_s=self.config.discovery_interval_s)
+        # Failing calls are spaced out, but by at most a tenth of --elastic-timeout: the job ends on a reported
+        # failure past it, so it ends at most that much late.
+        self._poller = DiscoveryPoller(self._discovery, self._on_discovery, interval_s=self.config.discovery_interval_s,
+                                       max_backoff_s=min(MAX_BACKOFF_S, self.config.elastic_timeout_s / 10))
         self._poller.start()
 
     def _start_adopting(self, window: AdoptionWindow, plan: StartPlan) -> None:
