@@ -75,11 +75,11 @@ def cli(ctx: click.Context) -> None:
 @click.option("--start-timeout", type=float, default=600.0, metavar="SECONDS",
               help="how long to wait for -np slots and for workers to start (default 600)")
 @click.option("--heartbeat-timeout", type=float, default=5.0, metavar="SECONDS",
-              help="a worker silent this long is given up and its round aborted (default 5); one that its peers "
+              help="a worker silent this long is given up and its round aborted (default 5, at least 1); one that its peers "
                    "wait for in a collective is given up sooner, once silent past its own limit (1.5 s or more)")
 @click.option("--progress-timeout", type=float, default=120.0, metavar="SECONDS",
               help="a round in which no worker commits, steps, completes a collective or runs Python code this "
-                   "long is aborted, its workers' stacks logged first (default 120; 0 never)")
+                   "long is aborted, its workers' stacks logged first (default 120, at least 5; 0 never)")
 @click.option("--straggler-factor", type=float, default=2.0, metavar="X",
               help="drain a worker whose compute time per step stays X times the round's median for "
                    "--straggler-window (default 2; 0 never, and no host is drained for a slow network either)")
@@ -98,7 +98,7 @@ def cli(ctx: click.Context) -> None:
               help="raise the fallback group's desired capacity when the job needs it, and set it back to 0 after "
                    "(AWS, GCP, Azure; default: the driver never changes a group)")
 @click.option("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
-              help="seconds between discovery calls (default 1)")
+              help="seconds between discovery calls (default 1, at least 0.1; up to 30 apart while they fail)")
 @click.option("--host-missing-grace", type=float, default=10.0, metavar="SECONDS",
               help="a host gone from discovery without a draining state is removed after this long (default 10)")
 @click.option("--checkpoint-dir", metavar="URL", help="durable checkpoints: a local path or fsspec URL (default: none)")
@@ -195,7 +195,7 @@ def job_config(params: dict[str, Any], discovery: DiscoveryArgs | None = None):
         raise ConfigError("--whole-hosts needs --slots-per-host N: the slots every host offers, all used together")
     num_proc = params["num_proc"]
     elastic_timeout = params["elastic_timeout"]
-    return JobConfig(
+    config = JobConfig(
         command=tuple(params["command"]),
         num_proc=num_proc,
         min_np=params["min_np"] if params["min_np"] is not None else num_proc,
@@ -237,6 +237,21 @@ def job_config(params: dict[str, Any], discovery: DiscoveryArgs | None = None):
         manage_capacity=params.get("manage_capacity", False),
         spares=params.get("spares", 0),
     )
+    if config.driver_address:
+        _check_resolves(config.driver_address)
+    return config
+
+
+def _check_resolves(address: str) -> None:
+    """A ``--driver-address`` name that does not resolve here is refused now: the workers would otherwise retry
+    registering until --start-timeout and the job end without the cause."""
+    import socket
+
+    try:
+        socket.getaddrinfo(address, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        why = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise ConfigError(f"--driver-address {address!r} does not resolve to an IPv4 address ({why})") from None
 
 
 def parse_command_line(argv: Sequence[str]) -> tuple[str, dict[str, Any], DiscoveryArgs | None]:

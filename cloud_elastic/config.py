@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from cloud_elastic.errors import ConfigError
 
 __all__ = ["JobConfig", "SSHConfig", "elastic_timeout_default", "ENV_ELASTIC_TIMEOUT", "SSH_OPTION", "NOTICE_WATCHERS",
-           "MAX_DRIVER_GRACE_S", "MAX_DURATION_S", "check_seconds", "checkpoint_protocol_error"]
+           "MAX_DRIVER_GRACE_S", "MAX_DURATION_S", "check_seconds", "checkpoint_protocol_error", "ENV_NAME",
+           "MIN_HEARTBEAT_TIMEOUT_S", "MIN_DISCOVERY_INTERVAL_S", "MIN_PROGRESS_TIMEOUT_S"]
 
 #: The longest duration any flag or setting may give (a year). Longer ones are typos, and they break
 #: what they reach: ``threading`` waits refuse more than ~292 years, ``datetime`` arithmetic overflows, and a
@@ -30,6 +31,17 @@ MAX_SLOTS_PER_HOST = 1024
 MAX_DRIVER_GRACE_S = 7 * 86400.0
 #: ``--spares`` at most: a spare holds a slot the job pays for, so a larger number is a mistake, not a plan.
 MAX_SPARES = 1024
+
+#: The shortest durations a job works with (a one-line error below them names the flag). A heartbeat timeout
+#: under a second gives workers up between two of their heartbeats; a discovery interval under 0.1 s runs a
+#: discovery script back to back; a progress timeout under 5 s aborts rounds that are still starting.
+MIN_HEARTBEAT_TIMEOUT_S = 1.0
+MIN_DISCOVERY_INTERVAL_S = 0.1
+MIN_PROGRESS_TIMEOUT_S = 5.0
+
+#: What a ``-x``/``--env`` name must be: a shell variable name, which every launcher can pass on (ssh's
+#: ``env NAME=VALUE`` too); an empty one made the worker's ``os.environ`` update raise.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 #: Values of ``--notice-watcher``.
 NOTICE_WATCHERS = ("auto", "aws", "gcp", "azure", "none")
@@ -191,6 +203,11 @@ class JobConfig:
             raise ConfigError(f"--min-np must be >= 1, got {self.min_np}")
         if self.max_np < self.min_np:
             raise ConfigError(f"--max-np ({self.max_np}) must be >= --min-np ({self.min_np})")
+        for item in self.forward_env:
+            name = item.partition("=")[0]
+            if not ENV_NAME.match(name):
+                raise ConfigError(f"-x/--env {item!r}: {name!r} is not an environment variable name (letters, digits "
+                                  "and _, not starting with a digit)")
         if not self.min_np <= self.num_proc <= self.max_np:
             raise ConfigError(
                 f"-np ({self.num_proc}) must lie between --min-np ({self.min_np}) and --max-np ({self.max_np})"
@@ -254,6 +271,12 @@ class JobConfig:
         }
         for flag, value in zero_ok.items():
             check_seconds(flag, value, zero_ok=True)
+        floors = (("--heartbeat-timeout", self.heartbeat_timeout_s, MIN_HEARTBEAT_TIMEOUT_S, ""),
+                  ("--discovery-interval", self.discovery_interval_s, MIN_DISCOVERY_INTERVAL_S, ""),
+                  ("--progress-timeout", self.progress_timeout_s, MIN_PROGRESS_TIMEOUT_S, " (or 0: never)"))
+        for flag, value, floor, besides in floors:
+            if value < floor and not (besides and value == 0):
+                raise ConfigError(f"{flag} must be at least {floor:g}s{besides}, got {value:g}")
         if self.fallback_after_s is not None:
             check_seconds("--fallback-after", self.fallback_after_s, zero_ok=True)
         if self.driver_grace_s > MAX_DRIVER_GRACE_S:

@@ -59,6 +59,50 @@ def test_the_straggler_factor_refuses_nan_infinity_and_absurd_values(value: str)
     assert "--straggler-factor" in _refused([*RUN, "--straggler-factor", value, "python", "train.py"])
 
 
+@pytest.mark.parametrize(("flag", "value", "floor"), [
+    ("--heartbeat-timeout", "0.001", "at least 1s"), ("--heartbeat-timeout", "0.9", "at least 1s"),
+    ("--discovery-interval", "0.000001", "at least 0.1s"),
+    ("--progress-timeout", "0.01", "at least 5s (or 0: never)"), ("--progress-timeout", "4.9", "at least 5s"),
+])
+def test_durations_below_what_a_job_works_with_are_refused_naming_the_flag_and_the_floor(flag, value, floor) -> None:
+    message = _refused([*RUN, flag, value, "python", "train.py"])
+    assert message.startswith(flag) and floor in message
+
+
+def test_durations_at_their_floors_pass() -> None:
+    _, params, _ = parse_command_line([*RUN, "--heartbeat-timeout", "1", "--discovery-interval", "0.1",
+                                       "--progress-timeout", "5", "python", "train.py"])
+    config: JobConfig = params["config"]
+    assert (config.heartbeat_timeout_s, config.discovery_interval_s, config.progress_timeout_s) == (1, 0.1, 5)
+
+
+@pytest.mark.parametrize("item", ["=1", "", "A B=1", "1X=2", "X-Y"])
+def test_a_forwarded_environment_variable_needs_a_name(item: str) -> None:
+    assert "-x/--env" in _refused([*RUN, "-x", item, "python", "train.py"])
+
+
+def test_forwarded_environment_variables_with_names_pass() -> None:
+    _, params, _ = parse_command_line([*RUN, "-x", "NCCL_DEBUG=INFO", "-x", "_HOME", "-x", "A=b=c", "python", "t.py"])
+    assert params["config"].forward_env == ("NCCL_DEBUG=INFO", "_HOME", "A=b=c")
+
+
+def test_a_driver_address_that_does_not_resolve_is_refused(monkeypatch) -> None:
+    import socket
+
+    def unknown(host, *args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unknown)
+    message = _refused([*RUN, "--driver-address", "no.such.host.invalid", "python", "train.py"])
+    assert message == ("--driver-address 'no.such.host.invalid' does not resolve to an IPv4 address "
+                       "(Name or service not known)")
+
+
+def test_a_driver_address_that_resolves_passes() -> None:
+    _, params, _ = parse_command_line([*RUN, "--driver-address", "localhost", "python", "train.py"])
+    assert params["config"].driver_address == "localhost"
+
+
 def test_sane_values_still_pass() -> None:
     _, params, _ = parse_command_line([*RUN, "--heartbeat-timeout", "7.5", "--elastic-timeout", str(MAX_DURATION_S),
                                        "--progress-timeout", "0", "--blacklist-cooldown-range", "0", "0",

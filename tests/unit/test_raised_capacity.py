@@ -96,7 +96,7 @@ def _after_a_crash(tmp_path, monkeypatch, taken_over: bool, **options):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1,
                        checkpoint_dir=str(tmp_path / "ckpt"), manage_capacity=True, driver_grace_s=60.0,
-                       discovery_interval_s=0.05, **options)
+                       discovery_interval_s=0.1, **options)
     store = open_store(config)
     plan_start(config, store, job_id="j1")
     write_driver_alive(store, DriverAlive("j1", time.time() - 3600, 60.0, "other-vm", 4242, raised=(("od", 2),),

@@ -50,7 +50,7 @@ import threading
 import time
 from collections import deque
 
-from cloud_elastic.config import SSH_OPTION, SSHConfig
+from cloud_elastic.config import ENV_NAME, SSH_OPTION, SSHConfig
 from cloud_elastic.driver.launch.known_hosts import JobKnownHosts
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.launch.local import forward_lines
@@ -62,7 +62,6 @@ __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
 
 logger = logging.getLogger(__name__)
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SSH_OPTION = SSH_OPTION
 _SERVER_ALIVE_INTERVAL_S = 5
 _SERVER_ALIVE_COUNT_MAX = 3
@@ -186,7 +185,7 @@ class SSHLauncher:
     def remote_command(self, spec: WorkerSpec, nonce: str) -> str:
         """The shell command line the remote login shell runs. Holds no secret."""
         for name in spec.env:
-            if not _ENV_NAME.match(name):
+            if not ENV_NAME.match(name):
                 raise LaunchError(f"cannot forward environment variable {name!r} to {spec.host}: not a valid name")
         if SECRET_ENV in spec.env:
             raise LaunchError(f"{SECRET_ENV} must not be in WorkerSpec.env; the secret travels on stdin")
