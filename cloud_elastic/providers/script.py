@@ -20,6 +20,11 @@ MAX_OUTPUT = 1 << 20
 #: Of its stderr only the end is kept (the last line goes into the error message).
 _KEPT_STDERR = 64 * 1024
 _CHUNK = 64 * 1024
+#: Once the script has exited, how long its output pipes may stay open: a child it left in the background
+#: (``sleep 1000 & echo host``) holds them, and what the script printed is its answer all the same.
+_EXITED_GRACE_S = 0.2
+#: How often the script is checked for having exited while its pipes stay open.
+_POLL_S = 0.05
 
 
 class _TooMuch(Exception):
@@ -112,6 +117,8 @@ def _collect(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
 
     Kills its process group and raises TimeoutExpired past the deadline, or _TooMuch once stdout exceeds
     MAX_OUTPUT: ``communicate()`` would hold everything until the end (``yes`` printed 2 GB in a second).
+    Once the script has exited, its pipes are read for :data:`_EXITED_GRACE_S` more at most; then what is
+    left of its process group (a background child holding them) is killed.
     """
     out, err = bytearray(), bytearray()
     streams = {proc.stdout: out, proc.stderr: err}
@@ -119,11 +126,17 @@ def _collect(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
         with selectors.DefaultSelector() as selector:
             for stream in streams:
                 selector.register(stream, selectors.EVENT_READ)
+            exited = False
             while selector.get_map():
+                if not exited and proc.poll() is not None:
+                    exited, deadline = True, time.monotonic() + _EXITED_GRACE_S
                 left = deadline - time.monotonic()
+                if left <= 0 and exited:
+                    _kill_group(proc)  # the leftover child; the script's answer is complete
+                    break
                 if left <= 0:
                     raise subprocess.TimeoutExpired(proc.args, 0)
-                for key, _ in selector.select(left):
+                for key, _ in selector.select(min(left, _POLL_S)):
                     chunk = os.read(key.fd, _CHUNK)
                     if not chunk:
                         selector.unregister(key.fileobj)

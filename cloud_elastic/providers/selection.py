@@ -243,13 +243,16 @@ def selected_provider(args: DiscoveryArgs) -> tuple[str, dict[str, str]]:
     if len(chosen) > 1:
         raise ConfigError("choose one host source: " + " / ".join(chosen) + " were given")
     name = chosen[0]
-    if name in ("static", "script") and args.provider_option:
+    shorthand = name in ("static", "script") and not args.provider  # -H or --host-discovery-script
+    if shorthand and args.provider_option:
         raise ConfigError("-o/--provider-option needs --provider NAME or a cloud group flag")
-    if name == "static":
+    if shorthand and name == "static":
         return name, {"hosts": args.hosts}
-    if name == "script":
+    if shorthand:
         return name, {"path": args.host_discovery_script, "timeout_s": str(args.discovery_timeout)}
     options = _parse_options(args.provider_option)
+    if name == "script":  # --provider script -o path=...: --discovery-timeout applies as to the shorthand
+        options.setdefault("timeout_s", str(args.discovery_timeout))
     for cloud_flag, value in given:
         if cloud_flag.provider != name:
             owner = next(f.flag for f in CLOUD_FLAGS if f.selects and f.provider == cloud_flag.provider)

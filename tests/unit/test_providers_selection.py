@@ -33,6 +33,11 @@ def _args(*argv: str) -> DiscoveryArgs:
     (["--provider", "aws", "--aws-region", "r", "-o", "group=g"], ("aws", {"group": "g", "region": "r"})),
     (["--provider", "hostsfile", "-o", "path=/x.json"], ("hostsfile", {"path": "/x.json"})),
     (["-H", "a:2,b"], ("static", {"hosts": "a:2,b"})),
+    # The options 'cloud-elastic providers' lists for the two built-in providers work through --provider too.
+    (["--provider", "script", "-o", "path=/d.sh"], ("script", {"path": "/d.sh", "timeout_s": "30.0"})),
+    (["--provider", "script", "-o", "path=/d.sh", "--discovery-timeout", "5"],
+     ("script", {"path": "/d.sh", "timeout_s": "5.0"})),
+    (["--provider", "static", "-o", "hosts=a:2"], ("static", {"hosts": "a:2"})),
 ])
 def test_flags_map_to_provider_and_options(argv, expected):
     assert selected_provider(_args(*argv)) == expected

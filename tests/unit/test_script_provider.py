@@ -85,6 +85,19 @@ def test_hanging_script_and_its_children_are_killed_after_timeout(make_script, t
     assert _exits_within(int((tmp_path / "child.pid").read_text()), 3.0)
 
 
+def test_a_script_that_exited_leaving_a_child_on_its_output_is_answered_and_the_child_killed(make_script,
+                                                                                              tmp_path: Path) -> None:
+    script = make_script(
+        """
+        sleep 30 &
+        echo $! > {tmp}/child.pid
+        echo 10.0.0.1:2
+        """
+    )
+    assert dict(provider(script, timeout_s="5").find().ready) == {"10.0.0.1": 2}
+    assert _exits_within(int((tmp_path / "child.pid").read_text()), 3.0)
+
+
 def _exits_within(pid: int, timeout_s: float) -> bool:
     """Whether process ``pid`` (not our child) is gone within ``timeout_s``; waits on a pidfd, not a sleep."""
     try:
