@@ -18,12 +18,15 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import yaml
 
 from cloud_elastic.providers.kubernetes_view import DRAIN_TAINTS as PROVIDER_DRAIN_TAINTS
 from cloud_elastic.providers.kubernetes_view import SLOTS_ANNOTATION, SOFT_TAINTS
+
+from .objects import (GPU, can_land_on, container, driver_job, flag, kind_name, of_kind, pod_spec, resolved_args,
+                      selector_matches, slots_per_pod, strings, tolerates, workers)
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"
@@ -36,8 +39,6 @@ KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 #: Fail instead of skipping when kubectl is missing (CI always does).
 REQUIRE_ENV = "CLOUD_ELASTIC_REQUIRE_KUBECTL"
 
-WORKER, DRIVER = "cloud-elastic-worker", "cloud-elastic-driver"
-GPU = "nvidia.com/gpu"
 NAMESPACE = "cloud-elastic"
 READ_VERBS = {"get", "list", "watch"}
 
@@ -72,19 +73,20 @@ class Spec:
     image: str  # what `images:` sets
     min_grace_s: int  # a step plus a commit plus margin
     on_demand_labels: dict[str, str]  # an on-demand CPU node's labels: the driver must fit there
+    checkpoints: bool = False  # the driver has --checkpoint-dir (components/checkpoints), and only then restarts
 
 
 OVERLAYS = {
     "eks-karpenter": Spec("eks-karpenter", ("karpenter.sh/capacity-type", "spot"),
                           ("karpenter.sh/capacity-type", "spot", "NoSchedule"), True,
                           "123456789012.dkr.ecr.us-east-1.amazonaws.com/cloud-elastic:latest", 60,
-                          {"karpenter.sh/capacity-type": "on-demand"}),
+                          {"karpenter.sh/capacity-type": "on-demand"}, checkpoints=True),
     "gke-spot": Spec("gke-spot", ("cloud.google.com/gke-spot", "true"),
                      ("cloud.google.com/gke-spot", "true", "NoSchedule"), True,
-                     "us-docker.pkg.dev/my-project/cloud-elastic/cloud-elastic:latest", 60, {}),
+                     "us-docker.pkg.dev/my-project/cloud-elastic/cloud-elastic:latest", 60, {}, checkpoints=True),
     "aks-spot": Spec("aks-spot", ("kubernetes.azure.com/scalesetpriority", "spot"),
                      ("kubernetes.azure.com/scalesetpriority", "spot", "NoSchedule"), True,
-                     "myregistry.azurecr.io/cloud-elastic:latest", 60, {}),
+                     "myregistry.azurecr.io/cloud-elastic:latest", 60, {}, checkpoints=True),
     "kind": Spec("kind", None, None, False, "cloud-elastic:dev", 30, {}),
 }
 
@@ -148,156 +150,6 @@ def schema_problems(objects: list[dict[str, Any]], versions=KUBERNETES_VERSIONS)
     return problems
 
 
-# --- reading the objects -----------------------------------------------------------------------
-
-
-def kind_name(obj: dict[str, Any]) -> str:
-    return f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
-
-
-def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [o for o in objects if o.get("kind") == kind]
-
-
-def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any] | None:
-    found = [o for o in of_kind(objects, kind) if name is None or o["metadata"]["name"] == name]
-    return found[0] if len(found) == 1 else None
-
-
-def workers(objects) -> dict[str, Any] | None:
-    return one(objects, "StatefulSet", WORKER)
-
-
-def driver_job(objects) -> dict[str, Any] | None:
-    return one(objects, "Job", DRIVER)
-
-
-def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
-    return workload["spec"]["template"]["spec"]
-
-
-def container(workload: dict[str, Any], name: str) -> dict[str, Any] | None:
-    return next((c for c in pod_spec(workload).get("containers", []) if c.get("name") == name), None)
-
-
-def config_map_data(objects, prefix: str) -> dict[str, str]:
-    """The data of the (hash-suffixed) ConfigMap generated as ``prefix``."""
-    for cm in of_kind(objects, "ConfigMap"):
-        if re.fullmatch(re.escape(prefix) + r"(-[a-z0-9]{10})?", cm["metadata"]["name"]):
-            return cm.get("data", {})
-    return {}
-
-
-def resolved_args(objects, job: dict[str, Any]) -> list[str]:
-    """The driver's command and arguments with ``$(VAR)`` replaced as the kubelet does: from the
-    container's literal env values, ConfigMap keys, and the pod's own namespace."""
-    c = container(job, "driver") or {}
-    values: dict[str, str] = {}
-    namespace = job["metadata"].get("namespace", "")
-    for var in c.get("env", []):
-        if "value" in var:
-            values[var["name"]] = str(var["value"])
-            continue
-        source = var.get("valueFrom", {})
-        if source.get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
-            values[var["name"]] = namespace
-        ref = source.get("configMapKeyRef")
-        if ref:
-            data = next((cm.get("data", {}) for cm in of_kind(objects, "ConfigMap")
-                         if cm["metadata"]["name"] == ref["name"]), {})
-            if ref["key"] in data:
-                values[var["name"]] = data[ref["key"]]
-    expand = lambda s: re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: values.get(m[1], m[0]), str(s))
-    return [expand(a) for a in [*c.get("command", []), *c.get("args", [])]]
-
-
-def flag(args: list[str], name: str) -> str | None:
-    """The value of ``name`` among the options, before the training command (``python ...``)."""
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def tolerates(tolerations: list[dict[str, Any]], key: str, value: str, effect: str) -> bool:
-    """Whether any toleration matches the taint ``key=value:effect`` (the scheduler's rule)."""
-    for t in tolerations or []:
-        if t.get("effect") and t["effect"] != effect:
-            continue
-        operator = t.get("operator", "Equal")
-        if operator == "Exists" and t.get("key") in (None, "", key):
-            return True
-        if operator == "Equal" and t.get("key") == key and t.get("value", "") == value:
-            return True
-    return False
-
-
-def required_node_terms(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    """The required node affinity's terms (OR of ANDs), the nodeSelector ANDed into each."""
-    terms = (spec.get("affinity", {}).get("nodeAffinity", {})
-             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms") or [{}])
-    selector = [{"key": k, "operator": "In", "values": [v]} for k, v in (spec.get("nodeSelector") or {}).items()]
-    return [[*term.get("matchExpressions", []), *selector] for term in terms]
-
-
-def term_admits(term: list[dict[str, Any]], labels: dict[str, str]) -> bool:
-    """Whether a node with ``labels`` satisfies every expression of ``term``."""
-    for expr in term:
-        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
-        present = key in labels
-        if op == "In" and not (present and labels[key] in values):
-            return False
-        if op == "NotIn" and present and labels[key] in values:
-            return False
-        if op == "Exists" and not present:
-            return False
-        if op == "DoesNotExist" and present:
-            return False
-    return True
-
-
-def can_land_on(spec: dict[str, Any], labels: dict[str, str]) -> bool:
-    return any(term_admits(term, labels) for term in required_node_terms(spec))
-
-
-def selector_matches(selector: str, labels: dict[str, str]) -> bool:
-    """An equality-based label selector (``a=b,c==d,e!=f``) against ``labels``."""
-    for part in filter(None, (p.strip() for p in selector.split(","))):
-        if "!=" in part:
-            key, value = part.split("!=", 1)
-            if labels.get(key.strip()) == value.strip():
-                return False
-        elif "=" in part:
-            key, value = re.split(r"==?", part, maxsplit=1)
-            if labels.get(key.strip()) != value.strip():
-                return False
-        elif part.strip() not in labels:
-            return False
-    return True
-
-
-def strings(node: Any) -> Iterator[str]:
-    if isinstance(node, dict):
-        for value in node.values():
-            yield from strings(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from strings(value)
-    elif isinstance(node, str):
-        yield node
-
-
-def slots_per_pod(ss: dict[str, Any]) -> int | None:
-    c = container(ss, "worker") or {}
-    gpus = c.get("resources", {}).get("limits", {}).get(GPU)
-    if gpus is not None:
-        return int(gpus)
-    annotation = ss["spec"]["template"].get("metadata", {}).get("annotations", {}).get(SLOTS_ANNOTATION)
-    return int(annotation) if annotation is not None and str(annotation).isdigit() else None
-
-
 # --- the properties -----------------------------------------------------------------------------
 
 Check = Callable[[list[dict[str, Any]], Spec], list[str]]
@@ -353,7 +205,7 @@ def rbac_least(objects, spec: Spec) -> list[str]:
 
 @check
 def one_driver(objects, spec: Spec) -> list[str]:
-    """One driver pod at a time, restarted in place on failure, never started again once done."""
+    """One driver pod at a time, never beside its replacement, never started again once done."""
     jobs = [o for o in objects if o.get("kind") in ("Job", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Pod")
             and any("run" in (c.get("command", []) + c.get("args", []))[:2] and "cloud-elastic" in c.get("command", [])[:1]
                     for c in (o["spec"].get("template", {}).get("spec", o["spec"]).get("containers", [])))]
@@ -363,9 +215,41 @@ def one_driver(objects, spec: Spec) -> list[str]:
     for field, wanted in (("parallelism", 1), ("completions", 1), ("podReplacementPolicy", "Failed")):
         if job["spec"].get(field) != wanted:
             problems.append(f"the driver Job's {field} is {job['spec'].get(field)!r}, not {wanted!r}")
-    if pod_spec(job).get("restartPolicy") != "OnFailure":
-        problems.append(f"the driver's restartPolicy is {pod_spec(job).get('restartPolicy')!r}, not 'OnFailure' "
-                        "(a restart in the same pod keeps its address and record, so it can adopt the workers)")
+    return problems
+
+
+#: Checkpoint URLs that the driver and the worker pods share (a path would be each pod's own disk).
+SHARED_STORAGE = ("s3://", "gs://", "gcs://", "az://", "abfs://", "abfss://")
+
+
+@check
+def driver_restarts_only_with_checkpoints(objects, spec: Spec) -> list[str]:
+    """The driver is restarted (in place, or in a new pod) only when it has a --checkpoint-dir in object storage:
+    only then does a restarted driver adopt its workers or wait for them and resume. Without one it would train a
+    new job from initial weights beside the running ones. A restart in place must give it a new pid (a shared
+    PID namespace), or, as PID 1 again, it takes its predecessor's recorded pid for a live driver and refuses."""
+    job = driver_job(objects)
+    if job is None:
+        return ["no driver Job"]
+    pod, problems = pod_spec(job), []
+    policy, backoff = pod.get("restartPolicy"), job["spec"].get("backoffLimit", 6)  # the API's default: 6
+    url = flag(resolved_args(objects, job), "--checkpoint-dir")
+    if (url is not None) != spec.checkpoints:
+        problems.append(f"the driver's --checkpoint-dir is {url!r}; the {spec.name} overlay "
+                        f"{'has' if spec.checkpoints else 'has none'} (components/checkpoints)")
+    if url is None:
+        if policy != "Never" or backoff != 0:
+            problems.append(f"the driver is restarted (restartPolicy {policy}, backoffLimit {backoff}) without "
+                            "--checkpoint-dir: it would train a new job from initial weights beside the workers")
+        return problems
+    if not url.startswith(SHARED_STORAGE):
+        problems.append(f"--checkpoint-dir {url!r} is not object storage that the driver and the worker pods share")
+    if policy != "OnFailure" or not isinstance(backoff, int) or backoff < 1:
+        problems.append(f"the driver with --checkpoint-dir is not restarted in place (restartPolicy {policy}, "
+                        f"backoffLimit {backoff}): its crash ends a job it could adopt or resume")
+    if pod.get("shareProcessNamespace") is not True:
+        problems.append("the driver pod has no shared PID namespace: restarted as PID 1, the driver takes its "
+                        "predecessor's pid (1) for a live driver of the job and refuses to start")
     return problems
 
 
@@ -449,6 +333,43 @@ def gpu_limits(objects, spec: Spec) -> list[str]:
     if annotation is None or not str(annotation).isdigit() or int(annotation) < 1:
         return [f"CPU workers' {SLOTS_ANNOTATION} annotation is {annotation!r}, not a positive number"]
     return []
+
+
+#: What a 4-vCPU/16-GiB GPU node (g5.xlarge; GKE's g2-standard-4 and AKS's Standard_NC4as_T4_v3 have 4 vCPU too)
+#: offers pods, its allocatable (about 3920m everywhere; memory about 14.5 GiB on EKS, 13.3 GiB on GKE, whose
+#: reservation is the largest), less room for the node's DaemonSets (an estimate: 400m and 1 GiB).
+SMALL_NODE_CPU_M, SMALL_NODE_MEMORY = 3920 - 400, (13.3 - 1) * 2**30
+MEMORY_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
+                "Ti": 2**40}
+
+
+def quantity(value: Any, memory: bool) -> float | None:
+    """A resource quantity as a number: millicores (``"3"``, ``"500m"``), or bytes (``"12Gi"``); None if unreadable."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(m|[kMGT]i?|)", str(value).strip())
+    if match is None:
+        return None
+    number, unit = float(match[1]), match[2]
+    if not memory:
+        return number if unit == "m" else number * 1000 if unit == "" else None
+    return number * MEMORY_UNITS[unit] if unit in MEMORY_UNITS else None
+
+
+@check
+def workers_fit_a_node(objects, spec: Spec) -> list[str]:
+    """A worker pod's requests fit a 4-vCPU/16-GiB node's allocatable with room for its DaemonSets: a pod that
+    fits no node stays Pending for good. A limit without a request is the request."""
+    ss = workers(objects)
+    if ss is None or container(ss, "worker") is None:
+        return ["no worker StatefulSet with a 'worker' container"]
+    resources, problems = container(ss, "worker").get("resources", {}), []
+    for name, most, memory in (("cpu", SMALL_NODE_CPU_M, False), ("memory", SMALL_NODE_MEMORY, True)):
+        asked = resources.get("requests", {}).get(name, resources.get("limits", {}).get(name))
+        amount = 0.0 if asked is None else quantity(asked, memory)
+        if amount is None or amount > most:
+            room = f"{most / 2**30:.1f} GiB" if memory else f"{most:.0f}m"
+            problems.append(f"workers request {name} {asked!r}: more than a 4-vCPU/16-GiB node offers pods "
+                            f"(at most {room})")
+    return problems
 
 
 @check

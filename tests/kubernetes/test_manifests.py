@@ -43,3 +43,5 @@ def test_the_driver_command_is_one_the_cli_accepts(overlay, rendered):
     assert [params["num_proc"], params["min_np"], params["max_np"]] == [int(flag(args, f)) for f in ("-np", "--min-np", "--max-np")]
     assert (params["ssh_port"], params["ssh_user"]) == (2222, "trainer")
     assert list(params["command"]) == ["python", "train.py"]
+    assert params["checkpoint_dir"] == flag(args, "--checkpoint-dir")
+    assert (params["checkpoint_dir"] is not None) == OVERLAYS[overlay].checkpoints

@@ -15,6 +15,7 @@ import pytest
 from .manifests import CHECKS, KUBERNETES_VERSIONS, OVERLAYS, RenderError, render, schema_problems
 
 BASE_DRIVER, BASE_WORKERS, BASE_RBAC = "base/driver.yaml", "base/workers.yaml", "base/rbac.yaml"
+COMPONENT = "components/checkpoints/kustomization.yaml"
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,20 @@ MUTATIONS = [
     Mutation("two-drivers", "eks-karpenter", BASE_DRIVER, "parallelism: 1", "parallelism: 2", "one_driver"),
     Mutation("replacement-beside-the-old-driver", "gke-spot", BASE_DRIVER, "podReplacementPolicy: Failed",
              "podReplacementPolicy: TerminatingOrFailed", "one_driver"),
-    Mutation("driver-restarted-in-a-new-pod", "aks-spot", BASE_DRIVER, "restartPolicy: OnFailure", "restartPolicy: Never",
-             "one_driver"),
+    # the driver restarts only with checkpoints in object storage, and then with a pid of its own
+    Mutation("driver-restarted-without-checkpoints", "kind", BASE_DRIVER, "restartPolicy: Never",
+             "restartPolicy: OnFailure", "driver_restarts_only_with_checkpoints"),
+    Mutation("driver-retried-without-checkpoints", "kind", BASE_DRIVER, "backoffLimit: 0", "backoffLimit: 3",
+             "driver_restarts_only_with_checkpoints"),
+    Mutation("gpu-overlay-without-checkpoints", "eks-karpenter", "overlays/eks-karpenter/kustomization.yaml",
+             "components:\n  - ../../components/checkpoints\n", "", "driver_restarts_only_with_checkpoints"),
+    Mutation("checkpoints-on-the-driver-disk", "gke-spot", "overlays/gke-spot/kustomization.yaml",
+             "checkpoint_dir=gs://my-bucket/cloud-elastic/job", "checkpoint_dir=/var/lib/ckpt",
+             "driver_restarts_only_with_checkpoints"),
+    Mutation("checkpointed-driver-not-restarted", "aks-spot", COMPONENT, "value: OnFailure", "value: Never",
+             "driver_restarts_only_with_checkpoints"),
+    Mutation("restarted-driver-is-pid-1", "eks-karpenter", BASE_DRIVER, "shareProcessNamespace: true",
+             "shareProcessNamespace: false", "driver_restarts_only_with_checkpoints"),
     Mutation("driver-as-deployment", "kind", BASE_DRIVER, "apiVersion: batch/v1\nkind: Job",
              "apiVersion: apps/v1\nkind: Deployment", "schema"),
     # the driver is on on-demand capacity
@@ -99,6 +112,10 @@ MUTATIONS = [
     Mutation("zero-gpus", "aks-spot", BASE_WORKERS, "nvidia.com/gpu: 1", "nvidia.com/gpu: 0", "gpu_limits"),
     Mutation("cpu-overlay-without-slots", "kind", "overlays/kind/workers.yaml", 'cloud-elastic.io/slots: "2"',
              'cloud-elastic.io/slot: "2"', "gpu_limits"),
+    # requests that a 4-vCPU/16-GiB node's allocatable holds
+    Mutation("workers-ask-every-cpu", "eks-karpenter", BASE_WORKERS, 'cpu: "3"', 'cpu: "4"', "workers_fit_a_node"),
+    Mutation("workers-limit-is-their-request", "gke-spot", BASE_WORKERS, "              memory: 12Gi\n", "",
+             "workers_fit_a_node"),  # no request: the limit (14Gi) is the request
     # one pod per node
     Mutation("anti-affinity-per-zone", "eks-karpenter", BASE_WORKERS, "topologyKey: kubernetes.io/hostname",
              "topologyKey: topology.kubernetes.io/zone", "one_pod_per_node"),
@@ -159,7 +176,7 @@ MUTATIONS = [
              "one_namespace"),
     Mutation("grace-as-string", "eks-karpenter", BASE_WORKERS, "terminationGracePeriodSeconds: 120",
              'terminationGracePeriodSeconds: "120"', "schema"),
-    Mutation("unknown-field", "gke-spot", BASE_DRIVER, "  backoffLimit: 3", "  backoffLimit: 3\n  restartLimit: 3", "schema"),
+    Mutation("unknown-field", "gke-spot", BASE_DRIVER, "  backoffLimit: 0", "  backoffLimit: 0\n  restartLimit: 3", "schema"),
 ]
 
 # A mutation that must break nothing (check None): the checks read labels and selectors, not
