@@ -7,6 +7,7 @@ move workers through register / rendezvous / heartbeat / exit.
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -553,10 +554,25 @@ def test_later_discovery_failures_are_tolerated_until_elastic_timeout() -> None:
     failed(sim, "kept failing for 60s", "throttled")
 
 
-def test_fatal_discovery_failure_ends_a_running_job() -> None:
-    sim = started(2, {"a": 2})
-    sim.discovery_failed("group deleted", fatal=True)
-    failed(sim, "group deleted")
+def test_a_fatal_discovery_error_after_discovery_worked_keeps_the_hosts_until_elastic_timeout(caplog) -> None:
+    """An AWS session token expiring mid-job (ExpiredToken; the next call refreshes it) ended a healthy job at once."""
+    sim = started(2, {"a": 2}, elastic_timeout_s=60)
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    sim.discovery_failed("An error occurred (ExpiredToken)", fatal=True)
+    sim.advance(5)
+    sim.discovery_failed("An error occurred (ExpiredToken)", fatal=True)
+    assert sim.outcome is None and sim.stops == [] and sim.poll("a[0]").abort_round == 0
+    warned = [r.getMessage() for r in caplog.records if "ExpiredToken" in r.getMessage()]
+    assert len(warned) == 1 and "the job keeps its current hosts" in warned[0], warned
+    sim.discover({"a": 2})  # the next call worked
+    sim.discovery_failed("AccessDenied", fatal=True)  # one that never passes is bounded like any failure
+    sim.advance(59)
+    sim.discovery_failed("AccessDenied", fatal=True)
+    assert sim.outcome is None
+    sim.advance(2)
+    sim.discovery_failed("AccessDenied", fatal=True)
+    assert sim.outcome is not None and sim.outcome.reason == (
+        "host discovery kept failing for 60s (--elastic-timeout): AccessDenied")
     assert isinstance(sim.reply("a[0]"), ExitOrder)
 
 

@@ -3,6 +3,8 @@ driver, lost training state, notices and drain deadlines. Scripted timelines on 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder, Phase, Release
@@ -46,6 +48,62 @@ def test_nothing_is_launched_on_a_missing_host() -> None:
     sim.exit("b[0]", KILLED)  # a real death is still a death, found at once
     sim.advance(30)
     assert sim.slots_launched().count("b[0]") == 1
+
+
+def _kept_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "missing from discovery for over" in r.getMessage()]
+
+
+def test_an_empty_discovery_answer_past_the_grace_keeps_the_last_holders_of_the_state(caplog) -> None:
+    """A throttled `aws ... | jq` printing nothing for 16 s removed the only host: 'training state lost'."""
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    sim = started(2, {"a": 2}, missing_grace=10)
+    sim.commit("a[0]", "a[1]")
+    sim.discover({})
+    sim.advance(16)
+    assert sim.outcome is None and sim.stops == [] and sim.poll("a[0]").update_gen == 0
+    (line,) = _kept_lines(caplog)
+    assert "host a has been missing" in line and "last live holders of the newest commit" in line
+    assert "fewer than --min-np 2" in line
+    sim.discover({"a": 2})
+    sim.advance(20)
+    assert sim.outcome is None and sim.stops == [] and sim.poll("a[0]").update_gen == 0
+    assert not any(kind == "hosts_changed" and f["removed"] for kind, f in sim.events)
+
+
+def test_a_missing_host_is_kept_rather_than_go_below_min_np() -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=2, missing_grace=10)  # nothing committed yet
+    sim.discover({"a": 1})
+    sim.advance(11)
+    assert sim.poll("a[0]").update_gen == 0 and sim.job.workers[sim.id("b[0]")].state is WorkerState.RUNNING
+
+
+def test_a_missing_host_holding_the_state_is_kept_though_a_newcomer_would_make_min_np(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    sim = started(1, {"b": 1}, min_np=1, max_np=2, missing_grace=10)
+    sim.commit("b[0]")
+    sim.discover({"b": 1, "a": 1})
+    sim.join("a[0]")  # waits at rendezvous: it holds no state yet
+    sim.discover({"a": 1})
+    sim.advance(11)
+    assert sim.job.workers[sim.id("b[0]")].state is WorkerState.RUNNING
+    (line,) = _kept_lines(caplog)
+    assert "host b" in line and "last live holders" in line and "--min-np" not in line
+
+
+def test_missing_hosts_go_while_enough_holders_stay_and_a_kept_one_goes_once_its_workers_fail() -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1, missing_grace=10)
+    sim.commit("a[0]", "b[0]", "c[0]")
+    sim.discover({})
+    sim.advance(11)
+    removed = [h["host"] for kind, f in sim.events if kind == "hosts_changed" for h in f["removed"]]
+    assert sorted(removed) == ["b", "c"]  # the newest hosts go; the oldest keeps the state and --min-np
+    state = {slot: sim.job.workers[sim.id(slot)].state for slot in ("a[0]", "b[0]", "c[0]")}
+    assert state == {"a[0]": WorkerState.RUNNING, "b[0]": WorkerState.DRAINING, "c[0]": WorkerState.DRAINING}
+    sim.exit("a[0]", KILLED)  # a dead host's workers are found by their exits (or silence)
+    sim.advance(0.5)
+    removed = [h["host"] for kind, f in sim.events if kind == "hosts_changed" for h in f["removed"]]
+    assert sorted(removed) == ["a", "b", "c"]
 
 
 def test_a_draining_state_acts_at_once_despite_the_grace() -> None:

@@ -24,7 +24,9 @@ It is assembled from small pieces, each tested on its own:
   (success when every worker exits 0; a failure ends or restarts the job);
 * :mod:`.liveness` — worker silence measured only over time the driver ran, and which workers are overdue;
 * :mod:`.hosts` — host order, the per-slot blacklist, hosts missing from
-  discovery for less than the grace, draining hosts and their deadlines.
+  discovery for less than the grace, draining hosts and their deadlines;
+* :mod:`.discovery_edge` — discovery's snapshots and failures, and the hosts missing
+  past the grace whose workers are kept (the last holders of the state, ``--min-np``);
 * :mod:`.stalls` — a collective some members wait in and others have not
   completed: the culprit named, and the evidence the fast silence rule needs;
 * :mod:`.health` and :mod:`.links` — stragglers, failed self-tests and slow
@@ -55,6 +57,7 @@ from typing import Any
 from cloud_elastic.driver.job.actions import Action, Finish, Launch, Phase, Policy, Release, Stop
 from cloud_elastic.driver.job.capacity import PROGRESS_EVERY_S, Capacity
 from cloud_elastic.driver.job.completion import EARLY_RETURN_WAIT_S, STACKS_WAIT_S, Completion
+from cloud_elastic.driver.job.discovery_edge import DiscoveryEdge
 from cloud_elastic.driver.job.failures import Failures
 from cloud_elastic.driver.job.fixed_size import FixedSize
 from cloud_elastic.driver.job.formation import RoundFormation
@@ -112,7 +115,6 @@ class ElasticJob:
     _actions: list[Action] = field(default_factory=list, init=False)
     _events: list[tuple[str, dict[str, Any]]] = field(default_factory=list, init=False)
     _clock: RunningClock = field(default_factory=RunningClock, init=False)
-    _discovery_failing_since: float | None = field(default=None, init=False)
     _alive_memo: list[WorkerRecord] | None = field(default=None, init=False)  # alive() during one step
     _alive_count: int = field(default=0, init=False)  # as of the last step
     silence: SilenceWatch = field(init=False)  # fed each heartbeat's arrival by the runtime (see liveness)
@@ -128,6 +130,7 @@ class ElasticJob:
         self.fixed = FixedSize(self)
         self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along, self.fixed.failed)
         self.health = Health(self, self.leavers)
+        self.discovery = DiscoveryEdge(self, self.leavers.lapsed)
         if self.resumed:
             if not self.policy.checkpointing:
                 raise ValueError("a resumed job needs checkpointing (it starts from a durable checkpoint)")
@@ -160,36 +163,8 @@ class ElasticJob:
         self._clock(now)
 
     def discovered(self, snapshot: DiscoveredHosts, now: float) -> None:
-        """A discovery snapshot arrived."""
-        self.discovered_once = True
-        self._discovery_failing_since = None
-        was_missing = set(self.hosts.missing)
-        changes = self.hosts.update(snapshot, now)
-        if changes:
-            log.info(
-                "job %s: hosts changed: added=%s removed=%s draining=%s resized=%s missing=%s (ready slots: %d)",
-                self.job_id, list(changes.added), list(changes.removed), list(changes.draining),
-                list(changes.resized), list(changes.missing), sum(self.hosts.ready.values()),
-            )
-            self.emit(
-                "hosts_changed", added=[{"host": h, "slots": self.hosts.ready[h]} for h in changes.added],
-                removed=[{"host": h, "reason": self._missing_reason() if h in was_missing else "gone from discovery"}
-                         for h in changes.removed],
-                draining=[{"host": h, "reason": self.hosts.draining[h].reason, "deadline": self.hosts.draining[h].deadline}
-                          for h in changes.draining],
-                missing=list(changes.missing),
-                **({"resized": [{"host": h, "slots": self.hosts.ready[h]} for h in changes.resized]}
-                   if changes.resized else {}),
-            )
-        for host in changes.lapsed:
-            self.leavers.lapsed(host)
-            log.info("job %s: the notice for host %s lapsed (the group still reports it ready); new workers may be "
-                     "placed there again", self.job_id, host)
-        for host in changes.missing:
-            log.warning(
-                "job %s: host %s is missing from discovery; its workers keep running for up to %gs "
-                "unless it comes back or is reported draining", self.job_id, host, self.hosts.missing_grace_s,
-            )
+        """A discovery snapshot arrived (see :mod:`.discovery_edge`)."""
+        self.discovery.discovered(snapshot, now)
         self._step(now)
 
     def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False) -> None:
@@ -201,17 +176,9 @@ class ElasticJob:
             self._step(now)
 
     def discovery_failed(self, message: str, *, fatal: bool, now: float) -> None:
-        """A discovery call failed. Fatal failures end the job; others are retried within the timeouts."""
-        if fatal:
-            self.end(False, f"host discovery failed: {message}", 1)
-            return
-        self.last_discovery_error = message
-        if self._discovery_failing_since is None:
-            self._discovery_failing_since = now
-        limit = self.policy.elastic_timeout_s if self.discovered_once else self.policy.start_timeout_s
-        if now - self._discovery_failing_since > limit:
-            which = "--elastic-timeout" if self.discovered_once else "--start-timeout"
-            self.end(False, f"host discovery kept failing for {limit:g}s ({which}): {message}", 1)
+        """A discovery call failed: retried within the timeouts; a fatal failure before discovery ever answered
+        ends the job (see :mod:`.discovery_edge`)."""
+        self.discovery.failed(message, fatal=fatal, now=now)
 
     def registered(self, worker_id: str, now: float) -> bool:
         """A worker process connected. False if the driver does not know it."""
@@ -566,13 +533,7 @@ class ElasticJob:
             self._alive_memo = None
 
     def _step_all(self, now: float) -> None:
-        expired = self.hosts.expire(now)
-        for host in expired:
-            log.info("job %s: host %s stayed missing from discovery for %gs; removed", self.job_id, host,
-                     self.hosts.missing_grace_s)
-        if expired:
-            why = self._missing_reason()
-            self.emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
+        self.discovery.expire(now)
         for w, what in self.silence.overdue(self.alive(), len(self.workers), now, self._clock(now), self.round):
             self.give_up(w, what, now)
         self.completion.check_early_returns(now)
@@ -594,6 +555,3 @@ class ElasticJob:
         if self.phase is not Phase.DONE:
             self.rounds.maybe_request_update(now)
             self.rounds.maybe_form(now)
-
-    def _missing_reason(self) -> str:
-        return f"missing from discovery for {self.hosts.missing_grace_s:g}s (--host-missing-grace)"

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Callable, Collection
 
 from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
-__all__ = ["Slot", "Blacklist", "HostChanges", "HostManager"]
+__all__ = ["Slot", "Blacklist", "HostChanges", "HostManager", "Keep"]
+
+#: Of the hosts missing past the grace, those to keep as missing a while longer (the job decides; see
+#: :meth:`HostManager.expire`).
+Keep = Callable[[tuple[str, ...]], Collection[str]]
 
 
 @dataclass(frozen=True, order=True)
@@ -103,8 +108,9 @@ class HostManager:
     ready host that vanishes from a snapshot *without* a draining state is kept
     as ``missing`` for ``missing_grace_s``: its running workers stay, nothing new
     is launched on it, and only when it is still missing after the grace does it
-    count as removed. A draining state acts at once, and so does the loss of a
-    host that was already draining (the cloud took it).
+    count as removed, unless the caller's ``keep`` holds it longer (the job keeps the last
+    holders of its state; see :mod:`.discovery_edge`). A draining state acts at once, and so does
+    the loss of a host that was already draining (the cloud took it).
 
     A hard notice lapses (:meth:`_lapse`) when the host is still reported ready
     ``notice_grace_s`` past its deadline: the cloud did not take it. A host
@@ -145,8 +151,8 @@ class HostManager:
     #: caller can skip re-checking its workers' hosts while it stays the same.
     version: int = 0
 
-    def update(self, snapshot: DiscoveredHosts, now: float = 0.0) -> HostChanges:
-        """Adopt a complete snapshot; return what changed."""
+    def update(self, snapshot: DiscoveredHosts, now: float = 0.0, keep: Keep | None = None) -> HostChanges:
+        """Adopt a complete snapshot; return what changed (``keep``: see :meth:`expire`)."""
         self.version += 1
         old_ready, old_draining, was_missing = dict(self.ready), dict(self.draining), set(self.missing)
         present = set(snapshot.ready) | set(snapshot.draining)
@@ -187,7 +193,7 @@ class HostManager:
                 self._drop_soft(host)
         lapsed = self._lapse(snapshot, now)
         self._apply_notices()
-        removed = self._forget_absent(present, now)
+        removed = self._forget_absent(present, now, keep)
         return HostChanges(
             added=tuple(h for h in self.ready if h not in old_ready and h not in was_missing),
             removed=removed,
@@ -274,18 +280,25 @@ class HostManager:
                 del self.missing[host]
                 self.draining[host] = drain
 
-    def expire(self, now: float) -> tuple[str, ...]:
-        """Remove hosts missing for longer than the grace; return them (call on every tick)."""
+    def expire(self, now: float, keep: Keep | None = None) -> tuple[str, ...]:
+        """Remove hosts missing for longer than the grace; return them (call on every tick).
+
+        ``keep(hosts)``, given the hosts past the grace, names those that stay missing (their slots usable by
+        the workers already there, no new worker placed) until a later call lets them go or discovery lists
+        them again.
+        """
         present = set(self.ready) | set(self.draining)
         missing = len(self.missing)
-        gone = self._forget_absent(present, now)
+        gone = self._forget_absent(present, now, keep)
         if gone or len(self.missing) != missing:
             self.version += 1
         return gone
 
-    def _forget_absent(self, present: set[str], now: float) -> tuple[str, ...]:
-        for host, (_, since) in list(self.missing.items()):
-            if now - since >= self.missing_grace_s:
+    def _forget_absent(self, present: set[str], now: float, keep: Keep | None) -> tuple[str, ...]:
+        expired = tuple(h for h, (_, since) in self.missing.items() if now - since >= self.missing_grace_s)
+        kept = keep(expired) if keep is not None and expired else ()
+        for host in expired:
+            if host not in kept:
                 del self.missing[host]
         gone = [h for h in self._order if h not in present and h not in self.missing]
         for host in gone:

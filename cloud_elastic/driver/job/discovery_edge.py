@@ -1,0 +1,166 @@
+"""What the job makes of discovery: its snapshots, its failures, and the hosts missing from it.
+
+Discovery is the job's word on which hosts exist, not on whether its workers live (their
+heartbeats and exits say that). :class:`DiscoveryEdge` decides, for the job:
+
+* a snapshot changes the hosts (:class:`~.hosts.HostManager`); what changed is logged and emitted;
+* a failed discovery call is retried: up to ``--start-timeout`` until discovery first answers,
+  up to ``--elastic-timeout`` after, the job ending in one line if it has not answered by then.
+  A fatal error (the provider says retrying cannot help) ends the job at once only before
+  discovery first answered: a typo in a group name fails fast. Once it has answered, the
+  same call worked, and a long job meets "fatal" errors that pass (an expired session token
+  refreshed the next call, a metadata server's 5xx while refreshing a token): the job keeps its
+  current hosts, says so in a WARNING, and counts the error as any other failure;
+* a host missing from discovery past ``--host-missing-grace`` (not draining: just absent) is
+  removed and its workers leave, unless that would take away the last live holders of the
+  newest commit, or leave fewer than ``--min-np`` workers, on discovery's word alone (a
+  throttled ``aws ... | jq`` prints nothing and exits 0). Such a host stays missing, its workers
+  train on and nothing new is placed there, until discovery lists it again, or its workers
+  fail (a dead host's workers are found by the heartbeat timeout and their exits), or other
+  workers hold the state and enough of them stay; one WARNING says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Callable
+
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerState
+from cloud_elastic.providers.api import DiscoveredHosts
+
+__all__ = ["DiscoveryEdge"]
+
+log = logging.getLogger(__name__)
+
+S = WorkerState
+_STAYING = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
+
+
+class DiscoveryEdge:
+    """Discovery's answers and failures, for one job (see module docstring)."""
+
+    def __init__(self, job: JobView, lapsed: Callable[[str], None]) -> None:
+        """``lapsed(host)``: the notice for ``host`` lapsed (see :meth:`.leaving.Leavers.lapsed`)."""
+        self._job = job
+        self._lapsed = lapsed
+        self._failing_since: float | None = None
+        self._fatal_said = ""  # the fatal error last logged in the current run of failures
+        self._kept: dict[str, str] = {}  # host missing past the grace -> why its workers are kept
+
+    def missing_reason(self) -> str:
+        return f"missing from discovery for {self._job.hosts.missing_grace_s:g}s (--host-missing-grace)"
+
+    def discovered(self, snapshot: DiscoveredHosts, now: float) -> None:
+        """Adopt ``snapshot``: log and emit what changed."""
+        job = self._job
+        hosts = job.hosts
+        job.discovered_once = True
+        self._failing_since, self._fatal_said = None, ""
+        was_missing = set(hosts.missing)
+        changes = hosts.update(snapshot, now, keep=self._keep)
+        for host in self._kept:
+            if host in hosts.ready or host in hosts.draining:
+                log.info("job %s: host %s is listed by discovery again; its workers were kept", job.job_id, host)
+        self._forget_kept()
+        if changes:
+            log.info(
+                "job %s: hosts changed: added=%s removed=%s draining=%s resized=%s missing=%s (ready slots: %d)",
+                job.job_id, list(changes.added), list(changes.removed), list(changes.draining),
+                list(changes.resized), list(changes.missing), sum(hosts.ready.values()),
+            )
+            job.emit(
+                "hosts_changed", added=[{"host": h, "slots": hosts.ready[h]} for h in changes.added],
+                removed=[{"host": h, "reason": self.missing_reason() if h in was_missing else "gone from discovery"}
+                         for h in changes.removed],
+                draining=[{"host": h, "reason": hosts.draining[h].reason, "deadline": hosts.draining[h].deadline}
+                          for h in changes.draining],
+                missing=list(changes.missing),
+                **({"resized": [{"host": h, "slots": hosts.ready[h]} for h in changes.resized]}
+                   if changes.resized else {}),
+            )
+        for host in changes.lapsed:
+            self._lapsed(host)
+            log.info("job %s: the notice for host %s lapsed (the group still reports it ready); new workers may be "
+                     "placed there again", job.job_id, host)
+        for host in changes.missing:
+            log.warning(
+                "job %s: host %s is missing from discovery; its workers keep running for up to %gs "
+                "unless it comes back or is reported draining", job.job_id, host, hosts.missing_grace_s,
+            )
+
+    def failed(self, message: str, *, fatal: bool, now: float) -> None:
+        """A discovery call failed (see module docstring for what a fatal error does)."""
+        job, policy = self._job, self._job.policy
+        if fatal and not job.discovered_once:
+            job.end(False, f"host discovery failed: {message}", 1)
+            return
+        job.last_discovery_error = message
+        if self._failing_since is None:
+            self._failing_since = now
+        limit = policy.elastic_timeout_s if job.discovered_once else policy.start_timeout_s
+        if now - self._failing_since > limit:
+            which = "--elastic-timeout" if job.discovered_once else "--start-timeout"
+            job.end(False, f"host discovery kept failing for {limit:g}s ({which}): {message}", 1)
+            return
+        if fatal and message != self._fatal_said:
+            self._fatal_said = message
+            left = limit - (now - self._failing_since)
+            log.warning("job %s: host discovery failed with an error it calls fatal: %s. Discovery worked before, so "
+                        "this may pass (a token being refreshed, a throttled metadata server): the job keeps its "
+                        "current hosts and retries, and ends if discovery has not answered within %gs more "
+                        "(--elastic-timeout)", job.job_id, message, left)
+
+    def expire(self, now: float) -> None:
+        """Remove the hosts missing past the grace that may go (see module docstring)."""
+        job = self._job
+        expired = job.hosts.expire(now, keep=self._keep)
+        self._forget_kept()
+        for host in expired:
+            log.info("job %s: host %s stayed missing from discovery for %gs; removed", job.job_id, host,
+                     job.hosts.missing_grace_s)
+        if expired:
+            why = self.missing_reason()
+            job.emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
+
+    def _keep(self, expired: tuple[str, ...]) -> set[str]:
+        """Of the hosts missing past the grace, those whose removal would take the last live holders of the newest
+        commit, or go below ``--min-np``. Newer hosts go first: older ones hold the lower ranks."""
+        job = self._job
+        hosts, min_np = job.hosts, job.policy.min_np
+        staying = [w for w in job.alive() if w.state in _STAYING and hosts.is_usable(w.slot)]
+        holders = [w for w in staying if w.holds_state]
+        newest = max((w.commit_seq for w in holders), default=0)
+        on_host = Counter(w.slot.host for w in staying)
+        newest_on_host = Counter(w.slot.host for w in holders if w.commit_seq == newest)
+        left, newest_left = len(staying), sum(newest_on_host.values())
+        kept: dict[str, str] = {}
+        for host in sorted(expired, key=hosts.order_of, reverse=True):
+            workers, holding = on_host.get(host, 0), newest_on_host.get(host, 0)
+            if workers == 0:
+                continue  # nobody there to keep
+            why = []
+            if newest_left and newest_left == holding:
+                what = f"commit {newest}" if newest else "the training state"
+                why.append(f"its workers are the last live holders of the newest commit ({what})")
+            if left - workers < min_np:
+                why.append(f"removing it would leave {left - workers} worker(s), fewer than --min-np {min_np}")
+            if why:
+                kept[host] = " and ".join(why)
+            else:
+                left, newest_left = left - workers, newest_left - holding
+        for host, why in kept.items():
+            if host not in self._kept:
+                log.warning("job %s: host %s has been missing from discovery for over %gs (--host-missing-grace), "
+                            "but %s: its %d worker(s) keep training (their heartbeats say they live) until "
+                            "discovery lists it again or they fail; no new worker is placed there", job.job_id,
+                            host, hosts.missing_grace_s, why, on_host[host])
+        self._kept = kept
+        return set(kept)
+
+    def _forget_kept(self) -> None:
+        """Hosts back in discovery or removed are kept no more (a later absence is said again)."""
+        missing = self._job.hosts.missing
+        if self._kept and any(h not in missing for h in self._kept):
+            self._kept = {h: why for h, why in self._kept.items() if h in missing}
