@@ -304,6 +304,11 @@ class GCPManagedInstanceGroup(CloudGroupProvider):
         auth, errors = sdk["auth_errors"], sdk["errors"]
         if isinstance(exc, auth.TransportError):
             return RetryableDiscoveryError(f"{self.label}: cannot reach the token endpoint: {one_line(exc)}")
+        if isinstance(exc, auth.RefreshError) and (isinstance(exc.__cause__, auth.TransportError)
+                                                  or getattr(exc, "retryable", False)):
+            # google-auth wraps a metadata server's 5xx or a dropped connection while refreshing a token in a
+            # RefreshError: the next call refreshes again, so it is no proof the credentials are unusable.
+            return RetryableDiscoveryError(f"{self.label}: could not refresh the access token: {one_line(exc)}")
         if isinstance(exc, auth.GoogleAuthError):
             return FatalDiscoveryError(
                 f"{self.label}: no usable Google credentials (Application Default Credentials): {one_line(exc)}"

@@ -9,6 +9,7 @@ import pytest
 
 from cloud_elastic.errors import ConfigError, FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers.api import Drain
+from cloud_elastic.providers.gcp import GCPManagedInstanceGroup
 from tests.emulator.fake_gcp import Member
 from tests.emulator.fixtures import gcp_options, provider
 
@@ -226,6 +227,27 @@ def test_missing_credentials_are_fatal_before_any_api_call(gcp, monkeypatch):
     with pytest.raises(FatalDiscoveryError, match="no usable Google credentials"):
         provider("gcp", gcp_options(gcp, "any")).find()
     assert gcp.log == []
+
+
+@pytest.mark.parametrize("retryable", ["transport", "flag", "neither"])
+def test_a_token_refresh_that_could_not_reach_the_metadata_server_is_retryable(monkeypatch, retryable):
+    # What google-auth's compute_engine credentials raise for a metadata server 5xx or a dropped connection.
+    import google.auth.exceptions as ga
+
+    def refresh_fails(self):
+        self.sdk  # loaded, as the real _discover loads it before any call
+        if retryable == "transport":
+            raise ga.RefreshError("metadata server: 503") from ga.TransportError("503 Service Unavailable")
+        raise ga.RefreshError("token endpoint: internal_failure", retryable=retryable == "flag")
+
+    monkeypatch.setattr(GCPManagedInstanceGroup, "_discover", refresh_fails)
+    discovery = GCPManagedInstanceGroup("gpus", project="proj-1", zone=ZONE)
+    expected = FatalDiscoveryError if retryable == "neither" else RetryableDiscoveryError
+    with pytest.raises(expected) as err:
+        discovery.find()
+    assert type(err.value) is expected  # RetryableDiscoveryError is no FatalDiscoveryError, but be exact
+    if retryable != "neither":
+        assert "could not refresh the access token" in str(err.value)
 
 
 @pytest.mark.parametrize(("options", "message"), [
