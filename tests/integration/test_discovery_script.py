@@ -60,11 +60,12 @@ def test_later_failures_and_hangs_keep_the_last_hosts_and_the_job_completes(jobs
     )
     job = jobs([
         "run", "-np", "2", "--host-discovery-script", str(hosts.script), "--discovery-interval", "0.2",
-        "--discovery-timeout", "1", *probe_cmd("--steps", "60", "--step-sleep", "0.05"),
+        # Long enough for the three failures while discovery backs off (0.2, 0.4, 0.8 s after each failure).
+        "--discovery-timeout", "1", *probe_cmd("--steps", "90", "--step-sleep", "0.05"),
     ])
     assert job.finish() == 0, job.output()
     out = "\n".join(job.lines)
     assert "host discovery failed: discovery script discover.sh: line 1 is not host[:slots]" in out
     assert "did not finish within 1s and was killed" in out
     assert "exited with code 1" in out
-    assert {e["step"] for e in job.of("done")} == {60} and len(job.of("done")) == 2
+    assert {e["step"] for e in job.of("done")} == {90} and len(job.of("done")) == 2
