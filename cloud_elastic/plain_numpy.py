@@ -8,8 +8,13 @@ it with ``np.frombuffer`` for the numeric kinds only (bool, integers, floats, co
 bytes as the dtype and shape take, so a forged tag builds nothing bigger than the bytes it carries. The same
 type, dtype, shape and value come back.
 
+A ``frozenset``, which the weights-only loader refuses unless allowed by name, is rewritten the same way, as
+``(TAG, "frozenset", its items as a tuple)``.
+
 Both the in-memory state sync (``worker.comm.statecodec``) and durable checkpoints (``checkpoint.payload``)
-carry numpy values this way; this module imports neither, so storage never depends on the worker.
+carry numpy values this way; this module imports neither, so storage never depends on the worker. What both
+carry is defined here once (:data:`LEAVES`, :data:`DICTS`, :data:`SEQUENCES`, numeric numpy values), so that a
+value a ``commit()`` accepts is one a checkpoint can hold.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["TAG", "DICTS", "SEQUENCES", "Malformed", "is_numeric", "pack", "unpack"]
+__all__ = ["TAG", "LEAVES", "DICTS", "SEQUENCES", "Malformed", "is_numeric", "pack", "unpack"]
 
 #: The first item of a tuple that stands for a value :func:`pack` rewrote: ``(TAG, "numpy", dtype, shape, its
-#: bytes as a uint8 tensor)`` for a numpy number (shape None) or array, ``(TAG, "tuple", t)`` for a tuple of the
+#: bytes as a uint8 tensor)`` for a numpy number (shape None) or array, ``(TAG, "frozenset", items)`` for a
+#: frozenset, ``(TAG, "tuple", t)`` for a tuple of the
 #: user's that starts with this very string. A tuple, so that a numpy number may stay a dict's key. The text is
 #: part of the format of checkpoints already written: never change it.
 TAG = "\x00cloud-elastic statecodec tag"
@@ -31,6 +37,10 @@ TAG = "\x00cloud-elastic statecodec tag"
 _NUMERIC_KINDS = "biufc"
 DICTS = (dict, collections.OrderedDict, collections.Counter)
 SEQUENCES = (list, tuple, set, frozenset)
+#: The values besides tensors and containers that the state sync and checkpoints carry as they are (exact
+#: types): what ``torch.load(weights_only=True)`` builds without being allowed anything by name.
+LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device, torch.layout,
+          torch.Size)
 
 
 class Malformed(ValueError):
@@ -72,6 +82,10 @@ def _pack(obj: Any, memo: dict[int, Any]) -> Any:
         # The bytes as a tensor: stored as a record of their own, not as a pickled string (twice the size).
         raw = torch.from_numpy(np.ascontiguousarray(obj).reshape(-1).view(np.uint8).copy())
         return (TAG, "numpy", code, shape, raw)
+    if type(obj) is frozenset:
+        if id(obj) not in memo:
+            memo[id(obj)] = (TAG, "frozenset", tuple(_pack(v, memo) for v in obj))
+        return memo[id(obj)]
     return _rebuilt(obj, memo, _pack, lambda out: (TAG, "tuple", out) if _tagged(obj) else out)
 
 
@@ -85,6 +99,12 @@ def _unpack(obj: Any, memo: dict[int, Any]) -> Any:
     elif len(obj) == 3 and type(obj[1]) is str and obj[1] == "tuple" and _tagged(obj[2]):
         memo[id(obj)] = obj
         out = tuple(_unpack(v, memo) for v in obj[2])
+    elif len(obj) == 3 and type(obj[1]) is str and obj[1] == "frozenset" and type(obj[2]) is tuple:
+        memo[id(obj)] = obj
+        try:
+            out = frozenset(_unpack(v, memo) for v in obj[2])
+        except TypeError as exc:  # an unhashable item: no frozenset of ours
+            raise Malformed(f"a malformed frozenset ({' '.join(str(exc).split())[:200]})") from None
     else:
         raise Malformed("a malformed tagged value")
     memo[id(obj)] = out

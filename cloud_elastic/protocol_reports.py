@@ -15,11 +15,15 @@ from typing import Any, Mapping
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 
-__all__ = ["CHECKPOINT_EVENTS", "CheckpointReport", "DrainRequest", "NOTICE_KINDS", "NoticeReport", "UnhealthyReport"]
+__all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "NOTICE_KINDS", "NoticeReport",
+           "UnhealthyReport"]
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``).
 CHECKPOINT_EVENTS = ("saved", "loaded", "failed")
-CHECKPOINT_EVENTS = ("saved", "loaded", "failed")
+#: What failed, in a ``failed`` report: loading the checkpoint of a ``from_checkpoint`` round, writing one (a
+#: state the checkpoint cannot hold), or ``--checkpoint-dir`` itself (storage this worker sees apart from the
+#: driver's). A report without one is a load (as older workers sent it).
+CHECKPOINT_FAILURES = ("load", "write", "storage")
 
 
 def _field(msg: Mapping[str, Any], name: str, what: str, kind: type, must: str, ok: Any = None) -> Any:
@@ -92,10 +96,11 @@ class NoticeReport:
 
 @dataclass(frozen=True)
 class CheckpointReport:
-    """Rank 0 wrote (``saved``) or loaded (``loaded``) a durable checkpoint of ``step`` at ``path``, or could not
-    load one (``failed``, ``reason``: the job then ends) (kind ``checkpoint``). A load may give the ``commit_seq``
-    it restored, a save its ``duration_s`` and ``bytes`` (left out, not refused, when of the wrong type).
-    ``path`` is cut to 1,000 characters and ``reason`` to 300."""
+    """Rank 0 wrote (``saved``) or loaded (``loaded``) a durable checkpoint of ``step`` at ``path``, or one failed
+    (``failed``, ``reason``, and which of :data:`CHECKPOINT_FAILURES` in ``failure``: the job then ends, with
+    :meth:`ending`) (kind ``checkpoint``). A load may give the ``commit_seq`` it restored, a save its
+    ``duration_s`` and ``bytes`` (left out, not refused, when of the wrong type). ``path`` is cut to 1,000
+    characters and ``reason`` to 600."""
 
     event: str
     step: int | None = None
@@ -104,6 +109,16 @@ class CheckpointReport:
     reason: str | None = None
     duration_s: float | None = None
     bytes: int | None = None
+    failure: str | None = None
+
+    def ending(self) -> str:
+        """The line a ``failed`` report ends the job with: a load failure loses the training state; a failed
+        write or unshared storage ends it before training goes on without the checkpoints it asked for."""
+        if self.failure == "storage":
+            return str(self.reason)
+        if self.failure == "write":
+            return f"cannot write the checkpoints --checkpoint-dir asks for: {self.reason}"
+        return f"training state lost: cannot resume from the checkpoint: {self.reason}"
 
     def to_wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -113,7 +128,9 @@ class CheckpointReport:
         what = "checkpoint message"
         event = _field(msg, "event", what, str, f"one of {CHECKPOINT_EVENTS}", lambda v: v in CHECKPOINT_EVENTS)
         if event == "failed":
-            return cls(event, reason=_field(msg, "reason", what, str, "a string")[:300])
+            failure = None if msg.get("failure") is None else _field(
+                msg, "failure", what, str, f"one of {CHECKPOINT_FAILURES}", lambda v: v in CHECKPOINT_FAILURES)
+            return cls(event, reason=_field(msg, "reason", what, str, "a string")[:600], failure=failure)
         seq = None if msg.get("commit_seq") is None else _field(msg, "commit_seq", what, int, "an integer")
         step, path = _field(msg, "step", what, int, "an integer"), _field(msg, "path", what, str, "a string")
         duration, size = msg.get("duration_s"), msg.get("bytes")

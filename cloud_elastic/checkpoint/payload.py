@@ -1,9 +1,10 @@
 """What goes into a checkpoint: tensors and plain data, and the payload of a ``TorchState``.
 
 A payload is a tree of dicts (``OrderedDict``, ``Counter``), lists, tuples and sets whose leaves are
-tensors, ``str``, ``bytes``, ``int``, ``float``, ``complex``, ``bool``,
-``None``, ``torch.Size``, ``torch.dtype`` or ``torch.device``: exactly what
-``torch.load(weights_only=True)`` reads back without running code. The type
+tensors, ``str``, ``bytes``, ``bytearray``, ``int``, ``float``, ``complex``, ``bool``,
+``None``, ``torch.Size``, ``torch.dtype``, ``torch.device`` or ``torch.layout`` (``plain_numpy.LEAVES``,
+what a state sync carries too): exactly what ``torch.load(weights_only=True)`` reads back without running
+code. The type
 test is exact, so a raw NumPy scalar (a ``float`` subclass that unpickles
 through NumPy) is refused when saved, not discovered unreadable when needed.
 
@@ -11,7 +12,7 @@ through NumPy) is refused when saved, not discovered unreadable when needed.
 registered: ``TorchState(model, optimizer, sampler=..., epoch=0)``) to one
 flat dict: modules, optimizers, LR schedulers, ``GradScaler``s and a
 :class:`SavedByStateDict` (an ``ElasticSampler``) by their ``state_dict()``,
-everything else as it is, but numpy numbers and numeric arrays, which it
+everything else as it is, but numpy numbers, numeric arrays and frozensets, which it
 writes in the tagged plain form the state sync uses (``cloud_elastic.plain_numpy``)
 and ``load_state_payload`` rebuilds with their type and value. A sampler's ``state_dict()`` is
 its progress as spans of positions (O(spans), whatever the dataset size), so
@@ -23,7 +24,6 @@ checkpointing never builds a per-sample list on the training thread;
 
 from __future__ import annotations
 
-import collections
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -33,9 +33,9 @@ from cloud_elastic.checkpoint.api import CheckpointError
 
 __all__ = ["SavedByStateDict", "check_payload", "stage_payload", "state_payload", "load_state_payload"]
 
-_LEAVES = (str, bytes, int, float, complex, bool, type(None), torch.Size, torch.dtype, torch.device)
+_LEAVES = plain_numpy.LEAVES
 #: Counter too: MultiStepLR keeps its milestones in one, and torch's weights-only loader reads it.
-_DICTS = (dict, collections.OrderedDict, collections.Counter)
+_DICTS = plain_numpy.DICTS
 
 
 def _kept_by_state_dict() -> tuple[type, ...]:
@@ -72,6 +72,8 @@ def _walk(value: Any, old: Any, where: str, *, copy: bool) -> Any:
         if kind not in (torch.Tensor, torch.nn.Parameter):
             raise _refuse(value, where)
         return _copy_tensor(value, old) if copy else value
+    if kind is bytearray:  # mutable: the staged copy must not change with the live state
+        return bytearray(value) if copy else value
     if kind in _LEAVES:
         return value
     if kind in _DICTS:
@@ -180,7 +182,8 @@ def state_payload(state: Any, skip: frozenset[str] = frozenset()) -> dict[str, A
             payload[name] = value.state_dict()
         else:
             payload[name] = value
-    # Numpy values (state.loss = np.mean(...)) as the sync carries them: plain data, no numpy pickle to refuse.
+    # Numpy values (state.loss = np.mean(...)) and frozensets as the sync carries them: plain data, nothing that
+    # torch.load(weights_only=True) would refuse.
     return plain_numpy.pack(payload)
 
 

@@ -32,6 +32,7 @@ from cloud_elastic.worker.commit import sync_facts
 from cloud_elastic.worker.commit.state import State
 from cloud_elastic.worker.context import WorkerContext, init
 from cloud_elastic.worker.durable.api import DurableSchedule, open_schedule
+from cloud_elastic.worker.durable.failure import CheckpointFailed, report
 from cloud_elastic.worker.exceptions import CollectiveError, HostsUpdatedInterrupt, WorkerRemoved
 
 __all__ = ["run"]
@@ -55,6 +56,12 @@ def run(func: F) -> F:
             init().leave()
             print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)
             sys.exit(0)
+        except CheckpointFailed as exc:
+            # Rank 0 told the driver, which ends the job with this line (``durable.failure``).
+            if _schedule is not None:
+                _schedule.stop_writing()
+            print(f"cloud-elastic: {exc}", file=sys.stderr, flush=True)
+            sys.exit(1)
         except StateSyncError as exc:
             # This worker's state cannot take part in a sync: at a sync (a model built otherwise...) or at a
             # commit (an attribute a sync could not carry). The same on every worker; one line, no traceback.
@@ -101,8 +108,8 @@ def _load_checkpoint(ctx: WorkerContext, durable: DurableSchedule | None, state:
                                   f"{CHECKPOINT_DIR_ENV}")
         durable.load_latest(state)
     except CheckpointError as exc:
-        ctx.report_checkpoint("failed", reason=str(exc)[:300])
-        print(f"cloud-elastic: cannot resume from the checkpoint: {exc}", file=sys.stderr, flush=True)
+        line = report(ctx, exc.failure if isinstance(exc, CheckpointFailed) else "load", str(exc))
+        print(f"cloud-elastic: {line}", file=sys.stderr, flush=True)
         sys.exit(1)
 
 

@@ -231,13 +231,13 @@ def test_a_sharded_checkpoint_goes_to_s3_and_comes_back_bitwise(bucket: str):
     """``hvd.shard``'s checkpoints (torch DCP through DCP's fsspec writer and reader) on S3; one host of one worker."""
     from cloud_elastic.worker.durable.sharded import ShardedCheckpoints
     from cloud_elastic.worker.durable.rank_zero import DurableSettings
-    from tests.unit.test_sharded_checkpoint import _ctx, _state, _train, _values
+    from tests.unit.test_sharded_checkpoint import _ctx, _job_store, _state, _train, _values
 
     url = f"s3://{bucket}/sharded"
     state, ctx = _state(), _ctx()
     _train(state, 2)
     ctx.ledger.commit_seq = 2
-    assert ShardedCheckpoints(DurableSettings(url), ctx).finish(state) is None
+    assert ShardedCheckpoints(DurableSettings(_job_store(url)), ctx).finish(state) is None
     assert ctx.reports[0][1]["path"].startswith(url + "/ckpt-")
     [info] = CheckpointStore(url).list()
     assert info.step == 2 and info.shard_count == 1 and ".metadata" in info.shards

@@ -51,12 +51,12 @@ except CheckpointError as exc:
 _FULL_DISK_SHARDED_SAVE = """
 import sys
 sys.path.insert(0, ".")
-from tests.unit.test_sharded_checkpoint import _ctx, _state, _train
+from tests.unit.test_sharded_checkpoint import _ctx, _job_store, _state, _train
 from cloud_elastic.worker.durable.sharded import ShardedCheckpoints
 from cloud_elastic.worker.durable.rank_zero import DurableSettings
 state = _state()
 _train(state, 1)
-print("REFUSED", ShardedCheckpoints(DurableSettings(sys.argv[1], background=False), _ctx()).finish(state))
+print("REFUSED", ShardedCheckpoints(DurableSettings(_job_store(sys.argv[1]), background=False), _ctx()).finish(state))
 """
 
 

@@ -123,3 +123,16 @@ def test_a_job_that_must_resume_without_a_usable_checkpoint_fails_instead_of_sta
     last = again.lines[-1]
     assert "training state lost: cannot resume from the checkpoint: no usable checkpoint in" in last, last
     assert not again.of("commit"), "a worker trained from its initial weights"
+
+
+def test_a_checkpoint_dir_the_workers_see_apart_from_the_driver_ends_the_job_before_training_on(jobs, tmp_path):
+    """memory:// is a store of each process's own, as a plain path is each host's own disk without a shared
+    mount: the driver's job record is not there for rank 0, which ends the job at its first checkpoint."""
+    url = "memory://ce-not-shared/ckpt"
+    job = jobs(["run", "-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "--checkpoint-dir", url,
+                *probe_cmd("--steps", "400")], env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert job.finish() == 1, job.output()  # before: 0, its checkpoints in rank 0's memory alone
+    last = job.lines[-1]
+    assert f"--checkpoint-dir {url} as this worker on 127.0.0.1 sees it holds no record of job {job.job_id()}: " \
+           "the driver and every worker must see the same storage" in last, last
+    assert "checkpoint of step" not in job.output() and len(job.of("commit")) < 400

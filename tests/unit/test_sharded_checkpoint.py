@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
 from cloud_elastic.worker.durable.sharded import ShardedCheckpoints
-from cloud_elastic.checkpoint.store import CheckpointStore
+from cloud_elastic.checkpoint import DurableJobRecord
+from cloud_elastic.checkpoint.store import CheckpointStore, write_job_record
 from cloud_elastic.worker.durable.rank_zero import DurableSettings, RankZeroCheckpoints
 from cloud_elastic.errors import CheckpointError
 from cloud_elastic.worker import sharded
@@ -58,7 +59,7 @@ def _ctx() -> SimpleNamespace:
     reports: list[tuple[str, dict]] = []
     ctx = SimpleNamespace(
         info=SimpleNamespace(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1),
-        device=torch.device("cpu"), job_id="job-1", worker_id="127.0.0.1[0]#1", driver_lost=False,
+        device=torch.device("cpu"), job_id="job-1", worker_id="127.0.0.1[0]#1", hostname="127.0.0.1", driver_lost=False,
         reports=reports, ledger=SimpleNamespace(commit_seq=0, held=[]),
     )
     ctx.report_checkpoint = lambda event, **fields: reports.append((event, fields))
@@ -66,8 +67,14 @@ def _ctx() -> SimpleNamespace:
     return ctx
 
 
+def _job_store(url: str) -> str:
+    """``url``, holding the record of :func:`_ctx`'s job, as the driver writes it before any worker starts."""
+    write_job_record(CheckpointStore(url), DurableJobRecord("job-1", ("python",), 0.0), only_if_absent=True)
+    return url
+
+
 def _checkpoints(tmp_path: Path, ctx, interval_s: float = 300.0) -> ShardedCheckpoints:
-    return ShardedCheckpoints(DurableSettings(str(tmp_path / "ckpt"), interval_s=interval_s, keep=2), ctx)
+    return ShardedCheckpoints(DurableSettings(_job_store(str(tmp_path / "ckpt")), interval_s=interval_s, keep=2), ctx)
 
 
 @pytest.mark.commit_mode("snapshot")  # a rollback after an update, which in-place commits say they cannot undo
@@ -101,7 +108,7 @@ def test_host_0_writes_dcp_shards_and_a_manifest_listing_them_and_a_fresh_worker
 def test_host_0_writes_at_its_first_commit_then_every_interval_and_not_on_another_host(tmp_path):
     state, ctx = _state(), _ctx()
     now = [100.0]
-    durable = ShardedCheckpoints(DurableSettings(str(tmp_path / "ckpt"), interval_s=10.0, keep=5), ctx,
+    durable = ShardedCheckpoints(DurableSettings(_job_store(str(tmp_path / "ckpt")), interval_s=10.0, keep=5), ctx,
                                  clock=lambda: now[0])
     for step, t in ((1, 100.0), (2, 105.0), (3, 110.5), (4, 111.0)):
         state.step, now[0] = step, t
@@ -169,7 +176,7 @@ def test_a_checkpoint_is_written_in_the_background_from_a_copy_made_at_its_commi
 def test_each_background_checkpoint_holds_its_own_commit_when_the_copy_is_refilled(tmp_path):
     state, ctx = _state(), _ctx()
     now = [0.0]
-    durable = ShardedCheckpoints(DurableSettings(str(tmp_path / "ckpt"), interval_s=1.0, keep=5), ctx,
+    durable = ShardedCheckpoints(DurableSettings(_job_store(str(tmp_path / "ckpt")), interval_s=1.0, keep=5), ctx,
                                  clock=lambda: now[0])
     commits = {}
     for step in (2, 4, 6):
@@ -196,7 +203,7 @@ def test_with_sync_writes_the_checkpoint_is_stored_on_the_training_thread_before
     real_save, threads = sharded_checkpoints._save, []
     monkeypatch.setattr(sharded_checkpoints, "_save",
                         lambda *args: (threads.append(threading.current_thread()), real_save(*args)))
-    durable = ShardedCheckpoints(DurableSettings(str(tmp_path / "ckpt"), background=False), ctx)
+    durable = ShardedCheckpoints(DurableSettings(_job_store(str(tmp_path / "ckpt")), background=False), ctx)
     _train(state, 1)
     durable.after_commit(state)
     assert threads == [threading.current_thread()] and [(e, f["step"]) for e, f in ctx.reports] == [("saved", 1)]
@@ -226,7 +233,7 @@ def test_a_sharded_job_refuses_a_replicas_checkpoint_and_a_replica_job_a_sharded
     store = CheckpointStore(str(tmp_path / "replica"))
     store.save(1, {"model": {}, "step": 1})
     with pytest.raises(CheckpointError, match=r"holds a whole model, not shards") as refused:
-        ShardedCheckpoints(DurableSettings(str(tmp_path / "replica")), _ctx()).load_latest(state)
+        ShardedCheckpoints(DurableSettings(_job_store(str(tmp_path / "replica"))), _ctx()).load_latest(state)
     assert "\n" not in str(refused.value)
     assert _checkpoints(tmp_path, _ctx()).finish(state) is None
     with pytest.raises(CheckpointError, match=r"holds the shards of a model trained with hvd.shard"):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from cloud_elastic.errors import CheckpointError
-from tests.unit.test_sharded_checkpoint import _checkpoints, _ctx, _state, _train, _values
+from tests.unit.test_sharded_checkpoint import _checkpoints, _ctx, _job_store, _state, _train, _values
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -208,7 +208,7 @@ def test_over_fsspec_every_shard_file_is_digested_as_written_and_checked_before_
 
     url = f"memory://ce-{uuid.uuid4().hex}/ckpt"
     state, ctx = _state(), _ctx()
-    durable = ShardedCheckpoints(DurableSettings(url, keep=3), ctx)
+    durable = ShardedCheckpoints(DurableSettings(_job_store(url), keep=3), ctx)
     for step in (2, 4):
         _train(state, 2)
         ctx.ledger.commit_seq = step

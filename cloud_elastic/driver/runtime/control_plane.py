@@ -16,7 +16,8 @@ server (:mod:`cloud_elastic.driver.net.control_server`) accepts, under the job's
   until the worker's assignment or exit order, a completion until rank 0's verdict;
 * who watches a host's metadata notices, and what a notice does, are the pure rules of
   :mod:`cloud_elastic.driver.job.notice_policy`;
-* a rank 0 that cannot load its checkpoint stops the job (``training state lost``);
+* a rank 0 that cannot load its checkpoint stops the job (``training state lost``), as does one that
+  cannot write one, or sees storage apart from the driver's (``CheckpointReport.ending``);
 * an :class:`Interceptor` (a restarted driver's adoption window,
   :class:`~cloud_elastic.driver.restart.window.AdoptionWindow`) sees each message first and may
   answer it before the job's rules do.
@@ -260,13 +261,13 @@ class ControlPlane:
         return {"ok": True, "stay": action.stay} if report.own else {"ok": True}
 
     def _checkpoint(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
-        """Rank 0 wrote or loaded a durable checkpoint, or could not load one (the job then ends)."""
+        """Rank 0 wrote or loaded a durable checkpoint, or one failed (the job then ends: CheckpointReport.ending)."""
         w = self._job.workers.get(worker_id)
         if w is None or not w.alive:
             return {"ok": False}
         report = CheckpointReport.from_wire(msg)
         if report.event == "failed":
-            self._stop(f"training state lost: cannot resume from the checkpoint: {report.reason}", 1)
+            self._stop(report.ending(), 1)
             self._cond.notify_all()
         elif report.event == "saved":
             extra = {k: v for k, v in (("duration_s", report.duration_s), ("bytes", report.bytes)) if v is not None}

@@ -32,7 +32,8 @@ import torch
 
 from cloud_elastic import plain_numpy
 from cloud_elastic.errors import CloudElasticError
-from cloud_elastic.plain_numpy import DICTS as _DICTS, SEQUENCES as _SEQUENCES, TAG as _TAG, is_numeric as _numeric
+from cloud_elastic.plain_numpy import DICTS as _DICTS, LEAVES, SEQUENCES as _SEQUENCES, TAG as _TAG
+from cloud_elastic.plain_numpy import is_numeric as _numeric
 
 __all__ = ["MIN_TORCH", "MAX_BYTES", "StateSyncError", "Parts", "check_torch_version", "check_attributes", "encode",
            "decode"]
@@ -174,8 +175,9 @@ def _unpack(obj: Any, what: str) -> Any:
 
 # --- at commit: what a sync could not carry, found by its type ---
 
-_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device, torch.layout,
-           torch.Size, torch.Tensor, torch.nn.Parameter)
+#: Exactly what durable checkpoints hold too (``plain_numpy``, ``checkpoint.payload``): a commit accepts no value
+#: that rank 0's checkpoint would then refuse.
+_LEAVES = (*LEAVES, torch.Tensor, torch.nn.Parameter)
 
 
 def check_attributes(attributes: dict[str, Any], owner: str = "state") -> None:

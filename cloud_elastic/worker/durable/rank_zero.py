@@ -19,7 +19,10 @@ and registers its :meth:`after_commit` as an after-commit hook of the ledger:
   before rank 0 broadcasts it in a round the driver formed ``from_checkpoint``;
   no checkpoint, or storage that cannot be read, raises CheckpointError and
   the worker exits rather than broadcast its initial weights;
-* :meth:`finish` writes the final state when training completed, and waits.
+* :meth:`finish` writes the final state when training completed, and waits;
+* before its first write or load, the worker checks that it sees the driver's job record in
+  the store (``durable.failure``): a ``--checkpoint-dir`` that is no storage shared with the
+  driver ends the job in one line, as does a state a checkpoint cannot hold.
 
 Each checkpoint written or loaded is reported to the driver (a signed
 ``checkpoint`` control message), which logs it and writes the
@@ -36,6 +39,7 @@ from typing import Any, Callable
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer
+from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report
 
 __all__ = ["DurableSettings", "RankZeroCheckpoints", "step_of"]
 
@@ -76,7 +80,7 @@ class RankZeroCheckpoints:
     """Rank 0's checkpoint schedule and the loading of a checkpoint (see module docstring): a ``DurableSchedule``.
 
     ``ctx`` is the worker's context (its ``info.rank``, ``ledger``,
-    ``driver_lost`` and ``report_checkpoint`` are used); ``clock`` is
+    ``driver_lost``, ``job_id``, ``hostname`` and ``report_checkpoint`` are used); ``clock`` is
     injectable for tests. The constructor does no I/O.
     """
 
@@ -88,6 +92,7 @@ class RankZeroCheckpoints:
         self.store = store if store is not None else CheckpointStore(settings.url, keep=settings.keep)
         self._writer: CheckpointWriter | None = None
         self._periodic: PeriodicCheckpointer | None = None
+        self._check_store = SeesJob(self.store, settings.url, ctx)  # CheckpointFailed when it is not the driver's
 
     @property
     def writing(self) -> bool:
@@ -106,20 +111,38 @@ class RankZeroCheckpoints:
             self.stop_writing()
             return
         if self._periodic is None:
-            self._start_writing()
+            try:
+                self._start_writing()
+            except CheckpointFailed:
+                raise
+            except CheckpointError as exc:  # the job record could not be read: try again at the next commit
+                log.warning("worker %s: no checkpoint written: %s", self._ctx.worker_id, exc)
+                return
         assert self._periodic is not None
         step = step_of(state, self._ctx.ledger.commit_seq)
         meta = {"world_size": info.size, "job_id": self._ctx.job_id, "commit_seq": self._ctx.ledger.commit_seq}
         epoch = getattr(state, "epoch", None)
         if isinstance(epoch, int) and not isinstance(epoch, bool):
             meta["epoch"] = epoch
-        if getattr(self._ctx, "driver_lost", False) and not self._periodic.writer.busy:
-            # The driver is away: keep storage as close as possible to the last commit.
-            self._periodic.writer.submit(step, _payload(state), meta)
-            return
-        self._periodic.after_commit(state, step, meta)
+        try:
+            if getattr(self._ctx, "driver_lost", False) and not self._periodic.writer.busy:
+                # The driver is away: keep storage as close as possible to the last commit.
+                self._periodic.writer.submit(step, _payload(state), meta)
+                return
+            self._periodic.after_commit(state, step, meta)
+        except CheckpointError as exc:
+            # A state the checkpoint cannot hold is refused at every commit alike: end the job, do not re-form it.
+            raise self._failed("write", str(exc)) from exc
+
+    def _failed(self, failure: str, reason: str) -> CheckpointFailed:
+        """Tell the driver (which ends the job); the CheckpointFailed to raise, its text the job's last line."""
+        return CheckpointFailed(failure, report(self._ctx, failure, reason))
 
     def _start_writing(self) -> None:
+        try:
+            self._check_store()
+        except CheckpointFailed as exc:
+            raise self._failed(exc.failure, str(exc)) from None
         self._writer = CheckpointWriter(self.store, on_written=self._written).start()
         self._periodic = PeriodicCheckpointer(self._writer, self.settings.interval_s, clock=self._clock)
         log.info("worker %s: rank 0 writes checkpoints to %s every %gs", self._ctx.worker_id, self.settings.url,
@@ -147,6 +170,7 @@ class RankZeroCheckpoints:
         from cloud_elastic.checkpoint.payload import load_state_payload
 
         began = time.perf_counter()
+        self._check_store()
         latest = self.store.latest()
         if latest is None:
             raise CheckpointError(f"no usable checkpoint in {self.settings.url}")
@@ -175,12 +199,17 @@ class RankZeroCheckpoints:
         if info is None or info.rank != 0:
             self.stop_writing()
             return None
+        step = step_of(state, self._ctx.ledger.commit_seq)
         if self._writer is None:
-            self._start_writing()
+            try:
+                self._start_writing()
+            except CheckpointFailed:
+                raise
+            except CheckpointError as exc:  # the job record could not be read
+                return f"the final checkpoint (step {step}) was not written: {exc}"
         writer = self._writer
         assert writer is not None
         writer.wait(FLUSH_TIMEOUT_S)
-        step = step_of(state, self._ctx.ledger.commit_seq)
         written = writer.stats().written
         try:
             submitted = writer.submit(step, _payload(state), {"world_size": info.size, "job_id": self._ctx.job_id,

@@ -38,6 +38,8 @@ A reader that finds the manifest finds every shard.
   checkpoint with a bad file (any worker's) or a bad ``state.pt`` is skipped for the
   previous one by every worker of the host together. No usable checkpoint is a
   :class:`CheckpointError`: the worker exits rather than train from initial weights.
+* **Storage.** Before host 0 first writes or loads, local rank 0 reads the driver's job record in the
+  store (``durable.failure``): storage this host sees apart from the driver's ends the job in one line.
 * **What is in it.** The sharded model and its optimizers (those over DTensor
   parameters) under their attribute names, as ``get_model_state_dict`` and
   ``get_optimizer_state_dict`` give them (keyed by parameter name, so the layout may
@@ -67,6 +69,7 @@ from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.commit.snapshot import clone
+from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report
 
 __all__ = ["ShardedCheckpoints", "sharded_parts"]
 
@@ -94,6 +97,7 @@ class ShardedCheckpoints:
         self._writes = _Writes()
         self._group: Any = None  # the Gloo group of the host's workers that background writes use
         self._staged: Any = None  # the host copy of the last background write, refilled by the next
+        self._sees_job = SeesJob(self.store, settings.url, ctx)  # local rank 0 reads the job record (durable.failure)
 
     def loads_here(self, info: Any) -> bool:
         """Whether this worker loads the checkpoint in a ``from_checkpoint`` round: every worker of host 0."""
@@ -153,7 +157,7 @@ class ShardedCheckpoints:
         try:
             tensors, skip = sharded_parts(state)
             rest = state_payload(state, skip) if info.local_rank == 0 else None
-            name = _decided_by_local_rank_0(info, lambda: self.store.reserve(step))
+            name = _decided_by_local_rank_0(info, lambda: (self._sees_job(), self.store.reserve(step))[1])
             meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": seq, "hosts": info.cross_size}
             epoch = getattr(state, "epoch", None)
             if isinstance(epoch, int) and not isinstance(epoch, bool):
@@ -177,6 +181,8 @@ class ShardedCheckpoints:
                 self._writes.put(lambda: self._store(staged, rest, *job, group=self._group))
                 return None
             self._store(tensors, rest, *job, group=None)
+        except CheckpointFailed as exc:  # every worker of the host tells the driver before it exits
+            raise CheckpointFailed(exc.failure, report(ctx, exc.failure, str(exc))) from None
         except CheckpointError as exc:
             log.warning("worker %s: the sharded checkpoint of step %d was not written: %s", ctx.worker_id, step, exc)
             return str(exc)
@@ -199,6 +205,7 @@ class ShardedCheckpoints:
     def _sharded_candidates(self) -> list[CheckpointInfo]:
         """Local rank 0: the manifests of the sharded checkpoints to try, newest first (their data not verified
         yet). CheckpointError when there is none, or when the newest is a replica's."""
+        self._sees_job()
         candidates = []
         for listed in self.store.list():
             if listed.shards is None:
@@ -298,16 +305,17 @@ def _reason_of(exc: BaseException, kind: type) -> str | None:
 
 
 def _decided_by_local_rank_0(info: Any, decide: Callable[[], Any]) -> Any:
-    """``decide()`` on local rank 0, its value (or its CheckpointError, raised) on every worker of the host."""
-    answer: list[Any] = [None, None]
+    """``decide()`` on local rank 0, its value (or its CheckpointError, raised: a CheckpointFailed as one) on every
+    worker of the host."""
+    answer: list[Any] = [None, None, None]
     if info.local_rank == 0:
         try:
             answer[0] = decide()
         except CheckpointError as exc:
-            answer[1] = str(exc)
+            answer[1:] = [str(exc), exc.failure if isinstance(exc, CheckpointFailed) else None]
     dist.broadcast_object_list(answer, src=0)
     if answer[1]:
-        raise CheckpointError(answer[1])
+        raise CheckpointFailed(answer[2], answer[1]) if answer[2] else CheckpointError(answer[1])
     return answer[0]
 
 
