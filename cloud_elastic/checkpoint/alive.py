@@ -5,7 +5,7 @@ A running driver keeps ``driver-alive.json`` next to ``job.json`` fresh::
     {"format": "cloud-elastic-checkpoint", "job_id": "5f3a9c1e", "alive": 1795444453.5,
      "grace_s": 60.0, "host": "driver-vm", "pid": 4242, "stopped": false, "raised": {"gpu-od": 2},
      "cost": {"dollars": 12.5, "slot_hours": 9.75, "unpriced_slot_hours": 0.0,
-              "by_source": {"gpu-spot": 3.1, "gpu-od": 9.4}}}
+              "by_source": {"gpu-spot": 3.1, "gpu-od": 9.4}}, "instance": "9f2c61d0a4b7e853"}
 
 ``alive`` is the Unix time of the latest refresh on the driver's clock (a
 restarted driver on another machine compares it with its own: clocks are
@@ -15,7 +15,8 @@ ended and stopped its workers, ``raised`` the host groups ``--manage-capacity``
 raised and has not set back to 0 (a driver restarted after a crash sets them back
 when the job no longer needs them), ``cost`` what the job had cost so far (a job with
 several host sources, :mod:`cloud_elastic.cost`: the driver restarted after a crash
-goes on from it; null without one). It holds nothing secret. :class:`AliveRefresher`
+goes on from it; null without one), ``instance`` which process of that host and
+pid wrote it (a container's PID 1 restarted in place has both again). It holds nothing secret. :class:`AliveRefresher`
 rewrites it every :data:`REFRESH_S` seconds from a thread of its own, so slow
 storage never holds up the driver's loop; each write is atomic (a reader sees
 the old entry or the new one).
@@ -34,7 +35,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from cloud_elastic.checkpoint.api import FORMAT, CheckpointError
@@ -62,6 +63,10 @@ MAX_RAISED_HOSTS = 100_000
 MAX_COST = 1e12
 
 
+#: This process among all that had its host name and pid (a container's PID 1 restarted in place has both again).
+THIS_INSTANCE = os.urandom(8).hex()
+
+
 @dataclass(frozen=True)
 class DriverAlive:
     """What a driver last said about itself beside the checkpoints (see module docstring)."""
@@ -76,9 +81,13 @@ class DriverAlive:
     raised: tuple[tuple[str, int], ...] = ()
     #: What the job had cost so far, this driver's predecessors included (None: not a job that is priced).
     cost: CostSoFar | None = None
+    #: The process that wrote it among those with its host name and pid (:data:`THIS_INSTANCE`; "": not said).
+    instance: str = field(default_factory=lambda: THIS_INSTANCE)
 
     def is_this_process(self) -> bool:
-        return self.host == socket.gethostname() and self.pid == os.getpid()
+        """Written by this process: the same host and pid, and the same instance where the entry names one (a
+        dead driver whose pid this one reuses is not this process)."""
+        return self.host == socket.gethostname() and self.pid == os.getpid() and self.instance in ("", THIS_INSTANCE)
 
 
 def write_driver_alive(store: CheckpointStore, entry: DriverAlive) -> None:
@@ -127,9 +136,18 @@ def read_entry(store: CheckpointStore, path: str, kind: str, *, now: float | Non
                              "machine's clock")
         return DriverAlive(str(body["job_id"]), alive, grace_s, str(body["host"]),
                            int(body["pid"]), bool(body.get("stopped", False)), _raised(body.get("raised") or {}),
-                           _cost(body.get("cost")))
+                           _cost(body.get("cost")), _instance(body.get("instance")))
 
     return read_record(store, path, store.backend.url(path), kind, parse)
+
+
+def _instance(raw: Any) -> str:
+    """An entry's ``instance``: "" when absent (an older driver's entry); ValueError unless a short string."""
+    if raw is None:
+        return ""
+    if not isinstance(raw, str) or len(raw) > 64:
+        raise ValueError("instance is not a string of at most 64 characters")
+    return raw
 
 
 def _raised(raw: Any) -> tuple[tuple[str, int], ...]:

@@ -84,3 +84,18 @@ def test_the_refresher_writes_the_cost_so_far_it_is_handed_and_its_last_figures_
     refresher.set_cost(later)  # the next refresh is a minute away: the close writes it
     refresher.close(stopped=False)
     assert read_driver_alive(store).cost == later and not read_driver_alive(store).stopped
+
+
+def test_an_entry_with_this_host_and_pid_but_another_instance_is_not_this_process(tmp_path: Path) -> None:
+    """A driver restarted as the same pid on the same host (a container's PID 1) must not take its dead
+    predecessor's entry for its own; an entry of an older version, which names no instance, still is."""
+    from dataclasses import replace
+
+    store = CheckpointStore(str(tmp_path))
+    mine = DriverAlive("job1", 100.0, 30.0, socket.gethostname(), os.getpid())
+    write_driver_alive(store, mine)
+    assert read_driver_alive(store).is_this_process()
+    write_driver_alive(store, replace(mine, instance="0123456789abcdef"))
+    assert not read_driver_alive(store).is_this_process()
+    write_driver_alive(store, replace(mine, instance=""))
+    assert read_driver_alive(store).is_this_process()

@@ -47,7 +47,14 @@ def test_a_sign_of_life_that_is_not_a_time_up_to_a_day_ahead_is_refused_in_one_l
 
 def test_bounded_values_still_read_back(tmp_path: Path) -> None:
     store = _entry(tmp_path, str(NOW + 30), str(MAX_GRACE_S))  # a clock a little ahead, the largest grace
-    assert read_driver_alive(store, now=NOW) == DriverAlive("j1", NOW + 30, MAX_GRACE_S, "vm", 7)
+    # An entry that names no instance (an older driver's) reads back as such.
+    assert read_driver_alive(store, now=NOW) == DriverAlive("j1", NOW + 30, MAX_GRACE_S, "vm", 7, instance="")
+
+
+@pytest.mark.parametrize("value", ['"' + "x" * 65 + '"', "7", "[]"])
+def test_a_forged_instance_makes_the_entry_unreadable(tmp_path: Path, value: str) -> None:
+    with pytest.raises(CheckpointError, match="instance is not a string of at most 64 characters"):
+        read_driver_alive(_entry_with(tmp_path, "instance", value), now=NOW)
 
 
 def test_a_driver_never_writes_a_number_json_cannot_hold(tmp_path: Path) -> None:

@@ -182,3 +182,13 @@ def test_checkpoints_none_of_which_can_be_read_are_never_taken_for_no_checkpoint
     with pytest.raises(ConfigError, match=r"holds 1 checkpoint\(s\) and none can be read .*not starting the "
                                           r"training over; was it written by a newer cloud-elastic\?"):
         plan_start(config, open_store(config), job_id="other")
+
+
+def test_a_record_naming_this_process_pid_is_a_dead_driver_whose_pid_it_reuses() -> None:
+    """A container's PID 1 restarted in place finds its predecessor's records naming pid 1, its own: that
+    driver is dead (to be waited out or adopted), not a live one refusing this start."""
+    check = ("import os; from cloud_elastic.driver.restart.predecessor import driver_alive; "
+             "print(driver_alive(os.getpid()), driver_alive(os.getppid()))")
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    # Its own pid is no live driver; its parent (pytest, not a cloud-elastic command) is none either.
+    assert out.stdout.split() == ["False", "False"], out.stderr

@@ -165,7 +165,8 @@ def _claim(store: Any, config: JobConfig, job_id: str) -> Any:
     from cloud_elastic.checkpoint import DurableJobRecord, read_job_record, write_job_record
 
     record = DurableJobRecord(job_id, tuple(config.command), time.time(), extra={
-        "driver_grace_s": config.driver_grace_s, "driver": {"host": socket.gethostname(), "pid": os.getpid()}})
+        "driver_grace_s": config.driver_grace_s, "driver": {"host": socket.gethostname(), "pid": os.getpid(),
+                                                         "instance": _this_instance()}})
     if write_job_record(store, record, only_if_absent=True):
         return record
     try:
@@ -384,9 +385,18 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}min"
 
 
+def _this_instance() -> str:
+    from cloud_elastic.checkpoint.alive import THIS_INSTANCE
+
+    return THIS_INSTANCE
+
+
 def driver_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live cloud-elastic process (a pid reused by anything else does not count)."""
-    if not pid_alive(pid):
+    """Whether ``pid`` is a live cloud-elastic process (a pid reused by anything else does not count).
+
+    Never this process: a record naming its pid was left by a dead driver whose pid it reuses (a container's
+    PID 1, restarted in place), which must be waited out or adopted, not taken for a live one."""
+    if pid == os.getpid() or not pid_alive(pid):
         return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -440,7 +450,9 @@ def _creator(record: Any) -> Any:
     if not isinstance(driver, dict) or not isinstance(driver.get("host"), str) \
             or type(driver.get("pid")) is not int or not 0 < driver["pid"] < 2**22:  # never 0 or -1: a group
         return None
-    return DriverAlive(record.job_id, min(record.created, time.time()), 0.0, driver["host"][:256], driver["pid"])
+    instance = driver.get("instance")
+    return DriverAlive(record.job_id, min(record.created, time.time()), 0.0, driver["host"][:256], driver["pid"],
+                       instance=instance[:64] if isinstance(instance, str) else "")
 
 
 def _previous_driver(job_id: str) -> tuple[int, float] | None:
