@@ -87,7 +87,8 @@ def test_a_torch_at_or_above_the_floor_is_accepted(version):
 def test_the_package_requires_the_same_torch_floor():
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     floor = ".".join(map(str, statecodec.MIN_TORCH))
-    assert f'"torch>={floor}"' in pyproject
+    # The run-time check compares the release's first two numbers, so 2.10's pre-releases (NVIDIA's images) pass.
+    assert f'"torch>={floor}"' in pyproject or f'"torch>={floor}.0a0"' in pyproject
 
 
 def test_a_worker_refuses_to_start_on_an_old_torch():
