@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import resource
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -53,3 +56,45 @@ def test_a_taken_control_port_leaves_nothing_listening() -> None:
             endpoints.start("127.0.0.1", advertised="127.0.0.1", control_port=port, store_port=store_port)
     assert not endpoints.started and _refused(store_port)
     assert len(endpoints.secret) >= 32  # a fresh secret when none is given
+
+
+#: Endpoints started as the driver starts them, in a process whose descriptor limits are argv's (soft, hard),
+#: for a job of argv[3] workers; it logs what it did and prints its limit and the store's share of it.
+_START = """
+import logging, resource, sys
+logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(message)s")
+from cloud_elastic.driver.net.accepting import STORE_SHARE, descriptor_share
+from cloud_elastic.driver.net.endpoints import Endpoints
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))
+endpoints = Endpoints("j1", lambda kind, msg: {"ok": True}, workers=int(sys.argv[3]))
+endpoints.start("127.0.0.1", advertised="127.0.0.1")
+print("soft", resource.getrlimit(resource.RLIMIT_NOFILE)[0], "store share", descriptor_share(STORE_SHARE))
+endpoints.close()
+"""
+
+
+def _start_with_limits(soft: int, hard: int, workers: int) -> tuple[str, list[str]]:
+    """What the process printed, and the lines it logged (in a child: the test process keeps its limit)."""
+    done = subprocess.run([sys.executable, "-c", _START, str(soft), str(hard), str(workers)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, done.stderr.splitlines()
+
+
+def test_the_driver_raises_its_soft_descriptor_limit_to_the_hard_one_and_the_servers_shares_follow() -> None:
+    """Hostile review: the driver kept the usual soft limit of 1024, and a job past ~250 workers failed with
+    "Too many open files" although the hard limit allowed far more."""
+    hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096)
+    printed, logged = _start_with_limits(256, hard, 10)
+    assert printed.strip() == f"soft {hard} store share {hard // 4}"
+    assert f"DEBUG driver: raised the soft descriptor limit (RLIMIT_NOFILE) from 256 to {hard}" in logged, logged
+    assert not [line for line in logged if line.startswith("WARNING")], logged
+
+
+def test_a_hard_limit_below_what_the_job_needs_is_one_warning_that_says_how_to_raise_it() -> None:
+    printed, logged = _start_with_limits(100, 200, 100)
+    assert printed.strip() == "soft 200 store share 50"
+    warnings = [line for line in logged if line.startswith("WARNING")]
+    assert len(warnings) == 1, logged
+    assert all(text in warnings[0] for text in ("descriptor limit is 200", "100 workers need about 664",
+                                                "ulimit -n 664", "LimitNOFILE=")), warnings

@@ -23,23 +23,28 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from cloud_elastic.control import round_namespace
 from cloud_elastic.driver.net.store_server import (
     GET, MAGIC, MAX_PAYLOAD_BYTES, MAX_PEER_CONNECTIONS, MAX_STORE_BYTES, MULTI_SET, PING, SET, VALIDATE,
     VALIDATE_TIMEOUT_S,
 )
+from cloud_elastic.worker.rounds.signed_store import SignedStore
 
 pytestmark = pytest.mark.timeout(120)
+
+_SECRET = "the test's secret"
 
 #: The store as the driver serves it; on stdin, "pipe" asks the process to open a pipe (as a worker
 #: launch does) and print whether it could.
 _SERVE = """
 import logging, os, resource, socket, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-from cloud_elastic.driver.net.store_server import StoreServer
+from cloud_elastic.driver.net.store_server import StoreServer, round_keys
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 sock.listen(1024)
-server = StoreServer(sock, **({"max_bytes": int(os.environ["MAX_BYTES"])} if "MAX_BYTES" in os.environ else {})).start()
+server = StoreServer(sock, proves=round_keys(os.environ["SECRET"], "job"),
+                     **({"max_bytes": int(os.environ["MAX_BYTES"])} if "MAX_BYTES" in os.environ else {})).start()
 if len(sys.argv) > 1:  # a descriptor limit this many above what the process has open now
     spare = int(sys.argv[1]) + len(os.listdir("/proc/self/fd"))
     resource.setrlimit(resource.RLIMIT_NOFILE, (spare, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
@@ -59,7 +64,7 @@ class Served:
     def __init__(self, *argv: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", _SERVE, *argv], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, "SECRET": _SECRET, **(env or {})})
         self.port = int(self.proc.stdout.readline())
         self.logged: list[str] = []
         threading.Thread(target=lambda: self.logged.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
@@ -163,19 +168,38 @@ def test_a_connection_that_does_not_validate_is_closed_a_validated_idle_one_is_k
     assert len(store.logged) == 2, store.logged  # one line for the kind and one count, not 20 lines
 
 
-def test_connections_past_the_cap_of_one_address_are_closed_and_other_addresses_are_served(served):
-    store = served()
+def test_past_the_cap_of_one_address_its_oldest_connection_makes_room_and_other_addresses_are_served(served):
+    store = served("4096")  # a limit whose quarter is above the cap of one address
     held = [connect(store.port, "127.0.0.2") for _ in range(MAX_PEER_CONNECTIONS)]
     assert all(served_still(s) for s in held[-3:])
     extra = connect(store.port, "127.0.0.2")
-    assert not served_still(extra), "a connection past the cap of its address was served"
-    assert store.said(f"{MAX_PEER_CONNECTIONS} connections from 127.0.0.2 are open already")
+    assert served_still(extra), "a new connection of an address at its cap was refused"
+    assert closed_by_server(held[0]), "the oldest connection of the address was kept past its cap"
+    assert store.said(f"{MAX_PEER_CONNECTIONS} such from 127.0.0.2 are open, at most {MAX_PEER_CONNECTIONS}")
     worker = torch_client(store.port)  # from 127.0.0.1
     worker.set("k", b"v")
     assert worker.get("k") == b"v"
-    held[0].close()  # a place frees up for the capped address
-    assert store.said("") and served_still(connect(store.port, "127.0.0.2"))
-    for s in held[1:] + [extra]:
+    for s in held + [extra]:
+        s.close()
+
+
+def test_a_flood_from_many_addresses_does_not_lock_out_a_worker_nor_close_a_proven_one(served):
+    """Hostile review: 256 idle connections from one address filled the store's share (at a limit of 1024),
+    new connections were refused, and the workers' store clients could not connect. Now the oldest connection
+    that has not named a key of the job's rounds makes room; one that has (a worker) is never closed for it."""
+    store = served("400")
+    early = SignedStore(torch_client(store.port), round_namespace(_SECRET, "job", 1), _SECRET)
+    early.set("addr", b"worker 1")  # the first worker's connection proves itself
+    # Validated first (no timeout closes them), then idle ones that never validate.
+    flood = [connect(store.port, f"127.0.0.{2 + i % 8}", validate=i < 200) for i in range(300)]
+    late = SignedStore(dist.TCPStore("127.0.0.1", store.port, None, False, timeout=timedelta(seconds=10)),
+                       round_namespace(_SECRET, "job", 1), _SECRET)
+    late.set("addr2", b"worker 2")  # a worker connecting during the flood is served
+    assert store.said("closed to make room for a newer connection"), store.logged
+    assert late.get("addr") == b"worker 1" and early.get("addr2") == b"worker 2"
+    assert store.can_open_a_pipe() == "pipe ok"
+    assert sum(served_still(s) for s in flood) < len(flood)
+    for s in flood:
         s.close()
 
 

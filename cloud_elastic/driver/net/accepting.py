@@ -10,6 +10,9 @@ descriptor limit: the control plane half, the rendezvous store a quarter (a work
 control connections and one store connection), so strangers on both ports leave a quarter for the
 rest of the driver, a worker launch's pipes first (without them the launch fails).
 
+:func:`raise_descriptor_limit`: at the driver's start, the soft descriptor limit up to the hard one, with a
+warning when even that is too low for the job.
+
 :class:`AcceptPause`: a listening socket that cannot accept (the process is out of descriptors):
 pause it, do not spin.
 
@@ -30,7 +33,8 @@ import selectors
 import time
 from typing import Any
 
-__all__ = ["AcceptPause", "CONTROL_SHARE", "PAUSE_S", "RefusalLog", "STORE_SHARE", "descriptor_share"]
+__all__ = ["AcceptPause", "CONTROL_SHARE", "PAUSE_S", "RefusalLog", "STORE_SHARE", "UNPROVEN_SHARE", "descriptor_share",
+           "raise_descriptor_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,17 @@ _SHORTAGES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: The shares of the descriptor limit the two servers' connections may take (see the module docstring).
 CONTROL_SHARE = 0.5
 STORE_SHARE = 0.25
+#: The share of a server's own share that connections which have sent nothing that counts yet may take (on the
+#: control plane, no signed request; on the store, not even torch's validation): past it the oldest is closed
+#: (see :mod:`.selector_server`).
+UNPROVEN_SHARE = 0.25
+#: How high :func:`raise_descriptor_limit` takes the soft limit at most (a hard limit of "unlimited" included).
+MAX_RAISED_LIMIT = 1 << 20
+#: What the driver holds open for each worker: two control-plane connections, a store connection (and one more
+#: while a next group forms), the pipes of its output and its process handle; about 5 were measured (18
+#: descriptors at -np 1, 45 at -np 7, 73 at -np 12), the rest is room. And what the driver holds open besides.
+DESCRIPTORS_PER_WORKER = 6
+DRIVER_DESCRIPTORS = 64
 #: Kinds a RefusalLog tells apart; past them, everything is "other" (kinds are the servers' own strings,
 #: but a bound keeps a mistake from growing the driver).
 MAX_KINDS = 64
@@ -53,6 +68,33 @@ def descriptor_share(share: float) -> int:
     if soft == resource.RLIM_INFINITY or soft < 0:
         return 1 << 62
     return int(soft * share)
+
+
+def raise_descriptor_limit(workers: int) -> int:
+    """Raise the process's soft descriptor limit to its hard one (at most :data:`MAX_RAISED_LIMIT`), and warn
+    once if it is still below what ``workers`` (``--max-np`` and ``--spares``) need; returns the soft limit.
+
+    Most systems start a process at a soft limit of 1024 with a hard limit far above: a driver left there
+    could not hold much more than 250 workers (each takes two control-plane connections, and the control
+    plane may hold half the limit, :func:`descriptor_share`), and a launch past it fails with "Too many
+    open files". The servers read the limit at each accept, so their shares follow it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = MAX_RAISED_LIMIT if hard == resource.RLIM_INFINITY or hard < 0 else min(hard, MAX_RAISED_LIMIT)
+    if soft != resource.RLIM_INFINITY and 0 <= soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.debug("driver: raised the soft descriptor limit (RLIMIT_NOFILE) from %d to %d", soft, target)
+        except (ValueError, OSError) as exc:  # macOS caps it below an "unlimited" hard limit
+            log.debug("driver: cannot raise the soft descriptor limit from %d to %d: %s", soft, target, exc)
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    need = DRIVER_DESCRIPTORS + DESCRIPTORS_PER_WORKER * workers
+    if soft != resource.RLIM_INFINITY and 0 <= soft < need:
+        log.warning("driver: its descriptor limit is %d, and %d workers need about %d (%d each, "
+                    "%d for the driver): past it, launches fail with 'Too many open files'; raise it before the "
+                    "driver starts (ulimit -n %d in its shell, which needs a hard limit as high: LimitNOFILE=%d in "
+                    "a systemd unit, nofile in /etc/security/limits.conf)", soft, workers, need,
+                    DESCRIPTORS_PER_WORKER, DRIVER_DESCRIPTORS, need, need)
+    return soft
 
 
 class RefusalLog:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Union
 
 from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, Codec
 from cloud_elastic.driver.net.accepting import CONTROL_SHARE, RefusalLog
-from cloud_elastic.driver.net.selector_server import Connection, SelectorServer
+from cloud_elastic.driver.net.selector_server import PROVEN, Connection, SelectorServer
 from cloud_elastic.errors import ControlPlaneError
 
 __all__ = ["ControlServer", "Handler", "Held"]
@@ -95,8 +95,9 @@ _MAX_LINE = 65536
 _MAX_HEADERS = 100
 _IDLE_S = 60.0
 #: A connection must bring a request signed with the job's secret within this long of its opening, and one address
-#: may hold at most this many connections that have not yet: a stranger's connections, idle or trickling a byte
-#: at a time, then cannot fill the control plane's share of descriptors and lock the workers out.
+#: may hold at most this many connections that have not yet (past them, its oldest is closed): a stranger's
+#: connections, idle or trickling a byte at a time, then cannot fill the control plane's share of descriptors and
+#: lock the workers out (see selector_server: a full share closes strangers' connections, never signed ones).
 _FIRST_REQUEST_S = 10.0
 _MAX_UNSIGNED_PER_ADDRESS = 64
 _SIGNATURE_KEY = SIGNATURE_HEADER.lower().encode()
@@ -123,7 +124,6 @@ class _Conn(Connection):
         self.held: Held | None = None
         self.close_after = False  # close once the reply is out (a rejected request, Connection: close)
         self.opened = time.monotonic()
-        self.signed = False  # it brought a request signed with the job's secret
 
 
 class ControlServer(SelectorServer):
@@ -135,6 +135,8 @@ class ControlServer(SelectorServer):
     recv_bytes = 262144
     join_s = 10.0
     peer_has_port = False
+    unproven_per_address = _MAX_UNSIGNED_PER_ADDRESS
+    tier_words = ("it had not brought a signed request yet",)
 
     def __init__(self, codec: Codec, handler: Handler, *, bind: str = "127.0.0.1", port: int = 0) -> None:
         super().__init__(RefusalLog(log, "control plane", "control plane: rejected a request from %s: %s"))
@@ -148,7 +150,6 @@ class ControlServer(SelectorServer):
         self._sweep_at = 0.0
         self._errors: set[tuple[str, str, str]] = set()
         self.rejected = 0
-        self._unsigned: dict[str, int] = {}  # address -> its open connections that have not signed a request yet
 
     @property
     def port(self) -> int:
@@ -172,26 +173,7 @@ class ControlServer(SelectorServer):
 
     # ------------------------------------------------------------------ loop
     def _connect(self, sock: socket.socket, address: str, peer: str) -> _Conn:
-        self._unsigned[address] = self._unsigned.get(address, 0) + 1
         return _Conn(sock, address, peer)
-
-    def _refusal(self, address: str) -> tuple[str, str] | None:
-        if self._unsigned.get(address, 0) >= _MAX_UNSIGNED_PER_ADDRESS:
-            return ("too many unsigned connections", f"{_MAX_UNSIGNED_PER_ADDRESS} connections from it have not "
-                                                     "brought a signed request yet")
-        return None
-
-    def _dropped(self, conn: Connection) -> None:
-        assert isinstance(conn, _Conn)
-        if not conn.signed:
-            self._no_longer_unsigned(conn)
-
-    def _no_longer_unsigned(self, conn: _Conn) -> None:
-        left = self._unsigned.get(conn.address, 0) - 1
-        if left > 0:
-            self._unsigned[conn.address] = left
-        else:
-            self._unsigned.pop(conn.address, None)
 
     def _timeout(self) -> float:
         sweep_at = self._sweep_at
@@ -220,7 +202,7 @@ class ControlServer(SelectorServer):
         """Close connections idle (no request held, none arriving) for longer than _IDLE_S, and those that brought
         no signed request within _FIRST_REQUEST_S of opening."""
         for conn in [c for c in self._connections if isinstance(c, _Conn) and c.held is None
-                     and (now - c.last > _IDLE_S or not c.signed and now - c.opened > _FIRST_REQUEST_S)]:
+                     and (now - c.last > _IDLE_S or not c.proven and now - c.opened > _FIRST_REQUEST_S)]:
             self._drop(conn)
 
     # -------------------------------------------------------------- requests
@@ -289,9 +271,7 @@ class ControlServer(SelectorServer):
     def _dispatch(self, conn: _Conn, kind: str, body: bytes, signature: str | None) -> None:
         try:
             message = self._codec.decode(body, signature)
-            if not conn.signed:
-                conn.signed = True
-                self._no_longer_unsigned(conn)
+            self._promote(conn, PROVEN)
             if message["kind"] != kind:
                 raise ControlPlaneError(f"message kind {message['kind']!r} does not match path {kind!r}")
             reply = self._handler(kind, message)

@@ -4,9 +4,10 @@
 the :class:`~.store_server.StoreServer` (torch's store protocol, for the workers' process groups)
 and the :class:`~cloud_elastic.control.Codec` that signs with the job's secret.
 
-* :meth:`Endpoints.start` binds both servers at ``bind`` (port 0: any free port; a restarted
-  driver adopting its predecessor's workers reuses that driver's ports and secret) and serves;
-  an OSError (a port taken) leaves nothing listening;
+* :meth:`Endpoints.start` raises the process's descriptor limit for the job's ``workers``
+  (:func:`~.accepting.raise_descriptor_limit`: the servers' shares are of it), binds both servers at
+  ``bind`` (port 0: any free port; a restarted driver adopting its predecessor's workers reuses that
+  driver's ports and secret) and serves; an OSError (a port taken) leaves nothing listening;
 * :attr:`Endpoints.advertised` is the address workers use, with :attr:`control_port` and
   :attr:`store_port`;
 * :meth:`Endpoints.close` stops both servers and closes their sockets, each once. Idempotent.
@@ -20,8 +21,9 @@ import logging
 import socket
 
 from cloud_elastic.control import Codec, new_secret
+from cloud_elastic.driver.net.accepting import raise_descriptor_limit
 from cloud_elastic.driver.net.control_server import ControlServer, Handler
-from cloud_elastic.driver.net.store_server import StoreServer
+from cloud_elastic.driver.net.store_server import StoreServer, round_keys
 
 __all__ = ["Endpoints"]
 
@@ -32,11 +34,13 @@ _STORE_BACKLOG = 512
 
 
 class Endpoints:
-    """The driver's control server, rendezvous store and codec for job ``job_id`` (see module docstring)."""
+    """The driver's control server, rendezvous store and codec for job ``job_id`` (see module docstring);
+    ``workers``: how many workers the job may run at once (``--max-np`` and ``--spares``)."""
 
-    def __init__(self, job_id: str, handler: Handler) -> None:
+    def __init__(self, job_id: str, handler: Handler, *, workers: int = 0) -> None:
         self.job_id = job_id
         self._handler = handler
+        self._workers = workers
         self._server: ControlServer | None = None
         self._store: StoreServer | None = None
         self._codec: Codec | None = None
@@ -51,10 +55,11 @@ class Endpoints:
         ``secret``: the job's control-plane secret (a fresh one by default). OSError when a port cannot
         be bound; nothing is left listening then.
         """
+        raise_descriptor_limit(self._workers)
         self._secret = secret if secret is not None else new_secret()
         self._codec = Codec(self._secret, self.job_id)
         self._advertised, self.bind = advertised, bind
-        self._store = StoreServer(_listen(bind, store_port))
+        self._store = StoreServer(_listen(bind, store_port), proves=round_keys(self._secret, self.job_id))
         self._store.start()
         try:
             self._server = ControlServer(self._codec, self._handler, bind=bind, port=control_port)

@@ -12,6 +12,18 @@ of events and when it must next look again.
 One thread serves every connection: a large group keeps a connection or two per worker open,
 mostly idle or holding a long-poll, and a thread per connection costs more in switching than the
 requests themselves.
+
+**Strangers cannot lock the workers out.** A connection is *unproven* until it shows it comes from
+a holder of the job's secret (the control plane: a request signed with it; the store: a key of a
+round's namespace, which only the secret derives); a server may tell unproven connections apart by
+how far they got (its ``tier``: the store's tier 1 is a connection that validated, the next step
+of torch's client). A new connection always finds room: when its address holds
+``unproven_per_address`` unproven connections, the oldest of them is closed; when the lowest tier
+holds :data:`~.accepting.UNPROVEN_SHARE` of the server's share, its oldest is closed; when the
+server's share is full, the oldest connection of the lowest tier is. Only when every connection is
+proven is the new one refused. Before a connection is closed for a newer one, what it has sent is
+read: a worker whose signed request waited behind a burst of connections proves itself then. A
+proven connection is never closed to make room for a stranger.
 """
 
 from __future__ import annotations
@@ -22,15 +34,17 @@ import socket
 import threading
 import time
 
-from cloud_elastic.driver.net.accepting import AcceptPause, RefusalLog, descriptor_share
+from cloud_elastic.driver.net.accepting import UNPROVEN_SHARE, AcceptPause, RefusalLog, descriptor_share
 
-__all__ = ["Connection", "SelectorServer"]
+__all__ = ["Connection", "PROVEN", "SelectorServer"]
 
 log = logging.getLogger(__name__)
 
 #: Selector keys' data for the listener and the wake socket (a connection's key holds its Connection).
 _ACCEPT = "accept"
 _WAKE = "wake"
+#: The tier of a connection that proved it comes from the job (see the module docstring).
+PROVEN = -1
 
 
 class Connection:
@@ -46,13 +60,21 @@ class Connection:
         self.open = True
         self.last = time.monotonic()
         self.events = selectors.EVENT_READ  # what the selector watches for on it
+        self.tier = 0  # how far it got towards proving it comes from the job; PROVEN once it did
+
+    @property
+    def proven(self) -> bool:
+        return self.tier == PROVEN
 
 
 class SelectorServer:
     """One ``selectors`` thread serving a listening socket's connections, from :meth:`_serve_on` until :meth:`close`.
 
     A subclass names itself (``name``, for logs and its thread), its share of the descriptor limit
-    (``share``, said as ``share_words``) and how much it reads at once (``recv_bytes``), and fills in
+    (``share``, said as ``share_words``), how many unproven connections one address may hold
+    (``unproven_per_address``), how many tiers of unproven connections it tells apart (``tiers``)
+    and what each had not done yet (``tier_words``, for the log) and how much it reads at once (``recv_bytes``),
+    calls :meth:`_promote` as a connection gets further, and fills in
     the hooks: :meth:`_connect`, :meth:`_received`, and as it needs :meth:`_refusal`,
     :meth:`_writable`, :meth:`_interest`, :meth:`_flushed`, :meth:`_dropped`, :meth:`_timeout`,
     :meth:`_before_events` and :meth:`_after_events`. Every hook runs on the serving thread.
@@ -63,6 +85,10 @@ class SelectorServer:
     share_words = "a quarter of"
     recv_bytes = 1 << 16
     join_s = 5.0
+    tiers = 1
+    unproven_per_address = 64
+    #: What a connection of each tier had not done yet, for the log.
+    tier_words: tuple[str, ...] = ("it had not proven it comes from the job",)
     #: Whether the logs name a client by address and port, or by address alone.
     peer_has_port = True
 
@@ -76,6 +102,9 @@ class SelectorServer:
         self._signalled = False
         self._closing = False
         self._connections: set[Connection] = set()
+        # The unproven connections, oldest first (dicts keep their order): by tier, and by address.
+        self._unproven: list[dict[Connection, None]] = [{} for _ in range(self.tiers)]
+        self._unproven_from: dict[str, dict[Connection, None]] = {}
 
     # ------------------------------------------------------------- lifecycle
     def _serve_on(self, listener: socket.socket) -> None:
@@ -176,11 +205,8 @@ class SelectorServer:
                     log.warning("%s: cannot accept a connection: %s", self.name, exc)
                 return
             self._pause.accepted()
-            at_most = descriptor_share(self.share)
-            refusal = (("too many connections", f"{len(self._connections)} connections are open, at most "
-                                                f"{at_most} ({self.share_words} the driver's descriptor limit)")
-                       if len(self._connections) >= at_most else self._refusal(addr[0]))
             peer = f"{addr[0]}:{addr[1]}" if self.peer_has_port else addr[0]
+            refusal = self._make_room(addr[0])
             if refusal is not None:  # strangers' idle connections must leave descriptors for launches
                 self._refusals.refused(refusal[0], peer, refusal[1])
                 sock.close()
@@ -190,7 +216,64 @@ class SelectorServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = self._connect(sock, addr[0], peer)
             self._connections.add(conn)
+            self._unproven[0][conn] = None
+            self._unproven_from.setdefault(conn.address, {})[conn] = None
             self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _make_room(self, address: str) -> tuple[str, str] | None:
+        """Close unproven connections so that one more from ``address`` fits (see the module docstring);
+        (kind, reason) when it cannot: every connection open is proven, or :meth:`_refusal` says no."""
+        refusal = self._refusal(address)
+        if refusal is not None:
+            return refusal
+        at_most = descriptor_share(self.share)
+        mine = self._unproven_from.get(address)
+        if mine is not None and len(mine) >= self.unproven_per_address:
+            self._evict(mine, f"{len(mine)} such from {address} are open, at most {self.unproven_per_address}")
+        first = self._unproven[0]
+        if len(first) >= max(1, int(at_most * UNPROVEN_SHARE)):
+            self._evict(first, f"{len(first)} such are open, at most {int(at_most * UNPROVEN_SHARE)} (a quarter of "
+                               f"the {at_most} connections the {self.name} may hold)")
+        while len(self._connections) >= at_most:
+            pool = next((tier for tier in self._unproven if tier), None)
+            if pool is None:
+                return ("too many connections", f"{len(self._connections)} connections are open, at most "
+                                                f"{at_most} ({self.share_words} the driver's descriptor limit)")
+            self._evict(pool, f"{len(self._connections)} connections are open, at most {at_most} "
+                              f"({self.share_words} the driver's descriptor limit)")
+        return None
+
+    def _evict(self, pool: dict[Connection, None], why: str) -> None:
+        """Close the oldest connection of ``pool`` that what it sent so far does not take out of it (or let one
+        go that its read closes): a worker's request may have waited unread behind a burst of strangers'."""
+        while pool:
+            conn = next(iter(pool))
+            self._read(conn)
+            if conn in pool:
+                self._refusals.refused("closed for a newer connection", conn.peer,
+                                       f"closed to make room for a newer connection: {self.tier_words[conn.tier]} "
+                                       f"({why})")
+                self._drop(conn)
+            if not conn.open:
+                return
+
+    def _promote(self, conn: Connection, tier: int) -> None:
+        """``conn`` got as far as ``tier`` (:data:`PROVEN`: it proved it comes from the job)."""
+        if conn.tier == tier or conn.proven or not conn.open:
+            return
+        self._unproven[conn.tier].pop(conn, None)
+        conn.tier = tier
+        if tier == PROVEN:
+            self._forget_unproven(conn)
+        else:
+            self._unproven[tier][conn] = None
+
+    def _forget_unproven(self, conn: Connection) -> None:
+        mine = self._unproven_from.get(conn.address)
+        if mine is not None:
+            mine.pop(conn, None)
+            if not mine:
+                del self._unproven_from[conn.address]
 
     def _read(self, conn: Connection) -> None:
         try:
@@ -232,6 +315,9 @@ class SelectorServer:
             return
         conn.open = False
         self._connections.discard(conn)
+        if not conn.proven:
+            self._unproven[conn.tier].pop(conn, None)
+            self._forget_unproven(conn)
         self._dropped(conn)
         try:
             assert self._selector is not None
@@ -246,7 +332,7 @@ class SelectorServer:
         return Connection(sock, address, peer)
 
     def _refusal(self, address: str) -> tuple[str, str] | None:
-        """(kind, reason) when a connection from ``address`` must be refused; past the descriptor share already."""
+        """(kind, reason) when a connection from ``address`` must be refused, before any is closed to make room."""
         return None
 
     def _received(self, conn: Connection) -> None:

@@ -30,12 +30,19 @@ driver's process down or grow it without bound:
 * *Validation within* :data:`VALIDATE_TIMEOUT_S` (10 s). torch's client sends ``VALIDATE`` right
   after it connects; a connection that has not is closed then. Idle validated connections are
   kept: a worker's store client idles between rounds.
-* *Connections:* at most :data:`MAX_PEER_CONNECTIONS` (256) from one address, and all together at
-  most a quarter of the process's descriptor limit (``RLIMIT_NOFILE``, read at each accept; the
-  control plane takes at most half, see :func:`~.accepting.descriptor_share`), so strangers cannot
-  starve the driver of the descriptors a worker launch needs (its ``os.pipe()``). A connection past either cap
-  is closed as soon as it is accepted. A worker holds one connection, and a new one per
-  abandoned round formation.
+* *Connections:* all together at most a quarter of the process's descriptor limit (``RLIMIT_NOFILE``,
+  read at each accept; the control plane takes at most half, see :func:`~.accepting.descriptor_share`),
+  so strangers cannot starve the driver of the descriptors a worker launch needs (its ``os.pipe()``).
+  A worker holds one connection, and a new one per abandoned round formation.
+* *Strangers cannot lock the workers out* (:mod:`.selector_server`): a connection is proven once a
+  command of it names a key in a round's namespace (:func:`round_keys`: only holders of the job secret
+  can derive one; every key of the workers' process groups lies in one). A new connection makes room
+  by closing the oldest unproven one: of its address, past :data:`MAX_PEER_CONNECTIONS` (256) of them;
+  of those that have not validated, past a quarter of the store's share; of those that have not
+  validated, else of those that have not named a round's key, when the share is full. A proven
+  connection is never closed for a stranger. A worker's connection is unproven from its start until
+  its first round forms, so a stranger who speaks torch's validation and keeps opening connections
+  can still close it then (the worker's round formation fails and is retried).
 * *Memory:* everything the store holds, keys, values, queued items, unfinished commands, awaited
   keys and unsent answers, with what Python spends on each entry, stays within
   :data:`MAX_STORE_BYTES` (256 MiB; a Gloo round counts about ``size * (380 + 8 * size)`` bytes,
@@ -56,17 +63,21 @@ once per client: the clients are strangers and may be many.
 
 from __future__ import annotations
 
+import hmac
 import logging
+import re
 import selectors
 import socket
 import struct
 import threading
 import time
 from collections import deque
-from typing import Any, Generator
+from typing import Any, Callable, Generator
+
+from cloud_elastic.control import round_namespace
 
 from cloud_elastic.driver.net.accepting import STORE_SHARE, RefusalLog
-from cloud_elastic.driver.net.selector_server import Connection, SelectorServer
+from cloud_elastic.driver.net.selector_server import PROVEN, Connection, SelectorServer
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +93,8 @@ MAX_COMMAND_BYTES = 2 * MAX_PAYLOAD_BYTES + 1024 * 1024
 MAX_STORE_BYTES = 256 * 1024 * 1024
 MAX_OUTBOX_BYTES = 1024 * 1024
 MAX_PEER_CONNECTIONS = 256
+#: The tier of a connection that sent torch's validation (tier 0: it has not yet).
+_VALIDATED = 1
 VALIDATE_TIMEOUT_S = 10.0
 _RECV_BYTES = 1 << 16
 #: What Python spends beyond the bytes themselves, counted against MAX_STORE_BYTES: on a dict or set
@@ -96,6 +109,28 @@ _U32, _U64, _I64 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<q")
 _LAYOUTS = {VALIDATE: "u", SET: "kp", COMPARE_SET: "kpp", GET: "k", ADD: "ki", CHECK: "K", WAIT: "K",
             GETNUMKEYS: "", DELETE_KEY: "k", APPEND: "kp", MULTI_GET: "K", MULTI_SET: "P", CANCEL_WAIT: "",
             PING: "u", QUEUE_PUSH: "kp", QUEUE_POP: "k", QUEUE_LEN: "k"}
+
+
+#: A key in a round's namespace, as torch's client sends it (it puts a "/" before every key).
+_ROUND_KEY = re.compile(rb"/?(r(\d{1,9})-[0-9a-f]{32})")
+
+
+def round_keys(secret: str, job_id: str) -> Callable[[bytes], bool]:
+    """Whether a key lies in a namespace of one of job ``job_id``'s rounds (a
+    :func:`~cloud_elastic.control.round_namespace`, then a suffix): a key only holders of ``secret`` can name, so
+    the connection that names it comes from the job."""
+    def proves(key: bytes) -> bool:
+        m = _ROUND_KEY.match(key)
+        return m is not None and hmac.compare_digest(m[1], round_namespace(secret, job_id, int(m[2])).encode())
+    return proves
+
+
+def _first_key(command: int, fields: list[Any]) -> bytes:
+    layout = _LAYOUTS[command]
+    if not layout or layout[0] in "ui" or not fields[0]:
+        return b""
+    first = fields[0] if layout[0] == "k" else fields[0][0]
+    return first if layout[0] != "P" else first[0]
 
 
 class ProtocolError(Exception):
@@ -171,29 +206,33 @@ class StoreServer(SelectorServer):
     closes it, once.
 
     ``max_bytes``, ``max_peer_connections`` and ``validate_timeout_s`` override the module's bounds
-    (see the module docstring); the driver uses the defaults.
+    (see the module docstring); the driver uses the defaults. ``proves(key)``: whether a command naming
+    ``key`` proves its connection comes from the job (:func:`round_keys`; None: none is ever proven).
     """
 
     name = "rendezvous store"
     share = STORE_SHARE
     share_words = "a quarter of"
     recv_bytes = _RECV_BYTES
+    tiers = 2
+    tier_words = ("it had not validated yet", "it had not named a key of the job's rounds yet")
 
     def __init__(self, listener: socket.socket, *, max_bytes: int = MAX_STORE_BYTES,
                  max_peer_connections: int = MAX_PEER_CONNECTIONS,
-                 validate_timeout_s: float = VALIDATE_TIMEOUT_S) -> None:
+                 validate_timeout_s: float = VALIDATE_TIMEOUT_S,
+                 proves: Callable[[bytes], bool] | None = None) -> None:
         super().__init__(RefusalLog(log, "rendezvous store", "rendezvous store: disconnected %s: %s"))
         self.port: int = listener.getsockname()[1]
         self._listener = listener
         self._max_bytes = max_bytes
-        self._max_peer = max_peer_connections
+        self.unproven_per_address = max_peer_connections
+        self._proves = proves
         self._validate_timeout_s = validate_timeout_s
         self._data: dict[bytes, bytes] = {}
         self._queues: dict[bytes, deque[bytes]] = {}
         self._waiters: dict[bytes, list[_Client]] = {}
         self._stored = 0  # bytes of keys, values and queued items
         self._held = 0  # bytes the clients hold: unfinished commands, awaited keys, unsent answers
-        self._per_address: dict[str, int] = {}
         self._unvalidated: deque[tuple[float, _Client]] = deque()  # by deadline (all have the same timeout)
         self._half_full_said = False
         self._forget_lock = threading.Lock()
@@ -231,15 +270,8 @@ class StoreServer(SelectorServer):
     def _after_events(self) -> None:
         self._expire_unvalidated()
 
-    def _refusal(self, address: str) -> tuple[str, str] | None:
-        if self._per_address.get(address, 0) >= self._max_peer:
-            return ("too many connections from one address",
-                    f"{self._max_peer} connections from {address} are open already")
-        return None
-
     def _connect(self, sock: socket.socket, address: str, peer: str) -> _Client:
         client = _Client(sock, address, peer)
-        self._per_address[address] = self._per_address.get(address, 0) + 1
         self._unvalidated.append((time.monotonic() + self._validate_timeout_s, client))
         return client
 
@@ -263,11 +295,6 @@ class StoreServer(SelectorServer):
         conn.parser, conn.pending = None, 0
         conn.inbox, conn.outbox = bytearray(), bytearray()
         self._account(conn)
-        left = self._per_address[conn.address] - 1
-        if left:
-            self._per_address[conn.address] = left
-        else:
-            del self._per_address[conn.address]
 
     def _received(self, conn: Connection) -> None:
         assert isinstance(conn, _Client)
@@ -362,7 +389,10 @@ class StoreServer(SelectorServer):
             if f[0] != MAGIC:
                 raise ProtocolError("it did not open with torch's store validation", "no validation")
             client.validated = True
+            self._promote(client, _VALIDATED)
             return
+        if not client.proven and self._proves is not None and self._proves(_first_key(command, f)):
+            self._promote(client, PROVEN)
         answer = client.outbox
         if command == SET:
             self._set(f[0], f[1])

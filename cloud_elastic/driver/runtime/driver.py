@@ -110,7 +110,7 @@ class Driver:
         )
         self._cond.watch(self._job)
         self._stop_reason: tuple[str, int] | None = None
-        self._endpoints = Endpoints(self.job_id, self._handle)
+        self._endpoints = Endpoints(self.job_id, self._handle, workers=config.max_np + config.spares)
         self._processes = WorkerProcesses(config, self._job, self._cond, self._endpoints, clock=clock,
                                           sinks=lambda: self._sinks, out=output or _print_line, launcher=launcher)
         self._plane: ControlPlane | None = None
