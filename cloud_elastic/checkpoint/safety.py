@@ -52,13 +52,17 @@ def _refusal(text: str) -> str:
 def storage_reason(exc: BaseException, seen: BaseException | None = None) -> str:
     """Why storage refused a write, in one line: "no space left on device" for a full disk (ENOSPC, EDQUOT)
     wherever it hides (``seen``: an OSError our own stream caught before torch reworded it as
-    ``unexpected pos ...``; the exception's causes; torch DCP's per-rank failures), else the error's text."""
-    for candidate in causes(exc, seen):
+    ``unexpected pos ...``; the exception's causes; torch DCP's per-rank failures), else the error's text, or
+    that of a CheckpointError of ours among them (torch DCP words a rank's failure as its traceback)."""
+    found = causes(exc, seen)
+    for candidate in found:
         if isinstance(candidate, OSError) and candidate.errno in (errno.ENOSPC, errno.EDQUOT):
             name = "ENOSPC" if candidate.errno == errno.ENOSPC else "EDQUOT"
             where = f" writing {candidate.filename}" if candidate.filename else ""
             return f"no space left on device ({name}{where})"
-    return one_line(seen if isinstance(seen, OSError) else exc)
+    if isinstance(seen, OSError):
+        return one_line(seen)
+    return one_line(next((c for c in found if isinstance(c, CheckpointError)), exc))
 
 
 def causes(exc: BaseException, seen: BaseException | None) -> list[BaseException]:
