@@ -54,9 +54,9 @@ class WorkerActor:
         rank = None
         from cloud_elastic.worker import context
 
-        if context.is_initialized():
-            ctx = context.get_context()
-            rank = ctx.info.rank
+        ctx = context.current()  # as it is: a function that never needed the round does not join one now
+        if ctx is not None:
+            rank = ctx.info.rank if ctx.info is not None else None
             ctx.close()  # stop heartbeats: this worker is done
         return {"kind": "result", "rank": rank, "value": value}
 

@@ -46,7 +46,7 @@ from cloud_elastic.worker.comm.collectives import (
     join,
 )
 from cloud_elastic.worker.comm.compression import Compression, Compressor
-from cloud_elastic.worker.context import get_context, is_initialized
+from cloud_elastic.worker.context import get_context, is_initialized, slot_before_joining
 from cloud_elastic.worker.context import init as _init
 from cloud_elastic.worker.exceptions import (
     CollectiveError,
@@ -73,7 +73,13 @@ __all__ = [
 
 
 def init() -> None:
-    """Connect to the driver and join the first round (idempotent)."""
+    """Connect to the driver and join the first round (idempotent).
+
+    A worker started while the job is already training (a newcomer, a spare, a replacement) connects and
+    checks its device here, but joins at its first call that needs the round (``rank()``, ``size()``, a
+    collective, ``elastic.run``, ``shard``): the script's set-up before that call runs while the job trains
+    on, instead of stopping it. ``local_rank()`` (the GPU) is known before.
+    """
     try:
         _init()
     except WorkerRemoved as exc:
@@ -103,9 +109,11 @@ def local_rank() -> int:
     """This worker's slot on its host, i.e. its GPU: fixed from its first round to its exit.
 
     No two live workers of a host share one, so ``torch.cuda.set_device(hvd.local_rank())``
-    stays right across failures; after one, a host's local ranks may have a gap.
+    stays right across failures; after one, a host's local ranks may have a gap. Known before the
+    worker joins its first round, so asking for it does not make the worker join (see ``init``).
     """
-    return get_context().info.local_rank
+    slot = slot_before_joining()
+    return slot if slot is not None else get_context().info.local_rank
 
 
 def local_size() -> int:

@@ -5,6 +5,9 @@ One :class:`WorkerContext` per worker process, created by ``init()``. It
 * registers with the driver and keeps a heartbeat thread long-polling it
   (see ``link.driver_link``); the replies carry the current round, the update generation
   (a graceful membership change is pending) and the highest aborted round;
+* joins its first round in ``init()``, or, registering while the job already trains,
+  at its first call that needs the round (:meth:`WorkerContext.join_if_pending`), so the
+  script's set-up after ``init()`` never stops the running workers;
 * forms a fresh ``torch.distributed`` process group per rendezvous round on
   the round's signed namespace of the driver's TCPStore (see ``rounds.signed_store``: keys
   named with HMAC of the job secret, values tagged and checked), Gloo on
@@ -69,7 +72,8 @@ from cloud_elastic.worker.rounds.next_group import NextGroupMixin
 from cloud_elastic.worker.rounds.reclaim import Reaper
 from cloud_elastic.worker.settings import SECRET_ENV, WorkerSettings
 
-__all__ = ["RoundInfo", "WorkerContext", "get_context", "init", "is_initialized"]
+__all__ = ["RoundInfo", "WorkerContext", "current", "get_context", "init", "is_initialized",
+           "slot_before_joining"]
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +152,10 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         #: script, and says so at exit (:meth:`_report_script_end`).
         self.elastic_entered = False
         self._uncaught: BaseException | None = None  # the exception the script ended with (see _note_uncaught)
+        #: Registered while the job was running, not joined yet: it joins at its first call that needs the
+        #: round (:meth:`join_if_pending`), so the script's set-up after ``init()`` never stops the job.
+        self.join_pending = False
+        self._started_pid = os.getpid()
 
     # What the heartbeat (``link.driver_link``) reports and each collective (``rounds.groups``) tells, of the ledger.
     @property
@@ -201,10 +209,41 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         self._maybe_watch_notices(reply.get("notice_watcher"))
         # A SIGTERM before the first round is a notice as well: the host drains and this worker leaves uncounted.
         with termination.leave_at_commit_on_sigterm(self):
-            self._join_first_round()
+            self._prepare_to_join()
+            # A worker that joins a running job (a newcomer, a spare, a replacement) joins at its first call
+            # that needs the round, not here: the running workers would otherwise wait, in the round that
+            # admits it, for all of the script's set-up after init() (the model, the data, the device).
+            if reply.get("running") is True:
+                self.join_pending = True
+                return
+            self._first_rendezvous()
 
-    def _join_first_round(self) -> None:
-        """Start heartbeats, connect to the store, check the device and join the first round."""
+    def join_if_pending(self) -> None:
+        """Join the job's next round now, if this worker registered while the job ran and has not joined yet.
+
+        Called by every call that needs the round (``get_context``: ``hvd.rank()``, ``size()``, a collective,
+        ``elastic.run``, ``hvd.shard``), once the script's own set-up has run. Told to leave meanwhile (its host
+        drains, the job ends), the worker exits 0 as ``init()`` does. A process forked from this one before it
+        joined (a data loader's worker) cannot join for it: ValueError, as before ``init()``.
+        """
+        if not self.join_pending:
+            return
+        with _JOIN_LOCK:
+            if not self.join_pending:
+                return
+            if os.getpid() != self._started_pid:
+                raise ValueError("cloud_elastic.torch has not joined the job in this process (it was forked "
+                                 "before its parent joined); call hvd.rank() or hvd.size() before forking")
+            self.join_pending = False
+            try:
+                with termination.leave_at_commit_on_sigterm(self):
+                    self._first_rendezvous()
+            except WorkerRemoved as exc:
+                print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)
+                sys.exit(0)
+
+    def _prepare_to_join(self) -> None:
+        """Start heartbeats, connect to the store and check the device: all a worker does before rendezvous."""
         # Heartbeats start at once: the driver counts silence from registration on,
         # and connecting to the store can wait for the driver's own torch import.
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="cloud-elastic-heartbeat", daemon=True)
@@ -214,6 +253,8 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         self._control_peers = _resolved(self.settings.driver_address) | _resolved(self.settings.store_address)
         _preload_lazy_modules()
         self._check_device()
+
+    def _first_rendezvous(self) -> None:
         reason = "start"
         while True:
             try:
@@ -474,6 +515,7 @@ def _preload_lazy_modules() -> None:
 
 _CONTEXT: WorkerContext | None = None
 _LOCK = threading.Lock()
+_JOIN_LOCK = threading.Lock()
 
 
 def init() -> WorkerContext:
@@ -492,9 +534,24 @@ def is_initialized() -> bool:
 
 
 def get_context() -> WorkerContext:
-    """The started context; raises ValueError (Horovod's behaviour) before ``init()``."""
-    if _CONTEXT is None or _CONTEXT.info is None:
+    """The started context, joined to its round (:meth:`WorkerContext.join_if_pending`); raises ValueError
+    (Horovod's behaviour) before ``init()``."""
+    ctx = _CONTEXT
+    if ctx is not None and ctx.join_pending:
+        ctx.join_if_pending()
+    if ctx is None or ctx.info is None:
         raise ValueError("cloud_elastic.torch has not been initialized; call init() first")
+    return ctx
+
+
+def slot_before_joining() -> int | None:
+    """This worker's slot (its local rank, its GPU) while it has not joined its first round yet; else None."""
+    ctx = _CONTEXT
+    return ctx.settings.slot if ctx is not None and ctx.join_pending and ctx.info is None else None
+
+
+def current() -> WorkerContext | None:
+    """This process's context as it is, joined or not (None before ``init()``): for code that must not join."""
     return _CONTEXT
 
 

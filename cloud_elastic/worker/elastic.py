@@ -115,6 +115,7 @@ def _load_checkpoint(ctx: WorkerContext, durable: DurableSchedule | None, state:
 
 def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> Any:
     ctx = init()
+    ctx.join_if_pending()  # a newcomer whose script called nothing that needs the round before elastic.run
     ledger = ctx.ledger
     ctx.elastic_entered = True  # an elastic script: its end is reported by report_completed, not at exit
     ctx.progress.watch_thread()  # the thread that trains is the one the driver's no-progress watch samples

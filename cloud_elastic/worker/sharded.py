@@ -82,6 +82,7 @@ def shard(model: torch.nn.Module, modules: Iterable[torch.nn.Module] = (), **ful
     formed at the first call. Needs ``cloud-elastic run --whole-hosts``.
     """
     ctx = init()
+    ctx.join_if_pending()  # the host's group is formed among the workers of this worker's round
     if getattr(ctx, "host_group", None) is None:
         ctx.host_group = _form_host_group(ctx)
     from torch.distributed.fsdp import fully_shard

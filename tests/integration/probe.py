@@ -74,6 +74,13 @@ def main() -> None:
     args = p.parse_args()
 
     hvd.init()
+    # CE_PROBE_SETUP=HOST=SECONDS: the worker on HOST sets up that long after init() (a model, data, a device)
+    # before its first call that needs the round; local_rank() is known before.
+    setup_host, _, setup = os.environ.get("CE_PROBE_SETUP", "").partition("=")
+    if setup and os.environ.get("CLOUD_ELASTIC_HOSTNAME") == setup_host:
+        event("setting up", local_rank=hvd.local_rank(), t=time.time())
+        time.sleep(float(setup))
+        event("set up", t=time.time())
     event("hello", rank=hvd.rank(), size=hvd.size(), **topology())
     torch.manual_seed(0)
     # CE_PROBE_WIDE=HOST: the worker on HOST builds its hidden layer wider (a model built otherwise there).

@@ -31,6 +31,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.notice_policy import notice_action, notice_watcher
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.runtime.condition import JobCondition
@@ -135,8 +136,10 @@ class ControlPlane:
     def _register(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         ok = self._job.registered(worker_id, now)
         self._cond.notify_all()
+        # running: the job trains already, so the worker joins at its first call that needs the round (after
+        # its own set-up), not inside hvd.init() (see worker.context).
         return {"ok": ok, "heartbeat_interval_s": self._config.heartbeat_interval_s,
-                "notice_watcher": self._notice_watcher(worker_id)}
+                "notice_watcher": self._notice_watcher(worker_id), "running": self._job.phase is Phase.RUNNING}
 
     def _exiting(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         return {"ok": self._job.exiting(worker_id, now)}
