@@ -49,6 +49,13 @@ def test_what_a_fresh_interpreter_reads_at_start_picks_the_server_and_nothing_el
     assert forkserver.startup_key({**env, "OMP_NUM_THREADS": "4"}) != forkserver.startup_key(env)
 
 
+@pytest.mark.parametrize("name", ["PYTORCH_JIT", "TORCHINDUCTOR_CPP_WRAPPER", "TORCHDYNAMO_VERBOSE", "TORCH_LOGS"])
+def test_torchs_own_settings_read_at_import_pick_the_server(name):
+    # torch reads these as it is imported: a forked worker would keep its server's values.
+    assert forkserver.startup_key({name: "1"}) == ((name, "1"),)
+    assert forkserver.startup_key({name: "1"}) != forkserver.startup_key({name: "0"})
+
+
 def test_the_setting_or_a_gpu_turns_it_off(tmp_path):
     assert forkserver.enabled({}, gpu_nodes=())
     assert not forkserver.enabled({"CLOUD_ELASTIC_LOCAL_FORKSERVER": "0"}, gpu_nodes=())

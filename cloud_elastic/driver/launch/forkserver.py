@@ -47,7 +47,9 @@ __all__ = ["ForkServer", "PARENT_VARIABLE", "forkable", "startup_key", "enabled"
 log = logging.getLogger(__name__)
 
 #: Variables read as the interpreter or its libraries start: a worker needing other values needs another server.
-_STARTUP_PREFIXES = ("PYTHON", "LC_", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "MALLOC_", "GLIBC_", "TORCH_")
+#: torch reads many at import (PYTORCH_JIT, TORCHINDUCTOR_*, TORCHDYNAMO_*, TORCH_*), so every TORCH* and PYTORCH_* counts.
+_STARTUP_PREFIXES = ("PYTHON", "LC_", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "MALLOC_", "GLIBC_", "TORCH",
+                     "PYTORCH_")
 _STARTUP_NAMES = frozenset({"HOME", "LANG", "TZ"})
 #: How long a server may take to import torch before its first worker is started from scratch instead.
 READY_TIMEOUT_S = 60.0
