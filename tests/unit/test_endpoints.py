@@ -98,3 +98,11 @@ def test_a_hard_limit_below_what_the_job_needs_is_one_warning_that_says_how_to_r
     assert len(warnings) == 1, logged
     assert all(text in warnings[0] for text in ("descriptor limit is 200", "100 workers need about 664",
                                                 "ulimit -n 664", "LimitNOFILE=")), warnings
+
+
+def test_a_job_without_a_real_worker_bound_gets_no_advice_no_system_could_follow() -> None:
+    """Ray's and Spark's executors leave max_np unset (2**20): 6 million descriptors is past any system's
+    nr_open, so the warning would only mislead."""
+    printed, logged = _start_with_limits(100, 200, 1 << 20)
+    assert printed.strip() == "soft 200 store share 50"
+    assert not [line for line in logged if line.startswith("WARNING")], logged

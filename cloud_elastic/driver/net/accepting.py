@@ -88,6 +88,9 @@ def raise_descriptor_limit(workers: int) -> int:
             log.debug("driver: cannot raise the soft descriptor limit from %d to %d: %s", soft, target, exc)
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     need = DRIVER_DESCRIPTORS + DESCRIPTORS_PER_WORKER * workers
+    if need > MAX_RAISED_LIMIT:  # no real bound (Ray's and Spark's unset max_np): no advice a system can follow
+        log.debug("driver: %d workers at most: no descriptor limit is checked for them", workers)
+        return soft
     if soft != resource.RLIM_INFINITY and 0 <= soft < need:
         log.warning("driver: its descriptor limit is %d, and %d workers need about %d (%d each, "
                     "%d for the driver): past it, launches fail with 'Too many open files'; raise it before the "
