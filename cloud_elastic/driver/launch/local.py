@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,15 +26,66 @@ log = logging.getLogger(__name__)
 _MAX_SERVERS = 4
 
 
+#: Bytes read at a time, and the longest piece of a line forwarded at once: a stream costs at most twice this.
+_CHUNK = 64 * 1024
+_BREAK = re.compile(rb"\r\n|\r|\n")
+
+
 def forward_lines(stream, on_output: OutputSink) -> None:
-    """Read ``stream`` line by line into ``on_output`` until EOF (runs on its own thread)."""
+    """Read ``stream`` into ``on_output``, a line per call, until EOF (runs on its own thread).
+
+    A line ends at ``\\n`` or at a bare ``\\r`` (a progress bar redrawing itself, as tqdm does without
+    ever writing ``\\n``); of the ``\\r``-ended lines one read brings, only the last one not followed by
+    another line is forwarded, as a terminal would show only it. A line longer than ``_CHUNK`` bytes goes
+    in pieces, so memory stays bounded however the worker writes.
+    """
+    read = getattr(stream, "read1", None) or stream.read
+    pending, after_cr = b"", False
     try:
-        for raw in iter(stream.readline, b""):
-            on_output(raw.decode(errors="replace").rstrip("\n"))
+        while data := read(_CHUNK):
+            if after_cr and data.startswith(b"\n"):
+                data = data[1:]  # the \n of a \r\n split between two reads
+            after_cr = data.endswith(b"\r")
+            pending = _forward_segments(pending + data, on_output)
+        if pending:
+            on_output(_text(pending))
     except (OSError, ValueError):
         pass
     finally:
         stream.close()
+
+
+def _forward_segments(buf: bytes, on_output: OutputSink) -> bytes:
+    """Forward the lines ``buf`` completes; return the unfinished rest (at most ``_CHUNK`` bytes)."""
+    start, redrawn = 0, None
+    for match in _BREAK.finditer(buf):
+        segment, start = buf[start:match.start()], match.end()
+        if match.group() == b"\r":
+            redrawn = segment or redrawn  # forwarded unless another line follows in this read
+            continue
+        redrawn = None
+        _forward_pieces(segment, on_output, keep_last=False)
+    if redrawn:
+        _forward_pieces(redrawn, on_output, keep_last=False)
+    return _forward_pieces(buf[start:], on_output, keep_last=True)
+
+
+def _forward_pieces(raw: bytes, on_output: OutputSink, *, keep_last: bool) -> bytes:
+    """Forward ``raw`` in pieces of at most ``_CHUNK`` bytes; return the last piece instead if ``keep_last``."""
+    while len(raw) > _CHUNK:
+        cut = _CHUNK
+        while cut > _CHUNK - 3 and raw[cut] & 0xC0 == 0x80:
+            cut -= 1  # not inside a UTF-8 character
+        on_output(_text(raw[:cut]))
+        raw = raw[cut:]
+    if keep_last:
+        return raw
+    on_output(_text(raw))
+    return b""
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode(errors="replace")
 
 
 def kill_group(pid: int, sig: int) -> None:
