@@ -15,7 +15,9 @@
 * the ``min_np`` watch (:meth:`Capacity.check`): below ``min_np`` workers for
   ``elastic_timeout_s`` the job fails. Outside start-up a worker counts only once
   it reached rendezvous, so a slot that crashes on every launch does not restart
-  the timeout each time.
+  the timeout each time. Before the first round, once a host could not be reached
+  (booting VMs), the wait is bounded by ``start_timeout_s`` from the driver's start
+  instead, and the job fails naming the last transport failure.
 
 Worker ids are ``host[slot]#seq`` with ``seq`` never reused, an adopted
 predecessor's included (:meth:`Capacity.seen`). A long wait prints a progress
@@ -151,15 +153,25 @@ class Capacity:
             self._below_min_since = None
             self._waits.pop("min_np", None)
             return
+        booting = self._booting()
         if self._below_min_since is None:
             self._below_min_since = now
+            wait, limit = policy.elastic_timeout_s, ""
+            if booting:
+                wait, limit = max(0.0, self.started_at + policy.start_timeout_s - now), " (--start-timeout)"
             log.warning(
-                "job %s: %d worker(s) available, below --min-np %d; waiting up to %gs for more",
-                job.job_id, len(job.active()), policy.min_np, policy.elastic_timeout_s,
+                "job %s: %d worker(s) available, below --min-np %d; waiting up to %gs%s for more",
+                job.job_id, len(job.active()), policy.min_np, round(wait), limit,
             )
         else:
             self._progress(now, "min_np", f"below --min-np {policy.min_np}: {counted} worker(s) ready, "
                                           f"{len(job.active()) - counted} starting")
+        if booting:
+            if now - self.started_at > policy.start_timeout_s:
+                who = "no worker" if counted == 0 else f"only {counted} of --min-np {policy.min_np} worker(s)"
+                job.end(False, f"{who} could be started within {policy.start_timeout_s:g}s (--start-timeout): "
+                               f"last: {job.start_failure}", 1)
+            return
         if now - self._below_min_since > policy.elastic_timeout_s:
             last = f"; last failure: {job.last_failure}" if job.last_failure else ""
             job.end(
@@ -168,6 +180,12 @@ class Capacity:
                 f"(elastic timeout){last}",
                 1,
             )
+
+    def _booting(self) -> bool:
+        """Before the first round, hosts failed to be reached (still booting?): --start-timeout, counted from the
+        driver's start, bounds the wait for them rather than --elastic-timeout (see :mod:`.failures`)."""
+        job = self._job
+        return bool(job.start_failure) and job.round == 0 and not job.state_committed and self.started_at is not None
 
     def _progress(self, now: float, key: str, what: str) -> None:
         """A progress line for a long wait, every PROGRESS_EVERY_S, saying how long it has lasted."""

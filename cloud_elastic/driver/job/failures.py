@@ -9,6 +9,11 @@
   aborts its round; the last worker failing ends the job unless a durable
   checkpoint can bring the state back; with ``--whole-hosts`` a failure is the
   whole host's (every slot blacklisted, and its other workers leave with it);
+  before the first round (nothing committed), a host that cannot be reached is
+  one still booting, not a failed job: it is blacklisted as usual and the job
+  waits for ``--start-timeout`` (:attr:`JobView.start_failure`, read by
+  :meth:`.capacity.Capacity.check`), while a worker that ran and failed still
+  counts as today;
 * a worker given up (:meth:`Failures.give_up`: silent, never arrived, stuck) is
   stopped at once; a leaver given up costs its peers a rollback but no blacklisting;
 * the committed state is never silently lost (:meth:`Failures.check_state_kept`):
@@ -79,6 +84,11 @@ class Failures:
             **({"round": w.round} if w.round else {}), **({"signal": killed_by} if killed_by else {}),
         )
         job.failure_since_round = True
+        # A fresh VM is "running" minutes before sshd answers or cloud-elastic is installed: at start-up a
+        # transport failure says the host is not ready yet, and the job waits for it (see Capacity.check).
+        booting = transport and job.round == 0 and not job.state_committed
+        if booting:
+            job.start_failure = reason
         self._take_host_along(w)
         if was_member:
             job.abort()
@@ -87,7 +97,7 @@ class Failures:
         # of ending, relaunching the hosts at each blacklist cooldown.
         gone = w.slot.host if job.policy.whole_host_slots else None
         survivors = [x for x in job.alive() if x.slot.host != gone]
-        if not survivors and job.completed_workers == 0:
+        if not survivors and job.completed_workers == 0 and not booting:
             policy = job.policy
             if job.state_committed and policy.checkpointing:
                 log.warning(

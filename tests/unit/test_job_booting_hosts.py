@@ -1,0 +1,58 @@
+"""A job started while its hosts still boot: the cloud says "running" minutes before sshd answers or
+cloud-elastic is installed, so every first launch fails on the transport. The job waits for them up to
+--start-timeout (cloud_elastic.driver.job.failures, .capacity); a script that crashes still ends it fast."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from cloud_elastic.driver.launch.api import ExitStatus
+from tests.unit.test_job import CRASH, T0, PAST_FIRST_COOLDOWN_S, UNREACHABLE, Sim, assert_round, failed
+
+pytestmark = pytest.mark.timeout(10)
+
+NO_MODULE = ExitStatus(1, transport_error="SSH failure on a:22 (not a worker failure): python3 on that host cannot "
+                                          "import cloud_elastic")
+
+
+def test_a_booting_host_is_retried_until_it_answers_and_the_job_then_runs(caplog) -> None:
+    sim = Sim(2, start_timeout_s=120)
+    sim.discover({"a": 2})
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.driver.job"):
+        sim.exit("a[0]", NO_MODULE)
+        sim.exit("a[1]", NO_MODULE)
+    assert sim.outcome is None and sim.blocked("a[0]") and sim.blocked("a[1]")
+    assert "waiting up to 120s (--start-timeout) for more" in caplog.text
+    sim.advance(PAST_FIRST_COOLDOWN_S)
+    assert sim.slots_launched() == ["a[0]", "a[1]"] * 2  # relaunched after the usual cooldown
+    assert_round(sim.join("a[0]", "a[1]"), 1, needs_sync=True)
+    sim.advance(200)  # past --start-timeout: the job formed, the start-up rule no longer applies
+    assert sim.outcome is None
+
+
+def test_hosts_that_never_answer_end_the_job_at_the_start_timeout_naming_the_last_transport_error() -> None:
+    sim = Sim(2, start_timeout_s=120, elastic_timeout_s=30)
+    sim.discover({"a": 2})
+    sim.exit("a[0]", UNREACHABLE)
+    while sim.outcome is None and sim.now < T0 + 200:
+        for worker_id in [w.worker_id for w in sim.job.alive()]:  # every launch fails on the transport
+            sim.job.exited(worker_id, NO_MODULE, sim.now)
+            last = worker_id
+        if sim.now < T0 + 119:
+            assert sim.outcome is None, sim.outcome  # past --elastic-timeout: the start-up wait is --start-timeout's
+        sim.advance(1)
+    assert len(sim.launched) > 4  # retried with the usual backoff
+    failed(sim, f"no worker could be started within 120s (--start-timeout): last: worker {last} "
+                "(not yet ranked) SSH failure on a:22 (not a worker failure): python3 on that host cannot import")
+    assert sim.now < T0 + 122
+
+
+def test_a_script_crashing_on_every_worker_at_start_still_ends_the_job_at_once() -> None:
+    sim = Sim(3, min_np=1)
+    sim.discover({"a": 2, "b": 1})
+    sim.exit("b[0]", UNREACHABLE)  # b boots
+    sim.exit("a[0]", CRASH)
+    sim.exit("a[1]", CRASH)
+    failed(sim, "all workers failed; last: worker " + sim.id("a[1]"), "exited with code 1")
