@@ -205,6 +205,10 @@ class OnceLog:
         self._seen, self._now = self._now, set()
 
 
+#: (group, instance) pairs already warned of having no private IPv4: once per instance for the driver's life.
+_NO_IPV4_WARNED: set[tuple[str, str]] = set()
+
+
 class SnapshotBuilder:
     """Collects per-instance verdicts into a DiscoveredHosts, oldest instances first.
 
@@ -235,7 +239,12 @@ class SnapshotBuilder:
                                 self._group, instance or "?", address or "no address", verdict.reason)
             return
         if not address:
-            _log.debug("%s: instance %s has no private address yet; skipped", self._group, instance)
+            # In service without a private IPv4 is an IPv6-only subnet, not a moment of set-up: said at DEBUG,
+            # the job then failed "only 0 slot(s) available" with no hint why.
+            if (self._group, instance) not in _NO_IPV4_WARNED:
+                _NO_IPV4_WARNED.add((self._group, instance))
+                _log.warning("%s: instance %s is in service but has no private IPv4 address (an IPv6-only "
+                             "subnet?); cloud-elastic needs IPv4", self._group, instance or "?")
             return
         key = (_instant(order), address)
         if verdict.kind == "draining":

@@ -87,7 +87,7 @@ def test_absent_instances_with_a_reason_are_logged_once_and_again_after_they_cle
     def cycle(*states):
         build = SnapshotBuilder("g", once=once)
         for name, verdict in states:
-            build.add(None, verdict, lambda: 1, instance=name)
+            build.add(None if verdict.kind == "absent" else "10.0.0.9", verdict, lambda: 1, instance=name)
         build.build()
         lines = [r.getMessage() for r in caplog.records]
         caplog.clear()
@@ -98,6 +98,20 @@ def test_absent_instances_with_a_reason_are_logged_once_and_again_after_they_cle
     assert cycle(("vm-1", absent("PowerState/deallocated"))) == []
     assert cycle(("vm-1", READY)) == []
     assert len(cycle(("vm-1", absent("PowerState/deallocated")))) == 1
+
+
+def test_an_instance_in_service_without_a_private_ipv4_is_warned_of_once(caplog):
+    """An IPv6-only subnet: the job would wait for slots that never come, with nothing said at WARNING."""
+    caplog.set_level(logging.WARNING, logger="cloud_elastic.providers._common")
+    for _ in range(3):
+        build = SnapshotBuilder("ipv6-group")
+        build.add(None, READY, lambda: 1, instance="i-0ab6")
+        build.add(None, draining("scale-in"), lambda: 1, instance="i-0cd7")
+        build.add(None, ABSENT, lambda: 1, instance="i-0ef8")  # stopped: no address is expected
+        assert build.build().ready == {}
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"ipv6-group: instance {i} is in service but has no private IPv4 address (an IPv6-only subnet?); "
+        "cloud-elastic needs IPv4" for i in ("i-0ab6", "i-0cd7")]
 
 
 def test_slot_cache_looks_each_type_up_once_gives_cpu_types_one_slot_and_fixed_wins():
