@@ -35,18 +35,20 @@ API server, 429 and 5xx are retryable. Nodes that may not be read (403) are
 not fatal: one warning, and the job goes on without node signals (pod signals
 still work).
 
-Staleness: later, a pods watch that has not heard from the API server for
-``stale_after_s`` (30 s) makes find() raise RetryableDiscoveryError until it is
-back. A watch that fails (cut, refused, 5xx) counts as down at once; one that
-goes silent (a stalled path: no reset, no bytes) counts as down once nothing
-(no event, no bookmark, no end of stream) has come for ``watch_s`` + 10 s: each
+Staleness: later, a pods watch down for ``stale_after_s`` (30 s) makes find()
+raise RetryableDiscoveryError until it is back. A watch that fails (cut,
+refused, 5xx) is down from the failure; one that goes silent (a stalled path:
+no reset, no bytes) is down from its last word (event, bookmark, end of
+stream) once nothing has come for ``watch_s`` + 10 s, failed or not: each
 watch asks for bookmarks and lasts ``watch_s`` (30 s), so the server always
-writes within it. So, with the defaults, a change (a deletion, a taint) that
-the view misses is either seen or reported as an error within 40 s
-(max(``stale_after_s``, ``watch_s`` + min(10, ``watch_s``))) plus one
-``--discovery-interval``: well inside a pod's grace period. TCP keepalive on
-the client's sockets (15 s idle, 3 probes 5 s apart) fails a read on a peer
-that is gone within 30 s.
+writes within it. A quiet cluster's last word can be 28 s old when a healthy
+watch is cut, so a short reconnect is not an outage. So, with the defaults, a
+change (a deletion, a taint) that the view misses is either seen or reported
+as an error within 40 s of the last word when the path stalls, and at worst
+70 s (a failure after nearly ``watch_s`` + 10 s of silence, then
+``stale_after_s``) plus one ``--discovery-interval``: inside a pod's grace period. TCP keepalive
+on the client's sockets (15 s idle, 3 probes 5 s apart) fails a read on a
+peer that is gone within 30 s.
 """
 
 from __future__ import annotations
@@ -141,8 +143,8 @@ class KubernetesPods(CloudGroupProvider):
         ProviderOption("timeout_s", "connect/read timeout of one list request, seconds", default="10"),
         ProviderOption("watch_s", "how long one watch request lasts before it is renewed, seconds; a watch silent "
                        "for this + 10 s is down", default="30"),
-        ProviderOption("stale_after_s", "a pods watch that has not heard from the server for this long makes "
-                       "discovery fail (retryable), seconds", default="30"),
+        ProviderOption("stale_after_s", "a pods watch down (failed, or silent past watch_s + 10 s) this long "
+                       "makes discovery fail (retryable), seconds", default="30"),
     )
 
     def __init__(self, selector: str, *, namespace: str | None = None, kubeconfig: str | None = None,

@@ -21,9 +21,10 @@ list to the view, then watches from the list's ``resourceVersion``:
 * anything else (a connection cut or refused, a 5xx, a 429) is retried from
   the kept version after a back-off of 0.5 s doubling to 30 s, with jitter.
   :meth:`ResourceWatch.trouble` says why, and since when the view may be
-  stale: the last line (event or bookmark) or response from the server, not
-  the first failure, so the provider's ``stale_after_s`` counts from the last
-  word and a silent stream is reported ``silence_s`` after it at the latest.
+  stale: the failure, or the last line (event or bookmark) or response from
+  the server when the stream had been silent past ``silence_s`` before it
+  failed (a quiet healthy stream is no outage; a stalled one is reported
+  ``silence_s`` after its last word at the latest, failed or not).
 
 Events are parsed as plain JSON, not into the client's models: the view reads
 a few fields, and building a ``V1Pod`` costs far more than reading it.
@@ -208,7 +209,7 @@ class ResourceWatch:
                     continue
                 reason = _describe(exc)
                 if self._trouble is None:
-                    self._trouble = (self._heard, reason)
+                    self._trouble = (self._down_since(), reason)
                     _log.info("%s watch interrupted (%s); reconnecting from version %s", self.what, reason,
                               self.resource_version)
                 else:
@@ -216,6 +217,18 @@ class ResourceWatch:
                     _log.debug("%s watch still down: %s", self.what, reason)
                 self._stop.wait(delay * (0.75 + 0.5 * self._rng.random()))
                 delay = min(_BACKOFF_MAX_S, delay * 2)
+
+    def _down_since(self) -> float:
+        """Since when a watch that just failed has been down.
+
+        From now if the stream was heard from within :func:`silence_s`: a healthy but quiet stream (a real server
+        writes nothing between a watch's start and its bookmark ~2 s before its end) says nothing about the time
+        before the failure, and dating it from the last word would report a 2 s reconnect late in a watch as an
+        outage of ``watch_s``. From the last word if the stream had been silent that long (its read timeout): it
+        was stalled (what :meth:`trouble` already reported), and the view has been stale since.
+        """
+        now = time.time()
+        return self._heard if now - self._heard >= silence_s(self._watch_s) else now
 
     def _watch_once(self) -> int:
         """One watch request, its events applied until the stream ends; returns how many lines it had."""

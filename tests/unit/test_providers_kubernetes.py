@@ -4,16 +4,21 @@ and that configuring it imports nothing. The provider over HTTP is in tests/emul
 from __future__ import annotations
 
 import logging
+import queue
 import subprocess
 import sys
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from cloud_elastic.errors import ConfigError, MissingDependencyError
-from cloud_elastic.providers import registry
+from cloud_elastic.providers import kubernetes_watch, registry
 from cloud_elastic.providers.api import MAX_SLOTS_PER_HOST, Drain
 from cloud_elastic.providers.kubernetes import check_selector
 from cloud_elastic.providers.kubernetes_view import ClusterView, pod_record
+from cloud_elastic.providers.kubernetes_watch import ResourceWatch, silence_s
 from tests.emulator.fake_kubernetes import Node, Pod
 
 
@@ -179,3 +184,99 @@ def test_a_deleted_pods_deadline_is_enforced_by_the_driver_a_margin_before_it():
     assert leaver.state is S.DRAINING
     leavers.enforce_deadlines(T0 + 25)
     assert leaver.state is S.LOST and "removed by force" in leaver.why
+
+
+class _WatchRequest:
+    """One watch request as the API server sees it: answered (or refused) and ended when the test says."""
+
+    def __init__(self) -> None:
+        self._answered = threading.Event()
+        self._ended = threading.Event()
+        self.streaming = threading.Event()
+        self._refusal: Exception | None = None
+        self._failure: Exception | None = None
+
+    def answer(self, refusal: Exception | None = None) -> None:
+        self._refusal = refusal
+        self._answered.set()
+
+    def end(self, failure: Exception | None = None) -> None:
+        self._failure = failure
+        self._ended.set()
+
+    def respond(self) -> "_WatchRequest":
+        self._answered.wait()
+        if self._refusal is not None:
+            raise self._refusal
+        return self
+
+    # The response, as the watch reads it.
+    def stream(self, amt=None, decode_content=False):
+        self.streaming.set()
+        self._ended.wait()
+        if self._failure is not None:
+            raise self._failure
+        yield from ()
+
+    def close(self) -> None:
+        self._ended.set()
+
+    def release_conn(self) -> None:
+        pass
+
+
+class _Refused(Exception):
+    status, reason = 503, "Service Unavailable"
+
+
+def test_a_reconnect_after_a_quiet_healthy_stretch_is_down_from_the_failure_and_a_stall_from_the_last_word(
+        monkeypatch):
+    """A real API server writes nothing on a quiet cluster until its bookmark ~2 s before the watch ends, so the
+    last word can be 28 s old when a healthy watch is cut: a 2 s reconnect is 2 s down, not 30 (stale_after_s)."""
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(kubernetes_watch, "time", SimpleNamespace(time=lambda: clock.now, monotonic=time.monotonic))
+    monkeypatch.setattr(kubernetes_watch, "_BACKOFF_FIRST_S", 0.001)
+    requests: queue.Queue[_WatchRequest] = queue.Queue()
+    made: list[_WatchRequest] = []
+    closing, queueing = threading.Event(), threading.Lock()
+
+    def call(**_):
+        with queueing:  # once closing, no request is left unanswered
+            if closing.is_set():
+                raise _Refused()
+            request = _WatchRequest()
+            made.append(request)
+            requests.put(request)
+        return request.respond()
+
+    watch = ResourceWatch("pods", call, replace=lambda items: False, apply=lambda kind, obj: False,
+                          lock=threading.Lock(), on_news=lambda: None, watch_s=30.0)
+    assert silence_s(30.0) == 40.0
+    watch.start()
+    try:
+        first = requests.get(timeout=10)
+        first.answer()
+        first.streaming.wait(10)
+        clock.now = 1028.0  # a quiet, healthy cluster: no word for 28 s
+        assert watch.trouble() is None
+        first.end(ConnectionResetError("connection reset by peer"))  # the API server restarts
+        requests.get(timeout=10).answer(_Refused())  # and refuses the reconnect for a while
+        reconnect = requests.get(timeout=10)
+        clock.now = 1030.0
+        assert watch.trouble() == (1028.0, "HTTP 503 Service Unavailable"), "down 2 s, not since the last word"
+
+        reconnect.answer()  # back: the view is current again
+        reconnect.streaming.wait(10)
+        assert watch.trouble() is None
+        clock.now = 1071.0  # a stalled path: no byte for longer than any healthy watch is quiet
+        assert watch.trouble() == (1030.0, "no word from the API server for 41 s (a stalled connection?)")
+        reconnect.end(TimeoutError("read timed out"))  # the read timeout ends it
+        requests.get(timeout=10)
+        assert watch.trouble() == (1030.0, "TimeoutError: read timed out"), "stale since its last word"
+    finally:
+        with queueing:
+            closing.set()
+        for request in made:
+            request.answer(_Refused())
+            request.end()
+        watch.stop()
