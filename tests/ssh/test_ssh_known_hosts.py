@@ -36,6 +36,7 @@ def _runs(launcher: SSHLauncher, marker: str, instance: str | None) -> None:
     status = wait_exit(proc)
     assert (status.code, status.transport_error) == (0, None), out.lines
     assert json.loads(out.wait_for("{"))["env"]["SSH_CONNECTION"].split()[2] == ADDRESS
+    assert not [line for line in out.lines if "Permanently added" in line], "ssh's chatter reached the job output"
 
 
 def test_a_new_instance_at_a_recycled_address_is_accepted(launcher, recycled_address, marker):

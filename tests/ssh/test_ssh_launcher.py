@@ -158,6 +158,25 @@ def test_connection_dropped_by_server_leaves_no_process(launcher, marker):
     assert f"{REMOTE}:" in status.transport_error and "not a worker failure" in status.transport_error
 
 
+def test_a_server_that_stops_responding_is_named(sshd, marker):
+    options = (*sshd.config.extra_options, "ServerAliveInterval=1", "ServerAliveCountMax=2")
+    launcher = SSHLauncher(dataclasses.replace(sshd.config, extra_options=options), disconnect_grace_s=1.0)
+    try:
+        proc, out = start(launcher, REMOTE, marker, "sleep")
+        worker, _ = _ready(out)
+        session = _parent(_parent(worker))  # the per-connection "sshd: user@notty" process
+        os.kill(session, signal.SIGSTOP)  # the host hangs: the connection stays open and says nothing
+        try:
+            status = wait_exit(proc, 20)
+        finally:
+            os.kill(session, signal.SIGCONT)
+        assert status.transport_error and "connection lost: the server stopped responding" in status.transport_error
+        assert "not responding" in status.transport_error  # ssh's own words, quoted
+        wait_gone(marker, 10)
+    finally:
+        launcher.close()
+
+
 def test_silent_connection_is_caught_by_the_keepalive(sshd, marker):
     launcher = SSHLauncher(sshd.config, keepalive_interval_s=0.3, keepalive_timeout_s=2.0, disconnect_grace_s=1.0)
     try:

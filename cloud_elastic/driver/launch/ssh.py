@@ -72,7 +72,8 @@ _STDERR_TAIL = 20
 # first value it sees for an option, and the user's options come first).
 _DEFAULT_OPTIONS = (
     "StrictHostKeyChecking=accept-new",
-    "LogLevel=ERROR",
+    # INFO, not ERROR: ssh says "Timeout, server ... not responding" and "Connection ... timed out" at INFO.
+    "LogLevel=INFO",
     f"ServerAliveInterval={_SERVER_ALIVE_INTERVAL_S}",
     f"ServerAliveCountMax={_SERVER_ALIVE_COUNT_MAX}",
 )
@@ -87,14 +88,18 @@ _SSH_FAILURES = (
     ("connection refused", "host unreachable: connection refused"),
     ("no route to host", "host unreachable: no route to host"),
     ("network is unreachable", "host unreachable: network is unreachable"),
-    ("timed out", "host unreachable: connection timed out"),
+    ("connection timed out", "host unreachable: connection timed out"),
     ("could not resolve hostname", "host name does not resolve"),
     ("not responding", "connection lost: the server stopped responding"),
+    ("timed out", "connection lost: the server stopped responding"),
     ("closed by remote host", "connection lost: closed by the remote host"),
     ("connection reset", "connection lost: reset"),
     ("connection closed", "connection lost: closed"),
     ("broken pipe", "connection lost: broken pipe"),
 )
+
+# What ssh says at INFO that is news to nobody (lower case prefixes): neither output nor a failure's last words.
+_SSH_NOISE = ("warning: permanently added", "learned new hostkey", "adding new key for")
 
 class SSHLauncher:
     """Starts workers on remote hosts through the system ``ssh`` client.
@@ -104,7 +109,7 @@ class SSHLauncher:
     * ssh runs with ``BatchMode=yes`` (never prompts), ``-T`` (no tty) and the
       ConnectTimeout, port, user and identity of ``config``. ``config.extra_options``
       are ``Key=Value`` ssh options; they come before the launcher's defaults
-      (``StrictHostKeyChecking=accept-new``, ``LogLevel=ERROR``,
+      (``StrictHostKeyChecking=accept-new``, ``LogLevel=INFO``,
       ``ServerAliveInterval=5``, ``ServerAliveCountMax=3``, ``IdentitiesOnly=yes``
       with an identity file), so they override them. ``BatchMode`` cannot be overridden.
     * The launcher writes a keepalive line to every live worker's stdin each
@@ -469,6 +474,8 @@ class SSHWorkerProcess:
         marker = parse_marker(line, self._nonce)
         if marker is not None:
             self._marker = marker
+            return
+        if line.lower().startswith(_SSH_NOISE):
             return
         self._stderr_tail.append(line)
         self._forward(line)
