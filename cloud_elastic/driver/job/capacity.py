@@ -3,8 +3,8 @@
 :class:`Capacity` decides, for the job:
 
 * launches (:meth:`Capacity.plan_launches`): up to ``max_np`` staying workers (and ``--spares``
-  beyond them, see :mod:`.spares`; the last holders of the state on leaving hosts
-  and spares on doubtful hosts hold no place),
+  beyond them, see :mod:`.spares`; the last holders of the state on leaving hosts,
+  draining or kept missing, and spares on doubtful hosts hold no place),
   on the free usable slots in host order (a slot whose last worker was given
   up stays taken until its process is gone). At start-up nothing launches
   until ``num_proc`` slots are free; past ``start_timeout_s`` the job fails
@@ -99,17 +99,18 @@ class Capacity:
 
     def _placed(self) -> int:
         """The staying workers that hold a place for launches: not the last holders of the state training on a
-        leaving host (a new worker takes their place; see :meth:`.leaving.Leavers.mark`), nor, with ``--spares``,
-        a worker outside the rounds on a doubtful host (a healthy spare replaces it; see :mod:`.spares`)."""
+        leaving host (a draining one, or one missing past the grace that the job keeps: a new worker takes their
+        place; see :meth:`.leaving.Leavers.mark`, :mod:`.discovery_edge`), nor, with ``--spares``, a worker
+        outside the rounds on a doubtful host (a healthy spare replaces it; see :mod:`.spares`)."""
         job = self._job
         hosts, spares = job.hosts, job.policy.spares
         active = job.active()
-        if not hosts.draining and not hosts.notices and not (spares and (hosts.soft or hosts.provider_soft
-                                                                         or hosts.missing)):
+        if not hosts.draining and not hosts.notices and not hosts.kept and not (
+                spares and (hosts.soft or hosts.provider_soft or hosts.missing)):
             return len(active)  # nothing to leave out: spares a scan of every worker each step
         placed = 0
         for w in active:
-            if w.state is S.RUNNING and not hosts.is_usable(w.slot):
+            if w.state is S.RUNNING and not hosts.stays(w.slot):
                 continue
             if spares and w.rank is None and doubtful(hosts, w.slot.host):
                 continue

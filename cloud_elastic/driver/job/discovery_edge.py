@@ -4,20 +4,29 @@ Discovery is the job's word on which hosts exist, not on whether its workers liv
 heartbeats and exits say that). :class:`DiscoveryEdge` decides, for the job:
 
 * a snapshot changes the hosts (:class:`~.hosts.HostManager`); what changed is logged and emitted;
-* a failed discovery call is retried: up to ``--start-timeout`` until discovery first answers,
-  up to ``--elastic-timeout`` after, the job ending in one line if it has not answered by then.
+* a failed discovery call is retried: up to ``--start-timeout`` until discovery first answers
+  (in a new job), up to ``--elastic-timeout`` after, the job ending in one line if it has not
+  answered by then.
   A fatal error (the provider says retrying cannot help) ends the job at once only before
-  discovery first answered: a typo in a group name fails fast. Once it has answered, the
+  discovery first answered, in a new job: a typo in a group name fails fast. A restarted
+  driver that adopts workers or resumes the job (:attr:`DiscoveryEdge.answered_before`)
+  goes on with a job whose discovery answered before. Once it has answered, the
   same call worked, and a long job meets "fatal" errors that pass (an expired session token
   refreshed the next call, a metadata server's 5xx while refreshing a token): the job keeps its
   current hosts, says so in a WARNING, and counts the error as any other failure;
 * a host missing from discovery past ``--host-missing-grace`` (not draining: just absent) is
   removed and its workers leave, unless that would take away the last live holders of the
-  newest commit, or leave fewer than ``--min-np`` workers, on discovery's word alone (a
-  throttled ``aws ... | jq`` prints nothing and exits 0). Such a host stays missing, its workers
-  train on and nothing new is placed there, until discovery lists it again, or its workers
-  fail (a dead host's workers are found by the heartbeat timeout and their exits), or other
-  workers hold the state and enough of them stay; one WARNING says why.
+  newest commit, or leave fewer than ``--min-np`` workers (counting those that reached
+  rendezvous), on discovery's word alone (a throttled ``aws ... | jq`` prints nothing and
+  exits 0). Such a host is *kept* (``HostManager.kept``; one WARNING says why): its workers
+  train on, but it is a leaving host for placement (``HostManager.stays``): they hold no
+  place, so a replacement is launched on a free usable slot, and a spare or newcomer has
+  room next to them and takes the state from them in a round (the hand-off of the last
+  holders on draining hosts, see :mod:`.leaving`). The keep is judged again every step:
+  once other workers hold the newest commit and at least ``--min-np`` of them stay, the host
+  is removed as above, its workers leaving at a commit. It stays kept while no replacement
+  can be had, until discovery lists it again (an ordinary host again), or its workers fail
+  (a dead host's workers are found by the heartbeat timeout and their exits).
 """
 
 from __future__ import annotations
@@ -35,7 +44,9 @@ __all__ = ["DiscoveryEdge"]
 log = logging.getLogger(__name__)
 
 S = WorkerState
-_STAYING = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
+#: Workers that count for the keep: those that reached rendezvous (as for the --min-np watch, see
+#: .capacity): a replacement still starting may never come up, and the kept host's workers train on meanwhile.
+_COUNTED = (S.WAITING, S.RUNNING)
 
 
 class DiscoveryEdge:
@@ -48,6 +59,9 @@ class DiscoveryEdge:
         self._failing_since: float | None = None
         self._fatal_said = ""  # the fatal error last logged in the current run of failures
         self._kept: dict[str, str] = {}  # host missing past the grace -> why its workers are kept
+        self._let_go: set[str] = set()  # kept hosts whose workers are no longer needed (for the log)
+        #: Discovery answered this job before this driver started (it adopts workers or resumes the job).
+        self.answered_before = False
 
     def missing_reason(self) -> str:
         return f"missing from discovery for {self._job.hosts.missing_grace_s:g}s (--host-missing-grace)"
@@ -93,33 +107,38 @@ class DiscoveryEdge:
     def failed(self, message: str, *, fatal: bool, now: float) -> None:
         """A discovery call failed (see module docstring for what a fatal error does)."""
         job, policy = self._job, self._job.policy
-        if fatal and not job.discovered_once:
+        answered = job.discovered_once or self.answered_before
+        if fatal and not answered:
             job.end(False, f"host discovery failed: {message}", 1)
             return
         job.last_discovery_error = message
         if self._failing_since is None:
             self._failing_since = now
-        limit = policy.elastic_timeout_s if job.discovered_once else policy.start_timeout_s
+        limit = policy.elastic_timeout_s if answered else policy.start_timeout_s
         if now - self._failing_since > limit:
-            which = "--elastic-timeout" if job.discovered_once else "--start-timeout"
+            which = "--elastic-timeout" if answered else "--start-timeout"
             job.end(False, f"host discovery kept failing for {limit:g}s ({which}): {message}", 1)
             return
         if fatal and message != self._fatal_said:
             self._fatal_said = message
             left = limit - (now - self._failing_since)
-            log.warning("job %s: host discovery failed with an error it calls fatal: %s. Discovery worked before, so "
+            when = "before" if job.discovered_once else "for this job's previous driver"
+            log.warning("job %s: host discovery failed with an error it calls fatal: %s. Discovery worked %s, so "
                         "this may pass (a token being refreshed, a throttled metadata server): the job keeps its "
                         "current hosts and retries, and ends if discovery has not answered within %gs more "
-                        "(--elastic-timeout)", job.job_id, message, left)
+                        "(--elastic-timeout)", job.job_id, message, when, left)
 
     def expire(self, now: float) -> None:
         """Remove the hosts missing past the grace that may go (see module docstring)."""
         job = self._job
+        self._let_go = set()
         expired = job.hosts.expire(now, keep=self._keep)
         self._forget_kept()
         for host in expired:
-            log.info("job %s: host %s stayed missing from discovery for %gs; removed", job.job_id, host,
-                     job.hosts.missing_grace_s)
+            why = ("; other workers now hold the state and enough of them stay: its workers leave at their next "
+                   "commit" if host in self._let_go else "")
+            log.info("job %s: host %s stayed missing from discovery for %gs; removed%s", job.job_id, host,
+                     job.hosts.missing_grace_s, why)
         if expired:
             why = self.missing_reason()
             job.emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
@@ -129,7 +148,7 @@ class DiscoveryEdge:
         commit, or go below ``--min-np``. Newer hosts go first: older ones hold the lower ranks."""
         job = self._job
         hosts, min_np = job.hosts, job.policy.min_np
-        staying = [w for w in job.alive() if w.state in _STAYING and hosts.is_usable(w.slot)]
+        staying = [w for w in job.alive() if w.state in _COUNTED and hosts.is_usable(w.slot)]
         holders = [w for w in staying if w.holds_state]
         newest = max((w.commit_seq for w in holders), default=0)
         on_host = Counter(w.slot.host for w in staying)
@@ -150,12 +169,15 @@ class DiscoveryEdge:
                 kept[host] = " and ".join(why)
             else:
                 left, newest_left = left - workers, newest_left - holding
+                if host in self._kept:
+                    self._let_go.add(host)
         for host, why in kept.items():
             if host not in self._kept:
                 log.warning("job %s: host %s has been missing from discovery for over %gs (--host-missing-grace), "
                             "but %s: its %d worker(s) keep training (their heartbeats say they live) until "
-                            "discovery lists it again or they fail; no new worker is placed there", job.job_id,
-                            host, hosts.missing_grace_s, why, on_host[host])
+                            "discovery lists it again, or until others hold the state and enough of them stay "
+                            "(a replacement starts on a free slot, a spare joins them): then they leave at a "
+                            "commit", job.job_id, host, hosts.missing_grace_s, why, on_host[host])
         self._kept = kept
         return set(kept)
 

@@ -237,9 +237,9 @@ class RoundFormation:
             return True
         if job.abort_round >= job.round:
             return False  # an aborted round re-forms anyway: its recovery takes the spares, no update needed
-        usable = job.hosts.is_usable
+        stays = job.hosts.stays
         staying = sum(1 for w in (job.members() if members is None else members)
-                      if w.state is S.RUNNING and usable(w.slot))
+                      if w.state is S.RUNNING and stays(w.slot))
         return has_room(staying, max_np=job.policy.max_np, host_slots=job.policy.whole_host_slots)
 
     def _spare_key(self, w: WorkerRecord) -> tuple:
@@ -267,7 +267,7 @@ class RoundFormation:
             for w in job.alive():
                 if w.state is S.WAITING and w.round != r:
                     newcomers.append(w)
-                elif w.round == r and (w.state is S.RUNNING or w.state is S.WAITING) and hosts.is_usable(w.slot):
+                elif w.round == r and (w.state is S.RUNNING or w.state is S.WAITING) and hosts.stays(w.slot):
                     staying += 1  # a member, or one back at rendezvous for the next round (not a last holder)
             spares = spares_now(newcomers, staying=staying, max_np=policy.max_np,
                                 host_slots=policy.whole_host_slots, key=self._spare_key,
@@ -380,7 +380,7 @@ class RoundFormation:
                       (job.hosts.order_of(w.slot.host), w.slot.index, w.seq), w.commit_seq)
             for w in waiting
         ]
-        leaving = _last_holders(waiting, job.hosts.is_usable)
+        leaving = _last_holders(waiting, job.hosts.stays)
         if job.policy.spares:  # more may wait than a round takes: which of them go first (see .spares)
             workers = job.workers
             candidates = admit(candidates, max_np=job.policy.max_np, host_slots=job.policy.whole_host_slots,
@@ -479,12 +479,13 @@ class RoundFormation:
         self.steps_lost = 0
 
 
-def _last_holders(waiting: list[WorkerRecord], usable: Callable[[Slot], bool]) -> set[str]:
-    """The waiting workers kept as the last holders of the state (see :meth:`.leaving.Leavers.mark`): every
-    waiting holder is on a leaving host. They take no place of ``--max-np`` in the next round: a newcomer joins
-    next to them and receives the state, and they leave at that round's first commit."""
+def _last_holders(waiting: list[WorkerRecord], stays: Callable[[Slot], bool]) -> set[str]:
+    """The waiting workers kept as the last holders of the state (see :meth:`.leaving.Leavers.mark`,
+    :mod:`.discovery_edge`): every waiting holder is on a leaving host (draining, or missing and kept). They take
+    no place of ``--max-np`` in the next round: a newcomer joins next to them and receives the state, and they
+    leave at that round's first commit."""
     holders = [w for w in waiting if w.holds_state]
-    going = {w.worker_id for w in holders if not usable(w.slot)}
+    going = {w.worker_id for w in holders if not stays(w.slot)}
     return going if len(going) == len(holders) else set()
 
 

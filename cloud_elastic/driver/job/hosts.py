@@ -147,6 +147,9 @@ class HostManager:
     #: Host -> the name of its source and its price per slot-hour, as discovery last said (several sources).
     sources: dict[str, str] = field(default_factory=dict)
     prices: dict[str, float] = field(default_factory=dict)
+    #: Hosts missing past the grace that the caller's ``keep`` holds (see :meth:`expire`): leaving hosts for
+    #: placement (:meth:`stays`), though their workers train on.
+    kept: frozenset[str] = frozenset()
     #: Raised by every call that may change which slots are usable (update, notices, expiry), so a
     #: caller can skip re-checking its workers' hosts while it stays the same.
     version: int = 0
@@ -283,14 +286,14 @@ class HostManager:
     def expire(self, now: float, keep: Keep | None = None) -> tuple[str, ...]:
         """Remove hosts missing for longer than the grace; return them (call on every tick).
 
-        ``keep(hosts)``, given the hosts past the grace, names those that stay missing (their slots usable by
-        the workers already there, no new worker placed) until a later call lets them go or discovery lists
-        them again.
+        ``keep(hosts)``, given the hosts past the grace, names those that stay missing (:attr:`kept`: their
+        slots usable by the workers already there, who hold no place: see :meth:`stays`) until a later call
+        lets them go or discovery lists them again.
         """
         present = set(self.ready) | set(self.draining)
-        missing = len(self.missing)
+        missing, kept = len(self.missing), self.kept
         gone = self._forget_absent(present, now, keep)
-        if gone or len(self.missing) != missing:
+        if gone or len(self.missing) != missing or self.kept != kept:
             self.version += 1
         return gone
 
@@ -300,6 +303,7 @@ class HostManager:
         for host in expired:
             if host not in kept:
                 del self.missing[host]
+        self.kept = frozenset(h for h in expired if h in kept)
         gone = [h for h in self._order if h not in present and h not in self.missing]
         for host in gone:
             del self._order[host]
@@ -317,6 +321,11 @@ class HostManager:
         if slot.host in self.missing:
             return slot.index < self.missing[slot.host][0]
         return slot.index < self.ready.get(slot.host, 0)
+
+    def stays(self, slot: Slot) -> bool:
+        """Whether a worker on ``slot`` holds its place: a usable slot, not on a host :attr:`kept` past the grace
+        (its workers train on, but leave once others hold the state: a new worker is placed in their stead)."""
+        return slot.host not in self.kept and self.is_usable(slot)
 
     def available_slots(self, now: float) -> list[Slot]:
         """Ready, not blacklisted slots, oldest host first, then by slot index.

@@ -35,8 +35,8 @@ takes it. It is not counted in ``-np``. The rules, each a pure function here
   ``--whole-hosts`` whole hosts are taken, each ordered by its first worker.
   This picks *who* joins; ranks then follow the usual order (survivors first,
   older hosts first; see :mod:`.plan`).
-* **The last holders of the state** (every member's host leaving, see
-  :mod:`.leaving`) take no place: the round has room for a spare next to them,
+* **The last holders of the state** (every member's host leaving: draining,
+  see :mod:`.leaving`, or missing and kept, see :mod:`.discovery_edge`) take no place: the round has room for a spare next to them,
   the spare receives the state from them in that round, and they leave at its
   first commit (:func:`admit`'s ``leaving``).
 * **A spare's own failure** is any non-member's: its slot (its host, under

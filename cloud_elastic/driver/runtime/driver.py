@@ -218,6 +218,7 @@ class Driver:
         with self._cond:
             self._job.resumed = True
             self._job.state_committed = True
+            self._job.discovery.answered_before = True  # a "fatal" error now may pass (see .job.discovery_edge)
 
     def _provider(self) -> str:
         return str(getattr(self._discovery, "name", "") or type(self._discovery).__name__)
@@ -293,6 +294,8 @@ class Driver:
         self._record_for_status()
         log.info("job %s: driver at %s (control port %d, store port %d) again", self.job_id,
                  self._endpoints.advertised, self._endpoints.control_port, self._endpoints.store_port)
+        with self._cond:
+            self._job.discovery.answered_before = True  # a "fatal" error now may pass: never stop what we adopt
         first = self._first_discovery()  # the workers re-register meanwhile, on the server's thread
         closed = window.wait(lambda: self._stop_reason is not None)
         if closed.adopted:

@@ -1,0 +1,92 @@
+"""A restarted driver's first discovery call that fails with an error the provider calls fatal.
+
+A new job fails fast on it (a typo in a group name). A driver that resumes a job (its checkpoints) or adopts
+its workers goes on with a job whose discovery answered before: the error is retried within
+``--elastic-timeout`` with a WARNING. Found by review: AWS's NoCredentialsError, when the instance metadata
+service timed out on a loaded VM during a driver restart, ended the job and lost everything since its last
+durable checkpoint. A real Driver and checkpoint store, and a discovery provider of this test's own.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.restart.predecessor import open_store, plan_start
+from cloud_elastic.driver.runtime.driver import Driver
+from cloud_elastic.errors import FatalDiscoveryError
+from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+
+pytestmark = pytest.mark.timeout(60)
+
+NO_CREDENTIALS = "NoCredentialsError: Unable to locate credentials"
+
+
+class NoCredentialsOnce(HostDiscovery):
+    """Its first call fails as boto3 does when the metadata service times out; its second stops the driver (a
+    Ctrl-C then: the test needs no more of the job)."""
+
+    name = "flaky"
+
+    @classmethod
+    def from_options(cls, *args, **kwargs) -> "NoCredentialsOnce":
+        return cls()
+
+    def __init__(self) -> None:
+        self.finds = 0
+        self.driver: Driver | None = None
+
+    def find(self) -> DiscoveredHosts:
+        self.finds += 1
+        if self.finds == 1:
+            raise FatalDiscoveryError(NO_CREDENTIALS)
+        self.driver.stop("interrupted", 130)
+        return DiscoveredHosts(ready={}, draining={})
+
+
+def _run(tmp_path, monkeypatch, *, resumed: bool):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1,
+                       checkpoint_dir=str(tmp_path / "ckpt"), discovery_interval_s=0.1)
+    if resumed:
+        store = open_store(config)
+        plan_start(config, store, job_id="j1")  # the job ran before, and wrote a checkpoint
+        store.save(500, {"step": 500}, {"job_id": "j1"})
+    discovery = NoCredentialsOnce()
+    discovery.driver = Driver(config, discovery, job_id="j1")
+    return discovery, discovery.driver.run()
+
+
+def test_a_resumed_job_retries_a_fatal_first_discovery_error(tmp_path, monkeypatch, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    discovery, outcome = _run(tmp_path, monkeypatch, resumed=True)
+    assert (outcome.exit_code, outcome.reason) == (130, "interrupted"), outcome  # not "host discovery failed"
+    assert discovery.finds == 2
+    warned = [r.getMessage() for r in caplog.records if NO_CREDENTIALS in r.getMessage()]
+    assert len(warned) == 1 and "worked for this job's previous driver" in warned[0], warned
+
+
+def test_a_new_job_still_fails_fast_on_a_fatal_first_discovery_error(tmp_path, monkeypatch) -> None:
+    discovery, outcome = _run(tmp_path, monkeypatch, resumed=False)
+    assert (outcome.exit_code, outcome.reason) == (1, f"host discovery failed: {NO_CREDENTIALS}")
+    assert discovery.finds == 1
+
+
+def test_a_driver_adopting_its_predecessors_workers_retries_a_fatal_first_discovery_error(tmp_path, monkeypatch,
+                                                                                            caplog) -> None:
+    from tests.unit.test_adoption_window import _predecessor
+
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    ckpt = str(tmp_path / "ckpt")
+    _predecessor(tmp_path, ckpt, "s" * 32)  # killed a moment ago: its worker may re-register
+    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1, checkpoint_dir=ckpt,
+                       discovery_interval_s=0.1)
+    discovery = NoCredentialsOnce()
+    discovery.driver = Driver(config, discovery)
+    outcome = discovery.driver.run()
+    assert (outcome.exit_code, outcome.reason) == (130, "interrupted"), outcome
+    assert discovery.finds == 2
+    assert any("worked for this job's previous driver" in r.getMessage() for r in caplog.records)
