@@ -18,8 +18,9 @@ from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "NOTICE_KINDS", "NoticeReport",
            "UnhealthyReport"]
 
-#: What a durable checkpoint report says happened (kind ``checkpoint``).
-CHECKPOINT_EVENTS = ("saved", "loaded", "failed")
+#: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
+#: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
+CHECKPOINT_EVENTS = ("saved", "loaded", "failed", "not_written")
 #: What failed, in a ``failed`` report: loading the checkpoint of a ``from_checkpoint`` round, writing one (a
 #: state the checkpoint cannot hold), or ``--checkpoint-dir`` itself (storage this worker sees apart from the
 #: driver's). A report without one is a load (as older workers sent it).
@@ -98,7 +99,8 @@ class NoticeReport:
 class CheckpointReport:
     """Rank 0 wrote (``saved``) or loaded (``loaded``) a durable checkpoint of ``step`` at ``path``, or one failed
     (``failed``, ``reason``, and which of :data:`CHECKPOINT_FAILURES` in ``failure``: the job then ends, with
-    :meth:`ending`) (kind ``checkpoint``). A load may give the ``commit_seq`` it restored, a save its
+    :meth:`ending`), or one attempt to write one failed (``not_written``, ``reason``, ``step`` if known) (kind
+    ``checkpoint``). A load may give the ``commit_seq`` it restored, a save its
     ``duration_s`` and ``bytes`` (left out, not refused, when of the wrong type). ``path`` is cut to 1,000
     characters and ``reason`` to 600."""
 
@@ -131,6 +133,9 @@ class CheckpointReport:
             failure = None if msg.get("failure") is None else _field(
                 msg, "failure", what, str, f"one of {CHECKPOINT_FAILURES}", lambda v: v in CHECKPOINT_FAILURES)
             return cls(event, reason=_field(msg, "reason", what, str, "a string")[:600], failure=failure)
+        if event == "not_written":
+            step = None if msg.get("step") is None else _field(msg, "step", what, int, "an integer")
+            return cls(event, step, reason=_field(msg, "reason", what, str, "a string")[:600])
         seq = None if msg.get("commit_seq") is None else _field(msg, "commit_seq", what, int, "an integer")
         step, path = _field(msg, "step", what, int, "an integer"), _field(msg, "path", what, str, "a string")
         duration, size = msg.get("duration_s"), msg.get("bytes")

@@ -64,7 +64,8 @@ class Sink:
         self.events.append((kind, fields))
 
 
-def plane(job: RecordingJob | None = None, **config: Any) -> tuple[ControlPlane, RecordingJob, list[tuple[str, int]], Sink]:
+def plane(job: RecordingJob | None = None, clock: Any = lambda: T0,
+          **config: Any) -> tuple[ControlPlane, RecordingJob, list[tuple[str, int]], Sink]:
     job = job or RecordingJob()
     for index in range(2):
         job.worker("127.0.0.1", index, S.CONNECTED)
@@ -74,7 +75,7 @@ def plane(job: RecordingJob | None = None, **config: Any) -> tuple[ControlPlane,
     cond = JobCondition()
     cond.watch(job)
     return ControlPlane(job, cond, JobConfig(**(base | config)), sinks=SimpleNamespace(sink=sink, metrics=None),
-                        clock=lambda: T0, stop=lambda reason, code: stops.append((reason, code)),
+                        clock=clock, stop=lambda reason, code: stops.append((reason, code)),
                         record_events=lambda: None, watch_cloud=watched_cloud(config.get("notice_watcher", "auto"),
                                                                                "static")), job, stops, sink
 
@@ -133,6 +134,20 @@ def test_a_checkpoint_rank_0_cannot_load_stops_the_job_and_a_malformed_report_is
     assert p.handle("checkpoint", {"worker": worker, "event": "failed", "reason": "torn file"}) == {"ok": True}
     assert stops == [("training state lost: cannot resume from the checkpoint: torn file", 1)]
     assert p.handle("checkpoint", {"worker": "stranger", "event": "failed", "reason": "x"}) == {"ok": False}
+
+
+def test_checkpoints_that_keep_failing_before_any_was_written_end_the_job_in_one_line() -> None:
+    now = [T0]
+    p, job, stops, _ = plane(clock=lambda: now[0], checkpoint_dir="s3://b/x", checkpoint_interval_s=30.0)
+    worker = sorted(job.workers)[0]
+    why = "could not read s3://b/x/job.json: Unable to locate credentials"
+    for _ in range(3):  # attempts every 30 s: 60 s of them, below the 90 s window
+        assert p.handle("checkpoint", {"worker": worker, "event": "not_written", "reason": why, "step": 3}) == {"ok": True}
+        now[0] += 30.0
+    assert stops == []
+    p.handle("checkpoint", {"worker": worker, "event": "not_written", "reason": why})
+    assert stops == [(f"cannot write the checkpoints --checkpoint-dir asks for: {why} (no checkpoint written in "
+                      "90s: 4 attempts failed)", 1)]
 
 
 def test_a_drain_names_its_host_and_an_unhealthy_report_its_first_line() -> None:

@@ -21,6 +21,7 @@ import torch
 
 from cloud_elastic import plain_numpy
 from cloud_elastic.checkpoint import CheckpointStore, DurableJobRecord, load_state_payload, state_payload
+from cloud_elastic.checkpoint.api import CheckpointError
 from cloud_elastic.checkpoint import store as store_module
 from cloud_elastic.checkpoint.store import write_job_record
 from cloud_elastic.protocol_reports import CheckpointReport
@@ -204,3 +205,54 @@ def test_host_0_of_a_sharded_job_checks_the_store_before_it_writes_or_loads_too(
     assert CheckpointStore(url).list() == []
     with pytest.raises(CheckpointFailed, match="holds no record of job job-1"):
         ShardedCheckpoints(DurableSettings(url), _sharded_ctx()).load_latest(_state(seed=1))
+
+
+# ------------------------------------------------- attempts that fail but may pass: the driver hears of each
+NO_CREDENTIALS = "could not read s3://b/ckpt/job.json: Unable to locate credentials"
+
+
+def test_a_job_record_rank_0_cannot_read_is_reported_at_each_attempt_one_interval_apart(tmp_path, monkeypatch):
+    url = str(tmp_path / "ckpt")
+    _record(url)
+    real, broken = store_module.read_job_record, [True]
+
+    def read(store):
+        if broken[0]:
+            raise CheckpointError(NO_CREDENTIALS)
+        return real(store)
+
+    monkeypatch.setattr(store_module, "read_job_record", read)
+    now, ctx = [0.0], _ctx()
+    schedule = RankZeroCheckpoints(DurableSettings(url, interval_s=60.0), ctx, clock=lambda: now[0])
+    state = _State(step=1, w=torch.ones(2))
+    schedule.after_commit(state)
+    assert ctx.reports == [("not_written", {"reason": NO_CREDENTIALS, "step": 1})]
+    now[0], state.step = 59.0, 2
+    schedule.after_commit(state)  # before: a read, and a warning, at every commit
+    assert len(ctx.reports) == 1
+    now[0], state.step = 61.0, 3
+    schedule.after_commit(state)
+    assert ctx.reports[1:] == [("not_written", {"reason": NO_CREDENTIALS, "step": 3})]
+    broken[0], now[0], state.step = False, 122.0, 4  # the credentials came
+    schedule.after_commit(state)
+    assert schedule.stop_writing(30) and [(e, f.get("step")) for e, f in ctx.reports[2:]] == [("saved", 4)]
+
+
+def test_a_checkpoint_write_that_fails_in_the_background_is_reported_at_the_next_commit(tmp_path, monkeypatch):
+    url = str(tmp_path / "ckpt")
+    _record(url)
+    ctx = _ctx()
+    schedule = _schedule(url, ctx)
+
+    def save(*args, **kwargs):
+        raise OSError("AccessDenied: s3:PutObject")
+
+    monkeypatch.setattr(schedule.store, "save", save)
+    state = _State(step=1, w=torch.ones(2))
+    schedule.after_commit(state)
+    assert schedule._writer.wait(30) and ctx.reports == []
+    state.step = 2
+    schedule.after_commit(state)
+    schedule.after_commit(state)  # reported once
+    assert ctx.reports == [("not_written", {"reason": "AccessDenied: s3:PutObject"})]
+    assert schedule.stop_writing(30)

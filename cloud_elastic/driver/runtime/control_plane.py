@@ -17,7 +17,8 @@ server (:mod:`cloud_elastic.driver.net.control_server`) accepts, under the job's
 * who watches a host's metadata notices, and what a notice does, are the pure rules of
   :mod:`cloud_elastic.driver.job.notice_policy`;
 * a rank 0 that cannot load its checkpoint stops the job (``training state lost``), as does one that
-  cannot write one, or sees storage apart from the driver's (``CheckpointReport.ending``);
+  cannot write one, or sees storage apart from the driver's (``CheckpointReport.ending``); its attempts
+  that failed but may pass are judged by :class:`~cloud_elastic.driver.job.checkpoint_watch.CheckpointWatch`;
 * an :class:`Interceptor` (a restarted driver's adoption window,
   :class:`~cloud_elastic.driver.restart.window.AdoptionWindow`) sees each message first and may
   answer it before the job's rules do.
@@ -32,6 +33,7 @@ from typing import Any, Callable, Protocol
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.checkpoint_watch import CheckpointWatch
 from cloud_elastic.driver.job.notice_policy import notice_action, notice_watcher
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.runtime.condition import JobCondition
@@ -96,6 +98,7 @@ class ControlPlane:
         self._interceptor = interceptor
         self._watchers: dict[str, str] = {}  # host -> worker id running its metadata notice watcher
         self.rate = StepRate()  # rank 0's commits per second, for status
+        self.checkpoints = CheckpointWatch(job.job_id, config.checkpoint_interval_s)
         self._table: dict[str, Callable[[str, dict[str, Any], float], Any]] = {
             "register": self._register, "rendezvous": self._rendezvous, "poll": self._poll,
             "completed": self._completed, "exiting": self._exiting, "stacks": self._stacks,
@@ -272,7 +275,13 @@ class ControlPlane:
         if report.event == "failed":
             self._stop(report.ending(), 1)
             self._cond.notify_all()
+        elif report.event == "not_written":
+            why = self.checkpoints.not_written(str(report.reason), now)
+            if why is not None and self._job.outcome is None:
+                self._stop(CheckpointReport("failed", reason=why, failure="write").ending(), 1)
+                self._cond.notify_all()
         elif report.event == "saved":
+            self.checkpoints.saved(now)
             extra = {k: v for k, v in (("duration_s", report.duration_s), ("bytes", report.bytes)) if v is not None}
             log.info("job %s: checkpoint of step %d saved by %s to %s", self._job.job_id, report.step, worker_id,
                      report.path[:500])

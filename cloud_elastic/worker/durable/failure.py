@@ -9,6 +9,10 @@ it back, once per worker, before its first checkpoint write or load: one small r
 A :class:`CheckpointFailed` is reported to the driver (:func:`report`), which ends the job with
 :meth:`~cloud_elastic.protocol_reports.CheckpointReport.ending`'s line and exit code 1: training
 must neither go on without the checkpoints the user asked for, nor re-form and fail again forever.
+An attempt that failed in a way a later one may mend (the record or a checkpoint that could not be
+read or written: credentials, network, a throttle) is reported too (:func:`report_not_written`): the
+driver says so at once, and ends the job when no checkpoint at all can be written
+(:mod:`cloud_elastic.driver.job.checkpoint_watch`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from cloud_elastic.errors import CheckpointError
 
-__all__ = ["CheckpointFailed", "SeesJob", "check_sees_job", "report"]
+__all__ = ["CheckpointFailed", "SeesJob", "check_sees_job", "report", "report_not_written"]
 
 
 class CheckpointFailed(CheckpointError):
@@ -60,3 +64,9 @@ def report(ctx: Any, failure: str, reason: str) -> str:
     reason = " ".join(reason.split())[:600]
     ctx.report_checkpoint("failed", failure=failure, reason=reason)
     return CheckpointReport("failed", reason=reason, failure=failure).ending()
+
+
+def report_not_written(ctx: Any, reason: str, step: int | None = None) -> None:
+    """Tell the driver that one checkpoint attempt failed (it may pass: the next attempt comes at its time)."""
+    ctx.report_checkpoint("not_written", reason=" ".join(reason.split())[:600],
+                          **({} if step is None else {"step": step}))

@@ -22,7 +22,9 @@ and registers its :meth:`after_commit` as an after-commit hook of the ledger:
 * :meth:`finish` writes the final state when training completed, and waits;
 * before its first write or load, the worker checks that it sees the driver's job record in
   the store (``durable.failure``): a ``--checkpoint-dir`` that is no storage shared with the
-  driver ends the job in one line, as does a state a checkpoint cannot hold.
+  driver ends the job in one line, as does a state a checkpoint cannot hold; a record that cannot
+  be read, or a write that fails, is reported as an attempt that failed (``not_written``) and tried
+  again after the interval.
 
 Each checkpoint written or loaded is reported to the driver (a signed
 ``checkpoint`` control message), which logs it and writes the
@@ -39,7 +41,7 @@ from typing import Any, Callable
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer
-from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report
+from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report, report_not_written
 
 __all__ = ["DurableSettings", "RankZeroCheckpoints", "step_of"]
 
@@ -93,6 +95,8 @@ class RankZeroCheckpoints:
         self._writer: CheckpointWriter | None = None
         self._periodic: PeriodicCheckpointer | None = None
         self._check_store = SeesJob(self.store, settings.url, ctx)  # CheckpointFailed when it is not the driver's
+        self._retry_at: float | None = None  # the job record could not be read: when to try again
+        self._failed_seen = 0  # the writer's failed writes already reported to the driver
 
     @property
     def writing(self) -> bool:
@@ -110,22 +114,30 @@ class RankZeroCheckpoints:
         if info is None or info.rank != 0:
             self.stop_writing()
             return
+        step = step_of(state, self._ctx.ledger.commit_seq)
+        driver_lost = getattr(self._ctx, "driver_lost", False)
         if self._periodic is None:
+            if self._retry_at is not None and self._clock() < self._retry_at and not driver_lost:
+                return
             try:
                 self._start_writing()
             except CheckpointFailed:
                 raise
-            except CheckpointError as exc:  # the job record could not be read: try again at the next commit
+            except CheckpointError as exc:
+                # The job record could not be read (storage trouble, which may pass): the next attempt comes
+                # after the checkpoint interval, as after a failed write, and the driver hears of each.
+                self._retry_at = self._clock() + self.settings.interval_s
                 log.warning("worker %s: no checkpoint written: %s", self._ctx.worker_id, exc)
+                report_not_written(self._ctx, str(exc), step)
                 return
         assert self._periodic is not None
-        step = step_of(state, self._ctx.ledger.commit_seq)
+        self._report_write_failures()
         meta = {"world_size": info.size, "job_id": self._ctx.job_id, "commit_seq": self._ctx.ledger.commit_seq}
         epoch = getattr(state, "epoch", None)
         if isinstance(epoch, int) and not isinstance(epoch, bool):
             meta["epoch"] = epoch
         try:
-            if getattr(self._ctx, "driver_lost", False) and not self._periodic.writer.busy:
+            if driver_lost and not self._periodic.writer.busy:
                 # The driver is away: keep storage as close as possible to the last commit.
                 self._periodic.writer.submit(step, _payload(state), meta)
                 return
@@ -144,6 +156,7 @@ class RankZeroCheckpoints:
         except CheckpointFailed as exc:
             raise self._failed(exc.failure, str(exc)) from None
         self._writer = CheckpointWriter(self.store, on_written=self._written).start()
+        self._failed_seen = 0
         self._periodic = PeriodicCheckpointer(self._writer, self.settings.interval_s, clock=self._clock)
         log.info("worker %s: rank 0 writes checkpoints to %s every %gs", self._ctx.worker_id, self.settings.url,
                  self.settings.interval_s)
@@ -154,6 +167,14 @@ class RankZeroCheckpoints:
         if writer is None:
             return True
         return writer.close(timeout)
+
+    def _report_write_failures(self) -> None:
+        """Tell the driver of the writes that failed in the background since the last commit (each is logged)."""
+        assert self._writer is not None
+        stats = self._writer.stats()
+        if stats.failed > self._failed_seen:
+            self._failed_seen = stats.failed
+            report_not_written(self._ctx, stats.last_error or "the checkpoint write failed")
 
     def _written(self, info: CheckpointInfo, duration_s: float) -> None:
         self._ctx.report_checkpoint("saved", step=info.step, path=info.url, duration_s=round(duration_s, 3),

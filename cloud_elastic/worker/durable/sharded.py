@@ -29,7 +29,8 @@ A reader that finds the manifest finds every shard.
   writes. With ``CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES=sync`` (host memory too small for
   the copy), or on a GPU a torch without those staging functions, the write is synchronous: host 0's
   workers stop for it, and the other hosts wait for them at the next gradient averaging. A
-  failed write is logged as a WARNING and training goes on, as for replicas.
+  failed write is logged as a WARNING and reported to the driver (local rank 0: ``not_written``),
+  and training goes on, as for replicas.
 * **Loading.** In a round the driver formed ``from_checkpoint``, the workers of host 0
   load the newest usable checkpoint: local rank 0 picks it and tells the others, each
   loads its shards with DCP (which reshards: a checkpoint written by 2 workers a host
@@ -69,7 +70,7 @@ from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.commit.snapshot import clone
-from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report
+from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report, report_not_written
 
 __all__ = ["ShardedCheckpoints", "sharded_parts"]
 
@@ -114,7 +115,9 @@ class ShardedCheckpoints:
         driver_lost = bool(getattr(self._ctx, "driver_lost", False))
         due = driver_lost or self._last is None or self._clock() - self._last >= self.settings.interval_s
         if self._agree(due and self._writes.idle):
-            self._write(state, background=True)
+            why = self._write(state, background=True)
+            if why is not None and info.local_rank == 0:  # one report for the host
+                report_not_written(self._ctx, why, self._step(state))
 
     def stop_writing(self, timeout: float | None = FLUSH_TIMEOUT_S) -> bool:
         """Wait (up to ``timeout``) for this worker's writes in the background; True when none is left."""
@@ -178,7 +181,7 @@ class ShardedCheckpoints:
                         raise CheckpointError(f"could not form the host's group for checkpoints: "
                                               f"{' '.join(str(exc).split())[:200]}") from exc
                 rest = stage_payload(rest) if rest is not None else None  # here: training changes the originals
-                self._writes.put(lambda: self._store(staged, rest, *job, group=self._group))
+                self._writes.put(lambda: self._store(staged, rest, *job, group=self._group, report=True))
                 return None
             self._store(tensors, rest, *job, group=None)
         except CheckpointFailed as exc:  # every worker of the host tells the driver before it exits
@@ -189,8 +192,18 @@ class ShardedCheckpoints:
         return None
 
     def _store(self, tensors: dict[str, Any], rest: Any, name: str, step: int, seq: int, meta: dict[str, Any],
-               local_rank: int, local_size: int, began: float, *, group: Any) -> None:
-        """Save the shards with DCP, then (local rank 0) publish them with the other values; CheckpointError if not."""
+               local_rank: int, local_size: int, began: float, *, group: Any, report: bool = False) -> None:
+        """Save the shards with DCP, then (local rank 0) publish them with the other values; CheckpointError if not
+        (with ``report``, a write in the background, local rank 0 first tells the driver)."""
+        try:
+            self._store_now(tensors, rest, name, step, seq, meta, local_rank, local_size, began, group=group)
+        except CheckpointError as exc:
+            if report and local_rank == 0:
+                report_not_written(self._ctx, str(exc), step)
+            raise
+
+    def _store_now(self, tensors: dict[str, Any], rest: Any, name: str, step: int, seq: int, meta: dict[str, Any],
+                   local_rank: int, local_size: int, began: float, *, group: Any) -> None:
         self._stored_seq = None
         storage = self.store.shard_storage(name, writing=True)
         _save(tensors, storage, group)
