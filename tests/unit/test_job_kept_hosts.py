@@ -91,3 +91,17 @@ def test_the_member_on_a_dropped_host_hands_the_state_to_the_ready_spare() -> No
     assert isinstance(replies["a[0]"], ExitOrder) and isinstance(replies["b[0]"], Assignment)
     assert sim.layout() == ["b[0]"] and no_rollback(sim)
 
+
+
+def test_a_kept_host_listed_again_sends_its_surplus_replacement_away() -> None:
+    # Else the replacement, beyond --max-np, waited at rendezvous and asked for an update every round.
+    sim = started(2, {"a": 1, "b": 1}, missing_grace=1)
+    sim.commit("a[0]", "b[0]")
+    sim.discover({"a": 1, "c": 1})
+    sim.advance(1.5)
+    assert sim.slots_launched() == ["a[0]", "b[0]", "c[0]"]
+    sim.discover({"a": 1, "b": 1, "c": 1})  # b is back, c still starting
+    assert [s.worker_id for s in sim.stops] == [sim.id("c[0]")]
+    sim.advance(5)
+    assert sim.poll("a[0]").update_gen == 0 and state(sim, "b[0]") is WorkerState.RUNNING
+    assert sim.slots_launched() == ["a[0]", "b[0]", "c[0]"] and removed(sim) == []

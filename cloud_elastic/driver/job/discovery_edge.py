@@ -25,8 +25,9 @@ heartbeats and exits say that). :class:`DiscoveryEdge` decides, for the job:
   holders on draining hosts, see :mod:`.leaving`). The keep is judged again every step:
   once other workers hold the newest commit and at least ``--min-np`` of them stay, the host
   is removed as above, its workers leaving at a commit. It stays kept while no replacement
-  can be had, until discovery lists it again (an ordinary host again), or its workers fail
-  (a dead host's workers are found by the heartbeat timeout and their exits).
+  can be had, until discovery lists it again (an ordinary host again: the replacements
+  launched for it beyond ``--max-np`` and the spares leave), or its workers fail (a dead
+  host's workers are found by the heartbeat timeout and their exits).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ import logging
 from collections import Counter
 from typing import Callable
 
+from cloud_elastic.driver.job.spares import spare_slots
 from cloud_elastic.driver.job.view import JobView
-from cloud_elastic.driver.job.workers import WorkerState
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.providers.api import DiscoveredHosts
 
 __all__ = ["DiscoveryEdge"]
@@ -47,15 +49,19 @@ S = WorkerState
 #: Workers that count for the keep: those that reached rendezvous (as for the --min-np watch, see
 #: .capacity): a replacement still starting may never come up, and the kept host's workers train on meanwhile.
 _COUNTED = (S.WAITING, S.RUNNING)
+_STAYING = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
 
 
 class DiscoveryEdge:
     """Discovery's answers and failures, for one job (see module docstring)."""
 
-    def __init__(self, job: JobView, lapsed: Callable[[str], None]) -> None:
-        """``lapsed(host)``: the notice for ``host`` lapsed (see :meth:`.leaving.Leavers.lapsed`)."""
+    def __init__(self, job: JobView, lapsed: Callable[[str], None],
+                 send_away: Callable[[WorkerRecord, str], None]) -> None:
+        """``lapsed(host)``: the notice for ``host`` lapsed (see :meth:`.leaving.Leavers.lapsed`); ``send_away``:
+        :meth:`.leaving.Leavers.send_away`."""
         self._job = job
         self._lapsed = lapsed
+        self._send_away = send_away
         self._failing_since: float | None = None
         self._fatal_said = ""  # the fatal error last logged in the current run of failures
         self._kept: dict[str, str] = {}  # host missing past the grace -> why its workers are kept
@@ -74,10 +80,12 @@ class DiscoveryEdge:
         self._failing_since, self._fatal_said = None, ""
         was_missing = set(hosts.missing)
         changes = hosts.update(snapshot, now, keep=self._keep)
-        for host in self._kept:
-            if host in hosts.ready or host in hosts.draining:
-                log.info("job %s: host %s is listed by discovery again; its workers were kept", job.job_id, host)
+        back = [h for h in self._kept if h in hosts.ready or h in hosts.draining]
+        for host in back:
+            log.info("job %s: host %s is listed by discovery again; its workers were kept", job.job_id, host)
         self._forget_kept()
+        if back:
+            self._trim()
         if changes:
             log.info(
                 "job %s: hosts changed: added=%s removed=%s draining=%s resized=%s missing=%s (ready slots: %d)",
@@ -142,6 +150,22 @@ class DiscoveryEdge:
         if expired:
             why = self.missing_reason()
             job.emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
+
+    def _trim(self) -> None:
+        """A kept host is listed again: its workers hold their places again, and the replacements launched for
+        them are too many (beyond ``--max-np`` and the spares: a newcomer no round has room for would ask for an
+        update every round). The surplus leaves: newcomers before members, workers without the state before
+        holders, the newest first (a member drains at its next commit: no rollback)."""
+        job = self._job
+        policy = job.policy
+        staying = [w for w in job.active() if job.hosts.stays(w.slot)]
+        over = len(staying) - policy.max_np - spare_slots(policy.spares, policy.whole_host_slots)
+        surplus = sorted(staying, key=lambda w: (w.member_of(job.round), w.holds_state, -w.seq))[:max(over, 0)]
+        for w in surplus:
+            if w.state in _STAYING:  # not taken along with its host already (--whole-hosts)
+                why = f"a host kept while missing from discovery is listed again: --max-np {policy.max_np} reached"
+                log.info("job %s: worker %s (%s) will leave: %s", job.job_id, w.worker_id, w.label, why)
+                self._send_away(w, why)
 
     def _keep(self, expired: tuple[str, ...]) -> set[str]:
         """Of the hosts missing past the grace, those whose removal would take the last live holders of the newest

@@ -131,7 +131,7 @@ class ElasticJob:
         self.fixed = FixedSize(self)
         self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along, self.fixed.failed)
         self.health = Health(self, self.leavers)
-        self.discovery = DiscoveryEdge(self, self.leavers.lapsed)
+        self.discovery = DiscoveryEdge(self, self.leavers.lapsed, self.leavers.send_away)
         if self.resumed:
             if not self.policy.checkpointing:
                 raise ValueError("a resumed job needs checkpointing (it starts from a durable checkpoint)")
