@@ -34,6 +34,7 @@ PROPERTIES = (
     "cli_outputs",
     "inbound_rules",
     "notice_queue",
+    "checkpoint_access",
 )
 
 CHECKS: dict[tuple[str, str], Check] = {}
@@ -45,6 +46,8 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
     ("notice_queue", "gcp"): "GCP publishes no preemption event to a queue; the worker's metadata watcher reads it",
     ("notice_queue", "azure"): "Azure's Spot and Terminate notices are Scheduled Events on the VM; the metadata watcher reads them",
     ("notice_queue", "ibm"): "IBM Cloud VPC gives no advance notice to forward",
+    ("checkpoint_access", "ibm"): "COS through s3fs signs with HMAC keys, which an IAM grant cannot stand for; "
+                                  "the module grants nothing and docs/terraform.md says so",
 }
 
 # What the driver may do, from the issue: discovery and notices, nothing else.
@@ -81,6 +84,13 @@ AZURE_DRIVER_ACTIONS = {
     "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/networkInterfaces/read",
 }
 IBM_DRIVER_ROLES = ["Viewer"]
+# Checkpoint storage (checkpoint_bucket / checkpoint_container): the driver and every worker, on that location only.
+AWS_CHECKPOINT_POLICIES = {"driver_checkpoints": "aws_iam_role.driver", "workers_checkpoints": "aws_iam_role.workers"}
+AWS_CHECKPOINT_OBJECT_ACTIONS = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"}
+AZURE_CHECKPOINT_GRANTS = {
+    "driver_checkpoints": "azurerm_linux_virtual_machine.driver.identity",
+    "workers_checkpoints": "azurerm_user_assigned_identity.workers",
+}
 
 # Outputs each module must have, and what the cloud flags of cli_command must
 # interpolate (every name listed must appear in the flag's ${...}).
@@ -335,13 +345,14 @@ def _aws_driver_permissions(tree: Tree) -> list[str]:
                      f"{sorted(queue)} must be scoped to the notice queue's ARN, got {s.get('resources')}")
         elif s.get("resources") == ["*"]:
             p.expect(all(":Describe" in a for a in s.get("actions", [])), f"statement {s.get('sid')}: only Describe calls may use Resource *")
-    policy = _only(m, p, "aws_iam_role_policy", "driver")
+    policies = m.resources("aws_iam_role_policy")
+    p.expect(set(policies) == {"driver", *AWS_CHECKPOINT_POLICIES}, f"unexpected inline policies {sorted(policies)}")
+    policy = policies.get("driver", {})
     p.expect(policy.get("policy") == "${data.aws_iam_policy_document.driver.json}", "the driver's inline policy must be that document")
     for kind in ("aws_iam_role_policy_attachment", "aws_iam_policy", "aws_iam_policy_attachment", "aws_iam_user"):
         p.expect(not m.resources(kind), f"no {kind} may widen the driver's permissions")
     role = m.resource("aws_iam_role", "driver")
     p.expect("managed_policy_arns" not in role and "inline_policy" not in role, "the driver role must not attach other policies")
-    p.expect("iam_instance_profile" not in m.resource("aws_launch_template", "workers"), "workers must get no instance profile")
     return p
 
 
@@ -354,8 +365,9 @@ def _gcp_driver_permissions(tree: Tree) -> list[str]:
     p.expect(mentions(grant.get("role"), "google_project_iam_custom_role.discovery"), "the grant must be the custom role, not a predefined one")
     p.expect(mentions(grant.get("member"), "google_service_account.driver.email"), "the grant must go to the driver's account")
     for type_, name, _ in m.all_resources():
-        if "iam" in type_ and type_ not in ("google_project_iam_custom_role", "google_project_iam_member"):
-            p.append(f"{type_}.{name} grants more than the discovery role")
+        if "iam" in type_ and type_ not in ("google_project_iam_custom_role", "google_project_iam_member") \
+                and (type_, name) != ("google_storage_bucket_iam_member", "checkpoints"):
+            p.append(f"{type_}.{name} grants more than the discovery role and the checkpoint bucket")
     return p
 
 
@@ -368,13 +380,13 @@ def _azure_driver_permissions(tree: Tree) -> list[str]:
     p.expect(not perms.get("not_actions") and not perms.get("data_actions"), "the role must list plain actions only")
     scope = "${azurerm_resource_group.this.id}"
     p.expect(definition.get("assignable_scopes") == [scope], "the role must be assignable in the cluster's resource group only")
-    grant = _only(m, p, "azurerm_role_assignment", "driver_discovery")
+    grants = m.resources("azurerm_role_assignment")
+    p.expect(set(grants) == {"driver_discovery", *AZURE_CHECKPOINT_GRANTS}, f"unexpected role assignments {sorted(grants)}")
+    grant = grants.get("driver_discovery", {})
     p.expect(mentions(grant.get("role_definition_id"), "azurerm_role_definition.discovery.role_definition_resource_id")
              and "role_definition_name" not in grant, "the assignment must be the custom role, not a built-in one")
     p.expect(grant.get("scope") == scope, f"the assignment must be scoped to the cluster's resource group, got {grant.get('scope')!r}")
     p.expect(mentions(grant.get("principal_id"), "azurerm_linux_virtual_machine.driver.identity"), "the assignment must go to the driver's identity")
-    vmss = m.resource("azurerm_linux_virtual_machine_scale_set", "workers")
-    p.expect("identity" not in vmss, "workers must have no managed identity")
     return p
 
 
@@ -690,4 +702,89 @@ def _aws_notice_queue(tree: Tree) -> list[str]:
                  f"the queue must accept messages from this module's rules only (aws:SourceArn), got {arns}")
     output = m.outputs.get("notice_queue_url", {})
     p.expect(output.get("value") == "${aws_sqs_queue.notices.url}", "output notice_queue_url must be the queue's URL")
+    return p
+
+
+# ------------------------------------------------------------ checkpoint_access
+
+
+def _checkpoint_common(tree: Tree, cloud: str, root: str, p: Problems) -> Module:
+    """The run line carries --checkpoint-dir when the location is set; no module creates (or can destroy) the bucket."""
+    m = tree.module(cloud)
+    call = m.module_calls.get("common", {})
+    p.expect(call.get("checkpoint_root") == root, f"module common's checkpoint_root must be {root!r}, got {call.get('checkpoint_root')!r}")
+    p.expect(call.get("checkpoint_prefix") == "${var.checkpoint_prefix}", "module common must get checkpoint_prefix")
+    cli = str(tree.module("common").outputs.get("cli_args", {}).get("value", ""))
+    p.expect("--checkpoint-dir ${local.checkpoint_dir}" in cli, "common cli_args must carry --checkpoint-dir when it is set")
+    for type_, name, _ in m.all_resources():
+        p.expect(not re.search(r"(s3_bucket|storage_bucket|storage_account|storage_container)$", type_),
+                 f"{type_}.{name}: the module must not own the checkpoint storage")
+    return m
+
+
+def _conditional(body: dict[str, Any], on: str, p: Problems, what: str) -> None:
+    p.expect(on in str(body.get("count", "")) + str(body.get("for_each", "")), f"{what} must exist only when {on} is set")
+
+
+@check("checkpoint_access", "aws")
+def _aws_checkpoint_access(tree: Tree) -> list[str]:
+    p = Problems()
+    m = _checkpoint_common(tree, "aws", '${var.checkpoint_bucket == null ? null : "s3://${var.checkpoint_bucket}"}', p)
+    doc = m.data("aws_iam_policy_document", "checkpoints")
+    _conditional(doc, "local.checkpoints", p, "the checkpoint policy")
+    statements = blocks(doc, "statement")
+    _exactly([a for s in statements for a in s.get("actions", [])], {"s3:ListBucket", *AWS_CHECKPOINT_OBJECT_ACTIONS}, p,
+             "checkpoint policy actions")
+    for s in statements:
+        if s.get("actions") == ["s3:ListBucket"]:
+            p.expect(s.get("resources") == ["arn:aws:s3:::${var.checkpoint_bucket}"], "ListBucket must be on the checkpoint bucket")
+        else:
+            p.expect(s.get("resources") == ["${local.checkpoint_objects}/*"], f"object actions must be on the prefix, got {s.get('resources')}")
+    p.expect("module.common.checkpoint_prefix" in str(m.locals.get("checkpoint_objects")), "local.checkpoint_objects must end in the prefix")
+    for name, role in AWS_CHECKPOINT_POLICIES.items():
+        policy = m.resource("aws_iam_role_policy", name)
+        _conditional(policy, "local.checkpoints", p, f"aws_iam_role_policy.{name}")
+        p.expect(policy.get("policy") == "${data.aws_iam_policy_document.checkpoints[0].json}", f"{name} must be the checkpoint policy")
+        p.expect(mentions(policy.get("role"), role), f"{name} must be on {role}")
+    profile = m.resource("aws_iam_instance_profile", "workers")
+    _conditional(profile, "local.checkpoints", p, "the workers' instance profile")
+    p.expect(mentions(profile.get("role"), "aws_iam_role.workers"), "the workers' instance profile must hold the workers' role")
+    template = m.resource("aws_launch_template", "workers")
+    profile_block = dynamic(template, "iam_instance_profile") or {}
+    p.expect("iam_instance_profile" not in template and mentions(profile_block.get("for_each"), "aws_iam_instance_profile.workers"),
+             "the workers' only instance profile must be the checkpoint one")
+    return p
+
+
+@check("checkpoint_access", "gcp")
+def _gcp_checkpoint_access(tree: Tree) -> list[str]:
+    p = Problems()
+    m = _checkpoint_common(tree, "gcp", '${var.checkpoint_bucket == null ? null : "gs://${var.checkpoint_bucket}"}', p)
+    grant = _only(m, p, "google_storage_bucket_iam_member", "checkpoints")
+    _conditional(grant, "var.checkpoint_bucket", p, "the bucket grant")
+    p.expect(grant.get("bucket") == "${var.checkpoint_bucket}", "the grant must be on the checkpoint bucket")
+    p.expect(grant.get("role") == "roles/storage.objectUser", f"the grant must be roles/storage.objectUser, got {grant.get('role')!r}")
+    for account in ("google_service_account.driver.email", "google_service_account.workers.email"):
+        p.expect(mentions(grant.get("for_each"), account), f"the grant must cover {account}")
+    return p
+
+
+@check("checkpoint_access", "azure")
+def _azure_checkpoint_access(tree: Tree) -> list[str]:
+    p = Problems()
+    m = _checkpoint_common(tree, "azure", '${var.checkpoint_container == null ? null : "az://${var.checkpoint_container.name}"}', p)
+    scope = str(m.locals.get("checkpoint_scope"))
+    p.expect("/blobServices/default/containers/${var.checkpoint_container.name}" in scope, "the grants must be scoped to the container")
+    for name, principal in AZURE_CHECKPOINT_GRANTS.items():
+        grant = m.resource("azurerm_role_assignment", name)
+        _conditional(grant, "local.checkpoints", p, f"azurerm_role_assignment.{name}")
+        p.expect(grant.get("scope") == "${local.checkpoint_scope}", f"{name} must be scoped to the container")
+        p.expect(grant.get("role_definition_name") == "Storage Blob Data Contributor", f"{name} must be Storage Blob Data Contributor")
+        p.expect(mentions(grant.get("principal_id"), principal), f"{name} must go to {principal}")
+    identity = block(dynamic(m.resource("azurerm_linux_virtual_machine_scale_set", "workers"), "identity") or {}, "content") or {}
+    p.expect("identity" not in m.resource("azurerm_linux_virtual_machine_scale_set", "workers")
+             and identity.get("type") == "UserAssigned" and mentions(identity.get("identity_ids"), "azurerm_user_assigned_identity.workers"),
+             "the workers' only identity must be the checkpoint one")
+    env = str(m.module_calls.get("common", {}).get("worker_environment"))
+    p.expect("AZURE_CLIENT_ID" in env and "AZURE_STORAGE_ACCOUNT_NAME" in env, "workers need the identity's client id and the account name")
     return p

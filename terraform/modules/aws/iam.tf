@@ -1,7 +1,8 @@
 # The driver's only cloud permissions: read the group (discovery), read and
 # delete the notices EventBridge queues for it (notices.tf), and let a drained
-# instance go (complete or extend this group's lifecycle action). Workers get
-# no role at all: the notice watcher on a worker host reads the instance
+# instance go (complete or extend this group's lifecycle action); with
+# checkpoint_bucket also the checkpoint prefix (checkpoints.tf), which is all
+# the workers ever get: the notice watcher on a worker host reads the instance
 # metadata service (IMDSv2), which needs no permission.
 
 data "aws_iam_policy_document" "driver_assume" {

@@ -15,6 +15,9 @@ module "common" {
   ssh_public_key    = var.ssh_public_key
   ssh_identity_file = var.ssh_identity_file
   pip_spec          = var.cloud_elastic_pip_spec
+  torch_spec        = var.torch_spec
+  checkpoint_root   = var.checkpoint_bucket == null ? null : "s3://${var.checkpoint_bucket}"
+  checkpoint_prefix = var.checkpoint_prefix
   training_command  = var.training_command
   driver_ip         = aws_instance.driver.private_ip
   tags              = var.tags
@@ -49,6 +52,14 @@ resource "aws_launch_template" "workers" {
   ebs_optimized          = true
   update_default_version = true
   user_data              = base64encode(module.common.worker_user_data)
+
+  # Only with checkpoint_bucket: the checkpoint prefix (checkpoints.tf).
+  dynamic "iam_instance_profile" {
+    for_each = aws_iam_instance_profile.workers[*].name
+    content {
+      name = iam_instance_profile.value
+    }
+  }
 
   # Spot is chosen by the group's mixed-instances policy; a launch template
   # used there must not set instance_market_options itself.

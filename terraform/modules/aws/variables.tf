@@ -35,7 +35,7 @@ variable "driver_subnet_id" {
 
 variable "gpu_ami_id" {
   type        = string
-  description = "AMI of the GPU workers (for example an AWS Deep Learning Base AMI with NVIDIA drivers and PyTorch)."
+  description = "AMI of the GPU workers: one with NVIDIA drivers (for example an AWS Deep Learning Base AMI). The bootstrap installs torch_spec itself."
 
   validation {
     condition     = can(regex("^ami-[0-9a-f]{8,17}$", var.gpu_ami_id))
@@ -45,8 +45,8 @@ variable "gpu_ami_id" {
 
 variable "gpu_instance_types" {
   type        = list(string)
-  description = "GPU instance types the group may use, all with gpus_per_instance GPUs. Several types give the capacity-optimised Spot allocation more pools to choose from."
-  default     = ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"]
+  description = "GPU instance types the group may use, all with gpus_per_instance GPUs of the same memory size (a job sized for 24 GiB fails on a 16 GiB GPU) and the same features (bf16: not on T4 or V100). Several types give the capacity-optimised Spot allocation more pools to choose from. The default pair has one 24 GiB GPU each (A10G, L4)."
+  default     = ["g5.xlarge", "g6.xlarge"]
 
   validation {
     condition = (
@@ -201,8 +201,31 @@ variable "ssh_identity_file" {
 
 variable "cloud_elastic_pip_spec" {
   type        = string
-  description = "pip requirement the bootstrap installs on the driver and the workers."
-  default     = "cloud-elastic[aws]"
+  description = "pip requirement the bootstrap installs on the driver and the workers. Keep it pinned: the driver refuses workers of another protocol version, and a worker replaced months later must get the driver's release."
+  default     = "cloud-elastic[aws]==0.1.0"
+}
+
+variable "torch_spec" {
+  type        = string
+  description = "Pinned torch the bootstrap installs first (workers: PyPI's CUDA build; driver: the CPU build), so that every VM, replacements included, runs the same torch and NCCL."
+  default     = "torch==2.13.0"
+}
+
+variable "checkpoint_bucket" {
+  type        = string
+  description = "Existing S3 bucket for checkpoints. When set, the driver and the workers (through an instance profile of their own) may list the bucket and read, write and delete the objects under s3://<bucket>/<checkpoint_prefix>/, and the printed run line carries that --checkpoint-dir. The module never creates or deletes the bucket: checkpoints outlive the cluster."
+  default     = null
+
+  validation {
+    condition     = var.checkpoint_bucket == null || can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", var.checkpoint_bucket))
+    error_message = "checkpoint_bucket must be an S3 bucket name (3-63 lowercase letters, digits, '.' and '-')."
+  }
+}
+
+variable "checkpoint_prefix" {
+  type        = string
+  description = "Path of the checkpoint directory inside the bucket; null (the default) is cluster_name. Reads, writes and deletes are limited to that prefix."
+  default     = null
 }
 
 variable "training_command" {

@@ -1,8 +1,9 @@
 # The driver's managed identity may read the scale set, its VMs and their
 # network interfaces (for the private IPs), in the cluster's resource group
 # only. A custom role, because the built-in Reader grants "*/read".
-# Workers have no identity: Spot and Terminate notices come from the
-# instance metadata service's scheduled events, which need none.
+# Workers have no identity unless checkpoint_container is set (then one for
+# that container alone, checkpoints.tf): Spot and Terminate notices come from
+# the instance metadata service's scheduled events, which need none.
 
 resource "azurerm_role_definition" "discovery" {
   name        = "cloud-elastic discovery (${azurerm_resource_group.this.name})"

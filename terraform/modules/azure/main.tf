@@ -15,9 +15,20 @@ module "common" {
   ssh_public_key    = var.ssh_public_key
   ssh_identity_file = var.ssh_identity_file
   pip_spec          = var.cloud_elastic_pip_spec
+  torch_spec        = var.torch_spec
+  checkpoint_root   = var.checkpoint_container == null ? null : "az://${var.checkpoint_container.name}"
+  checkpoint_prefix = var.checkpoint_prefix
   training_command  = var.training_command
   driver_ip         = azurerm_network_interface.driver.private_ip_address
   tags              = var.tags
+
+  # The storage account of az:// checkpoint URLs, and the workers' identity
+  # for DefaultAzureCredential (checkpoints.tf).
+  driver_environment = local.checkpoints ? { AZURE_STORAGE_ACCOUNT_NAME = local.checkpoint_account } : {}
+  worker_environment = local.checkpoints ? {
+    AZURE_STORAGE_ACCOUNT_NAME = local.checkpoint_account
+    AZURE_CLIENT_ID            = azurerm_user_assigned_identity.workers[0].client_id
+  } : {}
 }
 
 data "azurerm_client_config" "current" {}
@@ -89,6 +100,15 @@ resource "azurerm_linux_virtual_machine_scale_set" "workers" {
       primary                        = true
       subnet_id                      = var.subnet_id
       application_security_group_ids = [azurerm_application_security_group.workers.id]
+    }
+  }
+
+  # Only with checkpoint_container: that container's blobs (checkpoints.tf).
+  dynamic "identity" {
+    for_each = local.checkpoints ? [1] : []
+    content {
+      type         = "UserAssigned"
+      identity_ids = [azurerm_user_assigned_identity.workers[0].id]
     }
   }
 

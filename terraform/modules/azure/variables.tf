@@ -210,8 +210,37 @@ variable "ssh_identity_file" {
 
 variable "cloud_elastic_pip_spec" {
   type        = string
-  description = "pip requirement the bootstrap installs on the driver and the workers."
-  default     = "cloud-elastic[azure]"
+  description = "pip requirement the bootstrap installs on the driver and the workers. Keep it pinned: the driver refuses workers of another protocol version, and a worker replaced months later must get the driver's release."
+  default     = "cloud-elastic[azure]==0.1.0"
+}
+
+variable "torch_spec" {
+  type        = string
+  description = "Pinned torch the bootstrap installs first (workers: PyPI's CUDA build; driver: the CPU build), so that every VM, replacements included, runs the same torch and NCCL."
+  default     = "torch==2.13.0"
+}
+
+variable "checkpoint_container" {
+  type = object({
+    storage_account_id = string
+    name               = string
+  })
+  description = "Existing blob container for checkpoints: the storage account's resource id and the container's name. When set, the driver's identity and a user-assigned identity of the workers get Storage Blob Data Contributor on that container, and the printed run line carries --checkpoint-dir az://<name>/<checkpoint_prefix>. The module never creates or deletes the container: checkpoints outlive the cluster."
+  default     = null
+
+  validation {
+    condition = var.checkpoint_container == null || (
+      can(regex("^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft.Storage/storageAccounts/[a-z0-9]{3,24}$", var.checkpoint_container.storage_account_id)) &&
+      can(regex("^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$", var.checkpoint_container.name))
+    )
+    error_message = "checkpoint_container needs a storage account resource id (/subscriptions/.../storageAccounts/<name>) and a container name (3-63 lowercase letters, digits and '-')."
+  }
+}
+
+variable "checkpoint_prefix" {
+  type        = string
+  description = "Path of the checkpoint directory inside the container; null (the default) is cluster_name. The role is granted on the whole container."
+  default     = null
 }
 
 variable "training_command" {

@@ -17,23 +17,32 @@ locals {
   # Two separate values, not one map: the driver's script must not depend
   # on driver_ip, which is the driver's own address.
   worker_user_data = templatefile("${path.module}/node-init.sh.tftpl", {
-    role      = "worker"
-    port_from = var.training_ports.from
-    port_to   = var.training_ports.to
-    ssh_user  = var.ssh_user
-    driver_ip = var.driver_ip
-    pip_spec  = var.pip_spec
-    env       = {}
+    role       = "worker"
+    port_from  = var.training_ports.from
+    port_to    = var.training_ports.to
+    ssh_user   = var.ssh_user
+    driver_ip  = var.driver_ip
+    pip_spec   = var.pip_spec
+    torch_spec = var.torch_spec
+    # PyPI's default Linux build of torch is the CUDA one.
+    torch_index = ""
+    env         = var.worker_environment
   })
   driver_user_data = templatefile("${path.module}/node-init.sh.tftpl", {
-    role      = "driver"
-    port_from = var.training_ports.from
-    port_to   = var.training_ports.to
-    ssh_user  = var.ssh_user
-    driver_ip = ""
-    pip_spec  = var.pip_spec
-    env       = var.driver_environment
+    role       = "driver"
+    port_from  = var.training_ports.from
+    port_to    = var.training_ports.to
+    ssh_user   = var.ssh_user
+    driver_ip  = ""
+    pip_spec   = var.pip_spec
+    torch_spec = var.torch_spec
+    # The driver trains nothing: the CPU build is a tenth of the CUDA one's size.
+    torch_index = "https://download.pytorch.org/whl/cpu"
+    env         = var.driver_environment
   })
+
+  checkpoint_prefix = coalesce(var.checkpoint_prefix, var.cluster_name)
+  checkpoint_dir    = var.checkpoint_root == null ? null : "${var.checkpoint_root}/${local.checkpoint_prefix}"
 
   np     = var.desired_size * var.gpus_per_instance
   min_np = max(1, var.min_size) * var.gpus_per_instance

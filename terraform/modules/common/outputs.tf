@@ -19,8 +19,18 @@ output "driver_user_data" {
 }
 
 output "cli_args" {
-  description = "Cloud-independent tail of the cloud-elastic run line: sizes, SSH settings and the training command."
-  value       = "-np ${local.np} --min-np ${local.min_np} --max-np ${local.max_np} --slots-per-host ${var.gpus_per_instance} --ssh-user ${var.ssh_user} --ssh-identity-file ${var.ssh_identity_file} ${var.training_command}"
+  description = "Cloud-independent tail of the cloud-elastic run line: sizes, SSH settings, --checkpoint-dir when a bucket is set, and the training command."
+  value       = "-np ${local.np} --min-np ${local.min_np} --max-np ${local.max_np} --slots-per-host ${var.gpus_per_instance} --ssh-user ${var.ssh_user} --ssh-identity-file ${var.ssh_identity_file} ${local.checkpoint_dir == null ? "" : "--checkpoint-dir ${local.checkpoint_dir} "}${var.training_command}"
+}
+
+output "checkpoint_prefix" {
+  description = "The checkpoint directory's path inside its bucket: checkpoint_prefix, or the cluster name."
+  value       = local.checkpoint_prefix
+}
+
+output "checkpoint_dir" {
+  description = "The --checkpoint-dir URL of the run line, or null when no checkpoint bucket is set."
+  value       = local.checkpoint_dir
 }
 
 output "ssh_public_key" {

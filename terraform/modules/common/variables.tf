@@ -116,11 +116,44 @@ variable "ssh_identity_file" {
 
 variable "pip_spec" {
   type        = string
-  description = "What the bootstrap passes to pip to install cloud-elastic, e.g. \"cloud-elastic[aws]==0.1.0\"."
+  description = "What the bootstrap passes to pip to install cloud-elastic, pinned like \"cloud-elastic[aws]==0.1.0\": the driver refuses workers of another protocol version, so every VM needs the same release."
 
   validation {
     condition     = can(regex("^[A-Za-z0-9][A-Za-z0-9._\\-\\[\\],<>=!~:/@+#]*$", var.pip_spec))
     error_message = "pip_spec must be a single pip requirement or URL without spaces, quotes or shell characters."
+  }
+}
+
+variable "torch_spec" {
+  type        = string
+  description = "The torch release every VM installs before cloud-elastic, pinned (torch==X.Y.Z): a replacement VM started weeks later gets the same torch and NCCL as its peers (NCCL refuses to mix versions). Workers take PyPI's default (CUDA) build, the driver the CPU build."
+  default     = "torch==2.13.0"
+
+  validation {
+    condition     = can(regex("^torch==[0-9]+[.][0-9]+[.][0-9]+((a|b|rc|[.]post)[0-9]+)?$", var.torch_spec))
+    error_message = "torch_spec must pin one torch release, e.g. \"torch==2.13.0\"."
+  }
+}
+
+variable "checkpoint_root" {
+  type        = string
+  description = "Bucket (or container) URL of the checkpoint location without the prefix, e.g. \"s3://my-bucket\"; null (the default) adds no --checkpoint-dir to the run line."
+  default     = null
+
+  validation {
+    condition     = var.checkpoint_root == null || can(regex("^[a-z][a-z0-9]*://[a-z0-9][a-z0-9._-]*$", var.checkpoint_root))
+    error_message = "checkpoint_root must be <scheme>://<bucket> with no path, spaces or shell characters."
+  }
+}
+
+variable "checkpoint_prefix" {
+  type        = string
+  description = "Path of the checkpoint directory inside the bucket; null (the default) is the cluster name. The driver and workers may read and write below it only (where the cloud scopes grants to a prefix)."
+  default     = null
+
+  validation {
+    condition     = var.checkpoint_prefix == null || can(regex("^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$", var.checkpoint_prefix))
+    error_message = "checkpoint_prefix must be a relative path of letters, digits, '.', '_' and '-' parts joined by '/', without a leading or trailing '/'."
   }
 }
 
@@ -153,6 +186,17 @@ variable "tags" {
   validation {
     condition     = length(setintersection(keys(var.tags), ["cloud-elastic-role", "cloud-elastic-cluster"])) == 0
     error_message = "tags must not set the discovery tags cloud-elastic-role or cloud-elastic-cluster; the module sets them."
+  }
+}
+
+variable "worker_environment" {
+  type        = map(string)
+  description = "Environment variables the worker bootstrap writes to /etc/environment (SSH sessions read it), for example which identity the storage library uses."
+  default     = {}
+
+  validation {
+    condition     = alltrue([for k, v in var.worker_environment : can(regex("^[A-Z_][A-Z0-9_]*$", k)) && can(regex("^[A-Za-z0-9._:/@+=-]*$", v))])
+    error_message = "worker_environment keys must be upper-case variable names and values may not hold spaces, quotes or shell characters."
   }
 }
 

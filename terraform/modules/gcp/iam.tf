@@ -1,6 +1,8 @@
 # The driver may read the worker group, its instances (for their private IPs)
-# and machine types (for their GPU counts), and nothing else. Workers run as an account with no roles: the
-# preemption notice comes from the metadata server, which needs none.
+# and machine types (for their GPU counts); with checkpoint_bucket, both
+# accounts may also use that bucket's objects (checkpoints.tf), which is all
+# the workers' account ever gets: the preemption notice comes from the
+# metadata server, which needs no role.
 #
 # Compute Engine has no per-MIG IAM binding, so the custom role is granted at
 # project level; its four read-only permissions are the whole grant.
@@ -14,7 +16,7 @@ resource "google_service_account" "driver" {
 resource "google_service_account" "workers" {
   project      = var.project
   account_id   = "${var.cluster_name}-workers"
-  display_name = "cloud-elastic workers of ${var.cluster_name} (no roles)"
+  display_name = "cloud-elastic workers of ${var.cluster_name}"
 }
 
 resource "google_project_iam_custom_role" "discovery" {

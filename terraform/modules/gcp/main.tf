@@ -15,6 +15,9 @@ module "common" {
   ssh_public_key    = var.ssh_public_key
   ssh_identity_file = var.ssh_identity_file
   pip_spec          = var.cloud_elastic_pip_spec
+  torch_spec        = var.torch_spec
+  checkpoint_root   = var.checkpoint_bucket == null ? null : "gs://${var.checkpoint_bucket}"
+  checkpoint_prefix = var.checkpoint_prefix
   training_command  = var.training_command
   driver_ip         = google_compute_instance.driver.network_interface[0].network_ip
   tags              = var.labels

@@ -50,7 +50,7 @@ output "instance_template_id" {
 }
 
 output "worker_service_account_email" {
-  description = "Service account (no roles) the workers run as, for more templates of them."
+  description = "Service account the workers run as (no roles but the checkpoint bucket's, when set), for more templates of them."
   value       = google_service_account.workers.email
 }
 

@@ -82,7 +82,7 @@ variable "gpus_per_instance" {
 
 variable "gpu_image" {
   type        = string
-  description = "Boot image of the workers, with NVIDIA drivers and PyTorch (a Deep Learning VM image family)."
+  description = "Boot image of the workers, with NVIDIA drivers (a Deep Learning VM image family). The bootstrap installs torch_spec into a venv of its own; the image's PyTorch is not used."
   default     = "projects/deeplearning-platform-release/global/images/family/pytorch-latest-cu121"
 
   validation {
@@ -191,8 +191,31 @@ variable "ssh_identity_file" {
 
 variable "cloud_elastic_pip_spec" {
   type        = string
-  description = "pip requirement the bootstrap installs on the driver and the workers."
-  default     = "cloud-elastic[gcp]"
+  description = "pip requirement the bootstrap installs on the driver and the workers. Keep it pinned: the driver refuses workers of another protocol version, and a worker replaced months later must get the driver's release."
+  default     = "cloud-elastic[gcp]==0.1.0"
+}
+
+variable "torch_spec" {
+  type        = string
+  description = "Pinned torch the bootstrap installs first (workers: PyPI's CUDA build; driver: the CPU build), so that every VM, replacements included, runs the same torch and NCCL."
+  default     = "torch==2.13.0"
+}
+
+variable "checkpoint_bucket" {
+  type        = string
+  description = "Existing Cloud Storage bucket for checkpoints. When set, the driver's and the workers' service accounts get roles/storage.objectUser on it, and the printed run line carries --checkpoint-dir gs://<bucket>/<checkpoint_prefix>. The module never creates or deletes the bucket: checkpoints outlive the cluster."
+  default     = null
+
+  validation {
+    condition     = var.checkpoint_bucket == null || can(regex("^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$", var.checkpoint_bucket))
+    error_message = "checkpoint_bucket must be a Cloud Storage bucket name (lowercase letters, digits, '.', '_' and '-')."
+  }
+}
+
+variable "checkpoint_prefix" {
+  type        = string
+  description = "Path of the checkpoint directory inside the bucket; null (the default) is cluster_name. The grant is bucket-wide (Cloud Storage grants roles per bucket), so give the cluster a bucket of its own."
+  default     = null
 }
 
 variable "training_command" {

@@ -15,6 +15,9 @@ module "common" {
   ssh_public_key    = var.ssh_public_key
   ssh_identity_file = var.ssh_identity_file
   pip_spec          = var.cloud_elastic_pip_spec
+  torch_spec        = var.torch_spec
+  checkpoint_root   = var.checkpoint_bucket == null ? null : "s3://${var.checkpoint_bucket}"
+  checkpoint_prefix = var.checkpoint_prefix
   training_command  = var.training_command
   driver_ip         = ibm_is_instance.driver.primary_network_interface[0].primary_ip[0].address
   tags              = var.tags

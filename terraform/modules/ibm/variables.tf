@@ -152,8 +152,31 @@ variable "ssh_identity_file" {
 
 variable "cloud_elastic_pip_spec" {
   type        = string
-  description = "pip requirement the bootstrap installs on the driver and the workers."
-  default     = "cloud-elastic[ibm]"
+  description = "pip requirement the bootstrap installs on the driver and the workers. Keep it pinned: the driver refuses workers of another protocol version, and a worker replaced months later must get the driver's release."
+  default     = "cloud-elastic[ibm]==0.1.0"
+}
+
+variable "torch_spec" {
+  type        = string
+  description = "Pinned torch the bootstrap installs first (workers: PyPI's CUDA build; driver: the CPU build), so that every VM, replacements included, runs the same torch and NCCL."
+  default     = "torch==2.13.0"
+}
+
+variable "checkpoint_bucket" {
+  type        = string
+  description = "Existing Cloud Object Storage bucket for checkpoints: the printed run line carries --checkpoint-dir s3://<bucket>/<checkpoint_prefix>. The module grants no access to it (see docs/terraform.md): the hosts need HMAC keys and the COS endpoint, which you provide. It never creates or deletes the bucket."
+  default     = null
+
+  validation {
+    condition     = var.checkpoint_bucket == null || can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", var.checkpoint_bucket))
+    error_message = "checkpoint_bucket must be a bucket name (3-63 lowercase letters, digits, '.' and '-')."
+  }
+}
+
+variable "checkpoint_prefix" {
+  type        = string
+  description = "Path of the checkpoint directory inside the bucket; null (the default) is cluster_name."
+  default     = null
 }
 
 variable "training_command" {

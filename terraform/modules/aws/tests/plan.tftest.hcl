@@ -122,8 +122,8 @@ run "plan" {
     error_message = "the driver must be on-demand"
   }
   assert {
-    condition     = length(aws_launch_template.workers.iam_instance_profile) == 0
-    error_message = "workers must not get an instance profile"
+    condition     = length(aws_launch_template.workers.iam_instance_profile) == 0 && length(aws_iam_role.workers) == 0 && length(aws_iam_role_policy.driver_checkpoints) == 0
+    error_message = "without checkpoint_bucket, workers get no instance profile and the driver no storage access"
   }
   assert {
     condition = toset(flatten([for s in data.aws_iam_policy_document.driver.statement : s.actions])) == toset([
@@ -259,5 +259,35 @@ run "outputs_give_the_cli_line" {
   assert {
     condition     = strcontains(base64decode(aws_launch_template.workers.user_data), "AllowUsers ubuntu@10.0.1.10")
     error_message = "worker user data must allow SSH from the driver only"
+  }
+}
+
+run "checkpoint_bucket_reaches_the_driver_and_every_worker" {
+  command = apply
+
+  variables {
+    checkpoint_bucket = "ckpt-bucket"
+    checkpoint_prefix = "runs/resnet"
+  }
+
+  assert {
+    condition     = endswith(output.cli_command, " --ssh-identity-file ~/.ssh/cloud-elastic --checkpoint-dir s3://ckpt-bucket/runs/resnet python train.py")
+    error_message = "the run line must carry the checkpoint URL: ${output.cli_command}"
+  }
+  assert {
+    condition     = aws_launch_template.workers.iam_instance_profile[0].name == "demo-workers" && aws_iam_instance_profile.workers[0].role == aws_iam_role.workers[0].name
+    error_message = "workers must run with the checkpoint instance profile"
+  }
+  assert {
+    condition     = aws_iam_role_policy.workers_checkpoints[0].role == aws_iam_role.workers[0].id && aws_iam_role_policy.driver_checkpoints[0].role == aws_iam_role.driver.id
+    error_message = "the driver and the workers must both get the checkpoint policy"
+  }
+  assert {
+    condition     = [for s in data.aws_iam_policy_document.checkpoints[0].statement : toset(s.resources)] == [toset(["arn:aws:s3:::ckpt-bucket"]), toset(["arn:aws:s3:::ckpt-bucket/runs/resnet/*"])]
+    error_message = "the checkpoint policy may list the bucket and use the objects under the prefix only"
+  }
+  assert {
+    condition     = strcontains(base64decode(aws_launch_template.workers.user_data), "pip install --quiet 'torch==2.13.0'") && strcontains(base64decode(aws_launch_template.workers.user_data), "pip install --quiet 'cloud-elastic[aws]==0.1.0'")
+    error_message = "workers must install the pinned torch and cloud-elastic"
   }
 }

@@ -147,3 +147,81 @@ run "the_driver_runs_under_systemd_with_restart_on_failure" {
     error_message = "workers must not run a driver"
   }
 }
+
+run "checkpoint_dir_joins_the_run_line" {
+  command = plan
+
+  variables {
+    checkpoint_root = "gs://ckpt"
+  }
+
+  assert {
+    condition     = output.cli_args == "-np 2 --min-np 1 --max-np 4 --slots-per-host 1 --ssh-user ubuntu --ssh-identity-file ~/.ssh/cloud-elastic --checkpoint-dir gs://ckpt/demo python train.py"
+    error_message = "the checkpoint prefix defaults to the cluster name: ${output.cli_args}"
+  }
+}
+
+run "checkpoint_root_with_a_path_is_rejected" {
+  command = plan
+
+  variables {
+    checkpoint_root = "s3://b/x y"
+  }
+
+  expect_failures = [var.checkpoint_root]
+}
+
+run "unpinned_torch_is_rejected" {
+  command = plan
+
+  variables {
+    torch_spec = "torch>=2.10"
+  }
+
+  expect_failures = [var.torch_spec]
+}
+
+run "the_bootstrap_pins_torch_and_the_driver_takes_the_cpu_build" {
+  command = plan
+
+  assert {
+    condition     = strcontains(output.driver_user_data, "pip install --quiet --index-url 'https://download.pytorch.org/whl/cpu' 'torch==2.13.0'")
+    error_message = "the driver must install the pinned CPU torch"
+  }
+  assert {
+    condition     = strcontains(output.worker_user_data, "pip install --quiet 'torch==2.13.0'") && !strcontains(output.worker_user_data, "whl/cpu")
+    error_message = "workers must install the pinned torch from PyPI (its CUDA build)"
+  }
+  assert {
+    condition     = !strcontains(output.worker_user_data, "--system-site-packages")
+    error_message = "the venv must not take the image's torch"
+  }
+}
+
+run "a_worker_whose_first_boot_fails_powers_off" {
+  command = plan
+
+  assert {
+    condition     = strcontains(output.worker_user_data, "trap '") && strcontains(output.worker_user_data, "shutdown -h now' ERR") && strcontains(output.worker_user_data, "DPkg::Lock::Timeout=600")
+    error_message = "a worker must power off when its bootstrap fails, and wait for the dpkg lock"
+  }
+  assert {
+    condition     = !strcontains(output.driver_user_data, "shutdown")
+    error_message = "the driver must not power itself off"
+  }
+  assert {
+    condition     = strcontains(output.worker_user_data, "MaxStartups 64:30:256") && !strcontains(output.driver_user_data, "MaxStartups")
+    error_message = "workers' sshd must accept the driver's burst of connections"
+  }
+}
+
+run "the_bootstrap_runs_once" {
+  command = plan
+
+  assert {
+    condition = alltrue([for data in [output.driver_user_data, output.worker_user_data] :
+      strcontains(data, "if [ -e \"$done_marker\" ]; then") && endswith(trimspace(data), "touch \"$done_marker\"\necho \"cloud-elastic ${strcontains(data, "AllowUsers") ? "worker" : "driver"} ready\"")
+    ])
+    error_message = "the bootstrap must stop at the marker its first run writes last"
+  }
+}
