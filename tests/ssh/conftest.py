@@ -75,7 +75,8 @@ def keygen(path: Path) -> None:
                    check=True, capture_output=True, timeout=30)
 
 
-def _write_config(root: Path, port: int, host_key: Path, hosts: tuple[str, ...], name: str) -> Path:
+def _write_config(root: Path, port: int, host_key: Path, hosts: tuple[str, ...], name: str,
+                  max_startups: str) -> Path:
     listen = "\n".join(f"ListenAddress {host}:{port}" for host in hosts)
     (root / "authorized_keys_none").write_text("")
     config = root / f"{name}_config"
@@ -92,7 +93,7 @@ UsePAM no
 UseDNS no
 PrintMotd no
 AcceptEnv none
-MaxStartups 200
+MaxStartups {max_startups}
 MaxSessions 50
 LogLevel VERBOSE
 
@@ -137,12 +138,13 @@ def _prerequisites() -> str | None:
     return None
 
 
-def start_sshd(root: Path, port: int, host_key: Path, hosts: tuple[str, ...], name: str = "sshd"
-               ) -> subprocess.Popen[bytes]:
+def start_sshd(root: Path, port: int, host_key: Path, hosts: tuple[str, ...], name: str = "sshd",
+               max_startups: str = "200") -> subprocess.Popen[bytes]:
     """Start ``sshd -D`` with ``host_key`` on ``hosts:port`` (keys and authorized_keys in ``root``); wait for it."""
     log = root / f"{name}.log"
+    config = _write_config(root, port, host_key, hosts, name, max_startups)
     with open(log, "ab") as log_file:
-        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(_write_config(root, port, host_key, hosts, name))],
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)],
                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_for_banner(proc, hosts[0], port, log)

@@ -11,7 +11,8 @@ import pytest
 from cloud_elastic.config import SSHConfig
 from cloud_elastic.driver.launch.api import WorkerSpec
 from cloud_elastic.driver.launch.ssh_remote import MODULE
-from cloud_elastic.driver.launch.ssh import SECRET_ENV, SSHLauncher, _classify, _wrapper_failure
+from cloud_elastic.driver.launch.ssh import SECRET_ENV, SSHLauncher
+from cloud_elastic.driver.launch.ssh_setup import classify, wrapper_failure
 from cloud_elastic.errors import ConfigError, LaunchError
 
 pytestmark = pytest.mark.timeout(10)
@@ -138,10 +139,10 @@ def test_a_multi_line_secret_is_refused():
     ([], "without reporting"),
 ])
 def test_ssh_failures_are_named(stderr, expected):
-    assert expected in _classify(stderr)
+    assert expected in classify(stderr)
 
 
 def test_a_host_without_cloud_elastic_is_named():
-    message = _wrapper_failure(1, ["/opt/ce/bin/python3: No module named cloud_elastic"])
+    message = wrapper_failure(1, ["/opt/ce/bin/python3: No module named cloud_elastic"])
     assert "cannot import cloud_elastic" in message and "No module named" in message
-    assert "exited with 2" in _wrapper_failure(2, ["cloud-elastic remote: bad arguments"])
+    assert "exited with 2" in wrapper_failure(2, ["cloud-elastic remote: bad arguments"])

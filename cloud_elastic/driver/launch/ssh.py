@@ -44,6 +44,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -56,6 +57,10 @@ from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.launch.local import forward_lines
 from cloud_elastic.driver.launch.ssh_remote import (MODULE, REASON_GONE, REASON_KEEPALIVE, SECRET_ENV, WrapperArgs,
                                                     parse_marker, wrapper_argv)
+from cloud_elastic.driver.launch.ssh_setup import (MAX_SETUPS_PER_HOST, SETUP_HOLD_S, SETUP_RETRIES, HostGate,
+                                                   classify, is_noise, is_started, option_key,
+                                                   refused_before_key_exchange, retry_delay, ssh_quote,
+                                                   wants_job_known_hosts, wrapper_failure)
 from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 
 __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
@@ -78,28 +83,6 @@ _DEFAULT_OPTIONS = (
     f"ServerAliveCountMax={_SERVER_ALIVE_COUNT_MAX}",
 )
 
-# (substring of ssh's stderr, lower case) -> what went wrong. First match wins.
-_SSH_FAILURES = (
-    ("remote host identification has changed", "host key mismatch (the host key changed)"),
-    ("host key is known", "host key unknown (not in known_hosts, and strict checking is on)"),
-    ("host key verification failed", "host key verification failed"),
-    ("permission denied", "authentication refused"),
-    ("too many authentication failures", "authentication refused"),
-    ("connection refused", "host unreachable: connection refused"),
-    ("no route to host", "host unreachable: no route to host"),
-    ("network is unreachable", "host unreachable: network is unreachable"),
-    ("connection timed out", "host unreachable: connection timed out"),
-    ("could not resolve hostname", "host name does not resolve"),
-    ("not responding", "connection lost: the server stopped responding"),
-    ("timed out", "connection lost: the server stopped responding"),
-    ("closed by remote host", "connection lost: closed by the remote host"),
-    ("connection reset", "connection lost: reset"),
-    ("connection closed", "connection lost: closed"),
-    ("broken pipe", "connection lost: broken pipe"),
-)
-
-# What ssh says at INFO that is news to nobody (lower case prefixes): neither output nor a failure's last words.
-_SSH_NOISE = ("warning: permanently added", "learned new hostkey", "adding new key for")
 
 class SSHLauncher:
     """Starts workers on remote hosts through the system ``ssh`` client.
@@ -128,6 +111,10 @@ class SSHLauncher:
       The file is removed in ``close``.
     * ``kill`` never waits: the order is written and a short-lived thread ends
       the local ssh if the remote side has not finished within ``kill_wait_s``.
+    * At most ``max_setups_per_host`` connections to one host are being set up
+      at once (sshd drops unauthenticated ones past its ``MaxStartups``); the
+      others wait their turn. A connection dropped before key exchange is tried
+      again up to 3 times (see :mod:`cloud_elastic.driver.launch.ssh_setup`).
 
     The constructor does no I/O and starts no thread; the keepalive thread
     starts with the first ``launch`` and stops in ``close``. The launcher is a
@@ -142,6 +129,7 @@ class SSHLauncher:
         keepalive_timeout_s: float = 30.0,
         disconnect_grace_s: float = 5.0,
         kill_wait_s: float = 1.0,
+        max_setups_per_host: int = MAX_SETUPS_PER_HOST,
     ) -> None:
         for option in config.extra_options:
             if not _SSH_OPTION.match(option):
@@ -155,7 +143,8 @@ class SSHLauncher:
         self._keepalive_timeout_s = keepalive_timeout_s
         self._disconnect_grace_s = disconnect_grace_s
         self._kill_wait_s = kill_wait_s
-        self._known_hosts = JobKnownHosts() if _wants_job_known_hosts(config.extra_options) else None
+        self._known_hosts = JobKnownHosts() if wants_job_known_hosts(config.extra_options) else None
+        self._gate = HostGate(max_setups_per_host)
         self._lock = threading.Lock()
         self._live: list[SSHWorkerProcess] = []
         self._closed = threading.Event()
@@ -174,10 +163,10 @@ class SSHLauncher:
         argv += ["-o", f"ConnectTimeout={max(1, math.ceil(cfg.connect_timeout_s))}"]
         defaults = _DEFAULT_OPTIONS + (("IdentitiesOnly=yes",) if cfg.identity_file else ())
         if self._known_hosts is not None:
-            defaults += (f"UserKnownHostsFile={_ssh_quote(self._known_hosts.path)}", "HashKnownHosts=no")
-        overridden = {_option_key(option) for option in cfg.extra_options}
+            defaults += (f"UserKnownHostsFile={ssh_quote(self._known_hosts.path)}", "HashKnownHosts=no")
+        overridden = {option_key(option) for option in cfg.extra_options}
         for option in defaults:
-            if _option_key(option) not in overridden:
+            if option_key(option) not in overridden:
                 argv += ["-o", option]
         if cfg.identity_file:
             argv += ["-i", cfg.identity_file]
@@ -201,10 +190,11 @@ class SSHLauncher:
     def launch(self, spec: WorkerSpec, on_output: OutputSink) -> SSHWorkerProcess:
         """Start ``spec`` on ``spec.host`` over ssh; return at once.
 
-        Raises :class:`~cloud_elastic.errors.SSHError` if the ssh client cannot
-        be started and :class:`~cloud_elastic.errors.LaunchError` for a spec that
+        Raises :class:`~cloud_elastic.errors.SSHError` if the ssh client is not
+        installed and :class:`~cloud_elastic.errors.LaunchError` for a spec that
         cannot be sent (bad variable name, secret with a newline). Unreachable
         hosts and refused keys are reported later by ``poll()`` as a transport error.
+        ssh starts once the host has a free set-up turn; ``poll()`` says ``None`` until then.
         """
         if self._closed.is_set():
             raise LaunchError("the SSH launcher is closed")
@@ -218,9 +208,8 @@ class SSHLauncher:
             self._known_hosts.admit(spec.host, spec.instance, self._config.port)
         self._log_options_once(argv)
         logger.debug("launching worker %s (slot %s) on %s over ssh", spec.worker_id, spec.slot, spec.host)
-        proc = SSHWorkerProcess(spec, argv, nonce, on_output, self._destination(spec.host), self._keepalive_timeout_s,
-                                kill_wait_s=self._kill_wait_s)
-        return self._track(proc)
+        return self._track(SSHWorkerProcess(spec, argv, nonce, on_output, self._destination(spec.host),
+                                            self._keepalive_timeout_s, **self._process_options()))
 
     def attach(self, spec: WorkerSpec, nonce: str, on_output: OutputSink) -> SSHWorkerProcess:
         """Adopt a worker that another driver launched with ``nonce`` on ``spec.host``; return at once.
@@ -240,9 +229,13 @@ class SSHLauncher:
         argv = self.ssh_argv(spec.host) + [" ".join(_env_prefix(spec) + ["--attach", nonce])]
         logger.debug("attaching to worker %s on %s over ssh", spec.worker_id, spec.host)
         # The wrapper already has the secret: the first line is only a keepalive.
-        proc = SSHWorkerProcess(dataclasses.replace(spec, secret=""), argv, nonce, on_output,
-                                self._destination(spec.host), self._keepalive_timeout_s, kill_wait_s=self._kill_wait_s)
-        return self._track(proc)
+        return self._track(SSHWorkerProcess(dataclasses.replace(spec, secret=""), argv, nonce, on_output,
+                                            self._destination(spec.host), self._keepalive_timeout_s,
+                                            **self._process_options()))
+
+    def _process_options(self) -> dict[str, object]:
+        hold_s = max(1, math.ceil(self._config.connect_timeout_s)) + SETUP_HOLD_S
+        return {"kill_wait_s": self._kill_wait_s, "gate": self._gate, "setup_hold_s": hold_s}
 
     def _track(self, proc: SSHWorkerProcess) -> SSHWorkerProcess:
         """Start ``proc`` and keep it among the live workers (the keepalive thread starts with the first)."""
@@ -311,11 +304,13 @@ class SSHWorkerProcess:
     ``poll``/``terminate``/``kill`` are safe from any thread; ``poll``, ``kill``
     and ``hang_up`` never block. The local ssh runs in its own session, so a
     Ctrl-C at the driver's terminal reaches the driver only, which then stops
-    workers in order.
+    workers in order. A thread of its own sets the connection up (:meth:`start`);
+    a worker stopped before its ssh runs never starts (``poll()``: ``-SIGKILL`` or ``-SIGTERM``).
     """
 
     def __init__(self, spec: WorkerSpec, argv: list[str], nonce: str, on_output: OutputSink,
-                 destination: str, keepalive_timeout_s: float, *, kill_wait_s: float = 1.0) -> None:
+                 destination: str, keepalive_timeout_s: float, *, kill_wait_s: float = 1.0,
+                 gate: HostGate | None = None, setup_hold_s: float = 60.0) -> None:
         self.spec = spec
         self._argv = argv
         self._nonce = nonce
@@ -333,6 +328,13 @@ class SSHWorkerProcess:
         self._reaper: threading.Thread | None = None
         self._exited_at: float | None = None
         self._status: ExitStatus | None = None
+        self._gate = gate or HostGate()
+        self._setup_hold_s = setup_hold_s
+        self._setting_up: threading.Thread | None = None
+        self._progress = threading.Event()  # the wrapper said the worker runs, or ssh's stderr ended
+        self._started = False
+        self._cancelled = threading.Event()  # stopped while no ssh ran: it never starts
+        self._cancel_code = -signal.SIGTERM
 
     def handle(self) -> dict[str, object]:
         """How a restarted driver reaches this worker again (:meth:`SSHLauncher.attach`)."""
@@ -340,29 +342,83 @@ class SSHWorkerProcess:
 
     @property
     def ssh_pid(self) -> int | None:
-        """Process id of the local ssh client (``None`` before ``start``)."""
+        """Process id of the local ssh client (``None`` until its set-up turn comes)."""
         return self._proc.pid if self._proc else None
 
     def start(self) -> None:
-        """Start ssh, hand over the secret on stdin, start the output readers."""
+        """Set the connection up on a thread of its own; return at once.
+
+        The thread waits for a set-up turn at the host, starts ssh, hands over the
+        secret on stdin, starts the output readers and keeps the turn until the
+        remote wrapper says the worker runs or ssh ends; a connection dropped
+        before key exchange is tried again after a pause.
+        """
+        self._setting_up = threading.Thread(target=self._set_up, name=f"ssh-setup-{self.spec.worker_id}", daemon=True)
+        self._setting_up.start()
+
+    def _set_up(self) -> None:
+        for attempt in range(1, SETUP_RETRIES + 2):
+            if not self._gate.enter(self._destination, self._cancelled):
+                break
+            try:
+                again = self._connect(attempt)
+            finally:
+                self._gate.leave(self._destination)
+            if not again:
+                return
+            if self._cancelled.is_set():
+                break
+            delay = retry_delay(attempt)
+            logger.warning("ssh to %s for worker %s was dropped before key exchange (sshd's MaxStartups?): "
+                           "trying again in %.1fs (%d of %d)", self._destination, self.spec.worker_id, delay,
+                           attempt, SETUP_RETRIES)
+            if self._cancelled.wait(delay):
+                break
+        with self._lock:
+            self._status = ExitStatus(self._cancel_code)
+
+    def _connect(self, attempt: int) -> bool:
+        """One ssh connection, until the wrapper says the worker runs or ssh ends; whether to try again."""
+        with self._lock:
+            if self._cancelled.is_set():
+                return True  # the caller sees the cancel
+            self._close_stdin()  # a previous try's
+            self._progress.clear()
+            self._stderr_tail.clear()
+            try:
+                self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, start_new_session=True)
+            except OSError as exc:
+                self._status = ExitStatus(255, self._transport(f"cannot start the ssh client: {exc}"))
+                return False
+            self._stdin_fd = self._proc.stdin.fileno()
+            os.set_blocking(self._stdin_fd, False)
+            self._write(f"{self.spec.secret}\n".encode())
+            self._readers = [threading.Thread(target=forward_lines, args=(self._proc.stdout, self._on_stdout),
+                                              name=f"ssh-out-{self.spec.worker_id}", daemon=True),
+                             threading.Thread(target=self._read_stderr, args=(self._proc.stderr,),
+                                              name=f"ssh-err-{self.spec.worker_id}", daemon=True)]
+            for reader in self._readers:
+                reader.start()
+        if not self._progress.wait(self._setup_hold_s) or self._started:
+            return False
         try:
-            self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
-            raise SSHError(f"cannot start the ssh client for {self._destination}: {exc}") from exc
-        self._stdin_fd = self._proc.stdin.fileno()
-        os.set_blocking(self._stdin_fd, False)
-        self._write(f"{self.spec.secret}\n".encode())
-        for name, stream, handler in (("out", self._proc.stdout, self._on_stdout),
-                                      ("err", self._proc.stderr, self._on_stderr)):
-            reader = threading.Thread(target=forward_lines, args=(stream, handler),
-                                      name=f"ssh-{name}-{self.spec.worker_id}", daemon=True)
-            reader.start()
-            self._readers.append(reader)
+            rc = self._proc.wait(timeout=_DRAIN_WAIT_S)  # its stderr ended: ssh is ending
+        except subprocess.TimeoutExpired:
+            return False
+        return (rc == 255 and attempt <= SETUP_RETRIES and self._marker is None and not self._stopping
+                and refused_before_key_exchange(self._stderr_tail))
+
+    def _read_stderr(self, stream) -> None:
+        try:
+            forward_lines(stream, self._on_stderr)
+        finally:
+            self._progress.set()
 
     def poll(self) -> ExitStatus | None:
         """The exit status once ssh has ended and its output is drained, else ``None``. Never blocks."""
-        if self._status is not None or self._proc is None:
+        setting_up = self._setting_up
+        if self._status is not None or self._proc is None or setting_up is None or setting_up.is_alive():
             return self._status
         rc = self._proc.poll()
         if rc is None:
@@ -386,8 +442,10 @@ class SSHWorkerProcess:
         remote side has not finished by then the local ssh is killed; the remote
         wrapper, which already has its orders, still delivers the KILL. Idempotent.
         """
-        if self._order(f"TERM {max(grace_s, 0.0)!r}\n"):
+        if self._order(f"TERM {max(grace_s, 0.0)!r}\n", -signal.SIGTERM):
             self._end_ssh(grace_s)
+        elif self._setting_up is not None:
+            self._setting_up.join(timeout=max(grace_s, 0.0))  # cancelled: it ends at once
 
     def kill(self) -> None:
         """KILL the remote process group; return at once. Idempotent.
@@ -398,7 +456,7 @@ class SSHWorkerProcess:
         side has not finished within the launcher's ``kill_wait_s``. ``poll()``
         reports the end.
         """
-        if not self._order("KILL\n"):
+        if not self._order("KILL\n", -signal.SIGKILL):
             return
         with self._lock:
             if self._reaper is not None:
@@ -418,21 +476,32 @@ class SSHWorkerProcess:
         """Close ssh's stdin: the remote watchdog stops the worker with its default grace. Never blocks."""
         with self._lock:
             self._stopping = True
+            self._cancel(-signal.SIGTERM)
         self._close_stdin()
 
     def send_keepalive(self) -> None:
         """Write one keepalive line to the remote watchdog; never blocks."""
         self._write(b"\n")
 
-    def _order(self, order: str) -> bool:
-        """Send a stop order and close stdin; ``False`` when ssh has already ended."""
-        if self._proc is None or self._proc.poll() is not None:
-            return False
+    def _order(self, order: str, code: int) -> bool:
+        """Send a stop order and close stdin; ``False`` when no ssh runs (one still to start never will)."""
         with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._cancel(code)
+                return False
             self._stopping = True
         self._write(order.encode())
         self._close_stdin()
         return True
+
+    def _cancel(self, code: int) -> None:
+        """Stop a set-up while no ssh runs (it waits for its turn, or to try again): it ends with ``code``."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        if self._setting_up is not None and self._setting_up.is_alive() and not self._cancelled.is_set():
+            self._cancel_code = code
+            self._cancelled.set()
+            self._gate.wake()
 
     def _end_ssh(self, wait_s: float) -> None:
         """Wait up to ``wait_s`` for ssh to end after an order; then kill the local client."""
@@ -475,7 +544,11 @@ class SSHWorkerProcess:
         if marker is not None:
             self._marker = marker
             return
-        if line.lower().startswith(_SSH_NOISE):
+        if is_started(line, self._nonce):
+            self._started = True
+            self._progress.set()
+            return
+        if is_noise(line):
             return
         self._stderr_tail.append(line)
         self._forward(line)
@@ -497,12 +570,12 @@ class SSHWorkerProcess:
                     "stopped the worker"))
             return ExitStatus(code)
         if rc == 255:
-            return ExitStatus(rc, self._transport(_classify(self._stderr_tail)))
+            return ExitStatus(rc, self._transport(classify(self._stderr_tail)))
         if rc < 0 and not self._stopping:
             return ExitStatus(rc, self._transport(f"the local ssh client was killed by signal {-rc}"))
         if not self._stopping:
             # No marker and not stopped by us: the wrapper ended before it could start the worker.
-            return ExitStatus(rc, self._transport(_wrapper_failure(rc, self._stderr_tail)))
+            return ExitStatus(rc, self._transport(wrapper_failure(rc, self._stderr_tail)))
         return ExitStatus(rc)
 
     def _transport(self, what: str) -> str:
@@ -518,47 +591,3 @@ def _env_prefix(spec: WorkerSpec) -> list[str]:
         path = shlex.quote(f"PATH={bindir}:") + '"$PATH"'
     assignments = [shlex.quote(f"{k}={v}") for k, v in spec.env.items() if k != "PATH"]
     return ["exec", "env", "--", path, *assignments, "python3", "-m", MODULE]
-
-
-def _wants_job_known_hosts(extra_options: tuple[str, ...] | list[str]) -> bool:
-    """Whether to use a job-private known-hosts file: not if the user chose a file or strict checking."""
-    given = {}
-    for option in extra_options:
-        match = _SSH_OPTION.match(option)
-        if match:
-            given.setdefault(match.group(1).lower(), option[match.end(2):].strip().lower())
-    strict = given.get("stricthostkeychecking", "")
-    return "userknownhostsfile" not in given and strict not in ("yes", "true", "ask")
-
-
-def _ssh_quote(value: str) -> str:
-    # ssh splits an -o value on whitespace (UserKnownHostsFile takes several files) unless double-quoted.
-    return f'"{value}"' if any(c.isspace() for c in value) else value
-
-
-def _wrapper_failure(rc: int, stderr_tail: deque[str] | list[str]) -> str:
-    """Name a remote wrapper that ended with ``rc`` without starting the worker."""
-    lines = [line.strip() for line in stderr_tail if line.strip()]
-    last = lines[-1] if lines else "nothing"
-    if any("no module named" in line.lower() and "cloud_elastic" in line for line in lines):
-        return (f"python3 on that host cannot import cloud_elastic: install cloud-elastic there at the driver's "
-                f"path ({os.path.dirname(sys.executable)}) (remote said: {last})")
-    return f"the remote wrapper exited with {rc} without starting the worker (remote said: {last})"
-
-
-def _option_key(option: str) -> str:
-    match = _SSH_OPTION.match(option)
-    return match.group(1).lower() if match else option.lower()
-
-
-def _classify(stderr_tail: deque[str] | list[str]) -> str:
-    """Name an ssh exit-255 failure from ssh's stderr; quote ssh's last words."""
-    lines = [line.strip() for line in stderr_tail if line.strip()]
-    if not lines:  # ssh reports every failure of its own; silence means the remote side died
-        return "the remote wrapper ended without reporting the worker's status (killed by a signal?)"
-    text = " ".join(lines).lower()
-    last = lines[-1]
-    for needle, what in _SSH_FAILURES:
-        if needle in text:
-            return f"{what} (ssh said: {last})"
-    return f"ssh exited with 255 (ssh said: {last})"

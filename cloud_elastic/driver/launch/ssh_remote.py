@@ -13,8 +13,8 @@ through ssh. It
    other processes of the user can read, shows the environment a process
    started with, whatever it removes later);
 2. starts ``COMMAND`` in ``CWD`` in a **new session and process group**, stdin
-   from ``/dev/null``, stderr merged into stdout, and asks the kernel to KILL
-   that process if the wrapper dies (``PR_SET_PDEATHSIG``);
+   from ``/dev/null``, stderr merged into stdout, asks the kernel to KILL
+   that process if the wrapper dies (``PR_SET_PDEATHSIG``), and says so (:data:`STARTED`);
 3. watches its own stdin (:class:`Watchdog`). A ``KILL`` or ``TERM <grace>``
    line, or a HUP/INT to the wrapper, stops the worker's *whole process
    group* at once: TERM, then KILL after the grace. The first TERM to the
@@ -65,7 +65,7 @@ from typing import Callable, Sequence
 
 __all__ = [
     "SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MARKER", "WrapperArgs", "parse_args", "wrapper_argv",
-    "Watchdog", "Order",
+    "Watchdog", "Order", "STARTED",
     "marker_line", "parse_marker", "exit_code", "control_path", "attach", "main", "die_with_parent",
 ]
 
@@ -75,6 +75,8 @@ SECRET_ENV = "CLOUD_ELASTIC_SECRET"
 SECRET_FD_ENV = "CLOUD_ELASTIC_SECRET_FD"
 #: First word of the status line the wrapper writes on stderr when the worker ends.
 MARKER = "CLOUD_ELASTIC_EXIT"
+#: The line ``STARTED NONCE`` on stderr: the worker runs (``--attach``: the wrapper answers), the connection is set up.
+STARTED = "CLOUD_ELASTIC_STARTED"
 #: ``python3 -m`` target of the remote command.
 MODULE = "cloud_elastic.driver.launch.ssh_remote"
 
@@ -334,6 +336,7 @@ class Wrapper:
         finally:
             os.close(secret_fd)
         self._pgid = proc.pid
+        _say(f"{STARTED} {self._args.nonce}\n", raw=True)  # the driver may open its next connection to this host
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
         status = proc.wait()
         self.stop(self._args.grace_s)  # whatever the worker left behind in its group
@@ -481,11 +484,7 @@ class Wrapper:
 
     def _done(self, status: int, reason: str) -> None:
         line = marker_line(self._args.nonce, status, reason) + "\n"
-        try:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-        except OSError:
-            pass
+        _say(line, raw=True)
         with self._lock:
             for conn in self._attached:
                 try:
@@ -501,9 +500,9 @@ class Wrapper:
         os._exit(exit_code(status))
 
 
-def _say(message: str) -> None:
+def _say(message: str, raw: bool = False) -> None:
     try:
-        sys.stderr.write(f"cloud-elastic remote: {message}\n")
+        sys.stderr.write(message if raw else f"cloud-elastic remote: {message}\n")
         sys.stderr.flush()
     except OSError:
         pass
@@ -536,12 +535,9 @@ def attach(nonce: str, stdin_fd: int = 0) -> None:
         conn.connect(control_path(nonce))
     except OSError:
         _say(f"no worker of launch {nonce} runs on this host any more")
-        try:
-            sys.stderr.write(marker_line(nonce, 1, REASON_GONE) + "\n")
-            sys.stderr.flush()
-        except OSError:
-            pass
+        _say(marker_line(nonce, 1, REASON_GONE) + "\n", raw=True)
         os._exit(1)
+    _say(f"{STARTED} {nonce}\n", raw=True)
 
     def answers() -> None:
         while True:
