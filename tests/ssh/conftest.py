@@ -76,7 +76,7 @@ def keygen(path: Path) -> None:
 
 
 def _write_config(root: Path, port: int, host_key: Path, hosts: tuple[str, ...], name: str,
-                  max_startups: str) -> Path:
+                  max_startups: str = "200") -> Path:
     listen = "\n".join(f"ListenAddress {host}:{port}" for host in hosts)
     (root / "authorized_keys_none").write_text("")
     config = root / f"{name}_config"
