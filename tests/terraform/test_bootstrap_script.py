@@ -19,13 +19,24 @@ import pytest
 pytestmark = [pytest.mark.terraform, pytest.mark.timeout(120)]
 
 STUBBED = ("sysctl", "systemctl", "apt-get", "python3", "pip", "shutdown", "sleep")
+# pip fails, printing pip-error, until pip-works exists; the venv's python
+# answers torch.cuda.is_available() from the file cuda.
 STUB = """#!/bin/bash
 echo "$(basename "$0") $*" >> "$STUB_ROOT/calls"
 case "$(basename "$0")" in
-  pip) [ -e "$STUB_ROOT/pip-works" ] || exit 1 ;;
-  python3) mkdir -p "$STUB_ROOT/opt/bin" && ln -sf "$STUB_ROOT/bin/pip" "$STUB_ROOT/opt/bin/pip" ;;
+  pip) [ -e "$STUB_ROOT/pip-works" ] || { cat "$STUB_ROOT/pip-error" 2>/dev/null; exit 1; } ;;
+  python) case "$*" in *is_available*) [ "$(cat "$STUB_ROOT/cuda" 2>/dev/null)" = yes ] ;; *) echo 13.0 ;; esac ;;
+  python3) mkdir -p "$STUB_ROOT/opt/bin" && ln -sf "$STUB_ROOT/bin/pip" "$STUB_ROOT/opt/bin/pip"
+           ln -sf "$STUB_ROOT/bin/python" "$STUB_ROOT/opt/bin/python" ;;
 esac
 """
+# What pip prints when PyPI cannot be reached, and when the pin names no release.
+NETWORK_DOWN = ("WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection "
+                "broken by 'NewConnectionError(\"Failed to establish a new connection: [Errno -3] Temporary failure in "
+                "name resolution\")': /simple/torch/\n"
+                "ERROR: Could not find a version that satisfies the requirement torch==2.13.0 (from versions: none)\n")
+NO_SUCH_RELEASE = ("ERROR: Could not find a version that satisfies the requirement torch==2.13.0 (from versions: 2.11.0, "
+                   "2.12.0)\nERROR: No matching distribution found for torch==2.13.0\n")
 VARS = {
     "cluster_name": "demo",
     "ssh_user": "ubuntu",
@@ -56,7 +67,7 @@ class Host:
     def __init__(self, root: Path, script: str):
         self.root = root
         (root / "bin").mkdir()
-        for name in STUBBED:
+        for name in (*STUBBED, "python"):
             (root / "bin" / name).write_text(STUB)
             (root / "bin" / name).chmod(0o755)
         for d in ("etc/sysctl.d", "etc/ssh/sshd_config.d", "etc/systemd/system", "log"):
@@ -67,22 +78,82 @@ class Host:
             script = script.replace(old, f"{root}/{new}")
         (root / "bootstrap.sh").write_text(script)
 
+    def stub(self, name: str, body: str) -> None:
+        """Replace (or add) the command ``name`` with a script that logs its call, then runs ``body``."""
+        path = self.root / "bin" / name
+        path.write_text(f'#!/bin/bash\necho "{name} $*" >> "$STUB_ROOT/calls"\n{body}\n')
+        path.chmod(0o755)
+
     def boot(self) -> tuple[int, list[str]]:
         """Run the script once, as a boot would; its exit status and the stubbed commands it ran."""
         (self.root / "calls").write_text("")
         env = {**os.environ, "PATH": f"{self.root}/bin:{os.environ['PATH']}", "STUB_ROOT": str(self.root)}
-        rc = subprocess.run([shutil.which("bash"), str(self.root / "bootstrap.sh")], env=env, capture_output=True,
-                            timeout=60).returncode
-        return rc, (self.root / "calls").read_text().splitlines()
+        result = subprocess.run([shutil.which("bash"), str(self.root / "bootstrap.sh")], env=env, capture_output=True,
+                                text=True, timeout=60)
+        self.output = result.stdout + result.stderr
+        return result.returncode, (self.root / "calls").read_text().splitlines()
 
 
-def test_a_worker_whose_install_keeps_failing_powers_off_after_retrying(rendered, tmp_path):
-    rc, calls = Host(tmp_path, rendered["worker"]).boot()
+def test_a_worker_whose_network_step_keeps_failing_powers_off_after_retrying(rendered, tmp_path):
+    """A fresh VM may reach PyPI where this one could not: the group replaces a worker that powered off."""
+    (tmp_path / "pip-error").write_text(NETWORK_DOWN)
+    host = Host(tmp_path, rendered["worker"])
+    rc, calls = host.boot()
     assert rc != 0
     pip = [c for c in calls if c.startswith("pip ")]
     assert len(pip) > 1 and pip[0] == pip[-1] == "pip install --quiet torch==2.13.0"  # retried, then given up
     assert calls[-1] == "shutdown -h now"
+    assert "network step '" in host.output and "pip install --quiet torch==2.13.0' still failing after its retries (exit 1); " \
+        "powering off so that the group replaces this VM" in host.output
     assert not (tmp_path / "var/lib/cloud-elastic/bootstrap-done").exists()
+
+
+@pytest.mark.parametrize("failure", ["no such release", "no python3"])
+def test_a_worker_whose_set_up_fails_the_same_way_on_any_vm_stays_up_and_says_so(rendered, tmp_path, failure):
+    """Powered off, it would be replaced by an identical VM failing identically, forever, billed."""
+    host = Host(tmp_path, rendered["worker"])
+    if failure == "no such release":
+        (tmp_path / "pip-error").write_text(NO_SUCH_RELEASE)
+        step = "pip install --quiet torch==2.13.0' (exit 1)"
+    else:
+        host.stub("python3", "echo 'python3: command not found' >&2; exit 127")
+        step = "python3 -m venv"
+    rc, calls = host.boot()
+    assert rc != 0
+    assert not any(c.startswith("shutdown") for c in calls)
+    [line] = [line for line in host.output.splitlines() if "bootstrap failed" in line]
+    assert step in line and "would fail the same way on a fresh VM; staying up" in line
+    assert not (tmp_path / "var/lib/cloud-elastic/bootstrap-done").exists()
+
+
+def test_a_worker_with_a_socket_activated_sshd_sets_up(rendered, tmp_path):
+    """Ubuntu 22.10+ starts ssh.service at the first connection: at first boot it is not running, and reload fails."""
+    host = Host(tmp_path, rendered["worker"])
+    (tmp_path / "pip-works").touch()
+    host.stub("systemctl", 'case "$1" in reload|restart) echo "Job for $2 failed: not active" >&2; exit 1 ;; esac')
+    rc, calls = host.boot()
+    assert rc == 0, host.output
+    assert not any(c.startswith("shutdown") for c in calls)
+    assert (tmp_path / "var/lib/cloud-elastic/bootstrap-done").exists()
+    assert "MaxStartups 64:30:256" in (tmp_path / "etc/ssh/sshd_config.d/90-cloud-elastic.conf").read_text()
+
+
+@pytest.mark.parametrize("cuda", ["yes", "no"])
+def test_a_worker_whose_torch_cannot_use_its_gpus_says_so_once_and_stays_in(rendered, tmp_path, cuda):
+    """A torch built for a newer CUDA than the image's driver sees no GPU; the log must say why."""
+    host = Host(tmp_path, rendered["worker"])
+    (tmp_path / "pip-works").touch()
+    (tmp_path / "cuda").write_text(cuda)
+    host.stub("nvidia-smi", "echo 550.54.15")
+    rc, calls = host.boot()
+    assert rc == 0 and not any(c.startswith("shutdown") for c in calls)
+    errors = [line for line in host.output.splitlines() if "ERROR" in line]
+    if cuda == "yes":
+        assert errors == []
+    else:
+        assert len(errors) == 1
+        assert "torch==2.13.0 cannot use this VM's GPUs (NVIDIA driver 550.54.15, torch built for CUDA 13.0)" in errors[0]
+        assert "worker_torch_index" in errors[0]
 
 
 def test_a_driver_whose_install_fails_stays_up_and_tries_again_at_the_next_boot(rendered, tmp_path):

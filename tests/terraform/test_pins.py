@@ -19,9 +19,19 @@ VERSION = re.search(r'^version = "([^"]+)"$', (REPO / "pyproject.toml").read_tex
 TORCH = re.search(r"^torch==\S+$", (REPO / "requirements/dev.txt").read_text(), re.M).group(0)
 
 
-@pytest.mark.parametrize("cloud", CLOUDS)
+@pytest.mark.parametrize("cloud", [c for c in CLOUDS if c != "ibm"])
 def test_the_default_cloud_elastic_is_this_release(tree: Tree, cloud: str):
     assert tree.module(cloud).variable_default("cloud_elastic_pip_spec") == f"cloud-elastic[{cloud}]=={VERSION}"
+
+
+def test_the_default_ibm_cloud_elastic_is_this_release_with_s3fs_for_a_checkpoint_bucket(tree: Tree):
+    """IBM's s3:// checkpoint directory is read through s3fs, which only the aws extra brings."""
+    ibm = tree.module("ibm")
+    assert ibm.variable_default("cloud_elastic_pip_spec") is None
+    assert ibm.locals["pip_spec"] == (
+        f'${{coalesce(var.cloud_elastic_pip_spec, var.checkpoint_bucket == null ? "cloud-elastic[ibm]=={VERSION}" '
+        f': "cloud-elastic[ibm,aws]=={VERSION}")}}')
+    assert ibm.module_calls["common"]["pip_spec"] == "${local.pip_spec}"
 
 
 @pytest.mark.parametrize("name", [*CLOUDS, SHARED])

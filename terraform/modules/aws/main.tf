@@ -4,23 +4,24 @@
 module "common" {
   source = "../common"
 
-  cluster_name      = var.cluster_name
-  min_size          = var.min_size
-  max_size          = var.max_size
-  desired_size      = var.desired_capacity
-  gpus_per_instance = var.gpus_per_instance
-  training_ports    = var.training_ports
-  admin_ssh_cidrs   = var.admin_ssh_cidrs
-  ssh_user          = var.ssh_user
-  ssh_public_key    = var.ssh_public_key
-  ssh_identity_file = var.ssh_identity_file
-  pip_spec          = var.cloud_elastic_pip_spec
-  torch_spec        = var.torch_spec
-  checkpoint_root   = var.checkpoint_bucket == null ? null : "s3://${var.checkpoint_bucket}"
-  checkpoint_prefix = var.checkpoint_prefix
-  training_command  = var.training_command
-  driver_ip         = aws_instance.driver.private_ip
-  tags              = var.tags
+  cluster_name       = var.cluster_name
+  min_size           = var.min_size
+  max_size           = var.max_size
+  desired_size       = var.desired_capacity
+  gpus_per_instance  = var.gpus_per_instance
+  training_ports     = var.training_ports
+  admin_ssh_cidrs    = var.admin_ssh_cidrs
+  ssh_user           = var.ssh_user
+  ssh_public_key     = var.ssh_public_key
+  ssh_identity_file  = var.ssh_identity_file
+  pip_spec           = var.cloud_elastic_pip_spec
+  torch_spec         = var.torch_spec
+  worker_torch_index = var.worker_torch_index
+  checkpoint_root    = var.checkpoint_bucket == null ? null : "s3://${var.checkpoint_bucket}"
+  checkpoint_prefix  = var.checkpoint_prefix
+  training_command   = var.training_command
+  driver_ip          = aws_instance.driver.private_ip
+  tags               = var.tags
 }
 
 locals {

@@ -211,6 +211,12 @@ variable "torch_spec" {
   default     = "torch==2.13.0"
 }
 
+variable "worker_torch_index" {
+  type        = string
+  description = "pip index the workers install torch_spec from; \"\" (the default) is PyPI, whose torch 2.13 is a CUDA 13 build that needs an NVIDIA driver R580 or newer on a Turing or newer GPU. For an image with an older driver set a PyTorch index that holds torch_spec for an older CUDA, e.g. \"https://download.pytorch.org/whl/cu126\"."
+  default     = ""
+}
+
 variable "checkpoint_bucket" {
   type        = string
   description = "Existing S3 bucket for checkpoints. When set, the driver and the workers (through an instance profile of their own) may list the bucket and read, write and delete the objects under s3://<bucket>/<checkpoint_prefix>/, and the printed run line carries that --checkpoint-dir. The module never creates or deletes the bucket: checkpoints outlive the cluster."

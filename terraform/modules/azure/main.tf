@@ -4,23 +4,24 @@
 module "common" {
   source = "../common"
 
-  cluster_name      = var.cluster_name
-  min_size          = var.min_size
-  max_size          = var.max_size
-  desired_size      = var.instances
-  gpus_per_instance = var.gpus_per_instance
-  training_ports    = var.training_ports
-  admin_ssh_cidrs   = var.admin_ssh_cidrs
-  ssh_user          = var.ssh_user
-  ssh_public_key    = var.ssh_public_key
-  ssh_identity_file = var.ssh_identity_file
-  pip_spec          = var.cloud_elastic_pip_spec
-  torch_spec        = var.torch_spec
-  checkpoint_root   = var.checkpoint_container == null ? null : "az://${var.checkpoint_container.name}"
-  checkpoint_prefix = var.checkpoint_prefix
-  training_command  = var.training_command
-  driver_ip         = azurerm_network_interface.driver.private_ip_address
-  tags              = var.tags
+  cluster_name       = var.cluster_name
+  min_size           = var.min_size
+  max_size           = var.max_size
+  desired_size       = var.instances
+  gpus_per_instance  = var.gpus_per_instance
+  training_ports     = var.training_ports
+  admin_ssh_cidrs    = var.admin_ssh_cidrs
+  ssh_user           = var.ssh_user
+  ssh_public_key     = var.ssh_public_key
+  ssh_identity_file  = var.ssh_identity_file
+  pip_spec           = var.cloud_elastic_pip_spec
+  torch_spec         = var.torch_spec
+  worker_torch_index = var.worker_torch_index
+  checkpoint_root    = var.checkpoint_container == null ? null : "az://${var.checkpoint_container.name}"
+  checkpoint_prefix  = var.checkpoint_prefix
+  training_command   = var.training_command
+  driver_ip          = azurerm_network_interface.driver.private_ip_address
+  tags               = var.tags
 
   # The storage account of az:// checkpoint URLs, and the workers' identity
   # for DefaultAzureCredential (checkpoints.tf).

@@ -24,8 +24,8 @@ locals {
     driver_ip  = var.driver_ip
     pip_spec   = var.pip_spec
     torch_spec = var.torch_spec
-    # PyPI's default Linux build of torch is the CUDA one.
-    torch_index = ""
+    # "" is PyPI, whose Linux torch is a CUDA build (for the newest CUDA).
+    torch_index = var.worker_torch_index
     env         = var.worker_environment
   })
   driver_user_data = templatefile("${path.module}/node-init.sh.tftpl", {

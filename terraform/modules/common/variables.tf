@@ -135,6 +135,17 @@ variable "torch_spec" {
   }
 }
 
+variable "worker_torch_index" {
+  type        = string
+  description = "pip index the workers install torch_spec from; \"\" (the default) is PyPI, whose torch 2.13 is built for CUDA 13 and needs an NVIDIA driver R580 or newer (and a Turing or newer GPU). For an image with an older driver name a PyTorch index such as \"https://download.pytorch.org/whl/cu126\" that holds torch_spec."
+  default     = ""
+
+  validation {
+    condition     = var.worker_torch_index == "" || can(regex("^https://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%+-]+)*/?$", var.worker_torch_index))
+    error_message = "worker_torch_index must be \"\" (PyPI) or an https:// URL without spaces, quotes or shell characters."
+  }
+}
+
 variable "checkpoint_root" {
   type        = string
   description = "Bucket (or container) URL of the checkpoint location without the prefix, e.g. \"s3://my-bucket\"; null (the default) adds no --checkpoint-dir to the run line."

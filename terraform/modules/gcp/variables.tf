@@ -201,6 +201,12 @@ variable "torch_spec" {
   default     = "torch==2.13.0"
 }
 
+variable "worker_torch_index" {
+  type        = string
+  description = "pip index the workers install torch_spec from; \"\" (the default) is PyPI, whose torch 2.13 is a CUDA 13 build that needs an NVIDIA driver R580 or newer on a Turing or newer GPU. For an image with an older driver set a PyTorch index that holds torch_spec for an older CUDA, e.g. \"https://download.pytorch.org/whl/cu126\" The default gpu_image (pytorch-latest-cu121) has an older driver than that: check `nvidia-smi` on one worker or set this."
+  default     = ""
+}
+
 variable "checkpoint_bucket" {
   type        = string
   description = "Existing Cloud Storage bucket for checkpoints. When set, the driver's and the workers' service accounts get roles/storage.objectUser on it, and the printed run line carries --checkpoint-dir gs://<bucket>/<checkpoint_prefix>. The module never creates or deletes the bucket: checkpoints outlive the cluster."

@@ -4,23 +4,24 @@
 module "common" {
   source = "../common"
 
-  cluster_name      = var.cluster_name
-  min_size          = var.min_size
-  max_size          = var.max_size
-  desired_size      = var.instance_count
-  gpus_per_instance = var.gpus_per_instance
-  training_ports    = var.training_ports
-  admin_ssh_cidrs   = var.admin_ssh_cidrs
-  ssh_user          = var.ssh_user
-  ssh_public_key    = var.ssh_public_key
-  ssh_identity_file = var.ssh_identity_file
-  pip_spec          = var.cloud_elastic_pip_spec
-  torch_spec        = var.torch_spec
-  checkpoint_root   = var.checkpoint_bucket == null ? null : "s3://${var.checkpoint_bucket}"
-  checkpoint_prefix = var.checkpoint_prefix
-  training_command  = var.training_command
-  driver_ip         = ibm_is_instance.driver.primary_network_interface[0].primary_ip[0].address
-  tags              = var.tags
+  cluster_name       = var.cluster_name
+  min_size           = var.min_size
+  max_size           = var.max_size
+  desired_size       = var.instance_count
+  gpus_per_instance  = var.gpus_per_instance
+  training_ports     = var.training_ports
+  admin_ssh_cidrs    = var.admin_ssh_cidrs
+  ssh_user           = var.ssh_user
+  ssh_public_key     = var.ssh_public_key
+  ssh_identity_file  = var.ssh_identity_file
+  pip_spec           = local.pip_spec
+  torch_spec         = var.torch_spec
+  worker_torch_index = var.worker_torch_index
+  checkpoint_root    = var.checkpoint_bucket == null ? null : "s3://${var.checkpoint_bucket}"
+  checkpoint_prefix  = var.checkpoint_prefix
+  training_command   = var.training_command
+  driver_ip          = ibm_is_instance.driver.primary_network_interface[0].primary_ip[0].address
+  tags               = var.tags
 
   # The IBM provider reads these through the SDK's
   # get_authenticator_from_environment("vpc"): it signs in as the trusted
@@ -33,7 +34,10 @@ module "common" {
 }
 
 locals {
-  region = regex("^(.*)-[0-9]$", var.zone)[0]
+  # The s3:// checkpoint directory is read through s3fs, which the ibm extra
+  # lacks: without it the run line would stop at start.
+  pip_spec = coalesce(var.cloud_elastic_pip_spec, var.checkpoint_bucket == null ? "cloud-elastic[ibm]==0.1.0" : "cloud-elastic[ibm,aws]==0.1.0")
+  region   = regex("^(.*)-[0-9]$", var.zone)[0]
   # IBM user tags are single strings, written key:value.
   worker_tags = [for k, v in module.common.worker_tags : "${k}:${v}"]
   driver_tags = [for k, v in module.common.driver_tags : "${k}:${v}"]

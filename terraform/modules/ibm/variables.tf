@@ -152,14 +152,26 @@ variable "ssh_identity_file" {
 
 variable "cloud_elastic_pip_spec" {
   type        = string
-  description = "pip requirement the bootstrap installs on the driver and the workers. Keep it pinned: the driver refuses workers of another protocol version, and a worker replaced months later must get the driver's release."
-  default     = "cloud-elastic[ibm]==0.1.0"
+  description = "pip requirement the bootstrap installs on the driver and the workers. Keep it pinned: the driver refuses workers of another protocol version, and a worker replaced months later must get the driver's release. null (the default) is this release, cloud-elastic[ibm]==0.1.0, with the aws extra (s3fs, for the s3:// checkpoint directory) added when checkpoint_bucket is set."
+  default     = null
+
+  validation {
+    # The common module checks the rest of a given spec.
+    condition     = var.cloud_elastic_pip_spec == null ? true : trimspace(var.cloud_elastic_pip_spec) != ""
+    error_message = "cloud_elastic_pip_spec must be null (this release) or a pip requirement."
+  }
 }
 
 variable "torch_spec" {
   type        = string
   description = "Pinned torch the bootstrap installs first (workers: PyPI's CUDA build; driver: the CPU build), so that every VM, replacements included, runs the same torch and NCCL."
   default     = "torch==2.13.0"
+}
+
+variable "worker_torch_index" {
+  type        = string
+  description = "pip index the workers install torch_spec from; \"\" (the default) is PyPI, whose torch 2.13 is a CUDA 13 build that needs an NVIDIA driver R580 or newer on a Turing or newer GPU. For an image with an older driver set a PyTorch index that holds torch_spec for an older CUDA, e.g. \"https://download.pytorch.org/whl/cu126\"."
+  default     = ""
 }
 
 variable "checkpoint_bucket" {

@@ -198,12 +198,16 @@ run "the_bootstrap_pins_torch_and_the_driver_takes_the_cpu_build" {
   }
 }
 
-run "a_worker_whose_first_boot_fails_powers_off" {
+run "a_worker_whose_network_steps_keep_failing_powers_off" {
   command = plan
 
   assert {
-    condition     = strcontains(output.worker_user_data, "trap '") && strcontains(output.worker_user_data, "shutdown -h now' ERR") && strcontains(output.worker_user_data, "DPkg::Lock::Timeout=600")
-    error_message = "a worker must power off when its bootstrap fails, and wait for the dpkg lock"
+    condition     = strcontains(output.worker_user_data, "trap 'on_failure") && strcontains(output.worker_user_data, "shutdown -h now") && strcontains(output.worker_user_data, "DPkg::Lock::Timeout=600")
+    error_message = "a worker must power off when a network step of its bootstrap keeps failing, and wait for the dpkg lock"
+  }
+  assert {
+    condition     = strcontains(output.worker_user_data, "systemctl try-reload-or-restart ssh.service") && !strcontains(output.worker_user_data, "systemctl reload")
+    error_message = "a socket-activated sshd, not running at first boot, must not fail the bootstrap"
   }
   assert {
     condition     = !strcontains(output.driver_user_data, "shutdown")
@@ -224,4 +228,31 @@ run "the_bootstrap_runs_once" {
     ])
     error_message = "the bootstrap must stop at the marker its first run writes last"
   }
+}
+
+run "workers_take_torch_from_worker_torch_index" {
+  command = plan
+
+  variables {
+    worker_torch_index = "https://download.pytorch.org/whl/cu126"
+  }
+
+  assert {
+    condition     = strcontains(output.worker_user_data, "pip install --quiet --index-url 'https://download.pytorch.org/whl/cu126' 'torch==2.13.0'") && strcontains(output.worker_user_data, "torch.cuda.is_available()")
+    error_message = "workers must install torch from worker_torch_index and check that it sees their GPUs"
+  }
+  assert {
+    condition     = !strcontains(output.driver_user_data, "whl/cu126") && !strcontains(output.driver_user_data, "torch.cuda.is_available()")
+    error_message = "the driver keeps the CPU build"
+  }
+}
+
+run "worker_torch_index_with_shell_characters_is_rejected" {
+  command = plan
+
+  variables {
+    worker_torch_index = "https://x.org/'; sh"
+  }
+
+  expect_failures = [var.worker_torch_index]
 }
