@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["TAG", "LEAVES", "DICTS", "SEQUENCES", "Malformed", "is_numeric", "pack", "unpack"]
+__all__ = ["TAG", "LEAVES", "DICTS", "SEQUENCES", "Malformed", "holds", "is_numeric", "pack", "unpack"]
 
 #: The first item of a tuple that stands for a value :func:`pack` rewrote: ``(TAG, "numpy", dtype, shape, its
 #: bytes as a uint8 tensor)`` for a numpy number (shape None) or array, ``(TAG, "frozenset", items)`` for a
@@ -70,6 +70,26 @@ def unpack(obj: Any) -> Any:
     as a checkpoint written before numpy values were kept, comes back as it is). Raises :class:`Malformed`
     for a tag :func:`pack` would not write, ImportError when a tag holds a numpy value and numpy is missing."""
     return _unpack(obj, {})
+
+
+def holds(obj: Any, kind: str) -> bool:
+    """Whether a :func:`pack` result holds a tagged value of ``kind`` (``"numpy"``, ``"frozenset"``): a checkpoint
+    that holds a kind newer than its readers must say so in its format version (``checkpoint.api``)."""
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if type(o) not in DICTS and type(o) not in SEQUENCES or id(o) in seen:
+            continue
+        seen.add(id(o))
+        if _tagged(o) and len(o) > 1 and type(o[1]) is str:
+            if o[1] == kind:
+                return True
+            if o[1] == "tuple" and len(o) == 3 and _tagged(o[2]):  # the user's own tuple, itself no tag
+                stack.extend(o[2][1:])
+                continue
+        stack.extend((*o.keys(), *o.values()) if type(o) in DICTS else o)
+    return False
 
 
 def _pack(obj: Any, memo: dict[int, Any]) -> Any:

@@ -14,6 +14,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "SHARDED_FORMAT_VERSION",
+    "FROZENSET_FORMAT_VERSION",
     "READ_VERSION",
     "CheckpointError",
     "CheckpointBackendMissing",
@@ -32,8 +33,12 @@ FORMAT_VERSION = 1
 #: ``shards.sha256`` (each shard file's digest, with DCP's metadata as JSON beside them) is newer: a
 #: manifest without it is listed but never loaded, as its shards load only by unpickling DCP's ``.metadata``.
 SHARDED_FORMAT_VERSION = 2
+#: The version of a manifest whose payload holds a ``frozenset`` (``plain_numpy``'s tagged tuple), sharded or
+#: not, so that a reader from before them refuses it as of a newer format rather than call the tag forged.
+#: Other checkpoints keep their version, readable by older cloud-elastics.
+FROZENSET_FORMAT_VERSION = 3
 #: The newest version this cloud-elastic reads.
-READ_VERSION = SHARDED_FORMAT_VERSION
+READ_VERSION = FROZENSET_FORMAT_VERSION
 
 
 class CheckpointBackendMissing(CheckpointError, ConfigError):

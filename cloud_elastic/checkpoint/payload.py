@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from cloud_elastic import plain_numpy
-from cloud_elastic.checkpoint.api import CheckpointError
+from cloud_elastic.checkpoint.api import FORMAT_VERSION, FROZENSET_FORMAT_VERSION, CheckpointError
 
 __all__ = ["SavedByStateDict", "check_payload", "stage_payload", "state_payload", "load_state_payload"]
 
@@ -49,9 +49,11 @@ def _kept_by_state_dict() -> tuple[type, ...]:
 _BY_STATE_DICT = _kept_by_state_dict()
 
 
-def check_payload(payload: Any) -> None:
-    """Raise CheckpointError naming the first value ``torch.load(weights_only=True)`` could not read."""
+def check_payload(payload: Any) -> int:
+    """Raise CheckpointError naming the first value ``torch.load(weights_only=True)`` could not read; else the
+    manifest format version the payload needs (``checkpoint.api``): newer only where it holds a frozenset."""
     _walk(payload, None, "payload", copy=False)
+    return FROZENSET_FORMAT_VERSION if plain_numpy.holds(payload, "frozenset") else FORMAT_VERSION
 
 
 def stage_payload(payload: Any, previous: Any = None) -> Any:

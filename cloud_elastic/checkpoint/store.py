@@ -114,9 +114,9 @@ class CheckpointStore:
         tensors and plain data, or when the storage refuses the write; a
         failed save leaves the previous checkpoints as they were.
         """
-        check_payload(payload)
+        version = check_payload(payload)
         existing = self._names()
-        return self._publish(self._new_name(step, existing), existing, step, payload, meta)
+        return self._publish(self._new_name(step, existing), existing, step, payload, meta, version=version)
 
     # -- sharded checkpoints (hvd.shard) ----------------------------------------------
 
@@ -143,7 +143,7 @@ class CheckpointStore:
         """Once every shard is in ``name`` (DCP's save returned): ``payload`` (the state's other values), then the
         manifest, which lists the shards' files with the size and SHA-256 each had as it was written (``files``,
         from the writer of :meth:`shard_storage`); then prune."""
-        check_payload(payload)
+        version = max(check_payload(payload), SHARDED_FORMAT_VERSION)
         if not files or DCP_METADATA_JSON not in files:
             raise CheckpointError(f"the shards of {self.backend.url(name)} have no digests: the DCP save did not "
                                   "finish on this worker")
@@ -155,10 +155,12 @@ class CheckpointStore:
         if wrong:
             raise CheckpointError(f"the shard files {', '.join(wrong[:3])} of {self.backend.url(name)} are missing or "
                                   "not the size they were written with")
-        return self._publish(name, self._names(), step, payload, meta, shards=dict(files), shard_count=shard_count)
+        return self._publish(name, self._names(), step, payload, meta, shards=dict(files), shard_count=shard_count,
+                             version=version)
 
     def _publish(self, name: str, existing: list[str], step: int, payload: Any, meta: Mapping[str, Any] | None,
-                 shards: Mapping[str, tuple[int, str]] | None = None, shard_count: int | None = None) -> CheckpointInfo:
+                 shards: Mapping[str, tuple[int, str]] | None = None, shard_count: int | None = None, *,
+                 version: int = FORMAT_VERSION) -> CheckpointInfo:
         fields, extra = _split_meta(meta)
         backend = self.backend
         digest = _Digest()
@@ -166,7 +168,7 @@ class CheckpointStore:
             backend.write(f"{name}/{DATA}", lambda f: torch.save(payload, digest.wrap(f)))
             created = time.time()
             manifest = {
-                "format": FORMAT, "format_version": FORMAT_VERSION if shards is None else SHARDED_FORMAT_VERSION,
+                "format": FORMAT, "format_version": version,
                 "step": int(step), "created": created,
                 "created_utc": datetime.fromtimestamp(created, timezone.utc).isoformat().replace("+00:00", "Z"),
                 **fields, "torch_version": torch.__version__,

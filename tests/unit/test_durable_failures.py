@@ -2,9 +2,11 @@
 
 * A ``--checkpoint-dir`` this worker sees apart from the driver's (a plain path on a disk of its own, not a
   shared mount): rank 0 finds no record of its job there before its first write or load, and says so.
-* A state value a commit accepts is one a checkpoint holds (one definition, ``plain_numpy.LEAVES``); a
-  payload the checkpoint still refuses is a checkpoint failure reported to the driver, not a crash that
-  re-forms the job forever.
+* A state value a commit accepts is one a checkpoint holds (one definition, ``plain_numpy.LEAVES``; with
+  ``--checkpoint-dir`` no allowlisted class); a payload the checkpoint still refuses is a checkpoint failure
+  reported to the driver (by every worker of host 0 with ``hvd.shard``), not a crash that re-forms the job
+  forever. A checkpoint holding a frozenset is of a newer format, which older readers refuse as such.
+* Storage that stalls delays the job record's check on the writer's thread, never the commit.
 
 Rank 0's schedule on a fake worker context (its reports recorded); real stores: a directory, fsspec's memory://.
 """
@@ -13,11 +15,15 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
+import threading
 import uuid
 from types import SimpleNamespace
 
+import fsspec
 import pytest
 import torch
+from fsspec.implementations.memory import MemoryFileSystem
 
 from cloud_elastic import plain_numpy
 from cloud_elastic.checkpoint import CheckpointStore, DurableJobRecord, load_state_payload, state_payload
@@ -74,11 +80,15 @@ def test_storage_apart_from_the_drivers_ends_the_job_before_rank_0_writes_or_loa
     if record is not None:
         _record(url, record)
     ctx = _ctx()
-    with pytest.raises(CheckpointFailed) as failed:
-        _schedule(url, ctx).after_commit(_State(step=1, w=torch.ones(2)))
+    schedule = _schedule(url, ctx)
+    schedule.after_commit(_State(step=1, w=torch.ones(2)))  # the record is read on the writer's thread...
+    assert schedule._writer.wait(30)
     line = UNSHARED.format(url=url)
-    assert str(failed.value) == line and failed.value.failure == "storage"
-    assert ctx.reports == [("failed", {"failure": "storage", "reason": line})]
+    assert ctx.reports == [("failed", {"failure": "storage", "reason": line})]  # ...which tells the driver at once
+    with pytest.raises(CheckpointFailed) as failed:  # and the training thread stops at its next commit
+        schedule.after_commit(_State(step=2, w=torch.ones(2)))
+    assert str(failed.value) == line and failed.value.failure == "storage" and len(ctx.reports) == 1
+    assert schedule.stop_writing(30)
     assert CheckpointReport.from_wire({"event": "failed", **ctx.reports[0][1]}).ending() == line  # the driver's
     assert CheckpointStore(url).list() == []  # nothing written where the driver never looks
     with pytest.raises(CheckpointFailed, match="holds no record of job job-1"):  # nor loaded from there
@@ -151,6 +161,77 @@ def test_every_value_a_commit_accepts_a_checkpoint_holds_and_gives_back(tmp_path
     assert state_payload(_State(tags=values["tags"]))["tags"][1] == "frozenset"  # stored plain, as a tagged tuple
 
 
+@dataclasses.dataclass
+class _Stats:
+    best: float = 0.0
+
+
+@pytest.fixture
+def allowlisted_stats():
+    """``_Stats`` allowed with torch.serialization.add_safe_globals, as a sync's refusal tells the user to do."""
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals([_Stats])
+    yield
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(before)
+
+
+def test_with_checkpoint_dir_a_commit_refuses_an_allowlisted_class_that_no_checkpoint_holds(allowlisted_stats,
+                                                                                           monkeypatch):
+    from cloud_elastic.checkpoint.payload import check_payload
+    from cloud_elastic.worker.comm.statecodec import StateSyncError
+    from cloud_elastic.worker.settings import CHECKPOINT_DIR_ENV
+
+    monkeypatch.delenv(CHECKPOINT_DIR_ENV, raising=False)
+    check_attributes({"stats": _Stats(1.5)})  # without --checkpoint-dir a sync carries it
+    with pytest.raises(CheckpointError, match=r"cannot checkpoint the .*_Stats at payload\['stats'\]"):
+        check_payload({"stats": _Stats(1.5)})  # which a checkpoint never holds: it loads without running code
+    monkeypatch.setenv(CHECKPOINT_DIR_ENV, "s3://b/ckpt")
+    with pytest.raises(StateSyncError) as refused:  # before: accepted, and the job ended at rank 0's checkpoint
+        check_attributes({"stats": _Stats(1.5)})
+    assert str(refused.value) == (
+        f"state.stats holds a {__name__}._Stats, which the job's checkpoints (--checkpoint-dir) cannot hold: keep "
+        "numbers, strings, tensors, numeric numpy values, lists, tuples, sets and dicts in elastic state (a class "
+        "allowed with torch.serialization.add_safe_globals is carried by a state sync, not by a checkpoint)")
+    values = _every_kind()
+    check_attributes(values)  # what a commit still accepts, a checkpoint holds
+    check_payload(state_payload(_State(**values)))
+
+
+def test_a_sharded_payload_the_checkpoint_refuses_ends_the_job_on_every_worker_of_host_0_before_any_queues(
+        tmp_path, monkeypatch):
+    """Local rank 0 decides for the host; before, its host-mates queued a DCP save that waited for it (which never
+    came) until the group's timeout, one more each interval."""
+    from cloud_elastic.worker.durable import sharded as sharded_module
+    from tests.unit.test_sharded_checkpoint import _checkpoints, _ctx as _sharded_ctx, _state, _train
+
+    state = _state()
+    _train(state, 1)
+    state.note = _Stats()  # a value the checkpoint refuses (here past commit's check: it is not committed)
+    answers, ctx = [], _sharded_ctx()
+    real = sharded_module.dist.broadcast_object_list
+    monkeypatch.setattr(sharded_module.dist, "broadcast_object_list",
+                        lambda objects, src: (real(objects, src), answers.append(list(objects))))
+    durable = _checkpoints(tmp_path, ctx)
+    with pytest.raises(CheckpointFailed) as failed:
+        durable.after_commit(state)  # local rank 0
+    line = f"cannot write the checkpoints --checkpoint-dir asks for: cannot checkpoint the {__name__}._Stats at " \
+           "payload['note']: a checkpoint holds only tensors and plain data (dict, list, tuple, set, str, bytes, " \
+           "int, float, bool, None), which load without running code"
+    assert (failed.value.failure, str(failed.value)) == ("write", line)
+    assert [e for e, _ in ctx.reports] == ["failed"]
+    # A host-mate (local rank 1) hears local rank 0's answer, and stops with the same line, having queued nothing.
+    mate = _sharded_ctx()
+    mate.info.local_rank, mate.info.local_size, mate.info.rank = 1, 2, 1
+    monkeypatch.setattr(sharded_module.dist, "broadcast_object_list",
+                        lambda objects, src: objects.__setitem__(slice(None), answers[-1]))
+    other = _checkpoints(tmp_path, mate)
+    with pytest.raises(CheckpointFailed) as mates:
+        other.after_commit(state)
+    assert (mates.value.failure, str(mates.value)) == ("write", line) and other._writes.idle
+    assert durable._writes.idle and CheckpointStore(str(tmp_path / "ckpt")).list() == []
+
+
 @pytest.mark.parametrize("failure, line", [
     (None, "training state lost: cannot resume from the checkpoint: why"),  # as workers sent it before
     ("load", "training state lost: cannot resume from the checkpoint: why"),
@@ -214,9 +295,10 @@ NO_CREDENTIALS = "could not read s3://b/ckpt/job.json: Unable to locate credenti
 def test_a_job_record_rank_0_cannot_read_is_reported_at_each_attempt_one_interval_apart(tmp_path, monkeypatch):
     url = str(tmp_path / "ckpt")
     _record(url)
-    real, broken = store_module.read_job_record, [True]
+    real, broken, reads = store_module.read_job_record, [True], []
 
     def read(store):
+        reads.append(1)
         if broken[0]:
             raise CheckpointError(NO_CREDENTIALS)
         return real(store)
@@ -225,17 +307,23 @@ def test_a_job_record_rank_0_cannot_read_is_reported_at_each_attempt_one_interva
     now, ctx = [0.0], _ctx()
     schedule = RankZeroCheckpoints(DurableSettings(url, interval_s=60.0), ctx, clock=lambda: now[0])
     state = _State(step=1, w=torch.ones(2))
-    schedule.after_commit(state)
-    assert ctx.reports == [("not_written", {"reason": NO_CREDENTIALS, "step": 1})]
-    now[0], state.step = 59.0, 2
+    schedule.after_commit(state)  # the first checkpoint: the writer reads the record first, and fails
+    assert schedule._writer.wait(30) and reads == [1]
+    now[0], state.step = 1.0, 2
+    schedule.after_commit(state)  # the next commit tells the driver
+    assert ctx.reports == [("not_written", {"reason": NO_CREDENTIALS})]
+    now[0], state.step = 59.0, 3
     schedule.after_commit(state)  # before: a read, and a warning, at every commit
-    assert len(ctx.reports) == 1
-    now[0], state.step = 61.0, 3
+    assert schedule._writer.wait(30) and len(ctx.reports) == 1 and reads == [1]
+    now[0], state.step = 61.0, 4
+    schedule.after_commit(state)  # the next checkpoint, one interval later, reads it again
+    assert schedule._writer.wait(30) and reads == [1, 1]
+    now[0], state.step = 62.0, 5
     schedule.after_commit(state)
-    assert ctx.reports[1:] == [("not_written", {"reason": NO_CREDENTIALS, "step": 3})]
-    broken[0], now[0], state.step = False, 122.0, 4  # the credentials came
+    assert ctx.reports[1:] == [("not_written", {"reason": NO_CREDENTIALS})]
+    broken[0], now[0], state.step = False, 122.0, 6  # the credentials came
     schedule.after_commit(state)
-    assert schedule.stop_writing(30) and [(e, f.get("step")) for e, f in ctx.reports[2:]] == [("saved", 4)]
+    assert schedule.stop_writing(30) and [(e, f.get("step")) for e, f in ctx.reports[2:]] == [("saved", 6)]
 
 
 def test_a_checkpoint_write_that_fails_in_the_background_is_reported_at_the_next_commit(tmp_path, monkeypatch):
@@ -256,3 +344,96 @@ def test_a_checkpoint_write_that_fails_in_the_background_is_reported_at_the_next
     schedule.after_commit(state)  # reported once
     assert ctx.reports == [("not_written", {"reason": "AccessDenied: s3:PutObject"})]
     assert schedule.stop_writing(30)
+
+
+# ------------------------------------------------- storage that stalls: the commit does not wait for the check
+class _StalledMemory(MemoryFileSystem):
+    """fsspec's memory filesystem, but a read of ``job.json`` blocks until :attr:`answer` is set (bounded: a
+    failing test ends), as an S3 endpoint that accepts the connection and does not answer."""
+
+    protocol, root_marker = ("stalled-memory",), ""
+    store: dict = {}
+    pseudo_dirs = [""]
+    answer, reading, answered = threading.Event(), threading.Event(), threading.Event()
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return str(path).removeprefix("stalled-memory://").strip("/")
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        if str(path).endswith("job.json"):
+            self.reading.set()
+            self.answer.wait(10)
+            self.answered.set()
+        return super().cat_file(path, start=start, end=end, **kwargs)
+
+
+@pytest.fixture
+def stalled_url():
+    """A store on :class:`_StalledMemory` holding this job's record; its reads of it wait until answered."""
+    fsspec.register_implementation("stalled-memory", _StalledMemory, clobber=True)
+    for event in (_StalledMemory.answer, _StalledMemory.reading, _StalledMemory.answered):
+        event.clear()
+    url = f"stalled-memory://ce-{uuid.uuid4().hex}/ckpt"
+    _record(url)
+    yield url
+    _StalledMemory.answer.set()  # no read left waiting
+
+
+def test_a_commit_does_not_wait_for_storage_that_stalls_on_the_job_record(stalled_url):
+    ctx = _ctx()
+    schedule = _schedule(stalled_url, ctx)
+    state = _State(step=1, w=torch.ones(2))
+    schedule.after_commit(state)  # before: this commit waited for the storage's answer
+    state.step = 2
+    schedule.after_commit(state)
+    assert _StalledMemory.reading.wait(20) and not _StalledMemory.answered.is_set()  # returned while the read waits
+    assert ctx.reports == [] and schedule._writer.busy
+    _StalledMemory.answer.set()  # the storage answers: the record is this job's, the checkpoint is written
+    assert schedule.stop_writing(30) and [(e, f["step"]) for e, f in ctx.reports] == [("saved", 1)]
+
+
+def test_a_load_waits_for_storage_that_stalls_on_the_job_record_a_bounded_time(stalled_url, monkeypatch):
+    """Loading must wait for storage, but not for ever (s3fs's timeouts and retries add up to tens of minutes):
+    past the bound the load fails in one line, as for storage that cannot be read."""
+    from cloud_elastic.worker.durable import failure
+
+    url = stalled_url
+    monkeypatch.setattr(failure, "RECORD_WAIT_S", 0.2)
+    with pytest.raises(CheckpointError) as failed:
+        _schedule(url, ctx := _ctx()).load_latest(_State(step=0, w=torch.zeros(2)))
+    assert not _StalledMemory.answered.is_set()  # before: the load waited for the storage's answer
+    assert str(failed.value) == f"the job record in {url} did not come within 0.2s: the storage does not answer"
+    assert not isinstance(failed.value, CheckpointFailed) and ctx.reports == []
+
+
+@pytest.mark.parametrize("tags, version", [(frozenset({"a", (1, 2)}), 3), (("a", (1, 2)), 1)],
+                         ids=["frozenset", "tuple"])
+def test_only_a_checkpoint_holding_a_frozenset_is_of_the_newer_format_which_older_readers_refuse_as_such(
+        tmp_path, monkeypatch, tags, version):
+    url = str(tmp_path / "ckpt")
+    info = CheckpointStore(url).save(1, state_payload(_State(tags=tags, w=torch.ones(2))))
+    assert info.format_version == version  # before: 1 for both
+    fresh = _State(tags=None, w=torch.zeros(2))
+    load_state_payload(fresh, CheckpointStore(url).latest().payload)  # this cloud-elastic reads both
+    assert type(fresh.tags) is type(tags) and fresh.tags == tags
+    monkeypatch.setattr(store_module, "READ_VERSION", 2)  # the reader of the cloud-elastic before frozensets
+    older = CheckpointStore(url)
+    if version == 1:  # every other checkpoint stays readable by it
+        assert older.latest().info.step == 1
+    else:  # refused as of a newer format (the driver then refuses to start over), not loaded and called forged
+        assert older.latest() is None and older.unreadable() == [
+            (info.name, "unreadable manifest: format version 3 is newer than this cloud-elastic reads (2)")]
+
+def test_a_sharded_checkpoint_holding_a_frozenset_is_of_the_newer_format_and_loads_back(tmp_path):
+    from tests.unit.test_sharded_checkpoint import _checkpoints, _ctx as _sharded_ctx, _state, _train
+
+    state = _state()
+    state.note = frozenset({"x"})
+    _train(state, 1)
+    assert _checkpoints(tmp_path, _sharded_ctx()).finish(state) is None
+    [info] = CheckpointStore(str(tmp_path / "ckpt")).list()
+    assert info.format_version == 3 and info.shards  # before: 2, which a reader from before frozensets loads
+    other = _state(seed=1)
+    other.note = None
+    assert _checkpoints(tmp_path, _sharded_ctx()).load_latest(other).step == 1 and other.note == frozenset({"x"})

@@ -6,7 +6,10 @@ decoded. ``weights_only`` loading builds only tensors, numbers, strings,
 bytes, ``None``, dicts, lists, tuples, ``OrderedDict``, torch dtypes and
 sizes, plus ``set`` and ``frozenset`` (allowed here: building them runs no
 user code), and whatever the user allowlisted with
-``torch.serialization.add_safe_globals`` in the script (on every worker).
+``torch.serialization.add_safe_globals`` in the script (on every worker), but
+in a job with ``--checkpoint-dir``: a checkpoint holds only plain data (it loads
+without running code, and without the script), so there a commit refuses an
+allowlisted class too, rather than rank 0's first checkpoint.
 A numpy number or numeric array (``np.mean(...)``, as Horovod's pickling
 carries it) travels as its raw bytes and dtype string, in a tagged tuple
 (``cloud_elastic.plain_numpy``, as durable checkpoints keep it), and is
@@ -22,6 +25,7 @@ they carry what the user chose to send between the job's members.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
 import sys
@@ -34,6 +38,7 @@ from cloud_elastic import plain_numpy
 from cloud_elastic.errors import CloudElasticError
 from cloud_elastic.plain_numpy import DICTS as _DICTS, LEAVES, SEQUENCES as _SEQUENCES, TAG as _TAG
 from cloud_elastic.plain_numpy import is_numeric as _numeric
+from cloud_elastic.worker.settings import CHECKPOINT_DIR_ENV
 
 __all__ = ["MIN_TORCH", "MAX_BYTES", "StateSyncError", "Parts", "check_torch_version", "check_attributes", "encode",
            "decode"]
@@ -189,11 +194,28 @@ def check_attributes(attributes: dict[str, Any], owner: str = "state") -> None:
         if found is not None:
             where, kind = found
             at = f" (at {owner}.{name}{where})" if where else ""
-            raise StateSyncError(
-                f"{owner}.{name} holds a {kind.__module__}.{kind.__qualname__}{at}, "
-                "which a state sync cannot carry without pickle: keep numbers, strings, tensors, numeric numpy "
-                "values, lists, tuples, sets and dicts in elastic state, or allow the class with "
-                "torch.serialization.add_safe_globals([...]) in the script")
+            plain = ("keep numbers, strings, tensors, numeric numpy values, lists, tuples, sets and dicts in elastic "
+                     "state")
+            if _checkpointed():
+                why = (f"which the job's checkpoints (--checkpoint-dir) cannot hold: {plain} (a class allowed with "
+                       "torch.serialization.add_safe_globals is carried by a state sync, not by a checkpoint)")
+            else:
+                why = (f"which a state sync cannot carry without pickle: {plain}, or allow the class with "
+                       "torch.serialization.add_safe_globals([...]) in the script")
+            raise StateSyncError(f"{owner}.{name} holds a {kind.__module__}.{kind.__qualname__}{at}, {why}")
+
+
+def _checkpointed() -> bool:
+    """Whether this worker's job writes durable checkpoints (the driver passed ``--checkpoint-dir``)."""
+    return bool(os.environ.get(CHECKPOINT_DIR_ENV))
+
+
+def _allowed() -> set[Any]:
+    """The classes a commit accepts by name: what the script allowlisted (entries are classes, or (class, name)
+    pairs), but none in a job whose checkpoints must hold the state too (``checkpoint.payload`` refuses them)."""
+    if _checkpointed():
+        return set()
+    return {g[0] if isinstance(g, tuple) else g for g in torch.serialization.get_safe_globals()}
 
 
 def _unsupported(obj: Any) -> tuple[str, type] | None:
@@ -216,8 +238,8 @@ def _unsupported(obj: Any) -> tuple[str, type] | None:
         elif kind in _LEAVES or np is not None and _numeric(np, o):
             continue
         else:
-            if allowed is None:  # what the script allowlisted (entries are classes, or (class, name) pairs)
-                allowed = {g[0] if isinstance(g, tuple) else g for g in torch.serialization.get_safe_globals()}
+            if allowed is None:
+                allowed = _allowed()
             if kind not in allowed:
                 return where, kind
     return None

@@ -4,7 +4,13 @@
 by all hosts names a different disk on each: rank 0 would write checkpoints where the driver never
 looks, and a restarted driver would find none and start the training over. The driver creates the
 job's record (``job.json``) in the store before any worker starts, so :func:`check_sees_job` reads
-it back, once per worker, before its first checkpoint write or load: one small read.
+it back, once per worker, before its first checkpoint write or load: one small read. Before a write it
+is read on the writer's thread (:class:`CheckedStore`), so that storage that stalls delays the
+checkpoint, never the training step (and with it every rank waiting in the next collective). Where
+the training thread must wait for it (a load; a sharded write, which host 0's workers decide
+together), :meth:`SeesJob.within` waits at most :data:`RECORD_WAIT_S`: s3fs's own timeouts and
+retries (5 s to connect, 15 s a read, each call retried by botocore and by s3fs) let one read of an
+endpoint that accepts connections and never answers last tens of minutes.
 
 A :class:`CheckpointFailed` is reported to the driver (:func:`report`), which ends the job with
 :meth:`~cloud_elastic.protocol_reports.CheckpointReport.ending`'s line and exit code 1: training
@@ -17,11 +23,16 @@ driver says so at once, and ends the job when no checkpoint at all can be writte
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from cloud_elastic.errors import CheckpointError
 
-__all__ = ["CheckpointFailed", "SeesJob", "check_sees_job", "report", "report_not_written"]
+__all__ = ["CheckedStore", "CheckpointFailed", "SeesJob", "check_sees_job", "report", "report_not_written"]
+
+
+#: The longest the training thread waits for the job record (a few hundred bytes): a load, a sharded write.
+RECORD_WAIT_S = 120.0
 
 
 class CheckpointFailed(CheckpointError):
@@ -55,6 +66,56 @@ class SeesJob:
         if not self._seen:
             check_sees_job(self._store, self._url, self._ctx.job_id, self._ctx.hostname)
             self._seen = True
+
+    def within(self, timeout_s: float | None = None) -> None:
+        """The check, waited for at most ``timeout_s`` (:data:`RECORD_WAIT_S`): CheckpointError (storage
+        trouble) when it has not answered by then; the read goes on, on a thread of its own, unwaited for."""
+        if self._seen:
+            return
+        timeout_s = RECORD_WAIT_S if timeout_s is None else timeout_s
+        done, outcome = threading.Event(), []
+
+        def run() -> None:
+            try:
+                self()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="cloud-elastic-job-record", daemon=True).start()
+        if not done.wait(timeout_s):
+            raise CheckpointError(f"the job record in {self._url} did not come within {timeout_s:g}s: the storage "
+                                  "does not answer")
+        if outcome:
+            raise outcome[0]
+
+
+class CheckedStore:
+    """``store`` for a :class:`~cloud_elastic.checkpoint.writer.CheckpointWriter`: each ``save`` first runs
+    ``check`` (a :class:`SeesJob`, which reads once it succeeded), on the writer's thread.
+
+    A definite answer (:class:`CheckpointFailed`: no record of this job) is reported to the driver at once,
+    which ends the job with its line; it is kept in :attr:`failed` for the training thread to raise at its next
+    commit, and this save and every later one write nothing and return None (the writer counts a failed write
+    without logging the job's last line a second time). A read error fails this save only: the writer logs and
+    counts it, rank 0 reports it as ``not_written``, and the next save reads again.
+    """
+
+    def __init__(self, store: Any, check: "SeesJob", ctx: Any) -> None:
+        self._store, self._check, self._ctx = store, check, ctx
+        #: The failure that ends the job, its text the job's last line, once a check found one.
+        self.failed: CheckpointFailed | None = None
+
+    def save(self, step: int, payload: Any, meta: Any = None) -> Any:
+        if self.failed is None:
+            try:
+                self._check()
+            except CheckpointFailed as exc:
+                self.failed = CheckpointFailed(exc.failure, report(self._ctx, exc.failure, str(exc)))
+        if self.failed is not None:
+            return None
+        return self._store.save(step, payload, meta)
 
 
 def report(ctx: Any, failure: str, reason: str) -> str:

@@ -24,7 +24,8 @@ and registers its :meth:`after_commit` as an after-commit hook of the ledger:
   the store (``durable.failure``): a ``--checkpoint-dir`` that is no storage shared with the
   driver ends the job in one line, as does a state a checkpoint cannot hold; a record that cannot
   be read, or a write that fails, is reported as an attempt that failed (``not_written``) and tried
-  again after the interval.
+  again at the next checkpoint, one interval later. Before a write the record is read on the
+  writer's thread, with the first checkpoint: the commit does not wait for it (a load does).
 
 Each checkpoint written or loaded is reported to the driver (a signed
 ``checkpoint`` control message), which logs it and writes the
@@ -41,7 +42,7 @@ from typing import Any, Callable
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer
-from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report, report_not_written
+from cloud_elastic.worker.durable.failure import CheckedStore, CheckpointFailed, SeesJob, report, report_not_written
 
 __all__ = ["DurableSettings", "RankZeroCheckpoints", "step_of"]
 
@@ -95,7 +96,8 @@ class RankZeroCheckpoints:
         self._writer: CheckpointWriter | None = None
         self._periodic: PeriodicCheckpointer | None = None
         self._check_store = SeesJob(self.store, settings.url, ctx)  # CheckpointFailed when it is not the driver's
-        self._retry_at: float | None = None  # the job record could not be read: when to try again
+        # What the writer saves to: the job record is read on its thread, before the first checkpoint.
+        self._checked = CheckedStore(self.store, self._check_store, ctx)
         self._failed_seen = 0  # the writer's failed writes already reported to the driver
 
     @property
@@ -114,23 +116,13 @@ class RankZeroCheckpoints:
         if info is None or info.rank != 0:
             self.stop_writing()
             return
+        self._raise_if_failed()
         step = step_of(state, self._ctx.ledger.commit_seq)
         driver_lost = getattr(self._ctx, "driver_lost", False)
         if self._periodic is None:
-            if self._retry_at is not None and self._clock() < self._retry_at and not driver_lost:
-                return
-            try:
-                self._start_writing()
-            except CheckpointFailed:
-                raise
-            except CheckpointError as exc:
-                # The job record could not be read (storage trouble, which may pass): the next attempt comes
-                # after the checkpoint interval, as after a failed write, and the driver hears of each.
-                self._retry_at = self._clock() + self.settings.interval_s
-                log.warning("worker %s: no checkpoint written: %s", self._ctx.worker_id, exc)
-                report_not_written(self._ctx, str(exc), step)
-                return
+            self._start_writing()
         assert self._periodic is not None
+        # Failed saves, a job record that could not be read among them, each one interval apart.
         self._report_write_failures()
         meta = {"world_size": info.size, "job_id": self._ctx.job_id, "commit_seq": self._ctx.ledger.commit_seq}
         epoch = getattr(state, "epoch", None)
@@ -150,12 +142,14 @@ class RankZeroCheckpoints:
         """Tell the driver (which ends the job); the CheckpointFailed to raise, its text the job's last line."""
         return CheckpointFailed(failure, report(self._ctx, failure, reason))
 
+    def _raise_if_failed(self) -> None:
+        """The failure the writer's job check found (already reported: the driver is ending the job)."""
+        failed = self._checked.failed
+        if failed is not None:
+            raise CheckpointFailed(failed.failure, str(failed))
+
     def _start_writing(self) -> None:
-        try:
-            self._check_store()
-        except CheckpointFailed as exc:
-            raise self._failed(exc.failure, str(exc)) from None
-        self._writer = CheckpointWriter(self.store, on_written=self._written).start()
+        self._writer = CheckpointWriter(self._checked, on_written=self._written).start()
         self._failed_seen = 0
         self._periodic = PeriodicCheckpointer(self._writer, self.settings.interval_s, clock=self._clock)
         log.info("worker %s: rank 0 writes checkpoints to %s every %gs", self._ctx.worker_id, self.settings.url,
@@ -191,7 +185,7 @@ class RankZeroCheckpoints:
         from cloud_elastic.checkpoint.payload import load_state_payload
 
         began = time.perf_counter()
-        self._check_store()
+        self._check_store.within()  # bounded: the other ranks wait for this load in the round's broadcast
         latest = self.store.latest()
         if latest is None:
             raise CheckpointError(f"no usable checkpoint in {self.settings.url}")
@@ -220,14 +214,10 @@ class RankZeroCheckpoints:
         if info is None or info.rank != 0:
             self.stop_writing()
             return None
+        self._raise_if_failed()
         step = step_of(state, self._ctx.ledger.commit_seq)
         if self._writer is None:
-            try:
-                self._start_writing()
-            except CheckpointFailed:
-                raise
-            except CheckpointError as exc:  # the job record could not be read
-                return f"the final checkpoint (step {step}) was not written: {exc}"
+            self._start_writing()
         writer = self._writer
         assert writer is not None
         writer.wait(FLUSH_TIMEOUT_S)
@@ -240,6 +230,7 @@ class RankZeroCheckpoints:
         else:
             why = f"the previous checkpoint was still being written after {FLUSH_TIMEOUT_S:g}s"
         stored = self.stop_writing()
+        self._raise_if_failed()
         if submitted and stored and writer.stats().written > written:
             return None
         if submitted:

@@ -64,7 +64,7 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
-from cloud_elastic.checkpoint.payload import load_state_payload, stage_payload, state_payload
+from cloud_elastic.checkpoint.payload import check_payload, load_state_payload, stage_payload, state_payload
 from cloud_elastic.checkpoint.dcp import ShardCorrupt
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
@@ -160,7 +160,10 @@ class ShardedCheckpoints:
         try:
             tensors, skip = sharded_parts(state)
             rest = state_payload(state, skip) if info.local_rank == 0 else None
-            name = _decided_by_local_rank_0(info, lambda: (self._sees_job(), self.store.reserve(step))[1])
+            # Decided for the host before anyone queues a write: a host-mate whose DCP save waited for a local
+            # rank 0 that refused the payload would wait out the group's timeout, and queue again each interval.
+            name = _decided_by_local_rank_0(info, lambda: (_holdable(rest), self._sees_job.within(),
+                                                           self.store.reserve(step))[2])
             meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": seq, "hosts": info.cross_size}
             epoch = getattr(state, "epoch", None)
             if isinstance(epoch, int) and not isinstance(epoch, bool):
@@ -218,7 +221,7 @@ class ShardedCheckpoints:
     def _sharded_candidates(self) -> list[CheckpointInfo]:
         """Local rank 0: the manifests of the sharded checkpoints to try, newest first (their data not verified
         yet). CheckpointError when there is none, or when the newest is a replica's."""
-        self._sees_job()
+        self._sees_job.within()
         candidates = []
         for listed in self.store.list():
             if listed.shards is None:
@@ -315,6 +318,15 @@ def _reason_of(exc: BaseException, kind: type) -> str | None:
         if isinstance(candidate, kind):
             return str(candidate)
     return None
+
+
+def _holdable(payload: Any) -> None:
+    """A write CheckpointFailed if a checkpoint cannot hold ``payload`` (a state's other values): every commit
+    would be refused alike, so the job ends rather than train on without checkpoints."""
+    try:
+        check_payload(payload)
+    except CheckpointError as exc:
+        raise CheckpointFailed("write", str(exc)) from None
 
 
 def _decided_by_local_rank_0(info: Any, decide: Callable[[], Any]) -> Any:
