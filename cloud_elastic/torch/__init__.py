@@ -46,7 +46,7 @@ from cloud_elastic.worker.comm.collectives import (
     join,
 )
 from cloud_elastic.worker.comm.compression import Compression, Compressor
-from cloud_elastic.worker.context import get_context, is_initialized, slot_before_joining
+from cloud_elastic.worker.context import current as _current_context, get_context, is_initialized, slot_before_joining
 from cloud_elastic.worker.context import init as _init
 from cloud_elastic.worker.exceptions import (
     CollectiveError,
@@ -90,9 +90,11 @@ def init() -> None:
 
 
 def shutdown() -> None:
-    """Stop heartbeats (the process is about to exit)."""
-    if is_initialized():
-        get_context().close()
+    """Stop heartbeats (the process is about to exit); a worker that has not joined its first round yet does
+    not join one for this."""
+    ctx = _current_context()
+    if ctx is not None:
+        ctx.close()
 
 
 def rank() -> int:

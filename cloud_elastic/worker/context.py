@@ -155,6 +155,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         #: Registered while the job was running, not joined yet: it joins at its first call that needs the
         #: round (:meth:`join_if_pending`), so the script's set-up after ``init()`` never stops the job.
         self.join_pending = False
+        self._joining: int | None = None  # the thread joining now (see join_if_pending)
         self._started_pid = os.getpid()
 
     # What the heartbeat (``link.driver_link``) reports and each collective (``rounds.groups``) tells, of the ledger.
@@ -226,21 +227,24 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         drains, the job ends), the worker exits 0 as ``init()`` does. A process forked from this one before it
         joined (a data loader's worker) cannot join for it: ValueError, as before ``init()``.
         """
-        if not self.join_pending:
-            return
-        with _JOIN_LOCK:
+        if not self.join_pending or self._joining == threading.get_ident():
+            return  # (the joining thread's own calls, inside the rendezvous, see no round yet, as inside init())
+        with _JOIN_LOCK:  # another thread asking meanwhile waits for the round, then sees it
             if not self.join_pending:
                 return
             if os.getpid() != self._started_pid:
                 raise ValueError("cloud_elastic.torch has not joined the job in this process (it was forked "
                                  "before its parent joined); call hvd.rank() or hvd.size() before forking")
-            self.join_pending = False
+            self._joining = threading.get_ident()
             try:
                 with termination.leave_at_commit_on_sigterm(self):
                     self._first_rendezvous()
+                self.join_pending = False
             except WorkerRemoved as exc:
                 print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)
                 sys.exit(0)
+            finally:
+                self._joining = None
 
     def _prepare_to_join(self) -> None:
         """Start heartbeats, connect to the store and check the device: all a worker does before rendezvous."""

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.notice_policy import watched_cloud
 from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.driver.runtime.control_plane import POLLS_PER_S, ControlPlane
@@ -232,3 +233,14 @@ def test_a_held_heartbeat_counts_its_worker_alive_at_its_arrival_not_at_its_late
     p._cond.wake()
     assert held._on_deadline()["round"] == 0  # answered at the deadline
     assert job.heard_at and set(job.heard_at) == {T0}
+
+
+def test_register_tells_a_worker_to_join_after_its_set_up_once_the_job_runs_or_keeps_spares() -> None:
+    """worker.context: such a worker joins at its first call that needs the round, not inside hvd.init()."""
+    p, job, _, _ = plane()
+    first = sorted(job.workers)[0]
+    assert p.handle("register", {"worker": first})["running"] is False  # the first round's workers join in init()
+    job.phase = Phase.RUNNING
+    assert p.handle("register", {"worker": first})["running"] is True
+    p, job, _, _ = plane(spares=1)  # any worker of the first launch may end up a spare
+    assert p.handle("register", {"worker": sorted(job.workers)[0]})["running"] is True

@@ -105,6 +105,20 @@ def test_silent_and_never_registered_workers_are_overdue_with_what_they_did() ->
         ("w1", "stopped answering heartbeats for 5.5s"), ("w3", "did not reach rendezvous within 60s")]
 
 
+def test_a_registered_worker_that_never_reaches_rendezvous_is_given_up_at_the_start_timeout() -> None:
+    """A worker joining a running job sets up before its first hvd.rank() (worker.context), heartbeating: one
+    stuck there must not hold its slot, and the job's place, for good."""
+    watch = SilenceWatch(heartbeat_timeout_s=5.0, start_timeout_s=60.0)
+    setting_up = worker(1, S.CONNECTED, launched_at=50.0, last_seen=109.0)
+    assert watch.overdue([setting_up], born=1, now=109.0, running_now=109.0) == []
+    assert watch.overdue([setting_up], born=1, now=110.0, running_now=110.0) == []  # skipped: not due yet
+    setting_up.last_seen = 110.5  # it heartbeats all along
+    found = watch.overdue([setting_up], born=1, now=110.5, running_now=110.5)
+    assert [(w.worker_id, what) for w, what in found] == [
+        ("w1", "did not reach rendezvous within 60s (its script's set-up before its first hvd.rank(), hvd.size() "
+               "or elastic.run)")]
+
+
 def test_a_worker_that_said_it_is_exiting_gets_the_exit_grace_not_the_heartbeat_timeout() -> None:
     watch = SilenceWatch(heartbeat_timeout_s=5.0, start_timeout_s=60.0)
     leaving = worker(1, S.RUNNING, last_seen=100.0)

@@ -225,6 +225,15 @@ class SilenceWatch:
                     continue
                 if w.last_seen + allowed < silence_due:
                     silence_due = w.last_seen + allowed
+                if w.state is WorkerState.CONNECTED and w.exiting_at is None:
+                    # Registered, never at rendezvous: a worker joining a running job first runs its script up to
+                    # its first call that needs the round (worker.context); that set-up is bounded like a start.
+                    if now - w.launched_at > start_timeout:
+                        found.append((w, f"did not reach rendezvous within {start_timeout:g}s (its script's set-up "
+                                         "before its first hvd.rank(), hvd.size() or elastic.run)"))
+                        continue
+                    if w.launched_at + start_timeout < start_due:
+                        start_due = w.launched_at + start_timeout
                 h = heard.get(w.worker_id)
                 if h is None or not round_ or w.round != round_ or w.state not in _MEMBER or w.exiting_at is not None:
                     continue

@@ -139,10 +139,12 @@ class ControlPlane:
     def _register(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         ok = self._job.registered(worker_id, now)
         self._cond.notify_all()
-        # running: the job trains already, so the worker joins at its first call that needs the round (after
-        # its own set-up), not inside hvd.init() (see worker.context).
+        # running: the job trains already (or keeps spares, which may be any of its first workers), so the worker
+        # joins at its first call that needs the round (after its own set-up), not inside hvd.init() (see
+        # worker.context).
+        running = self._job.phase is Phase.RUNNING or self._config.spares > 0
         return {"ok": ok, "heartbeat_interval_s": self._config.heartbeat_interval_s,
-                "notice_watcher": self._notice_watcher(worker_id), "running": self._job.phase is Phase.RUNNING}
+                "notice_watcher": self._notice_watcher(worker_id), "running": running}
 
     def _exiting(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         return {"ok": self._job.exiting(worker_id, now)}
