@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from cloud_elastic.driver.launch.api import ExitStatus
+from cloud_elastic.driver.job.workers import WorkerState as S
 from tests.unit.test_job import CRASH, T0, PAST_FIRST_COOLDOWN_S, UNREACHABLE, Sim, assert_round, failed
 
 pytestmark = pytest.mark.timeout(10)
@@ -43,8 +44,8 @@ def test_hosts_that_never_answer_end_the_job_at_the_start_timeout_naming_the_las
         if sim.now < T0 + 119:
             assert sim.outcome is None, sim.outcome  # past --elastic-timeout: the start-up wait is --start-timeout's
         sim.advance(1)
-    assert len(sim.launched) > 4  # retried with the usual backoff
-    failed(sim, f"no worker could be started within 120s (--start-timeout): last: worker {last} "
+    assert len(sim.launched) > 16  # both slots retried every ~11 s (the shortest cooldown), not backed off
+    failed(sim, f"could be started within 120s (--start-timeout): last: worker {last} "
                 "(not yet ranked) SSH failure on a:22 (not a worker failure): python3 on that host cannot import")
     assert sim.now < T0 + 122
 
@@ -56,3 +57,31 @@ def test_a_script_crashing_on_every_worker_at_start_still_ends_the_job_at_once()
     sim.exit("a[0]", CRASH)
     sim.exit("a[1]", CRASH)
     failed(sim, "all workers failed; last: worker " + sim.id("a[1]"), "exited with code 1")
+
+
+@pytest.mark.parametrize("ready_at", [250, 450])
+def test_a_booting_host_is_tried_every_shortest_cooldown_and_used_soon_after_it_answers(ready_at: int) -> None:
+    sim = Sim(1, start_timeout_s=600)  # the defaults: --blacklist-cooldown-range 10 300, --start-timeout 600
+    sim.discover({"a": 1})
+    while sim.outcome is None and not sim.job.round and sim.now < T0 + 700:
+        for w in [w for w in sim.job.alive() if w.state is S.STARTING]:
+            if sim.now < T0 + ready_at:
+                sim.job.exited(w.worker_id, NO_MODULE, sim.now)  # sshd not up yet
+            else:
+                sim.join("a[0]")
+        sim.advance(1)
+    assert sim.outcome is None and sim.job.round == 1
+    assert sim.now - T0 < ready_at + 12  # used at the next try after it answers (10 s plus up to 10 % jitter)
+
+
+def test_failures_while_booting_do_not_lengthen_the_cooldown_of_a_later_real_failure() -> None:
+    sim = Sim(2, min_np=1, start_timeout_s=600)
+    sim.discover({"a": 1, "b": 1})
+    for _ in range(5):  # a boots for a minute: its tries fail on the transport
+        sim.exit("a[0]", NO_MODULE)
+        sim.advance(PAST_FIRST_COOLDOWN_S)
+    assert_round(sim.join("a[0]", "b[0]"), 1, needs_sync=True)
+    sim.exit("a[0]", CRASH)  # its first real failure
+    cooldowns = [f["blacklisted_s"] for kind, f in sim.events if kind == "worker_failed"]
+    assert cooldowns[:5] == [pytest.approx(10.5, abs=0.6)] * 5  # each try of the booting host at the shortest
+    assert cooldowns[5] <= 11  # the first cooldown, not the 160-300 s of a sixth failure in a row

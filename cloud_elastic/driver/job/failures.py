@@ -10,8 +10,9 @@
   checkpoint can bring the state back; with ``--whole-hosts`` a failure is the
   whole host's (every slot blacklisted, and its other workers leave with it);
   before the first round (nothing committed), a host that cannot be reached is
-  one still booting, not a failed job: it is blacklisted as usual and the job
-  waits for ``--start-timeout`` (:attr:`JobView.start_failure`, read by
+  one still booting, not a failed job: it is tried again at the shortest
+  cooldown, counting no failure of its slots, and the job waits for
+  ``--start-timeout`` (:attr:`JobView.start_failure`, read by
   :meth:`.capacity.Capacity.check`), while a worker that ran and failed still
   counts as today;
 * a worker given up (:meth:`Failures.give_up`: silent, never arrived, stuck) is
@@ -66,13 +67,19 @@ class Failures:
         reason = f"worker {w.worker_id} ({w.label}) {what}"
         job.last_failure = reason
         whole_host = transport or bool(job.policy.whole_host_slots)
+        # A fresh VM is "running" minutes before sshd answers or cloud-elastic is installed: at start-up a
+        # transport failure says the host is not ready yet, and the job waits for it (see Capacity.check),
+        # trying it again at the shortest cooldown without counting a failure (Blacklist.retry_soon).
+        booting = transport and job.round == 0 and not job.state_committed
+        block = hosts.blacklist.retry_soon if booting else hosts.blacklist.record_failure
         if whole_host:
             host_slots = hosts.ready.get(w.slot.host, w.slot.index + 1)
             # One outage is one failure of each slot, however many of the host's workers report it.
             slots = [Slot(w.slot.host, i) for i in range(host_slots)]
-            delays = [hosts.blacklist.record_failure(s, now) for s in slots if not hosts.blacklist.blocked(s, now)]
+            delays = [block(s, now) for s in slots if not hosts.blacklist.blocked(s, now)]
             delay = max(delays, default=0.0)
-            log.warning("job %s: %s; host %s blacklisted for %.0fs", job.job_id, reason, w.slot.host, delay)
+            log.warning("job %s: %s; host %s %s for %.0fs", job.job_id, reason, w.slot.host,
+                        "not reachable yet: retried" if booting else "blacklisted", delay)
         else:
             delay = hosts.blacklist.record_failure(w.slot, now)
             log.warning("job %s: %s; slot %s blacklisted for %.0fs", job.job_id, reason, w.slot, delay)
@@ -84,9 +91,6 @@ class Failures:
             **({"round": w.round} if w.round else {}), **({"signal": killed_by} if killed_by else {}),
         )
         job.failure_since_round = True
-        # A fresh VM is "running" minutes before sshd answers or cloud-elastic is installed: at start-up a
-        # transport failure says the host is not ready yet, and the job waits for it (see Capacity.check).
-        booting = transport and job.round == 0 and not job.state_committed
         if booting:
             job.start_failure = reason
         self._take_host_along(w)

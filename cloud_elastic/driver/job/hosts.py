@@ -58,6 +58,19 @@ class Blacklist:
         self._until[slot] = now + delay
         return delay
 
+    def retry_soon(self, slot: Slot, now: float) -> float:
+        """Block ``slot`` for the shortest cooldown (``lo`` plus the jitter), counting no failure; return the delay.
+
+        For a host not reachable yet (still booting): it is no worse for being tried again, and a count
+        raised at every try would both space the tries past the time it answers and make its first real
+        failure, later, cost the longest cooldowns.
+        """
+        if self.hi <= 0:
+            return 0.0
+        delay = min(self.hi, self.lo * (1.0 + 0.1 * self._rng.random()))
+        self._until[slot] = now + delay
+        return delay
+
     def forget_host(self, host: str) -> None:
         """Forget every failure of ``host``'s slots: another instance now holds the address."""
         for slot in [s for s in self._failures if s.host == host]:
