@@ -49,3 +49,11 @@ def test_a_throttle_that_passes_ends_nothing_and_after_one_checkpoint_failures_o
     assert all(watch.not_written(WHY, 100.0 + t) is None for t in range(0, 3000, 10))
     assert warnings(caplog)[2] == f"job j: no checkpoint written: {WHY} (training goes on; the latest checkpoint " \
                                   "written stays the one to resume from)"
+
+
+def test_a_checkpoint_this_driver_did_not_see_written_keeps_failures_to_warnings(caplog) -> None:
+    watch = CheckpointWatch("j", interval_s=10.0)  # a restarted driver: it saw no checkpoint written
+    watch.one_exists()  # the job resumed from one
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.driver.job.checkpoint_watch"):
+        assert all(watch.not_written(WHY, float(t)) is None for t in range(0, 3000, 10))
+    assert warnings(caplog)[0].endswith("(training goes on; the latest checkpoint written stays the one to resume from)")

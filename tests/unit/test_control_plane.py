@@ -151,6 +151,21 @@ def test_checkpoints_that_keep_failing_before_any_was_written_end_the_job_in_one
                       "90s: 4 attempts failed)", 1)]
 
 
+@pytest.mark.parametrize("known", ["resumed", "loaded"])
+def test_failing_checkpoints_do_not_end_a_job_that_has_one_this_driver_did_not_write(known: str) -> None:
+    now = [T0]
+    p, job, stops, _ = plane(clock=lambda: now[0], checkpoint_dir="s3://b/x", checkpoint_interval_s=30.0)
+    worker = sorted(job.workers)[0]
+    if known == "resumed":  # a restarted driver resuming from (or adopting workers beside) a checkpoint
+        job.resumed = True
+    else:  # rank 0 of the first round loaded the checkpoint
+        p.handle("checkpoint", {"worker": worker, "event": "loaded", "step": 40, "commit_seq": 40, "path": "s3://b/x/40"})
+    for _ in range(20):  # storage down for 10 minutes, past the 90 s window
+        p.handle("checkpoint", {"worker": worker, "event": "not_written", "reason": "SlowDown"})
+        now[0] += 30.0
+    assert stops == []
+
+
 def test_a_drain_names_its_host_and_an_unhealthy_report_its_first_line() -> None:
     p, job, _, _ = plane()
     worker = sorted(job.workers)[0]

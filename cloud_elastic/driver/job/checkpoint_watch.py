@@ -12,7 +12,9 @@ storage it cannot read or write, credentials missing, a throttle) and every chec
   progress the user asked to keep and that could never be kept;
 * **once one was written**, failures only warn: the latest checkpoint stays the one to resume from,
   storage that comes back is used at the next attempt, and a final checkpoint that cannot be written
-  still fails the job at its end.
+  still fails the job at its end. One this driver did not see written counts too
+  (:meth:`CheckpointWatch.one_exists`: a job resumed from a checkpoint, one rank 0 loaded): ending
+  the job would lose everything trained since it.
 
 A throttle that passes within the window ends nothing: one checkpoint written clears the run.
 Pure logic: ``now`` is passed in.
@@ -42,6 +44,7 @@ class CheckpointWatch:
         self._job_id = job_id
         self._window_s = give_up_after_s(interval_s)
         self.written = 0
+        self.exists = False  # a checkpoint of the job exists, written under this driver or before it
         self.failed_in_a_row = 0
         self._since: float | None = None  # the first failure of the current run
         self._reason = ""
@@ -49,10 +52,15 @@ class CheckpointWatch:
     def saved(self, now: float) -> None:
         """A checkpoint was written: a run of failures ends."""
         self.written += 1
+        self.exists = True
         if self.failed_in_a_row:
             log.info("job %s: checkpoint written again after %d failed attempt(s) over %.0fs", self._job_id,
                      self.failed_in_a_row, now - (self._since if self._since is not None else now))
         self.failed_in_a_row, self._since, self._reason = 0, None, ""
+
+    def one_exists(self) -> None:
+        """A checkpoint of the job exists that this driver did not see written: failures from now on only warn."""
+        self.exists = True
 
     def not_written(self, reason: str, now: float) -> str | None:
         """One attempt failed: why the job must end now, or None while it goes on."""
@@ -61,13 +69,13 @@ class CheckpointWatch:
         self.failed_in_a_row += 1
         count, lasted = self.failed_in_a_row, now - self._since
         if count == 1:
-            then = (f"the job ends unless one is written within {self._window_s:.0f}s" if not self.written
+            then = (f"the job ends unless one is written within {self._window_s:.0f}s" if not self.exists
                     else "training goes on; the latest checkpoint written stays the one to resume from")
             log.warning("job %s: no checkpoint written: %s (%s)", self._job_id, reason, then)
         elif reason != self._reason or count & (count - 1) == 0:
             log.warning("job %s: still no checkpoint written: %d attempt(s) in a row failed over %.0fs; last: %s",
                         self._job_id, count, lasted, reason)
         self._reason = reason
-        if not self.written and count >= MIN_ATTEMPTS and lasted >= self._window_s:
+        if not self.exists and count >= MIN_ATTEMPTS and lasted >= self._window_s:
             return f"{reason} (no checkpoint written in {lasted:.0f}s: {count} attempts failed)"
         return None

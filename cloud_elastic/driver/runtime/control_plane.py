@@ -278,6 +278,8 @@ class ControlPlane:
             self._stop(report.ending(), 1)
             self._cond.notify_all()
         elif report.event == "not_written":
+            if self._job.resumed:  # resumed or adopted with a checkpoint (Driver._resume): it is there to go back to
+                self.checkpoints.one_exists()
             why = self.checkpoints.not_written(str(report.reason), now)
             if why is not None and self._job.outcome is None:
                 self._stop(CheckpointReport("failed", reason=why, failure="write").ending(), 1)
@@ -289,6 +291,7 @@ class ControlPlane:
                      report.path[:500])
             self._sinks.sink.emit("checkpoint_saved", step=report.step, path=report.path, **extra)
         else:
+            self.checkpoints.one_exists()
             self._job.checkpoint_loaded(report.step, report.commit_seq, report.path)  # logs the steps lost
             self._cond.notify_all()
         return {"ok": True}

@@ -214,7 +214,8 @@ class Driver:
         self._endpoints.job_id = job_id
 
     def _resume(self) -> None:
-        """The first round loads the latest checkpoint."""
+        """The first round loads the latest checkpoint (and, one existing, checkpoints that keep failing only warn:
+        see ControlPlane._checkpoint)."""
         with self._cond:
             self._job.resumed = True
             self._job.state_committed = True
