@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable
 
 from cloud_elastic.driver.launch import forkserver
 from cloud_elastic.driver.launch.forkserver import ForkServer
@@ -26,48 +28,81 @@ log = logging.getLogger(__name__)
 _MAX_SERVERS = 4
 
 
-#: Bytes read at a time, and the longest piece of a line forwarded at once: a stream costs at most twice this.
+#: Bytes read at a time, and the longest piece of a line forwarded at once: a stream costs at most a few times this.
 _CHUNK = 64 * 1024
 _BREAK = re.compile(rb"\r\n|\r|\n")
+#: A progress bar redrawn in place (lines ended by a bare \r) is forwarded at most once per this many seconds.
+REDRAW_EVERY_S = 5.0
 
 
-def forward_lines(stream, on_output: OutputSink) -> None:
+def forward_lines(stream, on_output: OutputSink, *, on_first_data: Callable[[], None] | None = None,
+                  clock: Callable[[], float] = time.monotonic) -> None:
     """Read ``stream`` into ``on_output``, a line per call, until EOF (runs on its own thread).
 
-    A line ends at ``\\n`` or at a bare ``\\r`` (a progress bar redrawing itself, as tqdm does without
-    ever writing ``\\n``); of the ``\\r``-ended lines one read brings, only the last one not followed by
-    another line is forwarded, as a terminal would show only it. A line longer than ``_CHUNK`` bytes goes
-    in pieces, so memory stays bounded however the worker writes.
+    A line ends at ``\n`` or at a bare ``\r`` (a progress bar redrawing itself, as tqdm does without
+    ever writing ``\n``). Of the ``\r``-ended lines, one is forwarded at most every :data:`REDRAW_EVERY_S`;
+    the latest one held back goes before the next ``\n``-ended line and at EOF, so the bar's last state is
+    never lost while a bar redrawn ten times a second costs the driver's output a line per few seconds, not
+    ten. A line longer than ``_CHUNK`` bytes goes in pieces, so memory stays bounded however the worker
+    writes. ``on_first_data`` is called once, when the first bytes arrive.
     """
     read = getattr(stream, "read1", None) or stream.read
-    pending, after_cr = b"", False
+    rest, after_cr, redraws = b"", False, _Redraws(on_output, clock)
     try:
         while data := read(_CHUNK):
+            if on_first_data is not None:
+                on_first_data()
+                on_first_data = None
             if after_cr and data.startswith(b"\n"):
                 data = data[1:]  # the \n of a \r\n split between two reads
             after_cr = data.endswith(b"\r")
-            pending = _forward_segments(pending + data, on_output)
-        if pending:
-            on_output(_text(pending))
+            rest = _forward_segments(rest + data, redraws)
+        redraws.flush()
+        if rest:
+            on_output(_text(rest))
     except (OSError, ValueError):
         pass
     finally:
         stream.close()
 
 
-def _forward_segments(buf: bytes, on_output: OutputSink) -> bytes:
+class _Redraws:
+    """The ``\r``-ended lines of one stream: forwarded at most one per :data:`REDRAW_EVERY_S`, the latest held."""
+
+    def __init__(self, on_output: OutputSink, clock: Callable[[], float]) -> None:
+        self.on_output = on_output
+        self._clock = clock
+        self._held = b""  # at most one line: the latest redraw not yet forwarded
+        self._last = -math.inf
+
+    def redraw(self, segment: bytes) -> None:
+        if not segment.strip():
+            return  # a bar being wiped (tqdm.write clears it with spaces)
+        now = self._clock()
+        if now - self._last >= REDRAW_EVERY_S:
+            self._last, self._held = now, b""
+            _forward_pieces(segment, self.on_output, keep_last=False)
+        else:
+            self._held = segment
+
+    def flush(self) -> None:
+        held, self._held = self._held, b""
+        if held:
+            self._last = self._clock()
+            _forward_pieces(held, self.on_output, keep_last=False)
+
+
+def _forward_segments(buf: bytes, redraws: _Redraws) -> bytes:
     """Forward the lines ``buf`` completes; return the unfinished rest (at most ``_CHUNK`` bytes)."""
-    start, redrawn = 0, None
+    start = 0
     for match in _BREAK.finditer(buf):
         segment, start = buf[start:match.start()], match.end()
         if match.group() == b"\r":
-            redrawn = segment or redrawn  # forwarded unless another line follows in this read
-            continue
-        redrawn = None
-        _forward_pieces(segment, on_output, keep_last=False)
-    if redrawn:
-        _forward_pieces(redrawn, on_output, keep_last=False)
-    return _forward_pieces(buf[start:], on_output, keep_last=True)
+            redraws.redraw(segment)
+        else:
+            redraws.flush()
+            _forward_pieces(segment, redraws.on_output, keep_last=False)
+    return _forward_pieces(buf[start:], redraws.on_output, keep_last=True)
 
 
 def _forward_pieces(raw: bytes, on_output: OutputSink, *, keep_last: bool) -> bytes:
