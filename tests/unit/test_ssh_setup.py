@@ -68,3 +68,63 @@ def test_only_a_connection_dropped_before_key_exchange_counts_as_refused_at_the_
     assert refused_before_key_exchange(["kex_exchange_identification: Connection closed by remote host"])
     assert not refused_before_key_exchange(["Connection reset by 10.0.0.1 port 22"])  # the worker may have run
     assert not refused_before_key_exchange(["u@10.0.0.1: Permission denied (publickey)."])
+
+
+_BANNER = "*** Authorized use only. Activity is monitored. ***"
+
+
+def _ssh(*steps: str) -> str:
+    """A stand-in for ssh that writes ``steps`` ("err:..." to stderr, "out:..." to stdout, "exit:N") in order."""
+    body = ["import sys"]
+    for step in steps:
+        kind, _, text = step.partition(":")
+        if kind == "exit":
+            body.append(f"sys.exit({int(text)})")
+        else:
+            stream = "sys.stderr" if kind == "err" else "sys.stdout"
+            body.append(f"{stream}.write({text + chr(10)!r}); {stream}.flush()")
+    return "\n".join(body)
+
+
+def _ended(script: str, nonce: str = "n1") -> tuple[ExitStatus, list[str]]:
+    out: list[str] = []
+    worker = _worker(HostGate(), nonce, script, out)
+    worker.start()
+    return _wait(worker.poll, "the worker's end"), out
+
+
+def test_an_sshd_banner_is_shown_only_when_ssh_fails_before_the_connection_is_set_up():
+    status, out = _ended(_ssh(f"err:{_BANNER}", "err:CLOUD_ELASTIC_STARTED n1", "out:hello from worker",
+                              "err:CLOUD_ELASTIC_EXIT n1 0 -", "exit:0"))
+    assert status == ExitStatus(0) and out == ["hello from worker"]
+    status, out = _ended(_ssh(f"err:{_BANNER}", "err:u@10.0.0.1: Permission denied (publickey).", "exit:255"))
+    assert "authentication refused (ssh said: u@10.0.0.1: Permission denied (publickey).)" in status.transport_error
+    assert out == [_BANNER, "u@10.0.0.1: Permission denied (publickey)."]
+
+
+@pytest.mark.parametrize("after_start, named", [
+    ([], "the remote wrapper ended without reporting the worker's status (killed by a signal?)"),
+    (["Timeout, server 10.0.0.1 not responding."], "connection lost: the server stopped responding (ssh said: "
+                                                   "Timeout, server 10.0.0.1 not responding.)"),
+])
+def test_a_connection_lost_after_the_start_is_named_from_what_ssh_said_since(after_start, named):
+    status, out = _ended(_ssh(f"err:{_BANNER}", "err:CLOUD_ELASTIC_STARTED n1", "out:up",
+                              *[f"err:{line}" for line in after_start], "exit:255"))
+    assert status.code == 255 and status.transport_error.endswith(named), status.transport_error
+    assert sorted(out) == sorted(["up", *after_start])  # two pipes: their order is not kept
+
+
+def test_an_older_wrapper_that_never_says_started_gives_the_turn_back_at_the_workers_output_then_soon():
+    gate, out = HostGate(1), []
+    # An older wrapper runs its worker without a word on stderr; the second one's worker prints nothing.
+    first = _worker(gate, "n1", "import sys\nprint('the first worker runs', flush=True)\nsys.stdin.read()", out)
+    silent = _worker(gate, "n2", "import sys\nsys.stdin.read()", out)
+    third = _worker(gate, "n3", "print('the third ssh ran')", out)
+    for worker in (first, silent, third):
+        worker.start()
+        _wait(lambda: worker.ssh_pid, "its ssh")  # in order: each waited for the one before to give its turn
+    _wait(lambda: "the third ssh ran" in out, "the third worker's output")
+    assert first.poll() is None and silent.poll() is None  # still running: only their set-ups ended
+    for worker in (first, silent, third):
+        worker.kill()
+        _wait(worker.poll, "the end")

@@ -46,20 +46,18 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections import deque
 
 from cloud_elastic.config import ENV_NAME, SSH_OPTION, SSHConfig
 from cloud_elastic.driver.launch.known_hosts import JobKnownHosts
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.launch.local import forward_lines
-from cloud_elastic.driver.launch.ssh_remote import (MODULE, REASON_GONE, REASON_KEEPALIVE, SECRET_ENV, WrapperArgs,
+from cloud_elastic.driver.launch.ssh_remote import (REASON_GONE, REASON_KEEPALIVE, SECRET_ENV, WrapperArgs,
                                                     parse_marker, wrapper_argv)
-from cloud_elastic.driver.launch.ssh_setup import (MAX_SETUPS_PER_HOST, SETUP_HOLD_S, SETUP_RETRIES, HostGate,
-                                                   classify, is_noise, is_started, option_key,
-                                                   refused_before_key_exchange, retry_delay, ssh_quote,
+from cloud_elastic.driver.launch.ssh_setup import (MAX_SETUPS_PER_HOST, SETUP_HOLD_S, SETUP_RETRIES, ConnectionLines,
+                                                   HostGate, classify, is_noise, is_started, option_key,
+                                                   refused_before_key_exchange, remote_prefix, retry_delay, ssh_quote,
                                                    wants_job_known_hosts, wrapper_failure)
 from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 
@@ -67,11 +65,9 @@ __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
 
 logger = logging.getLogger(__name__)
 
-_SSH_OPTION = SSH_OPTION
 _SERVER_ALIVE_INTERVAL_S = 5
 _SERVER_ALIVE_COUNT_MAX = 3
 _DRAIN_WAIT_S = 2.0
-_STDERR_TAIL = 20
 
 # Options the user may override through SSHConfig.extra_options (ssh keeps the
 # first value it sees for an option, and the user's options come first).
@@ -132,7 +128,7 @@ class SSHLauncher:
         max_setups_per_host: int = MAX_SETUPS_PER_HOST,
     ) -> None:
         for option in config.extra_options:
-            if not _SSH_OPTION.match(option):
+            if not SSH_OPTION.match(option):
                 raise ConfigError(f"extra ssh option {option!r} must look like Key=Value (it is passed as ssh -o)")
         if keepalive_interval_s <= 0 or disconnect_grace_s < 0 or kill_wait_s < 0:
             raise ConfigError("keepalive_interval_s must be > 0, disconnect_grace_s and kill_wait_s >= 0")
@@ -185,7 +181,7 @@ class SSHLauncher:
             raise LaunchError(f"{SECRET_ENV} must not be in WorkerSpec.env; the secret travels on stdin")
         wrapper = WrapperArgs(nonce, float(self._disconnect_grace_s), float(self._keepalive_timeout_s), spec.cwd,
                               tuple(spec.command))
-        return " ".join(_env_prefix(spec) + [shlex.quote(arg) for arg in wrapper_argv(wrapper)])
+        return " ".join(remote_prefix(spec) + [shlex.quote(arg) for arg in wrapper_argv(wrapper)])
 
     def launch(self, spec: WorkerSpec, on_output: OutputSink) -> SSHWorkerProcess:
         """Start ``spec`` on ``spec.host`` over ssh; return at once.
@@ -226,7 +222,7 @@ class SSHLauncher:
         if not re.fullmatch(r"[0-9a-f]{1,64}", nonce):
             raise LaunchError(f"worker {spec.worker_id}: malformed launch id {nonce!r}")
         # The same environment as the wrapper's launch, so that the same cloud-elastic answers.
-        argv = self.ssh_argv(spec.host) + [" ".join(_env_prefix(spec) + ["--attach", nonce])]
+        argv = self.ssh_argv(spec.host) + [" ".join(remote_prefix(spec) + ["--attach", nonce])]
         logger.debug("attaching to worker %s on %s over ssh", spec.worker_id, spec.host)
         # The wrapper already has the secret: the first line is only a keepalive.
         return self._track(SSHWorkerProcess(dataclasses.replace(spec, secret=""), argv, nonce, on_output,
@@ -321,7 +317,7 @@ class SSHWorkerProcess:
         self._lock = threading.RLock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._readers: list[threading.Thread] = []
-        self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
+        self._lines = ConnectionLines(self._forward)  # ssh's stderr: held back until the connection is set up
         self._marker: tuple[int, str] | None = None
         self._stdin_fd: int | None = None
         self._stopping = False
@@ -331,8 +327,9 @@ class SSHWorkerProcess:
         self._gate = gate or HostGate()
         self._setup_hold_s = setup_hold_s
         self._setting_up: threading.Thread | None = None
-        self._progress = threading.Event()  # the wrapper said the worker runs, or ssh's stderr ended
-        self._started = False
+        self._progress = threading.Event()  # the wrapper said the worker runs, the worker wrote, or ssh's stderr ended
+        self._started = False  # the wrapper said so
+        self._wrote = False  # the worker wrote: set up, whether the wrapper says so or not
         self._cancelled = threading.Event()  # stopped while no ssh ran: it never starts
         self._cancel_code = -signal.SIGTERM
 
@@ -384,7 +381,7 @@ class SSHWorkerProcess:
                 return True  # the caller sees the cancel
             self._close_stdin()  # a previous try's
             self._progress.clear()
-            self._stderr_tail.clear()
+            self._lines.reset()
             try:
                 self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                               stderr=subprocess.PIPE, start_new_session=True)
@@ -395,24 +392,29 @@ class SSHWorkerProcess:
             os.set_blocking(self._stdin_fd, False)
             self._write(f"{self.spec.secret}\n".encode())
             self._readers = [threading.Thread(target=forward_lines, args=(self._proc.stdout, self._on_stdout),
+                                              kwargs={"on_first_data": self._on_first_stdout},
                                               name=f"ssh-out-{self.spec.worker_id}", daemon=True),
                              threading.Thread(target=self._read_stderr, args=(self._proc.stderr,),
                                               name=f"ssh-err-{self.spec.worker_id}", daemon=True)]
             for reader in self._readers:
                 reader.start()
-        if not self._progress.wait(self._setup_hold_s) or self._started:
+        if not self._gate.await_setup(self._destination, self._progress, self._setup_hold_s):
+            self._gate.note_wrapper(self._destination, says_started=False)  # authenticated long ago, yet silent
+            return False
+        if self._started or self._wrote:
             return False
         try:
             rc = self._proc.wait(timeout=_DRAIN_WAIT_S)  # its stderr ended: ssh is ending
         except subprocess.TimeoutExpired:
             return False
         return (rc == 255 and attempt <= SETUP_RETRIES and self._marker is None and not self._stopping
-                and refused_before_key_exchange(self._stderr_tail))
+                and refused_before_key_exchange(self._lines.tail))
 
     def _read_stderr(self, stream) -> None:
         try:
             forward_lines(stream, self._on_stderr)
         finally:
+            self._lines.end()
             self._progress.set()
 
     def poll(self) -> ExitStatus | None:
@@ -539,19 +541,28 @@ class SSHWorkerProcess:
     def _on_stdout(self, line: str) -> None:
         self._forward(line)
 
+    def _on_first_stdout(self) -> None:
+        # The wrapper starts the worker only once the connection is set up, which an older one never says.
+        with self._lock:
+            self._wrote = True
+            if not self._started:  # the STARTED line may still be on its way: it clears this
+                self._gate.note_wrapper(self._destination, says_started=False)
+        self._progress.set()
+
     def _on_stderr(self, line: str) -> None:
         marker = parse_marker(line, self._nonce)
         if marker is not None:
             self._marker = marker
             return
         if is_started(line, self._nonce):
-            self._started = True
+            with self._lock:
+                self._started = True
+                self._gate.note_wrapper(self._destination, says_started=True)
+                self._lines.connect()
             self._progress.set()
             return
-        if is_noise(line):
-            return
-        self._stderr_tail.append(line)
-        self._forward(line)
+        if not is_noise(line):
+            self._lines.add(line)
 
     def _forward(self, line: str) -> None:
         try:
@@ -570,24 +581,14 @@ class SSHWorkerProcess:
                     "stopped the worker"))
             return ExitStatus(code)
         if rc == 255:
-            return ExitStatus(rc, self._transport(classify(self._stderr_tail)))
+            return ExitStatus(rc, self._transport(classify(self._lines.tail)))
         if rc < 0 and not self._stopping:
             return ExitStatus(rc, self._transport(f"the local ssh client was killed by signal {-rc}"))
         if not self._stopping:
             # No marker and not stopped by us: the wrapper ended before it could start the worker.
-            return ExitStatus(rc, self._transport(wrapper_failure(rc, self._stderr_tail)))
+            return ExitStatus(rc, self._transport(wrapper_failure(rc, self._lines.tail)))
         return ExitStatus(rc)
 
     def _transport(self, what: str) -> str:
         return f"SSH failure on {self._destination} (not a worker failure): {what}"
 
-
-def _env_prefix(spec: WorkerSpec) -> list[str]:
-    """``exec env -- PATH=... VAR=... python3 -m cloud_elastic.driver.launch.ssh_remote`` for ``spec``, shell-quoted."""
-    bindir = os.path.dirname(sys.executable)
-    if "PATH" in spec.env:
-        path = shlex.quote(f"PATH={bindir}:{spec.env['PATH']}")
-    else:
-        path = shlex.quote(f"PATH={bindir}:") + '"$PATH"'
-    assignments = [shlex.quote(f"{k}={v}") for k, v in spec.env.items() if k != "PATH"]
-    return ["exec", "env", "--", path, *assignments, "python3", "-m", MODULE]

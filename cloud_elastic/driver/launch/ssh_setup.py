@@ -7,22 +7,33 @@ side. So the launcher sets up at most :data:`MAX_SETUPS_PER_HOST` connections to
 ends when the remote wrapper says the worker runs, or when ssh ends), and tries a connection refused that
 early again, :data:`SETUP_RETRIES` times after a random pause, before calling it a transport failure: the
 remote side ran nothing yet, so trying again cannot start a worker twice.
+
+A wrapper from an older cloud-elastic never says the worker runs: its set-up also ends at the worker's first
+output, and once a host has shown such a wrapper its later set-ups keep their turn only
+:data:`OLD_WRAPPER_HOLD_S`.
+
+What ssh says before the connection is set up (an sshd ``Banner``, say) is held back by
+:class:`ConnectionLines`: the output and a failure's last words get it only when ssh fails before then.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shlex
 import sys
 import threading
+import time
 from collections import deque
+from typing import Callable
 
 from cloud_elastic.config import SSH_OPTION
-from cloud_elastic.driver.launch.ssh_remote import STARTED
+from cloud_elastic.driver.launch.api import WorkerSpec
+from cloud_elastic.driver.launch.ssh_remote import MODULE, STARTED
 
-__all__ = ["MAX_SETUPS_PER_HOST", "SETUP_HOLD_S", "SETUP_RETRIES", "HostGate", "classify", "is_noise", "is_started",
-           "option_key", "refused_before_key_exchange", "retry_delay", "ssh_quote", "wants_job_known_hosts",
-           "wrapper_failure"]
+__all__ = ["MAX_SETUPS_PER_HOST", "OLD_WRAPPER_HOLD_S", "SETUP_HOLD_S", "SETUP_RETRIES", "ConnectionLines",
+           "HostGate", "classify", "is_noise", "is_started", "option_key", "refused_before_key_exchange",
+           "remote_prefix", "retry_delay", "ssh_quote", "wants_job_known_hosts", "wrapper_failure"]
 
 #: Connections to one host being set up at once: below sshd's default MaxStartups (10), leaving room for others.
 MAX_SETUPS_PER_HOST = 8
@@ -30,6 +41,12 @@ MAX_SETUPS_PER_HOST = 8
 SETUP_RETRIES = 3
 #: How long a set-up may keep its turn past ssh's ConnectTimeout without a word from the wrapper.
 SETUP_HOLD_S = 30.0
+#: How long a set-up keeps its turn at a host that has shown a wrapper that never says the worker runs.
+OLD_WRAPPER_HOLD_S = 2.0
+#: ssh's last stderr lines kept to name a failure.
+STDERR_TAIL = 20
+#: Bytes of ssh's stderr held back before the connection is set up; beyond them the oldest lines are shown.
+_HELD_BYTES = 64 * 1024
 
 # (substring of ssh's stderr, lower case) -> what went wrong. First match wins.
 _SSH_FAILURES = (
@@ -62,6 +79,7 @@ class HostGate:
     def __init__(self, limit: int = MAX_SETUPS_PER_HOST) -> None:
         self._limit = max(1, limit)
         self._busy: dict[str, int] = {}
+        self._old: set[str] = set()  # hosts whose wrapper was seen not to say the worker runs
         self._cond = threading.Condition()
 
     def enter(self, host: str, cancelled: threading.Event) -> bool:
@@ -86,6 +104,82 @@ class HostGate:
         """Have every waiter look at its ``cancelled`` again."""
         with self._cond:
             self._cond.notify_all()
+
+    def note_wrapper(self, host: str, says_started: bool) -> None:
+        """Record whether ``host``'s wrapper says the worker runs (the last word wins: hosts get upgraded)."""
+        with self._cond:
+            if says_started:
+                self._old.discard(host)
+            else:
+                self._old.add(host)
+
+    def await_setup(self, host: str, progress: threading.Event, hold_s: float) -> bool:
+        """Wait for ``progress`` up to ``hold_s``, or :data:`OLD_WRAPPER_HOLD_S` once ``host`` shows an old
+        wrapper (even while waiting); whether it came."""
+        began = time.monotonic()
+        while not progress.wait(0.25):
+            with self._cond:
+                limit = min(hold_s, OLD_WRAPPER_HOLD_S) if host in self._old else hold_s
+            if time.monotonic() - began >= limit:
+                return False
+        return True
+
+
+class ConnectionLines:
+    """ssh's stderr lines for one connection: held back until :meth:`connect` (the wrapper said the worker runs):
+    then they were the connection's chatter (an sshd ``Banner``) and are dropped; if ssh ends first, :meth:`end`
+    shows them. ``tail`` is what names a failure: only lines since the connection was set up once it was (the
+    worker's own stderr travels on stdout, so these are ssh's and the wrapper's words). Only the wrapper's word
+    counts, not the worker's first output: that comes through another pipe, maybe read before ssh's earlier
+    lines are. An older wrapper never says it, so its lines are shown when ssh ends.
+    """
+
+    def __init__(self, forward: Callable[[str], None]) -> None:
+        self._forward = forward
+        self._lock = threading.Lock()
+        self._held: deque[str] = deque()
+        self._held_bytes = 0
+        self.tail: deque[str] = deque(maxlen=STDERR_TAIL)
+        self.connected = False
+
+    def reset(self) -> None:
+        """Forget a previous try's lines."""
+        with self._lock:
+            self._held.clear()
+            self._held_bytes = 0
+            self.tail.clear()
+            self.connected = False
+
+    def add(self, line: str) -> None:
+        """One line of ssh's stderr (from the one thread reading it)."""
+        shown = []
+        with self._lock:
+            self.tail.append(line)
+            if self.connected:
+                shown.append(line)
+            else:
+                self._held.append(line)
+                self._held_bytes += len(line)
+                while self._held_bytes > _HELD_BYTES:  # ssh at DEBUG: show the oldest rather than grow
+                    shown.append(self._held.popleft())
+                    self._held_bytes -= len(shown[-1])
+        for text in shown:
+            self._forward(text)
+
+    def connect(self) -> None:
+        """The connection is set up."""
+        with self._lock:
+            self.connected = True
+            self._held.clear()
+            self._held_bytes = 0
+            self.tail.clear()
+
+    def end(self) -> None:
+        """ssh's stderr ended: show what was held back (ssh failed before the connection was set up)."""
+        with self._lock:
+            shown, self._held, self._held_bytes = list(self._held), deque(), 0
+        for text in shown:
+            self._forward(text)
 
 
 def is_started(line: str, nonce: str) -> bool:
@@ -150,3 +244,14 @@ def ssh_quote(value: str) -> str:
 def option_key(option: str) -> str:
     match = SSH_OPTION.match(option)
     return match.group(1).lower() if match else option.lower()
+
+
+def remote_prefix(spec: WorkerSpec) -> list[str]:
+    """``exec env -- PATH=... VAR=... python3 -m cloud_elastic.driver.launch.ssh_remote`` for ``spec``, shell-quoted."""
+    bindir = os.path.dirname(sys.executable)
+    if "PATH" in spec.env:
+        path = shlex.quote(f"PATH={bindir}:{spec.env['PATH']}")
+    else:
+        path = shlex.quote(f"PATH={bindir}:") + '"$PATH"'
+    assignments = [shlex.quote(f"{k}={v}") for k, v in spec.env.items() if k != "PATH"]
+    return ["exec", "env", "--", path, *assignments, "python3", "-m", MODULE]
