@@ -185,6 +185,8 @@ def test_unreachable_host_and_refused_key_are_blacklisted_and_the_job_goes_on(jo
                    "host unreachable: connection refused")
     assert run.saw(refused), run.log()
     assert run.saw(unreachable), run.log()
-    assert run.saw(f"host {REFUSING_HOST} blacklisted"), run.log()
-    assert run.saw(f"host {UNREACHABLE_HOST} blacklisted"), run.log()
+    # Before the first round a host that cannot be reached may be still booting: it is retried at the shortest
+    # cooldown (driver/job/failures.py); after it, blacklisted with growing cooldowns. Either way it is set aside.
+    for host in (REFUSING_HOST, UNREACHABLE_HOST):
+        assert run.saw(f"host {host} not reachable yet: retried") or run.saw(f"host {host} blacklisted"), run.log()
     assert run.saw("done: 60 steps"), run.log()
