@@ -73,7 +73,8 @@ def cli(ctx: click.Context) -> None:
               help="how long to wait below --min-np before failing (default $CLOUD_ELASTIC_ELASTIC_TIMEOUT, else "
                    "$HOROVOD_ELASTIC_TIMEOUT, else 600)")
 @click.option("--start-timeout", type=float, default=600.0, metavar="SECONDS",
-              help="how long to wait for -np slots and for workers to start (default 600)")
+              help="how long to wait for -np slots and for workers to start; once the job runs, also for a "
+                   "joining worker's set-up before its first hvd.rank()/size()/elastic.run (default 600)")
 @click.option("--heartbeat-timeout", type=float, default=5.0, metavar="SECONDS",
               help="a worker silent this long is given up and its round aborted (default 5, at least 1); one that its peers "
                    "wait for in a collective is given up sooner, once silent past its own limit (1.5 s or more)")

@@ -110,13 +110,24 @@ def test_a_registered_worker_that_never_reaches_rendezvous_is_given_up_at_the_st
     stuck there must not hold its slot, and the job's place, for good."""
     watch = SilenceWatch(heartbeat_timeout_s=5.0, start_timeout_s=60.0)
     setting_up = worker(1, S.CONNECTED, launched_at=50.0, last_seen=109.0)
-    assert watch.overdue([setting_up], born=1, now=109.0, running_now=109.0) == []
-    assert watch.overdue([setting_up], born=1, now=110.0, running_now=110.0) == []  # skipped: not due yet
+    assert watch.overdue([setting_up], born=1, now=109.0, running_now=109.0, round_=1) == []
+    assert watch.overdue([setting_up], born=1, now=110.0, running_now=110.0, round_=1) == []  # not due yet
     setting_up.last_seen = 110.5  # it heartbeats all along
-    found = watch.overdue([setting_up], born=1, now=110.5, running_now=110.5)
+    found = watch.overdue([setting_up], born=1, now=110.5, running_now=110.5, round_=1)
     assert [(w.worker_id, what) for w, what in found] == [
         ("w1", "did not reach rendezvous within 60s (its script's set-up before its first hvd.rank(), hvd.size() "
                "or elastic.run)")]
+
+
+def test_before_the_first_round_a_workers_set_up_is_not_bounded() -> None:
+    """With --spares every first worker joins after its set-up (worker.context): the first round waits for it, as
+    a first sync would have, however long it takes."""
+    watch = SilenceWatch(heartbeat_timeout_s=5.0, start_timeout_s=60.0)
+    setting_up = worker(1, S.CONNECTED, launched_at=50.0, last_seen=500.0)
+    assert watch.overdue([setting_up], born=1, now=500.0, running_now=500.0, round_=0) == []
+    setting_up.last_seen = 506.0  # heartbeating; the next scan is due within a heartbeat timeout at the latest
+    assert [w.worker_id for w, _ in watch.overdue([setting_up], born=1, now=506.0, running_now=506.0,
+                                                     round_=1)] == ["w1"]  # once a round runs, it is bounded
 
 
 def test_a_worker_that_said_it_is_exiting_gets_the_exit_grace_not_the_heartbeat_timeout() -> None:

@@ -59,9 +59,13 @@ def test_a_script_crashing_on_every_worker_at_start_still_ends_the_job_at_once()
     failed(sim, "all workers failed; last: worker " + sim.id("a[1]"), "exited with code 1")
 
 
+@pytest.mark.parametrize("resumed", [False, True], ids=["new", "resumed"])
 @pytest.mark.parametrize("ready_at", [250, 450])
-def test_a_booting_host_is_tried_every_shortest_cooldown_and_used_soon_after_it_answers(ready_at: int) -> None:
-    sim = Sim(1, start_timeout_s=600)  # the defaults: --blacklist-cooldown-range 10 300, --start-timeout 600
+def test_a_booting_host_is_tried_every_shortest_cooldown_and_used_soon_after_it_answers(ready_at: int,
+                                                                                       resumed: bool) -> None:
+    sim = Sim(1, start_timeout_s=600, checkpointing=resumed)  # the defaults: --blacklist-cooldown-range 10 300
+    if resumed:  # re-run with the same --checkpoint-dir: the state is in the checkpoint (Driver._resume)
+        sim.job.resumed = sim.job.state_committed = True
     sim.discover({"a": 1})
     while sim.outcome is None and not sim.job.round and sim.now < T0 + 700:
         for w in [w for w in sim.job.alive() if w.state is S.STARTING]:

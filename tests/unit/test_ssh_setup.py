@@ -128,3 +128,17 @@ def test_an_older_wrapper_that_never_says_started_gives_the_turn_back_at_the_wor
     for worker in (first, silent, third):
         worker.kill()
         _wait(worker.poll, "the end")
+
+
+def test_a_changed_host_key_warning_before_the_connection_is_shown_and_a_banner_is_not() -> None:
+    """ssh prints the warning and connects anyway under StrictHostKeyChecking=no: the user must still see it."""
+    from cloud_elastic.driver.launch.ssh_setup import ConnectionLines
+
+    shown: list[str] = []
+    lines = ConnectionLines(shown.append)
+    for line in ("*** Authorized use only ***", "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@",
+                 "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @"):
+        lines.add(line)
+    lines.connect()
+    assert shown == ["@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@",
+                     "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @"]

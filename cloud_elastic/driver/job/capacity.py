@@ -186,7 +186,8 @@ class Capacity:
         """Before the first round, hosts failed to be reached (still booting?): --start-timeout, counted from the
         driver's start, bounds the wait for them rather than --elastic-timeout (see :mod:`.failures`)."""
         job = self._job
-        return bool(job.start_failure) and job.round == 0 and not job.state_committed and self.started_at is not None
+        return (bool(job.start_failure) and job.round == 0 and (not job.state_committed or job.resumed)
+                and self.started_at is not None)
 
     def _progress(self, now: float, key: str, what: str) -> None:
         """A progress line for a long wait, every PROGRESS_EVERY_S, saying how long it has lasted."""

@@ -70,7 +70,8 @@ class Failures:
         # A fresh VM is "running" minutes before sshd answers or cloud-elastic is installed: at start-up a
         # transport failure says the host is not ready yet, and the job waits for it (see Capacity.check),
         # trying it again at the shortest cooldown without counting a failure (Blacklist.retry_soon).
-        booting = transport and job.round == 0 and not job.state_committed
+        # No round of this driver yet and no worker holding state (a resumed job's state is in its checkpoint).
+        booting = transport and job.round == 0 and (not job.state_committed or job.resumed)
         block = hosts.blacklist.retry_soon if booting else hosts.blacklist.record_failure
         if whole_host:
             host_slots = hosts.ready.get(w.slot.host, w.slot.index + 1)

@@ -225,9 +225,11 @@ class SilenceWatch:
                     continue
                 if w.last_seen + allowed < silence_due:
                     silence_due = w.last_seen + allowed
-                if w.state is WorkerState.CONNECTED and w.exiting_at is None:
+                if w.state is WorkerState.CONNECTED and w.exiting_at is None and round_:
                     # Registered, never at rendezvous: a worker joining a running job first runs its script up to
                     # its first call that needs the round (worker.context); that set-up is bounded like a start.
+                    # Before the first round (a job with --spares defers every worker's join) it is not: the first
+                    # round waits for its workers' set-up, as a first sync would.
                     if now - w.launched_at > start_timeout:
                         found.append((w, f"did not reach rendezvous within {start_timeout:g}s (its script's set-up "
                                          "before its first hvd.rank(), hvd.size() or elastic.run)"))

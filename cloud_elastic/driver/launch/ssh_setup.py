@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shlex
 import sys
 import threading
@@ -47,6 +48,8 @@ OLD_WRAPPER_HOLD_S = 2.0
 STDERR_TAIL = 20
 #: Bytes of ssh's stderr held back before the connection is set up; beyond them the oldest lines are shown.
 _HELD_BYTES = 64 * 1024
+#: ssh's warning that a host's key changed (it connects anyway under StrictHostKeyChecking=no): never dropped.
+_KEY_WARNING = re.compile(r"@@@@|REMOTE HOST IDENTIFICATION HAS CHANGED|differs from the key")
 
 # (substring of ssh's stderr, lower case) -> what went wrong. First match wins.
 _SSH_FAILURES = (
@@ -167,12 +170,17 @@ class ConnectionLines:
             self._forward(text)
 
     def connect(self) -> None:
-        """The connection is set up."""
+        """The connection is set up: what ssh said meanwhile was the connection's chatter (a Banner), except
+        a warning that the host's key changed, which ssh prints and then connects anyway where the user's
+        options let it (``StrictHostKeyChecking=no``): that one is still shown."""
         with self._lock:
             self.connected = True
+            shown = [line for line in self._held if _KEY_WARNING.search(line)]
             self._held.clear()
             self._held_bytes = 0
             self.tail.clear()
+        for text in shown:
+            self._forward(text)
 
     def end(self) -> None:
         """ssh's stderr ended: show what was held back (ssh failed before the connection was set up)."""
