@@ -33,7 +33,8 @@ installed), ``elastic.run`` outside the main thread (Python's signal handlers ru
 there only), a worker run without a driver, and every process the worker forks
 (a forked child that inherited the handler dies of SIGTERM as by default). Before
 the worker registers, between its first round and ``elastic.run`` (for a worker that joins a
-running job: from ``init()`` to its first call that needs the round, and then to ``elastic.run``), after
+running job, or any worker of a job with ``--spares``: from ``init()`` to its first call that needs the
+round, and then to ``elastic.run``), after
 ``elastic.run`` returned, and in a fixed-size script once it has joined its round,
 SIGTERM keeps its default action. Once one SIGTERM was reported, no handler is
 installed again in the process: the next SIGTERM ends it at once.
