@@ -89,3 +89,16 @@ def test_failures_while_booting_do_not_lengthen_the_cooldown_of_a_later_real_fai
     cooldowns = [f["blacklisted_s"] for kind, f in sim.events if kind == "worker_failed"]
     assert cooldowns[:5] == [pytest.approx(10.5, abs=0.6)] * 5  # each try of the booting host at the shortest
     assert cooldowns[5] <= 11  # the first cooldown, not the 160-300 s of a sixth failure in a row
+
+
+def test_with_no_blacklist_cooldown_a_host_refusing_at_once_is_tried_once_a_second_and_still_times_out() -> None:
+    """--blacklist-cooldown-range 0 0: the relaunched try counts as an active worker, which kept the start-up
+    bound from ever being reached (1,146 launches in 60 s, for good)."""
+    sim = Sim(1, start_timeout_s=30, cooldown=(0.0, 0.0))
+    sim.discover({"a": 1})
+    while sim.outcome is None and sim.now < T0 + 120:
+        for worker_id in [w.worker_id for w in sim.job.alive() if w.state is S.STARTING]:
+            sim.job.exited(worker_id, NO_MODULE, sim.now)  # refused at once, every time
+        sim.advance(0.5)
+    failed(sim, "no worker could be started within 30s (--start-timeout)")
+    assert sim.now < T0 + 32 and len(sim.launched) <= 32  # about one try a second, not a tight loop

@@ -150,11 +150,17 @@ class Capacity:
             for w in job.alive():  # a count, not a list: this runs over every worker each step
                 if w.state is S.WAITING or w.state is S.RUNNING:
                     counted += 1
+        booting = self._booting()
+        if booting and now - self.started_at > policy.start_timeout_s:
+            # Before any round: hosts still failing to be reached (their tries relaunched: they count as active).
+            who = "no worker" if counted == 0 else f"only {counted} of --min-np {policy.min_np} worker(s)"
+            job.end(False, f"{who} could be started within {policy.start_timeout_s:g}s (--start-timeout): "
+                           f"last: {job.start_failure}", 1)
+            return
         if counted >= policy.min_np:
             self._below_min_since = None
             self._waits.pop("min_np", None)
             return
-        booting = self._booting()
         if self._below_min_since is None:
             self._below_min_since = now
             wait, limit = policy.elastic_timeout_s, ""
@@ -168,11 +174,7 @@ class Capacity:
             self._progress(now, "min_np", f"below --min-np {policy.min_np}: {counted} worker(s) ready, "
                                           f"{len(job.active()) - counted} starting")
         if booting:
-            if now - self.started_at > policy.start_timeout_s:
-                who = "no worker" if counted == 0 else f"only {counted} of --min-np {policy.min_np} worker(s)"
-                job.end(False, f"{who} could be started within {policy.start_timeout_s:g}s (--start-timeout): "
-                               f"last: {job.start_failure}", 1)
-            return
+            return  # bounded by --start-timeout above
         if now - self._below_min_since > policy.elastic_timeout_s:
             last = f"; last failure: {job.last_failure}" if job.last_failure else ""
             job.end(

@@ -65,9 +65,9 @@ class Blacklist:
         raised at every try would both space the tries past the time it answers and make its first real
         failure, later, cost the longest cooldowns.
         """
-        if self.hi <= 0:
-            return 0.0
-        delay = min(self.hi, self.lo * (1.0 + 0.1 * self._rng.random()))
+        # At least a second, even with --blacklist-cooldown-range 0 0: a host that refuses at once would
+        # otherwise be relaunched in a tight loop.
+        delay = max(1.0, min(self.hi, self.lo * (1.0 + 0.1 * self._rng.random())))
         self._until[slot] = now + delay
         return delay
 
