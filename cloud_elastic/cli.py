@@ -296,7 +296,9 @@ def providers() -> int:
 
 @cli.command(context_settings=_CONTEXT, short_help="show running jobs, or one job's state")
 @click.argument("job", required=False)
-@click.option("--json", "as_json", is_flag=True, help="print the driver's reply as JSON")
+@click.option("--json", "as_json", is_flag=True,
+              help="print JSON: the driver's reply with JOB, else the list of jobs (one shape for scripts, "
+                   "however many run)")
 @click.option("--all", "show_all", is_flag=True,
               help="also list drivers gone for longer than their --driver-grace")
 def status(job: str | None, as_json: bool, show_all: bool) -> int:

@@ -21,7 +21,8 @@ class WorkerStatus:
 
     slot: int
     worker: str
-    #: e.g. "starting", "ready", "training", "leaving".
+    #: e.g. "starting" (launched), "setting up" (connected, its script not yet at its first call that needs the
+    #: round), "ready", "training", "leaving".
     state: str
     rank: int | None = None
     #: Its compute time per optimizer step (the time outside waiting on peers), when known.

@@ -26,3 +26,18 @@ def test_status_shows_each_hosts_source_and_price_and_what_the_job_has_cost():
     assert rows["od0"][3:6] == ["od", "4", "-"]  # a fallback host no worker uses
     assert "cost $0.22 so far, $2.20/h now" in text
     assert "on the fallback alone: $0.80" in text
+
+
+def test_a_worker_that_connected_and_sets_up_is_told_apart_from_one_still_starting():
+    """A worker joining a running job runs its script up to its first hvd.rank() before it joins (worker.context):
+    for up to --start-timeout, which `status` must not show as a launch that hangs."""
+    from tests.unit.test_job import Sim
+
+    sim = Sim(2, max_np=3)
+    sim.start({"a": 2})
+    sim.discover({"a": 2, "b": 1})
+    assert sim.job.registered(sim.id("b[0]"), sim.now)  # connected, its set-up runs: not at rendezvous yet
+    config = JobConfig(command=("python", "t.py"), num_proc=2, min_np=2, max_np=3)
+    reply = StatusReply.from_json(status_reply(sim.job, config, provider="static", now=sim.now, wall_now=sim.now,
+                                               uptime_s=10).to_json())
+    assert "[0] setting up" in render_status(reply, now=sim.now)

@@ -22,7 +22,7 @@ MAX_WORKER_ROWS = 256
 
 _STATE_WORDS = {
     WorkerState.STARTING: "starting",
-    WorkerState.CONNECTED: "starting",
+    WorkerState.CONNECTED: "setting up",  # registered: its script runs up to its first call that needs the round
     WorkerState.WAITING: "ready",
     WorkerState.RUNNING: "training",
     WorkerState.DRAINING: "leaving",
