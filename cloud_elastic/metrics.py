@@ -2,7 +2,7 @@
 
 :class:`MetricsServer` is an :class:`~cloud_elastic.events.EventSink`: most
 metrics are derived from the job's events (world size, resets, rollbacks,
-steps lost, notices, worker failures), so the driver feeds it the same
+steps lost, notices, worker failures, checkpoints not written), so the driver feeds it the same
 ``emit`` calls as the events file (through :class:`~cloud_elastic.events.TeeEvents`).
 Two things are not events and have their own calls: :meth:`MetricsServer.observe_discovery`
 after each discovery poll, and :meth:`MetricsServer.observe_step` with the
@@ -95,6 +95,11 @@ class MetricsServer:
         self.notices = prom.Counter("notices", "termination or maintenance notices", ["source"], namespace=ns,
                                     registry=registry)
         self.worker_failures = prom.Counter("worker_failures", "workers that failed", namespace=ns, registry=registry)
+        # Not failures: a host still booting before the first round is tried again at the shortest cooldown.
+        self.host_unreachable = prom.Counter("host_unreachable", "launches on a host not reachable yet at start-up",
+                                             namespace=ns, registry=registry)
+        self.checkpoint_failures = prom.Counter("checkpoint_failures", "durable checkpoints that could not be written",
+                                                namespace=ns, registry=registry)
         self.workers_left = prom.Counter("workers_left", "workers that left gracefully", namespace=ns,
                                          registry=registry)
         self.committed_step = prom.Gauge("committed_step", "last step committed by rank 0", namespace=ns,
@@ -152,7 +157,9 @@ class MetricsServer:
             elif kind == "notice":
                 self.notices.labels(source=fields["source"]).inc()
             elif kind == "worker_failed":
-                self.worker_failures.inc()
+                (self.host_unreachable if fields.get("booting") else self.worker_failures).inc()
+            elif kind == "checkpoint_failed":
+                self.checkpoint_failures.inc()
             elif kind == "worker_left":
                 self.workers_left.inc()
             elif kind == "spares":
@@ -167,6 +174,13 @@ class MetricsServer:
                 self.spares.set(0)
                 if fields.get("cost") is not None:
                     self._charge(fields["cost"])
+
+    def carry_cost(self, dollars: float) -> None:
+        """Start the cost counter at what the job cost under a previous driver, before the first scrape: a
+        counter seen at 0 and then at the carried total would read to Prometheus as a reset and a rise,
+        and ``increase()`` would count the carried dollars twice."""
+        with self._lock:
+            self._charge(dollars)
 
     def _charge(self, dollars: float) -> None:
         if dollars > self._dollars:  # a counter only grows; the events carry the running total

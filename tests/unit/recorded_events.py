@@ -48,6 +48,8 @@ TIMELINE: list[tuple[float, str, dict]] = [
     (13.5, "slow_link", {"host": "127.0.0.2", "workers": ["127.0.0.2[0]#1"], "mb_s": 11.5, "peers_mb_s": 1180.0,
                          "peers": ["127.0.0.1", "127.0.0.3"], "factor": 4.0, "blacklisted_s": 10.0}),
     (14.0, "checkpoint_saved", {"step": 60, "path": "/ck/step-60", "duration_s": 0.4, "bytes": 1048576}),
+    (14.5, "checkpoint_failed", {"reason": "could not write checkpoint /ck/step-70: SlowDown", "failed_in_a_row": 1,
+                                 "since_s": 0.0}),
     (15.0, "notice", {"source": "aws", "host": "127.0.0.2", "deadline": T0 + 135.0, "action": "terminate"}),
     (15.5, "hosts_changed", {"added": [], "removed": [],
                              "draining": [{"host": "127.0.0.2", "reason": "spot interruption", "deadline": T0 + 135.0}]}),

@@ -57,3 +57,21 @@ def test_a_checkpoint_this_driver_did_not_see_written_keeps_failures_to_warnings
     with caplog.at_level(logging.WARNING, logger="cloud_elastic.driver.job.checkpoint_watch"):
         assert all(watch.not_written(WHY, float(t)) is None for t in range(0, 3000, 10))
     assert warnings(caplog)[0].endswith("(training goes on; the latest checkpoint written stays the one to resume from)")
+
+
+def test_reasons_that_differ_only_in_the_checkpoint_path_are_throttled_but_a_new_cause_is_said(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="cloud_elastic.driver.job.checkpoint_watch")
+    watch = CheckpointWatch("j", interval_s=2.0)
+    watch.one_exists()
+
+    def why(i: int, cause: str = "[Errno 20] Not a directory") -> str:
+        path = f"/ck/ckpt-2026112{i}T1150Z-step{i:012d}"
+        return f"could not write checkpoint {path}: {cause}: '{path}'"
+
+    for i in range(1, 10):
+        watch.not_written(why(i), float(i))
+    assert [w.split(": ")[1] for w in warnings(caplog)] == ["no checkpoint written", *["still no checkpoint written"] * 3]
+    assert ["9 attempt(s)" in w for w in warnings(caplog)] == [False] * 4  # said at the 1st, 2nd, 4th and 8th only
+    watch.not_written(why(10, "[Errno 13] Permission denied"), 10.0)
+    assert "Permission denied" in warnings(caplog)[-1] and len(warnings(caplog)) == 5
+    assert watch.failing_for(11.0) == 10.0

@@ -259,3 +259,16 @@ def test_register_tells_a_worker_to_join_after_its_set_up_once_the_job_runs_or_k
     assert p.handle("register", {"worker": first})["running"] is True
     p, job, _, _ = plane(spares=1)  # any worker of the first launch may end up a spare
     assert p.handle("register", {"worker": sorted(job.workers)[0]})["running"] is True
+
+
+def test_a_checkpoint_not_written_is_an_event_with_the_run_of_failures_so_far() -> None:
+    now = [T0]
+    p, job, stops, sink = plane(clock=lambda: now[0], checkpoint_dir="s3://b/x", checkpoint_interval_s=30.0)
+    job.resumed = True  # a checkpoint exists: failures only warn, and the event is what an alert can see
+    worker = sorted(job.workers)[0]
+    for _ in range(3):
+        p.handle("checkpoint", {"worker": worker, "event": "not_written", "reason": "SlowDown"})
+        now[0] += 30.0
+    assert [e for e in sink.events if e[0] == "checkpoint_failed"] == [
+        ("checkpoint_failed", {"reason": "SlowDown", "failed_in_a_row": n, "since_s": 30.0 * (n - 1)}) for n in (1, 2, 3)]
+    assert stops == []

@@ -74,3 +74,13 @@ def test_the_state_is_lost_at_once_without_a_holder_or_a_checkpoint() -> None:
     job.worker("a", 0, S.WAITING)
     fail.check_state_kept()
     assert job.outcome is None  # the next round loads the latest checkpoint
+
+
+def test_a_host_not_reachable_before_the_first_round_is_marked_booting_and_one_after_it_is_not() -> None:
+    job, fail, _ = failures()
+    job.round = 0
+    fail.fail(job.worker("a", 0, S.EXITED), "host unreachable", T0, was_member=False, transport=True)
+    assert dict(job.events)["worker_failed"]["booting"] is True
+    job.round = 1
+    fail.fail(job.worker("b", 0, S.EXITED), "host unreachable", T0, was_member=False, transport=True)
+    assert "booting" not in job.events[-1][1]

@@ -49,6 +49,7 @@ def test_scraped_metrics_follow_the_recorded_job() -> None:
     assert metrics['cloud_elastic_notices_total{source="aws"}'] == 1
     assert metrics["cloud_elastic_worker_failures_total"] == 1
     assert metrics["cloud_elastic_workers_left_total"] == 1
+    assert metrics["cloud_elastic_checkpoint_failures_total"] == 1
     assert metrics["cloud_elastic_committed_step"] == 100
     assert metrics["cloud_elastic_steps_per_second"] == 5.0  # 20 steps in 4 s
     assert metrics["cloud_elastic_discovery_latency_seconds_count"] == 2
@@ -94,3 +95,26 @@ def test_missing_prometheus_client_names_the_extra() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20).stdout
     assert out.strip() == "--metrics-port needs the prometheus-client package: pip install 'cloud-elastic[metrics]'"
+
+
+def test_a_booting_host_is_no_worker_failure_and_checkpoints_not_written_are_counted() -> None:
+    server = MetricsServer("j", 0)
+    failed = {"host": "a", "slot": 0, "exit_code": None, "blacklisted_s": 10.0}
+    for _ in range(3):
+        server.emit("worker_failed", **failed, booting=True)
+    server.emit("worker_failed", **failed)
+    for n in (1, 2):
+        server.emit("checkpoint_failed", reason="could not write checkpoint /c/x: denied", failed_in_a_row=n,
+                    since_s=2.0 * n)
+    value = server.registry.get_sample_value
+    assert value("cloud_elastic_worker_failures_total") == 1
+    assert value("cloud_elastic_host_unreachable_total") == 3
+    assert value("cloud_elastic_checkpoint_failures_total") == 2
+
+
+def test_the_cost_carried_from_a_previous_driver_is_there_before_any_event() -> None:
+    server = MetricsServer("j", 0)
+    server.carry_cost(4.5)
+    assert server.registry.get_sample_value("cloud_elastic_cost_dollars_total") == 4.5
+    server.emit("cost", dollars=4.75, dollars_per_hour=1.0, slot_hours=3.0)  # the running total, carried included
+    assert server.registry.get_sample_value("cloud_elastic_cost_dollars_total") == 4.75

@@ -5,7 +5,8 @@ storage it cannot read or write, credentials missing, a throttle) and every chec
 (``saved``). :class:`CheckpointWatch` decides, for the job:
 
 * the first failure of a run of failures is logged at WARNING with its reason, repeats at the 2nd, 4th,
-  8th ... attempt (or when the reason changes), and the first checkpoint written after them at INFO;
+  8th ... attempt (or when the reason changes, the checkpoint's own path aside), and the first checkpoint
+  written after them at INFO;
 * **no checkpoint written yet**: once attempts have failed without a break for
   :func:`give_up_after_s` (``max(3 × --checkpoint-interval, 60 s)``), at least :data:`MIN_ATTEMPTS`
   of them, the job ends (:meth:`CheckpointWatch.not_written` returns why): training on would make
@@ -23,6 +24,7 @@ Pure logic: ``now`` is passed in.
 from __future__ import annotations
 
 import logging
+import re
 
 __all__ = ["CheckpointWatch", "MIN_ATTEMPTS", "give_up_after_s"]
 
@@ -30,6 +32,15 @@ log = logging.getLogger(__name__)
 
 #: Failed attempts in a row, at the least, before the job ends for want of any checkpoint.
 MIN_ATTEMPTS = 3
+
+
+# A quoted name or a path (``/a/b``, ``s3://b/k``, ``C:\\x``): each attempt names its own checkpoint.
+_NAMES = re.compile(r"'[^']*'|\"[^\"]*\"|\S*[/\\]\S*")
+
+
+def _gist(reason: str) -> str:
+    """What stays of a failure's reason from one attempt to the next: without the names of the checkpoint."""
+    return _NAMES.sub("<path>", reason)
 
 
 def give_up_after_s(interval_s: float) -> float:
@@ -47,7 +58,7 @@ class CheckpointWatch:
         self.exists = False  # a checkpoint of the job exists, written under this driver or before it
         self.failed_in_a_row = 0
         self._since: float | None = None  # the first failure of the current run
-        self._reason = ""
+        self._reason = ""  # the last failure's _gist
 
     def saved(self, now: float) -> None:
         """A checkpoint was written: a run of failures ends."""
@@ -57,6 +68,10 @@ class CheckpointWatch:
             log.info("job %s: checkpoint written again after %d failed attempt(s) over %.0fs", self._job_id,
                      self.failed_in_a_row, now - (self._since if self._since is not None else now))
         self.failed_in_a_row, self._since, self._reason = 0, None, ""
+
+    def failing_for(self, now: float) -> float:
+        """Seconds since the first failure of the current run (0 with none)."""
+        return now - self._since if self._since is not None else 0.0
 
     def one_exists(self) -> None:
         """A checkpoint of the job exists that this driver did not see written: failures from now on only warn."""
@@ -72,10 +87,10 @@ class CheckpointWatch:
             then = (f"the job ends unless one is written within {self._window_s:.0f}s" if not self.exists
                     else "training goes on; the latest checkpoint written stays the one to resume from")
             log.warning("job %s: no checkpoint written: %s (%s)", self._job_id, reason, then)
-        elif reason != self._reason or count & (count - 1) == 0:
+        elif _gist(reason) != self._reason or count & (count - 1) == 0:
             log.warning("job %s: still no checkpoint written: %d attempt(s) in a row failed over %.0fs; last: %s",
                         self._job_id, count, lasted, reason)
-        self._reason = reason
+        self._reason = _gist(reason)
         if not self.exists and count >= MIN_ATTEMPTS and lasted >= self._window_s:
             return f"{reason} (no checkpoint written in {lasted:.0f}s: {count} attempts failed)"
         return None

@@ -90,6 +90,7 @@ class Failures:
             "worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, reason=what,
             exit_code=None if killed_by else exit_code, blacklisted_s=round(delay, 1), whole_host=whole_host,
             **({"round": w.round} if w.round else {}), **({"signal": killed_by} if killed_by else {}),
+            **({"booting": True} if booting else {}),
         )
         job.failure_since_round = True
         if booting:

@@ -281,6 +281,10 @@ class ControlPlane:
             if self._job.resumed:  # resumed or adopted with a checkpoint (Driver._resume): it is there to go back to
                 self.checkpoints.one_exists()
             why = self.checkpoints.not_written(str(report.reason), now)
+            # Once one checkpoint exists failures only warn: the event (and its metric) is what an alert can see.
+            self._sinks.sink.emit("checkpoint_failed", reason=str(report.reason)[:500],
+                                  failed_in_a_row=self.checkpoints.failed_in_a_row,
+                                  since_s=round(self.checkpoints.failing_for(now), 1))
             if why is not None and self._job.outcome is None:
                 self._stop(CheckpointReport("failed", reason=why, failure="write").ending(), 1)
                 self._cond.notify_all()
