@@ -199,3 +199,27 @@ def test_at_the_end_a_discovery_call_that_does_not_end_leaves_the_group_named_as
     assert cloud.calls == 0 and sim.job.capacity.sourcing.raised() == {"od": 1}
     assert "host source 'od' stays at the desired capacity 1 this job gave it: the discovery call under way did " \
            "not end within 0s; set it to 0 yourself" in caplog.text
+
+
+def test_while_a_restarted_driver_waits_out_its_predecessor_its_metrics_already_show_the_carried_cost(
+        tmp_path, monkeypatch):
+    """A scrape during the wait (up to --driver-grace) that saw the cost counter at 0, then at the carried total
+    once the job is taken over, would read to Prometheus as a reset: increase() would count $12.50 twice."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1,
+                       checkpoint_dir=str(tmp_path / "ckpt"), manage_capacity=True, driver_grace_s=60.0,
+                       metrics_port=0)
+    store = open_store(config)
+    plan_start(config, store, job_id="j1")
+    write_driver_alive(store, DriverAlive("j1", time.time() - 1, 60.0, "other-vm", 4242, raised=(("od", 2),),
+                                          cost=_COST))
+    driver = Driver(config, Groups(), job_id="j2")
+    scraped = []
+
+    def waiting(plan) -> None:  # what a scrape sees while the driver waits, and then a Ctrl-C
+        scraped.append(driver._sinks.metrics.registry.get_sample_value("cloud_elastic_cost_dollars_total"))
+        driver.stop("interrupted", 130)
+
+    monkeypatch.setattr(driver, "_wait_for_predecessor", waiting)
+    assert driver.run().exit_code == 130
+    assert scraped == [12.5]

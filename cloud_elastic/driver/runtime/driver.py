@@ -156,6 +156,10 @@ class Driver:
             self._resume()
         self._sinks = open_sinks(self.job_id, self.config.events_file, self.config.metrics_port,
                                  metrics_addr=self.config.metrics_addr)
+        sourcing, metrics = self._job.capacity.sourcing, self._sinks.metrics
+        if metrics is not None and self._carried_cost is not None and sourcing is not None and sourcing.active:
+            # Before any scrape: a counter at 0 until inherit_cost (after --driver-grace) would read as a reset.
+            metrics.carry_cost(self._carried_cost.dollars)
         started = time.time()
         self._sinks.sink.emit(
             "job_started", num_proc=self.config.num_proc, min_np=self.config.min_np, max_np=self.config.max_np,
