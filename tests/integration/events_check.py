@@ -46,6 +46,9 @@ OWNERS: dict[str, frozenset[str]] = {
     }),
     "tests/integration/test_durable.py::test_whole_group_loss_resumes_from_the_checkpoint_with_exactly_once_samples":
         frozenset({"checkpoint_saved", "checkpoint_loaded"}),
+    "tests/integration/test_durable.py::"
+    "test_checkpoints_that_fail_after_one_was_written_are_events_and_the_job_trains_on":
+        frozenset({"checkpoint_failed", "checkpoint_failed.reason", "checkpoint_failed.failed_in_a_row"}),
     "tests/integration/test_endings.py::"
     "test_a_round_stuck_in_a_blocked_worker_is_aborted_after_its_stacks_and_the_job_goes_on":
         frozenset({"round_stalled", "round_stalled.reason", "round_stalled.workers", "stacks", "stacks.rank"}),

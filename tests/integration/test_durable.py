@@ -136,3 +136,32 @@ def test_a_checkpoint_dir_the_workers_see_apart_from_the_driver_ends_the_job_bef
     assert f"--checkpoint-dir {url} as this worker on 127.0.0.1 sees it holds no record of job {job.job_id()}: " \
            "the driver and every worker must see the same storage" in last, last
     assert "checkpoint of step" not in job.output() and len(job.of("commit")) < 400
+
+
+def _events_of(path: Path, kind: str) -> bool:
+    """Whether the events file (still being written) holds an event of ``kind`` yet."""
+    import json
+
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return False
+    return any(json.loads(line).get("event") == kind for line in lines if line.endswith("}"))
+
+
+def test_checkpoints_that_fail_after_one_was_written_are_events_and_the_job_trains_on(jobs, tmp_path):
+    """A bucket policy changed on day 1 must not go unseen for days: each failed attempt is a checkpoint_failed
+    event (and a metric), while the job, which has a checkpoint to go back to, trains on."""
+    ck, aside, path, stop = tmp_path / "ck", tmp_path / "ck-aside", tmp_path / "events.jsonl", tmp_path / "stop"
+    job = jobs(["run", "-np", "1", "-H", "127.0.0.1:1", "--checkpoint-dir", str(ck), "--checkpoint-interval", "0.5",
+                "--events-file", str(path), *probe_cmd("--steps", "10", "--stop-when", str(stop))])
+    job.wait_for(lambda j: _events_of(path, "checkpoint_saved"), 60, "a first checkpoint")
+    ck.rename(aside)
+    ck.write_text("")  # the storage now refuses every write (and the job record's read)
+    job.wait_for(lambda j: _events_of(path, "checkpoint_failed"), 60, "a failed checkpoint attempt")
+    ck.unlink()
+    aside.rename(ck)  # the storage is back: the final checkpoint is written
+    stop.touch()
+    assert job.finish(timeout=90) == 0, job.output()
+    failed = of(read_events(path), "checkpoint_failed")
+    assert failed[0]["failed_in_a_row"] == 1 and failed[0]["reason"], failed
