@@ -209,9 +209,9 @@ def test_a_sharded_payload_the_checkpoint_refuses_ends_the_job_on_every_worker_o
     _train(state, 1)
     state.note = _Stats()  # a value the checkpoint refuses (here past commit's check: it is not committed)
     answers, ctx = [], _sharded_ctx()
-    real = sharded_module.dist.broadcast_object_list
-    monkeypatch.setattr(sharded_module.dist, "broadcast_object_list",
-                        lambda objects, src: (real(objects, src), answers.append(list(objects))))
+    real = sharded_module._from_local_rank_0
+    monkeypatch.setattr(sharded_module, "_from_local_rank_0",
+                        lambda obj, root, device: answers.append(real(obj, root, device)) or answers[-1])
     durable = _checkpoints(tmp_path, ctx)
     with pytest.raises(CheckpointFailed) as failed:
         durable.after_commit(state)  # local rank 0
@@ -223,8 +223,7 @@ def test_a_sharded_payload_the_checkpoint_refuses_ends_the_job_on_every_worker_o
     # A host-mate (local rank 1) hears local rank 0's answer, and stops with the same line, having queued nothing.
     mate = _sharded_ctx()
     mate.info.local_rank, mate.info.local_size, mate.info.rank = 1, 2, 1
-    monkeypatch.setattr(sharded_module.dist, "broadcast_object_list",
-                        lambda objects, src: objects.__setitem__(slice(None), answers[-1]))
+    monkeypatch.setattr(sharded_module, "_from_local_rank_0", lambda obj, root, device: answers[-1])
     other = _checkpoints(tmp_path, mate)
     with pytest.raises(CheckpointFailed) as mates:
         other.after_commit(state)

@@ -54,6 +54,7 @@ Loading unpickles nothing from storage: DCP's metadata comes from its JSON copy 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -69,6 +70,7 @@ from cloud_elastic.checkpoint.dcp import ShardCorrupt
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
+from cloud_elastic.worker.comm import statecodec
 from cloud_elastic.worker.commit.snapshot import clone
 from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report, report_not_written
 
@@ -163,7 +165,7 @@ class ShardedCheckpoints:
             # Decided for the host before anyone queues a write: a host-mate whose DCP save waited for a local
             # rank 0 that refused the payload would wait out the group's timeout, and queue again each interval.
             name = _decided_by_local_rank_0(info, lambda: (_holdable(rest), self._sees_job.within(),
-                                                           self.store.reserve(step))[2])
+                                                           self.store.reserve(step))[2], ctx.device)
             meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": seq, "hosts": info.cross_size}
             epoch = getattr(state, "epoch", None)
             if isinstance(epoch, int) and not isinstance(epoch, bool):
@@ -244,7 +246,7 @@ class ShardedCheckpoints:
         or the shards do not fit this state."""
         ctx, info = self._ctx, self._ctx.info
         began = time.perf_counter()
-        candidates = _decided_by_local_rank_0(info, self._sharded_candidates)
+        candidates = _decided_by_local_rank_0(info, self._sharded_candidates, ctx.device)
         for chosen in candidates:
             try:
                 checkpoint, skip = self._load_one(state, chosen)
@@ -329,19 +331,46 @@ def _holdable(payload: Any) -> None:
         raise CheckpointFailed("write", str(exc)) from None
 
 
-def _decided_by_local_rank_0(info: Any, decide: Callable[[], Any]) -> Any:
-    """``decide()`` on local rank 0, its value (or its CheckpointError, raised: a CheckpointFailed as one) on every
-    worker of the host."""
+def _decided_by_local_rank_0(info: Any, decide: Callable[[], Any], device: Any) -> Any:
+    """``decide()`` on local rank 0 (a checkpoint's name, or a list of :class:`CheckpointInfo`), its value (or its
+    CheckpointError, raised: a CheckpointFailed as one) on every worker of the host."""
     answer: list[Any] = [None, None, None]
     if info.local_rank == 0:
         try:
-            answer[0] = decide()
+            value = decide()
+            answer[0] = [{f.name: getattr(c, f.name) for f in dataclasses.fields(c)} for c in value] \
+                if isinstance(value, list) else value
         except CheckpointError as exc:
             answer[1:] = [str(exc), exc.failure if isinstance(exc, CheckpointFailed) else None]
-    dist.broadcast_object_list(answer, src=0)
+    answer = _from_local_rank_0(answer, info.local_rank == 0, device)
     if answer[1]:
         raise CheckpointFailed(answer[2], answer[1]) if answer[2] else CheckpointError(answer[1])
-    return answer[0]
+    return [CheckpointInfo(**c) for c in answer[0]] if isinstance(answer[0], list) else answer[0]
+
+
+#: The most bytes local rank 0's decision may announce (a list of manifests: kilobytes).
+_MAX_DECISION_BYTES = 16 << 20
+
+
+def _from_local_rank_0(obj: Any, root: bool, device: Any) -> Any:
+    """Local rank 0's ``obj`` (plain data) on every worker of the host's group. Nothing authenticates
+    torch.distributed traffic, so what crosses it travels in the state sync's safe form (``statecodec``: loaded
+    with ``weights_only``), never as a pickle (docs/security.md); a forged or oversized one is a CheckpointError."""
+    data = statecodec.encode(obj, "the host's checkpoint decision") if root else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    n = int(size.item())
+    if not 0 < n <= _MAX_DECISION_BYTES:
+        raise CheckpointError(f"local rank 0's checkpoint decision announces {n} bytes: corrupt or forged")
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if root else torch.empty(n, dtype=torch.uint8)
+    buf = buf.to(device)
+    dist.broadcast(buf, src=0)
+    if root:
+        return obj
+    try:
+        return statecodec.decode(buf.cpu().numpy().tobytes(), "the host's checkpoint decision")
+    except statecodec.StateSyncError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 #: What DCP raises when a rank failed (a BaseException in torch): a load that failed on any worker.
