@@ -30,6 +30,15 @@ class WorkerLife:
     end: float | None = None
     #: "failed", "left", "finished" (the job ended with it running) or None while open.
     how: str | None = None
+    worker: str | None = None
+    #: (t, "starting" | "waiting" | "training") from t on: waiting is ready but in no round (a spare, or
+    #: a worker waiting for its first round). Events files without ``round_formed.workers`` (written by
+    #: older drivers) cannot tell: there a ready worker counts as training.
+    phases: list[tuple[float, str]] = field(default_factory=list)
+
+    def enter(self, t: float, phase: str) -> None:
+        if not self.phases or self.phases[-1][1] != phase:
+            self.phases.append((t, phase))
 
 
 @dataclass
@@ -94,20 +103,27 @@ def build_timeline(events: Iterable[dict[str, Any]]) -> Timeline:
     t0 = events[0]["ts"]
     line = Timeline(job=str(events[0].get("job")), duration=events[-1]["ts"] - t0)
     open_lives: dict[tuple[str, int], WorkerLife] = {}
+    members_known = any(e["event"] == "round_formed" and isinstance(e.get("workers"), list) for e in events)
     for event in events:
         t, kind = event["ts"] - t0, event["event"]
         lane = (event.get("host"), event.get("slot"))
         if kind == "worker_started":
-            life = WorkerLife(start=t)
+            life = WorkerLife(start=t, worker=event.get("worker"), phases=[(t, "starting")])
             line.lanes.setdefault(lane, []).append(life)
             open_lives[lane] = life
         elif kind == "worker_ready" and lane in open_lives:
             open_lives[lane].ready = t
+            open_lives[lane].enter(t, "waiting" if members_known else "training")
         elif kind in ("worker_failed", "worker_left") and lane in open_lives:
             life = open_lives.pop(lane)
             life.end, life.how = t, "failed" if kind == "worker_failed" else "left"
         elif kind == "round_formed":
             line.world.append((t, event["size"]))
+            members = event.get("workers")
+            if isinstance(members, list):
+                for life in open_lives.values():
+                    if life.ready is not None:
+                        life.enter(t, "training" if life.worker in members else "waiting")
         elif kind == "notice":
             line.notices.append((t, event["host"], event["source"]))
         elif kind == "rollback":
@@ -189,7 +205,7 @@ def _draw_world(ax: Any, line: Timeline, end: float) -> None:
         dollars.set_ylim(bottom=0)
 
 
-_COLOURS = {"starting": "0.75", "ready": "tab:green"}
+_COLOURS = {"starting": "0.75", "waiting": "tab:cyan", "training": "tab:green"}
 _ENDS = {"failed": ("X", "tab:red"), "left": ("D", "tab:blue"), "finished": ("", None)}
 
 
@@ -197,10 +213,9 @@ def _draw_lanes(ax: Any, line: Timeline, lanes: list[tuple[str, int]]) -> None:
     for y, lane in enumerate(lanes):
         for life in line.lanes[lane]:
             end = life.end if life.end is not None else line.duration
-            ready = life.ready if life.ready is not None else end
-            ax.broken_barh([(life.start, max(ready - life.start, 1e-3))], (y - 0.35, 0.7), color=_COLOURS["starting"])
-            if life.ready is not None:
-                ax.broken_barh([(ready, max(end - ready, 1e-3))], (y - 0.35, 0.7), color=_COLOURS["ready"])
+            phases = life.phases or [(life.start, "starting")]
+            for (t, phase), (until, _) in zip(phases, [*phases[1:], (end, "")]):
+                ax.broken_barh([(t, max(until - t, 1e-3))], (y - 0.35, 0.7), color=_COLOURS[phase])
             marker, colour = _ENDS.get(life.how or "finished", ("", None))
             if marker:
                 ax.plot([end], [y], marker=marker, color=colour, markersize=10, markeredgewidth=2)
@@ -214,7 +229,9 @@ def _draw_lanes(ax: Any, line: Timeline, lanes: list[tuple[str, int]]) -> None:
     from matplotlib.patches import Patch
 
     ax.legend(handles=[
-        Patch(color=_COLOURS["starting"], label="starting"), Patch(color=_COLOURS["ready"], label="training"),
+        Patch(color=_COLOURS["starting"], label="starting"),
+        Patch(color=_COLOURS["waiting"], label="waiting (spare, or for a round)"),
+        Patch(color=_COLOURS["training"], label="training"),
         Line2D([], [], marker="X", color="tab:red", linestyle="", label="failed"),
         Line2D([], [], marker="D", color="tab:blue", linestyle="", label="left"),
         Line2D([], [], marker="v", color="tab:orange", linestyle="", label="notice"),

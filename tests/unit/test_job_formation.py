@@ -58,6 +58,7 @@ def test_the_first_round_forms_once_np_wait_and_not_before() -> None:
     assert rounds.assignment(b0) is None
     event = dict(job.events)["round_formed"]
     assert event["size"] == 2 and event["ranks"] == {"a": [0, 1]} and event["step"] is None
+    assert event["workers"] == [a0.worker_id, a1.worker_id]  # in rank order (the timeline's lanes)
 
 
 def test_a_round_waits_for_its_last_running_member_and_a_newcomer_asks_for_one_update() -> None:

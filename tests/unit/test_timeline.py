@@ -34,7 +34,7 @@ def test_timeline_command_writes_a_png_of_the_recorded_job(tmp_path: Path) -> No
     width, height = _png_size(out)
     assert width >= 600 and height >= 300
     assert result.stdout.strip() == (
-        f"cloud-elastic: wrote {out} (job {JOB}: 4 workers on 4 host slots, 4 rounds, "
+        f"cloud-elastic: wrote {out} (job {JOB}: 5 workers on 5 host slots, 4 rounds, "
         "1 rollbacks (7 steps lost), 1 notices, cost $0.0125)"  # the recorded cost event's running total
     )
 
@@ -51,6 +51,18 @@ def test_the_picture_is_built_from_the_lives_rounds_notices_and_rollbacks(tmp_pa
     assert line.rollbacks == [(pytest.approx(9.1), 7, 40)]
     assert line.notices == [(15.0, "127.0.0.2", "aws")]
     assert line.outcome == "succeeded"
+
+
+def test_a_spare_and_a_worker_waiting_for_its_round_are_drawn_waiting_not_training(tmp_path: Path) -> None:
+    line = build_timeline(read_events(str(write_recorded_events(tmp_path / "e.jsonl"))))
+    # 127.0.0.3 was ready at 19.5 and trained from round 4 at 20.0; the spare on 127.0.0.4 never trained.
+    assert line.lanes[("127.0.0.3", 0)][0].phases == [(pytest.approx(18.1), "starting"),
+                                                       (pytest.approx(19.5), "waiting"), (20.0, "training")]
+    assert [p for _, p in line.lanes[("127.0.0.4", 0)][0].phases] == ["starting", "waiting"]
+    # An events file written before round_formed named its members: a ready worker counts as training.
+    old = [{k: v for k, v in e.items() if k != "workers" or e["event"] != "round_formed"}
+           for e in read_events(str(tmp_path / "e.jsonl"))]
+    assert [p for _, p in build_timeline(old).lanes[("127.0.0.4", 0)][0].phases] == ["starting", "training"]
 
 
 def test_the_last_job_in_an_appended_file_is_drawn(tmp_path: Path) -> None:

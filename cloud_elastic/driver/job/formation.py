@@ -453,7 +453,8 @@ class RoundFormation:
             # checkpoint learns its step from rank 0's checkpoint_loaded (null, as documented).
             from_checkpoint=plan.from_checkpoint,
             step=commit if job.state_committed and not plan.from_checkpoint else None,
-            ranks=_ranks_by_host(ordered), **({"spares_taken": taken} if taken else {}),
+            ranks=_ranks_by_host(ordered), workers=[w.worker_id for w in sorted(ordered, key=lambda w: w.rank)],
+            **({"spares_taken": taken} if taken else {}),
             **({"planned": self.planned} if self.planned else {}),
         )
 
