@@ -105,3 +105,21 @@ def test_a_kept_host_listed_again_sends_its_surplus_replacement_away() -> None:
     sim.advance(5)
     assert sim.poll("a[0]").update_gen == 0 and state(sim, "b[0]") is WorkerState.RUNNING
     assert sim.slots_launched() == ["a[0]", "b[0]", "c[0]"] and removed(sim) == []
+
+
+def test_the_removal_line_says_how_long_a_kept_host_was_missing(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="cloud_elastic.driver.job.discovery_edge")
+    sim = started(1, {"a": 1}, missing_grace=1)
+    sim.commit("a[0]")
+    sim.discover({"c": 1})
+    sim.advance(1.5)
+    sim.join("c[0]")
+    sim.advance(0.5)
+    sim.join("a[0]", reason="update")
+    sim.join("c[0]")
+    sim.commit("a[0]", "c[0]")
+    sim.advance(0.6)
+    assert removed(sim) == ["a"]
+    lines = [r.getMessage() for r in caplog.records if "stayed missing" in r.getMessage()]
+    # Kept as the last holder past the 1 s grace: the line says how long it was missing in all.
+    assert len(lines) == 1 and "stayed missing from discovery for 2s; removed" in lines[0], lines

@@ -140,13 +140,14 @@ class DiscoveryEdge:
         """Remove the hosts missing past the grace that may go (see module docstring)."""
         job = self._job
         self._let_go = set()
+        since = {host: t for host, (_, t) in job.hosts.missing.items()}
         expired = job.hosts.expire(now, keep=self._keep)
         self._forget_kept()
         for host in expired:
             why = ("; other workers now hold the state and enough of them stay: its workers leave at their next "
                    "commit" if host in self._let_go else "")
-            log.info("job %s: host %s stayed missing from discovery for %gs; removed%s", job.job_id, host,
-                     job.hosts.missing_grace_s, why)
+            log.info("job %s: host %s stayed missing from discovery for %.0fs; removed%s", job.job_id, host,
+                     now - since.get(host, now - job.hosts.missing_grace_s), why)
         if expired:
             why = self.missing_reason()
             job.emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
