@@ -108,6 +108,20 @@ def test_a_member_silent_while_its_peers_wait_for_it_is_named_then_given_up_by_t
     assert stalled["verdict"] == "silent rank(s) given up"
 
 
+def test_the_fast_rule_works_from_the_start_of_a_job_with_a_long_heartbeat_timeout() -> None:
+    # Found by review: the first scans (every member still warming up, no limit of its own yet) put the next
+    # scan a whole --heartbeat-timeout away; with 30 s a host frozen early was found after 24 s, not 1.7 s.
+    sim = Sim(members())
+    sim.watch = SilenceWatch(30.0, 60.0, lambda kind, **f: sim.events.append((kind, f)))
+    beats = steady("w1", 0.0, 10.0, BEHIND)
+    for wid in ("w0", "w2"):
+        beats += steady(wid, 0.0, 10.2, BEHIND) + steady(wid, 10.2, 40.0, waiting_since(10.1))
+    sim.run(beats, until=30.0)
+    t, what = sim.lost["w1"]
+    assert list(sim.lost) == ["w1"] and t < 13.0, (t, what)
+    assert "while rank(s) 0, 2 waited" in what
+
+
 def test_waiting_ranks_one_collective_apart_are_both_waiting_and_the_stall_is_the_earlier_collective() -> None:
     """A broadcast's root may still be sending (#100) while a receiver has moved on to the next one (#101):
     both wait for the stopped rank, which is named; neither waiting rank is."""

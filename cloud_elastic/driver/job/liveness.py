@@ -181,6 +181,10 @@ class SilenceWatch:
             arrived(h, running)
         h.pause = pause_s
         h.limit = silence_limit(h)
+        # A worker's own limit is first known after a few heartbeats: a scan made before that (every member
+        # warming up) put the next one a whole heartbeat timeout away, too late for the fast rule.
+        if h.limit is not None and h.at + h.limit < self._silence_due:
+            self._silence_due = h.at + h.limit
         if flight is not None:
             if h.flight is None or (flight.round, flight.seq, flight.state) != (h.flight.round, h.flight.seq,
                                                                               h.flight.state):
