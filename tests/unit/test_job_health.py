@@ -105,3 +105,37 @@ def test_a_newcomer_whose_device_self_test_failed_is_refused_with_its_reason():
     failed = [f for kind, f in sim.events if kind == "worker_failed"][-1]
     assert "self-test" in failed["reason"]
     assert sim.job.abort_round == 0  # it never joined a round: nobody rolls back
+
+
+def test_one_of_two_workers_ten_times_slower_is_a_straggler():
+    # Found by review: against a median that counted the slow worker itself, one of two could never be 2x it.
+    sim = started(2, {"a": 2}, min_np=1, straggler_factor=2, straggler_window_s=5)
+    beat(sim, 8, {"a[0]": 0.1, "a[1]": 1.0})
+    assert sim.job.workers[sim.id("a[1]")].state is S.DRAINING
+    assert sim.job.workers[sim.id("a[0]")].state is S.RUNNING
+    (event,) = [f for kind, f in sim.events if kind == "straggler"]
+    assert (event["compute_s"], event["median_s"]) == (1.0, 0.1)
+
+
+def test_a_slow_host_among_two_is_drained_whole_under_whole_hosts():
+    sim = started(4, {"a": 2, "b": 2}, min_np=2, straggler_factor=2, straggler_window_s=5, whole_host_slots=2)
+    beat(sim, 8, {"a[0]": 0.1, "a[1]": 0.1, "b[0]": 1.0, "b[1]": 1.0})
+    states = {slot: sim.job.workers[sim.id(slot)].state for slot in ("a[0]", "a[1]", "b[0]", "b[1]")}
+    assert states == {"a[0]": S.RUNNING, "a[1]": S.RUNNING, "b[0]": S.DRAINING, "b[1]": S.DRAINING}, states
+
+
+def test_each_workers_reference_is_the_median_of_the_others():
+    import random
+    import statistics
+
+    from cloud_elastic.driver.job.health import _medians_of_others
+
+    rng = random.Random(7)
+    for n in range(1, 12):
+        figures = {f"w{i}": rng.choice([0.1, 0.2, 0.3, rng.random()]) for i in range(n)}
+        hosts = {wid: f"h{i % 3}" for i, wid in enumerate(figures)}
+        for host_of in (None, hosts):
+            got = _medians_of_others(figures, host_of)
+            for wid in figures:
+                rest = [s for k, s in figures.items() if (host_of[k] != host_of[wid] if host_of else k != wid)]
+                assert got[wid] == (statistics.median(rest) if rest else None), (n, wid, host_of)

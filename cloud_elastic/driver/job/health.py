@@ -5,7 +5,8 @@
 * **stragglers** (:meth:`Health.check`): every worker reports its compute time
   per optimizer step (the time its step spends outside waiting on peers; see
   ``worker.link.progress``). A member whose figure stays at least
-  ``straggler_factor`` times the round's median for ``straggler_window_s`` is a
+  ``straggler_factor`` times the median of the others' (under ``--whole-hosts``, of the
+  other hosts' workers) for ``straggler_window_s`` is a
   straggler. It is drained like a spot notice (it leaves at its next commit,
   with zero steps lost) and its slot is blacklisted with the usual cooldown, so
   a replacement is taken where discovery offers one. It is kept when draining
@@ -66,6 +67,36 @@ def faster_without(slowest: float, others: list[float], leaving: int = 1) -> boo
     return (n - leaving) / max(others) > n / slowest
 
 
+def _medians_of_others(figures: dict[str, float], host_of: dict[str, str] | None = None) -> dict[str, float | None]:
+    """Each worker's reference: the median of the others' figures (with ``host_of``, of the other hosts' workers);
+    None when there are no others. One sort, then O(removed) per worker, not a median per worker."""
+    ranked = sorted(figures, key=lambda wid: figures[wid])
+    values = [figures[wid] for wid in ranked]
+    position = {wid: i for i, wid in enumerate(ranked)}
+    groups: dict[str, list[int]] = {}
+    if host_of is not None:
+        for wid in ranked:
+            groups.setdefault(host_of[wid], []).append(position[wid])
+
+    def nth(removed: list[int], r: int) -> float:  # the r-th smallest of values without the removed positions
+        for i in removed:  # ascending
+            if i <= r:
+                r += 1
+        return values[r]
+
+    out: dict[str, float | None] = {}
+    for wid in ranked:
+        removed = groups[host_of[wid]] if host_of is not None else [position[wid]]
+        m = len(values) - len(removed)
+        if m <= 0:
+            out[wid] = None
+        elif m % 2:
+            out[wid] = nth(removed, m // 2)
+        else:
+            out[wid] = (nth(removed, m // 2 - 1) + nth(removed, m // 2)) / 2
+    return out
+
+
 def comm_share(w: WorkerRecord) -> float | None:
     """The share of ``w``'s step time spent in collectives (None until both of its figures are known)."""
     if w.comm_s is None or w.compute_s is None or w.comm_s + w.compute_s <= 0:
@@ -112,8 +143,11 @@ class Health:
         if job.abort_round >= job.round or len(figures) < 2 or len(figures) < len(members):
             self._slow_since.clear()  # a round changing, or not every member measured yet
             return
-        median = statistics.median(figures.values())
-        slow = {wid for wid, s in figures.items() if s >= policy.straggler_factor * median}
+        # Each worker against the others (under --whole-hosts, the other hosts): a median that counts the worker
+        # itself never finds one of two, nor a slow host among two.
+        host_of = ({wid: job.workers[wid].slot.host for wid in figures} if policy.whole_host_slots else None)
+        others = _medians_of_others(figures, host_of)
+        slow = {wid for wid, s in figures.items() if others[wid] is not None and s >= policy.straggler_factor * others[wid]}
         for wid in list(self._slow_since):
             if wid not in slow:
                 del self._slow_since[wid]
@@ -123,7 +157,7 @@ class Health:
         if not due:
             return
         worst = max(due, key=lambda wid: figures[wid])
-        self._consider(job.workers[worst], figures, median, now)
+        self._consider(job.workers[worst], figures, others[worst], now)
 
     def _consider(self, w: WorkerRecord, figures: dict[str, float], median: float, now: float) -> None:
         job, policy = self._job, self._job.policy
@@ -143,12 +177,12 @@ class Health:
         if keep:
             if w.worker_id not in self._kept:
                 self._kept.add(w.worker_id)
-                log.warning("job %s: worker %s (%s) is slow (%.3f s of compute per step, %.1fx the round's median "
-                            "%.3f s) but is kept: %s", job.job_id, w.worker_id, w.label, slowest, slowest / median,
-                            median, keep)
+                log.warning("job %s: worker %s (%s) is slow (%.3f s of compute per step, %.1fx the other workers' "
+                            "median %.3f s) but is kept: %s", job.job_id, w.worker_id, w.label, slowest,
+                            slowest / median, median, keep)
             return
         self._slow_since.clear()
-        why = (f"straggler: {slowest:.3f} s of compute per step, {slowest / median:.1f}x the round's median "
+        why = (f"straggler: {slowest:.3f} s of compute per step, {slowest / median:.1f}x the other workers' median "
                f"{median:.3f} s for {policy.straggler_window_s:g}s (--straggler-factor {policy.straggler_factor:g})")
         delay = job.hosts.blacklist.record_failure(w.slot, now)
         log.warning("job %s: worker %s (%s) is a %s; it leaves at its next commit and slot %s is blacklisted for "
