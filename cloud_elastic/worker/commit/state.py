@@ -1,6 +1,6 @@
 """Elastic state objects with Horovod's names: ``State``, ``ObjectState``, ``TorchState``.
 
-``commit()`` = ``save()`` + ``check_host_updates()``. ``save()`` copies the
+``commit()`` = ``save()`` + the membership check of ``check_host_updates()``. ``save()`` copies the
 model and optimizer into buffers allocated once and reused, which runs at
 memory speed (fresh allocations page-fault and run an order of magnitude
 slower); ``restore()`` copies them back after a failure; ``sync()``
@@ -111,11 +111,26 @@ class State:
         ctx.read_update_flag()
         self.save()
         ctx.ledger.note_commit(self)
-        self.check_host_updates()
+        if ctx.updates_agreed():
+            raise HostsUpdatedInterrupt(skip_sync=False)
 
     def check_host_updates(self) -> None:
-        """Raise HostsUpdatedInterrupt, on all workers at the same call, if membership is changing."""
-        if get_context().updates_agreed():
+        """Raise HostsUpdatedInterrupt, on all workers at the same call, if membership is changing.
+
+        Before it raises, the live state is committed (``save()``, and the ledger's after-commit hooks, the
+        durable checkpoint schedule's among them): the interrupt keeps the live state, and the sync gives
+        the newcomers rank 0's commit, so without it they would get the live model and optimizer next to
+        the plain attributes (a step counter) and sampler of the last ``commit()``, and every worker would
+        save that mix as its commit. Every worker is at this same call, after the same steps, so the live
+        states are one consistent point of the job's history on all of them.
+        """
+        ctx = get_context()
+        if ctx.updates_agreed():
+            # Not ``close()``: a window ended here rather than at ``commit()`` says nothing about whether
+            # the loop runs collectives between its updates and its commits, so it must not confirm it.
+            ctx.ledger.window.discard()
+            self.save()
+            ctx.ledger.note_commit(self)
             raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
