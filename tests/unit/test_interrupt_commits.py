@@ -131,3 +131,33 @@ def test_an_interrupt_in_the_first_window_does_not_take_the_loop_for_one_without
     _assert_equal(_values(model, opt), committed)
     assert "cannot restore" not in caplog.text
 
+
+@pytest.mark.commit_mode("snapshot")  # every commit copied: the restore below shows what the commit holds
+def test_a_torch_state_given_the_optimizer_a_distributed_optimizer_wraps_is_refused():
+    model = _model()
+    base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    dopt = hvd.DistributedOptimizer(base)
+    with pytest.raises(TypeError, match=r"^pass the DistributedOptimizer to TorchState, not the optimizer it wraps$"):
+        hvd.elastic.TorchState(model, base)
+    state = hvd.elastic.TorchState(model, dopt)
+    with pytest.raises(TypeError, match="not the optimizer it wraps"):
+        state.optimizer = base
+    # The wrapper keeps its momentum in its own state: the commit is the wrapper's, and restores it.
+    _step(model, dopt, 1)
+    state.commit()
+    committed = _values(model, dopt)
+    assert dopt.state and not base.state  # the momentum is the wrapper's alone
+    _step(model, dopt, 2)
+    state.restore()
+    _assert_equal(_values(model, dopt), committed)
+
+
+def test_an_optimizer_wrapped_after_its_torch_state_was_made_is_refused_at_the_next_commit():
+    model = _model()
+    base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    state = hvd.elastic.TorchState(model, base)
+    state.commit()
+    dopt = hvd.DistributedOptimizer(base)
+    _step(model, dopt, 1)
+    with pytest.raises(TypeError, match="not the optimizer it wraps"):
+        state.commit()

@@ -232,8 +232,13 @@ class OptimizerHandler(SnapshotHandler):
     """An optimizer's commit. A ``DistributedOptimizer``'s (a :class:`CommitParticipant`) is bound to it."""
 
     def __init__(self, value: Any) -> None:
+        _refuse_wrapped(value)
         super().__init__(value)
         self._participant = isinstance(value, CommitParticipant)
+
+    def save(self) -> None:
+        _refuse_wrapped(self.value)  # wrapped after the TorchState was made: its next commit would be empty
+        super().save()
 
     @property
     def distributed(self) -> bool:
@@ -419,6 +424,17 @@ class SamplerHandler(StateDictHandler):
         # here: a commit costs the same for any dataset size (Horovod deep-copies the whole
         # processed set).
         return state
+
+
+def _refuse_wrapped(optimizer: Any) -> None:
+    """TypeError if a live ``DistributedOptimizer`` wraps ``optimizer``: the wrapper took a copy of its state
+    when it was made and updates only its own, so this one's commits and syncs would carry no momentum (a
+    rollback would keep the post-update state, a newcomer would start with none). Refused rather than shared:
+    ``load_state_dict`` (a restore, a sync) replaces an optimizer's ``state`` dict, which would part them."""
+    ref = getattr(optimizer, "_ce_wrapped_by", None)
+    wrapper = ref() if ref is not None else None
+    if wrapper is not None and wrapper is not optimizer:
+        raise TypeError("pass the DistributedOptimizer to TorchState, not the optimizer it wraps")
 
 
 def handler_for(value: Any) -> Any:

@@ -400,4 +400,6 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     # Re-running __init__ on the groups creates state from the class's defaults (Adagrad's
     # initial_accumulator_value), and would drop state the user loaded before wrapping: keep theirs.
     wrapped.state.update(optimizer.state)
+    # From here on only the wrapper's state changes: a TorchState refuses ``optimizer`` (``commit.handlers``).
+    optimizer._ce_wrapped_by = weakref.ref(wrapped)
     return wrapped
