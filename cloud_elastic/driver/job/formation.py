@@ -269,10 +269,18 @@ class RoundFormation:
                     newcomers.append(w)
                 elif w.round == r and (w.state is S.RUNNING or w.state is S.WAITING) and hosts.stays(w.slot):
                     staying += 1  # a member, or one back at rendezvous for the next round (not a last holder)
-            spares = spares_now(newcomers, staying=staying, max_np=policy.max_np,
-                                host_slots=policy.whole_host_slots, key=self._spare_key,
-                                where=lambda w: (w.slot.host, w.slot.index),
-                                doubtful=lambda w: doubtful(hosts, w.slot.host))
+            waiting = spares_now(newcomers, staying=staying, max_np=policy.max_np,
+                                 host_slots=policy.whole_host_slots, key=self._spare_key,
+                                 where=lambda w: (w.slot.host, w.slot.index))
+            # Beyond --spares (a doubtful spare's healthy replacement is ready, or its host's notice lapsed since),
+            # the last by the spare order leave: doubtful ones first. One more would cost an instance for nothing.
+            for w in waiting[spare_slots(policy.spares, policy.whole_host_slots):]:
+                why = "a spare beyond --spares: " + (
+                    "its host is doubtful (a soft notice, or missing from discovery) and a healthy spare is ready"
+                    if doubtful(hosts, w.slot.host) else "the job has enough ready spares")
+                log.info("job %s: worker %s (%s) will leave: %s", job.job_id, w.worker_id, w.label, why)
+                self._drains.send_away(w, why)
+            spares = [w for w in waiting if not doubtful(hosts, w.slot.host) and w.state is S.WAITING]
             ids = tuple(w.worker_id for w in spares)
             self._were_spares.update(ids)
         if set(ids) != set(self.spare_ids):
