@@ -8,13 +8,13 @@ import pytest
 
 from cloud_elastic.cost import CostMeter, CostSoFar
 from cloud_elastic.driver.job.actions import SetCapacity
-from cloud_elastic.driver.job.elastic_job import Finish, Launch, Release, Stop, WorkerState
+from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder, Finish, Launch, Release, Stop, WorkerState
 from cloud_elastic.driver.job.hosts import Blacklist, HostManager
 from cloud_elastic.driver.job.sourcing import FallbackRule, choose
 from cloud_elastic.events import validate
 from cloud_elastic.providers.api import DiscoveredHosts
 from cloud_elastic.providers.sources import SourceSpec
-from tests.unit.test_job import CLEAN, Sim
+from tests.unit.test_job import CLEAN, UNREACHABLE, Sim
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -138,11 +138,15 @@ def test_below_min_np_the_fallback_group_is_scaled_up_its_hosts_admitted_then_dr
     assert sim.slots_launched()[-1] == "od0[0]"
     sim.join("a0[0]", "od0[0]")
     assert running(sim) == ["a0[0]", "od0[0]"]
-    # Spot returns: the fallback worker leaves at its next commit (draining, no rollback) and spot-b is filled.
+    # Spot returns: spot-b is filled beside the fallback worker, which leaves at its next commit (draining, no
+    # rollback) once the replacement is ready.
     rollbacks = [f for k, f in sim.events if k == "rollback"]  # b0's silent loss above cost one; no more
     sim.groups(a=1, b=1, od=1)
-    assert sim.state("od0[0]") is WorkerState.DRAINING
     assert sim.slots_launched()[-1] == "b0[0]"
+    assert sim.state("od0[0]") is WorkerState.RUNNING
+    sim.join("b0[0]")
+    sim.advance(1)
+    assert sim.state("od0[0]") is WorkerState.DRAINING
     assert sim.capacity == [SetCapacity("od", 1)]  # not lowered while its worker runs
     sim.join("od0[0]")  # it reached its commit and came to rendezvous: it is told to leave
     sim.exit("od0[0]", CLEAN)
@@ -151,6 +155,116 @@ def test_below_min_np_the_fallback_group_is_scaled_up_its_hosts_admitted_then_dr
     assert [f for k, f in sim.events if k == "rollback"] == rollbacks
     left = [f for k, f in sim.events if k == "worker_left"]
     assert left and "cheaper slots are back" in left[-1]["reason"]
+
+
+def sent_back(sim: Sourced) -> list[str]:
+    """The hosts of the workers that left because the fallback was no longer needed."""
+    return [f["host"] for k, f in sim.events if k == "worker_left" and "cheaper slots are back" in f["reason"]]
+
+
+def fallback_topped_up(**kwargs) -> Sourced:
+    """-np 2 --min-np 2: spot-b was reclaimed, and a0 and the fallback's od0 train in a round, committed."""
+    sim = Sourced(2, manage_capacity=True, **kwargs)
+    sim.groups(a=1, b=1, od=0)
+    sim.join("a0[0]", "b0[0]")
+    sim.groups(a=1, b=0, od=0)
+    sim.exit("b0[0]", CLEAN)
+    sim.groups(a=1, b=0, od=1)
+    sim.join("a0[0]", "od0[0]")
+    sim.commit("a0[0]", "od0[0]")
+    assert running(sim) == ["a0[0]", "od0[0]"] and sim.capacity == [SetCapacity("od", 1)]
+    return sim
+
+
+def test_a_fallback_worker_trains_on_until_its_replacement_is_ready():
+    sim = fallback_topped_up()
+    sim.groups(a=1, b=1, od=1)  # a new spot-b host is listed while it still boots
+    assert sim.slots_launched()[-1] == "b0[0]"  # launched beside od0, though the job is at --max-np
+    sim.advance(60)
+    assert sim.state("b0[0]") is WorkerState.STARTING
+    assert sim.state("od0[0]") is WorkerState.RUNNING and running(sim) == ["a0[0]", "od0[0]"]
+    sim.commit("a0[0]", "od0[0]")
+    replies = sim.join("a0[0]", "od0[0]", reason="update")  # at its commit od0 is not told to leave
+    assert all(isinstance(r, Assignment) for r in replies.values())
+    assert sim.capacity == [SetCapacity("od", 1)] and not sent_back(sim)
+    sourcing = sim.job.capacity.sourcing
+    assert sourcing.summary(sim.now).dollars_per_hour == pytest.approx(1.0 + 4.0 + 1.2)  # both charged meanwhile
+    sim.join("b0[0]")  # the replacement reaches rendezvous: od0 leaves at its next commit
+    sim.advance(0.5)
+    assert sim.state("od0[0]") is WorkerState.DRAINING
+    sim.commit("a0[0]", "od0[0]")
+    replies = sim.join("a0[0]", "od0[0]", reason="update")
+    assert isinstance(replies["od0[0]"], ExitOrder) and isinstance(replies["a0[0]"], Assignment)
+    sim.exit("od0[0]", CLEAN)
+    sim.advance(1)
+    assert running(sim) == ["a0[0]", "b0[0]"] and sent_back(sim) == ["od0"]
+    assert sourcing.summary(sim.now).dollars_per_hour == pytest.approx(1.0 + 1.2)
+    assert sim.capacity == [SetCapacity("od", 1), SetCapacity("od", 0)]  # lowered only once od0 left
+
+
+def test_a_replacement_that_never_comes_up_leaves_the_fallback_worker_and_its_group_in_place():
+    sim = fallback_topped_up()
+    sim.groups(a=1, b=1, od=1)
+    sim.advance(30)
+    sim.exit("b0[0]", UNREACHABLE)  # reclaimed again before it booted, or a bad boot
+    assert sim.blocked("b0[0]")
+    sim.advance(60)
+    assert sim.state("od0[0]") is WorkerState.RUNNING and running(sim) == ["a0[0]", "od0[0]"]
+    assert sim.capacity == [SetCapacity("od", 1)]  # never set back to 0, so never raised again from a cold boot
+    assert not sent_back(sim)
+
+
+def test_above_min_np_a_fallback_brought_by_fallback_after_also_waits_for_its_replacement():
+    sim = Sourced(2, min_np=1, fallback_after_s=20, progress_timeout_s=0)
+    sim.groups(a=1, b=1, od=1)
+    sim.join("a0[0]", "b0[0]")
+    sim.groups(a=1, od=1)
+    sim.exit("b0[0]", CLEAN)
+    sim.join("a0[0]")  # above --min-np 1: a0 trains on alone
+    sim.advance(21)
+    sim.join("od0[0]", "a0[0]", reason="update")
+    assert running(sim) == ["a0[0]", "od0[0]"]
+    sim.groups(a=1, b=1, od=1)
+    sim.advance(30)
+    assert sim.state("od0[0]") is WorkerState.RUNNING  # not short of -np while b0 boots
+    sim.join("b0[0]")
+    sim.advance(0.5)
+    assert sim.state("od0[0]") is WorkerState.DRAINING
+
+
+def test_fallback_workers_the_job_will_not_keep_leave_at_once_and_the_rest_once_replacements_are_ready():
+    """-np 4 --min-np 2 with one spot slot and three fallback ones: a second spot slot makes the job's size 2
+    (the fallback is wanted only below --min-np), so two fallback workers leave at once and the third stays
+    until the new spot worker is ready: the job never has fewer ready workers than it will end with."""
+    sim = Sourced(4, min_np=2, progress_timeout_s=0)
+    sim.groups(a=1, od=3)
+    sim.join("a0[0]", "od0[0]", "od1[0]", "od2[0]")
+    assert len(running(sim)) == 4
+    sim.groups(a=2, od=3)
+    assert sim.slots_launched()[-1] == "a1[0]"
+    leaving = [s for s in ("od0[0]", "od1[0]", "od2[0]") if sim.state(s) is WorkerState.DRAINING]
+    assert leaving == ["od1[0]", "od2[0]"]  # newest first
+    assert sim.state("od0[0]") is WorkerState.RUNNING
+    sim.join("a1[0]")
+    sim.advance(0.5)
+    assert sim.state("od0[0]") is WorkerState.DRAINING
+
+
+def test_with_whole_hosts_a_fallback_host_leaves_once_a_whole_host_of_replacements_is_ready():
+    sim = Sourced(4, min_np=4, whole_host_slots=2, progress_timeout_s=0)
+    sim.job.discovered(DiscoveredHosts(ready={"a0": 2, "od0": 2}, sources={"a0": "spot-a", "od0": "od"}), sim.now)
+    sim._collect()
+    sim.join(*sim.slots_launched())
+    sources = {"a0": "spot-a", "a1": "spot-a", "od0": "od"}
+    sim.job.discovered(DiscoveredHosts(ready={"a0": 2, "a1": 2, "od0": 2}, sources=sources), sim.now)
+    sim._collect()
+    assert sorted(sim.slots_launched()[-2:]) == ["a1[0]", "a1[1]"]
+    sim.join("a1[0]")  # half the replacement host is ready: half a fallback host cannot leave
+    sim.advance(0.5)
+    assert [sim.state(s) for s in ("od0[0]", "od0[1]")] == [WorkerState.RUNNING] * 2
+    sim.join("a1[1]")
+    sim.advance(0.5)
+    assert [sim.state(s) for s in ("od0[0]", "od0[1]")] == [WorkerState.DRAINING] * 2
 
 
 def test_without_manage_capacity_no_group_is_ever_changed():

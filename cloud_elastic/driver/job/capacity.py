@@ -72,7 +72,8 @@ class Capacity:
             self.sourcing.step(now)
         starting = job.phase is Phase.STARTING and not job.workers
         policy = job.policy
-        room = launch_room(self._placed(), max_np=policy.max_np, spares=policy.spares,
+        replaced = self.sourcing.replacing if self.sourcing is not None else 0
+        room = launch_room(self._placed() - replaced, max_np=policy.max_np, spares=policy.spares,
                            host_slots=policy.whole_host_slots)
         if room <= 0 and not starting:
             return  # a full job need not look for free slots (a scan of every slot of the group)

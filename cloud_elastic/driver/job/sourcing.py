@@ -15,8 +15,14 @@ Only for a job with several sources (``Policy.sources``, see
   could not start with less, and a job just topped up to ``--min-np`` would be drained
   again as soon as one preferred slot came back).
 * **Coming back** (:meth:`Sourcing.step`): fallback workers beyond what is wanted are
-  drained, newest first: they leave at their next commit, with no rollback, and the
-  freed room is filled from the cheaper sources by the same step's launches.
+  drained, newest first, once their replacements are ready: a ready one (at
+  rendezvous or training) leaves only while the job keeps, without it, as many ready
+  workers as it will have when the usable preferred slots are all ready
+  (``min(usable + wanted, --max-np)``). Until then it trains on and holds no place
+  for launches (:attr:`Sourcing.replacing`), so its replacement is launched beside
+  it; a replacement that never comes up is blacklisted as usual, the fallback is
+  wanted again, and the worker stays. A drained worker leaves at its next commit,
+  with no rollback; one not ready yet leaves at once.
 * **Capacity** (``--manage-capacity``): while fallback slots are wanted and the
   preferred fallback group shows fewer hosts than they need, one :class:`~.actions.SetCapacity`
   raises its desired capacity to ``ceil(wanted slots / slots per host)``; once no
@@ -48,6 +54,7 @@ from typing import Callable, Mapping
 from cloud_elastic.cost import CostMeter, CostSoFar, CostSummary
 from cloud_elastic.driver.job.actions import SetCapacity
 from cloud_elastic.driver.job.hosts import HostManager, Slot
+from cloud_elastic.driver.job.spares import doubtful
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.providers.sources import SourceSpec
@@ -58,6 +65,7 @@ log = logging.getLogger(__name__)
 
 S = WorkerState
 _ACTIVE = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
+_READY = (S.WAITING, S.RUNNING)  # reached rendezvous: can take a place in the next round
 #: The rate of spending changed: a ``cost`` event, but not more often than this.
 COST_EVENT_EVERY_S = 5.0
 #: A ``cost`` event at least this often while the job runs.
@@ -133,8 +141,11 @@ class Sourcing:
         self._held: dict[str, tuple[int, float, int]] = {}
         self._cost_at = float("-inf")  # when the last cost event was emitted
         self._cost_rate = -1.0
-        self._weighed: tuple = ()  # (hosts version, workers, alive) when the fallback was last weighed
+        self._weighed: tuple = ()  # (hosts version, workers, alive, ready) when the fallback was last weighed
         self._weighed_at = float("-inf")
+        #: Fallback workers beyond what is wanted that stay until replacements are ready: they hold no place
+        #: for launches (:meth:`.capacity.Capacity.plan_launches`), so the replacements can start beside them.
+        self.replacing = 0
 
     @property
     def active(self) -> bool:
@@ -169,7 +180,9 @@ class Sourcing:
         if not self.specs:
             return
         job = self._job
-        changed = (job.hosts.version, len(job.workers), len(job.alive()))
+        # While fallback workers wait for their replacements, a replacement reaching rendezvous is news too.
+        ready = sum(1 for w in job.alive() if w.state in _READY) if self.replacing else 0
+        changed = (job.hosts.version, len(job.workers), len(job.alive()), ready)
         if changed != self._weighed or now - self._weighed_at >= RECHECK_S:
             self._weighed, self._weighed_at = changed, now
             self._weigh(now)
@@ -198,15 +211,52 @@ class Sourcing:
             self._known[host] = (source, job.hosts.prices.get(host))
 
     def _send_back(self, preferred: int) -> None:
+        """Drain the fallback workers beyond what is wanted, newest first, a ready one only once the job keeps
+        without it as many ready workers as it will have (see the module docstring); set :attr:`replacing`."""
         job = self._job
-        on_fallback = sorted((w for w in job.active() if self.is_fallback(w.slot.host)), key=lambda w: -w.seq)
-        for w in on_fallback[: max(0, len(on_fallback) - self.wanted)]:
-            if w.state not in _ACTIVE:
+        whole = job.policy.whole_host_slots
+        keep = self.wanted + (-self.wanted % whole if whole else 0)  # a fallback host is kept whole
+        on_fallback: list[WorkerRecord] = []
+        ready = 0
+        for w in job.active():
+            if self.is_fallback(w.slot.host):
+                on_fallback.append(w)
+                ready += w.state in _READY
+            elif w.state in _READY and job.hosts.stays(w.slot):
+                ready += 1
+        on_fallback.sort(key=lambda w: -w.seq)
+        # Ready workers the job may lose and still have what it will have once every usable slot is ready.
+        spare = ready - min(preferred + self.wanted, job.policy.max_np)
+        replacing, decided = 0, set[str]()
+        for w in on_fallback[: max(0, len(on_fallback) - keep)]:
+            if w.state not in _ACTIVE or w.slot.host in decided:
                 continue  # taken along by a whole host already
+            group = [o for o in on_fallback if o.slot.host == w.slot.host] if whole else [w]
+            if whole:
+                decided.add(w.slot.host)
+            lost = sum(1 for o in group if o.state in _READY)
+            if lost > spare:
+                # Its replacement is not ready, or not launched yet: until then it holds no place for launches.
+                replacing += sum(1 for o in group if self._holds_place(o))
+                continue
+            spare -= lost
             why = (f"cheaper slots are back ({preferred} from the preferred sources): fallback host "
                    f"{w.slot.host} is no longer needed")
             log.info("job %s: worker %s (%s) will leave: %s", job.job_id, w.worker_id, w.label, why)
             self._send_away(w, why)
+        if replacing != self.replacing:
+            if replacing > self.replacing:
+                log.info("job %s: %d fallback worker(s) no longer wanted train on until their replacements from "
+                         "the preferred sources are ready", job.job_id, replacing)
+            self.replacing = replacing
+
+    def _holds_place(self, w: WorkerRecord) -> bool:
+        """Whether ``w`` counts among the workers that hold a place for launches
+        (:meth:`.capacity.Capacity._placed`): a worker that holds none anyway is not given up twice."""
+        hosts = self._job.hosts
+        if w.state is S.RUNNING and not hosts.stays(w.slot):
+            return False
+        return not (self._job.policy.spares and w.rank is None and doubtful(hosts, w.slot.host))
 
     def _capacity(self) -> None:
         job = self._job
