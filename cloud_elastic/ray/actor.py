@@ -49,14 +49,15 @@ class WorkerActor:
         try:
             value = fn(*args, **dict(kwargs))
         except SystemExit as exc:
+            _script_ended(None)
             code = exc.code
             return {"kind": "exit", "code": code if isinstance(code, int) else (0 if code is None else 1)}
-        rank = None
-        from cloud_elastic.worker import context
-
-        ctx = context.current()  # as it is: a function that never needed the round does not join one now
+        except BaseException as exc:
+            _script_ended(exc)
+            raise
+        ctx = _script_ended(None)
+        rank = ctx.info.rank if ctx is not None and ctx.info is not None else None
         if ctx is not None:
-            rank = ctx.info.rank if ctx.info is not None else None
             ctx.close()  # stop heartbeats: this worker is done
         return {"kind": "result", "rank": rank, "value": value}
 
@@ -95,6 +96,25 @@ class WorkerActor:
             wrapper.stdin.flush()
         except (OSError, ValueError):  # the wrapper has ended already
             pass
+
+
+def _script_ended(error: BaseException | None) -> Any:
+    """Tell the driver a training function that never entered ``hvd.elastic.run`` has ended (with ``error``,
+    if it raised), as the worker library's exit hook does for a script; return the worker's context, if any.
+
+    The hook never runs here: the actor's process is killed, not exited. Without the report the driver
+    runs such a function as an elastic job and counts its return as a worker lost mid-training.
+    """
+    if "cloud_elastic.worker.context" not in sys.modules:  # fn never imported the worker library
+        return None
+    from cloud_elastic.worker import context
+
+    ctx = context.current()  # as it is: a function that never needed the round does not join one now
+    if ctx is not None and not ctx.elastic_entered:
+        if error is not None:
+            ctx._uncaught = error  # what the exit hook would have seen through sys.excepthook
+        ctx._report_script_end()
+    return ctx
 
 
 def _worker_environment(env: Mapping[str, str], secret: str | None, gpu: bool) -> None:

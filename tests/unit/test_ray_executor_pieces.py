@@ -68,6 +68,54 @@ def test_the_actor_shows_its_training_function_the_gpu_ray_assigned(monkeypatch,
     assert reply["value"] == expected
 
 
+class _Context:
+    """The worker library's context of a function that joined a round as rank 1; records what it told the driver."""
+
+    def __init__(self, elastic_entered: bool) -> None:
+        self.elastic_entered = elastic_entered
+        self.info = types.SimpleNamespace(rank=1)
+        self._uncaught: BaseException | None = None
+        self.told: list[str] = []
+
+    def _report_script_end(self) -> None:
+        self.told.append(f"script ended: {self._uncaught!r}")
+
+    def close(self) -> None:
+        self.told.append("closed")
+
+
+def _run_in_actor(monkeypatch, fn, elastic_entered: bool = False) -> tuple[_Context, dict]:
+    from cloud_elastic.worker import context
+
+    _fake_ray(monkeypatch, node_gpus=None, gpu_ids=[])
+    ctx = _Context(elastic_entered)
+    monkeypatch.setattr(context, "_CONTEXT", ctx)
+    return ctx, WorkerActor().run_function({}, "secret", fn, (), {}, False)
+
+
+def test_a_fixed_size_function_tells_the_driver_it_ended_before_its_result_goes_back(monkeypatch):
+    # Without it the driver, which kills the actor, takes the returned function for a worker lost mid-training.
+    ctx, reply = _run_in_actor(monkeypatch, lambda: "trained")
+    assert reply == {"kind": "result", "rank": 1, "value": "trained"}
+    assert ctx.told == ["script ended: None", "closed"]
+
+
+def test_a_fixed_size_function_that_raised_tells_the_driver_its_error(monkeypatch):
+    def train():
+        raise KeyError("label")
+
+    with pytest.raises(KeyError):
+        _run_in_actor(monkeypatch, train)
+    from cloud_elastic.worker import context
+
+    assert context._CONTEXT.told == ["script ended: KeyError('label')"]
+
+
+def test_an_elastic_function_reports_its_end_through_elastic_run_not_as_a_script(monkeypatch):
+    ctx, reply = _run_in_actor(monkeypatch, lambda: "trained", elastic_entered=True)
+    assert reply["value"] == "trained" and ctx.told == ["closed"]
+
+
 def test_gpus_per_slot_is_whole_gpus_and_defaults_to_one():
     settings = ElasticRayExecutor.create_settings()
     assert ElasticRayExecutor(settings, use_gpu=True, gpus_per_slot=None).gpus_per_slot == 1
