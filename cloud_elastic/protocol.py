@@ -39,9 +39,7 @@ from cloud_elastic.errors import ControlPlaneError
 
 __all__ = [
     "RankInfo",
-    "Assignment",
-    "ExitOrder",
-    "WaitReply",
+    "Assignment", "ExitOrder", "WaitReply",
     "RendezvousReply",
     "PollReply",
     "NextRound", "NextRoundReport",
@@ -50,8 +48,7 @@ __all__ = [
     "PollRequest",
     "LinkReport",
     "ProbeOrder",
-    "RENDEZVOUS_REASONS",
-    "parse_rendezvous_reply",
+    "RENDEZVOUS_REASONS", "parse_rendezvous_reply",
     "ReRegister",
     "AdoptRequest",
     "CompletedReport",
@@ -201,13 +198,16 @@ class ExitOrder:
     """Rendezvous reply telling a worker to leave (its host is going, or the job is ending)."""
 
     reason: str
+    #: The worker holds the last copy of the state: as rank 0 it first checkpoints it, taking at most this long.
+    checkpoint_s: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"status": "exit", "reason": self.reason}
+        return {"status": "exit", "reason": self.reason, "checkpoint_s": self.checkpoint_s}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "ExitOrder":
-        return cls(str(msg.get("reason") or "told to exit"))
+        seconds = None if msg.get("checkpoint_s") is None else _optional_seconds(msg, "checkpoint_s", "exit order")
+        return cls(str(msg.get("reason") or "told to exit"), seconds)
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,7 @@ class PollingWatcher(NoticeWatcher):
         self._report: Report | None = None
         self._reported: dict[str, Notice] = {}
         self._unreported: dict[str, Notice] = {}  # seen, but no report has gone through yet (first sighting)
+        self._resends = 0  # resend() calls: a report in flight across one does not count as reported
         self._answered = False
         self._told_unreachable = False
         self._inflight: http.client.HTTPConnection | None = None
@@ -271,6 +272,7 @@ class PollingWatcher(NoticeWatcher):
             if notice.event_id in self._reported:
                 return
             first = self._unreported.setdefault(notice.event_id, notice)
+            resends = self._resends
         if first is notice:
             log.info("%s notice: %s (%s, deadline %s)", notice.source, notice.kind, notice.reason,
                      "none" if notice.deadline is None else time.strftime("%H:%M:%SZ", time.gmtime(notice.deadline)))
@@ -282,7 +284,23 @@ class PollingWatcher(NoticeWatcher):
                            f"(tried again at its next sighting): {exc!r}", logging.ERROR)
             return
         with self._lock:
-            self._reported[notice.event_id] = self._unreported.pop(notice.event_id, first)
+            if resends == self._resends:  # else it may have gone to the driver that resend() was called for
+                self._reported[notice.event_id] = self._unreported.pop(notice.event_id, first)
+
+    def resend(self) -> None:
+        """Report every notice reported so far again at its next sighting, as first seen.
+
+        For a worker adopted by a restarted driver: the dead one may have taken a notice and
+        died before it acted on it (or recorded it anywhere), and the new one knows of none.
+        The metadata service still shows a notice until its host goes, so this is robust to a
+        driver killed at any moment; one whose condition ended meanwhile is not sighted again
+        and stays unreported, as it should.
+        """
+        with self._lock:
+            for event_id, notice in self._reported.items():
+                self._unreported.setdefault(event_id, notice)
+            self._reported.clear()
+            self._resends += 1
 
     def _forget(self, event_id: str) -> None:
         """Allow ``event_id`` to be reported again (its condition ended, e.g. maintenance back to NONE)."""

@@ -115,6 +115,9 @@ class NoticeWatcher(abc.ABC):
     def close(self) -> None:
         """Stop the thread. Returns within about one request timeout; idempotent."""
 
+    def resend(self) -> None:
+        """Report the notices reported so far again at their next sighting (a restarted driver knows none)."""
+
     def acknowledge(self) -> tuple[str, ...]:
         """Tell the cloud the host's workers have left, where the cloud wants to hear it.
 

@@ -123,6 +123,8 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         self.dismissed = False
         #: Why the driver sends this worker away (``PollReply.leave``), once a heartbeat said so; else None.
         self.sent_away: str | None = None
+        #: The seconds an exit order gave this worker to checkpoint the last copy of the state (``ExitOrder``).
+        self.checkpoint_before_leaving: float | None = None
         self._carried_update: torch.Tensor | float | None = None
         self._shutdown = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -308,6 +310,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
             if isinstance(reply, Assignment):
                 break
             if isinstance(reply, ExitOrder):
+                self.checkpoint_before_leaving = reply.checkpoint_s
                 raise WorkerRemoved(reply.reason)
             if isinstance(reply, ReRegister):
                 try:

@@ -52,7 +52,7 @@ def run(func: F) -> F:
                 return _run(func, state, *args, **kwargs)
         except WorkerRemoved as exc:
             if _schedule is not None:
-                _schedule.stop_writing()  # a leaving rank 0 finishes the checkpoint it is writing
+                _schedule.leaving(state)  # a leaving rank 0 finishes its checkpoint (the last holders': writes one)
             init().leave()
             print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)
             sys.exit(0)

@@ -30,6 +30,7 @@ class RecordingJob(FakeJob):
         self.notices: list[tuple[str, Any, str, bool]] = []
         self.drains: list[tuple[str, int | None]] = []
         self.loaded: list[tuple[int, int | None, str]] = []
+        self.saved: list[tuple[int, int | None]] = []
         self.unhealthy_slots: list[tuple[str, str]] = []
         self.alive_count = 0
 
@@ -45,6 +46,9 @@ class RecordingJob(FakeJob):
 
     def checkpoint_loaded(self, step: int, commit_seq: int | None, path: str) -> None:
         self.loaded.append((step, commit_seq, path))
+
+    def checkpoint_saved(self, step: int, commit_seq: int | None) -> None:
+        self.saved.append((step, commit_seq))
 
     def unhealthy(self, worker_id: str, reason: str, now: float) -> None:
         self.unhealthy_slots.append((worker_id, reason))

@@ -218,7 +218,7 @@ class ElasticJob:
             was_member = w.member_of(self.round)
             w.rdzv_reason, w.unreachable = reason, unreachable
             if w.state is S.DRAINING or self.phase in (Phase.FINISHING, Phase.DONE):
-                w.to(S.EXITING, w.why or "the job is finishing")
+                self.leavers.left_round(w, now)  # EXITING; the last holders' rank 0 may checkpoint on its way out
                 rounds.stopped_waiting(worker_id)
             else:
                 if w.state is S.CONNECTED:
@@ -244,7 +244,7 @@ class ElasticJob:
             w.to(S.EXITING, "the job is finishing")
             self.rounds.stopped_waiting(worker_id)
         if w.state is S.EXITING:
-            return ExitOrder(w.why or "told to exit")
+            return ExitOrder(w.why or "told to exit", self.leavers.checkpoint_s.get(worker_id))
         return self.rounds.assignment(w)
 
     def heartbeat(self, worker_id: str, now: float, commits: int | None = None,
@@ -356,6 +356,10 @@ class ElasticJob:
             self.failures.fail(w, what, now, was_member=was_member, transport=status.transport_error is not None,
                               exit_code=status.code if status.known else None)
         self._step(now)
+
+    def checkpoint_saved(self, step: int, commit_seq: int | None) -> None:
+        """A worker stored the checkpoint of ``step``, commit ``commit_seq``: what a drain loses counts from it."""
+        self.leavers.checkpoint_saved(step, commit_seq)
 
     def checkpoint_loaded(self, step: int, commit_seq: int | None, path: str) -> int | None:
         """Rank 0 of a from-checkpoint round loaded the checkpoint of ``step``, commit ``commit_seq`` of the job.

@@ -61,6 +61,9 @@ class DrainNews(Protocol):
     def send_away(self, w: WorkerRecord, why: str) -> None:
         """Ask a staying worker to leave (a waiting one gets an exit order)."""
 
+    def final_checkpoint_pending(self) -> bool:
+        """The last holders of the state left with no successor, and their rank 0 still checkpoints it."""
+
 
 class RoundFormation:
     """The job's rounds: when one forms, its ranks and facts, and the rollback it reports."""
@@ -404,9 +407,11 @@ class RoundFormation:
         )
         if plan is None or (not isinstance(plan, StateLost) and len(plan.members) < job.policy.min_np):
             return  # whole hosts only: not enough of them wait yet
-        if (isinstance(plan, StateLost) or plan.from_checkpoint) and any(
-                w.state is S.DRAINING and w.holds_state for w in job.members()):
-            return  # a member leaving at its next commit still trains with the state: no round without it
+        if (isinstance(plan, StateLost) or plan.from_checkpoint) and (self._drains.final_checkpoint_pending() or any(
+                w.state is S.DRAINING and w.holds_state for w in job.members())):
+            # A member leaving at its next commit still trains with the state, or the last holders' rank 0
+            # checkpoints it on its way out: no round without it.
+            return
         if planned is not None and not (isinstance(plan, RoundPlan) and _plan_fits(planned, plan)
                                          and job.update_gen == planned.update_gen):
             # Not the round the rules form now: form that one, without the newcomers told of the plan.

@@ -18,7 +18,11 @@
 * when a draining host is given back to the cloud (:meth:`Leavers.release_drained`):
   once no worker is left on it, exactly once per notice; after a hard notice,
   the job takes no worker there again while discovery lists the same instance
-  (:meth:`~.hosts.HostManager.given_back`).
+  (:meth:`~.hosts.HostManager.given_back`);
+* what the last holders of the state do on their way out (:meth:`Leavers.left_round`): sent away with no
+  worker to take the state, and with ``--checkpoint-dir``, their rank 0 writes a checkpoint of the commit
+  they left at before it exits (``ExitOrder.checkpoint_s``: the time it has, up to one deadline margin
+  before its host's deadline), and no round resumes from a checkpoint until it has exited.
 
 Cost: :meth:`Leavers.mark` scans every worker only when a host changed
 usability or a worker was born since its last scan; the deadline and release
@@ -42,6 +46,10 @@ S = WorkerState
 #: The last holders of the state drain this many deadline margins before their host's deadline (see
 #: :meth:`Leavers.mark`): one margin to reach a commit before the force-removal margin.
 HOLD_MARGINS = 2
+#: With ``--checkpoint-dir`` they drain this many margins sooner: the time their rank 0 has to write the last commit.
+CHECKPOINT_MARGINS = 1
+#: The time a last holder on a host without a deadline (gone from discovery) has to write that checkpoint.
+NO_DEADLINE_CHECKPOINT_S = 120.0
 #: States of alive workers that are staying (see JobView.active), as a tuple: membership in a tuple tests
 #: identity first, while an enum's hash is computed in Python.
 _ACTIVE = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
@@ -64,6 +72,13 @@ class Leavers:
         self._checked: tuple[int, int] = (-1, -1)
         self._draining_round = -1  # the last round in which a member was marked draining
         self._held_said: set[str] = set()  # workers kept as the last holders, said once (not again per round)
+        # The last holders sent away with no successor -> their host's deadline (None: none); once they left their
+        # round, those told to checkpoint on their way out -> the seconds they have for it (see left_round).
+        self._last_holders: dict[str, float | None] = {}
+        self.checkpoint_s: dict[str, float] = {}
+        # Draining host whose workers left holding the last copy of the state -> the commit they left at.
+        self._last_hosts: dict[str, int] = {}
+        self._checkpoint: tuple[int, int] | None = None  # (step, commit) of the newest checkpoint reported saved
 
     def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False) -> bool:
         """A notice for ``host`` from ``source``; True when it is news (the job then steps).
@@ -116,8 +131,9 @@ class Leavers:
         Except the last holders of the state: when every running member's host is draining (a notice for
         every host at once), they train on, and leave only once a new worker holds the state (it joins as
         any newcomer, or a waiting spare, with room next to them: see :mod:`.spares`; they drain the step
-        after) or :data:`HOLD_MARGINS` deadline margins before their
-        host's deadline; sent away at once, they took the training state with them.
+        after) or :data:`HOLD_MARGINS` deadline margins before their host's deadline (with
+        ``--checkpoint-dir``, :data:`CHECKPOINT_MARGINS` more, to checkpoint on their way out: see
+        :meth:`left_round`); sent away at once, they took the training state with them.
         """
         job = self._job
         checked = (job.hosts.version, len(job.workers))
@@ -142,6 +158,9 @@ class Leavers:
             why = f"host {w.slot.host} is draining ({drain.reason})" if drain else f"host {w.slot.host} left the group"
             log.info("job %s: worker %s (%s) will leave: %s", job.job_id, w.worker_id, w.label, why)
             self.send_away(w, why)
+        for w in leaving:  # a last holder waiting at rendezvous (or its host-mate) leaves from there
+            if w.state is S.EXITING and w.worker_id in self._last_holders and now is not None:
+                self.left_round(w, now)
 
     def _holding(self, leaving: list[WorkerRecord], now: float | None) -> list[WorkerRecord]:
         """The members of ``leaving`` kept training as the last holders of the state (see :meth:`mark`)."""
@@ -153,12 +172,14 @@ class Leavers:
         if not holders or any(w.worker_id not in going for w in holders):
             return []  # someone stays to hold the state (or none holds any yet)
         wall = now + job.wall_offset
-        hold = HOLD_MARGINS * job.policy.deadline_margin_s
+        hold = (HOLD_MARGINS + (CHECKPOINT_MARGINS if job.policy.checkpointing else 0)) * job.policy.deadline_margin_s
         held = []
         for w in holders:
             drain = job.hosts.draining.get(w.slot.host)
             if drain is not None and (drain.deadline is None or wall < drain.deadline - hold):
                 held.append(w)
+            else:  # sent away with no one to take the state
+                self._last_holders[w.worker_id] = None if drain is None else drain.deadline
         if held:
             self._checked = (-1, -1)  # looked at again next step: the deadline comes closer without any change
             if any(w.worker_id not in self._held_said for w in held):
@@ -166,6 +187,55 @@ class Leavers:
                 log.warning("job %s: every member's host is draining: they train on, and leave once a new worker "
                             "holds the state, or %gs before their host's deadline", job.job_id, hold)
         return held
+
+    def left_round(self, w: WorkerRecord, now: float) -> None:
+        """``w`` arrived at rendezvous draining (or at the job's end), or was sent away from it: it exits now.
+
+        A last holder of the state sent away with no successor is told, with ``--checkpoint-dir``, to write a
+        checkpoint of the commit it left at first (its rank 0 does), in the time left before one deadline margin
+        before its host's deadline (:attr:`checkpoint_s`, read into its ``ExitOrder``).
+        """
+        job = self._job
+        if w.state is not S.EXITING:
+            w.to(S.EXITING, w.why or "the job is finishing")
+        if w.worker_id not in self._last_holders:
+            return
+        deadline = self._last_holders.pop(w.worker_id)
+        self._last_hosts[w.slot.host] = max(w.commit_seq, self._last_hosts.get(w.slot.host, 0))
+        if job.policy.checkpointing:
+            left = NO_DEADLINE_CHECKPOINT_S if deadline is None else (
+                deadline - (now + job.wall_offset) - job.policy.deadline_margin_s)
+            self.checkpoint_s[w.worker_id] = max(0.0, left)
+
+    def final_checkpoint_pending(self) -> bool:
+        """Whether a last holder told to checkpoint on its way out (see :meth:`left_round`) is still there: no
+        round may resume from a checkpoint before it has exited, or it would load an older one."""
+        workers = self._job.workers
+        self.checkpoint_s = {i: s for i, s in self.checkpoint_s.items() if i in workers and workers[i].alive}
+        return bool(self.checkpoint_s)
+
+    def checkpoint_saved(self, step: int, commit_seq: int | None) -> None:
+        """A checkpoint of ``step``, commit ``commit_seq`` of the job, was reported stored: the steps a drain
+        without a successor loses are counted from the newest (see :meth:`release_drained`)."""
+        if commit_seq is None:
+            return
+        # A newer one, or the one kept is past every commit since the last load: the job resumed from an older
+        # checkpoint (the newest was unusable), and its history went on from there.
+        if self._checkpoint is None or commit_seq >= self._checkpoint[1] or self._checkpoint[1] > self._job.commit_high:
+            self._checkpoint = (step, commit_seq)
+
+    def _last_copy_gone(self, host: str) -> str:
+        """What the drain of ``host``, whose workers held the last copy of the state, cost (see :meth:`left_round`)."""
+        if not self._job.policy.checkpointing:
+            return "the training state is lost (no --checkpoint-dir)"
+        if self._checkpoint is None:  # a restarted driver, or none stored yet
+            return ("no checkpoint of that commit was reported stored: the next round resumes from the latest "
+                    "checkpoint and says how many steps were lost")
+        step, seq = self._checkpoint
+        if seq >= self._last_hosts[host]:
+            return f"the checkpoint of step {step} holds that commit and the next round resumes from it; 0 steps lost"
+        return (f"no checkpoint of that commit was written on the way out: the next round resumes from the latest; "
+                f"{self._last_hosts[host] - seq} committed step(s) since the checkpoint of step {step} are lost")
 
     def send_away(self, w: WorkerRecord, why: str) -> None:
         """Ask one staying worker to leave: a round member drains (it leaves at its next commit, zero steps
@@ -268,7 +338,10 @@ class Leavers:
                         f", {drain.deadline - (now + job.wall_offset):.1f}s before its deadline")
                     what = (f"job {job.job_id}: host {host} drained ({drain.reason}, notice from "
                             f"{self.sources.get(host, 'the provider')}){left}: ")
-                    if host not in self._forced:
+                    if host in self._last_hosts:
+                        log.warning("%sits workers left at a commit, holding the last copy of the training state: %s",
+                                    what, self._last_copy_gone(host))
+                    elif host not in self._forced:
                         log.info("%sits workers left at a commit; 0 steps lost", what)
                     elif rollback_pending:
                         self._forced_drains.append(what)  # the survivors report the steps lost when they re-form
@@ -276,4 +349,5 @@ class Leavers:
                         log.info("%sremoved by force before its deadline", what)
         self._released &= set(draining)
         self._forced &= set(draining)
+        self._last_hosts = {h: seq for h, seq in self._last_hosts.items() if h in draining}
         self._terminating &= set(draining)

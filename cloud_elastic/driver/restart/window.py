@@ -13,6 +13,9 @@ stands in front of the job's rules (an ``Interceptor`` of the control plane,
   two heartbeat timeouts after the driver started (never less than one heartbeat timeout after
   it is ready); the workers that did not come back are stopped and count as lost (the job's
   side, :mod:`cloud_elastic.driver.job.adoption`, decides what the job makes of that);
+* that a SIGTERM the predecessor let an adopted worker stay for (its adopt request says until when)
+  drains the worker's host as that notice did, once the window closes (a host watcher's notice
+  comes again by itself: the worker's watcher reports it anew, see ``worker.link.driver_link``);
 * the handles on the adopted processes (:func:`adopted_process`: by pid locally, through the
   remote wrapper over SSH).
 
@@ -33,6 +36,7 @@ from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.restart.record import AdoptedLocalProcess, AdoptedWorker, AdoptionRecord
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.protocol import AdoptRequest, PollReply, ReRegister, WaitReply
+from cloud_elastic.protocol_reports import NoticeReport
 
 __all__ = ["AdoptionWindow", "WindowClosed", "adopted_process"]
 
@@ -74,6 +78,7 @@ class AdoptionWindow:
         self._rendezvous_hold_s = rendezvous_hold_s
         self.is_open = False
         self._adopted_at = 0.0  # when the last worker re-registered (clock)
+        self._sigterms: list[dict[str, Any]] = []  # their notices, for the rules once the window closes
 
     def open(self) -> None:
         """Open the window: the predecessor's workers may re-register from now on."""
@@ -111,6 +116,9 @@ class AdoptionWindow:
         """The window is closed and discovery has answered: held messages go to the job's rules now."""
         with self._cond:
             self.is_open = False
+            for notice in self._sigterms:
+                self._rules("notice", notice)
+            self._sigterms.clear()
             self._cond.notify_all()
 
     # ------------------------------------------------------------ Interceptor
@@ -162,8 +170,22 @@ class AdoptionWindow:
             log.warning("job %s: refused to adopt worker %s: %s", self._job.job_id, worker_id, why)
             return {"ok": False, "reason": why}
         self._adopted_at = self._clock()
+        if request.sigterm_deadline:
+            self._sigterm(worker_id, request.sigterm_deadline)
         self._cond.notify_all()
         return {"ok": True}
+
+    def _sigterm(self, worker_id: str, deadline: float) -> None:
+        """The worker's SIGTERM, reported to the predecessor, as the worker reported it (``worker.termination``)."""
+        from cloud_elastic.notices.api import TERMINATE
+        from cloud_elastic.worker.termination import REASON, SOURCE
+
+        notice = dict(NoticeReport(SOURCE, TERMINATE, REASON.format(worker=worker_id), deadline, own=True).to_wire(),
+                      worker=worker_id)
+        if self.is_open:
+            self._sigterms.append(notice)
+        else:  # adopted again after the window closed (its first reply was lost): the rules take it now
+            self._rules("notice", notice)
 
 
 def adopted_process(worker: AdoptedWorker, spec: WorkerSpec, launcher_for: Callable[[str], Launcher],

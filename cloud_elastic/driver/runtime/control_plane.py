@@ -290,6 +290,7 @@ class ControlPlane:
                 self._cond.notify_all()
         elif report.event == "saved":
             self.checkpoints.saved(now)
+            self._job.checkpoint_saved(report.step, report.commit_seq)
             extra = {k: v for k, v in (("duration_s", report.duration_s), ("bytes", report.bytes)) if v is not None}
             log.info("job %s: checkpoint of step %d saved by %s to %s", self._job.job_id, report.step, worker_id,
                      report.path[:500])

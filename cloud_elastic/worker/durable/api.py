@@ -39,6 +39,11 @@ class DurableSchedule(Protocol):
         """Wait (up to ``timeout``) for the checkpoint being written; True when none is left."""
         ...
 
+    def leaving(self, state: Any) -> None:
+        """This worker was sent away (``WorkerRemoved``): finish its writes; as rank 0 of the last holders of the
+        state, sent away with no successor, first checkpoint ``state`` where it can. Never raises."""
+        ...
+
     def load_latest(self, state: Any) -> CheckpointInfo:
         """Load the newest usable checkpoint into ``state`` and make it its last commit; CheckpointError if none."""
         ...

@@ -20,6 +20,10 @@ and registers its :meth:`after_commit` as an after-commit hook of the ledger:
   no checkpoint, or storage that cannot be read, raises CheckpointError and
   the worker exits rather than broadcast its initial weights;
 * :meth:`finish` writes the final state when training completed, and waits;
+* :meth:`leaving` (the worker is sent away) finishes the checkpoint in flight; rank 0 of the last
+  holders of the state, sent away with no worker to take it (the driver's ``ExitOrder.checkpoint_s``:
+  a notice for every host at once), first writes a checkpoint of the commit it leaves at, and waits
+  for it up to the time the driver gave (its host's deadline less a margin): the next round resumes from it;
 * before its first write or load, the worker checks that it sees the driver's job record in
   the store (``durable.failure``): a ``--checkpoint-dir`` that is no storage shared with the
   driver ends the job in one line, as does a state a checkpoint cannot hold; a record that cannot
@@ -124,10 +128,7 @@ class RankZeroCheckpoints:
         assert self._periodic is not None
         # Failed saves, a job record that could not be read among them, each one interval apart.
         self._report_write_failures()
-        meta = {"world_size": info.size, "job_id": self._ctx.job_id, "commit_seq": self._ctx.ledger.commit_seq}
-        epoch = getattr(state, "epoch", None)
-        if isinstance(epoch, int) and not isinstance(epoch, bool):
-            meta["epoch"] = epoch
+        meta = self._meta(state, info)
         try:
             if driver_lost and not self._periodic.writer.busy:
                 # The driver is away: keep storage as close as possible to the last commit.
@@ -137,6 +138,13 @@ class RankZeroCheckpoints:
         except CheckpointError as exc:
             # A state the checkpoint cannot hold is refused at every commit alike: end the job, do not re-form it.
             raise self._failed("write", str(exc)) from exc
+
+    def _meta(self, state: Any, info: Any) -> dict[str, Any]:
+        meta = {"world_size": info.size, "job_id": self._ctx.job_id, "commit_seq": self._ctx.ledger.commit_seq}
+        epoch = getattr(state, "epoch", None)
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            meta["epoch"] = epoch
+        return meta
 
     def _failed(self, failure: str, reason: str) -> CheckpointFailed:
         """Tell the driver (which ends the job); the CheckpointFailed to raise, its text the job's last line."""
@@ -171,8 +179,10 @@ class RankZeroCheckpoints:
             report_not_written(self._ctx, stats.last_error or "the checkpoint write failed")
 
     def _written(self, info: CheckpointInfo, duration_s: float) -> None:
+        # With its commit, the driver counts the steps a drain without a successor loses (driver.job.leaving).
+        seq = info.extra.get("commit_seq")
         self._ctx.report_checkpoint("saved", step=info.step, path=info.url, duration_s=round(duration_s, 3),
-                                    bytes=info.size)
+                                    bytes=info.size, **({"commit_seq": seq} if isinstance(seq, int) else {}))
 
     # -------------------------------------------------------------- loading
     def load_latest(self, state: Any) -> CheckpointInfo:
@@ -216,27 +226,66 @@ class RankZeroCheckpoints:
             return None
         self._raise_if_failed()
         step = step_of(state, self._ctx.ledger.commit_seq)
+        why = self._write_now(state, info, FLUSH_TIMEOUT_S, leaving=False)
+        self._raise_if_failed()
+        if why is None:
+            return None
+        log.warning("worker %s: the final checkpoint was not written: %s", self._ctx.worker_id, why)
+        return f"the final checkpoint (step {step}) was not written: {why}"
+
+    def leaving(self, state: Any) -> None:
+        """This worker was sent away: finish the checkpoint in flight; as rank 0 of the last holders of the state
+        sent away with no successor (``ctx.checkpoint_before_leaving``, the seconds the driver gave), first write a
+        checkpoint of the commit it leaves at (``state`` is that commit: it left its round at a commit, or rolled
+        back to one), waiting for it no longer than that. Never raises: the worker is on its way out."""
+        budget = getattr(self._ctx, "checkpoint_before_leaving", None)
+        info = getattr(self._ctx, "info", None)
+        if budget is None or info is None or info.rank != 0 or not self._ctx.ledger.holds_commit:
+            self.stop_writing()
+            return
+        step = step_of(state, self._ctx.ledger.commit_seq)
+        if budget <= 0:
+            why = "no time was left before its host's deadline"
+            self.stop_writing(0.0)
+        else:
+            try:
+                why = self._write_now(state, info, min(FLUSH_TIMEOUT_S, budget), leaving=True)
+            except Exception as exc:  # on its way out: a failure here must not turn a clean exit into a crash
+                why = f"{type(exc).__name__}: {exc}"
+        if why is None:
+            log.info("worker %s: wrote the checkpoint of step %d, the last copy of the training state, before "
+                     "leaving", self._ctx.worker_id, step)
+        else:
+            log.warning("worker %s: leaving with the last copy of the training state; its checkpoint (step %d) was "
+                        "not written: %s", self._ctx.worker_id, step, why)
+
+    def _write_now(self, state: Any, info: Any, timeout: float, *, leaving: bool) -> str | None:
+        """Write ``state`` after the checkpoint in flight and stop the writer; None once it is stored, else why
+        not. Each wait takes up to ``timeout``; ``leaving``: both together, and a commit stored already (the
+        checkpoint in flight was of it) is not written again."""
+        ends = time.monotonic() + timeout
         if self._writer is None:
             self._start_writing()
         writer = self._writer
         assert writer is not None
-        writer.wait(FLUSH_TIMEOUT_S)
+        writer.wait(timeout)
+        last, seq = writer.stats().last_written, self._ctx.ledger.commit_seq
+        if leaving and last is not None and last.extra.get("commit_seq") == seq and not writer.busy:
+            self.stop_writing()
+            return None
         written = writer.stats().written
         try:
-            submitted = writer.submit(step, _payload(state), {"world_size": info.size, "job_id": self._ctx.job_id,
-                                                              "commit_seq": self._ctx.ledger.commit_seq})
+            submitted = writer.submit(step_of(state, seq), _payload(state), self._meta(state, info))
         except CheckpointError as exc:
             submitted, why = False, str(exc)
         else:
-            why = f"the previous checkpoint was still being written after {FLUSH_TIMEOUT_S:g}s"
-        stored = self.stop_writing()
-        self._raise_if_failed()
+            why = f"the previous checkpoint was still being written after {timeout:g}s"
+        stored = self.stop_writing(max(0.0, ends - time.monotonic()) if leaving else timeout)
         if submitted and stored and writer.stats().written > written:
             return None
         if submitted:
-            why = writer.stats().last_error or f"it was not stored within {FLUSH_TIMEOUT_S:g}s"
-        log.warning("worker %s: the final checkpoint was not written: %s", self._ctx.worker_id, why)
-        return f"the final checkpoint (step {step}) was not written: {why}"
+            why = writer.stats().last_error or f"it was not stored within {timeout:g}s"
+        return why
 
 
 def _payload(state: Any) -> Any:

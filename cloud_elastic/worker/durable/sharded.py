@@ -125,6 +125,18 @@ class ShardedCheckpoints:
         """Wait (up to ``timeout``) for this worker's writes in the background; True when none is left."""
         return self._writes.wait(timeout)
 
+    def leaving(self, state: Any) -> None:
+        """This worker was sent away: wait for its writes in the background. Unlike a replica's rank 0, the last
+        holders of a sharded model sent away with no successor write no checkpoint on their way out (its shards
+        are written by every worker of host 0 together, in collectives a worker sent away no longer joins): the
+        next round resumes from the latest checkpoint, and the driver says how many steps were lost."""
+        info = getattr(self._ctx, "info", None)
+        if getattr(self._ctx, "checkpoint_before_leaving", None) is not None and info is not None and info.rank == 0:
+            log.warning("worker %s: leaving with the last copy of a sharded model (hvd.shard), which is not "
+                        "checkpointed on the way out: the next round resumes from the latest checkpoint",
+                        self._ctx.worker_id)
+        self.stop_writing()
+
     def finish(self, state: Any) -> str | None:
         """Training completed: host 0's workers write the final state; None when stored (or not host 0), else why not."""
         info = getattr(self._ctx, "info", None)
@@ -214,7 +226,7 @@ class ShardedCheckpoints:
         _save(tensors, storage, group)
         if local_rank == 0:  # DCP's coordinator: it holds every file's digest
             saved = self.store.publish_sharded(name, step, rest, meta, local_size, getattr(storage, "files", None))
-            self._ctx.report_checkpoint("saved", step=saved.step, path=saved.url,
+            self._ctx.report_checkpoint("saved", step=saved.step, path=saved.url, commit_seq=seq,
                                         duration_s=round(time.perf_counter() - began, 3),
                                         bytes=saved.size + sum((saved.shards or {}).values()))
         self._stored_seq = seq

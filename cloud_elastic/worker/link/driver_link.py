@@ -49,6 +49,8 @@ class DriverLinkMixin:
 
     #: The planned next round this worker acts on; ``rounds.next_group`` (the context's) overrides these three.
     next_plan = 0
+    #: The deadline of a SIGTERM the driver let this worker stay for (0: none): told to a restarted driver too.
+    sigterm_deadline = 0.0
 
     def _next_offered(self, offer: Any, round_now: int, round_plan: int, sent: float) -> None:
         """What a heartbeat reply says of the planned next round (none here)."""
@@ -123,7 +125,10 @@ class DriverLinkMixin:
             "source": SOURCE, "notice": "terminate", "reason": REASON.format(worker=self.worker_id),
             "deadline": deadline, "own": True,
         }, timeout_s=self.heartbeat_timeout_s)
-        return reply.get("ok") is True and reply.get("stay") is True
+        stays = reply.get("ok") is True and reply.get("stay") is True
+        if stays:
+            self.sigterm_deadline = deadline
+        return stays
 
     def _maybe_watch_notices(self, cloud: Any) -> None:
         """Start this host's metadata notice watcher when the driver picks this worker for it (once).
@@ -275,7 +280,9 @@ class DriverLinkMixin:
         its current round. Only the store client is renewed (its server died with the
         old driver), before the next round forms. A driver that refuses (it resumed
         the job without this worker) makes the worker exit: its training would now
-        be a second copy of the job.
+        be a second copy of the job. What the dead driver was told of this host's leaving goes to the
+        new one: a SIGTERM it let the worker stay for, in the request; a notice of the host's watcher,
+        at its next sighting.
         """
         with self._adopt_lock:
             info = self.info if self._attempted_round and not self._joined_unformed_plan() else None
@@ -283,13 +290,17 @@ class DriverLinkMixin:
                                                        info.cross_rank, info.cross_size)
             request = AdoptRequest(0 if info is None else info.round, ranks, 0 if info is None else info.update_gen,
                                    self._seen_update, self._seen_abort, self.commits, self.settings.slot, os.getpid(),
-                                   self.commit_seq)
+                                   self.commit_seq, self.sigterm_deadline)
             reply = client.call("adopt", request.to_wire(), timeout_s=self.heartbeat_timeout_s + 10)
             if not reply.get("ok"):
                 print(f"cloud-elastic: worker {self.worker_id}: the restarted driver refused to adopt it "
                       f"({str(reply.get('reason') or 'no reason given')[:300]}); exiting", file=sys.stderr, flush=True)
                 os._exit(75)
             self._store_stale = True
+            if self._notice_watcher is not None:
+                # The dead driver may have taken a notice for this host and died before acting on it or
+                # writing it down: the new one hears of it at the watcher's next sighting.
+                self._notice_watcher.resend()
             self._drop_next("a restarted driver knows no plan")
             if self.driver_lost:
                 self.driver_lost = False
