@@ -559,10 +559,10 @@ class AdoptRequest:
     """A worker re-registers with a restarted driver (kind ``adopt``): where it stands, so that the
     driver takes it over in its current round without a new round or a rollback.
 
-    ``round``/``ranks``/``update_gen`` are those of the round it trains in (``round`` 0:
-    it never joined one); ``seen_update``/``seen_abort`` the highest update generation
-    and aborted round it has heard of; ``commits`` its commits; ``pid`` its process id;
-    ``commit_seq`` the position of its last commit in the job's history (see RendezvousRequest).
+    ``round``/``ranks``/``update_gen`` are those of the round it trains in (``round`` 0: it never joined one);
+    ``seen_update``/``seen_abort`` the highest update generation and aborted round it has heard of; ``commits``
+    its commits; ``pid`` its process id; ``commit_seq`` its last commit's position in the job's history (see
+    RendezvousRequest); ``sigterm_deadline`` (Unix time, 0: none) that of a SIGTERM the dead driver let it stay for.
     """
 
     round: int
@@ -574,18 +574,17 @@ class AdoptRequest:
     slot: int
     pid: int
     commit_seq: int = 0
+    sigterm_deadline: float = 0.0
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: getattr(self, k) for k in ("round", "update_gen", "seen_update", "seen_abort",
-                                                             "commits", "slot", "pid", "commit_seq")}
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "ranks"}
         out["ranks"] = None if self.ranks is None else asdict(self.ranks)
         return out
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "AdoptRequest":
         what = "adopt request"
-        raw = msg.get("ranks")
-        ranks = None
+        raw, ranks = msg.get("ranks"), None
         if raw is not None:
             if not isinstance(raw, Mapping):
                 raise ControlPlaneError(f"malformed {what}: 'ranks' must be an object or null")
@@ -597,4 +596,5 @@ class AdoptRequest:
             raise ControlPlaneError(f"malformed {what}: a round needs ranks and ranks need a round")
         return cls(round_, ranks, _int(msg, "update_gen", what), _int(msg, "seen_update", what),
                    _int(msg, "seen_abort", what), _int(msg, "commits", what), _int(msg, "slot", what),
-                   _int(msg, "pid", what), _optional_int(msg, "commit_seq", what))
+                   _int(msg, "pid", what), _optional_int(msg, "commit_seq", what),
+                   _optional_seconds(msg, "sigterm_deadline", what))
