@@ -4,14 +4,15 @@ Each running driver leaves a record in a per-user runtime directory::
 
     $XDG_RUNTIME_DIR/cloud-elastic/        (else ~/.cloud-elastic/jobs/)   mode 0700
         <job>/                                                              mode 0700
-            driver.json   {"v": 1, "job", "address", "pid", "started", "command"}   mode 0600
+            driver.json   {"v": 1, "job", "address", "pid", "started", "command", "grace_s"}   mode 0600
             secret        the job's control-plane secret                            mode 0600
 
 The driver calls :func:`write_driver_record` once its control server listens, refreshes the
 record's mtime every few seconds (its last sign of life) and calls :func:`remove_driver_record`
 when it ends; a restarted driver reads the directory, and the adoption record ``adopt.json`` a
 driver with ``--checkpoint-dir`` keeps there, to find its predecessor
-(:mod:`cloud_elastic.driver.restart`). ``cloud-elastic status`` (:mod:`cloud_elastic.status`)
+(:mod:`cloud_elastic.driver.restart`); without ``--checkpoint-dir`` it finds a dead predecessor by its
+``command`` (:func:`find_jobs`) and waits out its workers' ``grace_s``. ``cloud-elastic status`` (:mod:`cloud_elastic.status`)
 lists the records and asks their drivers. The directories keep every other user out, so only the
 user who started a job can read its secret and sign messages to its driver.
 
@@ -39,6 +40,7 @@ __all__ = [
     "PRUNE_AFTER_S",
     "RECORD_VERSION",
     "JobRecord",
+    "find_jobs",
     "job_dir",
     "list_jobs",
     "pid_alive",
@@ -98,11 +100,12 @@ def _write_private(path: Path, data: str) -> None:
 
 
 def write_driver_record(job_id: str, address: str, secret: str, *, pid: int | None = None,
-                        command: Sequence[str] = (), root: Path | None = None) -> Path:
+                        command: Sequence[str] = (), grace_s: float | None = None, root: Path | None = None) -> Path:
     """Record a running driver so ``cloud-elastic status`` can find it; return the job's directory.
 
     ``address`` is the control plane's ``host:port`` as reachable from this
-    machine. The secret goes to its own 0600 file, never into driver.json.
+    machine; ``grace_s`` how long its workers train on without it (``--driver-grace``).
+    The secret goes to its own 0600 file, never into driver.json.
     """
     root = root or runtime_root()
     directory = job_dir(job_id, root)
@@ -110,7 +113,8 @@ def write_driver_record(job_id: str, address: str, secret: str, *, pid: int | No
     _private_dir(directory)
     _write_private(directory / "secret", secret)
     record = {"v": RECORD_VERSION, "job": job_id, "address": address, "pid": pid or os.getpid(),
-              "started": time.time(), "command": list(command)}
+              "started": time.time(), "command": list(command),
+              **({"grace_s": float(grace_s)} if grace_s is not None else {})}
     _write_private(directory / "driver.json", json.dumps(record) + "\n")
     return directory
 
@@ -177,7 +181,7 @@ def read_record(directory: Path) -> JobRecord:
             raise ValueError(f"record version {raw.get('v')!r}")
         return JobRecord(str(raw["job"]), str(raw["address"]), int(raw["pid"]), float(raw["started"]),
                          tuple(str(c) for c in raw.get("command", ())), pid_alive(int(raw["pid"])),
-                         path.stat().st_mtime, _recorded_grace(directory))
+                         path.stat().st_mtime, _recorded_grace(directory, raw.get("grace_s")))
     except FileNotFoundError:
         raise ConfigError(f"no job {directory.name} on this machine (see 'cloud-elastic status')") from None
     except PermissionError:
@@ -204,13 +208,29 @@ def list_jobs(root: Path | None = None) -> list[JobRecord]:
     return sorted(jobs, key=lambda j: j.started)
 
 
-def _recorded_grace(directory: Path) -> float:
-    """The ``--driver-grace`` the job's adoption record gives its workers; the default without a usable one
-    (a driver without ``--checkpoint-dir`` keeps none, and no restart can adopt its workers)."""
+def find_jobs(command: Sequence[str], root: Path | None = None) -> list[JobRecord]:
+    """The records of this user's drivers of ``command`` (the training command), newest sign of life first."""
+    wanted = tuple(command)
+    return sorted((job for job in list_jobs(root) if job.command == wanted), key=lambda j: -j.last_seen)
+
+
+def _grace(value: object) -> float | None:
+    """A recorded ``--driver-grace``, or None when ``value`` is not one."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"):
+        return float(value)
+    return None
+
+
+def _recorded_grace(directory: Path, recorded: object = None) -> float:
+    """The ``--driver-grace`` the driver gave its workers: ``recorded`` (driver.json's), else its adoption
+    record's; the default without a usable one (records written before driver.json carried it)."""
+    grace = _grace(recorded)
+    if grace is not None:
+        return grace
     try:
-        grace = json.loads((directory / _ADOPTION_RECORD).read_text(encoding="utf-8"))["grace_s"]
-        if isinstance(grace, (int, float)) and not isinstance(grace, bool) and 0 <= grace < float("inf"):
-            return float(grace)
+        grace = _grace(json.loads((directory / _ADOPTION_RECORD).read_text(encoding="utf-8"))["grace_s"])
+        if grace is not None:
+            return grace
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return JobConfig.driver_grace_s

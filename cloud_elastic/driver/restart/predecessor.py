@@ -21,6 +21,12 @@ before anything listens, and returns them as a frozen :class:`StartPlan`:
   may train on for its ``--driver-grace`` and write a last checkpoint, and two generations must
   never train the same job.
 
+Without ``--checkpoint-dir`` nothing can be adopted or resumed, but a dead driver of the same
+command (this user's record on this machine, :func:`cloud_elastic.records.find_jobs`) left workers
+that train on for its grace, on the same hosts and devices: the plan waits them out
+(:func:`_without_store`) and the job then starts over, as a supervisor restarting the driver
+expects. A refusal would not do: the Terraform unit does not restart a driver that exits 2.
+
 :func:`wait_for_predecessor` carries out that wait (when nothing was adopted) and then checks
 again: a driver elsewhere that refreshed its sign of life meanwhile owns the job, and the
 checkpoints the old workers wrote meanwhile are resumed from.
@@ -39,7 +45,7 @@ from typing import Any, Callable
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.restart.record import AdoptionRecord, find_records
 from cloud_elastic.errors import CheckpointError, ConfigError
-from cloud_elastic.records import job_dir, pid_alive, runtime_root
+from cloud_elastic.records import find_jobs, job_dir, pid_alive, runtime_root
 
 __all__ = ["RECORD_TOUCH_S", "StartPlan", "WaitOutcome", "driver_alive", "open_store", "plan_start", "resumes",
            "wait_for_predecessor"]
@@ -50,6 +56,8 @@ log = logging.getLogger(__name__)
 RECORD_TOUCH_S = 2.0
 #: What a worker stopping at the end of the grace may spend finishing rank 0's last checkpoint, and margin.
 _LAST_CHECKPOINT_S = 12.0
+#: What a worker stopping at the end of the grace without checkpoints may spend exiting, and margin.
+_STOP_S = 3.0
 #: Adopting workers that have less than this left of their grace is not worth the race.
 _ADOPT_MARGIN_S = 1.0
 
@@ -100,7 +108,7 @@ def plan_start(config: JobConfig, store: Any, *, job_id: str) -> StartPlan:
     running here) or CheckpointError (unreadable storage) before anything starts.
     """
     if store is None:
-        return StartPlan(job_id)
+        return _without_store(config, job_id)
     return replace(_plan(config, store, job_id), checkpoint_dir=config.checkpoint_dir)
 
 
@@ -260,6 +268,10 @@ def wait_for_predecessor(plan: StartPlan, store: Any, wait: Callable[[float], bo
                 return WaitOutcome(resumed, False)
             _renew_claim(plan, store)
             left = plan.wait_until - time.time()
+    if store is None:
+        log.warning("job %s: the previous workers have stopped; training starts over (no --checkpoint-dir)",
+                    plan.job_id)
+        return WaitOutcome(False, True)
     _another_driver(plan, store, stop)
     if not resumed:
         try:
@@ -285,6 +297,29 @@ def _adoptable(config: JobConfig) -> tuple[AdoptionRecord | None, tuple[int, flo
                     len(record.workers), left)
         return record, (pid, last_alive)
     return None, None
+
+
+def _without_store(config: JobConfig, job_id: str) -> StartPlan:
+    """The plan without ``--checkpoint-dir``: wait out the workers of the dead drivers of the same command whose
+    grace has not run out (see module docstring); none can be adopted."""
+    now = time.time()
+    plan = StartPlan(job_id)
+    try:
+        records = find_jobs(config.command)
+    except ConfigError as exc:  # the job runs without its records (see Driver._record_for_status)
+        log.warning("job %s: cannot look for a previous driver of this command: %s", job_id, exc)
+        return plan
+    for record in records:
+        if driver_alive(record.pid):
+            continue  # two drivers of one command at once is not a restart; left as it always was
+        # Its workers stop at its last sign of life (refreshed every RECORD_TOUCH_S) plus their grace.
+        until = record.last_seen + RECORD_TOUCH_S + record.grace_s + _STOP_S
+        if until > max(now, plan.wait_until or 0.0):
+            plan = StartPlan(job_id, wait_until=until, grace_s=record.grace_s, predecessor_gone=False, waiting_for=(
+                f"the previous driver of this command (job {record.job_id}, pid {record.pid}) died "
+                f"{now - record.last_seen:.0f}s ago, and without --checkpoint-dir its workers cannot be adopted "
+                "(use --checkpoint-dir to keep their progress)"))
+    return plan
 
 
 def _with_wait(plan: StartPlan, config: JobConfig, previous: tuple[int, float] | None, previous_alive: Any,

@@ -467,7 +467,7 @@ class Driver:
         host = "127.0.0.1" if endpoints.bind in ("0.0.0.0", "127.0.0.1") else endpoints.bind
         try:
             write_driver_record(self.job_id, f"{host}:{endpoints.control_port}", endpoints.secret,
-                                command=self.config.command)
+                                command=self.config.command, grace_s=self._workers_grace_s())
             self._status_recorded = True
         except OSError as exc:  # status is a convenience; the job runs without it
             log.warning("job %s: cannot record the job for 'cloud-elastic status': %s", self.job_id, exc)

@@ -1,0 +1,108 @@
+"""The same command run again without ``--checkpoint-dir`` after its driver died waits out the old workers.
+
+Without a checkpoint store nothing can be adopted or resumed, but the dead driver's workers train
+on for its ``--driver-grace`` on the same hosts (on GPUs, holding the devices' memory). A new
+generation started beside them trained a second copy of the job from initial weights with no word
+said. The restarted driver now finds the dead one by its command in this user's records on this
+machine and waits until its workers have stopped (one line saying so, and that --checkpoint-dir
+would have kept their progress), then starts over; a supervisor (systemd ``Restart=on-failure``,
+which does not restart a driver that exits 2) gets a job that runs again, not a refusal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.restart import predecessor
+from cloud_elastic.driver.restart.predecessor import plan_start, wait_for_predecessor
+from cloud_elastic.records import find_jobs, write_driver_record
+
+pytestmark = pytest.mark.timeout(30)
+
+COMMAND = ("python", "train.py")
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _dead_driver(job_id: str, *, command=COMMAND, grace_s: float | None = 30.0, died_s_ago: float = 2.0) -> float:
+    """The records a driver of ``command`` killed ``died_s_ago`` seconds ago leaves; returns its last sign of life."""
+    directory = write_driver_record(job_id, "127.0.0.1:1", "s3cret", pid=_dead_pid(), command=command,
+                                    grace_s=grace_s)
+    last = time.time() - died_s_ago
+    os.utime(directory / "driver.json", (last, last))
+    return last
+
+
+@pytest.fixture(autouse=True)
+def _runtime_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+
+
+def _config(**kw) -> JobConfig:
+    return JobConfig(**(dict(command=COMMAND, num_proc=2, min_np=2, max_np=2, driver_grace_s=30.0) | kw))
+
+
+def test_the_driver_of_the_same_command_waits_until_the_dead_drivers_workers_stop_then_starts_over(
+        caplog, monkeypatch) -> None:
+    last = _dead_driver("0ldj0b01")
+    plan = plan_start(_config(), None, job_id="n3wj0b01")
+    assert plan.job_id == "n3wj0b01" and not plan.resumed and plan.adopt is None
+    # Its workers stop at its last sign of life (refreshed every 2 s) plus their grace, and a moment to exit.
+    assert plan.wait_until is not None and last + 30 < plan.wait_until <= last + 30 + 10
+    # The driver's wait blocks on its lock; here each wait moves the predecessor module's clock on instead.
+    clock = [time.time()]
+    monkeypatch.setattr(predecessor, "time", SimpleNamespace(time=lambda: clock[0]))
+    waited: list[float] = []
+
+    def wait(seconds: float) -> bool:
+        waited.append(seconds)
+        clock[0] += seconds
+        return False
+
+    stops: list = []
+    with caplog.at_level(logging.INFO, logger=predecessor.__name__):
+        outcome = wait_for_predecessor(plan, None, wait, lambda reason, code: stops.append((reason, code)),
+                                       resumed=False)
+    assert stops == [] and outcome.predecessor_gone and not outcome.resumed
+    assert clock[0] >= plan.wait_until and sum(waited) > 25
+    text = caplog.text
+    assert "job 0ldj0b01" in text and "without --checkpoint-dir its workers cannot be adopted" in text
+    assert "waiting" in text and "training starts over" in text
+
+
+@pytest.mark.parametrize("case", ["other command", "grace over", "driver alive"])
+def test_no_wait_for_another_command_a_grace_run_out_or_a_live_driver(case: str) -> None:
+    if case == "other command":
+        _dead_driver("0ldj0b01", command=("python", "other.py"))
+    elif case == "grace over":
+        _dead_driver("0ldj0b01", died_s_ago=60.0)
+    else:  # two drivers of one command at once are not a restart: left as they always were
+        live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "cloud-elastic"])
+        write_driver_record("0ldj0b01", "127.0.0.1:1", "s3cret", pid=live.pid, command=COMMAND, grace_s=30.0)
+    try:
+        plan = plan_start(_config(), None, job_id="n3wj0b01")
+    finally:
+        if case == "driver alive":
+            live.kill()
+            live.wait()
+    assert plan.wait_until is None and plan.predecessor_gone
+
+
+def test_the_dead_drivers_own_grace_is_waited_for_not_ours() -> None:
+    last = _dead_driver("0ldj0b01", grace_s=5.0)
+    plan = plan_start(_config(driver_grace_s=600.0), None, job_id="n3wj0b01")
+    assert plan.wait_until is not None and plan.wait_until <= last + 5 + 10
+    job, = find_jobs(COMMAND)
+    assert job.grace_s == 5.0  # what 'cloud-elastic status' shows of it too
