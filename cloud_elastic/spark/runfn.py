@@ -5,7 +5,7 @@ private temporary directory on its own executor) to ``FN`` and starts this
 module through the SSH launcher's wrapper, so the worker has a process group
 of its own that dies with the task. When the function returns, its value and
 this worker's rank go to ``RESULT``; the task hands them back to Spark. When it
-raises, the exception's one-line summary goes to ``RESULT.error`` for the caller. No
+raises, or its value cannot be pickled, the one-line reason goes to ``RESULT.error`` for the caller. No
 pickle ever crosses a socket here: both files are local to the task.
 """
 
@@ -35,10 +35,21 @@ def main(argv: list[str]) -> int:
     if ctx is not None:
         rank = ctx.info.rank if ctx.info is not None else None
         ctx.close()
-    with open(result_path + ".tmp", "wb") as f:
-        pickle.dump({"rank": rank, "value": value}, f)
     import os
 
+    # Spark's cloudpickle, as Spark itself uses for what a task returns: a value whose class lives in the
+    # driver's script or notebook (``__main__``) is pickled by value; plain pickle refuses it.
+    from pyspark import cloudpickle
+
+    try:
+        with open(result_path + ".tmp", "wb") as f:
+            cloudpickle.dump({"rank": rank, "value": value}, f)
+    except Exception as exc:
+        os.unlink(result_path + ".tmp")
+        with open(result_path + ".error", "w") as f:
+            f.write(f"its return value ({type(value).__name__}) cannot be pickled for Spark: "
+                    f"{type(exc).__name__}: {exc}"[:500])
+        raise
     os.replace(result_path + ".tmp", result_path)
     return 0
 

@@ -7,9 +7,11 @@ PySpark must be installed (Java is not needed).
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import operator
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -176,3 +178,36 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def _fn_file(tmp_path, fn) -> str:
+    from pyspark import cloudpickle
+
+    path = str(tmp_path / "fn.pkl")
+    with open(path, "wb") as f:
+        cloudpickle.dump((fn, (), {}), f)
+    return path
+
+
+def test_a_value_of_a_class_only_the_driver_script_defines_comes_back(task_tmp):
+    from cloud_elastic.spark import runfn
+
+    @dataclasses.dataclass
+    class Result:  # as in a driver script or notebook: no executor can import it by name
+        rank: int
+
+    result = str(task_tmp / "result.pkl")
+    assert runfn.main([_fn_file(task_tmp, lambda: Result(3)), result]) == 0
+    with open(result, "rb") as f:
+        assert pickle.load(f)["value"].rank == 3
+
+
+def test_a_value_that_cannot_be_pickled_fails_the_worker_with_the_reason(task_tmp):
+    from cloud_elastic.spark import runfn
+
+    result = str(task_tmp / "result.pkl")
+    with pytest.raises(TypeError):
+        runfn.main([_fn_file(task_tmp, threading.Lock), result])
+    assert not os.path.exists(result)
+    reason = Path(result + ".error").read_text()
+    assert reason.startswith("its return value (lock) cannot be pickled for Spark: TypeError: cannot pickle")
