@@ -164,6 +164,9 @@ class Failures:
         """Why the state is lost when workers survive that could not restore their commit ('' if none did)."""
         if not any(w.commit_lost for w in self._job.alive()):
             return ""
-        return ("no survivor could restore the last commit exactly (a peer failed in a collective between an "
-                "in-place optimizer update and the next commit; CLOUD_ELASTIC_COMMIT_MODE=snapshot keeps that "
-                "window restorable), and without --checkpoint-dir nothing can bring it back")
+        # The workers report only that they cannot (holds_commit); each one's log line says why.
+        return ("no survivor could restore the last commit exactly (each one logged why: a peer failed in a "
+                "collective between an in-place optimizer update and the next commit, or before the update of the "
+                "step in which a parameter was first changed in place outside the optimizer; "
+                "CLOUD_ELASTIC_COMMIT_MODE=snapshot keeps every commit whole from the start), and without "
+                "--checkpoint-dir nothing can bring it back")

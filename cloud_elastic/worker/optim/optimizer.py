@@ -22,11 +22,24 @@ As in Horovod, the returned object is an instance of a subclass of the
 wrapped optimizer's class, so LR schedulers and ``isinstance`` checks work.
 It is a ``CommitParticipant`` (``worker.commit.participant``): a ``TorchState``
 holding it binds to it the commits its ``step()`` copies.
+
+Which parameters are averaged follows the optimizer: a parameter unfrozen
+(``requires_grad`` set again) or added with ``add_param_group`` after wrapping
+joins the buckets, one frozen leaves them (:meth:`_DistributedOptimizer._ce_rebuild`).
+Every worker runs the same loop, so every worker lays out the same buckets at
+the same step, and the replicas stay identical.
+
+A parameter changed in place outside the optimizer between a commit and the
+next update (a WGAN clip under ``torch.no_grad()``, prototypes normalised each
+step, ``nn.Embedding(max_norm=...)``) is not the commit any more: once one is
+seen, every commit copies the parameters when it is made (see
+:meth:`_DistributedOptimizer._ce_check_outside`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 from typing import Any, Callable, Iterable, Iterator
 
@@ -37,11 +50,14 @@ from cloud_elastic.worker import sharded
 from cloud_elastic.worker.optim import zerocopy
 from cloud_elastic.worker.optim.buckets import BUCKET_BYTES, Bucket, make_buckets
 from cloud_elastic.worker.comm.compression import Compression, check_compression
+from cloud_elastic.worker.commit.handlers import ModelHandler
 from cloud_elastic.worker.commit.participant import BoundCommit
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.comm.ops import Average, Scaling, Sum, average_scaling, check_op
 
 __all__ = ["DistributedOptimizer"]
+
+log = logging.getLogger(__name__)
 
 
 #: id(parameter) -> the DistributedOptimizer whose hook averages its gradient: the newest one made over it.
@@ -92,11 +108,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             missing = [p for p in all_params if id(p) not in names]
             if missing:
                 raise ValueError("named_parameters does not cover every parameter of the optimizer")
-        self._ce_buckets = [] if self._ce_sharded else make_buckets(all_params, bucket_bytes, compression)
+        self._ce_bucket_bytes = bucket_bytes
+        self._ce_compression = compression
+        self._ce_buckets: list[Bucket] = []
         self._ce_where: dict[int, tuple[Bucket, int]] = {}
-        for bucket in self._ce_buckets:
-            for i, p in enumerate(bucket.params):
-                self._ce_where[id(p)] = (bucket, i)
         self._ce_counts: dict[int, int] = {}
         self._ce_next = 0
         self._ce_round = -1
@@ -104,19 +119,83 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_skip = False
         #: The commits of each TorchState holding this optimizer that its step copies or touches.
         self._ce_snapshots: list[BoundCommit] = []
-        self._ce_params = all_params
-        #: ``id()`` of each parameter this optimizer updates (a commit kept in place leaves them out).
-        self._ce_param_ids = frozenset(id(p) for p in all_params)
-        #: (param_groups signature, per-bucket (group, parameter) pairs, unbucketed pairs): rebuilt only
-        #: when the groups change, so a step's bookkeeping does not rescan every tensor.
-        self._ce_pairs_cache: tuple[Any, list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]] | None = None
+        #: A parameter was seen changed in place outside this optimizer between a commit and its update:
+        #: commits copy the parameters when they are made, not at the next update (see _ce_check_outside).
+        self._ce_outside = False
+        #: The parameters' version counters when a kept commit deferred their copies (``_ce_param_ptrs``).
+        self._ce_versions: list[int] | None = None
         #: Read once (WorkerSettings), not from the environment at every step.
         self._ce_zero_copy = get_context().settings.zero_copy_commit
         #: id(parameter) -> (a weak reference to it, the handle of this optimizer's hook on it).
         self._ce_handles: dict[int, tuple[Any, Any]] = {}
-        if not self._ce_sharded:
-            for p in all_params:
+        self._ce_rebuild(all_params)
+
+    def _ce_rebuild(self, params: list[torch.nn.Parameter]) -> None:
+        """Average the gradients of ``params`` (those that train, in the groups' order) from the next step on.
+
+        Nothing may be in flight. Newly trained parameters are hooked; a frozen one keeps
+        its hook, which ignores it while it is outside every bucket.
+        """
+        self._ce_params = params
+        #: The trained parameters' ids in order: a change tells the layout to follow (``_ce_trainable``).
+        self._ce_order = [id(p) for p in params]
+        #: ``id()`` of each parameter this optimizer updates (a commit kept in place leaves them out).
+        self._ce_param_ids = frozenset(self._ce_order)
+        #: (param_groups signature, per-bucket (group, parameter) pairs, unbucketed pairs): rebuilt only
+        #: when the groups or the buckets change, so a step's bookkeeping does not rescan every tensor.
+        self._ce_pairs_cache: tuple[Any, list[list[tuple[dict, torch.Tensor]]], list[tuple[dict, torch.Tensor]]] | None = None
+        self._ce_versions = None
+        if self._ce_sharded:
+            return
+        self._ce_buckets = make_buckets(params, self._ce_bucket_bytes, self._ce_compression) if params else []
+        self._ce_where = {id(p): (bucket, i) for bucket in self._ce_buckets for i, p in enumerate(bucket.params)}
+        for p in params:
+            ref, _ = self._ce_handles.get(id(p), (None, None))
+            if ref is None or ref() is not p or _OWNERS.get(id(p)) is not self:
                 _take_over(self, p)
+
+    def _ce_trainable(self) -> list[torch.nn.Parameter] | None:
+        """The parameters that train now, if they are not the ones averaged so far (else None).
+
+        Asked once per step: a scan of ``requires_grad`` costs far less than the step.
+        """
+        if [id(p) for group in self.param_groups for p in group["params"] if p.requires_grad] == self._ce_order:
+            return None
+        return [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+
+    def _ce_follow_trainable(self) -> None:
+        """Between steps (nothing in flight): bucket the parameters that train now."""
+        if not self._ce_sharded and not self._ce_counts and not self._ce_next:
+            params = self._ce_trainable()
+            if params is not None:
+                self._ce_rebuild(params)
+
+    def _ce_reduce_new(self, params: list[torch.nn.Parameter]) -> None:
+        """Allreduce, in one more collective, the gradients of the trained ``params`` outside every bucket.
+
+        For the step in which they started to train after its backward had begun (no
+        ``zero_grad()`` since): every worker changed the same parameters at the same
+        step, so every worker sends the same layout. A parameter without a gradient
+        sends zeros, as in a bucket. The layout follows them from the next step on.
+        """
+        new = [p for p in params if id(p) not in self._ce_where]
+        by_kind: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
+        for p in new:
+            by_kind.setdefault((p.dtype, p.device), []).append(p)
+        ctx = get_context()
+        scaling = self._ce_scalings[False]
+        for group in by_kind.values():
+            grads = [torch.zeros_like(p) if p.grad is None else p.grad.to_dense() for p in group]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            scaling.apply_before(flat)
+            ctx.ledger.window.collective("a gradient allreduce")
+            ctx.wait(ctx.pg.allreduce([flat]), "gradient allreduce")
+            scaling.apply_after(flat)
+            offset = 0
+            for p in group:
+                p.grad = flat[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+        self._ce_rebuild(params)
 
     # ----------------------------------------------------------------- hooks
     def _ce_reset_if_new_round(self) -> None:
@@ -136,6 +215,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _ce_hook(self, p: torch.nn.Parameter) -> None:
         self._ce_reset_if_new_round()
+        where = self._ce_where.get(id(p))
+        if where is None:
+            return  # frozen when the buckets were laid out: averaged by synchronize (_ce_reduce_new)
         count = self._ce_counts.get(id(p), 0) + 1
         self._ce_counts[id(p)] = count
         if count > self._ce_passes:
@@ -146,7 +228,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer's zero_grad() to drop the ones a later loss produced")
         if count != self._ce_passes:
             return
-        bucket, _ = self._ce_where[id(p)]
+        bucket, _ = where
         bucket.ready += 1
         if bucket.ready == len(bucket.params):  # only a bucket filling up can let the next one launch
             self._ce_launch_ready()
@@ -174,12 +256,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             sharded.average_gradient_shards(get_context(), self._ce_params)
             self._ce_synchronized = True
             return
+        self._ce_check_outside()
         self._ce_launch_ready(force=True)  # buckets whose params got no gradient this step
         # Deferred commit copies overlap the allreduces in flight; those a zero-copy update will fill stay queued.
         keep = zerocopy.tradeable_ptrs(self) if self._ce_zero_copy_step() is not None else frozenset()
         for snapshot in self._ce_snapshots:
             snapshot.flush(keep)
         self._ce_wait_buckets()
+        trainable = self._ce_trainable()
+        if trainable is not None:
+            self._ce_reduce_new(trainable)
 
     def _ce_wait_buckets(self, after_bucket: Callable[[Bucket], None] | None = None) -> None:
         """Wait for the buckets in order, hand out their averaged gradients, then call ``after_bucket``."""
@@ -210,6 +296,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 ctx.wait(bucket.work, "gradient allreduce")
             self._ce_clear()
         super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        self._ce_follow_trainable()  # unfrozen or added since the last step: bucketed before this backward
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Horovod's: from the next step on, allreduce each gradient once it was computed ``passes`` times.
@@ -238,8 +325,50 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._ce_skip = False
 
     def _ce_param_ptrs(self) -> frozenset[int]:
-        """Where this optimizer's parameters live now (zero-copy commits alternate two storages)."""
+        """Where this optimizer's parameters live now (zero-copy commits alternate two storages).
+
+        Asked by a kept commit of a model, to defer the copies of these parameters to the next
+        update: none once they are known to change outside it (they are then copied at the
+        commit). Their version counters are taken here, so the next step sees such a change.
+        """
+        if self._ce_outside:
+            return frozenset()
+        self._ce_versions = [p._version for p in self._ce_params]
         return frozenset(p.data_ptr() for p in self._ce_params)
+
+    def _ce_check_outside(self) -> None:
+        """Before this step's update (and its deferred copies): was a parameter changed in place since the commit?
+
+        A clip under ``torch.no_grad()``, a normalisation, an ``Embedding(max_norm=...)``
+        forward: the live parameters then no longer are a commit kept in place, nor what a
+        kept commit deferred copying. Every worker runs the same loop and sees it at the same
+        step. From then on every commit copies the parameters when it is made (kept, not in
+        place; not deferred), so a failure anywhere restores it exactly. The commit before
+        this step is restorable only if it was kept whole aside (the loop's first window).
+        """
+        if self._ce_outside:
+            return
+        window = get_context().ledger.window
+        seen = ""
+        for snapshot in self._ce_snapshots:
+            if (isinstance(snapshot, ModelHandler) and snapshot.in_place and not snapshot._touched
+                    and snapshot._changed_since_commit()):
+                seen = ("a failure before this update restores it from the copy kept in its first window"
+                        if not window.confirmed else
+                        "a failure before this update cannot restore the last commit exactly on this worker")
+                for opt in snapshot.optimizers:
+                    opt._ce_outside = True
+        if (not seen and self._ce_versions is not None and any(s.pending for s in self._ce_snapshots)
+                and [p._version for p in self._ce_params] != self._ce_versions):
+            seen = "the last commit holds the changed values"
+        if not seen:
+            return
+        self._ce_outside = True
+        window.learn(has_collectives=True)  # kept commits, as for a collective in the window
+        log.warning("cloud-elastic: a parameter was changed in place outside the optimizer since the last commit "
+                    "(e.g. a clip or normalisation under torch.no_grad(), or nn.Embedding(max_norm=...)); from now on "
+                    "every commit copies the parameters when it is made, so a failure restores the commit exactly "
+                    "(%s)", seen)
 
     def _ce_swap_update(self) -> zerocopy.Update | None:
         _, unbucketed = self._ce_pairs()
@@ -292,7 +421,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_launch_ready(force=True)  # this step's own allreduces are not in the window the update opens
         window.update(kept=True)
         update = self._ce_zero_copy_step() if closure is None else None
-        if update is not None and not self._ce_skip and not self._ce_synchronized:
+        if update is not None and not self._ce_skip and not self._ce_synchronized and self._ce_trainable() is None:
+            self._ce_check_outside()
             self._ce_step_overlapped(update)
             self._ce_clear()
             return None

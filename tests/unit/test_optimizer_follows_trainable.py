@@ -1,0 +1,138 @@
+"""Parameters that start or stop training after ``DistributedOptimizer`` was made are averaged as they train.
+
+What a user relies on: a backbone unfrozen mid-training (``requires_grad = True``), or
+parameters added with ``add_param_group``, train on the gradients summed over every
+worker, like the others, so the replicas stay identical; a parameter frozen again is
+left alone (no zero gradient for momentum to move it by). A stand-in process group
+plays a second worker with the same gradients: the sum is twice this worker's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cloud_elastic.torch as hvd
+from cloud_elastic.worker.context import get_context
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _TwoWorkers:
+    """A process group whose allreduce sums this worker's tensors with an identical peer's; counts the calls."""
+
+    def __init__(self, pg) -> None:
+        self._pg = pg
+        self.calls = 0
+
+    def allreduce(self, tensors, *args, **kwargs):
+        self.calls += 1
+        for t in tensors:
+            t.mul_(2)
+        return self._pg.allreduce(tensors, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._pg, name)
+
+
+@pytest.fixture
+def two_workers():
+    hvd.init()
+    ctx = get_context()
+    real = ctx.pg
+    ctx.pg = wrapper = _TwoWorkers(real)
+    yield wrapper
+    ctx.pg = real
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+
+def _loss(model, seed: int) -> torch.Tensor:
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(seed))
+    return F.mse_loss(model(x), x.sum(1, keepdim=True))
+
+
+def _reference_step(model, opt, seed: int) -> None:
+    """The step every worker should take: the summed gradient of two identical workers."""
+    opt.zero_grad()
+    _loss(model, seed).backward()
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(2)
+    opt.step()
+
+
+def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for x, y in zip(a.parameters(), b.parameters()):
+        assert torch.equal(x, y)
+
+
+def _set_backbone(model, trains: bool) -> None:
+    for p in model[0].parameters():
+        p.requires_grad = trains
+
+
+@pytest.mark.parametrize("when", ["before zero_grad", "after zero_grad"])
+def test_a_backbone_unfrozen_mid_training_trains_on_the_summed_gradients(two_workers, when):
+    model, reference = _model(), _model()
+    _set_backbone(model, False)
+    _set_backbone(reference, False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), op=hvd.Sum)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    for seed in range(6):
+        if seed == 2:
+            _set_backbone(reference, True)
+            if when == "before zero_grad":
+                _set_backbone(model, True)
+        opt.zero_grad()
+        if seed == 2 and when == "after zero_grad":
+            _set_backbone(model, True)  # its backward has no bucket for them yet
+        _loss(model, seed).backward()
+        opt.step()
+        _reference_step(reference, ref_opt, seed)
+    _assert_same(model, reference)
+    # Once the layout followed, a step costs what it costs an optimizer made over the unfrozen model.
+    calls = two_workers.calls
+    opt.zero_grad()
+    _loss(model, 9).backward()
+    opt.step()
+    per_step = two_workers.calls - calls
+    fresh = hvd.DistributedOptimizer(torch.optim.SGD(_model().parameters(), lr=0.05))
+    assert per_step == len(fresh._ce_buckets)
+
+
+def test_parameters_added_with_add_param_group_train_on_the_summed_gradients(two_workers):
+    model, reference = _model(), _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model[2].parameters(), lr=0.05, momentum=0.9), op=hvd.Sum)
+    ref_opt = torch.optim.SGD(reference[2].parameters(), lr=0.05, momentum=0.9)
+    for seed in range(5):
+        if seed == 2:
+            # momentum given: the wrapper's defaults are the class's (momentum=0), as in Horovod
+            opt.add_param_group({"params": list(model[0].parameters()), "lr": 0.01, "momentum": 0.9})
+            ref_opt.add_param_group({"params": list(reference[0].parameters()), "lr": 0.01, "momentum": 0.9})
+        opt.zero_grad()
+        _loss(model, seed).backward()
+        opt.step()
+        _reference_step(reference, ref_opt, seed)
+    _assert_same(model, reference)
+
+
+def test_a_parameter_frozen_again_is_left_where_it_is(two_workers):
+    model, reference = _model(), _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), op=hvd.Sum)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    for seed in range(5):
+        if seed == 2:
+            _set_backbone(model, False)
+            _set_backbone(reference, False)
+            frozen = model[0].weight.detach().clone()
+        opt.zero_grad()
+        _loss(model, seed).backward()
+        opt.step()
+        _reference_step(reference, ref_opt, seed)
+    assert torch.equal(model[0].weight, frozen)  # momentum would have moved it on a zero gradient
+    _assert_same(model, reference)
