@@ -111,8 +111,8 @@ def test_parameters_added_with_add_param_group_train_on_the_summed_gradients(two
     ref_opt = torch.optim.SGD(reference[2].parameters(), lr=0.05, momentum=0.9)
     for seed in range(5):
         if seed == 2:
-            # momentum given: the wrapper's defaults are the class's (momentum=0), as in Horovod
-            opt.add_param_group({"params": list(model[0].parameters()), "lr": 0.01, "momentum": 0.9})
+            # momentum not given: it comes from the wrapped optimizer's defaults, as torch's own add_param_group
+            opt.add_param_group({"params": list(model[0].parameters()), "lr": 0.01})
             ref_opt.add_param_group({"params": list(reference[0].parameters()), "lr": 0.01, "momentum": 0.9})
         opt.zero_grad()
         _loss(model, seed).backward()

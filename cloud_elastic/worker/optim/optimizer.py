@@ -532,4 +532,7 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     wrapped.state.update(optimizer.state)
     # From here on only the wrapper's state changes: a TorchState refuses ``optimizer`` (``commit.handlers``).
     optimizer._ce_wrapped_by = weakref.ref(wrapped)
+    # Its defaults are the class's too (SGD's momentum 0), not the ones the user built the optimizer with: a
+    # group added later with add_param_group takes its missing hyperparameters from these.
+    wrapped.defaults = dict(optimizer.defaults)
     return wrapped
