@@ -136,3 +136,20 @@ def test_a_parameter_frozen_again_is_left_where_it_is(two_workers):
         _reference_step(reference, ref_opt, seed)
     assert torch.equal(model[0].weight, frozen)  # momentum would have moved it on a zero gradient
     _assert_same(model, reference)
+
+
+def test_a_commit_kept_in_place_leaves_out_a_backbone_unfrozen_later(two_workers):
+    # The model's commit binding follows the optimizer's rebuilt set: an unfrozen parameter is the optimizer's
+    # to keep (in place, no copy at each commit), as if it had trained from the start.
+    model = _model()
+    _set_backbone(model, False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    state = hvd.elastic.TorchState(model, opt)
+    updated = lambda: state._handlers["model"]._updated()[0]  # noqa: E731
+    assert not {id(p) for p in model[0].parameters()} & updated()
+    _set_backbone(model, True)
+    opt.zero_grad()
+    _loss(model, 1).backward()
+    opt.step()
+    state.commit()
+    assert {id(p) for p in model.parameters()} == updated()

@@ -184,10 +184,13 @@ class ModelHandler(SnapshotHandler):
         """The ids of the parameters the bound optimizers update, and those of this model among them
         (cached per model object and binding: ``TorchState`` may be given another model or optimizer)."""
         cached = getattr(self, "_updated_cache", None)
-        if cached is None or cached[0] is not self.value or cached[1] != self.optimizers:
-            ids = frozenset().union(*(opt._ce_param_ids for opt in self.optimizers))
+        # An optimizer's set of parameters changes when one starts or stops training (it rebuilds its buckets).
+        sets = tuple(opt._ce_param_ids for opt in self.optimizers)
+        if (cached is None or cached[0] is not self.value or cached[1] != self.optimizers
+                or any(a is not b for a, b in zip(cached[4], sets))):
+            ids = frozenset().union(*sets)
             cached = self._updated_cache = (self.value, self.optimizers, ids,
-                                            [p for p in self.value.parameters() if id(p) in ids])
+                                            [p for p in self.value.parameters() if id(p) in ids], sets)
         return cached[2], cached[3]
 
     def _state_dict(self) -> Any:
