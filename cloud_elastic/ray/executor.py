@@ -194,10 +194,10 @@ class ElasticRayExecutor:
             use_gpu=self.use_gpu, cpus_per_slot=self.cpus_per_slot, gpus_per_slot=self.gpus_per_slot,
             terminate_grace_s=config.terminate_grace_s,
         )
-        with _logging(self.settings.verbose):
+        with verbose_logging(self.settings.verbose):
             finish = Driver(config, self._discovery, launcher=launcher).run()
         if not finish.success:
-            raise JobFailed(finish.reason, finish.exit_code) from _cause(finish.reason, launcher.errors)
+            raise JobFailed(finish.reason, finish.exit_code) from named_error(finish.reason, launcher.errors)
         ranked = sorted(launcher.results, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))
         return [r.value for r in ranked]
 
@@ -210,16 +210,17 @@ def _alias(name: str, value: Any, default: Any, horovod_name: str, horovod_value
     return horovod_value
 
 
-def _cause(reason: str, errors: Sequence[tuple[str, BaseException]]) -> BaseException | None:
-    """The newest training-function error of a worker the driver's final ``reason`` names (``worker <id>``)."""
-    for worker_id, exc in reversed(errors):
+def named_error(reason: str, errors: Sequence[tuple[str, Any]]) -> Any:
+    """The newest of ``errors`` (worker id, error) whose worker the driver's ``reason`` names (``worker <id>``):
+    an error of a worker the job had recovered from is not why it failed."""
+    for worker_id, error in reversed(errors):
         if re.search(rf"\bworker {re.escape(worker_id)}(?!\w)", reason):
-            return exc
+            return error
     return None
 
 
 @contextlib.contextmanager
-def _logging(verbose: bool) -> Iterator[None]:
+def verbose_logging(verbose: bool) -> Iterator[None]:
     """What the CLI's ``--verbose`` does, for this call: the driver's debug lines, on stderr unless the
     application has its own logging handlers."""
     if not verbose:

@@ -93,8 +93,8 @@ class TaskEntry:
     exits: dict[str, int] = field(default_factory=dict)
     #: The task ended (its worker failed or returned): it runs no other worker.
     leaving: bool = False
-    #: One-line summary of the exception the training function raised, if it did.
-    error: str = ""
+    #: Worker id -> why it failed, in one line (its training function raised, or its value cannot be pickled).
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 class TaskRegistry:
@@ -142,10 +142,10 @@ class TaskRegistry:
             return {k: t for k, t in self._tasks.items()
                     if not t.leaving and now - t.last_seen <= self.stale_s and not self._closing}
 
-    def errors(self) -> list[str]:
-        """Summaries of the exceptions training functions raised, in registration order."""
+    def errors(self) -> list[tuple[str, str]]:
+        """``(worker id, why it failed)`` of each worker that reported a reason, in registration order."""
         with self._lock:
-            return [t.error for t in self._tasks.values() if t.error]
+            return [item for t in self._tasks.values() for item in t.errors.items()]
 
     def entry(self, key: str) -> TaskEntry | None:
         with self._lock:
@@ -191,10 +191,12 @@ class TaskRegistry:
                 if not isinstance(code, int) or isinstance(code, bool):
                     raise ControlPlaneError("malformed exited message")
                 worker_id = msg.get("worker_id")
-                t.exits[worker_id if isinstance(worker_id, str) and worker_id else t.worker_id or ""] = code
+                worker_id = worker_id if isinstance(worker_id, str) and worker_id else t.worker_id or ""
+                t.exits[worker_id] = code
                 t.leaving = t.leaving or msg.get("leaving", True) is not False
                 error = msg.get("error")
-                t.error = error[:500] if isinstance(error, str) else ""
+                if isinstance(error, str) and error:
+                    t.errors[worker_id] = error[:500]
                 return {"ok": True}
             if kind != "order":
                 raise ControlPlaneError(f"unknown message kind {kind!r}")

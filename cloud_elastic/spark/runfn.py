@@ -26,7 +26,8 @@ def main(argv: list[str]) -> int:
         import traceback
 
         with open(result_path + ".error", "w") as f:
-            f.write("".join(traceback.format_exception_only(type(exc), exc)).strip()[:500])
+            summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            f.write(f"the training function raised: {summary}"[:500])
         raise
     rank = None
     from cloud_elastic.worker import context
@@ -47,7 +48,7 @@ def main(argv: list[str]) -> int:
     except Exception as exc:
         os.unlink(result_path + ".tmp")
         with open(result_path + ".error", "w") as f:
-            f.write(f"its return value ({type(value).__name__}) cannot be pickled for Spark: "
+            f.write(f"the training function's return value ({type(value).__name__}) cannot be pickled for Spark: "
                     f"{type(exc).__name__}: {exc}"[:500])
         raise
     os.replace(result_path + ".tmp", result_path)

@@ -38,19 +38,35 @@ def spark_defaults(conf: Any, default_parallelism: int,
     """``(num_proc, min_np, max_np)`` with the gaps filled from the Spark configuration.
 
     ``num_proc``: ``spark.dynamicAllocation.initialExecutors``, else ``minExecutors``,
-    else ``spark.default.parallelism``; ``min_np``: ``minExecutors``, else
-    ``num_proc``; ``max_np``: ``maxExecutors``, else ``num_proc``.
+    else ``spark.default.parallelism``, moved into ``[min_np, max_np]`` (a default, so
+    ``min_np=1, max_np=2`` on ``local[4]`` starts 2); ``min_np``: ``minExecutors``, else
+    ``num_proc``; ``max_np``: ``maxExecutors``, else ``num_proc``. ConfigError, in these
+    arguments' names, when the sizes cannot go together.
     """
     dyn_min = _conf_int(conf, "spark.dynamicAllocation.minExecutors")
     dyn_max = _conf_int(conf, "spark.dynamicAllocation.maxExecutors")
     dyn_initial = _conf_int(conf, "spark.dynamicAllocation.initialExecutors")
     if num_proc is None:
         num_proc = dyn_initial or dyn_min or default_parallelism
+        low, high = dyn_min if min_np is None else min_np, dyn_max if max_np is None else max_np
+        num_proc = max(num_proc if high is None else min(num_proc, high), low or 1)
     if min_np is None:
         min_np = dyn_min or num_proc
     if max_np is None:
         max_np = dyn_max or num_proc
+    _check_sizes(num_proc, min_np, max_np)
     return num_proc, min_np, max_np
+
+
+def _check_sizes(num_proc: int, min_np: int, max_np: int) -> None:
+    """The CLI's size checks (``JobConfig``'s), said in ``run_elastic``'s argument names."""
+    where = " (sizes not passed come from the Spark configuration: see spark_defaults)"
+    if min_np < 1:
+        raise ConfigError(f"min_np ({min_np}) must be >= 1")
+    if max_np < min_np:
+        raise ConfigError(f"max_np ({max_np}) must be >= min_np ({min_np}){where}")
+    if not min_np <= num_proc <= max_np:
+        raise ConfigError(f"num_proc ({num_proc}) must lie between min_np ({min_np}) and max_np ({max_np}){where}")
 
 
 def run_elastic(
@@ -68,13 +84,19 @@ def run_elastic(
     env: Mapping[str, str] | None = None,
     spark_context: Any = None,
     verbose: bool = False,
+    checkpoint_dir: str | None = None,
+    heartbeat_timeout: float = 5.0,
+    discovery_interval: float = 1.0,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` elastically on Spark; return the values of the final round, in rank order.
 
     Uses the active SparkContext (or ``spark_context``). Missing sizes come from
-    the Spark configuration (:func:`spark_defaults`). Raises :class:`JobFailed`
-    with the driver's reason when the job fails (and, when a training function
-    raised, that exception's one-line summary), and ConfigError for bad sizes.
+    the Spark configuration (:func:`spark_defaults`). ``checkpoint_dir``, ``heartbeat_timeout``
+    (also how long a silent task counts as alive), ``discovery_interval`` and ``verbose`` are
+    the CLI's ``--checkpoint-dir``, ``--heartbeat-timeout``, ``--discovery-interval`` and ``--verbose``.
+    Raises :class:`JobFailed` with the driver's reason when the job fails (and, when it names
+    a worker whose training function raised, that exception's one-line summary; when the
+    Spark job failed, Spark's error is the ``__cause__``), and ConfigError for bad sizes.
     """
     pyspark = require_pyspark()
     sc = spark_context or pyspark.SparkContext._active_spark_context
@@ -87,10 +109,12 @@ def run_elastic(
         command=("<spark task>", getattr(fn, "__qualname__", type(fn).__name__)),  # a label: tasks run fn
         num_proc=num_proc, min_np=min_np, max_np=max_np, elastic_timeout_s=elastic_timeout,
         start_timeout_s=start_timeout, reset_limit=reset_limit, cooldown_range_s=tuple(cooldown_range),
-        driver_address=address, notice_watcher="none", verbose=verbose,
+        driver_address=address, notice_watcher="none", verbose=verbose, checkpoint_dir=checkpoint_dir,
+        heartbeat_timeout_s=heartbeat_timeout, discovery_interval_s=discovery_interval,
         forward_env=tuple(f"{k}={v}" for k, v in (env or {}).items()),
     )
     from cloud_elastic.driver.runtime.driver import Driver
+    from cloud_elastic.ray.executor import named_error, verbose_logging  # Ray's run(): same driver, same API
     from cloud_elastic.spark.discovery import SparkTaskDiscovery
     from cloud_elastic.spark.launcher import SparkTaskLauncher
     from cloud_elastic.spark.registry import TaskRegistry
@@ -114,13 +138,14 @@ def run_elastic(
             collected["rows"] = rdd.collect()
         except Exception as exc:  # the Spark job failed or was cancelled: no task will come back
             collected["error"] = exc
-            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-            driver.stop(f"the Spark job failed: {first[:300]}", 1)
+            collected["reason"] = f"the Spark job failed: {spark_error(exc)[:300]}"
+            driver.stop(collected["reason"], 1)
 
     spark_thread = threading.Thread(target=stage, name=f"spark-{job_id}", daemon=True)
     spark_thread.start()
     try:
-        finish = driver.run()
+        with verbose_logging(verbose):
+            finish = driver.run()
         registry.finish()  # queued and polling tasks exit now
         spark_thread.join(30.0)
     finally:
@@ -132,13 +157,29 @@ def run_elastic(
             spark_thread.join(30.0)
         registry.close()
     if not finish.success:
-        errors = registry.errors()
-        reason = f"{finish.reason} (the training function raised: {errors[0]})" if errors else finish.reason
-        raise JobFailed(reason, finish.exit_code)
+        error = named_error(finish.reason, registry.errors())
+        reason = f"{finish.reason} ({error})" if error else finish.reason
+        spark_failed = finish.reason == collected.get("reason")
+        raise JobFailed(reason, finish.exit_code) from (collected["error"] if spark_failed else None)
     if "rows" not in collected:
-        raise JobFailed(f"training finished but the Spark job failed: {collected.get('error')}")
+        error = collected.get("error")
+        why = spark_error(error) if error is not None else "its stage did not end"
+        raise JobFailed(f"training finished but the Spark job failed: {why}") from error
     rows = sorted(collected["rows"], key=lambda r: (r[0] is None, r[0] if r[0] is not None else 0))
     return [value for _rank, value in rows]
+
+
+def spark_error(exc: BaseException) -> str:
+    """The line that says what went wrong in a Spark job's error: the last exception of the Python
+    traceback it carries (a task's ``ModuleNotFoundError``), not PySpark's preamble; else its first line."""
+    lines = str(exc).splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip().endswith("Traceback (most recent call last):")]
+    if starts:
+        # The frames are indented; the exception is the first line after them that is not.
+        found = next((line for line in lines[starts[-1] + 1:] if line.strip() and not line[0].isspace()), None)
+        if found is not None:
+            return found.strip()
+    return next((line.strip() for line in lines if line.strip()), type(exc).__name__)
 
 
 def _driver_address(sc: Any) -> str:

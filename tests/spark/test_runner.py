@@ -62,3 +62,132 @@ def test_the_spark_stage_is_cancelled_when_the_driver_raises(monkeypatch):
         run_elastic(len, num_proc=1, min_np=1, max_np=1, spark_context=sc)
     # Its tasks would otherwise keep their executors' slots (and their workers) after run_elastic raised.
     assert sc.cancelled == sc.groups and len(sc.groups) == 1
+
+
+class _FailingSpark(_FakeSpark):
+    """A Spark whose stage fails at once with ``error``, as when no task can unpickle the training function."""
+
+    defaultParallelism = 4
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__()
+        self.error = error
+
+    def collect(self):
+        if self.error is None:
+            return []  # every task returned nothing
+        raise self.error
+
+
+def _driver(monkeypatch, finish=None, on_run=None):
+    """Put in a driver that records its config and, after ``on_run(driver)``, ends as ``finish`` says, or
+    (``finish=None``) with the reason it was stopped with. Returns the list the drivers made go to."""
+    import cloud_elastic.driver.runtime.driver as driver_module
+    from cloud_elastic.driver.job.actions import Finish
+
+    made = []
+
+    class Driver:
+        def __init__(self, config, discovery, *, job_id, launcher) -> None:
+            self.config, self.launcher = config, launcher
+            self._stopped: list = []
+            self._event = threading.Event()
+            made.append(self)
+
+        def run(self):
+            if on_run is not None:
+                on_run(self)
+            if finish is not None:
+                return finish
+            assert self._event.wait(30), "never stopped"
+            return Finish(False, *self._stopped[0])
+
+        def stop(self, reason, code) -> None:
+            self._stopped.append((reason, code))
+            self._event.set()
+
+    monkeypatch.setattr(driver_module, "Driver", Driver)
+    return made
+
+
+_PYTHON_WORKER_ERROR = """An exception was thrown from the Python worker:
+Traceback (most recent call last):
+  File "/site-packages/pyspark/worker_util.py", line 75, in read_command
+    command = serializer.loads(file)
+              ^^^^^^^^^^^^^^^^^^^^^^
+ModuleNotFoundError: No module named 'mytrain'
+"""
+
+
+def test_a_failed_spark_stage_says_what_failed_in_the_task_and_is_the_cause(monkeypatch):
+    pytest.importorskip("pyspark", reason="run_elastic needs PySpark installed")
+    from cloud_elastic.errors import JobFailed
+    from cloud_elastic.spark import run_elastic
+
+    _driver(monkeypatch)
+    error = RuntimeError(_PYTHON_WORKER_ERROR)
+    with pytest.raises(JobFailed) as failed:
+        run_elastic(len, num_proc=1, min_np=1, max_np=1, spark_context=_FailingSpark(error))
+    assert failed.value.reason == "the Spark job failed: ModuleNotFoundError: No module named 'mytrain'"
+    assert failed.value.__cause__ is error  # with Spark's whole error and traceback
+
+
+def test_a_failed_job_names_the_error_of_the_worker_its_reason_names_not_one_it_recovered_from(monkeypatch):
+    pytest.importorskip("pyspark", reason="run_elastic needs PySpark installed")
+    from cloud_elastic.driver.job.actions import Finish
+    from cloud_elastic.errors import JobFailed
+    from cloud_elastic.spark import run_elastic
+
+    def workers_fail(driver) -> None:  # two tasks' workers report their errors, as tasks do over the wire
+        registry = driver.launcher._registry
+        for index, worker_id, error in [(0, "w-old", "the training function raised: MemoryError: at step 10"),
+                                        (1, "w-last", "the training function raised: KeyError: 'label'")]:
+            key = registry._handle("register", {"index": index, "attempt": 0, "ip": "127.0.0.1"})["key"]
+            registry._handle("exited", {"key": key, "worker_id": worker_id, "code": 1, "error": error})
+
+    reason = "all workers failed; last: worker w-last (rank 0 on h) exited with code 1"
+    _driver(monkeypatch, Finish(False, reason, 1), workers_fail)
+    with pytest.raises(JobFailed) as failed:
+        run_elastic(len, num_proc=1, min_np=1, max_np=1, spark_context=_FailingSpark())
+    assert failed.value.reason == f"{reason} (the training function raised: KeyError: 'label')"
+
+
+def test_min_np_and_max_np_alone_move_the_default_num_proc_between_them(monkeypatch):
+    pytest.importorskip("pyspark", reason="run_elastic needs PySpark installed")
+    from cloud_elastic.driver.job.actions import Finish
+    from cloud_elastic.errors import ConfigError, JobFailed
+    from cloud_elastic.spark import run_elastic, spark_defaults
+
+    made = _driver(monkeypatch, Finish(False, "stopped", 1))
+    with pytest.raises(JobFailed):  # the stand-in driver ends at once; its config is what counts here
+        run_elastic(len, min_np=1, max_np=2, spark_context=_FailingSpark())
+    assert (made[0].config.num_proc, made[0].config.min_np, made[0].config.max_np) == (2, 1, 2)  # on local[4]
+    assert spark_defaults({}, 1, None, 3, 5) == (3, 3, 5)
+    with pytest.raises(ConfigError, match=r"^num_proc \(4\) must lie between min_np \(1\) and max_np \(2\)"):
+        spark_defaults({}, 4, 4, 1, 2)
+    with pytest.raises(ConfigError, match=r"^max_np \(1\) must be >= min_np \(2\)"):
+        spark_defaults({}, 4, None, 2, 1)
+
+
+def test_checkpoint_dir_and_the_drivers_other_settings_reach_the_driver_and_verbose_shows_its_log(
+        monkeypatch, tmp_path, capsys):
+    pytest.importorskip("pyspark", reason="run_elastic needs PySpark installed")
+    import logging
+
+    from cloud_elastic.driver.job.actions import Finish
+    from cloud_elastic.errors import JobFailed
+    from cloud_elastic.spark import run_elastic
+
+    def log_a_round(driver) -> None:
+        logging.getLogger("cloud_elastic.driver.runtime.driver").debug("round 1: 1 worker")
+
+    made = _driver(monkeypatch, Finish(False, "stopped", 1), log_a_round)
+    logger = logging.getLogger("cloud_elastic")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "propagate", False)
+    with pytest.raises(JobFailed):
+        run_elastic(len, num_proc=1, min_np=1, max_np=1, spark_context=_FailingSpark(),
+                    checkpoint_dir=str(tmp_path), heartbeat_timeout=9.0, discovery_interval=2.0, verbose=True)
+    config = made[0].config
+    assert (config.checkpoint_dir, config.heartbeat_timeout_s, config.discovery_interval_s) == (str(tmp_path), 9.0, 2.0)
+    assert "cloud-elastic: round 1: 1 worker" in capsys.readouterr().err

@@ -210,4 +210,4 @@ def test_a_value_that_cannot_be_pickled_fails_the_worker_with_the_reason(task_tm
         runfn.main([_fn_file(task_tmp, threading.Lock), result])
     assert not os.path.exists(result)
     reason = Path(result + ".error").read_text()
-    assert reason.startswith("its return value (lock) cannot be pickled for Spark: TypeError: cannot pickle")
+    assert reason.startswith("the training function's return value (lock) cannot be pickled for Spark: TypeError: cannot pickle")
