@@ -22,7 +22,7 @@ from cloud_elastic.errors import ConfigError, JobFailed
 from cloud_elastic.ray._deps import require_ray
 from cloud_elastic.providers.api import HostDiscovery
 from cloud_elastic.ray.discovery import RayHostDiscovery, check_gpus_per_slot
-from cloud_elastic.ray.launcher import FunctionPayload, RayLauncher
+from cloud_elastic.ray.launcher import FunctionPayload, RayLauncher, node_for
 
 __all__ = ["ElasticRayExecutor", "RayRun", "RaySettings", "build_ray_run"]
 
@@ -182,6 +182,8 @@ class ElasticRayExecutor:
         """
         if self._driver_address is None:
             raise ConfigError("call ElasticRayExecutor.start() before run()")
+        if not isinstance(self._discovery, RayHostDiscovery):
+            _check_override_hosts(self._discovery)
         from cloud_elastic.driver.runtime.driver import Driver
 
         name = getattr(worker_fn, "__qualname__", type(worker_fn).__name__)
@@ -200,6 +202,26 @@ class ElasticRayExecutor:
             raise JobFailed(finish.reason, finish.exit_code) from named_error(finish.reason, launcher.errors)
         ranked = sorted(launcher.results, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))
         return [r.value for r in ranked]
+
+
+def _check_override_hosts(discovery: HostDiscovery) -> None:
+    """ConfigError at once, not after ``start_timeout``, when the first hosts ``override_discovery`` finds
+    name no node of this Ray cluster (or name several nodes at once): no worker could ever start. A host
+    that only some of them miss may be a node still joining; its launches fail, with the reason, and are retried.
+    """
+    try:
+        hosts = [*discovery.find().ready]
+    except Exception:  # the driver retries discovery, and reports its failures, as always
+        return
+    missing = []
+    for host in hosts:
+        try:
+            node_for(host)
+        except ConfigError as exc:
+            missing.append(str(exc))
+    if hosts and len(missing) == len(hosts):
+        raise ConfigError(f"override_discovery: {missing[0]}" + (f" (and {len(missing) - 1} more)"
+                                                                  if len(missing) > 1 else ""))
 
 
 def _alias(name: str, value: Any, default: Any, horovod_name: str, horovod_value: Any) -> Any:

@@ -1,9 +1,11 @@
 """``RayLauncher``: the driver's launcher seam, with one Ray actor per worker.
 
 Each worker is a :class:`~cloud_elastic.ray.actor.WorkerActor` pinned to its
-host's node (``NodeAffinitySchedulingStrategy``, not soft), reserving the
-slot's resources (``cpus_per_slot`` CPUs, and ``gpus_per_slot`` GPUs with
-``use_gpu``). It runs either a Python training function (serialised by Ray,
+host's node (``NodeAffinitySchedulingStrategy``, not soft; a host named by IP
+address or hostname, as an ``override_discovery`` may name it, is the alive node
+with that address), reserving the slot's resources (``cpus_per_slot`` CPUs, and
+``gpus_per_slot`` GPUs with ``use_gpu``; without ``use_gpu`` the worker sees no
+GPU: ``CUDA_VISIBLE_DEVICES`` is empty unless the job's environment sets it). It runs either a Python training function (serialised by Ray,
 sent once through the object store) inside the actor, or, for
 :func:`~cloud_elastic.ray.build_ray_run` (a command job, as the CLI runs), the job's command as a child of the actor.
 
@@ -26,16 +28,17 @@ How the launcher guarantees of :mod:`cloud_elastic.driver.launch.api` hold here:
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
-from cloud_elastic.errors import LaunchError
+from cloud_elastic.errors import ConfigError, LaunchError
 from cloud_elastic.ray._deps import require_ray
 
-__all__ = ["FunctionPayload", "RayLauncher", "RayWorker", "WorkerResult"]
+__all__ = ["FunctionPayload", "RayLauncher", "RayWorker", "WorkerResult", "node_for", "ray_node_id"]
 
 log = logging.getLogger(__name__)
 
@@ -203,9 +206,13 @@ class RayLauncher:
                 num_gpus=self.gpus_per_slot if self.use_gpu else 0,
                 max_concurrency=2,
                 max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(spec.host, soft=False),
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_for(spec.host), soft=False),
             ).remote()
             env = dict(spec.env)
+            if not self.use_gpu:
+                # Ray leaves an actor without GPUs every GPU of its node (it no longer clears the variable):
+                # the worker would take NCCL and cuda:<slot>, on GPUs Ray gave to others.
+                env.setdefault("CUDA_VISIBLE_DEVICES", "")
             if self.payload is not None:
                 ref = actor.run_function.remote(
                     env, spec.secret, self._fn_ref, tuple(self.payload.args), dict(self.payload.kwargs), self.use_gpu
@@ -220,3 +227,32 @@ class RayLauncher:
 
     def close(self) -> None:
         """Nothing to release: the driver stops every worker before closing its launcher."""
+
+
+#: A Ray node id: 28 bytes, in hex.
+_NODE_ID = re.compile(r"[0-9a-f]{56}")
+
+
+def node_for(host: str) -> str:
+    """The id of the alive node ``host`` names (RayHostDiscovery's hosts are node ids already); ConfigError
+    when it names none."""
+    if _NODE_ID.fullmatch(host):
+        return host
+    node = ray_node_id(host, require_ray().nodes())
+    if node is None:
+        raise ConfigError(f"host {host!r} is no alive node of this Ray cluster (name hosts by Ray node id, "
+                          f"IP address or hostname)")
+    return node
+
+
+def ray_node_id(host: str, nodes: Sequence[Mapping[str, Any]]) -> str | None:
+    """The id of the alive node of ``nodes`` (``ray.nodes()``) that ``host`` names by node id, IP address or
+    hostname; None when none does. ConfigError when it names several (nodes sharing an address, as on one
+    machine): only their node ids tell them apart."""
+    alive = [n for n in nodes if n.get("Alive")]
+    if any(n.get("NodeID") == host for n in alive):
+        return host
+    named = [str(n["NodeID"]) for n in alive if host in (n.get("NodeManagerAddress"), n.get("NodeManagerHostname"))]
+    if len(named) > 1:
+        raise ConfigError(f"host {host!r} names {len(named)} Ray nodes; name them by node id")
+    return named[0] if named else None

@@ -15,10 +15,12 @@ import pytest
 
 from cloud_elastic.driver.job.actions import Finish
 from cloud_elastic.driver.runtime import driver as driver_module
-from cloud_elastic.errors import ConfigError, JobFailed
+from cloud_elastic.errors import ConfigError, JobFailed, LaunchError
+from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 from cloud_elastic.ray import ElasticRayExecutor, RayHostDiscovery
 from cloud_elastic.ray import executor as executor_module
 from cloud_elastic.ray.actor import WorkerActor, cuda_visible_devices
+from cloud_elastic.ray.launcher import FunctionPayload, RayLauncher, ray_node_id
 from cloud_elastic.worker import settings as worker_settings
 
 pytestmark = pytest.mark.timeout(30)
@@ -124,6 +126,113 @@ def test_gpus_per_slot_is_whole_gpus_and_defaults_to_one():
             ElasticRayExecutor(settings, use_gpu=True, gpus_per_slot=share)
     with pytest.raises(ConfigError, match="gpus_per_slot must be a whole number >= 1"):
         RayHostDiscovery.from_options({"use_gpu": "true", "gpus_per_slot": "0.5"})
+
+
+class _Ray:
+    """What RayLauncher.launch calls of Ray: records each actor's options and the environment it is given."""
+
+    def __init__(self, nodes: list[dict]) -> None:
+        self._nodes = nodes
+        self.started: list[tuple[dict, dict]] = []  # (actor options, the worker's environment)
+        self.exceptions = types.SimpleNamespace(RayTaskError=type("RayTaskError", (Exception,), {}),
+                                                RayError=Exception)
+
+    def nodes(self) -> list[dict]:
+        return self._nodes
+
+    def put(self, value):
+        return value
+
+    def remote(self, _cls):
+        ray = self
+
+        class Actor:
+            def __init__(self, options: dict) -> None:
+                starts = lambda env, *rest: ray.started.append((options, env))  # noqa: E731
+                self.run_function = self.run_command = types.SimpleNamespace(remote=starts)
+
+        return types.SimpleNamespace(options=lambda **options: types.SimpleNamespace(remote=lambda: Actor(options)))
+
+    def get(self, _ref):
+        return {"kind": "exit", "code": 0}
+
+    def kill(self, _actor, no_restart=True) -> None:
+        pass
+
+
+_NODE = "ab" * 28  # a node id
+
+
+def _launch(monkeypatch, launcher, host: str = _NODE, env: dict | None = None, nodes: list[dict] | None = None):
+    """Launch one worker on ``host`` through a fake Ray; return (actor options, the worker's environment)."""
+    from cloud_elastic.driver.launch.api import WorkerSpec
+    from cloud_elastic.ray import launcher as launcher_module
+
+    ray = _Ray(nodes or [])
+    strategies = types.ModuleType("ray.util.scheduling_strategies")
+    strategies.NodeAffinitySchedulingStrategy = lambda node_id, soft: ("node", node_id, soft)
+    monkeypatch.setitem(sys.modules, "ray.util.scheduling_strategies", strategies)
+    monkeypatch.setattr(launcher_module, "require_ray", lambda: ray)
+    worker = launcher.launch(WorkerSpec("w1", host, 0, ("python", "train.py"), env or {}, "S" * 64, "/"), print)
+    worker._thread.join(5)
+    return ray.started[0]
+
+
+@pytest.mark.parametrize("payload", [FunctionPayload(print), None], ids=["function", "command"])
+def test_a_worker_without_use_gpu_sees_no_gpu_unless_the_job_shows_it_some(monkeypatch, payload):
+    # Ray 2.60 leaves an actor with num_gpus=0 every GPU of its node; the worker would then pick NCCL and
+    # cuda:<slot>, on GPUs Ray reserved for others.
+    options, env = _launch(monkeypatch, RayLauncher(payload))
+    assert options["num_gpus"] == 0 and env["CUDA_VISIBLE_DEVICES"] == ""
+    _, env = _launch(monkeypatch, RayLauncher(payload), env={"CUDA_VISIBLE_DEVICES": "3"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"  # the user's own choice (env_vars) stands
+    options, env = _launch(monkeypatch, RayLauncher(payload, use_gpu=True))
+    assert options["num_gpus"] == 1 and "CUDA_VISIBLE_DEVICES" not in env  # the actor sets Ray's own GPUs
+
+
+_NODES = [{"NodeID": "n-dead", "Alive": False, "NodeManagerAddress": "10.0.0.5", "NodeManagerHostname": "gpu-5"},
+          {"NodeID": "n-5", "Alive": True, "NodeManagerAddress": "10.0.0.5", "NodeManagerHostname": "gpu-5"},
+          {"NodeID": "n-6a", "Alive": True, "NodeManagerAddress": "10.0.0.6", "NodeManagerHostname": "a"},
+          {"NodeID": "n-6b", "Alive": True, "NodeManagerAddress": "10.0.0.6", "NodeManagerHostname": "b"}]
+
+
+def test_a_host_named_by_ip_or_hostname_is_pinned_to_the_alive_node_of_that_name(monkeypatch):
+    for host in ("10.0.0.5", "gpu-5", "n-5"):
+        options, _ = _launch(monkeypatch, RayLauncher(), host, nodes=_NODES)
+        assert options["scheduling_strategy"] == ("node", "n-5", False)
+    assert ray_node_id("b", _NODES) == "n-6b" and ray_node_id("10.0.0.9", _NODES) is None
+    with pytest.raises(ConfigError, match="host '10.0.0.6' names 2 Ray nodes; name them by node id"):
+        ray_node_id("10.0.0.6", _NODES)
+    with pytest.raises(LaunchError, match="host '10.0.0.9' is no alive node of this Ray cluster"):
+        _launch(monkeypatch, RayLauncher(), "10.0.0.9", nodes=_NODES)
+
+
+class _Hosts(HostDiscovery):
+    name = "mine"
+
+    def __init__(self, *hosts: str) -> None:
+        self.hosts = hosts
+
+    def find(self) -> DiscoveredHosts:
+        return DiscoveredHosts(ready=dict.fromkeys(self.hosts, 1))
+
+    @classmethod
+    def from_options(cls, options, *, slots_per_host=None):
+        return cls()
+
+
+def test_an_override_discovery_naming_no_ray_node_is_refused_at_once_not_after_the_start_timeout(monkeypatch):
+    from cloud_elastic.ray import launcher as launcher_module
+
+    ray = types.SimpleNamespace(is_initialized=lambda: True, nodes=lambda: _NODES,
+                                util=types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"))
+    monkeypatch.setattr(executor_module, "require_ray", lambda: ray)
+    monkeypatch.setattr(launcher_module, "require_ray", lambda: ray)
+    monkeypatch.setattr(driver_module, "Driver", None)  # must not start
+    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(), override_discovery=_Hosts("h1", "h2"))
+    executor.start()
+    with pytest.raises(ConfigError, match=r"override_discovery: host 'h1' is no alive node .* \(and 1 more\)"):
+        executor.run(print)
 
 
 # ---------------------------------------------------------------- settings
