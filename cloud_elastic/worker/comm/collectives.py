@@ -15,12 +15,12 @@ from __future__ import annotations
 import ctypes
 import io
 import pickle
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
-from cloud_elastic.worker.comm import statecodec
+from cloud_elastic.worker.comm import shapes, statecodec
 from cloud_elastic.worker.comm.skeleton import _join_tensors, _split_tensors, allocate, state_limit
 from cloud_elastic.worker.comm.compression import Compression, casts, check_compression, encode
 from cloud_elastic.worker.context import get_context
@@ -107,12 +107,13 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
     check_reducible(op, tensor, "allreduce_")
     ctx = get_context()
     scaling = average_scaling(op, ctx.info.size, False, prescale=prescale_factor, postscale=postscale_factor)
-    work_tensor = on_device(tensor)
+    target = tensor.detach()  # same storage: a parameter (a leaf that requires grad) is averaged in place too
+    work_tensor = on_device(target)
     scaling.apply_before(work_tensor)
     _allreduce_packed([work_tensor], op, f"allreduce {name or ''}".strip())
     scaling.apply_after(work_tensor)
-    if work_tensor is not tensor:
-        tensor.copy_(work_tensor)
+    if work_tensor is not target:
+        target.copy_(work_tensor)
     return tensor
 
 
@@ -169,7 +170,7 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
     tensors = list(tensors)
     results = _reduce_each("grouped_allreduce_", tensors, average, name, None, op, prescale_factor, postscale_factor)
     for t, result in zip(tensors, results):
-        t.copy_(result)
+        t.detach().copy_(result)  # detached: a parameter may be one of them, as in allreduce_
     return tensors
 
 
@@ -199,16 +200,21 @@ def join(device: int = -1) -> int:
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
-    """Concatenate every worker's ``tensor`` along dimension 0 (first dims may differ)."""
+    """Concatenate every worker's ``tensor`` along dimension 0 (first dims may differ).
+
+    Tensors whose dtype or shape past dimension 0 differ raise ValueError on every worker (told in the
+    sizes exchange that precedes the gather, at no extra collective).
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"hvd.allgather: expected a torch.Tensor, got {type(tensor).__name__}")
     ctx = get_context()
     size = ctx.info.size
-    local = on_device(tensor)
+    local = on_device(tensor.detach())
     if local.dim() == 0:
         local = local.reshape(1)
-    lengths = torch.tensor([local.shape[0]], dtype=torch.int64, device=ctx.device)
-    all_lengths = [torch.zeros_like(lengths) for _ in range(size)]
-    ctx.wait(ctx.group("allgather sizes").allgather([all_lengths], [lengths]), "allgather sizes")
-    counts = [int(x.item()) for x in all_lengths]
+    rows = [r[0].tolist() for r in shapes.gather_rows_of([shapes.shape_row(local)], "allgather sizes")]
+    shapes.check_gathered(rows, "allgather")
+    counts = [int(r[shapes.FIRST]) for r in rows]
     longest = max(counts)
     padded = local
     if local.shape[0] < longest:
@@ -248,7 +254,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
     if not _takes_part(ctx, cross, root_rank, receivers):
         return tensor
     me = _my_rank(ctx, cross)
-    work_tensor = on_device(tensor)
+    target = tensor.detach()  # as in allreduce_: a parameter may be broadcast in place
+    work_tensor = on_device(target)
     what = f"broadcast {name or ''}".strip()
     if receivers is None:
         group = (ctx.cross_group if cross else ctx.group)(what)
@@ -261,8 +268,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
             ctx.wait(work, what)
     else:
         ctx.wait(ctx.point_to_point(what, lambda g: g.recv([work_tensor], root_rank, 0), cross=cross), what)
-    if work_tensor is not tensor:
-        tensor.copy_(work_tensor)
+    if work_tensor is not target:
+        target.copy_(work_tensor)
     return tensor
 
 
@@ -466,15 +473,45 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: st
                     offset += t.numel()
 
 
-def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], root_rank: int = 0) -> None:
-    """Broadcast a ``state_dict()`` or ``named_parameters()`` from ``root_rank``, in place."""
-    broadcast_tensors_(parameter_tensors(params), root_rank, "parameters")
+Params = Union[Mapping[str, torch.Tensor], Iterable[Union[torch.Tensor, tuple[str, torch.Tensor]]]]
 
 
-def parameter_tensors(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
-    """The tensors of a ``state_dict()`` (sorted by name) or ``named_parameters()``, detached, in the order they travel."""
-    items = sorted(params.items()) if isinstance(params, Mapping) else list(params)
-    return [t.detach() for _, t in items if isinstance(t, torch.Tensor)]
+def broadcast_parameters(params: Params, root_rank: int = 0) -> None:
+    """Overwrite ``params`` with ``root_rank``'s, in place: a ``state_dict()``, ``named_parameters()``, or
+    tensors (``model.parameters()``, a list of them), as Horovod accepts.
+
+    Every worker's tensors must agree in number, dtype and shape: otherwise every worker raises ValueError
+    naming the first that differs (checked by one small allgather before they travel).
+    """
+    named = named_tensors(params, "broadcast_parameters")
+    tensors = [t for _, t in named]
+    shapes.check_same_tensors(tensors, [n for n, _ in named], "broadcast_parameters")
+    broadcast_tensors_(tensors, root_rank, "parameters")
+
+
+def parameter_tensors(params: Params) -> list[torch.Tensor]:
+    """The tensors of ``params`` (as :func:`broadcast_parameters` takes them), detached, in the order they travel."""
+    return [t for _, t in named_tensors(params, "broadcast_parameters")]
+
+
+def named_tensors(params: Params, call: str) -> list[tuple[str | None, torch.Tensor]]:
+    """(name, detached tensor) of each tensor of ``params``: a mapping (sorted by name; values that are not
+    tensors, such as a module's extra state, are left out, as from any ``(name, value)`` pair), or an iterable
+    of tensors and ``(name, tensor)`` pairs. TypeError, in one line, for anything else."""
+    if isinstance(params, torch.Tensor):
+        raise TypeError(f"hvd.{call}: expected a state_dict(), named_parameters() or a list of tensors, "
+                        "got a single tensor (wrap it in a list)")
+    items = sorted(params.items()) if isinstance(params, Mapping) else params
+    out: list[tuple[str | None, torch.Tensor]] = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            out.append((None, item.detach()))
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
+            if isinstance(item[1], torch.Tensor):
+                out.append((item[0], item[1].detach()))
+        else:
+            raise TypeError(f"hvd.{call}: expected tensors or (name, tensor) pairs, got a {type(item).__name__}")
+    return out
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
