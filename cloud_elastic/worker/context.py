@@ -55,7 +55,7 @@ from cloud_elastic.protocol import (
     RendezvousRequest,
     parse_rendezvous_reply,
 )
-from cloud_elastic.worker import memory, selftest, termination
+from cloud_elastic.worker import joining, memory, selftest, termination
 from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
 from cloud_elastic.worker.rounds.groups import (
@@ -150,9 +150,9 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         self._store_stale = False
         #: The hosts of the round whose group this worker could not form that it never connected to (see groups).
         self.unreachable: tuple[str, ...] = ()
-        #: ``hvd.elastic.run`` was entered in this process. A script that ends without it is a fixed-size
-        #: script, and says so at exit (:meth:`_report_script_end`).
-        self.elastic_entered = False
+        self._elastic_entered = False  # see elastic_entered
+        #: Joined after a worker of the job entered ``hvd.elastic.run``: refuses collectives before it (``joining``).
+        self.joined_running = False
         self._uncaught: BaseException | None = None  # the exception the script ended with (see _note_uncaught)
         #: Registered while the job was running, not joined yet: it joins at its first call that needs the
         #: round (:meth:`join_if_pending`), so the script's set-up after ``init()`` never stops the job.
@@ -185,6 +185,23 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
     def reclaimed_groups(self) -> int:
         """Abandoned process groups whose threads and sockets were reclaimed."""
         return self._reaper.reclaimed
+
+    @property
+    def elastic_entered(self) -> bool:
+        """``hvd.elastic.run`` was entered in this process. A script that ends without it is a fixed-size
+        script, and says so at exit (:meth:`_report_script_end`). The first entry is told to the job (``joining``)."""
+        return self._elastic_entered
+
+    @elastic_entered.setter
+    def elastic_entered(self, value: bool) -> None:
+        if value and not self._elastic_entered:
+            joining.mark_entered(self)
+        self._elastic_entered = value
+
+    def group(self, what: str) -> Any:
+        if self.joined_running and not self._elastic_entered:
+            joining.refuse(what)
+        return super().group(what)
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -241,6 +258,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
             try:
                 with termination.leave_at_commit_on_sigterm(self):
                     self._first_rendezvous()
+                self.joined_running = joining.peers_entered(self)
                 self.join_pending = False
             except WorkerRemoved as exc:
                 print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)

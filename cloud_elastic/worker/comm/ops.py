@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from cloud_elastic.worker.unsupported import UnsupportedError
+
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "UnsupportedError", "check_op", "reduce_op", "Scaling",
            "average_scaling"]
 
@@ -27,10 +29,6 @@ Product = "product"
 
 _TORCH_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN, Max: dist.ReduceOp.MAX,
               Product: dist.ReduceOp.PRODUCT}
-
-
-class UnsupportedError(NotImplementedError):
-    """A Horovod call that cannot apply to a cloud-elastic job; the message says what to use instead."""
 
 
 def check_op(op: str | None, average: bool | None = None, allowed: tuple[str, ...] = tuple(_TORCH_OPS)) -> str:
