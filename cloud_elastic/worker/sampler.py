@@ -36,6 +36,7 @@ from typing import Any, Iterable, Iterator, Sized
 import torch
 from torch.utils.data import Sampler
 
+from cloud_elastic.worker.comm.ops import UnsupportedError
 from cloud_elastic.worker.context import get_context
 
 __all__ = ["ElasticSampler"]
@@ -118,7 +119,17 @@ class ElasticSampler(Sampler):
             self._round_spans = _merge(self._round_spans, (start, end))
 
     def record_indices(self, indices: Iterable[int]) -> None:
-        """Mark specific indices as processed (this worker's view only)."""
+        """Mark specific indices as processed: in a plain ``python`` run (one process) only.
+
+        In a job it raises UnsupportedError: indices one worker records are known to no other (Horovod 0.20-0.23
+        merged them across workers at each commit, a collective at every commit), so after a reset the workers
+        would re-shard different remaining samples, into shards of different lengths whose collectives no longer
+        match. ``record_batch`` counts every worker's batch with no exchange.
+        """
+        if not getattr(get_context(), "standalone", True):
+            raise UnsupportedError("ElasticSampler.record_indices is not supported in a cloud-elastic job (the "
+                                   "indices one worker records are unknown to the others, whose shards would then "
+                                   "differ after a reset): call record_batch(batch_idx, batch_size) after each batch")
         self._extra.update(int(i) for i in indices)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
