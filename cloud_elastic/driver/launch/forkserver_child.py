@@ -206,6 +206,17 @@ def _be_the_worker(request: dict[str, Any], out_fd: int, sock: socket.socket, in
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
+    return _run_main(request)
+
+
+def _run_main(request: dict[str, Any]) -> int:
+    """Run the request's script or module as ``__main__``, as ``python [-m] ...`` would; its exit code.
+
+    ``__file__`` and ``sys.path[0]`` are what CPython sets: the script's path joined to the working
+    directory (not normalised: ``python ./a/../s.py`` shows ``CWD/./a/../s.py``), and the directory of
+    the script's real path (symlinks resolved); ``sys.argv[0]`` stays the path as given. A script that
+    changes directory then finds its files from ``__file__``, as it would started by ``python``.
+    """
     import runpy
     import types
 
@@ -218,8 +229,8 @@ def _be_the_worker(request: dict[str, Any], out_fd: int, sock: socket.socket, in
             runpy._run_module_as_main(module, alter_argv=True)  # what ``python -m`` runs
         else:
             sys.argv = [script, *args]
-            sys.path[0] = os.path.dirname(os.path.abspath(script))
-            runpy.run_path(script, run_name="__main__")
+            sys.path[0] = os.path.dirname(os.path.realpath(script))
+            _run_script(os.path.join(os.getcwd(), script))
     except SystemExit:
         raise
     except BaseException as exc:  # as the interpreter reports it, without this server's frames
@@ -234,6 +245,29 @@ def _be_the_worker(request: dict[str, Any], out_fd: int, sock: socket.socket, in
             os.kill(os.getpid(), signal.SIGINT)
         return 1
     return 0
+
+
+def _run_script(path: str) -> None:
+    """Run the script at ``path`` in a new ``__main__``, as the interpreter does: ``runpy.run_path`` would
+    show the path as ``sys.argv[0]`` too (a compiled script or a zip archive still goes that way)."""
+    import builtins
+    import importlib.machinery
+    import io
+    import runpy
+    import types
+    import zipfile
+
+    if path.endswith(".pyc") or zipfile.is_zipfile(path):
+        runpy.run_path(path, run_name="__main__")
+        return
+    main = types.ModuleType("__main__")
+    main.__file__, main.__cached__, main.__builtins__ = path, None, builtins  # type: ignore[attr-defined]
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__annotations__ = {}
+    sys.modules["__main__"] = main
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)  # not this module's ``__future__`` imports
+    exec(code, main.__dict__)
 
 
 def main(argv: list[str] | None = None) -> int:
