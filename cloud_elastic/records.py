@@ -19,7 +19,8 @@ user who started a job can read its secret and sign messages to its driver.
 A driver killed outright leaves its record behind. Its workers train on for its ``--driver-grace``
 and a restarted driver may adopt them meanwhile, so the record matters until then
 (:meth:`JobRecord.recent`); :func:`prune_gone` deletes it :data:`PRUNE_AFTER_S` after that,
-when nothing can use it any more.
+when nothing can use it any more. A pid is reused once the kernel wraps round ``pid_max``: a stale record
+names a live driver only if its pid's process started before the record was written (:func:`driver_running`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "PRUNE_AFTER_S",
     "RECORD_VERSION",
     "JobRecord",
+    "driver_running",
     "find_jobs",
     "job_dir",
     "list_jobs",
@@ -142,7 +144,8 @@ class JobRecord:
     pid: int
     started: float
     command: tuple[str, ...]
-    #: False when the driver's process is gone (it was killed before it could remove its record).
+    #: False when the driver's process is gone (it was killed before it could remove its record), even if
+    #: its pid is now another process's (:func:`driver_running`).
     alive: bool
     #: The driver's last sign of life (Unix time: the record's mtime, refreshed while it runs).
     last_seen: float = 0.0
@@ -172,6 +175,42 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+#: A record refreshed this recently names a live driver whenever its pid is live (it is refreshed every 2 s,
+#: ``RECORD_TOUCH_S``): no dead driver's pid is reused that fast. An older one must pass :func:`_started_by`.
+FRESH_S = 10.0
+#: How much later than its record's ``started`` a driver's process may seem to have started: the boot time
+#: the kernel gives is whole seconds, and NTP may have slewed the clock since.
+_START_SLACK_S = 5.0
+
+
+def driver_running(pid: int, started: float, last_seen: float, now: float) -> bool:
+    """Whether the driver that wrote a record (``pid``, ``started``, refreshed at ``last_seen``) still runs.
+
+    A live ``pid`` is not enough: a driver killed outright leaves its record, and a day later its pid may be
+    any other process's (pids wrap at ``pid_max``). A stale record counts only if its pid's process started
+    before the record was written, as the driver that wrote it did. The command line is not asked: a driver
+    started from Python (``cloud_elastic.spark``, ``cloud_elastic.ray``) runs in the user's own process.
+    """
+    if not pid_alive(pid):
+        return False
+    return now - last_seen <= FRESH_S or _started_by(pid, started + _START_SLACK_S)
+
+
+def _started_by(pid: int, when: float) -> bool:
+    """Whether process ``pid`` started no later than ``when`` (Unix time); True where that cannot be known
+    (no ``/proc``: the pid is trusted, as before)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])  # field 22, starttime: clock ticks since boot
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except FileNotFoundError:
+        return not os.path.exists("/proc/self/stat")  # with /proc, the process ended meanwhile
+    except (OSError, ValueError, IndexError, StopIteration):
+        return True
+    return boot + ticks / os.sysconf("SC_CLK_TCK") <= when
+
+
 def read_record(directory: Path) -> JobRecord:
     """The driver record in ``directory``; ConfigError (one line) when it is missing or unreadable."""
     path = directory / "driver.json"
@@ -179,9 +218,11 @@ def read_record(directory: Path) -> JobRecord:
         raw = json.loads(path.read_text(encoding="utf-8"))
         if raw.get("v") != RECORD_VERSION:
             raise ValueError(f"record version {raw.get('v')!r}")
-        return JobRecord(str(raw["job"]), str(raw["address"]), int(raw["pid"]), float(raw["started"]),
-                         tuple(str(c) for c in raw.get("command", ())), pid_alive(int(raw["pid"])),
-                         path.stat().st_mtime, _recorded_grace(directory, raw.get("grace_s")))
+        pid, started, last_seen = int(raw["pid"]), float(raw["started"]), path.stat().st_mtime
+        return JobRecord(str(raw["job"]), str(raw["address"]), pid, started,
+                         tuple(str(c) for c in raw.get("command", ())),
+                         driver_running(pid, started, last_seen, time.time()),
+                         last_seen, _recorded_grace(directory, raw.get("grace_s")))
     except FileNotFoundError:
         raise ConfigError(f"no job {directory.name} on this machine (see 'cloud-elastic status')") from None
     except PermissionError:
