@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import selectors
+import signal
 import subprocess
+import threading
 import time
 from typing import Mapping
 
-from cloud_elastic.errors import ConfigError, RetryableDiscoveryError
+from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, ProviderOption
 from cloud_elastic.providers.hostspec import parse_host_list
 
@@ -40,7 +43,10 @@ class DiscoveryScript(HostDiscovery):
     message; the driver treats the first failing call as fatal and later ones
     as transient, keeping the last good snapshot. A script that hangs or prints
     too much is killed (its whole process group) as soon as it does: its output
-    is read as it comes, never more than the limit held.
+    is read as it comes, never more than the limit held. A script the system
+    cannot run at all (no ``#!`` line, or one naming no interpreter: CRLF line
+    endings) raises FatalDiscoveryError instead, saying why. :meth:`cancel`
+    kills a script running on another thread (the job is stopping).
     """
 
     name = "script"
@@ -54,6 +60,9 @@ class DiscoveryScript(HostDiscovery):
         self.path = path
         self.slots_per_host = slots_per_host
         self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._running: subprocess.Popen | None = None
+        self._cancelled = False
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "DiscoveryScript":
@@ -74,17 +83,35 @@ class DiscoveryScript(HostDiscovery):
                               f"got {options['timeout_s']!r}")
         return cls(os.path.abspath(path), slots_per_host=slots_per_host or 1, timeout_s=timeout_s)
 
+    def cancel(self) -> None:
+        """From any thread: kill the script running now (its whole process group), and start none again.
+
+        The job is stopping (Ctrl-C during a slow first call): the script runs in a session of its own, so the
+        terminal's signal never reaches it, and the call in progress ends as it would past ``timeout_s``.
+        """
+        with self._lock:
+            self._cancelled, proc = True, self._running
+        if proc is not None:
+            _signal_group(proc)
+
+    def close(self) -> None:
+        self.cancel()  # a call still running on the discovery thread as the driver ends leaves no script behind
+
     def find(self) -> DiscoveredHosts:
-        try:
-            proc = subprocess.Popen(
-                [self.path],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise RetryableDiscoveryError(f"discovery script {self.path} could not start: {exc}") from exc
+        with self._lock:
+            if self._cancelled:
+                raise RetryableDiscoveryError(f"discovery script {self.path} was not run: the job is stopping")
+            try:
+                proc = subprocess.Popen(
+                    [self.path],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise _not_started(self.path, exc) from exc
+            self._running = proc
         try:
             out, err = _collect(proc, time.monotonic() + self.timeout_s)
         except subprocess.TimeoutExpired:
@@ -95,6 +122,11 @@ class DiscoveryScript(HostDiscovery):
             raise RetryableDiscoveryError(
                 f"discovery script {self.path} printed more than {MAX_OUTPUT >> 20} MiB and was killed"
             ) from None
+        finally:
+            with self._lock:
+                self._running = None
+        if self._cancelled:
+            raise RetryableDiscoveryError(f"discovery script {self.path} was killed: the job is stopping")
         if proc.returncode != 0:
             last = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
             raise RetryableDiscoveryError(
@@ -157,9 +189,35 @@ def _collect(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
     return bytes(out), bytes(err)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _not_started(path: str, exc: OSError) -> DiscoveryError:
+    """Why the script at ``path`` did not start. Fatal when it is the file itself (no retry can help): an
+    interpreter its ``#!`` line names that does not exist (the kernel's ENOENT names the script, not the
+    interpreter: with CRLF line endings it is ``/bin/sh\\r``), or no ``#!`` line at all (ENOEXEC)."""
+    if exc.errno == errno.ENOEXEC:
+        return FatalDiscoveryError(f"discovery script {path} is not a program the system can run: it needs a "
+                                   "'#!' line naming its interpreter (e.g. #!/bin/sh)")
+    if exc.errno == errno.ENOENT and os.path.isfile(path):
+        try:
+            with open(path, "rb") as f:
+                first = f.readline(4096)
+        except OSError:
+            first = b""
+        if first.startswith(b"#!"):
+            words = first[2:].rstrip(b"\n").replace(b"\t", b" ").split(b" ")
+            interpreter = next((w for w in words if w), b"").decode(errors="replace")
+            crlf = " (CRLF line endings? convert the script with dos2unix)" if interpreter.endswith("\r") else ""
+            return FatalDiscoveryError(
+                f"discovery script {path} could not start: its interpreter {interpreter!r} was not found{crlf}")
+    return RetryableDiscoveryError(f"discovery script {path} could not start: {exc}")
+
+
+def _signal_group(proc: subprocess.Popen) -> None:
     try:
-        os.killpg(proc.pid, 9)
+        os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    _signal_group(proc)
     proc.wait()

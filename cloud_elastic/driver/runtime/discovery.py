@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 #: While discovery fails, the wait between calls doubles from ``--discovery-interval`` up to this: a cloud API
 #: that throttles us (``ThrottlingException: Rate exceeded``) is not asked again every second.
 MAX_BACKOFF_S = 30.0
+#: How often a first discovery call in progress looks whether the job is stopping (see ``poll_once``).
+_STOPPING_CHECK_S = 0.1
 
 
 class DiscoveryFailure:
@@ -133,8 +135,31 @@ class DiscoveryPoller:
             return not self._thread.is_alive()
         return True
 
-    def poll_once(self) -> Result:
-        """One provider call, its errors translated into a DiscoveryFailure."""
+    def poll_once(self, stopping: Callable[[], bool] | None = None) -> Result:
+        """One provider call, its errors translated into a DiscoveryFailure.
+
+        With ``stopping`` (the driver's first call, made on its main thread, where Ctrl-C is handled): the call
+        runs on a thread of its own, and once ``stopping()`` is true it is abandoned within
+        :data:`_STOPPING_CHECK_S`, cancelled where the provider can (:meth:`DiscoveryScript.cancel
+        <cloud_elastic.providers.script.DiscoveryScript.cancel>` kills the script): a slow first call never
+        holds a stopping job up to the call's own timeout.
+        """
+        if stopping is None:
+            return self._call()
+        done: queue.SimpleQueue[Result] = queue.SimpleQueue()
+        threading.Thread(target=lambda: done.put(self._call()), name="discovery-first", daemon=True).start()
+        while True:
+            try:
+                return done.get(timeout=_STOPPING_CHECK_S)
+            except queue.Empty:
+                pass
+            if stopping():
+                cancel = getattr(self._discovery, "cancel", None)
+                if cancel is not None:
+                    cancel()
+                return DiscoveryFailure("the job is stopping", fatal=False)
+
+    def _call(self) -> Result:
         started = time.monotonic()
         try:
             return self._discovery.find()

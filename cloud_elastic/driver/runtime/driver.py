@@ -362,7 +362,7 @@ class Driver:
             self._job.start(self._clock(), wall_now=time.time())
         said = ""
         while True:
-            result = poller.poll_once()
+            result = poller.poll_once(stopping=lambda: self._stop_reason is not None)  # Ctrl-C ends a slow call
             with self._cond:
                 if self._stop_reason is not None:
                     self._job.stop(*self._stop_reason)
