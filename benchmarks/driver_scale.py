@@ -18,7 +18,8 @@ heartbeat). Measured:
 4. the live driver: ``Driver._handle`` behind the real server, its loop ticking
    and discovery answering every second, 2,048 and 8,000 simulated workers
    long-polling their heartbeats (signed, one connection each, from one
-   ``selectors`` client process) as the worker's heartbeat thread does.
+   ``selectors`` client process, each simulated host from a loopback address of
+   its own) as the worker's heartbeat thread does.
    Driver-process CPU per second and per heartbeat.
 
 Driver CPU at 8,000 workers is measured live, and also estimated from its parts:
@@ -41,6 +42,7 @@ import io
 import json
 import multiprocessing
 import pstats
+import queue
 import random
 import resource
 import sys
@@ -175,6 +177,14 @@ def control_plane_cost(job: ElasticJob, ids: list[str], seconds: float = 5.0, th
 
 
 def _pollers(port: int, secret: str, workers: list[str], start: float, window: tuple[float, float], out) -> None:
+    """:func:`_poll`'s (answered, failed) into ``out``, or what went wrong (a string): the parent says so at once."""
+    try:
+        out.put(_poll(port, secret, workers, start, window))
+    except Exception as exc:  # noqa: BLE001 (any failure ends the measurement; its text is the report)
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
+def _poll(port: int, secret: str, workers: list[str], start: float, window: tuple[float, float]) -> tuple[int, int]:
     """Simulated workers' heartbeats: each long-polls as ``WorkerContext._heartbeat_loop`` does (a
     new signed poll as soon as the last one is answered), all from one ``selectors`` loop so that
     thousands fit in one process without starving the driver of the machine's cores."""
@@ -188,10 +198,12 @@ def _pollers(port: int, secret: str, workers: list[str], start: float, window: t
     class Sim:
         def __init__(self, worker: str) -> None:
             self.worker, self.seen, self.buf = worker, (1, 0, 0), bytearray()
-            self.sock = socket.create_connection(("127.0.0.1", port))
+            source = (loopback_of(worker.split("[")[0]), 0)
+            self.sock = socket.create_connection(("127.0.0.1", port), source_address=source)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sock.setblocking(False)
             sel.register(self.sock, selectors.EVENT_READ, self)
+            self.send()  # as a worker does: the driver closes connections that stay unsigned past a quota
+            self.sock.setblocking(False)
 
         def send(self) -> None:
             body, signature = codec.encode("poll", dict(PollRequest(*self.seen, 1, 1).to_wire(), worker=self.worker))
@@ -199,11 +211,15 @@ def _pollers(port: int, secret: str, workers: list[str], start: float, window: t
                               b"Content-Length: %d\r\nX-Cloud-Elastic-Signature: %s\r\n\r\n"
                               % (len(body), signature.encode()) + body)
 
+    def loopback_of(host: str) -> str:
+        """Each simulated host (``snapshot``'s 10.A.B.7) connects from an address of its own, 127.1.A.B+1, as a
+        real fleet's workers come from their hosts' addresses."""
+        _, a, b, _ = host.split(".")
+        return f"127.1.{a}.{int(b) + 1}"
+
     sims = [Sim(w) for w in workers]
     while time.time() < start:
         time.sleep(0.05)
-    for sim in sims:
-        sim.send()
     while time.time() < window[1]:
         for key, _ in sel.select(0.5):
             sim = key.data
@@ -228,7 +244,7 @@ def _pollers(port: int, secret: str, workers: list[str], start: float, window: t
                 if window[0] <= time.time() < window[1]:
                     answered += 1
             sim.send()
-    out.put((answered, failed))
+    return answered, failed
 
 
 class _NoLaunch:
@@ -243,10 +259,23 @@ class _NoLaunch:
         pass
 
 
-def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None) -> dict:
+def _results(q, ps: list, timeout_s: float = 120.0) -> list:
+    """One result from each client process; a process that died without one (it could not start) is an error."""
+    out, deadline = [], time.monotonic() + timeout_s
+    while len(out) < len(ps) and time.monotonic() < deadline:
+        try:
+            out.append(q.get(timeout=0.5))
+        except queue.Empty:
+            if all(p.exitcode is not None for p in ps):
+                out += [f"client process exited with code {p.exitcode}" for p in ps][len(out):]
+    return out + [f"no result within {timeout_s:.0f} s"] * (len(ps) - len(out))
+
+
+def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None, settle_s: float = 3.0) -> dict:
     """The real driver at steady state: ``Driver._handle`` (held heartbeats) behind the real server,
     its loop ticking every 50 ms, a discovery snapshot every ``discovery_interval_s``, ``workers``
-    simulated workers long-polling from ``procs`` other processes. Driver-process CPU over a window."""
+    simulated workers long-polling from ``procs`` other processes. Driver-process CPU over a window, which
+    starts ``settle_s`` after the client processes' start plus their import (``settle_s`` again)."""
     from cloud_elastic.driver.runtime.driver import Driver
     from cloud_elastic.events import open_sinks
 
@@ -278,8 +307,8 @@ def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None) -
     procs = procs or (1 if workers <= 4000 else 2)  # one client process signs ~3,000 polls a second here
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
-    start = time.time() + 3.0 + workers / 500  # the client processes import and start their threads
-    window = (start + 3.0, start + 3.0 + seconds)
+    start = time.time() + settle_s + workers / 500  # the client processes import and connect
+    window = (start + settle_s, start + settle_s + seconds)
     ps = [ctx.Process(target=_pollers, args=(driver._endpoints.control_port, driver._endpoints.secret, ids[i::procs], start, window, q))
           for i in range(procs)]
     for p in ps:
@@ -288,14 +317,17 @@ def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None) -
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     time.sleep(max(0.0, window[1] - time.time()))
     r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    answered = [q.get(timeout=120) for _ in ps]
-    polls, failed = sum(a for a, _ in answered), sum(f for _, f in answered)
+    answered = _results(q, ps)
     for p in ps:
         p.join()
     stop.set()
     driver.stop("benchmark over", 0)
     loop.join(30)
     driver._endpoints.close()
+    errors = [a for a in answered if isinstance(a, str)]
+    if errors:
+        raise RuntimeError(f"simulated workers failed: {'; '.join(errors)}")
+    polls, failed = sum(a for a, _ in answered), sum(f for _, f in answered)
     user, system = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
     lost = sum(1 for w in job.workers.values() if w.state.value in ("lost", "exited"))
     return {"workers": workers, "cpu_s_per_s": (user + system) / (t1 - t0), "system_share": system / max(1e-9, user + system),
