@@ -202,6 +202,8 @@ class JobConfig:
         if self.min_np < 1:
             raise ConfigError(f"--min-np must be >= 1, got {self.min_np}")
         if self.max_np < self.min_np:
+            if self.num_proc < self.min_np:  # --max-np defaults to -np: name the flags the user set
+                raise ConfigError(f"--min-np ({self.min_np}) must be <= -np ({self.num_proc})")
             raise ConfigError(f"--max-np ({self.max_np}) must be >= --min-np ({self.min_np})")
         for item in self.forward_env:
             name = item.partition("=")[0]

@@ -39,7 +39,7 @@ def test_np_on_the_bounds_is_accepted(sizes: tuple[int, int, int]) -> None:
         ({"command": ()}, "no training command given"),
         ({"min_np": 0, "num_proc": 0}, "-np must be >= 1, got 0"),
         ({"min_np": 0, "num_proc": 1}, "--min-np must be >= 1, got 0"),
-        ({"min_np": 3, "max_np": 2}, "--max-np (2) must be >= --min-np (3)"),
+        ({"num_proc": 2, "min_np": 2, "max_np": 1}, "--max-np (1) must be >= --min-np (2)"),
         ({"num_proc": 5}, "-np (5) must lie between --min-np (1) and --max-np (4)"),
         ({"num_proc": 1, "min_np": 2}, "-np (1) must lie between --min-np (2) and --max-np (4)"),
         ({"cooldown_range_s": (-1.0, 10.0)}, "--blacklist-cooldown-range needs 0 <= MIN <= MAX, got -1 10"),
