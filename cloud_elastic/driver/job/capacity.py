@@ -15,9 +15,11 @@
 * the ``min_np`` watch (:meth:`Capacity.check`): below ``min_np`` workers for
   ``elastic_timeout_s`` the job fails. Outside start-up a worker counts only once
   it reached rendezvous, so a slot that crashes on every launch does not restart
-  the timeout each time. Before the first round, once a host could not be reached
-  (booting VMs), the wait is bounded by ``start_timeout_s`` from the driver's start
-  instead, and the job fails naming the last transport failure.
+  the timeout each time. Before the first round, once a worker failed (its host
+  not reachable yet, a booting VM; or its process exited: a script missing on one
+  host), a worker counts only once it reached rendezvous too, the wait is bounded
+  by ``start_timeout_s`` from the driver's start instead, and the job fails naming
+  the last failure (its worker, so its slot).
 
 Worker ids are ``host[slot]#seq`` with ``seq`` never reused, an adopted
 predecessor's included (:meth:`Capacity.seen`). A long wait prints a progress
@@ -138,26 +140,22 @@ class Capacity:
                            f"-np {policy.num_proc} needed to start", 1)
 
     def check(self, now: float) -> None:
-        """Fail the job after ``elastic_timeout_s`` below ``min_np`` workers."""
+        """Fail the job after ``elastic_timeout_s`` below ``min_np`` workers (before the first round, after a
+        failure: past ``start_timeout_s`` from the driver's start)."""
         job, policy = self._job, self._job.policy
         if job.phase is Phase.STARTING and job.round == 0 and not job.workers:
             return
-        # Outside start-up a worker counts once it reaches rendezvous: a slot that
-        # crashes on every launch must not restart the elastic timeout each time.
-        if job.phase is Phase.STARTING:
+        failed_start = self._failed_start()
+        # Once a worker failed, one counts only when it reaches rendezvous: a slot that crashes or cannot be
+        # reached on every launch must not restart the timeout each time. At start-up before any failure
+        # the workers still starting count (each one's set-up is bounded by --start-timeout: .liveness).
+        if job.phase is Phase.STARTING and not failed_start:
             counted = len(job.active())
         else:
             counted = 0
             for w in job.alive():  # a count, not a list: this runs over every worker each step
                 if w.state is S.WAITING or w.state is S.RUNNING:
                     counted += 1
-        booting = self._booting()
-        if booting and now - self.started_at > policy.start_timeout_s:
-            # Before any round: hosts still failing to be reached (their tries relaunched: they count as active).
-            who = "no worker" if counted == 0 else f"only {counted} of --min-np {policy.min_np} worker(s)"
-            job.end(False, f"{who} could be started within {policy.start_timeout_s:g}s (--start-timeout): "
-                           f"last: {job.start_failure}", 1)
-            return
         if counted >= policy.min_np:
             self._below_min_since = None
             self._waits.pop("min_np", None)
@@ -165,17 +163,22 @@ class Capacity:
         if self._below_min_since is None:
             self._below_min_since = now
             wait, limit = policy.elastic_timeout_s, ""
-            if booting:
+            if failed_start:
                 wait, limit = max(0.0, self.started_at + policy.start_timeout_s - now), " (--start-timeout)"
             log.warning(
-                "job %s: %d worker(s) available, below --min-np %d; waiting up to %gs%s for more",
-                job.job_id, len(job.active()), policy.min_np, round(wait), limit,
+                "job %s: %d worker(s) %s, below --min-np %d; waiting up to %gs%s for more",
+                job.job_id, *((counted, "ready") if failed_start else (len(job.active()), "available")),
+                policy.min_np, round(wait), limit,
             )
         else:
             self._progress(now, "min_np", f"below --min-np {policy.min_np}: {counted} worker(s) ready, "
                                           f"{len(job.active()) - counted} starting")
-        if booting:
-            return  # bounded by --start-timeout above
+        if failed_start:
+            if now - self.started_at > policy.start_timeout_s:  # rather than relaunching the failing slots for good
+                who = "no worker" if counted == 0 else f"only {counted} of --min-np {policy.min_np} worker(s)"
+                job.end(False, f"{who} could be started within {policy.start_timeout_s:g}s (--start-timeout): "
+                               f"last: {job.last_failure}", 1)
+            return
         if now - self._below_min_since > policy.elastic_timeout_s:
             last = f"; last failure: {job.last_failure}" if job.last_failure else ""
             job.end(
@@ -185,11 +188,13 @@ class Capacity:
                 1,
             )
 
-    def _booting(self) -> bool:
-        """Before the first round, hosts failed to be reached (still booting?): --start-timeout, counted from the
-        driver's start, bounds the wait for them rather than --elastic-timeout (see :mod:`.failures`)."""
+    def _failed_start(self) -> bool:
+        """Before the first round, a worker failed: its host not reachable yet (a booting VM, retried: see
+        :mod:`.failures`), or its process exited (code or a package missing on one host: relaunched after each
+        cooldown). --start-timeout, counted from the driver's start, bounds the wait rather than
+        --elastic-timeout: its help promises a bound on the workers' start."""
         job = self._job
-        return (bool(job.start_failure) and job.round == 0 and (not job.state_committed or job.resumed)
+        return (bool(job.last_failure) and job.round == 0 and (not job.state_committed or job.resumed)
                 and self.started_at is not None)
 
     def _progress(self, now: float, key: str, what: str) -> None:

@@ -11,10 +11,9 @@
   whole host's (every slot blacklisted, and its other workers leave with it);
   before the first round (nothing committed), a host that cannot be reached is
   one still booting, not a failed job: it is tried again at the shortest
-  cooldown, counting no failure of its slots, and the job waits for
-  ``--start-timeout`` (:attr:`JobView.start_failure`, read by
-  :meth:`.capacity.Capacity.check`), while a worker that ran and failed still
-  counts as today;
+  cooldown, counting no failure of its slots, while a worker that ran and
+  failed counts as after it; either way ``--start-timeout`` from the driver's
+  start bounds the wait for the first round (:meth:`.capacity.Capacity.check`);
 * a worker given up (:meth:`Failures.give_up`: silent, never arrived, stuck) is
   stopped at once; a leaver given up costs its peers a rollback but no blacklisting;
 * the committed state is never silently lost (:meth:`Failures.check_state_kept`):
@@ -79,8 +78,8 @@ class Failures:
             slots = [Slot(w.slot.host, i) for i in range(host_slots)]
             delays = [block(s, now) for s in slots if not hosts.blacklist.blocked(s, now)]
             delay = max(delays, default=0.0)
-            log.warning("job %s: %s; host %s %s for %.0fs", job.job_id, reason, w.slot.host,
-                        "not reachable yet: retried" if booting else "blacklisted", delay)
+            log.warning("job %s: %s; host %s %s %.0fs", job.job_id, reason, w.slot.host,
+                        "not reachable yet: retried in" if booting else "blacklisted for", delay)
         else:
             delay = hosts.blacklist.record_failure(w.slot, now)
             log.warning("job %s: %s; slot %s blacklisted for %.0fs", job.job_id, reason, w.slot, delay)
@@ -93,8 +92,6 @@ class Failures:
             **({"booting": True} if booting else {}),
         )
         job.failure_since_round = True
-        if booting:
-            job.start_failure = reason
         self._take_host_along(w)
         if was_member:
             job.abort()

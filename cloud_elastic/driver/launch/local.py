@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from cloud_elastic.driver.launch import forkserver
@@ -20,7 +22,8 @@ from cloud_elastic.driver.launch.ssh_remote import secret_fd_value, secret_pipe
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.worker.settings import SECRET_ENV, SECRET_FD_ENV
 
-__all__ = ["ForkedProcess", "LocalLauncher", "LocalProcess", "forward_lines", "kill_group", "process_start_time"]
+__all__ = ["CommandNotStarted", "ForkedProcess", "LocalLauncher", "LocalProcess", "NotStarted", "forward_lines",
+           "kill_group", "process_start_time"]
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +263,40 @@ class ForkedProcess:
         return self.poll() is None
 
 
+@dataclass(frozen=True)
+class NotStarted(ExitStatus):
+    """A worker on this machine that could not be started: its own failure, never its host's (this machine is
+    reachable). ``code`` is a shell's (127: command not found, 126: not executable); ``why`` says what
+    could not start, and is what the job's messages show for it."""
+
+    why: str = ""
+
+    @property
+    def describe(self) -> str:
+        return self.why or super().describe
+
+
+#: Why exec(2) refuses a command itself (not the driver's resources: descriptors, memory, processes).
+_EXEC_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.ENOTDIR, errno.EISDIR,
+                          errno.ELOOP, errno.ENAMETOOLONG, errno.E2BIG})
+
+
+class CommandNotStarted(LaunchError):
+    """The worker's command could not be executed here: a typo, a script without ``python`` or without its
+    x bit, a missing working directory. ``status`` is the exit the job takes it as (:class:`NotStarted`)."""
+
+    def __init__(self, command: str, cwd: str | None, exc: OSError) -> None:
+        code = 127 if exc.errno == errno.ENOENT else 126
+        what = exc.strerror or str(exc)
+        if cwd is not None and exc.filename == cwd:
+            what += f" (its working directory {cwd!r})"
+        elif code == 127 and os.sep in command and os.path.isfile(os.path.join(cwd or "", command)):
+            what += " (the interpreter its #! line names; a CRLF line end?)"
+        why = f"could not start its command {command!r}: {what} (exit code {code})"
+        super().__init__(why)
+        self.status = NotStarted(code, why=why)
+
+
 class LocalLauncher:
     """Starts each worker as a process with its own process group: forked from a server
     that imported torch once when it can (:mod:`.forkserver`), otherwise as a child process.
@@ -330,6 +367,8 @@ class LocalLauncher:
                 start_new_session=True,
             )
         except OSError as exc:
+            if exc.errno in _EXEC_ERRORS:
+                raise CommandNotStarted(spec.command[0], spec.cwd, exc) from exc
             raise LaunchError(f"cannot start {spec.command[0]!r} for {spec.worker_id}: {exc.strerror or exc}") from exc
         finally:
             os.close(secret_fd)

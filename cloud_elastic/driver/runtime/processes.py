@@ -24,7 +24,7 @@ from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.actions import Launch, Stop
 from cloud_elastic.driver.job.exit_status import ExitStatus
 from cloud_elastic.driver.launch.api import Launcher, WorkerProcess, WorkerSpec, is_local_host
-from cloud_elastic.driver.launch.local import LocalLauncher
+from cloud_elastic.driver.launch.local import CommandNotStarted, LocalLauncher
 from cloud_elastic.driver.net.endpoints import Endpoints
 from cloud_elastic.driver.restart.record import AdoptedWorker
 from cloud_elastic.driver.restart.window import adopted_process
@@ -84,11 +84,16 @@ class WorkerProcesses:
 
     # ----------------------------------------------------------------- launch
     def launch(self, action: Launch) -> None:
-        """Start ``action``'s worker; a worker that cannot start is reported to the job as exited (255)."""
+        """Start ``action``'s worker; a worker that cannot start is reported to the job as exited: 127/126
+        for a local command that cannot be executed, else 255 as a transport failure."""
         spec = self.spec(action)
         try:
             launcher = self.launcher_for(action.slot.host)
             proc = launcher.launch(spec, lambda line, wid=action.worker_id: self._forward(wid, line))
+        except CommandNotStarted as exc:
+            # This machine is reachable: a command it cannot execute (a typo, a script without its x bit) is
+            # the worker's own failure, as from a shell over SSH, not a host still booting to be waited for.
+            status: ExitStatus = exc.status
         except (LaunchError, OSError) as exc:
             # OSError: the driver's own process out of descriptors (os.pipe, a socket), say. That is a
             # worker that failed to start, as with LaunchError (its host backs off, the job goes on), not
@@ -99,11 +104,13 @@ class WorkerProcesses:
             else:
                 why = f"the driver could not start it: {exc}"
                 log.error("job %s: worker %s: %s", self._job.job_id, action.worker_id, why)
-            with self._cond:
-                self._job.exited(action.worker_id, ExitStatus(255, transport_error=why), self._clock())
+            status = ExitStatus(255, transport_error=why)
+        else:
+            self.procs[action.worker_id] = proc
+            log.info("job %s: launched worker %s", self._job.job_id, action.worker_id)
             return
-        self.procs[action.worker_id] = proc
-        log.info("job %s: launched worker %s", self._job.job_id, action.worker_id)
+        with self._cond:
+            self._job.exited(action.worker_id, status, self._clock())
 
     def launcher_for(self, host: str) -> Launcher:
         """The launcher of ``host``'s workers (the given one, else local or SSH), made on first use."""
