@@ -178,9 +178,9 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
     driver = Driver(config, built, launcher=launcher)
     names = {signal.SIGINT: ("interrupted by SIGINT", 130), signal.SIGTERM: ("terminated by SIGTERM", 143)}
     for signum, (reason, code) in names.items():
-        signal.signal(signum, lambda _s, _f, r=reason, c=code: driver.stop(r, c))
+        signal.signal(signum, lambda _s, _f, r=reason, c=code: driver.interrupt(r, c))
     outcome = driver.run()
-    verdict = "succeeded" if outcome.success else "failed"
+    verdict = "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in (130, 143) else "failed")
     sys.stderr.write(f"{PROG}: job {driver.job_id} {verdict}: {outcome.reason}\n")
     return outcome.exit_code
 

@@ -66,6 +66,7 @@ from cloud_elastic.driver.job.hosts import HostManager, Slot
 from cloud_elastic.driver.job.exit_status import ExitStatus
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.liveness import RunningClock, SilenceWatch
+from cloud_elastic.driver.job.stopping import GracefulStop
 from cloud_elastic.driver.job.adoption import Adoption
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import AdoptRequest, Assignment, ExitOrder, LinkReport, PollReply
@@ -132,6 +133,7 @@ class ElasticJob:
         self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along, self.fixed.failed)
         self.health = Health(self, self.leavers)
         self.discovery = DiscoveryEdge(self, self.leavers.lapsed, self.leavers.send_away)
+        self.stopping = GracefulStop(self, self.leavers, self.rounds)
         if self.resumed:
             if not self.policy.checkpointing:
                 raise ValueError("a resumed job needs checkpointing (it starts from a durable checkpoint)")
@@ -375,9 +377,9 @@ class ElasticJob:
         lost = max(0, self.commit_high - commit_seq) if commit_seq is not None and heard else None
         if commit_seq is not None:
             self.commit_high = commit_seq  # the job's history goes on from the checkpoint
-        how_many = f"{lost} committed step(s)" if lost is not None else "steps (how many, this driver did not see)"
-        log.warning("job %s: resumed from the checkpoint of step %d (%s); %s after it were lost", self.job_id, step,
-                    path, how_many)
+        how_many = (f"{lost} committed step(s) after it were lost" if lost is not None else
+                    "any steps trained after it are not in it (this driver did not run them: it cannot say how many)")
+        log.warning("job %s: resumed from the checkpoint of step %d (%s); %s", self.job_id, step, path, how_many)
         self.emit("checkpoint_loaded", step=step, path=path, steps_lost=lost)
         replaced, self.rounds.rollback_at_load = self.rounds.rollback_at_load, None
         if replaced is not None and lost is not None:
@@ -388,8 +390,19 @@ class ElasticJob:
         """Periodic check: heartbeats, timeouts, deadlines, launches, rounds."""
         self._step(now)
 
-    def stop(self, reason: str, exit_code: int) -> None:
-        """End the job from outside (a signal): every worker is to be stopped."""
+    def stop(self, reason: str, exit_code: int, now: float | None = None, *, grace_s: float = 0.0) -> None:
+        """End the job from outside (a signal): every worker is to be stopped. With ``grace_s`` and checkpointing,
+        first they stop at a commit and rank 0 checkpoints it, for up to ``grace_s`` (see :mod:`.stopping`);
+        a stop without grace during that ends the job at once."""
+        if self.outcome is not None:
+            return
+        if self.stopping.active:
+            if grace_s <= 0:
+                self.stopping.now_instead(reason, exit_code)
+            return
+        if now is not None and self.stopping.begin(reason, exit_code, now, grace_s):
+            self._step(now)
+            return
         self.end(False, reason, exit_code)
 
     # ------------------------------------------------------------ adoption
@@ -541,6 +554,9 @@ class ElasticJob:
         self.discovery.expire(now)
         for w, what in self.silence.overdue(self.alive(), len(self.workers), now, self._clock(now), self.round):
             self.give_up(w, what, now)
+        if self.stopping.active:
+            self.stopping.step(now)  # a graceful stop: nothing launches or forms; it ends once the workers left
+            return
         self.completion.check_early_returns(now)
         self.completion.check_progress(now)
         self.health.check(now)

@@ -179,7 +179,7 @@ class Leavers:
             if drain is not None and (drain.deadline is None or wall < drain.deadline - hold):
                 held.append(w)
             else:  # sent away with no one to take the state
-                self._last_holders[w.worker_id] = None if drain is None else drain.deadline
+                self.checkpoint_on_leaving(w, None if drain is None else drain.deadline)
         if held:
             self._checked = (-1, -1)  # looked at again next step: the deadline comes closer without any change
             if any(w.worker_id not in self._held_said for w in held):
@@ -187,6 +187,17 @@ class Leavers:
                 log.warning("job %s: every member's host is draining: they train on, and leave once a new worker "
                             "holds the state, or %gs before their host's deadline", job.job_id, hold)
         return held
+
+    def checkpoint_on_leaving(self, w: WorkerRecord, deadline: float | None) -> None:
+        """``w`` holds the state and leaves with no worker to take it (its host's deadline, or the job stopping:
+        see :mod:`.stopping`): told to checkpoint the commit it leaves at, before ``deadline`` (wall time; None:
+        :data:`NO_DEADLINE_CHECKPOINT_S`) less one margin, once it has left its round (see :meth:`left_round`)."""
+        self._last_holders[w.worker_id] = deadline
+
+    @property
+    def newest_checkpoint(self) -> tuple[int, int] | None:
+        """(step, commit) of the newest checkpoint reported stored (see :meth:`checkpoint_saved`), None if none."""
+        return self._checkpoint
 
     def left_round(self, w: WorkerRecord, now: float) -> None:
         """``w`` arrived at rendezvous draining (or at the job's end), or was sent away from it: it exits now.

@@ -60,6 +60,11 @@ __all__ = ["Driver"]
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.05
+#: How long a first SIGINT/SIGTERM lets the workers reach their next commit, rank 0 checkpoint it, and exit
+#: (with ``--checkpoint-dir``; see :mod:`cloud_elastic.driver.job.stopping`). With the TERM-then-KILL of what
+#: is left after it (``terminate_grace_s``, 5 s) it fits a Kubernetes pod's default grace (30 s), well within
+#: systemd's stop timeout (90 s).
+STOP_GRACE_S = 20.0
 
 
 class Driver:
@@ -110,6 +115,7 @@ class Driver:
         )
         self._cond.watch(self._job)
         self._stop_reason: tuple[str, int] | None = None
+        self._stop_now = False  # False while a signal's graceful stop may still keep the state (see interrupt)
         self._endpoints = Endpoints(self.job_id, self._handle, workers=config.max_np + config.spares)
         self._processes = WorkerProcesses(config, self._job, self._cond, self._endpoints, clock=clock,
                                           sinks=lambda: self._sinks, out=output or _print_line, launcher=launcher)
@@ -131,10 +137,22 @@ class Driver:
 
     # ----------------------------------------------------------------- public
     def stop(self, reason: str, exit_code: int) -> None:
-        """Ask the job to end (signal handlers call this); workers are stopped by run()."""
+        """Ask the job to end now; workers are stopped by run()."""
         with self._cond:
             if self._stop_reason is None:
                 self._stop_reason = (reason, exit_code)
+            self._stop_now = True
+            self._cond.notify_all()
+
+    def interrupt(self, reason: str, exit_code: int) -> None:
+        """A SIGINT or SIGTERM (signal handlers call this). The first, with ``--checkpoint-dir``, stops the job
+        gracefully: its workers stop at their next commit and rank 0 checkpoints it, for up to
+        :data:`STOP_GRACE_S`; a second one, or one without checkpoints, stops it now."""
+        with self._cond:
+            if self._stop_reason is None:
+                self._stop_reason = (reason, exit_code)
+            else:
+                self._stop_reason, self._stop_now = (reason, exit_code), True
             self._cond.notify_all()
 
     def run(self) -> Finish:
@@ -397,9 +415,9 @@ class Driver:
     def _loop(self) -> Finish:
         while True:
             with self._cond:
-                if self._stop_reason is not None and self._job.outcome is None:
-                    self._job.stop(*self._stop_reason)
                 now = self._clock()
+                if self._stop_reason is not None and self._job.outcome is None:
+                    self._job.stop(*self._stop_reason, now, grace_s=0.0 if self._stop_now else STOP_GRACE_S)
                 self._job.tick(now)
                 charge(self._job, now)
                 actions = self._job.take_actions()

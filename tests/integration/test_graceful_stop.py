@@ -1,0 +1,36 @@
+"""Ctrl-C with ``--checkpoint-dir`` keeps the last commit: the workers stop at it, rank 0 checkpoints it, and the
+newest checkpoint, which the same command resumes from, holds it. Found by review: the rerun resumed from the
+last periodic checkpoint instead (step 154 of 220)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+
+from cloud_elastic.checkpoint.store import CheckpointStore
+from tests.integration.harness import probe_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+def test_sigint_checkpoints_the_last_commit_and_the_newest_checkpoint_holds_it(jobs, tmp_path):
+    # One checkpoint an hour: the only periodic one is of the first commit.
+    args = ["run", "-np", "2", "-H", "127.0.0.2:1,127.0.0.3:1", "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--checkpoint-interval", "3600", *probe_cmd("--steps", "100000", "--step-sleep", "0.02")]
+    job = jobs(args)
+    job.wait_event("commit", rank=0, step=10)
+    os.kill(job.proc.pid, signal.SIGINT)
+    assert job.finish(timeout=40) == 130, job.output()
+    last = job.lines[-1]
+    m = re.search(r"interrupted: interrupted by SIGINT; checkpoint of step (\d+) written; the same command resumes "
+                  r"from it$", last)
+    assert m, job.output()
+    step = int(m[1])
+    assert step >= max(e["step"] for e in job.of("commit", rank=0)) >= 10  # no commit made is lost
+
+    # What the same command resumes from: the newest checkpoint there (its resume is test_durable's).
+    latest = CheckpointStore(str(tmp_path / "ckpt")).latest()
+    assert latest is not None and latest.info.step == step

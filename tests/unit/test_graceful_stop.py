@@ -1,0 +1,123 @@
+"""SIGINT/SIGTERM with ``--checkpoint-dir``: the workers stop at their next commit, rank 0 checkpoints it, and the
+job ends once they have exited (or its time is up), saying which step the next run resumes from. Found by
+review: a Ctrl-C lost everything since the last periodic checkpoint (step 220 trained, the rerun resumed at 154)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.driver.job.elastic_job import ExitOrder, WorkerState
+from cloud_elastic.driver.launch.api import ExitStatus
+from tests.unit.test_job import Sim, assert_round
+
+pytestmark = pytest.mark.timeout(10)
+
+SIGINT = ("interrupted by SIGINT", 130)
+GRACE = 20.0
+
+
+def training(checkpointing: bool = True) -> Sim:
+    """Two workers (rank 0 on a) in round 1, both at commit 9; the periodic checkpoint holds commit 1 (step 10)."""
+    sim = Sim(2, checkpointing=checkpointing)
+    sim.discover({"a": 1, "b": 1})
+    assert_round(sim.join("a[0]", "b[0]"), 1, needs_sync=True)
+    for slot in ("a[0]", "b[0]"):
+        sim.job.heartbeat(sim.id(slot), sim.now, 9, 9)
+    sim.job.checkpoint_saved(10, 1)
+    return sim
+
+
+def stop(sim: Sim, reason: str, exit_code: int, *, grace_s: float = 0.0) -> None:
+    """A signal, as the driver's loop passes it on (``grace_s`` 0: the second one)."""
+    sim.job.stop(reason, exit_code, sim.now, grace_s=grace_s)
+    sim._collect()
+
+
+def leave_at_commit(sim: Sim, seq: int) -> dict[str, ExitOrder]:
+    """Both members saw the update, commit ``seq`` and come to rendezvous: their exit orders."""
+    orders = {}
+    for slot in ("a[0]", "b[0]"):
+        wid = sim.id(slot)
+        assert sim.job.workers[wid].state is WorkerState.DRAINING
+        sim.job.rendezvous(wid, 1, "update", sim.now, seq, 0, seq)
+        orders[slot] = sim.reply(slot)
+        assert isinstance(orders[slot], ExitOrder), orders[slot]
+    return orders
+
+
+def test_a_signal_drains_every_member_at_its_next_commit_and_ends_with_the_checkpoint_of_that_commit() -> None:
+    sim = training()
+    gen = sim.poll("a[0]").update_gen
+    stop(sim, *SIGINT, grace_s=GRACE)
+    sim.advance(2)
+    assert sim.outcome is None  # the workers still hold the steps since the checkpoint
+    assert sim.poll("a[0]").update_gen > gen  # every member leaves at the same next commit: no rollback
+    sim.discover({"a": 1, "b": 1, "c": 1})  # nothing launches while the job stops
+    orders = leave_at_commit(sim, 12)
+    # The exit order asks the holders to checkpoint, within the stop's time less one margin to exit.
+    assert orders["a[0]"].checkpoint_s == pytest.approx(GRACE - 2 - sim.job.policy.deadline_margin_s)
+    sim.job.checkpoint_saved(120, 12)  # rank 0's report of the checkpoint it wrote on its way out
+    sim.exit("a[0]", ExitStatus(0))
+    assert sim.outcome is None
+    sim.exit("b[0]", ExitStatus(0))
+    assert sim.outcome is not None and (sim.outcome.success, sim.outcome.exit_code) == (False, 130)
+    assert sim.outcome.reason == ("interrupted by SIGINT; checkpoint of step 120 written; the same command "
+                                  "resumes from it")
+    assert sim.slots_launched() == ["a[0]", "b[0]"] and sim.stops == []
+    assert [e for e in sim.events if e[0] == "rollback"] == []
+
+
+def test_a_checkpoint_not_written_in_time_ends_the_job_at_the_bound_saying_the_steps_to_redo() -> None:
+    sim = training()
+    stop(sim, *SIGINT, grace_s=GRACE)
+    leave_at_commit(sim, 12)  # rank 0 writes, but storage is too slow: no report
+    sim.advance(GRACE - 1)
+    assert sim.outcome is None
+    sim.advance(1.5)
+    assert sim.outcome is not None and sim.outcome.exit_code == 130
+    assert sim.outcome.reason == (
+        "interrupted by SIGINT; 2 worker(s) had not exited in time; the last checkpoint is of step 10, the last "
+        "commit 12: the same command resumes from that checkpoint, and 11 committed step(s) will be redone")
+
+
+def test_a_second_signal_stops_at_once() -> None:
+    sim = training()
+    stop(sim, *SIGINT, grace_s=GRACE)
+    sim.advance(1)
+    stop(sim, "terminated by SIGTERM", 143, grace_s=GRACE)  # a repeated graceful request: no change
+    assert sim.outcome is None
+    stop(sim, *SIGINT)  # the second signal
+    assert sim.outcome is not None and sim.outcome.exit_code == 130
+    assert sim.outcome.reason.startswith("interrupted by SIGINT during the graceful stop: stopped at once; the last "
+                                         "checkpoint is of step 10, the last commit 9:")
+
+
+def test_without_a_checkpoint_dir_a_signal_ends_the_job_at_once_as_before() -> None:
+    sim = training(checkpointing=False)
+    stop(sim, *SIGINT, grace_s=GRACE)
+    assert sim.outcome is not None and (sim.outcome.reason, sim.outcome.exit_code) == SIGINT
+
+
+def test_a_signal_before_any_worker_holds_state_ends_the_job_at_once() -> None:
+    sim = Sim(2, checkpointing=True)
+    sim.discover({"a": 1, "b": 1})
+    sim.join("a[0]")  # b has not come: no round, nothing committed to keep
+    stop(sim, *SIGINT, grace_s=GRACE)
+    assert sim.outcome is not None and sim.outcome.reason == SIGINT[0]
+
+
+def test_holders_waiting_at_rendezvous_are_told_to_checkpoint_and_newcomers_just_exit() -> None:
+    sim = Sim(2, max_np=3, checkpointing=True)
+    sim.discover({"a": 1, "b": 1})
+    assert_round(sim.join("a[0]", "b[0]"), 1, needs_sync=True)
+    sim.commit("a[0]", "b[0]", count=5)
+    sim.exit("b[0]", ExitStatus(1))  # b fails: a rolls back and waits for the next round
+    sim.discover({"a": 1, "c": 1})
+    assert sim.job.rendezvous(sim.id("a[0]"), 1, "failure", sim.now, 5, 0, 5) is None
+    assert sim.reply("a[0]") is None
+    stop(sim, *SIGINT, grace_s=GRACE)
+    order = sim.reply("a[0]")
+    assert isinstance(order, ExitOrder) and order.checkpoint_s == pytest.approx(GRACE - 5.0)
+    newcomer = [w for w in sim.job.workers.values() if w.slot.host == "c"]
+    assert all(w.state is WorkerState.EXITING for w in newcomer)
+    assert [s.worker_id for s in sim.stops] == [w.worker_id for w in newcomer]  # not at rendezvous: stopped
