@@ -284,7 +284,11 @@ def parse(line: str) -> list[dict]:
 
 
 class JobExited(RuntimeError):
-    """Every process of a job ended while a benchmark waited for it to do something."""
+    """Every process of a job ended while a benchmark waited for it to do something; ``codes``: their exit codes."""
+
+    def __init__(self, message: str, codes: list[int | None] = ()) -> None:
+        super().__init__(message)
+        self.codes = list(codes)
 
 
 class Miss(Exception):
@@ -337,8 +341,8 @@ class Procs:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{what}: not within {timeout}s:\n{''.join(self.lines[-30:])}")
                 if all(p.poll() is not None for p in self.procs):
-                    raise JobExited(f"{what}: the job exited ({[p.returncode for p in self.procs]}):\n"
-                                       + "".join(self.lines[-30:]))
+                    codes = [p.returncode for p in self.procs]
+                    raise JobExited(f"{what}: the job exited ({codes}):\n" + "".join(self.lines[-30:]), codes)
             time.sleep(0.05)
 
     def stop(self) -> None:

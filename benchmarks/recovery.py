@@ -91,6 +91,14 @@ def systems(ckpt_root: str, fault: str, peers: bool, quick: bool) -> dict[str, C
     return out
 
 
+class Crashed(Miss):
+    """The job exited instead of stepping again: no step, as a miss, but said as the crash it was."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def one_fault(make: Callable[[], Procs], fault: str, warm_steps: int, bound_s: float) -> tuple[float, int]:
     """Start a job, hit rank 1 with the fault once three ranks passed ``warm_steps``, and return
     (seconds from the fault to the survivors' next completed step, steps lost). Miss past ``bound_s``."""
@@ -114,7 +122,9 @@ def one_fault(make: Callable[[], Procs], fault: str, warm_steps: int, bound_s: f
 
         try:
             nxt = job.wait(next_step, bound_s, f"the first step after the {fault}")
-        except (TimeoutError, JobExited) as exc:
+        except JobExited as exc:
+            raise Crashed(str(exc), next((c for c in exc.codes if c), exc.codes[0] if exc.codes else None)) from exc
+        except TimeoutError as exc:
             raise Miss(str(exc)) from exc
         with job.cond:
             last = max(e["step"] for e in job.logs if e["t"] <= t_fault)
@@ -127,34 +137,53 @@ def faults(ckpt_root: str, fault: str, repeats: int, bound_s: float, peers: bool
     """Every system's repeats of one fault; a miss of the bound is recorded (inf), not fatal."""
     out = {}
     for name, make in systems(ckpt_root, fault, peers, quick).items():
-        times, lost = [], []
+        times, lost, crashes = [], [], []
         for i in range(repeats):
+            crash = None
             try:
                 # 23, 27, 21, 25, 29, ...: the fault lands at different distances from a checkpoint every 10.
                 t, n = one_fault(make, fault, warm_steps=21 + (4 * i + 2) % 10, bound_s=bound_s)
             except Miss as exc:
                 print(f"{name}: {fault} {i + 1}: {str(exc).splitlines()[0]}", flush=True)
                 t, n = math.inf, -1
+                if isinstance(exc, Crashed):
+                    crash = f"crashed (exit {exc.code})"
             times.append(t)
             lost.append(n)
+            crashes.append(crash)
             print(f"{name}: {fault} {i + 1}: next step after {t:.3f}s, {n} steps lost, "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
-        out[name] = {"recovery_s": times, "steps_lost": lost, "bound_s": bound_s}
+        out[name] = {"recovery_s": times, "steps_lost": lost, "bound_s": bound_s, "crashes": crashes}
     return out
 
 
-def _seconds(t: float, bound: float) -> str:
-    return f"miss (> {bound:.0f} s)" if math.isinf(t) else f"{t:.2f} s"
+def _seconds(t: float, bound: float, no_step: str | None = None) -> str:
+    if not math.isinf(t):
+        return f"{t:.2f} s"
+    return no_step or f"miss (> {bound:.0f} s)"
+
+
+def _no_step(r: dict) -> str:
+    """What a percentile that found no step says: the bound missed, the crash (when every such repeat crashed
+    alike), or both counted."""
+    crashes = [c for t, c in zip(r["recovery_s"], r.get("crashes") or [None] * len(r["recovery_s"])) if math.isinf(t)]
+    if all(c is None for c in crashes):
+        return f"miss (> {r['bound_s']:.0f} s)"
+    if len(set(crashes)) == 1:
+        return crashes[0]
+    crashed = sum(c is not None for c in crashes)
+    return f"no step ({crashed} crashed, {len(crashes) - crashed} past {r['bound_s']:.0f} s)"
 
 
 def table(rows: dict[str, dict], what: str) -> str:
     lines = [f"| system (3 workers, 3 loopback hosts) | {what} → survivors' next step, p50 | p95 | each repeat | "
              "steps lost |", "|---|---|---|---|---|"]
     for name, r in rows.items():
-        t, b = r["recovery_s"], r["bound_s"]
-        each = ", ".join("miss" if math.isinf(x) else f"{x:.2f}" for x in t)
+        t, b, none = r["recovery_s"], r["bound_s"], _no_step(r)
+        crashes = r.get("crashes") or [None] * len(t)
+        each = ", ".join((c or "miss") if math.isinf(x) else f"{x:.2f}" for x, c in zip(t, crashes))
         lost = ", ".join("–" if n < 0 else str(n) for n in r["steps_lost"])
-        lines.append(f"| {name} | {_seconds(pct(t, .5), b)} | {_seconds(pct(t, .95), b)} | {each} | {lost} |")
+        lines.append(f"| {name} | {_seconds(pct(t, .5), b, none)} | {_seconds(pct(t, .95), b, none)} | {each} | {lost} |")
     return "\n".join(lines)
 
 
@@ -189,7 +218,7 @@ def glance(results: dict[str, dict[str, dict]]) -> list[list[str]]:
     if kill:
         t, lost = kill["recovery_s"], max(kill["steps_lost"])
         p95 = pct(t, .95)
-        rows.append([GLANCE_KILL, f"p95 {_seconds(p95, kill['bound_s'])} over {len(t)} kill(s), {max(lost, 0)} lost",
+        rows.append([GLANCE_KILL, f"p95 {_seconds(p95, kill['bound_s'], _no_step(kill))} over {len(t)} kill(s), {max(lost, 0)} lost",
                      f"{p95 / KILL_TARGET_S:.2f}", where(SECTION), docsection.verdict(p95 <= KILL_TARGET_S and lost == 0)])
     # The SIGSTOP row (GLANCE_STOP) is benchmarks/silence.py's: more stops, after the fast rule's warm-up, and
     # the false-alarm soak that goes with it.
