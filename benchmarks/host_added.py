@@ -113,6 +113,11 @@ class Scenario:
         self.job.stop()
 
 
+#: The newcomer starts from scratch, importing torch, as on a new instance (an SSH host) and as the peers' do:
+#: forked from the driver's preloaded server, a loopback "new host" would skip that (as in goodput.py).
+FRESH_WORKERS = {"CLOUD_ELASTIC_LOCAL_FORKSERVER": "0"}
+
+
 class CloudElastic(Scenario):
     def __init__(self, tmp: Path, state_mb: float = 0.0, tree: Path | None = None) -> None:
         self.tree = tree  # --against: another checkout's cloud_elastic (PYTHONPATH and the working directory)
@@ -124,9 +129,9 @@ class CloudElastic(Scenario):
 
     def start(self) -> None:
         if self.tree is None:
-            self.job = Procs([self.cmd], {})
+            self.job = Procs([self.cmd], dict(FRESH_WORKERS))
         else:
-            self.job = Procs([self.cmd], {"PYTHONPATH": str(self.tree)}, cwd=self.tree)
+            self.job = Procs([self.cmd], dict(FRESH_WORKERS, PYTHONPATH=str(self.tree)), cwd=self.tree)
 
     def add(self) -> None:
         self.discovery.set(HOSTS)
