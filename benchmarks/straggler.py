@@ -12,7 +12,8 @@ windows: with the slow worker (before it is found), after the replacement joined
 and the equal job's. ``--false-drains S`` also runs three equal workers for S
 seconds at the default settings (factor 2, window 60 s) on this busy machine and
 reports the drains (there must be none) and the largest ratio of a worker's
-compute time to the round's median that ``cloud-elastic status`` showed.
+compute time to the median of the other workers' (the rule's reference) that
+``cloud-elastic status`` showed.
 Also timed, in this process: what the compute-time bookkeeping costs a step.
 """
 
@@ -33,6 +34,9 @@ from common import PY, REPO, WORKLOAD, Procs, command, stamp, where
 
 SECTION = "Slow workers"
 BATCH = 64
+#: Not the defaults (factor 2, window 60 s): a half-speed worker's compute is about twice the others', at the
+#: default factor's edge, and at the defaults it was not drained within 90 s (2026-11-29).
+DRAIN_SETTINGS = ["--straggler-factor", "1.5", "--straggler-window", "10"]
 ARGS = ["--features", "256", "--hidden", "256", "--layers", "3", "--batch-size", str(BATCH), "--step-log"]
 
 
@@ -72,7 +76,7 @@ def throughput(quick: bool) -> dict:
     slow = {"CE_WORKLOAD_SLOW": f"127.0.0.3={normal:.4f}"}
     with tempfile.TemporaryDirectory() as tmp:
         job, events = _job(["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"], Path(tmp),
-                           ["--straggler-factor", "1.5", "--straggler-window", "10"], slow)
+                           DRAIN_SETTINGS, slow)
         job.wait(lambda: len([r for r in job.logs if r["size"] == 3]) > 20, 120, "three workers training")
         t0 = time.time()
 
@@ -93,6 +97,22 @@ def throughput(quick: bool) -> dict:
     return out
 
 
+def largest_ratio(status: dict) -> float | None:
+    """The largest ratio in ``cloud-elastic status --json`` of a worker's compute time to the figure the straggler
+    rule holds it against: the median of the other workers' (under --whole-hosts, the other hosts')."""
+    sys.path.insert(0, str(REPO))
+    from cloud_elastic.driver.job.health import _medians_of_others
+
+    figures, host_of = {}, {}
+    for h in status["hosts"]:
+        for w in h["workers"]:
+            if w.get("compute_s"):
+                figures[w["worker"]], host_of[w["worker"]] = w["compute_s"], h["host"]
+    others = _medians_of_others(figures, host_of if status.get("whole_host_slots") else None)
+    ratios = [figures[wid] / m for wid, m in others.items() if m]
+    return max(ratios, default=None)
+
+
 def false_drains(seconds: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
@@ -109,11 +129,9 @@ def false_drains(seconds: float) -> dict:
                                    env=dict(os.environ, **env), capture_output=True, text=True, timeout=60)
             if reply.returncode != 0:
                 continue
-            status = json.loads(reply.stdout)
-            median = status.get("median_compute_s")
-            figures = [w["compute_s"] for h in status["hosts"] for w in h["workers"] if w.get("compute_s")]
-            if median and figures:
-                ratios.append(max(figures) / median)
+            ratio = largest_ratio(json.loads(reply.stdout))
+            if ratio is not None:
+                ratios.append(ratio)
         drains = [json.loads(line) for line in events.read_text().splitlines() if '"straggler"' in line]
         job.stop()
     return {"seconds": seconds, "drains": len(drains), "largest_ratio": max(ratios, default=float("nan")),
@@ -147,7 +165,8 @@ def main() -> None:
     rows = [
         "| job | samples/s | / equal job |",
         "|---|---|---|",
-        f"| three workers, one at half speed, before it is found ({result['found_after_s']:.0f} s) "
+        f"| three workers, one at half speed, before it is found ({result['found_after_s']:.0f} s at "
+        f"{' '.join(f'`{a}`' if a.startswith('--') else a for a in DRAIN_SETTINGS)}) "
         f"| {result['slow']:.0f} | {result['slow'] / result['equal']:.2f} |",
         f"| after it was drained and replaced | {result['drained']:.0f} | {result['drained'] / result['equal']:.2f} |",
         f"| three equal workers | {result['equal']:.0f} | 1.00 |",
@@ -157,12 +176,15 @@ def main() -> None:
     if args.false_drains:
         fd = false_drains(args.false_drains)
         text += (f" Three equal workers for {fd['seconds']:.0f} s at the defaults: {fd['drains']} drain(s); the "
-                 f"largest compute time `cloud-elastic status` showed was {fd['largest_ratio']:.2f}x the round's "
-                 f"median ({fd['samples']} samples).")
+                 f"largest compute time `cloud-elastic status` showed was {fd['largest_ratio']:.2f}x the median of "
+                 f"the other workers' (the rule's reference; {fd['samples']} samples).")
     met = result["drained"] / result["equal"] >= 0.9
+    settings = " ".join(DRAIN_SETTINGS)
     glance = [["A worker at half speed is drained and replaced: throughput back within 10 % of a job without it",
-               f"{result['slow'] / result['equal']:.2f}x before, {result['drained'] / result['equal']:.2f}x after",
-               f"{(result['drained'] / result['equal']) / 0.9:.2f}", where(SECTION), docsection.verdict(met)]]
+               f"{result['slow'] / result['equal']:.2f}x before, {result['drained'] / result['equal']:.2f}x after, at "
+               f"`{settings}` (the defaults are 2 and 60 s)",
+               f"{(result['drained'] / result['equal']) / 0.9:.2f}", where(SECTION),
+               docsection.verdict(met) + f" at `{settings}`; not at the defaults (not drained within 90 s)"]]
     docsection.publish(args, "straggler", SECTION, text, glance)
 
 
