@@ -153,3 +153,28 @@ def test_a_commit_kept_in_place_leaves_out_a_backbone_unfrozen_later(two_workers
     opt.step()
     state.commit()
     assert {id(p) for p in model.parameters()} == updated()
+
+
+def test_unfreezing_a_backbone_is_not_taken_for_a_change_outside_the_optimizer(two_workers, caplog):
+    # Found by review: after the rebuild the commit compared the longer parameter list's versions with the
+    # shorter one recorded at the commit, called it an outside change, and switched to copying commits; a
+    # failure in that step then ended the job ("cannot restore the last commit exactly").
+    model = _model()
+    _set_backbone(model, False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    state = hvd.elastic.TorchState(model, opt)
+    for seed in range(4):
+        if seed == 2:
+            _set_backbone(model, True)
+        opt.zero_grad()
+        _loss(model, seed).backward()
+        opt.step()
+        state.commit()
+    committed = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    _loss(model, 9).backward()  # a failure in this step's collectives: roll back
+    state.restore()
+    assert "outside the optimizer" not in caplog.text
+    assert get_context().ledger.holds_commit
+    for p, c in zip(model.parameters(), committed):
+        assert torch.equal(p, c)

@@ -208,12 +208,18 @@ class ModelHandler(SnapshotHandler):
         # parameters) is copied; the parameters' version counters tell a later in-place change.
         ids, params = self._updated()
         self._snap.save(_state_dict_without(self.value, ids))
+        self._record_versions(params)
+
+    def _record_versions(self, params: list[torch.nn.Parameter]) -> None:
+        # The parameters themselves too: one that starts training after the commit (unfrozen) was copied
+        # into the commit, and must not read as a change of the ones versioned here.
+        self._versioned = list(params)
         self._versions = [p._version for p in params]
 
     def _changed_since_commit(self) -> str:
         if self._touched:
             return "the parameters were updated or overwritten since the commit"
-        if [p._version for p in self._updated()[1]] != self._versions:
+        if [p._version for p in self._versioned] != self._versions:
             return "a parameter was changed in place outside the optimizer since the commit"
         return ""
 
@@ -221,7 +227,7 @@ class ModelHandler(SnapshotHandler):
         self.value.load_state_dict(self._snap.load(), strict=False)  # the parameters are not in it
 
     def _recorded(self) -> None:
-        self._versions = [p._version for p in self._updated()[1]]
+        self._record_versions(self._updated()[1])
 
     def _broadcast(self, receivers: list[int] | None, takes: bool, heal: Heal | None) -> None:
         if heal is not None:
@@ -320,7 +326,7 @@ class ShardedModelHandler(ModelHandler):
     def _save_in_place(self) -> None:
         ids, params = self._updated()
         self._snap.save(self._local(ids))
-        self._versions = [p._version for p in params]
+        self._record_versions(params)
 
     def _restore_in_place(self) -> None:
         self._load(self._snap.load())

@@ -333,7 +333,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         if self._ce_outside:
             return frozenset()
-        self._ce_versions = [p._version for p in self._ce_params]
+        # The parameters with their counters: a rebuild (a parameter unfrozen) changes _ce_params, not them.
+        self._ce_versioned = list(self._ce_params)
+        self._ce_versions = [p._version for p in self._ce_versioned]
         return frozenset(p.data_ptr() for p in self._ce_params)
 
     def _ce_check_outside(self) -> None:
@@ -359,7 +361,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for opt in snapshot.optimizers:
                     opt._ce_outside = True
         if (not seen and self._ce_versions is not None and any(s.pending for s in self._ce_snapshots)
-                and [p._version for p in self._ce_params] != self._ce_versions):
+                and [p._version for p in self._ce_versioned] != self._ce_versions):
             seen = "the last commit holds the changed values"
         if not seen:
             return
