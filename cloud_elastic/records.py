@@ -115,7 +115,7 @@ def write_driver_record(job_id: str, address: str, secret: str, *, pid: int | No
     _private_dir(directory)
     _write_private(directory / "secret", secret)
     record = {"v": RECORD_VERSION, "job": job_id, "address": address, "pid": pid or os.getpid(),
-              "started": time.time(), "command": list(command),
+              "started": time.time(), "command": list(command), "cwd": os.getcwd(),
               **({"grace_s": float(grace_s)} if grace_s is not None else {})}
     _write_private(directory / "driver.json", json.dumps(record) + "\n")
     return directory
@@ -151,6 +151,8 @@ class JobRecord:
     last_seen: float = 0.0
     #: How long its workers train on without it (its adoption record's ``--driver-grace``, else the default).
     grace_s: float = JobConfig.driver_grace_s
+    #: The driver's working directory (None in records written before it was recorded).
+    cwd: str | None = None
 
     def recent(self, now: float) -> bool:
         """The driver runs, or died so recently that its workers may still run and a restart adopt them."""
@@ -222,7 +224,8 @@ def read_record(directory: Path) -> JobRecord:
         return JobRecord(str(raw["job"]), str(raw["address"]), pid, started,
                          tuple(str(c) for c in raw.get("command", ())),
                          driver_running(pid, started, last_seen, time.time()),
-                         last_seen, _recorded_grace(directory, raw.get("grace_s")))
+                         last_seen, _recorded_grace(directory, raw.get("grace_s")),
+                         raw["cwd"] if isinstance(raw.get("cwd"), str) else None)
     except FileNotFoundError:
         raise ConfigError(f"no job {directory.name} on this machine (see 'cloud-elastic status')") from None
     except PermissionError:
@@ -249,10 +252,12 @@ def list_jobs(root: Path | None = None) -> list[JobRecord]:
     return sorted(jobs, key=lambda j: j.started)
 
 
-def find_jobs(command: Sequence[str], root: Path | None = None) -> list[JobRecord]:
-    """The records of this user's drivers of ``command`` (the training command), newest sign of life first."""
+def find_jobs(command: Sequence[str], root: Path | None = None, cwd: str | None = None) -> list[JobRecord]:
+    """The records of this user's drivers of ``command`` (the training command), newest sign of life first; with
+    ``cwd``, only those started in that directory (or whose record does not say where)."""
     wanted = tuple(command)
-    return sorted((job for job in list_jobs(root) if job.command == wanted), key=lambda j: -j.last_seen)
+    return sorted((job for job in list_jobs(root) if job.command == wanted and (cwd is None or job.cwd in (None, cwd))),
+                  key=lambda j: -j.last_seen)
 
 
 def _grace(value: object) -> float | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -82,14 +83,25 @@ def test_the_driver_of_the_same_command_waits_until_the_dead_drivers_workers_sto
     assert "waiting" in text and "training starts over" in text
 
 
-@pytest.mark.parametrize("case", ["other command", "grace over", "driver alive"])
-def test_no_wait_for_another_command_a_grace_run_out_or_a_live_driver(case: str) -> None:
+@pytest.mark.parametrize("case", ["other command", "another directory", "grace over", "driver alive"])
+def test_no_wait_for_another_command_a_grace_run_out_or_a_live_driver(case: str, tmp_path, monkeypatch) -> None:
     if case == "other command":
         _dead_driver("0ldj0b01", command=("python", "other.py"))
+    elif case == "another directory":  # `python train.py` of another project, found by the session's review
+        elsewhere = tmp_path / "other-project"
+        elsewhere.mkdir()
+        here = os.getcwd()
+        monkeypatch.chdir(elsewhere)
+        _dead_driver("0ldj0b01")
+        monkeypatch.chdir(here)
     elif case == "grace over":
         _dead_driver("0ldj0b01", died_s_ago=60.0)
     else:  # two drivers of one command at once are not a restart: left as they always were
         live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "cloud-elastic"])
+        deadline = time.monotonic() + 10  # until it has exec'd: before, its command line is this test's
+        while b"cloud-elastic" not in pathlib.Path(f"/proc/{live.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         write_driver_record("0ldj0b01", "127.0.0.1:1", "s3cret", pid=live.pid, command=COMMAND, grace_s=30.0)
     try:
         plan = plan_start(_config(), None, job_id="n3wj0b01")
@@ -106,3 +118,12 @@ def test_the_dead_drivers_own_grace_is_waited_for_not_ours() -> None:
     assert plan.wait_until is not None and plan.wait_until <= last + 5 + 10
     job, = find_jobs(COMMAND)
     assert job.grace_s == 5.0  # what 'cloud-elastic status' shows of it too
+
+
+@pytest.mark.parametrize("label", ["<ray actor>", "<spark task>"])
+def test_ray_and_spark_drivers_wait_for_nothing(label: str) -> None:
+    # Found by the session's review: a notebook's next executor.run(train) after a crashed kernel waited
+    # grace + 5 s for actors or tasks that died with their driver, naming a flag these APIs do not have.
+    _dead_driver("0ldj0b01", command=(label, "train"))
+    plan = plan_start(_config(command=(label, "train")), None, job_id="n3wj0b01")
+    assert plan.wait_until is None and plan.predecessor_gone

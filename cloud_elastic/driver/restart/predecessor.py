@@ -304,8 +304,11 @@ def _without_store(config: JobConfig, job_id: str) -> StartPlan:
     grace has not run out (see module docstring); none can be adopted."""
     now = time.time()
     plan = StartPlan(job_id)
+    if config.command[:1] in (("<ray actor>",), ("<spark task>",)):
+        return plan  # Ray's actors and Spark's tasks end with the driver that started them: nothing to wait out
     try:
-        records = find_jobs(config.command)
+        # The same command in another directory is another project's job (``python train.py`` is common).
+        records = find_jobs(config.command, cwd=os.getcwd())
     except ConfigError as exc:  # the job runs without its records (see Driver._record_for_status)
         log.warning("job %s: cannot look for a previous driver of this command: %s", job_id, exc)
         return plan
