@@ -161,3 +161,26 @@ def test_an_optimizer_wrapped_after_its_torch_state_was_made_is_refused_at_the_n
     _step(model, dopt, 1)
     with pytest.raises(TypeError, match="not the optimizer it wraps"):
         state.commit()
+
+
+def test_commit_calls_a_subclass_check_host_updates_once_and_commits_once(admission):
+    # Horovod's commit() is save() then self.check_host_updates(); a subclass's override (bookkeeping,
+    # logging) was skipped at every commit once commit() ran the agreement itself (found by review).
+    calls = []
+
+    class Logged(hvd.elastic.ObjectState):
+        def check_host_updates(self):
+            calls.append(self.step)
+            super().check_host_updates()
+
+    state = Logged(step=0)
+    ledger = get_context().ledger
+    before = ledger.commits
+    state.step = 1
+    state.commit()
+    assert calls == [1] and ledger.commits == before + 1
+    admission()
+    state.step = 2
+    with pytest.raises(hvd.HostsUpdatedInterrupt):
+        state.commit()
+    assert calls == [1, 2] and ledger.commits == before + 2  # the interrupt after commit() saves nothing twice

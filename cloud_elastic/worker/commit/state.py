@@ -111,8 +111,12 @@ class State:
         ctx.read_update_flag()
         self.save()
         ctx.ledger.note_commit(self)
-        if ctx.updates_agreed():
-            raise HostsUpdatedInterrupt(skip_sync=False)
+        # Horovod's commit() is save() then self.check_host_updates(): a subclass that overrides it is called.
+        self._just_committed = True
+        try:
+            self.check_host_updates()
+        finally:
+            self._just_committed = False
 
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt, on all workers at the same call, if membership is changing.
@@ -126,11 +130,12 @@ class State:
         """
         ctx = get_context()
         if ctx.updates_agreed():
-            # Not ``close()``: a window ended here rather than at ``commit()`` says nothing about whether
-            # the loop runs collectives between its updates and its commits, so it must not confirm it.
-            ctx.ledger.window.discard()
-            self.save()
-            ctx.ledger.note_commit(self)
+            if not getattr(self, "_just_committed", False):  # called alone, not from commit()
+                # Not ``close()``: a window ended here rather than at ``commit()`` says nothing about whether
+                # the loop runs collectives between its updates and its commits, so it must not confirm it.
+                ctx.ledger.window.discard()
+                self.save()
+                ctx.ledger.note_commit(self)
             raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
