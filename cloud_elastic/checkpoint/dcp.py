@@ -39,9 +39,10 @@ import torch
 
 from cloud_elastic.checkpoint.api import CheckpointError
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
-from cloud_elastic.checkpoint.safety import safe_load
+from cloud_elastic.checkpoint.safety import causes, one_line, safe_load
 
-__all__ = ["METADATA_JSON", "ShardCorrupt", "digesting_writer", "safe_load_planner", "verifying_reader"]
+__all__ = ["METADATA_JSON", "ShardCorrupt", "dcp_reason", "digesting_writer", "load_target", "optimizer_target",
+           "safe_load_planner", "verifying_reader"]
 
 #: DCP's metadata as JSON, beside DCP's own pickled ``.metadata`` (which only plain DCP reads).
 METADATA_JSON = "metadata.json"
@@ -304,6 +305,80 @@ def _safe_load_planner_class() -> type:
 def safe_load_planner() -> Any:
     """A DCP load planner that never reads a non-tensor item with a full unpickler (torch imported lazily)."""
     return _safe_load_planner_class()()
+
+
+# -- what a load reads -------------------------------------------------------------------------------------------
+
+
+def load_target(tensors: Mapping[str, Any], optimizers: set[str], metadata: Any) -> dict[str, Any]:
+    """``tensors`` (a sharded state's model and optimizers, by attribute name, as torch's state dicts give them),
+    each optimizer's part reading only the state the checkpoint holds (:func:`optimizer_target`)."""
+    model = next((part for name, part in tensors.items() if name not in optimizers), {})
+    return {name: optimizer_target(name, metadata, model, part) if name in optimizers else part
+            for name, part in tensors.items()}
+
+
+def dcp_reason(exc: BaseException) -> str:
+    """Why DCP could not load (the key missing from the checkpoint, the size that differs), not its traceback."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    found = [c for c in causes(exc, None) if not isinstance(c, CheckpointException)]
+    return one_line(found[0] if found else exc)
+
+
+def optimizer_target(name: str, metadata: Any, model: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """The load target of the optimizer ``name`` (``get_optimizer_state_dict``'s form): the state the checkpoint
+    holds, as DCP's ``metadata`` lists it, and nothing else.
+
+    A parameter with no state in the checkpoint (one that had no gradient before it was written) gets none,
+    so an optimizer's state need not cover its trainable parameters; nor does one whose state this optimizer
+    lacks (its ``state`` was touched) miss what the checkpoint holds. Each tensor is read into ``current``'s
+    (torch's own target) where it has the checkpoint's shape and dtype, else into one like the parameter of
+    ``model`` (the model's state dict, by the same names) when it has that shape, sharded alike, else into a
+    plain tensor. Without any ``param_groups`` for ``name`` in the checkpoint, ``current`` is the target: DCP
+    then names what is missing.
+    """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    state: dict[str, Any] = {}
+    groups: list[dict[str, Any]] = []
+    owners = sorted(set(model) | set(current.get("state") or {}), key=len, reverse=True)
+    for key, md in metadata.state_dict_metadata.items():
+        if key.startswith(f"{name}.state."):
+            rest = key[len(name) + 7:]
+            # A parameter this model no longer has is not read, as the model's own extra items are not.
+            fqn = next((f for f in owners if rest.startswith(f + ".")), None)
+            if fqn is None:
+                continue
+            path, into = rest[len(fqn) + 1:].split("."), state.setdefault(fqn, {})
+            mine, like = ((current.get("state") or {}).get(fqn) or {}), model.get(fqn)
+        elif key.startswith(f"{name}.param_groups."):
+            index, _, rest = key[len(name) + 14:].partition(".")
+            if not index.isdigit() or not rest or int(index) > 100_000:
+                continue
+            groups += [{} for _ in range(int(index) + 1 - len(groups))]
+            path, into, like = rest.split("."), groups[int(index)], None
+            saved = current.get("param_groups") or []
+            mine = saved[int(index)] if int(index) < len(saved) else {}
+        else:
+            continue
+        for part in path[:-1]:
+            into, mine = into.setdefault(part, {}), (mine.get(part) if isinstance(mine, Mapping) else None) or {}
+        value = mine.get(path[-1]) if isinstance(mine, Mapping) else None
+        into[path[-1]] = _tensor_like(md, value, like) if isinstance(md, TensorStorageMetadata) else value
+    if not groups:
+        return dict(current)
+    return {"state": state, "param_groups": groups}
+
+
+def _tensor_like(md: Any, value: Any, param: Any) -> torch.Tensor:
+    """A tensor to read the item ``md`` into: ``value`` where it fits, else one like ``param``, else a plain one."""
+    dtype, size = md.properties.dtype, md.size
+    if isinstance(value, torch.Tensor) and value.shape == size and value.dtype == dtype:
+        return value
+    if isinstance(param, torch.Tensor) and param.shape == size:
+        return torch.zeros_like(param, dtype=dtype)  # a DTensor stays one, sharded as the parameter
+    return torch.zeros(size, dtype=dtype)
 
 
 # -- DCP's metadata as JSON --------------------------------------------------------------------------------------

@@ -124,10 +124,10 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
     while True:
         if sync:
             info = ctx.info
-            if info is not None and info.from_checkpoint and (
-                    info.rank == 0 if durable is None else durable.loads_here(info)):
-                _load_checkpoint(ctx, durable, state)
             try:
+                if info is not None and info.from_checkpoint and (
+                        info.rank == 0 if durable is None else durable.loads_here(info)):
+                    _load_checkpoint(ctx, durable, state)  # CollectiveError: a host-mate was lost in a sharded load
                 sync_facts.begin(ctx)  # rank 0 learns which workers hold its commit; the sync tells them
                 state.sync()
                 sync_facts.ensure_known(ctx)

@@ -38,7 +38,11 @@ A reader that finds the manifest finds every shard.
   file is checked against its manifest's digest before a byte of it is read; a
   checkpoint with a bad file (any worker's) or a bad ``state.pt`` is skipped for the
   previous one by every worker of the host together. No usable checkpoint is a
-  :class:`CheckpointError`: the worker exits rather than train from initial weights.
+  :class:`CheckpointError`: the worker exits rather than train from initial weights, as it does when the shards
+  do not fit (naming the item). An optimizer reads the state its checkpoint holds, whatever its own state
+  (``dcp.load_target``): a parameter without any there (no gradient yet) starts without. A host-mate lost
+  during the load (the driver aborts the round) is a ``CollectiveError``: the host leaves, its state counted
+  as holding no commit, and another host may load it.
 * **Storage.** Before host 0 first writes or loads, local rank 0 reads the driver's job record in the
   store (``durable.failure``): storage this host sees apart from the driver's ends the job in one line.
 * **What is in it.** The sharded model and its optimizers (those over DTensor
@@ -66,13 +70,14 @@ import torch.distributed as dist
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
 from cloud_elastic.checkpoint.payload import check_payload, load_state_payload, stage_payload, state_payload
-from cloud_elastic.checkpoint.dcp import ShardCorrupt
+from cloud_elastic.checkpoint.dcp import ShardCorrupt, dcp_reason, load_target
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.comm import statecodec
 from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report, report_not_written
 from cloud_elastic.worker.durable.staging import stage as _stage
+from cloud_elastic.worker.exceptions import CollectiveError
 
 __all__ = ["ShardedCheckpoints", "sharded_parts"]
 
@@ -255,7 +260,16 @@ class ShardedCheckpoints:
 
         A checkpoint whose ``state.pt`` or any shard file differs from its manifest is skipped for the previous
         one, on every worker of the host alike. CheckpointError when none is usable, the storage cannot be read,
-        or the shards do not fit this state."""
+        or the shards do not fit this state; CollectiveError when a worker of this host was lost meanwhile (the
+        driver aborted the round): this host leaves, and another may load it."""
+        try:
+            return self._load_latest(state)
+        except (RuntimeError, _DCP_ERROR) as exc:  # one of the host's collectives around DCP's load
+            if not self._peer_lost(exc):
+                raise
+            raise self._cut_short(state, exc) from exc
+
+    def _load_latest(self, state: Any) -> CheckpointInfo:
         ctx, info = self._ctx, self._ctx.info
         began = time.perf_counter()
         candidates = _decided_by_local_rank_0(info, self._sharded_candidates, ctx.device)
@@ -300,6 +314,8 @@ class ShardedCheckpoints:
             raise _Fallback(why or "a worker of this host found it unusable")
         tensors, skip = sharded_parts(state)
         try:
+            optimizers = {n for n in tensors if isinstance(getattr(state, n), torch.optim.Optimizer)}
+            tensors = load_target(tensors, optimizers, storage.read_metadata())
             _load(tensors, storage)
             _set(state, tensors)
         except (Exception, _DCP_ERROR) as exc:
@@ -309,9 +325,25 @@ class ShardedCheckpoints:
                 raise _Fallback(corrupt) from exc
             if unreadable is not None:
                 raise CheckpointError(unreadable) from exc
-            reason = " ".join(str(exc).split())[:300]
-            raise CheckpointError(f"the shards of {chosen.url} do not fit this state: {reason}") from exc
+            if self._peer_lost(exc):  # a host-mate died in DCP's collectives: not the checkpoint's fault
+                raise self._cut_short(state, exc) from exc
+            raise CheckpointError(f"the shards of {chosen.url} do not fit this state: {dcp_reason(exc)}") from exc
         return checkpoint, skip
+
+    def _peer_lost(self, exc: BaseException) -> bool:
+        """Whether ``exc``, a cause of it or a worker's failure DCP hands on is a lost peer's (``sharded.peer_lost``)."""
+        from cloud_elastic.worker.sharded import peer_lost
+
+        return any(peer_lost(self._ctx, c) for c in causes(exc, None) if isinstance(c, RuntimeError))
+
+    def _cut_short(self, state: Any, exc: BaseException) -> CollectiveError:
+        """The load was cut short: ``state``, back at this process's own last commit (a fresh one's initial weights),
+        must not pass for the job's state: it counts as not held until a sync or a load gives it one."""
+        state.restore()
+        self._ctx.ledger.lost_commit("its load of a checkpoint was cut short, and it holds none of the job's "
+                                     "commits")
+        return CollectiveError(f"loading the checkpoint failed: a worker of this host was lost "
+                               f"({one_line(exc, 200)})")
 
     def _worst(self, trouble: int) -> int:
         flag = torch.tensor([trouble], dtype=torch.int64, device=self._ctx.device)
@@ -479,6 +511,7 @@ def sharded_parts(state: Any) -> tuple[dict[str, Any], frozenset[str]]:
 
 
 def _set(state: Any, tensors: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions as Options
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     models = {n: getattr(state, n) for n in tensors if isinstance(getattr(state, n), torch.nn.Module)}
@@ -487,8 +520,9 @@ def _set(state: Any, tensors: dict[str, Any]) -> None:
     for name in tensors:
         optimizer = getattr(state, name)
         if isinstance(optimizer, torch.optim.Optimizer):
-            with _plain_step(optimizer):
-                set_optimizer_state_dict(next(iter(models.values())), optimizer, tensors[name])
+            with _plain_step(optimizer):  # not strict: a parameter the checkpoint holds no state of starts with none
+                set_optimizer_state_dict(next(iter(models.values())), optimizer, tensors[name],
+                                         options=Options(strict=False))
 
 
 @contextlib.contextmanager
