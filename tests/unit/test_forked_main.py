@@ -67,3 +67,15 @@ def test_a_forked_module_sees_what_python_m_would_have_seen(tree):
     forked = _run([sys.executable, "-c", _FORKED, json.dumps({"module": "report", "args": ["one"]})], tree / "real")
     assert forked == plain
     assert forked["name"] == "__main__" and forked["spec"] == "report" and forked["data"] == "beside the script"
+
+
+def test_a_forked_directory_runs_its_main_as_python_dir_does(tree):
+    # `python some_dir/` runs some_dir/__main__.py; the source-script path opened the directory (found by review).
+    (tree / "app").mkdir()
+    (tree / "app" / "__main__.py").write_text("import sys; print('ran', __name__, sys.argv[1:])")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    plain = subprocess.run([sys.executable, "app", "x"], cwd=tree, env=env, capture_output=True, text=True, timeout=30)
+    forked = subprocess.run([sys.executable, "-c", _FORKED, json.dumps({"script": "app", "args": ["x"]})], cwd=tree,
+                            env=env, capture_output=True, text=True, timeout=30)
+    assert plain.stdout == "ran __main__ ['x']\n"
+    assert (forked.returncode, forked.stdout) == (0, plain.stdout), forked.stderr

@@ -257,7 +257,7 @@ def _run_script(path: str) -> None:
     import types
     import zipfile
 
-    if path.endswith(".pyc") or zipfile.is_zipfile(path):
+    if path.endswith(".pyc") or os.path.isdir(path) or zipfile.is_zipfile(path):  # a directory: its __main__.py
         runpy.run_path(path, run_name="__main__")
         return
     main = types.ModuleType("__main__")
