@@ -18,9 +18,11 @@ What each piece does in sharded mode:
   reduce-scattered and averaged over the host), ``step()`` allreduces the local
   gradient shards over the cross-host group, sums then divides by the number of
   hosts: the arithmetic of FSDP2's HSDP, bitwise (docs/design/sharded.md);
-* the membership flag is agreed over the round's whole group at each commit
-  (one one-element allreduce), so every worker of every host stops at the same
-  commit;
+* the membership flag is agreed over the round's whole group in each ``step()``,
+  after the gradient average and before the update (one one-element allreduce,
+  :func:`agree_before_update`; a commit with no step before it agrees alone), so
+  every worker of every host stops at the same commit, and no worker updates a
+  step that a host-mate's failed average rolls back from;
 * ``TorchState`` commits the local shards of the parameters and of the
   optimizer state as it commits a replica (``commit.handlers.ShardedModelHandler``,
   ``ShardedOptimizerHandler``): in place in the common loop, else a kept copy
@@ -53,10 +55,11 @@ import torch.distributed as dist
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.worker.comm.collectives import on_device
 from cloud_elastic.worker.context import init
-from cloud_elastic.worker.exceptions import WorkerRemoved
+from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
 from cloud_elastic.worker.rounds.signed_store import SignedStore, host_namespace
 
-__all__ = ["shard", "is_sharded", "local", "average_gradient_shards", "check_layout", "peer_lost"]
+__all__ = ["shard", "is_sharded", "local", "average_gradient_shards", "agree_before_update", "check_layout",
+           "mixed_hosts", "check_hosts", "peer_lost"]
 
 log = logging.getLogger(__name__)
 
@@ -305,11 +308,20 @@ def average_gradient_shards(ctx: Any, params: list[torch.nn.Parameter]) -> None:
     shard shapes, so all issue the same allreduces. A failed wait abandons the round's
     group (``ctx.wait``): allreduces still in flight may write into gradients until
     its sockets close, and the step is rolled back; its gradients are computed anew.
+
+    Every parameter of ``params`` (the optimizer's trainable ones) takes part: one
+    without a gradient in this step (a branch this host's data did not run) is given
+    zeros first, as the replicas' buckets do. Left out, the hosts would issue
+    allreduces of different sizes, and the average would fail or mix shards.
     """
     info = ctx.info
-    grads = [local(p.grad) for p in params if p.grad is not None]
-    if info is None or info.cross_size <= 1 or not grads:
+    if info is None or info.cross_size <= 1 or not params:
         return
+    with torch.no_grad():
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)  # a DTensor as the parameter is: its local shard is zeros
+    grads = [local(p.grad) for p in params]
     group = ctx.cross_group("gradient allreduce")
     pending: list[tuple[Any, torch.Tensor, list[torch.Tensor]]] = []  # (work, reduced tensor, packed shards)
 
@@ -347,6 +359,25 @@ def average_gradient_shards(ctx: Any, params: list[torch.nn.Parameter]) -> None:
             finish_one()
 
 
+def agree_before_update(ctx: Any) -> None:
+    """Every worker of the round agrees, after its gradient average and before its update, with one
+    one-element allreduce over the round's group; it carries the membership flag, which the commit
+    then reads instead of making its own (as a replica's gradient bucket carries it).
+
+    A worker lost after its backward fails only its own local rank's cross-host average: without
+    this, a host-mate whose average completed would update and commit a step that its host-mate,
+    whose average failed, rolls back from, and their host would hold shards of two commits
+    (:func:`mixed_hosts`). Here the first one's agreement fails too (the driver aborts the round),
+    before its update, so it rolls back exactly as well: every host stays at one commit.
+    """
+    info = ctx.info
+    if ctx.standalone or info is None or info.size <= 1:
+        return
+    flag = torch.full((1,), 1.0 if ctx.update_pending() else 0.0, device=ctx.device)
+    ctx.wait(ctx.group("the step's agreement").allreduce([flag]), "the step's agreement")
+    ctx.carry_update_flag(flag)
+
+
 def _layout(value: Any) -> list:
     """What must be the same on every worker: a sharded model's parameters (names, full shapes, dtypes,
     placements) and FSDP2 units, or an optimizer's class and the full shapes of its parameter groups."""
@@ -359,23 +390,28 @@ def _layout(value: Any) -> list:
     return [type(value).__name__, [[(tuple(p.shape), str(p.dtype)) for p in g["params"]] for g in value.param_groups]]
 
 
-def check_layout(ctx: Any, values: list[Any]) -> None:
+def check_layout(ctx: Any, values: list[Any], commit: tuple[int, bool] = (0, True)) -> set[int]:
     """Every worker of every host must shard the same model the same way (``hvd.shard``): checked at each
     state sync, before a forward pass, with one small allreduce over the round's workers.
 
     The layout most workers have (rank 0's on a tie) is the job's; a worker whose layout differs raises a
     one-line ``ConfigError`` naming it, where FSDP2 would hang or fail in a collective, and fails as any
     worker does: its host leaves and is blacklisted, and the others roll back and go on without it.
+    The same allreduce carries each worker's host and ``commit`` (its live ``commit_seq``, and whether it
+    holds that commit exactly): returned, the hosts (cross ranks) whose shards are not one commit
+    (:func:`mixed_hosts`), the same set on every worker.
     """
     info = ctx.info
     if info is None or info.size <= 1 or not values:
-        return
+        return set()
     digest = hashlib.blake2b(repr([_layout(v) for v in values]).encode(), digest_size=7).digest()
-    seen = torch.zeros(info.size, dtype=torch.int64)
-    seen[info.rank] = int.from_bytes(digest, "big")  # 56 bits: a positive int64
+    seen = torch.zeros(info.size, 4, dtype=torch.int64)
+    # 56 bits of digest: a positive int64.
+    seen[info.rank] = torch.tensor([int.from_bytes(digest, "big"), info.cross_rank, commit[0], int(commit[1])])
     seen = on_device(seen)
     ctx.wait(ctx.group("the sharded layout check").allreduce([seen]), "the sharded layout check")
-    layouts = seen.tolist()
+    rows = seen.tolist()
+    layouts = [row[0] for row in rows]
     counts = {h: layouts.count(h) for h in layouts}
     usual = max(counts, key=lambda h: (counts[h], h == layouts[0]))
     if layouts[info.rank] != usual:
@@ -383,6 +419,43 @@ def check_layout(ctx: Any, values: list[Any]) -> None:
                           f"{counts[usual]} of the round's {info.size} workers (rank {layouts.index(usual)}'s): "
                           "parameter names, shapes and dtypes, the FSDP2 units and the optimizer's parameters must "
                           "be the same on every worker of every host")
+    return mixed_hosts([(host, seq, bool(holds)) for _, host, seq, holds in rows])
+
+
+def mixed_hosts(rows: Iterable[tuple[int, int, bool]]) -> set[int]:
+    """The hosts whose workers do not all hold one same commit exactly, from each worker's
+    ``(cross rank, live commit_seq, holds it exactly)``.
+
+    A host's shards are one model only when they are one commit. A collective can
+    complete on some workers and fail on others: a worker lost after its backward
+    leaves a host-mate whose cross-host average completed (it updated and committed
+    step k+1) beside one whose average failed (it rolled back to step k); in place,
+    nothing of step k is left on the first. That host holds no commit of the job.
+    """
+    held: dict[int, set[int]] = {}
+    for host, seq, holds in rows:
+        held.setdefault(host, set()).add(seq if holds else -1)
+    return {host for host, seqs in held.items() if len(seqs) > 1 or -1 in seqs}
+
+
+def check_hosts(ctx: Any, values: list[Any]) -> None:
+    """A sharded state sync's first check (:func:`check_layout`), and what follows from mixed hosts.
+
+    A worker of a mixed host no longer holds a commit (``ledger.lost_commit``): its host
+    then takes every shard from host 0, and the driver never makes it rank 0. When host 0
+    itself is mixed (the driver made its newest worker rank 0, as for replicas, before
+    anyone could tell), nothing of it may be sent: every worker raises ``CollectiveError``
+    at once and rejoins, and the driver takes the state from a host that holds one commit,
+    or the latest checkpoint, or ends the job with the state lost. Never a mix.
+    """
+    ledger = ctx.ledger
+    mixed = check_layout(ctx, values, (ledger.live_commit_seq, ledger.holds_commit))
+    if ctx.info.cross_rank in mixed:
+        ledger.lost_commit("its host's workers hold different commits (a worker was lost mid-step)")
+    if 0 in mixed:
+        ctx._abandon_round()
+        raise CollectiveError(f"the workers of rank 0's host hold different commits of their shards (hosts "
+                              f"{sorted(mixed)} of round {ctx.info.round}); none of them may give the state")
 
 
 #: Words of the errors a collective raises when a peer is gone (lowercase).

@@ -84,8 +84,10 @@ def plan_round(
     survivors = sorted((c for c in waiting if c.prev_rank is not None), key=lambda c: (not c.holds_state, c.prev_rank))
     newcomers = sorted((c for c in waiting if c.prev_rank is None), key=lambda c: (not c.holds_state, c.newcomer_key))
     queue = survivors + newcomers
-    newest = max(queue, key=lambda c: c.commit_seq)  # the first of equals: usual order otherwise
-    if newest.holds_state:
+    # The newest commit a worker can give: one that cannot (a sharded host's shards at two commits, see
+    # worker/sharded.py) may report a newer one, which must not keep the newest holder from rank 0.
+    newest = max((c for c in queue if c.holds_state), key=lambda c: c.commit_seq, default=None)  # first of equals
+    if newest is not None:
         queue.remove(newest)
         queue.insert(0, newest)
     if host_slots:

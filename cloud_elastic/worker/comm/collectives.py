@@ -484,9 +484,26 @@ def broadcast_parameters(params: Params, root_rank: int = 0) -> None:
     naming the first that differs (checked by one small allgather before they travel).
     """
     named = named_tensors(params, "broadcast_parameters")
+    _refuse_shards("broadcast_parameters", ((name, t) for name, t in named))
     tensors = [t for _, t in named]
     shapes.check_same_tensors(tensors, [n for n, _ in named], "broadcast_parameters")
     broadcast_tensors_(tensors, root_rank, "parameters")
+
+
+def _refuse_shards(call: str, named: Iterable[tuple[str | None, torch.Tensor]]) -> None:
+    """ValueError, in one line and before any collective, for a shard of a model sharded with ``hvd.shard``
+    (a DTensor): packing it for a broadcast would gather it over its host, whose other workers, in the
+    broadcast, never join; ``hvd.elastic.run``'s state sync gives every host host 0's shards instead."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a build without distributed tensors shards nothing
+        return
+    for name, t in named:
+        if isinstance(t, DTensor):
+            what = f"{name!r} is" if name else "its parameters are"
+            raise ValueError(f"hvd.{call}: {what} sharded with hvd.shard (a DTensor); a sharded model and its "
+                             "optimizer are synced by hvd.elastic.run's TorchState, which gives every host host "
+                             "0's shards: drop this call")
 
 
 def parameter_tensors(params: Params) -> list[torch.Tensor]:
@@ -525,6 +542,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     state objects, and a commit kept in place, which holds those very objects,
     could no longer be restored if the sync were cut short (``commits``).
     """
+    _refuse_shards("broadcast_optimizer_state", ((None, p) for g in optimizer.param_groups for p in g["params"]))
     root = get_context().info.rank == root_rank
     synced = broadcast_state_dict(optimizer.state_dict() if root else None, root_rank, limit=state_limit(optimizer))
     if not root:

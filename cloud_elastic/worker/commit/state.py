@@ -310,6 +310,12 @@ class TorchState(ObjectState):
         # or a failure every survivor rolled back from alike) keeps its own values, and sends a part of them.
         root_seq = ledger.sync_root_seq
         other = root_seq is None or root_seq != ledger.live_commit_seq or not ledger.holds_commit
+        shards = [h.value for h in self._handlers.values() if getattr(h, "sharded", False)]
+        if shards and ctx.info is not None:
+            # A host whose workers' shards are not one commit holds none (this worker's commit is then lost):
+            # it takes every shard from host 0, or, if it is host 0, the round ends here.
+            sharded.check_hosts(ctx, shards)
+        shard_other = other or not ledger.holds_commit
         # Only the workers whose values the sync gives change their live state (commit 0, the initial state, may
         # differ on every worker): rank 0 and the holders of its commit keep theirs, and with it a commit kept in
         # place, which a sync cut short (a peer dead in it) then still restores exactly. A receiver keeps its own
@@ -318,11 +324,10 @@ class TorchState(ObjectState):
         overwritten = ctx.info is not None and ctx.info.rank != 0 and other or takes
         # A shard comes from local rank i of host 0 (cross rank 0), which holds rank 0's commit, and only to
         # the hosts that do not hold it (the initial state, commit 0, may differ on every host).
-        shard_overwritten = ctx.info is not None and ctx.info.cross_rank != 0 and other
+        shard_overwritten = ctx.info is not None and ctx.info.cross_rank != 0 and shard_other
         receivers = None
-        if any(getattr(h, "sharded", False) for h in self._handlers.values()) and ctx.info is not None:
-            sharded.check_layout(ctx, [h.value for h in self._handlers.values() if getattr(h, "sharded", False)])
-            receivers = collectives.needing(ctx.info.cross_rank != 0 and (other or ledger.live_commit_seq == 0),
+        if shards and ctx.info is not None:
+            receivers = collectives.needing(ctx.info.cross_rank != 0 and (shard_other or ledger.live_commit_seq == 0),
                                             "shards of the commit", cross=True)
             ledger.shard_sync = (ctx.info.round, receivers)
         heal = None

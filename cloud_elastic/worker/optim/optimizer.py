@@ -253,7 +253,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._ce_synchronized:
             return
         if self._ce_sharded:
+            trainable = self._ce_trainable()
+            if trainable is not None:  # a parameter unfrozen, or a group added: averaged from this step on
+                self._ce_rebuild(trainable)
             sharded.average_gradient_shards(get_context(), self._ce_params)
+            sharded.agree_before_update(get_context())
             self._ce_synchronized = True
             return
         self._ce_check_outside()
