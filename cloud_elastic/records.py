@@ -254,10 +254,22 @@ def list_jobs(root: Path | None = None) -> list[JobRecord]:
 
 def find_jobs(command: Sequence[str], root: Path | None = None, cwd: str | None = None) -> list[JobRecord]:
     """The records of this user's drivers of ``command`` (the training command), newest sign of life first; with
-    ``cwd``, only those started in that directory (or whose record does not say where)."""
+    ``cwd``, the command as run from ``cwd``: ``python train.py`` of another directory is another project's, and
+    ``python /abs/train.py`` from anywhere the same job (each argument naming a file there is compared by its real
+    path; a record that does not say where it ran is compared as written)."""
     wanted = tuple(command)
-    return sorted((job for job in list_jobs(root) if job.command == wanted and (cwd is None or job.cwd in (None, cwd))),
-                  key=lambda j: -j.last_seen)
+    here = None if cwd is None else _resolved(wanted, cwd)
+    return sorted((job for job in list_jobs(root) if job.command == wanted and (
+        here is None or job.cwd is None or _resolved(job.command, job.cwd) == here)), key=lambda j: -j.last_seen)
+
+
+def _resolved(command: Sequence[str], cwd: str) -> tuple[str, ...]:
+    """``command`` with each argument that names an existing path from ``cwd`` replaced by its real path."""
+    out = []
+    for arg in command:
+        path = os.path.join(cwd, arg)
+        out.append(os.path.realpath(path) if arg and os.path.exists(path) else arg)
+    return tuple(out)
 
 
 def _grace(value: object) -> float | None:

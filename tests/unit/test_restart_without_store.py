@@ -103,6 +103,10 @@ def test_no_wait_for_another_command_a_grace_run_out_or_a_live_driver(case: str,
             assert time.monotonic() < deadline
             time.sleep(0.01)
         write_driver_record("0ldj0b01", "127.0.0.1:1", "s3cret", pid=live.pid, command=COMMAND, grace_s=30.0)
+    if case == "another directory":
+        (tmp_path / "other-project" / "train.py").write_text("")  # its own train.py, not this one's
+        (tmp_path / "train.py").write_text("")
+        monkeypatch.chdir(tmp_path)
     try:
         plan = plan_start(_config(), None, job_id="n3wj0b01")
     finally:
@@ -127,3 +131,19 @@ def test_ray_and_spark_drivers_wait_for_nothing(label: str) -> None:
     _dead_driver("0ldj0b01", command=(label, "train"))
     plan = plan_start(_config(command=(label, "train")), None, job_id="n3wj0b01")
     assert plan.wait_until is None and plan.predecessor_gone
+
+
+def test_the_same_script_by_its_absolute_path_from_another_directory_is_waited_for(tmp_path, monkeypatch) -> None:
+    # Found by review: `cloud-elastic run python /abs/train.py` restarted from another directory (a unit, a
+    # wrapper that cd's) is the same job, and its workers must be waited out.
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text("")
+    command = ("python", str(script))
+    monkeypatch.chdir(script.parent)
+    _dead_driver("0ldj0b01", command=command)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    plan = plan_start(_config(command=command), None, job_id="n3wj0b01")
+    assert plan.wait_until is not None
