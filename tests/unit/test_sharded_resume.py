@@ -120,18 +120,28 @@ def _job_ctx(aborted: bool) -> SimpleNamespace:
     return ctx
 
 
+_RESET = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:20612: Connection reset by peer"
+
+
 @pytest.mark.commit_mode("snapshot")  # the partly loaded shards are rolled back exactly
-def test_a_host_mate_lost_during_the_load_sends_this_host_away_holding_no_commit(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["in DCP's load, this worker's shards read", "in the host's vote before it"])
+def test_a_host_mate_lost_during_the_load_sends_this_host_away_holding_no_commit(tmp_path, monkeypatch, where):
     _written(tmp_path)
     fresh = _state(seed=7)
     initial = _everything(fresh)
 
     def cut_short(tensors, storage):  # this worker's shards are read, then a host-mate's death fails DCP's collective
         load(tensors, storage)
-        raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:20612: Connection reset by peer")
+        raise RuntimeError(_RESET)
+
+    def vote_fails(self, trouble):
+        raise RuntimeError(_RESET)
 
     load = sharded_checkpoints._load
-    monkeypatch.setattr(sharded_checkpoints, "_load", cut_short)
+    if where.startswith("in DCP"):
+        monkeypatch.setattr(sharded_checkpoints, "_load", cut_short)
+    else:
+        monkeypatch.setattr(sharded_checkpoints.ShardedCheckpoints, "_worst", vote_fails)
     ctx = _job_ctx(aborted=True)
     with pytest.raises(CollectiveError, match="a worker of this host was lost"):
         _checkpoints(tmp_path, ctx).load_latest(fresh)

@@ -267,7 +267,7 @@ class ShardedCheckpoints:
         except (RuntimeError, _DCP_ERROR) as exc:  # one of the host's collectives around DCP's load
             if not self._peer_lost(exc):
                 raise
-            raise self._cut_short(state, exc) from exc
+            raise self._cut_short(exc) from exc
 
     def _load_latest(self, state: Any) -> CheckpointInfo:
         ctx, info = self._ctx, self._ctx.info
@@ -326,7 +326,7 @@ class ShardedCheckpoints:
             if unreadable is not None:
                 raise CheckpointError(unreadable) from exc
             if self._peer_lost(exc):  # a host-mate died in DCP's collectives: not the checkpoint's fault
-                raise self._cut_short(state, exc) from exc
+                raise self._cut_short(exc) from exc
             raise CheckpointError(f"the shards of {chosen.url} do not fit this state: {dcp_reason(exc)}") from exc
         return checkpoint, skip
 
@@ -336,12 +336,11 @@ class ShardedCheckpoints:
 
         return any(peer_lost(self._ctx, c) for c in causes(exc, None) if isinstance(c, RuntimeError))
 
-    def _cut_short(self, state: Any, exc: BaseException) -> CollectiveError:
-        """The load was cut short: ``state``, back at this process's own last commit (a fresh one's initial weights),
-        must not pass for the job's state: it counts as not held until a sync or a load gives it one."""
-        state.restore()
-        self._ctx.ledger.lost_commit("its load of a checkpoint was cut short, and it holds none of the job's "
-                                     "commits")
+    def _cut_short(self, exc: BaseException) -> CollectiveError:
+        """The load was cut short: the state, back at this process's own last commit (a fresh one's initial weights;
+        DCP's failures are restored in :meth:`_load_one`, the collectives around it change nothing), must not pass
+        for the job's: it counts as not held until a sync or a load gives it one."""
+        self._ctx.ledger.lost_commit("a checkpoint load was cut short: its state is not the job's")
         return CollectiveError(f"loading the checkpoint failed: a worker of this host was lost "
                                f"({one_line(exc, 200)})")
 
