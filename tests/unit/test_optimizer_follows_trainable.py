@@ -178,3 +178,25 @@ def test_unfreezing_a_backbone_is_not_taken_for_a_change_outside_the_optimizer(t
     assert get_context().ledger.holds_commit
     for p, c in zip(model.parameters(), committed):
         assert torch.equal(p, c)
+
+
+def test_a_newcomer_takes_rank_0s_requires_grad_and_lays_out_its_buckets_as_its_peers(two_workers):
+    # Found by the session's review: a newcomer built its model with the backbone frozen, joined after the
+    # others had unfrozen it, and sent a bucket layout that did not match theirs (Gloo aborted every round
+    # it joined). The sync's small parts now carry rank 0's requires_grad, and the optimizer follows them.
+    from cloud_elastic.worker.comm.statecodec import StateSyncError
+
+    model = _model()
+    _set_backbone(model, False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    state = hvd.elastic.TorchState(model, opt)
+    small = state._small_state(get_context(), True)  # what rank 0 sends: its own flags
+    assert small["trainable"] == [[False, False, True, True]]
+    state._take_trainable([[True, True, True, True]])  # what the newcomer receives
+    assert all(p.requires_grad for p in model.parameters())
+    peer = _model()
+    peer_opt = hvd.DistributedOptimizer(torch.optim.SGD(peer.parameters(), lr=0.05, momentum=0.9))
+    layout = lambda o: [[tuple(p.shape) for p in b.params] for b in o._ce_buckets]  # noqa: E731
+    assert layout(opt) == layout(peer_opt)  # the same buckets as a peer that trained the backbone all along
+    with pytest.raises(StateSyncError, match="requires_grad flags are malformed"):
+        state._take_trainable([[True, "yes", True, True]])

@@ -377,11 +377,41 @@ class TorchState(ObjectState):
                                     if send and isinstance(h, OptimizerHandler) and not getattr(h, "sharded", False)],
                 "model tensors": [model_tensors(h.value) for h in self._handlers.values()
                                   if send and isinstance(h, ModelHandler) and not getattr(h, "sharded", False)],
+                "trainable": [[bool(p.requires_grad) for p in h.value.parameters()] for h in self._models()],
             }
 
         small = sync_facts.share(ctx, parts, SMALL_STATE)
         _check_small(small, *self._counts())
+        self._take_trainable(small.get("trainable"))
         return small
+
+    def _models(self) -> list[ModelHandler]:
+        return [h for h in self._handlers.values() if isinstance(h, ModelHandler)]
+
+    def _take_trainable(self, flags: Any) -> None:
+        """Rank 0's ``requires_grad`` of every parameter (a backbone unfrozen mid-training), and each
+        DistributedOptimizer's buckets laid out for it: a newcomer built its model frozen, and a layout that
+        differs from its peers' sends gradients that do not match theirs (Gloo aborts the round)."""
+        models = self._models()
+        if flags is None:  # a peer that does not send them
+            return
+        if (not isinstance(flags, list) or len(flags) != len(models) or not all(
+                isinstance(f, list) and all(isinstance(b, bool) for b in f) for f in flags)):
+            raise StateSyncError(f"{SMALL_STATE}: rank 0's requires_grad flags are malformed: corrupt or forged")
+        changed = False
+        for handler, wanted in zip(models, flags):
+            params = list(handler.value.parameters())
+            if len(wanted) != len(params):
+                raise StateSyncError(f"{SMALL_STATE}: rank 0's model has {len(wanted)} parameters, this worker's "
+                                     f"{len(params)}")
+            for p, trains in zip(params, wanted):
+                if p.requires_grad != trains:
+                    p.requires_grad_(trains)
+                    changed = True
+        if changed:
+            for handler in self._handlers.values():
+                if isinstance(handler, OptimizerHandler) and handler.distributed:
+                    handler.value._ce_follow_trainable()
 
     def _counts(self) -> tuple[int, int]:
         """How many samplers, and how many LR schedulers and GradScalers, this state holds."""
