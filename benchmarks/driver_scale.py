@@ -176,18 +176,21 @@ def control_plane_cost(job: ElasticJob, ids: list[str], seconds: float = 5.0, th
     return cpu / max(1, count), count
 
 
-def _pollers(port: int, secret: str, workers: list[str], start: float, window: tuple[float, float], out) -> None:
-    """:func:`_poll`'s (answered, failed) into ``out``, or what went wrong (a string): the parent says so at once."""
+def _pollers(port: int, secret: str, workers: list[str], window, go, out) -> None:
+    """:func:`_poll` in a client process: ("ready",) once connected, then ("done", answered, failed) into
+    ``out``, or ("error", what went wrong): the parent says so at once."""
     try:
-        out.put(_poll(port, secret, workers, start, window))
+        out.put(("done", *_poll(port, secret, workers, window, go, out)))
     except Exception as exc:  # noqa: BLE001 (any failure ends the measurement; its text is the report)
-        out.put(f"{type(exc).__name__}: {exc}")
+        out.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _poll(port: int, secret: str, workers: list[str], start: float, window: tuple[float, float]) -> tuple[int, int]:
+def _poll(port: int, secret: str, workers: list[str], window, go, out) -> tuple[int, int]:
     """Simulated workers' heartbeats: each long-polls as ``WorkerContext._heartbeat_loop`` does (a
     new signed poll as soon as the last one is answered), all from one ``selectors`` loop so that
-    thousands fit in one process without starving the driver of the machine's cores."""
+    thousands fit in one process without starving the driver of the machine's cores. Connects them
+    all, says it is ready, waits for ``go``, then polls until ``window[1]``, counting the answers
+    from ``window[0]`` (wall times the parent sets before ``go``)."""
     import selectors
     import socket
 
@@ -217,9 +220,9 @@ def _poll(port: int, secret: str, workers: list[str], start: float, window: tupl
         _, a, b, _ = host.split(".")
         return f"127.1.{a}.{int(b) + 1}"
 
-    sims = [Sim(w) for w in workers]
-    while time.time() < start:
-        time.sleep(0.05)
+    sims = [Sim(w) for w in workers]  # noqa: F841 (each registered with the selector)
+    out.put(("ready",))
+    go.wait()
     while time.time() < window[1]:
         for key, _ in sel.select(0.5):
             sim = key.data
@@ -259,23 +262,29 @@ class _NoLaunch:
         pass
 
 
-def _results(q, ps: list, timeout_s: float = 120.0) -> list:
-    """One result from each client process; a process that died without one (it could not start) is an error."""
+def _collect(q, ps: list, kind: str, timeout_s: float = 300.0) -> list[tuple]:
+    """One ``kind`` message from each client process; RuntimeError with what went wrong when a client failed,
+    or died (it could not start) or stayed silent without one."""
     out, deadline = [], time.monotonic() + timeout_s
-    while len(out) < len(ps) and time.monotonic() < deadline:
+    while len(out) < len(ps):
         try:
-            out.append(q.get(timeout=0.5))
+            msg = q.get(timeout=0.5)
         except queue.Empty:
-            if all(p.exitcode is not None for p in ps):
-                out += [f"client process exited with code {p.exitcode}" for p in ps][len(out):]
-    return out + [f"no result within {timeout_s:.0f} s"] * (len(ps) - len(out))
+            if all(p.exitcode is not None for p in ps) or time.monotonic() > deadline:
+                raise RuntimeError(f"simulated workers: {len(ps) - len(out)} client process(es) sent no {kind!r} "
+                                   f"(exit codes {[p.exitcode for p in ps]})") from None
+            continue
+        if msg[0] == "error":
+            raise RuntimeError(f"simulated workers failed: {msg[1]}")
+        out.append(msg)
+    return out
 
 
 def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None, settle_s: float = 3.0) -> dict:
     """The real driver at steady state: ``Driver._handle`` (held heartbeats) behind the real server,
     its loop ticking every 50 ms, a discovery snapshot every ``discovery_interval_s``, ``workers``
     simulated workers long-polling from ``procs`` other processes. Driver-process CPU over a window, which
-    starts ``settle_s`` after the client processes' start plus their import (``settle_s`` again)."""
+    starts ``settle_s`` after every client process has connected its workers."""
     from cloud_elastic.driver.runtime.driver import Driver
     from cloud_elastic.events import open_sinks
 
@@ -306,28 +315,32 @@ def live_driver(workers: int, seconds: float = 10.0, procs: int | None = None, s
     threading.Thread(target=discover, daemon=True).start()
     procs = procs or (1 if workers <= 4000 else 2)  # one client process signs ~3,000 polls a second here
     ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    start = time.time() + settle_s + workers / 500  # the client processes import and connect
-    window = (start + settle_s, start + settle_s + seconds)
-    ps = [ctx.Process(target=_pollers, args=(driver._endpoints.control_port, driver._endpoints.secret, ids[i::procs], start, window, q))
-          for i in range(procs)]
-    for p in ps:
-        p.start()
-    time.sleep(max(0.0, window[0] - time.time()))
-    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    time.sleep(max(0.0, window[1] - time.time()))
-    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    answered = _results(q, ps)
-    for p in ps:
-        p.join()
-    stop.set()
-    driver.stop("benchmark over", 0)
-    loop.join(30)
-    driver._endpoints.close()
-    errors = [a for a in answered if isinstance(a, str)]
-    if errors:
-        raise RuntimeError(f"simulated workers failed: {'; '.join(errors)}")
-    polls, failed = sum(a for a, _ in answered), sum(f for _, f in answered)
+    q, go, window = ctx.Queue(), ctx.Event(), ctx.Array("d", 2)
+    ps = [ctx.Process(target=_pollers, args=(driver._endpoints.control_port, driver._endpoints.secret, ids[i::procs],
+                                             window, go, q)) for i in range(procs)]
+    try:
+        for p in ps:
+            p.start()
+        _collect(q, ps, "ready")  # however long the clients take to import and connect on a busy machine
+        now = time.time()
+        window[0], window[1] = now + settle_s, now + settle_s + seconds
+        go.set()
+        time.sleep(max(0.0, window[0] - time.time()))
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        time.sleep(max(0.0, window[1] - time.time()))
+        r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        answered = _collect(q, ps, "done")
+    finally:
+        go.set()  # a client still waiting stops at once: its window is past, or was never set
+        for p in ps:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        stop.set()
+        driver.stop("benchmark over", 0)
+        loop.join(30)
+        driver._endpoints.close()
+    polls, failed = sum(m[1] for m in answered), sum(m[2] for m in answered)
     user, system = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
     lost = sum(1 for w in job.workers.values() if w.state.value in ("lost", "exited"))
     return {"workers": workers, "cpu_s_per_s": (user + system) / (t1 - t0), "system_share": system / max(1e-9, user + system),
