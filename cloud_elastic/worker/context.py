@@ -150,8 +150,11 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         self._store_stale = False
         #: The hosts of the round whose group this worker could not form that it never connected to (see groups).
         self.unreachable: tuple[str, ...] = ()
-        self._elastic_entered = False  # see elastic_entered
-        #: Joined after a worker of the job entered ``hvd.elastic.run``: refuses collectives before it (``joining``).
+        #: ``hvd.elastic.run`` was entered in this process. A script that ends without it is a fixed-size script,
+        #: and says so at exit (:meth:`_report_script_end`); inside it, each round this worker forms is marked
+        #: for its newcomers (``joining``).
+        self.elastic_entered = False
+        #: Joined a round whose other members are inside ``hvd.elastic.run``: refuses collectives before it (``joining``).
         self.joined_running = False
         self._uncaught: BaseException | None = None  # the exception the script ended with (see _note_uncaught)
         #: Registered while the job was running, not joined yet: it joins at its first call that needs the
@@ -186,22 +189,15 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         """Abandoned process groups whose threads and sockets were reclaimed."""
         return self._reaper.reclaimed
 
-    @property
-    def elastic_entered(self) -> bool:
-        """``hvd.elastic.run`` was entered in this process. A script that ends without it is a fixed-size
-        script, and says so at exit (:meth:`_report_script_end`). The first entry is told to the job (``joining``)."""
-        return self._elastic_entered
-
-    @elastic_entered.setter
-    def elastic_entered(self, value: bool) -> None:
-        if value and not self._elastic_entered:
-            joining.mark_entered(self)
-        self._elastic_entered = value
-
     def group(self, what: str) -> Any:
-        if self.joined_running and not self._elastic_entered:
+        if self.joined_running and not self.elastic_entered:
             joining.refuse(what)
         return super().group(what)
+
+    def _form_next(self, pending: Any) -> None:
+        if self.elastic_entered:  # a running member: the plan's newcomers will meet its state sync
+            joining.mark_round(self, pending.offer.round, own_client=True)
+        super()._form_next(pending)
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -258,7 +254,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
             try:
                 with termination.leave_at_commit_on_sigterm(self):
                     self._first_rendezvous()
-                self.joined_running = joining.peers_entered(self)
+                self.joined_running = joining.peers_in_round(self, self.info.round)
                 self.join_pending = False
             except WorkerRemoved as exc:
                 print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)
@@ -344,6 +340,8 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         self._attempted_round = info.round
         if self._store_stale:
             self._reconnect_store()
+        if self.elastic_entered and info.needs_sync:  # (a round with a newcomer always syncs)
+            joining.mark_round(self, info.round)
         if not info.planned:  # a planned group of this round or an older one will not be used
             self._drop_next(f"round {info.round} formed without it", before_round=info.round)
         self._form_group(info)

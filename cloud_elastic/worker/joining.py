@@ -10,54 +10,79 @@ peers' sync fails at once on its closed connections and they go on without it.
 A broadcast the sync overwrites could have been made a local no-op, but whether a value is part of the
 state the sync carries is not known here: one that is not would be silently wrong on the newcomer.
 
-The job is running once any worker has entered ``hvd.elastic.run``: each worker says so once in the
-rendezvous store (:func:`mark_entered`), and a worker that joined after the job started reads it when
-it joins (:func:`peers_entered`). Workers of the first round, who run the same set-up collectives
-together before any enters ``hvd.elastic.run``, are never refused.
+What decides is the round the newcomer joins, not the job's past: a worker inside ``hvd.elastic.run``
+marks a round (:func:`mark_round`) before it forms that round's group, at rendezvous or in the
+background for a planned round, and the newcomer reads its round's mark once its own group has formed
+(:func:`peers_in_round`); the group cannot form before every member started forming it, so a mark that
+exists is never missed. Hence:
+
+* workers of the first round, who run the same set-up collectives together, are never refused;
+* when every worker was lost, the fresh workers of the round that resumes (from the checkpoint, or from
+  initial weights when nothing was committed) are not refused: no member of their round is inside
+  ``hvd.elastic.run``, whatever the dead workers wrote for their own rounds;
+* a round that loads a checkpoint but keeps a survivor inside ``hvd.elastic.run`` does refuse: that
+  survivor goes straight to the load and the sync, which a set-up collective would stall;
+* workers adopted by a restarted driver mark the rounds they form with it in its new store, as any other.
+
+A running member that formed a planned round's group while still in its own set-up (the plan came before
+it entered ``hvd.elastic.run``) leaves no mark: that newcomer's set-up collective then waits for the
+collective timeout as any mismatched collective.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any, NoReturn
+
+import torch.distributed as dist
 
 from cloud_elastic.worker.unsupported import UnsupportedError
 from cloud_elastic.worker.rounds.signed_store import SignedStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["mark_entered", "peers_entered", "refuse"]
+__all__ = ["mark_round", "peers_in_round", "refuse"]
 
 _NAMESPACE = "cloud-elastic/elastic-run/"
-_KEY = "entered"
 
 
-def _signed(ctx: Any) -> SignedStore | None:
-    store = getattr(ctx, "_store", None)
+def _key(round_: int) -> str:
+    return f"round-{round_}"
+
+
+def _signed(ctx: Any, store: Any = None) -> SignedStore | None:
+    store = getattr(ctx, "_store", None) if store is None else store
     return None if store is None or ctx.standalone else SignedStore(store, _NAMESPACE, ctx.settings.secret)
 
 
-def mark_entered(ctx: Any) -> None:
-    """Tell the job that a worker entered ``hvd.elastic.run`` (once per process; a lost store only loses the
-    early refusal: a newcomer's set-up collective then times out as any mismatched collective)."""
-    store = _signed(ctx)
-    if store is None:
-        return
+def mark_round(ctx: Any, round_: int, *, own_client: bool = False) -> None:
+    """Tell round ``round_``'s newcomers that this worker, inside ``hvd.elastic.run``, will sync its state to
+    them; call before forming the round's group. ``own_client``: on a store client of its own (a thread other
+    than the training thread's, whose client must stay free). A store that cannot be reached only loses the
+    early refusal: a newcomer's set-up collective then times out as any mismatched collective."""
     try:
-        store.set(_KEY, b"1")
+        client = None
+        if own_client and not ctx.standalone:
+            host, _, port = ctx.settings.store_address.rpartition(":")
+            client = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=ctx.collective_timeout_s))
+        store = _signed(ctx, client)
+        if store is not None:
+            store.set(_key(round_), b"1")
     except Exception as exc:  # the store is the driver's: it may be restarting
-        log.debug("worker %s: could not record entering elastic.run: %s", ctx.worker_id, exc)
+        log.debug("worker %s: could not mark round %d as inside elastic.run: %s", ctx.worker_id, round_, exc)
 
 
-def peers_entered(ctx: Any) -> bool:
-    """Whether a worker of the job has entered ``hvd.elastic.run`` (a signed mark: a stranger cannot forge it)."""
+def peers_in_round(ctx: Any, round_: int) -> bool:
+    """Whether a member of round ``round_`` marked it from inside ``hvd.elastic.run`` (a signed mark: a
+    stranger cannot forge it)."""
     store = _signed(ctx)
     if store is None:
         return False
     try:
-        return bool(store.check([_KEY])) and store.get(_KEY) == b"1"
+        return bool(store.check([_key(round_)])) and store.get(_key(round_)) == b"1"
     except Exception as exc:
-        log.debug("worker %s: could not read whether the job runs elastic.run: %s", ctx.worker_id, exc)
+        log.debug("worker %s: could not read round %d's elastic.run mark: %s", ctx.worker_id, round_, exc)
         return False
 
 
