@@ -16,15 +16,24 @@ SIGINT = ("interrupted by SIGINT", 130)
 GRACE = 20.0
 
 
-def training(checkpointing: bool = True) -> Sim:
-    """Two workers (rank 0 on a) in round 1, both at commit 9; the periodic checkpoint holds commit 1 (step 10)."""
+def training(checkpointing: bool = True, *, every_s: float = 1.0) -> Sim:
+    """Two workers (rank 0 on a) in round 1, both at commit 9, their heartbeats showing a commit every ``every_s``
+    (the last just now); the periodic checkpoint holds commit 1 (step 10)."""
     sim = Sim(2, checkpointing=checkpointing)
     sim.discover({"a": 1, "b": 1})
     assert_round(sim.join("a[0]", "b[0]"), 1, needs_sync=True)
-    for slot in ("a[0]", "b[0]"):
-        sim.job.heartbeat(sim.id(slot), sim.now, 9, 9)
+    commits_at_pace(sim, ["a[0]", "b[0]"], 9, every_s)
     sim.job.checkpoint_saved(10, 1)
     return sim
+
+
+def commits_at_pace(sim: Sim, slots: list[str], last: int, every_s: float) -> None:
+    """The heartbeats of ``slots`` show commits ``last - 1`` then ``last``, ``every_s`` apart."""
+    for seq in (last - 1, last):
+        if seq == last:
+            sim.advance(every_s)
+        for slot in slots:
+            sim.job.heartbeat(sim.id(slot), sim.now, seq, seq)
 
 
 def stop(sim: Sim, reason: str, exit_code: int, *, grace_s: float = 0.0) -> None:
@@ -121,3 +130,72 @@ def test_holders_waiting_at_rendezvous_are_told_to_checkpoint_and_newcomers_just
     newcomer = [w for w in sim.job.workers.values() if w.slot.host == "c"]
     assert all(w.state is WorkerState.EXITING for w in newcomer)
     assert [s.worker_id for s in sim.stops] == [w.worker_id for w in newcomer]  # not at rendezvous: stopped
+
+
+def test_under_whole_hosts_every_host_mate_drains_to_the_same_commit_and_none_is_killed() -> None:
+    # Found by review: sending a[0] away took a[1] along (draining), then the stop's own loop moved a[1] to
+    # exiting and killed it; the survivors' collective failed and they rolled back.
+    sim = Sim(4, checkpointing=True, whole_host_slots=2)
+    sim.discover({"a": 2, "b": 2})
+    slots = ["a[0]", "a[1]", "b[0]", "b[1]"]
+    assert_round(sim.join(*slots), 1, needs_sync=True)
+    commits_at_pace(sim, slots, 9, 1.0)
+    sim.stops.clear()
+    stop(sim, *SIGINT, grace_s=GRACE)
+    assert sim.outcome is None and sim.stops == []
+    assert [sim.job.workers[sim.id(s)].state for s in slots] == [WorkerState.DRAINING] * 4
+    for slot in slots:  # all leave at commit 12; every holder, rank 0 whatever its slot, checkpoints it
+        sim.job.rendezvous(sim.id(slot), 1, "update", sim.now, 12, 0, 12)
+        order = sim.reply(slot)
+        assert isinstance(order, ExitOrder) and order.checkpoint_s is not None, (slot, order)
+    sim.job.checkpoint_saved(120, 12)
+    for slot in slots:
+        sim.exit(slot, ExitStatus(0))
+    assert sim.outcome is not None and sim.outcome.reason == (
+        "interrupted by SIGINT; checkpoint of step 120 written; the same command resumes from it")
+    assert [e for e in sim.events if e[0] == "rollback"] == []
+
+
+def test_a_signal_before_any_commit_ends_the_job_at_once() -> None:
+    # A round trains but has not committed (or never will: a fixed-size script): nothing to keep, no 20 s wait.
+    sim = Sim(2, checkpointing=True)
+    sim.discover({"a": 1, "b": 1})
+    assert_round(sim.join("a[0]", "b[0]"), 1, needs_sync=True)
+    sim.advance(3)  # heartbeats, no commit
+    stop(sim, *SIGINT, grace_s=GRACE)
+    assert sim.outcome is not None and (sim.outcome.reason, sim.outcome.exit_code) == SIGINT
+
+
+@pytest.mark.parametrize("every_s, since_s", [(60.0, 0.0), (1.0, 15.0)], ids=["once-a-minute", "stalled"])
+def test_a_signal_ends_the_job_at_once_when_no_commit_is_expected_within_half_the_grace(every_s, since_s) -> None:
+    sim = training(every_s=every_s)
+    sim.advance(since_s)
+    stop(sim, *SIGINT, grace_s=GRACE)
+    assert sim.outcome is not None and (sim.outcome.reason, sim.outcome.exit_code) == SIGINT
+
+
+def test_training_that_completes_during_the_stop_succeeds() -> None:
+    sim = training()
+    stop(sim, *SIGINT, grace_s=GRACE)
+    sim.advance(1)
+    # The training function returns (its last step) before the next commit's update check: b waits for rank 0.
+    assert sim.job.completed(sim.id("b[0]"), sim.now, commit_seq=12, steps=120) == ("wait", "")
+    assert sim.job.completed(sim.id("a[0]"), sim.now, commit_seq=12, steps=120) == ("done", "")
+    for slot in ("a[0]", "b[0]"):
+        sim.exit(slot, ExitStatus(0))
+    sim.advance(0.5)
+    assert sim.outcome is not None and (sim.outcome.success, sim.outcome.exit_code) == (True, 0), sim.outcome
+
+
+def test_a_checkpoint_ahead_of_the_heartbeats_is_not_taken_for_the_checkpoint_on_the_way_out() -> None:
+    # The periodic checkpoint of commit 13 is reported while the heartbeats still said 9; then no member reaches
+    # its next commit in time: commits after 13 may be lost, and the end line must not say the last one is kept.
+    sim = training()
+    stop(sim, *SIGINT, grace_s=GRACE)
+    sim.job.checkpoint_saved(130, 13)
+    sim.advance(GRACE + 0.5)
+    assert sim.outcome is not None and sim.outcome.exit_code == 130
+    assert sim.outcome.reason == (
+        "interrupted by SIGINT; 2 worker(s) had not exited in time; the workers stopped before reaching a commit to "
+        "checkpoint: the same command resumes from the last checkpoint, of step 130, and redoes any step committed "
+        "after it")

@@ -266,6 +266,7 @@ class ElasticJob:
             return None
         w.last_seen = max(w.last_seen, running := self._clock(now))  # a held poll's arrival may precede a later call
         self.note_commits(w, commits, None if w.state is S.WAITING else commit_seq)  # waiting: rendezvous says it
+        self.stopping.heard(w, now)  # how often it commits: whether a stop waits for its next commit
         if progress is not None and progress != w.progress:
             w.progress, w.progress_at = progress, running
             if w.round == self.round and w.state in _MEMBER:
@@ -554,9 +555,9 @@ class ElasticJob:
         self.discovery.expire(now)
         for w, what in self.silence.overdue(self.alive(), len(self.workers), now, self._clock(now), self.round):
             self.give_up(w, what, now)
-        if self.stopping.active:
+        if self.stopping.active and (self.phase is not Phase.FINISHING or self.stopping.overdue(now)):
             self.stopping.step(now)  # a graceful stop: nothing launches or forms; it ends once the workers left
-            return
+            return  # (training that completes during it ends as a completion does, within the stop's time)
         self.completion.check_early_returns(now)
         self.completion.check_progress(now)
         self.health.check(now)

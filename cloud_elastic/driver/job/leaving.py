@@ -76,6 +76,8 @@ class Leavers:
         # round, those told to checkpoint on their way out -> the seconds they have for it (see left_round).
         self._last_holders: dict[str, float | None] = {}
         self.checkpoint_s: dict[str, float] = {}
+        #: Those told to checkpoint on their way out -> the commit they left at (what their checkpoint is of).
+        self.left_at: dict[str, int] = {}
         # Draining host whose workers left holding the last copy of the state -> the commit they left at.
         self._last_hosts: dict[str, int] = {}
         self._checkpoint: tuple[int, int] | None = None  # (step, commit) of the newest checkpoint reported saved
@@ -217,6 +219,7 @@ class Leavers:
             left = NO_DEADLINE_CHECKPOINT_S if deadline is None else (
                 deadline - (now + job.wall_offset) - job.policy.deadline_margin_s)
             self.checkpoint_s[w.worker_id] = max(0.0, left)
+            self.left_at[w.worker_id] = w.commit_seq
 
     def final_checkpoint_pending(self) -> bool:
         """Whether a last holder told to checkpoint on its way out (see :meth:`left_round`) is still there: no
