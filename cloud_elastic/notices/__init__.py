@@ -8,11 +8,25 @@ notice is the driver's decision. ``python -m cloud_elastic.notices CLOUD``
 runs a watcher by hand and prints what it sees. See docs/notices.md.
 """
 
+import importlib
+from typing import Any
+
 from .api import KINDS, MAINTENANCE, REBALANCE, SOURCES, TERMINATE, Notice, NoticeWatcher, Report
-from .aws_imds import AWSMetadataWatcher
-from .azure_events import AzureScheduledEventsWatcher
-from .factory import CLOUDS, ENV_AWS, ENV_AZURE, ENV_GCP, HOST_PLACEHOLDER, endpoint_for, watcher_for
-from .gcp_metadata import GCPMetadataWatcher
+
+#: Loaded on first use: the watchers bring in http.client and ssl, which the CLI's --help, ``providers`` and
+#: shell completion (that import ``notices.api`` through the AWS provider) must not pay for.
+_LAZY = {"AWSMetadataWatcher": "aws_imds", "AzureScheduledEventsWatcher": "azure_events",
+         "GCPMetadataWatcher": "gcp_metadata", **{name: "factory" for name in (
+             "CLOUDS", "ENV_AWS", "ENV_AZURE", "ENV_GCP", "HOST_PLACEHOLDER", "endpoint_for", "watcher_for")}}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "Notice", "NoticeWatcher", "Report", "TERMINATE", "REBALANCE", "MAINTENANCE", "KINDS", "SOURCES",

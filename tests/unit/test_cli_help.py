@@ -12,9 +12,10 @@ import pytest
 pytestmark = pytest.mark.timeout(30)
 
 CLI = [sys.executable, "-m", "cloud_elastic.cli"]
-#: Modules whose import would make --help slow (torch ~1 s, google-cloud-compute ~3 s).
+#: Modules whose import would make --help slow (torch ~1 s, google-cloud-compute ~3 s; ssl and http.client,
+#: which the notice watchers bring, ~13 ms of a 0.3 s budget: benchmarks/cli_import.py).
 HEAVY = ("torch", "numpy", "boto3", "botocore", "google.cloud.compute_v1", "azure.mgmt.compute", "azure.identity",
-         "ibm_vpc", "ibm_cloud_sdk_core", "matplotlib", "prometheus_client")
+         "ibm_vpc", "ibm_cloud_sdk_core", "matplotlib", "prometheus_client", "ssl", "http.client")
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
