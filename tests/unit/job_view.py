@@ -36,7 +36,6 @@ class FakeJob:
         self.state_committed = False
         self.resumed = False
         self.last_failure = ""
-        self.start_failure = ""
         self.failure_since_round = False
         self.commit_high = 0
         self.wall_offset = 0.0

@@ -108,7 +108,6 @@ class ElasticJob:
     resumed: bool = False
     # What the pieces share (see view.JobView).
     last_failure: str = field(default="", init=False)
-    start_failure: str = field(default="", init=False)
     failure_since_round: bool = field(default=False, init=False)
     commit_high: int = field(default=0, init=False)  # the highest commit reported since the last checkpoint load
     wall_offset: float = field(default=0.0, init=False)

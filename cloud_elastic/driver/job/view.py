@@ -42,9 +42,6 @@ class JobView(Protocol):
     resumed: bool
     #: Why the last worker failed (for the messages of a job that fails later).
     last_failure: str
-    #: The last transport failure before the first round ('' if none): hosts still booting; the job then
-    #: waits for them up to --start-timeout (see :mod:`.failures`, :meth:`.capacity.Capacity.check`).
-    start_failure: str
     #: A worker failed or came back from a failure since the current round formed: the next one syncs.
     failure_since_round: bool
     #: The highest commit any worker reported since the last checkpoint load.
