@@ -196,7 +196,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
 
     def _form_next(self, pending: Any) -> None:
         if self.elastic_entered:  # a running member: the plan's newcomers will meet its state sync
-            joining.mark_round(self, pending.offer.round, own_client=True)
+            joining.mark_round(self, pending.offer.round, pending.offer.plan, own_client=True)
         super()._form_next(pending)
 
     # ------------------------------------------------------------- lifecycle
@@ -254,7 +254,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
             try:
                 with termination.leave_at_commit_on_sigterm(self):
                     self._first_rendezvous()
-                self.joined_running = joining.peers_in_round(self, self.info.round)
+                self.joined_running = joining.peers_in_round(self, self.info.round, self.info.planned)
                 self.join_pending = False
             except WorkerRemoved as exc:
                 print(f"cloud-elastic: leaving the job: {exc}", file=sys.stderr, flush=True)
@@ -341,7 +341,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         if self._store_stale:
             self._reconnect_store()
         if self.elastic_entered and info.needs_sync:  # (a round with a newcomer always syncs)
-            joining.mark_round(self, info.round)
+            joining.mark_round(self, info.round, info.planned)
         if not info.planned:  # a planned group of this round or an older one will not be used
             self._drop_next(f"round {info.round} formed without it", before_round=info.round)
         self._form_group(info)

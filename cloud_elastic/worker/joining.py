@@ -19,7 +19,8 @@ exists is never missed. Hence:
 * workers of the first round, who run the same set-up collectives together, are never refused;
 * when every worker was lost, the fresh workers of the round that resumes (from the checkpoint, or from
   initial weights when nothing was committed) are not refused: no member of their round is inside
-  ``hvd.elastic.run``, whatever the dead workers wrote for their own rounds;
+  ``hvd.elastic.run``, whatever the dead workers wrote for their own rounds (a mark names the round and
+  the plan it formed from: a dropped plan's round number is reused by the round formed instead);
 * a round that loads a checkpoint but keeps a survivor inside ``hvd.elastic.run`` does refuse: that
   survivor goes straight to the load and the sync, which a set-up collective would stall;
 * workers adopted by a restarted driver mark the rounds they form with it in its new store, as any other.
@@ -47,8 +48,10 @@ __all__ = ["mark_round", "peers_in_round", "refuse"]
 _NAMESPACE = "cloud-elastic/elastic-run/"
 
 
-def _key(round_: int) -> str:
-    return f"round-{round_}"
+def _key(round_: int, plan: int) -> str:
+    # The plan too: a plan the driver dropped gave its round number to the round formed instead (the recovery
+    # after every worker was lost, say), whose fresh members must not read the dead members' mark.
+    return f"round-{round_}-plan-{plan}"
 
 
 def _signed(ctx: Any, store: Any = None) -> SignedStore | None:
@@ -56,8 +59,8 @@ def _signed(ctx: Any, store: Any = None) -> SignedStore | None:
     return None if store is None or ctx.standalone else SignedStore(store, _NAMESPACE, ctx.settings.secret)
 
 
-def mark_round(ctx: Any, round_: int, *, own_client: bool = False) -> None:
-    """Tell round ``round_``'s newcomers that this worker, inside ``hvd.elastic.run``, will sync its state to
+def mark_round(ctx: Any, round_: int, plan: int = 0, *, own_client: bool = False) -> None:
+    """Tell round ``round_``'s newcomers (of plan ``plan``, 0: a round formed at rendezvous) that this worker, inside ``hvd.elastic.run``, will sync its state to
     them; call before forming the round's group. ``own_client``: on a store client of its own (a thread other
     than the training thread's, whose client must stay free). A store that cannot be reached only loses the
     early refusal: a newcomer's set-up collective then times out as any mismatched collective."""
@@ -68,19 +71,20 @@ def mark_round(ctx: Any, round_: int, *, own_client: bool = False) -> None:
             client = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=ctx.collective_timeout_s))
         store = _signed(ctx, client)
         if store is not None:
-            store.set(_key(round_), b"1")
+            store.set(_key(round_, plan), b"1")
     except Exception as exc:  # the store is the driver's: it may be restarting
         log.debug("worker %s: could not mark round %d as inside elastic.run: %s", ctx.worker_id, round_, exc)
 
 
-def peers_in_round(ctx: Any, round_: int) -> bool:
-    """Whether a member of round ``round_`` marked it from inside ``hvd.elastic.run`` (a signed mark: a
+def peers_in_round(ctx: Any, round_: int, plan: int = 0) -> bool:
+    """Whether a member of round ``round_`` (formed from plan ``plan``, 0: at rendezvous) marked it from inside ``hvd.elastic.run`` (a signed mark: a
     stranger cannot forge it)."""
     store = _signed(ctx)
     if store is None:
         return False
     try:
-        return bool(store.check([_key(round_)])) and store.get(_key(round_)) == b"1"
+        key = _key(round_, plan)
+        return bool(store.check([key])) and store.get(key) == b"1"
     except Exception as exc:
         log.debug("worker %s: could not read round %d's elastic.run mark: %s", ctx.worker_id, round_, exc)
         return False

@@ -103,6 +103,24 @@ def test_workers_that_resume_a_job_whose_every_worker_was_lost_run_their_set_up_
     assert fresh.group(SETUP) is fresh.pg  # not refused: its peers are fresh workers, at the same set-up
 
 
+def test_fresh_workers_of_a_recovery_numbered_as_a_dropped_plan_are_not_refused():
+    """Found by review: the members formed plan 1's group for round 6 in the background, then every one was
+    lost; the driver dropped the plan and the recovery round from the checkpoint took the number 6 too."""
+    store = _server()
+    survivor = _worker("lost", store)
+    _assigned(survivor, 5, 0, 1)
+    survivor.rendezvous("start")
+    survivor.elastic_entered = True
+
+    def unformed(*_):
+        raise RuntimeError("no peer in this test")
+
+    survivor._new_group = unformed
+    survivor._form_next(_Pending(NextRound(1, 6, RankInfo(0, 2, 0, 2, 0, 1), ("127.0.0.1",))))
+    fresh = _newcomer(store, 6, from_checkpoint=True)
+    assert fresh.group(SETUP) is fresh.pg
+
+
 def test_workers_adopted_by_a_restarted_driver_mark_their_next_round_in_its_new_store():
     """A restarted driver serves a new, empty store; its adopted workers reconnect to it before their next
     round forms, and mark that round there: a newcomer of it is refused as with the first driver."""
@@ -124,10 +142,11 @@ def test_a_mark_written_without_the_job_secret_is_not_believed():
     store = dist.HashStore()
     joining.mark_round(_holder(store, secret="a stranger's"), 3)
     assert not joining.peers_in_round(_holder(store), 3)
-    dist.PrefixStore(joining._NAMESPACE, store).set(joining._key(3), b"1")  # written raw
+    dist.PrefixStore(joining._NAMESPACE, store).set(joining._key(3, 0), b"1")  # written raw
     assert not joining.peers_in_round(_holder(store), 3)
     joining.mark_round(_holder(store), 3)
     assert joining.peers_in_round(_holder(store), 3) and not joining.peers_in_round(_holder(store), 4)
+    assert not joining.peers_in_round(_holder(store), 3, plan=2)  # another formation of round 3
 
 
 def test_a_standalone_script_has_no_peers():
