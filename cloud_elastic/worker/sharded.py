@@ -18,11 +18,12 @@ What each piece does in sharded mode:
   reduce-scattered and averaged over the host), ``step()`` allreduces the local
   gradient shards over the cross-host group, sums then divides by the number of
   hosts: the arithmetic of FSDP2's HSDP, bitwise (docs/design/sharded.md);
-* the membership flag is agreed over the round's whole group in each ``step()``,
-  after the gradient average and before the update (one one-element allreduce,
-  :func:`agree_before_update`; a commit with no step before it agrees alone), so
-  every worker of every host stops at the same commit, and no worker updates a
-  step that a host-mate's failed average rolls back from;
+* with more than one host, the membership flag is agreed over the round's whole
+  group in each ``step()``, after the gradient average and before the update (one
+  one-element allreduce, :func:`agree_before_update`; a commit with no step before
+  it agrees alone), so every worker of every host stops at the same commit, and no
+  worker updates a step that a host-mate's failed average rolls back from; one
+  host agrees at each commit instead, as replicas do without buckets;
 * ``TorchState`` commits the local shards of the parameters and of the
   optimizer state as it commits a replica (``commit.handlers.ShardedModelHandler``,
   ``ShardedOptimizerHandler``): in place in the common loop, else a kept copy
@@ -312,16 +313,39 @@ def average_gradient_shards(ctx: Any, params: list[torch.nn.Parameter]) -> None:
     Every parameter of ``params`` (the optimizer's trainable ones) takes part: one
     without a gradient in this step (a branch this host's data did not run) is given
     zeros first, as the replicas' buckets do. Left out, the hosts would issue
-    allreduces of different sizes, and the average would fail or mix shards.
+    allreduces of different sizes, and the average would fail or mix shards. A mask of
+    which parameters each host had a gradient for rides in the first packed bucket (no
+    collective of its own when the model has a small shard of the first parameter's
+    dtype); a parameter no host had one for gets its ``.grad`` back as None, as on a
+    single host, so the optimizer updates the same parameters however many hosts the
+    round has (AdamW would decay it, and start its moments, on zeros). Its zeros still
+    travel, as DDP's unused parameters' do: a mask agreed first would cost every step a
+    collective, and on a GPU a wait for backward, before any gradient could travel.
     """
     info = ctx.info
     if info is None or info.cross_size <= 1 or not params:
         return
+    first = local(params[0])  # a gradient has its parameter's dtype and device (torch checks it)
+    # Filled on the device, not copied there from a list: a blocking copy to a GPU waits for backward.
+    mask = torch.ones(len(params), dtype=first.dtype, device=first.device)
+    filled = []
     with torch.no_grad():
-        for p in params:
+        for i, p in enumerate(params):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)  # a DTensor as the parameter is: its local shard is zeros
-    grads = [local(p.grad) for p in params]
+                mask[i: i + 1].zero_()
+                filled.append(i)
+    _average(ctx, [mask] + [local(p.grad) for p in params])
+    if filled:  # a host that had every gradient learns nothing from the mask: every parameter stays trained
+        used = mask.tolist()  # averaged: above zero exactly where some host had a gradient
+        for i in filled:
+            if not used[i] > 0:
+                params[i].grad = None
+
+
+def _average(ctx: Any, grads: list[torch.Tensor]) -> None:
+    """Average ``grads`` in place over the cross-host group (see :func:`average_gradient_shards`)."""
+    info = ctx.info
     group = ctx.cross_group("gradient allreduce")
     pending: list[tuple[Any, torch.Tensor, list[torch.Tensor]]] = []  # (work, reduced tensor, packed shards)
 
@@ -369,9 +393,14 @@ def agree_before_update(ctx: Any) -> None:
     whose average failed, rolls back from, and their host would hold shards of two commits
     (:func:`mixed_hosts`). Here the first one's agreement fails too (the driver aborts the round),
     before its update, so it rolls back exactly as well: every host stays at one commit.
+
+    One host (``cross_size`` 1) skips it, and its commits agree on the flag themselves: its workers
+    average nothing across hosts, so none can update a step a host-mate rolls back from while another
+    host keeps the state (a lost worker takes its host out, and with it the job's only copy of the
+    shards), and on a GPU the wait would hold the CPU until backward ends before it queues the update.
     """
     info = ctx.info
-    if ctx.standalone or info is None or info.size <= 1:
+    if ctx.standalone or info is None or info.size <= 1 or info.cross_size <= 1:
         return
     flag = torch.full((1,), 1.0 if ctx.update_pending() else 0.0, device=ctx.device)
     ctx.wait(ctx.group("the step's agreement").allreduce([flag]), "the step's agreement")

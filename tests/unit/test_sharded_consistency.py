@@ -152,6 +152,78 @@ def test_every_host_averages_every_trained_shard_zeros_where_its_step_left_a_gra
         assert [g if g is None else g.tolist() for g in results[rank]] == expected
 
 
+@pytest.mark.parametrize("in_place_bytes", [sharded._IN_PLACE_BYTES, 0])  # the mask packed, or alone
+def test_a_parameter_no_host_has_a_gradient_for_is_not_updated_on_two_hosts_as_on_one(monkeypatch, in_place_bytes):
+    """An unused head (no gradient on any host) keeps ``.grad`` None through the average, so AdamW neither
+    decays it nor starts its moments: the same parameters train on one host or on two. A branch only host 1
+    took is still averaged with host 0's zeros."""
+    monkeypatch.setattr(sharded, "_IN_PLACE_BYTES", in_place_bytes)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=20), wait_for_workers=False)
+    results: dict[tuple[int, int], tuple] = {}
+
+    def host(rank: int, cross_size: int) -> None:
+        client = dist.TCPStore("127.0.0.1", store.port, None, False, timeout=timedelta(seconds=20))
+        pg = dist.ProcessGroupGloo(dist.PrefixStore(f"unused{cross_size}", client), rank, 2, timedelta(seconds=10))
+        used, head, branch = (torch.nn.Parameter(torch.ones(n)) for n in (3, 2, 4))
+        used.grad = torch.full((3,), float(rank + 1))
+        if rank == 1:
+            branch.grad = torch.full((4,), 6.0)
+        opt = torch.optim.AdamW([used, head, branch], lr=0.1, weight_decay=0.1)
+        ctx = SimpleNamespace(info=SimpleNamespace(cross_size=cross_size), cross_group=lambda what: pg,
+                              wait=lambda work, what: work.wait())
+        sharded.average_gradient_shards(ctx, [used, head, branch])
+        grads = [None if p.grad is None else p.grad.tolist() for p in (used, head, branch)]
+        opt.step()
+        results[(cross_size, rank)] = (grads, head.tolist(), len(opt.state[head]))
+
+    for cross_size in (2, 1):
+        threads = [threading.Thread(target=host, args=(rank, cross_size), daemon=True) for rank in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(25)
+    assert len(results) == 4, "a host's average failed"
+    for rank in (0, 1):
+        assert results[(2, rank)] == ([[1.5] * 3, None, [3.0] * 4], [1.0, 1.0], 0)
+        assert results[(1, rank)][1:] == ([1.0, 1.0], 0)  # one host: the head was never touched either
+
+
+@pytest.mark.parametrize("cross_size", [1, 2])
+def test_the_membership_flag_is_agreed_once_per_step_across_hosts_and_once_per_commit_on_one_host(monkeypatch,
+                                                                                               cross_size):
+    """Three steps per commit, a peer's membership change pending: every worker interrupts at the commit.
+    Several hosts agree in each step, before the update (a host-mate's failed average must stop it), and the
+    commit reads that; one host has no cross-host average to guard, so its steps wait for nothing on the
+    round (on a GPU, for backward to end) and its commit agrees, once."""
+    hvd.init()
+    model = _sharded_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    ctx = get_context()
+    agreed: list[str] = []
+
+    def peer_pending(tensors: list[torch.Tensor]) -> None:
+        tensors[0].add_(1.0)  # another worker's flag: the driver asked it for a membership change
+
+    monkeypatch.setattr(ctx, "standalone", False)
+    monkeypatch.setattr(ctx, "info", SimpleNamespace(size=4, rank=0, cross_size=cross_size, round=0, update_gen=0))
+    monkeypatch.setattr(ctx, "group", lambda what: agreed.append(what) or SimpleNamespace(allreduce=peer_pending))
+    monkeypatch.setattr(ctx, "cross_group", lambda what: SimpleNamespace(allreduce=lambda tensors: None))
+    monkeypatch.setattr(ctx, "wait", lambda work, what: None)
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        opt.zero_grad()
+        F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+        opt.step()
+    steps = list(agreed)
+    with pytest.raises(hvd.HostsUpdatedInterrupt):
+        state.commit()
+    if cross_size == 1:
+        assert (steps, agreed) == ([], ["membership check"])
+    else:
+        assert (steps, agreed) == (["the step's agreement"] * 3, steps)
+
+
 def test_broadcasting_a_sharded_model_or_its_optimizer_is_a_one_line_error_before_any_collective():
     """Packing a shard for a broadcast gathers it over its host, whose other workers, in the broadcast, never
     join: the job hung. The state sync gives every host host 0's shards."""
@@ -183,8 +255,9 @@ def test_a_worker_whose_round_fails_after_its_cross_host_average_does_not_update
 
     ctx = get_context()
     monkeypatch.setattr(ctx, "standalone", False)
-    monkeypatch.setattr(ctx, "info", SimpleNamespace(size=4, rank=0, cross_size=1, round=0, update_gen=0))
+    monkeypatch.setattr(ctx, "info", SimpleNamespace(size=4, rank=0, cross_size=2, round=0, update_gen=0))
     monkeypatch.setattr(ctx, "group", lambda what: SimpleNamespace(allreduce=lambda tensors: None))
+    monkeypatch.setattr(sharded, "average_gradient_shards", lambda ctx, params: None)  # this worker's completed
 
     def aborted(work, what):
         raise CollectiveError(f"{what} abandoned: the driver aborted round 0 (a peer was lost)")

@@ -262,8 +262,8 @@ def test_gradient_shards_are_averaged_over_the_hosts_big_ones_in_place_small_one
         for got, want in zip(averaged, expected):
             assert torch.allclose(got, want, rtol=0, atol=1e-6) and got.dtype == want.dtype
         assert same_storage and not transposed_kept  # averaged into the gradients themselves
-        # In place: the two 256-byte-plus shards (64 float32, 80 float64). Packed: float32 (5, 12, 7 | 9 | 30:
-        # buckets of at most 100 bytes), float64 (10).
-        assert sorted(sizes) == sorted([64, 80, 24, 9, 30, 10]), sizes
+        # In place: the two 256-byte-plus shards (64 float32, 80 float64). Packed: float32 (the mask of which
+        # parameters had a gradient, 8, then 5, 12 | 7, 9 | 30: buckets of at most 100 bytes), float64 (10).
+        assert sorted(sizes) == sorted([64, 80, 25, 16, 30, 10]), sizes
         assert in_place == [True, True]  # the big shards' own storage went to the allreduce, not a packed copy
         assert most_in_flight == 2  # four packed buckets, never more than two of them in flight
