@@ -4,11 +4,14 @@ review: a Ctrl-C lost everything since the last periodic checkpoint (step 220 tr
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from cloud_elastic.driver.job.elastic_job import ExitOrder, WorkerState
+from cloud_elastic.driver.job.stopping import WRITE_S
 from cloud_elastic.driver.launch.api import ExitStatus
-from tests.unit.test_job import Sim, assert_round
+from tests.unit.test_job import CRASH, Sim, assert_round
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -28,9 +31,10 @@ def training(checkpointing: bool = True, *, every_s: float = 1.0) -> Sim:
 
 
 def commits_at_pace(sim: Sim, slots: list[str], last: int, every_s: float) -> None:
-    """The heartbeats of ``slots`` show commits ``last - 1`` then ``last``, ``every_s`` apart."""
-    for seq in (last - 1, last):
-        if seq == last:
+    """The heartbeats of ``slots`` show commits ``last - 2`` to ``last``, ``every_s`` apart (two gaps: the time to
+    the first rise seen is no gap between commits)."""
+    for seq in (last - 2, last - 1, last):
+        if seq > last - 2:
             sim.advance(every_s)
         for slot in slots:
             sim.job.heartbeat(sim.id(slot), sim.now, seq, seq)
@@ -42,16 +46,25 @@ def stop(sim: Sim, reason: str, exit_code: int, *, grace_s: float = 0.0) -> None
     sim._collect()
 
 
-def leave_at_commit(sim: Sim, seq: int) -> dict[str, ExitOrder]:
-    """Both members saw the update, commit ``seq`` and come to rendezvous: their exit orders."""
+def leave_at_commit(sim: Sim, seq: int, round_: int = 1) -> dict[str, ExitOrder]:
+    """Both members saw the update, commit ``seq`` and come to rendezvous from ``round_``: their exit orders."""
     orders = {}
     for slot in ("a[0]", "b[0]"):
         wid = sim.id(slot)
         assert sim.job.workers[wid].state is WorkerState.DRAINING
-        sim.job.rendezvous(wid, 1, "update", sim.now, seq, 0, seq)
+        sim.job.rendezvous(wid, round_, "update", sim.now, seq, 0, seq)
         orders[slot] = sim.reply(slot)
         assert isinstance(orders[slot], ExitOrder), orders[slot]
     return orders
+
+
+def exit_with_the_checkpoint_of(sim: Sim, step: int, seq: int) -> None:
+    """Rank 0 reports the checkpoint of commit ``seq`` it wrote on its way out, and both exit: it is kept."""
+    sim.job.checkpoint_saved(step, seq)
+    for slot in ("a[0]", "b[0]"):
+        sim.exit(slot, ExitStatus(0))
+    assert sim.outcome is not None and sim.outcome.reason == (
+        f"interrupted by SIGINT; checkpoint of step {step} written; the same command resumes from it")
 
 
 def test_a_signal_drains_every_member_at_its_next_commit_and_ends_with_the_checkpoint_of_that_commit() -> None:
@@ -166,12 +179,78 @@ def test_a_signal_before_any_commit_ends_the_job_at_once() -> None:
     assert sim.outcome is not None and (sim.outcome.reason, sim.outcome.exit_code) == SIGINT
 
 
-@pytest.mark.parametrize("every_s, since_s", [(60.0, 0.0), (1.0, 15.0)], ids=["once-a-minute", "stalled"])
-def test_a_signal_ends_the_job_at_once_when_no_commit_is_expected_within_half_the_grace(every_s, since_s) -> None:
+@pytest.mark.parametrize("every_s, since_s, why", [
+    (60.0, 0.0, "the next commit is expected in 60s (one every 60s)"),
+    (1.0, 15.0, "no commit for 15s, against one every 1s before"),
+    # Due 14 s after the signal: rank 0 would have 1 s to write before its exit order's margin (5 s), under WRITE_S.
+    (15.0, 1.0, "the next commit is expected in 14s (one every 15s)"),
+], ids=["once-a-minute", "stalled", "too-late-to-write"])
+def test_a_signal_ends_the_job_at_once_when_no_commit_is_expected_in_time_to_checkpoint_it(
+        every_s, since_s, why, caplog) -> None:
+    sim = training(every_s=every_s)
+    sim.advance(since_s)
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    stop(sim, *SIGINT, grace_s=GRACE)
+    assert sim.outcome is not None and (sim.outcome.reason, sim.outcome.exit_code) == SIGINT
+    assert [r.getMessage() for r in caplog.records if "stopping at once" in r.getMessage()] == [
+        "job t: interrupted by SIGINT: stopping at once: no commit is expected within 13s, in time to checkpoint it "
+        f"({why}); the same command resumes from the latest checkpoint"]
+
+
+@pytest.mark.parametrize("every_s, since_s", [(15.0, 2.0), (20.0, 8.0), (15.0, 29.0)],
+                         ids=["15s-steps", "20s-steps", "a-step-twice-as-slow"])
+def test_a_signal_waits_for_a_commit_due_in_time_to_checkpoint_it(every_s, since_s) -> None:
+    # Found by review: waiting only for a commit due within half the grace (10 s), a Ctrl-C 2 s after a commit of
+    # a job committing every 15 s stopped at once, losing every step since the last periodic checkpoint, although
+    # the next commit came 7 s before the grace ran out.
     sim = training(every_s=every_s)
     sim.advance(since_s)
     stop(sim, *SIGINT, grace_s=GRACE)
-    assert sim.outcome is not None and (sim.outcome.reason, sim.outcome.exit_code) == SIGINT
+    assert sim.outcome is None
+    waited = max(1.0, every_s - since_s)
+    sim.advance(waited)
+    orders = leave_at_commit(sim, 10)
+    assert orders["a[0]"].checkpoint_s == pytest.approx(GRACE - waited - sim.job.policy.deadline_margin_s)
+    assert orders["a[0]"].checkpoint_s >= WRITE_S
+    exit_with_the_checkpoint_of(sim, 100, 10)
+
+
+def test_the_time_to_the_first_commit_is_no_commit_gap_and_a_signal_after_it_waits() -> None:
+    # Found by review: the 30 s from the workers' first heartbeat to their first commit (start-up on a GPU) was
+    # taken for the time between commits, so a Ctrl-C just after that commit stopped at once. The pace is
+    # unknown until two commits were seen: the stop waits, at worst the grace in vain.
+    sim = Sim(2, checkpointing=True)
+    sim.discover({"a": 1, "b": 1})
+    assert_round(sim.join("a[0]", "b[0]"), 1, needs_sync=True)
+    sim.advance(30)  # heartbeats, no commit yet
+    sim.commit("a[0]", "b[0]")
+    sim.advance(1)
+    stop(sim, *SIGINT, grace_s=GRACE)
+    assert sim.outcome is None
+    orders = leave_at_commit(sim, 2)
+    assert orders["a[0]"].checkpoint_s is not None and orders["a[0]"].checkpoint_s > 0
+    exit_with_the_checkpoint_of(sim, 20, 2)
+
+
+def test_a_signal_just_after_a_round_formed_after_an_outage_waits() -> None:
+    # The 20 s the survivors took to come back after c's crash is no pause of the new round: its pace is unknown
+    # until it committed twice, so the stop waits (it stopped at once, the last commit 21 s ago).
+    sim = Sim(3, min_np=2, checkpointing=True)
+    sim.discover({"a": 1, "b": 1, "c": 1})
+    assert_round(sim.join("a[0]", "b[0]", "c[0]"), 1, needs_sync=True)
+    commits_at_pace(sim, ["a[0]", "b[0]", "c[0]"], 9, 1.0)
+    sim.exit("c[0]", CRASH)
+    sim.advance(20)  # the survivors' collective times out
+    for slot in ("a[0]", "b[0]"):
+        sim.job.rendezvous(sim.id(slot), 1, "failure", sim.now, 9, 0, 9)
+    assert_round({s: sim.reply(s) for s in ("a[0]", "b[0]")}, 2, needs_sync=True)
+    sim.advance(1)
+    stop(sim, *SIGINT, grace_s=GRACE)
+    assert sim.outcome is None
+    sim.advance(1)
+    leave_at_commit(sim, 10, round_=2)
+    sim.exit("c[0]", ExitStatus(-15))  # its replacement, still starting, was stopped
+    exit_with_the_checkpoint_of(sim, 100, 10)
 
 
 def test_training_that_completes_during_the_stop_succeeds() -> None:

@@ -15,9 +15,11 @@ the newest checkpoint holds, or how many committed steps the next run redoes.
 
 A stop ends the job at once when there is nothing to keep or no commit to wait for: without
 ``--checkpoint-dir``; before the driver has heard of any commit (a fixed-size script never commits); or
-when no commit is expected within half of ``grace_s`` (see :meth:`GracefulStop.commit_expected`: a job that
-commits once an epoch would otherwise wait out the grace for nothing), unless a worker at rendezvous holds a
-commit to checkpoint. A second signal during the graceful stop ends it at once too.
+when the members' next commit is not expected in time for rank 0 to checkpoint it (see
+:meth:`GracefulStop.no_commit_in_time`: a job that commits once an epoch would otherwise wait out the grace for
+nothing), unless a worker at rendezvous holds a commit to checkpoint. Waiting in vain costs at most
+``grace_s``; not waiting costs every step since the last checkpoint: so a pace not yet known (fewer than two
+commits seen in their round) is waited for. A second signal during the graceful stop ends it at once too.
 
 Training that completes during the stop ends the job as any completion does (success, exit 0), within the
 stop's time. The end line says a checkpoint holds the last commit only when one reported stored is of the
@@ -39,6 +41,12 @@ log = logging.getLogger(__name__)
 
 S = WorkerState
 
+#: A stop waits for a commit expected at least this long, beyond the exit order's deadline margin
+#: (``policy.deadline_margin_s``, which it keeps for the worker to exit), before the stop's time is up: the time
+#: rank 0 is left to write the checkpoint. A later commit would leave it less than the 0.8-2.5 s a 1.1 GB-a-host
+#: checkpoint took in docs/benchmarks.md, so the wait would most likely be in vain.
+WRITE_S = 2.0
+
 
 class GracefulStop:
     """The graceful stop of one job (see module docstring)."""
@@ -49,9 +57,9 @@ class GracefulStop:
         self._rounds = rounds
         self._ending: tuple[str, int, float] | None = None  # (reason, exit code, when it ends at the latest)
         self._holders: list[str] = []  # the workers told to checkpoint the commit they leave at
-        # Worker -> (its commits, when its heartbeats last showed them grow (or first came), the time between that and
-        # the time before, None until they first grew): see heard.
-        self._pace: dict[str, tuple[int, float, float | None]] = {}
+        # Worker -> (its round, its commits, when its heartbeats last showed them grow in that round (None: not yet),
+        # the time per commit over that last rise (None until they grew twice in it)): see heard.
+        self._pace: dict[str, tuple[int, int, float | None, float | None]] = {}
 
     @property
     def active(self) -> bool:
@@ -59,24 +67,37 @@ class GracefulStop:
         return self._ending is not None
 
     def heard(self, w: WorkerRecord, now: float) -> None:
-        """``w``'s heartbeat told of its commits (``w.commits``): when they grow, and how often. Its first heartbeat
-        starts the clock: the time to its first commit counts as a gap (an upper bound: it includes its start)."""
+        """``w``'s heartbeat told of its commits (``w.commits``): when they grow, and how often. The time from its
+        first heartbeat in a round to its first rise is no gap between commits (it includes its start-up, the
+        round's formation, a sync or a load): the pace is known from its second rise in the round on, as the time
+        per commit between the last two."""
         seen = self._pace.get(w.worker_id)
-        if seen is None:
-            self._pace[w.worker_id] = (w.commits, now, None)
-        elif w.commits > seen[0]:
-            self._pace[w.worker_id] = (w.commits, now, now - seen[1])
+        if seen is None or seen[0] != w.round:
+            self._pace[w.worker_id] = (w.round, w.commits, None, None)
+        elif w.commits > seen[1]:
+            rose = seen[2]
+            gap = None if rose is None else (now - rose) / (w.commits - seen[1])
+            self._pace[w.worker_id] = (w.round, w.commits, now, gap)
 
-    def commit_expected(self, members: list[WorkerRecord], now: float, within: float) -> bool:
-        """Whether a member is expected to commit within ``within`` seconds of ``now``: its heartbeats showed its
-        commits grow at most ``within`` after its first heartbeat or their previous rise, the last time at most
-        ``within`` ago (a stall that long, an evaluation or a re-formation, is not waited out). Heartbeats show
-        commits late (by up to their interval), so a job committing every step shows one rise per heartbeat."""
+    def no_commit_in_time(self, members: list[WorkerRecord], now: float, by: float) -> str | None:
+        """Why the members are not expected to commit by ``by``; None when they are, or may be (their pace in
+        their round is not known yet). Members commit together: those whose pace is known speak for all. The next commit is expected
+        one gap after the last rise seen; one overdue is still expected while the last rise is at most two gaps
+        ago (a slow step, a periodic checkpoint) or within the wait's window; a stall longer than both (an
+        evaluation, a hung peer) is not waited out. Heartbeats show a commit late by up to their interval, so
+        the expected time is off by up to that (0.5 s by default)."""
+        why = None
         for w in members:
-            _, at, gap = self._pace.get(w.worker_id, (0, 0.0, None))
-            if gap is not None and gap <= within and now - at <= within:
-                return True
-        return False
+            in_round, _, at, gap = self._pace.get(w.worker_id, (w.round, 0, None, None))
+            if in_round != w.round or at is None or gap is None:
+                continue
+            if now - at > max(2 * gap, by - now):
+                why = f"no commit for {now - at:.3g}s, against one every {gap:.3g}s before"
+            elif at + gap > by:
+                why = f"the next commit is expected in {at + gap - now:.3g}s (one every {gap:.3g}s)"
+            else:
+                return None
+        return why
 
     def begin(self, reason: str, exit_code: int, now: float, grace_s: float) -> bool:
         """A signal asks the job to end (``reason``, ``exit_code``), giving it ``grace_s`` to keep its state.
@@ -88,13 +109,15 @@ class GracefulStop:
             return False  # nothing to keep: no checkpoints, or nothing committed yet (a fixed-size script never is)
         # Workers at rendezvous with a commit (a round being formed, after a failure) checkpoint it on their way out.
         waiting = [w for w in job.alive() if w.state is S.WAITING and w.holds_state]
-        # The members stop at their next commit (their heartbeats may not have told of their last one yet), if one
-        # is expected in time: half the grace, leaving the other half to write the checkpoint and exit.
+        # The members stop at their next commit (their heartbeats may not have told of their last one yet), if it
+        # is expected in time for rank 0 to write it before its exit order's deadline margin.
         members = job.members()
-        if not waiting and not self.commit_expected(members, now, grace_s / 2):
-            log.warning("job %s: %s: stopping at once: no commit is expected within %gs (the workers' heartbeats "
-                        "have not shown one that often lately); the same command resumes from the latest checkpoint",
-                        job.job_id, reason, grace_s / 2)
+        by = now + grace_s - job.policy.deadline_margin_s - WRITE_S
+        late = None if waiting else self.no_commit_in_time(members, now, by)
+        if late is not None:
+            log.warning("job %s: %s: stopping at once: no commit is expected within %gs, in time to checkpoint it "
+                        "(%s); the same command resumes from the latest checkpoint", job.job_id, reason,
+                        max(0.0, by - now), late)
             return False
         holders = members + waiting
         self._ending = (reason, exit_code, now + grace_s)
