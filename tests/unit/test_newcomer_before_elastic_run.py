@@ -75,19 +75,24 @@ def test_a_newcomer_joining_workers_inside_elastic_run_is_refused():
         _newcomer(store, 5).group(SETUP)
 
 
-def test_a_newcomer_of_a_planned_round_is_refused():
-    """The running member formed the plan's group in the background while it trained inside elastic.run."""
-    store = _server()
-    survivor = _worker("survivor", store)
-    _assigned(survivor, 5, 0, 1)
-    survivor.rendezvous("start")
-    survivor.elastic_entered = True
+def _planned_in_elastic_run(store: dist.TCPStore, name: str) -> None:
+    """A member inside elastic.run in round 5 forms plan 1's group for round 6 in the background."""
+    member = _worker(name, store)
+    _assigned(member, 5, 0, 1)
+    member.rendezvous("start")
+    member.elastic_entered = True
 
     def unformed(*_):
         raise RuntimeError("no peer in this test")
 
-    survivor._new_group = unformed  # the mark comes before the group, which is not what is tested here
-    survivor._form_next(_Pending(NextRound(1, 6, RankInfo(0, 2, 0, 2, 0, 1), ("127.0.0.1",))))
+    member._new_group = unformed  # the mark comes before the group, which is not what is tested here
+    member._form_next(_Pending(NextRound(1, 6, RankInfo(0, 2, 0, 2, 0, 1), ("127.0.0.1",))))
+
+
+def test_a_newcomer_of_a_planned_round_is_refused():
+    """The running member formed the plan's group in the background while it trained inside elastic.run."""
+    store = _server()
+    _planned_in_elastic_run(store, "survivor")
     with pytest.raises(UnsupportedError):
         _newcomer(store, 6, planned=1).group(SETUP)
 
@@ -107,16 +112,7 @@ def test_fresh_workers_of_a_recovery_numbered_as_a_dropped_plan_are_not_refused(
     """Found by review: the members formed plan 1's group for round 6 in the background, then every one was
     lost; the driver dropped the plan and the recovery round from the checkpoint took the number 6 too."""
     store = _server()
-    survivor = _worker("lost", store)
-    _assigned(survivor, 5, 0, 1)
-    survivor.rendezvous("start")
-    survivor.elastic_entered = True
-
-    def unformed(*_):
-        raise RuntimeError("no peer in this test")
-
-    survivor._new_group = unformed
-    survivor._form_next(_Pending(NextRound(1, 6, RankInfo(0, 2, 0, 2, 0, 1), ("127.0.0.1",))))
+    _planned_in_elastic_run(store, "lost")
     fresh = _newcomer(store, 6, from_checkpoint=True)
     assert fresh.group(SETUP) is fresh.pg
 
