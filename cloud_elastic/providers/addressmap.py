@@ -126,6 +126,9 @@ class AddressMappedDiscovery(HostDiscovery):
     def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
         self.inner.set_capacity(hosts, source=source)
 
+    def capacity_limits(self) -> tuple[int, int] | None:
+        return self.inner.capacity_limits()
+
     def hourly_prices(self, snapshot: DiscoveredHosts) -> Mapping[str, float]:
         back = {mapped: self._origin.get(mapped, mapped) for mapped in (*snapshot.ready, *snapshot.draining)}
         inner = DiscoveredHosts(ready={back[h]: n for h, n in snapshot.ready.items()},

@@ -6,7 +6,7 @@ import pytest
 
 from cloud_elastic.errors import ConfigError, FatalDiscoveryError
 from cloud_elastic.providers.addressmap import AddressMappedDiscovery, map_address, parse_address_map
-from cloud_elastic.providers.api import DiscoveredHosts, Drain
+from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery
 from tests.contract.scripted import ScriptedDiscovery
 
 
@@ -51,3 +51,28 @@ def test_two_hosts_mapped_onto_one_address_is_fatal():
     wrapped = AddressMappedDiscovery(inner, parse_address_map(["10.0.0.0/24=127.0.3.0/24"]))
     with pytest.raises(FatalDiscoveryError, match="sends both"):
         wrapped.find()
+
+
+#: HostDiscovery methods the wrapper does not pass on: it builds itself (from_options), checks nothing
+#: (check_options), and maps what find() returns instead.
+_NOT_PASSED_ON = {"from_options", "check_options", "find"}
+
+
+def test_the_wrapper_passes_on_every_optional_method_of_the_interface():
+    """A method added to HostDiscovery and not passed on falls back to the default, silently (a wrapped group's
+    MaxSize once went unseen by --manage-capacity): every one the wrapper lacks fails here."""
+    optional = {name for name, value in vars(HostDiscovery).items()
+                if callable(getattr(HostDiscovery, name)) and not name.startswith("_")} - _NOT_PASSED_ON
+    assert optional >= {"release", "set_capacity", "capacity_limits", "hourly_prices", "wake_on_news", "close"}
+    missing = sorted(name for name in optional if name not in vars(AddressMappedDiscovery))
+    assert missing == [], f"AddressMappedDiscovery does not pass on {missing}"
+
+
+def test_the_wrapped_groups_capacity_limits_reach_manage_capacity():
+    class Limited(ScriptedDiscovery):
+        def capacity_limits(self):
+            return (0, 3)
+
+    wrapped = AddressMappedDiscovery(Limited([DiscoveredHosts(ready={"10.0.0.1": 1})]),
+                                     parse_address_map(["10.0.0.0/24=127.0.3.0/24"]))
+    assert wrapped.capacity_limits() == (0, 3)
