@@ -30,6 +30,7 @@ def load(name: str) -> type[HostDiscovery]:
     """Load the provider class registered as ``name``.
 
     Raises ConfigError naming the installed providers when ``name`` is unknown,
+    naming the provider when importing it raises anything,
     or when the entry point does not lead to a HostDiscovery subclass.
     """
     eps = _entry_points()
@@ -38,8 +39,8 @@ def load(name: str) -> type[HostDiscovery]:
         raise ConfigError(f"unknown discovery provider {name!r}; installed: {installed}")
     try:
         cls = eps[name].load()
-    except ImportError as exc:
-        raise ConfigError(f"provider {name!r} could not be imported: {exc}") from exc
+    except Exception as exc:  # a plugin's own bug (RuntimeError, SyntaxError) at import is not ours to crash on
+        raise ConfigError(f"provider {name!r} could not be imported: {type(exc).__name__}: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, HostDiscovery)):
         raise ConfigError(f"entry point {name!r} ({eps[name].value}) is not a HostDiscovery subclass")
     return cls

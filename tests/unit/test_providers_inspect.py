@@ -54,3 +54,22 @@ def test_discover_failure_is_one_line_on_stderr_and_exit_code_1():
     assert out.getvalue() == ""
     assert err.getvalue() == "cloud-elastic discover: error: AWS Auto Scaling group 'x' not found in region r\n"
     assert discovery.closed == 1
+
+
+def test_a_plugin_that_raises_on_import_is_listed_with_the_reason_and_the_others_still_are(monkeypatch):
+    from cloud_elastic.providers import registry
+
+    class Broken:  # an entry point whose module raises at import (a typo, an SDK incompatibility)
+        value = "badplug_pkg:Provider"
+
+        def load(self):
+            raise RuntimeError("plugin broken at import")
+
+    installed = registry._entry_points()
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"aaa-broken": Broken(), **installed})
+    out = io.StringIO()
+    list_providers(out)
+    text = out.getvalue()
+    assert "aaa-broken\n    cannot be loaded: provider 'aaa-broken' could not be imported: RuntimeError: " \
+           "plugin broken at import\n" in text
+    assert "\nstatic\n" in text and "\naws\n" in text
