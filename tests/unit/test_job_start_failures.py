@@ -67,6 +67,17 @@ def test_a_host_not_reachable_yet_says_when_it_is_tried_again(caplog) -> None:
     assert "host a not reachable yet: retried in 11s" in caplog.text, caplog.text
 
 
+def test_the_second_worker_of_an_unreachable_host_says_the_time_left_not_0s(caplog) -> None:
+    sim = Sim(2)
+    sim.discover({"a": 2})
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.driver.job"):
+        sim.exit("a[0]", UNREACHABLE)
+        sim.advance(3)
+        sim.exit("a[1]", UNREACHABLE)  # the same outage, reported by its host-mate
+    lines = [r.getMessage() for r in caplog.records if "not reachable yet" in r.getMessage()]
+    assert [line.rsplit(" ", 1)[1] for line in lines] == ["11s", "8s"], lines
+
+
 def launch_through_processes(sim: Sim, command: tuple[str, ...], cwd: str) -> None:
     """Carry out the job's launches as the driver does, with the real local launcher."""
     config = JobConfig(command=command, num_proc=2, min_np=2, max_np=2, cwd=cwd)

@@ -77,7 +77,9 @@ class Failures:
             # One outage is one failure of each slot, however many of the host's workers report it.
             slots = [Slot(w.slot.host, i) for i in range(host_slots)]
             delays = [block(s, now) for s in slots if not hosts.blacklist.blocked(s, now)]
-            delay = max(delays, default=0.0)
+            # A host-mate's report of the same outage blocked them already: say how long they stay blocked.
+            left = [t for s, t, _ in hosts.blacklist.blocked_slots(now) if s in slots]
+            delay = max(delays, default=max(left, default=0.0))
             log.warning("job %s: %s; host %s %s %.0fs", job.job_id, reason, w.slot.host,
                         "not reachable yet: retried in" if booting else "blacklisted for", delay)
         else:
