@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from cloud_elastic.control import SIGNATURE_HEADER, Codec, new_secret
+from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, Codec, new_secret
 from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.worker.link.client import DriverClient
 
@@ -153,6 +153,50 @@ def test_one_address_holding_connections_without_a_signed_request_cannot_lock_th
         while open_ones():  # none brought a signed request within the deadline
             assert time.monotonic() < deadline
         assert worker.call("register")["ok"] is True  # a signed connection is kept past it
+        for s in held:
+            s.close()
+    finally:
+        srv.close()
+
+
+def test_a_head_past_8_kib_is_refused_even_whole_and_the_largest_signed_request_is_served(server):
+    """Hostile review: a head of up to 256 KiB was taken when its end came in the same read (the bound applied only
+    to a head still arriving). A worker's head is about 250 bytes; its body is at most 64 KiB."""
+    head = b"POST /v1/poll HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 9000 + b"\r\nContent-Length: 2\r\n\r\n{}"
+    assert _send(server.port, "127.0.0.2", head).startswith(b"HTTP/1.1 431")
+    worker = DriverClient(f"127.0.0.1:{server.port}", Codec(SECRET, "job"), "w1")
+    assert worker.call("register", {"pad": "x" * (MAX_BODY - 200)})["ok"] is True
+
+
+def test_unsigned_requests_cannot_hold_more_than_the_byte_bound_and_a_large_signed_request_is_served():
+    """Hostile review: 2,304 unsigned connections each parked a large head and all but a byte of a 64 KiB body for
+    10 s, and the driver grew by 360 MiB (nothing counted those bytes). Now the inboxes of connections without a
+    signed request hold at most a bound together (here 1 MiB); past it, those that have held bytes longest close."""
+    srv = ControlServer(Codec(SECRET, "job"), lambda kind, message: {"ok": True})
+    srv.unproven_bytes = 1 << 20
+    srv.start()
+    try:
+        parked = b"POST /v1/poll HTTP/1.1\r\nContent-Length: 65536\r\n\r\n" + b"b" * 65535
+        held = []
+        for i in range(40):  # 2.6 MB in all
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=5, source_address=(f"127.0.0.{2 + i}", 0))
+            s.sendall(parked)
+            held.append(s)
+
+        def open_ones() -> list[int]:
+            """Which of ``held`` the server keeps open: a closed one reads as readable (end of file or reset)."""
+            closed, _, _ = select.select(held, [], [], 0)
+            return [i for i, s in enumerate(held) if s not in closed]
+
+        deadline = time.monotonic() + 10
+        while len(open_ones()) * len(parked) > 1 << 20:
+            assert time.monotonic() < deadline, open_ones()
+            time.sleep(0.05)
+        time.sleep(0.3)
+        kept = open_ones()
+        assert kept == list(range(40 - len(kept), 40)) and len(kept) >= 10, kept  # the newest are kept
+        worker = DriverClient(f"127.0.0.1:{srv.port}", Codec(SECRET, "job"), "w1")
+        assert worker.call("register", {"pad": "x" * (MAX_BODY - 200)})["ok"] is True
         for s in held:
             s.close()
     finally:

@@ -90,8 +90,9 @@ class Held:
 #: ``handler(kind, message) -> reply``; raise ControlPlaneError for a bad request.
 Handler = Callable[[str, dict[str, Any]], Union[dict[str, Any], Held]]
 
-#: Limits of the request reader (http.server's own), and how long a connection may sit idle.
-_MAX_LINE = 65536
+#: Limits of the request reader, and how long a connection may sit idle. A worker's request head (DriverClient:
+#: the request line, Host, Accept-Encoding, Content-Length, Content-Type and the signature) is about 250 bytes.
+_MAX_HEAD = 8192
 _MAX_HEADERS = 100
 _IDLE_S = 60.0
 #: A connection must bring a request signed with the job's secret within this long of its opening, and one address
@@ -100,10 +101,13 @@ _IDLE_S = 60.0
 #: lock the workers out (see selector_server: a full share closes strangers' connections, never signed ones).
 _FIRST_REQUEST_S = 10.0
 _MAX_UNSIGNED_PER_ADDRESS = 64
+#: What the inboxes of connections that have not brought a signed request may hold together (see selector_server):
+#: a worker's request sits there for a read or two, a stranger's head and body (up to 8 KiB and 64 KiB) for 10 s.
+_MAX_UNSIGNED_BYTES = 64 * 1024 * 1024
 _SIGNATURE_KEY = SIGNATURE_HEADER.lower().encode()
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-            411: "Length Required", 413: "Payload Too Large", 414: "URI Too Long",
-            431: "Request Header Fields Too Large", 500: "Internal Server Error"}
+            411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
+            500: "Internal Server Error"}
 
 
 def _kind_of(reason: str) -> str:
@@ -136,6 +140,7 @@ class ControlServer(SelectorServer):
     join_s = 10.0
     peer_has_port = False
     unproven_per_address = _MAX_UNSIGNED_PER_ADDRESS
+    unproven_bytes = _MAX_UNSIGNED_BYTES
     tier_words = ("it had not brought a signed request yet",)
 
     def __init__(self, codec: Codec, handler: Handler, *, bind: str = "127.0.0.1", port: int = 0) -> None:
@@ -209,23 +214,20 @@ class ControlServer(SelectorServer):
     def _parse(self, conn: _Conn) -> None:
         """Read the requests buffered on ``conn``, one at a time (the next waits for a held one).
 
-        A lean HTTP/1.1 reader: the request line, at most :data:`_MAX_HEADERS`
-        header lines of at most :data:`_MAX_LINE` bytes, then exactly
+        A lean HTTP/1.1 reader: a head of at most :data:`_MAX_HEAD` bytes (the
+        request line and at most :data:`_MAX_HEADERS` header lines), then exactly
         ``Content-Length`` bytes of body. Anything else is refused with a
         4xx status and the connection closed.
         """
         while conn.held is None and not conn.close_after and conn.open and conn.inbox:
             buf = conn.inbox
-            end = buf.find(b"\r\n\r\n")
+            end = buf.find(b"\r\n\r\n", 0, _MAX_HEAD + 4)  # the head and the blank line after it
             if end < 0:
-                if len(buf) > _MAX_LINE * 2:
-                    self._reject(conn, 431, "request head too large", kind="request head too large")
+                if len(buf) >= _MAX_HEAD + 4:
+                    self._reject(conn, 431, f"request head over {_MAX_HEAD} bytes", kind="request head too large")
                 return
             lines = bytes(buf[:end]).split(b"\r\n")
             line = lines[0]
-            if len(line) > _MAX_LINE:
-                self._reject(conn, 414, "request line too long", kind="request line too long")
-                return
             parts = line.split()
             if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
                 self._reject(conn, 400, f"malformed request line {line[:64]!r}", kind="malformed request line")
@@ -237,7 +239,7 @@ class ControlServer(SelectorServer):
             headers: dict[bytes, bytes] = {}
             for raw in lines[1:]:
                 name, sep, value = raw.partition(b":")
-                if len(raw) > _MAX_LINE or not sep:
+                if not sep:
                     self._reject(conn, 400, "malformed header line", kind="malformed header line")
                     return
                 headers[name.strip().lower()] = value.strip()

@@ -23,7 +23,10 @@ holds :data:`~.accepting.UNPROVEN_SHARE` of the server's share, its oldest is cl
 server's share is full, the oldest connection of the lowest tier is. Only when every connection is
 proven is the new one refused. Before a connection is closed for a newer one, what it has sent is
 read: a worker whose signed request waited behind a burst of connections proves itself then. A
-proven connection is never closed to make room for a stranger.
+proven connection is never closed to make room for a stranger. A server may also bound the bytes
+that unproven connections' inboxes hold together (``unproven_bytes``: the control plane does; the
+store counts its memory itself): past it, the unproven connection that has held bytes longest is
+closed, after the same read.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class Connection:
         self.last = time.monotonic()
         self.events = selectors.EVENT_READ  # what the selector watches for on it
         self.tier = 0  # how far it got towards proving it comes from the job; PROVEN once it did
+        self.counted = 0  # the bytes of its inbox counted against the server's unproven_bytes
 
     @property
     def proven(self) -> bool:
@@ -72,11 +76,11 @@ class SelectorServer:
 
     A subclass names itself (``name``, for logs and its thread), its share of the descriptor limit
     (``share``, said as ``share_words``), how many unproven connections one address may hold
-    (``unproven_per_address``), how many tiers of unproven connections it tells apart (``tiers``)
-    and what each had not done yet (``tier_words``, for the log) and how much it reads at once (``recv_bytes``),
-    calls :meth:`_promote` as a connection gets further, and fills in
-    the hooks: :meth:`_connect`, :meth:`_received`, and as it needs :meth:`_refusal`,
-    :meth:`_writable`, :meth:`_interest`, :meth:`_flushed`, :meth:`_dropped`, :meth:`_timeout`,
+    (``unproven_per_address``) and how many bytes their inboxes may hold together (``unproven_bytes``),
+    how many tiers of unproven connections it tells apart (``tiers``) and what each had not done yet
+    (``tier_words``, for the log) and how much it reads at once (``recv_bytes``), calls :meth:`_promote`
+    as a connection gets further, and fills in the hooks: :meth:`_connect`, :meth:`_received`, and as it
+    needs :meth:`_refusal`, :meth:`_writable`, :meth:`_interest`, :meth:`_flushed`, :meth:`_dropped`, :meth:`_timeout`,
     :meth:`_before_events` and :meth:`_after_events`. Every hook runs on the serving thread.
     """
 
@@ -91,6 +95,8 @@ class SelectorServer:
     tier_words: tuple[str, ...] = ("it had not proven it comes from the job",)
     #: Whether the logs name a client by address and port, or by address alone.
     peer_has_port = True
+    #: How many bytes the inboxes of unproven connections may hold together (None: no bound here).
+    unproven_bytes: int | None = None
 
     def __init__(self, refusals: RefusalLog) -> None:
         self._refusals = refusals
@@ -105,6 +111,9 @@ class SelectorServer:
         # The unproven connections, oldest first (dicts keep their order): by tier, and by address.
         self._unproven: list[dict[Connection, None]] = [{} for _ in range(self.tiers)]
         self._unproven_from: dict[str, dict[Connection, None]] = {}
+        # The unproven connections whose inboxes hold bytes, in the order they began to, and those bytes.
+        self._holding: dict[Connection, None] = {}
+        self._holding_bytes = 0
 
     # ------------------------------------------------------------- lifecycle
     def _serve_on(self, listener: socket.socket) -> None:
@@ -181,6 +190,7 @@ class SelectorServer:
                         self._writable(conn)
                     if mask & selectors.EVENT_READ and conn.open:
                         self._read(conn)
+                        self._keep_to_budget()
             self._pause.resume_if_due()
             self._after_events()
 
@@ -243,16 +253,22 @@ class SelectorServer:
                               f"({self.share_words} the driver's descriptor limit)")
         return None
 
-    def _evict(self, pool: dict[Connection, None], why: str) -> None:
+    def _keep_to_budget(self) -> None:
+        """Close unproven connections, those that have held bytes longest first, while their inboxes hold more
+        than ``unproven_bytes`` together: a worker's request is in the inbox for a read or two."""
+        while self.unproven_bytes is not None and self._holding_bytes > self.unproven_bytes and self._holding:
+            self._evict(self._holding, f"unproven connections hold {self._holding_bytes} bytes, "
+                                       f"at most {self.unproven_bytes}", room_for="newer bytes")
+
+    def _evict(self, pool: dict[Connection, None], why: str, *, room_for: str = "a newer connection") -> None:
         """Close the oldest connection of ``pool`` that what it sent so far does not take out of it (or let one
         go that its read closes): a worker's request may have waited unread behind a burst of strangers'."""
         while pool:
             conn = next(iter(pool))
             self._read(conn)
             if conn in pool:
-                self._refusals.refused("closed for a newer connection", conn.peer,
-                                       f"closed to make room for a newer connection: {self.tier_words[conn.tier]} "
-                                       f"({why})")
+                self._refusals.refused(f"closed for {room_for}", conn.peer,
+                                       f"closed to make room for {room_for}: {self.tier_words[conn.tier]} ({why})")
                 self._drop(conn)
             if not conn.open:
                 return
@@ -269,6 +285,7 @@ class SelectorServer:
             self._unproven[tier][conn] = None
 
     def _forget_unproven(self, conn: Connection) -> None:
+        self._count(conn)
         mine = self._unproven_from.get(conn.address)
         if mine is not None:
             mine.pop(conn, None)
@@ -288,6 +305,19 @@ class SelectorServer:
         conn.inbox += data
         conn.last = time.monotonic()
         self._received(conn)
+        self._count(conn)
+
+    def _count(self, conn: Connection) -> None:
+        """Bring the count of the bytes unproven connections hold (``unproven_bytes``) up to date with ``conn``'s."""
+        if self.unproven_bytes is None:
+            return
+        held = len(conn.inbox) if conn.open and not conn.proven else 0
+        self._holding_bytes += held - conn.counted
+        conn.counted = held
+        if held:
+            self._holding.setdefault(conn, None)
+        else:
+            self._holding.pop(conn, None)
 
     def _flush(self, conn: Connection) -> None:
         """Send what the socket takes now of ``conn``'s outbox; watch for it to take more, or drop it on an error."""
