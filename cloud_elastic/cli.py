@@ -361,7 +361,7 @@ def drain(job: str, target: str) -> int:
 @cli.command(context_settings=_CONTEXT, short_help="draw a job's events file as a picture")
 @click.argument("events_file", metavar="EVENTS_FILE", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", metavar="PNG", default="timeline.png", show_default=True,
-              help="picture to write (.png, .svg or .pdf)")
+              help="picture to write: its name ends in .png, .svg or .pdf")
 def timeline(events_file: str, output: str) -> int:
     """Draw EVENTS_FILE (from 'run --events-file'): world size, workers per host slot,
     notices, rollbacks and the steps they lost. Needs the [plot] extra (matplotlib)."""

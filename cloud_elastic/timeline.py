@@ -11,6 +11,7 @@ matplotlib, which is the optional extra ``[plot]``.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -19,6 +20,8 @@ from cloud_elastic.errors import ConfigError
 __all__ = ["WorkerLife", "Timeline", "read_events", "build_timeline", "draw_timeline"]
 
 _EXTRA_HINT = "cloud-elastic timeline needs matplotlib: pip install 'cloud-elastic[plot]'"
+#: The formats `cloud-elastic timeline -o` writes, by suffix.
+_FORMATS = (".png", ".svg", ".pdf")
 
 
 @dataclass
@@ -145,8 +148,12 @@ def build_timeline(events: Iterable[dict[str, Any]]) -> Timeline:
 def draw_timeline(events: Iterable[dict[str, Any]], output: str) -> str:
     """Draw the job to ``output`` (format from its suffix: png, svg, pdf); return a one-line summary.
 
-    ConfigError naming the ``[plot]`` extra when matplotlib is missing.
+    ConfigError naming the ``[plot]`` extra when matplotlib is missing, or when ``output`` does not end in one of
+    those suffixes (matplotlib would add ``.png`` to a name without one, and refuse others with a traceback).
     """
+    suffix = os.path.splitext(output)[1].lower()
+    if suffix not in _FORMATS or output.endswith(os.sep):
+        raise ConfigError(f"cannot write {output!r}: the picture's file name must end in .png, .svg or .pdf")
     try:
         import matplotlib
 

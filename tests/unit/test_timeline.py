@@ -98,3 +98,16 @@ def test_missing_matplotlib_names_the_plot_extra(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert result.stderr == "cloud-elastic: error: cloud-elastic timeline needs matplotlib: pip install 'cloud-elastic[plot]'\n"
+
+
+@pytest.mark.parametrize("name", ["t.txt", "pic", "d/"])
+def test_an_output_without_a_picture_suffix_is_a_one_line_error_and_nothing_is_written(tmp_path: Path,
+                                                                                       name: str) -> None:
+    """matplotlib refused t.txt with a traceback, and wrote pic.png or d/.png while the line named pic or d/."""
+    events = write_recorded_events(tmp_path / "events.jsonl")
+    (tmp_path / "d").mkdir()
+    result = subprocess.run([*CLI, "timeline", str(events), "-o", str(tmp_path / name)], capture_output=True,
+                            text=True, timeout=50)
+    assert (result.returncode, result.stderr) == (2, f"cloud-elastic: error: cannot write {str(tmp_path / name)!r}: "
+                                                     "the picture's file name must end in .png, .svg or .pdf\n")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["d", "events.jsonl"]
