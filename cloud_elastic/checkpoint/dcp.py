@@ -16,7 +16,9 @@ in every worker that resumes. Here:
   ``.metadata`` is never opened. Every file is checked against the size and SHA-256 its
   manifest lists before DCP reads a byte of it; a file the manifest does not list is
   refused. Tensors are read by DCP with ``torch.load(weights_only=True)``, and the planner of
-  :func:`safe_load_planner` reads the non-tensor items with ``weights_only=True`` too.
+  :func:`safe_load_planner` reads the non-tensor items with ``weights_only=True`` too; each
+  item's archive passes :func:`~cloud_elastic.checkpoint.safety.check_archive` first (no
+  compressed record that would inflate in memory).
   A mismatch raises :class:`ShardCorrupt`, which the loader answers by falling back to
   the previous checkpoint.
 
@@ -39,7 +41,7 @@ import torch
 
 from cloud_elastic.checkpoint.api import CheckpointError
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
-from cloud_elastic.checkpoint.safety import causes, one_line, safe_load
+from cloud_elastic.checkpoint.safety import causes, check_archive, one_line, safe_load
 
 __all__ = ["METADATA_JSON", "ShardCorrupt", "dcp_reason", "digesting_writer", "load_target", "optimizer_target",
            "safe_load_planner", "verifying_reader"]
@@ -235,6 +237,14 @@ class _VerifyingReader:
         super().__init__(path, **kwargs)  # type: ignore[call-arg]
         self.fs = _VerifyingFS(self.fs, dict(expected), str(path))
         self._metadata: Any = None
+
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        """DCP's view of one item's ``torch.save`` archive, once :func:`check_archive` passed it."""
+        try:
+            check_archive(file, sinfo.offset, sinfo.length, f"item at {sinfo.offset:,} of {sinfo.relative_path}")
+        except _Unusable as exc:
+            raise ShardCorrupt(str(exc)) from None
+        return super()._slice_file(file, sinfo)  # type: ignore[misc]
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         """DCP's metadata from :data:`METADATA_JSON` (verified, parsed strictly; read once, then kept)."""

@@ -95,6 +95,45 @@ def test_a_tampered_state_pt_is_refused_in_one_line_without_running_code_or_advi
     assert "can still be loaded" not in line and "\n" not in line, line
 
 
+def deflated(obj: object) -> bytes:
+    """``obj`` as torch.save writes it, then its records compressed, which torch.load reads too."""
+    import io
+    import zipfile
+
+    saved, out = io.BytesIO(), io.BytesIO()
+    torch.save(obj, saved)
+    with zipfile.ZipFile(saved) as src, zipfile.ZipFile(out, "w") as dst:
+        for record in src.infolist():
+            dst.writestr(record.filename, src.read(record), compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("archive", ["deflated", "legacy format"])
+def test_a_state_pt_that_would_take_more_memory_than_its_size_is_passed_over_unloaded(tmp_path: Path, caplog,
+                                                                                       archive: str) -> None:
+    """Its manifest rewritten to match. Before: a 64 KiB deflated state.pt took 64 MiB to load (1,000 times its size:
+    a 1 MB file took 1 GiB), and the legacy format allocates the sizes its header gives."""
+    import io
+
+    store, newest = _two_checkpoints(tmp_path)
+    if archive == "deflated":
+        data = deflated({"step": torch.zeros(64 << 20, dtype=torch.uint8)})
+        assert len(data) < 1 << 20
+    else:
+        buf = io.BytesIO()
+        torch.save({"step": 2}, buf, _use_new_zipfile_serialization=False)
+        data = buf.getvalue()
+    (newest / "state.pt").write_bytes(data)
+    body = json.loads((newest / "manifest.json").read_text())
+    body["data"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (newest / "manifest.json").write_text(json.dumps(body))
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.checkpoint.store"):
+        assert store.latest().payload == {"step": 1}
+    [line] = [r.getMessage() for r in caplog.records if newest.name in r.getMessage()]
+    reason = "holds a compressed record" if archive == "deflated" else "is not a zip archive (torch.save's format)"
+    assert f"its state.pt {reason}" in line and "not loaded" in line and "\n" not in line, line
+
+
 _BOUNDED_READER = r"""
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))

@@ -9,6 +9,7 @@ which must never appear. Several workers of a host agreeing to fall back are
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -64,6 +65,21 @@ def _overwrite(path: Path, offset: int, data: bytes) -> None:
     path.write_bytes(bytes(raw))
 
 
+def _padded(archive: bytes, length: int) -> bytes:
+    """A zip ``archive`` made ``length`` bytes long by its comment, to take an item's place in a shard exactly."""
+    import zipfile
+
+    def commented(comment: bytes) -> bytes:  # zipfile rewrites the directory as it adds it
+        out = io.BytesIO(archive)
+        with zipfile.ZipFile(out, "a") as zf:
+            zf.comment = comment
+        return out.getvalue()
+
+    padded = commented(b" " * (length - len(commented(b"-"))) + b"-")
+    assert len(padded) == length
+    return padded
+
+
 def _load(tmp_path: Path, caplog) -> tuple[object, list[torch.Tensor], list[str]]:
     other = _state(seed=9)
     _train(other, 1)
@@ -117,7 +133,9 @@ def test_a_pickle_in_an_item_with_the_manifest_rewritten_to_match_is_refused_by_
     at_2, newest, _ = _two_checkpoints(tmp_path)
     marker = tmp_path / "ran"
     path, offset, length = _item(newest, "optimizer.param_groups.0.lr")
-    _overwrite(path, offset, pickle.dumps(_RunsCode(marker)))
+    evil = io.BytesIO()
+    torch.save(_RunsCode(marker), evil)  # an archive: a bare pickle is refused before it reaches torch.load
+    _overwrite(path, offset, _padded(evil.getvalue(), length))
     manifest = json.loads((newest / "manifest.json").read_text())
     if "sha256" in manifest["shards"]:
         manifest["shards"]["sha256"][path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -146,6 +164,23 @@ def test_flipped_bytes_in_a_shard_fall_back_to_the_previous_checkpoint(tmp_path,
     loaded, values, warnings = _load(tmp_path, caplog)
     assert loaded.step == 2 and all(torch.equal(a, b) for a, b in zip(values, at_2))
     assert any(newest.name in w and "falling back to the previous one" in w for w in warnings), warnings
+
+
+def test_a_compressed_tensor_item_with_the_manifest_rewritten_to_match_is_refused_unloaded(tmp_path, caplog):
+    """A torch.save archive in a shard whose records are compressed (which torch.load inflates in memory: a small item
+    could take gigabytes), padded to the item's length. Before: it loaded."""
+    from tests.unit.test_checkpoint_hostile import deflated
+
+    at_2, newest, at_4 = _two_checkpoints(tmp_path)
+    path, offset, length = _item(newest, "model.0.weight")
+    _overwrite(path, offset, _padded(deflated(at_4[0].detach().clone()), length))
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["shards"]["sha256"][path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    loaded, values, warnings = _load(tmp_path, caplog)
+    assert loaded.step == 2 and all(torch.equal(a, b) for a, b in zip(values, at_2))
+    warning = next(w for w in warnings if newest.name in w)
+    assert f"of {path.name} holds a compressed record" in warning and "falling back" in warning, warning
 
 
 def test_when_every_sharded_checkpoint_is_corrupt_the_worker_refuses_to_train_from_initial_weights(tmp_path):
