@@ -14,9 +14,12 @@ be taken, is not counted ready, and a healthy spare starts in its place.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder, WorkerState
+from cloud_elastic.driver.job.leaving import HOLD_MARGINS
 from cloud_elastic.providers.api import Drain
 from tests.unit.test_job import CLEAN, KILLED, T0, Sim, assert_round
 
@@ -118,3 +121,93 @@ def test_a_spare_on_a_soft_noticed_host_leaves_once_its_healthy_replacement_is_r
     sim.exit("c[0]", CLEAN)
     assert not sim.blocked("c[0]") and sim.job.rounds.spare_ids == (sim.id("d[0]"),)
     assert sim.poll("a[0]").update_gen == 0 and len(sim.launched) == 4  # the round went on; nothing relaunched
+
+
+# Found by review: a notice before the driver heard of any commit (the first not made yet, or its heartbeat still on
+# the way) sent the member away at once; the spare formed a round of its own from step 0 beside it, the member's
+# work was thrown away at the commit it left at, and the driver logged "0 steps lost".
+def noticed_before_any_commit(deadline: float) -> Sim:
+    """``-np 1 --spares 1``: round 1 on a, the spare waiting on b, then a notice for a (``deadline``) before any
+    commit is heard of."""
+    sim = Sim(1, spares=1, min_np=1)
+    sim.discover({"a": 1, "b": 1})
+    assert_round(sim.join("a[0]"), 1, needs_sync=True)
+    assert sim.join("b[0]") == {"b[0]": None}
+    sim.discover({"b": 1}, {"a": Drain(deadline, "spot interruption")})
+    return sim
+
+
+@pytest.mark.parametrize("heard", [False, True], ids=["commit-not-heard", "commit-heard-on-the-way"])
+def test_a_notice_before_any_commit_is_heard_keeps_the_member_training_until_the_spare_joins_next_to_it(
+        heard: bool, caplog) -> None:
+    caplog.set_level(logging.INFO, "cloud_elastic")
+    sim = noticed_before_any_commit(T0 + 120)
+    sim.advance(1)
+    assert state(sim, "a[0]") is WorkerState.RUNNING and sim.reply("b[0]") is None  # no round of the spare alone
+    assert sim.poll("a[0]").update_gen == 1  # a stops at its next commit, for the spare
+    if heard:
+        sim.commit("a[0]")
+    else:  # its first commit reaches the driver only with its rendezvous
+        sim.commits[sim.id("a[0]")] = 1
+    replies = sim.join("a[0]", reason="update")
+    assert_round({**replies, "b[0]": sim.reply("b[0]")}, 2, needs_sync=True)
+    assert sim.layout() == ["a[0]", "b[0]"] and formed(sim)[-1]["step"] is not None  # b receives a's commit
+    sim.commit("a[0]", "b[0]")
+    sim.advance(1)
+    replies = sim.join("a[0]", "b[0]", reason="update")
+    assert isinstance(replies["a[0]"], ExitOrder) and isinstance(replies["b[0]"], Assignment)
+    sim.exit("a[0]", CLEAN)
+    sim.advance(1)
+    assert sim.layout() == ["b[0]"] and sim.job.round == 3 and sim.outcome is None
+    assert [r.getMessage() for r in caplog.records if "0 steps lost" in r.getMessage()]
+
+
+def test_a_new_host_gets_a_replacement_next_to_a_member_noticed_before_any_commit() -> None:
+    sim = Sim(1, min_np=1)
+    sim.discover({"a": 1})
+    assert_round(sim.join("a[0]"), 1, needs_sync=True)
+    sim.discover({"b": 1}, {"a": Drain(T0 + 120, "spot interruption")})
+    assert sim.slots_launched()[-1] == "b[0]"
+    sim.join("b[0]")
+    sim.advance(1)
+    assert state(sim, "a[0]") is WorkerState.RUNNING and sim.reply("b[0]") is None
+    sim.commit("a[0]")
+    assert_round(sim.join("a[0]", reason="update"), 2, needs_sync=True)
+    assert sim.layout() == ["a[0]", "b[0]"]
+
+
+def test_a_member_noticed_too_close_to_its_deadline_leaves_at_its_first_commit_and_no_round_forms_without_it(
+        caplog) -> None:
+    caplog.set_level(logging.INFO, "cloud_elastic")
+    sim = noticed_before_any_commit(T0 + 8)  # within the hold: a drains at once
+    sim.advance(1)
+    assert state(sim, "a[0]") is WorkerState.DRAINING and sim.reply("b[0]") is None  # b waits for a's commit
+    sim.commit("a[0]")
+    assert isinstance(sim.join("a[0]", reason="update")["a[0]"], ExitOrder)
+    sim.exit("a[0]", CLEAN)
+    sim.advance(1)
+    # a took the state it committed with it: the job says so instead of starting over from step 0.
+    assert sim.outcome is not None and "training state lost" in sim.outcome.reason
+    assert not [r.getMessage() for r in caplog.records if "0 steps lost" in r.getMessage()]
+
+
+def test_a_noticed_member_that_never_commits_is_removed_by_its_deadline_and_the_spare_starts_over() -> None:
+    sim = noticed_before_any_commit(T0 + 30)
+    sim.advance(30 - HOLD_MARGINS * sim.job.policy.deadline_margin_s - 1)
+    assert state(sim, "a[0]") is WorkerState.RUNNING and sim.reply("b[0]") is None
+    sim.advance(2)
+    assert state(sim, "a[0]") is WorkerState.DRAINING  # the hold ended; it never reaches a commit
+    sim.advance(30 - sim.job.policy.deadline_margin_s - (sim.now - T0) + 0.5)
+    assert [s.immediate for s in sim.stops] == [True]  # removed by force before its host's deadline
+    assert_round({"b[0]": sim.reply("b[0]")}, 2, needs_sync=True)  # nothing was committed: starting over is right
+    assert sim.outcome is None
+
+
+def test_a_fixed_size_script_noticed_before_it_ends_still_ends_normally() -> None:
+    # It never commits: its member trains on as a prospective holder and the spare never starts over beside it.
+    sim = noticed_before_any_commit(T0 + 120)
+    sim.advance(5)
+    assert sim.job.completed(sim.id("a[0]"), sim.now, steps=20, elastic=False) == ("done", "")
+    sim.exit("a[0]", CLEAN)
+    sim.advance(1)
+    assert sim.outcome is not None and sim.outcome.success and sim.job.round == 1

@@ -407,10 +407,7 @@ class RoundFormation:
         )
         if plan is None or (not isinstance(plan, StateLost) and len(plan.members) < job.policy.min_np):
             return  # whole hosts only: not enough of them wait yet
-        if (isinstance(plan, StateLost) or plan.from_checkpoint) and (self._drains.final_checkpoint_pending() or any(
-                w.state is S.DRAINING and w.holds_state for w in job.members())):
-            # A member leaving at its next commit still trains with the state, or the last holders' rank 0
-            # checkpoints it on its way out: no round without it.
+        if self._state_still_leaving(plan):
             return
         if planned is not None and not (isinstance(plan, RoundPlan) and _plan_fits(planned, plan)
                                          and job.update_gen == planned.update_gen):
@@ -470,6 +467,21 @@ class RoundFormation:
             **({"spares_taken": taken} if taken else {}),
             **({"planned": self.planned} if self.planned else {}),
         )
+
+    def _state_still_leaving(self, plan: RoundPlan | StateLost) -> bool:
+        """Whether ``plan`` is a round without the state while a member leaving at its next commit still trains with
+        it, or the last holders' rank 0 checkpoints it on its way out: no such round forms yet. Before any commit is
+        heard of, a member draining for a notice may hold the first (see :meth:`.leaving.Leavers.mark`): a round of
+        none of the current round's members waits until it reported that commit at rendezvous (the usual rules then
+        apply), or is lost."""
+        job = self._job
+        if isinstance(plan, StateLost) or plan.from_checkpoint:
+            return self._drains.final_checkpoint_pending() or any(
+                w.state is S.DRAINING and w.holds_state for w in job.members())
+        if job.state_committed or any(job.workers[c.worker_id].round == job.round for c in plan.members):
+            return False
+        draining = job.hosts.draining
+        return any(w.state is S.DRAINING and w.slot.host in draining for w in job.members())
 
     def _report_rollback(self, commit: int, from_checkpoint: bool) -> None:
         """The round an abort ended rolled back to ``commit``, where this round continues from."""

@@ -135,7 +135,8 @@ class Leavers:
         any newcomer, or a waiting spare, with room next to them: see :mod:`.spares`; they drain the step
         after) or :data:`HOLD_MARGINS` deadline margins before their host's deadline (with
         ``--checkpoint-dir``, :data:`CHECKPOINT_MARGINS` more, to checkpoint on their way out: see
-        :meth:`left_round`); sent away at once, they took the training state with them.
+        :meth:`left_round`); sent away at once, they took the training state with them. Before any commit is heard
+        of, the running members on hosts with a notice are the holders (of the first commit, made or on its way).
         """
         job = self._job
         checked = (job.hosts.version, len(job.workers))
@@ -171,8 +172,16 @@ class Leavers:
             return []
         going = {w.worker_id for w in leaving}
         holders = [w for w in job.alive() if (w.state is S.RUNNING or w.state is S.WAITING) and w.holds_state]
+        if not job.state_committed:
+            # No commit heard of yet (the first is not made, or its heartbeat is on the way): the running members
+            # are its prospective holders; sent away now, a newcomer would start over from step 0 beside them.
+            # Not when a host left discovery without a notice: .discovery_edge keeps a host only for the holders it
+            # knows of, and starting over before the first commit is the documented rule there.
+            holders = [w for w in job.members() if w.state is S.RUNNING]
+            if any(w.slot.host not in job.hosts.draining for w in holders):
+                return []
         if not holders or any(w.worker_id not in going for w in holders):
-            return []  # someone stays to hold the state (or none holds any yet)
+            return []  # someone stays to hold the state (or no round runs)
         wall = now + job.wall_offset
         hold = (HOLD_MARGINS + (CHECKPOINT_MARGINS if job.policy.checkpointing else 0)) * job.policy.deadline_margin_s
         held = []
