@@ -149,6 +149,8 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
     ray_use_gpu, ray_cpus = params.pop("ray_use_gpu"), params.pop("ray_cpus_per_slot")
     if not (math.isfinite(ray_cpus) and 0 < ray_cpus <= 1024):
         raise ConfigError(f"--ray-cpus-per-slot must be a finite number above 0 and at most 1024, got {ray_cpus!r}")
+    if ray_address is None and (ray_use_gpu or ray_cpus != 1.0):
+        raise ConfigError(f"{'--ray-use-gpu' if ray_use_gpu else '--ray-cpus-per-slot'} needs --ray-address")
     config = job_config(params, discovery)
     launcher = None
     if ray_address is not None:

@@ -243,6 +243,10 @@ def selected_provider(args: DiscoveryArgs) -> tuple[str, dict[str, str]]:
     if len(chosen) > 1:
         raise ConfigError("choose one host source: " + " / ".join(chosen) + " were given")
     name = chosen[0]
+    for cloud_flag, _ in given:  # before the shorthands return: a flag of another source is never ignored
+        if cloud_flag.provider != name:
+            owner = next(f.flag for f in CLOUD_FLAGS if f.selects and f.provider == cloud_flag.provider)
+            raise ConfigError(f"{cloud_flag.flag} needs {owner} (or --provider {cloud_flag.provider})")
     shorthand = name in ("static", "script") and not args.provider  # -H or --host-discovery-script
     if shorthand and args.provider_option:
         raise ConfigError("-o/--provider-option needs --provider NAME or a cloud group flag")
@@ -254,9 +258,6 @@ def selected_provider(args: DiscoveryArgs) -> tuple[str, dict[str, str]]:
     if name == "script":  # --provider script -o path=...: --discovery-timeout applies as to the shorthand
         options.setdefault("timeout_s", str(args.discovery_timeout))
     for cloud_flag, value in given:
-        if cloud_flag.provider != name:
-            owner = next(f.flag for f in CLOUD_FLAGS if f.selects and f.provider == cloud_flag.provider)
-            raise ConfigError(f"{cloud_flag.flag} needs {owner} (or --provider {cloud_flag.provider})")
         if options.get(cloud_flag.option, value) != value:
             raise ConfigError(f"{cloud_flag.flag} and -o {cloud_flag.option}=... disagree; give one")
         options[cloud_flag.option] = value

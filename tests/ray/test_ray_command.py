@@ -34,3 +34,13 @@ def test_ray_address_with_another_host_source_is_a_one_line_flag_error():
     assert out.stderr.strip().splitlines() == [
         "cloud-elastic: error: --ray-address is the host source: drop -H, --host-discovery-script, --provider "
         "and the cloud group flags"]
+
+
+@pytest.mark.parametrize(("flags", "line"), [(["--ray-use-gpu"], "--ray-use-gpu needs --ray-address"),
+                                             (["--ray-cpus-per-slot", "8"], "--ray-cpus-per-slot needs --ray-address")])
+def test_a_ray_flag_without_ray_address_is_a_one_line_flag_error_not_ignored(flags, line):
+    out = subprocess.run(
+        [sys.executable, "-m", "cloud_elastic.cli", "run", "-H", "h:1", *flags, "-np", "1", "python", "x.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    assert (out.returncode, out.stderr.strip().splitlines()) == (2, [f"cloud-elastic: error: {line}"])

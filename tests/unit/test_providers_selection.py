@@ -49,6 +49,9 @@ def test_flags_map_to_provider_and_options(argv, expected):
     (["-H", "a", "--aws-asg", "b"], "choose one host source: static / aws"),
     (["--aws-asg", "a", "--gcp-zone", "z"], "--gcp-zone needs --gcp-mig (or --provider gcp)"),
     (["--provider", "hostsfile", "--aws-region", "r"], "--aws-region needs --aws-asg"),
+    # Accepted and ignored, these were: a user who gave a notice queue got no notices and no word.
+    (["-H", "a", "--aws-notice-queue", "https://sqs.x/q"], "--aws-notice-queue needs --aws-asg"),
+    (["--host-discovery-script", "d.sh", "--k8s-namespace", "prod"], "--k8s-namespace needs --k8s-selector"),
     (["--aws-asg", "a", "-o", "group=b"], "--aws-asg and -o group=... disagree"),
     (["-H", "a", "-o", "x=1"], "-o/--provider-option needs --provider NAME or a cloud group flag"),
     (["--provider", "aws", "-o", "novalue"], "-o expects KEY=VALUE"),
