@@ -55,7 +55,8 @@ the Resource Manager endpoint (sovereign clouds; the token scope follows it);
 without it the SDK's own ``AZURE_CLOUD`` setting applies. A plain ``http://``
 endpoint is accepted only on loopback (tests). 408, 429 and 5xx are retried
 by azure-core's retry policy (``max_attempts``, exponential back-off,
-``Retry-After`` honoured); what survives raises RetryableDiscoveryError.
+``Retry-After`` honoured up to ``timeout_s``: a server asking for minutes
+does not hold the call for them); what survives raises RetryableDiscoveryError.
 404, 401/403 and missing credentials raise FatalDiscoveryError.
 """
 
@@ -109,6 +110,18 @@ def classify(provisioning_state: str, statuses: Iterable[str], *, standby: bool 
     return ABSENT
 
 
+def _capped_retry(policy: type, cap_s: float, **settings: Any) -> Any:
+    """azure-core's ``policy`` (a RetryPolicy) with the server's ``Retry-After`` cut to ``cap_s``: azure-core
+    follows it however long (a 429 saying 25 s held one call for a minute at ``timeout_s=1``)."""
+
+    class CappedRetryPolicy(policy):  # type: ignore[misc,valid-type]
+        def get_retry_after(self, response: Any) -> float | None:
+            after = super().get_retry_after(response)
+            return None if after is None else min(after, cap_s)
+
+    return CappedRetryPolicy(**settings)
+
+
 class AzureScaleSet(CloudGroupProvider):
     """Ready and draining VMs of one Uniform or Flexible scale set (see module docstring).
 
@@ -126,6 +139,7 @@ class AzureScaleSet(CloudGroupProvider):
         "compute": "azure.mgmt.compute",
         "network": "azure.mgmt.network",
         "identity": "azure.identity",
+        "policies": "azure.core.pipeline.policies",
     }
     options = (
         ProviderOption("group", "scale set name", required=True),
@@ -181,7 +195,8 @@ class AzureScaleSet(CloudGroupProvider):
             owned = None if self._credential else sdk["identity"].DefaultAzureCredential()
             credential = self._credential or owned
             kwargs: dict[str, Any] = {
-                "retry_total": self.max_attempts - 1,
+                "retry_policy": _capped_retry(sdk["policies"].RetryPolicy, self.timeout_s,
+                                              retry_total=self.max_attempts - 1),
                 "connection_timeout": self.timeout_s,
                 "read_timeout": self.timeout_s,
             }

@@ -47,7 +47,7 @@ or an ``ibm-credentials.env`` file), else an API key in ``IBMCLOUD_API_KEY``
 e.g. ``https://private.iam.cloud.ibm.com``). ``endpoint`` overrides the VPC
 API URL; without it ``VPC_URL`` applies, else the region's public endpoint.
 429 and 5xx are retried by the SDK (``enable_retries``: ``max_attempts``,
-exponential back-off, ``Retry-After`` honoured); what survives raises
+exponential back-off, ``Retry-After`` honoured up to ``timeout_s``); what survives raises
 RetryableDiscoveryError. 404, 401/403 and missing credentials raise
 FatalDiscoveryError.
 """
@@ -169,6 +169,8 @@ class IBMInstanceGroup(CloudGroupProvider):
                 )
             if self.max_attempts > 1:
                 service.enable_retries(max_retries=self.max_attempts - 1, retry_interval=min(30.0, 4 * self.timeout_s))
+                # urllib3 follows a server's Retry-After for up to 6 hours unless told otherwise.
+                service.retry_config.retry_after_max = self.timeout_s
             else:
                 service.disable_retries()
             service.set_http_config({"timeout": self.timeout_s})

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import TextIO
 
-from cloud_elastic.errors import CloudElasticError, DiscoveryError
+from cloud_elastic.errors import CloudElasticError
 from cloud_elastic.providers import registry
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 
@@ -50,20 +50,27 @@ def list_providers(out: TextIO) -> None:
         out.write("\n")
 
 
-def discover(discovery: HostDiscovery, *, as_json: bool, out: TextIO, err: TextIO | None = None) -> int:
+def discover(discovery: HostDiscovery, *, as_json: bool, out: TextIO, err: TextIO | None = None,
+             timeout_s: float | None = None) -> int:
     """Run one discovery and print it as a table or JSON; close the provider.
 
-    Returns 0 on success and 1 when discovery fails, after printing the
-    one-line reason (``cloud-elastic discover: error: ...``) to ``err``
-    (standard error by default).
+    Returns 0 on success and 1 when discovery fails or gives no answer within ``timeout_s`` (default: the
+    driver's, 30 s), after printing the one-line reason
+    (``cloud-elastic discover: error: ...``) to ``err`` (standard error by default).
     """
+    # The driver's poller, so that the call is bounded and its errors told exactly as the driver's first poll.
+    from cloud_elastic.driver.runtime.discovery import DiscoveryFailure, DiscoveryPoller
+
+    poller = DiscoveryPoller(discovery, lambda _result: None, interval_s=1.0,
+                             **({} if timeout_s is None else {"call_timeout_s": timeout_s}))
     try:
-        snapshot = discovery.find()
-    except DiscoveryError as exc:
-        print(f"cloud-elastic discover: error: {exc}", file=err or sys.stderr)
-        return 1
+        snapshot = poller.poll_once()
     finally:
+        poller.close()
         discovery.close()
+    if isinstance(snapshot, DiscoveryFailure):
+        print(f"cloud-elastic discover: error: {snapshot.message}", file=err or sys.stderr)
+        return 1
     if as_json:
         json.dump(snapshot_json(discovery.name, snapshot), out, indent=2)
         out.write("\n")

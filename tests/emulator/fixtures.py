@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Iterator
 
 import pytest
@@ -47,6 +48,20 @@ def hermetic_cloud_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest
     monkeypatch.setenv("IBM_CREDENTIALS_FILE", str(empty / "ibm-credentials.env"))
     monkeypatch.setenv("HTTPS_PROXY", f"http://{CLOSED}")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost,::1")
+
+
+def record_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """From here on every ``time.sleep`` is recorded and cut to 10 ms: an SDK's waits (``Retry-After``,
+    back-off) are asserted, not slept."""
+    slept: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        real_sleep(min(seconds, 0.01))
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    return slept
 
 
 def provider(name: str, options: dict[str, str], slots_per_host: int | None = None) -> HostDiscovery:

@@ -13,7 +13,7 @@ import pytest
 from cloud_elastic.errors import ConfigError, FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers.api import Drain
 from tests.emulator.fake_azure import TOKEN, VM
-from tests.emulator.fixtures import azure_options, provider
+from tests.emulator.fixtures import azure_options, provider, record_sleeps
 
 pytestmark = pytest.mark.emulator
 
@@ -222,3 +222,15 @@ def test_option_errors_are_config_errors(azure):
         provider("azure", options)
     with pytest.raises(ConfigError, match="only allowed on loopback"):
         provider("azure", azure_options(azure, "x", endpoint="http://management.example.com"))
+
+
+def test_a_retry_after_of_minutes_is_waited_timeout_s_at_most(azure, monkeypatch):
+    """Found by review: azure-core follows a Retry-After however long, so one find() with timeout_s=1 and three
+    attempts took a minute on a 429 saying 25 s (the driver waits for no call that long any more either)."""
+    azure.add_scale_set("sub-1", "rg-1", "patient", _vms("p", 1))
+    azure.fail(VMSS.format("patient") + "/virtualMachines", 100, 429,
+               {"error": {"code": "TooManyRequests", "message": "slow down"}}, {"Retry-After": "25"})
+    slept = record_sleeps(monkeypatch)
+    with pytest.raises(RetryableDiscoveryError, match="slow down"):
+        provider("azure", azure_options(azure, "patient", timeout_s="1", max_attempts="3")).find()
+    assert [s for s in slept if s >= 1] == [1, 1]  # not 25 s each

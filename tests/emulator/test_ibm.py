@@ -9,7 +9,7 @@ import pytest
 from cloud_elastic.errors import ConfigError, FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers.api import Drain
 from tests.emulator.fake_ibm import Member
-from tests.emulator.fixtures import ibm_options, provider
+from tests.emulator.fixtures import ibm_options, provider, record_sleeps
 
 pytestmark = pytest.mark.emulator
 
@@ -176,3 +176,15 @@ def test_sdk_environment_configuration_is_honoured_and_a_refused_token_is_fatal(
 def test_option_errors_are_config_errors(ibm, options, message):
     with pytest.raises(ConfigError, match=message):
         provider("ibm", {**ibm_options(ibm, "g"), **options})
+
+
+def test_a_retry_after_of_minutes_is_waited_timeout_s_at_most(ibm, monkeypatch):
+    """Found by review: urllib3 follows a Retry-After for up to 6 hours, so one find() with timeout_s=1 and three
+    attempts took a minute on a 429 saying 25 s (the driver waits for no call that long any more either)."""
+    ibm.add_group("grp-patient", _members("p", 1))
+    ibm.fail("/memberships$", 100, 429, {"errors": [{"code": "too_many_requests", "message": "slow down"}]},
+             {"Retry-After": "25"})
+    slept = record_sleeps(monkeypatch)
+    with pytest.raises(RetryableDiscoveryError, match="still failing after 3 attempts"):
+        provider("ibm", ibm_options(ibm, "grp-patient", timeout_s="1", max_attempts="3")).find()
+    assert [s for s in slept if s >= 1] == [1, 1]  # not 25 s each

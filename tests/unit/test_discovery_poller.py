@@ -145,3 +145,64 @@ def test_a_new_error_within_a_failing_streak_is_logged_once(caplog) -> None:
         "host discovery failed: Rate exceeded; retrying, less often while it fails (up to every 30s)",
         "host discovery failed: AccessDenied (4 calls in a row)",
     ]
+
+
+class Hanging(HostDiscovery):
+    """A cloud API that holds its answer (a body trickled a byte at a time) until the test lets it go."""
+
+    name = "hanging"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.go = threading.Event()
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "Hanging":
+        return cls()
+
+    def find(self) -> DiscoveredHosts:
+        self.calls += 1
+        if not self.go.wait(30):
+            raise RetryableDiscoveryError("never let go")
+        return DiscoveredHosts(ready={"a": 1})
+
+
+def test_a_call_that_hangs_fails_retryably_at_the_discovery_timeout_and_no_second_one_starts() -> None:
+    provider = Hanging()
+    poller = DiscoveryPoller(provider, lambda result: None, interval_s=1.0, call_timeout_s=0.3)
+    threads = threading.active_count()
+    try:
+        for _ in range(3):
+            result = poller.poll_once()
+            assert isinstance(result, DiscoveryFailure) and not result.fatal
+            assert result.message == ("the hanging provider gave no answer within 0.3s (--discovery-timeout 0.3s); "
+                                      "no other call starts until that one ends")
+        assert provider.calls == 1  # the one given up on runs on; none beside it
+        assert threading.active_count() <= threads + 1  # one call thread, not one per poll
+        provider.go.set()
+        assert poller.poll_once() == DiscoveredHosts(ready={"a": 1})  # its late answer
+        assert poller.poll_once() == DiscoveredHosts(ready={"a": 1}) and provider.calls == 2
+    finally:
+        provider.go.set()
+        poller.close()
+    assert poller.join(5)
+
+
+def test_while_a_call_hangs_the_running_poller_reports_failures_and_makes_no_other_provider_call() -> None:
+    provider = Hanging()
+    released: queue.SimpleQueue = queue.SimpleQueue()
+    provider.release = lambda host, instance: released.put(provider.go.is_set())  # type: ignore[method-assign]
+    results: queue.SimpleQueue = queue.SimpleQueue()
+    poller = DiscoveryPoller(provider, results.put, interval_s=0.1, call_timeout_s=0.2)
+    poller.start()
+    try:
+        first = results.get(timeout=5)
+        assert isinstance(first, DiscoveryFailure) and "--discovery-timeout" in first.message  # the job counts it
+        poller.release("h1", "i-1")
+        assert isinstance(results.get(timeout=5), DiscoveryFailure) and released.empty()  # not beside the find()
+        provider.go.set()
+        assert released.get(timeout=5) is True  # once that find() has ended
+    finally:
+        provider.go.set()
+        poller.close()
+    assert poller.join(5)

@@ -10,6 +10,7 @@ durable checkpoint. A real Driver and checkpoint store, and a discovery provider
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -90,3 +91,38 @@ def test_a_driver_adopting_its_predecessors_workers_retries_a_fatal_first_discov
     assert (outcome.exit_code, outcome.reason) == (130, "interrupted"), outcome
     assert discovery.finds == 2
     assert any("worked for this job's previous driver" in r.getMessage() for r in caplog.records)
+
+
+def test_a_first_discovery_call_that_hangs_ends_a_new_job_at_its_start_timeout(tmp_path, monkeypatch) -> None:
+    """Found by review: a cloud API trickling its answer held ``cloud-elastic run --start-timeout 10`` silent for
+    minutes (an SDK's timeouts bound each socket read, not a request)."""
+    import threading
+    import time
+
+    class Hanging(HostDiscovery):
+        name = "hanging"
+
+        @classmethod
+        def from_options(cls, *args, **kwargs) -> "Hanging":
+            return cls()
+
+        def __init__(self) -> None:
+            self.go = threading.Event()
+
+        def find(self) -> DiscoveredHosts:
+            self.go.wait(20)
+            return DiscoveredHosts(ready={}, draining={})
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1, start_timeout_s=1.0,
+                       discovery_interval_s=0.1)
+    discovery = Hanging()
+    started = time.monotonic()
+    try:
+        outcome = Driver(config, discovery, job_id="j1").run()
+    finally:
+        discovery.go.set()
+    assert time.monotonic() - started < 10
+    assert outcome.exit_code == 1 and re.match(
+        r"host discovery kept failing for 1s \(--start-timeout\): the hanging provider gave no answer within "
+        r"1\.\ds \(--discovery-timeout 30s\)", outcome.reason), outcome

@@ -73,3 +73,24 @@ def test_a_plugin_that_raises_on_import_is_listed_with_the_reason_and_the_others
     assert "aaa-broken\n    cannot be loaded: provider 'aaa-broken' could not be imported: RuntimeError: " \
            "plugin broken at import\n" in text
     assert "\nstatic\n" in text and "\naws\n" in text
+
+
+def test_discover_gives_up_on_a_provider_that_does_not_answer_within_the_discovery_timeout():
+    import threading
+
+    go = threading.Event()
+
+    class Hanging(ScriptedDiscovery):  # a cloud API trickling its answer a byte at a time
+        def find(self):
+            go.wait(20)
+            return super().find()
+
+    err = io.StringIO()
+    discovery = Hanging([SNAPSHOT])
+    try:
+        assert discover(discovery, as_json=False, out=io.StringIO(), err=err, timeout_s=0.2) == 1
+    finally:
+        go.set()
+    assert err.getvalue() == ("cloud-elastic discover: error: the scripted provider gave no answer within 0.2s "
+                              "(--discovery-timeout 0.2s); no other call starts until that one ends\n")
+    assert discovery.closed == 1

@@ -4,6 +4,11 @@ Horovod deadlocked (#3014) when discovery ran under a lock the rest of the
 driver needed; here the provider is called with no lock held and its result
 is handed over through a callback, which is the only place the driver lock
 is taken.
+
+No call is waited for longer than ``--discovery-timeout``: an SDK's own timeouts bound each socket read, not a
+request (a server trickling its answer a byte at a time holds one for ever), so find() runs on a thread of its
+own, which the poller stops waiting for. The call then counts as a retryable failure, and the job's
+``--start-timeout`` and ``--elastic-timeout`` run on.
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ from typing import Callable, Union
 from cloud_elastic.errors import DiscoveryError, FatalDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 
-__all__ = ["DiscoveryPoller", "DiscoveryFailure", "FailingStreak", "MAX_BACKOFF_S"]
+__all__ = ["DiscoveryPoller", "DiscoveryFailure", "FailingStreak", "DISCOVERY_TIMEOUT_S", "MAX_BACKOFF_S"]
 
 log = logging.getLogger(__name__)
 
 #: While discovery fails, the wait between calls doubles from ``--discovery-interval`` up to this: a cloud API
 #: that throttles us (``ThrottlingException: Rate exceeded``) is not asked again every second.
 MAX_BACKOFF_S = 30.0
+#: The longest one find() is waited for (``--discovery-timeout``'s default).
+DISCOVERY_TIMEOUT_S = 30.0
 #: How often a first discovery call in progress looks whether the job is stopping (see ``poll_once``).
 _STOPPING_CHECK_S = 0.1
 
@@ -78,6 +85,51 @@ class FailingStreak:
         return self._interval_s
 
 
+class _Caller:
+    """Runs ``call`` on one thread of its own, one call at a time, for a waiter that may give up on it.
+
+    A call given up on runs on: the next :meth:`answer` starts none beside it (a provider never sees two calls
+    at once) but waits for it and takes its answer. Only one thread (the poller's) calls :meth:`answer`.
+    """
+
+    def __init__(self, call: Callable[[], Result]) -> None:
+        self._call = call
+        self._asks: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[Result] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        #: A call is under way, perhaps given up on (the write paths wait for its end).
+        self.busy = False
+
+    def answer(self, timeout_s: float) -> Result | None:
+        """The answer of the call under way, or of a new one; None if none came within ``timeout_s``."""
+        if not self.busy:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="discovery-call", daemon=True)
+                self._thread.start()
+            self._asks.put(True)
+            self.busy = True
+        try:
+            result = self._answers.get(timeout=max(0.0, timeout_s))
+        except queue.Empty:
+            return None
+        self.busy = False
+        return result
+
+    def close(self) -> None:
+        """Let the thread end, once the call under way (if any) has."""
+        self._asks.put(False)
+
+    def join(self, timeout_s: float) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        return True
+
+    def _serve(self) -> None:
+        while self._asks.get():
+            self._answers.put(self._call())
+
+
 class DiscoveryPoller:
     """Calls ``discovery.find()`` every ``interval_s`` and reports each result.
 
@@ -90,11 +142,15 @@ class DiscoveryPoller:
     API. A provider with a push source wakes the poller
     (:meth:`HostDiscovery.wake_on_news`, :meth:`wake`): the next find() then
     starts at once instead of at the end of the interval.
+
+    Each find() is waited for at most ``call_timeout_s`` (``--discovery-timeout``); see the module docstring.
     """
 
     def __init__(self, discovery: HostDiscovery, on_result: Callable[[Result], None], *, interval_s: float,
-                 max_backoff_s: float = MAX_BACKOFF_S) -> None:
+                 max_backoff_s: float = MAX_BACKOFF_S, call_timeout_s: float = DISCOVERY_TIMEOUT_S) -> None:
         self._discovery = discovery
+        self._call_timeout_s = call_timeout_s
+        self._caller = _Caller(self._call)
         self._on_result = on_result
         self._interval_s = interval_s
         self._streak = FailingStreak(interval_s, max_backoff_s)
@@ -126,38 +182,47 @@ class DiscoveryPoller:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._caller.close()
 
     def join(self, timeout_s: float) -> bool:
-        """After :meth:`close`: wait up to ``timeout_s`` for the thread's provider call to end; whether it did
+        """After :meth:`close`: wait up to ``timeout_s`` for the provider call under way to end; whether it did
         (only then may another thread call the provider)."""
+        deadline = time.monotonic() + timeout_s
         if self._thread is not None:
             self._thread.join(timeout_s)
-            return not self._thread.is_alive()
-        return True
+            if self._thread.is_alive():
+                return False
+        return self._caller.join(max(0.0, deadline - time.monotonic()))
 
-    def poll_once(self, stopping: Callable[[], bool] | None = None) -> Result:
+    def poll_once(self, stopping: Callable[[], bool] | None = None, *, timeout_s: float | None = None) -> Result:
         """One provider call, its errors translated into a DiscoveryFailure.
 
-        With ``stopping`` (the driver's first call, made on its main thread, where Ctrl-C is handled): the call
-        runs on a thread of its own, and once ``stopping()`` is true it is abandoned within
-        :data:`_STOPPING_CHECK_S`, cancelled where the provider can (:meth:`DiscoveryScript.cancel
-        <cloud_elastic.providers.script.DiscoveryScript.cancel>` kills the script): a slow first call never
-        holds a stopping job up to the call's own timeout.
+        The call runs on the poller's call thread and is waited for ``timeout_s`` at most (default:
+        ``call_timeout_s``); past it, a retryable DiscoveryFailure says so, and the call runs on: the next
+        poll_once starts no other but waits for it (see :class:`_Caller`).
+
+        With ``stopping`` (the driver's first call, made on its main thread, where Ctrl-C is handled): once
+        ``stopping()`` is true the call is abandoned within :data:`_STOPPING_CHECK_S`, cancelled where the
+        provider can (:meth:`DiscoveryScript.cancel <cloud_elastic.providers.script.DiscoveryScript.cancel>`
+        kills the script): a slow first call never holds a stopping job up to the call's own timeout.
         """
-        if stopping is None:
-            return self._call()
-        done: queue.SimpleQueue[Result] = queue.SimpleQueue()
-        threading.Thread(target=lambda: done.put(self._call()), name="discovery-first", daemon=True).start()
+        limit = self._call_timeout_s if timeout_s is None else min(timeout_s, self._call_timeout_s)
+        deadline = time.monotonic() + limit
         while True:
-            try:
-                return done.get(timeout=_STOPPING_CHECK_S)
-            except queue.Empty:
-                pass
-            if stopping():
+            left = deadline - time.monotonic()
+            result = self._caller.answer(min(left, _STOPPING_CHECK_S) if stopping is not None else left)
+            if result is not None:
+                return result
+            if stopping is not None and stopping():
                 cancel = getattr(self._discovery, "cancel", None)
                 if cancel is not None:
                     cancel()
                 return DiscoveryFailure("the job is stopping", fatal=False)
+            if time.monotonic() >= deadline:
+                return DiscoveryFailure(
+                    f"the {self._discovery.name or type(self._discovery).__name__} provider gave no answer within "
+                    f"{limit:.1f}s (--discovery-timeout {self._call_timeout_s:g}s); no other call starts until "
+                    "that one ends", fatal=False)
 
     def _call(self) -> Result:
         started = time.monotonic()
@@ -176,7 +241,7 @@ class DiscoveryPoller:
             self.last_latency_s = time.monotonic() - started
 
     def _release_queued(self) -> None:
-        while True:
+        while not self._caller.busy:  # a find() given up on still runs: the provider takes one call at a time
             try:
                 host, instance = self._releases.get_nowait()
             except queue.Empty:
@@ -188,7 +253,7 @@ class DiscoveryPoller:
                 log.warning("could not release drained host %s: %s", host, exc)
 
     def _set_capacity_queued(self) -> None:
-        while True:
+        while not self._caller.busy:
             try:
                 source, hosts = self._capacity.get_nowait()
             except queue.Empty:

@@ -48,7 +48,12 @@ from cloud_elastic.driver.restart.window import AdoptionWindow
 from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.driver.runtime.costs import charge, final_cost
 from cloud_elastic.driver.runtime.control_plane import RENDEZVOUS_POLL_S, ControlPlane
-from cloud_elastic.driver.runtime.discovery import MAX_BACKOFF_S, DiscoveryFailure, DiscoveryPoller
+from cloud_elastic.driver.runtime.discovery import (
+    DISCOVERY_TIMEOUT_S,
+    MAX_BACKOFF_S,
+    DiscoveryFailure,
+    DiscoveryPoller,
+)
 from cloud_elastic.driver.runtime.processes import WorkerProcesses
 from cloud_elastic.driver.runtime.pulse import Pulse
 from cloud_elastic.driver.runtime import raised
@@ -79,10 +84,13 @@ class Driver:
         clock: Callable[[], float] = time.monotonic,
         output: Callable[[str], None] | None = None,
         launcher: Launcher | None = None,
+        discovery_timeout_s: float = DISCOVERY_TIMEOUT_S,
     ) -> None:
         """``launcher``, when given, starts every worker (e.g. as Ray actors); by default loopback hosts
-        get local child processes and the others SSH."""
+        get local child processes and the others SSH. No discovery call is waited for longer than
+        ``discovery_timeout_s`` (see :mod:`.discovery`)."""
         self.config = config
+        self._discovery_timeout_s = discovery_timeout_s
         self.job_id = job_id or secrets.token_hex(4)
         self._discovery = discovery
         self._clock = clock
@@ -303,7 +311,8 @@ class Driver:
         # Failing calls are spaced out, but by at most a tenth of --elastic-timeout: the job ends on a reported
         # failure past it, so it ends at most that much late.
         self._poller = DiscoveryPoller(self._discovery, self._on_discovery, interval_s=self.config.discovery_interval_s,
-                                       max_backoff_s=min(MAX_BACKOFF_S, self.config.elastic_timeout_s / 10))
+                                       max_backoff_s=min(MAX_BACKOFF_S, self.config.elastic_timeout_s / 10),
+                                       call_timeout_s=self._discovery_timeout_s)
         self._poller.start()
 
     def _start_adopting(self, window: AdoptionWindow, plan: StartPlan) -> None:
@@ -373,14 +382,26 @@ class Driver:
     def _first_discovery(self) -> DiscoveredHosts | None:
         """Discover until it works; transient failures are retried within --start-timeout.
 
-        Returns None when the job ended meanwhile (a fatal error, the timeout, a signal).
+        Returns None when the job ended meanwhile (a fatal error, the timeout, a signal). A call that hangs is
+        given up on at --start-timeout if that comes before --discovery-timeout.
         """
-        poller = DiscoveryPoller(self._discovery, lambda r: None, interval_s=self.config.discovery_interval_s)
+        poller = DiscoveryPoller(self._discovery, lambda r: None, interval_s=self.config.discovery_interval_s,
+                                 call_timeout_s=self._discovery_timeout_s)
+        try:
+            return self._discover_first(poller)
+        finally:
+            poller.close()  # its call thread ends with the call under way, if any
+
+    def _discover_first(self, poller: DiscoveryPoller) -> DiscoveredHosts | None:
         with self._cond:
-            self._job.start(self._clock(), wall_now=time.time())
+            started, answered = self._clock(), self._job.discovery.answered_before  # then --elastic-timeout bounds it
+            self._job.start(started, wall_now=time.time())
         said = ""
         while True:
-            result = poller.poll_once(stopping=lambda: self._stop_reason is not None)  # Ctrl-C ends a slow call
+            # A new job's hanging call is given up on just past --start-timeout, when tick() ends the job.
+            left_s = None if answered else started + self.config.start_timeout_s - self._clock() + _TICK_S
+            result = poller.poll_once(stopping=lambda: self._stop_reason is not None,  # Ctrl-C ends a slow call
+                                      timeout_s=left_s)
             with self._cond:
                 if self._stop_reason is not None:
                     self._job.stop(*self._stop_reason)
