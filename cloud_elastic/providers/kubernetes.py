@@ -33,11 +33,17 @@ one line: a refused selector (400/422), pods that may not be listed (403),
 bad credentials (401) or an unreadable kubeconfig are fatal; an unreachable
 API server, 429 and 5xx are retryable. Nodes that may not be read (403) are
 not fatal: one warning, and the job goes on without node signals (pod signals
-still work).
+still work). A list is bounded (see the watch module): more than
+``MAX_HOSTS`` objects, 100 pages or a 64 MiB page is fatal, one that has not
+ended within 6 × ``timeout_s`` is retryable.
 
 Staleness: later, a pods watch down for ``stale_after_s`` (30 s) makes find()
 raise RetryableDiscoveryError until it is back. A watch that fails (cut,
-refused, 5xx) is down from the failure; one that goes silent (a stalled path:
+refused, 5xx) is down from the failure; the outage ends when a stream shows
+it is healthy (an event, a bookmark, a proper end) or a relist succeeds, not
+at a 200, so a watch accepted and then failed (an ``ERROR`` event, a cut
+after the headers) goes on from the first failure instead of restarting the
+clock at each retry. One that goes silent (a stalled path:
 no reset, no bytes) is down from its last word (event, bookmark, end of
 stream) once nothing has come for ``watch_s`` + 10 s, failed or not: each
 watch asks for bookmarks and lasts ``watch_s`` (30 s), so the server always
@@ -65,7 +71,7 @@ from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryErro
 from cloud_elastic.providers._common import CloudGroupProvider, OptionReader, error_for_status, one_line
 from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption, parse_bool
 from cloud_elastic.providers.kubernetes_view import ClusterView
-from cloud_elastic.providers.kubernetes_watch import ResourceWatch, keepalive_options
+from cloud_elastic.providers.kubernetes_watch import ListTooLarge, ResourceWatch, keepalive_options
 
 __all__ = ["KubernetesPods", "check_selector"]
 
@@ -308,6 +314,8 @@ class KubernetesPods(CloudGroupProvider):
     def _first_error(self, exc: Exception, what: str) -> DiscoveryError:
         status = getattr(exc, "status", None)
         message = _message(exc)
+        if isinstance(exc, ListTooLarge):
+            return FatalDiscoveryError(f"{self.label}: {exc}")
         if status == 403:
             where = f"in namespace {self.namespace!r}" if what == "pods" else "(cluster-scoped)"
             return FatalDiscoveryError(f"{self.label}: may not list {what} {where}: {message} (the driver needs get, "

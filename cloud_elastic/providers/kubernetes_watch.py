@@ -24,7 +24,18 @@ list to the view, then watches from the list's ``resourceVersion``:
   stale: the failure, or the last line (event or bookmark) or response from
   the server when the stream had been silent past ``silence_s`` before it
   failed (a quiet healthy stream is no outage; a stalled one is reported
-  ``silence_s`` after its last word at the latest, failed or not).
+  ``silence_s`` after its last word at the latest, failed or not). An
+  outage ends when a stream shows it is healthy (an event or bookmark
+  applied, or a proper end) or a relist succeeds, not when a request is
+  answered 200: a watch that is accepted and then fails (an ``ERROR`` event
+  such as etcd's 500, a cut right after the headers) goes on with the
+  outage from its first failure, so retrying cannot hide it.
+
+A list is bounded: at most :data:`MAX_ITEMS` objects and :data:`MAX_PAGES`
+pages (:class:`ListTooLarge`), each page at most :data:`MAX_PAGE` bytes
+(:class:`ListTooLarge`), all within ``LIST_TIMEOUTS`` × ``timeout_s``
+(:class:`ListTooSlow`): an API server (or something posing as one) that
+never ends a list costs one error, not the driver's memory.
 
 Events are parsed as plain JSON, not into the client's models: the view reads
 a few fields, and building a ``V1Pod`` costs far more than reading it.
@@ -40,7 +51,9 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Mapping
 
-__all__ = ["ResourceWatch", "Gone", "PAGE_SIZE", "silence_s", "keepalive_options"]
+from cloud_elastic.providers.api import MAX_HOSTS
+
+__all__ = ["ResourceWatch", "Gone", "ListTooLarge", "ListTooSlow", "PAGE_SIZE", "silence_s", "keepalive_options"]
 
 _log = logging.getLogger(__name__)
 
@@ -54,6 +67,14 @@ _SILENCE_MARGIN_S = 10.0
 #: 15 s idle + 3 unanswered probes 5 s apart = 30 s, before the read timeout; the probes also keep a NAT or load
 #: balancer from dropping a quiet watch's connection.
 _KEEPALIVE = {"TCP_KEEPIDLE": 15, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
+#: The most objects one list keeps: more pods than the driver takes hosts, more nodes than a cluster has (5,000).
+MAX_ITEMS = MAX_HOSTS
+#: The most pages one list reads: three times what MAX_ITEMS takes in full pages (the API server fills them).
+MAX_PAGES = 100
+#: The most bytes one page may have: 500 objects of 128 KiB (a pod or node is a few KiB to a few tens).
+MAX_PAGE = 64 * 1024 * 1024
+#: A whole list (every page) must end within this many ``timeout_s``.
+LIST_TIMEOUTS = 6
 
 
 def silence_s(watch_s: float) -> float:
@@ -76,6 +97,14 @@ class Gone(Exception):
 
 class WatchError(Exception):
     """An ``ERROR`` event other than 410: retried with back-off."""
+
+
+class ListTooLarge(Exception):
+    """A list past :data:`MAX_ITEMS` objects, :data:`MAX_PAGES` pages or a page past :data:`MAX_PAGE` bytes."""
+
+
+class ListTooSlow(Exception):
+    """A list that did not end within ``LIST_TIMEOUTS`` × ``timeout_s``."""
 
 
 class ResourceWatch:
@@ -108,6 +137,10 @@ class ResourceWatch:
         self._thread: threading.Thread | None = None
         self._resp: Any = None
         self._trouble: tuple[float, str] | None = None
+        #: The outage a watch now open may end: it is over once the stream shows it is healthy, and goes on (from
+        #: its first failure) if the stream fails before. Not reported meanwhile: a healthy quiet stream writes
+        #: nothing until its bookmark.
+        self._resuming: tuple[float, str] | None = None
         self._heard = time.time()  # the last line or response from the server: the view is current up to then
         #: The resourceVersion the next watch starts from (of the last list or event).
         self.resource_version: str | None = None
@@ -122,24 +155,47 @@ class ResourceWatch:
         return {"label_selector": self._selector} if self._selector else {}
 
     def list_all(self) -> tuple[list[dict], str]:
-        """Every object, in pages; returns (items, the list's resourceVersion)."""
+        """Every object, in pages; returns (items, the list's resourceVersion).
+
+        Bounded (see the module docstring): ListTooLarge, ListTooSlow; the client's errors as they are.
+        """
         items: list[dict] = []
         token: str | None = None
         version = ""
-        while True:
+        deadline = time.monotonic() + LIST_TIMEOUTS * self._timeout_s
+        for pages in range(1, MAX_PAGES + 1):
             extra = {"_continue": token} if token else {}
             resp = self._call(limit=PAGE_SIZE, _preload_content=False, _request_timeout=self._timeout_s,
                               **self._selection(), **extra)
-            try:
-                page = json.loads(resp.data)
-            finally:
-                resp.release_conn()
+            page = json.loads(self._page(resp, deadline, pages))
             items.extend(page.get("items") or ())
+            if len(items) > MAX_ITEMS:
+                raise ListTooLarge(f"listing {self.what}: more than {MAX_ITEMS} objects, the most one list keeps "
+                                   f"(narrow the {self.what} selector)")
             meta = page.get("metadata") or {}
             version = version or str(meta.get("resourceVersion") or "")
             token = meta.get("continue")
             if not token:
                 return items, version
+        raise ListTooLarge(f"listing {self.what}: no end after {MAX_PAGES} pages ({len(items)} objects): the API "
+                           "server keeps sending a continue token")
+
+    def _page(self, resp: Any, deadline: float, pages: int) -> bytes:
+        """A page's body, read whole within the bounds; the connection is reused only when read to the end."""
+        body = bytearray()
+        try:
+            for chunk in resp.stream(amt=1 << 16):
+                body += chunk
+                if len(body) > MAX_PAGE:
+                    raise ListTooLarge(f"listing {self.what}: a page larger than {MAX_PAGE} bytes")
+                if time.monotonic() > deadline:
+                    raise ListTooSlow(f"listing {self.what}: no end within {LIST_TIMEOUTS * self._timeout_s:g} s "
+                                      f"({LIST_TIMEOUTS} x timeout_s), at page {pages}")
+        except BaseException:
+            _close(resp)
+            raise
+        resp.release_conn()
+        return bytes(body)
 
     def sync(self) -> bool:
         """List everything and replace the view's table; True if the snapshot may have changed."""
@@ -169,9 +225,11 @@ class ResourceWatch:
     def trouble(self) -> tuple[float, str] | None:
         """(since when the view may be stale, why) while the watch is down; None while it runs.
 
-        Down: a request failed and none has succeeded since, or the server has been silent longer than
-        :func:`silence_s` (the thread may still be waiting on it: a request urllib3 retries can take several
-        read timeouts before it fails).
+        Down: a request failed and no stream has shown it is healthy since (an event or bookmark applied, a
+        proper end, a relist), or the server has been silent longer than :func:`silence_s` (the thread may
+        still be waiting on it: a request urllib3 retries can take several read timeouts before it fails). A
+        reconnected stream that has yet to show anything is not reported (a healthy one on a quiet cluster
+        writes nothing until its bookmark); if it fails, the outage goes on from its first failure.
         """
         trouble = self._trouble
         quiet = time.time() - self._heard
@@ -187,6 +245,7 @@ class ResourceWatch:
                 if relist:
                     changed = self.sync()
                     relist = False
+                    self._healthy()  # the view is the server's, as of now
                     _log.info("%s watch: resourceVersion expired (410 Gone); relisted %s at version %s",
                               self.what, self.what, self.resource_version)
                     if changed:
@@ -208,27 +267,37 @@ class ResourceWatch:
                     relist = True
                     continue
                 reason = _describe(exc)
-                if self._trouble is None:
+                if self._trouble is None and self._resuming is None:
                     self._trouble = (self._down_since(), reason)
                     _log.info("%s watch interrupted (%s); reconnecting from version %s", self.what, reason,
                               self.resource_version)
-                else:
-                    self._trouble = (self._trouble[0], reason)
+                else:  # a retry failed, or its stream did before it showed it was healthy: the outage goes on
+                    self._trouble = (self._trouble[0] if self._trouble else self._down_since(self._resuming), reason)
                     _log.debug("%s watch still down: %s", self.what, reason)
+                self._resuming = None
                 self._stop.wait(delay * (0.75 + 0.5 * self._rng.random()))
                 delay = min(_BACKOFF_MAX_S, delay * 2)
 
-    def _down_since(self) -> float:
+    def _down_since(self, outage: tuple[float, str] | None = None) -> float:
         """Since when a watch that just failed has been down.
 
-        From now if the stream was heard from within :func:`silence_s`: a healthy but quiet stream (a real server
-        writes nothing between a watch's start and its bookmark ~2 s before its end) says nothing about the time
-        before the failure, and dating it from the last word would report a 2 s reconnect late in a watch as an
-        outage of ``watch_s``. From the last word if the stream had been silent that long (its read timeout): it
-        was stalled (what :meth:`trouble` already reported), and the view has been stale since.
+        From the last word if the stream had been silent for :func:`silence_s` (its read timeout): it was stalled
+        (what :meth:`trouble` already reported), and the view has been stale since. Else from ``outage``, when
+        the stream reconnected after a failure and failed again before it showed it was healthy (retrying must
+        not restart the clock), else from now: a healthy but quiet stream (a real server writes nothing between
+        a watch's start and its bookmark ~2 s before its end) says nothing about the time before the failure, and
+        dating it from the last word would report a 2 s reconnect late in a watch as an outage of ``watch_s``.
         """
         now = time.time()
-        return self._heard if now - self._heard >= silence_s(self._watch_s) else now
+        if now - self._heard >= silence_s(self._watch_s):
+            return self._heard
+        return now if outage is None else outage[0]
+
+    def _healthy(self) -> None:
+        """The stream showed it is healthy (an event or bookmark applied, a proper end), or a relist succeeded."""
+        if self._trouble is not None or self._resuming is not None:
+            _log.info("%s watch resumed at version %s", self.what, self.resource_version)
+            self._trouble = self._resuming = None
 
     def _watch_once(self) -> int:
         """One watch request, its events applied until the stream ends; returns how many lines it had."""
@@ -242,9 +311,7 @@ class ResourceWatch:
             self._resp = None
             _close(resp)
             return 0
-        if self._trouble is not None:
-            _log.info("%s watch resumed at version %s", self.what, self.resource_version)
-        self._trouble = None
+        self._resuming, self._trouble = self._trouble, None  # over once the stream shows it is healthy
         lines = 0
         try:
             for line in _lines(resp):
@@ -253,7 +320,9 @@ class ResourceWatch:
                 lines += 1
                 self._heard = time.time()
                 self._event(json.loads(line))
+                self._healthy()
             self._heard = time.time()  # the server ended the stream: it was there until now
+            self._healthy()
         finally:
             self._resp = None
             _close(resp)

@@ -14,6 +14,8 @@ sends for it, an ``ERROR`` event whose Status has code 410 (``Expired``), or wit
 ``gone_as_http`` an HTTP 410. Errors are ``Status`` objects (``kind: Status``,
 ``reason``, ``code``): 401 without the bearer ``TOKEN``, 403 for what
 :meth:`FakeKubernetes.forbid` names, 400 for a selector it cannot parse.
+With ``endless_lists``, every list's last page carries a ``continue`` token
+back to its first (an API server, or a stranger, whose list never ends).
 
 Tests script pods and nodes with the methods below (add, ready, restart,
 disrupt, delete with a grace period, vanish, taint, cordon), cut every open
@@ -214,6 +216,7 @@ class FakeKubernetes(FakeCloud):
         self.rv = 100
         self.oldest = 0  # a watch from a version below this is answered 410
         self.gone_as_http = False
+        self.endless_lists = False
         self.forbidden: set[tuple[str, str | None]] = set()  # (resource, namespace or None for all)
         self._history: list[tuple[int, str, str | None, str, dict]] = []  # (rv, resource, ns, type, object)
         self._versions: list[int] = []
@@ -337,6 +340,7 @@ class FakeKubernetes(FakeCloud):
         with self._cond:
             self.forbidden.clear()
             self.gone_as_http = False
+            self.endless_lists = False
             self._held = False
             self._stalled = False
             self._cut += 1
@@ -404,8 +408,9 @@ class FakeKubernetes(FakeCloud):
             obj.pop("kind")
             obj.pop("apiVersion")
         meta: dict[str, Any] = {"resourceVersion": str(version)}
-        if start + limit < len(items):
-            meta["continue"] = base64.b64encode(json.dumps({"start": start + limit}).encode()).decode()
+        if start + limit < len(items) or self.endless_lists:
+            after = start + limit if start + limit < len(items) else 0
+            meta["continue"] = base64.b64encode(json.dumps({"start": after}).encode()).decode()
         kind = "PodList" if resource == "pods" else "NodeList"
         return Reply(200, {"kind": kind, "apiVersion": "v1", "metadata": meta, "items": page})
 

@@ -363,6 +363,16 @@ def test_a_watch_down_past_stale_after_s_fails_discovery_until_it_is_back(kubern
         time.sleep(0.2)
 
 
+def test_a_list_that_never_ends_is_one_fatal_line_not_a_hang(kubernetes):
+    ns = "ns-endless"
+    kubernetes.add_pod("p0", "10.71.0.1", namespace=ns, node="endless-n")
+    kubernetes.endless_lists = True  # every page ends with a continue token back to the first
+    discovery = provider("kubernetes", kubernetes_options(kubernetes, ns))
+    with pytest.raises(FatalDiscoveryError, match="listing pods: no end after 100 pages"):
+        discovery.find()
+    assert kubernetes.count(f"/namespaces/{ns}/pods$") == 100
+
+
 def test_a_silent_watch_fails_discovery_within_its_silence_bound_and_catches_up_after(kubernetes, watched):
     """A path that stops forwarding (no reset, no bytes) is noticed by its silence alone: each watch asks for
     bookmarks and lasts watch_s, so nothing for watch_s + min(10, watch_s) (here 2 s) is trouble, counted from
