@@ -107,14 +107,14 @@ def test_a_compressed_record_cannot_unpack_a_small_message_into_a_big_tensor():
                           compress_type=zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED)
     message = out.getvalue()
     assert len(message) < 100_000
-    with pytest.raises(statecodec.StateSyncError, match=r"^sampler state: received state has a compressed record") as info:
+    with pytest.raises(statecodec.StateSyncError, match=r"^sampler state: received state holds a compressed record") as info:
         statecodec.decode(message, "sampler state")
     _one_line(info)
 
 
 def test_the_legacy_format_whose_header_sizes_the_storages_is_refused():
     message = _saved({"t": torch.arange(3)}, _use_new_zipfile_serialization=False)
-    with pytest.raises(statecodec.StateSyncError, match=r"^x: received state is corrupt \(not a torch.save archive"):
+    with pytest.raises(statecodec.StateSyncError, match=r"^x: received state is not a zip archive \(torch.save's format\): corrupt or forged$"):
         statecodec.decode(message, "x")
 
 

@@ -29,7 +29,6 @@ import os
 import pickle
 import re
 import sys
-import zipfile
 from typing import Any
 
 import torch
@@ -38,6 +37,7 @@ from cloud_elastic import plain_numpy
 from cloud_elastic.errors import CloudElasticError
 from cloud_elastic.plain_numpy import DICTS as _DICTS, LEAVES, SEQUENCES as _SEQUENCES, TAG as _TAG
 from cloud_elastic.plain_numpy import is_numeric as _numeric
+from cloud_elastic.torch_archive import stored_records
 from cloud_elastic.worker.settings import CHECKPOINT_DIR_ENV
 
 __all__ = ["MIN_TORCH", "MAX_BYTES", "StateSyncError", "Parts", "check_torch_version", "check_attributes", "encode",
@@ -128,23 +128,13 @@ def decode(data: bytes, what: str) -> Any:
 
 
 def _check_container(data: bytes, what: str) -> bool:
-    """StateSyncError unless ``data`` is a zip archive (as ``torch.save`` writes, and as ``torch.load`` reads it,
-    not the legacy format whose header gives the storages' sizes) of stored records whose sizes sum to at most
-    its own: torch's reader allocates each record's announced size, and inflates a compressed one. Whether it
-    holds a tensor's storage (a record under ``data/``)."""
-    total = 0
+    """StateSyncError unless ``data`` is an archive that ``torch.load`` reads within its own size
+    (``torch_archive.stored_records``: a storage's announced size is allocated, a compressed record
+    inflated). Whether it holds a tensor's storage (a record under ``data/``)."""
     try:
-        records = zipfile.ZipFile(io.BytesIO(data)).infolist() if data[:4] == b"PK\x03\x04" else None
-    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as exc:
-        raise StateSyncError(f"{what}: received state is corrupt ({exc})") from exc
-    for record in records or ():
-        if record.compress_type != zipfile.ZIP_STORED or record.compress_size != record.file_size:
-            raise StateSyncError(f"{what}: received state has a compressed record {record.filename!r} "
-                                 f"({record.compress_size} bytes announcing {record.file_size}): corrupt or forged")
-        total += record.file_size
-    if records is None or total > len(data):
-        raise StateSyncError(f"{what}: received state is corrupt (not a torch.save archive, or records of {total} "
-                             f"bytes in a message of {len(data)})")
+        records = stored_records(io.BytesIO(data), 0, len(data))
+    except ValueError as exc:
+        raise StateSyncError(f"{what}: received state {exc}: corrupt or forged") from None
     return any("/data/" in record.filename for record in records)
 
 
