@@ -177,7 +177,7 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
     _setup_logging(config.verbose)
     from cloud_elastic.driver.runtime.driver import Driver
 
-    driver = Driver(config, built, launcher=launcher)
+    driver = Driver(config, built, launcher=launcher, discovery_timeout_s=discovery.discovery_timeout)
     names = {signal.SIGINT: ("interrupted by SIGINT", 130), signal.SIGTERM: ("terminated by SIGTERM", 143)}
     for signum, (reason, code) in names.items():
         signal.signal(signum, lambda _s, _f, r=reason, c=code: driver.interrupt(r, c))
@@ -284,7 +284,8 @@ def discover(discovery: DiscoveryArgs, as_json: bool, verbose: bool) -> int:
 
     built = build_discovery(discovery)
     _setup_logging(verbose)
-    return run_discovery(built, as_json=as_json, out=sys.stdout)  # it closes the provider
+    return run_discovery(built, as_json=as_json, out=sys.stdout,  # it closes the provider
+                         timeout_s=discovery.discovery_timeout)
 
 
 @cli.command(context_settings=_CONTEXT, short_help="list the installed discovery providers and their options")

@@ -187,7 +187,7 @@ def discovery_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--slots-per-host", type=int, metavar="N",
                      help="slots on each host; wins over what the provider reports (default 1 for -H/scripts)"),
         click.option("--discovery-timeout", type=float, default=30.0, metavar="SECONDS", show_default=False,
-                     help="kill a discovery script that runs longer than this (default 30)"),
+                     help="give up on a discovery call, and kill a discovery script, that runs longer than this (default 30)"),
         click.option("--address-map", metavar="FROM=TO", multiple=True,
                      help="rewrite discovered addresses, e.g. 10.0.1.0/24=127.0.1.0/24 (repeatable; any provider)"),
         click.option("--source", metavar="NAME:KEY=VALUE,...", multiple=True,

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import socket
+import subprocess
+import sys
 
 from cloud_elastic.errors import FatalDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
@@ -94,3 +98,19 @@ def test_discover_gives_up_on_a_provider_that_does_not_answer_within_the_discove
     assert err.getvalue() == ("cloud-elastic discover: error: the scripted provider gave no answer within 0.2s "
                               "(--discovery-timeout 0.2s); no other call starts until that one ends\n")
     assert discovery.closed == 1
+
+
+def test_the_discover_command_gives_up_at_the_discovery_timeout_it_was_given():
+    """The flag reached the script provider only: a cloud API that never answered held ``discover`` (and
+    the driver) for the fixed 30 s whatever --discovery-timeout said."""
+    with socket.socket() as silent:  # accepts the SDK's connection (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "cloud_elastic.cli", "discover", "--aws-asg", "gpus", "--aws-region", "us-east-1",
+             "--aws-endpoint-url", f"http://127.0.0.1:{port}", "--discovery-timeout", "1.5"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"})
+    assert result.returncode == 1, result.stderr
+    assert "gave no answer within 1.5s (--discovery-timeout 1.5s)" in result.stderr, result.stderr
