@@ -233,20 +233,25 @@ def test_append_cannot_grow_a_value_past_the_value_bound(served):
     assert len(torch_client(store.port).get("log")) == MAX_PAYLOAD_BYTES - 10
 
 
+def _round_key(name: str) -> bytes:
+    """A key of round 1's namespace as torch's client sends it: naming it proves the connection."""
+    return f"/{round_namespace(_SECRET, 'job', 1)}/{name}".encode()
+
+
 def test_what_the_store_holds_is_bounded_and_it_serves_on_within_the_bound(served):
     store = served()
     chunk = b"v" * MAX_PAYLOAD_BYTES
     refused = 0
     for i in range(MAX_STORE_BYTES // MAX_PAYLOAD_BYTES + 8):
         s = connect(store.port)
-        s.sendall(_set(b"k%d" % i, chunk))
+        s.sendall(_set(_round_key(f"k{i}"), chunk))  # proven writes: the whole bound is theirs
         refused += not served_still(s)
         s.close()
     assert 8 < refused <= 10, refused  # a command in flight counts too: 30 of 8 MiB fit
     assert store.said("past its") and store.said("half of its")
     assert store.rss() < MAX_STORE_BYTES + 128 * 1024 * 1024
     worker = torch_client(store.port)
-    worker.delete_key("k0")
+    worker.delete_key(_round_key("k0").decode()[1:])
     worker.set("small", b"fits again")  # deleting made room
     assert worker.get("small") == b"fits again"
 
@@ -299,10 +304,31 @@ def test_a_million_tiny_keys_count_what_they_take_in_memory(served):
     while sent < 600_000 and not refused:
         n = 50_000
         s = connect(store.port)
-        s.sendall(bytes([MULTI_SET]) + struct.pack("<Q", n) + b"".join(
-            _vec(b"%07d" % (sent + i)) + _vec(b"v") for i in range(n)))
+        s.sendall(bytes([MULTI_SET]) + struct.pack("<Q", n) + _vec(_round_key("first")) + _vec(b"v") + b"".join(
+            _vec(b"%07d" % (sent + i)) + _vec(b"v") for i in range(1, n)))  # proven by its first key
         refused = not served_still(s)
         s.close()
         sent += n
     assert refused and store.said("past its 33554432-byte bound"), store.logged
     assert store.rss() - before < 2 * (32 << 20)
+
+
+def test_a_stranger_who_fills_the_store_and_leaves_leaves_the_workers_room_for_their_rounds(served):
+    """Hostile review: one unauthenticated client SET junk until the store refused it, then left, and every
+    round's keys were refused from then on: the job could never form a round again. What unproven connections
+    write now takes at most a quarter of the bound (their oldest keys make room for their newer ones); the rest
+    is left to the rounds. The bound is 32 MiB here (the driver's is 256), so that the test is quick."""
+    store = served(env={"MAX_BYTES": str(32 << 20)})
+    junk = b"x" * (1 << 20)
+    for i in range(64):  # twice the whole bound, from a stranger that never names a key of the job's rounds
+        s = connect(store.port, "127.0.0.9")
+        s.sendall(_set(b"/junk%d" % i, junk))  # as torch's client names "junk<i>"
+        served_still(s)
+        s.close()
+    worker = SignedStore(torch_client(store.port), round_namespace(_SECRET, "job", 1), _SECRET)
+    for i in range(20):  # 20 MiB of the 24 the strangers' quarter leaves (before, they left nothing)
+        worker.set(f"rank_{i}", junk)
+    assert worker.get("rank_0") == junk and worker.get("rank_19") == junk
+    assert store.said("their oldest keys are deleted to make room"), store.logged
+    stranger = torch_client(store.port)
+    assert stranger.get("junk63") == junk and not stranger.check(["junk0"])  # its newest keys, not its oldest

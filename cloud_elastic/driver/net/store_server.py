@@ -48,6 +48,11 @@ driver's process down or grow it without bound:
   :data:`MAX_STORE_BYTES` (256 MiB; a Gloo round counts about ``size * (380 + 8 * size)`` bytes,
   180 KB at 128 workers, 2.2 MB at 512; the driver deletes the keys of rounds before the last two,
   :meth:`StoreServer.forget`, so the bound holds a job's current rounds, not every round it formed).
+  What unproven connections wrote (each key and queue counted by the last connection that wrote it)
+  stays within a quarter of that: an unproven write past it deletes the oldest of them, never what a
+  proven connection wrote, so strangers who fill the store and leave cannot refuse the workers' rounds
+  their keys. Their keys are not deleted when they disconnect: a worker marks its rounds
+  (``worker/joining.py``) on a fresh, unproven connection that it closes at once.
   A command is at most :data:`MAX_COMMAND_BYTES` (17 MiB:
   ``COMPARE_SET``'s two 8 MiB values and its key), a value at most :data:`MAX_PAYLOAD_BYTES` (an
   ``APPEND`` past it is refused: appends would otherwise grow one value without bound), an answer
@@ -91,6 +96,8 @@ MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 MAX_KEY_COUNT = 128 * 1024
 MAX_COMMAND_BYTES = 2 * MAX_PAYLOAD_BYTES + 1024 * 1024
 MAX_STORE_BYTES = 256 * 1024 * 1024
+#: The part of the store's bound that what unproven connections wrote may take (see the module docstring).
+UNPROVEN_STORE_SHARE = 0.25
 MAX_OUTBOX_BYTES = 1024 * 1024
 MAX_PEER_CONNECTIONS = 256
 #: The tier of a connection that sent torch's validation (tier 0: it has not yet).
@@ -207,7 +214,8 @@ class StoreServer(SelectorServer):
 
     ``max_bytes``, ``max_peer_connections`` and ``validate_timeout_s`` override the module's bounds
     (see the module docstring); the driver uses the defaults. ``proves(key)``: whether a command naming
-    ``key`` proves its connection comes from the job (:func:`round_keys`; None: none is ever proven).
+    ``key`` proves its connection comes from the job (:func:`round_keys`; None: none is ever proven, and
+    what connections write is not split into proven and unproven shares).
     """
 
     name = "rendezvous store"
@@ -235,6 +243,10 @@ class StoreServer(SelectorServer):
         self._held = 0  # bytes the clients hold: unfinished commands, awaited keys, unsent answers
         self._unvalidated: deque[tuple[float, _Client]] = deque()  # by deadline (all have the same timeout)
         self._half_full_said = False
+        # What unproven connections wrote, oldest write first: (a queue?, key) -> what it takes of _stored.
+        self._strangers: dict[tuple[bool, bytes], int] = {}
+        self._stranger_bytes = 0
+        self._strangers_full_said = False
         self._forget_lock = threading.Lock()
         self._to_forget: list[bytes] = []  # namespaces whose keys go, handed over by forget()
 
@@ -258,6 +270,7 @@ class StoreServer(SelectorServer):
         for namespace in namespaces:
             for key in [k for k in self._data if namespace in k]:
                 self._stored -= len(key) + len(self._data.pop(key)) + _ENTRY
+                self._owned((False, key), 0, None)
 
     # ----------------------------------------------------------------- the loop
     def _timeout(self) -> float | None:
@@ -368,6 +381,38 @@ class StoreServer(SelectorServer):
             self._half_full_said = True
             log.warning("rendezvous store: it holds more than half of its %d-byte bound", self._max_bytes)
 
+    def _owned(self, entry: tuple[bool, bytes], size: int, writer: _Client | None) -> None:
+        """``entry`` (a queue?, its key) now takes ``size`` bytes of the store (0: it is gone), last written by
+        ``writer`` (None: by the driver). Only an unproven writer's entries count against the strangers' share."""
+        self._stranger_bytes -= self._strangers.pop(entry, 0)
+        if size and writer is not None and self._is_stranger(writer):
+            self._strangers[entry] = size
+            self._stranger_bytes += size
+
+    def _stranger_room(self, writer: _Client, entry: tuple[bool, bytes], size: int) -> None:
+        """Before ``writer`` makes ``entry`` take ``size`` bytes: if it is unproven, delete the oldest entries
+        unproven connections wrote (never ``entry``) until theirs stay within a quarter of the bound."""
+        if not self._is_stranger(writer):
+            return
+        share = int(self._max_bytes * UNPROVEN_STORE_SHARE)
+        if size > share:
+            raise ProtocolError(f"an entry of {size} bytes, past the {share} bytes of the store's bound that "
+                                "connections not proven to come from the job may fill", "store full")
+        while self._stranger_bytes - self._strangers.get(entry, 0) + size > share:
+            if not self._strangers_full_said:
+                self._strangers_full_said = True
+                log.warning("rendezvous store: what connections that named no key of the job's rounds wrote holds "
+                            "%d bytes, its share; their oldest keys are deleted to make room", share)
+            victim = next(e for e in self._strangers if e != entry)
+            taken = self._strangers.pop(victim)
+            self._stranger_bytes -= taken
+            self._stored -= taken
+            del (self._queues if victim[0] else self._data)[victim[1]]
+
+    def _is_stranger(self, client: _Client) -> bool:
+        """Whether what ``client`` writes counts against the strangers' share (never when none can be proven)."""
+        return not client.proven and self._proves is not None
+
     def _account(self, client: _Client) -> None:
         """Bring the store's count of what clients hold up to date with ``client``'s."""
         footprint = client.pending + len(client.outbox) + client.awaiting_bytes
@@ -395,12 +440,12 @@ class StoreServer(SelectorServer):
             self._promote(client, PROVEN)
         answer = client.outbox
         if command == SET:
-            self._set(f[0], f[1])
+            self._set(client, f[0], f[1])
         elif command == GET:
             answer += self._answer([self._data.get(f[0], b"")])
         elif command == ADD:
             total = int(self._data.get(f[0], b"0")) + f[1]
-            self._set(f[0], str(total).encode())
+            self._set(client, f[0], str(total).encode())
             answer += _I64.pack(total)
         elif command == WAIT:
             self._forget_wait(client)  # torch's client waits once at a time; a second wait replaces the first
@@ -421,7 +466,7 @@ class StoreServer(SelectorServer):
             if current is None and expected:
                 answer += _vector(expected)  # torch's answer for a missing key
             elif current is None or current == expected:
-                self._set(key, desired)
+                self._set(client, key, desired)
                 answer += _vector(desired)
             else:
                 answer += _vector(current)
@@ -429,17 +474,18 @@ class StoreServer(SelectorServer):
             answer += self._answer([self._data.get(k, b"") for k in f[0]])
         elif command == MULTI_SET:
             for key, value in f[0]:
-                self._set(key, value)
+                self._set(client, key, value)
         elif command == APPEND:
             key, value = f
             old = self._data.get(key, b"")
             if len(old) + len(value) > MAX_PAYLOAD_BYTES:
                 raise ProtocolError(f"an append past a value of {MAX_PAYLOAD_BYTES} bytes", "value too long")
-            self._set(key, old + value)
+            self._set(client, key, old + value)
         elif command == DELETE_KEY:
             old = self._data.pop(f[0], None)
             if old is not None:
                 self._stored -= len(f[0]) + len(old) + _ENTRY
+                self._owned((False, f[0]), 0, None)
             answer += _I64.pack(1 if old is not None else 0)
         elif command == GETNUMKEYS:
             answer += _I64.pack(len(self._data))
@@ -450,13 +496,18 @@ class StoreServer(SelectorServer):
             answer += _U32.pack(f[0])
         elif command == QUEUE_PUSH:
             key, value = f
-            self._room(len(key) + _ENTRY + len(value) + _ITEM, "a queue push")
             queue = self._queues.get(key)
+            # What the queue takes, if a stranger pushes: summed only when it was not a stranger's already.
+            size = (self._strangers.get((True, key)) or len(key) + _ENTRY + sum(len(v) + _ITEM for v in queue or ())
+                    ) if self._is_stranger(client) else 0
+            self._stranger_room(client, (True, key), size + len(value) + _ITEM)
+            self._room(len(key) + _ENTRY + len(value) + _ITEM, "a queue push")
             if queue is None:
                 queue = self._queues[key] = deque()
                 self._stored += len(key) + _ENTRY
             queue.append(value)
             self._stored += len(value) + _ITEM
+            self._owned((True, key), size + len(value) + _ITEM, client)
             self._wake(key, one=True)
         elif command == QUEUE_POP:
             queue = self._queues.get(f[0], ())
@@ -465,6 +516,9 @@ class StoreServer(SelectorServer):
                 item = queue.popleft()
                 self._stored -= len(item) + _ITEM
                 answer += _vector(item)
+                if (True, f[0]) in self._strangers:
+                    self._strangers[True, f[0]] -= len(item) + _ITEM
+                    self._stranger_bytes -= len(item) + _ITEM
         elif command == QUEUE_LEN:
             answer += _I64.pack(len(self._queues.get(f[0], ())))
 
@@ -478,13 +532,15 @@ class StoreServer(SelectorServer):
     def _present(self, key: bytes) -> bool:
         return key in self._data or bool(self._queues.get(key))
 
-    def _set(self, key: bytes, value: bytes) -> None:
+    def _set(self, writer: _Client, key: bytes, value: bytes) -> None:
         old = self._data.get(key)
         grows = len(value) - (len(old) if old is not None else -len(key) - _ENTRY)
+        self._stranger_room(writer, (False, key), len(key) + len(value) + _ENTRY)
         if grows > 0:
             self._room(grows, "a value")
         self._data[key] = value
         self._stored += grows
+        self._owned((False, key), len(key) + len(value) + _ENTRY, writer)
         self._wake(key)
 
     def _wake(self, key: bytes, one: bool = False) -> None:
