@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.job.elastic_job import Finish, WorkerState
+from cloud_elastic.driver.job.elastic_job import ExitOrder, Finish, WorkerState
 from cloud_elastic.driver.launch.api import ExitStatus
 from tests.unit.test_job import CLEAN, CRASH, KILLED, Sim, assert_round, failed, started
 
@@ -100,6 +100,27 @@ def test_a_root_cause_that_never_exits_does_not_hold_the_job_up() -> None:
     script_ends(sim, "a[0]", CRASH, error="CollectiveError: a peer failed")
     sim.advance(3.0)  # a[1] hangs in its exit: after ROOT_CAUSE_WAIT_S the first failure seen is the reason
     failed(sim, "worker a[0]#1 (rank 0) exited with code 1: CollectiveError: a peer failed")
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_rank_back_at_rendezvous_after_its_peer_exited_0_is_the_attempt_s_failure_not_a_success(restarts) -> None:
+    """A script with no collective: rank 0 ends and exits 0 before rank 1's group formed, so rank 1's formation
+    fails and it comes back to rendezvous. Nothing re-forms in a fixed-size job: rank 1 never finishes its
+    script, so the job must not succeed on rank 0's exit alone."""
+    sim = started(2, {"a": 2}, restarts=restarts)
+    script_ends(sim, "a[0]")
+    sim.join("a[1]", reason="failure")
+    sim.advance(1)
+    if not restarts:
+        failed(sim, "worker a[1]#2 (rank 1) came back to rendezvous from round 1 (reason failure)",
+               "a rank that exits before its peers' group formed", "a fixed-size job")
+        assert isinstance(sim.reply("a[1]"), ExitOrder)
+        return
+    assert sim.outcome is None  # the attempt failed: every worker is stopped, then the job starts again
+    assert [s.worker_id for s in sim.stops] == [sim.id("a[1]")]
+    sim.exit("a[1]", ExitStatus(-15))
+    sim.advance(0.5)
+    assert sim.slots_launched() == ["a[0]", "a[1]", "a[0]", "a[1]"]
 
 
 def test_nothing_is_launched_or_re_formed_while_a_fixed_size_round_runs() -> None:

@@ -15,7 +15,9 @@ import time
 import pytest
 
 from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder
-from cloud_elastic.driver.job.partitions import EXCLUDE_AFTER, FAILED_FORMATIONS_LIMIT, hosts_to_exclude
+from cloud_elastic.driver.job.partitions import (
+    BACKOFF_CAP_S, EXCLUDE_AFTER, FAILED_FORMATIONS_LIMIT, Partitions, backoff_s, hosts_to_exclude,
+)
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.protocol import RendezvousRequest
 from cloud_elastic.worker.rounds.reclaim import unreached_hosts
@@ -52,6 +54,41 @@ def test_a_partition_with_no_evidence_ends_the_job_after_three_failed_formations
            "firewall or security group between worker hosts")
     assert "\n" not in sim.outcome.reason
     assert isinstance(sim.reply("a[0]"), ExitOrder) and isinstance(sim.reply("b[0]"), ExitOrder)
+
+
+def test_a_group_that_cannot_form_on_one_host_ends_the_job_naming_what_the_workers_logged_not_a_firewall() -> None:
+    # A mistyped --network-interface: every member is back at once, round after round, on a single host.
+    sim = started(2, {"a": 2}, **SHORT)
+    for _ in range(FAILED_FORMATIONS_LIMIT - 1):
+        formation_fails(sim)
+        assert sim.outcome is None
+    formation_fails(sim)
+    failed(sim, "round formation failed 3 times in a row over 120s", "on host a alone",
+           "could not form the process group of round N", "--network-interface")
+    assert "firewall" not in sim.outcome.reason and "\n" not in sim.outcome.reason
+
+
+def test_failed_formations_in_a_row_back_the_next_round_off_short_growing_and_capped() -> None:
+    from tests.unit.job_view import FakeJob, S
+
+    assert [backoff_s(n) for n in range(8)] == [0.0, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, BACKOFF_CAP_S]
+    assert backoff_s(10_000) == BACKOFF_CAP_S
+    job = FakeJob(2, elastic_timeout_s=600.0)
+    members = [job.worker("a", i, S.WAITING, round_=1, rank=i) for i in range(2)]
+    partitions, now = Partitions(job, lambda w, why: None), 1000.0
+    for streak in (1, 2, 3):
+        job.round = job.abort_round = streak
+        for w in members:
+            w.round, w.rdzv_reason = streak, "failure"
+        partitions.formed(streak, members)
+        assert partitions.check(members, now) and partitions.streak == streak
+        assert partitions.holding(now + backoff_s(streak) - 0.01) and not partitions.holding(now + backoff_s(streak))
+        now += 1.0
+    job.round += 1
+    partitions.formed(job.round, members)  # this round trains: no back-off before the next one
+    for w in members:
+        w.round, w.rdzv_reason = job.round, "update"
+    assert partitions.check(members, now) and partitions.streak == 0 and not partitions.holding(now)
 
 
 def test_a_partition_that_heals_within_the_elastic_timeout_trains_on_from_the_workers_state() -> None:

@@ -15,9 +15,11 @@ the job:
 * **success** is every member of the round exiting 0: the job then succeeds,
   and workers that never joined are stopped;
 * **failure**: the first failure of a member of the attempt's round (an exit
-  other than 0, a worker killed or given up; a failure seen before the first
-  report counts too, since the others' collectives fail after it) is the job's
-  reason. A worker outside the round (a ``--spares`` spare, one still starting)
+  other than 0, a worker killed or given up, a member back at rendezvous: its
+  group did not form or a collective failed, and no round re-forms for it to
+  finish its script in; a failure seen before the first report counts too,
+  since the others' collectives fail after it) is the job's reason. A worker
+  outside the round (a ``--spares`` spare, one still starting)
   that fails is blacklisted as in an elastic job, and does not end the attempt
   (nothing is launched while the attempt's round runs). No slot is
   blacklisted: the script, not the slot, ends the attempt. The job fails with
@@ -228,6 +230,8 @@ class FixedSize:
             return True
         if not self.known:
             return False
+        if self._failure is None:
+            self._came_back()
         if self._failure is not None:
             return self._after_failure(now)
         if job.members():
@@ -239,6 +243,16 @@ class FixedSize:
         job.end(True, f"training completed on {self._succeeded} worker(s), every one exiting 0{after} "
                       f"({FIXED_SIZE})", 0)
         return True
+
+    def _came_back(self) -> None:
+        """A member of the attempt's round back at rendezvous fails the attempt: nothing re-forms, so it would
+        never finish its script, and the others' exits 0 must not pass for the job's success."""
+        job = self._job
+        w = next((w for w in job.alive() if w.state is S.WAITING and w.round == job.round > 0), None)
+        if w is not None:
+            self.failed(w, f"came back to rendezvous from round {w.round} (reason {w.rdzv_reason}): its process "
+                           "group did not form on every rank or a collective failed, and a fixed-size job forms no "
+                           "new round for it (a rank that exits before its peers' group formed causes this)")
 
     def _root(self) -> str | None:
         """The worker whose script reported an error first in this attempt (None when none did)."""

@@ -1,14 +1,16 @@
-"""Worker hosts that cannot reach each other: a round that keeps failing to form, ended or cut smaller.
+"""A round that keeps failing to form (worker hosts that cannot reach each other, say): ended or cut smaller.
 
 When two worker hosts cannot reach each other but both still reach the driver,
 no rule that watches a single worker fires: every member keeps heartbeating,
 waits in the same formation (or collective), and comes back to rendezvous with
 reason ``failure`` once the formation deadline (or the no-progress abort) gives
 the round up. Nobody died, so nothing is blacklisted, and the driver would form
-the very same round again, forever.
+the very same round again, forever. The same holds on one host, for a group
+that cannot form there at all (a ``--network-interface`` the host does not
+have): its members come back at once, dozens of rounds a second.
 
 :class:`Partitions` watches for exactly that signature, judged once per round
-when the next one is about to form: the round, on two hosts or more, was
+when the next one is about to form: the round, on any number of hosts, was
 aborted, **every** member of it is back at rendezvous with reason ``failure``
 (none died or was given up), and none of them committed in it. Such rounds in
 a row, with the same slots, are *failed formations*. A commit, a member lost,
@@ -33,14 +35,22 @@ two hosts.
   too few workers would remain) end the job once there have been at least
   :data:`FAILED_FORMATIONS_LIMIT` of them and they have lasted the elastic
   timeout (``--elastic-timeout``, 600 s by default), with one line naming the
-  hosts involved and what to check. Until then a partition that heals (a rule
-  rolled back, a link back up) lets the next round form and train on: the
-  trained state lives only in the workers, so the job waits as long as it waits
-  for workers below ``--min-np``.
+  hosts involved and what to check (on one host: not the network between
+  hosts, but what each member logged of its formation). Until then a
+  partition that heals (a rule rolled back, a link back up) lets the next
+  round form and train on: the trained state lives only in the workers, so the
+  job waits as long as it waits for workers below ``--min-np``.
 
 So a partition costs at most the elastic timeout (or :data:`FAILED_FORMATIONS_LIMIT`
 formation deadlines, 60 s each by default, if longer) before the job either
 trains at a smaller size or stops; it never loops for good.
+
+**Back-off.** After each failed formation :meth:`Partitions.holding` is True
+for :func:`backoff_s` (0.2 s, doubling, at most :data:`BACKOFF_CAP_S`): the
+round formation is to form no round meanwhile, so that a group that fails at
+once does not re-form dozens of times a second, while one transient failure
+costs 0.2 s. (``formation.py`` does not consult it yet: until it does, failed
+rounds re-form at once, and only the limit above ends them.)
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
-__all__ = ["Partitions", "hosts_to_exclude", "EXCLUDE_AFTER", "FAILED_FORMATIONS_LIMIT"]
+__all__ = ["Partitions", "hosts_to_exclude", "backoff_s", "EXCLUDE_AFTER", "FAILED_FORMATIONS_LIMIT", "BACKOFF_CAP_S"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +73,13 @@ S = WorkerState
 EXCLUDE_AFTER = 2
 #: Failed formations in a row (same slots, no commit between them) after which the job ends.
 FAILED_FORMATIONS_LIMIT = 3
+#: The longest wait before a round forms again after failed formations in a row.
+BACKOFF_CAP_S = 10.0
+
+
+def backoff_s(streak: int) -> float:
+    """How long the next round waits after ``streak`` failed formations in a row (0 for none). Pure."""
+    return 0.0 if streak <= 0 else min(BACKOFF_CAP_S, 0.2 * 2 ** min(streak - 1, 16))
 
 
 def hosts_to_exclude(edges: Iterable[tuple[str, str]], keep: str, order: Callable[[str], int]) -> list[str]:
@@ -93,6 +110,7 @@ class Partitions:
         self.streak = 0
         self._since = 0.0  # when the first failed formation of the streak was judged
         self._slots: frozenset[Slot] = frozenset()
+        self._hold_until = 0.0  # no round forms before then (see backoff_s)
 
     def formed(self, round_: int, members: list[WorkerRecord]) -> None:
         """Round ``round_`` formed with ``members``."""
@@ -108,7 +126,7 @@ class Partitions:
         round_, slots, commits = self._formed
         back = [w for w in waiting if w.round == round_]
         hosts = {w.slot.host for w in back}
-        failed = (job.abort_round >= round_ and len(back) == len(slots) and len(hosts) > 1
+        failed = (job.abort_round >= round_ and len(back) == len(slots)
                   and all(w.rdzv_reason == "failure" for w in back) and sum(w.commits for w in back) <= commits)
         if not failed:
             self.streak = 0
@@ -117,6 +135,7 @@ class Partitions:
         if self.streak == 1:
             self._since = now
         self._slots = slots
+        self._hold_until = now + backoff_s(self.streak)
         edges = {(w.slot.host, peer) for w in back for peer in w.unreachable if peer in hosts and peer != w.slot.host}
         if edges and self.streak >= EXCLUDE_AFTER and self._exclude(back, waiting, edges, now):
             return False
@@ -126,6 +145,10 @@ class Partitions:
             self._stop(sorted(hosts, key=job.hosts.order_of), edges, now - self._since)
             return False
         return True
+
+    def holding(self, now: float) -> bool:
+        """The next round must not form yet: failed formations in a row back it off (see :func:`backoff_s`)."""
+        return self.streak > 0 and now < self._hold_until
 
     def _exclude(self, back: list[WorkerRecord], waiting: list[WorkerRecord], edges: set[tuple[str, str]],
                  now: float) -> bool:
@@ -154,8 +177,15 @@ class Partitions:
         job = self._job
         named = f"; members reported {', '.join(f'{a} cannot reach {b}' for a, b in sorted(edges))}" if edges else ""
         short = (f", and excluding a side would leave fewer than --min-np {job.policy.min_np}" if edges else "")
+        if len(hosts) == 1:
+            # No network between hosts is involved: the group cannot form on this host at all.
+            where, cause = (f"host {hosts[0]} alone", ": the process group cannot form on that host; each member "
+                            "logged why ('could not form the process group of round N: ...', above): check "
+                            "--network-interface (an interface the host has) and the backend the workers use")
+        else:
+            where, cause = (f"hosts {', '.join(hosts)}", f"{named}{short}: the worker hosts likely cannot reach each "
+                            "other; check the firewall or security group between worker hosts (the ports of the "
+                            "process group)")
         job.end(False, f"round formation failed {self.streak} times in a row over {lasted_s:.0f}s (--elastic-timeout "
-                f"{job.policy.elastic_timeout_s:g}s) with the same members on hosts "
-                f"{', '.join(hosts)} and no commit between them, while every member still reached the driver{named}"
-                f"{short}: the worker hosts likely cannot reach each other; check the firewall or security group "
-                "between worker hosts (the ports of the process group)", 1)
+                f"{job.policy.elastic_timeout_s:g}s) with the same members on {where} and no commit between them, "
+                f"while every member still reached the driver{cause}", 1)
