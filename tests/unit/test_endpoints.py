@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import resource
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
-from cloud_elastic.control import Codec, new_secret
+from cloud_elastic.control import SIGNATURE_HEADER, SIGNED_BEFORE_START, Codec, new_secret
 from cloud_elastic.driver.net.endpoints import Endpoints
 from cloud_elastic.worker.link.client import DriverClient
 
@@ -43,6 +47,30 @@ def test_a_signed_request_is_answered_and_close_stops_both_servers_once() -> Non
         endpoints.close()  # idempotent
     assert _refused(control) and _refused(store)
     assert not endpoints.started
+
+
+def test_a_driver_adopting_with_its_predecessors_secret_refuses_a_replay_and_a_lagging_worker_signs_again() -> None:
+    """Hostile review: a worker's signed ``completed``, captured while the predecessor ran, was replayed to the
+    driver restarted on its secret, and its handler ran. The worker itself, on a clock behind the driver's, is
+    refused too until its clock passes the driver's start: its call is signed again, not lost."""
+    secret = new_secret()
+    body, signature = Codec(secret, "j1", clock=lambda: time.time() - 1).encode("completed", {"worker": "w1"})
+    seen: list[str] = []
+    endpoints = Endpoints("j1", lambda kind, msg: seen.append(kind) or {"ok": True})
+    endpoints.start("127.0.0.1", advertised="127.0.0.1", secret=secret)  # as an adopting driver does
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", endpoints.control_port, timeout=10)
+        conn.request("POST", "/v1/completed", body, {SIGNATURE_HEADER: signature})
+        resp = conn.getresponse()
+        assert (resp.status, json.loads(resp.read())) == (400, {"error": SIGNED_BEFORE_START})
+        conn.close()
+        assert seen == []
+        lagging = DriverClient(f"127.0.0.1:{endpoints.control_port}",
+                               Codec(secret, "j1", clock=lambda: time.time() - 0.5), "w1")
+        assert lagging.call("completed", timeout_s=10)["ok"] is True and seen == ["completed"]
+        lagging.close()
+    finally:
+        endpoints.close()
 
 
 def test_a_taken_control_port_leaves_nothing_listening() -> None:
@@ -106,3 +134,21 @@ def test_a_job_without_a_real_worker_bound_gets_no_advice_no_system_could_follow
     printed, logged = _start_with_limits(100, 200, 1 << 20)
     assert printed.strip() == "soft 200 store share 50"
     assert not [line for line in logged if line.startswith("WARNING")], logged
+
+
+def test_spares_under_whole_hosts_count_as_their_hosts_workers_in_the_descriptor_check() -> None:
+    """Spare review: 200 spare hosts of 8 slots were checked as 200 workers, not 1,600: no warning, and
+    "Too many open files" later."""
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1500, 1500))
+
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "cloud_elastic.cli", "run", "-np", "8", "--whole-hosts", "--slots-per-host", "8",
+         "--spares", "200", "-H", "127.0.0.1:8", "python", "-c", "import time; time.sleep(60)"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=limited)
+    try:
+        line = next((line for line in driver.stderr if "descriptor limit" in line or "workers on" in line), "")
+    finally:
+        driver.send_signal(signal.SIGINT)
+        driver.communicate(timeout=60)
+    assert "its descriptor limit is 1500, and 1608 workers need about 9712" in line, line

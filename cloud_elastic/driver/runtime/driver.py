@@ -33,6 +33,7 @@ from cloud_elastic.driver.job.actions import SetCapacity
 from cloud_elastic.driver.job.elastic_job import ElasticJob, Finish, Launch, Policy, Release, Stop
 from cloud_elastic.driver.job.hosts import Blacklist, HostManager
 from cloud_elastic.driver.job.notice_policy import watched_cloud
+from cloud_elastic.driver.job.spares import launch_room
 from cloud_elastic.driver.launch.api import Launcher, is_local_host
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.net.endpoints import Endpoints
@@ -124,7 +125,9 @@ class Driver:
         self._cond.watch(self._job)
         self._stop_reason: tuple[str, int] | None = None
         self._stop_now = False  # False while a signal's graceful stop may still keep the state (see interrupt)
-        self._endpoints = Endpoints(self.job_id, self._handle, workers=config.max_np + config.spares)
+        # Under --whole-hosts a spare is a whole host: its slots are workers too.
+        self._endpoints = Endpoints(self.job_id, self._handle, workers=launch_room(
+            0, max_np=config.max_np, spares=config.spares, host_slots=config.whole_host_slots))
         self._processes = WorkerProcesses(config, self._job, self._cond, self._endpoints, clock=clock,
                                           sinks=lambda: self._sinks, out=output or _print_line, launcher=launcher)
         self._plane: ControlPlane | None = None
