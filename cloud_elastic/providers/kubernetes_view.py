@@ -32,6 +32,17 @@ one (the termination handler's ``spot-itn`` is ``NoSchedule``). The deadline
 is then later than the truth by the time the signal took to reach the view:
 usually the one event that woke the driver.
 
+The pod's address is its IPv4 one: ``status.podIP``, or on a dual-stack
+cluster whose first family is IPv6, the IPv4 entry of ``status.podIPs``. A pod
+with no IPv4 address is warned about once and left out (the driver speaks IPv4
+only; an IPv6 host in the snapshot would fail discovery, and end the job).
+
+The worker container is the one ``container`` names; by default (or when no
+container of the pod has that name, warned about once) the one with a
+``gpu_resource`` limit, else the one named ``worker``, else the first: an
+injected sidecar (a mesh proxy is often the first container) is not read for
+slots or restarts.
+
 Slots from the annotation must be a whole number from 1 to
 :data:`~cloud_elastic.providers.api.MAX_SLOTS_PER_HOST`; any other value is
 warned about once and leaves the pod out (it does not fail discovery, which
@@ -83,7 +94,7 @@ class PodRecord:
     name: str
     uid: str
     node: str
-    ip: str | None
+    ip: str | None  # IPv4 when the pod has one; else its IPv6 podIP (warned, not a host)
     phase: str
     ready: bool
     restarts: int
@@ -93,6 +104,7 @@ class PodRecord:
     deleted_at: float | None
     grace_s: float
     disruption: tuple[str, float | None] | None  # (reason, since) of a True DisruptionTarget
+    container: str = ""  # the worker container's name, as read
 
     @property
     def instance(self) -> str:
@@ -115,12 +127,14 @@ def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None
     return None
 
 
-def _container(spec: Mapping[str, Any], status: Mapping[str, Any], name: str | None
+def _container(spec: Mapping[str, Any], status: Mapping[str, Any], name: str | None, resource: str
                ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    """The worker container's spec and status: the one named ``name``, else the first."""
+    """The worker container's spec and status: the one named ``name``; else the one with a ``resource``
+    limit, else the one named ``worker``, else the first (a sidecar may come first)."""
     containers = spec.get("containers") or [{}]
-    chosen = next((c for c in containers if c.get("name") == name), None) if name else containers[0]
-    chosen = chosen or {}
+    named = next((c for c in containers if c.get("name") == name), None) if name else None
+    chosen = (named or next((c for c in containers if _gpus(c, resource) > 0), None)
+              or next((c for c in containers if c.get("name") == "worker"), containers[0]))
     statuses = status.get("containerStatuses") or ()
     state = next((s for s in statuses if s.get("name") == chosen.get("name")), {})
     return chosen, state
@@ -132,6 +146,15 @@ def _gpus(container: Mapping[str, Any], resource: str) -> int:
         return int(str(limits.get(resource, "0")).strip() or 0)
     except ValueError:
         return 0
+
+
+def _address(status: Mapping[str, Any]) -> str | None:
+    """``status.podIP``, unless it is IPv6 and ``status.podIPs`` has an IPv4 entry (dual-stack, IPv6 first)."""
+    primary = status.get("podIP") or None
+    if primary is None or ":" not in primary:
+        return primary
+    ips = (entry.get("ip") for entry in status.get("podIPs") or () if isinstance(entry, Mapping))
+    return next((ip for ip in ips if ip and ":" not in ip), primary)
 
 
 def _annotated_slots(text: str) -> int | None:
@@ -154,7 +177,7 @@ def pod_record(pod: Mapping[str, Any], *, container: str | None = None, gpu_reso
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
-    worker, worker_status = _container(spec, status, container)
+    worker, worker_status = _container(spec, status, container, gpu_resource)
     annotation = str((meta.get("annotations") or {}).get(SLOTS_ANNOTATION, "")).strip()
     slots: int | None
     if slots_per_host is not None:
@@ -176,7 +199,7 @@ def pod_record(pod: Mapping[str, Any], *, container: str | None = None, gpu_reso
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
         node=str(spec.get("nodeName") or ""),
-        ip=status.get("podIP") or None,
+        ip=_address(status),
         phase=str(status.get("phase", "")),
         ready=ready is not None and ready.get("status") == "True",
         restarts=int(worker_status.get("restartCount") or 0),
@@ -186,6 +209,7 @@ def pod_record(pod: Mapping[str, Any], *, container: str | None = None, gpu_reso
         deleted_at=parse_time(meta.get("deletionTimestamp")),
         grace_s=float(grace if isinstance(grace, (int, float)) else 30),
         disruption=disruption,
+        container=str(worker.get("name") or ""),
     )
 
 
@@ -278,6 +302,8 @@ class ClusterView:
             uids.add(pod.uid)
             if not pod.ip or pod.phase != "Running":
                 continue
+            if not self._readable(pod):
+                continue
             verdict = self._verdict(pod, now)
             if verdict.kind == "ready" and pod.slots is None:
                 self._once.note(("slots", pod.uid, pod.slots_text), "%s: pod %s has annotation %s=%r, which is %s; "
@@ -298,6 +324,19 @@ class ClusterView:
         snap = builder.build()
         soft = {h: r for h, r in soft.items() if h in snap.ready}
         return DiscoveredHosts(ready=snap.ready, draining=snap.draining, instances=snap.instances, soft=soft)
+
+    def _readable(self, pod: PodRecord) -> bool:
+        """Warn (once) of a ``container`` option the pod has no container of, and of a pod with no IPv4 address;
+        False for the latter, which is left out."""
+        wanted = self._read_pod["container"]
+        if wanted and pod.container != wanted:
+            self._once.note(("container", wanted), "%s: -o container=%r names no container of pod %s; its "
+                            "container %r is read for slots and restarts", self.label, wanted, pod.name, pod.container)
+        if ":" in pod.ip:
+            self._once.note(("ipv6", pod.uid), "%s: pod %s has no IPv4 address (only %s), and the driver speaks "
+                            "IPv4 only; the pod is not used", self.label, pod.name, pod.ip)
+            return False
+        return True
 
     def _verdict(self, pod: PodRecord, now: float) -> Verdict:
         if pod.deleted_at is not None:

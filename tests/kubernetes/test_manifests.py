@@ -4,6 +4,9 @@ check can fail)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 
 from cloud_elastic.cli import cli
@@ -45,3 +48,24 @@ def test_the_driver_command_is_one_the_cli_accepts(overlay, rendered):
     assert list(params["command"]) == ["python", "train.py"]
     assert params["checkpoint_dir"] == flag(args, "--checkpoint-dir")
     assert (params["checkpoint_dir"] is not None) == OVERLAYS[overlay].checkpoints
+
+
+def test_a_restarted_worker_container_is_not_ready_before_its_sshd_listens(tmp_path):
+    """The readiness file is on the sshd-runtime emptyDir, which a container restart keeps:
+    start-sshd.sh removes the last container's file before anything else, so the probe fails until
+    the new sshd listens (here an sshd that fails its configuration test, so it never does)."""
+    run_dir, keys = tmp_path / "run", tmp_path / "authorized_keys"
+    run_dir.mkdir()
+    (run_dir / "ready").touch()  # the last container's
+    (run_dir / "host_ed25519").write_text("the pod's host key")  # kept too: no key generation
+    keys.write_text("ssh-ed25519 AAAA driver")
+    sshd = tmp_path / "sshd"
+    sshd.write_text(f'#!/bin/sh\ntest -e {run_dir}/ready && echo ready >> {tmp_path}/seen; exit 1\n')
+    sshd.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "CLOUD_ELASTIC_SSHD_DIR": str(run_dir), "CLOUD_ELASTIC_SSHD": str(sshd),
+           "CLOUD_ELASTIC_AUTHORIZED_KEYS": str(keys)}
+    done = subprocess.run(["/bin/sh", str(DEPLOY / "base" / "start-sshd.sh")], env=env, capture_output=True,
+                          timeout=30)
+    assert done.returncode == 1
+    assert not (tmp_path / "seen").exists(), "the old ready file was there while sshd was not listening"
+    assert not (run_dir / "ready").exists()

@@ -130,6 +130,49 @@ def test_a_restart_changes_the_instance_and_a_new_uid_too():
     assert len({first, restarted, recreated}) == 3 and all(i.startswith("a/") for i in (first, restarted, recreated))
 
 
+def test_a_dual_stack_pod_is_used_at_its_ipv4_address_and_an_ipv6_only_pod_is_left_out_with_one_warning(caplog):
+    """IPv6 first (podIP IPv6, podIPs both): the IPv4 entry; no IPv4 at all: one warning, and the job goes on."""
+    dual, v6_only, v4 = Pod("dual", "fd00::5").json(), Pod("v6", "fd00::6").json(), Pod("v4", "10.0.0.7").json()
+    dual["status"]["podIPs"] = [{"ip": "fd00::5"}, {"ip": "10.0.0.5"}]
+    v = ClusterView("test")
+    v.replace_pods([dual, v6_only, v4])
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.providers.kubernetes_view"):
+        for now in (0.0, 1.0):
+            snapshot = v.snapshot(now=now)
+            assert dict(snapshot.ready) == {"10.0.0.5": 1, "10.0.0.7": 1}
+            assert snapshot.instances["10.0.0.5"].startswith("dual/")
+    assert [r.getMessage() for r in caplog.records] == [
+        "test: pod v6 has no IPv4 address (only fd00::6), and the driver speaks IPv4 only; the pod is not used"]
+
+
+def with_sidecar(pod: Pod) -> dict:
+    """The pod with a mesh proxy injected as its first container (Linkerd's default), restarted 5 times."""
+    raw = pod.json()
+    raw["spec"]["containers"].insert(0, {"name": "linkerd-proxy", "resources": {"limits": {"memory": "250Mi"}}})
+    raw["status"]["containerStatuses"].insert(0, {"name": "linkerd-proxy", "restartCount": 5})
+    return raw
+
+
+def test_a_sidecar_before_the_worker_container_is_not_read_for_slots_or_identity():
+    gpu = pod_record(with_sidecar(Pod("a", "10.0.0.1", gpus=8, restarts=2)))
+    assert (gpu.slots, gpu.restarts, gpu.container) == (8, 2, "worker")
+    cpu = pod_record(with_sidecar(Pod("b", "10.0.0.2", annotations={"cloud-elastic.io/slots": "4"})))
+    assert (cpu.slots, cpu.restarts) == (4, 0)  # no GPU limit: the container named worker
+    chosen = pod_record(with_sidecar(Pod("c", "10.0.0.3", gpus=8)), container="linkerd-proxy")
+    assert (chosen.slots, chosen.restarts) == (1, 5)  # -o container wins
+
+
+def test_a_container_option_no_container_has_warns_once_and_reads_the_default(caplog):
+    v = ClusterView("test", container="wroker")
+    v.replace_pods([with_sidecar(Pod("a", "10.0.0.1", gpus=8)), with_sidecar(Pod("b", "10.0.0.2", gpus=8))])
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.providers.kubernetes_view"):
+        assert dict(v.snapshot(now=0.0).ready) == {"10.0.0.1": 8, "10.0.0.2": 8}
+        assert dict(v.snapshot(now=1.0).ready) == {"10.0.0.1": 8, "10.0.0.2": 8}
+    assert [r.getMessage() for r in caplog.records] == [
+        "test: -o container='wroker' names no container of pod a; its container 'worker' is read for slots and "
+        "restarts"]
+
+
 @pytest.mark.parametrize("selector", ["app=llm", "app==llm,tier!=cpu", "app in (llm, llm-spot)", "!canary",
                                       "example.com/team notin (a,b)", "app", "app="])
 def test_selectors_the_api_accepts_pass(selector):

@@ -29,6 +29,10 @@ SSHD=${CLOUD_ELASTIC_SSHD:-/usr/sbin/sshd}
 
 log() { printf '[start-sshd] %s\n' "$*" >&2; }
 
+# Not Ready until this container's sshd listens: the file is on the sshd-runtime emptyDir, which
+# outlives a container restart, so the last container's file would pass the readiness probe while
+# nothing listens (the driver's first login is refused and blacklists the pod's slots).
+rm -f "$DIR/ready"
 if [ ! -r "$KEYS" ]; then
     log "no authorized key at $KEYS: create the Secret cloud-elastic-ssh (docs/kubernetes.md)"
     exit 1
@@ -94,7 +98,6 @@ if skipped:
 EOF
 
 "$SSHD" -t -f "$DIR/sshd_config"
-rm -f "$DIR/ready"
 "$SSHD" -D -e -f "$DIR/sshd_config" &
 SSHD_PID=$!
 
