@@ -5,7 +5,9 @@ with an HMAC-SHA256 signature (per-job secret) in the ``X-Cloud-Elastic-Signatur
 header. The object carries the protocol version ``v``, the ``job`` id, a
 timestamp ``ts`` and a random ``nonce``; the receiver rejects a bad signature,
 another job's message, a stale or non-finite timestamp, a replayed nonce, malformed JSON and
-bodies over :data:`MAX_BODY` bytes. Nothing is ever unpickled.
+bodies over :data:`MAX_BODY` bytes. Nothing is ever unpickled. A driver that adopts its predecessor's
+workers keeps their secret but not the predecessor's memory of nonces: its codec also refuses whatever
+was signed before it started (``not_before``; :data:`SIGNED_BEFORE_START`), and a worker signs again.
 
 The secret reaches workers out of band (a local child's environment, ssh's
 stdin) and never travels on the wire: only signatures do.
@@ -28,6 +30,7 @@ __all__ = [
     "MAX_BODY",
     "SIGNATURE_HEADER",
     "MAX_CLOCK_SKEW_S",
+    "SIGNED_BEFORE_START",
     "new_secret",
     "round_namespace",
     "host_namespace",
@@ -39,6 +42,8 @@ MAX_BODY = 64 * 1024
 SIGNATURE_HEADER = "X-Cloud-Elastic-Signature"
 #: Workers run on other VMs; their clocks are NTP-synchronised but not perfectly.
 MAX_CLOCK_SKEW_S = 300.0
+#: The refusal of a message timestamped before ``not_before``: the worker's client signs it again (``worker/link``).
+SIGNED_BEFORE_START = "message signed before this driver started"
 
 
 def new_secret() -> str:
@@ -64,14 +69,18 @@ class Codec:
 
     Thread-safe. Remembers nonces for ``MAX_CLOCK_SKEW_S`` so a captured
     message cannot be replayed while its timestamp is still acceptable.
+    ``not_before`` (Unix seconds): refuse messages timestamped earlier, for a
+    codec that takes over a secret whose earlier nonces it never saw.
     """
 
-    def __init__(self, secret: str, job_id: str, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, secret: str, job_id: str, *, clock: Callable[[], float] = time.time,
+                 not_before: float = -math.inf) -> None:
         if len(secret) < 32:
             raise ValueError("the control-plane secret is too short")
         self._key = secret.encode()
         self.job_id = job_id
         self._clock = clock
+        self._not_before = not_before
         self._seen: dict[str, float] = {}
         self._prune_at = 4096
         self._lock = threading.Lock()
@@ -122,6 +131,8 @@ class Codec:
             raise ControlPlaneError("message timestamp is not a finite number")
         if abs(now - ts) > MAX_CLOCK_SKEW_S:
             raise ControlPlaneError(f"message timestamp is {now - ts:+.0f}s off")
+        if ts < self._not_before:
+            raise ControlPlaneError(SIGNED_BEFORE_START)
         with self._lock:
             if nonce in self._seen:
                 raise ControlPlaneError("replayed message")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cloud_elastic.control import MAX_BODY, MAX_CLOCK_SKEW_S, PROTOCOL_VERSION, Codec
+from cloud_elastic.control import MAX_BODY, MAX_CLOCK_SKEW_S, PROTOCOL_VERSION, SIGNED_BEFORE_START, Codec
 from cloud_elastic.errors import ControlPlaneError
 
 pytestmark = pytest.mark.timeout(10)
@@ -97,6 +97,16 @@ def test_replayed_message() -> None:
     body, sig = codec().encode("completed", {"worker": "a[0]#1"})
     receiver.decode(body, sig)
     rejected(receiver, body, sig, "replayed message")
+
+
+def test_a_codec_that_takes_over_a_secret_refuses_what_was_signed_before_it() -> None:
+    """Hostile review: a restarted driver adopting its workers gets their secret but not its predecessor's nonces,
+    and ran the handler of any message captured in the 300 s before the crash."""
+    receiver = Codec(SECRET, "job", clock=Clock(NOW + 5), not_before=NOW)
+    body, sig = codec(at=NOW - 0.001).encode("completed", {"worker": "a[0]#1"})
+    rejected(receiver, body, sig, f"^{SIGNED_BEFORE_START}$")
+    body, sig = codec(at=NOW).encode("completed", {"worker": "a[0]#1"})
+    assert receiver.decode(body, sig)["kind"] == "completed"
 
 
 def test_oversized_body_rejected_before_anything_else() -> None:

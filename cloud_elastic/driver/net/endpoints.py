@@ -7,7 +7,9 @@ and the :class:`~cloud_elastic.control.Codec` that signs with the job's secret.
 * :meth:`Endpoints.start` raises the process's descriptor limit for the job's ``workers``
   (:func:`~.accepting.raise_descriptor_limit`: the servers' shares are of it), binds both servers at
   ``bind`` (port 0: any free port; a restarted driver adopting its predecessor's workers reuses that
-  driver's ports and secret) and serves; an OSError (a port taken) leaves nothing listening;
+  driver's ports and secret, and its codec refuses every message signed before this start: the
+  predecessor's nonces died with it, so a message captured then would be a replay it cannot tell)
+  and serves; an OSError (a port taken) leaves nothing listening;
 * :attr:`Endpoints.advertised` is the address workers use, with :attr:`control_port` and
   :attr:`store_port`;
 * :meth:`Endpoints.close` stops both servers and closes their sockets, each once. Idempotent.
@@ -18,7 +20,9 @@ The constructor does no I/O.
 from __future__ import annotations
 
 import logging
+import math
 import socket
+import time
 
 from cloud_elastic.control import Codec, new_secret
 from cloud_elastic.driver.net.accepting import raise_descriptor_limit
@@ -57,7 +61,8 @@ class Endpoints:
         """
         raise_descriptor_limit(self._workers)
         self._secret = secret if secret is not None else new_secret()
-        self._codec = Codec(self._secret, self.job_id)
+        # A predecessor's secret comes without its memory of nonces: what was signed with it before now may be a replay.
+        self._codec = Codec(self._secret, self.job_id, not_before=-math.inf if secret is None else time.time())
         self._advertised, self.bind = advertised, bind
         self._store = StoreServer(_listen(bind, store_port), proves=round_keys(self._secret, self.job_id))
         self._store.start()

@@ -15,7 +15,9 @@ the same process from a later one with a reused pid), or ``{"kind": "ssh",
 Nothing of it lands on shared checkpoint storage.
 
 A driver of the same job started again within ``--driver-grace`` reads it,
-listens on the same ports with the same secret, and answers the workers'
+listens on the same ports with the same secret (refusing every message signed
+before it started: the predecessor's memory of nonces is not in the record, see
+:mod:`cloud_elastic.control`), and answers the workers'
 polls with ``ReRegister`` until they have re-registered (see
 :meth:`~cloud_elastic.driver.job.elastic_job.ElasticJob.adopt`).
 """

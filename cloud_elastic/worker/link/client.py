@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from typing import Any
 
-from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, Codec
+from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, SIGNED_BEFORE_START, Codec
 from cloud_elastic.errors import ControlPlaneError
 
 __all__ = ["DriverClient"]
@@ -17,7 +18,8 @@ class DriverClient:
 
     One instance per thread (it keeps one HTTP connection alive). Network
     trouble raises OSError; a reply that fails verification raises
-    ControlPlaneError.
+    ControlPlaneError. A request a restarted driver refuses as signed before it
+    started is signed again and resent, within the call's ``timeout_s``.
     """
 
     def __init__(self, address: str, codec: Codec, worker_id: str) -> None:
@@ -28,35 +30,46 @@ class DriverClient:
         self._conn: http.client.HTTPConnection | None = None
 
     def call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
-        body, signature = self._codec.encode(kind, dict(payload or {}, worker=self._worker_id))
-        nonce = json.loads(body)["nonce"]
-        for attempt in (1, 2):  # one retry for a keep-alive connection the server closed
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
-            self._conn.timeout = timeout_s
-            try:
-                self._conn.request(
-                    "POST", f"/v1/{kind}", body,
-                    {"Content-Type": "application/json", SIGNATURE_HEADER: signature},
-                )
-                resp = self._conn.getresponse()
-                data = _bounded_body(resp, kind)
+        # A driver that adopted this worker refuses what was signed before it started (control.SIGNED_BEFORE_START):
+        # on a clock behind the driver's that lasts as long as the lag, so sign again until the call's time is up.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            nonce, resp, data = self._send(kind, payload, timeout_s)
+            if resp.status != 400 or SIGNED_BEFORE_START.encode() not in data or time.monotonic() > deadline:
                 break
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self.close()
-                if attempt == 2:
-                    raise
-                body, signature = self._codec.encode(kind, dict(payload or {}, worker=self._worker_id))
-                nonce = json.loads(body)["nonce"]
-            except (OSError, ControlPlaneError):  # a reply too long leaves the connection unread: not reused
-                self.close()
-                raise
+            self.close()
+            time.sleep(0.2)
         if resp.status != 200:
             raise ControlPlaneError(f"driver refused {kind}: HTTP {resp.status} {data[:200].decode(errors='replace')}")
         reply = self._codec.decode(data, resp.getheader(SIGNATURE_HEADER))
         if reply.get("kind") != kind or reply.get("re") != nonce or reply.get("to") != self._worker_id:
             raise ControlPlaneError(f"the driver's {kind} reply does not answer this request")
         return reply
+
+    def _send(self, kind: str, payload: dict[str, Any] | None,
+              timeout_s: float) -> tuple[str, http.client.HTTPResponse, bytes]:
+        """One freshly signed request: (its nonce, the response, its body)."""
+        try:
+            return self._post(kind, payload, timeout_s)
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            return self._post(kind, payload, timeout_s)  # one retry for a keep-alive connection the server closed
+
+    def _post(self, kind: str, payload: dict[str, Any] | None,
+              timeout_s: float) -> tuple[str, http.client.HTTPResponse, bytes]:
+        body, signature = self._codec.encode(kind, dict(payload or {}, worker=self._worker_id))
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
+        self._conn.timeout = timeout_s
+        try:
+            self._conn.request(
+                "POST", f"/v1/{kind}", body,
+                {"Content-Type": "application/json", SIGNATURE_HEADER: signature},
+            )
+            resp = self._conn.getresponse()
+            return json.loads(body)["nonce"], resp, _bounded_body(resp, kind)
+        except (OSError, ControlPlaneError):  # a broken connection, or a reply too long left unread: not reused
+            self.close()
+            raise
 
     def close(self) -> None:
         if self._conn is not None:
