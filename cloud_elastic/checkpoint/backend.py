@@ -25,6 +25,7 @@ other options come from ``storage_options`` or fsspec's own configuration
 from __future__ import annotations
 
 import errno
+import fcntl
 import importlib
 import importlib.metadata
 import importlib.util
@@ -33,7 +34,8 @@ import os
 import stat
 import shutil
 import uuid
-from typing import Any, BinaryIO, Callable, Mapping, Protocol
+from contextlib import contextmanager
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Protocol
 
 from cloud_elastic.checkpoint.api import CheckpointBackendMissing, CheckpointBackendTooOld, CheckpointError
 
@@ -67,6 +69,10 @@ class Oversize(ValueError):
 
 class NotAFile(Oversize):
     """An object that is no regular file (a FIFO, a device, a link): unusable, as an oversize one is."""
+
+
+#: How the hidden temporary files of the local backend end.
+_TMP = ".tmp"
 
 
 def _within(data: bytes, limit: int | None, url: str) -> bytes:
@@ -107,6 +113,10 @@ class Backend(Protocol):
     def sizes(self, path: str) -> dict[str, int]:
         """The files directly below ``path`` (not symbolic links) and their sizes in bytes; empty when it does
         not exist."""
+
+    def abandoned(self, path: str) -> bool:
+        """Whether the folder ``path`` holds only what writes whose writers are gone left (a process killed in
+        the middle of one); False wherever a live writer could still be at work in it, or it cannot be told."""
 
     def dcp_storage(self, path: str, writing: bool, expected: Mapping[str, tuple[int, str]] | None = None) -> Any:
         """A torch DCP storage writer, or a reader of the files ``expected`` lists (name -> size and SHA-256), for
@@ -153,58 +163,69 @@ class LocalBackend:
         return self._path(path)
 
     def write(self, path: str, produce: Callable[[BinaryIO], None]) -> None:
-        final, tmp = self._written(path, produce)
-        try:
+        with self._written(path, produce) as (final, tmp):
             os.replace(tmp, final)
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
         # The rename itself must survive a reboot before the next object (the manifest) points at it.
         _fsync_dir(os.path.dirname(final))
 
     def create(self, path: str, produce: Callable[[BinaryIO], None]) -> bool:
-        final, tmp = self._written(path, produce)
-        try:
-            # A hard link fails when the name exists, and shows the whole file or nothing (a reader never
-            # finds it half written); O_EXCL only where the filesystem has no hard links.
-            os.link(tmp, final)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
-                raise
+        with self._written(path, produce) as (final, tmp):
             try:
-                f = open(final, "xb")  # O_CREAT|O_EXCL
+                # A hard link fails when the name exists, and shows the whole file or nothing (a reader never
+                # finds it half written); O_EXCL only where the filesystem has no hard links.
+                os.link(tmp, final)
             except FileExistsError:
                 return False
-            try:
-                with f:
-                    produce(f)
-                    f.flush()
-                    os.fsync(f.fileno())
-            except BaseException:
-                _unlink_quietly(final)  # ours, half written: the next start must not find it
-                raise
-        finally:
-            _unlink_quietly(tmp)
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+                    raise
+                try:
+                    f = open(final, "xb")  # O_CREAT|O_EXCL
+                except FileExistsError:
+                    return False
+                try:
+                    with f:
+                        produce(f)
+                        f.flush()
+                        os.fsync(f.fileno())
+                except BaseException:
+                    _unlink_quietly(final)  # ours, half written: the next start must not find it
+                    raise
         _fsync_dir(os.path.dirname(final))
         return True
 
-    def _written(self, path: str, produce: Callable[[BinaryIO], None]) -> tuple[str, str]:
-        """(final path, a hidden temporary file beside it holding what ``produce`` wrote, fsynced)."""
+    @contextmanager
+    def _written(self, path: str, produce: Callable[[BinaryIO], None]) -> Iterator[tuple[str, str]]:
+        """(final path, a hidden temporary file beside it holding what ``produce`` wrote, fsynced), deleted on the
+        way out. The writer holds a lock on it until then, publishing included: :meth:`abandoned` tells a live
+        writer's file from one a killed writer left by that lock, which the kernel drops with its process."""
         final = self._path(path)
         directory = os.path.dirname(final)
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(final)}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp = os.path.join(directory, f".{os.path.basename(final)}.{uuid.uuid4().hex[:8]}{_TMP}")
         try:
             with open(tmp, "wb") as f:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    pass  # a filesystem without locks: abandoned() cannot take the lock either, and keeps the folder
                 produce(f)
                 f.flush()
                 os.fsync(f.fileno())
-        except BaseException:
+                yield final, tmp
+        finally:
             _unlink_quietly(tmp)
-            raise
-        return final, tmp
+
+    def abandoned(self, path: str) -> bool:
+        # Only hidden temporary files, each unlocked: their writers are dead. An empty folder may be a writer's
+        # between creating it and its file; a published file, one's between its data and its manifest.
+        try:
+            with os.scandir(self._path(path)) as entries:
+                found = [(e.name, e.is_file(follow_symlinks=False), e.path) for e in entries]
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return bool(found) and all(is_file and name.startswith(".") and name.endswith(_TMP) and not _locked(full)
+                                   for name, is_file, full in found)
 
     def read(self, path: str, limit: int | None = None) -> bytes:
         # A regular file only, never through a link (this store writes neither): a FIFO would block the reader
@@ -345,6 +366,9 @@ class FsspecBackend:
             pass
         self._fs.invalidate_cache(full)
 
+    def abandoned(self, path: str) -> bool:
+        return False  # an upload is invisible until complete: nothing tells a live writer's folder from a dead one's
+
     def remove(self, path: str) -> None:
         try:
             self._fs.rm_file(self._path(path))
@@ -392,6 +416,21 @@ def _installed(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "(version unknown)"
+
+
+def _locked(path: str) -> bool:
+    """Whether a live writer may hold ``path`` (its lock is taken, or cannot be tried: then it may)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return True  # gone (published a moment ago) or unreadable: leave it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _unlink_quietly(path: str) -> None:

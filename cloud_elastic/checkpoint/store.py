@@ -17,7 +17,7 @@ Layout below the store's URL::
 A checkpoint exists once its manifest does. The data object is written and
 published first, the manifest after it, so a reader that finds a manifest
 finds the whole data it describes; a writer that dies in between leaves a
-folder without a manifest, which readers skip and the next save deletes.
+folder without a manifest, which readers skip and the next save deletes before it writes.
 Folder names sort in the order they were written (UTC time, kept increasing
 past the newest existing name), which is the order ``latest()`` tries them.
 
@@ -48,7 +48,7 @@ from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import safe_load, storage_reason
 from cloud_elastic.errors import ConfigError
 
-__all__ = ["CheckpointStore", "write_job_record", "read_job_record"]
+__all__ = ["CheckpointStore", "checked_step", "write_job_record", "read_job_record"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class CheckpointStore:
         self._last_time = datetime.min.replace(tzinfo=timezone.utc)
         self._ignored: set[str] = set()  # names like a checkpoint's with impossible times, warned about once
         self._kept_unverified: set[str] = set()  # checkpoints pruning kept without counting, warned about once
+        self._writing: set[str] = set()  # folders this store's saves are writing now (several threads may save)
 
     @property
     def backend(self) -> Backend:
@@ -110,12 +111,13 @@ class CheckpointStore:
 
         ``meta`` may give ``epoch``, ``world_size`` and ``job_id`` (recorded in
         the manifest) and any other JSON values (kept under ``extra``).
-        Raises CheckpointError when the payload holds something other than
-        tensors and plain data, or when the storage refuses the write; a
-        failed save leaves the previous checkpoints as they were.
+        Raises CheckpointError when ``step`` is negative, the payload holds something but tensors and plain data,
+        or storage refuses the write: the previous checkpoints stay, its own folder goes. It first deletes
+        interrupted writes (:meth:`_clear_interrupted`), which would fill the storage for good.
         """
+        step = checked_step(step)
         version = check_payload(payload)
-        existing = self._names()
+        existing = self._clear_interrupted(self._names())
         return self._publish(self._new_name(step, existing), existing, step, payload, meta, version=version)
 
     # -- sharded checkpoints (hvd.shard) ----------------------------------------------
@@ -126,7 +128,7 @@ class CheckpointStore:
         The workers that hold the shards write them into ``shard_storage(name)`` (torch DCP), then one
         of them calls :meth:`publish_sharded`: until then the folder has no manifest, so readers skip it.
         """
-        return self._new_name(step, self._names())
+        return self._new_name(checked_step(step), self._names())  # CheckpointError when ``step`` is negative
 
     def shard_storage(self, name: str, writing: bool, info: CheckpointInfo | None = None) -> Any:
         """torch DCP's storage writer for the shards of the checkpoint folder ``name``, or the reader of those
@@ -164,6 +166,7 @@ class CheckpointStore:
         fields, extra = _split_meta(meta)
         backend = self.backend
         digest = _Digest()
+        self._writing.add(name)
         try:
             backend.write(f"{name}/{DATA}", lambda f: torch.save(payload, digest.wrap(f)))
             created = time.time()
@@ -180,8 +183,11 @@ class CheckpointStore:
             body = json.dumps(manifest, indent=1, sort_keys=True).encode()
             backend.write(f"{name}/{MANIFEST}", lambda f: f.write(body))
         except Exception as exc:
+            self._remove(name, "of the save that failed")  # what it wrote would fill the storage for good
             raise CheckpointError(f"could not write checkpoint {backend.url(name)}: "
                                   f"{storage_reason(exc, digest.error)}") from exc
+        finally:
+            self._writing.discard(name)
         info = _info(name, backend.url(name), manifest)
         log.info("checkpoint of step %d written to %s (%d bytes%s)", step, info.url, digest.size,
                  "" if shards is None else f", and {sum(size for size, _ in shards.values())} bytes of shards")
@@ -236,6 +242,36 @@ class CheckpointStore:
                 log.warning("could not check or delete old checkpoint %s: %s; deleting no older one until the "
                             "next save", backend.url(name), _one_line(exc))
                 return
+
+    def _clear_interrupted(self, existing: list[str]) -> list[str]:
+        """Delete the folders of interrupted writes (no manifest) older than the newest checkpoint that verifies,
+        and newer ones the backend knows ``abandoned`` (never one a live writer may be at); ``existing`` less them."""
+        gone: set[str] = set()
+        newest_good = False
+        try:
+            for name in reversed(existing):
+                if name in self._writing:
+                    continue
+                if newest_good:
+                    interrupted = MANIFEST not in self.backend.sizes(name)
+                else:
+                    why = self._unverified(name)
+                    newest_good = why is None
+                    interrupted = why == _NO_MANIFEST and self.backend.abandoned(name)
+                if interrupted:
+                    self._remove(name, "of an interrupted write")
+                    gone.add(name)
+        except Exception as exc:  # storage trouble here is the save's to report, if it fails too
+            log.warning("could not check for interrupted writes in %s: %s", self.url, _one_line(exc))
+        return [n for n in existing if n not in gone]
+
+    def _remove(self, name: str, what: str) -> None:
+        """Delete the folder ``name``, manifest first; a refusal is logged (with ``what`` it is), not raised."""
+        try:
+            self.backend.remove_tree(name, first=MANIFEST)
+            log.info("deleted the folder %s %s", self.backend.url(name), what)
+        except Exception as exc:
+            log.warning("could not delete the folder %s %s: %s", self.backend.url(name), what, _one_line(exc))
 
     def _unverified(self, name: str) -> str | None:
         """None when ``name`` verifies (its manifest reads, its data and shard files have the sizes it lists),
@@ -539,6 +575,14 @@ def _info(name: str, url: str, manifest: Mapping[str, Any]) -> CheckpointInfo:
         shards=None if shards is None else shards["files"], shard_count=None if shards is None else shards["count"],
         shard_digests=None if shards is None else shards["sha256"],
     )
+
+
+def checked_step(step: int) -> int:
+    """``step`` as an int when a checkpoint can be named for it; CheckpointError (one line) when it is negative."""
+    if int(step) < 0:
+        raise CheckpointError(f"cannot checkpoint step {int(step)}: a checkpoint's step must be 0 or more (the "
+                              "state's integer step attribute, else its number of commits)")
+    return int(step)
 
 
 def _time_of(name: str) -> datetime | None:

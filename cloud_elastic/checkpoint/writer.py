@@ -130,9 +130,10 @@ class CheckpointWriter:
     def close(self, timeout: float | None = None) -> bool:
         """Finish the checkpoint in flight (up to ``timeout`` seconds) and stop the thread.
 
-        Returns False if the write was still running at the timeout; the
-        daemon thread is then abandoned, and a write it never finished
-        leaves no manifest, so readers keep using the previous checkpoint.
+        Returns False if the write was still running at the timeout: the
+        daemon thread finishes it on its own and stops (``busy`` says when;
+        ``close`` again waits for it); a write the process exits before it
+        finishes leaves no manifest, so readers keep using the previous checkpoint.
         """
         with self._cond:
             self._closing = True

@@ -1,4 +1,6 @@
-"""A writer process SIGKILLed in the middle of writing a checkpoint: the previous one is what loads.
+"""A writer process SIGKILLed in the middle of writing a checkpoint: the previous one is what loads, and the
+next save deletes what it left before writing (on a disk it filled, the save would fail otherwise, and so would
+every later one: found by review); never the folder of a writer still at work.
 
 The child writes checkpoint 1, then has its background writer write a
 128 MB checkpoint 2. The test kills it with SIGKILL once the data of
@@ -10,16 +12,22 @@ from __future__ import annotations
 
 import logging
 import os
+import errno
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import torch
 
 from cloud_elastic.checkpoint import CheckpointStore
+from cloud_elastic.checkpoint.api import CheckpointError
+from cloud_elastic.checkpoint.backend import LocalBackend
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,6 +55,24 @@ def _partial_data(root: Path) -> Path | None:
             if tmp.stat().st_size > 0:
                 return tmp
     return None
+
+
+class _FullDisk(LocalBackend):
+    """A disk with no room for another checkpoint's data while an interrupted write's file holds the space,
+    or at all (``room=False``)."""
+
+    def __init__(self, root: Path, room: bool = True) -> None:
+        super().__init__(str(root))
+        self.room = room
+
+    def write(self, path, produce):
+        if path.endswith("/state.pt") and (not self.room or list(Path(self.root).glob("*-step000000000002/.*.tmp"))):
+            def no_room(f):
+                f.write(b"torch.save's first bytes")
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            produce = no_room
+        super().write(path, produce)
 
 
 def test_sigkill_during_a_write_leaves_the_previous_checkpoint_loadable(
@@ -78,7 +104,45 @@ def test_sigkill_during_a_write_leaves_the_previous_checkpoint_loadable(
     assert latest.info.step == 1 and latest.payload["step"] == 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
-    # The next save clears the interrupted folder, temporary file included.
+    # The next save clears the interrupted folder, temporary file included, before it writes: on a disk the
+    # dead writer's file filled, it succeeds.
+    store = CheckpointStore(str(root), keep=2, backend=_FullDisk(root))
     store.save(3, {"w": latest.payload["w"], "step": 3})
     assert [info.step for info in store.list()] == [3, 1]
     assert not list(root.glob("ckpt-*-step000000000002"))
+
+
+def test_a_save_keeps_a_live_writers_folder_and_a_failed_save_deletes_its_own(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    CheckpointStore(str(root), keep=1).save(1, {"step": 1})
+    # What a killed writer left: its temporary file in a folder newer than checkpoint 1 (its lock died with it).
+    now = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    dead = root / f"ckpt-{now}Z-step000000000002"
+    dead.mkdir()
+    (dead / ".state.pt.0badf00d.tmp").write_bytes(b"x" * 1000)
+    # A writer still at work (in another store: another process's as far as this one can tell), newer still.
+    entered, release = threading.Event(), threading.Event()
+
+    class Stalling(LocalBackend):
+        def write(self, path, produce):
+            def stalled(f):
+                produce(f)
+                entered.set()
+                release.wait(30)
+
+            super().write(path, stalled if path.endswith("/state.pt") else produce)
+
+    live = CheckpointStore(str(root), keep=1, backend=Stalling(str(root)))
+    writer = threading.Thread(target=live.save, args=(4, {"step": 4}))
+    writer.start()
+    try:
+        assert entered.wait(30)
+        store = CheckpointStore(str(root), keep=1, backend=_FullDisk(root, room=False))
+        with pytest.raises(CheckpointError, match="ENOSPC"):
+            store.save(5, {"w": torch.ones(4), "step": 5})
+        assert not dead.exists() and not list(root.glob("ckpt-*-step000000000005"))
+        assert list(root.glob("ckpt-*-step000000000004/.state.pt.*.tmp"))  # the live write goes on
+    finally:
+        release.set()
+        writer.join(30)
+    assert [info.step for info in CheckpointStore(str(root)).list()] == [4]  # the live write was not cut

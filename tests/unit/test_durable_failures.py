@@ -127,6 +127,32 @@ def test_a_payload_the_checkpoint_refuses_is_reported_as_a_failed_write_in_one_l
     assert "\n" not in str(failed.value) and CheckpointStore(url).list() == []
 
 
+def test_a_negative_step_ends_the_job_at_the_first_commit_in_one_line_and_no_store_takes_it(tmp_path):
+    url = str(tmp_path / "ckpt")
+    _record(url)
+    ctx = _ctx()
+    line = ("cannot checkpoint step -1: a checkpoint's step must be 0 or more (the state's integer step attribute, "
+            "else its number of commits)")
+    with pytest.raises(CheckpointFailed) as failed:  # before: written under a name no reader matches, never loaded
+        _schedule(url, ctx).after_commit(_State(step=-1, w=torch.ones(2)))
+    assert [(e, f["failure"], f["reason"]) for e, f in ctx.reports] == [("failed", "write", line)]
+    assert str(failed.value) == f"cannot write the checkpoints --checkpoint-dir asks for: {line}"
+    store = CheckpointStore(url)
+    for write in (lambda: store.save(-1, {"w": torch.ones(2)}), lambda: store.reserve(-1)):
+        with pytest.raises(CheckpointError, match=r"^cannot checkpoint step -1: .*0 or more"):
+            write()
+    assert [p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("ckpt-")] == []
+    # hvd.shard's host 0 ends the job with the same line.
+    from tests.unit.test_sharded_checkpoint import _checkpoints, _ctx as _sharded_ctx, _state
+
+    sharded, ctx = _state(), _sharded_ctx()
+    sharded.step = -1
+    with pytest.raises(CheckpointFailed) as failed:
+        _checkpoints(tmp_path / "sharded", ctx).after_commit(sharded)
+    assert (failed.value.failure, str(failed.value)) == ("write", f"cannot write the checkpoints --checkpoint-dir "
+                                                                  f"asks for: {line}")
+
+
 def _every_kind() -> dict:
     """One value of each leaf and container a commit accepts (plain_numpy.LEAVES, DICTS, SEQUENCES)."""
     return {

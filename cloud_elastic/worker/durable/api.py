@@ -23,8 +23,9 @@ class DurableSchedule(Protocol):
 
     Guarantees: :meth:`after_commit` never makes the step wait for storage
     (beyond a background write's staging copy); :meth:`load_latest` leaves the
-    state at its last commit when it raises; :meth:`finish` and
-    :meth:`stop_writing` return within their timeouts.
+    state at its last commit when it raises; :meth:`stop_writing` returns
+    within its timeout; a replica's rank 0 returns from :meth:`finish` when the
+    final write ends, however long it takes (counting as progress meanwhile).
     """
 
     def loads_here(self, info: RoundInfo) -> bool:

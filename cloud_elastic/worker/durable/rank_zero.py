@@ -10,8 +10,10 @@ and registers its :meth:`after_commit` as an after-commit hook of the ledger:
 * on the worker that is rank 0 of the current round, each commit may submit
   the committed state to a background :class:`CheckpointWriter` (at the first
   commit, then every interval; the step never waits for the upload); the
-  writer starts when the worker becomes rank 0 and is closed (its write in
-  flight finished) when it stops being rank 0;
+  writer starts when the worker becomes rank 0 and stops when it stops being
+  rank 0: a write in flight then finishes on the writer's own thread (the
+  commit does not wait for it), and every later wait of this worker's
+  (:meth:`stop_writing`, :meth:`finish`, :meth:`leaving`) waits for it too;
 * while the driver is unreachable, rank 0 checkpoints at every commit the
   writer is free for, so that the workers' last steps before they stop
   (``--driver-grace``) are on storage for the driver that resumes the job;
@@ -19,7 +21,9 @@ and registers its :meth:`after_commit` as an after-commit hook of the ledger:
   before rank 0 broadcasts it in a round the driver formed ``from_checkpoint``;
   no checkpoint, or storage that cannot be read, raises CheckpointError and
   the worker exits rather than broadcast its initial weights;
-* :meth:`finish` writes the final state when training completed, and waits;
+* :meth:`finish` writes the final state when training completed, and waits for it as long as the storage takes
+  (no time limit of its own: a finished job's last checkpoint is its result); while it waits, the write in
+  flight counts as progress for the driver's ``--progress-timeout`` watch (``ctx.progress``);
 * :meth:`leaving` (the worker is sent away) finishes the checkpoint in flight; rank 0 of the last
   holders of the state, sent away with no worker to take it (the driver's ``ExitOrder.checkpoint_s``:
   a notice for every host at once), first writes a checkpoint of the commit it leaves at, and waits
@@ -44,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
-from cloud_elastic.checkpoint.store import CheckpointStore
+from cloud_elastic.checkpoint.store import CheckpointStore, checked_step
 from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer
 from cloud_elastic.worker.durable.failure import CheckedStore, CheckpointFailed, SeesJob, report, report_not_written
 
@@ -52,8 +56,10 @@ __all__ = ["DurableSettings", "RankZeroCheckpoints", "step_of"]
 
 log = logging.getLogger(__name__)
 
-#: How long leaving rank 0 (or a finished job) waits for the checkpoint being written.
+#: How long leaving rank 0 waits for the checkpoint being written (:meth:`RankZeroCheckpoints.finish` has no limit).
 FLUSH_TIMEOUT_S = 120.0
+#: While rank 0 waits for a write, how often it tells the driver's progress watch that the write goes on.
+PROGRESS_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -76,11 +82,12 @@ class DurableSettings:
 
 
 def step_of(state: Any, fallback: int) -> int:
-    """The step a checkpoint of ``state`` is labelled with: its integer ``step`` attribute, else ``fallback``."""
+    """The step a checkpoint of ``state`` is labelled with: its integer ``step`` attribute, else ``fallback``.
+
+    CheckpointError (one line) when that is negative: no checkpoint can be named for it.
+    """
     step = getattr(state, "step", None)
-    if isinstance(step, int) and not isinstance(step, bool):
-        return step
-    return fallback
+    return checked_step(step if isinstance(step, int) and not isinstance(step, bool) else fallback)
 
 
 class RankZeroCheckpoints:
@@ -98,6 +105,7 @@ class RankZeroCheckpoints:
         self._clock = clock
         self.store = store if store is not None else CheckpointStore(settings.url, keep=settings.keep)
         self._writer: CheckpointWriter | None = None
+        self._retired: list[CheckpointWriter] = []  # writers of earlier turns as rank 0, finishing their write
         self._periodic: PeriodicCheckpointer | None = None
         self._check_store = SeesJob(self.store, settings.url, ctx)  # CheckpointFailed when it is not the driver's
         # What the writer saves to: the job record is read on its thread, before the first checkpoint.
@@ -118,10 +126,9 @@ class RankZeroCheckpoints:
         """The ledger's after-commit hook: checkpoint if this worker is rank 0 and one is due."""
         info = getattr(self._ctx, "info", None)
         if info is None or info.rank != 0:
-            self.stop_writing()
+            self.stop_writing(0.0)  # a write in flight finishes on its own thread: this commit does not wait
             return
         self._raise_if_failed()
-        step = step_of(state, self._ctx.ledger.commit_seq)
         driver_lost = getattr(self._ctx, "driver_lost", False)
         if self._periodic is None:
             self._start_writing()
@@ -130,6 +137,7 @@ class RankZeroCheckpoints:
         self._report_write_failures()
         meta = self._meta(state, info)
         try:
+            step = step_of(state, self._ctx.ledger.commit_seq)
             if driver_lost and not self._periodic.writer.busy:
                 # The driver is away: keep storage as close as possible to the last commit.
                 self._periodic.writer.submit(step, _payload(state), meta)
@@ -164,11 +172,32 @@ class RankZeroCheckpoints:
                  self.settings.interval_s)
 
     def stop_writing(self, timeout: float | None = FLUSH_TIMEOUT_S) -> bool:
-        """Finish the checkpoint in flight (up to ``timeout``) and stop the writer; True if nothing was cut."""
+        """Stop the writer and wait (up to ``timeout``; None: as long as it takes) for its write in flight, and for
+        those of this worker's earlier writers; True when none is left. A write still running goes on."""
         writer, self._writer, self._periodic = self._writer, None, None
-        if writer is None:
-            return True
-        return writer.close(timeout)
+        if writer is not None:
+            self._retired.append(writer)
+        ends = None if timeout is None else time.monotonic() + timeout
+        for old in self._retired:
+            self._wait(old, None if ends is None else max(0.0, ends - time.monotonic()))
+            old.close(0.0)  # stops its thread once the write is done (at once, if it is)
+        self._retired = [old for old in self._retired if old.busy]
+        return not self._retired
+
+    def _wait(self, writer: CheckpointWriter, timeout: float | None) -> bool:
+        """Wait for ``writer``'s write in flight (up to ``timeout``; None: no limit); True when none is left.
+        Meanwhile the write counts as this worker's progress: the driver's ``--progress-timeout`` watch sees a
+        training thread that waits for storage, not one that is stuck."""
+        ends = None if timeout is None else time.monotonic() + timeout
+        progress = getattr(self._ctx, "progress", None)
+        while True:
+            left = PROGRESS_EVERY_S if ends is None else min(PROGRESS_EVERY_S, max(0.0, ends - time.monotonic()))
+            if writer.wait(left):
+                return True
+            if ends is not None and time.monotonic() >= ends:
+                return False
+            if progress is not None:
+                progress.mark()
 
     def _report_write_failures(self) -> None:
         """Tell the driver of the writes that failed in the background since the last commit (each is logged)."""
@@ -215,7 +244,8 @@ class RankZeroCheckpoints:
 
     # ------------------------------------------------------------ finishing
     def finish(self, state: Any) -> str | None:
-        """Training completed: rank 0 writes the final state and waits for it to be stored.
+        """Training completed: rank 0 writes the final state and waits for it to be stored, as long as the
+        storage takes (the write in flight counts as progress for the driver's watch meanwhile).
 
         Returns None when it was stored (or this is not rank 0), else why not:
         the job must not report success without the final checkpoint it promised.
@@ -226,7 +256,9 @@ class RankZeroCheckpoints:
             return None
         self._raise_if_failed()
         step = step_of(state, self._ctx.ledger.commit_seq)
-        why = self._write_now(state, info, FLUSH_TIMEOUT_S, leaving=False)
+        log.info("worker %s: writing the final checkpoint (step %d); waiting for it as long as the storage takes",
+                 self._ctx.worker_id, step)
+        why = self._write_now(state, info, None, leaving=False)
         self._raise_if_failed()
         if why is None:
             return None
@@ -259,32 +291,33 @@ class RankZeroCheckpoints:
             log.warning("worker %s: leaving with the last copy of the training state; its checkpoint (step %d) was "
                         "not written: %s", self._ctx.worker_id, step, why)
 
-    def _write_now(self, state: Any, info: Any, timeout: float, *, leaving: bool) -> str | None:
+    def _write_now(self, state: Any, info: Any, timeout: float | None, *, leaving: bool) -> str | None:
         """Write ``state`` after the checkpoint in flight and stop the writer; None once it is stored, else why
-        not. Each wait takes up to ``timeout``; ``leaving``: both together, and a commit stored already (the
-        checkpoint in flight was of it) is not written again."""
-        ends = time.monotonic() + timeout
+        not. Both waits together take up to ``timeout`` (None: as long as the storage takes); ``leaving``: a
+        commit stored already (the checkpoint in flight was of it) is not written again."""
+        ends = None if timeout is None else time.monotonic() + timeout
         if self._writer is None:
             self._start_writing()
         writer = self._writer
         assert writer is not None
-        writer.wait(timeout)
+        self._wait(writer, timeout)
         last, seq = writer.stats().last_written, self._ctx.ledger.commit_seq
         if leaving and last is not None and last.extra.get("commit_seq") == seq and not writer.busy:
             self.stop_writing()
             return None
         written = writer.stats().written
+        waited = f"{timeout or 0.0:g}s"  # reached only with a timeout: without one, both waits end with the write
         try:
             submitted = writer.submit(step_of(state, seq), _payload(state), self._meta(state, info))
         except CheckpointError as exc:
             submitted, why = False, str(exc)
         else:
-            why = f"the previous checkpoint was still being written after {timeout:g}s"
-        stored = self.stop_writing(max(0.0, ends - time.monotonic()) if leaving else timeout)
+            why = f"the previous checkpoint was still being written after {waited}"
+        stored = self.stop_writing(None if ends is None else max(0.0, ends - time.monotonic()))
         if submitted and stored and writer.stats().written > written:
             return None
         if submitted:
-            why = writer.stats().last_error or f"it was not stored within {timeout:g}s"
+            why = writer.stats().last_error or f"it was not stored within {waited}"
         return why
 
 

@@ -174,7 +174,10 @@ class ShardedCheckpoints:
         stored or handed to the thread, else why not (logged; the previous checkpoints stay)."""
         ctx, info = self._ctx, self._ctx.info
         began = time.perf_counter()
-        step, seq = self._step(state), ctx.ledger.commit_seq
+        try:
+            step, seq = self._step(state), ctx.ledger.commit_seq
+        except CheckpointError as exc:  # a negative step, the same on every worker of the host: end the job
+            raise CheckpointFailed("write", report(ctx, "write", str(exc))) from None
         self._last = self._clock()
         try:
             tensors, skip = sharded_parts(state)
