@@ -10,13 +10,18 @@ learns about a hold from the group state (``Terminating:Wait``) or from a
 lifecycle-action notice in the queue (which also carries the action token),
 whichever comes first.
 
-Deadline: when the hold started (the event's time, else when the provider
-first saw the instance waiting) + ``HeartbeatTimeout``, moved on by each
-heartbeat. Heartbeats are sent while the job has not released the instance
-and less than a third of the timeout remains. Once released, the action is
-completed with ``CONTINUE`` exactly once (by token if known, else by
-instance id and hook name). Errors in these calls are logged on one line at
-WARNING and retried at the next find(); they never fail discovery.
+Deadline: when the hold started (the event's time) + ``HeartbeatTimeout``,
+moved on by each heartbeat. A hold first seen in the group state has no known
+start (the driver restarted, or discovery failed meanwhile): it may have begun
+a whole timeout earlier, so it is heartbeated at once, which makes AWS's
+timeout run from now; until a heartbeat is accepted its deadline is the
+earliest the hold can end, the moment it was first seen (the global timeout
+is counted from that earliest start too). Heartbeats are sent while the job
+has not released the instance and less than a third of the timeout remains.
+Once released, the action is completed with ``CONTINUE`` exactly
+once (by token if known, else by instance id and hook name). Errors in these
+calls are logged on one line at WARNING and retried at the next find(); they
+never fail discovery.
 
 Which hook: the one the ``lifecycle_hook`` option names; without it, the one a
 notice names or the group's only termination hook. A group with several
@@ -63,13 +68,17 @@ class Hold:
     deadline: float | None = None
     cap: float | None = None
     completed: bool = False
+    #: False while the hook's timeout may have started before ``since`` (first seen waiting, with no lifecycle
+    #: event and no heartbeat accepted yet): the deadline is then the earliest the hold can end.
+    exact: bool = True
 
     def timed(self, hook: Hook) -> None:
         """Give the hold its deadline from ``hook`` (once its timeout is known)."""
         if self.deadline is None:
             self.timed_by = hook.name
-            self.deadline = self.since + hook.timeout_s
-            self.cap = self.since + min(100 * hook.timeout_s, GLOBAL_TIMEOUT_CAP_S)
+            start = self.since if self.exact else self.since - hook.timeout_s  # the earliest it can have begun
+            self.deadline = start + hook.timeout_s
+            self.cap = start + min(100 * hook.timeout_s, GLOBAL_TIMEOUT_CAP_S)
 
 
 class LifecycleHolds:
@@ -94,7 +103,7 @@ class LifecycleHolds:
 
     def waiting(self, instance: str) -> None:
         """The group state shows ``instance`` in ``Terminating:Wait``."""
-        self._holds.setdefault(instance, Hold(instance, since=self._clock()))
+        self._holds.setdefault(instance, Hold(instance, since=self._clock(), exact=False))
 
     def past_wait(self, instance: str) -> None:
         """The group state shows ``instance`` beyond the wait (``Terminating:Proceed``...): nothing left to do."""
@@ -106,7 +115,7 @@ class LifecycleHolds:
         """A lifecycle-action notice for ``instance`` (from the queue): hook, token and start time."""
         hold = self._holds.setdefault(instance, Hold(instance, since=since))
         if hold.deadline is None:
-            hold.since = min(hold.since, since)
+            hold.since, hold.exact = min(hold.since, since), True
         if self._hook_name is not None and hook != self._hook_name:
             return  # another tool's hook: its action is not ours to heartbeat or complete
         hold.hook = hold.hook or hook
@@ -213,17 +222,21 @@ class LifecycleHolds:
             return
         if hold.deadline - now >= hook.timeout_s * _HEARTBEAT_WHEN_LEFT or hold.deadline >= hold.cap:
             return
+        # A hold of unknown start may have begun a whole timeout before it was seen: its deadline stays that moment.
+        then = "" if hold.exact else (f"; until then its deadline is when it was first seen waiting, "
+                                      f"{now - hold.since:.0f}s ago: the hold may have begun a HeartbeatTimeout before")
         if not self._lifecycle_call(autoscaling.record_lifecycle_action_heartbeat, "RecordLifecycleActionHeartbeat",
-                                    "heartbeat", client_errors, hold, hook.name):
+                                    "heartbeat", client_errors, hold, hook.name, then=then):
             return
-        hold.deadline = min(now + hook.timeout_s, hold.cap)
+        hold.deadline, hold.exact = min(now + hook.timeout_s, hold.cap), True
         _log.debug("%s: heartbeat for %s; the hook now holds it until %.0f", self._label, hold.instance, hold.deadline)
 
     def _lifecycle_call(self, call: Callable[..., Any], api: str, key: str, client_errors: tuple, hold: Hold,
-                        hook: str, **arguments: Any) -> bool:
+                        hook: str, *, then: str = "", **arguments: Any) -> bool:
         """Call the lifecycle action API ``call`` (named ``api``) on ``hook``'s action for ``hold``: True if it was
         accepted. An action already over (completed by someone else, or timed out) marks the hold completed; any
-        other client error is warned (once a minute per ``key`` and instance) and retried at the next discovery."""
+        other client error is warned (once a minute per ``key`` and instance, ``then`` appended) and retried at the
+        next discovery."""
         # The token belongs to the hook of the notice that brought it.
         target = {"LifecycleActionToken": hold.token} if hold.token and hold.hook == hook else {
             "InstanceId": hold.instance}
@@ -234,8 +247,8 @@ class LifecycleHolds:
                 _log.info("%s: lifecycle action of %s is already over (%s)", self._label, hold.instance, one_line(exc))
                 hold.completed = True
             else:
-                self._warn(f"{key} {hold.instance}", "%s: %s for %s failed (retried at the next discovery): %s",
-                           self._label, api, hold.instance, one_line(exc))
+                self._warn(f"{key} {hold.instance}", "%s: %s for %s failed (retried at the next discovery): %s%s",
+                           self._label, api, hold.instance, one_line(exc), then)
             return False
         return True
 

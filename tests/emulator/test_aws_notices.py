@@ -125,7 +125,8 @@ def test_a_lifecycle_action_drains_with_the_hook_deadline_and_release_completes_
 
 
 def test_a_held_instance_gets_heartbeats_before_its_timeout_then_one_completion_by_instance_id(aws):
-    # No queue: the group state alone shows the hold; the hook is found with DescribeLifecycleHooks.
+    # No queue: the group state alone shows the hold; the hook is found with DescribeLifecycleHooks. When the hold
+    # began is unknown (the driver restarted, or discovery failed meanwhile): it may have begun long before T0.
     members = make_group(aws.url, "heartbeat", size=2, cidr="10.42.1.0/24")
     put_hook(aws, "heartbeat", "drain", timeout=300)
     leaving = members[1]
@@ -133,27 +134,50 @@ def test_a_held_instance_gets_heartbeats_before_its_timeout_then_one_completion_
     clock = Clock()
     provider = discovery(aws, "heartbeat", clock)
 
+    # Heartbeated at once, so AWS's timeout runs from now and the deadline the driver is told is AWS's own.
     assert provider.find().draining == {leaving["ip"]: Drain(T0 + 300, "Terminating:Wait (lifecycle hook drain)")}
+    heartbeat = {"Action": "RecordLifecycleActionHeartbeat", "AutoScalingGroupName": "heartbeat",
+                 "LifecycleHookName": "drain", "InstanceId": leaving["id"]}
+    assert aws.lifecycle_calls == [heartbeat]
     clock.now = T0 + 150  # half the timeout left: nothing to do yet
     assert provider.find().draining[leaving["ip"]].deadline == T0 + 300
-    assert aws.lifecycle_calls == []
+    assert aws.lifecycle_calls == [heartbeat]
 
     clock.now = T0 + 220  # under a third left: one heartbeat, deadline moved
     assert provider.find().draining[leaving["ip"]].deadline == T0 + 520
     clock.now = T0 + 221
     assert provider.find().draining[leaving["ip"]].deadline == T0 + 520
-    heartbeat = {"Action": "RecordLifecycleActionHeartbeat", "AutoScalingGroupName": "heartbeat",
-                 "LifecycleHookName": "drain", "InstanceId": leaving["id"]}
-    assert aws.lifecycle_calls == [heartbeat]
+    assert aws.lifecycle_calls == [heartbeat, heartbeat]
 
     provider.release(leaving["ip"], None)  # the provider knows the instance from its snapshot
     clock.now = T0 + 500  # released: no more heartbeats
     after = provider.find()
-    assert aws.lifecycle_calls == [heartbeat, {
+    assert aws.lifecycle_calls == [heartbeat, heartbeat, {
         "Action": "CompleteLifecycleAction", "AutoScalingGroupName": "heartbeat", "LifecycleHookName": "drain",
         "LifecycleActionResult": "CONTINUE", "InstanceId": leaving["id"]}]
     assert after.draining == {leaving["ip"]: Drain(None, "Terminating:Proceed")}
     assert aws.count("DescribeLifecycleHooks") == 1  # cached
+
+
+def test_a_hold_of_unknown_start_whose_first_heartbeat_fails_drains_by_the_earliest_time_it_can_end(aws, caplog):
+    members = make_group(aws.url, "first-beat", size=2, cidr="10.42.2.0/24")
+    put_hook(aws, "first-beat", "drain", timeout=300)
+    leaving = members[0]
+    hold(aws, "first-beat", leaving["id"], "drain")
+    clock = Clock()
+    provider = discovery(aws, "first-beat", clock, max_attempts="1")
+    aws.fail("RecordLifecycleActionHeartbeat", 1, 500, b"<ErrorResponse><Error><Code>InternalFailure</Code>"
+                                                       b"<Message>boom</Message></Error></ErrorResponse>")
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.providers.aws_hooks"):
+        # It may have begun 300 s before T0, so AWS may let it go now: that is the deadline, not T0 + 300.
+        assert provider.find().draining == {leaving["ip"]: Drain(T0, "Terminating:Wait (lifecycle hook drain)")}
+    assert "RecordLifecycleActionHeartbeat for " + leaving["id"] + " failed" in caplog.text
+    assert "until then its deadline is when it was first seen waiting, 0s ago" in caplog.text
+    assert aws.lifecycle_calls == []  # the fault answered before the action was served
+
+    clock.now = T0 + 10  # retried at the next discovery: AWS's timeout now runs from here
+    assert provider.find().draining[leaving["ip"]].deadline == T0 + 310
+    assert [c["Action"] for c in aws.lifecycle_calls] == ["RecordLifecycleActionHeartbeat"]
 
 
 def test_an_action_completed_elsewhere_ends_the_hold_without_retrying_forever(aws):
@@ -174,7 +198,8 @@ def test_an_action_completed_elsewhere_ends_the_hold_without_retrying_forever(aw
     clock.now = T0 + 280
     provider.find()
     provider.release(leaving["ip"], leaving["id"])
-    assert [c["Action"] for c in aws.lifecycle_calls] == ["CompleteLifecycleAction", "RecordLifecycleActionHeartbeat"]
+    assert [c["Action"] for c in aws.lifecycle_calls] == [
+        "RecordLifecycleActionHeartbeat", "CompleteLifecycleAction", "RecordLifecycleActionHeartbeat"]
 
 
 def test_a_failed_completion_is_logged_and_retried_at_the_next_discovery(aws, caplog):
@@ -183,6 +208,7 @@ def test_a_failed_completion_is_logged_and_retried_at_the_next_discovery(aws, ca
     hold(aws, "retry-complete", members[0]["id"], "drain")
     provider = discovery(aws, "retry-complete", Clock(), max_attempts="1")
     provider.find()
+    aws.lifecycle_calls.clear()  # the heartbeat of a hold first seen
     aws.fail("CompleteLifecycleAction", 1, 500, b"<ErrorResponse><Error><Code>InternalFailure</Code>"
                                                 b"<Message>boom</Message></Error></ErrorResponse>")
     with caplog.at_level(logging.WARNING, logger="cloud_elastic.providers.aws_hooks"):
@@ -246,7 +272,8 @@ def test_with_several_termination_hooks_only_the_named_one_is_heartbeated_and_co
     named.find()
     named.release(leaving["ip"], leaving["id"])
     assert [(c["Action"], c["LifecycleHookName"]) for c in aws.lifecycle_calls] == [
-        ("RecordLifecycleActionHeartbeat", "drain"), ("CompleteLifecycleAction", "drain")]
+        ("RecordLifecycleActionHeartbeat", "drain"), ("RecordLifecycleActionHeartbeat", "drain"),
+        ("CompleteLifecycleAction", "drain")]
 
 
 def test_garbage_duplicates_and_other_instances_or_groups_are_ignored_and_deleted(aws, queue, caplog):
