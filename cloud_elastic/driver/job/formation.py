@@ -379,6 +379,8 @@ class RoundFormation:
             if job.phase is not Phase.DONE:
                 self._maybe_form(now)
             return
+        if self.partitions.holding(now):  # failed formations in a row back the next one off (a later tick forms it)
+            return
         planned = self.next.take(waiting) if job.phase is Phase.RUNNING else None
         if planned is not None:  # the round is the plan's members, nobody else
             waiting = [w for w in waiting if w.worker_id in planned.ranks]

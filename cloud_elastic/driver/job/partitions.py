@@ -78,8 +78,9 @@ BACKOFF_CAP_S = 10.0
 
 
 def backoff_s(streak: int) -> float:
-    """How long the next round waits after ``streak`` failed formations in a row (0 for none). Pure."""
-    return 0.0 if streak <= 0 else min(BACKOFF_CAP_S, 0.2 * 2 ** min(streak - 1, 16))
+    """How long the next round waits after ``streak`` failed formations in a row: none after the first (a
+    transient failure recovers at once), then 0.2 s, doubling up to :data:`BACKOFF_CAP_S`. Pure."""
+    return 0.0 if streak <= 1 else min(BACKOFF_CAP_S, 0.2 * 2 ** min(streak - 2, 16))
 
 
 def hosts_to_exclude(edges: Iterable[tuple[str, str]], keep: str, order: Callable[[str], int]) -> list[str]:
