@@ -279,7 +279,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, dict[str, Any], Discov
 @click.option("--verbose", is_flag=True, help="debug logging")
 def discover(discovery: DiscoveryArgs, as_json: bool, verbose: bool) -> int:
     """Print the hosts a provider reports, as the driver's first poll would see them."""
-    from cloud_elastic.providers.inspect import discover as run_discovery
+    from cloud_elastic.driver.runtime.discovery import discover as run_discovery
     from cloud_elastic.providers.selection import build_discovery
 
     built = build_discovery(discovery)

@@ -2,23 +2,22 @@
 
 Both exist so a user can debug a setup before launching anything:
 ``providers`` lists what is installed and how to configure it; ``discover``
-runs one discovery, exactly as the driver's first poll would, and prints
-the snapshot.
+runs one discovery, exactly as the driver's first poll would
+(``driver.runtime.discovery.discover``), and prints the snapshot as these
+functions shape it.
 """
 
 from __future__ import annotations
 
 import datetime
 import importlib.util
-import json
-import sys
 from typing import TextIO
 
 from cloud_elastic.errors import CloudElasticError
 from cloud_elastic.providers import registry
-from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+from cloud_elastic.providers.api import DiscoveredHosts
 
-__all__ = ["list_providers", "discover", "snapshot_json"]
+__all__ = ["list_providers", "snapshot_json", "write_table"]
 
 
 def list_providers(out: TextIO) -> None:
@@ -50,35 +49,6 @@ def list_providers(out: TextIO) -> None:
         out.write("\n")
 
 
-def discover(discovery: HostDiscovery, *, as_json: bool, out: TextIO, err: TextIO | None = None,
-             timeout_s: float | None = None) -> int:
-    """Run one discovery and print it as a table or JSON; close the provider.
-
-    Returns 0 on success and 1 when discovery fails or gives no answer within ``timeout_s`` (default: the
-    driver's, 30 s), after printing the one-line reason
-    (``cloud-elastic discover: error: ...``) to ``err`` (standard error by default).
-    """
-    # The driver's poller, so that the call is bounded and its errors told exactly as the driver's first poll.
-    from cloud_elastic.driver.runtime.discovery import DiscoveryFailure, DiscoveryPoller
-
-    poller = DiscoveryPoller(discovery, lambda _result: None, interval_s=1.0,
-                             **({} if timeout_s is None else {"call_timeout_s": timeout_s}))
-    try:
-        snapshot = poller.poll_once()
-    finally:
-        poller.close()
-        discovery.close()
-    if isinstance(snapshot, DiscoveryFailure):
-        print(f"cloud-elastic discover: error: {snapshot.message}", file=err or sys.stderr)
-        return 1
-    if as_json:
-        json.dump(snapshot_json(discovery.name, snapshot), out, indent=2)
-        out.write("\n")
-    else:
-        _write_table(snapshot, out)
-    return 0
-
-
 def snapshot_json(provider: str, snapshot: DiscoveredHosts) -> dict:
     """The JSON shape of ``discover --json``: ready host -> slots, draining host -> {reason, deadline}; with
     several host sources also host -> source and host -> price per slot-hour (where known)."""
@@ -93,7 +63,7 @@ def snapshot_json(provider: str, snapshot: DiscoveredHosts) -> dict:
     return shape
 
 
-def _write_table(snapshot: DiscoveredHosts, out: TextIO) -> None:
+def write_table(snapshot: DiscoveredHosts, out: TextIO) -> None:
     rows = [(host, "ready", str(slots), "", "") for host, slots in snapshot.ready.items()]
     rows += [(host, "draining", "-", _when(d.deadline), d.reason) for host, d in snapshot.draining.items()]
     header: tuple[str, ...] = ("HOST", "STATE", "SLOTS", "DEADLINE", "REASON")

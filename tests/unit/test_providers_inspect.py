@@ -11,7 +11,8 @@ import sys
 
 from cloud_elastic.errors import FatalDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
-from cloud_elastic.providers.inspect import discover, list_providers
+from cloud_elastic.driver.runtime.discovery import discover
+from cloud_elastic.providers.inspect import list_providers
 from tests.contract.scripted import ScriptedDiscovery
 
 SNAPSHOT = DiscoveredHosts(ready={"10.0.0.1": 4, "10.0.0.2": 4},

@@ -282,7 +282,7 @@ def test_discover_prints_each_hosts_source_and_price():
     import io
     import json as json_
 
-    from cloud_elastic.providers.inspect import discover
+    from cloud_elastic.driver.runtime.discovery import discover
 
     def multi():
         return MultiSourceDiscovery([(spec("spot", price=0.9), Scripted(DiscoveredHosts(ready={"10.0.0.1": 1}))),

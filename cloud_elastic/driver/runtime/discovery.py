@@ -13,16 +13,18 @@ own, which the poller stops waiting for. The call then counts as a retryable fai
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
+import sys
 import threading
 import time
-from typing import Callable, Union
+from typing import Callable, TextIO, Union
 
 from cloud_elastic.errors import DiscoveryError, FatalDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 
-__all__ = ["DiscoveryPoller", "DiscoveryFailure", "FailingStreak", "DISCOVERY_TIMEOUT_S", "MAX_BACKOFF_S"]
+__all__ = ["discover", "DiscoveryPoller", "DiscoveryFailure", "FailingStreak", "DISCOVERY_TIMEOUT_S", "MAX_BACKOFF_S"]
 
 log = logging.getLogger(__name__)
 
@@ -286,3 +288,32 @@ class DiscoveryPoller:
             self._on_result(result)
             self._release_queued()
             self._wake.wait(wait_s)
+
+
+def discover(discovery: HostDiscovery, *, as_json: bool, out: TextIO, err: TextIO | None = None,
+             timeout_s: float | None = None) -> int:
+    """``cloud-elastic discover``: run one discovery and print it as a table or JSON; close the provider.
+
+    Returns 0 on success and 1 when discovery fails or gives no answer within ``timeout_s`` (default: the
+    driver's, 30 s), after printing the one-line reason
+    (``cloud-elastic discover: error: ...``) to ``err`` (standard error by default).
+    """
+    # The driver's poller, so that the call is bounded and its errors told exactly as the driver's first poll.
+    from cloud_elastic.providers.inspect import snapshot_json, write_table
+
+    poller = DiscoveryPoller(discovery, lambda _result: None, interval_s=1.0,
+                             **({} if timeout_s is None else {"call_timeout_s": timeout_s}))
+    try:
+        snapshot = poller.poll_once()
+    finally:
+        poller.close()
+        discovery.close()
+    if isinstance(snapshot, DiscoveryFailure):
+        print(f"cloud-elastic discover: error: {snapshot.message}", file=err or sys.stderr)
+        return 1
+    if as_json:
+        json.dump(snapshot_json(discovery.name, snapshot), out, indent=2)
+        out.write("\n")
+    else:
+        write_table(snapshot, out)
+    return 0
