@@ -7,6 +7,7 @@ Gloo constructor never returned after a kill and the job sat until the test's bo
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
@@ -57,3 +58,29 @@ def test_the_round_after_an_abandoned_formation_forms_at_once():
         ctx._reconnect_store()
     ctx._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=2, needs_sync=False, update_gen=0))
     assert ctx.pg is not None and ctx.pg.size() == 1
+
+
+def test_a_member_outside_elastic_run_returns_from_forming_only_once_every_member_has_formed():
+    """A fixed-size script with no collective: rank 0 formed its side, wrote its output and exited while
+    rank 1 was still connecting ("Connection closed by peer"), and the job failed or, before, reported
+    success with rank 1's work never done. Rank 1's formation is slowed here after its group is made."""
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
+    a, b = (_worker(dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=60)), 30.0)
+            for _ in range(2))
+    made = b._new_group
+    events: list[str] = []
+
+    def slow(store, info, publish=None):
+        group = made(store, info, publish)
+        time.sleep(1.0)  # the rest of rank 1's side of the connection, on a loaded machine
+        events.append("rank 1 formed")
+        return group
+
+    b._new_group = slow
+    late = threading.Thread(target=b._form_group, args=(RoundInfo(1, 2, 0, 1, 1, 2, round=1, needs_sync=False,
+                                                                   update_gen=0),))
+    late.start()
+    a._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=1, needs_sync=False, update_gen=0))  # a script's hvd.rank()
+    events.append("rank 0 formed")
+    late.join(30)
+    assert events == ["rank 1 formed", "rank 0 formed"]

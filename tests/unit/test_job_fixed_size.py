@@ -113,7 +113,7 @@ def test_a_rank_back_at_rendezvous_after_its_peer_exited_0_is_the_attempt_s_fail
     sim.advance(1)
     if not restarts:
         failed(sim, "worker a[1]#2 (rank 1) came back to rendezvous from round 1 (reason failure)",
-               "a rank that exits before its peers' group formed", "a fixed-size job")
+               "forms no new round for it", "a fixed-size job")
         assert isinstance(sim.reply("a[1]"), ExitOrder)
         return
     assert sim.outcome is None  # the attempt failed: every worker is stopped, then the job starts again

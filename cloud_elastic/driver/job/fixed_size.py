@@ -252,7 +252,7 @@ class FixedSize:
         if w is not None:
             self.failed(w, f"came back to rendezvous from round {w.round} (reason {w.rdzv_reason}): its process "
                            "group did not form on every rank or a collective failed, and a fixed-size job forms no "
-                           "new round for it (a rank that exits before its peers' group formed causes this)")
+                           "new round for it")
 
     def _root(self) -> str | None:
         """The worker whose script reported an error first in this attempt (None when none did)."""

@@ -217,7 +217,9 @@ class RoundGroupsMixin:
             group = self._planned_group(info)
         else:
             store = self._round_store(info, "")
-            group = self._formed(info, store, lambda publish: self._new_group(store, info, publish), "process group")
+            # confirm: wait for every member's side (outside elastic.run no sync follows, and one exiting cut the rest)
+            group = self._formed(info, store, lambda publish: self._new_group(store, info, publish), "process group",
+                                 confirm=not getattr(self, "elastic_entered", True))
         old, self._group = self._group, group
         self.info = info
         self.flight.new_round(info.round)
@@ -237,8 +239,9 @@ class RoundGroupsMixin:
         return RoundStore(self._store if client is None else client, namespace, self.settings.secret, self._form_limit_s() + _GLOO_FORM_MARGIN_S)
 
     def _formed(self, info: RoundInfo, store: Any, make: Callable[[Callable[[Any], None]], Any],
-                what: str) -> RoundGroup:
-        """Form a group of round ``info.round`` with ``make(publish)`` on a side thread, under the formation deadline."""
+                what: str, *, confirm: bool = False) -> RoundGroup:
+        """Form round ``info.round``'s group (``make(publish)``) on a side thread under the formation deadline."""
+        limit_s = self._form_limit_s()
         done = threading.Event()
         lock = threading.Lock()
         result: dict[str, Any] = {}
@@ -251,32 +254,32 @@ class RoundGroupsMixin:
             before = socket_inodes()
             try:
                 pg = make(publish)
-            except Exception as exc:  # reported to the waiting thread below, as text only: the exception's
-                # traceback holds the constructor's frames (the group's device: a thread, a listening socket, an
-                # epoll descriptor), and kept in ``result``, which those frames reach, it made a cycle that only
-                # the garbage collector ends: an abandoned formation's device stayed open until it ran.
+            except Exception as exc:  # as text only: its traceback holds the constructor's frames (the device's
+                # thread and sockets), which reach ``result``: a cycle kept an abandoned formation's device open.
                 result["error"] = str(exc)
                 done.set()
                 return
             sockets = GroupSockets(before, socket_inodes(), self._control_peers, self._member_addresses(info))
             group = RoundGroup(pg, store, sockets, self.backend, self.device, _size_of(pg))
+            try:  # through the store, not the group: only members with ``confirm`` wait, whatever the others do
+                store.set(f"formed/{info.rank}", b"1")
+                if confirm:
+                    store.wait([f"formed/{rank}" for rank in range(info.size)], timedelta(seconds=limit_s))
+            except Exception as exc:  # as a failed formation (text only: see above); the group goes
+                result["error"], result["abandoned"] = str(exc), True
             with lock:
-                if result.get("abandoned"):
-                    # The round was given up while this group formed: nobody will use it.
+                if result.get("abandoned"):  # the round was given up while this group formed: nobody will use it
                     self._reaper.retire(group)
                 else:
                     result["group"] = group
             done.set()
 
-        # Forming a group blocks in C++ until every peer arrives; do it on a
-        # side thread so an aborted round can be abandoned instead of waited out.
-        # A group that never forms while every member still heartbeats is given up at a
-        # deadline far below Gloo's own timeout: this worker then rejoins with a failure,
-        # which aborts the round for its peers too.
+        # Forming blocks in C++ until every peer arrives: on a side thread, so an aborted round is abandoned, not
+        # waited out. A group that never forms while its members heartbeat is given up at a deadline far below
+        # Gloo's own timeout: this worker then rejoins with a failure, which aborts the round for its peers too.
         former = threading.Thread(target=create, name=f"form-round-{info.round}", daemon=True)
         self._formations = [t for t in getattr(self, "_formations", ()) if t.is_alive()] + [former]  # joined at exit
         former.start()
-        limit_s = self._form_limit_s()
         deadline = time.monotonic() + limit_s
         with self.progress.waiting():
             while not done.wait(_ABORT_SLICE_S):
@@ -287,14 +290,12 @@ class RoundGroupsMixin:
                         forming = result.pop("forming", None)
                     if forming is not None and "group" not in result:
                         abort_nccl(forming)  # ends its eager connect on the formation thread
-                    give_up = getattr(store, "give_up", None)
-                    if give_up is not None:
-                        give_up()  # ends a wait of the constructor for a peer's key: see RoundStore
+                    if getattr(store, "give_up", None) is not None:
+                        store.give_up()  # ends a wait of the constructor for a peer's key: see RoundStore
                     if "group" in result:  # formed in the very last slice
                         self._reaper.retire(result.pop("group"))
-                    # The abandoned constructor may still block in a store wait, and a TCPStore
-                    # client runs one operation at a time: the next round's formation on this
-                    # client would wait behind it up to the collective timeout. It gets its own.
+                    # The abandoned constructor may still block in a store wait, and a TCPStore client runs
+                    # one operation at a time: the next round's formation would wait behind it. It gets its own.
                     self._store_stale = True
                     # The peers still unanswered now are the driver's evidence of a partition (driver.job.partitions).
                     self.unreachable = () if aborted else unreached_hosts(info.hosts, self.hostname)
