@@ -123,6 +123,37 @@ def test_a_rank_back_at_rendezvous_after_its_peer_exited_0_is_the_attempt_s_fail
     assert sim.slots_launched() == ["a[0]", "a[1]", "a[0]", "a[1]"]
 
 
+def restarted(restarts: int = 1) -> Sim:
+    """A fixed-size job whose first attempt failed (rank 1 raised): attempt 2's round 2 has formed."""
+    sim = started(2, {"a": 2}, restarts=restarts)
+    script_ends(sim, "a[1]", CRASH, error="ValueError: bad batch")
+    sim.exit("a[0]", ExitStatus(-15))
+    sim.advance(0.5)
+    assert_round(sim.join("a[0]", "a[1]"), 2, needs_sync=True)
+    return sim
+
+
+def test_a_restarted_attempt_re_forms_a_group_that_did_not_form_as_the_first_attempt_does() -> None:
+    """Before any script of the attempt ended, its ranks back at rendezvous (a transient Gloo failure) re-form:
+    the restart made for the first attempt's failure is not spent on the second's formation."""
+    sim = restarted()
+    assert_round(sim.join("a[0]", "a[1]", reason="failure"), 3, needs_sync=True)
+    script_ends(sim, "a[0]")
+    script_ends(sim, "a[1]")
+    assert sim.outcome.success and "after 1 restart(s)" in sim.outcome.reason, sim.outcome
+
+
+def test_a_rank_killed_while_a_restarted_attempt_s_group_forms_is_the_reason_not_its_peer_back_at_rendezvous(
+) -> None:
+    sim = restarted()
+    sim.join("a[0]", reason="failure")  # its group did not form: rank 1 is gone
+    sim.advance(0.5)
+    assert sim.outcome is None
+    sim.exit("a[1]", KILLED)
+    sim.advance(3)
+    failed(sim, "worker a[1]#4 (rank 1) killed by signal 9", "no restart left (--restarts 1)")
+
+
 def test_nothing_is_launched_or_re_formed_while_a_fixed_size_round_runs() -> None:
     sim = started(2, {"a": 2}, max_np=3)
     assert sim.job.completed(sim.id("a[1]"), sim.now, elastic=False) == ("done", "")
@@ -155,11 +186,7 @@ def test_with_restarts_a_failure_stops_every_worker_then_starts_the_job_again() 
 
 
 def test_restarts_run_out() -> None:
-    sim = started(2, {"a": 2}, restarts=1)
-    script_ends(sim, "a[1]", CRASH)
-    sim.exit("a[0]", ExitStatus(-15))
-    sim.advance(0.5)
-    assert_round(sim.join("a[0]", "a[1]"), 2, needs_sync=True)
+    sim = restarted()
     script_ends(sim, "a[0]", CRASH, error="ValueError: bad batch again")
     failed(sim, "worker a[0]#3 (rank 0) exited with code 1: ValueError: bad batch again", "no restart left (--restarts 1)")
 

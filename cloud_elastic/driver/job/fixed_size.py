@@ -15,12 +15,14 @@ the job:
 * **success** is every member of the round exiting 0: the job then succeeds,
   and workers that never joined are stopped;
 * **failure**: the first failure of a member of the attempt's round (an exit
-  other than 0, a worker killed or given up, a member back at rendezvous: its
-  group did not form or a collective failed, and no round re-forms for it to
-  finish its script in; a failure seen before the first report counts too,
-  since the others' collectives fail after it) is the job's reason. A worker
-  outside the round (a ``--spares`` spare, one still starting)
-  that fails is blacklisted as in an elastic job, and does not end the attempt
+  other than 0, a worker killed or given up, a member back at rendezvous once
+  a member's script ended in the attempt: its group did not form or a
+  collective failed, and no round re-forms for it to finish its script in
+  (before any member's script ended, in a restarted attempt as in the first,
+  its round re-forms instead); a failure seen before the first report counts
+  too, since the others' collectives fail after it) is the job's reason. A
+  worker outside the round (a ``--spares`` spare, one still starting) that
+  fails is blacklisted as in an elastic job, and does not end the attempt
   (nothing is launched while the attempt's round runs). No slot is
   blacklisted: the script, not the slot, ends the attempt. The job fails with
   that reason at once, or, with ``--restarts N``
@@ -91,6 +93,7 @@ class FixedSize:
         self._errors: dict[str, str] = {}  # worker id -> the error its script ended with (from its report)
         self._member_failure: str | None = None  # the last failure of a round member before the first report
         self._succeeded = 0  # members of the current attempt that exited 0
+        self._ended = False  # a member's script ended in the current attempt (its report or its exit 0)
         self._plain: set[str] = set()  # workers that exited 0 unregistered while no other worker did otherwise
 
     # ---------------------------------------------------------------- reports
@@ -108,6 +111,8 @@ class FixedSize:
             return "done", ""
         if error:
             self._errors[w.worker_id] = error.splitlines()[0][:300]
+        if w.round == job.round > 0:
+            self._ended = True
         if not self.known:
             self.known = True
             # A member's failure seen before the first report (a worker killed: no report) is this attempt's;
@@ -135,6 +140,7 @@ class FixedSize:
             job = self._job
             if w.round == job.round and w.round > 0:
                 self._succeeded += 1
+                self._ended = True
             log.info("job %s: worker %s (%s) finished its script (exit 0)", job.job_id, w.worker_id, w.label)
             return True
         exit_code = status.code if status.known else None
@@ -230,7 +236,7 @@ class FixedSize:
             return True
         if not self.known:
             return False
-        if self._failure is None:
+        if self._failure is None and self._ended:
             self._came_back()
         if self._failure is not None:
             return self._after_failure(now)
@@ -245,8 +251,10 @@ class FixedSize:
         return True
 
     def _came_back(self) -> None:
-        """A member of the attempt's round back at rendezvous fails the attempt: nothing re-forms, so it would
-        never finish its script, and the others' exits 0 must not pass for the job's success."""
+        """Once a member's script ended in this attempt, a member of its round back at rendezvous fails the
+        attempt: nothing re-forms, so it would never finish its script, and the others' exits 0 must not pass
+        for the job's success. Before that (a restarted attempt's group that did not form: a transient Gloo
+        failure, a peer killed in ``hvd.init``) the round re-forms as in the first attempt."""
         job = self._job
         w = next((w for w in job.alive() if w.state is S.WAITING and w.round == job.round > 0), None)
         if w is not None:
@@ -289,7 +297,7 @@ class FixedSize:
             return True  # wait until every worker of the failed attempt is gone
         self.restarts += 1
         self._failure, self._failure_of, self._failure_seen, self._root_before = None, None, None, None
-        self._errors, self._succeeded, self._member_failure = {}, 0, None
+        self._errors, self._succeeded, self._member_failure, self._ended = {}, 0, None, False
         job.phase = Phase.STARTING
         log.warning("job %s: restart %d of %d: every worker starts the script again (after: %s). It resumes "
                     "only from a checkpoint the script itself writes and loads; without one it trains from the "

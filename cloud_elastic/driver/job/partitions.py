@@ -45,12 +45,12 @@ So a partition costs at most the elastic timeout (or :data:`FAILED_FORMATIONS_LI
 formation deadlines, 60 s each by default, if longer) before the job either
 trains at a smaller size or stops; it never loops for good.
 
-**Back-off.** After each failed formation :meth:`Partitions.holding` is True
-for :func:`backoff_s` (0.2 s, doubling, at most :data:`BACKOFF_CAP_S`): the
-round formation is to form no round meanwhile, so that a group that fails at
-once does not re-form dozens of times a second, while one transient failure
-costs 0.2 s. (``formation.py`` does not consult it yet: until it does, failed
-rounds re-form at once, and only the limit above ends them.)
+**Back-off.** From the second failed formation in a row, :meth:`Partitions.holding`
+is True for :func:`backoff_s` (0.2 s, doubling, at most :data:`BACKOFF_CAP_S`)
+and the round formation (``formation.py``) forms no round meanwhile: a group
+that fails at once (a mistyped ``--network-interface``) re-formed thousands of
+rounds a second. The first failed formation is retried at once, so one
+transient failure costs no wait.
 """
 
 from __future__ import annotations
