@@ -63,6 +63,9 @@ _BACKOFF_MAX_S = 30.0
 #: How long past its timeoutSeconds a watch may stay silent: the server's bookmark comes ~2 s before its deadline,
 #: and the end of the stream at it; the rest is room for a busy server and the network.
 _SILENCE_MARGIN_S = 10.0
+#: A stream that ends with no line in it shows the watch healthy only if it was held this share of ``watch_s``:
+#: one that a proxy or server ends at once with nothing has shown nothing, and must not end an outage.
+_HELD_FRACTION = 0.9
 #: TCP keepalive on the client's sockets: a peer that stops acknowledging (a node or NAT gone) fails the read after
 #: 15 s idle + 3 unanswered probes 5 s apart = 30 s, before the read timeout; the probes also keep a NAT or load
 #: balancer from dropping a quiet watch's connection.
@@ -226,7 +229,7 @@ class ResourceWatch:
         """(since when the view may be stale, why) while the watch is down; None while it runs.
 
         Down: a request failed and no stream has shown it is healthy since (an event or bookmark applied, a
-        proper end, a relist), or the server has been silent longer than :func:`silence_s` (the thread may
+        proper end: one held for about ``watch_s``, not an empty one ended at once; a relist), or the server has been silent longer than :func:`silence_s` (the thread may
         still be waiting on it: a request urllib3 retries can take several read timeouts before it fails). A
         reconnected stream that has yet to show anything is not reported (a healthy one on a quiet cluster
         writes nothing until its bookmark); if it fails, the outage goes on from its first failure.
@@ -313,6 +316,7 @@ class ResourceWatch:
             return 0
         self._resuming, self._trouble = self._trouble, None  # over once the stream shows it is healthy
         lines = 0
+        opened = time.monotonic()
         try:
             for line in _lines(resp):
                 if self._stop.is_set():
@@ -322,7 +326,10 @@ class ResourceWatch:
                 self._event(json.loads(line))
                 self._healthy()
             self._heard = time.time()  # the server ended the stream: it was there until now
-            self._healthy()
+            if lines or time.monotonic() - opened >= _HELD_FRACTION * self._watch_s:
+                self._healthy()  # a proper end
+            elif self._resuming is not None:  # an empty stream ended at once (a proxy that will not hold a watch)
+                self._trouble, self._resuming = self._resuming, None  # shows nothing: the outage goes on
         finally:
             self._resp = None
             _close(resp)

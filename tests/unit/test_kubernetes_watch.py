@@ -154,3 +154,36 @@ def test_a_watch_accepted_then_failed_goes_on_with_its_outage_until_a_stream_sho
     finally:
         gate.set()
         watch.stop()
+
+
+def test_a_watch_that_ends_at_once_with_nothing_does_not_end_the_outage(monkeypatch):
+    """A 200 whose stream ends at once with no line (a proxy or server that will not hold a watch) has shown
+    nothing: before, its clean end counted as healthy, so an API server failing every other request was never
+    reported stale."""
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(kubernetes_watch, "time", SimpleNamespace(time=lambda: clock.now, monotonic=time.monotonic))
+    monkeypatch.setattr(kubernetes_watch, "_BACKOFF_FIRST_S", 0.01)
+    failed = {"type": "ERROR", "object": {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd"}}
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}
+    seen, done, gate = [], threading.Event(), threading.Event()
+
+    def answer(**_):  # request n at 1000 + 10 n: an ERROR, nothing, an ERROR, nothing, a bookmark
+        clock.now += 10
+        seen.append(watch.trouble())
+        if len(seen) == 6:
+            done.set()
+            gate.wait(10)
+            raise ConnectionRefusedError("the test is over")
+        if len(seen) == 5:
+            return Response([json.dumps(bookmark).encode() + b"\n"])
+        return Response([json.dumps(failed).encode() + b"\n"] if len(seen) % 2 else [])
+
+    watch = pods_watch(answer)
+    watch.start()
+    try:
+        assert done.wait(10)
+        down = (1010.0, "WatchError: 500 InternalError: etcd")
+        assert seen == [None, down, down, down, down, None]  # down from the first failure, until the bookmark
+    finally:
+        gate.set()
+        watch.stop()
