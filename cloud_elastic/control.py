@@ -81,6 +81,7 @@ class Codec:
         self.job_id = job_id
         self._clock = clock
         self._not_before = not_before
+        self._floor = -math.inf  # see sign_no_earlier_than
         self._seen: dict[str, float] = {}
         self._prune_at = 4096
         self._lock = threading.Lock()
@@ -91,10 +92,17 @@ class Codec:
         # without building an HMAC object per message (the driver signs and verifies thousands a second).
         return hmac.digest(self._key, body, "sha256").hex()
 
+    def sign_no_earlier_than(self, ts: float) -> None:
+        """Timestamp what this codec signs ``ts`` or later (a driver that started at ``ts`` by its clock refuses
+        earlier ones: :data:`SIGNED_BEFORE_START`); at most the tolerated skew ahead of this codec's clock."""
+        if math.isfinite(ts):
+            self._floor = max(self._floor, min(ts, self._clock() + MAX_CLOCK_SKEW_S))
+
     def encode(self, kind: str, payload: dict[str, Any]) -> tuple[bytes, str]:
         """Return ``(body, signature)`` for a message of ``kind``."""
         message = dict(payload)
-        message.update(v=PROTOCOL_VERSION, job=self.job_id, kind=kind, ts=self._clock(), nonce=secrets.token_hex(12))
+        message.update(v=PROTOCOL_VERSION, job=self.job_id, kind=kind, ts=max(self._clock(), self._floor),
+                       nonce=secrets.token_hex(12))
         body = json.dumps(message, separators=(",", ":")).encode()
         if len(body) > MAX_BODY:
             raise ControlPlaneError(f"{kind} message of {len(body)} bytes exceeds the {MAX_BODY}-byte limit")
@@ -131,8 +139,8 @@ class Codec:
             raise ControlPlaneError("message timestamp is not a finite number")
         if abs(now - ts) > MAX_CLOCK_SKEW_S:
             raise ControlPlaneError(f"message timestamp is {now - ts:+.0f}s off")
-        if ts < self._not_before:
-            raise ControlPlaneError(SIGNED_BEFORE_START)
+        if ts < self._not_before:  # the time a worker lagging behind this clock signs from next (client.py)
+            raise ControlPlaneError(f"{SIGNED_BEFORE_START} at {self._not_before!r}")
         with self._lock:
             if nonce in self._seen:
                 raise ControlPlaneError("replayed message")

@@ -104,9 +104,15 @@ def test_a_codec_that_takes_over_a_secret_refuses_what_was_signed_before_it() ->
     and ran the handler of any message captured in the 300 s before the crash."""
     receiver = Codec(SECRET, "job", clock=Clock(NOW + 5), not_before=NOW)
     body, sig = codec(at=NOW - 0.001).encode("completed", {"worker": "a[0]#1"})
-    rejected(receiver, body, sig, f"^{SIGNED_BEFORE_START}$")
+    rejected(receiver, body, sig, f"^{SIGNED_BEFORE_START} at {NOW!r}$")
     body, sig = codec(at=NOW).encode("completed", {"worker": "a[0]#1"})
     assert receiver.decode(body, sig)["kind"] == "completed"
+    lagging = codec(at=NOW - 60)  # told the driver's start, it signs from there (not past the tolerated skew)
+    lagging.sign_no_earlier_than(NOW)
+    body, sig = lagging.encode("completed", {"worker": "a[0]#1"})
+    assert receiver.decode(body, sig)["ts"] == NOW
+    lagging.sign_no_earlier_than(NOW + 10 * MAX_CLOCK_SKEW_S)
+    assert json.loads(lagging.encode("poll", {})[0])["ts"] == NOW - 60 + MAX_CLOCK_SKEW_S
 
 
 def test_oversized_body_rejected_before_anything_else() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 from typing import Any
 
@@ -30,15 +31,19 @@ class DriverClient:
         self._conn: http.client.HTTPConnection | None = None
 
     def call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
-        # A driver that adopted this worker refuses what was signed before it started (control.SIGNED_BEFORE_START):
-        # on a clock behind the driver's that lasts as long as the lag, so sign again until the call's time is up.
+        # A driver that adopted this worker refuses what was signed before it started (control.SIGNED_BEFORE_START),
+        # and says when that was by its clock: a worker whose clock lags signs from then on, and sends again.
         deadline = time.monotonic() + timeout_s
         while True:
             nonce, resp, data = self._send(kind, payload, timeout_s)
             if resp.status != 400 or SIGNED_BEFORE_START.encode() not in data or time.monotonic() > deadline:
                 break
             self.close()
-            time.sleep(0.2)
+            started = re.search(rb"started at (-?[0-9.eE+]+)", data)
+            if started is not None:
+                self._codec.sign_no_earlier_than(float(started.group(1)))
+            else:
+                time.sleep(0.2)
         if resp.status != 200:
             raise ControlPlaneError(f"driver refused {kind}: HTTP {resp.status} {data[:200].decode(errors='replace')}")
         reply = self._codec.decode(data, resp.getheader(SIGNATURE_HEADER))
