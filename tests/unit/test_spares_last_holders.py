@@ -19,7 +19,7 @@ import logging
 import pytest
 
 from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder, WorkerState
-from cloud_elastic.driver.job.leaving import HOLD_MARGINS
+from cloud_elastic.driver.job.leaving import FIRST_COMMIT_HOLD_S, HOLD_MARGINS
 from cloud_elastic.providers.api import Drain
 from tests.unit.test_job import CLEAN, KILLED, T0, Sim, assert_round
 
@@ -176,31 +176,76 @@ def test_a_new_host_gets_a_replacement_next_to_a_member_noticed_before_any_commi
     assert sim.layout() == ["a[0]", "b[0]"]
 
 
-def test_a_member_noticed_too_close_to_its_deadline_leaves_at_its_first_commit_and_no_round_forms_without_it(
+# Found by review of the fix above: the hold was unbounded before the first commit. A member noticed too close to
+# its deadline took its first commit with it ("training state lost"), one that never commits kept the spare idle
+# until it was removed by force (for good under a drain without a deadline), and a recovery round after a kill -9
+# waited for it. It is held only while its deadline leaves room (FIRST_COMMIT_HOLD_S without one), not after a loss
+# aborted its round; past that, the spare starts over from step 0 at once and the member stops, not training on.
+def started_over_without(sim: Sim, slot: str, caplog) -> None:
+    """The spare b formed a round from step 0 alone, ``slot`` (on a leaving host) was stopped, and the log says so."""
+    assert_round({"b[0]": sim.reply("b[0]")}, sim.job.round, needs_sync=True)
+    assert sim.layout() == ["b[0]"] and formed(sim)[-1]["step"] is None
+    assert state(sim, slot) is WorkerState.EXITING and [s.worker_id for s in sim.stops] == [sim.id(slot)]
+    said = [r.getMessage() for r in caplog.records]
+    assert [m for m in said if "no commit was heard of" in m and "starts over from the initial weights" in m]
+    assert not [m for m in said if f"host {slot[0]} " in m and "0 steps lost" in m]
+
+
+def test_a_member_noticed_too_close_to_its_deadline_before_any_commit_stops_and_the_spare_starts_over(
         caplog) -> None:
     caplog.set_level(logging.INFO, "cloud_elastic")
-    sim = noticed_before_any_commit(T0 + 8)  # within the hold: a drains at once
+    sim = noticed_before_any_commit(T0 + 8)  # within the hold's margins: no room for a commit and leaving
     sim.advance(1)
-    assert state(sim, "a[0]") is WorkerState.DRAINING and sim.reply("b[0]") is None  # b waits for a's commit
-    sim.commit("a[0]")
+    started_over_without(sim, "a[0]", caplog)
+    sim.commit("a[0]")  # a commit it made meanwhile is not the new round's: it is told to exit
     assert isinstance(sim.join("a[0]", reason="update")["a[0]"], ExitOrder)
     sim.exit("a[0]", CLEAN)
     sim.advance(1)
-    # a took the state it committed with it: the job says so instead of starting over from step 0.
-    assert sim.outcome is not None and "training state lost" in sim.outcome.reason
-    assert not [r.getMessage() for r in caplog.records if "0 steps lost" in r.getMessage()]
+    assert sim.outcome is None and sim.layout() == ["b[0]"] and sim.released
+    said = [r.getMessage() for r in caplog.records if "host a drained" in r.getMessage()]
+    assert len(said) == 1 and "stopped before any commit was heard of" in said[0], said
 
 
-def test_a_noticed_member_that_never_commits_is_removed_by_its_deadline_and_the_spare_starts_over() -> None:
-    sim = noticed_before_any_commit(T0 + 30)
-    sim.advance(30 - HOLD_MARGINS * sim.job.policy.deadline_margin_s - 1)
-    assert state(sim, "a[0]") is WorkerState.RUNNING and sim.reply("b[0]") is None
-    sim.advance(2)
-    assert state(sim, "a[0]") is WorkerState.DRAINING  # the hold ended; it never reaches a commit
-    sim.advance(30 - sim.job.policy.deadline_margin_s - (sim.now - T0) + 0.5)
-    assert [s.immediate for s in sim.stops] == [True]  # removed by force before its host's deadline
-    assert_round({"b[0]": sim.reply("b[0]")}, 2, needs_sync=True)  # nothing was committed: starting over is right
-    assert sim.outcome is None
+@pytest.mark.parametrize("deadline", [30.0, None], ids=["deadline", "no-deadline"])
+def test_a_noticed_member_that_never_commits_is_held_for_a_bounded_time_then_the_spare_starts_over(
+        deadline: float | None, caplog) -> None:
+    caplog.set_level(logging.INFO, "cloud_elastic")
+    sim = noticed_before_any_commit(None if deadline is None else T0 + deadline)
+    held = FIRST_COMMIT_HOLD_S if deadline is None else deadline - HOLD_MARGINS * sim.job.policy.deadline_margin_s
+    sim.advance(held - 1)
+    assert state(sim, "a[0]") is WorkerState.RUNNING and sim.reply("b[0]") is None  # held for its first commit
+    sim.advance(1.5)
+    started_over_without(sim, "a[0]", caplog)  # at once, not once it is removed by force (or never)
+    assert not sim.stops[0].immediate and sim.outcome is None
+
+
+def test_a_member_drained_without_a_deadline_before_any_commit_trains_on_past_the_bound_with_no_one_waiting() -> None:
+    sim = Sim(1, min_np=1)
+    sim.discover({"a": 1})
+    assert_round(sim.join("a[0]"), 1, needs_sync=True)
+    sim.discover({}, {"a": Drain(None, "drained by hand")})
+    sim.advance(FIRST_COMMIT_HOLD_S + 30)
+    assert state(sim, "a[0]") is WorkerState.RUNNING and not sim.stops  # sent away, it would take the state along
+    sim.commit("a[0]")
+    sim.advance(1)
+    assert state(sim, "a[0]") is WorkerState.RUNNING and sim.outcome is None
+
+
+@pytest.mark.parametrize("both", [False, True], ids=["c-stays", "c-noticed-too"])
+def test_a_kill_beside_a_member_noticed_before_any_commit_does_not_wait_for_it(both: bool, caplog) -> None:
+    caplog.set_level(logging.INFO, "cloud_elastic")
+    sim = Sim(2, spares=1, min_np=1)
+    sim.discover({"a": 1, "c": 1, "b": 1})
+    sim.join("a[0]", "c[0]")
+    sim.join("b[0]")
+    notice = Drain(T0 + 120, "spot interruption")
+    sim.discover({"b": 1} if both else {"b": 1, "c": 1}, {"a": notice, **({"c": notice} if both else {})})
+    sim.advance(1)
+    # c stays: a is not held; both noticed: both are held, until a loss aborts their round.
+    assert state(sim, "a[0]") is (WorkerState.RUNNING if both else WorkerState.DRAINING)
+    sim.exit("c[0]", KILLED)
+    sim.advance(0.5)
+    started_over_without(sim, "a[0]", caplog)  # the recovery round takes the spare, a does not train on
 
 
 def test_a_fixed_size_script_noticed_before_it_ends_still_ends_normally() -> None:

@@ -64,6 +64,10 @@ class DrainNews(Protocol):
     def final_checkpoint_pending(self) -> bool:
         """The last holders of the state left with no successor, and their rank 0 still checkpoints it."""
 
+    def leave_uncommitted(self, leavers: list[WorkerRecord], round_: int) -> None:
+        """Round ``round_`` forms from step 0 without these draining members, who hold no commit heard of: they
+        leave now."""
+
 
 class RoundFormation:
     """The job's rounds: when one forms, its ranks and facts, and the rollback it reports."""
@@ -425,6 +429,9 @@ class RoundFormation:
             if job.policy.reset_limit is not None and job.resets > job.policy.reset_limit:
                 job.end(False, f"reset limit exceeded: {job.resets} resets > --reset-limit {job.policy.reset_limit}", 1)
                 return
+        behind = self._uncommitted_left_behind(plan)
+        if behind:
+            self._drains.leave_uncommitted(behind, job.round + 1)
         job.round += 1
         ordered = [job.workers[c.worker_id] for c in plan.members]
         if planned is not None:
@@ -472,18 +479,24 @@ class RoundFormation:
 
     def _state_still_leaving(self, plan: RoundPlan | StateLost) -> bool:
         """Whether ``plan`` is a round without the state while a member leaving at its next commit still trains with
-        it, or the last holders' rank 0 checkpoints it on its way out: no such round forms yet. Before any commit is
-        heard of, a member draining for a notice may hold the first (see :meth:`.leaving.Leavers.mark`): a round of
-        none of the current round's members waits until it reported that commit at rendezvous (the usual rules then
-        apply), or is lost."""
+        it, or the last holders' rank 0 checkpoints it on its way out: no such round forms yet."""
         job = self._job
         if isinstance(plan, StateLost) or plan.from_checkpoint:
             return self._drains.final_checkpoint_pending() or any(
                 w.state is S.DRAINING and w.holds_state for w in job.members())
+        return False
+
+    def _uncommitted_left_behind(self, plan: RoundPlan) -> list[WorkerRecord]:
+        """Before any commit is heard of, the members draining for a notice that ``plan``, a round of none of the
+        current round's members (it starts from step 0), leaves behind. They are no longer kept as the prospective
+        holders of the first commit (see :meth:`.leaving.Leavers.mark`: its deadline is too close, the bound without
+        one passed, or a loss aborted their round), so no round waits for them: they must leave now rather than
+        train on beside it, and a commit they make would not be the new round's."""
+        job = self._job
         if job.state_committed or any(job.workers[c.worker_id].round == job.round for c in plan.members):
-            return False
+            return []
         draining = job.hosts.draining
-        return any(w.state is S.DRAINING and w.slot.host in draining for w in job.members())
+        return [w for w in job.members() if w.state is S.DRAINING and w.slot.host in draining]
 
     def _report_rollback(self, commit: int, from_checkpoint: bool) -> None:
         """The round an abort ended rolled back to ``commit``, where this round continues from."""

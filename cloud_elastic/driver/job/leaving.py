@@ -50,6 +50,10 @@ HOLD_MARGINS = 2
 CHECKPOINT_MARGINS = 1
 #: The time a last holder on a host without a deadline (gone from discovery) has to write that checkpoint.
 NO_DEADLINE_CHECKPOINT_S = 120.0
+#: Before any commit is heard of, members on hosts drained without a deadline (``cloud-elastic drain``, a soft notice
+#: under ``--drain-on-rebalance``) train on towards their first commit this long, then only while no worker waits to
+#: take over (see :meth:`Leavers.mark`).
+FIRST_COMMIT_HOLD_S = 60.0
 #: States of alive workers that are staying (see JobView.active), as a tuple: membership in a tuple tests
 #: identity first, while an enum's hash is computed in Python.
 _ACTIVE = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
@@ -71,7 +75,10 @@ class Leavers:
         # worker was born while the count of workers is _checked[1].
         self._checked: tuple[int, int] = (-1, -1)
         self._draining_round = -1  # the last round in which a member was marked draining
-        self._held_said: set[str] = set()  # workers kept as the last holders, said once (not again per round)
+        # Workers kept as the last holders -> when first kept (said once, not again per round; the bound of
+        # FIRST_COMMIT_HOLD_S counts from then).
+        self._held_since: dict[str, float] = {}
+        self._started_over: set[str] = set()  # draining hosts whose workers were stopped holding no commit heard of
         # The last holders sent away with no successor -> their host's deadline (None: none); once they left their
         # round, those told to checkpoint on their way out -> the seconds they have for it (see left_round).
         self._last_holders: dict[str, float | None] = {}
@@ -136,7 +143,10 @@ class Leavers:
         after) or :data:`HOLD_MARGINS` deadline margins before their host's deadline (with
         ``--checkpoint-dir``, :data:`CHECKPOINT_MARGINS` more, to checkpoint on their way out: see
         :meth:`left_round`); sent away at once, they took the training state with them. Before any commit is heard
-        of, the running members on hosts with a notice are the holders (of the first commit, made or on its way).
+        of, the running members on hosts with a notice are the holders (of the first commit, made or on its way),
+        but not after their round was aborted, and on a host without a deadline past :data:`FIRST_COMMIT_HOLD_S`
+        only while no worker waits to take over; a round that forms from step 0 without them then sends them away
+        at once (:meth:`leave_uncommitted`).
         """
         job = self._job
         checked = (job.hosts.version, len(job.workers))
@@ -177,8 +187,9 @@ class Leavers:
             # are its prospective holders; sent away now, a newcomer would start over from step 0 beside them.
             # Not when a host left discovery without a notice: .discovery_edge keeps a host only for the holders it
             # knows of, and starting over before the first commit is the documented rule there.
+            # Not after a loss aborted their round: they are failing, back at rendezvous or lost.
             holders = [w for w in job.members() if w.state is S.RUNNING]
-            if any(w.slot.host not in job.hosts.draining for w in holders):
+            if job.abort_round >= job.round or any(w.slot.host not in job.hosts.draining for w in holders):
                 return []
         if not holders or any(w.worker_id not in going for w in holders):
             return []  # someone stays to hold the state (or no round runs)
@@ -187,17 +198,48 @@ class Leavers:
         held = []
         for w in holders:
             drain = job.hosts.draining.get(w.slot.host)
-            if drain is not None and (drain.deadline is None or wall < drain.deadline - hold):
+            if drain is not None and self._may_hold(w, drain, now, wall + hold):
                 held.append(w)
             else:  # sent away with no one to take the state
                 self.checkpoint_on_leaving(w, None if drain is None else drain.deadline)
         if held:
             self._checked = (-1, -1)  # looked at again next step: the deadline comes closer without any change
-            if any(w.worker_id not in self._held_said for w in held):
-                self._held_said.update(w.worker_id for w in held)
+            if any(w.worker_id not in self._held_since for w in held):
+                for w in held:
+                    self._held_since.setdefault(w.worker_id, now)
+                bound = "" if all(job.hosts.draining[w.slot.host].deadline is not None for w in held) else (
+                    f", {FIRST_COMMIT_HOLD_S:g}s at most without a deadline")
+                first = "" if job.state_committed else (
+                    f" (no commit heard of yet: they train on to their first{bound}; past that, a waiting worker "
+                    "starts over from the initial weights)")
                 log.warning("job %s: every member's host is draining: they train on, and leave once a new worker "
-                            "holds the state, or %gs before their host's deadline", job.job_id, hold)
+                            "holds the state, or %gs before their host's deadline%s", job.job_id, hold, first)
         return held
+
+    def _may_hold(self, w: WorkerRecord, drain: Drain, now: float, leave_by: float) -> bool:
+        """Whether holder ``w`` on a draining host trains on (see :meth:`mark`); ``leave_by``: the wall time now,
+        plus the margins it needs to leave."""
+        if drain.deadline is not None:
+            return leave_by < drain.deadline
+        job = self._job
+        if job.state_committed or now < self._held_since.get(w.worker_id, now) + FIRST_COMMIT_HOLD_S:
+            return True
+        # Past the bound, only a waiting newcomer ends the hold (it starts over): with none, nobody would take over.
+        r = job.round
+        return not any(o.state is S.WAITING and o.round != r for o in job.alive())
+
+    def leave_uncommitted(self, leavers: list[WorkerRecord], round_: int) -> None:
+        """Round ``round_`` forms from step 0 without ``leavers``, members of the round before draining for a
+        notice with no commit heard of (not held, see :meth:`mark`, or no longer): they leave now, stopped. Their
+        work cannot be handed on, and they must not train on beside the new round."""
+        job = self._job
+        log.warning("job %s: no commit was heard of: round %d starts over from the initial weights, and worker(s) "
+                    "%s on leaving host(s) stop now (their uncommitted work cannot be handed on)", job.job_id, round_,
+                    ", ".join(w.worker_id for w in leavers))
+        for w in leavers:
+            self._last_holders.pop(w.worker_id, None)
+            self._started_over.add(w.slot.host)
+            self.send_away(w, f"round {round_} starts over from the initial weights without it (no commit heard of)")
 
     def checkpoint_on_leaving(self, w: WorkerRecord, deadline: float | None) -> None:
         """``w`` holds the state and leaves with no worker to take it (its host's deadline, or the job stopping:
@@ -364,6 +406,9 @@ class Leavers:
                     if host in self._last_hosts:
                         log.warning("%sits workers left at a commit, holding the last copy of the training state: %s",
                                     what, self._last_copy_gone(host))
+                    elif host in self._started_over:
+                        log.warning("%sits workers were stopped before any commit was heard of; the job started over "
+                                    "from the initial weights", what)
                     elif host not in self._forced:
                         log.info("%sits workers left at a commit; 0 steps lost", what)
                     elif rollback_pending:
@@ -372,5 +417,6 @@ class Leavers:
                         log.info("%sremoved by force before its deadline", what)
         self._released &= set(draining)
         self._forced &= set(draining)
+        self._started_over &= set(draining)
         self._last_hosts = {h: seq for h, seq in self._last_hosts.items() if h in draining}
         self._terminating &= set(draining)
