@@ -332,3 +332,25 @@ def test_a_stranger_who_fills_the_store_and_leaves_leaves_the_workers_room_for_t
     assert store.said("their oldest keys are deleted to make room"), store.logged
     stranger = torch_client(store.port)
     assert stranger.get("junk63") == junk and not stranger.check(["junk0"])  # its newest keys, not its oldest
+
+
+def test_making_room_among_many_tiny_stranger_keys_takes_the_oldest_at_once(served):
+    """Review of c9ede00: the oldest stranger key was found by scanning the key dict from its front, past
+    every slot deleted before, so one SET that freed k keys cost O(k²) on the store's only thread (a worker's
+    PING waited 12 s). The bound is 64 MiB here (strangers' quarter 16 MiB, some 120,000 tiny keys); the
+    CPU bound is generous for a loaded machine: the scan took 4.5 CPU-seconds here, taking the oldest 0.08."""
+    store = served(env={"MAX_BYTES": str(64 << 20)})
+    s = connect(store.port, "127.0.0.9")
+    n, batch = 120_000, 40_000
+    for first in range(0, n, batch):  # a stranger: no key of the job's rounds
+        s.sendall(bytes([MULTI_SET]) + struct.pack("<Q", batch) + b"".join(
+            _vec(b"/t%07d" % i) + _vec(b"v") for i in range(first, first + batch)))
+        assert served_still(s), store.logged
+    before = store.cpu_s()
+    for i in range(2):  # each makes room: tens of thousands of the oldest tiny keys go
+        s.sendall(_set(b"/big%d" % i, b"x" * ((8 << 20) - 4096)))
+        assert served_still(s)
+    used = store.cpu_s() - before
+    assert used < 1.0, f"the store used {used:.1f} CPU-seconds to make room for two 8 MiB values"
+    stranger = torch_client(store.port)
+    assert stranger.check([f"t{n - 1:07d}"]) and not stranger.check(["t0000000"])  # its newest kept, oldest gone

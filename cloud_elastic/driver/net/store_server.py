@@ -76,7 +76,7 @@ import socket
 import struct
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any, Callable, Generator
 
 from cloud_elastic.control import round_namespace
@@ -244,7 +244,9 @@ class StoreServer(SelectorServer):
         self._unvalidated: deque[tuple[float, _Client]] = deque()  # by deadline (all have the same timeout)
         self._half_full_said = False
         # What unproven connections wrote, oldest write first: (a queue?, key) -> what it takes of _stored.
-        self._strangers: dict[tuple[bool, bytes], int] = {}
+        # Oldest first; an OrderedDict, so that taking the oldest is O(1): a dict scanned from the front walks past
+        # every slot deleted before, and one command freeing k keys stalled every worker's store for O(k²).
+        self._strangers: OrderedDict[tuple[bool, bytes], int] = OrderedDict()
         self._stranger_bytes = 0
         self._strangers_full_said = False
         self._forget_lock = threading.Lock()
@@ -398,16 +400,20 @@ class StoreServer(SelectorServer):
         if size > share:
             raise ProtocolError(f"an entry of {size} bytes, past the {share} bytes of the store's bound that "
                                 "connections not proven to come from the job may fill", "store full")
-        while self._stranger_bytes - self._strangers.get(entry, 0) + size > share:
-            if not self._strangers_full_said:
-                self._strangers_full_said = True
-                log.warning("rendezvous store: what connections that named no key of the job's rounds wrote holds "
-                            "%d bytes, its share; their oldest keys are deleted to make room", share)
-            victim = next(e for e in self._strangers if e != entry)
-            taken = self._strangers.pop(victim)
-            self._stranger_bytes -= taken
-            self._stored -= taken
-            del (self._queues if victim[0] else self._data)[victim[1]]
+        held = self._strangers.pop(entry, None)  # never taken to make room for itself
+        try:
+            while self._stranger_bytes - (held or 0) + size > share:
+                if not self._strangers_full_said:
+                    self._strangers_full_said = True
+                    log.warning("rendezvous store: what connections that named no key of the job's rounds wrote "
+                                "holds %d bytes, its share; their oldest keys are deleted to make room", share)
+                victim, taken = self._strangers.popitem(last=False)
+                self._stranger_bytes -= taken
+                self._stored -= taken
+                del (self._queues if victim[0] else self._data)[victim[1]]
+        finally:
+            if held is not None:
+                self._strangers[entry] = held
 
     def _is_stranger(self, client: _Client) -> bool:
         """Whether what ``client`` writes counts against the strangers' share (never when none can be proven)."""
