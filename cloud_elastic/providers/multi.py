@@ -1,7 +1,7 @@
 """Several host sources as one :class:`~.api.HostDiscovery`: merged snapshots, prices, capacity.
 
-:class:`MultiSourceDiscovery` calls every source's ``find()`` in turn, on the
-driver's discovery thread, and merges the snapshots; each host is tagged with
+:class:`MultiSourceDiscovery` asks every source's ``find()`` at once, each on a
+thread of its own (a :class:`Caller`), and merges the snapshots; each host is tagged with
 its source's name (``DiscoveredHosts.sources``) and, where known, its price per
 slot-hour (``DiscoveredHosts.prices``).
 
@@ -13,6 +13,10 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   ``--host-missing-grace`` applies to them. One WARNING when a source starts
   failing, one INFO when it recovers. ``find()`` raises only when every source
   failed and none has a snapshot left to report.
+* **A hanging source does not hold the others up.** Each source's call is waited for
+  ``--discovery-timeout`` at most (:func:`call_limit_s`); past it the source counts as
+  failing, as above, named in the message. Its call runs on: no other starts beside it
+  (its releases and capacity changes wait for its end), and its late answer is used.
 * **No fallback raised on a partial first answer.** While a non-fallback source
   that has never answered fails (retryably), for up to ``stale_limit_s``, a
   request to raise a fallback group is kept pending (one INFO line): the job
@@ -43,22 +47,96 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
 from __future__ import annotations
 
 import logging
+import queue
 import re
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from functools import partial
+from typing import Callable, Generic, Mapping, Sequence, TypeVar
 
 from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryError, FatalDiscoveryError,
                                   RetryableDiscoveryError)
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 from cloud_elastic.providers.sources import SourceSpec
 
-__all__ = ["MultiSourceDiscovery", "SourceState", "check_job_flags", "PRICE_RETRY_S"]
+__all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "PRICE_RETRY_S",
+           "MERGE_MARGIN_S"]
 
 log = logging.getLogger(__name__)
 
 #: A failed price look-up is tried again after this long, then twice as long each time, up to the refresh interval.
 PRICE_RETRY_S = 30.0
+#: The merged call is waited for this much longer than its slowest source (the poller's limit never fires first).
+MERGE_MARGIN_S = 5.0
+
+T = TypeVar("T")
+
+
+class Caller(Generic[T]):
+    """Runs ``call`` on one thread of its own, one call at a time, for a waiter that may give up on it.
+
+    A call given up on runs on: the next :meth:`ask` or :meth:`answer` starts none beside it (a provider never
+    sees two calls at once), and :meth:`answer` waits for it and takes its answer. Only one thread calls
+    :meth:`ask` and :meth:`answer`. The thread starts at the first call, not in the constructor.
+    """
+
+    def __init__(self, call: Callable[[], T], name: str = "discovery-call") -> None:
+        self._call = call
+        self._name = name
+        self._asks: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[T] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        #: A call is under way, perhaps given up on (the write paths wait for its end).
+        self.busy = False
+
+    def ask(self) -> None:
+        """Start a call, unless one is under way."""
+        if not self.busy:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+                self._thread.start()
+            self._asks.put(True)
+            self.busy = True
+
+    def answer(self, timeout_s: float) -> T | None:
+        """The answer of the call under way, or of a new one; None if none came within ``timeout_s``."""
+        self.ask()
+        try:
+            result = self._answers.get(timeout=max(0.0, timeout_s))
+        except queue.Empty:
+            return None
+        self.busy = False
+        return result
+
+    def close(self) -> None:
+        """Let the thread end, once the call under way (if any) has."""
+        self._asks.put(False)
+
+    def join(self, timeout_s: float) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        return True
+
+    def _serve(self) -> None:
+        while self._asks.get():
+            self._answers.put(self._call())
+
+
+def call_limit_s(discovery: HostDiscovery, timeout_s: float) -> float:
+    """How long one find() of ``discovery`` is waited for under ``--discovery-timeout`` ``timeout_s``: never less,
+    longer where the provider bounds its calls itself and says so (``limit_calls(timeout_s)``: the script provider
+    kills its script at its own ``timeout_s``; a multi-source provider waits for each source this long)."""
+    limit_calls = getattr(discovery, "limit_calls", None)
+    return timeout_s if limit_calls is None else max(timeout_s, limit_calls(timeout_s))
+
+
+def _outcome(find: Callable[[], DiscoveredHosts]) -> DiscoveredHosts | Exception:
+    try:
+        return find()
+    except Exception as exc:  # handed to the waiting find(), which counts it against this source only
+        return exc
 
 
 @dataclass
@@ -86,6 +164,14 @@ class SourceState:
     above_max_warned: bool = False
     #: Fallback sources told that a raise waits for this source's first answer (logged once each).
     held_back: set[str] = field(default_factory=set)
+    #: Its find() on a thread of its own, when the call under way was asked (time.monotonic), and the releases
+    #: held back while a call given up on runs (the provider takes one call at a time).
+    caller: Caller = field(init=False)
+    asked_at: float = 0.0
+    releases: list[tuple[str, str | None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.caller = Caller(partial(_outcome, self.discovery.find), name=f"discovery-{self.spec.name}")
 
 
 class MultiSourceDiscovery(HostDiscovery):
@@ -95,7 +181,8 @@ class MultiSourceDiscovery(HostDiscovery):
     description = "several host sources in one job (repeat --aws-asg, --gcp-mig...; see docs/multi-source.md)"
 
     def __init__(self, sources: Sequence[tuple[SourceSpec, HostDiscovery]], *, stale_limit_s: float = 600.0,
-                 price_refresh_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 price_refresh_s: float = 300.0, call_timeout_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not sources:
             raise ValueError("MultiSourceDiscovery needs at least one source")
         self.sources = [SourceState(spec, discovery) for spec, discovery in sources]
@@ -104,6 +191,8 @@ class MultiSourceDiscovery(HostDiscovery):
             raise ValueError("source names must be unique")
         self.stale_limit_s = stale_limit_s
         self.price_refresh_s = price_refresh_s
+        #: Each source's call is waited for this long at most (:func:`call_limit_s`); the poller sets it.
+        self.call_timeout_s = call_timeout_s
         self._clock = clock
         self._doubled: set[str] = set()  # hosts already warned about (reported by two sources)
         clouds = self.provider_names()
@@ -127,20 +216,34 @@ class MultiSourceDiscovery(HostDiscovery):
         """The providers of the sources (for the notice watcher), in order, without repeats."""
         return tuple(dict.fromkeys(getattr(s.discovery, "name", "") for s in self.sources))
 
+    def limit_calls(self, timeout_s: float) -> float:
+        """Wait for each source's call up to ``timeout_s`` (``--discovery-timeout``; longer for a source that
+        bounds its own calls); returns how long a whole find() may then take: its slowest source, and a margin."""
+        self.call_timeout_s = timeout_s
+        return max(call_limit_s(s.discovery, timeout_s) for s in self.sources) + MERGE_MARGIN_S
+
     # ------------------------------------------------------------------ find
     def find(self) -> DiscoveredHosts:
         now = self._clock()
         fatal: list[str] = []
+        for source in self.sources:  # all asked at once: a source that hangs holds none of the others up
+            if not source.caller.busy:
+                self._release_held(source)
+                source.asked_at = time.monotonic()
+                source.caller.ask()
         for source in self.sources:
-            self._apply_capacity(source)
-            try:
-                snapshot = source.discovery.find()
-            except DiscoveryError as exc:
-                self._failed(source, exc, now, fatal)
+            limit = call_limit_s(source.discovery, self.call_timeout_s)
+            snapshot = source.caller.answer(source.asked_at + limit - time.monotonic())
+            if snapshot is None:
+                self._failed(source, RetryableDiscoveryError(
+                    f"no answer within {limit:g}s (--discovery-timeout {self.call_timeout_s:g}s); no other call to "
+                    "it starts until that one ends"), now, fatal)
                 continue
-            except Exception as exc:  # a provider bug: counted as a failure of this source only
-                log.exception("host source %r raised an unexpected error", source.spec.name)
-                self._failed(source, RetryableDiscoveryError(f"{type(exc).__name__}: {exc}"), now, fatal)
+            if isinstance(snapshot, Exception):
+                if not isinstance(snapshot, DiscoveryError):  # a provider bug: a failure of this source only
+                    log.error("host source %r raised an unexpected error", source.spec.name, exc_info=snapshot)
+                    snapshot = RetryableDiscoveryError(f"{type(snapshot).__name__}: {snapshot}")
+                self._failed(source, snapshot, now, fatal)
                 continue
             if source.failing_since is not None:
                 log.info("host source %r answers again (it failed for %.0fs)", source.spec.name,
@@ -150,6 +253,8 @@ class MultiSourceDiscovery(HostDiscovery):
             source.slots = {h: n for h, n in source.slots.items() if h in present}
             source.slots.update(snapshot.ready)
             self._refresh_prices(source, snapshot, now)
+        for source in self.sources:  # once every answer is in: a fallback's raise sees what the others answered
+            self._apply_capacity(source)
         if fatal:
             raise FatalDiscoveryError("; ".join(fatal))
         usable = [s for s in self.sources if s.last is not None and
@@ -262,8 +367,8 @@ class MultiSourceDiscovery(HostDiscovery):
 
     def _apply_capacity(self, source: SourceState) -> None:
         asked = source.pending_capacity
-        if asked is None or not source.managed:
-            return
+        if asked is None or not source.managed or source.caller.busy:
+            return  # busy: kept pending until its find() given up on has ended
         if source.spec.fallback and asked > (source.capacity_set or 0) and self._unheard(source):
             return  # kept pending: asked again at every discovery
         hosts = self._within_limits(source, asked)
@@ -326,8 +431,19 @@ class MultiSourceDiscovery(HostDiscovery):
     # ----------------------------------------------------------- the others
     def release(self, host: str, instance: str | None) -> None:
         owner = self._owner(host)
-        if owner is not None:
+        if owner is not None and owner.caller.busy:  # its find() given up on runs: released once it has ended
+            owner.releases.append((host, instance))
+        elif owner is not None:
             owner.discovery.release(host, instance)
+
+    def _release_held(self, source: SourceState) -> None:
+        while source.releases:
+            host, instance = source.releases.pop(0)
+            try:
+                source.discovery.release(host, instance)
+                log.info("released drained host %s%s to the cloud", host, f" ({instance})" if instance else "")
+            except Exception as exc:  # the instance then waits out the cloud's own timeout; the job goes on
+                log.warning("could not release drained host %s: %s", host, exc)
 
     def wake_on_news(self, wake: Callable[[], None]) -> None:
         for source in self.sources:
@@ -338,6 +454,7 @@ class MultiSourceDiscovery(HostDiscovery):
 
     def close(self) -> None:
         for source in self.sources:
+            source.caller.close()
             try:
                 source.discovery.close()
             except Exception:  # closing is best effort

@@ -28,6 +28,8 @@ _CHUNK = 64 * 1024
 _EXITED_GRACE_S = 0.2
 #: How often the script is checked for having exited while its pipes stay open.
 _POLL_S = 0.05
+#: How long past ``timeout_s`` the driver waits for a call: the kill and the last read of its pipes.
+_KILL_MARGIN_S = 2.0
 
 
 class _TooMuch(Exception):
@@ -82,6 +84,11 @@ class DiscoveryScript(HostDiscovery):
             raise ConfigError(f"option 'timeout_s' must be > 0 (a finite number of seconds), "
                               f"got {options['timeout_s']!r}")
         return cls(os.path.abspath(path), slots_per_host=slots_per_host or 1, timeout_s=timeout_s)
+
+    def limit_calls(self, timeout_s: float) -> float:
+        """A call ends by its own ``timeout_s`` (the script is killed at it), so the driver waits that long, not just
+        ``--discovery-timeout`` ``timeout_s`` (see :func:`~cloud_elastic.providers.multi.call_limit_s`)."""
+        return self.timeout_s + _KILL_MARGIN_S
 
     def cancel(self) -> None:
         """From any thread: kill the script running now (its whole process group), and start none again.

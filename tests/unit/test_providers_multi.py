@@ -7,6 +7,8 @@ The sources are scripted stand-ins for providers; the cloud ones are tested over
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 import pytest
 
@@ -159,6 +161,54 @@ def test_a_failing_source_keeps_its_last_hosts_and_the_others_go_on(caplog):
     assert len(warnings) == 1 and "host source 'a': throttled" in warnings[0], warnings
     clock.now += 60  # past the stale limit: its hosts are left out, and the driver's missing grace takes over
     assert set(multi.find().ready) == {"h2", "h3"}
+
+
+class Hung(Scripted):
+    """Answers its first call; holds the later ones (a body trickled a byte at a time) until ``go`` is set."""
+
+    def __init__(self, *answers) -> None:
+        super().__init__(*answers)
+        self.calls, self.go, self.released = 0, threading.Event(), []
+
+    def find(self) -> DiscoveredHosts:
+        self.calls += 1
+        if self.calls > 1:
+            self.go.wait(10)
+        return super().find()
+
+    def release(self, host, instance):
+        self.released.append((host, self.go.is_set()))
+
+
+def test_a_source_that_hangs_is_a_failing_source_and_holds_the_others_up_no_longer_than_its_own_limit(caplog):
+    """A hung source ended the whole merged call at --discovery-timeout: every poll was a failure of the job's
+    discovery (which --elastic-timeout ends) and the healthy sources were never asked again."""
+    from cloud_elastic.driver.runtime.discovery import DiscoveryPoller
+
+    a = Hung(DiscoveredHosts(ready={"h1": 1}), DiscoveredHosts(ready={"h1": 1}), DiscoveredHosts(ready={"h4": 1}))
+    b = Scripted(DiscoveredHosts(ready={"h2": 1}), DiscoveredHosts(ready={"h2": 1, "h3": 1}))
+    multi = MultiSourceDiscovery([(spec("a"), a), (spec("b"), b)])
+    poller = DiscoveryPoller(multi, lambda _result: None, interval_s=1.0, call_timeout_s=0.5)
+    try:
+        assert set(poller.poll_once().ready) == {"h1", "h2"}
+        with caplog.at_level(logging.WARNING):
+            assert set(poller.poll_once().ready) == {"h1", "h2", "h3"}  # a's hosts kept as last seen
+            started = time.monotonic()
+            assert set(poller.poll_once().ready) == {"h1", "h2", "h3"}  # at once: a's call is still waited for
+            assert time.monotonic() - started < 0.4
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "host source 'a': no answer within 0.5s (--discovery-timeout 0.5s)" in \
+            warnings[0], warnings
+        multi.release("h1", None)  # not beside its find() under way
+        assert a.calls == 2 and a.released == []
+        a.go.set()
+        assert set(poller.poll_once().ready) == {"h1", "h2", "h3"}  # its late answer
+        assert set(poller.poll_once().ready) == {"h4", "h2", "h3"} and a.calls == 3
+        assert a.released == [("h1", True)]
+    finally:
+        a.go.set()
+        poller.close()
+        multi.close()
 
 
 def test_no_fallback_is_raised_while_a_spot_source_has_not_answered_yet(caplog):

@@ -150,3 +150,16 @@ def test_options_are_validated_without_running_the_script(make_script, tmp_path:
     assert not (tmp_path / "ran").exists()
     found.find()
     assert (tmp_path / "ran").exists()
+
+
+def test_a_script_given_a_timeout_above_the_discovery_timeout_is_waited_for_up_to_its_own(make_script) -> None:
+    """``-o timeout_s=60`` with ``--discovery-timeout`` left at 30: a script answering at 35 s is the user's
+    choice; the driver gave it up at 30 s, and each call was a failure before its late answer."""
+    from cloud_elastic.driver.runtime.discovery import DiscoveryPoller
+
+    script = provider(make_script("sleep 0.6; echo a"), timeout_s="3")
+    poller = DiscoveryPoller(script, lambda _result: None, interval_s=1.0, call_timeout_s=0.2)
+    try:
+        assert dict(poller.poll_once().ready) == {"a": 1}
+    finally:
+        poller.close()

@@ -8,7 +8,9 @@ is taken.
 No call is waited for longer than ``--discovery-timeout``: an SDK's own timeouts bound each socket read, not a
 request (a server trickling its answer a byte at a time holds one for ever), so find() runs on a thread of its
 own, which the poller stops waiting for. The call then counts as a retryable failure, and the job's
-``--start-timeout`` and ``--elastic-timeout`` run on.
+``--start-timeout`` and ``--elastic-timeout`` run on. A provider that bounds its calls itself is waited for as
+long as it says, if longer (:func:`~cloud_elastic.providers.multi.call_limit_s`): a script given ``-o timeout_s``
+above ``--discovery-timeout``, and a multi-source provider, which waits for each source up to its own limit.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Callable, TextIO, Union
 
 from cloud_elastic.errors import DiscoveryError, FatalDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+from cloud_elastic.providers.multi import Caller, call_limit_s
 
 __all__ = ["discover", "DiscoveryPoller", "DiscoveryFailure", "FailingStreak", "DISCOVERY_TIMEOUT_S", "MAX_BACKOFF_S"]
 
@@ -87,51 +90,6 @@ class FailingStreak:
         return self._interval_s
 
 
-class _Caller:
-    """Runs ``call`` on one thread of its own, one call at a time, for a waiter that may give up on it.
-
-    A call given up on runs on: the next :meth:`answer` starts none beside it (a provider never sees two calls
-    at once) but waits for it and takes its answer. Only one thread (the poller's) calls :meth:`answer`.
-    """
-
-    def __init__(self, call: Callable[[], Result]) -> None:
-        self._call = call
-        self._asks: queue.SimpleQueue[bool] = queue.SimpleQueue()
-        self._answers: queue.SimpleQueue[Result] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        #: A call is under way, perhaps given up on (the write paths wait for its end).
-        self.busy = False
-
-    def answer(self, timeout_s: float) -> Result | None:
-        """The answer of the call under way, or of a new one; None if none came within ``timeout_s``."""
-        if not self.busy:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="discovery-call", daemon=True)
-                self._thread.start()
-            self._asks.put(True)
-            self.busy = True
-        try:
-            result = self._answers.get(timeout=max(0.0, timeout_s))
-        except queue.Empty:
-            return None
-        self.busy = False
-        return result
-
-    def close(self) -> None:
-        """Let the thread end, once the call under way (if any) has."""
-        self._asks.put(False)
-
-    def join(self, timeout_s: float) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            return not self._thread.is_alive()
-        return True
-
-    def _serve(self) -> None:
-        while self._asks.get():
-            self._answers.put(self._call())
-
-
 class DiscoveryPoller:
     """Calls ``discovery.find()`` every ``interval_s`` and reports each result.
 
@@ -145,14 +103,16 @@ class DiscoveryPoller:
     (:meth:`HostDiscovery.wake_on_news`, :meth:`wake`): the next find() then
     starts at once instead of at the end of the interval.
 
-    Each find() is waited for at most ``call_timeout_s`` (``--discovery-timeout``); see the module docstring.
+    Each find() is waited for at most ``call_timeout_s`` (``--discovery-timeout``), or the provider's own
+    limit if longer; see the module docstring.
     """
 
     def __init__(self, discovery: HostDiscovery, on_result: Callable[[Result], None], *, interval_s: float,
                  max_backoff_s: float = MAX_BACKOFF_S, call_timeout_s: float = DISCOVERY_TIMEOUT_S) -> None:
         self._discovery = discovery
         self._call_timeout_s = call_timeout_s
-        self._caller = _Caller(self._call)
+        self._limit_s = call_limit_s(discovery, call_timeout_s)
+        self._caller: Caller[Result] = Caller(self._call)
         self._on_result = on_result
         self._interval_s = interval_s
         self._streak = FailingStreak(interval_s, max_backoff_s)
@@ -199,16 +159,16 @@ class DiscoveryPoller:
     def poll_once(self, stopping: Callable[[], bool] | None = None, *, timeout_s: float | None = None) -> Result:
         """One provider call, its errors translated into a DiscoveryFailure.
 
-        The call runs on the poller's call thread and is waited for ``timeout_s`` at most (default:
-        ``call_timeout_s``); past it, a retryable DiscoveryFailure says so, and the call runs on: the next
-        poll_once starts no other but waits for it (see :class:`_Caller`).
+        The call runs on the poller's call thread and is waited for ``timeout_s`` at most (default: the
+        provider's limit, see the class docstring); past it, a retryable DiscoveryFailure says so, and the call runs on: the next
+        poll_once starts no other but waits for it (see :class:`~cloud_elastic.providers.multi.Caller`).
 
         With ``stopping`` (the driver's first call, made on its main thread, where Ctrl-C is handled): once
         ``stopping()`` is true the call is abandoned within :data:`_STOPPING_CHECK_S`, cancelled where the
         provider can (:meth:`DiscoveryScript.cancel <cloud_elastic.providers.script.DiscoveryScript.cancel>`
         kills the script): a slow first call never holds a stopping job up to the call's own timeout.
         """
-        limit = self._call_timeout_s if timeout_s is None else min(timeout_s, self._call_timeout_s)
+        limit = self._limit_s if timeout_s is None else min(timeout_s, self._limit_s)
         deadline = time.monotonic() + limit
         while True:
             left = deadline - time.monotonic()
