@@ -125,65 +125,50 @@ def test_a_list_that_trickles_ends_at_its_deadline():
     assert time.monotonic() - started < 5
 
 
-def test_a_watch_accepted_then_failed_goes_on_with_its_outage_until_a_stream_shows_it_is_healthy(monkeypatch):
-    """An API server that answers 200 and then an ERROR event (etcd's 500) is down from the first failure: before,
-    each 200 ended the outage, so find() compared stale_after_s with the last retry and never failed."""
+FAILED = {"type": "ERROR", "object": {"kind": "Status", "code": 500, "reason": "InternalError",
+                                      "message": "etcdserver: request timed out"}}
+BOOKMARK = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}
+DOWN = (1010.0, "WatchError: 500 InternalError: etcdserver: request timed out")
+
+
+def troubles(monkeypatch, streams: list[list[dict]]) -> tuple[list, ResourceWatch]:
+    """What trouble() says at each request of a pods watch whose request n, at 1000 + 10 n, streams the events
+    ``streams[n - 1]`` and ends (the request after the last is refused); and the watch."""
     clock = SimpleNamespace(now=1000.0)
     monkeypatch.setattr(kubernetes_watch, "time", SimpleNamespace(time=lambda: clock.now, monotonic=time.monotonic))
-    failed = {"type": "ERROR", "object": {"kind": "Status", "code": 500, "reason": "InternalError",
-                                          "message": "etcdserver: request timed out"}}
-    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}
+    monkeypatch.setattr(kubernetes_watch, "_BACKOFF_FIRST_S", 0.01)
     seen, done, gate = [], threading.Event(), threading.Event()
 
-    def answer(**_):  # request n comes at 1000 + 10 n: the 2nd fails like the 1st, the 3rd has a bookmark
+    def answer(**_):
         clock.now += 10
         seen.append(watch.trouble())
-        if len(seen) == 4:
+        if len(seen) > len(streams):
             done.set()
             gate.wait(10)
             raise ConnectionRefusedError("the test is over")
-        return Response([json.dumps(bookmark if len(seen) == 3 else failed).encode() + b"\n"])
+        return Response([json.dumps(event).encode() + b"\n" for event in streams[len(seen) - 1]])
 
     watch = pods_watch(answer)
     watch.start()
     try:
         assert done.wait(10)
-        why = "WatchError: 500 InternalError: etcdserver: request timed out"
-        assert seen == [None, (1010.0, why), (1010.0, why), None]  # down from the first failure, until the bookmark
-        assert watch.resource_version == "9"
     finally:
         gate.set()
         watch.stop()
+    return seen, watch
+
+
+def test_a_watch_accepted_then_failed_goes_on_with_its_outage_until_a_stream_shows_it_is_healthy(monkeypatch):
+    """An API server that answers 200 and then an ERROR event (etcd's 500) is down from the first failure: before,
+    each 200 ended the outage, so find() compared stale_after_s with the last retry and never failed."""
+    seen, watch = troubles(monkeypatch, [[FAILED], [FAILED], [BOOKMARK]])
+    assert seen == [None, DOWN, DOWN, None]  # down from the first failure, until the bookmark
+    assert watch.resource_version == "9"
 
 
 def test_a_watch_that_ends_at_once_with_nothing_does_not_end_the_outage(monkeypatch):
     """A 200 whose stream ends at once with no line (a proxy or server that will not hold a watch) has shown
     nothing: before, its clean end counted as healthy, so an API server failing every other request was never
     reported stale."""
-    clock = SimpleNamespace(now=1000.0)
-    monkeypatch.setattr(kubernetes_watch, "time", SimpleNamespace(time=lambda: clock.now, monotonic=time.monotonic))
-    monkeypatch.setattr(kubernetes_watch, "_BACKOFF_FIRST_S", 0.01)
-    failed = {"type": "ERROR", "object": {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd"}}
-    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}
-    seen, done, gate = [], threading.Event(), threading.Event()
-
-    def answer(**_):  # request n at 1000 + 10 n: an ERROR, nothing, an ERROR, nothing, a bookmark
-        clock.now += 10
-        seen.append(watch.trouble())
-        if len(seen) == 6:
-            done.set()
-            gate.wait(10)
-            raise ConnectionRefusedError("the test is over")
-        if len(seen) == 5:
-            return Response([json.dumps(bookmark).encode() + b"\n"])
-        return Response([json.dumps(failed).encode() + b"\n"] if len(seen) % 2 else [])
-
-    watch = pods_watch(answer)
-    watch.start()
-    try:
-        assert done.wait(10)
-        down = (1010.0, "WatchError: 500 InternalError: etcd")
-        assert seen == [None, down, down, down, down, None]  # down from the first failure, until the bookmark
-    finally:
-        gate.set()
-        watch.stop()
+    seen, _ = troubles(monkeypatch, [[FAILED], [], [FAILED], [], [BOOKMARK]])
+    assert seen == [None, DOWN, DOWN, DOWN, DOWN, None]  # down from the first failure, until the bookmark
