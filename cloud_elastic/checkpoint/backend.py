@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -39,7 +40,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Mapping, Protocol
 
 from cloud_elastic.checkpoint.api import CheckpointBackendMissing, CheckpointBackendTooOld, CheckpointError
 
-__all__ = ["Backend", "LocalBackend", "FsspecBackend", "Oversize", "backend_for", "split_url"]
+__all__ = ["Backend", "Digest", "LocalBackend", "FsspecBackend", "Oversize", "backend_for", "split_url"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ class NotAFile(Oversize):
 
 #: How the hidden temporary files of the local backend end.
 _TMP = ".tmp"
+#: The most bytes :class:`Digest` writes at once.
+CHUNK = 8 * 1024 * 1024
 
 
 def _within(data: bytes, limit: int | None, url: str) -> bytes:
@@ -392,6 +395,50 @@ class FsspecBackend:
         # A fresh filesystem object, as above.
         url, options = self.url(path), {"skip_instance_cache": True, **self._options}
         return digesting_writer(url, options) if writing else verifying_reader(url, expected or {}, options)
+
+
+class Digest:
+    """SHA-256 and size of everything written through :meth:`wrap`; ``moved(n)``, if given, is told of each
+    :data:`CHUNK` or less as it is written (the store's byte counter: whether a slow write still moves bytes)."""
+
+    def __init__(self, moved: Callable[[int], None] | None = None) -> None:
+        self._sha = hashlib.sha256()
+        self._moved = moved
+        self.size = 0
+        #: The first OSError a write raised: torch.save rewords a failed write as "unexpected pos N vs M".
+        self.error: OSError | None = None
+
+    def wrap(self, f: BinaryIO) -> "Digest._Writer":
+        return Digest._Writer(self, f)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+    class _Writer:
+        def __init__(self, digest: "Digest", f: BinaryIO) -> None:
+            self._digest, self._f = digest, f
+
+        def write(self, data: Any) -> int:
+            view = memoryview(data).cast("B")
+            # In chunks: one tensor's storage is one write, and the counter must grow while a big one uploads.
+            for start in range(0, len(view), CHUNK):
+                self._chunk(view[start:start + CHUNK])
+            return len(view)
+
+        def _chunk(self, view: memoryview) -> None:
+            digest = self._digest
+            try:
+                self._f.write(view)
+            except OSError as exc:
+                digest.error = digest.error or exc
+                raise
+            digest._sha.update(view)
+            digest.size += len(view)
+            if digest._moved is not None:
+                digest._moved(len(view))
+
+        def flush(self) -> None:
+            self._f.flush()
 
 
 def _publish(f: Any, produce: Callable[[BinaryIO], None]) -> None:

@@ -17,7 +17,7 @@ Layout below the store's URL::
 A checkpoint exists once its manifest does. The data object is written and
 published first, the manifest after it, so a reader that finds a manifest
 finds the whole data it describes; a writer that dies in between leaves a
-folder without a manifest, which readers skip and the next save deletes before it writes.
+folder without a manifest, which readers skip and a later save deletes once no writer can be at work in it.
 Folder names sort in the order they were written (UTC time, kept increasing
 past the newest existing name), which is the order ``latest()`` tries them.
 
@@ -36,13 +36,13 @@ import re
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, BinaryIO, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import torch
 
 from cloud_elastic.checkpoint.api import (FORMAT, FORMAT_VERSION, READ_VERSION, SHARDED_FORMAT_VERSION, Checkpoint,
                                           CheckpointError, CheckpointInfo, DurableJobRecord)
-from cloud_elastic.checkpoint.backend import Backend, Oversize, backend_for
+from cloud_elastic.checkpoint.backend import Backend, Digest, Oversize, backend_for
 from cloud_elastic.checkpoint.payload import check_payload
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import safe_load, storage_reason
@@ -72,6 +72,10 @@ _END_OF_TIME = datetime(9000, 1, 1, tzinfo=timezone.utc)
 _META_KEYS = ("epoch", "world_size", "job_id")
 #: Why a folder is no checkpoint (yet): an interrupted write, or one whose manifest is still to come.
 _NO_MANIFEST = "no manifest"
+#: A folder without a manifest that no lock shows dead is kept while younger than this, or than this many times
+#: the longest write this store timed: another host's writer may be at work in it (an upload shows nothing).
+_LIVE_MIN_S = 600.0
+_LIVE_WRITES = 4
 
 
 class CheckpointStore:
@@ -96,6 +100,12 @@ class CheckpointStore:
         self._ignored: set[str] = set()  # names like a checkpoint's with impossible times, warned about once
         self._kept_unverified: set[str] = set()  # checkpoints pruning kept without counting, warned about once
         self._writing: set[str] = set()  # folders this store's saves are writing now (several threads may save)
+        self._longest_write_s = 0.0
+        #: The bytes this store's saves have written: it grows while a write moves bytes, and only then.
+        self.bytes_written = 0
+
+    def _moved(self, count: int) -> None:
+        self.bytes_written += count
 
     @property
     def backend(self) -> Backend:
@@ -165,7 +175,8 @@ class CheckpointStore:
                  version: int = FORMAT_VERSION) -> CheckpointInfo:
         fields, extra = _split_meta(meta)
         backend = self.backend
-        digest = _Digest()
+        digest = Digest(self._moved)
+        began = time.monotonic()
         self._writing.add(name)
         try:
             backend.write(f"{name}/{DATA}", lambda f: torch.save(payload, digest.wrap(f)))
@@ -188,6 +199,7 @@ class CheckpointStore:
                                   f"{storage_reason(exc, digest.error)}") from exc
         finally:
             self._writing.discard(name)
+        self._longest_write_s = max(self._longest_write_s, time.monotonic() - began)
         info = _info(name, backend.url(name), manifest)
         log.info("checkpoint of step %d written to %s (%d bytes%s)", step, info.url, digest.size,
                  "" if shards is None else f", and {sum(size for size, _ in shards.values())} bytes of shards")
@@ -214,12 +226,16 @@ class CheckpointStore:
         the ``keep``-th that does, and does not count, so a torn, tampered or newer-format checkpoint never
         pushes the last readable one out. Nothing is deleted unless ``newest`` (just written) verifies, nor
         past a checkpoint the storage would not let us check. Folders without a manifest older than
-        ``newest`` are interrupted writes and go too. A failure to delete is logged and retried at the next save.
+        ``newest`` go too once :meth:`_interrupted` (no writer at work in them). A failure to delete is logged and
+        retried at the next save.
         """
         backend = self.backend
         verified = 0
         for name in [newest] + list(reversed([n for n in existing if n < newest])):
             try:
+                if name in self._writing:
+                    continue  # another thread's save, its manifest still to come
+                why = None
                 if verified < self.keep:
                     why = self._unverified(name)
                     if why is None:
@@ -235,6 +251,10 @@ class CheckpointStore:
                             log.warning("checkpoint %s does not verify (%s): kept, and not counted among the %d "
                                         "kept", backend.url(name), why, self.keep)
                         continue
+                elif MANIFEST not in backend.sizes(name):
+                    why = _NO_MANIFEST
+                if why == _NO_MANIFEST and not self._interrupted(name):
+                    continue  # a writer may be at work in it
                 # Manifest first: a reader never finds a manifest whose data is being deleted.
                 backend.remove_tree(name, first=MANIFEST)
                 log.debug("deleted old checkpoint %s", backend.url(name))
@@ -244,8 +264,8 @@ class CheckpointStore:
                 return
 
     def _clear_interrupted(self, existing: list[str]) -> list[str]:
-        """Delete the folders of interrupted writes (no manifest) older than the newest checkpoint that verifies,
-        and newer ones the backend knows ``abandoned`` (never one a live writer may be at); ``existing`` less them."""
+        """Delete the folders of interrupted writes (no manifest, and :meth:`_interrupted`: never one a live writer
+        may be at); ``existing`` less them."""
         gone: set[str] = set()
         newest_good = False
         try:
@@ -257,13 +277,23 @@ class CheckpointStore:
                 else:
                     why = self._unverified(name)
                     newest_good = why is None
-                    interrupted = why == _NO_MANIFEST and self.backend.abandoned(name)
-                if interrupted:
+                    interrupted = why == _NO_MANIFEST
+                if interrupted and self._interrupted(name):
                     self._remove(name, "of an interrupted write")
                     gone.add(name)
         except Exception as exc:  # storage trouble here is the save's to report, if it fails too
             log.warning("could not check for interrupted writes in %s: %s", self.url, _one_line(exc))
         return [n for n in existing if n not in gone]
+
+    def _interrupted(self, name: str) -> bool:
+        """Whether no writer is at work in the folder ``name`` (one without a manifest, not this store's save): the
+        backend knows it ``abandoned`` (a dead writer's unlocked temporary files), or it is older than
+        :data:`_LIVE_MIN_S` and :data:`_LIVE_WRITES` times the longest write here (by its name's time)."""
+        if self.backend.abandoned(name):
+            return True
+        when = _time_of(name)
+        live_s = max(_LIVE_MIN_S, _LIVE_WRITES * self._longest_write_s)
+        return when is not None and (datetime.now(timezone.utc) - when).total_seconds() > live_s
 
     def _remove(self, name: str, what: str) -> None:
         """Delete the folder ``name``, manifest first; a refusal is logged (with ``what`` it is), not raised."""
@@ -485,40 +515,6 @@ def record_body(raw: bytes, kind: str, read_version: int | None = None) -> dict[
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-class _Digest:
-    """SHA-256 and size of everything written through :meth:`wrap`."""
-
-    def __init__(self) -> None:
-        self._sha = hashlib.sha256()
-        self.size = 0
-        #: The first OSError a write raised: torch.save rewords a failed write as "unexpected pos N vs M".
-        self.error: OSError | None = None
-
-    def wrap(self, f: BinaryIO) -> "_Digest._Writer":
-        return _Digest._Writer(self, f)
-
-    def hexdigest(self) -> str:
-        return self._sha.hexdigest()
-
-    class _Writer:
-        def __init__(self, digest: "_Digest", f: BinaryIO) -> None:
-            self._digest, self._f = digest, f
-
-        def write(self, data: Any) -> int:
-            view = memoryview(data).cast("B")
-            try:
-                self._f.write(view)
-            except OSError as exc:
-                self._digest.error = self._digest.error or exc
-                raise
-            self._digest._sha.update(view)
-            self._digest.size += len(view)
-            return len(view)
-
-        def flush(self) -> None:
-            self._f.flush()
 
 
 def _split_meta(meta: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:

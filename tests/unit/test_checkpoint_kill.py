@@ -75,6 +75,30 @@ class _FullDisk(LocalBackend):
         super().write(path, produce)
 
 
+class _Stalling(LocalBackend):
+    """A writer at work: its data's temporary file written, it stalls until ``release`` (``entered`` says so)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(str(root))
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def write(self, path, produce):
+        def stalled(f):
+            produce(f)
+            self.entered.set()
+            self.release.wait(30)
+
+        super().write(path, stalled if path.endswith("/state.pt") else produce)
+
+
+class _NoLocks(LocalBackend):
+    """Storage on which no lock tells a live writer from a dead one (an object store, a mount shared by hosts
+    without shared locks)."""
+
+    def abandoned(self, path: str) -> bool:
+        return False
+
+
 def test_sigkill_during_a_write_leaves_the_previous_checkpoint_loadable(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -121,28 +145,45 @@ def test_a_save_keeps_a_live_writers_folder_and_a_failed_save_deletes_its_own(tm
     dead.mkdir()
     (dead / ".state.pt.0badf00d.tmp").write_bytes(b"x" * 1000)
     # A writer still at work (in another store: another process's as far as this one can tell), newer still.
-    entered, release = threading.Event(), threading.Event()
-
-    class Stalling(LocalBackend):
-        def write(self, path, produce):
-            def stalled(f):
-                produce(f)
-                entered.set()
-                release.wait(30)
-
-            super().write(path, stalled if path.endswith("/state.pt") else produce)
-
-    live = CheckpointStore(str(root), keep=1, backend=Stalling(str(root)))
+    stalling = _Stalling(root)
+    live = CheckpointStore(str(root), keep=1, backend=stalling)
     writer = threading.Thread(target=live.save, args=(4, {"step": 4}))
     writer.start()
     try:
-        assert entered.wait(30)
+        assert stalling.entered.wait(30)
         store = CheckpointStore(str(root), keep=1, backend=_FullDisk(root, room=False))
         with pytest.raises(CheckpointError, match="ENOSPC"):
             store.save(5, {"w": torch.ones(4), "step": 5})
         assert not dead.exists() and not list(root.glob("ckpt-*-step000000000005"))
         assert list(root.glob("ckpt-*-step000000000004/.state.pt.*.tmp"))  # the live write goes on
     finally:
-        release.set()
+        stalling.release.set()
         writer.join(30)
     assert [info.step for info in CheckpointStore(str(root)).list()] == [4]  # the live write was not cut
+
+
+@pytest.mark.parametrize("where", ["this-process", "locks", "no-locks"])
+def test_newer_checkpoints_keep_the_older_folder_of_a_writer_still_at_work(tmp_path: Path, where: str) -> None:
+    """The previous rank 0 (this process's earlier writer, or another host's) still writes checkpoint 1 while
+    the new one saves newer checkpoints: their prune leaves its folder alone (found by review: it deleted it
+    mid-write). Without a lock to tell (``no-locks``), a folder this young is taken for a live write."""
+    root = tmp_path / "ckpt"
+    stalling = _Stalling(root)
+    old = CheckpointStore(str(root), keep=1, backend=stalling)
+    saved: list[int] = []
+    writer = threading.Thread(target=lambda: saved.append(old.save(1, {"step": 1}).step))
+    writer.start()
+    try:
+        assert stalling.entered.wait(30)
+        new = old if where == "this-process" else CheckpointStore(
+            str(root), keep=1, backend=LocalBackend(str(root)) if where == "locks" else _NoLocks(str(root)))
+        if new is old:
+            stalling.write = LocalBackend.write.__get__(stalling)  # the new writer's upload does not stall
+        for step in (2, 3):
+            new.save(step, {"step": step})
+        assert len(list(root.glob("ckpt-*-step000000000001/.state.pt.*.tmp"))) == 1
+    finally:
+        stalling.release.set()
+        writer.join(30)
+    assert saved == [1]  # its write was not cut
+    assert 1 in [info.step for info in CheckpointStore(str(root)).list()]

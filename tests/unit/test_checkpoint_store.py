@@ -85,11 +85,18 @@ def test_keep_counts_complete_checkpoints_and_clears_interrupted_writes(tmp_path
     store = CheckpointStore(str(tmp_path), keep=2)
     store.save(1, _payload(1))
     second = store.save(2, _payload(2))
-    (tmp_path / second.name / "manifest.json").unlink()  # as if the writer died before the manifest
+    (tmp_path / second.name / "manifest.json").unlink()  # its writer died before the manifest, or is still at it
     store.save(3, _payload(3))
-    # The interrupted folder does not count as one of the two kept, and is gone.
+    # The folder without a manifest does not count as one of the two kept; while a writer (another host's: no
+    # lock tells) could still be between its data and its manifest, it stays.
     assert [info.step for info in store.list()] == [3, 1]
-    assert second.name not in _folders(tmp_path)
+    assert second.name in _folders(tmp_path)
+    # Older than any write takes: an interrupted write, which the next save deletes.
+    interrupted = "ckpt-20200101T000000000000Z-step000000000002"
+    (tmp_path / second.name).rename(tmp_path / interrupted)
+    store.save(4, _payload(4))
+    assert [info.step for info in store.list()] == [4, 3]
+    assert interrupted not in _folders(tmp_path)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete_data", "garbage_manifest", "newer_format"])

@@ -1,15 +1,19 @@
 """Rank 0's checkpoints on storage slower than training: the final checkpoint is waited for however long it
-takes, and counts as progress meanwhile; a worker that stops being rank 0 does not wait for its upload.
+takes, and counts as progress while it moves bytes; a worker that stops being rank 0 does not wait for its upload,
+and back at rank 0 writes after it, never beside it.
 
 Found by review: a final write over 120 s failed every finished job ("the previous checkpoint was still being
 written after 120s") and the driver's --progress-timeout aborted the round while it ran; a worker moved off rank 0
-blocked its training thread (and so every rank) until its upload finished.
+blocked its training thread (and so every rank) until its upload finished. Then: storage that moved no byte (a hung
+mount) counted as progress for ever, holding the job; and a worker back at rank 0 wrote a second checkpoint beside
+the first, whose prune deleted the first one's folder mid-write (one upload and one copy of the state per turn).
 
 Rank 0's schedule on a fake worker context (its reports recorded), a real store in a directory.
 """
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 
@@ -35,6 +39,38 @@ def _slow(schedule: RankZeroCheckpoints, monkeypatch, release: threading.Event, 
     monkeypatch.setattr(schedule.store, "save", slow)
 
 
+class _Trickle:
+    """A file whose every write takes ``seconds``: storage that is slow but moves bytes."""
+
+    def __init__(self, f, seconds: float) -> None:
+        self._f, self._seconds = f, seconds
+
+    def write(self, data) -> int:
+        time.sleep(self._seconds)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _storage(schedule: RankZeroCheckpoints, monkeypatch, *, seconds_per_write: float = 0.0,
+             hung: threading.Event | None = None) -> None:
+    """Each checkpoint's data goes through :class:`_Trickle`; with ``hung``, none moves a byte until it is set
+    (then the write fails, as a mount that recovers with an I/O error)."""
+    backend = schedule.store.backend
+    real = backend.write
+
+    def write(path, produce):
+        if not path.endswith("/state.pt"):
+            return real(path, produce)
+        if hung is not None:
+            hung.wait(30)
+            raise OSError(errno.EIO, "Input/output error")
+        return real(path, lambda f: produce(_Trickle(f, seconds_per_write)))
+
+    monkeypatch.setattr(backend, "write", write)
+
+
 def _saved(ctx) -> list[int]:
     return [f["step"] for event, f in ctx.reports if event == "saved"]
 
@@ -46,7 +82,7 @@ def test_the_final_checkpoint_is_waited_for_however_long_it_takes_and_counts_as_
     ctx = _ctx()
     ctx.progress = Progress()
     schedule = RankZeroCheckpoints(DurableSettings(url, interval_s=300.0), ctx)
-    _slow(schedule, monkeypatch, threading.Event(), seconds=1.5)
+    _storage(schedule, monkeypatch, seconds_per_write=0.04)  # about 1.5 s a checkpoint, bytes moving throughout
     state = _State(step=1, w=torch.zeros(2))
     schedule.after_commit(state)  # checkpoint 1 starts: slower than the rest of training
     state.step, state.w, ctx.ledger.commit_seq = 10, torch.full((2,), 10.0), 10
@@ -56,6 +92,64 @@ def test_the_final_checkpoint_is_waited_for_however_long_it_takes_and_counts_as_
     # The driver's watch sees the counter grow while the writes go on: no --progress-timeout abort.
     assert ctx.progress.sample() - before >= 2
     assert not schedule.writing
+
+
+def test_a_final_write_that_moves_no_bytes_is_not_progress(tmp_path, monkeypatch):
+    url = str(tmp_path / "ckpt")
+    _record(url)
+    ctx = _ctx()
+    ctx.progress = Progress()
+    schedule = RankZeroCheckpoints(DurableSettings(url, interval_s=300.0), ctx)
+    hung = threading.Event()
+    _storage(schedule, monkeypatch, hung=hung)  # a hung mount: no byte, no error
+    state = _State(step=10, w=torch.zeros(2))
+    out: list[str | None] = []
+    finishing = threading.Thread(target=lambda: out.append(schedule.finish(state)), daemon=True)
+    before = ctx.progress.sample()
+    finishing.start()
+    finishing.join(3.5)
+    # Still waiting, and the driver's watch sees nothing move: --progress-timeout ends the round, as for any
+    # stuck worker, instead of the job waiting on the mount for ever.
+    assert finishing.is_alive() and ctx.progress.sample() == before
+    hung.set()
+    finishing.join(10)
+    assert out and out[0] is not None and out[0].startswith("the final checkpoint (step 10) was not written")
+
+
+def test_back_at_rank_0_a_worker_writes_after_its_earlier_upload_never_beside_it(tmp_path, monkeypatch):
+    url = str(tmp_path / "ckpt")
+    _record(url)
+    ctx = _ctx()
+    schedule = RankZeroCheckpoints(DurableSettings(url, interval_s=300.0), ctx)
+    release, saving, most = threading.Event(), [0], [0]
+    real = schedule.store.save
+
+    def save(*args, **kwargs):  # storage slower than a round
+        saving[0] += 1
+        most[0] = max(most[0], saving[0])
+        try:
+            release.wait(10)
+            return real(*args, **kwargs)
+        finally:
+            saving[0] -= 1
+
+    monkeypatch.setattr(schedule.store, "save", save)
+    state = _State(step=1, w=torch.zeros(1000))
+    for turn in range(3):  # rank 0, then another worker is, and so on: every round shorter than the upload
+        ctx.info.rank, ctx.ledger.commit_seq, state.step = 0, 2 * turn + 1, 2 * turn + 1
+        schedule.after_commit(state)
+        ctx.info.rank, ctx.ledger.commit_seq, state.step = 1, 2 * turn + 2, 2 * turn + 2
+        schedule.after_commit(state)
+    time.sleep(0.3)
+    assert most[0] == 1  # one upload (and one copy of the state) at a time
+    release.set()
+    ctx.info.rank, ctx.ledger.commit_seq, state.step = 0, 7, 7
+    deadline = time.monotonic() + 10
+    while 7 not in _saved(ctx) and time.monotonic() < deadline:  # free again, the writer takes the next commit
+        schedule.after_commit(state)
+        time.sleep(0.05)
+    assert schedule.stop_writing(10.0) is True
+    assert _saved(ctx) == [1, 7] and [info.step for info in schedule.store.list()] == [7, 1]
 
 
 def test_a_worker_that_stops_being_rank_0_goes_on_at_once_and_waits_for_its_upload_at_exit(tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ class DurableSchedule(Protocol):
     (beyond a background write's staging copy); :meth:`load_latest` leaves the
     state at its last commit when it raises; :meth:`stop_writing` returns
     within its timeout; a replica's rank 0 returns from :meth:`finish` when the
-    final write ends, however long it takes (counting as progress meanwhile).
+    final write ends, however long it takes (counting as progress while it moves bytes).
     """
 
     def loads_here(self, info: RoundInfo) -> bool:

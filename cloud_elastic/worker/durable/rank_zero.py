@@ -14,6 +14,8 @@ and registers its :meth:`after_commit` as an after-commit hook of the ledger:
   rank 0: a write in flight then finishes on the writer's own thread (the
   commit does not wait for it), and every later wait of this worker's
   (:meth:`stop_writing`, :meth:`finish`, :meth:`leaving`) waits for it too;
+  back at rank 0 before it finished, the worker takes that writer back, which
+  writes the next checkpoint once it is free: one write in flight per worker;
 * while the driver is unreachable, rank 0 checkpoints at every commit the
   writer is free for, so that the workers' last steps before they stop
   (``--driver-grace``) are on storage for the driver that resumes the job;
@@ -22,8 +24,9 @@ and registers its :meth:`after_commit` as an after-commit hook of the ledger:
   no checkpoint, or storage that cannot be read, raises CheckpointError and
   the worker exits rather than broadcast its initial weights;
 * :meth:`finish` writes the final state when training completed, and waits for it as long as the storage takes
-  (no time limit of its own: a finished job's last checkpoint is its result); while it waits, the write in
-  flight counts as progress for the driver's ``--progress-timeout`` watch (``ctx.progress``);
+  (no time limit of its own: a finished job's last checkpoint is its result); while it waits, a write in
+  flight that moves bytes counts as progress for the driver's ``--progress-timeout`` watch (``ctx.progress``),
+  so storage that moves none for that long (a hung mount) ends the round as any stuck worker does;
 * :meth:`leaving` (the worker is sent away) finishes the checkpoint in flight; rank 0 of the last
   holders of the state, sent away with no worker to take it (the driver's ``ExitOrder.checkpoint_s``:
   a notice for every host at once), first writes a checkpoint of the commit it leaves at, and waits
@@ -58,7 +61,7 @@ log = logging.getLogger(__name__)
 
 #: How long leaving rank 0 waits for the checkpoint being written (:meth:`RankZeroCheckpoints.finish` has no limit).
 FLUSH_TIMEOUT_S = 120.0
-#: While rank 0 waits for a write, how often it tells the driver's progress watch that the write goes on.
+#: While rank 0 waits for a write, how often it tells the driver's progress watch that the write moved bytes.
 PROGRESS_EVERY_S = 1.0
 
 
@@ -105,7 +108,7 @@ class RankZeroCheckpoints:
         self._clock = clock
         self.store = store if store is not None else CheckpointStore(settings.url, keep=settings.keep)
         self._writer: CheckpointWriter | None = None
-        self._retired: list[CheckpointWriter] = []  # writers of earlier turns as rank 0, finishing their write
+        self._retired: CheckpointWriter | None = None  # the writer of an earlier turn as rank 0, at its last write
         self._periodic: PeriodicCheckpointer | None = None
         self._check_store = SeesJob(self.store, settings.url, ctx)  # CheckpointFailed when it is not the driver's
         # What the writer saves to: the job record is read on its thread, before the first checkpoint.
@@ -126,7 +129,7 @@ class RankZeroCheckpoints:
         """The ledger's after-commit hook: checkpoint if this worker is rank 0 and one is due."""
         info = getattr(self._ctx, "info", None)
         if info is None or info.rank != 0:
-            self.stop_writing(0.0)  # a write in flight finishes on its own thread: this commit does not wait
+            self._retire(self._writer)  # a write in flight finishes on its own thread: this commit does not wait
             return
         self._raise_if_failed()
         driver_lost = getattr(self._ctx, "driver_lost", False)
@@ -165,38 +168,50 @@ class RankZeroCheckpoints:
             raise CheckpointFailed(failed.failure, str(failed))
 
     def _start_writing(self) -> None:
-        self._writer = CheckpointWriter(self._checked, on_written=self._written).start()
-        self._failed_seen = 0
+        # The writer of an earlier turn, if it is still there, writes this turn's checkpoints once it is free.
+        self._writer, self._retired = self._retired, None
+        if self._writer is None:
+            self._writer = CheckpointWriter(self._checked, on_written=self._written).start()
+            self._failed_seen = 0
         self._periodic = PeriodicCheckpointer(self._writer, self.settings.interval_s, clock=self._clock)
         log.info("worker %s: rank 0 writes checkpoints to %s every %gs", self._ctx.worker_id, self.settings.url,
                  self.settings.interval_s)
 
     def stop_writing(self, timeout: float | None = FLUSH_TIMEOUT_S) -> bool:
-        """Stop the writer and wait (up to ``timeout``; None: as long as it takes) for its write in flight, and for
-        those of this worker's earlier writers; True when none is left. A write still running goes on."""
-        writer, self._writer, self._periodic = self._writer, None, None
-        if writer is not None:
-            self._retired.append(writer)
-        ends = None if timeout is None else time.monotonic() + timeout
-        for old in self._retired:
-            self._wait(old, None if ends is None else max(0.0, ends - time.monotonic()))
-            old.close(0.0)  # stops its thread once the write is done (at once, if it is)
-        self._retired = [old for old in self._retired if old.busy]
-        return not self._retired
+        """Stop the writer and wait (up to ``timeout``; None: as long as it takes) for its write in flight, or for
+        that of this worker's earlier turn as rank 0; True when none is left. A write still running goes on."""
+        self._retire(self._writer)
+        if self._retired is not None:
+            self._wait(self._retired, timeout)
+            self._retire(self._retired)
+        return self._retired is None
+
+    def _retire(self, writer: CheckpointWriter | None) -> None:
+        """This worker stops writing with ``writer`` (None: it is not writing) or its earlier turn's: a write in
+        flight goes on, and its writer is kept for the next turn as rank 0 (:meth:`_start_writing`) and for the
+        waits of :meth:`stop_writing`; an idle writer is stopped."""
+        self._writer, self._periodic = None, None
+        writer = writer or self._retired
+        self._retired = writer if writer is not None and writer.busy else None
+        if writer is not None and self._retired is None:
+            writer.close(0.0)
 
     def _wait(self, writer: CheckpointWriter, timeout: float | None) -> bool:
         """Wait for ``writer``'s write in flight (up to ``timeout``; None: no limit); True when none is left.
-        Meanwhile the write counts as this worker's progress: the driver's ``--progress-timeout`` watch sees a
-        training thread that waits for storage, not one that is stuck."""
+        Meanwhile each second in which the store's byte counter grew counts as this worker's progress: the
+        driver's ``--progress-timeout`` watch sees a training thread that waits for storage that writes, and
+        gives up on storage that moves no byte for that long, as on a stuck worker."""
         ends = None if timeout is None else time.monotonic() + timeout
         progress = getattr(self._ctx, "progress", None)
+        moved = self.store.bytes_written
         while True:
             left = PROGRESS_EVERY_S if ends is None else min(PROGRESS_EVERY_S, max(0.0, ends - time.monotonic()))
             if writer.wait(left):
                 return True
             if ends is not None and time.monotonic() >= ends:
                 return False
-            if progress is not None:
+            if progress is not None and self.store.bytes_written != moved:
+                moved = self.store.bytes_written
                 progress.mark()
 
     def _report_write_failures(self) -> None:
@@ -245,7 +260,7 @@ class RankZeroCheckpoints:
     # ------------------------------------------------------------ finishing
     def finish(self, state: Any) -> str | None:
         """Training completed: rank 0 writes the final state and waits for it to be stored, as long as the
-        storage takes (the write in flight counts as progress for the driver's watch meanwhile).
+        storage takes (a write that moves bytes counts as progress for the driver's watch meanwhile).
 
         Returns None when it was stored (or this is not rank 0), else why not:
         the job must not report success without the final checkpoint it promised.
