@@ -46,10 +46,13 @@ VARS = {
 }
 
 
-@pytest.fixture(scope="module")
-def rendered(initialised, terraform) -> dict[str, str]:
+# The training code, fetched at boot (a stub git writes train/train.py where it runs).
+SETUP = "git clone https://github.com/you/train.git train"
+
+
+def render(initialised, terraform, **extra: str) -> dict[str, str]:
     workdir = initialised("modules/common")
-    args = [f"-var={k}={v}" for k, v in VARS.items()]
+    args = [f"-var={k}={v}" for k, v in {**VARS, **extra}.items()]
     out = {}
     for role in ("worker", "driver"):
         result = subprocess.run(
@@ -59,6 +62,16 @@ def rendered(initialised, terraform) -> dict[str, str]:
         assert result.returncode == 0, result.stderr
         out[role] = json.loads(json.loads(result.stdout))
     return out
+
+
+@pytest.fixture(scope="module")
+def rendered(initialised, terraform) -> dict[str, str]:
+    return render(initialised, terraform)
+
+
+@pytest.fixture(scope="module")
+def rendered_with_setup(initialised, terraform) -> dict[str, str]:
+    return render(initialised, terraform, setup_commands=SETUP)
 
 
 class Host:
@@ -177,3 +190,48 @@ def test_the_bootstrap_runs_at_the_first_boot_only(rendered, tmp_path, role):
         next(c for c in calls if c.startswith("pip install --quiet") and "torch==2.13.0" in c))
     rc, calls = host.boot()
     assert rc == 0 and calls == []
+
+
+def _with_home(host: Host) -> Path:
+    """The SSH user's home; runuser runs its command there as this test's user, HOME set as runuser sets it."""
+    home = host.root / "home"
+    home.mkdir()
+    host.stub("runuser", f'while [ "$1" != -- ]; do shift; done; shift; HOME={home} exec "$@"')
+    host.stub("git", "mkdir -p train && echo 'print(1)' > train/train.py")
+    return home
+
+
+@pytest.mark.parametrize("role", ["worker", "driver"])
+def test_setup_commands_put_the_code_in_the_home_directory_the_run_line_starts_in(rendered_with_setup, tmp_path, role):
+    """Workers start in the driver's directory: the code must be at that path on every VM, a replacement too."""
+    host = Host(tmp_path, rendered_with_setup[role])
+    home = _with_home(host)
+    (tmp_path / "pip-works").touch()
+    rc, calls = host.boot()
+    assert rc == 0, host.output
+    assert (home / "train/train.py").read_text() == "print(1)\n"
+    runuser = [c for c in calls if c.startswith("runuser ")]
+    assert runuser == [f"runuser -u ubuntu -- bash -c cd && exec bash -eo pipefail {tmp_path}/var/lib/cloud-elastic/setup-commands.sh"]
+    # Last: after cloud-elastic is installed, and the marker only once they succeeded.
+    assert calls.index(runuser[0]) > calls.index("pip install --quiet cloud-elastic[aws]==0.1.0")
+    assert calls[calls.index(runuser[0]) + 1] == SETUP
+    assert (tmp_path / "var/lib/cloud-elastic/bootstrap-done").exists()
+
+
+@pytest.mark.parametrize("error, powers_off", [("fatal: unable to access 'https://github.com/you/train.git/': "
+                                                 "Could not resolve host: github.com", True),
+                                                ("fatal: repository 'https://github.com/you/train.git/' not found", False)])
+def test_a_worker_whose_setup_commands_fail_is_handled_like_a_failed_install(rendered_with_setup, tmp_path, error,
+                                                                             powers_off):
+    """A worker without the code would fail every launch: a network error powers it off, anything else says so."""
+    host = Host(tmp_path, rendered_with_setup["worker"])
+    _with_home(host)
+    (tmp_path / "pip-works").touch()
+    host.stub("git", f'echo "{error}" >&2; exit 128')
+    rc, calls = host.boot()
+    assert rc != 0
+    assert len([c for c in calls if c.startswith("runuser ")]) == 5
+    assert (calls[-1] == "shutdown -h now") is powers_off
+    said = "network step 'setup_commands' still failing" if powers_off else "'setup_commands' (exit 1) would fail the same"
+    assert said in host.output
+    assert not (tmp_path / "var/lib/cloud-elastic/bootstrap-done").exists()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from .conventions import example_problems, readme_problems, variable_problems, version_problems
-from .hcl import CLOUDS, TERRAFORM_DIR, Module, Tree
+from .hcl import CLOUDS, TERRAFORM_DIR, Module, Tree, blocks, reference
 from .properties import CHECKS, NOT_APPLICABLE, PROPERTIES
 
 pytestmark = pytest.mark.terraform
@@ -37,6 +39,24 @@ def test_versions_are_bounded_and_there_is_no_backend(path):
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_readme_example_matches_the_module(tree, cloud):
     assert readme_problems(tree, cloud) == []
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_setup_commands_reach_the_bootstrap_of_every_cloud(tree, cloud):
+    """The training code gets onto the VMs only through them (docs/terraform.md): no cloud may drop them."""
+    assert reference(tree.module(cloud).module_calls["common"].get("setup_commands")) == "var.setup_commands"
+    call = tree.example(cloud).module_calls["cloud_elastic"]
+    assert reference(call.get("setup_commands")) == "var.setup_commands"
+
+
+def test_aws_readme_lists_exactly_the_driver_policys_actions(tree):
+    """The README says the instance profile "allows only" these: a reader auditing it, or a policy copied from it,
+    must see every action iam.tf grants (DescribeLifecycleHooks was once missing) and none it does not."""
+    statements = blocks(tree.module("aws").data("aws_iam_policy_document", "driver"), "statement")
+    granted = {action for s in statements for action in s.get("actions", [])}
+    driver = re.search(r"^- \*\*Driver\*\*.*?(?=^- \*\*|^#)", tree.readme("aws"), re.S | re.M)
+    assert driver, "modules/aws/README.md has no **Driver** item"
+    assert set(re.findall(r"`([a-z0-9]+:[A-Za-z]+)`", driver.group(0))) == granted
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)

@@ -54,6 +54,7 @@ module "cloud_elastic" {
   ssh_public_key     = var.ssh_public_key
   admin_ssh_cidrs    = var.admin_ssh_cidrs
   driver_public_ip   = true
+  setup_commands     = var.setup_commands
 }
 
 locals {

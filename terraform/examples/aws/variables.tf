@@ -36,3 +36,9 @@ variable "admin_ssh_cidrs" {
   type        = list(string)
   description = "Your address ranges, allowed to SSH to the driver."
 }
+
+variable "setup_commands" {
+  type        = string
+  description = "Shell commands every VM runs at first boot, in the SSH user's home directory, to fetch the training code, e.g. \"git clone https://github.com/you/train.git\"; \"\" (the default): the code is on the image."
+  default     = ""
+}

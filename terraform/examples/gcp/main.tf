@@ -30,4 +30,5 @@ module "cloud_elastic" {
   admin_ssh_cidrs  = var.admin_ssh_cidrs
   worker_public_ip = true
   driver_public_ip = true
+  setup_commands   = var.setup_commands
 }

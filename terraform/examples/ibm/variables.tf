@@ -52,3 +52,9 @@ variable "driver_image_name" {
     error_message = "driver_image_name must be an image name (lowercase letters, digits and '-')."
   }
 }
+
+variable "setup_commands" {
+  type        = string
+  description = "Shell commands every VM runs at first boot, in the SSH user's home directory, to fetch the training code, e.g. \"git clone https://github.com/you/train.git\"; \"\" (the default): the code is on the image."
+  default     = ""
+}

@@ -20,6 +20,7 @@ module "common" {
   checkpoint_root    = var.checkpoint_bucket == null ? null : "s3://${var.checkpoint_bucket}"
   checkpoint_prefix  = var.checkpoint_prefix
   training_command   = var.training_command
+  setup_commands     = var.setup_commands
   driver_ip          = aws_instance.driver.private_ip
   tags               = var.tags
 }

@@ -20,6 +20,7 @@ module "common" {
   checkpoint_root    = var.checkpoint_container == null ? null : "az://${var.checkpoint_container.name}"
   checkpoint_prefix  = var.checkpoint_prefix
   training_command   = var.training_command
+  setup_commands     = var.setup_commands
   driver_ip          = azurerm_network_interface.driver.private_ip_address
   tags               = var.tags
 

@@ -25,8 +25,9 @@ locals {
     pip_spec   = var.pip_spec
     torch_spec = var.torch_spec
     # "" is PyPI, whose Linux torch is a CUDA build (for the newest CUDA).
-    torch_index = var.worker_torch_index
-    env         = var.worker_environment
+    torch_index    = var.worker_torch_index
+    env            = var.worker_environment
+    setup_commands = var.setup_commands
   })
   driver_user_data = templatefile("${path.module}/node-init.sh.tftpl", {
     role       = "driver"
@@ -37,8 +38,9 @@ locals {
     pip_spec   = var.pip_spec
     torch_spec = var.torch_spec
     # The driver trains nothing: the CPU build is a tenth of the CUDA one's size.
-    torch_index = "https://download.pytorch.org/whl/cpu"
-    env         = var.driver_environment
+    torch_index    = "https://download.pytorch.org/whl/cpu"
+    env            = var.driver_environment
+    setup_commands = var.setup_commands
   })
 
   checkpoint_prefix = coalesce(var.checkpoint_prefix, var.cluster_name)

@@ -221,3 +221,16 @@ variable "driver_environment" {
     error_message = "driver_environment keys must be upper-case variable names and values may not hold spaces, quotes or shell characters."
   }
 }
+
+variable "setup_commands" {
+  type        = string
+  description = "Shell commands the first-boot script runs last, on the driver and on every worker (replacements included), as ssh_user in its home directory, where the run line is run and so where the workers start: put the training code there unless the image has it, e.g. \"git clone https://github.com/you/train.git\" or \"aws s3 cp s3://bucket/train.tar.gz - | tar xz\". Run by bash -eo pipefail, tried up to five times, so keep them safe to repeat. \"\" (the default) runs nothing."
+  default     = ""
+
+  validation {
+    # The bootstrap must fit a cloud's user-data limit (16 KiB on AWS) and
+    # writes the commands in a here-document ending at that line.
+    condition     = length(var.setup_commands) <= 4096 && !can(regex("(?m)^CLOUD_ELASTIC_SETUP$", var.setup_commands))
+    error_message = "setup_commands must be at most 4096 characters (fetch a longer script instead) and must not hold a line CLOUD_ELASTIC_SETUP."
+  }
+}

@@ -20,6 +20,7 @@ module "common" {
   checkpoint_root    = var.checkpoint_bucket == null ? null : "gs://${var.checkpoint_bucket}"
   checkpoint_prefix  = var.checkpoint_prefix
   training_command   = var.training_command
+  setup_commands     = var.setup_commands
   driver_ip          = google_compute_instance.driver.network_interface[0].network_ip
   tags               = var.labels
 }

@@ -230,6 +230,12 @@ variable "training_command" {
   default     = "python train.py"
 }
 
+variable "setup_commands" {
+  type        = string
+  description = "Shell commands the first-boot script runs last on the driver and on every worker, replacements included, as ssh_user in its home directory (where the run line is run, so where the workers start): how the training code gets onto the VMs unless the image has it, e.g. \"git clone https://github.com/you/train.git\". \"\" (the default) runs nothing."
+  default     = ""
+}
+
 variable "labels" {
   type        = map(string)
   description = "Extra labels for the instances. The discovery labels cannot be overridden (the common module checks that)."

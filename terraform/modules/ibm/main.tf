@@ -20,6 +20,7 @@ module "common" {
   checkpoint_root    = var.checkpoint_bucket == null ? null : "s3://${var.checkpoint_bucket}"
   checkpoint_prefix  = var.checkpoint_prefix
   training_command   = var.training_command
+  setup_commands     = var.setup_commands
   driver_ip          = ibm_is_instance.driver.primary_network_interface[0].primary_ip[0].address
   tags               = var.tags
 

@@ -256,3 +256,28 @@ run "worker_torch_index_with_shell_characters_is_rejected" {
 
   expect_failures = [var.worker_torch_index]
 }
+
+run "setup_commands_run_last_on_the_driver_and_the_workers" {
+  command = plan
+
+  variables {
+    setup_commands = "git clone https://github.com/you/train.git"
+  }
+
+  assert {
+    condition = alltrue([for data in [output.driver_user_data, output.worker_user_data] :
+      strcontains(data, "<<'CLOUD_ELASTIC_SETUP'\ngit clone https://github.com/you/train.git\nCLOUD_ELASTIC_SETUP\n") && strcontains(data, "runuser -u 'ubuntu' -- bash -c 'cd && exec")
+    ])
+    error_message = "the driver and every worker must run setup_commands as ssh_user in its home directory"
+  }
+}
+
+run "setup_commands_that_end_their_here_document_are_rejected" {
+  command = plan
+
+  variables {
+    setup_commands = "true\nCLOUD_ELASTIC_SETUP\nrm -rf /"
+  }
+
+  expect_failures = [var.setup_commands]
+}
