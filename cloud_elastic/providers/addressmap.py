@@ -142,5 +142,11 @@ class AddressMappedDiscovery(HostDiscovery):
     def wake_on_news(self, wake: Callable[[], None]) -> None:
         self.inner.wake_on_news(wake)
 
+    def limit_calls(self, timeout_s: float) -> float:
+        return self.inner.limit_calls(timeout_s)
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
     def close(self) -> None:
         self.inner.close()

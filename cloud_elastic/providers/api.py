@@ -233,6 +233,17 @@ class HostDiscovery(abc.ABC):
         (the provider is polled at ``--discovery-interval`` only).
         """
 
+    def limit_calls(self, timeout_s: float) -> float:
+        """How long the driver waits for one :meth:`find` under ``--discovery-timeout`` ``timeout_s``: optional;
+        a provider that bounds its calls itself, longer, says so (the script provider kills its script at its
+        own ``timeout_s``). Never less than ``timeout_s`` (``multi.call_limit_s``)."""
+        return timeout_s
+
+    def cancel(self) -> None:
+        """From any thread: end the :meth:`find` running now, where the provider can, and start none again (the
+        job is stopping: Ctrl-C during a slow first call). Optional; the default does nothing, and the driver
+        stops waiting for the call at once anyway."""
+
     def close(self) -> None:
         """Release clients and caches. Called once when the driver stops."""
 

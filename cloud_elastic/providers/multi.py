@@ -452,6 +452,10 @@ class MultiSourceDiscovery(HostDiscovery):
             except Exception:  # that source is polled at the interval only; the others keep their receivers
                 log.exception("host source %r could not set up its news receiver", source.spec.name)
 
+    def cancel(self) -> None:
+        for source in self.sources:
+            source.discovery.cancel()
+
     def close(self) -> None:
         for source in self.sources:
             source.caller.close()

@@ -76,3 +76,15 @@ def test_the_wrapped_groups_capacity_limits_reach_manage_capacity():
     wrapped = AddressMappedDiscovery(Limited([DiscoveredHosts(ready={"10.0.0.1": 1})]),
                                      parse_address_map(["10.0.0.0/24=127.0.3.0/24"]))
     assert wrapped.capacity_limits() == (0, 3)
+
+
+def test_a_script_under_the_wrapper_is_waited_for_up_to_its_own_time_limit(tmp_path):
+    """Review of 104e810: a script given -o timeout_s above --discovery-timeout is waited for up to its own
+    limit, but behind --address-map the wrapper hid that, and each call was cut at --discovery-timeout."""
+    from cloud_elastic.providers.multi import call_limit_s
+    from cloud_elastic.providers.script import DiscoveryScript
+
+    script = DiscoveryScript(str(tmp_path / "d.sh"), slots_per_host=1, timeout_s=60.0)
+    wrapped = AddressMappedDiscovery(script, parse_address_map(["10.0.0.0/24=127.0.3.0/24"]))
+    assert call_limit_s(wrapped, 30.0) == call_limit_s(script, 30.0) == 62.0
+    assert call_limit_s(wrapped, 90.0) == 90.0

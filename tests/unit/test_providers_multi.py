@@ -202,6 +202,9 @@ def test_a_source_that_hangs_is_a_failing_source_and_holds_the_others_up_no_long
         multi.release("h1", None)  # not beside its find() under way
         assert a.calls == 2 and a.released == []
         a.go.set()
+        deadline = time.monotonic() + 10  # its call ends on its own thread: wait for the answer to be there
+        while multi.sources[0].caller._answers.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert set(poller.poll_once().ready) == {"h1", "h2", "h3"}  # its late answer
         assert set(poller.poll_once().ready) == {"h4", "h2", "h3"} and a.calls == 3
         assert a.released == [("h1", True)]
