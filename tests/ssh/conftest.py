@@ -92,7 +92,8 @@ StrictModes no
 UsePAM no
 UseDNS no
 PrintMotd no
-AcceptEnv none
+# As Debian's and Ubuntu's sshd: the driver's own locale variables must still not reach workers.
+AcceptEnv LANG LC_*
 MaxStartups {max_startups}
 MaxSessions 50
 LogLevel VERBOSE

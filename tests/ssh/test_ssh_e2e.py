@@ -1,9 +1,10 @@
 """End to end: ``cloud-elastic run --force-ssh`` across "remote" hosts 127.0.0.2/3 through the test sshd.
 
 Each job carries a unique marker (``-x CETEST_MARKER=...``): it is on the
-driver's command line, on every local ssh command line and in every remote
-worker's environment, so "no process of the job is left on any host" is
-checked by listing processes, not by trusting the driver.
+driver's command line, in the driver's environment and so every local ssh
+client's, and in every remote worker's environment (the remote wrappers are
+their parents), so "no process of the job is left on any host" is checked by
+listing processes, not by trusting the driver.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ class DriverRun:
         self.stdout: list[str] = []
         self.stderr: list[str] = []
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                                     start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", "CETEST_MARKER": marker,
+                                          **(env or {})})
         self._readers = [threading.Thread(target=self._read, args=(s, sink), daemon=True)
                          for s, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))]
         for reader in self._readers:
@@ -85,6 +88,16 @@ class DriverRun:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _live_wrappers(pids: list[int]) -> set[int]:
+    """Which of ``pids`` are remote wrappers still running."""
+    return {p.pid for p in processes_with("launch.ssh_remote", cmdline_only=True)} & set(pids)
 
 
 def _worker_pid(marker: str, host: str) -> int:
@@ -141,7 +154,8 @@ def test_stopping_the_driver_leaves_no_process_on_any_host(job, marker, signum, 
               train=("--steps", "100000", "--step-sleep", "0.02", "--log-every", "10"))
     run.wait_for("workers 2")
     remote = [_worker_pid(marker, host) for host in ("127.0.0.2", "127.0.0.3")]
-    ssh_clients = [p for p in processes_with(marker, cmdline_only=True) if "ssh -T" in p.cmdline]
+    remote += [_parent(pid) for pid in remote]  # the wrappers: the job's variables reach them on stdin only
+    ssh_clients = [p for p in processes_with(marker) if "ssh -T" in p.cmdline]
     assert len(ssh_clients) == 2, processes_with(marker)
     if signum == signal.SIGINT:
         os.killpg(run.proc.pid, signum)  # as a terminal's Ctrl-C: the driver's whole foreground group
@@ -153,6 +167,7 @@ def test_stopping_the_driver_leaves_no_process_on_any_host(job, marker, signum, 
     # workers once the driver grace (3 s, plus the wrapper's margin) has passed.
     wait_gone(marker, 30 if signum == signal.SIGKILL else 15)
     assert not {p.pid for p in processes_with(marker)} & set(remote)
+    wait_until(lambda: not _live_wrappers(remote), 10, "the remote wrappers to end")
 
 
 def test_removing_a_host_stops_its_remote_worker(job, marker, tmp_path):

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -23,7 +24,10 @@ pytestmark = [pytest.mark.ssh, pytest.mark.timeout(60)]
 
 
 @pytest.fixture
-def launcher(sshd, recycled_address) -> Iterator[SSHLauncher]:
+def launcher(sshd, recycled_address, tmp_path, monkeypatch) -> Iterator[SSHLauncher]:
+    # A % in TMPDIR, where the private file goes: ssh expands %d (the home directory) in UserKnownHostsFile.
+    (tmp_path / "jobs_100%done").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "jobs_100%done"))
     # The default host-key policy; only the system-wide file is kept out, so the test sees this launcher's file alone.
     config = dataclasses.replace(sshd.config, port=recycled_address.port,
                                  extra_options=("GlobalKnownHostsFile=/dev/null",))

@@ -26,7 +26,10 @@ REMOTE = "127.0.0.2"
 
 @pytest.fixture
 def launcher(sshd) -> Iterator[SSHLauncher]:
-    launcher = SSHLauncher(sshd.config, disconnect_grace_s=2.0)
+    # What users' ssh configs often say (distributions send the locale; bastion users share connections).
+    options = ("SendEnv=LANG LC_*", "ControlMaster=auto", "ControlPath=/tmp/cetest-%C", "ControlPersist=no")
+    config = dataclasses.replace(sshd.config, extra_options=sshd.config.extra_options + options)
+    launcher = SSHLauncher(config, disconnect_grace_s=2.0)
     yield launcher
     launcher.close()
 
@@ -41,7 +44,8 @@ def _parent(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def test_output_env_cwd_and_secret(launcher, marker, tmp_path):
+def test_output_env_cwd_and_secret(launcher, marker, tmp_path, monkeypatch):
+    monkeypatch.setenv("LC_MY_DB_PASSWORD", marker)  # the driver's own: ssh_config's "SendEnv LC_*" must not send it
     secret = "job-secret-" + marker
     tricky = "a b 'c' \"d\" $HOME `x` \\ ; end"
     proc, out = start(launcher, REMOTE, marker, "report", env={"CLOUD_ELASTIC_JOB": "j1", "TRICKY": tricky},
@@ -52,6 +56,7 @@ def test_output_env_cwd_and_secret(launcher, marker, tmp_path):
     assert report["cwd"] == str(tmp_path)
     assert report["env"]["CLOUD_ELASTIC_JOB"] == "j1"
     assert report["env"]["TRICKY"] == tricky
+    assert "LC_MY_DB_PASSWORD" not in report["env"]
     assert report["secret"] == secret  # through the descriptor the wrapper passed, not the environment
     assert SECRET_ENV not in report["env"] and not report["secret_in_proc_environ"]
     assert report["env"]["SSH_CONNECTION"].split()[2] == REMOTE  # really went through sshd
@@ -63,11 +68,16 @@ def test_output_env_cwd_and_secret(launcher, marker, tmp_path):
 
 def test_secret_is_on_stdin_never_on_a_command_line_nor_in_an_environment(launcher, marker):
     secret = "never-in-argv-" + marker
-    proc, out = start(launcher, REMOTE, marker, "sleep", secret=secret)
+    token = "hf_never_in_argv_" + marker + "b" * 100_000  # more than ssh's stdin pipe holds: the rest follows
+    proc, out = start(launcher, REMOTE, marker, "sleep", secret=secret, env={"HF_TOKEN": token})
     worker, child = _ready(out)
     # Neither on a command line nor in any /proc/PID/environ (the wrapper's, the worker's, its child's), which
     # every process of the user can read for the worker's life.
     assert processes_with(secret) == [], "the secret is on a command line or in an environment"
+    # A variable's value (-x) is in the worker's environment, on no command line (the local ssh's included).
+    assert processes_with(token, cmdline_only=True) == [], "a forwarded variable is on a command line"
+    with open(f"/proc/{worker}/environ", "rb") as f:
+        assert f"HF_TOKEN={token}".encode() in f.read().split(b"\0")
     found = processes_with(marker)
     assert {p.pid for p in found} >= {worker, child, proc.ssh_pid}, f"expected {worker}, {child}, ssh: {found}"
     proc.terminate(2.0)
@@ -105,11 +115,17 @@ def test_missing_working_directory_is_reported(launcher, marker):
 def test_terminate_stops_the_whole_group(launcher, marker):
     proc, out = start(launcher, REMOTE, marker, "sleep")
     _ready(out)
+    neighbour = marker.replace("cetest-", "cetest-neighbour-")
+    other, other_out = start(launcher, REMOTE, neighbour, "sleep")  # on the same host, under the user's ControlMaster
+    _ready(other_out)
     began = time.monotonic()
     proc.terminate(5.0)
     assert time.monotonic() - began < 5.0
     assert wait_exit(proc, 5).code == -signal.SIGTERM
     wait_gone(marker, 5)
+    assert other.poll() is None and len(processes_with(neighbour)) >= 3, "stopping a worker stopped its neighbour"
+    other.kill()
+    wait_gone(neighbour, 5)
     proc.terminate(1.0)  # idempotent
     proc.kill()
 

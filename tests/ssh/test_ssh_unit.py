@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import tempfile
 
 import pytest
 
 from cloud_elastic.config import SSHConfig
 from cloud_elastic.driver.launch.api import WorkerSpec
-from cloud_elastic.driver.launch.ssh_remote import MODULE
+from cloud_elastic.driver.launch.ssh_remote import MODULE, parse_env
 from cloud_elastic.driver.launch.ssh import SECRET_ENV, SSHLauncher
-from cloud_elastic.driver.launch.ssh_setup import classify, wrapper_failure
+from cloud_elastic.driver.launch.ssh_setup import classify, env_line, ssh_environ, wrapper_failure
 from cloud_elastic.errors import ConfigError, LaunchError
 
 pytestmark = pytest.mark.timeout(10)
@@ -46,12 +47,14 @@ def test_ssh_invocation_is_non_interactive_and_uses_the_config(tmp_path):
     assert argv[-2:] == ["--", "10.0.1.4"]
 
 
-def test_extra_options_override_defaults_but_not_batch_mode():
-    with SSHLauncher(SSHConfig(extra_options=("StrictHostKeyChecking=no", "UserKnownHostsFile /dev/null",
-                                              "BatchMode=no"))) as launcher:
+def test_extra_options_override_defaults_but_not_batch_mode_nor_a_connection_per_worker():
+    given = ("StrictHostKeyChecking=no", "UserKnownHostsFile /dev/null", "BatchMode=no", "ControlMaster=auto",
+             "ControlPath=/tmp/%C")
+    with SSHLauncher(SSHConfig(extra_options=given)) as launcher:
         argv = launcher.ssh_argv("h")
     options = _options(argv)
-    assert options[0] == "BatchMode=yes"  # first value wins in ssh
+    # First value wins in ssh. A user's ControlMaster would put every worker of a host in one connection.
+    assert options[:3] == ["BatchMode=yes", "ControlMaster=no", "ControlPath=none"]
     assert "StrictHostKeyChecking=accept-new" not in options
     assert "StrictHostKeyChecking=no" in options and "UserKnownHostsFile /dev/null" in options
     assert [o for o in options if o.lower().startswith("userknownhostsfile")] == ["UserKnownHostsFile /dev/null"]
@@ -94,16 +97,39 @@ def test_keepalive_must_leave_room_for_lost_lines():
     SSHLauncher(SSHConfig(), keepalive_interval_s=5, keepalive_timeout_s=0)  # 0 disables
 
 
-def test_remote_command_quotes_everything_and_never_holds_the_secret():
-    spec = _spec(env={"CLOUD_ELASTIC_JOB_ID": "job 1; rm -rf /", "QUOTE": "it's"})
+NASTY = ["job 1; rm -rf /", "it's", 'say "hi"', "$HOME", "`id`", "x\ny", "back\\slash", "", "ünï", "\udcff", "%d"]
+
+
+def test_remote_command_holds_neither_the_secret_nor_the_variables_values():
+    env = {"PYTHONPATH": "/srv/my lib", "HF_TOKEN": "hf_s3cret", **{f"V{i}": v for i, v in enumerate(NASTY)}}
+    spec = _spec(env=env)
     command = SSHLauncher(SSHConfig()).remote_command(spec, "nonce123")
-    assert spec.secret not in command
+    assert spec.secret not in command and "hf_s3cret" not in command
     words = shlex.split(command)
-    assert words[:3] == ["exec", "env", "--"]
-    assert "CLOUD_ELASTIC_JOB_ID=job 1; rm -rf /" in words and "QUOTE=it's" in words
-    assert words[-10:] == ["python3", "-m", MODULE, "nonce123", "5.0", "30.0", "/srv/job", "python", "train.py",
-                           "--lr=0.1"]
+    assert words[:3] == ["exec", "env", "--"] and words[4] == "PYTHONPATH=/srv/my lib"  # it picks the wrapper
+    assert words[5:] == ["python3", "-m", MODULE, "--env", "nonce123", "5.0", "30.0", "/srv/job", "python", "train.py",
+                         "--lr=0.1"]
     assert command.split(" ")[3] == shlex.quote(f"PATH={os.path.dirname(sys.executable)}:") + '"$PATH"'
+    # They follow the secret on ssh's stdin, on one line, and the wrapper reads them back exactly.
+    line = env_line(spec)
+    assert line.endswith("\n") and "\n" not in line[:-1] and line.isascii()
+    assert parse_env(line[:-1]) == {name: value for name, value in env.items() if name != "PYTHONPATH"}
+
+
+def test_ssh_gets_no_variable_that_ssh_config_sends_by_default():
+    environ = {"HOME": "/root", "SSH_AUTH_SOCK": "/run/agent", "LANG": "tr_TR.UTF-8", "LC_ALL": "C",
+               "LC_MY_DB_PASSWORD": "hunter2", "LANGUAGE": "tr", "COLORTERM": "truecolor", "LANGX": "kept"}
+    assert ssh_environ(environ) == {"HOME": "/root", "SSH_AUTH_SOCK": "/run/agent", "LANGX": "kept"}
+
+
+def test_a_percent_in_the_temporary_directory_reaches_ssh_escaped(tmp_path, monkeypatch):
+    odd = tmp_path / "jobs_100%done"  # ssh would read %d as the home directory
+    odd.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(odd))
+    with SSHLauncher(SSHConfig()) as launcher:
+        options = _options(launcher.ssh_argv("h"))
+        assert launcher.known_hosts_file.startswith(str(odd))
+        assert f"UserKnownHostsFile={launcher.known_hosts_file.replace('%', '%%')}" in options
 
 
 def test_a_forwarded_path_gets_the_python_dir_prepended():

@@ -78,3 +78,19 @@ def test_the_file_is_private_and_close_removes_it():
     known.close()
     known.close()
     assert not os.path.exists(os.path.dirname(path))
+
+
+def test_a_file_still_empty_after_the_first_connection_is_warned_about_once(caplog):
+    known, recorded = JobKnownHosts(), JobKnownHosts()
+    try:
+        assert os.path.getsize(known.path) == 0  # created empty, before ssh runs
+        _write(recorded, f"10.0.1.4 {KEY_A}")
+        with caplog.at_level("WARNING", logger="cloud_elastic.driver.launch.known_hosts"):
+            recorded.check_recorded("10.0.1.4:22")
+            assert not caplog.records
+            known.check_recorded("10.0.1.4:22")  # ssh could not write the file: any later key would be accepted
+            known.check_recorded("10.0.1.5:22")
+        assert len(caplog.records) == 1 and "recorded no host key" in caplog.records[0].getMessage()
+    finally:
+        known.close()
+        recorded.close()

@@ -14,9 +14,11 @@ from cloud_elastic.driver.launch.ssh_remote import (
 pytestmark = pytest.mark.timeout(30)
 
 
-def test_arguments_round_trip():
-    args = WrapperArgs("n0nce", 5.0, 30.0, "/srv/my job", ("python", "train.py", "--lr", "0.1"))
+@pytest.mark.parametrize("env_on_stdin", [False, True])
+def test_arguments_round_trip(env_on_stdin):
+    args = WrapperArgs("n0nce", 5.0, 30.0, "/srv/my job", ("python", "train.py", "--lr", "0.1"), env_on_stdin)
     assert parse_args(wrapper_argv(args)) == args
+    assert (wrapper_argv(args)[0] == "--env") is env_on_stdin  # the launcher's; Spark's and Ray's send no variables
 
 
 @pytest.mark.parametrize("argv", [[], ["n", "5", "30", "/"], ["n", "five", "30", "/", "x"], ["n", "5", "-1", "/", "x"],

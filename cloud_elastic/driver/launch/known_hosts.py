@@ -10,7 +10,9 @@ forgets an address's keys when a *different* instance is launched there. A
 changed key for the *same* instance is still refused: that is a real mismatch.
 
 The file lives in a private temporary directory (0700, file 0600), created on
-first use and removed by :meth:`JobKnownHosts.close`.
+first use and removed by :meth:`JobKnownHosts.close`. ssh expands ``%`` tokens
+in its path, which the launcher escapes; should ssh still record no key (a path
+it cannot use), :meth:`JobKnownHosts.check_recorded` says so once.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class JobKnownHosts:
         self._lock = threading.Lock()
         self._dir: str | None = None
         self._instances: dict[str, str] = {}
+        self._checked = False
 
     @property
     def path(self) -> str:
@@ -132,6 +135,26 @@ class JobKnownHosts:
                 return False
         logger.info("address %s now belongs to instance %s (was %s): forgot its old host key", host, instance, previous)
         return True
+
+    def check_recorded(self, destination: str) -> None:
+        """After a connection to ``destination`` got through: log one WARNING, the first time, if the file is empty.
+
+        ssh records a new host's key before it authenticates; an empty file means it could not write it there,
+        so it would accept any later key for that host (``accept-new``), unless ssh's system-wide
+        ``ssh_known_hosts`` knew the key already.
+        """
+        with self._lock:
+            if self._checked or self._dir is None:
+                return
+            self._checked = True
+            path = os.path.join(self._dir, "known_hosts")
+        try:
+            empty = os.path.getsize(path) == 0
+        except OSError:
+            empty = True
+        if empty:
+            logger.warning("ssh recorded no host key in %s after connecting to %s: a changed host key will not be "
+                           "noticed (can ssh write that path? it expands %% and ${...} in it)", path, destination)
 
     def close(self) -> None:
         """Remove the private directory. Idempotent."""

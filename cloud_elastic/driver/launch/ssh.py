@@ -1,13 +1,14 @@
 """The SSH launcher: start workers on remote hosts through the system ``ssh`` client.
 
-One ``ssh`` process per worker, non-interactive (``BatchMode=yes``), no tty.
+One ``ssh`` process and connection per worker (``ControlMaster=no``), non-interactive (``BatchMode=yes``), no tty.
 The remote login shell runs ``python3 -m cloud_elastic.driver.launch.ssh_remote`` (see
 :mod:`cloud_elastic.driver.launch.ssh_remote`; its command line holds no secret), which:
 
 1. reads the per-job secret from the first line of its stdin and hands it to
    the worker through an inherited pipe (``CLOUD_ELASTIC_SECRET_FD``), so it
    never appears on any command line, local or remote, nor in the worker's
-   ``/proc/PID/environ``;
+   ``/proc/PID/environ``; and the worker's variables (but ``PATH`` and ``PYTHON*``,
+   which pick the wrapper's Python) from the second, so their values are on no command line;
 2. starts ``spec.command`` in ``spec.cwd`` in a **new session and process
    group**, stdin from ``/dev/null``, stderr merged into stdout;
 3. runs a watchdog on its own stdin. End of file (the driver closed the pipe,
@@ -48,6 +49,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Callable
 
 from cloud_elastic.config import ENV_NAME, SSH_OPTION, SSHConfig
 from cloud_elastic.driver.launch.known_hosts import JobKnownHosts
@@ -56,28 +58,16 @@ from cloud_elastic.driver.launch.local import forward_lines
 from cloud_elastic.driver.launch.ssh_remote import (REASON_GONE, REASON_KEEPALIVE, SECRET_ENV, WrapperArgs,
                                                     parse_marker, wrapper_argv)
 from cloud_elastic.driver.launch.ssh_setup import (MAX_SETUPS_PER_HOST, SETUP_HOLD_S, SETUP_RETRIES, ConnectionLines,
-                                                   HostGate, classify, is_noise, is_started, option_key,
-                                                   refused_before_key_exchange, remote_prefix, retry_delay, ssh_quote,
-                                                   wants_job_known_hosts, wrapper_failure)
+                                                   HostGate, classify, env_line, is_noise, is_started,
+                                                   refused_before_key_exchange, remote_prefix, retry_delay, ssh_argv,
+                                                   ssh_environ, wants_job_known_hosts, wrapper_failure)
 from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 
 __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
 
 logger = logging.getLogger(__name__)
 
-_SERVER_ALIVE_INTERVAL_S = 5
-_SERVER_ALIVE_COUNT_MAX = 3
 _DRAIN_WAIT_S = 2.0
-
-# Options the user may override through SSHConfig.extra_options (ssh keeps the
-# first value it sees for an option, and the user's options come first).
-_DEFAULT_OPTIONS = (
-    "StrictHostKeyChecking=accept-new",
-    # INFO, not ERROR: ssh says "Timeout, server ... not responding" and "Connection ... timed out" at INFO.
-    "LogLevel=INFO",
-    f"ServerAliveInterval={_SERVER_ALIVE_INTERVAL_S}",
-    f"ServerAliveCountMax={_SERVER_ALIVE_COUNT_MAX}",
-)
 
 
 class SSHLauncher:
@@ -90,7 +80,9 @@ class SSHLauncher:
       are ``Key=Value`` ssh options; they come before the launcher's defaults
       (``StrictHostKeyChecking=accept-new``, ``LogLevel=INFO``,
       ``ServerAliveInterval=5``, ``ServerAliveCountMax=3``, ``IdentitiesOnly=yes``
-      with an identity file), so they override them. ``BatchMode`` cannot be overridden.
+      with an identity file), so they override them. ``BatchMode=yes``, ``ControlMaster=no`` and
+      ``ControlPath=none`` cannot be overridden. ssh runs without ``LANG``, ``LC_*`` and the other variables
+      distributions' ssh_config sends (``SendEnv``): a worker gets only ``spec.env`` from the driver.
     * The launcher writes a keepalive line to every live worker's stdin each
       ``keepalive_interval_s``; a remote wrapper that hears nothing for
       ``keepalive_timeout_s`` (0 disables) stops its worker, so a silently dead
@@ -152,35 +144,18 @@ class SSHLauncher:
         ssh = shutil.which("ssh")
         if ssh is None:
             raise SSHError("the ssh client is not installed on the driver host (install openssh-client)")
-        cfg = self._config
-        argv = [ssh, "-T", "-o", "BatchMode=yes"]
-        for option in cfg.extra_options:
-            argv += ["-o", option]
-        argv += ["-o", f"ConnectTimeout={max(1, math.ceil(cfg.connect_timeout_s))}"]
-        defaults = _DEFAULT_OPTIONS + (("IdentitiesOnly=yes",) if cfg.identity_file else ())
-        if self._known_hosts is not None:
-            defaults += (f"UserKnownHostsFile={ssh_quote(self._known_hosts.path)}", "HashKnownHosts=no")
-        overridden = {option_key(option) for option in cfg.extra_options}
-        for option in defaults:
-            if option_key(option) not in overridden:
-                argv += ["-o", option]
-        if cfg.identity_file:
-            argv += ["-i", cfg.identity_file]
-        if cfg.port is not None:
-            argv += ["-p", str(cfg.port)]
-        if cfg.user:
-            argv += ["-l", cfg.user]
-        return argv + ["--", host]
+        return ssh_argv(ssh, self._config, self._known_hosts.path if self._known_hosts is not None else None, host)
 
     def remote_command(self, spec: WorkerSpec, nonce: str) -> str:
-        """The shell command line the remote login shell runs. Holds no secret."""
+        """The shell command line the remote login shell runs. Holds no secret, and of ``spec.env`` only ``PATH``
+        and ``PYTHON*``: the other variables follow the secret on ssh's stdin."""
         for name in spec.env:
             if not ENV_NAME.match(name):
                 raise LaunchError(f"cannot forward environment variable {name!r} to {spec.host}: not a valid name")
         if SECRET_ENV in spec.env:
             raise LaunchError(f"{SECRET_ENV} must not be in WorkerSpec.env; the secret travels on stdin")
         wrapper = WrapperArgs(nonce, float(self._disconnect_grace_s), float(self._keepalive_timeout_s), spec.cwd,
-                              tuple(spec.command))
+                              tuple(spec.command), env_on_stdin=True)
         return " ".join(remote_prefix(spec) + [shlex.quote(arg) for arg in wrapper_argv(wrapper)])
 
     def launch(self, spec: WorkerSpec, on_output: OutputSink) -> SSHWorkerProcess:
@@ -205,7 +180,8 @@ class SSHLauncher:
         self._log_options_once(argv)
         logger.debug("launching worker %s (slot %s) on %s over ssh", spec.worker_id, spec.slot, spec.host)
         return self._track(SSHWorkerProcess(spec, argv, nonce, on_output, self._destination(spec.host),
-                                            self._keepalive_timeout_s, **self._process_options()))
+                                            self._keepalive_timeout_s, env_line=env_line(spec),
+                                            **self._process_options()))
 
     def attach(self, spec: WorkerSpec, nonce: str, on_output: OutputSink) -> SSHWorkerProcess:
         """Adopt a worker that another driver launched with ``nonce`` on ``spec.host``; return at once.
@@ -231,7 +207,8 @@ class SSHLauncher:
 
     def _process_options(self) -> dict[str, object]:
         hold_s = max(1, math.ceil(self._config.connect_timeout_s)) + SETUP_HOLD_S
-        return {"kill_wait_s": self._kill_wait_s, "gate": self._gate, "setup_hold_s": hold_s}
+        check = self._known_hosts.check_recorded if self._known_hosts is not None else None
+        return {"kill_wait_s": self._kill_wait_s, "gate": self._gate, "setup_hold_s": hold_s, "on_connected": check}
 
     def _track(self, proc: SSHWorkerProcess) -> SSHWorkerProcess:
         """Start ``proc`` and keep it among the live workers (the keepalive thread starts with the first)."""
@@ -306,7 +283,8 @@ class SSHWorkerProcess:
 
     def __init__(self, spec: WorkerSpec, argv: list[str], nonce: str, on_output: OutputSink,
                  destination: str, keepalive_timeout_s: float, *, kill_wait_s: float = 1.0,
-                 gate: HostGate | None = None, setup_hold_s: float = 60.0) -> None:
+                 gate: HostGate | None = None, setup_hold_s: float = 60.0, env_line: str = "",
+                 on_connected: Callable[[str], None] | None = None) -> None:
         self.spec = spec
         self._argv = argv
         self._nonce = nonce
@@ -320,6 +298,9 @@ class SSHWorkerProcess:
         self._lines = ConnectionLines(self._forward)  # ssh's stderr: held back until the connection is set up
         self._marker: tuple[int, str] | None = None
         self._stdin_fd: int | None = None
+        self._unsent = b""  # what ssh's stdin pipe did not take yet: it goes before anything written later
+        self._preamble = f"{spec.secret}\n{env_line}".encode()
+        self._on_connected = on_connected  # called with the destination once the wrapper says the worker runs
         self._stopping = False
         self._reaper: threading.Thread | None = None
         self._exited_at: float | None = None
@@ -384,13 +365,14 @@ class SSHWorkerProcess:
             self._lines.reset()
             try:
                 self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, start_new_session=True)
+                                              stderr=subprocess.PIPE, start_new_session=True,
+                                              env=ssh_environ(os.environ))
             except OSError as exc:
                 self._status = ExitStatus(255, self._transport(f"cannot start the ssh client: {exc}"))
                 return False
             self._stdin_fd = self._proc.stdin.fileno()
             os.set_blocking(self._stdin_fd, False)
-            self._write(f"{self.spec.secret}\n".encode())
+            self._write(self._preamble)
             self._readers = [threading.Thread(target=forward_lines, args=(self._proc.stdout, self._on_stdout),
                                               kwargs={"on_first_data": self._on_first_stdout},
                                               name=f"ssh-out-{self.spec.worker_id}", daemon=True),
@@ -398,6 +380,9 @@ class SSHWorkerProcess:
                                               name=f"ssh-err-{self.spec.worker_id}", daemon=True)]
             for reader in self._readers:
                 reader.start()
+        deadline = time.monotonic() + self._setup_hold_s
+        while self._unsent and time.monotonic() < deadline and not self._progress.wait(0.05):
+            self._write(b"")  # a preamble larger than the pipe goes as ssh reads it
         if not self._gate.await_setup(self._destination, self._progress, self._setup_hold_s):
             self._gate.note_wrapper(self._destination, says_started=False)  # authenticated long ago, yet silent
             return False
@@ -518,13 +503,17 @@ class SSHWorkerProcess:
             self._proc.wait()
 
     def _write(self, data: bytes) -> None:
+        """Write ``data`` to ssh's stdin after what it did not take yet; what it does not take now waits."""
         with self._lock:
             if self._stdin_fd is None:
                 return
+            self._unsent += data
             try:
-                os.write(self._stdin_fd, data)
-            except (BlockingIOError, BrokenPipeError):
-                pass  # ssh is not reading (stalled) or is gone; poll() reports which
+                self._unsent = self._unsent[os.write(self._stdin_fd, self._unsent):]
+            except BlockingIOError:
+                pass  # ssh is not reading (connecting, or stalled): it goes with the next write
+            except BrokenPipeError:
+                self._unsent = b""  # ssh is gone; poll() reports it
             except OSError as exc:
                 logger.debug("writing to ssh for worker %s failed: %s", self.spec.worker_id, exc)
 
@@ -532,7 +521,7 @@ class SSHWorkerProcess:
         with self._lock:
             if self._stdin_fd is None or self._proc is None or self._proc.stdin is None:
                 return
-            self._stdin_fd = None
+            self._stdin_fd, self._unsent = None, b""
             try:
                 self._proc.stdin.close()
             except OSError:
@@ -560,6 +549,8 @@ class SSHWorkerProcess:
                 self._gate.note_wrapper(self._destination, says_started=True)
                 self._lines.connect()
             self._progress.set()
+            if self._on_connected is not None:
+                self._on_connected(self._destination)
             return
         if not is_noise(line):
             self._lines.add(line)

@@ -1,36 +1,30 @@
 """The remote half of the SSH launcher: runs on the worker host as ``python3 -m cloud_elastic.driver.launch.ssh_remote``.
 
-usage: ``python3 -m cloud_elastic.driver.launch.ssh_remote NONCE GRACE_S KEEPALIVE_S CWD COMMAND...``
+usage: ``python3 -m cloud_elastic.driver.launch.ssh_remote [--env] NONCE GRACE_S KEEPALIVE_S CWD COMMAND...``
 or ``python3 -m cloud_elastic.driver.launch.ssh_remote --attach NONCE`` (see 5. below)
 
 One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHLauncher`
 through ssh. It
 
-1. reads the per-job secret from the first line of its stdin and hands it to
-   the worker through an inherited pipe whose descriptor ``CLOUD_ELASTIC_SECRET_FD``
-   names (:func:`secret_pipe`), so the secret is on no command line, local or
-   remote, and not in the worker's environment (``/proc/PID/environ``, which
-   other processes of the user can read, shows the environment a process
-   started with, whatever it removes later);
-2. starts ``COMMAND`` in ``CWD`` in a **new session and process group**, stdin
-   from ``/dev/null``, stderr merged into stdout, asks the kernel to KILL
-   that process if the wrapper dies (``PR_SET_PDEATHSIG``), and says so (:data:`STARTED`);
-3. watches its own stdin (:class:`Watchdog`). A ``KILL`` or ``TERM <grace>``
-   line, or a HUP/INT to the wrapper, stops the worker's *whole process
-   group* at once: TERM, then KILL after the grace. The first TERM to the
-   wrapper (the host is going: start-sshd.sh passes a pod's SIGTERM on) goes
-   to the worker's process alone, which may leave at its next commit
-   (``worker.termination``); a second stops the group. End of file (the driver
-   died, the local ssh died, the connection dropped) or no keepalive line for
-   ``KEEPALIVE_S`` (0 = off) means the driver is gone: the worker may train on
-   for the driver grace (``CLOUD_ELASTIC_DRIVER_GRACE_S`` in the wrapper's
-   environment, as the driver passes it to workers) and normally exits by
-   itself at its end; the wrapper stops its group a margin later
-   (:data:`GRACE_MARGIN_S`), so nothing outlives a lost driver for long.
-   Keepalive lines that resume within the grace cancel it;
-4. when the worker ends, stops whatever is left in its group and writes the
-   worker's exact status on a marker line on stderr (:func:`marker_line`),
-   which the launcher parses (:func:`parse_marker`) and removes from the output;
+1. reads the per-job secret from the first line of its stdin and hands it to the worker through an inherited pipe
+   whose descriptor ``CLOUD_ELASTIC_SECRET_FD`` names (:func:`secret_pipe`), so the secret is on no command line,
+   local or remote, and not in the worker's environment (``/proc/PID/environ``, which other processes of the user
+   can read, shows the environment a process started with, whatever it removes later); with ``--env``, it reads
+   the worker's variables from the second line (:func:`parse_env`), so their values are on no command line either;
+2. starts ``COMMAND`` in ``CWD`` in a **new session and process group**, stdin from ``/dev/null``, stderr merged
+   into stdout, asks the kernel to KILL that process if the wrapper dies (``PR_SET_PDEATHSIG``), and says so
+   (:data:`STARTED`);
+3. watches its own stdin (:class:`Watchdog`). A ``KILL`` or ``TERM <grace>`` line, or a HUP/INT to the wrapper,
+   stops the worker's *whole process group* at once: TERM, then KILL after the grace. The first TERM to the
+   wrapper (the host is going: start-sshd.sh passes a pod's SIGTERM on) goes to the worker's process alone, which
+   may leave at its next commit (``worker.termination``); a second stops the group. End of file (the driver died,
+   the local ssh died, the connection dropped) or no keepalive line for ``KEEPALIVE_S`` (0 = off) means the driver
+   is gone: the worker may train on for the driver grace (``CLOUD_ELASTIC_DRIVER_GRACE_S`` in the worker's
+   variables, as the driver passes it to workers) and normally exits by itself at its end; the wrapper stops its
+   group a margin later (:data:`GRACE_MARGIN_S`), so nothing outlives a lost driver for long. Keepalive lines that
+   resume within the grace cancel it;
+4. when the worker ends, stops whatever is left in its group and writes the worker's exact status on a marker line
+   on stderr (:func:`marker_line`), which the launcher parses (:func:`parse_marker`) and removes from the output;
 5. listens on a Unix socket private to the user (:func:`control_path`, in a 0700
    directory), so that a driver restarted within the grace can adopt the worker
    through a fresh ssh connection running ``--attach NONCE``: that
@@ -50,6 +44,7 @@ spells the two variables of the worker's environment contract it handles itself
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import select
 import signal
@@ -63,11 +58,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-__all__ = [
-    "SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MARKER", "WrapperArgs", "parse_args", "wrapper_argv",
-    "Watchdog", "Order", "STARTED",
-    "marker_line", "parse_marker", "exit_code", "control_path", "attach", "main", "die_with_parent",
-]
+__all__ = ["SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MARKER", "WrapperArgs", "parse_args",
+           "wrapper_argv", "parse_env", "Watchdog", "Order", "STARTED", "marker_line", "parse_marker",
+           "exit_code", "control_path", "attach", "main", "die_with_parent"]
 
 #: The variable the secret must never travel in (the launcher refuses it in a worker's environment).
 SECRET_ENV = "CLOUD_ELASTIC_SECRET"
@@ -104,15 +97,19 @@ class WrapperArgs:
     keepalive_timeout_s: float
     cwd: str
     command: tuple[str, ...]
+    env_on_stdin: bool = False  # ``--env``: the second line of stdin holds variables for the worker
 
 
 def wrapper_argv(args: WrapperArgs) -> list[str]:
     """The arguments after ``-m cloud_elastic.driver.launch.ssh_remote`` that :func:`parse_args` reads back."""
-    return [args.nonce, repr(args.grace_s), repr(args.keepalive_timeout_s), args.cwd, *args.command]
+    flag = ["--env"] if args.env_on_stdin else []
+    return [*flag, args.nonce, repr(args.grace_s), repr(args.keepalive_timeout_s), args.cwd, *args.command]
 
 
 def parse_args(argv: Sequence[str]) -> WrapperArgs:
     """Read the wrapper's arguments; ValueError with a one-line message if they are not ours."""
+    env_on_stdin = argv[:1] == ["--env"]
+    argv = argv[1:] if env_on_stdin else argv
     if len(argv) < 5:
         raise ValueError(f"expected NONCE GRACE_S KEEPALIVE_S CWD COMMAND..., got {len(argv)} argument(s)")
     nonce, grace, keepalive, cwd, *command = argv
@@ -122,7 +119,12 @@ def parse_args(argv: Sequence[str]) -> WrapperArgs:
         raise ValueError(f"GRACE_S and KEEPALIVE_S must be numbers, got {grace!r} and {keepalive!r}") from None
     if not nonce or grace_s < 0 or keepalive_s < 0:
         raise ValueError("NONCE must be non-empty and GRACE_S, KEEPALIVE_S >= 0")
-    return WrapperArgs(nonce, grace_s, keepalive_s, cwd, tuple(command))
+    return WrapperArgs(nonce, grace_s, keepalive_s, cwd, tuple(command), env_on_stdin)
+
+
+def parse_env(line: str) -> dict[str, str]:
+    """The variables on the ``--env`` line: a JSON object (ASCII, so any value, newlines and bytes, comes exactly)."""
+    return {str(name): str(value) for name, value in json.loads(line).items()}
 
 
 def secret_pipe(secret: str) -> int:
@@ -300,10 +302,9 @@ def _private_socket_dir(path: str) -> bool:
 class Wrapper:
     """One worker under the wrapper's watch. ``run`` never returns: the wrapper exits with the worker."""
 
-    def __init__(self, args: WrapperArgs, stdin_fd: int = 0, clock: Callable[[], float] = time.monotonic,
-                 driver_grace_s: float = 0.0) -> None:
+    def __init__(self, args: WrapperArgs, stdin_fd: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
         self._args = args
-        self._driver_grace_s = driver_grace_s
+        self._driver_grace_s = 0.0  # CLOUD_ELASTIC_DRIVER_GRACE_S, once the variables are in (run)
         self._fd = stdin_fd
         self._clock = clock
         self._lock = threading.RLock()  # re-entered by the signal handler, which runs on the main thread
@@ -314,18 +315,21 @@ class Wrapper:
         self._term_passed_on = False  # a SIGTERM to the wrapper went to the worker (see _on_signal)
 
     def run(self) -> None:
-        """Read the secret, start the worker, watch it, report its status, exit."""
-        secret = self._read_secret()
-        if secret is None:
+        """Read the secret (and the variables), start the worker, watch it, report its status, exit."""
+        secret = self._read_line()
+        line = self._read_line() if secret is not None and self._args.env_on_stdin else "{}"
+        if secret is None or line is None:
             _say("the driver went away before the worker started")
             os._exit(1)
+        env = {**os.environ, **parse_env(line)}
+        self._driver_grace_s = _driver_grace_s(env.get(DRIVER_GRACE_ENV))
         if not os.path.isdir(self._args.cwd):
             _say(f"working directory {self._args.cwd} does not exist on this host")
             self._done(127, "cwd")
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         secret_fd = secret_pipe(secret)
-        env = {**os.environ, SECRET_FD_ENV: secret_fd_value(secret_fd)}
+        env[SECRET_FD_ENV] = secret_fd_value(secret_fd)
         try:
             proc = subprocess.Popen(list(self._args.command), cwd=self._args.cwd, env=env,
                                     stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, pass_fds=(secret_fd,),
@@ -472,8 +476,8 @@ class Wrapper:
             return
         self.stop(self._args.grace_s)
 
-    def _read_secret(self) -> str | None:
-        # Byte by byte: whatever follows the first line is the watchdog's.
+    def _read_line(self) -> str | None:
+        # Byte by byte: whatever follows the first line (the second, with --env) is the watchdog's.
         data = b""
         while not data.endswith(b"\n"):
             chunk = os.read(self._fd, 1)
@@ -581,7 +585,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         _say(f"bad arguments ({exc}); is the driver's cloud-elastic version installed on this host?")
         os._exit(2)
-    Wrapper(args, driver_grace_s=_driver_grace_s(os.environ.get(DRIVER_GRACE_ENV))).run()
+    Wrapper(args).run()
 
 
 def _driver_grace_s(raw: str | None) -> float:

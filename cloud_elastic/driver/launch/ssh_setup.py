@@ -1,5 +1,5 @@
 """Setting up the SSH launcher's connections: how many to one host at once, which failed set-ups are tried
-again, how ssh's failures are named, and the pieces of its ssh options.
+again, how ssh's failures are named, and the pieces of its ssh invocation (options, environment, remote command).
 
 sshd drops unauthenticated connections past its ``MaxStartups`` (by default, from the 10th on, 30% of them,
 rising to all at 100), with "kex_exchange_identification: read: Connection reset by peer" on the client's
@@ -18,6 +18,8 @@ What ssh says before the connection is set up (an sshd ``Banner``, say) is held 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import random
 import re
@@ -26,15 +28,16 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, Mapping
 
-from cloud_elastic.config import SSH_OPTION
+from cloud_elastic.config import SSH_OPTION, SSHConfig
 from cloud_elastic.driver.launch.api import WorkerSpec
 from cloud_elastic.driver.launch.ssh_remote import MODULE, STARTED
 
 __all__ = ["MAX_SETUPS_PER_HOST", "OLD_WRAPPER_HOLD_S", "SETUP_HOLD_S", "SETUP_RETRIES", "ConnectionLines",
-           "HostGate", "classify", "is_noise", "is_started", "option_key", "refused_before_key_exchange",
-           "remote_prefix", "retry_delay", "ssh_quote", "wants_job_known_hosts", "wrapper_failure"]
+           "HostGate", "classify", "env_line", "is_noise", "is_started", "option_key", "refused_before_key_exchange",
+           "remote_prefix", "retry_delay", "ssh_argv", "ssh_environ", "ssh_path", "wants_job_known_hosts",
+           "wrapper_failure"]
 
 #: Connections to one host being set up at once: below sshd's default MaxStartups (10), leaving room for others.
 MAX_SETUPS_PER_HOST = 8
@@ -71,6 +74,24 @@ _SSH_FAILURES = (
     ("connection closed", "connection lost: closed"),
     ("broken pipe", "connection lost: broken pipe"),
 )
+
+# Options the user may override through SSHConfig.extra_options (ssh keeps the first value it sees for an
+# option, and the user's options come first).
+_DEFAULT_OPTIONS = (
+    "StrictHostKeyChecking=accept-new",
+    # INFO, not ERROR: ssh says "Timeout, server ... not responding" and "Connection ... timed out" at INFO.
+    "LogLevel=INFO",
+    "ServerAliveInterval=5",
+    "ServerAliveCountMax=3",
+)
+# Options the user cannot override: ssh never prompts, and each worker has a connection of its own. With the user's
+# ControlMaster, every worker on a host would be a session in the first one's connection: stopping that worker
+# ended the others, and its own end went unnoticed while they ran.
+_FIXED_OPTIONS = ("BatchMode=yes", "ControlMaster=no", "ControlPath=none")
+# What distributions' ssh_config sends by default (SendEnv): LANG and LC_* (Debian, Ubuntu), COLORTERM and NO_COLOR
+# (Ubuntu), LANGUAGE and XMODIFIERS (Fedora, RHEL). `-o SendEnv=-*` cannot stop it: ssh reads the command line's
+# options first, and the config files' SendEnv adds the names again afterwards (OpenSSH 9.2).
+_SENT_BY_DEFAULT = re.compile(r"LANG|LANGUAGE|LC_\w*|COLORTERM|NO_COLOR|XMODIFIERS")
 
 # What ssh says at INFO that is news to nobody (lower case prefixes): neither output nor a failure's last words.
 _SSH_NOISE = ("warning: permanently added", "learned new hostkey", "adding new key for")
@@ -244,9 +265,40 @@ def wants_job_known_hosts(extra_options: tuple[str, ...] | list[str]) -> bool:
     return "userknownhostsfile" not in given and strict not in ("yes", "true", "ask")
 
 
-def ssh_quote(value: str) -> str:
-    # ssh splits an -o value on whitespace (UserKnownHostsFile takes several files) unless double-quoted.
-    return f'"{value}"' if any(c.isspace() for c in value) else value
+def ssh_path(path: str) -> str:
+    """``path`` as the value of an ssh option that takes files (UserKnownHostsFile): ssh expands ``%`` tokens
+    and a leading ``~`` there, and splits the value on whitespace unless it is double-quoted."""
+    path = os.path.abspath(path).replace("%", "%%")
+    return f'"{path}"' if any(c.isspace() for c in path) else path
+
+
+def ssh_argv(ssh: str, config: SSHConfig, known_hosts: str | None, host: str) -> list[str]:
+    """The ssh client invocation for ``host`` (without the remote command): the fixed options, the user's, then
+    the defaults the user's do not override; ``known_hosts``, the job-private file, unless ``None``."""
+    argv = [ssh, "-T"]
+    for option in _FIXED_OPTIONS + tuple(config.extra_options):
+        argv += ["-o", option]
+    argv += ["-o", f"ConnectTimeout={max(1, math.ceil(config.connect_timeout_s))}"]
+    defaults = _DEFAULT_OPTIONS + (("IdentitiesOnly=yes",) if config.identity_file else ())
+    if known_hosts is not None:
+        defaults += (f"UserKnownHostsFile={ssh_path(known_hosts)}", "HashKnownHosts=no")
+    overridden = {option_key(option) for option in config.extra_options}
+    for option in defaults:
+        if option_key(option) not in overridden:
+            argv += ["-o", option]
+    if config.identity_file:
+        argv += ["-i", config.identity_file]
+    if config.port is not None:
+        argv += ["-p", str(config.port)]
+    if config.user:
+        argv += ["-l", config.user]
+    return argv + ["--", host]
+
+
+def ssh_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The local ssh's environment: ``environ`` without the variables a distribution's ssh_config sends to the
+    remote host by default (LANG, LC_*...), so that a worker gets only what the driver gives it."""
+    return {name: value for name, value in environ.items() if not _SENT_BY_DEFAULT.fullmatch(name)}
 
 
 def option_key(option: str) -> str:
@@ -254,12 +306,24 @@ def option_key(option: str) -> str:
     return match.group(1).lower() if match else option.lower()
 
 
+def _on_command_line(name: str) -> bool:
+    # They choose the python3 that runs the wrapper, and the cloud_elastic it imports.
+    return name == "PATH" or name.startswith("PYTHON")
+
+
 def remote_prefix(spec: WorkerSpec) -> list[str]:
-    """``exec env -- PATH=... VAR=... python3 -m cloud_elastic.driver.launch.ssh_remote`` for ``spec``, shell-quoted."""
+    """``exec env -- PATH=... PYTHON...=... python3 -m cloud_elastic.driver.launch.ssh_remote`` for ``spec``,
+    shell-quoted. Only ``PATH`` and ``PYTHON*`` are on this line; the other variables go in :func:`env_line`."""
     bindir = os.path.dirname(sys.executable)
     if "PATH" in spec.env:
         path = shlex.quote(f"PATH={bindir}:{spec.env['PATH']}")
     else:
         path = shlex.quote(f"PATH={bindir}:") + '"$PATH"'
-    assignments = [shlex.quote(f"{k}={v}") for k, v in spec.env.items() if k != "PATH"]
+    assignments = [shlex.quote(f"{k}={v}") for k, v in spec.env.items() if k != "PATH" and _on_command_line(k)]
     return ["exec", "env", "--", path, *assignments, "python3", "-m", MODULE]
+
+
+def env_line(spec: WorkerSpec) -> str:
+    """What follows the secret's line on ssh's stdin for a wrapper started with ``--env``: the variables of ``spec``
+    that :func:`remote_prefix` leaves off the command line, as one line of ASCII JSON (``ssh_remote.parse_env``)."""
+    return json.dumps({k: v for k, v in spec.env.items() if not _on_command_line(k)}) + "\n"
