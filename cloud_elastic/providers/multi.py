@@ -18,13 +18,17 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   failing, as above, named in the message. Its call runs on: no other starts beside it
   (its releases and capacity changes wait for its end), and its late answer is used.
 * **No fallback raised on a partial first answer.** While a non-fallback source
-  that has never answered fails (retryably), for up to ``stale_limit_s``, a
-  request to raise a fallback group is kept pending (one INFO line): the job
-  starts on what answered, but a spot group throttled at its first call would
-  otherwise look empty and the fallback's paid instances would be raised.
+  that has never answered fails (retryably), for up to :data:`UNHEARD_HOLD_S` (or
+  ``stale_limit_s`` if shorter), a request to raise a fallback group is kept pending
+  (one INFO line): the job starts on what answered, but a spot group throttled at its
+  first call would otherwise look empty and the fallback's paid instances would be
+  raised. The hold is well below the default ``--start-timeout`` and
+  ``--elastic-timeout``, so a source down from the start does not hold the job back.
 * A source that fails *fatally on its first call* (no such group, no
   credentials) fails the job, naming the source: a typo must not run a job on
-  fewer groups than the user meant. Later fatal errors count as failures.
+  fewer groups than the user meant. A fatal error at any later call (even when the
+  earlier ones failed retryably: ExpiredToken after an hour) is a failure of that
+  source only, as above.
 * A host reported by two sources (two groups that share a subnet) counts for the
   first one given; one WARNING.
 * Prices: a source's ``price`` (per slot-hour) for each of its hosts; else the
@@ -38,7 +42,8 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
 * :meth:`set_capacity` (``--manage-capacity``) goes to the named source, held within
   the group's MinSize..MaxSize where its provider reports them
   (:meth:`~.api.HostDiscovery.capacity_limits`): more than MaxSize asks MaxSize, with
-  one WARNING; less than MinSize asks MinSize. When the
+  one WARNING, and :meth:`capacity_of` says MaxSize (the job asks the rest again once
+  the group shows fewer hosts than it needs); less than MinSize asks MinSize. When the
   credentials may not change the group (AccessDenied), one WARNING says so and the
   source is left unmanaged for the rest of the job; other errors are retried at
   each later ``find()`` until a call succeeds or a newer value replaces it.
@@ -61,7 +66,7 @@ from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 from cloud_elastic.providers.sources import SourceSpec
 
 __all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "PRICE_RETRY_S",
-           "MERGE_MARGIN_S"]
+           "MERGE_MARGIN_S", "UNHEARD_HOLD_S"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,9 @@ log = logging.getLogger(__name__)
 PRICE_RETRY_S = 30.0
 #: The merged call is waited for this much longer than its slowest source (the poller's limit never fires first).
 MERGE_MARGIN_S = 5.0
+#: A fallback raise waits at most this long for a source that has never answered (three calls at the default
+#: --discovery-timeout; well below the default --start-timeout and --elastic-timeout, 600 s).
+UNHEARD_HOLD_S = 90.0
 
 T = TypeVar("T")
 
@@ -89,6 +97,9 @@ class Caller(Generic[T]):
         self._thread: threading.Thread | None = None
         #: A call is under way, perhaps given up on (the write paths wait for its end).
         self.busy = False
+        #: Set while no call runs (its answer may not be taken yet): another thread may wait for it.
+        self._idle = threading.Event()
+        self._idle.set()
 
     def ask(self) -> None:
         """Start a call, unless one is under way."""
@@ -96,6 +107,7 @@ class Caller(Generic[T]):
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
                 self._thread.start()
+            self._idle.clear()
             self._asks.put(True)
             self.busy = True
 
@@ -109,6 +121,15 @@ class Caller(Generic[T]):
         self.busy = False
         return result
 
+    @property
+    def running(self) -> bool:
+        """Whether a call runs now (unlike :attr:`busy`, False once it has ended, its answer not yet taken)."""
+        return not self._idle.is_set()
+
+    def wait_ended(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the call that runs now, if any, to end; whether none runs."""
+        return self._idle.wait(max(0.0, timeout_s))
+
     def close(self) -> None:
         """Let the thread end, once the call under way (if any) has."""
         self._asks.put(False)
@@ -121,7 +142,9 @@ class Caller(Generic[T]):
 
     def _serve(self) -> None:
         while self._asks.get():
-            self._answers.put(self._call())
+            answer = self._call()
+            self._idle.set()  # before the answer is taken: the next ask() clears it after this
+            self._answers.put(answer)
 
 
 def call_limit_s(discovery: HostDiscovery, timeout_s: float) -> float:
@@ -162,6 +185,8 @@ class SourceState:
     managed: bool = True
     capacity_set: int | None = None
     above_max_warned: bool = False
+    #: Whether any call of it has ended (only an error at its first call can be fatal to the job).
+    called: bool = False
     #: Fallback sources told that a raise waits for this source's first answer (logged once each).
     held_back: set[str] = field(default_factory=set)
     #: Its find() on a thread of its own, when the call under way was asked (time.monotonic), and the releases
@@ -244,7 +269,9 @@ class MultiSourceDiscovery(HostDiscovery):
                     log.error("host source %r raised an unexpected error", source.spec.name, exc_info=snapshot)
                     snapshot = RetryableDiscoveryError(f"{type(snapshot).__name__}: {snapshot}")
                 self._failed(source, snapshot, now, fatal)
+                source.called = True
                 continue
+            source.called = True
             if source.failing_since is not None:
                 log.info("host source %r answers again (it failed for %.0fs)", source.spec.name,
                          now - source.failing_since)
@@ -266,7 +293,7 @@ class MultiSourceDiscovery(HostDiscovery):
 
     def _failed(self, source: SourceState, exc: DiscoveryError, now: float, fatal: list[str]) -> None:
         message = f"host source {source.spec.name!r}: {exc}"
-        if isinstance(exc, FatalDiscoveryError) and source.last is None:
+        if isinstance(exc, FatalDiscoveryError) and not source.called:
             fatal.append(message)
             return
         if source.failing_since is None:
@@ -367,8 +394,8 @@ class MultiSourceDiscovery(HostDiscovery):
 
     def _apply_capacity(self, source: SourceState) -> None:
         asked = source.pending_capacity
-        if asked is None or not source.managed or source.caller.busy:
-            return  # busy: kept pending until its find() given up on has ended
+        if asked is None or not source.managed or source.caller.running:
+            return  # kept pending until its find() given up on has ended (one call at a time)
         if source.spec.fallback and asked > (source.capacity_set or 0) and self._unheard(source):
             return  # kept pending: asked again at every discovery
         hosts = self._within_limits(source, asked)
@@ -385,20 +412,20 @@ class MultiSourceDiscovery(HostDiscovery):
                         "retrying at the next discovery", source.spec.name, hosts, exc)
             return
         source.pending_capacity = None
-        source.capacity_set = asked
+        source.capacity_set = min(asked, hosts)  # held at MaxSize: that is what was set (held at MinSize: as asked)
         log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
 
     def _unheard(self, fallback: SourceState) -> bool:
         """Whether a non-fallback source that has never answered is still failing within the stale limit (a
         fallback raised now would be paid for what may be a throttled first call); logs it once per source."""
-        now = self._clock()
+        now, hold_s = self._clock(), min(self.stale_limit_s, UNHEARD_HOLD_S)
         unheard = [s for s in self.sources if not s.spec.fallback and s.last is None and s.failing_since is not None
-                   and now - s.failing_since <= self.stale_limit_s]
+                   and now - s.failing_since <= hold_s]
         for s in unheard:
             if fallback.spec.name not in s.held_back:
                 s.held_back.add(fallback.spec.name)
                 log.info("--manage-capacity: not raising host source %r while host source %r has not answered yet "
-                         "(%s); for up to %gs", fallback.spec.name, s.spec.name, s.error, self.stale_limit_s)
+                         "(%s); for up to %gs", fallback.spec.name, s.spec.name, s.error, hold_s)
         return bool(unheard)
 
     def _within_limits(self, source: SourceState, hosts: int) -> int:
@@ -418,10 +445,17 @@ class MultiSourceDiscovery(HostDiscovery):
         return max(hosts, low)
 
     def capacity_of(self, source: str) -> int | None:
-        """The desired capacity this job last had set on ``source``'s group, as the job asked it (the group
-        holds it within its MinSize..MaxSize); None: none set, or not a source."""
+        """The desired capacity this job last had set on ``source``'s group: as the job asked it, or the
+        group's MaxSize where it held the request there (0 where MinSize held a lowering above it); None: none
+        set, or not a source."""
         state = self._by_name.get(source)
         return None if state is None else state.capacity_set
+
+    def wait_for(self, source: str, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the call to ``source`` under way, if any, to end (its group may be set
+        then, whatever the other sources' calls do); whether it ended."""
+        state = self._by_name.get(source)
+        return state is None or state.caller.wait_ended(timeout_s)
 
     def managed(self, source: str) -> bool:
         """Whether the driver still manages ``source``'s group (False after AccessDenied)."""

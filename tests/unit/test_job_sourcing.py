@@ -267,6 +267,28 @@ def test_with_whole_hosts_a_fallback_host_leaves_once_a_whole_host_of_replacemen
     assert [sim.state(s) for s in ("od0[0]", "od0[1]")] == [WorkerState.DRAINING] * 2
 
 
+def test_a_fallback_group_its_own_scaling_lowered_is_asked_again_while_the_job_still_needs_it():
+    from cloud_elastic.driver.job.sourcing import REASK_S
+
+    sim = Sourced(2, manage_capacity=True)
+    sim.groups(a=1, b=1)
+    sim.join("a0[0]", "b0[0]")
+    sim.groups(a=1)  # below --min-np 2: the fallback group is raised to 1
+    sim.exit("b0[0]", CLEAN)
+    sim.groups(a=1, od=1)
+    sim.join("a0[0]", "od0[0]")
+    sim.groups(a=1)  # a scheduled action sets the group back to 0: its host goes
+    sim.exit("od0[0]", CLEAN)
+    sim.advance(REASK_S / 2)
+    assert sim.capacity == [SetCapacity("od", 1)]
+    sim.advance(REASK_S / 2 + 1)
+    sim.groups(a=1)
+    assert sim.capacity == [SetCapacity("od", 1)] * 2
+    assert sim.events[-1][1]["reason"].endswith("asked again: the group shows 0 host(s)")
+    sim.groups(a=1, od=1)
+    assert sim.slots_launched()[-1] == "od0[0]"
+
+
 def test_without_manage_capacity_no_group_is_ever_changed():
     sim = Sourced(2)
     sim.groups(a=1, b=1)

@@ -268,6 +268,18 @@ def test_a_fatal_error_after_a_first_good_answer_counts_as_a_failing_source():
     assert set(multi.find().ready) == {"h1", "h2"}
 
 
+def test_a_fatal_error_after_a_first_retryable_failure_counts_as_a_failing_source_not_the_jobs():
+    # Throttled at the job's first call, then ExpiredToken an hour later: that source fails, the others go on.
+    clock = Clock()
+    a = Scripted(DiscoveredHosts(ready={"h1": 1}), DiscoveredHosts(ready={"h1": 1, "h3": 1}))
+    b = Scripted(RetryableDiscoveryError("Throttling"), FatalDiscoveryError("(ExpiredToken) token expired"))
+    multi = MultiSourceDiscovery([(spec("a"), a), (spec("b"), b)], clock=clock)
+    assert set(multi.find().ready) == {"h1"}
+    clock.now += 3600
+    assert set(multi.find().ready) == {"h1", "h3"}
+    assert "ExpiredToken" in multi.sources[1].error
+
+
 def test_a_host_two_sources_report_counts_for_the_first(caplog):
     a = Scripted(DiscoveredHosts(ready={"h": 1}))
     b = Scripted(DiscoveredHosts(ready={"h": 2}))
@@ -394,3 +406,58 @@ def test_the_capacity_asked_is_held_within_the_groups_min_and_max_size_with_one_
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "wants 4 host(s) of host source 'od'" in warnings[0] and "maximum size is 2" in \
         warnings[0]
+
+
+def test_a_raise_held_at_the_groups_max_size_is_recorded_as_such_and_made_whole_once_the_maximum_is_raised():
+    """The warning says "raise the group's maximum to give the job more": the job's next request must get it."""
+    od = Scripted(DiscoveredHosts(), limits=(0, 1))
+    multi = MultiSourceDiscovery([(spec("spot"), Scripted(DiscoveredHosts(ready={"h": 1}))),
+                                  (spec("od", fallback=True), od)])
+    multi.find()
+    multi.set_capacity(2, source="od")
+    assert (od.capacity_calls, multi.capacity_of("od")) == ([1], 1)
+    od.limits = (0, 4)  # the user raises MaxSize; the job asks again (the group shows fewer hosts than it needs)
+    multi.set_capacity(2, source="od")
+    assert (od.capacity_calls, multi.capacity_of("od")) == ([1, 2], 2)
+    od.limits = (1, 4)
+    multi.set_capacity(0, source="od")  # held at MinSize: what the job asked is done (the job ends with it)
+    assert (od.capacity_calls, multi.capacity_of("od")) == ([1, 2, 1], 0)
+
+
+def test_a_spot_source_down_from_the_start_holds_the_fallback_well_within_the_start_timeout(caplog):
+    from cloud_elastic.providers.multi import UNHEARD_HOLD_S
+
+    clock = Clock()
+    od = Scripted(DiscoveredHosts())
+    multi = MultiSourceDiscovery([(spec("spot"), Scripted(RetryableDiscoveryError("no answer"))),
+                                  (spec("od", fallback=True), od)], clock=clock)  # stale limit: 600 s
+    multi.find()
+    with caplog.at_level(logging.INFO):
+        multi.set_capacity(1, source="od")
+    assert od.capacity_calls == [] and f"for up to {UNHEARD_HOLD_S:g}s" in caplog.text
+    assert UNHEARD_HOLD_S <= 120  # the default --start-timeout and --elastic-timeout are 600 s
+    clock.now += UNHEARD_HOLD_S + 1
+    multi.find()
+    assert od.capacity_calls == [1]
+
+
+def test_a_fallback_group_may_be_set_while_another_sources_call_hangs():
+    """At the job's end the driver waits for the fallback source's own call, not the merged one (which a hung
+    source holds up to its limit), and the group is set at once."""
+    spot = Hung(DiscoveredHosts(ready={"h1": 1}))
+    od = Scripted(DiscoveredHosts(ready={"od1": 1}))
+    multi = MultiSourceDiscovery([(spec("spot"), spot), (spec("od", fallback=True), od)], call_timeout_s=5)
+    multi.find()
+    merged = threading.Thread(target=multi.find, daemon=True)  # the poller's call: waits on spot
+    merged.start()
+    try:
+        deadline = time.monotonic() + 5
+        while spot.calls < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert multi.wait_for("od", 5) and not multi.wait_for("spot", 0.05)
+        multi.set_capacity(0, source="od")
+        assert od.capacity_calls == [0] and merged.is_alive()
+    finally:
+        spot.go.set()
+        merged.join(5)
+        multi.close()

@@ -201,6 +201,33 @@ def test_at_the_end_a_discovery_call_that_does_not_end_leaves_the_group_named_as
            "not end within 0s; set it to 0 yourself" in caplog.text
 
 
+class _Sources(_Cloud):
+    """Several sources: the fallback's own call may end while another source's (and so the merged one) hangs."""
+
+    def __init__(self, ended: bool, capacity: int | None) -> None:
+        super().__init__(refusals=0)
+        self.ended, self.capacity = ended, capacity
+
+    def wait_for(self, source: str, timeout_s: float) -> bool:
+        return self.ended
+
+
+def test_at_the_end_a_hanging_source_holds_up_no_other_sources_group_and_a_raise_never_made_is_not_called_made(
+        caplog):
+    from cloud_elastic.driver.runtime import raised
+
+    sim = _raised_job()
+    cloud = _Sources(ended=True, capacity=1)
+    raised.lower(sim.job, cloud, threading.Condition(), _BusyPoller(), join_s=0)
+    assert (cloud.calls, cloud.capacity, sim.job.capacity.sourcing.raised()) == (1, 0, {})
+    sim = _raised_job()
+    held = _Sources(ended=False, capacity=None)  # the raise was held back, and the fallback's own call hangs
+    with caplog.at_level(logging.INFO):
+        raised.lower(sim.job, held, threading.Condition(), _BusyPoller(), join_s=0)
+    assert held.calls == 0 and "stays at" not in caplog.text
+    assert "host source 'od': the raise to 1 this driver asked was never made" in caplog.text
+
+
 def test_while_a_restarted_driver_waits_out_its_predecessor_its_metrics_already_show_the_carried_cost(
         tmp_path, monkeypatch):
     """A scrape during the wait (up to --driver-grace) that saw the cost counter at 0, then at the carried total

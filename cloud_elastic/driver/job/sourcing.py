@@ -25,7 +25,9 @@ Only for a job with several sources (``Policy.sources``, see
   with no rollback; one not ready yet leaves at once.
 * **Capacity** (``--manage-capacity``): while fallback slots are wanted and the
   preferred fallback group shows fewer hosts than they need, one :class:`~.actions.SetCapacity`
-  raises its desired capacity to ``ceil(wanted slots / slots per host)``; once no
+  raises its desired capacity to ``ceil(wanted slots / slots per host)``, asked again every
+  :data:`REASK_S` while the group still shows fewer (its own scaling lowered it, its MaxSize
+  held the raise and has been raised since, a host of it was lost); once no
   fallback slot is wanted and no worker is left on a group the job raised, one sets
   it back to 0. Nothing before the job's first discovery answer (a failed first call
   shows no host, not a lack of them). Nothing else: a group the job never raised is never lowered, and a
@@ -59,7 +61,7 @@ from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.providers.sources import SourceSpec
 
-__all__ = ["choose", "FallbackRule", "Sourcing", "COST_EVENT_EVERY_S", "COST_EVENT_MAX_S"]
+__all__ = ["choose", "FallbackRule", "Sourcing", "COST_EVENT_EVERY_S", "COST_EVENT_MAX_S", "REASK_S"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,9 @@ COST_EVENT_MAX_S = 60.0
 #: The fallback is weighed again at least this often (a blacklisted slot coming back, --fallback-after's timer),
 #: and at once when a host or a worker changed: a step of a large job does not count every slot.
 RECHECK_S = 1.0
+#: A fallback group that shows fewer hosts than wanted is asked again after this long (its instances take a minute
+#: or more to boot: a repeat before is not needed; the group's own scaling may have lowered it since).
+REASK_S = 60.0
 
 
 def _rank(spec: SourceSpec | None) -> tuple[bool, int]:
@@ -130,6 +135,7 @@ class Sourcing:
         self.wanted, self.why = 0, ""
         #: Source -> the desired capacity the job last asked for.
         self.requested: dict[str, int] = {}
+        self._asked_at: dict[str, float] = {}  # source -> when the job last asked it for a capacity
         #: Sources in ``requested`` by a crashed predecessor's word only (:meth:`inherit`): set back to 0 by
         #: the same rule, but never taken for a capacity this job asked for (the word may be stale).
         self._inherited: set[str] = set()
@@ -202,7 +208,7 @@ class Sourcing:
             self.wanted, self.why = wanted, why
         self._send_back(preferred)
         if job.policy.manage_capacity:
-            self._capacity()
+            self._capacity(now)
         # Where each host came from and its price, kept while a worker may still run there (a host gone from
         # discovery is charged at its last price until its worker exits), and no longer.
         keep = {w.slot.host for w in job.alive()}
@@ -258,7 +264,7 @@ class Sourcing:
             return False
         return not (self._job.policy.spares and w.rank is None and doubtful(hosts, w.slot.host))
 
-    def _capacity(self) -> None:
+    def _capacity(self, now: float) -> None:
         job = self._job
         if not job.discovered_once:
             return  # no host seen yet is not no spot host: a failed first discovery call must not raise a group
@@ -270,13 +276,14 @@ class Sourcing:
                                                                                        default=1)
             need = math.ceil(self.wanted / max(per_host, 1))
             asked = 0 if name in self._inherited else self.requested.get(name, 0)
-            if need > len(present) and need > asked:
-                self._ask(name, need, f"{self.wanted} fallback slot(s) wanted ({self.why})")
+            if need > len(present) and (need > asked or now - self._asked_at.get(name, now) >= REASK_S):
+                again = "" if need > asked else f"; asked again: the group shows {len(present)} host(s)"
+                self._ask(name, need, f"{self.wanted} fallback slot(s) wanted ({self.why}){again}", now)
             return
         busy = {hosts.sources.get(w.slot.host) for w in job.alive()}
         for name, asked in list(self.requested.items()):
             if asked > 0 and name not in busy:
-                self._ask(name, 0, "the job no longer needs it")
+                self._ask(name, 0, "the job no longer needs it", now)
 
     def raised(self) -> dict[str, int]:
         """The groups this job raised and has not set back to 0: source -> the desired capacity it asked for."""
@@ -304,9 +311,10 @@ class Sourcing:
         self.requested[source] = 0
         self._job.emit("capacity", source=source, hosts=0, reason="the job is over")
 
-    def _ask(self, source: str, hosts: int, why: str) -> None:
+    def _ask(self, source: str, hosts: int, why: str, now: float) -> None:
         job = self._job
         self.requested[source] = hosts
+        self._asked_at[source] = now
         self._inherited.discard(source)
         log.info("job %s: --manage-capacity: desired capacity of host source %r to %d: %s", job.job_id, source,
                  hosts, why)

@@ -109,7 +109,9 @@ def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, p
     """Set every group the job still holds raised back to 0 (its workers have all stopped): those it asked for
     and has not set back, and those whose last change, to 0, the closed discovery thread never made. A job that
     never raised one returns at once; one that did waits up to ``join_s`` for a discovery call under way (the
-    provider takes one call at a time), then says which group stays raised."""
+    provider takes one call at a time): with several sources, only for the call to that group's own source (one
+    that hangs holds up no other's group). It then says which group stays raised; a raise the cloud never made
+    (held back, refused) is not called one."""
     capacity_of = getattr(discovery, "capacity_of", lambda _source: None)
     with lock:
         sourcing = _sourcing(job)
@@ -119,12 +121,21 @@ def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, p
         asked = list(sourcing.requested)
     if not raised and not asked:
         return  # nothing was ever raised: no wait for the discovery thread
+    deadline = time.monotonic() + join_s
     if poller is not None and not poller.join(join_s):
+        wait_for = getattr(discovery, "wait_for", None)
+        ended = {s for s in {*raised, *asked} if wait_for is not None and
+                 wait_for(s, deadline - time.monotonic())}  # that source's own call: the merged one may hang on
         for source, hosts in raised.items():
-            log.warning("job %s: host source %r stays at the desired capacity %d this job gave it: the discovery "
-                        "call under way did not end within %.0fs; set it to 0 yourself", job.job_id, source, hosts,
-                        join_s)
-        return
+            if source not in ended and capacity_of(source) is None and wait_for is not None:
+                log.info("job %s: host source %r: the raise to %d this driver asked was never made", job.job_id,
+                         source, hosts)
+            elif source not in ended:
+                log.warning("job %s: host source %r stays at the desired capacity %d this job gave it: the "
+                            "discovery call under way did not end within %.0fs; set it to 0 yourself", job.job_id,
+                            source, capacity_of(source) or hosts, join_s)
+        raised = {s: h for s, h in raised.items() if s in ended}
+        asked = [s for s in asked if s in ended]
     for source in asked:  # a change to 0 queued for the discovery thread and never made
         if source not in raised and (capacity_of(source) or 0) > 0:
             raised[source] = capacity_of(source)
