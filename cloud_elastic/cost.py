@@ -8,9 +8,10 @@ workers start and stop at them).
 
 What counts: a slot counts from its worker's launch to its exit, at its host's
 price; a slot whose host has no known price counts in ``unpriced_slot_hours``,
-never as free. Idle capacity of a group (hosts no worker uses) is not the job's
-cost and is not counted. ``fallback_only`` is what the same slot-hours would have
-cost at the fallback source's price.
+never as free: it is in no source's ``by_source`` and not in ``fallback_only``. Idle
+capacity of a group (hosts no worker uses) is not the job's cost and is not counted.
+``fallback_only`` is what the same priced slot-hours would have cost at the fallback
+source's price (so ``dollars`` and ``fallback_only`` compare like with like).
 
 A driver restarted after a crash starts its meter from what its predecessor's meter
 said at its last sign of life (:meth:`CostMeter.carry` of a :class:`CostSoFar`, kept
@@ -33,9 +34,10 @@ class CostSummary:
     dollars_per_hour: float
     slot_hours: float
     unpriced_slot_hours: float
-    #: What the same (priced and unpriced) slot-hours would have cost at the fallback's price; None if unknown.
+    #: What the same priced slot-hours (``slot_hours - unpriced_slot_hours``) would have cost at the fallback's
+    #: price; None if unknown.
     fallback_only: float | None
-    #: Dollars spent per source name.
+    #: Dollars spent per source name (a source none of whose slots had a price is not in it).
     by_source: Mapping[str, float] = field(default_factory=dict)
 
     def per_step(self, steps: int) -> float | None:
@@ -89,7 +91,7 @@ class CostMeter:
             self.unpriced_slot_hours += self._unpriced * hours
         if self._last is None or now >= self._last:
             self._last = now
-        self._rates = {source: rate for source, (_, rate, _) in held.items()}
+        self._rates = {source: rate for source, (slots, rate, unpriced) in held.items() if slots > unpriced}
         self._slots = sum(slots for slots, _, _ in held.values())
         self._unpriced = sum(unpriced for _, _, unpriced in held.values())
 
@@ -106,10 +108,11 @@ class CostMeter:
 
     @property
     def dollars_per_hour(self) -> float:
-        return sum(self._rates.values())
+        return sum(self._rates.values(), 0.0)
 
     def summary(self) -> CostSummary:
-        fallback = None if self.fallback_price is None else self.fallback_price * self.slot_hours
+        priced = max(0.0, self.slot_hours - self.unpriced_slot_hours)
+        fallback = None if self.fallback_price is None else self.fallback_price * priced
         return CostSummary(dollars=self.dollars, dollars_per_hour=self.dollars_per_hour, slot_hours=self.slot_hours,
                            unpriced_slot_hours=self.unpriced_slot_hours, fallback_only=fallback,
                            by_source=dict(self.by_source))

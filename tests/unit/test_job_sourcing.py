@@ -344,6 +344,22 @@ def test_the_cost_meter_integrates_rates_between_calls_and_counts_unpriced_slots
     assert s.unpriced_slot_hours == pytest.approx(0.5) and s.fallback_only is None
 
 
+def test_unpriced_slots_are_reported_apart_and_never_shown_as_a_saving_on_the_fallback():
+    from cloud_elastic.driver.runtime.costs import final_cost
+
+    sim = Sourced(2, sources=(SourceSpec("spot-a", "aws"), OD), progress_timeout_s=0)  # spot-a's price look-up fails
+    sim.job.discovered(DiscoveredHosts(ready={"a0": 1, "a1": 1}, sources={"a0": "spot-a", "a1": "spot-a"}),
+                       sim.now)
+    sim._collect()
+    sim.join(*sim.slots_launched())
+    sim.advance(360)
+    cost = [f for k, f in sim.events if k == "cost"][-1]
+    assert cost["unpriced_slot_hours"] == pytest.approx(cost["slot_hours"]) and cost["by_source"] == {}
+    fields = final_cost(sim.job, sim.now).fields
+    assert fields["unpriced_slot_hours"] == pytest.approx(0.2) and fields["cost_fallback_only"] == 0.0
+    validate("job_finished", {"outcome": "succeeded", "exit_code": 0, "resets": 0, "wall_s": 1.0, **fields})
+
+
 def test_a_meter_carried_from_a_crashed_driver_goes_on_from_its_figures():
     meter = CostMeter()
     meter.carry(CostSoFar(10.0, 5.0, 1.0, (("od", 8.0), ("spot-a", 2.0))))  # the predecessor's last sign of life
@@ -351,8 +367,8 @@ def test_a_meter_carried_from_a_crashed_driver_goes_on_from_its_figures():
     meter.advance(1800.0, {})
     s = meter.summary()
     assert (s.dollars, s.slot_hours, s.unpriced_slot_hours) == pytest.approx((12.0, 6.0, 1.5))
-    assert s.by_source == pytest.approx({"od": 10.0, "spot-a": 2.0, "x": 0.0})
-    assert meter.so_far() == CostSoFar(s.dollars, s.slot_hours, 1.5, (("od", 10.0), ("spot-a", 2.0), ("x", 0.0)))
+    assert s.by_source == pytest.approx({"od": 10.0, "spot-a": 2.0})  # x's price is unknown: not $0
+    assert meter.so_far() == CostSoFar(s.dollars, s.slot_hours, 1.5, (("od", 10.0), ("spot-a", 2.0)))
 
 
 def test_a_job_that_carried_its_predecessors_cost_reports_the_sum_in_events_status_and_its_end_line():

@@ -371,6 +371,7 @@ class Sourcing:
         s = self.cost.summary()
         steps = self._job.commit_high
         self._job.emit("cost", dollars=round(s.dollars, 6), dollars_per_hour=round(s.dollars_per_hour, 6),
-                       slot_hours=round(s.slot_hours, 6), fallback_slots=self.wanted,
+                       slot_hours=round(s.slot_hours, 6), unpriced_slot_hours=round(s.unpriced_slot_hours, 6),
+                       fallback_slots=self.wanted,
                        per_step=None if not steps else round(s.dollars / steps, 8),
                        by_source={k: round(v, 6) for k, v in s.by_source.items()})

@@ -41,6 +41,7 @@ def final_cost(job: ElasticJob, now: float) -> FinalCost:
     per_step = s.per_step(steps)
     fields = {"cost": round(s.dollars, 6), "cost_fallback_only": None if s.fallback_only is None
               else round(s.fallback_only, 6), "slot_hours": round(s.slot_hours, 6),
+              "unpriced_slot_hours": round(s.unpriced_slot_hours, 6),
               "cost_per_step": None if per_step is None else round(per_step, 8)}
     line = f"job {job.job_id}: cost {format_dollars(s.dollars)} for {s.slot_hours:.3f} slot-hour(s)"
     if per_step is not None:
@@ -48,7 +49,8 @@ def final_cost(job: ElasticJob, now: float) -> FinalCost:
     if s.unpriced_slot_hours > 0:
         line += f"; {s.unpriced_slot_hours:.3f} slot-hour(s) had no known price and are not in it"
     if s.fallback_only is not None:
-        line += f"; the same slot-hours on the fallback alone: {format_dollars(s.fallback_only)}"
+        priced = "priced " if s.unpriced_slot_hours > 0 else ""
+        line += f"; the same {priced}slot-hours on the fallback alone: {format_dollars(s.fallback_only)}"
     if s.by_source:
         line += " (" + ", ".join(f"{k or '?'} {format_dollars(v)}" for k, v in sorted(s.by_source.items())) + ")"
     return FinalCost(fields, line)
