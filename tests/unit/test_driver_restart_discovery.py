@@ -126,3 +126,38 @@ def test_a_first_discovery_call_that_hangs_ends_a_new_job_at_its_start_timeout(t
     assert outcome.exit_code == 1 and re.match(
         r"host discovery kept failing for 1s \(--start-timeout\): the hanging provider gave no answer within "
         r"1\.\ds \(--discovery-timeout 30s\)", outcome.reason), outcome
+
+
+def test_a_start_timeout_that_cuts_a_retry_short_ends_the_job_on_the_real_failure(tmp_path, monkeypatch) -> None:
+    """Seen in a loaded CI run: a script whose output was malformed failed, and the retry that --start-timeout
+    cut short ended the job as "the script provider gave no answer within -0.1s", the script's own error lost."""
+    import threading
+
+    from cloud_elastic.errors import DiscoveryError
+
+    class BadThenSlow(HostDiscovery):
+        name = "badthenslow"
+
+        @classmethod
+        def from_options(cls, *args, **kwargs) -> "BadThenSlow":
+            return cls()
+
+        def __init__(self) -> None:
+            self.finds, self.go = 0, threading.Event()
+
+        def find(self) -> DiscoveredHosts:
+            self.finds += 1
+            if self.finds > 1:
+                self.go.wait(20)  # slower than what is left of the start timeout
+            raise DiscoveryError("line 1: slots must be >= 1")
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1, start_timeout_s=1.0,
+                       discovery_interval_s=0.1)
+    discovery = BadThenSlow()
+    try:
+        outcome = Driver(config, discovery, job_id="j1").run()
+    finally:
+        discovery.go.set()
+    assert outcome.exit_code == 1 and outcome.reason == (
+        "host discovery kept failing for 1s (--start-timeout): line 1: slots must be >= 1"), outcome

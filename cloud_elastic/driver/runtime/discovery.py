@@ -43,9 +43,11 @@ _STOPPING_CHECK_S = 0.1
 class DiscoveryFailure:
     """A failed discovery call: one-line ``message``; ``fatal`` if retrying cannot help."""
 
-    def __init__(self, message: str, fatal: bool) -> None:
+    def __init__(self, message: str, fatal: bool, *, timed_out: bool = False) -> None:
         self.message = message
         self.fatal = fatal
+        #: No answer within the limit: the call runs on (see :meth:`DiscoveryPoller.poll_once`).
+        self.timed_out = timed_out
 
 
 Result = Union[DiscoveredHosts, DiscoveryFailure]
@@ -168,7 +170,7 @@ class DiscoveryPoller:
         provider can (:meth:`DiscoveryScript.cancel <cloud_elastic.providers.script.DiscoveryScript.cancel>`
         kills the script): a slow first call never holds a stopping job up to the call's own timeout.
         """
-        limit = self._limit_s if timeout_s is None else min(timeout_s, self._limit_s)
+        limit = self._limit_s if timeout_s is None else max(0.0, min(timeout_s, self._limit_s))
         deadline = time.monotonic() + limit
         while True:
             left = deadline - time.monotonic()
@@ -184,7 +186,7 @@ class DiscoveryPoller:
                 return DiscoveryFailure(
                     f"the {self._discovery.name or type(self._discovery).__name__} provider gave no answer within "
                     f"{limit:.1f}s (--discovery-timeout {self._call_timeout_s:g}s); no other call starts until "
-                    "that one ends", fatal=False)
+                    "that one ends", fatal=False, timed_out=True)
 
     def _call(self) -> Result:
         started = time.monotonic()

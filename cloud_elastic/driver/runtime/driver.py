@@ -411,11 +411,15 @@ class Driver:
                     return None
                 if not isinstance(result, DiscoveryFailure):
                     return result
-                if result.message != said and not result.fatal:
-                    said = result.message
-                    log.warning("host discovery failed: %s; retrying (up to --start-timeout %gs)",
-                                result.message, self.config.start_timeout_s)
-                self._job.discovery_failed(result.message, fatal=result.fatal, now=self._clock())
+                if result.timed_out and said and left_s is not None and left_s < self._discovery_timeout_s:
+                    # Cut short by --start-timeout, not the provider's fault: the job ends on the last real failure.
+                    self._job.discovery_failed(said, fatal=False, now=self._clock())
+                else:
+                    if result.message != said and not result.fatal:
+                        said = result.message
+                        log.warning("host discovery failed: %s; retrying (up to --start-timeout %gs)",
+                                    result.message, self.config.start_timeout_s)
+                    self._job.discovery_failed(result.message, fatal=result.fatal, now=self._clock())
                 self._job.tick(self._clock())
                 if self._job.outcome is not None:
                     return None
