@@ -256,3 +256,26 @@ def test_a_fixed_size_script_noticed_before_it_ends_still_ends_normally() -> Non
     sim.exit("a[0]", CLEAN)
     sim.advance(1)
     assert sim.outcome is not None and sim.outcome.success and sim.job.round == 1
+
+
+def test_a_commit_the_stopped_member_reports_late_is_not_the_jobs_committed_state() -> None:
+    """Review of d09da06: the member stopped when its spare started over from step 0 reported, in a heartbeat
+    after the stop, the commit it had just made; the driver took the job for committed, and when the step-0
+    round's member then died before its own first commit, the job ended "training state lost" with a spare
+    waiting (with --checkpoint-dir, the next round was told to load a checkpoint never written)."""
+    sim = Sim(1, spares=2, min_np=1)
+    sim.discover({"a": 1, "b": 1, "c": 1})
+    assert_round(sim.join("a[0]"), 1, needs_sync=True)
+    sim.join("b[0]")
+    sim.join("c[0]")
+    sim.discover({"b": 1, "c": 1}, {"a": Drain(T0 + 8, "spot interruption")})  # too close to hold for a commit
+    sim.advance(1)
+    assert sim.job.round == 2 and sim.job.workers[sim.id("a[0]")].state is WorkerState.EXITING
+    sim.commit("a[0]")  # its heartbeat of a commit made just before the stop
+    sim.exit("a[0]", CLEAN)
+    sim.advance(1)
+    assert not sim.job.state_committed
+    member = sim.layout()[0]
+    sim.exit(member, KILLED)  # the step-0 round's member dies before its own first commit
+    sim.advance(3)
+    assert sim.outcome is None and sim.job.round == 3 and len(sim.layout()) == 1 and member not in sim.layout()

@@ -492,6 +492,8 @@ class ElasticJob:
     def note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None, *, exact=False) -> None:
         # A heartbeat (which may be older than a later rendezvous) only raises ``commit_seq``; a rendezvous
         # (``exact``) says it as it is, even lower (a sync to an older rank 0: ``ledger.hold_commit``).
+        if w.discarded:
+            return
         if isinstance(commit_seq, int) and (commit_seq > w.commit_seq or exact):
             w.commit_seq = commit_seq
             if commit_seq > self.commit_high:

@@ -237,6 +237,7 @@ class Leavers:
                     "%s on leaving host(s) stop now (their uncommitted work cannot be handed on)", job.job_id, round_,
                     ", ".join(w.worker_id for w in leavers))
         for w in leavers:
+            w.discarded = True  # a commit it reports from now on is of a past no round continues
             self._last_holders.pop(w.worker_id, None)
             self._started_over.add(w.slot.host)
             self.send_away(w, f"round {round_} starts over from the initial weights without it (no commit heard of)")

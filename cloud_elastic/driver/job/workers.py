@@ -87,6 +87,9 @@ class WorkerRecord:
     commit_seq: int = 0
     #: It said at its last rendezvous that it cannot restore its last commit exactly.
     commit_lost: bool = False
+    #: Stopped because a round started over from step 0 without it (``Leavers.leave_uncommitted``): a commit it
+    #: reports late is of a past no round continues, and must not count as the job's committed state.
+    discarded: bool = False
     #: Its progress counter (see ``worker.link.progress``), and when (running time) it last grew.
     progress: int = 0
     progress_at: float = 0.0
