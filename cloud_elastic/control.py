@@ -92,6 +92,11 @@ class Codec:
         # without building an HMAC object per message (the driver signs and verifies thousands a second).
         return hmac.digest(self._key, body, "sha256").hex()
 
+    def signed(self, body: bytes, signature: str | None) -> bool:
+        """Whether ``signature`` is this codec's of ``body`` (a reply that carries no message of its own)."""
+        given = (signature or "").strip().encode("latin-1", "replace")
+        return bool(given) and hmac.compare_digest(self.sign(body).encode(), given)
+
     def sign_no_earlier_than(self, ts: float) -> None:
         """Timestamp what this codec signs ``ts`` or later (a driver that started at ``ts`` by its clock refuses
         earlier ones: :data:`SIGNED_BEFORE_START`); at most the tolerated skew ahead of this codec's clock."""
@@ -112,8 +117,7 @@ class Codec:
         """Verify and parse ``body``; raise ControlPlaneError with a one-line reason."""
         if len(body) > MAX_BODY:
             raise ControlPlaneError(f"message of {len(body)} bytes exceeds the {MAX_BODY}-byte limit")
-        given = (signature or "").strip().encode("latin-1", "replace")
-        if not given or not hmac.compare_digest(self.sign(body).encode(), given):
+        if not self.signed(body, signature):
             raise ControlPlaneError("bad or missing signature")
         try:
             message = json.loads(body)

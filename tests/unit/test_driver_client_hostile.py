@@ -47,3 +47,37 @@ def test_a_reply_longer_than_a_message_may_be_is_refused_in_one_line_without_rea
     client.close()
     thread.join(20)
     server.close()
+
+
+def test_a_refusal_naming_a_driver_start_that_the_driver_did_not_sign_moves_no_clock() -> None:
+    """Review of ee919d7: whoever answered the worker's connection could name any start time in an unsigned
+    refusal; the worker then signed 300 s ahead of its clock (refused by the real driver as too far off) and
+    resent in a tight loop (1,551 requests in one call)."""
+    import json
+    import time
+
+    from cloud_elastic.control import SIGNED_BEFORE_START
+
+    server, requests = socket.create_server(("127.0.0.1", 0)), []
+    body = json.dumps({"error": f"{SIGNED_BEFORE_START} at 1e12"}).encode()
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                requests.append(1)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                             % (len(body), body))
+
+    threading.Thread(target=serve, daemon=True).start()
+    codec = Codec("s" * 32, "j1")
+    client = DriverClient(f"127.0.0.1:{server.getsockname()[1]}", codec, "w1")
+    with pytest.raises(ControlPlaneError, match="driver refused completed: HTTP 400"):
+        client.call("completed", timeout_s=1.0)
+    server.close()
+    assert len(requests) <= 10, len(requests)  # every 0.2 s, not as fast as the forger answers
+    assert abs(json.loads(codec.encode("poll", {})[0])["ts"] - time.time()) < 5  # signs at its own clock

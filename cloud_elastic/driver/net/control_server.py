@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Union
 
-from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, Codec
+from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, SIGNED_BEFORE_START, Codec
 from cloud_elastic.driver.net.accepting import CONTROL_SHARE, RefusalLog
 from cloud_elastic.driver.net.selector_server import PROVEN, Connection, SelectorServer
 from cloud_elastic.errors import ControlPlaneError
@@ -346,7 +346,11 @@ class ControlServer(SelectorServer):
         if warn:
             self._refusals.refused(kind or _kind_of(reason), conn.peer, reason)
         conn.close_after = True
-        self._respond(conn, status, json.dumps({"error": reason}).encode())
+        body = json.dumps({"error": reason}).encode()
+        # This one refusal is signed: the worker signs from the start it names on (control.SIGNED_BEFORE_START),
+        # and must not take that time from whoever answers its connection. Its text is the driver's own.
+        signed = self._codec.sign(body) if reason.startswith(SIGNED_BEFORE_START) else None
+        self._respond(conn, status, body, signature=signed)
 
     def _respond(self, conn: _Conn, status: int, body: bytes, *, signature: str | None = None) -> None:
         """The whole reply in one write (status line, headers, body)."""

@@ -32,16 +32,18 @@ class DriverClient:
 
     def call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
         # A driver that adopted this worker refuses what was signed before it started (control.SIGNED_BEFORE_START),
-        # and says when that was by its clock: a worker whose clock lags signs from then on, and sends again.
-        deadline = time.monotonic() + timeout_s
+        # and says when that was by its clock, signed: a worker whose clock lags signs from then on, and sends again
+        # at once, the first time; later (a refusal that repeats, or is not the driver's) every 0.2 s.
+        deadline, again = time.monotonic() + timeout_s, True
         while True:
             nonce, resp, data = self._send(kind, payload, timeout_s)
             if resp.status != 400 or SIGNED_BEFORE_START.encode() not in data or time.monotonic() > deadline:
                 break
             self.close()
             started = re.search(rb"started at (-?[0-9.eE+]+)", data)
-            if started is not None:
+            if again and started is not None and self._codec.signed(data, resp.getheader(SIGNATURE_HEADER)):
                 self._codec.sign_no_earlier_than(float(started.group(1)))
+                again = False
             else:
                 time.sleep(0.2)
         if resp.status != 200:
