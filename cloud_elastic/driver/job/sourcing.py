@@ -75,9 +75,9 @@ COST_EVENT_MAX_S = 60.0
 #: The fallback is weighed again at least this often (a blacklisted slot coming back, --fallback-after's timer),
 #: and at once when a host or a worker changed: a step of a large job does not count every slot.
 RECHECK_S = 1.0
-#: A fallback group that shows fewer hosts than wanted is asked again after this long (its instances take a minute
-#: or more to boot: a repeat before is not needed; the group's own scaling may have lowered it since).
-REASK_S = 60.0
+#: A fallback group that shows fewer hosts than wanted is asked again this long after the job last asked it (the
+#: group's own scaling may have lowered it since; the same value again is a no-op while its instances boot).
+REASK_S = 30.0
 
 
 def _rank(spec: SourceSpec | None) -> tuple[bool, int]:
