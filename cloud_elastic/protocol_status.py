@@ -93,6 +93,8 @@ class StatusReply:
     cost_per_hour: float | None = None
     cost_per_step: float | None = None
     cost_fallback_only: float | None = None
+    #: Slot-hours of hosts with no known price: not in ``cost``, never counted as free.
+    cost_unpriced_slot_hours: float | None = None
     #: Fallback slots the job wants now (several host sources).
     fallback_slots: int = 0
     #: ``--spares``: workers waiting outside the rounds now, and how many the job keeps.
@@ -135,6 +137,7 @@ class StatusReply:
                 cost=_number(data.get("cost")), cost_per_hour=_number(data.get("cost_per_hour")),
                 cost_per_step=_number(data.get("cost_per_step")),
                 cost_fallback_only=_number(data.get("cost_fallback_only")),
+                cost_unpriced_slot_hours=_number(data.get("cost_unpriced_slot_hours")),
                 fallback_slots=int(data.get("fallback_slots", 0)),
                 spares=int(data.get("spares", 0)), spares_wanted=int(data.get("spares_wanted", 0)),
             )

@@ -28,6 +28,27 @@ def test_status_shows_each_hosts_source_and_price_and_what_the_job_has_cost():
     assert "on the fallback alone: $0.80" in text
 
 
+def test_status_says_what_slot_hours_had_no_known_price_instead_of_calling_them_free():
+    """Multi-source review: slots with no known price (no DescribeSpotPriceHistory permission) showed as "cost
+    $0.00 so far" with nothing more; the end line alone said they were not in it."""
+    from cloud_elastic.providers.sources import SourceSpec
+    from cloud_elastic.providers.api import DiscoveredHosts
+    from tests.unit.test_job_sourcing import OD
+
+    sim = Sourced(2, sources=(SourceSpec("spot-a", "aws"), OD), progress_timeout_s=0)  # spot-a's price unknown
+    sim.job.discovered(DiscoveredHosts(ready={"a0": 1, "a1": 1}, sources={"a0": "spot-a", "a1": "spot-a"}),
+                       sim.now)
+    sim._collect()
+    sim.join(*sim.slots_launched())
+    sim.advance(360)
+    config = JobConfig(command=("python", "t.py"), num_proc=2, min_np=2, max_np=2)
+    reply = StatusReply.from_json(status_reply(sim.job, config, provider="aws", now=sim.now, wall_now=sim.now,
+                                               uptime_s=360).to_json())
+    assert reply.cost_unpriced_slot_hours == pytest.approx(0.2)
+    assert "cost $0.00 so far, $0.00/h now (0.2 slot-hour(s) with no known price not in it)" in render_status(
+        reply, now=sim.now)
+
+
 def test_a_worker_that_connected_and_sets_up_is_told_apart_from_one_still_starting():
     """A worker joining a running job runs its script up to its first hvd.rank() before it joins (worker.context):
     for up to --start-timeout, which `status` must not show as a launch that hangs."""
