@@ -142,11 +142,11 @@ class AddressMappedDiscovery(HostDiscovery):
     def wake_on_news(self, wake: Callable[[], None]) -> None:
         self.inner.wake_on_news(wake)
 
-    def limit_calls(self, timeout_s: float) -> float:
-        return self.inner.limit_calls(timeout_s)
+    def find_limit_s(self, timeout_s: float) -> float:
+        return self.inner.find_limit_s(timeout_s)
 
-    def cancel(self) -> None:
-        self.inner.cancel()
+    def cancel_find(self) -> None:
+        self.inner.cancel_find()
 
     def close(self) -> None:
         self.inner.close()

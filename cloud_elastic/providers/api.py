@@ -30,6 +30,7 @@ the same way in ``pyproject.toml``.
 from __future__ import annotations
 
 import abc
+import logging
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, ClassVar, Mapping
@@ -38,8 +39,10 @@ from cloud_elastic.config import MAX_SLOTS_PER_HOST  # the limit --slots-per-hos
 from cloud_elastic.errors import CapacityError, ConfigError, FatalDiscoveryError
 
 __all__ = ["Drain", "DiscoveredHosts", "MAX_HOSTS", "MAX_SLOTS", "ProviderOption", "HostDiscovery", "parse_bool",
-           "MAX_SLOTS_PER_HOST",
+           "MAX_SLOTS_PER_HOST", "cancel_find",
            "ipv6_refusal"]
+
+log = logging.getLogger(__name__)
 
 
 def ipv6_refusal(host: str) -> str:
@@ -233,13 +236,13 @@ class HostDiscovery(abc.ABC):
         (the provider is polled at ``--discovery-interval`` only).
         """
 
-    def limit_calls(self, timeout_s: float) -> float:
+    def find_limit_s(self, timeout_s: float) -> float:
         """How long the driver waits for one :meth:`find` under ``--discovery-timeout`` ``timeout_s``: optional;
         a provider that bounds its calls itself, longer, says so (the script provider kills its script at its
         own ``timeout_s``). Never less than ``timeout_s`` (``multi.call_limit_s``)."""
         return timeout_s
 
-    def cancel(self) -> None:
+    def cancel_find(self) -> None:
         """From any thread: end the :meth:`find` running now, where the provider can, and start none again (the
         job is stopping: Ctrl-C during a slow first call). Optional; the default does nothing, and the driver
         stops waiting for the call at once anyway."""
@@ -258,3 +261,15 @@ class HostDiscovery(abc.ABC):
         for opt in cls.options:
             if opt.required and not options.get(opt.name):
                 raise ConfigError(f"provider {cls.name!r} needs option {opt.name!r}: {opt.help}")
+
+
+def cancel_find(discovery: HostDiscovery) -> None:
+    """``discovery.cancel_find()`` (the job is stopping), where it has one; a failure (a plugin's bug) is logged,
+    not raised: the driver stops waiting for the call anyway."""
+    cancel = getattr(discovery, "cancel_find", None)
+    if cancel is None:
+        return
+    try:
+        cancel()
+    except Exception as exc:
+        log.warning("discovery provider %s: cancel_find() failed: %s", type(discovery).__name__, exc)

@@ -52,6 +52,7 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import re
 import threading
@@ -62,7 +63,7 @@ from typing import Callable, Generic, Mapping, Sequence, TypeVar
 
 from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryError, FatalDiscoveryError,
                                   RetryableDiscoveryError)
-from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find
 from cloud_elastic.providers.sources import SourceSpec
 
 __all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "PRICE_RETRY_S",
@@ -149,10 +150,18 @@ class Caller(Generic[T]):
 
 def call_limit_s(discovery: HostDiscovery, timeout_s: float) -> float:
     """How long one find() of ``discovery`` is waited for under ``--discovery-timeout`` ``timeout_s``: never less,
-    longer where the provider bounds its calls itself and says so (``limit_calls(timeout_s)``: the script provider
+    longer where the provider bounds its calls itself and says so (``find_limit_s(timeout_s)``: the script provider
     kills its script at its own ``timeout_s``; a multi-source provider waits for each source this long)."""
-    limit_calls = getattr(discovery, "limit_calls", None)
-    return timeout_s if limit_calls is None else max(timeout_s, limit_calls(timeout_s))
+    find_limit_s = getattr(discovery, "find_limit_s", None)
+    if find_limit_s is None:
+        return timeout_s
+    try:
+        own = float(find_limit_s(timeout_s))
+    except Exception as exc:  # a plugin's: its bug must not stop the job from discovering
+        log.warning("discovery provider %s: find_limit_s(%g) failed (%s): using --discovery-timeout",
+                    type(discovery).__name__, timeout_s, exc)
+        return timeout_s
+    return max(timeout_s, own) if math.isfinite(own) else timeout_s
 
 
 def _outcome(find: Callable[[], DiscoveredHosts]) -> DiscoveredHosts | Exception:
@@ -241,7 +250,7 @@ class MultiSourceDiscovery(HostDiscovery):
         """The providers of the sources (for the notice watcher), in order, without repeats."""
         return tuple(dict.fromkeys(getattr(s.discovery, "name", "") for s in self.sources))
 
-    def limit_calls(self, timeout_s: float) -> float:
+    def find_limit_s(self, timeout_s: float) -> float:
         """Wait for each source's call up to ``timeout_s`` (``--discovery-timeout``; longer for a source that
         bounds its own calls); returns how long a whole find() may then take: its slowest source, and a margin."""
         self.call_timeout_s = timeout_s
@@ -486,9 +495,9 @@ class MultiSourceDiscovery(HostDiscovery):
             except Exception:  # that source is polled at the interval only; the others keep their receivers
                 log.exception("host source %r could not set up its news receiver", source.spec.name)
 
-    def cancel(self) -> None:
+    def cancel_find(self) -> None:
         for source in self.sources:
-            source.discovery.cancel()
+            cancel_find(source.discovery)
 
     def close(self) -> None:
         for source in self.sources:

@@ -85,12 +85,12 @@ class DiscoveryScript(HostDiscovery):
                               f"got {options['timeout_s']!r}")
         return cls(os.path.abspath(path), slots_per_host=slots_per_host or 1, timeout_s=timeout_s)
 
-    def limit_calls(self, timeout_s: float) -> float:
+    def find_limit_s(self, timeout_s: float) -> float:
         """A call ends by its own ``timeout_s`` (the script is killed at it), so the driver waits that long, not just
         ``--discovery-timeout`` ``timeout_s`` (see :func:`~cloud_elastic.providers.multi.call_limit_s`)."""
         return self.timeout_s + _KILL_MARGIN_S
 
-    def cancel(self) -> None:
+    def cancel_find(self) -> None:
         """From any thread: kill the script running now (its whole process group), and start none again.
 
         The job is stopping (Ctrl-C during a slow first call): the script runs in a session of its own, so the
@@ -102,7 +102,7 @@ class DiscoveryScript(HostDiscovery):
             _signal_group(proc)
 
     def close(self) -> None:
-        self.cancel()  # a call still running on the discovery thread as the driver ends leaves no script behind
+        self.cancel_find()  # a call still running on the discovery thread as the driver ends leaves no script behind
 
     def find(self) -> DiscoveredHosts:
         with self._lock:

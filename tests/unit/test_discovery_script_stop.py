@@ -77,7 +77,7 @@ class _Blocking(HostDiscovery):
     def __init__(self, cancellable: bool) -> None:
         self.entered, self.released = threading.Event(), threading.Event()
         if cancellable:
-            self.cancel = self.released.set
+            self.cancel_find = self.released.set
 
     @classmethod
     def from_options(cls, options, *, slots_per_host=None):  # pragma: no cover (not built from options)
@@ -120,7 +120,7 @@ def test_a_cancelled_script_provider_kills_the_running_script_and_runs_none_agai
         if started.exists():
             break
         threading.Event().wait(0.05)
-    provider.cancel()
+    provider.cancel_find()
     caller.join(30)
     assert not caller.is_alive() and "was killed: the job is stopping" in str(outcome[0])
     assert _gone(int(started.read_text()))

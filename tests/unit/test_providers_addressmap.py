@@ -88,3 +88,56 @@ def test_a_script_under_the_wrapper_is_waited_for_up_to_its_own_time_limit(tmp_p
     wrapped = AddressMappedDiscovery(script, parse_address_map(["10.0.0.0/24=127.0.3.0/24"]))
     assert call_limit_s(wrapped, 30.0) == call_limit_s(script, 30.0) == 62.0
     assert call_limit_s(wrapped, 90.0) == 90.0
+
+
+def test_a_plugin_whose_own_cancel_or_limit_calls_take_other_arguments_is_left_alone_and_a_failing_hook_is_logged(
+        caplog):
+    """Review of 2437657: the hooks were named cancel() and limit_calls(), names a plugin may well use for its
+    own ends (cancel(reason), a rate limit): Ctrl-C then raised TypeError behind --address-map, and a plugin with
+    limit_calls(per_minute) could not start a job. They are cancel_find() and find_limit_s() now, and a hook that
+    fails is logged, not raised."""
+    import logging
+    import threading
+
+    from cloud_elastic.driver.runtime.discovery import DiscoveryPoller
+    from cloud_elastic.providers.multi import call_limit_s
+
+    class Plugin(ScriptedDiscovery):
+        def __init__(self):
+            super().__init__([DiscoveredHosts(ready={"10.0.0.1": 1})])
+            self.gate, self.asked = threading.Event(), []
+
+        def find(self):
+            self.gate.wait(30)
+            return super().find()
+
+        def cancel(self, reason):  # the plugin's own
+            self.asked.append(("cancel", reason))
+
+        def limit_calls(self, per_minute):  # the plugin's own
+            self.asked.append(("limit_calls", per_minute))
+
+    plugin = Plugin()
+    wrapped = AddressMappedDiscovery(plugin, parse_address_map(["10.0.0.0/24=127.0.3.0/24"]))
+    poller = DiscoveryPoller(wrapped, lambda r: None, interval_s=1.0, call_timeout_s=5)
+    try:
+        assert poller.poll_once(stopping=lambda: True).message == "the job is stopping"
+    finally:
+        plugin.gate.set()
+        poller.close()
+    assert plugin.asked == [] and call_limit_s(wrapped, 30.0) == 30.0
+
+    class Broken(ScriptedDiscovery):
+        def cancel_find(self):
+            raise RuntimeError("plugin bug")
+
+        def find_limit_s(self, timeout_s):
+            return None
+
+    broken = Broken([DiscoveredHosts(ready={"10.0.0.1": 1})])
+    with caplog.at_level(logging.WARNING):
+        assert call_limit_s(broken, 30.0) == 30.0
+        from cloud_elastic.providers.api import cancel_find
+
+        cancel_find(broken)
+    assert "cancel_find() failed: plugin bug" in caplog.text and "find_limit_s(30) failed" in caplog.text

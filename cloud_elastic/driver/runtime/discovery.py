@@ -24,7 +24,7 @@ import time
 from typing import Callable, TextIO, Union
 
 from cloud_elastic.errors import DiscoveryError, FatalDiscoveryError
-from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find
 from cloud_elastic.providers.multi import Caller, call_limit_s
 
 __all__ = ["discover", "DiscoveryPoller", "DiscoveryFailure", "FailingStreak", "DISCOVERY_TIMEOUT_S", "MAX_BACKOFF_S"]
@@ -167,7 +167,7 @@ class DiscoveryPoller:
 
         With ``stopping`` (the driver's first call, made on its main thread, where Ctrl-C is handled): once
         ``stopping()`` is true the call is abandoned within :data:`_STOPPING_CHECK_S`, cancelled where the
-        provider can (:meth:`DiscoveryScript.cancel <cloud_elastic.providers.script.DiscoveryScript.cancel>`
+        provider can (:meth:`DiscoveryScript.cancel_find <cloud_elastic.providers.script.DiscoveryScript.cancel_find>`
         kills the script): a slow first call never holds a stopping job up to the call's own timeout.
         """
         limit = self._limit_s if timeout_s is None else max(0.0, min(timeout_s, self._limit_s))
@@ -178,9 +178,7 @@ class DiscoveryPoller:
             if result is not None:
                 return result
             if stopping is not None and stopping():
-                cancel = getattr(self._discovery, "cancel", None)
-                if cancel is not None:
-                    cancel()
+                cancel_find(self._discovery)
                 return DiscoveryFailure("the job is stopping", fatal=False)
             if time.monotonic() >= deadline:
                 return DiscoveryFailure(
