@@ -36,6 +36,7 @@ import stat
 import shutil
 import uuid
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from typing import Any, BinaryIO, Callable, Iterator, Mapping, Protocol
 
 from cloud_elastic.checkpoint.api import CheckpointBackendMissing, CheckpointBackendTooOld, CheckpointError
@@ -117,9 +118,15 @@ class Backend(Protocol):
         """The files directly below ``path`` (not symbolic links) and their sizes in bytes; empty when it does
         not exist."""
 
-    def abandoned(self, path: str) -> bool:
+    def abandoned(self, path: str) -> bool | None:
         """Whether the folder ``path`` holds only what writes whose writers are gone left (a process killed in
-        the middle of one); False wherever a live writer could still be at work in it, or it cannot be told."""
+        the middle of one): True when locks show it; False when a live writer holds its lock in it (never to be
+        deleted); None when it cannot be told (no lock there, or the storage has none: judge by :meth:`changed`)."""
+
+    def changed(self, path: str) -> float | None:
+        """When (POSIX seconds, by the storage's own clock) the newest file anywhere below the folder ``path`` (its
+        shards too) was last modified (locally, its folders too); None when the storage tells no time or it is empty
+        or gone."""
 
     def dcp_storage(self, path: str, writing: bool, expected: Mapping[str, tuple[int, str]] | None = None) -> Any:
         """A torch DCP storage writer, or a reader of the files ``expected`` lists (name -> size and SHA-256), for
@@ -219,16 +226,30 @@ class LocalBackend:
         finally:
             _unlink_quietly(tmp)
 
-    def abandoned(self, path: str) -> bool:
-        # Only hidden temporary files, each unlocked: their writers are dead. An empty folder may be a writer's
-        # between creating it and its file; a published file, one's between its data and its manifest.
+    def abandoned(self, path: str) -> bool | None:
+        # Only hidden temporary files, each unlocked: their writers are dead. A held lock: a live writer. An empty
+        # folder may be a writer's between creating it and its file; a published file, one's between its data and
+        # its manifest; a filesystem without locks shows nothing: their age tells (changed()).
         try:
             with os.scandir(self._path(path)) as entries:
                 found = [(e.name, e.is_file(follow_symlinks=False), e.path) for e in entries]
         except (FileNotFoundError, NotADirectoryError):
+            return None
+        held = [_locked(full) if is_file and name.startswith(".") and name.endswith(_TMP) else None
+                for name, is_file, full in found]
+        if True in held:
             return False
-        return bool(found) and all(is_file and name.startswith(".") and name.endswith(_TMP) and not _locked(full)
-                                   for name, is_file, full in found)
+        return True if held and all(h is False for h in held) else None
+
+    def changed(self, path: str) -> float | None:
+        times = []
+        for folder, _, files in os.walk(self._path(path)):  # links are not followed
+            for name in [""] + files:
+                try:
+                    times.append(os.lstat(os.path.join(folder, name)).st_mtime)
+                except FileNotFoundError:
+                    pass  # published or deleted meanwhile
+        return max(times, default=None)
 
     def read(self, path: str, limit: int | None = None) -> bytes:
         # A regular file only, never through a link (this store writes neither): a FIFO would block the reader
@@ -369,8 +390,17 @@ class FsspecBackend:
             pass
         self._fs.invalidate_cache(full)
 
-    def abandoned(self, path: str) -> bool:
-        return False  # an upload is invisible until complete: nothing tells a live writer's folder from a dead one's
+    def abandoned(self, path: str) -> bool | None:
+        return None  # an upload is invisible until complete: nothing tells a live writer's folder from a dead one's
+
+    def changed(self, path: str) -> float | None:
+        full = self._path(path)
+        self._fs.invalidate_cache(full)
+        try:
+            times = [_modified(e) for e in self._fs.find(full, detail=True).values() if e.get("type") == "file"]
+        except FileNotFoundError:
+            return None
+        return None if None in times else max(times, default=None)  # type: ignore[type-var]
 
     def remove(self, path: str) -> None:
         try:
@@ -398,8 +428,10 @@ class FsspecBackend:
 
 
 class Digest:
-    """SHA-256 and size of everything written through :meth:`wrap`; ``moved(n)``, if given, is told of each
-    :data:`CHUNK` or less as it is written (the store's byte counter: whether a slow write still moves bytes)."""
+    """SHA-256 and size of everything written through :meth:`wrap`; ``moved(n)``, if given, is told of the bytes
+    as they reach the storage (the store's byte counter: whether a slow write still moves bytes): a local file's
+    at each :data:`CHUNK` or less written; a buffered fsspec file's (s3fs holds up to its block size, 50 MiB,
+    and uploads the rest in ``close()``) as each of its uploads completes, never while they only sit in its buffer."""
 
     def __init__(self, moved: Callable[[int], None] | None = None) -> None:
         self._sha = hashlib.sha256()
@@ -417,6 +449,27 @@ class Digest:
     class _Writer:
         def __init__(self, digest: "Digest", f: BinaryIO) -> None:
             self._digest, self._f = digest, f
+            self._buffered = digest._moved is not None and callable(getattr(f, "_upload_chunk", None))
+            if self._buffered:
+                f._upload_chunk = self._counted(f._upload_chunk)  # type: ignore[attr-defined]
+
+        def _counted(self, upload: Callable[..., Any]) -> Callable[..., Any]:
+            """fsspec's ``AbstractBufferedFile._upload_chunk``, telling ``moved`` of the bytes it sent: the buffer
+            it was given, less what it left there (s3fs keeps a part's remainder and returns False)."""
+            f, moved = self._f, self._digest._moved
+
+            def counted(final: bool = False) -> Any:
+                with f.buffer.getbuffer() as view:  # type: ignore[attr-defined]
+                    before = view.nbytes
+                done = upload(final=final)
+                if done is False and not final:
+                    with f.buffer.getbuffer() as view:  # type: ignore[attr-defined]
+                        before -= view.nbytes
+                if before > 0 and moved is not None:
+                    moved(before)
+                return done
+
+            return counted
 
         def write(self, data: Any) -> int:
             view = memoryview(data).cast("B")
@@ -434,7 +487,7 @@ class Digest:
                 raise
             digest._sha.update(view)
             digest.size += len(view)
-            if digest._moved is not None:
+            if digest._moved is not None and not self._buffered:
                 digest._moved(len(view))
 
         def flush(self) -> None:
@@ -465,19 +518,37 @@ def _installed(package: str) -> str:
         return "(version unknown)"
 
 
-def _locked(path: str) -> bool:
-    """Whether a live writer may hold ``path`` (its lock is taken, or cannot be tried: then it may)."""
+def _locked(path: str) -> bool | None:
+    """Whether a live writer holds ``path``'s lock; None when no lock can be tried (a filesystem without them)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return True  # gone (published a moment ago) or unreadable: leave it
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
+    except OSError as exc:
+        return True if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
     finally:
         os.close(fd)
     return False
+
+
+#: Where fsspec implementations put an object's modification time: local and gcsfs ``mtime``, s3fs
+#: ``LastModified``, adlfs ``last_modified``, gcsfs ``updated``, the memory filesystem ``created``.
+_MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "created")
+
+
+def _modified(entry: Mapping[str, Any]) -> float | None:
+    """The POSIX time an fsspec listing ``entry`` says its object was last modified, or None."""
+    value = next((entry[k] for k in _MTIME_KEYS if entry.get(k) is not None), None)
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _unlink_quietly(path: str) -> None:

@@ -72,9 +72,9 @@ _END_OF_TIME = datetime(9000, 1, 1, tzinfo=timezone.utc)
 _META_KEYS = ("epoch", "world_size", "job_id")
 #: Why a folder is no checkpoint (yet): an interrupted write, or one whose manifest is still to come.
 _NO_MANIFEST = "no manifest"
-#: A folder without a manifest that no lock shows dead is kept while younger than this, or than this many times
-#: the longest write this store timed: another host's writer may be at work in it (an upload shows nothing).
-_LIVE_MIN_S = 600.0
+#: A folder without a manifest and without a lock to tell is kept while its newest file is younger than this, or
+#: than this many times the longest write this store timed: another host's writer may be at work in it.
+_LIVE_MIN_S = 3600.0
 _LIVE_WRITES = 4
 
 
@@ -287,13 +287,15 @@ class CheckpointStore:
 
     def _interrupted(self, name: str) -> bool:
         """Whether no writer is at work in the folder ``name`` (one without a manifest, not this store's save): the
-        backend knows it ``abandoned`` (a dead writer's unlocked temporary files), or it is older than
-        :data:`_LIVE_MIN_S` and :data:`_LIVE_WRITES` times the longest write here (by its name's time)."""
-        if self.backend.abandoned(name):
-            return True
-        when = _time_of(name)
+        backend knows it ``abandoned`` (a dead writer's unlocked temporary files; a live lock: never), or, where no
+        lock tells, nothing in it changed for :data:`_LIVE_MIN_S` nor :data:`_LIVE_WRITES` times the longest write
+        here, by the storage's own modification times (not the name's: the writer's clock)."""
+        gone = self.backend.abandoned(name)
+        if gone is not None:
+            return gone
+        changed = self.backend.changed(name)
         live_s = max(_LIVE_MIN_S, _LIVE_WRITES * self._longest_write_s)
-        return when is not None and (datetime.now(timezone.utc) - when).total_seconds() > live_s
+        return changed is not None and time.time() - changed > live_s
 
     def _remove(self, name: str, what: str) -> None:
         """Delete the folder ``name``, manifest first; a refusal is logged (with ``what`` it is), not raised."""

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
@@ -94,6 +95,9 @@ def test_checkpoints_round_trip_through_s3_with_keep_k(moto_url: str, bucket: st
     assert latest.info.url.startswith(f"s3://{bucket}/jobs/run-1/ckpt-")
     assert torch.equal(latest.payload["model"]["w"], torch.full((1000,), 300.0))
     assert [info.step for info in store.list()] == [300, 200]
+    # Counted as s3fs sent them (each upload of the data, in close()), and aged by S3's own LastModified.
+    assert store.bytes_written == 3 * latest.info.size
+    assert abs(time.time() - store.backend.changed(latest.info.name)) < 120
 
 
 def test_a_corrupt_latest_object_falls_back_to_the_previous(

@@ -13,13 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import errno
+import fcntl
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from datetime import datetime, timezone
+import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -95,8 +97,8 @@ class _NoLocks(LocalBackend):
     """Storage on which no lock tells a live writer from a dead one (an object store, a mount shared by hosts
     without shared locks)."""
 
-    def abandoned(self, path: str) -> bool:
-        return False
+    def abandoned(self, path: str) -> bool | None:
+        return None
 
 
 def test_sigkill_during_a_write_leaves_the_previous_checkpoint_loadable(
@@ -187,3 +189,40 @@ def test_newer_checkpoints_keep_the_older_folder_of_a_writer_still_at_work(tmp_p
         writer.join(30)
     assert saved == [1]  # its write was not cut
     assert 1 in [info.step for info in CheckpointStore(str(root)).list()]
+
+
+def test_a_live_lock_keeps_a_folder_whatever_its_age_says(tmp_path: Path) -> None:
+    """A writer that holds its lock is at work, however old its folder's name (its clock 11 minutes behind) and
+    files look (a write that has run for hours): no save deletes it (found by review: the 10-minute age rule did,
+    and the writer failed with "No such file or directory"). Once the lock is dropped (the writer died), it goes."""
+    root = tmp_path / "ckpt"
+    live = root / "ckpt-20200101T000000000000Z-step000000000001"
+    live.mkdir(parents=True)
+    tmp = live / ".state.pt.0123abcd.tmp"
+    with open(tmp, "wb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for path in (tmp, live):
+            os.utime(path, (0, 0))
+        store = CheckpointStore(str(root), keep=1)
+        store.save(2, {"step": 2})
+        store.save(3, {"step": 3})
+        assert tmp.exists()
+    store.save(4, {"step": 4})
+    assert not live.exists()
+
+
+def test_on_an_object_store_a_folder_is_aged_by_its_files_times_not_by_its_name() -> None:
+    """No lock tells on an object store: a folder without a manifest goes once nothing in it changed for an hour
+    by the storage's own times; its name's time (the writer's clock) does not count."""
+    fsspec = pytest.importorskip("fsspec")
+    root = f"memory://age-{uuid.uuid4().hex}"
+    fs = fsspec.filesystem("memory")
+    folder = "ckpt-20200101T000000000000Z-step000000000001"
+    shard = f"{root}/{folder}/dcp/__0_0.distcp"  # a sharded write: its files are in a folder below
+    fs.pipe(shard, b"a shard of a write whose manifest is still to come")
+    store = CheckpointStore(root, keep=1)
+    store.save(2, {"step": 2})
+    assert fs.exists(shard)  # young by the storage's clock: a writer may be at work
+    fs.store[fs._strip_protocol(shard)].created = datetime.now(timezone.utc) - timedelta(hours=2)
+    store.save(3, {"step": 3})
+    assert not fs.exists(shard)

@@ -91,12 +91,14 @@ def test_keep_counts_complete_checkpoints_and_clears_interrupted_writes(tmp_path
     # lock tells) could still be between its data and its manifest, it stays.
     assert [info.step for info in store.list()] == [3, 1]
     assert second.name in _folders(tmp_path)
-    # Older than any write takes: an interrupted write, which the next save deletes.
-    interrupted = "ckpt-20200101T000000000000Z-step000000000002"
-    (tmp_path / second.name).rename(tmp_path / interrupted)
+    # Nothing in it changed for longer than any write takes (by the files' times): an interrupted write, which
+    # the next save deletes.
+    folder = tmp_path / second.name
+    for path in [*folder.iterdir(), folder]:
+        os.utime(path, (0, 0))
     store.save(4, _payload(4))
     assert [info.step for info in store.list()] == [4, 3]
-    assert interrupted not in _folders(tmp_path)
+    assert second.name not in _folders(tmp_path)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete_data", "garbage_manifest", "newer_format"])

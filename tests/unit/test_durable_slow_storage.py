@@ -19,6 +19,7 @@ import time
 
 import pytest
 import torch
+from fsspec.spec import AbstractBufferedFile
 
 from cloud_elastic.worker.durable import rank_zero
 from cloud_elastic.worker.durable.rank_zero import DurableSettings, RankZeroCheckpoints
@@ -37,6 +38,15 @@ def _slow(schedule: RankZeroCheckpoints, monkeypatch, release: threading.Event, 
         return real(*args, **kwargs)
 
     monkeypatch.setattr(schedule.store, "save", slow)
+
+
+def _finishing_rank_zero(tmp_path):
+    """A worker context that records progress, and rank 0's schedule on a job's checkpoint directory."""
+    url = str(tmp_path / "ckpt")
+    _record(url)
+    ctx = _ctx()
+    ctx.progress = Progress()
+    return ctx, RankZeroCheckpoints(DurableSettings(url, interval_s=300.0), ctx)
 
 
 class _Trickle:
@@ -71,17 +81,76 @@ def _storage(schedule: RankZeroCheckpoints, monkeypatch, *, seconds_per_write: f
     monkeypatch.setattr(backend, "write", write)
 
 
+class _Uploading(AbstractBufferedFile):
+    """s3fs's shape: writes fill a buffer up to the block size; each full block, and in ``close()`` the rest, is
+    uploaded (here into ``sink``) once ``sent`` is set: an upload as slow as the storage."""
+
+    def __init__(self, sink, block_size: int, sent: threading.Event) -> None:
+        super().__init__(None, "state.pt", mode="wb", block_size=block_size)
+        self._sink, self._sent, self.counted = sink, sent, []
+
+    def _initiate_upload(self) -> None:
+        pass
+
+    def _upload_chunk(self, final: bool = False) -> bool:
+        self._sent.wait(30)
+        self._sink.write(self.buffer.getvalue())
+        return True
+
+
+def _buffering(schedule: RankZeroCheckpoints, monkeypatch, block_size: int, sent: threading.Event) -> list[int]:
+    """Each checkpoint's data goes through an :class:`_Uploading` file; returns the store's byte counter as each
+    upload began."""
+    store, real = schedule.store, schedule.store.backend.write
+    counted: list[int] = []
+
+    def write(path, produce):
+        if not path.endswith("/state.pt"):
+            return real(path, produce)
+
+        def through(f):
+            up = _Uploading(f, block_size, sent)
+            upload = up._upload_chunk
+            up._upload_chunk = lambda final=False: counted.append(store.bytes_written) or upload(final)
+            produce(up)
+            up.close()
+
+        return real(path, through)
+
+    monkeypatch.setattr(store.backend, "write", write)
+    return counted
+
+
+def test_bytes_an_object_store_only_buffered_are_no_progress(tmp_path, monkeypatch):
+    """s3fs holds up to 50 MiB before it uploads, the rest in close(): bytes count as they are sent, not as they are
+    buffered (found by review: buffered bytes counted, a dead store's upload looked like progress and a slow
+    one's bytes all counted before it began)."""
+    ctx, schedule = _finishing_rank_zero(tmp_path)
+    sent = threading.Event()
+    counted = _buffering(schedule, monkeypatch, 1 << 20, sent)
+    state = _State(step=10, w=torch.zeros(3 << 18))  # 3 MiB: uploaded once past the 1 MiB block, the rest in close()
+    out: list[str | None] = []
+    finishing = threading.Thread(target=lambda: out.append(schedule.finish(state)), daemon=True)
+    before = ctx.progress.sample()
+    finishing.start()
+    finishing.join(2.5)
+    # Written into the buffer, none sent: no progress to the driver's watch.
+    assert finishing.is_alive() and ctx.progress.sample() == before and schedule.store.bytes_written == 0
+    sent.set()
+    finishing.join(10)
+    assert out == [None] and schedule.store.latest().info.step == 10
+    size = schedule.store.latest().info.size
+    # Each upload began with the counter at the bytes the uploads before it sent; all of them count in the end.
+    assert counted[0] == 0 and counted == sorted(counted) and counted[-1] < size == schedule.store.bytes_written
+
+
 def _saved(ctx) -> list[int]:
     return [f["step"] for event, f in ctx.reports if event == "saved"]
 
 
 def test_the_final_checkpoint_is_waited_for_however_long_it_takes_and_counts_as_progress(tmp_path, monkeypatch):
     monkeypatch.setattr(rank_zero, "FLUSH_TIMEOUT_S", 0.5)  # the limit a leaver has: finishing has none
-    url = str(tmp_path / "ckpt")
-    _record(url)
-    ctx = _ctx()
-    ctx.progress = Progress()
-    schedule = RankZeroCheckpoints(DurableSettings(url, interval_s=300.0), ctx)
+    ctx, schedule = _finishing_rank_zero(tmp_path)
     _storage(schedule, monkeypatch, seconds_per_write=0.04)  # about 1.5 s a checkpoint, bytes moving throughout
     state = _State(step=1, w=torch.zeros(2))
     schedule.after_commit(state)  # checkpoint 1 starts: slower than the rest of training
@@ -95,11 +164,7 @@ def test_the_final_checkpoint_is_waited_for_however_long_it_takes_and_counts_as_
 
 
 def test_a_final_write_that_moves_no_bytes_is_not_progress(tmp_path, monkeypatch):
-    url = str(tmp_path / "ckpt")
-    _record(url)
-    ctx = _ctx()
-    ctx.progress = Progress()
-    schedule = RankZeroCheckpoints(DurableSettings(url, interval_s=300.0), ctx)
+    ctx, schedule = _finishing_rank_zero(tmp_path)
     hung = threading.Event()
     _storage(schedule, monkeypatch, hung=hung)  # a hung mount: no byte, no error
     state = _State(step=10, w=torch.zeros(2))
