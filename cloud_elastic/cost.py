@@ -101,7 +101,8 @@ class CostMeter:
         self.slot_hours += before.slot_hours
         self.unpriced_slot_hours += before.unpriced_slot_hours
         for source, dollars in before.by_source:
-            self.by_source[source] = self.by_source.get(source, 0.0) + dollars
+            if dollars:  # an earlier driver's $0 entry stood for a source with no known price: left out, as here
+                self.by_source[source] = self.by_source.get(source, 0.0) + dollars
 
     def so_far(self) -> CostSoFar:
         return CostSoFar(self.dollars, self.slot_hours, self.unpriced_slot_hours, tuple(sorted(self.by_source.items())))

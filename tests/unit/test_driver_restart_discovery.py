@@ -128,9 +128,12 @@ def test_a_first_discovery_call_that_hangs_ends_a_new_job_at_its_start_timeout(t
         r"1\.\ds \(--discovery-timeout 30s\)", outcome.reason), outcome
 
 
-def test_a_start_timeout_that_cuts_a_retry_short_ends_the_job_on_the_real_failure(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("own_limit_s", [None, 10.0])
+def test_a_start_timeout_that_cuts_a_retry_short_ends_the_job_on_the_real_failure(tmp_path, monkeypatch,
+                                                                                   own_limit_s) -> None:
     """Seen in a loaded CI run: a script whose output was malformed failed, and the retry that --start-timeout
-    cut short ended the job as "the script provider gave no answer within -0.1s", the script's own error lost."""
+    cut short ended the job as "the script provider gave no answer within -0.1s", the script's own error lost.
+    A provider that bounds its own calls longer than --discovery-timeout (a script given -o timeout_s) too."""
     import threading
 
     from cloud_elastic.errors import DiscoveryError
@@ -151,13 +154,17 @@ def test_a_start_timeout_that_cuts_a_retry_short_ends_the_job_on_the_real_failur
                 self.go.wait(20)  # slower than what is left of the start timeout
             raise DiscoveryError("line 1: slots must be >= 1")
 
+        def find_limit_s(self, timeout_s: float) -> float:
+            return own_limit_s or timeout_s
+
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1, start_timeout_s=1.0,
+    start_s = 1.0 if own_limit_s is None else 3.0  # with its own limit: more left than --discovery-timeout
+    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1, start_timeout_s=start_s,
                        discovery_interval_s=0.1)
     discovery = BadThenSlow()
     try:
-        outcome = Driver(config, discovery, job_id="j1").run()
+        outcome = Driver(config, discovery, job_id="j1", discovery_timeout_s=0.5 if own_limit_s else 30.0).run()
     finally:
         discovery.go.set()
     assert outcome.exit_code == 1 and outcome.reason == (
-        "host discovery kept failing for 1s (--start-timeout): line 1: slots must be >= 1"), outcome
+        f"host discovery kept failing for {start_s:g}s (--start-timeout): line 1: slots must be >= 1"), outcome

@@ -371,6 +371,14 @@ def test_a_meter_carried_from_a_crashed_driver_goes_on_from_its_figures():
     assert meter.so_far() == CostSoFar(s.dollars, s.slot_hours, 1.5, (("od", 10.0), ("spot-a", 2.0)))
 
 
+def test_a_source_with_no_known_price_that_an_older_driver_reported_at_0_is_not_carried_as_0():
+    """Review of afa41de: a predecessor from before it listed an unpriced source in by_source at $0, and the
+    restarted driver kept showing it so for the rest of the job."""
+    meter = CostMeter()
+    meter.carry(CostSoFar(3.0, 2.0, 0.0, (("od", 3.0), ("spot", 0.0))))
+    assert meter.summary().by_source == pytest.approx({"od": 3.0})
+
+
 def test_a_job_that_carried_its_predecessors_cost_reports_the_sum_in_events_status_and_its_end_line():
     from cloud_elastic.config import JobConfig
     from cloud_elastic.driver.job.status_reply import status_reply

@@ -114,6 +114,8 @@ class DiscoveryPoller:
         self._discovery = discovery
         self._call_timeout_s = call_timeout_s
         self._limit_s = call_limit_s(discovery, call_timeout_s)
+        #: How long one call is waited for: ``--discovery-timeout``, or the provider's own limit if longer.
+        self.limit_s = self._limit_s
         self._caller: Caller[Result] = Caller(self._call)
         self._on_result = on_result
         self._interval_s = interval_s

@@ -411,7 +411,7 @@ class Driver:
                     return None
                 if not isinstance(result, DiscoveryFailure):
                     return result
-                if result.timed_out and said and left_s is not None and left_s < self._discovery_timeout_s:
+                if result.timed_out and said and left_s is not None and left_s < poller.limit_s:
                     # Cut short by --start-timeout, not the provider's fault: the job ends on the last real failure.
                     self._job.discovery_failed(said, fatal=False, now=self._clock())
                 else:
