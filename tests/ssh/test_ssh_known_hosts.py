@@ -73,3 +73,26 @@ def test_a_changed_key_without_a_new_instance_is_refused(launcher, recycled_addr
     assert status.transport_error and "not a worker failure" in status.transport_error
     assert "host key mismatch" in status.transport_error, status.transport_error
     assert not any(line.startswith("{") for line in out.lines), "the worker ran on a host with a changed key"
+
+
+def test_a_host_key_the_system_wide_file_pins_gives_no_warning_and_a_changed_key_is_still_refused(
+        sshd, recycled_address, marker, tmp_path, caplog):
+    """Review of 409fc5b: the "ssh recorded no host key" WARNING fired for a host whose key the system-wide
+    known-hosts file (GlobalKnownHostsFile here, /etc/ssh/ssh_known_hosts in a real setup) already pins: ssh adds
+    nothing to the job's file then, and a changed key is refused all the same."""
+    import logging
+
+    b64 = recycled_address.serve("instance-a")
+    key_type = (tmp_path / "instance-a.pub").read_text().split()[0]
+    pinned = tmp_path / "ssh_known_hosts"
+    pinned.write_text(f"[{ADDRESS}]:{recycled_address.port} {key_type} {b64}\n")
+    config = dataclasses.replace(sshd.config, port=recycled_address.port,
+                                 extra_options=(f"GlobalKnownHostsFile={pinned}",))
+    with SSHLauncher(config) as launcher, caplog.at_level(logging.WARNING):
+        proc, _ = start(launcher, ADDRESS, marker, "report")
+        assert wait_exit(proc).code == 0
+        recycled_address.serve("impostor")
+        proc, _ = start(launcher, ADDRESS, marker, "report")
+        status = wait_exit(proc)
+    assert status.code == 255 and "host key mismatch" in status.transport_error
+    assert "recorded no host key" not in caplog.text

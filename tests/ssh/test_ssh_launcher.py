@@ -48,7 +48,10 @@ def test_output_env_cwd_and_secret(launcher, marker, tmp_path, monkeypatch):
     monkeypatch.setenv("LC_MY_DB_PASSWORD", marker)  # the driver's own: ssh_config's "SendEnv LC_*" must not send it
     secret = "job-secret-" + marker
     tricky = "a b 'c' \"d\" $HOME `x` \\ ; end"
-    proc, out = start(launcher, REMOTE, marker, "report", env={"CLOUD_ELASTIC_JOB": "j1", "TRICKY": tricky},
+    wrapper_tmp = tmp_path / "wrapper-tmp"  # -x TMPDIR: the wrapper's own socket goes there too (it did not, once)
+    wrapper_tmp.mkdir()
+    proc, out = start(launcher, REMOTE, marker, "report",
+                      env={"CLOUD_ELASTIC_JOB": "j1", "TRICKY": tricky, "TMPDIR": str(wrapper_tmp)},
                       secret=secret, cwd=str(tmp_path))
     status = wait_exit(proc)
     assert (status.code, status.transport_error) == (0, None)
@@ -64,6 +67,7 @@ def test_output_env_cwd_and_secret(launcher, marker, tmp_path, monkeypatch):
     assert os.path.dirname(report["executable"]) == os.path.dirname(sys.executable)
     assert report["pgid"] == report["pid"] == report["sid"], "worker must lead its own session and group"
     assert not any(line.startswith("CLOUD_ELASTIC_EXIT") for line in out.lines)
+    assert [p.name for p in wrapper_tmp.iterdir()] == [f"cloud-elastic-{os.getuid()}"]
 
 
 def test_secret_is_on_stdin_never_on_a_command_line_nor_in_an_environment(launcher, marker):

@@ -23,7 +23,7 @@ from cloud_elastic.driver.job.leaving import FIRST_COMMIT_HOLD_S, HOLD_MARGINS
 from cloud_elastic.providers.api import Drain
 from tests.unit.test_job import CLEAN, KILLED, T0, Sim, assert_round
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(30)  # the first test of a run may import torch (conftest), on a loaded machine
 
 
 def state(sim: Sim, slot: str) -> WorkerState:
@@ -279,3 +279,33 @@ def test_a_commit_the_stopped_member_reports_late_is_not_the_jobs_committed_stat
     sim.exit(member, KILLED)  # the step-0 round's member dies before its own first commit
     sim.advance(3)
     assert sim.outcome is None and sim.job.round == 3 and len(sim.layout()) == 1 and member not in sim.layout()
+
+
+def test_the_stopped_former_rank_0_feeds_neither_the_step_rate_nor_the_step_metric() -> None:
+    """Review of b4aab3e: its late poll, as rank 0 still, put a step of a history no round continues into the
+    job's steps/s and the step metric."""
+    from types import SimpleNamespace
+
+    from cloud_elastic.config import JobConfig
+    from cloud_elastic.driver.runtime.condition import JobCondition
+    from cloud_elastic.driver.runtime.control_plane import ControlPlane
+
+    sim = Sim(1, spares=2, min_np=1)
+    sim.discover({"a": 1, "b": 1, "c": 1})
+    sim.join("a[0]")
+    sim.join("b[0]")
+    sim.join("c[0]")
+    sim.discover({"b": 1, "c": 1}, {"a": Drain(T0 + 8, "spot interruption")})
+    sim.advance(1)
+    a = sim.job.workers[sim.id("a[0]")]
+    assert sim.job.round == 2 and a.discarded
+    steps: list[int] = []
+    cond = JobCondition()
+    cond.watch(sim.job)
+    plane = ControlPlane(sim.job, cond, JobConfig(command=("x",), num_proc=1, min_np=1, max_np=3),
+                         sinks=SimpleNamespace(sink=SimpleNamespace(emit=lambda *a, **k: None),
+                                               metrics=SimpleNamespace(observe_step=steps.append)),
+                         clock=lambda: T0, stop=lambda *a: None, record_events=lambda: None, watch_cloud=None)
+    plane.handle("poll", {"worker": a.worker_id, "round": 1, "update_gen": 0, "abort_round": 0, "commits": 5,
+                          "commit_seq": 5})
+    assert steps == [] and not plane.rate._samples

@@ -137,11 +137,12 @@ class JobKnownHosts:
         return True
 
     def check_recorded(self, destination: str) -> None:
-        """After a connection to ``destination`` got through: log one WARNING, the first time, if the file is empty.
+        """After a connection to ``destination`` got through on which ssh said it added the host's key: log one
+        WARNING, the first time, if the file is empty.
 
-        ssh records a new host's key before it authenticates; an empty file means it could not write it there,
-        so it would accept any later key for that host (``accept-new``), unless ssh's system-wide
-        ``ssh_known_hosts`` knew the key already.
+        ssh records a new host's key before it authenticates; an empty file after ssh said it added one means it
+        could not write it there, so it would accept any later key for that host (``accept-new``). A key that
+        ssh's system-wide ``ssh_known_hosts`` knew already is not added, and not checked here.
         """
         with self._lock:
             if self._checked or self._dir is None:

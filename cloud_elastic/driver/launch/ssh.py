@@ -300,7 +300,7 @@ class SSHWorkerProcess:
         self._stdin_fd: int | None = None
         self._unsent = b""  # what ssh's stdin pipe did not take yet: it goes before anything written later
         self._preamble = f"{spec.secret}\n{env_line}".encode()
-        self._on_connected = on_connected  # called with the destination once the wrapper says the worker runs
+        self._on_connected = on_connected  # with the destination once the worker runs, if ssh added its key
         self._stopping = False
         self._reaper: threading.Thread | None = None
         self._exited_at: float | None = None
@@ -310,6 +310,7 @@ class SSHWorkerProcess:
         self._setting_up: threading.Thread | None = None
         self._progress = threading.Event()  # the wrapper said the worker runs, the worker wrote, or ssh's stderr ended
         self._started = False  # the wrapper said so
+        self._key_added = False  # ssh said it added the host's key to the known-hosts file
         self._wrote = False  # the worker wrote: set up, whether the wrapper says so or not
         self._cancelled = threading.Event()  # stopped while no ssh ran: it never starts
         self._cancel_code = -signal.SIGTERM
@@ -549,9 +550,11 @@ class SSHWorkerProcess:
                 self._gate.note_wrapper(self._destination, says_started=True)
                 self._lines.connect()
             self._progress.set()
-            if self._on_connected is not None:
+            if self._on_connected is not None and self._key_added:  # a key a system-wide file knew is not added
                 self._on_connected(self._destination)
             return
+        if line.lower().startswith("warning: permanently added"):
+            self._key_added = True
         if not is_noise(line):
             self._lines.add(line)
 

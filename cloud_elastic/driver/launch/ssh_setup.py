@@ -306,14 +306,20 @@ def option_key(option: str) -> str:
     return match.group(1).lower() if match else option.lower()
 
 
+#: Not secrets, and the wrapper's own process needs them: where its control socket goes (TMPDIR), and what lets
+#: a site python3 start at all (a shared libpython without an rpath).
+_FOR_THE_WRAPPER = frozenset({"TMPDIR", "LD_LIBRARY_PATH", "LD_PRELOAD"})
+
+
 def _on_command_line(name: str) -> bool:
-    # They choose the python3 that runs the wrapper, and the cloud_elastic it imports.
-    return name == "PATH" or name.startswith("PYTHON")
+    # They choose the python3 that runs the wrapper, and the cloud_elastic it imports, or the wrapper needs them.
+    return name == "PATH" or name.startswith("PYTHON") or name in _FOR_THE_WRAPPER
 
 
 def remote_prefix(spec: WorkerSpec) -> list[str]:
     """``exec env -- PATH=... PYTHON...=... python3 -m cloud_elastic.driver.launch.ssh_remote`` for ``spec``,
-    shell-quoted. Only ``PATH`` and ``PYTHON*`` are on this line; the other variables go in :func:`env_line`."""
+    shell-quoted. Only ``PATH``, ``PYTHON*``, ``TMPDIR`` and ``LD_LIBRARY_PATH``/``LD_PRELOAD`` are on this line; the
+    other variables go in :func:`env_line`."""
     bindir = os.path.dirname(sys.executable)
     if "PATH" in spec.env:
         path = shlex.quote(f"PATH={bindir}:{spec.env['PATH']}")

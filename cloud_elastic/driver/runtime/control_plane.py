@@ -181,7 +181,8 @@ class ControlPlane:
     def _poll(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any] | Held:
         request = PollRequest.from_wire(msg)
         known = (request.round, request.update_gen, request.abort_round, request.next_plan)
-        if self._job.rank_of(worker_id) == 0:
+        w = self._job.workers.get(worker_id)
+        if w is not None and w.rank == 0 and not w.discarded:  # a discarded one's steps are of a past no round has
             # The job's commit count, not this process's: it goes on when another worker becomes rank 0.
             self.rate.add(now, request.commit_seq)
             if self._sinks.metrics is not None:
