@@ -208,10 +208,12 @@ class HostDiscovery(abc.ABC):
         """
         raise CapacityError(f"provider {self.name!r} cannot set a group's desired capacity")
 
-    def capacity_limits(self) -> tuple[int, int] | None:
+    def capacity_limits(self) -> tuple[int, int] | tuple[int, int, int] | None:
         """The group's smallest and largest desired capacity (AWS MinSize, MaxSize) as the last :meth:`find`
-        read them; :meth:`set_capacity` is held within them (the cloud refuses a value outside). None: no
-        limits known (the default)."""
+        read them, and where known its desired capacity then (AWS DesiredCapacity); :meth:`set_capacity` is
+        held within them (the cloud refuses a value outside), and never lowers a group whose desired capacity
+        is known (a job's raise asked again while instances boot, beside an operator's or the group's own
+        raise). None: no limits known (the default)."""
         return None
 
     def hourly_prices(self, snapshot: DiscoveredHosts) -> Mapping[str, float]:

@@ -179,7 +179,7 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         self.on_demand_price = on_demand_price
         self._spot = SpotPrices(clock)
         self._priced: dict[str, InstancePrice] = {}  # host -> what decides its price, from the last snapshot
-        self._limits: tuple[int, int] | None = None  # the group's (MinSize, MaxSize), from the last snapshot
+        self._limits: tuple | None = None  # the group's (MinSize, MaxSize[, DesiredCapacity]), from the last snapshot
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "AWSAutoScalingGroup":
@@ -400,8 +400,9 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         """``SetDesiredCapacity`` of the group (``--manage-capacity``; see :mod:`.aws_pricing`)."""
         set_desired_capacity(self._client("autoscaling"), self.sdk["errors"], self.group, hosts, self.label)
 
-    def capacity_limits(self) -> tuple[int, int] | None:
-        """The group's MinSize and MaxSize as the last find() read them (SetDesiredCapacity must stay within)."""
+    def capacity_limits(self) -> tuple[int, int] | tuple[int, int, int] | None:
+        """The group's MinSize and MaxSize as the last find() read them (SetDesiredCapacity must stay within),
+        and its DesiredCapacity then."""
         return self._limits
 
     def hourly_prices(self, snapshot: DiscoveredHosts) -> Mapping[str, float]:
@@ -427,8 +428,10 @@ class AWSAutoScalingGroup(CloudGroupProvider):
         if not groups:
             region = autoscaling.meta.region_name
             raise FatalDiscoveryError(f"{self.label} not found in region {region}")
-        low, high = groups[0].get("MinSize"), groups[0].get("MaxSize")
+        low, high, desired = (groups[0].get(k) for k in ("MinSize", "MaxSize", "DesiredCapacity"))
         self._limits = (low, high) if isinstance(low, int) and isinstance(high, int) else None
+        if self._limits is not None and isinstance(desired, int):
+            self._limits = (low, high, desired)
         return list(groups[0].get("Instances", []))
 
     def _instances(self, ec2: Any, ids: list[str]) -> Iterator[tuple[str, dict]]:

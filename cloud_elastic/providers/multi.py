@@ -43,10 +43,15 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   the group's MinSize..MaxSize where its provider reports them
   (:meth:`~.api.HostDiscovery.capacity_limits`): more than MaxSize asks MaxSize, with
   one WARNING, and :meth:`capacity_of` says MaxSize (the job asks the rest again once
-  the group shows fewer hosts than it needs); less than MinSize asks MinSize. When the
+  the group shows fewer hosts than it needs); less than MinSize asks MinSize. A raise is made only
+  while the group's desired capacity as last read (``capacity_limits``' third value) is below it;
+  a value asked again not while MaxSize holds it and the limits are unchanged, nor, where the desired
+  capacity is unknown, more often than :data:`REASK_UNKNOWN_S` or once it shows more hosts. When the
   credentials may not change the group (AccessDenied), one WARNING says so and the
   source is left unmanaged for the rest of the job; other errors are retried at
   each later ``find()`` until a call succeeds or a newer value replaces it.
+* **One provider call per source at a time**, whichever thread makes it: :meth:`wait_for`
+  waits for any of them (find, set_capacity, release, hourly_prices) to end.
 """
 
 from __future__ import annotations
@@ -57,9 +62,10 @@ import queue
 import re
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Generic, Mapping, Sequence, TypeVar
+from typing import Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryError, FatalDiscoveryError,
                                   RetryableDiscoveryError)
@@ -67,7 +73,7 @@ from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_f
 from cloud_elastic.providers.sources import SourceSpec
 
 __all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "PRICE_RETRY_S",
-           "MERGE_MARGIN_S", "UNHEARD_HOLD_S"]
+           "MERGE_MARGIN_S", "UNHEARD_HOLD_S", "REASK_UNKNOWN_S"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +84,8 @@ MERGE_MARGIN_S = 5.0
 #: A fallback raise waits at most this long for a source that has never answered (three calls at the default
 #: --discovery-timeout; well below the default --start-timeout and --elastic-timeout, 600 s).
 UNHEARD_HOLD_S = 90.0
+#: A value asked again reaches a group whose desired capacity the provider cannot read at most this often.
+REASK_UNKNOWN_S = 300.0
 
 T = TypeVar("T")
 
@@ -203,9 +211,39 @@ class SourceState:
     caller: Caller = field(init=False)
     asked_at: float = 0.0
     releases: list[tuple[str, str | None]] = field(default_factory=list)
+    #: The last value the cloud took, when (the clock), the (MinSize, MaxSize) read then, the hosts shown then.
+    took: tuple[int | None, float, tuple | None, int] = (None, 0.0, None, 0)
+    #: The value a set_capacity() under way sets (None: none runs), and the provider calls under way on other
+    #: threads than its find()'s (set_capacity, release, hourly_prices).
+    setting: int | None = None
+    calls: int = 0
+    calls_ended: threading.Condition = field(default_factory=threading.Condition)
 
     def __post_init__(self) -> None:
         self.caller = Caller(partial(_outcome, self.discovery.find), name=f"discovery-{self.spec.name}")
+
+    @contextmanager
+    def calling(self, setting: int | None = None) -> Iterator[None]:
+        """Counts a provider call other than find() (a set_capacity() says its value) while it runs."""
+        with self.calls_ended:
+            self.calls, self.setting = self.calls + 1, setting
+        try:
+            yield
+        finally:
+            with self.calls_ended:
+                self.calls, self.setting = self.calls - 1, None
+                self.calls_ended.notify_all()
+
+    def wait_ended(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every provider call under way, its find() included; whether none runs."""
+        deadline = time.monotonic() + timeout_s
+        if not self.caller.wait_ended(timeout_s):
+            return False
+        with self.calls_ended:
+            return self.calls_ended.wait_for(lambda: self.calls == 0, max(0.0, deadline - time.monotonic()))
+
+    def shown(self) -> int:
+        return 0 if self.last is None else len(self.last.ready) + len(self.last.draining)
 
 
 class MultiSourceDiscovery(HostDiscovery):
@@ -373,7 +411,8 @@ class MultiSourceDiscovery(HostDiscovery):
                 return
         source.priced_at = now
         try:
-            source.hourly = dict(source.discovery.hourly_prices(snapshot))
+            with source.calling():
+                source.hourly = dict(source.discovery.hourly_prices(snapshot))
         except DiscoveryError as exc:
             source.price_backoff_s = min(max(2 * source.price_backoff_s, PRICE_RETRY_S), self.price_refresh_s)
             source.price_retry_at = now + source.price_backoff_s
@@ -403,13 +442,18 @@ class MultiSourceDiscovery(HostDiscovery):
 
     def _apply_capacity(self, source: SourceState) -> None:
         asked = source.pending_capacity
-        if asked is None or not source.managed or source.caller.running:
-            return  # kept pending until its find() given up on has ended (one call at a time)
+        if asked is None or not source.managed or source.caller.running or source.calls:
+            return  # kept pending until its call under way has ended (one call at a time)
         if source.spec.fallback and asked > (source.capacity_set or 0) and self._unheard(source):
             return  # kept pending: asked again at every discovery
-        hosts = self._within_limits(source, asked)
+        limits = source.discovery.capacity_limits()
+        hosts = self._within_limits(source, asked, limits)
+        if not self._changes(source, asked, hosts, limits):
+            source.pending_capacity = None
+            return
         try:
-            source.discovery.set_capacity(hosts, source=source.spec.name)
+            with source.calling(hosts):
+                source.discovery.set_capacity(hosts, source=source.spec.name)
         except CapacityDeniedError as exc:
             source.managed = False
             source.pending_capacity = None
@@ -422,7 +466,22 @@ class MultiSourceDiscovery(HostDiscovery):
             return
         source.pending_capacity = None
         source.capacity_set = min(asked, hosts)  # held at MaxSize: that is what was set (held at MinSize: as asked)
+        source.took = (hosts, self._clock(), limits and tuple(limits[:2]), source.shown())
         log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
+
+    def _changes(self, source: SourceState, asked: int, hosts: int, limits: tuple | None) -> bool:
+        """Whether ``hosts`` (``asked``, held within ``limits``) goes to the cloud: a raise never lowers a group,
+        a value asked again goes only where it may change the group (module docstring)."""
+        desired = limits[2] if limits is not None and len(limits) > 2 else None
+        if asked > 0 and desired is not None and desired >= hosts:
+            source.capacity_set = min(asked, hosts)  # set back to 0 at the end, as if the job had set it
+            return False
+        took, took_at, took_limits, took_shown = source.took
+        if hosts != took or asked == 0 or desired is not None:
+            return True
+        if hosts < asked:  # MaxSize holds it: again only once the limits read have changed
+            return (limits and tuple(limits[:2])) != took_limits
+        return self._clock() - took_at >= REASK_UNKNOWN_S and source.shown() <= took_shown
 
     def _unheard(self, fallback: SourceState) -> bool:
         """Whether a non-fallback source that has never answered is still failing within the stale limit (a
@@ -437,12 +496,11 @@ class MultiSourceDiscovery(HostDiscovery):
                          "(%s); for up to %gs", fallback.spec.name, s.spec.name, s.error, hold_s)
         return bool(unheard)
 
-    def _within_limits(self, source: SourceState, hosts: int) -> int:
+    def _within_limits(self, source: SourceState, hosts: int, limits: tuple | None) -> int:
         """``hosts`` held within the group's MinSize..MaxSize (the cloud refuses a value outside them)."""
-        limits = source.discovery.capacity_limits()
         if limits is None:
             return hosts
-        low, high = limits
+        low, high = limits[:2]
         if hosts > high:
             if not source.above_max_warned:
                 source.above_max_warned = True
@@ -458,13 +516,16 @@ class MultiSourceDiscovery(HostDiscovery):
         group's MaxSize where it held the request there (0 where MinSize held a lowering above it); None: none
         set, or not a source."""
         state = self._by_name.get(source)
+        if state is not None and state.setting is not None:  # a call under way may still set it
+            return max(state.setting, state.capacity_set or 0)
         return None if state is None else state.capacity_set
 
     def wait_for(self, source: str, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the call to ``source`` under way, if any, to end (its group may be set
-        then, whatever the other sources' calls do); whether it ended."""
+        """Wait up to ``timeout_s`` for every call to ``source`` under way, if any, to end (its find(), or its
+        set_capacity() on the discovery thread: its group may be set then, whatever the other sources' calls
+        do); whether they ended."""
         state = self._by_name.get(source)
-        return state is None or state.caller.wait_ended(timeout_s)
+        return state is None or state.wait_ended(timeout_s)
 
     def managed(self, source: str) -> bool:
         """Whether the driver still manages ``source``'s group (False after AccessDenied)."""
@@ -477,13 +538,15 @@ class MultiSourceDiscovery(HostDiscovery):
         if owner is not None and owner.caller.busy:  # its find() given up on runs: released once it has ended
             owner.releases.append((host, instance))
         elif owner is not None:
-            owner.discovery.release(host, instance)
+            with owner.calling():
+                owner.discovery.release(host, instance)
 
     def _release_held(self, source: SourceState) -> None:
         while source.releases:
             host, instance = source.releases.pop(0)
             try:
-                source.discovery.release(host, instance)
+                with source.calling():
+                    source.discovery.release(host, instance)
                 log.info("released drained host %s%s to the cloud", host, f" ({instance})" if instance else "")
             except Exception as exc:  # the instance then waits out the cloud's own timeout; the job goes on
                 log.warning("could not release drained host %s: %s", host, exc)

@@ -141,6 +141,25 @@ def test_aws_fallback_capacity_is_held_within_the_groups_min_and_max_size(aws, c
     assert len(warnings) == 1 and "maximum size is 2" in warnings[0], warnings
 
 
+def test_aws_a_raise_asked_again_leaves_a_group_raised_beyond_it_as_it_is(aws):
+    """The job asks its raise again while the group shows fewer hosts than it needs (booting ones are not
+    shown): the DesiredCapacity discovery read decides, and a group someone raised beyond it is not set down."""
+    make_group(aws.url, "ra-spot", size=1, instance_type="g4dn.xlarge", cidr="10.71.1.0/24")
+    make_group(aws.url, "ra-od", size=0, instance_type="g4dn.xlarge", cidr="10.71.2.0/24")
+    autoscaling, _ = clients(aws.url)
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName="ra-od", MaxSize=4)
+    multi = aws_sources(aws, "ra-spot", "ra-od", source=("ra-od:fallback,price=1",))
+    try:
+        multi.find()
+        multi.set_capacity(1, source="ra-od")
+        autoscaling.set_desired_capacity(AutoScalingGroupName="ra-od", DesiredCapacity=3)  # an operator
+        multi.find()
+        multi.set_capacity(1, source="ra-od")
+        assert desired(aws, "ra-od") == 3
+    finally:
+        multi.close()
+
+
 def test_aws_a_draining_multi_gpu_host_keeps_its_price_per_slot(aws):
     od = make_group(aws.url, "dr-od", size=1, instance_type="g4dn.12xlarge", cidr="10.65.1.0/24")
     make_group(aws.url, "dr-fb", size=0, instance_type="g4dn.xlarge", cidr="10.65.2.0/24")

@@ -400,9 +400,9 @@ def test_the_capacity_asked_is_held_within_the_groups_min_and_max_size_with_one_
     with caplog.at_level(logging.WARNING):
         multi.set_capacity(4, source="od")
         multi.find()
-        multi.set_capacity(5, source="od")
+        multi.set_capacity(5, source="od")  # MaxSize holds it at 2 again, and has not changed: no call
         multi.set_capacity(0, source="od")  # lowered: to MinSize, not below it (the cloud refuses less)
-    assert od.capacity_calls == [2, 2, 1]
+    assert od.capacity_calls == [2, 1]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "wants 4 host(s) of host source 'od'" in warnings[0] and "maximum size is 2" in \
         warnings[0]
@@ -422,6 +422,50 @@ def test_a_raise_held_at_the_groups_max_size_is_recorded_as_such_and_made_whole_
     od.limits = (1, 4)
     multi.set_capacity(0, source="od")  # held at MinSize: what the job asked is done (the job ends with it)
     assert (od.capacity_calls, multi.capacity_of("od")) == ([1, 2, 1], 0)
+
+
+def test_a_raise_asked_again_never_lowers_the_group_and_goes_only_while_its_desired_capacity_is_below_it():
+    """The job asks again every 30 s while the group shows fewer hosts than it needs, and booting instances are
+    not shown: a group an operator (or its own scaling) raised beyond it must not be set back down, and one that
+    boots must not be asked at every turn; one its own scaling lowered is raised again."""
+    clock = Clock()
+    od = Scripted(DiscoveredHosts(), limits=(0, 10, 0))  # MinSize, MaxSize, DesiredCapacity as last read
+    multi = MultiSourceDiscovery([(spec("spot"), Scripted(DiscoveredHosts(ready={"h": 1}))),
+                                  (spec("od", fallback=True), od)], clock=clock)
+    multi.find()
+    multi.set_capacity(1, source="od")
+    for desired in (4, 1):  # the operator raised it to 4, then the instance of the job's raise boots
+        od.limits = (0, 10, desired)
+        clock.now += 30
+        multi.find()
+        multi.set_capacity(1, source="od")
+    assert od.capacity_calls == [1]
+    od.limits = (0, 10, 0)  # a scheduled action set it back to 0
+    multi.find()
+    multi.set_capacity(1, source="od")
+    assert (od.capacity_calls, multi.capacity_of("od")) == ([1, 1], 1)
+
+
+def test_a_raise_asked_again_of_a_group_whose_desired_capacity_is_unknown_goes_every_few_minutes_while_no_host_came():
+    from cloud_elastic.providers.multi import REASK_UNKNOWN_S
+
+    clock = Clock()
+    od = Scripted(DiscoveredHosts())
+    multi = MultiSourceDiscovery([(spec("spot"), Scripted(DiscoveredHosts(ready={"h": 1}))),
+                                  (spec("od", fallback=True), od)], clock=clock)
+    multi.find()
+    multi.set_capacity(2, source="od")
+    clock.now += 30
+    multi.set_capacity(2, source="od")
+    assert od.capacity_calls == [2]
+    clock.now += REASK_UNKNOWN_S
+    multi.set_capacity(2, source="od")
+    assert od.capacity_calls == [2, 2]
+    od.answers = [DiscoveredHosts(ready={"o1": 1})]  # one of its hosts shows: the group is on its way
+    multi.find()
+    clock.now += REASK_UNKNOWN_S
+    multi.set_capacity(2, source="od")
+    assert od.capacity_calls == [2, 2]
 
 
 def test_a_spot_source_down_from_the_start_holds_the_fallback_well_within_the_start_timeout(caplog):

@@ -201,6 +201,53 @@ def test_at_the_end_a_discovery_call_that_does_not_end_leaves_the_group_named_as
            "not end within 0s; set it to 0 yourself" in caplog.text
 
 
+def test_at_the_end_a_raise_still_under_way_on_the_discovery_thread_is_waited_for_not_made_beside(caplog):
+    """The discovery thread may be inside the fallback provider's own set_capacity (a throttled call the SDK
+    retries) while its find() is idle: a set_capacity(0) beside it would be overtaken by the late raise, and the
+    group left raised while the log said 0."""
+    from cloud_elastic.driver.runtime import raised
+    from cloud_elastic.providers.multi import MultiSourceDiscovery
+    from tests.unit.test_providers_multi import Scripted, spec
+
+    class SlowGroup(Scripted):
+        def __init__(self) -> None:
+            super().__init__(DiscoveredHosts())
+            self.go, self.entered = threading.Event(), threading.Event()
+            self.running = self.most = 0
+
+        def set_capacity(self, hosts, *, source=None):
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.entered.set()
+            if hosts:
+                self.go.wait(5)
+            super().set_capacity(hosts)
+            self.running -= 1
+
+    for released, join_s in ((False, 0.2), (True, 5.0)):
+        od = SlowGroup()
+        multi = MultiSourceDiscovery([(spec("spot"), Scripted(DiscoveredHosts(ready={"h": 1}))),
+                                      (spec("od", fallback=True), od)])
+        multi.find()
+        sim = _raised_job()
+        raising = threading.Thread(target=multi.set_capacity, args=(1,), kwargs={"source": "od"}, daemon=True)
+        raising.start()
+        assert od.entered.wait(5)
+        if released:
+            threading.Timer(0.2, od.go.set).start()
+        caplog.clear()
+        raised.lower(sim.job, multi, threading.Condition(), _BusyPoller(), join_s=join_s, pause_s=0)
+        od.go.set()
+        raising.join(5)
+        assert od.most == 1
+        if released:
+            assert (od.capacity_calls, sim.job.capacity.sourcing.raised()) == ([1, 0], {})
+        else:
+            assert (od.capacity_calls, sim.job.capacity.sourcing.raised()) == ([1], {"od": 1})
+            assert "host source 'od' stays at the desired capacity 1 this job gave it: the discovery call under " \
+                   "way did not end" in caplog.text
+
+
 class _Sources(_Cloud):
     """Several sources: the fallback's own call may end while another source's (and so the merged one) hangs."""
 

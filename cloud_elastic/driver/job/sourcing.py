@@ -25,9 +25,10 @@ Only for a job with several sources (``Policy.sources``, see
   with no rollback; one not ready yet leaves at once.
 * **Capacity** (``--manage-capacity``): while fallback slots are wanted and the
   preferred fallback group shows fewer hosts than they need, one :class:`~.actions.SetCapacity`
-  raises its desired capacity to ``ceil(wanted slots / slots per host)``, asked again every
-  :data:`REASK_S` while the group still shows fewer (its own scaling lowered it, its MaxSize
-  held the raise and has been raised since, a host of it was lost); once no
+  raises its desired capacity to ``ceil(wanted slots / slots per host)``, asked again (no event)
+  every :data:`REASK_S` while the group still shows fewer (its own scaling lowered it, its MaxSize
+  held the raise and has been raised since, a host of it was lost; the provider sends it only where
+  it may change the group: see :mod:`cloud_elastic.providers.multi`); once no
   fallback slot is wanted and no worker is left on a group the job raised, one sets
   it back to 0. Nothing before the job's first discovery answer (a failed first call
   shows no host, not a lack of them). Nothing else: a group the job never raised is never lowered, and a
@@ -76,7 +77,8 @@ COST_EVENT_MAX_S = 60.0
 #: and at once when a host or a worker changed: a step of a large job does not count every slot.
 RECHECK_S = 1.0
 #: A fallback group that shows fewer hosts than wanted is asked again this long after the job last asked it (the
-#: group's own scaling may have lowered it since; the same value again is a no-op while its instances boot).
+#: group's own scaling may have lowered it since): the provider sends it only where it may change the group
+#: (``providers/multi.py``), never lowering one raised beyond it while its instances boot.
 REASK_S = 30.0
 
 
@@ -276,9 +278,14 @@ class Sourcing:
                                                                                        default=1)
             need = math.ceil(self.wanted / max(per_host, 1))
             asked = 0 if name in self._inherited else self.requested.get(name, 0)
-            if need > len(present) and (need > asked or now - self._asked_at.get(name, now) >= REASK_S):
-                again = "" if need > asked else f"; asked again: the group shows {len(present)} host(s)"
-                self._ask(name, need, f"{self.wanted} fallback slot(s) wanted ({self.why}){again}", now)
+            if need > len(present) and need > asked:
+                self._ask(name, need, f"{self.wanted} fallback slot(s) wanted ({self.why})", now)
+            elif need > len(present) and now - self._asked_at.get(name, now) >= REASK_S:
+                # The same value again, with no event: the provider sends it only where it may change the group.
+                self._asked_at[name] = now
+                log.debug("job %s: --manage-capacity: host source %r asked again for %d: it shows %d host(s)",
+                          job.job_id, name, asked, len(present))
+                job.act(SetCapacity(name, asked))
             return
         busy = {hosts.sources.get(w.slot.host) for w in job.alive()}
         for name, asked in list(self.requested.items()):
