@@ -96,3 +96,22 @@ def test_a_host_key_the_system_wide_file_pins_gives_no_warning_and_a_changed_key
         status = wait_exit(proc)
     assert status.code == 255 and "host key mismatch" in status.transport_error
     assert "recorded no host key" not in caplog.text
+
+
+def test_a_known_hosts_file_ssh_cannot_write_is_one_warning(launcher, recycled_address, marker, caplog):
+    """Review of f53281f: the warning waited for "Permanently added", which ssh prints only when it did write the
+    file; when it cannot, it says "Failed to add the host", and a changed key would then pass unnoticed."""
+    import logging
+    import shutil
+
+    recycled_address.serve("instance-a")
+    path = launcher._known_hosts.path
+    os.remove(path)
+    os.mkdir(path)  # where ssh would append the key: unwritable even for root
+    try:
+        with caplog.at_level(logging.WARNING):
+            proc, _ = start(launcher, ADDRESS, marker, "report")
+            assert wait_exit(proc).code == 0
+    finally:
+        shutil.rmtree(path)
+    assert "recorded no host key" in caplog.text, caplog.text

@@ -137,12 +137,13 @@ class JobKnownHosts:
         return True
 
     def check_recorded(self, destination: str) -> None:
-        """After a connection to ``destination`` got through on which ssh said it added the host's key: log one
-        WARNING, the first time, if the file is empty.
+        """After a connection to ``destination`` got through on which ssh said it added the host's key (or failed
+        to): log one WARNING, the first time, if the file is empty.
 
-        ssh records a new host's key before it authenticates; an empty file after ssh said it added one means it
-        could not write it there, so it would accept any later key for that host (``accept-new``). A key that
-        ssh's system-wide ``ssh_known_hosts`` knew already is not added, and not checked here.
+        ssh records a new host's key before it authenticates ("Permanently added"), or says it could not ("Failed
+        to add the host"); an empty file then means ssh would accept any later key for that host
+        (``accept-new``). A key that ssh's system-wide ``ssh_known_hosts`` knew already is not added, and not
+        checked here.
         """
         with self._lock:
             if self._checked or self._dir is None:
@@ -150,7 +151,7 @@ class JobKnownHosts:
             self._checked = True
             path = os.path.join(self._dir, "known_hosts")
         try:
-            empty = os.path.getsize(path) == 0
+            empty = not os.path.isfile(path) or os.path.getsize(path) == 0
         except OSError:
             empty = True
         if empty:

@@ -310,7 +310,7 @@ class SSHWorkerProcess:
         self._setting_up: threading.Thread | None = None
         self._progress = threading.Event()  # the wrapper said the worker runs, the worker wrote, or ssh's stderr ended
         self._started = False  # the wrapper said so
-        self._key_added = False  # ssh said it added the host's key to the known-hosts file
+        self._key_added = False  # ssh said it added the host's key to the known-hosts file, or failed to
         self._wrote = False  # the worker wrote: set up, whether the wrapper says so or not
         self._cancelled = threading.Event()  # stopped while no ssh ran: it never starts
         self._cancel_code = -signal.SIGTERM
@@ -553,7 +553,7 @@ class SSHWorkerProcess:
             if self._on_connected is not None and self._key_added:  # a key a system-wide file knew is not added
                 self._on_connected(self._destination)
             return
-        if line.lower().startswith("warning: permanently added"):
+        if line.lower().startswith(("warning: permanently added", "failed to add the host")):
             self._key_added = True
         if not is_noise(line):
             self._lines.add(line)
