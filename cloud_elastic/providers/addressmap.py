@@ -126,7 +126,7 @@ class AddressMappedDiscovery(HostDiscovery):
     def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
         self.inner.set_capacity(hosts, source=source)
 
-    def capacity_limits(self) -> tuple[int, int] | None:
+    def capacity_limits(self) -> tuple[int, int] | tuple[int, int, int] | None:
         return self.inner.capacity_limits()
 
     def hourly_prices(self, snapshot: DiscoveredHosts) -> Mapping[str, float]:

@@ -44,9 +44,10 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   (:meth:`~.api.HostDiscovery.capacity_limits`): more than MaxSize asks MaxSize, with
   one WARNING, and :meth:`capacity_of` says MaxSize (the job asks the rest again once
   the group shows fewer hosts than it needs); less than MinSize asks MinSize. A raise is made only
-  while the group's desired capacity as last read (``capacity_limits``' third value) is below it;
-  a value asked again not while MaxSize holds it and the limits are unchanged, nor, where the desired
-  capacity is unknown, more often than :data:`REASK_UNKNOWN_S` or once it shows more hosts. When the
+  while the group's desired capacity as last read (``capacity_limits``' third value) is below it (one
+  skipped so, the job having set none, is not set back to 0 either); a value asked again not while MaxSize
+  holds it and the limits are unchanged, nor, where the desired capacity is unknown, more often than
+  :data:`REASK_UNKNOWN_S` or while it shows more hosts than when last asked or last lowered. When the
   credentials may not change the group (AccessDenied), one WARNING says so and the
   source is left unmanaged for the rest of the job; other errors are retried at
   each later ``find()`` until a call succeeds or a newer value replaces it.
@@ -62,14 +63,14 @@ import queue
 import re
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Generic, Iterator, Mapping, Sequence, TypeVar
+from typing import Callable, Generic, Mapping, Sequence, TypeVar
 
 from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryError, FatalDiscoveryError,
                                   RetryableDiscoveryError)
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find
+from cloud_elastic.providers.sidecalls import SideCalls
 from cloud_elastic.providers.sources import SourceSpec
 
 __all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "PRICE_RETRY_S",
@@ -201,6 +202,8 @@ class SourceState:
     pending_capacity: int | None = None
     managed: bool = True
     capacity_set: int | None = None
+    #: A raise skipped because the group was already higher while the job had set nothing: its 0 is not sent.
+    left: bool = False
     above_max_warned: bool = False
     #: Whether any call of it has ended (only an error at its first call can be fatal to the job).
     called: bool = False
@@ -211,36 +214,18 @@ class SourceState:
     caller: Caller = field(init=False)
     asked_at: float = 0.0
     releases: list[tuple[str, str | None]] = field(default_factory=list)
-    #: The last value the cloud took, when (the clock), the (MinSize, MaxSize) read then, the hosts shown then.
+    #: The last value the cloud took, when (the clock), the (MinSize, MaxSize) read, the hosts shown then or at a drop.
     took: tuple[int | None, float, tuple | None, int] = (None, 0.0, None, 0)
-    #: The value a set_capacity() under way sets (None: none runs), and the provider calls under way on other
-    #: threads than its find()'s (set_capacity, release, hourly_prices).
-    setting: int | None = None
-    calls: int = 0
-    calls_ended: threading.Condition = field(default_factory=threading.Condition)
+    #: Its provider calls on other threads than its find()'s (set_capacity, release, hourly_prices).
+    calls: SideCalls = field(default_factory=SideCalls)
 
     def __post_init__(self) -> None:
         self.caller = Caller(partial(_outcome, self.discovery.find), name=f"discovery-{self.spec.name}")
 
-    @contextmanager
-    def calling(self, setting: int | None = None) -> Iterator[None]:
-        """Counts a provider call other than find() (a set_capacity() says its value) while it runs."""
-        with self.calls_ended:
-            self.calls, self.setting = self.calls + 1, setting
-        try:
-            yield
-        finally:
-            with self.calls_ended:
-                self.calls, self.setting = self.calls - 1, None
-                self.calls_ended.notify_all()
-
     def wait_ended(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every provider call under way, its find() included; whether none runs."""
         deadline = time.monotonic() + timeout_s
-        if not self.caller.wait_ended(timeout_s):
-            return False
-        with self.calls_ended:
-            return self.calls_ended.wait_for(lambda: self.calls == 0, max(0.0, deadline - time.monotonic()))
+        return self.caller.wait_ended(timeout_s) and self.calls.wait_ended(deadline - time.monotonic())
 
     def shown(self) -> int:
         return 0 if self.last is None else len(self.last.ready) + len(self.last.draining)
@@ -322,7 +307,10 @@ class MultiSourceDiscovery(HostDiscovery):
             if source.failing_since is not None:
                 log.info("host source %r answers again (it failed for %.0fs)", source.spec.name,
                          now - source.failing_since)
+            shown = source.shown()
             source.last, source.failing_since, source.error = snapshot, None, ""
+            if source.shown() < shown:  # lowered by its own scaling: a value asked again may raise it back
+                source.took = (*source.took[:3], source.shown())
             present = set(snapshot.ready) | set(snapshot.draining)
             source.slots = {h: n for h, n in source.slots.items() if h in present}
             source.slots.update(snapshot.ready)
@@ -409,10 +397,9 @@ class MultiSourceDiscovery(HostDiscovery):
             unknown = (set(snapshot.ready) | set(snapshot.draining)) - set(source.hourly)
             if now - source.priced_at < self.price_refresh_s and not unknown:
                 return
-        source.priced_at = now
         try:
-            with source.calling():
-                source.hourly = dict(source.discovery.hourly_prices(snapshot))
+            with source.calls.start(lambda: not source.caller.busy) as started:
+                hourly = source.discovery.hourly_prices(snapshot) if started else None
         except DiscoveryError as exc:
             source.price_backoff_s = min(max(2 * source.price_backoff_s, PRICE_RETRY_S), self.price_refresh_s)
             source.price_retry_at = now + source.price_backoff_s
@@ -423,6 +410,9 @@ class MultiSourceDiscovery(HostDiscovery):
                             "again after %gs, then less often): %s; to give the price by hand: --source %s:price=D "
                             "(dollars per slot-hour)", source.spec.name, source.price_backoff_s, exc, source.spec.name)
             return
+        if hourly is None:
+            return  # another thread's call to it runs (one at a time): read at the next find()
+        source.priced_at, source.hourly = now, dict(hourly)
         if source.price_retry_at is not None:
             log.info("host source %r: prices read again", source.spec.name)
         source.price_retry_at, source.price_backoff_s = None, 0.0
@@ -442,7 +432,7 @@ class MultiSourceDiscovery(HostDiscovery):
 
     def _apply_capacity(self, source: SourceState) -> None:
         asked = source.pending_capacity
-        if asked is None or not source.managed or source.caller.running or source.calls:
+        if asked is None or not source.managed or source.caller.running or source.calls.count:
             return  # kept pending until its call under way has ended (one call at a time)
         if source.spec.fallback and asked > (source.capacity_set or 0) and self._unheard(source):
             return  # kept pending: asked again at every discovery
@@ -452,8 +442,9 @@ class MultiSourceDiscovery(HostDiscovery):
             source.pending_capacity = None
             return
         try:
-            with source.calling(hosts):
-                source.discovery.set_capacity(hosts, source=source.spec.name)
+            with source.calls.start(lambda: not source.caller.running, hosts) as started:
+                if started:
+                    source.discovery.set_capacity(hosts, source=source.spec.name)
         except CapacityDeniedError as exc:
             source.managed = False
             source.pending_capacity = None
@@ -464,7 +455,9 @@ class MultiSourceDiscovery(HostDiscovery):
             log.warning("--manage-capacity: could not set the desired capacity of host source %r to %d (%s); "
                         "retrying at the next discovery", source.spec.name, hosts, exc)
             return
-        source.pending_capacity = None
+        if not started:
+            return  # another thread's call to it started first: kept pending
+        source.pending_capacity, source.left = None, False
         source.capacity_set = min(asked, hosts)  # held at MaxSize: that is what was set (held at MinSize: as asked)
         source.took = (hosts, self._clock(), limits and tuple(limits[:2]), source.shown())
         log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
@@ -474,9 +467,11 @@ class MultiSourceDiscovery(HostDiscovery):
         a value asked again goes only where it may change the group (module docstring)."""
         desired = limits[2] if limits is not None and len(limits) > 2 else None
         if asked > 0 and desired is not None and desired >= hosts:
-            source.capacity_set = min(asked, hosts)  # set back to 0 at the end, as if the job had set it
+            source.left = source.left or not source.capacity_set  # not raised by the job: not lowered by it
             return False
         took, took_at, took_limits, took_shown = source.took
+        if asked == 0 and source.left:
+            return False
         if hosts != took or asked == 0 or desired is not None:
             return True
         if hosts < asked:  # MaxSize holds it: again only once the limits read have changed
@@ -516,8 +511,8 @@ class MultiSourceDiscovery(HostDiscovery):
         group's MaxSize where it held the request there (0 where MinSize held a lowering above it); None: none
         set, or not a source."""
         state = self._by_name.get(source)
-        if state is not None and state.setting is not None:  # a call under way may still set it
-            return max(state.setting, state.capacity_set or 0)
+        if state is not None and (setting := state.calls.setting) is not None:  # a call under way may still set it
+            return max(setting, state.capacity_set or 0)
         return None if state is None else state.capacity_set
 
     def wait_for(self, source: str, timeout_s: float) -> bool:
@@ -535,17 +530,21 @@ class MultiSourceDiscovery(HostDiscovery):
     # ----------------------------------------------------------- the others
     def release(self, host: str, instance: str | None) -> None:
         owner = self._owner(host)
-        if owner is not None and owner.caller.busy:  # its find() given up on runs: released once it has ended
-            owner.releases.append((host, instance))
-        elif owner is not None:
-            with owner.calling():
-                owner.discovery.release(host, instance)
+        if owner is not None:
+            with owner.calls.start(lambda: not owner.caller.busy) as started:
+                if started:
+                    owner.discovery.release(host, instance)
+            if not started:  # another call to it runs (its find() given up on): released once it has ended
+                owner.releases.append((host, instance))
 
     def _release_held(self, source: SourceState) -> None:
         while source.releases:
-            host, instance = source.releases.pop(0)
+            host, instance = source.releases[0]
             try:
-                with source.calling():
+                with source.calls.start(lambda: True) as started:
+                    if not started:
+                        return  # another thread's call to it runs: at the next find()
+                    source.releases.pop(0)
                     source.discovery.release(host, instance)
                 log.info("released drained host %s%s to the cloud", host, f" ({instance})" if instance else "")
             except Exception as exc:  # the instance then waits out the cloud's own timeout; the job goes on

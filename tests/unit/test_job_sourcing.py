@@ -289,6 +289,26 @@ def test_a_fallback_group_its_own_scaling_lowered_is_asked_again_while_the_job_s
     assert sim.slots_launched()[-1] == "od0[0]"
 
 
+def test_a_fallback_group_asked_again_once_fewer_slots_are_wanted_is_asked_the_smaller_number():
+    """The larger value asked earlier would keep the group large (the cloud skips it: already desired)."""
+    from cloud_elastic.driver.job.sourcing import REASK_S
+
+    sim = Sourced(4, manage_capacity=True)
+    sim.groups(a=2, b=2)
+    sim.join("a0[0]", "a1[0]", "b0[0]", "b1[0]")
+    sim.commit("a0[0]", "a1[0]", "b0[0]", "b1[0]")
+    sim.groups(a=1, b=0)  # 3 of the 4 spot hosts reclaimed: the fallback group is raised to 3
+    for slot in ("a1[0]", "b0[0]", "b1[0]"):
+        sim.exit(slot, CLEAN)
+    sim.advance(1)
+    sim.groups(a=1, b=2, od=0)  # spot-b is back: 1 fallback slot is still wanted, none shows yet
+    sim.advance(REASK_S + 1)
+    sim.groups(a=1, b=2, od=0)
+    sim.advance(1)
+    assert sim.capacity == [SetCapacity("od", 3), SetCapacity("od", 1)]
+    assert [e[1]["hosts"] for e in sim.events if e[0] == "capacity"] == [3, 1]
+
+
 def test_without_manage_capacity_no_group_is_ever_changed():
     sim = Sourced(2)
     sim.groups(a=1, b=1)

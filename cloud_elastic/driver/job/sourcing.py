@@ -25,10 +25,11 @@ Only for a job with several sources (``Policy.sources``, see
   with no rollback; one not ready yet leaves at once.
 * **Capacity** (``--manage-capacity``): while fallback slots are wanted and the
   preferred fallback group shows fewer hosts than they need, one :class:`~.actions.SetCapacity`
-  raises its desired capacity to ``ceil(wanted slots / slots per host)``, asked again (no event)
-  every :data:`REASK_S` while the group still shows fewer (its own scaling lowered it, its MaxSize
-  held the raise and has been raised since, a host of it was lost; the provider sends it only where
-  it may change the group: see :mod:`cloud_elastic.providers.multi`); once no
+  raises its desired capacity to ``ceil(wanted slots / slots per host)``, asked again (no event; a smaller
+  number, once fewer slots are wanted, is a new value with its event) every :data:`REASK_S` while the
+  group still shows fewer (its own scaling lowered it, its MaxSize held the raise and has been raised
+  since, a host of it was lost; the provider sends it only where it may change the group: see
+  :mod:`cloud_elastic.providers.multi`); once no
   fallback slot is wanted and no worker is left on a group the job raised, one sets
   it back to 0. Nothing before the job's first discovery answer (a failed first call
   shows no host, not a lack of them). Nothing else: a group the job never raised is never lowered, and a
@@ -278,9 +279,11 @@ class Sourcing:
                                                                                        default=1)
             need = math.ceil(self.wanted / max(per_host, 1))
             asked = 0 if name in self._inherited else self.requested.get(name, 0)
-            if need > len(present) and need > asked:
+            again = now - self._asked_at.get(name, now) >= REASK_S
+            if need > len(present) and (need > asked or (again and need < asked)):
+                # A smaller need is a new value, with its event (the larger one asked earlier would keep the group).
                 self._ask(name, need, f"{self.wanted} fallback slot(s) wanted ({self.why})", now)
-            elif need > len(present) and now - self._asked_at.get(name, now) >= REASK_S:
+            elif need > len(present) and again:
                 # The same value again, with no event: the provider sends it only where it may change the group.
                 self._asked_at[name] = now
                 log.debug("job %s: --manage-capacity: host source %r asked again for %d: it shows %d host(s)",
