@@ -92,7 +92,9 @@ def lanes(fast_workers: int = 3, job_workers: int = 3) -> list[Lane]:
     and only then do Ray and Spark start, one test at a time: a local Ray cluster or Spark session
     per module is heavy, and slows down threefold when it competes with the fast lane.
     """
-    fast = ("tests/unit", "tests/contract", "tests/emulator", "tests/terraform", "tests/kubernetes",
+    # The files with the longest serial runs first (terraform's CLI tests and checkov: minutes in a few files, each
+    # on one worker under loadfile), so that they overlap the many short unit files instead of ending the lane.
+    fast = ("tests/terraform", "tests/contract", "tests/unit", "tests/emulator", "tests/kubernetes",
             *(f"--ignore={f}" for f in JOB_FILES))
     jobs = ("tests/integration", "tests/chaos", "tests/ssh", *JOB_FILES)
     clusters = ("tests/ray", "tests/spark")
