@@ -7,52 +7,41 @@ slot-hour (``DiscoveredHosts.prices``).
 
 Guarantees, beyond :class:`~.api.HostDiscovery`'s:
 
-* **A failing source does not stop the others.** Its last good snapshot is kept
-  (its hosts keep their workers, as when a job's one source fails today) for up to
-  ``stale_limit_s``; after that its hosts are left out, so the driver's
-  ``--host-missing-grace`` applies to them. One WARNING when a source starts
-  failing, one INFO when it recovers. ``find()`` raises only when every source
-  failed and none has a snapshot left to report.
-* **A hanging source does not hold the others up.** Each source's call is waited for
-  ``--discovery-timeout`` at most (:func:`call_limit_s`); past it the source counts as
-  failing, as above, named in the message. Its call runs on: no other starts beside it
-  (its releases and capacity changes wait for its end), and its late answer is used.
-* **No fallback raised on a partial first answer.** While a non-fallback source
-  that has never answered fails (retryably), for up to :data:`UNHEARD_HOLD_S` (or
-  ``stale_limit_s`` if shorter), a request to raise a fallback group is kept pending
-  (one INFO line): the job starts on what answered, but a spot group throttled at its
-  first call would otherwise look empty and the fallback's paid instances would be
-  raised. The hold is well below the default ``--start-timeout`` and
-  ``--elastic-timeout``, so a source down from the start does not hold the job back.
-* A source that fails *fatally on its first call* (no such group, no
-  credentials) fails the job, naming the source: a typo must not run a job on
-  fewer groups than the user meant. A fatal error at any later call (even when the
-  earlier ones failed retryably: ExpiredToken after an hour) is a failure of that
-  source only, as above.
-* A host reported by two sources (two groups that share a subnet) counts for the
-  first one given; one WARNING.
-* Prices: a source's ``price`` (per slot-hour) for each of its hosts; else the
-  provider's :meth:`~.api.HostDiscovery.hourly_prices` (per instance-hour, AWS spot
-  prices, refreshed every ``price_refresh_s``) divided by the host's slots. A draining
-  host is no longer reported with its slots: it is divided by the slots it had when last
-  ready (else those of its source's other hosts; else its price is unknown, never its
-  whole instance price per slot). A price look-up that fails (AccessDenied, throttling)
-  is tried again after ``PRICE_RETRY_S``, doubling up to ``price_refresh_s``, not at
-  every ``find()``; one WARNING per kind of failure, saying how to give the price by hand.
-* :meth:`set_capacity` (``--manage-capacity``) goes to the named source, held within
-  the group's MinSize..MaxSize where its provider reports them
-  (:meth:`~.api.HostDiscovery.capacity_limits`): more than MaxSize asks MaxSize, with
-  one WARNING, and :meth:`capacity_of` says MaxSize (the job asks the rest again once
-  the group shows fewer hosts than it needs); less than MinSize asks MinSize. A raise is made only
-  while the group's desired capacity as last read (``capacity_limits``' third value) is below it (one
-  skipped so, the job having set none, is not set back to 0 either); a value asked again not while MaxSize
-  holds it and the limits are unchanged, nor, where the desired capacity is unknown, more often than
-  :data:`REASK_UNKNOWN_S` or while it shows more hosts than when last asked or last lowered. When the
-  credentials may not change the group (AccessDenied), one WARNING says so and the
-  source is left unmanaged for the rest of the job; other errors are retried at
-  each later ``find()`` until a call succeeds or a newer value replaces it.
-* **One provider call per source at a time**, whichever thread makes it: :meth:`wait_for`
-  waits for any of them (find, set_capacity, release, hourly_prices) to end.
+* **A failing source does not stop the others.** Its last good snapshot is kept (its hosts keep their workers, as
+  when a job's one source fails today) for up to ``stale_limit_s``; after that its hosts are left out, so the
+  driver's ``--host-missing-grace`` applies to them. One WARNING when a source starts failing, one INFO when it
+  recovers. ``find()`` raises only when every source failed and none has a snapshot left to report.
+* **A hanging source does not hold the others up.** Each source's call is waited for ``--discovery-timeout`` at most
+  (:func:`call_limit_s`); past it the source counts as failing, as above, named in the message. Its call runs on: no
+  other starts beside it (its releases and capacity changes wait for its end), and its late answer is used.
+* **No fallback raised on a partial first answer.** While a non-fallback source that has never answered fails
+  (retryably), for up to :data:`UNHEARD_HOLD_S` (or ``stale_limit_s`` if shorter), a request to raise a fallback
+  group is kept pending (one INFO line): the job starts on what answered, but a spot group throttled at its first
+  call would otherwise look empty and the fallback's paid instances would be raised. The hold is well below the
+  default ``--start-timeout`` and ``--elastic-timeout``, so a source down from the start does not hold the job back.
+* A source that fails *fatally on its first call* (no such group, no credentials) fails the job, naming the source:
+  a typo must not run a job on fewer groups than the user meant. A fatal error at any later call (even when the
+  earlier ones failed retryably: ExpiredToken after an hour) is a failure of that source only, as above.
+* A host reported by two sources (two groups that share a subnet) counts for the first one given; one WARNING.
+* Prices: a source's ``price`` (per slot-hour) for each of its hosts; else the provider's
+  :meth:`~.api.HostDiscovery.hourly_prices` (per instance-hour, AWS spot prices, refreshed every
+  ``price_refresh_s``) divided by the host's slots. A draining host is no longer reported with its slots: it is
+  divided by the slots it had when last ready (else those of its source's other hosts; else its price is unknown,
+  never its whole instance price per slot). A price look-up that fails (AccessDenied, throttling) is tried again
+  after ``PRICE_RETRY_S``, doubling up to ``price_refresh_s``, not at every ``find()``; one WARNING per kind of
+  failure, saying how to give the price by hand.
+* :meth:`set_capacity` (``--manage-capacity``) goes to the named source, held within the group's MinSize..MaxSize
+  where its provider reports them (:meth:`~.api.HostDiscovery.capacity_limits`): more than MaxSize asks MaxSize,
+  with one WARNING, and :meth:`capacity_of` says MaxSize (the job asks the rest again once the group shows fewer
+  hosts than it needs); less than MinSize asks MinSize. A raise is made only while the group's desired capacity as
+  last read (``capacity_limits``' third value) is below it, or is the job's own raise it now lowers (one skipped so, the job having set none, is not set back
+  to 0 either); a value asked again not while MaxSize holds it and the limits are unchanged, nor, where the desired
+  capacity is unknown, more often than :data:`REASK_UNKNOWN_S` or while it shows more hosts than when last asked or
+  last lowered. When the credentials may not change the group (AccessDenied), one WARNING says so and the source is
+  left unmanaged for the rest of the job; other errors are retried at each later ``find()`` until a call succeeds or
+  a newer value replaces it.
+* **One provider call per source at a time**, whichever thread makes it: :meth:`wait_for` waits for any of them
+  (find, set_capacity, release, hourly_prices) to end.
 """
 
 from __future__ import annotations
@@ -87,6 +76,8 @@ MERGE_MARGIN_S = 5.0
 UNHEARD_HOLD_S = 90.0
 #: A value asked again reaches a group whose desired capacity the provider cannot read at most this often.
 REASK_UNKNOWN_S = 300.0
+#: At close, releases put off beside the job's last calls wait this long for them (no find() comes after).
+RELEASE_AT_CLOSE_S = 10.0
 
 T = TypeVar("T")
 
@@ -466,7 +457,8 @@ class MultiSourceDiscovery(HostDiscovery):
         """Whether ``hosts`` (``asked``, held within ``limits``) goes to the cloud: a raise never lowers a group,
         a value asked again goes only where it may change the group (module docstring)."""
         desired = limits[2] if limits is not None and len(limits) > 2 else None
-        if asked > 0 and desired is not None and desired >= hosts:
+        # Nothing to change, or a group raised beyond it by someone else (the job lowers its own raise itself).
+        if asked > 0 and desired is not None and (desired == hosts or desired > hosts and desired != source.capacity_set):
             source.left = source.left or not source.capacity_set  # not raised by the job: not lowered by it
             return False
         took, took_at, took_limits, took_shown = source.took
@@ -563,6 +555,11 @@ class MultiSourceDiscovery(HostDiscovery):
 
     def close(self) -> None:
         for source in self.sources:
+            if source.releases and source.calls.wait_ended(RELEASE_AT_CLOSE_S) and not source.caller.busy:
+                self._release_held(source)  # put off beside the job's last calls: no find() comes after
+            for host, _ in source.releases:
+                log.warning("could not release drained host %s to the cloud as the job ended: a call to host source "
+                            "%r still ran; it waits out the cloud's own timeout", host, source.spec.name)
             source.caller.close()
             try:
                 source.discovery.close()

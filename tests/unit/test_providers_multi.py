@@ -550,3 +550,56 @@ def test_a_fallback_group_may_be_set_while_another_sources_call_hangs():
         spot.go.set()
         merged.join(5)
         multi.close()
+
+
+def test_the_job_lowers_its_own_raise_when_fewer_fallback_slots_are_wanted_on_a_group_whose_capacity_is_read():
+    """Review of 4ca09e6: on AWS, where the group's DesiredCapacity is read, the smaller number was dropped as
+    "not above the group's desired capacity", which was the job's own larger raise: the group stayed large, paid."""
+    class Group(Scripted):  # its DesiredCapacity follows what was set, as AWS reads it back
+        def set_capacity(self, hosts, *, source=None):
+            super().set_capacity(hosts)
+            self.limits = (0, 20, hosts)
+
+    od, clock = Group(DiscoveredHosts(), limits=(0, 20, 0)), Clock()
+    multi = MultiSourceDiscovery([(spec("spot"), Scripted(DiscoveredHosts(ready={"h": 1}))),
+                                  (spec("od", fallback=True), od)], clock=clock)
+    multi.find()
+    multi.set_capacity(3, source="od")
+    clock.now += 31
+    multi.find()  # its instances still boot: it shows none
+    multi.set_capacity(1, source="od")  # spot came back: one fallback slot is wanted now
+    multi.find()
+    assert od.capacity_calls == [3, 1] and multi.capacity_of("od") == 1
+
+
+def test_a_release_put_off_beside_the_jobs_last_calls_is_made_at_close():
+    """Review of 4ca09e6: a release made while the driver's thread set the fallback to 0 at the job's end was put
+    off "until the next find()", which never came: the instance the job gave back was kept, and paid for."""
+    import threading
+
+    class Slow(Scripted):
+        def __init__(self, *snapshots, **kwargs):
+            super().__init__(*snapshots, **kwargs)
+            self.lowering, self.go, self.released = threading.Event(), threading.Event(), []
+
+        def set_capacity(self, hosts, *, source=None):
+            self.lowering.set()
+            self.go.wait(10)
+            super().set_capacity(hosts)
+
+        def release(self, host, instance):
+            self.released.append(host)
+
+    od = Slow(DiscoveredHosts(ready={"o1": 1}), limits=(0, 20, 1))
+    multi = MultiSourceDiscovery([(spec("spot"), Scripted(DiscoveredHosts(ready={"h": 1}))),
+                                  (spec("od", fallback=True), od)], clock=Clock())
+    multi.find()
+    lowering = threading.Thread(target=multi.set_capacity, args=(0,), kwargs={"source": "od"})
+    lowering.start()
+    assert od.lowering.wait(10)
+    multi.release("o1", None)  # beside the lowering: put off
+    assert od.released == []
+    od.go.set()
+    lowering.join(10)
+    multi.close()
+    assert od.released == ["o1"]
