@@ -113,9 +113,8 @@ class DiscoveryPoller:
                  max_backoff_s: float = MAX_BACKOFF_S, call_timeout_s: float = DISCOVERY_TIMEOUT_S) -> None:
         self._discovery = discovery
         self._call_timeout_s = call_timeout_s
-        self._limit_s = call_limit_s(discovery, call_timeout_s)
         #: How long one call is waited for: ``--discovery-timeout``, or the provider's own limit if longer.
-        self.limit_s = self._limit_s
+        self.limit_s = call_limit_s(discovery, call_timeout_s)
         self._caller: Caller[Result] = Caller(self._call)
         self._on_result = on_result
         self._interval_s = interval_s
@@ -172,7 +171,7 @@ class DiscoveryPoller:
         provider can (:meth:`DiscoveryScript.cancel_find <cloud_elastic.providers.script.DiscoveryScript.cancel_find>`
         kills the script): a slow first call never holds a stopping job up to the call's own timeout.
         """
-        limit = self._limit_s if timeout_s is None else max(0.0, min(timeout_s, self._limit_s))
+        limit = self.limit_s if timeout_s is None else max(0.0, min(timeout_s, self.limit_s))
         deadline = time.monotonic() + limit
         while True:
             left = deadline - time.monotonic()
