@@ -14,7 +14,9 @@ What decides is the round the newcomer joins, not the job's past: a worker insid
 marks a round (:func:`mark_round`) before it forms that round's group, at rendezvous or in the
 background for a planned round, and the newcomer reads its round's mark once its own group has formed
 (:func:`peers_in_round`); the group cannot form before every member started forming it, so a mark that
-exists is never missed. Hence:
+exists is never missed. A mark is a key of its round's own namespace in the rendezvous store, signed: a stranger
+can neither forge it nor, by flooding the store, evict it, and the driver deletes it with the round's other keys
+(``StoreServer.forget``), so marks do not pile up over a job's rounds. Hence:
 
 * workers of the first round, who run the same set-up collectives together, are never refused;
 * when every worker was lost, the fresh workers of the round that resumes (from the checkpoint, or from
@@ -39,24 +41,31 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from cloud_elastic.worker.unsupported import UnsupportedError
-from cloud_elastic.worker.rounds.signed_store import SignedStore
+from cloud_elastic.worker.rounds.signed_store import SignedStore, round_namespace
 
 log = logging.getLogger(__name__)
 
 __all__ = ["mark_round", "peers_in_round", "refuse"]
 
-_NAMESPACE = "cloud-elastic/elastic-run/"
+#: After the round's namespace: the marks are keys of the round itself. Naming one proves the connection to the
+#: driver's store (``driver/net/store_server.py:round_keys``), so a stranger's flood cannot evict it (the store gives
+#: what unproven connections write a quarter of its bound, oldest out first), and the driver's ``forget`` of the
+#: round deletes it with the round's other keys.
+_SUFFIX = "-elastic-run"
 
 
-def _key(round_: int, plan: int) -> str:
+def _key(plan: int) -> str:
     # The plan too: a plan the driver dropped gave its round number to the round formed instead (the recovery
     # after every worker was lost, say), whose fresh members must not read the dead members' mark.
-    return f"round-{round_}-plan-{plan}"
+    return f"plan-{plan}"
 
 
-def _signed(ctx: Any, store: Any = None) -> SignedStore | None:
+def _signed(ctx: Any, round_: int, store: Any = None) -> SignedStore | None:
     store = getattr(ctx, "_store", None) if store is None else store
-    return None if store is None or ctx.standalone else SignedStore(store, _NAMESPACE, ctx.settings.secret)
+    if store is None or ctx.standalone:
+        return None
+    secret = ctx.settings.secret
+    return SignedStore(store, round_namespace(secret, ctx.job_id, round_) + _SUFFIX, secret)
 
 
 def mark_round(ctx: Any, round_: int, plan: int = 0, *, own_client: bool = False) -> None:
@@ -69,9 +78,9 @@ def mark_round(ctx: Any, round_: int, plan: int = 0, *, own_client: bool = False
         if own_client and not ctx.standalone:
             host, _, port = ctx.settings.store_address.rpartition(":")
             client = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=ctx.collective_timeout_s))
-        store = _signed(ctx, client)
+        store = _signed(ctx, round_, client)
         if store is not None:
-            store.set(_key(round_, plan), b"1")
+            store.set(_key(plan), b"1")
     except Exception as exc:  # the store is the driver's: it may be restarting
         log.debug("worker %s: could not mark round %d as inside elastic.run: %s", ctx.worker_id, round_, exc)
 
@@ -79,11 +88,11 @@ def mark_round(ctx: Any, round_: int, plan: int = 0, *, own_client: bool = False
 def peers_in_round(ctx: Any, round_: int, plan: int = 0) -> bool:
     """Whether a member of round ``round_`` (formed from plan ``plan``, 0: at rendezvous) marked it from inside ``hvd.elastic.run`` (a signed mark: a
     stranger cannot forge it)."""
-    store = _signed(ctx)
+    store = _signed(ctx, round_)
     if store is None:
         return False
     try:
-        key = _key(round_, plan)
+        key = _key(plan)
         return bool(store.check([key])) and store.get(key) == b"1"
     except Exception as exc:
         log.debug("worker %s: could not read round %d's elastic.run mark: %s", ctx.worker_id, round_, exc)

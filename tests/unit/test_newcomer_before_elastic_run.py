@@ -7,12 +7,15 @@ The whole path, a real newcomer refused while the job trains on, is tests/integr
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
 
+from cloud_elastic.control import round_namespace
+from cloud_elastic.driver.net.store_server import StoreServer, round_keys
 from cloud_elastic.protocol import Assignment, NextRound, RankInfo
 from cloud_elastic.worker import joining
 from cloud_elastic.worker.comm.ops import UnsupportedError
@@ -75,9 +78,9 @@ def test_a_newcomer_joining_workers_inside_elastic_run_is_refused():
         _newcomer(store, 5).group(SETUP)
 
 
-def _planned_in_elastic_run(store: dist.TCPStore, name: str) -> None:
+def _planned_in_elastic_run(store: dist.TCPStore, name: str, store_address: str | None = None) -> None:
     """A member inside elastic.run in round 5 forms plan 1's group for round 6 in the background."""
-    member = _worker(name, store)
+    member = _worker(name, store, store_address=store_address)
     _assigned(member, 5, 0, 1)
     member.rendezvous("start")
     member.elastic_entered = True
@@ -131,18 +134,60 @@ def test_workers_adopted_by_a_restarted_driver_mark_their_next_round_in_its_new_
 
 
 def _holder(store, secret: str = SECRET, standalone: bool = False):
-    return SimpleNamespace(_store=store, standalone=standalone, settings=SimpleNamespace(secret=secret), worker_id="w")
+    return SimpleNamespace(_store=store, standalone=standalone, settings=SimpleNamespace(secret=secret), worker_id="w",
+                           job_id="j")
 
 
 def test_a_mark_written_without_the_job_secret_is_not_believed():
     store = dist.HashStore()
     joining.mark_round(_holder(store, secret="a stranger's"), 3)
     assert not joining.peers_in_round(_holder(store), 3)
-    dist.PrefixStore(joining._NAMESPACE, store).set(joining._key(3, 0), b"1")  # written raw
+    dist.PrefixStore(round_namespace(SECRET, "j", 3) + joining._SUFFIX, store).set(joining._key(0), b"1")  # raw
     assert not joining.peers_in_round(_holder(store), 3)
     joining.mark_round(_holder(store), 3)
     assert joining.peers_in_round(_holder(store), 3) and not joining.peers_in_round(_holder(store), 4)
     assert not joining.peers_in_round(_holder(store), 3, plan=2)  # another formation of round 3
+
+
+@pytest.fixture
+def driver_store():
+    """The driver's own store server (bounded at 1 MiB here: strangers' quarter 256 KiB), as it proves the job's
+    connections; its address, the server (to ``forget`` rounds), and a new torch client on each call."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = StoreServer(sock, max_bytes=1 << 20, proves=round_keys(SECRET, "j")).start()
+    client = lambda: dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=10))
+    yield f"127.0.0.1:{server.port}", server, client
+    server.close()
+
+
+def test_a_strangers_flood_of_the_store_does_not_evict_a_mark_so_the_newcomer_is_still_refused(driver_store):
+    """Found last session: the mark was written on a fresh connection that had named no key of the job's rounds,
+    so the store counted it among a stranger's keys; an unauthenticated client's 400 KiB of junk evicted it, and
+    the newcomer's set-up broadcast waited the collective timeout instead of the one-line refusal."""
+    address, _, client = driver_store
+    _planned_in_elastic_run(client(), "survivor", store_address=address)  # marks on a client of its own
+    stranger = client()
+    for i in range(400):
+        stranger.set(f"junk{i}", b"x" * 1024)
+    assert not stranger.check(["junk0"])  # the flood did push out the oldest of what unproven connections wrote
+    with pytest.raises(UnsupportedError, match="called before hvd.elastic.run"):
+        _newcomer(client(), 6, planned=1).group(SETUP)
+
+
+def test_the_marks_go_with_their_rounds_keys(driver_store):
+    """A job's marks do not pile up in the store over its rounds: the driver's forget of a round deletes them."""
+    address, server, client = driver_store
+    for round_ in (1, 2, 3):
+        joining.mark_round(_holder(client()), round_)
+    _planned_in_elastic_run(client(), "survivor", store_address=address)  # round 6, plan 1
+    for round_ in (1, 2, 6):
+        server.forget(round_namespace(SECRET, "j", round_))
+    store = client()
+    assert not joining.peers_in_round(_holder(store), 1) and not joining.peers_in_round(_holder(store), 6, 1)
+    assert joining.peers_in_round(_holder(store), 3)  # a round not forgotten keeps its mark
+    assert store.num_keys() == 1
 
 
 def test_a_standalone_script_has_no_peers():

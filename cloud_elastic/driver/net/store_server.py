@@ -51,8 +51,9 @@ driver's process down or grow it without bound:
   What unproven connections wrote (each key and queue counted by the last connection that wrote it)
   stays within a quarter of that: an unproven write past it deletes the oldest of them, never what a
   proven connection wrote, so strangers who fill the store and leave cannot refuse the workers' rounds
-  their keys. Their keys are not deleted when they disconnect: a worker marks its rounds
-  (``worker/joining.py``) on a fresh, unproven connection that it closes at once.
+  their keys. Their keys are not deleted when they disconnect; the quarter bounds them either way. A round's
+  ``hvd.elastic.run`` mark (``worker/joining.py``), written on a fresh connection closed at once, is a
+  key of that round: it proves its connection, so no flood evicts it, and goes with the round's keys.
   A command is at most :data:`MAX_COMMAND_BYTES` (17 MiB:
   ``COMPARE_SET``'s two 8 MiB values and its key), a value at most :data:`MAX_PAYLOAD_BYTES` (an
   ``APPEND`` past it is refused: appends would otherwise grow one value without bound), an answer
