@@ -117,7 +117,10 @@ class MetricsServer:
                                  registry=registry)
         self.cost_rate = prom.Gauge("cost_dollars_per_hour", "dollars per hour the job's workers cost now",
                                     namespace=ns, registry=registry)
-        self._dollars = 0.0
+        # Not in cost_dollars: slots whose host had no known price (status and the events report them apart).
+        self.unpriced = prom.Counter("cost_unpriced_slot_hours", "slot-hours of workers whose host had no known "
+                                     "price (not in cost_dollars)", namespace=ns, registry=registry)
+        self._dollars = self._unpriced_hours = 0.0
         self.spares = prom.Gauge("spares", "spares ready outside the rounds (--spares)", namespace=ns,
                                  registry=registry)
 
@@ -165,7 +168,7 @@ class MetricsServer:
             elif kind == "spares":
                 self.spares.set(fields["ready"])
             elif kind == "cost":
-                self._charge(fields["dollars"])
+                self._charge(fields["dollars"], fields.get("unpriced_slot_hours"))
                 self.cost_rate.set(fields["dollars_per_hour"])
             elif kind == "job_finished":
                 self.world_size.set(0)
@@ -173,19 +176,22 @@ class MetricsServer:
                 self.cost_rate.set(0)
                 self.spares.set(0)
                 if fields.get("cost") is not None:
-                    self._charge(fields["cost"])
+                    self._charge(fields["cost"], fields.get("unpriced_slot_hours"))
 
-    def carry_cost(self, dollars: float) -> None:
-        """Start the cost counter at what the job cost under a previous driver, before the first scrape: a
+    def carry_cost(self, dollars: float, unpriced_slot_hours: float = 0.0) -> None:
+        """Start the cost counters at what the job cost under a previous driver, before the first scrape: a
         counter seen at 0 and then at the carried total would read to Prometheus as a reset and a rise,
         and ``increase()`` would count the carried dollars twice."""
         with self._lock:
-            self._charge(dollars)
+            self._charge(dollars, unpriced_slot_hours)
 
-    def _charge(self, dollars: float) -> None:
+    def _charge(self, dollars: float, unpriced_slot_hours: float | None = None) -> None:
         if dollars > self._dollars:  # a counter only grows; the events carry the running total
             self.cost.inc(dollars - self._dollars)
             self._dollars = dollars
+        if unpriced_slot_hours is not None and unpriced_slot_hours > self._unpriced_hours:
+            self.unpriced.inc(unpriced_slot_hours - self._unpriced_hours)
+            self._unpriced_hours = unpriced_slot_hours
 
     def observe_discovery(self, latency_s: float, error: str | None = None) -> None:
         """Record one discovery call: its latency and, if it failed, the kind of error
