@@ -32,6 +32,11 @@ one (the termination handler's ``spot-itn`` is ``NoSchedule``). The deadline
 is then later than the truth by the time the signal took to reach the view:
 usually the one event that woke the driver.
 
+A terminating pod (``deletionTimestamp`` set) whose address a live pod now
+has (the network plugin gave it out again while the old pod stays, say behind
+a finalizer or on a lost node) is left out: the address is the live pod's, and
+is offered with its identity, not drained under the old one's.
+
 The pod's address is its IPv4 one: ``status.podIP``, or on a dual-stack
 cluster whose first family is IPv6, the IPv4 entry of ``status.podIPs``. A pod
 with no IPv4 address is warned about once and left out (the driver speaks IPv4
@@ -298,10 +303,13 @@ class ClusterView:
         builder = SnapshotBuilder(self.label)
         soft: dict[str, str] = {}
         uids = set()
+        live = {pod.ip for pod in self.pods.values() if pod.ip and pod.phase == "Running" and pod.deleted_at is None}
         for pod in self.pods.values():
             uids.add(pod.uid)
             if not pod.ip or pod.phase != "Running":
                 continue
+            if pod.deleted_at is not None and pod.ip in live:
+                continue  # its address was given to a live pod: the terminating one no longer has it
             if not self._readable(pod):
                 continue
             verdict = self._verdict(pod, now)
