@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import time
@@ -11,7 +12,7 @@ import pytest
 
 from cloud_elastic.driver.launch.api import ExitStatus, WorkerSpec
 from cloud_elastic.driver.launch.ssh import SSHWorkerProcess
-from cloud_elastic.driver.launch.ssh_setup import HostGate, refused_before_key_exchange
+from cloud_elastic.driver.launch.ssh_setup import SETUP_RETRIES, HostGate, refused_before_key_exchange
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -142,3 +143,38 @@ def test_a_changed_host_key_warning_before_the_connection_is_shown_and_a_banner_
     lines.connect()
     assert shown == ["@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@",
                      "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @"]
+
+
+_REFUSED = "ssh: connect to host 10.0.0.1 port 22: Connection refused"
+
+
+def test_a_connection_refused_while_sshd_is_not_listening_yet_is_tried_again(tmp_path):
+    """The pod's sshd is not listening yet (or restarting): nothing ran there, so trying again is safe."""
+    tries = tmp_path / "tries"
+    script = (f"import pathlib, sys\np = pathlib.Path({str(tries)!r})\nn = int(p.read_text() or 0) if p.exists() "
+              f"else 0\np.write_text(str(n + 1))\nif n == 0:\n    sys.stderr.write({_REFUSED + chr(10)!r})\n"
+              "    sys.exit(255)\n" + _ssh("err:CLOUD_ELASTIC_STARTED n1", "out:hello from worker",
+                                         "err:CLOUD_ELASTIC_EXIT n1 0 -", "exit:0"))
+    status, out = _ended(script)
+    assert status == ExitStatus(0) and out == [_REFUSED, "hello from worker"]  # the first try's words, as ssh's
+    assert tries.read_text() == "2"
+
+
+def test_only_ssh_s_own_connection_refused_counts_as_refused_at_the_door():
+    assert refused_before_key_exchange([_REFUSED])
+    assert refused_before_key_exchange(["ssh: connect to host pod-0.train port 2222: Connection refused"])
+    # The remote side's words (a worker, the wrapper) are not ssh's: it may have run.
+    assert not refused_before_key_exchange(["ConnectionRefusedError: [Errno 111] Connection refused"])
+
+
+def test_a_connection_refused_on_every_try_ends_in_one_line_naming_it(tmp_path, caplog):
+    tries = tmp_path / "tries"
+    script = f"import pathlib\npathlib.Path({str(tries)!r}).open('a').write('x')\n" + _ssh(f"err:{_REFUSED}", "exit:255")
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.driver.launch.ssh"):
+        status, out = _ended(script)
+    error = status.transport_error
+    assert status.code == 255 and "\n" not in error, error
+    assert error == ("SSH failure on u@10.0.0.1:22 (not a worker failure): host unreachable: connection refused "
+                     f"(nothing listens on the ssh port: sshd not started, or restarting) (ssh said: {_REFUSED})")
+    assert tries.read_text() == "x" * (SETUP_RETRIES + 1)  # bounded: the retries, then the failure
+    assert caplog.text.count("was refused (sshd not listening yet, or restarting?): trying again") == SETUP_RETRIES

@@ -59,8 +59,8 @@ from cloud_elastic.driver.launch.ssh_remote import (REASON_GONE, REASON_KEEPALIV
                                                     parse_marker, wrapper_argv)
 from cloud_elastic.driver.launch.ssh_setup import (MAX_SETUPS_PER_HOST, SETUP_HOLD_S, SETUP_RETRIES, ConnectionLines,
                                                    HostGate, classify, env_line, is_noise, is_started,
-                                                   refused_before_key_exchange, remote_prefix, retry_delay, ssh_argv,
-                                                   ssh_environ, wants_job_known_hosts, wrapper_failure)
+                                                   refusal, refused_before_key_exchange, remote_prefix, retry_delay,
+                                                   ssh_argv, ssh_environ, wants_job_known_hosts, wrapper_failure)
 from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 
 __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
@@ -348,9 +348,8 @@ class SSHWorkerProcess:
             if self._cancelled.is_set():
                 break
             delay = retry_delay(attempt)
-            logger.warning("ssh to %s for worker %s was dropped before key exchange (sshd's MaxStartups?): "
-                           "trying again in %.1fs (%d of %d)", self._destination, self.spec.worker_id, delay,
-                           attempt, SETUP_RETRIES)
+            logger.warning("ssh to %s for worker %s was %s: trying again in %.1fs (%d of %d)", self._destination,
+                           self.spec.worker_id, refusal(self._lines.tail), delay, attempt, SETUP_RETRIES)
             if self._cancelled.wait(delay):
                 break
         with self._lock:

@@ -6,7 +6,8 @@ rising to all at 100), with "kex_exchange_identification: read: Connection reset
 side. So the launcher sets up at most :data:`MAX_SETUPS_PER_HOST` connections to a host at once (a set-up
 ends when the remote wrapper says the worker runs, or when ssh ends), and tries a connection refused that
 early again, :data:`SETUP_RETRIES` times after a random pause, before calling it a transport failure: the
-remote side ran nothing yet, so trying again cannot start a worker twice.
+remote side ran nothing yet, so trying again cannot start a worker twice. So is a TCP connection refused
+(ssh's own "connect to host ... Connection refused"): a pod's sshd not listening yet, or restarting.
 
 A wrapper from an older cloud-elastic never says the worker runs: its set-up also ends at the worker's first
 output, and once a host has shown such a wrapper its later set-ups keep their turn only
@@ -35,9 +36,9 @@ from cloud_elastic.driver.launch.api import WorkerSpec
 from cloud_elastic.driver.launch.ssh_remote import MODULE, STARTED
 
 __all__ = ["MAX_SETUPS_PER_HOST", "OLD_WRAPPER_HOLD_S", "SETUP_HOLD_S", "SETUP_RETRIES", "ConnectionLines",
-           "HostGate", "classify", "env_line", "is_noise", "is_started", "option_key", "refused_before_key_exchange",
-           "remote_prefix", "retry_delay", "ssh_argv", "ssh_environ", "ssh_path", "wants_job_known_hosts",
-           "wrapper_failure"]
+           "HostGate", "classify", "env_line", "is_noise", "is_started", "option_key", "refusal",
+           "refused_before_key_exchange", "remote_prefix", "retry_delay", "ssh_argv", "ssh_environ", "ssh_path",
+           "wants_job_known_hosts", "wrapper_failure"]
 
 #: Connections to one host being set up at once: below sshd's default MaxStartups (10), leaving room for others.
 MAX_SETUPS_PER_HOST = 8
@@ -62,7 +63,8 @@ _SSH_FAILURES = (
     ("host key verification failed", "host key verification failed"),
     ("permission denied", "authentication refused"),
     ("too many authentication failures", "authentication refused"),
-    ("connection refused", "host unreachable: connection refused"),
+    ("connection refused", "host unreachable: connection refused (nothing listens on the ssh port: sshd not "
+                           "started, or restarting)"),
     ("no route to host", "host unreachable: no route to host"),
     ("network is unreachable", "host unreachable: network is unreachable"),
     ("connection timed out", "host unreachable: connection timed out"),
@@ -221,9 +223,22 @@ def is_noise(line: str) -> bool:
     return line.lower().startswith(_SSH_NOISE)
 
 
+#: ssh's own words for a TCP connection refused (not a worker's or the wrapper's, which may have run).
+_TCP_REFUSED = re.compile(r"ssh: connect to host \S+ port \d+: connection refused", re.IGNORECASE)
+
+
+def refusal(stderr_tail: deque[str] | list[str]) -> str | None:
+    """How ssh was refused before key exchange (nothing ran on the host, so trying again is safe), or None."""
+    if any("kex_exchange_identification" in line for line in stderr_tail):
+        return "dropped before key exchange (sshd's MaxStartups?)"
+    if any(_TCP_REFUSED.match(line.strip()) for line in stderr_tail):
+        return "refused (sshd not listening yet, or restarting?)"
+    return None
+
+
 def refused_before_key_exchange(stderr_tail: deque[str] | list[str]) -> bool:
-    """Whether ssh failed before key exchange (sshd past MaxStartups): nothing ran on the host."""
-    return any("kex_exchange_identification" in line for line in stderr_tail)
+    """Whether ssh failed before key exchange (sshd past MaxStartups, or not listening): nothing ran on the host."""
+    return refusal(stderr_tail) is not None
 
 
 def retry_delay(attempt: int) -> float:
