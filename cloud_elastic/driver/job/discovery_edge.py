@@ -28,6 +28,11 @@ heartbeats and exits say that). :class:`DiscoveryEdge` decides, for the job:
   can be had, until discovery lists it again (an ordinary host again: the replacements
   launched for it beyond ``--max-np`` and the spares leave), or its workers fail (a dead
   host's workers are found by the heartbeat timeout and their exits).
+  Before any commit is heard of, the round's running members are the prospective holders of the
+  first (as for a notice, see :meth:`.leaving.Leavers.mark`): their host is kept so that a
+  replacement joins them at that commit instead of starting over from step 0 beside them, for
+  :data:`.leaving.FIRST_COMMIT_HOLD_S`, then only while no worker waits to take over; past that the
+  host goes, and the round that forms from step 0 stops its workers and says the job starts over.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import logging
 from collections import Counter
 from typing import Callable
 
+from cloud_elastic.driver.job.leaving import FIRST_COMMIT_HOLD_S
 from cloud_elastic.driver.job.spares import spare_slots
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
@@ -66,6 +72,10 @@ class DiscoveryEdge:
         self._fatal_said = ""  # the fatal error last logged in the current run of failures
         self._kept: dict[str, str] = {}  # host missing past the grace -> why its workers are kept
         self._let_go: set[str] = set()  # kept hosts whose workers are no longer needed (for the log)
+        # Kept hosts of the prospective holders of the first commit -> when first kept for them.
+        self._first_since: dict[str, float] = {}
+        self._started_over: set[str] = set()  # such hosts let go past that hold (for the log)
+        self._now = 0.0  # of the snapshot or step being judged (the keep's first-commit bound)
         #: Discovery answered this job before this driver started (it adopts workers or resumes the job).
         self.answered_before = False
 
@@ -79,6 +89,7 @@ class DiscoveryEdge:
         job.discovered_once = True
         self._failing_since, self._fatal_said = None, ""
         was_missing = set(hosts.missing)
+        self._now = now
         changes = hosts.update(snapshot, now, keep=self._keep)
         back = [h for h in self._kept if h in hosts.ready or h in hosts.draining]
         for host in back:
@@ -139,13 +150,15 @@ class DiscoveryEdge:
     def expire(self, now: float) -> None:
         """Remove the hosts missing past the grace that may go (see module docstring)."""
         job = self._job
-        self._let_go = set()
+        self._let_go, self._started_over = set(), set()
         since = {host: t for host, (_, t) in job.hosts.missing.items()}
+        self._now = now
         expired = job.hosts.expire(now, keep=self._keep)
         self._forget_kept()
         for host in expired:
             why = ("; other workers now hold the state and enough of them stay: its workers leave at their next "
-                   "commit" if host in self._let_go else "")
+                   "commit" if host in self._let_go else "; no commit heard of: its workers stop, and the next round "
+                   "starts over from the initial weights" if host in self._started_over else "")
             log.info("job %s: host %s stayed missing from discovery for %.0fs; removed%s", job.job_id, host,
                      now - since.get(host, now - job.hosts.missing_grace_s), why)
         if expired:
@@ -174,7 +187,7 @@ class DiscoveryEdge:
         job = self._job
         hosts, min_np = job.hosts, job.policy.min_np
         staying = [w for w in job.alive() if w.state in _COUNTED and hosts.is_usable(w.slot)]
-        holders = [w for w in staying if w.holds_state]
+        holders = [w for w in staying if w.holds_state] if job.state_committed else self._first_holders(staying)
         newest = max((w.commit_seq for w in holders), default=0)
         on_host = Counter(w.slot.host for w in staying)
         newest_on_host = Counter(w.slot.host for w in holders if w.commit_seq == newest)
@@ -185,16 +198,20 @@ class DiscoveryEdge:
             if workers == 0:
                 continue  # nobody there to keep
             why = []
-            if newest_left and newest_left == holding:
-                what = f"commit {newest}" if newest else "the training state"
-                why.append(f"its workers are the last live holders of the newest commit ({what})")
+            last = newest_left and newest_left == holding
+            if last:
+                why.append(f"its workers are the last live holders of the newest commit (commit {newest})"
+                           if job.state_committed else self._first_hold(host, staying))
             if left - workers < min_np:
                 why.append(f"removing it would leave {left - workers} worker(s), fewer than --min-np {min_np}")
+            why = [w for w in why if w]
             if why:
                 kept[host] = " and ".join(why)
             else:
                 left, newest_left = left - workers, newest_left - holding
-                if host in self._kept:
+                if last and not job.state_committed:
+                    self._started_over.add(host)
+                elif host in self._kept:
                     self._let_go.add(host)
         for host, why in kept.items():
             if host not in self._kept:
@@ -204,7 +221,26 @@ class DiscoveryEdge:
                             "(a replacement starts on a free slot, a spare joins them): then they leave at a "
                             "commit", job.job_id, host, hosts.missing_grace_s, why, on_host[host])
         self._kept = kept
+        self._first_since = {h: t for h, t in self._first_since.items() if h in kept}
         return set(kept)
+
+    def _first_holders(self, staying: list[WorkerRecord]) -> list[WorkerRecord]:
+        """Before any commit is heard of, the prospective holders of the first: the running members of the round
+        (as for a notice, see :meth:`.leaving.Leavers.mark`), none once a loss aborted it."""
+        job = self._job
+        if job.abort_round >= job.round:
+            return []
+        return [w for w in staying if w.state is S.RUNNING and w.round == job.round]
+
+    def _first_hold(self, host: str, staying: list[WorkerRecord]) -> str:
+        """Why ``host``, whose workers are the last prospective holders of the first commit, is kept ('' when it
+        is not): for :data:`.leaving.FIRST_COMMIT_HOLD_S`, then only while no worker waits to take over (it would
+        start over from the initial weights beside them)."""
+        since = self._first_since.setdefault(host, self._now)
+        if self._now >= since + FIRST_COMMIT_HOLD_S and any(w.state is S.WAITING for w in staying):
+            return ""
+        return ("its workers are the last prospective holders of the job's first commit (no commit heard of yet: "
+                f"kept {FIRST_COMMIT_HOLD_S:g}s at most while a worker waits to take over)")
 
     def _forget_kept(self) -> None:
         """Hosts back in discovery or removed are kept no more (a later absence is said again)."""

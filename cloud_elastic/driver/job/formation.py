@@ -495,8 +495,7 @@ class RoundFormation:
         job = self._job
         if job.state_committed or any(job.workers[c.worker_id].round == job.round for c in plan.members):
             return []
-        draining = job.hosts.draining
-        return [w for w in job.members() if w.state is S.DRAINING and w.slot.host in draining]
+        return [w for w in job.members() if w.state is S.DRAINING and not job.hosts.stays(w.slot)]  # or gone
 
     def _report_rollback(self, commit: int, from_checkpoint: bool) -> None:
         """The round an abort ended rolled back to ``commit``, where this round continues from."""
