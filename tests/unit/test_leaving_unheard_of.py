@@ -13,7 +13,8 @@ import pytest
 
 from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder, WorkerState
 from cloud_elastic.driver.job.leaving import FIRST_COMMIT_HOLD_S
-from tests.unit.test_job import assert_round, started
+from cloud_elastic.providers.api import Drain
+from tests.unit.test_job import KILLED, T0, assert_round, started
 
 pytestmark = pytest.mark.timeout(30)  # the first test of a run may import torch (conftest), on a loaded machine
 
@@ -64,3 +65,20 @@ def test_past_the_first_commit_hold_the_dropped_hosts_worker_stops_and_the_log_s
     assert "round 2 starts over from the initial weights" in said, said
     assert "other workers now hold the state" not in said, said
 
+
+def test_a_draining_worker_killed_before_its_commit_is_reported_with_the_steps_its_peers_lost(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="cloud_elastic")
+    sim = started(2, {"a": 1, "b": 1}, min_np=1)
+    sim.commit("a[0]", "b[0]")
+    sim.discover({"a": 1}, {"b": Drain(T0 + 120, "spot interruption")})
+    assert state(sim, "b[0]") is WorkerState.DRAINING
+    sim.exit("b[0]", KILLED)  # killed before the commit it would leave at
+    assert sim.poll("a[0]").abort_round == 1
+    sim.job.rendezvous(sim.id("a[0]"), 1, "failure", sim.now, rolled_back=2)
+    sim._collect()
+    assert_round({"a[0]": sim.reply("a[0]")}, 2, needs_sync=True)
+    drained = [r.getMessage() for r in caplog.records if "drained" in r.getMessage()]
+    assert len(drained) == 1 and "0 steps lost" not in drained[0] and "left at a commit" not in drained[0], drained
+    assert drained[0].endswith(f"worker {sim.id('b[0]')} (rank 1) killed by signal 9 while draining, before leaving "
+                               "at a commit; the survivors rolled back 2 step(s) to their last commit"), drained

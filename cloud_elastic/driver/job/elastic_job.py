@@ -346,6 +346,7 @@ class ElasticJob:
             if was_member:
                 # It vanished before leaving its round: peers may be blocked in a
                 # collective with it, and only an abort releases them.
+                self.leavers.died_draining(w, status.describe)
                 self.abort()
         elif before is S.LOST:
             pass  # already accounted for when it was given up

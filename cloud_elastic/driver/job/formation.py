@@ -514,8 +514,7 @@ class RoundFormation:
                 log.info("job %s: round %d's survivors rolled back %d step(s), to their commit of step %d",
                          job.job_id, aborted, self.steps_lost, commit)
             for what in self._drains.take_forced_drains():
-                log.info("%sremoved by force before its deadline; the survivors rolled back %d step(s) to their last "
-                         "commit", what, self.steps_lost)
+                log.info("%s; the survivors rolled back %d step(s) to their last commit", what, self.steps_lost)
         self.steps_lost = 0
 
 

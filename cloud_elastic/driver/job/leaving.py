@@ -16,7 +16,8 @@
   answering, gets that long to reach a commit); its peers roll back, and its
   slot is not blacklisted (the host is going, the worker did nothing wrong);
 * when a draining host is given back to the cloud (:meth:`Leavers.release_drained`):
-  once no worker is left on it, exactly once per notice; after a hard notice,
+  once no worker is left on it, exactly once per notice, its log line saying how its workers left (at a
+  commit, removed by force, dead while draining: :meth:`Leavers.died_draining`); after a hard notice,
   the job takes no worker there again while discovery lists the same instance
   (:meth:`~.hosts.HostManager.given_back`);
 * what the last holders of the state do on their way out (:meth:`Leavers.left_round`): sent away with no
@@ -67,7 +68,8 @@ class Leavers:
         #: Host -> where its latest notice came from (for status).
         self.sources: dict[str, str] = {}
         self._released: set[str] = set()
-        self._forced: set[str] = set()  # draining hosts whose workers were removed by force
+        # Draining hosts whose workers did not leave at a commit -> what happened (removed by force, died).
+        self._forced: dict[str, str] = {}
         self._terminating: set[str] = set()  # hosts drained by a hard notice (not a soft one under drain_soft)
         self._deadlines: dict[str, tuple[float, float]] = {}  # draining host -> (its deadline, wall time first seen)
         self._forced_drains: list[str] = []  # their log lines, until the steps lost are known
@@ -130,7 +132,8 @@ class Leavers:
         return self._draining_round == round_
 
     def take_forced_drains(self) -> list[str]:
-        """The log lines of hosts drained by force, kept until the survivors report the steps lost."""
+        """The log lines of hosts drained by force or whose draining workers died, kept until the survivors report
+        the steps lost."""
         lines, self._forced_drains = self._forced_drains, []
         return lines
 
@@ -355,9 +358,9 @@ class Leavers:
             log.warning("job %s: worker %s (%s) %s", job.job_id, w.worker_id, w.label, what)
             w.to(S.LOST, what)
             job.forget_alive()
-            self._forced.add(w.slot.host)
             job.act(Stop(w.worker_id, what, immediate=True))
             self.lost_leaver(w, what)
+            self._forced[w.slot.host] = "removed by force before its deadline"
             job.abort()
 
     def _force_at(self, host: str, deadline: float, wall: float, margin: float) -> float:
@@ -379,9 +382,17 @@ class Leavers:
     def lost_leaver(self, w: WorkerRecord, what: str) -> None:
         """A draining worker lost inside its round: its peers roll back, but its slot is not blacklisted."""
         job = self._job
+        self.died_draining(w, what)
         job.last_failure = f"worker {w.worker_id} ({w.label}) {what}"
         job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
                  reason=what, exit_code=None, blacklisted_s=None, **({"round": w.round} if w.round else {}))
+
+    def died_draining(self, w: WorkerRecord, what: str) -> None:
+        """Draining member ``w`` ended inside its round (``what``: how) instead of leaving at a commit: its peers
+        roll back (the caller aborts the round), and its host's release says so, with the steps they lost."""
+        if w.slot.host in self._job.hosts.draining:
+            self._forced.setdefault(w.slot.host, f"worker {w.worker_id} ({w.label}) {what} while draining, before "
+                                                 "leaving at a commit")
 
     def release_drained(self, now: float, rollback_pending: bool) -> None:
         """Once no worker is left on a draining host, the cloud may take it (once per host).
@@ -412,12 +423,12 @@ class Leavers:
                                     "from the initial weights", what)
                     elif host not in self._forced:
                         log.info("%sits workers left at a commit; 0 steps lost", what)
-                    elif rollback_pending:
-                        self._forced_drains.append(what)  # the survivors report the steps lost when they re-form
+                    elif rollback_pending:  # the survivors report the steps lost when they re-form
+                        self._forced_drains.append(what + self._forced[host])
                     else:
-                        log.info("%sremoved by force before its deadline", what)
+                        log.info("%s%s", what, self._forced[host])
         self._released &= set(draining)
-        self._forced &= set(draining)
+        self._forced = {h: why for h, why in self._forced.items() if h in draining}
         self._started_over &= set(draining)
         self._last_hosts = {h: seq for h, seq in self._last_hosts.items() if h in draining}
         self._terminating &= set(draining)
