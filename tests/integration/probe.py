@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import hashlib
 import json
 import os
@@ -24,6 +25,19 @@ import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
 from cloud_elastic.worker.context import get_context
+
+
+def cycled_tensor_bytes() -> int:
+    """Bytes of tensors that only Python's cyclic collector frees (held by a reference cycle, unreachable):
+    on a GPU, device memory kept past a reset until the collector happens to run."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        return sum(o.untyped_storage().nbytes() for o in gc.garbage if isinstance(o, torch.Tensor))
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+        gc.collect()
 
 
 def event(kind: str, **fields: object) -> None:
@@ -70,7 +84,8 @@ def main() -> None:
                    help="keep training past --steps/--min-resets until this file exists (rank 0 looks, after a commit)")
     p.add_argument("--entry-events", action="store_true",
                    help="an 'entered' event at each entry into the training function (after the state sync): "
-                        "the round, the step and a checksum of the parameters")
+                        "the round, the step, a checksum of the parameters and the bytes of tensors only reference "
+                        "cycles hold (cycled_tensor_bytes)")
     args = p.parse_args()
 
     hvd.init()
@@ -143,7 +158,7 @@ def main() -> None:
         state.resets += 1
         if args.entry_events:
             event("entered", rank=hvd.rank(), size=hvd.size(), round=get_context().info.round, step=state.step,
-                  checksum=checksum(model))
+                  checksum=checksum(model), cycled=cycled_tensor_bytes())
         while args.start_when and not os.path.exists(args.start_when):
             time.sleep(0.05)
         if sampler is None:

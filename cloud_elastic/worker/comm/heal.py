@@ -211,29 +211,32 @@ def _pick(skeleton: Any, own: Any, name: str) -> list[torch.Tensor]:
     """
     _checked_slots(skeleton, name)  # a peer's: a tree of well-formed slots, walked below without revisiting
     found: dict[int, torch.Tensor] = {}
-
-    def walk(slot: Any, value: Any, where: str) -> None:
-        if _is_slot(slot):
-            shape, dtype = tuple(slot["shape"]), _dtype(slot["dtype"])
-            if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape or value.dtype != dtype:
-                raise StateSyncError(f"{name}: this worker holds rank 0's commit, but its {where or 'state'} is not "
-                                     f"a {dtype} tensor of shape {list(shape)} as rank 0's")
-            found[slot[_TENSOR]] = value.detach()
-        elif isinstance(slot, dict):
-            for key, sub in slot.items():
-                if not isinstance(value, dict) or key not in value:
-                    if not _holds_tensor(sub):
-                        continue  # nothing to send (an empty entry that reading a defaultdict on rank 0 added)
-                    raise StateSyncError(f"{name}: this worker holds rank 0's commit, but its state has no {where}[{key!r}]")
-                walk(sub, value[key], f"{where}[{key!r}]")
-        elif isinstance(slot, (list, tuple)):
-            if not isinstance(value, (list, tuple)) or len(value) != len(slot):
-                raise StateSyncError(f"{name}: this worker holds rank 0's commit, but its {where} differs from rank 0's")
-            for i, (sub, v) in enumerate(zip(slot, value)):
-                walk(sub, v, f"{where}[{i}]")
-
-    walk(skeleton, own, "")
+    _walk(skeleton, own, "", found, name)
     return [found[i] for i in range(len(found))]
+
+
+def _walk(slot: Any, value: Any, where: str, found: dict[int, torch.Tensor], name: str) -> None:
+    """:func:`_pick`'s walk. A module function, not a closure calling itself: such a closure is a reference
+    cycle (the function, its own cell) that kept ``found``, a copy's worth of the state, alive after every heal
+    until Python's cyclic collector ran (on a GPU: the optimizer's moments, held beside the restored ones)."""
+    if _is_slot(slot):
+        shape, dtype = tuple(slot["shape"]), _dtype(slot["dtype"])
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape or value.dtype != dtype:
+            raise StateSyncError(f"{name}: this worker holds rank 0's commit, but its {where or 'state'} is not "
+                                 f"a {dtype} tensor of shape {list(shape)} as rank 0's")
+        found[slot[_TENSOR]] = value.detach()
+    elif isinstance(slot, dict):
+        for key, sub in slot.items():
+            if not isinstance(value, dict) or key not in value:
+                if not _holds_tensor(sub):
+                    continue  # nothing to send (an empty entry that reading a defaultdict on rank 0 added)
+                raise StateSyncError(f"{name}: this worker holds rank 0's commit, but its state has no {where}[{key!r}]")
+            _walk(sub, value[key], f"{where}[{key!r}]", found, name)
+    elif isinstance(slot, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(slot):
+            raise StateSyncError(f"{name}: this worker holds rank 0's commit, but its {where} differs from rank 0's")
+        for i, (sub, v) in enumerate(zip(slot, value)):
+            _walk(sub, v, f"{where}[{i}]", found, name)
 
 
 def _holds_tensor(slot: Any) -> bool:
