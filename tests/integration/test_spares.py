@@ -86,6 +86,7 @@ def test_a_killed_worker_is_replaced_by_the_waiting_spare_holding_the_survivors_
     assert spare in {e["worker"] for e in after} and victim["worker"] not in {e["worker"] for e in after}
     # The spare holds the survivors' committed state: the same parameters at the same step.
     assert len({(e["step"], e["checksum"]) for e in after}) == 1, after
+    assert all(e["cycled"] == 0 for e in after), after  # the restore and the heal left no tensor to the cyclic gc
     resets = job.of("reset", round=2)
     assert len(resets) == 2 and all(r["executed"] - r["step"] <= 1 for r in resets), resets  # at most 1 step again
     assert {r["step"] for r in resets} == {survivors[0]["step"]}
