@@ -7,6 +7,10 @@ list to the view, then watches from the list's ``resourceVersion``:
   and a change that matters to the driver calls ``on_news``;
 * a watch the server ends (its ``timeoutSeconds``, ``watch_s``) is started
   again at once, from the kept version, so nothing between the two is missed;
+  one ended at once with nothing in it (a proxy or server that will not hold
+  a watch) is started again after a back-off of 0.5 s doubling to 30 s, and
+  three such ends in a row are an outage from the first of them (a WARNING,
+  once), as no change reaches the view meanwhile;
 * a watch that goes **silent** is trouble too: the API server ends each watch
   at its ``timeoutSeconds`` and, since we ask for bookmarks, sends a
   ``BOOKMARK`` about two seconds before (and about once a minute on longer
@@ -66,6 +70,10 @@ _SILENCE_MARGIN_S = 10.0
 #: A stream that ends with no line in it shows the watch healthy only if it was held this share of ``watch_s``:
 #: one that a proxy or server ends at once with nothing has shown nothing, and must not end an outage.
 _HELD_FRACTION = 0.9
+#: Watches in a row ended at once with nothing that make the watch down (from the first of them), warned once:
+#: one such end may be a server's restart; three (0.5 + 1 + 2 s of back-off) are a proxy that will not hold a
+#: watch, and the view gets no change meanwhile.
+_EMPTY_ENDS = 3
 #: TCP keepalive on the client's sockets: a peer that stops acknowledging (a node or NAT gone) fails the read after
 #: 15 s idle + 3 unanswered probes 5 s apart = 30 s, before the read timeout; the probes also keep a NAT or load
 #: balancer from dropping a quiet watch's connection.
@@ -145,6 +153,7 @@ class ResourceWatch:
         #: nothing until its bookmark.
         self._resuming: tuple[float, str] | None = None
         self._heard = time.time()  # the last line or response from the server: the view is current up to then
+        self._empty: list[float] = []  # when each watch of the present run of ones ended at once with nothing
         #: The resourceVersion the next watch starts from (of the last list or event).
         self.resource_version: str | None = None
         #: Counters, for tests and benchmarks: lists made (the first included), watch requests, events.
@@ -256,7 +265,7 @@ class ResourceWatch:
                 started = time.monotonic()
                 if self._watch_once() == 0 and time.monotonic() - started < 1.0:
                     # Ended at once with nothing in it: a proxy or server that will not hold a watch.
-                    # Not an error, but no reason to spin either.
+                    self._ended_empty()
                     self._stop.wait(delay)
                     delay = min(_BACKOFF_MAX_S, delay * 2)
                 else:
@@ -296,8 +305,21 @@ class ResourceWatch:
             return self._heard
         return now if outage is None else outage[0]
 
+    def _ended_empty(self) -> None:
+        """A watch ended at once with nothing in it. The :data:`_EMPTY_ENDS`-th in a row makes the watch down
+        since the first of them (warned once; it ends as any outage does, when a stream shows it is healthy)."""
+        if self._stop.is_set() or self._trouble is not None:
+            return  # an outage already under way goes on (see _watch_once)
+        self._empty.append(time.time())
+        if len(self._empty) >= _EMPTY_ENDS:
+            reason = f"{len(self._empty)} watches in a row ended at once with nothing in them"
+            self._trouble = (self._empty[0], reason)
+            _log.warning("%s watch: %s (a proxy or API server that will not hold a watch?); no change reaches "
+                         "the view until one holds", self.what, reason)
+
     def _healthy(self) -> None:
         """The stream showed it is healthy (an event or bookmark applied, a proper end), or a relist succeeded."""
+        self._empty.clear()
         if self._trouble is not None or self._resuming is not None:
             _log.info("%s watch resumed at version %s", self.what, self.resource_version)
             self._trouble = self._resuming = None

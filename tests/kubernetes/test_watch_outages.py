@@ -1,0 +1,64 @@
+"""When the Kubernetes provider's watch is down, as a user of find() sees it: through the real ``kubernetes``
+client, over HTTP, against the fake API server (``tests/emulator/fake_kubernetes.py``).
+
+A proxy (or server) that ends each watch at once with nothing in it left the view without changes for ever,
+and nobody was told: each empty end counted as a word from the server, so the watch was never down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from cloud_elastic.errors import RetryableDiscoveryError
+from tests.emulator.fake_kubernetes import kubernetes, kubernetes_server  # noqa: F401
+from tests.emulator.fixtures import hermetic_cloud_env  # noqa: F401
+from tests.emulator.httpfake import Reply
+from tests.emulator.test_kubernetes import watched  # noqa: F401
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _find_until(discovery, done, what: str, timeout_s: float):
+    """find() until ``done(result)`` (result: a snapshot, or the RetryableDiscoveryError raised), bounded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result = discovery.find()
+        except RetryableDiscoveryError as exc:
+            result = exc
+        if done(result):
+            return result
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s; last: {result!r}"
+        time.sleep(0.1)
+
+
+def test_watches_ended_at_once_with_nothing_are_a_warned_outage_until_one_holds(kubernetes, watched, monkeypatch,
+                                                                                 caplog):
+    ns = "ns-empty-watch"
+    kubernetes.add_pod("p0", "10.73.0.1", namespace=ns, node="empty-n")
+    serve = kubernetes._watch
+
+    def proxy(request, resource, where, match):  # ends this namespace's pod watches at once, with nothing
+        if resource == "pods" and where == ns:
+            return Reply(200, stream=iter(()))
+        return serve(request, resource, where, match)
+
+    caplog.set_level(logging.INFO, logger="cloud_elastic.providers.kubernetes_watch")
+    monkeypatch.setattr(kubernetes, "_watch", proxy)
+    w = watched(ns, stale_after_s="1")  # watch_s 30: silent past 40 s is a stall, never reached here
+    kubernetes.delete_pod("p0", grace_s=120, namespace=ns)  # a change the view cannot get meanwhile
+    error = _find_until(w.discovery, lambda r: isinstance(r, RetryableDiscoveryError), "discovery failing", 20)
+    assert "the pods watch has been down for" in str(error) and "ended at once with nothing" in str(error)
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "with nothing" in r.getMessage()]
+    assert len(warned) == 1, caplog.text
+    assert "pods watch" in warned[0].getMessage()
+    _find_until(w.discovery, lambda r: isinstance(r, RetryableDiscoveryError) and r is not error, "again", 10)
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING and "with nothing" in r.getMessage()]) == 1
+
+    monkeypatch.setattr(kubernetes, "_watch", serve)  # the proxy holds watches again
+    snapshot = _find_until(w.discovery, lambda r: not isinstance(r, Exception) and "10.73.0.1" in r.draining,
+                           "the watch back, with the deletion", 40)
+    assert snapshot.draining["10.73.0.1"].reason == "pod deleted"
