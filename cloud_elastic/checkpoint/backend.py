@@ -128,9 +128,11 @@ class Backend(Protocol):
         shards too) was last modified (locally, its folders too); None when the storage tells no time or it is empty
         or gone."""
 
-    def dcp_storage(self, path: str, writing: bool, expected: Mapping[str, tuple[int, str]] | None = None) -> Any:
+    def dcp_storage(self, path: str, writing: bool, expected: Mapping[str, tuple[int, str]] | None = None,
+                    moved: Callable[[int], None] | None = None) -> Any:
         """A torch DCP storage writer, or a reader of the files ``expected`` lists (name -> size and SHA-256), for
-        the folder ``path`` (sharded checkpoints; :mod:`cloud_elastic.checkpoint.dcp`)."""
+        the folder ``path`` (sharded checkpoints; :mod:`cloud_elastic.checkpoint.dcp`). The writer tells ``moved``
+        of its bytes as they reach the storage, as :class:`Digest` does."""
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -294,10 +296,13 @@ class LocalBackend:
         except (FileNotFoundError, NotADirectoryError):
             return {}
 
-    def dcp_storage(self, path: str, writing: bool, expected: Mapping[str, tuple[int, str]] | None = None) -> Any:
+    def dcp_storage(self, path: str, writing: bool, expected: Mapping[str, tuple[int, str]] | None = None,
+                    moved: Callable[[int], None] | None = None) -> Any:
         from cloud_elastic.checkpoint.dcp import digesting_writer, verifying_reader
 
-        return digesting_writer(self._path(path)) if writing else verifying_reader(self._path(path), expected or {})
+        if writing:
+            return digesting_writer(self._path(path), digest=lambda: Digest(moved))
+        return verifying_reader(self._path(path), expected or {})
 
 
 class FsspecBackend:
@@ -419,12 +424,15 @@ class FsspecBackend:
         return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
                 for e in entries if e.get("type") == "file"}
 
-    def dcp_storage(self, path: str, writing: bool, expected: Mapping[str, tuple[int, str]] | None = None) -> Any:
+    def dcp_storage(self, path: str, writing: bool, expected: Mapping[str, tuple[int, str]] | None = None,
+                    moved: Callable[[int], None] | None = None) -> Any:
         from cloud_elastic.checkpoint.dcp import digesting_writer, verifying_reader
 
         # A fresh filesystem object, as above.
         url, options = self.url(path), {"skip_instance_cache": True, **self._options}
-        return digesting_writer(url, options) if writing else verifying_reader(url, expected or {}, options)
+        if writing:
+            return digesting_writer(url, options, digest=lambda: Digest(moved))
+        return verifying_reader(url, expected or {}, options)
 
 
 class Digest:
@@ -480,15 +488,21 @@ class Digest:
 
         def _chunk(self, view: memoryview) -> None:
             digest = self._digest
-            try:
-                self._f.write(view)
-            except OSError as exc:
-                digest.error = digest.error or exc
-                raise
-            digest._sha.update(view)
-            digest.size += len(view)
-            if digest._moved is not None and not self._buffered:
-                digest._moved(len(view))
+            while view:
+                try:
+                    written = self._f.write(view)
+                except OSError as exc:
+                    digest.error = digest.error or exc
+                    raise
+                # A raw stream may take part of it (None: a buffered one took all): only that is in the file.
+                taken = len(view) if written is None else written
+                if taken <= 0:
+                    raise OSError(errno.EIO, "the storage took none of the bytes written to it")
+                digest._sha.update(view[:taken])
+                digest.size += taken
+                if digest._moved is not None and not self._buffered:
+                    digest._moved(taken)
+                view = view[taken:]
 
         def flush(self) -> None:
             self._f.flush()

@@ -7,7 +7,8 @@ in every worker that resumes. Here:
 
 * **Writing** (:func:`digesting_writer`): DCP's files are written as usual (``.metadata``
   too, so plain ``torch.distributed.checkpoint.load`` still reads them), while each
-  worker hashes every file as it streams out. The digests travel to the coordinator
+  worker hashes every file as it streams out (and counts its bytes in the store's
+  ``bytes_written`` as they reach the storage). The digests travel to the coordinator
   with DCP's own write results; the coordinator also writes :data:`METADATA_JSON`, DCP's
   metadata as JSON, and keeps every file's size and SHA-256 in ``files`` for the
   manifest (``CheckpointStore.publish_sharded``).
@@ -35,7 +36,7 @@ import io
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -78,24 +79,23 @@ class _FileDigests:
 
 
 class _HashingStream:
-    """A write stream that hashes what passes through it; it refuses to seek, so the hash is of the file."""
+    """A write stream that hashes what passes through it (with a ``Digest`` of ``checkpoint.backend``, which also
+    counts its bytes as they reach the storage); it refuses to seek, so the hash is of the file."""
 
-    def __init__(self, raw: Any, errors: list[OSError]) -> None:
-        self._raw, self._errors = raw, errors
-        self._sha = hashlib.sha256()
-        self.size = 0
+    def __init__(self, raw: Any, digest: Any, errors: list[OSError]) -> None:
+        self._raw, self._digest, self._errors = raw, digest, errors
+        self._out = digest.wrap(raw)
+
+    @property
+    def size(self) -> int:
+        return self._digest.size
 
     def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
         try:
-            written = self._raw.write(view)
+            return self._out.write(data)
         except OSError as exc:  # torch rewords it ("unexpected pos ..."): keep it for the message
             self._errors.append(exc)
             raise
-        written = len(view) if written is None else written
-        self._sha.update(view[:written])
-        self.size += written
-        return written
 
     def seekable(self) -> bool:
         return False
@@ -104,7 +104,7 @@ class _HashingStream:
         raise io.UnsupportedOperation("a checkpoint file is hashed as it is written and cannot seek")
 
     def hexdigest(self) -> str:
-        return self._sha.hexdigest()
+        return self._digest.hexdigest()
 
     def __getattr__(self, name: str) -> Any:  # tell, flush, fileno (fsync), close
         return getattr(self._raw, name)
@@ -113,8 +113,9 @@ class _HashingStream:
 class _HashingFS:
     """torch DCP's file system object, whose write streams hash what they write, by file name."""
 
-    def __init__(self, inner: Any, digests: dict[str, tuple[int, str]], errors: list[OSError]) -> None:
-        self._inner, self._digests, self._errors = inner, digests, errors
+    def __init__(self, inner: Any, digests: dict[str, tuple[int, str]], errors: list[OSError],
+                 digest: Callable[[], Any]) -> None:
+        self._inner, self._digests, self._errors, self._digest = inner, digests, errors, digest
 
     @contextlib.contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
@@ -122,7 +123,7 @@ class _HashingFS:
             if "w" not in mode:
                 yield stream
                 return
-            hashing = _HashingStream(stream, self._errors)
+            hashing = _HashingStream(stream, self._digest(), self._errors)
             yield hashing
         self._digests[os.path.basename(os.fspath(path))] = (hashing.size, hashing.hexdigest())
 
@@ -133,14 +134,14 @@ class _HashingFS:
 class _DigestingWriter:
     """Mixed in before a torch DCP writer class (see the module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, digest: Callable[[], Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         self._digests: dict[str, tuple[int, str]] = {}
         #: OSErrors the write streams saw (a full disk), for a message torch's wording hides.
         self.io_errors: list[OSError] = []
         #: On the coordinator after a save: every file of the checkpoint and its ``(size, sha256)``.
         self.files: dict[str, tuple[int, str]] | None = None
-        self.fs = _HashingFS(self.fs, self._digests, self.io_errors)
+        self.fs = _HashingFS(self.fs, self._digests, self.io_errors, digest)
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         from torch.futures import Future
@@ -177,11 +178,15 @@ class _DigestingWriter:
         self.files = digests
 
 
-def digesting_writer(path: str, fsspec_options: Mapping[str, Any] | None = None) -> Any:
-    """A DCP storage writer for the folder ``path`` (a local path, or an fsspec URL with ``fsspec_options``)."""
+def digesting_writer(path: str, fsspec_options: Mapping[str, Any] | None = None, *,
+                     digest: Callable[[], Any]) -> Any:
+    """A DCP storage writer for the folder ``path`` (a local path, or an fsspec URL with ``fsspec_options``).
+
+    ``digest()`` gives what hashes each file as it streams out: the backend's ``Digest``, which tells the store's
+    byte counter of the bytes as they reach the storage (a slow shard write that moves bytes is progress)."""
     if fsspec_options is None:
-        return _mixed(_DigestingWriter, "FileSystemWriter")(path)
-    return _mixed(_DigestingWriter, "FsspecWriter")(path, **fsspec_options)
+        return _mixed(_DigestingWriter, "FileSystemWriter")(path, digest=digest)
+    return _mixed(_DigestingWriter, "FsspecWriter")(path, digest=digest, **fsspec_options)
 
 
 # -- reading ---------------------------------------------------------------------------------------------------

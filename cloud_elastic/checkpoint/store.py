@@ -101,7 +101,7 @@ class CheckpointStore:
         self._kept_unverified: set[str] = set()  # checkpoints pruning kept without counting, warned about once
         self._writing: set[str] = set()  # folders this store's saves are writing now (several threads may save)
         self._longest_write_s = 0.0
-        #: The bytes this store's saves have written: it grows while a write moves bytes, and only then.
+        #: The bytes its saves and shard writers have written: it grows while a write moves bytes, and only then.
         self.bytes_written = 0
 
     def _moved(self, count: int) -> None:
@@ -148,7 +148,7 @@ class CheckpointStore:
             if info is None or info.shards is None or info.shard_digests is None:
                 raise _Unusable("its manifest lists no SHA-256 digests of its shard files")
             expected = {f: (info.shards[f], info.shard_digests[f]) for f in info.shard_digests}
-        return self.backend.dcp_storage(f"{name}/{SHARDS_DIR}", writing, expected)
+        return self.backend.dcp_storage(f"{name}/{SHARDS_DIR}", writing, expected, moved=self._moved)
 
     def publish_sharded(self, name: str, step: int, payload: Any, meta: Mapping[str, Any] | None,
                         shard_count: int, files: Mapping[str, tuple[int, str]] | None) -> CheckpointInfo:

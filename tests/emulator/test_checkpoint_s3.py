@@ -241,10 +241,13 @@ def test_a_sharded_checkpoint_goes_to_s3_and_comes_back_bitwise(bucket: str):
     state, ctx = _state(), _ctx()
     _train(state, 2)
     ctx.ledger.commit_seq = 2
-    assert ShardedCheckpoints(DurableSettings(_job_store(url)), ctx).finish(state) is None
+    durable = ShardedCheckpoints(DurableSettings(_job_store(url)), ctx)
+    assert durable.finish(state) is None
     assert ctx.reports[0][1]["path"].startswith(url + "/ckpt-")
     [info] = CheckpointStore(url).list()
     assert info.step == 2 and info.shard_count == 1 and ".metadata" in info.shards
+    # Every byte uploaded counted as progress (s3fs's uploads, DCP's shard files among them), each once.
+    assert durable.store.bytes_written == info.size + sum(info.shards.values())
     other = _state(seed=5)
     assert ShardedCheckpoints(DurableSettings(url), _ctx()).load_latest(other).step == 2
     assert all(torch.equal(a, b) for a, b in zip(_values(other), _values(state)))
