@@ -167,7 +167,13 @@ def test_a_final_write_that_moves_no_bytes_is_not_progress(tmp_path, monkeypatch
     ctx, schedule = _finishing_rank_zero(tmp_path)
     hung = threading.Event()
     _storage(schedule, monkeypatch, hung=hung)  # a hung mount: no byte, no error
-    state = _State(step=10, w=torch.zeros(2))
+    why = finishing_on_a_hung_mount(ctx, schedule, _State(step=10, w=torch.zeros(2)), hung)
+    assert why.startswith("the final checkpoint (step 10) was not written")
+
+
+def finishing_on_a_hung_mount(ctx, schedule, state, hung: threading.Event) -> str:
+    """``schedule.finish(state)`` while storage moves no byte until ``hung`` is set (then fails); why it says
+    the final checkpoint was not written."""
     out: list[str | None] = []
     finishing = threading.Thread(target=lambda: out.append(schedule.finish(state)), daemon=True)
     before = ctx.progress.sample()
@@ -177,8 +183,9 @@ def test_a_final_write_that_moves_no_bytes_is_not_progress(tmp_path, monkeypatch
     # stuck worker, instead of the job waiting on the mount for ever.
     assert finishing.is_alive() and ctx.progress.sample() == before
     hung.set()
-    finishing.join(10)
-    assert out and out[0] is not None and out[0].startswith("the final checkpoint (step 10) was not written")
+    finishing.join(30)
+    assert out and out[0] is not None
+    return out[0]
 
 
 def test_back_at_rank_0_a_worker_writes_after_its_earlier_upload_never_beside_it(tmp_path, monkeypatch):

@@ -55,7 +55,7 @@ from cloud_elastic.checkpoint.store import CheckpointStore, checked_step
 from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer
 from cloud_elastic.worker.durable.failure import CheckedStore, CheckpointFailed, SeesJob, report, report_not_written
 
-__all__ = ["DurableSettings", "RankZeroCheckpoints", "step_of"]
+__all__ = ["DurableSettings", "RankZeroCheckpoints", "step_of", "wait_for_storage"]
 
 log = logging.getLogger(__name__)
 
@@ -197,22 +197,9 @@ class RankZeroCheckpoints:
             writer.close(0.0)
 
     def _wait(self, writer: CheckpointWriter, timeout: float | None) -> bool:
-        """Wait for ``writer``'s write in flight (up to ``timeout``; None: no limit); True when none is left.
-        Meanwhile each second in which the store's byte counter grew counts as this worker's progress: the
-        driver's ``--progress-timeout`` watch sees a training thread that waits for storage that writes, and
-        gives up on storage that moves no byte for that long, as on a stuck worker."""
-        ends = None if timeout is None else time.monotonic() + timeout
-        progress = getattr(self._ctx, "progress", None)
-        moved = self.store.bytes_written
-        while True:
-            left = PROGRESS_EVERY_S if ends is None else min(PROGRESS_EVERY_S, max(0.0, ends - time.monotonic()))
-            if writer.wait(left):
-                return True
-            if ends is not None and time.monotonic() >= ends:
-                return False
-            if progress is not None and self.store.bytes_written != moved:
-                moved = self.store.bytes_written
-                progress.mark()
+        """Wait for ``writer``'s write in flight (up to ``timeout``; None: no limit); True when none is left,
+        counting as progress while it moves bytes (:func:`wait_for_storage`)."""
+        return wait_for_storage(writer.wait, self.store, self._ctx, timeout)
 
     def _report_write_failures(self) -> None:
         """Tell the driver of the writes that failed in the background since the last commit (each is logged)."""
@@ -334,6 +321,26 @@ class RankZeroCheckpoints:
         if submitted:
             why = writer.stats().last_error or f"it was not stored within {waited}"
         return why
+
+
+def wait_for_storage(wait: Callable[[float], bool], store: CheckpointStore, ctx: Any, timeout: float | None) -> bool:
+    """Wait for writes to ``store`` with ``wait(seconds)`` (True once they are done) up to ``timeout`` (None: no
+    limit); True when they are done. Meanwhile each :data:`PROGRESS_EVERY_S` in which the store's byte counter grew
+    counts as the worker's progress (``ctx.progress``): the driver's ``--progress-timeout`` watch sees a worker
+    that waits for storage that writes, and gives up on storage that moves no byte for that long, as on a stuck
+    worker. Rank 0's writer and host 0's sharded writes (``durable.sharded``) are waited for alike."""
+    ends = None if timeout is None else time.monotonic() + timeout
+    progress = getattr(ctx, "progress", None)
+    moved = store.bytes_written
+    while True:
+        left = PROGRESS_EVERY_S if ends is None else min(PROGRESS_EVERY_S, max(0.0, ends - time.monotonic()))
+        if wait(left):
+            return True
+        if ends is not None and time.monotonic() >= ends:
+            return False
+        if progress is not None and store.bytes_written != moved:
+            moved = store.bytes_written
+            progress.mark()
 
 
 def _payload(state: Any) -> Any:

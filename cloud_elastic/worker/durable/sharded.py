@@ -24,12 +24,14 @@ A reader that finds the manifest finds every shard.
   writes that copy with ``dcp.save`` over a Gloo group of the host's workers made for
   it (formed at the first write, so DCP's collectives never meet the training's on the
   host's group), and rank 0 publishes it. Training goes on meanwhile. A host-mate whose
-  previous write is still running queues this one: at most two copies a worker. The end
-  of training (:meth:`finish`) and a worker leaving (:meth:`stop_writing`) wait for the
-  writes. With ``CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES=sync`` (host memory too small for
-  the copy), or on a GPU a torch without those staging functions, the write is synchronous: host 0's
-  workers stop for it, and the other hosts wait for them at the next gradient averaging. A
-  failed write is logged as a WARNING and reported to the driver (local rank 0: ``not_written``),
+  previous write is still running queues this one: at most two copies a worker. A worker
+  leaving (:meth:`stop_writing`) waits for the writes up to 120 s; the end of training
+  (:meth:`finish`) waits for them, and for its final write, as long as the storage takes,
+  counting as progress while they move bytes (``rank_zero.wait_for_storage``). With
+  ``CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES=sync`` (host memory too small for the copy), or on
+  a GPU a torch without those staging functions, the write is synchronous: host 0's workers
+  stop for it, and the other hosts wait for them at the next gradient averaging. A failed
+  write is logged as a WARNING and reported to the driver (local rank 0: ``not_written``),
   and training goes on, as for replicas.
 * **Loading.** In a round the driver formed ``from_checkpoint``, the workers of host 0
   load the newest usable checkpoint: local rank 0 picks it and tells the others, each
@@ -76,6 +78,7 @@ from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.comm import statecodec
 from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report, report_not_written
+from cloud_elastic.worker.durable.rank_zero import wait_for_storage
 from cloud_elastic.worker.durable.staging import stage as _stage
 from cloud_elastic.worker.exceptions import CollectiveError
 
@@ -83,7 +86,7 @@ __all__ = ["ShardedCheckpoints", "sharded_parts"]
 
 log = logging.getLogger(__name__)
 
-#: How long a leaving worker, or the end of training, waits for the writes in the background.
+#: How long a leaving worker waits for the writes in the background (the end of training has no limit).
 FLUSH_TIMEOUT_S = 120.0
 
 
@@ -127,8 +130,9 @@ class ShardedCheckpoints:
                 report_not_written(self._ctx, why, self._step(state))
 
     def stop_writing(self, timeout: float | None = FLUSH_TIMEOUT_S) -> bool:
-        """Wait (up to ``timeout``) for this worker's writes in the background; True when none is left."""
-        return self._writes.wait(timeout)
+        """Wait (up to ``timeout``; None: as long as they take) for this worker's writes in the background, counting
+        as progress while they move bytes; True when none is left."""
+        return wait_for_storage(self._writes.wait, self.store, self._ctx, timeout)
 
     def leaving(self, state: Any) -> None:
         """This worker was sent away: wait for its writes in the background. Unlike a replica's rank 0, the last
@@ -143,17 +147,29 @@ class ShardedCheckpoints:
         self.stop_writing()
 
     def finish(self, state: Any) -> str | None:
-        """Training completed: host 0's workers write the final state; None when stored (or not host 0), else why not."""
+        """Training completed: host 0's workers write the final state; None when stored (or not host 0), else why not.
+
+        The writes in the background, then the final one, are waited for as long as the storage takes (no time limit
+        of our own: a finished job's last checkpoint is its result); each second in which they moved bytes counts
+        as this worker's progress, so storage that moves none for ``--progress-timeout`` ends the round."""
         info = getattr(self._ctx, "info", None)
         if info is None or info.cross_rank != 0:
             return None
+        log.info("worker %s: training completed; waiting for the final checkpoint as long as the storage takes",
+                 self._ctx.worker_id)
+        self.stop_writing(None)
         # Local rank 0 decides for the host, as at commits: whether its last commit is stored already.
-        if not self._writes.wait(FLUSH_TIMEOUT_S):
-            log.warning("worker %s: a checkpoint written in the background did not finish within %gs",
-                        self._ctx.worker_id, FLUSH_TIMEOUT_S)
         if not self._agree(self._stored_seq is None or self._stored_seq != self._ctx.ledger.commit_seq):
             return None  # the last commit's checkpoint, written by these very workers, holds the final state
-        why = self._write(state, background=False)
+        done = threading.Event()  # the write runs on this thread (the host's group): another one watches its bytes
+        watch = threading.Thread(target=wait_for_storage, args=(done.wait, self.store, self._ctx, None), daemon=True,
+                                 name="cloud-elastic-final-checkpoint-progress")
+        watch.start()
+        try:
+            why = self._write(state, background=False)
+        finally:
+            done.set()
+            watch.join()
         if why is None:
             return None
         return f"the final checkpoint (step {self._step(state)}) was not written: {why}"
