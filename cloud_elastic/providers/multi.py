@@ -39,31 +39,33 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   capacity is unknown, more often than :data:`REASK_UNKNOWN_S` or while it shows more hosts than when last asked or
   last lowered. When the credentials may not change the group (AccessDenied), one WARNING says so and the source is
   left unmanaged for the rest of the job; other errors are retried at each later ``find()`` until a call succeeds or
-  a newer value replaces it.
+  a newer value replaces it. :meth:`can_give` tells the job how many hosts each group can give (its MaxSize; what
+  it has where unmanaged or refused :data:`REFUSALS_TO_SPILL` times in a row), so the next fallback is asked for
+  the rest; :meth:`adopt` takes a crashed predecessor's raise for the job's own (its 0 is sent).
 * **One provider call per source at a time**, whichever thread makes it: :meth:`wait_for` waits for any of them
-  (find, set_capacity, release, hourly_prices) to end.
+  (find, set_capacity, release, hourly_prices) to end. The one exception: a find() does not wait for a call that
+  another thread (the driver's, at the job's end) began; its answer is then one read just before or after that
+  call, not a wrong one (a DesiredCapacity read before a raise landed only has the raise sent again).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import queue
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Generic, Mapping, Sequence, TypeVar
+from typing import Callable, Mapping, Sequence
 
 from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryError, FatalDiscoveryError,
                                   RetryableDiscoveryError)
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find
-from cloud_elastic.providers.sidecalls import SideCalls
+from cloud_elastic.providers.sidecalls import Caller, SideCalls
 from cloud_elastic.providers.sources import SourceSpec
 
 __all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "PRICE_RETRY_S",
-           "MERGE_MARGIN_S", "UNHEARD_HOLD_S", "REASK_UNKNOWN_S"]
+           "MERGE_MARGIN_S", "UNHEARD_HOLD_S", "REASK_UNKNOWN_S", "REFUSALS_TO_SPILL"]
 
 log = logging.getLogger(__name__)
 
@@ -78,75 +80,9 @@ UNHEARD_HOLD_S = 90.0
 REASK_UNKNOWN_S = 300.0
 #: At close, releases put off beside the job's last calls wait this long for them (no find() comes after).
 RELEASE_AT_CLOSE_S = 10.0
-
-T = TypeVar("T")
-
-
-class Caller(Generic[T]):
-    """Runs ``call`` on one thread of its own, one call at a time, for a waiter that may give up on it.
-
-    A call given up on runs on: the next :meth:`ask` or :meth:`answer` starts none beside it (a provider never
-    sees two calls at once), and :meth:`answer` waits for it and takes its answer. Only one thread calls
-    :meth:`ask` and :meth:`answer`. The thread starts at the first call, not in the constructor.
-    """
-
-    def __init__(self, call: Callable[[], T], name: str = "discovery-call") -> None:
-        self._call = call
-        self._name = name
-        self._asks: queue.SimpleQueue[bool] = queue.SimpleQueue()
-        self._answers: queue.SimpleQueue[T] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        #: A call is under way, perhaps given up on (the write paths wait for its end).
-        self.busy = False
-        #: Set while no call runs (its answer may not be taken yet): another thread may wait for it.
-        self._idle = threading.Event()
-        self._idle.set()
-
-    def ask(self) -> None:
-        """Start a call, unless one is under way."""
-        if not self.busy:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
-                self._thread.start()
-            self._idle.clear()
-            self._asks.put(True)
-            self.busy = True
-
-    def answer(self, timeout_s: float) -> T | None:
-        """The answer of the call under way, or of a new one; None if none came within ``timeout_s``."""
-        self.ask()
-        try:
-            result = self._answers.get(timeout=max(0.0, timeout_s))
-        except queue.Empty:
-            return None
-        self.busy = False
-        return result
-
-    @property
-    def running(self) -> bool:
-        """Whether a call runs now (unlike :attr:`busy`, False once it has ended, its answer not yet taken)."""
-        return not self._idle.is_set()
-
-    def wait_ended(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the call that runs now, if any, to end; whether none runs."""
-        return self._idle.wait(max(0.0, timeout_s))
-
-    def close(self) -> None:
-        """Let the thread end, once the call under way (if any) has."""
-        self._asks.put(False)
-
-    def join(self, timeout_s: float) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            return not self._thread.is_alive()
-        return True
-
-    def _serve(self) -> None:
-        while self._asks.get():
-            answer = self._call()
-            self._idle.set()  # before the answer is taken: the next ask() clears it after this
-            self._answers.put(answer)
-
+#: A raise refused this many calls in a row (not AccessDenied) counts as one its group cannot give (:meth:`can_give`)
+#: until :data:`REASK_UNKNOWN_S` after the last refusal, or a raise of it is made.
+REFUSALS_TO_SPILL = 3
 
 def call_limit_s(discovery: HostDiscovery, timeout_s: float) -> float:
     """How long one find() of ``discovery`` is waited for under ``--discovery-timeout`` ``timeout_s``: never less,
@@ -195,6 +131,12 @@ class SourceState:
     capacity_set: int | None = None
     #: A raise skipped because the group was already higher while the job had set nothing: its 0 is not sent.
     left: bool = False
+    #: What a crashed predecessor of the job had set (:meth:`MultiSourceDiscovery.adopt`); calls refused in a row
+    #: since its last raise made, and when the last was (the clock).
+    adopted: int | None = None
+    refusals: tuple[int, float] = (0, 0.0)
+    #: Its group's capacity limits as the last good find() read them (:meth:`MultiSourceDiscovery.can_give`).
+    limits: tuple | None = None
     above_max_warned: bool = False
     #: Whether any call of it has ended (only an error at its first call can be fatal to the job).
     called: bool = False
@@ -305,6 +247,10 @@ class MultiSourceDiscovery(HostDiscovery):
             present = set(snapshot.ready) | set(snapshot.draining)
             source.slots = {h: n for h, n in source.slots.items() if h in present}
             source.slots.update(snapshot.ready)
+            try:  # read here, for can_give() on the driver's thread: a plugin's may not be a plain read
+                source.limits = source.discovery.capacity_limits()
+            except Exception:  # noqa: BLE001 (no bound known: the job asks as if it had none)
+                source.limits = None
             self._refresh_prices(source, snapshot, now)
         for source in self.sources:  # once every answer is in: a fallback's raise sees what the others answered
             self._apply_capacity(source)
@@ -443,12 +389,15 @@ class MultiSourceDiscovery(HostDiscovery):
                         "managing the group: set its desired capacity yourself", source.spec.name, exc)
             return
         except CapacityError as exc:
+            source.refusals = (source.refusals[0] + 1, self._clock())
             log.warning("--manage-capacity: could not set the desired capacity of host source %r to %d (%s); "
                         "retrying at the next discovery", source.spec.name, hosts, exc)
             return
         if not started:
             return  # another thread's call to it started first: kept pending
         source.pending_capacity, source.left = None, False
+        if hosts > 0:  # a 0 made leaves a refused raise refused: the group would be asked again at once
+            source.refusals = (0, 0.0)
         source.capacity_set = min(asked, hosts)  # held at MaxSize: that is what was set (held at MinSize: as asked)
         source.took = (hosts, self._clock(), limits and tuple(limits[:2]), source.shown())
         log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
@@ -459,7 +408,7 @@ class MultiSourceDiscovery(HostDiscovery):
         desired = limits[2] if limits is not None and len(limits) > 2 else None
         # Nothing to change, or a group raised beyond it by someone else (the job lowers its own raise itself).
         if asked > 0 and desired is not None and (desired == hosts or desired > hosts and desired != source.capacity_set):
-            source.left = source.left or not source.capacity_set  # not raised by the job: not lowered by it
+            source.left = source.left or not (source.capacity_set or source.adopted)  # not the job's: kept
             return False
         took, took_at, took_limits, took_shown = source.took
         if asked == 0 and source.left:
@@ -505,7 +454,26 @@ class MultiSourceDiscovery(HostDiscovery):
         state = self._by_name.get(source)
         if state is not None and (setting := state.calls.setting) is not None:  # a call under way may still set it
             return max(setting, state.capacity_set or 0)
-        return None if state is None else state.capacity_set
+        return None if state is None else state.adopted if state.capacity_set is None else state.capacity_set
+
+    def adopt(self, source: str, hosts: int) -> None:
+        """``source``'s group was set to ``hosts`` by a crashed predecessor of the job: the job lowers it as its
+        own (a raise it skips there, the group being as high already, does not make it an operator's)."""
+        state = self._by_name.get(source)
+        if state is not None:
+            state.adopted = hosts
+
+    def can_give(self, source: str) -> int | None:
+        """The most hosts ``source``'s group can be given at the job's asking now: what it has where the job may
+        not change it (AccessDenied) or its raise was refused :data:`REFUSALS_TO_SPILL` times in a row, else its
+        MaxSize as last read; None: no bound known. The job asks the next fallback group for the rest."""
+        state = self._by_name.get(source)
+        if state is None:
+            return None
+        limits, (refused, refused_at) = state.limits, state.refusals
+        if not state.managed or refused >= REFUSALS_TO_SPILL and self._clock() - refused_at < REASK_UNKNOWN_S:
+            return limits[2] if limits is not None and len(limits) > 2 else state.shown()
+        return None if limits is None else limits[1]
 
     def wait_for(self, source: str, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every call to ``source`` under way, if any, to end (its find(), or its

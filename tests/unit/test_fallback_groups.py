@@ -31,3 +31,119 @@ def test_unpriced_slot_hours_are_a_metric_beside_the_cost_carried_included():
                 slot_hours=5.0, unpriced_slot_hours=3.0)
     assert value("cloud_elastic_cost_unpriced_slot_hours_total") == 3.0
     assert value("cloud_elastic_cost_dollars_total") == 5.0
+
+
+# ------------------------------------------------------------------ the job, its provider and the runtime between
+OD2 = SourceSpec("od2", "scripted", price=5.0, fallback=True)
+
+
+def _job(np: int, *fallbacks: SourceSpec):
+    from tests.unit.test_job_sourcing import OD, SPOT_A, Sourced
+
+    return Sourced(np, manage_capacity=True, sources=(SPOT_A, OD, *fallbacks))
+
+
+def _run(sim, multi: MultiSourceDiscovery, seconds: float) -> None:
+    """The driver's part: each discovery answer to the job, what the provider knows before each tick
+    (``raised.share``), and each capacity action to the provider, as the discovery thread makes it."""
+    from cloud_elastic.driver.runtime import raised
+
+    for _ in range(int(seconds)):
+        sim.job.discovered(multi.find(), sim.now)
+        raised.share(sim.job, multi)
+        sim.advance(1)
+        while sim.capacity:
+            action = sim.capacity.pop(0)
+            multi.set_capacity(action.hosts, source=action.source)
+
+
+def _sources(od: Scripted, od2: Scripted | None = None, spot_hosts: int = 1) -> MultiSourceDiscovery:
+    spot = Scripted(DiscoveredHosts(ready={f"a{i}": 1 for i in range(spot_hosts)}))
+    groups = [(spec("spot-a", price=1.0), spot), (spec("od", price=4.0, fallback=True), od)]
+    if od2 is not None:
+        groups.append((spec("od2", price=5.0, fallback=True), od2))
+    return MultiSourceDiscovery(groups)
+
+
+def test_the_next_fallback_group_is_raised_for_what_the_preferred_one_cannot_give_and_lowered_once_it_can():
+    od = Scripted(DiscoveredHosts(), limits=(0, 1, 0))  # MaxSize 1
+    od2 = Scripted(DiscoveredHosts(), limits=(0, 10, 0))
+    multi = _sources(od, od2)
+    sim = _job(3, OD2)  # one spot slot of the 3 wanted: 2 fallback slots
+    _run(sim, multi, 3)
+    assert max(od.capacity_calls) == 1 and od2.capacity_calls == [1]
+    assert ("capacity", {"source": "od2", "hosts": 1, "reason": "2 fallback slot(s) wanted (below --min-np 3)"}) \
+        in sim.events
+    od.limits = (0, 5, 1)  # its maximum was raised: the preferred group gives both, the other is set back
+    _run(sim, multi, 35)
+    assert od.capacity_calls[-1] == 2 and od2.capacity_calls == [1, 0]
+    assert sim.job.capacity.sourcing.raised() == {"od": 2}
+
+
+def test_a_preferred_fallback_group_the_job_may_not_raise_or_whose_raise_keeps_failing_leaves_it_to_the_next():
+    from cloud_elastic.errors import CapacityDeniedError, CapacityError
+    from cloud_elastic.providers.multi import REFUSALS_TO_SPILL
+
+    for error, calls in ((CapacityDeniedError("AccessDenied"), 1), (CapacityError("Throttling"), REFUSALS_TO_SPILL)):
+        od = Scripted(DiscoveredHosts(), capacity_errors=[error] * 10, limits=(0, 10, 0))
+        od2 = Scripted(DiscoveredHosts(), limits=(0, 10, 0))
+        sim = _job(2, OD2)
+        _run(sim, multi := _sources(od, od2), 2 + calls)
+        assert od.capacity_calls[:calls] == [1] * calls and 1 not in od.capacity_calls[calls:], error
+        assert od2.capacity_calls == [1]
+        assert multi.capacity_of("od2") == 1
+
+
+def test_at_the_end_an_operators_group_the_job_never_set_is_not_said_set_back_to_0(caplog):
+    from cloud_elastic.driver.runtime import raised
+
+    od = Scripted(DiscoveredHosts(), limits=(0, 20, 10))  # an operator keeps it at DesiredCapacity 10
+    multi = _sources(od)
+    sim = _job(2)
+    _run(sim, multi, 2)
+    assert sim.job.capacity.sourcing.raised() == {"od": 1} and od.capacity_calls == []  # asked, skipped
+    with caplog.at_level(logging.INFO):
+        raised.lower(sim.job, multi, threading.Condition(), None, pause_s=0)
+    sim._collect()
+    assert od.capacity_calls == [] and sim.job.capacity.sourcing.raised() == {}
+    assert "set back to 0" not in caplog.text and "host source 'od' is left as it is" in caplog.text
+    assert not [f for k, f in sim.events if k == "capacity" and f["hosts"] == 0]
+
+
+def test_a_restarted_driver_lowers_the_group_its_predecessor_raised_though_it_skipped_its_own_smaller_raise():
+    from cloud_elastic.driver.runtime import raised
+
+    od = Scripted(DiscoveredHosts(), limits=(0, 20, 2))  # raised to 2 by the crashed driver; its hosts boot
+    multi = _sources(od)
+    sim = _job(2)
+    sim.job.capacity.sourcing.inherit({"od": 2})
+    _run(sim, multi, 2)  # one fallback slot is wanted: the raise to 1 is skipped (the group is at 2)
+    assert od.capacity_calls == [] and sim.capacity == []
+    raised.lower(sim.job, multi, threading.Condition(), None, pause_s=0)
+    assert od.capacity_calls == [0] and multi.capacity_of("od") == 0
+    # Mid-job too: once nothing needs it, the predecessor's group is set back to 0.
+    od = Scripted(DiscoveredHosts(), limits=(0, 20, 2))
+    multi = _sources(od)
+    sim = _job(2)
+    sim.job.capacity.sourcing.inherit({"od": 2})
+    _run(sim, multi, 2)
+    multi.sources[0].discovery.answers = [DiscoveredHosts(ready={"a0": 1, "a1": 1})]  # spot came back
+    _run(sim, multi, 2)
+    assert od.capacity_calls == [0]
+
+
+def test_a_fallback_group_whose_hosts_run_workers_keeps_them_when_the_preferred_one_can_give_more():
+    od = Scripted(DiscoveredHosts(), limits=(0, 1, 0))
+    od2 = Scripted(DiscoveredHosts(), limits=(0, 10, 0))
+    multi = _sources(od, od2)
+    sim = _job(2, OD2)  # one fallback slot wanted; od's only host is kept from it (MaxSize 1, already 1 elsewhere)
+    od.limits = (0, 0, 0)  # od can give nothing: od2 gives the slot
+    _run(sim, multi, 2)
+    assert od2.capacity_calls == [1]
+    od2.answers = [DiscoveredHosts(ready={"x0": 1})]
+    _run(sim, multi, 1)
+    sim.join("a0[0]", "x0[0]")
+    od.limits = (0, 5, 0)  # od could give it now: od2's worker keeps its host, od is not raised for it
+    _run(sim, multi, 40)
+    assert od.capacity_calls == [] and od2.capacity_calls == [1]
+    assert sim.job.capacity.sourcing.raised() == {"od2": 1}

@@ -23,14 +23,16 @@ Only for a job with several sources (``Policy.sources``, see
   it; a replacement that never comes up is blacklisted as usual, the fallback is
   wanted again, and the worker stays. A drained worker leaves at its next commit,
   with no rollback; one not ready yet leaves at once.
-* **Capacity** (``--manage-capacity``): while fallback slots are wanted and the
-  preferred fallback group shows fewer hosts than they need, one :class:`~.actions.SetCapacity`
-  raises its desired capacity to ``ceil(wanted slots / slots per host)``, asked again (no event; a smaller
+* **Capacity** (``--manage-capacity``): while fallback slots are wanted and a
+  fallback group shows fewer hosts than its share needs, one :class:`~.actions.SetCapacity`
+  raises its desired capacity to ``ceil(its share of the wanted slots / slots per host)``; the shares go
+  preferred group first (:meth:`Sourcing.fallbacks`), each giving what its provider says it can
+  (:attr:`Sourcing.can_give`) and keeping the hosts its workers use, the next the rest; asked again (no event; a smaller
   number, once fewer slots are wanted, is a new value with its event) every :data:`REASK_S` while the
   group still shows fewer (its own scaling lowered it, its MaxSize held the raise and has been raised
   since, a host of it was lost; the provider sends it only where it may change the group: see
-  :mod:`cloud_elastic.providers.multi`); once no
-  fallback slot is wanted and no worker is left on a group the job raised, one sets
+  :mod:`cloud_elastic.providers.multi`); once a group's share is 0 (no
+  fallback slot is wanted, or the preferred ones give them) and no worker is left on it, one sets
   it back to 0. Nothing before the job's first discovery answer (a failed first call
   shows no host, not a lack of them). Nothing else: a group the job never raised is never lowered, and a
   raised one is never lowered while a worker runs on it. Slots per host: the group's
@@ -152,6 +154,11 @@ class Sourcing:
         self._cost_rate = -1.0
         self._weighed: tuple = ()  # (hosts version, workers, alive, ready) when the fallback was last weighed
         self._weighed_at = float("-inf")
+        #: Fallback source -> the most hosts its group can be given now, as its provider says (the runtime sets it,
+        #: ``driver.runtime.raised.share``); a source not in it has no bound known.
+        self.can_give: dict[str, int] = {}
+        #: Groups a crashed predecessor raised, not yet told to the provider (``raised.share``).
+        self.adopted: dict[str, int] = {}
         #: Fallback workers beyond what is wanted that stay until replacements are ready: they hold no place
         #: for launches (:meth:`.capacity.Capacity.plan_launches`), so the replacements can start beside them.
         self.replacing = 0
@@ -272,28 +279,46 @@ class Sourcing:
         if not job.discovered_once:
             return  # no host seen yet is not no spot host: a failed first discovery call must not raise a group
         hosts = job.hosts
-        if self.wanted > 0 and self._fallbacks:
-            name = self._fallbacks[0]
-            present = [h for h in (*hosts.ready, *hosts.missing) if hosts.sources.get(h) == name]
-            per_host = max((hosts.ready.get(h, 0) for h in present), default=0) or max(hosts.ready.values(),
-                                                                                       default=1)
-            need = math.ceil(self.wanted / max(per_host, 1))
+        busy = {hosts.sources.get(w.slot.host) for w in job.alive()}
+        for name, need, present in self._shares():
             asked = 0 if name in self._inherited else self.requested.get(name, 0)
             again = now - self._asked_at.get(name, now) >= REASK_S
-            if need > len(present) and (need > asked or (again and need < asked)):
+            if need > present and (need > asked or (again and need < asked)):
                 # A smaller need is a new value, with its event (the larger one asked earlier would keep the group).
                 self._ask(name, need, f"{self.wanted} fallback slot(s) wanted ({self.why})", now)
-            elif need > len(present) and again:
+            elif need > present and again:
                 # The same value again, with no event: the provider sends it only where it may change the group.
                 self._asked_at[name] = now
                 log.debug("job %s: --manage-capacity: host source %r asked again for %d: it shows %d host(s)",
-                          job.job_id, name, asked, len(present))
+                          job.job_id, name, asked, present)
                 job.act(SetCapacity(name, asked))
-            return
-        busy = {hosts.sources.get(w.slot.host) for w in job.alive()}
-        for name, asked in list(self.requested.items()):
-            if asked > 0 and name not in busy:
-                self._ask(name, 0, "the job no longer needs it", now)
+            elif need == 0 and self.requested.get(name, 0) > 0 and name not in busy:
+                why = ("the job no longer needs it" if not self.wanted else
+                       f"the preferred fallback source(s) give the {self.wanted} fallback slot(s) wanted")
+                self._ask(name, 0, why, now)
+
+    def _shares(self) -> list[tuple[str, int, int]]:
+        """(fallback source, hosts the job wants of its group, hosts it shows), preferred first: each group keeps
+        the hosts its workers use; of the slots still wanted, each gives what it can (:attr:`can_give`: its
+        MaxSize, or what it has where the job may not or cannot change it), and the next the rest."""
+        hosts = self._job.hosts
+        used = {w.slot.host for w in self._job.alive()}
+        groups = []
+        for name in self._fallbacks:
+            present = [h for h in (*hosts.ready, *hosts.missing) if hosts.sources.get(h) == name]
+            per_host = max((hosts.ready.get(h, 0) for h in present), default=0) or max(hosts.ready.values(),
+                                                                                       default=1)
+            groups.append((name, present, max(per_host, 1), sum(1 for h in present if h in used)))
+        left = self.wanted - sum(busy * per_host for _, _, per_host, busy in groups)
+        shares = []
+        for name, present, per_host, busy in groups:
+            need = busy + math.ceil(max(left, 0) / per_host)
+            most = self.can_give.get(name)
+            if most is not None:
+                need = max(busy, min(need, max(most, len(present))))
+            shares.append((name, need if self.wanted else 0, len(present)))
+            left -= (need - busy) * per_host
+        return shares
 
     def raised(self) -> dict[str, int]:
         """The groups this job raised and has not set back to 0: source -> the desired capacity it asked for."""
@@ -313,13 +338,21 @@ class Sourcing:
             if hosts > self.requested.get(name, 0):
                 self.requested[name] = hosts
                 self._inherited.add(name)
+                self.adopted[name] = hosts
                 log.info("job %s: the previous driver raised host source %r to %d; it is set back to 0 once the "
                          "job no longer needs it", job.job_id, name, hosts)
 
-    def lowered(self, source: str) -> None:
-        """``source``'s group was set back to 0 outside a step (the job is over, see the driver's shutdown)."""
+    @property
+    def fallbacks(self) -> tuple[str, ...]:
+        """The fallback sources, preferred first (priority, then price): the first is raised first."""
+        return tuple(self._fallbacks)
+
+    def lowered(self, source: str, *, made: bool = True) -> None:
+        """``source``'s group was set back to 0 outside a step (the job is over, see the driver's shutdown); not
+        ``made``: the job had never set it, and it was left as it is (no event)."""
         self.requested[source] = 0
-        self._job.emit("capacity", source=source, hosts=0, reason="the job is over")
+        if made:
+            self._job.emit("capacity", source=source, hosts=0, reason="the job is over")
 
     def _ask(self, source: str, hosts: int, why: str, now: float) -> None:
         job = self._job

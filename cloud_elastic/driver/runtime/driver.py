@@ -446,6 +446,7 @@ class Driver:
                 now = self._clock()
                 if self._stop_reason is not None and self._job.outcome is None:
                     self._job.stop(*self._stop_reason, now, grace_s=0.0 if self._stop_now else STOP_GRACE_S)
+                raised.share(self._job, self._discovery)  # what each fallback group can give, and who raised it
                 self._job.tick(now)
                 charge(self._job, now)
                 actions = self._job.take_actions()

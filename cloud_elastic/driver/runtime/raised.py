@@ -20,6 +20,9 @@ wanted (``driver.job.sourcing``); two ends of a driver's life are the runtime's:
   Without ``--checkpoint-dir`` there is no such record, and a crashed driver's
   raised group stays as it was.
 
+Before each tick :func:`share` tells the job what each fallback group can give (the next is asked for the rest)
+and the provider which groups a predecessor raised (so a raise skipped there does not make them an operator's).
+
 The sign of life also carries what the job has cost so far (``cloud_elastic.cost``),
 which the driver that takes the job over goes on from (:func:`inherit_cost`), and a
 driver stopped before it does carries forward (:func:`remember`), as for raised groups.
@@ -34,7 +37,7 @@ from typing import Any
 
 from cloud_elastic.cost import CostSoFar, format_dollars
 
-__all__ = ["carried", "carried_cost", "inherit", "inherit_cost", "remember", "lower", "LOWER_TRIES"]
+__all__ = ["carried", "carried_cost", "inherit", "inherit_cost", "remember", "share", "lower", "LOWER_TRIES"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,22 @@ def remember(job: Any, refresher: Any, carry: dict[str, int], carry_cost: CostSo
         refresher.set_cost(own)
 
 
+def share(job: Any, discovery: Any) -> None:
+    """Tell the job what each fallback group can give (``discovery.can_give``: a group at its MaxSize, or one
+    the job may not raise, leaves the rest to the next), and the provider which groups a crashed predecessor
+    raised (``discovery.adopt``: lowered as the job's own). With the job's lock, before each tick; reads only
+    what the provider last saw (no cloud call)."""
+    sourcing = _sourcing(job)
+    if sourcing is None:
+        return
+    can_give, adopt = getattr(discovery, "can_give", None), getattr(discovery, "adopt", None)
+    while sourcing.adopted and adopt is not None:
+        adopt(*sourcing.adopted.popitem())
+    if can_give is not None:
+        most = {name: can_give(name) for name in sourcing.fallbacks}
+        sourcing.can_give = {name: hosts for name, hosts in most.items() if hosts is not None}
+
+
 def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, pause_s: float = 1.0,
           join_s: float = 10.0) -> None:
     """Set every group the job still holds raised back to 0 (its workers have all stopped): those it asked for
@@ -117,6 +136,7 @@ def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, p
         sourcing = _sourcing(job)
         if sourcing is None:
             return
+        share(job, discovery)  # a predecessor's raise taken over since the last tick is the job's own too
         raised = sourcing.raised()
         asked = list(sourcing.requested)
     if not raised and not asked:
@@ -154,8 +174,13 @@ def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, p
             log.warning("job %s: host source %r stays at the desired capacity %d this job gave it: set it to 0 "
                         "yourself once nothing needs it", job.job_id, source, hosts)
             continue
+        made = capacity_of(source) is not None or not hasattr(discovery, "capacity_of")
         with lock:
-            sourcing.lowered(source)
+            sourcing.lowered(source, made=made)
+        if not made:  # the provider sent no 0: the job never set the group (an operator's, held back, refused)
+            log.info("job %s: --manage-capacity: host source %r is left as it is: this job never set its desired "
+                     "capacity", job.job_id, source)
+            continue
         # "0" is what the job asked: a group whose MinSize is above it was held there (providers/multi.py).
         log.info("job %s: --manage-capacity: desired capacity of host source %r set back to 0 (or its group's "
                  "minimum size): the job is over", job.job_id, source)
