@@ -192,11 +192,20 @@ def test_the_bootstrap_runs_at_the_first_boot_only(rendered, tmp_path, role):
     assert rc == 0 and calls == []
 
 
-def _with_home(host: Host) -> Path:
-    """The SSH user's home; runuser runs its command there as this test's user, HOME set as runuser sets it."""
+def _with_home(host: Host, user_after_s: int = 0) -> Path:
+    """The SSH user's home; runuser runs its command there as this test's user, HOME set as runuser sets it.
+
+    The user exists once ``user_after_s`` seconds have passed on the clock that
+    the stubbed sleep advances (GCP's guest agent creating it meanwhile); never
+    with a negative value.
+    """
     home = host.root / "home"
     home.mkdir()
-    host.stub("runuser", f'while [ "$1" != -- ]; do shift; done; shift; HOME={home} exec "$@"')
+    exists = f'[ {user_after_s} -ge 0 ] && [ "$(cat "$STUB_ROOT/clock" 2>/dev/null || echo 0)" -ge {user_after_s} ]'
+    host.stub("sleep", 'echo $(( $(cat "$STUB_ROOT/clock" 2>/dev/null || echo 0) + $1 )) > "$STUB_ROOT/clock"')
+    host.stub("getent", f'[ "$1 $2" = "passwd ubuntu" ] && {exists} && echo "ubuntu:x:1000:1000::{home}:/bin/bash" || exit 2')
+    host.stub("runuser", f'{exists} || {{ echo "runuser: user ubuntu does not exist" >&2; exit 1; }}\n'
+                         f'while [ "$1" != -- ]; do shift; done; shift; HOME={home} exec "$@"')
     host.stub("git", "mkdir -p train && echo 'print(1)' > train/train.py")
     return home
 
@@ -234,4 +243,34 @@ def test_a_worker_whose_setup_commands_fail_is_handled_like_a_failed_install(ren
     assert (calls[-1] == "shutdown -h now") is powers_off
     said = "network step 'setup_commands' still failing" if powers_off else "'setup_commands' (exit 1) would fail the same"
     assert said in host.output
+    assert not (tmp_path / "var/lib/cloud-elastic/bootstrap-done").exists()
+
+
+@pytest.mark.parametrize("role", ["worker", "driver"])
+def test_setup_commands_wait_for_a_user_the_guest_agent_creates_late(rendered_with_setup, tmp_path, role):
+    """On GCP the guest agent creates ssh_user from the ssh-keys metadata while the script runs: later than the
+    retries of a failed step would wait (150 s) must still set up, not leave the VM without its code."""
+    host = Host(tmp_path, rendered_with_setup[role])
+    home = _with_home(host, user_after_s=200)
+    (tmp_path / "pip-works").touch()
+    rc, calls = host.boot()
+    assert rc == 0, host.output
+    assert (home / "train/train.py").read_text() == "print(1)\n"
+    assert len([c for c in calls if c.startswith("runuser ")]) == 1
+    assert (tmp_path / "var/lib/cloud-elastic/bootstrap-done").exists()
+
+
+def test_a_worker_whose_ssh_user_never_appears_says_so_and_stays_up(rendered_with_setup, tmp_path):
+    """A wrong ssh_user waits a bounded time, then names the user in one line instead of failing the set-up 5 times."""
+    host = Host(tmp_path, rendered_with_setup["worker"])
+    _with_home(host, user_after_s=-1)
+    (tmp_path / "pip-works").touch()
+    rc, calls = host.boot()
+    assert rc != 0
+    assert not any(c.startswith(("runuser", "shutdown")) for c in calls)
+    assert int((tmp_path / "clock").read_text()) == 600
+    [line] = [line for line in host.output.splitlines() if "still missing" in line]
+    assert "user ubuntu (ssh_user) or its home directory still missing after 600 s" in line
+    [failed] = [line for line in host.output.splitlines() if "bootstrap failed" in line]
+    assert "'wait for user ubuntu' (exit 1)" in failed and "staying up" in failed
     assert not (tmp_path / "var/lib/cloud-elastic/bootstrap-done").exists()
