@@ -275,6 +275,8 @@ def _aws_termination_hook(tree: Tree) -> list[str]:
     terminating = [h for h in hooks if h.get("lifecycle_transition") == "autoscaling:EC2_INSTANCE_TERMINATING"]
     if not p.expect(terminating, "the worker group needs an EC2_INSTANCE_TERMINATING lifecycle hook"):
         return p
+    # The initial hook and the resource that owns it after creation are one hook (one name).
+    p.expect(len(terminating) == len(hooks), "every lifecycle hook of the worker group must be on EC2_INSTANCE_TERMINATING")
     hook = terminating[0]
     timeout = _value(m, hook.get("heartbeat_timeout"), p, "heartbeat timeout")
     p.expect(isinstance(timeout, (int, float)) and 30 <= timeout <= 7200, f"heartbeat timeout {timeout!r} outside 30-7200 s")

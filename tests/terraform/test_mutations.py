@@ -76,8 +76,8 @@ MUTATIONS = [
              '  profile        = var.driver_profile\n  availability {\n    class = "spot"\n  }\n',
              prop("driver_on_demand", "ibm")),
     # the termination hook
-    Mutation("aws-launch-hook-only", AWS + "main.tf", '"autoscaling:EC2_INSTANCE_TERMINATING"', '"autoscaling:EC2_INSTANCE_LAUNCHING"',
-             prop("termination_hook", "aws")),
+    Mutation("aws-launch-hook-only", AWS + "main.tf", 'lifecycle_transition   = "autoscaling:EC2_INSTANCE_TERMINATING"',
+             'lifecycle_transition   = "autoscaling:EC2_INSTANCE_LAUNCHING"', prop("termination_hook", "aws")),
     Mutation("aws-unbounded-heartbeat", AWS + "variables.tf", "var.lifecycle_heartbeat_timeout_s <= 1800 && ", "",
              prop("termination_hook", "aws")),
     Mutation("aws-hook-default-too-long", AWS + "variables.tf", "  default     = 300\n", "  default     = 86400\n",

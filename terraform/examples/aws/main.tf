@@ -29,7 +29,8 @@ data "aws_subnets" "default" {
   }
 }
 
-# AWS publishes the current AMI ids as public SSM parameters.
+# AWS publishes the current AMI ids as public SSM parameters. A newer driver
+# AMI read here later leaves the running driver alone (the module ignores it).
 data "aws_ssm_parameter" "gpu_ami" {
   name = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 }

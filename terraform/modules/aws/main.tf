@@ -129,8 +129,8 @@ resource "aws_autoscaling_group" "workers" {
     }
   }
 
-  # A scale-in or rebalance victim waits here until the driver has drained it
-  # (complete_lifecycle_action) or the timeout passes; CONTINUE then lets it go.
+  # The hook from the group's first instance on; aws_autoscaling_lifecycle_hook
+  # .drain below owns it afterwards (this block is ignored after creation).
   initial_lifecycle_hook {
     name                 = local.lifecycle_hook_name
     lifecycle_transition = "autoscaling:EC2_INSTANCE_TERMINATING"
@@ -149,8 +149,23 @@ resource "aws_autoscaling_group" "workers" {
 
   lifecycle {
     # Scaling (by hand, a schedule or a policy) owns the size after creation.
-    ignore_changes = [desired_capacity]
+    # The provider replaces the whole group, every worker with it, when
+    # initial_lifecycle_hook changes: the hook resource below applies a new
+    # timeout instead.
+    ignore_changes = [desired_capacity, initial_lifecycle_hook]
   }
+}
+
+# A scale-in or rebalance victim waits here until the driver has drained it
+# (complete_lifecycle_action) or the timeout passes; CONTINUE then lets it go.
+# The same hook as the group's initial one (PutLifecycleHook creates or
+# updates by name), so a changed lifecycle_heartbeat_timeout_s reaches AWS.
+resource "aws_autoscaling_lifecycle_hook" "drain" {
+  name                   = local.lifecycle_hook_name
+  autoscaling_group_name = aws_autoscaling_group.workers.name
+  lifecycle_transition   = "autoscaling:EC2_INSTANCE_TERMINATING"
+  heartbeat_timeout      = var.lifecycle_heartbeat_timeout_s
+  default_result         = "CONTINUE"
 }
 
 resource "aws_instance" "driver" {
@@ -180,4 +195,13 @@ resource "aws_instance" "driver" {
   }
 
   tags = merge(module.common.driver_tags, { Name = "${var.cluster_name}-driver" })
+
+  lifecycle {
+    # The driver runs the job: a new driver_ami_id (the examples read
+    # Ubuntu's current one at every plan) would replace it, and new user data
+    # would stop and start it, both killing the job, while first-boot user
+    # data would not even run again. Replace it on purpose between jobs:
+    # terraform apply -replace=<module>.aws_instance.driver (docs/terraform.md).
+    ignore_changes = [ami, user_data_base64]
+  }
 }

@@ -139,7 +139,7 @@ variable "driver_instance_type" {
 
 variable "driver_ami_id" {
   type        = string
-  description = "AMI of the driver (a plain Ubuntu image is enough)."
+  description = "AMI of the driver (a plain Ubuntu image is enough). Read when the driver is created: a later change leaves the running driver alone (apply -replace=...aws_instance.driver between jobs to move it; docs/terraform.md)."
 
   validation {
     condition     = can(regex("^ami-[0-9a-f]{8,17}$", var.driver_ami_id))

@@ -179,4 +179,12 @@ resource "azurerm_linux_virtual_machine" "driver" {
     storage_account_type = "StandardSSD_LRS"
     disk_size_gb         = 30
   }
+
+  lifecycle {
+    # The driver runs the job, and the provider replaces a VM whose
+    # custom_data changes (any bootstrap setting: setup_commands, pip_spec...),
+    # which first boot alone reads anyway. Replace it on purpose between jobs
+    # (docs/terraform.md).
+    ignore_changes = [custom_data]
+  }
 }

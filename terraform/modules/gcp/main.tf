@@ -195,4 +195,11 @@ resource "google_compute_instance" "driver" {
     enable-oslogin         = false
     startup-script         = module.common.driver_user_data
   }
+
+  lifecycle {
+    # The driver runs the job: a driver_image family whose newest image the
+    # provider does not match to the family by name would replace it at the
+    # next apply. Replace it on purpose between jobs (docs/terraform.md).
+    ignore_changes = [boot_disk[0].initialize_params[0].image]
+  }
 }

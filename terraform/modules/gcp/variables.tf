@@ -139,7 +139,7 @@ variable "driver_machine_type" {
 
 variable "driver_image" {
   type        = string
-  description = "Boot image of the driver."
+  description = "Boot image of the driver. Read when the driver is created: a later change (or a newer image in the family) leaves the running driver alone (apply -replace=...google_compute_instance.driver between jobs to move it; docs/terraform.md)."
   default     = "ubuntu-os-cloud/ubuntu-2204-lts"
 
   validation {

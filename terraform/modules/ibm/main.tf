@@ -126,6 +126,14 @@ resource "ibm_is_instance" "driver" {
 
   default_trusted_profile_target    = ibm_iam_trusted_profile.driver.id
   default_trusted_profile_auto_link = true
+
+  lifecycle {
+    # The driver runs the job: applying a new image or new user data (any
+    # bootstrap setting) would reimage or replace it and kill the job, while
+    # first-boot user data would not run again anyway. Replace it on purpose
+    # between jobs (docs/terraform.md).
+    ignore_changes = [image, user_data]
+  }
 }
 
 resource "ibm_is_floating_ip" "driver" {

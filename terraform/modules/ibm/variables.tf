@@ -101,7 +101,7 @@ variable "driver_profile" {
 
 variable "driver_image_id" {
   type        = string
-  description = "Image of the driver (a stock Ubuntu image is enough)."
+  description = "Image of the driver (a stock Ubuntu image is enough). Read when the driver is created: a later change leaves the running driver alone (apply -replace=...ibm_is_instance.driver between jobs to move it; docs/terraform.md)."
 
   validation {
     condition     = can(regex("^[a-z0-9]{4}-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$", var.driver_image_id))

@@ -5,6 +5,19 @@
 # expected_*, taken from cloud_elastic.providers.tags, so they are not
 # repeated here.
 
+# The real provider, for the run that needs its own plan (later_apply). It
+# never reaches AWS: no credentials checked, no refresh.
+provider "aws" {
+  alias                       = "real"
+  region                      = "eu-west-1"
+  access_key                  = "mock_access_key"
+  secret_key                  = "mock_secret_key"
+  skip_credentials_validation = true
+  skip_requesting_account_id  = true
+  skip_metadata_api_check     = true
+  skip_region_validation      = true
+}
+
 mock_provider "aws" {
   mock_data "aws_region" {
     defaults = {
@@ -26,12 +39,14 @@ mock_provider "aws" {
 
   mock_resource "aws_autoscaling_group" {
     defaults = {
+      id  = "demo-workers"
       arn = "arn:aws:autoscaling:eu-west-1:123456789012:autoScalingGroup:0d6f8c3e-1111-2222-3333-444455556666:autoScalingGroupName/demo-workers"
     }
   }
 
   mock_resource "aws_instance" {
     defaults = {
+      id         = "i-0123456789abcdef0"
       private_ip = "10.0.1.10"
       public_ip  = ""
     }
@@ -289,5 +304,53 @@ run "checkpoint_bucket_reaches_the_driver_and_every_worker" {
   assert {
     condition     = strcontains(base64decode(aws_launch_template.workers.user_data), "pip install --quiet 'torch==2.13.0'") && strcontains(base64decode(aws_launch_template.workers.user_data), "pip install --quiet 'cloud-elastic[aws]==0.1.0'")
     error_message = "workers must install the pinned torch and cloud-elastic"
+  }
+}
+
+# What a later `terraform apply` does to the running cluster the runs above
+# applied (mocked), planned by the real provider: it, not Terraform, decides
+# what forces a replacement (aws_instance ami, aws_autoscaling_group
+# initial_lifecycle_hook). A replaced resource has an unknown id in the plan,
+# which fails the assertions below.
+#
+# Ubuntu published a new image (the examples read it from SSM at every plan),
+# the user changed what the bootstrap runs, and a longer drain timeout.
+run "later_apply" {
+  command   = plan
+  providers = { aws = aws.real }
+
+  plan_options {
+    refresh = false
+  }
+
+  # The only data source that calls AWS during a plan.
+  override_data {
+    target = data.aws_ami.gpu
+    values = {
+      root_device_name = "/dev/sda1"
+    }
+  }
+
+  variables {
+    driver_ami_id                 = "ami-0aaaaaaaaaaaaaaaa"
+    setup_commands                = "git clone https://github.com/you/train.git"
+    lifecycle_heartbeat_timeout_s = 900
+  }
+
+  assert {
+    condition     = aws_instance.driver.id == "i-0123456789abcdef0" && aws_instance.driver.ami == "ami-0fedcba9876543210"
+    error_message = "a new driver image must not replace the running driver"
+  }
+  assert {
+    condition     = !strcontains(base64decode(aws_instance.driver.user_data_base64), "git clone")
+    error_message = "new bootstrap settings must not stop and start the running driver"
+  }
+  assert {
+    condition     = aws_autoscaling_group.workers.id == "demo-workers"
+    error_message = "a new heartbeat timeout must not replace the worker group"
+  }
+  assert {
+    condition     = aws_autoscaling_lifecycle_hook.drain.heartbeat_timeout == 900
+    error_message = "a new heartbeat timeout must reach the group's lifecycle hook"
   }
 }
