@@ -50,11 +50,17 @@ no reset, no bytes) is down from its last word (event, bookmark, end of
 stream) once nothing has come for ``watch_s`` + 10 s, failed or not: each
 watch asks for bookmarks and lasts ``watch_s`` (30 s), so the server always
 writes within it. A quiet cluster's last word can be 28 s old when a healthy
-watch is cut, so a short reconnect is not an outage. So, with the defaults, a
-change (a deletion, a taint) that the view misses is either seen or reported
-as an error within 40 s of the last word when the path stalls, and at worst
-70 s (a failure after nearly ``watch_s`` + 10 s of silence, then
-``stale_after_s``) plus one ``--discovery-interval``: inside a pod's grace period. TCP keepalive
+watch is cut, so a short reconnect is not an outage. A reconnect the server accepts hides the outage only when it follows the
+outage's first failure, and that failure was not the end of a silence: a
+healthy reconnected stream on a quiet cluster says nothing until its
+bookmark, so it is only called down ``watch_s`` + 10 s after it was answered
+(then from the failure). Any later reconnect leaves the outage reported until
+a stream shows it is healthy. So, with the defaults, a change (a deletion, a
+taint) that the view misses is either seen or reported as an error within
+40 s of the last word when the path stalls, and at worst about 81 s: a
+failure after nearly 40 s of silence, a reconnect 0.5 s (+ 25% jitter) later
+that is accepted and then silent for 40 s; plus one
+``--discovery-interval``: inside a pod's grace period. TCP keepalive
 on the client's sockets (15 s idle, 3 probes 5 s apart) fails a read on a
 peer that is gone within 30 s.
 """

@@ -32,8 +32,15 @@ list to the view, then watches from the list's ``resourceVersion``:
   outage ends when a stream shows it is healthy (an event or bookmark
   applied, or a proper end) or a relist succeeds, not when a request is
   answered 200: a watch that is accepted and then fails (an ``ERROR`` event
-  such as etcd's 500, a cut right after the headers) goes on with the
-  outage from its first failure, so retrying cannot hide it.
+  such as etcd's 500, a cut right after the headers) or goes silent goes on
+  with the outage from its first failure, so retrying cannot hide it. Only
+  the reconnect after an outage's first failure (one younger than
+  ``silence_s``: not the end of a silence) is not reported while it has yet
+  to show anything, as a healthy stream on a quiet cluster writes nothing
+  until its bookmark; it is reported ``silence_s`` after it was answered at
+  the latest. The worst case, from the last word: a failure just before
+  ``silence_s``, that reconnect accepted and then silent for ``silence_s``:
+  2 × ``silence_s`` + the first back-off (81 s with the defaults).
 
 A list is bounded: at most :data:`MAX_ITEMS` objects and :data:`MAX_PAGES`
 pages (:class:`ListTooLarge`), each page at most :data:`MAX_PAGE` bytes
@@ -150,8 +157,10 @@ class ResourceWatch:
         self._trouble: tuple[float, str] | None = None
         #: The outage a watch now open may end: it is over once the stream shows it is healthy, and goes on (from
         #: its first failure) if the stream fails before. Not reported meanwhile: a healthy quiet stream writes
-        #: nothing until its bookmark.
+        #: nothing until its bookmark. Only the reconnect after an outage's first failure, while it is younger
+        #: than silence_s, is such: any later one leaves the outage reported until its stream shows it is healthy.
         self._resuming: tuple[float, str] | None = None
+        self._failures = 0  # of the present outage (requests failed, accepted streams that showed nothing)
         self._heard = time.time()  # the last line or response from the server: the view is current up to then
         self._empty: list[float] = []  # when each watch of the present run of ones ended at once with nothing
         #: The resourceVersion the next watch starts from (of the last list or event).
@@ -238,14 +247,18 @@ class ResourceWatch:
         """(since when the view may be stale, why) while the watch is down; None while it runs.
 
         Down: a request failed and no stream has shown it is healthy since (an event or bookmark applied, a
-        proper end: one held for about ``watch_s``, not an empty one ended at once; a relist), or the server has been silent longer than :func:`silence_s` (the thread may
-        still be waiting on it: a request urllib3 retries can take several read timeouts before it fails). A
-        reconnected stream that has yet to show anything is not reported (a healthy one on a quiet cluster
-        writes nothing until its bookmark); if it fails, the outage goes on from its first failure.
+        proper end: one held for about ``watch_s``, not an empty one ended at once; a relist), or the server has
+        been silent longer than :func:`silence_s` (the thread may still be waiting on it: a request urllib3
+        retries can take several read timeouts before it fails). The stream reconnected after an outage's
+        first failure is not reported while it has yet to show anything (a healthy one on a quiet cluster
+        writes nothing until its bookmark); if it fails or goes silent, the outage goes on from its start.
         """
-        trouble = self._trouble
+        trouble, resuming = self._trouble, self._resuming
         quiet = time.time() - self._heard
         if trouble is None and self._thread is not None and quiet > silence_s(self._watch_s):
+            if resuming is not None:  # a reconnect that said nothing: the outage it was to end goes on
+                return resuming[0], f"no word from the API server for {quiet:.0f} s since it reconnected after: " \
+                                    f"{resuming[1]}"
             return self._heard, f"no word from the API server for {quiet:.0f} s (a stalled connection?)"
         return trouble
 
@@ -279,6 +292,7 @@ class ResourceWatch:
                     relist = True
                     continue
                 reason = _describe(exc)
+                self._failures += 1
                 if self._trouble is None and self._resuming is None:
                     self._trouble = (self._down_since(), reason)
                     _log.info("%s watch interrupted (%s); reconnecting from version %s", self.what, reason,
@@ -293,17 +307,20 @@ class ResourceWatch:
     def _down_since(self, outage: tuple[float, str] | None = None) -> float:
         """Since when a watch that just failed has been down.
 
-        From the last word if the stream had been silent for :func:`silence_s` (its read timeout): it was stalled
-        (what :meth:`trouble` already reported), and the view has been stale since. Else from ``outage``, when
-        the stream reconnected after a failure and failed again before it showed it was healthy (retrying must
-        not restart the clock), else from now: a healthy but quiet stream (a real server writes nothing between
-        a watch's start and its bookmark ~2 s before its end) says nothing about the time before the failure, and
-        dating it from the last word would report a 2 s reconnect late in a watch as an outage of ``watch_s``.
+        From ``outage`` when the stream reconnected after a failure and failed (or went silent) before it showed
+        it was healthy: retrying must not restart the clock, and the outage began before the reconnect. Else from
+        the last word if the stream had been silent for :func:`silence_s` (its read timeout): it was stalled (what
+        :meth:`trouble` already reported), and the view has been stale since. Else from now: a healthy but quiet
+        stream (a real server writes nothing between a watch's start and its bookmark ~2 s before its end) says
+        nothing about the time before the failure, and dating it from the last word would report a 2 s reconnect
+        late in a watch as an outage of ``watch_s``.
         """
         now = time.time()
+        if outage is not None:
+            return outage[0]
         if now - self._heard >= silence_s(self._watch_s):
             return self._heard
-        return now if outage is None else outage[0]
+        return now
 
     def _ended_empty(self) -> None:
         """A watch ended at once with nothing in it. The :data:`_EMPTY_ENDS`-th in a row makes the watch down
@@ -320,6 +337,7 @@ class ResourceWatch:
     def _healthy(self) -> None:
         """The stream showed it is healthy (an event or bookmark applied, a proper end), or a relist succeeded."""
         self._empty.clear()
+        self._failures = 0
         if self._trouble is not None or self._resuming is not None:
             _log.info("%s watch resumed at version %s", self.what, self.resource_version)
             self._trouble = self._resuming = None
@@ -336,7 +354,12 @@ class ResourceWatch:
             self._resp = None
             _close(resp)
             return 0
-        self._resuming, self._trouble = self._trouble, None  # over once the stream shows it is healthy
+        # The reconnect after an outage's first failure (not the end of a silence) is given the benefit of the
+        # doubt until it shows something; any later one leaves the outage reported (each accepted reconnect of a
+        # path that then says nothing hid it for silence_s again, and dated it anew).
+        trouble = self._trouble
+        if trouble is None or (self._failures == 1 and time.time() - trouble[0] < silence_s(self._watch_s)):
+            self._resuming, self._trouble = trouble, None  # over once the stream shows it is healthy
         lines = 0
         opened = time.monotonic()
         try:
@@ -352,6 +375,7 @@ class ResourceWatch:
                 self._healthy()  # a proper end
             elif self._resuming is not None:  # an empty stream ended at once (a proxy that will not hold a watch)
                 self._trouble, self._resuming = self._resuming, None  # shows nothing: the outage goes on
+                self._failures += 1
         finally:
             self._resp = None
             _close(resp)

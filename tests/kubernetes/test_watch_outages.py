@@ -8,6 +8,7 @@ and nobody was told: each empty end counted as a word from the server, so the wa
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from cloud_elastic.errors import RetryableDiscoveryError
 from tests.emulator.fake_kubernetes import kubernetes, kubernetes_server  # noqa: F401
 from tests.emulator.fixtures import hermetic_cloud_env  # noqa: F401
-from tests.emulator.httpfake import Reply
+from tests.emulator.httpfake import CutStream, Reply
 from tests.emulator.test_kubernetes import watched  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
@@ -62,3 +63,44 @@ def test_watches_ended_at_once_with_nothing_are_a_warned_outage_until_one_holds(
     snapshot = _find_until(w.discovery, lambda r: not isinstance(r, Exception) and "10.73.0.1" in r.draining,
                            "the watch back, with the deletion", 40)
     assert snapshot.draining["10.73.0.1"].reason == "pod deleted"
+
+
+def test_a_path_that_accepts_each_watch_then_says_nothing_stays_reported_until_a_watch_holds(kubernetes, watched,
+                                                                                            monkeypatch):
+    """Each reconnect the server accepted hid the outage again for a whole silence bound (watch_s + 10 s with
+    the defaults), and dated it anew: find() answered from the stale view for 40 s of every cycle."""
+    ns = "ns-mute-watch"
+    kubernetes.add_pod("p0", "10.74.0.1", namespace=ns, node="mute-n")
+    serve = kubernetes._watch
+    fixed = threading.Event()
+
+    def mute():  # the headers, then nothing: no event, no bookmark, no end
+        fixed.wait(30)
+        raise CutStream()
+        yield  # a generator: the headers go at once
+
+    def proxy(request, resource, where, match):
+        if resource == "pods" and where == ns:
+            return Reply(200, stream=mute())
+        return serve(request, resource, where, match)
+
+    monkeypatch.setattr(kubernetes, "_watch", proxy)
+    try:
+        w = watched(ns, watch_s="1", stale_after_s="1")  # silent for 2 s: down
+        kubernetes.delete_pod("p0", grace_s=120, namespace=ns)
+        _find_until(w.discovery, lambda r: isinstance(r, RetryableDiscoveryError), "discovery failing", 20)
+        watch = w.discovery.watches[0]
+        reconnects = watch.watches
+        deadline = time.monotonic() + 30
+        while watch.watches < reconnects + 3:  # three more reconnects, each accepted and then silent
+            with pytest.raises(RetryableDiscoveryError, match="the pods watch has been down for"):
+                w.discovery.find()
+            assert time.monotonic() < deadline, "the watch did not reconnect"
+            time.sleep(0.05)
+    finally:
+        fixed.set()
+    monkeypatch.setattr(kubernetes, "_watch", serve)
+    kubernetes.cut_watches()
+    snapshot = _find_until(w.discovery, lambda r: not isinstance(r, Exception) and "10.74.0.1" in r.draining,
+                           "the watch back, with the deletion", 40)
+    assert snapshot.draining["10.74.0.1"].reason == "pod deleted"
