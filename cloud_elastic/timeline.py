@@ -11,13 +11,18 @@ matplotlib, which is the optional extra ``[plot]``.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from cloud_elastic.errors import ConfigError
+from cloud_elastic.event_schema import SCHEMA, validate
 
-__all__ = ["WorkerLife", "Timeline", "read_events", "build_timeline", "draw_timeline"]
+__all__ = ["WorkerLife", "Timeline", "read_events", "build_timeline", "draw_timeline", "MAX_LINE_CHARS"]
+
+log = logging.getLogger(__name__)
 
 _EXTRA_HINT = "cloud-elastic timeline needs matplotlib: pip install 'cloud-elastic[plot]'"
 #: The formats `cloud-elastic timeline -o` writes, by suffix.
@@ -73,31 +78,80 @@ class Timeline:
 def read_events(path: str, job: str | None = None) -> list[dict[str, Any]]:
     """The events of ``job`` (default: the last job started in the file), in file order.
 
-    ConfigError with the line number for a line that is not a JSON object, or
-    when the file holds no events of the job.
+    Only that job's events are kept (the file is read twice when the job is not named: once to find it),
+    and no line longer than :data:`MAX_LINE_CHARS` is read whole, so memory stays bounded by the drawn job.
+    Every line is checked against the events schema (:mod:`cloud_elastic.event_schema`; kinds and fields it
+    does not know, from a newer driver, are passed over). ConfigError ``FILE line N: ...`` for a line that is
+    not an event, has a field of the wrong type or is too long, or when the file holds no events of the job.
+    A last line without its newline (the driver was killed while writing it) is left out with a warning.
     """
-    records = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    record = None
-                if not isinstance(record, dict) or "event" not in record or "ts" not in record:
-                    raise ConfigError(f"{path} line {number} is not an event (a JSON object with 'event' and 'ts')")
-                records.append(record)
-    except OSError as exc:
-        raise ConfigError(f"cannot read events file {path}: {exc.strerror or exc}") from None
-    if job is None:
-        started = [r.get("job") for r in records if r["event"] == "job_started"]
-        job = started[-1] if started else (records[-1].get("job") if records else None)
-    chosen = [r for r in records if r.get("job") == job]
+    named = job is not None
+    if not named:
+        last_started = last_any = None
+        for _, record in _records(path):
+            last_any = record.get("job")
+            if record["event"] == "job_started":
+                last_started = last_any
+        job = last_started if last_started is not None else last_any
+    chosen = [record for _, record in _records(path, quiet=not named) if record.get("job") == job]
     if not chosen:
         raise ConfigError(f"{path} holds no events" + (f" of job {job}" if job else ""))
     return chosen
+
+
+#: The longest line :func:`read_events` reads (an event is a few KiB; a ``stacks`` event's text is cut to the
+#: control plane's 64 KiB message limit): a longer one is refused by its number rather than held in memory.
+MAX_LINE_CHARS = 1 << 20
+
+
+def _records(path: str, *, quiet: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, event) for each event line of the file, checked (see :func:`read_events`)."""
+    number = 0
+    try:
+        with open(path, encoding="utf-8") as fh:
+            while True:
+                number += 1
+                try:
+                    line = fh.readline(MAX_LINE_CHARS + 1)
+                except UnicodeDecodeError:
+                    raise ConfigError(f"{path} line {number}: not UTF-8 text") from None
+                if not line:
+                    return
+                if len(line) > MAX_LINE_CHARS:
+                    raise ConfigError(f"{path} line {number}: longer than {MAX_LINE_CHARS} characters")
+                if not line.endswith("\n"):
+                    if not quiet:
+                        log.warning("note: %s line %d has no newline at its end (the driver was stopped while "
+                                    "writing it): left out", path, number)
+                    return
+                if line.strip():
+                    record = _event(path, number, line)
+                    if record is not None:
+                        yield number, record
+    except OSError as exc:
+        raise ConfigError(f"cannot read events file {path}: {exc.strerror or exc}") from None
+
+
+def _event(path: str, number: int, line: str) -> dict[str, Any] | None:
+    """The event on one line, checked against the schema; None for a kind the schema does not know."""
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        record = None
+    if not isinstance(record, dict) or "event" not in record or "ts" not in record:
+        raise ConfigError(f"{path} line {number} is not an event (a JSON object with 'event' and 'ts')")
+    kind, ts = record["event"], record["ts"]
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
+        raise ConfigError(f"{path} line {number}: 'ts' must be a number of seconds, got {ts!r:.60}")
+    spec = SCHEMA.get(kind) if isinstance(kind, str) else None
+    if spec is None:
+        return None  # nothing the picture draws
+    known = {k: v for k, v in record.items() if k in spec.required or k in spec.optional}
+    try:
+        validate(kind, known)
+    except ValueError as exc:
+        raise ConfigError(f"{path} line {number}: {str(exc)[:300]}") from None
+    return record
 
 
 def build_timeline(events: Iterable[dict[str, Any]]) -> Timeline:

@@ -74,7 +74,8 @@ def test_the_last_job_in_an_appended_file_is_drawn(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("content", "message"), [
-    ('{"v":1,"ts":1,"event":"job_started","job":"j"}\nnot json\n', "line 2 is not an event"),
+    ('{"v":1,"ts":1,"event":"job_started","job":"j","num_proc":1,"min_np":1,"max_np":1,"provider":"p"}\n'
+     'not json\n', "line 2 is not an event"),
     ("", "holds no events"),
 ])
 def test_a_bad_events_file_is_a_one_line_error(tmp_path: Path, content: str, message: str) -> None:
