@@ -15,12 +15,39 @@ A Horovod elastic script ports by changing its imports::
 
 Run as a plain ``python`` script (not under ``cloud-elastic run``), it works
 as a single process: rank 0 of 1. What is the same as Horovod and what
-differs, name by name: docs/porting.md.
+differs, name by name: docs/porting.md. Every public name of ``horovod.torch``
+exists here; those that cannot apply to an elastic job raise ``UnsupportedError``
+when called (``torch/refused.py``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from cloud_elastic.torch import elastic
+from cloud_elastic.torch.functions import allgather_object, ccl_built, ddl_built, grouped_allgather, grouped_reducescatter
+from cloud_elastic.torch.refused import (
+    ProcessSet,
+    add_process_set,
+    allgather_async,
+    allreduce_async,
+    allreduce_async_,
+    alltoall_async,
+    broadcast_async,
+    broadcast_async_,
+    global_process_set,
+    grouped_allgather_async,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter_async,
+    poll,
+    reducescatter_async,
+    remove_process_set,
+    sparse_allreduce_async,
+    start_timeline,
+    stop_timeline,
+    synchronize,
+)
 from cloud_elastic.worker.comm.builds import (
     cuda_built,
     gloo_built,
@@ -68,18 +95,28 @@ __all__ = [
     "barrier", "join", "DistributedOptimizer", "shard", "SyncBatchNorm", "Compression", "Compressor", "elastic",
     "HostsUpdatedInterrupt", "HorovodInternalError", "CollectiveError", "WorkerRemoved", "StateSyncError",
     "UnsupportedError", "Average", "Sum", "Adasum", "Min", "Max", "Product", "nccl_built", "gloo_built", "mpi_built",
-    "cuda_built", "rocm_built", "gloo_enabled", "mpi_enabled", "mpi_threads_supported",
+    "cuda_built", "rocm_built", "gloo_enabled", "mpi_enabled", "mpi_threads_supported", "ddl_built", "ccl_built",
+    "allgather_object", "grouped_allgather", "grouped_reducescatter", "ProcessSet", "global_process_set",
+    "add_process_set", "remove_process_set", "allreduce_async", "allreduce_async_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "sparse_allreduce_async", "allgather_async", "grouped_allgather_async",
+    "broadcast_async", "broadcast_async_", "alltoall_async", "reducescatter_async", "grouped_reducescatter_async",
+    "poll", "synchronize", "start_timeline", "stop_timeline",
 ]
 
 
-def init() -> None:
-    """Connect to the driver and join the first round (idempotent).
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Connect to the driver and join the first round (idempotent); after ``shutdown()``, serve again.
 
-    A worker started while the job is already training (a newcomer, a spare, a replacement) connects and
+    ``comm`` (an MPI communicator or a list of ranks) and ``process_sets`` are Horovod's; anything but
+    None raises UnsupportedError: every worker of the job takes part, in one set. A worker started while the job is already training (a newcomer, a spare, a replacement) connects and
     checks its device here, but joins at its first call that needs the round (``rank()``, ``size()``, a
     collective, ``elastic.run``, ``shard``): the script's set-up before that call runs while the job trains
     on, instead of stopping it. ``local_rank()`` (the GPU) is known before.
     """
+    if comm is not None or process_sets is not None:
+        given = "comm" if comm is not None else "process_sets"
+        raise UnsupportedError(f"hvd.init({given}=...) is not supported by cloud-elastic (no MPI communicators, no "
+                               "process sets: every worker of the job takes part): call hvd.init()")
     try:
         _init()
     except WorkerRemoved as exc:
@@ -90,11 +127,17 @@ def init() -> None:
 
 
 def shutdown() -> None:
-    """Stop heartbeats (the process is about to exit); a worker that has not joined its first round yet does
-    not join one for this."""
+    """As Horovod's: ``is_initialized()`` is then False, and every call that needs the job (``rank()``, a
+    collective, ``elastic.run``) raises ValueError until ``init()`` again, which serves with the same
+    registration and round.
+
+    Heartbeats go on until the process exits, so a worker that works on after ``shutdown()`` (an evaluation,
+    an upload) is not given up as silent by the driver. A worker that has not joined its first round yet does
+    not join one for this.
+    """
     ctx = _current_context()
     if ctx is not None:
-        ctx.close()
+        ctx.shut_down = True
 
 
 def rank() -> int:
@@ -114,7 +157,7 @@ def local_rank() -> int:
     stays right across failures; after one, a host's local ranks may have a gap. Known before the
     worker joins its first round, so asking for it does not make the worker join (see ``init``).
     """
-    slot = slot_before_joining()
+    slot = slot_before_joining() if is_initialized() else None  # after shutdown(): get_context's ValueError
     return slot if slot is not None else get_context().info.local_rank
 
 

@@ -161,6 +161,8 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         #: round (:meth:`join_if_pending`), so the script's set-up after ``init()`` never stops the job.
         self.join_pending = False
         self._joining: int | None = None  # the thread joining now (see join_if_pending)
+        #: ``hvd.shutdown()`` was called: the API refuses until ``init()`` again; heartbeats go on to the exit.
+        self.shut_down = False
         self._started_pid = os.getpid()
 
     # What the heartbeat (``link.driver_link``) reports and each collective (``rounds.groups``) tells, of the ledger.
@@ -549,17 +551,21 @@ def init() -> WorkerContext:
             ctx = WorkerContext()
             ctx.start()
             _CONTEXT = ctx
+        _CONTEXT.shut_down = False  # after hvd.shutdown(): the same registration, round and heartbeats serve again
         return _CONTEXT
 
 
 def is_initialized() -> bool:
-    return _CONTEXT is not None
+    """True after ``init()``, False before it and after ``hvd.shutdown()`` (as Horovod's)."""
+    return _CONTEXT is not None and not _CONTEXT.shut_down
 
 
 def get_context() -> WorkerContext:
     """The started context, joined to its round (:meth:`WorkerContext.join_if_pending`); raises ValueError
-    (Horovod's behaviour) before ``init()``."""
+    (Horovod's behaviour) before ``init()`` and after ``hvd.shutdown()``."""
     ctx = _CONTEXT
+    if ctx is not None and ctx.shut_down:
+        raise ValueError("cloud_elastic.torch was shut down (hvd.shutdown()); call hvd.init() to use it again")
     if ctx is not None and ctx.join_pending:
         ctx.join_if_pending()
     if ctx is None or ctx.info is None:
