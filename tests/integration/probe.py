@@ -123,12 +123,12 @@ def main() -> None:
     state.register_reset_callbacks([on_reset])
 
     def one_step() -> None:
-        counters["executed"] += 1
         g = torch.Generator().manual_seed(state.step * 1000 + hvd.rank())
         x = torch.randn(4, 8, generator=g)
         optimizer.zero_grad()
         F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
         optimizer.step()
+        counters["executed"] += 1  # trained: a step whose allreduce failed is not (nor is it a step lost)
         if mine and state.step + 1 == args.hold_gil_at_step:
             event("holding the GIL", rank=hvd.rank(), step=state.step)
             re.fullmatch(r"(a|aa)+", "a" * 64 + "b")  # exponential backtracking, all of it in C under the GIL

@@ -413,8 +413,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if getattr(base_step, "hooked", False):
             base_step = base_step.__wrapped__
         self._ce_reset_if_new_round()
+        # The step is counted (ledger.note_step) once it returns: one whose allreduce fails was not trained, and
+        # a rollback's steps_lost counts the steps trained since the commit (docs/events.md).
         ledger = get_context().ledger
-        ledger.note_step()
         window = ledger.window
         if window.open:
             # Another update ran since the last commit (a second optimizer after one backward, as
@@ -423,7 +424,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             window.collective("a gradient allreduce waited for after another optimizer's update")
         in_place = [s for s in self._ce_snapshots if s.in_place]
         if in_place or self._ce_sharded:  # over shards no copy is deferred to the step, in place or kept alike
-            return self._ce_step_in_place(base_step, in_place, closure)
+            result = self._ce_step_in_place(base_step, in_place, closure)
+            ledger.note_step()
+            return result
         self._ce_launch_ready(force=True)  # this step's own allreduces are not in the window the update opens
         window.update(kept=True)
         update = self._ce_zero_copy_step() if closure is None else None
@@ -431,6 +434,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._ce_check_outside()
             self._ce_step_overlapped(update)
             self._ce_clear()
+            ledger.note_step()
             return None
         if not self._ce_skip:
             self.synchronize()
@@ -448,6 +452,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             result = base_step(self, closure)
         self._ce_clear()
+        ledger.note_step()
         return result
 
     def _ce_step_in_place(self, base_step: Callable[..., Any], in_place: list[BoundCommit], closure: Any) -> Any:
