@@ -81,6 +81,9 @@ def cli(ctx: click.Context) -> None:
 @click.option("--progress-timeout", type=float, default=120.0, metavar="SECONDS",
               help="a round in which no worker commits, steps, completes a collective or runs Python code this "
                    "long is aborted, its workers' stacks logged first (default 120, at least 5; 0 never)")
+@click.option("--finish-timeout", type=float, metavar="SECONDS",
+              help="once training completed, stop workers still running this long after it (a final save, an "
+                   "evaluation) and fail the job (default: wait while they answer heartbeats, as horovodrun does)")
 @click.option("--straggler-factor", type=float, default=2.0, metavar="X",
               help="drain a worker whose compute time per step stays X times the round's median for "
                    "--straggler-window (default 2; 0 never, and no host is drained for a slow network either)")
@@ -233,6 +236,7 @@ def job_config(params: dict[str, Any], discovery: DiscoveryArgs | None = None):
         metrics_port=params["metrics_port"],
         metrics_addr=params.get("metrics_addr", "127.0.0.1"),
         progress_timeout_s=params["progress_timeout"],
+        finish_timeout_s=params.get("finish_timeout"),
         straggler_factor=params["straggler_factor"],
         straggler_window_s=params["straggler_window"],
         whole_host_slots=slots if params.get("whole_hosts") and slots else 0,

@@ -149,7 +149,9 @@ class JobConfig:
     discovery_interval_s: float = 1.0
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 5.0
-    completion_grace_s: float = 30.0
+    #: ``--finish-timeout``: once training completed, the work after it (a final save, an evaluation) gets this long
+    #: before its workers are stopped and the job fails; None = as long as the workers heartbeat.
+    finish_timeout_s: float | None = None
     terminate_grace_s: float = 5.0
     driver_address: str | None = None
     network_interface: str | None = None
@@ -268,7 +270,6 @@ class JobConfig:
             "--host-missing-grace": self.host_missing_grace_s,
             "--driver-grace": self.driver_grace_s,
             "--progress-timeout": self.progress_timeout_s,
-            "the completion grace": self.completion_grace_s,
             "the terminate grace": self.terminate_grace_s,
         }
         for flag, value in zero_ok.items():
@@ -281,6 +282,8 @@ class JobConfig:
                 raise ConfigError(f"{flag} must be at least {floor:g}s{besides}, got {value:g}")
         if self.fallback_after_s is not None:
             check_seconds("--fallback-after", self.fallback_after_s, zero_ok=True)
+        if self.finish_timeout_s is not None:
+            check_seconds("--finish-timeout", self.finish_timeout_s)
         if self.driver_grace_s > MAX_DRIVER_GRACE_S:
             raise ConfigError(f"--driver-grace must be at most {MAX_DRIVER_GRACE_S:g} seconds (7 days), "
                               f"got {self.driver_grace_s:g}")

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(10)
 BASE = {
     "command": ["python", "t.py"], "num_proc": 2, "min_np": 2, "max_np": 2, "elastic_timeout_s": 600.0,
     "start_timeout_s": 600.0, "reset_limit": None, "cooldown_range_s": [10.0, 300.0], "discovery_interval_s": 1.0,
-    "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 5.0, "completion_grace_s": 30.0, "terminate_grace_s": 5.0,
+    "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 5.0, "finish_timeout_s": None, "terminate_grace_s": 5.0,
     "driver_address": None, "network_interface": None, "forward_env": [],
     "ssh": {"port": None, "identity_file": None, "user": None, "extra_options": [], "connect_timeout_s": 10.0},
     "verbose": False, "force_ssh": False, "host_missing_grace_s": 10.0, "checkpoint_dir": None,

@@ -486,20 +486,21 @@ def test_completion_finishes_when_everyone_exited() -> None:
     assert sim.outcome == Finish(True, "training completed on 2 worker(s) after 0 reset(s)", 0)
 
 
-def test_worker_that_does_not_exit_after_completion_is_stopped() -> None:
-    sim = started(2, {"a": 2}, completion_grace_s=30)
+def test_worker_still_running_past_the_finish_timeout_is_stopped_and_fails_the_job() -> None:
+    sim = started(2, {"a": 2}, finish_timeout_s=30)
     sim.complete("a[0]")
     sim.exit("a[0]", CLEAN)
     sim.advance(29)
     assert sim.outcome is None
     sim.advance(2)
     assert [s.worker_id for s in sim.stops] == [sim.id("a[1]")]
-    assert sim.outcome is not None and sim.outcome.success and sim.outcome.exit_code == 0
+    assert sim.outcome is not None and not sim.outcome.success and sim.outcome.exit_code == 1
+    assert "a[1]#2 (rank 1) was still running 30s after training completed (--finish-timeout 30)" in sim.outcome.reason
 
 
 def test_a_worker_still_starting_when_training_completes_is_stopped_at_once() -> None:
     """A newcomer that never registered has no part in the result: the job does not wait 30 s for it."""
-    sim = started(2, {"a": 2}, max_np=3, completion_grace_s=30)
+    sim = started(2, {"a": 2}, max_np=3, finish_timeout_s=30)
     sim.discover({"a": 2, "b": 1})
     straggler = sim.id("b[0]")
     sim.complete("a[0]")

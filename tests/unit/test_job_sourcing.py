@@ -505,7 +505,7 @@ def test_the_cost_goes_on_at_each_driver_tick_while_nothing_is_launched_and_stop
     60 s, the metric with it), and a worker stops costing when it exits."""
     from cloud_elastic.driver.runtime.costs import charge
 
-    sim = Sourced(2, progress_timeout_s=0, completion_grace_s=600)
+    sim = Sourced(2, progress_timeout_s=0, finish_timeout_s=600)
     sim.groups(a=1, b=1, od=1)
     sim.join("a0[0]", "b0[0]")
     sim.complete("a0[0]")

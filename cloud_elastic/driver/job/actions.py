@@ -31,7 +31,9 @@ class Policy:
     elastic_timeout_s: float = 600.0
     start_timeout_s: float = 600.0
     heartbeat_timeout_s: float = 5.0
-    completion_grace_s: float = 30.0
+    #: ``--finish-timeout``: once training completed, workers still working this long (a final save, an evaluation)
+    #: are stopped and the job fails; None: the job waits for them as long as they heartbeat (as horovodrun does).
+    finish_timeout_s: float | None = None
     #: A durable checkpoint can bring the state back when no worker holds it.
     checkpointing: bool = False
     #: A draining host's workers still in their round this long before its deadline are removed by force.

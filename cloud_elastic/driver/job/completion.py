@@ -15,9 +15,11 @@
   would run the same short loop, and refilling it at once made a restart loop
   that cost rank 0 two resets per newcomer. The likely cause is explained once
   per job; later early returns get one line each;
-* **the end** (:meth:`~Completion.step_finishing`): once every worker has gone,
-  or ``completion_grace_s`` after completion began, the job succeeds, unless a
-  worker failed after completing or rank 0 could not write its final checkpoint;
+* **the end** (:meth:`~Completion.step_finishing`): once every worker has gone
+  (the work after the training function takes as long as it takes while its
+  worker heartbeats, as under horovodrun; ``--finish-timeout`` bounds it), the
+  job succeeds, unless a worker failed, went silent or was stopped after
+  completing, or rank 0 could not write its final checkpoint;
 * **the no-progress watch** (:meth:`~Completion.check_progress`): a round none
   of whose members made progress for ``progress_timeout_s`` is aborted, and a
   member still in an aborted round is given up once it has made no progress
@@ -36,6 +38,7 @@ from typing import Callable
 from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
+from cloud_elastic.driver.job.liveness import EXIT_GRACE_S
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
@@ -45,6 +48,11 @@ log = logging.getLogger(__name__)
 
 S = WorkerState
 _MEMBER = (S.RUNNING, S.DRAINING)
+#: The workers of a finishing job whose work is part of the result: completed, or about to report it.
+_FINISHERS = (S.RUNNING, S.DRAINING, S.COMPLETED)
+
+#: Workers of a finishing job that had no part in its result (told to leave) get this long to exit.
+LEAVER_GRACE_S = 30.0
 
 #: A member whose training function returned is found to have returned early once rank 0 has waited
 #: this long in a collective (that member will never join it).
@@ -181,16 +189,38 @@ class Completion:
             log.debug("job %s: worker %s exited after completing", job.job_id, w.worker_id)
 
     def step_finishing(self, now: float) -> None:
-        """The job is completing: end it once every worker has gone or the completion grace is over."""
+        """The job is completing: it ends once every worker has gone (see module docstring).
+
+        The work after the training function (a final save, an evaluation) gets as long as it takes while
+        its worker heartbeats, or ``finish_timeout_s`` (``--finish-timeout``): a worker still at it then is
+        stopped and the job fails naming it. A completed worker silent past the heartbeat timeout (dead
+        process, lost host) is given up, a failure as a non-zero exit is. Leavers, who had no part in the
+        result, get :data:`LEAVER_GRACE_S`.
+        """
         job = self._job
+        running = job.running(now)
         for w in job.alive():
             if w.state is S.STARTING:
                 # It never registered, so it had no part in the result and cannot be told to exit:
-                # stop it now rather than wait out the completion grace for it.
+                # stop it now rather than wait for it.
                 w.to(S.EXITING, "the job completed before it joined")
                 job.act(Stop(w.worker_id, "the job completed before it joined"))
-        if job.alive() and (self._finishing_since is None
-                            or now - self._finishing_since <= job.policy.completion_grace_s):
+            elif w.state is S.COMPLETED:
+                allowed = job.policy.heartbeat_timeout_s
+                if w.exiting_at is not None:
+                    allowed = max(allowed, EXIT_GRACE_S)
+                if running - w.last_seen > allowed:
+                    self._fail_finisher(w, f"stopped answering heartbeats for {running - w.last_seen:.1f}s "
+                                           f"after its training function returned (its host lost, or its "
+                                           f"process stuck)", now)
+        since = now - (self._finishing_since if self._finishing_since is not None else now)
+        working = [w for w in job.alive() if w.state in _FINISHERS]
+        limit = job.policy.finish_timeout_s
+        if working and limit is not None and since > limit:
+            for w in working:
+                self._fail_finisher(w, f"was still running {since:.0f}s after training completed "
+                                       f"(--finish-timeout {limit:g}); stopped", now)
+        elif working or (job.alive() and since <= LEAVER_GRACE_S):
             return
         for w in job.alive():
             if w.state is not S.EXITING:
@@ -202,6 +232,16 @@ class Completion:
             job.end(False, f"rank 0 finished training, but {failures[0]}{more}", 1)
             return
         job.end(True, f"training completed on {job.completed_workers} worker(s) after {job.resets} reset(s)", 0)
+
+    def _fail_finisher(self, w: WorkerRecord, what: str, now: float) -> None:
+        """``w``, one of the workers of the result, is stopped as lost: the job cannot succeed."""
+        job = self._job
+        line = f"worker {w.worker_id} ({w.label}) {what}"
+        self._failures.append(line)
+        log.error("job %s: %s", job.job_id, line)
+        job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, reason=what,
+                 exit_code=None, blacklisted_s=None)
+        job.give_up(w, line, now)
 
     def check_early_returns(self, now: float) -> None:
         """Parked members whose rank 0 is still training leave the round; their peers go on without them.

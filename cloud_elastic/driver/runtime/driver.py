@@ -106,7 +106,7 @@ class Driver:
                 elastic_timeout_s=config.elastic_timeout_s,
                 start_timeout_s=config.start_timeout_s,
                 heartbeat_timeout_s=config.heartbeat_timeout_s,
-                completion_grace_s=config.completion_grace_s,
+                finish_timeout_s=config.finish_timeout_s,
                 checkpointing=config.checkpoint_dir is not None,
                 progress_timeout_s=config.progress_timeout_s,
                 straggler_factor=config.straggler_factor,
