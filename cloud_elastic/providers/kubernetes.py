@@ -43,8 +43,8 @@ refused, 5xx) is down from the failure; the outage ends when a stream shows
 it is healthy (an event, a bookmark, a proper end) or a relist succeeds, not
 at a 200, so a watch accepted and then failed (an ``ERROR`` event, a cut
 after the headers) goes on from the first failure instead of restarting the
-clock at each retry. Three watches in a row ended at once with nothing in
-them (a proxy that will not hold one) are an outage from the first, warned
+clock at each retry. Three watches in a row ended with nothing in
+them before their timeout (a proxy that will not hold one) are an outage from the first, warned
 once. One that goes silent (a stalled path:
 no reset, no bytes) is down from its last word (event, bookmark, end of
 stream) once nothing has come for ``watch_s`` + 10 s, failed or not: each

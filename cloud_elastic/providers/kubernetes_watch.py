@@ -7,10 +7,11 @@ list to the view, then watches from the list's ``resourceVersion``:
   and a change that matters to the driver calls ``on_news``;
 * a watch the server ends (its ``timeoutSeconds``, ``watch_s``) is started
   again at once, from the kept version, so nothing between the two is missed;
-  one ended at once with nothing in it (a proxy or server that will not hold
-  a watch) is started again after a back-off of 0.5 s doubling to 30 s, and
-  three such ends in a row are an outage from the first of them (a WARNING,
-  once), as no change reaches the view meanwhile;
+  one ended with nothing before its timeout (no line within 0.9 × ``watch_s``
+  of the stream's opening: a proxy or server that will not hold a watch) is
+  started again after a back-off of 0.5 s doubling to 30 s, and three such
+  ends in a row are an outage from the first of them (a WARNING, once), as no
+  change reaches the view meanwhile;
 * a watch that goes **silent** is trouble too: the API server ends each watch
   at its ``timeoutSeconds`` and, since we ask for bookmarks, sends a
   ``BOOKMARK`` about two seconds before (and about once a minute on longer
@@ -75,9 +76,9 @@ _BACKOFF_MAX_S = 30.0
 #: and the end of the stream at it; the rest is room for a busy server and the network.
 _SILENCE_MARGIN_S = 10.0
 #: A stream that ends with no line in it shows the watch healthy only if it was held this share of ``watch_s``:
-#: one that a proxy or server ends at once with nothing has shown nothing, and must not end an outage.
+#: one that a proxy or server ends with nothing before its timeout has shown nothing, and must not end an outage.
 _HELD_FRACTION = 0.9
-#: Watches in a row ended at once with nothing that make the watch down (from the first of them), warned once:
+#: Watches in a row ended with nothing before their timeout that make the watch down (from the first of them), warned once:
 #: one such end may be a server's restart; three (0.5 + 1 + 2 s of back-off) are a proxy that will not hold a
 #: watch, and the view gets no change meanwhile.
 _EMPTY_ENDS = 3
@@ -162,7 +163,7 @@ class ResourceWatch:
         self._resuming: tuple[float, str] | None = None
         self._failures = 0  # of the present outage (requests failed, accepted streams that showed nothing)
         self._heard = time.time()  # the last line or response from the server: the view is current up to then
-        self._empty: list[float] = []  # when each watch of the present run of ones ended at once with nothing
+        self._empty: list[float] = []  # when each watch of the present run of empty ends ended
         #: The resourceVersion the next watch starts from (of the last list or event).
         self.resource_version: str | None = None
         #: Counters, for tests and benchmarks: lists made (the first included), watch requests, events.
@@ -247,7 +248,7 @@ class ResourceWatch:
         """(since when the view may be stale, why) while the watch is down; None while it runs.
 
         Down: a request failed and no stream has shown it is healthy since (an event or bookmark applied, a
-        proper end: one held for about ``watch_s``, not an empty one ended at once; a relist), or the server has
+        proper end: one held for about ``watch_s``, not an empty one ended before; a relist), or the server has
         been silent longer than :func:`silence_s` (the thread may still be waiting on it: a request urllib3
         retries can take several read timeouts before it fails). The stream reconnected after an outage's
         first failure is not reported while it has yet to show anything (a healthy one on a quiet cluster
@@ -275,14 +276,12 @@ class ResourceWatch:
                               self.what, self.what, self.resource_version)
                     if changed:
                         self._on_news()
-                started = time.monotonic()
-                if self._watch_once() == 0 and time.monotonic() - started < 1.0:
-                    # Ended at once with nothing in it: a proxy or server that will not hold a watch.
+                if self._watch_once():
+                    delay = _BACKOFF_FIRST_S
+                else:  # ended with nothing before its timeout: a proxy or server that will not hold a watch
                     self._ended_empty()
                     self._stop.wait(delay)
                     delay = min(_BACKOFF_MAX_S, delay * 2)
-                else:
-                    delay = _BACKOFF_FIRST_S
             except Gone:
                 relist = True
             except Exception as exc:  # cut, refused, 5xx, 429, a bad line: back off, resume from the kept version
@@ -323,13 +322,13 @@ class ResourceWatch:
         return now
 
     def _ended_empty(self) -> None:
-        """A watch ended at once with nothing in it. The :data:`_EMPTY_ENDS`-th in a row makes the watch down
+        """A watch ended with nothing in it before its timeout. The :data:`_EMPTY_ENDS`-th in a row makes the watch down
         since the first of them (warned once; it ends as any outage does, when a stream shows it is healthy)."""
         if self._stop.is_set() or self._trouble is not None:
             return  # an outage already under way goes on (see _watch_once)
         self._empty.append(time.time())
         if len(self._empty) >= _EMPTY_ENDS:
-            reason = f"{len(self._empty)} watches in a row ended at once with nothing in them"
+            reason = f"{len(self._empty)} watches in a row ended with nothing in them before their timeout"
             self._trouble = (self._empty[0], reason)
             _log.warning("%s watch: %s (a proxy or API server that will not hold a watch?); no change reaches "
                          "the view until one holds", self.what, reason)
@@ -342,8 +341,9 @@ class ResourceWatch:
             _log.info("%s watch resumed at version %s", self.what, self.resource_version)
             self._trouble = self._resuming = None
 
-    def _watch_once(self) -> int:
-        """One watch request, its events applied until the stream ends; returns how many lines it had."""
+    def _watch_once(self) -> bool:
+        """One watch request, its events applied until the stream ends; False if it ended with nothing in it
+        before :data:`_HELD_FRACTION` × ``watch_s`` (timed from the stream's opening), or was not read."""
         resp = self._call(watch=True, resource_version=self.resource_version, allow_watch_bookmarks=True,
                           timeout_seconds=max(1, int(self._watch_s)), _preload_content=False,
                           _request_timeout=(self._timeout_s, silence_s(self._watch_s)), **self._selection())
@@ -353,7 +353,7 @@ class ResourceWatch:
         if self._stop.is_set():  # stop() ran while the request was under way: it could not shut this one
             self._resp = None
             _close(resp)
-            return 0
+            return False
         # The reconnect after an outage's first failure (not the end of a silence) is given the benefit of the
         # doubt until it shows something; any later one leaves the outage reported (each accepted reconnect of a
         # path that then says nothing hid it for silence_s again, and dated it anew).
@@ -371,15 +371,16 @@ class ResourceWatch:
                 self._event(json.loads(line))
                 self._healthy()
             self._heard = time.time()  # the server ended the stream: it was there until now
-            if lines or time.monotonic() - opened >= _HELD_FRACTION * self._watch_s:
+            held = bool(lines) or time.monotonic() - opened >= _HELD_FRACTION * self._watch_s
+            if held:
                 self._healthy()  # a proper end
-            elif self._resuming is not None:  # an empty stream ended at once (a proxy that will not hold a watch)
+            elif self._resuming is not None:  # an empty stream ended early (a proxy that will not hold a watch)
                 self._trouble, self._resuming = self._resuming, None  # shows nothing: the outage goes on
                 self._failures += 1
         finally:
             self._resp = None
             _close(resp)
-        return lines
+        return held
 
     def _event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")

@@ -1,8 +1,9 @@
 """When the Kubernetes provider's watch is down, as a user of find() sees it: through the real ``kubernetes``
 client, over HTTP, against the fake API server (``tests/emulator/fake_kubernetes.py``).
 
-A proxy (or server) that ends each watch at once with nothing in it left the view without changes for ever,
-and nobody was told: each empty end counted as a word from the server, so the watch was never down.
+A proxy (or server) that ends each watch with nothing in it before its timeout left the view without changes for
+ever, and nobody was told: each empty end counted as a word from the server, so the watch was never down (and
+before 0e6dd84's follow-up, only an end within 1 s counted as empty: one after 1.5 s was no outage either).
 """
 
 from __future__ import annotations
@@ -36,15 +37,21 @@ def _find_until(discovery, done, what: str, timeout_s: float):
         time.sleep(0.1)
 
 
-def test_watches_ended_at_once_with_nothing_are_a_warned_outage_until_one_holds(kubernetes, watched, monkeypatch,
-                                                                                 caplog):
-    ns = "ns-empty-watch"
+@pytest.mark.parametrize("end_after_s", [0.0, 1.5], ids=["at-once", "after-1.5s"])
+def test_watches_ended_with_nothing_before_their_timeout_are_a_warned_outage_until_one_holds(
+        kubernetes, watched, monkeypatch, caplog, end_after_s):
+    ns = f"ns-empty-watch-{int(end_after_s * 10)}"
     kubernetes.add_pod("p0", "10.73.0.1", namespace=ns, node="empty-n")
     serve = kubernetes._watch
 
-    def proxy(request, resource, where, match):  # ends this namespace's pod watches at once, with nothing
+    def empty():  # the headers, then (after end_after_s, well before the watch's 30 s) the end, with nothing
+        time.sleep(end_after_s)
+        return
+        yield
+
+    def proxy(request, resource, where, match):  # ends this namespace's pod watches early, with nothing
         if resource == "pods" and where == ns:
-            return Reply(200, stream=iter(()))
+            return Reply(200, stream=empty())
         return serve(request, resource, where, match)
 
     caplog.set_level(logging.INFO, logger="cloud_elastic.providers.kubernetes_watch")
@@ -52,7 +59,7 @@ def test_watches_ended_at_once_with_nothing_are_a_warned_outage_until_one_holds(
     w = watched(ns, stale_after_s="1")  # watch_s 30: silent past 40 s is a stall, never reached here
     kubernetes.delete_pod("p0", grace_s=120, namespace=ns)  # a change the view cannot get meanwhile
     error = _find_until(w.discovery, lambda r: isinstance(r, RetryableDiscoveryError), "discovery failing", 20)
-    assert "the pods watch has been down for" in str(error) and "ended at once with nothing" in str(error)
+    assert "the pods watch has been down for" in str(error) and "ended with nothing" in str(error)
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "with nothing" in r.getMessage()]
     assert len(warned) == 1, caplog.text
     assert "pods watch" in warned[0].getMessage()
