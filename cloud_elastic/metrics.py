@@ -5,8 +5,10 @@ metrics are derived from the job's events (world size, resets, rollbacks,
 steps lost, notices, worker failures, checkpoints not written), so the driver feeds it the same
 ``emit`` calls as the events file (through :class:`~cloud_elastic.events.TeeEvents`).
 Two things are not events and have their own calls: :meth:`MetricsServer.observe_discovery`
-after each discovery poll, and :meth:`MetricsServer.observe_step` with the
-committed step the workers' heartbeats report.
+after each discovery poll, and :meth:`MetricsServer.observe_progress` with what rank 0's heartbeats
+report: the optimizer steps its process has taken (the step rate) and the job's last commit, counted
+in commits (``state.commit()`` calls, as ``round_formed.step``): the training step only when the script
+commits once per step.
 
 Every metric lives in the server's own registry (no process-global state) and
 carries no per-host labels, so its cardinality stays fixed whatever the group does.
@@ -31,19 +33,22 @@ _EXTRA_HINT = "--metrics-port needs the prometheus-client package: pip install '
 
 
 class StepRate:
-    """Committed steps per second over a sliding window of ``window_s`` seconds.
+    """A counter's rise per second over a sliding window of ``window_s`` seconds: rank 0's optimizer steps.
 
-    A step lower than the last one (a rollback) starts the window afresh, so
-    replayed steps are not counted twice. Not thread-safe (the server locks).
+    The count is one process's (``source``, its worker id): another process's count (a new rank 0), or a
+    count lower than the last, starts the window afresh rather than read as a leap. Not thread-safe (the
+    server locks).
     """
 
     def __init__(self, window_s: float = 30.0) -> None:
         self.window_s = window_s
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._source = ""
 
-    def add(self, now: float, step: int) -> None:
-        if self._samples and step < self._samples[-1][1]:
+    def add(self, now: float, step: int, source: str = "") -> None:
+        if self._samples and (step < self._samples[-1][1] or source != self._source):
             self._samples.clear()
+        self._source = source
         self._samples.append((now, step))
         while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:
             self._samples.popleft()
@@ -102,10 +107,11 @@ class MetricsServer:
                                                 namespace=ns, registry=registry)
         self.workers_left = prom.Counter("workers_left", "workers that left gracefully", namespace=ns,
                                          registry=registry)
-        self.committed_step = prom.Gauge("committed_step", "last step committed by rank 0", namespace=ns,
-                                         registry=registry)
-        self.step_rate = prom.Gauge("steps_per_second", "committed steps per second (30 s window)", namespace=ns,
-                                    registry=registry)
+        # Counted in commits, not steps: a script that commits every N steps makes one commit of N steps.
+        self.last_commit = prom.Gauge("last_commit", "rank 0's last commit, counted in commits (state.commit() "
+                                      "calls) since the job began", namespace=ns, registry=registry)
+        self.step_rate = prom.Gauge("steps_per_second", "optimizer steps per second rank 0 takes (30 s window)",
+                                    namespace=ns, registry=registry)
         self.discovery_latency = prom.Histogram(
             "discovery_latency_seconds", "time one discovery call took", namespace=ns, registry=registry,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
@@ -152,8 +158,8 @@ class MetricsServer:
                 self._rounds += 1
                 if self._rounds > 1:
                     self.resets.inc()
-                if fields.get("step") is not None:
-                    self.committed_step.set(fields["step"])
+                if fields.get("step") is not None:  # the commit it continues from
+                    self.last_commit.set(fields["step"])
             elif kind == "rollback":
                 self.rollbacks.inc()
                 self.steps_lost.inc(fields["steps_lost"])
@@ -201,9 +207,10 @@ class MetricsServer:
             if error is not None:
                 self.discovery_errors.labels(kind=error).inc()
 
-    def observe_step(self, step: int) -> None:
-        """Record the committed step a heartbeat reported (rank 0's, or the round's minimum)."""
+    def observe_progress(self, steps: int, commit: int, source: str) -> None:
+        """Record rank 0's heartbeat: ``steps``, the optimizer steps its process (``source``, its worker id)
+        has taken in all, and ``commit``, the job's last commit it holds (counted in commits)."""
         with self._lock:
-            self._rate.add(self._clock(), step)
-            self.committed_step.set(step)
+            self._rate.add(self._clock(), steps, source)
+            self.last_commit.set(commit)
             self.step_rate.set(self._rate.rate)

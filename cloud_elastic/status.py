@@ -166,7 +166,7 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
     """The text ``cloud-elastic status JOB`` prints."""
     now = time.time() if now is None else now
     rate = f"{reply.steps_per_s:.2f}" if reply.steps_per_s is not None else "-"
-    commit = str(reply.commit_step) if reply.commit_step is not None else "-"
+    commit = f"#{reply.commit_step}" if reply.commit_step is not None else "-"  # counted in commits, not steps
     out = [
         f"job {reply.job}: {reply.phase}, up {_duration(reply.uptime_s)}"
         + (f", provider {reply.provider}" if reply.provider else ""),
@@ -174,7 +174,7 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
         f"(-np {reply.num_proc}, --min-np {reply.min_np}, --max-np {reply.max_np}"
         + (f", whole hosts of {reply.whole_host_slots} slot(s)" if reply.whole_host_slots else "") + ")"
         + (f", spares {reply.spares} of {reply.spares_wanted}" if reply.spares_wanted else ""),
-        f"steps/s {rate}, last commit step {commit}, resets {reply.resets}"
+        f"steps/s {rate}, last commit {commit}, resets {reply.resets}"
         + (f", median compute {reply.median_compute_s * 1e3:.1f} ms/step" if reply.median_compute_s is not None
            else ""),
     ]

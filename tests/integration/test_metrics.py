@@ -71,11 +71,11 @@ def test_metrics_are_served_over_http_and_follow_the_job(jobs, tmp_path):
                      what="discovery errors counted")
         fail_flag.unlink()
         first = job.wait_event("commit", rank=0, size=1)
-        # Rank 0's heartbeats carry its commits: the gauge follows them.
-        job.wait_for(lambda j: scrape(url)["cloud_elastic_committed_step"] >= first["step"] + 20,
-                     what="the committed step to advance")
+        # Rank 0's heartbeats carry its last commit (the probe commits every step from 0): the gauge follows it.
+        job.wait_for(lambda j: scrape(url)["cloud_elastic_last_commit"] >= first["step"] + 20,
+                     what="the last commit to advance")
         after = scrape(url)
-        job.wait_event("commit", rank=0, step=int(after["cloud_elastic_committed_step"]))  # a step rank 0 committed
+        job.wait_event("commit", rank=0, step=int(after["cloud_elastic_last_commit"]))  # a step rank 0 committed
         job.proc.send_signal(signal.SIGINT)
         assert job.finish() == 130, job.output()
 

@@ -34,8 +34,8 @@ def test_scraped_metrics_follow_the_recorded_job() -> None:
             server.emit(kind, **fields)
         server.observe_discovery(0.2)
         server.observe_discovery(1.5, error="retryable")
-        for step in (80, 90, 100):
-            server.observe_step(step)
+        for steps, commit in ((80, 8), (90, 9), (100, 10)):
+            server.observe_progress(steps, commit, "a[0]#1")
             now[0] += 2.0
         metrics = _scrape(server.port)
     finally:
@@ -50,7 +50,7 @@ def test_scraped_metrics_follow_the_recorded_job() -> None:
     assert metrics["cloud_elastic_worker_failures_total"] == 1
     assert metrics["cloud_elastic_workers_left_total"] == 1
     assert metrics["cloud_elastic_checkpoint_failures_total"] == 1
-    assert metrics["cloud_elastic_committed_step"] == 100
+    assert metrics["cloud_elastic_last_commit"] == 10
     assert metrics["cloud_elastic_steps_per_second"] == 5.0  # 20 steps in 4 s
     assert metrics["cloud_elastic_discovery_latency_seconds_count"] == 2
     assert metrics["cloud_elastic_discovery_latency_seconds_sum"] == 1.7
@@ -79,7 +79,7 @@ def test_step_rate_restarts_after_a_rollback_and_slides() -> None:
     assert rate.rate == 0.0
     rate.add(2, 10)
     assert rate.rate == 5.0
-    rate.add(3, 4)  # rolled back: replayed steps are not progress
+    rate.add(3, 4)  # a count that fell is not a rise
     assert rate.rate == 0.0
     for t in range(4, 40):
         rate.add(t, 4 + (t - 3) * 2)

@@ -304,7 +304,7 @@ def test_the_stopped_former_rank_0_feeds_neither_the_step_rate_nor_the_step_metr
     cond.watch(sim.job)
     plane = ControlPlane(sim.job, cond, JobConfig(command=("x",), num_proc=1, min_np=1, max_np=3),
                          sinks=SimpleNamespace(sink=SimpleNamespace(emit=lambda *a, **k: None),
-                                               metrics=SimpleNamespace(observe_step=steps.append)),
+                                               metrics=SimpleNamespace(observe_progress=lambda *a: steps.append(a))),
                          clock=lambda: T0, stop=lambda *a: None, record_events=lambda: None, watch_cloud=None)
     plane.handle("poll", {"worker": a.worker_id, "round": 1, "update_gen": 0, "abort_round": 0, "commits": 5,
                           "commit_seq": 5})

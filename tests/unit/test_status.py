@@ -50,7 +50,7 @@ def test_a_reply_renders_every_part_a_user_asks_about() -> None:
     assert render_status(REPLY, now=NOW) == (
         "job 5f3a9c1e: training, up 12m34s, provider aws\n"
         "round 4, world size 3 (-np 3, --min-np 1, --max-np 4)\n"
-        "steps/s 5.25, last commit step 1200, resets 3\n"
+        "steps/s 5.25, last commit #1200, resets 3\n"
         "\n"
         "HOST      SLOTS  STATE     WORKERS\n"
         "10.0.1.7  2      ready     [0] rank 0 training, [1] starting\n"

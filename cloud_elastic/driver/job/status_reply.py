@@ -48,7 +48,7 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
                  uptime_s: float, steps_per_s: float | None = None) -> StatusReply:
     """What the driver answers to a signed ``status`` request.
 
-    ``steps_per_s`` is rank 0's commit rate as the driver measures it from heartbeats
+    ``steps_per_s`` is rank 0's optimizer step rate as the driver measures it from heartbeats
     (a :class:`~cloud_elastic.metrics.StepRate`); None shows as unknown.
     """
     alive = [w for w in job.workers.values() if w.alive][:MAX_WORKER_ROWS]

@@ -97,7 +97,7 @@ class ControlPlane:
         self._watch_cloud = watch_cloud
         self._interceptor = interceptor
         self._watchers: dict[str, str] = {}  # host -> worker id running its metadata notice watcher
-        self.rate = StepRate()  # rank 0's commits per second, for status
+        self.rate = StepRate()  # rank 0's optimizer steps per second, for status
         self.checkpoints = CheckpointWatch(job.job_id, config.checkpoint_interval_s)
         self._table: dict[str, Callable[[str, dict[str, Any], float], Any]] = {
             "register": self._register, "rendezvous": self._rendezvous, "poll": self._poll,
@@ -183,10 +183,11 @@ class ControlPlane:
         known = (request.round, request.update_gen, request.abort_round, request.next_plan)
         w = self._job.workers.get(worker_id)
         if w is not None and w.rank == 0 and not w.discarded:  # a discarded one's steps are of a past no round has
-            # The job's commit count, not this process's: it goes on when another worker becomes rank 0.
-            self.rate.add(now, request.commit_seq)
+            # Its process's optimizer steps (the rate starts afresh with another rank 0's count), and the job's
+            # last commit, counted in commits: the training step only when the script commits every step.
+            self.rate.add(now, request.steps, worker_id)
             if self._sinks.metrics is not None:
-                self._sinks.metrics.observe_step(request.commit_seq)
+                self._sinks.metrics.observe_progress(request.steps, request.commit_seq, worker_id)
 
         def check(final: bool) -> dict[str, Any] | None:
             # At its arrival (``now``): a held poll's later looks bring no news of the worker (see liveness).
