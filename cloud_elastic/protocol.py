@@ -477,24 +477,23 @@ COMPLETION_DECISIONS = ("done", "wait", "leave")
 
 @dataclass(frozen=True)
 class CompletedReport:
-    """A worker's training function returned (kind ``completed``).
+    """A worker's training function returned (kind ``completed``); ``commit_seq`` and ``steps``: how far it got.
 
-    ``commit_seq`` and ``steps`` say how far it got; ``error`` is set when rank 0
-    could not write the final durable checkpoint (the job must not report success then).
-    ``elastic`` is False when the report comes from the exit hook of a worker whose
-    script never entered ``hvd.elastic.run`` (a fixed-size script, see ``driver.fixed``):
-    its script ended, and ``error`` then names the exception it ended with, if any.
-    """
+    ``error``: rank 0 could not write the final durable checkpoint (the job must not report success then).
+    ``elastic`` False: from the exit hook of a worker whose script never entered ``hvd.elastic.run`` (a fixed-size
+    script, ``driver.fixed``), ``error`` naming what it ended with, if any. ``again``: the worker entered
+    ``hvd.elastic.run`` again after a completion (the job is elastic again)."""
 
     round: int
     commit_seq: int = 0
     steps: int = 0
     error: str | None = None
     elastic: bool = True
+    again: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return {"round": self.round, "commit_seq": self.commit_seq, "steps": self.steps, "error": self.error,
-                "elastic": self.elastic}
+                "elastic": self.elastic, "again": self.again}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "CompletedReport":
@@ -504,7 +503,8 @@ class CompletedReport:
             raise ControlPlaneError(f"malformed {what}: 'error' must be a string or null")
         elastic = True if msg.get("elastic") is None else _bool(msg, "elastic", what)  # older workers: True
         return cls(_optional_int(msg, "round", what), _optional_int(msg, "commit_seq", what),
-                   _optional_int(msg, "steps", what), None if error is None else error[:500], elastic)
+                   _optional_int(msg, "steps", what), None if error is None else error[:500], elastic,
+                   msg.get("again") is not None and _bool(msg, "again", what))  # older workers: False
 
 
 @dataclass(frozen=True)

@@ -350,7 +350,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         log.info("worker %s: joined round %d as rank %d of %d", self.worker_id, info.round, info.rank, info.size)
         return info
 
-    def report_completed(self, error: str | None = None) -> None:
+    def report_completed(self, error: str | None = None, *, again: bool = False) -> None:
         """Tell the driver the training function returned on this worker; return once the driver agrees.
 
         Completion is rank 0's to decide (it holds the state). Another rank's
@@ -358,12 +358,13 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         If rank 0 is found still training (waiting in a collective this worker
         will never join), the driver says ``leave``: WorkerRemoved is raised, and
         ``elastic.run`` makes the worker exit while its peers go on without it.
-        ``error`` tells the driver the final durable checkpoint was not written.
+        ``error`` tells the driver the final durable checkpoint was not written. ``again``: this worker
+        entered ``hvd.elastic.run`` again instead (``done``: train on, the job is elastic again).
         """
         if self._client is None:
             return
         report = CompletedReport(self.info.round if self.info else 0, self.ledger.live_commit_seq, self.progress.steps,
-                                 error).to_wire()
+                                 error, again=again).to_wire()
         while True:
             reply = CompletionReply.from_wire(self._call("completed", report, timeout_s=70.0))
             if reply.decision == "done":

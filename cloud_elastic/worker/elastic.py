@@ -3,6 +3,7 @@
 ::
 
     sync state from rank 0 (which holds the job's newest commit); save it as the last commit
+    (a later run in the same process, after one completed: tell the driver, and the job is elastic again)
     loop:
         call the training function
           returned                 -> tell the driver, return its result
@@ -113,9 +114,18 @@ def _load_checkpoint(ctx: WorkerContext, durable: DurableSchedule | None, state:
         sys.exit(1)
 
 
+#: A training function of this process returned and the driver agreed (the job is completing): a later ``run``
+#: (fine-tuning after pre-training) tells the driver first, and the job is elastic again.
+_completed = False
+
+
 def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> Any:
+    global _completed
     ctx = init()
     ctx.join_if_pending()  # a newcomer whose script called nothing that needs the round before elastic.run
+    if _completed:
+        ctx.report_completed(again=True)  # WorkerRemoved when the job is over: nothing left to train for
+        _completed = False
     ledger = ctx.ledger
     ctx.elastic_entered = True  # an elastic script: its end is reported by report_completed, not at exit
     ctx.progress.watch_thread()  # the thread that trains is the one the driver's no-progress watch samples
@@ -160,6 +170,7 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
             continue
         error = durable.finish(state) if durable is not None else None
         ctx.report_completed(error)  # WorkerRemoved when rank 0 is still training: this worker returned early
+        _completed = True
         return result
 
 

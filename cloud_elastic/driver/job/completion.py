@@ -101,6 +101,9 @@ class Completion:
         #: Why the job cannot succeed although rank 0 completed (a worker failed after completing, the final
         #: checkpoint was not written).
         self._failures: list[str] = []
+        self._kept: list[str] = []  # the failures that a later training function does not undo
+        #: Members still in their first function when a peer entered the next one (see entered_again).
+        self._behind: set[str] = set()
         self._round_progress_at = 0.0  # running time of the last progress of a member of the current round
         self._abort_seen_at: float | None = None  # running time the abort of the current round was first seen
         self._stall: _Stall | None = None
@@ -124,6 +127,7 @@ class Completion:
             w.steps = steps
         if error:
             self._failures.append(f"worker {worker_id} ({w.label}): {error}")
+            self._kept.append(self._failures[-1])  # the final checkpoint stays unwritten if training goes on
             log.error("job %s: worker %s (%s): %s", job.job_id, worker_id, w.label, error)
         decision = self.reply(worker_id)
         if decision is not None:
@@ -131,6 +135,9 @@ class Completion:
         if w.state not in (S.RUNNING, S.DRAINING):
             log.warning("job %s: worker %s reported completion while %s; ignored", job.job_id, worker_id, w.state.value)
             return "done", ""
+        if worker_id in self._behind:  # its first function returned after a peer entered the next one
+            self._behind.discard(worker_id)
+            return "done", ""  # it goes on to the next function too (entered_again), still a member
         rank0 = self._rank0()
         if job.phase in (Phase.FINISHING, Phase.DONE) or rank0 is None or rank0 is w:
             self._complete(w, now)
@@ -157,6 +164,7 @@ class Completion:
         """``w`` finished its training function and the job is completing: so did every parked member."""
         job = self._job
         w.to(S.COMPLETED)
+        self._behind.clear()
         if job.phase in (Phase.STARTING, Phase.RUNNING):
             log.info("job %s: rank %s (%s) finished training; round %d is completing", job.job_id, w.rank,
                      w.worker_id, job.round)
@@ -168,6 +176,44 @@ class Completion:
                 parked.to(S.COMPLETED)
         self._parked.clear()
         job.tick(now)
+
+    def entered_again(self, worker_id: str, now: float) -> tuple[str, str]:
+        """A worker whose training function returned entered ``hvd.elastic.run`` again (fine-tuning after
+        pre-training, as Horovod allows): the job is elastic again. Answers ``done`` (train on) or ``leave``.
+
+        The job goes back to running in the same round: every completed member trains again (each one
+        enters the next function too), failures after the completion are a lost member's now (the round is
+        aborted if one is gone, and the others roll back and go on), and the no-progress watch starts over.
+        A member whose first function has not returned yet is told ``done`` when it does, not parked as an
+        early return. A final-checkpoint error still fails the job.
+        """
+        job = self._job
+        w = job.workers.get(worker_id)
+        if w is None or not w.alive:
+            return "leave", "this worker was already given up"
+        w.last_seen = job.running(now)
+        if w.state in _MEMBER and job.phase is Phase.RUNNING:
+            return "done", ""  # a peer's report already made the job elastic again
+        if w.state is not S.COMPLETED or job.phase is not Phase.FINISHING:
+            return "leave", w.why or "the job is over"
+        job.phase = Phase.RUNNING
+        self._finishing_since = None
+        self.exited = 0
+        self._failures = [f for f in self._failures if f in self._kept]
+        for m in job.alive():
+            if m.state is S.COMPLETED:
+                m.to(S.RUNNING)
+                m.returned = False
+            elif m.state in _MEMBER and m.round == job.round:
+                self._behind.add(m.worker_id)  # still in the first function: not an early return when it ends
+        log.info("job %s: rank %s (%s) entered hvd.elastic.run again: round %d is elastic again", job.job_id,
+                 w.rank, worker_id, job.round)
+        self.round_formed(job.running(now))
+        if any(m.round == job.round and not m.alive for m in job.workers.values()):
+            job.last_failure = "a member of the round ended after its training function returned"
+            job.abort()  # its peers would wait for it in their next collective
+        job.tick(now)
+        return "done", ""
 
     def exited_after_completing(self, w: WorkerRecord, status: ExitStatus) -> None:
         """``w``'s process ended after its training function returned: a failure only if it says so."""

@@ -310,17 +310,20 @@ class ElasticJob:
         return True
 
     def completed(self, worker_id: str, now: float, *, commit_seq: int | None = None, steps: int | None = None,
-                  error: str | None = None, elastic: bool = True) -> tuple[str, str]:
+                  error: str | None = None, elastic: bool = True, again: bool = False) -> tuple[str, str]:
         """A worker reports that its training function returned; answers ``(decision, reason)``.
 
         ``done``, ``wait`` (parked until rank 0 returns) or ``leave``: see :mod:`.completion`.
         ``error`` (rank 0 could not write the final durable checkpoint) makes the
         job fail once it has completed. ``elastic`` False: the worker's script ended
         without ``hvd.elastic.run`` (``error``: what it raised), see :mod:`.fixed_size`.
+        ``again``: it entered ``hvd.elastic.run`` again instead (``Completion.entered_again``).
         """
         w = self.workers.get(worker_id)
         if not elastic and w is not None and w.alive:
             return self.fixed.script_ended(w, error)
+        if again:
+            return self.completion.entered_again(worker_id, now)
         return self.completion.completed(worker_id, now, commit_seq=commit_seq, steps=steps, error=error)
 
     def completion_reply(self, worker_id: str) -> tuple[str, str] | None:

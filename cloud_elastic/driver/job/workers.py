@@ -7,6 +7,7 @@
                                                        └──── commit sees update ─┘ │ host leaving
                                                              / collective failed   ▼
     RUNNING ──training function returned──► COMPLETED                          DRAINING
+    COMPLETED ──hvd.elastic.run entered again──► RUNNING
     any live state ──told to leave / job over──► EXITING   (DRAINING at rendezvous, too)
     any live state ──given up (silent, never arrived)──► LOST
     any state ──process ended──► EXITED
@@ -45,7 +46,7 @@ _ALLOWED: dict[WorkerState, frozenset[WorkerState]] = {
     _S.WAITING: frozenset({_S.RUNNING, _S.EXITING, _S.LOST, _S.EXITED}),
     _S.RUNNING: frozenset({_S.WAITING, _S.DRAINING, _S.COMPLETED, _S.EXITING, _S.LOST, _S.EXITED}),
     _S.DRAINING: frozenset({_S.EXITING, _S.COMPLETED, _S.LOST, _S.EXITED}),
-    _S.COMPLETED: frozenset({_S.EXITING, _S.LOST, _S.EXITED}),
+    _S.COMPLETED: frozenset({_S.RUNNING, _S.EXITING, _S.LOST, _S.EXITED}),  # RUNNING: elastic.run entered again
     _S.EXITING: frozenset({_S.LOST, _S.EXITED}),
     _S.LOST: frozenset({_S.EXITED}),
     _S.EXITED: frozenset(),

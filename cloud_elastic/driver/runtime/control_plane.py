@@ -221,7 +221,7 @@ class ControlPlane:
         """A worker's training function returned: held while it waits for rank 0's (see ElasticJob.completed)."""
         report = CompletedReport.from_wire(msg)
         decision, reason = self._job.completed(worker_id, now, commit_seq=report.commit_seq, steps=report.steps,
-                                               error=report.error, elastic=report.elastic)
+                                               error=report.error, elastic=report.elastic, again=report.again)
         self._cond.notify_all()
         if decision != "wait":
             return CompletionReply(decision, reason).to_wire()
