@@ -5,7 +5,8 @@ copies its gradients into one flat buffer, reduces it and hands each
 parameter its slice as its gradient; a solo bucket reduces one large
 gradient in place. The first packed bucket carries one extra element, this
 worker's "membership update pending" flag (0 or 1), whose sum tells every
-worker the same thing at the same step.
+worker the same thing at the same step. A sparse gradient is made dense
+first, packed or solo (Horovod's ``sparse_as_dense``).
 
 With a casting compression (``hvd.Compression.fp16``/``bf16``) a bucket
 also owns a 16-bit *wire* buffer, allocated once: the gradients are cast
@@ -106,7 +107,7 @@ class Bucket:
                 if p.grad is None:
                     wire_view.zero_()
                 else:
-                    cast_into(wire_view, p.grad, scaling.before)
+                    cast_into(wire_view, _dense(p.grad), scaling.before)
             if self.carries_flag:
                 self.wire[-1:].fill_(update_flag)  # see below
             self.reduced = self.wire
@@ -117,6 +118,9 @@ class Bucket:
                 grad = p.grad
                 if grad is None:
                     view.zero_()
+                elif grad.is_sparse:
+                    dsts.append(view)
+                    srcs.append(_dense(grad))
                 elif grad.data_ptr() != view.data_ptr():  # not already accumulated in place
                     dsts.append(view)
                     srcs.append(grad)
@@ -138,7 +142,7 @@ class Bucket:
         if grad is None:  # no gradient this step: contribute zeros, as packed buckets do
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         elif grad.is_sparse or not grad.is_contiguous():
-            p.grad = grad.to_dense().contiguous()
+            p.grad = _dense(grad).contiguous()
         grad = self._solo_grad = p.grad
         if self.wire is not None:
             cast_into(self.wire.view_as(grad), grad, scaling.before)
@@ -181,6 +185,12 @@ class Bucket:
                     p.grad = view
         self.reduced = self._solo_grad = self._codec_ctx = None
         return flag
+
+
+def _dense(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` as a dense tensor: a sparse one (``nn.Embedding(sparse=True)``) is reduced dense, as Horovod's
+    ``sparse_as_dense=True`` does (a sparse gradient has no storage to copy into a bucket from)."""
+    return grad.to_dense() if grad.is_sparse else grad
 
 
 def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, compression: Any = NoneCompressor) -> list[Bucket]:
