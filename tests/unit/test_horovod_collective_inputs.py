@@ -11,11 +11,11 @@ everything they do between the call and Gloo is theirs.
 
 from __future__ import annotations
 
-import multiprocessing
-import socket
 from types import SimpleNamespace
 
 import pytest
+
+from tests.unit.gloo_pair import run_pair
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,73 +37,55 @@ def _outcome(call):
         return (type(exc).__name__, str(exc))
 
 
-def _member(rank: int, port: int, out) -> None:
+def _member(rank: int) -> dict:
     import torch
-    import torch.distributed as dist
 
     from cloud_elastic.worker.comm import collectives, shapes
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     ctx = _context(rank)
     collectives.get_context = shapes.get_context = lambda: ctx
     hvd = collectives
     got = {}
-    try:
-        def model(seed: int, width: int = 4):
-            torch.manual_seed(seed)
-            return torch.nn.Sequential(torch.nn.Linear(width, 3), torch.nn.Linear(3, 2))
 
-        m = model(rank)
-        got["list"] = _outcome(lambda: hvd.broadcast_parameters(list(m.parameters()), root_rank=0))
-        got["list values"] = [p.detach().tolist() for p in m.parameters()]
-        m = model(rank)
-        got["generator"] = _outcome(lambda: hvd.broadcast_parameters(m.parameters(), root_rank=0))
-        got["generator values"] = [p.detach().tolist() for p in m.parameters()]
-        got["not tensors"] = _outcome(lambda: hvd.broadcast_parameters([1, 2], root_rank=0))
+    def model(seed: int, width: int = 4):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(width, 3), torch.nn.Linear(3, 2))
 
-        m = model(rank)
-        got["allreduce_"] = _outcome(lambda: hvd.allreduce_(m[0].bias) is m[0].bias)
-        got["grouped_allreduce_"] = _outcome(lambda: len(hvd.grouped_allreduce_([m[0].weight, m[1].weight])))
-        got["broadcast_"] = _outcome(lambda: hvd.broadcast_(m[1].bias, root_rank=1) is m[1].bias)
-        got["in place values"] = [p.detach().tolist() for p in m.parameters()]
-        got["requires grad"] = all(p.requires_grad for p in m.parameters())
+    m = model(rank)
+    got["list"] = _outcome(lambda: hvd.broadcast_parameters(list(m.parameters()), root_rank=0))
+    got["list values"] = [p.detach().tolist() for p in m.parameters()]
+    m = model(rank)
+    got["generator"] = _outcome(lambda: hvd.broadcast_parameters(m.parameters(), root_rank=0))
+    got["generator values"] = [p.detach().tolist() for p in m.parameters()]
+    got["not tensors"] = _outcome(lambda: hvd.broadcast_parameters([1, 2], root_rank=0))
 
-        m = model(rank, width=4 + rank)  # a model whose size depends on each worker's data
-        before = m[0].weight.detach().clone()
-        got["params shape"] = _outcome(lambda: hvd.broadcast_parameters(m.state_dict(), root_rank=0))
-        got["params untouched"] = torch.equal(before, m[0].weight)
-        doubles = model(rank).to(torch.float64 if rank else torch.float32)
-        got["params dtype"] = _outcome(lambda: hvd.broadcast_parameters(doubles.named_parameters(), root_rank=0))
-        extra = list(model(rank).parameters())[: 3 + rank]
-        got["params count"] = _outcome(lambda: hvd.broadcast_parameters(extra, root_rank=0))
+    m = model(rank)
+    got["allreduce_"] = _outcome(lambda: hvd.allreduce_(m[0].bias) is m[0].bias)
+    got["grouped_allreduce_"] = _outcome(lambda: len(hvd.grouped_allreduce_([m[0].weight, m[1].weight])))
+    got["broadcast_"] = _outcome(lambda: hvd.broadcast_(m[1].bias, root_rank=1) is m[1].bias)
+    got["in place values"] = [p.detach().tolist() for p in m.parameters()]
+    got["requires grad"] = all(p.requires_grad for p in m.parameters())
 
-        got["allgather trailing"] = _outcome(lambda: hvd.allgather(torch.zeros(2, 5 + rank)))
-        got["allgather dtype"] = _outcome(lambda: hvd.allgather(torch.zeros(2, 3, dtype=torch.int64 if rank else torch.int32)))
-        got["allgather ndim"] = _outcome(lambda: hvd.allgather(torch.zeros((2, 3) if rank else (2, 3, 1))))
-        got["allgather rows"] = _outcome(lambda: hvd.allgather(torch.full((1 + rank, 2), float(rank))).tolist())
-        got["still in step"] = _outcome(lambda: hvd.allreduce(torch.ones(3), op=hvd.Sum).tolist())
-        out.put((rank, got))
-    except BaseException as exc:  # the parent reports it instead of waiting
-        out.put((rank, {"crashed": repr(exc)}))
-    finally:
-        dist.destroy_process_group()
+    m = model(rank, width=4 + rank)  # a model whose size depends on each worker's data
+    before = m[0].weight.detach().clone()
+    got["params shape"] = _outcome(lambda: hvd.broadcast_parameters(m.state_dict(), root_rank=0))
+    got["params untouched"] = torch.equal(before, m[0].weight)
+    doubles = model(rank).to(torch.float64 if rank else torch.float32)
+    got["params dtype"] = _outcome(lambda: hvd.broadcast_parameters(doubles.named_parameters(), root_rank=0))
+    extra = list(model(rank).parameters())[: 3 + rank]
+    got["params count"] = _outcome(lambda: hvd.broadcast_parameters(extra, root_rank=0))
+
+    got["allgather trailing"] = _outcome(lambda: hvd.allgather(torch.zeros(2, 5 + rank)))
+    got["allgather dtype"] = _outcome(lambda: hvd.allgather(torch.zeros(2, 3, dtype=torch.int64 if rank else torch.int32)))
+    got["allgather ndim"] = _outcome(lambda: hvd.allgather(torch.zeros((2, 3) if rank else (2, 3, 1))))
+    got["allgather rows"] = _outcome(lambda: hvd.allgather(torch.full((1 + rank, 2), float(rank))).tolist())
+    got["still in step"] = _outcome(lambda: hvd.allreduce(torch.ones(3), op=hvd.Sum).tolist())
+    return got
 
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_member, args=(rank, port, out)) for rank in (0, 1)]
-    for p in procs:
-        p.start()
-    got = dict(out.get(timeout=90) for _ in procs)
-    for p in procs:
-        p.join(30)
-    assert "crashed" not in got[0] and "crashed" not in got[1], got
-    return got
+    return run_pair(_member)
 
 
 @pytest.mark.parametrize("form", ["list", "generator"])

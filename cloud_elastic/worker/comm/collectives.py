@@ -5,9 +5,10 @@ waits through :meth:`WorkerContext.wait`, so a collective of a round the
 driver aborted fails at once, and a failed or abandoned one raises
 :class:`CollectiveError` instead of hanging. Tensors may live on CPU or GPU;
 with NCCL, CPU tensors are staged through the worker's device and results
-come back on the caller's device. Unlike Horovod's, these are not autograd
+come back on the caller's device; a dtype Gloo or NCCL lacks (int16) travels as
+one they carry (``dtypes``). Unlike Horovod's, these are not autograd
 functions: results carry no gradient. Reductions that split a tensor over
-the workers (``reducescatter``, ``alltoall``) are in ``exchange``.
+the workers (``reducescatter``, ``alltoall``) are in ``partitioned``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from cloud_elastic.worker.comm import shapes, statecodec
 from cloud_elastic.worker.comm.skeleton import _join_tensors, _split_tensors, allocate, state_limit
 from cloud_elastic.worker.comm.compression import Compression, casts, check_compression, encode
+from cloud_elastic.worker.comm.dtypes import carrier, from_wire, to_wire
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.comm.ops import Adasum, Average, Max, Min, Product, Sum, UnsupportedError, average_scaling, check_op, reduce_op
 
@@ -58,11 +60,18 @@ def on_device(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def check_reducible(op: str, tensor: Any, call: str) -> None:
-    """A one-line error for what ``call`` cannot reduce: a non-tensor, or an average of integers."""
+    """A one-line TypeError, before anything is launched, for what ``call`` cannot reduce: a non-tensor, an
+    average of integers, a dtype no collective carries (``dtypes.carrier``: int16 travels as int32)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"hvd.{call}: expected a torch.Tensor, got {type(tensor).__name__}")
     if op == Average and not (tensor.is_floating_point() or tensor.is_complex()):
         raise TypeError(f"hvd.{call}: cannot average a {tensor.dtype} tensor; use op=hvd.Sum (or a floating-point tensor)")
+    _reduced_as(tensor.dtype, op, call)
+
+
+def _reduced_as(dtype: torch.dtype, op: str, call: str) -> torch.dtype:
+    """The dtype a reduction by ``op`` carries a ``dtype`` tensor as (complex numbers: only summed, as Gloo can)."""
+    return carrier(dtype, call, reduces=True, complex_native=op in (Sum, Average))
 
 
 def _reduce_options(op: str) -> Any:
@@ -74,20 +83,23 @@ def _reduce_options(op: str) -> Any:
 def _allreduce_packed(tensors: list[torch.Tensor], op: str, what: str) -> None:
     """Reduce each of ``tensors`` (contiguous, on the group's device) in place: one collective per dtype.
 
-    Tensors of one dtype and device are packed into one flat buffer; every
-    collective is launched before the first wait, in the order of ``tensors``
-    (the same on every worker, as Gloo matches collectives by issue order).
+    Tensors of one dtype and device are packed into one flat buffer (in the
+    dtype it travels as: ``dtypes.carrier``); every collective is launched
+    before the first wait, in the order of ``tensors`` (the same on every
+    worker, as Gloo matches collectives by issue order), and none before
+    every dtype is known to travel.
     """
     ctx = get_context()
     groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
-    packed = [(members[0].view(-1) if len(members) == 1 else torch.cat([m.reshape(-1) for m in members]), members)
-              for members in groups.values()]
+    wires = [_reduced_as(members[0].dtype, op, "allreduce") for members in groups.values()]
+    packed = [(to_wire(members[0].view(-1) if len(members) == 1 else torch.cat([m.reshape(-1) for m in members]),
+                       wire), members) for wire, members in zip(wires, groups.values())]
     works = [ctx.group(what).allreduce([flat], _reduce_options(op)) for flat, _ in packed]
     for work, (flat, members) in zip(works, packed):
         ctx.wait(work, what)
-        if len(members) > 1:
+        if len(members) > 1 or flat.dtype != members[0].dtype:  # copy_ casts a widened sum back
             offset = 0
             for m in members:
                 m.copy_(flat[offset: offset + m.numel()].view_as(m))
@@ -207,6 +219,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"hvd.allgather: expected a torch.Tensor, got {type(tensor).__name__}")
+    wire = carrier(tensor.dtype, "allgather", reduces=False)
     ctx = get_context()
     size = ctx.info.size
     local = on_device(tensor.detach())
@@ -220,9 +233,10 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     if local.shape[0] < longest:
         pad = torch.zeros((longest - local.shape[0],) + tuple(local.shape[1:]), dtype=local.dtype, device=local.device)
         padded = torch.cat([local, pad])
+    padded = to_wire(padded, wire)
     outs = [torch.empty_like(padded) for _ in range(size)]
     ctx.wait(ctx.pg.allgather([outs], [padded]), f"allgather {name or ''}".strip())
-    result = torch.cat([o[:n] for o, n in zip(outs, counts)])
+    result = from_wire(torch.cat([o[:n] for o, n in zip(outs, counts)]), tensor.dtype)
     return result.to(tensor.device)
 
 
@@ -248,6 +262,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
     sends it to each of them point to point, all at once, and the other workers take
     no part: their ``tensor`` is left as it is (see :func:`needing`).
     """
+    wire = carrier(tensor.dtype, "broadcast", reduces=False, complex_native=True)
     ctx = get_context()
     if cross and ctx.info.cross_size <= 1:
         return tensor
@@ -255,7 +270,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
         return tensor
     me = _my_rank(ctx, cross)
     target = tensor.detach()  # as in allreduce_: a parameter may be broadcast in place
-    work_tensor = on_device(target)
+    staged = on_device(target)
+    work_tensor = to_wire(staged, wire)  # a view of staged's bits: what lands in it lands in staged
     what = f"broadcast {name or ''}".strip()
     if receivers is None:
         group = (ctx.cross_group if cross else ctx.group)(what)
@@ -268,8 +284,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
             ctx.wait(work, what)
     else:
         ctx.wait(ctx.point_to_point(what, lambda g: g.recv([work_tensor], root_rank, 0), cross=cross), what)
-    if work_tensor is not target:
-        target.copy_(work_tensor)
+    if staged is not target:
+        target.copy_(staged)
     return tensor
 
 

@@ -19,6 +19,7 @@ import torch
 
 from cloud_elastic.worker.comm.collectives import on_device, check_reducible
 from cloud_elastic.worker.comm.compression import Compression, casts, check_compression, encode
+from cloud_elastic.worker.comm.dtypes import carrier, from_wire, to_wire
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.comm.ops import Average, Max, Min, Product, Sum, average_scaling, check_op
 
@@ -44,12 +45,14 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
     scaling = average_scaling(op, size, casts(compression, tensor.dtype), prescale=prescale_factor,
                               postscale=postscale_factor)
     sent = encode(tensor, compression, scaling.before, ctx.device)
+    moved = to_wire(sent.tensor, carrier(sent.tensor.dtype, "reducescatter", reduces=False))  # rows move as bits
     # Horovod's split: dim0 // size rows each, the first dim0 % size ranks one more (as tensor_split does).
     counts = [len(chunk) for chunk in torch.tensor_split(torch.empty(sent.tensor.shape[0], device="meta"), size)]
-    received = torch.empty((size * counts[rank],) + tuple(sent.tensor.shape[1:]), dtype=sent.tensor.dtype,
+    received = torch.empty((size * counts[rank],) + tuple(sent.tensor.shape[1:]), dtype=moved.dtype,
                            device=sent.tensor.device)
     what = f"reducescatter {name or ''}".strip()
-    ctx.wait(ctx.group(what).alltoall_base(received, sent.tensor, [counts[rank]] * size, counts), what)
+    ctx.wait(ctx.group(what).alltoall_base(received, moved, [counts[rank]] * size, counts), what)
+    received = from_wire(received, sent.tensor.dtype)
     mine = _REDUCE[op](received.view((size, counts[rank]) + tuple(sent.tensor.shape[1:])))
     result = sent.decode(mine)
     scaling.apply_after(result)
@@ -78,6 +81,7 @@ def alltoall(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None =
         raise TypeError(f"hvd.alltoall: expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dim() == 0:
         raise ValueError("hvd.alltoall: expected a tensor of at least one dimension (it splits dimension 0)")
+    wire = carrier(tensor.dtype, "alltoall", reduces=False)
     ctx = get_context()
     size = ctx.info.size
     rows = tensor.shape[0]
@@ -88,10 +92,10 @@ def alltoall(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None =
     received = torch.empty_like(counts)
     ctx.wait(ctx.group(what).alltoall_base(received, counts, [], []), what)
     recv = [int(n) for n in received.tolist()]
-    local = on_device(tensor.detach()[: sum(send)])
+    local = to_wire(on_device(tensor.detach()[: sum(send)]), wire)
     out = torch.empty((sum(recv),) + tuple(local.shape[1:]), dtype=local.dtype, device=local.device)
     ctx.wait(ctx.group(what).alltoall_base(out, local, recv, send), what)
-    out = out.to(tensor.device)
+    out = from_wire(out, tensor.dtype).to(tensor.device)
     if splits is None:
         return out
     return out, torch.tensor(recv, dtype=torch.int32)
