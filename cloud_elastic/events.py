@@ -145,7 +145,7 @@ class TeeEvents:
 @dataclass(frozen=True)
 class JobSinks:
     """What :func:`open_sinks` started: ``sink`` gets every event; ``metrics`` (or None) also
-    takes ``observe_discovery`` / ``observe_step``. ``close()`` closes both."""
+    takes ``observe_discovery`` / ``observe_progress``. ``close()`` closes both."""
 
     sink: EventSink
     metrics: "MetricsServer | None"
