@@ -30,6 +30,7 @@ def test_a_newcomer_receives_the_commit_in_parts_from_several_holders(jobs, tmp_
     hosts = HostsFile(tmp_path, four[:3])
     job = jobs(["run", "-np", "3", "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(hosts.script),
                 "--discovery-interval", "0.2", sys.executable, str(HEAL_PROBE), "--steps", "4", "--entry-events",
+                "--count-cycles",
                 "--stop-when", str(stop)])
     job.wait_event("commit", rank=0, step=3, timeout=60)
     hosts.set(four)

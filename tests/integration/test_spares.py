@@ -75,7 +75,7 @@ def test_a_killed_worker_is_replaced_by_the_waiting_spare_holding_the_survivors_
     path, stop = tmp_path / "events.jsonl", tmp_path / "stop"
     job = jobs(["run", "-np", "3", "--min-np", "1", "--spares", "1", "-H", ",".join(f"{h}:1" for h in FIVE),
                 "--blacklist-cooldown-range", "300", "300", "--events-file", str(path),
-                *probe_cmd("--steps", "20", "--stop-when", str(stop), "--entry-events")])
+                *probe_cmd("--steps", "20", "--stop-when", str(stop), "--entry-events", "--count-cycles")])
     [spare] = spares_ready(job)
     assert host_of(spare) != FIVE[4]  # the fifth host is not needed yet
     victim = committed(job, rank=1, step=5)
