@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import re
+import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 #: ``max_np=None`` means as many workers as the cluster offers.
 _UNLIMITED = 1 << 20
+#: How long :func:`build_ray_run` waits for the cluster's GCS to accept a connection: ray.init retries for minutes.
+CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -263,6 +266,38 @@ def verbose_logging(verbose: bool) -> Iterator[None]:
             logger.removeHandler(handler)
 
 
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """ConfigError, in one line and within about ``timeout_s``, unless the GCS of the Ray cluster ``ray.init`` would
+    connect to for ``address`` accepts a TCP connection ('auto': ``RAY_ADDRESS``, else the cluster this machine
+    last started or runs). ``ray.init`` itself waits minutes for an absent one. Nothing is checked where Ray's
+    private address lookup is missing, or for 'local' (``ray.init`` starts a cluster then).
+    """
+    if "://" in address:  # ray://host:port: Ray Client's server
+        resolved: str | None = address.split("://", 1)[1].split("/", 1)[0]
+    else:
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:
+            return
+        try:
+            resolved = canonicalize_bootstrap_address(address)
+        except (ConnectionError, ValueError) as exc:  # 'auto' found no cluster; an address that is no host:port
+            raise ConfigError(f"cannot connect to the Ray cluster at {address!r}: {_first_line(exc)}") from exc
+    if resolved is None:
+        return
+    host, _, port = resolved.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as exc:
+        where = "" if resolved == address else f" ({resolved})"
+        raise ConfigError(f"cannot connect to the Ray cluster at {address!r}{where}: nothing answers there "
+                          f"({_first_line(exc) or type(exc).__name__}); is it running?") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().split("\n", 1)[0]
+
+
 @dataclass(frozen=True)
 class RayRun:
     """The pieces of a command job on Ray (for the CLI): ``Driver(config, discovery, launcher=launcher)``."""
@@ -284,10 +319,11 @@ def build_ray_run(
     """Connect to the Ray cluster at ``address`` and return the pieces to run ``config.command`` on it.
 
     The driver listens on this node's IP unless ``config.driver_address`` is set.
-    Raises :class:`ConfigError` when the cluster cannot be reached.
+    Raises :class:`ConfigError` when the cluster cannot be reached (within about :data:`CONNECT_TIMEOUT_S`).
     """
     ray = require_ray()
     if not ray.is_initialized():
+        check_reachable(address)
         try:
             ray.init(address=address)
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError or ValueError here

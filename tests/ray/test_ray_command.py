@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -44,3 +45,17 @@ def test_a_ray_flag_without_ray_address_is_a_one_line_flag_error_not_ignored(fla
         cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
     )
     assert (out.returncode, out.stderr.strip().splitlines()) == (2, [f"cloud-elastic: error: {line}"])
+
+
+@pytest.mark.parametrize(("address", "env"), [("127.0.0.1:1", {}), ("auto", {"RAY_ADDRESS": "127.0.0.1:1"})],
+                         ids=["address", "auto-stale"])
+def test_a_ray_address_where_no_cluster_runs_is_a_one_line_error_not_a_hang(address, env):
+    # ray.init alone retried such an address for minutes (165 s, then the reviewer's timeout).
+    out = subprocess.run(
+        [sys.executable, "-m", "cloud_elastic.cli", "run", "--ray-address", address, "-np", "1", "python", "x.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL, env={**os.environ, **env},
+    )
+    lines = out.stderr.strip().splitlines()
+    assert (out.returncode, len(lines)) == (2, 1), out.stderr[-2000:]
+    assert lines[0].startswith(f"cloud-elastic: error: cannot connect to the Ray cluster at {address!r}")
+    assert "nothing answers there" in lines[0]
