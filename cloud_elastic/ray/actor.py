@@ -13,6 +13,7 @@ dashboard), while a method's arguments travel once, inside the cluster.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -66,18 +67,27 @@ class WorkerActor:
     ) -> dict[str, Any]:
         """Run ``command`` on this node through the SSH launcher's wrapper (:mod:`cloud_elastic.driver.launch.ssh_remote`).
 
-        The wrapper reads the secret from its stdin, runs the worker in its own process
-        group, and stops that group when its stdin closes, which is what happens when
-        this actor is killed: a stopped worker leaves no process behind.
+        The wrapper reads the secret from its stdin and runs the worker in its own process group. When this
+        actor dies (killed, crashed, out of memory), the wrapper gets a SIGTERM, from the kernel
+        (``PR_SET_PDEATHSIG``) and from Ray (which TERMs a dead actor's process group), and KILLs the worker's
+        group (``--term-kills``; under SSH a SIGTERM means the host is going, and the worker may leave at its
+        next commit). So a worker never outlives its actor, and the driver counts a worker that failed, as for
+        any worker that died, not a host that is going.
         """
+        from cloud_elastic.driver.launch.ssh_remote import WrapperArgs, die_with_parent, wrapper_argv
+
         _worker_environment(env, None, gpu)
         child_env = dict(os.environ)
         child_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), child_env.get("PATH", "")])
         # The driver's directory may not exist on this node; then run where Ray put us.
         workdir = cwd if os.path.isdir(cwd) else os.getcwd()
-        argv = [sys.executable, "-m", REMOTE_MODULE, "ray", repr(grace_s), "0", workdir, *command]
+        args = WrapperArgs("ray", grace_s, 0.0, workdir, tuple(command), term_kills=True)
+        argv = [sys.executable, "-m", REMOTE_MODULE, *wrapper_argv(args)]
         with self._lock:
-            self._wrapper = subprocess.Popen(argv, env=child_env, stdin=subprocess.PIPE)
+            # PDEATHSIG fires when the starting thread ends: this one waits for the wrapper below, so only
+            # the actor's death ends it first.
+            self._wrapper = subprocess.Popen(argv, env=child_env, stdin=subprocess.PIPE,
+                                             preexec_fn=die_with_parent(signal.SIGTERM))
             assert self._wrapper.stdin is not None
             self._wrapper.stdin.write(secret.encode() + b"\n")
             self._wrapper.stdin.flush()

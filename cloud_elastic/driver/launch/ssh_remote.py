@@ -1,10 +1,10 @@
 """The remote half of the SSH launcher: runs on the worker host as ``python3 -m cloud_elastic.driver.launch.ssh_remote``.
 
-usage: ``python3 -m cloud_elastic.driver.launch.ssh_remote [--env] NONCE GRACE_S KEEPALIVE_S CWD COMMAND...``
+usage: ``python3 -m cloud_elastic.driver.launch.ssh_remote [--env] [--term-kills] NONCE GRACE_S KEEPALIVE_S CWD
+COMMAND...``
 or ``python3 -m cloud_elastic.driver.launch.ssh_remote --attach NONCE`` (see 5. below)
 
-One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHLauncher`
-through ssh. It
+One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHLauncher` through ssh. It
 
 1. reads the per-job secret from the first line of its stdin and hands it to the worker through an inherited pipe
    whose descriptor ``CLOUD_ELASTIC_SECRET_FD`` names (:func:`secret_pipe`), so the secret is on no command line,
@@ -17,28 +17,25 @@ through ssh. It
 3. watches its own stdin (:class:`Watchdog`). A ``KILL`` or ``TERM <grace>`` line, or a HUP/INT to the wrapper,
    stops the worker's *whole process group* at once: TERM, then KILL after the grace. The first TERM to the
    wrapper (the host is going: start-sshd.sh passes a pod's SIGTERM on) goes to the worker's process alone, which
-   may leave at its next commit (``worker.termination``); a second stops the group. End of file (the driver died,
-   the local ssh died, the connection dropped) or no keepalive line for ``KEEPALIVE_S`` (0 = off) means the driver
-   is gone: the worker may train on for the driver grace (``CLOUD_ELASTIC_DRIVER_GRACE_S`` in the worker's
-   variables, as the driver passes it to workers) and normally exits by itself at its end; the wrapper stops its
-   group a margin later (:data:`GRACE_MARGIN_S`), so nothing outlives a lost driver for long. Keepalive lines that
-   resume within the grace cancel it;
+   may leave at its next commit (``worker.termination``); a second stops the group. With ``--term-kills`` (a Ray
+   actor's wrapper: Ray TERMs a dead actor's process group) a SIGTERM, or end of file, KILLs the group: the actor
+   died, its host is not going. Otherwise end of file (the driver died, the local ssh died, the connection dropped)
+   or no keepalive line for ``KEEPALIVE_S`` (0 = off) means the driver is gone: the worker may train on for the
+   driver grace (``CLOUD_ELASTIC_DRIVER_GRACE_S`` in the worker's variables, as the driver passes it to workers)
+   and normally exits by itself at its end; the wrapper stops its group a margin later (:data:`GRACE_MARGIN_S`), so
+   nothing outlives a lost driver for long. Keepalive lines that resume within the grace cancel it;
 4. when the worker ends, stops whatever is left in its group and writes the worker's exact status on a marker line
    on stderr (:func:`marker_line`), which the launcher parses (:func:`parse_marker`) and removes from the output;
-5. listens on a Unix socket private to the user (:func:`control_path`, in a 0700
-   directory), so that a driver restarted within the grace can adopt the worker
-   through a fresh ssh connection running ``--attach NONCE``: that
-   process relays its stdin to the wrapper (keepalives, ``KILL``, ``TERM``: the
-   same watchdog, and any data from it cancels a pending "driver lost" stop)
-   and the wrapper's marker line back on its stderr. The worker's own output
+5. listens on a Unix socket private to the user (:func:`control_path`, in a 0700 directory), so that a driver
+   restarted within the grace can adopt the worker through a fresh ssh connection running ``--attach NONCE``: that
+   process relays its stdin to the wrapper (keepalives, ``KILL``, ``TERM``: the same watchdog, and any data from it
+   cancels a pending "driver lost" stop) and the wrapper's marker line back on its stderr. The worker's own output
    still goes to the first connection, which died with the old driver.
 
-It imports the standard library only (no torch, no cloud SDK, nothing else of
-cloud-elastic): it must start in milliseconds and must not fail on a host whose
-worker environment is broken, so that the driver learns what went wrong. So it
-spells the two variables of the worker's environment contract it handles itself
-(:data:`SECRET_FD_ENV`, :data:`DRIVER_GRACE_ENV`; the contract's owner is
-:mod:`cloud_elastic.worker.settings`).
+It imports the standard library only (no torch, no cloud SDK, nothing else of cloud-elastic): it must start in
+milliseconds and must not fail on a host whose worker environment is broken, so that the driver learns what went
+wrong. So it spells the two variables of the worker's environment contract it handles itself (:data:`SECRET_FD_ENV`,
+:data:`DRIVER_GRACE_ENV`; the contract's owner is :mod:`cloud_elastic.worker.settings`).
 """
 
 from __future__ import annotations
@@ -56,6 +53,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import Callable, Sequence
 
 __all__ = ["SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MARKER", "WrapperArgs", "parse_args",
@@ -98,18 +96,19 @@ class WrapperArgs:
     cwd: str
     command: tuple[str, ...]
     env_on_stdin: bool = False  # ``--env``: the second line of stdin holds variables for the worker
+    term_kills: bool = False  # ``--term-kills``: a SIGTERM to the wrapper KILLs the worker's group (see _on_signal)
 
 
 def wrapper_argv(args: WrapperArgs) -> list[str]:
     """The arguments after ``-m cloud_elastic.driver.launch.ssh_remote`` that :func:`parse_args` reads back."""
-    flag = ["--env"] if args.env_on_stdin else []
+    flag = ["--env"] * args.env_on_stdin + ["--term-kills"] * args.term_kills
     return [*flag, args.nonce, repr(args.grace_s), repr(args.keepalive_timeout_s), args.cwd, *args.command]
 
 
 def parse_args(argv: Sequence[str]) -> WrapperArgs:
     """Read the wrapper's arguments; ValueError with a one-line message if they are not ours."""
-    env_on_stdin = argv[:1] == ["--env"]
-    argv = argv[1:] if env_on_stdin else argv
+    flags = list(takewhile(lambda arg: arg in ("--env", "--term-kills"), argv))
+    argv = argv[len(flags):]
     if len(argv) < 5:
         raise ValueError(f"expected NONCE GRACE_S KEEPALIVE_S CWD COMMAND..., got {len(argv)} argument(s)")
     nonce, grace, keepalive, cwd, *command = argv
@@ -119,7 +118,7 @@ def parse_args(argv: Sequence[str]) -> WrapperArgs:
         raise ValueError(f"GRACE_S and KEEPALIVE_S must be numbers, got {grace!r} and {keepalive!r}") from None
     if not nonce or grace_s < 0 or keepalive_s < 0:
         raise ValueError("NONCE must be non-empty and GRACE_S, KEEPALIVE_S >= 0")
-    return WrapperArgs(nonce, grace_s, keepalive_s, cwd, tuple(command), env_on_stdin)
+    return WrapperArgs(nonce, grace_s, keepalive_s, cwd, tuple(command), "--env" in flags, "--term-kills" in flags)
 
 
 def parse_env(line: str) -> dict[str, str]:
@@ -172,8 +171,7 @@ def marker_line(nonce: str, status: int, reason: str) -> str:
 def parse_marker(line: str, nonce: str) -> tuple[int, str] | None:
     """``(status, reason)`` if ``line`` is this wrapper's marker line, else ``None``.
 
-    The nonce is per launch, so a worker that prints something that looks like
-    a marker cannot forge its own status.
+    The nonce is per launch, so a worker that prints something that looks like a marker cannot forge its own status.
     """
     words = line.split()
     if len(words) != 4 or words[0] != MARKER or words[1] != nonce:
@@ -188,8 +186,8 @@ def parse_marker(line: str, nonce: str) -> tuple[int, str] | None:
 class Order:
     """What the watchdog decided: stop the worker's group with this grace, for this reason.
 
-    ``after_s`` > 0: the driver is gone; stop only if the worker is still
-    there that many seconds later (it trains on for the driver grace).
+    ``after_s`` > 0: the driver is gone; stop only if the worker is still there that many seconds later (it trains
+    on for the driver grace).
     """
 
     grace_s: float
@@ -200,14 +198,11 @@ class Order:
 class Watchdog:
     """Decides, from what arrives on the wrapper's stdin and when, whether to stop the worker.
 
-    Pure: it is fed bytes and times, and returns an :class:`Order` or ``None``.
-    Lines: ``KILL`` (grace 0), ``TERM <grace>`` (``TERM`` alone or with a bad
-    number: the default grace), ``STACKS`` (``on_stacks`` is called: the worker
-    is asked for its Python stacks), anything else is a keepalive. End of file stops
-    with the default grace; silence longer than ``keepalive_timeout_s``
-    (0 disables) stops with the default grace and the reason ``keepalive``.
-    Both mean the driver is gone, so their orders wait ``driver_grace_s`` first
-    (``Order.after_s``).
+    Pure: it is fed bytes and times, and returns an :class:`Order` or ``None``. Lines: ``KILL`` (grace 0),
+    ``TERM <grace>`` (``TERM`` alone or with a bad number: the default grace), ``STACKS`` (``on_stacks`` is called:
+    the worker is asked for its Python stacks), anything else is a keepalive. End of file stops with the default
+    grace; silence longer than ``keepalive_timeout_s`` (0 disables) stops with the default grace and the reason
+    ``keepalive``. Both mean the driver is gone, so their orders wait ``driver_grace_s`` first (``Order.after_s``).
     """
 
     def __init__(self, grace_s: float, keepalive_timeout_s: float, now: float, driver_grace_s: float = 0.0,
@@ -388,8 +383,9 @@ class Wrapper:
         return listener
 
     def _watch(self) -> None:
-        after = self._driver_grace_s + GRACE_MARGIN_S if self._driver_grace_s > 0 else 0.0
-        watchdog = Watchdog(self._args.grace_s, self._args.keepalive_timeout_s, self._clock(), after,
+        kills = self._args.term_kills  # Ray: end of file means the actor died (not the driver): KILL, as on SIGTERM
+        after = self._driver_grace_s + GRACE_MARGIN_S if self._driver_grace_s > 0 and not kills else 0.0
+        watchdog = Watchdog(0.0 if kills else self._args.grace_s, self._args.keepalive_timeout_s, self._clock(), after,
                             on_stacks=self._dump_stacks)
         listener = self._listen()
         eof = False
@@ -462,6 +458,10 @@ class Wrapper:
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._pgid is None:
             os._exit(1)
+        if signum == signal.SIGTERM and self._args.term_kills:  # passed on, the worker would report its host going
+            _say("SIGTERM: the Ray actor that started this worker is gone: killing the worker")
+            self.stop(0.0)
+            return
         if signum == signal.SIGTERM and not self._term_passed_on:
             # The host is going (a pod's SIGTERM, which start-sshd.sh passes on): the worker decides what to
             # do with it, e.g. leave at its next commit. Its process only: its own children (a DataLoader's
@@ -512,9 +512,9 @@ def _say(message: str, raw: bool = False) -> None:
         pass
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A preexec function asking the kernel to KILL the child if the thread that started it dies (Linux only):
-    here the worker's leader when the wrapper dies."""
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A preexec function asking the kernel to send ``sig`` to the child if the thread that started it dies (Linux
+    only): here KILL to the worker's leader when the wrapper dies; TERM to a Ray actor's wrapper (``--term-kills``)."""
     try:
         import ctypes
 
@@ -523,7 +523,7 @@ def die_with_parent() -> Callable[[], None] | None:
         return None
 
     def preexec() -> None:
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl(1, sig)  # PR_SET_PDEATHSIG
 
     return preexec
 
