@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from .hcl import CLOUDS, block
+from .hcl import CLOUDS, TERRAFORM_DIR, Module, block
 
 pytestmark = pytest.mark.terraform
 
@@ -45,3 +45,22 @@ def test_the_aws_worker_group_ignores_its_initial_hook_and_a_hook_resource_owns_
     assert hook["heartbeat_timeout"] == "${var.lifecycle_heartbeat_timeout_s}"
     assert hook["name"] == "${local.lifecycle_hook_name}"
     assert hook["autoscaling_group_name"] == "${aws_autoscaling_group.workers.name}"
+
+
+def test_the_multi_source_example_keeps_its_other_groups_when_the_drain_timeout_changes():
+    """spot_b and the fallback had a hard-coded initial_lifecycle_hook and nothing else: a changed timeout replaced
+    them, with every worker on them. Each ignores it, a hook resource per group owns it, and one variable sets the
+    timeout of all three groups (the module's too). The later_apply_longer_drain run of the example's
+    tests/later.tftest.hcl shows the provider's plan itself."""
+    m = Module.load(TERRAFORM_DIR / "examples" / "aws-multi-source")
+    groups = m.resources("aws_autoscaling_group")
+    assert set(groups) == {"spot_b", "fallback"}
+    [hook] = m.resources("aws_autoscaling_lifecycle_hook").values()
+    for name, group in groups.items():
+        assert "initial_lifecycle_hook" in (block(group, "lifecycle") or {}).get("ignore_changes", []), name
+        assert block(group, "initial_lifecycle_hook")["heartbeat_timeout"] == "${var.lifecycle_heartbeat_timeout_s}"
+        assert f"aws_autoscaling_group.{name}.name" in str(hook["for_each"]), name
+    assert hook["autoscaling_group_name"] == "${each.value}"
+    assert hook["heartbeat_timeout"] == "${var.lifecycle_heartbeat_timeout_s}"
+    call = m.module_calls["cloud_elastic"]
+    assert call["lifecycle_heartbeat_timeout_s"] == "${var.lifecycle_heartbeat_timeout_s}"

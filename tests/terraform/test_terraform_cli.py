@@ -26,7 +26,7 @@ TAG_VARS = {
     "expected_role_worker": ROLE_WORKER,
     "expected_role_driver": ROLE_DRIVER,
 }
-TESTED_DIRS = ("modules/common", "modules/aws")
+TESTED_DIRS = ("modules/common", "modules/aws", "examples/aws-multi-source")
 
 
 def terraform_test(terraform, workdir):

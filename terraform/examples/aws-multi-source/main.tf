@@ -55,6 +55,8 @@ module "cloud_elastic" {
   admin_ssh_cidrs    = var.admin_ssh_cidrs
   driver_public_ip   = true
   setup_commands     = var.setup_commands
+
+  lifecycle_heartbeat_timeout_s = var.lifecycle_heartbeat_timeout_s
 }
 
 locals {
@@ -95,10 +97,12 @@ resource "aws_autoscaling_group" "spot_b" {
     }
   }
 
+  # The hook from the group's first instance on; the aws_autoscaling_lifecycle_hook below owns it afterwards
+  # (this block is ignored after creation), as in the module.
   initial_lifecycle_hook {
     name                 = module.cloud_elastic.lifecycle_hook_name
     lifecycle_transition = "autoscaling:EC2_INSTANCE_TERMINATING"
-    heartbeat_timeout    = 300
+    heartbeat_timeout    = var.lifecycle_heartbeat_timeout_s
     default_result       = "CONTINUE"
   }
 
@@ -109,7 +113,9 @@ resource "aws_autoscaling_group" "spot_b" {
   }
 
   lifecycle {
-    ignore_changes = [desired_capacity]
+    # The provider replaces the whole group, every worker with it, when initial_lifecycle_hook changes: the hook
+    # resource below applies a new timeout instead.
+    ignore_changes = [desired_capacity, initial_lifecycle_hook]
   }
 }
 
@@ -141,10 +147,12 @@ resource "aws_autoscaling_group" "fallback" {
     }
   }
 
+  # The hook from the group's first instance on; the aws_autoscaling_lifecycle_hook below owns it afterwards
+  # (this block is ignored after creation), as in the module.
   initial_lifecycle_hook {
     name                 = module.cloud_elastic.lifecycle_hook_name
     lifecycle_transition = "autoscaling:EC2_INSTANCE_TERMINATING"
-    heartbeat_timeout    = 300
+    heartbeat_timeout    = var.lifecycle_heartbeat_timeout_s
     default_result       = "CONTINUE"
   }
 
@@ -155,9 +163,25 @@ resource "aws_autoscaling_group" "fallback" {
   }
 
   lifecycle {
-    # The driver owns the size (--manage-capacity); re-applying must not undo it.
-    ignore_changes = [desired_capacity]
+    # The driver owns the size (--manage-capacity); re-applying must not undo it. initial_lifecycle_hook: as spot_b.
+    ignore_changes = [desired_capacity, initial_lifecycle_hook]
   }
+}
+
+# Each group's drain hook, as the module's (aws_autoscaling_lifecycle_hook.drain): the same hook as the group's
+# initial one (PutLifecycleHook creates or updates by name), so a changed lifecycle_heartbeat_timeout_s reaches
+# AWS without replacing a group.
+resource "aws_autoscaling_lifecycle_hook" "drain" {
+  for_each = {
+    spot_b   = aws_autoscaling_group.spot_b.name
+    fallback = aws_autoscaling_group.fallback.name
+  }
+
+  name                   = module.cloud_elastic.lifecycle_hook_name
+  autoscaling_group_name = each.value
+  lifecycle_transition   = "autoscaling:EC2_INSTANCE_TERMINATING"
+  heartbeat_timeout      = var.lifecycle_heartbeat_timeout_s
+  default_result         = "CONTINUE"
 }
 
 # What the driver needs beyond the module's grant: drain the two new groups, set the fallback's size

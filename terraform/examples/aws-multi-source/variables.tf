@@ -81,6 +81,17 @@ variable "on_demand_price" {
   }
 }
 
+variable "lifecycle_heartbeat_timeout_s" {
+  type        = number
+  description = "Seconds a terminating worker of any of the three groups waits for the driver to drain it (the driver may extend it with heartbeats). A later change updates the groups' hooks in place."
+  default     = 300
+
+  validation {
+    condition     = var.lifecycle_heartbeat_timeout_s >= 30 && var.lifecycle_heartbeat_timeout_s <= 1800 && floor(var.lifecycle_heartbeat_timeout_s) == var.lifecycle_heartbeat_timeout_s
+    error_message = "lifecycle_heartbeat_timeout_s must be a whole number of seconds from 30 to 1800."
+  }
+}
+
 variable "ssh_public_key" {
   type        = string
   description = "OpenSSH public key; keep the private key to copy to the driver."
