@@ -24,8 +24,10 @@ class DurableSchedule(Protocol):
     Guarantees: :meth:`after_commit` never makes the step wait for storage
     (beyond a background write's staging copy); :meth:`load_latest` leaves the
     state at its last commit when it raises; :meth:`stop_writing` returns
-    within its timeout; a replica's rank 0 returns from :meth:`finish` when the
-    final write ends, however long it takes (counting as progress while it moves bytes).
+    within its timeout; :meth:`finish` returns when the final write ends, however
+    long it takes, on a replica's rank 0 and on every worker of host 0 of an ``hvd.shard``
+    job alike (counting as progress while bytes move; storage that moves none for
+    ``--progress-timeout`` ends the round); a leaving worker waits for its writes up to 120 s.
     """
 
     def loads_here(self, info: RoundInfo) -> bool:

@@ -27,7 +27,9 @@ A reader that finds the manifest finds every shard.
   previous write is still running queues this one: at most two copies a worker. A worker
   leaving (:meth:`stop_writing`) waits for the writes up to 120 s; the end of training
   (:meth:`finish`) waits for them, and for its final write, as long as the storage takes,
-  counting as progress while they move bytes (``rank_zero.wait_for_storage``). With
+  counting as progress while they move bytes (``rank_zero.wait_for_storage``); the host's
+  workers ask each other each second whether a write is left (:class:`_HostWrites`), so none
+  waits for local rank 0's publish inside a collective that the collective timeout ends. With
   ``CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES=sync`` (host memory too small for the copy), or on
   a GPU a torch without those staging functions, the write is synchronous: host 0's workers
   stop for it, and the other hosts wait for them at the next gradient averaging. A failed
@@ -157,7 +159,8 @@ class ShardedCheckpoints:
             return None
         log.info("worker %s: training completed; waiting for the final checkpoint as long as the storage takes",
                  self._ctx.worker_id)
-        self.stop_writing(None)
+        host = _HostWrites(self._writes, self.store, self._ctx.device)  # local rank 0 publishes after the others
+        wait_for_storage(host.wait, host, self._ctx, None)
         # Local rank 0 decides for the host, as at commits: whether its last commit is stored already.
         if not self._agree(self._stored_seq is None or self._stored_seq != self._ctx.ledger.commit_seq):
             return None  # the last commit's checkpoint, written by these very workers, holds the final state
@@ -451,6 +454,30 @@ def _save(tensors: dict[str, Any], storage: Any, group: Any = None) -> None:
         # host-mate died; a full disk is said so, not as torch's "unexpected pos ..."
         seen = (getattr(storage, "io_errors", None) or [None])[0]
         raise CheckpointError(f"torch DCP could not write the shards: {storage_reason(exc, seen)[:300]}") from exc
+
+
+class _HostWrites:
+    """The background writes of every worker of the host, as :func:`wait_for_storage` waits for them at the end.
+
+    After a DCP save local rank 0 alone publishes it (``state.pt``, the manifest): its host-mates, done, must not
+    wait for it inside one collective, which would fail after the host group's timeout (the collective timeout)
+    however steadily the storage writes. So :meth:`wait` waits up to its ``timeout`` for this worker's own writes,
+    then asks the host (an all-reduce over the host's group, met by every worker within that ``timeout``) whether
+    any of them has one left, and how many bytes they wrote since: :attr:`bytes_written` is the host's, so each
+    worker counts as progress the bytes local rank 0 moves. Every worker gets the same answer, so all return
+    together."""
+
+    def __init__(self, writes: "_Writes", store: CheckpointStore, device: Any) -> None:
+        self._writes, self._store, self._device = writes, store, device
+        self._since = store.bytes_written
+        self.bytes_written = 0
+
+    def wait(self, timeout: float) -> bool:
+        left = torch.tensor([0 if self._writes.wait(timeout) else 1, self._store.bytes_written - self._since],
+                            dtype=torch.int64, device=self._device)
+        dist.all_reduce(left)
+        self.bytes_written = int(left[1].item())
+        return int(left[0].item()) == 0
 
 
 class _Writes:

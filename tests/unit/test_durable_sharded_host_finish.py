@@ -1,0 +1,62 @@
+"""The end of training on host 0 of a sharded job (``hvd.shard``), two workers: local rank 0 still publishes its
+last background write (``state.pt``, the manifest, the pruning: local rank 0 alone, after the DCP save its
+host-mate already left) for longer than the host group's collective timeout, its bytes moving all along.
+
+Found in review of 5b29ae2: the host-mate, with no write left, waited for local rank 0 inside one broadcast over
+the host's group, which failed after the collective timeout (300 s by default; 3 s here): a finished job's worker
+crashed with Gloo's "Timed out waiting ... for recv operation".
+
+Two real processes in a Gloo group (the host's), as ``hvd.shard`` forms it; nothing is written to storage: the
+last commit is the one the background write stores, so no final write follows.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+
+from tests.unit.gloo_pair import run_pair
+
+pytestmark = pytest.mark.timeout(120)
+
+COLLECTIVE_TIMEOUT_S = 3.0
+PUBLISH_S = 6.0  # local rank 0's publish: twice the collective timeout
+
+
+def _host_0_worker(rank: int) -> dict:
+    import torch
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    from cloud_elastic.worker.durable.rank_zero import DurableSettings
+    from cloud_elastic.worker.durable.sharded import ShardedCheckpoints
+    from cloud_elastic.worker.link.progress import Progress
+
+    _set_pg_timeout(timedelta(seconds=COLLECTIVE_TIMEOUT_S))  # the host group's timeout (the collective timeout)
+    ctx = SimpleNamespace(info=SimpleNamespace(rank=rank, size=2, local_rank=rank, local_size=2, cross_rank=0,
+                                               cross_size=1),
+                          device=torch.device("cpu"), job_id="job-1", worker_id=f"w{rank}", progress=Progress(),
+                          ledger=SimpleNamespace(commit_seq=4))
+    durable = ShardedCheckpoints(DurableSettings("/nonexistent/never-written"), ctx)
+    durable._stored_seq = 4  # the write in the background stores the last commit: no final write is needed
+    if rank == 0:
+        def publish() -> None:  # local rank 0's part of that write, after the DCP save: bytes keep moving
+            ends = time.monotonic() + PUBLISH_S
+            while time.monotonic() < ends:
+                time.sleep(0.25)
+                durable.store._moved(4096)
+
+        durable._writes.put(publish)
+    before = ctx.progress.sample()
+    why = durable.finish(None)
+    return {"finish": why, "idle": durable._writes.idle, "progress": ctx.progress.sample() - before}
+
+
+def test_a_host_mate_waits_for_local_rank_0s_publish_past_the_collective_timeout_counting_its_bytes():
+    got = run_pair(_host_0_worker)  # before the fix: local rank 1 raised after 3 s, then local rank 0 too
+    assert [got[r]["finish"] for r in (0, 1)] == [None, None], got  # the final state is stored: nothing to report
+    assert got[0]["idle"]  # local rank 0 returned once its publish was done
+    # The host-mate counts local rank 0's bytes as its own progress: the driver's watch sees no idle worker.
+    assert got[1]["progress"] >= 2 and got[0]["progress"] >= 2, got
