@@ -39,9 +39,12 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   capacity is unknown, more often than :data:`REASK_UNKNOWN_S` or while it shows more hosts than when last asked or
   last lowered. When the credentials may not change the group (AccessDenied), one WARNING says so and the source is
   left unmanaged for the rest of the job; other errors are retried at each later ``find()`` until a call succeeds or
-  a newer value replaces it. :meth:`can_give` tells the job how many hosts each group can give (its MaxSize; what
-  it has where unmanaged or refused :data:`REFUSALS_TO_SPILL` times in a row), so the next fallback is asked for
-  the rest; :meth:`adopt` takes a crashed predecessor's raise for the job's own (its 0 is sent).
+  a newer value replaces it. :meth:`can_give` tells the job what each group can give (a
+  :class:`~.sources.Room`: its MaxSize; what it has where unmanaged, refused :data:`REFUSALS_TO_SPILL` times in a
+  row, or short of the hosts the job set for :data:`SHORT_FOR_S`), so the next fallback is asked for the rest; the
+  group's own value stays as asked. A 0 goes only to a group the job sent a raise (a call made, whatever its answer:
+  one that timed out may have landed) or adopted one of (:meth:`adopt`: a crashed predecessor's raise): a group whose
+  raise was held back or skipped is an operator's, and is left as it is, mid-job and at the end.
 * **One provider call per source at a time**, whichever thread makes it: :meth:`wait_for` waits for any of them
   (find, set_capacity, release, hourly_prices) to end. The one exception: a find() does not wait for a call that
   another thread (the driver's, at the job's end) began; its answer is then one read just before or after that
@@ -62,10 +65,10 @@ from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryE
                                   RetryableDiscoveryError)
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find
 from cloud_elastic.providers.sidecalls import Caller, SideCalls
-from cloud_elastic.providers.sources import SourceSpec
+from cloud_elastic.providers.sources import Room, SourceSpec
 
 __all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "PRICE_RETRY_S",
-           "MERGE_MARGIN_S", "UNHEARD_HOLD_S", "REASK_UNKNOWN_S", "REFUSALS_TO_SPILL"]
+           "MERGE_MARGIN_S", "UNHEARD_HOLD_S", "REASK_UNKNOWN_S", "REFUSALS_TO_SPILL", "SHORT_FOR_S"]
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +84,12 @@ REASK_UNKNOWN_S = 300.0
 #: At close, releases put off beside the job's last calls wait this long for them (no find() comes after).
 RELEASE_AT_CLOSE_S = 10.0
 #: A raise refused this many calls in a row (not AccessDenied) counts as one its group cannot give (:meth:`can_give`)
-#: until :data:`REASK_UNKNOWN_S` after the last refusal, or a raise of it is made.
+#: until a call to it succeeds; the refused value is tried again at each find() meanwhile.
 REFUSALS_TO_SPILL = 3
+#: A group that shows fewer hosts than the job set for this long counts as unable to give the rest (:meth:`can_give`):
+#: AWS takes SetDesiredCapacity and then fails to launch (InsufficientInstanceCapacity, the usual case for GPUs). A
+#: GPU instance normally shows within 1-3 minutes: a shorter wait would pay a second group for hosts still booting.
+SHORT_FOR_S = 180.0
 
 def call_limit_s(discovery: HostDiscovery, timeout_s: float) -> float:
     """How long one find() of ``discovery`` is waited for under ``--discovery-timeout`` ``timeout_s``: never less,
@@ -132,9 +139,12 @@ class SourceState:
     #: A raise skipped because the group was already higher while the job had set nothing: its 0 is not sent.
     left: bool = False
     #: What a crashed predecessor of the job had set (:meth:`MultiSourceDiscovery.adopt`); calls refused in a row
-    #: since its last raise made, and when the last was (the clock).
+    #: since the last that succeeded; whether the job ever sent it a raise (only then, or adopted, is a 0 sent).
     adopted: int | None = None
-    refusals: tuple[int, float] = (0, 0.0)
+    refusals: int = 0
+    sent: bool = False
+    #: Since when (the clock) it shows fewer hosts than the job last set; None: it shows them all.
+    short_since: float | None = None
     #: Its group's capacity limits as the last good find() read them (:meth:`MultiSourceDiscovery.can_give`).
     limits: tuple | None = None
     above_max_warned: bool = False
@@ -251,6 +261,8 @@ class MultiSourceDiscovery(HostDiscovery):
                 source.limits = source.discovery.capacity_limits()
             except Exception:  # noqa: BLE001 (no bound known: the job asks as if it had none)
                 source.limits = None
+            short = (source.capacity_set or 0) > source.shown()
+            source.short_since = (source.short_since if source.short_since is not None else now) if short else None
             self._refresh_prices(source, snapshot, now)
         for source in self.sources:  # once every answer is in: a fallback's raise sees what the others answered
             self._apply_capacity(source)
@@ -381,6 +393,7 @@ class MultiSourceDiscovery(HostDiscovery):
         try:
             with source.calls.start(lambda: not source.caller.running, hosts) as started:
                 if started:
+                    source.sent = source.sent or hosts > 0
                     source.discovery.set_capacity(hosts, source=source.spec.name)
         except CapacityDeniedError as exc:
             source.managed = False
@@ -389,15 +402,13 @@ class MultiSourceDiscovery(HostDiscovery):
                         "managing the group: set its desired capacity yourself", source.spec.name, exc)
             return
         except CapacityError as exc:
-            source.refusals = (source.refusals[0] + 1, self._clock())
+            source.refusals += 1
             log.warning("--manage-capacity: could not set the desired capacity of host source %r to %d (%s); "
                         "retrying at the next discovery", source.spec.name, hosts, exc)
             return
         if not started:
             return  # another thread's call to it started first: kept pending
-        source.pending_capacity, source.left = None, False
-        if hosts > 0:  # a 0 made leaves a refused raise refused: the group would be asked again at once
-            source.refusals = (0, 0.0)
+        source.pending_capacity, source.left, source.refusals = None, False, 0
         source.capacity_set = min(asked, hosts)  # held at MaxSize: that is what was set (held at MinSize: as asked)
         source.took = (hosts, self._clock(), limits and tuple(limits[:2]), source.shown())
         log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
@@ -411,8 +422,8 @@ class MultiSourceDiscovery(HostDiscovery):
             source.left = source.left or not (source.capacity_set or source.adopted)  # not the job's: kept
             return False
         took, took_at, took_limits, took_shown = source.took
-        if asked == 0 and source.left:
-            return False
+        if asked == 0 and (source.left or not (source.sent or source.adopted)):
+            return False  # the job's value is not the group's (held back, skipped): an operator's, left as it is
         if hosts != took or asked == 0 or desired is not None:
             return True
         if hosts < asked:  # MaxSize holds it: again only once the limits read have changed
@@ -463,17 +474,20 @@ class MultiSourceDiscovery(HostDiscovery):
         if state is not None:
             state.adopted = hosts
 
-    def can_give(self, source: str) -> int | None:
-        """The most hosts ``source``'s group can be given at the job's asking now: what it has where the job may
-        not change it (AccessDenied) or its raise was refused :data:`REFUSALS_TO_SPILL` times in a row, else its
-        MaxSize as last read; None: no bound known. The job asks the next fallback group for the rest."""
+    def can_give(self, source: str) -> Room | None:
+        """What ``source``'s group can give the job now (None: not a source): the most it is asked (its MaxSize as
+        last read), and where it cannot give all of it, what it counts for: what it has where the job may not change
+        it (AccessDenied) or its raise was refused :data:`REFUSALS_TO_SPILL` times in a row, what it shows where it
+        has shown fewer hosts than the job set for :data:`SHORT_FOR_S`. The job asks the next group for the rest."""
         state = self._by_name.get(source)
         if state is None:
             return None
-        limits, (refused, refused_at) = state.limits, state.refusals
-        if not state.managed or refused >= REFUSALS_TO_SPILL and self._clock() - refused_at < REASK_UNKNOWN_S:
-            return limits[2] if limits is not None and len(limits) > 2 else state.shown()
-        return None if limits is None else limits[1]
+        limits = state.limits
+        has = limits[2] if limits is not None and len(limits) > 2 else state.shown()
+        counts = [has] if not state.managed or state.refusals >= REFUSALS_TO_SPILL else []
+        if state.short_since is not None and self._clock() - state.short_since >= SHORT_FOR_S:
+            counts.append(state.shown())
+        return Room(None if limits is None else limits[1], min(counts, default=None), state.managed)
 
     def wait_for(self, source: str, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every call to ``source`` under way, if any, to end (its find(), or its

@@ -160,6 +160,30 @@ def test_aws_a_raise_asked_again_leaves_a_group_raised_beyond_it_as_it_is(aws):
         multi.close()
 
 
+def test_aws_an_operators_group_whose_raise_was_held_back_is_not_set_to_0(aws):
+    """Review of 57ef971: the job's raise of a group an operator keeps at 3 (booting) was held back (the spot
+    source's first call throttled), and the 0 at the job's end was sent: the operator's instances were ended."""
+    from cloud_elastic.errors import RetryableDiscoveryError
+    from cloud_elastic.providers.sources import SourceSpec
+    from tests.unit.test_providers_multi import Scripted
+
+    members = make_group(aws.url, "op-od", size=3, instance_type="g4dn.xlarge", cidr="10.73.1.0/24")
+    clients(aws.url)[0].update_auto_scaling_group(AutoScalingGroupName="op-od", MaxSize=10)
+    for member in members:
+        set_member("op-od", member["id"], lifecycle="Pending")  # shown by no discovery yet
+    od = build_discovery(parse_discovery_args(["--aws-asg", "op-od", "--aws-region", "us-east-1",
+                                               "--aws-endpoint-url", aws.url]))
+    multi = MultiSourceDiscovery([(SourceSpec("spot", "scripted"), Scripted(RetryableDiscoveryError("Throttling"))),
+                                  (SourceSpec("op-od", "aws", price=4.0, fallback=True), od)])
+    try:
+        multi.find()
+        multi.set_capacity(1, source="op-od")  # held back: spot has not answered yet
+        multi.set_capacity(0, source="op-od")  # the job ends
+        assert desired(aws, "op-od") == 3 and aws.count("SetDesiredCapacity") == 0
+    finally:
+        multi.close()
+
+
 def test_aws_a_draining_multi_gpu_host_keeps_its_price_per_slot(aws):
     od = make_group(aws.url, "dr-od", size=1, instance_type="g4dn.12xlarge", cidr="10.65.1.0/24")
     make_group(aws.url, "dr-fb", size=0, instance_type="g4dn.xlarge", cidr="10.65.2.0/24")

@@ -57,12 +57,19 @@ def _run(sim, multi: MultiSourceDiscovery, seconds: float) -> None:
             multi.set_capacity(action.hosts, source=action.source)
 
 
-def _sources(od: Scripted, od2: Scripted | None = None, spot_hosts: int = 1) -> MultiSourceDiscovery:
-    spot = Scripted(DiscoveredHosts(ready={f"a{i}": 1 for i in range(spot_hosts)}))
+def _sources(od: Scripted, od2: Scripted | None = None, spot_hosts: int = 1, sim=None,
+             spot: Scripted | None = None) -> MultiSourceDiscovery:
+    """spot-a (``spot_hosts`` hosts, or ``spot``), od and od2 (fallbacks, in that order); on ``sim``'s clock if
+    given."""
+    spot = spot or Scripted(DiscoveredHosts(ready={f"a{i}": 1 for i in range(spot_hosts)}))
     groups = [(spec("spot-a", price=1.0), spot), (spec("od", price=4.0, fallback=True), od)]
     if od2 is not None:
         groups.append((spec("od2", price=5.0, fallback=True), od2))
-    return MultiSourceDiscovery(groups)
+    return MultiSourceDiscovery(groups, **({} if sim is None else {"clock": lambda: sim.now}))
+
+
+def _capacity_events(sim) -> list[tuple[str, int]]:
+    return [(f["source"], f["hosts"]) for k, f in sim.events if k == "capacity"]
 
 
 def test_the_next_fallback_group_is_raised_for_what_the_preferred_one_cannot_give_and_lowered_once_it_can():
@@ -89,7 +96,8 @@ def test_a_preferred_fallback_group_the_job_may_not_raise_or_whose_raise_keeps_f
         od2 = Scripted(DiscoveredHosts(), limits=(0, 10, 0))
         sim = _job(2, OD2)
         _run(sim, multi := _sources(od, od2), 2 + calls)
-        assert od.capacity_calls[:calls] == [1] * calls and 1 not in od.capacity_calls[calls:], error
+        # A refused raise is tried again at each discovery, never lowered (AccessDenied: never tried again).
+        assert od.capacity_calls == [1] * len(od.capacity_calls) and len(od.capacity_calls) >= calls, error
         assert od2.capacity_calls == [1]
         assert multi.capacity_of("od2") == 1
 
@@ -147,3 +155,121 @@ def test_a_fallback_group_whose_hosts_run_workers_keeps_them_when_the_preferred_
     _run(sim, multi, 40)
     assert od.capacity_calls == [] and od2.capacity_calls == [1]
     assert sim.job.capacity.sourcing.raised() == {"od2": 1}
+
+
+# ---------------------------------------------- refusals, groups never raised, groups that never launch, reasons
+def test_a_lone_fallback_group_whose_raise_is_throttled_keeps_its_raise_and_gets_it_once_the_cloud_takes_it():
+    from cloud_elastic.errors import CapacityError
+    from cloud_elastic.providers.multi import REFUSALS_TO_SPILL
+
+    od = Scripted(DiscoveredHosts(), capacity_errors=[CapacityError("Throttling")] * REFUSALS_TO_SPILL,
+                  limits=(0, 10, 0))
+    sim = _job(2)  # one spot slot, --min-np 2: one fallback slot, and no second group to ask
+    multi = _sources(od, sim=sim)
+    _run(sim, multi, REFUSALS_TO_SPILL + 3)
+    # Never asked for 0 (it stayed below --min-np for 300 s): the refused raise is tried again until it is made.
+    assert od.capacity_calls == [1] * (REFUSALS_TO_SPILL + 1) and multi.capacity_of("od") == 1
+    assert _capacity_events(sim) == [("od", 1)]
+
+
+def test_a_refused_preferred_group_keeps_its_raise_the_next_is_asked_for_the_rest_and_lowered_once_it_is_made():
+    from cloud_elastic.errors import CapacityError
+    from cloud_elastic.providers.multi import REFUSALS_TO_SPILL
+
+    od = Scripted(DiscoveredHosts(), capacity_errors=[CapacityError("Throttling")] * (REFUSALS_TO_SPILL + 2),
+                  limits=(0, 10, 0))
+    od2 = Scripted(DiscoveredHosts(), limits=(0, 10, 0))
+    sim = _job(2, OD2)
+    multi = _sources(od, od2, sim=sim)
+    _run(sim, multi, REFUSALS_TO_SPILL + 1)
+    assert 0 not in od.capacity_calls and od2.capacity_calls == [1]
+    _run(sim, multi, 3)  # od's call is taken at last: the refusals are forgotten, od2 (no worker) is set back
+    assert 0 not in od.capacity_calls and multi.capacity_of("od") == 1 and od2.capacity_calls == [1, 0]
+    assert _capacity_events(sim) == [("od", 1), ("od2", 1), ("od2", 0)]
+    assert [f["reason"] for k, f in sim.events if k == "capacity"][-1] == \
+        "host source(s) 'od' give the 1 fallback slot(s) wanted"
+
+
+def test_a_group_whose_raise_was_held_back_and_never_sent_is_never_set_to_0_mid_job_or_at_the_end(caplog):
+    from cloud_elastic.driver.runtime import raised
+    from cloud_elastic.errors import RetryableDiscoveryError
+
+    # An operator keeps od at DesiredCapacity 3 (booting); spot's first calls are throttled: the job's raise of od
+    # is held back (UNHEARD_HOLD_S), never sent.
+    od = Scripted(DiscoveredHosts(), limits=(0, 10, 3))
+    spot = Scripted(RetryableDiscoveryError("Throttling"))
+    sim = _job(1)
+    multi = _sources(od, spot=spot, sim=sim)
+    _run(sim, multi, 3)
+    assert sim.job.capacity.sourcing.raised() == {"od": 1} and od.capacity_calls == []
+    with caplog.at_level(logging.INFO):
+        raised.lower(sim.job, multi, threading.Condition(), None, pause_s=0)  # the user stops the job
+    sim._collect()
+    assert od.capacity_calls == [], "the operator's 3 instances were terminated"
+    assert "host source 'od' is left as it is" in caplog.text and "set back to 0" not in caplog.text
+    assert ("od", 0) not in _capacity_events(sim)
+    # Mid-job: spot answers with enough slots before the hold ends: the job no longer wants od, and sends it no 0.
+    od = Scripted(DiscoveredHosts(), limits=(0, 10, 3))
+    spot = Scripted(RetryableDiscoveryError("Throttling"))
+    sim = _job(1)
+    multi = _sources(od, spot=spot, sim=sim)
+    _run(sim, multi, 3)
+    spot.answers = [DiscoveredHosts(ready={"a0": 1})]
+    _run(sim, multi, 3)
+    assert ("od", 0) in _capacity_events(sim) and od.capacity_calls == []
+
+
+class _Group(Scripted):
+    """A group whose DesiredCapacity is what the job set (AWS records it), with no instance launched
+    (InsufficientInstanceCapacity in its scaling activities, or still booting) until ``launch`` is set."""
+
+    launch: DiscoveredHosts | None = None
+
+    def set_capacity(self, hosts, *, source=None):
+        super().set_capacity(hosts, source=source)
+        self.limits = (0, 10, hosts)
+
+    def find(self):
+        return self.launch if self.launch is not None else super().find()
+
+
+def test_a_preferred_group_that_takes_its_raise_but_launches_nothing_leaves_the_rest_to_the_next_within_minutes():
+    od = _Group(DiscoveredHosts(), limits=(0, 10, 0))
+    od2 = _Group(DiscoveredHosts(), limits=(0, 10, 0))
+    sim = _job(2, OD2)  # one spot slot, --min-np 2: one fallback slot
+    multi = _sources(od, od2, sim=sim)
+    _run(sim, multi, 60)
+    assert od.capacity_calls == [1] and od2.capacity_calls == []  # its hosts may still come (SHORT_FOR_S)
+    _run(sim, multi, 240)
+    assert od.capacity_calls == [1] and od2.capacity_calls == [1]  # od keeps its raise; od2 gives the slot
+    assert multi.capacity_of("od") == 1
+    od.launch = DiscoveredHosts(ready={"o0": 1})  # od's host comes at last: it is used, od2 (no worker) set back
+    _run(sim, multi, 2)
+    assert od2.capacity_calls == [1, 0] and od.capacity_calls == [1]
+    assert sim.join("a0[0]", "o0[0]")
+    assert sim.job.capacity.sourcing.raised() == {"od": 1}
+
+
+def test_a_preferred_group_the_job_may_not_change_is_asked_nothing_more_and_no_0_is_reported_for_it():
+    from cloud_elastic.errors import CapacityDeniedError
+
+    od = Scripted(DiscoveredHosts(), capacity_errors=[CapacityDeniedError("AccessDenied")], limits=(0, 10, 0))
+    od2 = _Group(DiscoveredHosts(), limits=(0, 10, 0))
+    sim = _job(2, OD2)
+    multi = _sources(od, od2, sim=sim)
+    _run(sim, multi, 40)
+    assert od.capacity_calls == [1] and od2.capacity_calls == [1]
+    assert _capacity_events(sim) == [("od", 1), ("od2", 1)]  # no 'od 0' for a 0 never sent
+
+
+def test_the_reason_a_group_is_set_back_names_the_groups_that_give_the_slots():
+    od = Scripted(DiscoveredHosts(), limits=(0, 1, 0))
+    od2 = Scripted(DiscoveredHosts(), limits=(0, 10, 0))
+    sim = _job(3, OD2)
+    multi = _sources(od, od2, sim=sim)
+    _run(sim, multi, 3)
+    od.limits = (0, 5, 1)
+    _run(sim, multi, 35)
+    assert od2.capacity_calls == [1, 0]
+    reasons = {(f["source"], f["hosts"]): f["reason"] for k, f in sim.events if k == "capacity"}
+    assert reasons[("od2", 0)] == "host source(s) 'od' give the 2 fallback slot(s) wanted"

@@ -230,12 +230,12 @@ def test_no_fallback_is_raised_while_a_spot_source_has_not_answered_yet(caplog):
     held = [r.getMessage() for r in caplog.records if "not raising" in r.getMessage()]
     assert held == ["--manage-capacity: not raising host source 'od' while host source 'spot' has not answered yet "
                     "(Throttling); for up to 60s"]
-    multi.set_capacity(0, source="od")  # lowering is never held back
-    assert od.capacity_calls == [0]
+    multi.set_capacity(0, source="od")  # a raise never sent: no 0 either (an operator's group is left as it is)
+    assert od.capacity_calls == [] and multi.capacity_of("od") is None
     multi.set_capacity(2, source="od")
     clock.now += 5
     assert set(multi.find().ready) == {"s1", "od1"}  # spot answered: the raise goes through
-    assert od.capacity_calls == [0, 2]
+    assert od.capacity_calls == [2]
     # A source that never answers holds a raise back for the stale limit only.
     broken = Scripted(RetryableDiscoveryError("AccessDenied"))
     od2 = Scripted(DiscoveredHosts(ready={"od1": 1}))
@@ -247,6 +247,8 @@ def test_no_fallback_is_raised_while_a_spot_source_has_not_answered_yet(caplog):
     clock.now += 61
     multi.find()
     assert od2.capacity_calls == [1]
+    multi.set_capacity(0, source="od")  # a group the job raised: its 0 goes at once
+    assert od2.capacity_calls == [1, 0]
 
 
 def test_every_source_failing_is_a_retryable_failure_and_a_fatal_first_answer_fails_the_job():
@@ -537,6 +539,7 @@ def test_a_fallback_group_may_be_set_while_another_sources_call_hangs():
     od = Scripted(DiscoveredHosts(ready={"od1": 1}))
     multi = MultiSourceDiscovery([(spec("spot"), spot), (spec("od", fallback=True), od)], call_timeout_s=5)
     multi.find()
+    multi.set_capacity(2, source="od")  # the job's raise: set back to 0 at its end
     merged = threading.Thread(target=multi.find, daemon=True)  # the poller's call: waits on spot
     merged.start()
     try:
@@ -545,7 +548,7 @@ def test_a_fallback_group_may_be_set_while_another_sources_call_hangs():
             time.sleep(0.01)
         assert multi.wait_for("od", 5) and not multi.wait_for("spot", 0.05)
         multi.set_capacity(0, source="od")
-        assert od.capacity_calls == [0] and merged.is_alive()
+        assert od.capacity_calls == [2, 0] and merged.is_alive()
     finally:
         spot.go.set()
         merged.join(5)
@@ -594,6 +597,7 @@ def test_a_release_put_off_beside_the_jobs_last_calls_is_made_at_close():
     multi = MultiSourceDiscovery([(spec("spot"), Scripted(DiscoveredHosts(ready={"h": 1}))),
                                   (spec("od", fallback=True), od)], clock=Clock())
     multi.find()
+    multi.adopt("od", 1)  # the job's own raise (a crashed predecessor's): set back to 0 at the end
     lowering = threading.Thread(target=multi.set_capacity, args=(0,), kwargs={"source": "od"})
     lowering.start()
     assert od.lowering.wait(10)

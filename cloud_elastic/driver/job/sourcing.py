@@ -27,7 +27,8 @@ Only for a job with several sources (``Policy.sources``, see
   fallback group shows fewer hosts than its share needs, one :class:`~.actions.SetCapacity`
   raises its desired capacity to ``ceil(its share of the wanted slots / slots per host)``; the shares go
   preferred group first (:meth:`Sourcing.fallbacks`), each giving what its provider says it can
-  (:attr:`Sourcing.can_give`) and keeping the hosts its workers use, the next the rest; asked again (no event; a smaller
+  (:attr:`Sourcing.can_give`) and keeping the hosts its workers use, the next the rest (a group that cannot give
+  all it is asked keeps its own ask; one the job may not change is asked nothing); asked again (no event; a smaller
   number, once fewer slots are wanted, is a new value with its event) every :data:`REASK_S` while the
   group still shows fewer (its own scaling lowered it, its MaxSize held the raise and has been raised
   since, a host of it was lost; the provider sends it only where it may change the group: see
@@ -63,7 +64,7 @@ from cloud_elastic.driver.job.hosts import HostManager, Slot
 from cloud_elastic.driver.job.spares import doubtful
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
-from cloud_elastic.providers.sources import SourceSpec
+from cloud_elastic.providers.sources import Room, SourceSpec
 
 __all__ = ["choose", "FallbackRule", "Sourcing", "COST_EVENT_EVERY_S", "COST_EVENT_MAX_S", "REASK_S"]
 
@@ -154,9 +155,9 @@ class Sourcing:
         self._cost_rate = -1.0
         self._weighed: tuple = ()  # (hosts version, workers, alive, ready) when the fallback was last weighed
         self._weighed_at = float("-inf")
-        #: Fallback source -> the most hosts its group can be given now, as its provider says (the runtime sets it,
+        #: Fallback source -> what its group can give now, as its provider says (the runtime sets it,
         #: ``driver.runtime.raised.share``); a source not in it has no bound known.
-        self.can_give: dict[str, int] = {}
+        self.can_give: dict[str, Room] = {}
         #: Groups a crashed predecessor raised, not yet told to the provider (``raised.share``).
         self.adopted: dict[str, int] = {}
         #: Fallback workers beyond what is wanted that stay until replacements are ready: they hold no place
@@ -280,7 +281,10 @@ class Sourcing:
             return  # no host seen yet is not no spot host: a failed first discovery call must not raise a group
         hosts = job.hosts
         busy = {hosts.sources.get(w.slot.host) for w in job.alive()}
-        for name, need, present in self._shares():
+        shares = self._shares()
+        for name, need, present, _ in shares:
+            if not self.can_give.get(name, Room()).managed:
+                continue  # the job may not change it (AccessDenied): no ask, and no event for a value never sent
             asked = 0 if name in self._inherited else self.requested.get(name, 0)
             again = now - self._asked_at.get(name, now) >= REASK_S
             if need > present and (need > asked or (again and need < asked)):
@@ -293,14 +297,17 @@ class Sourcing:
                           job.job_id, name, asked, present)
                 job.act(SetCapacity(name, asked))
             elif need == 0 and self.requested.get(name, 0) > 0 and name not in busy:
+                givers = ", ".join(repr(n) for n, _, _, gives in shares if gives and n != name)
                 why = ("the job no longer needs it" if not self.wanted else
-                       f"the preferred fallback source(s) give the {self.wanted} fallback slot(s) wanted")
+                       f"host source(s) {givers or 'other'} give the {self.wanted} fallback slot(s) wanted")
                 self._ask(name, 0, why, now)
 
-    def _shares(self) -> list[tuple[str, int, int]]:
-        """(fallback source, hosts the job wants of its group, hosts it shows), preferred first: each group keeps
-        the hosts its workers use; of the slots still wanted, each gives what it can (:attr:`can_give`: its
-        MaxSize, or what it has where the job may not or cannot change it), and the next the rest."""
+    def _shares(self) -> list[tuple[str, int, int, int]]:
+        """(fallback source, hosts the job wants of its group, hosts it shows, hosts it counts for), preferred
+        first: each group keeps the hosts its workers use; of the slots still wanted, each is asked for what it
+        can be given (:attr:`can_give`: up to its MaxSize), and the next for the rest of what it cannot give (a
+        group the job may not change, whose raise is refused or whose hosts do not come counts for what it has,
+        its own ask unchanged)."""
         hosts = self._job.hosts
         used = {w.slot.host for w in self._job.alive()}
         groups = []
@@ -313,11 +320,12 @@ class Sourcing:
         shares = []
         for name, present, per_host, busy in groups:
             need = busy + math.ceil(max(left, 0) / per_host)
-            most = self.can_give.get(name)
-            if most is not None:
-                need = max(busy, min(need, max(most, len(present))))
-            shares.append((name, need if self.wanted else 0, len(present)))
-            left -= (need - busy) * per_host
+            room = self.can_give.get(name, Room())
+            if room.most is not None:
+                need = max(busy, min(need, max(room.most, len(present))))
+            gives = need if room.gives is None else max(busy, min(need, max(room.gives, len(present))))
+            shares.append((name, need if self.wanted else 0, len(present), gives if self.wanted else busy))
+            left -= (gives - busy) * per_host
         return shares
 
     def raised(self) -> dict[str, int]:

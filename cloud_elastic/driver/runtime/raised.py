@@ -108,10 +108,11 @@ def remember(job: Any, refresher: Any, carry: dict[str, int], carry_cost: CostSo
 
 
 def share(job: Any, discovery: Any) -> None:
-    """Tell the job what each fallback group can give (``discovery.can_give``: a group at its MaxSize, or one
-    the job may not raise, leaves the rest to the next), and the provider which groups a crashed predecessor
-    raised (``discovery.adopt``: lowered as the job's own). With the job's lock, before each tick; reads only
-    what the provider last saw (no cloud call)."""
+    """Tell the job what each fallback group can give (``discovery.can_give``, a ``providers.sources.Room``: a
+    group at its MaxSize, one the job may not change, whose raise is refused or whose hosts do not come, leaves
+    the rest to the next), and the provider which groups a crashed predecessor raised (``discovery.adopt``:
+    lowered as the job's own). With the job's lock, before each tick; reads only what the provider last saw (no
+    cloud call)."""
     sourcing = _sourcing(job)
     if sourcing is None:
         return
@@ -119,8 +120,8 @@ def share(job: Any, discovery: Any) -> None:
     while sourcing.adopted and adopt is not None:
         adopt(*sourcing.adopted.popitem())
     if can_give is not None:
-        most = {name: can_give(name) for name in sourcing.fallbacks}
-        sourcing.can_give = {name: hosts for name, hosts in most.items() if hosts is not None}
+        rooms = {name: can_give(name) for name in sourcing.fallbacks}
+        sourcing.can_give = {name: room for name, room in rooms.items() if room is not None}
 
 
 def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, pause_s: float = 1.0,
