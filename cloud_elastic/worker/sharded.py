@@ -55,6 +55,7 @@ import torch.distributed as dist
 
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.worker.comm.collectives import on_device
+from cloud_elastic.worker.comm.statecodec import StateSyncError
 from cloud_elastic.worker.context import init
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
 from cloud_elastic.worker.rounds.signed_store import SignedStore, host_namespace
@@ -423,9 +424,12 @@ def check_layout(ctx: Any, values: list[Any], commit: tuple[int, bool] = (0, Tru
     """Every worker of every host must shard the same model the same way (``hvd.shard``): checked at each
     state sync, before a forward pass, with one small allreduce over the round's workers.
 
-    The layout most workers have (rank 0's on a tie) is the job's; a worker whose layout differs raises a
-    one-line ``ConfigError`` naming it, where FSDP2 would hang or fail in a collective, and fails as any
-    worker does: its host leaves and is blacklisted, and the others roll back and go on without it.
+    The job's layout is that of the workers that hold the newest commit exactly (rank 0's host: the trained
+    state), however many newcomers build another model; only when no worker holds a commit (commit 0, the
+    initial state, everywhere) is it the layout most workers have (rank 0's on a tie). A worker whose layout
+    differs raises a one-line ``StateSyncError`` naming it, where FSDP2 would hang or fail in a collective, as
+    a newcomer that cannot take the state does: ``elastic.run`` prints it and exits 1, its host leaves and is
+    blacklisted, and the others roll back and go on without it.
     The same allreduce carries each worker's host and ``commit`` (its live ``commit_seq``, and whether it
     holds that commit exactly): returned, the hosts (cross ranks) whose shards are not one commit
     (:func:`mixed_hosts`), the same set on every worker.
@@ -441,14 +445,27 @@ def check_layout(ctx: Any, values: list[Any], commit: tuple[int, bool] = (0, Tru
     ctx.wait(ctx.group("the sharded layout check").allreduce([seen]), "the sharded layout check")
     rows = seen.tolist()
     layouts = [row[0] for row in rows]
-    counts = {h: layouts.count(h) for h in layouts}
-    usual = max(counts, key=lambda h: (counts[h], h == layouts[0]))
+    usual, whose = reference_layout(rows)
     if layouts[info.rank] != usual:
-        raise ConfigError(f"hvd.shard: this worker (rank {info.rank}) shards another model or layout than "
-                          f"{counts[usual]} of the round's {info.size} workers (rank {layouts.index(usual)}'s): "
-                          "parameter names, shapes and dtypes, the FSDP2 units and the optimizer's parameters must "
-                          "be the same on every worker of every host")
+        raise StateSyncError(f"hvd.shard: this worker (rank {info.rank}) shards another model or layout than "
+                             f"{whose} (rank {layouts.index(usual)}'s): parameter names, shapes and dtypes, the "
+                             "FSDP2 units and the optimizer's parameters must be the same on every worker of every "
+                             "host")
     return mixed_hosts([(host, seq, bool(holds)) for _, host, seq, holds in rows])
+
+
+def reference_layout(rows: list[list[int]]) -> tuple[int, str]:
+    """The job's layout among the rows ``[layout, host, live commit_seq, holds it exactly]`` of a round's workers
+    (by rank), and whose it is, in words: the layout of the workers that hold the newest commit (never commit 0, the
+    initial state), else the one most workers have; rank 0's on a tie."""
+    newest = max((seq for _, _, seq, holds in rows if holds), default=0)
+    holders = [row[0] for row in rows if newest > 0 and row[2] == newest and row[3]]
+    layouts = holders or [row[0] for row in rows]
+    counts = {h: layouts.count(h) for h in layouts}
+    usual = max(counts, key=lambda h: (counts[h], h == rows[0][0]))
+    if holders:
+        return usual, f"the {counts[usual]} worker(s) that hold the training state (commit {newest})"
+    return usual, f"{counts[usual]} of the round's {len(rows)} workers"
 
 
 def mixed_hosts(rows: Iterable[tuple[int, int, bool]]) -> set[int]:
