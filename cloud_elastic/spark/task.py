@@ -27,6 +27,7 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -166,7 +167,7 @@ def _take(path: str, read: Callable[[Any], Any], mode: str) -> Any:
 
 def _start(settings: TaskSettings, order: Mapping[str, Any], ip: str, gpus: Sequence[str] | None,
            workdir: str, result_path: str) -> subprocess.Popen:
-    from cloud_elastic.driver.launch.ssh_remote import die_with_parent
+    from cloud_elastic.driver.launch.ssh_remote import MODULE, WrapperArgs, die_with_parent, wrapper_argv
     from cloud_elastic.spark.registry import unseal
 
     fn_path = os.path.join(workdir, "fn.pkl")
@@ -178,12 +179,15 @@ def _start(settings: TaskSettings, order: Mapping[str, Any], ip: str, gpus: Sequ
     env = worker_env(os.environ, job_env, ip, gpus)
     cwd = str(order.get("cwd") or "")
     command = [sys.executable, "-m", "cloud_elastic.spark.runfn", fn_path, result_path]
-    argv = [sys.executable, "-m", "cloud_elastic.driver.launch.ssh_remote", "spark", repr(settings.grace_s), "0",
-            cwd if os.path.isdir(cwd) else workdir, *command]
-    # The kernel KILLs the wrapper when the task's process dies (Spark killed it: task kill, cancel,
-    # stage abort); the wrapper then KILLs the worker. Without it the wrapper reads the closed pipe as
-    # "driver lost" and lets the worker train on for the driver grace.
-    wrapper = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, preexec_fn=die_with_parent())
+    args = WrapperArgs("spark", settings.grace_s, 0.0, cwd if os.path.isdir(cwd) else workdir, tuple(command),
+                       term_kills=True)
+    # When Spark kills the task's process (task kill, cancel, stage abort, the daemon's end), the kernel TERMs
+    # the wrapper and its pipe closes: with --term-kills either KILLs the worker's whole process group at once
+    # (its children too), as a worker that failed. Passed on, a SIGTERM would make the worker report its host
+    # as going, and the driver would drain a task that Spark never retries; a KILLed wrapper left the worker's
+    # children running, and a closed pipe alone lets the worker train on for the driver grace.
+    wrapper = subprocess.Popen([sys.executable, "-m", MODULE, *wrapper_argv(args)], env=env, stdin=subprocess.PIPE,
+                               preexec_fn=die_with_parent(signal.SIGTERM))
     secret = unseal(settings.registry_key, str(order["secret"]))
     assert wrapper.stdin is not None
     wrapper.stdin.write(secret.encode() + b"\n")

@@ -15,8 +15,8 @@ import pickle
 import signal
 import sys
 import tempfile
+import textwrap
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,7 +25,7 @@ import pytest
 from cloud_elastic.driver.launch.api import ExitStatus, WorkerSpec
 from cloud_elastic.spark.launcher import SparkTaskLauncher
 from cloud_elastic.spark.registry import TaskRegistry
-from cloud_elastic.spark.task import TaskSettings, run_task, task_gpus, worker_env
+from cloud_elastic.spark.task import TaskSettings, WorkerFailed, run_task, task_gpus, worker_env
 from tests.ray.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -144,11 +144,57 @@ def _task_process(settings: TaskSettings) -> None:
     run_task(settings, 0, 0)
 
 
+# A worker with a child of its own (a DataLoader's workers), which notes a SIGTERM and stays, as a worker inside
+# elastic.run does (it reports its host as going). Run by ``exec``, so the worker imports nothing of the tests.
+_WORKER = textwrap.dedent(r"""
+    import os, signal, subprocess, sys, time
+    out = {out!r}
+    def note(line):
+        with open(out, "a") as f:
+            f.write(line + "\n")
+    signal.signal(signal.SIGTERM, lambda *_: note("SIGTERM"))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    note(f"pids {{os.getpid()}} {{child.pid}}")
+    while True:
+        time.sleep(0.2)
+""")
+
+
+def _worker_pids(out: Path) -> list[int]:
+    lines = wait_for(lambda: out.exists() and out.read_text().splitlines(), 30, "the worker starting")
+    return [int(pid) for pid in lines[0].split()[1:]]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_the_worker_dies_with_its_task(task_tmp):
+def test_a_sigterm_to_the_wrapper_fails_the_worker_and_its_children_at_once_never_passed_on(task_tmp):
+    """Under Spark a SIGTERM reaches the wrapper when its task's process died (the kernel's parent-death signal),
+    never because a host is going: a worker handed it would report its host as going, and the driver would
+    drain a task that Spark never retries. The task raises instead, so Spark retries it."""
+    out = task_tmp / "worker.out"
+    task = _Task(exec, (_WORKER.format(out=str(out)), {}))
+    pids: list[int] = []
+    try:
+        task.launcher.launch(WorkerSpec("w1", task.key, 0, ("x",), {}, "S" * 64, ""), print)
+        pids = _worker_pids(out)
+        wrapper = int(Path(f"/proc/{pids[0]}/stat").read_text().rpartition(")")[2].split()[1])
+        os.kill(wrapper, signal.SIGTERM)
+        wait_for(lambda: not any(_running(p) for p in pids), 30, "the worker and its child dying")
+    finally:
+        for pid in pids:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        outcome = task.end()
+    assert "SIGTERM" not in out.read_text(), "the worker was told its host is going"
+    assert isinstance(outcome.get("error"), WorkerFailed) and "exited with code -9" in str(outcome["error"]), outcome
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_worker_and_its_children_die_with_its_task(task_tmp):
+    out = task_tmp / "worker.out"
     registry = TaskRegistry("job1")
     registry.start()
-    settings = TaskSettings(f"127.0.0.1:{registry.port}", registry.key, "job1", time.sleep, (300,), {})
+    settings = TaskSettings(f"127.0.0.1:{registry.port}", registry.key, "job1", exec,
+                            (_WORKER.format(out=str(out)), {}), {})
     task = multiprocessing.get_context("fork").Process(target=_task_process, args=(settings,), daemon=True)
     task.start()
     left: set[int] = set()
@@ -162,9 +208,11 @@ def test_the_worker_dies_with_its_task(task_tmp):
             procs = _descendants(task.pid)
             return procs if any(b"cloud_elastic.spark.runfn" in _cmdline(p) for p in procs) else set()
 
-        left = wait_for(worker_started, 30, "the worker starting")
+        left = wait_for(worker_started, 30, "the worker starting") | set(_worker_pids(out))
         os.kill(task.pid, signal.SIGKILL)  # as Spark kills a task's Python process (task kill, cancel)
-        wait_for(lambda: not any(_running(p) for p in left), 30, "the wrapper and worker dying with their task")
+        wait_for(lambda: not any(_running(p) for p in left), 30,
+                 "the wrapper, the worker and the worker's child dying with their task")
+        assert "SIGTERM" not in out.read_text(), "the worker was told its host is going"
     finally:
         for pid in left:
             if _running(pid):

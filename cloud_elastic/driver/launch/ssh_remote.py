@@ -459,7 +459,7 @@ class Wrapper:
         if self._pgid is None:
             os._exit(1)
         if signum == signal.SIGTERM and self._args.term_kills:  # passed on, the worker would report its host going
-            _say("SIGTERM: the Ray actor that started this worker is gone: killing the worker")
+            _say("SIGTERM: the Ray actor or Spark task that started this worker is gone: killing the worker")
             self.stop(0.0)
             return
         if signum == signal.SIGTERM and not self._term_passed_on:
