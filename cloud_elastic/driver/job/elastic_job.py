@@ -218,6 +218,8 @@ class ElasticJob:
         if w.round <= last_round and w.state in (S.CONNECTED, S.RUNNING, S.DRAINING):
             was_member = w.member_of(self.round)
             w.rdzv_reason, w.unreachable = reason, unreachable
+            if w.state is S.DRAINING and reason == "failure":  # back from a failure, not leaving at a commit
+                self.leavers.died_draining(w, "left its round by a failure")
             if w.state is S.DRAINING or self.phase in (Phase.FINISHING, Phase.DONE):
                 self.leavers.left_round(w, now)  # EXITING; the last holders' rank 0 may checkpoint on its way out
                 rounds.stopped_waiting(worker_id)
@@ -340,17 +342,20 @@ class ElasticJob:
         w.to(S.EXITED)
         if before is S.COMPLETED:
             self.completion.exited_after_completing(w, status)
-        elif before in (S.EXITING, S.DRAINING):
+        elif before is S.DRAINING:
+            # It ended before leaving its round at a commit (killed, crashed): a failure, not a leave, though its
+            # slot is not blamed (its host is going). Peers may be blocked in a collective with it: an abort frees them.
+            log.warning("job %s: worker %s (%s) %s while draining (%s), before leaving at a commit", self.job_id,
+                        worker_id, w.label, status.describe, w.why)
+            self.leavers.lost_leaver(w, status.describe, exit_code=status.code if status.known else None)
+            if was_member:
+                self.abort()
+        elif before is S.EXITING:
             log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.why or "told to exit")
             early = {"early_return": True, "commit_step": w.commit_seq, "steps": w.steps,
                      "blacklisted_s": round(w.cooldown_s, 1)} if w.returned_early else {}
             self.emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index,
                       reason=w.why or "told to exit", **({"round": w.round} if w.round else {}), **early)
-            if was_member:
-                # It vanished before leaving its round: peers may be blocked in a
-                # collective with it, and only an abort releases them.
-                self.leavers.died_draining(w, status.describe)
-                self.abort()
         elif before is S.LOST:
             pass  # already accounted for when it was given up
         elif self.phase in (Phase.FINISHING, Phase.DONE):

@@ -17,7 +17,8 @@
   slot is not blacklisted (the host is going, the worker did nothing wrong);
 * when a draining host is given back to the cloud (:meth:`Leavers.release_drained`):
   once no worker is left on it, exactly once per notice, its log line saying how its workers left (at a
-  commit, removed by force, dead while draining: :meth:`Leavers.died_draining`); after a hard notice,
+  commit, removed by force, dead while draining: :meth:`Leavers.died_draining`; a host that left the group, with
+  no release, has that line only when one of its draining workers died); after a hard notice,
   the job takes no worker there again while discovery lists the same instance
   (:meth:`~.hosts.HostManager.given_back`);
 * what the last holders of the state do on their way out (:meth:`Leavers.left_round`): sent away with no
@@ -35,6 +36,7 @@ from __future__ import annotations
 import logging
 
 from cloud_elastic.driver.job.actions import Release, Stop
+from cloud_elastic.driver.job.exit_status import signal_name
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.providers.api import Drain
@@ -70,6 +72,7 @@ class Leavers:
         self._released: set[str] = set()
         # Draining hosts whose workers did not leave at a commit -> what happened (removed by force, died).
         self._forced: dict[str, str] = {}
+        self._gone: dict[str, str] = {}  # the same, for hosts that left the group (not draining): said once emptied
         self._terminating: set[str] = set()  # hosts drained by a hard notice (not a soft one under drain_soft)
         self._deadlines: dict[str, tuple[float, float]] = {}  # draining host -> (its deadline, wall time first seen)
         self._forced_drains: list[str] = []  # their log lines, until the steps lost are known
@@ -379,20 +382,29 @@ class Leavers:
                             margin)
         return max(deadline - margin, seen[1] + margin)
 
-    def lost_leaver(self, w: WorkerRecord, what: str) -> None:
-        """A draining worker lost inside its round: its peers roll back, but its slot is not blacklisted."""
+    def lost_leaver(self, w: WorkerRecord, what: str, *, exit_code: int | None = None) -> None:
+        """A draining worker lost inside its round (removed by force, silent, or its process ended: ``exit_code``,
+        negative for a signal): a ``worker_failed`` event, not a graceful leave; its peers roll back, but its slot
+        is not blacklisted."""
         job = self._job
         self.died_draining(w, what)
         job.last_failure = f"worker {w.worker_id} ({w.label}) {what}"
+        killed_by = signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
         job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
-                 reason=what, exit_code=None, blacklisted_s=None, **({"round": w.round} if w.round else {}))
+                 reason=what, exit_code=None if killed_by else exit_code, blacklisted_s=None,
+                 **({"round": w.round} if w.round else {}), **({"signal": killed_by} if killed_by else {}))
 
     def died_draining(self, w: WorkerRecord, what: str) -> None:
         """Draining member ``w`` ended inside its round (``what``: how) instead of leaving at a commit: its peers
-        roll back (the caller aborts the round), and its host's release says so, with the steps they lost."""
-        if w.slot.host in self._job.hosts.draining:
-            self._forced.setdefault(w.slot.host, f"worker {w.worker_id} ({w.label}) {what} while draining, before "
-                                                 "leaving at a commit")
+        roll back (the caller aborts the round), and the line of its host says so, with the steps they lost: its
+        release when it drains, else once its leaving workers are gone if it left the group (removed from
+        discovery, where no release tells of it)."""
+        job = self._job
+        line = f"worker {w.worker_id} ({w.label}) {what} while draining, before leaving at a commit"
+        if w.slot.host in job.hosts.draining:
+            self._forced.setdefault(w.slot.host, line)
+        elif not job.hosts.is_usable(w.slot):
+            self._gone.setdefault(w.slot.host, line)
 
     def release_drained(self, now: float, rollback_pending: bool) -> None:
         """Once no worker is left on a draining host, the cloud may take it (once per host).
@@ -403,6 +415,11 @@ class Leavers:
         job = self._job
         draining = job.hosts.draining
         busy = {w.slot.host for w in job.alive()} if draining else set()
+        if self._gone:  # said once its leaving workers are gone (discovery may list it again, with new workers)
+            leaving = {w.slot.host for w in job.alive() if w.state is S.DRAINING or w.state is S.EXITING}
+            for host in [h for h in self._gone if h not in leaving]:
+                self._say_forced(f"job {job.job_id}: host {host} left the group: ", self._gone.pop(host),
+                                 rollback_pending)
         for host, drain in draining.items():
             if host not in busy and host not in self._released:
                 self._released.add(host)
@@ -423,12 +440,18 @@ class Leavers:
                                     "from the initial weights", what)
                     elif host not in self._forced:
                         log.info("%sits workers left at a commit; 0 steps lost", what)
-                    elif rollback_pending:  # the survivors report the steps lost when they re-form
-                        self._forced_drains.append(what + self._forced[host])
                     else:
-                        log.info("%s%s", what, self._forced[host])
+                        self._say_forced(what, self._forced[host], rollback_pending)
         self._released &= set(draining)
         self._forced = {h: why for h, why in self._forced.items() if h in draining}
         self._started_over &= set(draining)
         self._last_hosts = {h: seq for h, seq in self._last_hosts.items() if h in draining}
         self._terminating &= set(draining)
+
+    def _say_forced(self, what: str, why: str, rollback_pending: bool) -> None:
+        """Log that a leaving host's workers did not leave at a commit: when an aborted round's survivors have not
+        re-formed yet (``rollback_pending``), once they do, with the steps they rolled back."""
+        if rollback_pending:
+            self._forced_drains.append(what + why)
+        else:
+            log.info("%s%s", what, why)
