@@ -58,8 +58,8 @@ class WorkerActor:
             raise
         ctx = _script_ended(None)
         rank = ctx.info.rank if ctx is not None and ctx.info is not None else None
-        if ctx is not None:
-            ctx.close()  # stop heartbeats: this worker is done
+        # Heartbeats go on while Ray serialises the value (minutes for a large state_dict): the driver gives
+        # up a completed worker that goes silent. They stop when the launcher, holding the value, kills this actor.
         return {"kind": "result", "rank": rank, "value": value}
 
     def run_command(

@@ -34,8 +34,9 @@ def main(argv: list[str]) -> int:
 
     ctx = context.current()  # as it is: a function that never needed the round does not join one now
     if ctx is not None:
+        # Heartbeats go on while the value is pickled (minutes for a large state_dict) and through the exit
+        # hooks, as for any script: the driver gives up a completed worker that goes silent.
         rank = ctx.info.rank if ctx.info is not None else None
-        ctx.close()
     import os
 
     # Spark's cloudpickle, as Spark itself uses for what a task returns: a value whose class lives in the
