@@ -56,6 +56,10 @@ def _member(rank: int) -> dict:
     got["allgather complex"] = _outcome(lambda: hvd.allgather(torch.tensor([1 + 1j * rank], dtype=torch.complex64)))
     got["alltoall"] = _outcome(lambda: partitioned.alltoall(i16, splits=[1, 3]))
     got["reducescatter"] = _outcome(lambda: partitioned.reducescatter(i16, op=hvd.Sum))
+    for bits in (16, 32):
+        unsigned = torch.tensor(_unsigned(rank, bits), dtype=getattr(torch, f"uint{bits}"))
+        for op in ("sum", "min", "max", "product"):
+            got[f"reducescatter uint{bits} {op}"] = _outcome(lambda: partitioned.reducescatter(unsigned, op=op))
 
     got["refused sum uint64"] = _outcome(lambda: hvd.allreduce(torch.ones(2, dtype=torch.uint64), op=hvd.Sum))
     got["refused min complex"] = _outcome(lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64), op=hvd.Min))
@@ -80,6 +84,11 @@ def _i16(rank: int):
 
 #: The int16 sum of both workers' ``_i16``: 32767 + 32766 wraps, as an int16 sum does.
 _SUMMED = [32767 + 32766 - 65536, -7, 15, 1]
+
+
+def _unsigned(rank: int, bits: int) -> list[int]:
+    """Values whose sum and product wrap modulo 2**bits."""
+    return [2**bits - 1 - rank, 3 + rank, 2 ** (bits // 2) + rank, rank]
 
 
 def _both(results, key):
@@ -137,3 +146,13 @@ def test_what_no_collective_carries_is_a_one_line_type_error_before_anything_is_
     assert "int16" in message  # it names what to cast to
     # Nothing was launched: the next collective of the group is the peer's next one.
     assert _both(results, "still in step") == ("ok", [("torch.float32", [2.0, 2.0, 2.0])])
+
+
+@pytest.mark.parametrize("bits", [16, 32])
+@pytest.mark.parametrize("op", ["sum", "min", "max", "product"])
+def test_a_uint16_or_uint32_reducescatter_is_exact_and_keeps_its_dtype(results, op, bits):
+    # torch sums and compares neither on the CPU ('"sum_cpu" not implemented for 'UInt16''): reduced widened.
+    combine = {"sum": lambda a, b: a + b, "min": min, "max": max, "product": lambda a, b: a * b}[op]
+    expected = [combine(a, b) % 2**bits for a, b in zip(_unsigned(0, bits), _unsigned(1, bits))]
+    assert results[0][f"reducescatter uint{bits} {op}"] == ("ok", [(f"torch.uint{bits}", expected[:2])])
+    assert results[1][f"reducescatter uint{bits} {op}"] == ("ok", [(f"torch.uint{bits}", expected[2:])])

@@ -52,8 +52,11 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
                            device=sent.tensor.device)
     what = f"reducescatter {name or ''}".strip()
     ctx.wait(ctx.group(what).alltoall_base(received, moved, [counts[rank]] * size, counts), what)
-    received = from_wire(received, sent.tensor.dtype)
-    mine = _REDUCE[op](received.view((size, counts[rank]) + tuple(sent.tensor.shape[1:])))
+    # Reduced in the dtype an allreduce carries it as (torch cannot sum or compare uint16 or uint32), cast back:
+    # exact, as ``dtypes`` says. Complex numbers come here only to be summed (check_reducible).
+    wide = to_wire(from_wire(received, sent.tensor.dtype),
+                   carrier(sent.tensor.dtype, "reducescatter", reduces=True, complex_native=True))
+    mine = from_wire(_REDUCE[op](wide.view((size, counts[rank]) + tuple(sent.tensor.shape[1:]))), sent.tensor.dtype)
     result = sent.decode(mine)
     scaling.apply_after(result)
     return result.to(tensor.device)
