@@ -58,20 +58,20 @@ from cloud_elastic.worker.comm.builds import (
     nccl_built,
     rocm_built,
 )
-from cloud_elastic.worker.comm.collectives import (
+from cloud_elastic.torch.collectives import (
     allgather,
     allreduce,
     allreduce_,
+    alltoall,
     barrier,
     broadcast,
     broadcast_,
     broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
     grouped_allreduce,
     grouped_allreduce_,
-    join,
+    reducescatter,
 )
+from cloud_elastic.worker.comm.collectives import broadcast_optimizer_state, broadcast_parameters, join
 from cloud_elastic.worker.comm.compression import Compression, Compressor
 from cloud_elastic.worker.context import current as _current_context, get_context, is_initialized, slot_before_joining
 from cloud_elastic.worker.context import init as _init
@@ -81,7 +81,6 @@ from cloud_elastic.worker.exceptions import (
     HostsUpdatedInterrupt,
     WorkerRemoved,
 )
-from cloud_elastic.worker.comm.partitioned import alltoall, reducescatter
 from cloud_elastic.worker.comm.ops import Adasum, Average, Max, Min, Product, Sum, UnsupportedError
 from cloud_elastic.worker.optim.optimizer import DistributedOptimizer
 from cloud_elastic.worker.sharded import shard

@@ -3,7 +3,7 @@
 
 Each gives Horovod's result. The grouped calls run one collective per tensor (Horovod fuses them),
 so they cost that many round trips; as every collective here, each raises ``HorovodInternalError``
-when a peer is lost.
+when a peer is lost, and takes ``process_set=`` as ``torch/collectives.py`` says.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from cloud_elastic.worker.comm.collectives import allgather
 from cloud_elastic.worker.comm.compression import Compression
 from cloud_elastic.worker.comm.ops import Average
 from cloud_elastic.worker.comm.partitioned import reducescatter
+from cloud_elastic.worker.unsupported import check_process_set
 
 __all__ = ["allgather_object", "grouped_allgather", "grouped_reducescatter", "ddl_built", "ccl_built"]
 
@@ -45,15 +46,18 @@ def _tensor_list(tensors: Any, call: str) -> list[torch.Tensor]:
     return list(tensors)
 
 
-def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None) -> list[torch.Tensor]:
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: Any = None) -> list[torch.Tensor]:
     """``hvd.allgather`` of each tensor, in order (one collective each); the results carry no gradient."""
+    check_process_set(process_set, "grouped_allgather")
     return [allgather(t, name) for t in _tensor_list(tensors, "grouped_allgather")]
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None, compression: Any = Compression.none,
-                          op: str = Average, prescale_factor: float = 1.0,
+                          op: str = Average, process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """``hvd.reducescatter`` of each tensor, in order (one collective each); the results carry no gradient."""
+    check_process_set(process_set, "grouped_reducescatter")
     return [reducescatter(t, name, compression, op, prescale_factor, postscale_factor)
             for t in _tensor_list(tensors, "grouped_reducescatter")]
 

@@ -3,7 +3,8 @@ them at module level imports, and calling one raises :class:`UnsupportedError` i
 what to use instead (docs/porting.md, "Name by name").
 
 ``global_process_set`` is the one process set there is, the whole job; making another
-(``ProcessSet(ranks)``, ``add_process_set``) is refused.
+(``ProcessSet(ranks)``, ``add_process_set``) is refused. The collectives take it as ``process_set=``
+(``torch/collectives.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from cloud_elastic.worker.context import get_context
-from cloud_elastic.worker.unsupported import UnsupportedError
+from cloud_elastic.worker.unsupported import NO_PROCESS_SETS as _SETS, UnsupportedError
 
 __all__ = ["allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
            "sparse_allreduce_async", "allgather_async", "grouped_allgather_async", "broadcast_async",
@@ -20,7 +21,6 @@ __all__ = ["allreduce_async", "allreduce_async_", "grouped_allreduce_async", "gr
            "remove_process_set"]
 
 _ASYNC = "no asynchronous handles"
-_SETS = "no process sets: every collective spans the whole job"
 
 
 def _refused(name: str, why: str, instead: str) -> Callable[..., Any]:

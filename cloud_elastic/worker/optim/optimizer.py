@@ -54,6 +54,7 @@ from cloud_elastic.worker.commit.handlers import ModelHandler
 from cloud_elastic.worker.commit.participant import BoundCommit
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.comm.ops import Average, Scaling, Sum, average_scaling, check_op
+from cloud_elastic.worker.unsupported import check_process_set
 
 __all__ = ["DistributedOptimizer"]
 
@@ -511,6 +512,7 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     op: str = Average,
     gradient_predivide_factor: float | None = None,
     bucket_cap_mb: float = BUCKET_BYTES / (1024 * 1024),
+    process_set: Any = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so ``step()`` applies gradients averaged (``op=hvd.Sum``: summed) over all workers.
 
@@ -520,9 +522,10 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     the sum cannot overflow. Any class with Horovod's ``compress``/``decompress``
     is accepted. ``gradient_predivide_factor`` ``f`` (Average only) divides
     gradients by ``f`` before the sum and by ``size / f`` after, as in Horovod.
-    ``op=hvd.Adasum`` raises UnsupportedError. Call it after ``init()``; bad
-    arguments raise a one-line ValueError or TypeError.
+    ``op=hvd.Adasum``, and a ``process_set`` but the whole job (None, ``hvd.global_process_set``), raise
+    UnsupportedError. Call it after ``init()``; bad arguments raise a one-line ValueError or TypeError.
     """
+    check_process_set(process_set, "DistributedOptimizer")
     op = check_op(op, allowed=(Average, Sum))
     compression = check_compression(compression)
     if backward_passes_per_step < 1:
