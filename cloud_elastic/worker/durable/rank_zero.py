@@ -55,7 +55,7 @@ from cloud_elastic.checkpoint.store import CheckpointStore, checked_step
 from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer
 from cloud_elastic.worker.durable.failure import CheckedStore, CheckpointFailed, SeesJob, report, report_not_written
 
-__all__ = ["DurableSettings", "RankZeroCheckpoints", "step_of", "wait_for_storage"]
+__all__ = ["DurableSettings", "RankZeroCheckpoints", "log_leaving_write", "step_of", "wait_for_storage"]
 
 log = logging.getLogger(__name__)
 
@@ -286,12 +286,7 @@ class RankZeroCheckpoints:
                 why = self._write_now(state, info, min(FLUSH_TIMEOUT_S, budget), leaving=True)
             except Exception as exc:  # on its way out: a failure here must not turn a clean exit into a crash
                 why = f"{type(exc).__name__}: {exc}"
-        if why is None:
-            log.info("worker %s: wrote the checkpoint of step %d, the last copy of the training state, before "
-                     "leaving", self._ctx.worker_id, step)
-        else:
-            log.warning("worker %s: leaving with the last copy of the training state; its checkpoint (step %d) was "
-                        "not written: %s", self._ctx.worker_id, step, why)
+        log_leaving_write(self._ctx, step, why)
 
     def _write_now(self, state: Any, info: Any, timeout: float | None, *, leaving: bool) -> str | None:
         """Write ``state`` after the checkpoint in flight and stop the writer; None once it is stored, else why
@@ -321,6 +316,16 @@ class RankZeroCheckpoints:
         if submitted:
             why = writer.stats().last_error or f"it was not stored within {waited}"
         return why
+
+
+def log_leaving_write(ctx: Any, step: int, why: str | None) -> None:
+    """Log what became of the checkpoint a last holder of the state wrote on its way out (``why``: None if stored)."""
+    if why is None:
+        log.info("worker %s: wrote the checkpoint of step %d, the last copy of the training state, before leaving",
+                 ctx.worker_id, step)
+    else:
+        log.warning("worker %s: leaving with the last copy of the training state; its checkpoint (step %d) was not "
+                    "written: %s", ctx.worker_id, step, why)
 
 
 def wait_for_storage(wait: Callable[[float], bool], store: CheckpointStore, ctx: Any, timeout: float | None) -> bool:

@@ -25,7 +25,8 @@ A reader that finds the manifest finds every shard.
   it (formed at the first write, so DCP's collectives never meet the training's on the
   host's group), and rank 0 publishes it. Training goes on meanwhile. A host-mate whose
   previous write is still running queues this one: at most two copies a worker. A worker
-  leaving (:meth:`stop_writing`) waits for the writes up to 120 s; the end of training
+  leaving (:meth:`stop_writing`) waits for the writes up to 120 s (host 0's, sent away as the
+  last holders of the state, then write the commit they leave at together: :meth:`leaving`); the end of training
   (:meth:`finish`) waits for them, and for its final write, as long as the storage takes,
   counting as progress while they move bytes (``rank_zero.wait_for_storage``); the host's
   workers ask each other each second whether a write is left (:class:`_HostWrites`), so none
@@ -61,13 +62,12 @@ Loading unpickles nothing from storage: DCP's metadata comes from its JSON copy 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -80,7 +80,8 @@ from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.comm import statecodec
 from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report, report_not_written
-from cloud_elastic.worker.durable.rank_zero import wait_for_storage
+from cloud_elastic.worker.durable.parts import set_parts, sharded_parts
+from cloud_elastic.worker.durable.rank_zero import log_leaving_write, wait_for_storage
 from cloud_elastic.worker.durable.staging import stage as _stage
 from cloud_elastic.worker.exceptions import CollectiveError
 
@@ -137,16 +138,41 @@ class ShardedCheckpoints:
         return wait_for_storage(self._writes.wait, self.store, self._ctx, timeout)
 
     def leaving(self, state: Any) -> None:
-        """This worker was sent away: wait for its writes in the background. Unlike a replica's rank 0, the last
-        holders of a sharded model sent away with no successor write no checkpoint on their way out (its shards
-        are written by every worker of host 0 together, in collectives a worker sent away no longer joins): the
-        next round resumes from the latest checkpoint, and the driver says how many steps were lost."""
+        """This worker was sent away: wait for its writes in the background. Host 0's workers sent away as the last
+        holders of the state with no successor (``ctx.checkpoint_before_leaving``: a stop, or every host draining)
+        first write a checkpoint of the commit they leave at together, on the training thread over the host's group
+        (they leave at the same commit, and their group is still up), unless that commit is stored already or a
+        write in flight is not done within the time the driver gave. Never raises: the worker is on its way out."""
+        budget = getattr(self._ctx, "checkpoint_before_leaving", None)
         info = getattr(self._ctx, "info", None)
-        if getattr(self._ctx, "checkpoint_before_leaving", None) is not None and info is not None and info.rank == 0:
-            log.warning("worker %s: leaving with the last copy of a sharded model (hvd.shard), which is not "
-                        "checkpointed on the way out: the next round resumes from the latest checkpoint",
-                        self._ctx.worker_id)
-        self.stop_writing()
+        if budget is None or info is None or info.cross_rank != 0:
+            self.stop_writing()
+            return
+        step = self._ctx.ledger.commit_seq
+        try:
+            step = self._step(state)
+            why = self._write_leaving(state, budget)
+        except Exception as exc:  # noqa: BLE001 - on its way out: a failure must not turn a clean exit into a crash
+            why = one_line(exc)
+        log_leaving_write(self._ctx, step, why)
+
+    def _write_leaving(self, state: Any, budget: float) -> str | None:
+        """:meth:`leaving`'s write, on every worker of host 0 alike (the same collectives whatever each one saw)."""
+        ctx = self._ctx
+        done = budget > 0 and self.stop_writing(min(FLUSH_TIMEOUT_S, budget))
+        seq = ctx.ledger.commit_seq
+        # Whether every worker of the host is done writing and holds one same commit exactly.
+        mine = [int(not done), int(not ctx.ledger.holds_commit), seq, -seq]
+        flags = torch.tensor(mine, dtype=torch.int64, device=ctx.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        not_done, not_held, newest, oldest = (int(v) for v in flags.tolist())
+        if not_done:
+            return f"a write in flight was not done within the {max(0.0, budget):g}s the driver gave"
+        if not_held or newest != -oldest:
+            return "the host's workers do not hold one same commit"
+        if not self._agree(self._stored_seq != seq):  # local rank 0's word, as at the end of training
+            return None  # that commit's checkpoint is stored already
+        return self._write_watched(state)
 
     def finish(self, state: Any) -> str | None:
         """Training completed: host 0's workers write the final state; None when stored (or not host 0), else why not.
@@ -164,18 +190,22 @@ class ShardedCheckpoints:
         # Local rank 0 decides for the host, as at commits: whether its last commit is stored already.
         if not self._agree(self._stored_seq is None or self._stored_seq != self._ctx.ledger.commit_seq):
             return None  # the last commit's checkpoint, written by these very workers, holds the final state
+        why = self._write_watched(state)
+        if why is None:
+            return None
+        return f"the final checkpoint (step {self._step(state)}) was not written: {why}"
+
+    def _write_watched(self, state: Any) -> str | None:
+        """Write ``state`` on this thread (over the host's group), its bytes counted as progress meanwhile."""
         done = threading.Event()  # the write runs on this thread (the host's group): another one watches its bytes
         watch = threading.Thread(target=wait_for_storage, args=(done.wait, self.store, self._ctx, None), daemon=True,
                                  name="cloud-elastic-final-checkpoint-progress")
         watch.start()
         try:
-            why = self._write(state, background=False)
+            return self._write(state, background=False)
         finally:
             done.set()
             watch.join()
-        if why is None:
-            return None
-        return f"the final checkpoint (step {self._step(state)}) was not written: {why}"
 
     def _agree(self, mine: bool) -> bool:
         """Local rank 0's answer, on every worker of the host (the host's own group is torch's default group)."""
@@ -339,7 +369,7 @@ class ShardedCheckpoints:
             optimizers = {n for n in tensors if isinstance(getattr(state, n), torch.optim.Optimizer)}
             tensors = load_target(tensors, optimizers, storage.read_metadata())
             _load(tensors, storage)
-            _set(state, tensors)
+            set_parts(state, tensors)
         except (Exception, _DCP_ERROR) as exc:
             state.restore()
             corrupt, unreadable = _reason_of(exc, ShardCorrupt), _reason_of(exc, CheckpointError)
@@ -528,63 +558,3 @@ def _load(tensors: dict[str, Any], storage: Any) -> None:
     from cloud_elastic.checkpoint.dcp import safe_load_planner
 
     dcp.load(tensors, storage_reader=storage, planner=safe_load_planner())
-
-
-def sharded_parts(state: Any) -> tuple[dict[str, Any], frozenset[str]]:
-    """The sharded values of ``state`` as DCP state dicts, by attribute name, and those names.
-
-    The sharded model by ``get_model_state_dict``; each optimizer over its DTensor
-    parameters by ``get_optimizer_state_dict``, which needs that model: a state with
-    sharded optimizers must hold exactly one sharded model.
-    """
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    from cloud_elastic.worker.sharded import is_sharded
-
-    public = {name: value for name, value in vars(state).items() if not name.startswith("_")}
-    models = {n: v for n, v in public.items() if isinstance(v, torch.nn.Module) and is_sharded(v)}
-    optimizers = {n: v for n, v in public.items() if isinstance(v, torch.optim.Optimizer) and is_sharded(v)}
-    if optimizers and len(models) != 1:
-        raise CheckpointError(f"a sharded checkpoint needs the state to hold exactly one model sharded with hvd.shard "
-                              f"for its optimizers ({', '.join(sorted(optimizers))}); it holds {len(models)}")
-    tensors: dict[str, Any] = {name: get_model_state_dict(model) for name, model in models.items()}
-    for name, optimizer in optimizers.items():
-        model = next(iter(models.values()))
-        with _plain_step(optimizer):
-            tensors[name] = get_optimizer_state_dict(model, optimizer)
-    return tensors, frozenset(models) | frozenset(optimizers)
-
-
-def _set(state: Any, tensors: dict[str, Any]) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions as Options
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    models = {n: getattr(state, n) for n in tensors if isinstance(getattr(state, n), torch.nn.Module)}
-    for name, model in models.items():
-        set_model_state_dict(model, tensors[name])
-    for name in tensors:
-        optimizer = getattr(state, name)
-        if isinstance(optimizer, torch.optim.Optimizer):
-            with _plain_step(optimizer):  # not strict: a parameter the checkpoint holds no state of starts with none
-                set_optimizer_state_dict(next(iter(models.values())), optimizer, tensors[name],
-                                         options=Options(strict=False))
-
-
-@contextlib.contextmanager
-def _plain_step(optimizer: Any) -> Iterator[None]:
-    """Let torch initialise an optimizer that has no state yet with the wrapped optimizer's own step.
-
-    ``get_optimizer_state_dict`` gives such an optimizer its state by a step with zero gradients
-    at learning rate 0. Through ``DistributedOptimizer.step`` that step would count as a training
-    step and average the gradients over every host, while only host 0 takes it.
-    """
-    if optimizer.state or not hasattr(optimizer, "_ce_skip"):
-        yield
-        return
-    base = type(optimizer).__mro__[1].step
-    base = getattr(base, "__wrapped__", base) if getattr(base, "hooked", False) else base
-    optimizer.step = lambda closure=None: base(optimizer, closure)
-    try:
-        yield
-    finally:
-        del optimizer.step
