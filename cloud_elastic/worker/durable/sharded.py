@@ -187,8 +187,11 @@ class ShardedCheckpoints:
                  self._ctx.worker_id)
         host = _HostWrites(self._writes, self.store, self._ctx.device)  # local rank 0 publishes after the others
         wait_for_storage(host.wait, host, self._ctx, None)
-        # Local rank 0 decides for the host, as at commits: whether its last commit is stored already.
-        if not self._agree(self._stored_seq is None or self._stored_seq != self._ctx.ledger.commit_seq):
+        # Local rank 0 decides for the host, as at commits: whether the final state is its last commit, stored already
+        # (steps after the last commit, a loop that commits every few steps, are in no checkpoint yet).
+        ledger = self._ctx.ledger
+        stored = self._stored_seq == ledger.commit_seq and not getattr(ledger, "steps_since_commit", 0)
+        if not self._agree(not stored):
             return None  # the last commit's checkpoint, written by these very workers, holds the final state
         why = self._write_watched(state)
         if why is None:
