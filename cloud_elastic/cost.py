@@ -41,7 +41,7 @@ class CostSummary:
     by_source: Mapping[str, float] = field(default_factory=dict)
 
     def per_step(self, steps: int) -> float | None:
-        """Dollars per useful (committed) step, or None before the first."""
+        """Dollars per commit (``steps``: the job's commits, not its optimizer steps), or None before the first."""
         return self.dollars / steps if steps > 0 else None
 
 

@@ -120,7 +120,7 @@ def _cost_line(reply: StatusReply) -> str:
 
     line = f"cost {format_dollars(reply.cost or 0.0)} so far, {format_dollars(reply.cost_per_hour or 0.0)}/h now"
     if reply.cost_per_step is not None:
-        line += f", {format_dollars(reply.cost_per_step)} per committed step"
+        line += f", {format_dollars(reply.cost_per_step)} per commit"  # commits (commit_step), not optimizer steps
     if reply.cost_unpriced_slot_hours:
         line += f" ({reply.cost_unpriced_slot_hours:.3g} slot-hour(s) with no known price not in it)"
     if reply.cost_fallback_only is not None:
