@@ -5,11 +5,12 @@ list to the view, then watches from the list's ``resourceVersion``:
 
 * every event moves the kept ``resourceVersion`` on (``BOOKMARK`` events too),
   and a change that matters to the driver calls ``on_news``;
-* a watch the server ends (its ``timeoutSeconds``, ``watch_s``) is started
-  again at once, from the kept version, so nothing between the two is missed;
-  one ended with nothing before its timeout (no line within 0.9 × ``watch_s``
-  of the stream's opening: a proxy or server that will not hold a watch) is
-  started again after a back-off of 0.5 s doubling to 30 s, and three such
+* a watch the server ends (at its ``timeoutSeconds``: ``watch_s`` in whole
+  seconds, :func:`asked_s`) is started again at once, from the kept version,
+  so nothing between the two is missed; one ended with nothing before its
+  timeout (no line within 0.9 × the ``timeoutSeconds`` asked of the stream's
+  opening: a proxy or server that will not hold a watch) is started again
+  after a back-off of 0.5 s doubling to 30 s, and three such
   ends in a row are an outage from the first of them (a WARNING, once), as no
   change reaches the view meanwhile;
 * a watch that goes **silent** is trouble too: the API server ends each watch
@@ -65,7 +66,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 from cloud_elastic.providers.api import MAX_HOSTS
 
-__all__ = ["ResourceWatch", "Gone", "ListTooLarge", "ListTooSlow", "PAGE_SIZE", "silence_s", "keepalive_options"]
+__all__ = ["ResourceWatch", "Gone", "ListTooLarge", "ListTooSlow", "PAGE_SIZE", "silence_s", "asked_s",
+           "keepalive_options"]
 
 _log = logging.getLogger(__name__)
 
@@ -75,7 +77,8 @@ _BACKOFF_MAX_S = 30.0
 #: How long past its timeoutSeconds a watch may stay silent: the server's bookmark comes ~2 s before its deadline,
 #: and the end of the stream at it; the rest is room for a busy server and the network.
 _SILENCE_MARGIN_S = 10.0
-#: A stream that ends with no line in it shows the watch healthy only if it was held this share of ``watch_s``:
+#: A stream that ends with no line in it shows the watch healthy only if it was held this share of the
+#: ``timeoutSeconds`` asked (:func:`asked_s`):
 #: one that a proxy or server ends with nothing before its timeout has shown nothing, and must not end an outage.
 _HELD_FRACTION = 0.9
 #: Watches in a row ended with nothing before their timeout that make the watch down (from the first of them), warned once:
@@ -99,6 +102,14 @@ LIST_TIMEOUTS = 6
 def silence_s(watch_s: float) -> float:
     """The read timeout of a watch of ``watch_s`` seconds: a stream quiet this long is stalled."""
     return watch_s + min(_SILENCE_MARGIN_S, watch_s)
+
+
+def asked_s(watch_s: float) -> int:
+    """The ``timeoutSeconds`` a watch of ``watch_s`` asks for: whole seconds (rounded down), at least 1.
+
+    The server ends a healthy watch then, so an end is measured against this, not ``watch_s``: a 2.5 s watch
+    the server properly ends at 2 s (with no bookmark on a quiet cluster) is held, not empty."""
+    return max(1, int(watch_s))
 
 
 def keepalive_options(base: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -248,9 +259,9 @@ class ResourceWatch:
         """(since when the view may be stale, why) while the watch is down; None while it runs.
 
         Down: a request failed and no stream has shown it is healthy since (an event or bookmark applied, a
-        proper end: one held for about ``watch_s``, not an empty one ended before; a relist), or the server has
-        been silent longer than :func:`silence_s` (the thread may still be waiting on it: a request urllib3
-        retries can take several read timeouts before it fails). The stream reconnected after an outage's
+        proper end: one held for about the ``timeoutSeconds`` asked, not an empty one ended before; a relist),
+        or the server has been silent longer than :func:`silence_s` (the thread may still be waiting on it: a
+        request urllib3 retries can take several read timeouts before it fails). The stream reconnected after an outage's
         first failure is not reported while it has yet to show anything (a healthy one on a quiet cluster
         writes nothing until its bookmark); if it fails or goes silent, the outage goes on from its start.
         """
@@ -343,9 +354,11 @@ class ResourceWatch:
 
     def _watch_once(self) -> bool:
         """One watch request, its events applied until the stream ends; False if it ended with nothing in it
-        before :data:`_HELD_FRACTION` × ``watch_s`` (timed from the stream's opening), or was not read."""
+        before :data:`_HELD_FRACTION` × the ``timeoutSeconds`` asked (timed from the stream's opening), or was
+        not read."""
+        asked = asked_s(self._watch_s)
         resp = self._call(watch=True, resource_version=self.resource_version, allow_watch_bookmarks=True,
-                          timeout_seconds=max(1, int(self._watch_s)), _preload_content=False,
+                          timeout_seconds=asked, _preload_content=False,
                           _request_timeout=(self._timeout_s, silence_s(self._watch_s)), **self._selection())
         self.watches += 1
         self._resp = resp
@@ -371,7 +384,7 @@ class ResourceWatch:
                 self._event(json.loads(line))
                 self._healthy()
             self._heard = time.time()  # the server ended the stream: it was there until now
-            held = bool(lines) or time.monotonic() - opened >= _HELD_FRACTION * self._watch_s
+            held = bool(lines) or time.monotonic() - opened >= _HELD_FRACTION * asked
             if held:
                 self._healthy()  # a proper end
             elif self._resuming is not None:  # an empty stream ended early (a proxy that will not hold a watch)
