@@ -128,7 +128,8 @@ def test_sigkill_during_a_write_leaves_the_previous_checkpoint_loadable(
     with caplog.at_level(logging.WARNING, logger="cloud_elastic.checkpoint"):
         latest = store.latest()
     assert latest.info.step == 1 and latest.payload["step"] == 1
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # The store's own warnings only: a thread another test of this process left running may log meanwhile.
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("cloud_elastic.checkpoint")]
 
     # The next save clears the interrupted folder, temporary file included, before it writes: on a disk the
     # dead writer's file filled, it succeeds.
