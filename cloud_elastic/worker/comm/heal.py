@@ -13,7 +13,8 @@ buffers come from rank 0 alone (:meth:`Heal.buffers`): holders share its
 parameters and optimizer state bit for bit, but not, say, BatchNorm's running
 statistics, which are each worker's own.
 
-Memory in flight is bounded: a holder builds one piece at a time; a receiver
+Tensors travel as their bytes in a dtype NCCL carries too (:func:`_wire`: an int16 as float16 bits, a complex
+as real pairs), so a state heals on NCCL as on Gloo. Memory in flight is bounded: a holder builds one piece at a time; a receiver
 takes one piece from each holder at a time (a *wave*), straight into its tensor
 when a piece is one tensor's slice, else through a buffer of at most 32 MiB.
 """
@@ -28,6 +29,7 @@ import torch
 
 from cloud_elastic.worker.comm import collectives
 from cloud_elastic.worker.comm.collectives import on_device
+from cloud_elastic.worker.comm.dtypes import carrier, to_wire
 from cloud_elastic.worker.comm.skeleton import _checked_slots, _dtype, _is_slot, _join_tensors, _split_tensors, _TENSOR, allocate
 from cloud_elastic.worker.comm.statecodec import StateSyncError
 from cloud_elastic.worker.context import get_context
@@ -140,6 +142,7 @@ class Heal:
         holders = self.holders[:1] if from_root else self.holders  # rank 0 is always the first holder
         if not self.receivers or (me not in self.receivers and me not in holders):
             return
+        tensors = [_wire(t) for t in tensors]  # views: a receiver still receives into its own tensors
         chunks = [[tensors[i] for i in chunk] for chunk in collectives.pack_chunks(tensors, by_device=False)]
         plan = assign([(sum(t.numel() for t in c), c[0].element_size()) for c in chunks], len(holders))
         self.all_pieces += sum(len(p) for p in plan)
@@ -196,6 +199,15 @@ class Heal:
         elif self.sources:
             log.info("worker %s: received %s of commit %s from %d holder(s) %s", worker_id, amount, self.seq,
                      len(self.sources), sorted(self.sources))
+
+
+def _wire(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s bytes as a dtype that NCCL's send and recv carry, a view of the same memory: torch's NCCL
+    dtype map lacks int16, uint16, uint32, uint64 and complex numbers ("not supported for NCCL process group"),
+    which Gloo's send and recv carry. Same-width bits (``dtypes``) or complex as real pairs: nothing is copied."""
+    if tensor.is_complex():
+        return torch.view_as_real(tensor)
+    return to_wire(tensor, carrier(tensor.dtype, "heal", reduces=False))
 
 
 def skeleton(state: Any) -> Any:
