@@ -31,7 +31,7 @@ from cloud_elastic.worker import sharded, termination
 from cloud_elastic.worker.comm.statecodec import StateSyncError
 from cloud_elastic.worker.commit import sync_facts
 from cloud_elastic.worker.commit.state import State
-from cloud_elastic.worker.context import WorkerContext, init
+from cloud_elastic.worker.context import WorkerContext, current, get_context, init
 from cloud_elastic.worker.durable.api import DurableSchedule, open_schedule
 from cloud_elastic.worker.durable.failure import CheckpointFailed, report
 from cloud_elastic.worker.exceptions import CollectiveError, HostsUpdatedInterrupt, WorkerRemoved
@@ -44,10 +44,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def run(func: F) -> F:
-    """Decorate ``func(state, *args, **kwargs)`` so it survives membership changes."""
+    """Decorate ``func(state, *args, **kwargs)`` so it survives membership changes.
+
+    After ``hvd.shutdown()`` the decorated function raises ValueError, as every call that needs the job does,
+    until ``hvd.init()`` again; before any ``init()`` it initializes.
+    """
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        shut = current()
+        if shut is not None and shut.shut_down:
+            get_context()  # its ValueError: init() below would undo the shutdown
         try:
             with termination.leave_at_commit_on_sigterm(init()):  # SIGTERM: leave at the next commit
                 return _run(func, state, *args, **kwargs)
