@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import torch
 
-from cloud_elastic.checkpoint.api import CheckpointError
+from cloud_elastic.worker.durable.failure import CheckpointFailed
 
 __all__ = ["sharded_parts", "set_parts"]
 
@@ -20,26 +20,44 @@ __all__ = ["sharded_parts", "set_parts"]
 def sharded_parts(state: Any) -> tuple[dict[str, Any], frozenset[str]]:
     """The sharded values of ``state`` as DCP state dicts, by attribute name, and those names.
 
-    The sharded model by ``get_model_state_dict``; each optimizer over its DTensor
-    parameters by ``get_optimizer_state_dict``, which needs that model: a state with
-    sharded optimizers must hold exactly one sharded model.
+    Each sharded model by ``get_model_state_dict``; each optimizer over DTensor parameters by
+    ``get_optimizer_state_dict`` with the model whose parameters it holds (:func:`model_of`: a GAN's
+    generator and discriminator, each with its own optimizer). An optimizer that holds parameters of no
+    sharded model of the state, or of several, cannot be written: ``CheckpointFailed`` (the job ends in
+    one line at its first write rather than train on with no checkpoint).
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    models, optimizers = _sharded(state)
+    tensors: dict[str, Any] = {name: get_model_state_dict(model) for name, model in models.items()}
+    for name, optimizer in optimizers.items():
+        with _plain_step(optimizer):
+            tensors[name] = get_optimizer_state_dict(models[model_of(name, optimizer, models)], optimizer)
+    return tensors, frozenset(models) | frozenset(optimizers)
+
+
+def _sharded(state: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The state's public sharded models and optimizers, by attribute name."""
     from cloud_elastic.worker.sharded import is_sharded
 
     public = {name: value for name, value in vars(state).items() if not name.startswith("_")}
     models = {n: v for n, v in public.items() if isinstance(v, torch.nn.Module) and is_sharded(v)}
     optimizers = {n: v for n, v in public.items() if isinstance(v, torch.optim.Optimizer) and is_sharded(v)}
-    if optimizers and len(models) != 1:
-        raise CheckpointError(f"a sharded checkpoint needs the state to hold exactly one model sharded with hvd.shard "
-                              f"for its optimizers ({', '.join(sorted(optimizers))}); it holds {len(models)}")
-    tensors: dict[str, Any] = {name: get_model_state_dict(model) for name, model in models.items()}
-    for name, optimizer in optimizers.items():
-        model = next(iter(models.values()))
-        with _plain_step(optimizer):
-            tensors[name] = get_optimizer_state_dict(model, optimizer)
-    return tensors, frozenset(models) | frozenset(optimizers)
+    return models, optimizers
+
+
+def model_of(name: str, optimizer: Any, models: dict[str, Any]) -> str:
+    """The name of the one model in ``models`` that holds every parameter of ``optimizer`` (attribute ``name``);
+    CheckpointFailed when there is none."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    owners = [m for m, model in models.items() if held <= {id(p) for p in model.parameters()}]
+    if len(owners) != 1:
+        theirs = ", ".join(sorted(models)) or "none"
+        raise CheckpointFailed("write", f"a sharded checkpoint writes each optimizer with the model sharded with "
+                                        f"hvd.shard that holds all its parameters: optimizer {name!r} has no such "
+                                        f"model in the state (sharded models: {theirs}); give each model its own "
+                                        "optimizer, both in the state")
+    return owners[0]
 
 
 def set_parts(state: Any, tensors: dict[str, Any]) -> None:
@@ -54,7 +72,7 @@ def set_parts(state: Any, tensors: dict[str, Any]) -> None:
         optimizer = getattr(state, name)
         if isinstance(optimizer, torch.optim.Optimizer):
             with _plain_step(optimizer):  # not strict: a parameter the checkpoint holds no state of starts with none
-                set_optimizer_state_dict(next(iter(models.values())), optimizer, tensors[name],
+                set_optimizer_state_dict(models[model_of(name, optimizer, models)], optimizer, tensors[name],
                                          options=Options(strict=False))
 
 

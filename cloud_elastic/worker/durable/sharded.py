@@ -50,10 +50,12 @@ A reader that finds the manifest finds every shard.
   as holding no commit, and another host may load it.
 * **Storage.** Before host 0 first writes or loads, local rank 0 reads the driver's job record in the
   store (``durable.failure``): storage this host sees apart from the driver's ends the job in one line.
-* **What is in it.** The sharded model and its optimizers (those over DTensor
+* **What is in it.** The sharded models and their optimizers (those over DTensor
   parameters) under their attribute names, as ``get_model_state_dict`` and
-  ``get_optimizer_state_dict`` give them (keyed by parameter name, so the layout may
-  change between writing and loading); everything else in ``state.pt``.
+  ``get_optimizer_state_dict`` give them, each optimizer with the model that holds its
+  parameters (``durable.parts``; an optimizer over several models ends the job at the first
+  write), keyed by parameter name, so the layout may change between writing and loading;
+  everything else in ``state.pt``.
 
 Loading unpickles nothing from storage: DCP's metadata comes from its JSON copy (DCP's own
 ``.metadata`` pickle is never opened) and every item, tensor or not, is read with
