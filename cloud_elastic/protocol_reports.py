@@ -1,5 +1,5 @@
 """The reports and requests the driver parses besides :mod:`cloud_elastic.protocol`'s: ``drain``,
-``unhealthy``, ``notice`` and ``checkpoint``, as typed values.
+``unhealthy``, ``notice``, ``checkpoint`` and ``exiting``, as typed values.
 
 As in :mod:`cloud_elastic.protocol`, each type converts to the JSON object sent on the wire
 (``to_wire()``) and back (``from_wire()``), and ``from_wire`` refuses a malformed object as a whole
@@ -15,8 +15,8 @@ from typing import Any, Mapping
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 
-__all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "NOTICE_KINDS", "NoticeReport",
-           "UnhealthyReport"]
+__all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
+           "NOTICE_KINDS", "NoticeReport", "UnhealthyReport"]
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
@@ -142,3 +142,25 @@ class CheckpointReport:
         return cls(event, step, path[:1000], seq,
                    duration_s=duration if isinstance(duration, (int, float)) and not isinstance(duration, bool) else None,
                    bytes=size if isinstance(size, int) and not isinstance(size, bool) else None)
+
+
+@dataclass(frozen=True)
+class ExitingReport:
+    """A worker is past its exit hooks (kind ``exiting``): the exit code it is about to exit with, as far as it
+    knows (1 after an uncaught exception, what it gave ``sys.exit``, else 0), and ``error``, that exception's
+    first 300 characters. A driver that adopted the worker cannot reap it, so this is all it learns of how it
+    ended. ``code`` None: an older worker that said nothing of it."""
+
+    code: int | None = None
+    error: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"code": self.code, "error": self.error}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "ExitingReport":
+        what = "exiting message"
+        code = None if msg.get("code") is None else _field(msg, "code", what, int, "an integer or null",
+                                                            lambda v: -256 < v < 256)
+        error = None if msg.get("error") is None else _field(msg, "error", what, str, "a string or null")[:300]
+        return cls(code, error)

@@ -140,3 +140,35 @@ def test_the_no_progress_watch_of_an_adopted_round_starts_when_it_is_adopted() -
     for t in range(60, 70):  # past the bound: the watch does work for the adopted round
         quiet_second(t)
     assert [k for k, _ in job.take_events() if k == "round_stalled"] == ["round_stalled"]
+
+
+def _finish_adopted(job: ElasticJob, told: dict[str, int | None], t: float = 5.0) -> None:
+    """The adopted workers say at exit what code they exit with (``told``: None says nothing), then end, unreaped."""
+    from cloud_elastic.driver.job.exit_status import ExitStatus
+
+    for worker_id, code in told.items():
+        job.exiting(worker_id, t)
+        job.adoption.exiting(worker_id, code, "RuntimeError: the final save failed" if code else None)
+        job.exited(worker_id, ExitStatus(1, known=False), t)  # not our child: its real status went elsewhere
+    job.tick(t + 1)
+
+
+@pytest.mark.parametrize("told, success", [({"a[0]#6": 0, "b[0]#7": 0}, True),
+                                           ({"a[0]#6": 1, "b[0]#7": 0}, False),
+                                           ({"a[0]#6": 0, "b[0]#7": None}, False)])
+def test_an_adopted_worker_ending_after_training_ends_the_job_by_the_exit_code_it_said(told, success) -> None:
+    """A restarted driver cannot reap what it adopted: a failure after training (a final save that raised) must
+    fail the job, and an exit it was told nothing of must not pass for a success either."""
+    job = _job()
+    job.adopt("a[0]#6", Slot("a", 0), 6, _request(0), 1.0)
+    job.adopt("b[0]#7", Slot("b", 0), 7, _request(1), 1.0)
+    job.end_adoption(2.0, {})
+    job.discovered(DiscoveredHosts({"a": 1, "b": 1}), 2.0)
+    assert job.completed("a[0]#6", 3.0)[0] == job.completed("b[0]#7", 3.0)[0] == "done"
+    _finish_adopted(job, told)
+    assert job.outcome is not None and (job.outcome.success, job.outcome.exit_code) == (success, 0 if success else 1)
+    if told["a[0]#6"]:
+        assert "exited with code 1 after its training function returned" in job.outcome.reason
+    elif not success:
+        assert "exit code is unknown" in job.outcome.reason
+

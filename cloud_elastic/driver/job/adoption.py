@@ -15,6 +15,10 @@ workers that come back:
   round completely, the job goes on in it (zero steps lost); otherwise the
   round is aborted and the normal failure path applies (survivors roll back, a
   new round forms, from the latest checkpoint if no state holder came back).
+* :meth:`Adoption.exiting` and :meth:`Adoption.exit_status`: an adopted process
+  cannot be reaped, so the exit code it said it exits with is its exit status;
+  one that said none has an unknown status, which fails a completed job
+  (:meth:`~.completion.Completion.exited_after_completing`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import logging
 from typing import Callable
 
 from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.exit_status import ExitStatus
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
@@ -46,6 +51,7 @@ class Adoption:
         self._job = job
         self._seen_seq = seen_seq
         self._adopt_round = adopt_round
+        self._told: dict[str, int] = {}  # worker id -> the exit code it said it exits with
         #: The window is open: workers of the predecessor may re-register.
         self.open = False
         self._adopted: dict[int, dict[str, tuple[RankInfo, int]]] = {}  # round -> id -> (ranks, gen)
@@ -114,3 +120,17 @@ class Adoption:
             job.last_failure = (f"worker(s) {', '.join(sorted(stragglers))} came back in a round older than "
                                 f"{job.round}")
             job.abort()
+
+    def exiting(self, worker_id: str, code: int | None, error: str | None) -> None:
+        """An adopted worker says it is about to exit with ``code`` (None: it does not say), ``error`` why."""
+        if code is None:
+            return
+        self._told[worker_id] = code
+        if code != 0:
+            log.warning("job %s: worker %s (adopted) is exiting with code %d%s", self._job.job_id, worker_id, code,
+                        f" ({error})" if error else "")
+
+    def exit_status(self, worker_id: str, status: ExitStatus) -> ExitStatus:
+        """``status`` of an ended process, or, for an adopted one whose status is unknown, the code it said."""
+        code = self._told.get(worker_id)
+        return status if status.known or code is None else ExitStatus(code)

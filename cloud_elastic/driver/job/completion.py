@@ -219,7 +219,7 @@ class Completion:
         """``w``'s process ended after its training function returned: a failure only if it says so."""
         job = self._job
         self.exited += 1
-        if status.code != 0 and status.known or status.transport_error:
+        if status.code != 0 or not status.known or status.transport_error:  # unknown: adopted, said nothing
             what = (f"worker {w.worker_id} ({w.label}) {status.describe} after its training function returned "
                     f"(commit {w.commit_seq}, {w.steps} optimizer step(s))")
             self._failures.append(what)
@@ -228,9 +228,6 @@ class Completion:
                      reason=f"{status.describe} after its training function returned",
                      exit_code=status.code if status.code >= 0 else None, blacklisted_s=None,
                      **({"signal": signal_name(-status.code)} if status.code < 0 else {}))
-        elif not status.known:
-            log.warning("job %s: worker %s (adopted) ended after completing; its exit code is unknown to this "
-                        "driver", job.job_id, w.worker_id)
         else:
             log.debug("job %s: worker %s exited after completing", job.job_id, w.worker_id)
 

@@ -340,6 +340,7 @@ class ElasticJob:
         before = w.state
         was_member = w.member_of(self.round)
         w.to(S.EXITED)
+        status = self.adoption.exit_status(worker_id, status)  # an adopted process: the exit code it said
         if before is S.COMPLETED:
             self.completion.exited_after_completing(w, status)
         elif before is S.DRAINING:

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo, StacksReport
+from cloud_elastic.protocol_reports import ExitingReport
 from cloud_elastic.worker.link.link_probe import link_probe_of
 from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.link.pauses import Pauses
@@ -51,6 +52,8 @@ class DriverLinkMixin:
     next_plan = 0
     #: The deadline of a SIGTERM the driver let this worker stay for (0: none): told to a restarted driver too.
     sigterm_deadline = 0.0
+    #: What the script gave ``sys.exit`` (a tuple of it), noted once a restarted driver adopted this worker.
+    _exit_arg: tuple[Any, ...] | None = None
 
     def _next_offered(self, offer: Any, round_now: int, round_plan: int, sent: float) -> None:
         """What a heartbeat reply says of the planned next round (none here)."""
@@ -79,16 +82,44 @@ class DriverLinkMixin:
     def say_exiting(self) -> None:
         """Tell the driver this process is past its exit hooks: heartbeats stop now, the exit status follows.
 
-        One try, a few seconds at most (the process is exiting): on failure the
-        driver judges the silence by the heartbeat timeout, as before.
+        The message carries the exit code the process is about to exit with (:meth:`_exit_report`): a
+        driver that adopted this worker cannot reap it, and must not take a failure for a success. One
+        try, a few seconds at most (the process is exiting): on failure the driver judges the silence by
+        the heartbeat timeout, as before (and an adopted worker's unknown exit as a failure).
         """
         if self._codec is None or self.driver_lost:
             return
         try:
             DriverClient(self.settings.driver_address, self._codec, self.worker_id).call(
-                "exiting", timeout_s=min(5.0, self.heartbeat_timeout_s))
+                "exiting", self._exit_report().to_wire(), timeout_s=min(5.0, self.heartbeat_timeout_s))
         except Exception as exc:  # the driver may be gone: its heartbeat timeout then applies
             log.debug("worker %s: could not tell the driver it is exiting: %s", self.worker_id, exc)
+
+    def _exit_report(self) -> ExitingReport:
+        """The exit code this process is about to exit with, as the interpreter will compute it: 1 after an
+        exception that ended the script (``sys.excepthook`` saw it), else what ``sys.exit`` was given, else 0."""
+        raised = getattr(self, "_uncaught", None) or getattr(sys, "last_value", None)
+        if raised is not None:
+            return ExitingReport(1, f"{type(raised).__name__}: {raised}"[:300])
+        if self._exit_arg is None:
+            return ExitingReport(0)
+        arg = self._exit_arg[0]
+        if arg is None or isinstance(arg, int):  # the process's status is the low byte (True is 1)
+            return ExitingReport(0 if arg is None else int(arg) & 0xFF)
+        return ExitingReport(1, f"sys.exit({str(arg)[:280]!r})")
+
+    def _note_exit(self) -> None:
+        """Note what the script gives ``sys.exit`` from now on, for :meth:`_exit_report` (once)."""
+        if getattr(sys.exit, "_notes_exit", False):
+            return
+        previous = sys.exit
+
+        def exit(status: Any = None) -> None:
+            self._exit_arg = (status,)
+            previous(status)
+
+        exit._notes_exit = True  # type: ignore[attr-defined]
+        sys.exit = exit
 
     def report_checkpoint(self, event: str, **fields: Any) -> None:
         """Tell the driver a checkpoint was ``saved``, ``loaded`` or could not be loaded (``failed``).
@@ -296,6 +327,7 @@ class DriverLinkMixin:
                 print(f"cloud-elastic: worker {self.worker_id}: the restarted driver refused to adopt it "
                       f"({str(reply.get('reason') or 'no reason given')[:300]}); exiting", file=sys.stderr, flush=True)
                 os._exit(75)
+            self._note_exit()  # this driver learns the exit code only from ``exiting`` (see say_exiting)
             self._store_stale = True
             if self._notice_watcher is not None:
                 # The dead driver may have taken a notice for this host and died before acting on it or
