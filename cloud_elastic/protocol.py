@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from cloud_elastic.errors import ControlPlaneError
+from cloud_elastic.protocol_reports import StacksReport  # lives there (this module is at its size bound)
 
 __all__ = [
     "RankInfo",
@@ -534,27 +535,6 @@ class CompletionReply:
 
 
 @dataclass(frozen=True)
-class StacksReport:
-    """A worker's Python stacks, every thread, sent when the driver asked (``PollReply.stacks``)."""
-
-    request: int
-    text: str
-
-    #: Room left for the text in a control message (64 KiB in all).
-    MAX_TEXT = 48 * 1024
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"request": self.request, "text": self.text[-self.MAX_TEXT:]}
-
-    @classmethod
-    def from_wire(cls, msg: Mapping[str, Any]) -> "StacksReport":
-        text = msg.get("text")
-        if not isinstance(text, str):
-            raise ControlPlaneError("malformed stacks report: 'text' must be a string")
-        return cls(_int(msg, "request", "stacks report"), text[-cls.MAX_TEXT:])
-
-
-@dataclass(frozen=True)
 class AdoptRequest:
     """A worker re-registers with a restarted driver (kind ``adopt``): where it stands, so that the
     driver takes it over in its current round without a new round or a rollback.
@@ -562,7 +542,8 @@ class AdoptRequest:
     ``round``/``ranks``/``update_gen`` are those of the round it trains in (``round`` 0: it never joined one);
     ``seen_update``/``seen_abort`` the highest update generation and aborted round it has heard of; ``commits``
     its commits; ``pid`` its process id; ``commit_seq`` its last commit's position in the job's history (see
-    RendezvousRequest); ``sigterm_deadline`` (Unix time, 0: none) that of a SIGTERM the dead driver let it stay for.
+    RendezvousRequest); ``sigterm_deadline`` (Unix time, 0: none) that of a SIGTERM the dead driver let it stay for;
+    ``completed``: its training function returned and the driver said ``done`` (it is in the work after it).
     """
 
     round: int
@@ -575,6 +556,7 @@ class AdoptRequest:
     pid: int
     commit_seq: int = 0
     sigterm_deadline: float = 0.0
+    completed: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "ranks"}
@@ -597,4 +579,5 @@ class AdoptRequest:
         return cls(round_, ranks, _int(msg, "update_gen", what), _int(msg, "seen_update", what),
                    _int(msg, "seen_abort", what), _int(msg, "commits", what), _int(msg, "slot", what),
                    _int(msg, "pid", what), _optional_int(msg, "commit_seq", what),
-                   _optional_seconds(msg, "sigterm_deadline", what))
+                   _optional_seconds(msg, "sigterm_deadline", what),
+                   msg.get("completed") is not None and _bool(msg, "completed", what))  # older workers: False

@@ -1,5 +1,5 @@
 """The reports and requests the driver parses besides :mod:`cloud_elastic.protocol`'s: ``drain``,
-``unhealthy``, ``notice``, ``checkpoint`` and ``exiting``, as typed values.
+``unhealthy``, ``notice``, ``checkpoint``, ``stacks`` and ``exiting``, as typed values.
 
 As in :mod:`cloud_elastic.protocol`, each type converts to the JSON object sent on the wire
 (``to_wire()``) and back (``from_wire()``), and ``from_wire`` refuses a malformed object as a whole
@@ -16,7 +16,7 @@ from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
-           "NOTICE_KINDS", "NoticeReport", "UnhealthyReport"]
+           "NOTICE_KINDS", "NoticeReport", "StacksReport", "UnhealthyReport"]
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
@@ -142,6 +142,26 @@ class CheckpointReport:
         return cls(event, step, path[:1000], seq,
                    duration_s=duration if isinstance(duration, (int, float)) and not isinstance(duration, bool) else None,
                    bytes=size if isinstance(size, int) and not isinstance(size, bool) else None)
+
+
+@dataclass(frozen=True)
+class StacksReport:
+    """A worker's Python stacks, every thread, sent when the driver asked (``PollReply.stacks``)."""
+
+    request: int
+    text: str
+
+    #: Room left for the text in a control message (64 KiB in all).
+    MAX_TEXT = 48 * 1024
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"request": self.request, "text": self.text[-self.MAX_TEXT:]}
+
+    @classmethod
+    def from_wire(cls, msg: Mapping[str, Any]) -> "StacksReport":
+        what = "stacks report"
+        text = _field(msg, "text", what, str, "a string")
+        return cls(_field(msg, "request", what, int, "a non-negative integer", lambda v: v >= 0), text[-cls.MAX_TEXT:])
 
 
 @dataclass(frozen=True)

@@ -369,6 +369,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
             reply = CompletionReply.from_wire(self._call("completed", report, timeout_s=70.0))
             if reply.decision == "done":
                 self.progress.mark()
+                self.training_done = not again  # a restarted driver is told (see DriverLinkMixin._reregister)
                 return
             if reply.decision == "leave":
                 raise WorkerRemoved(reply.reason or "returned from its training function before rank 0")

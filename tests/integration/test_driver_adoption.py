@@ -158,3 +158,38 @@ def test_a_worker_lost_while_the_driver_was_away_takes_the_normal_failure_path(j
     steps = [e["step"] for e in events[newcomer[0]] if e["kind"] == "commit"]
     assert steps and steps[0] > 10 and steps[-1] == STEPS, "the replacement did not continue from the survivor's state"
     assert not processes_of_job(job_id)
+
+
+AFTER_TRAINING_PROBE = Path(__file__).with_name("after_training_probe.py")
+
+
+@pytest.mark.timeout(120)
+def test_a_driver_killed_after_training_finishes_the_job_by_what_the_adopted_workers_did(jobs, tmp_path):
+    """The driver dies while its workers do the work after training (a final save). The restarted driver takes them
+    back as completed and waits for them: nothing trains or saves twice, and rank 0's failure in that work, which
+    only the worker itself can tell a driver that did not start it, fails the job."""
+    (tmp_path / "run").mkdir()
+    events = tmp_path / "events"
+    events.mkdir()
+    gate = tmp_path / "gate"
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    args = ["run", "-np", "2", "-H", "127.0.0.1:2", "--checkpoint-dir", str(tmp_path / "ckpt"), "--driver-grace", "60",
+            sys.executable, str(AFTER_TRAINING_PROBE), str(events), str(gate), "--steps", "5", "--fail"]
+    first = jobs(args, env=env)
+    first.wait_for(lambda j: len([e for seen in _events(events).values() for e in seen if e["kind"] == "done"]) == 2,
+                   timeout=60, what="both workers past their training function")
+    job_id = first.job_id()
+    workers = sorted(processes_of_job(job_id))
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+
+    second = jobs(args, env=env)
+    second.wait_for(lambda j: "adopted 2 running worker(s)" in j.output(), timeout=60, what="adoption")
+    gate.touch()
+    assert second.finish(60) == 1, second.output()
+    out = second.output()
+    assert "launched worker" not in out and "resumed from the checkpoint" not in out, out
+    assert "exited with code 1 after its training function returned" in out, out
+    assert sorted((events / "final.txt").read_text().splitlines()) == ["rank 0 step 5", "rank 1 step 5"]
+    assert sorted(_events(events)) == workers, "the training function ran again in new workers"
+    assert not processes_of_job(job_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -172,3 +173,44 @@ def test_an_adopted_worker_ending_after_training_ends_the_job_by_the_exit_code_i
     elif not success:
         assert "exit code is unknown" in job.outcome.reason
 
+
+def test_workers_adopted_after_their_training_returned_finish_without_training_again() -> None:
+    """The predecessor died during the work after training (a final save): the workers come back completed, and the
+    job waits for their exit instead of taking them for members that ended without completing (which relaunched
+    workers from the checkpoint, ran the training function and the final save again)."""
+    job = _job()
+    job.adopt("a[0]#6", Slot("a", 0), 6, replace(_request(0), completed=True), 1.0)
+    job.adopt("b[0]#7", Slot("b", 0), 7, replace(_request(1), completed=True), 1.0)
+    job.end_adoption(2.0, {})
+    job.discovered(DiscoveredHosts({"a": 1, "b": 1}), 2.0)
+    assert job.phase is Phase.FINISHING and job.abort_round == 2
+    assert [job.workers[w].state.value for w in ("a[0]#6", "b[0]#7")] == ["completed", "completed"]
+    assert not [a for a in job.take_actions() if isinstance(a, Launch)], "workers were launched to train again"
+    for t in (3.0, 20.0, 40.0):  # the final save takes its time while they heartbeat
+        for w in ("a[0]#6", "b[0]#7"):
+            job.heartbeat(w, t, 40)
+        job.tick(t)
+    assert job.outcome is None
+    _finish_adopted(job, {"a[0]#6": 0, "b[0]#7": 0}, 41.0)
+    assert job.outcome is not None and job.outcome.success, job.outcome
+    assert "after 0 reset(s)" in job.outcome.reason
+
+
+def test_a_member_missing_after_the_training_completed_fails_the_job_without_training_again() -> None:
+    job = _job()
+    job.adopt("a[0]#6", Slot("a", 0), 6, replace(_request(0), completed=True), 1.0)
+    job.end_adoption(2.0, {"b[0]#7": "did not re-register within 10s"})
+    job.discovered(DiscoveredHosts({"a": 1, "b": 1}), 2.0)
+    assert job.phase is Phase.FINISHING and job.abort_round == 2
+    assert not [a for a in job.take_actions() if isinstance(a, Launch)]
+    _finish_adopted(job, {"a[0]#6": 0})
+    assert job.outcome is not None and not job.outcome.success
+    assert "rank(s) 1 of round 3 did not come back after the driver restart" in job.outcome.reason
+
+
+def test_an_adopt_request_says_whether_the_training_function_returned() -> None:
+    request = replace(_request(1), completed=True)
+    assert AdoptRequest.from_wire(request.to_wire()) == request
+    assert not AdoptRequest.from_wire({k: v for k, v in request.to_wire().items() if k != "completed"}).completed
+    with pytest.raises(ControlPlaneError, match="'completed'"):
+        AdoptRequest.from_wire(dict(request.to_wire(), completed="yes"))

@@ -17,7 +17,8 @@ def adoption() -> tuple[FakeJob, Adoption, list, list]:
     job = FakeJob(2)
     seqs: list[int] = []
     rounds: list = []
-    return job, Adoption(job, seqs.append, lambda ranks, gen, now: rounds.append((ranks, gen))), seqs, rounds
+    return job, Adoption(job, seqs.append, lambda ranks, gen, now: rounds.append((ranks, gen)),
+                         lambda worker_id, now, error=None: ("done", "")), seqs, rounds
 
 
 def member(rank: int, size: int = 2, round_: int = 3, commit_seq: int = 40) -> AdoptRequest:

@@ -15,6 +15,11 @@ workers that come back:
   round completely, the job goes on in it (zero steps lost); otherwise the
   round is aborted and the normal failure path applies (survivors roll back, a
   new round forms, from the latest checkpoint if no state holder came back).
+  When a worker came back saying its training function had returned and the
+  driver had said ``done`` (``AdoptRequest.completed``), the training is over:
+  such workers complete again (the job goes straight to finishing and waits for
+  their exit; nothing trains again), and a member of the round that did not come
+  back fails the job, as its work after training is unknown;
 * :meth:`Adoption.exiting` and :meth:`Adoption.exit_status`: an adopted process
   cannot be reaped, so the exit code it said it exits with is its exit status;
   one that said none has an unknown status, which fails a completed job
@@ -45,12 +50,16 @@ class Adoption:
     """The adoption window of one restarted job (see module docstring)."""
 
     def __init__(self, job: JobView, seen_seq: Callable[[int], None],
-                 adopt_round: Callable[[dict[str, RankInfo], int, float], None]) -> None:
+                 adopt_round: Callable[[dict[str, RankInfo], int, float], None],
+                 completed: Callable[..., tuple[str, str]]) -> None:
         """``seen_seq(seq)``: a worker numbered ``seq`` exists; ``adopt_round(ranks, update_gen, now)``: the job
-        goes on in the current round with these ranks from ``now``."""
+        goes on in the current round with these ranks from ``now``; ``completed(worker_id, now, error=)``: a
+        worker's training function returned (``Completion.completed``)."""
         self._job = job
         self._seen_seq = seen_seq
         self._adopt_round = adopt_round
+        self._completed = completed
+        self._done: set[str] = set()  # adopted after its training function returned (AdoptRequest.completed)
         self._told: dict[str, int] = {}  # worker id -> the exit code it said it exits with
         #: The window is open: workers of the predecessor may re-register.
         self.open = False
@@ -76,6 +85,8 @@ class Adoption:
         if request.round and request.ranks is not None:
             w.state, w.round, w.rank = S.RUNNING, request.round, request.ranks.rank
             self._adopted.setdefault(request.round, {})[worker_id] = (request.ranks, request.update_gen)
+            if request.completed:
+                self._done.add(worker_id)  # a member until the window closes; then it completes again (end)
         else:
             w.state = S.CONNECTED
         job.workers[worker_id] = w
@@ -84,8 +95,9 @@ class Adoption:
         job.round = max(job.round, request.round)
         if w.holds_state:
             job.state_committed = True
-        log.info("job %s: adopted worker %s (%s) of round %d at commit %d", job.job_id, worker_id, w.label,
-                 request.round, request.commit_seq or request.commits)
+        log.info("job %s: adopted worker %s (%s) of round %d at commit %d%s", job.job_id, worker_id, w.label,
+                 request.round, request.commit_seq or request.commits,
+                 "; its training function had returned" if worker_id in self._done else "")
         job.emit("worker_adopted", worker=worker_id, host=slot.host, slot=slot.index, round=request.round,
                  rank=w.rank, commit_step=request.commit_seq or None)
         return None
@@ -112,7 +124,10 @@ class Adoption:
         what = "; ".join(f"{wid} {why}" for wid, why in sorted(missing.items()))
         log.warning("job %s: adopted %d running worker(s) of round %d%s", job.job_id, len(members), job.round,
                     f"; not back: {what}" if what else "")
-        if not complete:
+        done = sorted((ranks[wid].rank, wid) for wid in members if wid in self._done)
+        if done:
+            self._finish(done, ranks, complete, now)
+        elif not complete:
             job.last_failure = (f"round {job.round} is incomplete after the driver restart"
                                 + (f" (not back: {what})" if what else ""))
             job.abort()
@@ -120,6 +135,22 @@ class Adoption:
             job.last_failure = (f"worker(s) {', '.join(sorted(stragglers))} came back in a round older than "
                                 f"{job.round}")
             job.abort()
+
+    def _finish(self, done: list[tuple[int, str]], ranks: dict[str, RankInfo], complete: bool, now: float) -> None:
+        """The training was over when the predecessor died (``done``: (rank, id) of the workers it had told so): they
+        complete again, rank 0 first, and the job finishes (nothing aborts or trains again). A member of the round
+        that did not come back did its work after training unseen, or not at all: the job fails once they exit."""
+        job = self._job
+        size = next(iter(ranks.values())).size
+        gone = sorted(set(range(size)) - {r.rank for r in ranks.values()})
+        log.warning("job %s: the training of round %d had completed before the driver restart; waiting for the "
+                    "work after it", job.job_id, job.round)
+        for _rank, worker_id in done:
+            error = None
+            if not complete and worker_id == done[0][1]:
+                error = (f"rank(s) {', '.join(map(str, gone)) or '?'} of round {job.round} did not come back after the "
+                         "driver restart: what they did after the training function returned is unknown")
+            self._completed(worker_id, now, error=error)
 
     def exiting(self, worker_id: str, code: int | None, error: str | None) -> None:
         """An adopted worker says it is about to exit with ``code`` (None: it does not say), ``error`` why."""

@@ -127,7 +127,7 @@ class ElasticJob:
         self.capacity = Capacity(self, self.leavers.send_away)
         self.rounds = RoundFormation(self, self.leavers, on_formed=lambda running: self.completion.round_formed(running))
         self.completion = Completion(self, self.rounds.rank0, self.leavers.take_host_along)
-        self.adoption = Adoption(self, self.capacity.seen, self.rounds.adopt_round)
+        self.adoption = Adoption(self, self.capacity.seen, self.rounds.adopt_round, self.completion.completed)
         self.fixed = FixedSize(self)
         self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along, self.fixed.failed)
         self.health = Health(self, self.leavers)

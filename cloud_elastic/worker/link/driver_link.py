@@ -33,8 +33,8 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo, StacksReport
-from cloud_elastic.protocol_reports import ExitingReport
+from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo
+from cloud_elastic.protocol_reports import ExitingReport, StacksReport
 from cloud_elastic.worker.link.link_probe import link_probe_of
 from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.link.pauses import Pauses
@@ -52,6 +52,9 @@ class DriverLinkMixin:
     next_plan = 0
     #: The deadline of a SIGTERM the driver let this worker stay for (0: none): told to a restarted driver too.
     sigterm_deadline = 0.0
+    #: Its training function returned and the driver said ``done`` (set by ``report_completed``): a restarted
+    #: driver takes it back as completed, in the work after training, not as a member still training.
+    training_done = False
     #: What the script gave ``sys.exit`` (a tuple of it), noted once a restarted driver adopted this worker.
     _exit_arg: tuple[Any, ...] | None = None
 
@@ -321,7 +324,7 @@ class DriverLinkMixin:
                                                        info.cross_rank, info.cross_size)
             request = AdoptRequest(0 if info is None else info.round, ranks, 0 if info is None else info.update_gen,
                                    self._seen_update, self._seen_abort, self.commits, self.settings.slot, os.getpid(),
-                                   self.commit_seq, self.sigterm_deadline)
+                                   self.commit_seq, self.sigterm_deadline, self.training_done)
             reply = client.call("adopt", request.to_wire(), timeout_s=self.heartbeat_timeout_s + 10)
             if not reply.get("ok"):
                 print(f"cloud-elastic: worker {self.worker_id}: the restarted driver refused to adopt it "
