@@ -41,10 +41,11 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   left unmanaged for the rest of the job; other errors are retried at each later ``find()`` until a call succeeds or
   a newer value replaces it. :meth:`can_give` tells the job what each group can give (a
   :class:`~.sources.Room`: its MaxSize; what it has where unmanaged, refused :data:`REFUSALS_TO_SPILL` times in a
-  row, or short of the hosts the job set for :data:`SHORT_FOR_S`), so the next fallback is asked for the rest; the
-  group's own value stays as asked. A 0 goes only to a group the job sent a raise (a call made, whatever its answer:
-  one that timed out may have landed) or adopted one of (:meth:`adopt`: a crashed predecessor's raise): a group whose
-  raise was held back or skipped is an operator's, and is left as it is, mid-job and at the end.
+  row, or short of the hosts the job, or a predecessor it took over, set for :data:`SHORT_FOR_S`), so the next
+  fallback is asked for the rest; the group's own value stays as asked. A 0 goes only to a group the job sent a
+  raise (a call made, whatever its answer: one that timed out may have landed) or adopted one of (:meth:`adopt`: a
+  crashed predecessor's raise), :meth:`owned`: a group whose raise was held back or skipped is an operator's, and is
+  left as it is, mid-job, at the end, and by a driver restarted after a crash (not carried in the sign of life).
 * **One provider call per source at a time**, whichever thread makes it: :meth:`wait_for` waits for any of them
   (find, set_capacity, release, hourly_prices) to end. The one exception: a find() does not wait for a call that
   another thread (the driver's, at the job's end) began; its answer is then one read just before or after that
@@ -173,6 +174,10 @@ class SourceState:
     def shown(self) -> int:
         return 0 if self.last is None else len(self.last.ready) + len(self.last.draining)
 
+    def owned(self) -> bool:
+        """Whether the job set the group: a raise sent or taken over, not one held back or skipped."""
+        return (self.sent or bool(self.adopted)) and not self.left
+
 
 class MultiSourceDiscovery(HostDiscovery):
     """Merged discovery over named sources (see module docstring)."""
@@ -261,7 +266,8 @@ class MultiSourceDiscovery(HostDiscovery):
                 source.limits = source.discovery.capacity_limits()
             except Exception:  # noqa: BLE001 (no bound known: the job asks as if it had none)
                 source.limits = None
-            short = (source.capacity_set or 0) > source.shown()
+            own = source.capacity_set if source.capacity_set is not None else source.adopted  # a taken-over raise
+            short = (own or 0) > source.shown()
             source.short_since = (source.short_since if source.short_since is not None else now) if short else None
             self._refresh_prices(source, snapshot, now)
         for source in self.sources:  # once every answer is in: a fallback's raise sees what the others answered
@@ -420,9 +426,11 @@ class MultiSourceDiscovery(HostDiscovery):
         # Nothing to change, or a group raised beyond it by someone else (the job lowers its own raise itself).
         if asked > 0 and desired is not None and (desired == hosts or desired > hosts and desired != source.capacity_set):
             source.left = source.left or not (source.capacity_set or source.adopted)  # not the job's: kept
+            if desired == hosts and source.adopted and source.capacity_set is None:
+                source.capacity_set = min(asked, hosts)  # a group taken over at the job's value: its own (SHORT_FOR_S)
             return False
         took, took_at, took_limits, took_shown = source.took
-        if asked == 0 and (source.left or not (source.sent or source.adopted)):
+        if asked == 0 and not source.owned():
             return False  # the job's value is not the group's (held back, skipped): an operator's, left as it is
         if hosts != took or asked == 0 or desired is not None:
             return True
@@ -473,6 +481,13 @@ class MultiSourceDiscovery(HostDiscovery):
         state = self._by_name.get(source)
         if state is not None:
             state.adopted = hosts
+
+    def owned(self, source: str) -> bool:
+        """Whether the job set ``source``'s group: a raise sent (a call under way or made, whatever its answer) or
+        taken over (:meth:`adopt`), not one held back or skipped; only such a group gets a 0, from this driver or,
+        carried in its sign of life, from the one restarted after a crash."""
+        state = self._by_name.get(source)
+        return state is not None and state.owned()
 
     def can_give(self, source: str) -> Room | None:
         """What ``source``'s group can give the job now (None: not a source): the most it is asked (its MaxSize as

@@ -208,15 +208,25 @@ def test_a_group_whose_raise_was_held_back_and_never_sent_is_never_set_to_0_mid_
     assert od.capacity_calls == [], "the operator's 3 instances were terminated"
     assert "host source 'od' is left as it is" in caplog.text and "set back to 0" not in caplog.text
     assert ("od", 0) not in _capacity_events(sim)
-    # Mid-job: spot answers with enough slots before the hold ends: the job no longer wants od, and sends it no 0.
+    # Mid-job: spot answers with enough slots before the hold ends: the job no longer wants od, sends it no 0 and
+    # reports none (review of 4f7dc85: an 'od 0' capacity event for a change never made), and the raise held back
+    # is dropped, never sent once the hold is over.
+    from cloud_elastic.providers.multi import UNHEARD_HOLD_S
+
     od = Scripted(DiscoveredHosts(), limits=(0, 10, 3))
     spot = Scripted(RetryableDiscoveryError("Throttling"))
     sim = _job(1)
     multi = _sources(od, spot=spot, sim=sim)
     _run(sim, multi, 3)
     spot.answers = [DiscoveredHosts(ready={"a0": 1})]
-    _run(sim, multi, 3)
-    assert ("od", 0) in _capacity_events(sim) and od.capacity_calls == []
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        _run(sim, multi, 3)
+    assert _capacity_events(sim) == [("od", 1)] and od.capacity_calls == []
+    assert "host source 'od' is left as it is: this job never set its desired capacity" in caplog.text
+    assert sim.job.capacity.sourcing.raised() == {}
+    _run(sim, multi, UNHEARD_HOLD_S + 5)
+    assert od.capacity_calls == [] and multi.capacity_of("od") is None
 
 
 class _Group(Scripted):
@@ -273,3 +283,43 @@ def test_the_reason_a_group_is_set_back_names_the_groups_that_give_the_slots():
     assert od2.capacity_calls == [1, 0]
     reasons = {(f["source"], f["hosts"]): f["reason"] for k, f in sim.events if k == "capacity"}
     assert reasons[("od2", 0)] == "host source(s) 'od' give the 2 fallback slot(s) wanted"
+
+
+# ------------------------------------------------------------------------- what a driver restarted after a crash gets
+def test_the_sign_of_life_carries_a_raise_whose_call_was_made_even_if_it_failed_but_not_one_held_back():
+    from cloud_elastic.errors import CapacityError, RetryableDiscoveryError
+
+    # Held back (spot throttled): the job asked od for 1, its provider sent nothing: nothing to carry.
+    od = Scripted(DiscoveredHosts(), limits=(0, 10, 3))
+    sim = _job(1)
+    multi = _sources(od, spot=Scripted(RetryableDiscoveryError("Throttling")), sim=sim)
+    _run(sim, multi, 3)
+    sourcing = sim.job.capacity.sourcing
+    assert od.capacity_calls == [] and sourcing.raised() == {"od": 1} and sourcing.raised(sent=True) == {}
+    # A call made that timed out (it may have landed): carried, so the restarted driver sets it back to 0.
+    od = Scripted(DiscoveredHosts(), capacity_errors=[CapacityError("Read timeout")] * 10, limits=(0, 10, 0))
+    sim = _job(1)
+    multi = _sources(od, spot_hosts=0, sim=sim)
+    _run(sim, multi, 3)
+    assert od.capacity_calls[0] == 1 and sim.job.capacity.sourcing.raised(sent=True) == {"od": 1}
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["own-raise", "taken-over"])
+def test_a_group_taken_over_that_never_launches_leaves_the_rest_to_the_next_group(restarted):
+    """Review of 4f7dc85: a group the restarted driver took over at the job's value (its crashed predecessor raised
+    it to 1, AWS took it, InsufficientInstanceCapacity) was never measured short: the next group was never asked."""
+    from cloud_elastic.driver.runtime import raised
+    from cloud_elastic.providers.multi import SHORT_FOR_S
+
+    od = _Group(DiscoveredHosts(), limits=(0, 10, 1 if restarted else 0))  # the predecessor's raise: desired 1
+    od2 = _Group(DiscoveredHosts(), limits=(0, 10, 0))
+    sim = _job(2, OD2)  # one spot slot, --min-np 2: one fallback slot
+    multi = _sources(od, od2, sim=sim)
+    if restarted:
+        raised.inherit(sim.job, {"od": 1})  # what the sign of life carried
+    _run(sim, multi, 60)
+    assert od2.capacity_calls == []  # od's hosts may still come
+    _run(sim, multi, SHORT_FOR_S + 60)
+    assert od2.capacity_calls == [1] and multi.capacity_of("od") == 1
+    assert od.capacity_calls == ([] if restarted else [1])  # already at the job's value: nothing sent
+    assert sim.job.capacity.sourcing.raised(sent=True) == {"od": 1, "od2": 1}

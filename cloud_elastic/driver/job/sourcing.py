@@ -34,13 +34,14 @@ Only for a job with several sources (``Policy.sources``, see
   since, a host of it was lost; the provider sends it only where it may change the group: see
   :mod:`cloud_elastic.providers.multi`); once a group's share is 0 (no
   fallback slot is wanted, or the preferred ones give them) and no worker is left on it, one sets
-  it back to 0. Nothing before the job's first discovery answer (a failed first call
+  it back to 0 (one whose raise its provider never sent, held back or skipped, is left as it is: no event,
+  :attr:`Sourcing.owned`). Nothing before the job's first discovery answer (a failed first call
   shows no host, not a lack of them). Nothing else: a group the job never raised is never lowered, and a
   raised one is never lowered while a worker runs on it. Slots per host: the group's
   own hosts as last seen, else any host's, else 1. When the job ends, the driver sets
   every group still raised back to 0 once its workers have stopped (:meth:`Sourcing.lowered`);
   a driver restarted after a crash takes over what its predecessor had raised
-  (:meth:`Sourcing.inherit`, kept beside the checkpoints).
+  (:meth:`Sourcing.inherit`, kept beside the checkpoints: ``raised(sent=True)``).
 * **Cost** (:class:`~cloud_elastic.cost.CostMeter`): each worker's slot is charged at
   its host's price from launch to exit; a ``cost`` event at most every
   :data:`COST_EVENT_EVERY_S` while the rate changes, and at least every
@@ -160,6 +161,10 @@ class Sourcing:
         self.can_give: dict[str, Room] = {}
         #: Groups a crashed predecessor raised, not yet told to the provider (``raised.share``).
         self.adopted: dict[str, int] = {}
+        #: Fallback sources whose group the job set, as its provider says (``raised.share``): a raise sent (a call
+        #: under way or timed out counts) or taken over, not one held back or skipped. None: the provider does not
+        #: say (every raise asked counts).
+        self.owned: set[str] | None = None
         #: Fallback workers beyond what is wanted that stay until replacements are ready: they hold no place
         #: for launches (:meth:`.capacity.Capacity.plan_launches`), so the replacements can start beside them.
         self.replacing = 0
@@ -296,6 +301,13 @@ class Sourcing:
                 log.debug("job %s: --manage-capacity: host source %r asked again for %d: it shows %d host(s)",
                           job.job_id, name, asked, present)
                 job.act(SetCapacity(name, asked))
+            elif need == 0 and self.requested.get(name, 0) > 0 and name not in busy and not self._sent(name):
+                # Its raise was never sent (held back, skipped): the provider drops the pending raise and sends no
+                # 0 either; no event for a change never made.
+                self.requested[name], self._asked_at[name] = 0, now
+                log.info("job %s: --manage-capacity: host source %r is left as it is: this job never set its desired "
+                         "capacity (its raise to %d was not sent)", job.job_id, name, asked)
+                job.act(SetCapacity(name, 0))
             elif need == 0 and self.requested.get(name, 0) > 0 and name not in busy:
                 givers = ", ".join(repr(n) for n, _, _, gives in shares if gives and n != name)
                 why = ("the job no longer needs it" if not self.wanted else
@@ -328,9 +340,14 @@ class Sourcing:
             left -= (gives - busy) * per_host
         return shares
 
-    def raised(self) -> dict[str, int]:
-        """The groups this job raised and has not set back to 0: source -> the desired capacity it asked for."""
-        return {name: hosts for name, hosts in self.requested.items() if hosts > 0}
+    def raised(self, *, sent: bool = False) -> dict[str, int]:
+        """The groups this job raised and has not set back to 0: source -> the desired capacity it asked for.
+        ``sent``: only those the job set (:attr:`owned`) or a predecessor raised and the provider has not been told
+        of yet: what a driver restarted after a crash may set back to 0 (carried in the sign of life)."""
+        return {name: hosts for name, hosts in self.requested.items() if hosts > 0 and (not sent or self._sent(name))}
+
+    def _sent(self, name: str) -> bool:
+        return self.owned is None or name in self.owned or name in self._inherited
 
     def inherit(self, raised: Mapping[str, int]) -> None:
         """Take over what a crashed predecessor had raised (its :meth:`raised`, kept beside the checkpoints):

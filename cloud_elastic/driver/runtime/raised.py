@@ -11,7 +11,9 @@ wanted (``driver.job.sourcing``); two ends of a driver's life are the runtime's:
   times, and says in one line which group stays raised if the cloud keeps
   refusing. A ``capacity`` event (reason "the job is over") records each change.
 * **The driver crashes**: each refresh of its sign of life beside the checkpoints
-  (``checkpoint.alive``, every 5 s) carries what it raised (:func:`remember`), and
+  (``checkpoint.alive``, every 5 s) carries what it raised (:func:`remember`: a raise
+  its provider sent or took over; one held back or skipped left the group an
+  operator's, which the next driver must not set to 0), and
   the driver restarted for the job takes it over (:func:`inherit`): it sets those
   groups back to 0 by the same rule. It takes them over only once it runs the job:
   while it waits out its predecessor's workers (which may still train on those
@@ -100,7 +102,9 @@ def remember(job: Any, refresher: Any, carry: dict[str, int], carry_cost: CostSo
     for a predecessor not yet taken over (with the job's lock; the driver calls it at each tick)."""
     sourcing = _sourcing(job)
     if refresher is not None:
-        refresher.set_raised({**carry, **(sourcing.raised() if sourcing is not None else {})})
+        # Only the groups the job set: a raise held back or skipped (an operator's group) would get a 0 from the
+        # driver restarted after a crash.
+        refresher.set_raised({**carry, **(sourcing.raised(sent=True) if sourcing is not None else {})})
         own = sourcing.cost.so_far() if sourcing is not None else None
         if carry_cost is not None:
             own = carry_cost if own is None else carry_cost.plus(own)
@@ -110,15 +114,18 @@ def remember(job: Any, refresher: Any, carry: dict[str, int], carry_cost: CostSo
 def share(job: Any, discovery: Any) -> None:
     """Tell the job what each fallback group can give (``discovery.can_give``, a ``providers.sources.Room``: a
     group at its MaxSize, one the job may not change, whose raise is refused or whose hosts do not come, leaves
-    the rest to the next), and the provider which groups a crashed predecessor raised (``discovery.adopt``:
-    lowered as the job's own). With the job's lock, before each tick; reads only what the provider last saw (no
-    cloud call)."""
+    the rest to the next) and which groups it set (``discovery.owned``: a raise held back or skipped is neither
+    carried nor reported set back to 0), and the provider which groups a crashed predecessor raised
+    (``discovery.adopt``: lowered as the job's own). With the job's lock, before each tick; reads only what the
+    provider last saw (no cloud call)."""
     sourcing = _sourcing(job)
     if sourcing is None:
         return
     can_give, adopt = getattr(discovery, "can_give", None), getattr(discovery, "adopt", None)
     while sourcing.adopted and adopt is not None:
         adopt(*sourcing.adopted.popitem())
+    owned = getattr(discovery, "owned", None)
+    sourcing.owned = None if owned is None else {name for name in sourcing.fallbacks if owned(name)}
     if can_give is not None:
         rooms = {name: can_give(name) for name in sourcing.fallbacks}
         sourcing.can_give = {name: room for name, room in rooms.items() if room is not None}
