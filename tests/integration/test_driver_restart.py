@@ -202,3 +202,37 @@ def test_a_driver_restarted_before_any_checkpoint_resumes_from_what_the_old_work
     assert step >= 1 and resumed and min(e["step"] for e in resumed) == step + 1, (
         "training started over from initial weights")
     assert not processes_of_job(job_id)
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_drivers_pid_reused_by_another_cloud_process_does_not_refuse_the_restart(jobs, tmp_path):
+    """The dead driver's record survived (a reboot keeps ~/.cloud-elastic); its pid is now amazon-cloudwatch-agent's.
+    The restart was refused as 'already running here' with exit code 2, which a supervisor never retries."""
+    import json
+    import subprocess
+    import sys
+
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    (tmp_path / "run").mkdir()
+    args = ["run", "-np", "1", "-H", "127.0.0.1:1", "--checkpoint-dir", str(tmp_path / "ckpt"), "--driver-grace", "1",
+            sys.executable, "-c", "pass"]  # a plain command: it never connects, the job fails (exit 1) but runs
+    first = jobs(args, env=env)
+    assert first.finish(60) == 1, first.output()
+    job_id = first.job_id()
+    other = subprocess.Popen(["bash", "-c", "exec -a /usr/bin/amazon-cloudwatch-agent sleep 60"])
+    try:
+        _wait_until(lambda: b"cloud" in open(f"/proc/{other.pid}/cmdline", "rb").read(), 10, "the other process")
+        long_ago = time.time() - 3 * 24 * 3600
+        record = tmp_path / "run" / "cloud-elastic" / job_id / "driver.json"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"v": 1, "job": job_id, "address": "127.0.0.1:1", "pid": other.pid,
+                                      "started": long_ago, "command": args[-3:], "cwd": str(tmp_path)}))
+        os.utime(record, (long_ago, long_ago))
+        second = jobs(args, env=env)
+        assert second.finish(60) == 1, second.output()
+        out = second.output()
+        assert "already running" not in out and "without ever connecting to the driver" in out, out
+        assert second.job_id() == job_id
+    finally:
+        other.kill()
+        other.wait()

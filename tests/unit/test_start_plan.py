@@ -4,6 +4,7 @@ and real driver records on disk: the job's identity, resume, adopt, and the wait
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -192,3 +193,32 @@ def test_a_record_naming_this_process_pid_is_a_dead_driver_whose_pid_it_reuses()
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
     # Its own pid is no live driver; its parent (pytest, not a cloud-elastic command) is none either.
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_a_dead_drivers_pid_reused_by_another_cloud_process_does_not_block_the_restart(tmp_path, monkeypatch):
+    """Days after the driver was killed its pid is amazon-cloudwatch-agent's (or cloud-init's, another job's fork
+    server's): 'already running here', exit 2, was refused for good, and a supervisor does not retry exit 2."""
+    import os
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = _config(str(tmp_path / "ckpt"))
+    store = open_store(config)
+    plan_start(config, store, job_id="j1")  # the job record
+    long_ago = time.time() - 3 * 24 * 3600
+    directory = tmp_path / "cloud-elastic" / "j1"
+    directory.mkdir(parents=True, mode=0o700)
+    with live_driver() as other:  # started now, long after the dead driver wrote its records
+        (directory / "driver.json").write_text(json.dumps({"pid": other, "started": long_ago}))
+        os.utime(directory / "driver.json", (long_ago, long_ago))
+        plan = plan_start(config, open_store(config), job_id="j2")
+        assert plan.job_id == "j1" and plan.wait_until is not None and plan.wait_until < time.time()
+        # No local record at all (a reboot emptied the runtime directory): the sign of life beside the checkpoints
+        # names the same reused pid on this host.
+        (directory / "driver.json").unlink()
+        write_driver_alive(store, DriverAlive("j1", long_ago, 60.0, socket.gethostname(), other))
+        plan = plan_start(config, open_store(config), job_id="j3")
+        assert plan.job_id == "j1" and plan.previous_alive.pid == other
+        # The same process, had it written the sign of life since it started, is a live driver: refused.
+        write_driver_alive(store, DriverAlive("j1", time.time(), 60.0, socket.gethostname(), other))
+        with pytest.raises(ConfigError, match=f"job j1 is already running here \\(driver pid {other}\\)"):
+            plan_start(config, open_store(config), job_id="j4")

@@ -45,7 +45,7 @@ from typing import Any, Callable
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.restart.record import AdoptionRecord, find_records
 from cloud_elastic.errors import CheckpointError, ConfigError
-from cloud_elastic.records import find_jobs, job_dir, pid_alive, runtime_root
+from cloud_elastic.records import driver_running, find_jobs, job_dir, pid_alive, runtime_root
 
 __all__ = ["RECORD_TOUCH_S", "StartPlan", "WaitOutcome", "driver_alive", "open_store", "plan_start", "resumes",
            "wait_for_predecessor"]
@@ -143,7 +143,7 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
         grace = max(grace, float(recorded_grace))  # the previous workers got the first driver's grace
     if adopt is None:
         previous = _previous_driver(job_id)
-    if previous is not None and driver_alive(previous[0]):
+    if previous is not None and driver_alive(previous[0], previous[2], previous[1]):
         raise ConfigError(f"job {job_id} is already running here (driver pid {previous[0]}); "
                           "stop it first or use another --checkpoint-dir")
     newest = newest_claim(store)
@@ -281,21 +281,21 @@ def wait_for_predecessor(plan: StartPlan, store: Any, wait: Callable[[float], bo
     return WaitOutcome(resumed, True)
 
 
-def _adoptable(config: JobConfig) -> tuple[AdoptionRecord | None, tuple[int, float] | None]:
+def _adoptable(config: JobConfig) -> tuple[AdoptionRecord | None, tuple[int, float, float] | None]:
     """The adoption record of a dead driver of ``--checkpoint-dir`` whose workers may still run, and
-    (pid, last sign of life) of that driver; (None, None) when there is none worth adopting."""
-    for record, pid, last_alive in find_records(runtime_root(), config.checkpoint_dir):
-        if driver_alive(pid) or not record.workers:
+    (pid, last sign of life, start) of that driver; (None, None) when there is none worth adopting."""
+    for record, pid, last_alive, started in find_records(runtime_root(), config.checkpoint_dir):
+        if driver_alive(pid, started, last_alive) or not record.workers:
             continue  # a live driver is refused by plan_start
         left = last_alive + record.grace_s - time.time()
         if left < _ADOPT_MARGIN_S:
             log.info("job %s: the previous driver died %.0fs ago, past its workers' --driver-grace %gs: "
                      "not adopting them", record.job_id, time.time() - last_alive, record.grace_s)
-            return None, (pid, last_alive)
+            return None, (pid, last_alive, started)
         log.warning("job %s: the previous driver (pid %d) died %.0fs ago; adopting its %d running worker(s) "
                     "(they train on for up to %.0fs more)", record.job_id, pid, time.time() - last_alive,
                     len(record.workers), left)
-        return record, (pid, last_alive)
+        return record, (pid, last_alive, started)
     return None, None
 
 
@@ -313,7 +313,7 @@ def _without_store(config: JobConfig, job_id: str) -> StartPlan:
         log.warning("job %s: cannot look for a previous driver of this command: %s", job_id, exc)
         return plan
     for record in records:
-        if driver_alive(record.pid):
+        if driver_alive(record.pid, record.started, record.last_seen):
             continue  # two drivers of one command at once is not a restart; left as it always was
         # Its workers stop at its last sign of life (refreshed every RECORD_TOUCH_S) plus their grace.
         until = record.last_seen + RECORD_TOUCH_S + record.grace_s + _STOP_S
@@ -325,7 +325,7 @@ def _without_store(config: JobConfig, job_id: str) -> StartPlan:
     return plan
 
 
-def _with_wait(plan: StartPlan, config: JobConfig, previous: tuple[int, float] | None, previous_alive: Any,
+def _with_wait(plan: StartPlan, config: JobConfig, previous: tuple[int, float, float] | None, previous_alive: Any,
                store: Any, by: str | None = None) -> StartPlan:
     """``plan`` with the wait for a dead predecessor's workers: the later of its last signs of life (this
     machine's private record, the entry beside the checkpoints, which is all a driver restarted on
@@ -333,7 +333,7 @@ def _with_wait(plan: StartPlan, config: JobConfig, previous: tuple[int, float] |
     grace = max(plan.grace_s, config.driver_grace_s)
     lives = []  # (last sign of life + how stale it can be, who)
     if previous is not None:
-        pid, last_alive = previous
+        pid, last_alive, _started = previous
         lives.append((last_alive + RECORD_TOUCH_S, f"the previous driver (pid {pid}) died "
                                                     f"{time.time() - last_alive:.0f}s ago"))
     if previous_alive is not None:
@@ -429,12 +429,20 @@ def _this_instance() -> str:
     return THIS_INSTANCE
 
 
-def driver_alive(pid: int) -> bool:
+def driver_alive(pid: int, started: float | None = None, last_seen: float | None = None) -> bool:
     """Whether ``pid`` is a live cloud-elastic process (a pid reused by anything else does not count).
 
+    ``started``: a time the driver is known to have run (its record written, a sign of life), and ``last_seen``
+    its latest (``started`` if None): a record not refreshed lately names the driver only if the pid's process
+    had started by then (:func:`cloud_elastic.records.driver_running`). A dead driver's pid reused by another
+    process, one whose command line says ``cloud`` too (amazon-cloudwatch-agent, cloud-init, another job's
+    fork server), would otherwise refuse every restart with exit code 2, which a supervisor does not retry.
     Never this process: a record naming its pid was left by a dead driver whose pid it reuses (a container's
     PID 1, restarted in place), which must be waited out or adopted, not taken for a live one."""
     if pid == os.getpid() or not pid_alive(pid):
+        return False
+    if started is not None and not driver_running(pid, started, started if last_seen is None else last_seen,
+                                                  time.time()):
         return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -469,7 +477,7 @@ def _previous_alive(store: Any, job_id: str, record: Any, newest: Any) -> tuple[
         if sign is None or sign.job_id != job_id or sign.stopped or sign.is_this_process():
             continue
         if sign.host == socket.gethostname():
-            if driver_alive(sign.pid):
+            if driver_alive(sign.pid, sign.alive):
                 raise ConfigError(f"job {job_id} is already running here (driver pid {sign.pid}); "
                                   "stop it first or use another --checkpoint-dir")
             if first:
@@ -493,11 +501,13 @@ def _creator(record: Any) -> Any:
                        instance=instance[:64] if isinstance(instance, str) else "")
 
 
-def _previous_driver(job_id: str) -> tuple[int, float] | None:
-    """(pid, last sign of life as Unix time) of a driver of ``job_id`` that left its status record here."""
+def _previous_driver(job_id: str) -> tuple[int, float, float] | None:
+    """(pid, last sign of life, when it wrote the record, as Unix times) of a driver of ``job_id`` that left its
+    status record here."""
     try:
         path = job_dir(job_id) / "driver.json"
         record = json.loads(path.read_text(encoding="utf-8"))
-        return int(record["pid"]), path.stat().st_mtime
+        last_alive = path.stat().st_mtime
+        return int(record["pid"]), last_alive, float(record.get("started", last_alive))
     except (OSError, ValueError, KeyError, TypeError, ConfigError):
         return None

@@ -118,9 +118,10 @@ def read_record(directory: Path) -> AdoptionRecord | None:
         return None
 
 
-def find_records(root: Path, checkpoint_dir: str) -> list[tuple[AdoptionRecord, int, float]]:
+def find_records(root: Path, checkpoint_dir: str) -> list[tuple[AdoptionRecord, int, float, float]]:
     """Records under ``root`` of drivers that checkpointed to ``checkpoint_dir``: (record, driver pid, last sign
-    of life as Unix time), newest first. Found without reading the checkpoint storage (which is slow to open)."""
+    of life as Unix time, when the driver wrote its status record: its process had started by then), newest
+    first. Found without reading the checkpoint storage (which is slow to open)."""
     found = []
     try:
         directories = [p for p in root.iterdir() if (p / RECORD_NAME).is_file()]
@@ -132,8 +133,9 @@ def find_records(root: Path, checkpoint_dir: str) -> list[tuple[AdoptionRecord, 
             continue
         try:
             status = directory / "driver.json"
-            pid = int(json.loads(status.read_text(encoding="utf-8"))["pid"])
-            found.append((record, pid, status.stat().st_mtime))
+            raw = json.loads(status.read_text(encoding="utf-8"))
+            last_alive = status.stat().st_mtime
+            found.append((record, int(raw["pid"]), last_alive, float(raw.get("started", last_alive))))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return sorted(found, key=lambda item: -item[2])
