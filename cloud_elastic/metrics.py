@@ -61,6 +61,12 @@ class StepRate:
         (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
 
+    @property
+    def known(self) -> float | None:
+        """:attr:`rate`, or None (unknown, not 0) before two samples or while the process has counted no
+        optimizer step: a script whose steps nothing counts must not read as a stalled job."""
+        return self.rate if len(self._samples) >= 2 and self._samples[-1][1] > 0 else None
+
 
 class MetricsServer:
     """Serves the job's metrics over HTTP at ``/metrics`` on ``bind:port``.
@@ -110,8 +116,9 @@ class MetricsServer:
         # Counted in commits, not steps: a script that commits every N steps makes one commit of N steps.
         self.last_commit = prom.Gauge("last_commit", "rank 0's last commit, counted in commits (state.commit() "
                                       "calls) since the job began", namespace=ns, registry=registry)
-        self.step_rate = prom.Gauge("steps_per_second", "optimizer steps per second rank 0 takes (30 s window)",
-                                    namespace=ns, registry=registry)
+        self.step_rate = prom.Gauge("steps_per_second", "optimizer steps per second rank 0 takes (30 s window; "
+                                    "NaN while unknown)", namespace=ns, registry=registry)
+        self.step_rate.set(float("nan"))  # unknown until rank 0's heartbeats report optimizer steps
         self.discovery_latency = prom.Histogram(
             "discovery_latency_seconds", "time one discovery call took", namespace=ns, registry=registry,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
@@ -213,4 +220,5 @@ class MetricsServer:
         with self._lock:
             self._rate.add(self._clock(), steps, source)
             self.last_commit.set(commit)
-            self.step_rate.set(self._rate.rate)
+            rate = self._rate.known
+            self.step_rate.set(float("nan") if rate is None else rate)

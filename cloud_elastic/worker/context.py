@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from cloud_elastic.control import Codec
 from cloud_elastic.protocol import (
@@ -553,6 +554,9 @@ def init() -> WorkerContext:
             ctx = WorkerContext()
             ctx.start()
             _CONTEXT = ctx
+            # Every optimizer step of the process, once it returns, counts (steps/s, steps_lost), whether the script
+            # steps a DistributedOptimizer or averages gradients itself (hvd.allreduce_) and steps a plain one.
+            register_optimizer_step_post_hook(lambda *_: ctx.ledger.note_step())
         _CONTEXT.shut_down = False  # after hvd.shutdown(): the same registration, round and heartbeats serve again
         return _CONTEXT
 

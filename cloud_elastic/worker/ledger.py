@@ -181,7 +181,7 @@ class CommitLedger:
             hook(state)
 
     def note_step(self) -> None:
-        """An optimizer step finished (``DistributedOptimizer.step``)."""
+        """An optimizer step finished (any optimizer's: the step post-hook ``context.init`` registers)."""
         self.steps_since_commit += 1
         self.progress.step()
 

@@ -308,7 +308,7 @@ class ControlPlane:
 
         return status_reply(self._job, self._config, provider=self._provider, now=now, wall_now=time.time(),
                             uptime_s=now - self._started_at,
-                            steps_per_s=self.rate.rate if self.rate.rate > 0 else None).to_json()
+                            steps_per_s=self.rate.known).to_json()
 
 
 def _worker_of(msg: dict[str, Any]) -> str:

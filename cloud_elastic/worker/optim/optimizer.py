@@ -414,10 +414,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if getattr(base_step, "hooked", False):
             base_step = base_step.__wrapped__
         self._ce_reset_if_new_round()
-        # The step is counted (ledger.note_step) once it returns: one whose allreduce fails was not trained, and
-        # a rollback's steps_lost counts the steps trained since the commit (docs/events.md).
-        ledger = get_context().ledger
-        window = ledger.window
+        # The step is counted once it returns, by torch's step post-hook that hvd.init registers for every
+        # optimizer (context.init): one whose allreduce fails was not trained (docs/events.md, steps_lost).
+        window = get_context().ledger.window
         if window.open:
             # Another update ran since the last commit (a second optimizer after one backward, as
             # in a GAN loop): this step's gradient allreduces, launched before it, are waited for
@@ -425,9 +424,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             window.collective("a gradient allreduce waited for after another optimizer's update")
         in_place = [s for s in self._ce_snapshots if s.in_place]
         if in_place or self._ce_sharded:  # over shards no copy is deferred to the step, in place or kept alike
-            result = self._ce_step_in_place(base_step, in_place, closure)
-            ledger.note_step()
-            return result
+            return self._ce_step_in_place(base_step, in_place, closure)
         self._ce_launch_ready(force=True)  # this step's own allreduces are not in the window the update opens
         window.update(kept=True)
         update = self._ce_zero_copy_step() if closure is None else None
@@ -435,7 +432,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._ce_check_outside()
             self._ce_step_overlapped(update)
             self._ce_clear()
-            ledger.note_step()
             return None
         if not self._ce_skip:
             self.synchronize()
@@ -453,7 +449,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             result = base_step(self, closure)
         self._ce_clear()
-        ledger.note_step()
         return result
 
     def _ce_step_in_place(self, base_step: Callable[..., Any], in_place: list[BoundCommit], closure: Any) -> Any:
