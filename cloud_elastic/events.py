@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -82,17 +83,21 @@ class JsonLinesEvents:
         self._clock = clock
         self._lock = threading.Lock()
         self._file: TextIO | None = None
-        self._broken = False
+        self._broken = self._newline = False
 
     def start(self) -> None:
         """Open the file; OSError if it cannot be opened (report it before the job starts).
 
         A new file is created readable by its owner only (0600): it holds the job's command line, whose
         arguments may carry credentials, and what the job went through. An existing file keeps its mode
-        (the user chose it).
+        (the user chose it). One that does not end with a newline (a driver stopped while writing a line)
+        gets one before this sink's first event.
         """
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._file = open(fd, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        # A driver stopped mid-line left the file without its last newline: this job's first event starts a
+        # line of its own, not the end of that cut one (``timeline`` skips the cut line then).
+        self._newline = _ends_cut(self.path, fd)
 
     def emit(self, kind: str, **fields: Any) -> None:
         validate(kind, fields)
@@ -102,8 +107,9 @@ class JsonLinesEvents:
             if self._file is None or self._broken:
                 return
             try:
-                self._file.write(line)
+                self._file.write("\n" + line if self._newline else line)
                 self._file.flush()
+                self._newline = False
             except OSError as exc:
                 self._broken = True
                 log.warning("events file %s: %s; no further events are written", self.path, exc)
@@ -124,6 +130,20 @@ class JsonLinesEvents:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _ends_cut(path: str, fd: int) -> bool:
+    """Whether the regular file ``path`` (open as ``fd``) is non-empty and does not end with a newline.
+    False where that cannot be read (a pipe, a file the user may only write)."""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+            return False
+        with open(path, "rb") as fh:
+            fh.seek(info.st_size - 1)
+            return fh.read(1) != b"\n"
+    except OSError:
+        return False
 
 
 class TeeEvents:

@@ -83,7 +83,8 @@ def read_events(path: str, job: str | None = None) -> list[dict[str, Any]]:
     Every line is checked against the events schema (:mod:`cloud_elastic.event_schema`; kinds and fields it
     does not know, from a newer driver, are passed over). ConfigError ``FILE line N: ...`` for a line that is
     not an event, has a field of the wrong type or is too long, or when the file holds no events of the job.
-    A last line without its newline (the driver was killed while writing it) is left out with a warning.
+    A last line without its newline (the driver was killed while writing it) is left out with a warning, and so
+    is such a line that the next driver's events follow (see :func:`_records`).
     """
     named = job is not None
     if not named:
@@ -105,8 +106,13 @@ MAX_LINE_CHARS = 1 << 20
 
 
 def _records(path: str, *, quiet: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, event) for each event line of the file, checked (see :func:`read_events`)."""
-    number = 0
+    """(line number, event) for each event line of the file, checked (see :func:`read_events`).
+
+    A line that is no JSON followed by an event is a line a stopped driver left cut short, which the next
+    driver's events follow: left out with a note; an event a driver older than this one appended to the cut
+    line, writing no newline first, is read. Such a line followed by another, or by nothing, is refused.
+    """
+    number, cut = 0, None
     try:
         with open(path, encoding="utf-8") as fh:
             while True:
@@ -116,28 +122,55 @@ def _records(path: str, *, quiet: bool = False) -> Iterator[tuple[int, dict[str,
                 except UnicodeDecodeError:
                     raise ConfigError(f"{path} line {number}: not UTF-8 text") from None
                 if not line:
-                    return
+                    break
                 if len(line) > MAX_LINE_CHARS:
                     raise ConfigError(f"{path} line {number}: longer than {MAX_LINE_CHARS} characters")
                 if not line.endswith("\n"):
                     if not quiet:
                         log.warning("note: %s line %d has no newline at its end (the driver was stopped while "
                                     "writing it): left out", path, number)
-                    return
-                if line.strip():
-                    record = _event(path, number, line)
-                    if record is not None:
-                        yield number, record
+                    break
+                if not line.strip():
+                    continue
+                parsed = _json(line)
+                if parsed is _NOT_JSON:
+                    if cut is not None:
+                        raise ConfigError(f"{path} line {cut} is not an event (a JSON object with 'event' and 'ts')")
+                    cut, parsed = number, _appended(line)
+                    if parsed is _NOT_JSON:
+                        continue
+                record = _event(path, number, parsed)
+                if cut is not None and not quiet:
+                    log.warning("note: %s line %d %s an event cut short (a driver was stopped while writing it): "
+                                "left out", path, cut, "is" if cut < number else "begins with")
+                cut = None
+                if record is not None:
+                    yield number, record
     except OSError as exc:
         raise ConfigError(f"cannot read events file {path}: {exc.strerror or exc}") from None
+    if cut is not None:
+        raise ConfigError(f"{path} line {cut} is not an event (a JSON object with 'event' and 'ts')")
 
 
-def _event(path: str, number: int, line: str) -> dict[str, Any] | None:
-    """The event on one line, checked against the schema; None for a kind the schema does not know."""
+_NOT_JSON = object()
+
+
+def _json(text: str) -> Any:
+    """The JSON value of ``text``, or ``_NOT_JSON``."""
     try:
-        record = json.loads(line)
+        return json.loads(text)
     except (json.JSONDecodeError, RecursionError):
-        record = None
+        return _NOT_JSON
+
+
+def _appended(line: str) -> Any:
+    """The event an older driver appended to a line cut short (it wrote no newline first), or ``_NOT_JSON``."""
+    start = line.find('{"v":', 1)
+    return _json(line[start:]) if start > 0 else _NOT_JSON
+
+
+def _event(path: str, number: int, record: Any) -> dict[str, Any] | None:
+    """The event of one line's JSON value, checked against the schema; None for a kind the schema does not know."""
     if not isinstance(record, dict) or "event" not in record or "ts" not in record:
         raise ConfigError(f"{path} line {number} is not an event (a JSON object with 'event' and 'ts')")
     kind, ts = record["event"], record["ts"]
