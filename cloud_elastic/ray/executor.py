@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import re
 import socket
 import sys
@@ -268,8 +269,9 @@ def verbose_logging(verbose: bool) -> Iterator[None]:
 
 def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """ConfigError, in one line and within about ``timeout_s``, unless the GCS of the Ray cluster ``ray.init`` would
-    connect to for ``address`` accepts a TCP connection ('auto': ``RAY_ADDRESS``, else the cluster this machine
-    last started or runs). ``ray.init`` itself waits minutes for an absent one. Nothing is checked where Ray's
+    connect to for ``address`` accepts a TCP connection and answers it as a gRPC server does ('auto':
+    ``RAY_ADDRESS``, else the cluster this machine last started or runs). ``ray.init`` itself waits minutes for an
+    absent one, and for a port where something else listens (the dashboard's 8265). Nothing is checked where Ray's
     private address lookup is missing, or for 'local' (``ray.init`` starts a cluster then).
     """
     if "://" in address:  # ray://host:port: Ray Client's server
@@ -286,12 +288,37 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     if resolved is None:
         return
     host, _, port = resolved.rpartition(":")
+    where = "" if resolved == address else f" ({resolved})"
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
     except (OSError, ValueError) as exc:
-        where = "" if resolved == address else f" ({resolved})"
         raise ConfigError(f"cannot connect to the Ray cluster at {address!r}{where}: nothing answers there "
                           f"({_first_line(exc) or type(exc).__name__}); is it running?") from exc
+    with sock:
+        if not _answers_grpc(sock):
+            raise ConfigError(f"cannot connect to the Ray cluster at {address!r}{where}: what answers there is not a "
+                              "Ray cluster's GCS port; give the address 'ray start --head' printed (port 6379 "
+                              "by default; the dashboard's 8265 is not one)")
+
+
+#: The HTTP/2 client connection preface and an empty SETTINGS frame (RFC 9113, 3.4): a gRPC server, as Ray's
+#: GCS and its client server are, answers with a SETTINGS frame of its own.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def _answers_grpc(sock: socket.socket) -> bool:
+    """Whether the server at ``sock`` (its timeout set) answers the HTTP/2 preface with a SETTINGS frame; True
+    under ``RAY_USE_TLS`` (the GCS speaks TLS first: the TCP connect is all that is checked)."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return True
+    head = b""
+    try:
+        sock.sendall(_H2_PREFACE)
+        while len(head) < 9 and (chunk := sock.recv(9 - len(head))):
+            head += chunk
+    except OSError:  # a reset, or silence past the timeout
+        return False
+    return len(head) == 9 and head[3] == 0x04  # a frame header: 3 bytes of length, then its type
 
 
 def _first_line(exc: BaseException) -> str:
