@@ -67,6 +67,10 @@ def _member(rank: int) -> dict:
                                                                        op=hvd.Sum))
     got["refused grouped"] = _outcome(lambda: hvd.grouped_allreduce([torch.ones(2), torch.ones(2, dtype=torch.uint64)],
                                                                     op=hvd.Sum))
+    # The same width, another dtype on each worker: as bits, rank 0's int16 rows were read as float16 silently.
+    mixed = torch.tensor([1, 2], dtype=torch.int16 if rank == 0 else torch.float16)
+    got["alltoall mixed"] = _outcome(lambda: partitioned.alltoall(mixed))
+    got["alltoall other rows"] = _outcome(lambda: partitioned.alltoall(torch.zeros((2, 2) + (1,) * rank)))
     got["still in step"] = _outcome(lambda: hvd.allreduce(torch.ones(3), op=hvd.Sum))
     return got
 
@@ -156,3 +160,14 @@ def test_a_uint16_or_uint32_reducescatter_is_exact_and_keeps_its_dtype(results, 
     expected = [combine(a, b) % 2**bits for a, b in zip(_unsigned(0, bits), _unsigned(1, bits))]
     assert results[0][f"reducescatter uint{bits} {op}"] == ("ok", [(f"torch.uint{bits}", expected[:2])])
     assert results[1][f"reducescatter uint{bits} {op}"] == ("ok", [(f"torch.uint{bits}", expected[2:])])
+
+
+@pytest.mark.parametrize("case, told", [
+    ("alltoall mixed", "(rank 0: int16 (*,); rank 1: float16 (*,))"),
+    ("alltoall other rows", "(rank 0: float32 (*, 2); rank 1: float32 (*, 2, 1))"),
+])
+def test_an_alltoall_of_other_dtypes_or_rows_on_each_worker_is_a_value_error_on_every_worker(results, case, told):
+    kind, message = _both(results, case)
+    assert kind == "ValueError" and message == (f"hvd.alltoall: mismatched tensors across workers {told}: every "
+                                                "worker must pass the same dtype and the same shape past dimension 0")
+    assert _both(results, "still in step") == ("ok", [("torch.float32", [2.0, 2.0, 2.0])])

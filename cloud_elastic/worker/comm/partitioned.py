@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from cloud_elastic.worker.comm import shapes
 from cloud_elastic.worker.comm.collectives import on_device, check_reducible
 from cloud_elastic.worker.comm.compression import Compression, casts, check_compression, encode
 from cloud_elastic.worker.comm.dtypes import carrier, from_wire, to_wire
@@ -78,7 +79,8 @@ def alltoall(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None =
     with ``splits`` (one count per worker, summing to at most the rows),
     ``(tensor, received_splits)`` as in Horovod, ``received_splits`` an int32
     tensor. Rows may differ in number between workers; the other dimensions
-    and the dtype must match.
+    and the dtype must match, else ValueError on every worker (told in the
+    exchange of the counts, as for ``allgather``).
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"hvd.alltoall: expected a torch.Tensor, got {type(tensor).__name__}")
@@ -90,11 +92,14 @@ def alltoall(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None =
     rows = tensor.shape[0]
     send = _send_counts(splits, rows, size)
     what = f"alltoall {name or ''}".strip()
-    # Each worker learns how many rows every peer sends it (its rows and splits are its own).
-    counts = torch.tensor(send, dtype=torch.int64, device=ctx.device)
+    # Each worker learns how many rows every peer sends it (its rows and splits are its own), and each peer's
+    # dtype and shape: rows of another dtype of the same width would arrive as bits and be misread silently.
+    row = shapes.shape_row(tensor)
+    counts = torch.tensor([[n] + row for n in send], dtype=torch.int64, device=ctx.device)
     received = torch.empty_like(counts)
     ctx.wait(ctx.group(what).alltoall_base(received, counts, [], []), what)
-    recv = [int(n) for n in received.tolist()]
+    shapes.check_gathered([r[1:] for r in received.tolist()], "alltoall")
+    recv = [int(n) for n in received[:, 0].tolist()]
     local = to_wire(on_device(tensor.detach()[: sum(send)]), wire)
     out = torch.empty((sum(recv),) + tuple(local.shape[1:]), dtype=local.dtype, device=local.device)
     ctx.wait(ctx.group(what).alltoall_base(out, local, recv, send), what)
