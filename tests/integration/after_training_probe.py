@@ -1,6 +1,6 @@
 """Train ``--steps`` steps; after the training function returns, work until the GATE file exists (a final save,
-heartbeating all along), then append one line per rank to ``EVENTS_DIR/final.txt``; ``--fail`` makes rank 0 raise
-there (a final save that failed). Events go to ``EVENTS_DIR/<pid>.jsonl`` (the first argument): a worker adopted
+heartbeating all along), then append one line per rank to ``EVENTS_DIR/final.txt``; ``--fail-rank R`` makes rank R
+raise there (a final save that failed). Events go to ``EVENTS_DIR/<pid>.jsonl`` (the first argument): a worker adopted
 by a restarted driver has lost its output pipe with the old driver."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def main() -> None:
     p.add_argument("events")
     p.add_argument("gate")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--fail", action="store_true")
+    p.add_argument("--fail-rank", type=int, default=-1)
     args = p.parse_args()
 
     def event(kind: str, **fields: object) -> None:
@@ -49,8 +49,8 @@ def main() -> None:
         time.sleep(0.05)
     with open(os.path.join(args.events, "final.txt"), "a", encoding="utf-8") as f:
         f.write(f"rank {hvd.rank()} step {state.step}\n")
-    if args.fail and hvd.rank() == 0:
-        raise RuntimeError("the final save failed (--fail)")
+    if hvd.rank() == args.fail_rank:
+        raise RuntimeError("the final save failed (--fail-rank)")
 
 
 if __name__ == "__main__":

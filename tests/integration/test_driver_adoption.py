@@ -166,7 +166,7 @@ AFTER_TRAINING_PROBE = Path(__file__).with_name("after_training_probe.py")
 @pytest.mark.timeout(120)
 def test_a_driver_killed_after_training_finishes_the_job_by_what_the_adopted_workers_did(jobs, tmp_path):
     """The driver dies while its workers do the work after training (a final save). The restarted driver takes them
-    back as completed and waits for them: nothing trains or saves twice, and rank 0's failure in that work, which
+    back as completed and waits for them: nothing trains or saves twice, and rank 1's failure in that work, which
     only the worker itself can tell a driver that did not start it, fails the job."""
     (tmp_path / "run").mkdir()
     events = tmp_path / "events"
@@ -174,7 +174,7 @@ def test_a_driver_killed_after_training_finishes_the_job_by_what_the_adopted_wor
     gate = tmp_path / "gate"
     env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
     args = ["run", "-np", "2", "-H", "127.0.0.1:2", "--checkpoint-dir", str(tmp_path / "ckpt"), "--driver-grace", "60",
-            sys.executable, str(AFTER_TRAINING_PROBE), str(events), str(gate), "--steps", "5", "--fail"]
+            sys.executable, str(AFTER_TRAINING_PROBE), str(events), str(gate), "--steps", "5", "--fail-rank", "1"]
     first = jobs(args, env=env)
     first.wait_for(lambda j: len([e for seen in _events(events).values() for e in seen if e["kind"] == "done"]) == 2,
                    timeout=60, what="both workers past their training function")
@@ -188,8 +188,8 @@ def test_a_driver_killed_after_training_finishes_the_job_by_what_the_adopted_wor
     gate.touch()
     assert second.finish(60) == 1, second.output()
     out = second.output()
-    assert "launched worker" not in out and "resumed from the checkpoint" not in out, out
-    assert "exited with code 1 after its training function returned" in out, out
+    assert "launched worker" not in out and "resumed from the checkpoint" not in out and "will leave" not in out, out
+    assert "(rank 1) exited with code 1 after its training function returned" in out, out
     assert sorted((events / "final.txt").read_text().splitlines()) == ["rank 0 step 5", "rank 1 step 5"]
     assert sorted(_events(events)) == workers, "the training function ran again in new workers"
     assert not processes_of_job(job_id)

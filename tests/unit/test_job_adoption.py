@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from cloud_elastic.driver.job.exit_status import ExitStatus
 from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
-from cloud_elastic.driver.job.elastic_job import ElasticJob, Launch, Phase, Policy
+from cloud_elastic.driver.job.elastic_job import ElasticJob, Launch, Phase, Policy, Stop
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.protocol import AdoptRequest, PollReply, RankInfo
 from cloud_elastic.providers.api import DiscoveredHosts
@@ -145,8 +146,6 @@ def test_the_no_progress_watch_of_an_adopted_round_starts_when_it_is_adopted() -
 
 def _finish_adopted(job: ElasticJob, told: dict[str, int | None], t: float = 5.0) -> None:
     """The adopted workers say at exit what code they exit with (``told``: None says nothing), then end, unreaped."""
-    from cloud_elastic.driver.job.exit_status import ExitStatus
-
     for worker_id, code in told.items():
         job.exiting(worker_id, t)
         job.adoption.exiting(worker_id, code, "RuntimeError: the final save failed" if code else None)
@@ -183,6 +182,7 @@ def test_workers_adopted_after_their_training_returned_finish_without_training_a
     job.adopt("b[0]#7", Slot("b", 0), 7, replace(_request(1), completed=True), 1.0)
     job.end_adoption(2.0, {})
     job.discovered(DiscoveredHosts({"a": 1, "b": 1}), 2.0)
+    job.adoption.finish(2.0)  # the window closes once discovery has answered
     assert job.phase is Phase.FINISHING and job.abort_round == 2
     assert [job.workers[w].state.value for w in ("a[0]#6", "b[0]#7")] == ["completed", "completed"]
     assert not [a for a in job.take_actions() if isinstance(a, Launch)], "workers were launched to train again"
@@ -201,8 +201,14 @@ def test_a_member_missing_after_the_training_completed_fails_the_job_without_tra
     job.adopt("a[0]#6", Slot("a", 0), 6, replace(_request(0), completed=True), 1.0)
     job.end_adoption(2.0, {"b[0]#7": "did not re-register within 10s"})
     job.discovered(DiscoveredHosts({"a": 1, "b": 1}), 2.0)
+    job.adoption.finish(2.0)
     assert job.phase is Phase.FINISHING and job.abort_round == 2
-    assert not [a for a in job.take_actions() if isinstance(a, Launch)]
+    actions = job.take_actions()
+    # Discovery found the missing member's slot empty before the window closed; its replacement never trains.
+    launched = {a.worker_id for a in actions if isinstance(a, Launch)}
+    assert launched <= {a.worker_id for a in actions if isinstance(a, Stop)}, actions
+    for worker_id in launched:
+        job.exited(worker_id, ExitStatus(-15), 3.0)
     _finish_adopted(job, {"a[0]#6": 0})
     assert job.outcome is not None and not job.outcome.success
     assert "rank(s) 1 of round 3 did not come back after the driver restart" in job.outcome.reason

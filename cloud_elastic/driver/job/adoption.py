@@ -17,9 +17,10 @@ workers that come back:
   new round forms, from the latest checkpoint if no state holder came back).
   When a worker came back saying its training function had returned and the
   driver had said ``done`` (``AdoptRequest.completed``), the training is over:
-  such workers complete again (the job goes straight to finishing and waits for
-  their exit; nothing trains again), and a member of the round that did not come
-  back fails the job, as its work after training is unknown;
+  such workers complete again once discovery has answered (:meth:`Adoption.finish`;
+  the job goes straight to finishing and waits for their exit; nothing trains
+  again), and a member of the round that did not come back fails the job, as its
+  work after training is unknown;
 * :meth:`Adoption.exiting` and :meth:`Adoption.exit_status`: an adopted process
   cannot be reaped, so the exit code it said it exits with is its exit status;
   one that said none has an unknown status, which fails a completed job
@@ -60,6 +61,7 @@ class Adoption:
         self._adopt_round = adopt_round
         self._completed = completed
         self._done: set[str] = set()  # adopted after its training function returned (AdoptRequest.completed)
+        self._pending: tuple[list[tuple[int, str]], dict[str, RankInfo], bool] | None = None  # for finish()
         self._told: dict[str, int] = {}  # worker id -> the exit code it said it exits with
         #: The window is open: workers of the predecessor may re-register.
         self.open = False
@@ -126,7 +128,9 @@ class Adoption:
                     f"; not back: {what}" if what else "")
         done = sorted((ranks[wid].rank, wid) for wid in members if wid in self._done)
         if done:
-            self._finish(done, ranks, complete, now)
+            # They complete once discovery has answered (finish): completing ticks the job, which would take
+            # the hosts of workers not completed yet, undiscovered so far, for hosts that left.
+            self._pending = (done, ranks, complete)
         elif not complete:
             job.last_failure = (f"round {job.round} is incomplete after the driver restart"
                                 + (f" (not back: {what})" if what else ""))
@@ -135,6 +139,13 @@ class Adoption:
             job.last_failure = (f"worker(s) {', '.join(sorted(stragglers))} came back in a round older than "
                                 f"{job.round}")
             job.abort()
+
+    def finish(self, now: float) -> None:
+        """The window closed and discovery answered: the workers adopted after their training function
+        returned complete again (see :meth:`_finish`). Nothing to do otherwise."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._finish(*pending, now)
 
     def _finish(self, done: list[tuple[int, str]], ranks: dict[str, RankInfo], complete: bool, now: float) -> None:
         """The training was over when the predecessor died (``done``: (rank, id) of the workers it had told so): they

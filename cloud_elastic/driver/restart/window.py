@@ -115,9 +115,11 @@ class AdoptionWindow:
         return WindowClosed(adopted, missing, self._adopted_at - self._started_at)
 
     def close(self) -> None:
-        """The window is closed and discovery has answered: held messages go to the job's rules now."""
+        """The window is closed and discovery has answered: workers adopted after their training function returned
+        complete again, and held messages go to the job's rules now."""
         with self._cond:
             self.is_open = False
+            self._job.adoption.finish(self._clock())
             for notice in self._sigterms:
                 self._rules("notice", notice)
             self._sigterms.clear()
