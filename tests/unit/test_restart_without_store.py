@@ -147,3 +147,17 @@ def test_the_same_script_by_its_absolute_path_from_another_directory_is_waited_f
     monkeypatch.chdir(elsewhere)
     plan = plan_start(_config(command=command), None, job_id="n3wj0b01")
     assert plan.wait_until is not None
+
+
+def test_a_restart_that_adds_a_checkpoint_dir_still_waits_until_the_dead_drivers_workers_stop(tmp_path) -> None:
+    """The first run had no --checkpoint-dir (or another one), as the restart's own warning suggests adding: its
+    workers trained on for 5 s after the new job's workers had started on the same slots (two processes per GPU)."""
+    from cloud_elastic.driver.restart.predecessor import open_store
+
+    last = _dead_driver("0ldj0b01")
+    config = _config(checkpoint_dir=str(tmp_path / "ckpt"))
+    plan = plan_start(config, open_store(config), job_id="n3wj0b01")
+    assert plan.job_id == "n3wj0b01" and not plan.resumed and plan.adopt is None
+    assert plan.wait_until is not None and last + 30 < plan.wait_until <= last + 30 + 10
+    assert "job 0ldj0b01" in plan.waiting_for and f"did not checkpoint to {tmp_path / 'ckpt'}" in plan.waiting_for
+    assert not plan.predecessor_gone

@@ -25,7 +25,9 @@ Without ``--checkpoint-dir`` nothing can be adopted or resumed, but a dead drive
 command (this user's record on this machine, :func:`cloud_elastic.records.find_jobs`) left workers
 that train on for its grace, on the same hosts and devices: the plan waits them out
 (:func:`_without_store`) and the job then starts over, as a supervisor restarting the driver
-expects. A refusal would not do: the Terraform unit does not restart a driver that exits 2.
+expects. A refusal would not do: the Terraform unit does not restart a driver that exits 2. So does a
+start whose ``--checkpoint-dir`` holds no job record yet (:func:`_same_command`): a restart that adds
+``--checkpoint-dir``, or changes it, finds its predecessor only that way.
 
 :func:`wait_for_predecessor` carries out that wait (when nothing was adopted) and then checks
 again: a driver elsewhere that refreshed its sign of life meanwhile owns the job, and the
@@ -126,9 +128,11 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
         job_id = adopt.job_id if adopt is not None else job_id
         _claim(store, config, job_id)
         log.info("job %s: checkpoints go to %s", job_id, store.url)
-        # Only an adopted predecessor is waited for here: without a job record there is no other to know of.
-        return _with_wait(StartPlan(job_id, adopt=adopt, grace_s=config.driver_grace_s), config,
+        plan = _with_wait(StartPlan(job_id, adopt=adopt, grace_s=config.driver_grace_s), config,
                           previous if adopt is not None else None, None, store)
+        # Without a job record here, a dead driver of the same command checkpointed elsewhere or not at all (the
+        # restart adds or changes --checkpoint-dir): its workers train on beside ours unless waited out.
+        return plan if adopt is not None else _same_command(config, plan)
     if record.command != tuple(config.command):
         log.warning("job %s was started with the command %s; resuming it with %s",
                     record.job_id, " ".join(record.command), " ".join(config.command))
@@ -302,8 +306,14 @@ def _adoptable(config: JobConfig) -> tuple[AdoptionRecord | None, tuple[int, flo
 def _without_store(config: JobConfig, job_id: str) -> StartPlan:
     """The plan without ``--checkpoint-dir``: wait out the workers of the dead drivers of the same command whose
     grace has not run out (see module docstring); none can be adopted."""
-    now = time.time()
-    plan = StartPlan(job_id)
+    return _same_command(config, StartPlan(job_id))
+
+
+def _same_command(config: JobConfig, plan: StartPlan) -> StartPlan:
+    """``plan``, waiting out the workers of the dead drivers of the same command (this user's records on this
+    machine) whose grace has not run out: they did not checkpoint to this job's ``--checkpoint-dir``, if any, so
+    none can be adopted, and they train on the same hosts and devices until then."""
+    now, job_id = time.time(), plan.job_id
     if config.command[:1] in (("<ray actor>",), ("<spark task>",)):
         return plan  # Ray's actors and Spark's tasks end with the driver that started them: nothing to wait out
     try:
@@ -318,10 +328,13 @@ def _without_store(config: JobConfig, job_id: str) -> StartPlan:
         # Its workers stop at its last sign of life (refreshed every RECORD_TOUCH_S) plus their grace.
         until = record.last_seen + RECORD_TOUCH_S + record.grace_s + _STOP_S
         if until > max(now, plan.wait_until or 0.0):
-            plan = StartPlan(job_id, wait_until=until, grace_s=record.grace_s, predecessor_gone=False, waiting_for=(
-                f"the previous driver of this command (job {record.job_id}, pid {record.pid}) died "
-                f"{now - record.last_seen:.0f}s ago, and without --checkpoint-dir its workers cannot be adopted "
-                "(use --checkpoint-dir to keep their progress)"))
+            plan = replace(plan, wait_until=until, grace_s=max(plan.grace_s, record.grace_s), predecessor_gone=False,
+                           waiting_for=f"the previous driver of this command (job {record.job_id}, pid {record.pid}) "
+                                       f"died {now - record.last_seen:.0f}s ago, and " + (
+                                           "without --checkpoint-dir its workers cannot be adopted (use "
+                                           "--checkpoint-dir to keep their progress)" if config.checkpoint_dir is None
+                                           else f"its workers, which did not checkpoint to {config.checkpoint_dir}, "
+                                                "cannot be adopted"))
     return plan
 
 
