@@ -222,3 +222,29 @@ def test_a_dead_drivers_pid_reused_by_another_cloud_process_does_not_block_the_r
         write_driver_alive(store, DriverAlive("j1", time.time(), 60.0, socket.gethostname(), other))
         with pytest.raises(ConfigError, match=f"job j1 is already running here \\(driver pid {other}\\)"):
             plan_start(config, open_store(config), job_id="j4")
+
+
+def test_a_start_on_a_finished_jobs_directory_says_that_job_succeeded_there_before_resuming_it(
+        tmp_path, monkeypatch, caplog) -> None:
+    """The same command again (or a new script) on a finished job's directory resumed it without a word: 'succeeded'
+    with zero steps trained, or 'training state lost' for another model's checkpoint."""
+    import logging
+
+    from cloud_elastic.driver.restart.finished import mark_succeeded
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = _config(str(tmp_path / "ckpt"))
+    store = open_store(config)
+    plan_start(config, store, job_id="j1")
+    store.save(20, {"step": 20}, {"job_id": "j1"})
+    with caplog.at_level(logging.WARNING):
+        assert plan_start(config, open_store(config), job_id="j2").resumed
+    assert "already succeeded" not in caplog.text  # a job that did not finish: resumed as ever
+    mark_succeeded(store, "j1")  # what its driver writes once the job succeeded
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        plan = plan_start(config, open_store(config), job_id="j3")
+    assert plan.job_id == "j1" and plan.resumed, "a finished job is still resumed (a longer schedule, a reshard)"
+    line = next(r.getMessage() for r in caplog.records if "already succeeded" in r.getMessage())
+    assert f"job j1 already succeeded on {tmp_path / 'ckpt'}" in line and "at step 20" in line
+    assert "a new job (another script or model) wants a fresh --checkpoint-dir" in line

@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.restart.finished import say_if_succeeded
 from cloud_elastic.driver.restart.record import AdoptionRecord, find_records
 from cloud_elastic.errors import CheckpointError, ConfigError
 from cloud_elastic.records import driver_running, find_jobs, job_dir, pid_alive, runtime_root
@@ -141,6 +142,7 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
                     record.job_id, adopt.job_id)
         adopt = None
     job_id = record.job_id
+    say_if_succeeded(store, job_id)  # resumed all the same (a longer schedule, another layout), but said
     grace = config.driver_grace_s
     recorded_grace = record.extra.get("driver_grace_s")
     if isinstance(recorded_grace, (int, float)) and not isinstance(recorded_grace, bool):

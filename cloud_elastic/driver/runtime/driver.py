@@ -37,6 +37,7 @@ from cloud_elastic.driver.job.spares import launch_room
 from cloud_elastic.driver.launch.api import Launcher, is_local_host
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.net.endpoints import Endpoints
+from cloud_elastic.driver.restart.finished import mark_succeeded
 from cloud_elastic.driver.restart.predecessor import (
     RECORD_TOUCH_S,
     StartPlan,
@@ -562,6 +563,8 @@ class Driver:
         if self._alive_refresher is not None:
             # "Stopped" only when no worker of this job can be left: ours are, and the predecessor's too.
             self._alive_refresher.close(stopped=self._predecessor_gone)
+        if self._durable is not None and self._job.outcome is not None and self._job.outcome.success:
+            mark_succeeded(self._durable, self.job_id)  # a later start there is refused, not resumed (restart.finished)
         self._endpoints.close()  # every worker is stopped; in a Ray or Spark user's process it would serve on
         if self._status_recorded:
             remove_record(job_dir(self.job_id))  # every worker is stopped: nothing is left to adopt
