@@ -564,7 +564,7 @@ class Driver:
             # "Stopped" only when no worker of this job can be left: ours are, and the predecessor's too.
             self._alive_refresher.close(stopped=self._predecessor_gone)
         if self._durable is not None and self._job.outcome is not None and self._job.outcome.success:
-            mark_succeeded(self._durable, self.job_id)  # a later start there is refused, not resumed (restart.finished)
+            mark_succeeded(self._durable, self.job_id)  # a later start there says so (restart.finished)
         self._endpoints.close()  # every worker is stopped; in a Ray or Spark user's process it would serve on
         if self._status_recorded:
             remove_record(job_dir(self.job_id))  # every worker is stopped: nothing is left to adopt
