@@ -39,6 +39,9 @@ def takes_process_set(fn: F, position: int) -> F:
         return fn(*args, **kwargs)
 
     call.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    # Found by pickle (Spark's cloudpickle, a partial sent to a pool) under this module's name, where it lives:
+    # wraps() copied the worker function's module, whose same-named function is not this one.
+    call.__module__ = __name__
     return call  # type: ignore[return-value]
 
 

@@ -78,3 +78,18 @@ def test_distributed_optimizer_takes_the_global_process_set_only():
         assert torch.allclose(param.detach(), T - 0.1)
     with pytest.raises(hvd.UnsupportedError, match=r"^hvd\.DistributedOptimizer\(process_set=\.\.\.\) is not "):
         hvd.DistributedOptimizer(sgd(), process_set=SimpleNamespace(process_set_id=2))
+
+
+def test_every_wrapped_collective_pickles_by_name_as_itself():
+    # A partial of hvd.allreduce sent to a process pool, or Spark's cloudpickle of a training function using it:
+    # each name must pickle by reference to the very function hvd exports (wraps() had pointed pickle elsewhere).
+    import functools
+    import pickle
+
+    import cloud_elastic.torch as hvd
+    from cloud_elastic.torch import collectives
+
+    for name in (n for n in collectives.__all__ if n != "takes_process_set"):
+        fn = getattr(hvd, name)
+        assert pickle.loads(pickle.dumps(fn)) is fn, name
+        assert pickle.loads(pickle.dumps(functools.partial(fn))).func is fn, name
