@@ -16,10 +16,11 @@ list to the view, then watches from the list's ``resourceVersion``:
 * a watch that goes **silent** is trouble too: the API server ends each watch
   at its ``timeoutSeconds`` and, since we ask for bookmarks, sends a
   ``BOOKMARK`` about two seconds before (and about once a minute on longer
-  watches), so a healthy stream is never quiet for longer than ``watch_s``.
-  The read timeout is :func:`silence_s` (``watch_s`` + at most 10 s): no byte
-  for that long (a stalled path, a proxy that stopped forwarding, a peer gone
-  without a reset) ends the request like a cut connection would;
+  watches), so a healthy stream is never quiet for longer than the
+  ``timeoutSeconds`` asked. The read timeout is :func:`silence_s` (that + at
+  most 10 s, 2 s for a ``watch_s`` under 2): no byte for that long (a stalled
+  path, a proxy that stopped forwarding, a peer gone without a reset) ends the
+  request like a cut connection would;
 * ``410 Gone`` (the kept version is older than the server's history, sent as
   an ``ERROR`` event or as the status of the request) relists: the view is
   replaced by the fresh list, so what happened in the gap is neither missed
@@ -99,17 +100,21 @@ MAX_PAGE = 64 * 1024 * 1024
 LIST_TIMEOUTS = 6
 
 
-def silence_s(watch_s: float) -> float:
-    """The read timeout of a watch of ``watch_s`` seconds: a stream quiet this long is stalled."""
-    return watch_s + min(_SILENCE_MARGIN_S, watch_s)
-
-
 def asked_s(watch_s: float) -> int:
     """The ``timeoutSeconds`` a watch of ``watch_s`` asks for: whole seconds (rounded down), at least 1.
 
     The server ends a healthy watch then, so an end is measured against this, not ``watch_s``: a 2.5 s watch
     the server properly ends at 2 s (with no bookmark on a quiet cluster) is held, not empty."""
     return max(1, int(watch_s))
+
+
+def silence_s(watch_s: float) -> float:
+    """The read timeout of a watch of ``watch_s`` seconds: a stream quiet this long is stalled.
+
+    Measured from the ``timeoutSeconds`` asked (:func:`asked_s`), which the server holds a quiet watch for: a
+    ``watch_s`` of 0.4 asks for 1 s, and a read timeout of 0.8 s would cut every healthy quiet watch."""
+    asked = asked_s(watch_s)
+    return asked + min(_SILENCE_MARGIN_S, asked)
 
 
 def keepalive_options(base: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
