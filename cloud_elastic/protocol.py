@@ -446,6 +446,8 @@ class PollReply:
     next_round: NextRound | None = None
     #: The plan the current round formed from (0: none): a worker told of a plan learns whether it became the round.
     round_plan: int = 0
+    #: Told to a leaving host watcher: every other worker of its host has exited, so it may acknowledge the notices.
+    host_vacated: bool = False
 
     @property
     def dismissed(self) -> bool:
@@ -458,7 +460,7 @@ class PollReply:
                 "stacks": self.stacks, "leave": self.leave,
                 "probe": None if self.probe is None else self.probe.to_wire(),
                 "next_round": None if self.next_round is None else self.next_round.to_wire(),
-                "round_plan": self.round_plan}
+                "round_plan": self.round_plan, "host_vacated": self.host_vacated}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollReply":
@@ -469,7 +471,8 @@ class PollReply:
                    bool(msg.get("shutdown", False)), watcher if isinstance(watcher, str) else None,
                    msg.get("reregister") is True, _optional_int(msg, "stacks", what),
                    leave[:500] if isinstance(leave, str) and leave else None, ProbeOrder.from_wire(msg.get("probe")),
-                   NextRound.from_wire(msg.get("next_round")), _optional_int(msg, "round_plan", what))
+                   NextRound.from_wire(msg.get("next_round")), _optional_int(msg, "round_plan", what),
+                   msg.get("host_vacated") is True)
 
 
 #: What the driver answers a worker whose training function returned (kind ``completed``).

@@ -118,13 +118,17 @@ class NoticeWatcher(abc.ABC):
     def resend(self) -> None:
         """Report the notices reported so far again at their next sighting (a restarted driver knows none)."""
 
-    def acknowledge(self) -> tuple[str, ...]:
+    def acknowledge(self, until: Callable[[], bool] | None = None) -> tuple[str, ...]:
         """Tell the cloud the host's workers have left, where the cloud wants to hear it.
 
         Azure: POSTs ``StartRequests`` for the terminate events reported and not
         yet acknowledged, so the platform may proceed at once instead of waiting
-        for ``NotBefore``. Returns the event ids acknowledged; never raises (a
-        failure is logged and retried by the next call). Others: nothing to do.
-        Blocks for at most one request timeout.
+        for ``NotBefore`` (it evicts the VM: every process on it dies). With
+        ``until``, it first waits until ``until()`` is true (the host's other
+        workers have exited), or until the earliest deadline of those events
+        (the platform goes ahead then anyway), or until :meth:`close`. Returns
+        the event ids acknowledged; never raises (a failure is logged and
+        retried by the next call). Others: nothing to do, no wait. Blocks for
+        that wait and at most one request timeout.
         """
         return ()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Callable
 
 from ._polling import BadAnswer, PollingWatcher, Unreachable, log, request
 from .api import MAINTENANCE, SOURCE_AZURE, TERMINATE, Notice
@@ -34,6 +34,8 @@ NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
 HEADERS = {"Metadata": "true"}
 TERMINATING = ("Preempt", "Terminate")
 MAINTAINING = ("Freeze", "Reboot", "Redeploy")
+#: How often an acknowledgement that waits for the host's other workers looks again.
+ACK_WAIT_POLL_S = 0.1
 
 
 class AzureScheduledEventsWatcher(PollingWatcher):
@@ -117,10 +119,24 @@ class AzureScheduledEventsWatcher(PollingWatcher):
             raise BadAnswer("scheduledevents: bad NotBefore",
                             f"event {event_id}: unreadable NotBefore {value!r}") from exc
 
-    def acknowledge(self) -> tuple[str, ...]:
+    def _unacknowledged(self) -> list[Notice]:
         with self._lock:
-            pending = [n.event_id for n in self._reported.values()
-                       if n.kind == TERMINATE and n.event_id not in self._acknowledged]
+            return [n for n in self._reported.values() if n.kind == TERMINATE and n.event_id not in self._acknowledged]
+
+    def acknowledge(self, until: Callable[[], bool] | None = None) -> tuple[str, ...]:
+        notices = self._unacknowledged()
+        if notices and until is not None and not until():
+            # The eviction follows the acknowledgement at once: not while a worker of this host (rank 0
+            # writing the last checkpoint) is still leaving. At the deadline Azure goes ahead anyway.
+            deadline = min(self._now() if n.deadline is None else n.deadline for n in notices)
+            while not until() and self._now() < deadline:
+                if self._stop.wait(ACK_WAIT_POLL_S):
+                    return ()
+            if not until():
+                log.warning("acknowledging Azure scheduled events at their deadline: workers of this host "
+                            "were still there")
+            notices = self._unacknowledged()
+        pending = [n.event_id for n in notices]
         if not pending:
             return ()
         body = json.dumps({"StartRequests": [{"EventId": e} for e in pending]}).encode()

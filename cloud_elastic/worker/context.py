@@ -448,28 +448,28 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
     def leave(self, timeout_s: float = 5.0) -> None:
         """This worker leaves the job for good (told to exit).
 
-        Acknowledges the notices it watched, stops its heartbeats, and releases its
-        process group now (its peers have moved on to a new group): left to the
-        interpreter's shutdown, destroying a Gloo group blocked the exit until the
-        driver killed the worker.
+        Releases its process group now (its peers have moved on to a new group): left to
+        the interpreter's shutdown, destroying a Gloo group blocked the exit until the
+        driver killed the worker. Then acknowledges the notices it watched, once the
+        driver says every other worker of its host has exited (Azure evicts the VM at
+        the acknowledgement, and rank 0 may still be writing the last checkpoint), or
+        at their deadline. Its heartbeats go on until the process ends.
         """
+        self._drop_next("the worker leaves")
+        group, self._group = self._group, None
+        if group is not None:
+            done = self._reaper.reclaimed + self._reaper.leaked
+            self._reaper.retire(group)
+            del group
+            deadline = time.monotonic() + timeout_s
+            while self._reaper.reclaimed + self._reaper.leaked == done and time.monotonic() < deadline:
+                time.sleep(0.02)
         if self._notice_watcher is not None:
             try:
-                self._notice_watcher.acknowledge()
+                self._notice_watcher.acknowledge(until=lambda: self.host_vacated)
             finally:
                 self._notice_watcher.close()
                 self._notice_watcher = None
-        # Heartbeats go on until the process ends: a leaver that went silent would be given up.
-        self._drop_next("the worker leaves")
-        group, self._group = self._group, None
-        if group is None:
-            return
-        done = self._reaper.reclaimed + self._reaper.leaked
-        self._reaper.retire(group)
-        del group
-        deadline = time.monotonic() + timeout_s
-        while self._reaper.reclaimed + self._reaper.leaked == done and time.monotonic() < deadline:
-            time.sleep(0.02)
 
     # ------------------------------------------------- membership agreement
     def update_pending(self) -> bool:

@@ -331,6 +331,27 @@ def test_azure_preempt_for_this_vm_is_reported_and_acknowledged(azure_fake, run)
     assert azure_fake.acks == [event_id] and sink.notices == [notice]
 
 
+def test_azure_acknowledgement_waits_for_the_hosts_other_workers_or_the_deadline(azure_fake, run):
+    """Azure evicts the VM at the acknowledgement: a leaving watcher waits until the others have left."""
+    watcher = AzureScheduledEventsWatcher(azure_fake.url, **FAST)
+    sink = run(watcher)
+    event_id = azure_fake.add_event("Preempt", not_before=time.time() + 60)
+    sink.wait()
+    vacated = threading.Event()
+    acked: list[tuple[str, ...]] = []
+    thread = threading.Thread(target=lambda: acked.append(watcher.acknowledge(until=vacated.is_set)))
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive() and azure_fake.acks == []  # rank 0 is still writing its checkpoint
+    vacated.set()
+    thread.join(BOUND)
+    assert acked == [(event_id,)] and azure_fake.acks == [event_id]
+    # Past its deadline (the platform goes ahead then anyway) it waits no longer.
+    late = azure_fake.add_event("Terminate", not_before=time.time() - 1)
+    sink.wait(2)
+    assert watcher.acknowledge(until=lambda: False) == (late,)
+
+
 def test_azure_other_vms_events_and_duplicates_are_ignored(azure_fake, run):
     sink = run(AzureScheduledEventsWatcher(azure_fake.url, **FAST))
     azure_fake.add_event("Preempt", resources=["workers_7"])

@@ -8,6 +8,7 @@ from cloud_elastic.driver.job.notice_policy import (
     STAYS_ON_SIGTERM,
     NoticeAction,
     WatcherChoice,
+    host_vacated,
     notice_action,
     notice_watcher,
     watched_cloud,
@@ -34,6 +35,17 @@ def test_one_watcher_per_host_the_first_live_worker_then_whoever_asks_after_it_g
     assert notice_watcher("aws", first, second) == WatcherChoice(None)  # a dead worker watches nothing
     assert notice_watcher(None, second, None) == WatcherChoice(None)  # nothing to watch
     assert notice_watcher("aws", None, None) == WatcherChoice(None)  # not a worker of the job
+
+
+def test_a_leaving_watcher_hears_its_host_vacated_only_once_every_other_worker_there_exited() -> None:
+    """Its acknowledgement lets Azure evict the VM: not while rank 0 still writes the last checkpoint."""
+    job = FakeJob()
+    rank0, watcher = job.worker("h", 0, S.EXITING), job.worker("h", 1, S.EXITING)
+    elsewhere = job.worker("g", 0, S.RUNNING)
+    assert not host_vacated(watcher, job.workers.values())
+    rank0.state = S.EXITED
+    assert host_vacated(watcher, job.workers.values())  # another host's worker does not count, nor itself
+    assert not host_vacated(elsewhere, [elsewhere, job.worker("g", 1, S.DRAINING)])
 
 
 def test_a_terminate_notice_drains_the_host_and_a_recommendation_drains_it_softly() -> None:

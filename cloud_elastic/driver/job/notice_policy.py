@@ -4,6 +4,9 @@
   ``auto`` the provider's own cloud when it has a notice endpoint (aws, gcp, azure);
 * :func:`notice_watcher`: one watcher per host, the first live worker there; when it goes,
   the next worker of that host to ask takes over;
+* :func:`host_vacated`: a host's watcher that leaves acknowledges the host's notices (Azure then evicts
+  the VM at once) only once every other worker of the host has exited: rank 0 may still be writing the
+  last checkpoint on its way out;
 * :func:`notice_action`: a notice for a worker's host drains the host, softly for a
   ``rebalance`` or ``maintenance`` notice (no new workers; a drain under
   ``--drain-on-rebalance``, which the job decides) and for real for ``terminate``. A SIGTERM
@@ -19,11 +22,13 @@ and answers the worker.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.notices.api import TERMINATE
 
-__all__ = ["NoticeAction", "STAYS_ON_SIGTERM", "WatcherChoice", "notice_action", "notice_watcher", "watched_cloud"]
+__all__ = ["NoticeAction", "STAYS_ON_SIGTERM", "WatcherChoice", "host_vacated", "notice_action", "notice_watcher",
+           "watched_cloud"]
 
 #: The clouds whose metadata a worker can watch for notices.
 WATCHED_CLOUDS = ("aws", "gcp", "azure")
@@ -60,6 +65,12 @@ def notice_watcher(cloud: str | None, worker: WorkerRecord | None, current: Work
     if current is None or not current.alive:
         return WatcherChoice(cloud, takes_over=True)
     return WatcherChoice(cloud if current is worker else None)
+
+
+def host_vacated(watcher: WorkerRecord, workers: Iterable[WorkerRecord]) -> bool:
+    """Whether every worker of ``watcher``'s host but ``watcher`` itself has exited (or was given up)."""
+    host = watcher.slot.host
+    return not any(w.alive and w is not watcher and w.slot.host == host for w in workers)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Protocol
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.checkpoint_watch import CheckpointWatch
-from cloud_elastic.driver.job.notice_policy import notice_action, notice_watcher
+from cloud_elastic.driver.job.notice_policy import host_vacated, notice_action, notice_watcher
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.errors import ControlPlaneError
@@ -203,7 +203,11 @@ class ControlPlane:
             if (reply.round, reply.update_gen, reply.abort_round, offer.plan if offer else 0) != known \
                     or reply.shutdown or final:
                 watcher = self._notice_watcher(worker_id)
-                return (reply if watcher is None else dataclasses.replace(reply, notice_watcher=watcher)).to_wire()
+                if watcher is not None:  # a leaving watcher acknowledges its host's notices once the others left
+                    workers = self._job.workers
+                    vacated = reply.leave is not None and host_vacated(workers[worker_id], workers.values())
+                    reply = dataclasses.replace(reply, notice_watcher=watcher, host_vacated=vacated)
+                return reply.to_wire()
             return None
 
         # Its arrival, not the held reply's later looks, is when the worker was last known alive (see liveness).

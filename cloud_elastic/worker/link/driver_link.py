@@ -55,6 +55,8 @@ class DriverLinkMixin:
     #: Its training function returned and the driver said ``done`` (set by ``report_completed``): a restarted
     #: driver takes it back as completed, in the work after training, not as a member still training.
     training_done = False
+    #: This host's watcher is leaving, and every other worker of its host has exited (``PollReply.host_vacated``).
+    host_vacated = False
     #: What the script gave ``sys.exit`` (a tuple of it), noted once a restarted driver adopted this worker.
     _exit_arg: tuple[Any, ...] | None = None
 
@@ -249,6 +251,7 @@ class DriverLinkMixin:
                 self.dismissed = True  # e.g. given up while it could not answer: every round is over for it
             if reply.leave:
                 self.sent_away = reply.leave
+            self.host_vacated = self.host_vacated or reply.host_vacated  # see WorkerContext.leave
             self.view_as_of = sent
             self._maybe_watch_notices(reply.notice_watcher)
             link_probe_of(self).order(reply.probe)  # the driver's probe order runs on a thread of its own
