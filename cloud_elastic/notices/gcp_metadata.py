@@ -5,8 +5,11 @@
 soon as the server announces it. ``TRUE`` → :data:`TERMINATE` with a deadline
 ``preemption_notice_s`` (30 s, what GCP gives Spot and preemptible VMs) after
 the watcher saw it. Each long-poll is bounded by ``long_poll_s`` (10 s); after
-it, ``instance/maintenance-event`` is read once: ``NONE`` or a value such as
-``MIGRATE_ON_HOST_MAINTENANCE`` / ``TERMINATE_ON_HOST_MAINTENANCE`` → the soft
+it, ``instance/maintenance-event`` is read once: ``NONE`` is no notice;
+``TERMINATE_ON_HOST_MAINTENANCE`` (GCE will stop the VM) → :data:`TERMINATE`
+with a deadline ``maintenance_notice_s`` (60 s, the shortest notice GCE gives;
+GPU VMs get an hour) after the watcher saw it, since the value carries no time;
+any other value (``MIGRATE_ON_HOST_MAINTENANCE``: a live migration) → the soft
 :data:`MAINTENANCE`.
 
 Every request carries ``Metadata-Flavor: Google`` and every answer must carry
@@ -42,12 +45,13 @@ class GCPMetadataWatcher(PollingWatcher):
     source = SOURCE_GCP
 
     def __init__(self, base_url: str = f"http://{DEFAULT_HOST}", *, long_poll_s: float = 10.0,
-                 preemption_notice_s: float = 30.0, **kw: Any) -> None:
+                 preemption_notice_s: float = 30.0, maintenance_notice_s: float = 60.0, **kw: Any) -> None:
         super().__init__(base_url=base_url, **kw)
         if not long_poll_s >= 1:
             raise ValueError(f"long_poll_s must be >= 1, got {long_poll_s!r}")
         self.long_poll_s = long_poll_s
         self.preemption_notice_s = preemption_notice_s
+        self.maintenance_notice_s = maintenance_notice_s
         self._etag: str | None = None
         self._maintenance_id: str | None = None
 
@@ -104,4 +108,7 @@ class GCPMetadataWatcher(PollingWatcher):
                 self._maintenance_id = None
             return None
         self._maintenance_id = f"gcp-maintenance:{value}"
+        if value.startswith("TERMINATE"):  # GCE stops the VM (onHostMaintenance=TERMINATE: GPU VMs, for instance)
+            return Notice(SOURCE_GCP, TERMINATE, self._now() + self.maintenance_notice_s,
+                          f"GCE host maintenance: {value} (the VM will be stopped)", self._maintenance_id)
         return Notice(SOURCE_GCP, MAINTENANCE, None, f"GCE host maintenance: {value}", self._maintenance_id)

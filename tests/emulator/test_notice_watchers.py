@@ -17,6 +17,8 @@ from typing import Iterator
 
 import pytest
 
+from cloud_elastic.driver.job.notice_policy import notice_action
+from cloud_elastic.driver.job.workers import WorkerState
 from cloud_elastic.notices import (
     MAINTENANCE,
     REBALANCE,
@@ -267,6 +269,18 @@ def test_gcp_maintenance_event_is_soft_and_a_later_one_is_new(gcp_fake, run):
     more_polls(gcp_fake, "maintenance-event", 2)
     gcp_fake.set_maintenance_event("MIGRATE_ON_HOST_MAINTENANCE")
     assert [n.kind for n in sink.wait(2)] == [MAINTENANCE, MAINTENANCE]
+
+
+def test_gcp_terminate_on_host_maintenance_drains_the_host_with_a_deadline(gcp_fake, run):
+    """GCE stops the VM: a hard notice (the driver drains the host), not advice."""
+    sink = run(GCPMetadataWatcher(gcp_fake.url, long_poll_s=1, **FAST))
+    before = time.time()
+    gcp_fake.set_maintenance_event("TERMINATE_ON_HOST_MAINTENANCE")
+    [notice] = sink.wait()
+    assert (notice.kind, notice.soft) == (TERMINATE, False)
+    assert before + 60 <= notice.deadline <= time.time() + 60
+    action = notice_action(notice.kind, own=False, state=WorkerState.RUNNING, job_over=False)
+    assert action.drain and not action.soft
 
 
 def test_gcp_answers_without_the_flavor_header_are_not_believed(gcp_fake, run, caplog):
