@@ -40,10 +40,6 @@ class CostSummary:
     #: Dollars spent per source name (a source none of whose slots had a price is not in it).
     by_source: Mapping[str, float] = field(default_factory=dict)
 
-    def per_step(self, steps: int) -> float | None:
-        """Dollars per commit (``steps``: the job's commits, not its optimizer steps), or None before the first."""
-        return self.dollars / steps if steps > 0 else None
-
 
 @dataclass(frozen=True)
 class CostSoFar:

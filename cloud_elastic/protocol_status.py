@@ -91,8 +91,8 @@ class StatusReply:
     median_compute_s: float | None = None
     #: ``--whole-hosts``: the slots a host joins and leaves with (0: off).
     whole_host_slots: int = 0
-    #: With several host sources: dollars so far, per hour now, per commit (``cost_per_step``: over ``commit_step``,
-    #: counted in commits, not optimizer steps), on the fallback alone.
+    #: With several host sources: dollars so far, per hour now, per commit (``cost_per_step``: of this driver's run,
+    #: counted in commits, not optimizer steps: ``Sourcing.per_commit``), on the fallback alone.
     cost: float | None = None
     cost_per_hour: float | None = None
     cost_per_step: float | None = None

@@ -84,6 +84,7 @@ class Adoption:
         w = WorkerRecord(worker_id, slot, seq, launched_at=now, last_seen=job.running(now), commits=request.commits,
                          commit_seq=request.commit_seq)
         job.commit_high = max(job.commit_high, request.commit_seq)
+        job.commit_base = max(job.commit_base or 0, request.commit_seq)  # its cost per commit counts from here
         if request.round and request.ranks is not None:
             w.state, w.round, w.rank = S.RUNNING, request.round, request.ranks.rank
             self._adopted.setdefault(request.round, {})[worker_id] = (request.ranks, request.update_gen)

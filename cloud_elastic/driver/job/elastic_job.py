@@ -110,6 +110,7 @@ class ElasticJob:
     last_failure: str = field(default="", init=False)
     failure_since_round: bool = field(default=False, init=False)
     commit_high: int = field(default=0, init=False)  # the highest commit reported since the last checkpoint load
+    commit_base: int | None = field(default=None, init=False)  # a resumed job's first load or adoption (see view)
     wall_offset: float = field(default=0.0, init=False)
     discovered_once: bool = field(default=False, init=False)
     last_discovery_error: str = field(default="", init=False)
@@ -387,6 +388,8 @@ class ElasticJob:
         lost = max(0, self.commit_high - commit_seq) if commit_seq is not None and heard else None
         if commit_seq is not None:
             self.commit_high = commit_seq  # the job's history goes on from the checkpoint
+            if self.commit_base is None and self.resumed:
+                self.commit_base = commit_seq
         how_many = (f"{lost} committed step(s) after it were lost" if lost is not None else
                     "any steps trained after it are not in it (this driver did not run them: it cannot say how many)")
         log.warning("job %s: resumed from the checkpoint of step %d (%s); %s", self.job_id, step, path, how_many)

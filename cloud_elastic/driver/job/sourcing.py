@@ -48,7 +48,9 @@ Only for a job with several sources (``Policy.sources``, see
   :data:`COST_EVENT_MAX_S`. The meter moves at each :meth:`Sourcing.step` and each
   :meth:`Sourcing.charge`, which the driver calls at every tick (a fixed-size job's
   running round and a finishing job plan no launches, so take no step). A driver restarted
-  after a crash goes on from its predecessor's figures (:meth:`Sourcing.carry_cost`).
+  after a crash goes on from its predecessor's figures (:meth:`Sourcing.carry_cost`). The cost per commit
+  (:meth:`Sourcing.per_commit`) is this driver's run's: its own dollars over the commits made since the run
+  began (the job's start, else its first checkpoint load or adoption), not over the job's whole history.
 
 Pure: time comes in as ``now``; the I/O (capacity calls, price look-ups) is the runtime's.
 """
@@ -57,6 +59,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from cloud_elastic.cost import CostMeter, CostSoFar, CostSummary
@@ -67,7 +70,7 @@ from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.providers.sources import Room, SourceSpec
 
-__all__ = ["choose", "FallbackRule", "Sourcing", "COST_EVENT_EVERY_S", "COST_EVENT_MAX_S", "REASK_S"]
+__all__ = ["choose", "FallbackRule", "Sourcing", "PerCommit", "COST_EVENT_EVERY_S", "COST_EVENT_MAX_S", "REASK_S"]
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +131,17 @@ class FallbackRule:
         return max(0, min(self.num_proc, self.max_np) - preferred_slots), why
 
 
+@dataclass(frozen=True)
+class PerCommit:
+    """This driver's run's cost per commit: its ``dollars`` over the ``commits`` it made (``value``; None before
+    the first). ``carried``: the job's cost also counts a crashed predecessor's, which is in neither figure."""
+
+    commits: int
+    dollars: float
+    value: float | None
+    carried: bool
+
+
 class Sourcing:
     """The job's sources at each step (see module docstring)."""
 
@@ -154,6 +168,7 @@ class Sourcing:
         self._held: dict[str, tuple[int, float, int]] = {}
         self._cost_at = float("-inf")  # when the last cost event was emitted
         self._cost_rate = -1.0
+        self._carried: float | None = None  # dollars carried from crashed predecessors: not this run's
         self._weighed: tuple = ()  # (hosts version, workers, alive, ready) when the fallback was last weighed
         self._weighed_at = float("-inf")
         #: Fallback source -> what its group can give now, as its provider says (the runtime sets it,
@@ -427,6 +442,7 @@ class Sourcing:
         checkpoints), with a ``cost`` event that says the sum."""
         if self.specs:
             self.cost.carry(before)
+            self._carried = (self._carried or 0.0) + before.dollars
             self.emit_cost()
 
     def summary(self, now: float) -> CostSummary:
@@ -434,12 +450,22 @@ class Sourcing:
         self.cost.advance(now, self._held)
         return self.cost.summary()
 
+    def per_commit(self, s: CostSummary) -> PerCommit:
+        """What this driver's run cost per commit, of ``s`` (:meth:`summary`): the dollars it spent (not those
+        carried from a crashed predecessor, :meth:`carry_cost`) over the commits made since the run began: the
+        job's start, else its first checkpoint load or the workers it adopted (a resumed job's commits count
+        from its checkpoint, not from the job's first commit)."""
+        job = self._job
+        base = job.commit_base if job.commit_base is not None else (None if job.resumed else 0)
+        commits = 0 if base is None else max(0, job.commit_high - base)
+        dollars = max(0.0, s.dollars - (self._carried or 0.0))
+        return PerCommit(commits, dollars, dollars / commits if commits else None, self._carried is not None)
+
     def emit_cost(self) -> None:
         """A ``cost`` event with the running figures."""
         s = self.cost.summary()
-        steps = self._job.commit_high
+        per = self.per_commit(s).value
         self._job.emit("cost", dollars=round(s.dollars, 6), dollars_per_hour=round(s.dollars_per_hour, 6),
                        slot_hours=round(s.slot_hours, 6), unpriced_slot_hours=round(s.unpriced_slot_hours, 6),
-                       fallback_slots=self.wanted,
-                       per_step=None if not steps else round(s.dollars / steps, 8),
+                       fallback_slots=self.wanted, per_step=None if per is None else round(per, 8),
                        by_source={k: round(v, 6) for k, v in s.by_source.items()})

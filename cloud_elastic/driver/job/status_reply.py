@@ -109,7 +109,7 @@ def _cost(job: ElasticJob, now: float) -> dict:
     if sourcing is None:
         return {}
     s = sourcing.summary(now)
-    per_step = s.per_step(job.commit_high)
+    per_step = sourcing.per_commit(s).value
     return {"cost": round(s.dollars, 6), "cost_per_hour": round(s.dollars_per_hour, 6),
             "cost_per_step": None if per_step is None else round(per_step, 8),
             "cost_fallback_only": None if s.fallback_only is None else round(s.fallback_only, 6),

@@ -46,6 +46,9 @@ class JobView(Protocol):
     failure_since_round: bool
     #: The highest commit any worker reported since the last checkpoint load.
     commit_high: int
+    #: The commit this driver's run began at: its first checkpoint load, or the workers it adopted (None: a job
+    #: that started afresh, from 0, or a resumed one before its first load).
+    commit_base: int | None
     #: Unix time minus the job's clock (drain deadlines are Unix times).
     wall_offset: float
     #: Discovery has answered at least once, and what its last failure said.

@@ -37,15 +37,18 @@ def final_cost(job: ElasticJob, now: float) -> FinalCost:
     if sourcing is None:
         return FinalCost()
     s = sourcing.summary(now)
-    steps = job.commit_high  # commits, as commit_step: the optimizer steps are not known
-    per_step = s.per_step(steps)
+    per = sourcing.per_commit(s)  # commits (state.commit() calls): the optimizer steps are not known
+    per_step = per.value
     fields = {"cost": round(s.dollars, 6), "cost_fallback_only": None if s.fallback_only is None
               else round(s.fallback_only, 6), "slot_hours": round(s.slot_hours, 6),
               "unpriced_slot_hours": round(s.unpriced_slot_hours, 6),
               "cost_per_step": None if per_step is None else round(per_step, 8)}
     line = f"job {job.job_id}: cost {format_dollars(s.dollars)} for {s.slot_hours:.3f} slot-hour(s)"
     if per_step is not None:
-        line += f", {format_dollars(per_step)} per commit ({steps} commit(s))"  # state.commit() calls, not steps
+        line += f", {format_dollars(per_step)} per commit ({per.commits} commit(s)"
+        if per.carried:
+            line += f" for this driver's {format_dollars(per.dollars)}, not the cost carried from before it"
+        line += ")"
     if s.unpriced_slot_hours > 0:
         line += f"; {s.unpriced_slot_hours:.3f} slot-hour(s) had no known price and are not in it"
     if s.fallback_only is not None:
