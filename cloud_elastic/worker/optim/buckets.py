@@ -6,10 +6,7 @@ parameter its slice as its gradient; a solo bucket reduces one large
 gradient in place. The first packed bucket carries one extra element, this
 worker's "membership update pending" flag (0 or 1), whose sum tells every
 worker the same thing at the same step. A sparse gradient is made dense
-first, packed or solo (Horovod's ``sparse_as_dense``), and its average is
-handed back sparse (``torch.optim.SparseAdam`` takes nothing else): Horovod's
-sparse allreduce's values, but only the rows not all zero (it also keeps a row
-looked up whose average is exactly zero, which SparseAdam steps by its momentum).
+first, packed or solo (Horovod's ``sparse_as_dense``).
 
 With a casting compression (``hvd.Compression.fp16``/``bf16``) a bucket
 also owns a 16-bit *wire* buffer, allocated once: the gradients are cast
@@ -83,8 +80,6 @@ class Bucket:
         self.reduced: torch.Tensor | None = None
         self._solo_grad: torch.Tensor | None = None
         self._codec_ctx: Any = None
-        #: ``(position in params, sparse_dim)`` of each gradient that arrived sparse this step.
-        self._sparse: list[tuple[int, int]] = []
         self.ready = 0
         self.work: Any = None
         self.launched = False
@@ -97,7 +92,6 @@ class Bucket:
         self.work = None
         self.launched = False
         self.reduced = self._solo_grad = self._codec_ctx = None
-        self._sparse = []
 
     @property
     def compressed(self) -> bool:
@@ -106,8 +100,6 @@ class Bucket:
 
     def launch_tensor(self, update_flag: float, scaling: Scaling) -> torch.Tensor:
         """Gather this step's gradients, scaled by ``scaling.before``, into the tensor to allreduce; return it."""
-        self._sparse = [(i, p.grad.sparse_dim()) for i, p in enumerate(self.params)
-                        if p.grad is not None and p.grad.is_sparse]
         if self.solo:
             self.reduced = self._solo_launch(scaling)
         elif self.wire is not None:
@@ -191,10 +183,7 @@ class Bucket:
                 # accumulates straight into the bucket) before the next backward.
                 if p.grad is not view:
                     p.grad = view
-        for i, sparse_dim in self._sparse:
-            self.params[i].grad = self.params[i].grad.to_sparse(sparse_dim)
         self.reduced = self._solo_grad = self._codec_ctx = None
-        self._sparse = []
         return flag
 
 

@@ -54,7 +54,7 @@ from cloud_elastic.worker.commit.handlers import ModelHandler
 from cloud_elastic.worker.commit.participant import BoundCommit
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.comm.ops import Average, Scaling, Sum, average_scaling, check_op
-from cloud_elastic.worker.unsupported import check_process_set
+from cloud_elastic.worker.unsupported import UnsupportedError, check_process_set
 
 __all__ = ["DistributedOptimizer"]
 
@@ -521,6 +521,11 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     UnsupportedError. Call it after ``init()``; bad arguments raise a one-line ValueError or TypeError.
     """
     check_process_set(process_set, "DistributedOptimizer")
+    if isinstance(optimizer, torch.optim.SparseAdam):
+        # Gradients are reduced dense (Horovod's sparse_as_dense=True), which every other optimizer takes; handing
+        # a sparse one back dense-or-sparse by rank or by step split the replicas' optimizer states (5b465d3).
+        raise UnsupportedError("DistributedOptimizer reduces sparse gradients dense (as Horovod's sparse_as_dense=True) "
+                               "and torch.optim.SparseAdam takes sparse gradients only: use torch.optim.Adam or AdamW")
     op = check_op(op, allowed=(Average, Sum))
     compression = check_compression(compression)
     if backward_passes_per_step < 1:
