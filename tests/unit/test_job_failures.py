@@ -18,7 +18,7 @@ def failures(**policy) -> tuple[FakeJob, Failures, list]:
     job.hosts.update(DiscoveredHosts(ready={"a": 2, "b": 1}), T0)
     job.phase, job.round = Phase.RUNNING, 1
     leavers: list = []
-    return job, Failures(job, lambda w, what: leavers.append((w.worker_id, what))), leavers
+    return job, Failures(job, lambda w, what, now: not leavers.append((w.worker_id, what))), leavers
 
 
 def test_a_members_failure_blacklists_its_slot_and_aborts_the_round() -> None:

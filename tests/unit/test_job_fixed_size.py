@@ -11,7 +11,8 @@ import pytest
 
 from cloud_elastic.driver.job.elastic_job import ExitOrder, Finish, WorkerState
 from cloud_elastic.driver.launch.api import ExitStatus
-from tests.unit.test_job import CLEAN, CRASH, KILLED, Sim, assert_round, failed, started
+from cloud_elastic.providers.api import Drain
+from tests.unit.test_job import CLEAN, CRASH, KILLED, T0, Sim, assert_round, failed, started
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -230,6 +231,50 @@ def test_a_silent_worker_of_a_fixed_size_job_fails_it_without_blacklisting() -> 
     sim.advance(7)
     failed(sim, "worker a[0]#1 (rank 0)", "a fixed-size job")
     assert not sim.blocked("a[0]") and not sim.blocked("a[1]")
+
+
+def noticed(deadline_s: float = 600, **kwargs) -> Sim:
+    """A fixed-size job of a[0] and b[0] in which host b got a spot notice mid-run: b[0] drains, but its script,
+    without hvd.elastic.run, cannot leave at a commit (a fixed-size job cannot shrink)."""
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, **kwargs)
+    sim.discover({"a": 1}, {"b": Drain(T0 + deadline_s, "spot interruption")})
+    assert sim.job.workers[sim.id("b[0]")].state is WorkerState.DRAINING
+    return sim
+
+
+def test_a_draining_worker_whose_script_ends_with_exit_0_is_a_success_not_a_failure() -> None:
+    sim = noticed()
+    script_ends(sim, "b[0]")  # b's script finished within its notice's time
+    script_ends(sim, "a[0]")
+    assert sim.outcome == Finish(True, "training completed on 2 worker(s), every one exiting 0 (a fixed-size job: "
+                                       "the script does not use hvd.elastic.run)", 0)
+    assert not {"worker_failed", "rollback"} & set(kinds(sim)), sim.events
+
+
+def test_a_draining_worker_whose_script_fails_fails_the_fixed_size_job() -> None:
+    sim = noticed()
+    script_ends(sim, "b[0]", CRASH, error="RuntimeError: CUDA out of memory")
+    script_ends(sim, "a[0]")
+    failed(sim, "worker b[0]#2 (rank 1) exited with code 1: RuntimeError: CUDA out of memory", "a fixed-size job")
+    [event] = [f for kind, f in sim.events if kind == "worker_failed"]
+    assert (event["worker"], event["exit_code"], event["blacklisted_s"]) == (sim.id("b[0]"), 1, None), event
+
+
+@pytest.mark.parametrize("how", ["removed by force", "silent"])
+def test_a_draining_worker_lost_before_its_script_ends_is_the_attempt_s_failure_with_no_rollback(how) -> None:
+    sim = noticed(60, heartbeat_timeout_s=5, restarts=1)
+    script_ends(sim, "a[0]")  # the job knows it is fixed-size; b's script still runs when its host goes
+    if how == "silent":
+        sim.silent.add(sim.id("b[0]"))
+        sim.advance(6)
+    else:
+        sim.advance(56)  # past one deadline margin (5 s) before the deadline
+    assert sim.job.workers[sim.id("b[0]")].state is WorkerState.LOST
+    assert sim.job.abort_round == 0 and "rollback" not in kinds(sim)  # nothing elastic rolls back
+    sim.exit("b[0]", KILLED)
+    sim.advance(0.5)
+    assert sim.job.fixed.restarts == 1 and sim.job.last_failure.startswith(f"worker {sim.id('b[0]')} (rank 1) ")
+    assert [f["worker"] for kind, f in sim.events if kind == "worker_failed"] == [sim.id("b[0]")]
 
 
 # ------------------------------------------------------------ the piece alone, on a FakeJob

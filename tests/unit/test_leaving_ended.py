@@ -5,7 +5,9 @@ Found by review of the release lines for draining workers that die (7340bd7): a 
 round was still emitted as ``worker_left`` ("host is draining"), so the events file, the metrics and the timeline
 said it left gracefully while the log said it was killed; a draining member that came back to rendezvous from a
 failure was released as "its workers left at a commit; 0 steps lost"; and a worker that died on a host removed from
-discovery (no notice) got no line at all. Scripted timelines on a fake clock.
+discovery (no notice) got no line at all. Then (review of 0f42435): a slot drained by hand was reported not
+blacklisted and the drain's reason dropped; a slot its host stopped listing was told of as its host leaving.
+Scripted timelines on a fake clock.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def test_a_draining_member_killed_in_its_round_is_an_event_of_failure_not_a_grac
     [(kind, fields)] = ended(sim, "b[0]")
     assert kind == "worker_failed", (kind, fields)
     assert (fields["signal"], fields["exit_code"], fields["blacklisted_s"]) == ("SIGKILL", None, None), fields
-    assert fields["reason"] == "killed by signal 9", fields
+    assert fields["reason"] == "killed by signal 9 while draining (host b is draining (spot interruption))", fields
     assert not sim.blocked("b[0]")  # the host is going: its slot is not blamed
     sim.job.rendezvous(sim.id("a[0]"), 1, "failure", sim.now, rolled_back=3)
     sim._collect()
@@ -114,3 +116,34 @@ def test_a_silent_member_on_a_host_removed_from_discovery_gets_that_line_too(cap
     assert len(lines) == 1 and "stopped answering heartbeats" in lines[0], [r.getMessage() for r in caplog.records]
     assert lines[0].endswith("while draining, before leaving at a commit; the survivors rolled back 1 step(s) to "
                              "their last commit"), lines
+
+
+def test_a_slot_drained_by_hand_whose_worker_dies_says_its_cooldown_and_the_drain() -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=1)
+    sim.commit("a[0]", "b[0]")
+    done, message = sim.job.drain("b", 0, sim.now)  # as a straggler is drained: its slot is blacklisted at once
+    assert done and "blacklisted for 11s" in message, message
+    sim.advance(2)
+    sim.exit("b[0]", KILLED)
+    [(kind, fields)] = ended(sim, "b[0]")
+    assert kind == "worker_failed" and sim.blocked("b[0]"), (kind, fields)
+    assert 8 < fields["blacklisted_s"] < 9.5, fields  # what is left of the cooldown set at the drain
+    assert fields["reason"] == "killed by signal 9 while draining (drained by hand (cloud-elastic drain b:0))", fields
+
+
+def test_a_slot_its_host_no_longer_lists_is_named_when_its_worker_dies_not_its_host(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="cloud_elastic")
+    sim = started(3, {"a": 1, "b": 2}, min_np=1)
+    sim.commit("a[0]", "b[0]", "b[1]")
+    sim.discover({"a": 1, "b": 1})  # b shrinks to one slot: b[1] leaves at its next commit, b[0] trains on
+    assert sim.job.workers[sim.id("b[1]")].why == "slot b[1] left the group (host b now lists 1 slot(s))"
+    sim.exit("b[1]", KILLED)
+    for slot in ("a[0]", "b[0]"):
+        sim.job.rendezvous(sim.id(slot), 1, "failure", sim.now, rolled_back=2)
+    sim._collect()
+    assert_round({s: sim.reply(s) for s in ("a[0]", "b[0]")}, 2, needs_sync=True)
+    assert not said(caplog, "host b left the group"), [r.getMessage() for r in caplog.records]
+    [line] = said(caplog, "job t: slot b[1] left the group (host b now lists 1 slot(s)): ")
+    assert line.endswith(f"worker {sim.id('b[1]')} (rank 2) killed by signal 9 while draining, before leaving at a "
+                         "commit; the survivors rolled back 2 step(s) to their last commit"), line

@@ -124,12 +124,12 @@ class ElasticJob:
     def __post_init__(self) -> None:
         policy = self.policy
         self.silence = SilenceWatch(policy.heartbeat_timeout_s, policy.start_timeout_s, self.emit, self.job_id)
-        self.leavers = Leavers(self)
+        self.fixed = FixedSize(self)
+        self.leavers = Leavers(self, self.fixed.failed)
         self.capacity = Capacity(self, self.leavers.send_away)
         self.rounds = RoundFormation(self, self.leavers, on_formed=lambda running: self.completion.round_formed(running))
         self.completion = Completion(self, self.rounds.rank0, self.leavers.take_host_along)
         self.adoption = Adoption(self, self.capacity.seen, self.rounds.adopt_round, self.completion.completed)
-        self.fixed = FixedSize(self)
         self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along, self.fixed.failed)
         self.health = Health(self, self.leavers)
         self.discovery = DiscoveryEdge(self, self.leavers.lapsed, self.leavers.send_away)
@@ -344,13 +344,15 @@ class ElasticJob:
         status = self.adoption.exit_status(worker_id, status)  # an adopted process: the exit code it said
         if before is S.COMPLETED:
             self.completion.exited_after_completing(w, status)
+        elif before is S.DRAINING and self.fixed.exited(w, status, was_member):
+            self.leavers.fixed_ended(w, status.describe)  # it cannot leave: exit 0 is its success, else a failure
         elif before is S.DRAINING:
             # It ended before leaving its round at a commit (killed, crashed): a failure, not a leave, though its
             # slot is not blamed (its host is going). Peers may be blocked in a collective with it: an abort frees them.
             log.warning("job %s: worker %s (%s) %s while draining (%s), before leaving at a commit", self.job_id,
                         worker_id, w.label, status.describe, w.why)
-            self.leavers.lost_leaver(w, status.describe, exit_code=status.code if status.known else None)
-            if was_member:
+            if self.leavers.lost_leaver(w, status.describe, now, exit_code=status.code if status.known else None) \
+                    and was_member:
                 self.abort()
         elif before is S.EXITING:
             log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.why or "told to exit")

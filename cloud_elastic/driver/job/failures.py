@@ -43,11 +43,12 @@ S = WorkerState
 class Failures:
     """Failures and the committed state of one job (see module docstring)."""
 
-    def __init__(self, job: JobView, lost_leaver: Callable[[WorkerRecord, str], None],
+    def __init__(self, job: JobView, lost_leaver: Callable[[WorkerRecord, str, float], bool],
                  take_host_along: Callable[[WorkerRecord], None] = lambda w: None,
                  fixed_failed: Callable[..., bool] = lambda w, what, **how: False) -> None:
-        """``lost_leaver(w, what)``: a draining worker was lost in its round; ``take_host_along(w)``: the other
-        workers of ``w``'s host leave with it under ``--whole-hosts`` (see :mod:`.leaving`);
+        """``lost_leaver(w, what, now)``: a draining worker was lost in its round (False: a fixed-size job took it as
+        its failure); ``take_host_along(w)``: the other workers of ``w``'s host leave with it under ``--whole-hosts``
+        (see :mod:`.leaving`);
         ``fixed_failed(w, what, exit_code=, transport=, was_member=)``: True when a fixed-size job takes the failure
         (no blacklisting, no abort: the whole attempt ends; see :mod:`.fixed_size`)."""
         self._job = job
@@ -131,8 +132,8 @@ class Failures:
             job.emit("worker_left", worker=w.worker_id, host=w.slot.host, slot=w.slot.index,
                      reason=f"{why_leaving or 'told to exit'}; its process then {what} and was stopped",
                      **({"round": w.round} if w.round else {}))
-        elif before is S.DRAINING:
-            self._lost_leaver(w, what)
+        elif before is S.DRAINING and not self._lost_leaver(w, what, now):
+            return  # a fixed-size job took it as its attempt's failure: no round rolls back
         if was_member:
             job.abort()
 

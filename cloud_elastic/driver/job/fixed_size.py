@@ -30,6 +30,10 @@ the job:
   job starts again from its first round on ``-np`` slots, up to N times (as
   torchrun's ``--max-restarts``). A restarted script resumes only from a
   checkpoint it writes and loads itself; the driver says so in its log;
+* **a noticed host** (a spot interruption) cannot shrink the job: its worker drains as any member does,
+  but its script cannot leave at a commit, so once the job is known fixed-size its end is judged here
+  (``ElasticJob.exited``, and ``Leavers.lost_leaver`` for one removed by force at its host's deadline or
+  silent): exit 0 is its success, anything else the attempt's failure, with no round aborted;
 * **progress is never silently reset**: a job in which a worker ever committed
   training state (through ``elastic.run``) is not restarted from the script's
   start, since that would train from initial weights over the committed state;

@@ -17,8 +17,10 @@
   slot is not blacklisted (the host is going, the worker did nothing wrong);
 * when a draining host is given back to the cloud (:meth:`Leavers.release_drained`):
   once no worker is left on it, exactly once per notice, its log line saying how its workers left (at a
-  commit, removed by force, dead while draining: :meth:`Leavers.died_draining`; a host that left the group, with
-  no release, has that line only when one of its draining workers died); after a hard notice,
+  commit, removed by force, dead while draining: :meth:`Leavers.died_draining`; a host that left the group, or
+  a slot its host no longer lists, with no release, has that line only when one of its draining workers died;
+  a fixed-size job's worker, which cannot leave at a commit, is judged by :mod:`.fixed_size` instead:
+  :meth:`Leavers.fixed_ended`); after a hard notice,
   the job takes no worker there again while discovery lists the same instance
   (:meth:`~.hosts.HostManager.given_back`);
 * what the last holders of the state do on their way out (:meth:`Leavers.left_round`): sent away with no
@@ -34,9 +36,11 @@ checks scan only while some host is draining.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from cloud_elastic.driver.job.actions import Release, Stop
 from cloud_elastic.driver.job.exit_status import signal_name
+from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.providers.api import Drain
@@ -65,14 +69,18 @@ _ACTIVE = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
 class Leavers:
     """Notices and draining hosts, for one job (see module docstring)."""
 
-    def __init__(self, job: JobView) -> None:
+    def __init__(self, job: JobView, fixed_failed: Callable[..., bool] = lambda w, what, **how: False) -> None:
+        """``fixed_failed(w, what, exit_code=, was_member=)``: True when a fixed-size job takes the loss of a draining
+        worker as its attempt's failure (see :mod:`.fixed_size`: its script cannot leave at a commit)."""
         self._job = job
+        self._fixed_failed = fixed_failed
         #: Host -> where its latest notice came from (for status).
         self.sources: dict[str, str] = {}
         self._released: set[str] = set()
         # Draining hosts whose workers did not leave at a commit -> what happened (removed by force, died).
         self._forced: dict[str, str] = {}
-        self._gone: dict[str, str] = {}  # the same, for hosts that left the group (not draining): said once emptied
+        # The same, for hosts that left the group (not draining: by host) or lost slots (by slot): said once emptied.
+        self._gone: dict[str | Slot, str] = {}
         self._terminating: set[str] = set()  # hosts drained by a hard notice (not a soft one under drain_soft)
         self._deadlines: dict[str, tuple[float, float]] = {}  # draining host -> (its deadline, wall time first seen)
         self._forced_drains: list[str] = []  # their log lines, until the steps lost are known
@@ -174,7 +182,7 @@ class Leavers:
             if w.worker_id in held or w.state not in _ACTIVE:  # taken along with its host already (--whole-hosts)
                 continue
             drain = job.hosts.draining.get(w.slot.host)
-            why = f"host {w.slot.host} is draining ({drain.reason})" if drain else f"host {w.slot.host} left the group"
+            why = f"host {w.slot.host} is draining ({drain.reason})" if drain else self._left(w.slot)
             log.info("job %s: worker %s (%s) will leave: %s", job.job_id, w.worker_id, w.label, why)
             self.send_away(w, why)
         for w in leaving:  # a last holder waiting at rendezvous (or its host-mate) leaves from there
@@ -362,9 +370,9 @@ class Leavers:
             w.to(S.LOST, what)
             job.forget_alive()
             job.act(Stop(w.worker_id, what, immediate=True))
-            self.lost_leaver(w, what)
-            self._forced[w.slot.host] = "removed by force before its deadline"
-            job.abort()
+            if self.lost_leaver(w, what, now):
+                self._forced[w.slot.host] = "removed by force before its deadline"
+                job.abort()
 
     def _force_at(self, host: str, deadline: float, wall: float, margin: float) -> float:
         """When (wall time) ``host``'s draining workers are removed by force: ``margin`` before its deadline, but
@@ -382,29 +390,55 @@ class Leavers:
                             margin)
         return max(deadline - margin, seen[1] + margin)
 
-    def lost_leaver(self, w: WorkerRecord, what: str, *, exit_code: int | None = None) -> None:
+    def lost_leaver(self, w: WorkerRecord, what: str, now: float, *, exit_code: int | None = None) -> bool:
         """A draining worker lost inside its round (removed by force, silent, or its process ended: ``exit_code``,
-        negative for a signal): a ``worker_failed`` event, not a graceful leave; its peers roll back, but its slot
-        is not blacklisted."""
+        negative for a signal): a ``worker_failed`` event, not a graceful leave. True when its peers roll back (the
+        caller aborts the round); False when a fixed-size job took it as its attempt's failure (its script cannot
+        leave at a commit: see :mod:`.fixed_size`), which ends or restarts the job instead. The slot is not blamed
+        for it; one blacklisted when it was sent away (drained by hand, a straggler) has that cooldown left."""
         job = self._job
+        if self._fixed_failed(w, what, exit_code=exit_code, was_member=w.round == job.round > 0):
+            self.fixed_ended(w, what)
+            return False
         self.died_draining(w, what)
-        job.last_failure = f"worker {w.worker_id} ({w.label}) {what}"
+        reason = what if w.why in ("", what) else f"{what} while draining ({w.why})"  # given up: why is what
+        job.last_failure = f"worker {w.worker_id} ({w.label}) {reason}"
+        left = [t for s, t, _ in job.hosts.blacklist.blocked_slots(now) if s == w.slot]
         killed_by = signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
         job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
-                 reason=what, exit_code=None if killed_by else exit_code, blacklisted_s=None,
+                 reason=reason, exit_code=None if killed_by else exit_code,
+                 blacklisted_s=round(left[0], 1) if left else None,
                  **({"round": w.round} if w.round else {}), **({"signal": killed_by} if killed_by else {}))
+        return True
 
     def died_draining(self, w: WorkerRecord, what: str) -> None:
         """Draining member ``w`` ended inside its round (``what``: how) instead of leaving at a commit: its peers
         roll back (the caller aborts the round), and the line of its host says so, with the steps they lost: its
         release when it drains, else once its leaving workers are gone if it left the group (removed from
-        discovery, where no release tells of it)."""
+        discovery, where no release tells of it; a slot the host no longer lists, by that slot's name)."""
+        self._note_end(w, f"worker {w.worker_id} ({w.label}) {what} while draining, before leaving at a commit")
+
+    def fixed_ended(self, w: WorkerRecord, what: str) -> None:
+        """Draining member ``w`` of a fixed-size job ended (``what``: how; exit 0 is its success, anything else the
+        attempt's failure): its script cannot leave at a commit, and its host's line says how it ended instead."""
+        self._note_end(w, f"worker {w.worker_id} ({w.label}) {what} while draining (a fixed-size script cannot "
+                          "leave at a commit)")
+
+    def _note_end(self, w: WorkerRecord, line: str) -> None:
         job = self._job
-        line = f"worker {w.worker_id} ({w.label}) {what} while draining, before leaving at a commit"
         if w.slot.host in job.hosts.draining:
             self._forced.setdefault(w.slot.host, line)
         elif not job.hosts.is_usable(w.slot):
-            self._gone.setdefault(w.slot.host, line)
+            gone = w.slot.host not in job.hosts.ready and w.slot.host not in job.hosts.missing
+            self._gone.setdefault(w.slot.host if gone else w.slot, line)
+
+    def _left(self, slot: Slot) -> str:
+        """Why a worker on ``slot``, no longer usable and not draining, leaves: its host left, or only its slot."""
+        hosts = self._job.hosts
+        listed = hosts.missing[slot.host][0] if slot.host in hosts.missing else hosts.ready.get(slot.host)
+        if listed is None:
+            return f"host {slot.host} left the group"
+        return f"slot {slot} left the group (host {slot.host} now lists {listed} slot(s))"
 
     def release_drained(self, now: float, rollback_pending: bool) -> None:
         """Once no worker is left on a draining host, the cloud may take it (once per host).
@@ -416,10 +450,11 @@ class Leavers:
         draining = job.hosts.draining
         busy = {w.slot.host for w in job.alive()} if draining else set()
         if self._gone:  # said once its leaving workers are gone (discovery may list it again, with new workers)
-            leaving = {w.slot.host for w in job.alive() if w.state is S.DRAINING or w.state is S.EXITING}
-            for host in [h for h in self._gone if h not in leaving]:
-                self._say_forced(f"job {job.job_id}: host {host} left the group: ", self._gone.pop(host),
-                                 rollback_pending)
+            leaving = [w.slot for w in job.alive() if w.state is S.DRAINING or w.state is S.EXITING]
+            busy_gone = {s.host for s in leaving} | set(leaving)
+            for key in [k for k in self._gone if k not in busy_gone]:
+                what = self._left(key) if isinstance(key, Slot) else f"host {key} left the group"
+                self._say_forced(f"job {job.job_id}: {what}: ", self._gone.pop(key), rollback_pending)
         for host, drain in draining.items():
             if host not in busy and host not in self._released:
                 self._released.add(host)
