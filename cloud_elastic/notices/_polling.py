@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from .api import Notice, NoticeWatcher, Report
@@ -55,6 +55,49 @@ class Answer:
         return self.body.decode("utf-8", "replace").strip()
 
 
+class _DeadlineSocket(socket.socket):
+    """A socket whose every send and receive ends by ``deadline`` (monotonic): a request's total time limit.
+
+    A plain socket timeout bounds each read alone, so an answer that trickles in a byte at a time
+    never times out (and blocks the watcher, and every notice behind it).
+    """
+
+    deadline = 0.0
+
+    def _left(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("request time limit reached")
+        self.settimeout(left)
+
+    def recv_into(self, *args: Any, **kwargs: Any) -> int:
+        self._left()
+        return super().recv_into(*args, **kwargs)
+
+    def recv(self, *args: Any, **kwargs: Any) -> bytes:
+        self._left()
+        return super().recv(*args, **kwargs)
+
+    def sendall(self, *args: Any, **kwargs: Any) -> None:
+        self._left()
+        super().sendall(*args, **kwargs)
+
+
+class _Connection(http.client.HTTPConnection):
+    """An HTTP connection whose request, headers and body all end by ``deadline`` (see :class:`_DeadlineSocket`)."""
+
+    def __init__(self, host: str, port: int, deadline: float) -> None:
+        super().__init__(host, port, timeout=max(0.001, deadline - time.monotonic()))
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        plain = self.sock
+        sock = _DeadlineSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+        sock.deadline = self.deadline
+        self.sock = sock
+
+
 def request(
     method: str,
     url: str,
@@ -67,16 +110,16 @@ def request(
 ) -> Answer:
     """One HTTP request; :class:`Unreachable` if no connection, :class:`BadAnswer` if it stalls.
 
-    ``timeout_s`` bounds the connect and every read, so a hanging service
-    costs at most about twice that per request. ``track`` is told the open
-    connection (and None when it is closed), so that another thread can cut
-    a long-poll short.
+    ``timeout_s`` bounds the whole request, from the connect to the answer's
+    last byte: a service that hangs, or trickles its answer, costs at most
+    that. ``track`` is told the open connection (and None when it is closed),
+    so that another thread can cut a long-poll short.
     """
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise BadAnswer(f"{what}: url", f"{what}: not an http:// URL: {url!r}")
     target = parts.path + (f"?{parts.query}" if parts.query else "")
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
+    conn = _Connection(parts.hostname, parts.port or 80, time.monotonic() + timeout_s)
     if track is not None:
         track(conn)
     try:

@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
 import pytest
@@ -209,6 +210,66 @@ def test_aws_report_callback_failure_does_not_stop_the_watcher_and_is_tried_agai
     finally:
         watcher.close()
     assert not watcher_alive(watcher)
+
+
+def test_an_answer_that_trickles_in_does_not_hold_up_a_notice(run):
+    """Each read gets its byte before the timeout, but the request as a whole does not: it is cut off."""
+
+    class Trickle(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _send(self, code: int, body: bytes = b"") -> None:
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_PUT(self) -> None:
+            self._send(200, b"token")
+
+        def do_GET(self) -> None:
+            if self.path == SPOT:
+                return self._send(200, json.dumps({"action": "terminate", "time": aws_time(time.time() + 120)}).encode())
+            if self.path != REBALANCE_PATH:
+                return self._send(404)
+            self.send_response(200)
+            self.send_header("Content-Length", "600")
+            self.end_headers()
+            try:
+                for _ in range(600):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        # The spot notice is read first; the trickling rebalance answer comes next, in every cycle. A notice
+        # (the spot one again, once its first report failed) must still come through, cycle after cycle.
+        failed = []
+
+        def report(notice: Notice) -> None:
+            if not failed:
+                failed.append(notice)
+                raise OSError("the driver was busy")
+            sink(notice)
+
+        sink = Sink()
+        watcher = AWSMetadataWatcher(f"http://127.0.0.1:{server.server_port}", **FAST)
+        watcher.start(report)
+        try:
+            assert [n.kind for n in sink.wait()] == [TERMINATE]
+        finally:
+            watcher.close()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_host_placeholder_points_each_loopback_host_at_its_own_fake(run):
