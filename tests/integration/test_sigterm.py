@@ -74,12 +74,13 @@ def test_a_second_sigterm_ends_the_worker_at_once_and_the_survivors_take_the_fai
     assert job.finish(timeout=120) == 0, job.output()
 
     # The leaver vanished mid-round, before its next commit (step 200): its peers took the failure path back to
-    # the last one (a leave at a commit has no rollback). A draining worker's exit is a leave whatever its
-    # status, so its slot is not blacklisted.
+    # the last one (a leave at a commit has no rollback), and the events say so: a failure, not a graceful leave
+    # (0f42435), its slot not blamed.
     assert len(_events(tmp_path, "rollback")) == 1
     resets = job.of("reset")
     assert resets and all(r["size"] == 2 and r["step"] == 100 and r["executed"] >= 100 for r in resets), resets
-    assert [e["host"] for e in _events(tmp_path, "worker_left")] == [LEAVING]
+    assert not _events(tmp_path, "worker_left")
+    assert [e["host"] for e in _events(tmp_path, "worker_failed")] == [LEAVING]
     done = job.of("done")
     assert len(done) == 2 and {e["step"] for e in done} == {300} and len({e["checksum"] for e in done}) == 1
 

@@ -99,7 +99,8 @@ def test_a_fixed_size_function_tells_the_driver_it_ended_before_its_result_goes_
     # Without it the driver, which kills the actor, takes the returned function for a worker lost mid-training.
     ctx, reply = _run_in_actor(monkeypatch, lambda: "trained")
     assert reply == {"kind": "result", "rank": 1, "value": "trained"}
-    assert ctx.told == ["script ended: None", "closed"]
+    # Not closed: heartbeats go on while Ray serialises the value (86730ce; the launcher kills the actor after).
+    assert ctx.told == ["script ended: None"]
 
 
 def test_a_fixed_size_function_that_raised_tells_the_driver_its_error(monkeypatch):
@@ -115,7 +116,7 @@ def test_a_fixed_size_function_that_raised_tells_the_driver_its_error(monkeypatc
 
 def test_an_elastic_function_reports_its_end_through_elastic_run_not_as_a_script(monkeypatch):
     ctx, reply = _run_in_actor(monkeypatch, lambda: "trained", elastic_entered=True)
-    assert reply["value"] == "trained" and ctx.told == ["closed"]
+    assert reply["value"] == "trained" and ctx.told == []
 
 
 def test_gpus_per_slot_is_whole_gpus_and_defaults_to_one():
