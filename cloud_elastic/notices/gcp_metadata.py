@@ -53,6 +53,7 @@ class GCPMetadataWatcher(PollingWatcher):
         self.preemption_notice_s = preemption_notice_s
         self.maintenance_notice_s = maintenance_notice_s
         self._etag: str | None = None
+        self._value: str | None = None  # the last answer of instance/preempted
         self._maintenance_id: str | None = None
 
     def _read(self, path: str, *, last_etag: str | None = None) -> Answer:
@@ -79,8 +80,10 @@ class GCPMetadataWatcher(PollingWatcher):
         if value not in ("TRUE", "FALSE"):
             raise BadAnswer("preempted: bad value", f"preempted: expected TRUE or FALSE, got {value[:40]!r}")
         etag = answer.headers.get("etag")
-        changed = etag != self._etag
-        self._etag = etag  # None: the server gives no ETag, so poll plainly
+        # Only a new value counts: a server (or proxy) that sends a new ETag with every answer would
+        # otherwise be asked again at once, forever, at full speed.
+        changed = value != self._value
+        self._etag, self._value = etag, value  # etag None: the server gives no ETag, so poll plainly
         notices = []
         if value == "TRUE":
             deadline = self._now() + self.preemption_notice_s
@@ -92,7 +95,7 @@ class GCPMetadataWatcher(PollingWatcher):
                 notices.append(notice)
         except BadAnswer as exc:
             self._trouble(exc)  # a bad maintenance answer must not hide a preemption
-        if etag is not None and changed and self._etag is not None:
+        if etag is not None and changed:
             return notices, 0.0  # first answer or a change: long-poll again at once
         # A long-poll that ran its course needs no pause; one the server cut
         # short (or a server without ETags) waits out the rest of the interval.

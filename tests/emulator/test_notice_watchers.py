@@ -344,6 +344,25 @@ def test_gcp_terminate_on_host_maintenance_drains_the_host_with_a_deadline(gcp_f
     assert action.drain and not action.soft
 
 
+def test_gcp_a_new_etag_with_every_answer_does_not_make_the_watcher_spin(run):
+    """A server (or proxy) that never holds a long-poll and changes the ETag each time: one cycle per interval."""
+
+    class NewETagEachTime(FakeGCPMetadata):
+        answers = 0
+
+        def _etag(self, key: str) -> str:
+            self.answers += 1
+            return f"etag-{self.answers}"
+
+    with NewETagEachTime() as fake:
+        watcher = GCPMetadataWatcher(fake.url, poll_interval_s=0.5, request_timeout_s=0.5)
+        run(watcher)
+        time.sleep(2.0)
+        watcher.close()
+        # Two reads a cycle, a cycle per half second: about 10 (it was thousands, at a full core).
+        assert fake.count("preempted") <= 12, fake.count("preempted")
+
+
 def test_gcp_answers_without_the_flavor_header_are_not_believed(gcp_fake, run, caplog):
     caplog.set_level(logging.INFO, logger="cloud_elastic.notices")
     gcp_fake.send_flavor = False
