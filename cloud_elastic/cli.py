@@ -177,6 +177,10 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
         why = never_enough(built, config.num_proc, config.whole_host_slots)
         if why is not None:
             raise ConfigError(why)
+    from cloud_elastic.driver.job.notice_policy import watched_cloud
+    from cloud_elastic.notices.factory import check_endpoint
+
+    check_endpoint(watched_cloud(config.notice_watcher, str(getattr(built, "name", ""))))  # a malformed override
     _setup_logging(config.verbose)
     from cloud_elastic.driver.runtime.driver import Driver
 

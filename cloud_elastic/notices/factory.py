@@ -37,7 +37,7 @@ from .azure_events import AzureScheduledEventsWatcher
 from .gcp_metadata import DEFAULT_HOST as GCP_DEFAULT_HOST
 from .gcp_metadata import GCPMetadataWatcher
 
-__all__ = ["watcher_for", "endpoint_for", "CLOUDS", "ENV_AWS", "ENV_GCP", "ENV_AZURE", "HOST_PLACEHOLDER"]
+__all__ = ["watcher_for", "endpoint_for", "check_endpoint", "CLOUDS", "ENV_AWS", "ENV_GCP", "ENV_AZURE", "HOST_PLACEHOLDER"]
 
 CLOUDS = ("aws", "gcp", "azure")
 ENV_AWS = "AWS_EC2_METADATA_SERVICE_ENDPOINT"
@@ -114,3 +114,14 @@ def watcher_for(cloud: str, host: str, env: Mapping[str, str] | None = None, **o
     if cloud == "gcp":
         return GCPMetadataWatcher(url, **options)
     return AzureScheduledEventsWatcher(url, **options)
+
+
+def check_endpoint(cloud: str | None, env: Mapping[str, str] | None = None) -> None:
+    """ConfigError naming the variable when the endpoint override of ``cloud``'s watcher is malformed.
+
+    The driver checks its own environment (``env`` defaults to ``os.environ``;
+    local workers inherit it) before it starts the job: a worker cannot start
+    a watcher with that endpoint, and the job would run unwatched. ``cloud``
+    None (no watcher) or one without metadata notices: nothing to check.
+    """
+    watcher_for(cloud or "", "127.0.0.1", env)  # {host}: any address does, for the check

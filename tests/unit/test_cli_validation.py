@@ -65,6 +65,12 @@ CASES = {
     "spares-negative": Case(("-np", "1", "-H", "h", "--spares", "-1", *TRAIN), "--spares must be 0-1024, got -1"),
     "checkpoint-keep-0": Case(("-np", "1", "-H", "h", "--checkpoint-keep", "0", *TRAIN), "--checkpoint-keep must be >= 1"),
     "metrics-port-range": Case(("-np", "1", "-H", "h", "--metrics-port", "70000", *TRAIN), "--metrics-port must be 0-65535"),
+    "bad-aws-metadata-endpoint": Case(("-np", "1", "-H", "localhost", "--notice-watcher", "aws", *TRAIN),
+                                      "AWS_EC2_METADATA_SERVICE_ENDPOINT must be an http:// URL with no path",
+                                      (("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://169.254.169.254/latest/"),)),
+    "bad-gcp-metadata-host": Case(("-np", "1", "-H", "localhost", "--notice-watcher", "gcp", *TRAIN),
+                                  "GCE_METADATA_HOST is host[:port] without a scheme or path",
+                                  (("GCE_METADATA_HOST", "http://metadata.google.internal"),)),
     "bad-timeout-env": Case(("-np", "1", "-H", "localhost", *TRAIN),
                             "HOROVOD_ELASTIC_TIMEOUT must be a number of seconds", (("HOROVOD_ELASTIC_TIMEOUT", "soon"),)),
 }
