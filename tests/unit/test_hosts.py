@@ -178,6 +178,13 @@ def test_a_hard_notice_without_a_deadline_lapses_its_grace_after_it_arrived() ->
     assert hosts.update(snapshot({"a": 1, "b": 1}), NOW + 60).lapsed == ("b",)
 
 
+def test_a_deadline_absurdly_far_ahead_still_lapses_an_hour_on() -> None:
+    """A Spot notice whose time reads year 9999 must not keep a host the cloud did not take off for ever."""
+    hosts = _noticed(Drain(deadline=253402300799.0, reason="spot interruption"))
+    assert not hosts.update(snapshot({"a": 1, "b": 1}), NOW + 3600 + 119).lapsed
+    assert hosts.update(snapshot({"a": 1, "b": 1}), NOW + 3600 + 120).lapsed == ("b",)
+
+
 def test_a_hard_notice_does_not_lapse_while_the_group_reports_the_host_leaving() -> None:
     hosts = _noticed(Drain(deadline=NOW + 30, reason="spot interruption"))
     leaving = snapshot({"a": 1}, {"b": Drain(reason="Terminating:Wait")})

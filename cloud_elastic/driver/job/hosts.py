@@ -93,6 +93,10 @@ class Blacklist:
 #: How much longer the notice of a host given back lasts while the same instance is listed (see HostManager).
 GIVEN_BACK_GRACE_S = 600.0
 
+#: A hard notice's deadline counts at most this far ahead for its lapse (the longest real notices: an
+#: hour's GCE maintenance on a GPU VM, a lifecycle hook's timeout, which the group's state outlasts anyway).
+MAX_NOTICE_LEAD_S = 3600.0
+
 
 @dataclass(frozen=True)
 class HostChanges:
@@ -266,7 +270,8 @@ class HostManager:
         if old is None or (drain.deadline is not None and (old.deadline is None or drain.deadline < old.deadline)):
             self.notices[host] = drain
         wall = now if wall_now is None else wall_now
-        lead = 0.0 if drain.deadline is None else max(0.0, drain.deadline - wall)
+        # A deadline far ahead is a garbled time (a Spot notice for the year 9999), not a notice for ever.
+        lead = 0.0 if drain.deadline is None else min(max(0.0, drain.deadline - wall), MAX_NOTICE_LEAD_S)
         until = now + lead + self.notice_grace_s
         self._notice_until[host] = max(until, self._notice_until.get(host, until))
         self._apply_notices()
