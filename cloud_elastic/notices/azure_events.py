@@ -93,6 +93,8 @@ class AzureScheduledEventsWatcher(PollingWatcher):
         if not isinstance(event_id, str) or not event_id or not isinstance(kind, str) or not isinstance(resources, list):
             raise BadAnswer("scheduledevents: bad event", f"scheduledevents: event lacks EventId/EventType/Resources: "
                             f"{json.dumps(event)[:120]}")
+        if len(event_id) > 200 or not event_id.isprintable() or any(c.isspace() for c in event_id):
+            raise BadAnswer("scheduledevents: bad event", f"scheduledevents: unusable EventId {event_id[:80]!r}")
         if self.vm_name not in resources:
             return None  # another VM's event (scheduled events list the whole availability set / scale set)
         if kind in TERMINATING:
@@ -105,7 +107,8 @@ class AzureScheduledEventsWatcher(PollingWatcher):
             return None
         deadline = self._not_before(event.get("NotBefore"), event_id)
         source = event.get("EventSource")
-        reason = f"Azure scheduled event {kind} {event_id}" + (f" ({source})" if isinstance(source, str) else "")
+        source = source[:80] if isinstance(source, str) and source.isprintable() else None  # a reason is one line
+        reason = f"Azure scheduled event {kind} {event_id}" + (f" ({source})" if source else "")
         return Notice(SOURCE_AZURE, notice_kind, deadline, reason, event_id)
 
     def _not_before(self, value: Any, event_id: str) -> float:

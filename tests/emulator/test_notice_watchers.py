@@ -446,6 +446,17 @@ def test_azure_acknowledgement_waits_for_the_hosts_other_workers_or_the_deadline
     assert watcher.acknowledge(until=lambda: False) == (late,)
 
 
+def test_azure_an_event_with_a_newline_in_it_does_not_hide_the_others(azure_fake, run):
+    azure_fake.add_event("Freeze", event_id="BAD\nID")
+    azure_fake.add_event("Freeze", event_id="FREEZE-1", EventSource="Plat\nform")
+    preempt = azure_fake.add_event("Preempt", not_before=time.time() + 30)
+    sink = run(AzureScheduledEventsWatcher(azure_fake.url, vm_name="workers_3", **FAST))
+    notices = sink.wait(2)
+    assert sorted(n.event_id for n in notices) == sorted(["FREEZE-1", preempt])
+    more_polls(azure_fake, EVENTS, 3)
+    assert len(sink.notices) == 2
+
+
 def test_azure_other_vms_events_and_duplicates_are_ignored(azure_fake, run):
     sink = run(AzureScheduledEventsWatcher(azure_fake.url, **FAST))
     azure_fake.add_event("Preempt", resources=["workers_7"])
