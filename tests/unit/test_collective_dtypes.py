@@ -71,6 +71,13 @@ def _member(rank: int) -> dict:
     mixed = torch.tensor([1, 2], dtype=torch.int16 if rank == 0 else torch.float16)
     got["alltoall mixed"] = _outcome(lambda: partitioned.alltoall(mixed))
     got["alltoall other rows"] = _outcome(lambda: partitioned.alltoall(torch.zeros((2, 2) + (1,) * rank)))
+    # reducescatter sizes what it receives from its own tensor: int16 read as float16 (rank 0 got [15361, 16386]),
+    # (4, 2) against (2, 4) summed crosswise, 4 rows against 6 aborted both processes in Gloo (EnforceNotMet).
+    got["reducescatter mixed"] = _outcome(lambda: partitioned.reducescatter(
+        torch.tensor([1, 2, 3, 4], dtype=torch.int16 if rank == 0 else torch.float16), op=hvd.Sum))
+    got["reducescatter other shape"] = _outcome(lambda: partitioned.reducescatter(
+        torch.arange(8.0).reshape((4, 2) if rank == 0 else (2, 4)), op=hvd.Sum))
+    got["reducescatter other rows"] = _outcome(lambda: partitioned.reducescatter(torch.ones(4 + 2 * rank)))
     got["still in step"] = _outcome(lambda: hvd.allreduce(torch.ones(3), op=hvd.Sum))
     return got
 
@@ -170,4 +177,17 @@ def test_an_alltoall_of_other_dtypes_or_rows_on_each_worker_is_a_value_error_on_
     kind, message = _both(results, case)
     assert kind == "ValueError" and message == (f"hvd.alltoall: mismatched tensors across workers {told}: every "
                                                 "worker must pass the same dtype and the same shape past dimension 0")
+    assert _both(results, "still in step") == ("ok", [("torch.float32", [2.0, 2.0, 2.0])])
+
+
+@pytest.mark.parametrize("case, told", [
+    ("reducescatter mixed", "(rank 0: int16 (4,); rank 1: float16 (4,))"),
+    ("reducescatter other shape", "(rank 0: float32 (4, 2); rank 1: float32 (2, 4))"),
+    ("reducescatter other rows", "(rank 0: float32 (4,); rank 1: float32 (6,))"),
+])
+def test_a_reducescatter_of_other_dtypes_or_shapes_on_each_worker_is_a_value_error_on_every_worker(results, case,
+                                                                                                      told):
+    kind, message = _both(results, case)
+    assert kind == "ValueError" and message == (f"hvd.reducescatter: mismatched tensors across workers {told}: "
+                                                "every worker must pass the same dtype and the same shape")
     assert _both(results, "still in step") == ("ok", [("torch.float32", [2.0, 2.0, 2.0])])

@@ -33,8 +33,10 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
 
     Rows are split as Horovod splits them: each rank gets ``dim0 // size``,
     and the first ``dim0 % size`` ranks one more. ``tensor`` must have the
-    same shape on every worker and is left unchanged; ``op``, ``compression``
-    and the scale factors mean what they mean for :func:`allreduce`.
+    same dtype and shape on every worker, else ValueError on every worker
+    (told in one small allgather before the rows travel); it is left
+    unchanged. ``op``, ``compression`` and the scale factors mean what they
+    mean for :func:`allreduce`.
     """
     op = check_op(op)
     compression = check_compression(compression)
@@ -52,6 +54,13 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
     received = torch.empty((size * counts[rank],) + tuple(sent.tensor.shape[1:]), dtype=moved.dtype,
                            device=sent.tensor.device)
     what = f"reducescatter {name or ''}".strip()
+    if size > 1:
+        # Each worker sizes what it receives from its own shape and the rows move as bits: another dtype of the same
+        # width was misread silently (int16 as float16), another shape of the same bytes summed crosswise, other
+        # bytes aborted the process in Gloo (EnforceNotMet). Nothing else is exchanged before the rows, so this
+        # costs one allgather of a row of int64 per worker.
+        rows = [r[0].tolist() for r in shapes.gather_rows_of([shapes.shape_row(tensor)], f"{what} shapes")]
+        shapes.check_gathered(rows, "reducescatter", any_first=False)
     ctx.wait(ctx.group(what).alltoall_base(received, moved, [counts[rank]] * size, counts), what)
     # Reduced in the dtype an allreduce carries it as (torch cannot sum or compare uint16 or uint32), cast back:
     # exact, as ``dtypes`` says. Complex numbers come here only to be summed (check_reducible).

@@ -2,10 +2,13 @@
 
 Gloo matches collectives by issue order and trusts each side's sizes: tensors that
 differ give garbage, a closed connection or a C++ abort (``EnforceNotMet``), and
-Horovod's coordinator raises ``Mismatched ... tensor shapes`` instead. The calls
-that can afford it check here: ``allgather`` in the sizes exchange it does anyway,
-``broadcast_parameters`` with one small allgather before its tensors travel. A
-mismatch raises the same ValueError on every worker, so none waits for a peer.
+Horovod's coordinator raises ``Mismatched ... tensor shapes`` instead. These
+calls check here, each before its tensors travel: ``allgather`` and ``alltoall``
+in the exchange of sizes or counts they do anyway (dimension 0 may differ);
+``reducescatter`` with one small allgather of its own (it exchanges nothing
+else first, and every dimension must match); ``broadcast_parameters`` with one
+small allgather (two when they differ, to name the tensor). A mismatch raises
+the same ValueError on every worker, so none waits for a peer.
 
 A tensor is described by one row of int64: its dtype's code, its number of
 dimensions, its first :data:`_DIMS` dimensions (-1 past its last) and a digest
@@ -61,14 +64,17 @@ def gather_rows_of(rows: list[list[int]], what: str) -> list[torch.Tensor]:
     return [o.cpu().reshape(len(rows), WIDTH) for o in out]
 
 
-def check_gathered(rows: Sequence[Sequence[int]], call: str) -> None:
-    """ValueError when the rows (one a worker, by rank) differ but in dimension 0 (``allgather``'s rule)."""
-    past_first = [list(r[:FIRST]) + list(r[FIRST + 1:]) for r in rows]
-    if all(p == past_first[0] for p in past_first):
+def check_gathered(rows: Sequence[Sequence[int]], call: str, any_first: bool = True) -> None:
+    """ValueError when the rows (one a worker, by rank) differ but in dimension 0 (``allgather``'s rule).
+
+    Without ``any_first`` dimension 0 must match too (``reducescatter``'s rule).
+    """
+    compared = [list(r[:FIRST]) + list(r[FIRST + 1:]) if any_first else list(r) for r in rows]
+    if all(c == compared[0] for c in compared):
         return
-    each = "; ".join(f"rank {rank}: {_describe(r, any_first=True)}" for rank, r in enumerate(rows))
+    each = "; ".join(f"rank {rank}: {_describe(r, any_first=any_first)}" for rank, r in enumerate(rows))
     raise ValueError(f"hvd.{call}: mismatched tensors across workers ({each}): every worker must pass the same "
-                     f"dtype and the same shape past dimension 0")
+                     f"dtype and the same shape{' past dimension 0' if any_first else ''}")
 
 
 def check_same_tensors(tensors: Sequence[torch.Tensor], names: Sequence[str | None], call: str) -> None:
