@@ -19,6 +19,8 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   group is kept pending (one INFO line): the job starts on what answered, but a spot group throttled at its first
   call would otherwise look empty and the fallback's paid instances would be raised. The hold is well below the
   default ``--start-timeout`` and ``--elastic-timeout``, so a source down from the start does not hold the job back.
+  Once it answers, the raise waits for the next find(): the job sees that answer first, and a 0 it asks then drops
+  the raise unsent (a group whose raise was never sent gets no 0 either).
 * A source that fails *fatally on its first call* (no such group, no credentials) fails the job, naming the source:
   a typo must not run a job on fewer groups than the user meant. A fatal error at any later call (even when the
   earlier ones failed retryably: ExpiredToken after an hour) is a failure of that source only, as above.
@@ -229,7 +231,7 @@ class MultiSourceDiscovery(HostDiscovery):
 
     # ------------------------------------------------------------------ find
     def find(self) -> DiscoveredHosts:
-        now = self._clock()
+        now, heard_now = self._clock(), False  # heard_now: a source that failed from the start answers at last
         fatal: list[str] = []
         for source in self.sources:  # all asked at once: a source that hangs holds none of the others up
             if not source.caller.busy:
@@ -251,7 +253,8 @@ class MultiSourceDiscovery(HostDiscovery):
                 self._failed(source, snapshot, now, fatal)
                 source.called = True
                 continue
-            source.called = True
+            source.called, failed = True, source.failing_since is not None
+            heard_now = heard_now or (not source.spec.fallback and source.last is None and failed)
             if source.failing_since is not None:
                 log.info("host source %r answers again (it failed for %.0fs)", source.spec.name,
                          now - source.failing_since)
@@ -271,7 +274,7 @@ class MultiSourceDiscovery(HostDiscovery):
             source.short_since = (source.short_since if source.short_since is not None else now) if short else None
             self._refresh_prices(source, snapshot, now)
         for source in self.sources:  # once every answer is in: a fallback's raise sees what the others answered
-            self._apply_capacity(source)
+            self._apply_capacity(source, held=heard_now)
         if fatal:
             raise FatalDiscoveryError("; ".join(fatal))
         usable = [s for s in self.sources if s.last is not None and
@@ -385,12 +388,12 @@ class MultiSourceDiscovery(HostDiscovery):
         target.pending_capacity = hosts
         self._apply_capacity(target)
 
-    def _apply_capacity(self, source: SourceState) -> None:
+    def _apply_capacity(self, source: SourceState, *, held: bool = False) -> None:
         asked = source.pending_capacity
         if asked is None or not source.managed or source.caller.running or source.calls.count:
             return  # kept pending until its call under way has ended (one call at a time)
-        if source.spec.fallback and asked > (source.capacity_set or 0) and self._unheard(source):
-            return  # kept pending: asked again at every discovery
+        if source.spec.fallback and asked > (source.capacity_set or 0) and (held or self._unheard(source)):
+            return  # kept pending: asked again at every discovery (held: until the job saw the answer)
         limits = source.discovery.capacity_limits()
         hosts = self._within_limits(source, asked, limits)
         if not self._changes(source, asked, hosts, limits):

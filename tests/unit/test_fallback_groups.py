@@ -44,12 +44,13 @@ def _job(np: int, *fallbacks: SourceSpec):
 
 
 def _run(sim, multi: MultiSourceDiscovery, seconds: float) -> None:
-    """The driver's part: each discovery answer to the job, what the provider knows before each tick
-    (``raised.share``), and each capacity action to the provider, as the discovery thread makes it."""
+    """The driver's part: each discovery answer to the job, what the provider knows refreshed first
+    (``raised.discovered``) and before each tick (``raised.share``), and each capacity action to the provider, as
+    the discovery thread makes it."""
     from cloud_elastic.driver.runtime import raised
 
     for _ in range(int(seconds)):
-        sim.job.discovered(multi.find(), sim.now)
+        raised.discovered(sim.job, multi, multi.find(), sim.now)
         raised.share(sim.job, multi)
         sim.advance(1)
         while sim.capacity:
@@ -227,6 +228,44 @@ def test_a_group_whose_raise_was_held_back_and_never_sent_is_never_set_to_0_mid_
     assert sim.job.capacity.sourcing.raised() == {}
     _run(sim, multi, UNHEARD_HOLD_S + 5)
     assert od.capacity_calls == [] and multi.capacity_of("od") is None
+
+
+@pytest.mark.parametrize("spot_at_last", ["its-host", "none"])
+def test_a_raise_held_back_goes_only_if_still_wanted_once_spot_answers_and_each_call_has_its_event(caplog,
+                                                                                                  spot_at_last):
+    """Review of 7680445 (over moto: tests/emulator/test_multi_source_held.py): spot throttled twice, then
+    answering with the slot wanted: the held raise went out in the very find() that read spot's answer, and the
+    job, a view behind, logged 'left as it is' with no event while the provider sent od its 0 (2 calls)."""
+    from cloud_elastic.errors import RetryableDiscoveryError
+    from cloud_elastic.providers.multi import UNHEARD_HOLD_S
+
+    last = DiscoveredHosts(ready={"a0": 1}) if spot_at_last == "its-host" else DiscoveredHosts()
+    od = Scripted(DiscoveredHosts(), limits=(0, 10, 0))  # the job's own fallback group, at 0
+    spot = Scripted(RetryableDiscoveryError("Throttling"), RetryableDiscoveryError("Throttling"), last)
+    sim = _job(1)
+    multi = _sources(od, spot=spot, sim=sim)
+    with caplog.at_level(logging.INFO):
+        _run(sim, multi, 6)
+    if spot_at_last == "none":  # still wanted: sent at the next discovery
+        assert od.capacity_calls == [1] and multi.capacity_of("od") == 1 and _capacity_events(sim) == [("od", 1)]
+        return
+    _run(sim, multi, UNHEARD_HOLD_S + 5)  # no longer wanted: dropped, never sent (its ask's event the only one)
+    assert od.capacity_calls == [], "od was raised after spot had answered with the slot wanted"
+    assert "host source 'od' is left as it is: this job never set its desired capacity" in caplog.text
+    assert sim.job.capacity.sourcing.raised() == {} and _capacity_events(sim) == [("od", 1)]
+
+
+def test_a_group_raised_in_the_discovery_that_shows_it_unneeded_is_set_back_with_its_event(caplog):
+    """The job lowers a group on the very answer whose find() sent its raise: it knows it set it (``owned``
+    refreshed before the answer, ``raised.discovered``): the 0 it sends has its event."""
+    od = Scripted(DiscoveredHosts(), limits=(0, 10, 0))
+    spot = Scripted(DiscoveredHosts(), DiscoveredHosts(ready={"a0": 1}))
+    sim = _job(1)
+    multi = _sources(od, spot=spot, sim=sim)
+    with caplog.at_level(logging.INFO):
+        _run(sim, multi, 4)
+    assert od.capacity_calls == [1, 0] and _capacity_events(sim) == [("od", 1), ("od", 0)]
+    assert "left as it is" not in caplog.text
 
 
 class _Group(Scripted):

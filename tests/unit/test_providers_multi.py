@@ -234,7 +234,9 @@ def test_no_fallback_is_raised_while_a_spot_source_has_not_answered_yet(caplog):
     assert od.capacity_calls == [] and multi.capacity_of("od") is None
     multi.set_capacity(2, source="od")
     clock.now += 5
-    assert set(multi.find().ready) == {"s1", "od1"}  # spot answered: the raise goes through
+    assert set(multi.find().ready) == {"s1", "od1"}  # spot answered: the job sees that answer before the raise goes
+    assert od.capacity_calls == []
+    multi.find()  # still wanted (no 0 asked): the raise goes through
     assert od.capacity_calls == [2]
     # A source that never answers holds a raise back for the stale limit only.
     broken = Scripted(RetryableDiscoveryError("AccessDenied"))

@@ -176,9 +176,9 @@ class Sourcing:
         self.can_give: dict[str, Room] = {}
         #: Groups a crashed predecessor raised, not yet told to the provider (``raised.share``).
         self.adopted: dict[str, int] = {}
-        #: Fallback sources whose group the job set, as its provider says (``raised.share``): a raise sent (a call
-        #: under way or timed out counts) or taken over, not one held back or skipped. None: the provider does not
-        #: say (every raise asked counts).
+        #: Fallback sources whose group the job set, as its provider says (``raised.share``, before each tick and
+        #: each discovery answer): a raise sent (a call under way or timed out counts) or taken over, not one held
+        #: back or skipped. None: the provider does not say (every raise asked counts).
         self.owned: set[str] | None = None
         #: Fallback workers beyond what is wanted that stay until replacements are ready: they hold no place
         #: for launches (:meth:`.capacity.Capacity.plan_launches`), so the replacements can start beside them.

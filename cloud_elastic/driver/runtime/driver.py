@@ -504,8 +504,8 @@ class Driver:
         with self._cond:
             if isinstance(result, DiscoveryFailure):
                 self._job.discovery_failed(result.message, fatal=result.fatal, now=self._clock())
-            else:
-                self._job.discovered(result, self._clock())
+            else:  # which groups the job set, as of this answer's find() (it may have sent a raise)
+                raised.discovered(self._job, self._discovery, result, self._clock())
             self._cond.notify_all()
 
     # ----------------------------------------------------------------- status

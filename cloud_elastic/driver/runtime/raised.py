@@ -22,8 +22,9 @@ wanted (``driver.job.sourcing``); two ends of a driver's life are the runtime's:
   Without ``--checkpoint-dir`` there is no such record, and a crashed driver's
   raised group stays as it was.
 
-Before each tick :func:`share` tells the job what each fallback group can give (the next is asked for the rest)
-and the provider which groups a predecessor raised (so a raise skipped there does not make them an operator's).
+Before each tick, and before the job sees each discovery answer (:func:`discovered`), :func:`share` tells the job
+what each fallback group can give (the next is asked for the rest) and which groups it set, and the provider which
+groups a predecessor raised (so a raise skipped there does not make them an operator's).
 
 The sign of life also carries what the job has cost so far (``cloud_elastic.cost``),
 which the driver that takes the job over goes on from (:func:`inherit_cost`), and a
@@ -39,7 +40,8 @@ from typing import Any
 
 from cloud_elastic.cost import CostSoFar, format_dollars
 
-__all__ = ["carried", "carried_cost", "inherit", "inherit_cost", "remember", "share", "lower", "LOWER_TRIES"]
+__all__ = ["carried", "carried_cost", "discovered", "inherit", "inherit_cost", "remember", "share", "lower",
+           "LOWER_TRIES"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,14 @@ def share(job: Any, discovery: Any) -> None:
     if can_give is not None:
         rooms = {name: can_give(name) for name in sourcing.fallbacks}
         sourcing.can_give = {name: room for name, room in rooms.items() if room is not None}
+
+
+def discovered(job: Any, discovery: Any, hosts: Any, now: float) -> None:
+    """Hand a discovery answer to the job (with its lock), :func:`share` first: the discovery thread may have
+    sent a raise since the last tick (just before this answer's find(), or in it), and a job that lowers that group
+    on this answer must know it set it (a 0 sent with its ``capacity`` event, not dropped as never sent)."""
+    share(job, discovery)
+    job.discovered(hosts, now)
 
 
 def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, pause_s: float = 1.0,
