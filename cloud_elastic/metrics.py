@@ -44,10 +44,13 @@ class StepRate:
         self.window_s = window_s
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
         self._source = ""
+        self._first: float | None = None  # when the process (source) sent its first count
 
     def add(self, now: float, step: int, source: str = "") -> None:
         if self._samples and (step < self._samples[-1][1] or source != self._source):
             self._samples.clear()
+        if self._first is None or source != self._source:
+            self._first = now
         self._source = source
         self._samples.append((now, step))
         while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:
@@ -63,9 +66,16 @@ class StepRate:
 
     @property
     def known(self) -> float | None:
-        """:attr:`rate`, or None (unknown, not 0) before two samples or while the process has counted no
-        optimizer step: a script whose steps nothing counts must not read as a stalled job."""
-        return self.rate if len(self._samples) >= 2 and self._samples[-1][1] > 0 else None
+        """:attr:`rate`, or None (unknown, not 0) before two samples, and while the process has counted no
+        optimizer step in its first ``window_s`` of counts (its first step may take that long to come). A
+        process with no step after that reads 0, as a stalled job does: one stuck before its first step
+        (a hung first allreduce) must trip an alert on 0, which NaN never does."""
+        if len(self._samples) < 2:
+            return None
+        (last, steps), first = self._samples[-1], self._first
+        if steps == 0 and first is not None and last - first < self.window_s:
+            return None
+        return self.rate
 
 
 class MetricsServer:

@@ -44,7 +44,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from cloud_elastic.control import Codec
 from cloud_elastic.protocol import (
@@ -72,6 +71,7 @@ from cloud_elastic.worker.link.progress import Progress
 from cloud_elastic.worker.rounds.next_group import NextGroupMixin
 from cloud_elastic.worker.rounds.reclaim import Reaper
 from cloud_elastic.worker.settings import SECRET_ENV, WorkerSettings
+from cloud_elastic.worker.steps import count_steps
 
 __all__ = ["RoundInfo", "WorkerContext", "current", "get_context", "init", "is_initialized",
            "slot_before_joining"]
@@ -556,7 +556,7 @@ def init() -> WorkerContext:
             _CONTEXT = ctx
             # Every optimizer step of the process, once it returns, counts (steps/s, steps_lost), whether the script
             # steps a DistributedOptimizer or averages gradients itself (hvd.allreduce_) and steps a plain one.
-            register_optimizer_step_post_hook(lambda *_: ctx.ledger.note_step())
+            count_steps(ctx.ledger.note_step)
         _CONTEXT.shut_down = False  # after hvd.shutdown(): the same registration, round and heartbeats serve again
         return _CONTEXT
 

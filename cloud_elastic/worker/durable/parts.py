@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import torch
 
 from cloud_elastic.worker.durable.failure import CheckpointFailed
+from cloud_elastic.worker.steps import uncounted
 
 __all__ = ["sharded_parts", "set_parts"]
 
@@ -81,16 +82,18 @@ def _plain_step(optimizer: Any) -> Iterator[None]:
     """Let torch initialise an optimizer that has no state yet with the wrapped optimizer's own step.
 
     ``get_optimizer_state_dict`` gives such an optimizer its state by a step with zero gradients
-    at learning rate 0. Through ``DistributedOptimizer.step`` that step would count as a training
-    step and average the gradients over every host, while only host 0 takes it.
+    at learning rate 0. That step trains nothing: it is not counted (steps/s, steps_lost), for every
+    optimizer; and through ``DistributedOptimizer.step`` it would average the gradients over every
+    host, while only host 0 takes it.
     """
-    if optimizer.state or not hasattr(optimizer, "_ce_skip"):
-        yield
-        return
-    base = type(optimizer).__mro__[1].step
-    base = getattr(base, "__wrapped__", base) if getattr(base, "hooked", False) else base
-    optimizer.step = lambda closure=None: base(optimizer, closure)
-    try:
-        yield
-    finally:
-        del optimizer.step
+    with uncounted():
+        if optimizer.state or not hasattr(optimizer, "_ce_skip"):
+            yield
+            return
+        base = type(optimizer).__mro__[1].step
+        base = getattr(base, "__wrapped__", base) if getattr(base, "hooked", False) else base
+        optimizer.step = lambda closure=None: base(optimizer, closure)
+        try:
+            yield
+        finally:
+            del optimizer.step
