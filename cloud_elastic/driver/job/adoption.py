@@ -21,9 +21,11 @@ workers that come back:
   the job goes straight to finishing and waits for their exit; nothing trains
   again), and a member of the round that did not come back fails the job, as its
   work after training is unknown;
-* :meth:`Adoption.exiting` and :meth:`Adoption.exit_status`: an adopted process
-  cannot be reaped, so the exit code it said it exits with is its exit status;
-  one that said none has an unknown status, which fails a completed job
+* :meth:`Adoption.exiting` and :meth:`Adoption.exit_status`: every worker says at
+  exit the exit code it exits with (the control plane's ``exiting``); a process whose
+  status this driver cannot learn (adopted, so not its child; or started by a local
+  fork server that died) has that code for its status; one that said none has an
+  unknown status, which fails a completed job
   (:meth:`~.completion.Completion.exited_after_completing`).
 """
 
@@ -165,15 +167,17 @@ class Adoption:
             self._completed(worker_id, now, error=error)
 
     def exiting(self, worker_id: str, code: int | None, error: str | None) -> None:
-        """An adopted worker says it is about to exit with ``code`` (None: it does not say), ``error`` why."""
+        """Any worker (adopted or not) says it is about to exit with ``code`` (None: it does not know), ``error``
+        why: kept for :meth:`exit_status`."""
         if code is None:
             return
         self._told[worker_id] = code
         if code != 0:
-            log.warning("job %s: worker %s (adopted) is exiting with code %d%s", self._job.job_id, worker_id, code,
+            log.warning("job %s: worker %s is exiting with code %d%s", self._job.job_id, worker_id, code,
                         f" ({error})" if error else "")
 
     def exit_status(self, worker_id: str, status: ExitStatus) -> ExitStatus:
-        """``status`` of an ended process, or, for an adopted one whose status is unknown, the code it said."""
+        """``status`` of an ended process, or, where it is unknown (adopted, or its fork server died), the code
+        the worker said it exits with."""
         code = self._told.get(worker_id)
         return status if status.known or code is None else ExitStatus(code)

@@ -19,8 +19,9 @@ class ExitStatus:
     ``code`` is the exit code (``-N`` when killed by signal N). ``transport_error``
     is set when the launcher's transport failed rather than the worker (for
     SSH: unreachable host, refused key, host key mismatch). ``known`` is False
-    for a process this driver did not start (adopted from a predecessor): it
-    ended, but its exit code went to whoever reaped it (``code`` is then 1).
+    for a process whose exit code went to someone else (adopted from a
+    predecessor, or started by a local fork server that died before it) and that
+    did not say its exit code as it exited (``code`` is then 1).
     """
 
     code: int
@@ -33,7 +34,7 @@ class ExitStatus:
         if self.transport_error:
             return self.transport_error
         if not self.known:
-            return "ended without reporting completion (adopted from an earlier driver: its exit code is unknown)"
+            return "ended without saying its exit code (this driver could not learn it: its exit code is unknown)"
         if self.code < 0:
             return f"killed by signal {-self.code}"
         return f"exited with code {self.code}"

@@ -13,8 +13,6 @@ stands in front of the job's rules (an ``Interceptor`` of the control plane,
   two heartbeat timeouts after the driver started (never less than one heartbeat timeout after
   it is ready); the workers that did not come back are stopped and count as lost (the job's
   side, :mod:`cloud_elastic.driver.job.adoption`, decides what the job makes of that);
-* what an adopted worker says of its exit code as it exits (``exiting``): the job's side judges its
-  end by it, as a process this driver did not start cannot be reaped;
 * that a SIGTERM the predecessor let an adopted worker stay for (its adopt request says until when)
   drains the worker's host as that notice did, once the window closes (a host watcher's notice
   comes again by itself: the worker's watcher reports it anew, see ``worker.link.driver_link``);
@@ -38,7 +36,7 @@ from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.restart.record import AdoptedLocalProcess, AdoptedWorker, AdoptionRecord
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.protocol import AdoptRequest, PollReply, ReRegister, WaitReply
-from cloud_elastic.protocol_reports import ExitingReport, NoticeReport
+from cloud_elastic.protocol_reports import NoticeReport
 
 __all__ = ["AdoptionWindow", "WindowClosed", "adopted_process"]
 
@@ -136,11 +134,6 @@ class AdoptionWindow:
             return self._adopt(worker_id, msg)
         if kind == "status":
             return None
-        if kind == "exiting" and worker_id in self._job.workers:
-            # Only what it says tells how an adopted worker ended (its exit code goes to whoever reaps it).
-            report = ExitingReport.from_wire(msg)
-            self._job.adoption.exiting(worker_id, report.code, report.error)
-            return None  # the job's rules take it as from any worker
         if worker_id not in self._job.workers and self.record.worker(worker_id) is not None:
             if kind == "poll":
                 return PollReply(0, 0, 0, False, reregister=True).to_wire()

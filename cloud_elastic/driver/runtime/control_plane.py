@@ -41,7 +41,7 @@ from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.metrics import StepRate
 from cloud_elastic.protocol import (CompletedReport, CompletionReply, NextRoundReport, PollReply, PollRequest,
                                     RendezvousRequest, StacksReport, WaitReply)
-from cloud_elastic.protocol_reports import CheckpointReport, DrainRequest, NoticeReport, UnhealthyReport
+from cloud_elastic.protocol_reports import CheckpointReport, DrainRequest, ExitingReport, NoticeReport, UnhealthyReport
 from cloud_elastic.providers.api import Drain
 
 __all__ = ["ControlPlane", "Interceptor", "POLLS_PER_S", "RENDEZVOUS_POLL_S"]
@@ -147,6 +147,8 @@ class ControlPlane:
                 "notice_watcher": self._notice_watcher(worker_id), "running": running}
 
     def _exiting(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
+        report = ExitingReport.from_wire(msg)  # its exit status where the process's is unknown (adoption.exit_status)
+        self._job.adoption.exiting(worker_id, report.code, report.error)
         return {"ok": self._job.exiting(worker_id, now)}
 
     def _drain(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
