@@ -199,16 +199,19 @@ class ExitOrder:
     """Rendezvous reply telling a worker to leave (its host is going, or the job is ending)."""
 
     reason: str
-    #: The worker holds the last copy of the state: as rank 0 it first checkpoints it, taking at most this long.
+    #: The worker's host holds the last copy of the state and was picked to checkpoint it (one host of the last
+    #: holders, by the order they left in): its workers first write it, taking at most this long.
     checkpoint_s: float | None = None
+    #: The one worker of that host that writes a replica's checkpoint (a sharded one is written by the whole host).
+    writer: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        return {"status": "exit", "reason": self.reason, "checkpoint_s": self.checkpoint_s}
+        return {"status": "exit", "reason": self.reason, "checkpoint_s": self.checkpoint_s, "writer": self.writer}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "ExitOrder":
         seconds = None if msg.get("checkpoint_s") is None else _optional_seconds(msg, "checkpoint_s", "exit order")
-        return cls(str(msg.get("reason") or "told to exit"), seconds)
+        return cls(str(msg.get("reason") or "told to exit"), seconds, msg.get("writer") is True)
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         self.sent_away: str | None = None
         #: The seconds an exit order gave this worker to checkpoint the last copy of the state (``ExitOrder``).
         self.checkpoint_before_leaving: float | None = None
+        self.checkpoint_writer = False  # the one worker that writes a replica's checkpoint before leaving
         self._carried_update: torch.Tensor | float | None = None
         self._shutdown = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -327,7 +328,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
             if isinstance(reply, Assignment):
                 break
             if isinstance(reply, ExitOrder):
-                self.checkpoint_before_leaving = reply.checkpoint_s
+                self.checkpoint_before_leaving, self.checkpoint_writer = reply.checkpoint_s, reply.writer
                 raise WorkerRemoved(reply.reason)
             if isinstance(reply, ReRegister):
                 try:

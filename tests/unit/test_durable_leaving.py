@@ -33,7 +33,7 @@ def _trained(tmp_path, budget: float | None, *, rank: int = 0):
         assert schedule._writer.wait(30)
     state.step, state.w, ctx.ledger.commit_seq = 380, torch.full((2,), 380.0), 38
     schedule.after_commit(state)  # not due: within the interval
-    ctx.checkpoint_before_leaving = budget  # what the exit order said
+    ctx.checkpoint_before_leaving, ctx.checkpoint_writer = budget, True  # what the exit order said
     return schedule, state, ctx
 
 
@@ -57,10 +57,20 @@ def test_a_leaver_not_told_to_checkpoint_writes_nothing_new(tmp_path) -> None:
     assert schedule.store.latest().info.step == 10 and _saved(ctx) == [(10, 1)]
 
 
-def test_only_rank_0_writes_it(tmp_path) -> None:
+def test_only_the_writer_the_driver_picked_writes_it(tmp_path) -> None:
+    schedule, state, ctx = _trained(tmp_path, 30.0)
+    ctx.checkpoint_writer = False  # a host-mate of the writer: its exit order gave it the time, not the write
+    schedule.leaving(state)
+    assert schedule.store.latest().info.step == 10 and _saved(ctx) == [(10, 1)]
+
+
+def test_the_writer_writes_it_whatever_its_last_rank(tmp_path) -> None:
+    # Found by review: rank 0's host lost or gone first, the survivors told to checkpoint wrote nothing (their last
+    # round's rank was not 0). The driver picks the writer by the order the last holders leave in.
     schedule, state, ctx = _trained(tmp_path, 30.0, rank=1)
     schedule.leaving(state)
-    assert schedule.store.latest() is None and ctx.reports == []
+    latest = schedule.store.latest()
+    assert latest is not None and latest.info.step == 380 and _saved(ctx) == [(380, 38)]
 
 
 def test_no_time_left_writes_nothing(tmp_path) -> None:

@@ -129,6 +129,8 @@ def test_without_checkpoints_the_last_holder_is_not_told_to_checkpoint_and_the_l
 
 def test_the_exit_orders_time_to_checkpoint_travels_and_an_older_drivers_order_has_none() -> None:
     assert ExitOrder.from_wire(ExitOrder("host a is draining", 12.5).to_wire()) == ExitOrder("host a is draining", 12.5)
+    assert ExitOrder.from_wire(ExitOrder("a", 12.5, True).to_wire()).writer is True
+    assert ExitOrder.from_wire({"status": "exit", "reason": "a", "writer": "yes"}).writer is False
     assert ExitOrder.from_wire({"status": "exit", "reason": "host a is draining"}).checkpoint_s is None
     with pytest.raises(ControlPlaneError, match="checkpoint_s"):
         ExitOrder.from_wire({"status": "exit", "reason": "x", "checkpoint_s": -1})

@@ -248,7 +248,8 @@ class ElasticJob:
             w.to(S.EXITING, "the job is finishing")
             self.rounds.stopped_waiting(worker_id)
         if w.state is S.EXITING:
-            return ExitOrder(w.why or "told to exit", self.leavers.checkpoint_s.get(worker_id))
+            return ExitOrder(w.why or "told to exit", self.leavers.checkpoint_s.get(worker_id),
+                             self.leavers.writer == worker_id)
         return self.rounds.assignment(w)
 
     def heartbeat(self, worker_id: str, now: float, commits: int | None = None,

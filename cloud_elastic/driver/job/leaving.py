@@ -24,9 +24,10 @@
   the job takes no worker there again while discovery lists the same instance
   (:meth:`~.hosts.HostManager.given_back`);
 * what the last holders of the state do on their way out (:meth:`Leavers.left_round`): sent away with no
-  worker to take the state, and with ``--checkpoint-dir``, their rank 0 writes a checkpoint of the commit
-  they left at before it exits (``ExitOrder.checkpoint_s``: the time it has, up to one deadline margin
-  before its host's deadline), and no round resumes from a checkpoint until it has exited.
+  worker to take the state, and with ``--checkpoint-dir``, one host of them, picked by the order they leave in
+  (``ExitOrder.checkpoint_s`` to its workers alone: the time they have, up to one deadline margin before its
+  host's deadline; ``ExitOrder.writer`` to the first, a replica's writer), writes a checkpoint of the commit
+  they left at before it exits, and no round resumes from a checkpoint until it has exited.
 
 Cost: :meth:`Leavers.mark` scans every worker only when a host changed
 usability or a worker was born since its last scan; the deadline and release
@@ -96,6 +97,9 @@ class Leavers:
         # round, those told to checkpoint on their way out -> the seconds they have for it (see left_round).
         self._last_holders: dict[str, float | None] = {}
         self.checkpoint_s: dict[str, float] = {}
+        #: The one worker of them that writes alone (a replica's checkpoint; a sharded one's is its host's): see
+        #: :meth:`left_round`. Read into its ``ExitOrder.writer``.
+        self.writer: str | None = None
         #: Those told to checkpoint on their way out -> the commit they left at (what their checkpoint is of).
         self.left_at: dict[str, int] = {}
         # Draining host whose workers left holding the last copy of the state -> the commit they left at.
@@ -281,11 +285,26 @@ class Leavers:
             return
         deadline = self._last_holders.pop(w.worker_id)
         self._last_hosts[w.slot.host] = max(w.commit_seq, self._last_hosts.get(w.slot.host, 0))
-        if job.policy.checkpointing:
+        if job.policy.checkpointing and self._writes(w):
             left = NO_DEADLINE_CHECKPOINT_S if deadline is None else (
                 deadline - (now + job.wall_offset) - job.policy.deadline_margin_s)
             self.checkpoint_s[w.worker_id] = max(0.0, left)
             self.left_at[w.worker_id] = w.commit_seq
+
+    def _writes(self, w: WorkerRecord) -> bool:
+        """Whether last holder ``w``, leaving now, writes the checkpoint: exactly one host's do, chosen by the order
+        they leave in, not by their last round (host 0 may be gone, or leave first: its successors' cross rank is
+        not 0). The first to leave picks its host (and writes alone if the state is a replica's: :attr:`writer`);
+        its host-mates write with it (a sharded state: each its shards). Another host is picked only once none of
+        that host's writers is left, and only if it holds a newer commit."""
+        workers = self._job.workers
+        alive = [i for i in self.checkpoint_s if i in workers and workers[i].alive]
+        if alive:
+            return workers[alive[0]].slot.host == w.slot.host
+        if self.left_at and w.commit_seq <= max(self.left_at.values()):
+            return False  # that commit's checkpoint was written (or tried) by the host picked before
+        self.writer = w.worker_id
+        return True
 
     def final_checkpoint_pending(self) -> bool:
         """Whether a last holder told to checkpoint on its way out (see :meth:`left_round`) is still there: no

@@ -8,7 +8,8 @@ driver killed outright (its workers checkpoint on their own while it is away) lo
 :class:`GracefulStop` takes the path of the last holders of the state sent away with no successor (see
 :mod:`.leaving`): every round member drains (it leaves at the next commit, every member at the same one: no
 rollback), every worker holding the state is told to checkpoint the commit it leaves at
-(:meth:`~.leaving.Leavers.checkpoint_on_leaving`, read into its ``ExitOrder.checkpoint_s``; rank 0 writes it),
+(:meth:`~.leaving.Leavers.checkpoint_on_leaving`; one host of them, picked as they leave, is given the time in its
+``ExitOrder.checkpoint_s`` and writes it, whatever its last round's rank: a holder waiting after host 0 was lost too),
 the others are told to exit, and nothing launches or forms meanwhile. The job ends once no worker is left,
 or ``grace_s`` after the signal (the runtime then stops what is left), with a reason that says which step
 the newest checkpoint holds, or how many committed steps the next run redoes.

@@ -268,13 +268,15 @@ class RankZeroCheckpoints:
         return f"the final checkpoint (step {step}) was not written: {why}"
 
     def leaving(self, state: Any) -> None:
-        """This worker was sent away: finish the checkpoint in flight; as rank 0 of the last holders of the state
-        sent away with no successor (``ctx.checkpoint_before_leaving``, the seconds the driver gave), first write a
-        checkpoint of the commit it leaves at (``state`` is that commit: it left its round at a commit, or rolled
-        back to one), waiting for it no longer than that. Never raises: the worker is on its way out."""
+        """This worker was sent away: finish the checkpoint in flight; as the one writer the driver picked among the
+        last holders of the state sent away with no successor (``ctx.checkpoint_writer``, by the order they left in,
+        not by its last round's rank 0, which may be gone; ``ctx.checkpoint_before_leaving``, the seconds the driver
+        gave), first write a checkpoint of the commit it leaves at (``state`` is that commit: it left its round at a
+        commit, or rolled back to one), waiting for it no longer than that. Never raises: it is on its way out."""
         budget = getattr(self._ctx, "checkpoint_before_leaving", None)
         info = getattr(self._ctx, "info", None)
-        if budget is None or info is None or info.rank != 0 or not self._ctx.ledger.holds_commit:
+        if budget is None or info is None or not getattr(self._ctx, "checkpoint_writer", False) \
+                or not self._ctx.ledger.holds_commit:
             self.stop_writing()
             return
         step = step_of(state, self._ctx.ledger.commit_seq)

@@ -140,14 +140,16 @@ class ShardedCheckpoints:
         return wait_for_storage(self._writes.wait, self.store, self._ctx, timeout)
 
     def leaving(self, state: Any) -> None:
-        """This worker was sent away: wait for its writes in the background. Host 0's workers sent away as the last
-        holders of the state with no successor (``ctx.checkpoint_before_leaving``: a stop, or every host draining)
-        first write a checkpoint of the commit they leave at together, on the training thread over the host's group
-        (they leave at the same commit, and their group is still up), unless that commit is stored already or a
-        write in flight is not done within the time the driver gave. Never raises: the worker is on its way out."""
+        """This worker was sent away: wait for its writes in the background. The workers of the one host the driver
+        picked among the last holders of the state sent away with no successor (``ctx.checkpoint_before_leaving``,
+        given to that host's alone: a stop, or every host draining; by the order they left in, not by their last
+        round, whose host 0 may be gone) first write a checkpoint of the commit they leave at together, on the
+        training thread over the host's group (they leave at the same commit, and their group is still up), unless
+        that commit is stored already or a write in flight is not done within the time the driver gave. Never
+        raises: the worker is on its way out."""
         budget = getattr(self._ctx, "checkpoint_before_leaving", None)
         info = getattr(self._ctx, "info", None)
-        if budget is None or info is None or info.cross_rank != 0:
+        if budget is None or info is None:
             self.stop_writing()
             return
         step = self._ctx.ledger.commit_seq
