@@ -106,6 +106,8 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin):
         self._group: RoundGroup | None = None
         #: Sharded training: the host's own process group, formed by ``hvd.shard`` (see ``sharded``).
         self.host_group: Any = None
+        #: The commit a sharded checkpoint load gave this worker (``durable.sharded``): no authority over the layout.
+        self.loaded_commit: int | None = None
         self._reaper = Reaper()
         #: What the driver's no-progress watch sees of this worker (see ``progress``).
         self.progress = Progress()

@@ -420,19 +420,20 @@ def _layout(value: Any) -> list:
     return [type(value).__name__, [[(tuple(p.shape), str(p.dtype)) for p in g["params"]] for g in value.param_groups]]
 
 
-def check_layout(ctx: Any, values: list[Any], commit: tuple[int, bool] = (0, True)) -> set[int]:
+def check_layout(ctx: Any, values: list[Any], commit: tuple[int, int] = (0, 1)) -> set[int]:
     """Every worker of every host must shard the same model the same way (``hvd.shard``): checked at each
     state sync, before a forward pass, with one small allreduce over the round's workers.
 
     The job's layout is that of the workers that hold the newest commit exactly (rank 0's host: the trained
     state), however many newcomers build another model; only when no worker holds a commit (commit 0, the
-    initial state, everywhere) is it the layout most workers have (rank 0's on a tie). A worker whose layout
-    differs raises a one-line ``StateSyncError`` naming it, where FSDP2 would hang or fail in a collective, as
+    initial state, everywhere), or its holders hold it only because they loaded it from a checkpoint (DCP
+    loads it into any FSDP-unit layout: ``commit``'s flag 2), is it the layout most workers have (rank 0's on
+    a tie). A worker whose layout differs raises a one-line ``StateSyncError`` naming it, where FSDP2 would hang or fail in a collective, as
     a newcomer that cannot take the state does: ``elastic.run`` prints it and exits 1, its host leaves and is
     blacklisted, and the others roll back and go on without it.
     The same allreduce carries each worker's host and ``commit`` (its live ``commit_seq``, and whether it
-    holds that commit exactly): returned, the hosts (cross ranks) whose shards are not one commit
-    (:func:`mixed_hosts`), the same set on every worker.
+    holds that commit exactly: 0, 1, or 2 when only by a checkpoint load): returned, the hosts (cross ranks)
+    whose shards are not one commit (:func:`mixed_hosts`), the same set on every worker.
     """
     info = ctx.info
     if info is None or info.size <= 1 or not values:
@@ -456,10 +457,11 @@ def check_layout(ctx: Any, values: list[Any], commit: tuple[int, bool] = (0, Tru
 
 def reference_layout(rows: list[list[int]]) -> tuple[int, str]:
     """The job's layout among the rows ``[layout, host, live commit_seq, holds it exactly]`` of a round's workers
-    (by rank), and whose it is, in words: the layout of the workers that hold the newest commit (never commit 0, the
-    initial state), else the one most workers have; rank 0's on a tie."""
+    (by rank; holds: 0 no, 1 yes, 2 only by a checkpoint load), and whose it is, in words: the layout of the workers
+    that hold the newest commit (never commit 0, the initial state) by training, else the one most workers have;
+    rank 0's on a tie."""
     newest = max((seq for _, _, seq, holds in rows if holds), default=0)
-    holders = [row[0] for row in rows if newest > 0 and row[2] == newest and row[3]]
+    holders = [row[0] for row in rows if newest > 0 and row[2] == newest and row[3] == 1]
     layouts = holders or [row[0] for row in rows]
     counts = {h: layouts.count(h) for h in layouts}
     usual = max(counts, key=lambda h: (counts[h], h == rows[0][0]))
@@ -495,7 +497,9 @@ def check_hosts(ctx: Any, values: list[Any]) -> None:
     or the latest checkpoint, or ends the job with the state lost. Never a mix.
     """
     ledger = ctx.ledger
-    mixed = check_layout(ctx, values, (ledger.live_commit_seq, ledger.holds_commit))
+    seq = ledger.live_commit_seq
+    loaded = ledger.holds_commit and getattr(ctx, "loaded_commit", None) == seq and seq > 0
+    mixed = check_layout(ctx, values, (seq, 2 if loaded else int(ledger.holds_commit)))
     if ctx.info.cross_rank in mixed:
         ledger.lost_commit("its host's workers hold different commits (a worker was lost mid-step)")
     if 0 in mixed:

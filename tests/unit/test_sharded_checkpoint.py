@@ -99,6 +99,7 @@ def test_host_0_writes_dcp_shards_and_a_manifest_listing_them_and_a_fresh_worker
     assert loaded.step == 3 and other.step == 3 and other.note == "x"
     assert all(torch.equal(a, b) for a, b in zip(_values(other), written))
     assert octx.ledger.held == [3] and octx.reports[0][0] == "loaded"
+    assert octx.loaded_commit == 3  # held by a load: no say in the job's layout (sharded.check_hosts)
     # The load is the state's last commit: a rollback now returns to the checkpoint.
     _train(other, 1, commit=False)
     other.restore()

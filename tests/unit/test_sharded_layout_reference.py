@@ -23,19 +23,23 @@ pytestmark = pytest.mark.timeout(30)
 TRAINED, NEW = torch.nn.Linear(3, 2), torch.nn.Linear(3, 4)  # the trained model; the newcomers' (another width)
 
 
-def _check(models: list[torch.nn.Module], rows: list[tuple[int, int]], me: int) -> None:
+def _check(models: list[torch.nn.Module], rows: list[tuple[int, int]], me: int, *,
+           loaded: dict[int, int] | None = None) -> None:
     """Rank ``me``'s layout check in a round whose rank r runs ``models[r]`` on host ``rows[r][0]`` and holds
-    commit ``rows[r][1]``; the round's allreduce adds the others' rows, each with its own layout."""
+    commit ``rows[r][1]`` (``loaded``: host -> the commit it loaded from a checkpoint); the round's allreduce adds
+    the others' rows, each with its own layout."""
+    loaded = loaded or {}
     ledger = CommitLedger("auto", Progress(), f"w{me}")
     ledger.hold_commit(rows[me][1])
 
     def allreduce(tensors: list[torch.Tensor]) -> None:
         for rank, (host, seq) in enumerate(rows):
             if rank != me:
-                tensors[0][rank] = torch.tensor([_digest(models[rank]), host, seq, 1])
+                tensors[0][rank] = torch.tensor([_digest(models[rank]), host, seq, 2 if loaded.get(host) == seq else 1])
 
     ctx = SimpleNamespace(info=SimpleNamespace(size=len(rows), rank=me, cross_rank=rows[me][0], round=3),
-                          ledger=ledger, group=lambda what: SimpleNamespace(allreduce=allreduce))
+                          ledger=ledger, group=lambda what: SimpleNamespace(allreduce=allreduce),
+                          loaded_commit=loaded.get(rows[me][0]))
     ctx.wait = lambda work, what: None
     ctx._abandon_round = lambda: None
     sharded.check_hosts(ctx, [models[me]])
@@ -71,3 +75,18 @@ def test_without_a_commit_anywhere_the_layout_most_workers_have_is_the_jobs():
         _check(models, rows, me)
     with pytest.raises(StateSyncError, match=r"than 3 of the round's 4 workers \(rank 0's\): "):
         _check(models, rows, 3)
+
+
+def test_a_host_holding_the_commit_only_because_it_loaded_the_checkpoint_does_not_set_the_layout():
+    # Found in review: a round resumed from a checkpoint, host 0 (the one host whose image wraps other FSDP units;
+    # DCP loads into any) held commit 5 only by that load, yet its layout refused the 4 workers that had the
+    # checkpoint writer's: 2 hosts blacklisted. A commit from a load carries no authority: the majority's layout.
+    hvd.init()
+    models = [NEW, NEW, TRAINED, TRAINED, TRAINED, TRAINED]
+    rows = [(0, 5), (0, 5), (1, 0), (1, 0), (2, 0), (2, 0)]
+    for me in range(2, 6):
+        _check(models, rows, me, loaded={0: 5})  # before the fix: refused, "than the 2 worker(s) that hold ..."
+    for me in (0, 1):
+        with pytest.raises(StateSyncError, match=r"than 4 of the round's 6 workers \(rank 2's\): "):
+            _check(models, rows, me, loaded={0: 5})
+    _check(models, [(0, 6), (0, 6), (1, 0), (1, 0), (2, 0), (2, 0)], 0, loaded={0: 5})  # it trained since: it holds

@@ -343,6 +343,7 @@ class ShardedCheckpoints:
             seq = chosen.extra.get("commit_seq", chosen.step)
             seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else chosen.step
             ctx.ledger.hold_commit(seq)
+            ctx.loaded_commit = seq  # held by a load, which fits any FSDP-unit layout: no say in the job's layout
             log.info("worker %s: loaded its shards of the checkpoint of step %d (written by %s workers a host) from "
                      "%s in %.2fs", ctx.worker_id, chosen.step, chosen.shard_count, chosen.url,
                      time.perf_counter() - began)
