@@ -6,6 +6,7 @@ Each running driver leaves a record in a per-user runtime directory::
         <job>/                                                              mode 0700
             driver.json   {"v": 1, "job", "address", "pid", "started", "command", "grace_s"}   mode 0600
             secret        the job's control-plane secret                            mode 0600
+            .exit-<worker>.json   a local worker's exit code after training (:func:`exit_report_path`)
 
 The driver calls :func:`write_driver_record` once its control server listens, refreshes the
 record's mtime every few seconds (its last sign of life) and calls :func:`remove_driver_record`
@@ -42,6 +43,7 @@ __all__ = [
     "RECORD_VERSION",
     "JobRecord",
     "driver_running",
+    "exit_report_path",
     "find_jobs",
     "job_dir",
     "list_jobs",
@@ -77,6 +79,14 @@ def job_dir(job_id: str, root: Path | None = None) -> Path:
     if not job_id or job_id in (".", "..") or "/" in job_id or "\0" in job_id:
         raise ConfigError(f"invalid job id {job_id!r}")
     return (root or runtime_root()) / job_id
+
+
+def exit_report_path(job_id: str, worker_id: str, root: Path | None = None) -> Path | None:
+    """Where a worker on this machine whose training function returned leaves the exit code it exits with, for a
+    driver restarted after it exited (``driver.restart.window``); None for a worker id that is not a plain name."""
+    if not worker_id or "/" in worker_id or "\0" in worker_id or len(worker_id) > 200:
+        return None
+    return job_dir(job_id, root) / f".exit-{worker_id}.json"
 
 
 def _private_dir(path: Path) -> None:

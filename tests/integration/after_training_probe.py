@@ -1,6 +1,7 @@
 """Train ``--steps`` steps; after the training function returns, work until the GATE file exists (a final save,
 heartbeating all along), then append one line per rank to ``EVENTS_DIR/final.txt``; ``--fail-rank R`` makes rank R
-raise there (a final save that failed). Events go to ``EVENTS_DIR/<pid>.jsonl`` (the first argument): a worker adopted
+raise there (a final save that failed); ``--save-rank R`` makes the other ranks exit at once instead (only rank R
+saves). Events go to ``EVENTS_DIR/<pid>.jsonl`` (the first argument): a worker adopted
 by a restarted driver has lost its output pipe with the old driver."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def main() -> None:
     p.add_argument("gate")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--save-rank", type=int, default=-1)
     args = p.parse_args()
 
     def event(kind: str, **fields: object) -> None:
@@ -45,6 +47,8 @@ def main() -> None:
 
     train(state)
     event("done", rank=hvd.rank(), step=state.step)
+    if args.save_rank >= 0 and hvd.rank() != args.save_rank:
+        return
     while not os.path.exists(args.gate):
         time.sleep(0.05)
     with open(os.path.join(args.events, "final.txt"), "a", encoding="utf-8") as f:

@@ -163,26 +163,33 @@ def test_a_worker_lost_while_the_driver_was_away_takes_the_normal_failure_path(j
 AFTER_TRAINING_PROBE = Path(__file__).with_name("after_training_probe.py")
 
 
-@pytest.mark.timeout(120)
-def test_a_driver_killed_after_training_finishes_the_job_by_what_the_adopted_workers_did(jobs, tmp_path):
-    """The driver dies while its workers do the work after training (a final save). The restarted driver takes them
-    back as completed and waits for them: nothing trains or saves twice, and rank 1's failure in that work, which
-    only the worker itself can tell a driver that did not start it, fails the job."""
+def _killed_after_training(jobs, tmp_path: Path, *probe: str, alive: int = 2):
+    """Run the after-training probe; SIGKILL the driver once both workers are past their training function and
+    ``alive`` of them are left. Returns (args, env, events dir, gate, job id, worker pids at the kill)."""
     (tmp_path / "run").mkdir()
     events = tmp_path / "events"
     events.mkdir()
     gate = tmp_path / "gate"
     env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
     args = ["run", "-np", "2", "-H", "127.0.0.1:2", "--checkpoint-dir", str(tmp_path / "ckpt"), "--driver-grace", "60",
-            sys.executable, str(AFTER_TRAINING_PROBE), str(events), str(gate), "--steps", "5", "--fail-rank", "1"]
+            sys.executable, str(AFTER_TRAINING_PROBE), str(events), str(gate), "--steps", "5", *probe]
     first = jobs(args, env=env)
     first.wait_for(lambda j: len([e for seen in _events(events).values() for e in seen if e["kind"] == "done"]) == 2,
                    timeout=60, what="both workers past their training function")
     job_id = first.job_id()
+    first.wait_for(lambda j: len(processes_of_job(job_id)) == alive, timeout=30, what=f"{alive} worker(s) left")
     workers = sorted(processes_of_job(job_id))
     os.kill(first.proc.pid, signal.SIGKILL)
     first.proc.wait()
+    return args, env, events, gate, job_id, workers
 
+
+@pytest.mark.timeout(120)
+def test_a_driver_killed_after_training_finishes_the_job_by_what_the_adopted_workers_did(jobs, tmp_path):
+    """The driver dies while its workers do the work after training (a final save). The restarted driver takes them
+    back as completed and waits for them: nothing trains or saves twice, and rank 1's failure in that work, which
+    only the worker itself can tell a driver that did not start it, fails the job."""
+    args, env, events, gate, job_id, workers = _killed_after_training(jobs, tmp_path, "--fail-rank", "1")
     second = jobs(args, env=env)
     second.wait_for(lambda j: "adopted 2 running worker(s)" in j.output(), timeout=60, what="adoption")
     gate.touch()
@@ -192,4 +199,20 @@ def test_a_driver_killed_after_training_finishes_the_job_by_what_the_adopted_wor
     assert "(rank 1) exited with code 1 after its training function returned" in out, out
     assert sorted((events / "final.txt").read_text().splitlines()) == ["rank 0 step 5", "rank 1 step 5"]
     assert sorted(_events(events)) == workers, "the training function ran again in new workers"
+    assert not processes_of_job(job_id)
+
+
+@pytest.mark.timeout(120)
+def test_a_driver_killed_during_rank_0_s_final_save_succeeds_by_the_exit_report_rank_1_left(jobs, tmp_path):
+    """Only rank 0 saves after training: rank 1 exits at once, and the driver dies during rank 0's save. Rank 1 cannot
+    come back, but its exit code waits in the job's directory: the restarted driver finishes the job as a success,
+    and nothing trains or saves twice (it failed 'rank(s) 1 of round 1 did not come back')."""
+    args, env, events, gate, job_id, _ = _killed_after_training(jobs, tmp_path, "--save-rank", "0", alive=1)
+    second = jobs(args, env=env)
+    second.wait_for(lambda j: "adopted 1 running worker(s)" in j.output(), timeout=60, what="adoption")
+    gate.touch()
+    assert second.finish(60) == 0, second.output()
+    out = second.output()
+    assert "resumed from the checkpoint" not in out and "did not come back" not in out, out
+    assert (events / "final.txt").read_text().splitlines() == ["rank 0 step 5"]
     assert not processes_of_job(job_id)

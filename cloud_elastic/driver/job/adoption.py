@@ -19,8 +19,9 @@ workers that come back:
   driver had said ``done`` (``AdoptRequest.completed``), the training is over:
   such workers complete again once discovery has answered (:meth:`Adoption.finish`;
   the job goes straight to finishing and waits for their exit; nothing trains
-  again), and a member of the round that did not come back fails the job, as its
-  work after training is unknown;
+  again); a member of the round that did not come back had exited: it fails the
+  job if its exit report (``driver.restart.record.exit_reports``) says a
+  non-zero code, or if it left none, as its work after training is unknown;
 * :meth:`Adoption.exiting` and :meth:`Adoption.exit_status`: every worker says at
   exit the exit code it exits with (the control plane's ``exiting``); a process whose
   status this driver cannot learn (adopted, so not its child; or started by a local
@@ -32,7 +33,7 @@ workers that come back:
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Mapping
 
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.exit_status import ExitStatus
@@ -63,7 +64,7 @@ class Adoption:
         self._adopt_round = adopt_round
         self._completed = completed
         self._done: set[str] = set()  # adopted after its training function returned (AdoptRequest.completed)
-        self._pending: tuple[list[tuple[int, str]], dict[str, RankInfo], bool] | None = None  # for finish()
+        self._pending: tuple[list[tuple[int, str]], dict[str, RankInfo]] | None = None  # for finish()
         self._told: dict[str, int] = {}  # worker id -> the exit code it said it exits with
         #: The window is open: workers of the predecessor may re-register.
         self.open = False
@@ -133,7 +134,7 @@ class Adoption:
         if done:
             # They complete once discovery has answered (finish): completing ticks the job, which would take
             # the hosts of workers not completed yet, undiscovered so far, for hosts that left.
-            self._pending = (done, ranks, complete)
+            self._pending = (done, ranks)
         elif not complete:
             job.last_failure = (f"round {job.round} is incomplete after the driver restart"
                                 + (f" (not back: {what})" if what else ""))
@@ -143,27 +144,41 @@ class Adoption:
                                 f"{job.round}")
             job.abort()
 
-    def finish(self, now: float) -> None:
+    def finish(self, now: float, reports: Mapping[int, tuple[str, int | None]] | None = None) -> None:
         """The window closed and discovery answered: the workers adopted after their training function
-        returned complete again (see :meth:`_finish`). Nothing to do otherwise."""
+        returned complete again (see :meth:`_finish`; ``reports``: rank -> (worker id, exit code) of the round's
+        workers that had exited, from their exit reports). Nothing to do otherwise."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            self._finish(*pending, now)
+            self._finish(*pending, now, reports or {})
 
-    def _finish(self, done: list[tuple[int, str]], ranks: dict[str, RankInfo], complete: bool, now: float) -> None:
+    def _finish(self, done: list[tuple[int, str]], ranks: dict[str, RankInfo], now: float,
+                reports: Mapping[int, tuple[str, int | None]]) -> None:
         """The training was over when the predecessor died (``done``: (rank, id) of the workers it had told so): they
         complete again, rank 0 first, and the job finishes (nothing aborts or trains again). A member of the round
-        that did not come back did its work after training unseen, or not at all: the job fails once they exit."""
+        that did not come back had exited (a rank that saves nothing after training): its exit report says how, and
+        the job fails once the others exit if it says a non-zero code, or if there is none (killed, or on another
+        host: its work after training is unknown)."""
         job = self._job
         size = next(iter(ranks.values())).size
         gone = sorted(set(range(size)) - {r.rank for r in ranks.values()})
         log.warning("job %s: the training of round %d had completed before the driver restart; waiting for the "
                     "work after it", job.job_id, job.round)
+        failed = []
+        for rank in gone:
+            worker_id, code = reports.get(rank, ("", None))
+            if code == 0:
+                log.info("job %s: rank %d (%s) of round %d had exited with code 0 after its training function "
+                         "returned", job.job_id, rank, worker_id, job.round)
+            elif code is not None:
+                failed.append(f"rank {rank} ({worker_id}) exited with code {code} after its training function returned")
+            else:
+                failed.append(f"rank {rank} left no exit code (killed, or on another host)")
         for _rank, worker_id in done:
             error = None
-            if not complete and worker_id == done[0][1]:
-                error = (f"rank(s) {', '.join(map(str, gone)) or '?'} of round {job.round} did not come back after the "
-                         "driver restart: what they did after the training function returned is unknown")
+            if failed and worker_id == done[0][1]:
+                error = (f"{'; '.join(failed)}, while the driver was down; its work after training may not be done "
+                         f"(round {job.round}: the checkpoints stay)")
             self._completed(worker_id, now, error=error)
 
     def exiting(self, worker_id: str, code: int | None, error: str | None) -> None:

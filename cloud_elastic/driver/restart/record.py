@@ -12,7 +12,11 @@ the job secret in its own 0600 file)::
 "local", "pid", "start"}`` (its process group, and the start time that tells
 the same process from a later one with a reused pid), or ``{"kind": "ssh",
 "nonce"}`` (the remote wrapper, reached again with ``ssh_remote --attach``).
-Nothing of it lands on shared checkpoint storage.
+Nothing of it lands on shared checkpoint storage. Beside it, a local worker whose
+training function returned leaves its exit code as it exits
+(:func:`~cloud_elastic.records.exit_report_path`, ``{"v": 1, "round", "rank",
+"code", "error"}``): a restarted driver reads those of the workers that did not
+come back (:func:`exit_reports`).
 
 A driver of the same job started again within ``--driver-grace`` reads it,
 listens on the same ports with the same secret (refusing every message signed
@@ -38,6 +42,7 @@ from typing import Any
 
 from cloud_elastic.driver.launch.api import ExitStatus, WorkerSpec
 from cloud_elastic.driver.launch.local import kill_group, process_start_time
+from cloud_elastic.records import exit_report_path, job_dir
 
 __all__ = [
     "RECORD_NAME",
@@ -45,6 +50,7 @@ __all__ = [
     "SuccessorRecord",
     "AdoptedWorker",
     "AdoptionRecord",
+    "exit_reports",
     "find_records",
     "read_record",
     "remove_record",
@@ -142,10 +148,39 @@ def find_records(root: Path, checkpoint_dir: str) -> list[tuple[AdoptionRecord, 
 
 
 def remove_record(directory: Path) -> None:
+    """Remove the adoption record and the workers' exit reports (every worker is stopped)."""
+    for path in [directory / RECORD_NAME, *directory.glob(".exit-*.json")]:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def exit_reports(job_id: str, round_: int, limit: int = 4096) -> dict[int, tuple[str, int | None]]:
+    """The exit reports of round ``round_`` in the job's directory (see module docstring; the first ``limit`` found):
+    rank -> (worker id, exit code, None where the worker did not know it). The workers that left them are no longer
+    in the adoption record (it lists running workers). An unreadable or malformed report is left out (logged)."""
+    found: dict[int, tuple[str, int | None]] = {}
     try:
-        (directory / RECORD_NAME).unlink()
-    except FileNotFoundError:
-        pass
+        names = [p.name for _, p in zip(range(limit), job_dir(job_id).glob(".exit-*.json"))]
+    except OSError:
+        return found
+    for worker_id in (name[len(".exit-"):-len(".json")] for name in names):
+        path = exit_report_path(job_id, worker_id)
+        if path is None:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                raw = json.loads(fh.read(4096))
+            rank, code = raw["rank"], raw["code"]
+            if raw.get("v") != 1 or type(rank) is not int or not (code is None or type(code) is int):
+                raise ValueError("malformed")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("cannot read the exit report %s (%s)", path, exc)
+            continue
+        if raw.get("round") == round_:
+            found[rank] = (worker_id, code)
+    return found
 
 
 class AdoptedLocalProcess:

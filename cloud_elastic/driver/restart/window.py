@@ -33,7 +33,7 @@ from typing import Any, Callable
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.launch.api import Launcher, WorkerProcess, WorkerSpec
 from cloud_elastic.driver.net.control_server import Held
-from cloud_elastic.driver.restart.record import AdoptedLocalProcess, AdoptedWorker, AdoptionRecord
+from cloud_elastic.driver.restart.record import AdoptedLocalProcess, AdoptedWorker, AdoptionRecord, exit_reports
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.protocol import AdoptRequest, PollReply, ReRegister, WaitReply
 from cloud_elastic.protocol_reports import NoticeReport
@@ -114,10 +114,11 @@ class AdoptionWindow:
 
     def close(self) -> None:
         """The window is closed and discovery has answered: workers adopted after their training function returned
-        complete again, and held messages go to the job's rules now."""
+        complete again (judged with the exit reports of their peers that did not come back), and held messages go
+        to the job's rules now."""
         with self._cond:
             self.is_open = False
-            self._job.adoption.finish(self._clock())
+            self._job.adoption.finish(self._clock(), exit_reports(self.record.job_id, self._job.round))
             for notice in self._sigterms:
                 self._rules("notice", notice)
             self._sigterms.clear()

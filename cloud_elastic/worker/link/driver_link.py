@@ -24,6 +24,7 @@ thread reads (the rounds seen, the driver's state), which is the context's.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -35,6 +36,7 @@ import torch.distributed as dist
 
 from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo
 from cloud_elastic.protocol_reports import ExitingReport, StacksReport
+from cloud_elastic.records import exit_report_path
 from cloud_elastic.worker.link.link_probe import link_probe_of
 from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.link.pauses import Pauses
@@ -92,13 +94,36 @@ class DriverLinkMixin:
         try, a few seconds at most (the process is exiting): on failure the driver judges the silence by
         the heartbeat timeout, as before (and an adopted worker's unknown exit as a failure).
         """
-        if self._codec is None or self.driver_lost:
+        if self._codec is None:
+            return
+        report = self._exit_report()
+        self._leave_exit_report(report)
+        if self.driver_lost:
             return
         try:
             DriverClient(self.settings.driver_address, self._codec, self.worker_id).call(
-                "exiting", self._exit_report().to_wire(), timeout_s=min(5.0, self.heartbeat_timeout_s))
+                "exiting", report.to_wire(), timeout_s=min(5.0, self.heartbeat_timeout_s))
         except Exception as exc:  # the driver may be gone: its heartbeat timeout then applies
             log.debug("worker %s: could not tell the driver it is exiting: %s", self.worker_id, exc)
+
+    def _leave_exit_report(self, report: ExitingReport) -> None:
+        """After its training function returned, leave ``report`` in the job's directory on this machine, where the
+        driver keeps its records (:func:`~cloud_elastic.records.exit_report_path`; nothing where there is none: a
+        remote host): should the driver die before this process's end reached it, its successor reads how this
+        worker ended (``driver.restart.record.exit_reports``) instead of failing a rank that did not come back."""
+        info = self.info
+        path = exit_report_path(self.settings.job_id, self.worker_id) if self.training_done and info else None
+        if path is None or not (path.parent / "driver.json").is_file():
+            return
+        data = json.dumps({"v": 1, "round": info.round, "rank": info.rank, **report.to_wire()})
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:  # a restarted driver then fails the job for want of it, never takes it for a success
+            log.warning("worker %s: could not leave its exit report at %s: %s", self.worker_id, path, exc)
 
     def _exit_report(self) -> ExitingReport:
         """The exit code this process is about to exit with, as the interpreter will compute it: 1 after an
