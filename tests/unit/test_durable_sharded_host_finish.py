@@ -40,7 +40,8 @@ def _host_0_worker(rank: int) -> dict:
                           device=torch.device("cpu"), job_id="job-1", worker_id=f"w{rank}", progress=Progress(),
                           ledger=SimpleNamespace(commit_seq=4))
     durable = ShardedCheckpoints(DurableSettings("/nonexistent/never-written"), ctx)
-    durable._stored_seq = 4  # the write in the background stores the last commit: no final write is needed
+    # The write in the background stores the last commit, plain values and all: no final write is needed.
+    durable._stored_seq, durable._stored_rest = 4, {"step": 4}
     if rank == 0:
         def publish() -> None:  # local rank 0's part of that write, after the DCP save: bytes keep moving
             ends = time.monotonic() + PUBLISH_S
@@ -50,7 +51,7 @@ def _host_0_worker(rank: int) -> dict:
 
         durable._writes.put(publish)
     before = ctx.progress.sample()
-    why = durable.finish(None)
+    why = durable.finish(SimpleNamespace(step=4))
     return {"finish": why, "idle": durable._writes.idle, "progress": ctx.progress.sample() - before}
 
 

@@ -15,7 +15,7 @@ import torch
 from cloud_elastic.worker.durable.failure import CheckpointFailed
 from cloud_elastic.worker.steps import uncounted
 
-__all__ = ["sharded_parts", "set_parts"]
+__all__ = ["sharded_parts", "set_parts", "same_payload"]
 
 
 def sharded_parts(state: Any) -> tuple[dict[str, Any], frozenset[str]]:
@@ -97,3 +97,19 @@ def _plain_step(optimizer: Any) -> Iterator[None]:
             yield
         finally:
             del optimizer.step
+
+
+def same_payload(a: Any, b: Any) -> bool:
+    """Whether two state payloads (``checkpoint.payload.state_payload``, or a staged copy of one) hold the same
+    values: the same keys, types and items, tensors equal in shape, dtype and every element (a NaN is never
+    equal: the payload is then written again, which loses nothing)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and torch.equal(a.detach().cpu(), b.detach().cpu()))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_payload(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_payload(x, y) for x, y in zip(a, b))
+    return bool(a == b)

@@ -82,7 +82,7 @@ from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.comm import statecodec
 from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report, report_not_written
-from cloud_elastic.worker.durable.parts import set_parts, sharded_parts
+from cloud_elastic.worker.durable.parts import same_payload, set_parts, sharded_parts
 from cloud_elastic.worker.durable.rank_zero import log_leaving_write, wait_for_storage
 from cloud_elastic.worker.durable.staging import stage as _stage
 from cloud_elastic.worker.exceptions import CollectiveError
@@ -110,6 +110,8 @@ class ShardedCheckpoints:
         self.store = store if store is not None else CheckpointStore(settings.url, keep=settings.keep)
         self._last: float | None = None  # when this host last wrote one while it was host 0
         self._stored_seq: int | None = None  # the commit it holds, when it was stored
+        self._stored_rest: Any = None  # local rank 0: a copy of that write's other values (state.pt)
+        self._skip: frozenset[str] = frozenset()  # the state's sharded values, in DCP's files
         self._writes = _Writes()
         self._group: Any = None  # the Gloo group of the host's workers that background writes use
         self._staged: Any = None  # the host copy of the last background write, refilled by the next
@@ -192,9 +194,12 @@ class ShardedCheckpoints:
         host = _HostWrites(self._writes, self.store, self._ctx.device)  # local rank 0 publishes after the others
         wait_for_storage(host.wait, host, self._ctx, None)
         # Local rank 0 decides for the host, as at commits: whether the final state is its last commit, stored already
-        # (steps after the last commit, a loop that commits every few steps, are in no checkpoint yet).
+        # (steps after the last commit, a loop that commits every few steps, are in no checkpoint yet; nor is a plain
+        # value changed since, a script's `state.epoch += 1` after its last commit: compared with the write's copy).
         ledger = self._ctx.ledger
         stored = self._stored_seq == ledger.commit_seq and not getattr(ledger, "steps_since_commit", 0)
+        if stored and info.local_rank == 0:
+            stored = same_payload(state_payload(state, self._skip), self._stored_rest)
         if not self._agree(not stored):
             return None  # the last commit's checkpoint, written by these very workers, holds the final state
         why = self._write_watched(state)
@@ -242,6 +247,7 @@ class ShardedCheckpoints:
             # rank 0 that refused the payload would wait out the group's timeout, and queue again each interval.
             name = _decided_by_local_rank_0(info, lambda: (_holdable(rest), self._sees_job.within(),
                                                            self.store.reserve(step))[2], ctx.device)
+            rest, self._skip = (stage_payload(rest) if rest is not None else None), skip  # training changes them
             meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": seq, "hosts": info.cross_size}
             epoch = getattr(state, "epoch", None)
             if isinstance(epoch, int) and not isinstance(epoch, bool):
@@ -261,7 +267,6 @@ class ShardedCheckpoints:
                     except RuntimeError as exc:  # its store is the driver's: unreachable while the driver is away
                         raise CheckpointError(f"could not form the host's group for checkpoints: "
                                               f"{' '.join(str(exc).split())[:200]}") from exc
-                rest = stage_payload(rest) if rest is not None else None  # here: training changes the originals
                 self._writes.put(lambda: self._store(staged, rest, *job, group=self._group, report=True))
                 return None
             self._store(tensors, rest, *job, group=None)
@@ -285,7 +290,7 @@ class ShardedCheckpoints:
 
     def _store_now(self, tensors: dict[str, Any], rest: Any, name: str, step: int, seq: int, meta: dict[str, Any],
                    local_rank: int, local_size: int, began: float, *, group: Any) -> None:
-        self._stored_seq = None
+        self._stored_seq = self._stored_rest = None
         storage = self.store.shard_storage(name, writing=True)
         _save(tensors, storage, group)
         if local_rank == 0:  # DCP's coordinator: it holds every file's digest
@@ -293,7 +298,7 @@ class ShardedCheckpoints:
             self._ctx.report_checkpoint("saved", step=saved.step, path=saved.url, commit_seq=seq,
                                         duration_s=round(time.perf_counter() - began, 3),
                                         bytes=saved.size + sum((saved.shards or {}).values()))
-        self._stored_seq = seq
+        self._stored_seq, self._stored_rest = seq, rest
 
     # -------------------------------------------------------------- loading
     def _sharded_candidates(self) -> list[CheckpointInfo]:
