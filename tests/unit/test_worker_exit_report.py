@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.protocol_reports import ExitingReport
+from cloud_elastic.worker.link import driver_link
 from cloud_elastic.worker.link.driver_link import DriverLinkMixin
 
 pytestmark = pytest.mark.timeout(30)  # may import torch (conftest)
@@ -19,24 +24,56 @@ class _Link(DriverLinkMixin):
 
 @pytest.fixture
 def link(monkeypatch):
-    monkeypatch.setattr(sys, "exit", sys.exit)  # put back whatever the test wraps
     monkeypatch.delattr(sys, "last_value", raising=False)
+    monkeypatch.setattr(driver_link, "_script_exit_code", None)
     return _Link()
 
 
-def test_a_clean_end_says_code_0_and_an_uncaught_exception_says_1_with_it(link) -> None:
-    assert link._exit_report() == ExitingReport(0)
+def test_an_ending_whose_code_is_not_certain_says_none_never_0(link) -> None:
+    """A plain interpreter shows no exit hook a top-level ``raise SystemExit(2)``: a seemingly clean end is unknown
+    (it said 0, and a restarted driver took an adopted worker's ``exit(2)`` for a success)."""
+    assert link._exit_report() == ExitingReport(None)
     link._uncaught = RuntimeError("the final save failed")
     assert link._exit_report() == ExitingReport(1, "RuntimeError: the final save failed")
 
 
-@pytest.mark.parametrize("arg, code", [(None, 0), (0, 0), (3, 3), (256, 0), (-1, 255), (True, 1), ("bad", 1)])
-def test_what_the_script_gives_sys_exit_is_the_code_it_says(link, arg, code) -> None:
-    link._note_exit()
-    link._note_exit()  # once only: a second adoption does not wrap it again
-    with pytest.raises(SystemExit):
-        sys.exit(arg)
-    assert link._exit_report().code == code
+def test_the_code_the_fork_server_saw_is_the_code_it_says(link) -> None:
+    driver_link.note_exit_code(2)
+    assert link._exit_report() == ExitingReport(2)
+    driver_link.note_exit_code(0)
+    assert link._exit_report() == ExitingReport(0)
+
+
+ENDINGS = {
+    "raise SystemExit(2)": 2, "exit(2)": 2, "from sys import exit as leave\nleave(2)": 2, "import sys\nsys.exit(3)": 3,
+    "import sys\nsys.exit(256)": 0, "import sys\nsys.exit('bad')": 1, "import sys\nsys.exit()": 0, "pass": 0,
+    "raise RuntimeError('x')": 1,
+}
+
+
+def test_the_fork_server_tells_the_worker_library_the_code_of_every_ending(tmp_path) -> None:
+    """Each script ends as written, run as the fork server runs a worker (_run_main): the code noted for the worker
+    library's ``exiting`` message is the process's real exit status, however the script ended."""
+    for i, text in enumerate(ENDINGS):
+        (tmp_path / f"s{i}.py").write_text(text + "\n")
+    runner = (
+        "import json, os, sys\n"
+        "import cloud_elastic.worker.link.driver_link as link\n"
+        "from cloud_elastic.driver.launch.forkserver_child import _run_main\n"
+        "sys.excepthook = lambda *a: None\n"
+        "seen = []\n"
+        f"for i in range({len(ENDINGS)}):\n"
+        "    link._script_exit_code = None\n"
+        "    try:\n"
+        "        _run_main({'script': f's{i}.py', 'args': []})\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "    seen.append(link._script_exit_code)\n"
+        "sys.stdout.write(json.dumps(seen))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", runner], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])), check=True)
+    assert dict(zip(ENDINGS, json.loads(out.stdout.splitlines()[-1]))) == ENDINGS
 
 
 def test_an_exiting_report_round_trips_and_a_malformed_one_names_the_field() -> None:

@@ -221,6 +221,7 @@ def _run_main(request: dict[str, Any]) -> int:
     import types
 
     module, script, args = request.get("module"), request.get("script"), request["args"]
+    code = 1
     try:
         if module:
             sys.argv = ["-m", *args]
@@ -231,7 +232,8 @@ def _run_main(request: dict[str, Any]) -> int:
             sys.argv = [script, *args]
             sys.path[0] = os.path.dirname(os.path.realpath(script))
             _run_script(os.path.join(os.getcwd(), script))
-    except SystemExit:
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
         raise
     except BaseException as exc:  # as the interpreter reports it, without this server's frames
         tb = exc.__traceback__
@@ -244,7 +246,29 @@ def _run_main(request: dict[str, Any]) -> int:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
         return 1
+    else:
+        code = 0
+    finally:
+        _tell_worker(code)
     return 0
+
+
+def _exit_code(arg: Any) -> int:
+    """The process's exit status for ``SystemExit(arg)``, as the interpreter computes it."""
+    if arg is None:
+        return 0
+    if isinstance(arg, int):  # the status is the low byte (True is 1)
+        return int(arg) & 0xFF
+    return 1  # printed to stderr, status 1
+
+
+def _tell_worker(code: int) -> None:
+    """Hand the script's exit code to the worker library, if the script loaded it: its exit hook tells the
+    driver (``exiting``), which cannot learn it when this server died or the worker was adopted. Under a plain
+    interpreter nothing knows a top-level ``raise SystemExit(n)`` at exit; here the code is certain."""
+    link = sys.modules.get("cloud_elastic.worker.link.driver_link")
+    if link is not None:
+        link.note_exit_code(code)
 
 
 def _run_script(path: str) -> None:

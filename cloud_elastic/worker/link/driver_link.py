@@ -42,9 +42,20 @@ from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.link.pauses import Pauses
 from cloud_elastic.worker.link.progress import format_stacks
 
-__all__ = ["DriverLinkMixin", "notice_reporter"]
+__all__ = ["DriverLinkMixin", "note_exit_code", "notice_reporter"]
 
 log = logging.getLogger(__name__)
+
+
+#: The exit code the script ended with, told by the local fork server that ran it (None: not told).
+_script_exit_code: int | None = None
+
+
+def note_exit_code(code: int) -> None:
+    """The fork server's ``_run_main`` says the script ended with ``code`` (certain: it caught the ``SystemExit``
+    or the exception, or saw the script return); the exit hook's ``exiting`` message then carries it."""
+    global _script_exit_code
+    _script_exit_code = code
 
 
 class DriverLinkMixin:
@@ -59,8 +70,6 @@ class DriverLinkMixin:
     training_done = False
     #: This host's watcher is leaving, and every other worker of its host has exited (``PollReply.host_vacated``).
     host_vacated = False
-    #: What the script gave ``sys.exit`` (a tuple of it), noted once a restarted driver adopted this worker.
-    _exit_arg: tuple[Any, ...] | None = None
 
     def _next_offered(self, offer: Any, round_now: int, round_plan: int, sent: float) -> None:
         """What a heartbeat reply says of the planned next round (none here)."""
@@ -126,30 +135,19 @@ class DriverLinkMixin:
             log.warning("worker %s: could not leave its exit report at %s: %s", self.worker_id, path, exc)
 
     def _exit_report(self) -> ExitingReport:
-        """The exit code this process is about to exit with, as the interpreter will compute it: 1 after an
-        exception that ended the script (``sys.excepthook`` saw it), else what ``sys.exit`` was given, else 0."""
+        """The exit code this process is about to exit with, where it is certain, else None (unknown, never 0).
+
+        Under the local fork server, the code the script ended with (:func:`note_exit_code`: ``SystemExit``
+        however raised, ``exit(2)`` and ``from sys import exit`` included); else 1 after an exception that ended
+        the script (``sys.excepthook`` saw it). A plain interpreter (an SSH worker) shows no exit hook the code of
+        a top-level ``SystemExit``, so a script that seems to end cleanly there says nothing: its driver learns
+        the status from the remote wrapper, which reaps it.
+        """
         raised = getattr(self, "_uncaught", None) or getattr(sys, "last_value", None)
-        if raised is not None:
-            return ExitingReport(1, f"{type(raised).__name__}: {raised}"[:300])
-        if self._exit_arg is None:
-            return ExitingReport(0)
-        arg = self._exit_arg[0]
-        if arg is None or isinstance(arg, int):  # the process's status is the low byte (True is 1)
-            return ExitingReport(0 if arg is None else int(arg) & 0xFF)
-        return ExitingReport(1, f"sys.exit({str(arg)[:280]!r})")
-
-    def _note_exit(self) -> None:
-        """Note what the script gives ``sys.exit`` from now on, for :meth:`_exit_report` (once)."""
-        if getattr(sys.exit, "_notes_exit", False):
-            return
-        previous = sys.exit
-
-        def exit(status: Any = None) -> None:
-            self._exit_arg = (status,)
-            previous(status)
-
-        exit._notes_exit = True  # type: ignore[attr-defined]
-        sys.exit = exit
+        error = f"{type(raised).__name__}: {raised}"[:300] if raised is not None else None
+        if _script_exit_code is not None:
+            return ExitingReport(_script_exit_code, error if _script_exit_code else None)
+        return ExitingReport(1, error) if raised is not None else ExitingReport(None)
 
     def report_checkpoint(self, event: str, **fields: Any) -> None:
         """Tell the driver a checkpoint was ``saved``, ``loaded`` or could not be loaded (``failed``).
@@ -358,7 +356,6 @@ class DriverLinkMixin:
                 print(f"cloud-elastic: worker {self.worker_id}: the restarted driver refused to adopt it "
                       f"({str(reply.get('reason') or 'no reason given')[:300]}); exiting", file=sys.stderr, flush=True)
                 os._exit(75)
-            self._note_exit()  # this driver learns the exit code only from ``exiting`` (see say_exiting)
             self._store_stale = True
             if self._notice_watcher is not None:
                 # The dead driver may have taken a notice for this host and died before acting on it or
