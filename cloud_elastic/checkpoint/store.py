@@ -5,6 +5,7 @@ Layout below the store's URL::
     job.json                                          the job record (write_job_record)
     driver-alive.json                                 the running driver's sign of life (checkpoint.alive)
     drivers/<generation>.json                         the newest drivers' claims (checkpoint.claims)
+    succeeded.json                                    the job succeeded, at which step (driver.restart.finished)
     ckpt-20261123T143012123456Z-step000000001200/
         state.pt                                      torch.save(payload), written first
         manifest.json                                 written last: step, digest, ...

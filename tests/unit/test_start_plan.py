@@ -248,3 +248,10 @@ def test_a_start_on_a_finished_jobs_directory_says_that_job_succeeded_there_befo
     line = next(r.getMessage() for r in caplog.records if "already succeeded" in r.getMessage())
     assert f"job j1 already succeeded on {tmp_path / 'ckpt'}" in line and "at step 20" in line
     assert "a new job (another script or model) wants a fresh --checkpoint-dir" in line
+    # Trained on (a longer schedule) and stopped at step 25 before it succeeded again: no longer a finished job
+    # (it said 'already succeeded at step 10' and resumed from 21 in the reviewer's stale_success.sh).
+    store.save(25, {"step": 25}, {"job_id": "j1"})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert plan_start(config, open_store(config), job_id="j4").resumed
+    assert "already succeeded" not in caplog.text

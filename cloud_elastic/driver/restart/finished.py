@@ -13,7 +13,9 @@ A driver whose job succeeded writes ``succeeded.json`` next to ``job.json`` (:fu
 ``step`` is that of the newest checkpoint (null: none). A driver started on that directory later
 (:func:`say_if_succeeded`, from :func:`~.predecessor.plan_start`) says first, in one warning naming the directory,
 that this job already succeeded there, when, and at which step, and that a new job (another script, another model)
-wants a fresh ``--checkpoint-dir``: so a load that then fails, or a run that trains nothing, explains itself.
+wants a fresh ``--checkpoint-dir``: so a load that then fails, or a run that trains nothing, explains itself. Once
+the job was trained on past that step (a longer schedule, stopped before it succeeded again) the record is stale:
+the newest checkpoint's step differs from it, and nothing is said.
 """
 
 from __future__ import annotations
@@ -63,9 +65,23 @@ def say_if_succeeded(store: Any, job_id: str) -> bool:
     if found is None or found[0] != job_id:
         return False
     _, at, step = found
+    newest = _newest_step(store)
+    if step is not None and newest is not None and newest != step:  # trained on since: no longer what succeeded
+        log.debug("job %s: its success at step %s is stale (newest checkpoint: step %s)", job_id, step, newest)
+        return False
     ago = max(0.0, time.time() - at)
     when = f"{ago:.0f}s" if ago < 120 else f"{ago / 60:.0f}min" if ago < 7200 else f"{ago / 3600:.0f}h"
     log.warning("job %s already succeeded on %s %s ago%s; resuming it, so only steps the script asks for past that "
                 "are trained; a new job (another script or model) wants a fresh --checkpoint-dir", job_id, store.url,
                 when, f" at step {step}" if step is not None else "")
     return True
+
+
+def _newest_step(store: Any) -> int | None:
+    """The newest checkpoint's step (None: none, or the listing failed, logged by the store's caller)."""
+    try:
+        newest = store.list()
+    except Exception as exc:  # storage trouble: the warning then goes by the record alone
+        log.debug("could not list %s: %s", store.url, exc)
+        return None
+    return newest[0].step if newest else None
