@@ -134,7 +134,7 @@ class GracefulStop:
             if w.state is S.EXITING:  # it was waiting at rendezvous: its exit order says to checkpoint first
                 self._leavers.left_round(w, now)
         job.forget_alive()
-        log.warning("job %s: %s: the workers stop at their next commit and rank 0 checkpoints it (up to %gs); "
+        log.warning("job %s: %s: the workers stop at their next commit and the first holder to leave checkpoints it (up to %gs); "
                     "a second signal stops them at once", job.job_id, reason, grace_s)
         if job.members():
             self._rounds.next.drop(why)  # a next round planned for newcomers: they are leaving too
