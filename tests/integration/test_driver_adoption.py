@@ -163,9 +163,10 @@ def test_a_worker_lost_while_the_driver_was_away_takes_the_normal_failure_path(j
 AFTER_TRAINING_PROBE = Path(__file__).with_name("after_training_probe.py")
 
 
-def _killed_after_training(jobs, tmp_path: Path, *probe: str, alive: int = 2):
-    """Run the after-training probe; SIGKILL the driver once both workers are past their training function and
-    ``alive`` of them are left. Returns (args, env, events dir, gate, job id, worker pids at the kill)."""
+def _killed_after_training(jobs, tmp_path: Path, *probe: str, alive: int = 2, kill=None):
+    """Run the after-training probe; SIGKILL the driver (or what ``kill(driver job)`` kills, returning it) once both
+    workers are past their training function and ``alive`` of them are left. Returns (args, env, events dir, gate,
+    job id, worker pids at the kill), or the driver's job (with ``kill``)."""
     (tmp_path / "run").mkdir()
     events = tmp_path / "events"
     events.mkdir()
@@ -179,6 +180,8 @@ def _killed_after_training(jobs, tmp_path: Path, *probe: str, alive: int = 2):
     job_id = first.job_id()
     first.wait_for(lambda j: len(processes_of_job(job_id)) == alive, timeout=30, what=f"{alive} worker(s) left")
     workers = sorted(processes_of_job(job_id))
+    if kill is not None:
+        return kill(first)
     os.kill(first.proc.pid, signal.SIGKILL)
     first.proc.wait()
     return args, env, events, gate, job_id, workers
@@ -216,3 +219,23 @@ def test_a_driver_killed_during_rank_0_s_final_save_succeeds_by_the_exit_report_
     assert "resumed from the checkpoint" not in out and "did not come back" not in out, out
     assert (events / "final.txt").read_text().splitlines() == ["rank 0 step 5"]
     assert not processes_of_job(job_id)
+
+
+def _kill_fork_server(job):
+    """SIGKILL the driver's local fork server (its workers run on, their exit status now unknown to the driver)."""
+    worker = next(iter(processes_of_job(job.job_id())))
+    server = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
+    assert b"forkserver" in Path(f"/proc/{server}/cmdline").read_bytes()
+    os.kill(server, signal.SIGKILL)
+    return job
+
+
+@pytest.mark.timeout(120)
+def test_a_job_whose_fork_server_died_during_the_final_save_succeeds_by_the_exit_code_its_worker_said(jobs, tmp_path):
+    """No restart: the local fork server dies during rank 0's final save, which then exits 0. The driver cannot
+    reap rank 0, but rank 0 said its exit code: the job succeeds (it failed 'ended without reporting completion
+    (adopted from an earlier driver ...)')."""
+    job = _killed_after_training(jobs, tmp_path, "--save-rank", "0", alive=1, kill=_kill_fork_server)
+    (tmp_path / "gate").touch()
+    assert job.finish(60) == 0, job.output()
+    assert (tmp_path / "events" / "final.txt").read_text().splitlines() == ["rank 0 step 5"]
