@@ -66,9 +66,19 @@ class Adoption:
         self._done: set[str] = set()  # adopted after its training function returned (AdoptRequest.completed)
         self._pending: tuple[list[tuple[int, str]], dict[str, RankInfo]] | None = None  # for finish()
         self._told: dict[str, int] = {}  # worker id -> the exit code it said it exits with
-        #: The window is open: workers of the predecessor may re-register.
-        self.open = False
+        self._open = False  # the window is open: workers of the predecessor may re-register
         self._adopted: dict[int, dict[str, tuple[RankInfo, int]]] = {}  # round -> id -> (ranks, gen)
+
+    @property
+    def open(self) -> bool:
+        """The window is open, or it closed with workers adopted after their training function returned that
+        have not completed again yet (:meth:`finish`): meanwhile the job launches nothing (``job.adopting``), as
+        the slots of their peers that had exited are not free for a new worker: the job is finishing."""
+        return self._open or self._pending is not None
+
+    @open.setter
+    def open(self, value: bool) -> None:
+        self._open = value
 
     def begin(self, last_seq: int) -> None:
         """Open the window; ``last_seq`` is the highest worker sequence number the predecessor used."""
@@ -81,7 +91,7 @@ class Adoption:
         w = job.workers.get(worker_id)
         if w is not None:
             return None if w.alive else f"worker {worker_id} was already given up"
-        if not self.open:
+        if not self._open:
             return "the adoption window of the restarted driver has closed"
         self._seen_seq(seq)
         w = WorkerRecord(worker_id, slot, seq, launched_at=now, last_seen=job.running(now), commits=request.commits,

@@ -72,6 +72,8 @@ class Capacity:
         job = self._job
         if self.sourcing is not None:
             self.sourcing.step(now)
+        if job.adopting:
+            return  # the predecessor's workers are being taken back (Adoption.open): no slot is known free yet
         starting = job.phase is Phase.STARTING and not job.workers
         policy = job.policy
         replaced = self.sourcing.replacing if self.sourcing is not None else 0
