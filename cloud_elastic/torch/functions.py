@@ -2,7 +2,8 @@
 ``grouped_reducescatter``, and the build queries ``ddl_built`` and ``ccl_built``.
 
 Each gives Horovod's result. The grouped calls run one collective per tensor (Horovod fuses them),
-so they cost that many round trips; as every collective here, each raises ``HorovodInternalError``
+so they cost that many round trips (``grouped_reducescatter`` one more, which checks all the tensors'
+dtypes and shapes); as every collective here, each raises ``HorovodInternalError``
 when a peer is lost, and takes ``process_set=`` as ``torch/collectives.py`` says.
 """
 
@@ -17,7 +18,7 @@ import torch
 from cloud_elastic.worker.comm.collectives import allgather
 from cloud_elastic.worker.comm.compression import Compression
 from cloud_elastic.worker.comm.ops import Average
-from cloud_elastic.worker.comm.partitioned import reducescatter
+from cloud_elastic.worker.comm.partitioned import reducescatter_each
 from cloud_elastic.worker.unsupported import check_process_set
 
 __all__ = ["allgather_object", "grouped_allgather", "grouped_reducescatter", "ddl_built", "ccl_built"]
@@ -56,10 +57,11 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None, compression: Any = Compression.none,
                           op: str = Average, process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
-    """``hvd.reducescatter`` of each tensor, in order (one collective each); the results carry no gradient."""
+    """``hvd.reducescatter`` of each tensor, in order (one collective each, after one allgather that checks them
+    all: a mismatch in any is a ValueError on every worker); the results carry no gradient."""
     check_process_set(process_set, "grouped_reducescatter")
-    return [reducescatter(t, name, compression, op, prescale_factor, postscale_factor)
-            for t in _tensor_list(tensors, "grouped_reducescatter")]
+    return reducescatter_each(_tensor_list(tensors, "grouped_reducescatter"), name, compression, op,
+                              prescale_factor, postscale_factor)
 
 
 def ddl_built() -> bool:

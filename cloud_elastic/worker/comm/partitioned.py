@@ -38,11 +38,48 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
     unchanged. ``op``, ``compression`` and the scale factors mean what they
     mean for :func:`allreduce`.
     """
+    op, compression = _checked_args(tensor, op, compression)
+    what = f"reducescatter {name or ''}".strip()
+    if get_context().info.size > 1:
+        # Each worker sizes what it receives from its own shape and the rows move as bits: another dtype of the same
+        # width was misread silently (int16 as float16), another shape of the same bytes summed crosswise, other
+        # bytes aborted the process in Gloo (EnforceNotMet). Nothing else is exchanged before the rows, so this
+        # costs one allgather of a row of int64 per worker.
+        rows = [r[0].tolist() for r in shapes.gather_rows_of([shapes.shape_row(tensor)], f"{what} shapes")]
+        shapes.check_gathered(rows, "reducescatter", any_first=False)
+    return _scatter(tensor, what, compression, op, prescale_factor, postscale_factor)
+
+
+def reducescatter_each(tensors: Sequence[torch.Tensor], name: str | None = None, compression: Any = Compression.none,
+                       op: str = Average, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """:func:`reducescatter` of each of ``tensors``, in order: ``grouped_reducescatter``.
+
+    All the tensors' dtypes and shapes are checked in one allgather (not one
+    each: that doubled the round trips of a group of small tensors), so a
+    mismatch in any of them, or another number of tensors, is a ValueError
+    on every worker that names the first tensor that differs, before any
+    rows travel.
+    """
+    checked = [_checked_args(t, op, compression) for t in tensors]
+    shapes.check_same_tensors(tensors, [None] * len(tensors), "grouped_reducescatter", hint="in the same order")
+    what = f"reducescatter {name or ''}".strip()
+    return [_scatter(t, what, c, o, prescale_factor, postscale_factor) for t, (o, c) in zip(tensors, checked)]
+
+
+def _checked_args(tensor: torch.Tensor, op: str, compression: Any) -> tuple[str, Any]:
+    """``op`` and ``compression`` checked, or the one-line error this worker raises before any collective."""
     op = check_op(op)
     compression = check_compression(compression)
     check_reducible(op, tensor, "reducescatter")
     if tensor.dim() == 0:
         raise ValueError("hvd.reducescatter: expected a tensor of at least one dimension (it splits dimension 0)")
+    return op, compression
+
+
+def _scatter(tensor: torch.Tensor, what: str, compression: Any, op: str, prescale_factor: float,
+             postscale_factor: float) -> torch.Tensor:
+    """The reduce-scatter itself, once every worker's dtype and shape is known to match."""
     ctx = get_context()
     size, rank = ctx.info.size, ctx.info.rank
     scaling = average_scaling(op, size, casts(compression, tensor.dtype), prescale=prescale_factor,
@@ -53,14 +90,6 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
     counts = [len(chunk) for chunk in torch.tensor_split(torch.empty(sent.tensor.shape[0], device="meta"), size)]
     received = torch.empty((size * counts[rank],) + tuple(sent.tensor.shape[1:]), dtype=moved.dtype,
                            device=sent.tensor.device)
-    what = f"reducescatter {name or ''}".strip()
-    if size > 1:
-        # Each worker sizes what it receives from its own shape and the rows move as bits: another dtype of the same
-        # width was misread silently (int16 as float16), another shape of the same bytes summed crosswise, other
-        # bytes aborted the process in Gloo (EnforceNotMet). Nothing else is exchanged before the rows, so this
-        # costs one allgather of a row of int64 per worker.
-        rows = [r[0].tolist() for r in shapes.gather_rows_of([shapes.shape_row(tensor)], f"{what} shapes")]
-        shapes.check_gathered(rows, "reducescatter", any_first=False)
     ctx.wait(ctx.group(what).alltoall_base(received, moved, [counts[rank]] * size, counts), what)
     # Reduced in the dtype an allreduce carries it as (torch cannot sum or compare uint16 or uint32), cast back:
     # exact, as ``dtypes`` says. Complex numbers come here only to be summed (check_reducible).

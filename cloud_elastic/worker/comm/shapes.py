@@ -6,9 +6,14 @@ Horovod's coordinator raises ``Mismatched ... tensor shapes`` instead. These
 calls check here, each before its tensors travel: ``allgather`` and ``alltoall``
 in the exchange of sizes or counts they do anyway (dimension 0 may differ);
 ``reducescatter`` with one small allgather of its own (it exchanges nothing
-else first, and every dimension must match); ``broadcast_parameters`` with one
-small allgather (two when they differ, to name the tensor). A mismatch raises
-the same ValueError on every worker, so none waits for a peer.
+else first, and every dimension must match); ``broadcast_parameters`` and
+``grouped_reducescatter`` with one small allgather for all their tensors (two
+when they differ, to name the tensor). A mismatch raises the same ValueError on
+every worker, so none waits for a peer.
+
+The gathered rows come to the host in one copy: the decision to raise is made
+in Python before the tensors travel, so on NCCL each check costs one device
+sync (``alltoall``'s ``tolist`` of its counts does too).
 
 A tensor is described by one row of int64: its dtype's code, its number of
 dimensions, its first :data:`_DIMS` dimensions (-1 past its last) and a digest
@@ -61,7 +66,7 @@ def gather_rows_of(rows: list[list[int]], what: str) -> list[torch.Tensor]:
     mine = torch.tensor(rows, dtype=torch.int64, device=ctx.device).reshape(-1)
     out = [torch.empty_like(mine) for _ in range(ctx.info.size)]
     ctx.wait(ctx.group(what).allgather([out], [mine]), what)
-    return [o.cpu().reshape(len(rows), WIDTH) for o in out]
+    return list(torch.stack(out).cpu().reshape(len(out), len(rows), WIDTH))  # one copy to the host, not one a rank
 
 
 def check_gathered(rows: Sequence[Sequence[int]], call: str, any_first: bool = True) -> None:
@@ -77,7 +82,8 @@ def check_gathered(rows: Sequence[Sequence[int]], call: str, any_first: bool = T
                      f"dtype and the same shape{' past dimension 0' if any_first else ''}")
 
 
-def check_same_tensors(tensors: Sequence[torch.Tensor], names: Sequence[str | None], call: str) -> None:
+def check_same_tensors(tensors: Sequence[torch.Tensor], names: Sequence[str | None], call: str,
+                       hint: str = "e.g. build the model alike on each") -> None:
     """ValueError on every worker unless every worker's ``tensors`` have the same dtypes and shapes, in order.
 
     One allgather of three numbers (a digest of all rows, the count, the elements); only when they differ, a
@@ -100,4 +106,4 @@ def check_same_tensors(tensors: Sequence[torch.Tensor], names: Sequence[str | No
                      for rank, e in enumerate(every))
     counts = ", ".join(str(int(s[0, 1])) for s in summary)
     raise ValueError(f"hvd.{call}: the workers' tensors differ (tensors per rank: {counts}); tensor {first}{name}: "
-                     f"{each}. Every worker must pass the same tensors, e.g. build the model alike on each")
+                     f"{each}. Every worker must pass the same tensors, {hint}")
