@@ -6,10 +6,16 @@ soon as the server announces it. ``TRUE`` → :data:`TERMINATE` with a deadline
 ``preemption_notice_s`` (30 s, what GCP gives Spot and preemptible VMs) after
 the watcher saw it. Each long-poll is bounded by ``long_poll_s`` (10 s); after
 it, ``instance/maintenance-event`` is read once: ``NONE`` is no notice;
-``TERMINATE_ON_HOST_MAINTENANCE`` (GCE will stop the VM) → :data:`TERMINATE`
-with a deadline ``maintenance_notice_s`` (60 s, the shortest notice GCE gives;
-GPU VMs get an hour) after the watcher saw it, since the value carries no time;
-any other value (``MIGRATE_ON_HOST_MAINTENANCE``: a live migration) → the soft
+``TERMINATE_ON_HOST_MAINTENANCE`` (GCE will stop the VM) → :data:`TERMINATE`.
+That value carries no time, and GCE gives from 60 s to an hour (GPU VMs), so
+its deadline is ``window_start_time`` from ``instance/upcoming-maintenance``
+(JSON) when that answers with a time still ahead, and otherwise none: the
+host's workers leave at their next commit, never removed by force at a
+deadline made up here. While the value stays, the notice is reported again
+every ``renew_s`` (30 s), so that the driver keeps it (a hard notice lapses
+:data:`~cloud_elastic.notices.api.NOTICE_GRACE_S` after its deadline, or after
+its last report when it has none). Any other value
+(``MIGRATE_ON_HOST_MAINTENANCE``: a live migration) → the soft
 :data:`MAINTENANCE`.
 
 Every request carries ``Metadata-Flavor: Google`` and every answer must carry
@@ -19,18 +25,21 @@ captive portal) and is ignored.
 
 from __future__ import annotations
 
+import json
 import time
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from ._polling import Answer, BadAnswer, PollingWatcher, request
-from .api import MAINTENANCE, SOURCE_GCP, TERMINATE, Notice
+from ._polling import Answer, BadAnswer, PollingWatcher, Unreachable, request
+from .api import MAINTENANCE, NOTICE_GRACE_S, SOURCE_GCP, TERMINATE, Notice
 
 __all__ = ["GCPMetadataWatcher", "DEFAULT_HOST"]
 
 DEFAULT_HOST = "metadata.google.internal"
 PREEMPTED = "/computeMetadata/v1/instance/preempted"
 MAINTENANCE_EVENT = "/computeMetadata/v1/instance/maintenance-event"
+UPCOMING_MAINTENANCE = "/computeMetadata/v1/instance/upcoming-maintenance?alt=json"
 FLAVOR = {"Metadata-Flavor": "Google"}
 
 
@@ -39,25 +48,30 @@ class GCPMetadataWatcher(PollingWatcher):
 
     ``base_url`` is ``http://metadata.google.internal`` on GCE. Other keyword
     arguments: see :class:`~cloud_elastic.notices._polling.PollingWatcher`;
-    ``poll_interval_s`` is used only when the server does not long-poll.
+    ``poll_interval_s`` is used only when the server does not long-poll;
+    ``renew_s``: how often a ``TERMINATE_ON_HOST_MAINTENANCE`` notice is reported again while it lasts.
     """
 
     source = SOURCE_GCP
 
     def __init__(self, base_url: str = f"http://{DEFAULT_HOST}", *, long_poll_s: float = 10.0,
-                 preemption_notice_s: float = 30.0, maintenance_notice_s: float = 60.0, **kw: Any) -> None:
+                 preemption_notice_s: float = 30.0, renew_s: float = NOTICE_GRACE_S / 4, **kw: Any) -> None:
         super().__init__(base_url=base_url, **kw)
         if not long_poll_s >= 1:
             raise ValueError(f"long_poll_s must be >= 1, got {long_poll_s!r}")
         self.long_poll_s = long_poll_s
         self.preemption_notice_s = preemption_notice_s
-        self.maintenance_notice_s = maintenance_notice_s
+        if not 0 < renew_s < NOTICE_GRACE_S:
+            raise ValueError(f"renew_s must be above 0 and below {NOTICE_GRACE_S:g}, got {renew_s!r}")
+        self.renew_s = renew_s
         self._etag: str | None = None
         self._value: str | None = None  # the last answer of instance/preempted
         self._maintenance_id: str | None = None
+        self._renew_at = 0.0  # when a TERMINATE_ON_HOST_MAINTENANCE notice is next reported again
+        self._stop_time: float | None = None  # its deadline: window_start_time, as last read
 
     def _read(self, path: str, *, last_etag: str | None = None) -> Answer:
-        what = path.rsplit("/", 1)[-1]
+        what = path.rsplit("/", 1)[-1].partition("?")[0]
         if last_etag is None:
             url, timeout = self.base_url + path, self.request_timeout_s
         else:
@@ -110,8 +124,46 @@ class GCPMetadataWatcher(PollingWatcher):
                 self._forget(self._maintenance_id)  # over: a later one is a new notice
                 self._maintenance_id = None
             return None
-        self._maintenance_id = f"gcp-maintenance:{value}"
+        event_id = f"gcp-maintenance:{value}"
         if value.startswith("TERMINATE"):  # GCE stops the VM (onHostMaintenance=TERMINATE: GPU VMs, for instance)
-            return Notice(SOURCE_GCP, TERMINATE, self._now() + self.maintenance_notice_s,
-                          f"GCE host maintenance: {value} (the VM will be stopped)", self._maintenance_id)
-        return Notice(SOURCE_GCP, MAINTENANCE, None, f"GCE host maintenance: {value}", self._maintenance_id)
+            now = self._now()
+            if event_id != self._maintenance_id or now >= self._renew_at:
+                if event_id == self._maintenance_id:
+                    self._forget(event_id)  # reported again: the driver keeps the host's notice from lapsing
+                self._stop_time, self._renew_at = self._window_start(now), now + self.renew_s
+            self._maintenance_id = event_id
+            return Notice(SOURCE_GCP, TERMINATE, self._stop_time,
+                          f"GCE host maintenance: {value} (the VM will be stopped)", event_id)
+        self._maintenance_id = event_id
+        return Notice(SOURCE_GCP, MAINTENANCE, None, f"GCE host maintenance: {value}", event_id)
+
+    def _window_start(self, now: float) -> float | None:
+        """``window_start_time`` of ``instance/upcoming-maintenance`` (Unix time), if it answers one still ahead.
+
+        None when the server has no such key (404), answers no time (``NONE``, ``{}``, an error), a time
+        already past (the window is open: when GCE stops the VM in it is not said) or something unreadable.
+        """
+        try:
+            answer = self._read(UPCOMING_MAINTENANCE)
+        except BadAnswer as exc:
+            if not exc.key.endswith("HTTP 404"):
+                self._trouble(exc)
+            return None
+        except Unreachable:
+            return None  # the next cycle's long-poll tells
+        try:
+            data = json.loads(answer.body)
+        except (ValueError, RecursionError):
+            return None  # NONE, or not JSON at all
+        if not isinstance(data, dict):
+            return None
+        # A flat object; GCE's documented example shows it wrapped once ("Upcoming maintenance": {...}).
+        for found in [data, *(v for v in data.values() if isinstance(v, dict))]:
+            text = found.get("window_start_time", found.get("windowStartTime"))
+            if isinstance(text, str) and len(text) <= 64:
+                try:
+                    when = datetime.fromisoformat(text)
+                except ValueError:
+                    return None
+                return when.timestamp() if when.tzinfo is not None and when.timestamp() > now else None
+        return None

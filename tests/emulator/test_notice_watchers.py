@@ -332,16 +332,63 @@ def test_gcp_maintenance_event_is_soft_and_a_later_one_is_new(gcp_fake, run):
     assert [n.kind for n in sink.wait(2)] == [MAINTENANCE, MAINTENANCE]
 
 
-def test_gcp_terminate_on_host_maintenance_drains_the_host_with_a_deadline(gcp_fake, run):
-    """GCE stops the VM: a hard notice (the driver drains the host), not advice."""
+UPCOMING = "instance/upcoming-maintenance"
+
+
+def rfc3339(when: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+
+
+@pytest.mark.parametrize("upcoming", [
+    None,  # no such key: 404
+    "{ }",
+    "NONE",
+    '{ "error": "no notifications have been received yet, try again later" }',
+    '{"maintenance_status": "ONGOING", "window_start_time": "2024-12-01T19:00:01Z"}',  # open: when is not said
+    '{"window_start_time": "soon"}',
+    "[" * 5000,
+], ids=["absent", "empty", "none", "error", "past", "garbled", "deep"])
+def test_gcp_terminate_on_host_maintenance_drains_the_host_with_no_made_up_deadline(gcp_fake, run, upcoming):
+    """GCE stops the VM (from 60 s to an hour later): a hard notice, whose workers leave at their next commit.
+
+    No deadline is made up: one (60 s after it was seen) had the driver remove a GPU VM's workers by force
+    and roll back the steps since their last commit, with most of the hour still to go.
+    """
+    if upcoming is not None:
+        gcp_fake.set_value(UPCOMING, upcoming)
     sink = run(GCPMetadataWatcher(gcp_fake.url, long_poll_s=1, **FAST))
-    before = time.time()
     gcp_fake.set_maintenance_event("TERMINATE_ON_HOST_MAINTENANCE")
     [notice] = sink.wait()
-    assert (notice.kind, notice.soft) == (TERMINATE, False)
-    assert before + 60 <= notice.deadline <= time.time() + 60
+    assert (notice.kind, notice.soft, notice.deadline) == (TERMINATE, False, None)
     action = notice_action(notice.kind, own=False, state=WorkerState.RUNNING, job_over=False)
     assert action.drain and not action.soft
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["flat", "wrapped"])
+def test_gcp_terminate_on_host_maintenance_deadline_is_the_window_start(gcp_fake, run, wrapped):
+    """``instance/upcoming-maintenance`` says when the window opens: that is the deadline."""
+    start = int(time.time()) + 2400
+    upcoming = {"maintenance_status": "PENDING", "type": "SCHEDULED", "window_start_time": rfc3339(start),
+                "window_end_time": rfc3339(start + 7200)}
+    gcp_fake.set_value(UPCOMING, json.dumps({"Upcoming maintenance": upcoming} if wrapped else upcoming))
+    sink = run(GCPMetadataWatcher(gcp_fake.url, long_poll_s=1, **FAST))
+    gcp_fake.set_maintenance_event("TERMINATE_ON_HOST_MAINTENANCE")
+    [notice] = sink.wait()
+    assert (notice.kind, notice.deadline) == (TERMINATE, start)
+
+
+def test_gcp_terminate_on_host_maintenance_is_reported_again_while_it_lasts(gcp_fake, run):
+    """Reported once, a notice without a deadline lapsed 2 minutes later while GCE had not stopped the VM yet,
+    and the driver placed workers on the host again; reported every ``renew_s``, the driver keeps it."""
+    sink = run(GCPMetadataWatcher(gcp_fake.url, long_poll_s=1, renew_s=0.2, **FAST))
+    gcp_fake.set_maintenance_event("TERMINATE_ON_HOST_MAINTENANCE")
+    notices = sink.wait(3)
+    assert {(n.kind, n.event_id) for n in notices} == {(TERMINATE, "gcp-maintenance:TERMINATE_ON_HOST_MAINTENANCE")}
+    gcp_fake.set_maintenance_event("NONE")
+    more_polls(gcp_fake, "maintenance-event", 2)
+    reported = len(sink.notices)
+    more_polls(gcp_fake, "maintenance-event", 3)
+    assert len(sink.notices) == reported  # over: no longer renewed
 
 
 def test_gcp_a_new_etag_with_every_answer_does_not_make_the_watcher_spin(run):
