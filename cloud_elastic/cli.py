@@ -178,9 +178,12 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
         if why is not None:
             raise ConfigError(why)
     from cloud_elastic.driver.job.notice_policy import watched_cloud
+    from cloud_elastic.driver.runtime.processes import forwarded_env
     from cloud_elastic.notices.factory import check_endpoint
 
-    check_endpoint(watched_cloud(config.notice_watcher, str(getattr(built, "name", ""))))  # a malformed override
+    # A malformed endpoint override, in the environment the workers get: the driver's with -x/--env over it.
+    check_endpoint(watched_cloud(config.notice_watcher, str(getattr(built, "name", ""))),
+                   {**os.environ, **forwarded_env(config.forward_env)})
     _setup_logging(config.verbose)
     from cloud_elastic.driver.runtime.driver import Driver
 

@@ -119,9 +119,11 @@ def watcher_for(cloud: str, host: str, env: Mapping[str, str] | None = None, **o
 def check_endpoint(cloud: str | None, env: Mapping[str, str] | None = None) -> None:
     """ConfigError naming the variable when the endpoint override of ``cloud``'s watcher is malformed.
 
-    The driver checks its own environment (``env`` defaults to ``os.environ``;
-    local workers inherit it) before it starts the job: a worker cannot start
-    a watcher with that endpoint, and the job would run unwatched. ``cloud``
-    None (no watcher) or one without metadata notices: nothing to check.
+    The driver checks, before it starts the job, the environment its workers
+    will get (``env``, default ``os.environ``): ``cloud-elastic run`` its own with
+    the ``-x``/``--env`` values over it, ``ElasticRayExecutor`` its ``env_vars``.
+    A worker cannot start a watcher with a malformed endpoint, and the job would
+    run unwatched. ``cloud`` None (no watcher) or one without metadata notices:
+    nothing to check.
     """
     watcher_for(cloud or "", "127.0.0.1", env)  # {host}: any address does, for the check

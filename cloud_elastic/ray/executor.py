@@ -195,6 +195,11 @@ class ElasticRayExecutor:
         config = self.settings.job_config(
             ("<ray actor>", name), self._driver_address, forward_env=tuple(f"{k}={v}" for k, v in self.env_vars.items())
         )
+        from cloud_elastic.driver.job.notice_policy import watched_cloud
+        from cloud_elastic.notices.factory import check_endpoint
+
+        # A malformed endpoint override in env_vars: no worker could watch its node (its own environment is Ray's).
+        check_endpoint(watched_cloud(config.notice_watcher, str(getattr(self._discovery, "name", ""))), self.env_vars)
         launcher = RayLauncher(
             FunctionPayload(worker_fn, tuple(args), dict(kwargs or {})),
             use_gpu=self.use_gpu, cpus_per_slot=self.cpus_per_slot, gpus_per_slot=self.gpus_per_slot,

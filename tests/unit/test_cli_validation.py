@@ -71,6 +71,10 @@ CASES = {
     "bad-gcp-metadata-host": Case(("-np", "1", "-H", "localhost", "--notice-watcher", "gcp", *TRAIN),
                                   "GCE_METADATA_HOST is host[:port] without a scheme or path",
                                   (("GCE_METADATA_HOST", "http://metadata.google.internal"),)),
+    "bad-aws-metadata-endpoint-forwarded": Case(
+        ("-np", "1", "-H", "localhost", "--notice-watcher", "aws",
+         "-x", "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254/latest/", *TRAIN),
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT must be an http:// URL with no path"),
     "bad-timeout-env": Case(("-np", "1", "-H", "localhost", *TRAIN),
                             "HOROVOD_ELASTIC_TIMEOUT must be a number of seconds", (("HOROVOD_ELASTIC_TIMEOUT", "soon"),)),
 }
@@ -124,3 +128,34 @@ def test_nothing_was_started(results: dict[str, Result], name: str) -> None:
     workdir = results[name].workdir
     assert not (workdir / "STARTED").exists()
     assert not (workdir / "DISCOVERED").exists()
+
+
+def test_a_good_forwarded_endpoint_over_a_bad_one_of_the_drivers_own_starts_the_job(monkeypatch) -> None:
+    """The workers get the -x value, so the driver's own bad value is no reason to refuse the job."""
+    import signal
+    import types
+
+    from cloud_elastic import cli
+    from cloud_elastic.driver.runtime import driver as driver_module
+
+    started = []
+
+    class FakeDriver:
+        job_id = "fake0001"
+
+        def __init__(self, config, discovery, **kwargs) -> None:
+            started.append(config)
+
+        def interrupt(self, reason: str, code: int) -> None:
+            pass
+
+        def run(self):
+            return types.SimpleNamespace(success=True, exit_code=0, reason="done")
+
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # the test process keeps its own handlers
+    monkeypatch.setattr(cli, "_setup_logging", lambda verbose: None)
+    monkeypatch.setattr(driver_module, "Driver", FakeDriver)
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://169.254.169.254/latest/")
+    code = cli.main(["run", "-np", "1", "-H", "localhost", "--notice-watcher", "aws",
+                     "-x", "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:9", *TRAIN])
+    assert code == 0 and len(started) == 1
