@@ -43,18 +43,23 @@ def count_steps(note_step: Callable[[], None]) -> None:
         if getattr(_LOCAL, "uncounted", 0):
             return
         # No depth kept between hooks, so a step that raised leaves nothing stuck: this step is nested when the
-        # torch step wrapper that runs this hook (the caller's frame) is also on the stack above it. Torch DCP's
-        # set-up step (get_/set_optimizer_state_dict of an optimizer with no state step it at learning rate 0,
-        # in its private _init_optim_state) is found on the same walk, without importing DCP into every worker.
-        wrapper = sys._getframe(1)
-        outer = wrapper.f_back
-        while outer is not None:
-            code = outer.f_code
-            if code is wrapper.f_code:
-                return  # the outer step counts once it returns
-            if code.co_name == "_init_optim_state" and code.co_filename.endswith(_DCP_STATE_DICT):
+        # stack holds another of torch's step wrappers (``profile_hook_step``'s ``wrapper``, in the file of the
+        # hook's caller) above this step's own. A torch.compile'd step calls the hook from dynamo's resume
+        # function in that file, inside its wrapper, so the wrappers are counted by name and file, not identity.
+        # Torch DCP's set-up step (get_/set_optimizer_state_dict of an optimizer with no state step it at
+        # learning rate 0, in its private _init_optim_state) is found on the same walk, without importing DCP.
+        frame = sys._getframe(1)
+        torch_file = frame.f_code.co_filename
+        wrappers = 0
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == "wrapper" and code.co_filename == torch_file:
+                wrappers += 1
+                if wrappers > 1:
+                    return  # the outer step counts once it returns
+            elif code.co_name == "_init_optim_state" and code.co_filename.endswith(_DCP_STATE_DICT):
                 return
-            outer = outer.f_back
+            frame = frame.f_back
         note_step()
 
     register_optimizer_step_post_hook(counted)
