@@ -116,3 +116,14 @@ def test_tasks_still_queued_when_training_ends_exit_at_once_and_the_job_returns(
     # They ended by themselves: nothing waited out the 30 s before Spark is told to cancel them.
     assert not any("cancelling them" in r.getMessage() for r in caplog.records)
     assert returned - max(r.created for r in late) < 10.0
+
+
+def test_a_return_value_slower_to_pickle_than_the_heartbeat_timeout_comes_back(spark):
+    # The worker keeps heartbeating while its value is pickled for the task (a large state_dict): see
+    # tests/ray/test_slow_return.py. In this module to share its Spark session (one more took 9 s to start).
+    from cloud_elastic.spark import run_elastic
+    from tests.ray.test_slow_return import train_and_return_slowly
+
+    results = run_elastic(train_and_return_slowly, kwargs={"example": load_example("pyspark"), "steps": 4},
+                          num_proc=1, min_np=1, max_np=1, heartbeat_timeout=5.0)
+    assert [(r["rank"], r["step"], r["blob"]) for r in results] == [(0, 4, {})]
