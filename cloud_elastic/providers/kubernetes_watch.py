@@ -112,9 +112,11 @@ def silence_s(watch_s: float) -> float:
     """The read timeout of a watch of ``watch_s`` seconds: a stream quiet this long is stalled.
 
     Measured from the ``timeoutSeconds`` asked (:func:`asked_s`), which the server holds a quiet watch for: a
-    ``watch_s`` of 0.4 asks for 1 s, and a read timeout of 0.8 s would cut every healthy quiet watch."""
+    ``watch_s`` of 0.4 asks for 1 s, and a read timeout of 0.8 s would cut every healthy quiet watch. The
+    margin past it is at least 3 s: a loaded API server (or driver) that ends a 1 s watch a second late is
+    not stalled (a margin of 1 s made such a watch a false outage in a loaded test run)."""
     asked = asked_s(watch_s)
-    return asked + min(_SILENCE_MARGIN_S, asked)
+    return asked + min(_SILENCE_MARGIN_S, max(asked, 3.0))
 
 
 def keepalive_options(base: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
