@@ -239,13 +239,13 @@ class DiscoveryPoller:
             self._release_queued()
             self._set_capacity_queued()
             result = self.poll_once()
+            if self._stop.is_set():
+                return  # a call the stop cut short (a script killed) is no failure to log after the job's end
             if isinstance(result, DiscoveryFailure):
                 wait_s = self._streak.failed(result.message, time.monotonic())
             else:
                 wait_s = self._streak.succeeded(time.monotonic())
                 log.debug("discovered %d ready host(s), %d draining", len(result.ready), len(result.draining))
-            if self._stop.is_set():
-                return
             self._on_result(result)
             self._release_queued()
             self._wake.wait(wait_s)
