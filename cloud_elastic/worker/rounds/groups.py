@@ -29,15 +29,14 @@ driver aborts its round; a collective started after the abort fails at once.
 The previous round's group is let go off the training thread. :class:`RoundInfo`
 is this worker's place in the current round.
 
-NCCL (:func:`new_nccl_group`) is created non-blocking and connected eagerly
-(``eager_connect_single_device``, as torch does with ``device_id``), so the
+NCCL (:func:`new_nccl_group`, made in :mod:`~cloud_elastic.worker.rounds.backends`) is created
+non-blocking and connected eagerly (``eager_connect_single_device``, as torch does with ``device_id``), so the
 communicator forms inside the formation deadline and can be abandoned with
 ``abort()`` like a Gloo group (see docs/architecture/gpus.md).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import sys
@@ -52,6 +51,10 @@ import torch.distributed as dist
 
 from cloud_elastic.protocol import RankInfo
 from cloud_elastic.worker.exceptions import CollectiveError
+# The group makers are re-exported here too: the worker context and the tests import them from this module.
+from cloud_elastic.worker.rounds.backends import (abort_nccl, nccl_error_handling_default,
+                                                  nccl_nonblocking_timeout_default, new_gloo_group, new_nccl_group,
+                                                  quiesce_device)
 from cloud_elastic.worker.rounds.flight import FlightRecorder
 from cloud_elastic.worker.rounds.reclaim import GroupSockets, Reaper, socket_inodes, unreached_hosts
 from cloud_elastic.worker.rounds.signed_store import SignedStore, round_namespace
@@ -62,8 +65,6 @@ __all__ = [
     "nccl_nonblocking_timeout_default",
     "quiesce_device",
 ]
-
-log = logging.getLogger(__name__)
 
 #: How often a wait for a collective or a group's formation looks whether the driver aborted the round.
 _ABORT_SLICE_S = 0.05
@@ -76,10 +77,6 @@ _GLOO_FORM_MARGIN_S = 5.0
 #: timeout (measured on torch 2.13: 52 s for a 10 s timeout). The constructor's timeout is a share of the
 #: formation's time, so that a peer which vanished holds an abandoned formation about that long in all.
 _GLOO_CONNECT_ATTEMPTS = 5
-
-#: torch's NCCL async error handling modes: 0 none, 1 tear down (abort and kill the process),
-#: 2 clean up only (abort the communicator, fail the work, keep the process), 3 skip clean-up (kill).
-NCCL_ERROR_HANDLING = "2"
 
 
 class RoundGroup:
@@ -494,107 +491,3 @@ def _future(work: Any, timeout_s: float) -> tuple[Any, bool]:
 
         threading.Thread(target=wait, name="cloud-elastic-p2p-wait", daemon=True).start()
         return fut, True
-
-
-def new_gloo_group(store: Any, rank: int, size: int, timeout: timedelta, *, hostname: str,
-                   interface: str | None, form_timeout: timedelta | None = None) -> Any:
-    """A Gloo group bound to ``interface`` when given, else to the address ``hostname`` resolves to.
-
-    ``form_timeout``: how long its constructor waits for each try of a peer's connection; its collectives
-    then wait ``timeout``. A peer that vanished while the group formed (its address written, its
-    connection never made) cannot be woken from: the constructor's thread, the group's device thread, its
-    listening socket and epoll descriptor stay until Gloo gives up on it (see ``_GLOO_CONNECT_ATTEMPTS``),
-    after the formation was given up. With one timeout for both, a stop or a kill during an admission left
-    them for about five collective timeouts (25 minutes by default).
-    """
-    opts = dist.ProcessGroupGloo._Options()
-    settable = form_timeout is not None and hasattr(dist.ProcessGroupGloo, "_set_default_timeout")
-    opts._timeout = form_timeout if settable else timeout
-    if interface:
-        opts._devices = [dist.ProcessGroupGloo.create_device(interface=interface)]
-    else:
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
-    pg = dist.ProcessGroupGloo(store, rank, size, opts)
-    if settable:
-        pg._set_default_timeout(timeout)  # the collectives'; point-to-point waits pass theirs (see _future)
-    return pg
-
-
-def new_nccl_group(store: Any, rank: int, size: int, timeout: timedelta, device: torch.device,
-                   published: Callable[[Any], None] = lambda pg: None) -> Any:
-    """An NCCL group whose communicator is formed now, on ``device``, and can be aborted while it forms.
-
-    ``config.blocking = False`` makes NCCL's initialisation and collectives
-    return at once and report through their status, so ``abort()`` from another
-    thread ends a formation stuck on a missing peer (torchft does the same);
-    ``published(pg)`` hands the group to whoever may have to abort it before it
-    connects. ``eager_connect_single_device`` forms the communicator here instead
-    of at the first collective. Either is skipped on a torch that lacks it.
-    """
-    # The formation runs on a thread of its own, and CUDA's current device is per thread: an eager
-    # connect on another device than the communicator's fails ("Cuda failure 'invalid argument'").
-    torch.cuda.set_device(device)
-    opts = dist.ProcessGroupNCCL.Options()
-    opts._timeout = timeout
-    config = getattr(opts, "config", None)
-    if config is not None and hasattr(config, "blocking"):
-        config.blocking = False
-    pg = dist.ProcessGroupNCCL(store, rank, size, opts)
-    published(pg)
-    connect = getattr(pg, "eager_connect_single_device", None)
-    if connect is not None:
-        connect(device)
-    return pg
-
-
-def abort_nccl(pg: Any) -> None:
-    """Abort an NCCL group's communicators with torch's current API; never raises."""
-    try:
-        pg.abort()
-    except (RuntimeError, AttributeError) as exc:
-        log.warning("aborting an NCCL process group failed: %s", exc)
-
-
-def nccl_nonblocking_timeout_default(timeout_s: float, environ: dict[str, str] | Any = os.environ) -> None:
-    """A non-blocking NCCL initialisation gives up after ``timeout_s`` (torch's default is 30 minutes)
-    unless the user set ``TORCH_NCCL_NONBLOCKING_TIMEOUT``: the formation deadline, not longer."""
-    environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(max(1, int(timeout_s))))
-
-
-def nccl_error_handling_default(environ: dict[str, str] | Any = os.environ) -> str | None:
-    """Make torch's NCCL watchdog clean up a failed collective without killing the process.
-
-    With torch's default (3: skip clean-up) a collective that times out tears
-    the whole process down, survivor included. Mode 2 aborts the communicator
-    and fails the collective's work, which the worker sees as any other failed
-    collective: it rolls back and joins the next round in the same process.
-    The user's own setting wins. Returns the value now in effect.
-    """
-    environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING)
-    return environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
-
-
-def quiesce_device(device: torch.device | None, timeout_s: float = 30.0) -> bool:
-    """After an NCCL abort: wait (bounded) for the device to finish what was queued on it.
-
-    True when it did (or there is nothing to wait for); False when it did not
-    within ``timeout_s``: the GPU is wedged, and the worker cannot continue safely.
-    """
-    if device is None or device.type != "cuda":
-        return True
-    done = threading.Event()
-
-    def sync() -> None:
-        try:
-            torch.cuda.synchronize(device)
-        except RuntimeError as exc:  # an aborted kernel may report here; the device is idle either way
-            log.debug("synchronize after an NCCL abort: %s", exc)
-        done.set()
-
-    threading.Thread(target=sync, name="cloud-elastic-quiesce", daemon=True).start()
-    started = time.monotonic()
-    if done.wait(timeout_s):
-        return True
-    log.error("the GPU %s did not finish its queued work within %.0fs of an NCCL abort", device,
-              time.monotonic() - started)
-    return False
