@@ -4,6 +4,8 @@ and correct for one worker (a script run with plain ``python``). Across workers:
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -102,6 +104,14 @@ def test_refused_names_fail_at_the_call_with_one_line_that_says_what_to_use():
      ValueError, "> 0"),
     (lambda m: hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), compression="fp16"), TypeError,
      "hvd.Compression"),
+    (lambda m: hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), num_groups=-1), ValueError,
+     "num_groups must be a non-negative integer"),
+    (lambda m: hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), groups=0), ValueError,
+     "groups must be a positive integer"),
+    (lambda m: hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), groups=[[m.weight], [m.weight]]),
+     ValueError, "only appear once"),
+    (lambda m: hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), groups=[["weight"]]), ValueError,
+     "lists of torch.Tensor"),
     (lambda m: hvd.allreduce(torch.ones(2), op="mean"), ValueError, "hvd.Average"),
     (lambda m: hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum), ValueError, "not both"),
     (lambda m: hvd.allreduce(torch.arange(3)), TypeError, "op=hvd.Sum"),
@@ -190,6 +200,9 @@ def test_a_compressed_optimizer_steps_as_the_plain_one_within_16_bit_rounding():
         assert not torch.equal(got, plain)  # the gradients really went through 16 bits
         assert torch.allclose(got, plain, atol=tol), (compression, (got - plain).abs().max())
     assert torch.equal(trained(gradient_predivide_factor=1.0), plain)
+    # Horovod's fusion options and sparse_as_dense: accepted, as Horovod takes them, with the same results.
+    for options in ({"sparse_as_dense": True}, {"sparse_as_dense": False}, {"num_groups": 2}, {"groups": 1}):
+        assert torch.equal(trained(**options), plain), options
     # Horovod's default, passed explicitly with a sum: accepted, as Horovod accepts it (one worker: the same sum).
     assert torch.equal(trained(op=hvd.Sum, gradient_predivide_factor=1.0), plain)
 
@@ -285,3 +298,21 @@ def test_set_backward_passes_per_step_changes_how_many_backward_passes_a_step_ta
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="int >= 1"):
             opt.set_backward_passes_per_step(bad)
+
+
+def test_distributed_optimizer_takes_horovods_parameters_in_horovods_order():
+    """Horovod 0.28.1's ``horovod.torch.DistributedOptimizer`` signature: a script passing any of them, by keyword or
+    by position, runs unchanged (``sparse_as_dense=True`` is common with embeddings); ``bucket_cap_mb`` is ours,
+    keyword only, so it cannot take a Horovod parameter's place."""
+    hvd.init()
+    params = inspect.signature(hvd.DistributedOptimizer).parameters
+    horovod = ["optimizer", "named_parameters", "compression", "backward_passes_per_step", "op",
+               "gradient_predivide_factor", "num_groups", "groups", "sparse_as_dense", "process_set"]
+    assert [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD] == horovod
+    assert params["bucket_cap_mb"].kind is inspect.Parameter.KEYWORD_ONLY
+    model = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                   hvd.Compression.none, 1, hvd.Average, 1.0, 0, [[model.weight], [model.bias]], True,
+                                   hvd.global_process_set)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()

@@ -30,7 +30,7 @@ import torch
 from cloud_elastic.worker.comm.compression import NoneCompressor, cast_into, casts
 from cloud_elastic.worker.comm.ops import Scaling
 
-__all__ = ["Bucket", "make_buckets", "BUCKET_BYTES"]
+__all__ = ["Bucket", "make_buckets", "BUCKET_BYTES", "check_groups"]
 
 BUCKET_BYTES = 25 * 1024 * 1024
 #: The first bucket is small, as in DDP, so communication starts early in backward.
@@ -243,3 +243,27 @@ def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, compressio
     for i, bucket in enumerate(buckets):
         bucket.index = i
     return buckets
+
+
+def check_groups(num_groups: Any, groups: Any) -> None:
+    """Refuse what Horovod's ``DistributedOptimizer`` refuses in ``num_groups`` and ``groups``, in one line.
+
+    Both only say how Horovod fuses gradients into collectives (``groups``: how many fused groups, or which
+    parameters go together); buckets here are by size, so a valid value changes nothing but is still checked,
+    so that a script that Horovod would stop is stopped here too.
+    """
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+        raise ValueError(f"num_groups must be a non-negative integer, got {num_groups!r}")
+    if groups is None:
+        return
+    if isinstance(groups, list):
+        seen: set[int] = set()
+        for group in groups:
+            for param in group if isinstance(group, (list, tuple)) else (group,):
+                if not isinstance(param, torch.Tensor):
+                    raise ValueError(f"groups must be lists of torch.Tensor, got a {type(param).__name__} in one")
+                if id(param) in seen:
+                    raise ValueError("a parameter can only appear once in groups")
+                seen.add(id(param))
+    elif isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+        raise ValueError(f"groups must be a positive integer or a list of lists of torch.Tensor, got {groups!r}")

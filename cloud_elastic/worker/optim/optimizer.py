@@ -48,7 +48,7 @@ import torch
 from cloud_elastic.worker import sharded
 
 from cloud_elastic.worker.optim import zerocopy
-from cloud_elastic.worker.optim.buckets import BUCKET_BYTES, Bucket, make_buckets
+from cloud_elastic.worker.optim.buckets import BUCKET_BYTES, Bucket, check_groups, make_buckets
 from cloud_elastic.worker.comm.compression import Compression, check_compression
 from cloud_elastic.worker.commit.handlers import ModelHandler
 from cloud_elastic.worker.commit.participant import BoundCommit
@@ -506,8 +506,12 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     backward_passes_per_step: int = 1,
     op: str = Average,
     gradient_predivide_factor: float | None = None,
-    bucket_cap_mb: float = BUCKET_BYTES / (1024 * 1024),
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
     process_set: Any = None,
+    *,
+    bucket_cap_mb: float = BUCKET_BYTES / (1024 * 1024),
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so ``step()`` applies gradients averaged (``op=hvd.Sum``: summed) over all workers.
 
@@ -518,9 +522,14 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     is accepted. ``gradient_predivide_factor`` ``f`` (Average only) divides
     gradients by ``f`` before the sum and by ``size / f`` after, as in Horovod.
     ``op=hvd.Adasum``, and a ``process_set`` but the whole job (None, ``hvd.global_process_set``), raise
-    UnsupportedError. Call it after ``init()``; bad arguments raise a one-line ValueError or TypeError.
+    UnsupportedError. The parameters are Horovod's, in its order; ``bucket_cap_mb`` (keyword only) is ours.
+    ``num_groups`` and ``groups`` are checked as Horovod checks them and change nothing: they only say how
+    Horovod fuses gradients into collectives, and here fusion is by size (``bucket_cap_mb``), with the same
+    results. ``sparse_as_dense`` may be either: sparse gradients are always reduced dense, as with True.
+    Call it after ``init()``; bad arguments raise a one-line ValueError or TypeError.
     """
     check_process_set(process_set, "DistributedOptimizer")
+    check_groups(num_groups, groups)
     if isinstance(optimizer, torch.optim.SparseAdam):
         # Gradients are reduced dense (Horovod's sparse_as_dense=True), which every other optimizer takes; handing
         # a sparse one back dense-or-sparse by rank or by step split the replicas' optimizer states (5b465d3).
