@@ -44,8 +44,10 @@ import torch
 from cloud_elastic.checkpoint.api import (FORMAT, FORMAT_VERSION, READ_VERSION, SHARDED_FORMAT_VERSION, Checkpoint,
                                           CheckpointError, CheckpointInfo, DurableJobRecord)
 from cloud_elastic.checkpoint.backend import Backend, Digest, Oversize, backend_for
+from cloud_elastic.checkpoint.manifest import DATA, SHARDS_DIR, checkpoint_info, new_manifest, record_body, split_meta
 from cloud_elastic.checkpoint.payload import check_payload
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
+from cloud_elastic.checkpoint.safety import one_line as _one_line
 from cloud_elastic.checkpoint.safety import safe_load, storage_reason
 from cloud_elastic.errors import ConfigError
 
@@ -55,10 +57,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-DATA = "state.pt"
 MANIFEST = "manifest.json"
-#: A sharded checkpoint's folder for torch DCP's files (one or more per worker, and DCP's own metadata).
-SHARDS_DIR = "dcp"
 DCP_METADATA = ".metadata"
 #: DCP's metadata as JSON (checkpoint.dcp): what this cloud-elastic reads instead of the pickled ``.metadata``.
 DCP_METADATA_JSON = "metadata.json"  # the same as checkpoint.dcp.METADATA_JSON
@@ -70,7 +69,6 @@ _NAME = re.compile(r"ckpt-(\d{8}T\d{12})Z-step(\d+)")
 _TIME_FORMAT = "%Y%m%dT%H%M%S%f"
 #: Folder times from this one on are impossible: no later name could follow them (datetime ends at 9999).
 _END_OF_TIME = datetime(9000, 1, 1, tzinfo=timezone.utc)
-_META_KEYS = ("epoch", "world_size", "job_id")
 #: Why a folder is no checkpoint (yet): an interrupted write, or one whose manifest is still to come.
 _NO_MANIFEST = "no manifest"
 #: A folder without a manifest and without a lock to tell is kept while its newest file is younger than this, or
@@ -174,7 +172,7 @@ class CheckpointStore:
     def _publish(self, name: str, existing: list[str], step: int, payload: Any, meta: Mapping[str, Any] | None,
                  shards: Mapping[str, tuple[int, str]] | None = None, shard_count: int | None = None, *,
                  version: int = FORMAT_VERSION) -> CheckpointInfo:
-        fields, extra = _split_meta(meta)
+        fields, extra = split_meta(meta)
         backend = self.backend
         digest = Digest(self._moved)
         began = time.monotonic()
@@ -182,16 +180,8 @@ class CheckpointStore:
         try:
             backend.write(f"{name}/{DATA}", lambda f: torch.save(payload, digest.wrap(f)))
             created = time.time()
-            manifest = {
-                "format": FORMAT, "format_version": version,
-                "step": int(step), "created": created,
-                "created_utc": datetime.fromtimestamp(created, timezone.utc).isoformat().replace("+00:00", "Z"),
-                **fields, "torch_version": torch.__version__,
-                "data": {"name": DATA, "size": digest.size, "sha256": digest.hexdigest()}, "extra": extra,
-            }
-            if shards is not None:
-                manifest["shards"] = {"dir": SHARDS_DIR, "files": {f: size for f, (size, _) in shards.items()},
-                                      "sha256": {f: sha for f, (_, sha) in shards.items()}, "count": shard_count}
+            data = {"name": DATA, "size": digest.size, "sha256": digest.hexdigest()}
+            manifest = new_manifest(step, version, created, fields, extra, data, torch.__version__, shards, shard_count)
             body = json.dumps(manifest, indent=1, sort_keys=True).encode()
             backend.write(f"{name}/{MANIFEST}", lambda f: f.write(body))
         except Exception as exc:
@@ -201,7 +191,7 @@ class CheckpointStore:
         finally:
             self._writing.discard(name)
         self._longest_write_s = max(self._longest_write_s, time.monotonic() - began)
-        info = _info(name, backend.url(name), manifest)
+        info = checkpoint_info(name, backend.url(name), manifest)
         log.info("checkpoint of step %d written to %s (%d bytes%s)", step, info.url, digest.size,
                  "" if shards is None else f", and {sum(size for size, _ in shards.values())} bytes of shards")
         self._prune(name, existing)
@@ -406,7 +396,7 @@ class CheckpointStore:
         except Oversize as exc:
             raise _Unusable(f"unreadable manifest: {exc}") from None
         try:
-            return _info(name, self.backend.url(name), record_body(raw, "checkpoint manifest", READ_VERSION))
+            return checkpoint_info(name, self.backend.url(name), record_body(raw, "checkpoint manifest", READ_VERSION))
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:  # Infinity, deep nesting
             raise _Unusable(f"unreadable manifest: {_one_line(exc, 160)}") from exc
 
@@ -505,75 +495,7 @@ def read_record(store: CheckpointStore, path: str, what: str, kind: str, parse: 
         raise CheckpointError(f"{what} is unreadable: {_one_line(exc)}") from exc
 
 
-def record_body(raw: bytes, kind: str, read_version: int | None = None) -> dict[str, Any]:
-    """``raw`` as a JSON object of cloud-elastic's ``FORMAT``: ValueError when it is not one (``not a cloud-elastic
-    KIND``), or when ``read_version`` is given and its ``format_version`` is newer (KeyError when it has none)."""
-    body = json.loads(raw)
-    if not isinstance(body, dict) or body.get("format") != FORMAT:
-        raise ValueError(f"not a cloud-elastic {kind}")
-    if read_version is not None and int(body["format_version"]) > read_version:
-        raise ValueError(f"format version {body['format_version']} is newer than this cloud-elastic reads "
-                         f"({read_version})")
-    return body
-
-
 # -- helpers ---------------------------------------------------------------------------
-
-
-def _split_meta(meta: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    meta = dict(meta or {})
-    fields = {k: meta.pop(k) for k in _META_KEYS if meta.get(k) is not None}
-    for key in ("epoch", "world_size"):
-        if key in fields:
-            fields[key] = int(fields[key])
-    if "job_id" in fields:
-        fields["job_id"] = str(fields["job_id"])
-    try:
-        json.dumps(meta)
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint metadata must be JSON values: {_one_line(exc)}") from exc
-    return fields, meta
-
-
-def _size(value: Any) -> int:
-    """A byte count from a manifest: an integer in [0, 2**62] (ValueError otherwise; storage is not trusted)."""
-    size = int(value)
-    if not 0 <= size <= 2**62:
-        raise ValueError(f"a file size of {value!r} bytes")
-    return size
-
-
-def _info(name: str, url: str, manifest: Mapping[str, Any]) -> CheckpointInfo:
-    data = manifest["data"]
-    sha = str(data["sha256"])
-    if not re.fullmatch(r"[0-9a-f]{64}", sha):
-        raise ValueError("the data digest is not a SHA-256 hex digest")
-    data_name = str(data.get("name", DATA))
-    if "/" in data_name or data_name.startswith("."):
-        raise ValueError(f"the data name {data_name!r} is not a plain file name")
-    optional = {k: manifest.get(k) for k in _META_KEYS}
-    shards = manifest.get("shards")
-    if shards is not None:
-        files = {str(f): _size(size) for f, size in dict(shards["files"]).items()}
-        if shards.get("dir") != SHARDS_DIR or any("/" in f or f in ("", "..") for f in files):
-            raise ValueError("the shards are not listed as plain file names of the dcp folder")
-        digests = None
-        if shards.get("sha256") is not None:
-            digests = {str(f): str(h) for f, h in dict(shards["sha256"]).items()}
-            if set(digests) != set(files) or not all(re.fullmatch(r"[0-9a-f]{64}", h) for h in digests.values()):
-                raise ValueError("the shard digests are not a SHA-256 hex digest for each listed file")
-        shards = {"files": files, "count": int(shards["count"]), "sha256": digests}
-    return CheckpointInfo(
-        name=name, url=url, step=int(manifest["step"]), created=float(manifest["created"]), size=_size(data["size"]),
-        sha256=sha, data_name=data_name,
-        epoch=None if optional["epoch"] is None else int(optional["epoch"]),
-        world_size=None if optional["world_size"] is None else int(optional["world_size"]),
-        job_id=None if optional["job_id"] is None else str(optional["job_id"]),
-        format_version=int(manifest["format_version"]), torch_version=manifest.get("torch_version"),
-        extra=dict(manifest.get("extra") or {}),
-        shards=None if shards is None else shards["files"], shard_count=None if shards is None else shards["count"],
-        shard_digests=None if shards is None else shards["sha256"],
-    )
 
 
 def checked_step(step: int) -> int:
@@ -592,8 +514,3 @@ def _time_of(name: str) -> datetime | None:
     except ValueError:
         return None
     return when if when is not None and when < _END_OF_TIME else None
-
-
-def _one_line(text: object, limit: int = 300) -> str:
-    flat = " ".join(str(text).split()) or type(text).__name__
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
