@@ -41,7 +41,8 @@ The pieces own their state; what they share (workers, round, phase, the
 queues) is this module's, and they see it through :class:`~.view.JobView`.
 What stays here is the job's entry points (a worker's messages and exits,
 discovery, ticks), aborting a round, ending the job, and the step that runs
-every piece's checks in order.
+every piece's checks in order; the shared state itself, with the queues and
+the lists of workers a step asks for, is :mod:`.job_state`'s.
 
 Progress is never silently lost: the driver knows which workers hold committed
 state (they report their commits), rank 0 is always one of them, and when none
@@ -51,8 +52,7 @@ is left the job resumes from a durable checkpoint or fails with a clear error.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from cloud_elastic.driver.job.actions import Action, Finish, Launch, Phase, Policy, Release, Stop
 from cloud_elastic.driver.job.capacity import PROGRESS_EVERY_S, Capacity
@@ -62,10 +62,11 @@ from cloud_elastic.driver.job.failures import Failures
 from cloud_elastic.driver.job.fixed_size import FixedSize
 from cloud_elastic.driver.job.formation import RoundFormation
 from cloud_elastic.driver.job.health import Health
-from cloud_elastic.driver.job.hosts import HostManager, Slot
+from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.exit_status import ExitStatus
+from cloud_elastic.driver.job.job_state import MEMBER, JobState
 from cloud_elastic.driver.job.leaving import Leavers
-from cloud_elastic.driver.job.liveness import RunningClock, SilenceWatch
+from cloud_elastic.driver.job.liveness import SilenceWatch
 from cloud_elastic.driver.job.stopping import GracefulStop
 from cloud_elastic.driver.job.adoption import Adoption
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
@@ -81,45 +82,10 @@ log = logging.getLogger(__name__)
 
 S = WorkerState
 
-#: States of alive workers that are staying (see active) and of round members (MEMBER_STATES), as
-#: tuples: membership in a tuple tests identity first, while an enum's hash is computed in Python.
-_ACTIVE = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
-_MEMBER = (S.RUNNING, S.DRAINING)
-
 
 @dataclass
-class ElasticJob:
-    """Pure state machine of one elastic job (see module docstring)."""
-
-    policy: Policy
-    hosts: HostManager
-    job_id: str = "job"
-    phase: Phase = Phase.STARTING
-    round: int = 0
-    resets: int = 0
-    update_gen: int = 0
-    abort_round: int = 0
-    workers: dict[str, WorkerRecord] = field(default_factory=dict)
-    outcome: Finish | None = None
-    #: Some worker has committed: from now on, the state must never be lost.
-    state_committed: bool = False
-    #: A restarted driver resuming the job from its durable checkpoints: the state exists
-    #: before any worker runs, so the first round loads the latest checkpoint.
-    resumed: bool = False
-    # What the pieces share (see view.JobView).
-    last_failure: str = field(default="", init=False)
-    failure_since_round: bool = field(default=False, init=False)
-    commit_high: int = field(default=0, init=False)  # the highest commit reported since the last checkpoint load
-    commit_base: int | None = field(default=None, init=False)  # a resumed job's first load or adoption (see view)
-    wall_offset: float = field(default=0.0, init=False)
-    discovered_once: bool = field(default=False, init=False)
-    last_discovery_error: str = field(default="", init=False)
-    _actions: list[Action] = field(default_factory=list, init=False)
-    _events: list[tuple[str, dict[str, Any]]] = field(default_factory=list, init=False)
-    _clock: RunningClock = field(default_factory=RunningClock, init=False)
-    _alive_memo: list[WorkerRecord] | None = field(default=None, init=False)  # alive() during one step
-    _alive_count: int = field(default=0, init=False)  # as of the last step
-    silence: SilenceWatch = field(init=False)  # fed each heartbeat's arrival by the runtime (see liveness)
+class ElasticJob(JobState):
+    """Pure state machine of one elastic job (see module docstring); its shared state is :class:`.JobState`'s."""
 
     def __post_init__(self) -> None:
         policy = self.policy
@@ -272,7 +238,7 @@ class ElasticJob:
         self.stopping.heard(w, now)  # how often it commits: whether a stop waits for its next commit
         if progress is not None and progress != w.progress:
             w.progress, w.progress_at = progress, running
-            if w.round == self.round and w.state in _MEMBER:
+            if w.round == self.round and w.state in MEMBER:
                 self.completion.progressed(running)
         if steps is not None and steps > w.steps:
             w.steps = steps
@@ -440,16 +406,6 @@ class ElasticJob:
         self.adoption.end(now, missing)
 
     # --------------------------------------------------------------- queries
-    def take_actions(self) -> list[Action]:
-        """Return and forget the queued actions."""
-        actions, self._actions = self._actions, []
-        return actions
-
-    def take_events(self) -> list[tuple[str, dict[str, Any]]]:
-        """Return and forget the queued events (kind, fields) for the events file."""
-        events, self._events = self._events, []
-        return events
-
     def take_rendezvous_news(self) -> set[str]:
         """Return and forget the workers that stopped waiting at rendezvous since the last call.
 
@@ -463,48 +419,11 @@ class ElasticJob:
         return self.rounds.take_news()
 
     @property
-    def alive_count(self) -> int:
-        """How many workers were alive at the last step (a cheap size of the group)."""
-        return self._alive_count
-
-    def rank_of(self, worker_id: str) -> int | None:
-        w = self.workers.get(worker_id)
-        return w.rank if w is not None else None
-
-    @property
     def completed_workers(self) -> int:
         """Workers whose training function returned (exited since, or not yet)."""
         return self.completion.exited + sum(1 for w in self.workers.values() if w.state is S.COMPLETED)
 
     # ------------------------------------------------------- the pieces' view
-    def running(self, now: float) -> float:
-        """The driver's running time at ``now`` (see :mod:`.liveness`)."""
-        return self._clock(now)
-
-    def emit(self, kind: str, **fields: Any) -> None:
-        self._events.append((kind, fields))
-
-    def act(self, action: Action) -> None:
-        self._actions.append(action)
-
-    def alive(self) -> list[WorkerRecord]:
-        # A step asks this many times over thousands of workers: one scan per step (kept in
-        # _alive_memo until a worker is born or dies), identity tests instead of WorkerRecord.alive.
-        if self._alive_memo is not None:
-            return self._alive_memo
-        return [w for w in self.workers.values() if w.state is not S.LOST and w.state is not S.EXITED]
-
-    def forget_alive(self) -> None:
-        self._alive_memo = None
-
-    def active(self) -> list[WorkerRecord]:
-        """Alive workers that are staying (not draining, exiting or done)."""
-        return [w for w in self.alive() if w.state in _ACTIVE]
-
-    def members(self) -> list[WorkerRecord]:
-        r = self.round  # WorkerRecord.member_of, inlined for the same reason as in alive
-        return [w for w in self.alive() if w.round == r and w.state in _MEMBER] if r > 0 else []
-
     def note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None, *, exact=False) -> None:
         # A heartbeat (which may be older than a later rendezvous) only raises ``commit_seq``; a rendezvous
         # (``exact``) says it as it is, even lower (a sync to an older rank 0: ``ledger.hold_commit``).
