@@ -188,6 +188,8 @@ def test_a_script_worker_is_forked_and_is_what_python_would_have_started(tmp_pat
         launcher.close()
 
 
+# Starts two fork servers (each imports torch): 18 s on a quiet machine, and past 60 s under a load of 15.
+@pytest.mark.timeout(150)
 def test_a_parent_of_servers_with_other_start_up_settings_is_not_used(tmp_path, parent_of_servers, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read as the interpreter starts: the parent's servers lack it
     launcher = LocalLauncher()
