@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -30,11 +29,10 @@ from typing import Any, Callable
 from cloud_elastic.config import JobConfig
 from cloud_elastic.control import round_namespace
 from cloud_elastic.driver.job.actions import SetCapacity
-from cloud_elastic.driver.job.elastic_job import ElasticJob, Finish, Launch, Policy, Release, Stop
-from cloud_elastic.driver.job.hosts import Blacklist, HostManager
+from cloud_elastic.driver.job.elastic_job import Finish, Launch, Release, Stop
 from cloud_elastic.driver.job.notice_policy import watched_cloud
 from cloud_elastic.driver.job.spares import launch_room
-from cloud_elastic.driver.launch.api import Launcher, is_local_host
+from cloud_elastic.driver.launch.api import Launcher
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.net.endpoints import Endpoints
 from cloud_elastic.driver.restart.finished import mark_succeeded
@@ -58,6 +56,7 @@ from cloud_elastic.driver.runtime.discovery import (
 )
 from cloud_elastic.driver.runtime.processes import WorkerProcesses
 from cloud_elastic.driver.runtime.pulse import Pulse
+from cloud_elastic.driver.runtime.startup import choose_address, first_discovery, new_job
 from cloud_elastic.driver.runtime import raised
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 from cloud_elastic.records import job_dir, remove_driver_record, write_driver_record
@@ -97,32 +96,7 @@ class Driver:
         self._discovery = discovery
         self._clock = clock
         self._cond = JobCondition()  # also wakes held heartbeats and rendezvous requests, only on their news
-        self._job = ElasticJob(
-            Policy(
-                num_proc=config.num_proc,
-                min_np=config.min_np,
-                max_np=config.max_np,
-                reset_limit=config.reset_limit,
-                restarts=config.restarts,
-                elastic_timeout_s=config.elastic_timeout_s,
-                start_timeout_s=config.start_timeout_s,
-                heartbeat_timeout_s=config.heartbeat_timeout_s,
-                finish_timeout_s=config.finish_timeout_s,
-                checkpointing=config.checkpoint_dir is not None,
-                progress_timeout_s=config.progress_timeout_s,
-                straggler_factor=config.straggler_factor,
-                straggler_window_s=config.straggler_window_s,
-                whole_host_slots=config.whole_host_slots,
-                sources=tuple(getattr(discovery, "specs", ())),  # several host sources (providers.multi)
-                fallback_after_s=config.fallback_after_s,
-                manage_capacity=config.manage_capacity,
-                spares=config.spares,
-                plan_admissions=True,
-            ),
-            HostManager(Blacklist(config.cooldown_range_s), missing_grace_s=config.host_missing_grace_s,
-                        drain_soft=config.drain_on_rebalance),
-            job_id=self.job_id,
-        )
+        self._job = new_job(config, discovery, self.job_id)
         self._cond.watch(self._job)
         self._stop_reason: tuple[str, int] | None = None
         self._stop_now = False  # False while a signal's graceful stop may still keep the state (see interrupt)
@@ -301,7 +275,7 @@ class Driver:
         with self._cond:
             self._job.discovered(first, self._clock())
             hosts = list(first.ready) + list(first.draining)
-        advertised, bind = self._choose_address(hosts)
+        advertised, bind = choose_address(self.config, hosts)
         self._endpoints.start(bind, advertised=advertised)
         self._record_for_status()
         log.info(
@@ -384,61 +358,14 @@ class Driver:
         return max(self.config.driver_grace_s, adopted)
 
     def _first_discovery(self) -> DiscoveredHosts | None:
-        """Discover until it works; transient failures are retried within --start-timeout.
+        """Discover until it works; transient failures are retried within --start-timeout (see :mod:`.startup`).
 
         Returns None when the job ended meanwhile (a fatal error, the timeout, a signal). A call that hangs is
         given up on at --start-timeout if that comes before --discovery-timeout.
         """
-        poller = DiscoveryPoller(self._discovery, lambda r: None, interval_s=self.config.discovery_interval_s,
-                                 call_timeout_s=self._discovery_timeout_s)
-        try:
-            return self._discover_first(poller)
-        finally:
-            poller.close()  # its call thread ends with the call under way, if any
-
-    def _discover_first(self, poller: DiscoveryPoller) -> DiscoveredHosts | None:
-        with self._cond:
-            started, answered = self._clock(), self._job.discovery.answered_before  # then --elastic-timeout bounds it
-            self._job.start(started, wall_now=time.time())
-        said = ""
-        while True:
-            # A new job's hanging call is given up on just past --start-timeout, when tick() ends the job.
-            left_s = None if answered else started + self.config.start_timeout_s - self._clock() + _TICK_S
-            result = poller.poll_once(stopping=lambda: self._stop_reason is not None,  # Ctrl-C ends a slow call
-                                      timeout_s=left_s)
-            with self._cond:
-                if self._stop_reason is not None:
-                    self._job.stop(*self._stop_reason)
-                    return None
-                if not isinstance(result, DiscoveryFailure):
-                    return result
-                if result.timed_out and said and left_s is not None and left_s < poller.limit_s:
-                    # Cut short by --start-timeout, not the provider's fault: the job ends on the last real failure.
-                    self._job.discovery_failed(said, fatal=False, now=self._clock())
-                else:
-                    if result.message != said and not result.fatal:
-                        said = result.message
-                        log.warning("host discovery failed: %s; retrying (up to --start-timeout %gs)",
-                                    result.message, self.config.start_timeout_s)
-                    self._job.discovery_failed(result.message, fatal=result.fatal, now=self._clock())
-                self._job.tick(self._clock())
-                if self._job.outcome is not None:
-                    return None
-                self._cond.wait(self.config.discovery_interval_s)
-
-    def _choose_address(self, hosts: list[str]) -> tuple[str, str]:
-        """(address workers use, address to bind). Loopback unless a remote host is involved."""
-        if self.config.driver_address:
-            addr = self.config.driver_address
-            bind = "127.0.0.1" if is_local_host(addr) else "0.0.0.0"
-            return addr, bind
-        remote = [h for h in hosts if not is_local_host(h)]
-        if not remote and not self.config.force_ssh:
-            return "127.0.0.1", "127.0.0.1"
-        target = remote[0] if remote else "127.0.0.1"
-        addr = _route_address(target)
-        log.info("--driver-address not given; workers will reach the driver at %s (route to %s)", addr, target)
-        return addr, "0.0.0.0"
+        return first_discovery(self._job, self._cond, self._discovery, self.config, clock=self._clock,
+                               stop_reason=lambda: self._stop_reason, call_timeout_s=self._discovery_timeout_s,
+                               tick_s=_TICK_S)
 
     # --------------------------------------------------------------- the loop
     def _loop(self) -> Finish:
@@ -573,16 +500,6 @@ class Driver:
             self._discovery.close()
         except Exception:  # closing is best effort; the job's outcome is already decided
             log.debug("discovery close failed", exc_info=True)
-
-
-def _route_address(target: str) -> str:
-    """The local address the kernel would use to reach ``target`` (no packet is sent)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((target, 9))
-            return s.getsockname()[0]
-    except OSError:
-        return socket.gethostbyname(socket.gethostname())
 
 
 _print_lock = threading.Lock()
