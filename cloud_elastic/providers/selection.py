@@ -122,6 +122,8 @@ class DiscoveryArgs:
     def pop_from(cls, params: dict[str, Any]) -> "DiscoveryArgs":
         """Take the discovery flags out of a click command's ``params`` (the rest stay)."""
         base = {name: params.pop(name) for name in _BASE_PARAMS}
+        for name, flag in _ONE_VALUE.items():  # click keeps the last of a repeated option: refuse instead
+            base[name] = _once(flag, base[name])
         base["provider_option"] = tuple(base["provider_option"])
         base["address_map"] = tuple(base["address_map"])
         base["source"] = tuple(base["source"])
@@ -133,7 +135,7 @@ class DiscoveryArgs:
             if value is None or value == ():
                 continue
             # A group flag keeps its first value here (one source: as ever); ``groups`` holds them all.
-            cloud[flag.dest] = value[0] if flag.selects else ",".join(value) if flag.multiple else value
+            cloud[flag.dest] = value[0] if flag.selects else ",".join(value) if flag.multiple else _once(flag.flag, value)
         return cls(**base, cloud=MappingProxyType(cloud), groups=groups)
 
     @property
@@ -145,6 +147,20 @@ class DiscoveryArgs:
 #: click parameter names of the discovery flags that are not cloud flags.
 _BASE_PARAMS = ("hosts", "host_discovery_script", "provider", "provider_option", "slots_per_host",
                 "discovery_timeout", "address_map", "source")
+#: The host-source flags that take one value (the cloud flags' own are in :data:`CLOUD_FLAGS`): click takes
+#: them as repeatable, so that a repeat is refused (:func:`_once`) rather than the first value silently dropped.
+_ONE_VALUE = {"hosts": "-H/--hosts", "host_discovery_script": "--host-discovery-script", "provider": "--provider"}
+
+
+def _once(flag: str, values: Sequence[str] | None) -> str | None:
+    """The one value of a single-value host-source flag (None when absent); ConfigError when it was repeated:
+    ``-H a:1 -H b:1`` would otherwise run on ``b`` alone, and say nothing of ``a``."""
+    if not values:
+        return None
+    if len(values) > 1:
+        hint = ": give one comma-separated list (-H a:1,b:1)" if flag.startswith("-H") else ": give it once"
+        raise ConfigError(f"{flag} given {len(values)} times ({', '.join(map(repr, values))}){hint}")
+    return values[0]
 
 
 def _complete_provider(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
@@ -175,15 +191,17 @@ def discovery_options(command: Callable[..., Any]) -> Callable[..., Any]:
         wrapped = click.option(
             cloud_flag.flag, cloud_flag.dest, metavar=cloud_flag.metavar,
             help=cloud_flag.help + (" (repeatable: one host source each)" if cloud_flag.selects else ""),
-            multiple=cloud_flag.multiple or cloud_flag.selects,
+            multiple=True,  # a single-value one refuses a repeat (see pop_from)
         )(wrapped)
     for decorator in reversed((
-        click.option("-H", "--hosts", metavar="HOST[:SLOTS],...", help="a fixed list of hosts"),
-        click.option("--host-discovery-script", metavar="PATH", help="executable printing host[:slots] per line"),
-        click.option("--provider", metavar="NAME", shell_complete=_complete_provider,
+        click.option("-H", "--hosts", metavar="HOST[:SLOTS],...", multiple=True, help="a fixed list of hosts"),
+        click.option("--host-discovery-script", metavar="PATH", multiple=True,
+                     help="executable printing host[:slots] per line"),
+        click.option("--provider", metavar="NAME", shell_complete=_complete_provider, multiple=True,
                      help="any installed provider (see 'cloud-elastic providers')"),
         click.option("-o", "--provider-option", metavar="KEY=VALUE", multiple=True,
-                     help="an option for --provider (repeatable)"),
+                     help="an option of the selected provider, e.g. -o timeout_s=60 next to "
+                          "--host-discovery-script (repeatable)"),
         click.option("--slots-per-host", type=int, metavar="N",
                      help="slots on each host; wins over what the provider reports (default 1 for -H/scripts)"),
         click.option("--discovery-timeout", type=float, default=30.0, metavar="SECONDS", show_default=False,
@@ -221,10 +239,11 @@ def parse_discovery_args(argv: Sequence[str]) -> DiscoveryArgs:
 def selected_provider(args: DiscoveryArgs) -> tuple[str, dict[str, str]]:
     """Return ``(provider name, options)`` for the parsed arguments; ConfigError if ambiguous.
 
-    ``-o key=value`` options go to the provider chosen by ``--provider`` or by
-    a cloud group flag (``--aws-asg NAME -o max_attempts=3``). A cloud flag
-    and an ``-o`` that set the same option to different values are an error,
-    as is a cloud flag for a provider other than the selected one.
+    ``-o key=value`` options go to the provider chosen by ``--provider``, by
+    a cloud group flag (``--aws-asg NAME -o max_attempts=3``), by ``-H`` or by
+    ``--host-discovery-script`` (``-o timeout_s=60``). A shorthand flag and an
+    ``-o`` that set the same option to different values are an error, as is a
+    cloud flag for a provider other than the selected one, or a key given twice.
     """
     given = [(f, args.cloud[f.dest]) for f in CLOUD_FLAGS if f.dest in args.cloud]
     chosen: list[str] = []
@@ -247,20 +266,19 @@ def selected_provider(args: DiscoveryArgs) -> tuple[str, dict[str, str]]:
         if cloud_flag.provider != name:
             owner = next(f.flag for f in CLOUD_FLAGS if f.selects and f.provider == cloud_flag.provider)
             raise ConfigError(f"{cloud_flag.flag} needs {owner} (or --provider {cloud_flag.provider})")
-    shorthand = name in ("static", "script") and not args.provider  # -H or --host-discovery-script
-    if shorthand and args.provider_option:
-        raise ConfigError("-o/--provider-option needs --provider NAME or a cloud group flag")
-    if shorthand and name == "static":
-        return name, {"hosts": args.hosts}
-    if shorthand:
-        return name, {"path": args.host_discovery_script, "timeout_s": str(args.discovery_timeout)}
+    # -H and --host-discovery-script are shorthands as the cloud flags are: -o gives their provider's other options.
+    flags = [(f.flag, f.option, value) for f, value in given]
+    if args.hosts:
+        flags.insert(0, ("-H", "hosts", args.hosts))
+    if args.host_discovery_script:
+        flags.insert(0, ("--host-discovery-script", "path", args.host_discovery_script))
     options = _parse_options(args.provider_option)
-    if name == "script":  # --provider script -o path=...: --discovery-timeout applies as to the shorthand
+    if name == "script":  # --discovery-timeout kills the script, unless -o timeout_s gives another
         options.setdefault("timeout_s", str(args.discovery_timeout))
-    for cloud_flag, value in given:
-        if options.get(cloud_flag.option, value) != value:
-            raise ConfigError(f"{cloud_flag.flag} and -o {cloud_flag.option}=... disagree; give one")
-        options[cloud_flag.option] = value
+    for flag, option, value in flags:
+        if options.get(option, value) != value:
+            raise ConfigError(f"{flag} and -o {option}=... disagree; give one")
+        options[option] = value
     return name, options
 
 
@@ -375,5 +393,7 @@ def _parse_options(pairs: Sequence[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"-o expects KEY=VALUE, got {pair!r}")
+        if key.strip() in options:  # as a repeated -H: the first value must not be dropped in silence
+            raise ConfigError(f"-o {key.strip()} given twice ({options[key.strip()]!r}, {value!r}): give it once")
         options[key.strip()] = value
     return options

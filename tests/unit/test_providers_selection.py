@@ -38,6 +38,9 @@ def _args(*argv: str) -> DiscoveryArgs:
     (["--provider", "script", "-o", "path=/d.sh", "--discovery-timeout", "5"],
      ("script", {"path": "/d.sh", "timeout_s": "5.0"})),
     (["--provider", "static", "-o", "hosts=a:2"], ("static", {"hosts": "a:2"})),
+    # -o next to the script shorthand, as the docs show it (it was refused: "-o needs --provider NAME").
+    (["--host-discovery-script", "/d.sh", "-o", "timeout_s=8"], ("script", {"path": "/d.sh", "timeout_s": "8"})),
+    (["--host-discovery-script", "/d.sh", "--discovery-timeout", "5"], ("script", {"path": "/d.sh", "timeout_s": "5.0"})),
 ])
 def test_flags_map_to_provider_and_options(argv, expected):
     assert selected_provider(_args(*argv)) == expected
@@ -53,7 +56,9 @@ def test_flags_map_to_provider_and_options(argv, expected):
     (["-H", "a", "--aws-notice-queue", "https://sqs.x/q"], "--aws-notice-queue needs --aws-asg"),
     (["--host-discovery-script", "d.sh", "--k8s-namespace", "prod"], "--k8s-namespace needs --k8s-selector"),
     (["--aws-asg", "a", "-o", "group=b"], "--aws-asg and -o group=... disagree"),
-    (["-H", "a", "-o", "x=1"], "-o/--provider-option needs --provider NAME or a cloud group flag"),
+    (["-H", "a", "-o", "hosts=b"], "-H and -o hosts=... disagree"),
+    (["--host-discovery-script", "/d.sh", "-o", "path=/e.sh"], "--host-discovery-script and -o path=... disagree"),
+    (["--provider", "script", "-o", "path=/d.sh", "-o", "path=/e.sh"], "-o path given twice"),
     (["--provider", "aws", "-o", "novalue"], "-o expects KEY=VALUE"),
 ])
 def test_ambiguous_or_misplaced_flags_are_config_errors(argv, message):
@@ -78,3 +83,36 @@ def test_build_discovery_configures_the_provider_without_io_and_wraps_for_addres
     assert isinstance(mapped, AddressMappedDiscovery) and isinstance(mapped.inner, AWSAutoScalingGroup)
     with pytest.raises(ConfigError, match="--address-map"):
         build_discovery(_args("-H", "a", "--address-map", "nonsense"))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["-H", "127.0.0.1:1", "-H", "127.0.0.2:1"],
+     "-H/--hosts given 2 times ('127.0.0.1:1', '127.0.0.2:1'): give one comma-separated list (-H a:1,b:1)"),
+    (["--host-discovery-script", "/a.sh", "--host-discovery-script", "/b.sh"],
+     "--host-discovery-script given 2 times ('/a.sh', '/b.sh'): give it once"),
+    (["--provider", "aws", "--provider", "gcp", "-o", "group=g"], "--provider given 2 times ('aws', 'gcp')"),
+    (["--aws-asg", "g", "--aws-region", "us-east-1", "--aws-region", "eu-west-1"], "--aws-region given 2 times"),
+])
+def test_a_repeated_single_value_host_flag_is_refused_not_dropped(argv, message):
+    """click keeps the last value of a repeated option: ``-H a:1 -H b:1`` ran on b alone, and -np 2 then failed
+    with "the host list offers 1 slot(s)", naming neither the repeat nor the lost list."""
+    with pytest.raises(ConfigError) as caught:
+        _args(*argv)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_a_repeated_host_list_exits_2_in_one_line_before_anything_starts(capsys):
+    from cloud_elastic.cli import main
+
+    assert main(["run", "-np", "2", "-H", "127.0.0.1:1", "-H", "127.0.0.2:1", "python", "-c", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "-H/--hosts given 2 times" in err
+
+
+def test_a_script_given_timeout_s_by_o_is_killed_at_it(tmp_path):
+    """The docs' form, ``--host-discovery-script PATH -o timeout_s=S``: S reaches the script provider."""
+    script = tmp_path / "d.sh"
+    script.write_text("#!/bin/sh\necho 127.0.0.1:1\n")
+    script.chmod(0o755)
+    built = build_discovery(_args("--host-discovery-script", str(script), "-o", "timeout_s=8"))
+    assert built.timeout_s == 8.0
