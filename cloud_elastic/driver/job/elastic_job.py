@@ -35,7 +35,9 @@ It is assembled from small pieces, each tested on its own:
   which of them a round takes;
 * :mod:`.sourcing` — several host sources: the choice rule, the fallback and
   what the job costs;
-* :mod:`.notice_policy` — which worker watches for notices, soft or hard.
+* :mod:`.notice_policy` — which worker watches for notices, soft or hard;
+* :mod:`.ending` — a failure while a live worker holds a commit newer than the last checkpoint: that commit is
+  checkpointed first, through :mod:`.stopping`'s graceful stop.
 
 The pieces own their state; what they share (workers, round, phase, the
 queues) is this module's, and they see it through :class:`~.view.JobView`.
@@ -58,6 +60,7 @@ from cloud_elastic.driver.job.actions import Action, Finish, Launch, Phase, Poli
 from cloud_elastic.driver.job.capacity import PROGRESS_EVERY_S, Capacity
 from cloud_elastic.driver.job.completion import EARLY_RETURN_WAIT_S, STACKS_WAIT_S, Completion
 from cloud_elastic.driver.job.discovery_edge import DiscoveryEdge
+from cloud_elastic.driver.job.ending import FailingEnd
 from cloud_elastic.driver.job.failures import Failures
 from cloud_elastic.driver.job.fixed_size import FixedSize
 from cloud_elastic.driver.job.formation import RoundFormation
@@ -100,6 +103,7 @@ class ElasticJob(JobState):
         self.health = Health(self, self.leavers)
         self.discovery = DiscoveryEdge(self, self.leavers.lapsed, self.leavers.send_away)
         self.stopping = GracefulStop(self, self.leavers, self.rounds)
+        self.failing = FailingEnd(self, self.stopping, self.leavers)
         if self.resumed:
             if not self.policy.checkpointing:
                 raise ValueError("a resumed job needs checkpointing (it starts from a durable checkpoint)")
@@ -147,6 +151,7 @@ class ElasticJob(JobState):
     def discovery_failed(self, message: str, *, fatal: bool, now: float) -> None:
         """A discovery call failed: retried within the timeouts; a fatal failure before discovery ever answered
         ends the job (see :mod:`.discovery_edge`)."""
+        self.stepped_at = now
         self.discovery.failed(message, fatal=fatal, now=now)
 
     def registered(self, worker_id: str, now: float) -> bool:
@@ -385,7 +390,7 @@ class ElasticJob(JobState):
         if now is not None and self.stopping.begin(reason, exit_code, now, grace_s):
             self._step(now)
             return
-        self.end(False, reason, exit_code)
+        self._finish(False, reason, exit_code)
 
     # ------------------------------------------------------------ adoption
     def begin_adoption(self, last_seq: int) -> None:
@@ -441,6 +446,18 @@ class ElasticJob(JobState):
                 log.debug("job %s: first commit seen (worker %s)", self.job_id, w.worker_id)
 
     def end(self, success: bool, reason: str, exit_code: int) -> None:
+        """End the job (once). A failure while a live worker holds a commit newer than the last checkpoint ends it
+        once that commit is checkpointed, or the graceful stop's time is up (see :mod:`.ending`)."""
+        if self.outcome is not None:
+            return
+        if not success:
+            routed = self.failing.route(reason, exit_code, self.stepped_at)
+            if routed is None:
+                return  # the holders of the last commit checkpoint it first: the graceful stop ends the job
+            reason = routed
+        self._finish(success, reason, exit_code)
+
+    def _finish(self, success: bool, reason: str, exit_code: int) -> None:
         if self.outcome is not None:
             return
         self.phase = Phase.DONE
@@ -477,6 +494,7 @@ class ElasticJob(JobState):
     def _step(self, now: float) -> None:
         if self.phase is Phase.DONE:
             return
+        self.stepped_at = now
         self._alive_memo = None
         self._alive_memo = self.alive()
         try:
@@ -508,8 +526,8 @@ class ElasticJob(JobState):
             return  # a fixed-size job's round runs (or is being stopped): nothing launches or re-forms
         self.capacity.plan_launches(now)
         self.capacity.check(now)
-        if self.phase is not Phase.DONE:
+        if self.phase is not Phase.DONE and not self.stopping.active:  # not ending (a failure may checkpoint first)
             self.failures.check_state_kept()
-        if self.phase is not Phase.DONE:
+        if self.phase is not Phase.DONE and not self.stopping.active:
             self.rounds.maybe_request_update(now)
             self.rounds.maybe_form(now)

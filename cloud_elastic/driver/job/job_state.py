@@ -54,6 +54,8 @@ class JobState:
     wall_offset: float = field(default=0.0, init=False)
     discovered_once: bool = field(default=False, init=False)
     last_discovery_error: str = field(default="", init=False)
+    #: The time of the latest step (or discovery failure): a failing end that checkpoints first starts then.
+    stepped_at: float | None = field(default=None, init=False)
     _actions: list[Action] = field(default_factory=list, init=False)
     _events: list[tuple[str, dict[str, Any]]] = field(default_factory=list, init=False)
     _clock: RunningClock = field(default_factory=RunningClock, init=False)

@@ -36,11 +36,16 @@ from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
-__all__ = ["GracefulStop"]
+__all__ = ["GracefulStop", "STOP_GRACE_S"]
 
 log = logging.getLogger(__name__)
 
 S = WorkerState
+
+#: How long a graceful stop may take: a first SIGINT or SIGTERM's (the driver's loop passes it to ``ElasticJob.stop``), and
+#: a failing job's (``ElasticJob.end``, see :mod:`.ending`). With the TERM-then-KILL of what is left after it
+#: (``terminate_grace_s``, 5 s) it fits a Kubernetes pod's default grace (30 s), well within systemd's stop timeout (90 s).
+STOP_GRACE_S = 20.0
 
 #: A stop waits for a commit expected at least this long, beyond the exit order's deadline margin
 #: (``policy.deadline_margin_s``, which it keeps for the worker to exit), before the stop's time is up: the time
@@ -100,16 +105,20 @@ class GracefulStop:
                 return None
         return why
 
-    def begin(self, reason: str, exit_code: int, now: float, grace_s: float) -> bool:
-        """A signal asks the job to end (``reason``, ``exit_code``), giving it ``grace_s`` to keep its state.
+    def begin(self, reason: str, exit_code: int, now: float, grace_s: float, *, failing: bool = False) -> bool:
+        """A signal asks the job to end (``reason``, ``exit_code``), giving it ``grace_s`` to keep its state;
+        ``failing``: the job fails instead (see :mod:`.ending`), and says so.
 
         Returns True when the job stops gracefully (it ends later, from :meth:`step`), False when it must end now.
         """
         job = self._job
         if grace_s <= 0 or not job.policy.checkpointing or job.phase is not Phase.RUNNING or not job.state_committed:
             return False  # nothing to keep: no checkpoints, or nothing committed yet (a fixed-size script never is)
-        # Workers at rendezvous with a commit (a round being formed, after a failure) checkpoint it on their way out.
+        # Workers at rendezvous with a commit (a round being formed, after a failure) checkpoint it on their way out,
+        # only those holding the newest commit known: an older one's checkpoint would pass for the job's last.
         waiting = [w for w in job.alive() if w.state is S.WAITING and w.holds_state]
+        newest = max((w.commit_seq for w in waiting + job.members()), default=0)
+        waiting = [w for w in waiting if w.commit_seq >= newest]
         # The members stop at their next commit (their heartbeats may not have told of their last one yet), if it
         # is expected in time for rank 0 to write it before its exit order's deadline margin.
         members = job.members()
@@ -123,7 +132,7 @@ class GracefulStop:
         holders = members + waiting
         self._ending = (reason, exit_code, now + grace_s)
         self._holders = [w.worker_id for w in holders]
-        why = f"the job is stopping: {reason}"
+        why = f"the job {'is failing' if failing else 'is stopping'}: {reason}"
         for w in holders:
             self._leavers.checkpoint_on_leaving(w, now + job.wall_offset + grace_s)
         for w in job.active():
@@ -134,8 +143,12 @@ class GracefulStop:
             if w.state is S.EXITING:  # it was waiting at rendezvous: its exit order says to checkpoint first
                 self._leavers.left_round(w, now)
         job.forget_alive()
-        log.warning("job %s: %s: the workers stop at their next commit and the first holder to leave checkpoints it (up to %gs); "
-                    "a second signal stops them at once", job.job_id, reason, grace_s)
+        if failing:
+            log.warning("job %s: %s: before the job ends, the workers holding its last commit checkpoint it (up to %gs; "
+                        "a signal twice stops them at once)", job.job_id, reason, grace_s)
+        else:
+            log.warning("job %s: %s: the workers stop at their next commit and the first holder to leave checkpoints it "
+                        "(up to %gs); a second signal stops them at once", job.job_id, reason, grace_s)
         if job.members():
             self._rounds.next.drop(why)  # a next round planned for newcomers: they are leaving too
             self._rounds.request_update(why)  # every member leaves at its next commit

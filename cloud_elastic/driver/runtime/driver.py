@@ -32,6 +32,7 @@ from cloud_elastic.driver.job.actions import SetCapacity
 from cloud_elastic.driver.job.elastic_job import Finish, Launch, Release, Stop
 from cloud_elastic.driver.job.notice_policy import watched_cloud
 from cloud_elastic.driver.job.spares import launch_room
+from cloud_elastic.driver.job.stopping import STOP_GRACE_S  # a first signal's graceful stop (a failing job's too)
 from cloud_elastic.driver.launch.api import Launcher
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.net.endpoints import Endpoints
@@ -66,11 +67,6 @@ __all__ = ["Driver"]
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.05
-#: How long a first SIGINT/SIGTERM lets the workers reach their next commit, rank 0 checkpoint it, and exit
-#: (with ``--checkpoint-dir``; see :mod:`cloud_elastic.driver.job.stopping`). With the TERM-then-KILL of what
-#: is left after it (``terminate_grace_s``, 5 s) it fits a Kubernetes pod's default grace (30 s), well within
-#: systemd's stop timeout (90 s).
-STOP_GRACE_S = 20.0
 
 
 class Driver:

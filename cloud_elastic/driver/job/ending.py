@@ -1,0 +1,72 @@
+"""A job that fails while a worker holds a commit newer than the last checkpoint: that commit is checkpointed first.
+
+A failure ending (fewer than ``--min-np`` workers past ``--elastic-timeout``, ``--reset-limit`` exceeded, a round
+that keeps failing to form, discovery failing for good, any other ``ElasticJob.end`` that is not a success) used to
+stop every worker at once: the survivors' commits since the last periodic checkpoint were thrown away, and the
+rerun repeated them without a word. :class:`FailingEnd` sends such an ending through the path a SIGINT's graceful
+stop takes (:class:`~.stopping.GracefulStop`, with ``failing``): the same writer choice (the holders of the newest
+commit, one host of them writing, see :meth:`.leaving.Leavers.left_round`), the same budget
+(:data:`~.stopping.STOP_GRACE_S`); the job then ends with the failure's reason and exit code, and its end line says
+which checkpoint the same command resumes from.
+
+It does so only with ``--checkpoint-dir``, once a commit was heard of, while the job runs (not while it finishes:
+rank 0's training function returned and it writes the final checkpoint itself), and only when a live worker holds
+more than the newest checkpoint reported stored: a round member (it trains on to its next commit, as under a
+signal, if that commit is expected in time) or a worker waiting at rendezvous holding a newer commit. A worker
+holding an older commit than another never writes (progress is sacred: its checkpoint would pass for the job's
+last). Otherwise the job ends at once, its end line still saying what the same command resumes from.
+"""
+
+from __future__ import annotations
+
+from cloud_elastic.driver.job.leaving import Leavers
+from cloud_elastic.driver.job.stopping import STOP_GRACE_S, GracefulStop
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerState
+
+__all__ = ["FailingEnd"]
+
+S = WorkerState
+
+
+class FailingEnd:
+    """How a failure ends one job (see module docstring)."""
+
+    def __init__(self, job: JobView, stopping: GracefulStop, leavers: Leavers) -> None:
+        self._job = job
+        self._stopping = stopping
+        self._leavers = leavers
+
+    def route(self, reason: str, exit_code: int, now: float | None) -> str | None:
+        """The job fails (``reason``, ``exit_code``) at ``now`` (None: not known, the job ends at once). None when
+        the holders of the last commit checkpoint it first (the job ends later, from the graceful stop, whose end
+        line says what the next run resumes from); else the reason to end with now."""
+        job = self._job
+        if not job.policy.checkpointing or not job.state_committed or self._stopping.active:
+            return reason  # nothing to keep, or the graceful stop is ending the job (its reason says what it kept)
+        if now is not None and self._holds_more() and self._stopping.begin(reason, exit_code, now, STOP_GRACE_S,
+                                                                             failing=True):
+            return None
+        return f"{reason}; {self.resumes_from()}"
+
+    def _holds_more(self) -> bool:
+        """A live worker holds, or is about to hold, a commit newer than the newest checkpoint reported stored."""
+        job = self._job
+        if any(w.state is S.RUNNING for w in job.members()):
+            return True  # it commits on (the graceful stop waits for that commit only if it is expected in time)
+        newest = self._leavers.newest_checkpoint
+        stored = newest[1] if newest is not None else -1
+        return any(w.state is S.WAITING and w.holds_state and w.commit_seq > stored for w in job.alive())
+
+    def resumes_from(self) -> str:
+        """What the same command resumes from, for a job ending at once (no worker left holding a newer commit)."""
+        newest, last = self._leavers.newest_checkpoint, self._job.commit_high
+        if newest is None:
+            since = f", and redoes the steps committed after it (the last commit heard of: {last})" if last else ""
+            return ("no checkpoint was reported stored by this driver: the same command resumes from the latest "
+                    f"checkpoint in --checkpoint-dir, if any{since}")
+        step, seq = newest
+        if seq >= last:
+            return f"the checkpoint of step {step} holds the last commit: the same command resumes from it"
+        return (f"the same command resumes from the checkpoint of step {step}, and redoes the {last - seq} committed "
+                "step(s) after it")

@@ -1,0 +1,111 @@
+"""A job that fails while a live worker holds a commit newer than the last checkpoint checkpoints that commit first,
+through the graceful stop's path, and its end line says what the same command resumes from. Found by review
+(f6_minnp_end.sh): below --min-np, rank 0 still held step 11, the job ended at once, and the only checkpoint was of
+step 1: the rerun repeated 10 steps without a word."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.driver.job.elastic_job import ExitOrder, WorkerState
+from cloud_elastic.driver.job.stopping import STOP_GRACE_S
+from cloud_elastic.driver.launch.api import ExitStatus
+from tests.unit.test_job import CLEAN, Sim, assert_round
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def back_with(sim: Sim, slot: str, seq: int, round_: int = 1) -> None:
+    """``slot`` comes back to rendezvous after a failure, holding commit ``seq``."""
+    sim.job.rendezvous(sim.id(slot), round_, "failure", sim.now, seq, 0, seq)
+    sim._collect()
+
+
+def below_min_np(np: int = 2, checkpointing: bool = True) -> Sim:
+    """Round 1 of ``np`` workers on a; the checkpoint of step 1 (commit 1) is stored; the last one crashes, and its
+    slot stays blacklisted: the others are back at rendezvous, below --min-np."""
+    sim = Sim(np, cooldown=(300, 300), elastic_timeout_s=5, checkpointing=checkpointing)
+    assert_round(sim.start({"a": np}), 1, needs_sync=True)
+    sim.job.checkpoint_saved(1, 1)
+    sim.exit(f"a[{np - 1}]", ExitStatus(-6))
+    return sim
+
+
+def test_below_min_np_the_survivor_checkpoints_its_last_commit_before_the_job_fails() -> None:
+    sim = below_min_np()
+    back_with(sim, "a[0]", 11)
+    sim.advance(6)  # past --elastic-timeout
+    assert sim.outcome is None  # not yet: a[0] holds commit 11, the checkpoint only commit 1
+    order = sim.reply("a[0]")
+    assert isinstance(order, ExitOrder) and order.writer, order
+    assert 0 < order.checkpoint_s <= STOP_GRACE_S
+    assert "fewer than --min-np 2" in order.reason
+    sim.job.checkpoint_saved(11, 11)  # its report of the checkpoint it wrote on its way out
+    sim.exit("a[0]", CLEAN)
+    outcome = sim.outcome
+    assert outcome is not None and (outcome.success, outcome.exit_code) == (False, 1)
+    assert outcome.reason.startswith("fewer than --min-np 2 worker(s) for 5s (elastic timeout); last failure: ")
+    assert outcome.reason.endswith("checkpoint of step 11 written; the same command resumes from it")
+
+
+def test_a_checkpoint_not_written_in_time_ends_the_job_at_the_bound_saying_the_steps_to_redo() -> None:
+    sim = below_min_np()
+    back_with(sim, "a[0]", 11)
+    sim.advance(6)
+    assert isinstance(sim.reply("a[0]"), ExitOrder)
+    sim.advance(STOP_GRACE_S + 1)  # storage too slow: no report, no exit
+    outcome = sim.outcome
+    assert outcome is not None and outcome.exit_code == 1 and "fewer than --min-np 2" in outcome.reason
+    assert outcome.reason.endswith("1 worker(s) had not exited in time; the last checkpoint is of step 1, the last "
+                                   "commit 11: the same command resumes from that checkpoint, and 10 committed step(s) "
+                                   "will be redone")
+
+
+def test_the_reset_limit_checkpoints_the_survivors_commit_before_the_job_fails() -> None:
+    sim = Sim(3, min_np=1, reset_limit=1, checkpointing=True)
+    assert_round(sim.start({"a": 3}), 1, needs_sync=True)
+    sim.exit("a[0]")
+    back_with(sim, "a[1]", 4)
+    back_with(sim, "a[2]", 4)
+    assert sim.job.round == 2
+    sim.exit("a[1]")
+    back_with(sim, "a[2]", 9, round_=2)
+    assert sim.outcome is None
+    order = sim.reply("a[2]")
+    assert isinstance(order, ExitOrder) and order.checkpoint_s and order.writer
+    sim.job.checkpoint_saved(90, 9)
+    sim.exit("a[2]", CLEAN)
+    assert sim.outcome is not None and sim.outcome.exit_code == 1
+    assert sim.outcome.reason == ("reset limit exceeded: 2 resets > --reset-limit 1; checkpoint of step 90 written; "
+                                  "the same command resumes from it")
+
+
+def test_a_survivor_holding_an_older_commit_never_writes_the_checkpoint() -> None:
+    sim = below_min_np(3)
+    back_with(sim, "a[1]", 10)  # it could restore only an older commit (synced to an older rank 0)
+    back_with(sim, "a[0]", 11)
+    sim.advance(6)
+    older, newest = sim.reply("a[1]"), sim.reply("a[0]")
+    assert isinstance(older, ExitOrder) and not older.checkpoint_s and not older.writer
+    assert isinstance(newest, ExitOrder) and newest.checkpoint_s and newest.writer
+
+
+def test_a_job_whose_checkpoint_holds_the_last_commit_fails_at_once_saying_it_resumes_from_it() -> None:
+    sim = below_min_np()
+    back_with(sim, "a[0]", 11)
+    sim.job.checkpoint_saved(110, 11)
+    sim.advance(6)
+    outcome = sim.outcome
+    assert outcome is not None and outcome.exit_code == 1
+    assert outcome.reason.endswith("; the checkpoint of step 110 holds the last commit: the same command resumes "
+                                   "from it")
+    assert sim.job.workers[sim.id("a[0]")].state is WorkerState.EXITING
+
+
+def test_without_a_checkpoint_dir_the_job_fails_at_once_as_before() -> None:
+    sim = below_min_np(checkpointing=False)
+    back_with(sim, "a[0]", 11)
+    sim.advance(6)
+    assert sim.outcome is not None and sim.outcome.reason == (
+        "fewer than --min-np 2 worker(s) for 5s (elastic timeout); last failure: worker "
+        f"{sim.id('a[1]')} (rank 1) killed by signal 6")
