@@ -179,11 +179,17 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
             raise ConfigError(why)
     from cloud_elastic.driver.job.notice_policy import watched_cloud
     from cloud_elastic.driver.runtime.processes import forwarded_env
+    from cloud_elastic.driver.launch import forkserver
     from cloud_elastic.notices.factory import check_endpoint
+    from cloud_elastic.worker.settings import check_environ
 
-    # A malformed endpoint override, in the environment the workers get: the driver's with -x/--env over it.
-    check_endpoint(watched_cloud(config.notice_watcher, str(getattr(built, "name", ""))),
-                   {**os.environ, **forwarded_env(config.forward_env)})
+    # What the workers or the driver would refuse later, refused now, before anything is started or written:
+    # a malformed endpoint override or worker setting, in the environment the workers get (the driver's with
+    # -x/--env over it), and a bad CLOUD_ELASTIC_LOCAL_FORKSERVER (read by the driver's local launcher).
+    forwarded = forwarded_env(config.forward_env)
+    check_endpoint(watched_cloud(config.notice_watcher, str(getattr(built, "name", ""))), {**os.environ, **forwarded})
+    check_environ(os.environ, forwarded, checkpointing=config.checkpoint_dir is not None)
+    forkserver.enabled()
     _setup_logging(config.verbose)
     from cloud_elastic.driver.runtime.driver import Driver
 

@@ -38,7 +38,7 @@ from cloud_elastic.errors import ConfigError
 __all__ = ["WorkerSettings", "SECRET_ENV", "SECRET_FD_ENV", "DRIVER_ENV", "STORE_ENV", "JOB_ID_ENV", "WORKER_ID_ENV",
            "HOSTNAME_ENV", "SLOT_ENV", "HOST_KEY_ENV", "NETWORK_INTERFACE_ENV", "HEARTBEAT_INTERVAL_ENV", "HEARTBEAT_TIMEOUT_ENV",
            "DRIVER_GRACE_ENV", "CHECKPOINT_DIR_ENV", "CHECKPOINT_INTERVAL_ENV", "CHECKPOINT_KEEP_ENV",
-           "keep_secret", "take_secret", "taken_secret"]
+           "check_environ", "keep_secret", "take_secret", "taken_secret"]
 
 #: The name of the secret among settings (:meth:`WorkerSettings.from_environ` of a mapping); never in a
 #: worker's environment.
@@ -345,6 +345,28 @@ class WorkerSettings:
             selftest_timeout_s=number("CLOUD_ELASTIC_SELFTEST_TIMEOUT_S", "60", float),
             term_grace_s=number("CLOUD_ELASTIC_TERM_GRACE_S", "30", float),
         )
+
+
+#: Who the worker is and where its driver is: the driver's to set, for each worker, whatever ``-x`` says.
+_IDENTITY_ENV = frozenset({SECRET_ENV, DRIVER_ENV, STORE_ENV, JOB_ID_ENV, WORKER_ID_ENV, HOSTNAME_ENV, SLOT_ENV,
+                           HOST_KEY_ENV})
+#: What the driver sets from its own flags (:meth:`WorkerSettings.to_environ`) over the environment it inherits.
+_FROM_FLAGS_ENV = frozenset({NETWORK_INTERFACE_ENV, HEARTBEAT_INTERVAL_ENV, HEARTBEAT_TIMEOUT_ENV, DRIVER_GRACE_ENV})
+_CHECKPOINT_ENV = frozenset({CHECKPOINT_DIR_ENV, CHECKPOINT_INTERVAL_ENV, CHECKPOINT_KEEP_ENV})
+
+
+def check_environ(environ: Mapping[str, str], forwarded: Mapping[str, str], *, checkpointing: bool) -> None:
+    """The ConfigError a worker would raise at ``init()`` on the environment a job gives it, raised now, by the
+    driver before it starts anything (``cloud-elastic run``: one line, exit code 2, instead of every worker's
+    traceback and a failed job): ``environ`` is the driver's, which a local worker inherits, ``forwarded`` the
+    ``-x``/``--env`` values over it. What the driver sets itself replaces the inherited values and is not looked
+    at: who the worker is, and the heartbeat, grace and (``checkpointing``: ``--checkpoint-dir`` given)
+    checkpoint settings of its flags, which a forwarded value can still replace. The same parser as the
+    worker's, so the two cannot disagree."""
+    replaced = _IDENTITY_ENV | _FROM_FLAGS_ENV | (_CHECKPOINT_ENV if checkpointing else frozenset())
+    env = {k: v for k, v in environ.items() if k not in replaced}
+    env.update((k, v) for k, v in forwarded.items() if k not in _IDENTITY_ENV)
+    WorkerSettings.from_environ(env)  # no CLOUD_ELASTIC_DRIVER: standalone, so no secret or address is asked
 
 
 def _lenient(raw: str | None, default: float) -> float:

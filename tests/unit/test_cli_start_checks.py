@@ -1,0 +1,71 @@
+"""What a job's workers or its local launcher would refuse is refused by ``cloud-elastic run`` before anything starts.
+
+A bad ``CLOUD_ELASTIC_*_S`` worker variable started every worker, each printed a 20-line
+traceback, and the job failed with "all workers failed", never naming the variable; a bad
+``CLOUD_ELASTIC_LOCAL_FORKSERVER`` exited 2 only after the events file and the checkpoint
+directory had been written (a corrected rerun then "resumed" the empty job). Exit code 2
+means nothing was started: one line, and no file written.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.cli import main
+from cloud_elastic.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(30)  # without the checks a real (one-worker, `python -c 1`) job would run
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("CLOUD_ELASTIC_"):
+            monkeypatch.delenv(name)
+
+
+def _run(tmp_path, *extra: str) -> list[str]:
+    return ["run", "-np", "1", "-H", "127.0.0.1:1", "--events-file", str(tmp_path / "ev.jsonl"),
+            "--checkpoint-dir", str(tmp_path / "ck"), *extra, "python", "-c", "1"]
+
+
+def _refused_before_anything(capsys, tmp_path, argv: list[str], words: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+    assert not (tmp_path / "ev.jsonl").exists() and not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S", "inf"),
+    ("CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S", "nan"),
+    ("CLOUD_ELASTIC_SELFTEST_TIMEOUT_S", "soon"),
+])
+def test_a_bad_worker_variable_in_the_environment_is_one_line_exit_2(name, value, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv(name, value)
+    _refused_before_anything(capsys, tmp_path, _run(tmp_path), f"error: {name}=")
+
+
+def test_a_bad_worker_variable_given_by_x_is_one_line_exit_2(capsys, tmp_path):
+    argv = _run(tmp_path, "-x", "CLOUD_ELASTIC_TERM_GRACE_S=1e12")
+    _refused_before_anything(capsys, tmp_path, argv, "CLOUD_ELASTIC_TERM_GRACE_S=1000000000000.0: must be a finite")
+
+
+def test_a_bad_local_forkserver_setting_is_one_line_exit_2_with_nothing_written(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("CLOUD_ELASTIC_LOCAL_FORKSERVER", "maybe")
+    _refused_before_anything(capsys, tmp_path, _run(tmp_path), "CLOUD_ELASTIC_LOCAL_FORKSERVER='maybe'")
+
+
+def test_what_the_driver_sets_for_each_worker_is_its_own_not_the_environments():
+    from cloud_elastic.worker.settings import check_environ
+
+    # The driver's flags replace these in every worker's environment: a stale value in the shell is harmless...
+    check_environ({"CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S": "nan", "CLOUD_ELASTIC_DRIVER": "x",
+                   "CLOUD_ELASTIC_SLOT": "?", "CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S": "0"}, {}, checkpointing=True)
+    # ...but -x forwards over them, and without --checkpoint-dir the shell's checkpoint value reaches the worker.
+    with pytest.raises(ConfigError, match="CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S=nan"):
+        check_environ({}, {"CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S": "nan"}, checkpointing=False)
+    with pytest.raises(ConfigError, match="CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S"):
+        check_environ({"CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S": "0"}, {}, checkpointing=False)
