@@ -82,3 +82,16 @@ def test_reaching_min_np_again_ends_the_wait() -> None:
     cap.check(T0 + 100)  # a new wait starts here
     cap.check(T0 + 159)
     assert job.outcome is None
+
+
+def test_the_wait_line_says_the_count_it_compares_with_min_np(caplog) -> None:
+    """Review (e9.log): a relaunch still starting was counted in the line but not in the comparison, which read
+    ``2 worker(s) available, below --min-np 2``."""
+    job, cap = capacity(2, {"a": 2}, min_np=2, elastic_timeout_s=60)
+    job.phase, job.round = Phase.RUNNING, 1
+    job.worker("a", 0, S.WAITING, round_=1, rank=0)
+    job.worker("a", 1, S.STARTING)  # the relaunch of the slot that failed
+    with caplog.at_level("WARNING", logger="cloud_elastic.driver.job.capacity"):
+        cap.check(T0)
+    assert "1 worker(s) ready (1 more starting), below --min-np 2; waiting up to 60s for more" in caplog.text
+    assert "2 worker(s)" not in caplog.text

@@ -152,9 +152,9 @@ class Capacity:
         # reached on every launch must not restart the timeout each time. At start-up before any failure
         # the workers still starting count (each one's set-up is bounded by --start-timeout: .liveness).
         if job.phase is Phase.STARTING and not failed_start:
-            counted = len(job.active())
+            counted, what = len(job.active()), "available"
         else:
-            counted = 0
+            counted, what = 0, "ready"
             for w in job.alive():  # a count, not a list: this runs over every worker each step
                 if w.state is S.WAITING or w.state is S.RUNNING:
                     counted += 1
@@ -162,19 +162,18 @@ class Capacity:
             self._below_min_since = None
             self._waits.pop("min_np", None)
             return
+        # The line says the count it compares (a worker still starting does not count here: see above).
+        starting = len(job.active()) - counted
+        what += f" ({starting} more starting)" if starting else ""
         if self._below_min_since is None:
             self._below_min_since = now
             wait, limit = policy.elastic_timeout_s, ""
             if failed_start:
                 wait, limit = max(0.0, self.started_at + policy.start_timeout_s - now), " (--start-timeout)"
-            log.warning(
-                "job %s: %d worker(s) %s, below --min-np %d; waiting up to %gs%s for more",
-                job.job_id, *((counted, "ready") if failed_start else (len(job.active()), "available")),
-                policy.min_np, round(wait), limit,
-            )
+            log.warning("job %s: %d worker(s) %s, below --min-np %d; waiting up to %gs%s for more", job.job_id,
+                        counted, what, policy.min_np, round(wait), limit)
         else:
-            self._progress(now, "min_np", f"below --min-np {policy.min_np}: {counted} worker(s) ready, "
-                                          f"{len(job.active()) - counted} starting")
+            self._progress(now, "min_np", f"below --min-np {policy.min_np}: {counted} worker(s) {what}")
         if failed_start:
             if now - self.started_at > policy.start_timeout_s:  # rather than relaunching the failing slots for good
                 who = "no worker" if counted == 0 else f"only {counted} of --min-np {policy.min_np} worker(s)"
