@@ -78,8 +78,9 @@ class StatusReply:
     max_np: int
     uptime_s: float
     resets: int
-    #: The newest commit the round's members hold, counted in commits (``state.commit()`` calls) in the history
-    #: of the state, as ``round_formed.step``: the training step only when the script commits once per step.
+    #: The job's newest commit a live worker holds (between rounds: the survivors'; none alive: the newest heard
+    #: of), counted in commits (``state.commit()`` calls) in the history of the state, as ``round_formed.step``:
+    #: the training step only when the script commits once per step.
     commit_step: int | None = None
     #: Optimizer steps per second rank 0's process takes (30 s window; those a rollback undoes included).
     steps_per_s: float | None = None

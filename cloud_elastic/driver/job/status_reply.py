@@ -71,7 +71,7 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h))
              for h, (n, _) in hosts.missing.items()]
     members = [w for w in job.workers.values() if w.member_of(job.round)]
-    commit = max((w.commit_seq for w in members), default=0)
+    commit = _last_commit(job)
     computes = [w.compute_s for w in members if w.compute_s is not None]
     return StatusReply(
         job=job.job_id,
@@ -101,6 +101,14 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
         spares_wanted=spare_slots(job.policy.spares, job.policy.whole_host_slots),
         **_cost(job, now),
     )
+
+
+def _last_commit(job: ElasticJob) -> int:
+    """The job's last commit, not the round's: between rounds (after a drain or a failure, the next round not
+    formed yet) there are no members, but the survivors still hold the commit the next round goes on from. The
+    newest commit a live worker holds, else the newest heard of since the last checkpoint load (0: none)."""
+    held = max((w.commit_seq for w in job.workers.values() if w.alive and w.holds_state), default=0)
+    return held or job.commit_high
 
 
 def _cost(job: ElasticJob, now: float) -> dict:
