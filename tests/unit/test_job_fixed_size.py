@@ -99,8 +99,39 @@ def test_a_root_cause_that_never_exits_does_not_hold_the_job_up() -> None:
     assert sim.job.completed(sim.id("a[1]"), sim.now, steps=4, error="RuntimeError: boom", elastic=False) == \
         ("done", "")
     script_ends(sim, "a[0]", CRASH, error="CollectiveError: a peer failed")
-    sim.advance(3.0)  # a[1] hangs in its exit: after ROOT_CAUSE_WAIT_S the first failure seen is the reason
-    failed(sim, "worker a[0]#1 (rank 0) exited with code 1: CollectiveError: a peer failed")
+    sim.advance(3.0)  # a[1] hangs in its exit: after ROOT_CAUSE_WAIT_S the job ends, its reported error the reason
+    failed(sim, "worker a[1]#2 (rank 1) ended its script with RuntimeError: boom (its process had not exited 2s later)")
+    assert "CollectiveError" not in sim.outcome.reason
+
+
+SURVIVOR = "CollectiveError: gradient allreduce failed: Read error [127.0.0.1]:59523: Connection reset by peer."
+
+
+@pytest.mark.parametrize("reaped_first", ["the killed worker", "its peer"])
+def test_a_peer_s_collective_error_is_never_the_reason_when_a_worker_was_killed(reaped_first: str) -> None:
+    """Review (f5_plain_reason.sh, 3 runs of 3): rank 1 killed by SIGABRT, and the job failed naming rank 0's
+    CollectiveError, its view of the lost peer, whichever exit the driver reaped first."""
+    sim = started(2, {"a": 2})
+    sim.advance(1)
+    if reaped_first == "the killed worker":  # f5's order: rank 0's report, rank 1's exit, then rank 0's exit
+        assert sim.job.completed(sim.id("a[0]"), sim.now, steps=6, error=SURVIVOR, elastic=False) == ("done", "")
+        sim.exit("a[1]", ExitStatus(-6))  # no exit hook ran: no report
+        sim.exit("a[0]", CRASH)
+    else:
+        script_ends(sim, "a[0]", CRASH, error=SURVIVOR)
+        assert sim.outcome is None  # the worker its collective lost may be exiting still
+        sim.advance(0.5)
+        sim.exit("a[1]", ExitStatus(-6))
+    failed(sim, "worker a[1]#2 (rank 1) killed by signal 6")
+    assert "CollectiveError" not in sim.outcome.reason
+
+
+def test_a_collective_error_is_the_reason_when_no_other_member_fails_within_the_wait() -> None:
+    sim = started(2, {"a": 2})
+    script_ends(sim, "a[0]", CRASH, error=SURVIVOR)
+    sim.silent.add(sim.id("a[1]"))  # stopped, say: it neither reports nor exits
+    sim.advance(2.5)
+    failed(sim, "worker a[0]#1 (rank 0) exited with code 1: CollectiveError")
 
 
 @pytest.mark.parametrize("restarts", [0, 1])

@@ -21,6 +21,10 @@ the job:
   (before any member's script ended, in a restarted attempt as in the first,
   its round re-forms instead); a failure seen before the first report counts
   too, since the others' collectives fail after it) is the job's reason. A
+  member's ``CollectiveError`` (its view of a lost peer) is never the reason
+  when another member failed otherwise (a signal, another exception, an exit
+  without a report): such a failure replaces it, and the job waits up to
+  :data:`ROOT_CAUSE_WAIT_S` for one. A
   worker outside the round (a ``--spares`` spare, one still starting) that
   fails is blacklisted as in an elastic job, and does not end the attempt
   (nothing is launched while the attempt's round runs). No slot is
@@ -92,6 +96,7 @@ class FixedSize:
         self.restarts = 0
         self._failure: str | None = None  # the first failure of the current attempt
         self._failure_of: str | None = None  # the worker whose failure that is
+        self._weak = False  # that failure is a CollectiveError's: a survivor's view of a lost peer (see _collective)
         self._failure_seen: float | None = None  # when the job's step first saw it
         self._root_before: str | None = None  # the first worker to report an error, before that failure
         self._errors: dict[str, str] = {}  # worker id -> the error its script ended with (from its report)
@@ -166,14 +171,15 @@ class FixedSize:
             self._member_failure = reason
             return False
         job.last_failure = reason
-        first = self._failure is None
-        if first or (w.worker_id == self._root_before and self._failure_of != w.worker_id):
-            # The root cause is a worker whose script had reported its error before the first failure was
-            # seen: its peers' collectives fail only once its process closes its sockets, and their exits
-            # may be reaped before its own.
-            self._root_before = self._root() if first else None
+        first, weak = self._failure is None, _collective(error)
+        if first:
+            self._root_before = self._root()
+        # The root cause is a worker whose script had reported its error before the first failure was seen (its
+        # peers' collectives fail only once its process closes its sockets, and their exits may be reaped before
+        # its own), or any failure other than a peer's CollectiveError (a signal leaves no report).
+        if first or (self._weak and not weak) or (w.worker_id == self._root_before and self._failure_of != w.worker_id):
             first = True
-            self._failure, self._failure_of = reason, w.worker_id
+            self._failure, self._failure_of, self._weak = reason, w.worker_id, weak
         (log.error if first else log.info)("job %s: %s%s", job.job_id, reason,
                                            "" if first else " (after the first failure, above)")
         killed_by = signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
@@ -267,18 +273,25 @@ class FixedSize:
                            "new round for it")
 
     def _root(self) -> str | None:
-        """The worker whose script reported an error first in this attempt (None when none did)."""
-        return next(iter(self._errors), None)
+        """The worker whose script reported an error first in this attempt, a CollectiveError aside (None: none)."""
+        return next((i for i, error in self._errors.items() if not _collective(error)), None)
 
     def _after_failure(self, now: float) -> bool:
         job = self._job
         if self._failure_seen is None:
             self._failure_seen = now
         root = self._root_before
-        if root is not None and root != self._failure_of and now - self._failure_seen < ROOT_CAUSE_WAIT_S and \
-                any(w.worker_id == root for w in job.alive()):
-            return True  # the worker that reported its error first is exiting: its failure is the reason
+        if root == self._failure_of:
+            root = None
+        # A peer's CollectiveError: the lost member's own exit (a signal leaves no report) may be reaped next.
+        others = self._weak and any(w.worker_id != self._failure_of and w.round == job.round for w in job.alive())
+        if (others or root is not None and any(w.worker_id == root for w in job.alive())) and \
+                now - self._failure_seen < ROOT_CAUSE_WAIT_S:
+            return True  # the worker that reported its error first, or the one the failed collective lost, is exiting
         reason = self._failure
+        if self._weak and root is not None:  # its process is slow to exit: its error is still the root cause
+            reason = (f"worker {root} ({job.workers[root].label}) ended its script with {self._errors[root]} (its "
+                      f"process had not exited {ROOT_CAUSE_WAIT_S:g}s later)")
         limit = job.policy.restarts
         if self.restarts >= limit or job.state_committed:
             why = ""
@@ -301,12 +314,18 @@ class FixedSize:
             return True  # wait until every worker of the failed attempt is gone
         self.restarts += 1
         self._failure, self._failure_of, self._failure_seen, self._root_before = None, None, None, None
+        self._weak = False
         self._errors, self._succeeded, self._member_failure, self._ended = {}, 0, None, False
         job.phase = Phase.STARTING
         log.warning("job %s: restart %d of %d: every worker starts the script again (after: %s). It resumes "
                     "only from a checkpoint the script itself writes and loads; without one it trains from the "
                     "start", job.job_id, self.restarts, limit, reason)
         return False
+
+
+def _collective(error: str | None) -> bool:
+    """A script ended with ``CollectiveError`` (Horovod's ``HorovodInternalError``): a survivor's view of a lost peer."""
+    return bool(error) and error.split(":", 1)[0].strip() in ("CollectiveError", "HorovodInternalError")
 
 
 def _clean(status: ExitStatus) -> bool:
