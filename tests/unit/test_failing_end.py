@@ -109,3 +109,29 @@ def test_without_a_checkpoint_dir_the_job_fails_at_once_as_before() -> None:
     assert sim.outcome is not None and sim.outcome.reason == (
         "fewer than --min-np 2 worker(s) for 5s (elastic timeout); last failure: worker "
         f"{sim.id('a[1]')} (rank 1) killed by signal 6")
+
+
+def test_a_failure_while_a_round_trains_aborts_it_and_a_member_checkpoints_the_commit_it_rolls_back_to() -> None:
+    """Discovery failing past --elastic-timeout ends a job whose round still trains (or a round stalled in a
+    collective that will never complete: it would never reach a next commit). The round is aborted: its members
+    roll back to their last commit and leave with it from rendezvous, the first to leave writing it."""
+    sim = Sim(2, elastic_timeout_s=5, checkpointing=True)
+    assert_round(sim.start({"a": 2}), 1, needs_sync=True)
+    for slot in ("a[0]", "a[1]"):
+        sim.job.heartbeat(sim.id(slot), sim.now, 9, 9)  # both at commit 9; the checkpoint holds commit 1
+    sim.job.checkpoint_saved(10, 1)
+    sim.discovery_failed("throttled")
+    sim.advance(6)
+    sim.discovery_failed("throttled")
+    assert sim.outcome is None and sim.job.abort_round == 1
+    back_with(sim, "a[1]", 9)  # freed from its collective by the abort, holding commit 9
+    back_with(sim, "a[0]", 9)
+    first, second = sim.reply("a[1]"), sim.reply("a[0]")
+    assert isinstance(first, ExitOrder) and first.writer and first.checkpoint_s
+    assert isinstance(second, ExitOrder) and not second.writer
+    sim.job.checkpoint_saved(90, 9)
+    sim.exit("a[1]", CLEAN)
+    sim.exit("a[0]", CLEAN)
+    assert sim.outcome is not None and sim.outcome.exit_code == 1
+    assert sim.outcome.reason == ("host discovery kept failing for 5s (--elastic-timeout): throttled; checkpoint of "
+                                  "step 90 written; the same command resumes from it")

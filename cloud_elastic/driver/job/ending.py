@@ -11,10 +11,11 @@ which checkpoint the same command resumes from.
 
 It does so only with ``--checkpoint-dir``, once a commit was heard of, while the job runs (not while it finishes:
 rank 0's training function returned and it writes the final checkpoint itself), and only when a live worker holds
-more than the newest checkpoint reported stored: a round member (it trains on to its next commit, as under a
-signal, if that commit is expected in time) or a worker waiting at rendezvous holding a newer commit. A worker
-holding an older commit than another never writes (progress is sacred: its checkpoint would pass for the job's
-last). Otherwise the job ends at once, its end line still saying what the same command resumes from.
+a commit newer than the newest checkpoint reported stored: a worker waiting at rendezvous, or a round member (its
+round is aborted, not drained at its next commit as under a signal: a failing round may never commit again, a
+stalled collective; it rolls back to its last commit and leaves from rendezvous with it). A worker holding an
+older commit than another never writes (progress is sacred: its checkpoint would pass for the job's last).
+Otherwise the job ends at once, its end line still saying what the same command resumes from.
 """
 
 from __future__ import annotations
@@ -50,13 +51,12 @@ class FailingEnd:
         return f"{reason}; {self.resumes_from()}"
 
     def _holds_more(self) -> bool:
-        """A live worker holds, or is about to hold, a commit newer than the newest checkpoint reported stored."""
-        job = self._job
-        if any(w.state is S.RUNNING for w in job.members()):
-            return True  # it commits on (the graceful stop waits for that commit only if it is expected in time)
+        """A live worker at rendezvous or in the round holds a commit newer than the newest checkpoint reported
+        stored (a member's as its heartbeats told it: up to one interval late)."""
         newest = self._leavers.newest_checkpoint
         stored = newest[1] if newest is not None else -1
-        return any(w.state is S.WAITING and w.holds_state and w.commit_seq > stored for w in job.alive())
+        return any((w.state is S.WAITING or w.state is S.RUNNING) and w.holds_state and w.commit_seq > stored
+                   for w in self._job.alive())
 
     def resumes_from(self) -> str:
         """What the same command resumes from, for a job ending at once (no worker left holding a newer commit)."""

@@ -120,10 +120,13 @@ class GracefulStop:
         newest = max((w.commit_seq for w in waiting + job.members()), default=0)
         waiting = [w for w in waiting if w.commit_seq >= newest]
         # The members stop at their next commit (their heartbeats may not have told of their last one yet), if it
-        # is expected in time for rank 0 to write it before its exit order's deadline margin.
+        # is expected in time for rank 0 to write it before its exit order's deadline margin. A failing job's round
+        # is aborted instead (it may never commit again: a stalled collective): they roll back to their last commit.
         members = job.members()
+        if failing:
+            members = [w for w in members if w.commit_seq >= newest]
         by = now + grace_s - job.policy.deadline_margin_s - WRITE_S
-        late = None if waiting else self.no_commit_in_time(members, now, by)
+        late = None if waiting or failing else self.no_commit_in_time(members, now, by)
         if late is not None:
             log.warning("job %s: %s: stopping at once: no commit is expected within %gs, in time to checkpoint it "
                         "(%s); the same command resumes from the latest checkpoint", job.job_id, reason,
@@ -144,14 +147,18 @@ class GracefulStop:
                 self._leavers.left_round(w, now)
         job.forget_alive()
         if failing:
-            log.warning("job %s: %s: before the job ends, the workers holding its last commit checkpoint it (up to %gs; "
-                        "a signal twice stops them at once)", job.job_id, reason, grace_s)
+            log.warning("job %s: %s: before the job ends, the workers holding its last commit leave with it and the first "
+                        "to leave checkpoints it (up to %gs; a signal twice stops them at once)", job.job_id, reason,
+                        grace_s)
         else:
             log.warning("job %s: %s: the workers stop at their next commit and the first holder to leave checkpoints it "
                         "(up to %gs); a second signal stops them at once", job.job_id, reason, grace_s)
         if job.members():
             self._rounds.next.drop(why)  # a next round planned for newcomers: they are leaving too
-            self._rounds.request_update(why)  # every member leaves at its next commit
+            if failing:
+                job.abort()  # every member rolls back to its last commit and leaves from rendezvous with it
+            else:
+                self._rounds.request_update(why)  # every member leaves at its next commit
         return True
 
     def step(self, now: float) -> None:
