@@ -201,7 +201,7 @@ def test_a_compressed_optimizer_steps_as_the_plain_one_within_16_bit_rounding():
         assert torch.allclose(got, plain, atol=tol), (compression, (got - plain).abs().max())
     assert torch.equal(trained(gradient_predivide_factor=1.0), plain)
     # Horovod's fusion options and sparse_as_dense: accepted, as Horovod takes them, with the same results.
-    for options in ({"sparse_as_dense": True}, {"sparse_as_dense": False}, {"num_groups": 2}, {"groups": 1}):
+    for options in ({"sparse_as_dense": True}, {"sparse_as_dense": False}, {"num_groups": 2}, {"groups": 1}, {"groups": 2.0}):
         assert torch.equal(trained(**options), plain), options
     # Horovod's default, passed explicitly with a sum: accepted, as Horovod accepts it (one worker: the same sum).
     assert torch.equal(trained(op=hvd.Sum, gradient_predivide_factor=1.0), plain)

@@ -265,5 +265,5 @@ def check_groups(num_groups: Any, groups: Any) -> None:
                 if id(param) in seen:
                     raise ValueError("a parameter can only appear once in groups")
                 seen.add(id(param))
-    elif isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+    elif isinstance(groups, bool) or not isinstance(groups, (int, float)) or not groups > 0:  # Horovod: groups > 0
         raise ValueError(f"groups must be a positive integer or a list of lists of torch.Tensor, got {groups!r}")
