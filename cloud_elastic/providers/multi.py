@@ -15,12 +15,10 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   (:func:`call_limit_s`); past it the source counts as failing, as above, named in the message. Its call runs on: no
   other starts beside it (its releases and capacity changes wait for its end), and its late answer is used.
 * **No fallback raised on a partial first answer.** While a non-fallback source that has never answered fails
-  (retryably), for up to :data:`UNHEARD_HOLD_S` (or ``stale_limit_s`` if shorter), a request to raise a fallback
-  group is kept pending (one INFO line): the job starts on what answered, but a spot group throttled at its first
-  call would otherwise look empty and the fallback's paid instances would be raised. The hold is well below the
-  default ``--start-timeout`` and ``--elastic-timeout``, so a source down from the start does not hold the job back.
-  Once it answers, the raise waits for the next find(): the job sees that answer first, and a 0 it asks then drops
-  the raise unsent (a group whose raise was never sent gets no 0 either).
+  (retryably), for up to :data:`UNHEARD_HOLD_S` (or ``stale_limit_s`` if shorter; well below the default
+  ``--start-timeout``), a raise of a fallback group is kept pending (one INFO line): a spot group throttled at its
+  first call would look empty. Once it answers, the raise waits for the next find(): the job sees that answer
+  first, and a 0 it asks then drops the raise unsent.
 * A source that fails *fatally on its first call* (no such group, no credentials) fails the job, naming the source:
   a typo must not run a job on fewer groups than the user meant. A fatal error at any later call (even when the
   earlier ones failed retryably: ExpiredToken after an hour) is a failure of that source only, as above.
@@ -32,22 +30,9 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   never its whole instance price per slot). A price look-up that fails (AccessDenied, throttling) is tried again
   after ``PRICE_RETRY_S``, doubling up to ``price_refresh_s``, not at every ``find()``; one WARNING per kind of
   failure, saying how to give the price by hand.
-* :meth:`set_capacity` (``--manage-capacity``) goes to the named source, held within the group's MinSize..MaxSize
-  where its provider reports them (:meth:`~.api.HostDiscovery.capacity_limits`): more than MaxSize asks MaxSize,
-  with one WARNING, and :meth:`capacity_of` says MaxSize (the job asks the rest again once the group shows fewer
-  hosts than it needs); less than MinSize asks MinSize. A raise is made only while the group's desired capacity as
-  last read (``capacity_limits``' third value) is below it, or is the job's own raise it now lowers (one skipped so, the job having set none, is not set back
-  to 0 either); a value asked again not while MaxSize holds it and the limits are unchanged, nor, where the desired
-  capacity is unknown, more often than :data:`REASK_UNKNOWN_S` or while it shows more hosts than when last asked or
-  last lowered. When the credentials may not change the group (AccessDenied), one WARNING says so and the source is
-  left unmanaged for the rest of the job; other errors are retried at each later ``find()`` until a call succeeds or
-  a newer value replaces it. :meth:`can_give` tells the job what each group can give (a
-  :class:`~.sources.Room`: its MaxSize; what it has where unmanaged, refused :data:`REFUSALS_TO_SPILL` times in a
-  row, or short of the hosts the job, or a predecessor it took over, set for :data:`SHORT_FOR_S`), so the next
-  fallback is asked for the rest; the group's own value stays as asked. A 0 goes only to a group the job sent a
-  raise (a call made, whatever its answer: one that timed out may have landed) or adopted one of (:meth:`adopt`: a
-  crashed predecessor's raise), :meth:`owned`: a group whose raise was held back or skipped is an operator's, and is
-  left as it is, mid-job, at the end, and by a driver restarted after a crash (not carried in the sign of life).
+* :meth:`set_capacity` (``--manage-capacity``) goes to the source's group as its :class:`~.group_capacity.GroupCapacity`
+  decides (:meth:`capacity_of`, :meth:`can_give`). AccessDenied: one WARNING, the group is left unmanaged for the
+  rest of the job; other errors are retried at each later ``find()`` until a call succeeds or a newer value replaces it.
 * **One provider call per source at a time**, whichever thread makes it: :meth:`wait_for` waits for any of them
   (find, set_capacity, release, hourly_prices) to end. The one exception: a find() does not wait for a call that
   another thread (the driver's, at the job's end) began; its answer is then one read just before or after that
@@ -67,8 +52,9 @@ from typing import Callable, Mapping, Sequence
 from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryError, FatalDiscoveryError,
                                   RetryableDiscoveryError)
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find
+from cloud_elastic.providers.group_capacity import REASK_UNKNOWN_S, REFUSALS_TO_SPILL, SHORT_FOR_S, GroupCapacity, Room
 from cloud_elastic.providers.sidecalls import Caller, SideCalls
-from cloud_elastic.providers.sources import Room, SourceSpec
+from cloud_elastic.providers.sources import SourceSpec
 
 __all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "PRICE_RETRY_S",
            "MERGE_MARGIN_S", "UNHEARD_HOLD_S", "REASK_UNKNOWN_S", "REFUSALS_TO_SPILL", "SHORT_FOR_S"]
@@ -82,17 +68,8 @@ MERGE_MARGIN_S = 5.0
 #: A fallback raise waits at most this long for a source that has never answered (three calls at the default
 #: --discovery-timeout; well below the default --start-timeout and --elastic-timeout, 600 s).
 UNHEARD_HOLD_S = 90.0
-#: A value asked again reaches a group whose desired capacity the provider cannot read at most this often.
-REASK_UNKNOWN_S = 300.0
 #: At close, releases put off beside the job's last calls wait this long for them (no find() comes after).
 RELEASE_AT_CLOSE_S = 10.0
-#: A raise refused this many calls in a row (not AccessDenied) counts as one its group cannot give (:meth:`can_give`)
-#: until a call to it succeeds; the refused value is tried again at each find() meanwhile.
-REFUSALS_TO_SPILL = 3
-#: A group that shows fewer hosts than the job set for this long counts as unable to give the rest (:meth:`can_give`):
-#: AWS takes SetDesiredCapacity and then fails to launch (InsufficientInstanceCapacity, the usual case for GPUs). A
-#: GPU instance normally shows within 1-3 minutes: a shorter wait would pay a second group for hosts still booting.
-SHORT_FOR_S = 180.0
 
 def call_limit_s(discovery: HostDiscovery, timeout_s: float) -> float:
     """How long one find() of ``discovery`` is waited for under ``--discovery-timeout`` ``timeout_s``: never less,
@@ -135,22 +112,6 @@ class SourceState:
     price_warned: set[str] = field(default_factory=set)
     #: Host -> its slots when last reported ready (a draining host's price per slot divides by them).
     slots: dict[str, int] = field(default_factory=dict)
-    #: The desired capacity still to be set (None: nothing pending) and whether the group may be managed.
-    pending_capacity: int | None = None
-    managed: bool = True
-    capacity_set: int | None = None
-    #: A raise skipped because the group was already higher while the job had set nothing: its 0 is not sent.
-    left: bool = False
-    #: What a crashed predecessor of the job had set (:meth:`MultiSourceDiscovery.adopt`); calls refused in a row
-    #: since the last that succeeded; whether the job ever sent it a raise (only then, or adopted, is a 0 sent).
-    adopted: int | None = None
-    refusals: int = 0
-    sent: bool = False
-    #: Since when (the clock) it shows fewer hosts than the job last set; None: it shows them all.
-    short_since: float | None = None
-    #: Its group's capacity limits as the last good find() read them (:meth:`MultiSourceDiscovery.can_give`).
-    limits: tuple | None = None
-    above_max_warned: bool = False
     #: Whether any call of it has ended (only an error at its first call can be fatal to the job).
     called: bool = False
     #: Fallback sources told that a raise waits for this source's first answer (logged once each).
@@ -160,13 +121,14 @@ class SourceState:
     caller: Caller = field(init=False)
     asked_at: float = 0.0
     releases: list[tuple[str, str | None]] = field(default_factory=list)
-    #: The last value the cloud took, when (the clock), the (MinSize, MaxSize) read, the hosts shown then or at a drop.
-    took: tuple[int | None, float, tuple | None, int] = (None, 0.0, None, 0)
     #: Its provider calls on other threads than its find()'s (set_capacity, release, hourly_prices).
     calls: SideCalls = field(default_factory=SideCalls)
+    #: Its group's capacity as --manage-capacity sets it: what to send, who set it, what it can give.
+    group: GroupCapacity = field(init=False)
 
     def __post_init__(self) -> None:
         self.caller = Caller(partial(_outcome, self.discovery.find), name=f"discovery-{self.spec.name}")
+        self.group = GroupCapacity(self.spec.name)
 
     def wait_ended(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every provider call under way, its find() included; whether none runs."""
@@ -175,10 +137,6 @@ class SourceState:
 
     def shown(self) -> int:
         return 0 if self.last is None else len(self.last.ready) + len(self.last.draining)
-
-    def owned(self) -> bool:
-        """Whether the job set the group: a raise sent or taken over, not one held back or skipped."""
-        return (self.sent or bool(self.adopted)) and not self.left
 
 
 class MultiSourceDiscovery(HostDiscovery):
@@ -258,20 +216,15 @@ class MultiSourceDiscovery(HostDiscovery):
             if source.failing_since is not None:
                 log.info("host source %r answers again (it failed for %.0fs)", source.spec.name,
                          now - source.failing_since)
-            shown = source.shown()
             source.last, source.failing_since, source.error = snapshot, None, ""
-            if source.shown() < shown:  # lowered by its own scaling: a value asked again may raise it back
-                source.took = (*source.took[:3], source.shown())
             present = set(snapshot.ready) | set(snapshot.draining)
             source.slots = {h: n for h, n in source.slots.items() if h in present}
             source.slots.update(snapshot.ready)
             try:  # read here, for can_give() on the driver's thread: a plugin's may not be a plain read
-                source.limits = source.discovery.capacity_limits()
+                limits = source.discovery.capacity_limits()
             except Exception:  # noqa: BLE001 (no bound known: the job asks as if it had none)
-                source.limits = None
-            own = source.capacity_set if source.capacity_set is not None else source.adopted  # a taken-over raise
-            short = (own or 0) > source.shown()
-            source.short_since = (source.short_since if source.short_since is not None else now) if short else None
+                limits = None
+            source.group.seen(now, source.shown(), limits)
             self._refresh_prices(source, snapshot, now)
         for source in self.sources:  # once every answer is in: a fallback's raise sees what the others answered
             self._apply_capacity(source, held=heard_now)
@@ -383,63 +336,40 @@ class MultiSourceDiscovery(HostDiscovery):
         if target is None:
             log.warning("--manage-capacity: no host source named %r", source)
             return
-        if not target.managed:
-            return
-        target.pending_capacity = hosts
+        target.group.ask(hosts)
         self._apply_capacity(target)
 
     def _apply_capacity(self, source: SourceState, *, held: bool = False) -> None:
-        asked = source.pending_capacity
-        if asked is None or not source.managed or source.caller.running or source.calls.count:
+        group = source.group
+        if group.asked is None or source.caller.running or source.calls.count:
             return  # kept pending until its call under way has ended (one call at a time)
-        if source.spec.fallback and asked > (source.capacity_set or 0) and (held or self._unheard(source)):
+        if source.spec.fallback and group.asked > (group.value or 0) and (held or self._unheard(source)):
             return  # kept pending: asked again at every discovery (held: until the job saw the answer)
         limits = source.discovery.capacity_limits()
-        hosts = self._within_limits(source, asked, limits)
-        if not self._changes(source, asked, hosts, limits):
-            source.pending_capacity = None
+        asked, hosts = group.asked, group.decide(self._clock(), limits)
+        if asked is None or hosts is None:  # nothing to send (it would not change the group)
             return
         try:
-            with source.calls.start(lambda: not source.caller.running, hosts) as started:
+            with source.calls.start(lambda: not source.caller.running) as started:
                 if started:
-                    source.sent = source.sent or hosts > 0
-                    source.discovery.set_capacity(hosts, source=source.spec.name)
+                    group.started(hosts)
+                    try:
+                        source.discovery.set_capacity(hosts, source=source.spec.name)
+                    finally:  # ended, whatever its outcome: capacity_of no longer counts it as under way
+                        group.sending = None
         except CapacityDeniedError as exc:
-            source.managed = False
-            source.pending_capacity = None
+            group.denied()
             log.warning("--manage-capacity: the job may not change host source %r (%s); it goes on without "
                         "managing the group: set its desired capacity yourself", source.spec.name, exc)
             return
         except CapacityError as exc:
-            source.refusals += 1
+            group.refused()
             log.warning("--manage-capacity: could not set the desired capacity of host source %r to %d (%s); "
                         "retrying at the next discovery", source.spec.name, hosts, exc)
             return
-        if not started:
-            return  # another thread's call to it started first: kept pending
-        source.pending_capacity, source.left, source.refusals = None, False, 0
-        source.capacity_set = min(asked, hosts)  # held at MaxSize: that is what was set (held at MinSize: as asked)
-        source.took = (hosts, self._clock(), limits and tuple(limits[:2]), source.shown())
-        log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
-
-    def _changes(self, source: SourceState, asked: int, hosts: int, limits: tuple | None) -> bool:
-        """Whether ``hosts`` (``asked``, held within ``limits``) goes to the cloud: a raise never lowers a group,
-        a value asked again goes only where it may change the group (module docstring)."""
-        desired = limits[2] if limits is not None and len(limits) > 2 else None
-        # Nothing to change, or a group raised beyond it by someone else (the job lowers its own raise itself).
-        if asked > 0 and desired is not None and (desired == hosts or desired > hosts and desired != source.capacity_set):
-            source.left = source.left or not (source.capacity_set or source.adopted)  # not the job's: kept
-            if desired == hosts and source.adopted and source.capacity_set is None:
-                source.capacity_set = min(asked, hosts)  # a group taken over at the job's value: its own (SHORT_FOR_S)
-            return False
-        took, took_at, took_limits, took_shown = source.took
-        if asked == 0 and not source.owned():
-            return False  # the job's value is not the group's (held back, skipped): an operator's, left as it is
-        if hosts != took or asked == 0 or desired is not None:
-            return True
-        if hosts < asked:  # MaxSize holds it: again only once the limits read have changed
-            return (limits and tuple(limits[:2])) != took_limits
-        return self._clock() - took_at >= REASK_UNKNOWN_S and source.shown() <= took_shown
+        if started:  # else another thread's call to it started first: kept pending
+            group.taken(asked, hosts, self._clock(), limits)
+            log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
 
     def _unheard(self, fallback: SourceState) -> bool:
         """Whether a non-fallback source that has never answered is still failing within the stale limit (a
@@ -454,58 +384,22 @@ class MultiSourceDiscovery(HostDiscovery):
                          "(%s); for up to %gs", fallback.spec.name, s.spec.name, s.error, hold_s)
         return bool(unheard)
 
-    def _within_limits(self, source: SourceState, hosts: int, limits: tuple | None) -> int:
-        """``hosts`` held within the group's MinSize..MaxSize (the cloud refuses a value outside them)."""
-        if limits is None:
-            return hosts
-        low, high = limits[:2]
-        if hosts > high:
-            if not source.above_max_warned:
-                source.above_max_warned = True
-                log.warning("--manage-capacity: the job wants %d host(s) of host source %r, but its group's maximum "
-                            "size is %d: it is set to %d (raise the group's maximum to give the job more)", hosts,
-                            source.spec.name, high, high)
-            return high
-        source.above_max_warned = False
-        return max(hosts, low)
-
     def capacity_of(self, source: str) -> int | None:
-        """The desired capacity this job last had set on ``source``'s group: as the job asked it, or the
-        group's MaxSize where it held the request there (0 where MinSize held a lowering above it); None: none
-        set, or not a source."""
+        """The desired capacity this job last had set on ``source``'s group (or MaxSize where it held it there; a
+        call under way may still set it; 0 where MinSize held a lowering); None: none set, or not a source."""
         state = self._by_name.get(source)
-        if state is not None and (setting := state.calls.setting) is not None:  # a call under way may still set it
-            return max(setting, state.capacity_set or 0)
-        return None if state is None else state.adopted if state.capacity_set is None else state.capacity_set
+        return None if state is None else state.group.capacity_of()
 
     def adopt(self, source: str, hosts: int) -> None:
-        """``source``'s group was set to ``hosts`` by a crashed predecessor of the job: the job lowers it as its
-        own (a raise it skips there, the group being as high already, does not make it an operator's)."""
-        state = self._by_name.get(source)
-        if state is not None:
-            state.adopted = hosts
-
-    def owned(self, source: str) -> bool:
-        """Whether the job set ``source``'s group: a raise sent (a call under way or made, whatever its answer) or
-        taken over (:meth:`adopt`), not one held back or skipped; only such a group gets a 0, from this driver or,
-        carried in its sign of life, from the one restarted after a crash."""
-        state = self._by_name.get(source)
-        return state is not None and state.owned()
+        """``source``'s group was set to ``hosts`` by a crashed predecessor of the job: the job's own to lower."""
+        if source in self._by_name:
+            self._by_name[source].group.adopt(hosts)
 
     def can_give(self, source: str) -> Room | None:
-        """What ``source``'s group can give the job now (None: not a source): the most it is asked (its MaxSize as
-        last read), and where it cannot give all of it, what it counts for: what it has where the job may not change
-        it (AccessDenied) or its raise was refused :data:`REFUSALS_TO_SPILL` times in a row, what it shows where it
-        has shown fewer hosts than the job set for :data:`SHORT_FOR_S`. The job asks the next group for the rest."""
+        """What ``source``'s group can give the job now (None: not a source), as its
+        :meth:`.group_capacity.GroupCapacity.room` says: the job asks the next group for the rest."""
         state = self._by_name.get(source)
-        if state is None:
-            return None
-        limits = state.limits
-        has = limits[2] if limits is not None and len(limits) > 2 else state.shown()
-        counts = [has] if not state.managed or state.refusals >= REFUSALS_TO_SPILL else []
-        if state.short_since is not None and self._clock() - state.short_since >= SHORT_FOR_S:
-            counts.append(state.shown())
-        return Room(None if limits is None else limits[1], min(counts, default=None), state.managed)
+        return None if state is None else state.group.room(self._clock())
 
     def wait_for(self, source: str, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every call to ``source`` under way, if any, to end (its find(), or its
@@ -513,11 +407,6 @@ class MultiSourceDiscovery(HostDiscovery):
         do); whether they ended."""
         state = self._by_name.get(source)
         return state is None or state.wait_ended(timeout_s)
-
-    def managed(self, source: str) -> bool:
-        """Whether the driver still manages ``source``'s group (False after AccessDenied)."""
-        state = self._by_name.get(source)
-        return state is not None and state.managed
 
     # ----------------------------------------------------------- the others
     def release(self, host: str, instance: str | None) -> None:

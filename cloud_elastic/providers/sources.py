@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 from cloud_elastic.errors import ConfigError
 
-__all__ = ["SourceSpec", "SourceFlag", "Room", "parse_source_flag", "check_unique", "SOURCE_KEYS", "MAX_PRICE"]
+__all__ = ["SourceSpec", "SourceFlag", "parse_source_flag", "check_unique", "SOURCE_KEYS", "MAX_PRICE"]
 
 #: Keys of ``--source`` that describe the source itself; any other key is an option of its provider.
 SOURCE_KEYS = ("priority", "price", "on_demand_price", "fallback")
@@ -71,22 +71,6 @@ class SourceSpec:
         if self.on_demand_price is not None:
             check_price(f"source {self.name!r}: on_demand_price", self.on_demand_price)
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
-
-
-@dataclass(frozen=True)
-class Room:
-    """What a fallback group can give the job now, as its provider last saw it (``MultiSourceDiscovery.can_give``).
-
-    ``most``: the most hosts the job asks of it (its MaxSize as last read; None: no bound known). ``gives``: where
-    it cannot give all it is asked (the job may not change it, its raise was refused several times in a row, or it
-    has shown fewer hosts than the job set for a while), the hosts it counts for when the next group's share is
-    reckoned; None: all it is asked. Its own ask is never lowered for that. ``managed``: False once the job may
-    not change it (AccessDenied): it is asked nothing more.
-    """
-
-    most: int | None = None
-    gives: int | None = None
-    managed: bool = True
 
 
 @dataclass(frozen=True)

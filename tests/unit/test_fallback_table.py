@@ -15,8 +15,9 @@ situation (its calls and events are not checked), ``when`` is the event. Its wor
   predecessor's sign of life said G raised to N (``raised.inherit``); ``ask=G:N``: a SetCapacity handed to the
   provider as the driver does; ``end``: the job is over (``raised.lower``).
 
-``then`` checks the new situation: ``G.set=N`` (``capacity_of``), ``G.owned`` / ``G.unowned`` (``owned``: a 0 may
-go), ``carried=G:N,...`` (the sign of life, ``raised(sent=True)``; ``-``: none), ``asked=...`` (``raised()``).
+``then`` checks the new situation: ``G.set=N`` (``capacity_of``), ``G.owned`` / ``G.unowned``
+(``can_give().owned``: a 0 may go), ``carried=G:N,...`` (the sign of life, ``raised(sent=True)``; ``-``: none),
+``asked=...`` (``raised()``).
 The rule each row pins is named by the commit that made it (``git log -- providers/multi.py``). The rules about
 calls on two threads at once (a release or price look-up beside a raise, 4ca09e6; a release put off to close,
 6f9547d; the end waiting for the group's own call, 465b923 and f1ce740) are in tests/unit/test_providers_multi.py
@@ -133,7 +134,7 @@ class World:
         elif field == "set":
             assert self.multi.capacity_of(group) == (None if value == "None" else int(value)), word
         elif field in ("owned", "unowned"):
-            assert self.multi.owned(group) is (field == "owned"), word
+            assert self.multi.can_give(group).owned is (field == "owned"), word
         else:
             raise ValueError(f"unknown check {word!r}")
 

@@ -307,7 +307,7 @@ def test_access_denied_says_so_once_and_the_source_is_left_unmanaged(caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "may not change host source 'od'" in warnings[0]
     assert "goes on without managing the group" in warnings[0]
-    assert not multi.managed("od")
+    assert not multi.can_give("od").managed
 
 
 def test_a_capacity_call_that_fails_otherwise_is_retried_at_the_next_discovery():
@@ -317,7 +317,7 @@ def test_a_capacity_call_that_fails_otherwise_is_retried_at_the_next_discovery()
     multi.set_capacity(2, source="od")
     multi.find()
     multi.find()
-    assert od.capacity_calls == [2, 2] and multi.managed("od")
+    assert od.capacity_calls == [2, 2] and multi.can_give("od").managed
 
 
 # ----------------------------------------------------------------------------- the provider contract

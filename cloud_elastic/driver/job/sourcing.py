@@ -23,25 +23,19 @@ Only for a job with several sources (``Policy.sources``, see
   it; a replacement that never comes up is blacklisted as usual, the fallback is
   wanted again, and the worker stays. A drained worker leaves at its next commit,
   with no rollback; one not ready yet leaves at once.
-* **Capacity** (``--manage-capacity``): while fallback slots are wanted and a
-  fallback group shows fewer hosts than its share needs, one :class:`~.actions.SetCapacity`
-  raises its desired capacity to ``ceil(its share of the wanted slots / slots per host)``; the shares go
-  preferred group first (:meth:`Sourcing.fallbacks`), each giving what its provider says it can
-  (:attr:`Sourcing.can_give`) and keeping the hosts its workers use, the next the rest (a group that cannot give
-  all it is asked keeps its own ask; one the job may not change is asked nothing); asked again (no event; a smaller
-  number, once fewer slots are wanted, is a new value with its event) every :data:`REASK_S` while the
-  group still shows fewer (its own scaling lowered it, its MaxSize held the raise and has been raised
-  since, a host of it was lost; the provider sends it only where it may change the group: see
-  :mod:`cloud_elastic.providers.multi`); once a group's share is 0 (no
-  fallback slot is wanted, or the preferred ones give them) and no worker is left on it, one sets
-  it back to 0 (one whose raise its provider never sent, held back or skipped, is left as it is: no event,
-  :attr:`Sourcing.owned`). Nothing before the job's first discovery answer (a failed first call
-  shows no host, not a lack of them). Nothing else: a group the job never raised is never lowered, and a
-  raised one is never lowered while a worker runs on it. Slots per host: the group's
-  own hosts as last seen, else any host's, else 1. When the job ends, the driver sets
-  every group still raised back to 0 once its workers have stopped (:meth:`Sourcing.lowered`);
-  a driver restarted after a crash takes over what its predecessor had raised
-  (:meth:`Sourcing.inherit`, kept beside the checkpoints: ``raised(sent=True)``).
+* **Capacity** (``--manage-capacity``): while fallback slots are wanted and a fallback group shows fewer hosts
+  than its share needs, one :class:`~.actions.SetCapacity` raises its desired capacity to ``ceil(its share / slots
+  per host)`` (slots per host: its own hosts', else any host's, else 1). Shares go preferred group first
+  (:meth:`Sourcing.fallbacks`), each keeping the hosts its workers use and giving what its provider says it can
+  (:attr:`Sourcing.can_give`), the next the rest (a group that cannot give all it is asked keeps its own ask; one
+  the job may not change is asked nothing). Asked again every :data:`REASK_S` while it still shows fewer, with no
+  event (the provider sends it only where it may change the group: ``providers/group_capacity.py``); a smaller
+  number, once fewer slots are wanted, is a new value with its event. Once its share is 0 and no worker is left
+  on it, it is set back to 0 (one whose raise was never sent, held back or skipped, is left as it is, with no
+  event: ``Room.owned``). Nothing before the job's first discovery answer (a failed first call shows no
+  host, not a lack of them), nor to a group the job never raised. At the job's end the driver sets every group
+  still raised back to 0 (:meth:`Sourcing.lowered`); a driver restarted after a crash takes over what its
+  predecessor raised (:meth:`Sourcing.inherit`, kept beside the checkpoints: ``raised(sent=True)``).
 * **Cost** (:class:`~cloud_elastic.cost.CostMeter`): each worker's slot is charged at
   its host's price from launch to exit; a ``cost`` event at most every
   :data:`COST_EVENT_EVERY_S` while the rate changes, and at least every
@@ -68,7 +62,8 @@ from cloud_elastic.driver.job.hosts import HostManager, Slot
 from cloud_elastic.driver.job.spares import doubtful
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
-from cloud_elastic.providers.sources import Room, SourceSpec
+from cloud_elastic.providers.group_capacity import Room
+from cloud_elastic.providers.sources import SourceSpec
 
 __all__ = ["choose", "FallbackRule", "Sourcing", "PerCommit", "COST_EVENT_EVERY_S", "COST_EVENT_MAX_S", "REASK_S"]
 
@@ -157,9 +152,9 @@ class Sourcing:
         #: Source -> the desired capacity the job last asked for.
         self.requested: dict[str, int] = {}
         self._asked_at: dict[str, float] = {}  # source -> when the job last asked it for a capacity
-        #: Sources in ``requested`` by a crashed predecessor's word only (:meth:`inherit`): set back to 0 by
-        #: the same rule, but never taken for a capacity this job asked for (the word may be stale).
-        self._inherited: set[str] = set()
+        #: Sources in ``requested`` by a crashed predecessor's word only (:meth:`inherit`): set back to 0 by the same
+        #: rule, never taken for a value this job asked (it may be stale); told to the provider (``raised.share``).
+        self.inherited: dict[str, int] = {}
         self._known: dict[str, tuple[str, float | None]] = {}  # host -> (source, price), kept past its departure
         self._fallbacks = [s.name for s in sorted(policy.sources, key=lambda s: (-s.priority, s.price is None,
                                                                                  s.price or 0.0))
@@ -171,15 +166,10 @@ class Sourcing:
         self._carried: float | None = None  # dollars carried from crashed predecessors: not this run's
         self._weighed: tuple = ()  # (hosts version, workers, alive, ready) when the fallback was last weighed
         self._weighed_at = float("-inf")
-        #: Fallback source -> what its group can give now, as its provider says (the runtime sets it,
-        #: ``driver.runtime.raised.share``); a source not in it has no bound known.
+        #: Fallback source -> what its group can give now and whether the job set it (a raise sent or taken over, not
+        #: held back or skipped), as its provider says (``raised.share``, before each tick and discovery answer); a
+        #: source not in it: nothing known (every raise asked counts as set).
         self.can_give: dict[str, Room] = {}
-        #: Groups a crashed predecessor raised, not yet told to the provider (``raised.share``).
-        self.adopted: dict[str, int] = {}
-        #: Fallback sources whose group the job set, as its provider says (``raised.share``, before each tick and
-        #: each discovery answer): a raise sent (a call under way or timed out counts) or taken over, not one held
-        #: back or skipped. None: the provider does not say (every raise asked counts).
-        self.owned: set[str] | None = None
         #: Fallback workers beyond what is wanted that stay until replacements are ready: they hold no place
         #: for launches (:meth:`.capacity.Capacity.plan_launches`), so the replacements can start beside them.
         self.replacing = 0
@@ -305,7 +295,7 @@ class Sourcing:
         for name, need, present, _ in shares:
             if not self.can_give.get(name, Room()).managed:
                 continue  # the job may not change it (AccessDenied): no ask, and no event for a value never sent
-            asked = 0 if name in self._inherited else self.requested.get(name, 0)
+            asked = 0 if name in self.inherited else self.requested.get(name, 0)
             again = now - self._asked_at.get(name, now) >= REASK_S
             if need > present and (need > asked or (again and need < asked)):
                 # A smaller need is a new value, with its event (the larger one asked earlier would keep the group).
@@ -357,17 +347,15 @@ class Sourcing:
 
     def raised(self, *, sent: bool = False) -> dict[str, int]:
         """The groups this job raised and has not set back to 0: source -> the desired capacity it asked for.
-        ``sent``: only those the job set (:attr:`owned`) or a predecessor raised and the provider has not been told
-        of yet: what a driver restarted after a crash may set back to 0 (carried in the sign of life)."""
+        ``sent``: only those it set (``Room.owned``) or took over: what a driver restarted after a crash may lower."""
         return {name: hosts for name, hosts in self.requested.items() if hosts > 0 and (not sent or self._sent(name))}
 
     def _sent(self, name: str) -> bool:
-        return self.owned is None or name in self.owned or name in self._inherited
+        return self.can_give.get(name, Room()).owned is not False or name in self.inherited
 
     def inherit(self, raised: Mapping[str, int]) -> None:
-        """Take over what a crashed predecessor had raised (its :meth:`raised`, kept beside the checkpoints):
-        set back to 0 by the same rule as a group this job raised. A source that is not a fallback of this
-        command is left as it is, with a warning."""
+        """Take over what a crashed predecessor had raised (its :meth:`raised`, kept beside the checkpoints): set back
+        to 0 by the same rule as the job's own; a source not a fallback of this command is left as it is (WARNING)."""
         job = self._job
         for name, hosts in raised.items():
             spec = self.specs.get(name)
@@ -376,9 +364,7 @@ class Sourcing:
                             "manage as a fallback (--manage-capacity): it is left as it is", job.job_id, name, hosts)
                 continue
             if hosts > self.requested.get(name, 0):
-                self.requested[name] = hosts
-                self._inherited.add(name)
-                self.adopted[name] = hosts
+                self.requested[name] = self.inherited[name] = hosts
                 log.info("job %s: the previous driver raised host source %r to %d; it is set back to 0 once the "
                          "job no longer needs it", job.job_id, name, hosts)
 
@@ -398,7 +384,7 @@ class Sourcing:
         job = self._job
         self.requested[source] = hosts
         self._asked_at[source] = now
-        self._inherited.discard(source)
+        self.inherited.pop(source, None)
         log.info("job %s: --manage-capacity: desired capacity of host source %r to %d: %s", job.job_id, source,
                  hosts, why)
         job.emit("capacity", source=source, hosts=hosts, reason=why)

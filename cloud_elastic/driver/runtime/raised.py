@@ -1,30 +1,21 @@
 """The host groups ``--manage-capacity`` raised: carried across a driver crash, set back to 0 when the job ends;
 and the job's cost so far, carried across a driver crash the same way.
 
-A fallback group the job raised (an on-demand group, say) is paid for as long as
-its instances run. The job's core sets it back to 0 once no fallback slot is
-wanted (``driver.job.sourcing``); two ends of a driver's life are the runtime's:
+A fallback group the job raised is paid for as long as its instances run. The job's core sets it back to 0 once no
+fallback slot is wanted (``driver.job.sourcing``); two ends of a driver's life are the runtime's:
 
-* **The job ends** with a group still raised (the cheaper slots never came back,
-  or the training finished on the fallback): once every worker has stopped,
-  :func:`lower` sets each such group back to 0, tries a failed call again a few
-  times, and says in one line which group stays raised if the cloud keeps
-  refusing. A ``capacity`` event (reason "the job is over") records each change.
-* **The driver crashes**: each refresh of its sign of life beside the checkpoints
-  (``checkpoint.alive``, every 5 s) carries what it raised (:func:`remember`: a raise
-  its provider sent or took over; one held back or skipped left the group an
-  operator's, which the next driver must not set to 0), and
-  the driver restarted for the job takes it over (:func:`inherit`): it sets those
-  groups back to 0 by the same rule. It takes them over only once it runs the job:
+* **The job ends** with a group still raised: once every worker has stopped, :func:`lower` sets each such group
+  back to 0, tries a failed call again a few times, and says in one line which group stays raised if the cloud
+  keeps refusing. A ``capacity`` event (reason "the job is over") records each change.
+* **The driver crashes**: each refresh of its sign of life beside the checkpoints (``checkpoint.alive``, every
+  5 s) carries what it raised (:func:`remember`: a raise its provider sent or took over, not one held back or
+  skipped, an operator's group), and the driver restarted for the job takes it over (:func:`inherit`): it sets
+  those groups back to 0 by the same rule. It takes them over only once it runs the job:
   while it waits out its predecessor's workers (which may still train on those
   groups) it only carries them in its own sign of life (:func:`carried`), so a
   driver stopped in that wait lowers nothing and leaves them to the next one.
   Without ``--checkpoint-dir`` there is no such record, and a crashed driver's
   raised group stays as it was.
-
-Before each tick, and before the job sees each discovery answer (:func:`discovered`), :func:`share` tells the job
-what each fallback group can give (the next is asked for the rest) and which groups it set, and the provider which
-groups a predecessor raised (so a raise skipped there does not make them an operator's).
 
 The sign of life also carries what the job has cost so far (``cloud_elastic.cost``),
 which the driver that takes the job over goes on from (:func:`inherit_cost`), and a
@@ -114,29 +105,22 @@ def remember(job: Any, refresher: Any, carry: dict[str, int], carry_cost: CostSo
 
 
 def share(job: Any, discovery: Any) -> None:
-    """Tell the job what each fallback group can give (``discovery.can_give``, a ``providers.sources.Room``: a
-    group at its MaxSize, one the job may not change, whose raise is refused or whose hosts do not come, leaves
-    the rest to the next) and which groups it set (``discovery.owned``: a raise held back or skipped is neither
-    carried nor reported set back to 0), and the provider which groups a crashed predecessor raised
-    (``discovery.adopt``: lowered as the job's own). With the job's lock, before each tick; reads only what the
-    provider last saw (no cloud call)."""
+    """Tell the job what each fallback group can give and whether it set it (``discovery.can_give``: the next is
+    asked for the rest), and the provider which groups a crashed predecessor raised (``discovery.adopt``).
+    With the job's lock, before each tick and discovery answer; no cloud call."""
     sourcing = _sourcing(job)
     if sourcing is None:
         return
     can_give, adopt = getattr(discovery, "can_give", None), getattr(discovery, "adopt", None)
-    while sourcing.adopted and adopt is not None:
-        adopt(*sourcing.adopted.popitem())
-    owned = getattr(discovery, "owned", None)
-    sourcing.owned = None if owned is None else {name for name in sourcing.fallbacks if owned(name)}
+    for name, hosts in sourcing.inherited.items() if adopt is not None else ():
+        adopt(name, hosts)
     if can_give is not None:
-        rooms = {name: can_give(name) for name in sourcing.fallbacks}
-        sourcing.can_give = {name: room for name, room in rooms.items() if room is not None}
+        sourcing.can_give = {name: room for name in sourcing.fallbacks if (room := can_give(name)) is not None}
 
 
 def discovered(job: Any, discovery: Any, hosts: Any, now: float) -> None:
-    """Hand a discovery answer to the job (with its lock), :func:`share` first: the discovery thread may have
-    sent a raise since the last tick (just before this answer's find(), or in it), and a job that lowers that group
-    on this answer must know it set it (a 0 sent with its ``capacity`` event, not dropped as never sent)."""
+    """Hand a discovery answer to the job (with its lock), :func:`share` first: a raise sent in this answer's find()
+    is the job's, and a 0 it asks on this answer has its ``capacity`` event (not dropped as never sent)."""
     share(job, discovery)
     job.discovered(hosts, now)
 
