@@ -124,6 +124,8 @@ class DiscoveryArgs:
         base = {name: params.pop(name) for name in _BASE_PARAMS}
         for name, flag in _ONE_VALUE.items():  # click keeps the last of a repeated option: refuse instead
             base[name] = _once(flag, base[name])
+        if base["discovery_timeout"] is None:
+            del base["discovery_timeout"]  # the field's default
         base["provider_option"] = tuple(base["provider_option"])
         base["address_map"] = tuple(base["address_map"])
         base["source"] = tuple(base["source"])
@@ -149,12 +151,14 @@ _BASE_PARAMS = ("hosts", "host_discovery_script", "provider", "provider_option",
                 "discovery_timeout", "address_map", "source")
 #: The host-source flags that take one value (the cloud flags' own are in :data:`CLOUD_FLAGS`): click takes
 #: them as repeatable, so that a repeat is refused (:func:`_once`) rather than the first value silently dropped.
-_ONE_VALUE = {"hosts": "-H/--hosts", "host_discovery_script": "--host-discovery-script", "provider": "--provider"}
+_ONE_VALUE = {"hosts": "-H/--hosts", "host_discovery_script": "--host-discovery-script", "provider": "--provider",
+              "slots_per_host": "--slots-per-host", "discovery_timeout": "--discovery-timeout"}
 
 
-def _once(flag: str, values: Sequence[str] | None) -> str | None:
-    """The one value of a single-value host-source flag (None when absent); ConfigError when it was repeated:
-    ``-H a:1 -H b:1`` would otherwise run on ``b`` alone, and say nothing of ``a``."""
+def _once(flag: str, values: Sequence[Any] | None) -> Any:
+    """The one value of a single-value discovery flag (None when absent); ConfigError when it was repeated:
+    ``-H a:1 -H b:1`` would otherwise run on ``b`` alone, and say nothing of ``a``; a ``--slots-per-host``
+    appended to a printed command line that has one would be dropped in silence, or win over it."""
     if not values:
         return None
     if len(values) > 1:
@@ -202,9 +206,9 @@ def discovery_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-o", "--provider-option", metavar="KEY=VALUE", multiple=True,
                      help="an option of the selected provider, e.g. -o timeout_s=60 next to "
                           "--host-discovery-script (repeatable)"),
-        click.option("--slots-per-host", type=int, metavar="N",
+        click.option("--slots-per-host", type=int, metavar="N", multiple=True,
                      help="slots on each host; wins over what the provider reports (default 1 for -H/scripts)"),
-        click.option("--discovery-timeout", type=float, default=30.0, metavar="SECONDS", show_default=False,
+        click.option("--discovery-timeout", type=float, metavar="SECONDS", multiple=True,
                      help="give up on a discovery call, and kill a discovery script, that runs longer than this (default 30)"),
         click.option("--address-map", metavar="FROM=TO", multiple=True,
                      help="rewrite discovered addresses, e.g. 10.0.1.0/24=127.0.1.0/24 (repeatable; any provider)"),

@@ -92,6 +92,9 @@ def test_build_discovery_configures_the_provider_without_io_and_wraps_for_addres
      "--host-discovery-script given 2 times ('/a.sh', '/b.sh'): give it once"),
     (["--provider", "aws", "--provider", "gcp", "-o", "group=g"], "--provider given 2 times ('aws', 'gcp')"),
     (["--aws-asg", "g", "--aws-region", "us-east-1", "--aws-region", "eu-west-1"], "--aws-region given 2 times"),
+    # Terraform's printed command line has --slots-per-host 1: one appended to it was dropped, or won, in silence.
+    (["-H", "a", "--slots-per-host", "1", "--slots-per-host", "8"], "--slots-per-host given 2 times (1, 8): give it once"),
+    (["-H", "a", "--discovery-timeout", "5", "--discovery-timeout", "60"], "--discovery-timeout given 2 times (5.0, 60.0)"),
 ])
 def test_a_repeated_single_value_host_flag_is_refused_not_dropped(argv, message):
     """click keeps the last value of a repeated option: ``-H a:1 -H b:1`` ran on b alone, and -np 2 then failed
@@ -107,6 +110,12 @@ def test_a_repeated_host_list_exits_2_in_one_line_before_anything_starts(capsys)
     assert main(["run", "-np", "2", "-H", "127.0.0.1:1", "-H", "127.0.0.2:1", "python", "-c", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "-H/--hosts given 2 times" in err
+
+
+def test_slots_per_host_and_discovery_timeout_given_once_or_not_at_all_still_work():
+    assert (_args("-H", "a").slots_per_host, _args("-H", "a").discovery_timeout) == (None, 30.0)
+    given = _args("-H", "a", "--slots-per-host", "4", "--discovery-timeout", "7")
+    assert (given.slots_per_host, given.discovery_timeout) == (4, 7.0)
 
 
 def test_a_script_given_timeout_s_by_o_is_killed_at_it(tmp_path):
