@@ -11,7 +11,7 @@ throughout and is never touched: it is the survivor. The two others are hit in
 turn, each hit followed by waiting for the job to be back at three workers:
 
 * ``kill``: SIGKILL; the driver starts a new worker on the freed slot (the
-  blacklist is off: ``--blacklist-cooldown-range 0 0``);
+  blacklist's cooldown is off: ``--blacklist-cooldown-range 0 1``);
 * ``stop``: SIGSTOP; the driver gives it up after ``--heartbeat-timeout 2`` and
   kills it, then starts a new one (it is SIGKILLed here too once given up);
 * ``remove``: the host leaves the discovery answer; its worker leaves
@@ -125,7 +125,7 @@ class SoakJob:
         self.discovery = ChaosDiscovery(tmp, HOSTS)
         self.events_path = tmp / "events.jsonl"
         cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "3", "--min-np", "1", "--max-np", "3",
-               "--host-discovery-script", str(self.discovery.script), "--blacklist-cooldown-range", "0", "0",
+               "--host-discovery-script", str(self.discovery.script), "--blacklist-cooldown-range", "0", "1",
                "--heartbeat-timeout", "2", "--host-missing-grace", "0", "--events-file", str(self.events_path),
                PY, str(Path(__file__).resolve()), "--worker"]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

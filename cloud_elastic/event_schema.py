@@ -56,7 +56,7 @@ SCHEMA: dict[str, EventKind] = {k.name: k for k in (
     _kind("worker_failed", "a worker exited or went silent before the job succeeded",
           {**_WORKER, "exit_code": _OPT_INT, "blacklisted_s": _OPT_NUM},
           {**_WORKER_OPT, "signal": (str,), "reason": (str,), "rank": _OPT_INT, "whole_host": (bool,),
-           "booting": (bool,)}),
+           "booting": (bool,), "blacklisted_for_good": (bool,)}),
     _kind("worker_left", "a worker left gracefully (its host is draining or was removed, or it returned early)",
           {**_WORKER, "reason": (str,)},
           {**_WORKER_OPT, "early_return": (bool,), "commit_step": _OPT_INT, "steps": (int,), "blacklisted_s": _NUM}),

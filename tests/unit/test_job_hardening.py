@@ -141,7 +141,7 @@ def test_a_silent_worker_is_still_given_up_after_a_driver_stall() -> None:
 # ------------------------------------------------ the committed state is never lost
 def test_losing_every_state_holder_fails_the_job_instead_of_starting_over() -> None:
     """Issue 11: newcomers alone used to form the next round, and rank 0 broadcast initial weights."""
-    sim = started(2, {"a": 2}, min_np=1, cooldown=(0, 0))
+    sim = started(2, {"a": 2}, min_np=1, cooldown=(0, 1))  # 0 1: a failed slot is retried at once
     sim.commit("a[0]", "a[1]", count=150)
     sim.exit("a[0]", KILLED)
     sim.exit("a[1]", KILLED)
@@ -332,7 +332,7 @@ def test_all_workers_failing_after_commits_says_the_state_went_with_them() -> No
 
 def test_a_slot_whose_lost_worker_is_still_running_gets_no_replacement() -> None:
     """The slot is a GPU: a silent worker's process may still hold it until it is gone."""
-    sim = started(2, {"a": 2}, min_np=1, heartbeat_timeout_s=5, cooldown=(0, 0))
+    sim = started(2, {"a": 2}, min_np=1, heartbeat_timeout_s=5, cooldown=(0, 1))  # 0 1: retried at once
     sim.silent.add(sim.id("a[1]"))
     sim.advance(6)
     assert sim.job.workers[sim.id("a[1]")].state is WorkerState.LOST

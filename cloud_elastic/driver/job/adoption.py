@@ -197,6 +197,9 @@ class Adoption:
         if code is None:
             return
         self._told[worker_id] = code
+        w = self._job.workers.get(worker_id)
+        if w is not None and error and code != 0:
+            w.error = error.splitlines()[0][:300]  # the failure's end lines name it (see .failures)
         if code != 0:
             log.warning("job %s: worker %s is exiting with code %d%s", self._job.job_id, worker_id, code,
                         f" ({error})" if error else "")

@@ -26,7 +26,8 @@
   for one more timeout since the abort, or, progressing all along, once it is
   still out :data:`NOT_BACK_LIMIT` timeouts after it. Either way the members
   concerned are asked for their stacks first, and get :data:`STACKS_WAIT_S` to
-  send them.
+  send them. A round that stalls :data:`.repeats.REPEATS` times in a row at the
+  same commit with the same members ends the job, naming each one's collective.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
 from cloud_elastic.driver.job.liveness import EXIT_GRACE_S
+from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
@@ -108,6 +110,7 @@ class Completion:
         self._abort_seen_at: float | None = None  # running time the abort of the current round was first seen
         self._stall: _Stall | None = None
         self._explained = False  # the likely cause of an early return was logged (once per job)
+        self._stalls = Streak()  # (commit, members) of the stalls in a row
 
     # ------------------------------------------------------------- completion
     def completed(self, worker_id: str, now: float, *, commit_seq: int | None = None, steps: int | None = None,
@@ -214,6 +217,10 @@ class Completion:
             job.abort()  # its peers would wait for it in their next collective
         job.tick(now)
         return "done", ""
+
+    def failed_before_returning(self, line: str) -> None:
+        """A member still in its training function ended badly while the job finished (``line``): the job fails."""
+        self._failures.append(line)
 
     def exited_after_completing(self, w: WorkerRecord, status: ExitStatus) -> None:
         """``w``'s process ended after its training function returned: a failure only if it says so."""
@@ -429,6 +436,29 @@ class Completion:
         job.emit("round_stalled", round=job.round, idle_s=round(idle_s, 1), reason=reason,
                  workers=[w.worker_id for w in workers])
 
+    def _stalled_again(self, workers: list[WorkerRecord]) -> bool:
+        """The current round stalled (``workers``: its members then): True when it ended the job, the
+        :data:`.repeats.REPEATS`-th stall in a row at the same commit with the same members (an aborted round
+        re-forms unchanged and stalls in the same place: a collective that cannot complete, such as an
+        allreduce of tensors whose sizes differ across ranks)."""
+        job = self._job
+        members = sorted(w.worker_id for w in workers)
+        times = self._stalls.note((job.commit_high, tuple(members)))
+        if times < REPEATS:
+            return False
+        silence = getattr(job, "silence", None)  # a piece tested alone may have no silence watch
+        flights = []
+        for w in sorted(workers, key=lambda w: (w.rank is None, w.rank)):
+            f = silence.flight(w.worker_id) if silence is not None else None
+            where = ("no collective reported" if f is None or f.round != job.round else
+                     f"collective #{f.seq} ({f.op}) {'waiting in it' if f.state == 'entered' else f.state}")
+            flights.append(f"{w.label} {where}")
+        job.end(False, f"round {job.round} stalled {times} times in a row at commit {job.commit_high} with the same "
+                       f"{len(members)} worker(s): {'; '.join(flights)} (their stacks are above); the collective "
+                       f"cannot complete, e.g. tensors whose shapes differ across ranks, or a collective some ranks "
+                       f"skip; last: {job.last_failure}", 1)
+        return True
+
     def _act_on_stall(self, running: float, now: float) -> None:
         job, stall = self._job, self._stall
         assert stall is not None
@@ -446,7 +476,8 @@ class Completion:
             if job.abort_round < job.round:
                 job.last_failure = (f"round {job.round} made no progress for {stall.idle_s:.0f}s "
                                     f"(--progress-timeout {job.policy.progress_timeout_s:g})")
-                job.abort()
+                if not self._stalled_again(workers):
+                    job.abort()
             return
         if stall.kind == "not_back":
             what = (f"did not come back to rendezvous within {stall.out_s:.0f}s of the abort of round {stall.round}, "

@@ -14,6 +14,10 @@
   cooldown, counting no failure of its slots, while a worker that ran and
   failed counts as after it; either way ``--start-timeout`` from the driver's
   start bounds the wait for the first round (:meth:`.capacity.Capacity.check`);
+  a slot failing :data:`.repeats.REPEATS` times at the same commit is blacklisted
+  for good, and the job ends when every worker was lost that many times in a row
+  without progress in between (see :mod:`.repeats`); every line
+  carries the error the worker's script said it ended with;
 * a worker given up (:meth:`Failures.give_up`: silent, never arrived, stuck) is
   stopped at once; a leaver given up costs its peers a rollback but no blacklisting;
 * the committed state is never silently lost (:meth:`Failures.check_state_kept`):
@@ -25,10 +29,12 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable
 
 from cloud_elastic.driver.job.actions import Phase, Stop
-from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.hosts import Slot, blocked_for
+from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.driver.job.exit_status import signal_name
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
@@ -56,6 +62,41 @@ class Failures:
         self._take_host_along = take_host_along
         self._fixed_failed = fixed_failed
         self._state_lost_logged = False
+        #: The highest worker number when every worker was last lost (a resumed attempt's workers are newer),
+        #: and the job's commit then.
+        self._lost_mark, self._lost_at = 0, -1
+        self._lost_in_vain = Streak()  # every worker lost, in a row, each time without progress
+
+    def _lost_again(self) -> int:
+        """Every worker is lost, with checkpointing: how many times in a row that has now happened without
+        progress: no worker of the resumed attempt made a commit of its own (its first is past the checkpoint
+        it resumed from), or the job is lost at the same commit as the time before (a bug far past the
+        checkpoint: each attempt commits up to it and fails there again)."""
+        job = self._job
+        mark, self._lost_mark = self._lost_mark, max((w.seq for w in job.workers.values()), default=0)
+        at, self._lost_at = self._lost_at, job.commit_high
+        committed = any(w.commits > 0 for w in job.workers.values() if w.seq > mark)
+        if committed and at != job.commit_high:
+            self._lost_in_vain.clear()  # trained on to another commit (or the first loss): progress
+        return self._lost_in_vain.note("lost")
+
+    def _every_slot_repeated(self) -> bool:
+        """Every slot of the ready hosts is blacklisted for good for failing REPEATS times at the same commit (the
+        slots of a job resumed again and again, each attempt lost there, reach it before the job's own count
+        does when its attempts do not all fail together): a resume could only fail the same way."""
+        hosts = self._job.hosts
+        if hosts.blacklist.hi <= 0 or not hosts.ready:  # 0 0: one failure each, not a repeated one
+            return False
+        return all(hosts.blacklist.for_good(Slot(h, i)) for h, n in hosts.ready.items() for i in range(n))
+
+    def _for_good(self, where: str, at: int) -> str:
+        """The last failure blocked ``where`` for the rest of the job: why, for its log line and for the job's end
+        line (below --min-np, that names the ``last failure``)."""
+        job = self._job
+        why = (" (--blacklist-cooldown-range 0 0)" if job.hosts.blacklist.hi <= 0 else
+               f": it failed {REPEATS} times in a row at commit {at}, with no commit past it in between")
+        job.last_failure += f"; {where} is blacklisted for the rest of the job{why}"
+        return why
 
     def fail(self, w: WorkerRecord, what: str, now: float, *, was_member: bool, transport: bool,
              exit_code: int | None = None) -> None:
@@ -64,7 +105,8 @@ class Failures:
             return
         job = self._job
         hosts = job.hosts
-        reason = f"worker {w.worker_id} ({w.label}) {what}"
+        # The exception its script said it ended with, as a fixed-size job's lines carry it (.fixed_size).
+        reason = f"worker {w.worker_id} ({w.label}) {what}" + (f": {w.error}" if w.error else "")
         job.last_failure = reason
         whole_host = transport or bool(job.policy.whole_host_slots)
         # A fresh VM is "running" minutes before sshd answers or cloud-elastic is installed: at start-up a
@@ -72,25 +114,35 @@ class Failures:
         # trying it again at the shortest cooldown without counting a failure (Blacklist.retry_soon).
         # No round of this driver yet and no worker holding state (a resumed job's state is in its checkpoint).
         booting = transport and job.round == 0 and (not job.state_committed or job.resumed)
-        block = hosts.blacklist.retry_soon if booting else hosts.blacklist.record_failure
+        # The commit the job had reached: a slot failing REPEATS times there in a row is blacklisted for good.
+        at = job.commit_high
+
+        def block(slot: Slot) -> float:
+            return hosts.blacklist.retry_soon(slot, now) if booting else hosts.blacklist.record_failure(slot, now, at)
+
         if whole_host:
             host_slots = hosts.ready.get(w.slot.host, w.slot.index + 1)
             # One outage is one failure of each slot, however many of the host's workers report it.
             slots = [Slot(w.slot.host, i) for i in range(host_slots)]
-            delays = [block(s, now) for s in slots if not hosts.blacklist.blocked(s, now)]
+            delays = [block(s) for s in slots if not hosts.blacklist.blocked(s, now)]
             # A host-mate's report of the same outage blocked them already: say how long they stay blocked.
             left = [t for s, t, _ in hosts.blacklist.blocked_slots(now) if s in slots]
             delay = max(delays, default=max(left, default=0.0))
-            log.warning("job %s: %s; host %s %s %.0fs", job.job_id, reason, w.slot.host,
-                        "not reachable yet: retried in" if booting else "blacklisted for", delay)
+            where = f"host {w.slot.host}"
         else:
-            delay = hosts.blacklist.record_failure(w.slot, now)
-            log.warning("job %s: %s; slot %s blacklisted for %.0fs", job.job_id, reason, w.slot, delay)
+            delay, where = block(w.slot), f"slot {w.slot}"
+        if booting:
+            log.warning("job %s: %s; %s not reachable yet: retried in %.0fs", job.job_id, reason, where, delay)
+        else:
+            why = self._for_good(where, at) if delay == math.inf else ""
+            log.warning("job %s: %s; %s blacklisted %s%s", job.job_id, reason, where, blocked_for(delay), why)
         # A negative code is a signal (Popen's convention): the schema has exit_code null and the signal's name.
         killed_by = signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
         job.emit(
             "worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, reason=what,
-            exit_code=None if killed_by else exit_code, blacklisted_s=round(delay, 1), whole_host=whole_host,
+            exit_code=None if killed_by else exit_code, whole_host=whole_host,
+            **({"blacklisted_s": None, "blacklisted_for_good": True} if delay == math.inf
+               else {"blacklisted_s": round(delay, 1)}),
             **({"round": w.round} if w.round else {}), **({"signal": killed_by} if killed_by else {}),
             **({"booting": True} if booting else {}),
         )
@@ -106,6 +158,12 @@ class Failures:
         if not survivors and job.completed_workers == 0 and not booting:
             policy = job.policy
             if job.state_committed and policy.checkpointing:
+                again = self._lost_again()
+                if again >= REPEATS or self._every_slot_repeated():
+                    job.end(False, f"every worker failed, {again} time(s) in a row at commit {job.commit_high}, "
+                                   f"resuming from the checkpoint in between without getting further (resuming again "
+                                   f"would fail the same way); last: {job.last_failure}", 1)
+                    return
                 log.warning(
                     "job %s: lost every worker; waiting up to %gs (--elastic-timeout) for --min-np %d slot(s), "
                     "then resuming from the latest checkpoint", job.job_id, policy.elastic_timeout_s, policy.min_np,

@@ -6,14 +6,16 @@ rule here is tested alone with a fake clock.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Callable, Collection
 
+from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
-__all__ = ["Slot", "Blacklist", "HostChanges", "HostManager", "Keep"]
+__all__ = ["Slot", "Blacklist", "HostChanges", "HostManager", "Keep", "blocked_for"]
 
 #: Of the hosts missing past the grace, those to keep as missing a while longer (the job decides; see
 #: :meth:`HostManager.expire`).
@@ -38,19 +40,37 @@ class Blacklist:
     plus up to 10 % jitter (capped at ``hi``), so slots failing together do not
     all come back in the same instant. Blacklisting is per slot, not per host:
     one crashing GPU does not take its healthy siblings down with it.
-    A range of ``(0, 0)`` disables the blacklist.
+
+    A slot blocked *for good* stays blocked for the rest of the job (for this instance
+    of its host: :meth:`forget_host`): a worker that failed there :data:`.repeats.REPEATS`
+    times at the same commit (:meth:`record_failure` with ``at_commit``), or failed at all
+    under a range of ``(0, 0)``, as Horovod blacklists a failed host by default. Other
+    blocks (stragglers, drains, early returns, cut-off hosts) take no cooldown under ``(0, 0)``.
     """
 
     def __init__(self, cooldown_range_s: tuple[float, float], rng: random.Random | None = None) -> None:
         self.lo, self.hi = cooldown_range_s
         self._rng = rng or random.Random()
         self._failures: dict[Slot, int] = {}
-        self._until: dict[Slot, float] = {}
+        self._until: dict[Slot, float] = {}  # math.inf: for good
+        self._repeats: dict[Slot, Streak] = {}  # the commits its workers failed at, in a row
 
-    def record_failure(self, slot: Slot, now: float) -> float:
-        """Count a failure of ``slot``; return how many seconds it is now blocked for."""
+    def record_failure(self, slot: Slot, now: float, at_commit: int | None = None) -> float:
+        """Count a failure of ``slot``; return how many seconds it is now blocked for (``math.inf``: for good).
+
+        ``at_commit``: a worker failed there at that commit of the job (the highest the job had reached):
+        the :data:`.repeats.REPEATS`-th such failure at the same commit in a row, or any under a range of
+        ``(0, 0)``, blocks the slot for good. A slot blocked for good stays so.
+        """
         count = self._failures.get(slot, 0) + 1
         self._failures[slot] = count
+        if self.for_good(slot):
+            return math.inf
+        if at_commit is not None:
+            again = self._repeats.setdefault(slot, Streak()).note(at_commit)
+            if again >= REPEATS or self.hi <= 0:
+                self._until[slot] = math.inf
+                return math.inf
         if self.hi <= 0:
             return 0.0
         base = min(self.hi, self.lo * (2 ** (count - 1)))
@@ -65,6 +85,8 @@ class Blacklist:
         raised at every try would both space the tries past the time it answers and make its first real
         failure, later, cost the longest cooldowns.
         """
+        if self.for_good(slot):
+            return math.inf
         # At least a second, even with --blacklist-cooldown-range 0 0: a host that refuses at once would
         # otherwise be relaunched in a tight loop.
         delay = max(1.0, min(self.hi, self.lo * (1.0 + 0.1 * self._rng.random())))
@@ -76,18 +98,34 @@ class Blacklist:
         for slot in [s for s in self._failures if s.host == host]:
             del self._failures[slot]
             self._until.pop(slot, None)
+            self._repeats.pop(slot, None)
 
     def failures(self, slot: Slot) -> int:
         """How many times ``slot`` has failed."""
         return self._failures.get(slot, 0)
 
     def blocked_slots(self, now: float) -> list[tuple[Slot, float, int]]:
-        """(slot, seconds left, failures) of every slot still cooling down at ``now``."""
-        return sorted((s, until - now, self._failures.get(s, 0)) for s, until in self._until.items() if until > now)
+        """(slot, seconds left, failures) of every slot still cooling down at ``now`` (not those blocked for good:
+        see :meth:`for_good_slots`)."""
+        return sorted((s, until - now, self._failures.get(s, 0)) for s, until in self._until.items()
+                      if now < until < math.inf)
+
+    def for_good(self, slot: Slot) -> bool:
+        """Whether ``slot`` is blocked for the rest of the job."""
+        return self._until.get(slot) == math.inf
+
+    def for_good_slots(self) -> list[tuple[Slot, int]]:
+        """(slot, failures) of every slot blocked for the rest of the job."""
+        return sorted((s, self._failures.get(s, 0)) for s, until in self._until.items() if until == math.inf)
 
     def blocked(self, slot: Slot, now: float) -> bool:
         """Whether ``slot`` is still cooling down at ``now``."""
         return self._until.get(slot, float("-inf")) > now
+
+
+def blocked_for(delay: float) -> str:
+    """How long a block of ``delay`` seconds (:meth:`Blacklist.record_failure`) lasts, in words for the log."""
+    return "for the rest of the job" if delay == math.inf else f"for {delay:.0f}s"
 
 
 #: How much longer the notice of a host given back lasts while the same instance is listed (see HostManager).

@@ -197,6 +197,11 @@ class SilenceWatch:
                 if due < self._silence_due:
                     self._silence_due = due
 
+    def flight(self, worker_id: str) -> FlightEntry | None:
+        """The newest collective ``worker_id``'s heartbeats reported (None: none yet)."""
+        h = self._heard.get(worker_id)
+        return None if h is None else h.flight
+
     def overdue(self, alive: Iterable[WorkerRecord], born: int, now: float,
                 running_now: float, round_: int = 0) -> list[tuple[WorkerRecord, str]]:
         """The workers of ``alive`` to give up, each with what it did wrong.

@@ -110,6 +110,8 @@ class WorkerRecord:
     #: Running time at which it said it was past its exit hooks (``exiting``): its heartbeats have stopped
     #: and its exit status is on the way; silence is then judged by ``EXIT_GRACE_S`` (see :mod:`.liveness`).
     exiting_at: float | None = None
+    #: The exception its script ended with, as it said when exiting (first line, 300 characters at most).
+    error: str = ""
     #: The stacks request it was last asked to answer, and the last one it answered.
     stacks_wanted: int = 0
     stacks_sent: int = 0

@@ -1,0 +1,216 @@
+"""The same failure again and again without progress ends its loop (cloud_elastic.driver.job.repeats).
+
+A slot whose worker fails REPEATS times at the same commit is blacklisted for good; a job resumed from its
+checkpoint whose every worker fails REPEATS times in a row before a commit past it ends; so does a round that
+re-forms unchanged and stalls REPEATS times in a row at the same commit. Each end line names the worker or the
+collective and the error.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.completion import STACKS_WAIT_S, Completion
+from cloud_elastic.driver.job.failures import Failures
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job.liveness import SilenceWatch
+from cloud_elastic.driver.job.repeats import REPEATS
+from cloud_elastic.protocol import FlightEntry
+from cloud_elastic.providers.api import DiscoveredHosts
+from tests.unit.job_view import T0, FakeJob, S
+from tests.unit.test_job import KILLED, Sim, failed, started
+
+pytestmark = pytest.mark.timeout(30)  # the first test may import torch (conftest)
+
+BUG = "ValueError: user bug at step 7"
+
+
+def crash(sim: Sim, slot: str, error: str = BUG) -> None:
+    """The worker on ``slot`` says it exits with ``error`` (its exit hook), then its process ends with code 1."""
+    sim.job.adoption.exiting(sim.id(slot), 1, error + "\n  more lines of the traceback")
+    sim.exit(slot)
+
+
+def at_commit(sim: Sim, slot: str, seq: int) -> None:
+    """The worker on ``slot`` reports commit ``seq`` of the job's history (its heartbeat)."""
+    sim.commits[sim.id(slot)] = seq
+    sim.job.heartbeat(sim.id(slot), sim.now, seq, commit_seq=seq)
+
+
+# ------------------------------------------------------------------ the blacklist
+def test_the_third_failure_of_a_slot_at_the_same_commit_blacklists_it_for_good() -> None:
+    blacklist = Blacklist((1.0, 2.0), random.Random(0))
+    a = Slot("a", 0)
+    delays = [blacklist.record_failure(a, T0, at_commit=c) for c in (5, 5, 6, 6)]
+    assert all(d < 3 for d in delays)  # a commit past 5 in between: the count starts again
+    assert blacklist.record_failure(a, T0, at_commit=6) == math.inf
+    assert blacklist.blocked(a, T0 + 1e9) and blacklist.for_good_slots() == [(a, 5)]
+    assert blacklist.blocked_slots(T0) == []  # cooling down: none (status lists only cooldowns)
+    assert blacklist.record_failure(a, T0) == math.inf and blacklist.retry_soon(a, T0) == math.inf  # stays so
+    blacklist.forget_host("a")  # another instance at the address
+    assert not blacklist.blocked(a, T0)
+
+
+def test_zero_zero_blacklists_a_failed_slot_for_good_as_horovod_does_and_other_blocks_not_at_all() -> None:
+    blacklist = Blacklist((0.0, 0.0))
+    assert blacklist.record_failure(Slot("a", 0), T0, at_commit=0) == math.inf
+    assert blacklist.blocked(Slot("a", 0), T0 + 1e9)
+    assert blacklist.record_failure(Slot("a", 1), T0) == 0.0  # a straggler, a drain, an early return
+    assert not blacklist.blocked(Slot("a", 1), T0)
+
+
+# ------------------------------------------------------------------ a slot's crash loop
+def test_a_slot_that_crashes_at_the_same_step_is_not_relaunched_forever_and_the_job_ends_naming_it() -> None:
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), elastic_timeout_s=5)
+    at_commit(sim, "a[0]", 6)
+    for n in range(1, REPEATS + 1):
+        crash(sim, "b[0]")
+        sim.join("a[0]", reason="failure")
+        if n < REPEATS:
+            sim.advance(3)  # past the cooldown: a new worker on b[0] joins the survivor at commit 6
+            sim.join("b[0]")
+            assert sim.layout() == ["a[0]", "b[0]"]
+    events = [f for k, f in sim.events if k == "worker_failed"]
+    assert events[-1]["blacklisted_s"] is None and events[-1]["blacklisted_for_good"] is True
+    sim.advance(10)
+    assert sim.slots_launched().count("b[0]") == REPEATS  # never again
+    failed(sim, "fewer than --min-np 2", f"(rank 1) exited with code 1: {BUG};",
+           f"slot b[0] is blacklisted for the rest of the job: it failed {REPEATS} times in a row at commit 6")
+    assert "\n" not in sim.outcome.reason
+
+
+def test_an_elastic_failure_line_carries_the_error_the_worker_reported() -> None:
+    sim = started(2, {"a": 2}, min_np=2)
+    crash(sim, "a[0]")
+    crash(sim, "a[1]", "RuntimeError: CUDA error: an illegal memory access")
+    failed(sim, "all workers failed; last: worker a[1]#2 (rank 1) exited with code 1: RuntimeError: CUDA error")
+
+
+# ------------------------------------------------------------------ a resume loop
+def resume_attempt(sim: Sim, *, commit: bool = False) -> None:
+    """The workers lost, new ones on a[0] and b[0] resume from the checkpoint of commit 6 and all fail again."""
+    sim.advance(3)
+    sim.join("a[0]", "b[0]")
+    assert sim.job.workers[sim.id("a[0]")].round == sim.job.round
+    sim.job.checkpoint_loaded(6, 6, "/ck/step6")
+    if commit:
+        at_commit(sim, "a[0]", 7)
+    crash(sim, "a[0]")
+    crash(sim, "b[0]")
+
+
+def test_every_worker_failing_again_before_a_commit_past_the_checkpoint_ends_the_resume_loop() -> None:
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), checkpointing=True, elastic_timeout_s=60)
+    at_commit(sim, "a[0]", 6)
+    at_commit(sim, "b[0]", 6)
+    crash(sim, "a[0]")
+    crash(sim, "b[0]")
+    for _ in range(REPEATS - 2):
+        resume_attempt(sim)
+        assert sim.outcome is None
+    resume_attempt(sim)
+    failed(sim, f"every worker failed, {REPEATS} time(s) in a row at commit 6, resuming from the checkpoint in between "
+                f"without getting further", f"exited with code 1: {BUG}")
+
+
+def test_attempts_that_train_past_an_older_checkpoint_and_fail_at_the_same_commit_each_time_end_too() -> None:
+    """A bug far past the checkpoint: each resumed attempt commits up to it and fails there again."""
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), checkpointing=True, elastic_timeout_s=60)
+    at_commit(sim, "a[0]", 9)
+    crash(sim, "a[0]")
+    crash(sim, "b[0]")
+    for n in range(REPEATS - 1):
+        sim.advance(3)
+        sim.join("a[0]", "b[0]")
+        sim.job.checkpoint_loaded(6, 6, "/ck/step6")
+        at_commit(sim, "a[0]", 9)  # commits 7, 8, 9: past the checkpoint, and no further than the time before
+        assert sim.outcome is None
+        crash(sim, "a[0]")
+        crash(sim, "b[0]")
+    failed(sim, f"every worker failed, {REPEATS} time(s) in a row at commit 9")
+
+
+def test_a_resumed_round_that_commits_past_its_checkpoint_starts_the_count_again() -> None:
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), checkpointing=True, elastic_timeout_s=60)
+    at_commit(sim, "a[0]", 6)
+    sim.exit("a[0]", KILLED)
+    sim.exit("b[0]", KILLED)
+    resume_attempt(sim)
+    resume_attempt(sim, commit=True)  # commit 7: progress, the count starts again
+    for _ in range(REPEATS - 2):
+        resume_attempt(sim)
+    assert sim.outcome is None
+    resume_attempt(sim)
+    failed(sim, f"every worker failed, {REPEATS} time(s) in a row")
+
+
+def test_every_worker_lost_with_every_slot_blacklisted_for_repeating_its_failure_ends_at_once() -> None:
+    """Attempts that do not all fail together (one worker resumes alone while the other starts) bring each slot
+    to its third failure before the job counts three losses of every worker: nothing is left to resume on."""
+    job = FakeJob(2, min_np=1, checkpointing=True, hosts=HostManager(Blacklist((1.0, 2.0), random.Random(0))))
+    job.hosts.update(DiscoveredHosts(ready={"a": 1, "b": 1}), T0)
+    job.phase, job.round, job.state_committed, job.commit_high = Phase.RUNNING, 5, True, 6
+    fail = Failures(job, lambda w, what, now: True)
+    job.hosts.blacklist.record_failure(Slot("b", 0), T0, at_commit=6)
+    for _ in range(REPEATS - 1):
+        job.hosts.blacklist.record_failure(Slot("a", 0), T0, at_commit=6)
+        job.hosts.blacklist.record_failure(Slot("b", 0), T0, at_commit=6)
+    assert job.hosts.blacklist.for_good(Slot("b", 0)) and not job.hosts.blacklist.for_good(Slot("a", 0))
+    w = job.worker("a", 0, S.EXITED, round_=5, rank=0)
+    w.error = BUG
+    fail.fail(w, "exited with code 1", T0, was_member=True, transport=False, exit_code=1)
+    assert not job.outcome.success and job.outcome.exit_code == 1
+    assert "resuming again would fail the same way" in job.outcome.reason and BUG in job.outcome.reason
+
+
+# ------------------------------------------------------------------ a stall loop
+def test_a_round_that_stalls_again_at_the_same_commit_with_the_same_members_ends_naming_the_collective() -> None:
+    job = FakeJob(2, progress_timeout_s=60)
+    job.phase, job.round, job.commit_high = Phase.RUNNING, 1, 6
+    workers = [job.worker("a", i, S.RUNNING, round_=1, rank=i) for i in range(2)]
+    job.silence = SilenceWatch(10.0, 60.0)
+    completion = Completion(job, lambda: workers[0])
+    now = T0
+    for n in range(1, REPEATS + 1):
+        completion.round_formed(now)
+        for w in workers:  # both wait in the same allreduce, heartbeating: nobody is missing, nobody progresses
+            job.silence.heard(w.worker_id, now, FlightEntry(job.round, 14, "allreduce", "entered", 0.0))
+        now += 61
+        completion.check_progress(now)
+        for w in workers:
+            w.stacks_sent = w.stacks_wanted
+        now += STACKS_WAIT_S
+        completion.check_progress(now)
+        if n < REPEATS:
+            assert job.aborts == n and job.outcome is None
+            job.round += 1  # the same two re-form
+            for w in workers:
+                w.round = job.round
+    assert job.aborts == REPEATS - 1
+    reason = job.outcome.reason
+    assert not job.outcome.success and job.outcome.exit_code == 1
+    assert f"round 3 stalled {REPEATS} times in a row at commit 6 with the same 2 worker(s)" in reason
+    assert "rank 0 collective #14 (allreduce) waiting in it; rank 1 collective #14 (allreduce)" in reason
+
+
+def test_a_stall_after_progress_is_a_new_count() -> None:
+    job = FakeJob(2, progress_timeout_s=60)
+    job.phase, job.round = Phase.RUNNING, 1
+    workers = [job.worker("a", i, S.RUNNING, round_=1, rank=i) for i in range(2)]
+    completion = Completion(job, lambda: workers[0])
+    now = T0
+    for n in range(2 * REPEATS):
+        job.commit_high = n // (REPEATS - 1)  # a commit past the stall every REPEATS - 1 stalls
+        completion.round_formed(now)
+        now += 61
+        completion.check_progress(now)
+        now += STACKS_WAIT_S + 1
+        completion.check_progress(now)
+        job.round += 1
+        for w in workers:
+            w.round = job.round
+    assert job.outcome is None and job.aborts == 2 * REPEATS
