@@ -354,3 +354,28 @@ def test_making_room_among_many_tiny_stranger_keys_takes_the_oldest_at_once(serv
     assert used < 1.0, f"the store used {used:.1f} CPU-seconds to make room for two 8 MiB values"
     stranger = torch_client(store.port)
     assert stranger.check([f"t{n - 1:07d}"]) and not stranger.check(["t0000000"])  # its newest kept, oldest gone
+
+
+def test_a_stranger_who_forges_round_keys_stays_unproven_and_its_flood_does_not_lock_out_a_worker(served):
+    """Mutation review: a key shaped like a round's namespace (``/r1-`` and 32 hex digits) but not derived from
+    the job secret proved its connection and no test noticed; a stranger whose every connection names one would
+    hold connections never closed for anyone, filling the store's share until the workers' were refused. A forged
+    key proves nothing: the flood's oldest connections make room, and a worker with the real key is served."""
+    store = served("400")  # the store's share: a quarter of 400 descriptors
+    flood = []
+    for i in range(150):
+        s = connect(store.port, f"127.0.0.{2 + i % 8}")
+        try:
+            s.sendall(_set(b"/r1-%032x/addr" % i, b"stranger"))  # a round key's shape, not the job's
+        except OSError:
+            pass  # refused: the store's share is full
+        served_still(s)
+        flood.append(s)
+    assert not served_still(flood[0]), "a connection that named a forged round key was kept as proven"
+    worker = SignedStore(dist.TCPStore("127.0.0.1", store.port, None, False, timeout=timedelta(seconds=10)),
+                         round_namespace(_SECRET, "job", 1), _SECRET)
+    worker.set("addr", b"worker 1")
+    assert worker.get("addr") == b"worker 1"
+    assert store.said("it had not named a key of the job's rounds yet"), store.logged
+    for s in flood:
+        s.close()
