@@ -12,6 +12,7 @@ import torch
 
 from cloud_elastic.checkpoint import CheckpointStore
 from cloud_elastic.checkpoint.backend import LocalBackend
+from tests.unit.test_sharded_checkpoint import _checkpoints, _ctx, _state, _train
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -120,3 +121,29 @@ def test_a_checkpoint_the_storage_will_not_let_us_check_stops_the_pruning_there(
     backend.failing = ""
     fourth = store.save(4, _payload(4))
     assert _folders(tmp_path) == [third.name, fourth.name]
+
+
+def test_a_sharded_checkpoint_whose_shard_files_are_lost_does_not_count_so_the_last_readable_one_is_kept(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Mutation review: pruning checks a sharded checkpoint's shard files against the sizes its manifest lists,
+    and no test noticed when it did not (every damaged-shard test keeps the sizes). Step 4's shard files are lost
+    (a torn upload, a bad disk) with its manifest intact: saving step 6 must keep step 2, the last checkpoint that
+    loads, and say in one line that step 4 does not verify."""
+    state, ctx = _state(), _ctx()
+    durable = _checkpoints(tmp_path, ctx)  # keep=2
+    root = tmp_path / "ckpt"
+
+    def save(seq: int) -> str:
+        _train(state, 2)
+        ctx.ledger.commit_seq = seq
+        assert durable.finish(state) is None
+        return _folders(root)[-1]
+
+    step_2, step_4 = save(2), save(4)
+    for shard in (root / step_4 / "dcp").glob("*.distcp"):
+        shard.unlink()
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic.checkpoint"):
+        step_6 = save(6)
+    assert _folders(root) == [step_2, step_4, step_6]
+    warned = [r.getMessage() for r in caplog.records if "does not verify" in r.getMessage()]
+    assert len(warned) == 1 and step_4 in warned[0] and "shard files" in warned[0] and "\n" not in warned[0], warned
