@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +14,10 @@ import pytest
 
 from .conftest import write_script
 
-pytestmark = pytest.mark.timeout(60)  # the module fixture starts every case at once; 2 shared cores
+pytestmark = pytest.mark.timeout(75)  # the module fixture starts every case at once; 2 shared cores
+#: How long the cases have, all together, to be refused; and how long one that was not has to stop after SIGTERM.
+REFUSE_WITHIN_S = 50.0
+STOP_S = 5.0
 
 _SCRIPT = Path(sys.executable).parent / "cloud-elastic"
 CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cloud_elastic.cli"]
@@ -65,6 +70,11 @@ CASES = {
     "spares-negative": Case(("-np", "1", "-H", "h", "--spares", "-1", *TRAIN), "--spares must be 0-1024, got -1"),
     "checkpoint-keep-0": Case(("-np", "1", "-H", "h", "--checkpoint-keep", "0", *TRAIN), "--checkpoint-keep must be >= 1"),
     "metrics-port-range": Case(("-np", "1", "-H", "h", "--metrics-port", "70000", *TRAIN), "--metrics-port must be 0-65535"),
+    # Past the check, the driver's metrics server would die on a raw socket.gaierror traceback.
+    "metrics-addr-empty": Case(("-np", "1", "-H", "localhost", "--metrics-port", "0", "--metrics-addr", "", *TRAIN),
+                               "--metrics-addr must be an address or host name, got ''"),
+    "metrics-addr-padded": Case(("-np", "1", "-H", "localhost", "--metrics-port", "0", "--metrics-addr", " 127.0.0.1",
+                                 *TRAIN), "--metrics-addr must be an address or host name, got ' 127.0.0.1'"),
     "bad-aws-metadata-endpoint": Case(("-np", "1", "-H", "localhost", "--notice-watcher", "aws", *TRAIN),
                                       "AWS_EC2_METADATA_SERVICE_ENDPOINT must be an http:// URL with no path",
                                       (("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://169.254.169.254/latest/"),)),
@@ -88,26 +98,73 @@ class Result:
     workdir: Path
 
 
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """End the ``cloud-elastic run`` processes of ``procs`` still running: SIGTERM first (a driver that started a
+    job stops its workers), then SIGKILL to the process group of each after :data:`STOP_S`. One that already
+    ended is left alone: its process id may be another's now."""
+    alive = [proc for proc in procs if proc.poll() is None]
+    for proc in alive:
+        proc.terminate()
+    deadline = time.monotonic() + STOP_S
+    for proc in alive:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # what it started in its group, and itself if still running
+        except ProcessLookupError:
+            pass
+        proc.wait(STOP_S)
+
+
+def _output(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str] | None:
+    """``proc``'s stdout and stderr once it ends within ``timeout_s``; None while it runs on."""
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        if proc.poll() is None:
+            return None
+    try:  # it ended: what it wrote is there to read (a timeout of 0 may not have left a moment to read it)
+        return proc.communicate(timeout=1)
+    except subprocess.TimeoutExpired:
+        return "", "(a process it started holds its output open)"
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
-    """Run every case at once (each CLI start costs a quarter second) and collect the results."""
+    """Run every case at once (each CLI start costs a quarter second) and collect the results. A case still
+    running after :data:`REFUSE_WITHIN_S` was not refused (it started a job): that is its own result, so only
+    its tests fail, naming it; every process started here is ended, whatever happens."""
     env = {k: v for k, v in os.environ.items() if "ELASTIC" not in k}
-    running = {}
-    for name, case in CASES.items():
-        workdir = tmp_path_factory.mktemp(name)
-        write_script(workdir, "touch {tmp}/DISCOVERED; echo localhost:2", name="good.sh")
-        write_script(workdir, "echo localhost:2", name="plain.sh", mode=0o644)
-        args = [a.replace("{dir}", str(workdir)) for a in case.args]
-        proc = subprocess.Popen(
-            [*CLI, "run", *args], cwd=workdir, env={**env, **dict(case.env)},
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        running[name] = (proc, workdir)
-    done = {}
-    for name, (proc, workdir) in running.items():
-        out, err = proc.communicate(timeout=50)
-        done[name] = Result(proc.returncode, out, err, workdir)
-    return done
+    running: dict[str, tuple[subprocess.Popen, Path]] = {}
+    try:
+        for name, case in CASES.items():
+            workdir = tmp_path_factory.mktemp(name)
+            write_script(workdir, "touch {tmp}/DISCOVERED; echo localhost:2", name="good.sh")
+            write_script(workdir, "echo localhost:2", name="plain.sh", mode=0o644)
+            args = [a.replace("{dir}", str(workdir)) for a in case.args]
+            running[name] = (subprocess.Popen(
+                [*CLI, "run", *args], cwd=workdir, env={**env, **dict(case.env)}, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            ), workdir)
+        deadline = time.monotonic() + REFUSE_WITHIN_S
+        done, late = {}, []
+        for name, (proc, workdir) in running.items():
+            output = _output(proc, max(0.0, deadline - time.monotonic()))
+            if output is None:
+                late.append(name)
+            else:
+                done[name] = Result(proc.returncode, *output, workdir)
+        _stop([running[name][0] for name in late])
+        for name in late:
+            proc, workdir = running[name]
+            out, err = _output(proc, 0.0) or ("", "")
+            done[name] = Result(proc.returncode, out, f"{name}: not refused, still running after "
+                                                      f"{REFUSE_WITHIN_S:g} s (ended by the test)\n{err}", workdir)
+        return done
+    finally:
+        _stop([proc for proc, _ in running.values()])
 
 
 @pytest.mark.parametrize("name", CASES)
