@@ -179,17 +179,21 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
         if why is not None:
             raise ConfigError(why)
     from cloud_elastic.driver.job.notice_policy import watched_cloud
-    from cloud_elastic.driver.runtime.processes import forwarded_env
+    from cloud_elastic.driver.runtime.processes import forwarded_env, launches_locally
     from cloud_elastic.driver.launch import forkserver
     from cloud_elastic.notices.factory import check_endpoint
     from cloud_elastic.worker.settings import check_environ
 
     # What the workers or the driver would refuse later, refused now, before anything is started or written:
-    # a malformed endpoint override or worker setting, in the environment the workers get (the driver's with
-    # -x/--env over it), and a bad CLOUD_ELASTIC_LOCAL_FORKSERVER (read by the driver's local launcher).
+    # a malformed endpoint override or worker setting, in the environment the workers get (-x/--env over the
+    # driver's, which only the workers it starts itself inherit: -H local hosts), and a bad
+    # CLOUD_ELASTIC_LOCAL_FORKSERVER (read by the driver's local launcher).
     forwarded = forwarded_env(config.forward_env)
-    check_endpoint(watched_cloud(config.notice_watcher, str(getattr(built, "name", ""))), {**os.environ, **forwarded})
-    check_environ(os.environ, forwarded, checkpointing=config.checkpoint_dir is not None)
+    local = launcher is None and bool(discovery.hosts) and any(
+        launches_locally(host, config.force_ssh) for host in built.find().ready)  # -H: no I/O
+    inherited = os.environ if local else {}
+    check_endpoint(watched_cloud(config.notice_watcher, str(getattr(built, "name", ""))), {**inherited, **forwarded})
+    check_environ(inherited, forwarded, checkpointing=config.checkpoint_dir is not None)
     forkserver.enabled()
     _setup_logging(config.verbose)
     from cloud_elastic.driver.runtime.driver import Driver

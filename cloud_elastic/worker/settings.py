@@ -38,7 +38,7 @@ from cloud_elastic.errors import ConfigError
 __all__ = ["WorkerSettings", "SECRET_ENV", "SECRET_FD_ENV", "DRIVER_ENV", "STORE_ENV", "JOB_ID_ENV", "WORKER_ID_ENV",
            "HOSTNAME_ENV", "SLOT_ENV", "HOST_KEY_ENV", "NETWORK_INTERFACE_ENV", "HEARTBEAT_INTERVAL_ENV", "HEARTBEAT_TIMEOUT_ENV",
            "DRIVER_GRACE_ENV", "CHECKPOINT_DIR_ENV", "CHECKPOINT_INTERVAL_ENV", "CHECKPOINT_KEEP_ENV",
-           "check_environ", "keep_secret", "take_secret", "taken_secret"]
+           "IDENTITY_ENV", "check_environ", "keep_secret", "take_secret", "taken_secret"]
 
 #: The name of the secret among settings (:meth:`WorkerSettings.from_environ` of a mapping); never in a
 #: worker's environment.
@@ -347,8 +347,9 @@ class WorkerSettings:
         )
 
 
-#: Who the worker is and where its driver is: the driver's to set, for each worker, whatever ``-x`` says.
-_IDENTITY_ENV = frozenset({SECRET_ENV, DRIVER_ENV, STORE_ENV, JOB_ID_ENV, WORKER_ID_ENV, HOSTNAME_ENV, SLOT_ENV,
+#: Who the worker is and where its driver is: the driver's to set, for each worker. ``run`` refuses them in ``-x``
+#: (:func:`check_environ`), and the driver's values win over a forwarded one (``driver/runtime/processes.py``).
+IDENTITY_ENV = frozenset({SECRET_ENV, DRIVER_ENV, STORE_ENV, JOB_ID_ENV, WORKER_ID_ENV, HOSTNAME_ENV, SLOT_ENV,
                            HOST_KEY_ENV})
 #: What the driver sets from its own flags (:meth:`WorkerSettings.to_environ`) over the environment it inherits.
 _FROM_FLAGS_ENV = frozenset({NETWORK_INTERFACE_ENV, HEARTBEAT_INTERVAL_ENV, HEARTBEAT_TIMEOUT_ENV, DRIVER_GRACE_ENV})
@@ -361,11 +362,17 @@ def check_environ(environ: Mapping[str, str], forwarded: Mapping[str, str], *, c
     traceback and a failed job): ``environ`` is the driver's, which a local worker inherits, ``forwarded`` the
     ``-x``/``--env`` values over it. What the driver sets itself replaces the inherited values and is not looked
     at: who the worker is, and the heartbeat, grace and (``checkpointing``: ``--checkpoint-dir`` given)
-    checkpoint settings of its flags, which a forwarded value can still replace. The same parser as the
-    worker's, so the two cannot disagree."""
-    replaced = _IDENTITY_ENV | _FROM_FLAGS_ENV | (_CHECKPOINT_ENV if checkpointing else frozenset())
+    checkpoint settings of its flags, which a forwarded value can still replace; who the worker is cannot be
+    forwarded (:data:`IDENTITY_ENV`: a ConfigError naming the first). A job whose workers do not inherit the
+    driver's environment (SSH, Ray, Spark) passes an empty ``environ``. The same parser as the worker's, so
+    the two cannot disagree."""
+    identity = sorted(IDENTITY_ENV.intersection(forwarded))
+    if identity:
+        raise ConfigError(f"-x {identity[0]}: the driver sets it for each worker (who the worker is and where its "
+                          "driver is); it cannot be forwarded")
+    replaced = IDENTITY_ENV | _FROM_FLAGS_ENV | (_CHECKPOINT_ENV if checkpointing else frozenset())
     env = {k: v for k, v in environ.items() if k not in replaced}
-    env.update((k, v) for k, v in forwarded.items() if k not in _IDENTITY_ENV)
+    env.update(forwarded)
     WorkerSettings.from_environ(env)  # no CLOUD_ELASTIC_DRIVER: standalone, so no secret or address is asked
 
 

@@ -69,3 +69,53 @@ def test_what_the_driver_sets_for_each_worker_is_its_own_not_the_environments():
         check_environ({}, {"CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S": "nan"}, checkpointing=False)
     with pytest.raises(ConfigError, match="CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S"):
         check_environ({"CLOUD_ELASTIC_CHECKPOINT_INTERVAL_S": "0"}, {}, checkpointing=False)
+
+
+def test_x_of_who_the_worker_is_is_one_line_exit_2(capsys, tmp_path):
+    """-x CLOUD_ELASTIC_SLOT=-1 started the job, and its worker died at init() with a 20-line traceback."""
+    argv = _run(tmp_path, "-x", "CLOUD_ELASTIC_SLOT=-1")
+    _refused_before_anything(capsys, tmp_path, argv, "-x CLOUD_ELASTIC_SLOT: the driver sets it for each worker")
+
+
+def test_who_the_worker_is_stays_the_drivers_whatever_x_says():
+    from cloud_elastic.config import JobConfig
+    from cloud_elastic.driver.job.actions import Launch
+    from cloud_elastic.driver.job.hosts import Slot
+    from cloud_elastic.driver.runtime.driver import Driver
+    from cloud_elastic.providers.static import StaticHosts
+
+    config = JobConfig(command=("python", "t.py"), num_proc=1, min_np=1, max_np=1,
+                       forward_env=("CLOUD_ELASTIC_SLOT=-1", "CLOUD_ELASTIC_WORKER_ID=w", "MINE=1"))
+    driver = Driver(config, StaticHosts({"127.0.0.1": 2}), job_id="j1")
+    driver._endpoints.start("127.0.0.1", advertised="127.0.0.1")
+    try:
+        env = driver._processes.spec(Launch(Slot("127.0.0.1", 1), "127.0.0.1[1]#1")).env
+    finally:
+        driver._endpoints.close()
+    assert (env["CLOUD_ELASTIC_SLOT"], env["CLOUD_ELASTIC_WORKER_ID"], env["MINE"]) == ("1", "127.0.0.1[1]#1", "1")
+
+
+class _Started(Exception):
+    """The driver was made: the job would start (it does not)."""
+
+
+def _start(*args, **kwargs):
+    raise _Started()
+
+
+def test_the_drivers_environment_is_checked_only_for_workers_that_inherit_it(monkeypatch, capsys):
+    """SSH workers get nothing of the driver's environment (docs/ssh.md): a stale value there refused an SSH job."""
+    from cloud_elastic import cli
+    from cloud_elastic.driver.runtime import driver as driver_module
+
+    monkeypatch.setattr(cli, "_setup_logging", lambda verbose: None)
+    monkeypatch.setattr(driver_module, "Driver", _start)
+    monkeypatch.setenv("CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S", "")
+    remote = ["run", "-np", "1", "-H", "192.0.2.10:1", "python", "-c", "1"]
+    with pytest.raises(_Started):
+        main(remote)
+    # A local host's workers inherit it, and an -x value reaches every worker: both are still refused.
+    assert main(["run", "-np", "1", "-H", "localhost:1", "python", "-c", "1"]) == 2
+    assert main([*remote[:5], "-x", "CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S=inf", *remote[5:]]) == 2
+    err = capsys.readouterr().err
+    assert "CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S=''" in err and "CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S=inf" in err

@@ -9,7 +9,7 @@ own, and a stop that asks for the worker's stacks first kills it from a timer.
 A worker's environment is its :class:`~cloud_elastic.worker.settings.WorkerSettings`
 (:meth:`~cloud_elastic.worker.settings.WorkerSettings.to_environ`, the one writer of the
 ``CLOUD_ELASTIC_*`` contract), ``PYTHONUNBUFFERED``, one OpenMP thread unless the user says
-otherwise, and ``--forward-env``. The secret goes out of band (:class:`~cloud_elastic.driver.launch.api.WorkerSpec`).
+otherwise, and ``--forward-env`` (over all of them but who the worker is). The secret goes out of band (:class:`~cloud_elastic.driver.launch.api.WorkerSpec`).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from cloud_elastic.driver.restart.record import AdoptedWorker
 from cloud_elastic.driver.restart.window import adopted_process
 from cloud_elastic.driver.runtime.signal_stacks import SignalStacks
 from cloud_elastic.errors import LaunchError
-from cloud_elastic.worker.settings import WorkerSettings
+from cloud_elastic.worker.settings import IDENTITY_ENV, WorkerSettings
 
-__all__ = ["WorkerProcesses", "forwarded_env"]
+__all__ = ["WorkerProcesses", "forwarded_env", "launches_locally"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,12 @@ def forwarded_env(forward: tuple[str, ...], environ: Any = None) -> dict[str, st
         elif name in environ:
             env[name] = environ[name]
     return env
+
+
+def launches_locally(host: str, force_ssh: bool) -> bool:
+    """Whether the driver starts ``host``'s workers as its own child processes, which inherit its environment
+    (the others go through SSH, and get only what the driver sends: docs/ssh.md)."""
+    return is_local_host(host) and not force_ssh
 
 
 class WorkerProcesses:
@@ -116,7 +122,7 @@ class WorkerProcesses:
         """The launcher of ``host``'s workers (the given one, else local or SSH), made on first use."""
         if "given" in self._launchers:
             return self._launchers["given"]
-        kind = "local" if is_local_host(host) and not self._config.force_ssh else "ssh"
+        kind = "local" if launches_locally(host, self._config.force_ssh) else "ssh"
         if kind not in self._launchers:
             if kind == "local":
                 self._launchers[kind] = LocalLauncher()
@@ -149,7 +155,8 @@ class WorkerProcesses:
         env["PYTHONUNBUFFERED"] = "1"
         # Several workers share a host's cores; one OpenMP thread each unless the user says otherwise.
         env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-        env.update(forwarded_env(config.forward_env))
+        # Who the worker is stays the driver's, whatever -x says (run refuses those names; an API may not).
+        env.update((k, v) for k, v in forwarded_env(config.forward_env).items() if k not in IDENTITY_ENV)
         return WorkerSpec(worker_id=action.worker_id, host=action.slot.host, slot=action.slot.index,
                           command=config.command, env=env, secret=endpoints.secret, cwd=config.cwd,
                           instance=self._job.hosts.instances.get(action.slot.host))
