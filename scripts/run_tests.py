@@ -102,8 +102,9 @@ def lanes(fast_workers: int = 3, job_workers: int = 3) -> list[Lane]:
     # going through a long module. loadfile: a fast module stays on one worker, its fixtures set up once.
     # tests/lane_order.py: each job worker starts with its share of the longest tests (worksteal only).
     order = ("-p", "tests.lane_order") if job_workers > 1 else ()
+    fast_order = ("-p", "tests.lane_order") if fast_workers > 1 else ()  # the longest files first
     return [Lane("jobs", jobs, (*_xdist(job_workers, "worksteal"), *order)),
-            Lane("fast", fast, _xdist(fast_workers, "loadfile")),
+            Lane("fast", fast, (*_xdist(fast_workers, "loadfile"), *fast_order)),
             Lane("clusters", clusters, after="fast")]
 
 

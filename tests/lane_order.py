@@ -1,4 +1,5 @@
-"""The jobs lane's order: each xdist worker starts with its share of the longest tests.
+"""The lanes' order: each jobs-lane worker starts with its share of the longest tests, and the fast lane
+with its longest files (:func:`files_first`).
 
 ``--dist worksteal`` hands each worker a contiguous share of the collection (by count), and a
 worker that runs out steals from the end of the longest queue. In collection order the longest
@@ -44,6 +45,38 @@ LONGEST = {
 }
 
 
+#: The fast lane's longest files, in seconds of one worker's time (``--durations=0`` of a loaded full run,
+#: 2026-11-29: the order matters, not the figures). ``--dist loadfile`` hands out whole files in collection
+#: order, and tests/kubernetes came last: its mutation file, the longest of all, started when the other
+#: workers were nearly done and ended the lane alone.
+LONGEST_FILES = {
+    "tests/kubernetes/test_mutations.py": 316,
+    "tests/terraform/test_terraform_cli.py": 245,
+    "tests/contract/test_contract.py": 218,
+    "tests/emulator/test_aws_notices.py": 160,
+    "tests/emulator/test_aws.py": 130,
+    "tests/emulator/test_checkpoint_s3.py": 125,
+    "tests/unit/test_in_place_commit.py": 109,
+    "tests/unit/test_zero_copy_optimizers.py": 88,
+    "tests/terraform/test_checkov.py": 74,
+    "tests/unit/test_parsers_fuzz.py": 71,
+    "tests/unit/test_round_group.py": 65,
+    "tests/emulator/test_notice_watchers.py": 65,
+    "tests/emulator/test_gcp.py": 64,
+}
+
+
+def files_first(nodeids: list[str], longest: dict[str, float] = LONGEST_FILES) -> list[int]:
+    """The new order of ``nodeids`` (as indices): the files of ``longest``, longest first, then the rest in
+    collection order; each file's tests stay together and in their order (``loadfile`` runs a file on one worker)."""
+    def file_of(i: int) -> str:
+        return nodeids[i].split("::", 1)[0]
+
+    listed = sorted({file_of(i) for i in range(len(nodeids)) if file_of(i) in longest}, key=lambda f: -longest[f])
+    rank = {f: k for k, f in enumerate(listed)}
+    return sorted(range(len(nodeids)), key=lambda i: (rank.get(file_of(i), len(listed)), i))
+
+
 def shares(count: int, workers: int) -> list[int]:
     """How many tests each worker gets first: xdist's worksteal splits ``count`` as this does."""
     sizes, left = [], count
@@ -80,5 +113,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers < 2:
         return
-    order = reorder([item.nodeid for item in items], workers)
+    nodeids = [item.nodeid for item in items]
+    order = files_first(nodeids) if config.getoption("dist", "no") == "loadfile" else reorder(nodeids, workers)
     items[:] = [items[i] for i in order]

@@ -95,3 +95,17 @@ def test_every_test_the_jobs_lane_starts_first_exists():
     for nodeid in lane_order.LONGEST:
         path, name = nodeid.split("::")
         assert re.search(rf"^def {re.escape(name)}\(", (REPO / path).read_text(), re.M), nodeid
+
+
+def test_the_fast_lane_hands_out_its_longest_files_first_and_keeps_each_file_together():
+    from tests import lane_order
+
+    ids = ["tests/unit/a.py::x", "tests/unit/a.py::y", "tests/kubernetes/m.py::p", "tests/unit/b.py::z",
+           "tests/kubernetes/m.py::q", "tests/contract/c.py::r"]
+    order = lane_order.files_first(ids, {"tests/kubernetes/m.py": 300, "tests/contract/c.py": 200})
+    assert [ids[i] for i in order] == ["tests/kubernetes/m.py::p", "tests/kubernetes/m.py::q", "tests/contract/c.py::r",
+                                       "tests/unit/a.py::x", "tests/unit/a.py::y", "tests/unit/b.py::z"]
+    fast = [lane for lane in run_tests.lanes() if lane.name == "fast"][0]
+    assert ("-p", "tests.lane_order") == tuple(fast.options[-2:]) and "loadfile" in fast.options
+    for path in lane_order.LONGEST_FILES:  # a file renamed away would silently drop out of the order
+        assert (REPO / path).is_file(), path
