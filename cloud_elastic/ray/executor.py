@@ -197,9 +197,12 @@ class ElasticRayExecutor:
         )
         from cloud_elastic.driver.job.notice_policy import watched_cloud
         from cloud_elastic.notices.factory import check_endpoint
+        from cloud_elastic.worker.settings import check_environ
 
-        # A malformed endpoint override in env_vars: no worker could watch its node (its own environment is Ray's).
+        # A malformed endpoint override or worker setting in env_vars, what `cloud-elastic run -x` refuses: no
+        # worker could watch its node, or start (its own environment is Ray's, not this process's).
         check_endpoint(watched_cloud(config.notice_watcher, str(getattr(self._discovery, "name", ""))), self.env_vars)
+        check_environ({}, self.env_vars, checkpointing=config.checkpoint_dir is not None)
         launcher = RayLauncher(
             FunctionPayload(worker_fn, tuple(args), dict(kwargs or {})),
             use_gpu=self.use_gpu, cpus_per_slot=self.cpus_per_slot, gpus_per_slot=self.gpus_per_slot,

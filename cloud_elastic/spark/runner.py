@@ -98,6 +98,11 @@ def run_elastic(
     a worker whose training function raised, that exception's one-line summary; when the
     Spark job failed, Spark's error is the ``__cause__``), and ConfigError for bad sizes.
     """
+    from cloud_elastic.worker.settings import check_environ
+
+    # A bad worker setting in env, what `cloud-elastic run -x` refuses, refused before Spark runs a task: every
+    # worker would fail at init() (its environment is the executor's, with env over it, not this process's).
+    check_environ({}, dict(env or {}), checkpointing=checkpoint_dir is not None)
     pyspark = require_pyspark()
     sc = spark_context or pyspark.SparkContext._active_spark_context
     if sc is None:

@@ -368,8 +368,8 @@ def check_environ(environ: Mapping[str, str], forwarded: Mapping[str, str], *, c
     the two cannot disagree."""
     identity = sorted(IDENTITY_ENV.intersection(forwarded))
     if identity:
-        raise ConfigError(f"-x {identity[0]}: the driver sets it for each worker (who the worker is and where its "
-                          "driver is); it cannot be forwarded")
+        raise ConfigError(f"{identity[0]} cannot be forwarded to the workers (-x, or a Python API's env): the driver "
+                          "sets it for each worker (who the worker is and where its driver is)")
     replaced = IDENTITY_ENV | _FROM_FLAGS_ENV | (_CHECKPOINT_ENV if checkpointing else frozenset())
     env = {k: v for k, v in environ.items() if k not in replaced}
     env.update(forwarded)

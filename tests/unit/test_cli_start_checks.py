@@ -74,7 +74,7 @@ def test_what_the_driver_sets_for_each_worker_is_its_own_not_the_environments():
 def test_x_of_who_the_worker_is_is_one_line_exit_2(capsys, tmp_path):
     """-x CLOUD_ELASTIC_SLOT=-1 started the job, and its worker died at init() with a 20-line traceback."""
     argv = _run(tmp_path, "-x", "CLOUD_ELASTIC_SLOT=-1")
-    _refused_before_anything(capsys, tmp_path, argv, "-x CLOUD_ELASTIC_SLOT: the driver sets it for each worker")
+    _refused_before_anything(capsys, tmp_path, argv, "CLOUD_ELASTIC_SLOT cannot be forwarded to the workers (-x")
 
 
 def test_who_the_worker_is_stays_the_drivers_whatever_x_says():
