@@ -12,7 +12,8 @@ defect fixed (``tests/unit/test_fallback_table.py``):
   raise it lowers); asked again, at MaxSize, only once the limits read change; the desired capacity unknown, at most
   every :data:`REASK_UNKNOWN_S` and while it shows no more hosts than when last asked (or lowered by its scaling).
 * A raise sent (whatever its answer) or taken over is the job's (:attr:`~GroupCapacity.owned`): only then does a 0
-  go. A raise skipped on a group set higher while the job had set nothing makes it an operator's.
+  go. A raise skipped on a group set higher while the job had set nothing, or had set it back to 0, makes it an
+  operator's: :meth:`~GroupCapacity.capacity_of` no longer says the job's earlier 0 (none is sent at the end).
 * :meth:`~GroupCapacity.room`: its MaxSize; what it has, where the job may not change it or its raise was refused
   :data:`REFUSALS_TO_SPILL` times in a row; what it shows, after fewer hosts than the job set for :data:`SHORT_FOR_S`.
 """
@@ -120,9 +121,12 @@ class GroupCapacity:
         self.managed, self.asked = False, None
 
     def capacity_of(self) -> int | None:
-        """The value the job last had set (a call under way may still set it); None: none."""
+        """The value the job last had set (a call under way may still set it); None: none, or an operator's value
+        replaced it (the job's own 0 before it included: no 0 of the job's is the group's now)."""
         if self.sending is not None:
             return max(self.sending, self.value or 0)
+        if self.who == OPERATOR:
+            return None
         return self.adopted if self.value is None else self.value
 
     def room(self, now: float) -> Room:

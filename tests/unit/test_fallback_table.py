@@ -149,7 +149,6 @@ class Row:
     then: str = ""
     log: str = ""  # a line the event logged (part of it)
     reason: str = ""  # the reason of its last capacity event
-    bug: str = ""  # a defect of the current code this row shows (it fails: xfail, strict)
 
 
 HOLD = "np=1 spot=throttled od.desired=3"  # an operator's od (3 booting), spot throttled: the job's raise held back
@@ -193,9 +192,7 @@ ROWS = [
     Row("skipped-operator", "spot=1 tick=2 spot=2 tick=2 od.desired=10 spot=1 tick=2", "end", events=None,
         then="od.unowned"),
     Row("skipped-operator", "spot=1 tick=2 spot=2 tick=2 od.desired=10 spot=1 tick=2", "end",
-        log="host source 'od' is left as it is: this job never set its desired capacity",
-        bug="raised.lower takes capacity_of() == 0 (the job's earlier 0) for a 0 made: it logs 'set back to 0' and "
-            "emits a capacity event for a 0 the provider never sent"),
+        log="host source 'od' is left as it is: this job never set its desired capacity"),
     # 57ef971: the next group gives what the preferred one cannot: its MaxSize ...
     Row("next-group-max", "np=3 od2 od.max=1 spot=1", "tick=2", sent="od=1 od2=1", events="od=1 od2=1",
         then="od.set=1 od2.set=1 carried=od:1,od2:1"),
@@ -275,8 +272,7 @@ def _run(row: Row, caplog) -> tuple[list[str], list[str], World]:
     return world.cloud[called_before:], events, world
 
 
-@pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.xfail(reason=r.bug, strict=True)) if r.bug else r
-                                 for r in ROWS], ids=[f"{i:02d}-{r.rule}" for i, r in enumerate(ROWS)])
+@pytest.mark.parametrize("row", ROWS, ids=[f"{i:02d}-{r.rule}" for i, r in enumerate(ROWS)])
 def test_fallback_capacity_rule(row: Row, caplog):
     caplog.set_level(logging.INFO, logger="cloud_elastic")
     sent, events, world = _run(row, caplog)

@@ -179,7 +179,9 @@ def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, p
         made = capacity_of(source) is not None or not hasattr(discovery, "capacity_of")
         with lock:
             sourcing.lowered(source, made=made)
-        if not made:  # the provider sent no 0: the job never set the group (an operator's, held back, refused)
+        # The provider sent no 0: the job never set the group (held back, refused) or an operator's value replaced
+        # the job's (its earlier 0 included: capacity_of() then says None, not that 0).
+        if not made:
             log.info("job %s: --manage-capacity: host source %r is left as it is: this job never set its desired "
                      "capacity", job.job_id, source)
             continue
