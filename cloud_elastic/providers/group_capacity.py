@@ -103,9 +103,10 @@ class GroupCapacity:
         return None
 
     def started(self, hosts: int) -> None:
-        """A call setting ``hosts`` starts: made, whatever its answer (it may land though it times out)."""
+        """A call setting ``hosts`` starts: made, whatever its answer (it may land though it times out); a raise
+        makes the group the job's, an operator's before included (it replaces the operator's value)."""
         self.sending = hosts
-        if hosts > 0 and self.who == "":
+        if hosts > 0:
             self.who = JOB
 
     def taken(self, asked: int, hosts: int, now: float, limits: tuple | None) -> None:

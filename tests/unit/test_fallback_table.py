@@ -238,6 +238,9 @@ ROWS = [
     # 7680445: a call made that timed out may have landed: carried, so the next driver sets it back to 0.
     Row("timed-out-carried", "np=1 od.timeout=10 spot=0", "tick=3", sent="od=1 od=1 od=1", events="od=1",
         then="od.owned carried=od:1"),
+    # ... also on a group an operator had set (the raise replaces the operator's value).
+    Row("timed-out-carried", "spot=1 tick=2 spot=2 tick=2 od.desired=10 spot=1 tick=2 od.desired=0 od.timeout=10",
+        "tick=31", sent="od=1 od=1 od=1 od=1", then="od.owned carried=od:1"),
     # 7680445: a raise never sent, no longer wanted mid-job: dropped with one line, no event, never sent after.
     Row("held-dropped", f"{HOLD} tick=3", "spot=1 tick=3", then="od.unowned asked=- carried=-",
         log="host source 'od' is left as it is: this job never set its desired capacity (its raise to 1 was not "
