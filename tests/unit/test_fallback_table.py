@@ -164,8 +164,15 @@ ROWS = [
     # 465b923: asked again only while the DesiredCapacity read is below it (an operator raised it beyond).
     Row("reask-below-desired", "spot=1 tick=2", "od.desired=4 tick=31", then="od.set=1"),
     Row("reask-below-desired", "spot=1 tick=2 od.desired=4 tick=31", "od.desired=0 tick=31", sent="od=1"),
-    # 465b923: held at MaxSize (one WARNING), asked again only once the limits read change (the job's own ask is
-    # capped at MaxSize: asked of the provider directly, as a job end or a group showing more than MaxSize does).
+    # 465b923: held at MaxSize (one WARNING), asked again only once the limits read change, not on the
+    # REASK_UNKNOWN_S timer. The job caps its ask at the MaxSize its last good find() of the group read; it asks
+    # more where that find() failed (od.throttled: a plugin's group whose listing fails after its limits were
+    # read), or where a find() between the job's share and the queued call read a lowered MaxSize.
+    Row("max-size", "np=3 od.desired=? od.max=1 od.throttled=1 spot=1", "tick=2", sent="od=1", events="od=2",
+        then="od.set=1 carried=od:2", log="the job wants 2 host(s) of host source 'od', but its group's maximum"),
+    Row("max-size", "np=3 od.desired=? od.max=1 od.throttled=1 spot=1 tick=2", "tick=340", then="od.set=1"),
+    Row("max-size", "np=3 od.desired=? od.max=1 od.throttled=1 spot=1 tick=2", "od.max=4 tick=31", sent="od=2",
+        then="od.set=2"),
     Row("max-size", "od.desired=? od.max=1 spot=1", "ask=od:2", sent="od=1", then="od.set=1",
         log="the job wants 2 host(s) of host source 'od', but its group's maximum size is 1"),
     Row("max-size", "od.desired=? od.max=1 spot=1 tick=2 ask=od:2", "tick=31 ask=od:2", then="od.set=1"),
