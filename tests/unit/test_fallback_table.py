@@ -9,8 +9,9 @@ situation (its calls and events are not checked), ``when`` is the event. Its wor
 * ``np=N``: the job's -np and --min-np (first word only; default 2); ``od2``: a second fallback group (first too).
 * ``spot=N``: the spot group shows N hosts; ``spot=throttled``: its find() fails (Throttling).
 * ``G.desired=N`` (G: od, od2): the group's DesiredCapacity as read (``?``: unknown); ``G.max=N``, ``G.min=N``;
-  ``G.hosts=N``: the instances it shows; ``G.refuse=K``: its next K calls are refused (Throttling),
-  ``G.timeout=K``: time out, ``G.deny``: AccessDenied. A call that succeeds sets its DesiredCapacity (AWS).
+  ``G.hosts=N``: the instances it shows; ``G.throttled=1``: its find() fails (its limits still read);
+  ``G.refuse=K``: its next K calls are refused (Throttling), ``G.timeout=K``: time out, ``G.deny``: AccessDenied.
+  A call that succeeds sets its DesiredCapacity (AWS).
 * ``tick=S``: S seconds of the job; ``join``: every worker launched connects; ``restart=G:N``: a crashed
   predecessor's sign of life said G raised to N (``raised.inherit``); ``ask=G:N``: a SetCapacity handed to the
   provider as the driver does; ``end``: the job is over (``raised.lower``).
