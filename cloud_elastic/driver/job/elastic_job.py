@@ -66,7 +66,7 @@ from cloud_elastic.driver.job.fixed_size import FixedSize
 from cloud_elastic.driver.job.formation import RoundFormation
 from cloud_elastic.driver.job.health import Health
 from cloud_elastic.driver.job.hosts import Slot
-from cloud_elastic.driver.job.exit_status import ExitStatus
+from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
 from cloud_elastic.driver.job.job_state import MEMBER, JobState
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.liveness import SilenceWatch
@@ -334,6 +334,8 @@ class ElasticJob(JobState):
                       reason=w.why or "told to exit", **({"round": w.round} if w.round else {}), **early)
         elif before is S.LOST:
             pass  # already accounted for when it was given up
+        elif self.phase is Phase.FINISHING and was_member and not (status.code == 0 and status.known):
+            self._failed_finishing(w, status)
         elif self.phase in (Phase.FINISHING, Phase.DONE):
             log.info("job %s: worker %s %s while the job was finishing", self.job_id, worker_id, status.describe)
         elif self.fixed.exited(w, status, was_member, connected=before is not S.STARTING):
@@ -343,6 +345,18 @@ class ElasticJob(JobState):
             self.failures.fail(w, what, now, was_member=was_member, transport=status.transport_error is not None,
                               exit_code=status.code if status.known else None)
         self._step(now)
+
+    def _failed_finishing(self, w: WorkerRecord, status: ExitStatus) -> None:
+        """Member ``w`` ended (``status``, not exit 0) before its training function returned, while the job finished
+        (rank 0's had returned) and without being told to leave: the job fails once the others are done, naming it
+        and its error, as under Horovod (a user's final evaluation that raised must not pass for a success)."""
+        what = f"{status.describe} before its training function returned" + (f": {w.error}" if w.error else "")
+        line = f"worker {w.worker_id} ({w.label}) {what}"
+        log.error("job %s: %s", self.job_id, line)
+        killed_by = {"signal": signal_name(-status.code)} if status.known and status.code < 0 else {}
+        self.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, reason=what,
+                  exit_code=None if killed_by else status.code, blacklisted_s=None, round=w.round, **killed_by)
+        self.completion.failed_before_returning(line)
 
     def checkpoint_saved(self, step: int, commit_seq: int | None) -> None:
         """A worker stored the checkpoint of ``step``, commit ``commit_seq``: what a drain loses counts from it."""
