@@ -78,10 +78,13 @@ class StatusReply:
     max_np: int
     uptime_s: float
     resets: int
-    #: The job's newest commit a live worker holds (between rounds: the survivors'; none alive: the newest heard
-    #: of), counted in commits (``state.commit()`` calls) in the history of the state, as ``round_formed.step``:
-    #: the training step only when the script commits once per step.
+    #: The job's newest commit a live worker holds (in a round: the members'; between rounds: the survivors'; none
+    #: alive: ``commit_lost``), counted in commits (``state.commit()`` calls) in the history of the state, as
+    #: ``round_formed.step``: the training step only when the script commits once per step.
     commit_step: int | None = None
+    #: No live worker holds the job's last commit (every holder gone while the job runs): ``commit_step`` is then
+    #: the commit of the newest checkpoint reported stored, which the next round resumes from (None: none reported).
+    commit_lost: bool = False
     #: Optimizer steps per second rank 0's process takes (30 s window; those a rollback undoes included).
     steps_per_s: float | None = None
     hosts: tuple[HostStatus, ...] = ()
@@ -135,6 +138,7 @@ class StatusReply:
                 world_size=int(data["world_size"]), num_proc=int(data["num_proc"]), min_np=int(data["min_np"]),
                 max_np=int(data["max_np"]), uptime_s=float(data["uptime_s"]), resets=int(data["resets"]),
                 commit_step=None if data.get("commit_step") is None else int(data["commit_step"]),
+                commit_lost=bool(data.get("commit_lost", False)),
                 steps_per_s=None if data.get("steps_per_s") is None else float(data["steps_per_s"]),
                 hosts=hosts, blacklisted=blacklisted, notices=notices, provider=str(data.get("provider", "")),
                 median_compute_s=None if data.get("median_compute_s") is None else float(data["median_compute_s"]),

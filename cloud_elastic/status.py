@@ -167,7 +167,11 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
     now = time.time() if now is None else now
     rate = f"{reply.steps_per_s:.2f}" if reply.steps_per_s is not None else "-"
     commit = f"#{reply.commit_step}" if reply.commit_step is not None else "-"  # counted in commits, not steps
-    commit += " (the job's: no round now)" if reply.commit_step is not None and not reply.world_size else ""
+    if reply.commit_lost:  # every holder gone: what the next round resumes from
+        commit = "lost; resumes from " + (f"the checkpoint of commit {commit}" if reply.commit_step is not None
+                                          else "the latest checkpoint, if any")
+    elif reply.commit_step is not None and not reply.world_size:
+        commit += " (the job's: no round now)"
     out = [
         f"job {reply.job}: {reply.phase}, up {_duration(reply.uptime_s)}"
         + (f", provider {reply.provider}" if reply.provider else ""),

@@ -71,7 +71,7 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h))
              for h, (n, _) in hosts.missing.items()]
     members = [w for w in job.workers.values() if w.member_of(job.round)]
-    commit = _last_commit(job)
+    commit, commit_lost = _last_commit(job, members)
     computes = [w.compute_s for w in members if w.compute_s is not None]
     return StatusReply(
         job=job.job_id,
@@ -84,6 +84,7 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
         uptime_s=round(uptime_s, 1),
         resets=job.resets,
         commit_step=commit or None,
+        commit_lost=commit_lost,
         steps_per_s=None if steps_per_s is None else round(steps_per_s, 2),
         hosts=tuple(rows),
         blacklisted=tuple(
@@ -103,12 +104,22 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     )
 
 
-def _last_commit(job: ElasticJob) -> int:
-    """The job's last commit, not the round's: between rounds (after a drain or a failure, the next round not
-    formed yet) there are no members, but the survivors still hold the commit the next round goes on from. The
-    newest commit a live worker holds, else the newest heard of since the last checkpoint load (0: none)."""
+def _last_commit(job: ElasticJob, members: list) -> tuple[int, bool]:
+    """The job's last commit, and whether it is lost (0: none).
+
+    In a round, the members' newest. Between rounds (after a drain or a failure, the next round not formed yet)
+    there are no members, but the survivors still hold the commit the next round goes on from: the newest a
+    live worker holds. None holds one while the job runs, its state committed: every holder is gone, and the
+    next round resumes from a checkpoint; the newest checkpoint's commit reported stored (0: none reported to
+    this driver), marked lost. Only before the job runs (adopted workers still coming back) or once it is
+    finishing is the newest commit heard of the answer."""
+    if members:
+        return max(w.commit_seq for w in members), False
     held = max((w.commit_seq for w in job.workers.values() if w.alive and w.holds_state), default=0)
-    return held or job.commit_high
+    if held or job.phase is not Phase.RUNNING or not job.state_committed:
+        return held or job.commit_high, False
+    newest = job.leavers.newest_checkpoint
+    return (0 if newest is None else newest[1]), True
 
 
 def _cost(job: ElasticJob, now: float) -> dict:
