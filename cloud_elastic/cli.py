@@ -368,8 +368,11 @@ def drain(job: str, target: str) -> int:
 
     A drained slot is blacklisted with the usual cooldown, so the job takes a
     replacement when discovery offers one; a drained host gets no new worker
-    until it leaves discovery. Signed like 'status': only the user who started
-    the job can ask.
+    until it leaves discovery (with a fixed -H list: for the rest of the job),
+    unlike a cloud's notice, which lapses when the cloud keeps the host. The
+    reply warns when the drain leaves fewer ready slots than --min-np: the job
+    then waits for more, up to --elastic-timeout. Signed like 'status': only
+    the user who started the job can ask.
     """
     from cloud_elastic import status as st
 

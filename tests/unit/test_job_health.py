@@ -89,7 +89,8 @@ def test_an_operator_drains_one_slot_or_a_whole_host():
     assert sim.job.drain("a", 7, sim.now) == (False, "no worker on a[7]")
     done, message = sim.job.drain("b", None, sim.now)
     sim._collect()
-    assert done and message == "host b drains: its 1 worker(s) leave at their next commit"
+    assert done and message == ("host b drains: its 1 worker(s) leave at their next commit; no new worker is placed "
+                                "there until it leaves discovery")
     assert sim.job.workers[sim.id("b[0]")].state is S.DRAINING
     assert [f["source"] for kind, f in sim.events if kind == "notice"] == ["operator"]
 

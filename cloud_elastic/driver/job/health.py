@@ -254,7 +254,8 @@ class Health:
                 return False, f"no host {host} in this job"
             self._leavers.notice(host, Drain(None, "drained by hand (cloud-elastic drain)"), now, source="operator")
             job.tick(now)
-            return True, f"host {host} drains: its {len(on_host)} worker(s) leave at their next commit"
+            return True, (f"host {host} drains: its {len(on_host)} worker(s) leave at their next commit; no new "
+                          f"worker is placed there until it leaves discovery{self._below_min_np(now)}")
         mine = [w for w in on_host if w.slot.index == slot]
         if not mine:
             return False, f"no worker on {host}[{slot}]"
@@ -269,6 +270,15 @@ class Health:
         mates = " with its host's other workers (--whole-hosts)" if whole else ""
         return True, (f"worker {w.worker_id} leaves{mates} at its next commit; slot {host}[{slot}] blacklisted for "
                       f"{delay:.0f}s")
+
+    def _below_min_np(self, now: float) -> str:
+        """The hand drain's warning when it leaves fewer ready slots than ``--min-np`` (else ""): the job waits."""
+        policy = self._job.policy
+        ready = len(self._job.hosts.available_slots(now))
+        if ready >= policy.min_np:
+            return ""
+        return (f"; WARNING: that leaves {ready} ready slot(s), below --min-np {policy.min_np}: the job waits for "
+                f"more up to --elastic-timeout ({policy.elastic_timeout_s:g}s), then fails")
 
     # ------------------------------------------------------- sick newcomers
     def unhealthy(self, w: WorkerRecord, reason: str, now: float) -> None:

@@ -174,6 +174,10 @@ class HostManager:
     it may be listed ready until it is gone, its sshd ended with its workers), but
     not for good: a VM whose guest rebooted (systemd's SIGTERM reached the worker)
     comes back as the same instance, and must take workers again.
+
+    An operator's drain (:meth:`hold`, ``cloud-elastic drain JOB HOST``) is a decision, not a forecast: it never
+    lapses, and lasts until the host leaves discovery (a cloud's notice for the same host still lapses as above,
+    quietly: the host stays drained).
     """
 
     blacklist: Blacklist
@@ -184,6 +188,8 @@ class HostManager:
     missing: dict[str, tuple[int, float]] = field(default_factory=dict)  # host -> (slots it had, missing since)
     #: Hosts a notice (metadata watcher, notice queue) says are leaving, until they leave discovery.
     notices: dict[str, Drain] = field(default_factory=dict)
+    #: Hosts an operator drained (:meth:`hold`): no new workers there until they leave discovery.
+    held: dict[str, Drain] = field(default_factory=dict)
     #: Hosts with a soft notice (rebalance recommendation, maintenance): no new workers there.
     soft: dict[str, str] = field(default_factory=dict)
     #: Soft notices the provider itself reports (``DiscoveredHosts.soft``), as of the last snapshot.
@@ -249,6 +255,8 @@ class HostManager:
         for host in list(self.soft):
             if host not in present and host not in self.missing:
                 self._drop_soft(host)
+        for host in [h for h in self.held if h not in present and h not in self.missing]:
+            del self.held[host]
         lapsed = self._lapse(snapshot, now)
         self._apply_notices()
         removed = self._forget_absent(present, now, keep)
@@ -273,7 +281,8 @@ class HostManager:
             self._drop_notice(host)
         for host in soft:
             self._drop_soft(host)
-        return tuple(dict.fromkeys(hard + soft))
+        # A held host stays drained: its cloud notice went, but nothing changed for the job.
+        return tuple(h for h in dict.fromkeys(hard + soft) if h not in self.held)
 
     def _drop_notice(self, host: str) -> None:
         del self.notices[host]
@@ -315,6 +324,18 @@ class HostManager:
         self._apply_notices()
         return news
 
+    def hold(self, host: str, drain: Drain) -> bool:
+        """An operator drains ``host`` (``cloud-elastic drain``): no new worker is placed there until it leaves
+        discovery; it never lapses. True if that is news (the host is known and was not draining)."""
+        known = host in self.ready or host in self.draining or host in self.missing
+        if not known:
+            return False
+        self.version += 1
+        news = host not in self.draining
+        self.held.setdefault(host, drain)
+        self._apply_notices()
+        return news
+
     def soft_notice(self, host: str, reason: str, now: float = 0.0) -> bool:
         """A soft notice (rebalance, maintenance): no new worker is placed on ``host`` until it lapses. True if news.
 
@@ -327,7 +348,7 @@ class HostManager:
         return news
 
     def _apply_notices(self) -> None:
-        for host, drain in self.notices.items():
+        for host, drain in [*self.held.items(), *self.notices.items()]:
             if host in self.ready:
                 del self.ready[host]
                 self.draining[host] = drain

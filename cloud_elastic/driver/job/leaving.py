@@ -119,6 +119,8 @@ class Leavers:
         soft = soft and not job.hosts.drain_soft  # --drain-on-rebalance
         if soft:
             news = job.hosts.soft_notice(host, drain.reason, now)
+        elif source == "operator":  # cloud-elastic drain: no lapse, it lasts until the host leaves discovery
+            news = job.hosts.hold(host, drain)
         else:
             news = job.hosts.notice(host, drain, now, now + job.wall_offset)
         if not news:

@@ -1,0 +1,83 @@
+"""``cloud-elastic drain JOB HOST``: a host an operator drained takes no new worker until it leaves discovery.
+
+A cloud's notice lapses when the cloud did not take the host (tests/unit/test_hosts.py); an operator's drain is a
+decision, like ``kubectl cordon`` + ``drain``, and lasts until the host leaves discovery. A drained slot keeps its
+blacklist with cooldown (tests/unit/test_job_health.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+
+from cloud_elastic.driver.job.elastic_job import WorkerState
+from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.providers.api import DiscoveredHosts, Drain
+from tests.unit.test_job import CLEAN, Sim, started
+
+pytestmark = pytest.mark.timeout(30)
+
+S = WorkerState
+NOW = 1000.0
+
+
+def _leave_at_commit(sim: Sim, stay: tuple[str, ...], host: str) -> None:
+    """The drained host's workers leave at their next commit; the others re-form without them."""
+    sim.join(*stay, reason="update")
+    for slot in [str(w.slot) for w in sim.job.workers.values() if w.alive and w.slot.host == host]:
+        sim.join(slot, reason="update")
+        sim.exit(slot, CLEAN)
+
+
+def _listed(sim: Sim, ready: dict[str, int], seconds: float) -> None:
+    """Discovery keeps listing ``ready`` every 5 s for ``seconds``."""
+    for _ in range(int(seconds // 5)):
+        sim.advance(5)
+        sim.discover(ready)
+
+
+def test_a_drained_host_gets_no_new_worker_while_discovery_lists_it(caplog):
+    caplog.set_level(logging.INFO)
+    sim = started(3, {"a": 2, "b": 1}, min_np=1, progress_timeout_s=0)  # the survivors' steps are not played
+    done, message = sim.job.drain("b", None, sim.now)
+    assert done
+    _leave_at_commit(sim, ("a[0]", "a[1]"), "b")
+    _listed(sim, {"a": 2, "b": 1}, 600)  # well past a cloud notice's 2-minute lapse
+    assert sim.slots_launched().count("b[0]") == 1, sim.slots_launched()
+    assert "lapsed" not in caplog.text
+    assert "b" in sim.job.hosts.draining and sim.job.phase.value == "running"
+
+
+def test_a_drained_host_that_left_discovery_and_came_back_takes_workers_again():
+    sim = started(3, {"a": 2, "b": 1}, min_np=1)
+    sim.job.drain("b", None, sim.now)
+    _leave_at_commit(sim, ("a[0]", "a[1]"), "b")
+    _listed(sim, {"a": 2}, 10)
+    _listed(sim, {"a": 2, "b": 1}, 10)
+    assert sim.slots_launched().count("b[0]") == 2
+
+
+def test_the_reply_warns_when_the_drain_leaves_fewer_ready_slots_than_min_np():
+    sim = started(3, {"a": 2, "b": 1}, min_np=3, elastic_timeout_s=300)
+    done, message = sim.job.drain("b", None, sim.now)
+    assert done
+    assert message.endswith("; WARNING: that leaves 2 ready slot(s), below --min-np 3: the job waits for more "
+                            "up to --elastic-timeout (300s), then fails")
+
+
+def test_a_cloud_notice_on_a_drained_host_lapses_but_the_drain_stays():
+    hosts = HostManager(Blacklist((10, 300), random.Random(0)), notice_grace_s=120)
+    both = DiscoveredHosts(ready={"a": 1, "b": 1})
+    hosts.update(both, NOW)
+    assert hosts.hold("b", Drain(reason="drained by hand"))
+    assert hosts.notice("b", Drain(deadline=NOW + 30, reason="spot interruption"), NOW) is False
+    assert hosts.draining["b"] == Drain(NOW + 30, "spot interruption")  # the cloud's deadline is honoured
+    changes = hosts.update(both, NOW + 1000)
+    assert changes.lapsed == () and not changes  # the notice went, quietly: the host still drains
+    assert hosts.notices == {} and "b" in hosts.draining
+    assert hosts.available_slots(NOW + 1000) == [Slot("a", 0)]
+    hosts.update(DiscoveredHosts(ready={"a": 1}), NOW + 1001)
+    hosts.update(both, NOW + 1002)
+    assert hosts.available_slots(NOW + 1002) == [Slot("a", 0), Slot("b", 0)]
