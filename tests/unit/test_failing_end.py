@@ -31,6 +31,20 @@ def below_min_np(np: int = 2, checkpointing: bool = True) -> Sim:
     return sim
 
 
+def discovery_failing_while_training() -> Sim:
+    """Round 1 of a[0], a[1] trains, both at commit 9 (the checkpoint holds commit 1); discovery fails past
+    --elastic-timeout: the failing stop begins and aborts the round."""
+    sim = Sim(2, elastic_timeout_s=5, checkpointing=True)
+    assert_round(sim.start({"a": 2}), 1, needs_sync=True)
+    for slot in ("a[0]", "a[1]"):
+        sim.job.heartbeat(sim.id(slot), sim.now, 9, 9)
+    sim.job.checkpoint_saved(10, 1)
+    sim.discovery_failed("throttled")
+    sim.advance(6)
+    sim.discovery_failed("throttled")
+    return sim
+
+
 def test_below_min_np_the_survivor_checkpoints_its_last_commit_before_the_job_fails() -> None:
     sim = below_min_np()
     back_with(sim, "a[0]", 11)
@@ -115,14 +129,7 @@ def test_a_failure_while_a_round_trains_aborts_it_and_a_member_checkpoints_the_c
     """Discovery failing past --elastic-timeout ends a job whose round still trains (or a round stalled in a
     collective that will never complete: it would never reach a next commit). The round is aborted: its members
     roll back to their last commit and leave with it from rendezvous, the first to leave writing it."""
-    sim = Sim(2, elastic_timeout_s=5, checkpointing=True)
-    assert_round(sim.start({"a": 2}), 1, needs_sync=True)
-    for slot in ("a[0]", "a[1]"):
-        sim.job.heartbeat(sim.id(slot), sim.now, 9, 9)  # both at commit 9; the checkpoint holds commit 1
-    sim.job.checkpoint_saved(10, 1)
-    sim.discovery_failed("throttled")
-    sim.advance(6)
-    sim.discovery_failed("throttled")
+    sim = discovery_failing_while_training()
     assert sim.outcome is None and sim.job.abort_round == 1
     back_with(sim, "a[1]", 9)  # freed from its collective by the abort, holding commit 9
     back_with(sim, "a[0]", 9)
@@ -132,6 +139,26 @@ def test_a_failure_while_a_round_trains_aborts_it_and_a_member_checkpoints_the_c
     sim.job.checkpoint_saved(90, 9)
     sim.exit("a[1]", CLEAN)
     sim.exit("a[0]", CLEAN)
+    assert sim.outcome is not None and sim.outcome.exit_code == 1
+    assert sim.outcome.reason == ("host discovery kept failing for 5s (--elastic-timeout): throttled; checkpoint of "
+                                  "step 90 written; the same command resumes from it")
+
+
+def test_discovery_retried_every_second_during_the_failing_stop_leaves_the_writer_its_time() -> None:
+    """Review rv5 (g2_discovery_bigstate.sh, a 600 MB state): the discovery loop's next retry, a second into the
+    stop, ended the job again, at once: the writer had 1 s, not 20, and only an older checkpoint was left."""
+    sim = discovery_failing_while_training()
+    back_with(sim, "a[1]", 9)
+    back_with(sim, "a[0]", 9)
+    order = sim.reply("a[1]")
+    assert isinstance(order, ExitOrder) and order.writer and order.checkpoint_s
+    sim.exit("a[0]", CLEAN)
+    for _ in range(int(STOP_GRACE_S) - 5):  # the writer takes 15 s; discovery is retried every second meanwhile
+        sim.advance(1)
+        sim.discovery_failed("throttled")
+        assert sim.outcome is None, sim.outcome
+    sim.job.checkpoint_saved(90, 9)
+    sim.exit("a[1]", CLEAN)
     assert sim.outcome is not None and sim.outcome.exit_code == 1
     assert sim.outcome.reason == ("host discovery kept failing for 5s (--elastic-timeout): throttled; checkpoint of "
                                   "step 90 written; the same command resumes from it")

@@ -102,7 +102,7 @@ class ElasticJob(JobState):
         self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along, self.fixed.failed)
         self.health = Health(self, self.leavers)
         self.discovery = DiscoveryEdge(self, self.leavers.lapsed, self.leavers.send_away)
-        self.stopping = GracefulStop(self, self.leavers, self.rounds)
+        self.stopping = GracefulStop(self, self.leavers, self.rounds, self._finish)
         self.failing = FailingEnd(self, self.stopping, self.leavers)
         if self.resumed:
             if not self.policy.checkpointing:

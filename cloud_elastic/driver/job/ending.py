@@ -15,17 +15,24 @@ a commit newer than the newest checkpoint reported stored: a worker waiting at r
 round is aborted, not drained at its next commit as under a signal: a failing round may never commit again, a
 stalled collective; it rolls back to its last commit and leaves from rendezvous with it). A worker holding an
 older commit than another never writes (progress is sacred: its checkpoint would pass for the job's last).
-Otherwise the job ends at once, its end line still saying what the same command resumes from.
+Otherwise the job ends at once, its end line still saying what the same command resumes from. A failure ending
+asked again while the job runs and a graceful stop (a failure's or a signal's) is under way is logged and left to
+the stop, which ends the job (discovery retried every second would otherwise cut the writer's time to a second).
 """
 
 from __future__ import annotations
 
+import logging
+
+from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.stopping import STOP_GRACE_S, GracefulStop
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerState
 
 __all__ = ["FailingEnd"]
+
+log = logging.getLogger(__name__)
 
 S = WorkerState
 
@@ -37,14 +44,24 @@ class FailingEnd:
         self._job = job
         self._stopping = stopping
         self._leavers = leavers
+        self._said: set[str] = set()  # failures logged during the stop (a few: one may repeat every second)
 
     def route(self, reason: str, exit_code: int, now: float | None) -> str | None:
         """The job fails (``reason``, ``exit_code``) at ``now`` (None: not known, the job ends at once). None when
         the holders of the last commit checkpoint it first (the job ends later, from the graceful stop, whose end
-        line says what the next run resumes from); else the reason to end with now."""
+        line says what the next run resumes from), or a graceful stop is under way (a signal's or a failure's: it
+        ends the job, once the holders have left or its time is up); else the reason to end with now."""
         job = self._job
+        if self._stopping.active and job.phase is Phase.RUNNING:
+            # The stop ends the job (its end line says what was kept): a failure seen again during it (discovery
+            # retried every second, a check repeated each step) must not cut the holders' checkpoint short.
+            if len(self._said) < 8 and reason not in self._said:
+                self._said.add(reason)
+                log.warning("job %s: %s: the job is already ending: the workers holding its last commit are leaving "
+                            "with it", job.job_id, reason)
+            return None
         if not job.policy.checkpointing or not job.state_committed or self._stopping.active:
-            return reason  # nothing to keep, or the graceful stop is ending the job (its reason says what it kept)
+            return reason  # nothing to keep, or training completed during the stop (a failure of it ends it now)
         if now is not None and self._holds_more() and self._stopping.begin(reason, exit_code, now, STOP_GRACE_S,
                                                                              failing=True):
             return None

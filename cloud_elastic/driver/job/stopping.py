@@ -30,6 +30,8 @@ commit the leaving holders were told to checkpoint (or later), not from the comm
 from __future__ import annotations
 
 import logging
+from typing import Callable
+
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.formation import RoundFormation
 from cloud_elastic.driver.job.leaving import Leavers
@@ -57,8 +59,11 @@ WRITE_S = 2.0
 class GracefulStop:
     """The graceful stop of one job (see module docstring)."""
 
-    def __init__(self, job: JobView, leavers: Leavers, rounds: RoundFormation) -> None:
+    def __init__(self, job: JobView, leavers: Leavers, rounds: RoundFormation,
+                 finish: Callable[[bool, str, int], None]) -> None:
         self._job = job
+        # Ends the job now, not through ``job.end`` (whose failures, during the stop, are left to it: see .ending).
+        self._finish = finish
         self._leavers = leavers
         self._rounds = rounds
         self._ending: tuple[str, int, float] | None = None  # (reason, exit code, when it ends at the latest)
@@ -169,7 +174,7 @@ class GracefulStop:
         if job.alive() and now < until:
             return
         late = f"{len(job.alive())} worker(s) had not exited in time; " if job.alive() else ""
-        job.end(False, f"{reason}; {late}{self.kept()}", exit_code)
+        self._finish(False, f"{reason}; {late}{self.kept()}", exit_code)
 
     def overdue(self, now: float) -> bool:
         """The stop's time is up (training completing during it ends then too: see ``ElasticJob._step_all``)."""
@@ -198,4 +203,4 @@ class GracefulStop:
 
     def now_instead(self, reason: str, exit_code: int) -> None:
         """A second signal: end the job at once (the workers are stopped), saying what the next run redoes."""
-        self._job.end(False, f"{reason} during the graceful stop: stopped at once; {self.kept()}", exit_code)
+        self._finish(False, f"{reason} during the graceful stop: stopped at once; {self.kept()}", exit_code)
