@@ -11,6 +11,7 @@ from cloud_elastic.driver.job.elastic_job import ExitOrder, WorkerState
 from cloud_elastic.driver.job.stopping import STOP_GRACE_S
 from cloud_elastic.driver.launch.api import ExitStatus
 from tests.unit.test_job import CLEAN, Sim, assert_round
+from tests.unit.test_job_resume import resumed_sim
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -162,3 +163,23 @@ def test_discovery_retried_every_second_during_the_failing_stop_leaves_the_write
     assert sim.outcome is not None and sim.outcome.exit_code == 1
     assert sim.outcome.reason == ("host discovery kept failing for 5s (--elastic-timeout): throttled; checkpoint of "
                                   "step 90 written; the same command resumes from it")
+
+
+def test_a_resumed_job_failing_before_its_first_commit_writes_nothing_and_resumes_from_what_it_loaded() -> None:
+    """Review rv5 (g4_rerun_duplicate.sh): the rerun of a failed job loaded the checkpoint of step 11, failed the
+    same way before any new commit, and wrote step 11 again (pruning the older checkpoint): the checkpoint it had
+    loaded was not known as stored."""
+    sim = resumed_sim(2, elastic_timeout_s=5)
+    sim.start({"a": 1, "b": 1})
+    sim.job.checkpoint_loaded(11, 11, "/ck/ckpt-step11")  # rank 0 of the first round loaded it
+    for slot in ("a[0]", "b[0]"):
+        sim.job.heartbeat(sim.id(slot), sim.now, 0, 11)
+    sim.exit("b[0]", ExitStatus(-6))
+    back_with(sim, "a[0]", 11)
+    sim.advance(6)  # below --min-np past --elastic-timeout (b's slot is blacklisted)
+    outcome = sim.outcome
+    assert outcome is not None and outcome.exit_code == 1
+    assert outcome.reason.endswith("; the checkpoint of step 11 holds the last commit: the same command resumes "
+                                   "from it"), outcome.reason
+    order = sim.reply("a[0]")
+    assert isinstance(order, ExitOrder) and not order.checkpoint_s and not order.writer

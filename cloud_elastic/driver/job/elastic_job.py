@@ -378,6 +378,9 @@ class ElasticJob(JobState):
             self.commit_high = commit_seq  # the job's history goes on from the checkpoint
             if self.commit_base is None and self.resumed:
                 self.commit_base = commit_seq
+            # It is stored: a job failing before its next commit has nothing newer to write (it would write the
+            # same step again, pruning an older checkpoint; see .ending).
+            self.leavers.checkpoint_saved(step, commit_seq)
         how_many = (f"{lost} committed step(s) after it were lost" if lost is not None else
                     "any steps trained after it are not in it (this driver did not run them: it cannot say how many)")
         log.warning("job %s: resumed from the checkpoint of step %d (%s); %s", self.job_id, step, path, how_many)

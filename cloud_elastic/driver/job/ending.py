@@ -11,9 +11,10 @@ which checkpoint the same command resumes from.
 
 It does so only with ``--checkpoint-dir``, once a commit was heard of, while the job runs (not while it finishes:
 rank 0's training function returned and it writes the final checkpoint itself), and only when a live worker holds
-a commit newer than the newest checkpoint reported stored: a worker waiting at rendezvous, or a round member (its
-round is aborted, not drained at its next commit as under a signal: a failing round may never commit again, a
-stalled collective; it rolls back to its last commit and leaves from rendezvous with it). A worker holding an
+a commit newer than the newest checkpoint reported stored (or loaded by a round resuming from it): a worker
+waiting at rendezvous, or a round member (its round is aborted, not drained at its next commit as under a signal:
+a failing round may never commit again, a stalled collective; it rolls back to its last commit and leaves from
+rendezvous with it). A worker holding an
 older commit than another never writes (progress is sacred: its checkpoint would pass for the job's last).
 Otherwise the job ends at once, its end line still saying what the same command resumes from. A failure ending
 asked again while the job runs and a graceful stop (a failure's or a signal's) is under way is logged and left to

@@ -316,8 +316,9 @@ class Leavers:
         return bool(self.checkpoint_s)
 
     def checkpoint_saved(self, step: int, commit_seq: int | None) -> None:
-        """A checkpoint of ``step``, commit ``commit_seq`` of the job, was reported stored: the steps a drain
-        without a successor loses are counted from the newest (see :meth:`release_drained`)."""
+        """A checkpoint of ``step``, commit ``commit_seq`` of the job, was reported stored (or loaded, by a round
+        resuming from it): the steps a drain without a successor loses are counted from the newest (see
+        :meth:`release_drained`), and a failing job writes only a newer commit (see :mod:`.ending`)."""
         if commit_seq is None:
             return
         # A newer one, or the one kept is past every commit since the last load: the job resumed from an older
