@@ -37,12 +37,13 @@ def _series(values: list[int]) -> str:
 
 @pytest.mark.timeout(180)
 def test_a_survivors_gpu_memory_stays_flat_while_its_peer_is_killed_and_replaced_ten_times(jobs, gpu_report):
-    # 127.0.0.2's worker kills itself after 4 steps of its own, every time it is started (no blacklisting):
+    # 127.0.0.2's worker kills itself after 4 steps of its own, every time it is started (0 1: a failed slot
+    # is retried at once; 0 0 would end a slot at the first failure of its worker's own doing):
     # each cycle is two resets of the survivor, a failure (it restores its kept commit) and an admission.
     # Ten resets (five cycles, each a worker start: about 16 s on an H100 host): the GPU suite's five minutes.
     resets = 10
     job = jobs(["run", "-np", "2", "--min-np", "1", "--max-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1",
-                "--blacklist-cooldown-range", "0", "0", "--elastic-timeout", "60", "-x", "CLOUD_ELASTIC_BACKEND=gloo",
+                "--blacklist-cooldown-range", "0", "1", "--elastic-timeout", "60", "-x", "CLOUD_ELASTIC_BACKEND=gloo",
                 *probe("--steps", "10", "--min-resets", str(resets), "--tail-steps", "2", "--width", "1024",
                        "--log-every", "1", "--memory", "--churn", "127.0.0.2/0", "--die-after", "4")],
                env=env())

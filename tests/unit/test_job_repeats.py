@@ -22,7 +22,8 @@ from cloud_elastic.driver.job.repeats import REPEATS
 from cloud_elastic.protocol import FlightEntry
 from cloud_elastic.providers.api import DiscoveredHosts
 from tests.unit.job_view import T0, FakeJob, S
-from tests.unit.test_job import KILLED, Sim, failed, started
+from cloud_elastic.driver.job.exit_status import ExitStatus
+from tests.unit.test_job import KILLED, UNREACHABLE, Sim, failed, started
 
 pytestmark = pytest.mark.timeout(30)  # the first test may import torch (conftest)
 
@@ -55,12 +56,75 @@ def test_the_third_failure_of_a_slot_at_the_same_commit_blacklists_it_for_good()
     assert not blacklist.blocked(a, T0)
 
 
+@pytest.mark.parametrize("status", [KILLED, ExitStatus(-15), ExitStatus(137), UNREACHABLE],
+                         ids=["SIGKILL", "SIGTERM", "137-from-a-shell", "host-unreachable"])
+def test_a_preempted_or_flapping_host_is_relaunched_each_time_and_the_healthy_job_goes_on(status) -> None:
+    """The reviewer's a1: the worker on b[0] is killed from outside (a reclaim, a preemption, the OOM killer) or its
+    host cannot be reached, again and again before the job's next commit: the usual cooldown each time, never the
+    rest of the job (-np 2 --min-np 2 ended, below --min-np, though the script was healthy)."""
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), elastic_timeout_s=5)
+    at_commit(sim, "a[0]", 6)
+    for _ in range(REPEATS + 1):
+        sim.exit("b[0]", status)
+        sim.join("a[0]", reason="failure")
+        sim.advance(3)  # past the cooldown: a new worker on b[0] joins the survivor at commit 6
+        sim.join("b[0]")
+        assert sim.layout() == ["a[0]", "b[0]"] and sim.outcome is None
+    assert sim.slots_launched().count("b[0]") == REPEATS + 2
+    events = [f for k, f in sim.events if k == "worker_failed"]
+    assert len(events) == REPEATS + 1 and all(f["blacklisted_s"] is not None for f in events), events
+    assert not any(f.get("blacklisted_for_good") for f in events) and sim.job.hosts.blacklist.for_good_slots() == []
+
+
+def test_a_crash_signal_counts_as_the_workers_own_failure() -> None:
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), elastic_timeout_s=5)
+    for _ in range(REPEATS):
+        sim.exit("b[0]", ExitStatus(-11))  # SIGSEGV
+        sim.join("a[0]", reason="failure")
+        sim.advance(3)
+        if sim.job.hosts.blacklist.for_good(Slot("b", 0)):
+            break
+        sim.join("b[0]")
+    assert sim.job.hosts.blacklist.for_good(Slot("b", 0))
+    assert sim.slots_launched().count("b[0]") == REPEATS
+
+
+def test_a_host_blacklisted_for_good_that_leaves_discovery_and_comes_back_is_launched_on_again() -> None:
+    """The reviewer's a3: the host left discovery (the VM is gone) and a healthy one of the same name came back."""
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, cooldown=(1.0, 2.0), elastic_timeout_s=60)
+    at_commit(sim, "a[0]", 6)
+    for _ in range(REPEATS):
+        crash(sim, "b[0]")
+        sim.join("a[0]", reason="failure")
+        sim.advance(3)
+        if not sim.job.hosts.blacklist.for_good(Slot("b", 0)):
+            sim.join("b[0]")
+    assert sim.job.hosts.blacklist.for_good(Slot("b", 0)) and sim.slots_launched().count("b[0]") == REPEATS
+    sim.discover({"a": 1})
+    sim.advance(1)
+    sim.discover({"a": 1, "b": 1})
+    sim.advance(1)
+    assert sim.slots_launched().count("b[0]") == REPEATS + 1  # a new machine: launched on at once
+    assert sim.outcome is None
+
+
 def test_zero_zero_blacklists_a_failed_slot_for_good_as_horovod_does_and_other_blocks_not_at_all() -> None:
     blacklist = Blacklist((0.0, 0.0))
     assert blacklist.record_failure(Slot("a", 0), T0, at_commit=0) == math.inf
     assert blacklist.blocked(Slot("a", 0), T0 + 1e9)
-    assert blacklist.record_failure(Slot("a", 1), T0) == 0.0  # a straggler, a drain, an early return
+    assert blacklist.record_failure(Slot("a", 1), T0) == 0.0  # killed from outside, a straggler, a drain
     assert not blacklist.blocked(Slot("a", 1), T0)
+
+
+def test_zero_zero_does_not_blacklist_a_host_out_of_reach_for_good_while_its_other_workers_run() -> None:
+    """An SSH transport failure is the network's, not the worker's: under 0 0 the slots are tried again, not lost."""
+    sim = started(3, {"a": 2, "b": 1}, min_np=2, cooldown=(0.0, 0.0))
+    sim.exit("a[0]", UNREACHABLE)
+    sim.join("a[1]", "b[0]", reason="failure")
+    sim.advance(1)
+    assert sim.job.hosts.blacklist.for_good_slots() == [] and sim.outcome is None
+    assert sim.slots_launched().count("a[0]") == 2  # tried again
+    assert not any(f.get("blacklisted_for_good") for k, f in sim.events if k == "worker_failed")
 
 
 # ------------------------------------------------------------------ a slot's crash loop
@@ -91,16 +155,20 @@ def test_an_elastic_failure_line_carries_the_error_the_worker_reported() -> None
 
 
 # ------------------------------------------------------------------ a resume loop
-def resume_attempt(sim: Sim, *, commit: bool = False) -> None:
-    """The workers lost, new ones on a[0] and b[0] resume from the checkpoint of commit 6 and all fail again."""
+def resume_attempt(sim: Sim, *, commit: bool = False, status: ExitStatus | None = None) -> None:
+    """The workers lost, new ones on a[0] and b[0] resume from the checkpoint of commit 6 and all fail again
+    (``status``: killed that way from outside, else crashing with the bug)."""
     sim.advance(3)
     sim.join("a[0]", "b[0]")
     assert sim.job.workers[sim.id("a[0]")].round == sim.job.round
     sim.job.checkpoint_loaded(6, 6, "/ck/step6")
     if commit:
         at_commit(sim, "a[0]", 7)
-    crash(sim, "a[0]")
-    crash(sim, "b[0]")
+    for slot in ("a[0]", "b[0]"):
+        if status is None:
+            crash(sim, slot)
+        else:
+            sim.exit(slot, status)
 
 
 def test_every_worker_failing_again_before_a_commit_past_the_checkpoint_ends_the_resume_loop() -> None:
@@ -115,6 +183,23 @@ def test_every_worker_failing_again_before_a_commit_past_the_checkpoint_ends_the
     resume_attempt(sim)
     failed(sim, f"every worker failed, {REPEATS} time(s) in a row at commit 6, resuming from the checkpoint in between "
                 f"without getting further", f"exited with code 1: {BUG}")
+
+
+def test_a_spot_storm_that_kills_every_worker_again_and_again_resumes_each_time() -> None:
+    """The reviewer's b1: with --checkpoint-dir, every worker SIGKILLed together three times (the last two before
+    the resumed attempt's first commit) ended a healthy job 'every worker failed, 3 time(s) in a row'."""
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), checkpointing=True, elastic_timeout_s=60)
+    at_commit(sim, "a[0]", 6)
+    at_commit(sim, "b[0]", 6)
+    sim.exit("a[0]", KILLED)
+    sim.exit("b[0]", KILLED)
+    for _ in range(REPEATS + 1):
+        resume_attempt(sim, status=KILLED)
+        assert sim.outcome is None
+    assert sim.job.hosts.blacklist.for_good_slots() == []
+    sim.advance(3)
+    sim.join("a[0]", "b[0]")  # the storm is over: the next attempt resumes and trains on
+    assert sim.layout() == ["a[0]", "b[0]"] and sim.outcome is None
 
 
 def test_attempts_that_train_past_an_older_checkpoint_and_fail_at_the_same_commit_each_time_end_too() -> None:
@@ -168,33 +253,54 @@ def test_every_worker_lost_with_every_slot_blacklisted_for_repeating_its_failure
 
 
 # ------------------------------------------------------------------ a stall loop
-def test_a_round_that_stalls_again_at_the_same_commit_with_the_same_members_ends_naming_the_collective() -> None:
+def stalls(flights: list[FlightEntry | None], times: int) -> FakeJob:
+    """A round of two on a[0] and a[1] at commit 6 stalls ``times`` times in a row, re-forming with the same two
+    after each abort; each time rank i last reported ``flights[i]`` (with the round's number) as it stalled.
+    Stops early once the job has ended."""
     job = FakeJob(2, progress_timeout_s=60)
     job.phase, job.round, job.commit_high = Phase.RUNNING, 1, 6
     workers = [job.worker("a", i, S.RUNNING, round_=1, rank=i) for i in range(2)]
     job.silence = SilenceWatch(10.0, 60.0)
     completion = Completion(job, lambda: workers[0])
     now = T0
-    for n in range(1, REPEATS + 1):
+    for n in range(1, times + 1):
         completion.round_formed(now)
-        for w in workers:  # both wait in the same allreduce, heartbeating: nobody is missing, nobody progresses
-            job.silence.heard(w.worker_id, now, FlightEntry(job.round, 14, "allreduce", "entered", 0.0))
+        for w, f in zip(workers, flights):  # heartbeating: nobody is missing, nobody progresses
+            if f is not None:
+                job.silence.heard(w.worker_id, now, FlightEntry(job.round, f.seq, f.op, f.state, 0.0))
         now += 61
         completion.check_progress(now)
         for w in workers:
             w.stacks_sent = w.stacks_wanted
         now += STACKS_WAIT_S
         completion.check_progress(now)
-        if n < REPEATS:
-            assert job.aborts == n and job.outcome is None
-            job.round += 1  # the same two re-form
-            for w in workers:
-                w.round = job.round
+        if job.outcome is not None:
+            break
+        assert job.aborts == n
+        job.round += 1  # the same two re-form
+        for w in workers:
+            w.round = job.round
+    return job
+
+
+def test_a_round_that_stalls_again_at_the_same_commit_with_the_same_members_ends_naming_the_collective() -> None:
+    allreduce = FlightEntry(1, 14, "allreduce", "entered", 0.0)  # both wait in the same allreduce
+    job = stalls([allreduce, allreduce], REPEATS)
     assert job.aborts == REPEATS - 1
     reason = job.outcome.reason
     assert not job.outcome.success and job.outcome.exit_code == 1
     assert f"round 3 stalled {REPEATS} times in a row at commit 6 with the same 2 worker(s)" in reason
     assert "rank 0 collective #14 (allreduce) waiting in it; rank 1 collective #14 (allreduce)" in reason
+
+
+@pytest.mark.parametrize("rank1", [FlightEntry(1, 2, "broadcast", "completed", 0.0), None],
+                         ids=["past-its-last-collective", "no-collective-yet"])
+def test_a_straggler_busy_outside_any_collective_stalls_again_and_again_without_ending_the_job(rank1) -> None:
+    """The reviewer's c2: rank 1's step takes longer than --progress-timeout the first times (slow storage warming
+    up); rank 0 waits in the allreduce while rank 1 is still heartbeating outside any collective: not a mismatch,
+    each stall only aborts its round."""
+    job = stalls([FlightEntry(1, 3, "allreduce", "entered", 0.0), rank1], REPEATS + 1)
+    assert job.outcome is None and job.aborts == REPEATS + 1
 
 
 def test_a_stall_after_progress_is_a_new_count() -> None:

@@ -27,7 +27,9 @@
   still out :data:`NOT_BACK_LIMIT` timeouts after it. Either way the members
   concerned are asked for their stacks first, and get :data:`STACKS_WAIT_S` to
   send them. A round that stalls :data:`.repeats.REPEATS` times in a row at the
-  same commit with the same members ends the job, naming each one's collective.
+  same commit with the same members, every one of them waiting inside a collective
+  each time, ends the job, naming each one's collective; a stall with a member busy
+  outside any collective (a straggler: slow storage, a long evaluation) never counts.
 """
 
 from __future__ import annotations
@@ -440,19 +442,22 @@ class Completion:
         """The current round stalled (``workers``: its members then): True when it ended the job, the
         :data:`.repeats.REPEATS`-th stall in a row at the same commit with the same members (an aborted round
         re-forms unchanged and stalls in the same place: a collective that cannot complete, such as an
-        allreduce of tensors whose sizes differ across ranks)."""
+        allreduce of tensors whose sizes differ across ranks). Only a stall with every member waiting inside a
+        collective counts: one member busy outside any (still computing, reading slow storage) is a straggler
+        that may well arrive next time, and its stall starts the count again."""
         job = self._job
+        silence = getattr(job, "silence", None)  # a piece tested alone may have no silence watch
+        ranked = sorted(workers, key=lambda w: (w.rank is None, w.rank))
+        flights = [silence.flight(w.worker_id) if silence is not None else None for w in ranked]
+        waiting = [f for f in flights if f is not None and f.round == job.round and f.state == "entered"]
+        if len(waiting) < len(ranked):
+            self._stalls.clear()
+            return False
         members = sorted(w.worker_id for w in workers)
         times = self._stalls.note((job.commit_high, tuple(members)))
         if times < REPEATS:
             return False
-        silence = getattr(job, "silence", None)  # a piece tested alone may have no silence watch
-        flights = []
-        for w in sorted(workers, key=lambda w: (w.rank is None, w.rank)):
-            f = silence.flight(w.worker_id) if silence is not None else None
-            where = ("no collective reported" if f is None or f.round != job.round else
-                     f"collective #{f.seq} ({f.op}) {'waiting in it' if f.state == 'entered' else f.state}")
-            flights.append(f"{w.label} {where}")
+        flights = [f"{w.label} collective #{f.seq} ({f.op}) waiting in it" for w, f in zip(ranked, waiting)]
         job.end(False, f"round {job.round} stalled {times} times in a row at commit {job.commit_high} with the same "
                        f"{len(members)} worker(s): {'; '.join(flights)} (their stacks are above); the collective "
                        f"cannot complete, e.g. tensors whose shapes differ across ranks, or a collective some ranks "

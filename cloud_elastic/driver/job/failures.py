@@ -14,9 +14,11 @@
   cooldown, counting no failure of its slots, while a worker that ran and
   failed counts as after it; either way ``--start-timeout`` from the driver's
   start bounds the wait for the first round (:meth:`.capacity.Capacity.check`);
-  a slot failing :data:`.repeats.REPEATS` times at the same commit is blacklisted
-  for good, and the job ends when every worker was lost that many times in a row
-  without progress in between (see :mod:`.repeats`); every line
+  a slot whose worker fails :data:`.repeats.REPEATS` times at the same commit is
+  blacklisted for good, and the job ends when every worker was lost that many times
+  in a row without progress in between, counting only failures of the worker's own
+  doing (an exception, an exit code, a crash signal: not a SIGKILL or SIGTERM from
+  outside, nor a host out of reach; see :mod:`.repeats`); every line
   carries the error the worker's script said it ended with;
 * a worker given up (:meth:`Failures.give_up`: silent, never arrived, stuck) is
   stopped at once; a leaver given up costs its peers a rollback but no blacklisting;
@@ -34,7 +36,7 @@ from typing import Callable
 
 from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.hosts import Slot, blocked_for
-from cloud_elastic.driver.job.repeats import REPEATS, Streak
+from cloud_elastic.driver.job.repeats import REPEATS, Streak, own_failure
 from cloud_elastic.driver.job.exit_status import signal_name
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
@@ -66,19 +68,23 @@ class Failures:
         #: and the job's commit then.
         self._lost_mark, self._lost_at = 0, -1
         self._lost_in_vain = Streak()  # every worker lost, in a row, each time without progress
+        self._own_since_lost = False  # a worker failed of its own doing since every worker was last lost
 
     def _lost_again(self) -> int:
         """Every worker is lost, with checkpointing: how many times in a row that has now happened without
         progress: no worker of the resumed attempt made a commit of its own (its first is past the checkpoint
         it resumed from), or the job is lost at the same commit as the time before (a bug far past the
-        checkpoint: each attempt commits up to it and fails there again)."""
+        checkpoint: each attempt commits up to it and fails there again). A loss counts only when a worker
+        failed of its own doing since the last one (:func:`.repeats.own_failure`): a storm of reclaims that
+        kills every worker again and again is not the script's, and the job resumes each time."""
         job = self._job
         mark, self._lost_mark = self._lost_mark, max((w.seq for w in job.workers.values()), default=0)
         at, self._lost_at = self._lost_at, job.commit_high
+        own, self._own_since_lost = self._own_since_lost, False
         committed = any(w.commits > 0 for w in job.workers.values() if w.seq > mark)
         if committed and at != job.commit_high:
             self._lost_in_vain.clear()  # trained on to another commit (or the first loss): progress
-        return self._lost_in_vain.note("lost")
+        return self._lost_in_vain.note("lost") if own else self._lost_in_vain.count
 
     def _every_slot_repeated(self) -> bool:
         """Every slot of the ready hosts is blacklisted for good for failing REPEATS times at the same commit (the
@@ -89,11 +95,12 @@ class Failures:
             return False
         return all(hosts.blacklist.for_good(Slot(h, i)) for h, n in hosts.ready.items() for i in range(n))
 
-    def _for_good(self, where: str, at: int) -> str:
+    def _for_good(self, where: str, at: int | None) -> str:
         """The last failure blocked ``where`` for the rest of the job: why, for its log line and for the job's end
         line (below --min-np, that names the ``last failure``)."""
         job = self._job
         why = (" (--blacklist-cooldown-range 0 0)" if job.hosts.blacklist.hi <= 0 else
+               " (it already was)" if at is None else
                f": it failed {REPEATS} times in a row at commit {at}, with no commit past it in between")
         job.last_failure += f"; {where} is blacklisted for the rest of the job{why}"
         return why
@@ -114,8 +121,11 @@ class Failures:
         # trying it again at the shortest cooldown without counting a failure (Blacklist.retry_soon).
         # No round of this driver yet and no worker holding state (a resumed job's state is in its checkpoint).
         booting = transport and job.round == 0 and (not job.state_committed or job.resumed)
-        # The commit the job had reached: a slot failing REPEATS times there in a row is blacklisted for good.
-        at = job.commit_high
+        # The commit the job had reached: a slot failing REPEATS times there in a row, each time of its worker's
+        # own doing, is blacklisted for good. A kill from outside or a host out of reach does not count (None).
+        own = own_failure(w.error, exit_code, transport)
+        self._own_since_lost = self._own_since_lost or own
+        at = job.commit_high if own else None
 
         def block(slot: Slot) -> float:
             return hosts.blacklist.retry_soon(slot, now) if booting else hosts.blacklist.record_failure(slot, now, at)

@@ -42,10 +42,12 @@ class Blacklist:
     one crashing GPU does not take its healthy siblings down with it.
 
     A slot blocked *for good* stays blocked for the rest of the job (for this instance
-    of its host: :meth:`forget_host`): a worker that failed there :data:`.repeats.REPEATS`
-    times at the same commit (:meth:`record_failure` with ``at_commit``), or failed at all
-    under a range of ``(0, 0)``, as Horovod blacklists a failed host by default. Other
-    blocks (stragglers, drains, early returns, cut-off hosts) take no cooldown under ``(0, 0)``.
+    of its host, while it stays in discovery: :meth:`forget_host`): a worker that failed
+    there of its own doing (:func:`.repeats.own_failure`: :meth:`record_failure` with
+    ``at_commit``) :data:`.repeats.REPEATS` times at the same commit, or once under a range
+    of ``(0, 0)``, as Horovod blacklists a failed host by default. Other failures (killed
+    from outside, a host out of reach) and other blocks (stragglers, drains, early returns,
+    cut-off hosts) take the usual cooldown, and none under ``(0, 0)``.
     """
 
     def __init__(self, cooldown_range_s: tuple[float, float], rng: random.Random | None = None) -> None:
@@ -58,9 +60,10 @@ class Blacklist:
     def record_failure(self, slot: Slot, now: float, at_commit: int | None = None) -> float:
         """Count a failure of ``slot``; return how many seconds it is now blocked for (``math.inf``: for good).
 
-        ``at_commit``: a worker failed there at that commit of the job (the highest the job had reached):
-        the :data:`.repeats.REPEATS`-th such failure at the same commit in a row, or any under a range of
-        ``(0, 0)``, blocks the slot for good. A slot blocked for good stays so.
+        ``at_commit``: a worker failed there of its own doing at that commit of the job (the highest the job had
+        reached): the :data:`.repeats.REPEATS`-th such failure at the same commit in a row, or any under a range
+        of ``(0, 0)``, blocks the slot for good. A failure without one (killed from outside, a host out of reach)
+        neither counts toward that nor breaks the run. A slot blocked for good stays so.
         """
         count = self._failures.get(slot, 0) + 1
         self._failures[slot] = count
@@ -94,7 +97,8 @@ class Blacklist:
         return delay
 
     def forget_host(self, host: str) -> None:
-        """Forget every failure of ``host``'s slots: another instance now holds the address."""
+        """Forget every failure of ``host``'s slots: another instance now holds the address, or the host left
+        discovery (one listed there again later is a new machine, or one the cloud gave back)."""
         for slot in [s for s in self._failures if s.host == host]:
             del self._failures[slot]
             self._until.pop(slot, None)
@@ -157,7 +161,8 @@ class HostManager:
     """The current view of the group, in the order hosts were first seen.
 
     Older hosts sort first, so their workers keep the lower ranks. A host that
-    leaves and later returns counts as new.
+    leaves and later returns counts as new: its blacklisting is forgotten, a block
+    for the rest of the job too (:meth:`Blacklist.forget_host`).
 
     Cloud list APIs are eventually consistent and discovery scripts glitch, so a
     ready host that vanishes from a snapshot *without* a draining state is kept
@@ -384,6 +389,7 @@ class HostManager:
         gone = [h for h in self._order if h not in present and h not in self.missing]
         for host in gone:
             del self._order[host]
+            self.blacklist.forget_host(host)
             self.instances.pop(host, None)
             self.sources.pop(host, None)
             self.prices.pop(host, None)

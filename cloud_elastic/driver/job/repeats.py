@@ -11,21 +11,52 @@ go round for ever (each relaunch forms a round, and a formed round restarts the 
   (the resumed attempt made no commit past the checkpoint it resumed from, or was lost at the same commit
   as the time before) ends the job rather than resume again (:meth:`.failures.Failures.fail`);
 * a round aborted for a stall that re-forms with the same members and stalls again at the same commit,
-  :data:`REPEATS` times in a row, ends the job (:meth:`.completion.Completion.check_progress`).
+  :data:`REPEATS` times in a row, ends the job (:meth:`.completion.Completion.check_progress`), but only
+  when every member was waiting inside a collective each time (a mismatch no rank can leave): a member
+  busy outside any collective is a straggler, and its stalls never count.
+
+Only a failure the worker's own process caused counts (:func:`own_failure`): an exception its script
+reported, a non-zero exit code, or death by a crash signal (:data:`CRASH_SIGNALS`). A worker killed from
+outside (SIGKILL or SIGTERM: a spot reclaim, a preemption, the OOM killer), a host that could not be reached
+and a host lost from discovery keep the usual growing cooldown, however often they happen: a flapping host or
+a storm of reclaims is not the script's fault. A host that leaves discovery and comes back starts with a clean
+record (:meth:`.hosts.HostManager.update`), as a new instance at the same address does.
 
 Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Hashable
 
-__all__ = ["REPEATS", "Streak"]
+__all__ = ["REPEATS", "CRASH_SIGNALS", "Streak", "own_failure"]
 
 #: How many times the same failure, at the same commit, ends its loop (see the module docstring). Three:
 #: a second failure may still be bad luck (a host lost twice), a third in the same place is the script's.
 REPEATS = 3
+
+#: The signals a process dies by of its own doing (an abort(), a bad memory access, a bad instruction).
+CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
+#: Killed from outside (a reclaim, a preemption, the OOM killer, an operator): never the script's fault.
+_OUTSIDE_SIGNALS = (signal.SIGKILL, signal.SIGTERM)
+
+
+def own_failure(error: str, exit_code: int | None, transport: bool) -> bool:
+    """Whether a worker's failure is its own process's doing, and so counts toward a repeat: it reported an
+    exception (``error``), or its process ended with a non-zero code or a crash signal (``exit_code``, ``-N``
+    for signal N; a shell's ``128 + N`` for SIGKILL or SIGTERM is that signal too). Not when its host could not
+    be reached (``transport``), it was killed from outside, or its end is unknown (given up as silent or stuck)."""
+    if transport:
+        return False
+    if error:
+        return True
+    if exit_code is None or exit_code == 0:
+        return False
+    if exit_code < 0:
+        return -exit_code in CRASH_SIGNALS
+    return exit_code - 128 not in _OUTSIDE_SIGNALS
 
 
 @dataclass
