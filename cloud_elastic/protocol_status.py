@@ -53,6 +53,7 @@ class BlacklistedSlot:
     slot: int | None
     seconds_left: float
     failures: int
+    for_good: bool = False  # blocked for the rest of the job (``seconds_left`` 0)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class StatusReply:
                 for h in data.get("hosts", ()))
             blacklisted = tuple(
                 BlacklistedSlot(str(b["host"]), None if b.get("slot") is None else int(b["slot"]),
-                                float(b["seconds_left"]), int(b["failures"]))
+                                float(b["seconds_left"]), int(b["failures"]), bool(b.get("for_good", False)))
                 for b in data.get("blacklisted", ()))
             notices = tuple(
                 PendingNotice(str(n["host"]), str(n["source"]),

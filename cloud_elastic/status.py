@@ -205,7 +205,8 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
         for b in reply.blacklisted:
             where = f"{b.host}[{b.slot}]" if b.slot is not None else f"{b.host} (whole host)"
             failures = f"{b.failures} failure" + ("s" if b.failures != 1 else "")
-            out.append(f"  {where} for {_duration(b.seconds_left)} more ({failures})")
+            until = "for the rest of the job" if b.for_good else f"for {_duration(b.seconds_left)} more"
+            out.append(f"  {where} {until} ({failures})")
     if reply.notices:
         out.append("")
         out.append("pending notices:")

@@ -8,6 +8,7 @@ collective and the error.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -87,6 +88,34 @@ def test_a_crash_signal_counts_as_the_workers_own_failure() -> None:
         sim.join("b[0]")
     assert sim.job.hosts.blacklist.for_good(Slot("b", 0))
     assert sim.slots_launched().count("b[0]") == REPEATS
+
+
+def test_status_shows_a_slot_blacklisted_for_good() -> None:
+    """``cloud-elastic status`` listed only cooldowns: a slot out for the rest of the job did not show at all."""
+    from cloud_elastic.config import JobConfig
+    from cloud_elastic.driver.job.status_reply import status_reply
+    from cloud_elastic.status import StatusReply, render_status
+
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, cooldown=(0.0, 0.0))
+    crash(sim, "b[0]")  # 0 0: out for the rest of the job at its first failure of its own doing
+    reply = status_reply(sim.job, JobConfig(command=("python", "t.py"), num_proc=2, min_np=1, max_np=2),
+                         provider="static", now=sim.now, wall_now=sim.now, uptime_s=60)
+    text = render_status(StatusReply.from_json(json.loads(json.dumps(reply.to_json(), allow_nan=False))),
+                         now=sim.now)
+    assert "blacklisted:\n  b[0] for the rest of the job (1 failure)\n" in text, text
+
+
+def test_a_drain_of_a_slot_already_blacklisted_for_good_writes_no_infinity(caplog) -> None:
+    """A hand drain (or a straggler) of a worker whose slot is already out for the rest of the job (a host-mate's
+    failure under --whole-hosts) said 'blacklisted for infs' and would write blacklisted_s Infinity, which is not JSON."""
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, cooldown=(1.0, 2.0))
+    for _ in range(REPEATS):
+        sim.job.hosts.blacklist.record_failure(Slot("b", 0), sim.now, at_commit=0)
+    done, message = sim.job.drain("b", 0, sim.now)
+    assert done and message.endswith("slot b[0] blacklisted for the rest of the job"), message
+    assert "inf" not in caplog.text
+    for _, fields in sim.events:
+        json.dumps(fields, allow_nan=False)
 
 
 def test_a_host_blacklisted_for_good_that_leaves_discovery_and_comes_back_is_launched_on_again() -> None:

@@ -35,11 +35,12 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 from cloud_elastic.driver.job.actions import Phase, Stop
-from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.hosts import Slot, blocked_for
 from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
 from cloud_elastic.driver.job.liveness import EXIT_GRACE_S
 from cloud_elastic.driver.job.repeats import REPEATS, Streak
@@ -359,8 +360,9 @@ class Completion:
         """Log ``w``'s early return: the likely cause the first time in the job, one line after that."""
         job = self._job
         where = f"host {w.slot.host}" if job.policy.whole_host_slots else f"slot {w.slot}"
-        wait = (f"a new worker starts on {where} in {w.cooldown_s:.0f}s" if w.cooldown_s > 0
-                else f"a new worker may start on {where} at once (--blacklist-cooldown-range 0 0)")
+        wait = (f"no new worker starts on {where}: it is blacklisted {blocked_for(w.cooldown_s)}"
+                if w.cooldown_s == math.inf else f"a new worker starts on {where} in {w.cooldown_s:.0f}s"
+                if w.cooldown_s > 0 else f"a new worker may start on {where} at once (--blacklist-cooldown-range 0 0)")
         if not self._explained:
             self._explained = True
             log.warning("job %s: worker %s (%s) %s; likely cause: a loop or sampler sized for another world size "

@@ -65,7 +65,7 @@ from cloud_elastic.driver.job.failures import Failures
 from cloud_elastic.driver.job.fixed_size import FixedSize
 from cloud_elastic.driver.job.formation import RoundFormation
 from cloud_elastic.driver.job.health import Health
-from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.hosts import Slot, blocked_s
 from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
 from cloud_elastic.driver.job.job_state import MEMBER, JobState
 from cloud_elastic.driver.job.leaving import Leavers
@@ -329,7 +329,7 @@ class ElasticJob(JobState):
         elif before is S.EXITING:
             log.info("job %s: worker %s left (%s)", self.job_id, worker_id, w.why or "told to exit")
             early = {"early_return": True, "commit_step": w.commit_seq, "steps": w.steps,
-                     "blacklisted_s": round(w.cooldown_s, 1)} if w.returned_early else {}
+                     **blocked_s(w.cooldown_s)} if w.returned_early else {}
             self.emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index,
                       reason=w.why or "told to exit", **({"round": w.round} if w.round else {}), **early)
         elif before is S.LOST:

@@ -37,7 +37,7 @@ import logging
 import statistics
 
 from cloud_elastic.driver.job.actions import Phase
-from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.hosts import Slot, blocked_for, blocked_s
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.links import LinkWatch, SlowHost, faster_without_host
 from cloud_elastic.driver.job.view import JobView
@@ -185,11 +185,11 @@ class Health:
         why = (f"straggler: {slowest:.3f} s of compute per step, {slowest / median:.1f}x the other workers' median "
                f"{median:.3f} s for {policy.straggler_window_s:g}s (--straggler-factor {policy.straggler_factor:g})")
         delay = job.hosts.blacklist.record_failure(w.slot, now)
-        log.warning("job %s: worker %s (%s) is a %s; it leaves at its next commit and slot %s is blacklisted for "
-                    "%.0fs", job.job_id, w.worker_id, w.label, why, w.slot, delay)
+        log.warning("job %s: worker %s (%s) is a %s; it leaves at its next commit and slot %s is blacklisted %s",
+                    job.job_id, w.worker_id, w.label, why, w.slot, blocked_for(delay))
         job.emit("straggler", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
                  compute_s=round(slowest, 4), median_s=round(median, 4), factor=policy.straggler_factor,
-                 window_s=policy.straggler_window_s, blacklisted_s=round(delay, 1), comm_share=_rounded(comm_share(w)))
+                 window_s=policy.straggler_window_s, **blocked_s(delay), comm_share=_rounded(comm_share(w)))
         self._leavers.send_away(w, why)
 
     # ------------------------------------------------------- slow networks
@@ -237,7 +237,7 @@ class Health:
         delays = [job.hosts.blacklist.record_failure(w.slot, now) for w in gone]
         job.emit("slow_link", host=found.host, workers=[w.worker_id for w in gone], mb_s=round(found.mb_s, 2),
                  peers_mb_s=round(found.peers_mb_s, 2), peers=list(found.peers), factor=self.links.factor,
-                 blacklisted_s=round(max(delays), 1), comm_share=_rounded(share))
+                 **blocked_s(max(delays)), comm_share=_rounded(share))
         for w in gone:
             if w.alive and w.state not in (S.DRAINING, S.EXITING):
                 self._leavers.send_away(w, why)
@@ -262,14 +262,14 @@ class Health:
         w = mine[0]
         why = f"drained by hand (cloud-elastic drain {host}:{slot})"
         delay = job.hosts.blacklist.record_failure(Slot(host, slot), now)
-        log.warning("job %s: worker %s (%s) %s; it leaves at its next commit and its slot is blacklisted for %.0fs",
-                    job.job_id, w.worker_id, w.label, why, delay)
+        log.warning("job %s: worker %s (%s) %s; it leaves at its next commit and its slot is blacklisted %s",
+                    job.job_id, w.worker_id, w.label, why, blocked_for(delay))
         self._leavers.send_away(w, why)
         job.tick(now)
         whole = job.policy.whole_host_slots and len(on_host) > 1
         mates = " with its host's other workers (--whole-hosts)" if whole else ""
-        return True, (f"worker {w.worker_id} leaves{mates} at its next commit; slot {host}[{slot}] blacklisted for "
-                      f"{delay:.0f}s")
+        return True, (f"worker {w.worker_id} leaves{mates} at its next commit; slot {host}[{slot}] blacklisted "
+                      f"{blocked_for(delay)}")
 
     def _below_min_np(self, now: float) -> str:
         """The hand drain's warning when it leaves fewer ready slots than ``--min-np`` (else ""): the job waits."""

@@ -15,7 +15,7 @@ from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
-__all__ = ["Slot", "Blacklist", "HostChanges", "HostManager", "Keep", "blocked_for"]
+__all__ = ["Slot", "Blacklist", "HostChanges", "HostManager", "Keep", "blocked_for", "blocked_s"]
 
 #: Of the hosts missing past the grace, those to keep as missing a while longer (the job decides; see
 #: :meth:`HostManager.expire`).
@@ -130,6 +130,12 @@ class Blacklist:
 def blocked_for(delay: float) -> str:
     """How long a block of ``delay`` seconds (:meth:`Blacklist.record_failure`) lasts, in words for the log."""
     return "for the rest of the job" if delay == math.inf else f"for {delay:.0f}s"
+
+
+def blocked_s(delay: float) -> dict[str, float]:
+    """An event's ``blacklisted_s`` for a block of ``delay`` seconds: none for a block for the rest of the job
+    (JSON has no infinity: a slot already blocked for good, blocked again as a straggler or by a drain)."""
+    return {} if delay == math.inf else {"blacklisted_s": round(delay, 1)}
 
 
 #: How much longer the notice of a host given back lasts while the same instance is listed (see HostManager).

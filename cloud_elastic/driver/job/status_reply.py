@@ -90,7 +90,7 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
         blacklisted=tuple(
             BlacklistedSlot(s.host, s.index, round(left, 1), failures)
             for s, left, failures in hosts.blacklist.blocked_slots(now)
-        ),
+        ) + tuple(BlacklistedSlot(s.host, s.index, 0.0, n, True) for s, n in hosts.blacklist.for_good_slots()),
         notices=tuple(
             PendingNotice(h, job.notice_sources.get(h, "provider"), d.deadline)
             for h, d in hosts.draining.items()
