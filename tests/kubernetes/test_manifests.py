@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from cloud_elastic.cli import cli
+from cloud_elastic.providers.selection import DiscoveryArgs
 
 from .manifests import CHECKS, DEPLOY, KUBERNETES_VERSIONS, OVERLAYS, driver_job, flag, resolved_args, schema_problems
 
@@ -42,7 +43,9 @@ def test_the_driver_command_is_one_the_cli_accepts(overlay, rendered):
     args = resolved_args(rendered[overlay], driver_job(rendered[overlay]))
     assert args[:2] == ["cloud-elastic", "run"]
     params = cli.commands["run"].make_context("run", args[2:]).params
-    assert params["k8s_selector"] == (flag(args, "--k8s-selector"),) and params["k8s_namespace"] == "cloud-elastic"
+    found = DiscoveryArgs.pop_from(dict(params))  # as the CLI reads them: one group, one namespace
+    assert found.groups == (("k8s_selector", flag(args, "--k8s-selector")),)
+    assert found.cloud["k8s_namespace"] == "cloud-elastic"
     assert [params["num_proc"], params["min_np"], params["max_np"]] == [int(flag(args, f)) for f in ("-np", "--min-np", "--max-np")]
     assert (params["ssh_port"], params["ssh_user"]) == (2222, "trainer")
     assert list(params["command"]) == ["python", "train.py"]
