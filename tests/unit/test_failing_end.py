@@ -32,17 +32,20 @@ def below_min_np(np: int = 2, checkpointing: bool = True) -> Sim:
     return sim
 
 
-def discovery_failing_while_training() -> Sim:
-    """Round 1 of a[0], a[1] trains, both at commit 9 (the checkpoint holds commit 1); discovery fails past
-    --elastic-timeout: the failing stop begins and aborts the round."""
+def discovery_failing_while_training(hosts: dict[str, int] | None = None) -> Sim:
+    """Round 1 of 2 workers (a[0], a[1], or one on each of ``hosts``) trains, both at commit 9 as their heartbeats
+    tell (the checkpoint holds commit 1); discovery fails past --elastic-timeout: the failing stop begins and aborts
+    the round."""
     sim = Sim(2, elastic_timeout_s=5, checkpointing=True)
-    assert_round(sim.start({"a": 2}), 1, needs_sync=True)
-    for slot in ("a[0]", "a[1]"):
+    hosts = hosts or {"a": 2}
+    assert_round(sim.start(hosts), 1, needs_sync=True)
+    for slot in (f"{h}[{i}]" for h, n in hosts.items() for i in range(n)):
         sim.job.heartbeat(sim.id(slot), sim.now, 9, 9)
     sim.job.checkpoint_saved(10, 1)
     sim.discovery_failed("throttled")
     sim.advance(6)
     sim.discovery_failed("throttled")
+    assert sim.outcome is None and sim.job.abort_round == 1
     return sim
 
 
@@ -133,10 +136,11 @@ def test_a_failure_while_a_round_trains_aborts_it_and_a_member_checkpoints_the_c
     sim = discovery_failing_while_training()
     assert sim.outcome is None and sim.job.abort_round == 1
     back_with(sim, "a[1]", 9)  # freed from its collective by the abort, holding commit 9
+    assert sim.reply("a[1]") is None  # it waits for a[0]: who holds the newest commit is known once both are back
     back_with(sim, "a[0]", 9)
-    first, second = sim.reply("a[1]"), sim.reply("a[0]")
-    assert isinstance(first, ExitOrder) and first.writer and first.checkpoint_s
-    assert isinstance(second, ExitOrder) and not second.writer
+    orders = [sim.reply("a[1]"), sim.reply("a[0]")]
+    assert all(isinstance(o, ExitOrder) and o.checkpoint_s for o in orders), orders
+    assert [o.writer for o in orders].count(True) == 1, orders
     sim.job.checkpoint_saved(90, 9)
     sim.exit("a[1]", CLEAN)
     sim.exit("a[0]", CLEAN)
@@ -151,15 +155,15 @@ def test_discovery_retried_every_second_during_the_failing_stop_leaves_the_write
     sim = discovery_failing_while_training()
     back_with(sim, "a[1]", 9)
     back_with(sim, "a[0]", 9)
-    order = sim.reply("a[1]")
-    assert isinstance(order, ExitOrder) and order.writer and order.checkpoint_s
-    sim.exit("a[0]", CLEAN)
+    writer, other = ("a[0]", "a[1]") if sim.reply("a[0]").writer else ("a[1]", "a[0]")
+    assert sim.reply(writer).checkpoint_s
+    sim.exit(other, CLEAN)
     for _ in range(int(STOP_GRACE_S) - 5):  # the writer takes 15 s; discovery is retried every second meanwhile
         sim.advance(1)
         sim.discovery_failed("throttled")
         assert sim.outcome is None, sim.outcome
     sim.job.checkpoint_saved(90, 9)
-    sim.exit("a[1]", CLEAN)
+    sim.exit(writer, CLEAN)
     assert sim.outcome is not None and sim.outcome.exit_code == 1
     assert sim.outcome.reason == ("host discovery kept failing for 5s (--elastic-timeout): throttled; checkpoint of "
                                   "step 90 written; the same command resumes from it")
@@ -183,3 +187,36 @@ def test_a_resumed_job_failing_before_its_first_commit_writes_nothing_and_resume
                                    "from it"), outcome.reason
     order = sim.reply("a[0]")
     assert isinstance(order, ExitOrder) and not order.checkpoint_s and not order.writer
+
+
+def split_round() -> Sim:
+    """Round 1 of a[0] and b[0], aborted by a failing stop (see discovery_failing_while_training)."""
+    return discovery_failing_while_training({"a": 1, "b": 1})
+
+
+def test_members_back_one_commit_apart_only_the_newer_commit_is_written() -> None:
+    """Review rv5: the abort overtook a[0]'s commit 10 but not b[0]'s; b[0], back first with commit 9, wrote it
+    (its checkpoint, named later than any of 10, would be what a rerun loads), and the end line said it held the
+    job. The holders now leave once both are back, the newest commit's first."""
+    sim = split_round()
+    back_with(sim, "b[0]", 9)
+    assert sim.reply("b[0]") is None  # a[0] is not back: nobody writes yet
+    back_with(sim, "a[0]", 10)
+    older, newer = sim.reply("b[0]"), sim.reply("a[0]")
+    assert isinstance(older, ExitOrder) and not older.writer and not older.checkpoint_s, older
+    assert isinstance(newer, ExitOrder) and newer.writer and newer.checkpoint_s, newer
+    sim.exit("b[0]", CLEAN)
+    sim.exit("a[0]", CLEAN)  # its checkpoint's report was lost
+    assert sim.outcome is not None and sim.outcome.reason.endswith(
+        "the last checkpoint is of step 10, the last commit 10: the same command resumes from that checkpoint, and 9 "
+        "committed step(s) will be redone"), sim.outcome.reason
+
+
+def test_a_member_that_never_comes_back_holds_the_others_for_half_the_stop_at_most() -> None:
+    sim = split_round()
+    back_with(sim, "b[0]", 9)
+    sim.advance(STOP_GRACE_S / 2 - 1)
+    assert sim.reply("b[0]") is None
+    sim.advance(1.5)  # a[0] is still in its round (a collective the abort did not free): b[0] writes commit 9
+    order = sim.reply("b[0]")
+    assert isinstance(order, ExitOrder) and order.writer and order.checkpoint_s, order

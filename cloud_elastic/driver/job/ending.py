@@ -14,8 +14,10 @@ rank 0's training function returned and it writes the final checkpoint itself), 
 a commit newer than the newest checkpoint reported stored (or loaded by a round resuming from it): a worker
 waiting at rendezvous, or a round member (its round is aborted, not drained at its next commit as under a signal:
 a failing round may never commit again, a stalled collective; it rolls back to its last commit and leaves from
-rendezvous with it). A worker holding an
-older commit than another never writes (progress is sacred: its checkpoint would pass for the job's last).
+rendezvous with it, once every member is back or half the stop's time is up: members may come back one commit
+apart, see :meth:`.stopping.GracefulStop.release`). A worker holding an older commit than another never writes
+(progress is sacred: checkpoints are named in the order they are written, so its checkpoint would pass for the
+job's last).
 Otherwise the job ends at once, its end line still saying what the same command resumes from. A failure ending
 asked again while the job runs and a graceful stop (a failure's or a signal's) is under way is logged and left to
 the stop, which ends the job (discovery retried every second would otherwise cut the writer's time to a second).

@@ -68,6 +68,8 @@ class GracefulStop:
         self._rounds = rounds
         self._ending: tuple[str, int, float] | None = None  # (reason, exit code, when it ends at the latest)
         self._holders: list[str] = []  # the workers told to checkpoint the commit they leave at
+        self._release_by: float | None = None  # a failing job's aborted round: its holders leave by then (release)
+        self._why = ""
         # Worker -> (its round, its commits, when its heartbeats last showed them grow in that round (None: not yet),
         # the time per commit over that last rise (None until they grew twice in it)): see heard.
         self._pace: dict[str, tuple[int, int, float | None, float | None]] = {}
@@ -122,14 +124,17 @@ class GracefulStop:
         # Workers at rendezvous with a commit (a round being formed, after a failure) checkpoint it on their way out,
         # only those holding the newest commit known: an older one's checkpoint would pass for the job's last.
         waiting = [w for w in job.alive() if w.state is S.WAITING and w.holds_state]
-        newest = max((w.commit_seq for w in waiting + job.members()), default=0)
-        waiting = [w for w in waiting if w.commit_seq >= newest]
-        # The members stop at their next commit (their heartbeats may not have told of their last one yet), if it
-        # is expected in time for rank 0 to write it before its exit order's deadline margin. A failing job's round
-        # is aborted instead (it may never commit again: a stalled collective): they roll back to their last commit.
         members = job.members()
-        if failing:
-            members = [w for w in members if w.commit_seq >= newest]
+        # A failing job's round is aborted instead of drained (it may never commit again: a stalled collective): its
+        # members roll back to their last commit, which may differ by one (a commit the abort overtook), and that is
+        # known only once they are back. They and the holders waiting stay until every member is back or gone (or
+        # half the stop's time is up: see release), then those holding the newest commit leave first and write it.
+        held_back = failing and bool(members)
+        if not held_back:
+            newest = max((w.commit_seq for w in waiting + members), default=0)
+            waiting = [w for w in waiting if w.commit_seq >= newest]
+        # The members stop at their next commit (their heartbeats may not have told of their last one yet), if it
+        # is expected in time for rank 0 to write it before its exit order's deadline margin.
         by = now + grace_s - job.policy.deadline_margin_s - WRITE_S
         late = None if waiting or failing else self.no_commit_in_time(members, now, by)
         if late is not None:
@@ -140,12 +145,15 @@ class GracefulStop:
         holders = members + waiting
         self._ending = (reason, exit_code, now + grace_s)
         self._holders = [w.worker_id for w in holders]
-        why = f"the job {'is failing' if failing else 'is stopping'}: {reason}"
-        for w in holders:
+        self._release_by = now + grace_s / 2 if held_back else None
+        why = self._why = f"the job {'is failing' if failing else 'is stopping'}: {reason}"
+        for w in holders if not held_back else ():
             self._leavers.checkpoint_on_leaving(w, now + job.wall_offset + grace_s)
         for w in job.active():
             if w.state is S.DRAINING or w.state is S.EXITING:
                 continue  # sent away with a host-mate already (--whole-hosts): a member drains with it, not stopped
+            if held_back and w.worker_id in self._holders:
+                continue  # let go once every member is back (see release)
             self._leavers.send_away(w, why)  # a member drains; one at rendezvous gets its exit order; others stop
         for w in holders:
             if w.state is S.EXITING:  # it was waiting at rendezvous: its exit order says to checkpoint first
@@ -161,15 +169,40 @@ class GracefulStop:
         if job.members():
             self._rounds.next.drop(why)  # a next round planned for newcomers: they are leaving too
             if failing:
-                job.abort()  # every member rolls back to its last commit and leaves from rendezvous with it
+                job.abort()  # every member rolls back to its last commit and comes back to rendezvous with it
             else:
                 self._rounds.request_update(why)  # every member leaves at its next commit
         return True
+
+    def release(self, now: float) -> None:
+        """A failing job's aborted round (see :meth:`begin`): once no member is still in it (or half the stop's time
+        is up), the holders back at rendezvous leave, those holding the newest commit first (their host writes it:
+        see :meth:`.leaving.Leavers.left_round`); an older commit's holder leaves without writing (its checkpoint,
+        named later, would pass for the job's last). A member not back yet drains, and writes only a newer commit."""
+        job = self._job
+        if self._release_by is None:
+            return
+        ours = [w for w in job.alive() if w.worker_id in self._holders]
+        out = [w for w in ours if w.state is S.RUNNING]
+        if out and now < self._release_by:
+            return
+        self._release_by = None
+        back = sorted((w for w in ours if w.state is S.WAITING), key=lambda w: -w.commit_seq)
+        newest = max((w.commit_seq for w in back), default=0)
+        deadline = self._ending[2] + job.wall_offset if self._ending is not None else None
+        for w in back + out:
+            if w.commit_seq >= newest or w in out:
+                self._leavers.checkpoint_on_leaving(w, deadline)
+            self._leavers.send_away(w, self._why)  # one at rendezvous gets its exit order; one still out drains
+            if w.state is S.EXITING:
+                self._leavers.left_round(w, now)
+        job.forget_alive()
 
     def step(self, now: float) -> None:
         """End the job once no worker is left, or when its time is up."""
         job = self._job
         assert self._ending is not None
+        self.release(now)
         reason, exit_code, until = self._ending
         if job.alive() and now < until:
             return
