@@ -19,7 +19,10 @@ goes on from it; null without one), ``instance`` which process of that host and
 pid wrote it (a container's PID 1 restarted in place has both again). It holds nothing secret. :class:`AliveRefresher`
 rewrites it every :data:`REFRESH_S` seconds from a thread of its own, so slow
 storage never holds up the driver's loop; each write is atomic (a reader sees
-the old entry or the new one).
+the old entry or the new one). A group raised is written at once, not at the
+next refresh, and a raise call waits (up to :data:`REFRESH_S`) for the entry
+to say it before it is sent (:meth:`AliveRefresher.raising`): a driver killed
+during or just after the call leaves the group to its successor.
 
 A driver started again without its predecessor's local record (another
 machine, a rebooted VM whose runtime directory was emptied) reads it to know
@@ -182,7 +185,8 @@ def _cost(raw: Any) -> CostSoFar | None:
 
 
 class AliveRefresher:
-    """Rewrites this driver's entry every ``interval_s`` from a daemon thread; ``close`` ends it.
+    """Rewrites this driver's entry every ``interval_s`` from a daemon thread, and at once when a group is raised
+    (:meth:`set_raised`, :meth:`raising`); ``close`` ends it.
 
     A failed write is one WARNING (then DEBUG until a write succeeds again): a
     missed refresh only makes a restarted driver wait longer. The constructor
@@ -202,10 +206,52 @@ class AliveRefresher:
         self._written_raised: tuple[tuple[str, int], ...] = ()
         self._cost: CostSoFar | None = None
         self._written_cost: CostSoFar | None = None
+        # A raise about to be sent (:meth:`raising`): group -> (hosts, set_raised calls seen when it was).
+        self._sending: dict[str, tuple[int, int]] = {}
+        self._set_calls = 0
+        self._wake = threading.Event()  # a write wanted now: the loop writes at once
+        self._done = threading.Condition()
+        self._asked_seq = self._done_seq = 0  # changes made, and the last one a write attempt has included
 
     def set_raised(self, raised: dict[str, int]) -> None:
-        """What the next writes say this driver raised (``Sourcing.raised``): any thread, no I/O."""
-        self._raised = tuple(sorted(raised.items()))
+        """What the next writes say this driver raised (``Sourcing.raised``): any thread, no I/O. A group new or
+        larger than before is written at once (on the refresher's thread), not at the next refresh: a driver killed
+        meanwhile would leave a paid group raised that no successor knows of."""
+        with self._done:
+            before = dict(self._raised)
+            self._raised = tuple(sorted(raised.items()))
+            self._set_calls += 1
+            # A raise's own entry is kept through the first call after it (its tick may have read the group before
+            # the call started), then the job's view counts it (a call made is the job's: GroupCapacity.started).
+            self._sending = {n: v for n, v in self._sending.items() if self._set_calls - v[1] < 2}
+            if any(hosts > before.get(name, 0) for name, hosts in raised.items()):
+                self._asked_seq += 1
+                self._wake.set()
+
+    def raising(self, source: str, hosts: int, *, timeout_s: float = REFRESH_S) -> bool:
+        """A call about to set ``source``'s group to ``hosts``: have the entry say so before it is sent, waiting up
+        to ``timeout_s`` for the write (the call's thread; the provider's ``on_raise``). Whether the entry now says
+        it (False: not started or closed, or the write failed or is slow: the call goes on, the write lands later)."""
+        with self._done:
+            if self._closing.is_set():
+                return False
+            self._sending[source] = (hosts, self._set_calls)
+            if hosts <= dict(self._written_raised).get(source, 0):
+                return True  # on disk already
+            self._asked_seq += 1
+            wanted = self._asked_seq
+            self._wake.set()
+            if self._thread is None:
+                return False  # the first write, at start, says it
+            return self._done.wait_for(lambda: self._done_seq >= wanted or self._closing.is_set(), timeout_s) \
+                and hosts <= dict(self._written_raised).get(source, 0)
+
+    def _raised_now(self) -> tuple[tuple[str, int], ...]:
+        """What the entry says was raised: the job's view, with each raise about to be sent (the larger value)."""
+        merged = dict(self._raised)
+        for name, (hosts, _) in self._sending.items():
+            merged[name] = max(hosts, merged.get(name, 0))
+        return tuple(sorted(merged.items()))
 
     def set_cost(self, cost: CostSoFar | None) -> None:
         """What the next writes say the job has cost so far: a snapshot (immutable), set by the driver at each
@@ -224,7 +270,11 @@ class AliveRefresher:
         Without it the last refresh stays, and a restarted driver waits out the grace from it (written once
         more when the groups it says were raised changed since, one set back to 0 at the end, or the cost did).
         """
-        self._closing.set()
+        with self._done:
+            self._closing.set()
+            self._sending.clear()  # the job's calls have ended or were waited on: its own view is the last word
+            self._done.notify_all()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(10.0)  # a write stuck past this lands late, saying "alive": the safe side
         if self._thread is not None and (stopped or self._raised != self._written_raised
@@ -233,17 +283,25 @@ class AliveRefresher:
 
     def _loop(self) -> None:
         while not self._closing.is_set():
+            self._wake.clear()  # a raise set from here on is in this write or wakes the wait below
             self._write(stopped=False)
-            self._closing.wait(self._interval_s)
+            self._wake.wait(self._interval_s)
 
     def _write(self, *, stopped: bool) -> None:
+        with self._done:
+            raised, seq = self._raised_now(), self._asked_seq
         entry = DriverAlive(self._entry.job_id, self._clock(), self._entry.grace_s, self._entry.host,
-                            self._entry.pid, stopped, self._raised, self._cost)
+                            self._entry.pid, stopped, raised, self._cost)
         try:
             write_driver_alive(self._store, entry)
-            self._written_raised, self._written_cost = entry.raised, entry.cost
         except CheckpointError as exc:
             (log.debug if self._failing else log.warning)("driver sign of life not refreshed: %s", exc)
             self._failing = True
-            return
-        self._failing = False
+        else:
+            self._failing = False
+            with self._done:
+                self._written_raised, self._written_cost = entry.raised, entry.cost
+        finally:
+            with self._done:
+                self._done_seq = max(self._done_seq, seq)
+                self._done.notify_all()

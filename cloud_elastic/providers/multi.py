@@ -160,6 +160,7 @@ class MultiSourceDiscovery(HostDiscovery):
         self.call_timeout_s = call_timeout_s
         self._clock = clock
         self._doubled: set[str] = set()  # hosts already warned about (reported by two sources)
+        self._on_raise: Callable[[str, int], object] | None = None  # see on_raise()
         clouds = self.provider_names()
         # Reads like its provider when every source is of one cloud (the notice watcher follows it).
         self.name = clouds[0] if len(clouds) == 1 else "multi"  # type: ignore[misc]
@@ -352,7 +353,9 @@ class MultiSourceDiscovery(HostDiscovery):
         try:
             with source.calls.start(lambda: not source.caller.running) as started:
                 if started:
-                    group.started(hosts)
+                    group.started(hosts)  # the job's from here on: the sign of life says so before it is sent
+                    if hosts > 0 and self._on_raise is not None:
+                        self._before_raise(source.spec.name, hosts)
                     try:
                         source.discovery.set_capacity(hosts, source=source.spec.name)
                     finally:  # ended, whatever its outcome: capacity_of no longer counts it as under way
@@ -370,6 +373,20 @@ class MultiSourceDiscovery(HostDiscovery):
         if started:  # else another thread's call to it started first: kept pending
             group.taken(asked, hosts, self._clock(), limits)
             log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
+
+    def on_raise(self, callback: Callable[[str, int], object] | None) -> None:
+        """Call ``callback(source, hosts)`` before each call that sets a group to ``hosts`` > 0, on the thread that
+        makes it, which waits for it (the driver records the raise in its sign of life first: a driver killed during
+        the call leaves the group to the one restarted for the job). A callback that raises is logged; the call goes
+        on."""
+        self._on_raise = callback
+
+    def _before_raise(self, name: str, hosts: int) -> None:
+        try:
+            self._on_raise(name, hosts)  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 (the raise is still wanted; only its record beside the checkpoints is late)
+            log.warning("--manage-capacity: host source %r: the raise to %d could not be recorded before it was sent",
+                        name, hosts, exc_info=True)
 
     def _unheard(self, fallback: SourceState) -> bool:
         """Whether a non-fallback source that has never answered is still failing within the stale limit (a

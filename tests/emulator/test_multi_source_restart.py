@@ -73,3 +73,48 @@ def test_the_driver_restarted_after_a_crash_sets_back_only_a_group_its_predecess
     else:
         assert desired(aws, group) == 3, "the operator's 3 instances were ended by a job that never raised them"
         assert aws.count("SetDesiredCapacity") == 0
+
+
+def test_a_driver_killed_right_after_its_raise_leaves_the_group_to_the_restarted_driver(aws, tmp_path, caplog):
+    """Review rv3 of f17d157: the sign of life said a raise only at its next 5 s refresh, so a driver killed -9
+    right after "desired capacity set to 1" left the group raised (paid) after the job ended: the restarted driver
+    never logged "the previous driver raised". What a kill leaves is the entry on disk when that line is logged."""
+    import logging
+
+    group = "rs-killed"
+    make_group(aws.url, group, size=0, instance_type="g4dn.xlarge", cidr="10.92.4.0/24")
+    clients(aws.url)[0].update_auto_scaling_group(AutoScalingGroupName=group, MaxSize=10)
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    at_kill: list[dict] = []
+
+    class KillAtLine(logging.Handler):
+        def emit(self, record):
+            if "desired capacity set to 1" in record.getMessage() and not at_kill:
+                at_kill.append(dict(read_driver_alive(store, now=time.time()).raised))
+
+    caplog.set_level(logging.INFO, logger="cloud_elastic")
+    sim = _job(1)
+    multi = _sources(aws, Scripted(DiscoveredHosts()), sim, group)
+    refresher = AliveRefresher(store, "job", 60.0, interval_s=60.0)  # no refresh due while the test runs
+    raised.remember(sim.job, refresher, {})
+    refresher.start()
+    raised.write_ahead(multi, refresher)  # as the driver wires it (driver.py, _keep_alive_beside_checkpoints)
+    handler = KillAtLine()
+    logging.getLogger("cloud_elastic.providers.multi").addHandler(handler)
+    try:
+        _run(sim, multi, 3)
+    finally:
+        logging.getLogger("cloud_elastic.providers.multi").removeHandler(handler)
+        refresher.close(stopped=False)
+        multi.close()
+    assert desired(aws, group) == 1 and at_kill, "driver 1 raised the group"
+    # Driver 2, restarted for the job from what the kill left on disk: spot gives its slot now.
+    sim2 = _job(1)
+    multi2 = _sources(aws, Scripted(DiscoveredHosts(ready={"a0": 1})), sim2, group)
+    try:
+        raised.inherit(sim2.job, at_kill[0])
+        _run(sim2, multi2, 5)
+    finally:
+        multi2.close()
+    assert "the previous driver raised host source 'od' to 1" in caplog.text
+    assert desired(aws, group) == 0, "the group the killed driver raised stays raised (paid) after the job"

@@ -297,3 +297,66 @@ def test_while_a_restarted_driver_waits_out_its_predecessor_its_metrics_already_
     monkeypatch.setattr(driver, "_wait_for_predecessor", waiting)
     assert driver.run().exit_code == 130
     assert scraped == [12.5]
+
+
+def _entry_raised(store, want: dict, within_s: float = 10.0) -> dict:
+    """What the sign of life on disk says was raised, once it says ``want`` or ``within_s`` has passed."""
+    deadline = time.monotonic() + within_s
+    while True:
+        entry = read_driver_alive(store, now=time.time())
+        got = dict(entry.raised) if entry is not None else None
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
+def test_a_group_raised_is_in_the_sign_of_life_at_once_not_at_the_next_refresh(tmp_path):
+    """Review rv3 of f17d157: set_raised only stored the value, written at the next 5 s refresh: a driver killed
+    in between left the group raised (paid) with no successor knowing of it."""
+    from cloud_elastic.checkpoint import CheckpointStore
+    from cloud_elastic.checkpoint.alive import AliveRefresher
+
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    refresher = AliveRefresher(store, "job", 60.0, interval_s=60.0).start()  # no refresh due during the test
+    try:
+        assert _entry_raised(store, {}) == {}
+        refresher.set_raised({"od": 1})
+        assert _entry_raised(store, {"od": 1}) == {"od": 1}
+        refresher.set_raised({"od": 2, "od2": 1})
+        assert _entry_raised(store, {"od": 2, "od2": 1}) == {"od": 2, "od2": 1}
+    finally:
+        refresher.close(stopped=False)
+
+
+def test_a_raise_call_is_in_the_sign_of_life_before_it_is_sent(tmp_path):
+    """A call made counts as the job's whatever its answer (GroupCapacity.started): a driver killed during it
+    must leave the group to its successor, so the sign of life says it before the call goes (raised.write_ahead,
+    as the driver wires it), though no tick of the job has seen the call yet."""
+    from cloud_elastic.checkpoint import CheckpointStore
+    from cloud_elastic.checkpoint.alive import AliveRefresher
+    from cloud_elastic.driver.runtime import raised
+    from cloud_elastic.providers.multi import MultiSourceDiscovery
+    from tests.unit.test_fallback_table import Group
+
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    on_disk: list[dict | None] = []
+
+    class Od(Group):
+        def set_capacity(self, hosts, *, source=None):
+            entry = read_driver_alive(store, now=time.time())  # what a kill -9 during the call leaves
+            on_disk.append(entry and dict(entry.raised))
+            super().set_capacity(hosts, source=source)
+
+    multi = MultiSourceDiscovery([(SourceSpec("spot", "group"), Group("spot", "a", [])),
+                                  (SourceSpec("od", "group", fallback=True), Od("od", "o", []))])
+    refresher = AliveRefresher(store, "job", 60.0, interval_s=60.0).start()
+    raised.write_ahead(multi, refresher)
+    try:
+        assert _entry_raised(store, {}) == {}
+        multi.set_capacity(1, source="od")
+        assert on_disk == [{"od": 1}]
+        multi.set_capacity(0, source="od")  # a 0 waits for no write
+        assert on_disk == [{"od": 1}, {"od": 1}]
+    finally:
+        refresher.close(stopped=False)
+        multi.close()

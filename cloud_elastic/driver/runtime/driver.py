@@ -347,6 +347,7 @@ class Driver:
         with self._cond:
             raised.remember(self._job, self._alive_refresher, self._carried, self._carried_cost)
         self._alive_refresher.start()
+        raised.write_ahead(self._discovery, self._alive_refresher)  # a raise on disk before it is sent
 
     def _workers_grace_s(self) -> float:
         """The grace our workers train on for without a driver (an adopted one got its first driver's)."""

@@ -7,9 +7,10 @@ fallback slot is wanted (``driver.job.sourcing``); two ends of a driver's life a
 * **The job ends** with a group still raised: once every worker has stopped, :func:`lower` sets each such group
   back to 0, tries a failed call again a few times, and says in one line which group stays raised if the cloud
   keeps refusing. A ``capacity`` event (reason "the job is over") records each change.
-* **The driver crashes**: each refresh of its sign of life beside the checkpoints (``checkpoint.alive``, every
-  5 s) carries what it raised (:func:`remember`: a raise its provider sent or took over, not one held back or
-  skipped, an operator's group), and the driver restarted for the job takes it over (:func:`inherit`): it sets
+* **The driver crashes**: its sign of life beside the checkpoints (``checkpoint.alive``, refreshed every 5 s,
+  and at once when a group is raised) carries what it raised (:func:`remember`: a raise its provider sent or
+  took over, not one held back or skipped, an operator's group; a raise call is written there before it is
+  sent, :func:`write_ahead`), and the driver restarted for the job takes it over (:func:`inherit`): it sets
   those groups back to 0 by the same rule. It takes them over only once it runs the job:
   while it waits out its predecessor's workers (which may still train on those
   groups) it only carries them in its own sign of life (:func:`carried`), so a
@@ -32,7 +33,7 @@ from typing import Any
 from cloud_elastic.cost import CostSoFar, format_dollars
 
 __all__ = ["carried", "carried_cost", "discovered", "inherit", "inherit_cost", "remember", "share", "lower",
-           "LOWER_TRIES"]
+           "write_ahead", "LOWER_TRIES"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,16 @@ def remember(job: Any, refresher: Any, carry: dict[str, int], carry_cost: CostSo
         if carry_cost is not None:
             own = carry_cost if own is None else carry_cost.plus(own)
         refresher.set_cost(own)
+
+
+def write_ahead(discovery: Any, refresher: Any) -> None:
+    """Have each raise of a group recorded in the sign of life before its call is sent (``discovery.on_raise``,
+    ``refresher.raising``): a call made counts as the job's whatever its answer, so a driver killed during or
+    just after it must leave the group to its successor. A provider without the hook, or no sign of life
+    (no ``--checkpoint-dir``): nothing."""
+    on_raise = getattr(discovery, "on_raise", None)
+    if on_raise is not None and refresher is not None:
+        on_raise(refresher.raising)
 
 
 def share(job: Any, discovery: Any) -> None:
