@@ -13,7 +13,9 @@ defect fixed (``tests/unit/test_fallback_table.py``):
   every :data:`REASK_UNKNOWN_S` and while it shows no more hosts than when last asked (or lowered by its scaling).
 * A raise sent (whatever its answer) or taken over is the job's (:attr:`~GroupCapacity.owned`): only then does a 0
   go. A raise skipped on a group set higher while the job had set nothing, or had set it back to 0, makes it an
-  operator's: :meth:`~GroupCapacity.capacity_of` no longer says the job's earlier 0 (none is sent at the end).
+  operator's: :meth:`~GroupCapacity.capacity_of` no longer says the job's earlier 0 (none is sent at the end). So
+  does a group whose DesiredCapacity read is above any value the job may have set: it is not the job's to lower
+  (:meth:`~GroupCapacity.room` says so at once; a 0 asked then is not sent, mid-job or at the end).
 * :meth:`~GroupCapacity.room`: its MaxSize; what it has, where the job may not change it or its raise was refused
   :data:`REFUSALS_TO_SPILL` times in a row; what it shows, after fewer hosts than the job set for :data:`SHORT_FOR_S`.
 """
@@ -62,6 +64,7 @@ class GroupCapacity:
         self.value: int | None = None  # what the cloud took from this job (MaxSize where it held the value there)
         self.sending: int | None = None  # the value a call under way sets (another thread may read it)
         self.adopted: int | None = None  # what a crashed predecessor set (:meth:`adopt`)
+        self.made: int | None = None  # the most the job's calls may have set it to since the last one taken
         self.refusals = 0  # calls refused in a row since the last that succeeded
         self.limits: tuple | None = None  # (MinSize, MaxSize[, DesiredCapacity]) as the last good find() read them
         self.shown = 0  # its hosts as the last good find() showed them
@@ -106,13 +109,14 @@ class GroupCapacity:
         """A call setting ``hosts`` starts: made, whatever its answer (it may land though it times out); a raise
         makes the group the job's, an operator's before included (it replaces the operator's value)."""
         self.sending = hosts
+        self.made = max(self.made or 0, hosts)  # one that times out may land
         if hosts > 0:
             self.who = JOB
 
     def taken(self, asked: int, hosts: int, now: float, limits: tuple | None) -> None:
         """The cloud took ``hosts``: the job's value ``asked`` held within ``limits``."""
         self.value = min(asked, hosts)  # held at MaxSize: that is what was set (held at MinSize: as asked)
-        self.asked, self.who, self.refusals = None, JOB, 0
+        self.asked, self.who, self.refusals, self.made = None, JOB, 0, hosts
         self.took = (hosts, now, limits and tuple(limits[:2]), self.shown)
 
     def refused(self) -> None:
@@ -137,18 +141,27 @@ class GroupCapacity:
         counts = [has] if not self.managed or self.refusals >= REFUSALS_TO_SPILL else []
         if self.short_since is not None and now - self.short_since >= SHORT_FOR_S:
             counts.append(self.shown)
-        return Room(None if limits is None else limits[1], min(counts, default=None), self.managed, self.owned)
+        owned = self.owned and not self._raised_beyond(limits)  # raised beyond the job's value: an operator's
+        return Room(None if limits is None else limits[1], min(counts, default=None), self.managed, owned)
+
+    def _raised_beyond(self, limits: tuple | None) -> bool:
+        """Whether the group's DesiredCapacity read is above any value the job (or its crashed predecessor) may
+        have set: someone else raised it, and the job does not set it back to 0 (an operator's group)."""
+        desired = limits[2] if limits is not None and len(limits) > 2 else None
+        return desired is not None and desired > max(self.made or 0, self.adopted or 0)
 
     def _changes(self, asked: int, hosts: int, limits: tuple | None, now: float) -> bool:
         desired = limits[2] if limits is not None and len(limits) > 2 else None
         # Nothing to change, or a group raised beyond it by someone else (the job lowers its own raise itself).
         if asked > 0 and desired is not None and (desired == hosts or desired > hosts and desired != self.value):
-            if not (self.value or self.adopted):
-                self.who = OPERATOR  # not the job's: kept as it is
+            if not (self.value or self.adopted or self.made):
+                self.who = OPERATOR  # not the job's (a call of its own that timed out may have set it): kept
             if desired == hosts and self.adopted and self.value is None:
                 self.value = min(asked, hosts)  # a group taken over at the job's value: its own (SHORT_FOR_S)
             return False
         took, took_at, took_limits, took_shown = self.took
+        if asked == 0 and self.owned and self._raised_beyond(limits):
+            self.who = OPERATOR  # raised beyond the job's value since: the operator's now, left as it is
         if asked == 0 and not self.owned:
             return False  # the job's value is not the group's (held back, skipped): an operator's, left as it is
         if hosts != took or asked == 0 or desired is not None:

@@ -261,6 +261,27 @@ ROWS = [
     # ... and a group raised in the find() whose answer shows it unneeded is set back with its event.
     Row("raised-then-lowered", "np=1 spot=throttled tick=2 spot=0 tick=1", "spot=1 tick=2", sent="od=1 od=0",
         events="od=0", then="od.set=0 carried=-"),
+    # rv3 review of f17d157: a group the operator raised beyond the job's value mid-job (1 -> 3) is the operator's:
+    # never set back to 0, mid-job or at the end (read before the end or only by the end's call), no event.
+    Row("operator-raised", "spot=1 tick=2 od.desired=3 tick=1", "spot=2 tick=3", then="od.unowned asked=- carried=-",
+        log="host source 'od' is left as it is"),
+    Row("operator-raised", "spot=1 tick=2 od.desired=3 tick=1", "end", then="od.set=None asked=-",
+        log="host source 'od' is left as it is: this job never set its desired capacity"),
+    Row("operator-raised", "spot=1 tick=2 od.desired=3", "end", then="od.set=None asked=-",
+        log="host source 'od' is left as it is: this job never set its desired capacity"),
+    Row("operator-raised", "od.desired=2 restart=od:2 spot=1 tick=2 od.desired=5", "end", then="od.set=None",
+        log="host source 'od' is left as it is: this job never set its desired capacity"),
+    # ... not one the job's own raise sent set (a call that timed out, then landed), nor its own larger raise.
+    Row("operator-raised", "np=1 spot=0 od.timeout=1 tick=1 od.desired=1", "spot=1 tick=3", sent="od=0",
+        events="od=0", then="od.set=0"),
+    Row("operator-raised", "np=3 spot=1 tick=2", "spot=2 tick=31 end", sent="od=1 od=0", events="od=1 od=0",
+        then="od.set=0"),
+    # rv3 review: a group taken over at the job's value is the job's own (group_capacity.py, decide): fewer wanted
+    # then is a new, smaller value sent.
+    Row("adopted-fewer", "np=3 od.desired=2 restart=od:2 spot=1 tick=2", "spot=2 tick=31", sent="od=1", events="od=1"),
+    # rv3 review: refusals in a row, reset by a call taken: one refusal after it does not spill to the next group.
+    Row("refusals-reset", "np=3 od2 od.refuse=2 spot=2 tick=3", "spot=1 od.refuse=1 tick=3", sent="od=2 od=2", events="od=2",
+        then="od.set=2 od2.set=None"),
     # The job's end: its own raise is set back to 0 (MinSize holds it there), with its event.
     Row("end", "od.min=1 spot=1 tick=2", "end", sent="od=1", events="od=0", then="od.set=0 asked=-",
         reason="the job is over"),
