@@ -465,7 +465,7 @@ def test_never_more_than_max_np_workers() -> None:
     sim.join("b[0]")
     sim.join("a[0]", "a[1]", reason="update")
     assert len(sim.layout()) == 3
-    sim.exit("a[1]")  # the blacklist is off: a replacement starts at once, still within max_np
+    sim.exit("a[1]")  # a replacement starts at once on a free slot (0 0 keeps a[1] off for good), still within max_np
     assert sim.active() == 3 and len(sim.launched) == 4
 
 
