@@ -1,7 +1,8 @@
 """A training function whose return value is slow to serialise (a large state_dict) still succeeds on Ray.
 
 The worker keeps heartbeating until the value is handed over: the driver gives up a completed worker that
-stays silent past ``heartbeat_timeout`` (5 s here), and serialising this value takes longer than that.
+stays silent past ``heartbeat_timeout`` (:data:`HEARTBEAT_TIMEOUT_S` here), and serialising this value takes longer
+than that.
 """
 
 from __future__ import annotations
@@ -14,8 +15,13 @@ from tests.ray.conftest import load_example
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(360)]
 
-#: Longer than the jobs' 5 s heartbeat timeout, with room for the driver's check.
-SERIALISE_S = 8.0
+#: The jobs' heartbeat timeout (here and in tests/spark's twin of this test): six heartbeat intervals (0.5 s), and
+#: the shortest these tests use on a loaded machine. :data:`SERIALISE_S` must exceed it; both tests wait all of
+#: SERIALISE_S out.
+HEARTBEAT_TIMEOUT_S = 3.0
+#: Longer than :data:`HEARTBEAT_TIMEOUT_S`, with room for the driver's check: a worker silent while its value is
+#: serialised would be given up before it is handed over.
+SERIALISE_S = HEARTBEAT_TIMEOUT_S + 2.0
 
 
 class SlowToSerialise:
@@ -37,7 +43,8 @@ def test_a_return_value_slower_to_serialise_than_the_heartbeat_timeout_comes_bac
     from cloud_elastic.ray import ElasticRayExecutor
 
     nodes.add(1)
-    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_np=1, max_np=1, heartbeat_timeout_s=5.0),
+    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_np=1, max_np=1,
+                                                                    heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S),
                                   cpus_per_slot=1)
     executor.start()
     results = executor.run(train_and_return_slowly, kwargs={"example": load_example(), "steps": 4})

@@ -122,8 +122,25 @@ def test_a_return_value_slower_to_pickle_than_the_heartbeat_timeout_comes_back(s
     # The worker keeps heartbeating while its value is pickled for the task (a large state_dict): see
     # tests/ray/test_slow_return.py. In this module to share its Spark session (one more took 9 s to start).
     from cloud_elastic.spark import run_elastic
-    from tests.ray.test_slow_return import train_and_return_slowly
+    from tests.ray.test_slow_return import HEARTBEAT_TIMEOUT_S, train_and_return_slowly
 
     results = run_elastic(train_and_return_slowly, kwargs={"example": load_example("pyspark"), "steps": 4},
-                          num_proc=1, min_np=1, max_np=1, heartbeat_timeout=5.0)
+                          num_proc=1, min_np=1, max_np=1, heartbeat_timeout=HEARTBEAT_TIMEOUT_S)
     assert [(r["rank"], r["step"], r["blob"]) for r in results] == [(0, 4, {})]
+
+
+def test_the_example_on_spark_gives_the_same_model_as_under_cloud_elastic_run(spark, capsys, monkeypatch):
+    # examples/elastic_anywhere.py's own main(), as `python examples/elastic_anywhere.py --spark ...` runs it; its
+    # getOrCreate() finds this module's session (a Spark of its own cost a JVM start: 33 s in CI, against 10 s).
+    from tests.ray.test_example_everywhere import same_training, under_run_results
+
+    reference = under_run_results()
+    capsys.readouterr()
+    example = load_example("pyspark")
+    monkeypatch.setattr("sys.argv", ["elastic_anywhere.py", "--spark", "local[2]", "--steps", "10",
+                                     "--min-np", "2", "--max-np", "2"])
+    example.main()
+    on_spark = [json.loads(line.split("RESULT ", 1)[1]) for line in capsys.readouterr().out.splitlines()
+                if line.startswith("RESULT ")]
+    same_training(on_spark, 2)
+    assert on_spark[0]["checksum"] == reference[0]["checksum"]
