@@ -5,7 +5,7 @@ arguments it runs these pytest processes:
 
 - ``jobs``: the tests that run real jobs or an sshd (integration, chaos, ssh, and the
   emulator files that run jobs, :data:`JOB_FILES`) over ``pytest-xdist`` workers
-  (``CLOUD_ELASTIC_TEST_JOB_WORKERS``, default 3), each test on whichever is free;
+  (``CLOUD_ELASTIC_TEST_JOB_WORKERS``, default 4), each test on whichever is free;
 - ``fast``: the tests that start no job (unit, contract, emulator, terraform, kubernetes) over
   ``CLOUD_ELASTIC_TEST_WORKERS`` xdist workers (default 3), a module's tests one after
   another on one worker;
@@ -84,7 +84,7 @@ def _xdist(workers: int, dist: str) -> tuple[str, ...]:
     return ("-n", str(workers), "--dist", dist) if workers > 1 else ()
 
 
-def lanes(fast_workers: int = 3, job_workers: int = 3) -> list[Lane]:
+def lanes(fast_workers: int = 3, job_workers: int = 4) -> list[Lane]:
     """The lanes of a whole run.
 
     The job tests mostly wait (on step sleeps, grace periods, timeouts), so several run at once and
@@ -232,7 +232,7 @@ def main(argv: list[str]) -> int:
     if picks_tests(argv) or os.environ.get("CLOUD_ELASTIC_TEST_LANES") == "serial":
         os.execv(sys.executable, [sys.executable, *BASE, *argv])
     fast = int(os.environ.get("CLOUD_ELASTIC_TEST_WORKERS", "3"))
-    jobs = int(os.environ.get("CLOUD_ELASTIC_TEST_JOB_WORKERS", "3"))
+    jobs = int(os.environ.get("CLOUD_ELASTIC_TEST_JOB_WORKERS", "4"))
     return run_lanes(lanes(fast, jobs), argv)
 
 
