@@ -145,6 +145,20 @@ def test_zero_zero_blacklists_a_failed_slot_for_good_as_horovod_does_and_other_b
     assert not blacklist.blocked(Slot("a", 1), T0)
 
 
+@pytest.mark.parametrize("status", [KILLED, ExitStatus(137)], ids=["SIGKILL", "137-from-a-shell"])
+def test_zero_zero_blacklists_a_slot_whose_worker_was_killed_for_good_as_horovod_does(status) -> None:
+    """The reviewer's e4: under 0 0 an OOM-killed worker was relaunched at once, again and again (64 SIGKILLs in
+    60 s); --help says 0 0 blocks a failed slot for the rest of the job, whatever the failure."""
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, cooldown=(0.0, 0.0))
+    sim.exit("b[0]", status)
+    sim.join("a[0]", reason="failure")
+    sim.advance(5)
+    assert sim.slots_launched().count("b[0]") == 1 and sim.job.hosts.blacklist.for_good(Slot("b", 0))
+    events = [f for k, f in sim.events if k == "worker_failed"]
+    assert [f.get("blacklisted_for_good") for f in events] == [True], events
+    assert sim.outcome is None and sim.layout() == ["a[0]"]
+
+
 def test_zero_zero_does_not_blacklist_a_host_out_of_reach_for_good_while_its_other_workers_run() -> None:
     """An SSH transport failure is the network's, not the worker's: under 0 0 the slots are tried again, not lost."""
     sim = started(3, {"a": 2, "b": 1}, min_np=2, cooldown=(0.0, 0.0))

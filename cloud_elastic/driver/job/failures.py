@@ -128,7 +128,10 @@ class Failures:
         at = job.commit_high if own else None
 
         def block(slot: Slot) -> float:
-            return hosts.blacklist.retry_soon(slot, now) if booting else hosts.blacklist.record_failure(slot, now, at)
+            if booting:
+                return hosts.blacklist.retry_soon(slot, now)
+            # Under 0 0 any failure of its worker, not only one of its own doing, blocks the slot for good.
+            return hosts.blacklist.record_failure(slot, now, at, failed=not transport)
 
         if whole_host:
             host_slots = hosts.ready.get(w.slot.host, w.slot.index + 1)

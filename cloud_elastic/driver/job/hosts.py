@@ -44,10 +44,11 @@ class Blacklist:
     A slot blocked *for good* stays blocked for the rest of the job (for this instance
     of its host, while it stays in discovery: :meth:`forget_host`): a worker that failed
     there of its own doing (:func:`.repeats.own_failure`: :meth:`record_failure` with
-    ``at_commit``) :data:`.repeats.REPEATS` times at the same commit, or once under a range
-    of ``(0, 0)``, as Horovod blacklists a failed host by default. Other failures (killed
-    from outside, a host out of reach) and other blocks (stragglers, drains, early returns,
-    cut-off hosts) take the usual cooldown, and none under ``(0, 0)``.
+    ``at_commit``) :data:`.repeats.REPEATS` times at the same commit, or under a range of
+    ``(0, 0)`` a worker that failed there at all (``failed``: its own doing, killed from
+    outside, given up), as Horovod blacklists a failed host by default. Other failures (a
+    host out of reach) and other blocks (stragglers, drains, early returns, cut-off hosts)
+    take the usual cooldown, and none under ``(0, 0)``.
     """
 
     def __init__(self, cooldown_range_s: tuple[float, float], rng: random.Random | None = None) -> None:
@@ -57,13 +58,15 @@ class Blacklist:
         self._until: dict[Slot, float] = {}  # math.inf: for good
         self._repeats: dict[Slot, Streak] = {}  # the commits its workers failed at, in a row
 
-    def record_failure(self, slot: Slot, now: float, at_commit: int | None = None) -> float:
+    def record_failure(self, slot: Slot, now: float, at_commit: int | None = None, *, failed: bool = False) -> float:
         """Count a failure of ``slot``; return how many seconds it is now blocked for (``math.inf``: for good).
 
         ``at_commit``: a worker failed there of its own doing at that commit of the job (the highest the job had
-        reached): the :data:`.repeats.REPEATS`-th such failure at the same commit in a row, or any under a range
-        of ``(0, 0)``, blocks the slot for good. A failure without one (killed from outside, a host out of reach)
-        neither counts toward that nor breaks the run. A slot blocked for good stays so.
+        reached): the :data:`.repeats.REPEATS`-th such failure at the same commit in a row blocks the slot for
+        good. A failure without one (killed from outside, a host out of reach) neither counts toward that nor
+        breaks the run. ``failed``: a worker failed there (however: its own doing, killed from outside, given
+        up), which under a range of ``(0, 0)`` blocks the slot for good, as Horovod does. A slot blocked for good
+        stays so.
         """
         count = self._failures.get(slot, 0) + 1
         self._failures[slot] = count
@@ -71,9 +74,12 @@ class Blacklist:
             return math.inf
         if at_commit is not None:
             again = self._repeats.setdefault(slot, Streak()).note(at_commit)
-            if again >= REPEATS or self.hi <= 0:
+            if again >= REPEATS:
                 self._until[slot] = math.inf
                 return math.inf
+        if self.hi <= 0 and (failed or at_commit is not None):
+            self._until[slot] = math.inf
+            return math.inf
         if self.hi <= 0:
             return 0.0
         base = min(self.hi, self.lo * (2 ** (count - 1)))

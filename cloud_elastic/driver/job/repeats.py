@@ -19,7 +19,8 @@ Only a failure the worker's own process caused counts (:func:`own_failure`): an 
 reported, a non-zero exit code, or death by a crash signal (:data:`CRASH_SIGNALS`). A worker killed from
 outside (SIGKILL or SIGTERM: a spot reclaim, a preemption, the OOM killer), a host that could not be reached
 and a host lost from discovery keep the usual growing cooldown, however often they happen: a flapping host or
-a storm of reclaims is not the script's fault. A host that leaves discovery and comes back starts with a clean
+a storm of reclaims is not the script's fault (under ``--blacklist-cooldown-range 0 0`` any failure of a worker
+blocks its slot for good, as Horovod does). A host that leaves discovery and comes back starts with a clean
 record (:meth:`.hosts.HostManager.update`), as a new instance at the same address does.
 
 Pure: no I/O, no clock.
