@@ -66,7 +66,7 @@ def cli(ctx: click.Context) -> None:
     help="a failed slot is blocked for MIN*2^(failures-1) seconds, at most MAX (default 10 300; 0 0: any "
          "failure of its worker, a kill from outside too, blocks it for the rest of the job, as Horovod's "
          "default); 3 failures of its worker's own doing (not a kill from outside) at the same commit block it "
-         "for the rest of the job",
+         "for the rest of the job, even if its host leaves discovery and comes back as the same instance",
 )
 @click.option("--reset-limit", type=int, metavar="N", help="fail the job after N resets (default: no limit)")
 @click.option("--restarts", type=click.IntRange(min=0), default=0, metavar="N",

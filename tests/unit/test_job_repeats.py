@@ -118,9 +118,8 @@ def test_a_drain_of_a_slot_already_blacklisted_for_good_writes_no_infinity(caplo
         json.dumps(fields, allow_nan=False)
 
 
-def test_a_host_blacklisted_for_good_that_leaves_discovery_and_comes_back_is_launched_on_again() -> None:
-    """The reviewer's a3: the host left discovery (the VM is gone) and a healthy one of the same name came back."""
-    sim = started(2, {"a": 1, "b": 1}, min_np=1, cooldown=(1.0, 2.0), elastic_timeout_s=60)
+def b_out_for_good(sim: Sim) -> None:
+    """The script fails on b[0] REPEATS times at commit 6: the slot is out for the rest of the job."""
     at_commit(sim, "a[0]", 6)
     for _ in range(REPEATS):
         crash(sim, "b[0]")
@@ -129,12 +128,44 @@ def test_a_host_blacklisted_for_good_that_leaves_discovery_and_comes_back_is_lau
         if not sim.job.hosts.blacklist.for_good(Slot("b", 0)):
             sim.join("b[0]")
     assert sim.job.hosts.blacklist.for_good(Slot("b", 0)) and sim.slots_launched().count("b[0]") == REPEATS
+
+
+def rediscover(sim: Sim, b_instance: str) -> None:
+    sim.job.discovered(DiscoveredHosts(ready={"a": 1, "b": 1}, instances={"a": "i-a", "b": b_instance}), sim.now)
+    sim._collect()
+
+
+def test_a_host_blacklisted_for_good_that_leaves_discovery_and_comes_back_as_another_instance_is_launched_on() -> None:
+    """The reviewer's a3: the host left discovery (the VM is gone) and a healthy one of the same name came back."""
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, cooldown=(1.0, 2.0), elastic_timeout_s=60)
+    rediscover(sim, "i-b1")
+    b_out_for_good(sim)
     sim.discover({"a": 1})
     sim.advance(1)
-    sim.discover({"a": 1, "b": 1})
+    rediscover(sim, "i-b2")
     sim.advance(1)
     assert sim.slots_launched().count("b[0]") == REPEATS + 1  # a new machine: launched on at once
     assert sim.outcome is None
+
+
+@pytest.mark.parametrize("instance", ["i-b1", None], ids=["same-instance-id", "no-instance-id"])
+def test_a_flapping_host_blacklisted_for_good_stays_so_when_it_comes_back_as_the_same_machine(instance) -> None:
+    """The reviewer's e3: a host whose script fails flaps in and out of discovery; its block for the rest of the
+    job was forgotten each time it left, so its slot was relaunched (and failed again) for ever."""
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, cooldown=(1.0, 2.0), elastic_timeout_s=60)
+    if instance:
+        rediscover(sim, instance)
+    b_out_for_good(sim)
+    for _ in range(3):
+        sim.discover({"a": 1})
+        sim.advance(1)
+        if instance:
+            rediscover(sim, instance)
+        else:
+            sim.discover({"a": 1, "b": 1})
+        sim.advance(5)
+    assert sim.slots_launched().count("b[0]") == REPEATS  # never launched on again
+    assert sim.job.hosts.blacklist.for_good(Slot("b", 0)) and sim.outcome is None
 
 
 def test_zero_zero_blacklists_a_failed_slot_for_good_as_horovod_does_and_other_blocks_not_at_all() -> None:

@@ -42,7 +42,8 @@ class Blacklist:
     one crashing GPU does not take its healthy siblings down with it.
 
     A slot blocked *for good* stays blocked for the rest of the job (for this instance
-    of its host, while it stays in discovery: :meth:`forget_host`): a worker that failed
+    of its host: only another instance at the address, :meth:`forget_host`, starts clean;
+    the same host leaving discovery and coming back stays blocked): a worker that failed
     there of its own doing (:func:`.repeats.own_failure`: :meth:`record_failure` with
     ``at_commit``) :data:`.repeats.REPEATS` times at the same commit, or under a range of
     ``(0, 0)`` a worker that failed there at all (``failed``: its own doing, killed from
@@ -102,10 +103,14 @@ class Blacklist:
         self._until[slot] = now + delay
         return delay
 
-    def forget_host(self, host: str) -> None:
-        """Forget every failure of ``host``'s slots: another instance now holds the address, or the host left
-        discovery (one listed there again later is a new machine, or one the cloud gave back)."""
+    def forget_host(self, host: str, *, keep_for_good: bool = False) -> None:
+        """Forget every failure of ``host``'s slots: another instance now holds the address, or (``keep_for_good``)
+        the host left discovery: a slot blocked for good then stays so, as the host listed there again under the
+        same identity is the same machine (a flapping host whose script fails would otherwise loop for ever);
+        only another instance at the address starts clean."""
         for slot in [s for s in self._failures if s.host == host]:
+            if keep_for_good and self.for_good(slot):
+                continue
             del self._failures[slot]
             self._until.pop(slot, None)
             self._repeats.pop(slot, None)
@@ -173,8 +178,9 @@ class HostManager:
     """The current view of the group, in the order hosts were first seen.
 
     Older hosts sort first, so their workers keep the lower ranks. A host that
-    leaves and later returns counts as new: its blacklisting is forgotten, a block
-    for the rest of the job too (:meth:`Blacklist.forget_host`).
+    leaves and later returns counts as new: its blacklisting is forgotten, but a
+    block for the rest of the job only when it returns as another instance (its
+    instance id changed: :meth:`Blacklist.forget_host`).
 
     Cloud list APIs are eventually consistent and discovery scripts glitch, so a
     ready host that vanishes from a snapshot *without* a draining state is kept
@@ -401,7 +407,7 @@ class HostManager:
         gone = [h for h in self._order if h not in present and h not in self.missing]
         for host in gone:
             del self._order[host]
-            self.blacklist.forget_host(host)
+            self.blacklist.forget_host(host, keep_for_good=True)
             self.instances.pop(host, None)
             self.sources.pop(host, None)
             self.prices.pop(host, None)

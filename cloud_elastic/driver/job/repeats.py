@@ -21,7 +21,8 @@ outside (SIGKILL or SIGTERM: a spot reclaim, a preemption, the OOM killer), a ho
 and a host lost from discovery keep the usual growing cooldown, however often they happen: a flapping host or
 a storm of reclaims is not the script's fault (under ``--blacklist-cooldown-range 0 0`` any failure of a worker
 blocks its slot for good, as Horovod does). A host that leaves discovery and comes back starts with a clean
-record (:meth:`.hosts.HostManager.update`), as a new instance at the same address does.
+record, but a slot blocked for good stays so unless a new instance holds the address
+(:meth:`.hosts.HostManager.update`).
 
 Pure: no I/O, no clock.
 """
