@@ -13,9 +13,9 @@ defect fixed (``tests/unit/test_fallback_table.py``):
   every :data:`REASK_UNKNOWN_S` and while it shows no more hosts than when last asked (or lowered by its scaling).
 * A raise sent (whatever its answer) or taken over is the job's (:attr:`~GroupCapacity.owned`): only then does a 0
   go. A raise skipped on a group set higher while the job had set nothing, or had set it back to 0, makes it an
-  operator's: :meth:`~GroupCapacity.capacity_of` no longer says the job's earlier 0 (none is sent at the end). So
-  does a group whose DesiredCapacity read is above any value the job may have set: it is not the job's to lower
-  (:meth:`~GroupCapacity.room` says so at once; a 0 asked then is not sent, mid-job or at the end).
+  operator's: :meth:`~GroupCapacity.capacity_of` no longer says the job's earlier 0 (none is sent at the end). A
+  group the job raised stays the job's, though its DesiredCapacity reads higher later (an operator's raise, or its
+  own scaling): it is set back to 0 at the job's end (a stale read must not keep a paid group raised).
 * :meth:`~GroupCapacity.room`: its MaxSize; what it has, where the job may not change it or its raise was refused
   :data:`REFUSALS_TO_SPILL` times in a row; what it shows, after fewer hosts than the job set for :data:`SHORT_FOR_S`.
 """
@@ -64,7 +64,7 @@ class GroupCapacity:
         self.value: int | None = None  # what the cloud took from this job (MaxSize where it held the value there)
         self.sending: int | None = None  # the value a call under way sets (another thread may read it)
         self.adopted: int | None = None  # what a crashed predecessor set (:meth:`adopt`)
-        self.made: int | None = None  # the most the job's calls may have set it to since the last one taken
+        self.made: int | None = None  # the most the job's calls may have set it to (one timed out may have landed)
         self.refusals = 0  # calls refused in a row since the last that succeeded
         self.limits: tuple | None = None  # (MinSize, MaxSize[, DesiredCapacity]) as the last good find() read them
         self.shown = 0  # its hosts as the last good find() showed them
@@ -141,14 +141,7 @@ class GroupCapacity:
         counts = [has] if not self.managed or self.refusals >= REFUSALS_TO_SPILL else []
         if self.short_since is not None and now - self.short_since >= SHORT_FOR_S:
             counts.append(self.shown)
-        owned = self.owned and not self._raised_beyond(limits)  # raised beyond the job's value: an operator's
-        return Room(None if limits is None else limits[1], min(counts, default=None), self.managed, owned)
-
-    def _raised_beyond(self, limits: tuple | None) -> bool:
-        """Whether the group's DesiredCapacity read is above any value the job (or its crashed predecessor) may
-        have set: someone else raised it, and the job does not set it back to 0 (an operator's group)."""
-        desired = limits[2] if limits is not None and len(limits) > 2 else None
-        return desired is not None and desired > max(self.made or 0, self.adopted or 0)
+        return Room(None if limits is None else limits[1], min(counts, default=None), self.managed, self.owned)
 
     def _changes(self, asked: int, hosts: int, limits: tuple | None, now: float) -> bool:
         desired = limits[2] if limits is not None and len(limits) > 2 else None
@@ -160,8 +153,6 @@ class GroupCapacity:
                 self.value = min(asked, hosts)  # a group taken over at the job's value: its own (SHORT_FOR_S)
             return False
         took, took_at, took_limits, took_shown = self.took
-        if asked == 0 and self.owned and self._raised_beyond(limits):
-            self.who = OPERATOR  # raised beyond the job's value since: the operator's now, left as it is
         if asked == 0 and not self.owned:
             return False  # the job's value is not the group's (held back, skipped): an operator's, left as it is
         if hosts != took or asked == 0 or desired is not None:
