@@ -32,12 +32,12 @@ def below_min_np(np: int = 2, checkpointing: bool = True) -> Sim:
     return sim
 
 
-def discovery_failing_while_training(hosts: dict[str, int] | None = None) -> Sim:
-    """Round 1 of 2 workers (a[0], a[1], or one on each of ``hosts``) trains, both at commit 9 as their heartbeats
-    tell (the checkpoint holds commit 1); discovery fails past --elastic-timeout: the failing stop begins and aborts
+def discovery_failing_while_training(hosts: dict[str, int] | None = None, **policy: float) -> Sim:
+    """Round 1 of the workers on ``hosts`` (default a[0], a[1]) trains, each at commit 9 as its heartbeats tell (the
+    checkpoint holds commit 1); discovery fails past --elastic-timeout: the failing stop begins and aborts
     the round."""
-    sim = Sim(2, elastic_timeout_s=5, checkpointing=True)
     hosts = hosts or {"a": 2}
+    sim = Sim(sum(hosts.values()), elastic_timeout_s=5, checkpointing=True, **policy)
     assert_round(sim.start(hosts), 1, needs_sync=True)
     for slot in (f"{h}[{i}]" for h, n in hosts.items() for i in range(n)):
         sim.job.heartbeat(sim.id(slot), sim.now, 9, 9)
@@ -220,3 +220,45 @@ def test_a_member_that_never_comes_back_holds_the_others_for_half_the_stop_at_mo
     sim.advance(1.5)  # a[0] is still in its round (a collective the abort did not free): b[0] writes commit 9
     order = sim.reply("b[0]")
     assert isinstance(order, ExitOrder) and order.writer and order.checkpoint_s, order
+
+
+def test_under_whole_hosts_every_host_mate_of_the_writer_checkpoints_its_shard_and_none_is_stopped() -> None:
+    """Review rv8 (s_sharded_disc.sh, a sharded state, --whole-hosts, 2 hosts x 2 slots): the first holder let go
+    took its host-mate along to its exit order, and the release loop, reaching that mate, stopped it (it was no
+    longer at rendezvous as it saw it): the writer's save needed that mate's shard, no checkpoint was written, and
+    a rerun went back to step 1."""
+    sim = discovery_failing_while_training({"a": 2, "b": 2}, whole_host_slots=2)
+    slots = ("a[0]", "a[1]", "b[0]", "b[1]")
+    for slot in slots:
+        back_with(sim, slot, 9)
+    orders = {slot: sim.reply(slot) for slot in slots}
+    assert all(isinstance(o, ExitOrder) for o in orders.values()), orders
+    assert sim.stops == []  # every holder leaves from rendezvous on its exit order: none is killed
+    writers = [s for s, o in orders.items() if o.checkpoint_s]
+    assert writers in (["a[0]", "a[1]"], ["b[0]", "b[1]"]), orders  # one whole host writes: each its shards
+    assert [o.writer for o in orders.values()].count(True) == 1, orders
+
+
+def test_under_whole_hosts_a_host_mate_sent_away_first_does_not_drain_the_holder_untold() -> None:
+    """Review rv8: the failing stop sends non-holders away at once and keeps the holders back; a[1], back without
+    its commit (it could not restore it), was sent away and took its host-mate a[0] along (--whole-hosts): a[0],
+    the only holder of commit 9, drained and left without being told to checkpoint it (the checkpoint holds 1)."""
+    sim = Sim(2, elastic_timeout_s=5, checkpointing=True, whole_host_slots=2)
+    assert_round(sim.start({"a": 2}), 1, needs_sync=True)
+    for slot in ("a[0]", "a[1]"):
+        sim.job.heartbeat(sim.id(slot), sim.now, 9, 9)
+    sim.job.checkpoint_saved(1, 1)
+    sim.discovery_failed("throttled")
+    sim.advance(5)
+    sim.job.rendezvous(sim.id("a[1]"), 1, "failure", sim.now, 9, 0, 9, holds_commit=False)
+    sim.advance(1)
+    sim.discovery_failed("throttled")  # the failing stop begins while a[0] is still in its (aborted) round
+    back_with(sim, "a[0]", 9)
+    holder, mate = sim.reply("a[0]"), sim.reply("a[1]")
+    assert isinstance(holder, ExitOrder) and holder.writer and holder.checkpoint_s, holder
+    assert isinstance(mate, ExitOrder) and not mate.checkpoint_s, mate
+    sim.job.checkpoint_saved(90, 9)
+    sim.exit("a[1]", CLEAN)
+    sim.exit("a[0]", CLEAN)
+    assert sim.outcome is not None and sim.outcome.reason.endswith(
+        "checkpoint of step 90 written; the same command resumes from it"), sim.outcome.reason

@@ -69,6 +69,7 @@ class GracefulStop:
         self._ending: tuple[str, int, float] | None = None  # (reason, exit code, when it ends at the latest)
         self._holders: list[str] = []  # the workers told to checkpoint the commit they leave at
         self._release_by: float | None = None  # a failing job's aborted round: its holders leave by then (release)
+        self._kept_back: list[WorkerRecord] = []  # non-holders on a held-back holder's host (--whole-hosts): release
         self._why = ""
         # Worker -> (its round, its commits, when its heartbeats last showed them grow in that round (None: not yet),
         # the time per commit over that last rise (None until they grew twice in it)): see heard.
@@ -149,11 +150,18 @@ class GracefulStop:
         why = self._why = f"the job {'is failing' if failing else 'is stopping'}: {reason}"
         for w in holders if not held_back else ():
             self._leavers.checkpoint_on_leaving(w, now + job.wall_offset + grace_s)
+        # With --whole-hosts, a worker sent away takes its host-mates along: one on a held-back holder's host (a
+        # mate back without its commit, a newcomer) leaves after the holders, or it would drain them untold.
+        kept_hosts = {w.slot.host for w in holders} if held_back and job.policy.whole_host_slots else set()
+        self._kept_back = []
         for w in job.active():
             if w.state is S.DRAINING or w.state is S.EXITING:
                 continue  # sent away with a host-mate already (--whole-hosts): a member drains with it, not stopped
             if held_back and w.worker_id in self._holders:
                 continue  # let go once every member is back (see release)
+            if w.slot.host in kept_hosts:
+                self._kept_back.append(w)
+                continue
             self._leavers.send_away(w, why)  # a member drains; one at rendezvous gets its exit order; others stop
         for w in holders:
             if w.state is S.EXITING:  # it was waiting at rendezvous: its exit order says to checkpoint first
@@ -178,7 +186,9 @@ class GracefulStop:
         """A failing job's aborted round (see :meth:`begin`): once no member is still in it (or half the stop's time
         is up), the holders back at rendezvous leave, those holding the newest commit first (their host writes it:
         see :meth:`.leaving.Leavers.left_round`); an older commit's holder leaves without writing (its checkpoint,
-        named later, would pass for the job's last). A member not back yet drains, and writes only a newer commit."""
+        named later, would pass for the job's last). A member not back yet drains, and writes only a newer commit.
+        With ``--whole-hosts`` a host-mate taken along writes its shards with the writer, and the non-holders kept
+        on a holder's host (see :meth:`begin`) leave last."""
         job = self._job
         if self._release_by is None:
             return
@@ -193,9 +203,18 @@ class GracefulStop:
         for w in back + out:
             if w.commit_seq >= newest or w in out:
                 self._leavers.checkpoint_on_leaving(w, deadline)
-            self._leavers.send_away(w, self._why)  # one at rendezvous gets its exit order; one still out drains
+        # Told first, then sent away: with --whole-hosts, sending one away takes its host-mates along (a mate at
+        # rendezvous gets its exit order, and writes its shards with it); one taken along is not sent away again
+        # (it would be stopped, and the writer's save needs its shards).
+        for w in back + out:
+            if w.state is S.WAITING or w.state is S.RUNNING:
+                self._leavers.send_away(w, self._why)  # one at rendezvous gets its exit order; one still out drains
             if w.state is S.EXITING:
                 self._leavers.left_round(w, now)
+        for w in self._kept_back:  # not taken along with a holder: one at rendezvous gets its exit order, others stop
+            if w.state in (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING):
+                self._leavers.send_away(w, self._why)
+        self._kept_back = []
         job.forget_alive()
 
     def step(self, now: float) -> None:
