@@ -46,14 +46,17 @@ from cloud_elastic.checkpoint.store import CheckpointStore, read_record
 from cloud_elastic.config import MAX_DRIVER_GRACE_S
 from cloud_elastic.cost import CostSoFar
 
-__all__ = ["ALIVE_RECORD", "MAX_GRACE_S", "REFRESH_S", "AliveRefresher", "DriverAlive", "entry_bytes",
-           "read_driver_alive", "read_entry", "write_driver_alive"]
+__all__ = ["ALIVE_RECORD", "MAX_GRACE_S", "REFRESH_S", "WRITE_AHEAD_S", "AliveRefresher", "DriverAlive",
+           "entry_bytes", "read_driver_alive", "read_entry", "write_driver_alive"]
 
 log = logging.getLogger(__name__)
 
 ALIVE_RECORD = "driver-alive.json"
 #: How often a running driver refreshes its entry: a dead driver's last refresh is at most this old.
 REFRESH_S = 5.0
+#: The most a raise's call waits for its write-ahead (:meth:`AliveRefresher.raising`), once per value: it waits on
+#: the discovery thread, so a slow or hung checkpoint store must not hold every find() up.
+WRITE_AHEAD_S = 1.0
 #: The largest ``grace_s`` an entry may give: a restarted driver waits at most this long for old workers
 #: (``--driver-grace`` is refused above it, so a running driver never writes an entry its successor refuses).
 MAX_GRACE_S = MAX_DRIVER_GRACE_S
@@ -209,6 +212,7 @@ class AliveRefresher:
         # A raise about to be sent (:meth:`raising`): group -> (hosts, set_raised calls seen when it was).
         self._sending: dict[str, tuple[int, int]] = {}
         self._set_calls = 0
+        self._waited: dict[str, int] = {}  # group -> the largest raise waited for (its write slow or failed)
         self._wake = threading.Event()  # a write wanted now: the loop writes at once
         self._done = threading.Condition()
         self._asked_seq = self._done_seq = 0  # changes made, and the last one a write attempt has included
@@ -228,10 +232,12 @@ class AliveRefresher:
                 self._asked_seq += 1
                 self._wake.set()
 
-    def raising(self, source: str, hosts: int, *, timeout_s: float = REFRESH_S) -> bool:
+    def raising(self, source: str, hosts: int, *, timeout_s: float = WRITE_AHEAD_S) -> bool:
         """A call about to set ``source``'s group to ``hosts``: have the entry say so before it is sent, waiting up
-        to ``timeout_s`` for the write (the call's thread; the provider's ``on_raise``). Whether the entry now says
-        it (False: not started or closed, or the write failed or is slow: the call goes on, the write lands later)."""
+        to ``timeout_s`` for the write (the call's thread; the provider's ``on_raise``), once per value: a call that
+        retries a value already waited for and still unwritten does not wait again (the refresher keeps trying).
+        Whether the entry now says it (False: not started or closed, or the write failed or is slow: the call goes
+        on, the write lands later)."""
         with self._done:
             if self._closing.is_set():
                 return False
@@ -241,10 +247,13 @@ class AliveRefresher:
             self._asked_seq += 1
             wanted = self._asked_seq
             self._wake.set()
-            if self._thread is None:
-                return False  # the first write, at start, says it
-            return self._done.wait_for(lambda: self._done_seq >= wanted or self._closing.is_set(), timeout_s) \
-                and hosts <= dict(self._written_raised).get(source, 0)
+            if self._thread is None or hosts <= self._waited.get(source, 0):
+                return False  # the first write, at start, says it; or waited for once already (the store is slow)
+            if self._done.wait_for(lambda: self._done_seq >= wanted or self._closing.is_set(), timeout_s) \
+                    and hosts <= dict(self._written_raised).get(source, 0):
+                return True
+            self._waited[source] = hosts
+            return False
 
     def _raised_now(self) -> tuple[tuple[str, int], ...]:
         """What the entry says was raised: the job's view, with each raise about to be sent (the larger value)."""

@@ -360,3 +360,42 @@ def test_a_raise_call_is_in_the_sign_of_life_before_it_is_sent(tmp_path):
     finally:
         refresher.close(stopped=False)
         multi.close()
+
+
+def test_a_slow_sign_of_life_store_holds_a_raise_up_once_and_a_retried_raise_not_again(tmp_path):
+    """Review rv6 of a26a5cf (f3_slow_store.py): with the checkpoint store hung, each retry of a refused raise waited
+    5 s again for its write-ahead on the discovery thread, so every find() took 5 s (two such raises and a slow source:
+    'no answer within 7.0s'). A raise waits once, at most WRITE_AHEAD_S (1 s), not again while its value is unwritten."""
+    from cloud_elastic.checkpoint import CheckpointStore
+    from cloud_elastic.checkpoint.alive import AliveRefresher
+    from cloud_elastic.driver.runtime import raised
+    from cloud_elastic.errors import CapacityError
+    from cloud_elastic.providers.multi import MultiSourceDiscovery
+    from tests.unit.test_fallback_table import Group
+
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    refresher = AliveRefresher(store, "job", 60.0, interval_s=60.0).start()
+    assert _entry_raised(store, {}) == {}
+    hung, real = threading.Event(), store.backend.write
+    store.backend.write = lambda path, produce: (hung.wait(30), real(path, produce))  # a hung NFS mount, S3 PUT
+    waits: list[float | None] = []
+    wait_for = refresher._done.wait_for
+    refresher._done.wait_for = lambda predicate, timeout=None: (waits.append(timeout), wait_for(predicate, timeout))[1]
+    cloud: list[str] = []
+    od = Group("od", "o", cloud)
+    od.errors = [CapacityError("Throttling")] * 2
+    multi = MultiSourceDiscovery([(SourceSpec("spot", "group"), Group("spot", "a", cloud)),
+                                  (SourceSpec("od", "group", fallback=True), od)])
+    raised.write_ahead(multi, refresher)
+    try:
+        multi.set_capacity(1, source="od")  # refused, retried at each find()
+        multi.find()
+        multi.find()
+        assert cloud == ["od=1", "od=1", "od=1"]
+        assert len(waits) == 1 and waits[0] <= 1.0  # one wait, at most 1 s, for the first call only
+        multi.set_capacity(2, source="od")  # a new, larger raise waits again (once)
+        assert len(waits) == 2 and waits[1] <= 1.0
+    finally:
+        hung.set()
+        refresher.close(stopped=False)
+        multi.close()
