@@ -56,8 +56,8 @@ from cloud_elastic.providers.group_capacity import REASK_UNKNOWN_S, REFUSALS_TO_
 from cloud_elastic.providers.sidecalls import Caller, SideCalls
 from cloud_elastic.providers.sources import SourceSpec
 
-__all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "refused_by_cloud",
-           "PRICE_RETRY_S", "MERGE_MARGIN_S", "UNHEARD_HOLD_S", "REASK_UNKNOWN_S", "REFUSALS_TO_SPILL", "SHORT_FOR_S"]
+__all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "PRICE_RETRY_S",
+           "MERGE_MARGIN_S", "UNHEARD_HOLD_S", "REASK_UNKNOWN_S", "REFUSALS_TO_SPILL", "SHORT_FOR_S"]
 
 log = logging.getLogger(__name__)
 
@@ -70,22 +70,6 @@ MERGE_MARGIN_S = 5.0
 UNHEARD_HOLD_S = 90.0
 #: At close, releases put off beside the job's last calls wait this long for them (no find() comes after).
 RELEASE_AT_CLOSE_S = 10.0
-
-def refused_by_cloud(exc: CapacityError) -> bool:
-    """Whether the cloud answered that a capacity call did not happen: AccessDenied, or an HTTP 4xx answer
-    (Throttling, a validation error) under the provider's error (botocore ClientError, Azure HttpResponseError,
-    google GoogleAPICallError); not a timeout, a 5xx or no answer: that call may have landed."""
-    if isinstance(exc, CapacityDeniedError):
-        return True
-    cause = exc.__cause__
-    response = getattr(cause, "response", None)
-    status = getattr(cause, "status_code", None)
-    if isinstance(response, dict):  # botocore ClientError
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    elif status is None and isinstance(getattr(cause, "code", None), int):  # google.api_core
-        status = cause.code  # type: ignore[union-attr]
-    return isinstance(status, int) and 400 <= status < 500 and status != 408
-
 
 def call_limit_s(discovery: HostDiscovery, timeout_s: float) -> float:
     """How long one find() of ``discovery`` is waited for under ``--discovery-timeout`` ``timeout_s``: never less,
@@ -177,7 +161,6 @@ class MultiSourceDiscovery(HostDiscovery):
         self._clock = clock
         self._doubled: set[str] = set()  # hosts already warned about (reported by two sources)
         self._on_raise: Callable[[str, int], object] | None = None  # see on_raise()
-        self._on_undo: Callable[[str, int], object] | None = None
         clouds = self.provider_names()
         # Reads like its provider when every source is of one cloud (the notice watcher follows it).
         self.name = clouds[0] if len(clouds) == 1 else "multi"  # type: ignore[misc]
@@ -379,14 +362,11 @@ class MultiSourceDiscovery(HostDiscovery):
                         group.sending = None
         except CapacityDeniedError as exc:
             group.denied()
-            self._raise_undone(source.spec.name, hosts)
             log.warning("--manage-capacity: the job may not change host source %r (%s); it goes on without "
                         "managing the group: set its desired capacity yourself", source.spec.name, exc)
             return
         except CapacityError as exc:
-            group.refused(answered=refused_by_cloud(exc))
-            if refused_by_cloud(exc):
-                self._raise_undone(source.spec.name, hosts)
+            group.refused()
             log.warning("--manage-capacity: could not set the desired capacity of host source %r to %d (%s); "
                         "retrying at the next discovery", source.spec.name, hosts, exc)
             return
@@ -394,14 +374,12 @@ class MultiSourceDiscovery(HostDiscovery):
             group.taken(asked, hosts, self._clock(), limits)
             log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
 
-    def on_raise(self, callback: Callable[[str, int], object] | None,
-                 undo: Callable[[str, int], object] | None = None) -> None:
+    def on_raise(self, callback: Callable[[str, int], object] | None) -> None:
         """Call ``callback(source, hosts)`` before each call that sets a group to ``hosts`` > 0, on the thread that
         makes it, which waits for it (the driver records the raise in its sign of life first: a driver killed during
-        the call leaves the group to the one restarted for the job); ``undo(source, hosts)`` once the cloud said such
-        a call did not happen (:func:`refused_by_cloud`: the record is taken back). A callback that raises is logged;
-        the call goes on."""
-        self._on_raise, self._on_undo = callback, undo
+        the call leaves the group to the one restarted for the job). A callback that raises is logged; the call goes
+        on."""
+        self._on_raise = callback
 
     def _before_raise(self, name: str, hosts: int) -> None:
         try:
@@ -409,14 +387,6 @@ class MultiSourceDiscovery(HostDiscovery):
         except Exception:  # noqa: BLE001 (the raise is still wanted; only its record beside the checkpoints is late)
             log.warning("--manage-capacity: host source %r: the raise to %d could not be recorded before it was sent",
                         name, hosts, exc_info=True)
-
-    def _raise_undone(self, name: str, hosts: int) -> None:
-        if hosts > 0 and self._on_undo is not None:
-            try:
-                self._on_undo(name, hosts)
-            except Exception:  # noqa: BLE001 (the record stays: a successor sets the group back, the safe side)
-                log.warning("--manage-capacity: host source %r: the refused raise to %d is still recorded", name, hosts,
-                            exc_info=True)
 
     def _unheard(self, fallback: SourceState) -> bool:
         """Whether a non-fallback source that has never answered is still failing within the stale limit (a

@@ -609,34 +609,3 @@ def test_a_release_put_off_beside_the_jobs_last_calls_is_made_at_close():
     lowering.join(10)
     multi.close()
     assert od.released == ["o1"]
-
-
-def test_a_capacity_call_counts_as_refused_only_on_the_clouds_own_4xx_answer():
-    """rv6 review: a refusal (the cloud said the call did not happen) is taken back out of the sign of life; a
-    timeout, a 5xx or no answer may have landed and stays the job's (multi.refused_by_cloud)."""
-    from cloud_elastic.errors import CapacityDeniedError, CapacityError
-    from cloud_elastic.providers.multi import refused_by_cloud
-
-    class Boto(Exception):
-        def __init__(self, status):
-            self.response = {"Error": {"Code": "X"}, "ResponseMetadata": {"HTTPStatusCode": status}}
-
-    class Azure(Exception):
-        def __init__(self, status):
-            self.status_code, self.response = status, object()
-
-    class Google(Exception):
-        def __init__(self, code):
-            self.code = code
-
-    def wrapped(cause):
-        try:
-            raise CapacityError("x") from cause
-        except CapacityError as exc:
-            return exc
-
-    assert refused_by_cloud(CapacityDeniedError("AccessDenied"))
-    assert [refused_by_cloud(wrapped(c)) for c in (Boto(400), Azure(409), Google(429))] == [True] * 3
-    assert [refused_by_cloud(wrapped(c)) for c in (Boto(503), Azure(504), Google(504), Boto(408), TimeoutError())] \
-        == [False] * 5
-    assert not refused_by_cloud(CapacityError("Read timeout"))
