@@ -326,31 +326,6 @@ def test_every_worker_lost_with_every_slot_blacklisted_for_repeating_its_failure
     assert "resuming again would fail the same way" in job.outcome.reason and BUG in job.outcome.reason
 
 
-def test_a_worker_stuck_outside_any_collective_after_each_abort_is_not_relaunched_forever() -> None:
-    """The reviewer's e1: rank 1 deadlocks at the same commit each time (a lock taken twice, outside any collective)
-    while still heartbeating; the round is aborted, rank 0 comes back, rank 1 does not and is given up. The give-up
-    did not count (no exit code, no error), so its slot was relaunched for ever; it now counts as its own failure."""
-    sim = started(2, {"a": 1, "b": 1}, min_np=1, cooldown=(1.0, 2.0), progress_timeout_s=5, elastic_timeout_s=60)
-    at_commit(sim, "a[0]", 6)
-    killed: set[str] = set()
-    for _ in range(400):  # 200 s of the job's clock: the parent's rule ended it after 3 give-ups
-        sim.advance(0.5)
-        a, b = sim.job.workers[sim.id("a[0]")], sim.job.workers[sim.id("b[0]")]
-        if sim.job.abort_round >= a.round:
-            sim.join("a[0]", reason="failure")  # rank 0 comes back at each abort
-        if b.alive and not b.registered:
-            sim.join("b[0]")  # a new rank 1 starts, reaches commit 6 and deadlocks there
-            at_commit(sim, "b[0]", 6)
-        elif not b.alive and b.worker_id not in killed:
-            assert "did not come back to rendezvous" in b.why
-            killed.add(b.worker_id)
-            sim.exit("b[0]", KILLED)  # the driver's kill
-        if sim.job.hosts.blacklist.for_good(Slot("b", 0)):
-            break
-    assert sim.job.hosts.blacklist.for_good_slots() == [(Slot("b", 0), REPEATS)], sim.slots_launched()
-    assert sim.slots_launched().count("b[0]") == REPEATS and sim.outcome is None
-
-
 # ------------------------------------------------------------------ a stall loop
 def stalls(flights: list[FlightEntry | None], times: int) -> FakeJob:
     """A round of two on a[0] and a[1] at commit 6 stalls ``times`` times in a row, re-forming with the same two

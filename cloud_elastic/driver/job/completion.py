@@ -496,7 +496,4 @@ class Completion:
                     f"--progress-timeout; its stacks are above)")
         for w in workers:
             if w.alive and w.member_of(stall.round) and not w.returned:
-                # Still heartbeating (alive) and no progress since the abort: stuck of its own doing, so it counts
-                # toward a repeat (a deadlock relaunched for ever otherwise); one still computing does not.
-                w.stuck = stall.kind == "not_back"
                 job.give_up(w, what, now)

@@ -123,7 +123,7 @@ class Failures:
         booting = transport and job.round == 0 and (not job.state_committed or job.resumed)
         # The commit the job had reached: a slot failing REPEATS times there in a row, each time of its worker's
         # own doing, is blacklisted for good. A kill from outside or a host out of reach does not count (None).
-        own = own_failure(w.error, exit_code, transport, w.stuck)
+        own = own_failure(w.error, exit_code, transport)
         self._own_since_lost = self._own_since_lost or own
         at = job.commit_high if own else None
 

@@ -16,9 +16,7 @@ go round for ever (each relaunch forms a round, and a formed round restarts the 
   busy outside any collective is a straggler, and its stalls never count.
 
 Only a failure the worker's own process caused counts (:func:`own_failure`): an exception its script
-reported, a non-zero exit code, death by a crash signal (:data:`CRASH_SIGNALS`), or a member given up for not
-coming back after its round's abort while it still heartbeats and made no progress since (stuck where the
-abort cannot reach it: a deadlock, a hang; ``WorkerRecord.stuck``). A worker given up as silent, a worker killed from
+reported, a non-zero exit code, or death by a crash signal (:data:`CRASH_SIGNALS`). A worker killed from
 outside (SIGKILL or SIGTERM: a spot reclaim, a preemption, the OOM killer), a host that could not be reached
 and a host lost from discovery keep the usual growing cooldown, however often they happen: a flapping host or
 a storm of reclaims is not the script's fault (under ``--blacklist-cooldown-range 0 0`` any failure of a worker
@@ -47,16 +45,14 @@ CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal
 _OUTSIDE_SIGNALS = (signal.SIGKILL, signal.SIGTERM)
 
 
-def own_failure(error: str, exit_code: int | None, transport: bool, stuck: bool = False) -> bool:
+def own_failure(error: str, exit_code: int | None, transport: bool) -> bool:
     """Whether a worker's failure is its own process's doing, and so counts toward a repeat: it reported an
     exception (``error``), or its process ended with a non-zero code or a crash signal (``exit_code``, ``-N``
-    for signal N; a shell's ``128 + N`` for SIGKILL or SIGTERM is that signal too), or it was given up as
-    ``stuck`` while its host still answered (heartbeating, with no progress since its round's abort: a deadlock,
-    a hang). Not when its host could not be reached (``transport``), it was killed from outside, or it was given
-    up as silent (a host that stopped answering)."""
+    for signal N; a shell's ``128 + N`` for SIGKILL or SIGTERM is that signal too). Not when its host could not
+    be reached (``transport``), it was killed from outside, or its end is unknown (given up as silent or stuck)."""
     if transport:
         return False
-    if error or stuck:
+    if error:
         return True
     if exit_code is None or exit_code == 0:
         return False

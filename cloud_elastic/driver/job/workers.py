@@ -112,9 +112,6 @@ class WorkerRecord:
     exiting_at: float | None = None
     #: The exception its script ended with, as it said when exiting (first line, 300 characters at most).
     error: str = ""
-    #: Given up as stuck while it still answered (heartbeating, no progress since its round's abort, not back):
-    #: its own failure, counted toward a repeat (:func:`.repeats.own_failure`), as a deadlock or a hang is.
-    stuck: bool = False
     #: The stacks request it was last asked to answer, and the last one it answered.
     stacks_wanted: int = 0
     stacks_sent: int = 0
