@@ -4,8 +4,7 @@
 arguments it runs these pytest processes:
 
 - ``jobs``: the tests that run real jobs or an sshd (integration, chaos, ssh, and the
-  emulator files that run jobs, :data:`JOB_FILES`, and the long CLI-bound files of
-  :data:`MOVED_FILES`) over ``pytest-xdist`` workers
+  emulator files that run jobs, :data:`JOB_FILES`) over ``pytest-xdist`` workers
   (``CLOUD_ELASTIC_TEST_JOB_WORKERS``, default 4), each test on whichever is free;
 - ``fast``: the tests that start no job (unit, contract, emulator, terraform, kubernetes) over
   ``CLOUD_ELASTIC_TEST_WORKERS`` xdist workers (default 3), a module's tests one after
