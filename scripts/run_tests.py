@@ -78,10 +78,6 @@ JOB_FILES = ("tests/emulator/test_cli.py", "tests/emulator/test_aws_notice_cli.p
              "tests/emulator/test_kubernetes_jobs.py", "tests/kubernetes/test_pod_job.py",
              "tests/kubernetes/test_pod_sigterm.py",
              "tests/emulator/test_multi_source.py")
-#: Long CPU-bound files of the fast lane that run in the jobs lane instead: the fast lane, then Ray and Spark,
-#: is the run's longest path (513 s + 218 s of a 771 s run, 2026-11-29), and the jobs lane, mostly waiting,
-#: ended 126 s before it. Each is whole minutes of kustomize and Terraform CLI calls on one worker.
-MOVED_FILES = ("tests/kubernetes/test_mutations.py", "tests/terraform/test_terraform_cli.py")
 
 
 def _xdist(workers: int, dist: str) -> tuple[str, ...]:
@@ -99,8 +95,8 @@ def lanes(fast_workers: int = 3, job_workers: int = 4) -> list[Lane]:
     # The files with the longest serial runs first (terraform's CLI tests and checkov: minutes in a few files, each
     # on one worker under loadfile), so that they overlap the many short unit files instead of ending the lane.
     fast = ("tests/terraform", "tests/contract", "tests/unit", "tests/emulator", "tests/kubernetes",
-            *(f"--ignore={f}" for f in (*JOB_FILES, *MOVED_FILES)))
-    jobs = ("tests/integration", "tests/chaos", "tests/ssh", *JOB_FILES, *MOVED_FILES)
+            *(f"--ignore={f}" for f in JOB_FILES))
+    jobs = ("tests/integration", "tests/chaos", "tests/ssh", *JOB_FILES)
     clusters = ("tests/ray", "tests/spark")
     # worksteal: a job test goes to whichever worker is free, so the run does not end on one worker still
     # going through a long module. loadfile: a fast module stays on one worker, its fixtures set up once.
