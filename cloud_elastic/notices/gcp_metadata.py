@@ -14,7 +14,8 @@ host's workers leave at their next commit, never removed by force at a
 deadline made up here. While the value stays, the notice is reported again
 every ``renew_s`` (30 s), so that the driver keeps it (a hard notice lapses
 :data:`~cloud_elastic.notices.api.NOTICE_GRACE_S` after its deadline, or after
-its last report when it has none). Any other value
+its last report when it has none; one re-sent stays pending once the host's
+workers, and this watcher, have left: see ``HostManager``). Any other value
 (``MIGRATE_ON_HOST_MAINTENANCE``: a live migration) → the soft
 :data:`MAINTENANCE`.
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection
 
 from cloud_elastic.driver.job.repeats import REPEATS, Streak
-from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S
+from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S, SOURCES
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 __all__ = ["Slot", "Blacklist", "HostChanges", "HostManager", "Keep", "blocked_for", "blocked_s"]
@@ -198,6 +198,13 @@ class HostManager:
     not for good: a VM whose guest rebooted (systemd's SIGTERM reached the worker)
     comes back as the same instance, and must take workers again.
 
+    A notice its host's metadata watcher reports again (GCP re-sends ``TERMINATE_ON_HOST_MAINTENANCE`` while
+    it lasts; a watcher on a worker placed there after a lapse reports it anew) is still pending: once the
+    host's workers have left (:meth:`given_back`), taking their watcher with them, it does not lapse while
+    the host stays listed, up to :data:`MAX_NOTICE_LEAD_S` (the longest notice GCE gives) past its latest
+    report, with or without an instance id; without that, a static host under an hour's maintenance took a
+    worker and drained it again every few minutes.
+
     An operator's drain (:meth:`hold`, ``cloud-elastic drain JOB HOST``) is a decision, not a forecast: it never
     lapses, and lasts until the host leaves discovery (a cloud's notice for the same host still lapses as above,
     quietly: the host stays drained).
@@ -224,6 +231,12 @@ class HostManager:
     _notice_until: dict[str, float] = field(default_factory=dict)  # host -> when its hard notice may lapse
     _soft_until: dict[str, float] = field(default_factory=dict)  # host -> when its soft notice lapses
     _given_back: dict[str, str] = field(default_factory=dict)  # host -> the instance released for its hard notice
+    #: Host -> (source, reason) of every watcher report for it, until it leaves discovery (or another
+    #: instance holds the address): a report heard before is the watcher re-sending a notice still pending.
+    _heard: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+    _resent: set[str] = field(default_factory=set)  # hosts whose hard notice a watcher re-sent
+    _reported_at: dict[str, float] = field(default_factory=dict)  # host -> its hard notice's latest report
+    _pending: set[str] = field(default_factory=set)  # hosts given back while their watcher still re-sent it
     _order: dict[str, int] = field(default_factory=dict)
     _seq: int = 0
     #: The last instance seen at each address, kept after the host is forgotten (addresses are reused).
@@ -261,6 +274,7 @@ class HostManager:
                 self._last_instance[host] = instance
                 self.blacklist.forget_host(host)
                 self._given_back.pop(host, None)
+                self._heard.pop(host, None)
         self.instances.update(snapshot.instances)
         self.sources.update(snapshot.sources)  # a missing host keeps its source and price until it is forgotten
         self.prices.update(snapshot.prices)
@@ -295,10 +309,10 @@ class HostManager:
     def _lapse(self, snapshot: DiscoveredHosts, now: float) -> tuple[str, ...]:
         """Drop hard notices past their grace for hosts the snapshot reports ready, and soft ones past their TTL.
 
-        Not the hard notice of a host given back whose instance discovery still lists (see the class docstring).
+        Later for a host given back whose instance discovery still lists, or given back while its watcher still
+        re-sent the notice (see the class docstring).
         """
-        hard = [h for h in self.notices if h in snapshot.ready and now >= self._notice_until.get(h, now)
-                + (GIVEN_BACK_GRACE_S if self._given_back.get(h, "") == self.instances.get(h) else 0.0)]
+        hard = [h for h in self.notices if h in snapshot.ready and now >= self._lapses_at(h, now)]
         soft = [h for h in self.soft if now >= self._soft_until.get(h, now)]
         for host in hard:
             self._drop_notice(host)
@@ -307,34 +321,57 @@ class HostManager:
         # A held host stays drained: its cloud notice went, but nothing changed for the job.
         return tuple(h for h in dict.fromkeys(hard + soft) if h not in self.held)
 
+    def _lapses_at(self, host: str, now: float) -> float:
+        until = self._notice_until.get(host, now)
+        if self._given_back.get(host, "") == self.instances.get(host):
+            until += GIVEN_BACK_GRACE_S
+        if host in self._pending:  # still reported when its watcher left with the host's workers
+            until = max(until, self._reported_at.get(host, now) + MAX_NOTICE_LEAD_S + self.notice_grace_s)
+        return until
+
     def _drop_notice(self, host: str) -> None:
         del self.notices[host]
         self._notice_until.pop(host, None)
         self._given_back.pop(host, None)
+        self._resent.discard(host)
+        self._pending.discard(host)
+        self._reported_at.pop(host, None)
 
     def given_back(self, host: str) -> None:
         """``host``, drained for a hard notice, was released to the cloud: while discovery lists the same instance
         there, its notice lapses :data:`GIVEN_BACK_GRACE_S` later than usual. A host without an instance id lapses
-        as before (a static list or a script cannot tell it from a successor at the same address)."""
+        as before (a static list or a script cannot tell it from a successor at the same address), unless its
+        watcher was still re-sending the notice: that one stays pending (see the class docstring)."""
         instance = self.instances.get(host)
         if host in self.notices and instance:
             self._given_back[host] = instance
+        if host in self.notices and host in self._resent:
+            self._pending.add(host)
 
     def _drop_soft(self, host: str) -> None:
         del self.soft[host]
         self._soft_until.pop(host, None)
 
-    def notice(self, host: str, drain: Drain, now: float = 0.0, wall_now: float | None = None) -> bool:
+    def notice(self, host: str, drain: Drain, now: float = 0.0, wall_now: float | None = None,
+               source: str | None = None) -> bool:
         """A notice says ``host`` is leaving; True if that is news (the host is known and was not draining).
 
         ``now`` is the manager's clock; ``wall_now`` the Unix time at that moment
         (deadlines are Unix times; None: the two clocks agree). The notice lasts
         until the host leaves discovery, or lapses (see the class docstring).
+        ``source``: who reported it; a metadata watcher's report heard before for
+        this host (same source and reason) is a re-send of a notice still pending.
         """
         known = host in self.ready or host in self.draining or host in self.missing
         if not known:
             return False
         self.version += 1
+        if source in SOURCES:
+            heard = self._heard.setdefault(host, set())
+            if (source, drain.reason) in heard:
+                self._resent.add(host)
+            heard.add((source, drain.reason))
+        self._reported_at[host] = now
         news = host not in self.draining
         old = self.notices.get(host)
         if old is None or (drain.deadline is not None and (old.deadline is None or drain.deadline < old.deadline)):
@@ -407,6 +444,7 @@ class HostManager:
         gone = [h for h in self._order if h not in present and h not in self.missing]
         for host in gone:
             del self._order[host]
+            self._heard.pop(host, None)
             self.blacklist.forget_host(host, keep_for_good=True)
             self.instances.pop(host, None)
             self.sources.pop(host, None)

@@ -122,7 +122,7 @@ class Leavers:
         elif source == "operator":  # cloud-elastic drain: no lapse, it lasts until the host leaves discovery
             news = job.hosts.hold(host, drain)
         else:
-            news = job.hosts.notice(host, drain, now, now + job.wall_offset)
+            news = job.hosts.notice(host, drain, now, now + job.wall_offset, source=source)
         if not news:
             return False
         self.sources[host] = source
