@@ -326,6 +326,128 @@ def test_every_worker_lost_with_every_slot_blacklisted_for_repeating_its_failure
     assert "resuming again would fail the same way" in job.outcome.reason and BUG in job.outcome.reason
 
 
+# ------------------------------------------------------------------ a hang loop
+#: What a deadlocked rank 1 sends when asked for its stacks (faulthandler's text): its main thread in train.py.
+STACKS = ('Thread 0x1 (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line 327 in wait\n'
+          '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
+          'Current thread 0x2 (most recent call first):\n  File "/ce/worker/link/driver_link.py", line 328 in _send_stacks\n'
+          '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
+          'Thread 0x3 (most recent call first):\n  File "/job/train.py", line 33 in train\n'
+          '  File "/ce/worker/elastic.py", line 159 in _run\n  File "/job/train.py", line 48 in <module>\n'
+          '  File "<frozen runpy>", line 198 in _run_module_as_main\n\nFlight record (last 8 collectives, newest last):\n')
+FRAME = '"/job/train.py", line 33 in train'
+
+
+def hangs(sim: Sim, how: str, commit: int, *, survivor_commits: bool = False) -> None:
+    """The worker on b[0] (rank 1) has joined a[0] at ``commit`` and hangs there until the driver gives it up;
+    the driver's kill then ends its process, and a new one on b[0] joins a[0] again once its slot cooled down.
+
+    ``how``: "deadlock" (it heartbeats, answers the stacks request, never comes back after the round's abort),
+    "silent" (its heartbeats stop: a GIL held by native code), or an :class:`ExitStatus` (its host stopped
+    answering: the process ends that way before the driver gives it up). ``survivor_commits``: a[0] trains on
+    alone meanwhile (an elastic job), one commit past ``commit``."""
+    b = sim.id("b[0]")
+    if how == "silent":
+        sim.silent.add(b)
+    elif isinstance(how, ExitStatus):
+        sim.exit("b[0]", how)
+    for _ in range(100):  # 50 s of the job's clock: every give-up comes within 20 s
+        a, w = sim.job.workers[sim.id("a[0]")], sim.job.workers[b]
+        if a.state is S.RUNNING and sim.job.abort_round >= a.round:
+            sim.join("a[0]", reason="failure")  # rank 0 comes back at each abort
+        for x in (a, w):
+            if x.alive and x.stacks_wanted > x.stacks_sent:
+                sim.job.stacks_received(x.worker_id, x.stacks_wanted, STACKS)
+        if not w.alive:
+            break
+        sim.advance(0.5)
+    else:
+        raise AssertionError(f"b[0] was never given up: {w.state}")
+    if w.state is S.LOST:
+        sim.exit("b[0]", KILLED)  # the driver's kill
+    if sim.outcome is not None:
+        return
+    for _ in range(20):  # its slot cools down (1-2 s), then a new worker on b[0] starts and joins a[0]
+        sim.advance(0.5)
+        a = sim.job.workers[sim.id("a[0]")]
+        if survivor_commits and a.state is S.RUNNING and a.round == sim.job.round:
+            at_commit(sim, "a[0]", commit + 1)  # alone in a round of its own
+        if sim.id("b[0]") != b:
+            break
+    at = sim.commits.get(sim.id("a[0]"), commit)
+    sim.join("b[0]")
+    a = sim.job.workers[sim.id("a[0]")]
+    if a.state is S.WAITING or a.state is S.RUNNING and sim.layout() == ["a[0]"]:
+        sim.join("a[0]", reason="failure" if a.state is S.WAITING else "update")  # an elastic job: at its commit
+    assert sim.layout() == ["a[0]", "b[0]"], sim.layout()
+    at_commit(sim, "a[0]", at)
+    at_commit(sim, "b[0]", at)
+
+
+def fixed(**policy) -> Sim:
+    """-np 2 --min-np 2 on a[0] and b[0], both at commit 6 (--progress-timeout 5)."""
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), progress_timeout_s=5, elastic_timeout_s=60, **policy)
+    at_commit(sim, "a[0]", 6)
+    at_commit(sim, "b[0]", 6)
+    return sim
+
+
+@pytest.mark.parametrize("how, doing", [("deadlock", f"its main thread at {FRAME}"),
+                                        ("silent", "silent (holding the GIL?)")], ids=["deadlock", "gil-silent"])
+def test_a_worker_that_hangs_at_the_same_commit_ends_a_fixed_size_job_at_the_third_give_up(how, doing) -> None:
+    """The reviewer's e1 and e5: rank 1 deadlocks (a lock taken twice) or holds the GIL (a catastrophic regex) at the
+    same step each time; -np 2 --min-np 2 never progressed and never ended: rank 1 was given up (its round aborted
+    after --progress-timeout, or silent), relaunched, and hung again, for ever. Its slot is not blacklisted for good
+    (a straggler may well be slow that long); the job ends at the third give-up, naming the worker and what it did."""
+    sim = fixed()
+    for n in range(1, REPEATS + 1):
+        hangs(sim, how, 6)
+        assert (sim.outcome is None) == (n < REPEATS), n
+    failed(sim, f"no progress: worker b[0] (rank 1) was given up {REPEATS} times in a row at commit 6, its process "
+                f"still running each time", f"what it was doing: {doing}; raise --progress-timeout if this step can "
+                f"take longer")
+    assert "\n" not in sim.outcome.reason
+    assert sim.slots_launched().count("b[0]") == REPEATS and sim.job.hosts.blacklist.for_good_slots() == []
+
+
+@pytest.mark.parametrize("status", [KILLED, UNREACHABLE], ids=["SIGKILL-from-outside", "ssh-session-closed"])
+def test_a_host_that_stops_answering_never_counts_toward_the_end(status) -> None:
+    """The worker's process ended before the driver gave it up (killed from outside, its host out of reach): not a
+    hang. Two hangs, then its host lost again and again at the same commit, still relaunched; a third hang ends it."""
+    sim = fixed()
+    for how in ["deadlock", "deadlock"] + [status] * REPEATS:
+        hangs(sim, how, 6)
+    assert sim.outcome is None and sim.slots_launched().count("b[0]") == REPEATS + 3
+    hangs(sim, "silent", 6)
+    failed(sim, f"was given up {REPEATS} times in a row at commit 6")
+
+
+def test_a_commit_between_hangs_starts_the_count_again() -> None:
+    sim = fixed()
+    hangs(sim, "deadlock", 6)
+    hangs(sim, "silent", 6)
+    at_commit(sim, "a[0]", 7)  # the job trained one commit further
+    at_commit(sim, "b[0]", 7)
+    hangs(sim, "deadlock", 7)
+    hangs(sim, "silent", 7)
+    assert sim.outcome is None
+    hangs(sim, "deadlock", 7)
+    failed(sim, f"was given up {REPEATS} times in a row at commit 7")
+
+
+def test_an_elastic_job_whose_survivor_trains_on_never_ends_for_a_worker_that_hangs_each_time(caplog) -> None:
+    """-np 2 --min-np 1: rank 0 commits alone after each give-up; the hanging slot keeps its growing cooldown and the
+    job goes on. Each give-up is counted (and said) as the first at a new commit."""
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, cooldown=(1.0, 2.0), progress_timeout_s=5, elastic_timeout_s=60)
+    at_commit(sim, "a[0]", 6)
+    at_commit(sim, "b[0]", 6)
+    for n in range(2 * REPEATS):
+        hangs(sim, "deadlock", 6 + n, survivor_commits=True)
+    assert sim.outcome is None and sim.slots_launched().count("b[0]") == 2 * REPEATS + 1
+    assert sim.job.hosts.blacklist.for_good_slots() == []
+    assert caplog.text.count(f"1 of {REPEATS} in a row at commit") == 2 * REPEATS, caplog.text
+
+
 # ------------------------------------------------------------------ a stall loop
 def stalls(flights: list[FlightEntry | None], times: int) -> FakeJob:
     """A round of two on a[0] and a[1] at commit 6 stalls ``times`` times in a row, re-forming with the same two

@@ -30,6 +30,9 @@
   same commit with the same members, every one of them waiting inside a collective
   each time, ends the job, naming each one's collective; a stall with a member busy
   outside any collective (a straggler: slow storage, a long evaluation) never counts.
+  A member given up for not coming back still heartbeats: it is marked ``hung`` (with
+  its main thread's last frame), and :data:`.repeats.REPEATS` such give-ups in a row
+  with no new commit of the job end it (:class:`.repeats.Hangs`).
 """
 
 from __future__ import annotations
@@ -496,4 +499,6 @@ class Completion:
                     f"--progress-timeout; its stacks are above)")
         for w in workers:
             if w.alive and w.member_of(stall.round) and not w.returned:
+                # Still heartbeating, so its process runs: a hang that counts toward the job's end (see .repeats).
+                w.hung = f"its main thread at {w.last_frame}" if w.last_frame else "it sent no stacks"
                 job.give_up(w, what, now)

@@ -70,6 +70,7 @@ from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
 from cloud_elastic.driver.job.job_state import MEMBER, JobState
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.liveness import SilenceWatch
+from cloud_elastic.driver.job.stalls import main_frame
 from cloud_elastic.driver.job.stopping import GracefulStop
 from cloud_elastic.driver.job.adoption import Adoption
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
@@ -264,11 +265,11 @@ class ElasticJob(JobState):
         if w is not None:
             self.health.unhealthy(w, reason, now)
 
-    def stacks_received(self, worker_id: str, request: int) -> WorkerRecord | None:
-        """A worker sent the stacks it was asked for; returns its record (None if unknown)."""
+    def stacks_received(self, worker_id: str, request: int, text: str = "") -> WorkerRecord | None:
+        """A worker sent the stacks it was asked for (``text``); returns its record (None if unknown)."""
         w = self.workers.get(worker_id)
         if w is not None and request > w.stacks_sent:
-            w.stacks_sent = request
+            w.stacks_sent, w.last_frame = request, main_frame(text) or w.last_frame
         return w
 
     def exiting(self, worker_id: str, now: float) -> bool:

@@ -22,6 +22,8 @@
   carries the error the worker's script said it ended with;
 * a worker given up (:meth:`Failures.give_up`: silent, never arrived, stuck) is
   stopped at once; a leaver given up costs its peers a rollback but no blacklisting;
+  one given up while its process still ran (``hung``: stuck or silent) :data:`.repeats.REPEATS`
+  times in a row with no new commit of the job in between ends the job (see :mod:`.repeats`);
 * the committed state is never silently lost (:meth:`Failures.check_state_kept`):
   once no live worker holds it and no member is on its way back, the next round
   resumes from the latest checkpoint, or, without ``--checkpoint-dir``, the job
@@ -36,7 +38,7 @@ from typing import Callable
 
 from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.hosts import Slot, blocked_for
-from cloud_elastic.driver.job.repeats import REPEATS, Streak, own_failure
+from cloud_elastic.driver.job.repeats import REPEATS, Hangs, Streak, own_failure
 from cloud_elastic.driver.job.exit_status import signal_name
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
@@ -69,6 +71,7 @@ class Failures:
         self._lost_mark, self._lost_at = 0, -1
         self._lost_in_vain = Streak()  # every worker lost, in a row, each time without progress
         self._own_since_lost = False  # a worker failed of its own doing since every worker was last lost
+        self._hangs = Hangs()  # workers given up while their process still ran, in a row at one commit
 
     def _lost_again(self) -> int:
         """Every worker is lost, with checkpointing: how many times in a row that has now happened without
@@ -106,10 +109,11 @@ class Failures:
         return why
 
     def fail(self, w: WorkerRecord, what: str, now: float, *, was_member: bool, transport: bool,
-             exit_code: int | None = None) -> None:
-        """``w`` failed (``what`` says how); ``transport``: its host could not be reached."""
+             exit_code: int | None = None) -> bool:
+        """``w`` failed (``what`` says how); ``transport``: its host could not be reached. False when a fixed-size
+        job took the failure as its attempt's (see :mod:`.fixed_size`)."""
         if self._fixed_failed(w, what, exit_code=exit_code, transport=transport, was_member=was_member):
-            return
+            return False
         job = self._job
         hosts = job.hosts
         # The exception its script said it ended with, as a fixed-size job's lines carry it (.fixed_size).
@@ -184,6 +188,7 @@ class Failures:
             else:
                 lost = "; the training state was lost with them (no --checkpoint-dir)" if job.state_committed else ""
                 job.end(False, f"all workers failed; last: {reason}{lost}", 1)
+        return True
 
     def give_up(self, w: WorkerRecord, what: str, now: float, *, stacks: bool = True) -> None:
         """Stop ``w`` at once as lost (silent, never arrived, stuck), with the failure path that applies;
@@ -196,7 +201,8 @@ class Failures:
         job.forget_alive()
         job.act(Stop(w.worker_id, what, immediate=True, stacks=stacks))
         if not leaving and job.phase is not Phase.FINISHING:
-            self.fail(w, what, now, was_member=was_member, transport=False)
+            if self.fail(w, what, now, was_member=was_member, transport=False) and w.hung:
+                self._hung(w, now)
             return
         if before is S.EXITING:
             # It had already left its round; only its process was slow to go.
@@ -207,6 +213,22 @@ class Failures:
             return  # a fixed-size job took it as its attempt's failure: no round rolls back
         if was_member:
             job.abort()
+
+    def _hung(self, w: WorkerRecord, now: float) -> None:
+        """``w`` was given up while its process still ran (``w.hung`` says what it was doing): the
+        :data:`.repeats.REPEATS`-th time in a row with no new commit of the job in between ends the job, through the
+        failing end (its newest commit checkpointed first). The slot itself only cools down, as after any give-up."""
+        job = self._job
+        times = self._hangs.given_up(job.commit_high, now)
+        if job.outcome is not None:
+            return
+        if times < REPEATS:
+            if times:
+                log.warning("job %s: worker %s (%s) was given up while its process still ran (%s): %d of %d in a row "
+                            "at commit %d before the job ends", job.job_id, w.worker_id, w.label, w.hung, times,
+                            REPEATS, job.commit_high)
+            return
+        job.end(False, Hangs.line(f"{w.slot} ({w.label})", job.commit_high, times, w.hung), 1)
 
     def check_state_kept(self) -> None:
         """Fail at once when the committed state is gone and nothing can bring it back."""

@@ -47,6 +47,10 @@ seconds) is taken for silence only if it also outlasts every gap seen of that
 worker *and* its peers are stuck waiting on it; from then on its gap raises that
 worker's bound. Without peers waiting on it (between rounds, in rendezvous, no
 collective) only the heartbeat timeout gives a worker up, as before.
+
+A worker found silent either way is marked ``hung`` (:data:`.repeats.SILENT`): the driver has not seen its
+process end, so it still runs, and silence given up again and again at one commit ends the job (see
+:mod:`.repeats`). A process that ended (killed from outside, its ssh session closed) is reported ended instead.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import logging
 import math
 from typing import Callable, Iterable
 
+from cloud_elastic.driver.job.repeats import SILENT
 from cloud_elastic.driver.job.stalls import Heard, Stall, describe, find_stall, stall_event
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import FlightEntry
@@ -229,6 +234,8 @@ class SilenceWatch:
                 silent = running_now - w.last_seen
                 allowed = timeout if w.exiting_at is None else max(timeout, EXIT_GRACE_S)
                 if silent > allowed:
+                    if w.exiting_at is None:
+                        w.hung = SILENT  # its process still runs (not reaped): a hang that counts (see .repeats)
                     found.append((w, f"stopped answering heartbeats for {silent:.1f}s" if w.exiting_at is None
                                   else f"has been exiting for {silent:.1f}s and its process has not ended"))
                     continue
@@ -282,6 +289,8 @@ class SilenceWatch:
             self._event(stall, running_now, "silent rank(s) given up")
             waited = stall.waited_s(running_now)
             ranks = ", ".join(str(r) for r in stall.waiting)
+            for w, _ in fast:
+                w.hung = SILENT
             return [(w, f"stopped answering heartbeats for {running_now - self._heard[w.worker_id].at:.1f}s "
                         f"(its limit {limit:.1f}s) while rank(s) {ranks} waited {waited:.1f}s for it in "
                         f"collective #{stall.seq} ({stall.op}) of round {stall.round}") for w, limit in fast]

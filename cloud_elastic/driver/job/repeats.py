@@ -13,7 +13,13 @@ go round for ever (each relaunch forms a round, and a formed round restarts the 
 * a round aborted for a stall that re-forms with the same members and stalls again at the same commit,
   :data:`REPEATS` times in a row, ends the job (:meth:`.completion.Completion.check_progress`), but only
   when every member was waiting inside a collective each time (a mismatch no rank can leave): a member
-  busy outside any collective is a straggler, and its stalls never count.
+  busy outside any collective is a straggler, and its stalls never count;
+* a worker given up while its process still ran (``WorkerRecord.hung``: no progress past ``--progress-timeout``
+  after its round's abort, or silent while the launcher still held it running: a deadlock, a hang holding the GIL)
+  :data:`REPEATS` times in a row with no new commit of the job in between ends the job, naming it, what it was
+  doing and the remedy (:class:`Hangs`, :meth:`.failures.Failures.give_up`); the job's end checkpoints its newest
+  commit first (``ending.FailingEnd``). Any new commit starts the count again, so an elastic job that trains on
+  without it never ends this way (its slot only cools down), and neither does a straggler that comes back.
 
 Only a failure the worker's own process caused counts (:func:`own_failure`): an exception its script
 reported, a non-zero exit code, or death by a crash signal (:data:`CRASH_SIGNALS`). A worker killed from
@@ -30,10 +36,10 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Hashable
 
-__all__ = ["REPEATS", "CRASH_SIGNALS", "Streak", "own_failure"]
+__all__ = ["REPEATS", "CRASH_SIGNALS", "SILENT", "Hangs", "Streak", "own_failure"]
 
 #: How many times the same failure, at the same commit, ends its loop (see the module docstring). Three:
 #: a second failure may still be bad luck (a host lost twice), a third in the same place is the script's.
@@ -43,6 +49,8 @@ REPEATS = 3
 CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
 #: Killed from outside (a reclaim, a preemption, the OOM killer, an operator): never the script's fault.
 _OUTSIDE_SIGNALS = (signal.SIGKILL, signal.SIGTERM)
+#: What a worker given up for silence while its process still ran was doing, as far as the driver can tell.
+SILENT = "silent (holding the GIL?)"
 
 
 def own_failure(error: str, exit_code: int | None, transport: bool) -> bool:
@@ -79,3 +87,29 @@ class Streak:
     def clear(self) -> None:
         """Something else happened in between: the next :meth:`note` counts from 1."""
         self.key, self.count = None, 0
+
+
+@dataclass
+class Hangs:
+    """Workers given up while their process still ran (``WorkerRecord.hung``), in a row at one commit of the job.
+
+    Several given up at the same moment (every member of one stuck round) count once. Not a blacklist: the
+    slot keeps its usual cooldown; the job ends at the :data:`REPEATS`-th (see the module docstring)."""
+
+    streak: Streak = field(default_factory=Streak)
+    _last_at: float | None = None
+
+    def given_up(self, commit: int, now: float) -> int:
+        """A hung worker was given up at ``now`` with the job at ``commit``: how many such give-ups in a row there
+        are now with no new commit in between (0: given up with another one, already counted)."""
+        if now == self._last_at:
+            return 0
+        self._last_at = now
+        return self.streak.note(commit)
+
+    @staticmethod
+    def line(worker: str, commit: int, times: int, doing: str) -> str:
+        """The job's end line: the worker (``host[slot] (rank N)``), the commit, how many times, what it was doing."""
+        return (f"no progress: worker {worker} was given up {times} times in a row at commit {commit}, its process "
+                f"still running each time and no commit in between; what it was doing: {doing}; raise "
+                f"--progress-timeout if this step can take longer")

@@ -12,6 +12,10 @@ never arrived (their newest entry is an earlier one) or are inside it and
 silent. Those are the collective's culprits; the liveness rule gives one up
 only when it is also silent (see :mod:`.liveness`), and the log and the events
 file name them first (:func:`describe`, :func:`stall_event`).
+
+A stuck member's stacks (sent when the no-progress watch asks) say where its
+script is: :func:`main_frame` picks its main thread's innermost Python frame,
+which a job ended for making no progress names (see :mod:`.repeats`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Iterable, Mapping
 from cloud_elastic.driver.job.workers import WorkerRecord
 from cloud_elastic.protocol import FlightEntry
 
-__all__ = ["Heard", "Missing", "Stall", "find_stall", "describe", "stall_event"]
+__all__ = ["Heard", "Missing", "Stall", "find_stall", "describe", "stall_event", "main_frame"]
 
 
 @dataclass(slots=True)
@@ -143,3 +147,17 @@ def stall_event(stall: Stall, running_now: float, verdict: str) -> dict:
             "waiting": list(stall.waiting), "verdict": verdict,
             "missing": [{"rank": m.rank, "worker": m.worker, "host": m.host, "slot": m.slot, "last": m.last,
                          "silent_s": round(m.silent_s, 3)} for m in stall.missing]}
+
+
+def main_frame(stacks: str) -> str:
+    """The innermost Python frame of the main thread in ``stacks`` (``faulthandler``'s text: one block per thread,
+    most recent call first), as ``"path", line N in function``; "" when no block has a ``<module>`` frame.
+
+    The main thread is the one that runs a ``<module>`` frame (the script's, under ``runpy`` or the fork server's
+    child): the heartbeat and watcher threads a worker also runs start in ``threading``. Linear in the text (at
+    most 48 KiB, see ``StacksReport``)."""
+    for block in stacks.split("\n\n"):
+        frames = [line.strip() for line in block.splitlines() if line.strip().startswith("File ")]
+        if any(frame.endswith(" in <module>") for frame in frames):
+            return frames[0][len("File "):]
+    return ""

@@ -115,6 +115,11 @@ class WorkerRecord:
     #: The stacks request it was last asked to answer, and the last one it answered.
     stacks_wanted: int = 0
     stacks_sent: int = 0
+    #: Its main thread's innermost Python frame in the last stacks it sent (``stalls.main_frame``; "" before any).
+    last_frame: str = ""
+    #: Set as it is given up for making no progress (a progress timeout) or for silence while its process still ran:
+    #: what it was doing then, for the line of a job that ends for it (see :mod:`.repeats`); "" otherwise.
+    hung: str = ""
 
     def to(self, new: WorkerState, why: str = "") -> None:
         """Move to ``new``; IllegalTransition if the state machine has no such edge."""

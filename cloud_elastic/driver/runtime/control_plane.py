@@ -243,7 +243,7 @@ class ControlPlane:
     def _stacks(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         """A worker of a stuck round sent its stacks: into the log and the events file."""
         report = StacksReport.from_wire(msg)
-        w = self._job.stacks_received(worker_id, report.request)
+        w = self._job.stacks_received(worker_id, report.request, report.text)
         if w is None:
             return {"ok": False}
         log.warning("job %s: stacks of worker %s (%s), round %d:\n%s", self._job.job_id, worker_id, w.label, w.round,
