@@ -11,6 +11,7 @@ from issue 40 and the clouds' documentation, written here once.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -135,19 +136,37 @@ def render(kubectl: str, overlay_dir: Path) -> list[dict[str, Any]]:
 
 def schema_problems(objects: list[dict[str, Any]], versions=KUBERNETES_VERSIONS) -> list[str]:
     """Each object against the API schema of each version (kubernetes-validate, strict)."""
-    import kubernetes_validate
-
     problems = []
     for version in versions:
         for obj in objects:
-            try:
-                kubernetes_validate.validate(obj, version, strict=True)
-            except kubernetes_validate.ValidationError as exc:
-                where = "/".join(str(p) for p in exc.path)
-                problems.append(f"{version} {kind_name(obj)}: {exc.message} (at {where or 'top level'})")
-            except kubernetes_validate.utils.SchemaNotFoundError as exc:
-                problems.append(f"{version} {kind_name(obj)}: no schema ({exc})")
+            problem = _schema_problem(version, json.dumps(obj, sort_keys=True))
+            if problem is not None:
+                problems.append(f"{version} {kind_name(obj)}: {problem}")
     return problems
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_problem(version: str, obj_json: str) -> str | None:
+    """One object (as sorted JSON) against one version's schema: None, or what is wrong.
+
+    Cached: a mutation changes one object of an overlay's dozen, and kubernetes-validate parses its
+    schema files again at every call (a megabyte of ``_definitions.json``, about 0.15 s an object), which
+    made the mutation tests minutes of a test run (the files are parsed once, below). The same object always gets the same answer."""
+    import kubernetes_validate
+
+    if not hasattr(kubernetes_validate.utils.schema_contents, "cache_info"):
+        # It reads and parses the schema file of the object's kind and the whole _definitions.json at every
+        # call; the files do not change during a run, so each is parsed once (nothing else differs).
+        kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=64)(
+            kubernetes_validate.utils.schema_contents)
+    try:
+        kubernetes_validate.validate(json.loads(obj_json), version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        return f"{exc.message} (at {where or 'top level'})"
+    except kubernetes_validate.utils.SchemaNotFoundError as exc:
+        return f"no schema ({exc})"
+    return None
 
 
 # --- the properties -----------------------------------------------------------------------------
