@@ -176,14 +176,14 @@ class CommitLedger:
         self._live_seq += 1
         self.commit_seq = self._live_seq
         self.steps_since_commit = 0
-        self.progress.mark()
+        self.progress.committed()
         for hook in self.after_commit:
             hook(state)
 
-    def note_step(self) -> None:
-        """An optimizer step finished (any optimizer's: the step post-hook ``context.init`` registers)."""
-        self.steps_since_commit += 1
-        self.progress.step()
+    def note_step(self, optimizer: object = None) -> None:
+        """An optimizer step finished (any optimizer's: the step post-hook ``context.init`` registers); one of the
+        loop's steps if ``optimizer`` paces it (see :mod:`.link.progress`: a GAN's second optimizer does not)."""
+        self.steps_since_commit += self.progress.step(optimizer=optimizer)
 
     def note_rollback(self) -> None:
         """The state was just restored to the last commit: the steps since then are lost (told to the driver)."""

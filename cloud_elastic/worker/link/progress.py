@@ -26,6 +26,11 @@ steps of the round goes to the driver with each heartbeat (see the driver's
 straggler rule), and so does the median of their *communication time*, the
 waits themselves: a slow network shows there, on every rank alike (see the
 driver's slow-network rule, ``driver.job.links``).
+
+One step of the loop is one step of the first optimizer to step in the round (since its latest commit: the
+*pacer*): a GAN's two optimizers, stepped once each per iteration, count one step per iteration, not two,
+and the time between two of them is the whole iteration's compute. The other optimizers' steps are progress
+(:meth:`Progress.mark`).
 """
 
 from __future__ import annotations
@@ -60,25 +65,56 @@ class Progress:
         self._waited = 0.0  # in collectives since the last step
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._recent_comm: deque[float] = deque(maxlen=RECENT_STEPS)
+        self._pacer: int | None = None  # id() of the optimizer whose steps are the loop's steps
+        self._between: set[int] = set()  # other optimizers that stepped since the pacer last did
 
     def mark(self) -> None:
         """Something completed (a commit, a collective, a sync)."""
         self.count += 1
 
-    def step(self, now: float | None = None) -> None:
-        """An optimizer step completed: the time since the previous one, less its waits, was computing;
-        the waits were communication."""
-        self.steps += 1
+    def committed(self) -> None:
+        """A commit: progress, and the next optimizer to step paces the steps after it (the steps a rollback to
+        it loses are counted from there)."""
+        self.mark()
+        self._pacer = None
+        self._between.clear()
+
+    def step(self, now: float | None = None, optimizer: object = None) -> int:
+        """An optimizer step completed; returns how many steps of the loop that makes (0, 1 or 2).
+
+        A step of the pacer (the first ``optimizer`` to step in the round, since its latest commit; None: every
+        step counts) is one: the time since its previous one, less the waits, was computing; the waits were
+        communication. Another
+        optimizer's step is 0, only progress, unless it steps again before the pacer does: the pacer was
+        replaced (a new optimizer, the old one kept alive) or steps less often, so this one paces from now
+        on, its step before counted too (2).
+        """
+        counted = 1
+        key = None if optimizer is None else id(optimizer)
+        if key is not None and key != self._pacer:
+            if self._pacer is not None and key not in self._between:
+                self._between.add(key)
+                self.mark()
+                return 0
+            if self._pacer is not None:  # a takeover: the time since the old pacer's step is no step's
+                counted, self._step_started = 2, None
+            self._pacer = key
+        self._between.clear()
+        self.steps += counted
         self.count += 1
         now = time.monotonic() if now is None else now
         if self._step_started is not None:
             self._recent.append(max(0.0, now - self._step_started - self._waited))
             self._recent_comm.append(self._waited)
         self._step_started, self._waited = now, 0.0
+        return counted
 
     def new_round(self) -> None:
-        """A round formed: its first step (warm-up, a state sync before it) is not a step of the loop."""
+        """A round formed: its first step (warm-up, a state sync before it) is not a step of the loop, and its
+        first optimizer to step paces it."""
         self._step_started, self._waited = None, 0.0
+        self._pacer = None
+        self._between.clear()
         self._recent.clear()
         self._recent_comm.clear()
 
