@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -90,6 +91,25 @@ def test_waiting_in_a_collective_is_not_progress():
 def test_stacks_name_every_thread():
     text = format_stacks()
     assert "test_stacks_name_every_thread" in text and "thread 0x" in text.lower()
+
+
+def test_with_more_threads_than_shown_the_training_thread_is_still_in_the_stacks_and_last():
+    """A worker with a pool of 150 threads: the stuck round's report still names where the main thread is
+    (the last block, which the report's size cap keeps), and says how many threads it left out."""
+    release = threading.Event()
+    pool = [threading.Thread(target=release.wait, daemon=True) for _ in range(150)]
+    for thread in pool:
+        thread.start()
+    try:
+        text = format_stacks()
+    finally:
+        release.set()
+        for thread in pool:
+            thread.join(5)
+    blocks = text.strip().split("\n\n")
+    assert len(blocks) == 101 and re.fullmatch(r"\.\.\. \d+ more thread\(s\) not shown", blocks[0]), blocks[0]
+    assert "in test_with_more_threads_than_shown_the_training_thread_is_still_in_the_stacks_and_last" in blocks[-1]
+    assert all(len(block.splitlines()) <= 102 for block in blocks)
 
 
 def test_a_working_device_passes_its_self_test_and_a_stuck_one_fails_with_one_line(monkeypatch):

@@ -35,10 +35,8 @@ and the time between two of them is the whole iteration's compute. The other opt
 
 from __future__ import annotations
 
-import faulthandler
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -173,9 +171,32 @@ def _cpu_ticks(native_id: int | None) -> int:
         return 0
 
 
+#: At most this many threads' stacks, and this many frames of each (``faulthandler``'s own limits).
+MAX_THREADS = 100
+MAX_FRAMES = 100
+
+
 def format_stacks() -> str:
-    """Every thread's Python stack, as ``faulthandler`` writes it (works while other threads are stuck)."""
-    with tempfile.TemporaryFile("w+") as f:
-        faulthandler.dump_traceback(file=f, all_threads=True)
-        f.seek(0)
-        return f.read()
+    """Every thread's Python stack in ``faulthandler``'s text (one block per thread, most recent call first,
+    blocks apart by a blank line), the main thread's block last (works while other threads are stuck).
+
+    Not ``faulthandler.dump_traceback`` itself: it writes the newest threads first and stops at
+    :data:`MAX_THREADS`, so in a worker with more threads (a loader's pool, a client library's) the training
+    thread, the oldest, was left out of the stacks of a stuck round; and the report keeps the text's end
+    (``StacksReport``), so the main thread goes last. It needs no file either (a full disk)."""
+    frames = sys._current_frames()
+    main, current = threading.main_thread().ident, threading.get_ident()
+    others = [ident for ident in frames if ident != main]
+    shown = others[-(MAX_THREADS - 1):] + ([main] if main in frames else [])
+    hidden = len(frames) - len(shown)
+    blocks = [f"... {hidden} more thread(s) not shown"] if hidden else []
+    for ident in shown:
+        lines = [f"{'Current thread' if ident == current else 'Thread'} 0x{ident:016x} (most recent call first):"]
+        frame = frames[ident]
+        while frame is not None and len(lines) <= MAX_FRAMES:
+            lines.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno} in {frame.f_code.co_name}')
+            frame = frame.f_back
+        if frame is not None:
+            lines.append("  ...")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
