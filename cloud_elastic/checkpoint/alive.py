@@ -255,6 +255,15 @@ class AliveRefresher:
             self._waited[source] = hosts
             return False
 
+    def refused(self, source: str, hosts: int) -> None:
+        """The cloud refused the call :meth:`raising` announced, provably (no attempt landed): the entry no longer
+        says it (the job's own view stays), written at once; any thread, no I/O."""
+        with self._done:
+            if self._sending.get(source, (None,))[0] == hosts:
+                del self._sending[source]
+                self._asked_seq += 1
+                self._wake.set()
+
     def _raised_now(self) -> tuple[tuple[str, int], ...]:
         """What the entry says was raised: the job's view, with each raise about to be sent (the larger value)."""
         merged = dict(self._raised)

@@ -25,7 +25,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from cloud_elastic.errors import ConfigError, FatalDiscoveryError
+from cloud_elastic.errors import CapacityError, ConfigError, FatalDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 
 __all__ = ["AddressRule", "parse_address_map", "map_address", "AddressMappedDiscovery"]
@@ -125,6 +125,9 @@ class AddressMappedDiscovery(HostDiscovery):
 
     def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
         self.inner.set_capacity(hosts, source=source)
+
+    def capacity_refused(self, exc: CapacityError) -> bool:
+        return self.inner.capacity_refused(exc)
 
     def capacity_limits(self) -> tuple[int, int] | tuple[int, int, int] | None:
         return self.inner.capacity_limits()

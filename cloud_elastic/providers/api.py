@@ -208,6 +208,14 @@ class HostDiscovery(abc.ABC):
         """
         raise CapacityError(f"provider {self.name!r} cannot set a group's desired capacity")
 
+    def capacity_refused(self, exc: CapacityError) -> bool:
+        """Whether ``exc``, raised by :meth:`set_capacity`, proves that the cloud refused the call and that no
+        attempt of it can have landed (its SDK sent it once, and the cloud answered that one attempt with a
+        refusal): the raise is then not the job's, and not carried for a driver restarted after a crash. False
+        (the default): the provider cannot tell; a call retried, timed out, answered 5xx or not at all may have
+        landed, and stays the job's (it is set back to 0 at the job's end, the cost-safe side)."""
+        return False
+
     def capacity_limits(self) -> tuple[int, int] | tuple[int, int, int] | None:
         """The group's smallest and largest desired capacity (AWS MinSize, MaxSize) as the last :meth:`find`
         read them, and where known its desired capacity then (AWS DesiredCapacity); :meth:`set_capacity` is

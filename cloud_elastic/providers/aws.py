@@ -77,7 +77,8 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
-from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.errors import (CapacityError, ConfigError, DiscoveryError, FatalDiscoveryError,
+                                  RetryableDiscoveryError)
 from cloud_elastic.providers._common import (ABSENT, READY, CloudGroupProvider, OptionReader, SlotCache,
                                              SnapshotBuilder, Verdict, draining, error_for_status, one_line,
                                              retry_options)
@@ -399,6 +400,18 @@ class AWSAutoScalingGroup(CloudGroupProvider):
     def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
         """``SetDesiredCapacity`` of the group (``--manage-capacity``; see :mod:`.aws_pricing`)."""
         set_desired_capacity(self._client("autoscaling"), self.sdk["errors"], self.group, hosts, self.label)
+
+    def capacity_refused(self, exc: CapacityError) -> bool:
+        """Proven refused only where botocore sent ``SetDesiredCapacity`` once and AWS answered it with an HTTP
+        4xx (``ResponseMetadata.RetryAttempts`` 0: ValidationError, AccessDenied; Throttling is retried, so only
+        with ``max_attempts`` 1). A retried call (its first attempt may have landed, its answer lost to a read
+        timeout), a 408, a 5xx, a timeout or a connection error: not proven (the raise stays the job's)."""
+        cause = exc.__cause__
+        if not isinstance(cause, self.sdk["errors"].ClientError):
+            return False
+        meta = cause.response.get("ResponseMetadata", {})
+        status, retries = meta.get("HTTPStatusCode"), meta.get("RetryAttempts")
+        return retries == 0 and isinstance(status, int) and 400 <= status < 500 and status != 408
 
     def capacity_limits(self) -> tuple[int, int] | tuple[int, int, int] | None:
         """The group's MinSize and MaxSize as the last find() read them (SetDesiredCapacity must stay within),

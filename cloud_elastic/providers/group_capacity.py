@@ -11,7 +11,8 @@ defect fixed (``tests/unit/test_fallback_table.py``):
   while the DesiredCapacity read equals it, nor, for a raise, is above it (an operator's value; not the job's own
   raise it lowers); asked again, at MaxSize, only once the limits read change; the desired capacity unknown, at most
   every :data:`REASK_UNKNOWN_S` and while it shows no more hosts than when last asked (or lowered by its scaling).
-* A raise sent (whatever its answer) or taken over is the job's (:attr:`~GroupCapacity.owned`): only then does a 0
+* A raise sent (whatever its answer, but one its provider proves the cloud refused, no attempt of it landed:
+  ``HostDiscovery.capacity_refused``) or taken over is the job's (:attr:`~GroupCapacity.owned`): only then does a 0
   go. A raise skipped on a group set higher while the job had set nothing, or had set it back to 0, makes it an
   operator's: :meth:`~GroupCapacity.capacity_of` no longer says the job's earlier 0 (none is sent at the end). A
   group the job raised stays the job's, though its DesiredCapacity reads higher later (an operator's raise, or its
@@ -66,6 +67,7 @@ class GroupCapacity:
         self.adopted: int | None = None  # what a crashed predecessor set (:meth:`adopt`)
         self.made: int | None = None  # the most the job's calls may have set it to (one timed out may have landed)
         self.refusals = 0  # calls refused in a row since the last that succeeded
+        self.before: tuple[str, int | None] = ("", None)  # (who, made) before the call under way (a proven refusal)
         self.limits: tuple | None = None  # (MinSize, MaxSize[, DesiredCapacity]) as the last good find() read them
         self.shown = 0  # its hosts as the last good find() showed them
         self.short_since: float | None = None  # since when it shows fewer hosts than the job set
@@ -106,9 +108,9 @@ class GroupCapacity:
         return None
 
     def started(self, hosts: int) -> None:
-        """A call setting ``hosts`` starts: made, whatever its answer (it may land though it times out); a raise
+        """A call setting ``hosts`` starts: made unless proven refused (it may land though it times out); a raise
         makes the group the job's, an operator's before included (it replaces the operator's value)."""
-        self.sending = hosts
+        self.sending, self.before = hosts, (self.who, self.made)
         self.made = max(self.made or 0, hosts)  # one that times out may land
         if hosts > 0:
             self.who = JOB
@@ -119,11 +121,19 @@ class GroupCapacity:
         self.asked, self.who, self.refusals, self.made = None, JOB, 0, hosts
         self.took = (hosts, now, limits and tuple(limits[:2]), self.shown)
 
-    def refused(self) -> None:
+    def refused(self, *, proven: bool = False) -> None:
+        """A call failed; ``proven``: its provider proves the cloud refused it and no attempt of it landed, so it is
+        not the job's (its owner before it is again); else (a retry, a timeout, an outcome unknown) it may have
+        landed and stays the job's."""
         self.refusals += 1
+        if proven:
+            self.who, self.made = self.before
 
-    def denied(self) -> None:
+    def denied(self, *, proven: bool = False) -> None:
+        """AccessDenied: no other call is made; ``proven`` as for :meth:`refused`."""
         self.managed, self.asked = False, None
+        if proven:
+            self.who, self.made = self.before
 
     def capacity_of(self) -> int | None:
         """The value the job last had set (a call under way may still set it); None: none, or an operator's value

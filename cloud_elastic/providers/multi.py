@@ -33,6 +33,8 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
 * :meth:`set_capacity` (``--manage-capacity``) goes to the source's group as its :class:`~.group_capacity.GroupCapacity`
   decides (:meth:`capacity_of`, :meth:`can_give`). AccessDenied: one WARNING, the group is left unmanaged for the
   rest of the job; other errors are retried at each later ``find()`` until a call succeeds or a newer value replaces it.
+  A call its provider proves the cloud refused (``capacity_refused``: no attempt landed) is not the job's (taken back
+  out of the sign of life, :meth:`on_raise`); one it cannot prove refused may have landed and stays the job's.
 * **One provider call per source at a time**, whichever thread makes it: :meth:`wait_for` waits for any of them
   (find, set_capacity, release, hourly_prices) to end. The one exception: a find() does not wait for a call that
   another thread (the driver's, at the job's end) began; its answer is then one read just before or after that
@@ -161,6 +163,7 @@ class MultiSourceDiscovery(HostDiscovery):
         self._clock = clock
         self._doubled: set[str] = set()  # hosts already warned about (reported by two sources)
         self._on_raise: Callable[[str, int], object] | None = None  # see on_raise()
+        self._on_undo: Callable[[str, int], object] | None = None
         clouds = self.provider_names()
         # Reads like its provider when every source is of one cloud (the notice watcher follows it).
         self.name = clouds[0] if len(clouds) == 1 else "multi"  # type: ignore[misc]
@@ -361,12 +364,12 @@ class MultiSourceDiscovery(HostDiscovery):
                     finally:  # ended, whatever its outcome: capacity_of no longer counts it as under way
                         group.sending = None
         except CapacityDeniedError as exc:
-            group.denied()
+            group.denied(proven=self._proven_refused(source, hosts, exc))
             log.warning("--manage-capacity: the job may not change host source %r (%s); it goes on without "
                         "managing the group: set its desired capacity yourself", source.spec.name, exc)
             return
         except CapacityError as exc:
-            group.refused()
+            group.refused(proven=self._proven_refused(source, hosts, exc))
             log.warning("--manage-capacity: could not set the desired capacity of host source %r to %d (%s); "
                         "retrying at the next discovery", source.spec.name, hosts, exc)
             return
@@ -374,12 +377,31 @@ class MultiSourceDiscovery(HostDiscovery):
             group.taken(asked, hosts, self._clock(), limits)
             log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
 
-    def on_raise(self, callback: Callable[[str, int], object] | None) -> None:
+    def on_raise(self, callback: Callable[[str, int], object] | None,
+                 undo: Callable[[str, int], object] | None = None) -> None:
         """Call ``callback(source, hosts)`` before each call that sets a group to ``hosts`` > 0, on the thread that
         makes it, which waits for it (the driver records the raise in its sign of life first: a driver killed during
-        the call leaves the group to the one restarted for the job). A callback that raises is logged; the call goes
-        on."""
-        self._on_raise = callback
+        the call leaves the group to the one restarted for the job); ``undo(source, hosts)`` once its provider
+        proves the cloud refused that call, no attempt of it landed (``HostDiscovery.capacity_refused``: the record
+        is taken back). A callback that raises is logged; the call goes on."""
+        self._on_raise, self._on_undo = callback, undo
+
+    def _proven_refused(self, source: SourceState, hosts: int, exc: CapacityError) -> bool:
+        """Whether ``source``'s provider proves the cloud refused the call setting ``hosts`` (no attempt landed);
+        a raise so refused is taken back out of the sign of life. A provider that cannot tell, or fails to: no."""
+        try:
+            proven = getattr(source.discovery, "capacity_refused", None)
+            proven = proven is not None and proven(exc) is True
+        except Exception:  # noqa: BLE001 (a plugin's bug: the raise stays the job's, the cost-safe side)
+            log.debug("host source %r: capacity_refused failed", source.spec.name, exc_info=True)
+            return False
+        if proven and hosts > 0 and self._on_undo is not None:
+            try:
+                self._on_undo(source.spec.name, hosts)
+            except Exception:  # noqa: BLE001 (the record stays: a successor sets the group back, the safe side)
+                log.warning("--manage-capacity: host source %r: the refused raise to %d is still recorded",
+                            source.spec.name, hosts, exc_info=True)
+        return proven
 
     def _before_raise(self, name: str, hosts: int) -> None:
         try:

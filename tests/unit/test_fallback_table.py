@@ -11,7 +11,9 @@ situation (its calls and events are not checked), ``when`` is the event. Its wor
 * ``G.desired=N`` (G: od, od2): the group's DesiredCapacity as read (``?``: unknown); ``G.max=N``, ``G.min=N``;
   ``G.hosts=N``: the instances it shows; ``G.throttled=1``: its find() fails (its limits still read);
   ``G.stale=1``: its limits are those its last find() read, as aws.py's (not those a call set since);
-  ``G.refuse=K``: its next K calls are refused (Throttling), ``G.timeout=K``: time out, ``G.deny``: AccessDenied.
+  ``G.refuse=K``: its next K calls are refused (Throttling, after the SDK's retries: the first attempt may have
+  landed), ``G.refuse_first=K``: refused at their only attempt (the provider proves none landed:
+  ``capacity_refused``), ``G.timeout=K``: time out, ``G.deny``: AccessDenied.
   A call that succeeds sets its DesiredCapacity (AWS).
 * ``tick=S``: S seconds of the job; ``join``: every worker launched connects; ``restart=G:N``: a crashed
   predecessor's sign of life said G raised to N (``raised.inherit``); ``ask=G:N``: a SetCapacity handed to the
@@ -72,6 +74,9 @@ class Group(HostDiscovery):
         if self.desired is not None:
             self.desired = hosts
 
+    def capacity_refused(self, exc):
+        return getattr(exc, "first_attempt", False)  # as aws.py reads botocore's RetryAttempts 0 with a 4xx
+
     def capacity_limits(self):
         return self.read if self.stale else self._limits()
 
@@ -109,9 +114,10 @@ class World:
             self.groups["spot"].throttled = True
         elif key == "spot":
             self.groups["spot"].throttled, self.groups["spot"].hosts = False, int(value)
-        elif field in ("refuse", "timeout", "deny"):
-            error = {"refuse": CapacityError("Throttling"), "timeout": CapacityError("Read timeout"),
-                     "deny": CapacityDeniedError("AccessDenied")}[field]
+        elif field in ("refuse", "refuse_first", "timeout", "deny"):
+            error = {"refuse": CapacityError("Throttling"), "refuse_first": CapacityError("ValidationError"),
+                     "timeout": CapacityError("Read timeout"), "deny": CapacityDeniedError("AccessDenied")}[field]
+            error.first_attempt = field == "refuse_first"  # type: ignore[attr-defined]
             self.groups[group].errors = [error] * int(value or 1)
         elif field:
             setattr(self.groups[group], field, None if value == "?" else int(value))
@@ -219,6 +225,23 @@ ROWS = [
         then="od.set=None od2.set=None"),
     Row("next-group-refused", "od2 od.refuse=10 spot=1", "tick=4", sent="od=1 od=1 od=1 od2=1 od=1",
         events="od=1 od2=1", then="od2.set=1 carried=od:1,od2:1"),
+    # rv6 f5_refused_restart, rv9 (512da6c reverted): a raise its provider proves the cloud refused (answered at
+    # its only attempt: botocore RetryAttempts 0, a 4xx) is not the job's: not carried, so a driver restarted after
+    # a crash, and the job's end, leave the operator's group (at 1) as it is; it is still retried, the job's once
+    # taken, and a group the job had raised before stays the job's. One refused after the SDK's retries (the first
+    # attempt may have landed) stays the job's: carried, and set back to 0 at the end.
+    Row("refused-first-not-carried", "np=3 od.desired=1 od.refuse_first=10 spot=1", "tick=2", sent="od=2 od=2",
+        events="od=2", then="od.unowned od.set=None carried=-"),
+    Row("refused-first-not-carried", "np=3 od.desired=1 od.refuse_first=10 spot=1 tick=2", "end", then="asked=-",
+        log="host source 'od' is left as it is: this job never set its desired capacity"),
+    Row("refused-first-not-carried", "np=3 od.desired=1 od.refuse_first=1 spot=1", "tick=2", sent="od=2 od=2",
+        events="od=2", then="od.owned od.set=2 carried=od:2"),
+    Row("refused-first-not-carried", "spot=1 tick=2 od.refuse_first=10 spot=0", "tick=2", sent="od=2 od=2",
+        events="od=2", then="od.owned od.set=1 carried=od:2"),
+    Row("refused-retried-carried", "np=3 od.desired=1 od.refuse=10 spot=1", "tick=2", sent="od=2 od=2",
+        events="od=2", then="od.owned carried=od:2"),
+    Row("refused-retried-carried", "np=3 od.desired=1 od.refuse=10 spot=1 tick=2 od.refuse=0", "end",
+        sent="od=0", events="od=0", then="od.set=0 asked=-", reason="the job is over"),
     # 4f7dc85: a lone fallback refused keeps its raise until the cloud takes it (never asked for 0).
     Row("refused-keeps", "od.refuse=3 spot=1", "tick=6", sent="od=1 od=1 od=1 od=1", events="od=1",
         then="od.set=1"),

@@ -108,11 +108,12 @@ def remember(job: Any, refresher: Any, carry: dict[str, int], carry_cost: CostSo
 def write_ahead(discovery: Any, refresher: Any) -> None:
     """Have each raise of a group recorded in the sign of life before its call is sent (``discovery.on_raise``,
     ``refresher.raising``): a call made counts as the job's whatever its answer, so a driver killed during or
-    just after it must leave the group to its successor. A provider without the hook, or no sign of life
-    (no ``--checkpoint-dir``): nothing."""
+    just after it must leave the group to its successor; one its provider proves the cloud refused (no attempt
+    landed: ``HostDiscovery.capacity_refused``) is taken back out (``refresher.refused``). A provider without the
+    hook, or no sign of life (no ``--checkpoint-dir``): nothing."""
     on_raise = getattr(discovery, "on_raise", None)
     if on_raise is not None and refresher is not None:
-        on_raise(refresher.raising)
+        on_raise(refresher.raising, refresher.refused)
 
 
 def share(job: Any, discovery: Any) -> None:
