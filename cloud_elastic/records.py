@@ -8,6 +8,10 @@ Each running driver leaves a record in a per-user runtime directory::
             secret        the job's control-plane secret                            mode 0600
             .exit-<worker>.json   a local worker's exit code after training (:func:`exit_report_path`)
 
+A worker on another host (started by the SSH launcher's remote wrapper) leaves its exit report where
+:data:`EXIT_REPORT_ENV` says instead, in a private directory of that host, and a restarted driver fetches it over ssh
+(``driver.restart.remote_reports``).
+
 The driver calls :func:`write_driver_record` once its control server listens, refreshes the
 record's mtime every few seconds (its last sign of life) and calls :func:`remove_driver_record`
 when it ends; a restarted driver reads the directory, and the adoption record ``adopt.json`` a
@@ -43,6 +47,7 @@ __all__ = [
     "RECORD_VERSION",
     "JobRecord",
     "driver_running",
+    "EXIT_REPORT_ENV",
     "exit_report_path",
     "find_jobs",
     "job_dir",
@@ -56,6 +61,10 @@ __all__ = [
 ]
 
 RECORD_VERSION = 1
+
+#: Where a worker under the SSH launcher's remote wrapper leaves its exit report (set by the wrapper, which spells
+#: it too: ``driver.launch.ssh_wire.EXIT_REPORT_ENV``).
+EXIT_REPORT_ENV = "CLOUD_ELASTIC_EXIT_REPORT"
 
 #: A gone driver's record is deleted this long after its workers' grace ended: by then no worker of it
 #: runs and no restarted driver can adopt them (the restart gives up past the grace).

@@ -196,7 +196,7 @@ def test_workers_adopted_after_their_training_returned_finish_without_training_a
     assert "after 0 reset(s)" in job.outcome.reason
 
 
-@pytest.mark.parametrize("reports, says", [({}, "rank 1 left no exit code (killed, or on another host)"),
+@pytest.mark.parametrize("reports, says", [({}, "rank 1 left no exit code (killed, or its report could not be read)"),
                                            ({1: ("b[0]#7", 3)}, "rank 1 (b[0]#7) exited with code 3 after its"),
                                            ({1: ("b[0]#7", 0)}, None),
                                            ({0: ("b[0]#7", 0)}, "rank 1 left no exit code")])

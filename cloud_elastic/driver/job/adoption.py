@@ -20,8 +20,9 @@ workers that come back:
   such workers complete again once discovery has answered (:meth:`Adoption.finish`;
   the job goes straight to finishing and waits for their exit; nothing trains
   again); a member of the round that did not come back had exited: it fails the
-  job if its exit report (``driver.restart.record.exit_reports``) says a
-  non-zero code, or if it left none, as its work after training is unknown;
+  job if its exit report (``driver.restart.record.exit_reports``, or fetched
+  from its SSH host: ``driver.restart.remote_reports``) says a non-zero code,
+  or if it left none, as its work after training is unknown;
 * :meth:`Adoption.exiting` and :meth:`Adoption.exit_status`: every worker says at
   exit the exit code it exits with (the control plane's ``exiting``); a process whose
   status this driver cannot learn (adopted, so not its child; or started by a local
@@ -79,6 +80,12 @@ class Adoption:
     @open.setter
     def open(self, value: bool) -> None:
         self._open = value
+
+    @property
+    def finishing(self) -> bool:
+        """The window closed with workers adopted after their training function returned (:meth:`finish` is to
+        come): the exit reports of their peers that did not come back decide how the job ends."""
+        return self._pending is not None
 
     def begin(self, last_seq: int) -> None:
         """Open the window; ``last_seq`` is the highest worker sequence number the predecessor used."""
@@ -183,7 +190,7 @@ class Adoption:
             elif code is not None:
                 failed.append(f"rank {rank} ({worker_id}) exited with code {code} after its training function returned")
             else:
-                failed.append(f"rank {rank} left no exit code (killed, or on another host)")
+                failed.append(f"rank {rank} left no exit code (killed, or its report could not be read)")
         for _rank, worker_id in done:
             error = None
             if failed and worker_id == done[0][1]:

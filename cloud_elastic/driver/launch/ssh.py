@@ -197,13 +197,17 @@ class SSHLauncher:
             raise LaunchError("the SSH launcher is closed")
         if not re.fullmatch(r"[0-9a-f]{1,64}", nonce):
             raise LaunchError(f"worker {spec.worker_id}: malformed launch id {nonce!r}")
-        # The same environment as the wrapper's launch, so that the same cloud-elastic answers.
-        argv = self.ssh_argv(spec.host) + [" ".join(remote_prefix(spec) + ["--attach", nonce])]
+        argv = self.remote_argv(spec, "--attach", nonce)
         logger.debug("attaching to worker %s on %s over ssh", spec.worker_id, spec.host)
         # The wrapper already has the secret: the first line is only a keepalive.
         return self._track(SSHWorkerProcess(dataclasses.replace(spec, secret=""), argv, nonce, on_output,
                                             self._destination(spec.host), self._keepalive_timeout_s,
                                             **self._process_options()))
+
+    def remote_argv(self, spec: WorkerSpec, *args: str) -> list[str]:
+        """The ssh command running ``ssh_remote ARGS`` (``--attach``, ``--exit-reports``) on ``spec.host`` with the
+        ssh options, timeouts and environment of a launch (so that the same cloud-elastic answers, same ``TMPDIR``)."""
+        return self.ssh_argv(spec.host) + [" ".join(remote_prefix(spec) + [shlex.quote(arg) for arg in args])]
 
     def _process_options(self) -> dict[str, object]:
         hold_s = max(1, math.ceil(self._config.connect_timeout_s)) + SETUP_HOLD_S

@@ -3,6 +3,7 @@
 usage: ``python3 -m cloud_elastic.driver.launch.ssh_remote [--env] [--term-kills] NONCE GRACE_S KEEPALIVE_S CWD
 COMMAND...``
 or ``python3 -m cloud_elastic.driver.launch.ssh_remote --attach NONCE`` (see 5. below)
+or ``python3 -m cloud_elastic.driver.launch.ssh_remote --exit-reports NONCE...`` (see 6. below)
 
 One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHLauncher` through ssh. It
 
@@ -30,17 +31,23 @@ One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHL
    restarted within the grace can adopt the worker through a fresh ssh connection running ``--attach NONCE``: that
    process relays its stdin to the wrapper (keepalives, ``KILL``, ``TERM``: the same watchdog, and any data from it
    cancels a pending "driver lost" stop) and the wrapper's marker line back on its stderr. The worker's own output
-   still goes to the first connection, which died with the old driver.
+   still goes to the first connection, which died with the old driver;
+6. tells the worker where to leave its exit report once its training function returned (:data:`EXIT_REPORT_ENV`,
+   :func:`report_path`, beside the control socket) and, when the worker ends, writes the worker's exact status into
+   it as its ``code`` (a plain interpreter cannot tell its own exit code): a driver restarted after the worker ended
+   (the marker line went to a dead connection) fetches it with ``--exit-reports NONCE...`` (:func:`print_reports`).
 
 It imports the standard library only (no torch, no cloud SDK, nothing else of cloud-elastic but its wire,
 :mod:`~cloud_elastic.driver.launch.ssh_wire`, which is standard library too): it must start in
 milliseconds and must not fail on a host whose worker environment is broken, so that the driver learns what went
-wrong. So it spells the two variables of the worker's environment contract it handles itself (:data:`SECRET_FD_ENV`,
-:data:`DRIVER_GRACE_ENV`; the contract's owner is :mod:`cloud_elastic.worker.settings`).
+wrong. So it spells the variables of the worker's environment contract it handles itself (:data:`SECRET_FD_ENV`,
+:data:`DRIVER_GRACE_ENV`, whose owner is :mod:`cloud_elastic.worker.settings`; :data:`EXIT_REPORT_ENV`, whose owner
+is :mod:`cloud_elastic.records`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -55,14 +62,15 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 # The wire is re-exported here too: the launchers, Ray, Spark and the tests import it from this module.
-from cloud_elastic.driver.launch.ssh_wire import (MARKER, MODULE, REASON_GONE, REASON_KEEPALIVE, REASON_NONE,
-                                                  SECRET_ENV, SECRET_FD_ENV, STARTED, WrapperArgs, exit_code,
-                                                  marker_line, parse_args, parse_env, parse_marker, secret_fd_value,
-                                                  secret_pipe, wrapper_argv)
+from cloud_elastic.driver.launch.ssh_wire import (EXIT_REPORT_ENV, MARKER, MODULE, REASON_GONE, REASON_KEEPALIVE,
+                                                  REASON_NONE, REPORT_LIMIT, SECRET_ENV, SECRET_FD_ENV, STARTED,
+                                                  WrapperArgs, exit_code, marker_line, parse_args, parse_env,
+                                                  parse_marker, report_line, secret_fd_value, secret_pipe,
+                                                  wrapper_argv)
 
 __all__ = ["SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MARKER", "WrapperArgs", "parse_args",
            "wrapper_argv", "parse_env", "Watchdog", "Order", "STARTED", "marker_line", "parse_marker",
-           "exit_code", "control_path", "attach", "main", "die_with_parent"]
+           "exit_code", "control_path", "report_path", "print_reports", "attach", "main", "die_with_parent"]
 
 _POLL_S = 0.5
 #: After the driver grace, what the worker may still spend on rank 0's last checkpoint before the wrapper stops it.
@@ -172,6 +180,53 @@ def control_path(nonce: str) -> str:
     return os.path.join(tempfile.gettempdir(), f"cloud-elastic-{os.getuid()}", f"{nonce}.sock")
 
 
+def report_path(nonce: str) -> str:
+    """Where the worker of launch ``nonce`` leaves its exit report (:data:`EXIT_REPORT_ENV`), beside its socket."""
+    return os.path.join(os.path.dirname(control_path(nonce)), f"{nonce}.exit.json")
+
+
+def _read_report(nonce: str) -> bytes | None:
+    """The first ``REPORT_LIMIT + 1`` bytes of launch ``nonce``'s exit report (more tells the reader it is too long);
+    None when there is none."""
+    try:
+        with open(report_path(nonce), "rb") as fh:
+            return fh.read(REPORT_LIMIT + 1)
+    except OSError:
+        return None
+
+
+def complete_report(nonce: str, status: int) -> None:
+    """The worker of launch ``nonce`` ended with ``status``: make it the ``code`` of the exit report it left (none
+    left, or not a JSON object: nothing; the driver reading it refuses a garbled one)."""
+    data = _read_report(nonce)
+    try:
+        report = json.loads(data) if data is not None and len(data) <= REPORT_LIMIT else None
+        if not isinstance(report, dict):
+            return
+        tmp = report_path(nonce) + ".status"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(dict(report, code=status)))
+        os.replace(tmp, report_path(nonce))
+    except (OSError, ValueError) as exc:
+        _say(f"cannot complete the exit report {report_path(nonce)}: {exc}")
+
+
+def print_reports(nonces: Sequence[str]) -> None:
+    """``--exit-reports NONCE...``: a :func:`~cloud_elastic.driver.launch.ssh_wire.report_line` on stdout for each
+    launch that left an exit report on this host (bounded: :data:`REPORT_LIMIT` + 1 bytes each), none when their
+    directory is not private to this user (anyone could have left them); exit 0."""
+    private = _private_socket_dir(report_path("0"))
+    if not private:
+        _say(f"{os.path.dirname(report_path('0'))} is not a private directory of this user: no exit report is read")
+    for nonce in nonces if private else ():
+        data = _read_report(nonce) if nonce and all(c in "0123456789abcdef" for c in nonce) else None
+        if data is not None:
+            sys.stdout.write(report_line(nonce, data) + "\n")
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def _private_socket_dir(path: str) -> bool:
     """Create the socket's directory 0700; False if it is not a private directory of this user."""
     directory = os.path.dirname(path)
@@ -214,6 +269,8 @@ class Wrapper:
             signal.signal(sig, self._on_signal)
         secret_fd = secret_pipe(secret)
         env[SECRET_FD_ENV] = secret_fd_value(secret_fd)
+        if _private_socket_dir(report_path(self._args.nonce)):  # else another user could forge its report
+            env[EXIT_REPORT_ENV] = report_path(self._args.nonce)
         try:
             proc = subprocess.Popen(list(self._args.command), cwd=self._args.cwd, env=env,
                                     stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, pass_fds=(secret_fd,),
@@ -376,6 +433,8 @@ class Wrapper:
         return data[:-1].decode()
 
     def _done(self, status: int, reason: str) -> None:
+        if self._pgid is not None:
+            complete_report(self._args.nonce, status)  # before the marker: a driver it reaches may be gone next
         line = marker_line(self._args.nonce, status, reason) + "\n"
         _say(line, raw=True)
         with self._lock:
@@ -469,6 +528,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 2 and argv[0] == "--attach":
         attach(argv[1])
+    if argv[:1] == ["--exit-reports"]:
+        print_reports(argv[1:])
     try:
         args = parse_args(argv)
     except ValueError as exc:

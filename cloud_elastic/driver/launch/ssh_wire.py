@@ -2,7 +2,8 @@
 
 The wrapper's command line (:class:`WrapperArgs`, :func:`wrapper_argv`, :func:`parse_args`), the variables on its
 stdin's second line (:func:`parse_env`), the marker line that reports the worker's exact status (:func:`marker_line`,
-:func:`parse_marker`, :func:`exit_code`), and the pipe the worker reads the per-job secret from (:func:`secret_pipe`,
+:func:`parse_marker`, :func:`exit_code`), the lines ``--exit-reports`` answers with (:func:`report_line`,
+:func:`parse_report_line`), and the pipe the worker reads the per-job secret from (:func:`secret_pipe`,
 :func:`secret_fd_value`; the local launcher uses it too).
 
 Like the wrapper, it imports the standard library only: it runs on worker hosts whose environment may be broken.
@@ -19,7 +20,8 @@ from typing import Sequence
 
 __all__ = ["SECRET_ENV", "SECRET_FD_ENV", "MARKER", "STARTED", "MODULE", "REASON_NONE", "REASON_KEEPALIVE",
            "REASON_GONE", "WrapperArgs", "wrapper_argv", "parse_args", "parse_env", "secret_pipe", "secret_fd_value",
-           "exit_code", "marker_line", "parse_marker"]
+           "exit_code", "marker_line", "parse_marker", "EXIT_REPORT_ENV", "REPORT", "REPORT_LIMIT", "report_line",
+           "parse_report_line"]
 
 #: The variable the secret must never travel in (the launcher refuses it in a worker's environment).
 SECRET_ENV = "CLOUD_ELASTIC_SECRET"
@@ -29,6 +31,13 @@ SECRET_FD_ENV = "CLOUD_ELASTIC_SECRET_FD"
 MARKER = "CLOUD_ELASTIC_EXIT"
 #: The line ``STARTED NONCE`` on stderr: the worker runs (``--attach``: the wrapper answers), the connection is set up.
 STARTED = "CLOUD_ELASTIC_STARTED"
+#: The variable naming where a worker whose training function returned leaves its exit report on its host (the
+#: wrapper completes it with the exact status; the contract's owner is ``cloud_elastic.records``).
+EXIT_REPORT_ENV = "CLOUD_ELASTIC_EXIT_REPORT"
+#: First word of each line of ``--exit-reports``: ``REPORT NONCE "JSON string of the report's bytes"``.
+REPORT = "CLOUD_ELASTIC_REPORT"
+#: The most bytes of an exit report anyone reads; a longer one is refused (the report is a few dozen bytes).
+REPORT_LIMIT = 4096
 #: ``python3 -m`` target of the remote command.
 MODULE = "cloud_elastic.driver.launch.ssh_remote"
 
@@ -135,3 +144,21 @@ def parse_marker(line: str, nonce: str) -> tuple[int, str] | None:
         return int(words[2]), words[3]
     except ValueError:
         return None
+
+
+def report_line(nonce: str, data: bytes) -> str:
+    """The line that carries the exit report ``data`` of launch ``nonce`` (without the newline): its text as one
+    JSON string, so that any bytes of it stay on one line."""
+    return f"{REPORT} {nonce} {json.dumps(data.decode('utf-8', 'replace'))}"
+
+
+def parse_report_line(line: str) -> tuple[str, bytes] | None:
+    """``(nonce, report bytes)`` of a :func:`report_line`, else None."""
+    words = line.split(" ", 2)
+    if len(words) != 3 or words[0] != REPORT:
+        return None
+    try:
+        text = json.loads(words[2])
+    except ValueError:
+        return None
+    return (words[1], text.encode()) if isinstance(text, str) else None

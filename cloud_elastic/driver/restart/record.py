@@ -16,7 +16,9 @@ Nothing of it lands on shared checkpoint storage. Beside it, a local worker whos
 training function returned leaves its exit code as it exits
 (:func:`~cloud_elastic.records.exit_report_path`, ``{"v": 1, "round", "rank",
 "code", "error"}``): a restarted driver reads those of the workers that did not
-come back (:func:`exit_reports`).
+come back (:func:`exit_reports`). A worker on another host leaves the same report on its host, beside its remote
+wrapper's socket, and the restarted driver fetches it over ssh (:mod:`.remote_reports`); both are read with
+:func:`parse_exit_report`.
 
 A driver of the same job started again within ``--driver-grace`` reads it,
 listens on the same ports with the same secret (refusing every message signed
@@ -42,6 +44,7 @@ from typing import Any
 
 from cloud_elastic.driver.launch.api import ExitStatus, WorkerSpec
 from cloud_elastic.driver.launch.local import kill_group, process_start_time
+from cloud_elastic.driver.launch.ssh_wire import REPORT_LIMIT
 from cloud_elastic.records import exit_report_path, job_dir
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "AdoptionRecord",
     "exit_reports",
     "find_records",
+    "parse_exit_report",
     "read_record",
     "remove_record",
     "write_record",
@@ -171,16 +175,30 @@ def exit_reports(job_id: str, round_: int, limit: int = 4096) -> dict[int, tuple
             continue
         try:
             with open(path, "rb") as fh:
-                raw = json.loads(fh.read(4096))
-            rank, code = raw["rank"], raw["code"]
-            if raw.get("v") != 1 or type(rank) is not int or not (code is None or type(code) is int):
-                raise ValueError("malformed")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+                report_round, rank, code = parse_exit_report(fh.read(REPORT_LIMIT + 1))
+        except (OSError, ValueError) as exc:
             log.warning("cannot read the exit report %s (%s)", path, exc)
             continue
-        if raw.get("round") == round_:
+        if report_round == round_:
             found[rank] = (worker_id, code)
     return found
+
+
+def parse_exit_report(data: bytes) -> tuple[object, int, int | None]:
+    """(round, rank, exit code or None) of an exit report's bytes (see module docstring), wherever it was left;
+    ValueError with a short reason for one over ``REPORT_LIMIT`` bytes or not of that shape."""
+    if len(data) > REPORT_LIMIT:
+        raise ValueError(f"over {REPORT_LIMIT} bytes")
+    try:
+        raw = json.loads(data)
+    except ValueError:
+        raise ValueError("not JSON") from None
+    if not isinstance(raw, dict):
+        raise ValueError("malformed")
+    rank, code = raw.get("rank"), raw.get("code", False)
+    if raw.get("v") != 1 or type(rank) is not int or rank < 0 or not (code is None or type(code) is int):
+        raise ValueError("malformed")
+    return raw.get("round"), rank, code
 
 
 class AdoptedLocalProcess:

@@ -34,6 +34,7 @@ from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.launch.api import Launcher, WorkerProcess, WorkerSpec
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.restart.record import AdoptedLocalProcess, AdoptedWorker, AdoptionRecord, exit_reports
+from cloud_elastic.driver.restart.remote_reports import fetch_exit_reports
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.protocol import AdoptRequest, PollReply, ReRegister, WaitReply
 from cloud_elastic.protocol_reports import NoticeReport
@@ -79,6 +80,7 @@ class AdoptionWindow:
         self.is_open = False
         self._adopted_at = 0.0  # when the last worker re-registered (clock)
         self._sigterms: list[dict[str, Any]] = []  # their notices, for the rules once the window closes
+        self._remote_reports: dict[int, tuple[str, int | None]] = {}  # fetched from SSH hosts (fetch_exit_reports)
 
     def open(self) -> None:
         """Open the window: the predecessor's workers may re-register from now on."""
@@ -112,13 +114,25 @@ class AdoptionWindow:
             adopted = tuple(w for w in self.record.workers if w.worker_id in self._job.workers)
         return WindowClosed(adopted, missing, self._adopted_at - self._started_at)
 
+    def fetch_exit_reports(self, missing: tuple[AdoptedWorker, ...], launcher_for: Callable[[str], Launcher],
+                           spec_for: Callable[[AdoptedWorker], WorkerSpec], connect_timeout_s: float) -> None:
+        """After :meth:`wait`, without the job's lock: when the adopted workers' training was over, fetch the exit
+        reports the ``missing`` SSH workers left on their hosts (:mod:`.remote_reports`; bounded by the ssh connect
+        timeout), for :meth:`close`. Nothing to fetch otherwise."""
+        with self._cond:
+            finishing, round_ = self._job.adoption.finishing, self._job.round
+        if finishing and missing:
+            self._remote_reports = fetch_exit_reports(missing, round_, spec_for=spec_for, launcher_for=launcher_for,
+                                                      connect_timeout_s=connect_timeout_s)
+
     def close(self) -> None:
         """The window is closed and discovery has answered: workers adopted after their training function returned
-        complete again (judged with the exit reports of their peers that did not come back), and held messages go
-        to the job's rules now."""
+        complete again (judged with the exit reports of their peers that did not come back: left in the job's
+        directory, or fetched from their SSH hosts), and held messages go to the job's rules now."""
         with self._cond:
             self.is_open = False
-            self._job.adoption.finish(self._clock(), exit_reports(self.record.job_id, self._job.round))
+            reports = {**exit_reports(self.record.job_id, self._job.round), **self._remote_reports}
+            self._job.adoption.finish(self._clock(), reports)
             for notice in self._sigterms:
                 self._rules("notice", notice)
             self._sigterms.clear()

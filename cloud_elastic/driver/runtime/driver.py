@@ -310,6 +310,8 @@ class Driver:
                         len(closed.adopted), closed.adopted_after_s)
         for w in closed.missing:
             self._processes.stop_missing(w)
+        window.fetch_exit_reports(closed.missing, self._processes.launcher_for, self._processes.adopted_spec,
+                                  self.config.ssh.connect_timeout_s)
         for w in closed.adopted:
             self._processes.adopt(w)
         if first is not None and not closed.adopted:

@@ -175,10 +175,13 @@ class WorkerProcesses:
         if proc is not None:
             self._terminate_in_background(proc)
 
-    def _adopted(self, worker: AdoptedWorker) -> WorkerProcess | None:
-        spec = WorkerSpec(worker.worker_id, worker.host, worker.slot, self._config.command,
+    def adopted_spec(self, worker: AdoptedWorker) -> WorkerSpec:
+        """What a worker of a dead predecessor runs, as far as this driver knows (its host's remote commands use it)."""
+        return WorkerSpec(worker.worker_id, worker.host, worker.slot, self._config.command,
                           forwarded_env(self._config.forward_env), self._endpoints.secret, self._config.cwd)
-        return adopted_process(worker, spec, self.launcher_for,
+
+    def _adopted(self, worker: AdoptedWorker) -> WorkerProcess | None:
+        return adopted_process(worker, self.adopted_spec(worker), self.launcher_for,
                                lambda line, wid=worker.worker_id: self._forward(wid, line))
 
     # ---------------------------------------------------------- watch, stop

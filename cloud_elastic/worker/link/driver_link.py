@@ -30,13 +30,14 @@ import os
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable
 
 import torch.distributed as dist
 
 from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo
 from cloud_elastic.protocol_reports import ExitingReport, StacksReport
-from cloud_elastic.records import exit_report_path
+from cloud_elastic.records import EXIT_REPORT_ENV, exit_report_path
 from cloud_elastic.worker.link.link_probe import link_probe_of
 from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.link.pauses import Pauses
@@ -117,12 +118,17 @@ class DriverLinkMixin:
 
     def _leave_exit_report(self, report: ExitingReport) -> None:
         """After its training function returned, leave ``report`` in the job's directory on this machine, where the
-        driver keeps its records (:func:`~cloud_elastic.records.exit_report_path`; nothing where there is none: a
-        remote host): should the driver die before this process's end reached it, its successor reads how this
-        worker ended (``driver.restart.record.exit_reports``) instead of failing a rank that did not come back."""
+        driver keeps its records (:func:`~cloud_elastic.records.exit_report_path`), or, started by the SSH remote
+        wrapper, where :data:`~cloud_elastic.records.EXIT_REPORT_ENV` says (the wrapper adds the exact exit status):
+        should the driver die before this process's end reached it, its successor reads how this worker ended
+        (``driver.restart.record.exit_reports``, fetched over ssh from another host) instead of failing a rank that
+        did not come back. Nothing on a host where neither is."""
         info = self.info
-        path = exit_report_path(self.settings.job_id, self.worker_id) if self.training_done and info else None
-        if path is None or not (path.parent / "driver.json").is_file():
+        if not (self.training_done and info):
+            return
+        remote = os.environ.get(EXIT_REPORT_ENV, "")
+        path = Path(remote) if os.path.isabs(remote) else exit_report_path(self.settings.job_id, self.worker_id)
+        if path is None or not (remote or (path.parent / "driver.json").is_file()):
             return
         data = json.dumps({"v": 1, "round": info.round, "rank": info.rank, **report.to_wire()})
         tmp = path.with_name(path.name + ".tmp")
