@@ -153,6 +153,8 @@ class StacksReport:
 
     #: Room left for the text in a control message (64 KiB in all).
     MAX_TEXT = 48 * 1024
+    #: Marks the main thread's block in the text: ``Thread 0x… (the main thread; most recent call first):``.
+    MAIN_THREAD = "the main thread"
 
     def to_wire(self) -> dict[str, Any]:
         return {"request": self.request, "text": self.text[-self.MAX_TEXT:]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -137,3 +138,40 @@ def test_with_nccl_a_worker_tests_its_own_gpu_and_the_slot_must_have_one():
     assert device_for_slot("nccl", 3) == torch.device("cuda", 3)
     if not torch.cuda.is_available():
         assert device_for_slot("gloo", 3) == torch.device("cpu")
+
+
+def test_the_hang_line_names_the_training_threads_innermost_frame_however_deep_it_is():
+    """The driver's ``main_frame`` reads the block the worker marked as its main thread's: 150 frames deep and
+    blocked in native code, its ``<module>`` frame is beyond the 100 shown; a thread that is itself importing a
+    module is not it. The stacks are taken from another thread, as the worker's driver link does."""
+    from cloud_elastic.driver.job.stalls import main_frame
+
+    read_end, write_end = os.pipe()
+    taken: list[str] = []
+
+    def take() -> None:
+        time.sleep(0.2)
+        taken.append(format_stacks())
+        os.write(write_end, b"x")
+
+    def deep(n: int) -> bytes:
+        return deep(n - 1) if n else os.read(read_end, 1)  # blocked in C: deep is the innermost Python frame
+
+    importing, release = threading.Event(), threading.Event()
+    lazy = compile("importing.set(); release.wait(10)", "lazy_mod.py", "exec")
+    other = threading.Thread(target=exec, args=(lazy, {"importing": importing, "release": release}), daemon=True)
+    other.start()
+    importing.wait(5)
+    taker = threading.Thread(target=take, daemon=True)
+    taker.start()
+    try:
+        deep(150)
+    finally:
+        release.set()
+        other.join(5)
+        taker.join(5)
+        os.close(read_end)
+        os.close(write_end)
+    text = taken[0]
+    assert "lazy_mod.py" in text and "in <module>" in text  # the other thread runs a <module> frame
+    assert main_frame(text).startswith('"' + __file__) and main_frame(text).endswith(" in deep"), main_frame(text)

@@ -25,6 +25,7 @@ from typing import Iterable, Mapping
 
 from cloud_elastic.driver.job.workers import WorkerRecord
 from cloud_elastic.protocol import FlightEntry
+from cloud_elastic.protocol_reports import StacksReport
 
 __all__ = ["Heard", "Missing", "Stall", "find_stall", "describe", "stall_event", "main_frame"]
 
@@ -151,13 +152,16 @@ def stall_event(stall: Stall, running_now: float, verdict: str) -> dict:
 
 def main_frame(stacks: str) -> str:
     """The innermost Python frame of the main thread in ``stacks`` (``faulthandler``'s text: one block per thread,
-    most recent call first), as ``"path", line N in function``; "" when no block has a ``<module>`` frame.
+    most recent call first), as ``"path", line N in function``; "" when no block has one.
 
-    The main thread is the one that runs a ``<module>`` frame (the script's, under ``runpy`` or the fork server's
-    child): the heartbeat and watcher threads a worker also runs start in ``threading``. Linear in the text (at
-    most 48 KiB, see ``StacksReport``)."""
-    for block in stacks.split("\n\n"):
-        frames = [line.strip() for line in block.splitlines() if line.strip().startswith("File ")]
-        if any(frame.endswith(" in <module>") for frame in frames):
-            return frames[0][len("File "):]
+    The main thread's block is the one its header marks (``StacksReport.MAIN_THREAD``: the worker's
+    ``format_stacks``); in text without the mark, the one that runs a ``<module>`` frame (the script's, under
+    ``runpy`` or the fork server's child: the heartbeat and watcher threads start in ``threading``). Linear in
+    the text (at most 48 KiB, see ``StacksReport``)."""
+    blocks = [block.strip().splitlines() for block in stacks.split("\n\n") if block.strip()]
+    marked = [lines for lines in blocks if f"({StacksReport.MAIN_THREAD};" in lines[0]]
+    for lines in marked or blocks:
+        frames = [line.strip()[len("File "):] for line in lines if line.strip().startswith("File ")]
+        if frames and (marked or any(frame.endswith(" in <module>") for frame in frames)):
+            return frames[0]
     return ""

@@ -43,6 +43,8 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Iterator
 
+from cloud_elastic.protocol_reports import StacksReport
+
 __all__ = ["Progress", "format_stacks", "RECENT_STEPS"]
 
 #: Steps the rolling compute time is the median of.
@@ -178,7 +180,7 @@ MAX_FRAMES = 100
 
 def format_stacks() -> str:
     """Every thread's Python stack in ``faulthandler``'s text (one block per thread, most recent call first,
-    blocks apart by a blank line), the main thread's block last (works while other threads are stuck).
+    blocks apart by a blank line), the main thread's block last and marked (``StacksReport.MAIN_THREAD``) (works while other threads are stuck).
 
     Not ``faulthandler.dump_traceback`` itself: it writes the newest threads first and stops at
     :data:`MAX_THREADS`, so in a worker with more threads (a loader's pool, a client library's) the training
@@ -191,7 +193,8 @@ def format_stacks() -> str:
     hidden = len(frames) - len(shown)
     blocks = [f"... {hidden} more thread(s) not shown"] if hidden else []
     for ident in shown:
-        lines = [f"{'Current thread' if ident == current else 'Thread'} 0x{ident:016x} (most recent call first):"]
+        label = f"{'Current thread' if ident == current else 'Thread'} 0x{ident:016x}"
+        lines = [f"{label} ({StacksReport.MAIN_THREAD + '; ' if ident == main else ''}most recent call first):"]
         frame = frames[ident]
         while frame is not None and len(lines) <= MAX_FRAMES:
             lines.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno} in {frame.f_code.co_name}')
