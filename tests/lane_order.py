@@ -50,7 +50,6 @@ LONGEST = {
 #: order, and tests/kubernetes came last: its mutation file, the longest of all, started when the other
 #: workers were nearly done and ended the lane alone.
 LONGEST_FILES = {
-    "tests/kubernetes/test_mutations.py": 316,
     "tests/terraform/test_terraform_cli.py": 245,
     "tests/contract/test_contract.py": 218,
     "tests/emulator/test_aws_notices.py": 160,
@@ -63,6 +62,7 @@ LONGEST_FILES = {
     "tests/unit/test_round_group.py": 65,
     "tests/emulator/test_notice_watchers.py": 65,
     "tests/emulator/test_gcp.py": 64,
+    "tests/kubernetes/test_mutations.py": 60,  # 316 until its schema checks were cached (f63defb)
 }
 
 
