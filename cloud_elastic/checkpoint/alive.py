@@ -212,6 +212,7 @@ class AliveRefresher:
         # A raise about to be sent (:meth:`raising`): group -> (hosts, set_raised calls seen when it was).
         self._sending: dict[str, tuple[int, int]] = {}
         self._set_calls = 0
+        self._refused: set[str] = set()  # groups whose raise was proven refused since the last set_raised
         self._waited: dict[str, int] = {}  # group -> the largest raise waited for (its write slow or failed)
         self._wake = threading.Event()  # a write wanted now: the loop writes at once
         self._done = threading.Condition()
@@ -220,17 +221,20 @@ class AliveRefresher:
     def set_raised(self, raised: dict[str, int]) -> None:
         """What the next writes say this driver raised (``Sourcing.raised``): any thread, no I/O. A group new or
         larger than before is written at once (on the refresher's thread), not at the next refresh: a driver killed
-        meanwhile would leave a paid group raised that no successor knows of."""
+        meanwhile would leave a paid group raised that no successor knows of; so is a group no longer raised (a
+        driver killed meanwhile would hand a group that is no longer the job's, an operator's, to its successor,
+        which sets it to 0)."""
         with self._done:
-            before = dict(self._raised)
-            self._raised = tuple(sorted(raised.items()))
+            before, view = dict(self._raised_now()), dict(self._raised)
+            # A group whose raise was proven refused (:meth:`refused`) since the last call: this view may have been
+            # read during the call, when the group counted as the job's; the next one is read after it.
+            self._raised = tuple(sorted((n, h) for n, h in raised.items() if n not in self._refused))
+            self._refused.clear()
             self._set_calls += 1
             # A raise's own entry is kept through the first call after it (its tick may have read the group before
             # the call started), then the job's view counts it (a call made is the job's: GroupCapacity.started).
             self._sending = {n: v for n, v in self._sending.items() if self._set_calls - v[1] < 2}
-            if any(hosts > before.get(name, 0) for name, hosts in raised.items()):
-                self._asked_seq += 1
-                self._wake.set()
+            self._changed(before, grew=any(hosts > view.get(name, 0) for name, hosts in self._raised))
 
     def raising(self, source: str, hosts: int, *, timeout_s: float = WRITE_AHEAD_S) -> bool:
         """A call about to set ``source``'s group to ``hosts``: have the entry say so before it is sent, waiting up
@@ -242,6 +246,7 @@ class AliveRefresher:
             if self._closing.is_set():
                 return False
             self._sending[source] = (hosts, self._set_calls)
+            self._refused.discard(source)  # a new call: its own entry says it
             if hosts <= dict(self._written_raised).get(source, 0):
                 return True  # on disk already
             self._asked_seq += 1
@@ -256,13 +261,25 @@ class AliveRefresher:
             return False
 
     def refused(self, source: str, hosts: int) -> None:
-        """The cloud refused the call :meth:`raising` announced, provably (no attempt landed): the entry no longer
-        says it (the job's own view stays), written at once; any thread, no I/O."""
+        """The cloud refused the call :meth:`raising` announced, provably (no attempt landed), and the group is not
+        the job's (its owner before the call was not): the entry no longer says it, written at once; any thread,
+        no I/O. The job's view, which a tick during the call may have given it (the group counted as the job's
+        then), drops it too, and so does the next :meth:`set_raised` (its view may have been read during the call)."""
         with self._done:
+            before = dict(self._raised_now())
             if self._sending.get(source, (None,))[0] == hosts:
                 del self._sending[source]
-                self._asked_seq += 1
-                self._wake.set()
+            self._raised = tuple((n, h) for n, h in self._raised if n != source)
+            self._refused.add(source)
+            self._changed(before)
+
+    def _changed(self, before: dict[str, int], *, grew: bool = False) -> None:
+        """Write at once where the entry's groups changed from ``before`` (one new, larger or gone) or the job's
+        view ``grew`` (with the lock)."""
+        now = dict(self._raised_now())
+        if grew or before.keys() - now.keys() or any(hosts > before.get(name, 0) for name, hosts in now.items()):
+            self._asked_seq += 1
+            self._wake.set()
 
     def _raised_now(self) -> tuple[tuple[str, int], ...]:
         """What the entry says was raised: the job's view, with each raise about to be sent (the larger value)."""

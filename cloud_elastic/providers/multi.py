@@ -364,12 +364,14 @@ class MultiSourceDiscovery(HostDiscovery):
                     finally:  # ended, whatever its outcome: capacity_of no longer counts it as under way
                         group.sending = None
         except CapacityDeniedError as exc:
-            group.denied(proven=self._proven_refused(source, hosts, exc))
+            group.denied(proven=self._proven_refused(source, exc))
+            self._undo_raise(source, hosts)
             log.warning("--manage-capacity: the job may not change host source %r (%s); it goes on without "
                         "managing the group: set its desired capacity yourself", source.spec.name, exc)
             return
         except CapacityError as exc:
-            group.refused(proven=self._proven_refused(source, hosts, exc))
+            group.refused(proven=self._proven_refused(source, exc))
+            self._undo_raise(source, hosts)
             log.warning("--manage-capacity: could not set the desired capacity of host source %r to %d (%s); "
                         "retrying at the next discovery", source.spec.name, hosts, exc)
             return
@@ -382,26 +384,32 @@ class MultiSourceDiscovery(HostDiscovery):
         """Call ``callback(source, hosts)`` before each call that sets a group to ``hosts`` > 0, on the thread that
         makes it, which waits for it (the driver records the raise in its sign of life first: a driver killed during
         the call leaves the group to the one restarted for the job); ``undo(source, hosts)`` once its provider
-        proves the cloud refused that call, no attempt of it landed (``HostDiscovery.capacity_refused``: the record
-        is taken back). A callback that raises is logged; the call goes on."""
+        proves the cloud refused that call, no attempt of it landed (``HostDiscovery.capacity_refused``), on a group
+        the job had not set before it (the record is taken back; one the job had set stays the job's). A callback
+        that raises is logged; the call goes on."""
         self._on_raise, self._on_undo = callback, undo
 
-    def _proven_refused(self, source: SourceState, hosts: int, exc: CapacityError) -> bool:
-        """Whether ``source``'s provider proves the cloud refused the call setting ``hosts`` (no attempt landed);
-        a raise so refused is taken back out of the sign of life. A provider that cannot tell, or fails to: no."""
+    def _proven_refused(self, source: SourceState, exc: CapacityError) -> bool:
+        """Whether ``source``'s provider proves the cloud refused the call (no attempt landed). A provider that
+        cannot tell, or fails to: no."""
         try:
             proven = getattr(source.discovery, "capacity_refused", None)
-            proven = proven is not None and proven(exc) is True
+            return proven is not None and proven(exc) is True
         except Exception:  # noqa: BLE001 (a plugin's bug: the raise stays the job's, the cost-safe side)
             log.debug("host source %r: capacity_refused failed", source.spec.name, exc_info=True)
             return False
-        if proven and hosts > 0 and self._on_undo is not None:
-            try:
-                self._on_undo(source.spec.name, hosts)
-            except Exception:  # noqa: BLE001 (the record stays: a successor sets the group back, the safe side)
-                log.warning("--manage-capacity: host source %r: the refused raise to %d is still recorded",
-                            source.spec.name, hosts, exc_info=True)
-        return proven
+
+    def _undo_raise(self, source: SourceState, hosts: int) -> None:
+        """A failed raise to ``hosts`` that left the group not the job's (only one proven refused can: its owner
+        before it, not the job, is again: GroupCapacity.refused) is taken back out of the sign of life. Called once
+        the owner is set back: a driver tick before it would put the group back in as the job's."""
+        if hosts <= 0 or source.group.owned or self._on_undo is None:
+            return
+        try:
+            self._on_undo(source.spec.name, hosts)
+        except Exception:  # noqa: BLE001 (the record stays: a successor sets the group back, the safe side)
+            log.warning("--manage-capacity: host source %r: the refused raise to %d is still recorded",
+                        source.spec.name, hosts, exc_info=True)
 
     def _before_raise(self, name: str, hosts: int) -> None:
         try:

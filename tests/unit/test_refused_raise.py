@@ -3,6 +3,9 @@ refused (``HostDiscovery.capacity_refused``) is taken back out at once; one it c
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from cloud_elastic.checkpoint import CheckpointStore
@@ -12,6 +15,7 @@ from cloud_elastic.errors import CapacityDeniedError, CapacityError
 from cloud_elastic.providers.multi import MultiSourceDiscovery
 from cloud_elastic.providers.sources import SourceSpec
 from tests.unit.test_fallback_table import Group
+from tests.unit.test_job_sourcing import OD, SPOT_A, Sourced
 from tests.unit.test_raised_capacity import _entry_raised
 
 pytestmark = pytest.mark.timeout(60)
@@ -45,5 +49,75 @@ def test_a_raise_the_cloud_provably_refused_is_taken_back_out_of_the_sign_of_lif
         assert _entry_raised(store, carried, within_s=5.0) == carried
         assert multi.can_give("od").owned is bool(carried)
     finally:
+        refresher.close(stopped=False)
+        multi.close()
+
+
+class _Gated(Group):
+    """A group whose call lasts until the driver's tick has run during it (an AWS call takes 100 ms or more; the
+    driver ticks every 50 ms)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.during, self.ticked = threading.Event(), threading.Event()
+
+    def set_capacity(self, hosts, *, source=None):
+        self.during.set()
+        if not self.ticked.wait(10.0):
+            raise AssertionError("no driver tick ran during the call")
+        return super().set_capacity(hosts, source=source)
+
+
+@pytest.mark.parametrize("straddle", [False, True], ids=["ticks-go-on", "tick-straddles-the-refusal"])
+def test_a_raise_refused_while_the_driver_ticks_is_taken_back_out_of_the_sign_of_life(tmp_path, straddle):
+    """raise2 review of 98d01a8 (rv2 refused_tick_race): the driver's tick during the call (every 50 ms) saw the
+    group as the job's and put it in the sign of life's job view; the proven refusal took out only the raise's own
+    entry, and the view dropped the group without writing it, so the entry on disk said od raised until the next
+    5 s refresh: a driver killed -9 then handed the operator's group (at 1) to its successor, which set it to 0.
+    Also a tick that read the group during the call and hands its view over after the refusal (straddle)."""
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    sim = Sourced(3, manage_capacity=True, sources=(SPOT_A, OD))
+    spot, od = Group("spot", "a", []), _Gated("od", "o", [])
+    spot.hosts, od.desired, od.errors = 1, 1, [_refusal("refused-first")]  # od: the operator's group, at 1
+    multi = MultiSourceDiscovery([(SourceSpec("spot-a", "group", price=1.0), spot),
+                                  (SourceSpec("od", "group", price=4.0, fallback=True), od)], clock=lambda: sim.now)
+    refresher = AliveRefresher(store, "job", 60.0, interval_s=60.0).start()  # no refresh due while it runs
+    raised.write_ahead(multi, refresher)
+    lock, stop, call_done = threading.Lock(), threading.Event(), threading.Event()
+
+    def ticks() -> None:  # driver.py's loop: share, then remember, with the job's lock
+        while not stop.is_set():
+            with lock:
+                during = od.during.is_set()
+                raised.share(sim.job, multi)
+                if straddle and during:
+                    od.ticked.set()
+                    call_done.wait(10.0)
+                raised.remember(sim.job, refresher, {})
+            if during:
+                od.ticked.set()
+                if straddle:
+                    return  # no later tick puts it right
+            time.sleep(0.01)
+
+    ticker = threading.Thread(target=ticks, daemon=True)
+    try:
+        with lock:
+            raised.discovered(sim.job, multi, multi.find(), sim.now)
+            sim.advance(1)
+            actions, sim.capacity[:] = list(sim.capacity), []
+        ticker.start()
+        for action in actions:  # the discovery thread's call
+            multi.set_capacity(action.hosts, source=action.source)
+        call_done.set()
+        assert od.cloud == ["od=2"]
+        if straddle:
+            ticker.join(10.0)
+        assert multi.can_give("od").owned is False
+        assert _entry_raised(store, {}, within_s=5.0) == {}  # a driver killed now leaves the operator's group
+    finally:
+        stop.set()
+        call_done.set()
+        ticker.join(10.0)
         refresher.close(stopped=False)
         multi.close()
