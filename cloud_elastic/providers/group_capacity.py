@@ -14,7 +14,8 @@ defect fixed (``tests/unit/test_fallback_table.py``):
 * A raise sent (whatever its answer, but one its provider proves the cloud refused, no attempt of it landed:
   ``HostDiscovery.capacity_refused``) or taken over is the job's (:attr:`~GroupCapacity.owned`): only then does a 0
   go. A raise skipped on a group set higher while the job had set nothing, or had set it back to 0, makes it an
-  operator's: :meth:`~GroupCapacity.capacity_of` no longer says the job's earlier 0 (none is sent at the end). A
+  operator's: :meth:`~GroupCapacity.capacity_of` no longer says the job's earlier 0 (none is sent at the end); so
+  does a raise sent on such a group and proven refused (the group is again whoever's it was before the raise). A
   group the job raised stays the job's, though its DesiredCapacity reads higher later (an operator's raise, or its
   own scaling): it is set back to 0 at the job's end (a stale read must not keep a paid group raised).
 * :meth:`~GroupCapacity.room`: its MaxSize; what it has, where the job may not change it or its raise was refused
@@ -156,9 +157,13 @@ class GroupCapacity:
     def _changes(self, asked: int, hosts: int, limits: tuple | None, now: float) -> bool:
         desired = limits[2] if limits is not None and len(limits) > 2 else None
         # Nothing to change, or a group raised beyond it by someone else (the job lowers its own raise itself).
-        if asked > 0 and desired is not None and (desired == hosts or desired > hosts and desired != self.value):
-            if not (self.value or self.adopted or self.made):
-                self.who = OPERATOR  # not the job's (a call of its own that timed out may have set it): kept
+        skip = asked > 0 and desired is not None and (desired == hosts or desired > hosts and desired != self.value)
+        if (skip or asked > 0 and desired) and not (self.value or self.adopted or self.made):
+            # Not the job's (a call of its own that timed out may have set it): kept; a raise sent replaces it
+            # (started), one proven refused gives it back (refused: the job's end leaves it, though the job had
+            # set the group to 0 before the operator raised it).
+            self.who = OPERATOR
+        if skip:
             if desired == hosts and self.adopted and self.value is None:
                 self.value = min(asked, hosts)  # a group taken over at the job's value: its own (SHORT_FOR_S)
             return False

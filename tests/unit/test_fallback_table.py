@@ -238,6 +238,11 @@ ROWS = [
         events="od=2", then="od.owned od.set=2 carried=od:2"),
     Row("refused-first-not-carried", "spot=1 tick=2 od.refuse_first=10 spot=0", "tick=2", sent="od=2 od=2",
         events="od=2", then="od.owned od.set=1 carried=od:2"),
+    # raise2 review of 98d01a8: the group goes back to whoever had it before the raise: here an operator's, though
+    # the job had set it to 0 before the operator raised it (the job's end set the operator's 1 to 0).
+    Row("refused-first-not-carried", "np=3 spot=1 tick=2 spot=3 tick=2 od.desired=1 od.refuse_first=2 spot=1",
+        "tick=2 end", sent="od=2 od=2", events=None, then="od.unowned od.set=None carried=- asked=-",
+        log="host source 'od' is left as it is: this job never set its desired capacity"),
     Row("refused-retried-carried", "np=3 od.desired=1 od.refuse=10 spot=1", "tick=2", sent="od=2 od=2",
         events="od=2", then="od.owned carried=od:2"),
     Row("refused-retried-carried", "np=3 od.desired=1 od.refuse=10 spot=1 tick=2 od.refuse=0", "end",
