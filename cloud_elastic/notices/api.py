@@ -36,6 +36,8 @@ __all__ = [
     "SOURCE_GCP",
     "SOURCE_AZURE",
     "SOURCES",
+    "GCP_MAINTENANCE_REASON",
+    "renewed",
     "NOTICE_GRACE_S",
     "SOFT_NOTICE_TTL_S",
 ]
@@ -52,6 +54,20 @@ SOURCE_AWS = "aws-imds"
 SOURCE_GCP = "gcp-metadata"
 SOURCE_AZURE = "azure-scheduled-events"
 SOURCES = (SOURCE_AWS, SOURCE_GCP, SOURCE_AZURE)
+
+#: How the reason of a GCE maintenance notice (event ``gcp-maintenance:*``) starts.
+GCP_MAINTENANCE_REASON = "GCE host maintenance: "
+
+
+def renewed(source: str | None, reason: str) -> bool:
+    """Whether a notice means maintenance still under way while the host's watcher reports it (GCP's: its watcher
+    re-sends ``TERMINATE_ON_HOST_MAINTENANCE`` while it lasts), so that hearing it again says it is still pending.
+
+    Not a Spot or preemption notice, nor an Azure event: each watcher reports those once, and the same notice
+    from the host's next watcher (the worker that took over watching) is no re-send.
+    """
+    return source == SOURCE_GCP and reason.startswith(GCP_MAINTENANCE_REASON)
+
 
 #: A hard notice lapses this long after its deadline (after its arrival when it has none) if the
 #: group still reports the host ready: the cloud did not take it, so the job may use it again.

@@ -14,8 +14,9 @@ host's workers leave at their next commit, never removed by force at a
 deadline made up here. While the value stays, the notice is reported again
 every ``renew_s`` (30 s), so that the driver keeps it (a hard notice lapses
 :data:`~cloud_elastic.notices.api.NOTICE_GRACE_S` after its deadline, or after
-its last report when it has none; one re-sent stays pending once the host's
-workers, and this watcher, have left: see ``HostManager``). Any other value
+its last report when it has none; one this watcher re-sent stays pending once
+the host's workers, and this watcher, have left: see ``HostManager`` and
+:func:`~cloud_elastic.notices.api.renewed`). Any other value
 (``MIGRATE_ON_HOST_MAINTENANCE``: a live migration) → the soft
 :data:`MAINTENANCE`.
 
@@ -33,7 +34,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ._polling import Answer, BadAnswer, PollingWatcher, Unreachable, request
-from .api import MAINTENANCE, NOTICE_GRACE_S, SOURCE_GCP, TERMINATE, Notice
+from .api import GCP_MAINTENANCE_REASON, MAINTENANCE, NOTICE_GRACE_S, SOURCE_GCP, TERMINATE, Notice
 
 __all__ = ["GCPMetadataWatcher", "DEFAULT_HOST"]
 
@@ -134,9 +135,9 @@ class GCPMetadataWatcher(PollingWatcher):
                 self._stop_time, self._renew_at = self._window_start(now), now + self.renew_s
             self._maintenance_id = event_id
             return Notice(SOURCE_GCP, TERMINATE, self._stop_time,
-                          f"GCE host maintenance: {value} (the VM will be stopped)", event_id)
+                          f"{GCP_MAINTENANCE_REASON}{value} (the VM will be stopped)", event_id)
         self._maintenance_id = event_id
-        return Notice(SOURCE_GCP, MAINTENANCE, None, f"GCE host maintenance: {value}", event_id)
+        return Notice(SOURCE_GCP, MAINTENANCE, None, f"{GCP_MAINTENANCE_REASON}{value}", event_id)
 
     def _window_start(self, now: float) -> float | None:
         """``window_start_time`` of ``instance/upcoming-maintenance`` (Unix time), if it answers one still ahead.

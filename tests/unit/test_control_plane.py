@@ -37,7 +37,7 @@ class RecordingJob(FakeJob):
     def registered(self, worker_id: str, now: float) -> bool:
         return worker_id in self.workers
 
-    def notice(self, host: str, drain: Any, now: float, *, source: str, soft: bool) -> None:
+    def notice(self, host: str, drain: Any, now: float, *, source: str, soft: bool, watcher: str | None = None) -> None:
         self.notices.append((host, drain, source, soft))
 
     def drain(self, host: str, slot: int | None, now: float) -> tuple[bool, str]:

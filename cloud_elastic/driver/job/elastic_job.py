@@ -141,12 +141,14 @@ class ElasticJob(JobState):
         self.discovery.discovered(snapshot, now)
         self._step(now)
 
-    def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False) -> None:
-        """A notice for ``host`` from ``source`` (a metadata watcher, a notice queue); see :mod:`.leaving`.
+    def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False,
+               watcher: str | None = None) -> None:
+        """A notice for ``host`` from ``source`` (a metadata watcher, the worker ``watcher``'s; a notice queue); see
+        :mod:`.leaving`.
 
         Each notice is logged once; it lapses as :class:`~.hosts.HostManager` says.
         """
-        if self.leavers.notice(host, drain, now, source=source, soft=soft):
+        if self.leavers.notice(host, drain, now, source=source, soft=soft, watcher=watcher):
             self._step(now)
 
     def discovery_failed(self, message: str, *, fatal: bool, now: float) -> None:

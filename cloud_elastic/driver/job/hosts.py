@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection
 
 from cloud_elastic.driver.job.repeats import REPEATS, Streak
-from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S, SOURCES
+from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S, renewed
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
 __all__ = ["Slot", "Blacklist", "HostChanges", "HostManager", "Keep", "blocked_for", "blocked_s"]
@@ -198,12 +198,15 @@ class HostManager:
     not for good: a VM whose guest rebooted (systemd's SIGTERM reached the worker)
     comes back as the same instance, and must take workers again.
 
-    A notice its host's metadata watcher reports again (GCP re-sends ``TERMINATE_ON_HOST_MAINTENANCE`` while
-    it lasts; a watcher on a worker placed there after a lapse reports it anew) is still pending: once the
-    host's workers have left (:meth:`given_back`), taking their watcher with them, it does not lapse while
-    the host stays listed, up to :data:`MAX_NOTICE_LEAD_S` (the longest notice GCE gives) past its latest
-    report, with or without an instance id; without that, a static host under an hour's maintenance took a
-    worker and drained it again every few minutes.
+    A maintenance notice (:func:`~cloud_elastic.notices.api.renewed`) its host's metadata watcher reports again
+    (GCP re-sends ``TERMINATE_ON_HOST_MAINTENANCE`` while it lasts; a watcher on a worker placed there after a
+    lapse reports it anew) is still pending: once the host's workers have left (:meth:`given_back`), taking
+    their watcher with them, it does not lapse while the host stays listed, up to :data:`MAX_NOTICE_LEAD_S`
+    (the longest notice GCE gives) past its latest report, with or without an instance id; without that, a
+    static host under an hour's maintenance took a worker and drained it again every few minutes. Only the
+    same watcher's report counts as a re-send while the notice lasts (the host's next watcher, taking over
+    from a worker that left, reports it anew), and other notices (Spot, preemption, Azure) never do. Another
+    instance at the address starts afresh: the notice it inherits lapses as usual.
 
     An operator's drain (:meth:`hold`, ``cloud-elastic drain JOB HOST``) is a decision, not a forecast: it never
     lapses, and lasts until the host leaves discovery (a cloud's notice for the same host still lapses as above,
@@ -231,9 +234,9 @@ class HostManager:
     _notice_until: dict[str, float] = field(default_factory=dict)  # host -> when its hard notice may lapse
     _soft_until: dict[str, float] = field(default_factory=dict)  # host -> when its soft notice lapses
     _given_back: dict[str, str] = field(default_factory=dict)  # host -> the instance released for its hard notice
-    #: Host -> (source, reason) of every watcher report for it, until it leaves discovery (or another
-    #: instance holds the address): a report heard before is the watcher re-sending a notice still pending.
-    _heard: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+    #: Host -> (source, reason, watcher) of every maintenance report for it, until it leaves discovery (or
+    #: another instance holds the address): the same watcher's again, or any after a lapse, is a re-send.
+    _heard: dict[str, set[tuple[str, str, str | None]]] = field(default_factory=dict)
     _resent: set[str] = field(default_factory=set)  # hosts whose hard notice a watcher re-sent
     _reported_at: dict[str, float] = field(default_factory=dict)  # host -> its hard notice's latest report
     _pending: set[str] = field(default_factory=set)  # hosts given back while their watcher still re-sent it
@@ -274,7 +277,8 @@ class HostManager:
                 self._last_instance[host] = instance
                 self.blacklist.forget_host(host)
                 self._given_back.pop(host, None)
-                self._heard.pop(host, None)
+                self._heard.pop(host, None)  # its notice now lapses as usual, whatever the old one's watcher re-sent
+                self._forget_resends(host)
         self.instances.update(snapshot.instances)
         self.sources.update(snapshot.sources)  # a missing host keeps its source and price until it is forgotten
         self.prices.update(snapshot.prices)
@@ -333,6 +337,10 @@ class HostManager:
         del self.notices[host]
         self._notice_until.pop(host, None)
         self._given_back.pop(host, None)
+        self._forget_resends(host)
+
+    def _forget_resends(self, host: str) -> None:
+        """Whatever made ``host``'s notice still pending (see the class docstring) is gone with it."""
         self._resent.discard(host)
         self._pending.discard(host)
         self._reported_at.pop(host, None)
@@ -353,24 +361,27 @@ class HostManager:
         self._soft_until.pop(host, None)
 
     def notice(self, host: str, drain: Drain, now: float = 0.0, wall_now: float | None = None,
-               source: str | None = None) -> bool:
+               source: str | None = None, watcher: str | None = None) -> bool:
         """A notice says ``host`` is leaving; True if that is news (the host is known and was not draining).
 
         ``now`` is the manager's clock; ``wall_now`` the Unix time at that moment
         (deadlines are Unix times; None: the two clocks agree). The notice lasts
         until the host leaves discovery, or lapses (see the class docstring).
-        ``source``: who reported it; a metadata watcher's report heard before for
-        this host (same source and reason) is a re-send of a notice still pending.
+        ``source``: who reported it, and ``watcher``: the worker whose metadata watcher
+        did (None: a caller that does not tell them apart); a maintenance report this
+        watcher sent before for the notice, or any heard before it lapsed, is a re-send
+        of a notice still pending.
         """
         known = host in self.ready or host in self.draining or host in self.missing
         if not known:
             return False
         self.version += 1
-        if source in SOURCES:
+        if source is not None and renewed(source, drain.reason):
             heard = self._heard.setdefault(host, set())
-            if (source, drain.reason) in heard:
+            if (source, drain.reason, watcher) in heard or (
+                    host not in self.notices and any(h[:2] == (source, drain.reason) for h in heard)):
                 self._resent.add(host)
-            heard.add((source, drain.reason))
+            heard.add((source, drain.reason, watcher))
         self._reported_at[host] = now
         news = host not in self.draining
         old = self.notices.get(host)

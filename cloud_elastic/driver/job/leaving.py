@@ -106,8 +106,10 @@ class Leavers:
         self._last_hosts: dict[str, int] = {}
         self._checkpoint: tuple[int, int] | None = None  # (step, commit) of the newest checkpoint reported saved
 
-    def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False) -> bool:
-        """A notice for ``host`` from ``source``; True when it is news (the job then steps).
+    def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False,
+               watcher: str | None = None) -> bool:
+        """A notice for ``host`` from ``source`` (``watcher``: the worker whose metadata watcher reported it); True
+        when it is news (the job then steps).
 
         A hard notice drains the host: its workers leave at their next commit, or
         are removed by force just before ``drain.deadline``. A soft one only keeps
@@ -122,7 +124,7 @@ class Leavers:
         elif source == "operator":  # cloud-elastic drain: no lapse, it lasts until the host leaves discovery
             news = job.hosts.hold(host, drain)
         else:
-            news = job.hosts.notice(host, drain, now, now + job.wall_offset, source=source)
+            news = job.hosts.notice(host, drain, now, now + job.wall_offset, source=source, watcher=watcher)
         if not news:
             return False
         self.sources[host] = source

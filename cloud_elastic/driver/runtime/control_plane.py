@@ -272,7 +272,7 @@ class ControlPlane:
         if action.drain:
             # The job drains on soft notices too under --drain-on-rebalance.
             self._job.notice(w.slot.host, Drain(deadline=report.deadline, reason=report.reason), now,
-                             source=report.source, soft=action.soft)
+                             source=report.source, soft=action.soft, watcher=worker_id)
             self._cond.notify_all()
         return {"ok": True, "stay": action.stay} if report.own else {"ok": True}
 
