@@ -20,6 +20,7 @@ from cloud_elastic.driver.job.failures import Failures
 from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
 from cloud_elastic.driver.job.liveness import SilenceWatch
 from cloud_elastic.driver.job.repeats import REPEATS
+from cloud_elastic.driver.runtime.signal_stacks import SignalStacks
 from cloud_elastic.protocol import FlightEntry
 from cloud_elastic.providers.api import DiscoveredHosts
 from tests.unit.job_view import T0, FakeJob, S
@@ -336,6 +337,27 @@ STACKS = ('Thread 0x1 (most recent call first):\n  File "/usr/lib/python3.11/thr
           '  File "/ce/worker/elastic.py", line 159 in _run\n  File "/job/train.py", line 48 in <module>\n'
           '  File "<frozen runpy>", line 198 in _run_module_as_main\n\nFlight record (last 8 collectives, newest last):\n')
 FRAME = '"/job/train.py", line 33 in train'
+#: What a worker whose interpreter is held by native code prints on the driver's stacks signal (faulthandler's
+#: handler needs no GIL), as its output carries it: one block per thread, a blank line between them.
+PRINTED = ('Thread 0x00007f29d16806c0 (most recent call first):\n'
+           '  File "/usr/lib/python3.11/threading.py", line 327 in wait\n'
+           '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
+           'Current thread 0x00007f29f3dc1b80 (most recent call first):\n'
+           '  File "/job/train3.py", line 34 in train\n  File "/ce/worker/elastic.py", line 159 in _run\n'
+           '  File "/job/train3.py", line 49 in <module>\n  File "<frozen runpy>", line 88 in _run_code\n')
+PRINTED_FRAME = '"/job/train3.py", line 34 in train'
+
+
+def signalled(sim: Sim, worker_id: str, printed: bool) -> None:
+    """The driver's stop path asked ``worker_id`` (given up) for its stacks by signal, killed it a second later and
+    reports what its output carried: :data:`PRINTED` (a hang holding the GIL) or nothing (its host frozen or out of
+    reach: the signal never ran), gathered as the driver gathers it (:class:`SignalStacks`)."""
+    gathered = SignalStacks()
+    gathered.expect(worker_id)
+    for line in (PRINTED if printed else "").splitlines():
+        gathered.offer(worker_id, line)
+    sim.job.signal_stacks(worker_id, gathered.take(worker_id))
+    sim._collect()
 
 
 def hangs(sim: Sim, how: str, commit: int, *, survivor_commits: bool = False) -> None:
@@ -343,11 +365,12 @@ def hangs(sim: Sim, how: str, commit: int, *, survivor_commits: bool = False) ->
     the driver's kill then ends its process, and a new one on b[0] joins a[0] again once its slot cooled down.
 
     ``how``: "deadlock" (it heartbeats, answers the stacks request, never comes back after the round's abort),
-    "silent" (its heartbeats stop: a GIL held by native code), or an :class:`ExitStatus` (its host stopped
-    answering: the process ends that way before the driver gives it up). ``survivor_commits``: a[0] trains on
-    alone meanwhile (an elastic job), one commit past ``commit``."""
+    "silent" (its heartbeats stop: a GIL held by native code; it prints its stacks on the driver's signal),
+    "frozen" (its heartbeats stop and it prints nothing: its host frozen, or its network down with the ssh session
+    still open), or an :class:`ExitStatus` (its host stopped answering: the process ends that way before the driver
+    gives it up). ``survivor_commits``: a[0] trains on alone meanwhile (an elastic job), one commit past ``commit``."""
     b = sim.id("b[0]")
-    if how == "silent":
+    if how in ("silent", "frozen"):
         sim.silent.add(b)
     elif isinstance(how, ExitStatus):
         sim.exit("b[0]", how)
@@ -363,6 +386,8 @@ def hangs(sim: Sim, how: str, commit: int, *, survivor_commits: bool = False) ->
         sim.advance(0.5)
     else:
         raise AssertionError(f"b[0] was never given up: {w.state}")
+    if how in ("silent", "frozen"):
+        signalled(sim, b, printed=how == "silent")
     if w.state is S.LOST:
         sim.exit("b[0]", KILLED)  # the driver's kill
     if sim.outcome is not None:
@@ -392,22 +417,69 @@ def fixed(**policy) -> Sim:
     return sim
 
 
-@pytest.mark.parametrize("how, doing", [("deadlock", f"its main thread at {FRAME}"),
-                                        ("silent", "silent (holding the GIL?)")], ids=["deadlock", "gil-silent"])
-def test_a_worker_that_hangs_at_the_same_commit_ends_a_fixed_size_job_at_the_third_give_up(how, doing) -> None:
+@pytest.mark.parametrize("how, doing, remedy", [
+    ("deadlock", f"its main thread at {FRAME}", "raise --progress-timeout if this step can take longer"),
+    ("silent", f"silent (holding the GIL?), its main thread at {PRINTED_FRAME}",
+     "raise --heartbeat-timeout if its script can hold the GIL that long"),
+], ids=["deadlock", "gil-silent"])
+def test_a_worker_that_hangs_at_the_same_commit_ends_a_fixed_size_job_at_the_third_give_up(how, doing, remedy) -> None:
     """The reviewer's e1 and e5: rank 1 deadlocks (a lock taken twice) or holds the GIL (a catastrophic regex) at the
     same step each time; -np 2 --min-np 2 never progressed and never ended: rank 1 was given up (its round aborted
     after --progress-timeout, or silent), relaunched, and hung again, for ever. Its slot is not blacklisted for good
-    (a straggler may well be slow that long); the job ends at the third give-up, naming the worker and what it did."""
+    (a straggler may well be slow that long); the job ends at the third give-up, naming the worker, where its main
+    thread was (a silent one: the frame it printed on the stacks signal) and the timeout that gave it up (silence is
+    judged against --heartbeat-timeout, not --progress-timeout)."""
     sim = fixed()
     for n in range(1, REPEATS + 1):
         hangs(sim, how, 6)
         assert (sim.outcome is None) == (n < REPEATS), n
     failed(sim, f"no progress: worker b[0] (rank 1) was given up {REPEATS} times in a row at commit 6, its process "
-                f"still running each time", f"what it was doing: {doing}; raise --progress-timeout if this step can "
-                f"take longer")
+                f"still running each time", f"what it was doing: {doing}; {remedy}")
     assert "\n" not in sim.outcome.reason
+    other = "--heartbeat-timeout" if how == "deadlock" else "--progress-timeout"
+    assert other not in sim.outcome.reason
     assert sim.slots_launched().count("b[0]") == REPEATS and sim.job.hosts.blacklist.for_good_slots() == []
+
+
+def test_a_host_that_freezes_again_and_again_never_ends_a_healthy_fixed_size_job(caplog) -> None:
+    """The reviewer's a1: rank 1's host freezes (a VM paused, its network down with the ssh session still open) for
+    longer than --heartbeat-timeout, three times and more at commit 6. Its worker is given up as silent each time,
+    but it never prints its stacks on the driver's signal (a frozen process runs no handler; a GIL-hung one does):
+    that is not a hang of its script, and the job, relaunching it each time, goes on; a real GIL hang still counts
+    from 1."""
+    sim = fixed()
+    for _ in range(REPEATS + 1):
+        hangs(sim, "frozen", 6)
+    assert sim.outcome is None and sim.slots_launched().count("b[0]") == REPEATS + 2
+    assert "in a row at commit" not in caplog.text
+    hangs(sim, "silent", 6)
+    assert sim.outcome is None and caplog.text.count(f"1 of {REPEATS} in a row at commit 6") == 1, caplog.text
+
+
+def test_the_workers_of_one_host_given_up_in_two_scans_count_once(caplog) -> None:
+    """The reviewer's a2: the three workers of one host hang together (each holding the GIL) and are given up a
+    second apart, in two scans of the driver; one outage, counted once ("workers given up together count once"),
+    not 2 of 3 toward the job's end."""
+    sim = started(4, {"a": 1, "b": 3}, min_np=1, cooldown=(1.0, 2.0), progress_timeout_s=5, elastic_timeout_s=60)
+    host = [sim.id(f"b[{i}]") for i in range(3)]
+    for slot in ("a[0]", "b[0]", "b[1]", "b[2]"):
+        at_commit(sim, slot, 6)
+    sim.silent.add(host[0])
+    sim.advance(1.0)
+    sim.silent.update(host[1:])
+    gone_at: dict[str, float] = {}
+    for _ in range(40):
+        sim.advance(0.5)
+        gone_at.update((b, sim.now) for b in host if b not in gone_at and not sim.job.workers[b].alive)
+        if len(gone_at) == len(host):
+            break
+    assert len(set(gone_at.values())) >= 2, gone_at  # given up in more than one scan
+    for b in host:
+        signalled(sim, b, printed=True)
+        sim.advance(0.5)
+    assert sim.outcome is None
+    assert caplog.text.count(f"1 of {REPEATS} in a row at commit 6") == 1, caplog.text
+    assert f"2 of {REPEATS}" not in caplog.text, caplog.text
 
 
 @pytest.mark.parametrize("status", [KILLED, UNREACHABLE], ids=["SIGKILL-from-outside", "ssh-session-closed"])

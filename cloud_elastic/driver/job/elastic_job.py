@@ -274,6 +274,15 @@ class ElasticJob(JobState):
             w.stacks_sent, w.last_frame = request, main_frame(text) or w.last_frame
         return w
 
+    def signal_stacks(self, worker_id: str, text: str) -> WorkerRecord | None:
+        """A worker given up and asked for its stacks by signal was killed: ``text`` is what it printed ("" for
+        nothing: its host frozen or out of reach); a silent one counts as a hang only if it printed them
+        (:meth:`.failures.Failures.signal_stacks`). Returns its record (None if unknown)."""
+        w = self.workers.get(worker_id)
+        if w is not None:
+            self.failures.signal_stacks(w, text)
+        return w
+
     def exiting(self, worker_id: str, now: float) -> bool:
         """The worker is past its exit hooks: its heartbeats stop now and its exit status follows.
 

@@ -22,8 +22,9 @@
   carries the error the worker's script said it ended with;
 * a worker given up (:meth:`Failures.give_up`: silent, never arrived, stuck) is
   stopped at once; a leaver given up costs its peers a rollback but no blacklisting;
-  one given up while its process still ran (``hung``: stuck or silent) :data:`.repeats.REPEATS`
-  times in a row with no new commit of the job in between ends the job (see :mod:`.repeats`);
+  one given up while its process still ran (``hung``: stuck, or silent and then printing its stacks on the
+  stop's signal, :meth:`Failures.signal_stacks`) :data:`.repeats.REPEATS` times in a row with no new commit of
+  the job in between ends the job (see :mod:`.repeats`);
 * the committed state is never silently lost (:meth:`Failures.check_state_kept`):
   once no live worker holds it and no member is on its way back, the next round
   resumes from the latest checkpoint, or, without ``--checkpoint-dir``, the job
@@ -34,11 +35,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable
+from typing import Callable, Hashable
 
 from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.hosts import Slot, blocked_for
-from cloud_elastic.driver.job.repeats import REPEATS, Hangs, Streak, own_failure
+from cloud_elastic.driver.job.repeats import REPEATS, SILENT, Hangs, Streak, own_failure
+from cloud_elastic.driver.job.stalls import main_frame
 from cloud_elastic.driver.job.exit_status import signal_name
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
@@ -46,6 +48,9 @@ from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 __all__ = ["Failures"]
 
 log = logging.getLogger(__name__)
+
+#: The most silent workers whose stacks signal may be out at once (kept until their stop path reports).
+_SIGNALS_OUT = 64
 
 S = WorkerState
 
@@ -72,6 +77,8 @@ class Failures:
         self._lost_in_vain = Streak()  # every worker lost, in a row, each time without progress
         self._own_since_lost = False  # a worker failed of its own doing since every worker was last lost
         self._hangs = Hangs()  # workers given up while their process still ran, in a row at one commit
+        #: Workers given up for silence whose stacks signal is still out: the commit and round they would count at.
+        self._silent: dict[str, tuple[int, Hashable]] = {}
 
     def _lost_again(self) -> int:
         """Every worker is lost, with checkpointing: how many times in a row that has now happened without
@@ -202,7 +209,15 @@ class Failures:
         job.act(Stop(w.worker_id, what, immediate=True, stacks=stacks))
         if not leaving and job.phase is not Phase.FINISHING:
             if self.fail(w, what, now, was_member=was_member, transport=False) and w.hung:
-                self._hung(w, now)
+                # Workers given up together (one outage of a host, every member of one stuck round) share the
+                # round they were members of: they count once, however many scans found them.
+                at = (job.commit_high, w.round or w.worker_id)
+                if w.hung != SILENT:
+                    self._hung(w, *at)
+                elif stacks:  # it counts once it has printed its stacks on the stop's signal (signal_stacks)
+                    self._silent[w.worker_id] = at
+                    while len(self._silent) > _SIGNALS_OUT:  # a launcher that cannot signal never reports
+                        del self._silent[next(iter(self._silent))]
             return
         if before is S.EXITING:
             # It had already left its round; only its process was slow to go.
@@ -214,21 +229,40 @@ class Failures:
         if was_member:
             job.abort()
 
-    def _hung(self, w: WorkerRecord, now: float) -> None:
-        """``w`` was given up while its process still ran (``w.hung`` says what it was doing): the
-        :data:`.repeats.REPEATS`-th time in a row with no new commit of the job in between ends the job, through the
-        failing end (its newest commit checkpointed first). The slot itself only cools down, as after any give-up."""
+    def signal_stacks(self, w: WorkerRecord, text: str) -> None:
+        """The stop path's word on ``w``, given up and asked for its stacks by signal before its kill: ``text`` is
+        what it printed ("" for nothing). One given up for silence counts as a hang only now, and only if it printed
+        them: a process hung holding the GIL does (``faulthandler``'s handler needs no GIL), and the job's end line
+        names its main thread's frame; a frozen host, or one whose network is down with its ssh session still open,
+        prints nothing, and that outage is not its script's doing."""
         job = self._job
-        times = self._hangs.given_up(job.commit_high, now)
+        at = self._silent.pop(w.worker_id, None)
+        if at is None or job.outcome is not None or job.phase is Phase.FINISHING:
+            return
+        if not text:
+            log.info("job %s: worker %s (%s), given up for silence, printed no stacks on the signal (its host frozen "
+                     "or out of reach): not counted as a hang of its script", job.job_id, w.worker_id, w.label)
+            return
+        frame = main_frame(text)
+        w.hung = f"{SILENT}, its main thread at {frame}" if frame else SILENT
+        self._hung(w, *at)
+
+    def _hung(self, w: WorkerRecord, commit: int, together: Hashable) -> None:
+        """``w`` was given up while its process still ran (``w.hung`` says what it was doing) with the job at
+        ``commit``, as a member of round ``together`` (its id when it was none): the :data:`.repeats.REPEATS`-th
+        time in a row with no new commit of the job in between ends the job, through the failing end (its newest
+        commit checkpointed first). The slot itself only cools down, as after any give-up."""
+        job = self._job
+        times = self._hangs.given_up(commit, together)
         if job.outcome is not None:
             return
         if times < REPEATS:
             if times:
                 log.warning("job %s: worker %s (%s) was given up while its process still ran (%s): %d of %d in a row "
                             "at commit %d before the job ends", job.job_id, w.worker_id, w.label, w.hung, times,
-                            REPEATS, job.commit_high)
+                            REPEATS, commit)
             return
-        job.end(False, Hangs.line(f"{w.slot} ({w.label})", job.commit_high, times, w.hung), 1)
+        job.end(False, Hangs.line(f"{w.slot} ({w.label})", commit, times, w.hung), 1)
 
     def check_state_kept(self) -> None:
         """Fail at once when the committed state is gone and nothing can bring it back."""

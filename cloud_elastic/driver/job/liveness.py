@@ -49,8 +49,10 @@ worker's bound. Without peers waiting on it (between rounds, in rendezvous, no
 collective) only the heartbeat timeout gives a worker up, as before.
 
 A worker found silent either way is marked ``hung`` (:data:`.repeats.SILENT`): the driver has not seen its
-process end, so it still runs, and silence given up again and again at one commit ends the job (see
-:mod:`.repeats`). A process that ended (killed from outside, its ssh session closed) is reported ended instead.
+process end. Its silence counts toward the job's end (see :mod:`.repeats`) only once its process has printed
+its stacks on the signal the driver sends as it stops it (a GIL-hung one does); a frozen host or a network drop
+(an ssh session stays open a while) prints nothing and never counts. A process that ended (killed from
+outside, its ssh session closed) is reported ended instead.
 """
 
 from __future__ import annotations

@@ -14,12 +14,18 @@ go round for ever (each relaunch forms a round, and a formed round restarts the 
   :data:`REPEATS` times in a row, ends the job (:meth:`.completion.Completion.check_progress`), but only
   when every member was waiting inside a collective each time (a mismatch no rank can leave): a member
   busy outside any collective is a straggler, and its stalls never count;
-* a worker given up while its process still ran (``WorkerRecord.hung``: no progress past ``--progress-timeout``
-  after its round's abort, or silent while the launcher still held it running: a deadlock, a hang holding the GIL)
-  :data:`REPEATS` times in a row with no new commit of the job in between ends the job, naming it, what it was
-  doing and the remedy (:class:`Hangs`, :meth:`.failures.Failures.give_up`); the job's end checkpoints its newest
-  commit first (``ending.FailingEnd``). Any new commit starts the count again, so an elastic job that trains on
-  without it never ends this way (its slot only cools down), and neither does a straggler that comes back.
+* a worker given up while its process still ran (``WorkerRecord.hung``), :data:`REPEATS` times in a row with no
+  new commit of the job in between, ends the job, naming it, what it was doing and the remedy (:class:`Hangs`,
+  :meth:`.failures.Failures.give_up`); the job's end checkpoints its newest commit first (``ending.FailingEnd``).
+  Such a worker is *stuck* (no progress past ``--progress-timeout`` after its round's abort while it still
+  heartbeats: a deadlock; it counts as it is given up) or *silent* (its heartbeats stopped: a hang holding the GIL).
+  A silent one counts only once its process has answered the stacks signal the driver sends as it stops it
+  (:meth:`.failures.Failures.signal_stacks`): ``faulthandler``'s handler needs no GIL, so a GIL-hung process
+  prints its stacks, while a frozen host or one whose network is down (its ssh session still open) prints
+  nothing, and such an outage never counts. Workers given up together count once: one give-up per round they
+  were members of, however many scans found them (all of one host's workers, or every member of one stuck
+  round). Any new commit starts the count again, so an elastic job that trains on without it never ends this
+  way (its slot only cools down), and neither does a straggler that comes back.
 
 Only a failure the worker's own process caused counts (:func:`own_failure`): an exception its script
 reported, a non-zero exit code, or death by a crash signal (:data:`CRASH_SIGNALS`). A worker killed from
@@ -49,9 +55,9 @@ REPEATS = 3
 CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
 #: Killed from outside (a reclaim, a preemption, the OOM killer, an operator): never the script's fault.
 _OUTSIDE_SIGNALS = (signal.SIGKILL, signal.SIGTERM)
-#: What a worker given up for silence while its process still ran was doing, as far as the driver can tell.
+#: What a worker given up for silence while its process still ran was doing, as far as the driver can tell; it
+#: counts once it has printed its stacks on the driver's signal (see the module docstring).
 SILENT = "silent (holding the GIL?)"
-
 
 def own_failure(error: str, exit_code: int | None, transport: bool) -> bool:
     """Whether a worker's failure is its own process's doing, and so counts toward a repeat: it reported an
@@ -93,23 +99,25 @@ class Streak:
 class Hangs:
     """Workers given up while their process still ran (``WorkerRecord.hung``), in a row at one commit of the job.
 
-    Several given up at the same moment (every member of one stuck round) count once. Not a blacklist: the
+    Several given up together (``together``: the round they were members of) count once. Not a blacklist: the
     slot keeps its usual cooldown; the job ends at the :data:`REPEATS`-th (see the module docstring)."""
 
     streak: Streak = field(default_factory=Streak)
-    _last_at: float | None = None
+    _last: Hashable = None
 
-    def given_up(self, commit: int, now: float) -> int:
-        """A hung worker was given up at ``now`` with the job at ``commit``: how many such give-ups in a row there
-        are now with no new commit in between (0: given up with another one, already counted)."""
-        if now == self._last_at:
+    def given_up(self, commit: int, together: Hashable) -> int:
+        """A hung worker was given up with the job at ``commit``: how many such give-ups in a row there are now with
+        no new commit in between (0: one of a give-up with the same ``together`` at this commit, already counted)."""
+        if (commit, together) == self._last:
             return 0
-        self._last_at = now
+        self._last = (commit, together)
         return self.streak.note(commit)
 
     @staticmethod
     def line(worker: str, commit: int, times: int, doing: str) -> str:
-        """The job's end line: the worker (``host[slot] (rank N)``), the commit, how many times, what it was doing."""
+        """The job's end line: the worker (``host[slot] (rank N)``), the commit, how many times, what it was doing
+        (:data:`SILENT` first for one given up for silence), and the timeout that gave it up, to raise."""
+        remedy = ("raise --heartbeat-timeout if its script can hold the GIL that long" if doing.startswith(SILENT)
+                  else "raise --progress-timeout if this step can take longer")
         return (f"no progress: worker {worker} was given up {times} times in a row at commit {commit}, its process "
-                f"still running each time and no commit in between; what it was doing: {doing}; raise "
-                f"--progress-timeout if this step can take longer")
+                f"still running each time and no commit in between; what it was doing: {doing}; {remedy}")

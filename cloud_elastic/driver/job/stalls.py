@@ -13,9 +13,10 @@ silent. Those are the collective's culprits; the liveness rule gives one up
 only when it is also silent (see :mod:`.liveness`), and the log and the events
 file name them first (:func:`describe`, :func:`stall_event`).
 
-A stuck member's stacks (sent when the no-progress watch asks) say where its
-script is: :func:`main_frame` picks its main thread's innermost Python frame,
-which a job ended for making no progress names (see :mod:`.repeats`).
+A stuck member's stacks (sent when the no-progress watch asks, or printed on
+the driver's signal as a silent one is stopped) say where its script is:
+:func:`main_frame` picks its main thread's innermost Python frame, which a job
+ended for making no progress names (see :mod:`.repeats`).
 """
 
 from __future__ import annotations
@@ -154,11 +155,22 @@ def main_frame(stacks: str) -> str:
     """The innermost Python frame of the main thread in ``stacks`` (``faulthandler``'s text: one block per thread,
     most recent call first), as ``"path", line N in function``; "" when no block has one.
 
-    The main thread's block is the one its header marks (``StacksReport.MAIN_THREAD``: the worker's
+    A block starts at its thread's header (the one unindented line) or after a blank line: the stacks a worker
+    prints on the driver's signal come without the blank lines (``SignalStacks`` keeps only ``faulthandler``'s
+    lines). The main thread's block is the one its header marks (``StacksReport.MAIN_THREAD``: the worker's
     ``format_stacks``); in text without the mark, the one that runs a ``<module>`` frame (the script's, under
     ``runpy`` or the fork server's child: the heartbeat and watcher threads start in ``threading``). Linear in
     the text (at most 48 KiB, see ``StacksReport``)."""
-    blocks = [block.strip().splitlines() for block in stacks.split("\n\n") if block.strip()]
+    blocks: list[list[str]] = []
+    fresh = True
+    for line in stacks.splitlines():
+        if not line.strip():
+            fresh = True
+            continue
+        if fresh or not line.startswith(" "):
+            blocks.append([])
+        blocks[-1].append(line)
+        fresh = False
     marked = [lines for lines in blocks if f"({StacksReport.MAIN_THREAD};" in lines[0]]
     for lines in marked or blocks:
         frames = [line.strip()[len("File "):] for line in lines if line.strip().startswith("File ")]

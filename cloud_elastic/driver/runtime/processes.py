@@ -252,10 +252,10 @@ class WorkerProcesses:
         if not text:
             log.warning("job %s: worker %s printed no stacks within %gs of the signal", self._job.job_id, worker_id,
                         STACKS_BEFORE_KILL_S)
-            return
-        with self._cond:
-            w = self._job.workers.get(worker_id)
-        if w is not None:
+        with self._cond:  # a silent worker counts as hung only if it printed them (Failures.signal_stacks)
+            w = self._job.signal_stacks(worker_id, text)
+            self._cond.notify_all()
+        if w is not None and text:
             self._sinks().sink.emit("stacks", worker=worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
                                     text=text, via="signal", **({"round": w.round} if w.round else {}))
 
