@@ -145,7 +145,8 @@ class CommitLedger:
         #: update's window that kept nothing; see :class:`CommitWindow`). Reported at rendezvous: the driver
         #: then never takes the state from it.
         self.holds_commit = True
-        #: ``DistributedOptimizer`` steps since the last commit: what a rollback undoes.
+        #: The loop's steps since the last commit (one per iteration of a GAN's loop, see ``Progress.step``):
+        #: what a rollback undoes.
         self.steps_since_commit = 0
         #: Steps the last rollback undid, told to the driver at the next rendezvous (then 0 again).
         self.rolled_back = 0
@@ -182,7 +183,8 @@ class CommitLedger:
 
     def note_step(self, optimizer: object = None) -> None:
         """An optimizer step finished (any optimizer's: the step post-hook ``context.init`` registers); one of the
-        loop's steps if ``optimizer`` paces it (see :mod:`.link.progress`: a GAN's second optimizer does not)."""
+        loop's steps if ``optimizer`` paces it (see :mod:`.link.progress`: a GAN's second optimizer does not),
+        two when it takes over from an optimizer the script replaced."""
         self.steps_since_commit += self.progress.step(optimizer=optimizer)
 
     def note_rollback(self) -> None:
