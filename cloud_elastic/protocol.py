@@ -402,6 +402,8 @@ class PollRequest:
     pause_s: float = 0.0
     #: The planned next round it acts on (:class:`NextRound`'s ``plan``; 0: none).
     next_plan: int = 0
+    #: It has entered ``hvd.elastic.run``: the job is elastic (``driver.job.fixed_size``; older workers: False).
+    elastic: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         # A literal, not asdict(): sent twice a second by every worker (asdict was ~15 % of a heartbeat).
@@ -410,7 +412,7 @@ class PollRequest:
                 "steps": self.steps, "waiting_s": self.waiting_s, "compute_s": self.compute_s,
                 "comm_s": self.comm_s, "link": None if self.link is None else self.link.to_wire(),
                 "flight": None if self.flight is None else self.flight.to_wire(), "pause_s": self.pause_s,
-                "next_plan": self.next_plan}
+                "next_plan": self.next_plan, "elastic": self.elastic}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":
@@ -422,7 +424,8 @@ class PollRequest:
                    None if msg.get("compute_s") is None else _optional_seconds(msg, "compute_s", what),
                    None if msg.get("comm_s") is None else _optional_seconds(msg, "comm_s", what),
                    LinkReport.from_wire(msg.get("link")), FlightEntry.from_wire(msg.get("flight")),
-                   _optional_seconds(msg, "pause_s", what), _optional_int(msg, "next_plan", what))
+                   _optional_seconds(msg, "pause_s", what), _optional_int(msg, "next_plan", what),
+                   msg.get("elastic") is not None and _bool(msg, "elastic", what))
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ def test_a_plain_horovod_script_whose_workers_all_exit_0_succeeds() -> None:
     assert sim.outcome is None  # rank 0 still runs
     script_ends(sim, "a[0]")
     assert sim.outcome == Finish(True, "training completed on 2 worker(s), every one exiting 0 (a fixed-size job: "
-                                       "the script does not use hvd.elastic.run)", 0)
+                                       "no worker entered hvd.elastic.run)", 0)
     assert "worker_failed" not in kinds(sim) and not sim.blocked("a[0]") and not sim.blocked("a[1]")
     assert sim.slots_launched() == ["a[0]", "a[1]"]
 
@@ -43,7 +43,7 @@ def test_a_worker_that_fails_fails_the_job_at_once_with_its_reason_and_nothing_i
     sim = started(3, {"a": 3})
     script_ends(sim, "a[1]", CRASH, error="RuntimeError: CUDA out of memory")
     failed(sim, "worker a[1]#2 (rank 1) exited with code 1: RuntimeError: CUDA out of memory",
-           "a fixed-size job: the script does not use hvd.elastic.run")
+           "a fixed-size job: no worker entered hvd.elastic.run")
     assert "all workers failed" not in sim.outcome.reason
     assert not any(sim.blocked(s) for s in ("a[0]", "a[1]", "a[2]"))
     failures = [f for kind, f in sim.events if kind == "worker_failed"]
@@ -77,7 +77,7 @@ def test_a_spare_that_dies_while_it_waits_is_replaced_and_does_not_fail_the_fixe
         script_ends(sim, "b[0]")
     script_ends(sim, "a[0]")
     assert sim.outcome == Finish(True, "training completed on 2 worker(s), every one exiting 0 (a fixed-size job: "
-                                       "the script does not use hvd.elastic.run)", 0)
+                                       "no worker entered hvd.elastic.run)", 0)
 
 
 def test_the_worker_that_reported_its_error_first_is_the_reason_though_a_peer_s_exit_is_seen_before_its_own(
@@ -91,7 +91,7 @@ def test_the_worker_that_reported_its_error_first_is_the_reason_though_a_peer_s_
     assert sim.outcome is None  # a[1], which reported first, is still exiting
     sim.exit("a[1]", CRASH)
     failed(sim, "worker a[1]#2 (rank 1) exited with code 1: RuntimeError: the script failed at step 4",
-           "a fixed-size job: the script does not use hvd.elastic.run")
+           "a fixed-size job: no worker entered hvd.elastic.run")
 
 
 def test_a_root_cause_that_never_exits_does_not_hold_the_job_up() -> None:
@@ -278,7 +278,7 @@ def test_a_draining_worker_whose_script_ends_with_exit_0_is_a_success_not_a_fail
     script_ends(sim, "b[0]")  # b's script finished within its notice's time
     script_ends(sim, "a[0]")
     assert sim.outcome == Finish(True, "training completed on 2 worker(s), every one exiting 0 (a fixed-size job: "
-                                       "the script does not use hvd.elastic.run)", 0)
+                                       "no worker entered hvd.elastic.run)", 0)
     assert not {"worker_failed", "rollback"} & set(kinds(sim)), sim.events
 
 

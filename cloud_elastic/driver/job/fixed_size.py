@@ -5,10 +5,17 @@ parameters, and never enter ``hvd.elastic.run``: nothing in them can roll back
 to a commit or take a newcomer in. Such a worker says so as its script ends:
 its exit hook sends ``completed`` with ``elastic`` false (see
 ``WorkerContext._at_exit``), whether the script returned or raised, before its
-exit status reaches the driver. From the first such report (unless a worker
-has committed: commits are made inside ``elastic.run``, so the job is elastic
-and the reporter only failed in its set-up), :class:`FixedSize` decides, for
-the job:
+exit status reaches the driver. A worker inside ``hvd.elastic.run`` says so in
+every heartbeat (``PollRequest.elastic``, :meth:`FixedSize.entered`): once any
+worker has (or has committed: commits are made inside ``elastic.run``), the job
+is elastic, and a worker whose script ended before entering it only failed in
+its set-up: its exit is judged as any elastic worker's (its slot cools down, the
+others go on down to ``--min-np``). A heartbeat comes within the poll hold
+(half a second by default), so a worker that fails sooner after its peers
+entered is judged before they are known elastic; a worker entering it while no
+failure or exit 0 of the attempt has been judged yet still makes the job
+elastic. From the first such report while no worker entered ``elastic.run``,
+:class:`FixedSize` decides, for the job:
 
 * **nothing grows or re-forms** while the attempt's round runs: no launch, no
   new round (:meth:`FixedSize.step` answers True and the job's step stops there);
@@ -75,7 +82,7 @@ log = logging.getLogger(__name__)
 S = WorkerState
 
 #: How the job's messages name this mode.
-FIXED_SIZE = "a fixed-size job: the script does not use hvd.elastic.run"
+FIXED_SIZE = "a fixed-size job: no worker entered hvd.elastic.run"
 
 #: What a worker that exited 0 without ever registering did, in the job's messages.
 NEVER_CONNECTED = "exited with code 0 without ever connecting to the driver (its command never called hvd.init())"
@@ -92,6 +99,8 @@ class FixedSize:
         self._job = job
         #: The job runs a script without elastic.run (known from the first worker's report).
         self.known = False
+        #: A worker said it entered elastic.run (its heartbeat): the job is elastic (see :meth:`entered`).
+        self.elastic = False
         #: Restarts made so far (``--restarts``).
         self.restarts = 0
         self._failure: str | None = None  # the first failure of the current attempt
@@ -106,20 +115,35 @@ class FixedSize:
         self._plain: set[str] = set()  # workers that exited 0 unregistered while no other worker did otherwise
 
     # ---------------------------------------------------------------- reports
+    def entered(self, worker_id: str) -> None:
+        """``worker_id``'s heartbeat says it has entered ``hvd.elastic.run``: the job is elastic.
+
+        Where a report already made the job fixed-size but nothing of the attempt was judged as such yet (no
+        failure, no exit 0, no restart), the job is elastic after all: the exits to come are judged as an
+        elastic job's."""
+        if self.elastic:
+            return
+        self.elastic = True
+        if self.known and self._failure is None and self._succeeded == 0 and self.restarts == 0:
+            self.known, self._ended = False, False
+            log.info("job %s: worker %s entered hvd.elastic.run: the job is elastic after all (a worker that "
+                     "ended before entering it failed in its set-up)", self._job.job_id, worker_id)
+
     def script_ended(self, w: WorkerRecord, error: str | None) -> tuple[str, str]:
-        """``w``'s script ended without ever entering ``elastic.run`` (its exit status follows).
+        """``w``'s script ended before entering ``elastic.run`` (its exit status follows).
 
         Answers the ``completed`` reply: ``done`` (the worker is exiting anyway).
         """
         job = self._job
-        if job.state_committed:
-            # Commits come from elastic.run: this is an elastic job, and w ended (or failed) in its set-up.
-            # Its exit is judged as any elastic worker's.
-            log.info("job %s: worker %s (%s) ended its script without entering hvd.elastic.run", job.job_id,
-                     w.worker_id, w.label)
-            return "done", ""
         if error:
-            self._errors[w.worker_id] = error.splitlines()[0][:300]
+            w.error = self._errors[w.worker_id] = error.splitlines()[0][:300]  # the failure's lines name it
+        if job.state_committed or self.elastic:
+            # Another worker entered elastic.run (or committed, inside it): an elastic job, in whose set-up w
+            # ended (or failed). Its exit is judged as any elastic worker's.
+            log.info("job %s: worker %s (%s) ended before entering hvd.elastic.run, which %s: its exit is judged "
+                     "as any elastic worker's", job.job_id, w.worker_id, w.label,
+                     "workers committed in" if job.state_committed else "another worker entered")
+            return "done", ""
         if w.round == job.round > 0:
             self._ended = True
         if not self.known:
@@ -128,9 +152,9 @@ class FixedSize:
             # a spare's, or a worker's that never joined, is not (it was blacklisted and replaced).
             self._failure = self._member_failure
             restarts = job.policy.restarts
-            log.info("job %s: worker %s ended its script without hvd.elastic.run: the job runs as a fixed-size "
-                     "job, as torchrun would. It succeeds when every worker exits 0; no worker is replaced or "
-                     "added, and a failure %s", job.job_id, w.worker_id,
+            log.info("job %s: worker %s ended before entering hvd.elastic.run, and no worker has entered it: the "
+                     "job runs as a fixed-size job, as torchrun would. It succeeds when every worker exits 0; no "
+                     "worker is replaced or added, and a failure %s", job.job_id, w.worker_id,
                      f"restarts the whole job (--restarts {restarts})" if restarts
                      else "fails the job (--restarts N would restart it)")
         return "done", ""

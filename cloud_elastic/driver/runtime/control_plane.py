@@ -182,6 +182,8 @@ class ControlPlane:
 
     def _poll(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any] | Held:
         request = PollRequest.from_wire(msg)
+        if request.elastic:  # a worker inside hvd.elastic.run: the job is elastic (see job.fixed_size)
+            self._job.fixed.entered(worker_id)
         known = (request.round, request.update_gen, request.abort_round, request.next_plan)
         w = self._job.workers.get(worker_id)
         if w is not None and w.rank == 0 and not w.discarded:  # a discarded one's steps are of a past no round has

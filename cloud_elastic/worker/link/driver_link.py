@@ -250,7 +250,7 @@ class DriverLinkMixin:
                                 comm_s=progress.comm_s(), link=link_probe_of(self).report(),
                                 flight=self._flight_entry(),
                                 pause_s=pauses.expected_s(first_step=self._first_step_of_round()),
-                                next_plan=self.next_plan).to_wire(),
+                                next_plan=self.next_plan, elastic=getattr(self, "elastic_entered", False)).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:
