@@ -8,7 +8,7 @@ from cloud_elastic.errors import ConfigError, DiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, ProviderOption
 from cloud_elastic.providers.hostspec import parse_host_list
 
-__all__ = ["StaticHosts", "never_enough"]
+__all__ = ["StaticHosts", "never_enough", "never_grows"]
 
 
 class StaticHosts(HostDiscovery):
@@ -48,11 +48,9 @@ def never_enough(discovery: HostDiscovery, num_proc: int, whole_host_slots: int 
     ``--start-timeout`` and then fail; this says so before anything starts. Under
     ``--whole-hosts`` only hosts offering all ``--slots-per-host`` slots count, N slots each.
     """
-    inner = discovery
-    while not isinstance(inner, StaticHosts):
-        inner = getattr(inner, "inner", None)  # an --address-map wrapper: the slots are the inner list's
-        if inner is None:
-            return None
+    inner = _static_list(discovery)
+    if inner is None:
+        return None
     hosts = inner.find().ready
     if whole_host_slots:
         usable = sum(whole_host_slots for slots in hosts.values() if slots >= whole_host_slots)
@@ -65,3 +63,18 @@ def never_enough(discovery: HostDiscovery, num_proc: int, whole_host_slots: int 
         return None
     return (f"-np {num_proc} can never start: the host list offers {total} slot(s) in all, and a fixed list "
             "never grows (add hosts or host:slots, or lower -np)")
+
+
+def never_grows(discovery: HostDiscovery) -> bool:
+    """Whether ``discovery`` is a fixed host list (``-H``, perhaps behind ``--address-map``): it can never add a
+    host or a slot, so a job whose usable slots fall below ``--min-np`` can end at once (``Policy.hosts_fixed``)."""
+    return _static_list(discovery) is not None
+
+
+def _static_list(discovery: HostDiscovery) -> StaticHosts | None:
+    inner: HostDiscovery | None = discovery
+    while not isinstance(inner, StaticHosts):
+        inner = getattr(inner, "inner", None)  # an --address-map wrapper: the slots are the inner list's
+        if inner is None:
+            return None
+    return inner

@@ -62,6 +62,8 @@ class Policy:
     #: :mod:`.next_round`); off, the running round is asked to change as soon as one is ready. The driver
     #: turns it on; the core's rules without it are those of every admission that cannot be planned.
     plan_admissions: bool = False
+    #: The host source can never add a host or a slot (a fixed ``-H`` list): see :meth:`.capacity.Capacity.check`.
+    hosts_fixed: bool = False
 
 
 class Phase(enum.Enum):

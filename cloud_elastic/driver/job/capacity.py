@@ -13,7 +13,10 @@
   ``whole_host_slots`` workers at once when every one of those slots is free
   and usable, and only while the job has room for all of them;
 * the ``min_np`` watch (:meth:`Capacity.check`): below ``min_np`` workers for
-  ``elastic_timeout_s`` the job fails. Outside start-up a worker counts only once
+  ``elastic_timeout_s`` the job fails; with a host source that never grows (a fixed
+  ``-H`` list, ``Policy.hosts_fixed``) it fails at once when the slots not blacklisted
+  for the rest of the job are fewer than ``min_np`` (no wait can bring more), naming
+  them and the last failure. Outside start-up a worker counts only once
   it reached rendezvous, so a slot that crashes on every launch does not restart
   the timeout each time. Before the first round, once a worker failed (its host
   not reachable yet, a booting VM; or its process exited: a script missing on one
@@ -32,6 +35,7 @@ import logging
 from typing import Callable
 
 from cloud_elastic.driver.job.actions import Launch, Phase
+from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.plan import whole_host_groups
 from cloud_elastic.driver.job.sourcing import Sourcing
 from cloud_elastic.driver.job.spares import doubtful, launch_room
@@ -162,6 +166,8 @@ class Capacity:
             self._below_min_since = None
             self._waits.pop("min_np", None)
             return
+        if policy.hosts_fixed and self._never_enough(counted):
+            return
         # The line says the count it compares (a worker still starting does not count here: see above).
         starting = len(job.active()) - counted
         what += f" ({starting} more starting)" if starting else ""
@@ -188,6 +194,28 @@ class Capacity:
                 f"(elastic timeout){last}",
                 1,
             )
+
+    def _never_enough(self, counted: int) -> bool:
+        """A fixed host list (``Policy.hosts_fixed``) with fewer usable slots than ``min_np`` left once those
+        blacklisted for the rest of the job are set aside: no round can form again, so the job ends now through
+        the failing end (its newest commit checkpointed first) instead of waiting for hosts that never come."""
+        job, policy = self._job, self._job.policy
+        blacklist, whole = job.hosts.blacklist, policy.whole_host_slots
+        left, blocked = 0, []
+        for host, slots in job.hosts.ready.items():
+            gone = [Slot(host, i) for i in range(slots) if blacklist.for_good(Slot(host, i))]
+            blocked += gone
+            if whole:  # under --whole-hosts a host counts whole or not at all
+                left += whole if slots >= whole and not any(s.index < whole for s in gone) else 0
+            else:
+                left += slots - len(gone)
+        if not blocked or left >= policy.min_np:
+            return False
+        named = ", ".join(str(s) for s in blocked[:8]) + (f" and {len(blocked) - 8} more" if len(blocked) > 8 else "")
+        job.end(False, f"{counted} worker(s) ready and {left} slot(s) left for --min-np {policy.min_np}: {named} "
+                       f"blacklisted for the rest of the job, and a fixed host list never grows; last failure: "
+                       f"{job.last_failure}", 1)
+        return True
 
     def _failed_start(self) -> bool:
         """Before the first round, a worker failed: its host not reachable yet (a booting VM, retried: see

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.actions import Launch, Stop
-from cloud_elastic.driver.job.exit_status import ExitStatus
+from cloud_elastic.driver.job.exit_status import ExitStatus, LastErrors
 from cloud_elastic.driver.launch.api import Launcher, WorkerProcess, WorkerSpec, is_local_host
 from cloud_elastic.driver.launch.local import CommandNotStarted, LocalLauncher
 from cloud_elastic.driver.net.endpoints import Endpoints
@@ -82,6 +82,7 @@ class WorkerProcesses:
         self.procs: dict[str, WorkerProcess] = {}
         self._stoppers: list[threading.Thread] = []
         self._signal_stacks = SignalStacks()
+        self._last_errors = LastErrors()  # what a worker killed by a signal said last (its end lines carry it)
         self._launchers: dict[str, Launcher] = {} if launcher is None else {"given": launcher}
         #: Launches per (host, slot): under --whole-hosts a host's workers start together, so the n-th
         #: launch of each of its slots is the same incarnation of the host (see ``CLOUD_ELASTIC_HOST_KEY``).
@@ -191,7 +192,7 @@ class WorkerProcesses:
         for worker_id, proc in list(self.procs.items()):
             status = proc.poll()
             if status is not None:
-                ended.append((worker_id, status))
+                ended.append((worker_id, self._last_errors.attach(worker_id, status)))
                 del self.procs[worker_id]
         if ended:
             with self._cond:
@@ -261,5 +262,6 @@ class WorkerProcesses:
 
     def _forward(self, worker_id: str, line: str) -> None:
         self._signal_stacks.offer(worker_id, line)
+        self._last_errors.offer(worker_id, line)
         rank = self._job.rank_of(worker_id)  # a plain dict read; no lock needed for a label
         self._out(f"[{'-' if rank is None else rank}]<{worker_id.split('#')[0]}> {line}")

@@ -23,6 +23,7 @@ from cloud_elastic.driver.launch.api import is_local_host
 from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.driver.runtime.discovery import DiscoveryFailure, DiscoveryPoller
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+from cloud_elastic.providers.static import never_grows
 
 __all__ = ["new_job", "first_discovery", "choose_address"]
 
@@ -52,6 +53,7 @@ def new_job(config: JobConfig, discovery: HostDiscovery, job_id: str) -> Elastic
             manage_capacity=config.manage_capacity,
             spares=config.spares,
             plan_admissions=True,
+            hosts_fixed=never_grows(discovery),
         ),
         HostManager(Blacklist(config.cooldown_range_s), missing_grace_s=config.host_missing_grace_s,
                     drain_soft=config.drain_on_rebalance),
