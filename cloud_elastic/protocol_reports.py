@@ -16,7 +16,8 @@ from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
-           "NOTICE_KINDS", "NoticeReport", "StacksReport", "UnhealthyReport"]
+           "NOTICE_KINDS", "NoticeReport", "StacksReport", "UnhealthyReport", "driver_unreachable",
+           "said_unreachable"]
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
@@ -25,6 +26,24 @@ CHECKPOINT_EVENTS = ("saved", "loaded", "failed", "not_written")
 #: state the checkpoint cannot hold), or ``--checkpoint-dir`` itself (storage this worker sees apart from the
 #: driver's). A report without one is a load (as older workers sent it).
 CHECKPOINT_FAILURES = ("load", "write", "storage")
+
+#: How the line begins that a worker which never reached its driver exits with (:func:`driver_unreachable`).
+_UNREACHABLE = "cannot reach the driver at "
+
+
+def driver_unreachable(address: str, tried_s: float, error: str) -> str:
+    """Why a worker that never reached its driver at ``address`` in ``tried_s`` seconds (the last try failing with
+    ``error``) exits: the line it prints (after ``cloud-elastic: worker ID: ``), which the driver reads back
+    (:func:`said_unreachable`) as that worker's reason, since it never heard from the worker itself."""
+    return (f"{_UNREACHABLE}{address} for {tried_s:.0f}s ({error[:200]}): check --driver-address and that the "
+            "workers can reach the driver (firewall)")
+
+
+def said_unreachable(line: str) -> str | None:
+    """The reason in a worker's output ``line`` when it is the one :func:`driver_unreachable` made, else None."""
+    if not line.startswith("cloud-elastic: worker ") or _UNREACHABLE not in line:
+        return None
+    return line[line.index(_UNREACHABLE):].strip()[:400]
 
 
 def _field(msg: Mapping[str, Any], name: str, what: str, kind: type, must: str, ok: Any = None) -> Any:

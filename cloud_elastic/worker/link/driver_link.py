@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo
-from cloud_elastic.protocol_reports import ExitingReport, StacksReport
+from cloud_elastic.protocol_reports import ExitingReport, StacksReport, driver_unreachable
 from cloud_elastic.records import EXIT_REPORT_ENV, exit_report_path
 from cloud_elastic.worker.link.link_probe import link_probe_of
 from cloud_elastic.worker.link.client import DriverClient
@@ -47,6 +47,8 @@ __all__ = ["DriverLinkMixin", "note_exit_code", "notice_reporter"]
 
 log = logging.getLogger(__name__)
 
+#: While the driver does not answer a call, a warning at the first failure, then at most one this often.
+RETRY_WARNING_EVERY_S = 10.0
 
 #: The exit code the script ended with, told by the local fork server that ran it (None: not told).
 _script_exit_code: int | None = None
@@ -71,6 +73,8 @@ class DriverLinkMixin:
     training_done = False
     #: This host's watcher is leaving, and every other worker of its host has exited (``PollReply.host_vacated``).
     host_vacated = False
+    #: A call of :meth:`_call` was answered once: the driver's address is right (past its deadline, a call raises).
+    driver_reached = False
 
     def _next_offered(self, offer: Any, round_now: int, round_plan: int, sent: float) -> None:
         """What a heartbeat reply says of the planned next round (none here)."""
@@ -83,18 +87,42 @@ class DriverLinkMixin:
         return False
 
     def _call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
-        """A control-plane call that rides out a network blip (these calls are idempotent on the driver)."""
+        """A control-plane call that rides out a network blip (these calls are idempotent on the driver).
+
+        Retried every 0.2 s for up to ``max(3 * heartbeat timeout, driver grace + 5)`` seconds, with a warning at
+        the first failure and then at most one every :data:`RETRY_WARNING_EVERY_S`, saying how long it has tried.
+        Past that, a worker that never reached its driver (a ``--driver-address`` it cannot reach, a firewall)
+        exits with one line (:meth:`_unreachable`); one that did raises the last OSError.
+        """
         assert self._client is not None
         # Within the driver grace the heartbeat thread decides when to give up; here, just keep trying.
-        deadline = time.monotonic() + max(3 * self.heartbeat_timeout_s, self.driver_grace_s + 5)
+        began, warned = time.monotonic(), None
+        patience = max(3 * self.heartbeat_timeout_s, self.driver_grace_s + 5)
         while True:
             try:
-                return self._client.call(kind, payload, timeout_s=timeout_s)
+                reply = self._client.call(kind, payload, timeout_s=timeout_s)
+                self.driver_reached = True
+                return reply
             except OSError as exc:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now - began > patience:
+                    if not self.driver_reached:
+                        self._unreachable(now - began, exc)
                     raise
-                log.warning("worker %s: %s to the driver failed (%s); retrying", self.worker_id, kind, exc)
+                if warned is None or now - warned >= RETRY_WARNING_EVERY_S:
+                    tried = "failed" if warned is None else f"still fails after {now - began:.0f}s"
+                    warned = now
+                    log.warning("worker %s: %s to the driver at %s %s (%s); retrying for up to %.0fs",
+                                self.worker_id, kind, self.settings.driver_address, tried, exc, patience)
                 time.sleep(0.2)
+
+    def _unreachable(self, tried_s: float, exc: OSError) -> None:
+        """This worker never reached its driver in ``tried_s`` seconds: exit (code 1) with one line, no traceback,
+        which the driver's end line carries as this worker's reason (``protocol_reports.driver_unreachable``)."""
+        self.driver_lost = True  # the exit hooks try the driver no more
+        why = driver_unreachable(self.settings.driver_address, tried_s, str(exc) or type(exc).__name__)
+        print(f"cloud-elastic: worker {self.worker_id}: {why}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
 
     def say_exiting(self) -> None:
         """Tell the driver this process is past its exit hooks: heartbeats stop now, the exit status follows.
