@@ -158,6 +158,10 @@ def test_the_hang_line_names_the_training_threads_innermost_frame_however_deep_i
         return deep(n - 1) if n else os.read(read_end, 1)  # blocked in C: deep is the innermost Python frame
 
     importing, release = threading.Event(), threading.Event()
+    # Older threads beyond the 100 shown (a long-lived pool), so the newest, the importing one, must still be shown.
+    pool = [threading.Thread(target=release.wait, args=(10,), daemon=True) for _ in range(120)]
+    for thread in pool:
+        thread.start()
     lazy = compile("importing.set(); release.wait(10)", "lazy_mod.py", "exec")
     other = threading.Thread(target=exec, args=(lazy, {"importing": importing, "release": release}), daemon=True)
     other.start()
@@ -170,6 +174,8 @@ def test_the_hang_line_names_the_training_threads_innermost_frame_however_deep_i
         release.set()
         other.join(5)
         taker.join(5)
+        for thread in pool:
+            thread.join(5)
         os.close(read_end)
         os.close(write_end)
     text = taken[0]

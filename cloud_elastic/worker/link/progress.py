@@ -224,7 +224,7 @@ def format_stacks() -> str:
     frames = sys._current_frames()
     main, current = threading.main_thread().ident, threading.get_ident()
     others = [ident for ident in frames if ident != main]
-    shown = others[-(MAX_THREADS - 1):] + ([main] if main in frames else [])
+    shown = others[:MAX_THREADS - 1] + ([main] if main in frames else [])  # the newest first, as faulthandler
     hidden = len(frames) - len(shown)
     blocks = [f"... {hidden} more thread(s) not shown"] if hidden else []
     for ident in shown:
