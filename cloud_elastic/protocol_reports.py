@@ -24,8 +24,9 @@ __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "Drai
 CHECKPOINT_EVENTS = ("saved", "loaded", "failed", "not_written")
 #: What failed, in a ``failed`` report: loading the checkpoint of a ``from_checkpoint`` round, writing one (a
 #: state the checkpoint cannot hold), or ``--checkpoint-dir`` itself (storage this worker sees apart from the
-#: driver's). A report without one is a load (as older workers sent it).
-CHECKPOINT_FAILURES = ("load", "write", "storage")
+#: driver's), or the checkpoint found does not fit the state it was to be loaded into (``mismatch``: another
+#: model; nothing lost). A report without one is a load (as older workers sent it).
+CHECKPOINT_FAILURES = ("load", "write", "storage", "mismatch")
 
 #: How the line begins that a worker which never reached its driver exits with (:func:`driver_unreachable`).
 _UNREACHABLE = "cannot reach the driver at "
@@ -135,7 +136,7 @@ class CheckpointReport:
     def ending(self) -> str:
         """The line a ``failed`` report ends the job with: a load failure loses the training state; a failed
         write or unshared storage ends it before training goes on without the checkpoints it asked for."""
-        if self.failure == "storage":
+        if self.failure in ("storage", "mismatch"):  # the worker's line says it all
             return str(self.reason)
         if self.failure == "write":
             return f"cannot write the checkpoints --checkpoint-dir asks for: {self.reason}"

@@ -21,6 +21,7 @@ from cloud_elastic.checkpoint.api import (
     CheckpointBackendTooOld,
     CheckpointError,
     CheckpointInfo,
+    CheckpointMismatch,
     DurableJobRecord,
 )
 from cloud_elastic.checkpoint.payload import check_payload, load_state_payload, state_payload
@@ -34,6 +35,7 @@ __all__ = [
     "CheckpointBackendTooOld",
     "CheckpointError",
     "CheckpointInfo",
+    "CheckpointMismatch",
     "CheckpointStore",
     "CheckpointWriter",
     "DurableJobRecord",

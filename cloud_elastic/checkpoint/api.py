@@ -19,6 +19,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointBackendMissing",
     "CheckpointBackendTooOld",
+    "CheckpointMismatch",
     "CheckpointInfo",
     "Checkpoint",
     "DurableJobRecord",
@@ -54,6 +55,16 @@ class CheckpointBackendMissing(CheckpointError, ConfigError):
 class CheckpointBackendTooOld(CheckpointError, ConfigError):
     """The installed fsspec implementation for a checkpoint URL lacks what cloud-elastic needs of it (a
     create-if-absent); the message names the packages, their installed versions and the versions needed."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """A checkpoint, read intact, does not fit the state it was to be loaded into (another model, another
+    optimizer, other attributes): ``first`` names the first mismatch, in one bounded line. The state is left at
+    its last commit and the checkpoint as it was: loading it again can only fail the same way."""
+
+    def __init__(self, first: str) -> None:
+        super().__init__(f"the checkpoint does not fit this state ({first})")
+        self.first = first
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from cloud_elastic import plain_numpy
-from cloud_elastic.checkpoint.api import FORMAT_VERSION, FROZENSET_FORMAT_VERSION, CheckpointError
+from cloud_elastic.checkpoint.api import FORMAT_VERSION, FROZENSET_FORMAT_VERSION, CheckpointError, CheckpointMismatch
 
 __all__ = ["SavedByStateDict", "check_payload", "stage_payload", "state_payload", "load_state_payload"]
 
@@ -201,9 +201,10 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
     ``skip`` are not in the payload: a sharded checkpoint's loader has loaded them already).
 
     The names must match the state's public attributes both ways; a mismatch
-    raises CheckpointError before anything is changed; one that does not fit
+    raises CheckpointMismatch before anything is changed; one that does not fit
     (shapes, optimizer groups) restores the state's last commit and raises
-    CheckpointError, as does a malformed numpy value (before anything is changed). After loading,
+    CheckpointMismatch (naming the first mismatch); a malformed numpy value raises
+    CheckpointError (before anything is changed). After loading,
     ``state.save()`` runs, so a later rollback returns to the checkpoint and
     never to the weights the process started with.
     """
@@ -212,11 +213,9 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
         raise CheckpointError(f"a state checkpoint is a dict of attributes, got {type(payload).__name__}")
     missing, unexpected = sorted(set(live) - set(payload)), sorted(set(payload) - set(live))
     if missing or unexpected:
-        raise CheckpointError(
-            "the checkpoint does not match this state: "
-            + "; ".join(f"{what}: {', '.join(names)}" for what, names in
-                        (("missing", missing), ("unexpected", unexpected)) if names)
-        )
+        raise CheckpointMismatch(_bounded("attributes " + "; ".join(
+            f"{what}: {', '.join(names)}" for what, names in (("missing", missing), ("unexpected", unexpected))
+            if names)))
     payload = _numpy_rebuilt(payload)
     try:
         for name, value in payload.items():
@@ -230,9 +229,25 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
     except Exception as exc:
         # load_state_dict copies what matches before it reports what does not: go back to the last commit.
         state.restore()
-        reason = " ".join(str(exc).split())[:300]
-        raise CheckpointError(f"the checkpoint does not fit this state ({name}): {reason}") from exc
+        raise CheckpointMismatch(f"{name}: {_first_mismatch(exc)}") from exc
     state.save()
+
+
+def _first_mismatch(exc: BaseException) -> str:
+    """The first mismatch ``load_state_dict`` reported in ``exc`` (it lists one a line, under a heading: a large
+    model's can run to thousands of lines), bounded, with how many more there were."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Error(s) in loading state_dict"):
+        lines = lines[1:]
+    if not lines:
+        return type(exc).__name__
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return _bounded(lines[0].rstrip(".")) + more
+
+
+def _bounded(text: str, limit: int = 240) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _numpy_rebuilt(payload: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from typing import Any
 
 from cloud_elastic.errors import CheckpointError
 
-__all__ = ["CheckedStore", "CheckpointFailed", "SeesJob", "check_sees_job", "report", "report_not_written"]
+__all__ = ["CheckedStore", "CheckpointFailed", "SeesJob", "check_sees_job", "mismatch", "report",
+           "report_not_written"]
 
 
 #: The longest the training thread waits for the job record (a few hundred bytes): a load, a sharded write.
@@ -41,6 +42,15 @@ class CheckpointFailed(CheckpointError):
     def __init__(self, failure: str, reason: str) -> None:
         super().__init__(reason)
         self.failure = failure
+
+
+def mismatch(exc: Any, url: str, commit: int) -> CheckpointFailed:
+    """The checkpoint of commit ``commit`` in ``url``, intact, does not fit this state (``exc``, a
+    :class:`~cloud_elastic.checkpoint.api.CheckpointMismatch`: another model): the job ends in one line that says
+    so, not as training state lost; the checkpoint stays as it is, to resume with the model it was written by."""
+    return CheckpointFailed("mismatch", f"the checkpoint in {url} (commit #{commit}) does not fit this training "
+                                        f"state ({exc.first}): resume with the same model, or use a fresh "
+                                        "--checkpoint-dir")
 
 
 def check_sees_job(store: Any, url: str, job_id: str, host: str) -> None:

@@ -50,10 +50,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
+from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo, CheckpointMismatch
 from cloud_elastic.checkpoint.store import CheckpointStore, checked_step
 from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer
-from cloud_elastic.worker.durable.failure import CheckedStore, CheckpointFailed, SeesJob, report, report_not_written
+from cloud_elastic.worker.durable.failure import (CheckedStore, CheckpointFailed, SeesJob, mismatch, report,
+                                                  report_not_written)
 
 __all__ = ["DurableSettings", "RankZeroCheckpoints", "log_leaving_write", "step_of", "wait_for_storage"]
 
@@ -233,10 +234,13 @@ class RankZeroCheckpoints:
         if latest.info.shards is not None:
             raise CheckpointError(f"the newest checkpoint in {self.settings.url} (step {latest.info.step}) holds the "
                                   "shards of a model trained with hvd.shard: load it with the same hvd.shard call")
-        load_state_payload(state, latest.payload)
         # The job's history of commits goes on from the checkpoint's (older checkpoints: from its step).
         seq = latest.info.extra.get("commit_seq", latest.info.step)
         seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else latest.info.step
+        try:
+            load_state_payload(state, latest.payload)
+        except CheckpointMismatch as exc:  # another model: nothing is lost, and the job says so
+            raise mismatch(exc, self.settings.url, seq) from exc
         self._ctx.ledger.hold_commit(seq)
         log.info("worker %s: loaded checkpoint of step %d from %s in %.2fs", self._ctx.worker_id, latest.info.step,
                  latest.info.url, time.perf_counter() - began)

@@ -74,14 +74,14 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo
+from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo, CheckpointMismatch
 from cloud_elastic.checkpoint.payload import check_payload, load_state_payload, stage_payload, state_payload
 from cloud_elastic.checkpoint.dcp import ShardCorrupt, dcp_reason, load_target
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.comm import statecodec
-from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, report, report_not_written
+from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, mismatch, report, report_not_written
 from cloud_elastic.worker.durable.parts import same_payload, set_parts, sharded_parts
 from cloud_elastic.worker.durable.rank_zero import log_leaving_write, wait_for_storage
 from cloud_elastic.worker.durable.staging import stage as _stage
@@ -344,9 +344,12 @@ class ShardedCheckpoints:
                 log.warning("worker %s: checkpoint %s is unusable (%s); falling back to the previous one",
                             ctx.worker_id, chosen.url, exc)
                 continue
-            load_state_payload(state, checkpoint.payload, skip)
             seq = chosen.extra.get("commit_seq", chosen.step)
             seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else chosen.step
+            try:
+                load_state_payload(state, checkpoint.payload, skip)
+            except CheckpointMismatch as exc:  # another model: nothing is lost, and the job says so
+                raise mismatch(exc, self.settings.url, seq) from exc
             ctx.ledger.hold_commit(seq)
             ctx.loaded_commit = seq  # held by a load, which fits any FSDP-unit layout: no say in the job's layout
             log.info("worker %s: loaded its shards of the checkpoint of step %d (written by %s workers a host) from "
