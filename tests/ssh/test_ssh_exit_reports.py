@@ -1,12 +1,13 @@
-"""Over SSH, a rank that exits after training while the driver is away is judged by its exit report.
+"""Over SSH, a rank that exits after training before a driver restart is judged by its exit code.
 
 The job: both workers finish training; the driver is SIGKILLed; rank 1 then exits 0 (its wrapper's marker line goes
 to a dead connection); the same command, run again, adopts rank 0 and fetches rank 1's exit report from its host
-over ssh, and the job succeeds (before: it failed, "rank 1 left no exit code (killed, or on another host)").
+over ssh, and the job succeeds (before: it failed, "rank 1 left no exit code (killed, or on another host)"); rank 1
+failing before the kill (the driver up) fails the restarted job naming it.
 (It takes 30-80 s on a loaded 2-core machine: two torch workers over ssh.) The seam alone, against the same sshd
 (seconds, no torch): the wrapper completes the report a worker left with its
 exact exit code, and the restarted driver's fetch reads it; an unreachable host, a garbled or an oversized report
-leave the code unknown, never 0. A non-zero code failing the job naming its rank: tests/unit/test_job_adoption.py.
+leave the code unknown, never 0; a worker gone before the restarted driver attaches has the code its report says.
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ def _events(directory: Path) -> list[dict]:
     return [json.loads(line) for p in directory.glob("*.jsonl") for line in p.read_text().splitlines() if line]
 
 
-def test_a_remote_rank_that_exited_0_while_the_driver_was_away_lets_the_restarted_job_succeed(sshd, marker, tmp_path):
+@pytest.mark.parametrize("before_kill", [False, True], ids=["exits-after-the-kill", "fails-before-the-kill"])
+def test_a_remote_rank_that_exited_after_training_is_judged_by_its_exit_code_after_a_driver_restart(
+        sshd, marker, tmp_path, before_kill):
+    """exits-after-the-kill: rank 1 exits 0 while the driver is away; its report on its host lets the job succeed.
+    fails-before-the-kill (the common order: a rank that saves nothing ends before rank 0's final save): rank 1's
+    final work raises while the driver is up, which drops it from the adoption record; the restarted driver still
+    fails the job naming it (by the code the dead driver saw), and never as 'left no exit code'."""
     cfg = sshd.config
     (tmp_path / "run").mkdir()
     events = tmp_path / "events"
@@ -52,13 +59,18 @@ def test_a_remote_rank_that_exited_0_while_the_driver_was_away_lets_the_restarte
             "-x", f"CETEST_MARKER={marker}", *[a for name in forwarded_env() for a in ("-x", name)]]
     args += [a for option in cfg.extra_options for a in ("--ssh-option", option)]
     args += [sys.executable, str(PROBE), str(events), str(gate), "--steps", "3"]
+    args += ["--fail-rank", "1"] if before_kill else []
     env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
     jobs = [Job(args, env=env)]
     try:
         jobs[0].wait_for(lambda j: len([e for e in _events(events) if e["kind"] == "done"]) == 2, timeout=90,
                          what="both ranks past their training function")
-        record = json.loads((tmp_path / "run" / "cloud-elastic" / jobs[0].job_id() / "adopt.json").read_text())
-        rank1 = next(w["handle"]["nonce"] for w in record["workers"] if w["host"] == "127.0.0.3")
+        adopt = tmp_path / "run" / "cloud-elastic" / jobs[0].job_id() / "adopt.json"
+        rank1 = next(w["handle"]["nonce"] for w in json.loads(adopt.read_text())["workers"]
+                     if w["host"] == "127.0.0.3")
+        if before_kill:
+            Path(f"{gate}.1").touch()
+            wait_until(lambda: len(json.loads(adopt.read_text())["workers"]) == 1, 30, "rank 1's exit recorded")
         os.kill(jobs[0].proc.pid, signal.SIGKILL)
         jobs[0].proc.wait()
         Path(f"{gate}.1").touch()
@@ -66,11 +78,15 @@ def test_a_remote_rank_that_exited_0_while_the_driver_was_away_lets_the_restarte
         jobs.append(Job(args, env=env))
         jobs[1].wait_for(lambda j: "adopted 1 running worker(s)" in j.output(), timeout=30, what="adoption")
         Path(f"{gate}.0").touch()
-        assert jobs[1].finish(30) == 0, jobs[1].output()
+        assert jobs[1].finish(30) == (1 if before_kill else 0), jobs[1].output()
         out = jobs[1].output()
-        assert "rank 1 (127.0.0.3[0]#2) of round 1 had exited with code 0" in out, out
+        if before_kill:
+            assert "rank 1 (127.0.0.3[0]#2) exited with code 1 after its training function returned" in out, out
+        else:
+            assert "rank 1 (127.0.0.3[0]#2) of round 1 had exited with code 0" in out, out
+        assert "left no exit code" not in out, out
         assert "launched worker" not in out and "resumed from the checkpoint" not in out, out
-        assert sorted((events / "final.txt").read_text().splitlines()) == ["rank 0 step 3", "rank 1 step 3"]
+        assert "rank 0 step 3" in (events / "final.txt").read_text().splitlines()
         wait_gone(marker, 20)
     finally:
         for job in jobs:
@@ -109,3 +125,21 @@ def test_the_restarted_driver_fetches_the_exact_codes_and_never_takes_an_unreada
     assert any(garbled.worker_id in w and "not JSON" in w for w in warnings), warnings
     assert any(big.worker_id in w and "over 4096 bytes" in w for w in warnings), warnings
     assert any(UNREACHABLE_HOST in w and "stay unknown" in w for w in warnings), warnings
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_ended_before_the_restarted_driver_attached_has_the_code_its_report_says(sshd, marker):
+    """The restarted driver attaches to the wrappers of the workers it adopted; one whose worker ended in between
+    used to be 'exited with code 1' whatever its report said (a job whose rank 0 saved and exited 0 failed)."""
+    report = json.dumps({"v": 1, "round": 4, "rank": 0, "code": None, "error": None})
+    with SSHLauncher(sshd.config) as launcher:
+        ok, spec = _left(launcher, "127.0.0.2", marker, report, 0, 1)
+        failed, _ = _left(launcher, "127.0.0.2", marker, report, 3, 2)
+        silent, _ = _left(launcher, "127.0.0.2", marker, "not a report", 0, 3)  # garbled: it says no code
+        statuses = []
+        for worker in (ok, failed, silent):
+            proc = launcher.attach(replace(spec, worker_id=worker.worker_id), worker.handle["nonce"], lambda line: None)
+            wait_until(lambda: proc.poll() is not None, 20, "the attach to find the worker gone")
+            statuses.append(proc.poll())
+    assert [(s.code, s.known) for s in statuses[:2]] == [(0, True), (3, True)], statuses
+    assert not statuses[2].known, "a worker that left no readable report was given a made-up exit code"

@@ -216,7 +216,7 @@ def test_a_member_that_exited_after_the_training_completed_is_judged_by_its_exit
     _finish_adopted(job, {"a[0]#6": 0})
     assert job.outcome is not None and job.outcome.success is (says is None), job.outcome
     if says:
-        assert says in job.outcome.reason and "while the driver was down" in job.outcome.reason
+        assert says in job.outcome.reason and "before the driver restart" in job.outcome.reason
 
 
 def test_an_adopt_request_says_whether_the_training_function_returned() -> None:
@@ -225,3 +225,57 @@ def test_an_adopt_request_says_whether_the_training_function_returned() -> None:
     assert not AdoptRequest.from_wire({k: v for k, v in request.to_wire().items() if k != "completed"}).completed
     with pytest.raises(ControlPlaneError, match="'completed'"):
         AdoptRequest.from_wire(dict(request.to_wire(), completed="yes"))
+
+
+@pytest.mark.parametrize("code, says", [(0, None), (3, "rank 1 (b[0]#7) exited with code 3 after its training")])
+def test_a_member_that_exited_while_the_driver_was_up_is_judged_by_the_code_the_driver_recorded(
+        code, says, tmp_path, monkeypatch) -> None:
+    """The common order: rank 1 (it saves nothing) exits after training while the driver is still up, and the driver
+    dies during rank 0's final save. The adoption record lists running workers only, so the restarted driver asked
+    nobody about rank 1 and failed a finished job ('rank 1 left no exit code'); the dead driver had seen its exit and
+    keeps it in the record, which the restarted one reads."""
+    import threading
+
+    from cloud_elastic.driver.restart.record import SuccessorRecord, read_record
+    from cloud_elastic.driver.restart.window import AdoptionWindow
+    from cloud_elastic.records import job_dir
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    directory = job_dir("t")
+    directory.mkdir(parents=True, mode=0o700)
+    (directory / "secret").write_text("s3cret")
+    first = _job()
+    for rank, worker_id in enumerate(("a[0]#6", "b[0]#7")):
+        first.adopt(worker_id, Slot(worker_id[0], 0), 6 + rank, _request(rank), 1.0)
+    first.end_adoption(2.0, {})
+    first.discovered(DiscoveredHosts({"a": 1, "b": 1}), 2.0)
+    assert first.completed("a[0]#6", 3.0)[0] == first.completed("b[0]#7", 3.0)[0] == "done"
+    first.exiting("b[0]#7", 4.0)
+    first.exited("b[0]#7", ExitStatus(code), 4.0)
+    SuccessorRecord("t", "/ckpt", 60.0).update(advertised="h", bind="h", control_port=1, store_port=2, seq=7,
+                                               workers=[("a[0]#6", "a", 0, 6, lambda: {"kind": "ssh", "nonce": "aa"})],
+                                               exited=first.adoption.exits())
+    record = read_record(directory)
+    assert record is not None and [w.worker_id for w in record.workers] == ["a[0]#6"]
+
+    job = _job()  # the restarted driver: rank 0 comes back, rank 1 does not (no report anywhere but the record)
+    job.adopt("a[0]#6", Slot("a", 0), 6, replace(_request(0), completed=True), 1.0)
+    job.end_adoption(2.0, {"b[0]#7": "did not re-register within 10s"})
+    job.discovered(DiscoveredHosts({"a": 1, "b": 1}), 2.0)
+    cond = threading.Condition()
+    AdoptionWindow(record, job, cond, rules=lambda kind, msg: {}, clock=lambda: 2.0, started_at=0.0,
+                   heartbeat_timeout_s=1.0, rendezvous_hold_s=1.0).close()
+    _finish_adopted(job, {"a[0]#6": 0})
+    assert job.outcome is not None and job.outcome.success is (says is None), job.outcome
+    if says:
+        assert says in job.outcome.reason, job.outcome
+
+
+def test_a_recorded_exit_that_is_not_an_exit_report_counts_for_nothing(tmp_path, caplog) -> None:
+    from cloud_elastic.driver.restart.record import AdoptionRecord, recorded_exits
+
+    good = {"v": 1, "round": 3, "rank": 1, "code": 0, "error": None, "id": "b[0]#7"}
+    record = AdoptionRecord("t", "/c", "h", "h", 1, 2, 60.0, 7, (), "s", exited=(
+        good, dict(good, rank=2, round=2), dict(good, rank=3, code="0"), dict(good, rank=4, id=None), "junk"))
+    assert recorded_exits(record, 3) == {1: ("b[0]#7", 0)}
+    assert len([r for r in caplog.records if "cannot use an exit the previous driver recorded" in r.getMessage()]) == 3

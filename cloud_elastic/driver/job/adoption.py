@@ -22,13 +22,16 @@ workers that come back:
   again); a member of the round that did not come back had exited: it fails the
   job if its exit report (``driver.restart.record.exit_reports``, or fetched
   from its SSH host: ``driver.restart.remote_reports``) says a non-zero code,
-  or if it left none, as its work after training is unknown;
+  or if it left none, as its work after training is unknown. The predecessor itself saw the members that exited
+  while it was up: it kept their exit codes in its adoption record (:meth:`Adoption.exits`), which count as their
+  exit reports (an SSH worker's report on its host is asked for only while it runs);
 * :meth:`Adoption.exiting` and :meth:`Adoption.exit_status`: every worker says at
   exit the exit code it exits with (the control plane's ``exiting``); a process whose
   status this driver cannot learn (adopted, so not its child; or started by a local
   fork server that died) has that code for its status; one that said none has an
   unknown status, which fails a completed job
-  (:meth:`~.completion.Completion.exited_after_completing`).
+  (:meth:`~.completion.Completion.exited_after_completing`); the exit of a member of a finishing round is kept for
+  :meth:`Adoption.exits`.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class Adoption:
         self._told: dict[str, int] = {}  # worker id -> the exit code it said it exits with
         self._open = False  # the window is open: workers of the predecessor may re-register
         self._adopted: dict[int, dict[str, tuple[RankInfo, int]]] = {}  # round -> id -> (ranks, gen)
+        self._exits: dict[int, dict[str, object]] = {}  # rank -> exit report of a member of the finishing round
 
     @property
     def open(self) -> bool:
@@ -194,7 +198,7 @@ class Adoption:
         for _rank, worker_id in done:
             error = None
             if failed and worker_id == done[0][1]:
-                error = (f"{'; '.join(failed)}, while the driver was down; its work after training may not be done "
+                error = (f"{'; '.join(failed)}, before the driver restart; its work after training may not be done "
                          f"(round {job.round}: the checkpoints stay)")
             self._completed(worker_id, now, error=error)
 
@@ -215,4 +219,25 @@ class Adoption:
         """``status`` of an ended process, or, where it is unknown (adopted, or its fork server died), the code
         the worker said it exits with."""
         code = self._told.get(worker_id)
-        return status if status.known or code is None else ExitStatus(code)
+        status = status if status.known or code is None else ExitStatus(code)
+        self._exited(worker_id, status)
+        return status
+
+    def _exited(self, worker_id: str, status: ExitStatus) -> None:
+        """Keep the exit of a member of the round once its training is over (the job is finishing), for
+        :meth:`exits`: only the current round's, so at most one per rank."""
+        job = self._job
+        w = job.workers.get(worker_id)
+        if w is None or job.phase is not Phase.FINISHING or w.round != job.round or w.rank is None:
+            return
+        self._exits = {rank: e for rank, e in self._exits.items() if e["round"] == job.round}
+        code = status.code if status.known and not status.transport_error else None
+        self._exits[w.rank] = {"v": 1, "round": job.round, "rank": w.rank, "code": code, "error": None,
+                               "id": worker_id}
+
+    def exits(self) -> list[dict[str, object]]:
+        """The exit reports (``driver.restart.record``'s shape, with the worker's ``id``) of the members of the
+        finishing round that exited: the adoption record keeps them, as a worker that exited is no longer in it,
+        and a driver restarted after this one judges those members by them."""
+        job = self._job
+        return [dict(e) for _rank, e in sorted(self._exits.items()) if e["round"] == job.round]

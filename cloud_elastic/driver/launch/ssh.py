@@ -55,8 +55,8 @@ from cloud_elastic.config import ENV_NAME, SSH_OPTION, SSHConfig
 from cloud_elastic.driver.launch.known_hosts import JobKnownHosts
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.launch.local import forward_lines
-from cloud_elastic.driver.launch.ssh_remote import (REASON_GONE, REASON_KEEPALIVE, SECRET_ENV, WrapperArgs,
-                                                    parse_marker, wrapper_argv)
+from cloud_elastic.driver.launch.ssh_remote import (REASON_GONE, REASON_GONE_UNKNOWN, REASON_KEEPALIVE, SECRET_ENV,
+                                                    WrapperArgs, parse_marker, wrapper_argv)
 from cloud_elastic.driver.launch.ssh_setup import (MAX_SETUPS_PER_HOST, SETUP_HOLD_S, SETUP_RETRIES, ConnectionLines,
                                                    HostGate, classify, env_line, is_noise, is_started,
                                                    refusal, refused_before_key_exchange, remote_prefix, retry_delay,
@@ -571,7 +571,9 @@ class SSHWorkerProcess:
         if self._marker is not None:
             code, reason = self._marker
             if reason == REASON_GONE:
-                return ExitStatus(code)  # ended while no driver watched; the driver knows if it completed
+                return ExitStatus(code)  # ended while no driver watched: the code its exit report on the host says
+            if reason == REASON_GONE_UNKNOWN:
+                return ExitStatus(1, known=False)  # ... and left none that says one: the worker may have said it
             if reason == REASON_KEEPALIVE:
                 return ExitStatus(code, self._transport(
                     f"the connection went silent for {self._keepalive_timeout_s:g}s and the remote watchdog "

@@ -35,7 +35,9 @@ One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHL
 6. tells the worker where to leave its exit report once its training function returned (:data:`EXIT_REPORT_ENV`,
    :func:`report_path`, beside the control socket) and, when the worker ends, writes the worker's exact status into
    it as its ``code`` (a plain interpreter cannot tell its own exit code): a driver restarted after the worker ended
-   (the marker line went to a dead connection) fetches it with ``--exit-reports NONCE...`` (:func:`print_reports`).
+   (the marker line went to a dead connection) fetches it with ``--exit-reports NONCE...`` (:func:`print_reports`),
+   and an ``--attach`` that finds no wrapper any more puts the code it says on its ``gone`` marker line
+   (:func:`reported_code`; none that can be read: ``gone-unknown``, an unknown status).
 
 It imports the standard library only (no torch, no cloud SDK, nothing else of cloud-elastic but its wire,
 :mod:`~cloud_elastic.driver.launch.ssh_wire`, which is standard library too): it must start in
@@ -62,15 +64,16 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 # The wire is re-exported here too: the launchers, Ray, Spark and the tests import it from this module.
-from cloud_elastic.driver.launch.ssh_wire import (EXIT_REPORT_ENV, MARKER, MODULE, REASON_GONE, REASON_KEEPALIVE,
-                                                  REASON_NONE, REPORT_LIMIT, SECRET_ENV, SECRET_FD_ENV, STARTED,
-                                                  WrapperArgs, exit_code, marker_line, parse_args, parse_env,
-                                                  parse_marker, report_line, secret_fd_value, secret_pipe,
-                                                  wrapper_argv)
+from cloud_elastic.driver.launch.ssh_wire import (EXIT_REPORT_ENV, MARKER, MODULE, REASON_GONE, REASON_GONE_UNKNOWN,
+                                                  REASON_KEEPALIVE, REASON_NONE, REPORT_DIR_NOT_PRIVATE, REPORT_LIMIT,
+                                                  SECRET_ENV, SECRET_FD_ENV, STARTED, WrapperArgs, exit_code,
+                                                  marker_line, parse_args, parse_env, parse_exit_report, parse_marker,
+                                                  report_line, secret_fd_value, secret_pipe, wrapper_argv)
 
 __all__ = ["SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MARKER", "WrapperArgs", "parse_args",
            "wrapper_argv", "parse_env", "Watchdog", "Order", "STARTED", "marker_line", "parse_marker",
-           "exit_code", "control_path", "report_path", "print_reports", "attach", "main", "die_with_parent"]
+           "exit_code", "control_path", "report_path", "print_reports", "reported_code", "attach", "main",
+           "die_with_parent"]
 
 _POLL_S = 0.5
 #: After the driver grace, what the worker may still spend on rank 0's last checkpoint before the wrapper stops it.
@@ -187,7 +190,9 @@ def report_path(nonce: str) -> str:
 
 def _read_report(nonce: str) -> bytes | None:
     """The first ``REPORT_LIMIT + 1`` bytes of launch ``nonce``'s exit report (more tells the reader it is too long);
-    None when there is none."""
+    None when there is none, or ``nonce`` is not one (a launch's nonce is hex)."""
+    if not nonce or not all(c in "0123456789abcdef" for c in nonce):
+        return None
     try:
         with open(report_path(nonce), "rb") as fh:
             return fh.read(REPORT_LIMIT + 1)
@@ -214,17 +219,35 @@ def complete_report(nonce: str, status: int) -> None:
 
 def print_reports(nonces: Sequence[str]) -> None:
     """``--exit-reports NONCE...``: a :func:`~cloud_elastic.driver.launch.ssh_wire.report_line` on stdout for each
-    launch that left an exit report on this host (bounded: :data:`REPORT_LIMIT` + 1 bytes each), none when their
-    directory is not private to this user (anyone could have left them); exit 0."""
+    launch that left an exit report on this host (bounded: :data:`REPORT_LIMIT` + 1 bytes each); when their
+    directory is not private to this user (anyone could have left them), none but one
+    :data:`~cloud_elastic.driver.launch.ssh_wire.REPORT_DIR_NOT_PRIVATE` line, which the driver warns of; exit 0."""
     private = _private_socket_dir(report_path("0"))
     if not private:
-        _say(f"{os.path.dirname(report_path('0'))} is not a private directory of this user: no exit report is read")
+        sys.stdout.write(f"{REPORT_DIR_NOT_PRIVATE} {os.path.dirname(report_path('0'))}\n")
     for nonce in nonces if private else ():
-        data = _read_report(nonce) if nonce and all(c in "0123456789abcdef" for c in nonce) else None
+        data = _read_report(nonce)
         if data is not None:
             sys.stdout.write(report_line(nonce, data) + "\n")
     sys.stdout.flush()
     os._exit(0)
+
+
+def reported_code(nonce: str) -> int | None:
+    """The exit code the exit report of launch ``nonce`` on this host says, read as ``--exit-reports`` reads it for
+    the driver (a private directory, :func:`~cloud_elastic.driver.launch.ssh_wire.parse_exit_report`); None when
+    there is none or it does not say one (said on stderr)."""
+    if not _private_socket_dir(report_path(nonce)):
+        _say(f"{os.path.dirname(report_path(nonce))} is not a private directory of this user: no exit report is read")
+        return None
+    data = _read_report(nonce)
+    if data is None:
+        return None
+    try:
+        return parse_exit_report(data)[2]
+    except ValueError as exc:
+        _say(f"cannot read the exit report {report_path(nonce)} ({exc})")
+        return None
 
 
 def _private_socket_dir(path: str) -> bool:
@@ -479,15 +502,19 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
 def attach(nonce: str, stdin_fd: int = 0) -> None:
     """``--attach NONCE``: relay stdin to the wrapper of launch ``nonce`` and its answers to stderr; never returns.
 
-    Without such a wrapper (the worker has ended), write a marker line with the
-    reason ``gone`` and exit 1.
+    Without such a wrapper (the worker has ended), write a marker line with the code its exit report says and the
+    reason ``gone`` (:func:`reported_code`; none that can be read: reason ``gone-unknown``, its status unknown) and
+    exit 1.
     """
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(control_path(nonce))
     except OSError:
-        _say(f"no worker of launch {nonce} runs on this host any more")
-        _say(marker_line(nonce, 1, REASON_GONE) + "\n", raw=True)
+        code = reported_code(nonce)
+        _say(f"no worker of launch {nonce} runs on this host any more; its exit report says "
+             + ("nothing: its exit code is unknown" if code is None else f"exit code {code}"))
+        _say(marker_line(nonce, 1 if code is None else code, REASON_GONE_UNKNOWN if code is None else REASON_GONE)
+             + "\n", raw=True)
         os._exit(1)
     _say(f"{STARTED} {nonce}\n", raw=True)
 

@@ -3,7 +3,8 @@
 The wrapper's command line (:class:`WrapperArgs`, :func:`wrapper_argv`, :func:`parse_args`), the variables on its
 stdin's second line (:func:`parse_env`), the marker line that reports the worker's exact status (:func:`marker_line`,
 :func:`parse_marker`, :func:`exit_code`), the lines ``--exit-reports`` answers with (:func:`report_line`,
-:func:`parse_report_line`), and the pipe the worker reads the per-job secret from (:func:`secret_pipe`,
+:func:`parse_report_line`, :data:`REPORT_DIR_NOT_PRIVATE`), the exit report's shape (:func:`parse_exit_report`, for
+the wrapper and the driver alike), and the pipe the worker reads the per-job secret from (:func:`secret_pipe`,
 :func:`secret_fd_value`; the local launcher uses it too).
 
 Like the wrapper, it imports the standard library only: it runs on worker hosts whose environment may be broken.
@@ -19,9 +20,9 @@ from itertools import takewhile
 from typing import Sequence
 
 __all__ = ["SECRET_ENV", "SECRET_FD_ENV", "MARKER", "STARTED", "MODULE", "REASON_NONE", "REASON_KEEPALIVE",
-           "REASON_GONE", "WrapperArgs", "wrapper_argv", "parse_args", "parse_env", "secret_pipe", "secret_fd_value",
-           "exit_code", "marker_line", "parse_marker", "EXIT_REPORT_ENV", "REPORT", "REPORT_LIMIT", "report_line",
-           "parse_report_line"]
+           "REASON_GONE", "REASON_GONE_UNKNOWN", "WrapperArgs", "wrapper_argv", "parse_args", "parse_env",
+           "secret_pipe", "secret_fd_value", "exit_code", "marker_line", "parse_marker", "EXIT_REPORT_ENV", "REPORT",
+           "REPORT_LIMIT", "report_line", "parse_report_line", "REPORT_DIR_NOT_PRIVATE", "parse_exit_report"]
 
 #: The variable the secret must never travel in (the launcher refuses it in a worker's environment).
 SECRET_ENV = "CLOUD_ELASTIC_SECRET"
@@ -36,6 +37,9 @@ STARTED = "CLOUD_ELASTIC_STARTED"
 EXIT_REPORT_ENV = "CLOUD_ELASTIC_EXIT_REPORT"
 #: First word of each line of ``--exit-reports``: ``REPORT NONCE "JSON string of the report's bytes"``.
 REPORT = "CLOUD_ELASTIC_REPORT"
+#: The line ``--exit-reports`` answers with instead of any report when the reports' directory on the host is not
+#: private to the user (anyone could have left them): ``REPORT_DIR_NOT_PRIVATE DIRECTORY``.
+REPORT_DIR_NOT_PRIVATE = "CLOUD_ELASTIC_REPORT_DIR_NOT_PRIVATE"
 #: The most bytes of an exit report anyone reads; a longer one is refused (the report is a few dozen bytes).
 REPORT_LIMIT = 4096
 #: ``python3 -m`` target of the remote command.
@@ -46,8 +50,10 @@ MODULE = "cloud_elastic.driver.launch.ssh_remote"
 #: worker ("cwd", "exec").
 REASON_NONE = "-"
 REASON_KEEPALIVE = "keepalive"
-#: ``--attach`` found no wrapper for the nonce: the worker has ended (its status is unknown).
+#: ``--attach`` found no wrapper for the nonce: the worker has ended, and its exit report on the host says the
+#: marker's status ("gone"), or there is none that can be read ("gone-unknown": the status is unknown, never 0 or 1).
 REASON_GONE = "gone"
+REASON_GONE_UNKNOWN = "gone-unknown"
 
 
 @dataclass(frozen=True)
@@ -162,3 +168,21 @@ def parse_report_line(line: str) -> tuple[str, bytes] | None:
     except ValueError:
         return None
     return (words[1], text.encode()) if isinstance(text, str) else None
+
+
+def parse_exit_report(data: bytes) -> tuple[object, int, int | None]:
+    """(round, rank, exit code or None) of an exit report's bytes (``{"v": 1, "round", "rank", "code", "error"}``,
+    see ``driver.restart.record``), wherever it was left; ValueError with a short reason for one over
+    :data:`REPORT_LIMIT` bytes or not of that shape."""
+    if len(data) > REPORT_LIMIT:
+        raise ValueError(f"over {REPORT_LIMIT} bytes")
+    try:
+        raw = json.loads(data)
+    except ValueError:
+        raise ValueError("not JSON") from None
+    if not isinstance(raw, dict):
+        raise ValueError("malformed")
+    rank, code = raw.get("rank"), raw.get("code", False)
+    if raw.get("v") != 1 or type(rank) is not int or rank < 0 or not (code is None or type(code) is int):
+        raise ValueError("malformed")
+    return raw.get("round"), rank, code

@@ -6,7 +6,8 @@ the job secret in its own 0600 file)::
 
     <job dir>/adopt.json   {"v": 1, "job", "checkpoint_dir", "advertised", "bind", "control_port",
                             "store_port", "grace_s", "seq",
-                            "workers": [{"id", "host", "slot", "seq", "handle"}]}   mode 0600
+                            "workers": [{"id", "host", "slot", "seq", "handle"}],
+                            "exited": [{"v": 1, "round", "rank", "code", "error", "id"}]}   mode 0600
 
 ``handle`` says how to stop a worker this driver did not start: ``{"kind":
 "local", "pid", "start"}`` (its process group, and the start time that tells
@@ -18,7 +19,9 @@ training function returned leaves its exit code as it exits
 "code", "error"}``): a restarted driver reads those of the workers that did not
 come back (:func:`exit_reports`). A worker on another host leaves the same report on its host, beside its remote
 wrapper's socket, and the restarted driver fetches it over ssh (:mod:`.remote_reports`); both are read with
-:func:`parse_exit_report`.
+:func:`parse_exit_report`. Only the workers in ``workers`` (running ones) are asked about after a restart, so the
+members of a finishing round that exited while the driver was up are in ``exited``: their exit codes as the driver
+saw them, in the same shape, checked the same way (:func:`recorded_exits`).
 
 A driver of the same job started again within ``--driver-grace`` reads it,
 listens on the same ports with the same secret (refusing every message signed
@@ -37,14 +40,14 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cloud_elastic.driver.launch.api import ExitStatus, WorkerSpec
 from cloud_elastic.driver.launch.local import kill_group, process_start_time
-from cloud_elastic.driver.launch.ssh_wire import REPORT_LIMIT
+from cloud_elastic.driver.launch.ssh_wire import REPORT_LIMIT, parse_exit_report
 from cloud_elastic.records import exit_report_path, job_dir
 
 __all__ = [
@@ -57,6 +60,7 @@ __all__ = [
     "find_records",
     "parse_exit_report",
     "read_record",
+    "recorded_exits",
     "remove_record",
     "write_record",
 ]
@@ -65,6 +69,8 @@ log = logging.getLogger(__name__)
 
 RECORD_NAME = "adopt.json"
 _VERSION = 1
+#: The most exits of a record read (one per rank of a round).
+_MAX_EXITED = 4096
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,8 @@ class AdoptionRecord:
     seq: int
     workers: tuple[AdoptedWorker, ...]
     secret: str
+    #: The exit reports of the members of the finishing round that exited while it was up, as recorded (unchecked).
+    exited: tuple[Any, ...] = ()
 
     def worker(self, worker_id: str) -> AdoptedWorker | None:
         return next((w for w in self.workers if w.worker_id == worker_id), None)
@@ -119,8 +127,10 @@ def read_record(directory: Path) -> AdoptionRecord | None:
             raise ValueError(f"record version {raw.get('v')!r}")
         workers = tuple(AdoptedWorker(str(w["id"]), str(w["host"]), int(w["slot"]), int(w["seq"]), dict(w["handle"]))
                         for w in raw["workers"])
+        exited = raw.get("exited")
         return AdoptionRecord(str(raw["job"]), str(raw["checkpoint_dir"]), str(raw["advertised"]), str(raw["bind"]), int(raw["control_port"]),
-                              int(raw["store_port"]), float(raw["grace_s"]), int(raw["seq"]), workers, secret)
+                              int(raw["store_port"]), float(raw["grace_s"]), int(raw["seq"]), workers, secret,
+                              tuple(exited[:_MAX_EXITED]) if isinstance(exited, list) else ())
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -184,21 +194,23 @@ def exit_reports(job_id: str, round_: int, limit: int = 4096) -> dict[int, tuple
     return found
 
 
-def parse_exit_report(data: bytes) -> tuple[object, int, int | None]:
-    """(round, rank, exit code or None) of an exit report's bytes (see module docstring), wherever it was left;
-    ValueError with a short reason for one over ``REPORT_LIMIT`` bytes or not of that shape."""
-    if len(data) > REPORT_LIMIT:
-        raise ValueError(f"over {REPORT_LIMIT} bytes")
-    try:
-        raw = json.loads(data)
-    except ValueError:
-        raise ValueError("not JSON") from None
-    if not isinstance(raw, dict):
-        raise ValueError("malformed")
-    rank, code = raw.get("rank"), raw.get("code", False)
-    if raw.get("v") != 1 or type(rank) is not int or rank < 0 or not (code is None or type(code) is int):
-        raise ValueError("malformed")
-    return raw.get("round"), rank, code
+def recorded_exits(record: AdoptionRecord, round_: int) -> dict[int, tuple[str, int | None]]:
+    """The exits of round ``round_`` the predecessor kept in its record (``exited``): rank -> (worker id, exit code,
+    None where it did not learn it), each checked as an exit report is (:func:`parse_exit_report`); one that is not
+    of that shape is left out (logged)."""
+    found: dict[int, tuple[str, int | None]] = {}
+    for entry in record.exited:
+        try:
+            worker_id = entry.get("id") if isinstance(entry, dict) else None
+            if not isinstance(worker_id, str):
+                raise ValueError("malformed")
+            report_round, rank, code = parse_exit_report(json.dumps(entry).encode())
+        except ValueError as exc:
+            log.warning("cannot use an exit the previous driver recorded (%s): %.200s", exc, entry)
+            continue
+        if report_round == round_:
+            found[rank] = (worker_id, code)
+    return found
 
 
 class AdoptedLocalProcess:
@@ -260,9 +272,10 @@ class SuccessorRecord:
         self._saved: Any = None
 
     def update(self, *, advertised: str, bind: str, control_port: int, store_port: int, seq: int,
-               workers: list[tuple[str, str, int, int, Any]]) -> None:
-        """Record the endpoints and the live ``workers``: (id, host, slot, seq, ``handle()`` of its process)."""
-        key = (seq, tuple(w[0] for w in workers))
+               workers: list[tuple[str, str, int, int, Any]], exited: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Record the endpoints, the live ``workers``: (id, host, slot, seq, ``handle()`` of its process), and the
+        exit reports of the members of the finishing round that ``exited`` (``Adoption.exits``)."""
+        key = (seq, tuple(w[0] for w in workers), json.dumps(list(exited), sort_keys=True))
         if key == self._saved:
             return
         from cloud_elastic.errors import ConfigError
@@ -271,7 +284,7 @@ class SuccessorRecord:
         record = {"job": self.job_id, "checkpoint_dir": self._checkpoint_dir, "advertised": advertised, "bind": bind,
                   "control_port": control_port, "store_port": store_port, "grace_s": self._grace_s, "seq": seq,
                   "workers": [{"id": wid, "host": host, "slot": slot, "seq": wseq, "handle": handle()}
-                              for wid, host, slot, wseq, handle in workers]}
+                              for wid, host, slot, wseq, handle in workers], "exited": list(exited)}
         try:
             write_record(job_dir(self.job_id), record)
         except (OSError, ConfigError) as exc:

@@ -6,10 +6,13 @@ on its host, and the wrapper adds the worker's exact exit status to it when the 
 connection; its successor asks each host of such workers that did not come back, with **one** ssh command per host
 (``ssh_remote --exit-reports NONCE...``, with the launcher's ssh options and ``ConnectTimeout``), for their reports.
 
-Guarantees: the hosts are asked at once, each bounded by the ssh connect timeout plus :data:`ANSWER_S` and its answer
-by :data:`~cloud_elastic.driver.launch.ssh_wire.REPORT_LIMIT` per worker; a host that does not answer (or answers
-too much) leaves its workers unknown (one warning line), never 0; each report is validated as a local one is
-(:func:`~.record.parse_exit_report`): a forged, oversized or garbled one is one warning line and unknown.
+Guarantees: up to :data:`PARALLEL` hosts are asked at a time (more wait for a free place), each bounded by the ssh
+connect timeout plus :data:`ANSWER_S` and its answer by :data:`~cloud_elastic.driver.launch.ssh_wire.REPORT_LIMIT`
+per worker, so the fetch takes at most ``ceil(hosts / PARALLEL)`` times that; the driver's start waits for it (its
+adopted workers are attached already: they do not wait on it). A host that does not answer (or answers too much)
+leaves its workers unknown (one warning line), never 0, and so does one whose reports' directory is not private to
+the user (:data:`~cloud_elastic.driver.launch.ssh_wire.REPORT_DIR_NOT_PRIVATE`); each report is validated as a local
+one is (:func:`~.record.parse_exit_report`): a forged, oversized or garbled one is one warning line and unknown.
 """
 
 from __future__ import annotations
@@ -24,17 +27,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 from cloud_elastic.driver.launch.api import WorkerSpec
 from cloud_elastic.driver.launch.ssh_setup import ssh_environ
-from cloud_elastic.driver.launch.ssh_wire import REPORT_LIMIT, parse_report_line
+from cloud_elastic.driver.launch.ssh_wire import REPORT_DIR_NOT_PRIVATE, REPORT_LIMIT, parse_report_line
 from cloud_elastic.driver.restart.record import AdoptedWorker, parse_exit_report
 
-__all__ = ["ANSWER_S", "fetch_exit_reports", "parse_answer"]
+__all__ = ["ANSWER_S", "PARALLEL", "fetch_exit_reports", "parse_answer"]
 
 log = logging.getLogger(__name__)
 
 #: How long a host may take to answer once connected (it reads a few small files).
 ANSWER_S = 10.0
-#: The most hosts asked at the same time.
-_PARALLEL = 16
+#: The most hosts asked at the same time (each is an ssh client process on the driver's machine).
+PARALLEL = 16
 
 
 def fetch_exit_reports(missing: Iterable[AdoptedWorker], round_: int, *,
@@ -58,7 +61,7 @@ def fetch_exit_reports(missing: Iterable[AdoptedWorker], round_: int, *,
     found: dict[int, tuple[str, int | None]] = {}
     if not asks:
         return found
-    with ThreadPoolExecutor(min(_PARALLEL, len(asks)), thread_name_prefix="exit-reports") as pool:
+    with ThreadPoolExecutor(min(PARALLEL, len(asks)), thread_name_prefix="exit-reports") as pool:
         answers = list(pool.map(lambda ask: _ask(ask[0], ask[2], timeout_s, len(ask[1])), asks))
     for (host, workers, _argv), answer in zip(asks, answers):
         if answer is not None:
@@ -112,9 +115,15 @@ def _run_bounded(argv: list[str], timeout_s: float, limit: int) -> bytes:
 def parse_answer(answer: str, host: str, workers: Mapping[str, AdoptedWorker], round_: int
                  ) -> dict[int, tuple[str, int | None]]:
     """rank -> (worker id, exit code) of round ``round_`` from a host's answer; ``workers``: nonce -> worker asked
-    about. Lines of no worker asked about are ignored; a report that does not validate is one warning line."""
+    about. Lines of no worker asked about are ignored; a report that does not validate is one warning line, and so
+    is a host that says its reports' directory is not private (it sends none)."""
     found: dict[int, tuple[str, int | None]] = {}
     for line in answer.splitlines():
+        if line.startswith(REPORT_DIR_NOT_PRIVATE + " "):
+            log.warning("cannot fetch the exit reports of the previous driver's workers from %s (%s is not a private "
+                        "directory of the user there: anyone could have left them): their exit codes stay unknown",
+                        host, line[len(REPORT_DIR_NOT_PRIVATE) + 1:][:200])
+            continue
         parsed = parse_report_line(line)
         worker = workers.get(parsed[0]) if parsed is not None else None
         if parsed is None or worker is None:

@@ -33,7 +33,8 @@ from typing import Any, Callable
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.launch.api import Launcher, WorkerProcess, WorkerSpec
 from cloud_elastic.driver.net.control_server import Held
-from cloud_elastic.driver.restart.record import AdoptedLocalProcess, AdoptedWorker, AdoptionRecord, exit_reports
+from cloud_elastic.driver.restart.record import (AdoptedLocalProcess, AdoptedWorker, AdoptionRecord, exit_reports,
+                                                 recorded_exits)
 from cloud_elastic.driver.restart.remote_reports import fetch_exit_reports
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.protocol import AdoptRequest, PollReply, ReRegister, WaitReply
@@ -127,11 +128,17 @@ class AdoptionWindow:
 
     def close(self) -> None:
         """The window is closed and discovery has answered: workers adopted after their training function returned
-        complete again (judged with the exit reports of their peers that did not come back: left in the job's
-        directory, or fetched from their SSH hosts), and held messages go to the job's rules now."""
+        complete again (judged with the exit reports of their peers that did not come back: kept in the adoption
+        record by the predecessor that saw them exit, left in the job's directory, or fetched from their SSH hosts;
+        a later one that knows no code does not hide an earlier one that does), and held messages go to the job's
+        rules now."""
         with self._cond:
             self.is_open = False
-            reports = {**exit_reports(self.record.job_id, self._job.round), **self._remote_reports}
+            round_ = self._job.round
+            reports = recorded_exits(self.record, round_)
+            for rank, (worker_id, code) in {**exit_reports(self.record.job_id, round_), **self._remote_reports}.items():
+                if code is not None or rank not in reports:
+                    reports[rank] = (worker_id, code)
             self._job.adoption.finish(self._clock(), reports)
             for notice in self._sigterms:
                 self._rules("notice", notice)

@@ -310,10 +310,10 @@ class Driver:
                         len(closed.adopted), closed.adopted_after_s)
         for w in closed.missing:
             self._processes.stop_missing(w)
+        for w in closed.adopted:  # first: a worker that exits meanwhile is attached to, not missed for a slow fetch
+            self._processes.adopt(w)
         window.fetch_exit_reports(closed.missing, self._processes.launcher_for, self._processes.adopted_spec,
                                   self.config.ssh.connect_timeout_s)
-        for w in closed.adopted:
-            self._processes.adopt(w)
         if first is not None and not closed.adopted:
             log.warning("job %s: no worker of the previous driver came back; resuming as without them",
                         self.job_id)
@@ -460,10 +460,11 @@ class Driver:
                 if w is not None and w.alive and handle is not None:
                     workers.append((worker_id, w.slot.host, w.slot.index, w.seq, handle))
             seq = max((w.seq for w in self._job.workers.values()), default=0)
+            exited = self._job.adoption.exits()
         endpoints = self._endpoints
         self._successor.update(advertised=endpoints.advertised, bind=endpoints.bind,
                                control_port=endpoints.control_port, store_port=endpoints.store_port, seq=seq,
-                               workers=workers)
+                               workers=workers, exited=exited)
 
     def _flush_events(self) -> None:
         with self._cond:
