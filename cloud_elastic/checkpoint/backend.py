@@ -509,20 +509,23 @@ class Digest:
 
 
 def _publish(f: Any, produce: Callable[[BinaryIO], None]) -> None:
-    """Write ``produce``'s bytes to the fsspec file ``f`` opened for writing, and commit them by closing it."""
+    """Write ``produce``'s bytes to the fsspec file ``f`` opened for writing, and commit them by closing it. When
+    either fails the upload is thrown away: s3fs aborts its multipart upload, whose parts would stay billed."""
     try:
         produce(f)
+        f.close()  # uploads the last part and completes the upload: both may fail
     except BaseException:
         # Closing would commit what was written so far; throw the upload away instead.
         try:
             f.discard()
+        except Exception as exc:  # the write's error is the one to raise
+            log.warning("could not discard the unfinished upload %s: %s", getattr(f, "path", f), exc)
         finally:
             try:
                 f.closed = True
             except AttributeError:
                 pass
         raise
-    f.close()
 
 
 def _installed(package: str) -> str:
