@@ -108,6 +108,9 @@ class Backend(Protocol):
         """Names directly below ``path``, symbolic links left out (a store never makes one, and following one
         would read or delete what another folder owns); empty when it does not exist."""
 
+    def links(self, path: str) -> list[str]:
+        """Names of the symbolic links directly below ``path`` (never followed); empty when it does not exist."""
+
     def remove_tree(self, path: str, first: str | None = None) -> None:
         """Delete ``path`` and everything below it, ``path/first`` before the rest; never through a symbolic link."""
 
@@ -271,9 +274,15 @@ class LocalBackend:
             return _within(f.read() if limit is None else f.read(limit + 1), limit, self.url(path))
 
     def children(self, path: str) -> list[str]:
+        return self._listed(path, links=False)
+
+    def links(self, path: str) -> list[str]:
+        return self._listed(path, links=True)
+
+    def _listed(self, path: str, links: bool) -> list[str]:
         try:
             with os.scandir(self._path(path)) as entries:
-                return sorted(e.name for e in entries if not e.is_symlink())
+                return sorted(e.name for e in entries if e.is_symlink() == links)
         except (FileNotFoundError, NotADirectoryError):
             return []
 
@@ -373,14 +382,22 @@ class FsspecBackend:
         return _within(self._fs.cat_file(self._path(path), start=0, end=limit + 1), limit, self.url(path))
 
     def children(self, path: str) -> list[str]:
+        return self._listed(path, links=False)
+
+    def links(self, path: str) -> list[str]:
+        return self._listed(path, links=True)
+
+    def _listed(self, path: str, links: bool) -> list[str]:
         full = self._path(path)
         # Listing caches (s3fs's dircache) would hide what another process wrote.
         self._fs.invalidate_cache(full)
         try:
-            entries = self._fs.ls(full, detail=False)
+            entries = self._fs.ls(full, detail=True)
         except FileNotFoundError:
             return []
-        return sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries} - {""})
+        # Object stores have no links; fsspec's local filesystem says ``islink``, SFTP's the type "link".
+        return sorted({str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
+                       if bool(e.get("islink") or e.get("type") == "link") == links} - {""})
 
     def remove_tree(self, path: str, first: str | None = None) -> None:
         full = self._path(path)

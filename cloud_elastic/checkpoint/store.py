@@ -25,7 +25,8 @@ past the newest existing name), which is the order ``latest()`` tries them.
 The payload is ``torch.save`` output of tensors and plain data and is loaded
 with ``torch.load(weights_only=True)``: nothing in a checkpoint can run code.
 The store lists no symbolic link and no folder whose name holds an impossible
-time: it never loads, follows or deletes what it did not write.
+time: it never loads, follows or deletes what it did not write. A link named
+like a checkpoint counts as an unreadable one (``unreadable()``), never as none.
 """
 
 from __future__ import annotations
@@ -326,16 +327,27 @@ class CheckpointStore:
 
     def unreadable(self) -> list[tuple[str, str]]:
         """(folder, why) of each checkpoint whose manifest is there but cannot be read (torn, corrupt, or of a
-        newer cloud-elastic), newest first: complete to their writer, so a job must not take them for none."""
-        out = []
-        for name in reversed(self._names()):
+        newer cloud-elastic), and of each :meth:`links`, newest first: complete to their writer, so a job must not
+        take them for none."""
+        out = self.links()
+        for name in self._names():
             try:
                 self._manifest(name)
             except FileNotFoundError:
                 continue  # an interrupted write: no manifest
             except _Unusable as exc:
                 out.append((name, str(exc)))
-        return out
+        return sorted(out, reverse=True)
+
+    def links(self) -> list[tuple[str, str]]:
+        """(name, why) of each symbolic link named like a checkpoint (a folder moved to another volume and linked
+        back), newest first. The store never follows one (it may be another folder's, which pruning would delete),
+        nor takes it for no checkpoint: a driver's start refuses it (``driver.restart.predecessor.resumes``)."""
+        try:
+            names = sorted((n for n in self.backend.links("") if _NAME.fullmatch(n)), reverse=True)
+        except Exception as exc:
+            raise CheckpointError(f"could not list checkpoints in {self.url}: {_one_line(exc)}") from exc
+        return [(n, f"{self.backend.url(n)} is a symbolic link, never followed: move the folder back") for n in names]
 
     def latest(self) -> Checkpoint | None:
         """The newest checkpoint whose manifest parses and whose data matches its digest and loads.
@@ -402,7 +414,7 @@ class CheckpointStore:
 
     def _names(self) -> list[str]:
         """The checkpoint folders, oldest first: real folders (never symbolic links: the backend does not list
-        them) whose names hold a possible time. Others are left alone, with one WARNING each."""
+        them, :meth:`links` does) whose names hold a possible time. Others are left alone, with one WARNING each."""
         try:
             names = sorted(n for n in self.backend.children("") if _NAME.fullmatch(n))
         except CheckpointError:

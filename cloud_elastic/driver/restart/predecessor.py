@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from cloud_elastic.config import JobConfig
-from cloud_elastic.driver.restart.finished import say_if_succeeded
+from cloud_elastic.driver.restart.finished import SUCCEEDED_RECORD, say_if_succeeded
 from cloud_elastic.driver.restart.record import AdoptionRecord, find_records
 from cloud_elastic.errors import CheckpointError, ConfigError
 from cloud_elastic.records import driver_running, find_jobs, job_dir, pid_alive, runtime_root
@@ -225,6 +225,10 @@ def resumes(store: Any, job_id: str, *, announce_none: bool) -> bool:
     write their last checkpoints while we wait.
     """
     checkpoints = store.list()
+    # A checkpoint folder moved away and linked back, newer than every one read: the job's newest state is there.
+    linked = [why for name, why in store.links() if not checkpoints or name > checkpoints[0].name]
+    if linked:
+        raise ConfigError(f"job {job_id}: {linked[0]}")
     if not checkpoints:
         unreadable = store.unreadable()
         if unreadable:  # never "no checkpoint yet": training from the start would prune them too
@@ -232,6 +236,11 @@ def resumes(store: Any, job_id: str, *, announce_none: bool) -> bool:
             raise ConfigError(f"job {job_id}: {store.url} holds {len(unreadable)} checkpoint(s) and none can be read "
                               f"(the newest, {name}: {why}): not starting the training over; was it written by a "
                               "newer cloud-elastic?")
+        step = _succeeded_at(store, job_id)
+        if step is not None:  # its checkpoints were moved or deleted: starting over would say "succeeded" again
+            raise ConfigError(f"job {job_id} succeeded at step {step} on {store.url}, which holds no checkpoint now: "
+                              "not training it again from initial weights; put its checkpoint folders back, or use "
+                              "a fresh --checkpoint-dir")
         if announce_none:
             log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts "
                      "over unless its workers still write one", job_id, store.url)
@@ -242,6 +251,19 @@ def resumes(store: Any, job_id: str, *, announce_none: bool) -> bool:
     log.warning("job %s: resuming from %s: the latest checkpoint is of step %d, written %s ago",
                 job_id, store.url, newest.step, _age(time.time() - newest.created))
     return True
+
+
+def _succeeded_at(store: Any, job_id: str) -> int | None:
+    """The step of the newest checkpoint ``job_id`` had when it succeeded (``succeeded.json``, :mod:`.finished`);
+    None when it had none, or there is no such record (one that cannot be read was warned about at the start)."""
+    from cloud_elastic.checkpoint.store import read_record
+
+    try:
+        found = read_record(store, SUCCEEDED_RECORD, SUCCEEDED_RECORD, "success record",
+                            lambda body: (body["job_id"], body.get("step")))
+    except CheckpointError:
+        return None
+    return found[1] if found is not None and found[0] == job_id and type(found[1]) is int else None
 
 
 @dataclass(frozen=True)
@@ -284,6 +306,8 @@ def wait_for_predecessor(plan: StartPlan, store: Any, wait: Callable[[float], bo
             resumed = resumes(store, plan.job_id, announce_none=False)  # what the old workers wrote while we waited
         except CheckpointError as exc:
             stop(f"cannot read the checkpoints in {plan.checkpoint_dir}: {exc}", 1)
+        except ConfigError as exc:  # refused as a start is: they are there, and must not be trained over
+            stop(str(exc), 2)
     return WaitOutcome(resumed, True)
 
 
