@@ -380,9 +380,13 @@ def _with_wait(plan: StartPlan, config: JobConfig, previous: tuple[int, float, f
 
         grace = max(grace, previous_alive.grace_s)
         by = store.backend.url(by or ALIVE_RECORD)
-        lives.append((previous_alive.alive + REFRESH_S, (
-            f"the previous driver (pid {previous_alive.pid} on {previous_alive.host}) was last alive "
-            f"{time.time() - previous_alive.alive:.0f}s ago by {by}"
+        # A dead driver was not alive after now: a sign of life ahead of this clock is skew (waiting on it would
+        # add the skew to the wait). A live one refreshes it during the wait, and _another_driver sees that.
+        now = time.time()
+        ago = (f"{now - previous_alive.alive:.0f}s ago" if previous_alive.alive <= now else
+               f"at a time {previous_alive.alive - now:.0f}s ahead of this machine's clock (taken as now)")
+        lives.append((min(previous_alive.alive, now) + REFRESH_S, (
+            f"the previous driver (pid {previous_alive.pid} on {previous_alive.host}) was last alive {ago} by {by}"
             + ("" if previous is not None else ", and this machine has no record of it"))))
     if not lives:
         return replace(plan, grace_s=grace)
