@@ -4,9 +4,10 @@
 
 * :meth:`~ExitingMixin.leave`: the worker is told to exit; it releases its process group now (its peers have
   moved on) and acknowledges the notices it watched once its host is vacated;
-* :meth:`~ExitingMixin._at_exit`, the exit hook: every process group let go of, and every formation and reclaim
-  waited for, before the interpreter finalizes (a daemon thread inside torch's C++ then aborts the process),
-  then the driver told the worker is exiting;
+* :meth:`~ExitingMixin._at_exit`, the exit hook: every process group let go of, every formation cancelled and
+  waited for, and every reclaim, before the interpreter finalizes (a daemon thread inside torch's C++ then aborts
+  the process), then the driver told the worker is exiting; should one still run in torch, the process ends
+  there with its exit status (:meth:`~ExitingMixin._end_before_finalizing`) rather than finalize under it;
 * :meth:`~ExitingMixin._report_script_end`: a script that never entered ``hvd.elastic.run`` (a fixed-size script)
   tells the driver it ended, with the exception it ended with (:meth:`~ExitingMixin._note_uncaught`).
 
@@ -16,6 +17,7 @@ A mixin, not a piece of its own: it lets go of what the context holds (its group
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -26,6 +28,10 @@ from cloud_elastic.worker.link.client import DriverClient
 __all__ = ["ExitingMixin"]
 
 log = logging.getLogger(__name__)
+
+#: How long the exit hook waits for cancelled formations to end: one given up in a store wait ends within a
+#: slice; one blocked in Gloo's connection to a peer that vanished does not end before Gloo's own timeout.
+FORMATION_EXIT_WAIT_S = 2.0
 
 
 class ExitingMixin:
@@ -41,7 +47,7 @@ class ExitingMixin:
         the acknowledgement, and rank 0 may still be writing the last checkpoint), or
         at their deadline. Its heartbeats go on until the process ends.
         """
-        self._drop_next("the worker leaves")
+        self._close_next("the worker leaves")
         group, self._group = self._group, None
         if group is not None:
             done = self._reaper.reclaimed + self._reaper.leaked
@@ -66,16 +72,22 @@ class ExitingMixin:
         C++ code: ``terminate called without an active exception`` and SIGABRT,
         after a job that had succeeded. So the current group is let go on this thread (a Gloo group abandoned
         first: nothing uses it again, and its destructor then cannot wait on a
-        peer), pending releases run here, and reclaims and formations still
-        running are waited for, all within ``timeout_s``. Heartbeats go on through
-        this and the other exit hooks; the interpreter's teardown after the hooks
-        stops them, so this hook's last act tells the driver the worker is exiting
-        (:meth:`say_exiting`): a slow teardown then ends the job with the worker's
-        exit status, not as a silent worker (see docs/architecture.md, "At exit").
+        peer), pending releases run here, and reclaims are waited for within
+        ``timeout_s``. A formation (a plan's, in the background) is cancelled, and
+        no other starts (the heartbeats go on through the exit hooks, and may
+        bring an offer): it ends within :data:`FORMATION_EXIT_WAIT_S`, unless it
+        is blocked in Gloo's connection to a peer that vanished, which nothing
+        ends before Gloo's own timeout; the process then does not finalize
+        (:meth:`_end_before_finalizing`). Heartbeats go on through this and the
+        other exit hooks; the interpreter's teardown after the hooks stops them,
+        so this hook's last act tells the driver the worker is exiting
+        (:meth:`say_exiting`): a slow teardown then ends the job with the
+        worker's exit status, not as a silent worker (see docs/architecture.md,
+        "At exit").
         """
         deadline = time.monotonic() + timeout_s
         self._report_script_end()
-        self._drop_next("the worker exits")
+        self._close_next("the worker exits")
         group, self._group = self._group, None
         if group is not None:
             if group.backend == "gloo" or group.abandoned:
@@ -84,11 +96,49 @@ class ExitingMixin:
                 self._reaper.release(group, after_s=timeout_s)  # run at once by drain below
             del group
         drained = self._reaper.drain(max(0.0, deadline - time.monotonic()))
-        for thread in self._formations:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        if not drained or any(t.is_alive() for t in self._formations):
-            log.warning("worker %s: a process group was still being formed or destroyed at exit", self.worker_id)
+        forming = self._formations_after(min(deadline, time.monotonic() + FORMATION_EXIT_WAIT_S))
+        code = None if drained and not forming else self._exit_report().code
+        if forming and code is None:  # the process will finalize: give the formation all the time there is
+            forming = self._formations_after(deadline)
+        if drained and not forming:
+            self.say_exiting()
+            return
         self.say_exiting()
+        self._end_before_finalizing(f"{len(forming)} process group formation(s)" if forming
+                                    else "a process group's destruction", code)
+
+    def _formations_after(self, deadline: float) -> list[Any]:
+        """Wait until ``deadline`` for every thread forming a group to end; those still running."""
+        while True:
+            forming = [t for t in self._formations if t.is_alive()]  # re-read: the list is replaced, not changed
+            if not forming or time.monotonic() >= deadline:
+                return forming
+            forming[0].join(max(0.0, deadline - time.monotonic()))
+
+    def _end_before_finalizing(self, what: str, code: int | None) -> None:
+        """A thread is still inside torch's C++ (``what``): end the process now with ``code``, the exit status
+        the interpreter would have given it, instead of finalizing under that thread (SIGABRT as it takes the
+        GIL back). Streams and log handlers are flushed first; the exit hooks registered before this one (at
+        ``hvd.init()``), which the interpreter would run after it, do not run.
+
+        ``code`` must be certain: under the local fork server it is (the script's ``SystemExit`` code, 1 after
+        an exception, 0 when it returned: ``link.driver_link._exit_report``). Without it (a plain interpreter,
+        a script that seemed to end cleanly: a top-level ``SystemExit(3)`` looks the same) the process
+        finalizes as before rather than guess, and never turns a failure into 0.
+        """
+        if code is None:
+            log.warning("worker %s: %s still running in torch at exit; the exit status is not known here, so the "
+                        "interpreter finalizes (it may abort)", self.worker_id, what)
+            return
+        log.warning("worker %s: %s still running in torch at exit; exiting with status %d without finalizing the "
+                    "interpreter (it would abort)", self.worker_id, what, code)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):  # closed or replaced by the script
+                pass
+        logging.shutdown()
+        os._exit(code)
 
     def _report_script_end(self) -> None:
         """At exit, a script that never entered ``hvd.elastic.run`` tells the driver it ended (a fixed-size

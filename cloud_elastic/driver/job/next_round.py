@@ -22,7 +22,10 @@ requested as before, and is never planned again in the same round), when:
 * a member of the running round fails, the round is aborted, or a member's
   host is noticed leaving;
 * a member of the plan is gone (a newcomer lost, a running member no longer
-  running in the round the plan was made in).
+  running in the round the plan was made in);
+* the job is finishing (rank 0 returned from its training function): from then
+  on nothing is offered, so every member cancels its formation at its next
+  heartbeat, and none starts one again while it exits.
 
 A round formed from the plan needs every member of the plan at rendezvous and
 nobody else (newcomers that became ready meanwhile wait for the next update);
@@ -144,7 +147,8 @@ class NextRounds:
     def offer_to(self, worker_id: str) -> NextRound | None:
         """The plan for ``worker_id``'s heartbeat reply, when it is one of its members."""
         plan = self.plan
-        if plan is None or worker_id not in plan.ranks or plan.for_round != self._job.round:
+        if (plan is None or worker_id not in plan.ranks or plan.for_round != self._job.round
+                or self._job.phase is not Phase.RUNNING):
             return None
         return NextRound(plan.plan, plan.round, plan.ranks[worker_id], plan.hosts)
 
@@ -153,7 +157,7 @@ class NextRounds:
         plan's group, sets up its training and waits in its first sync while the running members train on."""
         plan = self.plan
         if (plan is None or w.worker_id not in plan.ranks or w.worker_id in plan.staying
-                or plan.for_round != self._job.round):
+                or plan.for_round != self._job.round or self._job.phase is not Phase.RUNNING):
             return None
         self.told[w.worker_id] = plan.plan
         return Assignment(plan.round, plan.ranks[w.worker_id], True, plan.update_gen, False, plan.hosts, plan.plan)
@@ -207,7 +211,8 @@ class NextRounds:
             return False
         job = self._job
         if job.phase is not Phase.RUNNING or job.abort_round >= job.round or job.round != p.for_round:
-            self.drop("the running round was aborted" if job.abort_round >= job.round else "the round changed")
+            self.drop("the job is finishing" if job.phase in (Phase.FINISHING, Phase.DONE) else
+                      "the running round was aborted" if job.abort_round >= job.round else "the round changed")
             return False
         for worker_id in p.ranks:
             w = job.workers.get(worker_id)

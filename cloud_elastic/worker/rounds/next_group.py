@@ -16,9 +16,20 @@ names the plan (``Assignment.planned``) makes ``RoundGroupsMixin._form_group``
 take this group instead of forming one. The group is retired (abandoned and
 reclaimed by the :class:`~.reclaim.Reaper`, so no thread or descriptor stays)
 when the driver stops offering the plan before its round formed (it dropped
-it), when a round forms without it, when a restarted driver adopts this
-worker, and at exit. A plan whose group cannot be formed is reported as such:
-the driver drops it and the round changes as usual.
+it, or the job is finishing), when a round forms without it, when a restarted
+driver adopts this worker, when the worker is sent away, and at exit. A plan
+whose group cannot be formed is reported as such: the driver drops it and the
+round changes as usual.
+
+Retiring a plan cancels its formation: a wait for a peer's key fails at once
+(``RoundStore.give_up``), so the thread ends a slice later. Once the worker
+leaves or exits (:meth:`NextGroupMixin._close_next`) no formation starts again:
+the heartbeats go on through the exit hooks, and an offer still in a reply then
+started one after the exit hook had dropped it, which the interpreter finalized
+under, inside torch's C++ (SIGABRT after a job that had succeeded). A formation
+blocked in Gloo's own connection to a peer that vanished cannot be cancelled;
+the exit hook does not let the interpreter finalize under it
+(``worker.exiting``).
 
 Gloo only: a worker on another backend reports at once that it cannot form the
 group in the background, and the job admits as usual. (An NCCL communicator
@@ -98,6 +109,9 @@ class NextGroupMixin:
                     and not (round_now == info.round and round_plan == info.planned)):
                 self.__dict__["_gone_plan"] = info.planned  # its collectives fail now: see _plan_given_up
         pending = self.__dict__.get("_next_pending")
+        if getattr(self, "sent_away", None) is not None or getattr(self, "dismissed", False):
+            self._drop_next("the worker is sent away")  # its rounds are over: no plan of it forms
+            return
         if offer is not None:
             if pending is None or pending.offer.plan != offer.plan:
                 self._start_next(offer)  # retires the plan it held, if another
@@ -120,6 +134,10 @@ class NextGroupMixin:
         forms the same rank of the plan's group twice (peers would connect to one of the two, and the other one,
         perhaps the one the round uses, wait out the formation deadline)."""
         with self._next_lock():
+            if self.__dict__.get("_next_closed"):  # leaving or exiting: a formation now would outlive the process
+                pending = _Pending(offer, failed=True, dropped=True)
+                pending.done.set()
+                return pending
             old = self.__dict__.get("_next_pending")
             if old is not None and _same(old.offer, offer):
                 old.joined = old.joined or joined
@@ -201,6 +219,12 @@ class NextGroupMixin:
             log.warning("worker %s: could not report plan %d to the driver: %s", self.worker_id, pending.offer.plan, exc)
 
     # ---------------------------------------------------------- any thread
+    def _close_next(self, why: str) -> None:
+        """The worker leaves or exits: retire the plan it holds, and start no formation from now on."""
+        with self._next_lock():
+            self.__dict__["_next_closed"] = True
+        self._drop_next(why)
+
     def _drop_next(self, why: str, *, before_round: int | None = None) -> None:
         """Retire the planned group (if any; with ``before_round``, only a plan of a round up to it)."""
         with self._next_lock():
