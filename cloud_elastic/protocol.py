@@ -524,14 +524,18 @@ class CompletionReply:
     ``done``: the job is completing, the worker goes on with its script; ``wait``:
     rank 0 is still training, ask again; ``leave``: it returned while rank 0 was
     still training, so it leaves the job now (``reason`` says why) and its peers
-    continue without it.
+    continue without it. ``checkpoint_s`` and ``writer`` with ``leave``: as in :class:`ExitOrder` (a parked member
+    holding the final state when rank 0 was lost writes it on its way out); older workers ignore them.
     """
 
     decision: str
     reason: str = ""
+    checkpoint_s: float | None = None
+    writer: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        return {"ok": True, "decision": self.decision, "reason": self.reason}
+        return {"ok": True, "decision": self.decision, "reason": self.reason, "checkpoint_s": self.checkpoint_s,
+                "writer": self.writer}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "CompletionReply":
@@ -540,7 +544,9 @@ class CompletionReply:
         if decision not in COMPLETION_DECISIONS:
             raise ControlPlaneError(f"malformed completion reply: decision must be one of {COMPLETION_DECISIONS}, "
                                     f"got {decision!r}")
-        return cls(decision, str(msg.get("reason") or ""))
+        seconds = msg.get("checkpoint_s")
+        seconds = None if seconds is None else _optional_seconds(msg, "checkpoint_s", "completion reply")
+        return cls(decision, str(msg.get("reason") or ""), seconds, msg.get("writer") is True)
 
 
 @dataclass(frozen=True)

@@ -377,6 +377,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
                 self.training_done = not again  # a restarted driver is told (see DriverLinkMixin._reregister)
                 return
             if reply.decision == "leave":
+                self.checkpoint_before_leaving, self.checkpoint_writer = reply.checkpoint_s, reply.writer
                 raise WorkerRemoved(reply.reason or "returned from its training function before rank 0")
 
     def close(self) -> None:

@@ -95,7 +95,8 @@ def test_the_job_never_succeeds_while_rank_0_has_not_finished() -> None:
     sim.exit("a[0]", KILLED)  # rank 0 dies before returning (its final save never ran)
     assert reply(sim, "a[1]")[0] == "leave"
     sim.exit("a[1]", CLEAN)
-    failed(sim, "training state lost")
+    # a[1] held the final state: the line says so (test_job_final_state_holders.py), not "training state lost".
+    failed(sim, "rank 0 was lost after the training loop's last commit", "held by rank(s) 1")
 
 
 # ------------------------------------------------- what fails a job that completed

@@ -299,8 +299,9 @@ class Completion:
                  exit_code=None, blacklisted_s=None)
         job.give_up(w, line, now)
 
-    def check_early_returns(self, now: float) -> None:
-        """Parked members whose rank 0 is still training leave the round; their peers go on without them.
+    def check_early_returns(self, now: float) -> bool:
+        """Parked members whose rank 0 is still training leave the round; their peers go on without them. True when
+        the job ended instead: rank 0 was lost and they hold the final state (:meth:`_hold_final_state`).
 
         Rank 0 waiting in a collective for EARLY_RETURN_WAIT_S means it is still
         training: that collective needs the parked members, who will never join it
@@ -311,13 +312,16 @@ class Completion:
         """
         job = self._job
         if not self._parked or job.phase is not Phase.RUNNING:
-            return
+            return False
         rank0 = self._rank0()
         if rank0 is not None and job.abort_round < job.round:
             # Only a wait reported after the last member parked counts: an older report may be of a
             # collective that the parked members did join.
             if rank0.waiting_s < EARLY_RETURN_WAIT_S or rank0.waiting_at <= max(self._parked.values()):
-                return
+                return False
+        if rank0 is None and self._hold_final_state():
+            return True
+        leaving: list[WorkerRecord] = []
         backed_off: dict[Slot, float] = {}  # slots backed off in this call: one host's early returns count once
         for worker_id in sorted(self._parked):
             w = job.workers[worker_id]
@@ -335,12 +339,42 @@ class Completion:
                 w.cooldown_s = self._back_off(w, now, backed_off)
                 self._explain(w, why)
             w.to(S.EXITING, why)
+            leaving.append(w)
+        for w in leaving:  # after every parked one had its say: a host-mate taken along exits at once
             self._take_host_along(w)
         self._parked.clear()
         job.forget_alive()
         if job.abort_round < job.round:
             job.last_failure = "a member returned from its training function while rank 0 was still training"
             job.abort()
+        return False
+
+    def _hold_final_state(self) -> bool:
+        """Rank 0 was lost while parked members, back from their training function at the newest commit, are the
+        only ones left holding it: they hold the final state, and are not sent away as early returns. True when
+        the job ended for it (with ``--checkpoint-dir``, through :class:`~.ending.FailingEnd`: a returned member
+        writes that commit first, so the same command resumes there); False when someone still in its training
+        function holds that commit too (it goes on with newcomers, and the parked members leave)."""
+        job = self._job
+        parked = [job.workers[i] for i in sorted(self._parked)]
+        holders = [w for w in parked if w.alive and w.state in _MEMBER and w.holds_state]
+        if not holders:
+            return False
+        newest = max(w.commit_seq for w in holders)
+        if any(not w.returned and w.holds_state and w.commit_seq >= newest and w.state in (S.WAITING, S.RUNNING)
+               for w in job.alive()):
+            return False
+        lost = sorted(w.rank for w in job.workers.values()
+                      if w.round == job.round and w.rank is not None and not w.alive and not w.returned)
+        who = f"rank {lost[0]} was" if len(lost) == 1 else f"ranks {', '.join(map(str, lost))} were"
+        at = f" (#{newest})" if newest else ""  # a commit seen only counted (no sequence number): none to name
+        line = f"{who} lost after the training loop's last commit{at} while others had returned"
+        if not job.policy.checkpointing:
+            ranks = ", ".join(str(w.rank) for w in holders if w.commit_seq >= newest)
+            line += (f"; the final state was held by rank(s) {ranks} but there is no --checkpoint-dir to write it to; "
+                     "it ends with them (with --checkpoint-dir the same command would resume there)")
+        job.end(False, line, 1)
+        return True
 
     def _back_off(self, w: WorkerRecord, now: float, done: dict[Slot, float]) -> float:
         """``w`` returned early: its slot (its host's, under ``--whole-hosts``) cools down as after a failure.

@@ -222,8 +222,7 @@ class ElasticJob(JobState):
             w.to(S.EXITING, "the job is finishing")
             self.rounds.stopped_waiting(worker_id)
         if w.state is S.EXITING:
-            return ExitOrder(w.why or "told to exit", self.leavers.checkpoint_s.get(worker_id),
-                             self.leavers.writer == worker_id)
+            return ExitOrder(w.why or "told to exit", *self.leaving_checkpoint(worker_id))
         return self.rounds.assignment(w)
 
     def heartbeat(self, worker_id: str, now: float, commits: int | None = None,
@@ -316,6 +315,12 @@ class ElasticJob(JobState):
     def completion_reply(self, worker_id: str) -> tuple[str, str] | None:
         """What a worker whose training function returned is told now; None while it must wait for rank 0."""
         return self.completion.reply(worker_id)
+
+    def leaving_checkpoint(self, worker_id: str) -> tuple[float | None, bool]:
+        """For a worker told to leave: the seconds it has to checkpoint the commit it leaves at (None: it does not),
+        and whether it is the one writer (see :meth:`.leaving.Leavers.left_round`), as its ``ExitOrder`` says at
+        rendezvous; a member parked after its training function returned is told so in its completion reply."""
+        return self.leavers.checkpoint_s.get(worker_id), self.leavers.writer == worker_id
 
     def exited(self, worker_id: str, status: ExitStatus, now: float) -> None:
         """A worker process ended."""
@@ -504,7 +509,8 @@ class ElasticJob(JobState):
             self._alive_memo = None
             left = [w for w in self.members() if not w.returned]
             if not left:
-                what = "no member is left in it"
+                what = ("its other members had returned from their training function" if self.members()
+                        else "no member is left in it")
             elif not self.state_committed:
                 # Heartbeats tell of commits late: the survivors know, and the next round's log says.
                 what = "survivors roll back to their last commit (none reported yet: the initial state if none)"
@@ -541,7 +547,8 @@ class ElasticJob(JobState):
         if self.stopping.active and (self.phase is not Phase.FINISHING or self.stopping.overdue(now)):
             self.stopping.step(now)  # a graceful stop: nothing launches or forms; it ends once the workers left
             return  # (training that completes during it ends as a completion does, within the stop's time)
-        self.completion.check_early_returns(now)
+        if self.completion.check_early_returns(now):
+            return  # rank 0 lost with the final state in parked members: the job ends (they write it first)
         self.completion.check_progress(now)
         self.health.check(now)
         self.leavers.mark(now)

@@ -343,15 +343,17 @@ class Leavers:
 
     def send_away(self, w: WorkerRecord, why: str) -> None:
         """Ask one staying worker to leave: a round member drains (it leaves at its next commit, zero steps
-        lost), a worker waiting at rendezvous gets an exit order, one not there yet is stopped."""
+        lost), a worker waiting at rendezvous gets an exit order, one not there yet is stopped. A member whose
+        training function returned (parked until rank 0's does) makes no further commit: it is told to leave in
+        the answer it waits for (``completion_reply``, with its checkpoint's time if it is the writer)."""
         job = self._job
         before = w.state
-        if before is S.RUNNING:
+        if before is S.RUNNING and not w.returned:
             w.to(S.DRAINING, why)  # leaves at its next commit
             self._draining_round = job.round
         else:
             w.to(S.EXITING, why)
-            if before is not S.WAITING:
+            if before is not S.WAITING and not w.returned:
                 # Not at rendezvous yet, so no exit order would reach it soon.
                 job.act(Stop(w.worker_id, why))
         self.take_host_along(w)

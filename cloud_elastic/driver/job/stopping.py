@@ -131,8 +131,8 @@ class GracefulStop:
         # known only once they are back. They and the holders waiting stay until every member is back or gone (or
         # half the stop's time is up: see release), then those holding the newest commit leave first and write it.
         held_back = failing and bool(members)
+        newest = max((w.commit_seq for w in waiting + members), default=0)
         if not held_back:
-            newest = max((w.commit_seq for w in waiting + members), default=0)
             waiting = [w for w in waiting if w.commit_seq >= newest]
         # The members stop at their next commit (their heartbeats may not have told of their last one yet), if it
         # is expected in time for rank 0 to write it before its exit order's deadline margin.
@@ -143,7 +143,8 @@ class GracefulStop:
                         "(%s); the same command resumes from the latest checkpoint", job.job_id, reason,
                         max(0.0, by - now), late)
             return False
-        holders = members + waiting
+        # A member parked after its training function returned commits no more: a holder only of the newest commit.
+        holders = [w for w in members if held_back or not w.returned or w.commit_seq >= newest] + waiting
         self._ending = (reason, exit_code, now + grace_s)
         self._holders = [w.worker_id for w in holders]
         self._release_by = now + grace_s / 2 if held_back else None
@@ -193,11 +194,13 @@ class GracefulStop:
         if self._release_by is None:
             return
         ours = [w for w in job.alive() if w.worker_id in self._holders]
-        out = [w for w in ours if w.state is S.RUNNING]
+        # A member whose training function returned (parked) is back already: it holds the commit it returned at.
+        out = [w for w in ours if w.state is S.RUNNING and not w.returned]
         if out and now < self._release_by:
             return
         self._release_by = None
-        back = sorted((w for w in ours if w.state is S.WAITING), key=lambda w: -w.commit_seq)
+        back = sorted((w for w in ours if w.state is S.WAITING or (w.state is S.RUNNING and w.returned)),
+                      key=lambda w: -w.commit_seq)
         newest = max((w.commit_seq for w in back), default=0)
         deadline = self._ending[2] + job.wall_offset if self._ending is not None else None
         for w in back + out:
@@ -244,6 +247,9 @@ class GracefulStop:
                     "command resumes from the latest checkpoint, if any, and redoes the steps since it")
         step, seq = newest
         if held is not None and seq >= held:
+            if any(i in job.workers and job.workers[i].returned for i in self._holders):
+                return (f"the final state is in the checkpoint (step {step}): the same command resumes there and runs "
+                        "the end of the training function again")
             return f"checkpoint of step {step} written; the same command resumes from it"
         if seq < last:
             return (f"the last checkpoint is of step {step}, the last commit {last}: the same command resumes from "

@@ -232,13 +232,13 @@ class ControlPlane:
                                                error=report.error, elastic=report.elastic, again=report.again)
         self._cond.notify_all()
         if decision != "wait":
-            return CompletionReply(decision, reason).to_wire()
+            return CompletionReply(decision, reason, *self._job.leaving_checkpoint(worker_id)).to_wire()
 
         def check(final: bool) -> dict[str, Any] | None:
             answer = self._job.completion_reply(worker_id)
             if answer is None:
                 return CompletionReply("wait").to_wire() if final else None
-            return CompletionReply(*answer).to_wire()
+            return CompletionReply(*answer, *self._job.leaving_checkpoint(worker_id)).to_wire()
 
         return self._cond.hold(check, _COMPLETION_HOLD_S)
 

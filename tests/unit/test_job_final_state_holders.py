@@ -1,0 +1,124 @@
+"""Members that returned from their training function at the newest commit hold the final state (checkpoint review
+s56, kill_final.py / kill_eval.py).
+
+Rank 1 returned at commit 40 and waited (parked) for rank 0; rank 0 was killed during its final checkpoint write
+or an evaluation at the end of its training function. The driver sent rank 1 away ("cannot rejoin after
+returning"), logged "every worker that held the training state is gone" (false), then resumed from the checkpoint
+of step 1, retrained 39 steps and reported success; without --checkpoint-dir it failed with "every worker that held
+committed state is gone" (false too: rank 1 held it until it was sent away).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from cloud_elastic.driver.job.elastic_job import WorkerState
+from tests.unit.test_job import CLEAN, KILLED, Sim, failed, started
+from cloud_elastic.protocol import CompletionReply
+
+pytestmark = pytest.mark.timeout(10)
+
+S = WorkerState
+LAST = 40
+
+
+def rank1_parked_then_rank0_killed(checkpointing: bool) -> Sim:
+    """Two members commit up to ``LAST`` (a checkpoint of step 1 stored); rank 1 returns and waits; rank 0 is
+    killed before its training function returns (its final checkpoint write, an evaluation)."""
+    sim = started(2, checkpointing=checkpointing)
+    r0, r1 = sim.id("a[0]"), sim.id("a[1]")
+    for wid in (r0, r1):
+        sim.commits[wid] = LAST
+        sim.job.heartbeat(wid, sim.now, LAST, LAST)
+    if checkpointing:
+        sim.job.checkpoint_saved(1, 1)
+    assert sim.job.completed(r1, sim.now, commit_seq=LAST, steps=LAST) == ("wait", "")
+    sim.advance(1)
+    sim.exit("a[0]", KILLED)
+    return sim
+
+
+def test_rank_0_lost_after_the_last_commit_a_returned_member_writes_it_and_the_job_fails_saying_so(caplog) -> None:
+    caplog.set_level(logging.INFO)
+    sim = rank1_parked_then_rank0_killed(checkpointing=True)
+    launched = len(sim.launched)
+    r1 = sim.id("a[1]")
+    sim.advance(0.5)
+    # It is told to leave with the time to write the newest commit, as the one writer (not "cannot rejoin").
+    decision, why = sim.job.completion_reply(r1)
+    seconds, writer = sim.job.leaving_checkpoint(r1)
+    assert decision == "leave" and "cannot rejoin" not in why
+    assert writer and seconds is not None and seconds > 0
+    assert sim.outcome is None  # the job waits for its checkpoint
+    sim.job.checkpoint_saved(LAST, LAST)
+    sim.exit("a[1]", CLEAN)
+    sim.advance(0.5)
+    failed(sim, f"rank 0 was lost after the training loop's last commit (#{LAST}) while others had returned",
+           f"the final state is in the checkpoint (step {LAST}): the same command resumes there and runs the end of "
+           "the training function again")
+    assert len(sim.launched) == launched  # nothing retrains from the checkpoint of step 1
+    text = caplog.text
+    assert "every worker that held the training state is gone" not in text
+    assert "resumed from the checkpoint" not in text and "cannot rejoin" not in text
+
+
+def test_the_final_state_unwritten_is_said_and_never_retrained_over() -> None:
+    sim = rank1_parked_then_rank0_killed(checkpointing=True)
+    sim.advance(0.5)
+    sim.exit("a[1]", CLEAN)  # left without reporting its checkpoint stored
+    sim.advance(0.5)
+    failed(sim, "rank 0 was lost after the training loop's last commit (#40)",
+           "the last checkpoint is of step 1, the last commit 40")
+    assert sim.job.round == 1
+
+
+def test_without_checkpoint_dir_the_end_line_says_who_held_the_final_state() -> None:
+    sim = rank1_parked_then_rank0_killed(checkpointing=False)
+    failed(sim, f"rank 0 was lost after the training loop's last commit (#{LAST}) while others had returned; the "
+                "final state was held by rank(s) 1 but there is no --checkpoint-dir to write it to")
+    assert "every worker that held committed state is gone" not in sim.outcome.reason
+
+
+def test_a_parked_member_still_leaves_when_a_survivor_in_its_training_function_holds_the_commit() -> None:
+    # Rank 2 (still training, at the same commit) survives rank 0: it goes on with newcomers, as before.
+    sim = started(3)
+    for slot in ("a[0]", "a[1]", "a[2]"):
+        wid = sim.id(slot)
+        sim.commits[wid] = LAST
+        sim.job.heartbeat(wid, sim.now, LAST, LAST)
+    assert sim.job.completed(sim.id("a[1]"), sim.now, commit_seq=LAST, steps=LAST) == ("wait", "")
+    sim.exit("a[0]", KILLED)
+    assert sim.outcome is None
+    assert sim.job.workers[sim.id("a[1]")].state is S.EXITING
+
+
+def test_a_completion_replys_time_to_checkpoint_travels_and_an_older_drivers_reply_has_none() -> None:
+    reply = CompletionReply("leave", "the job is failing", 12.5, True)
+    assert CompletionReply.from_wire(reply.to_wire()) == reply
+    assert CompletionReply.from_wire({"ok": True, "decision": "leave", "reason": "x"}) == CompletionReply("leave", "x")
+
+
+def test_whole_hosts_another_host_returned_at_the_last_commit_writes_its_shards_when_host_0s_rank_0_is_lost() -> None:
+    from tests.unit.test_job_whole_hosts import whole
+
+    sim = whole(4, {"a": 2, "b": 2}, min_np=2, checkpointing=True)
+    for slot in ("a[0]", "a[1]", "b[0]", "b[1]"):
+        wid = sim.id(slot)
+        sim.commits[wid] = LAST
+        sim.job.heartbeat(wid, sim.now, LAST, LAST)
+    for slot in ("a[1]", "b[0]", "b[1]"):
+        assert sim.job.completed(sim.id(slot), sim.now, commit_seq=LAST, steps=LAST) == ("wait", "")
+    sim.exit("a[0]", KILLED)  # host 0's rank 0, in its final sharded write
+    sim.advance(0.5)
+    told = {slot: (sim.job.completion_reply(sim.id(slot))[0], *sim.job.leaving_checkpoint(sim.id(slot)))
+            for slot in ("a[1]", "b[0]", "b[1]")}
+    assert all(decision == "leave" for decision, _, _ in told.values()), told
+    # b writes (b[0] the one writer, b[1] its shards beside it); a[1], taken along with its host, does not.
+    assert told["b[0]"][1] and told["b[0]"][2] and told["b[1]"][1] and not told["b[1]"][2], told
+    assert told["a[1]"][1:] == (None, False), told
+    for slot in ("a[1]", "b[0]", "b[1]"):
+        sim.exit(slot, CLEAN)
+    sim.advance(0.5)
+    failed(sim, f"rank 0 was lost after the training loop's last commit (#{LAST}) while others had returned")
