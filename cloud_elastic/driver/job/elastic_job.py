@@ -93,7 +93,8 @@ class ElasticJob(JobState):
 
     def __post_init__(self) -> None:
         policy = self.policy
-        self.silence = SilenceWatch(policy.heartbeat_timeout_s, policy.start_timeout_s, self.emit, self.job_id)
+        self.silence = SilenceWatch(policy.heartbeat_timeout_s, policy.start_timeout_s, self.emit,
+                                    lambda: self.job_id)  # read when it logs: a resumed job takes its checkpoint's id
         self.fixed = FixedSize(self)
         self.leavers = Leavers(self, self.fixed.failed)
         self.capacity = Capacity(self, self.leavers.send_away)

@@ -48,11 +48,14 @@ worker *and* its peers are stuck waiting on it; from then on its gap raises that
 worker's bound. Without peers waiting on it (between rounds, in rendezvous, no
 collective) only the heartbeat timeout gives a worker up, as before.
 
-A worker found silent either way is marked ``hung`` (:data:`.repeats.SILENT`): the driver has not seen its
-process end. Its silence counts toward the job's end (see :mod:`.repeats`) only once its process has printed
-its stacks on the signal the driver sends as it stops it (a GIL-hung one does); a frozen host or a network drop
-(an ssh session stays open a while) prints nothing and never counts. A process that ended (killed from
-outside, its ssh session closed) is reported ended instead.
+A worker silent for the whole heartbeat timeout is marked ``hung`` (:data:`.repeats.SILENT`): the driver has not
+seen its process end. One the fast rule gives up is not: a healthy worker may hold the GIL in one C call for a few
+seconds, and only a silence as long as the user allowed counts toward the job's end. A hung one counts (see
+:mod:`.repeats`) only if no heartbeat of its process arrives between its give-up and its kill (:meth:`SilenceWatch.heard`
+notes one: a frozen host that thaws heartbeats within milliseconds, a GIL-hung process cannot), and, where its
+stacks signal is armed, only once it has printed its stacks on the signal the driver sends as it stops it (a
+GIL-hung one does; a frozen host or a network drop, an ssh session staying open a while, prints nothing). A
+process that ended (killed from outside, its ssh session closed) is reported ended instead.
 """
 
 from __future__ import annotations
@@ -84,6 +87,9 @@ _ALPHA = 1 / 16
 #: Per arrival, how much of the peak's excess over the mean is kept (half of it after about 6 minutes
 #: of heartbeats): a healthy pause seen once is allowed again for minutes.
 _PEAK_KEEP = 0.998
+
+#: The most workers given up for silence whose heartbeats are still listened for (see SilenceWatch.heard).
+_GIVEN_UP_KEPT = 64
 
 #: How long a worker that said it is past its exit hooks (``exiting``) may stay silent before its process has
 #: ended (the heartbeat timeout, if longer): the interpreter's teardown (freeing CUDA, joining native threads)
@@ -166,21 +172,28 @@ class SilenceWatch:
     """
 
     def __init__(self, heartbeat_timeout_s: float, start_timeout_s: float,
-                 emit: Callable[..., None] | None = None, job_id: str = "job") -> None:
+                 emit: Callable[..., None] | None = None, job_id: str | Callable[[], str] = "job") -> None:
+        """``job_id``: the job's id, or how to read it when a line is logged (a resumed job takes its checkpoint's
+        id after the driver built its job: its lines must name that one)."""
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.start_timeout_s = start_timeout_s
         self._emit = emit
-        self._job_id = job_id
+        self._job_id_of = job_id if callable(job_id) else (lambda: job_id)
         self._silence_due = float("-inf")  # running time before which no registered worker can be overdue
         self._start_due = float("-inf")  # time before which no unregistered worker can be overdue
         self._born = -1  # workers ever recorded, as of the last scan
         self._heard: dict[str, Heard] = {}
         self._reported: tuple[int, int] = (0, 0)  # (round, seq) of the last stall named while all heartbeat
         self._suspects: frozenset[str] = frozenset()  # members past their limit at the last scan, nobody waiting
+        self._given_up: dict[str, WorkerRecord] = {}  # found silent for the whole timeout: a heartbeat now thawed it
 
     def heard(self, worker_id: str, running: float, flight: FlightEntry | None, pause_s: float = 0.0) -> None:
         """A heartbeat of ``worker_id`` arrived at ``running`` (running time), with its newest collective
-        and the longest garbage-collector pause it expects."""
+        and the longest garbage-collector pause it expects. One of a worker given up for silence (its process not
+        yet killed: a frozen host that thawed) says that it was not hung (``heard_after_given_up``)."""
+        gone = self._given_up.get(worker_id)
+        if gone is not None and not gone.alive:
+            gone.heard_after_given_up = True
         h = self._heard.get(worker_id)
         if h is None:
             h = self._heard[worker_id] = Heard(running)
@@ -238,6 +251,9 @@ class SilenceWatch:
                 if silent > allowed:
                     if w.exiting_at is None:
                         w.hung = SILENT  # its process still runs (not reaped): a hang that counts (see .repeats)
+                        self._given_up[w.worker_id] = w
+                        while len(self._given_up) > _GIVEN_UP_KEPT:
+                            del self._given_up[next(iter(self._given_up))]
                     found.append((w, f"stopped answering heartbeats for {silent:.1f}s" if w.exiting_at is None
                                   else f"has been exiting for {silent:.1f}s and its process has not ended"))
                     continue
@@ -287,18 +303,17 @@ class SilenceWatch:
         """Say who the stalled collective waits for, in the log and the events, before anyone is given up;
         return the silent culprits to give up now (the fast rule)."""
         if fast:
-            log.warning("job %s: %s", self._job_id, describe(stall, running_now))
+            log.warning("job %s: %s", self._job_id_of(), describe(stall, running_now))
             self._event(stall, running_now, "silent rank(s) given up")
             waited = stall.waited_s(running_now)
             ranks = ", ".join(str(r) for r in stall.waiting)
-            for w, _ in fast:
-                w.hung = SILENT
+            # Not marked hung: a silence shorter than --heartbeat-timeout never counts toward the job's end.
             return [(w, f"stopped answering heartbeats for {running_now - self._heard[w.worker_id].at:.1f}s "
                         f"(its limit {limit:.1f}s) while rank(s) {ranks} waited {waited:.1f}s for it in "
                         f"collective #{stall.seq} ({stall.op}) of round {stall.round}") for w, limit in fast]
         if stall.waited_s(running_now) >= self.heartbeat_timeout_s and (stall.round, stall.seq) != self._reported:
             self._reported = (stall.round, stall.seq)
-            log.warning("job %s: %s (still heartbeating: busy, or stuck outside the collective)", self._job_id,
+            log.warning("job %s: %s (still heartbeating: busy, or stuck outside the collective)", self._job_id_of(),
                         describe(stall, running_now))
             self._event(stall, running_now, "still heartbeating")
         return []
