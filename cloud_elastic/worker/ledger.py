@@ -145,8 +145,7 @@ class CommitLedger:
         #: update's window that kept nothing; see :class:`CommitWindow`). Reported at rendezvous: the driver
         #: then never takes the state from it.
         self.holds_commit = True
-        #: The loop's steps since the last commit (one per iteration of a GAN's loop, see ``Progress.step``):
-        #: what a rollback undoes.
+        #: ``DistributedOptimizer`` steps since the last commit: what a rollback undoes.
         self.steps_since_commit = 0
         #: Steps the last rollback undid, told to the driver at the next rendezvous (then 0 again).
         self.rolled_back = 0
@@ -177,15 +176,14 @@ class CommitLedger:
         self._live_seq += 1
         self.commit_seq = self._live_seq
         self.steps_since_commit = 0
-        self.progress.committed()
+        self.progress.mark()
         for hook in self.after_commit:
             hook(state)
 
-    def note_step(self, optimizer: object = None) -> None:
-        """An optimizer step finished (any optimizer's: the step post-hook ``context.init`` registers); one of the
-        loop's steps if ``optimizer`` paces it (see :mod:`.link.progress`: a GAN's second optimizer does not),
-        two when it takes over from an optimizer the script replaced."""
-        self.steps_since_commit += self.progress.step(optimizer=optimizer)
+    def note_step(self) -> None:
+        """An optimizer step finished (any optimizer's: the step post-hook ``context.init`` registers)."""
+        self.steps_since_commit += 1
+        self.progress.step()
 
     def note_rollback(self) -> None:
         """The state was just restored to the last commit: the steps since then are lost (told to the driver)."""

@@ -7,8 +7,7 @@ trained), and only the outermost: an optimizer whose ``step`` runs another's (a 
 runs the global hook on each hooked ``step``. Steps that set state up train nothing and are not counted:
 those taken :func:`uncounted` (the sharded checkpoint's) and torch DCP's learning-rate-0 step that gives an
 optimizer with no state its state (found on the stack); a step at learning rate 0 of the script's own (a
-warm-up from 0) is counted. Each counted step names its optimizer, so that several optimizers stepped per
-iteration (a GAN's) count one step per iteration (see :mod:`.link.progress`).
+warm-up from 0) is counted.
 """
 
 from __future__ import annotations
@@ -37,9 +36,8 @@ def uncounted() -> Iterator[None]:
         _LOCAL.uncounted = before
 
 
-def count_steps(note_step: Callable[[Any], None]) -> None:
-    """Call ``note_step(optimizer)`` once per outermost optimizer step of the process that returns (once per
-    process)."""
+def count_steps(note_step: Callable[[], None]) -> None:
+    """Call ``note_step()`` once per outermost optimizer step of the process that returns (once per process)."""
 
     def counted(optimizer: Any, args: Any, kwargs: Any) -> None:
         if getattr(_LOCAL, "uncounted", 0):
@@ -62,7 +60,7 @@ def count_steps(note_step: Callable[[Any], None]) -> None:
             elif code.co_name == "_init_optim_state" and code.co_filename.endswith(_DCP_STATE_DICT):
                 return
             frame = frame.f_back
-        note_step(optimizer)
+        note_step()
 
     register_optimizer_step_post_hook(counted)
 

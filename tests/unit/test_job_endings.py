@@ -108,7 +108,7 @@ def test_a_nonzero_exit_after_completion_fails_the_job_naming_the_worker_and_its
     sim.exit("a[0]", CLEAN)
     sim.exit("a[1]", CRASH)  # e.g. a final torch.save that failed
     failed(sim, "rank 0 finished training, but worker", "exited with code 1 after its training function returned",
-           "commit 12", "48 loop step(s)")
+           "commit 12", "48 optimizer step(s)")
     event = [f for kind, f in sim.events if kind == "worker_failed"][-1]
     assert event["exit_code"] == 1 and "after its training function returned" in event["reason"]
 

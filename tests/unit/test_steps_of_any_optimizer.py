@@ -190,7 +190,6 @@ def test_the_sharded_checkpoints_setup_step_is_no_trained_step_and_a_step_at_lr_
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # a warm-up from lr 0 trains from its next step on
     _backward(model, 0)
-    ctx.progress.new_round()  # a round's first optimizer paces at once (another's second step takes over)
     before = ctx.progress.steps
     with _plain_step(opt):
         opt.step()

@@ -234,7 +234,7 @@ class Completion:
         self.exited += 1
         if status.code != 0 or not status.known or status.transport_error:  # unknown: adopted, said nothing
             what = (f"worker {w.worker_id} ({w.label}) {status.describe} after its training function returned "
-                    f"(commit {w.commit_seq}, {w.steps} loop step(s))")
+                    f"(commit {w.commit_seq}, {w.steps} optimizer step(s))")
             self._failures.append(what)
             log.error("job %s: %s", job.job_id, what)
             job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
@@ -332,7 +332,7 @@ class Completion:
                 log.warning("job %s: worker %s (%s) %s; it leaves the job and the others continue", job.job_id,
                             worker_id, w.label, why)
             else:
-                why = (f"returned from its training function at commit {w.commit_seq} ({w.steps} loop step(s)) "
+                why = (f"returned from its training function at commit {w.commit_seq} ({w.steps} optimizer step(s)) "
                        f"while rank 0 ({rank0.worker_id}) was still training (at commit {rank0.commit_seq}, "
                        f"{rank0.steps} step(s))")
                 w.returned_early = True  # its worker_left event says so when its process ends

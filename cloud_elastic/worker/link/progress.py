@@ -26,13 +26,6 @@ steps of the round goes to the driver with each heartbeat (see the driver's
 straggler rule), and so does the median of their *communication time*, the
 waits themselves: a slow network shows there, on every rank alike (see the
 driver's slow-network rule, ``driver.job.links``).
-
-One step of the loop is one step of the *pacer* (:class:`_Pacer`): the first optimizer to step in the round,
-until another steps twice while it does not. A GAN's two optimizers, stepped once each per iteration, count
-one step per iteration, not two, and the time between two of the pacer's steps is the whole iteration's
-compute. The other optimizers' steps are progress (:meth:`Progress.mark`). A commit keeps the pacer: commits
-fall anywhere in an iteration, and a pacer chosen again after each made the other optimizer of a loop take
-over at every commit, counting an iteration twice.
 """
 
 from __future__ import annotations
@@ -67,47 +60,25 @@ class Progress:
         self._waited = 0.0  # in collectives since the last step
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._recent_comm: deque[float] = deque(maxlen=RECENT_STEPS)
-        self._pacer = _Pacer()
 
     def mark(self) -> None:
         """Something completed (a commit, a collective, a sync)."""
         self.count += 1
 
-    def committed(self) -> None:
-        """A commit: progress. The pacer stays (see the module docstring)."""
-        self.mark()
-        self._pacer.committed()
-
-    def step(self, now: float | None = None, optimizer: object = None) -> int:
-        """An optimizer step completed; returns how many steps of the loop after the latest commit that makes
-        (those a rollback to it loses: 0, 1 or 2; see :class:`_Pacer`; ``optimizer`` None: every step is one).
-
-        A step of the pacer: the time since its previous one, less the waits, was computing; the waits were
-        communication. Another optimizer's step is only progress.
-        """
-        counted = since_commit = 1
-        if optimizer is not None:
-            before = self._pacer.key
-            counted, since_commit = self._pacer.step(id(optimizer))
-            if not counted:
-                self.mark()
-                return 0
-            if before not in (None, id(optimizer)):  # a takeover: the time since the old pacer's step is no step's
-                self._step_started = None
-        self.steps += counted
+    def step(self, now: float | None = None) -> None:
+        """An optimizer step completed: the time since the previous one, less its waits, was computing;
+        the waits were communication."""
+        self.steps += 1
         self.count += 1
         now = time.monotonic() if now is None else now
         if self._step_started is not None:
             self._recent.append(max(0.0, now - self._step_started - self._waited))
             self._recent_comm.append(self._waited)
         self._step_started, self._waited = now, 0.0
-        return since_commit
 
     def new_round(self) -> None:
-        """A round formed: its first step (warm-up, a state sync before it) is not a step of the loop, and its
-        first optimizer to step paces it."""
+        """A round formed: its first step (warm-up, a state sync before it) is not a step of the loop."""
         self._step_started, self._waited = None, 0.0
-        self._pacer = _Pacer()
         self._recent.clear()
         self._recent_comm.clear()
 
@@ -154,48 +125,6 @@ class Progress:
             self.count += 1
         self._last_seen = seen
         return self.count
-
-
-class _Pacer:
-    """Which optimizer's steps are the loop's steps: the first optimizer to step in the round, until another
-    steps twice while it does not (that one paces from then on).
-
-    An optimizer that steps every other iteration, before the one that steps every iteration, so paces one
-    iteration at most, and one the script replaces (the old one kept alive) is taken over at the new one's
-    second step. Such a takeover's earlier step shared the old pacer's last iteration when the taker stepped
-    between the pacer's last two steps too (the pacer's next step skipped: AMP's ``GradScaler`` does not call
-    ``step`` on inf gradients); when it did not (a new optimizer; one that replaced an optimizer stepping
-    alone), it was an iteration of its own, and counts too. The steps seen cannot tell a WGAN's "the
-    generator, then the critic 5 times" from "the critic every iteration, the generator every fifth": both
-    count the critic's steps.
-    """
-
-    def __init__(self) -> None:
-        self.key: int | None = None  # id() of the pacer
-        self._usual: frozenset[int] | None = None  # the others that stepped between its last two steps
-        self._between: set[int] = set()  # the others that stepped since its latest step
-        self._before_commit: set[int] = set()  # of those, the ones that stepped before the latest commit
-
-    def committed(self) -> None:
-        """A commit: a step before it is not one of the steps after it."""
-        self._before_commit |= self._between
-
-    def step(self, key: int) -> tuple[int, int]:
-        """The loop's steps that a step of optimizer ``key`` makes, and how many of them after the latest
-        commit."""
-        counted = since_commit = 1
-        if key == self.key:
-            self._usual = frozenset(self._between)
-        elif self.key is not None and key not in self._between:
-            self._between.add(key)
-            return 0, 0
-        else:  # the round's first step, or a takeover
-            if self._usual is not None and key not in self._usual:
-                counted, since_commit = 2, 1 + (key not in self._before_commit)
-            self.key, self._usual = key, None
-        self._between.clear()
-        self._before_commit.clear()
-        return counted, since_commit
 
 
 def _cpu_ticks(native_id: int | None) -> int:
