@@ -27,7 +27,7 @@ class RecordingJob(FakeJob):
 
     def __init__(self, np: int = 2) -> None:
         super().__init__(np)
-        self.notices: list[tuple[str, Any, str, bool]] = []
+        self.notices: list[tuple[str, Any, str, bool, str | None]] = []  # (host, drain, source, soft, watcher)
         self.drains: list[tuple[str, int | None]] = []
         self.loaded: list[tuple[int, int | None, str]] = []
         self.saved: list[tuple[int, int | None]] = []
@@ -38,7 +38,7 @@ class RecordingJob(FakeJob):
         return worker_id in self.workers
 
     def notice(self, host: str, drain: Any, now: float, *, source: str, soft: bool, watcher: str | None = None) -> None:
-        self.notices.append((host, drain, source, soft))
+        self.notices.append((host, drain, source, soft, watcher))
 
     def drain(self, host: str, slot: int | None, now: float) -> tuple[bool, str]:
         self.drains.append((host, slot))
@@ -118,11 +118,23 @@ def test_a_malformed_notice_is_refused_by_field_and_a_good_one_drains_the_host()
         p.handle("notice", _notice(worker, deadline="soon"))
     assert job.notices == []
     assert p.handle("notice", _notice(worker)) == {"ok": True}
-    (host, drain, source, soft), = job.notices
-    assert (host, drain.reason, source, soft) == ("127.0.0.1", "spot interruption", "aws", False)
+    (host, drain, source, soft, watcher), = job.notices
+    assert (host, drain.reason, source, soft, watcher) == ("127.0.0.1", "spot interruption", "aws", False, worker)
     assert p.handle("notice", _notice(worker, notice="rebalance")) == {"ok": True}
     assert job.notices[-1][3] is True  # a recommendation: soft
     assert p.handle("notice", _notice("stranger")) == {"ok": False}
+
+
+def test_a_notice_names_the_worker_that_reported_it_as_its_watcher() -> None:
+    """0d8f148 (rv4 mutant_watcher): a notice re-sent by the same watcher (a GCE maintenance event renewed) keeps the
+    host's drain pending; another watcher of the host reporting it (its first one left, the next took over) is not a
+    re-send. The job tells them apart by the worker the control plane names, the one that sent the message: without
+    it every hand-off counted as a re-send and a spot notice held the host for an hour instead of lapsing."""
+    p, job, _, _ = plane()
+    first, second = sorted(job.workers)
+    for worker in (first, second, first):
+        assert p.handle("notice", _notice(worker, source="gcp", notice="maintenance")) == {"ok": True}
+    assert [watcher for *_, watcher in job.notices] == [first, second, first]
 
 
 def test_a_checkpoint_rank_0_cannot_load_stops_the_job_and_a_malformed_report_is_refused() -> None:
