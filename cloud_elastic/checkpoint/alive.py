@@ -12,7 +12,7 @@ restarted driver on another machine compares it with its own: clocks are
 assumed in sync within seconds, as NTP keeps them), ``grace_s`` the
 ``--driver-grace`` its workers were given, ``stopped`` true once the driver
 ended and stopped its workers, ``raised`` the host groups ``--manage-capacity``
-raised and has not set back to 0 (a driver restarted after a crash sets them back
+raised whose 0 the cloud has not taken (a driver restarted after a crash sets them back
 when the job no longer needs them), ``cost`` what the job had cost so far (a job with
 several host sources, :mod:`cloud_elastic.cost`: the driver restarted after a crash
 goes on from it; null without one), ``instance`` which process of that host and
@@ -221,9 +221,9 @@ class AliveRefresher:
     def set_raised(self, raised: dict[str, int]) -> None:
         """What the next writes say this driver raised (``Sourcing.raised``): any thread, no I/O. A group new or
         larger than before is written at once (on the refresher's thread), not at the next refresh: a driver killed
-        meanwhile would leave a paid group raised that no successor knows of; so is a group no longer raised (a
-        driver killed meanwhile would hand a group that is no longer the job's, an operator's, to its successor,
-        which sets it to 0)."""
+        meanwhile would leave a paid group raised that no successor knows of. A group no longer raised (the cloud
+        took its 0) waits for the next refresh: a successor that finds it sets a group already at 0 to 0; a raise
+        proven refused (an operator's group) is written out at once by :meth:`refused`."""
         with self._done:
             before, view = dict(self._raised_now()), dict(self._raised)
             # A group whose raise was proven refused (:meth:`refused`) since the last call: this view may have been
@@ -234,7 +234,7 @@ class AliveRefresher:
             # A raise's own entry is kept through the first call after it (its tick may have read the group before
             # the call started), then the job's view counts it (a call made is the job's: GroupCapacity.started).
             self._sending = {n: v for n, v in self._sending.items() if self._set_calls - v[1] < 2}
-            self._changed(before, grew=any(hosts > view.get(name, 0) for name, hosts in self._raised))
+            self._changed(before, grew=any(hosts > view.get(name, 0) for name, hosts in self._raised), drop=False)
 
     def raising(self, source: str, hosts: int, *, timeout_s: float = WRITE_AHEAD_S) -> bool:
         """A call about to set ``source``'s group to ``hosts``: have the entry say so before it is sent, waiting up
@@ -273,11 +273,12 @@ class AliveRefresher:
             self._refused.add(source)
             self._changed(before)
 
-    def _changed(self, before: dict[str, int], *, grew: bool = False) -> None:
-        """Write at once where the entry's groups changed from ``before`` (one new, larger or gone) or the job's
-        view ``grew`` (with the lock)."""
+    def _changed(self, before: dict[str, int], *, grew: bool = False, drop: bool = True) -> None:
+        """Write at once where the entry's groups changed from ``before`` (one new, larger, or with ``drop`` gone) or
+        the job's view ``grew`` (with the lock)."""
         now = dict(self._raised_now())
-        if grew or before.keys() - now.keys() or any(hosts > before.get(name, 0) for name, hosts in now.items()):
+        gone = drop and before.keys() - now.keys()
+        if grew or gone or any(hosts > before.get(name, 0) for name, hosts in now.items()):
             self._asked_seq += 1
             self._wake.set()
 

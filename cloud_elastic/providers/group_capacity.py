@@ -47,12 +47,16 @@ class Room:
     """What a group can give the job now (:meth:`GroupCapacity.room`): ``most``, the most hosts it is asked (its
     MaxSize; None: unknown); ``gives``, where it cannot give all it is asked, the hosts it counts for when the next
     group's share is reckoned (None: all; its own ask is not lowered for it); ``managed``: False once the job may
-    not change it (AccessDenied): it is asked nothing more; ``owned``: whether the job set it (None: not known)."""
+    not change it (AccessDenied): it is asked nothing more; ``owned``: whether the job set it (None: not known);
+    ``holds``: the most the group may hold of what the job, or a crashed predecessor taken over, set: a call under
+    way, made or timed out counts, one proven refused does not; a 0 only once the cloud has taken it (0: nothing
+    of the job's, or its 0 taken)."""
 
     most: int | None = None
     gives: int | None = None
     managed: bool = True
     owned: bool | None = None
+    holds: int = 0
 
 
 class GroupCapacity:
@@ -88,13 +92,19 @@ class GroupCapacity:
     def adopt(self, hosts: int) -> None:
         self.adopted = hosts
 
+    @property
+    def own(self) -> int | None:
+        """The job's value on the group: the one the cloud last took from it, else a crashed predecessor's taken
+        over (its own 0 taken replaces the predecessor's value); None: neither."""
+        return self.value if self.value is not None else self.adopted
+
     def seen(self, now: float, shown: int, limits: tuple | None) -> None:
         """A find() showed ``shown`` hosts of it and read ``limits``."""
         if shown < self.shown:  # lowered by its own scaling: a value asked again may raise it back
             self.took = (*self.took[:3], shown)
         self.shown, self.limits = shown, limits
-        own = self.value if self.value is not None else self.adopted  # a taken-over raise is the job's too
-        self.short_since = (self.short_since if self.short_since is not None else now) if (own or 0) > shown else None
+        self.short_since = (self.short_since if self.short_since is not None else now) if (self.own or 0) > shown \
+            else None  # a taken-over raise is the job's too
 
     def decide(self, now: float, limits: tuple | None) -> int | None:
         """The value to send now for the job's (the group's ``limits`` read just before), or None: nothing (the
@@ -143,7 +153,7 @@ class GroupCapacity:
             return max(self.sending, self.value or 0)
         if self.who == OPERATOR:
             return None
-        return self.adopted if self.value is None else self.value
+        return self.own
 
     def room(self, now: float) -> Room:
         """What the group can give the job now (``MultiSourceDiscovery.can_give``)."""
@@ -152,13 +162,14 @@ class GroupCapacity:
         counts = [has] if not self.managed or self.refusals >= REFUSALS_TO_SPILL else []
         if self.short_since is not None and now - self.short_since >= SHORT_FOR_S:
             counts.append(self.shown)
-        return Room(None if limits is None else limits[1], min(counts, default=None), self.managed, self.owned)
+        holds = max(self.capacity_of() or 0, self.made or 0) if self.owned else 0
+        return Room(None if limits is None else limits[1], min(counts, default=None), self.managed, self.owned, holds)
 
     def _changes(self, asked: int, hosts: int, limits: tuple | None, now: float) -> bool:
         desired = limits[2] if limits is not None and len(limits) > 2 else None
         # Nothing to change, or a group raised beyond it by someone else (the job lowers its own raise itself).
         skip = asked > 0 and desired is not None and (desired == hosts or desired > hosts and desired != self.value)
-        if (skip or asked > 0 and desired) and not (self.value or self.adopted or self.made):
+        if (skip or asked > 0 and desired) and not (self.own or self.made):
             # Not the job's (a call of its own that timed out may have set it): kept; a raise sent replaces it
             # (started), one proven refused gives it back (refused: the job's end leaves it, though the job had
             # set the group to 0 before the operator raised it).

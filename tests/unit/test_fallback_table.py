@@ -323,6 +323,29 @@ ROWS = [
     # rv3 review: refusals in a row, reset by a call taken: one refusal after it does not spill to the next group.
     Row("refusals-reset", "np=3 od2 od.refuse=2 spot=2 tick=3", "spot=1 od.refuse=1 tick=3", sent="od=2 od=2", events="od=2",
         then="od.set=2 od2.set=None"),
+    # rv4 lowering_kill: a group stays in the sign of life until the cloud has taken its 0, whoever set it (a
+    # driver killed while its lowering was throttled left the job's group at 1, paid, to a successor told nothing):
+    # throttled or timed out (it may have landed) it is carried at the value it holds; once taken, no longer.
+    Row("lowering-carried", "spot=1 tick=2 od.refuse=10", "spot=2 tick=3", sent="od=0 od=0 od=0", events="od=0",
+        then="od.set=1 carried=od:1 asked=-"),
+    Row("lowering-carried", "spot=1 tick=2 od.timeout=10", "spot=2 tick=3", sent="od=0 od=0 od=0", events="od=0",
+        then="carried=od:1"),
+    Row("lowering-carried", "spot=1 tick=2 od.refuse=2 spot=2 tick=2", "tick=1", sent="od=0",
+        then="od.set=0 carried=-"),
+    Row("lowering-carried", "od.desired=2 restart=od:2 spot=1 tick=2 od.refuse=10", "spot=2 tick=3",
+        sent="od=0 od=0 od=0", events="od=0", then="od.set=2 carried=od:2"),
+    Row("lowering-carried", "od.desired=2 restart=od:2 spot=1 tick=2 od.refuse=10 spot=2 tick=3", "od.refuse=0 end",
+        sent="od=0", events="od=0", then="od.set=0 carried=- asked=-", reason="the job is over"),
+    # rv4 adopted_operator_after_zero: on a driver that took the group over from a crashed predecessor, the job's own
+    # 0 taken replaces the predecessor's value: a group an operator raised after it is the operator's (rows above), its
+    # raise skipped or proven refused, and the job's end leaves it as it is (it set the operator's group to 0).
+    Row("adopted-then-operator", "np=3 od.desired=2 restart=od:2 spot=1 tick=2 spot=3 tick=2 od.desired=10 spot=1",
+        "tick=2 end", events=None, then="od.unowned od.set=None carried=- asked=-",
+        log="host source 'od' is left as it is: this job never set its desired capacity"),
+    Row("adopted-then-operator", "np=3 od.desired=2 restart=od:2 spot=1 tick=2 spot=3 tick=2 od.desired=1 "
+        "od.refuse_first=2 spot=1", "tick=2 end", sent="od=2 od=2", events=None,
+        then="od.unowned od.set=None carried=- asked=-",
+        log="host source 'od' is left as it is: this job never set its desired capacity"),
     # The job's end: its own raise is set back to 0 (MinSize holds it there), with its event.
     Row("end", "od.min=1 spot=1 tick=2", "end", sent="od=1", events="od=0", then="od.set=0 asked=-",
         reason="the job is over"),

@@ -35,7 +35,8 @@ Only for a job with several sources (``Policy.sources``, see
   event: ``Room.owned``). Nothing before the job's first discovery answer (a failed first call shows no
   host, not a lack of them), nor to a group the job never raised. At the job's end the driver sets every group
   still raised back to 0 (:meth:`Sourcing.lowered`); a driver restarted after a crash takes over what its
-  predecessor raised (:meth:`Sourcing.inherit`, kept beside the checkpoints: ``raised(sent=True)``).
+  predecessor raised (:meth:`Sourcing.inherit`, kept beside the checkpoints: ``raised(sent=True)``, a group set
+  back to 0 until the cloud has taken the 0).
 * **Cost** (:class:`~cloud_elastic.cost.CostMeter`): each worker's slot is charged at
   its host's price from launch to exit; a ``cost`` event at most every
   :data:`COST_EVENT_EVERY_S` while the rate changes, and at least every
@@ -346,9 +347,19 @@ class Sourcing:
         return shares
 
     def raised(self, *, sent: bool = False) -> dict[str, int]:
-        """The groups this job raised and has not set back to 0: source -> the desired capacity it asked for.
-        ``sent``: only those it set (``Room.owned``) or took over: what a driver restarted after a crash may lower."""
-        return {name: hosts for name, hosts in self.requested.items() if hosts > 0 and (not sent or self._sent(name))}
+        """The groups this job raised and has not asked to set back to 0: source -> the desired capacity it asked for.
+        ``sent``: what a driver restarted after a crash may lower (its sign of life): the groups taken over, and
+        those the job's calls may have set (``Room.holds``, a raise not yet sent is not: its call is written ahead)
+        until the cloud has taken their 0 (asked, throttled or under way: a driver killed then leaves its successor
+        the group, still paid, at the value it holds)."""
+        if not sent:
+            return {name: hosts for name, hosts in self.requested.items() if hosts > 0}
+        out = {}
+        for name, hosts in self.requested.items():
+            room = self.can_give.get(name, Room())
+            if hosts > 0 and (name in self.inherited or room.owned is None) or room.holds:
+                out[name] = hosts or room.holds
+        return out
 
     def _sent(self, name: str) -> bool:
         return self.can_give.get(name, Room()).owned is not False or name in self.inherited

@@ -9,9 +9,9 @@ fallback slot is wanted (``driver.job.sourcing``); two ends of a driver's life a
   keeps refusing. A ``capacity`` event (reason "the job is over") records each change.
 * **The driver crashes**: its sign of life beside the checkpoints (``checkpoint.alive``, refreshed every 5 s,
   and at once when a group is raised) carries what it raised (:func:`remember`: a raise its provider sent or
-  took over, not one held back or skipped, an operator's group; a raise call is written there before it is
-  sent, :func:`write_ahead`), and the driver restarted for the job takes it over (:func:`inherit`): it sets
-  those groups back to 0 by the same rule. It takes them over only once it runs the job:
+  took over, not one held back or skipped, an operator's group, until the cloud has taken its 0; a raise call
+  is written there before it is sent, :func:`write_ahead`), and the driver restarted for the job takes it over
+  (:func:`inherit`): it sets those groups back to 0 by the same rule. It takes them over only once it runs the job:
   while it waits out its predecessor's workers (which may still train on those
   groups) it only carries them in its own sign of life (:func:`carried`), so a
   driver stopped in that wait lowers nothing and leaves them to the next one.
@@ -97,7 +97,7 @@ def remember(job: Any, refresher: Any, carry: dict[str, int], carry_cost: CostSo
     sourcing = _sourcing(job)
     if refresher is not None:
         # Only the groups the job set: a raise held back or skipped (an operator's group) would get a 0 from the
-        # driver restarted after a crash.
+        # driver restarted after a crash; each until the cloud has taken its 0 (a 0 asked may be throttled).
         refresher.set_raised({**carry, **(sourcing.raised(sent=True) if sourcing is not None else {})})
         own = sourcing.cost.so_far() if sourcing is not None else None
         if carry_cost is not None:
@@ -191,6 +191,7 @@ def lower(job: Any, discovery: Any, lock: threading.Condition, poller: Any, *, p
         made = capacity_of(source) is not None or not hasattr(discovery, "capacity_of")
         with lock:
             sourcing.lowered(source, made=made)
+            share(job, discovery)  # its 0 taken: the last sign of life no longer carries it
         # The provider sent no 0: the job never set the group (held back, refused) or an operator's value replaced
         # the job's (its earlier 0 included: capacity_of() then says None, not that 0).
         if not made:
