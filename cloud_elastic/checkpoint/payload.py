@@ -31,7 +31,8 @@ import torch
 from cloud_elastic import plain_numpy
 from cloud_elastic.checkpoint.api import FORMAT_VERSION, FROZENSET_FORMAT_VERSION, CheckpointError, CheckpointMismatch
 
-__all__ = ["SavedByStateDict", "check_payload", "stage_payload", "state_payload", "load_state_payload"]
+__all__ = ["SavedByStateDict", "check_payload", "mismatch_of", "stage_payload", "state_payload",
+           "load_state_payload"]
 
 _LEAVES = plain_numpy.LEAVES
 #: Counter too: MultiStepLR keeps its milestones in one, and torch's weights-only loader reads it.
@@ -203,8 +204,9 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
     The names must match the state's public attributes both ways; a mismatch
     raises CheckpointMismatch before anything is changed; one that does not fit
     (shapes, optimizer groups) restores the state's last commit and raises
-    CheckpointMismatch (naming the first mismatch); a malformed numpy value raises
-    CheckpointError (before anything is changed). After loading,
+    CheckpointMismatch (naming the first mismatch); any other failure of a load (out of
+    memory, I/O) restores it too and raises a plain CheckpointError: it is no sign of
+    another model. A malformed numpy value raises CheckpointError (before anything is changed). After loading,
     ``state.save()`` runs, so a later rollback returns to the checkpoint and
     never to the weights the process started with.
     """
@@ -229,20 +231,33 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
     except Exception as exc:
         # load_state_dict copies what matches before it reports what does not: go back to the last commit.
         state.restore()
-        raise CheckpointMismatch(f"{name}: {_first_mismatch(exc)}") from exc
+        first = mismatch_of(exc)
+        if first is None:  # out of memory, I/O...: the checkpoint may well fit, and must not be called another model's
+            raise CheckpointError(f"could not load the checkpoint's {name}: {type(exc).__name__}: "
+                                  f"{_bounded(str(exc), 500)}") from exc
+        raise CheckpointMismatch(f"{name}: {first}") from exc
     state.save()
 
 
-def _first_mismatch(exc: BaseException) -> str:
-    """The first mismatch ``load_state_dict`` reported in ``exc`` (it lists one a line, under a heading: a large
-    model's can run to thousands of lines), bounded, with how many more there were."""
+#: How torch says that a saved value does not fit the live one: ``load_state_dict``'s lines (a module's, an
+#: optimizer's, a GradScaler saved disabled) and torch DCP's load planner's (a sharded model).
+_MISMATCH = ("size mismatch for ", "Missing key(s) in state_dict", "Unexpected key(s) in state_dict",
+             "loaded state dict ", "The source state dict is empty", "Size mismatch between saved ",
+             "Missing key in checkpoint state_dict")
+
+
+def mismatch_of(exc: BaseException) -> str | None:
+    """The first mismatch that ``exc``, raised by a ``load_state_dict`` or torch DCP's load, reports (a module's
+    lists one a line under a heading, thousands for a large model), bounded, with how many more; None when it
+    reports none (out of memory, I/O, a copy that failed for another reason): the state may then well fit."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].startswith("Error(s) in loading state_dict"):
         lines = lines[1:]
-    if not lines:
-        return type(exc).__name__
+    first = next((line for line in lines if line.startswith(_MISMATCH)), None)
+    if first is None or isinstance(exc, (MemoryError, OSError, torch.OutOfMemoryError)):
+        return None
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
-    return _bounded(lines[0].rstrip(".")) + more
+    return _bounded(first.rstrip(".")) + more
 
 
 def _bounded(text: str, limit: int = 240) -> str:

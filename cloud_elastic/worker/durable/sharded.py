@@ -44,7 +44,8 @@ A reader that finds the manifest finds every shard.
   checkpoint with a bad file (any worker's) or a bad ``state.pt`` is skipped for the
   previous one by every worker of the host together. No usable checkpoint is a
   :class:`CheckpointError`: the worker exits rather than train from initial weights, as it does when the shards
-  do not fit (naming the item). An optimizer reads the state its checkpoint holds, whatever its own state
+  do not fit (another model: a ``mismatch`` failure naming the item, the job's line as a replicated one's). An
+  optimizer reads the state its checkpoint holds, whatever its own state
   (``dcp.load_target``): a parameter without any there (no gradient yet) starts without. A host-mate lost
   during the load (the driver aborts the round) is a ``CollectiveError``: the host leaves, its state counted
   as holding no commit, and another host may load it.
@@ -75,7 +76,8 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo, CheckpointMismatch
-from cloud_elastic.checkpoint.payload import check_payload, load_state_payload, stage_payload, state_payload
+from cloud_elastic.checkpoint.payload import (check_payload, load_state_payload, mismatch_of, stage_payload,
+                                              state_payload)
 from cloud_elastic.checkpoint.dcp import ShardCorrupt, dcp_reason, load_target
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
@@ -323,8 +325,8 @@ class ShardedCheckpoints:
         the host's group); make it the state's last commit.
 
         A checkpoint whose ``state.pt`` or any shard file differs from its manifest is skipped for the previous
-        one, on every worker of the host alike. CheckpointError when none is usable, the storage cannot be read,
-        or the shards do not fit this state; CollectiveError when a worker of this host was lost meanwhile (the
+        one, on every worker of the host alike. CheckpointError when none is usable or the storage cannot be read;
+        CheckpointFailed (``mismatch``) when the checkpoint does not fit this state; CollectiveError when a worker of this host was lost meanwhile (the
         driver aborted the round): this host leaves, and another may load it."""
         try:
             return self._load_latest(state)
@@ -338,17 +340,16 @@ class ShardedCheckpoints:
         began = time.perf_counter()
         candidates = _decided_by_local_rank_0(info, self._sharded_candidates, ctx.device)
         for chosen in candidates:
+            seq = chosen.extra.get("commit_seq", chosen.step)
+            seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else chosen.step
             try:
                 checkpoint, skip = self._load_one(state, chosen)
+                load_state_payload(state, checkpoint.payload, skip)
             except _Fallback as exc:
                 log.warning("worker %s: checkpoint %s is unusable (%s); falling back to the previous one",
                             ctx.worker_id, chosen.url, exc)
                 continue
-            seq = chosen.extra.get("commit_seq", chosen.step)
-            seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else chosen.step
-            try:
-                load_state_payload(state, checkpoint.payload, skip)
-            except CheckpointMismatch as exc:  # another model: nothing is lost, and the job says so
+            except CheckpointMismatch as exc:  # another model (its shards or its other values): nothing is lost
                 raise mismatch(exc, self.settings.url, seq) from exc
             ctx.ledger.hold_commit(seq)
             ctx.loaded_commit = seq  # held by a load, which fits any FSDP-unit layout: no say in the job's layout
@@ -395,7 +396,10 @@ class ShardedCheckpoints:
                 raise CheckpointError(unreadable) from exc
             if self._peer_lost(exc):  # a host-mate died in DCP's collectives: not the checkpoint's fault
                 raise self._cut_short(exc) from exc
-            raise CheckpointError(f"the shards of {chosen.url} do not fit this state: {dcp_reason(exc)}") from exc
+            first = next(filter(None, map(mismatch_of, causes(exc, None))), None)
+            if first is not None:  # DCP's planner names the item that another model lacks or shapes otherwise
+                raise CheckpointMismatch(first) from exc
+            raise CheckpointError(f"could not load the shards of {chosen.url}: {dcp_reason(exc)}") from exc
         return checkpoint, skip
 
     def _peer_lost(self, exc: BaseException) -> bool:
