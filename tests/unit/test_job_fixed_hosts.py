@@ -13,6 +13,8 @@ import pytest
 from cloud_elastic.driver.job.exit_status import ExitStatus, LastErrors
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.repeats import REPEATS
+from cloud_elastic.notices.api import NOTICE_GRACE_S
+from cloud_elastic.providers.api import DiscoveredHosts, Drain
 from cloud_elastic.providers.addressmap import AddressMappedDiscovery, parse_address_map
 from cloud_elastic.providers.static import StaticHosts, never_grows
 from tests.unit.test_job import failed, started
@@ -68,6 +70,44 @@ def test_a_fixed_list_with_enough_slots_left_goes_on_below_np() -> None:
     sim.exit("b[0]", ABORTED)  # 0 0: out for good at once; a[0] and c[0] are left, --min-np 1
     sim.advance(0.5)
     assert sim.outcome is None
+
+
+def out_for_good_then_notice(soft: bool = False, source: str = "sigterm"):
+    """-np 3 --min-np 2 on a fixed a, b, c: c[0] crashes once (cooldown 0 0: out for good), then b gets a notice."""
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=2, cooldown=(0.0, 0.0), hosts_fixed=True, elastic_timeout_s=300)
+    sim.exit("c[0]", ABORTED)
+    sim.join("a[0]", "b[0]", reason="failure")
+    sim.advance(1)
+    assert sim.outcome is None and sim.job.hosts.blacklist.for_good(Slot("c", 0))
+    sim.job.hosts.drain_soft = soft  # --drain-on-rebalance
+    sim.job.notice("b", Drain(sim.now + 30, "SIGTERM to the worker (a pod deletion or node drain)"), sim.now,
+                   source=source, soft=soft)
+    sim._collect()
+    sim.join("a[0]", "b[0]", reason="update")  # b[0] leaves at its next commit; a[0] waits, below --min-np
+    sim.exit("b[0]", ExitStatus(0))
+    sim.advance(5)
+    return sim
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["sigterm", "soft-notice-drain-on-rebalance"])
+def test_a_host_draining_for_a_notice_still_counts_on_a_fixed_list(soft: bool) -> None:
+    """Review rv6 d4: a host draining for a notice that lapses (a SIGTERM on a reboot) was counted as gone for
+    good, and the job ended "1 worker(s) ready and 1 slot(s) left for --min-np 2" instead of waiting for it."""
+    sim = out_for_good_then_notice(soft)
+    assert "b" in sim.job.hosts.draining
+    assert sim.outcome is None, sim.outcome.reason  # the notice may lapse: the host comes back
+    sim.advance(30 + NOTICE_GRACE_S)  # the deadline and its grace passed, the host still listed
+    sim.job.discovered(DiscoveredHosts(ready={"a": 1, "b": 1, "c": 1}), sim.now)  # lapsed: b is ready again
+    sim.advance(5)
+    assert sim.outcome is None and "b" in sim.job.hosts.ready
+    sim.join("b[0]")
+    assert sorted(sim.layout()) == ["a[0]", "b[0]"]
+
+
+def test_a_host_an_operator_drained_is_gone_for_good_on_a_fixed_list() -> None:
+    sim = out_for_good_then_notice(source="operator")
+    failed(sim, "1 worker(s) ready and 1 slot(s) left for --min-np 2: c[0] blacklisted for the rest of the job, "
+                "host(s) b drained by an operator, and a fixed host list never grows; last failure: worker c[0]#")
 
 
 def test_only_a_fixed_list_never_grows() -> None:

@@ -14,9 +14,10 @@
   and usable, and only while the job has room for all of them;
 * the ``min_np`` watch (:meth:`Capacity.check`): below ``min_np`` workers for
   ``elastic_timeout_s`` the job fails; with a host source that never grows (a fixed
-  ``-H`` list, ``Policy.hosts_fixed``) it fails at once when the slots not blacklisted
-  for the rest of the job are fewer than ``min_np`` (no wait can bring more), naming
-  them and the last failure. Outside start-up a worker counts only once
+  ``-H`` list, ``Policy.hosts_fixed``) it fails at once when the slots of its hosts ready,
+  draining for a notice (which may lapse) or missing, less those blacklisted for the rest
+  of the job and the hosts an operator drained, are fewer than ``min_np`` (no wait can
+  bring more), naming them and the last failure. Outside start-up a worker counts only once
   it reached rendezvous, so a slot that crashes on every launch does not restart
   the timeout each time. Before the first round, once a worker failed (its host
   not reachable yet, a booting VM; or its process exited: a script missing on one
@@ -66,6 +67,10 @@ class Capacity:
         self.started_at: float | None = None
         self._below_min_since: float | None = None
         self._waits: dict[str, tuple[float, float]] = {}  # progress lines: key -> (since, last)
+        #: Host -> its slots, as last seen ready or missing (a fixed list's draining host keeps them), and the
+        #: ``hosts.version`` they were read at.
+        self._slots: dict[str, int] = {}
+        self._slots_version = -1
 
     def seen(self, seq: int) -> None:
         """A worker numbered ``seq`` exists (adopted from a predecessor): later ids follow it."""
@@ -151,6 +156,8 @@ class Capacity:
         job, policy = self._job, self._job.policy
         if job.phase is Phase.STARTING and job.round == 0 and not job.workers:
             return
+        if policy.hosts_fixed and job.hosts.version != self._slots_version:
+            self._remember_slots()
         failed_start = self._failed_start()
         # Once a worker failed, one counts only when it reaches rendezvous: a slot that crashes or cannot be
         # reached on every launch must not restart the timeout each time. At start-up before any failure
@@ -195,26 +202,46 @@ class Capacity:
                 1,
             )
 
+    def _remember_slots(self) -> None:
+        """Note each host's slots while ready or missing: a draining host's are no longer in ``hosts.ready``."""
+        hosts = self._job.hosts
+        self._slots_version = hosts.version
+        self._slots.update(hosts.ready)
+        self._slots.update((host, slots) for host, (slots, _) in hosts.missing.items())
+
     def _never_enough(self, counted: int) -> bool:
-        """A fixed host list (``Policy.hosts_fixed``) with fewer usable slots than ``min_np`` left once those
-        blacklisted for the rest of the job are set aside: no round can form again, so the job ends now through
-        the failing end (its newest commit checkpointed first) instead of waiting for hosts that never come."""
+        """A fixed host list (``Policy.hosts_fixed``) with fewer slots than ``min_np`` left once those blacklisted
+        for the rest of the job and the hosts an operator drained (``hosts.held``) are set aside: no round can
+        form again, so the job ends now through the failing end (its newest commit checkpointed first) instead of
+        waiting for hosts that never come. A host draining for a notice (a SIGTERM, a spot or rebalance notice)
+        or missing still counts: its notice may lapse, and it may be listed again."""
         job, policy = self._job, self._job.policy
-        blacklist, whole = job.hosts.blacklist, policy.whole_host_slots
+        hosts, whole = job.hosts, policy.whole_host_slots
+        blacklist = hosts.blacklist
         left, blocked = 0, []
-        for host, slots in job.hosts.ready.items():
+        for host in [*hosts.ready, *hosts.draining, *hosts.missing]:
+            if host in hosts.held:
+                continue
+            slots = self._slots.get(host)
+            if slots is None:
+                return False  # a host never seen ready: its slots are unknown, so nothing is certain
             gone = [Slot(host, i) for i in range(slots) if blacklist.for_good(Slot(host, i))]
             blocked += gone
             if whole:  # under --whole-hosts a host counts whole or not at all
                 left += whole if slots >= whole and not any(s.index < whole for s in gone) else 0
             else:
                 left += slots - len(gone)
-        if not blocked or left >= policy.min_np:
+        held = list(hosts.held)
+        if (not blocked and not held) or left >= policy.min_np:
             return False
         named = ", ".join(str(s) for s in blocked[:8]) + (f" and {len(blocked) - 8} more" if len(blocked) > 8 else "")
-        job.end(False, f"{counted} worker(s) ready and {left} slot(s) left for --min-np {policy.min_np}: {named} "
-                       f"blacklisted for the rest of the job, and a fixed host list never grows; last failure: "
-                       f"{job.last_failure}", 1)
+        why = [f"{named} blacklisted for the rest of the job"] if blocked else []
+        if held:
+            why.append(f"host(s) {', '.join(held[:8])}{f' and {len(held) - 8} more' if len(held) > 8 else ''} "
+                       "drained by an operator")
+        last = f"; last failure: {job.last_failure}" if job.last_failure else ""
+        job.end(False, f"{counted} worker(s) ready and {left} slot(s) left for --min-np {policy.min_np}: "
+                       f"{', '.join(why)}, and a fixed host list never grows{last}", 1)
         return True
 
     def _failed_start(self) -> bool:
