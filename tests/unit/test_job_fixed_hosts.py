@@ -117,13 +117,13 @@ def test_only_a_fixed_list_never_grows() -> None:
 
 
 def test_a_worker_killed_by_a_signal_is_named_with_the_last_error_line_it_printed() -> None:
-    last = LastErrors()
+    last = LastErrors(lambda: 0.0)
     for line in GLOO_ABORT:
         last.offer("b[0]#2", line)
-    status = last.attach("b[0]#2", ExitStatus(-6))
+    status, _ = last.attach("b[0]#2", ExitStatus(-6))
     assert status.describe == f"killed by signal 6 after printing: {WHAT}"
-    assert last.attach("b[0]#2", ExitStatus(-6)).describe == "killed by signal 6"  # forgotten once attached
+    assert last.attach("b[0]#2", ExitStatus(-6))[0].describe == "killed by signal 6"  # forgotten once attached
     last.offer("b[0]#3", "RuntimeError: " + "x" * 1000)
-    assert len(last.attach("b[0]#3", ExitStatus(-11)).last_error) == 300  # bounded
+    assert len(last.attach("b[0]#3", ExitStatus(-11))[0].last_error) == 300  # bounded
     last.offer("b[0]#4", "ValueError: bad input")
-    assert last.attach("b[0]#4", ExitStatus(1)).describe == "exited with code 1"  # its report names an exception
+    assert last.attach("b[0]#4", ExitStatus(1), reported=True)[0].describe == "exited with code 1"  # its report

@@ -3,7 +3,7 @@
 The core consumes both (a failure's cost, the completion rules, the fixed-size job); the launchers
 (:mod:`cloud_elastic.driver.launch`) produce them and import them from here. :class:`LastErrors` keeps
 the last error line of each worker's output (the driver reads every line of it, local and SSH alike), so
-that a worker killed by a signal (Gloo's ``std::terminate``: SIGABRT) is named with what it said.
+that a worker that crashed (Gloo's ``std::terminate``: SIGABRT) is named with what it said just before.
 """
 
 from __future__ import annotations
@@ -11,6 +11,10 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass, replace
+from typing import Callable
+
+from cloud_elastic.driver.job.repeats import CRASH_SIGNALS
+from cloud_elastic.protocol_reports import said_unreachable
 
 __all__ = ["ExitStatus", "LastErrors", "signal_name"]
 
@@ -20,6 +24,10 @@ _ERROR_LINE = re.compile(r"\s*(what\(\):|terminate called|[\w.]*(Error|Exception
 
 #: The most characters of that line an exit status carries.
 MAX_LAST_ERROR = 300
+
+#: An error line counts only when printed at most this long before its worker's exit was seen: one printed
+#: earlier (a handled error, logged and trained past) says nothing of why the process ended.
+LAST_ERROR_WINDOW_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,8 @@ class ExitStatus:
     code: int
     transport_error: str | None = None
     known: bool = True
-    #: The last error line of its output, for a process killed by a signal ('' for none; see :class:`LastErrors`).
+    #: The last error line it printed just before a crash or an unreported non-zero exit ('' for none; see
+    #: :class:`LastErrors`).
     last_error: str = ""
 
     @property
@@ -47,27 +56,46 @@ class ExitStatus:
             return self.transport_error
         if not self.known:
             return "ended without saying its exit code (this driver could not learn it: its exit code is unknown)"
+        printed = f" after printing: {self.last_error}" if self.last_error else ""
         if self.code < 0:
-            return f"killed by signal {-self.code}" + (f" after printing: {self.last_error}" if self.last_error else "")
-        return f"exited with code {self.code}"
+            return f"killed by signal {-self.code}{printed}"
+        return f"exited with code {self.code}{printed}"
 
 
 class LastErrors:
-    """The last error line (:data:`_ERROR_LINE`, at most :data:`MAX_LAST_ERROR` characters) of each live worker's
-    output, fed a line at a time by its output thread; :meth:`attach` hands it to the worker's exit status when a
-    signal ended it, and forgets it either way. One short string per live worker; a dict's item set or pop is
-    atomic, so the output threads need no lock."""
+    """The one record of the last line each live worker printed that may say why it ended, fed a line at a time
+    by its output thread (:meth:`offer`) and taken when its exit is seen (:meth:`attach`).
 
-    def __init__(self) -> None:
-        self._last: dict[str, str] = {}
+    A line counts if it reads as an error (:data:`_ERROR_LINE`, at most :data:`MAX_LAST_ERROR` characters) and
+    was printed at most :data:`LAST_ERROR_WINDOW_S` before the exit; it is attached only to a crash
+    (:data:`~.repeats.CRASH_SIGNALS`: not a SIGKILL or SIGTERM from outside) or to a non-zero exit code the worker
+    reported no error for. cloud-elastic's own final line for a worker that never reached the driver
+    (:func:`~cloud_elastic.protocol_reports.said_unreachable`) wins over any other: it is the worker's reason.
+    One short string per live worker; a dict's item set or pop is atomic, so the output threads need no lock.
+    """
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._last: dict[str, tuple[str, float, bool]] = {}  # worker id -> (line, printed at, cloud-elastic's own)
 
     def offer(self, worker_id: str, line: str) -> None:
-        if _ERROR_LINE.match(line):
-            self._last[worker_id] = line.strip()[:MAX_LAST_ERROR]
+        own = said_unreachable(line)
+        if own:
+            self._last[worker_id] = (own, self._clock(), True)
+        elif _ERROR_LINE.match(line) and not self._last.get(worker_id, ("", 0.0, False))[2]:
+            self._last[worker_id] = (line.strip()[:MAX_LAST_ERROR], self._clock(), False)
 
-    def attach(self, worker_id: str, status: ExitStatus) -> ExitStatus:
-        last = self._last.pop(worker_id, "")
-        return replace(status, last_error=last) if last and status.known and status.code < 0 else status
+    def attach(self, worker_id: str, status: ExitStatus, reported: bool = False) -> tuple[ExitStatus, str]:
+        """``status`` with the worker's last error line where it says why it ended, and the reason the worker
+        gave in cloud-elastic's own final line ('' for none; its error, when it ``reported`` none). Forgets it."""
+        line, at, own = self._last.pop(worker_id, ("", 0.0, False))
+        if own:  # the worker's final line (it exits right after): its reason, unless it reported one
+            return status, "" if reported else line
+        if not line or not status.known or self._clock() - at > LAST_ERROR_WINDOW_S:
+            return status, ""
+        if -status.code in CRASH_SIGNALS or (status.code > 0 and not reported):
+            return replace(status, last_error=line), ""
+        return status, ""
 
 
 def signal_name(number: int) -> str:

@@ -30,7 +30,6 @@ from cloud_elastic.driver.restart.record import AdoptedWorker
 from cloud_elastic.driver.restart.window import adopted_process
 from cloud_elastic.driver.runtime.signal_stacks import SignalStacks
 from cloud_elastic.errors import LaunchError
-from cloud_elastic.protocol_reports import said_unreachable
 from cloud_elastic.worker.settings import IDENTITY_ENV, WorkerSettings
 
 __all__ = ["WorkerProcesses", "forwarded_env", "launches_locally"]
@@ -83,14 +82,13 @@ class WorkerProcesses:
         self.procs: dict[str, WorkerProcess] = {}
         self._stoppers: list[threading.Thread] = []
         self._signal_stacks = SignalStacks()
-        self._last_errors = LastErrors()  # what a worker killed by a signal said last (its end lines carry it)
+        #: What each worker said last that may name why it ended (its end lines carry it; see LastErrors).
+        self._last_errors = LastErrors(clock)
         self._launchers: dict[str, Launcher] = {} if launcher is None else {"given": launcher}
         #: Launches per (host, slot): under --whole-hosts a host's workers start together, so the n-th
         #: launch of each of its slots is the same incarnation of the host (see ``CLOUD_ELASTIC_HOST_KEY``).
         self._slot_launches: dict[tuple[str, int], int] = {}
         self._incarnation = os.urandom(4).hex()  # this driver process's (launch counts restart with it)
-        #: Workers that said, as they exited, that they never reached this driver: the line's reason.
-        self._unreachable: dict[str, str] = {}
 
     # ----------------------------------------------------------------- launch
     def launch(self, action: Launch) -> None:
@@ -195,13 +193,12 @@ class WorkerProcesses:
         for worker_id, proc in list(self.procs.items()):
             status = proc.poll()
             if status is not None:
-                ended.append((worker_id, self._last_errors.attach(worker_id, status)))
+                ended.append((worker_id, status))
                 del self.procs[worker_id]
         if ended:
             with self._cond:
                 for worker_id, status in ended:
-                    self._say_unreachable(worker_id)
-                    self._job.exited(worker_id, status, self._clock())
+                    self._job.exited(worker_id, self._said_last(worker_id, status), self._clock())
                 self._cond.notify_all()
 
     def stop(self, action: Stop) -> None:
@@ -264,18 +261,18 @@ class WorkerProcesses:
             self._sinks().sink.emit("stacks", worker=worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
                                     text=text, via="signal", **({"round": w.round} if w.round else {}))
 
-    def _say_unreachable(self, worker_id: str) -> None:
-        """A worker that never reached this driver said so as it exited: its failure line says it too (it could
-        not report an error as others do, with ``exiting``)."""
-        why, w = self._unreachable.pop(worker_id, None), self._job.workers.get(worker_id)
-        if why and w is not None and not w.error:
-            w.error = why
+    def _said_last(self, worker_id: str, status: ExitStatus) -> ExitStatus:
+        """``status`` with what the worker printed last, where that says why it ended (:class:`LastErrors`); a
+        worker that never reached this driver said so as it exited: that is its error (it could not report one
+        as others do, with ``exiting``), and its failure line says it. Called under the job's lock."""
+        w = self._job.workers.get(worker_id)
+        status, said = self._last_errors.attach(worker_id, status, reported=w is not None and bool(w.error))
+        if said and w is not None:
+            w.error = said
+        return status
 
     def _forward(self, worker_id: str, line: str) -> None:
         self._signal_stacks.offer(worker_id, line)
         self._last_errors.offer(worker_id, line)
-        why = said_unreachable(line)
-        if why:
-            self._unreachable[worker_id] = why
         rank = self._job.rank_of(worker_id)  # a plain dict read; no lock needed for a label
         self._out(f"[{'-' if rank is None else rank}]<{worker_id.split('#')[0]}> {line}")

@@ -1,0 +1,103 @@
+"""A worker's end line names the error it printed only when that line says why it ended (driver.job.exit_status's
+LastErrors, the one record that driver/runtime/processes.py keeps of each worker's last line).
+
+Review rv6 d8: a handled error logged at step 3 ("ValueError: sample 1234 is corrupt; skipped") was attached to an
+outside SIGKILL at step 30 ("killed by signal 9 after printing: ValueError: ..."). d10: a worker that never reached
+the driver was named "killed by signal 6 after printing: ValueError: bad value in config.yaml, using the default:
+cannot reach the driver at ...", two records joined. Now a line counts only when printed in the last
+LAST_ERROR_WINDOW_S before the exit, only for a crash signal or a non-zero exit with no report, and cloud-elastic's
+own final line wins over any other.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.job.exit_status import LAST_ERROR_WINDOW_S, ExitStatus, LastErrors
+from cloud_elastic.driver.runtime.processes import WorkerProcesses
+from tests.unit.test_job import Sim
+from tests.unit.test_unreachable_driver import LINE, _Launcher
+
+pytestmark = pytest.mark.timeout(30)
+
+HANDLED = "ValueError: sample 1234 is corrupt; skipped"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_line_printed_long_before_the_exit_is_not_attached() -> None:
+    clock = _Clock()
+    last = LastErrors(clock)
+    last.offer("w", HANDLED)
+    clock.now += LAST_ERROR_WINDOW_S + 20  # trained on past it
+    assert last.attach("w", ExitStatus(-6))[0].describe == "killed by signal 6"
+
+
+@pytest.mark.parametrize("code", [-9, -15])
+def test_a_kill_from_outside_is_never_named_with_a_line(code: int) -> None:
+    """rv6 d8: the OOM killer's SIGKILL is not the script's error, whatever it printed."""
+    last = LastErrors(_Clock())
+    last.offer("w", HANDLED)
+    assert last.attach("w", ExitStatus(code))[0].describe == f"killed by signal {-code}"
+
+
+@pytest.mark.parametrize("code", [-6, -11, -7, -8, -4])
+def test_a_crash_is_named_with_the_error_line_printed_just_before(code: int) -> None:
+    clock = _Clock()
+    last = LastErrors(clock)
+    last.offer("w", "terminate called after throwing an instance of 'gloo::EnforceNotMet'")
+    clock.now += 1
+    status, said = last.attach("w", ExitStatus(code))
+    assert status.describe == f"killed by signal {-code} after printing: terminate called after throwing an " \
+                              "instance of 'gloo::EnforceNotMet'" and said == ""
+
+
+def test_a_non_zero_exit_is_named_with_the_line_only_when_the_worker_reported_no_error() -> None:
+    last = LastErrors(_Clock())
+    last.offer("w", "RuntimeError: CUDA driver initialization failed")
+    assert last.attach("w", ExitStatus(3))[0].describe == \
+        "exited with code 3 after printing: RuntimeError: CUDA driver initialization failed"
+    last.offer("w", "RuntimeError: CUDA driver initialization failed")
+    assert last.attach("w", ExitStatus(1), reported=True)[0].describe == "exited with code 1"  # its report names it
+    last.offer("w", "RuntimeError: x")
+    assert last.attach("w", ExitStatus(0))[0].describe == "exited with code 0"
+
+
+def _end_line(code: int) -> str:
+    """rv6 d10: a handled error, then the worker's own unreachable line, then the exit ``code``: the job's end."""
+    sim = Sim(1)
+    sim.discover({"a": 1})
+    launcher = _Launcher()
+    endpoints = SimpleNamespace(advertised="10.9.9.9", control_port=37351, store_port=2, secret="s" * 32)
+    procs = WorkerProcesses(JobConfig(command=("python", "x.py"), num_proc=1, min_np=1, max_np=1), sim.job,
+                            threading.Condition(), endpoints, clock=lambda: sim.now, sinks=lambda: None,
+                            out=lambda s: None, launcher=launcher)
+    for action in list(sim.launched):
+        procs.launch(action)
+    (wid, proc), = launcher.procs.items()
+    proc.say("ValueError: bad value in config.yaml, using the default")
+    proc.say(f"cloud-elastic: worker {wid}: {LINE}")
+    proc.say("RuntimeError: printed by another thread as the worker exits")
+    proc.code = code
+    procs.reap()
+    sim._collect()
+    assert sim.outcome is not None
+    return sim.outcome.reason
+
+
+@pytest.mark.parametrize("code", [1, -6, -9])
+def test_the_workers_own_unreachable_line_wins_over_other_lines(code: int) -> None:
+    reason = _end_line(code)
+    described = f"exited with code {code}" if code > 0 else f"killed by signal {-code}"
+    assert reason.endswith(f"(not yet ranked) {described}: {LINE}"), reason
+    assert "ValueError" not in reason and "RuntimeError" not in reason
