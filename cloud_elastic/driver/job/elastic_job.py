@@ -544,7 +544,7 @@ class ElasticJob(JobState):
     def _step_all(self, now: float) -> None:
         self.discovery.expire(now)
         for w, what in self.silence.overdue(self.alive(), len(self.workers), now, self._clock(now), self.round):
-            self.give_up(w, what, now)
+            self.give_up(w, what, now, stacks=w.state is not S.STARTING)  # one never registered has nothing to say
         if self.stopping.active and (self.phase is not Phase.FINISHING or self.stopping.overdue(now)):
             self.stopping.step(now)  # a graceful stop: nothing launches or forms; it ends once the workers left
             return  # (training that completes during it ends as a completion does, within the stop's time)

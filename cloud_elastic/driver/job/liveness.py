@@ -186,6 +186,9 @@ class SilenceWatch:
         self._reported: tuple[int, int] = (0, 0)  # (round, seq) of the last stall named while all heartbeat
         self._suspects: frozenset[str] = frozenset()  # members past their limit at the last scan, nobody waiting
         self._given_up: dict[str, WorkerRecord] = {}  # found silent for the whole timeout: a heartbeat now thawed it
+        #: ``host:port`` the workers were told to reach the driver at, once it listens (the driver sets it): named
+        #: in the line of a worker that never registered, whose own line may come too late to be read.
+        self.driver_address = ""
 
     def heard(self, worker_id: str, running: float, flight: FlightEntry | None, pause_s: float = 0.0) -> None:
         """A heartbeat of ``worker_id`` arrived at ``running`` (running time), with its newest collective
@@ -285,7 +288,7 @@ class SilenceWatch:
                 else:
                     suspects.append((w, limit))
             elif now - w.launched_at > start_timeout:
-                found.append((w, f"did not reach rendezvous within {start_timeout:g}s"))
+                found.append((w, self._never_registered(start_timeout)))
             elif w.launched_at + start_timeout < start_due:
                 start_due = w.launched_at + start_timeout
         self._suspects = frozenset(w.worker_id for w, _ in suspects)
@@ -297,6 +300,15 @@ class SilenceWatch:
                                     running_now)
         self._silence_due, self._start_due, self._born = silence_due, start_due, born
         return found
+
+    def _never_registered(self, start_timeout: float) -> str:
+        """Why a worker that never registered is given up: it never reached the driver, which most often means
+        an address the workers cannot reach (its own line says so only after its retries, which may be later)."""
+        if not self.driver_address:
+            return f"did not reach rendezvous within {start_timeout:g}s"
+        return (f"never reached the driver at {self.driver_address} within {start_timeout:g}s: check "
+                "--driver-address and that the workers can reach the driver (firewall); a launch, or its script's "
+                "set-up before its first hvd call, that slow reads the same")
 
     def _name(self, stall: Stall, fast: list[tuple[WorkerRecord, float]],
               running_now: float) -> list[tuple[WorkerRecord, str]]:

@@ -260,6 +260,7 @@ class Driver:
             self._plane = self._control_plane(None)
             return plan.without_adoption()
         self._window = window
+        self._job.silence.driver_address = f"{record.advertised}:{record.control_port}"
         log.info("job %s: listening at the previous driver's %s (control port %d, store port %d)", self.job_id,
                  self._endpoints.advertised, self._endpoints.control_port, self._endpoints.store_port)
         return plan
@@ -273,6 +274,7 @@ class Driver:
             hosts = list(first.ready) + list(first.draining)
         advertised, bind = choose_address(self.config, hosts)
         self._endpoints.start(bind, advertised=advertised)
+        self._job.silence.driver_address = f"{advertised}:{self._endpoints.control_port}"
         self._record_for_status()
         log.info(
             "job %s: driver at %s (control port %d, store port %d), -np %d --min-np %d --max-np %d",
