@@ -24,7 +24,9 @@ workers that come back:
   from its SSH host: ``driver.restart.remote_reports``) says a non-zero code,
   or if it left none, as its work after training is unknown. The predecessor itself saw the members that exited
   while it was up: it kept their exit codes in its adoption record (:meth:`Adoption.exits`), which count as their
-  exit reports (an SSH worker's report on its host is asked for only while it runs);
+  exit reports (an SSH worker's report on its host is asked for only while it runs); one it had from the process's
+  real exit status is final (the window lets no report override it), and the judgements :meth:`Adoption.finish`
+  made are kept there too, for a driver restarted after this one;
 * :meth:`Adoption.exiting` and :meth:`Adoption.exit_status`: every worker says at
   exit the exit code it exits with (the control plane's ``exiting``); a process whose
   status this driver cannot learn (adopted, so not its child; or started by a local
@@ -37,10 +39,10 @@ workers that come back:
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 from cloud_elastic.driver.job.actions import Phase
-from cloud_elastic.driver.job.exit_status import ExitStatus
+from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
@@ -165,21 +167,24 @@ class Adoption:
                                 f"{job.round}")
             job.abort()
 
-    def finish(self, now: float, reports: Mapping[int, tuple[str, int | None]] | None = None) -> None:
+    def finish(self, now: float, reports: Mapping[int, tuple[str, int | None]] | None = None,
+               final: Collection[int] = ()) -> None:
         """The window closed and discovery answered: the workers adopted after their training function
         returned complete again (see :meth:`_finish`; ``reports``: rank -> (worker id, exit code) of the round's
-        workers that had exited, from their exit reports). Nothing to do otherwise."""
+        workers that had exited, from their exit reports; ``final``: the ranks whose code there is their process's
+        real exit status, not a worker's word). Nothing to do otherwise."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            self._finish(*pending, now, reports or {})
+            self._finish(*pending, now, reports or {}, final)
 
     def _finish(self, done: list[tuple[int, str]], ranks: dict[str, RankInfo], now: float,
-                reports: Mapping[int, tuple[str, int | None]]) -> None:
+                reports: Mapping[int, tuple[str, int | None]], final: Collection[int]) -> None:
         """The training was over when the predecessor died (``done``: (rank, id) of the workers it had told so): they
         complete again, rank 0 first, and the job finishes (nothing aborts or trains again). A member of the round
         that did not come back had exited (a rank that saves nothing after training): its exit report says how, and
         the job fails once the others exit if it says a non-zero code, or if there is none (killed, or on another
-        host: its work after training is unknown)."""
+        host: its work after training is unknown). Each judgement is kept for :meth:`exits`: the rank is in no other
+        record a driver restarted after this one reads."""
         job = self._job
         size = next(iter(ranks.values())).size
         gone = sorted(set(range(size)) - {r.rank for r in ranks.values()})
@@ -188,11 +193,13 @@ class Adoption:
         failed = []
         for rank in gone:
             worker_id, code = reports.get(rank, ("", None))
+            self._keep(rank, worker_id, code, said=rank not in final)
             if code == 0:
                 log.info("job %s: rank %d (%s) of round %d had exited with code 0 after its training function "
                          "returned", job.job_id, rank, worker_id, job.round)
             elif code is not None:
-                failed.append(f"rank {rank} ({worker_id}) exited with code {code} after its training function returned")
+                how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
+                failed.append(f"rank {rank} ({worker_id}) {how} after its training function returned")
             else:
                 failed.append(f"rank {rank} left no exit code (killed, or its report could not be read)")
         for _rank, worker_id in done:
@@ -219,21 +226,27 @@ class Adoption:
         """``status`` of an ended process, or, where it is unknown (adopted, or its fork server died), the code
         the worker said it exits with."""
         code = self._told.get(worker_id)
+        said = not status.known and code is not None
         status = status if status.known or code is None else ExitStatus(code)
-        self._exited(worker_id, status)
+        self._exited(worker_id, status, said)
         return status
 
-    def _exited(self, worker_id: str, status: ExitStatus) -> None:
+    def _exited(self, worker_id: str, status: ExitStatus, said: bool) -> None:
         """Keep the exit of a member of the round once its training is over (the job is finishing), for
-        :meth:`exits`: only the current round's, so at most one per rank."""
+        :meth:`exits` (``said``: its code is the one the worker said, not its process's status)."""
         job = self._job
         w = job.workers.get(worker_id)
         if w is None or job.phase is not Phase.FINISHING or w.round != job.round or w.rank is None:
             return
-        self._exits = {rank: e for rank, e in self._exits.items() if e["round"] == job.round}
-        code = status.code if status.known and not status.transport_error else None
-        self._exits[w.rank] = {"v": 1, "round": job.round, "rank": w.rank, "code": code, "error": None,
-                               "id": worker_id}
+        self._keep(w.rank, worker_id, status.code if status.known and not status.transport_error else None, said)
+
+    def _keep(self, rank: int, worker_id: str, code: int | None, said: bool) -> None:
+        """Keep the exit of rank ``rank`` of the current round, the report's shape: only that round's, so at most one
+        per rank; ``said`` (the code is the worker's word) only where it matters, for a code."""
+        round_ = self._job.round
+        self._exits = {r: e for r, e in self._exits.items() if e["round"] == round_}
+        self._exits[rank] = {"v": 1, "round": round_, "rank": rank, "code": code, "error": None, "id": worker_id,
+                             **({"said": True} if said and code is not None else {})}
 
     def exits(self) -> list[dict[str, object]]:
         """The exit reports (``driver.restart.record``'s shape, with the worker's ``id``) of the members of the

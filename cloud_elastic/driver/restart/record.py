@@ -7,7 +7,7 @@ the job secret in its own 0600 file)::
     <job dir>/adopt.json   {"v": 1, "job", "checkpoint_dir", "advertised", "bind", "control_port",
                             "store_port", "grace_s", "seq",
                             "workers": [{"id", "host", "slot", "seq", "handle"}],
-                            "exited": [{"v": 1, "round", "rank", "code", "error", "id"}]}   mode 0600
+                            "exited": [{"v": 1, "round", "rank", "code", "error", "id", "said"}]}   mode 0600
 
 ``handle`` says how to stop a worker this driver did not start: ``{"kind":
 "local", "pid", "start"}`` (its process group, and the start time that tells
@@ -21,7 +21,12 @@ come back (:func:`exit_reports`). A worker on another host leaves the same repor
 wrapper's socket, and the restarted driver fetches it over ssh (:mod:`.remote_reports`); both are read with
 :func:`parse_exit_report`. Only the workers in ``workers`` (running ones) are asked about after a restart, so the
 members of a finishing round that exited while the driver was up are in ``exited``: their exit codes as the driver
-saw them, in the same shape, checked the same way (:func:`recorded_exits`).
+saw them, in the same shape, checked the same way (:func:`recorded_exits`; ``"said": true`` where the driver had only
+the code the worker said, not being its process's parent). The members a restarted driver judged without seeing them
+exit (from its predecessor's record, or from their reports) are carried there too, for a driver restarted after it.
+A code the driver had from the process's real exit status is final: a report the worker wrote (before its process
+ended: a crash in teardown comes after it) only fills a rank with no such code. At most the first 4096 entries are
+written and read (one per rank; a rank beyond them has an unknown exit code, never 0).
 
 A driver of the same job started again within ``--driver-grace`` reads it,
 listens on the same ports with the same secret (refusing every message signed
@@ -194,21 +199,23 @@ def exit_reports(job_id: str, round_: int, limit: int = 4096) -> dict[int, tuple
     return found
 
 
-def recorded_exits(record: AdoptionRecord, round_: int) -> dict[int, tuple[str, int | None]]:
+def recorded_exits(record: AdoptionRecord, round_: int, *, final: bool = False) -> dict[int, tuple[str, int | None]]:
     """The exits of round ``round_`` the predecessor kept in its record (``exited``): rank -> (worker id, exit code,
     None where it did not learn it), each checked as an exit report is (:func:`parse_exit_report`); one that is not
-    of that shape is left out (logged)."""
+    of that shape is left out (logged). ``final``: only the codes it had from the process's real exit status (an
+    entry without ``"said": true``), which no report a worker wrote overrides."""
     found: dict[int, tuple[str, int | None]] = {}
     for entry in record.exited:
         try:
             worker_id = entry.get("id") if isinstance(entry, dict) else None
-            if not isinstance(worker_id, str):
+            said = entry.get("said", False) if isinstance(entry, dict) else None
+            if not isinstance(worker_id, str) or not isinstance(said, bool):
                 raise ValueError("malformed")
             report_round, rank, code = parse_exit_report(json.dumps(entry).encode())
         except ValueError as exc:
             log.warning("cannot use an exit the previous driver recorded (%s): %.200s", exc, entry)
             continue
-        if report_round == round_:
+        if report_round == round_ and not (final and (said or code is None)):
             found[rank] = (worker_id, code)
     return found
 
@@ -274,8 +281,10 @@ class SuccessorRecord:
     def update(self, *, advertised: str, bind: str, control_port: int, store_port: int, seq: int,
                workers: list[tuple[str, str, int, int, Any]], exited: Sequence[Mapping[str, Any]] = ()) -> None:
         """Record the endpoints, the live ``workers``: (id, host, slot, seq, ``handle()`` of its process), and the
-        exit reports of the members of the finishing round that ``exited`` (``Adoption.exits``)."""
-        key = (seq, tuple(w[0] for w in workers), json.dumps(list(exited), sort_keys=True))
+        exit reports of the members of the finishing round that ``exited`` (``Adoption.exits``): the first
+        :data:`_MAX_EXITED`, as many as :func:`read_record` reads (a rank beyond them has an unknown exit code)."""
+        exited = list(exited)[:_MAX_EXITED]
+        key = (seq, tuple(w[0] for w in workers), json.dumps(exited, sort_keys=True))
         if key == self._saved:
             return
         from cloud_elastic.errors import ConfigError
@@ -284,7 +293,7 @@ class SuccessorRecord:
         record = {"job": self.job_id, "checkpoint_dir": self._checkpoint_dir, "advertised": advertised, "bind": bind,
                   "control_port": control_port, "store_port": store_port, "grace_s": self._grace_s, "seq": seq,
                   "workers": [{"id": wid, "host": host, "slot": slot, "seq": wseq, "handle": handle()}
-                              for wid, host, slot, wseq, handle in workers], "exited": list(exited)}
+                              for wid, host, slot, wseq, handle in workers], "exited": exited}
         try:
             write_record(job_dir(self.job_id), record)
         except (OSError, ConfigError) as exc:

@@ -129,17 +129,24 @@ class AdoptionWindow:
     def close(self) -> None:
         """The window is closed and discovery has answered: workers adopted after their training function returned
         complete again (judged with the exit reports of their peers that did not come back: kept in the adoption
-        record by the predecessor that saw them exit, left in the job's directory, or fetched from their SSH hosts;
-        a later one that knows no code does not hide an earlier one that does), and held messages go to the job's
-        rules now."""
+        record by the predecessor that saw them exit, left in the job's directory, or fetched from their SSH hosts),
+        and held messages go to the job's rules now. A code the predecessor recorded from the process's real exit
+        status is final: the worker wrote its report before its process ended (a crash in teardown comes after it),
+        so a report only fills a rank with no such code; a later one that knows no code hides none."""
         with self._cond:
             self.is_open = False
             round_ = self._job.round
             reports = recorded_exits(self.record, round_)
+            final = recorded_exits(self.record, round_, final=True)
             for rank, (worker_id, code) in {**exit_reports(self.record.job_id, round_), **self._remote_reports}.items():
-                if code is not None or rank not in reports:
+                if rank in final:
+                    if code is not None and code != final[rank][1]:
+                        log.warning("job %s: rank %d (%s) reported exit code %s, but its process ended with %d: "
+                                    "the process's status counts", self._job.job_id, rank, worker_id, code,
+                                    final[rank][1])
+                elif code is not None or rank not in reports:
                     reports[rank] = (worker_id, code)
-            self._job.adoption.finish(self._clock(), reports)
+            self._job.adoption.finish(self._clock(), reports, final=set(final))
             for notice in self._sigterms:
                 self._rules("notice", notice)
             self._sigterms.clear()
