@@ -404,6 +404,7 @@ class PollRequest:
     next_plan: int = 0
     #: It has entered ``hvd.elastic.run``: the job is elastic (``driver.job.fixed_size``; older workers: False).
     elastic: bool = False
+    stacks_signal: bool | None = None  # it prints its stacks on the driver's signal (None: an older worker)
 
     def to_wire(self) -> dict[str, Any]:
         # A literal, not asdict(): sent twice a second by every worker (asdict was ~15 % of a heartbeat).
@@ -412,7 +413,7 @@ class PollRequest:
                 "steps": self.steps, "waiting_s": self.waiting_s, "compute_s": self.compute_s,
                 "comm_s": self.comm_s, "link": None if self.link is None else self.link.to_wire(),
                 "flight": None if self.flight is None else self.flight.to_wire(), "pause_s": self.pause_s,
-                "next_plan": self.next_plan, "elastic": self.elastic}
+                "next_plan": self.next_plan, "elastic": self.elastic, "stacks_signal": self.stacks_signal}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":
@@ -425,7 +426,8 @@ class PollRequest:
                    None if msg.get("comm_s") is None else _optional_seconds(msg, "comm_s", what),
                    LinkReport.from_wire(msg.get("link")), FlightEntry.from_wire(msg.get("flight")),
                    _optional_seconds(msg, "pause_s", what), _optional_int(msg, "next_plan", what),
-                   msg.get("elastic") is not None and _bool(msg, "elastic", what))
+                   msg.get("elastic") is not None and _bool(msg, "elastic", what),
+                   None if msg.get("stacks_signal") is None else _bool(msg, "stacks_signal", what))
 
 
 @dataclass(frozen=True)

@@ -328,12 +328,12 @@ def test_every_worker_lost_with_every_slot_blacklisted_for_repeating_its_failure
 
 
 # ------------------------------------------------------------------ a hang loop
-#: What a deadlocked rank 1 sends when asked for its stacks (faulthandler's text): its main thread in train.py.
+#: What a deadlocked rank 1 sends when asked for its stacks (``format_stacks``): its main thread, marked, in train.py.
 STACKS = ('Thread 0x1 (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line 327 in wait\n'
           '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
           'Current thread 0x2 (most recent call first):\n  File "/ce/worker/link/driver_link.py", line 328 in _send_stacks\n'
           '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
-          'Thread 0x3 (most recent call first):\n  File "/job/train.py", line 33 in train\n'
+          'Thread 0x3 (the main thread; most recent call first):\n  File "/job/train.py", line 33 in train\n'
           '  File "/ce/worker/elastic.py", line 159 in _run\n  File "/job/train.py", line 48 in <module>\n'
           '  File "<frozen runpy>", line 198 in _run_module_as_main\n\nFlight record (last 8 collectives, newest last):\n')
 FRAME = '"/job/train.py", line 33 in train'
@@ -370,12 +370,15 @@ def hangs(sim: Sim, how: str, commit: int, *, survivor_commits: bool = False) ->
     still open), or an :class:`ExitStatus` (its host stopped answering: the process ends that way before the driver
     gives it up). ``survivor_commits``: a[0] trains on alone meanwhile (an elastic job), one commit past ``commit``."""
     b = sim.id("b[0]")
-    if how in ("silent", "frozen"):
+    if how in ("silent", "frozen", "thaw", "unarmed"):
         sim.silent.add(b)
+        sim.job.workers[b].stacks_signal = how != "unarmed"  # as its registration said
     elif isinstance(how, ExitStatus):
         sim.exit("b[0]", how)
-    for _ in range(100):  # 50 s of the job's clock: every give-up comes within 20 s
+    for i in range(100):  # 50 s of the job's clock: every give-up comes within 20 s
         a, w = sim.job.workers[sim.id("a[0]")], sim.job.workers[b]
+        if how == "fast":
+            beat_with_flights(sim, a, w, silent_after=8, i=i)
         if a.state is S.RUNNING and sim.job.abort_round >= a.round:
             sim.join("a[0]", reason="failure")  # rank 0 comes back at each abort
         for x in (a, w):
@@ -386,8 +389,10 @@ def hangs(sim: Sim, how: str, commit: int, *, survivor_commits: bool = False) ->
         sim.advance(0.5)
     else:
         raise AssertionError(f"b[0] was never given up: {w.state}")
-    if how in ("silent", "frozen"):
-        signalled(sim, b, printed=how == "silent")
+    if how == "thaw":  # thawed within the second before its kill: its heartbeat arrives (ControlPlane._poll)
+        sim.job.silence.heard(b, sim.job.running(sim.now), None)
+    if how in ("silent", "frozen", "thaw", "fast", "unarmed"):
+        signalled(sim, b, printed=how in ("silent", "thaw", "fast"))
     if w.state is S.LOST:
         sim.exit("b[0]", KILLED)  # the driver's kill
     if sim.outcome is not None:
@@ -407,6 +412,22 @@ def hangs(sim: Sim, how: str, commit: int, *, survivor_commits: bool = False) ->
     assert sim.layout() == ["a[0]", "b[0]"], sim.layout()
     at_commit(sim, "a[0]", at)
     at_commit(sim, "b[0]", at)
+
+
+def beat_with_flights(sim: Sim, a, w, *, silent_after: int, i: int) -> None:
+    """The heartbeats' flight records (what ``ControlPlane._poll`` hands ``SilenceWatch.heard``): both ranks done with
+    collective #4 of their round; from tick ``silent_after`` on ``w`` says nothing (its GIL held by one C call) and
+    ``a`` waits for it in #5, so the fast rule gives ``w`` up well before --heartbeat-timeout."""
+    if i == silent_after:
+        sim.silent.add(w.worker_id)
+    running = sim.job.running(sim.now)
+    for x in (a, w):
+        if x.alive and x.worker_id not in sim.silent:
+            waiting = max(0.0, (i - silent_after) * 0.5)
+            entered = x is a and i >= silent_after
+            flight = FlightEntry(x.round, 5 if entered else 4, "gradient allreduce",
+                                 "entered" if entered else "completed", waiting if entered else 0.0)
+            sim.job.silence.heard(x.worker_id, running, flight)
 
 
 def fixed(**policy) -> Sim:
@@ -454,6 +475,50 @@ def test_a_host_that_freezes_again_and_again_never_ends_a_healthy_fixed_size_job
     assert "in a row at commit" not in caplog.text
     hangs(sim, "silent", 6)
     assert sim.outcome is None and caplog.text.count(f"1 of {REPEATS} in a row at commit 6") == 1, caplog.text
+
+
+def test_a_healthy_worker_the_fast_rule_gives_up_never_counts_as_a_hang(caplog) -> None:
+    """Review rv5 f1: rank 1 holds the GIL in one C call for 4 s (healthy), --heartbeat-timeout 60. The fast rule gives
+    it up after ~1.5 s of silence while rank 0 waits for it, and it prints its stacks on the signal (it runs); it
+    counted as a hang, and the third such give-up ended the job: "raise --heartbeat-timeout" though it was 60 s.
+    Only a silence of the whole --heartbeat-timeout counts: the job relaunches it each time and goes on."""
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), progress_timeout_s=60, elastic_timeout_s=60,
+                  heartbeat_timeout_s=60)
+    at_commit(sim, "a[0]", 6)
+    at_commit(sim, "b[0]", 6)
+    for _ in range(REPEATS + 1):
+        hangs(sim, "fast", 6)
+    assert sim.outcome is None and sim.slots_launched().count("b[0]") == REPEATS + 2
+    assert sum("(its limit" in s.reason for s in sim.stops) == REPEATS + 1, [s.reason for s in sim.stops]
+    assert "in a row at commit" not in caplog.text
+
+
+def test_a_frozen_host_that_thaws_before_its_kill_never_counts(caplog) -> None:
+    """Review rv5 f2: rank 1's host frozen past --heartbeat-timeout, thawed within the second between the stacks
+    signal and the kill: the pending signal runs at the thaw and it prints its stacks, but its heartbeat thread wakes
+    too and a heartbeat arrives before the kill (a GIL-hung process cannot send one). All three counted and the job
+    ended naming a time.sleep line; a heartbeat after the give-up now means it was not hung."""
+    caplog.set_level("INFO", logger="cloud_elastic.driver.job.failures")
+    sim = fixed()
+    for _ in range(REPEATS + 1):
+        hangs(sim, "thaw", 6)
+    assert sim.outcome is None and sim.slots_launched().count("b[0]") == REPEATS + 2
+    assert "in a row at commit" not in caplog.text and "heartbeated again before its kill" in caplog.text
+    hangs(sim, "silent", 6)  # a GIL hang still counts from 1
+    assert sim.outcome is None and caplog.text.count(f"1 of {REPEATS} in a row at commit 6") == 1, caplog.text
+
+
+def test_a_gil_hang_of_a_worker_whose_stacks_signal_is_not_armed_still_ends_the_job() -> None:
+    """Review rv5 h1: the script installs its own SIGUSR1 handler (a 'checkpoint on USR1' handler), so faulthandler
+    never answers the driver's signal; its GIL hang was given up 15 times, "not counted", until SIGINT. A worker that
+    says its stacks signal is not armed counts on its silence alone (the whole --heartbeat-timeout, no heartbeat
+    before its kill), and the third give-up ends the job, saying why it names no frame."""
+    sim = fixed()
+    for n in range(1, REPEATS + 1):
+        hangs(sim, "unarmed", 6)
+        assert (sim.outcome is None) == (n < REPEATS), n
+    failed(sim, f"was given up {REPEATS} times in a row at commit 6", "silent (holding the GIL?), its stacks not asked "
+           "for (no stacks signal armed in its process); raise --heartbeat-timeout")
 
 
 def test_the_workers_of_one_host_given_up_in_two_scans_count_once(caplog) -> None:
@@ -588,3 +653,77 @@ def test_a_stall_after_progress_is_a_new_count() -> None:
         for w in workers:
             w.round = job.round
     assert job.outcome is None and job.aborts == 2 * REPEATS
+
+
+# ------------------------------------------------------- the frame a GIL hang printed
+def _block(header: str, frames: list[str]) -> str:
+    return "\n".join([header] + [f'  File "{f[0]}", line {f[1]} in {f[2]}' for f in frames])
+
+
+_MAIN_HUNG = [("/usr/lib/python3.11/re/__init__.py", 166, "match"), ("/job/t5.py", 30, "regex"),
+              ("/job/t5.py", 56, "train"), ("/job/t5.py", 66, "<module>")]
+#: Real faulthandler text on the signal, as the worker prints it: a thread inside a lazy import (its module's top
+#: level runs a ``<module>`` frame, listed first: the newest thread) while the main thread holds the GIL.
+IMPORT_THREAD = "\n\n".join([
+    _block("Thread 0x00007f1 (most recent call first):", [
+        ("/job/slowmod.py", 3, "<module>"), ("<frozen importlib._bootstrap>", 241, "_call_with_frames_removed"),
+        ("/job/t5.py", 50, "<lambda>")]),
+    _block("Current thread 0x00007f0 (most recent call first):", _MAIN_HUNG)]) + "\n"
+#: The main thread deeper than 100 frames: faulthandler cuts it with ``  ...`` and no ``<module>`` is shown.
+DEEP = _block("Current thread 0x00007f0 (most recent call first):",
+              _MAIN_HUNG[:2] + [("/job/t5.py", 33, "deep")] * 98) + "\n  ...\n"
+#: More than 100 threads (a loader's pool): faulthandler lists 100, the newest, and ends with ``...``.
+POOL = "\n\n".join([_block(f"Thread 0x{i:012x} (most recent call first):", [("/usr/lib/python3.11/threading.py", 324,
+                                                                           "wait")]) for i in range(100)] + ["..."])
+
+
+@pytest.mark.parametrize("printed, doing", [
+    (IMPORT_THREAD, 'its main thread at "/usr/lib/python3.11/re/__init__.py", line 166 in match'),
+    (DEEP, 'its main thread at "/usr/lib/python3.11/re/__init__.py", line 166 in match'),
+    (POOL, "its main thread's frame unknown"),
+], ids=["thread-in-a-lazy-import", "deeper-than-100-frames", "more-than-100-threads"])
+def test_the_end_line_names_the_frame_the_main_thread_printed_on_the_signal_or_says_it_is_unknown(
+        monkeypatch, printed, doing) -> None:
+    """Review rv5 p1: the text printed on the signal carries no main-thread mark, so the end line took the first block
+    with a ``<module>`` frame: a thread inside a lazy import was named, and a main thread deeper than 100 frames or
+    behind 100 other threads gave no frame. ``faulthandler``'s handler runs on the main thread for a signal sent to
+    the process, so its ``Current thread`` block is the main thread's, when every thread was listed."""
+    monkeypatch.setitem(globals(), "PRINTED", printed)
+    sim = fixed()
+    for _ in range(REPEATS):
+        hangs(sim, "silent", 6)
+    failed(sim, f"was given up {REPEATS} times in a row at commit 6", f"silent (holding the GIL?), {doing}; raise")
+
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["own", "bash-wrapped"])
+def test_a_worker_says_whether_it_prints_its_stacks_on_the_signal(monkeypatch, wrapped) -> None:
+    """What a worker tells the driver at registration and with each heartbeat: armed while faulthandler holds SIGUSR1
+    and it is the process the launcher signals (its group's leader); not once its script sets its own handler (after
+    hvd.init(), as rv5's h1 script does), and never under a wrapper script (the wrapper gets the signal)."""
+    import faulthandler
+    import os
+    import signal
+
+    from cloud_elastic.worker.link.driver_link import stacks_signal_armed
+
+    monkeypatch.setattr(os, "getpgid", lambda pid: os.getpid() + (1 if wrapped else 0))
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)  # as the worker library does at start
+        armed = stacks_signal_armed()
+        signal.signal(signal.SIGUSR1, lambda s, f: None)  # the script's own 'checkpoint on USR1' handler
+        assert (armed, stacks_signal_armed()) == (not wrapped, False)
+    finally:
+        faulthandler.unregister(signal.SIGUSR1)
+        signal.signal(signal.SIGUSR1, before if before is not None else signal.SIG_DFL)
+
+
+def test_the_heartbeat_carries_the_stacks_signal_and_an_older_workers_carries_none() -> None:
+    from cloud_elastic.protocol import PollRequest
+
+    wire = PollRequest(1, 0, 0, stacks_signal=False).to_wire()
+    assert PollRequest.from_wire(wire).stacks_signal is False
+    del wire["stacks_signal"]
+    assert PollRequest.from_wire(wire).stacks_signal is None  # an older worker: taken as armed, as before

@@ -230,21 +230,34 @@ class Failures:
             job.abort()
 
     def signal_stacks(self, w: WorkerRecord, text: str) -> None:
-        """The stop path's word on ``w``, given up and asked for its stacks by signal before its kill: ``text`` is
-        what it printed ("" for nothing). One given up for silence counts as a hang only now, and only if it printed
-        them: a process hung holding the GIL does (``faulthandler``'s handler needs no GIL), and the job's end line
-        names its main thread's frame; a frozen host, or one whose network is down with its ssh session still open,
-        prints nothing, and that outage is not its script's doing."""
+        """The stop path's word on ``w``, given up and asked for its stacks by signal, now killed: ``text`` is what it
+        printed ("" for nothing; ``w.stacks_signal`` False: its process could not be asked). One given up for silence
+        (for the whole --heartbeat-timeout) counts as a hang only now, and never if a heartbeat of its process came
+        after its give-up (``w.heard_after_given_up``: a frozen host that thawed; a GIL-hung process cannot send one).
+        Where its stacks signal is armed it counts only if it printed them: a process hung holding the GIL does
+        (``faulthandler``'s handler needs no GIL), and the job's end line names its main thread's frame; a frozen
+        host, or one whose network is down with its ssh session still open, prints nothing, and that outage is not
+        its script's doing. Where it is not armed (the script handles SIGUSR1, a wrapper gets the signal) or its
+        process cannot be asked, the silence itself counts: an outage longer than --heartbeat-timeout then counts
+        too."""
         job = self._job
         at = self._silent.pop(w.worker_id, None)
         if at is None or job.outcome is not None or job.phase is Phase.FINISHING:
             return
-        if not text:
+        if w.heard_after_given_up:
+            log.info("job %s: worker %s (%s), given up for silence, heartbeated again before its kill (its host "
+                     "frozen or cut off, then back): not counted as a hang of its script", job.job_id, w.worker_id,
+                     w.label)
+            return
+        if text:
+            frame = main_frame(text, on_signal=True)
+            w.hung = f"{SILENT}, its main thread at {frame}" if frame else f"{SILENT}, its main thread's frame unknown"
+        elif w.stacks_signal is False:
+            w.hung = f"{SILENT}, its stacks not asked for (no stacks signal armed in its process)"
+        else:
             log.info("job %s: worker %s (%s), given up for silence, printed no stacks on the signal (its host frozen "
                      "or out of reach): not counted as a hang of its script", job.job_id, w.worker_id, w.label)
             return
-        frame = main_frame(text)
-        w.hung = f"{SILENT}, its main thread at {frame}" if frame else SILENT
         self._hung(w, *at)
 
     def _hung(self, w: WorkerRecord, commit: int, together: Hashable) -> None:

@@ -51,11 +51,11 @@ collective) only the heartbeat timeout gives a worker up, as before.
 A worker silent for the whole heartbeat timeout is marked ``hung`` (:data:`.repeats.SILENT`): the driver has not
 seen its process end. One the fast rule gives up is not: a healthy worker may hold the GIL in one C call for a few
 seconds, and only a silence as long as the user allowed counts toward the job's end. A hung one counts (see
-:mod:`.repeats`) only if no heartbeat of its process arrives between its give-up and its kill (:meth:`SilenceWatch.heard`
-notes one: a frozen host that thaws heartbeats within milliseconds, a GIL-hung process cannot), and, where its
-stacks signal is armed, only once it has printed its stacks on the signal the driver sends as it stops it (a
-GIL-hung one does; a frozen host or a network drop, an ssh session staying open a while, prints nothing). A
-process that ended (killed from outside, its ssh session closed) is reported ended instead.
+:mod:`.repeats`) only if no heartbeat of its process arrives between its give-up and its kill
+(:meth:`SilenceWatch.heard` notes one: a frozen host that thaws heartbeats within milliseconds, a GIL-hung process
+cannot), and, where its stacks signal is armed, only once it has printed its stacks on the signal the driver
+sends as it stops it (a GIL-hung one does; a frozen host or a network drop, an ssh session staying open a while,
+prints nothing). A process that ended (killed from outside, its ssh session closed) is reported ended instead.
 """
 
 from __future__ import annotations

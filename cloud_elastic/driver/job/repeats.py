@@ -18,14 +18,19 @@ go round for ever (each relaunch forms a round, and a formed round restarts the 
   new commit of the job in between, ends the job, naming it, what it was doing and the remedy (:class:`Hangs`,
   :meth:`.failures.Failures.give_up`); the job's end checkpoints its newest commit first (``ending.FailingEnd``).
   Such a worker is *stuck* (no progress past ``--progress-timeout`` after its round's abort while it still
-  heartbeats: a deadlock; it counts as it is given up) or *silent* (its heartbeats stopped: a hang holding the GIL).
-  A silent one counts only once its process has answered the stacks signal the driver sends as it stops it
-  (:meth:`.failures.Failures.signal_stacks`): ``faulthandler``'s handler needs no GIL, so a GIL-hung process
-  prints its stacks, while a frozen host or one whose network is down (its ssh session still open) prints
-  nothing, and such an outage never counts. Workers given up together count once: one give-up per round they
-  were members of, however many scans found them (all of one host's workers, or every member of one stuck
-  round). Any new commit starts the count again, so an elastic job that trains on without it never ends this
-  way (its slot only cools down), and neither does a straggler that comes back.
+  heartbeats: a deadlock; it counts as it is given up) or *silent* (its heartbeats stopped for the whole
+  ``--heartbeat-timeout``: a hang holding the GIL; one the fast silence rule gave up sooner never counts, a
+  healthy C call may hold the GIL for seconds). A silent one counts only once its process was killed
+  (:meth:`.failures.Failures.signal_stacks`), and never if a heartbeat of it arrived after its give-up (a frozen
+  host that thawed). Where its stacks signal is armed it counts only if it printed its stacks on the signal the
+  stop sends: ``faulthandler``'s handler needs no GIL, so a GIL-hung process prints them, while a frozen host or
+  one whose network is down (its ssh session still open) prints nothing, and such an outage never counts. Where it
+  is not (the script handles SIGUSR1, a wrapper gets the signal, a Ray, Spark or adopted process cannot be asked)
+  its silence alone counts: an outage longer than ``--heartbeat-timeout``, three times at one commit, then does.
+  Workers given up together count once: one give-up per round they were members of, however many scans found them
+  (all of one host's workers, or every member of one stuck round). Any new commit starts the count again, so an
+  elastic job that trains on without it never ends this way (its slot only cools down), and neither does a
+  straggler that comes back.
 
 Only a failure the worker's own process caused counts (:func:`own_failure`): an exception its script
 reported, a non-zero exit code, or death by a crash signal (:data:`CRASH_SIGNALS`). A worker killed from

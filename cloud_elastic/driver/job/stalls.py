@@ -151,16 +151,26 @@ def stall_event(stall: Stall, running_now: float, verdict: str) -> dict:
                          "silent_s": round(m.silent_s, 3)} for m in stall.missing]}
 
 
-def main_frame(stacks: str) -> str:
+#: ``faulthandler``'s header of the thread that printed the stacks, and its last line past 100 threads.
+_CURRENT_THREAD = "Current thread "
+_MORE_THREADS = "..."
+
+
+def main_frame(stacks: str, *, on_signal: bool = False) -> str:
     """The innermost Python frame of the main thread in ``stacks`` (``faulthandler``'s text: one block per thread,
-    most recent call first), as ``"path", line N in function``; "" when no block has one.
+    most recent call first), as ``"path", line N in function``; "" when it cannot be told which block is the main
+    thread's, or that block has no frame.
 
     A block starts at its thread's header (the one unindented line) or after a blank line: the stacks a worker
     prints on the driver's signal come without the blank lines (``SignalStacks`` keeps only ``faulthandler``'s
     lines). The main thread's block is the one its header marks (``StacksReport.MAIN_THREAD``: the worker's
-    ``format_stacks``); in text without the mark, the one that runs a ``<module>`` frame (the script's, under
-    ``runpy`` or the fork server's child: the heartbeat and watcher threads start in ``threading``). Linear in
-    the text (at most 48 KiB, see ``StacksReport``)."""
+    ``format_stacks``). Text without the mark (an older worker's, or ``faulthandler``'s own) tells nothing, except
+    what a worker printed on the driver's signal (``on_signal``): its ``Current thread`` block is the thread that
+    ran the handler, which for a signal sent to the process is the main thread (the kernel hands it to the
+    process's first thread unless that one blocks it or has another pending), so that block is taken, but only
+    when every thread was listed (past 100, ``faulthandler`` ends with a ``...`` line, and the current thread may
+    be among those left out). A ``<module>`` frame says nothing: another thread inside a lazy import runs one, and
+    a main thread deeper than 100 frames shows none. Linear in the text (at most 48 KiB, see ``StacksReport``)."""
     blocks: list[list[str]] = []
     fresh = True
     for line in stacks.splitlines():
@@ -172,8 +182,13 @@ def main_frame(stacks: str) -> str:
         blocks[-1].append(line)
         fresh = False
     marked = [lines for lines in blocks if f"({StacksReport.MAIN_THREAD};" in lines[0]]
-    for lines in marked or blocks:
+    if not marked:
+        if not on_signal or any(lines[0].strip() == _MORE_THREADS for lines in blocks):
+            return ""
+        marked = [lines for lines in blocks if lines[0].startswith(_CURRENT_THREAD)]
+    for lines in marked[:1]:
         frames = [line.strip()[len("File "):] for line in lines if line.strip().startswith("File ")]
-        if frames and (marked or any(frame.endswith(" in <module>") for frame in frames)):
+        if frames:
             return frames[0]
     return ""
+

@@ -120,6 +120,13 @@ class WorkerRecord:
     #: Set as it is given up for making no progress (a progress timeout) or for silence while its process still ran:
     #: what it was doing then, for the line of a job that ends for it (see :mod:`.repeats`); "" otherwise.
     hung: str = ""
+    #: Whether its process prints its stacks on the driver's signal, as it last said (registration, heartbeats):
+    #: ``faulthandler`` holds SIGUSR1 and the process is the one the launcher signals (not a wrapper's child).
+    #: False also when its process cannot be asked (the stop path says so); None: an older worker (taken as armed).
+    stacks_signal: bool | None = None
+    #: A heartbeat of its process arrived after it was given up for silence: it was not hung, only frozen or cut
+    #: off, and it thawed (see :mod:`.liveness`).
+    heard_after_given_up: bool = False
 
     def to(self, new: WorkerState, why: str = "") -> None:
         """Move to ``new``; IllegalTransition if the state machine has no such edge."""

@@ -137,7 +137,12 @@ class ControlPlane:
 
     # --------------------------------------------------------------- the kinds
     def _register(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
+        armed = msg.get("stacks_signal")  # whether it prints its stacks on the driver's signal (None: an older worker)
+        if armed is not None and not isinstance(armed, bool):
+            raise ControlPlaneError(f"malformed register: 'stacks_signal' must be true or false, got {armed!r}")
         ok = self._job.registered(worker_id, now)
+        if ok:
+            self._job.workers[worker_id].stacks_signal = armed
         self._cond.notify_all()
         # running: the job trains already (or keeps spares, which may be any of its first workers), so the worker
         # joins at its first call that needs the round (after its own set-up), not inside hvd.init() (see
@@ -186,6 +191,8 @@ class ControlPlane:
             self._job.fixed.entered(worker_id)
         known = (request.round, request.update_gen, request.abort_round, request.next_plan)
         w = self._job.workers.get(worker_id)
+        if w is not None and request.stacks_signal is not None and w.alive:  # a script may take SIGUSR1 after init
+            w.stacks_signal = request.stacks_signal
         if w is not None and w.rank == 0 and not w.discarded:  # a discarded one's steps are of a past no round has
             # Its process's optimizer steps (the rate starts afresh with another rank 0's count), and the job's
             # last commit, counted in commits: the training step only when the script commits every step.

@@ -221,8 +221,22 @@ class WorkerProcesses:
             timer.start()
         elif action.immediate:
             proc.kill()
+            self._signal_stacks.take(action.worker_id)  # its process was gone: nothing to gather
+            if action.stacks and dump is None:
+                self._cannot_ask(action.worker_id)
         else:
             self._terminate_in_background(proc)
+
+    def _cannot_ask(self, worker_id: str) -> None:
+        """A worker given up was killed at once, its process of a kind that cannot be asked for its stacks (a Ray
+        actor's, a Spark task's, one adopted from a dead driver): the job hears so, as it hears what others printed
+        (a silent one then counts on its silence alone, see ``Failures.signal_stacks``)."""
+        with self._cond:
+            w = self._job.workers.get(worker_id)
+            if w is not None:
+                w.stacks_signal = False
+                self._job.signal_stacks(worker_id, "")
+            self._cond.notify_all()
 
     def close(self) -> None:
         """Stop every worker (in parallel, each TERM then KILL), wait for the stops, close the launchers."""
@@ -254,7 +268,7 @@ class WorkerProcesses:
         if not text:
             log.warning("job %s: worker %s printed no stacks within %gs of the signal", self._job.job_id, worker_id,
                         STACKS_BEFORE_KILL_S)
-        with self._cond:  # a silent worker counts as hung only if it printed them (Failures.signal_stacks)
+        with self._cond:  # whether a silent worker counts as hung (Failures.signal_stacks)
             w = self._job.signal_stacks(worker_id, text)
             self._cond.notify_all()
         if w is not None and text:

@@ -20,10 +20,11 @@ __all__ = ["SignalStacks", "MAX_TEXT"]
 #: The most of a worker's stacks kept for one event (the end of them, as for stacks sent by heartbeat).
 MAX_TEXT = 48 * 1024
 
-#: The lines ``faulthandler.dump_traceback(all_threads=True)`` prints (CPython 3.8-3.13).
+#: The lines ``faulthandler.dump_traceback(all_threads=True)`` prints (CPython 3.8-3.13); ``...`` alone ends the
+#: list past 100 threads (``stalls.main_frame`` then cannot tell the main thread's block).
 _FAULTHANDLER = re.compile(
     r'^(?:(?:Current thread|Thread) 0x[0-9a-f]+ (?:\(most recent call first\))?:?|Stack \(most recent call first\):'
-    r'|  File ".*", line \d+ in .*|  <no Python frame>|  \.\.\.|  <.*>)$'
+    r'|  File ".*", line \d+ in .*|  <no Python frame>|  \.\.\.|\.\.\.|  <.*>)$'
 )
 
 

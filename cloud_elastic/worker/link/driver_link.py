@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -43,7 +44,7 @@ from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.link.pauses import Pauses
 from cloud_elastic.worker.link.progress import format_stacks
 
-__all__ = ["DriverLinkMixin", "note_exit_code", "notice_reporter"]
+__all__ = ["DriverLinkMixin", "note_exit_code", "notice_reporter", "stacks_signal_armed"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,19 @@ def note_exit_code(code: int) -> None:
     or the exception, or saw the script return); the exit hook's ``exiting`` message then carries it."""
     global _script_exit_code
     _script_exit_code = code
+
+
+def stacks_signal_armed() -> bool:
+    """Whether this process prints its stacks on the driver's signal (SIGUSR1), told at registration and with each
+    heartbeat: ``faulthandler`` still holds it (the worker library registers it at start unless the script had a
+    handler; a handler the script sets later shows in ``signal.getsignal``), and this process is the one the
+    launcher signals, the leader of its process group (under a wrapper script, the wrapper is). Where it is not,
+    the driver counts a worker silent past --heartbeat-timeout as hung without its stacks (``driver.job.repeats``)."""
+    try:
+        leads = os.getpgid(0) == os.getpid()
+    except OSError:
+        return False
+    return leads and signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None)
 
 
 class DriverLinkMixin:
@@ -97,6 +111,8 @@ class DriverLinkMixin:
         assert self._client is not None
         # Within the driver grace the heartbeat thread decides when to give up; here, just keep trying.
         began, warned = time.monotonic(), None
+        if kind == "register":  # whether a hang of this process shows its stacks (see stacks_signal_armed)
+            payload = {**(payload or {}), "stacks_signal": stacks_signal_armed()}
         patience = max(3 * self.heartbeat_timeout_s, self.driver_grace_s + 5)
         while True:
             try:
@@ -278,7 +294,8 @@ class DriverLinkMixin:
                                 comm_s=progress.comm_s(), link=link_probe_of(self).report(),
                                 flight=self._flight_entry(),
                                 pause_s=pauses.expected_s(first_step=self._first_step_of_round()),
-                                next_plan=self.next_plan, elastic=getattr(self, "elastic_entered", False)).to_wire(),
+                                next_plan=self.next_plan, elastic=getattr(self, "elastic_entered", False),
+                                stacks_signal=stacks_signal_armed()).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:
