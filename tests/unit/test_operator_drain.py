@@ -15,7 +15,7 @@ import pytest
 from cloud_elastic.driver.job.elastic_job import WorkerState
 from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
-from tests.unit.test_job import CLEAN, Sim, started
+from tests.unit.test_job import CLEAN, Sim, failed, started
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -65,6 +65,19 @@ def test_the_reply_warns_when_the_drain_leaves_fewer_ready_slots_than_min_np():
     assert done
     assert message.endswith("; WARNING: that leaves 2 ready slot(s), below --min-np 3: the job waits for more "
                             "up to --elastic-timeout (300s), then fails")
+
+
+def test_on_a_fixed_host_list_the_reply_says_the_job_ends_and_it_does():
+    sim = started(3, {"a": 2, "b": 1}, min_np=3, elastic_timeout_s=300, hosts_fixed=True)
+    done, message = sim.job.drain("b", None, sim.now)
+    assert done
+    assert message.endswith("; WARNING: that leaves 2 ready slot(s), below --min-np 3, and a fixed -H list cannot "
+                            "grow: the job ends now (its newest commit written first with --checkpoint-dir)")
+    _leave_at_commit(sim, ("a[0]", "a[1]"), "b")
+    sim.advance(5)
+    sim.discover({"a": 2, "b": 1})
+    failed(sim, "left for --min-np 3", "b drained by an operator",
+           "a fixed host list never grows")
 
 
 def test_a_cloud_notice_on_a_drained_host_lapses_but_the_drain_stays():

@@ -277,6 +277,9 @@ class Health:
         ready = len(self._job.hosts.available_slots(now))
         if ready >= policy.min_np:
             return ""
+        if policy.hosts_fixed:  # a drained host of a fixed list never comes back (driver.job.capacity)
+            return (f"; WARNING: that leaves {ready} ready slot(s), below --min-np {policy.min_np}, and a fixed -H "
+                    f"list cannot grow: the job ends now (its newest commit written first with --checkpoint-dir)")
         return (f"; WARNING: that leaves {ready} ready slot(s), below --min-np {policy.min_np}: the job waits for "
                 f"more up to --elastic-timeout ({policy.elastic_timeout_s:g}s), then fails")
 
