@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 _SIGNALS_OUT = 64
 
 S = WorkerState
+#: What a silent worker whose stacks signal is not armed was doing, as far as the driver can tell.
+_UNARMED = f"{SILENT}, its stacks not asked for (no stacks signal armed in its process)"
 
 
 class Failures:
@@ -199,20 +201,25 @@ class Failures:
 
     def give_up(self, w: WorkerRecord, what: str, now: float, *, stacks: bool = True) -> None:
         """Stop ``w`` at once as lost (silent, never arrived, stuck), with the failure path that applies;
-        ``stacks``: its process is asked for its Python stacks (by signal) just before it is killed."""
+        ``stacks``: its process is asked for its Python stacks (by signal) just before it is killed, unless it said
+        that its stacks signal is not armed (the signal would run its script's own handler, or stop a wrapper)."""
         job = self._job
+        armed = w.stacks_signal is not False
         was_member = w.member_of(job.round)
         before, why_leaving = w.state, w.why
         leaving = before in (S.DRAINING, S.EXITING)
         w.to(S.LOST, what)
         job.forget_alive()
-        job.act(Stop(w.worker_id, what, immediate=True, stacks=stacks))
+        job.act(Stop(w.worker_id, what, immediate=True, stacks=stacks and armed))
         if not leaving and job.phase is not Phase.FINISHING:
             if self.fail(w, what, now, was_member=was_member, transport=False) and w.hung:
                 # Workers given up together (one outage of a host, every member of one stuck round) share the
                 # round they were members of: they count once, however many scans found them.
                 at = (job.commit_high, w.round or w.worker_id)
                 if w.hung != SILENT:
+                    self._hung(w, *at)
+                elif not armed:  # its silence for the whole --heartbeat-timeout counts alone (signal_stacks)
+                    w.hung = _UNARMED
                     self._hung(w, *at)
                 elif stacks:  # it counts once it has printed its stacks on the stop's signal (signal_stacks)
                     self._silent[w.worker_id] = at
@@ -253,7 +260,7 @@ class Failures:
             frame = main_frame(text, on_signal=True)
             w.hung = f"{SILENT}, its main thread at {frame}" if frame else f"{SILENT}, its main thread's frame unknown"
         elif w.stacks_signal is False:
-            w.hung = f"{SILENT}, its stacks not asked for (no stacks signal armed in its process)"
+            w.hung = _UNARMED
         else:
             log.info("job %s: worker %s (%s), given up for silence, printed no stacks on the signal (its host frozen "
                      "or out of reach): not counted as a hang of its script", job.job_id, w.worker_id, w.label)
