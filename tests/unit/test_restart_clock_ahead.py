@@ -4,6 +4,11 @@ The review's skew.sh: ``driver-alive.json`` of a dead driver on another machine 
 restart said "last alive -3595s ago ... waiting 3672s". A dead driver was not alive after now, so its sign of life
 counts as now at the latest: the wait is its workers' grace and a last checkpoint. A driver that is in fact alive
 refreshes its entry during that wait, and is still found then (the restart stops, naming it).
+
+The review's skew_claim.sh: the same dead driver had itself been a restart, so it had claimed driver generation 1
+(``drivers/1.json``) with its clock, an hour ahead too. After the now-short wait its claim looked renewed "within
+the last 20 s" and the restart ended, exit 2, "another driver ... restarted it first ... and still waits or runs"
+(and so did every retry). A claim dated ahead of this clock counts as live only if it is renewed during the wait.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import pytest
 
 from cloud_elastic.checkpoint import CheckpointStore, DurableJobRecord, write_job_record
 from cloud_elastic.checkpoint.alive import DriverAlive, write_driver_alive
+from cloud_elastic.checkpoint.claims import claim, renew
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.restart.predecessor import plan_start, wait_for_predecessor
 
@@ -62,3 +68,39 @@ def test_a_live_predecessor_whose_clock_runs_ahead_is_still_found_by_its_refresh
 
     wait_for_predecessor(plan, store, wait, lambda reason, code: stops.append((reason, code)), resumed=plan.resumed)
     assert stops and stops[0][1] == 2 and f"job {JOB} is already running" in stops[0][0], stops
+
+
+def _wait_past_the_plan(plan, monkeypatch: pytest.MonkeyPatch, meanwhile=lambda: None):
+    def wait(seconds: float) -> bool:  # what the other driver does meanwhile; time passes
+        meanwhile()
+        monkeypatch.setattr(time, "time", lambda: plan.wait_until + 1.0)
+        return False
+    return wait
+
+
+def test_a_dead_predecessor_that_was_a_restart_and_whose_clock_ran_ahead_does_not_stop_its_successor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config, store = _skewed_job(tmp_path, monkeypatch)
+    assert claim(store, 1, DriverAlive(JOB, time.time() + AHEAD_S, GRACE_S, "othervm", 4242)) is None
+    plan = plan_start(config, store, job_id="second2")
+    assert plan.generation == 2 and plan.wait_until is not None and plan.wait_until - time.time() < GRACE_S + 60
+    stops: list[tuple[str, int]] = []
+    outcome = wait_for_predecessor(plan, store, _wait_past_the_plan(plan, monkeypatch),
+                                   lambda reason, code: stops.append((reason, code)), resumed=plan.resumed)
+    assert stops == [] and outcome.resumed and outcome.predecessor_gone
+
+
+def test_an_older_driver_whose_clock_runs_ahead_and_renews_its_claim_during_the_wait_is_still_yielded_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config, store = _skewed_job(tmp_path, monkeypatch)
+    assert claim(store, 1, DriverAlive(JOB, time.time() + AHEAD_S, GRACE_S, "othervm", 4242)) is None
+    plan = plan_start(config, store, job_id="second2")
+    stops: list[tuple[str, int]] = []
+
+    def renewed() -> None:  # it waits too, renewing its claim with its clock
+        renew(store, 1, DriverAlive(JOB, time.time() + AHEAD_S + 5, GRACE_S, "othervm", 4242))
+
+    wait_for_predecessor(plan, store, _wait_past_the_plan(plan, monkeypatch, renewed),
+                         lambda reason, code: stops.append((reason, code)), resumed=plan.resumed)
+    assert stops[:1] == [(f"job {JOB}: another driver (pid 4242 on othervm) restarted it first (driver generation 1; "
+                          "this one is 2) and still waits or runs; not running it twice", 2)], stops

@@ -87,6 +87,9 @@ class StartPlan:
     checkpoint_dir: str | None = None
     #: The driver generation this start claimed (:mod:`cloud_elastic.checkpoint.claims`); None: none claimed.
     generation: int | None = None
+    #: (generation, time) of each older claim dated ahead of this machine's clock when planned: live only if
+    #: renewed since (:func:`_claimed_since`).
+    claims_ahead: tuple[tuple[int, float], ...] = ()
 
     def without_adoption(self) -> "StartPlan":
         """The plan once an adoption is given up (the predecessor's ports could not be bound)."""
@@ -154,7 +157,8 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
                           "stop it first or use another --checkpoint-dir")
     newest = newest_claim(store)
     previous_alive, by = _previous_alive(store, job_id, record, newest)
-    plan = StartPlan(job_id, resumed=resumes(store, job_id, announce_none=True), adopt=adopt, grace_s=grace)
+    plan = StartPlan(job_id, resumed=resumes(store, job_id, announce_none=True), adopt=adopt, grace_s=grace,
+                     claims_ahead=_claims_ahead(store, newest))
     generation = _next_generation(store, job_id, grace, newest.generation + 1 if newest is not None else 1)
     return _with_wait(replace(plan, generation=generation), config, previous, previous_alive, store, by)
 
@@ -439,7 +443,8 @@ def _claimed_since(plan: StartPlan, store: Any, stop: Callable[[str, int], None]
     """A driver that claimed the job before this one (an older generation) and renewed its claim lately waits
     too, or has just started to run the job: the older one goes on, this one stops. A newer one yields to us the
     same way, so two supervised drivers restarted together never take turns for good. A claim not renewed for
-    :data:`CLAIM_LIVE_S` is a driver that died or has run the job long enough for its sign of life to speak."""
+    :data:`CLAIM_LIVE_S` is a driver that died or has run the job long enough for its sign of life to speak; one
+    dated ahead of this clock when planned (:attr:`StartPlan.claims_ahead`) is live only if renewed since."""
     if plan.generation is None:
         return False
     from cloud_elastic.checkpoint.claims import claims_between
@@ -449,9 +454,11 @@ def _claimed_since(plan: StartPlan, store: Any, stop: Callable[[str, int], None]
     except CheckpointError as exc:
         stop(f"job {plan.job_id}: cannot read the driver claims in {plan.checkpoint_dir}: {exc}", 1)
         return True
-    now = time.time()
+    now, ahead = time.time(), dict(plan.claims_ahead)
+    # A claim dated ahead of this clock when planned is a skewed clock's, not a recent one: a dead driver's that
+    # was itself a restart would read as renewed "lately" for the whole skew. It counts once renewed since.
     live = [c for c in older if c.driver is not None and now - c.driver.alive <= CLAIM_LIVE_S
-            and not c.driver.is_this_process()]
+            and ahead.get(c.generation) != c.driver.alive and not c.driver.is_this_process()]
     if not live:
         return False
     first = live[0]
@@ -460,6 +467,18 @@ def _claimed_since(plan: StartPlan, store: Any, stop: Callable[[str, int], None]
     stop(f"job {plan.job_id}: another driver{who} restarted it first (driver generation {first.generation}; this "
          f"one is {plan.generation}) and still waits or runs; not running it twice", 2)
     return True
+
+
+def _claims_ahead(store: Any, newest: Any) -> tuple[tuple[int, float], ...]:
+    """(generation, time) of each claim up to ``newest`` dated ahead of this machine's clock (see
+    :attr:`StartPlan.claims_ahead`); CheckpointError when they cannot be listed."""
+    from cloud_elastic.checkpoint.claims import claims_between
+
+    if newest is None:
+        return ()
+    now = time.time()
+    return tuple((c.generation, c.driver.alive) for c in claims_between(store, 0, newest.generation + 1)
+                 if c.driver is not None and c.driver.alive > now)
 
 
 def _age(seconds: float) -> str:
