@@ -23,9 +23,12 @@ requested as before, and is never planned again in the same round), when:
   host is noticed leaving;
 * a member of the plan is gone (a newcomer lost, a running member no longer
   running in the round the plan was made in);
-* the job is finishing (rank 0 returned from its training function): from then
-  on nothing is offered, so every member cancels its formation at its next
-  heartbeat, and none starts one again while it exits.
+* a member of the running round returned from its training function (it waits
+  for rank 0, or the job is finishing: rank 0 returned): from then on the plan
+  is offered to nobody, so every member cancels its formation at its next
+  heartbeat, and none starts one again while it exits; no round is planned
+  while a member has returned (a plan with such a member left rank 0 forming a
+  group with peers that never would, at its exit).
 
 A round formed from the plan needs every member of the plan at rendezvous and
 nobody else (newcomers that became ready meanwhile wait for the next update);
@@ -142,13 +145,13 @@ class NextRounds:
         policy = job.policy
         return (policy.plan_admissions and job.phase is Phase.RUNNING and job.round > 0 and job.abort_round < job.round
                 and self._no_plan_round != job.round and not policy.spares and not policy.whole_host_slots
-                and not job.failure_since_round and not any(w.state is S.DRAINING for w in members))
+                and not job.failure_since_round and not any(w.state is S.DRAINING or w.returned for w in members))
 
     def offer_to(self, worker_id: str) -> NextRound | None:
         """The plan for ``worker_id``'s heartbeat reply, when it is one of its members."""
         plan = self.plan
         if (plan is None or worker_id not in plan.ranks or plan.for_round != self._job.round
-                or self._job.phase is not Phase.RUNNING):
+                or self._job.phase is not Phase.RUNNING or self._returned(plan)):
             return None
         return NextRound(plan.plan, plan.round, plan.ranks[worker_id], plan.hosts)
 
@@ -157,10 +160,16 @@ class NextRounds:
         plan's group, sets up its training and waits in its first sync while the running members train on."""
         plan = self.plan
         if (plan is None or w.worker_id not in plan.ranks or w.worker_id in plan.staying
-                or plan.for_round != self._job.round or self._job.phase is not Phase.RUNNING):
+                or plan.for_round != self._job.round or self._job.phase is not Phase.RUNNING or self._returned(plan)):
             return None
         self.told[w.worker_id] = plan.plan
         return Assignment(plan.round, plan.ranks[w.worker_id], True, plan.update_gen, False, plan.hosts, plan.plan)
+
+    def _returned(self, plan: Plan) -> bool:
+        """Whether a running member of ``plan`` returned from its training function (told before the job's next
+        step drops the plan): O(its members)."""
+        workers = self._job.workers
+        return any(w is not None and w.returned for w in map(workers.get, plan.staying))
 
     def came_back(self, worker_id: str) -> None:
         """A newcomer told of a plan is at rendezvous again (the plan was dropped): it counts for rounds again."""
@@ -218,6 +227,9 @@ class NextRounds:
             w = job.workers.get(worker_id)
             if w is None or not w.alive:
                 self.drop(f"worker {worker_id} is gone")
+                return False
+            if w.returned:
+                self.drop(f"worker {worker_id} returned from its training function")
                 return False
             if worker_id in p.staying:
                 ok = w.round == p.for_round and (w.state is S.RUNNING or (p.armed and w.state is S.WAITING))
