@@ -17,6 +17,7 @@ import pytest
 from cloud_elastic.driver.job.elastic_job import WorkerState
 from tests.unit.test_job import CLEAN, KILLED, Sim, failed, started
 from cloud_elastic.protocol import CompletionReply
+from cloud_elastic.providers.api import Drain
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -81,17 +82,122 @@ def test_without_checkpoint_dir_the_end_line_says_who_held_the_final_state() -> 
     assert "every worker that held committed state is gone" not in sim.outcome.reason
 
 
-def test_a_parked_member_still_leaves_when_a_survivor_in_its_training_function_holds_the_commit() -> None:
-    # Rank 2 (still training, at the same commit) survives rank 0: it goes on with newcomers, as before.
-    sim = started(3)
+def three_at_the_last_commit_rank1_parked_rank0_killed() -> Sim:
+    """Three members commit up to ``LAST`` (a checkpoint of step 1 stored); rank 1 returns and waits; rank 0 is
+    killed in its final checkpoint write while rank 2 is still in its training function."""
+    sim = started(3, checkpointing=True)
     for slot in ("a[0]", "a[1]", "a[2]"):
         wid = sim.id(slot)
         sim.commits[wid] = LAST
         sim.job.heartbeat(wid, sim.now, LAST, LAST)
+    sim.job.checkpoint_saved(1, 1)
     assert sim.job.completed(sim.id("a[1]"), sim.now, commit_seq=LAST, steps=LAST) == ("wait", "")
+    sim.advance(1)
     sim.exit("a[0]", KILLED)
+    sim.advance(0.5)
+    return sim
+
+
+def test_a_parked_member_leaves_once_a_survivor_at_the_commit_comes_back_to_rendezvous() -> None:
+    # Rank 2 (still in its training function, at the same commit) survives rank 0: it may return too (then it
+    # holds the final state with rank 1) or come back to rendezvous (it was still in its loop): rank 1 waits.
+    sim = three_at_the_last_commit_rank1_parked_rank0_killed()
+    r1 = sim.id("a[1]")
+    assert sim.outcome is None and sim.job.completion_reply(r1) is None
+    sim.join("a[2]", reason="failure")  # it goes on with newcomers; rank 1 cannot rejoin
+    sim.advance(0.5)
+    assert sim.job.workers[r1].state is S.EXITING and sim.job.completion_reply(r1)[0] == "leave"
     assert sim.outcome is None
-    assert sim.job.workers[sim.id("a[1]")].state is S.EXITING
+
+
+def test_rank_0_lost_a_survivor_that_returns_later_holds_the_final_state_with_the_parked_member(caplog) -> None:
+    caplog.set_level(logging.INFO)
+    sim = three_at_the_last_commit_rank1_parked_rank0_killed()
+    r1, r2 = sim.id("a[1]"), sim.id("a[2]")
+    assert sim.job.completion_reply(r1) is None  # not sent away: rank 2 may return too
+    assert sim.job.completed(r2, sim.now, commit_seq=LAST, steps=LAST) == ("wait", "")  # not "done"
+    sim.advance(1)
+    told = {wid: (sim.job.completion_reply(wid)[0], *sim.job.leaving_checkpoint(wid)) for wid in (r1, r2)}
+    assert all(decision == "leave" and seconds for decision, seconds, _ in told.values()), told
+    assert sum(writer for _, _, writer in told.values()) == 1, told
+    sim.job.checkpoint_saved(LAST, LAST)
+    sim.exit("a[1]", CLEAN)
+    sim.exit("a[2]", CLEAN)
+    sim.advance(0.5)
+    failed(sim, f"rank 0 was lost after the training loop's last commit (#{LAST}) while others had returned",
+           f"the final state is in the checkpoint (step {LAST})")
+    assert "cannot rejoin" not in caplog.text
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_rank0_killed_before_a_peer_returns_never_succeeds(np_) -> None:
+    # review s56 rv10 kill_eval_order.py: rank 0 killed 1 s into its end-of-function evaluation, rank 1 returned
+    # 2 s later and was told "done": "succeeded: training completed on 1 worker(s)", from the checkpoint of step 1.
+    sim = started(np_, checkpointing=True)
+    ids = [sim.id(f"a[{i}]") for i in range(np_)]
+    for wid in ids:
+        sim.commits[wid] = LAST
+        sim.job.heartbeat(wid, sim.now, LAST, LAST)
+    sim.job.checkpoint_saved(1, 1)
+    if np_ == 3:
+        assert sim.job.completed(ids[1], sim.now, commit_seq=LAST, steps=LAST) == ("wait", "")
+    sim.advance(1)
+    sim.exit("a[0]", KILLED)  # in its final checkpoint write / evaluation
+    sim.advance(0.5)
+    last = ids[-1]
+    decision = sim.job.completed(last, sim.now, commit_seq=LAST, steps=LAST)
+    assert decision == ("wait", "")
+    sim.advance(1)
+    assert sim.job.completion_reply(last)[0] == "leave"
+    for i in range(1, np_):
+        sim.exit(f"a[{i}]", CLEAN)
+    sim.advance(35)
+    failed(sim, f"rank 0 was lost after the training loop's last commit (#{LAST}) while others had returned")
+
+
+def test_rank_0_lost_while_waiting_in_a_collective_after_an_early_return_relaunches_as_before() -> None:
+    # review s56 rv10 sim_short.py: rank 1's sampler ran short (it returned at commit 30 of 100); rank 0, still
+    # training, waited in its next allreduce and was killed 2 s later: the job failed, "rank 0 was lost after the
+    # training loop's last commit (#30)", although its loop had not ended.
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, checkpointing=True)
+    r0, r1 = sim.id("a[0]"), sim.id("b[0]")
+    for wid in (r0, r1):
+        sim.commits[wid] = 30
+        sim.job.heartbeat(wid, sim.now, 30, 30)
+    sim.job.checkpoint_saved(25, 25)
+    assert sim.job.completed(r1, sim.now, commit_seq=30, steps=30) == ("wait", "")
+    sim.job.heartbeat(r0, sim.now + 2, 30, 30, waiting_s=2.0)
+    sim.advance(2)
+    sim.exit("a[0]", KILLED)
+    sim.advance(0.5)
+    assert sim.job.completion_reply(r1) == (
+        "leave", "its round ended before rank 0 finished training; it cannot rejoin after returning")
+    sim.exit("b[0]", CLEAN)
+    sim.advance(30)
+    assert sim.outcome is None
+    assert len(sim.slots_launched()) > 2  # relaunched: the next round resumes from the checkpoint
+
+
+def test_a_notice_on_a_parked_members_host_lets_it_wait_for_rank_0_and_run_the_rest_of_its_script() -> None:
+    # review s56 rv10 sim_notice.py: rank 1 was told to leave at once, so the code after train() never ran on it.
+    sim = started(2, {"a": 1, "b": 1}, checkpointing=True)
+    r0, r1 = sim.id("a[0]"), sim.id("b[0]")
+    for wid in (r0, r1):
+        sim.commits[wid] = LAST
+        sim.job.heartbeat(wid, sim.now, LAST, LAST)
+    assert sim.job.completed(r1, sim.now, commit_seq=LAST, steps=LAST) == ("wait", "")
+    sim.advance(1)
+    sim.discover({"a": 1}, {"b": Drain(deadline=sim.now + 120, reason="spot interruption")})
+    sim.advance(1)
+    assert sim.job.completion_reply(r1) is None  # it waits for rank 0, as before
+    assert sim.job.leaving_checkpoint(r1) == (None, False)
+    sim.advance(3)
+    assert sim.job.completed(r0, sim.now, commit_seq=LAST, steps=LAST) == ("done", "")
+    assert sim.job.completion_reply(r1) == ("done", "")
+    sim.exit("b[0]", CLEAN)
+    sim.exit("a[0]", CLEAN)
+    sim.advance(35)
+    assert sim.outcome is not None and sim.outcome.success and "on 2 worker(s)" in sim.outcome.reason, sim.outcome
 
 
 def test_a_completion_replys_time_to_checkpoint_travels_and_an_older_drivers_reply_has_none() -> None:

@@ -148,14 +148,19 @@ class Completion:
             self._behind.discard(worker_id)
             return "done", ""  # it goes on to the next function too (entered_again), still a member
         rank0 = self._rank0()
-        if job.phase in (Phase.FINISHING, Phase.DONE) or rank0 is None or rank0 is w:
+        # Rank 0 lost in its training function (its final checkpoint, an evaluation): the job is not complete;
+        # w is parked, and holds the final state with the others parked unless rank 0 was still in its loop
+        # (see _hold_final_state).
+        lost = rank0 is None and job.phase is Phase.RUNNING and self._lost_rank0() is not None
+        if not lost and (job.phase in (Phase.FINISHING, Phase.DONE) or rank0 is None or rank0 is w):
             self._complete(w, now)
             return "done", ""
         if not w.returned:
             w.returned = True
             self._parked[worker_id] = w.last_seen
-            log.info("job %s: rank %s (%s) returned from its training function at commit %d; waiting for rank 0 "
-                     "to return too", job.job_id, w.rank, worker_id, w.commit_seq)
+            log.info("job %s: rank %s (%s) returned from its training function at commit %d; %s", job.job_id,
+                     w.rank, worker_id, w.commit_seq, "rank 0 was lost before it returned" if lost else
+                     "waiting for rank 0 to return too")
         return "wait", ""
 
     def reply(self, worker_id: str) -> tuple[str, str] | None:
@@ -319,8 +324,12 @@ class Completion:
             # collective that the parked members did join.
             if rank0.waiting_s < EARLY_RETURN_WAIT_S or rank0.waiting_at <= max(self._parked.values()):
                 return False
-        if rank0 is None and self._hold_final_state():
-            return True
+        if rank0 is None:
+            held = self._hold_final_state()
+            if held is None:
+                return False  # a survivor at that commit is still in its training function: they wait for it
+            if held:
+                return True
         leaving: list[WorkerRecord] = []
         backed_off: dict[Slot, float] = {}  # slots backed off in this call: one host's early returns count once
         for worker_id in sorted(self._parked):
@@ -349,21 +358,42 @@ class Completion:
             job.abort()
         return False
 
-    def _hold_final_state(self) -> bool:
+    def _lost_rank0(self) -> WorkerRecord | None:
+        """Rank 0 of the current round if it was lost in its training function (it never returned), else None."""
+        job = self._job
+        for w in job.workers.values():
+            if w.round == job.round and w.rank == 0 and not w.alive and not w.returned:
+                return w
+        return None
+
+    def _hold_final_state(self) -> bool | None:
         """Rank 0 was lost while parked members, back from their training function at the newest commit, are the
         only ones left holding it: they hold the final state, and are not sent away as early returns. True when
         the job ended for it (with ``--checkpoint-dir``, through :class:`~.ending.FailingEnd`: a returned member
-        writes that commit first, so the same command resumes there); False when someone still in its training
-        function holds that commit too (it goes on with newcomers, and the parked members leave)."""
+        writes that commit first, so the same command resumes there); None while a survivor at that commit is
+        still in its training function (it may return too, and hold it with them: they wait); False when they
+        leave as early returns: someone at rendezvous holds that commit too (it goes on with newcomers), or rank 0
+        was still in its loop (it reported waiting in a collective, a commit's among them, or a newer commit,
+        after the last of them returned: the early-return rule's signal, :meth:`check_early_returns`)."""
         job = self._job
         parked = [job.workers[i] for i in sorted(self._parked)]
-        holders = [w for w in parked if w.alive and w.state in _MEMBER and w.holds_state]
+        # One sent away meanwhile (a notice on its host, a lost host-mate under --whole-hosts: DRAINING) leaves.
+        holders = [w for w in parked if w.alive and w.state is S.RUNNING and w.holds_state]
         if not holders:
             return False
         newest = max(w.commit_seq for w in holders)
-        if any(not w.returned and w.holds_state and w.commit_seq >= newest and w.state in (S.WAITING, S.RUNNING)
-               for w in job.alive()):
+        rank0 = self._lost_rank0()
+        if rank0 is not None and (rank0.commit_seq > newest or (
+                rank0.waiting_s > 0 and rank0.waiting_at > max(self._parked.values()))):
             return False
+        survivors = [w for w in job.alive() if not w.returned and w.holds_state and w.commit_seq >= newest]
+        if any(w.state is S.WAITING for w in survivors):
+            return False
+        if any(w.state is S.RUNNING and w.round == job.round for w in survivors):
+            return None
+        for w in parked:
+            if w.alive and w.state is S.DRAINING:
+                w.to(S.EXITING, w.why)  # told to leave in its completion reply, without writing
         lost = sorted(w.rank for w in job.workers.values()
                       if w.round == job.round and w.rank is not None and not w.alive and not w.returned)
         who = f"rank {lost[0]} was" if len(lost) == 1 else f"ranks {', '.join(map(str, lost))} were"

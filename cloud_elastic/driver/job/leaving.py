@@ -341,19 +341,22 @@ class Leavers:
         return (f"no checkpoint of that commit was written on the way out: the next round resumes from the latest; "
                 f"{self._last_hosts[host] - seq} committed step(s) since the checkpoint of step {step} are lost")
 
-    def send_away(self, w: WorkerRecord, why: str) -> None:
+    def send_away(self, w: WorkerRecord, why: str, *, returned_leaves: bool = False) -> None:
         """Ask one staying worker to leave: a round member drains (it leaves at its next commit, zero steps
         lost), a worker waiting at rendezvous gets an exit order, one not there yet is stopped. A member whose
-        training function returned (parked until rank 0's does) makes no further commit: it is told to leave in
-        the answer it waits for (``completion_reply``, with its checkpoint's time if it is the writer)."""
+        training function returned (parked until rank 0's does) drains too: it still waits for rank 0's return
+        (told ``done`` then: the rest of its script runs); only ``returned_leaves`` (the final state's holders
+        leaving, see :mod:`.stopping`) tells it to leave in the answer it waits for (``completion_reply``, with its
+        checkpoint's time if it is the writer)."""
         job = self._job
         before = w.state
-        if before is S.RUNNING and not w.returned:
+        parked = w.returned and before in (S.RUNNING, S.DRAINING)
+        if (before is S.RUNNING and not w.returned) or (parked and not returned_leaves):
             w.to(S.DRAINING, why)  # leaves at its next commit
             self._draining_round = job.round
         else:
             w.to(S.EXITING, why)
-            if before is not S.WAITING and not w.returned:
+            if before is not S.WAITING and not parked:
                 # Not at rendezvous yet, so no exit order would reach it soon.
                 job.act(Stop(w.worker_id, why))
         self.take_host_along(w)

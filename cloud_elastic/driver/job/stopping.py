@@ -210,8 +210,10 @@ class GracefulStop:
         # rendezvous gets its exit order, and writes its shards with it); one taken along is not sent away again
         # (it would be stopped, and the writer's save needs its shards).
         for w in back + out:
-            if w.state is S.WAITING or w.state is S.RUNNING:
-                self._leavers.send_away(w, self._why)  # one at rendezvous gets its exit order; one still out drains
+            if w.state is S.WAITING or w.state is S.RUNNING or (w.returned and w.state is S.DRAINING):
+                # One at rendezvous gets its exit order; one still out drains; one parked (returned: a host-mate
+                # taken along drains) leaves now.
+                self._leavers.send_away(w, self._why, returned_leaves=True)
             if w.state is S.EXITING:
                 self._leavers.left_round(w, now)
         for w in self._kept_back:  # not taken along with a holder: one at rendezvous gets its exit order, others stop
