@@ -6,10 +6,14 @@ would then delete), so it listed none, and the restart said "already succeeded .
 checkpoint yet, so training starts over", trained from step 0 and reported success. A checkpoint-named link is
 now counted as unreadable and the start is refused in one line naming it; and a job whose success record names a
 step never starts over when its checkpoints are gone (moved, deleted), by either backend.
+
+The review's sym_variants.sh (rv8): with job.json gone too, the refusal said "holds checkpoints but no job record
+... restore job.json", not a word of the links; and a refused start first said "already succeeded ... resuming it".
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -50,9 +54,7 @@ def test_a_restart_over_checkpoint_folders_that_are_symbolic_links_is_refused_na
     other = tmp_path / "other-volume"
     other.mkdir()
     folders = sorted(ckpt.glob("ckpt-*"))
-    for folder in folders if moved == "all" else folders[-1:]:
-        folder.rename(other / folder.name)
-        folder.symlink_to(other / folder.name, target_is_directory=True)
+    _link_away(folders if moved == "all" else folders[-1:], other)
     with pytest.raises(ConfigError) as refused:
         plan_start(config, open_store(config), job_id="j2")
     message = str(refused.value)
@@ -63,6 +65,53 @@ def test_a_restart_over_checkpoint_folders_that_are_symbolic_links_is_refused_na
     folders[-1].unlink()  # the newest gone for good, not a link any more: the job resumes from step 20
     if moved == "newest":
         assert plan_start(config, open_store(config), job_id="j3").resumed
+
+
+def _link_away(folders: list[Path], other: Path) -> None:
+    for folder in folders:
+        folder.rename(other / folder.name)
+        folder.symlink_to(other / folder.name, target_is_directory=True)
+
+
+@BACKENDS
+def test_symlinked_checkpoints_without_their_job_record_are_refused_naming_the_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str) -> None:
+    config, ckpt, urls = _finished_job(tmp_path, monkeypatch, scheme)
+    other = tmp_path / "other-volume"
+    other.mkdir()
+    _link_away(sorted(ckpt.glob("ckpt-*")), other)
+    (ckpt / "job.json").unlink()
+    with pytest.raises(ConfigError) as refused:
+        plan_start(config, open_store(config), job_id="j2")
+    message = str(refused.value)
+    assert f"{urls[-1]} is a symbolic link, never followed: move the folder back" in message, message
+    assert "\n" not in message and not (ckpt / "job.json").exists()
+
+
+@pytest.mark.parametrize("gone", ["linked", "deleted"])
+def test_a_refused_start_of_a_succeeded_job_never_says_it_resumes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, gone: str) -> None:
+    config, ckpt, _ = _finished_job(tmp_path, monkeypatch, "")
+    folders = sorted(ckpt.glob("ckpt-*"))
+    if gone == "linked":
+        (tmp_path / "other-volume").mkdir()
+        _link_away(folders, tmp_path / "other-volume")
+    else:
+        for folder in folders:
+            shutil.rmtree(folder)
+    with caplog.at_level(logging.INFO), pytest.raises(ConfigError):
+        plan_start(config, open_store(config), job_id="j2")
+    assert "resuming it" not in caplog.text, caplog.text
+
+
+def test_a_resumed_succeeded_job_is_still_said_to_have_succeeded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    config, _, _ = _finished_job(tmp_path, monkeypatch, "")
+    with caplog.at_level(logging.INFO):
+        assert plan_start(config, open_store(config), job_id="j2").resumed
+    said = [r.getMessage() for r in caplog.records]
+    first = next(i for i, m in enumerate(said) if "already succeeded" in m and "at step 30; resuming it" in m)
+    assert any("resuming from" in m for m in said[first + 1:]), said
 
 
 @BACKENDS

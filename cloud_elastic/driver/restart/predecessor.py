@@ -126,6 +126,9 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
     record = read_job_record(store)
     if record is None:
         found = store.list()
+        linked = _newer_link(store, found)
+        if linked:  # the checkpoints' job is not known either: moving the folders back is what is needed first
+            raise ConfigError(f"{linked} ({store.url} holds no job record, job.json, either)")
         if found or store.unreadable():
             record = _record_lost(config, store, found)  # checkpoints whose record went: resume them, never restart
     if record is None:
@@ -145,7 +148,6 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
                     record.job_id, adopt.job_id)
         adopt = None
     job_id = record.job_id
-    say_if_succeeded(store, job_id)  # resumed all the same (a longer schedule, another layout), but said
     grace = config.driver_grace_s
     recorded_grace = record.extra.get("driver_grace_s")
     if isinstance(recorded_grace, (int, float)) and not isinstance(recorded_grace, bool):
@@ -157,8 +159,10 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
                           "stop it first or use another --checkpoint-dir")
     newest = newest_claim(store)
     previous_alive, by = _previous_alive(store, job_id, record, newest)
-    plan = StartPlan(job_id, resumed=resumes(store, job_id, announce_none=True), adopt=adopt, grace_s=grace,
-                     claims_ahead=_claims_ahead(store, newest))
+    checkpoints = _checkpoints(store, job_id)  # refused before "resuming it" is said
+    say_if_succeeded(store, job_id)  # resumed all the same (a longer schedule, another layout), but said
+    plan = StartPlan(job_id, resumed=resumes(store, job_id, announce_none=True, checkpoints=checkpoints),
+                     adopt=adopt, grace_s=grace, claims_ahead=_claims_ahead(store, newest))
     generation = _next_generation(store, job_id, grace, newest.generation + 1 if newest is not None else 1)
     return _with_wait(replace(plan, generation=generation), config, previous, previous_alive, store, by)
 
@@ -222,17 +226,39 @@ def _twice(store: Any, driver: tuple[int, Any] | None, did: str) -> ConfigError:
                        "first or use another --checkpoint-dir")
 
 
-def resumes(store: Any, job_id: str, *, announce_none: bool) -> bool:
+def resumes(store: Any, job_id: str, *, announce_none: bool, checkpoints: list[Any] | None = None) -> bool:
     """Whether the store holds a checkpoint of this job (the first round then resumes from the newest), said in the log.
 
     Asked when the store is opened and again after waiting out a dead predecessor's workers: they
-    write their last checkpoints while we wait.
+    write their last checkpoints while we wait. ``checkpoints``: :func:`_checkpoints` already read.
     """
+    checkpoints = _checkpoints(store, job_id) if checkpoints is None else checkpoints
+    if not checkpoints:
+        if announce_none:
+            log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts "
+                     "over unless its workers still write one", job_id, store.url)
+        else:
+            log.info("job %s: the previous workers wrote no checkpoint to %s; training starts over", job_id, store.url)
+        return False
+    newest = checkpoints[0]
+    log.warning("job %s: resuming from %s: the latest checkpoint is of step %d, written %s ago",
+                job_id, store.url, newest.step, _age(time.time() - newest.created))
+    return True
+
+
+def _newer_link(store: Any, checkpoints: list[Any]) -> str | None:
+    """Why the newest checkpoint folder that is a symbolic link and newer than every one read (``checkpoints``)
+    is not followed; None when there is none. Moved away and linked back, it holds the job's newest state."""
+    return next((why for name, why in store.links() if not checkpoints or name > checkpoints[0].name), None)
+
+
+def _checkpoints(store: Any, job_id: str) -> list[Any]:
+    """The readable checkpoints (``store.list()``); ConfigError when training on would go over a state that is
+    there but cannot be read, or that is gone from a job that succeeded."""
     checkpoints = store.list()
-    # A checkpoint folder moved away and linked back, newer than every one read: the job's newest state is there.
-    linked = [why for name, why in store.links() if not checkpoints or name > checkpoints[0].name]
+    linked = _newer_link(store, checkpoints)
     if linked:
-        raise ConfigError(f"job {job_id}: {linked[0]}")
+        raise ConfigError(f"job {job_id}: {linked}")
     if not checkpoints:
         unreadable = store.unreadable()
         if unreadable:  # never "no checkpoint yet": training from the start would prune them too
@@ -245,16 +271,7 @@ def resumes(store: Any, job_id: str, *, announce_none: bool) -> bool:
             raise ConfigError(f"job {job_id} succeeded at step {step} on {store.url}, which holds no checkpoint now: "
                               "not training it again from initial weights; put its checkpoint folders back, or use "
                               "a fresh --checkpoint-dir")
-        if announce_none:
-            log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts "
-                     "over unless its workers still write one", job_id, store.url)
-        else:
-            log.info("job %s: the previous workers wrote no checkpoint to %s; training starts over", job_id, store.url)
-        return False
-    newest = checkpoints[0]
-    log.warning("job %s: resuming from %s: the latest checkpoint is of step %d, written %s ago",
-                job_id, store.url, newest.step, _age(time.time() - newest.created))
-    return True
+    return checkpoints
 
 
 def _succeeded_at(store: Any, job_id: str) -> int | None:
