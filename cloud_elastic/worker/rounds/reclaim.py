@@ -261,6 +261,12 @@ class Reaper:
                 log.warning("a process group was still being destroyed %.0fs into the exit", timeout_s)
                 return False
 
+    def busy(self) -> bool:
+        """Whether a release or a destruction is still pending or running (after :meth:`drain`: one that
+        outlasted it, still inside torch)."""
+        with self._lock:
+            return bool(self._timers or self._running)
+
     def retire(self, group: Any) -> None:
         """Release an abandoned group (abandoning it first if that was not done); never blocks.
 
