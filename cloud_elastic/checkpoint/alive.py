@@ -222,8 +222,9 @@ class AliveRefresher:
         """What the next writes say this driver raised (``Sourcing.raised``): any thread, no I/O. A group new or
         larger than before is written at once (on the refresher's thread), not at the next refresh: a driver killed
         meanwhile would leave a paid group raised that no successor knows of. A group no longer raised (the cloud
-        took its 0) waits for the next refresh: a successor that finds it sets a group already at 0 to 0; a raise
-        proven refused (an operator's group) is written out at once by :meth:`refused`."""
+        took its 0) is written out at once too: a successor that still found it would set it to 0, an operator's
+        raise made during the successor's wait included (one write per lowering); a raise proven refused (an
+        operator's group) is written out at once by :meth:`refused`."""
         with self._done:
             before, view = dict(self._raised_now()), dict(self._raised)
             # A group whose raise was proven refused (:meth:`refused`) since the last call: this view may have been
@@ -234,7 +235,7 @@ class AliveRefresher:
             # A raise's own entry is kept through the first call after it (its tick may have read the group before
             # the call started), then the job's view counts it (a call made is the job's: GroupCapacity.started).
             self._sending = {n: v for n, v in self._sending.items() if self._set_calls - v[1] < 2}
-            self._changed(before, grew=any(hosts > view.get(name, 0) for name, hosts in self._raised), drop=False)
+            self._changed(before, grew=any(hosts > view.get(name, 0) for name, hosts in self._raised))
 
     def raising(self, source: str, hosts: int, *, timeout_s: float = WRITE_AHEAD_S) -> bool:
         """A call about to set ``source``'s group to ``hosts``: have the entry say so before it is sent, waiting up

@@ -129,7 +129,8 @@ class GroupCapacity:
     def taken(self, asked: int, hosts: int, now: float, limits: tuple | None) -> None:
         """The cloud took ``hosts``: the job's value ``asked`` held within ``limits``."""
         self.value = min(asked, hosts)  # held at MaxSize: that is what was set (held at MinSize: as asked)
-        self.asked, self.who, self.refusals, self.made = None, JOB, 0, hosts
+        # A 0 held at MinSize is not a raise of the job's: the group left the job (its MinSize hosts are the group's).
+        self.asked, self.who, self.refusals, self.made = None, JOB, 0, hosts if asked else 0
         self.took = (hosts, now, limits and tuple(limits[:2]), self.shown)
 
     def refused(self, *, proven: bool = False) -> None:

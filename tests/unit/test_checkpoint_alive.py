@@ -99,3 +99,21 @@ def test_an_entry_with_this_host_and_pid_but_another_instance_is_not_this_proces
     assert not read_driver_alive(store).is_this_process()
     write_driver_alive(store, replace(mine, instance=""))
     assert read_driver_alive(store).is_this_process()
+
+
+def test_a_group_whose_zero_the_cloud_took_leaves_the_sign_of_life_at_once(tmp_path: Path) -> None:
+    """Not at the next refresh: a driver killed in between would hand the group on as the job's, and its successor
+    would set it to 0 after an operator had raised it during the successor's wait (review s56 rv11 F2)."""
+    store = CheckpointStore(str(tmp_path))
+    refresher = AliveRefresher(store, "job1", 30.0, interval_s=60.0, clock=lambda: 100.0).start()
+    try:
+        def raised():
+            entry = read_driver_alive(store)
+            return None if entry is None else entry.raised
+
+        refresher.set_raised({"gpu-od": 1})
+        _until(lambda: raised() == (("gpu-od", 1),))
+        refresher.set_raised({})  # the cloud took the job's 0
+        _until(lambda: raised() == (), timeout=5.0)
+    finally:
+        refresher.close(stopped=True)
