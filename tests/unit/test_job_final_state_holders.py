@@ -178,17 +178,31 @@ def test_rank_0_lost_while_waiting_in_a_collective_after_an_early_return_relaunc
     assert len(sim.slots_launched()) > 2  # relaunched: the next round resumes from the checkpoint
 
 
-def test_a_notice_on_a_parked_members_host_lets_it_wait_for_rank_0_and_run_the_rest_of_its_script() -> None:
-    # review s56 rv10 sim_notice.py: rank 1 was told to leave at once, so the code after train() never ran on it.
-    sim = started(2, {"a": 1, "b": 1}, checkpointing=True)
-    r0, r1 = sim.id("a[0]"), sim.id("b[0]")
+def rank1_parked(hosts: dict[str, int] | None, slots: tuple[str, str]) -> Sim:
+    """Ranks 0 and 1 (on ``slots``) at commit ``LAST``, a checkpoint of step 1 stored; rank 1 returns and waits."""
+    sim = started(2, hosts, checkpointing=True)
+    r0, r1 = sim.id(slots[0]), sim.id(slots[1])
     for wid in (r0, r1):
         sim.commits[wid] = LAST
         sim.job.heartbeat(wid, sim.now, LAST, LAST)
+    sim.job.checkpoint_saved(1, 1)
     assert sim.job.completed(r1, sim.now, commit_seq=LAST, steps=LAST) == ("wait", "")
     sim.advance(1)
+    return sim
+
+
+def rank1_parked_with_a_notice_on_its_host() -> Sim:
+    """Rank 0 on host a, rank 1 on host b (:func:`rank1_parked`); then a spot notice for host b, 120 s ahead."""
+    sim = rank1_parked({"a": 1, "b": 1}, ("a[0]", "b[0]"))
     sim.discover({"a": 1}, {"b": Drain(deadline=sim.now + 120, reason="spot interruption")})
     sim.advance(1)
+    return sim
+
+
+def test_a_notice_on_a_parked_members_host_lets_it_wait_for_rank_0_and_run_the_rest_of_its_script() -> None:
+    # review s56 rv10 sim_notice.py: rank 1 was told to leave at once, so the code after train() never ran on it.
+    sim = rank1_parked_with_a_notice_on_its_host()
+    r0, r1 = sim.id("a[0]"), sim.id("b[0]")
     assert sim.job.completion_reply(r1) is None  # it waits for rank 0, as before
     assert sim.job.leaving_checkpoint(r1) == (None, False)
     sim.advance(3)
@@ -228,3 +242,42 @@ def test_whole_hosts_another_host_returned_at_the_last_commit_writes_its_shards_
         sim.exit(slot, CLEAN)
     sim.advance(0.5)
     failed(sim, f"rank 0 was lost after the training loop's last commit (#{LAST}) while others had returned")
+
+
+def test_a_parked_member_on_a_host_with_a_notice_writes_its_commit_at_the_leave_by_time(caplog) -> None:
+    # review s56 rv13 sim_notice_all_deadline.py (F1): rank 1 returned and waited; rank 0 ran a long evaluation; a
+    # notice for their host: rank 1 was never told to leave, both were removed by force and commit 40 was lost.
+    caplog.set_level(logging.INFO)
+    sim = rank1_parked(None, ("a[0]", "a[1]"))
+    r0, r1 = sim.id("a[0]"), sim.id("a[1]")
+    deadline = sim.now + 60
+    sim.discover({}, {"a": Drain(deadline=deadline, reason="spot interruption")})
+    told = None
+    while told is None and sim.now < deadline:
+        sim.advance(0.5)
+        sim.job.heartbeat(r0, sim.now, LAST, LAST)  # rank 0 is still in its evaluation
+        told = sim.job.completion_reply(r1)
+    assert told is not None and told[0] == "leave", told
+    seconds, writer = sim.job.leaving_checkpoint(r1)
+    assert writer and seconds is not None and seconds > 0
+    assert f"{r1} (rank 1) had not left" not in caplog.text  # not removed by force
+
+
+def test_a_parked_member_drained_by_a_notice_writes_the_final_state_when_rank_0_is_lost() -> None:
+    # review s56 rv13 sim_notice_then_kill.py (F2): rank 1, drained by a notice, left as an early return; the job
+    # resumed from the checkpoint of step 1 and succeeded.
+    sim = rank1_parked_with_a_notice_on_its_host()
+    r1 = sim.id("b[0]")
+    launched = len(sim.launched)
+    sim.exit("a[0]", KILLED)
+    sim.advance(0.5)
+    decision, why = sim.job.completion_reply(r1)
+    seconds, writer = sim.job.leaving_checkpoint(r1)
+    assert decision == "leave" and "cannot rejoin" not in why
+    assert writer and seconds is not None and seconds > 0
+    sim.job.checkpoint_saved(LAST, LAST)
+    sim.exit("b[0]", CLEAN)
+    sim.advance(0.5)
+    failed(sim, f"rank 0 was lost after the training loop's last commit (#{LAST}) while others had returned",
+           f"the final state is in the checkpoint (step {LAST})")
+    assert len(sim.launched) == launched  # nothing retrains from the checkpoint of step 1

@@ -377,8 +377,13 @@ class Completion:
         after the last of them returned: the early-return rule's signal, :meth:`check_early_returns`)."""
         job = self._job
         parked = [job.workers[i] for i in sorted(self._parked)]
-        # One sent away meanwhile (a notice on its host, a lost host-mate under --whole-hosts: DRAINING) leaves.
-        holders = [w for w in parked if w.alive and w.state is S.RUNNING and w.holds_state]
+        # One drained by a notice on its host holds it too until its host's leave-by time (then it was sent away
+        # to write it: Leavers.enforce_deadlines); one taken along with a lost host-mate (--whole-hosts) lacks
+        # the mate's shards, and leaves.
+        mates_lost = {w.slot.host for w in job.workers.values()
+                      if job.policy.whole_host_slots and w.round == job.round and not w.alive and not w.returned}
+        holders = [w for w in parked if w.alive and w.holds_state and (
+            w.state is S.RUNNING or (w.state is S.DRAINING and w.slot.host not in mates_lost))]
         if not holders:
             return False
         newest = max(w.commit_seq for w in holders)
@@ -392,7 +397,7 @@ class Completion:
         if any(w.state is S.RUNNING and w.round == job.round for w in survivors):
             return None
         for w in parked:
-            if w.alive and w.state is S.DRAINING:
+            if w.alive and w.state is S.DRAINING and w not in holders:
                 w.to(S.EXITING, w.why)  # told to leave in its completion reply, without writing
         lost = sorted(w.rank for w in job.workers.values()
                       if w.round == job.round and w.rank is not None and not w.alive and not w.returned)

@@ -71,12 +71,12 @@ class FailingEnd:
         return f"{reason}; {self.resumes_from()}"
 
     def _holds_more(self) -> bool:
-        """A live worker at rendezvous or in the round holds a commit newer than the newest checkpoint reported
-        stored (a member's as its heartbeats told it: up to one interval late)."""
+        """A live worker at rendezvous or in the round (a parked member drained by a notice too) holds a commit newer
+        than the newest checkpoint reported stored (a member's as its heartbeats told it: up to one interval late)."""
         newest = self._leavers.newest_checkpoint
         stored = newest[1] if newest is not None else -1
-        return any((w.state is S.WAITING or w.state is S.RUNNING) and w.holds_state and w.commit_seq > stored
-                   for w in self._job.alive())
+        return any((w.state is S.WAITING or w.state is S.RUNNING or (w.returned and w.state is S.DRAINING))
+                   and w.holds_state and w.commit_seq > stored for w in self._job.alive())
 
     def resumes_from(self) -> str:
         """What the same command resumes from, for a job ending at once (no worker left holding a newer commit)."""

@@ -375,7 +375,9 @@ class Leavers:
                 self.send_away(other, why)
 
     def enforce_deadlines(self, now: float) -> None:
-        """A draining host whose workers are still in their round close to its deadline is removed by force."""
+        """A draining host whose workers are still in their round close to its deadline is removed by force. A parked
+        member there (its training function returned; it waits for rank 0's) leaves first, at its host's leave-by
+        time (the hold margins of :meth:`mark` before the deadline), writing the commit it holds."""
         job = self._job
         draining = job.hosts.draining
         if not draining and not self._deadlines:
@@ -387,6 +389,15 @@ class Leavers:
         self._deadlines = {h: seen for h, seen in self._deadlines.items() if h in force_at}
         if not force_at:
             return
+        hold = (HOLD_MARGINS + (CHECKPOINT_MARGINS if job.policy.checkpointing else 0)) * margin
+        for w in job.alive():
+            if w.state is S.DRAINING and w.returned and w.slot.host in force_at and (
+                    wall + hold >= draining[w.slot.host].deadline):
+                # Parked (its training function returned) and still waiting for rank 0's at its host's leave-by
+                # time: it leaves now, writing the commit it holds (rank 0 may never return: see .completion).
+                self.checkpoint_on_leaving(w, draining[w.slot.host].deadline)
+                self.send_away(w, w.why, returned_leaves=True)
+                self.left_round(w, now)
         for w in job.alive():
             if w.state is not S.DRAINING or wall < force_at.get(w.slot.host, wall + 1):
                 continue

@@ -199,7 +199,7 @@ class GracefulStop:
         if out and now < self._release_by:
             return
         self._release_by = None
-        back = sorted((w for w in ours if w.state is S.WAITING or (w.state is S.RUNNING and w.returned)),
+        back = sorted((w for w in ours if w.state is S.WAITING or (w.returned and w.state in (S.RUNNING, S.DRAINING))),
                       key=lambda w: -w.commit_seq)
         newest = max((w.commit_seq for w in back), default=0)
         deadline = self._ending[2] + job.wall_offset if self._ending is not None else None
