@@ -728,3 +728,27 @@ def test_the_heartbeat_carries_the_stacks_signal_and_an_older_workers_carries_no
     assert PollRequest.from_wire(wire).stacks_signal is False
     del wire["stacks_signal"]
     assert PollRequest.from_wire(wire).stacks_signal is None  # an older worker: taken as armed, as before
+
+
+def test_one_outage_of_a_host_whose_workers_wait_outside_any_round_counts_once(caplog) -> None:
+    """Review rv12 n4: a host's three workers, registered but not yet in a round (waiting for the first one, as
+    newcomers and spares wait), and unarmed (a wrapper, Ray, Spark: counted on their silence alone), freeze once
+    together. Each counted on its own ("1 of 3", "2 of 3", then the end) and one outage of one host ended a healthy
+    job; outside a round, workers given up together count once per host."""
+    sim = Sim(4, min_np=4, cooldown=(1.0, 2.0), progress_timeout_s=5, elastic_timeout_s=60)
+    sim.discover({"a": 1, "b": 3})
+    for slot in ("a[0]", "b[0]", "b[1]", "b[2]"):
+        assert sim.job.registered(sim.id(slot), sim.now)
+    host = [sim.id(f"b[{i}]") for i in range(3)]
+    for b in host:
+        sim.job.workers[b].stacks_signal = False
+    sim.silent.update(host)
+    for _ in range(60):
+        sim.advance(0.5)
+        if not any(sim.job.workers[b].alive for b in host):
+            break
+    assert not any(sim.job.workers[b].alive for b in host)
+    for b in host:
+        signalled(sim, b, printed=False)
+    assert sim.outcome is None, sim.outcome
+    assert f"2 of {REPEATS}" not in caplog.text, caplog.text

@@ -214,8 +214,9 @@ class Failures:
         if not leaving and job.phase is not Phase.FINISHING:
             if self.fail(w, what, now, was_member=was_member, transport=False) and w.hung:
                 # Workers given up together (one outage of a host, every member of one stuck round) share the
-                # round they were members of: they count once, however many scans found them.
-                at = (job.commit_high, w.round or w.worker_id)
+                # round they were members of, and workers outside any round (newcomers, the first round's) their
+                # host: they count once, however many scans found them.
+                at = (job.commit_high, w.round or f"host {w.slot.host}")
                 if w.hung != SILENT:
                     self._hung(w, *at)
                 elif not armed:  # its silence for the whole --heartbeat-timeout counts alone (signal_stacks)
