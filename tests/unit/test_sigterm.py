@@ -181,8 +181,8 @@ def test_the_driver_keeps_a_worker_of_a_round_and_drains_its_host() -> None:
     worker = sorted(job.workers)[0]
     _to(job, worker, WorkerState.RUNNING)
     assert _own(p, worker) == {"ok": True, "stay": True}
-    (host, drain, source, soft), = job.notices
-    assert (host, drain.deadline, source, soft) == ("127.0.0.1", 2e9, "sigterm", False)
+    (host, drain, source, soft, watcher), = job.notices
+    assert (host, drain.deadline, source, soft, watcher) == ("127.0.0.1", 2e9, "sigterm", False, worker)
 
 
 def test_the_driver_keeps_a_worker_on_its_way_to_its_first_round_and_drains_its_host() -> None:
@@ -190,8 +190,8 @@ def test_the_driver_keeps_a_worker_on_its_way_to_its_first_round_and_drains_its_
     worker = sorted(job.workers)[0]
     assert job.workers[worker].state is WorkerState.CONNECTED  # registered, not yet at rendezvous
     assert _own(p, worker) == {"ok": True, "stay": True}
-    (host, drain, source, soft), = job.notices
-    assert (host, source, soft) == ("127.0.0.1", "sigterm", False)
+    (host, drain, source, soft, watcher), = job.notices
+    assert (host, source, soft, watcher) == ("127.0.0.1", "sigterm", False, worker)
 
 
 def test_the_driver_keeps_no_worker_it_stops_itself() -> None:
