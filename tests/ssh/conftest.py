@@ -62,11 +62,24 @@ def _client_options(known_hosts: str) -> tuple[str, ...]:
     )
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now, on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(*hosts: str) -> int:
+    """A TCP port nobody uses right now on any of ``hosts`` (127.0.0.1 by default).
+
+    Only a hint: another test's process (a Gloo pair listens on 127.0.0.2 or .3 at an ephemeral port) can take it
+    before sshd binds it, so :func:`start_sshd` checks every address and :func:`start_sshd_on_free_port` retries.
+    """
+    hosts = hosts or ("127.0.0.1",)
+    while True:
+        with socket.socket() as sock:
+            sock.bind((hosts[0], 0))
+            port = sock.getsockname()[1]
+        try:
+            for host in hosts[1:]:
+                with socket.socket() as sock:
+                    sock.bind((host, port))
+        except OSError:
+            continue
+        return port
 
 
 def keygen(path: Path) -> None:
@@ -111,18 +124,33 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _wait_for_banner(proc: subprocess.Popen[bytes], host: str, port: int, log: Path) -> None:
+class PortTaken(Exception):
+    """sshd could not listen on one of its addresses: another process took the port there first."""
+
+
+def _wait_for_banner(proc: subprocess.Popen[bytes], hosts: tuple[str, ...], port: int, log: Path) -> None:
+    """Until sshd greets on every one of ``hosts``: sshd that fails to bind one address still serves the others,
+    and tests would then see "connection refused" from that "host" for the whole session (CI of stop 56)."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
+    pending = list(hosts)
+    while pending and time.monotonic() < deadline:
         if proc.poll() is not None:
+            if f"Bind to port {port} on" in log.read_text():
+                raise PortTaken(log.read_text()[-800:])
             _unavailable(f"sshd exited at start with {proc.returncode}: {log.read_text()[-800:]}")
         try:
-            with socket.create_connection((host, port), timeout=1) as sock:
+            with socket.create_connection((pending[0], port), timeout=1) as sock:
                 if sock.recv(64).startswith(b"SSH-"):
-                    return
+                    pending.pop(0)
+                    continue
         except OSError:
-            time.sleep(0.05)
-    _unavailable(f"sshd did not answer on port {port} within {START_TIMEOUT_S:g}s: {log.read_text()[-800:]}")
+            pass
+        if f"Bind to port {port} on" in log.read_text():
+            raise PortTaken(log.read_text()[-800:])
+        time.sleep(0.05)
+    if pending:
+        _unavailable(f"sshd did not answer on {pending[0]}:{port} within {START_TIMEOUT_S:g}s: "
+                     f"{log.read_text()[-800:]}")
 
 
 def _prerequisites() -> str | None:
@@ -148,11 +176,28 @@ def start_sshd(root: Path, port: int, host_key: Path, hosts: tuple[str, ...], na
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)],
                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for_banner(proc, hosts[0], port, log)
+        _wait_for_banner(proc, hosts, port, log)
     except BaseException:
         stop_sshd(proc)
         raise
     return proc
+
+
+def start_sshd_on_free_port(root: Path, host_key: Path, hosts: tuple[str, ...], name: str = "sshd",
+                            max_startups: str = "200", tries: int = 5) -> tuple[subprocess.Popen[bytes], int]:
+    """:func:`start_sshd` on a port free on every one of ``hosts``, another port while one was taken meanwhile."""
+    for _ in range(tries - 1):
+        port = free_port(*hosts)
+        try:
+            return start_sshd(root, port, host_key, hosts, name=f"{name}-{port}", max_startups=max_startups), port
+        except PortTaken:
+            continue
+    port = free_port(*hosts)
+    try:
+        return start_sshd(root, port, host_key, hosts, name=f"{name}-{port}", max_startups=max_startups), port
+    except PortTaken as exc:
+        _unavailable(f"sshd found its port taken on one of {hosts} {tries} times: {exc}")
+        raise
 
 
 def stop_sshd(proc: subprocess.Popen[bytes]) -> None:
@@ -171,11 +216,10 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
     for name in ("host_ed25519", "id_ed25519", "stranger_ed25519"):
         keygen(root / name)
     (root / "authorized_keys").write_text((root / "id_ed25519.pub").read_text())
-    port = free_port()
+    proc, port = start_sshd_on_free_port(root, root / "host_ed25519", (*HOSTS, REFUSING_HOST))
     host_key = (root / "host_ed25519.pub").read_text().split()[:2]
     known_hosts = root / "known_hosts"
     known_hosts.write_text(",".join(f"[{h}]:{port}" for h in (*HOSTS, REFUSING_HOST)) + " " + " ".join(host_key) + "\n")
-    proc = start_sshd(root, port, root / "host_ed25519", (*HOSTS, REFUSING_HOST))
     try:
         config = SSHConfig(port=port, identity_file=str(root / "id_ed25519"), user=getpass.getuser(),
                            extra_options=_client_options(str(known_hosts)), connect_timeout_s=5)
@@ -211,7 +255,7 @@ class RecycledAddress:
 @pytest.fixture
 def recycled_address(sshd, tmp_path) -> Iterator[RecycledAddress]:
     """An sshd of its own on RECYCLED_ADDRESS, restartable with another host key; stopped at the end."""
-    recycled = RecycledAddress(sshd.root, free_port(), tmp_path)
+    recycled = RecycledAddress(sshd.root, free_port(RECYCLED_ADDRESS), tmp_path)
     yield recycled
     recycled.stop()
 

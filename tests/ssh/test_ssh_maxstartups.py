@@ -19,7 +19,7 @@ import pytest
 
 from cloud_elastic.config import SSHConfig
 from cloud_elastic.driver.launch.ssh import SSHLauncher
-from conftest import free_port, start_sshd, stop_sshd
+from conftest import start_sshd_on_free_port, stop_sshd
 from ssh_support import start, wait_exit, wait_until
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(60)]
@@ -31,9 +31,8 @@ MAX_STARTUPS = 3
 @pytest.fixture
 def crowded(sshd, tmp_path) -> Iterator[tuple[SSHConfig, int]]:
     """The session's keys behind an sshd that admits 3 connections in set-up at once; (config, port)."""
-    port = free_port()
-    proc = start_sshd(sshd.root, port, sshd.root / "host_ed25519", (CROWDED,), name=f"crowded-{port}",
-                      max_startups=f"{MAX_STARTUPS}:100:{MAX_STARTUPS}")
+    proc, port = start_sshd_on_free_port(sshd.root, sshd.root / "host_ed25519", (CROWDED,), name="crowded",
+                                         max_startups=f"{MAX_STARTUPS}:100:{MAX_STARTUPS}")
     known_hosts = tmp_path / "known_hosts"
     host_key = (sshd.root / "host_ed25519.pub").read_text().split()[:2]
     known_hosts.write_text(f"[{CROWDED}]:{port} {' '.join(host_key)}\n")

@@ -8,31 +8,53 @@
 from __future__ import annotations
 
 import multiprocessing
-import socket
+import queue
 from typing import Any, Callable
 
 
 def run_pair(member: Callable[[int], dict]) -> dict:
-    """``{rank: results}`` of both members; fails (bounded by the queue's timeout) if either crashed."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    """``{rank: results}`` of both members; fails (bounded by the queue's timeout) if either crashed.
+
+    Rank 0's store listens on a port the kernel picks and rank 1 is told it: a port picked free here and bound in
+    the child could be taken meanwhile by another test's process (CI of stop 56: both waited 90 s for nothing).
+    """
     ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
+    out, port = ctx.Queue(), ctx.Queue()
     procs = [ctx.Process(target=_serve, args=(member, rank, port, out)) for rank in (0, 1)]
     for p in procs:
         p.start()
-    got = dict(out.get(timeout=90) for _ in procs)
-    for p in procs:
-        p.join(30)
-    assert "crashed" not in got[0] and "crashed" not in got[1], got
+    got: dict = {}
+    try:
+        while len(got) < len(procs):  # a crash ends the wait: its peer may wait in torch for a long time
+            rank, value = out.get(timeout=5 if any("crashed" in v for v in got.values()) else 90)
+            got[rank] = value
+    except queue.Empty:
+        silent = sorted({0, 1} - set(got))
+        assert any("crashed" in v for v in got.values()), f"no answer within 90 s from ranks {silent}"
+    finally:
+        for p in procs:
+            p.join(30 if len(got) == len(procs) else 0.1)
+            if p.is_alive():
+                p.kill()
+    assert all("crashed" not in v for v in got.values()), got
     return got
 
 
-def _serve(member: Callable[[int], dict], rank: int, port: int, out: Any) -> None:
-    import torch.distributed as dist
+def _serve(member: Callable[[int], dict], rank: int, port: Any, out: Any) -> None:
+    try:
+        import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+        if rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+            port.put(store.port)
+        else:
+            store = dist.TCPStore("127.0.0.1", port.get(timeout=60), 2, is_master=False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    except BaseException as exc:  # the parent reports it instead of waiting
+        out.put((rank, {"crashed": f"set-up: {exc!r}"}))
+        if rank == 0:
+            port.put(0)  # rank 1 must not wait for a port that never comes
+        return
     try:
         out.put((rank, member(rank)))
     except BaseException as exc:  # the parent reports it instead of waiting
