@@ -113,10 +113,13 @@ class NextRounds:
         running = [w for w in members if w.state is S.RUNNING]
         if not running or not newcomers:
             return False
-        # Every running member holds the same commit at the commit that switches rounds; the newest one reported
-        # now may be a step ahead on one of them, which must not move rank 0.
+        # Every running member holds the same commit at the commit that switches rounds. What their heartbeats told
+        # so far lags by up to a heartbeat: the newest commit may be a step ahead on one of them, or rank 0's first
+        # commit not told yet while rank 1's was (seen under load); neither may move rank 0, so the survivors keep
+        # their order. The round checks the plan against what they report at rendezvous (``formation._plan_fits``).
         seq = max(w.commit_seq for w in running)
-        candidates = [Candidate(w.worker_id, w.slot.host, w.slot.index, w.rank, w.holds_state,
+        held = any(w.holds_state for w in running)
+        candidates = [Candidate(w.worker_id, w.slot.host, w.slot.index, w.rank, held,
                                 (job.hosts.order_of(w.slot.host), w.slot.index, w.seq), seq) for w in running]
         candidates += [Candidate(w.worker_id, w.slot.host, w.slot.index, None, w.holds_state,
                                  (job.hosts.order_of(w.slot.host), w.slot.index, w.seq), w.commit_seq)
