@@ -9,8 +9,9 @@ arguments it runs these pytest processes:
 - ``fast``: the tests that start no job (unit, contract, emulator, terraform, kubernetes) over
   ``CLOUD_ELASTIC_TEST_WORKERS`` xdist workers (default 3), a module's tests one after
   another on one worker;
-- ``clusters``: tests/ray and tests/spark, one test at a time (a local Ray cluster or
-  Spark session per module), started when ``fast`` has ended.
+- ``ray`` and ``spark``: tests/ray and tests/spark, each one test at a time (a local Ray
+  cluster or Spark session), both started when ``fast`` has ended, side by side: most of
+  their time is spent waiting on their clusters' daemons, not on the CPU.
 
 Each lane is plain pytest with the project's configuration, so every test keeps its
 pytest-timeout bound. Every lane's output is shown as it comes, each line prefixed
@@ -89,15 +90,15 @@ def lanes(fast_workers: int = 3, job_workers: int = 4) -> list[Lane]:
 
     The job tests mostly wait (on step sleeps, grace periods, timeouts), so several run at once and
     take the whole run's time. The fast tests are CPU-bound: they share the two cores with the jobs,
-    and only then do Ray and Spark start, one test at a time: a local Ray cluster or Spark session
-    per module is heavy, and slows down threefold when it competes with the fast lane.
+    and only then do Ray and Spark start, one test at a time each: a local Ray cluster or Spark session
+    is heavy, and slows down threefold when it competes with the fast lane. Ray's and Spark's lanes run
+    side by side: one after the other, they were the run's last four minutes with a core mostly idle.
     """
     # The files with the longest serial runs first (terraform's CLI tests and checkov: minutes in a few files, each
     # on one worker under loadfile), so that they overlap the many short unit files instead of ending the lane.
     fast = ("tests/terraform", "tests/contract", "tests/unit", "tests/emulator", "tests/kubernetes",
             *(f"--ignore={f}" for f in JOB_FILES))
     jobs = ("tests/integration", "tests/chaos", "tests/ssh", *JOB_FILES)
-    clusters = ("tests/ray", "tests/spark")
     # worksteal: a job test goes to whichever worker is free, so the run does not end on one worker still
     # going through a long module. loadfile: a fast module stays on one worker, its fixtures set up once.
     # tests/lane_order.py: each job worker starts with its share of the longest tests (worksteal only).
@@ -105,7 +106,8 @@ def lanes(fast_workers: int = 3, job_workers: int = 4) -> list[Lane]:
     fast_order = ("-p", "tests.lane_order") if fast_workers > 1 else ()  # the longest files first
     return [Lane("jobs", jobs, (*_xdist(job_workers, "worksteal"), *order)),
             Lane("fast", fast, (*_xdist(fast_workers, "loadfile"), *fast_order)),
-            Lane("clusters", clusters, after="fast")]
+            Lane("ray", ("tests/ray",), after="fast"),
+            Lane("spark", ("tests/spark",), after="fast")]
 
 
 def picks_tests(args: list[str]) -> bool:
