@@ -32,10 +32,27 @@ def need_sshd() -> None:
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
 
 
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
+def free_port(*addresses: str) -> int:
+    """A TCP port nobody uses right now on any of ``addresses`` (127.0.0.1 by default).
+
+    Only a hint: another test's process (a Gloo pair listens on 127.0.0.x at an ephemeral port) can take it before
+    sshd binds it, so :meth:`Pod.start` says so (:class:`PortTaken`) and :func:`start_on_one_port` retries."""
+    addresses = addresses or ("127.0.0.1",)
+    while True:
+        with socket.socket() as s:
+            s.bind((addresses[0], 0))
+            port = s.getsockname()[1]
+        try:
+            for address in addresses[1:]:
+                with socket.socket() as s:
+                    s.bind((address, port))
+        except OSError:
+            continue
+        return port
+
+
+class PortTaken(Exception):
+    """A pod's sshd could not listen: another process took its port on its address first."""
 
 
 def listening(port: int, address: str = "127.0.0.1") -> bool:
@@ -61,7 +78,7 @@ class Pod:
         """``key``: the driver's private key (made here when None; its ``.pub`` beside it is the
         authorized key). ``address``: where sshd listens (the pod IP)."""
         self.tmp, self.address = tmp, address
-        self.port = port or free_port(address)
+        self._own_port = port is None  # start() may move to another port while one it picked was taken
         self.key = key or tmp / "id_ed25519"
         tmp.mkdir(parents=True, exist_ok=True)
         for made in ([] if key else [self.key]) + [tmp / "stranger"]:
@@ -69,17 +86,36 @@ class Pod:
         (tmp / "secret").mkdir()
         (tmp / "secret" / "authorized_keys").write_text(self.key.with_suffix(".pub").read_text())
         self.log = tmp / "sshd.log"
-        self.env = {**env, "CLOUD_ELASTIC_SSHD_PORT": str(self.port), "CLOUD_ELASTIC_SSHD_LISTEN": address,
+        self.env = {**env, "CLOUD_ELASTIC_SSHD_LISTEN": address,
                     "CLOUD_ELASTIC_AUTHORIZED_KEYS": str(tmp / "secret" / "authorized_keys"),
                     "CLOUD_ELASTIC_SSHD_DIR": str(tmp / "run")}
+        self.use_port(port or free_port(address))
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Pod":
+    def use_port(self, port: int) -> None:
+        """Listen on ``port`` from the next :meth:`start` on."""
+        self.port = port
+        self.env["CLOUD_ELASTIC_SSHD_PORT"] = str(port)
+
+    def start(self, tries: int = 5) -> "Pod":
+        """Start the script and wait until it is ready. Raises :class:`PortTaken` when sshd found the port taken
+        (another port, ``tries`` times in all, when the port was picked here)."""
+        for _ in range(tries - 1 if self._own_port else 0):
+            try:
+                return self._start()
+            except PortTaken:
+                self.use_port(free_port(self.address))
+        return self._start()
+
+    def _start(self) -> "Pod":
+        self.ready = self.tmp / "run" / "ready"
+        self.ready.unlink(missing_ok=True)  # a killed earlier start's: the script removes it only once it runs
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(["/bin/sh", str(SCRIPT)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
-        self.ready = self.tmp / "run" / "ready"
         wait_for(lambda: self.ready.exists() or self.proc.poll() is not None, 15, "the pod is ready")
+        if self.proc.poll() is not None and f"Bind to port {self.port} on {self.address} failed" in self.log.read_text():
+            raise PortTaken(self.log.read_text()[-800:])
         assert self.proc.poll() is None, f"start-sshd.sh exited {self.proc.returncode}: {self.log.read_text()}"
         assert listening(self.port, self.address), "ready before sshd listens"
         return self
@@ -101,3 +137,23 @@ class Pod:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+
+
+def start_on_one_port(pods: list[Pod], tries: int = 5) -> int:
+    """Start ``pods`` all on one port, free on each one's address (as in a cluster, where every pod listens on
+    the same port); another port, ``tries`` times in all, while one found it taken. Returns the port."""
+    for _ in range(tries - 1):
+        try:
+            return _start_all(pods)
+        except PortTaken:
+            for pod in pods:
+                pod.stop()
+    return _start_all(pods)
+
+
+def _start_all(pods: list[Pod]) -> int:
+    port = free_port(*(pod.address for pod in pods))
+    for pod in pods:
+        pod.use_port(port)
+        pod.start(tries=1)
+    return port

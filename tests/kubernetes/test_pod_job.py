@@ -30,7 +30,7 @@ from tests.emulator.fake_kubernetes import kubernetes, kubernetes_server  # noqa
 from tests.integration.harness import Job, probe_cmd
 
 from .manifests import DEPLOY, driver_job, flag, render, resolved_args
-from .pods import Pod, free_port, need_sshd
+from .pods import Pod, need_sshd, start_on_one_port
 
 pytestmark = [pytest.mark.emulator, pytest.mark.ssh, pytest.mark.timeout(180)]
 
@@ -49,13 +49,13 @@ def start_pods(fake, tmp: Path, net: int, namespace: str) -> tuple[Path, int, di
     need_sshd()
     key = tmp / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    port, labels = free_port(f"127.0.{net}.1"), {"app": "cloud-elastic-worker"}
+    labels = {"app": "cloud-elastic-worker"}
     pods = {}
     for i, name in enumerate(("p0", "p1"), start=1):
         fake.add_pod(name, f"10.91.{net}.{i}", namespace=namespace, node=f"node-{i}", labels=labels,
                      created=float(i))
-        pods[name] = Pod(tmp / name, dict(os.environ), key=key, port=port, address=f"127.0.{net}.{i}").start()
-    return key, port, pods
+        pods[name] = Pod(tmp / name, dict(os.environ), key=key, address=f"127.0.{net}.{i}")
+    return key, start_on_one_port(list(pods.values())), pods
 
 
 def driver_args(kubectl: str, fake, key: Path, port: int, events: Path) -> list[str]:
