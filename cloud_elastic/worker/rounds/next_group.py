@@ -17,7 +17,9 @@ take this group instead of forming one. The group is retired (abandoned and
 reclaimed by the :class:`~.reclaim.Reaper`, so no thread or descriptor stays)
 when the driver stops offering the plan before its round formed (it dropped
 it, or the job is finishing), when a round forms without it, when a restarted
-driver adopts this worker, when the worker is sent away, and at exit. A plan
+driver adopts this worker, when the worker is sent away (unless the driver formed
+the plan's round already: the worker leaves at that round's first commit, and
+its peers' sync needs it there), and at exit. A plan
 whose group cannot be formed is reported as such: the driver drops it and the
 round changes as usual.
 
@@ -109,8 +111,16 @@ class NextGroupMixin:
                     and not (round_now == info.round and round_plan == info.planned)):
                 self.__dict__["_gone_plan"] = info.planned  # its collectives fail now: see _plan_given_up
         pending = self.__dict__.get("_next_pending")
-        if getattr(self, "sent_away", None) is not None or getattr(self, "dismissed", False):
-            self._drop_next("the worker is sent away")  # its rounds are over: no plan of it forms
+        if getattr(self, "dismissed", False):
+            self._drop_next("the worker is dismissed")  # its rounds are over: no plan of it forms
+            return
+        if getattr(self, "sent_away", None) is not None:
+            # It leaves at its next commit: no plan of it forms, except one whose round the driver formed already.
+            # That round is this worker's until that commit, and its peers' first collective waits for it there
+            # (a drain noticed between the round's forming and this worker's switch dropped the group: the round
+            # was aborted, and its survivors synced again and reported a rollback).
+            if pending is None or not (round_now == pending.offer.round and round_plan == pending.offer.plan):
+                self._drop_next("the worker is sent away")
             return
         if offer is not None:
             if pending is None or pending.offer.plan != offer.plan:
