@@ -372,8 +372,11 @@ def drain(job: str, target: str) -> int:
     replacement when discovery offers one; a drained host gets no new worker
     until it leaves discovery (with a fixed -H list: for the rest of the job),
     unlike a cloud's notice, which lapses when the cloud keeps the host. The
-    reply warns when the drain leaves fewer ready slots than --min-np: the job
-    then waits for more, up to --elastic-timeout. Signed like 'status': only
+    reply warns when the drain leaves fewer ready slots than --min-np, and says
+    what the job does: with discovery it waits for more, up to
+    --elastic-timeout; with a fixed -H list it waits for slots cooling down or
+    on a host with a notice, up to --elastic-timeout, and ends once the drained
+    workers have left if even those are too few. Signed like 'status': only
     the user who started the job can ask.
     """
     from cloud_elastic import status as st

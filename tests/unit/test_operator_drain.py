@@ -71,8 +71,9 @@ def test_on_a_fixed_host_list_the_reply_says_the_job_ends_and_it_does():
     sim = started(3, {"a": 2, "b": 1}, min_np=3, elastic_timeout_s=300, hosts_fixed=True)
     done, message = sim.job.drain("b", None, sim.now)
     assert done
-    assert message.endswith("; WARNING: that leaves 2 ready slot(s), below --min-np 3, and a fixed -H list cannot "
-                            "grow: the job ends now (its newest commit written first with --checkpoint-dir)")
+    assert message.endswith("; WARNING: that leaves 2 slot(s), below --min-np 3, and a fixed -H list cannot "
+                            "grow: the job ends once its workers have left (its newest commit written first with "
+                            "--checkpoint-dir)")
     _leave_at_commit(sim, ("a[0]", "a[1]"), "b")
     sim.advance(5)
     sim.discover({"a": 2, "b": 1})
@@ -94,3 +95,35 @@ def test_a_cloud_notice_on_a_drained_host_lapses_but_the_drain_stays():
     hosts.update(DiscoveredHosts(ready={"a": 1}), NOW + 1001)
     hosts.update(both, NOW + 1002)
     assert hosts.available_slots(NOW + 1002) == [Slot("a", 0), Slot("b", 0)]
+
+
+def test_on_a_fixed_host_list_a_slot_cooling_down_is_waited_for_as_the_reply_says():
+    """The rule that ends a fixed list's job counts a slot cooling down (it serves again), and so does the reply.
+
+    Before: c[0] crashed once (cooldown 60 s), then b was drained: the reply counted only the slots ready now
+    ("leaves 1 ready slot(s) ... the job ends now") while the job waited for c[0] and went on there."""
+    sim = started(2, {"a": 1, "b": 1, "c": 1}, min_np=2, cooldown=(60.0, 60.0), elastic_timeout_s=300,
+                  hosts_fixed=True)
+    assert sorted(str(w.slot) for w in sim.job.members()) == ["a[0]", "b[0]"]
+    sim.advance(1)
+    sim.exit("b[0]")  # a crash: b[0] cools down for 60 s; c[0] takes its place
+    sim.join("a[0]", reason="failure")
+    sim.join("c[0]")
+    assert sorted(str(w.slot) for w in sim.job.members()) == ["a[0]", "c[0]"]
+    done, message = sim.job.drain("c", None, sim.now)
+    assert done
+    assert message.endswith("; WARNING: that leaves 1 ready slot(s), below --min-np 2, and 1 more cooling down "
+                            "after a failure or on a host with a notice: the job waits for them up to "
+                            "--elastic-timeout (300s), then fails")
+    _leave_at_commit(sim, ("a[0]",), "c")
+    sim.advance(5)
+    assert sim.outcome is None
+    for _ in range(14):
+        sim.advance(5)
+    assert sim.outcome is None and sim.slots_launched().count("b[0]") == 2, sim.slots_launched()
+
+
+def test_a_drain_that_leaves_enough_ready_slots_says_nothing_more():
+    sim = started(2, {"a": 1, "b": 1, "c": 1}, min_np=2, hosts_fixed=True)
+    done, message = sim.job.drain("b", None, sim.now)
+    assert done and "WARNING" not in message

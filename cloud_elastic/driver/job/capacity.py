@@ -33,17 +33,18 @@ line every :data:`PROGRESS_EVERY_S` saying how long it has lasted.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 from cloud_elastic.driver.job.actions import Launch, Phase
-from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.hosts import HostManager, Slot
 from cloud_elastic.driver.job.plan import whole_host_groups
 from cloud_elastic.driver.job.sourcing import Sourcing
 from cloud_elastic.driver.job.spares import doubtful, launch_room
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
-__all__ = ["Capacity", "PROGRESS_EVERY_S", "whole_hosts"]
+__all__ = ["Capacity", "PROGRESS_EVERY_S", "SlotsLeft", "slots_left", "whole_hosts"]
 
 log = logging.getLogger(__name__)
 
@@ -209,38 +210,30 @@ class Capacity:
         self._slots.update(hosts.ready)
         self._slots.update((host, slots) for host, (slots, _) in hosts.missing.items())
 
+    def fixed_slots_left(self) -> SlotsLeft | None:
+        """The slots a fixed host list may still use (:func:`slots_left`, over the slots last seen of each host);
+        None when a host's slots are unknown. Both the ``min_np`` watch and the hand drain's reply read it."""
+        if self._job.hosts.version != self._slots_version:
+            self._remember_slots()
+        return slots_left(self._job.hosts, self._slots, self._job.policy.whole_host_slots)
+
     def _never_enough(self, counted: int) -> bool:
         """A fixed host list (``Policy.hosts_fixed``) with fewer slots than ``min_np`` left once those blacklisted
-        for the rest of the job and the hosts an operator drained (``hosts.held``) are set aside: no round can
-        form again, so the job ends now through the failing end (its newest commit checkpointed first) instead of
-        waiting for hosts that never come. A host draining for a notice (a SIGTERM, a spot or rebalance notice)
-        or missing still counts: its notice may lapse, and it may be listed again."""
+        for the rest of the job and the hosts an operator drained (``hosts.held``) are set aside
+        (:func:`slots_left`): no round can form again, so the job ends now through the failing end (its newest
+        commit checkpointed first) instead of waiting for hosts that never come."""
         job, policy = self._job, self._job.policy
-        hosts, whole = job.hosts, policy.whole_host_slots
-        blacklist = hosts.blacklist
-        left, blocked = 0, []
-        for host in [*hosts.ready, *hosts.draining, *hosts.missing]:
-            if host in hosts.held:
-                continue
-            slots = self._slots.get(host)
-            if slots is None:
-                return False  # a host never seen ready: its slots are unknown, so nothing is certain
-            gone = [Slot(host, i) for i in range(slots) if blacklist.for_good(Slot(host, i))]
-            blocked += gone
-            if whole:  # under --whole-hosts a host counts whole or not at all
-                left += whole if slots >= whole and not any(s.index < whole for s in gone) else 0
-            else:
-                left += slots - len(gone)
-        held = list(hosts.held)
-        if (not blocked and not held) or left >= policy.min_np:
+        found = self.fixed_slots_left()
+        if found is None or found.certain(policy.min_np):
             return False
+        blocked, held = found.blocked, found.held
         named = ", ".join(str(s) for s in blocked[:8]) + (f" and {len(blocked) - 8} more" if len(blocked) > 8 else "")
         why = [f"{named} blacklisted for the rest of the job"] if blocked else []
         if held:
             why.append(f"host(s) {', '.join(held[:8])}{f' and {len(held) - 8} more' if len(held) > 8 else ''} "
                        "drained by an operator")
         last = f"; last failure: {job.last_failure}" if job.last_failure else ""
-        job.end(False, f"{counted} worker(s) ready and {left} slot(s) left for --min-np {policy.min_np}: "
+        job.end(False, f"{counted} worker(s) ready and {found.left} slot(s) left for --min-np {policy.min_np}: "
                        f"{', '.join(why)}, and a fixed host list never grows{last}", 1)
         return True
 
@@ -262,6 +255,46 @@ class Capacity:
             self._waits[key] = (since, now)
             log.info("job %s: %s (waiting for %.0fs)", self._job.job_id, what, now - since)
 
+
+
+@dataclass(frozen=True)
+class SlotsLeft:
+    """What a fixed host list may still offer a round (:func:`slots_left`)."""
+
+    #: Slots of hosts ready, draining for a notice (which may lapse) or missing (which may be listed again),
+    #: cooling down or not, less those blacklisted for the rest of the job and the hosts an operator drained.
+    left: int
+    #: Slots blacklisted for the rest of the job.
+    blocked: tuple[Slot, ...] = ()
+    #: Hosts an operator drained (``cloud-elastic drain``): never usable again on a fixed list.
+    held: tuple[str, ...] = ()
+
+    def certain(self, min_np: int) -> bool:
+        """Whether a round of ``min_np`` may still form (False: the fixed list's job cannot go on)."""
+        return (not self.blocked and not self.held) or self.left >= min_np
+
+
+def slots_left(hosts: HostManager, known: Mapping[str, int], whole: int = 0) -> SlotsLeft | None:
+    """The slots a fixed host list may still use, its hosts' slot counts taken from ``known`` (host -> slots, as
+    last seen ready or missing: a draining host's are no longer in ``hosts.ready``); None when a host's count is
+    unknown (nothing is then certain). Under ``--whole-hosts`` (``whole`` slots) a host counts whole or not at
+    all. A slot cooling down, a host with a soft notice and one draining for a notice all count: each may serve
+    again. Pure: it reads ``hosts`` and ``known`` only."""
+    blacklist = hosts.blacklist
+    left, blocked = 0, []
+    for host in [*hosts.ready, *hosts.draining, *hosts.missing]:
+        if host in hosts.held:
+            continue
+        slots = known.get(host)
+        if slots is None:
+            return None
+        gone = [Slot(host, i) for i in range(slots) if blacklist.for_good(Slot(host, i))]
+        blocked += gone
+        if whole:
+            left += whole if slots >= whole and not any(s.index < whole for s in gone) else 0
+        else:
+            left += slots - len(gone)
+    return SlotsLeft(left, tuple(blocked), tuple(hosts.held))
 
 
 def whole_hosts(free: list, slots: int) -> list:

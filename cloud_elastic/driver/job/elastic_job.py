@@ -102,7 +102,7 @@ class ElasticJob(JobState):
         self.completion = Completion(self, self.rounds.rank0, self.leavers.take_host_along)
         self.adoption = Adoption(self, self.capacity.seen, self.rounds.adopt_round, self.completion.completed)
         self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along, self.fixed.failed)
-        self.health = Health(self, self.leavers)
+        self.health = Health(self, self.leavers, self.capacity.fixed_slots_left)
         self.discovery = DiscoveryEdge(self, self.leavers.lapsed, self.leavers.send_away)
         self.stopping = GracefulStop(self, self.leavers, self.rounds, self._finish)
         self.failing = FailingEnd(self, self.stopping, self.leavers)

@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import logging
 import statistics
+from typing import Callable
 
 from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.capacity import SlotsLeft
 from cloud_elastic.driver.job.hosts import Slot, blocked_for, blocked_s
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.links import LinkWatch, SlowHost, faster_without_host
@@ -111,9 +113,13 @@ def _rounded(share: float | None) -> float | None:
 class Health:
     """Stragglers, hand drains and failed self-tests, for one job (see module docstring)."""
 
-    def __init__(self, job: JobView, leavers: Leavers) -> None:
+    def __init__(self, job: JobView, leavers: Leavers,
+                 slots_left: Callable[[], SlotsLeft | None] | None = None) -> None:
         self._job = job
         self._leavers = leavers
+        #: What a fixed host list may still offer (:meth:`.capacity.Capacity.fixed_slots_left`): the hand drain's
+        #: reply says the job ends by the same count that ends it.
+        self._slots_left = slots_left
         self._slow_since: dict[str, float] = {}  # worker id -> running time it was first seen slow
         self._kept: set[str] = set()  # slow workers (and slow-link hosts) already said to be kept
         self._next_scan = 0.0
@@ -272,16 +278,27 @@ class Health:
                       f"{blocked_for(delay)}")
 
     def _below_min_np(self, now: float) -> str:
-        """The hand drain's warning when it leaves fewer ready slots than ``--min-np`` (else ""): the job waits."""
+        """The hand drain's warning when it leaves fewer ready slots than ``--min-np`` (else ""): what the job does
+        then. A fixed list ends only when the slots it may still use (:func:`~.capacity.slots_left`, the rule
+        :meth:`.capacity.Capacity.check` ends it by) are fewer; slots cooling down or on a host with a notice may
+        serve again, and the job waits for them. A job with discovery waits for more."""
         policy = self._job.policy
         ready = len(self._job.hosts.available_slots(now))
         if ready >= policy.min_np:
             return ""
+        wait = f"up to --elastic-timeout ({policy.elastic_timeout_s:g}s), then fails"
         if policy.hosts_fixed:  # a drained host of a fixed list never comes back (driver.job.capacity)
-            return (f"; WARNING: that leaves {ready} ready slot(s), below --min-np {policy.min_np}, and a fixed -H "
-                    f"list cannot grow: the job ends now (its newest commit written first with --checkpoint-dir)")
+            found = self._slots_left() if self._slots_left is not None else None
+            if found is not None and not found.certain(policy.min_np):
+                return (f"; WARNING: that leaves {found.left} slot(s), below --min-np {policy.min_np}, and a fixed -H "
+                        f"list cannot grow: the job ends once its workers have left (its newest commit written "
+                        f"first with --checkpoint-dir)")
+            if found is not None and found.left > ready:
+                return (f"; WARNING: that leaves {ready} ready slot(s), below --min-np {policy.min_np}, and "
+                        f"{found.left - ready} more cooling down after a failure or on a host with a notice: the "
+                        f"job waits for them {wait}")
         return (f"; WARNING: that leaves {ready} ready slot(s), below --min-np {policy.min_np}: the job waits for "
-                f"more up to --elastic-timeout ({policy.elastic_timeout_s:g}s), then fails")
+                f"more {wait}")
 
     # ------------------------------------------------------- sick newcomers
     def unhealthy(self, w: WorkerRecord, reason: str, now: float) -> None:
