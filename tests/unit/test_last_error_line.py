@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from cloud_elastic.config import JobConfig
-from cloud_elastic.driver.job.exit_status import LAST_ERROR_WINDOW_S, ExitStatus, LastErrors
+from cloud_elastic.driver.job.exit_status import ERROR_SCAN_CHARS, LAST_ERROR_WINDOW_S, ExitStatus, LastErrors
 from cloud_elastic.driver.runtime.processes import WorkerProcesses
 from tests.unit.test_job import Sim
 from tests.unit.test_unreachable_driver import LINE, _Launcher
@@ -62,6 +62,35 @@ def test_a_crash_is_named_with_the_error_line_printed_just_before(code: int) -> 
                               "instance of 'gloo::EnforceNotMet'" and said == ""
 
 
+@pytest.mark.parametrize("code", [128 + 9, 128 + 15])
+def test_a_kill_from_outside_under_a_shell_wrapper_is_never_named_with_a_line(code: int) -> None:
+    """rvA s4: ``bash run.sh`` whose python was SIGKILLed 0.1 s after a handled error exits 137; it was named
+    "exited with code 137 after printing: ValueError: ...", the error a bare script's -9 never is."""
+    last = LastErrors(_Clock())
+    last.offer("w", HANDLED)
+    assert last.attach("w", ExitStatus(code))[0].describe == f"exited with code {code}"
+
+
+@pytest.mark.parametrize("code", [128 + 6, 128 + 11])
+def test_a_crash_under_a_shell_wrapper_is_named_like_a_crash(code: int) -> None:
+    """A wrapper's 128 + SIGABRT is the crash a bare -6 is: named with its line even if the worker reported."""
+    last = LastErrors(_Clock())
+    last.offer("w", "terminate called after throwing an instance of 'gloo::EnforceNotMet'")
+    assert last.attach("w", ExitStatus(code), reported=True)[0].last_error.startswith("terminate called")
+
+
+def test_the_line_and_the_repeat_count_read_a_death_signal_by_one_rule() -> None:
+    """exit_status.LastErrors and repeats.own_failure agree on every code: a line is attached to an unreported
+    exit exactly when it counts as the script's own failure."""
+    from cloud_elastic.driver.job.repeats import own_failure
+
+    for code in [*range(-16, 0), *range(1, 256)]:
+        last = LastErrors(_Clock())
+        last.offer("w", HANDLED)
+        attached = bool(last.attach("w", ExitStatus(code))[0].last_error)
+        assert attached == own_failure("", code, False), code
+
+
 def test_a_non_zero_exit_is_named_with_the_line_only_when_the_worker_reported_no_error() -> None:
     last = LastErrors(_Clock())
     last.offer("w", "RuntimeError: CUDA driver initialization failed")
@@ -71,6 +100,25 @@ def test_a_non_zero_exit_is_named_with_the_line_only_when_the_worker_reported_no
     assert last.attach("w", ExitStatus(1), reported=True)[0].describe == "exited with code 1"  # its report names it
     last.offer("w", "RuntimeError: x")
     assert last.attach("w", ExitStatus(0))[0].describe == "exited with code 0"
+
+
+def _taken(line: str) -> str:
+    last = LastErrors(_Clock())
+    last.offer("w", line)
+    return last.attach("w", ExitStatus(-6))[0].last_error
+
+
+def test_only_a_lines_first_characters_are_read_for_an_error() -> None:
+    """rvA s3: the pattern, run on every output line, backtracked quadratically on a long line of ``Error.``
+    tokens without a colon (64 KB: 1.5 s with the driver's GIL held). Now it reads a bounded head only: what
+    makes a line an error must lie within ERROR_SCAN_CHARS, however long the line."""
+    assert _taken("ValueError: x" + "y" * 100_000) == ("ValueError: x" + "y" * 100_000)[:300]
+    dotted = "a." * 90 + "ValueError" + " (detail)" * 10 + ": x"  # a long qualified name, a colon further on
+    assert _taken(dotted) == dotted[:300]
+    assert _taken("Error." * 11_000) == ""  # the review's hostile line
+    assert _taken("Error." * (ERROR_SCAN_CHARS // 6 + 1) + ": x") == ""  # its colon past the head: not read
+    assert _taken(" " * ERROR_SCAN_CHARS + "ValueError: x") == ""
+    assert _taken(" " * (ERROR_SCAN_CHARS - 20) + "ValueError: x") == "ValueError: x"
 
 
 def _end_line(code: int) -> str:

@@ -13,14 +13,20 @@ import signal
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from cloud_elastic.driver.job.repeats import CRASH_SIGNALS
+from cloud_elastic.driver.job.repeats import CRASH_SIGNALS, death_signal
 from cloud_elastic.protocol_reports import said_unreachable
 
 __all__ = ["ExitStatus", "LastErrors", "signal_name"]
 
 #: An output line that reads as an error: a C++ exception's ``what():`` (Gloo's ``EnforceNotMet``), ``terminate
 #: called ...``, or a Python ``SomeError: ...`` / ``SomeException: ...`` line (not faulthandler's dump that follows).
-_ERROR_LINE = re.compile(r"\s*(what\(\):|terminate called|[\w.]*(Error|Exception)\b[^:]*:)")
+#: Bounded, as it runs on every line a worker prints, under the driver's GIL: unbounded ``[\w.]*`` and ``[^:]*``
+#: backtracked quadratically on a long line of ``Error.`` tokens without a colon (1.5 s for 64 KB).
+_ERROR_LINE = re.compile(r"\s*(what\(\):|terminate called|[\w.]{0,200}(Error|Exception)\b[^:]{0,200}:)")
+
+#: Only this many leading characters of a line are looked at (:data:`_ERROR_LINE`): an error line's head, its
+#: colon included, comes well before; what follows is at most :data:`MAX_LAST_ERROR` characters kept anyway.
+ERROR_SCAN_CHARS = 512
 
 #: The most characters of that line an exit status carries.
 MAX_LAST_ERROR = 300
@@ -66,11 +72,14 @@ class LastErrors:
     """The one record of the last line each live worker printed that may say why it ended, fed a line at a time
     by its output thread (:meth:`offer`) and taken when its exit is seen (:meth:`attach`).
 
-    A line counts if it reads as an error (:data:`_ERROR_LINE`, at most :data:`MAX_LAST_ERROR` characters) and
-    was printed at most :data:`LAST_ERROR_WINDOW_S` before the exit; it is attached only to a crash
-    (:data:`~.repeats.CRASH_SIGNALS`: not a SIGKILL or SIGTERM from outside) or to a non-zero exit code the worker
-    reported no error for. cloud-elastic's own final line for a worker that never reached the driver
-    (:func:`~cloud_elastic.protocol_reports.said_unreachable`) wins over any other: it is the worker's reason.
+    A line counts if it reads as an error within its first :data:`ERROR_SCAN_CHARS` characters
+    (:data:`_ERROR_LINE`; at most :data:`MAX_LAST_ERROR` of them are kept) and was printed at most
+    :data:`LAST_ERROR_WINDOW_S` before the exit; it is attached only to a crash (:data:`~.repeats.CRASH_SIGNALS`:
+    not a SIGKILL or SIGTERM from outside) or to a non-zero exit code the worker reported no error for. A shell
+    wrapper's ``128 + N`` for those signals reads as the signal (:func:`~.repeats.death_signal`, the rule the
+    repeat count reads too): 137 from outside names nothing, 134 is a crash. cloud-elastic's own final line for a
+    worker that never reached the driver (:func:`~cloud_elastic.protocol_reports.said_unreachable`) wins over any
+    other: it is the worker's reason.
     One short string per live worker; a dict's item set or pop is atomic, so the output threads need no lock.
     """
 
@@ -82,7 +91,7 @@ class LastErrors:
         own = said_unreachable(line)
         if own:
             self._last[worker_id] = (own, self._clock(), True)
-        elif _ERROR_LINE.match(line) and not self._last.get(worker_id, ("", 0.0, False))[2]:
+        elif _ERROR_LINE.match(line, 0, ERROR_SCAN_CHARS) and not self._last.get(worker_id, ("", 0.0, False))[2]:
             self._last[worker_id] = (line.strip()[:MAX_LAST_ERROR], self._clock(), False)
 
     def attach(self, worker_id: str, status: ExitStatus, reported: bool = False) -> tuple[ExitStatus, str]:
@@ -93,7 +102,8 @@ class LastErrors:
             return status, "" if reported else line
         if not line or not status.known or self._clock() - at > LAST_ERROR_WINDOW_S:
             return status, ""
-        if -status.code in CRASH_SIGNALS or (status.code > 0 and not reported):
+        died_by = death_signal(status.code)  # a shell wrapper's 128 + N too: one rule with the repeat count
+        if died_by in CRASH_SIGNALS or (died_by is None and status.code > 0 and not reported):
             return replace(status, last_error=line), ""
         return status, ""
 

@@ -50,7 +50,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Hashable
 
-__all__ = ["REPEATS", "CRASH_SIGNALS", "SILENT", "Hangs", "Streak", "own_failure"]
+__all__ = ["REPEATS", "CRASH_SIGNALS", "OUTSIDE_SIGNALS", "SILENT", "Hangs", "Streak", "death_signal", "own_failure"]
 
 #: How many times the same failure, at the same commit, ends its loop (see the module docstring). Three:
 #: a second failure may still be bad luck (a host lost twice), a third in the same place is the script's.
@@ -59,25 +59,38 @@ REPEATS = 3
 #: The signals a process dies by of its own doing (an abort(), a bad memory access, a bad instruction).
 CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
 #: Killed from outside (a reclaim, a preemption, the OOM killer, an operator): never the script's fault.
-_OUTSIDE_SIGNALS = (signal.SIGKILL, signal.SIGTERM)
+OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM})
 #: What a worker given up for silence while its process still ran was doing, as far as the driver can tell; it
 #: counts once it has printed its stacks on the driver's signal (see the module docstring).
 SILENT = "silent (holding the GIL?)"
 
+
+def death_signal(exit_code: int) -> int | None:
+    """The signal a worker process died by, as its exit code tells: ``-N`` for signal N; under a shell wrapper
+    (``bash run.sh`` whose ``python`` child died), the shell's ``128 + N``, read as a signal only for the ones the
+    job's rules tell apart (:data:`CRASH_SIGNALS`, :data:`OUTSIDE_SIGNALS`), so ``sys.exit(130)`` stays a code.
+    None when it did not die by one of those (or a signal at all). The one place both the repeat count
+    (:func:`own_failure`) and the failure's line (``exit_status.LastErrors.attach``) read it."""
+    if exit_code < 0:
+        return -exit_code
+    if exit_code > 128 and exit_code - 128 in CRASH_SIGNALS | OUTSIDE_SIGNALS:
+        return exit_code - 128
+    return None
+
+
 def own_failure(error: str, exit_code: int | None, transport: bool) -> bool:
     """Whether a worker's failure is its own process's doing, and so counts toward a repeat: it reported an
     exception (``error``), or its process ended with a non-zero code or a crash signal (``exit_code``, ``-N``
-    for signal N; a shell's ``128 + N`` for SIGKILL or SIGTERM is that signal too). Not when its host could not
-    be reached (``transport``), it was killed from outside, or its end is unknown (given up as silent or stuck)."""
+    for signal N, or a shell's ``128 + N``: :func:`death_signal`). Not when its host could not be reached
+    (``transport``), it was killed from outside, or its end is unknown (given up as silent or stuck)."""
     if transport:
         return False
     if error:
         return True
     if exit_code is None or exit_code == 0:
         return False
-    if exit_code < 0:
-        return -exit_code in CRASH_SIGNALS
-    return exit_code - 128 not in _OUTSIDE_SIGNALS
+    died_by = death_signal(exit_code)
+    return exit_code > 0 if died_by is None else died_by in CRASH_SIGNALS
 
 
 @dataclass
