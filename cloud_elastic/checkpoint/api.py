@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointBackendMissing",
     "CheckpointBackendTooOld",
     "CheckpointMismatch",
+    "StateDictMismatch",
     "CheckpointInfo",
     "Checkpoint",
     "DurableJobRecord",
@@ -65,6 +66,12 @@ class CheckpointMismatch(CheckpointError):
     def __init__(self, first: str) -> None:
         super().__init__(f"the checkpoint does not fit this state ({first})")
         self.first = first
+
+
+class StateDictMismatch(ValueError):
+    """What a ``load_state_dict`` of ours raises when the saved state is of another object (an ``ElasticSampler``
+    of another dataset size, seed or shuffling): a ValueError, as it was, that a checkpoint's load recognises by its
+    type and reports as a :class:`CheckpointMismatch` (``checkpoint.payload``)."""
 
 
 @dataclass(frozen=True)

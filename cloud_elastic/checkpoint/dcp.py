@@ -40,12 +40,12 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from cloud_elastic.checkpoint.api import CheckpointError
+from cloud_elastic.checkpoint.api import CheckpointError, CheckpointMismatch
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, check_archive, one_line, safe_load
 
 __all__ = ["METADATA_JSON", "ShardCorrupt", "dcp_reason", "digesting_writer", "load_target", "optimizer_target",
-           "safe_load_planner", "verifying_reader"]
+           "safe_load_planner", "unexpected_items", "verifying_reader"]
 
 #: DCP's metadata as JSON, beside DCP's own pickled ``.metadata`` (which only plain DCP reads).
 METADATA_JSON = "metadata.json"
@@ -325,12 +325,47 @@ def safe_load_planner() -> Any:
 # -- what a load reads -------------------------------------------------------------------------------------------
 
 
-def load_target(tensors: Mapping[str, Any], optimizers: set[str], metadata: Any) -> dict[str, Any]:
+def load_target(tensors: Mapping[str, Any], optimizers: Mapping[str, str], metadata: Any) -> dict[str, Any]:
     """``tensors`` (a sharded state's model and optimizers, by attribute name, as torch's state dicts give them),
-    each optimizer's part reading only the state the checkpoint holds (:func:`optimizer_target`)."""
-    model = next((part for name, part in tensors.items() if name not in optimizers), {})
-    return {name: optimizer_target(name, metadata, model, part) if name in optimizers else part
-            for name, part in tensors.items()}
+    each optimizer's part (``optimizers``: its name -> the name of its model in ``tensors``) reading only the state
+    the checkpoint holds (:func:`optimizer_target`).
+
+    CheckpointMismatch, before anything is read, when the checkpoint holds an item this state has no place for
+    (:func:`unexpected_items`: a layer removed since): DCP reads only what its target names, so the load would
+    pass for a resume of this model."""
+    unexpected = unexpected_items(tensors, optimizers, metadata)
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise CheckpointMismatch(f"Unexpected key in checkpoint: {unexpected[0][:200]}{more}")
+    return {name: optimizer_target(name, metadata, tensors.get(optimizers[name]) or {}, part)
+            if name in optimizers else part for name, part in tensors.items()}
+
+
+def unexpected_items(tensors: Mapping[str, Any], optimizers: Mapping[str, str], metadata: Any) -> list[str]:
+    """The items of DCP's ``metadata`` (sorted) that the state ``tensors`` has no place for: a model's key the live
+    model lacks, an attribute the state lacks, an optimizer's state for a parameter its model lacks. An optimizer's
+    state may lack parameters of its model (no gradient yet), and its ``param_groups`` are the optimizer's own:
+    neither is a mismatch here."""
+    known = {name: set(part) if isinstance(part, Mapping) else set() for name, part in tensors.items()}
+    found = []
+    for key in metadata.state_dict_metadata:
+        name, _, rest = key.partition(".")
+        if name not in tensors:
+            found.append(key)
+        elif name in optimizers:
+            kind, _, param = rest.partition(".")
+            owners = known.get(optimizers[name], set()) | set((tensors[name] or {}).get("state") or {})
+            if (kind == "state" and not _held(param, owners)) or kind not in ("state", "param_groups"):
+                found.append(key)
+        elif not _held(rest, known[name]):
+            found.append(key)
+    return sorted(found)
+
+
+def _held(key: str, names: set[str]) -> bool:
+    """Whether ``key`` (DCP's flattened name) is one of ``names`` or an item below one (a nested value)."""
+    parts = key.split(".")
+    return any(".".join(parts[:i]) in names for i in range(1, len(parts) + 1))
 
 
 def dcp_reason(exc: BaseException) -> str:
@@ -361,7 +396,7 @@ def optimizer_target(name: str, metadata: Any, model: Mapping[str, Any], current
     for key, md in metadata.state_dict_metadata.items():
         if key.startswith(f"{name}.state."):
             rest = key[len(name) + 7:]
-            # A parameter this model no longer has is not read, as the model's own extra items are not.
+            # A parameter this model no longer has: refused by load_target (unexpected_items) before this.
             fqn = next((f for f in owners if rest.startswith(f + ".")), None)
             if fqn is None:
                 continue

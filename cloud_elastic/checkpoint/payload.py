@@ -18,8 +18,10 @@ and ``load_state_payload`` rebuilds with their type and value. A sampler's ``sta
 its progress as spans of positions (O(spans), whatever the dataset size), so
 checkpointing never builds a per-sample list on the training thread;
 ``load_state_payload`` also reads checkpoints that hold Horovod's form
-``{"epoch", "processed_indices"}``. The file is usable without cloud-elastic:
-``model.load_state_dict(ckpt["model"])``.
+``{"epoch", "processed_indices"}``. An optimizer's entry also names its class (:data:`OPTIMIZER_CLASS`), so that
+another optimizer is refused as another model is, not left to fail at its first step (SGD's ``KeyError:
+'momentum'`` in AdamW's param groups). The file is usable without cloud-elastic:
+``model.load_state_dict(ckpt["model"])``, ``optimizer.load_state_dict(ckpt["optimizer"])``.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from cloud_elastic import plain_numpy
-from cloud_elastic.checkpoint.api import FORMAT_VERSION, FROZENSET_FORMAT_VERSION, CheckpointError, CheckpointMismatch
+from cloud_elastic.checkpoint.api import (FORMAT_VERSION, FROZENSET_FORMAT_VERSION, CheckpointError, CheckpointMismatch,
+                                          StateDictMismatch)
 
-__all__ = ["SavedByStateDict", "check_payload", "mismatch_of", "stage_payload", "state_payload",
-           "load_state_payload"]
+__all__ = ["OPTIMIZER_CLASS", "OPTIMIZER_CLASSES", "SavedByStateDict", "check_optimizer_class", "check_payload",
+           "mismatch_of", "optimizer_class", "stage_payload", "state_payload", "load_state_payload"]
 
 _LEAVES = plain_numpy.LEAVES
 #: Counter too: MultiStepLR keeps its milestones in one, and torch's weights-only loader reads it.
@@ -181,7 +184,9 @@ def state_payload(state: Any, skip: frozenset[str] = frozenset()) -> dict[str, A
         if name in skip:
             continue
         # A sampler's state_dict() is O(spans) plain data: nothing on this thread grows with the dataset.
-        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, SavedByStateDict, *_BY_STATE_DICT)):
+        if isinstance(value, torch.optim.Optimizer):
+            payload[name] = {**value.state_dict(), OPTIMIZER_CLASS: optimizer_class(value)}
+        elif isinstance(value, (torch.nn.Module, SavedByStateDict, *_BY_STATE_DICT)):
             payload[name] = value.state_dict()
         else:
             payload[name] = value
@@ -218,11 +223,16 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
         raise CheckpointMismatch(_bounded("attributes " + "; ".join(
             f"{what}: {', '.join(names)}" for what, names in (("missing", missing), ("unexpected", unexpected))
             if names)))
+    for name, target in live.items():
+        if isinstance(target, torch.optim.Optimizer) and isinstance(payload[name], dict):
+            check_optimizer_class(name, payload[name].get(OPTIMIZER_CLASS), target)
     payload = _numpy_rebuilt(payload)
     try:
         for name, value in payload.items():
             target = live[name]
-            if isinstance(target, (torch.nn.Module, torch.optim.Optimizer, *_BY_STATE_DICT)):
+            if isinstance(target, torch.optim.Optimizer) and isinstance(value, dict):
+                target.load_state_dict({k: v for k, v in value.items() if k != OPTIMIZER_CLASS})
+            elif isinstance(target, (torch.nn.Module, torch.optim.Optimizer, *_BY_STATE_DICT)):
                 target.load_state_dict(value)
             elif isinstance(target, SavedByStateDict):
                 target.load_state_dict(_sampler_state(value))
@@ -231,12 +241,34 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
     except Exception as exc:
         # load_state_dict copies what matches before it reports what does not: go back to the last commit.
         state.restore()
-        first = mismatch_of(exc)
+        first = _bounded(str(exc)) if isinstance(exc, StateDictMismatch) else mismatch_of(exc)
         if first is None:  # out of memory, I/O...: the checkpoint may well fit, and must not be called another model's
             raise CheckpointError(f"could not load the checkpoint's {name}: {type(exc).__name__}: "
                                   f"{_bounded(str(exc), 500)}") from exc
         raise CheckpointMismatch(f"{name}: {first}") from exc
     state.save()
+
+
+#: The key of an optimizer's entry in a payload that names the optimizer's class (torch's ``load_state_dict``
+#: reads only ``state`` and ``param_groups``, so the entry still loads without cloud-elastic).
+OPTIMIZER_CLASS = "optimizer_class"
+#: The key of a sharded checkpoint's manifest ``extra`` that names each sharded optimizer's class, by attribute.
+OPTIMIZER_CLASSES = "optimizer_classes"
+
+
+def optimizer_class(optimizer: torch.optim.Optimizer) -> str:
+    """The name a checkpoint records of ``optimizer``'s class: ``AdamW`` for an AdamW in a DistributedOptimizer
+    too (which subclasses it under the same name)."""
+    return type(optimizer).__name__
+
+
+def check_optimizer_class(name: str, saved: Any, optimizer: torch.optim.Optimizer) -> None:
+    """CheckpointMismatch when ``saved`` (the class name a checkpoint recorded for the optimizer ``name``) is not
+    ``optimizer``'s: its param groups lack what this one's step reads (SGD's ``momentum`` in AdamW's groups), so
+    it would fail at the first step, on every worker, at every resume. A checkpoint that recorded none (written
+    before it did) is not checked."""
+    if isinstance(saved, str) and saved != optimizer_class(optimizer):
+        raise CheckpointMismatch(_bounded(f"{name}: saved by {saved}, this is {optimizer_class(optimizer)}"))
 
 
 #: How torch says that a saved value does not fit the live one: ``load_state_dict``'s lines (a module's, an

@@ -36,6 +36,7 @@ from typing import Any, Iterable, Iterator, Sized
 import torch
 from torch.utils.data import Sampler
 
+from cloud_elastic.checkpoint.api import StateDictMismatch
 from cloud_elastic.worker.comm.ops import UnsupportedError
 from cloud_elastic.worker.context import get_context
 
@@ -151,7 +152,17 @@ class ElasticSampler(Sampler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a ``state_dict()``, or Horovod's forms: ``{"epoch", "processed_indices"}`` (before 0.24) and
         ``{"epoch", "processed_num"}`` (0.24 on: the first ``processed_num`` of Horovod's own order of the epoch,
-        ``random.Random(seed + epoch)`` shuffling, rebuilt here once: O(dataset), as Horovod's every reset)."""
+        ``random.Random(seed + epoch)`` shuffling, rebuilt here once: O(dataset), as Horovod's every reset).
+
+        StateDictMismatch (a ValueError), before anything changes, when a ``state_dict()`` is of another dataset
+        size, seed or shuffling: a checkpoint's load reports it as a checkpoint that does not fit this state."""
+        if "processed_indices" not in state_dict and "processed_num" not in state_dict:
+            theirs = (state_dict["size"], state_dict["seed"], state_dict["shuffle"])
+            if theirs != (self._n, self.seed, self.shuffle):
+                raise StateDictMismatch(
+                    f"ElasticSampler state is for (size, seed, shuffle) = {theirs}, this sampler has "
+                    f"{(self._n, self.seed, self.shuffle)}"
+                )
         self.epoch = int(state_dict["epoch"])
         if "processed_indices" in state_dict:
             self.processed_indices = state_dict["processed_indices"]
@@ -161,12 +172,6 @@ class ElasticSampler(Sampler):
                 random.Random(self.seed + self.epoch).shuffle(order)
             self.processed_indices = order[:max(0, int(state_dict["processed_num"]))]
         else:
-            theirs = (state_dict["size"], state_dict["seed"], state_dict["shuffle"])
-            if theirs != (self._n, self.seed, self.shuffle):
-                raise ValueError(
-                    f"ElasticSampler state is for (size, seed, shuffle) = {theirs}, this sampler has "
-                    f"{(self._n, self.seed, self.shuffle)}"
-                )
             self._done = [(int(a), int(b)) for a, b in state_dict["done"]]
             self._round_spans, self._extra = [], set()
         self.reset()

@@ -44,8 +44,9 @@ A reader that finds the manifest finds every shard.
   checkpoint with a bad file (any worker's) or a bad ``state.pt`` is skipped for the
   previous one by every worker of the host together. No usable checkpoint is a
   :class:`CheckpointError`: the worker exits rather than train from initial weights, as it does when the shards
-  do not fit (another model: a ``mismatch`` failure naming the item, the job's line as a replicated one's). An
-  optimizer reads the state its checkpoint holds, whatever its own state
+  do not fit (another model: a ``mismatch`` failure naming the item, the job's line as a replicated one's: an
+  item the state has no place for, a layer removed, or an optimizer of another class, which the manifest names,
+  found before DCP reads). An optimizer reads the state its checkpoint holds, whatever its own state
   (``dcp.load_target``): a parameter without any there (no gradient yet) starts without. A host-mate lost
   during the load (the driver aborts the round) is a ``CollectiveError``: the host leaves, its state counted
   as holding no commit, and another host may load it.
@@ -76,7 +77,8 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo, CheckpointMismatch
-from cloud_elastic.checkpoint.payload import (check_payload, load_state_payload, mismatch_of, stage_payload,
+from cloud_elastic.checkpoint.payload import (OPTIMIZER_CLASSES, check_optimizer_class, check_payload,
+                                              load_state_payload, mismatch_of, optimizer_class, stage_payload,
                                               state_payload)
 from cloud_elastic.checkpoint.dcp import ShardCorrupt, dcp_reason, load_target
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
@@ -84,7 +86,7 @@ from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.comm import statecodec
 from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, mismatch, report, report_not_written
-from cloud_elastic.worker.durable.parts import same_payload, set_parts, sharded_parts
+from cloud_elastic.worker.durable.parts import model_of, same_payload, set_parts, sharded_parts
 from cloud_elastic.worker.durable.rank_zero import log_leaving_write, wait_for_storage
 from cloud_elastic.worker.durable.staging import stage as _stage
 from cloud_elastic.worker.exceptions import CollectiveError
@@ -250,7 +252,9 @@ class ShardedCheckpoints:
             name = _decided_by_local_rank_0(info, lambda: (_holdable(rest), self._sees_job.within(),
                                                            self.store.reserve(step))[2], ctx.device)
             rest, self._skip = (stage_payload(rest) if rest is not None else None), skip  # training changes them
-            meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": seq, "hosts": info.cross_size}
+            meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": seq, "hosts": info.cross_size,
+                    OPTIMIZER_CLASSES: {n: optimizer_class(getattr(state, n)) for n in sorted(skip)
+                                        if isinstance(getattr(state, n), torch.optim.Optimizer)}}
             epoch = getattr(state, "epoch", None)
             if isinstance(epoch, int) and not isinstance(epoch, bool):
                 meta["epoch"] = epoch
@@ -383,10 +387,13 @@ class ShardedCheckpoints:
             raise _Fallback(why or "a worker of this host found it unusable")
         tensors, skip = sharded_parts(state)
         try:
-            optimizers = {n for n in tensors if isinstance(getattr(state, n), torch.optim.Optimizer)}
+            # Decided alike on every worker of the host (one manifest, one metadata, one model): no collective.
+            optimizers = _optimizers(state, tensors, chosen)
             tensors = load_target(tensors, optimizers, storage.read_metadata())
             _load(tensors, storage)
             set_parts(state, tensors)
+        except CheckpointMismatch:  # another model or optimizer, found before anything was read
+            raise
         except (Exception, _DCP_ERROR) as exc:
             state.restore()
             corrupt, unreadable = _reason_of(exc, ShardCorrupt), _reason_of(exc, CheckpointError)
@@ -423,6 +430,18 @@ class ShardedCheckpoints:
 
 
 _OK, _UNUSABLE, _UNREADABLE = 0, 1, 2
+
+
+def _optimizers(state: Any, tensors: dict[str, Any], chosen: CheckpointInfo) -> dict[str, str]:
+    """The sharded optimizers among ``tensors``, each by the name of the model that holds its parameters;
+    CheckpointMismatch when the checkpoint's manifest says another optimizer class wrote one (an old one says
+    nothing: its optimizers load as they did)."""
+    parts, saved = {n: getattr(state, n) for n in tensors}, chosen.extra.get(OPTIMIZER_CLASSES)
+    optimizers = {n: v for n, v in parts.items() if isinstance(v, torch.optim.Optimizer)}
+    for name, optimizer in optimizers.items():
+        check_optimizer_class(name, saved.get(name) if isinstance(saved, dict) else None, optimizer)
+    models = {n: v for n, v in parts.items() if n not in optimizers}
+    return {n: model_of(n, v, models) for n, v in optimizers.items()}
 
 
 class _Fallback(Exception):
