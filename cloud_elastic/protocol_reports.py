@@ -16,8 +16,8 @@ from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
-           "NOTICE_KINDS", "NoticeReport", "StacksReport", "UnhealthyReport", "driver_unreachable",
-           "said_unreachable"]
+           "NOTICE_KINDS", "NoticeReport", "StacksReport", "UnhealthyReport", "driver_retrying",
+           "driver_unreachable", "said_retrying", "said_unreachable"]
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
@@ -38,6 +38,23 @@ def driver_unreachable(address: str, tried_s: float, error: str) -> str:
     (:func:`said_unreachable`) as that worker's reason, since it never heard from the worker itself."""
     return (f"{_UNREACHABLE}{address} for {tried_s:.0f}s ({error[:200]}): check --driver-address and that the "
             "workers can reach the driver (firewall)")
+
+
+#: How the warning ends that a worker prints when a call to its driver fails and it retries (:func:`driver_retrying`).
+_RETRYING = "; retrying for up to "
+
+
+def driver_retrying(worker_id: str, kind: str, address: str, tried: str, error: str, patience_s: float) -> str:
+    """The warning a worker prints when its ``kind`` call to the driver at ``address`` failed (``tried``: ``failed``
+    or ``still fails after Ns``) and it retries for up to ``patience_s``: the driver reads it back
+    (:func:`said_retrying`) as proof that the worker reached ``hvd.init()`` and tried the driver."""
+    return f"worker {worker_id}: {kind} to the driver at {address} {tried} ({error}){_RETRYING}{patience_s:.0f}s"
+
+
+def said_retrying(line: str) -> bool:
+    """Whether a worker's output ``line`` is the warning :func:`driver_retrying` made (whatever logging prefix the
+    script's handler put before it). Two substring tests: cheap on every line."""
+    return _RETRYING in line and " to the driver at " in line
 
 
 def said_unreachable(line: str) -> str | None:

@@ -11,16 +11,11 @@ own final line wins over any other.
 
 from __future__ import annotations
 
-import threading
-from types import SimpleNamespace
-
 import pytest
 
-from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.exit_status import ERROR_SCAN_CHARS, LAST_ERROR_WINDOW_S, ExitStatus, LastErrors
-from cloud_elastic.driver.runtime.processes import WorkerProcesses
 from tests.unit.test_job import Sim
-from tests.unit.test_unreachable_driver import LINE, _Launcher
+from tests.unit.test_unreachable_driver import LINE, launched
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -125,13 +120,7 @@ def _end_line(code: int) -> str:
     """rv6 d10: a handled error, then the worker's own unreachable line, then the exit ``code``: the job's end."""
     sim = Sim(1)
     sim.discover({"a": 1})
-    launcher = _Launcher()
-    endpoints = SimpleNamespace(advertised="10.9.9.9", control_port=37351, store_port=2, secret="s" * 32)
-    procs = WorkerProcesses(JobConfig(command=("python", "x.py"), num_proc=1, min_np=1, max_np=1), sim.job,
-                            threading.Condition(), endpoints, clock=lambda: sim.now, sinks=lambda: None,
-                            out=lambda s: None, launcher=launcher)
-    for action in list(sim.launched):
-        procs.launch(action)
+    procs, launcher = launched(sim)
     (wid, proc), = launcher.procs.items()
     proc.say("ValueError: bad value in config.yaml, using the default")
     proc.say(f"cloud-elastic: worker {wid}: {LINE}")

@@ -130,16 +130,23 @@ class _Launcher:
         pass
 
 
+def launched(sim: Sim, control_port: int = 37351, out=lambda line: None) -> tuple[WorkerProcesses, _Launcher]:
+    """The driver's WorkerProcesses over ``sim``'s job, each launch it asked for made with a :class:`_Launcher`."""
+    num_proc, launcher = len(sim.launched), _Launcher()
+    endpoints = SimpleNamespace(advertised="10.9.9.9", control_port=control_port, store_port=2, secret="s" * 32)
+    processes = WorkerProcesses(JobConfig(command=("python", "good.py"), num_proc=num_proc, min_np=num_proc,
+                                          max_np=num_proc), sim.job, threading.Condition(), endpoints,
+                                clock=lambda: sim.now, sinks=lambda: None, out=out, launcher=launcher)
+    for action in list(sim.launched):
+        processes.launch(action)
+    return processes, launcher
+
+
 def test_the_jobs_end_line_names_the_address_the_workers_could_not_reach() -> None:
     sim = Sim(2)
     sim.discover({"a": 1, "b": 1})
-    launcher, printed = _Launcher(), []
-    endpoints = SimpleNamespace(advertised="10.9.9.9", control_port=37351, store_port=2, secret="s" * 32)
-    processes = WorkerProcesses(JobConfig(command=("python", "good.py"), num_proc=2, min_np=2, max_np=2), sim.job,
-                                threading.Condition(), endpoints, clock=lambda: sim.now, sinks=lambda: None,
-                                out=printed.append, launcher=launcher)
-    for action in list(sim.launched):
-        processes.launch(action)
+    printed: list[str] = []
+    processes, launcher = launched(sim, out=printed.append)
     for worker_id, proc in launcher.procs.items():
         proc.say(f"cloud-elastic: worker {worker_id}: {LINE}")  # as the worker prints it, last
         proc.code = 1

@@ -288,7 +288,7 @@ class SilenceWatch:
                 else:
                     suspects.append((w, limit))
             elif now - w.launched_at > start_timeout:
-                found.append((w, self._never_registered(start_timeout)))
+                found.append((w, self._never_registered(w, start_timeout)))
             elif w.launched_at + start_timeout < start_due:
                 start_due = w.launched_at + start_timeout
         self._suspects = frozenset(w.worker_id for w, _ in suspects)
@@ -301,14 +301,21 @@ class SilenceWatch:
         self._silence_due, self._start_due, self._born = silence_due, start_due, born
         return found
 
-    def _never_registered(self, start_timeout: float) -> str:
-        """Why a worker that never registered is given up: it never reached the driver, which most often means
-        an address the workers cannot reach (its own line says so only after its retries, which may be later)."""
+    def _never_registered(self, w: WorkerRecord, start_timeout: float) -> str:
+        """Why a worker that never registered is given up, likelier cause first. One that printed a failed call to
+        the driver (``WorkerRecord.tried_driver``) reached ``hvd.init()``: the address or the network is why (its
+        own line says so only after its retries, which may be later). One that printed none most often never got
+        there: its script's set-up, or its launch, is that slow (a worker behind a firewall that drops packets
+        prints its first failure only after the call's 30 s, and a script may silence the warning: named second)."""
         if not self.driver_address:
             return f"did not reach rendezvous within {start_timeout:g}s"
-        return (f"never reached the driver at {self.driver_address} within {start_timeout:g}s: check "
-                "--driver-address and that the workers can reach the driver (firewall); a launch, or its script's "
-                "set-up before its first hvd call, that slow reads the same")
+        reach = "check --driver-address and that the workers can reach the driver (firewall)"
+        if w.tried_driver:
+            return (f"never reached the driver at {self.driver_address} within {start_timeout:g}s, though it tried "
+                    f"(see its output): {reach}")
+        return (f"never reached the driver at {self.driver_address} within {start_timeout:g}s and printed no failed "
+                f"try: its script's set-up before hvd.init(), or its launch, took that long (raise --start-timeout, "
+                f"or see what it waits on); else {reach}")
 
     def _name(self, stall: Stall, fast: list[tuple[WorkerRecord, float]],
               running_now: float) -> list[tuple[WorkerRecord, str]]:

@@ -127,6 +127,9 @@ class WorkerRecord:
     #: A heartbeat of its process arrived after it was given up for silence: it was not hung, only frozen or cut
     #: off, and it thawed (see :mod:`.liveness`).
     heard_after_given_up: bool = False
+    #: It printed that a call to the driver failed and it retries (``protocol_reports.said_retrying``): it reached
+    #: ``hvd.init()``, so if it never registers, the address or the network is why (see :mod:`.liveness`).
+    tried_driver: bool = False
 
     def to(self, new: WorkerState, why: str = "") -> None:
         """Move to ``new``; IllegalTransition if the state machine has no such edge."""

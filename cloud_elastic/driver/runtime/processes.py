@@ -30,6 +30,7 @@ from cloud_elastic.driver.restart.record import AdoptedWorker
 from cloud_elastic.driver.restart.window import adopted_process
 from cloud_elastic.driver.runtime.signal_stacks import SignalStacks
 from cloud_elastic.errors import LaunchError
+from cloud_elastic.protocol_reports import said_retrying
 from cloud_elastic.worker.settings import IDENTITY_ENV, WorkerSettings
 
 __all__ = ["WorkerProcesses", "forwarded_env", "launches_locally"]
@@ -288,5 +289,9 @@ class WorkerProcesses:
     def _forward(self, worker_id: str, line: str) -> None:
         self._signal_stacks.offer(worker_id, line)
         self._last_errors.offer(worker_id, line)
+        if said_retrying(line):  # it reached hvd.init() and tried the driver: .liveness names the address first
+            w = self._job.workers.get(worker_id)
+            if w is not None:
+                w.tried_driver = True
         rank = self._job.rank_of(worker_id)  # a plain dict read; no lock needed for a label
         self._out(f"[{'-' if rank is None else rank}]<{worker_id.split('#')[0]}> {line}")

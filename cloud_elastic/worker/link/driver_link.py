@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo
-from cloud_elastic.protocol_reports import ExitingReport, StacksReport, driver_unreachable
+from cloud_elastic.protocol_reports import ExitingReport, StacksReport, driver_retrying, driver_unreachable
 from cloud_elastic.records import EXIT_REPORT_ENV, exit_report_path
 from cloud_elastic.worker.link.link_probe import link_probe_of
 from cloud_elastic.worker.link.client import DriverClient
@@ -128,8 +128,8 @@ class DriverLinkMixin:
                 if warned is None or now - warned >= RETRY_WARNING_EVERY_S:
                     tried = "failed" if warned is None else f"still fails after {now - began:.0f}s"
                     warned = now
-                    log.warning("worker %s: %s to the driver at %s %s (%s); retrying for up to %.0fs",
-                                self.worker_id, kind, self.settings.driver_address, tried, exc, patience)
+                    log.warning("%s", driver_retrying(self.worker_id, kind, self.settings.driver_address, tried,
+                                                      str(exc), patience))
                 time.sleep(0.2)
 
     def _unreachable(self, tried_s: float, exc: OSError) -> None:
