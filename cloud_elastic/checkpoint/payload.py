@@ -185,7 +185,9 @@ def state_payload(state: Any, skip: frozenset[str] = frozenset()) -> dict[str, A
             continue
         # A sampler's state_dict() is O(spans) plain data: nothing on this thread grows with the dataset.
         if isinstance(value, torch.optim.Optimizer):
-            payload[name] = {**value.state_dict(), OPTIMIZER_CLASS: optimizer_class(value)}
+            payload[name] = value.state_dict()
+            if isinstance(payload[name], dict):  # torch's are; an optimizer of its own may keep another form
+                payload[name] = {**payload[name], OPTIMIZER_CLASS: optimizer_class(value)}
         elif isinstance(value, (torch.nn.Module, SavedByStateDict, *_BY_STATE_DICT)):
             payload[name] = value.state_dict()
         else:

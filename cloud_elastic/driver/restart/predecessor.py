@@ -10,7 +10,8 @@ before anything listens, and returns them as a frozen :class:`StartPlan`:
 * when the store recorded one, the next generation of the job's drivers, claimed beside the checkpoints only
   if no other driver claimed it meanwhile (:func:`_next_generation`: of two drivers restarted at once, one
   runs the job), once every check below let this start go on;
-* whether the first round resumes from a checkpoint (the store holds one of this job);
+* whether the first round resumes from a checkpoint (the store holds one of this job: :mod:`.stored`, which also
+  refuses a store whose job record and checkpoints are gone while ``succeeded.json`` or the claims name a job);
 * whether to adopt a dead predecessor's running workers: found by the checkpoint URL in this
   user's private driver records (:mod:`.record`), when it died within its workers' grace (less
   than a second left is not worth the race) and the record is of the store's job;
@@ -45,8 +46,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from cloud_elastic.config import JobConfig
-from cloud_elastic.driver.restart.finished import SUCCEEDED_RECORD, say_if_succeeded
+from cloud_elastic.driver.restart.finished import say_if_succeeded
 from cloud_elastic.driver.restart.record import AdoptionRecord, find_records
+from cloud_elastic.driver.restart.stored import list_checkpoints, newer_link, refuse_if_job_gone, resumes
 from cloud_elastic.errors import CheckpointError, ConfigError
 from cloud_elastic.records import driver_running, find_jobs, job_dir, pid_alive, runtime_root
 
@@ -126,11 +128,13 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
     record = read_job_record(store)
     if record is None:
         found = store.list()
-        linked = _newer_link(store, found)
+        linked = newer_link(store, found)
         if linked:  # the checkpoints' job is not known either: moving the folders back is what is needed first
             raise ConfigError(f"{linked} ({store.url} holds no job record, job.json, either)")
         if found or store.unreadable():
             record = _record_lost(config, store, found)  # checkpoints whose record went: resume them, never restart
+        else:
+            refuse_if_job_gone(store)  # a job that ran here, its state and record gone: not trained over again
     if record is None:
         job_id = adopt.job_id if adopt is not None else job_id
         _claim(store, config, job_id)
@@ -159,7 +163,7 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
                           "stop it first or use another --checkpoint-dir")
     newest = newest_claim(store)
     previous_alive, by = _previous_alive(store, job_id, record, newest)
-    checkpoints = _checkpoints(store, job_id)  # refused before "resuming it" is said
+    checkpoints = list_checkpoints(store, job_id)  # refused before "resuming it" is said
     say_if_succeeded(store, job_id)  # resumed all the same (a longer schedule, another layout), but said
     plan = StartPlan(job_id, resumed=resumes(store, job_id, announce_none=True, checkpoints=checkpoints),
                      adopt=adopt, grace_s=grace, claims_ahead=_claims_ahead(store, newest))
@@ -224,67 +228,6 @@ def _twice(store: Any, driver: tuple[int, Any] | None, did: str) -> ConfigError:
     did = " ".join(did[:120].split())
     return ConfigError(f"{who} {did} on {store.url} at the same moment; not running it twice: stop that driver "
                        "first or use another --checkpoint-dir")
-
-
-def resumes(store: Any, job_id: str, *, announce_none: bool, checkpoints: list[Any] | None = None) -> bool:
-    """Whether the store holds a checkpoint of this job (the first round then resumes from the newest), said in the log.
-
-    Asked when the store is opened and again after waiting out a dead predecessor's workers: they
-    write their last checkpoints while we wait. ``checkpoints``: :func:`_checkpoints` already read.
-    """
-    checkpoints = _checkpoints(store, job_id) if checkpoints is None else checkpoints
-    if not checkpoints:
-        if announce_none:
-            log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts "
-                     "over unless its workers still write one", job_id, store.url)
-        else:
-            log.info("job %s: the previous workers wrote no checkpoint to %s; training starts over", job_id, store.url)
-        return False
-    newest = checkpoints[0]
-    log.warning("job %s: resuming from %s: the latest checkpoint is of step %d, written %s ago",
-                job_id, store.url, newest.step, _age(time.time() - newest.created))
-    return True
-
-
-def _newer_link(store: Any, checkpoints: list[Any]) -> str | None:
-    """Why the newest checkpoint folder that is a symbolic link and newer than every one read (``checkpoints``)
-    is not followed; None when there is none. Moved away and linked back, it holds the job's newest state."""
-    return next((why for name, why in store.links() if not checkpoints or name > checkpoints[0].name), None)
-
-
-def _checkpoints(store: Any, job_id: str) -> list[Any]:
-    """The readable checkpoints (``store.list()``); ConfigError when training on would go over a state that is
-    there but cannot be read, or that is gone from a job that succeeded."""
-    checkpoints = store.list()
-    linked = _newer_link(store, checkpoints)
-    if linked:
-        raise ConfigError(f"job {job_id}: {linked}")
-    if not checkpoints:
-        unreadable = store.unreadable()
-        if unreadable:  # never "no checkpoint yet": training from the start would prune them too
-            name, why = unreadable[0]
-            raise ConfigError(f"job {job_id}: {store.url} holds {len(unreadable)} checkpoint(s) and none can be read "
-                              f"(the newest, {name}: {why}): not starting the training over; was it written by a "
-                              "newer cloud-elastic?")
-        step = _succeeded_at(store, job_id)
-        if step is not None:  # its checkpoints were moved or deleted: starting over would say "succeeded" again
-            raise ConfigError(f"job {job_id} succeeded at step {step} on {store.url}, which holds no checkpoint now: "
-                              "not training it again from initial weights; put its checkpoint folders back, or use "
-                              "a fresh --checkpoint-dir")
-    return checkpoints
-
-
-def _succeeded_at(store: Any, job_id: str) -> int | None:
-    """The step of the newest checkpoint ``job_id`` had when it succeeded (``succeeded.json``, :mod:`.finished`);
-    None when it had none, or there is no such record (one that cannot be read was warned about at the start)."""
-    from cloud_elastic.checkpoint.store import read_record
-
-    try:
-        found = read_record(store, SUCCEEDED_RECORD, SUCCEEDED_RECORD, "success record",
-                            lambda body: (body["job_id"], body.get("step")))
-    except CheckpointError:
-        return None
-    return found[1] if found is not None and found[0] == job_id and type(found[1]) is int else None
 
 
 @dataclass(frozen=True)
@@ -496,10 +439,6 @@ def _claims_ahead(store: Any, newest: Any) -> tuple[tuple[int, float], ...]:
     now = time.time()
     return tuple((c.generation, c.driver.alive) for c in claims_between(store, 0, newest.generation + 1)
                  if c.driver is not None and c.driver.alive > now)
-
-
-def _age(seconds: float) -> str:
-    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}min"
 
 
 def _this_instance() -> str:

@@ -1,0 +1,128 @@
+"""What a starting driver finds in ``--checkpoint-dir`` besides the job record: the checkpoints it resumes from,
+and the signs of a job whose state is gone.
+
+* :func:`resumes` says in one line whether the first round resumes, from which step, and, when the newest
+  checkpoint's manifest names another job than the store's (a folder copied in from another job's directory, as
+  users do to warm-start), that it was written by that job: ``resuming from DIR: the latest checkpoint is of step
+  40, written 3s ago by job 6a524de8 (not this job's dc58994d: a copied checkpoint)``. It is resumed all the same:
+  copying one in is a deliberate act.
+* :func:`list_checkpoints` lists them, refusing (ConfigError) to train over a state that is there but cannot be read, or
+  a succeeded job's whose checkpoints are gone (``succeeded.json``, :mod:`.finished`).
+* :func:`refuse_if_job_gone`: with neither a job record nor a checkpoint, ``succeeded.json`` or the drivers' claims
+  (:mod:`cloud_elastic.checkpoint.claims`) may still name a job that ran there; a new job would train it again from
+  initial weights (and write its own success over the record), so the start is refused, with the remedies.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from cloud_elastic.driver.restart.finished import SUCCEEDED_RECORD
+from cloud_elastic.errors import CheckpointError, ConfigError
+
+__all__ = ["list_checkpoints", "newer_link", "refuse_if_job_gone", "resumes"]
+
+log = logging.getLogger(__name__)
+
+
+def resumes(store: Any, job_id: str, *, announce_none: bool, checkpoints: list[Any] | None = None) -> bool:
+    """Whether the store holds a checkpoint of this job (the first round then resumes from the newest), said in the log.
+
+    Asked when the store is opened and again after waiting out a dead predecessor's workers: they
+    write their last checkpoints while we wait. ``checkpoints``: :func:`list_checkpoints` already read.
+    """
+    found = list_checkpoints(store, job_id) if checkpoints is None else checkpoints
+    if not found:
+        if announce_none:
+            log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts "
+                     "over unless its workers still write one", job_id, store.url)
+        else:
+            log.info("job %s: the previous workers wrote no checkpoint to %s; training starts over", job_id, store.url)
+        return False
+    newest = found[0]
+    log.warning("job %s: resuming from %s: the latest checkpoint is of step %d, written %s ago%s",
+                job_id, store.url, newest.step, _age(time.time() - newest.created), _written_by(newest, job_id))
+    return True
+
+
+def _written_by(newest: Any, job_id: str) -> str:
+    """`` by job X (not this job's Y: a copied checkpoint)`` when the manifest names another job, else nothing."""
+    theirs = newest.job_id
+    if not isinstance(theirs, str) or not theirs or theirs == job_id:
+        return ""
+    return f" by job {' '.join(theirs[:64].split())} (not this job's {job_id}: a copied checkpoint)"
+
+
+def newer_link(store: Any, found: list[Any]) -> str | None:
+    """Why the newest checkpoint folder that is a symbolic link and newer than every one read (``found``)
+    is not followed; None when there is none. Moved away and linked back, it holds the job's newest state."""
+    return next((why for name, why in store.links() if not found or name > found[0].name), None)
+
+
+def list_checkpoints(store: Any, job_id: str) -> list[Any]:
+    """The readable checkpoints (``store.list()``); ConfigError when training on would go over a state that is
+    there but cannot be read, or that is gone from a job that succeeded."""
+    found = store.list()
+    linked = newer_link(store, found)
+    if linked:
+        raise ConfigError(f"job {job_id}: {linked}")
+    if not found:
+        unreadable = store.unreadable()
+        if unreadable:  # never "no checkpoint yet": training from the start would prune them too
+            name, why = unreadable[0]
+            raise ConfigError(f"job {job_id}: {store.url} holds {len(unreadable)} checkpoint(s) and none can be read "
+                              f"(the newest, {name}: {why}): not starting the training over; was it written by a "
+                              "newer cloud-elastic?")
+        succeeded = _succeeded(store)
+        if succeeded is not None and succeeded[0] == job_id and succeeded[1] is not None:
+            # its checkpoints were moved or deleted: starting over would say "succeeded" again
+            raise ConfigError(f"job {job_id} succeeded at step {succeeded[1]} on {store.url}, which holds no "
+                              "checkpoint now: not training it again from initial weights; put its checkpoint "
+                              "folders back, or use a fresh --checkpoint-dir")
+    return found
+
+
+def refuse_if_job_gone(store: Any) -> None:
+    """ConfigError when ``store`` holds neither a job record nor a checkpoint (the caller looked) but its
+    ``succeeded.json`` or its drivers' claims name a job that ran there (see module docstring); CheckpointError
+    when the claims cannot be listed. A success record that cannot be read is warned about and not counted; one that
+    names no step (the job succeeded before any checkpoint) has nothing trained to lose, as in
+    :func:`list_checkpoints`."""
+    from cloud_elastic.checkpoint.claims import CLAIMS, newest_claim
+
+    succeeded = _succeeded(store, warn=True)
+    newest = newest_claim(store)
+    claimed = newest is not None and newest.driver is not None
+    remove = " and ".join(store.backend.url(name) for name, there in (
+        (SUCCEEDED_RECORD, succeeded is not None), (CLAIMS, claimed)) if there)
+    gone = (f"which holds neither its checkpoints nor its job record (job.json) now: not training it again from "
+            f"initial weights; use a fresh --checkpoint-dir, or remove {remove} to train a new job there")
+    if succeeded is not None and succeeded[1] is not None:  # one that never checkpointed has nothing to lose
+        raise ConfigError(f"job {succeeded[0]} succeeded at step {succeeded[1]} on {store.url}, {gone}")
+    if claimed:
+        job = " ".join(newest.driver.job_id[:64].split())
+        raise ConfigError(f"job {job} ran on {store.url} (driver generation {newest.generation}), {gone}")
+
+
+def _succeeded(store: Any, *, warn: bool = False) -> tuple[str, int | None] | None:
+    """The job ``succeeded.json`` (:mod:`.finished`) names and the step of the newest checkpoint it had then (None:
+    it had none); None when there is no such record, or it cannot be read (logged with ``warn``)."""
+    from cloud_elastic.checkpoint.store import read_record
+
+    try:
+        found = read_record(store, SUCCEEDED_RECORD, SUCCEEDED_RECORD, "success record",
+                            lambda body: (body["job_id"], body.get("step")))
+    except CheckpointError as exc:
+        if warn:
+            log.warning("%s", exc)
+        return None
+    if found is None or not isinstance(found[0], str) or not found[0]:
+        return None
+    step = found[1] if type(found[1]) is int else None
+    return " ".join(found[0][:64].split()), step
+
+
+def _age(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}min"
