@@ -81,6 +81,9 @@ class Failures:
         self._hangs = Hangs()  # workers given up while their process still ran, in a row at one commit
         #: Workers given up for silence whose stacks signal is still out: the commit and round they would count at.
         self._silent: dict[str, tuple[int, Hashable]] = {}
+        #: Host -> its latest outage outside any round: the highest worker number on it when that outage's first
+        #: worker was given up, and the outage's number on that host (see _together).
+        self._outages: dict[str, tuple[int, int]] = {}
 
     def _lost_again(self) -> int:
         """Every worker is lost, with checkpointing: how many times in a row that has now happened without
@@ -213,10 +216,9 @@ class Failures:
         job.act(Stop(w.worker_id, what, immediate=True, stacks=stacks and armed))
         if not leaving and job.phase is not Phase.FINISHING:
             if self.fail(w, what, now, was_member=was_member, transport=False) and w.hung:
-                # Workers given up together (one outage of a host, every member of one stuck round) share the
-                # round they were members of, and workers outside any round (newcomers, the first round's) their
-                # host: they count once, however many scans found them.
-                at = (job.commit_high, w.round or f"host {w.slot.host}")
+                # Workers given up together (one outage of a host, every member of one stuck round) count once,
+                # however many scans found them (see _together).
+                at = (job.commit_high, self._together(w))
                 if w.hung != SILENT:
                     self._hung(w, *at)
                 elif not armed:  # its silence for the whole --heartbeat-timeout counts alone (signal_stacks)
@@ -236,6 +238,23 @@ class Failures:
             return  # a fixed-size job took it as its attempt's failure: no round rolls back
         if was_member:
             job.abort()
+
+    def _together(self, w: WorkerRecord) -> Hashable:
+        """What ``w``, given up as hung, counts as one with: the round it was a member of (every member of one stuck
+        round, one outage of a host in it); outside any round (a newcomer, a worker waiting for the first round), one
+        outage of its host: the workers already launched there when the outage's first worker was given up (a host
+        that froze once with its three waiting workers counts once). One launched after that (the slot's worker
+        relaunched after the give-up, whose set-up hangs the same way) is a new hang, and counts again: keyed by
+        the host alone, every later hang there matched the first and a fixed-size job ran on for good."""
+        if w.round:
+            return w.round
+        host = w.slot.host
+        launched, outage = self._outages.get(host, (-1, 0))
+        if w.seq > launched:
+            launched = max(x.seq for x in self._job.workers.values() if x.slot.host == host)
+            outage += 1
+            self._outages[host] = (launched, outage)
+        return f"host {host}, outage {outage}"
 
     def signal_stacks(self, w: WorkerRecord, text: str) -> None:
         """The stop path's word on ``w``, given up and asked for its stacks by signal, now killed: ``text`` is what it
