@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from cloud_elastic.driver.job.actions import Launch, Phase
+from cloud_elastic.driver.job.completion import finishing_hold
 from cloud_elastic.driver.job.hosts import HostManager, Slot
 from cloud_elastic.driver.job.plan import whole_host_groups
 from cloud_elastic.driver.job.sourcing import Sourcing
@@ -153,33 +154,27 @@ class Capacity:
                            f"-np {policy.num_proc} needed to start", 1)
 
     def _round_finishing(self, now: float) -> bool:
-        """A member of the current round returned from its training function at the job's newest commit (it holds
-        the final state: parked, or gone since, a notice on its host having sent it away to write it) while rank 0 is
-        still in its own: rank 0's return completes the job however few workers are left, and no wait for more can
-        end it (an evaluation on rank 0 longer than ``--elastic-timeout`` failed a healthy job). ``--finish-timeout``,
-        if set, bounds that from when it was first seen; past it, or once the round is aborted or rank 0 is lost or
-        back at rendezvous (it returned early: it trains on), the wait for ``min_np`` starts."""
+        """A member of the current round returned from its training function at the job's newest commit while rank 0
+        is still in its own (:func:`.completion.finishing_hold`): rank 0's return completes the job however few
+        workers are left, and no wait for more can end it (an evaluation on rank 0 longer than ``--elastic-timeout``
+        failed a healthy job). ``--finish-timeout`` bounds it where it counts from that return
+        (:meth:`.completion.Completion.check_early_returns`: rank 0 is stopped and the job fails, no wait after it).
+        Once the round is aborted or rank 0 is lost or back at rendezvous (it returned early: it trains on), the wait
+        for ``min_np`` starts."""
         job = self._job
-        rank0, holder = None, None
-        if job.phase is Phase.RUNNING and job.abort_round < job.round:
-            for w in job.workers.values():  # below min_np only: a count of every worker, as check's
-                if w.round != job.round:
-                    continue
-                if w.rank == 0 and w.member_of(job.round) and not w.returned:
-                    rank0 = w
-                elif w.returned and not w.returned_early and w.commit_seq >= job.commit_high:
-                    holder = w
-        if rank0 is None or holder is None:
+        hold = finishing_hold(job)  # below min_np only: a scan of every worker, as check's count
+        if hold is None:
             self._finishing_since = None
             return False
-        limit = job.policy.finish_timeout_s
         if self._finishing_since is None:
             self._finishing_since = now
-            bound = f", up to --finish-timeout {limit:g}s" if limit is not None else ""
+            rank0, holder = hold
+            bound = (f", up to --finish-timeout {job.policy.finish_timeout_s:g}s from its return"
+                     if job.policy.finish_timeout_s is not None else "")
             log.info("job %s: rank %s (%s) returned at commit %d and rank 0 (%s) is still in its training function: "
                      "the job waits for rank 0 to return, however few workers are left (--min-np %d)%s", job.job_id,
                      holder.rank, holder.worker_id, holder.commit_seq, rank0.worker_id, job.policy.min_np, bound)
-        return limit is None or now - self._finishing_since <= limit
+        return True
 
     def check(self, now: float) -> None:
         """Fail the job after ``elastic_timeout_s`` below ``min_np`` workers (before the first round, after a
@@ -201,6 +196,8 @@ class Capacity:
             for w in job.alive():  # a count, not a list: this runs over every worker each step
                 if w.state is S.WAITING or w.state is S.RUNNING:
                     counted += 1
+        if counted >= policy.min_np:
+            self._finishing_since = None  # a later hold (the next hvd.elastic.run function's) is logged again
         if counted >= policy.min_np or self._round_finishing(now):
             self._below_min_since = None
             self._waits.pop("min_np", None)

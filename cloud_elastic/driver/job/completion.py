@@ -20,6 +20,11 @@
   worker heartbeats, as under horovodrun; ``--finish-timeout`` bounds it), the
   job succeeds, unless a worker failed, went silent or was stopped after
   completing, or rank 0 could not write its final checkpoint;
+* **the finish timeout** counts from the first return at the job's newest commit
+  (:func:`finishing_hold`), rank 0's or a parked member's, so it bounds rank 0's
+  own end-of-function work (an evaluation) too: past it, rank 0 still in its
+  training function is stopped and the job fails naming it, a returned member
+  writing that commit first (:meth:`~Completion.check_early_returns`);
 * **the no-progress watch** (:meth:`~Completion.check_progress`): a round none
   of whose members made progress for ``progress_timeout_s`` is aborted, and a
   member still in an aborted round is given up once it has made no progress
@@ -50,7 +55,7 @@ from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
-__all__ = ["Completion", "EARLY_RETURN_WAIT_S", "NOT_BACK_LIMIT", "STACKS_WAIT_S"]
+__all__ = ["Completion", "EARLY_RETURN_WAIT_S", "NOT_BACK_LIMIT", "STACKS_WAIT_S", "finishing_hold"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,26 @@ STACKS_WAIT_S = 5.0
 #: after the abort. Three: at the default (120 s) that is past the default collective timeout (300 s), which
 #: frees a survivor spinning in a collective the abort cannot reach (NCCL's device synchronization).
 NOT_BACK_LIMIT = 3
+
+
+def finishing_hold(job: JobView) -> tuple[WorkerRecord, WorkerRecord] | None:
+    """The round is finishing: ``(rank 0, a member)`` while a member of the current round returned from its training
+    function at the job's newest commit (it holds the final state: parked, or gone since, a notice on its host having
+    sent it away to write it) and rank 0 is still in its own (an evaluation, a final save), the round not aborted;
+    else None. Rank 0's return completes the job then, however few workers are left (:class:`.capacity.Capacity`
+    starts no ``--min-np`` wait), within ``--finish-timeout`` if set (:meth:`Completion.check_early_returns`). A member
+    found to have returned early (``returned_early``), or one behind a newer commit, holds no final state."""
+    if job.phase is not Phase.RUNNING or job.abort_round >= job.round:
+        return None
+    rank0, holder = None, None
+    for w in job.workers.values():  # a scan of every worker: callers look only when it may apply
+        if w.round != job.round:
+            continue
+        if w.rank == 0 and w.member_of(job.round) and not w.returned:
+            rank0 = w
+        elif w.returned and not w.returned_early and w.commit_seq >= job.commit_high:
+            holder = w
+    return (rank0, holder) if rank0 is not None and holder is not None else None
 
 
 @dataclass
@@ -103,6 +128,8 @@ class Completion:
         self.stacks_gen = 0
         #: Workers that exited after completing.
         self.exited = 0
+        #: When the first worker returned from its training function at the job's newest commit (rank 0, or a member
+        #: parked while rank 0 is still in its own): ``--finish-timeout`` counts from it.
         self._finishing_since: float | None = None
         #: Members whose training function returned before rank 0's -> when they did (running time).
         self._parked: dict[str, float] = {}
@@ -158,6 +185,8 @@ class Completion:
         if not w.returned:
             w.returned = True
             self._parked[worker_id] = w.last_seen
+            if not lost and self._finishing_since is None:
+                self._finishing_since = now  # --finish-timeout counts from here, unless it was an early return
             log.info("job %s: rank %s (%s) returned from its training function at commit %d; %s", job.job_id,
                      w.rank, worker_id, w.commit_seq, "rank 0 was lost before it returned" if lost else
                      "waiting for rank 0 to return too")
@@ -183,7 +212,8 @@ class Completion:
             log.info("job %s: rank %s (%s) finished training; round %d is completing", job.job_id, w.rank,
                      w.worker_id, job.round)
             job.phase = Phase.FINISHING
-            self._finishing_since = now
+            if self._finishing_since is None:  # else from a member's return at this commit (_finish_timed_out)
+                self._finishing_since = now
         for worker_id in sorted(self._parked):
             parked = job.workers[worker_id]
             if parked.alive and parked.state in _MEMBER:
@@ -295,18 +325,56 @@ class Completion:
         job.end(True, f"training completed on {job.completed_workers} worker(s) after {job.resets} reset(s)", 0)
 
     def _fail_finisher(self, w: WorkerRecord, what: str, now: float) -> None:
-        """``w``, one of the workers of the result, is stopped as lost: the job cannot succeed."""
+        """``w``, one of the workers of the result, is stopped as lost: the job cannot succeed. Rank 0 stopped while
+        the round finishes (still running, :meth:`_finish_timed_out`) is stopped the same way, not failed as a
+        member (no blacklisting, no relaunch: the job ends), and its round is aborted."""
         job = self._job
         line = f"worker {w.worker_id} ({w.label}) {what}"
         self._failures.append(line)
         log.error("job %s: %s", job.job_id, line)
         job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, reason=what,
                  exit_code=None, blacklisted_s=None)
-        job.give_up(w, line, now)
+        if job.phase is not Phase.RUNNING:
+            job.give_up(w, line, now)
+            return
+        w.to(S.LOST, line)
+        job.forget_alive()
+        job.act(Stop(w.worker_id, line, immediate=True, stacks=w.stacks_signal is not False))
+        job.last_failure = line
+        job.abort()
+
+    def _finish_timed_out(self, now: float) -> bool:
+        """``--finish-timeout`` while the round finishes (:func:`finishing_hold`): it counts from the first member's
+        return at the newest commit, and once past, rank 0, still in its training function, is stopped and the job
+        fails naming it (True). With ``--checkpoint-dir`` the job ends through :class:`~.ending.FailingEnd`: a returned
+        member holding that commit writes it first, as when rank 0 is lost there (:meth:`_hold_final_state`). Not
+        while rank 0 waits in a collective reported after the last member parked: they returned early, which
+        :meth:`check_early_returns` decides. The clock stops when the hold ends otherwise (an early return, an
+        aborted round, rank 0 lost or back at rendezvous)."""
+        job = self._job
+        if self._finishing_since is None or job.phase is not Phase.RUNNING:
+            return False
+        hold = finishing_hold(job)
+        if hold is None:
+            self._finishing_since = None
+            return False
+        limit = job.policy.finish_timeout_s
+        since = now - self._finishing_since
+        if limit is None or since <= limit:
+            return False
+        rank0, holder = hold
+        if self._parked and rank0.waiting_s > 0 and rank0.waiting_at > max(self._parked.values()):
+            return False
+        self._fail_finisher(rank0, f"was still in its training function {since:.0f}s after rank {holder.rank} "
+                                   f"({holder.worker_id}) returned from its own at commit {holder.commit_seq} "
+                                   f"(--finish-timeout {limit:g}); stopped", now)
+        job.end(False, f"rank {holder.rank} finished training, but {self._failures[-1]}", 1)
+        return True
 
     def check_early_returns(self, now: float) -> bool:
         """Parked members whose rank 0 is still training leave the round; their peers go on without them. True when
-        the job ended instead: rank 0 was lost and they hold the final state (:meth:`_hold_final_state`).
+        the job ended instead: rank 0 was lost and they hold the final state (:meth:`_hold_final_state`), or it
+        was still in its training function past ``--finish-timeout`` (:meth:`_finish_timed_out`).
 
         Rank 0 waiting in a collective for EARLY_RETURN_WAIT_S means it is still
         training: that collective needs the parked members, who will never join it
@@ -316,6 +384,8 @@ class Completion:
         rank 0 failed cannot rejoin either, and leaves too (its slot is not to blame).
         """
         job = self._job
+        if self._finish_timed_out(now):
+            return True
         if not self._parked or job.phase is not Phase.RUNNING:
             return False
         rank0 = self._rank0()
@@ -352,6 +422,7 @@ class Completion:
         for w in leaving:  # after every parked one had its say: a host-mate taken along exits at once
             self._take_host_along(w)
         self._parked.clear()
+        self._finishing_since = None  # they held no final state: --finish-timeout starts again at the next return
         job.forget_alive()
         if job.abort_round < job.round:
             job.last_failure = "a member returned from its training function while rank 0 was still training"

@@ -39,6 +39,7 @@ from typing import Callable
 
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.capacity import SlotsLeft
+from cloud_elastic.driver.job.completion import finishing_hold
 from cloud_elastic.driver.job.hosts import Slot, blocked_for, blocked_s
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.links import LinkWatch, SlowHost, faster_without_host
@@ -286,6 +287,10 @@ class Health:
         ready = len(self._job.hosts.available_slots(now))
         if ready >= policy.min_np:
             return ""
+        hold = finishing_hold(self._job)  # no --min-np wait while the round finishes (Capacity._round_finishing)
+        if hold is not None:
+            return (f"; rank {hold[1].rank} returned from its training function at the last commit: the job completes "
+                    f"when rank 0 returns from its own, however few workers are left")
         wait = f"up to --elastic-timeout ({policy.elastic_timeout_s:g}s), then fails"
         if policy.hosts_fixed:  # a drained host of a fixed list never comes back (driver.job.capacity)
             found = self._slots_left() if self._slots_left is not None else None
