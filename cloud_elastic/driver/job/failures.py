@@ -79,11 +79,11 @@ class Failures:
         self._lost_in_vain = Streak()  # every worker lost, in a row, each time without progress
         self._own_since_lost = False  # a worker failed of its own doing since every worker was last lost
         self._hangs = Hangs()  # workers given up while their process still ran, in a row at one commit
-        #: Workers given up for silence whose stacks signal is still out: the commit and round they would count at.
-        self._silent: dict[str, tuple[int, Hashable]] = {}
-        #: Host -> its latest outage outside any round: the highest worker number on it when that outage's first
-        #: worker was given up, and the outage's number on that host (see _together).
-        self._outages: dict[str, tuple[int, int]] = {}
+        #: Workers given up for silence whose stacks signal is still out: the commit and keys they would count at.
+        self._silent: dict[str, tuple[int, frozenset[Hashable]]] = {}
+        #: The latest outage (see _together): the highest worker number when its first worker was given up as hung,
+        #: the driver's running time then, and its number.
+        self._outage: tuple[int, float, int] = (-1, -math.inf, 0)
 
     def _lost_again(self) -> int:
         """Every worker is lost, with checkpointing: how many times in a row that has now happened without
@@ -216,9 +216,9 @@ class Failures:
         job.act(Stop(w.worker_id, what, immediate=True, stacks=stacks and armed))
         if not leaving and job.phase is not Phase.FINISHING:
             if self.fail(w, what, now, was_member=was_member, transport=False) and w.hung:
-                # Workers given up together (one outage of a host, every member of one stuck round) count once,
-                # however many scans found them (see _together).
-                at = (job.commit_high, self._together(w))
+                # Workers given up together (one outage, every member of one stuck round) count once, however many
+                # scans found them (see _together).
+                at = (job.commit_high, self._together(w, now))
                 if w.hung != SILENT:
                     self._hung(w, *at)
                 elif not armed:  # its silence for the whole --heartbeat-timeout counts alone (signal_stacks)
@@ -239,22 +239,27 @@ class Failures:
         if was_member:
             job.abort()
 
-    def _together(self, w: WorkerRecord) -> Hashable:
-        """What ``w``, given up as hung, counts as one with: the round it was a member of (every member of one stuck
-        round, one outage of a host in it); outside any round (a newcomer, a worker waiting for the first round), one
-        outage of its host: the workers already launched there when the outage's first worker was given up (a host
-        that froze once with its three waiting workers counts once). One launched after that (the slot's worker
-        relaunched after the give-up, whose set-up hangs the same way) is a new hang, and counts again: keyed by
-        the host alone, every later hang there matched the first and a fixed-size job ran on for good."""
+    def _together(self, w: WorkerRecord, now: float) -> frozenset[Hashable]:
+        """What ``w``, given up as hung at ``now``, counts as one with (:class:`.repeats.Hangs`): the round it was a
+        member of (every member of one stuck round), and the outage it was given up in, whatever its host and round:
+        the workers already launched when the outage's first worker was given up, given up within one
+        --heartbeat-timeout of it (driver running time). One outage of several hosts (a network drop, a zone-wide
+        blip) takes their workers' heartbeats away together, so all of them are given up within that time, in
+        whatever order the scans find them, and a host's round member and its newcomer waiting for the next round
+        match. A worker launched after that (the slot's worker relaunched after the give-up, whose set-up hangs the
+        same way), or one given up later (it ran on past the outage), is a new hang, and counts again (keyed by the
+        host alone, every later hang there matched the first and a fixed-size job ran on for good)."""
+        job = self._job
+        running = job.running(now)
+        launched, since, outage = self._outage
+        if w.seq > launched or running - since > job.policy.heartbeat_timeout_s:
+            launched = max(x.seq for x in job.workers.values())
+            since, outage = running, outage + 1
+            self._outage = (launched, since, outage)
+        keys: set[Hashable] = {("outage", outage)}
         if w.round:
-            return w.round
-        host = w.slot.host
-        launched, outage = self._outages.get(host, (-1, 0))
-        if w.seq > launched:
-            launched = max(x.seq for x in self._job.workers.values() if x.slot.host == host)
-            outage += 1
-            self._outages[host] = (launched, outage)
-        return f"host {host}, outage {outage}"
+            keys.add(("round", w.round))
+        return frozenset(keys)
 
     def signal_stacks(self, w: WorkerRecord, text: str) -> None:
         """The stop path's word on ``w``, given up and asked for its stacks by signal, now killed: ``text`` is what it
@@ -287,13 +292,13 @@ class Failures:
             return
         self._hung(w, *at)
 
-    def _hung(self, w: WorkerRecord, commit: int, together: Hashable) -> None:
+    def _hung(self, w: WorkerRecord, commit: int, together: frozenset[Hashable]) -> None:
         """``w`` was given up while its process still ran (``w.hung`` says what it was doing) with the job at
-        ``commit``, as a member of round ``together`` (its id when it was none): the :data:`.repeats.REPEATS`-th
+        ``commit``, as part of ``together`` (its round and outage: :meth:`_together`): the :data:`.repeats.REPEATS`-th
         time in a row with no new commit of the job in between ends the job, through the failing end (its newest
         commit checkpointed first). The slot itself only cools down, as after any give-up."""
         job = self._job
-        times = self._hangs.given_up(commit, together)
+        times = self._hangs.given_up(commit, together, w.worker_id, w.slot.host, str(w.slot))
         if job.outcome is not None:
             return
         if times < REPEATS:
@@ -302,7 +307,7 @@ class Failures:
                             "at commit %d before the job ends", job.job_id, w.worker_id, w.label, w.hung, times,
                             REPEATS, commit)
             return
-        job.end(False, Hangs.line(f"{w.slot} ({w.label})", commit, times, w.hung), 1)
+        job.end(False, self._hangs.line(f"{w.slot} ({w.label})", commit, times, w.hung), 1)
 
     def check_state_kept(self) -> None:
         """Fail at once when the committed state is gone and nothing can bring it back."""

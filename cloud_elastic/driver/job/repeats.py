@@ -27,10 +27,12 @@ go round for ever (each relaunch forms a round, and a formed round restarts the 
   one whose network is down (its ssh session still open) prints nothing, and such an outage never counts. Where it
   is not (the script handles SIGUSR1, a wrapper gets the signal, a Ray, Spark or adopted process cannot be asked)
   its silence alone counts: an outage longer than ``--heartbeat-timeout``, three times at one commit, then does.
-  Workers given up together count once: one give-up per round they were members of, however many scans found them
-  (all of one host's workers, or every member of one stuck round). Any new commit starts the count again, so an
-  elastic job that trains on without it never ends this way (its slot only cools down), and neither does a
-  straggler that comes back.
+  Workers given up together count once, however many scans found them and in whatever order: every member of one
+  stuck round, and every worker of one outage (already running when its first worker was given up, and given up
+  within one ``--heartbeat-timeout`` of it, on any host: a network drop of several hosts; a host's round member and
+  its newcomer); a worker relaunched after a give-up, or one that ran on past the outage, counts again. Any new
+  commit starts the count again, so an elastic job that trains on without it never ends this way (its slot only
+  cools down), and neither does a straggler that comes back.
 
 Only a failure the worker's own process caused counts (:func:`own_failure`): an exception its script
 reported, a non-zero exit code, or death by a crash signal (:data:`CRASH_SIGNALS`). A worker killed from
@@ -117,25 +119,47 @@ class Streak:
 class Hangs:
     """Workers given up while their process still ran (``WorkerRecord.hung``), in a row at one commit of the job.
 
-    Several given up together (``together``: the round they were members of) count once. Not a blacklist: the
-    slot keeps its usual cooldown; the job ends at the :data:`REPEATS`-th (see the module docstring)."""
+    Workers given up together count once: each give-up comes with the keys of what it was part of (the round it was
+    a member of, the outage it was given up in: see ``Failures._together``), and one that shares a key with a give-up
+    already counted at this commit counts 0. Every key seen at the commit is kept (a new commit clears them): only
+    the last one kept, one outage of two hosts whose workers the scans found in the order b, c, b counted 3 and ended
+    a healthy job. Not a blacklist: the slot keeps its usual cooldown; the job ends at the :data:`REPEATS`-th (see the
+    module docstring)."""
 
     streak: Streak = field(default_factory=Streak)
-    _last: Hashable = None
+    _keys: set[Hashable] = field(default_factory=set)
+    #: The workers given up as hung at this commit, counted or not, first give-up first: id -> (host, slot).
+    workers: dict[str, tuple[str, str]] = field(default_factory=dict)
 
-    def given_up(self, commit: int, together: Hashable) -> int:
-        """A hung worker was given up with the job at ``commit``: how many such give-ups in a row there are now with
-        no new commit in between (0: one of a give-up with the same ``together`` at this commit, already counted)."""
-        if (commit, together) == self._last:
+    def given_up(self, commit: int, together: frozenset[Hashable], worker: str = "", host: str = "",
+                 slot: str = "") -> int:
+        """A hung worker (``worker`` on ``slot`` of ``host``) was given up with the job at ``commit``, as part of
+        everything in ``together``: how many such give-ups in a row there are now with no new commit in between (0: it
+        shares a key with a give-up already counted at this commit; its other keys join that one's)."""
+        if not self.streak.count or commit != self.streak.key:
+            self._keys.clear()
+            self.workers.clear()
+        self.workers[worker] = (host, slot)
+        if self._keys & together:
+            self._keys |= together
             return 0
-        self._last = (commit, together)
+        self._keys |= together
         return self.streak.note(commit)
 
-    @staticmethod
-    def line(worker: str, commit: int, times: int, doing: str) -> str:
+    def line(self, worker: str, commit: int, times: int, doing: str) -> str:
         """The job's end line: the worker (``host[slot] (rank N)``), the commit, how many times, what it was doing
-        (:data:`SILENT` first for one given up for silence), and the timeout that gave it up, to raise."""
+        (:data:`SILENT` first for one given up for silence), and the timeout that gave it up, to raise. Where the
+        give-ups were of more than one slot (an outage of several hosts, then others), it says how many workers on
+        which hosts were given up, and names the last one."""
         remedy = ("raise --heartbeat-timeout if its script can hold the GIL that long" if doing.startswith(SILENT)
                   else "raise --progress-timeout if this step can take longer")
-        return (f"no progress: worker {worker} was given up {times} times in a row at commit {commit}, its process "
-                f"still running each time and no commit in between; what it was doing: {doing}; {remedy}")
+        if len(set(self.workers.values())) <= 1:  # one slot's worker each time (relaunched after each give-up)
+            return (f"no progress: worker {worker} was given up {times} times in a row at commit {commit}, its process "
+                    f"still running each time and no commit in between; what it was doing: {doing}; {remedy}")
+        hosts = list(dict.fromkeys(host for host, _ in self.workers.values()))
+        on = f"on host {hosts[0]}" if len(hosts) == 1 else f"on {len(hosts)} hosts ({', '.join(hosts[:8])}" + (
+            ", ...)" if len(hosts) > 8 else ")")
+        return (f"no progress: hung workers were given up {times} times in a row at commit {commit} "
+                f"({len(self.workers)} workers {on}; those given up together, in one outage or one round, count "
+                f"once), their processes still running each time and no commit in between; the last: worker {worker}, "
+                f"what it was doing: {doing}; {remedy}")
