@@ -372,12 +372,15 @@ def drain(job: str, target: str) -> int:
     replacement when discovery offers one; a drained host gets no new worker
     until it leaves discovery (with a fixed -H list: for the rest of the job),
     unlike a cloud's notice, which lapses when the cloud keeps the host. The
-    reply warns when the drain leaves fewer ready slots than --min-np, and says
-    what the job does: with discovery it waits for more, up to
+    reply warns when the drain leaves room for fewer workers than --min-np (the
+    workers that stay and the free slots; under --whole-hosts, whole hosts'),
+    and says what the job does: with discovery it waits for more, up to
     --elastic-timeout; with a fixed -H list it waits for slots cooling down or
     on a host with a notice, up to --elastic-timeout, and ends once the drained
-    workers have left if even those are too few. Signed like 'status': only
-    the user who started the job can ask.
+    workers have left if even those are too few. A script without
+    hvd.elastic.run cannot leave at a commit: while no worker has entered it,
+    the drained workers run to the end of the script, and the reply says so.
+    Signed like 'status': only the user who started the job can ask.
     """
     from cloud_elastic import status as st
 

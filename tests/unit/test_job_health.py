@@ -82,6 +82,7 @@ def test_the_straggler_watch_is_off_at_factor_zero():
 
 def test_an_operator_drains_one_slot_or_a_whole_host():
     sim = started(3, {"a": 2, "b": 1}, min_np=1)
+    sim.job.fixed.entered(sim.id("a[0]"))  # an elastic script (a fixed-size one: test_operator_drain_fixed_size.py)
     done, message = sim.job.drain("a", 1, sim.now)
     assert done and "leaves at its next commit" in message
     assert sim.job.workers[sim.id("a[1]")].state is S.DRAINING and sim.blocked("a[1]")

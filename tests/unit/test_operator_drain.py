@@ -23,6 +23,14 @@ S = WorkerState
 NOW = 1000.0
 
 
+def _elastic(sim: Sim) -> Sim:
+    """The job's script enters ``hvd.elastic.run`` (its workers' heartbeats say so): a drained worker leaves at a
+    commit. A job none of whose workers did may be fixed-size, whose drained workers run to the end of the script
+    (tests/unit/test_operator_drain_fixed_size.py)."""
+    sim.job.fixed.entered(sim.id(sim.layout()[0]))
+    return sim
+
+
 def _leave_at_commit(sim: Sim, stay: tuple[str, ...], host: str) -> None:
     """The drained host's workers leave at their next commit; the others re-form without them."""
     sim.join(*stay, reason="update")
@@ -60,15 +68,15 @@ def test_a_drained_host_that_left_discovery_and_came_back_takes_workers_again():
 
 
 def test_the_reply_warns_when_the_drain_leaves_fewer_ready_slots_than_min_np():
-    sim = started(3, {"a": 2, "b": 1}, min_np=3, elastic_timeout_s=300)
+    sim = _elastic(started(3, {"a": 2, "b": 1}, min_np=3, elastic_timeout_s=300))
     done, message = sim.job.drain("b", None, sim.now)
     assert done
-    assert message.endswith("; WARNING: that leaves 2 ready slot(s), below --min-np 3: the job waits for more "
+    assert message.endswith("; WARNING: that leaves room for 2 worker(s), below --min-np 3: the job waits for more "
                             "up to --elastic-timeout (300s), then fails")
 
 
 def test_on_a_fixed_host_list_the_reply_says_the_job_ends_and_it_does():
-    sim = started(3, {"a": 2, "b": 1}, min_np=3, elastic_timeout_s=300, hosts_fixed=True)
+    sim = _elastic(started(3, {"a": 2, "b": 1}, min_np=3, elastic_timeout_s=300, hosts_fixed=True))
     done, message = sim.job.drain("b", None, sim.now)
     assert done
     assert message.endswith("; WARNING: that leaves 2 slot(s), below --min-np 3, and a fixed -H list cannot "
@@ -102,8 +110,8 @@ def test_on_a_fixed_host_list_a_slot_cooling_down_is_waited_for_as_the_reply_say
 
     Before: c[0] crashed once (cooldown 60 s), then b was drained: the reply counted only the slots ready now
     ("leaves 1 ready slot(s) ... the job ends now") while the job waited for c[0] and went on there."""
-    sim = started(2, {"a": 1, "b": 1, "c": 1}, min_np=2, cooldown=(60.0, 60.0), elastic_timeout_s=300,
-                  hosts_fixed=True)
+    sim = _elastic(started(2, {"a": 1, "b": 1, "c": 1}, min_np=2, cooldown=(60.0, 60.0), elastic_timeout_s=300,
+                           hosts_fixed=True))
     assert sorted(str(w.slot) for w in sim.job.members()) == ["a[0]", "b[0]"]
     sim.advance(1)
     sim.exit("b[0]")  # a crash: b[0] cools down for 60 s; c[0] takes its place
@@ -112,8 +120,8 @@ def test_on_a_fixed_host_list_a_slot_cooling_down_is_waited_for_as_the_reply_say
     assert sorted(str(w.slot) for w in sim.job.members()) == ["a[0]", "c[0]"]
     done, message = sim.job.drain("c", None, sim.now)
     assert done
-    assert message.endswith("; WARNING: that leaves 1 ready slot(s), below --min-np 2, and 1 more cooling down "
-                            "after a failure or on a host with a notice: the job waits for them up to "
+    assert message.endswith("; WARNING: that leaves room for 1 worker(s), below --min-np 2, and 1 more slot(s) "
+                            "cooling down after a failure or on a host with a notice: the job waits for them up to "
                             "--elastic-timeout (300s), then fails")
     _leave_at_commit(sim, ("a[0]",), "c")
     sim.advance(5)
@@ -124,6 +132,6 @@ def test_on_a_fixed_host_list_a_slot_cooling_down_is_waited_for_as_the_reply_say
 
 
 def test_a_drain_that_leaves_enough_ready_slots_says_nothing_more():
-    sim = started(2, {"a": 1, "b": 1, "c": 1}, min_np=2, hosts_fixed=True)
+    sim = _elastic(started(2, {"a": 1, "b": 1, "c": 1}, min_np=2, hosts_fixed=True))
     done, message = sim.job.drain("b", None, sim.now)
     assert done and "WARNING" not in message

@@ -17,7 +17,10 @@
   ``-H`` list, ``Policy.hosts_fixed``) it fails at once when the slots of its hosts ready,
   draining for a notice (which may lapse) or missing, less those blacklisted for the rest
   of the job and the hosts an operator drained, are fewer than ``min_np`` (no wait can
-  bring more), naming them and the last failure. Outside start-up a worker counts only once
+  bring more), naming them and the last failure. While the job is, or may still be,
+  fixed-size (no worker entered ``hvd.elastic.run``, see :mod:`.fixed_size`), a member
+  draining counts as staying: a script without ``elastic.run`` cannot leave at a commit,
+  and it runs to its end with the others (:meth:`Capacity.drained_stay`). Outside start-up a worker counts only once
   it reached rendezvous, so a slot that crashes on every launch does not restart
   the timeout each time. Before the first round, once a worker failed (its host
   not reachable yet, a booting VM; or its process exited: a script missing on one
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from cloud_elastic.driver.job.actions import Launch, Phase
 from cloud_elastic.driver.job.completion import finishing_hold
@@ -45,11 +48,16 @@ from cloud_elastic.driver.job.spares import doubtful, launch_room
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
+if TYPE_CHECKING:
+    from cloud_elastic.driver.job.fixed_size import FixedSize
+
 __all__ = ["Capacity", "PROGRESS_EVERY_S", "SlotsLeft", "slots_left", "whole_hosts"]
 
 log = logging.getLogger(__name__)
 
 S = WorkerState
+#: Workers that stay in the job (not draining, exiting or done): ``JobView.active``'s states.
+_STAYING = (S.STARTING, S.CONNECTED, S.WAITING, S.RUNNING)
 
 #: How often a long wait (slots for -np, below --min-np) prints a progress line.
 PROGRESS_EVERY_S = 15.0
@@ -58,8 +66,11 @@ PROGRESS_EVERY_S = 15.0
 class Capacity:
     """Launch planning and the ``min_np`` watch of one job (see module docstring)."""
 
-    def __init__(self, job: JobView, send_away: Callable[[WorkerRecord, str], None] | None = None) -> None:
+    def __init__(self, job: JobView, send_away: Callable[[WorkerRecord, str], None] | None = None,
+                 fixed: FixedSize | None = None) -> None:
         self._job = job
+        #: Whether the job runs a script without ``hvd.elastic.run`` (:mod:`.fixed_size`; None: an elastic job).
+        self._fixed = fixed
         #: Which sources slots come from (several sources; see :mod:`.sourcing`): it orders and limits launches,
         #: and sends fallback workers away (``send_away``: :meth:`.leaving.Leavers.send_away`) once cheaper slots return.
         self.sourcing = Sourcing(job, send_away) if job.policy.sources and send_away is not None else None
@@ -193,8 +204,9 @@ class Capacity:
             counted, what = len(job.active()), "available"
         else:
             counted, what = 0, "ready"
+            draining = self.drained_stay()  # a fixed-size script's draining member never leaves at a commit
             for w in job.alive():  # a count, not a list: this runs over every worker each step
-                if w.state is S.WAITING or w.state is S.RUNNING:
+                if w.state is S.WAITING or w.state is S.RUNNING or (draining and w.state is S.DRAINING):
                     counted += 1
         if counted >= policy.min_np:
             self._finishing_since = None  # a later hold (the next hvd.elastic.run function's) is logged again
@@ -244,6 +256,35 @@ class Capacity:
         if self._job.hosts.version != self._slots_version:
             self._remember_slots()
         return slots_left(self._job.hosts, self._slots, self._job.policy.whole_host_slots)
+
+    def drained_stay(self) -> bool:
+        """The job is, or may still be, fixed-size (:mod:`.fixed_size`): no worker has entered ``hvd.elastic.run``
+        (its heartbeats say so) and none committed (commits are made inside it; a resumed job holds committed
+        state). A member draining then may never leave: a fixed-size script cannot leave at a commit, so it runs
+        to its end with the others, and counts as staying (the ``min_np`` watch, the fixed list's end, the hand
+        drain's reply). Once a worker enters ``elastic.run`` it leaves at its next commit, and counts as gone."""
+        fixed = self._fixed
+        return fixed is not None and not fixed.elastic and not self._job.state_committed
+
+    def room(self, now: float, *, drained_stay: bool | None = None) -> int:
+        """How many workers the job may hold now without waiting for a slot: its workers that stay (those on a host
+        with a soft notice too: they train on; while :meth:`drained_stay`, unless ``drained_stay`` says otherwise,
+        its draining members too), plus its free available slots (under ``--whole-hosts`` those of whole hosts only,
+        as launches take them: :func:`whole_hosts`). The hand drain's reply compares it with ``min_np``."""
+        job = self._job
+        hosts, whole = job.hosts, job.policy.whole_host_slots
+        draining = self.drained_stay() if drained_stay is None else drained_stay
+        occupied, staying = set(), 0
+        for w in job.workers.values():
+            if w.state is S.EXITED:
+                continue
+            occupied.add((w.slot.host, w.slot.index))  # a worker given up may still run until its process is gone
+            if (w.state in _STAYING and hosts.stays(w.slot)) or (draining and w.state is S.DRAINING):
+                staying += 1
+        free = [s for s in hosts.available_slots(now) if (s.host, s.index) not in occupied]
+        if whole:
+            free = whole_hosts(free, whole)
+        return staying + len(free)
 
     def _never_enough(self, counted: int) -> bool:
         """A fixed host list (``Policy.hosts_fixed``) with fewer slots than ``min_np`` left once those blacklisted

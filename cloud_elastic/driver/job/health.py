@@ -35,10 +35,9 @@ from __future__ import annotations
 
 import logging
 import statistics
-from typing import Callable
 
 from cloud_elastic.driver.job.actions import Phase
-from cloud_elastic.driver.job.capacity import SlotsLeft
+from cloud_elastic.driver.job.capacity import Capacity
 from cloud_elastic.driver.job.completion import finishing_hold
 from cloud_elastic.driver.job.hosts import Slot, blocked_for, blocked_s
 from cloud_elastic.driver.job.leaving import Leavers
@@ -114,13 +113,13 @@ def _rounded(share: float | None) -> float | None:
 class Health:
     """Stragglers, hand drains and failed self-tests, for one job (see module docstring)."""
 
-    def __init__(self, job: JobView, leavers: Leavers,
-                 slots_left: Callable[[], SlotsLeft | None] | None = None) -> None:
+    def __init__(self, job: JobView, leavers: Leavers, capacity: Capacity | None = None) -> None:
         self._job = job
         self._leavers = leavers
-        #: What a fixed host list may still offer (:meth:`.capacity.Capacity.fixed_slots_left`): the hand drain's
-        #: reply says the job ends by the same count that ends it.
-        self._slots_left = slots_left
+        #: The job's counts of what stays (:meth:`.capacity.Capacity.room`, :meth:`~.capacity.Capacity.drained_stay`)
+        #: and of what a fixed host list may still offer (:meth:`~.capacity.Capacity.fixed_slots_left`): the hand
+        #: drain's reply says what the job does by the counts its rules read.
+        self._capacity = capacity
         self._slow_since: dict[str, float] = {}  # worker id -> running time it was first seen slow
         self._kept: set[str] = set()  # slow workers (and slow-link hosts) already said to be kept
         self._next_scan = 0.0
@@ -261,8 +260,9 @@ class Health:
                 return False, f"no host {host} in this job"
             self._leavers.notice(host, Drain(None, "drained by hand (cloud-elastic drain)"), now, source="operator")
             job.tick(now)
-            return True, (f"host {host} drains: its {len(on_host)} worker(s) leave at their next commit; no new "
-                          f"worker is placed there until it leaves discovery{self._below_min_np(now)}")
+            return True, (f"host {host} drains: its {len(on_host)} worker(s) leave at their next commit"
+                          f"{self._fixed_size()}; no new worker is placed there until it leaves discovery"
+                          f"{self._below_min_np(now)}")
         mine = [w for w in on_host if w.slot.index == slot]
         if not mine:
             return False, f"no worker on {host}[{slot}]"
@@ -275,34 +275,49 @@ class Health:
         job.tick(now)
         whole = job.policy.whole_host_slots and len(on_host) > 1
         mates = " with its host's other workers (--whole-hosts)" if whole else ""
-        return True, (f"worker {w.worker_id} leaves{mates} at its next commit; slot {host}[{slot}] blacklisted "
-                      f"{blocked_for(delay)}")
+        return True, (f"worker {w.worker_id} leaves{mates} at its next commit{self._fixed_size()}; slot "
+                      f"{host}[{slot}] blacklisted {blocked_for(delay)}")
+
+    def _fixed_size(self) -> str:
+        """What a drained worker does instead while the job is, or may still be, fixed-size
+        (:meth:`.capacity.Capacity.drained_stay`; else ""): it cannot leave at a commit, and runs to its script's end."""
+        if self._capacity is None or not self._capacity.drained_stay():
+            return ""
+        return (" (no worker has entered hvd.elastic.run yet, and a fixed-size script cannot leave at a commit: "
+                "without elastic.run the drained worker(s) run to the end of the script with the others)")
 
     def _below_min_np(self, now: float) -> str:
-        """The hand drain's warning when it leaves fewer ready slots than ``--min-np`` (else ""): what the job does
-        then. A fixed list ends only when the slots it may still use (:func:`~.capacity.slots_left`, the rule
+        """The hand drain's warning when it leaves room for fewer workers than ``--min-np`` (else ""): what the job
+        does then. The room (:meth:`.capacity.Capacity.room`) is the workers that stay, on a host with a soft notice
+        too, and the free available slots (under ``--whole-hosts``, of whole hosts). While the job may still be
+        fixed-size its drained workers stay (:meth:`.capacity.Capacity.drained_stay`); the warning then says what
+        happens if the script enters ``hvd.elastic.run`` after all, when they leave at a commit. A fixed list ends
+        only when the slots it may still use (:func:`~.capacity.slots_left`, the rule
         :meth:`.capacity.Capacity.check` ends it by) are fewer; slots cooling down or on a host with a notice may
         serve again, and the job waits for them. A job with discovery waits for more."""
-        policy = self._job.policy
-        ready = len(self._job.hosts.available_slots(now))
-        if ready >= policy.min_np:
+        policy, capacity = self._job.policy, self._capacity
+        if capacity is None:
             return ""
+        room = capacity.room(now, drained_stay=False)
+        if room >= policy.min_np:
+            return ""
+        warn = "; WARNING: if the script enters hvd.elastic.run, " if capacity.drained_stay() else "; WARNING: "
         hold = finishing_hold(self._job)  # no --min-np wait while the round finishes (Capacity._round_finishing)
         if hold is not None:
             return (f"; rank {hold[1].rank} returned from its training function at the last commit: the job completes "
                     f"when rank 0 returns from its own, however few workers are left")
         wait = f"up to --elastic-timeout ({policy.elastic_timeout_s:g}s), then fails"
         if policy.hosts_fixed:  # a drained host of a fixed list never comes back (driver.job.capacity)
-            found = self._slots_left() if self._slots_left is not None else None
+            found = capacity.fixed_slots_left()
             if found is not None and not found.certain(policy.min_np):
-                return (f"; WARNING: that leaves {found.left} slot(s), below --min-np {policy.min_np}, and a fixed -H "
+                return (f"{warn}that leaves {found.left} slot(s), below --min-np {policy.min_np}, and a fixed -H "
                         f"list cannot grow: the job ends once its workers have left (its newest commit written "
                         f"first with --checkpoint-dir)")
-            if found is not None and found.left > ready:
-                return (f"; WARNING: that leaves {ready} ready slot(s), below --min-np {policy.min_np}, and "
-                        f"{found.left - ready} more cooling down after a failure or on a host with a notice: the "
-                        f"job waits for them {wait}")
-        return (f"; WARNING: that leaves {ready} ready slot(s), below --min-np {policy.min_np}: the job waits for "
+            if found is not None and found.left > room:
+                return (f"{warn}that leaves room for {room} worker(s), below --min-np {policy.min_np}, and "
+                        f"{found.left - room} more slot(s) cooling down after a failure or on a host with a notice: "
+                        f"the job waits for them {wait}")
+        return (f"{warn}that leaves room for {room} worker(s), below --min-np {policy.min_np}: the job waits for "
                 f"more {wait}")
 
     # ------------------------------------------------------- sick newcomers
