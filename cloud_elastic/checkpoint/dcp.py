@@ -45,7 +45,7 @@ from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, check_archive, one_line, safe_load
 
 __all__ = ["METADATA_JSON", "ShardCorrupt", "dcp_reason", "digesting_writer", "load_target", "optimizer_target",
-           "safe_load_planner", "unexpected_items", "verifying_reader"]
+           "safe_load_planner", "saved_groups", "unexpected_items", "verifying_reader"]
 
 #: DCP's metadata as JSON, beside DCP's own pickled ``.metadata`` (which only plain DCP reads).
 METADATA_JSON = "metadata.json"
@@ -360,6 +360,18 @@ def unexpected_items(tensors: Mapping[str, Any], optimizers: Mapping[str, str], 
         elif not _held(rest, known[name]):
             found.append(key)
     return sorted(found)
+
+
+def saved_groups(name: str, metadata: Any) -> list[set[str]]:
+    """The keys of each param group DCP's ``metadata`` lists for the optimizer ``name`` (``name.param_groups.0.lr``),
+    by index, read from the metadata alone; [] when it lists none."""
+    groups: list[set[str]] = []
+    for key in metadata.state_dict_metadata:
+        index, _, rest = key.removeprefix(f"{name}.param_groups.").partition(".")
+        if key.startswith(f"{name}.param_groups.") and index.isdigit() and rest and int(index) <= 100_000:
+            groups += [set() for _ in range(int(index) + 1 - len(groups))]
+            groups[int(index)].add(rest.partition(".")[0])
+    return groups
 
 
 def _held(key: str, names: set[str]) -> bool:

@@ -18,9 +18,10 @@ and ``load_state_payload`` rebuilds with their type and value. A sampler's ``sta
 its progress as spans of positions (O(spans), whatever the dataset size), so
 checkpointing never builds a per-sample list on the training thread;
 ``load_state_payload`` also reads checkpoints that hold Horovod's form
-``{"epoch", "processed_indices"}``. An optimizer's entry also names its class (:data:`OPTIMIZER_CLASS`), so that
-another optimizer is refused as another model is, not left to fail at its first step (SGD's ``KeyError:
-'momentum'`` in AdamW's param groups). The file is usable without cloud-elastic:
+``{"epoch", "processed_indices"}``. An optimizer whose saved param groups lack what its step reads is refused as
+another model is, not left to fail at its first step (SGD's ``KeyError: 'momentum'`` in AdamW's groups:
+``checkpoint.optimizer_fit``); the entry also names the optimizer's class (:data:`OPTIMIZER_CLASS`), for that
+message. The file is usable without cloud-elastic:
 ``model.load_state_dict(ckpt["model"])``, ``optimizer.load_state_dict(ckpt["optimizer"])``.
 """
 
@@ -33,9 +34,11 @@ import torch
 from cloud_elastic import plain_numpy
 from cloud_elastic.checkpoint.api import (FORMAT_VERSION, FROZENSET_FORMAT_VERSION, CheckpointError, CheckpointMismatch,
                                           StateDictMismatch)
+from cloud_elastic.checkpoint.optimizer_fit import (OPTIMIZER_CLASS, OPTIMIZER_CLASSES, check_optimizer,
+                                                    optimizer_class)
 
-__all__ = ["OPTIMIZER_CLASS", "OPTIMIZER_CLASSES", "SavedByStateDict", "check_optimizer_class", "check_payload",
-           "mismatch_of", "optimizer_class", "stage_payload", "state_payload", "load_state_payload"]
+__all__ = ["OPTIMIZER_CLASS", "OPTIMIZER_CLASSES", "SavedByStateDict", "check_payload", "mismatch_of",
+           "optimizer_class", "stage_payload", "state_payload", "load_state_payload"]
 
 _LEAVES = plain_numpy.LEAVES
 #: Counter too: MultiStepLR keeps its milestones in one, and torch's weights-only loader reads it.
@@ -208,8 +211,9 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
     """Load a :func:`state_payload` into ``state`` and make it the state's last commit (the attributes in
     ``skip`` are not in the payload: a sharded checkpoint's loader has loaded them already).
 
-    The names must match the state's public attributes both ways; a mismatch
-    raises CheckpointMismatch before anything is changed; one that does not fit
+    The names must match the state's public attributes both ways; a mismatch, or an optimizer's saved param
+    groups that lack what its step reads (``optimizer_fit.check_optimizer``: an OptimizerMismatch), raises
+    CheckpointMismatch before anything is changed; one that does not fit
     (shapes, optimizer groups) restores the state's last commit and raises
     CheckpointMismatch (naming the first mismatch); any other failure of a load (out of
     memory, I/O) restores it too and raises a plain CheckpointError: it is no sign of
@@ -227,7 +231,7 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
             if names)))
     for name, target in live.items():
         if isinstance(target, torch.optim.Optimizer) and isinstance(payload[name], dict):
-            check_optimizer_class(name, payload[name].get(OPTIMIZER_CLASS), target)
+            check_optimizer(name, target, payload[name].get("param_groups"), payload[name].get(OPTIMIZER_CLASS))
     payload = _numpy_rebuilt(payload)
     try:
         for name, value in payload.items():
@@ -249,28 +253,6 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
                                   f"{_bounded(str(exc), 500)}") from exc
         raise CheckpointMismatch(f"{name}: {first}") from exc
     state.save()
-
-
-#: The key of an optimizer's entry in a payload that names the optimizer's class (torch's ``load_state_dict``
-#: reads only ``state`` and ``param_groups``, so the entry still loads without cloud-elastic).
-OPTIMIZER_CLASS = "optimizer_class"
-#: The key of a sharded checkpoint's manifest ``extra`` that names each sharded optimizer's class, by attribute.
-OPTIMIZER_CLASSES = "optimizer_classes"
-
-
-def optimizer_class(optimizer: torch.optim.Optimizer) -> str:
-    """The name a checkpoint records of ``optimizer``'s class: ``AdamW`` for an AdamW in a DistributedOptimizer
-    too (which subclasses it under the same name)."""
-    return type(optimizer).__name__
-
-
-def check_optimizer_class(name: str, saved: Any, optimizer: torch.optim.Optimizer) -> None:
-    """CheckpointMismatch when ``saved`` (the class name a checkpoint recorded for the optimizer ``name``) is not
-    ``optimizer``'s: its param groups lack what this one's step reads (SGD's ``momentum`` in AdamW's groups), so
-    it would fail at the first step, on every worker, at every resume. A checkpoint that recorded none (written
-    before it did) is not checked."""
-    if isinstance(saved, str) and saved != optimizer_class(optimizer):
-        raise CheckpointMismatch(_bounded(f"{name}: saved by {saved}, this is {optimizer_class(optimizer)}"))
 
 
 #: How torch says that a saved value does not fit the live one: ``load_state_dict``'s lines (a module's, an

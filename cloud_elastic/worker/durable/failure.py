@@ -47,10 +47,11 @@ class CheckpointFailed(CheckpointError):
 def mismatch(exc: Any, url: str, commit: int) -> CheckpointFailed:
     """The checkpoint of commit ``commit`` in ``url``, intact, does not fit this state (``exc``, a
     :class:`~cloud_elastic.checkpoint.api.CheckpointMismatch`: another model): the job ends in one line that says
-    so, not as training state lost; the checkpoint stays as it is, to resume with the model it was written by."""
+    so, not as training state lost; the checkpoint stays as it is, to resume with the model it was written by (or
+    the optimizer: an ``OptimizerMismatch``'s ``remedy``)."""
+    remedy = getattr(exc, "remedy", "resume with the same model")
     return CheckpointFailed("mismatch", f"the checkpoint in {url} (commit #{commit}) does not fit this training "
-                                        f"state ({exc.first}): resume with the same model, or use a fresh "
-                                        "--checkpoint-dir")
+                                        f"state ({exc.first}): {remedy}, or use a fresh --checkpoint-dir")
 
 
 def check_sees_job(store: Any, url: str, job_id: str, host: str) -> None:

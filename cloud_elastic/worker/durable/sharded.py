@@ -77,10 +77,10 @@ import torch
 import torch.distributed as dist
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo, CheckpointMismatch
-from cloud_elastic.checkpoint.payload import (OPTIMIZER_CLASSES, check_optimizer_class, check_payload,
-                                              load_state_payload, mismatch_of, optimizer_class, stage_payload,
+from cloud_elastic.checkpoint.payload import (check_payload, load_state_payload, mismatch_of, stage_payload,
                                               state_payload)
-from cloud_elastic.checkpoint.dcp import ShardCorrupt, dcp_reason, load_target
+from cloud_elastic.checkpoint.dcp import ShardCorrupt, dcp_reason, load_target, saved_groups
+from cloud_elastic.checkpoint.optimizer_fit import OPTIMIZER_CLASSES, check_optimizers, optimizer_classes
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
@@ -253,8 +253,7 @@ class ShardedCheckpoints:
                                                            self.store.reserve(step))[2], ctx.device)
             rest, self._skip = (stage_payload(rest) if rest is not None else None), skip  # training changes them
             meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": seq, "hosts": info.cross_size,
-                    OPTIMIZER_CLASSES: {n: optimizer_class(getattr(state, n)) for n in sorted(skip)
-                                        if isinstance(getattr(state, n), torch.optim.Optimizer)}}
+                    OPTIMIZER_CLASSES: optimizer_classes(state, skip)}
             epoch = getattr(state, "epoch", None)
             if isinstance(epoch, int) and not isinstance(epoch, bool):
                 meta["epoch"] = epoch
@@ -388,11 +387,11 @@ class ShardedCheckpoints:
         tensors, skip = sharded_parts(state)
         try:
             # Decided alike on every worker of the host (one manifest, one metadata, one model): no collective.
-            optimizers = _optimizers(state, tensors, chosen)
-            tensors = load_target(tensors, optimizers, storage.read_metadata())
+            metadata = storage.read_metadata()
+            tensors = load_target(tensors, _optimizers(state, tensors, chosen, metadata), metadata)
             _load(tensors, storage)
             set_parts(state, tensors)
-        except CheckpointMismatch:  # another model or optimizer, found before anything was read
+        except CheckpointMismatch:  # another model, or an optimizer's groups lacking keys, found before any read
             raise
         except (Exception, _DCP_ERROR) as exc:
             state.restore()
@@ -432,14 +431,13 @@ class ShardedCheckpoints:
 _OK, _UNUSABLE, _UNREADABLE = 0, 1, 2
 
 
-def _optimizers(state: Any, tensors: dict[str, Any], chosen: CheckpointInfo) -> dict[str, str]:
+def _optimizers(state: Any, tensors: dict[str, Any], chosen: CheckpointInfo, metadata: Any) -> dict[str, str]:
     """The sharded optimizers among ``tensors``, each by the name of the model that holds its parameters;
-    CheckpointMismatch when the checkpoint's manifest says another optimizer class wrote one (an old one says
-    nothing: its optimizers load as they did)."""
-    parts, saved = {n: getattr(state, n) for n in tensors}, chosen.extra.get(OPTIMIZER_CLASSES)
+    OptimizerMismatch when one's param groups in DCP's ``metadata`` lack what its step reads (``optimizer_fit``)."""
+    parts = {n: getattr(state, n) for n in tensors}
     optimizers = {n: v for n, v in parts.items() if isinstance(v, torch.optim.Optimizer)}
-    for name, optimizer in optimizers.items():
-        check_optimizer_class(name, saved.get(name) if isinstance(saved, dict) else None, optimizer)
+    check_optimizers(optimizers, {n: saved_groups(n, metadata) for n in optimizers},
+                     chosen.extra.get(OPTIMIZER_CLASSES))
     models = {n: v for n, v in parts.items() if n not in optimizers}
     return {n: model_of(n, v, models) for n, v in optimizers.items()}
 
