@@ -55,9 +55,9 @@ def lacking(optimizer: torch.optim.Optimizer, groups: Iterable[Iterable[str]]) -
     groups = [{key: None for key in group if key != "params"} for group in groups]
     if not groups:
         return []
-    probe = object.__new__(type(optimizer))
-    probe.__dict__.update(vars(optimizer))  # a __setstate__ may read the optimizer's own attributes
     try:
+        probe = object.__new__(type(optimizer))
+        probe.__dict__.update(vars(optimizer))  # a __setstate__ may read the optimizer's own attributes
         probe.__setstate__({"defaults": dict(optimizer.defaults), "state": {},
                             "param_groups": [{**group, "params": []} for group in groups]})
         filled = [set(group) for group in probe.param_groups]
