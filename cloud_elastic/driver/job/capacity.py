@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from cloud_elastic.driver.job.actions import Launch, Phase
-from cloud_elastic.driver.job.completion import finishing_hold
+from cloud_elastic.driver.job.finishing import finishing_hold
 from cloud_elastic.driver.job.hosts import HostManager, Slot
 from cloud_elastic.driver.job.plan import whole_host_groups
 from cloud_elastic.driver.job.sourcing import Sourcing
@@ -166,7 +166,7 @@ class Capacity:
 
     def _round_finishing(self, now: float) -> bool:
         """A member of the current round returned from its training function at the job's newest commit while rank 0
-        is still in its own (:func:`.completion.finishing_hold`): rank 0's return completes the job however few
+        is still in its own (:func:`.finishing.finishing_hold`): rank 0's return completes the job however few
         workers are left, and no wait for more can end it (an evaluation on rank 0 longer than ``--elastic-timeout``
         failed a healthy job). ``--finish-timeout`` bounds it where it counts from that return
         (:meth:`.completion.Completion.check_early_returns`: rank 0 is stopped and the job fails, no wait after it).

@@ -20,11 +20,8 @@
   worker heartbeats, as under horovodrun; ``--finish-timeout`` bounds it), the
   job succeeds, unless a worker failed, went silent or was stopped after
   completing, or rank 0 could not write its final checkpoint;
-* **the finish timeout** counts from the first return at the job's newest commit
-  (:func:`finishing_hold`), rank 0's or a parked member's, so it bounds rank 0's
-  own end-of-function work (an evaluation) too: past it, rank 0 still in its
-  training function is stopped and the job fails naming it, a returned member
-  writing that commit first (:meth:`~Completion.check_early_returns`);
+* **the finish timeout** counts from the first return at the newest commit, a
+  parked member's too: it bounds rank 0's own end-of-function work (:mod:`.finishing`);
 * **the no-progress watch** (:meth:`~Completion.check_progress`): a round none
   of whose members made progress for ``progress_timeout_s`` is aborted, and a
   member still in an aborted round is given up once it has made no progress
@@ -50,12 +47,13 @@ from typing import Callable
 from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.hosts import Slot, blocked_for
 from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
+from cloud_elastic.driver.job.finishing import final_state_held, finishing_hold
 from cloud_elastic.driver.job.liveness import EXIT_GRACE_S
 from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
-__all__ = ["Completion", "EARLY_RETURN_WAIT_S", "NOT_BACK_LIMIT", "STACKS_WAIT_S", "finishing_hold"]
+__all__ = ["Completion", "EARLY_RETURN_WAIT_S", "NOT_BACK_LIMIT", "STACKS_WAIT_S"]
 
 log = logging.getLogger(__name__)
 
@@ -78,26 +76,6 @@ STACKS_WAIT_S = 5.0
 #: after the abort. Three: at the default (120 s) that is past the default collective timeout (300 s), which
 #: frees a survivor spinning in a collective the abort cannot reach (NCCL's device synchronization).
 NOT_BACK_LIMIT = 3
-
-
-def finishing_hold(job: JobView) -> tuple[WorkerRecord, WorkerRecord] | None:
-    """The round is finishing: ``(rank 0, a member)`` while a member of the current round returned from its training
-    function at the job's newest commit (it holds the final state: parked, or gone since, a notice on its host having
-    sent it away to write it) and rank 0 is still in its own (an evaluation, a final save), the round not aborted;
-    else None. Rank 0's return completes the job then, however few workers are left (:class:`.capacity.Capacity`
-    starts no ``--min-np`` wait), within ``--finish-timeout`` if set (:meth:`Completion.check_early_returns`). A member
-    found to have returned early (``returned_early``), or one behind a newer commit, holds no final state."""
-    if job.phase is not Phase.RUNNING or job.abort_round >= job.round:
-        return None
-    rank0, holder = None, None
-    for w in job.workers.values():  # a scan of every worker: callers look only when it may apply
-        if w.round != job.round:
-            continue
-        if w.rank == 0 and w.member_of(job.round) and not w.returned:
-            rank0 = w
-        elif w.returned and not w.returned_early and w.commit_seq >= job.commit_high:
-            holder = w
-    return (rank0, holder) if rank0 is not None and holder is not None else None
 
 
 @dataclass
@@ -128,8 +106,7 @@ class Completion:
         self.stacks_gen = 0
         #: Workers that exited after completing.
         self.exited = 0
-        #: When the first worker returned from its training function at the job's newest commit (rank 0, or a member
-        #: parked while rank 0 is still in its own): ``--finish-timeout`` counts from it.
+        #: The first return at the newest commit (rank 0's, or a parked member's): ``--finish-timeout`` counts from it.
         self._finishing_since: float | None = None
         #: Members whose training function returned before rank 0's -> when they did (running time).
         self._parked: dict[str, float] = {}
@@ -344,13 +321,9 @@ class Completion:
         job.abort()
 
     def _finish_timed_out(self, now: float) -> bool:
-        """``--finish-timeout`` while the round finishes (:func:`finishing_hold`): it counts from the first member's
-        return at the newest commit, and once past, rank 0, still in its training function, is stopped and the job
-        fails naming it (True). With ``--checkpoint-dir`` the job ends through :class:`~.ending.FailingEnd`: a returned
-        member holding that commit writes it first, as when rank 0 is lost there (:meth:`_hold_final_state`). Not
-        while rank 0 waits in a collective reported after the last member parked: they returned early, which
-        :meth:`check_early_returns` decides. The clock stops when the hold ends otherwise (an early return, an
-        aborted round, rank 0 lost or back at rendezvous)."""
+        """``--finish-timeout`` passed while the round finishes (:mod:`.finishing`): rank 0 is stopped and the job fails
+        naming it (True), a returned member writing the newest commit first; not while rank 0 waits in a collective
+        reported after the last member parked (an early return: :meth:`check_early_returns` decides)."""
         job = self._job
         if self._finishing_since is None or job.phase is not Phase.RUNNING:
             return False
@@ -438,49 +411,8 @@ class Completion:
         return None
 
     def _hold_final_state(self) -> bool | None:
-        """Rank 0 was lost while parked members, back from their training function at the newest commit, are the
-        only ones left holding it: they hold the final state, and are not sent away as early returns. True when
-        the job ended for it (with ``--checkpoint-dir``, through :class:`~.ending.FailingEnd`: a returned member
-        writes that commit first, so the same command resumes there); None while a survivor at that commit is
-        still in its training function (it may return too, and hold it with them: they wait); False when they
-        leave as early returns: someone at rendezvous holds that commit too (it goes on with newcomers), or rank 0
-        was still in its loop (it reported waiting in a collective, a commit's among them, or a newer commit,
-        after the last of them returned: the early-return rule's signal, :meth:`check_early_returns`)."""
-        job = self._job
-        parked = [job.workers[i] for i in sorted(self._parked)]
-        # One drained by a notice on its host holds it too until its host's leave-by time (then it was sent away
-        # to write it: Leavers.enforce_deadlines); one taken along with a lost host-mate (--whole-hosts) lacks
-        # the mate's shards, and leaves.
-        mates_lost = {w.slot.host for w in job.workers.values()
-                      if job.policy.whole_host_slots and w.round == job.round and not w.alive and not w.returned}
-        holders = [w for w in parked if w.alive and w.holds_state and (
-            w.state is S.RUNNING or (w.state is S.DRAINING and w.slot.host not in mates_lost))]
-        if not holders:
-            return False
-        newest = max(w.commit_seq for w in holders)
-        rank0 = self._lost_rank0()
-        if rank0 is not None and (rank0.commit_seq > newest or (
-                rank0.waiting_s > 0 and rank0.waiting_at > max(self._parked.values()))):
-            return False
-        survivors = [w for w in job.alive() if not w.returned and w.holds_state and w.commit_seq >= newest]
-        if any(w.state is S.WAITING for w in survivors):
-            return False
-        if any(w.state is S.RUNNING and w.round == job.round for w in survivors):
-            return None
-        for w in parked:
-            if w.alive and w.state is S.DRAINING and w not in holders:
-                w.to(S.EXITING, w.why)  # told to leave in its completion reply, without writing
-        lost = sorted(w.rank for w in job.workers.values()
-                      if w.round == job.round and w.rank is not None and not w.alive and not w.returned)
-        who = f"rank {lost[0]} was" if len(lost) == 1 else f"ranks {', '.join(map(str, lost))} were"
-        at = f" (#{newest})" if newest else ""  # a commit seen only counted (no sequence number): none to name
-        line = f"{who} lost after the training loop's last commit{at} while others had returned"
-        if not job.policy.checkpointing:
-            ranks = ", ".join(str(w.rank) for w in holders if w.commit_seq >= newest)
-            line += (f"; the final state was held by rank(s) {ranks} but there is no --checkpoint-dir to write it to; "
-                     "it ends with them (with --checkpoint-dir the same command would resume there)")
-        job.end(False, line, 1)
-        return True
+        """Rank 0 was lost while parked members returned: see :func:`.finishing.final_state_held`."""
+        return final_state_held(self._job, self._parked, self._lost_rank0())
 
     def _back_off(self, w: WorkerRecord, now: float, done: dict[Slot, float]) -> float:
         """``w`` returned early: its slot (its host's, under ``--whole-hosts``) cools down as after a failure.

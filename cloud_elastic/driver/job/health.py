@@ -38,7 +38,7 @@ import statistics
 
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.capacity import Capacity
-from cloud_elastic.driver.job.completion import finishing_hold
+from cloud_elastic.driver.job.finishing import finishing_hold
 from cloud_elastic.driver.job.hosts import Slot, blocked_for, blocked_s
 from cloud_elastic.driver.job.leaving import Leavers
 from cloud_elastic.driver.job.links import LinkWatch, SlowHost, faster_without_host

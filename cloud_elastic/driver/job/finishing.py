@@ -1,0 +1,90 @@
+"""The round finishing: rank 0 still in its training function after members returned from theirs.
+
+A member returning at the job's newest commit while rank 0 is still in its function (an evaluation, a final save) holds
+the final state. Two rules read that situation, for :class:`~.completion.Completion`:
+
+* :func:`finishing_hold`: the round is finishing. Rank 0's return completes the job however few workers are left, so
+  :class:`~.capacity.Capacity` starts no ``--min-np`` wait, and a hand drain's reply says so (:mod:`.health`);
+  ``--finish-timeout`` counts from the first such return, a parked member's included, and once past it rank 0 is
+  stopped and the job fails naming it, the returned members writing that commit first
+  (``Completion._finish_timed_out``). An early return (rank 0 still in its loop) starts no such clock;
+* :func:`final_state_held`: rank 0 was lost there, and the parked members are the final state's only holders.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.view import JobView
+from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+
+__all__ = ["final_state_held", "finishing_hold"]
+
+S = WorkerState
+
+
+def finishing_hold(job: JobView) -> tuple[WorkerRecord, WorkerRecord] | None:
+    """The round is finishing: ``(rank 0, a member)`` while a member of the current round returned from its training
+    function at the job's newest commit (it holds the final state: parked, or gone since, a notice on its host having
+    sent it away to write it) and rank 0 is still in its own (an evaluation, a final save), the round not aborted;
+    else None. Rank 0's return completes the job then, however few workers are left (:class:`.capacity.Capacity`
+    starts no ``--min-np`` wait), within ``--finish-timeout`` if set (``Completion._finish_timed_out``).
+    A member found to have returned early (``returned_early``), or one behind a newer commit, holds no final state."""
+    if job.phase is not Phase.RUNNING or job.abort_round >= job.round:
+        return None
+    rank0, holder = None, None
+    for w in job.workers.values():  # a scan of every worker: callers look only when it may apply
+        if w.round != job.round:
+            continue
+        if w.rank == 0 and w.member_of(job.round) and not w.returned:
+            rank0 = w
+        elif w.returned and not w.returned_early and w.commit_seq >= job.commit_high:
+            holder = w
+    return (rank0, holder) if rank0 is not None and holder is not None else None
+
+
+def final_state_held(job: JobView, parked_at: Mapping[str, float], rank0: WorkerRecord | None) -> bool | None:
+    """Rank 0 was lost while parked members, back from their training function at the newest commit, are the
+    only ones left holding it: they hold the final state, and are not sent away as early returns. True when
+    the job ended for it (with ``--checkpoint-dir``, through :class:`~.ending.FailingEnd`: a returned member
+    writes that commit first, so the same command resumes there); None while a survivor at that commit is
+    still in its training function (it may return too, and hold it with them: they wait); False when they
+    leave as early returns: someone at rendezvous holds that commit too (it goes on with newcomers), or rank 0
+    was still in its loop (it reported waiting in a collective, a commit's among them, or a newer commit,
+    after the last of them returned: the early-return rule's signal, ``Completion.check_early_returns``).
+    ``parked_at``: the parked members -> when they returned (running time); ``rank0``: rank 0 of the round, lost in its
+    training function."""
+    parked = [job.workers[i] for i in sorted(parked_at)]
+    # One drained by a notice on its host holds it too until its host's leave-by time (then it was sent away
+    # to write it: Leavers.enforce_deadlines); one taken along with a lost host-mate (--whole-hosts) lacks
+    # the mate's shards, and leaves.
+    mates_lost = {w.slot.host for w in job.workers.values()
+                  if job.policy.whole_host_slots and w.round == job.round and not w.alive and not w.returned}
+    holders = [w for w in parked if w.alive and w.holds_state and (
+        w.state is S.RUNNING or (w.state is S.DRAINING and w.slot.host not in mates_lost))]
+    if not holders:
+        return False
+    newest = max(w.commit_seq for w in holders)
+    if rank0 is not None and (rank0.commit_seq > newest or (
+            rank0.waiting_s > 0 and rank0.waiting_at > max(parked_at.values()))):
+        return False
+    survivors = [w for w in job.alive() if not w.returned and w.holds_state and w.commit_seq >= newest]
+    if any(w.state is S.WAITING for w in survivors):
+        return False
+    if any(w.state is S.RUNNING and w.round == job.round for w in survivors):
+        return None
+    for w in parked:
+        if w.alive and w.state is S.DRAINING and w not in holders:
+            w.to(S.EXITING, w.why)  # told to leave in its completion reply, without writing
+    lost = sorted(w.rank for w in job.workers.values()
+                  if w.round == job.round and w.rank is not None and not w.alive and not w.returned)
+    who = f"rank {lost[0]} was" if len(lost) == 1 else f"ranks {', '.join(map(str, lost))} were"
+    at = f" (#{newest})" if newest else ""  # a commit seen only counted (no sequence number): none to name
+    line = f"{who} lost after the training loop's last commit{at} while others had returned"
+    if not job.policy.checkpointing:
+        ranks = ", ".join(str(w.rank) for w in holders if w.commit_seq >= newest)
+        line += (f"; the final state was held by rank(s) {ranks} but there is no --checkpoint-dir to write it to; "
+                 "it ends with them (with --checkpoint-dir the same command would resume there)")
+    job.end(False, line, 1)
+    return True
