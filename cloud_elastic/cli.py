@@ -85,8 +85,10 @@ def cli(ctx: click.Context) -> None:
               help="a round in which no worker commits, steps, completes a collective or runs Python code this "
                    "long is aborted, its workers' stacks logged first (default 120, at least 5; 0 never)")
 @click.option("--finish-timeout", type=float, metavar="SECONDS",
-              help="once training completed, stop workers still running this long after it (a final save, an "
-                   "evaluation) and fail the job (default: wait while they answer heartbeats, as horovodrun does)")
+              help="once training completed (rank 0 returned from its training function), stop workers still "
+                   "running this long after it (a final save, an evaluation) and fail the job (default: wait while "
+                   "they answer heartbeats, as horovodrun does); a peer that returned first waits for rank 0 however "
+                   "long, bounded only by --progress-timeout and heartbeats")
 @click.option("--straggler-factor", type=float, default=2.0, metavar="X",
               help="drain a worker whose compute time per step stays X times the round's median for "
                    "--straggler-window (default 2; 0 never, and no host is drained for a slow network either)")

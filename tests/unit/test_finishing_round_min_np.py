@@ -3,8 +3,8 @@
 -np 2 on hosts a and b, --elastic-timeout 20: rank 1 (host b) returned at the last commit and waited for rank 0,
 whose training function ran a 30 s evaluation; a notice for host b sent rank 1 away writing the commit it held, and
 20 s later the job failed "fewer than --min-np 2 worker(s) for 20s (elastic timeout)", rank 0's evaluation killed.
-Rank 0's return completes the job however few workers are left: it succeeds. ``--finish-timeout`` bounds the hold,
-counting from rank 1's return: rank 0 is stopped then and the job fails naming it.
+Rank 0's return completes the job however few workers are left: it succeeds, however long rank 0 takes
+(``--finish-timeout`` counts from rank 0's return).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import pytest
 
 from cloud_elastic.providers.api import Drain
-from tests.unit.test_job import CLEAN, KILLED, failed, started
+from tests.unit.test_job import CLEAN, KILLED, started
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -61,17 +61,17 @@ def test_rank_0_in_a_long_evaluation_after_the_returned_member_left_completes_th
     assert sim.outcome is not None and sim.outcome.success, sim.outcome
 
 
-def test_finish_timeout_bounds_the_hold_rank_0_stopped_and_no_min_np_wait_after_it() -> None:
-    """--finish-timeout counts from rank 1's return (review s57 rvF F2): past it rank 0 is stopped and the job fails
-    naming it, with no --elastic-timeout wait after it (test_finish_timeout_hold.py has the rest)."""
+def test_finish_timeout_does_not_bound_the_hold_rank_0s_return_still_completes_the_job(caplog) -> None:
+    """--finish-timeout counts from rank 0's return (review s57 rvG F1): rank 0 evaluating twice as long after rank 1
+    left is neither stopped nor ended by the --min-np wait."""
     sim, r0 = rank1_left_with_the_final_state(finish_timeout_s=30)
-    sim.advance(25)
-    assert sim.outcome is None, sim.outcome
-    for _ in range(10):
-        sim.advance(1)
-        if sim.outcome is not None:
-            break
-    failed(sim, f"worker {r0} (rank 0) was still in its training function", "(--finish-timeout 30); stopped")
+    sim.advance(60)
+    assert sim.outcome is None and sim.stops == [], sim.outcome
+    assert "elastic timeout" not in caplog.text
+    assert sim.job.completed(r0, sim.now, commit_seq=LAST, steps=LAST) == ("done", "")
+    sim.exit("a[0]", CLEAN)
+    sim.advance(1)
+    assert sim.outcome is not None and sim.outcome.success, sim.outcome
 
 
 def test_rank_0_lost_in_its_evaluation_after_the_member_left_still_ends_the_job() -> None:

@@ -87,7 +87,7 @@ def test_a_wait_reported_before_the_member_returned_is_not_taken_for_an_early_re
 
 
 def test_the_job_never_succeeds_while_rank_0_has_not_finished() -> None:
-    sim = started(2, {"a": 2}, finish_timeout_s=90)  # counts from a[1]'s return (test_finish_timeout_hold.py)
+    sim = started(2, {"a": 2}, finish_timeout_s=30)  # counts from rank 0's return (test_finish_timeout_hold.py)
     sim.commit("a[0]", "a[1]", count=5)
     complete(sim, "a[1]")
     sim.advance(60)  # no completion grace runs out: the job is not completing

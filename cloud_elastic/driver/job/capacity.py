@@ -168,10 +168,10 @@ class Capacity:
         """A member of the current round returned from its training function at the job's newest commit while rank 0
         is still in its own (:func:`.finishing.finishing_hold`): rank 0's return completes the job however few
         workers are left, and no wait for more can end it (an evaluation on rank 0 longer than ``--elastic-timeout``
-        failed a healthy job). ``--finish-timeout`` bounds it where it counts from that return
-        (:meth:`.completion.Completion.check_early_returns`: rank 0 is stopped and the job fails, no wait after it).
-        Once the round is aborted or rank 0 is lost or back at rendezvous (it returned early: it trains on), the wait
-        for ``min_np`` starts."""
+        failed a healthy job). The hold has no limit of its own, as ``horovodrun`` waits: ``--finish-timeout`` counts
+        from rank 0's return, and only the no-progress and silence watches bound rank 0 before it. Once the round is
+        aborted or rank 0 is lost or back at rendezvous (it returned early: it trains on), the wait for ``min_np``
+        starts."""
         job = self._job
         hold = finishing_hold(job)  # below min_np only: a scan of every worker, as check's count
         if hold is None:
@@ -180,11 +180,9 @@ class Capacity:
         if self._finishing_since is None:
             self._finishing_since = now
             rank0, holder = hold
-            bound = (f", up to --finish-timeout {job.policy.finish_timeout_s:g}s from its return"
-                     if job.policy.finish_timeout_s is not None else "")
             log.info("job %s: rank %s (%s) returned at commit %d and rank 0 (%s) is still in its training function: "
-                     "the job waits for rank 0 to return, however few workers are left (--min-np %d)%s", job.job_id,
-                     holder.rank, holder.worker_id, holder.commit_seq, rank0.worker_id, job.policy.min_np, bound)
+                     "the job waits for rank 0 to return, however few workers are left (--min-np %d)", job.job_id,
+                     holder.rank, holder.worker_id, holder.commit_seq, rank0.worker_id, job.policy.min_np)
         return True
 
     def check(self, now: float) -> None:

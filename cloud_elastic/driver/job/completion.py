@@ -20,8 +20,11 @@
   worker heartbeats, as under horovodrun; ``--finish-timeout`` bounds it), the
   job succeeds, unless a worker failed, went silent or was stopped after
   completing, or rank 0 could not write its final checkpoint;
-* **the finish timeout** counts from the first return at the newest commit, a
-  parked member's too: it bounds rank 0's own end-of-function work (:mod:`.finishing`);
+* **the finish timeout** counts from the job completing (rank 0's return), never
+  from a peer's: the driver cannot tell rank 0's own end-of-function work from
+  training that needs no collective, so rank 0 is never stopped while it is still in
+  its training function; a peer that returned at the last commit waits for it however
+  long (:mod:`.finishing`), bounded only by the no-progress and silence watches;
 * **the no-progress watch** (:meth:`~Completion.check_progress`): a round none
   of whose members made progress for ``progress_timeout_s`` is aborted, and a
   member still in an aborted round is given up once it has made no progress
@@ -47,7 +50,7 @@ from typing import Callable
 from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.hosts import Slot, blocked_for
 from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
-from cloud_elastic.driver.job.finishing import final_state_held, finishing_hold
+from cloud_elastic.driver.job.finishing import final_state_held
 from cloud_elastic.driver.job.liveness import EXIT_GRACE_S
 from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.driver.job.view import JobView
@@ -106,7 +109,7 @@ class Completion:
         self.stacks_gen = 0
         #: Workers that exited after completing.
         self.exited = 0
-        #: The first return at the newest commit (rank 0's, or a parked member's): ``--finish-timeout`` counts from it.
+        #: When the job completed (rank 0's return): ``--finish-timeout`` counts from it.
         self._finishing_since: float | None = None
         #: Members whose training function returned before rank 0's -> when they did (running time).
         self._parked: dict[str, float] = {}
@@ -162,8 +165,6 @@ class Completion:
         if not w.returned:
             w.returned = True
             self._parked[worker_id] = w.last_seen
-            if not lost and self._finishing_since is None:
-                self._finishing_since = now  # --finish-timeout counts from here, unless it was an early return
             log.info("job %s: rank %s (%s) returned from its training function at commit %d; %s", job.job_id,
                      w.rank, worker_id, w.commit_seq, "rank 0 was lost before it returned" if lost else
                      "waiting for rank 0 to return too")
@@ -189,8 +190,7 @@ class Completion:
             log.info("job %s: rank %s (%s) finished training; round %d is completing", job.job_id, w.rank,
                      w.worker_id, job.round)
             job.phase = Phase.FINISHING
-            if self._finishing_since is None:  # else from a member's return at this commit (_finish_timed_out)
-                self._finishing_since = now
+            self._finishing_since = now
         for worker_id in sorted(self._parked):
             parked = job.workers[worker_id]
             if parked.alive and parked.state in _MEMBER:
@@ -302,52 +302,21 @@ class Completion:
         job.end(True, f"training completed on {job.completed_workers} worker(s) after {job.resets} reset(s)", 0)
 
     def _fail_finisher(self, w: WorkerRecord, what: str, now: float) -> None:
-        """``w``, one of the workers of the result, is stopped as lost: the job cannot succeed. Rank 0 stopped while
-        the round finishes (still running, :meth:`_finish_timed_out`) is stopped the same way, not failed as a
-        member (no blacklisting, no relaunch: the job ends), and its round is aborted."""
+        """``w``, one of the workers of the result, is stopped as lost: the job cannot succeed."""
         job = self._job
         line = f"worker {w.worker_id} ({w.label}) {what}"
         self._failures.append(line)
         log.error("job %s: %s", job.job_id, line)
         job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank, reason=what,
                  exit_code=None, blacklisted_s=None)
-        if job.phase is not Phase.RUNNING:
-            job.give_up(w, line, now)
-            return
-        w.to(S.LOST, line)
-        job.forget_alive()
-        job.act(Stop(w.worker_id, line, immediate=True, stacks=w.stacks_signal is not False))
-        job.last_failure = line
-        job.abort()
-
-    def _finish_timed_out(self, now: float) -> bool:
-        """``--finish-timeout`` passed while the round finishes (:mod:`.finishing`): rank 0 is stopped and the job fails
-        naming it (True), a returned member writing the newest commit first; not while rank 0 waits in a collective
-        reported after the last member parked (an early return: :meth:`check_early_returns` decides)."""
-        job = self._job
-        if self._finishing_since is None or job.phase is not Phase.RUNNING:
-            return False
-        hold = finishing_hold(job)
-        if hold is None:
-            self._finishing_since = None
-            return False
-        limit = job.policy.finish_timeout_s
-        since = now - self._finishing_since
-        if limit is None or since <= limit:
-            return False
-        rank0, holder = hold
-        if self._parked and rank0.waiting_s > 0 and rank0.waiting_at > max(self._parked.values()):
-            return False
-        self._fail_finisher(rank0, f"was still in its training function {since:.0f}s after rank {holder.rank} "
-                                   f"({holder.worker_id}) returned from its own at commit {holder.commit_seq} "
-                                   f"(--finish-timeout {limit:g}); stopped", now)
-        job.end(False, f"rank {holder.rank} finished training, but {self._failures[-1]}", 1)
-        return True
+        job.give_up(w, line, now)
 
     def check_early_returns(self, now: float) -> bool:
         """Parked members whose rank 0 is still training leave the round; their peers go on without them. True when
-        the job ended instead: rank 0 was lost and they hold the final state (:meth:`_hold_final_state`), or it
-        was still in its training function past ``--finish-timeout`` (:meth:`_finish_timed_out`).
+        the job ended instead: rank 0 was lost and they hold the final state (:meth:`_hold_final_state`).
+        Rank 0 still in its training function with no collective waiting (its own evaluation, a final save,
+        or rank-0-only work before it trains on) is waited for however long: ``--finish-timeout`` counts
+        only from its return.
 
         Rank 0 waiting in a collective for EARLY_RETURN_WAIT_S means it is still
         training: that collective needs the parked members, who will never join it
@@ -357,8 +326,6 @@ class Completion:
         rank 0 failed cannot rejoin either, and leaves too (its slot is not to blame).
         """
         job = self._job
-        if self._finish_timed_out(now):
-            return True
         if not self._parked or job.phase is not Phase.RUNNING:
             return False
         rank0 = self._rank0()
@@ -395,7 +362,6 @@ class Completion:
         for w in leaving:  # after every parked one had its say: a host-mate taken along exits at once
             self._take_host_along(w)
         self._parked.clear()
-        self._finishing_since = None  # they held no final state: --finish-timeout starts again at the next return
         job.forget_alive()
         if job.abort_round < job.round:
             job.last_failure = "a member returned from its training function while rank 0 was still training"

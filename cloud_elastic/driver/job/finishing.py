@@ -4,10 +4,12 @@ A member returning at the job's newest commit while rank 0 is still in its funct
 the final state. Two rules read that situation, for :class:`~.completion.Completion`:
 
 * :func:`finishing_hold`: the round is finishing. Rank 0's return completes the job however few workers are left, so
-  :class:`~.capacity.Capacity` starts no ``--min-np`` wait, and a hand drain's reply says so (:mod:`.health`);
-  ``--finish-timeout`` counts from the first such return, a parked member's included, and once past it rank 0 is
-  stopped and the job fails naming it, the returned members writing that commit first
-  (``Completion._finish_timed_out``). An early return (rank 0 still in its loop) starts no such clock;
+  :class:`~.capacity.Capacity` starts no ``--min-np`` wait, and a hand drain's reply says so (:mod:`.health`).
+  The hold has no limit of its own, as ``horovodrun`` waits for its processes: the driver cannot tell rank 0's
+  end-of-function work (an evaluation, a final save) from rank-0-only work in its loop (a validation pass before
+  it trains on, a peer having returned early), so it never stops rank 0 there; ``--finish-timeout`` counts only
+  from rank 0's return, and the no-progress and silence watches still apply. An early return (rank 0 found
+  waiting in a collective after it) ends the hold;
 * :func:`final_state_held`: rank 0 was lost there, and the parked members are the final state's only holders.
 """
 
@@ -29,7 +31,7 @@ def finishing_hold(job: JobView) -> tuple[WorkerRecord, WorkerRecord] | None:
     function at the job's newest commit (it holds the final state: parked, or gone since, a notice on its host having
     sent it away to write it) and rank 0 is still in its own (an evaluation, a final save), the round not aborted;
     else None. Rank 0's return completes the job then, however few workers are left (:class:`.capacity.Capacity`
-    starts no ``--min-np`` wait), within ``--finish-timeout`` if set (``Completion._finish_timed_out``).
+    starts no ``--min-np`` wait), however long rank 0 takes (``--finish-timeout`` counts from its return).
     A member found to have returned early (``returned_early``), or one behind a newer commit, holds no final state."""
     if job.phase is not Phase.RUNNING or job.abort_round >= job.round:
         return None
