@@ -381,7 +381,8 @@ def drain(job: str, target: str) -> int:
     on a host with a notice, up to --elastic-timeout, and ends once the drained
     workers have left if even those are too few. A script without
     hvd.elastic.run cannot leave at a commit: while no worker has entered it,
-    the drained workers run to the end of the script, and the reply says so.
+    the drained workers run to the end of the script, and the reply says so;
+    a drained worker not yet in a round (in its set-up) is stopped either way.
     Signed like 'status': only the user who started the job can ask.
     """
     from cloud_elastic import status as st

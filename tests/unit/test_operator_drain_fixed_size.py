@@ -22,8 +22,8 @@ from tests.unit.test_job_fixed_size import script_ends
 pytestmark = pytest.mark.timeout(30)
 
 S = WorkerState
-FIXED_SIZE_NOTE = (" (no worker has entered hvd.elastic.run yet, and a fixed-size script cannot leave at a commit: "
-                   "without elastic.run the drained worker(s) run to the end of the script with the others)")
+FIXED_SIZE_NOTE = (" to the end of the script with the others (no worker has entered hvd.elastic.run yet, and a "
+                   "fixed-size script cannot leave at a commit)")
 ENDS = ("that leaves 1 slot(s), below --min-np 2, and a fixed -H list cannot grow: the job ends once its workers "
         "have left (its newest commit written first with --checkpoint-dir)")
 
@@ -39,7 +39,7 @@ def test_a_drained_worker_of_a_fixed_size_script_runs_to_its_end_as_the_reply_sa
     sim = _two_hosts(hosts_fixed)
     done, message = sim.job.drain("b", None, sim.now)
     assert done
-    assert message.startswith(f"host b drains: its 1 worker(s) leave at their next commit{FIXED_SIZE_NOTE}; no new "
+    assert message.startswith(f"host b drains: its 1 worker(s) run{FIXED_SIZE_NOTE}; no new "
                               "worker is placed there until it leaves discovery; WARNING: if the script enters "
                               "hvd.elastic.run, that leaves ")
     assert message.endswith(ENDS if hosts_fixed else "room for 1 worker(s), below --min-np 2: the job waits for more "
@@ -55,7 +55,7 @@ def test_a_drained_worker_of_a_fixed_size_script_runs_to_its_end_as_the_reply_sa
 def test_a_drained_slot_of_a_fixed_size_script_says_so_too() -> None:
     sim = started(2, {"a": 2}, hosts_fixed=True)
     done, message = sim.job.drain("a", 1, sim.now)
-    assert done and message.startswith(f"worker {sim.id('a[1]')} leaves at its next commit{FIXED_SIZE_NOTE}; slot "
+    assert done and message.startswith(f"worker {sim.id('a[1]')} runs{FIXED_SIZE_NOTE}; slot "
                                        "a[1] blacklisted")
     sim.advance(30)
     assert sim.outcome is None
@@ -129,3 +129,48 @@ def test_under_whole_hosts_the_warning_counts_whole_hosts_as_launches_do() -> No
     for _ in range(70):
         sim.advance(1)
     assert sim.outcome is None and sorted(sim.slots_launched()[launched:]) == ["b[0]", "b[1]", "c[0]", "c[1]"]
+
+
+# ------------------------------------------- a drain during set-up (review s57 rvG F2 of 8aaf449)
+# setup_drain.sh: a plain Horovod script with 10 s of set-up before hvd.init(), fixed -H of two hosts, `cloud-elastic
+# drain JOB 127.0.0.3` during the set-up: the reply said the drained worker runs to the end of the script with the
+# others, and the job then stopped it and ended rc 1 "1 worker(s) ready and 1 slot(s) left for --min-np 2". A worker
+# not yet in a round is stopped (or, waiting at rendezvous, told to exit), fixed-size script or not: the reply says so,
+# and its warning is not "if the script enters hvd.elastic.run" when the job is short without it already.
+IN_SETUP = "its 1 worker(s) not yet in a round leave now (stopped in their set-up, or told to exit at rendezvous)"
+
+
+def _in_setup(hosts_fixed: bool) -> Sim:
+    sim = Sim(2, elastic_timeout_s=300, hosts_fixed=hosts_fixed)
+    sim.discover({"a": 1, "b": 1})
+    assert sim.slots_launched() == ["a[0]", "b[0]"]  # both still in their set-up, before hvd.init()
+    return sim
+
+
+def test_a_drain_during_set_up_on_a_fixed_list_says_the_worker_is_stopped_and_the_job_ends() -> None:
+    sim = _in_setup(True)
+    done, message = sim.job.drain("b", None, sim.now)
+    assert done and "run to the end of the script" not in message and "if the script enters" not in message, message
+    assert message == (f"host b drains: {IN_SETUP}; no new worker is placed there until it leaves discovery; "
+                       f"WARNING: {ENDS}")
+    sim.advance(0.5)
+    assert sim.id("b[0]") in [s.worker_id for s in sim.stops]
+    sim.exit("b[0]", CLEAN)
+    sim.advance(1)
+    failed(sim, "1 worker(s) ready and 1 slot(s) left for --min-np 2", "b drained by an operator")
+
+
+def test_a_drain_during_set_up_with_discovery_says_the_job_waits_for_more() -> None:
+    sim = _in_setup(False)
+    done, message = sim.job.drain("b", None, sim.now)
+    assert done and message == (f"host b drains: {IN_SETUP}; no new worker is placed there until it leaves discovery; "
+                                "WARNING: that leaves room for 1 worker(s), below --min-np 2: the job waits for more "
+                                "up to --elastic-timeout (300s), then fails")
+
+
+def test_a_drained_slot_during_set_up_says_it_leaves_now() -> None:
+    sim = Sim(2, hosts_fixed=True)
+    sim.discover({"a": 2})
+    done, message = sim.job.drain("a", 1, sim.now)
+    assert done and message.startswith(f"worker {sim.id('a[1]')}, not yet in a round, leaves now (stopped in its "
+                                       "set-up, or told to exit at rendezvous); slot a[1] blacklisted"), message

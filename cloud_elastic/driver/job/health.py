@@ -258,15 +258,21 @@ class Health:
         if slot is None:
             if host not in job.hosts.ready and not on_host:
                 return False, f"no host {host} in this job"
+            outside = sum(1 for w in on_host if w.state is not S.RUNNING)  # read before the notice sends them away
+            members = (self._members_leave(f"its {len(on_host) - outside} worker(s)", one=False)
+                       if len(on_host) > outside or not outside else "")
             self._leavers.notice(host, Drain(None, "drained by hand (cloud-elastic drain)"), now, source="operator")
             job.tick(now)
-            return True, (f"host {host} drains: its {len(on_host)} worker(s) leave at their next commit"
-                          f"{self._fixed_size()}; no new worker is placed there until it leaves discovery"
-                          f"{self._below_min_np(now)}")
+            return True, (f"host {host} drains: {members}{', and ' if members and outside else ''}"
+                          f"{self._outside_leave(outside) if outside else ''}; no new worker is placed there until "
+                          f"it leaves discovery{self._below_min_np(now)}")
         mine = [w for w in on_host if w.slot.index == slot]
         if not mine:
             return False, f"no worker on {host}[{slot}]"
         w = mine[0]
+        how = (self._members_leave(f"worker {w.worker_id}", one=True) if w.state is S.RUNNING else
+               f"worker {w.worker_id}, not yet in a round, leaves now (stopped in its set-up, or told to exit at "
+               f"rendezvous)")
         why = f"drained by hand (cloud-elastic drain {host}:{slot})"
         delay = job.hosts.blacklist.record_failure(Slot(host, slot), now)
         log.warning("job %s: worker %s (%s) %s; it leaves at its next commit and its slot is blacklisted %s",
@@ -275,23 +281,32 @@ class Health:
         job.tick(now)
         whole = job.policy.whole_host_slots and len(on_host) > 1
         mates = " with its host's other workers (--whole-hosts)" if whole else ""
-        return True, (f"worker {w.worker_id} leaves{mates} at its next commit{self._fixed_size()}; slot "
-                      f"{host}[{slot}] blacklisted {blocked_for(delay)}")
+        return True, f"{how}{mates}; slot {host}[{slot}] blacklisted {blocked_for(delay)}"
 
-    def _fixed_size(self) -> str:
-        """What a drained worker does instead while the job is, or may still be, fixed-size
-        (:meth:`.capacity.Capacity.drained_stay`; else ""): it cannot leave at a commit, and runs to its script's end."""
+    def _members_leave(self, who: str, *, one: bool) -> str:
+        """What drained round members (``who``; ``one``: a single worker) do: leave at their next commit, or, while the
+        job is, or may still be, fixed-size (:meth:`.capacity.Capacity.drained_stay`), run to the end of the script
+        with the others: a fixed-size script cannot leave at a commit."""
         if self._capacity is None or not self._capacity.drained_stay():
-            return ""
-        return (" (no worker has entered hvd.elastic.run yet, and a fixed-size script cannot leave at a commit: "
-                "without elastic.run the drained worker(s) run to the end of the script with the others)")
+            return f"{who} {'leaves at its' if one else 'leave at their'} next commit"
+        return (f"{who} {'runs' if one else 'run'} to the end of the script with the others (no worker has entered "
+                "hvd.elastic.run yet, and a fixed-size script cannot leave at a commit)")
+
+    @staticmethod
+    def _outside_leave(n: int) -> str:
+        """What ``n`` drained workers not yet in a round do, a fixed-size script's too
+        (:meth:`.leaving.Leavers.send_away`): leave now, one still in its set-up (before ``hvd.init()``) stopped, one
+        waiting at rendezvous told to exit."""
+        return (f"its {n} worker(s) not yet in a round leave now (stopped in their set-up, or told to exit at "
+                "rendezvous)")
 
     def _below_min_np(self, now: float) -> str:
         """The hand drain's warning when it leaves room for fewer workers than ``--min-np`` (else ""): what the job
         does then. The room (:meth:`.capacity.Capacity.room`) is the workers that stay, on a host with a soft notice
         too, and the free available slots (under ``--whole-hosts``, of whole hosts). While the job may still be
         fixed-size its drained workers stay (:meth:`.capacity.Capacity.drained_stay`); the warning then says what
-        happens if the script enters ``hvd.elastic.run`` after all, when they leave at a commit. A fixed list ends
+        happens if the script enters ``hvd.elastic.run`` after all, when they leave at a commit, unless those not yet
+        in a round (stopped in their set-up, told to exit at rendezvous) leave too few already. A fixed list ends
         only when the slots it may still use (:func:`~.capacity.slots_left`, the rule
         :meth:`.capacity.Capacity.check` ends it by) are fewer; slots cooling down or on a host with a notice may
         serve again, and the job waits for them. A job with discovery waits for more."""
@@ -301,7 +316,13 @@ class Health:
         room = capacity.room(now, drained_stay=False)
         if room >= policy.min_np:
             return ""
-        warn = "; WARNING: if the script enters hvd.elastic.run, " if capacity.drained_stay() else "; WARNING: "
+        warn = "; WARNING: "
+        if capacity.drained_stay():
+            staying = capacity.room(now)  # with the drained members that run to the script's end, not those set-up
+            if staying >= policy.min_np:
+                warn = "; WARNING: if the script enters hvd.elastic.run, "
+            else:
+                room = staying  # workers stopped in their set-up or at rendezvous: short now, elastic.run or not
         hold = finishing_hold(self._job)  # no --min-np wait while the round finishes (Capacity._round_finishing)
         if hold is not None:
             return (f"; rank {hold[1].rank} returned from its training function at the last commit: the job completes "
