@@ -9,9 +9,10 @@ arguments it runs these pytest processes:
 - ``fast``: the tests that start no job (unit, contract, emulator, terraform, kubernetes) over
   ``CLOUD_ELASTIC_TEST_WORKERS`` xdist workers (default 3), a module's tests one after
   another on one worker;
-- ``ray`` and ``spark``: tests/ray and tests/spark, each one test at a time (a local Ray
-  cluster or Spark session), both started when ``fast`` has ended, side by side: most of
-  their time is spent waiting on their clusters' daemons, not on the CPU.
+- ``ray``, ``ray-jobs`` and ``spark``: tests/ray (its two longest files, :data:`RAY_JOB_FILES`,
+  in ``ray-jobs``) and tests/spark, each one test at a time (a local Ray cluster or Spark
+  session each), all started when ``fast`` has ended, side by side: most of their time is
+  spent waiting on their clusters' daemons, not on the CPU.
 
 Each lane is plain pytest with the project's configuration, so every test keeps its
 pytest-timeout bound. Every lane's output is shown as it comes, each line prefixed
@@ -81,6 +82,11 @@ JOB_FILES = ("tests/emulator/test_cli.py", "tests/emulator/test_aws_notice_cli.p
              "tests/emulator/test_multi_source.py")
 
 
+#: The Ray files that run whole elastic jobs on the cluster (about half of tests/ray's time): a lane of their own,
+#: with a Ray cluster of its own, beside the rest of tests/ray.
+RAY_JOB_FILES = ("tests/ray/test_example_everywhere.py", "tests/ray/test_ray_executor.py")
+
+
 def _xdist(workers: int, dist: str) -> tuple[str, ...]:
     return ("-n", str(workers), "--dist", dist) if workers > 1 else ()
 
@@ -92,7 +98,8 @@ def lanes(fast_workers: int = 3, job_workers: int = 4) -> list[Lane]:
     take the whole run's time. The fast tests are CPU-bound: they share the two cores with the jobs,
     and only then do Ray and Spark start, one test at a time each: a local Ray cluster or Spark session
     is heavy, and slows down threefold when it competes with the fast lane. Ray's and Spark's lanes run
-    side by side: one after the other, they were the run's last four minutes with a core mostly idle.
+    side by side: one after the other, they were the run's last four minutes with a core mostly idle, and
+    Ray alone, in one lane, was then the last 3.5 minutes, so its two longest files have a lane of their own.
     """
     # The files with the longest serial runs first (terraform's CLI tests and checkov: minutes in a few files, each
     # on one worker under loadfile), so that they overlap the many short unit files instead of ending the lane.
@@ -106,7 +113,8 @@ def lanes(fast_workers: int = 3, job_workers: int = 4) -> list[Lane]:
     fast_order = ("-p", "tests.lane_order") if fast_workers > 1 else ()  # the longest files first
     return [Lane("jobs", jobs, (*_xdist(job_workers, "worksteal"), *order)),
             Lane("fast", fast, (*_xdist(fast_workers, "loadfile"), *fast_order)),
-            Lane("ray", ("tests/ray",), after="fast"),
+            Lane("ray", ("tests/ray", *(f"--ignore={f}" for f in RAY_JOB_FILES)), after="fast"),
+            Lane("ray-jobs", RAY_JOB_FILES, after="fast"),
             Lane("spark", ("tests/spark",), after="fast")]
 
 

@@ -109,3 +109,13 @@ def test_the_fast_lane_hands_out_its_longest_files_first_and_keeps_each_file_tog
     assert ("-p", "tests.lane_order") == tuple(fast.options[-2:]) and "loadfile" in fast.options
     for path in lane_order.LONGEST_FILES:  # a file renamed away would silently drop out of the order
         assert (REPO / path).is_file(), path
+
+
+def test_every_ray_test_file_runs_in_exactly_one_of_the_two_ray_lanes():
+    """tests/ray is split in two lanes, each with a Ray cluster of its own: none of its files runs twice or never."""
+    by_name = {lane.name: lane for lane in run_tests.lanes()}
+    ray, ray_jobs = by_name["ray"], by_name["ray-jobs"]
+    assert ray.after == ray_jobs.after == "fast"
+    for rel in run_tests.RAY_JOB_FILES:
+        assert (REPO / rel).is_file() and rel in ray_jobs.paths and f"--ignore={rel}" in ray.paths
+    assert all(p.startswith("tests/ray/") for p in ray_jobs.paths) and "tests/ray" in ray.paths
