@@ -79,7 +79,7 @@ class Capacity:
         #: When the driver started (``ElasticJob.start``): the start timeout counts from it.
         self.started_at: float | None = None
         self._below_min_since: float | None = None
-        self._finishing_since: float | None = None  # the round finishing (see _round_finishing), since when
+        self._finishing_logged = False  # the round's finishing hold was logged (see _round_finishing)
         self._waits: dict[str, tuple[float, float]] = {}  # progress lines: key -> (since, last)
         #: Host -> its slots, as last seen ready or missing (a fixed list's draining host keeps them), and the
         #: ``hosts.version`` they were read at.
@@ -164,7 +164,7 @@ class Capacity:
             job.end(False, f"only {free} slot(s) available after {policy.start_timeout_s:g}s; "
                            f"-np {policy.num_proc} needed to start", 1)
 
-    def _round_finishing(self, now: float) -> bool:
+    def _round_finishing(self) -> bool:
         """A member of the current round returned from its training function at the job's newest commit while rank 0
         is still in its own (:func:`.finishing.finishing_hold`): rank 0's return completes the job however few
         workers are left, and no wait for more can end it (an evaluation on rank 0 longer than ``--elastic-timeout``
@@ -175,10 +175,10 @@ class Capacity:
         job = self._job
         hold = finishing_hold(job)  # below min_np only: a scan of every worker, as check's count
         if hold is None:
-            self._finishing_since = None
+            self._finishing_logged = False
             return False
-        if self._finishing_since is None:
-            self._finishing_since = now
+        if not self._finishing_logged:
+            self._finishing_logged = True
             rank0, holder = hold
             log.info("job %s: rank %s (%s) returned at commit %d and rank 0 (%s) is still in its training function: "
                      "the job waits for rank 0 to return, however few workers are left (--min-np %d)", job.job_id,
@@ -207,8 +207,8 @@ class Capacity:
                 if w.state is S.WAITING or w.state is S.RUNNING or (draining and w.state is S.DRAINING):
                     counted += 1
         if counted >= policy.min_np:
-            self._finishing_since = None  # a later hold (the next hvd.elastic.run function's) is logged again
-        if counted >= policy.min_np or self._round_finishing(now):
+            self._finishing_logged = False  # a later hold (the next hvd.elastic.run function's) is logged again
+        if counted >= policy.min_np or self._round_finishing():
             self._below_min_since = None
             self._waits.pop("min_np", None)
             return
