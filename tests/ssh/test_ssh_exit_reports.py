@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from dataclasses import replace
@@ -80,10 +81,12 @@ def test_a_remote_rank_that_exited_after_training_is_judged_by_its_exit_code_aft
         Path(f"{gate}.0").touch()
         assert jobs[1].finish(30) == (1 if before_kill else 0), jobs[1].output()
         out = jobs[1].output()
+        # rank 1's worker number: #2, or a later one when a loaded machine gave #2 up before the first round
         if before_kill:
-            assert "rank 1 (127.0.0.3[0]#2) exited with code 1 after its training function returned" in out, out
+            assert re.search(r"rank 1 \(127\.0\.0\.3\[0\]#\d+\) exited with code 1 after its training function "
+                             r"returned", out), out
         else:
-            assert "rank 1 (127.0.0.3[0]#2) of round 1 had exited with code 0" in out, out
+            assert re.search(r"rank 1 \(127\.0\.0\.3\[0\]#\d+\) of round 1 had exited with code 0", out), out
         assert "left no exit code" not in out, out
         assert "launched worker" not in out and "resumed from the checkpoint" not in out, out
         assert "rank 0 step 3" in (events / "final.txt").read_text().splitlines()
