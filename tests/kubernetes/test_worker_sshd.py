@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -95,3 +96,26 @@ def test_sigterm_stops_logins_passes_the_sigterm_on_once_and_waits_for_the_worke
         worker.wait(15)
         relay.wait(15)
     assert "no worker left: exiting" in pod.log.read_text()
+
+
+def test_a_port_another_process_holds_is_never_ready_and_the_pod_fails_with_sshds_error(pod):
+    """Another process of the pod (a sidecar) listening on sshd's address and port: the socket that the
+    script looks for is there, but it is not sshd's. The pod must not turn Ready for it (the driver would be
+    refused there and blacklist the pod's slots); it exits with sshd's bind error (CI of stop 57: the script
+    wrote its ready file in the moment before sshd's bind failed). The image's sshd starts a second late
+    here, as on a loaded node, so that the moment is wide."""
+    sshd = pod.bin_dir / "sshd"
+    sshd.write_text(f"#!/bin/sh\nsleep 1\nexec {subprocess.check_output(['which', 'sshd'], text=True).strip()} \"$@\"\n")
+    sshd.chmod(0o755)
+    pod.env["CLOUD_ELASTIC_SSHD"] = str(sshd)
+    with socket.socket() as holder:
+        holder.bind((pod.address, 0))
+        holder.listen()
+        pod.use_port(holder.getsockname()[1])
+        proc = subprocess.Popen(["/bin/sh", str(SCRIPT)], env=pod.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        pod.proc = proc
+        out = proc.communicate(timeout=30)[0]
+        assert proc.returncode != 0, out
+        assert not (pod.tmp / "run" / "ready").exists(), f"Ready while another process held sshd's port:\n{out}"
+        assert f"Bind to port {pod.port} on {pod.address} failed" in out, out

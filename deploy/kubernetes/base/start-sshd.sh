@@ -143,10 +143,25 @@ on_term() {
 trap on_term TERM INT
 
 # Ready (the pod's readiness probe tests this file) once sshd listens: a probe that connected to
-# sshd instead would log two lines at each period.
+# sshd instead would log two lines at each period. Here, once a socket listens at sshd's address
+# and port, one connection checks that sshd answers there: another process of the pod (a sidecar)
+# may hold that port, and then sshd's bind fails and it exits, a moment later.
 # /proc/net/tcp writes a listening socket as ADDR:PORT in hex, the address's bytes reversed.
 SOCKET=$(IFS=.; set -- $LISTEN; printf '%02X%02X%02X%02X:%04X' "$4" "$3" "$2" "$1" "$PORT")
-while ! grep -q " $SOCKET 00000000:0000 0A " /proc/net/tcp 2>/dev/null; do
+if [ "$LISTEN" = 0.0.0.0 ]; then ASK=127.0.0.1; else ASK=$LISTEN; fi
+sshd_answers() {
+    python3 - "$ASK" "$PORT" <<'EOF'
+import socket
+import sys
+
+try:
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2) as conn:
+        sys.exit(0 if conn.recv(64).startswith(b"SSH-") else 1)
+except OSError:
+    sys.exit(1)
+EOF
+}
+until grep -q " $SOCKET 00000000:0000 0A " /proc/net/tcp 2>/dev/null && sshd_answers; do
     kill -0 "$SSHD_PID" 2>/dev/null || break
     sleep 0.1
 done
