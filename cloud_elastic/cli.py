@@ -380,9 +380,13 @@ def drain(job: str, target: str) -> int:
     --elastic-timeout; with a fixed -H list it waits for slots cooling down or
     on a host with a notice, up to --elastic-timeout, and ends once the drained
     workers have left if even those are too few. A script without
-    hvd.elastic.run cannot leave at a commit: while no worker has entered it,
-    the drained workers run to the end of the script, and the reply says so;
-    a drained worker not yet in a round (in its set-up) is stopped either way.
+    hvd.elastic.run cannot leave at a commit: until a worker has entered it,
+    the driver cannot tell such a script from one still in its set-up, and the
+    reply says both: the drained workers leave at their first commit if the
+    script enters hvd.elastic.run, or run to the end of the script if it never
+    does. A drained worker not yet in a round (in its set-up before
+    hvd.init()) is stopped either way; one whose training function returned
+    stays until rank 0 returns from its own, then runs to the end of the script.
     Signed like 'status': only the user who started the job can ask.
     """
     from cloud_elastic import status as st

@@ -22,8 +22,11 @@ from tests.unit.test_job_fixed_size import script_ends
 pytestmark = pytest.mark.timeout(30)
 
 S = WorkerState
-FIXED_SIZE_NOTE = (" to the end of the script with the others (no worker has entered hvd.elastic.run yet, and a "
-                   "fixed-size script cannot leave at a commit)")
+# The driver cannot tell yet whether the script is fixed-size, so the reply says both (review s58 rvH F3).
+FIXED_SIZE_NOTE = (" to the end of the script with the others if it never does (none has entered it yet; a fixed-size "
+                   "script cannot leave at a commit)")
+HOST_NOTE = ("its 1 worker(s) leave at their first commit if the script enters hvd.elastic.run, or "
+             f"run{FIXED_SIZE_NOTE}")
 ENDS = ("that leaves 1 slot(s), below --min-np 2, and a fixed -H list cannot grow: the job ends once its workers "
         "have left (its newest commit written first with --checkpoint-dir)")
 
@@ -39,7 +42,7 @@ def test_a_drained_worker_of_a_fixed_size_script_runs_to_its_end_as_the_reply_sa
     sim = _two_hosts(hosts_fixed)
     done, message = sim.job.drain("b", None, sim.now)
     assert done
-    assert message.startswith(f"host b drains: its 1 worker(s) run{FIXED_SIZE_NOTE}; no new "
+    assert message.startswith(f"host b drains: {HOST_NOTE}; no new "
                               "worker is placed there until it leaves discovery; WARNING: if the script enters "
                               "hvd.elastic.run, that leaves ")
     assert message.endswith(ENDS if hosts_fixed else "room for 1 worker(s), below --min-np 2: the job waits for more "
@@ -55,7 +58,8 @@ def test_a_drained_worker_of_a_fixed_size_script_runs_to_its_end_as_the_reply_sa
 def test_a_drained_slot_of_a_fixed_size_script_says_so_too() -> None:
     sim = started(2, {"a": 2}, hosts_fixed=True)
     done, message = sim.job.drain("a", 1, sim.now)
-    assert done and message.startswith(f"worker {sim.id('a[1]')} runs{FIXED_SIZE_NOTE}; slot "
+    assert done and message.startswith(f"worker {sim.id('a[1]')} leaves at its first commit if the script enters "
+                                       f"hvd.elastic.run, or runs{FIXED_SIZE_NOTE}; slot "
                                        "a[1] blacklisted")
     sim.advance(30)
     assert sim.outcome is None

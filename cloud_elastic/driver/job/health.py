@@ -258,39 +258,69 @@ class Health:
         if slot is None:
             if host not in job.hosts.ready and not on_host:
                 return False, f"no host {host} in this job"
-            outside = sum(1 for w in on_host if w.state is not S.RUNNING)  # read before the notice sends them away
-            members = (self._members_leave(f"its {len(on_host) - outside} worker(s)", one=False)
-                       if len(on_host) > outside or not outside else "")
+            # Read before the notice sends them away: what each kind of worker does differs (see _leave_how).
+            outside = sum(1 for w in on_host if w.state is not S.RUNNING)
+            parked = sum(1 for w in on_host if w.state is S.RUNNING and w.returned)
+            members = len(on_host) - outside - parked
+            parts = [self._members_leave(f"its {members} worker(s)", one=False)] if members or not on_host else []
+            if parked:
+                parts.append(self._parked_stay(f"its {parked} worker(s)", one=False))
+            if outside:
+                parts.append(self._outside_leave(outside))
             self._leavers.notice(host, Drain(None, "drained by hand (cloud-elastic drain)"), now, source="operator")
             job.tick(now)
-            return True, (f"host {host} drains: {members}{', and ' if members and outside else ''}"
-                          f"{self._outside_leave(outside) if outside else ''}; no new worker is placed there until "
-                          f"it leaves discovery{self._below_min_np(now)}")
+            return True, (f"host {host} drains: {', and '.join(parts)}; no new worker is placed there until it leaves "
+                          f"discovery{self._below_min_np(now)}")
         mine = [w for w in on_host if w.slot.index == slot]
         if not mine:
             return False, f"no worker on {host}[{slot}]"
         w = mine[0]
-        how = (self._members_leave(f"worker {w.worker_id}", one=True) if w.state is S.RUNNING else
-               f"worker {w.worker_id}, not yet in a round, leaves now (stopped in its set-up, or told to exit at "
-               f"rendezvous)")
         why = f"drained by hand (cloud-elastic drain {host}:{slot})"
         delay = job.hosts.blacklist.record_failure(Slot(host, slot), now)
-        log.warning("job %s: worker %s (%s) %s; it leaves at its next commit and its slot is blacklisted %s",
-                    job.job_id, w.worker_id, w.label, why, blocked_for(delay))
+        log.warning("job %s: worker %s (%s) %s; %s; its slot is blacklisted %s", job.job_id, w.worker_id, w.label,
+                    why, self._leave_how(w, "it"), blocked_for(delay))
+        how = self._leave_how(w, f"worker {w.worker_id}")  # read before send_away changes its state
         self._leavers.send_away(w, why)
         job.tick(now)
         whole = job.policy.whole_host_slots and len(on_host) > 1
         mates = " with its host's other workers (--whole-hosts)" if whole else ""
         return True, f"{how}{mates}; slot {host}[{slot}] blacklisted {blocked_for(delay)}"
 
+    def _leave_how(self, w: WorkerRecord, who: str) -> str:
+        """What drained worker ``w`` (called ``who``) does, read before it is sent away, for the reply and the log
+        alike: one not yet in a round leaves now; a parked member as :meth:`_parked_stay` says, a training one as
+        :meth:`_members_leave` says."""
+        if w.state is not S.RUNNING:
+            return f"{who}, not yet in a round, leaves now (stopped in its set-up, or told to exit at rendezvous)"
+        if w.returned:
+            return self._parked_stay(who, one=True)
+        return self._members_leave(who, one=True)
+
+    @staticmethod
+    def _parked_stay(who: str, *, one: bool) -> str:
+        """What drained parked members (``who``: their training function returned, and they wait for rank 0's) do:
+        a drain has no deadline to cut that wait short (:meth:`.leaving.Leavers.send_away`), so they stay until
+        rank 0 returns, and are told ``done`` then: the rest of their script runs."""
+        if one:
+            return (f"{who}, whose training function returned, stays until rank 0 returns from its own, then runs "
+                    "to the end of the script")
+        return (f"{who} whose training function returned stay until rank 0 returns from its own, then run to the "
+                "end of the script")
+
     def _members_leave(self, who: str, *, one: bool) -> str:
-        """What drained round members (``who``; ``one``: a single worker) do: leave at their next commit, or, while the
-        job is, or may still be, fixed-size (:meth:`.capacity.Capacity.drained_stay`), run to the end of the script
-        with the others: a fixed-size script cannot leave at a commit."""
+        """What drained round members (``who``; ``one``: a single worker) do: leave at their next commit. While the
+        job may still be fixed-size (:meth:`.capacity.Capacity.drained_stay`: no worker has entered
+        ``hvd.elastic.run``, a worker of an elastic script still in its set-up after ``hvd.init()`` included), the
+        driver cannot tell yet which it is, and says both: they leave at their first commit if the script enters
+        ``hvd.elastic.run``, and run to the end of the script with the others if it never does (a fixed-size script
+        cannot leave at a commit)."""
+        its = "its" if one else "their"
+        leave, run = ("leaves", "runs") if one else ("leave", "run")
         if self._capacity is None or not self._capacity.drained_stay():
-            return f"{who} {'leaves at its' if one else 'leave at their'} next commit"
-        return (f"{who} {'runs' if one else 'run'} to the end of the script with the others (no worker has entered "
-                "hvd.elastic.run yet, and a fixed-size script cannot leave at a commit)")
+            return f"{who} {leave} at {its} next commit"
+        return (f"{who} {leave} at {its} first commit if the script enters hvd.elastic.run, or {run} to the end of the "
+                "script with the others if it never does (none has entered it yet; a fixed-size script cannot leave "
+                "at a commit)")
 
     @staticmethod
     def _outside_leave(n: int) -> str:
