@@ -28,10 +28,13 @@ def test_a_newcomer_whose_sampler_runs_short_backs_off_with_growing_cooldowns(jo
     hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2"])
     slow = tmp_path / "slow"  # while it exists each step sleeps 0.2 s (instrument.step)
     slow.touch()
-    # 96 images in batches of 16: 3 batches an epoch on each of two workers, 2 on each of three.
+    # 96 images in batches of 16: 3 batches an epoch on each of two workers, 2 on each of three. In lockstep a
+    # newcomer runs out of epochs after two thirds of rank 0's steps, and its successor, which starts at rank 0's
+    # epoch, again before rank 0 is done: 40 epochs (120 steps of rank 0, 0.2 s each) leave the second newcomer
+    # about 40 steps (8 s) to be launched and join in, where one second sufficed.
     job = jobs(["run", "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(hosts.script),
                 "--discovery-interval", "0.2", "--blacklist-cooldown-range", "1", "60", "--events-file", str(events),
-                sys.executable, str(MNIST), "--epochs", "70", "--train-size", "96", "--log-interval", "1000"],
+                sys.executable, str(MNIST), "--epochs", "40", "--train-size", "96", "--log-interval", "1000"],
                env={"PYTHONPATH": str(REPO), "CE_EXAMPLE_SLOW": str(slow)})
     job.wait_for(lambda j: len(j.of("step", size=2)) >= 6, 90, "two workers training")
     hosts.set(["127.0.0.1", "127.0.0.2", "127.0.0.3"])
