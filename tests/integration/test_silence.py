@@ -30,7 +30,8 @@ def test_a_worker_stopped_during_a_collective_is_named_before_its_round_is_abort
     """SIGSTOP while its peers train: they wait for it in the next gradient allreduce, and the driver's log
     and events file name its rank, worker, host and the collective's number before the round is aborted."""
     path = tmp_path / "events.jsonl"
-    job = _run(jobs, path, "--seconds", "30", "--step-sleep", "0.02")
+    # 20 s of training: 6 s before the stop, at most a heartbeat timeout (5 s) until it is given up, then steps at two.
+    job = _run(jobs, path, "--seconds", "20", "--step-sleep", "0.02")
     first = job.wait_event("step", rank=1, step=1, timeout=120)
     # Trained 6 s: the driver has heard enough of its heartbeats to judge its silence by the fast rule.
     victim = job.wait_for(lambda j: next((e for e in j.of("step", rank=1) if e["t"] > first["t"] + 6), None),
