@@ -20,14 +20,14 @@ from test_ssh_e2e import DriverRun, _worker_pid
 
 pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(180)]
 
-GRACE_S = 6.0
+GRACE_S = 4.0
 
 
 def test_remote_workers_outlive_a_killed_driver_for_the_grace_only_then_the_job_resumes(sshd, marker, tmp_path):
     (tmp_path / "run").mkdir()
     options = ("--driver-grace", str(GRACE_S), "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "1")
-    # 600 steps take 12 s at least: more than the grace the orphans train for, few enough for the resumed run.
-    train = ("--steps", "600", "--step-sleep", "0.02", "--log-every", "10")
+    # 400 steps take 8 s at least: more than the grace the orphans train for, few enough for the resumed run.
+    train = ("--steps", "400", "--step-sleep", "0.02", "--log-every", "10")
     env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
     run = DriverRun(sshd, marker, "127.0.0.2:1,127.0.0.3:1", *options, np=2, min_np=2, train=train, env=env)
     again = None
