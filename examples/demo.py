@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-STEPS = 500
+STEPS = 300  # the kill at step 100, the join, the scale-in 60 steps later and its leave: done by step 200 here
 
 
 def say(text: str) -> None:
