@@ -1,24 +1,41 @@
-"""Whether a checkpoint's optimizer state fits the live optimizer: what its next step reads, not its class's name.
+"""Whether a checkpoint's optimizer state fits the live optimizer: what torch's step reads, not its class's name.
 
-torch's ``Optimizer.load_state_dict`` takes the saved ``param_groups`` as they are (only ``params`` is the live
-optimizer's), then the class's ``__setstate__`` fills in the keys it has a default for (those a later torch added:
-``foreach``, ``fused``...). A step reads each group's hyperparameters by key, and ``add_param_group`` gives every
-group each key of the optimizer's ``defaults``. So another optimizer's groups load without a word, and the first step
-fails (SGD's ``KeyError: 'momentum'`` in AdamW's groups) on every worker, at every resume. :func:`check_optimizer`
-refuses, before anything is loaded, saved groups that still lack a key of the live ``defaults`` once the live
-class's ``__setstate__`` has filled them in (run on a probe, never on the live optimizer). A subclass
-(``LoggingAdamW``), a renamed copy, or Adam for AdamW have the same keys and load; another optimizer that happens
-to share the name (an SGD called ``AdamW``) is refused. The class name a checkpoint records (:func:`optimizer_class`)
-only names the writer in the message.
+torch's ``Optimizer.load_state_dict`` runs the optimizer's load_state_dict pre-hooks on the saved dict, takes the
+saved ``param_groups`` as they are then (only ``params`` is the live optimizer's: the checkpoint's hyperparameters
+win over the ones the live optimizer was built with), and the class's ``__setstate__`` fills in the keys it has a
+default for (those a later torch added: ``foreach``, ``fused``...). torch's own optimizers read each of their
+hyperparameters from a group by key, so another optimizer's groups load without a word and the first step fails
+(SGD's ``KeyError: 'momentum'`` in AdamW's groups) on every worker, at every resume. :func:`check_optimizer`
+refuses, before anything is loaded, saved groups that still lack a hyperparameter of the torch optimizer the live
+one is (or subclasses: ``LoggingAdamW`` reads AdamW's) once the pre-hooks and ``__setstate__`` have run on a probe.
 
-Per-parameter state is not compared: a fresh optimizer has none until its first step (torch creates it there), so
-what the live class needs cannot be told cheaply, and a saved group's flag (Adam's ``amsgrad``) rightly changes
-which state the step reads. An optimizer whose ``__setstate__`` fails on the probe is not checked (it loads as it
-did before checkpoints named optimizers).
+The check only refuses what it knows the step reads, and otherwise lets torch load, as before checkpoints named
+optimizers:
+
+* A key the user's own class adds (an optional ``clip`` read with ``group.get``) is not required: how its step
+  reads it cannot be told. An optimizer that is not torch's, nor a subclass of one, is not checked at all.
+* The probe leaves the live optimizer and its class alone: it is a bare instance of the class whose attributes are
+  copies (containers one level deep; its groups and defaults its own), whose state is empty, and whose
+  ``_patch_step_function`` (torch's ``__setstate__`` patches the class's ``step`` with it) does nothing; the
+  pre-hooks get it and a copy of the saved dict (one level deep: the tensors are the checkpoint's).
+* A wrapper that delegates (its class defines ``param_groups``, ``defaults`` or ``state``, as accelerate's
+  ``AcceleratedOptimizer`` does), a class with its own ``load_state_dict``, and one whose pre-hooks or
+  ``__setstate__`` fail on the probe, are not checked.
+
+The class's name decides nothing: a subclass, a renamed copy, or Adam for AdamW resume (with the checkpoint's
+hyperparameters: an AdamW built with ``weight_decay=0.05`` resuming Adam's checkpoint runs with its 0, which is
+logged), and another optimizer that shares the name is refused only when its groups lack a key. The name a
+checkpoint records (:func:`optimizer_class`) only names the writer in the message. Per-parameter state is not
+compared: a fresh optimizer has none until its first step, so what the live class needs cannot be told cheaply, and
+a saved group's flag (Adam's ``amsgrad``) rightly changes which state the step reads.
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
+import logging
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -29,11 +46,16 @@ from cloud_elastic.checkpoint.api import CheckpointMismatch
 __all__ = ["OPTIMIZER_CLASS", "OPTIMIZER_CLASSES", "OptimizerMismatch", "check_optimizer", "check_optimizers",
            "lacking", "optimizer_class", "optimizer_classes"]
 
+log = logging.getLogger(__name__)
+
 #: The key of an optimizer's entry in a payload that names the optimizer's class (torch's ``load_state_dict``
 #: reads only ``state`` and ``param_groups``, so the entry still loads without cloud-elastic).
 OPTIMIZER_CLASS = "optimizer_class"
 #: The key of a sharded checkpoint's manifest ``extra`` that names each sharded optimizer's class, by attribute.
 OPTIMIZER_CLASSES = "optimizer_classes"
+#: What a wrapper that delegates to another optimizer defines on its class (a property): its probe would read the
+#: live optimizer's.
+_DELEGATED = ("param_groups", "defaults", "state")
 
 
 class OptimizerMismatch(CheckpointMismatch):
@@ -48,35 +70,83 @@ def optimizer_class(optimizer: torch.optim.Optimizer) -> str:
     return type(optimizer).__name__
 
 
-def lacking(optimizer: torch.optim.Optimizer, groups: Iterable[Iterable[str]]) -> list[str]:
-    """The keys of ``optimizer.defaults`` (in their order; those its own groups all hold) that one of the saved param
-    ``groups`` (each given by its keys) lacks once ``optimizer``'s class has filled it in as ``load_state_dict``
-    would; [] when none does, or when the class's ``__setstate__`` cannot run on a probe (it is then not checked)."""
-    groups = [{key: None for key in group if key != "params"} for group in groups]
+def lacking(optimizer: torch.optim.Optimizer, groups: Iterable[Any], state: Any = None) -> list[str]:
+    """The hyperparameters of the torch optimizer ``optimizer`` is (or subclasses) that its own groups all hold (in
+    the order of its ``defaults``) and that one of the saved param ``groups`` (dicts, or the keys of each) lacks once
+    ``optimizer``'s load_state_dict pre-hooks and ``__setstate__`` have run on them on a probe, as
+    ``load_state_dict`` runs them (the pre-hooks also get a copy of the saved ``state``). [] when none does, and
+    when it cannot be told (see the module's docstring): never an error, never a change to ``optimizer``."""
+    groups = [dict(g) if isinstance(g, Mapping) else {key: None for key in g} for g in groups]
     if not groups:
         return []
     try:
-        probe = object.__new__(type(optimizer))
-        probe.__dict__.update(vars(optimizer))  # a __setstate__ may read the optimizer's own attributes
-        probe.__setstate__({"defaults": dict(optimizer.defaults), "state": {},
-                            "param_groups": [{**group, "params": []} for group in groups]})
-        filled = [set(group) for group in probe.param_groups]
-    except Exception:  # noqa: BLE001 - a class of the user's that cannot be probed: loads as it did
+        read = _read_by_torch(type(optimizer))
+        if not read:
+            return []
+        filled = _as_loaded(optimizer, groups, state)
+        # A key its own groups lack (a class that drops one after building them) is not one its step reads.
+        needed = [key for key in optimizer.defaults if key in read and all(key in g for g in optimizer.param_groups)]
+    except Exception:  # noqa: BLE001 - the user's class, hooks or __setstate__ on a probe: loads as it did
         return []
-    # A key of the defaults that the optimizer's own groups lack (a class that adds one after building them) is
-    # not one its step reads from a group.
-    needed = [key for key in optimizer.defaults if all(key in group for group in optimizer.param_groups)]
     return [key for key in needed if any(key not in group for group in filled)]
 
 
-def check_optimizer(name: str, optimizer: torch.optim.Optimizer, groups: Any, saved: Any = None) -> None:
+def _read_by_torch(cls: type) -> frozenset[str]:
+    """The hyperparameters (``__init__``'s keyword names) of the torch optimizers among ``cls``'s bases, which their
+    step reads from each group by key; none where the check cannot tell what a load does (a delegating wrapper, a
+    class with its own ``load_state_dict``: see the module's docstring)."""
+    if any(name in vars(c) for c in cls.__mro__ for name in _DELEGATED):
+        return frozenset()
+    loader = next((c for c in cls.__mro__ if "load_state_dict" in vars(c)), None)
+    if loader is None or not _of_torch(loader):
+        return frozenset()
+    return frozenset(name for c in cls.__mro__ if _of_torch(c) and c is not torch.optim.Optimizer
+                     for name, p in inspect.signature(c.__init__).parameters.items()
+                     if name not in ("self", "params") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+def _of_torch(cls: type) -> bool:
+    """Whether ``cls`` is one of torch's optimizers (``torch.optim.SGD``, ``torch.optim.Optimizer`` itself)."""
+    module = getattr(cls, "__module__", None) or ""
+    return isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and \
+        (module == "torch.optim" or module.startswith("torch.optim."))
+
+
+def _as_loaded(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]], state: Any) -> list[set[str]]:
+    """The keys of each of ``groups`` as ``optimizer``'s ``load_state_dict`` would leave them, found on a probe."""
+    probe = object.__new__(type(optimizer))
+    vars(probe).update({key: _copied(value) for key, value in vars(optimizer).items()})
+    vars(probe).update(param_groups=[_copied(g) for g in optimizer.param_groups], defaults=dict(optimizer.defaults),
+                       state=defaultdict(dict), _patch_step_function=lambda: None)  # it patches the class's step
+    saved: Any = {"state": {k: _copied(v) for k, v in state.items()} if isinstance(state, Mapping) else {},
+                  "param_groups": groups}
+    for hook in list(getattr(probe, "_optimizer_load_state_dict_pre_hooks", {}).values()):
+        result = hook(probe, saved)
+        saved = saved if result is None else result
+    probe.__setstate__({"state": {}, "param_groups": [{**g, "params": []} for g in saved["param_groups"]]})
+    return [set(group) for group in probe.param_groups]
+
+
+def _copied(value: Any) -> Any:
+    """A new dict, list or set (of its type) with ``value``'s items; any other value as it is."""
+    return copy.copy(value) if isinstance(value, (dict, list, set)) else value
+
+
+def check_optimizer(name: str, optimizer: torch.optim.Optimizer, groups: Any, saved: Any = None,
+                    state: Any = None) -> None:
     """OptimizerMismatch when the param ``groups`` a checkpoint holds for the optimizer ``name`` (a list of dicts,
-    or of key sets) lack what ``optimizer``'s step reads (:func:`lacking`); ``saved``, the class name the checkpoint
-    recorded (None before it did), names the writer. Groups of another form are left to the load itself."""
+    or of key sets: DCP's metadata) lack what ``optimizer``'s step reads (:func:`lacking`, its pre-hooks also given
+    the saved ``state``); ``saved``, the class name the checkpoint recorded (None before it did), names the writer,
+    and a resume by another class is logged (it runs with the checkpoint's hyperparameters). Groups of another form
+    are left to the load itself."""
     if not isinstance(groups, list) or not all(isinstance(g, (Mapping, set, frozenset)) for g in groups):
         return
-    missing = lacking(optimizer, [[k for k in g if isinstance(k, str)] for g in groups])
+    missing = lacking(optimizer, [{k: v for k, v in g.items() if isinstance(k, str)} if isinstance(g, Mapping)
+                                  else [k for k in g if isinstance(k, str)] for g in groups], state)
     if not missing:
+        if isinstance(saved, str) and saved != optimizer_class(optimizer):
+            log.warning("%s: the checkpoint was written by %s, this is %s: it takes the checkpoint's param groups "
+                        "(their hyperparameters, not the ones it was built with)", name, saved, optimizer_class(optimizer))
         return
     keys = ", ".join(repr(key) for key in missing[:4]) + (f" (and {len(missing) - 4} more)" if len(missing) > 4 else "")
     writer = f"saved by {saved}, whose param groups" if isinstance(saved, str) else "its saved param groups"

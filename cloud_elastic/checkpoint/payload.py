@@ -231,7 +231,8 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
             if names)))
     for name, target in live.items():
         if isinstance(target, torch.optim.Optimizer) and isinstance(payload[name], dict):
-            check_optimizer(name, target, payload[name].get("param_groups"), payload[name].get(OPTIMIZER_CLASS))
+            entry = payload[name]
+            check_optimizer(name, target, entry.get("param_groups"), entry.get(OPTIMIZER_CLASS), entry.get("state"))
     payload = _numpy_rebuilt(payload)
     try:
         for name, value in payload.items():

@@ -4,9 +4,10 @@ F1: a resume with a subclass of the optimizer that wrote the checkpoint (``Loggi
 AdamW, was refused 'optimizer: saved by AdamW, this is LoggingAdamW ... resume with the same model', though both load
 and step (and did before checkpoints named classes). F2: another optimizer that happens to be called ``AdamW`` (a
 momentum SGD) passed the name check and failed at its first step, ``KeyError: 'momentum'``. Now the saved param
-groups, filled in as torch's ``load_state_dict`` fills them, must hold every key of the live optimizer's
-``defaults``; the recorded class only names the writer, and the remedy names the optimizer. Replicated payloads here;
-sharded ones in ``test_checkpoint_mismatch_kinds``.
+groups, filled in as torch's ``load_state_dict`` fills them, must hold each hyperparameter of the torch optimizer the
+live one is or subclasses (its ``defaults`` that its groups hold); the recorded class only names the writer, and the
+remedy names the optimizer. Replicated payloads here; sharded ones in ``test_checkpoint_mismatch_kinds``; what the
+check may not do (change anything, refuse what torch loads and steps) in ``test_optimizer_fit_probe``.
 """
 
 from __future__ import annotations
