@@ -40,6 +40,11 @@ class Terraform:
             CHECKPOINT_DISABLE="1",
             TF_IN_AUTOMATION="1",
             TF_INPUT="0",
+            # Terraform and the AWS provider (started afresh for each run block of `terraform test`: 16 times
+            # for modules/aws) spend much of their CPU collecting garbage while they build the provider's
+            # schema. A larger heap between collections: 10 s of CPU to 7.7 s for modules/aws's tests,
+            # at 0.4 GB of memory instead of 0.33.
+            GOGC="400",
         )
         return env
 
