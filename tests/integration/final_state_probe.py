@@ -1,5 +1,6 @@
-"""Train ``--steps`` steps, committing each; rank 0 then evaluates for ``--eval-s`` seconds inside its training
-function (after the loop's last commit), while the other ranks return and wait for it. Prints
+"""Train ``--steps`` steps (rank 1 only ``--short-steps``: uneven data), committing each; rank 0 then evaluates for
+``--eval-s`` seconds inside its training function (after the loop's last commit), rank 1 for ``--eval1`` seconds (no
+collective in either), while the other ranks return and wait for rank 0. Prints
 ``LOOP_DONE rank=R step=S pid=P`` when a rank's loop ends, and ``START step=S`` when it enters (a resumed run starts
 at the checkpoint's step)."""
 
@@ -18,6 +19,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--eval-s", type=float, default=0.0)
+    p.add_argument("--short-steps", type=int, default=None)
+    p.add_argument("--eval1", type=float, default=0.0)
     args = p.parse_args()
     hvd.init()
     weight = torch.nn.Parameter(torch.zeros(4))
@@ -27,7 +30,8 @@ def main() -> None:
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         print(f"START rank={hvd.rank()} step={state.step}", flush=True)
-        while state.step < args.steps:
+        short = hvd.rank() == 1 and args.short_steps is not None
+        while state.step < (args.short_steps if short else args.steps):
             opt.zero_grad()
             (weight * 2).sum().backward()
             opt.step()
@@ -36,6 +40,8 @@ def main() -> None:
         print(f"LOOP_DONE rank={hvd.rank()} step={state.step} pid={os.getpid()}", flush=True)
         if hvd.rank() == 0:
             time.sleep(args.eval_s)  # a rank-0-only evaluation at the end of the training function
+        elif hvd.rank() == 1:
+            time.sleep(args.eval1)  # a local evaluation: rank 0 may wait for it in its next collective
 
     train(state)
     print(f"END rank={hvd.rank()} step={state.step}", flush=True)

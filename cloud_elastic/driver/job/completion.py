@@ -5,8 +5,9 @@
 * **completion** (:meth:`~Completion.completed`): it is rank 0's to decide (it
   holds the state). Rank 0 returning from its training function starts the
   job's completion (``done``), and so does any worker returning once that has
-  started. Another member returning while rank 0 still trains is *parked*
-  (``wait``) until rank 0 returns too, normally milliseconds later;
+  started. Another member returning while rank 0 still trains (in its round, or back at rendezvous after an
+  abort) is *parked* (``wait``) until rank 0 returns too, normally milliseconds later; a parked member that
+  dies or goes silent fails the job once rank 0 returns, as a completed one does (no training is lost);
 * **early returns** (:meth:`~Completion.check_early_returns`): a parked member
   whose rank 0 has waited :data:`EARLY_RETURN_WAIT_S` in a collective returned
   early (that collective needs it, and it will never join): it is told to leave
@@ -155,19 +156,21 @@ class Completion:
             self._behind.discard(worker_id)
             return "done", ""  # it goes on to the next function too (entered_again), still a member
         rank0 = self._rank0()
-        # Rank 0 lost in its training function (its final checkpoint, an evaluation): the job is not complete;
-        # w is parked, and holds the final state with the others parked unless rank 0 was still in its loop
-        # (see _hold_final_state).
-        lost = rank0 is None and job.phase is Phase.RUNNING and self._lost_rank0() is not None
-        if not lost and (job.phase in (Phase.FINISHING, Phase.DONE) or rank0 is None or rank0 is w):
+        # Rank 0 out of the round without having returned: lost in its training function (its final checkpoint, an
+        # evaluation), or back at rendezvous, its round aborted (it trains on). The job is not complete: w is parked,
+        # and holds the final state with the others parked if rank 0 was lost at their commit (_hold_final_state),
+        # else it leaves (check_early_returns).
+        out = self._rank0_out() if rank0 is None and job.phase is Phase.RUNNING else None
+        if out is None and (job.phase in (Phase.FINISHING, Phase.DONE) or rank0 is None or rank0 is w):
             self._complete(w, now)
             return "done", ""
         if not w.returned:
             w.returned = True
             self._parked[worker_id] = w.last_seen
             log.info("job %s: rank %s (%s) returned from its training function at commit %d; %s", job.job_id,
-                     w.rank, worker_id, w.commit_seq, "rank 0 was lost before it returned" if lost else
-                     "waiting for rank 0 to return too")
+                     w.rank, worker_id, w.commit_seq, "waiting for rank 0 to return too" if out is None else
+                     "rank 0 was lost before it returned" if not out.alive else
+                     "rank 0 had left the round without returning (the round was aborted)")
         return "wait", ""
 
     def reply(self, worker_id: str) -> tuple[str, str] | None:
@@ -245,16 +248,29 @@ class Completion:
         job = self._job
         self.exited += 1
         if status.code != 0 or not status.known or status.transport_error:  # unknown: adopted, said nothing
-            what = (f"worker {w.worker_id} ({w.label}) {status.describe} after its training function returned "
-                    f"(commit {w.commit_seq}, {w.steps} optimizer step(s))")
-            self._failures.append(what)
-            log.error("job %s: %s", job.job_id, what)
-            job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
-                     reason=f"{status.describe} after its training function returned",
-                     exit_code=status.code if status.code >= 0 else None, blacklisted_s=None,
-                     **({"signal": signal_name(-status.code)} if status.code < 0 else {}))
+            self._failed_after_returning(w, status.describe, exit_code=status.code if status.code >= 0 else None,
+                                         **({"signal": signal_name(-status.code)} if status.code < 0 else {}))
         else:
             log.debug("job %s: worker %s exited after completing", job.job_id, w.worker_id)
+
+    def lost_while_parked(self, w: WorkerRecord, what: str, *, stacks: bool) -> None:
+        """Parked ``w`` (its function returned, rank 0's not yet) is given up (``what``: silent, its host lost): it
+        is stopped, and the job fails naming it once rank 0 returns, as after completing. No training is lost (it
+        joins no collective: an early return is still found as such) and its slot is not blamed."""
+        job = self._job
+        self._failed_after_returning(w, what, exit_code=None)
+        w.to(S.LOST, what)
+        job.forget_alive()
+        job.act(Stop(w.worker_id, what, immediate=True, stacks=stacks and w.stacks_signal is not False))
+
+    def _failed_after_returning(self, w: WorkerRecord, what: str, **fields: object) -> None:
+        """``w`` ended badly (``what``) after its training function returned: the job fails naming it."""
+        line = (f"worker {w.worker_id} ({w.label}) {what} after its training function returned "
+                f"(commit {w.commit_seq}, {w.steps} optimizer step(s))")
+        self._failures.append(line)
+        log.error("job %s: %s", self._job.job_id, line)
+        self._job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
+                       reason=f"{what} after its training function returned", blacklisted_s=None, **fields)
 
     def step_finishing(self, now: float) -> None:
         """The job is completing: it ends once every worker has gone (see module docstring).
@@ -322,8 +338,13 @@ class Completion:
         training: that collective needs the parked members, who will never join it
         (a loop or a sampler sized for another world size, typically). They are
         told to leave, their slots back off (:meth:`_back_off`), and the round is
-        aborted, which frees rank 0 from the collective. A parked member whose
-        rank 0 failed cannot rejoin either, and leaves too (its slot is not to blame).
+        aborted, which frees rank 0 from the collective. So does a parked member
+        whose rank 0 is back at rendezvous without having returned (its round was
+        aborted: it trains on). A parked member whose rank 0 failed cannot rejoin
+        either, and leaves too (its slot is not to blame). After an abort that left
+        rank 0 in its training function (the no-progress watch's, a third member's
+        loss), a parked member holding the newest commit waits for rank 0
+        (:meth:`_holds_final_state`); the others leave as after rank 0's failure.
         """
         job = self._job
         if not self._parked or job.phase is not Phase.RUNNING:
@@ -334,26 +355,32 @@ class Completion:
             # collective that the parked members did join.
             if rank0.waiting_s < EARLY_RETURN_WAIT_S or rank0.waiting_at <= max(self._parked.values()):
                 return False
-        if rank0 is None:
+        out = self._rank0_out() if rank0 is None else None  # lost, or back at rendezvous to train on
+        if out is not None and not out.alive:
             held = self._hold_final_state()
             if held is None:
                 return False  # a survivor at that commit is still in its training function: they wait for it
             if held:
                 return True
         leaving: list[WorkerRecord] = []
+        staying: dict[str, float] = {}
         backed_off: dict[Slot, float] = {}  # slots backed off in this call: one host's early returns count once
         for worker_id in sorted(self._parked):
             w = job.workers[worker_id]
             if not w.alive or w.state not in _MEMBER:
                 continue
-            if rank0 is None or job.abort_round >= job.round:
+            if rank0 is not None and job.abort_round >= job.round and self._holds_final_state(w, rank0):
+                staying[worker_id] = self._parked[worker_id]
+                continue
+            trainer = rank0 if rank0 is not None and job.abort_round < job.round else out if out and out.alive else None
+            if trainer is None:
                 why = "its round ended before rank 0 finished training; it cannot rejoin after returning"
                 log.warning("job %s: worker %s (%s) %s; it leaves the job and the others continue", job.job_id,
                             worker_id, w.label, why)
-            else:
+            else:  # rank 0 waits in a collective that needs it, or is back at rendezvous to train on without it
                 why = (f"returned from its training function at commit {w.commit_seq} ({w.steps} optimizer step(s)) "
-                       f"while rank 0 ({rank0.worker_id}) was still training (at commit {rank0.commit_seq}, "
-                       f"{rank0.steps} step(s))")
+                       f"while rank 0 ({trainer.worker_id}) was still training (at commit {trainer.commit_seq}, "
+                       f"{trainer.steps} step(s))")
                 w.returned_early = True  # its worker_left event says so when its process ends
                 w.cooldown_s = self._back_off(w, now, backed_off)
                 self._explain(w, why)
@@ -361,7 +388,7 @@ class Completion:
             leaving.append(w)
         for w in leaving:  # after every parked one had its say: a host-mate taken along exits at once
             self._take_host_along(w)
-        self._parked.clear()
+        self._parked = staying
         job.forget_alive()
         if job.abort_round < job.round:
             job.last_failure = "a member returned from its training function while rank 0 was still training"
@@ -370,11 +397,27 @@ class Completion:
 
     def _lost_rank0(self) -> WorkerRecord | None:
         """Rank 0 of the current round if it was lost in its training function (it never returned), else None."""
+        w = self._rank0_out()
+        return w if w is not None and not w.alive else None
+
+    def _rank0_out(self) -> WorkerRecord | None:
+        """Rank 0 of the current round if it left the round without returning from its training function: lost, or
+        back at rendezvous after an abort (it trains on in the next round); else None (still training in it,
+        returned, leaving the job at a commit, or none known)."""
         job = self._job
         for w in job.workers.values():
-            if w.round == job.round and w.rank == 0 and not w.alive and not w.returned:
-                return w
+            if w.round == job.round and w.rank == 0 and not w.returned and not w.member_of(job.round):
+                return w if not w.alive or w.state is S.WAITING else None
         return None
+
+    def _holds_final_state(self, w: WorkerRecord, rank0: WorkerRecord) -> bool:
+        """Parked ``w`` may hold the final state while its round is aborted with rank 0 still in its training
+        function (the no-progress watch aborted it, or a third member was lost): it returned at the job's newest
+        commit, and rank 0 reported neither a newer one nor a wait in a collective since ``w`` returned (it was
+        still in its loop then). It waits for rank 0: rank 0 returns (the job completes), comes back to rendezvous
+        (``w`` leaves: rank 0 holds that commit too), or is lost (:meth:`_hold_final_state`: ``w`` writes it)."""
+        return (w.holds_state and w.commit_seq >= max(self._job.commit_high, rank0.commit_seq)
+                and not (rank0.waiting_s > 0 and rank0.waiting_at > self._parked[w.worker_id]))
 
     def _hold_final_state(self) -> bool | None:
         """Rank 0 was lost while parked members returned: see :func:`.finishing.final_state_held`."""

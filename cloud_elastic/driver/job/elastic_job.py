@@ -332,7 +332,9 @@ class ElasticJob(JobState):
         was_member = w.member_of(self.round)
         w.to(S.EXITED)
         status = self.adoption.exit_status(worker_id, status)  # an adopted process: the exit code it said
-        if before is S.COMPLETED:
+        if before is S.COMPLETED or (before is S.RUNNING and w.returned and self.phase is Phase.RUNNING):
+            # Parked (its function returned, rank 0's not yet): no loss of training, but its end is part of the
+            # result's: a non-zero exit or a signal fails the job once rank 0 returns, naming it, as after completing.
             self.completion.exited_after_completing(w, status)
         elif before is S.DRAINING and self.fixed.exited(w, status, was_member):
             self.leavers.fixed_ended(w, status.describe)  # it cannot leave: exit 0 is its success, else a failure
@@ -521,6 +523,9 @@ class ElasticJob(JobState):
             self.rounds.pending_rollback = self.round
 
     def give_up(self, w: WorkerRecord, what: str, now: float, *, stacks: bool = True) -> None:
+        if w.returned and w.state is S.RUNNING and self.phase is Phase.RUNNING:  # parked: no training lost
+            self.completion.lost_while_parked(w, what, stacks=stacks)
+            return
         self.failures.give_up(w, what, now, stacks=stacks)
 
     def commits_lost_reason(self) -> str:
