@@ -29,7 +29,8 @@ LAST = 40
 EITHER = ("leave at their first commit if the script enters hvd.elastic.run, or run to the end of the script with "
           "the others if it never does (none has entered it yet; a fixed-size script cannot leave at a commit)")
 PARKED = ("whose training function returned stay until rank 0 returns from its own, then run to the end of the "
-          "script")
+          "script, or leave the job if that return proves early (rank 0 still in its loop waits 5s in a collective "
+          "that needs them; the others then roll back to their last commit)")
 
 
 # --------------------------------------------- F3: an elastic script still in its set-up after hvd.init()
@@ -126,7 +127,8 @@ def test_a_parked_members_slot_drained_says_so_in_the_reply_and_the_log(caplog) 
     sim = _rank1_parked()
     done, message = sim.job.drain("b", 0, sim.now)
     how = ("whose training function returned, stays until rank 0 returns from its own, then runs to the end of the "
-           "script")
+           "script, or leaves the job if that return proves early (rank 0 still in its loop waits 5s in a collective "
+           "that needs it; the others then roll back to their last commit)")
     assert done and message.startswith(f"worker {sim.id('b[0]')}, {how}; slot b[0] blacklisted"), message
     assert f"(cloud-elastic drain b:0); it, {how}; its slot" in caplog.text
     _stays_until_rank_0_returns_then_runs_on(sim)
@@ -141,5 +143,8 @@ def test_a_host_with_a_parked_member_and_a_training_one_says_what_each_does() ->
         sim.job.heartbeat(sim.id(slot), sim.now, LAST, LAST)
     assert sim.job.completed(sim.id("b[1]"), sim.now, commit_seq=LAST, steps=LAST) == ("wait", "")
     done, message = sim.job.drain("b", None, sim.now)
-    assert done and message.startswith(f"host b drains: its 1 worker(s) leave at their next commit, and its 1 "
-                                       f"worker(s) {PARKED}; no new worker"), message
+    assert done and message.startswith(f"host b drains: its 1 worker(s) leave at their next commit if rank 0 is still "
+                                       "in its training loop, or run to the end of the script with the others if it is "
+                                       "past it (rank 2 returned from its training function at the last commit: the "
+                                       f"round is likely finishing), and its 1 worker(s) {PARKED}; no new "
+                                       "worker"), message

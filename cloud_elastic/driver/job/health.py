@@ -38,6 +38,7 @@ import statistics
 
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.capacity import Capacity
+from cloud_elastic.driver.job.completion import EARLY_RETURN_WAIT_S
 from cloud_elastic.driver.job.finishing import finishing_hold
 from cloud_elastic.driver.job.hosts import Slot, blocked_for, blocked_s
 from cloud_elastic.driver.job.leaving import Leavers
@@ -255,24 +256,39 @@ class Health:
         if job.phase not in (Phase.STARTING, Phase.RUNNING):
             return False, f"the job is {job.phase.value}"
         on_host = [w for w in job.active() if w.slot.host == host]
+        drain = Drain(None, "drained by hand (cloud-elastic drain)")
         if slot is None:
             if host not in job.hosts.ready and not on_host:
-                return False, f"no host {host} in this job"
+                if host not in job.hosts.draining:
+                    return False, f"no host {host} in this job"
+                # Drained already (a first drain, a cloud's notice): its workers are leaving. Held from now on.
+                self._leavers.notice(host, drain, now, source="operator")
+                return True, self._already_draining(host)
             # Read before the notice sends them away: what each kind of worker does differs (see _leave_how).
             outside = sum(1 for w in on_host if w.state is not S.RUNNING)
             parked = sum(1 for w in on_host if w.state is S.RUNNING and w.returned)
             members = len(on_host) - outside - parked
-            parts = [self._members_leave(f"its {members} worker(s)", one=False)] if members or not on_host else []
+            going = sum(1 for w in job.alive() if w.slot.host == host) - len(on_host)  # its slots drained already
+            parts = ([self._members_leave(f"its {members} worker(s)", one=False)] if members or not (on_host or going)
+                     else [])
+            if going:
+                parts.append(f"its {going} worker(s) already leaving")
             if parked:
                 parts.append(self._parked_stay(f"its {parked} worker(s)", one=False))
             if outside:
                 parts.append(self._outside_leave(outside))
-            self._leavers.notice(host, Drain(None, "drained by hand (cloud-elastic drain)"), now, source="operator")
+            how = ", and ".join(parts)
+            self._leavers.notice(host, drain, now, source="operator", how=how)
             job.tick(now)
-            return True, (f"host {host} drains: {', and '.join(parts)}; no new worker is placed there until it leaves "
+            return True, (f"host {host} drains: {how}; no new worker is placed there until it leaves "
                           f"discovery{self._below_min_np(now)}")
         mine = [w for w in on_host if w.slot.index == slot]
         if not mine:
+            going = [w for w in job.alive() if w.slot.host == host and w.slot.index == slot]
+            if going:  # drained already (its host, the slot), a straggler, an early return: it is on its way
+                w = going[0]
+                doing = "draining" if w.state is S.DRAINING else "leaving"
+                return True, f"worker {w.worker_id} on {host}[{slot}] is already {doing} ({w.why or 'told to exit'})"
             return False, f"no worker on {host}[{slot}]"
         w = mine[0]
         why = f"drained by hand (cloud-elastic drain {host}:{slot})"
@@ -286,6 +302,16 @@ class Health:
         mates = " with its host's other workers (--whole-hosts)" if whole else ""
         return True, f"{how}{mates}; slot {host}[{slot}] blacklisted {blocked_for(delay)}"
 
+    def _already_draining(self, host: str) -> str:
+        """The reply to a drain of ``host`` while it drains already: its workers are on their way (leaving at a
+        commit, parked until rank 0 returns, told to exit), or gone."""
+        job = self._job
+        going = sum(1 for w in job.alive() if w.slot.host == host)
+        since = f"{job.hosts.draining[host].reason}, notice from {self._leavers.sources.get(host, 'the provider')}"
+        state = (f"is already draining ({since}): its {going} worker(s) are leaving" if going else
+                 f"was already drained ({since}): its workers have left")
+        return f"host {host} {state}; no new worker is placed there until it leaves discovery"
+
     def _leave_how(self, w: WorkerRecord, who: str) -> str:
         """What drained worker ``w`` (called ``who``) does, read before it is sent away, for the reply and the log
         alike: one not yet in a round leaves now; a parked member as :meth:`_parked_stay` says, a training one as
@@ -298,14 +324,18 @@ class Health:
 
     @staticmethod
     def _parked_stay(who: str, *, one: bool) -> str:
-        """What drained parked members (``who``: their training function returned, and they wait for rank 0's) do:
-        a drain has no deadline to cut that wait short (:meth:`.leaving.Leavers.send_away`), so they stay until
-        rank 0 returns, and are told ``done`` then: the rest of their script runs."""
-        if one:
-            return (f"{who}, whose training function returned, stays until rank 0 returns from its own, then runs "
-                    "to the end of the script")
-        return (f"{who} whose training function returned stay until rank 0 returns from its own, then run to the "
-                "end of the script")
+        """What drained parked members (``who``: their training function returned, and they wait for rank 0's) do.
+        A drain has no deadline to cut that wait short (:meth:`.leaving.Leavers.send_away`): if they returned at the
+        end of training they stay until rank 0 returns, and are told ``done`` then (the rest of their script runs).
+        Until rank 0 returns or waits :data:`~.completion.EARLY_RETURN_WAIT_S` in a collective (which needs them:
+        they returned early), the driver cannot tell which; an early return leaves the job then, and the others roll
+        back to their last commit (:meth:`.completion.Completion.check_early_returns`). The reply says both."""
+        stay, run, leave, it = ("stays", "runs", "leaves", "it") if one else ("stay", "run", "leave", "them")
+        comma = "," if one else ""
+        return (f"{who}{comma} whose training function returned{comma} {stay} until rank 0 returns from its own, then "
+                f"{run} to the end of the script, or {leave} the job if that return proves early (rank 0 still in its "
+                f"loop waits {EARLY_RETURN_WAIT_S:g}s in a collective that needs {it}; the others then roll back to "
+                "their last commit)")
 
     def _members_leave(self, who: str, *, one: bool) -> str:
         """What drained round members (``who``; ``one``: a single worker) do: leave at their next commit. While the
@@ -313,9 +343,16 @@ class Health:
         ``hvd.elastic.run``, a worker of an elastic script still in its set-up after ``hvd.init()`` included), the
         driver cannot tell yet which it is, and says both: they leave at their first commit if the script enters
         ``hvd.elastic.run``, and run to the end of the script with the others if it never does (a fixed-size script
-        cannot leave at a commit)."""
+        cannot leave at a commit). While the round may be finishing (:func:`.finishing.finishing_hold`: a member
+        returned at the last commit), rank 0 may be past its loop, never to commit again: it then runs to the end of
+        the script, and the job completes when it returns; the driver cannot tell that either, and says both."""
         its = "its" if one else "their"
         leave, run = ("leaves", "runs") if one else ("leave", "run")
+        hold = finishing_hold(self._job)
+        if hold is not None:  # rank 0 may be past its loop (an evaluation, a final save), never to commit again
+            return (f"{who} {leave} at {its} next commit if rank 0 is still in its training loop, or {run} to the end "
+                    f"of the script with the others if it is past it (rank {hold[1].rank} returned from its training "
+                    "function at the last commit: the round is likely finishing)")
         if self._capacity is None or not self._capacity.drained_stay():
             return f"{who} {leave} at {its} next commit"
         return (f"{who} {leave} at {its} first commit if the script enters hvd.elastic.run, or {run} to the end of the "

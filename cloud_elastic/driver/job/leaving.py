@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from cloud_elastic.driver.job.actions import Release, Stop
+from cloud_elastic.driver.job.actions import Phase, Release, Stop
 from cloud_elastic.driver.job.exit_status import signal_name
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.view import JobView
@@ -105,15 +105,18 @@ class Leavers:
         # Draining host whose workers left holding the last copy of the state -> the commit they left at.
         self._last_hosts: dict[str, int] = {}
         self._checkpoint: tuple[int, int] | None = None  # (step, commit) of the newest checkpoint reported saved
+        self._noticed: dict[str, list[str]] = {}  # draining host -> its workers when its hard notice came
 
     def notice(self, host: str, drain: Drain, now: float, *, source: str, soft: bool = False,
-               watcher: str | None = None) -> bool:
+               watcher: str | None = None, how: str = "its workers leave at their next commit") -> bool:
         """A notice for ``host`` from ``source`` (``watcher``: the worker whose metadata watcher reported it); True
         when it is news (the job then steps).
 
         A hard notice drains the host: its workers leave at their next commit, or
         are removed by force just before ``drain.deadline``. A soft one only keeps
         new workers off the host, unless ``hosts.drain_soft`` makes it drain too.
+        ``how``: what its workers do, for the log line (a hand drain's reply says it per kind of worker: see
+        :meth:`.health.Health.drain`).
         """
         job = self._job
         if not soft:
@@ -135,8 +138,9 @@ class Leavers:
             log.info("job %s: notice from %s for host %s: %s; no new worker will be placed there",
                      job.job_id, source, host, drain.reason)
         else:
-            log.warning("job %s: notice from %s for host %s: %s%s; its workers leave at their next commit",
-                        job.job_id, source, host, drain.reason, left)
+            log.warning("job %s: notice from %s for host %s: %s%s; %s", job.job_id, source, host, drain.reason, left,
+                        how)
+            self._noticed[host] = [w.worker_id for w in job.alive() if w.slot.host == host]
         job.emit("notice", source=source, host=host, reason=drain.reason, deadline=drain.deadline, soft=soft,
                  action="no new workers" if soft else "drain")
         return True
@@ -514,7 +518,7 @@ class Leavers:
                         log.warning("%sits workers were stopped before any commit was heard of; the job started over "
                                     "from the initial weights", what)
                     elif host not in self._forced:
-                        log.info("%sits workers left at a commit; 0 steps lost", what)
+                        log.info("%s%s", what, self._how_left(host))
                     else:
                         self._say_forced(what, self._forced[host], rollback_pending)
         self._released &= set(draining)
@@ -522,6 +526,26 @@ class Leavers:
         self._started_over &= set(draining)
         self._last_hosts = {h: seq for h, seq in self._last_hosts.items() if h in draining}
         self._terminating &= set(draining)
+        self._noticed = {h: ids for h, ids in self._noticed.items() if h in draining and h not in self._released}
+
+    def _how_left(self, host: str) -> str:
+        """How the workers of drained ``host`` went, none lost in their round (the release's line): at a commit, 0
+        steps lost; or, as a hand drain's reply said they might (:meth:`.health.Health.drain`), to the end of the
+        script with a job that completed (parked, or rank 0 past its loop: members of its last round), as early
+        returns (their peers rolled back to their last commit), or stopped before they joined a round."""
+        job = self._job
+        ws = [job.workers[i] for i in self._noticed.pop(host, ()) if i in job.workers]
+        ended = job.phase is Phase.FINISHING or (job.outcome is not None and job.outcome.success)
+        early = sum(1 for w in ws if w.returned_early)
+        ran = sum(1 for w in ws if ended and w.round == job.round and w.rank is not None and not w.returned_early)
+        stopped = sum(1 for w in ws if w.rank is None)
+        if not early + ran + stopped:
+            return "its workers left at a commit; 0 steps lost"
+        kinds = ((ran, "ran to the end of the script with the job, which completed"),
+                 (early, "left as early returns (their training function returned while rank 0 still trained; the "
+                         "others rolled back to their last commit)"),
+                 (stopped, "not yet in a round were stopped"), (len(ws) - early - ran - stopped, "left at a commit"))
+        return ", and ".join(f"its {n} worker(s) {what}" for n, what in kinds if n)
 
     def _say_forced(self, what: str, why: str, rollback_pending: bool) -> None:
         """Log that a leaving host's workers did not leave at a commit: when an aborted round's survivors have not
