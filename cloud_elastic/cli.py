@@ -386,7 +386,13 @@ def drain(job: str, target: str) -> int:
     script enters hvd.elastic.run, or run to the end of the script if it never
     does. A drained worker not yet in a round (in its set-up before
     hvd.init()) is stopped either way; one whose training function returned
-    stays until rank 0 returns from its own, then runs to the end of the script.
+    stays until rank 0 returns from its own, then runs to the end of the script,
+    unless that return proves early (rank 0, still in its loop, waits in a
+    collective that needs it): it then leaves, and the others roll back to their
+    last commit; the reply says both. So does the reply for a worker still
+    training while a peer waits so: if rank 0 is past its loop, the worker runs
+    to the end of the script, else it leaves at its next commit. A host or slot
+    already draining is not drained again: the reply says it is.
     Signed like 'status': only the user who started the job can ask.
     """
     from cloud_elastic import status as st
