@@ -22,8 +22,8 @@ def test_every_test_directory_is_in_exactly_one_lane():
     assert sum(len(o) for o in owners) == len(set().union(*owners)), owners
 
 
-def test_a_fast_lane_file_that_runs_a_job_is_moved_to_the_jobs_lane():
-    """Real jobs (the integration harness's Job) compete for the CPU: one at a time, in the jobs lane."""
+def test_a_fast_lane_file_that_runs_a_job_is_moved_to_the_cloud_jobs_lane():
+    """Real jobs (the integration harness's Job) compete for the CPU: not in the fast lane, but in the cloud-jobs lane."""
     starts_jobs = re.compile(r"\bJob\(|\bjobs\(\[")
     fast = [lane for lane in run_tests.lanes() if lane.name == "fast"][0]
     offenders = []
@@ -33,8 +33,13 @@ def test_a_fast_lane_file_that_runs_a_job_is_moved_to_the_jobs_lane():
             if starts_jobs.search(path.read_text()) and rel not in run_tests.JOB_FILES:
                 offenders.append(rel)
     assert offenders == [], "add them to JOB_FILES in scripts/run_tests.py"
-    for rel in run_tests.JOB_FILES:
-        assert (REPO / rel).is_file() and f"--ignore={rel}" in fast.paths
+    cloud_jobs = [lane for lane in run_tests.lanes() if lane.name == "cloud-jobs"][0]
+    assert cloud_jobs.after == "fast" and "worksteal" in cloud_jobs.options
+    for rel in run_tests.JOB_FILES:  # each runs once: in the cloud-jobs lane, not in the fast or the jobs lane
+        assert (REPO / rel).is_file() and f"--ignore={rel}" in fast.paths and rel in cloud_jobs.paths
+        for lane in run_tests.lanes():
+            if lane.name != "cloud-jobs" and f"--ignore={rel}" not in lane.paths:
+                assert not any(rel.startswith(path + "/") or rel == path for path in lane.paths), (lane.name, rel)
 
 
 def test_test_paths_among_the_arguments_mean_plain_pytest():
