@@ -9,15 +9,29 @@ hyperparameters from a group by key, so another optimizer's groups load without 
 refuses, before anything is loaded, saved groups that still lack a hyperparameter of the torch optimizer the live
 one is (or subclasses: ``LoggingAdamW`` reads AdamW's) once the pre-hooks and ``__setstate__`` have run on a probe.
 
-The check only refuses what it knows the step reads, and otherwise lets torch load, as before checkpoints named
+The check only refuses what it knows the step fails on, and otherwise lets torch load, as before checkpoints named
 optimizers:
 
 * A key the user's own class adds (an optional ``clip`` read with ``group.get``) is not required: how its step
   reads it cannot be told. An optimizer that is not torch's, nor a subclass of one, is not checked at all.
-* The probe leaves the live optimizer and its class alone: it is a bare instance of the class whose attributes are
-  copies (containers one level deep; its groups and defaults its own), whose state is empty, and whose
-  ``_patch_step_function`` (torch's ``__setstate__`` patches the class's ``step`` with it) does nothing; the
-  pre-hooks get it and a copy of the saved dict (one level deep: the tensors are the checkpoint's).
+* Of torch's own hyperparameters (its classes' ``__init__`` keywords), those its step does not read by key are not
+  required (:data:`_NOT_READ`, checked against every torch optimizer by dropping each key: SparseAdam's
+  ``maximize`` is read with ``group.get``, Adagrad's ``initial_accumulator_value`` only by ``__init__``), and one
+  read only when a parameter's state is first set up (Rprop's ``lr``, :data:`_FIRST_STEP`) only where the saved
+  state lacks a parameter of the group (on the sharded path, whose state is not read, never).
+* The probe never touches the checkpoint's tensors, the live optimizer or its class. Decision (review s58 rvM F1): the
+  pre-hooks run on a dict of the probe's own, whose ``state`` is empty and whose ``param_groups`` are a deep copy of
+  the saved ones (groups are small), never on the checkpoint's state: a hook may change the state in place (torch
+  allows it), and the real load runs it again, so a hook that halved the momentum buffers halved them twice. A hook
+  that needs the saved state fails on the probe, and then the check does not refuse (torch loads as it did).
+  Checking the live groups after the real load instead would need the restore of the last commit on a refusal
+  and a second path for sharded checkpoints, whose groups are checked before DCP reads anything.
+  The probe is a bare instance of the class whose attributes are copies (containers one level deep; its groups
+  and defaults its own), whose state is empty, and whose ``_patch_step_function`` (torch's ``__setstate__``
+  patches the class's ``step`` with it) does nothing.
+* DCP's metadata holds a sharded checkpoint's group keys, not their values: there the probe's groups hold the live
+  optimizer's values under the saved keys (None for a key the live one lacks), so a pre-hook that computes a key
+  from a saved value (``clip = 10 * lr``) computes it from the live one.
 * A wrapper that delegates (its class defines ``param_groups``, ``defaults`` or ``state``, as accelerate's
   ``AcceleratedOptimizer`` does), a class with its own ``load_state_dict``, and one whose pre-hooks or
   ``__setstate__`` fail on the probe, are not checked.
@@ -74,27 +88,42 @@ def lacking(optimizer: torch.optim.Optimizer, groups: Iterable[Any], state: Any 
     """The hyperparameters of the torch optimizer ``optimizer`` is (or subclasses) that its own groups all hold (in
     the order of its ``defaults``) and that one of the saved param ``groups`` (dicts, or the keys of each) lacks once
     ``optimizer``'s load_state_dict pre-hooks and ``__setstate__`` have run on them on a probe, as
-    ``load_state_dict`` runs them (the pre-hooks also get a copy of the saved ``state``). [] when none does, and
-    when it cannot be told (see the module's docstring): never an error, never a change to ``optimizer``."""
-    groups = [dict(g) if isinstance(g, Mapping) else {key: None for key in g} for g in groups]
+    ``load_state_dict`` runs them; one its step reads only for a parameter without state is lacking only where the
+    saved ``state`` (by parameter id: None when it is not known) lacks one of that group's ``params``. [] when none
+    is lacking, and when it cannot be told (see the module's docstring): never an error, never a change to
+    ``optimizer`` or to the saved groups and state."""
+    groups = list(groups)
     if not groups:
         return []
     try:
         read = _read_by_torch(type(optimizer))
         if not read:
             return []
-        filled = _as_loaded(optimizer, groups, state)
+        groups = [dict(g) if isinstance(g, Mapping) else _live_valued(optimizer, i, g) for i, g in enumerate(groups)]
+        filled = _as_loaded(optimizer, groups)
         # A key its own groups lack (a class that drops one after building them) is not one its step reads.
         needed = [key for key in optimizer.defaults if key in read and all(key in g for g in optimizer.param_groups)]
+        first = _read_first(type(optimizer))
+        unset = [_stateless(g, state) for g in groups]
     except Exception:  # noqa: BLE001 - the user's class, hooks or __setstate__ on a probe: loads as it did
         return []
-    return [key for key in needed if any(key not in group for group in filled)]
+    return [key for key in needed if any(key not in group and (key not in first or (i < len(unset) and unset[i]))
+                                         for i, group in enumerate(filled))]
+
+
+#: torch's hyperparameters (by its class's name) that its step does not read by key, so that a checkpoint lacking
+#: one loads and steps (rvM l/dropkey.py drops each key of each torch optimizer): SparseAdam reads ``maximize``
+#: with ``group.get`` (a torch before it wrote none), Adagrad ``initial_accumulator_value`` only in ``__init__``
+#: (the saved state holds the accumulators).
+_NOT_READ = {"SparseAdam": frozenset({"maximize"}), "Adagrad": frozenset({"initial_accumulator_value"})}
+#: Those its step reads only when it sets up a parameter's state (Rprop's first step size is ``lr``).
+_FIRST_STEP = {"Rprop": frozenset({"lr"})}
 
 
 def _read_by_torch(cls: type) -> frozenset[str]:
-    """The hyperparameters (``__init__``'s keyword names) of the torch optimizers among ``cls``'s bases, which their
-    step reads from each group by key; none where the check cannot tell what a load does (a delegating wrapper, a
-    class with its own ``load_state_dict``: see the module's docstring)."""
+    """The hyperparameters (``__init__``'s keyword names) of the torch optimizers among ``cls``'s bases that their
+    step reads from each group by key (not those of :data:`_NOT_READ`); none where the check cannot tell what a
+    load does (a delegating wrapper, a class with its own ``load_state_dict``: see the module's docstring)."""
     if any(name in vars(c) for c in cls.__mro__ for name in _DELEGATED):
         return frozenset()
     loader = next((c for c in cls.__mro__ if "load_state_dict" in vars(c)), None)
@@ -102,7 +131,26 @@ def _read_by_torch(cls: type) -> frozenset[str]:
         return frozenset()
     return frozenset(name for c in cls.__mro__ if _of_torch(c) and c is not torch.optim.Optimizer
                      for name, p in inspect.signature(c.__init__).parameters.items()
-                     if name not in ("self", "params") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+                     if name not in ("self", "params") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                     and name not in _NOT_READ.get(c.__name__, ()))
+
+
+def _read_first(cls: type) -> frozenset[str]:
+    """Of :func:`_read_by_torch`, those read only for a parameter without state (:data:`_FIRST_STEP`)."""
+    return frozenset(k for c in cls.__mro__ if _of_torch(c) for k in _FIRST_STEP.get(c.__name__, ()))
+
+
+def _stateless(group: Mapping[str, Any], state: Any) -> bool:
+    """Whether the saved ``state`` is known and lacks one of the saved ``group``'s parameters."""
+    params = group.get("params")
+    return isinstance(state, Mapping) and isinstance(params, list) and any(p not in state for p in params)
+
+
+def _live_valued(optimizer: torch.optim.Optimizer, index: int, keys: Iterable[str]) -> dict[str, Any]:
+    """A saved group known by its ``keys`` alone (DCP's metadata), each holding the live optimizer's value (its group
+    at ``index``, else its defaults; None where it has none) for the pre-hooks that compute a key from a value."""
+    live = optimizer.param_groups[index] if index < len(optimizer.param_groups) else optimizer.defaults
+    return {key: [] if key == "params" else live.get(key, optimizer.defaults.get(key)) for key in keys}
 
 
 def _of_torch(cls: type) -> bool:
@@ -112,14 +160,14 @@ def _of_torch(cls: type) -> bool:
         (module == "torch.optim" or module.startswith("torch.optim."))
 
 
-def _as_loaded(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]], state: Any) -> list[set[str]]:
-    """The keys of each of ``groups`` as ``optimizer``'s ``load_state_dict`` would leave them, found on a probe."""
+def _as_loaded(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]]) -> list[set[str]]:
+    """The keys of each of ``groups`` as ``optimizer``'s ``load_state_dict`` would leave them, found on a probe whose
+    pre-hooks get a deep copy of ``groups`` and no state (the checkpoint's tensors are never theirs to change)."""
     probe = object.__new__(type(optimizer))
     vars(probe).update({key: _copied(value) for key, value in vars(optimizer).items()})
     vars(probe).update(param_groups=[_copied(g) for g in optimizer.param_groups], defaults=dict(optimizer.defaults),
                        state=defaultdict(dict), _patch_step_function=lambda: None)  # it patches the class's step
-    saved: Any = {"state": {k: _copied(v) for k, v in state.items()} if isinstance(state, Mapping) else {},
-                  "param_groups": groups}
+    saved: Any = {"state": {}, "param_groups": copy.deepcopy(groups)}
     for hook in list(getattr(probe, "_optimizer_load_state_dict_pre_hooks", {}).values()):
         result = hook(probe, saved)
         saved = saved if result is None else result
@@ -135,10 +183,10 @@ def _copied(value: Any) -> Any:
 def check_optimizer(name: str, optimizer: torch.optim.Optimizer, groups: Any, saved: Any = None,
                     state: Any = None) -> None:
     """OptimizerMismatch when the param ``groups`` a checkpoint holds for the optimizer ``name`` (a list of dicts,
-    or of key sets: DCP's metadata) lack what ``optimizer``'s step reads (:func:`lacking`, its pre-hooks also given
-    the saved ``state``); ``saved``, the class name the checkpoint recorded (None before it did), names the writer,
-    and a resume by another class is logged (it runs with the checkpoint's hyperparameters). Groups of another form
-    are left to the load itself."""
+    or of key sets: DCP's metadata) lack what ``optimizer``'s step reads (:func:`lacking`; the saved ``state``, by
+    parameter id, only tells whether a key read at a parameter's first step is needed); ``saved``, the class name
+    the checkpoint recorded (None before it did), names the writer, and a resume by another class is logged (it
+    runs with the checkpoint's hyperparameters). Groups of another form are left to the load itself."""
     if not isinstance(groups, list) or not all(isinstance(g, (Mapping, set, frozenset)) for g in groups):
         return
     missing = lacking(optimizer, [{k: v for k, v in g.items() if isinstance(k, str)} if isinstance(g, Mapping)

@@ -167,3 +167,37 @@ def test_a_default_the_optimizers_own_groups_lack_is_not_required():
     resumed = _fresh(Tagged)
     load_state_payload(resumed, payload)
     _steps(resumed)
+
+
+def _embedding(build) -> _State:
+    torch.manual_seed(0)
+    model = torch.nn.Embedding(5, 3, sparse=build is torch.optim.SparseAdam)
+    return _State(model=model, optimizer=build(model.parameters()))
+
+
+def _embedding_steps(state: _State) -> None:
+    state.optimizer.zero_grad()
+    state.model(torch.tensor([1, 2])).sum().backward()
+    state.optimizer.step()
+
+
+@pytest.mark.parametrize(("cls", "key"), [(torch.optim.SparseAdam, "maximize"),
+                                          (torch.optim.Adagrad, "initial_accumulator_value"), (torch.optim.Rprop, "lr")])
+def test_a_hyperparameter_torchs_step_does_not_read_may_be_missing(cls, key):
+    """rvM F5: every ``__init__`` keyword counted as read by the step, so a checkpoint that torch loads and steps
+    (SparseAdam's groups from a torch before ``maximize``) was refused. Rprop's ``lr`` sets up a parameter's state:
+    it is needed where the saved state lacks a parameter, and there torch's step fails without it."""
+    written = _embedding(cls)
+    _embedding_steps(written)
+    payload = state_payload(written)
+    for group in payload["optimizer"]["param_groups"]:
+        del group[key]
+    resumed = _embedding(cls)
+    load_state_payload(resumed, payload)
+    _embedding_steps(resumed)
+    if cls is torch.optim.Rprop:
+        groups = payload["optimizer"]["param_groups"]
+        assert lacking(_embedding(cls).optimizer, groups, {}) == ["lr"]
+        resumed.optimizer.load_state_dict({"state": {}, "param_groups": groups})
+        with pytest.raises(KeyError, match="lr"):
+            _embedding_steps(resumed)

@@ -311,3 +311,32 @@ def test_a_sharded_optimizer_with_an_empty_dict_setting_resumes(tmp_path, capsys
     assert _checkpoints(sgd, ctx).finish(written_sgd) is None
     _ends_saying(sgd, capsys, _tagged(3), "optimizer: saved by SGD, whose param groups lack 'betas', 'eps' that "
                  "TaggedAdamW needs", _OPTIMIZER)
+
+
+def _halve_momentum(_optimizer, state_dict) -> None:
+    """A migration torch allows: change the saved state in place."""
+    for saved in state_dict["state"].values():
+        saved["momentum_buffer"].mul_(0.5)
+
+
+def test_a_pre_hook_that_changes_the_saved_state_in_place_runs_once():
+    """rvM F1: the probe ran the pre-hooks on the checkpoint's own tensors and the load ran them again, so the
+    momentum was halved twice and training went on from a wrong state, without a word."""
+    build = lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9)  # noqa: E731
+    payload = _payload(_trained(build))
+    halved = payload["optimizer"]["state"][0]["momentum_buffer"] * 0.5
+    resumed = _fresh(build)
+    resumed.optimizer.register_load_state_dict_pre_hook(_halve_momentum)
+    load_state_payload(resumed, payload)
+    assert torch.equal(resumed.optimizer.state_dict()["state"][0]["momentum_buffer"], halved)
+
+
+def test_a_pre_hook_that_reads_a_saved_value_does_not_hide_another_optimizers_sharded_checkpoint(tmp_path, capsys):
+    """rvM F4: DCP's metadata gives the saved groups' keys alone; the probe's groups held None, so a hook computing a
+    key from a value failed on it and AdamW's sharded checkpoint was not checked: SGD's KeyError at step 1."""
+    _written(tmp_path)
+    resumed = _sharded(_Net(), "SGD")
+    resumed.optimizer.register_load_state_dict_pre_hook(
+        lambda optimizer, state_dict: [g.setdefault("clip", 10 * g["lr"]) for g in state_dict["param_groups"]] and None)
+    _ends_saying(tmp_path, capsys, resumed,
+                 "optimizer: saved by AdamW, whose param groups lack 'momentum', 'dampening' that SGD needs", _OPTIMIZER)
