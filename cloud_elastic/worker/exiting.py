@@ -107,8 +107,11 @@ class ExitingMixin:
             else:
                 self._reaper.release(group, after_s=timeout_s)  # run at once by drain below
             del group
-        drained = self._reaper.drain(max(0.0, deadline - time.monotonic()))
+        # Formations first: one that ends now (cancelled, failed, or formed after it was dropped) retires its group
+        # to the reaper, whose destruction runs in torch's C++; drained before them, that destruction outlived
+        # the hook and the interpreter finalized under it (SIGABRT after rank 0 had finished, review s58 rvN F2).
         forming = self._formations_after(deadline)
+        drained = self._reaper.drain(max(0.0, deadline - time.monotonic()))
         self.say_exiting()
         if drained and not forming:
             return

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -143,3 +144,71 @@ def test_a_formation_nothing_can_cancel_ends_the_process_with_its_exit_status_no
     assert "gave up:" in proc.stdout, proc.stdout + proc.stderr
     assert "terminate called" not in proc.stderr and proc.returncode == code, proc.stderr[-2000:]
     assert f"exiting with status {code} without finalizing the interpreter" in proc.stderr, proc.stderr[-2000:]
+
+
+# A worker told "done" while its plan's group still forms (review s58 rvN F2: a peer that never completes the plan's
+# group): the exit hook cancels the formation, which ends during the hook's wait and retires the group it holds; the
+# group's destruction (in torch's C++, here 2 s, as Gloo's joining a thread still in a collective) must end before
+# the hook returns. Drained before the formation ended, it outlived the hook: SIGABRT in a 4 s finalization.
+_RETIRED_AT_EXIT = """
+import atexit, builtins, socket, sys, time
+from datetime import timedelta
+sys.path.insert(0, sys.argv[1])
+import torch.distributed as dist
+from tests.unit.test_next_group_cancel import Ctx, PLAN
+
+server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+ctx = Ctx(server.port)
+
+def in_torch(seconds):  # torch's C++ with the GIL let go
+    try:
+        server.wait(["never"], timedelta(seconds=seconds))
+    except Exception:
+        pass
+
+class Formed:
+    def wait(self, *_):
+        return True
+
+peer = socket.create_server(("127.0.0.1", 0))  # the plan's other member
+
+class SlowToDestroy:  # a group of two: a connection to its peer, which the reaper shuts down before it destroys it
+    def __init__(self):
+        self.connection = socket.create_connection(peer.getsockname())
+    def size(self):
+        return 2
+    def allreduce(self, tensors):
+        return Formed()
+    def __del__(self):
+        in_torch(2)
+        print("group destroyed", flush=True)
+
+def slow_group(store, info):
+    in_torch(2)  # in Gloo's connection to a peer: giving up the store does not end it
+    return SlowToDestroy()
+
+ctx._new_group = slow_group
+ctx._next_offered(PLAN, 1, 0, time.monotonic())
+time.sleep(0.3)
+atexit.register(ctx._at_exit)  # as WorkerContext.start does
+
+class SlowFinalization:
+    def __del__(self):
+        time.sleep(4)
+
+builtins.keep = SlowFinalization()
+print("training done", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_formation_that_ends_in_the_exit_hook_has_its_group_destroyed_before_the_interpreter_finalizes(
+        tmp_path) -> None:
+    """Before, the process died of SIGABRT after the script ended with a 0 status."""
+    script = tmp_path / "retired_at_exit.py"
+    script.write_text(_RETIRED_AT_EXIT)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=100)
+    assert "training done" in proc.stdout, proc.stdout + proc.stderr
+    assert "terminate called" not in proc.stderr and proc.returncode == 0, proc.stderr[-2000:]
+    assert "group destroyed" in proc.stdout, proc.stdout  # within the exit hook (the hook's _exit_report untouched)

@@ -157,16 +157,19 @@ class NextGroupMixin:
                 return _Pending(offer, dropped=True)  # the training thread holds its group already: nothing to do
             pending = self.__dict__["_next_pending"] = _Pending(offer, joined=joined)
             retired = None if old is None else _detach(old)
+            if self.backend == "gloo":
+                # Started and listed under the lock: the exit hook, which closes under it, then waits for it
+                # (listed after the lock, it could miss one that then ran in torch as the interpreter finalized).
+                former = threading.Thread(target=self._form_next, args=(pending,), name=f"form-plan-{offer.plan}",
+                                          daemon=True)
+                self._formations = [t for t in self._formations if t.is_alive()] + [former]  # joined at exit
+                former.start()
         if old is not None:
             self._retired(old, *retired, why)
         if self.backend != "gloo":
             pending.failed = True
             pending.done.set()
             self._report_next(pending, False, f"the {self.backend} backend forms no group in the background")
-            return pending
-        former = threading.Thread(target=self._form_next, args=(pending,), name=f"form-plan-{offer.plan}", daemon=True)
-        self._formations = [t for t in self._formations if t.is_alive()] + [former]  # joined at exit
-        former.start()
         return pending
 
     def _form_next(self, pending: _Pending) -> None:
