@@ -7,6 +7,9 @@
    the round and gives it up. Rank 1 used to be sent away unwritten and the job to fail resuming from step 1.
 4. Rank 1, returned at the last commit, is SIGKILLed while rank 0 evaluates: it used to be a mid-training loss
    (blacklisted, replaced) and the job "succeeded".
+
+Review s58 rvN finding 1: rank 1's data ends first (an early return) and it is lost while parked, rank 0 waiting for it
+in its next allreduce: the fix of 4 failed that healthy job after rank 0 trained to its end.
 """
 
 from __future__ import annotations
@@ -72,3 +75,24 @@ def test_a_parked_peer_killed_while_rank_0_evaluates_fails_the_job_naming_it(job
     assert re.search(r"rank 0 finished training, but worker 127\.0\.0\.2\[0\]#\d+ \(rank 1\) killed by signal 9 after "
                      rf"its training function returned \(commit {STEPS}", job.lines[-1]), out
     assert "blacklisted" not in out, out
+
+
+def test_a_parked_early_returner_lost_while_rank_0_trains_on_leaves_and_the_job_succeeds(jobs):
+    # Rank 1's loop ends at step 6 and it parks; its host is lost at once (SIGSTOP: silent, connections open) while
+    # rank 0 waits for it in its step-7 allreduce. It used to fail: "rank 0 finished training, but worker ...
+    # (rank 1) stopped answering heartbeats ... after its training function returned (commit 6 ...)".
+    job = jobs(["run", "-np", "2", "--min-np", "1", "-H", "127.0.0.1:1,127.0.0.2:1",
+                "--blacklist-cooldown-range", "600", "600",
+                sys.executable, str(PROBE), "--steps", str(STEPS), "--short-steps", "6"])
+    pid = _pid(job, 1)
+    job.wait_for(lambda j: "returned from its training function at commit" in j.output(), 30, "rank 1 to park")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert job.finish(60) == 0, job.output()
+    finally:
+        if os.path.exists(f"/proc/{pid}"):  # the driver stops it as it ends: this is for a failed assertion
+            os.kill(pid, signal.SIGKILL)
+    out = job.output()
+    assert f"END rank=0 step={STEPS}" in out and "END rank=1" not in out, out
+    assert "after returning early from its training function (commit 6" in out, out
+    assert "succeeded: training completed on 1 worker(s)" in job.lines[-1], out

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.job.completion import STACKS_WAIT_S
+from cloud_elastic.driver.job.completion import EARLY_RETURN_WAIT_S, STACKS_WAIT_S
 from cloud_elastic.driver.job.elastic_job import Phase, WorkerState
 from cloud_elastic.driver.job.exit_status import ExitStatus
 from tests.unit.test_job import CLEAN, KILLED, Sim, assert_round, failed, started
@@ -169,3 +169,61 @@ def test_a_parked_member_gone_silent_is_stopped_and_fails_the_job_naming_it_once
     sim.exit("a[0]", CLEAN)
     sim.advance(31)
     failed(sim, f"rank 0 finished training, but worker {r1} (rank 1) ", "after its training function returned")
+
+
+# ------------------------------------------------------------- review s58 rvN finding 1: an early returner dies parked
+def early_returner_parked() -> tuple[Sim, str, str]:
+    """Uneven data, -np 2 --min-np 1: rank 1's loop ended at commit 20 (parked); rank 0's goes on to 30."""
+    sim = started(2, {"a": 1, "b": 1}, min_np=1)
+    r0, r1 = sim.id("a[0]"), sim.id("b[0]")
+    at_commit(sim, 20, "a[0]", "b[0]")
+    assert sim.job.completed(r1, sim.now, commit_seq=20, steps=20) == ("wait", "")
+    sim.advance(1)
+    return sim, r0, r1
+
+
+def rank0_trains_on_alone_and_succeeds(sim: Sim, r0: str, r1: str) -> None:
+    assert_round({"a[0]": sim.reply("a[0]")}, 2, needs_sync=True)
+    at_commit(sim, 30, "a[0]")
+    assert sim.job.completed(r0, sim.now, commit_seq=30, steps=30) == ("done", "")
+    sim.exit("a[0]", CLEAN)
+    sim.advance(31)  # a replacement launched on b[0] before the early return was known is stopped
+    assert sim.outcome is not None and sim.outcome.success, sim.outcome
+    assert not [f for kind, f in sim.events if kind == "worker_failed"]
+    left = [f for kind, f in sim.events if kind == "worker_left" and f["worker"] == r1]
+    assert left and left[-1]["early_return"] and left[-1]["commit_step"] == 20, left
+
+
+@pytest.mark.parametrize("how", ["killed", "silent"])
+def test_an_early_returner_lost_while_rank_0_waits_for_it_leaves_and_the_job_succeeds(how) -> None:
+    # kill_early.sh: rank 0 is in its step-21 allreduce when rank 1 (parked at 20) is OOM-killed or its host lost.
+    # Before: no abort until the early-return rule, and rc 1 "rank 0 finished training, but worker ... (rank 1)
+    # ... after its training function returned (commit 20 ...)" once rank 0 had trained to 30.
+    sim, r0, r1 = early_returner_parked()
+    sim.job.heartbeat(r0, sim.now, 20, 20, waiting_s=1.0)  # below EARLY_RETURN_WAIT_S: the rule alone waits on
+    if how == "killed":
+        sim.exit("b[0]", KILLED)
+    else:
+        sim.silent.add(r1)
+        sim.advance(sim.job.policy.heartbeat_timeout_s + 2)
+        assert sim.job.workers[r1].state is S.LOST
+    sim.advance(0.5)
+    assert sim.job.abort_round == 1  # at once: rank 0 is freed from the collective that needs it
+    sim.join("a[0]", reason="failure")
+    rank0_trains_on_alone_and_succeeds(sim, r0, r1)
+
+
+@pytest.mark.parametrize("then", ["rank 0 waits in its next collective", "rank 0's next collective fails"])
+def test_an_early_returner_killed_before_rank_0_reaches_a_collective_leaves_and_the_job_succeeds(then) -> None:
+    # kill_early_slow0.sh: rank 0 computes outside any collective when rank 1 is killed; only later does it show
+    # that it trains on (a wait in a collective, or back at rendezvous after the collective's error).
+    sim, r0, r1 = early_returner_parked()
+    sim.exit("b[0]", KILLED)
+    sim.advance(1)
+    assert sim.job.abort_round == 0 and sim.outcome is None  # it may still hold the final state: rank 0 may return
+    if then == "rank 0 waits in its next collective":
+        sim.job.heartbeat(r0, sim.now, 20, 20, waiting_s=EARLY_RETURN_WAIT_S + 0.5)
+        sim.advance(0.5)
+        assert sim.job.abort_round == 1
+    sim.join("a[0]", reason="failure")
+    rank0_trains_on_alone_and_succeeds(sim, r0, r1)

@@ -6,8 +6,9 @@
   holds the state). Rank 0 returning from its training function starts the
   job's completion (``done``), and so does any worker returning once that has
   started. Another member returning while rank 0 still trains (in its round, or back at rendezvous after an
-  abort) is *parked* (``wait``) until rank 0 returns too, normally milliseconds later; a parked member that
-  dies or goes silent fails the job once rank 0 returns, as a completed one does (no training is lost);
+  abort) is *parked* (``wait``) until rank 0 returns too, normally milliseconds later. A parked member that
+  dies or goes silent at the newest commit fails the job once rank 0 returns there, as a completed one does; one
+  found to have returned early (rank 0 trains on) leaves, no failure (:class:`.finishing.ParkedEnds`);
 * **early returns** (:meth:`~Completion.check_early_returns`): a parked member
   whose rank 0 has waited :data:`EARLY_RETURN_WAIT_S` in a collective returned
   early (that collective needs it, and it will never join): it is told to leave
@@ -51,7 +52,7 @@ from typing import Callable
 from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.hosts import Slot, blocked_for
 from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
-from cloud_elastic.driver.job.finishing import final_state_held
+from cloud_elastic.driver.job.finishing import ParkedEnds, final_state_held, holds_final_state
 from cloud_elastic.driver.job.liveness import EXIT_GRACE_S
 from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.driver.job.view import JobView
@@ -118,6 +119,7 @@ class Completion:
         #: checkpoint was not written).
         self._failures: list[str] = []
         self._kept: list[str] = []  # the failures that a later training function does not undo
+        self._ends = ParkedEnds(job, self._back_off)  # parked members that ended while they may hold the final state
         #: Members still in their first function when a peer entered the next one (see entered_again).
         self._behind: set[str] = set()
         self._round_progress_at = 0.0  # running time of the last progress of a member of the current round
@@ -199,6 +201,8 @@ class Completion:
             if parked.alive and parked.state in _MEMBER:
                 parked.to(S.COMPLETED)
         self._parked.clear()
+        for ended, what, fields in self._ends.at_completion(now):  # ended while parked at rank 0's last commit
+            self._failed_after_returning(ended, what, **fields)
         job.tick(now)
 
     def entered_again(self, worker_id: str, now: float) -> tuple[str, str]:
@@ -243,25 +247,41 @@ class Completion:
         """A member still in its training function ended badly while the job finished (``line``): the job fails."""
         self._failures.append(line)
 
-    def exited_after_completing(self, w: WorkerRecord, status: ExitStatus) -> None:
-        """``w``'s process ended after its training function returned: a failure only if it says so."""
+    def exited_after_completing(self, w: WorkerRecord, status: ExitStatus, parked_now: float | None = None) -> None:
+        """``w``'s process ended after its training function returned: a failure only if it says so, and, parked
+        (``parked_now``: the time; rank 0 still in its function), only while it may hold the final state."""
         job = self._job
         self.exited += 1
         if status.code != 0 or not status.known or status.transport_error:  # unknown: adopted, said nothing
-            self._failed_after_returning(w, status.describe, exit_code=status.code if status.code >= 0 else None,
-                                         **({"signal": signal_name(-status.code)} if status.code < 0 else {}))
+            fields = {"exit_code": status.code if status.code >= 0 else None,
+                      **({"signal": signal_name(-status.code)} if status.code < 0 else {})}
+            if parked_now is not None:
+                self._ended_while_parked(w, status.describe, fields, parked_now)
+            else:
+                self._failed_after_returning(w, status.describe, **fields)
         else:
             log.debug("job %s: worker %s exited after completing", job.job_id, w.worker_id)
 
-    def lost_while_parked(self, w: WorkerRecord, what: str, *, stacks: bool) -> None:
+    def lost_while_parked(self, w: WorkerRecord, what: str, now: float, *, stacks: bool) -> None:
         """Parked ``w`` (its function returned, rank 0's not yet) is given up (``what``: silent, its host lost): it
-        is stopped, and the job fails naming it once rank 0 returns, as after completing. No training is lost (it
-        joins no collective: an early return is still found as such) and its slot is not blamed."""
+        is stopped; while it may hold the final state the job fails naming it once rank 0 returns, as after
+        completing (:meth:`_ended_while_parked`). No training is lost and its slot is not blamed."""
         job = self._job
-        self._failed_after_returning(w, what, exit_code=None)
         w.to(S.LOST, what)
         job.forget_alive()
         job.act(Stop(w.worker_id, what, immediate=True, stacks=stacks and w.stacks_signal is not False))
+        self._ended_while_parked(w, what, {"exit_code": None}, now)
+
+    def _ended_while_parked(self, w: WorkerRecord, what: str, fields: dict[str, object], now: float) -> None:
+        """Parked ``w`` ended badly (``what``): see :class:`.finishing.ParkedEnds`. Found to have returned early, it
+        leaves, and the round is aborted so that rank 0 stops waiting for it, as the early-return rule does."""
+        job = self._job
+        parked_at = self._parked.get(w.worker_id, w.last_seen)
+        holds = holds_final_state(job, w, parked_at, self._rank0())
+        self._ends.ended(w, what, fields, parked_at, holds, now)
+        if not holds and job.phase is Phase.RUNNING and job.abort_round < job.round and self._rank0() is not None:
+            job.last_failure = "a member that had returned early from its training function ended"
+            job.abort()  # rank 0 waits, or will, in a collective that needs it
 
     def _failed_after_returning(self, w: WorkerRecord, what: str, **fields: object) -> None:
         """``w`` ended badly (``what``) after its training function returned: the job fails naming it."""
@@ -344,7 +364,7 @@ class Completion:
         either, and leaves too (its slot is not to blame). After an abort that left
         rank 0 in its training function (the no-progress watch's, a third member's
         loss), a parked member holding the newest commit waits for rank 0
-        (:meth:`_holds_final_state`); the others leave as after rank 0's failure.
+        (:func:`.finishing.holds_final_state`); the others leave as after rank 0's failure.
         """
         job = self._job
         if not self._parked or job.phase is not Phase.RUNNING:
@@ -369,7 +389,7 @@ class Completion:
             w = job.workers[worker_id]
             if not w.alive or w.state not in _MEMBER:
                 continue
-            if rank0 is not None and job.abort_round >= job.round and self._holds_final_state(w, rank0):
+            if job.abort_round >= job.round and holds_final_state(job, w, self._parked[worker_id], rank0):
                 staying[worker_id] = self._parked[worker_id]
                 continue
             trainer = rank0 if rank0 is not None and job.abort_round < job.round else out if out and out.alive else None
@@ -388,6 +408,10 @@ class Completion:
             leaving.append(w)
         for w in leaving:  # after every parked one had its say: a host-mate taken along exits at once
             self._take_host_along(w)
+        for worker_id in sorted(self._ends.pending):  # ended while parked: an early return too, unless waited for
+            if not (job.abort_round >= job.round and worker_id in self._parked and holds_final_state(
+                    job, job.workers[worker_id], self._parked[worker_id], rank0)):
+                self._ends.settle_early(worker_id, now, backed_off)
         self._parked = staying
         job.forget_alive()
         if job.abort_round < job.round:
@@ -409,15 +433,6 @@ class Completion:
             if w.round == job.round and w.rank == 0 and not w.returned and not w.member_of(job.round):
                 return w if not w.alive or w.state is S.WAITING else None
         return None
-
-    def _holds_final_state(self, w: WorkerRecord, rank0: WorkerRecord) -> bool:
-        """Parked ``w`` may hold the final state while its round is aborted with rank 0 still in its training
-        function (the no-progress watch aborted it, or a third member was lost): it returned at the job's newest
-        commit, and rank 0 reported neither a newer one nor a wait in a collective since ``w`` returned (it was
-        still in its loop then). It waits for rank 0: rank 0 returns (the job completes), comes back to rendezvous
-        (``w`` leaves: rank 0 holds that commit too), or is lost (:meth:`_hold_final_state`: ``w`` writes it)."""
-        return (w.holds_state and w.commit_seq >= max(self._job.commit_high, rank0.commit_seq)
-                and not (rank0.waiting_s > 0 and rank0.waiting_at > self._parked[w.worker_id]))
 
     def _hold_final_state(self) -> bool | None:
         """Rank 0 was lost while parked members returned: see :func:`.finishing.final_state_held`."""

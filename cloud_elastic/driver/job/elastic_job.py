@@ -332,10 +332,12 @@ class ElasticJob(JobState):
         was_member = w.member_of(self.round)
         w.to(S.EXITED)
         status = self.adoption.exit_status(worker_id, status)  # an adopted process: the exit code it said
-        if before is S.COMPLETED or (before is S.RUNNING and w.returned and self.phase is Phase.RUNNING):
-            # Parked (its function returned, rank 0's not yet): no loss of training, but its end is part of the
-            # result's: a non-zero exit or a signal fails the job once rank 0 returns, naming it, as after completing.
+        if before is S.COMPLETED:
             self.completion.exited_after_completing(w, status)
+        elif before is S.RUNNING and w.returned and self.phase is Phase.RUNNING:
+            # Parked (its function returned, rank 0's not yet): no loss of training. A non-zero exit or a signal fails
+            # the job once rank 0 returns at its commit, naming it; if it returned early, it just leaves.
+            self.completion.exited_after_completing(w, status, parked_now=now)
         elif before is S.DRAINING and self.fixed.exited(w, status, was_member):
             self.leavers.fixed_ended(w, status.describe)  # it cannot leave: exit 0 is its success, else a failure
         elif before is S.DRAINING:
@@ -524,7 +526,7 @@ class ElasticJob(JobState):
 
     def give_up(self, w: WorkerRecord, what: str, now: float, *, stacks: bool = True) -> None:
         if w.returned and w.state is S.RUNNING and self.phase is Phase.RUNNING:  # parked: no training lost
-            self.completion.lost_while_parked(w, what, stacks=stacks)
+            self.completion.lost_while_parked(w, what, now, stacks=stacks)
             return
         self.failures.give_up(w, what, now, stacks=stacks)
 

@@ -10,18 +10,24 @@ the final state. Two rules read that situation, for :class:`~.completion.Complet
   it trains on, a peer having returned early), so it never stops rank 0 there; ``--finish-timeout`` counts only
   from rank 0's return, and the no-progress and silence watches still apply. An early return (rank 0 found
   waiting in a collective after it) ends the hold;
-* :func:`final_state_held`: rank 0 was lost there, and the parked members are the final state's only holders.
+* :func:`final_state_held`: rank 0 was lost there, and the parked members are the final state's only holders;
+* :func:`holds_final_state` and :class:`ParkedEnds`: a parked member that ended (killed, silent) fails the job only
+  while it may hold the final state; one found to have returned early (rank 0 trains on) just leaves.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import logging
+from typing import Callable, Mapping
 
 from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.hosts import Slot, blocked_s
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
-__all__ = ["final_state_held", "finishing_hold"]
+__all__ = ["ParkedEnds", "final_state_held", "finishing_hold", "holds_final_state"]
+
+log = logging.getLogger(__name__)
 
 S = WorkerState
 
@@ -32,7 +38,10 @@ def finishing_hold(job: JobView) -> tuple[WorkerRecord, WorkerRecord] | None:
     sent it away to write it) and rank 0 is still in its own (an evaluation, a final save), the round not aborted;
     else None. Rank 0's return completes the job then, however few workers are left (:class:`.capacity.Capacity`
     starts no ``--min-np`` wait), however long rank 0 takes (``--finish-timeout`` counts from its return).
-    A member found to have returned early (``returned_early``), or one behind a newer commit, holds no final state."""
+    A member found to have returned early (``returned_early``), or one behind a newer commit, holds no final state.
+    One that died since (killed, silent) still counts until found to have returned early: rank 0's return
+    completes the job then too, failing it naming that member (:meth:`.completion.Completion._ended_while_parked`),
+    and rank 0 finishes its final save rather than the job ending at ``--elastic-timeout`` below ``--min-np``."""
     if job.phase is not Phase.RUNNING or job.abort_round >= job.round:
         return None
     rank0, holder = None, None
@@ -90,3 +99,66 @@ def final_state_held(job: JobView, parked_at: Mapping[str, float], rank0: Worker
                  "it ends with them (with --checkpoint-dir the same command would resume there)")
     job.end(False, line, 1)
     return True
+
+
+def holds_final_state(job: JobView, w: WorkerRecord, parked_at: float, rank0: WorkerRecord | None) -> bool:
+    """Parked ``w``, returned at running time ``parked_at``, may hold the final state while ``rank0`` (rank 0 of its
+    round still in its training function; None: out of it) is in its function: ``w`` returned at the job's newest
+    commit, and rank 0 reported neither a newer commit nor a wait in a collective since (it was still in its loop:
+    that collective needs ``w``, which returned early)."""
+    return (rank0 is not None and rank0.round == w.round and w.holds_state
+            and w.commit_seq >= max(job.commit_high, rank0.commit_seq)
+            and not (rank0.waiting_s > 0 and rank0.waiting_at > parked_at))
+
+
+class ParkedEnds:
+    """Parked members that ended badly (killed, silent) while they may hold the final state: a failure of the job
+    once rank 0 returns at their commit (rvH kill_parked.sh: killed while rank 0 evaluates), nothing if they prove
+    early returns (review s58 rvN finding 1: an early returner on uneven data OOM-killed while parked failed the
+    healthy job after rank 0 trained to its end). ``back_off(w, now, done)``: the early-return slot back-off."""
+
+    def __init__(self, job: JobView, back_off: Callable[[WorkerRecord, float, dict[Slot, float]], float]) -> None:
+        self._job = job
+        self._back_off = back_off
+        #: worker id -> (when it returned, what ended it, the fields of its ``worker_failed`` event)
+        self.pending: dict[str, tuple[float, str, dict[str, object]]] = {}
+
+    def ended(self, w: WorkerRecord, what: str, fields: dict[str, object], parked_at: float, holds: bool,
+              now: float) -> None:
+        """Parked ``w`` ended (``what``); ``holds``: it may hold the final state (:func:`holds_final_state`), so
+        it is pending, else it returned early and leaves now (:meth:`settle_early`)."""
+        self.pending[w.worker_id] = (parked_at, what, fields)
+        if holds:
+            log.warning("job %s: worker %s (%s) %s after its training function returned at commit %d, rank 0 still "
+                        "in its own: the job fails naming it if rank 0 returns at that commit; if rank 0 trains on, "
+                        "it had returned early and its end loses nothing", self._job.job_id, w.worker_id, w.label,
+                        what, w.commit_seq)
+        else:
+            self.settle_early(w.worker_id, now, {})
+
+    def at_completion(self, now: float) -> list[tuple[WorkerRecord, str, dict[str, object]]]:
+        """The job completed (rank 0 returned): the pending members at its newest commit, which fail it; the others
+        (rank 0 committed past them) returned early."""
+        job, failed = self._job, []
+        for worker_id in sorted(self.pending):
+            w = job.workers[worker_id]
+            if w.holds_state and w.commit_seq >= job.commit_high:
+                _, what, fields = self.pending.pop(worker_id)
+                failed.append((w, what, fields))
+            else:
+                self.settle_early(worker_id, now, {})
+        return failed
+
+    def settle_early(self, worker_id: str, now: float, backed_off: dict[Slot, float]) -> None:
+        """``worker_id`` returned early: no failure; it leaves, its slot backed off as an early return's."""
+        job = self._job
+        _, what, _ = self.pending.pop(worker_id)
+        w = job.workers[worker_id]
+        w.returned_early = True
+        w.cooldown_s = self._back_off(w, now, backed_off)
+        log.warning("job %s: worker %s (%s) %s after returning early from its training function (commit %d, %d "
+                    "optimizer step(s)), rank 0 still training: it leaves the job, no failure; the others continue",
+                    job.job_id, worker_id, w.label, what, w.commit_seq, w.steps)
+        job.emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index,
+                 reason=f"{what} after returning early", **({"round": w.round} if w.round else {}),
+                 early_return=True, commit_step=w.commit_seq, steps=w.steps, **blocked_s(w.cooldown_s))
