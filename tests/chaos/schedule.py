@@ -118,9 +118,7 @@ def plan(seed: int, count: int, timing: Timing) -> list[Step]:
     for _ in range(count):
         kind = rng.choice(kinds)
         duration = _duration(kind, rng, timing)
-        # A pause of 0.2-1.5 s before each step (one draw, whatever its bounds: the kinds and picks of a seed stay);
-        # a fault that finds the job not yet recovered from the one before waits for it anyway (Chaos.apply).
-        pause, pick = rng.uniform(0.2, 1.5), rng.random()
+        pause, pick = rng.uniform(0.3, 2.5), rng.random()
         if kind == "driver_restart":
             duration = _restart_delay(pick, timing)
         steps.append(Step(kind, pause, pick, round(duration, 3)))
