@@ -212,21 +212,31 @@ class Reaper:
         del group
 
         def drop() -> None:  # on the timer's thread, or on the exiting thread (drain): once either way
+            # Running from the moment it leaves _timers until the destructor has returned: drain() and busy() see it
+            # (unseen, a release whose timer fired just before the exit hook was still in torch's C++ as the
+            # interpreter finalized: SIGABRT after a job that had succeeded, review s58 dxA).
+            done = threading.Event()
             with self._lock:
                 self._timers.pop(timer, None)
                 if not holder:
                     return
                 mine = holder.pop()
-            if getattr(mine, "backend", "") == "nccl":
-                # An NCCL group is shut down, not just dropped: torch warns about (and aborts) a
-                # communicator destroyed without it.
-                shutdown = getattr(mine.pg, "shutdown", None)
-                try:
-                    if shutdown is not None:
-                        shutdown()
-                except RuntimeError as exc:
-                    log.warning("shutting down an NCCL process group failed: %s", exc)
-            del mine
+                self._running.add(done)
+            try:
+                if getattr(mine, "backend", "") == "nccl":
+                    # An NCCL group is shut down, not just dropped: torch warns about (and aborts) a
+                    # communicator destroyed without it.
+                    shutdown = getattr(mine.pg, "shutdown", None)
+                    try:
+                        if shutdown is not None:
+                            shutdown()
+                    except RuntimeError as exc:
+                        log.warning("shutting down an NCCL process group failed: %s", exc)
+                del mine
+            finally:
+                with self._lock:
+                    self._running.discard(done)
+                done.set()
 
         timer = threading.Timer(after_s, drop)
         timer.name, timer.daemon = "cloud-elastic-release", True
