@@ -37,7 +37,8 @@ report, by :func:`~.plan.plan_round`; if that does not give the plan's members
 with the plan's rank 0 holding the newest commit, the round forms as usual and
 no one uses the planned group. Jobs with ``--spares`` or ``--whole-hosts`` are
 not planned (their admission order has rules of its own). A restarted driver
-knows no plan: the workers drop the one they held (see ``worker.rounds.next_group``).
+knows no plan and numbers its own from 1 again: the workers drop the one they held and forget the dead
+driver's plan numbers (see ``worker.rounds.next_group``).
 """
 
 from __future__ import annotations

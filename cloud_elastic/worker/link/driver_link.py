@@ -100,6 +100,9 @@ class DriverLinkMixin:
         """In a planned round its driver had not formed yet (never here)."""
         return False
 
+    def _forget_plans(self) -> None:
+        """A restarted driver adopted this worker: forget the dead driver's plan numbers (none here)."""
+
     def _call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
         """A control-plane call that rides out a network blip (these calls are idempotent on the driver).
 
@@ -413,6 +416,7 @@ class DriverLinkMixin:
                 # writing it down: the new one hears of it at the watcher's next sighting.
                 self._notice_watcher.resend()
             self._drop_next("a restarted driver knows no plan")
+            self._forget_plans()  # and numbers its own from 1 again: see rounds.next_group
             if self.driver_lost:
                 self.driver_lost = False
             log.warning("worker %s: adopted by the restarted driver in round %d", self.worker_id,

@@ -21,7 +21,9 @@ driver adopts this worker, when the worker is sent away (unless the driver forme
 the plan's round already: the worker leaves at that round's first commit, and
 its peers' sync needs it there), and at exit. A plan
 whose group cannot be formed is reported as such: the driver drops it and the
-round changes as usual.
+round changes as usual. A worker adopted by a restarted driver also forgets the
+dead driver's plan numbers (:meth:`NextGroupMixin._forget_plans`): the new
+driver numbers its plans from 1 again.
 
 Retiring a plan cancels its formation: a wait for a peer's key fails at once
 (``RoundStore.give_up``), so the thread ends a slice later. Once the worker
@@ -44,7 +46,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -294,6 +296,21 @@ class NextGroupMixin:
         log.info("worker %s: round %d uses the group formed in the background (plan %d)", self.worker_id,
                  info.round, info.planned)
         return group
+
+    def _forget_plans(self) -> None:
+        """A restarted driver adopted this worker: forget every plan number of the dead driver. Each driver numbers
+        its plans from 1, so an old number compared with the new driver's plans meant another plan: the round
+        formed from the old plan P passed for plan P given up (the new driver reports none), which aborted the
+        adopted round at once, and the new driver's own plan P passed for the one already joined, which left its
+        newcomer waiting for a group nobody formed. The adopted round goes on as a round formed at rendezvous
+        (the new driver's record of it names no plan either); its group stays. (Forgetting here, not numbering
+        the new driver's plans above the old ones, keeps the rule on the side that holds the old numbers.)"""
+        with self._next_lock():
+            for key in ("_gone_plan", "_planned_at", "_taken_offer", "_plan_was_member", "_report_deferred"):
+                self.__dict__.pop(key, None)
+            info = self.info
+            if info is not None and info.planned:
+                self.info = replace(info, planned=0)
 
     def _joined_unformed_plan(self) -> bool:
         """A newcomer in a planned round the driver has not formed yet, as far as it knows: a restarted driver,
