@@ -210,6 +210,12 @@ class ElasticJob(JobState):
                     # Its collective failed without anyone dying (a broken link, a group
                     # that could not form): its peers may still be blocked on it, and its
                     # old group is kept open, so only an abort releases them.
+                    if self.phase is Phase.RUNNING and self.abort_round < self.round:
+                        # The abort's one cause: say whose failure it was (an adopted worker's own lines go nowhere).
+                        cut = f"; it could not reach {', '.join(unreachable)}" if unreachable else ""
+                        log.warning("job %s: worker %s (%s) came back to rendezvous from round %d after a failure "
+                                    "(a collective of it failed, or its group did not form%s)", self.job_id,
+                                    worker_id, w.label, self.round, cut)
                     self.abort()
         if rounds.arrived(w):
             self._step(now)
