@@ -119,7 +119,7 @@ class Completion:
         #: checkpoint was not written).
         self._failures: list[str] = []
         self._kept: list[str] = []  # the failures that a later training function does not undo
-        self._ends = ParkedEnds(job, self._back_off)  # parked members that ended while they may hold the final state
+        self._ends = ParkedEnds(job, self._back_off, take_host_along)  # parked, ended: may hold the final state
         #: Members still in their first function when a peer entered the next one (see entered_again).
         self._behind: set[str] = set()
         self._round_progress_at = 0.0  # running time of the last progress of a member of the current round
@@ -251,8 +251,10 @@ class Completion:
         """``w``'s process ended after its training function returned: a failure only if it says so, and, parked
         (``parked_now``: the time; rank 0 still in its function), only while it may hold the final state."""
         job = self._job
-        self.exited += 1
-        if status.code != 0 or not status.known or status.transport_error:  # unknown: adopted, said nothing
+        failed = status.code != 0 or not status.known or status.transport_error  # unknown: adopted, said nothing
+        # Parked and ended badly, it is no worker of the result: a failure, or an early return ("completed on N").
+        self.exited += 1 if parked_now is None or not failed else 0
+        if failed:
             fields = {"exit_code": status.code if status.code >= 0 else None,
                       **({"signal": signal_name(-status.code)} if status.code < 0 else {})}
             if parked_now is not None:
@@ -408,10 +410,7 @@ class Completion:
             leaving.append(w)
         for w in leaving:  # after every parked one had its say: a host-mate taken along exits at once
             self._take_host_along(w)
-        for worker_id in sorted(self._ends.pending):  # ended while parked: an early return too, unless waited for
-            if not (job.abort_round >= job.round and worker_id in self._parked and holds_final_state(
-                    job, job.workers[worker_id], self._parked[worker_id], rank0)):
-                self._ends.settle_early(worker_id, now, backed_off)
+        self._ends.settle_unless_held(rank0, now, backed_off)  # ended while parked: early returns too, unless held
         self._parked = staying
         job.forget_alive()
         if job.abort_round < job.round:

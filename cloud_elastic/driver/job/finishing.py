@@ -115,11 +115,14 @@ class ParkedEnds:
     """Parked members that ended badly (killed, silent) while they may hold the final state: a failure of the job
     once rank 0 returns at their commit (rvH kill_parked.sh: killed while rank 0 evaluates), nothing if they prove
     early returns (review s58 rvN finding 1: an early returner on uneven data OOM-killed while parked failed the
-    healthy job after rank 0 trained to its end). ``back_off(w, now, done)``: the early-return slot back-off."""
+    healthy job after rank 0 trained to its end). ``back_off(w, now, done)``: the early-return slot back-off;
+    ``take_host_along(w)``: under ``--whole-hosts``, ``w``'s host-mates leave with it (:mod:`.leaving`)."""
 
-    def __init__(self, job: JobView, back_off: Callable[[WorkerRecord, float, dict[Slot, float]], float]) -> None:
+    def __init__(self, job: JobView, back_off: Callable[[WorkerRecord, float, dict[Slot, float]], float],
+                 take_host_along: Callable[[WorkerRecord], None] = lambda w: None) -> None:
         self._job = job
         self._back_off = back_off
+        self._take_host_along = take_host_along
         #: worker id -> (when it returned, what ended it, the fields of its ``worker_failed`` event)
         self.pending: dict[str, tuple[float, str, dict[str, object]]] = {}
 
@@ -149,16 +152,32 @@ class ParkedEnds:
                 self.settle_early(worker_id, now, {})
         return failed
 
+    def settle_unless_held(self, rank0: WorkerRecord | None, now: float, backed_off: dict[Slot, float]) -> None:
+        """The early-return rule ran (rank 0 trains on, or the round was aborted): each pending member returned early
+        too, unless the round was aborted with rank 0 still in its function (``rank0``; None: out of it) and the member
+        may hold the final state. Judged on its own return time, never on the parked set, which a dead member leaves at
+        that abort (review s59 rvO finding 1: a killed holder then settled as an early return at the next tick after
+        a third member's loss, and the job succeeded)."""
+        job = self._job
+        for worker_id, (parked_at, _, _) in sorted(self.pending.items()):
+            if not (job.abort_round >= job.round and holds_final_state(job, job.workers[worker_id], parked_at, rank0)):
+                self.settle_early(worker_id, now, backed_off)
+
     def settle_early(self, worker_id: str, now: float, backed_off: dict[Slot, float]) -> None:
-        """``worker_id`` returned early: no failure; it leaves, its slot backed off as an early return's."""
+        """``worker_id`` returned early: no failure; it leaves, its slot backed off as an early return's, and under
+        ``--whole-hosts`` its host-mates leave with it while the job runs, as a live early return's do (review s59
+        rvO finding 2: a SIGKILLed one's mate idled at rendezvous, its host neither whole nor free, to the end)."""
         job = self._job
         _, what, _ = self.pending.pop(worker_id)
         w = job.workers[worker_id]
         w.returned_early = True
+        w.why = f"{what} after returning early"  # what its host-mates are told
         w.cooldown_s = self._back_off(w, now, backed_off)
         log.warning("job %s: worker %s (%s) %s after returning early from its training function (commit %d, %d "
                     "optimizer step(s)), rank 0 still training: it leaves the job, no failure; the others continue",
                     job.job_id, worker_id, w.label, what, w.commit_seq, w.steps)
-        job.emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index,
-                 reason=f"{what} after returning early", **({"round": w.round} if w.round else {}),
-                 early_return=True, commit_step=w.commit_seq, steps=w.steps, **blocked_s(w.cooldown_s))
+        job.emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index, reason=w.why,
+                 **({"round": w.round} if w.round else {}), early_return=True, commit_step=w.commit_seq,
+                 steps=w.steps, **blocked_s(w.cooldown_s))
+        if job.phase is Phase.RUNNING:  # not at the completion (at_completion): the mates' work is in the result
+            self._take_host_along(w)
