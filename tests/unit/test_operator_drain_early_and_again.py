@@ -9,7 +9,8 @@
   the reply and the notice line said it leaves at its next commit; it never committed again and ran to the end, and
   the release line said "left at a commit". The reply says both; the release line says it ran to the end.
 * F6 (k2/double_drain*.sh): a second drain of a host or slot whose worker is still leaving was refused with "no host
-  b in this job" / "no worker on b[0]": it says the host (or worker) is already draining.
+  b in this job" / "no worker on b[0]": it says the host (or worker) is already draining, and (review s59 rvO
+  finding 3) what its workers do, per kind as the first reply says: a parked one was said to be leaving.
 """
 
 from __future__ import annotations
@@ -106,12 +107,18 @@ def test_a_second_drain_of_a_host_or_its_slot_says_it_is_already_draining() -> N
     """double_drain*.sh: before, 'no host b in this job' and 'no worker on b[0]' (refused, exit status 1)."""
     sim = started(2, {"a": 1, "b": 1}, min_np=1, elastic_timeout_s=20)
     r1 = sim.id("b[0]")
-    assert sim.job.drain("b", None, sim.now)[0]
+    first = sim.job.drain("b", None, sim.now)
+    how = first[1].removeprefix("host b drains: ").removesuffix(f"; {HELD}")
+    assert first[0] and how.startswith("its 1 worker(s) leave at their first commit"), first
+    # What the first reply said its worker does (rvO F3: not "are leaving" whatever the kind of worker)
     assert sim.job.drain("b", None, sim.now) == (
-        True, f"host b is already draining (drained by hand (cloud-elastic drain), notice from operator): its 1 "
-              f"worker(s) are leaving; {HELD}")
+        True, f"host b is already draining (drained by hand (cloud-elastic drain), notice from operator): {how}; "
+              f"{HELD}")
     assert sim.job.drain("b", 0, sim.now) == (
-        True, f"worker {r1} on b[0] is already draining (host b is draining (drained by hand (cloud-elastic drain)))")
+        True, f"worker {r1} on b[0] is already draining (host b is draining (drained by hand (cloud-elastic drain))): "
+              f"it leaves at its first commit if the script enters hvd.elastic.run, or runs to the end of the script "
+              f"with the others if it never does (none has entered it yet; a fixed-size script cannot leave at a "
+              f"commit)")
     sim.commit("a[0]", "b[0]")
     sim.join("a[0]", reason="update")
     sim.join("b[0]", reason="update")
@@ -129,3 +136,25 @@ def test_a_host_drained_after_its_slot_says_its_worker_is_already_leaving() -> N
     assert sim.job.drain("b", 0, sim.now)[0]
     done, message = sim.job.drain("b", None, sim.now)
     assert done and message == f"host b drains: its 1 worker(s) already leaving; {HELD}", message
+
+
+def test_a_second_drain_of_a_parked_members_host_says_it_stays_until_rank_0_returns() -> None:
+    """review s59 rvO finding 3 (dd_parked.sh): the second reply said 'its 1 worker(s) are leaving', the slot's
+    'already draining'; the worker stayed until rank 0 returned and ran to the end of the script, as the first said."""
+    sim = _rank1_returned()
+    r1 = sim.id("b[0]")
+    first = sim.job.drain("b", None, sim.now)
+    assert first[0] and EARLY in first[1], first
+    again = sim.job.drain("b", None, sim.now)
+    assert again == (True, "host b is already draining (drained by hand (cloud-elastic drain), notice from operator): "
+                           "its 1 worker(s) whose training function returned stay until rank 0 returns from its own, "
+                           f"then run to the end of the script, {EARLY}; {HELD}"), again
+    slot = sim.job.drain("b", 0, sim.now)
+    assert slot[0] and "are leaving" not in slot[1] and slot[1].startswith(
+        f"worker {r1} on b[0] is already draining (host b is draining (drained by hand (cloud-elastic drain))): it, "
+        "whose training function returned, stays until rank 0 returns from its own, then runs to the end of the "
+        "script"), slot
+    sim.advance(10)  # rank 0 evaluates: the member still waits, as both replies say
+    assert sim.job.workers[r1].alive and sim.job.completion_reply(r1) is None
+    assert sim.job.completed(sim.id("a[0]"), sim.now, commit_seq=LAST, steps=LAST) == ("done", "")
+    assert sim.job.completion_reply(r1) == ("done", "")

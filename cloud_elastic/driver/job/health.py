@@ -288,7 +288,9 @@ class Health:
             if going:  # drained already (its host, the slot), a straggler, an early return: it is on its way
                 w = going[0]
                 doing = "draining" if w.state is S.DRAINING else "leaving"
-                return True, f"worker {w.worker_id} on {host}[{slot}] is already {doing} ({w.why or 'told to exit'})"
+                how = f": {self._draining_how([w], 'it', one=True)}" if w.state is S.DRAINING else ""
+                why = w.why or "told to exit"
+                return True, f"worker {w.worker_id} on {host}[{slot}] is already {doing} ({why}){how}"
             return False, f"no worker on {host}[{slot}]"
         w = mine[0]
         why = f"drained by hand (cloud-elastic drain {host}:{slot})"
@@ -303,14 +305,30 @@ class Health:
         return True, f"{how}{mates}; slot {host}[{slot}] blacklisted {blocked_for(delay)}"
 
     def _already_draining(self, host: str) -> str:
-        """The reply to a drain of ``host`` while it drains already: its workers are on their way (leaving at a
-        commit, parked until rank 0 returns, told to exit), or gone."""
+        """The reply to a drain of ``host`` while it drains already: what its workers do, per kind as the first reply
+        says (:meth:`_draining_how`), or that they are gone."""
         job = self._job
-        going = sum(1 for w in job.alive() if w.slot.host == host)
+        going = [w for w in job.alive() if w.slot.host == host]
         since = f"{job.hosts.draining[host].reason}, notice from {self._leavers.sources.get(host, 'the provider')}"
-        state = (f"is already draining ({since}): its {going} worker(s) are leaving" if going else
-                 f"was already drained ({since}): its workers have left")
+        state = (f"is already draining ({since}): {self._draining_how(going, f'its {len(going)} worker(s)', one=False)}"
+                 if going else f"was already drained ({since}): its workers have left")
         return f"host {host} {state}; no new worker is placed there until it leaves discovery"
+
+    def _draining_how(self, going: list[WorkerRecord], who: str, *, one: bool) -> str:
+        """What drained workers ``going`` (alive, called ``who`` when all of one kind) do, for a drain of what drains
+        already: parked members stay until rank 0 returns (:meth:`_parked_stay`: review s59 rvO finding 3, a second
+        drain of a parked member's host said it was leaving; it ran to the end of the script), members still
+        training leave at their next commit (:meth:`_members_leave`), the others (told to exit) are leaving."""
+        parked = sum(1 for w in going if w.state is S.DRAINING and w.returned)
+        members = sum(1 for w in going if w.state is S.DRAINING and not w.returned)
+        kinds = [(n, how) for n, how in ((members, self._members_leave), (parked, self._parked_stay),
+                                         (len(going) - members - parked, None)) if n]
+        one = one and len(kinds) == 1
+        parts = []
+        for n, how in kinds:
+            them = who if len(kinds) == 1 else f"its {n} worker(s)"
+            parts.append(how(them, one=one) if how is not None else f"{them} {'is' if one else 'are'} leaving")
+        return ", and ".join(parts)
 
     def _leave_how(self, w: WorkerRecord, who: str) -> str:
         """What drained worker ``w`` (called ``who``) does, read before it is sent away, for the reply and the log
