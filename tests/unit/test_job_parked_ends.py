@@ -102,3 +102,31 @@ def test_a_dead_early_returners_host_mate_leaves_with_it_under_whole_hosts(when)
     sim.advance(31)
     assert sim.outcome is not None and sim.outcome.success, sim.outcome
     assert "on 2 worker(s)" in sim.outcome.reason, sim.outcome.reason
+
+
+# ------------------------------------------------------------- the review's suspicion: no event at all
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_dead_holder_is_named_in_the_events_when_rank_0_is_lost_too(checkpointing) -> None:
+    # Ranks 1 and 2 parked at the last commit; rank 1 killed (pending), then rank 0 lost in its evaluation: the job
+    # ends for the final state rank 2 holds. Before, rank 1's death had no worker_failed nor worker_left event.
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1, elastic_timeout_s=60, checkpointing=checkpointing)
+    r1, r2 = sim.id("b[0]"), sim.id("c[0]")
+    at_commit(sim, LAST, "a[0]", "b[0]", "c[0]")
+    if checkpointing:
+        sim.job.checkpoint_saved(1, 1)
+    for wid in (r1, r2):
+        assert sim.job.completed(wid, sim.now, commit_seq=LAST, steps=LAST) == ("wait", "")
+    sim.advance(1)
+    sim.exit("b[0]", KILLED)
+    sim.advance(1)
+    sim.exit("a[0]", KILLED)
+    sim.advance(2)
+    if checkpointing:  # rank 2 writes the final state, then the job ends
+        assert sim.job.completion_reply(r2)[0] == "leave"
+        sim.job.checkpoint_saved(LAST, LAST)
+        sim.exit("c[0]", CLEAN)
+        sim.advance(20)  # the graceful stop's time for a replacement launched on b[0] meanwhile
+    failed(sim, f"rank 0 was lost after the training loop's last commit (#{LAST})")
+    ends = [(kind, f["reason"]) for kind, f in sim.events if kind in ("worker_failed", "worker_left")
+            and f["worker"] == r1]
+    assert ends == [("worker_failed", "killed by signal 9 after its training function returned")], ends

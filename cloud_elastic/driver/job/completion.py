@@ -160,8 +160,8 @@ class Completion:
         rank0 = self._rank0()
         # Rank 0 out of the round without having returned: lost in its training function (its final checkpoint, an
         # evaluation), or back at rendezvous, its round aborted (it trains on). The job is not complete: w is parked,
-        # and holds the final state with the others parked if rank 0 was lost at their commit (_hold_final_state),
-        # else it leaves (check_early_returns).
+        # and holds the final state with the others parked if rank 0 was lost at their commit (final_state_held), else
+        # it leaves (check_early_returns).
         out = self._rank0_out() if rank0 is None and job.phase is Phase.RUNNING else None
         if out is None and (job.phase in (Phase.FINISHING, Phase.DONE) or rank0 is None or rank0 is w):
             self._complete(w, now)
@@ -201,8 +201,7 @@ class Completion:
             if parked.alive and parked.state in _MEMBER:
                 parked.to(S.COMPLETED)
         self._parked.clear()
-        for ended, what, fields in self._ends.at_completion(now):  # ended while parked at rank 0's last commit
-            self._failed_after_returning(ended, what, **fields)
+        self._fail_pending(now)
         job.tick(now)
 
     def entered_again(self, worker_id: str, now: float) -> tuple[str, str]:
@@ -351,7 +350,7 @@ class Completion:
 
     def check_early_returns(self, now: float) -> bool:
         """Parked members whose rank 0 is still training leave the round; their peers go on without them. True when
-        the job ended instead: rank 0 was lost and they hold the final state (:meth:`_hold_final_state`).
+        the job ended instead: rank 0 was lost and they hold the final state (:func:`.finishing.final_state_held`).
         Rank 0 still in its training function with no collective waiting (its own evaluation, a final save,
         or rank-0-only work before it trains on) is waited for however long: ``--finish-timeout`` counts
         only from its return.
@@ -379,7 +378,7 @@ class Completion:
                 return False
         out = self._rank0_out() if rank0 is None else None  # lost, or back at rendezvous to train on
         if out is not None and not out.alive:
-            held = self._hold_final_state()
+            held = final_state_held(job, self._parked, self._lost_rank0(), lambda: self._fail_pending(now))
             if held is None:
                 return False  # a survivor at that commit is still in its training function: they wait for it
             if held:
@@ -433,9 +432,10 @@ class Completion:
                 return w if not w.alive or w.state is S.WAITING else None
         return None
 
-    def _hold_final_state(self) -> bool | None:
-        """Rank 0 was lost while parked members returned: see :func:`.finishing.final_state_held`."""
-        return final_state_held(self._job, self._parked, self._lost_rank0())
+    def _fail_pending(self, now: float) -> None:
+        """The job completed, or ends for rank 0's loss with the final state parked: ended holders fail it, named."""
+        for ended, what, fields in self._ends.at_completion(now):  # ended while parked at the newest commit
+            self._failed_after_returning(ended, what, **fields)
 
     def _back_off(self, w: WorkerRecord, now: float, done: dict[Slot, float]) -> float:
         """``w`` returned early: its slot (its host's, under ``--whole-hosts``) cools down as after a failure.

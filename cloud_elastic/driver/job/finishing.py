@@ -55,7 +55,8 @@ def finishing_hold(job: JobView) -> tuple[WorkerRecord, WorkerRecord] | None:
     return (rank0, holder) if rank0 is not None and holder is not None else None
 
 
-def final_state_held(job: JobView, parked_at: Mapping[str, float], rank0: WorkerRecord | None) -> bool | None:
+def final_state_held(job: JobView, parked_at: Mapping[str, float], rank0: WorkerRecord | None,
+                     before_end: Callable[[], None] = lambda: None) -> bool | None:
     """Rank 0 was lost while parked members, back from their training function at the newest commit, are the
     only ones left holding it: they hold the final state, and are not sent away as early returns. True when
     the job ended for it (with ``--checkpoint-dir``, through :class:`~.ending.FailingEnd`: a returned member
@@ -65,7 +66,8 @@ def final_state_held(job: JobView, parked_at: Mapping[str, float], rank0: Worker
     was still in its loop (it reported waiting in a collective, a commit's among them, or a newer commit,
     after the last of them returned: the early-return rule's signal, ``Completion.check_early_returns``).
     ``parked_at``: the parked members -> when they returned (running time); ``rank0``: rank 0 of the round, lost in its
-    training function."""
+    training function; ``before_end()``: called just before the job ends for it (the members that died while parked
+    at that commit are named then, a ``worker_failed`` event each: review s59 rvO's suspicion, they had none)."""
     parked = [job.workers[i] for i in sorted(parked_at)]
     # One drained by a notice on its host holds it too until its host's leave-by time (then it was sent away
     # to write it: Leavers.enforce_deadlines); one taken along with a lost host-mate (--whole-hosts) lacks
@@ -97,6 +99,7 @@ def final_state_held(job: JobView, parked_at: Mapping[str, float], rank0: Worker
         ranks = ", ".join(str(w.rank) for w in holders if w.commit_seq >= newest)
         line += (f"; the final state was held by rank(s) {ranks} but there is no --checkpoint-dir to write it to; "
                  "it ends with them (with --checkpoint-dir the same command would resume there)")
+    before_end()
     job.end(False, line, 1)
     return True
 
@@ -140,8 +143,8 @@ class ParkedEnds:
             self.settle_early(w.worker_id, now, {})
 
     def at_completion(self, now: float) -> list[tuple[WorkerRecord, str, dict[str, object]]]:
-        """The job completed (rank 0 returned): the pending members at its newest commit, which fail it; the others
-        (rank 0 committed past them) returned early."""
+        """The job completed (rank 0 returned), or ends for rank 0's loss (:func:`final_state_held`): the pending
+        members at its newest commit, which fail it; the others (rank 0 committed past them) returned early."""
         job, failed = self._job, []
         for worker_id in sorted(self.pending):
             w = job.workers[worker_id]
@@ -149,7 +152,7 @@ class ParkedEnds:
                 _, what, fields = self.pending.pop(worker_id)
                 failed.append((w, what, fields))
             else:
-                self.settle_early(worker_id, now, {})
+                self.settle_early(worker_id, now, {}, along=False)  # the job is over: its host-mates stay
         return failed
 
     def settle_unless_held(self, rank0: WorkerRecord | None, now: float, backed_off: dict[Slot, float]) -> None:
@@ -163,10 +166,10 @@ class ParkedEnds:
             if not (job.abort_round >= job.round and holds_final_state(job, job.workers[worker_id], parked_at, rank0)):
                 self.settle_early(worker_id, now, backed_off)
 
-    def settle_early(self, worker_id: str, now: float, backed_off: dict[Slot, float]) -> None:
+    def settle_early(self, worker_id: str, now: float, backed_off: dict[Slot, float], *, along: bool = True) -> None:
         """``worker_id`` returned early: no failure; it leaves, its slot backed off as an early return's, and under
-        ``--whole-hosts`` its host-mates leave with it while the job runs, as a live early return's do (review s59
-        rvO finding 2: a SIGKILLed one's mate idled at rendezvous, its host neither whole nor free, to the end)."""
+        ``--whole-hosts`` (``along``: the job goes on) its host-mates leave with it, as a live early return's do
+        (review s59 rvO finding 2: a SIGKILLed one's mate idled at rendezvous, its host neither whole nor free)."""
         job = self._job
         _, what, _ = self.pending.pop(worker_id)
         w = job.workers[worker_id]
@@ -179,5 +182,5 @@ class ParkedEnds:
         job.emit("worker_left", worker=worker_id, host=w.slot.host, slot=w.slot.index, reason=w.why,
                  **({"round": w.round} if w.round else {}), early_return=True, commit_step=w.commit_seq,
                  steps=w.steps, **blocked_s(w.cooldown_s))
-        if job.phase is Phase.RUNNING:  # not at the completion (at_completion): the mates' work is in the result
+        if along:
             self._take_host_along(w)
