@@ -266,7 +266,9 @@ class RoundGroupsMixin:
                 result["error"], result["abandoned"] = str(exc), True
             with lock:
                 if result.get("abandoned"):  # the round was given up while this group formed: nobody will use it
-                    self._reaper.retire(group)
+                    # Released, not retired: no collective ever ran in it, and its connections (what opened while it
+                    # formed) may be the next round's, formed meanwhile: shut down, they failed that round too.
+                    self._reaper.release(group)
                 else:
                     result["group"] = group
             done.set()
@@ -289,8 +291,8 @@ class RoundGroupsMixin:
                         abort_nccl(forming)  # ends its eager connect on the formation thread
                     if getattr(store, "give_up", None) is not None:
                         store.give_up()  # ends a wait of the constructor for a peer's key: see RoundStore
-                    if "group" in result:  # formed in the very last slice
-                        self._reaper.retire(result.pop("group"))
+                    if "group" in result:  # formed in the very last slice (never used: released, as above)
+                        self._reaper.release(result.pop("group"))
                     # The abandoned constructor may still block in a store wait, and a TCPStore client runs
                     # one operation at a time: the next round's formation would wait behind it. It gets its own.
                     self._store_stale = True

@@ -215,7 +215,10 @@ class NextGroupMixin:
             pending.reported = pending.reported or report
         pending.done.set()
         if not keep:
-            self._reaper.retire(group)
+            # Formed and checked, never used: released, not retired. Its connections are what this process opened
+            # while it formed, and a round formed meanwhile on the training thread (the plan was dropped) opened its
+            # own then: shut down with it, that round failed at once (see groups._formed).
+            self._reaper.release(group)
             return
         log.info("worker %s: formed round %d's group in the background (plan %d, rank %d of %d) in %.0f ms",
                  self.worker_id, offer.round, offer.plan, offer.ranks.rank, offer.ranks.size,
@@ -257,7 +260,7 @@ class NextGroupMixin:
         if give_up is not None:
             give_up()  # ends a formation still waiting for a peer's key (see groups.RoundStore)
         if group is not None:
-            self._reaper.retire(group)
+            self._reaper.release(group)  # formed and checked, never used: nothing to abandon (see _form_next)
         del group
         log.info("worker %s: dropped the group of planned round %d (plan %d): %s", self.worker_id,
                  pending.offer.round, pending.offer.plan, why)

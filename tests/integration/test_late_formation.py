@@ -1,0 +1,126 @@
+"""A formation given up that completes late must not take the next round's connections down with it.
+
+A group's connections are found by what the process opened while it formed (``reclaim.GroupSockets``). A round
+aborted while its group was still connecting leaves its constructor running; the members go on to the next round
+at once, and when the old constructor returns, what was opened meanwhile (the next round's connections) counts as
+its own. Retired as an abandoned group, it shut those down: the next round failed at its first collective, was
+aborted while its own formation was still connecting, and so on (a chaos run aborted 14 rounds in a row). A group
+that formed after its round was given up never ran a collective: it is released, its connections left alone.
+
+Real store, real Gloo, real WorkerContexts (two in this process, ranks 0 and 1).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.protocol import NextRound, RankInfo
+from cloud_elastic.worker.context import RoundInfo, WorkerContext
+from cloud_elastic.worker.exceptions import CollectiveError
+from cloud_elastic.worker.settings import WorkerSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def _worker(port: int, rank: int) -> WorkerContext:
+    ctx = WorkerContext(WorkerSettings(
+        standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{port}", job_id="late",
+        worker_id=f"w{rank}", secret="s" * 64, backend="gloo", collective_timeout_s=30.0, group_form_timeout_s=20.0,
+        malloc_tuning=False,
+    ))
+    ctx._store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30))
+    ctx.elastic_entered = True  # inside hvd.elastic.run: a member returns once its own side formed
+    return ctx
+
+
+def _info(rank: int, round_: int) -> RoundInfo:
+    return RoundInfo(rank, 2, 0, 1, rank, 2, round=round_, needs_sync=False, update_gen=0)
+
+
+def _allreduce(*ctxs: WorkerContext) -> dict[str, object]:
+    """One allreduce of ones in the current round's group of each context (its result, or its error's line)."""
+    results: dict[str, object] = {}
+
+    def run(name: str, ctx: WorkerContext) -> None:
+        t = torch.ones(1)
+        try:
+            ctx.pg.allreduce([t]).wait(timedelta(seconds=10))
+            results[name] = t.item()
+        except RuntimeError as exc:
+            results[name] = str(exc).splitlines()[0]
+
+    sides = [threading.Thread(target=run, args=(name, ctx)) for name, ctx in zip("ab", ctxs)]
+    for t in sides:
+        t.start()
+    for t in sides:
+        t.join(20)
+    return results
+
+
+def test_a_formation_given_up_that_completes_late_leaves_the_next_rounds_connections_alone():
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    a, b = _worker(server.port, 0), _worker(server.port, 1)
+    made, late = a._new_group, threading.Event()
+
+    def slow(store, info, publish=None):  # rank 0's round-1 constructor returns only once round 2 has formed
+        group = made(store, info, publish)
+        if info.round == 1:
+            a._seen_abort = 1  # the driver aborts round 1 while this side still connects
+            late.wait(20)
+        return group
+
+    a._new_group = slow
+    b_side = threading.Thread(target=b._form_group, args=(_info(1, 1),))
+    b_side.start()
+    with pytest.raises(CollectiveError, match="round 1 was aborted while forming"):
+        a._form_group(_info(0, 1))
+    b_side.join(20)
+    if a._store_stale:  # what rendezvous() does before forming the next round
+        a._reconnect_store()
+    b_side = threading.Thread(target=b._form_group, args=(_info(1, 2),))
+    b_side.start()
+    a._form_group(_info(0, 2))
+    b_side.join(20)
+    assert a.info.round == b.info.round == 2
+    late.set()  # round 1's constructor returns now: its group is let go of
+    time.sleep(1.0)
+
+    assert _allreduce(a, b) == {"a": 2.0, "b": 2.0}
+
+
+def test_a_dropped_plans_group_formed_late_leaves_the_round_formed_meanwhile_alone():
+    """The same with a planned next round (``rounds.next_group``): its group forms in the background, the driver
+    drops the plan meanwhile, a round forms on the training thread, then the plan's group completes."""
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    a, b = _worker(server.port, 0), _worker(server.port, 1)
+    made, late, formed = a._new_group, threading.Event(), threading.Event()
+
+    def slow(store, info, publish=None):  # rank 0's side of the plan's group returns once the round formed
+        group = made(store, info, publish)
+        if info.round == 2:
+            formed.set()
+            late.wait(20)
+        return group
+
+    a._new_group = slow
+    hosts = ("127.0.0.1",)
+    pendings = [ctx._start_next(NextRound(1, 2, RankInfo(rank, 2, 0, 1, rank, 2), hosts))
+                for rank, ctx in ((0, a), (1, b))]
+    assert formed.wait(20), "the plan's group did not form"
+    for ctx in (a, b):
+        ctx._drop_next("the driver dropped the plan")
+    b_side = threading.Thread(target=b._form_group, args=(_info(1, 1),))
+    b_side.start()
+    a._form_group(_info(0, 1))
+    b_side.join(20)
+    late.set()  # the plan's group completes now, dropped: let go of
+    for pending in pendings:
+        assert pending.done.wait(20)
+    time.sleep(1.0)
+    assert _allreduce(a, b) == {"a": 2.0, "b": 2.0}
