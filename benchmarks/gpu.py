@@ -459,9 +459,12 @@ def main() -> None:
 
 def record(text: str, doc: Path | None = None) -> None:
     """Put ``text`` (the table) into the GPU section of docs/benchmarks.md, or of ``doc``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import docsection
-
+    here = str(Path(__file__).resolve().parent)
+    sys.path.insert(0, here)  # for docsection only: left there, benchmarks/kubernetes.py would pass for the package
+    try:
+        import docsection
+    finally:
+        sys.path.remove(here)
     docsection.write_section(SECTION_KEY, SECTION, text, doc or docsection.DOC)
 
 

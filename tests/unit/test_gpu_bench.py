@@ -18,11 +18,17 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def _load(name: str):
+    # benchmarks/ on sys.path only while the module loads: left there, it shadowed packages of the same name for
+    # every later test of this xdist worker (benchmarks/kubernetes.py for ``import kubernetes``: the Kubernetes
+    # provider's tests failed with "'kubernetes' is not a package" when they came after this file).
     sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
     return module
 
 
