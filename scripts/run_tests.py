@@ -60,14 +60,12 @@ _TAKES_VALUE = {
 
 @dataclass
 class Lane:
-    """One pytest process over some test directories; with ``after``, started once that lane has ended; with
-    ``nice``, run at that lower CPU priority (it and everything it starts)."""
+    """One pytest process over some test directories; with ``after``, started once that lane has ended."""
 
     name: str
     paths: tuple[str, ...]
     options: tuple[str, ...] = ()
     after: str | None = None
-    nice: int = 0
     proc: subprocess.Popen | None = None
     lines: list[str] = field(default_factory=list)
     started: float = 0.0
@@ -96,7 +94,7 @@ def _xdist(workers: int, dist: str) -> tuple[str, ...]:
     return ("-n", str(workers), "--dist", dist) if workers > 1 else ()
 
 
-def lanes(fast_workers: int = 3, job_workers: int = 4, fast_nice: int = 0) -> list[Lane]:
+def lanes(fast_workers: int = 3, job_workers: int = 4) -> list[Lane]:
     """The lanes of a whole run.
 
     The job tests mostly wait (on step sleeps, grace periods, timeouts), so several run at once and
@@ -105,11 +103,6 @@ def lanes(fast_workers: int = 3, job_workers: int = 4, fast_nice: int = 0) -> li
     is heavy, and slows down threefold when it competes with the fast lane. Ray's and Spark's lanes run
     side by side: one after the other, they were the run's last four minutes with a core mostly idle, and
     Ray alone, in one lane, was then the last 3.5 minutes, so its two longest files have a lane of their own.
-
-    With ``fast_nice`` above 0 the fast lane runs at that nice level and every lane starts at once: the
-    lanes that wait (on jobs, daemons and timeouts) get the CPU whenever they are ready to run, and the fast
-    lane takes what they leave, so the cores stay busy from the start to the end of the run instead of
-    half idle during the cluster lanes.
     """
     # The files with the longest serial runs first (terraform's CLI tests and checkov: minutes in a few files, each
     # on one worker under loadfile), so that they overlap the many short unit files instead of ending the lane.
@@ -121,13 +114,12 @@ def lanes(fast_workers: int = 3, job_workers: int = 4, fast_nice: int = 0) -> li
     # tests/lane_order.py: each job worker starts with its share of the longest tests (worksteal only).
     order = ("-p", "tests.lane_order") if job_workers > 1 else ()
     fast_order = ("-p", "tests.lane_order") if fast_workers > 1 else ()  # the longest files first
-    after = None if fast_nice > 0 else "fast"
     return [Lane("jobs", jobs, (*_xdist(job_workers, "worksteal"), *order)),
-            Lane("fast", fast, (*_xdist(fast_workers, "loadfile"), *fast_order), nice=fast_nice),
-            Lane("ray", ("tests/ray", *(f"--ignore={f}" for f in RAY_JOB_FILES)), after=after),
-            Lane("ray-jobs", RAY_JOB_FILES, after=after),
-            Lane("spark", ("tests/spark",), after=after),
-            Lane("cloud-jobs", JOB_FILES, (*_xdist(min(2, job_workers), "worksteal"), *order), after=after)]
+            Lane("fast", fast, (*_xdist(fast_workers, "loadfile"), *fast_order)),
+            Lane("ray", ("tests/ray", *(f"--ignore={f}" for f in RAY_JOB_FILES)), after="fast"),
+            Lane("ray-jobs", RAY_JOB_FILES, after="fast"),
+            Lane("spark", ("tests/spark",), after="fast"),
+            Lane("cloud-jobs", JOB_FILES, (*_xdist(min(2, job_workers), "worksteal"), *order), after="fast")]
 
 
 def picks_tests(args: list[str]) -> bool:
@@ -187,10 +179,8 @@ def run_lanes(chosen: list[Lane], user_args: list[str]) -> int:
     def start(lane: Lane) -> None:
         print(f"[{lane.name}] {' '.join(lane.command(user_args)[1:])}", flush=True)
         lane.started = time.monotonic()
-        niceness = lane.nice
         lane.proc = subprocess.Popen(lane.command(user_args), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         pumps[lane.name] = threading.Thread(target=_pump, args=(lane, width), daemon=True)
         pumps[lane.name].start()
 
@@ -257,8 +247,7 @@ def main(argv: list[str]) -> int:
         os.execv(sys.executable, [sys.executable, *BASE, *argv])
     fast = int(os.environ.get("CLOUD_ELASTIC_TEST_WORKERS", "3"))
     jobs = int(os.environ.get("CLOUD_ELASTIC_TEST_JOB_WORKERS", "4"))
-    nice = int(os.environ.get("CLOUD_ELASTIC_TEST_FAST_NICE", "0"))
-    return run_lanes(lanes(fast, jobs, nice), argv)
+    return run_lanes(lanes(fast, jobs), argv)
 
 
 if __name__ == "__main__":
