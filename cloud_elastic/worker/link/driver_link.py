@@ -399,28 +399,49 @@ class DriverLinkMixin:
         at its next sighting.
         """
         with self._adopt_lock:
-            info = self.info if self._attempted_round and not self._joined_unformed_plan() else None
-            ranks = None if info is None else RankInfo(info.rank, info.size, info.local_rank, info.local_size,
-                                                       info.cross_rank, info.cross_size)
-            request = AdoptRequest(0 if info is None else info.round, ranks, 0 if info is None else info.update_gen,
-                                   self._seen_update, self._seen_abort, self.commits, self.settings.slot, os.getpid(),
-                                   self.commit_seq, self.sigterm_deadline, self.training_done)
+            place = round_, ranks, update_gen = self._adoption_place()
+            request = AdoptRequest(round_, ranks, update_gen, self._seen_update, self._seen_abort, self.commits,
+                                   self.settings.slot, os.getpid(), self.commit_seq, self.sigterm_deadline,
+                                   self.training_done)
+            # What adoption changes on this side happens before the request, not on its reply: a reply lost (a
+            # timeout) after the driver adopted it leaves no second chance, since the next poll is answered as
+            # usual. Kept, the old plan numbers aborted the adopted round and every later one of the same plan
+            # number, and the dead driver's store client failed every round (review s59 rvP finding 1). A driver
+            # that refuses makes the worker exit anyway.
+            self._store_stale = True
+            self._drop_next("a restarted driver knows no plan")
+            self._forget_plans()  # and numbers its own from 1 again: see rounds.next_group
+            self.__dict__["_adopt_place"] = (self.info, place)  # for a request sent again: see _adoption_place
             reply = client.call("adopt", request.to_wire(), timeout_s=self.heartbeat_timeout_s + 10)
             if not reply.get("ok"):
                 print(f"cloud-elastic: worker {self.worker_id}: the restarted driver refused to adopt it "
                       f"({str(reply.get('reason') or 'no reason given')[:300]}); exiting", file=sys.stderr, flush=True)
                 os._exit(75)
-            self._store_stale = True
+            self.__dict__.pop("_adopt_place", None)
             if self._notice_watcher is not None:
                 # The dead driver may have taken a notice for this host and died before acting on it or
                 # writing it down: the new one hears of it at the watcher's next sighting.
                 self._notice_watcher.resend()
-            self._drop_next("a restarted driver knows no plan")
-            self._forget_plans()  # and numbers its own from 1 again: see rounds.next_group
             if self.driver_lost:
                 self.driver_lost = False
             log.warning("worker %s: adopted by the restarted driver in round %d", self.worker_id,
                         request.round)
+
+    def _adoption_place(self) -> tuple[int, RankInfo | None, int]:
+        """The round, ranks and update generation an adopt request tells (round 0: a newcomer).
+
+        Worked out from the round as this worker holds it before it forgets the dead driver's plans, and kept
+        for as long as it holds that round: an adopt request sent again (the first one failed) must say the
+        same, though the plans are forgotten by then (a newcomer in an unformed plan would otherwise pass for
+        a member of that round).
+        """
+        kept = self.__dict__.get("_adopt_place")
+        if kept is not None and kept[0] is self.info:
+            return kept[1]
+        info = self.info if self._attempted_round and not self._joined_unformed_plan() else None
+        ranks = None if info is None else RankInfo(info.rank, info.size, info.local_rank, info.local_size,
+                                                   info.cross_rank, info.cross_size)
+        return (0, None, 0) if info is None else (info.round, ranks, info.update_gen)
 
     def _reconnect_store(self) -> None:
         host, _, port = self.settings.store_address.rpartition(":")
