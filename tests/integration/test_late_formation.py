@@ -28,10 +28,10 @@ from cloud_elastic.worker.settings import WorkerSettings
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-def _worker(port: int, rank: int) -> WorkerContext:
+def _worker(port: int, rank: int, form_s: float = 20.0) -> WorkerContext:
     ctx = WorkerContext(WorkerSettings(
         standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{port}", job_id="late",
-        worker_id=f"w{rank}", secret="s" * 64, backend="gloo", collective_timeout_s=30.0, group_form_timeout_s=20.0,
+        worker_id=f"w{rank}", secret="s" * 64, backend="gloo", collective_timeout_s=30.0, group_form_timeout_s=form_s,
         malloc_tuning=False,
     ))
     ctx._store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30))
@@ -94,14 +94,16 @@ def test_a_formation_given_up_that_completes_late_leaves_the_next_rounds_connect
     assert _allreduce(a, b) == {"a": 2.0, "b": 2.0}
 
 
-def test_a_dropped_plans_group_formed_late_leaves_the_round_formed_meanwhile_alone():
-    """The same with a planned next round (``rounds.next_group``): its group forms in the background, the driver
-    drops the plan meanwhile, a round forms on the training thread, then the plan's group completes."""
+def _plan_dropped_while_forming(b_form_s: float = 20.0):
+    """Two workers form plan 1's group (round 2) in the background; rank 0's side returns only once ``late`` is set.
+    The driver drops the plan meanwhile, and round 1 forms on the training thread. Returns the workers, the plans
+    and ``late``."""
     server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
-    a, b = _worker(server.port, 0), _worker(server.port, 1)
+    a, b = _worker(server.port, 0), _worker(server.port, 1, form_s=b_form_s)
+    a._server = server  # kept as long as the workers
     made, late, formed = a._new_group, threading.Event(), threading.Event()
 
-    def slow(store, info, publish=None):  # rank 0's side of the plan's group returns once the round formed
+    def slow(store, info, publish=None):
         group = made(store, info, publish)
         if info.round == 2:
             formed.set()
@@ -119,8 +121,70 @@ def test_a_dropped_plans_group_formed_late_leaves_the_round_formed_meanwhile_alo
     b_side.start()
     a._form_group(_info(0, 1))
     b_side.join(20)
+    return a, b, pendings, late
+
+
+def test_a_dropped_plans_group_formed_late_leaves_the_round_formed_meanwhile_alone():
+    """The same with a planned next round (``rounds.next_group``): its group forms in the background, the driver
+    drops the plan meanwhile, a round forms on the training thread, then the plan's group completes."""
+    a, b, pendings, late = _plan_dropped_while_forming()
     late.set()  # the plan's group completes now, dropped: let go of
     for pending in pendings:
         assert pending.done.wait(20)
     time.sleep(1.0)
     assert _allreduce(a, b) == {"a": 2.0, "b": 2.0}
+
+
+def test_a_dropped_plans_group_whose_check_fails_leaves_the_round_formed_meanwhile_alone():
+    """As above, but the plan's check allreduce fails on both sides: rank 1's times out (its formation deadline is
+    short, its peer late), and it retires its side, so rank 0's check, once its constructor returns, fails on the
+    closed connection. A group whose check failed is retired (connections shut down: its check may still wait on a
+    peer), but not the connections of the round formed meanwhile, which rank 0's group counts as its own too."""
+    a, b, pendings, late = _plan_dropped_while_forming(b_form_s=3.0)
+    assert _allreduce(a, b) == {"a": 2.0, "b": 2.0}
+    for t in b._formations:  # (a plan's ``done`` is set when it is dropped: its formation thread is waited for)
+        t.join(20)
+    assert pendings[1].failed  # rank 1's check timed out: its side retired
+    late.set()
+    for t in a._formations:
+        t.join(20)
+    assert pendings[0].failed  # rank 0's check failed on the closed connection: its side retired
+    time.sleep(1.5)
+    assert _allreduce(a, b) == {"a": 2.0, "b": 2.0}
+
+
+def test_a_round_whose_store_client_failed_forms_the_next_on_a_new_one():
+    """A worker adopted by a restarted driver keeps the dead driver's store client until told to renew it; the
+    new driver's store server listens on the same port. A formation that fails on the store (Broken pipe) renews
+    the client, so the next round forms (before, every later round failed the same way)."""
+    old = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    port = old.port
+    a = _worker(port, 0, form_s=3.0)
+    del old  # the driver dies with its store server; the restarted one listens on the same port
+    time.sleep(0.5)
+    server = dist.TCPStore("127.0.0.1", port, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    b = _worker(port, 1, form_s=3.0)
+    outcomes: list[dict[str, str]] = []
+    for round_ in (3, 4):
+        for ctx in (a, b):
+            if ctx._store_stale:  # what rendezvous() does before forming a round
+                ctx._reconnect_store()
+        result: dict[str, str] = {}
+
+        def form(name: str, ctx: WorkerContext, rank: int, round_: int = round_) -> None:
+            try:
+                ctx._form_group(_info(rank, round_))
+                result[name] = "formed"
+            except CollectiveError as exc:
+                result[name] = str(exc)
+
+        sides = [threading.Thread(target=form, args=("a", a, 0)), threading.Thread(target=form, args=("b", b, 1))]
+        for t in sides:
+            t.start()
+        for t in sides:
+            t.join(20)
+        outcomes.append(result)
+    assert outcomes[0]["a"].startswith("could not form the process group of round 3"), outcomes
+    assert outcomes[1] == {"a": "formed", "b": "formed"}, outcomes
+    assert _allreduce(a, b) == {"a": 2.0, "b": 2.0}
+    del server

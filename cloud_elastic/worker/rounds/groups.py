@@ -266,9 +266,7 @@ class RoundGroupsMixin:
                 result["error"], result["abandoned"] = str(exc), True
             with lock:
                 if result.get("abandoned"):  # the round was given up while this group formed: nobody will use it
-                    # Released, not retired: no collective ever ran in it, and its connections (what opened while it
-                    # formed) may be the next round's, formed meanwhile: shut down, they failed that round too.
-                    self._reaper.release(group)
+                    self._let_go_unused(group)
                 else:
                     result["group"] = group
             done.set()
@@ -291,8 +289,8 @@ class RoundGroupsMixin:
                         abort_nccl(forming)  # ends its eager connect on the formation thread
                     if getattr(store, "give_up", None) is not None:
                         store.give_up()  # ends a wait of the constructor for a peer's key: see RoundStore
-                    if "group" in result:  # formed in the very last slice (never used: released, as above)
-                        self._reaper.release(result.pop("group"))
+                    if "group" in result:  # formed in the very last slice (never used, as above)
+                        self._let_go_unused(result.pop("group"))
                     # The abandoned constructor may still block in a store wait, and a TCPStore client runs
                     # one operation at a time: the next round's formation would wait behind it. It gets its own.
                     self._store_stale = True
@@ -303,9 +301,27 @@ class RoundGroupsMixin:
                     raise CollectiveError(f"the {what} of round {info.round} did not form within "
                                           f"{limit_s:g} s (CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S); giving the round up")
         if "error" in result:
+            # The store client may be what failed (its server restarted on the same port with a restarted driver:
+            # "Broken pipe"), and nothing else renews it: every later round failed the same way (review s59 rvP).
+            # A new client for the next round costs a connection.
+            self._store_stale = True
             reason = str(result.pop("error")).splitlines()[0][:300]
             raise CollectiveError(f"could not form the {what} of round {info.round}: {reason}")
         return result.pop("group")
+
+    def _let_go_unused(self, group: RoundGroup) -> None:
+        """A group formed after its round was given up: no collective ever ran in it.
+
+        Gloo's is released, not retired: its connections are what this process opened while it formed, and
+        those of a round formed meanwhile are among them; shut down, they failed that round too. NCCL's is
+        retired (aborted) as any other: its connections are not the process's sockets, and its ``shutdown()``
+        (torch >= 2.5: ``ncclCommFinalize``, then a wait for the communicator to be quiescent, bounded only by
+        the group's timeout) would wait on peers that gave the round up.
+        """
+        if group.backend == "nccl":
+            self._reaper.retire(group)
+        else:
+            self._reaper.release(group)
 
     def _form_limit_s(self) -> float:
         """How long a group may take to form before the round is given up (the formation deadline)."""

@@ -200,8 +200,8 @@ class NextGroupMixin:
                 pending.failed = True
                 dropped = pending.dropped
             pending.done.set()
-            if group is not None:
-                self._reaper.retire(group)
+            if group is not None:  # retired: its check may still wait on a peer. The connections of a round formed
+                self._reaper.retire(group)  # meanwhile, which it counts too, are left alone (reclaim.GroupSockets)
             if not dropped:
                 log.warning("worker %s: could not form round %d's group in the background (plan %d): %s",
                             self.worker_id, offer.round, offer.plan, reason)
