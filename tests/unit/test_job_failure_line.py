@@ -1,5 +1,7 @@
-"""The driver says whose failure aborted a round: a member back at rendezvous after a failure (its collective failed,
-its group did not form) is named in one line before the round's abort, once per round."""
+"""The driver says who reported the failure that aborts a round: a member back at rendezvous after a failure (its
+collective failed, its group did not form) is named in one line before the round's abort, once per round, as the
+first to report it, not as its cause (a survivor's collective fails on a killed peer's reset before the driver sees
+that peer's exit: review s59 rvP finding 3)."""
 
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ def test_the_member_whose_failure_aborts_the_round_is_named_once(caplog) -> None
     sim.job.rendezvous(wid, 1, "failure", sim.now, unreachable=("c",))
     sim.join("a[0]", reason="failure")  # a peer freed by the abort: not the cause, not named
     lines = [r.getMessage() for r in caplog.records]
-    named = [line for line in lines if "came back to rendezvous" in line]
-    assert named == [f"job {sim.job.job_id}: worker {wid} (rank 1) came back to rendezvous from round 1 after a "
-                     "failure (a collective of it failed, or its group did not form; it could not reach c)"], lines
+    named = [line for line in lines if "first reported by" in line]
+    assert named == [f"job {sim.job.job_id}: round 1 failed, first reported by worker {wid} (rank 1): a collective of "
+                     "it failed, or its group did not form; it could not reach c (the member at fault may be another)"
+                     ], lines
     aborted = next(i for i, line in enumerate(lines) if "round 1 aborted" in line)
     assert lines.index(named[0]) < aborted

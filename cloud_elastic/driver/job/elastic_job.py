@@ -211,11 +211,13 @@ class ElasticJob(JobState):
                     # that could not form): its peers may still be blocked on it, and its
                     # old group is kept open, so only an abort releases them.
                     if self.phase is Phase.RUNNING and self.abort_round < self.round:
-                        # The abort's one cause: say whose failure it was (an adopted worker's own lines go nowhere).
+                        # Who reported the failure that aborts the round (an adopted worker's own lines go nowhere):
+                        # the first to report, not the cause. Gloo fails the survivors' collective on a killed peer's
+                        # reset before this driver sees the peer's exit, whose own line then follows.
                         cut = f"; it could not reach {', '.join(unreachable)}" if unreachable else ""
-                        log.warning("job %s: worker %s (%s) came back to rendezvous from round %d after a failure "
-                                    "(a collective of it failed, or its group did not form%s)", self.job_id,
-                                    worker_id, w.label, self.round, cut)
+                        log.warning("job %s: round %d failed, first reported by worker %s (%s): a collective of it "
+                                    "failed, or its group did not form%s (the member at fault may be another)",
+                                    self.job_id, self.round, worker_id, w.label, cut)
                     self.abort()
         if rounds.arrived(w):
             self._step(now)
