@@ -33,37 +33,52 @@ class Event:
         return self.data[key]
 
 
-_PARENT: list = []  # [path or None] once asked: this process's parent of fork servers
+_PARENTS: dict = {}  # start-up key -> (socket path or None, process, directory): this process's parents of fork servers
 _PARENT_LOCK = threading.Lock()
+_MAX_PARENTS = 3
 
 
-def parent_of_servers() -> str | None:
-    """The socket of this test process's parent of fork servers (``forkserver.start_parent``), started at the
-    first call and ended at exit; None where drivers fork no workers (a GPU machine) or it did not start.
+def parent_of_servers(env: dict[str, str] | None = None) -> str | None:
+    """The socket of this test process's parent of fork servers (``forkserver.start_parent``) for a job of
+    ``env`` (default: this process's environment), started at the first call and ended at exit; None where
+    drivers fork no workers (a GPU machine) or it did not start.
 
     Every job a test starts gets it (``CLOUD_ELASTIC_FORKSERVER_PARENT``), so its driver's fork server
     is forked from it in milliseconds instead of importing torch: the suite starts about a hundred
     jobs, and their servers' imports were a fifth of its CPU (312 of 1,300 CPU-seconds). A driver
-    whose workers need other start-up settings starts its own server, as do the jobs of tests that
-    set the variable themselves (``test_local_launcher.py`` tests both ways).
+    whose workers need other start-up settings than the parent's starts its own server, so there is one
+    parent per set of start-up settings among this process's jobs (three at most), and a parent that died
+    is started again. With one parent, started from this process's environment, a clean-clone run still
+    started about forty servers of their own (2-3 CPU-seconds each): the jobs that set PYTHONPATH, for one.
+    The jobs of tests that set the variable themselves keep theirs (``test_local_launcher.py`` tests both
+    ways).
     """
+    from cloud_elastic.driver.launch import forkserver
+    env = dict(os.environ if env is None else env)
+    try:
+        if not forkserver.enabled(env):  # a GPU machine, or CLOUD_ELASTIC_LOCAL_FORKSERVER=0: drivers fork nothing
+            return None
+    except Exception:  # a value the driver refuses: its own one-line error, with no parent
+        return None
+    # Started as the jobs' workers are: the driver gives them OMP_NUM_THREADS=1 unless it is set.
+    start_env = {"OMP_NUM_THREADS": "1", **env}
+    key = forkserver.startup_key(start_env)
     with _PARENT_LOCK:
-        if not _PARENT:
-            from cloud_elastic.driver.launch import forkserver
-            if not forkserver.enabled():  # a GPU machine, or CLOUD_ELASTIC_LOCAL_FORKSERVER=0: drivers fork nothing
-                _PARENT.append(None)
-                return None
-            directory = tempfile.mkdtemp(prefix="cloud-elastic-servers-")
-            path = os.path.join(directory, "servers.sock")
-            # Started as the jobs' workers are: the driver gives them OMP_NUM_THREADS=1 unless it is set.
-            # die_with_caller: a test process ended by os._exit (pytest-timeout's thread method) runs no atexit.
-            proc = forkserver.start_parent(path, {"OMP_NUM_THREADS": "1", **os.environ}, die_with_caller=True)
-            deadline = time.monotonic() + 120
-            while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            atexit.register(_end_parent, proc, directory)
-            _PARENT.append(path if os.path.exists(path) else None)
-        return _PARENT[0]
+        known = _PARENTS.get(key)
+        if known is not None and (known[0] is None or known[1].poll() is None):
+            return known[0]
+        if known is None and len(_PARENTS) >= _MAX_PARENTS:  # each holds torch in memory: the driver starts its own
+            return None
+        directory = tempfile.mkdtemp(prefix="cloud-elastic-servers-")
+        path = os.path.join(directory, "servers.sock")
+        # die_with_caller: a test process ended by os._exit (pytest-timeout's thread method) runs no atexit.
+        proc = forkserver.start_parent(path, start_env, die_with_caller=True)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        atexit.register(_end_parent, proc, directory)
+        _PARENTS[key] = (path if os.path.exists(path) else None, proc, directory)
+        return _PARENTS[key][0]
 
 
 def _end_parent(proc: subprocess.Popen, directory: str) -> None:
@@ -79,11 +94,11 @@ class Job:
     """A running ``cloud-elastic run``; collects output lines and EVENTs as they arrive."""
 
     def __init__(self, args: list[str], *, env: dict[str, str] | None = None, cwd: Path = REPO) -> None:
-        full_env = dict(os.environ)
-        parent = parent_of_servers()
-        if parent:
-            full_env.setdefault("CLOUD_ELASTIC_FORKSERVER_PARENT", parent)
-        full_env.update(env or {})
+        full_env = {**os.environ, **(env or {})}
+        if "CLOUD_ELASTIC_FORKSERVER_PARENT" not in full_env:
+            parent = parent_of_servers(full_env)
+            if parent:
+                full_env["CLOUD_ELASTIC_FORKSERVER_PARENT"] = parent
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.cmd = CLI + args
         self.proc = subprocess.Popen(
