@@ -1,6 +1,8 @@
 """Two process groups that formed at the same time each count the other's connections opened meanwhile
-(``reclaim.GroupSockets``: what appeared while it formed). Shutting one down must leave alone a connection that a
-group still in use counts too: shut down, that group's next collective failed (review s59 rvP finding 2)."""
+(``reclaim.GroupSockets``: what appeared while it formed). A dropped plan's group whose check failed is shut down
+sparing the round in use (``GroupSockets.spare``): shut down, that round's next collective failed (review s59 rvP
+finding 2). Any other group shut down cuts all it counts, whoever else counts them: an abandoned round's collective
+must fail at once (tests/integration/test_abandoned_groups.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def _works(a: socket.socket, b: socket.socket) -> bool:
         return False
 
 
-def test_a_group_shut_down_leaves_the_connections_a_live_group_counts_too() -> None:
+def test_a_group_told_to_spare_another_leaves_the_connections_both_count() -> None:
     with socket.create_server(("127.0.0.1", 0)) as listener:
         before = socket_inodes()
         own = _pair(listener)  # the shut down group's own connection, opened before the other group formed
@@ -39,26 +41,28 @@ def test_a_group_shut_down_leaves_the_connections_a_live_group_counts_too() -> N
             dead = GroupSockets(before, after, ())  # counts both
             live = GroupSockets(other_before, after, ())  # counts the shared one
             assert len(dead) == 4 and len(live) == 2  # both ends of each pair are this process's here
+            dead.spare(live)
             assert dead.shutdown() == 2
             assert not _works(*own)
             assert _works(*shared)
-            assert live.shutdown() == 2  # its own turn: nothing keeps them now
+            assert live.shutdown() == 2
             assert not _works(*shared)
         finally:
             for s in (*own, *shared):
                 s.close()
 
 
-def test_a_group_let_go_of_no_longer_keeps_its_connections_from_a_shutdown() -> None:
+def test_a_group_not_told_to_spare_cuts_all_it_counts_though_another_counts_them_too() -> None:
+    """An abandoned round's connections are cut though a group formed at the same time counts some of them."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         before = socket_inodes()
         pair = _pair(listener)
         after = socket_inodes()
         try:
-            released = GroupSockets(before, after, ())
-            del released  # its group was released and destroyed
+            other = GroupSockets(before, after, ())  # alive, counting the same connection
             assert GroupSockets(before, after, ()).shutdown() == 2
             assert not _works(*pair)
+            assert len(other) == 2
         finally:
             for s in pair:
                 s.close()

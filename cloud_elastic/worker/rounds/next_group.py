@@ -200,8 +200,11 @@ class NextGroupMixin:
                 pending.failed = True
                 dropped = pending.dropped
             pending.done.set()
-            if group is not None:  # retired: its check may still wait on a peer. The connections of a round formed
-                self._reaper.retire(group)  # meanwhile, which it counts too, are left alone (reclaim.GroupSockets)
+            if group is not None:  # retired: its check may still wait on a peer. The connections of the round in use,
+                current = self._group  # formed meanwhile, which it counts too, are left alone (GroupSockets.spare)
+                if current is not None and current.sockets is not None and group.sockets is not None:
+                    group.sockets.spare(current.sockets)
+                self._reaper.retire(group)
             if not dropped:
                 log.warning("worker %s: could not form round %d's group in the background (plan %d): %s",
                             self.worker_id, offer.round, offer.plan, reason)
