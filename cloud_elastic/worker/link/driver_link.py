@@ -362,14 +362,16 @@ class DriverLinkMixin:
         driver grace's business), or at most the heartbeat call's own timeout.
         Costs a clock read otherwise.
         """
-        if self._heartbeat is None:
-            return  # standalone: no driver
+        if self._heartbeat is None or self.driver_lost or self.dismissed:
+            return  # standalone, or no view to wait for (training on without the driver is the grace's business)
         asked = time.monotonic()
         if asked - self.view_as_of <= self.heartbeat_timeout_s:
             return
         deadline = asked + self.heartbeat_timeout_s + 10 + 1  # the poll's own timeout, and a second
-        log.warning("worker %s: no word from the driver for %.1fs; waiting for its current view before going on",
-                    self.worker_id, asked - self.view_as_of)
+        if self.__dict__.get("_silence_warned") != self.view_as_of:  # once a silence: not at every collective of it
+            self.__dict__["_silence_warned"] = self.view_as_of
+            log.warning("worker %s: no word from the driver for %.1fs; waiting for its current view before going on",
+                        self.worker_id, asked - self.view_as_of)
         while (self.view_as_of < asked and not self.dismissed and not self.driver_lost
                and self._heartbeat.is_alive() and time.monotonic() < deadline):
             time.sleep(0.01)
