@@ -200,18 +200,14 @@ class NextGroupMixin:
                 pending.failed = True
                 dropped = pending.dropped
             pending.done.set()
-            if group is not None:  # retired: its check may still wait on a peer. The connections of the round in use,
-                current = self._group  # formed meanwhile, which it counts too, are left alone (GroupSockets.spare)
-                counted = 0 if group.sockets is None else len(group.sockets)
-                if current is not None and current.sockets is not None and group.sockets is not None:
-                    group.sockets.spare(current.sockets)
-                if counted and group.sockets is not None and not len(group.sockets):
-                    # All it counted is the round's too: nothing of its own to cut. Retired, it would pass for a group
-                    # whose connections are unknown and be kept for good (review s59 rvQ: 7 descriptors, 3 threads).
-                    # Released, it is destroyed in the background once its check's wait ends (Gloo's timeout at most).
-                    self._reaper.release(group)
-                else:
-                    self._reaper.retire(group)
+            if group is not None:
+                # Released, never retired: its connections are what this process opened while it formed, and those of
+                # a round formed meanwhile on the training thread are among them; shut down, that round failed at its
+                # next collective (review s59 rvP finding 2). Sparing the round's own connections (4ed0c9b) was not
+                # enough: a clean-clone run under load still cut it. If its check still waits on a peer, the group is
+                # destroyed on the reaper's thread once Gloo's timeout ends that wait; the peer's check has its own
+                # deadline.
+                self._reaper.release(group)
             if not dropped:
                 log.warning("worker %s: could not form round %d's group in the background (plan %d): %s",
                             self.worker_id, offer.round, offer.plan, reason)

@@ -162,16 +162,6 @@ class GroupSockets:
     def __len__(self) -> int:
         return len(self._fds)
 
-    def spare(self, other: "GroupSockets") -> None:
-        """Never shut down a connection ``other`` counts too. Two groups that formed at the same time (a planned
-        round's in the background, a round's on the training thread) each count the other's connections opened
-        meanwhile: a dropped plan's group whose check failed, retired, shut down the round formed meanwhile, which
-        failed at its next collective (review s59 rvP finding 2). Only for that group, told which one to spare: a
-        rule for every group alive (6ea91b0) kept an abandoned round's connections open whenever another group
-        counted them, and its collective waited out Gloo's timeout (tests/integration/test_abandoned_groups.py)."""
-        links = set(other._fds.values())
-        self._fds = {fd: link for fd, link in self._fds.items() if link not in links}
-
     def shutdown(self) -> int:
         """Shut down every connection still held by the group; return how many."""
         done = 0
