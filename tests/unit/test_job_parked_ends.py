@@ -130,3 +130,28 @@ def test_a_dead_holder_is_named_in_the_events_when_rank_0_is_lost_too(checkpoint
     ends = [(kind, f["reason"]) for kind, f in sim.events if kind in ("worker_failed", "worker_left")
             and f["worker"] == r1]
     assert ends == [("worker_failed", "killed by signal 9 after its training function returned")], ends
+
+
+# ------------------------------------------------------------- the same, for a job stopped before it completes
+@pytest.mark.parametrize("how", ["at once", "graceful"])
+def test_a_dead_holder_is_named_in_the_events_when_a_signal_stops_the_job(how) -> None:
+    # Rank 1 parked at the last commit and killed (pending) while rank 0 evaluates; then SIGINT stops the job: at once
+    # without --checkpoint-dir, gracefully with it. Before, rank 1's death had no worker_failed nor worker_left event
+    # (fixT d1.sh int/term: events.jsonl held only job_finished, or a replacement's worker_left).
+    checkpointing = how == "graceful"
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, elastic_timeout_s=60, checkpointing=checkpointing)
+    r1 = sim.id("b[0]")
+    at_commit(sim, LAST, "a[0]", "b[0]")
+    if checkpointing:
+        sim.job.checkpoint_saved(1, 1)
+    assert sim.job.completed(r1, sim.now, commit_seq=LAST, steps=LAST) == ("wait", "")
+    sim.advance(1.5)
+    sim.exit("b[0]", KILLED)
+    sim.advance(2)
+    assert not [f for kind, f in sim.events if kind in ("worker_failed", "worker_left") and f["worker"] == r1]
+    sim.job.stop("interrupted by SIGINT", 130, sim.now, grace_s=20.0 if checkpointing else 0.0)
+    sim.advance(21)
+    assert sim.outcome is not None and sim.outcome.exit_code == 130, sim.outcome
+    ends = [(kind, f["reason"]) for kind, f in sim.events if kind in ("worker_failed", "worker_left")
+            and f["worker"] == r1]
+    assert ends == [("worker_failed", "killed by signal 9 after its training function returned")], ends

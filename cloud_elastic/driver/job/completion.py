@@ -201,7 +201,7 @@ class Completion:
             if parked.alive and parked.state in _MEMBER:
                 parked.to(S.COMPLETED)
         self._parked.clear()
-        self._fail_pending(now)
+        self.fail_pending(now)
         job.tick(now)
 
     def entered_again(self, worker_id: str, now: float) -> tuple[str, str]:
@@ -378,7 +378,7 @@ class Completion:
                 return False
         out = self._rank0_out() if rank0 is None else None  # lost, or back at rendezvous to train on
         if out is not None and not out.alive:
-            held = final_state_held(job, self._parked, self._lost_rank0(), lambda: self._fail_pending(now))
+            held = final_state_held(job, self._parked, self._lost_rank0(), lambda: self.fail_pending(now))
             if held is None:
                 return False  # a survivor at that commit is still in its training function: they wait for it
             if held:
@@ -432,8 +432,8 @@ class Completion:
                 return w if not w.alive or w.state is S.WAITING else None
         return None
 
-    def _fail_pending(self, now: float) -> None:
-        """The job completed, or ends for rank 0's loss with the final state parked: ended holders fail it, named."""
+    def fail_pending(self, now: float) -> None:
+        """The job completed, or ends (rank 0 lost with the final state parked, a stop): ended holders fail it."""
         for ended, what, fields in self._ends.at_completion(now):  # ended while parked at the newest commit
             self._failed_after_returning(ended, what, **fields)
 

@@ -507,6 +507,7 @@ class ElasticJob(JobState):
     def _finish(self, success: bool, reason: str, exit_code: int) -> None:
         if self.outcome is not None:
             return
+        self.completion.fail_pending(self.stepped_at or 0.0)  # a dead parked holder is named however the job ends
         self.phase = Phase.DONE
         self.outcome = Finish(success, reason, exit_code)
         (log.info if success else log.error)("job %s: %s", self.job_id, reason)
