@@ -135,3 +135,20 @@ def test_a_drain_that_leaves_enough_ready_slots_says_nothing_more():
     sim = _elastic(started(2, {"a": 1, "b": 1, "c": 1}, min_np=2, hosts_fixed=True))
     done, message = sim.job.drain("b", None, sim.now)
     assert done and "WARNING" not in message
+
+
+def test_a_cloud_notice_with_a_deadline_on_a_drained_host_is_said_once_with_its_deadline(caplog):
+    # Review s59 rvO: the cloud's notice was no news (the host drains already), and Leavers.notice returned before
+    # its line: the operator never saw that the cloud reclaims the host, nor by when (fixT d2.py: no line at all).
+    caplog.set_level(logging.INFO)
+    sim = started(2, {"a": 1, "b": 1}, min_np=1)
+    sim.job.drain("b", None, sim.now)
+    deadline = sim.now + sim.job.wall_offset + 90
+    for _ in range(3):  # the metadata watcher reports it again at each poll
+        sim.job.notice("b", Drain(deadline=deadline, reason="EC2 Spot interruption"), sim.now, source="aws-imds")
+        sim.advance(1)
+    lines = [r.getMessage() for r in caplog.records if "notice from aws-imds" in r.getMessage()]
+    assert lines == ["job t: notice from aws-imds for host b: EC2 Spot interruption, 90s before its deadline; the "
+                     "operator drained it already: its workers leave by that deadline at the latest"], lines
+    notices = [(f["source"], f["deadline"]) for kind, f in sim.events if kind == "notice" and f["host"] == "b"]
+    assert notices == [("operator", None), ("aws-imds", deadline)], notices

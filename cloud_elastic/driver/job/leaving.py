@@ -127,7 +127,12 @@ class Leavers:
         elif source == "operator":  # cloud-elastic drain: no lapse, it lasts until the host leaves discovery
             news = job.hosts.hold(host, drain)
         else:
+            # The cloud reclaims a host the operator drained already: not news to its workers, but its deadline is
+            # (review s59 rvO: never logged). Said once, as the notice's first report: one that lapses is news again.
+            reclaims = host in job.hosts.held and host not in job.hosts.notices and drain.deadline is not None
             news = job.hosts.notice(host, drain, now, now + job.wall_offset, source=source, watcher=watcher)
+            if reclaims and not news and host in job.hosts.notices:
+                how, news = "the operator drained it already: its workers leave by that deadline at the latest", True
         if not news:
             return False
         self.sources[host] = source
@@ -140,7 +145,8 @@ class Leavers:
         else:
             log.warning("job %s: notice from %s for host %s: %s%s; %s", job.job_id, source, host, drain.reason, left,
                         how)
-            self._noticed[host] = [w.worker_id for w in job.alive() if w.slot.host == host]
+            if host not in self._noticed:  # the operator's drain noted its workers first (the cost line names them)
+                self._noticed[host] = [w.worker_id for w in job.alive() if w.slot.host == host]
         job.emit("notice", source=source, host=host, reason=drain.reason, deadline=drain.deadline, soft=soft,
                  action="no new workers" if soft else "drain")
         return True
