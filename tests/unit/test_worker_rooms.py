@@ -95,6 +95,7 @@ class Link(DriverLinkMixin):
 
     def __init__(self, address: str, codec: Codec) -> None:
         self.settings = SimpleNamespace(driver_address=address)
+        self.job_id = "j1"
         self._codec = codec
         self.worker_id = "w1"
         self._shutdown = threading.Event()

@@ -87,6 +87,8 @@ class AdoptedWorker:
     slot: int
     seq: int
     handle: Mapping[str, Any]
+    #: The job it belongs to (where a local worker keeps its output for this driver: ``restart.relay``).
+    job_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,8 @@ def read_record(directory: Path) -> AdoptionRecord | None:
         secret = (directory / "secret").read_text(encoding="utf-8").strip()
         if raw.get("v") != _VERSION:
             raise ValueError(f"record version {raw.get('v')!r}")
-        workers = tuple(AdoptedWorker(str(w["id"]), str(w["host"]), int(w["slot"]), int(w["seq"]), dict(w["handle"]))
-                        for w in raw["workers"])
+        workers = tuple(AdoptedWorker(str(w["id"]), str(w["host"]), int(w["slot"]), int(w["seq"]), dict(w["handle"]),
+                                       str(raw["job"])) for w in raw["workers"])
         exited = raw.get("exited")
         return AdoptionRecord(str(raw["job"]), str(raw["checkpoint_dir"]), str(raw["advertised"]), str(raw["bind"]), int(raw["control_port"]),
                               int(raw["store_port"]), float(raw["grace_s"]), int(raw["seq"]), workers, secret,
@@ -225,16 +227,21 @@ class AdoptedLocalProcess:
 
     ``poll`` sees the end of the process (its status cannot be known: the
     worker's ``completed`` message and heartbeats tell the driver how it
-    ended); ``kill``/``terminate`` signal its whole process group, and only
-    while the pid is still the same process.
+    ended), once its ``relay`` (:class:`~cloud_elastic.driver.restart.relay.OutputRelay`,
+    its output to this driver's) has read the output it wrote before its end, or
+    for :data:`~cloud_elastic.driver.restart.relay.DRAIN_S` at most;
+    ``kill``/``terminate`` signal its whole process group, and only while the
+    pid is still the same process.
     """
 
-    def __init__(self, spec: WorkerSpec, pid: int, start: int | None) -> None:
+    def __init__(self, spec: WorkerSpec, pid: int, start: int | None, relay: Any = None) -> None:
         self.spec = spec
         self.pid = pid
         self._start = start
         self._status: ExitStatus | None = None
         self._lock = threading.Lock()
+        self._relay = relay
+        self._ended_at: float | None = None
 
     def handle(self) -> dict[str, Any]:
         return {"kind": "local", "pid": self.pid, "start": self._start}
@@ -244,7 +251,14 @@ class AdoptedLocalProcess:
         return started is not None and (self._start is None or started == self._start)
 
     def poll(self) -> ExitStatus | None:
+        if self._relay is not None and not self._relay.started:
+            self._relay.start()  # once adopted (polled): not for a worker of the predecessor only being stopped
         if self._status is None and not self._running():
+            if self._relay is not None:
+                if self._ended_at is None:
+                    self._ended_at = time.monotonic()
+                if not self._relay.drained(self._ended_at):
+                    return None  # its last lines come before the job hears of its end
             # Not our child: its exit code went to whoever reaped it.
             self._status = ExitStatus(1, known=False)
         return self._status
@@ -259,6 +273,8 @@ class AdoptedLocalProcess:
                 time.sleep(0.05)
             # Whatever it left in its group goes too (the kernel keeps a live group's id from being reused).
             kill_group(self.pid, signal.SIGKILL)
+        if self._relay is not None:
+            self._relay.close()
 
     def kill(self) -> None:
         if self._running():

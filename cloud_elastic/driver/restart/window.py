@@ -35,10 +35,12 @@ from cloud_elastic.driver.launch.api import Launcher, WorkerProcess, WorkerSpec
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.restart.record import (AdoptedLocalProcess, AdoptedWorker, AdoptionRecord, exit_reports,
                                                  recorded_exits)
+from cloud_elastic.driver.restart.relay import OutputRelay
 from cloud_elastic.driver.restart.remote_reports import fetch_exit_reports
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.protocol import AdoptRequest, PollReply, ReRegister, WaitReply
 from cloud_elastic.protocol_reports import NoticeReport
+from cloud_elastic.worker.link.kept_output import output_paths
 
 __all__ = ["AdoptionWindow", "WindowClosed", "adopted_process"]
 
@@ -227,7 +229,8 @@ def adopted_process(worker: AdoptedWorker, spec: WorkerSpec, launcher_for: Calla
     try:
         if handle.get("kind") == "local":
             start = handle.get("start")
-            return AdoptedLocalProcess(spec, int(handle["pid"]), int(start) if start is not None else None)
+            return AdoptedLocalProcess(spec, int(handle["pid"]), int(start) if start is not None else None,
+                                       _relay(worker, on_output))
         if handle.get("kind") == "ssh":
             attach = getattr(launcher_for(worker.host), "attach", None)
             if attach is not None:
@@ -235,3 +238,11 @@ def adopted_process(worker: AdoptedWorker, spec: WorkerSpec, launcher_for: Calla
     except (KeyError, TypeError, ValueError, LaunchError) as exc:
         log.warning("cannot reach worker %s of the previous driver: %s", worker.worker_id, exc)
     return None
+
+
+def _relay(worker: AdoptedWorker, on_output: Callable[[str], None]) -> OutputRelay | None:
+    """The relay of a local worker's output to this driver's (its pipe went with the dead driver), started at its first poll."""
+    paths = output_paths(worker.job_id, worker.worker_id) if worker.job_id else None
+    if paths is None:
+        return None
+    return OutputRelay(paths[1], on_output, worker.worker_id, kept=paths[0])

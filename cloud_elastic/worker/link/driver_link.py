@@ -15,8 +15,8 @@ long-polling the driver and decides:
   saying where the worker stands (it keeps its round, rank and process group;
   only the store client is renewed before its next round); a refusal makes it
   exit (code 75), as its training would now be a second copy of the job;
-* that standard output and error survive a dead driver's broken pipe
-  (:class:`_SurvivingStream`), so the worker can train on for the grace.
+* that standard output and error survive a dead driver's broken pipe, so the worker can train on for the
+  grace, and are kept for a driver that adopts it (:mod:`.kept_output`, tended at each heartbeat tick).
 
 A mixin, not a piece of its own: the heartbeat thread writes what the training
 thread reads (the rounds seen, the driver's state), which is the context's.
@@ -39,6 +39,8 @@ import torch.distributed as dist
 from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo
 from cloud_elastic.protocol_reports import ExitingReport, StacksReport, driver_retrying, driver_unreachable
 from cloud_elastic.records import EXIT_REPORT_ENV, exit_report_path
+from cloud_elastic.worker.link import kept_output
+from cloud_elastic.worker.link.kept_output import _SurvivingStream, _survive_output_loss  # noqa: F401 - the worker's context starts it
 from cloud_elastic.worker.link.link_probe import link_probe_of
 from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.link.pauses import Pauses
@@ -285,7 +287,10 @@ class DriverLinkMixin:
 
     def _heartbeats(self, client: DriverClient, pauses: Pauses) -> None:
         last_ok = time.monotonic()
+        keeper = kept_output.keep_for(self.job_id, self.worker_id)  # output kept while no driver reads it
         while not self._shutdown.is_set():
+            if keeper is not None:
+                keeper.tend()
             try:
                 progress = self.progress
                 sent = time.monotonic()
@@ -463,56 +468,6 @@ class DriverLinkMixin:
             file=sys.stderr, flush=True,
         )
         os._exit(75)
-
-
-class _SurvivingStream:
-    """``sys.stdout``/``sys.stderr`` that outlive their reader.
-
-    A local worker's output is a pipe to its driver. When the driver dies the
-    pipe breaks, and the next ``print`` would raise BrokenPipeError inside the
-    training loop, although workers are meant to train on for the driver
-    grace. The first write that finds the pipe broken points the file
-    descriptor at /dev/null and carries on.
-    """
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    def _lost(self) -> None:
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
-        except (OSError, ValueError):
-            pass
-
-    def write(self, data: Any) -> int:
-        try:
-            return self._stream.write(data)
-        except BrokenPipeError:
-            self._lost()
-            return len(data)
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            self._lost()
-            try:
-                self._stream.flush()  # drains the buffered bytes into /dev/null
-            except OSError:
-                pass
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-def _survive_output_loss() -> None:
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if stream is not None and not isinstance(stream, _SurvivingStream):
-            setattr(sys, name, _SurvivingStream(stream))
-
 
 
 def notice_reporter(client: DriverClient, timeout_s: float) -> Callable[[Any], None]:

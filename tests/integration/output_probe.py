@@ -1,0 +1,72 @@
+"""A training script whose output the tests follow across a driver's death: a numbered line each step.
+
+Usage: ``output_probe.py DIR --steps N [--burst-gate PATH --burst-bytes B --burst-slot PREFIX]``.
+Every step prints ``STEP <rank> <step>`` and writes the step to ``DIR/<pid>.step`` (the tests read how far a
+worker got while no driver reads its output). The worker whose id starts with ``--burst-slot`` prints, once,
+when the ``--burst-gate`` file exists, ``--burst-bytes`` of ``BURST <n>`` lines and then ``BURST END <n>``,
+and writes ``burst`` to ``DIR/<pid>.burst``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+import cloud_elastic.torch as hvd
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("dir")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--step-sleep", type=float, default=0.1)
+    p.add_argument("--burst-gate", default="")
+    p.add_argument("--burst-bytes", type=int, default=0)
+    p.add_argument("--burst-slot", default="-")
+    args = p.parse_args()
+    hvd.init()
+    model = torch.nn.Linear(4, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01))
+    state = hvd.elastic.TorchState(model, optimizer, step=0)
+    me = os.environ.get("CLOUD_ELASTIC_WORKER_ID", "")
+    mark = os.path.join(args.dir, f"{os.getpid()}")
+    burst = {"done": False}
+
+    def maybe_burst() -> None:
+        if burst["done"] or not me.startswith(args.burst_slot) or not os.path.exists(args.burst_gate):
+            return
+        burst["done"] = True
+        n, written = 0, 0
+        while written < args.burst_bytes:
+            line = f"BURST {n:07d} " + "x" * 80
+            print(line)
+            written += len(line) + 1
+            n += 1
+        print(f"BURST END {n}", flush=True)
+        with open(mark + ".burst", "w") as f:
+            f.write("burst")
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.step < args.steps:
+            optimizer.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            optimizer.step()
+            state.step += 1
+            state.commit()
+            print(f"STEP {hvd.rank()} {state.step}", flush=True)
+            with open(mark + ".step.tmp", "w") as f:
+                f.write(str(state.step))
+            os.replace(mark + ".step.tmp", mark + ".step")
+            maybe_burst()
+            time.sleep(args.step_sleep)
+
+    train(state)
+    print(f"FINISHED {hvd.rank()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
