@@ -206,8 +206,9 @@ class NextGroupMixin:
                 # next collective (review s59 rvP finding 2). Sparing the round's own connections (4ed0c9b) was not
                 # enough: a clean-clone run under load still cut it. If its check still waits on a peer, the group is
                 # destroyed on the reaper's thread once Gloo's timeout ends that wait; the peer's check has its own
-                # deadline.
-                self._reaper.release(group)
+                # deadline. At exit the reaper shuts its connections down (cut_at_exit): every round is let go of
+                # then, and the exit would otherwise wait out Gloo's timeout or finalize under it (review s60 rvR).
+                self._reaper.release(group, cut_at_exit=True)
             if not dropped:
                 log.warning("worker %s: could not form round %d's group in the background (plan %d): %s",
                             self.worker_id, offer.round, offer.plan, reason)

@@ -190,11 +190,14 @@ class Reaper:
         self.leaked = 0
         self._lock = threading.Lock()
         self._keep: list[Any] = []  # groups whose destruction did not finish in time, or could not be tried
-        #: Releases not yet done (their timer, and the drop it runs), and destructions still running.
-        self._timers: dict[threading.Timer, Any] = {}
+        #: Releases not yet done (their timer, and the (take, destroy) pair it runs), and destructions still running.
+        self._timers: dict[threading.Timer, tuple[Any, Any]] = {}
         self._running: set[threading.Event] = set()
+        #: The connections of released groups whose collective may still wait on a peer, until they are destroyed:
+        #: shut down by :meth:`drain` only (see :meth:`release`).
+        self._cut_at_exit: dict[threading.Event, GroupSockets] = {}
 
-    def release(self, group: Any, after_s: float = 1.0) -> None:
+    def release(self, group: Any, after_s: float = 1.0, *, cut_at_exit: bool = False) -> None:
         """Drop a group with no pending work off the caller's thread; never blocks.
 
         Its destructor joins Gloo's worker threads (20-30 ms for a group of
@@ -203,25 +206,37 @@ class Reaper:
         reference is dropped ``after_s`` later, once the caller's frames (which
         still hold the group while they return) are gone: dropped at once, the
         caller's last reference would run the destructor on its own thread.
+
+        ``cut_at_exit``: a group whose collective may still wait on a peer (a plan's whose check failed), released
+        because its connections cannot be told from those of a round formed meanwhile (shut down, that round
+        failed). Its destructor then waits for Gloo's timeout (300 s by default) to end that collective, on the
+        timer's thread; its connections (``group.sockets``) are kept until it is destroyed, and shut down by
+        :meth:`drain` as the process exits (every round is let go of then): the destructor returns at once and
+        the exit hook keeps to its budget.
         """
         cross = getattr(group, "cross", None)
         if cross is not None:  # a second group of the same round (sharded training) goes the same way
             group.cross = None
-            self.release(cross, after_s)
+            self.release(cross, after_s, cut_at_exit=cut_at_exit)
+        sockets = getattr(group, "sockets", None) if cut_at_exit else None
         holder = [group]
         del group
+        done = threading.Event()  # set once the destructor has returned
 
-        def drop() -> None:  # on the timer's thread, or on the exiting thread (drain): once either way
-            # Running from the moment it leaves _timers until the destructor has returned: drain() and busy() see it
-            # (unseen, a release whose timer fired just before the exit hook was still in torch's C++ as the
-            # interpreter finalized: SIGABRT after a job that had succeeded, review s58 dxA).
-            done = threading.Event()
+        def take() -> list[Any] | None:
+            """The group, for this caller to destroy (``destroy``); None when another caller took it. Seen as
+            running by drain() and busy() from here until the destructor has returned (unseen, a release whose
+            timer fired just before the exit hook was still in torch's C++ as the interpreter finalized: SIGABRT
+            after a job that had succeeded, review s58 dxA)."""
             with self._lock:
                 self._timers.pop(timer, None)
                 if not holder:
-                    return
-                mine = holder.pop()
+                    return None
                 self._running.add(done)
+                return [holder.pop()]
+
+        def destroy(taken: list[Any]) -> None:
+            mine = taken.pop()  # the last reference: the destructor runs on this thread, at ``del mine``
             try:
                 if getattr(mine, "backend", "") == "nccl":
                     # An NCCL group is shut down, not just dropped: torch warns about (and aborts) a
@@ -236,32 +251,55 @@ class Reaper:
             finally:
                 with self._lock:
                     self._running.discard(done)
+                    self._cut_at_exit.pop(done, None)
                 done.set()
+
+        def drop() -> None:  # on the timer's thread
+            taken = take()
+            if taken is not None:
+                destroy(taken)
 
         timer = threading.Timer(after_s, drop)
         timer.name, timer.daemon = "cloud-elastic-release", True
         with self._lock:
-            self._timers[timer] = drop
+            self._timers[timer] = (take, destroy)
+            if sockets is not None and len(sockets):
+                self._cut_at_exit[done] = sockets
         timer.start()
 
     def drain(self, timeout_s: float = 10.0) -> bool:
-        """Finish every release and destruction now, on this thread or within ``timeout_s``; True if all did.
+        """Finish every release and destruction now, within ``timeout_s``; True if all did.
 
         Called as the process exits. A daemon thread still inside a process
         group's destructor (or any torch call that let go of the GIL) when the
         interpreter finalizes is ended by the interpreter as it takes the GIL
         back, in the middle of C++ code: the process dies of
         ``terminate called without an active exception`` (SIGABRT) after a job
-        that succeeded. Pending releases run here instead, before finalization.
+        that succeeded. Pending releases run now instead, before finalization.
+
+        The connections of released groups whose collective may still wait on a peer (``cut_at_exit``) are shut
+        down first: that collective fails at once, and the destructor, waiting for it, returns (before, the exit
+        waited out Gloo's timeout, 300 s by default, or finalized under it: SIGABRT; review s60 rvR). Nothing
+        alive can be cut then: the process is exiting, and its current round has been let go of. Destructors
+        run on threads of their own, waited for until ``timeout_s`` only: one that outlasts it is left running
+        (:meth:`busy` says so), the exit hook's to deal with.
         """
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             pending = list(self._timers.items())
             self._timers.clear()
-        deadline = time.monotonic() + timeout_s
-        for timer, drop in pending:
+            cut = list(self._cut_at_exit.values())
+        for sockets in cut:
+            sockets.shutdown()
+        for timer, (take, destroy) in pending:
             timer.cancel()
-            timer.join(max(0.0, deadline - time.monotonic()))  # a drop already running on it finishes first
-            drop()  # a no-op when the timer's thread did it
+            taken = take()  # None when its timer's thread took it first: that destruction is waited for below
+            if taken is not None:
+                try:
+                    threading.Thread(target=destroy, args=(taken,), name="cloud-elastic-drain", daemon=True).start()
+                except RuntimeError:  # Python 3.12.0-3.12.1 start no thread from an exit hook: destroyed here
+                    destroy(taken)
+            del taken
         while True:
             with self._lock:
                 running = list(self._running)
