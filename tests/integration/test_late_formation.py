@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 import pytest
@@ -63,6 +64,30 @@ def _allreduce(*ctxs: WorkerContext) -> dict[str, object]:
     return results
 
 
+def _recording_plans(ctx: WorkerContext, plans: list) -> None:
+    """Keep a weak reference to each planned round's (round 2's) process group ``ctx`` forms."""
+    made = ctx._new_group
+
+    def recorded(store, info, publish=lambda pg: None):
+        pg = made(store, info, publish)
+        if info.round == 2:
+            plans.append(weakref.ref(pg))
+        return pg
+
+    ctx._new_group = recorded
+
+
+def _destroyed(plans: list, within_s: float = 10.0) -> bool:
+    """Whether every recorded process group is destroyed within ``within_s`` (the reaper lets go of a released
+    group 1 s after the release; a group kept alive, by the reaper or anything else, is never destroyed)."""
+    deadline = time.monotonic() + within_s
+    while any(ref() is not None for ref in plans):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_a_formation_given_up_that_completes_late_leaves_the_next_rounds_connections_alone():
     server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     a, b = _worker(server.port, 0), _worker(server.port, 1)
@@ -96,11 +121,14 @@ def test_a_formation_given_up_that_completes_late_leaves_the_next_rounds_connect
 
 def _plan_dropped_while_forming(b_form_s: float = 20.0):
     """Two workers form plan 1's group (round 2) in the background; rank 0's side returns only once ``late`` is set.
-    The driver drops the plan meanwhile, and round 1 forms on the training thread. Returns the workers, the plans
-    and ``late``."""
+    The driver drops the plan meanwhile, and round 1 forms on the training thread. Returns the workers, the plans,
+    ``late`` and weak references to the plan's process groups."""
     server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     a, b = _worker(server.port, 0), _worker(server.port, 1, form_s=b_form_s)
     a._server = server  # kept as long as the workers
+    plans: list = []
+    for ctx in (a, b):
+        _recording_plans(ctx, plans)
     made, late, formed = a._new_group, threading.Event(), threading.Event()
 
     def slow(store, info, publish=None):
@@ -121,17 +149,18 @@ def _plan_dropped_while_forming(b_form_s: float = 20.0):
     b_side.start()
     a._form_group(_info(0, 1))
     b_side.join(20)
-    return a, b, pendings, late
+    return a, b, pendings, late, plans
 
 
 def test_a_dropped_plans_group_formed_late_leaves_the_round_formed_meanwhile_alone():
     """The same with a planned next round (``rounds.next_group``): its group forms in the background, the driver
     drops the plan meanwhile, a round forms on the training thread, then the plan's group completes."""
-    a, b, pendings, late = _plan_dropped_while_forming()
+    a, b, pendings, late, plans = _plan_dropped_while_forming()
     late.set()  # the plan's group completes now, dropped: let go of
-    for pending in pendings:
-        assert pending.done.wait(20)
-    time.sleep(1.0)
+    for ctx in (a, b):
+        for t in ctx._formations:
+            t.join(20)
+    assert len(plans) == 2 and _destroyed(plans)  # both sides' plan groups are gone, not kept
     assert _allreduce(a, b) == {"a": 2.0, "b": 2.0}
 
 
@@ -139,8 +168,9 @@ def test_a_dropped_plans_group_whose_check_fails_leaves_the_round_formed_meanwhi
     """As above, but the plan's check fails: rank 1's times out (its formation deadline is short, its peer late).
     A group whose check failed is released, not retired: its connections include those of the round formed meanwhile
     on the training thread, and shut down they failed that round (with only the round's own connections spared, a
-    clean-clone run under load still failed it). Rank 0's plan ends either way (its check fails or it is dropped)."""
-    a, b, pendings, late = _plan_dropped_while_forming(b_form_s=3.0)
+    clean-clone run under load still failed it). Both sides' plan groups are destroyed all the same (released, not
+    kept: rank 0's check, run late, meets rank 1's still pending in Gloo, and both end)."""
+    a, b, pendings, late, plans = _plan_dropped_while_forming(b_form_s=3.0)
     assert _allreduce(a, b) == {"a": 2.0, "b": 2.0}
     for t in b._formations:  # (a plan's ``done`` is set when it is dropped: its formation thread is waited for)
         t.join(20)
@@ -148,8 +178,8 @@ def test_a_dropped_plans_group_whose_check_fails_leaves_the_round_formed_meanwhi
     late.set()
     for t in a._formations:
         t.join(20)
-    assert pendings[0].done.is_set()  # rank 0's plan has ended too: failed, or formed and dropped (released)
-    time.sleep(1.5)
+    assert not any(t.is_alive() for t in a._formations)  # rank 0's plan has ended too
+    assert len(plans) == 2 and _destroyed(plans)
     assert _allreduce(a, b) == {"a": 2.0, "b": 2.0}
 
 
@@ -197,14 +227,17 @@ def test_a_failed_plans_group_whose_connections_are_all_the_rounds_is_destroyed_
     had none of its own left and was kept, 7 descriptors and 3 threads each time), and round 1 trains."""
     server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     a, b = _worker(server.port, 0, form_s=3.0), _worker(server.port, 1)
+    plans: list = []
+    _recording_plans(a, plans)
     new_a, new_b = a._new_group, b._new_group
     plan_formed, release_b = threading.Event(), threading.Event()
+    pendings = []
 
     def slow_a(store, info, publish=lambda pg: None):
         group = new_a(store, info, publish)
         if info.round == 1:  # the plan (round 2) forms while round 1 still forms on rank 0
             for rank, ctx in ((0, a), (1, b)):
-                ctx._start_next(NextRound(1, 2, RankInfo(rank, 2, 0, 1, rank, 2), ("127.0.0.1",)))
+                pendings.append(ctx._start_next(NextRound(1, 2, RankInfo(rank, 2, 0, 1, rank, 2), ("127.0.0.1",))))
             plan_formed.wait(20)
         else:
             plan_formed.set()
@@ -224,8 +257,9 @@ def test_a_failed_plans_group_whose_connections_are_all_the_rounds_is_destroyed_
     for t in list(a._formations):
         t.join(20)
     assert _allreduce(a, b) == {"a": 2.0, "b": 2.0}
-    release_b.set()
+    assert pendings[0].failed and len(plans) == 1  # rank 0's check timed out: its group is released
+    release_b.set()  # rank 1's check meets rank 0's, still pending in Gloo: the released group's destructor returns
     for t in list(b._formations):
         t.join(20)
-    time.sleep(3)
+    assert _destroyed(plans)  # rank 0's plan group is gone, not kept
     assert (a._reaper.leaked, len(a._reaper._keep)) == (0, 0)
