@@ -10,7 +10,8 @@ already, waited its whole 10 s and let the interpreter finalize under it (SIGABR
 
 Real processes: A (rank 0, hosting the store) and B (rank 1), real WorkerContexts, store and Gloo, as in
 ``test_late_formation``. B stops itself (SIGSTOP) as soon as the plan's group formed on its side, before its check;
-A's check times out after 3 s (its formation deadline). Gloo's timeout is 30 s.
+A's check times out after 3 s (its formation deadline; 30 s in one case, the exit then ends it). Gloo's timeout
+is 30 s.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ if role == "A":
     import atexit
     server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     print("PORT", server.port, flush=True)
-    ctx = worker(server.port, 0, 3.0)
+    ctx = worker(server.port, 0, 60.0 if when == "during-long" else 3.0)  # the check's deadline: 30 s or 3 s
     atexit.register(ctx._at_exit)  # as WorkerContext.start() does
     server.wait(["B_ready"], timedelta(seconds=120))
     formed, made = threading.Event(), ctx._new_group
@@ -68,7 +69,7 @@ if role == "A":
         return group
     ctx._new_group = marked
     pending = plan(ctx, 0)
-    if when == "during":  # the script ends while the plan's check still waits on the frozen peer
+    if when.startswith("during"):  # the script ends while the plan's check still waits on the frozen peer
         assert formed.wait(120)
         time.sleep(1.0)
         print("check in flight:", not pending.done.is_set(), flush=True)
@@ -126,6 +127,16 @@ def test_a_worker_whose_plan_check_is_still_waiting_on_a_silent_peer_exits_withi
     rc, exit_s, out = _run("during")
     assert "check in flight: True" in out, out
     assert rc == 3 and "terminate called" not in out, out  # the script's own status, no SIGABRT
+    assert exit_s < EXIT_BOUND_S, f"{exit_s:.1f} s from the script's end to the exit\n{out}"
+
+
+def test_a_worker_whose_plan_check_would_wait_past_the_exit_hooks_budget_exits_within_it():
+    """The check's deadline (30 s: the formation deadline, bounded by Gloo's timeout) is later than the exit hook's
+    10 s: the check is ended as the worker exits (``NextGroupMixin._close_next``), not waited out."""
+    rc, exit_s, out = _run("during-long")
+    assert "check in flight: True" in out, out
+    assert rc == 3 and "terminate called" not in out, out
+    assert "still running in torch" not in out, out
     assert exit_s < EXIT_BOUND_S, f"{exit_s:.1f} s from the script's end to the exit\n{out}"
 
 

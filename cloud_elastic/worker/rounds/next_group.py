@@ -30,10 +30,11 @@ Retiring a plan cancels its formation: a wait for a peer's key fails at once
 leaves or exits (:meth:`NextGroupMixin._close_next`) no formation starts again:
 the heartbeats go on through the exit hooks, and an offer still in a reply then
 started one after the exit hook had dropped it, which the interpreter finalized
-under, inside torch's C++ (SIGABRT after a job that had succeeded). A formation
-blocked in Gloo's own connection to a peer that vanished cannot be cancelled;
-the exit hook does not let the interpreter finalize under it
-(``worker.exiting``).
+under, inside torch's C++ (SIGABRT after a job that had succeeded). A plan's
+check still waiting on a peer then is ended by shutting its connections down
+(the current round is let go of at the same time). A formation blocked in
+Gloo's own connection to a peer that vanished cannot be cancelled; the exit
+hook does not let the interpreter finalize under it (``worker.exiting``).
 
 Gloo only: a worker on another backend reports at once that it cannot form the
 group in the background, and the job admits as usual. (An NCCL communicator
@@ -192,13 +193,22 @@ class NextGroupMixin:
                                                       self._member_addresses(info)), self.backend, self.device,
                                _size_of(pg))
             del pg
-            flag = torch.zeros(1)
-            group.pg.allreduce([flag]).wait(timedelta(seconds=self._form_limit_s()))
+            with self._next_lock():  # the check's connections, for _close_next to cut (see there)
+                if self.__dict__.get("_next_closed"):
+                    raise CollectiveError("the worker leaves or exits")
+                checking = self.__dict__.setdefault("_checking", {})
+                checking[id(pending)] = group.sockets
+            try:
+                flag = torch.zeros(1)
+                group.pg.allreduce([flag]).wait(timedelta(seconds=self._form_limit_s()))
+            finally:
+                with self._next_lock():
+                    checking.pop(id(pending), None)
         except Exception as exc:  # reported to the driver, which drops the plan; text only (see groups._formed)
             reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             with self._next_lock():
                 pending.failed = True
-                dropped = pending.dropped
+                dropped = pending.dropped or bool(self.__dict__.get("_next_closed"))
             pending.done.set()
             if group is not None:
                 # Released, never retired: its connections are what this process opened while it formed, and those of
@@ -245,10 +255,20 @@ class NextGroupMixin:
 
     # ---------------------------------------------------------- any thread
     def _close_next(self, why: str) -> None:
-        """The worker leaves or exits: retire the plan it holds, and start no formation from now on."""
+        """The worker leaves or exits: retire the plan it holds, and start no formation from now on.
+
+        A plan's check still running (its allreduce waits on a peer until the formation deadline, 60 s by default)
+        is ended at once: its connections are shut down. The caller lets go of its current round right after, so
+        a connection of that round among them is cut no sooner than it would be anyway; left running, the check
+        outlasted the exit hook's 10 s (review s60 rvR). A formation that finishes constructing from now on runs
+        no check."""
         with self._next_lock():
             self.__dict__["_next_closed"] = True
+            checking = list(self.__dict__.get("_checking", {}).values())
         self._drop_next(why)
+        for sockets in checking:
+            if sockets is not None:
+                sockets.shutdown()
 
     def _drop_next(self, why: str, *, before_round: int | None = None) -> None:
         """Retire the planned group (if any; with ``before_round``, only a plan of a round up to it)."""
