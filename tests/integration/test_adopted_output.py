@@ -4,6 +4,7 @@ The driver is SIGKILLed mid-training and run again once the workers have printed
 reading them. The restarted driver's output then carries, with each worker's rank prefix, the lines printed
 while no driver was attached and every line printed after: none lost, none twice, in order. A worker that
 printed more than the bound meanwhile shows the newest MiB of it after one line saying how much was dropped.
+(``tests/ssh/test_ssh_adopted_output.py`` runs the same over SSH.)
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 PROBE = Path(__file__).with_name("output_probe.py")
 STEPS = 150
+BURST_BYTES = 3 * KEEP_BYTES
 _STEP = re.compile(r"^\[(\d+)\]<([^>]*)> STEP (\d+) (\d+)$")
+
+
+def probe_args(marks: Path, gate: Path, loud_host: str) -> list[str]:
+    """The probe's command: STEP lines, and a burst of ``BURST_BYTES`` from the worker on ``loud_host``."""
+    return [sys.executable, str(PROBE), str(marks), "--steps", str(STEPS), "--burst-gate", str(gate),
+            "--burst-bytes", str(BURST_BYTES), "--burst-slot", loud_host]
 
 
 def _steps(lines: list[str]) -> dict[str, list[tuple[int, int]]]:
@@ -44,6 +52,57 @@ def _detached_step(directory: Path) -> int:
     return min(seen) if len(seen) == 2 else 0
 
 
+def kill_and_print_detached(first, marks: Path, gate: Path) -> tuple[dict, int]:
+    """Once each worker showed ten steps: SIGKILL the driver, let the workers print fifteen steps more and one of
+    them its burst. Returns what the dead driver showed (``_steps``) and the step both workers reached."""
+    first.wait_for(lambda j: len(_steps(j.lines)) == 2 and all(len(s) >= 10 for s in _steps(j.lines).values()),
+                   timeout=90, what="ten steps of each worker")
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    before = _steps(first.lines)
+    last_seen = max(seen[-1][1] for seen in before.values())
+    deadline = time.monotonic() + 30
+    while _detached_step(marks) < last_seen + 15 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gate.touch()
+    while not list(marks.glob("*.burst")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    detached = _detached_step(marks)
+    assert detached >= last_seen + 15, (detached, last_seen)
+    assert list(marks.glob("*.burst")), "the worker did not print its burst"
+    return before, detached
+
+
+def check_relayed(lines: list[str], before: dict, detached: int, loud_host: str, dropped_words: str) -> None:
+    """What the restarted driver showed (``lines``): each worker's STEP lines under its rank prefix, none twice,
+    in order, none missing from a few after the last the dead driver showed (``before``) to the end; the loud
+    worker's burst: one line with ``dropped_words`` and the bytes dropped, then the newest lines, in order."""
+    after = _steps(lines)
+    assert set(after) == set(before), (sorted(after), sorted(before))
+    for label, seen in after.items():
+        rank = before[label][0][0]
+        assert {r for r, _ in seen} == {rank}, f"{label}: its rank prefix changed"
+        steps = [s for _, s in seen]
+        assert steps == sorted(set(steps)), f"{label}: a line twice or out of order: {steps}"
+        assert steps[-1] == STEPS and f"[{rank}]<{label}> FINISHED {rank}" in lines, f"{label}: {steps[-5:]}"
+        # Every line after the few in the dead driver's pipe when it died: those printed while no driver read
+        # them (up to `detached`) and those printed after the restart. The loud worker's were pushed out by its
+        # burst but those after it.
+        first_kept = steps[0] if label.startswith(loud_host) else before[label][-1][1] + 3
+        assert label.startswith(loud_host) or first_kept <= detached - 5, (label, first_kept, detached)
+        assert steps[steps.index(first_kept):] == list(range(first_kept, STEPS + 1)), (label, steps)
+    loud = next(label for label in after if label.startswith(loud_host))
+    dropped = [line for line in lines if f"<{loud}> {dropped_words}" in line and "dropped" in line]
+    assert len(dropped) == 1, dropped
+    count = int(re.search(r": (\d+) bytes of ", dropped[0]).group(1))
+    bursts = [int(line.split()[2]) for line in lines if re.match(rf"^\[\d+\]<{re.escape(loud)}> BURST \d", line)]
+    total = next(int(line.rsplit(" ", 1)[1]) for line in lines if f"<{loud}> BURST END" in line)
+    assert bursts and bursts == list(range(bursts[0], total)), "the kept lines are not the newest, in order"
+    kept = sum(len(f"BURST {n:07d} ") + 81 for n in bursts)
+    assert KEEP_BYTES // 2 < kept <= KEEP_BYTES and count >= BURST_BYTES - KEEP_BYTES, (kept, count)
+    assert lines.index(dropped[0]) < min(i for i, line in enumerate(lines) if f"<{loud}> BURST " in line)
+
+
 @pytest.mark.parametrize("forked", [True, False], ids=["forked", "plain"])
 def test_a_restarted_driver_shows_what_adopted_workers_printed_while_it_was_away_and_after(jobs, tmp_path, forked):
     """Forked by the driver's fork server, or started plainly (a wrapper script, a GPU machine)."""
@@ -52,29 +111,11 @@ def test_a_restarted_driver_shows_what_adopted_workers_printed_while_it_was_away
     marks.mkdir()
     gate = tmp_path / "burst"
     env = {"XDG_RUNTIME_DIR": str(tmp_path / "run"), **({} if forked else {"CLOUD_ELASTIC_LOCAL_FORKSERVER": "0"})}
-    burst_bytes = 3 * KEEP_BYTES
     args = ["run", "-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "--checkpoint-dir", str(tmp_path / "ckpt"),
-            "--driver-grace", "60", sys.executable, str(PROBE), str(marks), "--steps", str(STEPS),
-            "--burst-gate", str(gate), "--burst-bytes", str(burst_bytes), "--burst-slot", "127.0.0.2"]
+            "--driver-grace", "60", *probe_args(marks, gate, "127.0.0.2")]
     first = jobs(args, env=env)
-    first.wait_for(lambda j: all(len(s) >= 10 for s in _steps(j.lines).values()) and len(_steps(j.lines)) == 2,
-                   timeout=90, what="ten steps of each worker")
+    before, detached = kill_and_print_detached(first, marks, gate)
     job_id = first.job_id()
-    os.kill(first.proc.pid, signal.SIGKILL)
-    first.proc.wait()
-    before = _steps(first.lines)
-    last_seen = {label: seen[-1][1] for label, seen in before.items()}
-    # Nobody reads the workers' output now: wait for fifteen more steps of each, then for the burst.
-    started = _detached_step(marks)
-    deadline = time.monotonic() + 30
-    while _detached_step(marks) < max(last_seen.values()) + 15 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    gate.touch()
-    while not list(marks.glob("*.burst")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    detached = _detached_step(marks)
-    assert detached >= max(last_seen.values()) + 15, (started, detached, last_seen)
-    assert list(marks.glob("*.burst")), "the worker did not print its burst"
 
     second = jobs(args, env=env)
     code = second.finish(120)
@@ -82,33 +123,7 @@ def test_a_restarted_driver_shows_what_adopted_workers_printed_while_it_was_away
     # interpreter tells no exit hook its code: docs/checkpoints.md), so that job ends failed. Its output is
     # what this test is about.
     assert code == 0 or (not forked and "ended without saying its exit code" in second.output()), second.output()
-    out = second.output()
-    assert "adopted 2 running worker(s)" in out, out
-    after = _steps(second.lines)
-    assert set(after) == set(before), (sorted(after), sorted(before))
-    for label, seen in after.items():
-        rank = before[label][0][0]
-        assert {r for r, _ in seen} == {rank}, f"{label}: its rank prefix changed"
-        steps = [s for _, s in seen]
-        assert steps == sorted(set(steps)), f"{label}: a line twice or out of order: {steps}"
-        assert steps[-1] == STEPS and f"[{rank}]<{label}> FINISHED {rank}" in second.lines, f"{label}: {steps[-5:]}"
-        # Every line after the few that were in the dead driver's pipe when it died, none missing: those
-        # printed while no driver read them (up to `detached`), and those printed after the restart.
-        first_kept = steps[0] if label.startswith("127.0.0.2") else last_seen[label] + 3
-        assert first_kept <= detached - 5 or label.startswith("127.0.0.2"), (label, first_kept, detached)
-        assert steps[steps.index(first_kept):] == list(range(first_kept, STEPS + 1)), (label, steps)
-    quiet = next(label for label in after if label.startswith("127.0.0.1"))
-    assert after[quiet][0][1] <= last_seen[quiet] + 3, (after[quiet][:3], last_seen[quiet])
-    # The worker that printed 3 MiB while detached: one line saying how much was dropped, then the newest.
-    loud = next(label for label in after if label.startswith("127.0.0.2"))
-    dropped = [line for line in second.lines if f"<{loud}> cloud-elastic: worker" in line and "dropped" in line]
-    assert len(dropped) == 1, dropped
-    count = int(re.search(r": (\d+) bytes of its output", dropped[0]).group(1))
-    bursts = [int(line.split()[2]) for line in second.lines if re.match(rf"^\[\d+\]<{re.escape(loud)}> BURST \d", line)]
-    total = next(int(line.rsplit(" ", 1)[1]) for line in second.lines if f"<{loud}> BURST END" in line)
-    assert bursts and bursts == list(range(bursts[0], total)), "the kept lines are not the newest, in order"
-    kept = sum(len(f"BURST {n:07d} ") + 81 for n in bursts)
-    assert KEEP_BYTES // 2 < kept <= KEEP_BYTES and count >= burst_bytes - KEEP_BYTES, (kept, count)
-    assert second.lines.index(dropped[0]) < min(i for i, line in enumerate(second.lines) if f"<{loud}> BURST " in line)
+    assert "adopted 2 running worker(s)" in second.output(), second.output()
+    check_relayed(second.lines, before, detached, "127.0.0.2", "cloud-elastic: worker")
     assert not processes_of_job(job_id), "a worker outlived the job"
     assert not list((tmp_path / "run").rglob(".out-*")), "kept output left behind"

@@ -190,7 +190,8 @@ class SSHLauncher:
         the driver to the worker's remote wrapper from then on: keepalives,
         ``kill``/``terminate`` orders and the worker's exit status work as for a
         worker this launcher started (see :mod:`cloud_elastic.driver.launch.ssh_remote`).
-        The worker's own output is not relayed (it went to the first connection).
+        The worker's output comes on this connection's stdout, as on the first one's: what it printed while no
+        driver read it (the newest MiB the wrapper kept, after one line counting the bytes dropped), then the rest.
         A worker that has already ended is reported by ``poll()`` with exit code 1.
         """
         if self._closed.is_set():

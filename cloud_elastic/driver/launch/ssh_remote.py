@@ -31,7 +31,9 @@ One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHL
    restarted within the grace can adopt the worker through a fresh ssh connection running ``--attach NONCE``: that
    process relays its stdin to the wrapper (keepalives, ``KILL``, ``TERM``: the same watchdog, and any data from it
    cancels a pending "driver lost" stop) and the wrapper's marker line back on its stderr. The worker's own output
-   still goes to the first connection, which died with the old driver;
+   goes through the wrapper (:class:`~cloud_elastic.driver.launch.ssh_output.OutputPump`): to the first connection
+   while it takes it, kept (the newest MiB) once it broke, and to an attach connection, in frames that ``--attach``
+   unpacks onto its stdout, from the kept output on;
 6. tells the worker where to leave its exit report once its training function returned (:data:`EXIT_REPORT_ENV`,
    :func:`report_path`, beside the control socket) and, when the worker ends, writes the worker's exact status into
    it as its ``code`` (a plain interpreter cannot tell its own exit code): a driver restarted after the worker ended
@@ -69,6 +71,7 @@ from cloud_elastic.driver.launch.ssh_wire import (EXIT_REPORT_ENV, MARKER, MODUL
                                                   SECRET_ENV, SECRET_FD_ENV, STARTED, WrapperArgs, exit_code,
                                                   marker_line, parse_args, parse_env, parse_exit_report, parse_marker,
                                                   report_line, secret_fd_value, secret_pipe, wrapper_argv)
+from cloud_elastic.driver.launch.ssh_output import OutputPump, relay_frames
 
 __all__ = ["SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MARKER", "WrapperArgs", "parse_args",
            "wrapper_argv", "parse_env", "Watchdog", "Order", "STARTED", "marker_line", "parse_marker",
@@ -76,6 +79,8 @@ __all__ = ["SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MAR
            "die_with_parent"]
 
 _POLL_S = 0.5
+#: At the worker's end, how long its output (a child of it may hold the pipe) may take before its status is sent.
+_DRAIN_S = 5.0
 #: After the driver grace, what the worker may still spend on rank 0's last checkpoint before the wrapper stops it.
 GRACE_MARGIN_S = 15.0
 #: Where the driver's ``--driver-grace`` reaches the wrapper (and the worker).
@@ -275,6 +280,7 @@ class Wrapper:
         self._attached: list[socket.socket] = []  # connections of restarted drivers (``--attach``)
         self._socket_path: str | None = None
         self._term_passed_on = False  # a SIGTERM to the wrapper went to the worker (see _on_signal)
+        self._pump: OutputPump | None = None  # the worker's output to the driver (see ssh_output)
 
     def run(self) -> None:
         """Read the secret (and the variables), start the worker, watch it, report its status, exit."""
@@ -294,15 +300,20 @@ class Wrapper:
         env[SECRET_FD_ENV] = secret_fd_value(secret_fd)
         if _private_socket_dir(report_path(self._args.nonce)):  # else another user could forge its report
             env[EXIT_REPORT_ENV] = report_path(self._args.nonce)
+        out_r, out_w = os.pipe()  # the worker's output, relayed by the pump (kept while no driver reads it)
         try:
             proc = subprocess.Popen(list(self._args.command), cwd=self._args.cwd, env=env,
-                                    stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, pass_fds=(secret_fd,),
-                                    start_new_session=True, preexec_fn=die_with_parent())
+                                    stdin=subprocess.DEVNULL, stdout=out_w, stderr=subprocess.STDOUT,
+                                    pass_fds=(secret_fd,), start_new_session=True, preexec_fn=die_with_parent())
         except (OSError, subprocess.SubprocessError) as exc:
+            os.close(out_r)
             _say(f"cannot start {self._args.command[0]}: {exc}")
             self._done(127, "exec")
         finally:
             os.close(secret_fd)
+            os.close(out_w)
+        self._pump = OutputPump(out_r)
+        self._pump.start()
         self._pgid = proc.pid
         _say(f"{STARTED} {self._args.nonce}\n", raw=True)  # the driver may open its next connection to this host
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
@@ -373,6 +384,8 @@ class Wrapper:
                     attached.append(conn)
                     with self._lock:
                         self._attached.append(conn)
+                    if self._pump is not None:
+                        self._pump.attach(conn)  # what the worker printed meanwhile, then all it prints
                     _say("a restarted driver attached to the worker")
                     continue
                 if isinstance(source, int):  # the first connection's stdin
@@ -390,6 +403,8 @@ class Wrapper:
                         chunk = b""
                     if not chunk:
                         attached.remove(source)  # kept in self._attached: it still reads the marker line
+                        if self._pump is not None:
+                            self._pump.lost(source)  # its driver went: the worker's output is kept again
                         if attached or not eof:
                             continue  # someone else still speaks for the driver
                 got = watchdog.received(chunk, self._clock())
@@ -459,9 +474,13 @@ class Wrapper:
         if self._pgid is not None:
             complete_report(self._args.nonce, status)  # before the marker: a driver it reaches may be gone next
         line = marker_line(self._args.nonce, status, reason) + "\n"
+        if self._pump is not None:
+            self._pump.join(_DRAIN_S)  # the worker's last output goes before its status
         _say(line, raw=True)
         with self._lock:
-            for conn in self._attached:
+            if self._pump is not None:
+                self._pump.close_conns(self._attached, line.encode())
+            for conn in self._attached if self._pump is None else ():
                 try:
                     conn.sendall(line.encode())
                     conn.close()
@@ -518,20 +537,8 @@ def attach(nonce: str, stdin_fd: int = 0) -> None:
         os._exit(1)
     _say(f"{STARTED} {nonce}\n", raw=True)
 
-    def answers() -> None:
-        while True:
-            try:
-                data = conn.recv(4096)
-            except OSError:
-                data = b""
-            if not data:
-                os._exit(0)  # the wrapper ended (its marker line went first) or let go
-            try:
-                os.write(2, data)
-            except OSError:
-                pass
-
-    threading.Thread(target=answers, name="answers", daemon=True).start()
+    # The worker's output to stdout, the wrapper's marker line to stderr; the process ends with the connection.
+    threading.Thread(target=relay_frames, args=(conn,), name="answers", daemon=True).start()
     while True:
         try:
             chunk = os.read(stdin_fd, 4096)

@@ -1,0 +1,216 @@
+"""The SSH remote wrapper's relay of its worker's output: to the driver that started it, else kept, else to the
+driver that attached to it (standard library only, as :mod:`.ssh_remote`).
+
+The worker's standard output and error are a pipe to its wrapper, and :class:`OutputPump` (one thread) copies it:
+
+* to the wrapper's own standard output, the first ssh connection, while that takes it;
+* once that broke (the driver that started the worker died, its ssh with it), into memory: the newest
+  :data:`KEEP_BYTES`, from a line start, and a count of the bytes dropped before them;
+* once a restarted driver attached (``ssh_remote --attach``, over the wrapper's private Unix socket:
+  :meth:`OutputPump.attach`), to that connection: first one line saying how many bytes were dropped (if any),
+  then what was kept, then everything after, in frames (:func:`frame`) that the attach process unpacks onto its
+  own standard output (the worker's output) and error (the wrapper's marker line), so the restarted driver
+  reads them as it reads a worker it started. When that driver dies in turn, output is kept again for the next.
+
+Every send is made by the pump's thread, so nothing is duplicated or reordered across a switch; what was in
+flight in a connection that broke is lost with it (a pipe's or a socket's buffer).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import struct
+import threading
+
+__all__ = ["ERR", "KEEP_BYTES", "OUT", "OutputPump", "dropped_line", "frame", "relay_frames", "unframe"]
+
+#: The newest output kept while no driver reads it (as a local worker keeps it: ``worker.link.kept_output``).
+KEEP_BYTES = 1 << 20
+#: Frame kinds on an attach connection: the worker's output, the wrapper's words (its marker line).
+OUT, ERR = b"O", b"E"
+_HEADER = struct.Struct(">cI")
+_CHUNK = 64 * 1024
+
+
+def frame(kind: bytes, data: bytes) -> bytes:
+    """One frame: its kind (:data:`OUT` or :data:`ERR`), its length, its bytes."""
+    return _HEADER.pack(kind, len(data)) + data
+
+
+def unframe(buffer: bytearray) -> list[tuple[bytes, bytes]]:
+    """The whole frames at the start of ``buffer``, removed from it (a frame cut short stays for the next read)."""
+    frames = []
+    while len(buffer) >= _HEADER.size:
+        kind, size = _HEADER.unpack_from(buffer)
+        if len(buffer) < _HEADER.size + size:
+            break
+        frames.append((kind, bytes(buffer[_HEADER.size:_HEADER.size + size])))
+        del buffer[:_HEADER.size + size]
+    return frames
+
+
+def dropped_line(dropped: int) -> bytes:
+    """The line a relay starts with when the newest :data:`KEEP_BYTES` were not all of it."""
+    return (f"cloud-elastic remote: {dropped} bytes of the worker's output, written while no driver read it, "
+            f"were dropped (the newest {KEEP_BYTES} bytes were kept)\n").encode()
+
+
+class OutputPump:
+    """Copies the worker's output pipe to whoever reads it now (see module docstring).
+
+    ``start`` runs the thread; ``attach``/``lost`` (from the wrapper's watch thread) hand it a restarted
+    driver's connection or say one has gone; ``join`` waits for the end of the worker's output. Never raises.
+    """
+
+    def __init__(self, pipe_fd: int, out_fd: int = 1) -> None:
+        self._pipe = pipe_fd
+        self._out: int | None = out_fd  # the first connection; None once it broke or a driver attached
+        self._lock = threading.Lock()
+        self._sending = threading.Lock()  # one writer on a connection at a time: the pump, or the marker at the end
+        self._pending: list[socket.socket] = []  # attached, not yet given the kept output
+        self._gone: set[socket.socket] = set()
+        self._conn: socket.socket | None = None  # the attach connection output goes to now
+        self._kept = bytearray()
+        self._dropped = 0
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._run, name="output", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait (up to ``timeout_s``) until the worker's output ended and went where it goes."""
+        self._thread.join(timeout_s)
+
+    def attach(self, conn: socket.socket) -> None:
+        """A restarted driver attached on ``conn``: it gets the kept output, then the live output."""
+        with self._lock:
+            self._pending.append(conn)
+        self._wake()
+
+    def lost(self, conn: socket.socket) -> None:
+        """``conn``'s driver went away (its attach process closed its side): keep the output again."""
+        with self._lock:
+            self._gone.add(conn)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        try:
+            while True:
+                ready = select.select([self._pipe, self._wake_r], [], [])[0]
+                if self._wake_r in ready:
+                    os.read(self._wake_r, 4096)
+                    self._switch()
+                if self._pipe in ready:
+                    data = os.read(self._pipe, _CHUNK)
+                    if not data:
+                        return
+                    self._send(data)
+        except OSError:
+            return
+        finally:
+            os.close(self._pipe)
+
+    def _switch(self) -> None:
+        """Take up a newly attached connection (the newest wins), or drop one whose driver has gone."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            gone = self._gone
+        if self._conn is not None and self._conn in gone:
+            self._conn = None
+        for conn in pending:
+            if conn in gone:
+                continue
+            self._out = None  # a restarted driver speaks for the job: the first connection's reader is dead
+            self._trim(KEEP_BYTES)
+            payload = (dropped_line(self._dropped) if self._dropped else b"") + bytes(self._kept)
+            try:
+                if payload:
+                    with self._sending:
+                        conn.sendall(frame(OUT, payload))
+            except OSError:
+                continue
+            self._conn, self._kept, self._dropped = conn, bytearray(), 0
+
+    def _send(self, data: bytes) -> None:
+        if self._conn is not None:
+            try:
+                with self._sending:
+                    self._conn.sendall(frame(OUT, data))
+                return
+            except OSError:
+                self._conn = None
+        elif self._out is not None:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._out, view):]
+                return
+            except OSError:
+                self._out = None  # the first connection broke: its driver died
+        self._keep(data)
+
+    def _keep(self, data: bytes) -> None:
+        self._kept += data
+        self._trim(2 * KEEP_BYTES)  # cut once a MiB, not at every write
+
+    def _trim(self, limit: int) -> None:
+        """Cut the kept output to its newest :data:`KEEP_BYTES`, from a line start, once it is over ``limit``."""
+        if len(self._kept) <= limit:
+            return
+        cut = len(self._kept) - KEEP_BYTES
+        line = self._kept.find(b"\n", cut, len(self._kept) - 1)
+        cut = line + 1 if line >= 0 else cut
+        self._dropped += cut
+        del self._kept[:cut]
+
+    def close_conns(self, conns: list[socket.socket], line: bytes) -> None:
+        """At the end: ``line`` (the marker) to each of ``conns`` as the wrapper's words, then close them."""
+        with self._sending:
+            for conn in conns:
+                try:
+                    conn.sendall(frame(ERR, line))
+                    conn.close()
+                except OSError:
+                    pass
+
+
+def relay_frames(conn: socket.socket) -> None:
+    """``ssh_remote --attach``'s reader of the wrapper's connection: the worker's output (:data:`OUT` frames) to its
+    stdout, the wrapper's words (:data:`ERR`: the marker line) to its stderr; a wrapper started before frames
+    sends its marker line bare, passed on as such. Exits the process when the wrapper closes the connection (its
+    marker went first), or when a write fails (the restarted driver's ssh died): the wrapper then sees the
+    connection close and keeps the worker's output for the next driver. Never returns."""
+    buffer, framed = bytearray(), None
+    while True:
+        try:
+            data = conn.recv(_CHUNK)
+        except OSError:
+            data = b""
+        if not data:
+            os._exit(0)
+        if framed is None:
+            framed = data[:1] in (OUT, ERR)
+        if not framed:
+            _write_or_exit(2, data)
+            continue
+        buffer += data
+        for kind, payload in unframe(buffer):
+            _write_or_exit(1 if kind == OUT else 2, payload)
+
+
+def _write_or_exit(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        os._exit(1)
