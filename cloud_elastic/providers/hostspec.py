@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Iterable
 
@@ -35,7 +36,8 @@ def parse_host_list(
         if not match:
             if text.startswith("[") or text.count(":") >= 2:  # [2001:db8::1]:2, or a bare IPv6 address
                 host = text[1:].split("]", 1)[0] if text.startswith("[") else text
-                raise ValueError(f"{source}: {unit} {number}: {ipv6_refusal(host[:80])}")
+                if _is_ipv6(host):  # not "localhost:2:" or "10.0.0.5:2:1": those are typos, said below
+                    raise ValueError(f"{source}: {unit} {number}: {ipv6_refusal(host[:80])}")
             huge = _HUGE.match(text)
             if huge:
                 raise ValueError(f"{source}: {unit} {number} gives host {huge.group('host')!r} a slot count of "
@@ -56,3 +58,11 @@ def parse_host_list(
         hosts[host] = slots
         first_seen[host] = number
     return hosts
+
+
+def _is_ipv6(text: str) -> bool:
+    """Whether ``text`` is an IPv6 address (a scope such as ``%eth0`` included)."""
+    try:
+        return isinstance(ipaddress.ip_address(text), ipaddress.IPv6Address)
+    except ValueError:
+        return False

@@ -321,10 +321,16 @@ def source_specs(args: DiscoveryArgs) -> "tuple[SourceSpec, ...]":
     """
     from cloud_elastic.providers.sources import SourceSpec, check_unique, parse_source_flag
 
+    group_flags = ", ".join(f.flag for f in CLOUD_FLAGS if f.selects)
     if args.hosts or args.host_discovery_script or args.provider or args.provider_option:
-        raise ConfigError("several host sources come from the group flags (--aws-asg, --gcp-mig, --azure-vmss, "
-                          "--ibm-instance-group, --k8s-selector); -H, --host-discovery-script, --provider and -o "
-                          "take one source only")
+        if not args.groups:  # one source and --source: the mistake is --source, not "several sources"
+            given = next(flag for flag, there in (("-H", args.hosts), ("--host-discovery-script",
+                         args.host_discovery_script), ("--provider", args.provider), ("-o", args.provider_option))
+                         if there)
+            raise ConfigError(f"--source applies only to the cloud group flags ({group_flags}), to weigh their "
+                              f"groups; it does not apply to {given}")
+        raise ConfigError(f"several host sources come from the group flags ({group_flags}); -H, "
+                          "--host-discovery-script, --provider and -o take one source only")
     if not args.groups:
         raise ConfigError("--source weighs a group given by a group flag (e.g. --aws-asg NAME); none was given")
     by_dest = {f.dest: f for f in CLOUD_FLAGS}

@@ -37,11 +37,16 @@ def test_ipv6_is_refused_by_name(entry: str) -> None:
         (("a b",), "entry 1 is not host[:slots]"),
         (("a:",), "entry 1 is not host[:slots]"),
         (("fe80::1",), "entry 1: host 'fe80::1' is an IPv6 address"),
+        # two colons make a typo, not an IPv6 address, unless the host parses as one (review s60 rvS)
+        (("localhost:2:",), "entry 1 is not host[:slots]: 'localhost:2:'"),
+        (("10.0.0.5:2:1",), "entry 1 is not host[:slots]: '10.0.0.5:2:1'"),
+        (("[host]:2",), "entry 1 is not host[:slots]: '[host]:2'"),
         (("a:0",), "entry 1 gives host 'a' 0 slots; slots must be >= 1"),
         (("a:1", "b:-2"), "entry 2 gives host 'b' -2 slots; slots must be >= 1"),
         (("a:1", "b", "a:2"), "host 'a' is listed twice (entry 1 and 3)"),
     ],
-    ids=["word-slots", "space", "empty-slots", "bare-ipv6", "zero", "negative", "duplicate"],
+    ids=["word-slots", "space", "empty-slots", "bare-ipv6", "stray-colon", "ipv4-two-colons", "bracketed-name",
+         "zero", "negative", "duplicate"],
 )
 def test_bad_entries_raise_one_line_naming_source_and_entry(entries: tuple[str, ...], message: str) -> None:
     with pytest.raises(ValueError) as info:

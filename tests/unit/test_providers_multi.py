@@ -116,7 +116,11 @@ def test_one_group_alone_is_one_provider_as_before():
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:price=1", "--source", "a:fallback"], "given twice"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "nocolon"], "expected NAME:KEY=VALUE"),
     (["-H", "h", "--aws-asg", "a", "--aws-asg", "b"], "take one source only"),
-    (["-H", "h", "--source", "h:price=1"], "take one source only"),
+    # one source: the mistake is --source, which weighs only the groups of the cloud group flags (review s60 rvS)
+    (["-H", "h", "--source", "h:priority=1"], "--source applies only to the cloud group flags (--aws-asg, "
+     "--gcp-mig, --azure-vmss, --ibm-instance-group, --k8s-selector), to weigh their groups; it does not apply to -H"),
+    (["--host-discovery-script", "d.sh", "--source", "d:price=1"], "it does not apply to --host-discovery-script"),
+    (["-H", "h", "--aws-asg", "a", "--source", "a:price=1"], "take one source only"),
     (["--aws-asg", "a", "--aws-asg", "b", "--aws-notice-queue", "https://sqs.example/q"],
      "a notice queue can serve one host source only"),
 ])
