@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import errno
 import io
-import logging
 import os
 import select
 import stat
@@ -42,8 +41,6 @@ from typing import Any
 from cloud_elastic.records import EXIT_REPORT_ENV, exit_report_path
 
 __all__ = ["KEEP_BYTES", "KeptOutput", "TRIM_AT", "current", "dropped_line", "keep_for", "output_paths"]
-
-log = logging.getLogger(__name__)
 
 #: The newest output kept while no driver reads it (per worker); the relay starts with at most this much.
 KEEP_BYTES = 1 << 20
@@ -127,6 +124,10 @@ class KeptOutput:
         self._file: int | None = None  # the kept file, open O_RDWR | O_APPEND, while detached
         self._fds: tuple[int, ...] = ()  # the descriptors pointed at it
         self._next_try = 0.0
+        #: Why the last trim or relay failed (for a debugger): never logged, as it happens under ``lock``, which a
+        #: write holds, and a logging handler's own lock taken inside it could deadlock with one taken outside.
+        self.last_error = ""
+        self._relayer: threading.Thread | None = None
 
     @property
     def detached(self) -> bool:
@@ -177,7 +178,8 @@ class KeptOutput:
 
     def tend(self) -> None:
         """A tick of the heartbeat thread: notice a broken pipe nobody wrote to yet (native writes then go to
-        the file, not to a dead pipe), keep the file bounded, and relay it to an adopting driver."""
+        the file, not to a dead pipe), keep the file bounded, and relay it to an adopting driver (on a thread of
+        its own, so the heartbeat never waits for that driver to read)."""
         if self._file is None:
             if not any(_broken(fd) for fd in (1, 2)):
                 return
@@ -190,9 +192,22 @@ class KeptOutput:
                 if self._file is None:
                     self.broken()
             return
-        with self.lock:
+        if not self.lock.acquire(blocking=False):
+            return  # a write holds it, or a relay under way: the next tick
+        try:
             if self._file is not None:
                 self._trim(TRIM_AT)
+            due = self._file is not None and os.path.exists(self.fifo_path)
+        finally:
+            self.lock.release()
+        if due and (self._relayer is None or not self._relayer.is_alive()):
+            # On a thread of its own: the copy waits for the driver to read up to a MiB, and heartbeats must not.
+            self._relayer = threading.Thread(target=self._relay_now, name="output-relay", daemon=True)
+            self._relayer.start()
+
+    def _relay_now(self) -> None:
+        with self.lock:
+            if self._file is not None:
                 self._relay()
 
     def _trim(self, limit: int) -> None:
@@ -211,7 +226,7 @@ class KeptOutput:
             _write_all(fd, line + kept)  # O_APPEND: at the start of the emptied file
             self._head = len(line)
         except OSError as exc:
-            log.debug("worker %s: could not trim its kept output: %s", self.worker_id, exc)
+            self.last_error = f"could not trim its kept output: {exc}"
 
     def _relay(self) -> None:
         """Hand the kept output to the driver reading our FIFO, then point descriptors 1 and 2 at it (``lock``
@@ -221,7 +236,7 @@ class KeptOutput:
             fifo = os.open(self.fifo_path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENXIO):
-                log.debug("worker %s: cannot open %s: %s", self.worker_id, self.fifo_path, exc)
+                self.last_error = f"cannot open {self.fifo_path}: {exc}"
             return
         try:
             info = os.fstat(fifo)
@@ -240,7 +255,7 @@ class KeptOutput:
                 os.dup2(fifo, fd)
             self._copy(fifo, sent)  # what native code wrote between the copy and the switch
         except OSError as exc:  # that driver died meanwhile: stay detached, the next one gets it
-            log.debug("worker %s: could not relay its kept output: %s", self.worker_id, exc)
+            self.last_error = f"could not relay its kept output: {exc}"
             return
         finally:
             os.close(fifo)
