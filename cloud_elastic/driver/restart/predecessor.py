@@ -165,7 +165,8 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
     previous_alive, by = _previous_alive(store, job_id, record, newest)
     checkpoints = list_checkpoints(store, job_id)  # refused before "resuming it" is said
     say_if_succeeded(store, job_id)  # resumed all the same (a longer schedule, another layout), but said
-    plan = StartPlan(job_id, resumed=resumes(store, job_id, announce_none=True, checkpoints=checkpoints),
+    plan = StartPlan(job_id, resumed=resumes(store, job_id, announce_none=True, checkpoints=checkpoints,
+                                             adopting=adopt is not None),
                      adopt=adopt, grace_s=grace, claims_ahead=_claims_ahead(store, newest))
     generation = _next_generation(store, job_id, grace, newest.generation + 1 if newest is not None else 1)
     return _with_wait(replace(plan, generation=generation), config, previous, previous_alive, store, by)

@@ -27,11 +27,14 @@ __all__ = ["list_checkpoints", "newer_link", "refuse_if_job_gone", "resumes"]
 log = logging.getLogger(__name__)
 
 
-def resumes(store: Any, job_id: str, *, announce_none: bool, checkpoints: list[Any] | None = None) -> bool:
+def resumes(store: Any, job_id: str, *, announce_none: bool, checkpoints: list[Any] | None = None,
+            adopting: bool = False) -> bool:
     """Whether the store holds a checkpoint of this job (the first round then resumes from the newest), said in the log.
 
     Asked when the store is opened and again after waiting out a dead predecessor's workers: they
     write their last checkpoints while we wait. ``checkpoints``: :func:`list_checkpoints` already read.
+    ``adopting``: the driver plans to adopt its predecessor's running workers, which train on from their own
+    step; the checkpoint is then said (at INFO) to be only the fallback, not the step training goes back to.
     """
     found = list_checkpoints(store, job_id) if checkpoints is None else checkpoints
     if not found:
@@ -42,6 +45,11 @@ def resumes(store: Any, job_id: str, *, announce_none: bool, checkpoints: list[A
             log.info("job %s: the previous workers wrote no checkpoint to %s; training starts over", job_id, store.url)
         return False
     newest = found[0]
+    if adopting:  # "resuming from ... step 1" read as training going back to step 1 (review s60 rvS)
+        log.info("job %s: adopting the running workers; the latest checkpoint in %s, of step %d written %s ago%s, is "
+                 "only the fallback should the adoption fail", job_id, store.url, newest.step,
+                 _age(time.time() - newest.created), _written_by(newest, job_id))
+        return True
     log.warning("job %s: resuming from %s: the latest checkpoint is of step %d, written %s ago%s",
                 job_id, store.url, newest.step, _age(time.time() - newest.created), _written_by(newest, job_id))
     return True
