@@ -33,6 +33,10 @@ if ending == "message":
     sys.exit("bye now")
 if ending == "raise":
     raise ValueError("boom")
+if ending == "interrupt":  # Ctrl-C in the script: the interpreter ends by SIGINT, after its exit steps
+    raise KeyboardInterrupt
+if ending == "huge":  # no C long holds it: status 255
+    sys.exit(2**64 + 256)
 """
 
 _FORKED = """
@@ -50,7 +54,7 @@ def _ran(argv: list[str], cwd, out) -> tuple[int, str, str, str]:
     return done.returncode, done.stdout, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "", written
 
 
-@pytest.mark.parametrize("ending", ["return", "code", "message", "raise"])
+@pytest.mark.parametrize("ending", ["return", "code", "message", "raise", "interrupt", "huge"])
 def test_a_forked_worker_ends_with_what_python_script_would_have_given(tmp_path, ending):
     (tmp_path / "script.py").write_text(_SCRIPT)
     plain = _ran([sys.executable, "script.py", ending, str(tmp_path / "plain.txt")], tmp_path, tmp_path / "plain.txt")
@@ -58,8 +62,9 @@ def test_a_forked_worker_ends_with_what_python_script_would_have_given(tmp_path,
     forked = _ran([sys.executable, "-c", _FORKED, json.dumps(request)], tmp_path, tmp_path / "forked.txt")
     assert forked == plain
     code, stdout, last_error, written = forked
-    assert code == {"return": 0, "code": 3, "message": 1, "raise": 1}[ending]
+    assert code == {"return": 0, "code": 3, "message": 1, "raise": 1, "interrupt": -2, "huge": 255}[ending]
     assert stdout == "main done\nthread done\nexit hook\n"  # the thread joined before the hooks, as at exit
-    assert last_error == {"return": "", "code": "", "message": "bye now", "raise": "ValueError: boom"}[ending]
+    assert last_error == {"return": "", "code": "", "message": "bye now", "raise": "ValueError: boom",
+                          "interrupt": "KeyboardInterrupt", "huge": ""}[ending]
     assert written == "kept " * 1000
 

@@ -50,6 +50,9 @@ __all__ = ["main"]
 ROOM_VARIABLE = "CLOUD_ELASTIC_FORKSERVER_ROOM"
 #: The largest message the driver sends (argv and environment): SOCK_SEQPACKET delivers each whole.
 MAX_MESSAGE = 1 << 20
+#: What :func:`_run_main` returns for a script ended by an uncaught ``KeyboardInterrupt``: the process then ends
+#: by SIGINT, as the interpreter's does, once its exit steps are done (:func:`_end_as_the_interpreter_would`).
+INTERRUPTED = -int(signal.SIGINT)
 #: Signals a new interpreter leaves at their defaults (SIGINT is Python's own; SIGPIPE stays ignored, as Python sets it).
 _DEFAULT_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM")
 
@@ -242,10 +245,8 @@ def _run_main(request: dict[str, Any]) -> int:
         while tb is not None and tb.tb_frame.f_code.co_filename in ours:
             tb = tb.tb_next
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        if isinstance(exc, KeyboardInterrupt):  # the interpreter ends by SIGINT then
-            sys.stderr.flush()
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
+        if isinstance(exc, KeyboardInterrupt):  # the interpreter ends by SIGINT then, after its exit steps
+            return INTERRUPTED
         return 1
     else:
         code = 0
@@ -267,24 +268,33 @@ def _end_as_the_interpreter_would(run: Any) -> NoReturn:
     reference callbacks not registered with ``atexit``) of objects still alive at exit do not run, as in a
     process ``multiprocessing`` forks. A script that needs them runs with ``CLOUD_ELASTIC_LOCAL_FORKSERVER=0``.
     """
+    code = 1
     try:
-        code = run()
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)  # what the interpreter prints for ``sys.exit("message")``
-    import atexit
-    import threading
+        try:
+            code = run()
+        except SystemExit as exc:
+            code = _exit_code(exc.code)
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)  # what the interpreter prints for ``sys.exit("message")``
+        import atexit
+        import threading
 
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's first step at exit
-    except BaseException as exc:  # noqa: BLE001 (Ctrl-C while a thread is joined: the hooks still run)
-        print(f"cloud-elastic: while waiting for the script's threads at exit: {exc!r}", file=sys.stderr)
-    atexit._run_exitfuncs()
-    from cloud_elastic.worker.exiting import _flush_files
+        try:
+            threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's first step at exit
+        except BaseException as exc:  # noqa: BLE001 (Ctrl-C while a thread is joined: the hooks still run)
+            print(f"cloud-elastic: while waiting for the script's threads at exit: {exc!r}", file=sys.stderr)
+        atexit._run_exitfuncs()
+        from cloud_elastic.worker.exiting import _flush_files
 
-    _flush_files()
-    os._exit(code)
+        _flush_files()
+    except BaseException:  # noqa: BLE001 (stderr closed, a flush that raised: the process still ends, with its status)
+        pass
+    finally:
+        if code == INTERRUPTED:  # an uncaught KeyboardInterrupt: the interpreter ends by SIGINT after its exit steps
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            code = 128 + signal.SIGINT  # SIGINT ignored by whoever started us: the status a shell would show
+        os._exit(code)
 
 
 def _exit_code(arg: Any) -> int:
@@ -292,6 +302,8 @@ def _exit_code(arg: Any) -> int:
     if arg is None:
         return 0
     if isinstance(arg, int):  # the status is the low byte (True is 1)
+        if not -(2**63) <= arg < 2**63:
+            return 255  # outside a C long: the interpreter's conversion gives -1
         return int(arg) & 0xFF
     return 1  # printed to stderr, status 1
 
