@@ -196,6 +196,14 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
     local = launcher is None and bool(discovery.hosts) and any(
         launches_locally(host, config.force_ssh) for host in built.find().ready)  # -H: no I/O
     inherited = os.environ if local else {}
+    if config.network_interface and launcher is None and discovery.hosts:
+        from cloud_elastic.driver.launch.api import is_local_host
+        from cloud_elastic.worker.interface import missing_interface
+
+        here = next((host for host in built.find().ready if is_local_host(host)), None)
+        missing = missing_interface(config.network_interface, f"this machine (-H {here})") if here else None
+        if missing:  # its workers' every round would fail until --elastic-timeout (see worker.interface)
+            raise ConfigError(missing)
     check_endpoint(watched_cloud(config.notice_watcher, str(getattr(built, "name", ""))), {**inherited, **forwarded})
     check_environ(inherited, forwarded, checkpointing=config.checkpoint_dir is not None)
     forkserver.enabled()

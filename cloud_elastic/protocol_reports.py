@@ -17,7 +17,7 @@ from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
            "NOTICE_KINDS", "NoticeReport", "StacksReport", "UnhealthyReport", "driver_retrying",
-           "driver_unreachable", "said_retrying", "said_unreachable"]
+           "driver_unreachable", "said_own_reason", "said_retrying", "said_unreachable"]
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
@@ -62,6 +62,20 @@ def said_unreachable(line: str) -> str | None:
     if not line.startswith("cloud-elastic: worker ") or _UNREACHABLE not in line:
         return None
     return line[line.index(_UNREACHABLE):].strip()[:400]
+
+
+#: How the reason begins that a worker exits with on a host that lacks the ``--network-interface`` it was given
+#: (:mod:`cloud_elastic.worker.interface`), after ``cloud-elastic: worker ID``.
+_NO_INTERFACE = ": --network-interface "
+
+
+def said_own_reason(line: str) -> str | None:
+    """The reason in a worker's output ``line`` when it is cloud-elastic's own final line of a worker that exits
+    before it could report one: it never reached the driver (:func:`said_unreachable`), or its host lacks the
+    ``--network-interface`` (:func:`cloud_elastic.worker.interface.exit_if_missing`); else None."""
+    if not line.startswith("cloud-elastic: worker ") or _NO_INTERFACE not in line:
+        return said_unreachable(line)
+    return line[line.index(_NO_INTERFACE) + 2:].strip()[:400]
 
 
 def _field(msg: Mapping[str, Any], name: str, what: str, kind: type, must: str, ok: Any = None) -> Any:

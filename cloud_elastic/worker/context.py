@@ -58,6 +58,7 @@ from cloud_elastic.protocol import (
 from cloud_elastic.worker import joining, memory, selftest, termination
 from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.exceptions import CollectiveError, WorkerRemoved
+from cloud_elastic.worker.interface import exit_if_missing
 from cloud_elastic.worker.exiting import ExitingMixin
 from cloud_elastic.worker.rounds.groups import (
     RoundGroup,
@@ -209,6 +210,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Register with the driver, start heartbeats and join the first round."""
+        exit_if_missing(self.interface, self.worker_id, self.hostname)  # not a failing group each round (see .interface)
         memory.keep_freed_memory(self.settings.malloc_tuning)
         atexit.register(self._at_exit)
         self.progress.watch_thread()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from cloud_elastic.driver.job.repeats import CRASH_SIGNALS, death_signal
-from cloud_elastic.protocol_reports import said_unreachable
+from cloud_elastic.protocol_reports import said_own_reason
 
 __all__ = ["ExitStatus", "LastErrors", "signal_name"]
 
@@ -78,8 +78,8 @@ class LastErrors:
     not a SIGKILL or SIGTERM from outside) or to a non-zero exit code the worker reported no error for. A shell
     wrapper's ``128 + N`` for those signals reads as the signal (:func:`~.repeats.death_signal`, the rule the
     repeat count reads too): 137 from outside names nothing, 134 is a crash. cloud-elastic's own final line for a
-    worker that never reached the driver (:func:`~cloud_elastic.protocol_reports.said_unreachable`) wins over any
-    other: it is the worker's reason.
+    worker that never reached the driver, or whose host lacks ``--network-interface``
+    (:func:`~cloud_elastic.protocol_reports.said_own_reason`), wins over any other: it is the worker's reason.
     One short string per live worker; a dict's item set or pop is atomic, so the output threads need no lock.
     """
 
@@ -88,7 +88,7 @@ class LastErrors:
         self._last: dict[str, tuple[str, float, bool]] = {}  # worker id -> (line, printed at, cloud-elastic's own)
 
     def offer(self, worker_id: str, line: str) -> None:
-        own = said_unreachable(line)
+        own = said_own_reason(line)
         if own:
             self._last[worker_id] = (own, self._clock(), True)
         elif _ERROR_LINE.match(line, 0, ERROR_SCAN_CHARS) and not self._last.get(worker_id, ("", 0.0, False))[2]:

@@ -1,0 +1,52 @@
+"""Whether a machine has the network interface ``--network-interface`` names.
+
+A mistyped name (``eht0``) was not checked: every round's process group failed in Gloo ("Unable to find
+address for: eht0") and the job formed failing rounds for ``--elastic-timeout`` (600 s by default) before its
+one clear line. It is checked where the workers run instead:
+
+* the CLI refuses it at start (exit 2) when the workers run on this machine (``-H localhost``);
+* a worker on another host checks it before it registers (:func:`exit_if_missing`) and exits (code 1) with one
+  line naming the interface and its host, which the driver reads back as that worker's reason
+  (:func:`~cloud_elastic.protocol_reports.said_own_reason`); a failure like any other, so the host's slots are
+  blacklisted as a failing host's are.
+
+Standard library only: the CLI imports it, and it must not import torch.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+__all__ = ["exit_if_missing", "missing_interface"]
+
+#: The most interface names a refusal lists (a machine with hundreds of veth devices says "...").
+_LISTED = 12
+
+
+def missing_interface(name: str, where: str) -> str | None:
+    """None when this machine has a network interface ``name``; else the one line saying that ``where`` (``this
+    machine``, ``host 10.0.0.5``) has none of that name, with the names it has."""
+    try:
+        socket.if_nametoindex(name)
+        return None
+    except (OSError, ValueError):  # ValueError: a NUL in the name
+        pass
+    try:
+        names = sorted(n for _, n in socket.if_nameindex())
+    except OSError:
+        names = []
+    listed = ", ".join(names[:_LISTED]) + (", ..." if len(names) > _LISTED else "")
+    has = f" (it has: {listed})" if names else ""
+    return f"--network-interface {name[:40]!r}: {where} has no network interface of that name{has}"
+
+
+def exit_if_missing(name: str | None, worker_id: str, host: str) -> None:
+    """Exit this worker (code 1) with one line when its machine lacks interface ``name`` (None: none was given):
+    the group it would form fails on every try."""
+    if not name:
+        return
+    why = missing_interface(name, f"host {host}")
+    if why is not None:
+        print(f"cloud-elastic: worker {worker_id}: {why}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
