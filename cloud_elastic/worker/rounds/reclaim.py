@@ -55,6 +55,18 @@ def _only_held_by(holder: list) -> bool:
     return pg is None or sys.getrefcount(pg) <= 3  # the group's attribute
 
 
+def _started(thread: threading.Thread) -> bool:
+    """Start ``thread``; False when the interpreter refuses: Python 3.12.0 and 3.12.1 start no thread once they
+    are finalizing, exit hooks included ("can't create new thread at interpreter shutdown"; later releases do).
+    The caller then does the work without it, on its own thread or in the exit hook's drain."""
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        log.debug("could not start thread %s: %s", thread.name, exc)
+        return False
+    return True
+
+
 def socket_inodes() -> dict[int, str]:
     """This process's socket descriptors: fd -> ``socket:[inode]``."""
     out: dict[int, str] = {}
@@ -196,6 +208,8 @@ class Reaper:
         #: The connections of released groups whose collective may still wait on a peer, until they are destroyed:
         #: shut down by :meth:`drain` only (see :meth:`release`).
         self._cut_at_exit: dict[threading.Event, GroupSockets] = {}
+        #: Groups drain had no time left to destroy on the exiting thread, when no thread could be started.
+        self._undestroyed: list[Any] = []
 
     def release(self, group: Any, after_s: float = 1.0, *, cut_at_exit: bool = False) -> None:
         """Drop a group with no pending work off the caller's thread; never blocks.
@@ -265,7 +279,8 @@ class Reaper:
             self._timers[timer] = (take, destroy)
             if sockets is not None and len(sockets):
                 self._cut_at_exit[done] = sockets
-        timer.start()
+        if not _started(timer):  # at exit on Python 3.12.0-3.12.1: left pending, for drain
+            log.debug("a process group's release could not start a thread; left to the exit's drain")
 
     def drain(self, timeout_s: float = 10.0) -> bool:
         """Finish every release and destruction now, within ``timeout_s``; True if all did.
@@ -283,6 +298,11 @@ class Reaper:
         alive can be cut then: the process is exiting, and its current round has been let go of. Destructors
         run on threads of their own, waited for until ``timeout_s`` only: one that outlasts it is left running
         (:meth:`busy` says so), the exit hook's to deal with.
+
+        Where no thread can be started (Python 3.12.0-3.12.1 from an exit hook), :meth:`release` and :meth:`retire`
+        leave their group pending here, and each is destroyed on this thread while time is left (its connections
+        already shut down, its destructor returns at once); one not reached by ``timeout_s`` is kept undestroyed
+        and :meth:`busy` says so (the exit hook then ends the process without finalizing, when it may).
         """
         deadline = time.monotonic() + timeout_s
         with self._lock:
@@ -294,11 +314,13 @@ class Reaper:
         for timer, (take, destroy) in pending:
             timer.cancel()
             taken = take()  # None when its timer's thread took it first: that destruction is waited for below
-            if taken is not None:
-                try:
-                    threading.Thread(target=destroy, args=(taken,), name="cloud-elastic-drain", daemon=True).start()
-                except RuntimeError:  # Python 3.12.0-3.12.1 start no thread from an exit hook: destroyed here
+            if taken is not None and not _started(threading.Thread(target=destroy, args=(taken,),
+                                                                   name="cloud-elastic-drain", daemon=True)):
+                if time.monotonic() < deadline:  # no thread at exit (Python 3.12.0-3.12.1): destroyed here
                     destroy(taken)
+                else:  # out of time: kept, undestroyed, and seen by busy(): the exit hook ends the process
+                    with self._lock:  # without finalizing, which would destroy it unbounded
+                        self._undestroyed.append(taken.pop())
             del taken
         while True:
             with self._lock:
@@ -313,7 +335,7 @@ class Reaper:
         """Whether a release or a destruction is still pending or running (after :meth:`drain`: one that
         outlasted it, still inside torch)."""
         with self._lock:
-            return bool(self._timers or self._running)
+            return bool(self._timers or self._running or self._undestroyed)
 
     def retire(self, group: Any) -> None:
         """Release an abandoned group (abandoning it first if that was not done); never blocks.
@@ -368,4 +390,10 @@ class Reaper:
                     self.leaked += 1
 
         del group
-        threading.Thread(target=watch, name="cloud-elastic-reap-watch", daemon=True).start()
+        if not _started(threading.Thread(target=watch, name="cloud-elastic-reap-watch", daemon=True)):
+            # No thread at exit (Python 3.12.0-3.12.1): released instead, so that drain destroys it once the caller
+            # has let go (its sockets are already shut down: its destructor returns at once).
+            with self._lock:
+                self._running.discard(done)
+                self.reclaimed += 1
+            self.release(holder.pop(), after_s=0.0)
