@@ -4,8 +4,9 @@ The head node has no CPUs, so it is never a host: every host is a worker node
 the test adds (one CPU each, one slot each) and may remove. One cluster for the
 tests/ray package (starting one cost 6-16 s a module on a loaded machine), shut
 down after its last test so that its idle daemons do not take CPU from the tests
-that follow; each test removes the nodes it added, so the next starts from the
-bare head.
+that follow. A test sees only the nodes it added: the plain ones it leaves are
+kept for the next test's ``add`` (starting one is a raylet and two Python agents),
+the rest removed, so a test that adds none of them starts from the bare head.
 
 Every node advertises a loopback address (127.0.0.1 unless a test names another
 127.x address): left alone, Ray advertises the machine's own interface address
@@ -29,7 +30,7 @@ minutes, while a node a test removed refuses each check at once and is found dea
 within about 4 s. That matters to every test, not only to those that remove a node:
 ``Cluster.wait_for_nodes``, after each node added, waits until the live nodes are
 exactly those added and not removed, so the first test after one that removed its
-nodes (every test does, at its end) waited for them to be found dead. With checks a
+nodes (every test did, at its end, before plain nodes were kept) waited for them to be found dead. With checks a
 second apart that was 20 s a test, most of the Ray tests' time.
 
 Two of Ray's guards are off, because what they guard is the CI machine's,
@@ -73,21 +74,61 @@ _SYSTEM = {"health_check_period_ms": 200, "health_check_timeout_ms": 10000, "hea
 
 
 class RayCluster:
-    """The running cluster, with helpers to add and remove one-CPU nodes."""
+    """The running cluster, with helpers to add and remove one-CPU nodes.
+
+    A plain node (the default arguments) that a test leaves alive, idle and not draining is kept for the next
+    test's :meth:`add` instead of being removed: each node started costs a raylet and two Python agents (about
+    5 CPU-s measured, and the wait for it to register), and most tests want one or two plain nodes. A test still sees
+    exactly the nodes it added: the first :meth:`add` of a test removes the kept nodes it does not take.
+    """
 
     def __init__(self, cluster) -> None:
         self.cluster = cluster
         self.nodes: list = []
+        self._kept: list = []  # plain nodes the last test left, for this test's first add()
+        self._plain: set[str] = set()  # ids of the nodes started with the default arguments
 
     def add(self, count: int = 1, **node_args) -> list:
         """Add ``count`` one-CPU nodes (``node_args`` go to ``Cluster.add_node``, e.g. ``node_ip_address``,
-        which must be a 127.x address; 127.0.0.1 by default)."""
+        which must be a 127.x address; 127.0.0.1 by default). Plain ones may be nodes an earlier test left."""
         node_args.setdefault("node_ip_address", LOOPBACK)
-        added = [self.cluster.add_node(num_cpus=1, object_store_memory=_STORE, **node_args) for _ in range(count)]
+        reused = []
+        if node_args == {"node_ip_address": LOOPBACK}:
+            while self._kept and len(reused) < count:
+                node = self._kept.pop(0)
+                if self._idle(node):
+                    reused.append(node)
+                else:
+                    self.cluster.remove_node(node, allow_graceful=False)
+        for node in self._kept:  # not asked for: the test sees only its own nodes
+            self.cluster.remove_node(node, allow_graceful=False)
+        self._kept.clear()
+        added = [self.cluster.add_node(num_cpus=1, object_store_memory=_STORE, **node_args)
+                 for _ in range(count - len(reused))]
+        if node_args == {"node_ip_address": LOOPBACK}:
+            self._plain.update(node.node_id for node in added)
         self.cluster.wait_for_nodes()
-        self.nodes.extend(added)
+        self.nodes.extend(reused + added)
         self.check_loopback()
-        return added
+        return reused + added
+
+    @staticmethod
+    def _idle(node, timeout_s: float = 30.0) -> bool:
+        """Whether ``node`` is alive, not draining, and its CPU free (an actor of a finished job may take a moment
+        to release it; one of a failed test may hold it for good)."""
+        import ray
+        from ray._private.state import state
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes())
+            if not alive or node.node_id in state.get_draining_nodes():
+                return False
+            if state.available_resources_per_node().get(node.node_id, {}).get("CPU", 0.0) >= 1.0:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
 
     def check_loopback(self) -> None:
         """Fail unless every live node, and this driver, advertise an address in 127.0.0.0/8."""
@@ -103,8 +144,13 @@ class RayCluster:
         self.cluster.remove_node(node, allow_graceful=False)
 
     def clear(self) -> None:
+        """End of a test: its plain nodes are kept for the next test (checked when taken), the others removed."""
         for node in list(self.nodes):
-            self.remove(node)
+            if node.node_id in self._plain:
+                self.nodes.remove(node)
+                self._kept.append(node)
+            else:
+                self.remove(node)
 
 
 @pytest.fixture(scope="package")
@@ -131,7 +177,7 @@ def ray_cluster():
 
 @pytest.fixture
 def nodes(ray_cluster):
-    """The module's cluster; nodes a test added are removed after it."""
+    """The package's cluster; nodes a test added are removed after it, or kept for the next (``RayCluster``)."""
     yield ray_cluster
     ray_cluster.clear()
 
