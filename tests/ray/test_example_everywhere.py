@@ -67,10 +67,14 @@ def test_the_example_under_cloud_elastic_run(under_run):
 
 
 @pytest.mark.ray
-def test_the_example_on_ray_gives_the_same_model(nodes, under_run):
+def test_the_example_on_ray_returns_its_results_in_rank_order_with_identical_replicas_the_same_model(nodes, under_run):
+    # main() calls ElasticRayExecutor(min_np=2, max_np=2).run(train, kwargs={"steps": 10}) and prints what it
+    # returns in that order: the job of a test of its own in test_ray_executor.py before (two more actors,
+    # each a Ray worker process importing torch: 7 CPU-s).
     nodes.add(2)
     on_ray = _results(_run([sys.executable, EXAMPLE, "--ray", nodes.cluster.address, "--steps", "10",
                             "--min-np", "2", "--max-np", "2"]))
-    same_training(on_ray, 2)
+    assert [r["rank"] for r in on_ray] == [0, 1], on_ray
+    same_training(on_ray, 2)  # the size, the steps and one checksum on every rank
     assert on_ray[0]["checksum"] == under_run[0]["checksum"]
 

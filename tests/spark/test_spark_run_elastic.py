@@ -33,16 +33,6 @@ def _round_of(directory: Path, size: int, after_step: int = 0, exclude_pids: fro
     return rows if len(rows) == size else None
 
 
-def test_results_come_back_in_rank_order_with_identical_replicas(spark):
-    from cloud_elastic.spark import run_elastic
-
-    example = load_example("pyspark")
-    results = run_elastic(example.train, kwargs={"steps": 10}, num_proc=2, min_np=2, max_np=2)
-    assert [r["rank"] for r in results] == [0, 1]
-    assert all(r["size"] == 2 and r["step"] == 10 for r in results), results
-    assert len({r["checksum"] for r in results}) == 1, results
-
-
 def test_a_killed_worker_shrinks_the_job_and_spark_retrying_its_task_brings_it_back(spark, tmp_path):
     from cloud_elastic.spark import run_elastic
 
@@ -129,9 +119,13 @@ def test_a_return_value_slower_to_pickle_than_the_heartbeat_timeout_comes_back(s
     assert [(r["rank"], r["step"], r["blob"]) for r in results] == [(0, 4, {})]
 
 
-def test_the_example_on_spark_gives_the_same_model_as_under_cloud_elastic_run(spark, capsys, monkeypatch):
+def test_results_come_back_in_rank_order_with_identical_replicas_the_same_model_as_under_cloud_elastic_run(
+        spark, capsys, monkeypatch):
     # examples/elastic_anywhere.py's own main(), as `python examples/elastic_anywhere.py --spark ...` runs it; its
     # getOrCreate() finds this module's session (a Spark of its own cost a JVM start: 33 s in CI, against 10 s).
+    # main() calls run_elastic(train, kwargs={"steps": 10}, num_proc=2, min_np=2, max_np=2) and prints what it
+    # returns in that order: the job of a test of its own before (two more workers, each a fresh interpreter
+    # importing torch: 9 CPU-s).
     from tests.ray.test_example_everywhere import same_training, under_run_results
 
     reference = under_run_results()
@@ -142,5 +136,6 @@ def test_the_example_on_spark_gives_the_same_model_as_under_cloud_elastic_run(sp
     example.main()
     on_spark = [json.loads(line.split("RESULT ", 1)[1]) for line in capsys.readouterr().out.splitlines()
                 if line.startswith("RESULT ")]
-    same_training(on_spark, 2)
+    assert [r["rank"] for r in on_spark] == [0, 1], on_spark
+    same_training(on_spark, 2)  # the size, the steps and one checksum on every rank
     assert on_spark[0]["checksum"] == reference[0]["checksum"]
