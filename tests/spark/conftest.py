@@ -61,7 +61,6 @@ def spark():
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", "512m")
         .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
-        .config("spark.python.worker.reuse", "false")
         .config("spark.driver.host", LOOPBACK)
         .config("spark.driver.bindAddress", LOOPBACK)
         .getOrCreate()
