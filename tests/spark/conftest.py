@@ -1,4 +1,7 @@
-"""A local Spark (``local[3,4]``: three task slots, a task may fail four times) for the Spark executor tests.
+"""A local Spark (``local[2,4]``: two task slots, a task may fail four times) for the Spark executor tests.
+
+Two slots are what the tests need: no job has more than two workers, and the queued-tasks test queues two
+more tasks behind them (each worker is a fresh interpreter importing torch: 4-5 CPU-s).
 
 Needs PySpark and a Java runtime (``scripts/setup-java.sh`` installs one); the
 tests skip with the reason when either is missing.
@@ -56,7 +59,7 @@ def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["SPARK_LOCAL_IP"] = LOOPBACK  # read by the JVM this session starts
     session = (
-        SparkSession.builder.master("local[3,4]")
+        SparkSession.builder.master("local[2,4]")
         .appName("cloud-elastic-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", "512m")
