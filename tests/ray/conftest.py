@@ -4,9 +4,10 @@ The head node has no CPUs, so it is never a host: every host is a worker node
 the test adds (one CPU each, one slot each) and may remove. One cluster for the
 tests/ray package (starting one cost 6-16 s a module on a loaded machine), shut
 down after its last test so that its idle daemons do not take CPU from the tests
-that follow. A test sees only the nodes it added: the plain ones it leaves are
-kept for the next test's ``add`` (starting one is a raylet and two Python agents),
-the rest removed, so a test that adds none of them starts from the bare head.
+that follow. A test that adds nodes sees only those: the plain ones a test
+leaves are kept for the next test's ``add`` (starting one is a raylet and two
+Python agents), which removes those it does not take; the others are removed
+when their test ends.
 
 Every node advertises a loopback address (127.0.0.1 unless a test names another
 127.x address): left alone, Ray advertises the machine's own interface address
