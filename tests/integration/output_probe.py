@@ -4,12 +4,15 @@ Usage: ``output_probe.py DIR --steps N [--burst-gate PATH --burst-bytes B --burs
 Every step prints ``STEP <rank> <step>`` and writes the step to ``DIR/<pid>.step`` (the tests read how far a
 worker got while no driver reads its output). The worker whose id starts with ``--burst-slot`` prints, once,
 when the ``--burst-gate`` file exists, ``--burst-bytes`` of ``BURST <n>`` lines and then ``BURST END <n>``,
-and writes ``burst`` to ``DIR/<pid>.burst``.
+and writes ``burst`` to ``DIR/<pid>.burst``. ``--children N`` children forked at the start (as DataLoader
+workers are) print ``CHILD <n>`` lines all along. While the ``--pause-gate`` file exists the training loop
+waits, printing nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import time
 
@@ -26,8 +29,14 @@ def main() -> None:
     p.add_argument("--burst-gate", default="")
     p.add_argument("--burst-bytes", type=int, default=0)
     p.add_argument("--burst-slot", default="-")
+    p.add_argument("--children", type=int, default=0)
+    p.add_argument("--pause-gate", default="")
     args = p.parse_args()
     hvd.init()
+    children = [multiprocessing.get_context("fork").Process(target=_child_prints, daemon=True)
+                for _ in range(args.children)]
+    for child in children:
+        child.start()
     model = torch.nn.Linear(4, 1)
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01))
     state = hvd.elastic.TorchState(model, optimizer, step=0)
@@ -63,9 +72,21 @@ def main() -> None:
             os.replace(mark + ".step.tmp", mark + ".step")
             maybe_burst()
             time.sleep(args.step_sleep)
+            while args.pause_gate and os.path.exists(args.pause_gate):
+                time.sleep(0.05)
 
     train(state)
     print(f"FINISHED {hvd.rank()}", flush=True)
+    for child in children:
+        child.kill()
+
+
+def _child_prints() -> None:
+    n = 0
+    while True:
+        print(f"CHILD {n}", flush=True)
+        n += 1
+        time.sleep(0.02)
 
 
 if __name__ == "__main__":

@@ -46,10 +46,10 @@ def _steps(lines: list[str]) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
-def _detached_step(directory: Path) -> int:
+def _detached_step(directory: Path, workers: int = 2) -> int:
     """The least step the workers have reached (from their own files, read while no driver shows their output)."""
     seen = [int(p.read_text() or 0) for p in directory.glob("*.step")]
-    return min(seen) if len(seen) == 2 else 0
+    return min(seen) if len(seen) == workers else 0
 
 
 def kill_and_print_detached(first, marks: Path, gate: Path) -> tuple[dict, int]:
@@ -125,5 +125,46 @@ def test_a_restarted_driver_shows_what_adopted_workers_printed_while_it_was_away
     assert code == 0 or (not forked and "ended without saying its exit code" in second.output()), second.output()
     assert "adopted 2 running worker(s)" in second.output(), second.output()
     check_relayed(second.lines, before, detached, "127.0.0.2", "cloud-elastic: worker")
+    assert not processes_of_job(job_id), "a worker outlived the job"
+    assert not list((tmp_path / "run").rglob(".out-*")), "kept output left behind"
+
+
+def test_a_forked_child_of_an_adopted_worker_does_not_take_the_worker_s_output_from_the_restarted_driver(
+        jobs, tmp_path):
+    """A worker with children forked from it that print all along (DataLoader workers, a logging helper): the
+    restarted driver shows every line the worker printed while it was away and after, to its end. The worker
+    prints nothing for a few seconds after the restart, so that its children try the driver's FIFO first."""
+    (tmp_path / "run").mkdir()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    pause = tmp_path / "pause"
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    args = ["run", "-np", "1", "-H", "127.0.0.1:1", "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--driver-grace", "60", sys.executable, str(PROBE), str(marks), "--steps", "80", "--children", "4",
+            "--pause-gate", str(pause)]
+    first = jobs(args, env=env)
+    first.wait_for(lambda j: len(_steps(j.lines).get("127.0.0.1[0]", [])) >= 10, timeout=90, what="ten steps")
+    assert any(" CHILD " in line for line in first.lines), "the children printed nothing"
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    last_seen = _steps(first.lines)["127.0.0.1[0]"][-1][1]
+    deadline = time.monotonic() + 30
+    while _detached_step(marks, 1) < last_seen + 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pause.touch()
+    detached = _detached_step(marks, 1)
+    assert detached >= last_seen + 10, (detached, last_seen)
+    job_id = first.job_id()
+
+    second = jobs(args, env=env)
+    second.wait_for(lambda j: any(" CHILD " in line for line in j.lines), timeout=60, what="a child's line relayed")
+    time.sleep(2)
+    pause.unlink()
+    assert second.finish(120) == 0, second.output()
+    steps = [s for _, s in _steps(second.lines)["127.0.0.1[0]"]]
+    start = last_seen + 3  # the few in the dead driver's pipe when it died are lost with it
+    assert steps == sorted(set(steps)) and start <= detached - 5, (steps, detached)
+    assert steps[steps.index(start):] == list(range(start, 81)), f"the worker's own lines went missing: {steps}"
+    assert "[0]<127.0.0.1[0]> FINISHED 0" in second.lines, second.lines[-5:]
     assert not processes_of_job(job_id), "a worker outlived the job"
     assert not list((tmp_path / "run").rglob(".out-*")), "kept output left behind"

@@ -89,6 +89,16 @@ def keep_for(job_id: str, worker_id: str) -> "KeptOutput | None":
         return _current
 
 
+def _after_fork_in_child() -> None:
+    global _current_lock
+    _current_lock = threading.Lock()
+    if _current is not None:
+        _current._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _broken(fd: int) -> bool:
     """``fd`` is a pipe or FIFO whose every reader is gone (poll says POLLERR to a writer then)."""
     try:
@@ -128,6 +138,24 @@ class KeptOutput:
         #: write holds, and a logging handler's own lock taken inside it could deadlock with one taken outside.
         self.last_error = ""
         self._relayer: threading.Thread | None = None
+        #: The process whose output this is. A child forked from it (a DataLoader worker, a multiprocessing
+        #: helper) inherits this object but must neither trim, relay nor remove the file: it would take the
+        #: adopting driver's FIFO, which that driver opens for one writer, and the worker's output would be lost.
+        self.pid = os.getpid()
+
+    def _forked(self) -> None:
+        """In a child just forked (``os.register_at_fork``): a lock of its own (the parent's may be held by a
+        thread that does not exist here), and no kept file of its own: its descriptors 1 and 2 go where the
+        parent's went at the fork. If they break, it appends to the parent's kept file (see :meth:`broken`)."""
+        self.lock = threading.RLock()
+        self._relayer = None
+        self._fds = ()
+        if self._file is not None:
+            try:
+                os.close(self._file)
+            except OSError:
+                pass
+        self._file = None
 
     @property
     def detached(self) -> bool:
@@ -141,6 +169,16 @@ class KeptOutput:
                 self._point(self._file, tuple(fd for fd in (1, 2) if _broken(fd)))
                 return True
             fds = tuple(fd for fd in (1, 2) if _broken(fd))
+            if self.pid != os.getpid():  # a forked child: append to the worker's kept file, never own it
+                try:
+                    target = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                                     | os.O_CLOEXEC, 0o600)
+                except OSError:
+                    self._point(None, fds)
+                    return False
+                self._point(target, fds)
+                os.close(target)
+                return True
             try:
                 self._file = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
                                      | os.O_CLOEXEC, 0o600)
@@ -170,7 +208,7 @@ class KeptOutput:
 
     def wrote(self) -> None:
         """After a Python write (``lock`` held): keep the file bounded, try the restarted driver now and then."""
-        if self._file is None:
+        if self._file is None:  # attached, or a forked child (which never owns the file)
             return
         self._trim(TRIM_AT)
         if time.monotonic() >= self._next_try:
@@ -180,6 +218,8 @@ class KeptOutput:
         """A tick of the heartbeat thread: notice a broken pipe nobody wrote to yet (native writes then go to
         the file, not to a dead pipe), keep the file bounded, and relay it to an adopting driver (on a thread of
         its own, so the heartbeat never waits for that driver to read)."""
+        if self.pid != os.getpid():
+            return
         if self._file is None:
             if not any(_broken(fd) for fd in (1, 2)):
                 return
