@@ -166,5 +166,8 @@ def test_a_forked_child_of_an_adopted_worker_does_not_take_the_worker_s_output_f
     assert steps == sorted(set(steps)) and start <= detached - 5, (steps, detached)
     assert steps[steps.index(start):] == list(range(start, 81)), f"the worker's own lines went missing: {steps}"
     assert "[0]<127.0.0.1[0]> FINISHED 0" in second.lines, second.lines[-5:]
+    # The children's lines go on after the switch too (forked before it, they follow the worker to the FIFO).
+    near_end = second.lines.index("[0]<127.0.0.1[0]> STEP 0 70")
+    assert any(" CHILD " in line for line in second.lines[near_end:]), "the children's lines stopped at the switch"
     assert not processes_of_job(job_id), "a worker outlived the job"
     assert not list((tmp_path / "run").rglob(".out-*")), "kept output left behind"

@@ -15,7 +15,12 @@ goes on (the user's prints, native code, the worker's own children) and none of 
   write) the worker opens it, cuts the file to the newest :data:`KEEP_BYTES` (and that line), writes it into
   the FIFO, points descriptors 1 and 2 at the FIFO, writes whatever native code added to the file meanwhile, and
   removes the file. Python writes wait for the switch (one lock), so none is duplicated or reordered;
-* again: when that driver dies in turn, the FIFO breaks like the pipe did, and the same happens again.
+* again: when that driver dies in turn, the FIFO breaks like the pipe did, and the same happens again;
+* children: a process forked from the worker (DataLoader workers) gets a keeper of its own that owns nothing
+  (``os.register_at_fork``): it never trims, relays or removes the file, so it never takes the driver's FIFO,
+  which that driver opens for one writer. A broken pipe points its descriptors at the worker's kept file; once
+  the worker removed that file, the child's next write (at most every :data:`RETRY_S`) points them where the
+  worker's own now go (``/proc/WORKER/fd/1``, the FIFO).
 
 ``sys.stdout`` and ``sys.stderr`` are wrapped (:func:`_survive_output_loss`, at the worker's start) so that a
 write that finds the pipe broken does not raise into the training loop: it lands in the kept file instead.
@@ -99,6 +104,14 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _file_id(fd: int) -> tuple[int, int] | None:
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
 def _broken(fd: int) -> bool:
     """``fd`` is a pipe or FIFO whose every reader is gone (poll says POLLERR to a writer then)."""
     try:
@@ -142,6 +155,7 @@ class KeptOutput:
         #: helper) inherits this object but must neither trim, relay nor remove the file: it would take the
         #: adopting driver's FIFO, which that driver opens for one writer, and the worker's output would be lost.
         self.pid = os.getpid()
+        self._kept_id: tuple[int, int] | None = None  # (device, inode) of the kept file a forked child writes to
 
     def _forked(self) -> None:
         """In a child just forked (``os.register_at_fork``): a lock of its own (the parent's may be held by a
@@ -150,8 +164,10 @@ class KeptOutput:
         self.lock = threading.RLock()
         self._relayer = None
         self._fds = ()
+        self._next_try = 0.0
         if self._file is not None:
             try:
+                self._kept_id = _file_id(self._file)
                 os.close(self._file)
             except OSError:
                 pass
@@ -177,6 +193,7 @@ class KeptOutput:
                     self._point(None, fds)
                     return False
                 self._point(target, fds)
+                self._kept_id = _file_id(target)
                 os.close(target)
                 return True
             try:
@@ -208,7 +225,10 @@ class KeptOutput:
 
     def wrote(self) -> None:
         """After a Python write (``lock`` held): keep the file bounded, try the restarted driver now and then."""
-        if self._file is None:  # attached, or a forked child (which never owns the file)
+        if self.pid != os.getpid():
+            self._follow()
+            return
+        if self._file is None:
             return
         self._trim(TRIM_AT)
         if time.monotonic() >= self._next_try:
@@ -244,6 +264,31 @@ class KeptOutput:
             # On a thread of its own: the copy waits for the driver to read up to a MiB, and heartbeats must not.
             self._relayer = threading.Thread(target=self._relay_now, name="output-relay", daemon=True)
             self._relayer.start()
+
+    def _follow(self) -> None:
+        """In a forked child, now and then: a descriptor pointed at the worker's kept file after the worker relayed
+        and removed it goes where the worker's own now goes (the adopting driver's FIFO), so what the child
+        prints after the switch is relayed too."""
+        now = time.monotonic()
+        if now < self._next_try:
+            return
+        self._next_try = now + RETRY_S
+        for fd in (1, 2):
+            try:
+                info = os.fstat(fd)
+                if (info.st_dev, info.st_ino) != self._kept_id or info.st_nlink:
+                    continue  # not the kept file (the child's own redirection), or the worker did not switch yet
+                target = os.open(f"/proc/{self.pid}/fd/{fd}", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK
+                                 | os.O_CLOEXEC)
+            except OSError:
+                continue  # the worker ended, or this is no Linux: the child's output stays where it was
+            try:
+                os.set_blocking(target, True)
+                os.dup2(target, fd)
+            except OSError:
+                pass
+            finally:
+                os.close(target)
 
     def _relay_now(self) -> None:
         with self.lock:
