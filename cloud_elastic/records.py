@@ -7,6 +7,8 @@ Each running driver leaves a record in a per-user runtime directory::
             driver.json   {"v": 1, "job", "address", "pid", "started", "command", "grace_s"}   mode 0600
             secret        the job's control-plane secret                            mode 0600
             .exit-<worker>.json   a local worker's exit code after training (:func:`exit_report_path`)
+            .out-<worker>.log / .fifo   a local worker's output while no driver reads it, and the FIFO an
+                                  adopting driver reads it from (``worker.link.kept_output``)
 
 A worker on another host (started by the SSH launcher's remote wrapper) leaves its exit report where
 :data:`EXIT_REPORT_ENV` says instead, in a private directory of that host, and a restarted driver fetches it over ssh
@@ -31,6 +33,7 @@ names a live driver only if its pid's process started before the record was writ
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import tempfile
@@ -41,6 +44,8 @@ from typing import Sequence
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "PRUNE_AFTER_S",
@@ -141,8 +146,12 @@ def write_driver_record(job_id: str, address: str, secret: str, *, pid: int | No
 
 
 def remove_driver_record(job_id: str, root: Path | None = None) -> None:
-    """Remove a job's record (the driver calls this when it ends). Missing files are fine."""
+    """Remove a job's record (the driver calls this when it ends). Missing files are fine.
+
+    The output kept by local workers that no driver adopted (they outlived ``--driver-grace``) goes too, with
+    one warning naming them: no driver will relay it any more, and the job's directory is removed with it."""
     directory = job_dir(job_id, root)
+    _remove_kept_output(job_id, directory)
     for name in ("driver.json", "secret"):
         try:
             (directory / name).unlink()
@@ -152,6 +161,21 @@ def remove_driver_record(job_id: str, root: Path | None = None) -> None:
         directory.rmdir()
     except OSError:
         pass
+
+
+def _remove_kept_output(job_id: str, directory: Path) -> None:
+    kept = []
+    for path in sorted(directory.glob(".out-*")):
+        try:
+            size = path.lstat().st_size if path.suffix == ".log" else 0
+            path.unlink()
+        except OSError:
+            continue
+        if path.suffix == ".log":
+            kept.append(f"{path.name[len('.out-'):-len('.log')]} ({size} bytes)")
+    if kept:
+        log.warning("job %s: removed the output kept by worker(s) no driver adopted (they outlived the "
+                    "driver grace, or ended before one did): %s", job_id, ", ".join(kept))
 
 
 @dataclass(frozen=True)
@@ -336,7 +360,8 @@ def _remove_gone(job: JobRecord, now: float, root: Path | None) -> bool:
     if again != job or not again.prunable(now):
         return False
     # driver.json last: a deletion cut short leaves a record the next listing still finds and prunes.
-    names = [_ADOPTION_RECORD, "secret"] + [p.name for p in directory.glob(".*") if p.is_file()] + ["driver.json"]
+    names = [_ADOPTION_RECORD, "secret"] + [p.name for p in directory.glob(".*") if p.is_file() or p.is_fifo()]
+    names.append("driver.json")
     try:
         for name in names:
             (directory / name).unlink(missing_ok=True)
