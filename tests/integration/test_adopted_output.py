@@ -133,7 +133,8 @@ def test_a_forked_child_of_an_adopted_worker_does_not_take_the_worker_s_output_f
         jobs, tmp_path):
     """A worker with children forked from it that print all along (DataLoader workers, a logging helper): the
     restarted driver shows every line the worker printed while it was away and after, to its end. The worker
-    prints nothing for a few seconds after the restart, so that its children try the driver's FIFO first."""
+    prints nothing for a few seconds after the restart, so that its children would try the driver's FIFO first
+    if they could."""
     (tmp_path / "run").mkdir()
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -157,7 +158,7 @@ def test_a_forked_child_of_an_adopted_worker_does_not_take_the_worker_s_output_f
     job_id = first.job_id()
 
     second = jobs(args, env=env)
-    second.wait_for(lambda j: any(" CHILD " in line for line in j.lines), timeout=60, what="a child's line relayed")
+    second.wait_for(lambda j: _steps(j.lines).get("127.0.0.1[0]"), timeout=60, what="the kept lines relayed")
     time.sleep(2)
     pause.unlink()
     assert second.finish(120) == 0, second.output()
@@ -166,8 +167,7 @@ def test_a_forked_child_of_an_adopted_worker_does_not_take_the_worker_s_output_f
     assert steps == sorted(set(steps)) and start <= detached - 5, (steps, detached)
     assert steps[steps.index(start):] == list(range(start, 81)), f"the worker's own lines went missing: {steps}"
     assert "[0]<127.0.0.1[0]> FINISHED 0" in second.lines, second.lines[-5:]
-    # The children's lines go on after the switch too (forked before it, they follow the worker to the FIFO).
-    near_end = second.lines.index("[0]<127.0.0.1[0]> STEP 0 70")
-    assert any(" CHILD " in line for line in second.lines[near_end:]), "the children's lines stopped at the switch"
+    # The children's own output went to /dev/null once their pipe broke (a child never creates, grows or follows
+    # anything of the worker's: review s60 rvW); nothing of theirs is left in the runtime directory (below).
     assert not processes_of_job(job_id), "a worker outlived the job"
     assert not list((tmp_path / "run").rglob(".out-*")), "kept output left behind"

@@ -17,10 +17,11 @@ goes on (the user's prints, native code, the worker's own children) and none of 
   removes the file. Python writes wait for the switch (one lock), so none is duplicated or reordered;
 * again: when that driver dies in turn, the FIFO breaks like the pipe did, and the same happens again;
 * children: a process forked from the worker (DataLoader workers) gets a keeper of its own that owns nothing
-  (``os.register_at_fork``): it never trims, relays or removes the file, so it never takes the driver's FIFO,
-  which that driver opens for one writer. A broken pipe points its descriptors at the worker's kept file; once
-  the worker removed that file, the child's next write (at most every :data:`RETRY_S`) points them where the
-  worker's own now go (``/proc/WORKER/fd/1``, the FIFO).
+  (``os.register_at_fork``): it never creates, trims, relays or removes the file, so it never takes the driver's
+  FIFO, which that driver opens for one writer. A broken pipe points its descriptors at /dev/null, as before kept
+  output existed; a child forked while the worker was detached writes into the worker's kept file (relayed with
+  it) until the worker removes it, then (its next write, at most every :data:`RETRY_S` later) to /dev/null. Its
+  output while no driver reads it, and after, is not relayed.
 
 ``sys.stdout`` and ``sys.stderr`` are wrapped (:func:`_survive_output_loss`, at the worker's start) so that a
 write that finds the pipe broken does not raise into the training loop: it lands in the kept file instead.
@@ -163,7 +164,11 @@ class KeptOutput:
     def _forked(self) -> None:
         """In a child just forked (``os.register_at_fork``): a lock of its own (the parent's may be held by a
         thread that does not exist here), and no kept file of its own: its descriptors 1 and 2 go where the
-        parent's went at the fork. If they break, it appends to the parent's kept file (see :meth:`broken`)."""
+        parent's went at the fork. If they break (the driver died), they go to /dev/null (:meth:`broken`), and if
+        they were the worker's kept file, they do once the worker removed it (:meth:`_drop_removed`): a child
+        never creates, grows or follows anything of the worker's (review s60 rvW: a child that created the file
+        anew after the worker's switch grew it unbounded, unrelayed; one that followed the worker through
+        ``/proc/PID/fd`` wrote into an unrelated process once the worker had ended and its pid was reused)."""
         self.lock = threading.RLock()
         self._relayer = None
         self._fds = ()
@@ -188,17 +193,9 @@ class KeptOutput:
                 self._point(self._file, tuple(fd for fd in (1, 2) if _broken(fd)))
                 return True
             fds = tuple(fd for fd in (1, 2) if _broken(fd))
-            if self.pid != os.getpid():  # a forked child: append to the worker's kept file, never own it
-                try:
-                    target = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                                     | os.O_CLOEXEC, 0o600)
-                except OSError:
-                    self._point(None, fds)
-                    return False
-                self._point(target, fds)
-                self._kept_id = _file_id(target)
-                os.close(target)
-                return True
+            if self.pid != os.getpid():  # a forked child: its output goes nowhere once its pipe broke (see _forked)
+                self._point(None, fds)
+                return False
             try:
                 self._file = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
                                      | os.O_CLOEXEC, 0o600)
@@ -230,7 +227,7 @@ class KeptOutput:
         """After a Python write of ``size`` characters (``lock`` held): keep the file bounded, try the restarted
         driver now and then."""
         if self.pid != os.getpid():
-            self._follow()
+            self._drop_removed()
             return
         if self._file is None:
             return
@@ -276,30 +273,20 @@ class KeptOutput:
             self._relayer = threading.Thread(target=self._relay_now, name="output-relay", daemon=True)
             self._relayer.start()
 
-    def _follow(self) -> None:
-        """In a forked child, now and then: a descriptor pointed at the worker's kept file after the worker relayed
-        and removed it goes where the worker's own now goes (the adopting driver's FIFO), so what the child
-        prints after the switch is relayed too."""
+    def _drop_removed(self) -> None:
+        """In a forked child, now and then: a descriptor still on the worker's kept file after the worker relayed
+        and removed it goes to /dev/null, so that the removed file does not grow unseen for the child's life."""
         now = time.monotonic()
-        if now < self._next_try:
+        if now < self._next_try or self._kept_id is None:
             return
         self._next_try = now + RETRY_S
         for fd in (1, 2):
             try:
                 info = os.fstat(fd)
-                if (info.st_dev, info.st_ino) != self._kept_id or info.st_nlink:
-                    continue  # not the kept file (the child's own redirection), or the worker did not switch yet
-                target = os.open(f"/proc/{self.pid}/fd/{fd}", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK
-                                 | os.O_CLOEXEC)
             except OSError:
-                continue  # the worker ended, or this is no Linux: the child's output stays where it was
-            try:
-                os.set_blocking(target, True)
-                os.dup2(target, fd)
-            except OSError:
-                pass
-            finally:
-                os.close(target)
+                continue
+            if (info.st_dev, info.st_ino) == self._kept_id and not info.st_nlink:
+                self._point(None, (fd,))
 
     def _relay_now(self) -> None:
         with self.lock:
