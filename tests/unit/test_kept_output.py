@@ -113,3 +113,46 @@ def test_a_worker_that_ends_before_it_opened_the_fifo_has_its_kept_output_relaye
     assert relay.drained(time.monotonic())
     assert got == ["native 1"] + [f"line {i:07d} " + "x" * 86 for i in range(20)] + ["native 2"]
     assert not kept.exists() and not fifo.exists()
+
+
+# A worker (this script) keeping its output and a child forked from it (review s60 rvW): the child's pipe breaks,
+# it prints; then the worker goes detached, forks a second child, removes its kept file (as at the switch to a
+# restarted driver) and that child prints again.
+_CHILDREN = """
+import os, sys, time
+from pathlib import Path
+from cloud_elastic.worker.link import kept_output as ko
+here = Path(sys.argv[1])
+r, w = os.pipe()
+os.dup2(w, 1)
+keeper = ko.KeptOutput("w1", here / ".out-w1.log", here / ".out-w1.fifo")
+ko._current = keeper
+pid = os.fork()
+if pid == 0:  # a child whose pipe broke (the driver died): it prints
+    time.sleep(0.3)
+    kept = keeper.broken()
+    os.write(1, b"child line\\n" * 100)
+    os._exit(3 if kept else 0)
+os.close(r)
+_, status = os.waitpid(pid, 0)
+print("first child", os.waitstatus_to_exitcode(status), "file", keeper.log_path.exists(), file=sys.stderr)
+keeper.broken()  # the worker itself: its output kept in the file
+pid = os.fork()
+if pid == 0:  # forked while the worker is detached: its descriptor 1 is the worker's kept file
+    time.sleep(0.5)  # the worker removed the file meanwhile
+    keeper.wrote(1)
+    os._exit(0 if os.readlink("/proc/self/fd/1") == "/dev/null" else 4)
+os.unlink(keeper.log_path)
+_, status = os.waitpid(pid, 0)
+print("second child", os.waitstatus_to_exitcode(status), file=sys.stderr)
+"""
+
+
+def test_a_forked_child_never_creates_nor_follows_the_workers_kept_output(tmp_path):
+    done = subprocess.run([sys.executable, "-c", _CHILDREN, str(tmp_path)], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    # The child's output went to /dev/null: no kept file of the worker's created by it, never relayed nor trimmed.
+    assert "first child 0 file False" in done.stderr, done.stderr
+    # A child writing into the worker's kept file leaves it once the worker removed it (not unseen, unbounded).
+    assert "second child 0" in done.stderr, done.stderr
