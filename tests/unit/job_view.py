@@ -39,7 +39,6 @@ class FakeJob:
         self.failure_since_round = False
         self.commit_high = 0
         self.commit_base: int | None = None
-        self.round_start: int | None = None
         self.wall_offset = 0.0
         self.discovered_once = True
         self.last_discovery_error = ""

@@ -237,8 +237,8 @@ def resume_attempt(sim: Sim, *, commit: bool = False, status: ExitStatus | None 
     sim.join("a[0]", "b[0]")
     assert sim.job.workers[sim.id("a[0]")].round == sim.job.round
     sim.job.checkpoint_loaded(6, 6, "/ck/step6")
-    if commit:  # two commits past the checkpoint (one alone may be Horovod's loop redoing its restored batch)
-        at_commit(sim, "a[0]", 8)
+    if commit:
+        at_commit(sim, "a[0]", 7)
     for slot in ("a[0]", "b[0]"):
         if status is None:
             crash(sim, slot)
@@ -300,7 +300,7 @@ def test_a_resumed_round_that_commits_past_its_checkpoint_starts_the_count_again
     sim.exit("a[0]", KILLED)
     sim.exit("b[0]", KILLED)
     resume_attempt(sim)
-    resume_attempt(sim, commit=True)  # commits 7 and 8: progress, the count starts again
+    resume_attempt(sim, commit=True)  # commit 7: progress, the count starts again
     for _ in range(REPEATS - 2):
         resume_attempt(sim)
     assert sim.outcome is None
@@ -368,8 +368,7 @@ def hangs(sim: Sim, how: str, commit: int, *, survivor_commits: bool = False) ->
     "silent" (its heartbeats stop: a GIL held by native code; it prints its stacks on the driver's signal),
     "frozen" (its heartbeats stop and it prints nothing: its host frozen, or its network down with the ssh session
     still open), or an :class:`ExitStatus` (its host stopped answering: the process ends that way before the driver
-    gives it up). ``survivor_commits``: a[0] trains on alone meanwhile (an elastic job), two commits past ``commit``
-    (one alone would be Horovod's loop redoing its restored batch: no progress, see repeats.Mark)."""
+    gives it up). ``survivor_commits``: a[0] trains on alone meanwhile (an elastic job), one commit past ``commit``."""
     b = sim.id("b[0]")
     if how in ("silent", "frozen", "thaw", "unarmed"):
         sim.silent.add(b)
@@ -402,7 +401,7 @@ def hangs(sim: Sim, how: str, commit: int, *, survivor_commits: bool = False) ->
         sim.advance(0.5)
         a = sim.job.workers[sim.id("a[0]")]
         if survivor_commits and a.state is S.RUNNING and a.round == sim.job.round:
-            at_commit(sim, "a[0]", commit + 2)  # alone in a round of its own
+            at_commit(sim, "a[0]", commit + 1)  # alone in a round of its own
         if sim.id("b[0]") != b:
             break
     at = sim.commits.get(sim.id("a[0]"), commit)
@@ -565,13 +564,13 @@ def test_a_commit_between_hangs_starts_the_count_again() -> None:
     sim = fixed()
     hangs(sim, "deadlock", 6)
     hangs(sim, "silent", 6)
-    at_commit(sim, "a[0]", 8)  # the job trained two commits further (one: Horovod's loop redoing its batch)
-    at_commit(sim, "b[0]", 8)
-    hangs(sim, "deadlock", 8)
-    hangs(sim, "silent", 8)
+    at_commit(sim, "a[0]", 7)  # the job trained one commit further
+    at_commit(sim, "b[0]", 7)
+    hangs(sim, "deadlock", 7)
+    hangs(sim, "silent", 7)
     assert sim.outcome is None
-    hangs(sim, "deadlock", 8)
-    failed(sim, f"was given up {REPEATS} times in a row at commit 8")
+    hangs(sim, "deadlock", 7)
+    failed(sim, f"was given up {REPEATS} times in a row at commit 7")
 
 
 def test_an_elastic_job_whose_survivor_trains_on_never_ends_for_a_worker_that_hangs_each_time(caplog) -> None:
@@ -581,17 +580,16 @@ def test_an_elastic_job_whose_survivor_trains_on_never_ends_for_a_worker_that_ha
     at_commit(sim, "a[0]", 6)
     at_commit(sim, "b[0]", 6)
     for n in range(2 * REPEATS):
-        hangs(sim, "deadlock", 6 + 2 * n, survivor_commits=True)
+        hangs(sim, "deadlock", 6 + n, survivor_commits=True)
     assert sim.outcome is None and sim.slots_launched().count("b[0]") == 2 * REPEATS + 1
     assert sim.job.hosts.blacklist.for_good_slots() == []
     assert caplog.text.count(f"1 of {REPEATS} in a row at commit") == 2 * REPEATS, caplog.text
 
 
 # ------------------------------------------------------------------ a stall loop
-def stalls(flights: list[FlightEntry | None], times: int, per_round: int = 0) -> FakeJob:
+def stalls(flights: list[FlightEntry | None], times: int) -> FakeJob:
     """A round of two on a[0] and a[1] at commit 6 stalls ``times`` times in a row, re-forming with the same two
     after each abort; each time rank i last reported ``flights[i]`` (with the round's number) as it stalled.
-    ``per_round``: each round first commits that many times (from what it restored), then stalls.
     Stops early once the job has ended."""
     job = FakeJob(2, progress_timeout_s=60)
     job.phase, job.round, job.commit_high = Phase.RUNNING, 1, 6
@@ -600,10 +598,7 @@ def stalls(flights: list[FlightEntry | None], times: int, per_round: int = 0) ->
     completion = Completion(job, lambda: workers[0])
     now = T0
     for n in range(1, times + 1):
-        for w in workers:
-            w.commit_seq = 6 + (n - 1) * per_round  # what they restored, as they said at rendezvous
         completion.round_formed(now)
-        job.commit_high = 6 + n * per_round
         for w, f in zip(workers, flights):  # heartbeating: nobody is missing, nobody progresses
             if f is not None:
                 job.silence.heard(w.worker_id, now, FlightEntry(job.round, f.seq, f.op, f.state, 0.0))

@@ -33,12 +33,13 @@
   for one more timeout since the abort, or, progressing all along, once it is
   still out :data:`NOT_BACK_LIMIT` timeouts after it. Either way the members
   concerned are asked for their stacks first, and get :data:`STACKS_WAIT_S` to
-  send them. A round that stalls :data:`.repeats.REPEATS` times in a row without progress
-  (:meth:`.repeats.Mark.repeats`) with the same members, each waiting inside a collective each time,
-  ends the job, naming each one's collective; a stall with a member busy outside any collective (a
-  straggler: slow storage, a long evaluation) never counts. A member given up for not coming back still
-  heartbeats: it is marked ``hung`` (its main thread's last frame), and :data:`.repeats.REPEATS` such
-  give-ups in a row without progress end the job (:class:`.repeats.Hangs`).
+  send them. A round that stalls :data:`.repeats.REPEATS` times in a row at the
+  same commit with the same members, every one of them waiting inside a collective
+  each time, ends the job, naming each one's collective; a stall with a member busy
+  outside any collective (a straggler: slow storage, a long evaluation) never counts.
+  A member given up for not coming back still heartbeats: it is marked ``hung`` (with
+  its main thread's last frame), and :data:`.repeats.REPEATS` such give-ups in a row
+  with no new commit of the job end it (:class:`.repeats.Hangs`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from cloud_elastic.driver.job.hosts import Slot, blocked_for
 from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
 from cloud_elastic.driver.job.finishing import ParkedEnds, final_state_held, holds_final_state
 from cloud_elastic.driver.job.liveness import EXIT_GRACE_S
-from cloud_elastic.driver.job.repeats import REPEATS, Mark, Streak, repeated
+from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
@@ -125,7 +126,7 @@ class Completion:
         self._abort_seen_at: float | None = None  # running time the abort of the current round was first seen
         self._stall: _Stall | None = None
         self._explained = False  # the likely cause of an early return was logged (once per job)
-        self._stalls = Streak()  # (members, Mark) of the stalls in a row
+        self._stalls = Streak()  # (commit, members) of the stalls in a row
 
     # ------------------------------------------------------------- completion
     def completed(self, worker_id: str, now: float, *, commit_seq: int | None = None, steps: int | None = None,
@@ -473,11 +474,8 @@ class Completion:
 
     # --------------------------------------------------------- no-progress watch
     def round_formed(self, running: float) -> None:
-        """A round formed at running time ``running``: the watch starts over; the repeat guards measure progress
-        from the commit its members restored (as they said at rendezvous; a checkpoint load sets it anew)."""
-        self._round_progress_at, self._abort_seen_at, self._stall, job = running, None, None, self._job
-        job.round_start = max((w.commit_seq for w in job.alive() if not w.commit_lost and (
-            w.state is S.WAITING or w.member_of(job.round))), default=0)
+        """A round formed at running time ``running``: the watch starts over."""
+        self._round_progress_at, self._abort_seen_at, self._stall = running, None, None
 
     def progressed(self, running: float) -> None:
         """A member of the current round made progress at running time ``running``."""
@@ -542,10 +540,11 @@ class Completion:
 
     def _stalled_again(self, workers: list[WorkerRecord]) -> bool:
         """The current round stalled (``workers``: its members then): True when it ended the job, the
-        :data:`.repeats.REPEATS`-th stall in a row with the same members and no progress in between (an aborted
-        round re-forms unchanged and stalls in the same place, or one commit on in Horovod's loop: a collective
-        that cannot complete, e.g. of tensors whose sizes differ across ranks). Only a stall with every member
-        waiting inside a collective counts: one busy outside any is a straggler; its stall starts the count again."""
+        :data:`.repeats.REPEATS`-th stall in a row at the same commit with the same members (an aborted round
+        re-forms unchanged and stalls in the same place: a collective that cannot complete, such as an
+        allreduce of tensors whose sizes differ across ranks). Only a stall with every member waiting inside a
+        collective counts: one member busy outside any (still computing, reading slow storage) is a straggler
+        that may well arrive next time, and its stall starts the count again."""
         job = self._job
         silence = getattr(job, "silence", None)  # a piece tested alone may have no silence watch
         ranked = sorted(workers, key=lambda w: (w.rank is None, w.rank))
@@ -555,7 +554,7 @@ class Completion:
             self._stalls.clear()
             return False
         members = sorted(w.worker_id for w in workers)
-        times = self._stalls.note((tuple(members), Mark(job.commit_high, job.round_start)), repeated)
+        times = self._stalls.note((job.commit_high, tuple(members)))
         if times < REPEATS:
             return False
         flights = [f"{w.label} collective #{f.seq} ({f.op}) waiting in it" for w, f in zip(ranked, waiting)]

@@ -405,7 +405,7 @@ class ElasticJob(JobState):
         heard = self.commit_high > 0 or not self.resumed
         lost = max(0, self.commit_high - commit_seq) if commit_seq is not None and heard else None
         if commit_seq is not None:
-            self.commit_high = self.round_start = commit_seq  # the job's history goes on from the checkpoint
+            self.commit_high = commit_seq  # the job's history goes on from the checkpoint
             if self.commit_base is None and self.resumed:
                 self.commit_base = commit_seq
             # It is stored: a job failing before its next commit has nothing newer to write (it would write the

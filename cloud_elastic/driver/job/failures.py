@@ -14,18 +14,17 @@
   cooldown, counting no failure of its slots, while a worker that ran and
   failed counts as after it; either way ``--start-timeout`` from the driver's
   start bounds the wait for the first round (:meth:`.capacity.Capacity.check`);
-  a slot whose worker fails :data:`.repeats.REPEATS` times in a row without progress
-  (:meth:`.repeats.Mark.repeats`: the same commit, or one redone commit per relaunch as
-  Horovod's loop does) is blacklisted for good, and the job ends when every worker was lost
-  that many times in a row without progress in between, counting only failures of the worker's own
+  a slot whose worker fails :data:`.repeats.REPEATS` times at the same commit is
+  blacklisted for good, and the job ends when every worker was lost that many times
+  in a row without progress in between, counting only failures of the worker's own
   doing (an exception, an exit code, a crash signal: not a SIGKILL or SIGTERM from
   outside, nor a host out of reach; see :mod:`.repeats`); every line
   carries the error the worker's script said it ended with;
 * a worker given up (:meth:`Failures.give_up`: silent, never arrived, stuck) is
   stopped at once; a leaver given up costs its peers a rollback but no blacklisting;
   one given up while its process still ran (``hung``: stuck, or silent and then printing its stacks on the
-  stop's signal, :meth:`Failures.signal_stacks`) :data:`.repeats.REPEATS` times in a row without progress in
-  between ends the job (see :mod:`.repeats`);
+  stop's signal, :meth:`Failures.signal_stacks`) :data:`.repeats.REPEATS` times in a row with no new commit of
+  the job in between ends the job (see :mod:`.repeats`);
 * the committed state is never silently lost (:meth:`Failures.check_state_kept`):
   once no live worker holds it and no member is on its way back, the next round
   resumes from the latest checkpoint, or, without ``--checkpoint-dir``, the job
@@ -40,7 +39,7 @@ from typing import Callable, Hashable
 
 from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.hosts import Slot, blocked_for
-from cloud_elastic.driver.job.repeats import REPEATS, SILENT, Hangs, Mark, Streak, own_failure
+from cloud_elastic.driver.job.repeats import REPEATS, SILENT, Hangs, Streak, own_failure
 from cloud_elastic.driver.job.stalls import main_frame
 from cloud_elastic.driver.job.exit_status import signal_name
 from cloud_elastic.driver.job.view import JobView
@@ -75,13 +74,13 @@ class Failures:
         self._fixed_failed = fixed_failed
         self._state_lost_logged = False
         #: The highest worker number when every worker was last lost (a resumed attempt's workers are newer),
-        #: and where the job was then (None: never lost).
-        self._lost_mark, self._lost_at = 0, None
+        #: and the job's commit then.
+        self._lost_mark, self._lost_at = 0, -1
         self._lost_in_vain = Streak()  # every worker lost, in a row, each time without progress
         self._own_since_lost = False  # a worker failed of its own doing since every worker was last lost
         self._hangs = Hangs()  # workers given up while their process still ran, in a row at one commit
-        #: Workers given up for silence whose stacks signal is still out: the mark and keys they would count at.
-        self._silent: dict[str, tuple[Mark, frozenset[Hashable]]] = {}
+        #: Workers given up for silence whose stacks signal is still out: the commit and keys they would count at.
+        self._silent: dict[str, tuple[int, frozenset[Hashable]]] = {}
         #: The latest outage (see _together): the highest worker number when its first worker was given up as hung,
         #: the driver's running time then, and its number.
         self._outage: tuple[int, float, int] = (-1, -math.inf, 0)
@@ -89,23 +88,21 @@ class Failures:
     def _lost_again(self) -> int:
         """Every worker is lost, with checkpointing: how many times in a row that has now happened without
         progress: no worker of the resumed attempt made a commit of its own (its first is past the checkpoint
-        it resumed from), or the job is lost where it was the time before (:meth:`.repeats.Mark.repeats`: at the
-        same commit, a bug far past the checkpoint that each attempt commits up to and fails at again; or its
-        attempt resumed from the commit the one before did or the next, and made at most one commit, as
-        Horovod's loop redoes the restored batch before the bug recurs). A loss counts only when a worker
+        it resumed from), or the job is lost at the same commit as the time before (a bug far past the
+        checkpoint: each attempt commits up to it and fails there again). A loss counts only when a worker
         failed of its own doing since the last one (:func:`.repeats.own_failure`): a storm of reclaims that
         kills every worker again and again is not the script's, and the job resumes each time."""
         job = self._job
         mark, self._lost_mark = self._lost_mark, max((w.seq for w in job.workers.values()), default=0)
-        at, self._lost_at = self._lost_at, Mark(job.commit_high, job.round_start)
+        at, self._lost_at = self._lost_at, job.commit_high
         own, self._own_since_lost = self._own_since_lost, False
         committed = any(w.commits > 0 for w in job.workers.values() if w.seq > mark)
-        if committed and (at is None or not self._lost_at.repeats(at)):
-            self._lost_in_vain.clear()  # trained on past where it was lost before (or the first loss): progress
+        if committed and at != job.commit_high:
+            self._lost_in_vain.clear()  # trained on to another commit (or the first loss): progress
         return self._lost_in_vain.note("lost") if own else self._lost_in_vain.count
 
     def _every_slot_repeated(self) -> bool:
-        """Every slot of the ready hosts is blacklisted for good for failing REPEATS times without progress (the
+        """Every slot of the ready hosts is blacklisted for good for failing REPEATS times at the same commit (the
         slots of a job resumed again and again, each attempt lost there, reach it before the job's own count
         does when its attempts do not all fail together): a resume could only fail the same way."""
         hosts = self._job.hosts
@@ -119,8 +116,7 @@ class Failures:
         job = self._job
         why = (" (--blacklist-cooldown-range 0 0)" if job.hosts.blacklist.hi <= 0 else
                " (it already was)" if at is None else
-               f": it failed {REPEATS} times in a row at commit {at}, with no progress in between (no commit past "
-               f"it, or only the one each relaunch redid)")
+               f": it failed {REPEATS} times in a row at commit {at}, with no commit past it in between")
         job.last_failure += f"; {where} is blacklisted for the rest of the job{why}"
         return why
 
@@ -141,12 +137,11 @@ class Failures:
         # trying it again at the shortest cooldown without counting a failure (Blacklist.retry_soon).
         # No round of this driver yet and no worker holding state (a resumed job's state is in its checkpoint).
         booting = transport and job.round == 0 and (not job.state_committed or job.resumed)
-        # Where the job was (its commit, and the one its round restored): a slot failing REPEATS times in a row
-        # without progress (.repeats.Mark), each time of its worker's own doing, is blacklisted for good. A kill
-        # from outside or a host out of reach does not count (None).
+        # The commit the job had reached: a slot failing REPEATS times there in a row, each time of its worker's
+        # own doing, is blacklisted for good. A kill from outside or a host out of reach does not count (None).
         own = own_failure(w.error, exit_code, transport)
         self._own_since_lost = self._own_since_lost or own
-        at = Mark(job.commit_high, job.round_start) if own else None
+        at = job.commit_high if own else None
 
         def block(slot: Slot) -> float:
             if booting:
@@ -168,7 +163,7 @@ class Failures:
         if booting:
             log.warning("job %s: %s; %s not reachable yet: retried in %.0fs", job.job_id, reason, where, delay)
         else:
-            why = self._for_good(where, None if at is None else at.commit) if delay == math.inf else ""
+            why = self._for_good(where, at) if delay == math.inf else ""
             log.warning("job %s: %s; %s blacklisted %s%s", job.job_id, reason, where, blocked_for(delay), why)
         # A negative code is a signal (Popen's convention): the schema has exit_code null and the signal's name.
         killed_by = signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
@@ -223,7 +218,7 @@ class Failures:
             if self.fail(w, what, now, was_member=was_member, transport=False) and w.hung:
                 # Workers given up together (one outage, every member of one stuck round) count once, however many
                 # scans found them (see _together).
-                at = (Mark(job.commit_high, job.round_start), self._together(w, now))
+                at = (job.commit_high, self._together(w, now))
                 if w.hung != SILENT:
                     self._hung(w, *at)
                 elif not armed:  # its silence for the whole --heartbeat-timeout counts alone (signal_stacks)
@@ -297,14 +292,13 @@ class Failures:
             return
         self._hung(w, *at)
 
-    def _hung(self, w: WorkerRecord, mark: Mark, together: frozenset[Hashable]) -> None:
+    def _hung(self, w: WorkerRecord, commit: int, together: frozenset[Hashable]) -> None:
         """``w`` was given up while its process still ran (``w.hung`` says what it was doing) with the job at
-        ``mark``, as part of ``together`` (its round and outage: :meth:`_together`): the :data:`.repeats.REPEATS`-th
-        time in a row without progress in between (:meth:`.repeats.Mark.repeats`) ends the job, through the failing
-        end (its newest commit checkpointed first). The slot itself only cools down, as after any give-up."""
+        ``commit``, as part of ``together`` (its round and outage: :meth:`_together`): the :data:`.repeats.REPEATS`-th
+        time in a row with no new commit of the job in between ends the job, through the failing end (its newest
+        commit checkpointed first). The slot itself only cools down, as after any give-up."""
         job = self._job
-        commit = mark.commit
-        times = self._hangs.given_up(mark, together, w.worker_id, w.slot.host, str(w.slot))
+        times = self._hangs.given_up(commit, together, w.worker_id, w.slot.host, str(w.slot))
         if job.outcome is not None:
             return
         if times < REPEATS:

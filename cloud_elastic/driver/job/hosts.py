@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Collection
 
-from cloud_elastic.driver.job.repeats import REPEATS, Mark, Streak
+from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S, renewed
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
@@ -45,8 +45,7 @@ class Blacklist:
     of its host: only another instance at the address, :meth:`forget_host`, starts clean;
     the same host leaving discovery and coming back stays blocked): a worker that failed
     there of its own doing (:func:`.repeats.own_failure`: :meth:`record_failure` with
-    ``at_commit``) :data:`.repeats.REPEATS` times in a row without progress (:meth:`.repeats.Mark.repeats`:
-    at the same commit, or one redone commit per relaunch), or under a range of
+    ``at_commit``) :data:`.repeats.REPEATS` times at the same commit, or under a range of
     ``(0, 0)`` a worker that failed there at all (``failed``: its own doing, killed from
     outside, given up), as Horovod blacklists a failed host by default. Other failures (a
     host out of reach) and other blocks (stragglers, drains, early returns, cut-off hosts)
@@ -58,26 +57,24 @@ class Blacklist:
         self._rng = rng or random.Random()
         self._failures: dict[Slot, int] = {}
         self._until: dict[Slot, float] = {}  # math.inf: for good
-        self._repeats: dict[Slot, Streak] = {}  # where (Mark) its workers failed, in a row
+        self._repeats: dict[Slot, Streak] = {}  # the commits its workers failed at, in a row
 
-    def record_failure(self, slot: Slot, now: float, at_commit: Mark | int | None = None, *,
-                       failed: bool = False) -> float:
+    def record_failure(self, slot: Slot, now: float, at_commit: int | None = None, *, failed: bool = False) -> float:
         """Count a failure of ``slot``; return how many seconds it is now blocked for (``math.inf``: for good).
 
-        ``at_commit``: a worker failed there of its own doing at that point of the job (a :class:`.repeats.Mark`,
-        or the job's commit alone): the :data:`.repeats.REPEATS`-th such failure in a row without progress in
-        between (:meth:`.repeats.Mark.repeats`) blocks the slot for good. A failure without one (killed from
-        outside, a host out of reach) neither counts toward that nor breaks the run. ``failed``: a worker failed
-        there (however: its own doing, killed from outside, given up), which under a range of ``(0, 0)`` blocks
-        the slot for good, as Horovod does. A slot blocked for good stays so.
+        ``at_commit``: a worker failed there of its own doing at that commit of the job (the highest the job had
+        reached): the :data:`.repeats.REPEATS`-th such failure at the same commit in a row blocks the slot for
+        good. A failure without one (killed from outside, a host out of reach) neither counts toward that nor
+        breaks the run. ``failed``: a worker failed there (however: its own doing, killed from outside, given
+        up), which under a range of ``(0, 0)`` blocks the slot for good, as Horovod does. A slot blocked for good
+        stays so.
         """
         count = self._failures.get(slot, 0) + 1
         self._failures[slot] = count
         if self.for_good(slot):
             return math.inf
         if at_commit is not None:
-            mark = at_commit if isinstance(at_commit, Mark) else Mark(at_commit)
-            again = self._repeats.setdefault(slot, Streak()).note(mark, Mark.repeats)
+            again = self._repeats.setdefault(slot, Streak()).note(at_commit)
             if again >= REPEATS:
                 self._until[slot] = math.inf
                 return math.inf

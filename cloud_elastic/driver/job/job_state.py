@@ -50,7 +50,6 @@ class JobState:
     last_failure: str = field(default="", init=False)
     failure_since_round: bool = field(default=False, init=False)
     commit_high: int = field(default=0, init=False)  # the highest commit reported since the last checkpoint load
-    round_start: int | None = field(default=None, init=False)  # the commit the current round continued from (view)
     commit_base: int | None = field(default=None, init=False)  # a resumed job's first load or adoption (see view)
     wall_offset: float = field(default=0.0, init=False)
     discovered_once: bool = field(default=False, init=False)

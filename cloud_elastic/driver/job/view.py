@@ -46,9 +46,6 @@ class JobView(Protocol):
     failure_since_round: bool
     #: The highest commit any worker reported since the last checkpoint load.
     commit_high: int
-    #: The commit the current round continued from: what its members restored, or the checkpoint its rank 0 loaded
-    #: (None before the first round); the repeat guards measure progress from it (.repeats).
-    round_start: int | None
     #: The commit this driver's run began at: its first checkpoint load, or the workers it adopted (None: a job
     #: that started afresh, from 0, or a resumed one before its first load).
     commit_base: int | None
