@@ -38,7 +38,10 @@ def resumes(store: Any, job_id: str, *, announce_none: bool, checkpoints: list[A
     """
     found = list_checkpoints(store, job_id) if checkpoints is None else checkpoints
     if not found:
-        if announce_none:
+        if adopting:  # "training starts over" read as the adopted workers' training lost (review s60 rvV)
+            log.info("job %s: adopting the running workers; there is no checkpoint in %s yet, so only an adoption "
+                     "that fails would start training over", job_id, store.url)
+        elif announce_none:
             log.info("job %s: resuming the job recorded in %s; it has no checkpoint yet, so training starts "
                      "over unless its workers still write one", job_id, store.url)
         else:
