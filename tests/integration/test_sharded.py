@@ -92,6 +92,9 @@ def test_a_sharded_job_loses_a_host_heals_a_new_one_from_a_peer_and_drains_one_w
     assert sorted(_host(e) for e in resets) == ["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"], resets
     _rolled_back_exactly(job, resets, size=6)
     # Both hosts hold that commit: no shard travels between them.
+    # Each worker's lines come through a pipe of its own: one's 'entered' may be relayed after another's commit.
+    job.wait_for(lambda j: len([e for e in j.of("entered") if e["size"] == 4]) >= 4, timeout=30,
+                 what="the four workers of the round of two hosts entering")
     back = [e for e in job.of("entered") if e["size"] == 4]
     assert len(back) == 4 and not [e for e in back if e["sync_round"] == e["round"] and e["receivers"]], back
 
