@@ -1,5 +1,6 @@
 """The remote wrapper, run for real, passes a SIGTERM of its own (a pod's, from start-sshd.sh) on to the
-worker's process alone and keeps watching; a second one, or the driver's order, stops the whole group."""
+worker's process alone and keeps watching; a second one, or the driver's order, stops the whole group. So it does
+for a SIGTERM that comes while it starts the worker, however slow its main thread is then."""
 
 from __future__ import annotations
 
@@ -42,10 +43,33 @@ _WORKER = textwrap.dedent(r"""
 """)
 
 
-def _wrapper(tmp_path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", MODULE, "n1", "5.0", "0", str(tmp_path), sys.executable, "-c",
-                             _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+# The wrapper's main thread slowed where a loaded host may hold it: just after it started its output pump, which
+# relays the worker's first lines at once (the driver may act on them, e.g. send a signal, meanwhile).
+_SLOW_AFTER_PUMP = textwrap.dedent("""
+    import time
+    from cloud_elastic.driver.launch import ssh_output
+    start = ssh_output.OutputPump.start
+    ssh_output.OutputPump.start = lambda pump: (start(pump), time.sleep(1.0))[0]
+""")
+# A SIGTERM to the wrapper the moment its worker process exists, before the wrapper goes on.
+_TERM_AT_POPEN = textwrap.dedent("""
+    import os, signal, subprocess
+    popen = subprocess.Popen
+    def term_at_popen(*args, **kwargs):
+        proc = popen(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return proc
+    subprocess.Popen = term_at_popen
+""")
+
+
+def _wrapper(tmp_path, worker: list[str] | None = None, patch: str = "") -> subprocess.Popen:
+    """The wrapper of ``worker`` (by default ``_WORKER``), run after ``patch`` (Python code) if any."""
+    wrapper = [sys.executable, "-c", f"{patch}\nfrom {MODULE} import main\nmain()"] if patch else [sys.executable,
+                                                                                                  "-m", MODULE]
+    proc = subprocess.Popen([*wrapper, "n1", "5.0", "0", str(tmp_path), *(worker or [sys.executable, "-c", _WORKER])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
     proc.stdin.write("the-secret\n")
     proc.stdin.flush()
     return proc
@@ -92,11 +116,16 @@ def test_a_sigterm_to_the_wrapper_reaches_the_worker_alone_and_a_second_stops_th
     assert (seen + rest).count("child SIGTERM") == 1, seen + rest  # the group's TERM, at the second
 
 
-def test_the_drivers_term_order_still_stops_the_group_after_a_sigterm(tmp_path):
-    proc = _wrapper(tmp_path)
+@pytest.mark.parametrize("patch", ["", _SLOW_AFTER_PUMP], ids=["plain", "slow-after-pump"])
+def test_the_drivers_term_order_still_stops_the_group_after_a_sigterm(tmp_path, patch):
+    """slow-after-pump: the SIGTERM comes once the worker's lines are out, while the wrapper's main thread is still
+    held after starting the pump (before, the wrapper took it for one before its worker started and exited 1: no
+    'worker SIGTERM 1', no status, the worker's child left running)."""
+    proc = _wrapper(tmp_path, patch=patch)
     seen: list[str] = []
+    child = None
     try:
-        _ready(proc, seen)
+        child = _ready(proc, seen)
         proc.send_signal(signal.SIGTERM)
         _read_until(proc, "worker SIGTERM 1", seen)
         proc.stdin.write("TERM 5\n")  # the driver's stop (host removed, job over): the group, as before
@@ -107,4 +136,29 @@ def test_the_drivers_term_order_still_stops_the_group_after_a_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        _kill_left(child)
     assert "child SIGTERM" in rest or "child SIGTERM" in seen
+
+
+def test_a_sigterm_while_the_wrapper_starts_its_worker_reaches_the_worker_and_its_status_the_driver(tmp_path):
+    """Before, the wrapper exited 1 at once: no status line, and the worker was KILLed by the kernel alone."""
+    proc = _wrapper(tmp_path, worker=["sleep", "30"], patch=_TERM_AT_POPEN)
+    try:
+        proc.wait(timeout=20)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    markers = [m for m in (parse_marker(line, "n1") for line in err.splitlines()) if m is not None]
+    assert markers == [(-signal.SIGTERM, "-")] and proc.returncode == 128 + signal.SIGTERM, (proc.returncode, err)
+    assert "SIGTERM: passed on to the worker" in err
+
+
+def _kill_left(pid: int | None) -> None:
+    """A worker's child that a failing wrapper left running (it would sleep on for good)."""
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -281,6 +281,7 @@ class Wrapper:
         self._socket_path: str | None = None
         self._term_passed_on = False  # a SIGTERM to the wrapper went to the worker (see _on_signal)
         self._pump: OutputPump | None = None  # the worker's output to the driver (see ssh_output)
+        self._early_signals: list[int] = []  # came while the worker was starting (see _on_signal)
 
     def run(self) -> None:
         """Read the secret (and the variables), start the worker, watch it, report its status, exit."""
@@ -312,11 +313,13 @@ class Wrapper:
         finally:
             os.close(secret_fd)
             os.close(out_w)
+        self._pgid = proc.pid  # before the pump: a signal sent once the worker's output is out must find its group
         self._pump = OutputPump(out_r)
         self._pump.start()
-        self._pgid = proc.pid
         _say(f"{STARTED} {self._args.nonce}\n", raw=True)  # the driver may open its next connection to this host
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
+        for signum in self._early_signals:
+            self._on_signal(signum, None)
         status = proc.wait()
         self.stop(self._args.grace_s)  # whatever the worker left behind in its group
         self._done(status, self._reason)
@@ -440,8 +443,9 @@ class Wrapper:
                 pass
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        if self._pgid is None:
-            os._exit(1)
+        if self._pgid is None:  # the worker is starting (its process may exist already): run() acts on it then
+            self._early_signals.append(signum)
+            return
         if signum == signal.SIGTERM and self._args.term_kills:  # passed on, the worker would report its host going
             _say("SIGTERM: the Ray actor or Spark task that started this worker is gone: killing the worker")
             self.stop(0.0)
