@@ -136,10 +136,11 @@ class ExitingMixin:
 
         With ``code`` certain, the process ends with it, the exit status the interpreter would have given it
         (``os._exit``), as the last exit hook: the other exit hooks run first, and the process then finalizes
-        after all if the thread ended meanwhile (:func:`_end_if_still_in_torch`). ``code`` is certain under the
-        local fork server (the script's ``SystemExit`` code, 1 after an exception, 0 when it returned:
-        ``link.driver_link._exit_report``). Without it (a plain interpreter, a script that seemed to end
-        cleanly: a top-level ``SystemExit(3)`` looks the same) the process finalizes as before rather than
+        after all if the thread ended meanwhile (:func:`_end_if_still_in_torch`). ``code`` is certain for a local
+        worker whose command is the driver's Python running a script, forked or not (the script's ``SystemExit``
+        code, 1 after an exception, 0 when it returned: ``link.driver_link._exit_report``;
+        ``driver.launch.local_main``). Without it (a plain interpreter, as over SSH, and a script that seemed to
+        end cleanly: a top-level ``SystemExit(3)`` looks the same) the process finalizes as before rather than
         guess, and never turns a failure into 0.
         """
         global _ending

@@ -18,6 +18,7 @@ from typing import Callable
 from cloud_elastic.driver.launch import forkserver
 from cloud_elastic.driver.launch.forkserver import ForkServer
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
+from cloud_elastic.driver.launch.local_main import through_main
 from cloud_elastic.driver.launch.ssh_remote import secret_fd_value, secret_pipe
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.worker.settings import SECRET_ENV, SECRET_FD_ENV
@@ -299,7 +300,8 @@ class CommandNotStarted(LaunchError):
 
 class LocalLauncher:
     """Starts each worker as a process with its own process group: forked from a server
-    that imported torch once when it can (:mod:`.forkserver`), otherwise as a child process.
+    that imported torch once when it can (:mod:`.forkserver`), otherwise as a child process (the driver's Python
+    running a script or a module runs it through :mod:`.local_main`, and so knows its exit code).
 
     The secret is never on a command line nor in a worker's environment, where ``/proc/PID/environ``
     would show it to every process of the user for the worker's life: a forked worker gets it from the
@@ -353,11 +355,14 @@ class LocalLauncher:
         forked = self._fork(spec, {**env, SECRET_ENV: spec.secret}, on_output)
         if forked is not None:
             return forked
+        # A script run through local_main knows the code it exits with and says it: a driver restarted after this one
+        # adopts the worker but cannot reap it (see local_main).
+        command = through_main(spec.command, forkserver.forkable(spec.command, env, spec.cwd or os.getcwd()))
         secret_fd = secret_pipe(spec.secret)
         env[SECRET_FD_ENV] = secret_fd_value(secret_fd)
         try:
             popen = subprocess.Popen(
-                list(spec.command),
+                command,
                 env=env,
                 cwd=spec.cwd,
                 stdin=subprocess.DEVNULL,
