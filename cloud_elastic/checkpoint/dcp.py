@@ -13,7 +13,8 @@ in every worker that resumes. Here:
   metadata as JSON, and keeps every file's size and SHA-256 in ``files`` for the
   manifest (``CheckpointStore.publish_sharded``).
 * **Reading** (:func:`verifying_reader`): the metadata comes from :data:`METADATA_JSON`,
-  parsed strictly (dtypes from an allowlist, plain file names, integers);
+  parsed strictly (dtypes from an allowlist, plain file names, integers), its claims checked against
+  the shard files before a load allocates a tensor at a size it gives (:mod:`~cloud_elastic.checkpoint.dcp_layout`);
   ``.metadata`` is never opened. Every file is checked against the size and SHA-256 its
   manifest lists before DCP reads a byte of it; a file the manifest does not list is
   refused. Tensors are read by DCP with ``torch.load(weights_only=True)``, and the planner of
@@ -41,6 +42,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointMismatch
+from cloud_elastic.checkpoint.dcp_layout import Region, Tensor, check_layout
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, check_archive, one_line, safe_load
 
@@ -212,6 +214,14 @@ class _VerifyingFS:
             raise ShardCorrupt(f"its shard file {name!r} is not listed in its manifest")
         return self._expected[name]
 
+    def holds(self, name: str, end: int) -> None:
+        """ShardCorrupt unless the manifest lists the file ``name`` at ``end`` bytes or more (the end of the last
+        item the metadata places in it). The listed sizes are the files' sizes on the storage: the store compared
+        them before this reader was made (``CheckpointStore.load``)."""
+        size, _ = self.expected(name)
+        if end > size:
+            raise ShardCorrupt(f"its {METADATA_JSON} places items up to byte {end:,} of {name}, which holds {size:,}")
+
     def _verify(self, path: Any) -> None:
         name = os.path.basename(os.fspath(path))
         if name in self._verified:
@@ -270,6 +280,11 @@ class _VerifyingReader:
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise ShardCorrupt(f"its {METADATA_JSON} is not DCP metadata: {' '.join(str(exc).split())[:200]}") \
                 from None
+        ends: dict[str, int] = {}
+        for info in metadata.storage_data.values():
+            ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+        for name, end in sorted(ends.items()):  # what decode_metadata let a tensor claim is what these files hold
+            self.fs.holds(name, end)
         metadata.storage_meta = StorageMeta(load_id=self.load_id)  # type: ignore[attr-defined]
         return metadata
 
@@ -487,20 +502,23 @@ def decode_metadata(body: Any) -> Any:
     if not isinstance(body, dict) or body.get("format") != _FORMAT or body.get("version") != 1:
         raise ValueError("not cloud-elastic's DCP metadata, version 1")
     items: dict[str, Any] = {}
+    tensors: dict[str, Tensor] = {}
     for fqn, item in _dict(body["items"]).items():
         item = _dict(item)
         if item["kind"] == "bytes":
             items[fqn] = BytesStorageMetadata()
             continue
         if item["kind"] != "tensor" or item["dtype"] not in _DTYPES:
-            raise ValueError(f"item {fqn!r}: not a tensor of a known dtype")
+            raise ValueError(f"item {fqn[:80]!r}: not a tensor of a known dtype")
         props = TensorProperties(dtype=_DTYPES[item["dtype"]], layout=torch.strided,
                                  requires_grad=_bool(item["requires_grad"]), pin_memory=_bool(item["pin_memory"]),
                                  memory_format=_MEMORY_FORMATS[item["memory_format"]])
-        chunks = [ChunkStorageMetadata(offsets=torch.Size(_ints(o)), sizes=torch.Size(_ints(s)))
-                  for o, s in _list(item["chunks"])]
-        items[fqn] = TensorStorageMetadata(properties=props, size=torch.Size(_ints(item["size"])), chunks=chunks)
-    storage = {}
+        claimed = [(tuple(_ints(o)), tuple(_ints(s))) for o, s in _list(item["chunks"])]
+        size = tuple(_ints(item["size"]))
+        tensors[fqn] = Tensor(props.dtype.itemsize, size, tuple(claimed))
+        chunks = [ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s)) for o, s in claimed]
+        items[fqn] = TensorStorageMetadata(properties=props, size=torch.Size(size), chunks=chunks)
+    storage, regions = {}, []
     for entry in _list(body["storage"]):
         entry = _dict(entry)
         name = entry["file"]
@@ -509,9 +527,12 @@ def decode_metadata(body: Any) -> Any:
         if _list(entry["transforms"]):
             raise ValueError("stream transforms are not read")
         index = entry["index"]
-        key = MetadataIndex(_str(entry["fqn"]), None if entry["offset"] is None else _ints(entry["offset"]),
-                            None if index is None else _ints([index])[0])
-        storage[key] = _StorageInfo(name, *_ints([entry["at"], entry["length"]]))
+        offset = None if entry["offset"] is None else tuple(_ints(entry["offset"]))
+        key = MetadataIndex(_str(entry["fqn"]), offset, None if index is None else _ints([index])[0])
+        at, length = _ints([entry["at"], entry["length"]])
+        storage[key] = _StorageInfo(name, at, length)
+        regions.append(Region(key.fqn, offset, name, at, length))
+    check_layout(tensors, regions)  # before a load allocates any tensor at the size claimed here
     version = body.get("dcp_version")
     return Metadata(state_dict_metadata=items, storage_data=storage, version=None if version is None else str(version))
 

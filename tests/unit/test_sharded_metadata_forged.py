@@ -1,0 +1,156 @@
+"""A sharded checkpoint whose ``dcp/metadata.json`` claims what its shard files do not hold, its digest fixed in the
+manifest (whoever writes the storage can do both).
+
+Before: the metadata's sizes were believed, so a load allocated each optimizer tensor at whatever size it claimed
+(a 1 GiB claim took 1 GiB on every worker; 2**40 elements tried to allocate 4 TB), and the load then failed as
+"could not load the shards", which ends the job as "training state lost" although the previous checkpoint was
+intact. Now ``checkpoint.dcp_layout`` checks the claims at parse time and the load falls back in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cloud_elastic.checkpoint.dcp_layout import Region, Tensor, check_layout
+from tests.unit.test_sharded_checkpoint import _checkpoints, _ctx, _state, _train, _values
+from tests.unit.test_sharded_checkpoint_hostile import _two_checkpoints
+
+pytestmark = pytest.mark.timeout(90)
+
+_STEP = "optimizer.state.0.bias.step"  # a scalar, read into a tensor the load allocates at the size claimed
+_EXP_AVG = "optimizer.state.0.bias.exp_avg"  # 16 elements, one chunk
+_LAST = "optimizer.state.2.bias.exp_avg_sq"  # the last item of __0_0.distcp
+
+
+def _forge(newest: Path, tamper, files: dict[str, int] | None = None) -> None:
+    """``tamper`` applied to ``newest``'s metadata.json, its size and digest fixed in the manifest (and the sizes
+    ``files`` listed there for the shard files)."""
+    path = newest / "dcp" / "metadata.json"
+    metadata = json.loads(path.read_text())
+    tamper(metadata)
+    path.write_text(json.dumps(metadata))
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["shards"]["files"].update(files or {}, **{"metadata.json": path.stat().st_size})
+    manifest["shards"]["sha256"]["metadata.json"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _claim(fqn: str, size: list[int], chunks: list, length: int | None = None):
+    def tamper(md):
+        md["items"][fqn].update(size=size, chunks=chunks)
+        for entry in md["storage"]:
+            if entry["fqn"] == fqn:
+                entry["offset"] = chunks[0][0]
+                if length is not None:
+                    entry["length"] = length
+    return tamper
+
+
+def _entry(md, fqn: str) -> dict:
+    return next(e for e in md["storage"] if e["fqn"] == fqn)
+
+
+def _last_entry_longer(md) -> None:
+    max(md["storage"], key=lambda e: e["at"])["length"] += 10 ** 12
+
+
+def _second_entry_over_the_first(md) -> None:
+    _entry(md, _EXP_AVG)["at"] = _entry(md, _STEP)["at"]
+
+
+@pytest.mark.parametrize("tamper,files,reason", [
+    (_claim(_STEP, [2 ** 40], [[[0], [2 ** 40]]]), None,
+     f"item '{_STEP}': its chunk at [0] holds 4,398,046,511,104 bytes, its storage entry only 1,577"),
+    (_claim(_EXP_AVG, [16], [[[0], [12]], [[4], [4]]]), None, f"item '{_EXP_AVG}': its chunks overlap"),
+    (_claim(_EXP_AVG, [16], [[[8], [16]]]), None, f"item '{_EXP_AVG}': its chunk at [8] of [16] is outside its size"),
+    (_claim(_EXP_AVG, [16], [[[0], [8]]]), None, f"item '{_EXP_AVG}': its chunks hold 8 elements, its size [16] 16"),
+    (_second_entry_over_the_first, None, f"storage entries of '{_EXP_AVG}' and '{_STEP}' overlap in '__0_0.distcp'"),
+    (_last_entry_longer, None, "places items up to byte 1,000,000,041,964 of __0_0.distcp, which holds 41,964"),
+    # The manifest lies about the shard file's size too: the store compares it with the storage's first.
+    (_claim(_LAST, [2 ** 40], [[[0], [2 ** 40]]], length=2 ** 42), {"__0_0.distcp": 2 ** 43},
+     "its shard files __0_0.distcp are missing or not the size its manifest says"),
+], ids=["claims 4 TB", "overlap", "outside", "gap", "entries overlap", "entry past the end", "manifest lies too"])
+def test_forged_dcp_metadata_falls_back_to_the_previous_checkpoint_in_one_line_without_allocating_it(
+        tmp_path, caplog, tamper, files, reason):
+    at_2, newest, _ = _two_checkpoints(tmp_path)
+    assert (newest / "dcp" / "__0_0.distcp").stat().st_size == 41_964  # the figures the reasons quote
+    _forge(newest, tamper, files)
+    other = _state(seed=9)
+    _train(other, 1)
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic"):
+        assert _checkpoints(tmp_path, _ctx()).load_latest(other).step == 2
+    assert all(torch.equal(a, b) for a, b in zip(_values(other), at_2))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith(
+        "cloud_elastic")]
+    assert len(warnings) == 1 and "\n" not in warnings[0] and len(warnings[0]) < 600, warnings
+    assert newest.name in warnings[0] and reason in warnings[0] and "falling back to the previous one" in warnings[0]
+
+
+_PEAK = r"""
+import json, resource, sys
+from pathlib import Path
+sys.path.insert(0, ".")
+from tests.unit.test_sharded_checkpoint import _checkpoints, _ctx, _state, _train
+from tests.unit.test_sharded_checkpoint_hostile import _two_checkpoints
+from tests.unit.test_sharded_metadata_forged import _STEP, _claim, _forge
+
+tmp = Path(sys.argv[1])
+_, newest, _ = _two_checkpoints(tmp)
+n = 1 << 28  # float32: 1 GiB
+_forge(newest, _claim(_STEP, [n], [[[0], [n]]]))
+other = _state(seed=9)
+_train(other, 1)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+step = _checkpoints(tmp, _ctx()).load_latest(other).step
+print(json.dumps({"step": step, "grew_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}))
+"""
+
+
+def test_a_metadata_claiming_a_1_gib_optimizer_tensor_costs_no_memory_to_refuse(tmp_path):
+    """Measured in a fresh process, whose peak memory is this load's. Before: its peak grew by 1 GiB."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _PEAK, str(tmp_path)], cwd=root, capture_output=True, text=True,
+                          timeout=80)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["step"] == 2 and found["grew_kib"] < 64 * 1024, found
+
+
+def test_the_chunks_of_a_tensor_sharded_on_a_grid_pass_and_any_one_moved_onto_another_is_refused():
+    """A 2 x 4 mesh sharding both dimensions (uneven: the last column is narrower, one row empty on a third
+    worker), as DCP writes a DTensor's chunks; then each chunk in turn moved onto its neighbour's place."""
+    chunks = [((r * 4, c * 3), (4, 3 if c < 3 else 1)) for r in range(2) for c in range(4)] + [((8, 0), (0, 10))]
+    regions = [Region("w", o, "__0_0.distcp", i * 100, 100) for i, (o, _) in enumerate(chunks)]
+    check_layout({"w": Tensor(4, (8, 10), tuple(chunks))}, regions)
+    for i in (0, 1, 2, 4, 5, 6):  # onto the chunk of the same size in the other row
+        (r, c), sizes = chunks[i]
+        moved = chunks[:i] + [((4 - r, c), sizes)] + chunks[i + 1:]
+        with pytest.raises(ValueError, match=r"^item 'w': its chunks overlap$"):
+            check_layout({"w": Tensor(4, (8, 10), tuple(moved))}, regions)
+
+
+def test_chunks_far_from_a_grid_are_checked_within_a_budget_then_refused_in_one_line():
+    """Rows of bricks whose joints all differ: no grid, so a forged file could make each load compare every
+    chunk with many others. Before the budget: 96 s for 300,000 chunks here."""
+    rows, width = 400, 400
+    chunks = []
+    for r in range(rows):  # row r: a brick of r + 1 columns, then bricks of ``width``, then the rest
+        start = 0
+        for w in [r + 1] + [width] * (rows - 1):
+            chunks.append(((r, start), (1, w)))
+            start += w
+        chunks.append(((r, start), (1, width * rows - start)))
+    regions = [Region("w", o, "__0_0.distcp", i * 10 ** 6, 10 ** 6) for i, (o, _) in enumerate(chunks)]
+    with pytest.raises(ValueError, match=r"^item 'w': its chunks are too many, and too far from a grid, to check "
+                                         r"\(160,400 in one item\)$"):
+        check_layout({"w": Tensor(1, (rows, width * rows), tuple(chunks))}, regions)
+    few = [c for c in chunks if c[0][0] < 20]  # 20 rows of the same: checked, and they cover their part exactly
+    check_layout({"w": Tensor(1, (20, width * rows), tuple(few))}, regions)
