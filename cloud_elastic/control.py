@@ -5,7 +5,8 @@ with an HMAC-SHA256 signature (per-job secret) in the ``X-Cloud-Elastic-Signatur
 header. The object carries the protocol version ``v``, the ``job`` id, a
 timestamp ``ts`` and a random ``nonce``; the receiver rejects a bad signature,
 another job's message, a stale or non-finite timestamp, a replayed nonce, malformed JSON and
-bodies over :data:`MAX_BODY` bytes. Nothing is ever unpickled. A driver that adopts its predecessor's
+bodies over :data:`MAX_BODY` bytes (a request over :data:`MAX_REQUEST`: the driver reads no more of one, and a
+worker signs no more). Nothing is ever unpickled. A driver that adopts its predecessor's
 workers keeps their secret but not the predecessor's memory of nonces: its codec also refuses whatever
 was signed before it started (``not_before``; :data:`SIGNED_BEFORE_START`), and a worker signs again.
 
@@ -28,6 +29,7 @@ from cloud_elastic.errors import ControlPlaneError
 __all__ = [
     "PROTOCOL_VERSION",
     "MAX_BODY",
+    "MAX_REQUEST",
     "SIGNATURE_HEADER",
     "MAX_CLOCK_SKEW_S",
     "SIGNED_BEFORE_START",
@@ -38,7 +40,14 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
-MAX_BODY = 64 * 1024
+#: The most bytes of a request to the driver (a worker's, or ``cloud-elastic status``'s): the driver reads no more
+#: of one, signed or not (a stranger's body waits in its memory until it is whole), and a worker's largest is a few KiB.
+MAX_REQUEST = 64 * 1024
+#: The most bytes of any message, the driver's replies included. A rendezvous assignment, and a heartbeat's plan of
+#: the next round, list every host of the round: at most ``providers.api.MAX_HOSTS`` (16,384) names of at most 255
+#: characters (``protocol``), 4.2 MB as JSON. Four times that leaves room for the rest of the reply and for names
+#: JSON escapes; a reply past it is answered 500 (``driver.net.control_server``), never sent.
+MAX_BODY = 16 * 1024 * 1024
 SIGNATURE_HEADER = "X-Cloud-Elastic-Signature"
 #: Workers run on other VMs; their clocks are NTP-synchronised but not perfectly.
 MAX_CLOCK_SKEW_S = 300.0
@@ -103,14 +112,15 @@ class Codec:
         if math.isfinite(ts):
             self._floor = max(self._floor, min(ts, self._clock() + MAX_CLOCK_SKEW_S))
 
-    def encode(self, kind: str, payload: dict[str, Any]) -> tuple[bytes, str]:
-        """Return ``(body, signature)`` for a message of ``kind``."""
+    def encode(self, kind: str, payload: dict[str, Any], *, limit: int = MAX_REQUEST) -> tuple[bytes, str]:
+        """Return ``(body, signature)`` for a message of ``kind``; ControlPlaneError past ``limit`` bytes (a request's,
+        unless the caller says otherwise: the driver's replies may hold up to :data:`MAX_BODY`)."""
         message = dict(payload)
         message.update(v=PROTOCOL_VERSION, job=self.job_id, kind=kind, ts=max(self._clock(), self._floor),
                        nonce=secrets.token_hex(12))
         body = json.dumps(message, separators=(",", ":")).encode()
-        if len(body) > MAX_BODY:
-            raise ControlPlaneError(f"{kind} message of {len(body)} bytes exceeds the {MAX_BODY}-byte limit")
+        if len(body) > limit:
+            raise ControlPlaneError(f"{kind} message of {len(body)} bytes exceeds the {limit}-byte limit")
         return body, self.sign(body)
 
     def decode(self, body: bytes, signature: str | None) -> dict[str, Any]:

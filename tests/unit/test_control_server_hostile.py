@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, Codec, new_secret
+from cloud_elastic.control import MAX_REQUEST, SIGNATURE_HEADER, Codec, new_secret
 from cloud_elastic.driver.net.control_server import ControlServer
 from cloud_elastic.worker.link.client import DriverClient
 
@@ -165,7 +165,7 @@ def test_a_head_past_8_kib_is_refused_even_whole_and_the_largest_signed_request_
     head = b"POST /v1/poll HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 9000 + b"\r\nContent-Length: 2\r\n\r\n{}"
     assert _send(server.port, "127.0.0.2", head).startswith(b"HTTP/1.1 431")
     worker = DriverClient(f"127.0.0.1:{server.port}", Codec(SECRET, "job"), "w1")
-    assert worker.call("register", {"pad": "x" * (MAX_BODY - 200)})["ok"] is True
+    assert worker.call("register", {"pad": "x" * (MAX_REQUEST - 200)})["ok"] is True
 
 
 def test_unsigned_requests_cannot_hold_more_than_the_byte_bound_and_a_large_signed_request_is_served():
@@ -196,7 +196,7 @@ def test_unsigned_requests_cannot_hold_more_than_the_byte_bound_and_a_large_sign
         kept = open_ones()
         assert kept == list(range(40 - len(kept), 40)) and len(kept) >= 10, kept  # the newest are kept
         worker = DriverClient(f"127.0.0.1:{srv.port}", Codec(SECRET, "job"), "w1")
-        assert worker.call("register", {"pad": "x" * (MAX_BODY - 200)})["ok"] is True
+        assert worker.call("register", {"pad": "x" * (MAX_REQUEST - 200)})["ok"] is True
         for s in held:
             s.close()
     finally:

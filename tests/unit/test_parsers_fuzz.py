@@ -24,7 +24,7 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloud_elastic.control import MAX_BODY, PROTOCOL_VERSION, SIGNATURE_HEADER, Codec, new_secret
+from cloud_elastic.control import MAX_REQUEST, PROTOCOL_VERSION, SIGNATURE_HEADER, Codec, new_secret
 from cloud_elastic.driver.net.store_server import (
     MAGIC, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES, MAX_STORE_BYTES, PING, VALIDATE, ProtocolError,
     _command as store_command,
@@ -246,7 +246,7 @@ _http = st.builds(
     st.sampled_from(["POST", "GET", "PUT", "POST\x00"]),
     st.one_of(st.sampled_from(["/v1/poll", "/v1/register", "/v1/", "/"]), _token.map(lambda t: "/v1/" + t)),
     st.lists(st.tuples(_token, _token), max_size=4),
-    st.one_of(st.none(), st.integers(-5, 200), st.sampled_from([MAX_BODY + 1, 10**30])),
+    st.one_of(st.none(), st.integers(-5, 200), st.sampled_from([MAX_REQUEST + 1, 10**30])),
     st.binary(max_size=200),
 )
 _control_input = st.one_of(st.binary(max_size=400), _http)

@@ -7,8 +7,9 @@ grow with them.
 
 :func:`descriptor_share`: how many connections a server may hold, as a share of the process's
 descriptor limit: the control plane half, the rendezvous store a quarter (a worker holds two
-control connections and one store connection), so strangers on both ports leave a quarter for the
-rest of the driver, a worker launch's pipes first (without them the launch fails).
+control connections and one store connection), the metrics port a sixteenth (and 64 at most), so
+strangers on every port leave more than a sixth for the rest of the driver, a worker launch's pipes
+first (without them the launch fails).
 
 :func:`raise_descriptor_limit`: at the driver's start, the soft descriptor limit up to the hard one, with a
 warning when even that is too low for the job.
@@ -33,8 +34,8 @@ import selectors
 import time
 from typing import Any
 
-__all__ = ["AcceptPause", "CONTROL_SHARE", "PAUSE_S", "RefusalLog", "STORE_SHARE", "UNPROVEN_SHARE", "descriptor_share",
-           "raise_descriptor_limit"]
+__all__ = ["AcceptPause", "CONTROL_SHARE", "METRICS_SHARE", "PAUSE_S", "RefusalLog", "STORE_SHARE", "UNPROVEN_SHARE", "descriptor_share",
+           "power_of_ten", "raise_descriptor_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ _SHORTAGES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: The shares of the descriptor limit the two servers' connections may take (see the module docstring).
 CONTROL_SHARE = 0.5
 STORE_SHARE = 0.25
+METRICS_SHARE = 1 / 16
 #: The share of a server's own share that connections which have sent nothing that counts yet may take (on the
 #: control plane, no signed request; on the store, not even torch's validation): past it the oldest is closed
 #: (see :mod:`.selector_server`).
@@ -119,12 +121,13 @@ class RefusalLog:
         n = self._counts[kind] = self._counts.get(kind, 0) + 1
         if n == 1:
             self._log.warning(self._first, peer, detail)
-        elif _power_of_ten(n):
+        elif power_of_ten(n):
             self._log.warning("%s: %d refusals of this kind so far (%s), the latest from %s",
                               self._what, n, kind, peer)
 
 
-def _power_of_ten(n: int) -> bool:
+def power_of_ten(n: int) -> bool:
+    """Whether ``n`` is 1, 10, 100, ...: when a count of refusals or failures is worth a line."""
     while n % 10 == 0:
         n //= 10
     return n == 1

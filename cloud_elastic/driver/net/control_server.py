@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Union
 
-from cloud_elastic.control import MAX_BODY, SIGNATURE_HEADER, SIGNED_BEFORE_START, Codec
+from cloud_elastic.control import MAX_BODY, MAX_REQUEST, SIGNATURE_HEADER, SIGNED_BEFORE_START, Codec
 from cloud_elastic.driver.net.accepting import CONTROL_SHARE, RefusalLog
 from cloud_elastic.driver.net.selector_server import PROVEN, Connection, SelectorServer
 from cloud_elastic.errors import ControlPlaneError
@@ -122,12 +122,19 @@ def _kind_of(reason: str) -> str:
     return reason.strip() or "other"
 
 
+#: A parsed request head: where its body starts, the body's length, the request's kind, whether to close the
+#: connection after the reply, and the signature header (None when missing).
+_Head = tuple[int, int, str, bool, Union[str, None]]
+
+
 class _Conn(Connection):
     def __init__(self, sock: socket.socket, address: str, peer: str) -> None:
         super().__init__(sock, address, peer)
         self.held: Held | None = None
         self.close_after = False  # close once the reply is out (a rejected request, Connection: close)
         self.opened = time.monotonic()
+        self.head: _Head | None = None  # the parsed head of a request whose body is on its way
+        self.scanned = 0  # how many bytes of an unfinished head were searched for its end
 
 
 class ControlServer(SelectorServer):
@@ -153,7 +160,6 @@ class ControlServer(SelectorServer):
         self._timers: list[tuple[float, int, Held]] = []
         self._seq = itertools.count()
         self._sweep_at = 0.0
-        self._errors: set[tuple[str, str, str]] = set()
         self.rejected = 0
 
     @property
@@ -216,59 +222,74 @@ class ControlServer(SelectorServer):
 
         A lean HTTP/1.1 reader: a head of at most :data:`_MAX_HEAD` bytes (the
         request line and at most :data:`_MAX_HEADERS` header lines), then exactly
-        ``Content-Length`` bytes of body. Anything else is refused with a
-        4xx status and the connection closed.
+        ``Content-Length`` bytes of body, at most :data:`~cloud_elastic.control.MAX_REQUEST`. Anything else is
+        refused with a 4xx status and the connection closed. A head is parsed once, and the bytes searched for
+        its end are searched once: a body (or a head) trickled a byte at a time costs linear CPU, not 8 KiB a read.
         """
         while conn.held is None and not conn.close_after and conn.open and conn.inbox:
+            head = conn.head if conn.head is not None else self._head(conn)
+            if head is None:  # still on its way, or refused
+                return
+            conn.head = head
+            start, length, kind, close, signature = head
             buf = conn.inbox
-            end = buf.find(b"\r\n\r\n", 0, _MAX_HEAD + 4)  # the head and the blank line after it
-            if end < 0:
-                if len(buf) >= _MAX_HEAD + 4:
-                    self._reject(conn, 431, f"request head over {_MAX_HEAD} bytes", kind="request head too large")
-                return
-            lines = bytes(buf[:end]).split(b"\r\n")
-            line = lines[0]
-            parts = line.split()
-            if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-                self._reject(conn, 400, f"malformed request line {line[:64]!r}", kind="malformed request line")
-                return
-            method, target, version = parts
-            if len(lines) - 1 > _MAX_HEADERS:
-                self._reject(conn, 431, f"more than {_MAX_HEADERS} header lines", kind="too many header lines")
-                return
-            headers: dict[bytes, bytes] = {}
-            for raw in lines[1:]:
-                name, sep, value = raw.partition(b":")
-                if not sep:
-                    self._reject(conn, 400, "malformed header line", kind="malformed header line")
-                    return
-                headers[name.strip().lower()] = value.strip()
-            if method != b"POST":
-                self._reject(conn, 405, f"method {method[:16].decode('latin-1')!r} not allowed",
-                             kind="method not allowed")
-                return
-            path = target.decode("latin-1")
-            if not path.startswith("/v1/"):
-                self._reject(conn, 404, f"unknown path {path[:64]!r}", kind="unknown path")
-                return
-            try:
-                length = int(headers.get(b"content-length", b""))
-            except ValueError:
-                self._reject(conn, 411, "missing Content-Length", kind="missing Content-Length")
-                return
-            if length < 0 or length > MAX_BODY:
-                self._reject(conn, 413, f"body of {length} bytes exceeds the {MAX_BODY}-byte limit",
-                             kind="body too large")
-                return
-            if len(buf) < end + 4 + length:
+            if len(buf) < start + length:
                 return  # the body is still on its way
-            body = bytes(buf[end + 4:end + 4 + length])
-            del buf[:end + 4 + length]
-            connection = headers.get(b"connection", b"").lower()
-            if connection == b"close" or (version == b"HTTP/1.0" and connection != b"keep-alive"):
-                conn.close_after = True
-            signature = headers.get(_SIGNATURE_KEY)
-            self._dispatch(conn, path.rsplit("/", 1)[-1], body, None if signature is None else signature.decode("latin-1"))
+            conn.head = None
+            body = bytes(buf[start:start + length])
+            del buf[:start + length]
+            conn.close_after = close
+            self._dispatch(conn, kind, body, signature)
+
+    def _head(self, conn: _Conn) -> _Head | None:
+        """The head at the start of ``conn``'s inbox: (where its body starts, the body's length, the request's kind,
+        whether to close after the reply, its signature); None while it is still on its way, or once refused."""
+        buf = conn.inbox
+        end = buf.find(b"\r\n\r\n", max(0, conn.scanned - 3), _MAX_HEAD + 4)  # the head and the blank line after it
+        if end < 0:
+            conn.scanned = len(buf)
+            if len(buf) >= _MAX_HEAD + 4:
+                self._reject(conn, 431, f"request head over {_MAX_HEAD} bytes", kind="request head too large")
+            return None
+        conn.scanned = 0
+        lines = bytes(buf[:end]).split(b"\r\n")
+        line = lines[0]
+        parts = line.split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+            self._reject(conn, 400, f"malformed request line {line[:64]!r}", kind="malformed request line")
+            return None
+        method, target, version = parts
+        if len(lines) - 1 > _MAX_HEADERS:
+            self._reject(conn, 431, f"more than {_MAX_HEADERS} header lines", kind="too many header lines")
+            return None
+        headers: dict[bytes, bytes] = {}
+        for raw in lines[1:]:
+            name, sep, value = raw.partition(b":")
+            if not sep:
+                self._reject(conn, 400, "malformed header line", kind="malformed header line")
+                return None
+            headers[name.strip().lower()] = value.strip()
+        if method != b"POST":
+            self._reject(conn, 405, f"method {method[:16].decode('latin-1')!r} not allowed", kind="method not allowed")
+            return None
+        path = target.decode("latin-1")
+        if not path.startswith("/v1/"):
+            self._reject(conn, 404, f"unknown path {path[:64]!r}", kind="unknown path")
+            return None
+        try:
+            length = int(headers.get(b"content-length", b""))
+        except ValueError:
+            self._reject(conn, 411, "missing Content-Length", kind="missing Content-Length")
+            return None
+        if length < 0 or length > MAX_REQUEST:
+            self._reject(conn, 413, f"body of {length} bytes exceeds the {MAX_REQUEST}-byte limit",
+                         kind="body too large")
+            return None
+        connection = headers.get(b"connection", b"").lower()
+        close = connection == b"close" or (version == b"HTTP/1.0" and connection != b"keep-alive")
+        signature = headers.get(_SIGNATURE_KEY)
+        return (end + 4, length, path.rsplit("/", 1)[-1], close,
+                None if signature is None else signature.decode("latin-1"))
 
     def _dispatch(self, conn: _Conn, kind: str, body: bytes, signature: str | None) -> None:
         try:
@@ -294,9 +315,21 @@ class ControlServer(SelectorServer):
         self._answer(conn, kind, message, reply)
 
     def _answer(self, conn: _Conn, kind: str, message: dict[str, Any], reply: dict[str, Any]) -> None:
-        # A reply names the request it answers, so it cannot be replayed to
-        # another worker or for another request.
-        out, signature = self._codec.encode(kind, dict(reply, re=message["nonce"], to=message.get("worker")))
+        """Send ``reply`` signed; a reply that cannot be sent (past :data:`~cloud_elastic.control.MAX_BODY`, or not
+        JSON) is answered 500 instead, and the server serves on."""
+        try:
+            # A reply names the request it answers, so it cannot be replayed to
+            # another worker or for another request.
+            out, signature = self._codec.encode(kind, dict(reply, re=message["nonce"], to=message.get("worker")),
+                                                limit=MAX_BODY)
+        except ControlPlaneError as exc:  # too large: the job's size or its host names, not a bug of the code
+            self._log_failure(f"cannot send the {kind} reply to {message.get('worker')!r}; answered 500", exc,
+                              trace=False, kind=kind)
+            self._reject(conn, 500, f"driver error answering {kind}: {exc}", warn=False)
+            return
+        except Exception as exc:  # a handler's reply that is not JSON
+            self._bug(conn, kind, exc)
+            return
         self._respond(conn, 200, out, signature=signature)
 
     def _finish_from_any_thread(self, held: Held, reply: dict[str, Any]) -> None:
@@ -328,16 +361,26 @@ class ControlServer(SelectorServer):
         conn.held = None
         if not conn.open:
             return
-        self._answer(conn, str(held._message["kind"]), held._message, reply)
-        self._parse(conn)  # a request that arrived meanwhile (clients do not pipeline, but may)
+        try:
+            self._answer(conn, str(held._message["kind"]), held._message, reply)
+            self._parse(conn)  # a request that arrived meanwhile (clients do not pipeline, but may)
+        except Exception as exc:
+            self._fail(conn, exc)
 
     def _bug(self, conn: _Conn, kind: str, exc: Exception) -> None:
-        key = (kind, type(exc).__name__, str(exc))
-        if key not in self._errors:
-            self._errors.add(key)
-            log.error("control plane: the driver failed handling %r (a bug; please report it)", kind,
-                      exc_info=(type(exc), exc, exc.__traceback__))
+        """A handler raised ``exc`` (a driver bug): logged once per kind with its traceback, the request answered 500."""
+        self._log_failure(f"the driver failed handling {kind!r}", exc)
         self._reject(conn, 500, f"driver error handling {kind}: {type(exc).__name__}: {exc}", warn=False)
+
+    def _failed(self, conn: Connection, exc: Exception) -> None:
+        """The server's own code raised ``exc`` handling ``conn`` (logged): its request is answered 500, and it is
+        closed; one held or already refused is closed."""
+        assert isinstance(conn, _Conn)
+        if not conn.open or conn.held is not None or conn.close_after:
+            self._drop(conn)
+            return
+        conn.head, conn.inbox = None, bytearray()
+        self._reject(conn, 500, f"driver error: {type(exc).__name__}: {exc}", warn=False)
 
     def _reject(self, conn: _Conn, status: int, reason: str, *, kind: str = "", warn: bool = True) -> None:
         """Answer ``status`` with ``reason`` and close; warn once per ``kind`` (never text from the request:

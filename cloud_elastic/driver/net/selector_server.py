@@ -27,6 +27,12 @@ proven connection is never closed to make room for a stranger. A server may also
 that unproven connections' inboxes hold together (``unproven_bytes``: the control plane does; the
 store counts its memory itself): past it, the unproven connection that has held bytes longest is
 closed, after the same read.
+
+**Nothing a client does ends the serving thread.** A hook that raises while handling one connection (a bug, or a
+reply the server cannot make) costs that connection: :meth:`SelectorServer._failed` answers or drops it, and the
+error is logged once per kind, with its traceback. A hook that raises outside any connection is logged the same
+way, and the loop goes on; were the loop itself to fail, it starts again. Before, one reply over the control
+plane's size limit ended the thread, and every worker's next call was refused for the rest of the job.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ import selectors
 import socket
 import threading
 import time
+from typing import Any, Callable
 
-from cloud_elastic.driver.net.accepting import UNPROVEN_SHARE, AcceptPause, RefusalLog, descriptor_share
+from cloud_elastic.driver.net.accepting import UNPROVEN_SHARE, AcceptPause, RefusalLog, descriptor_share, power_of_ten
 
 __all__ = ["Connection", "PROVEN", "SelectorServer"]
 
@@ -48,6 +55,10 @@ _ACCEPT = "accept"
 _WAKE = "wake"
 #: The tier of a connection that proved it comes from the job (see the module docstring).
 PROVEN = -1
+#: Kinds of failure told apart; past them, everything is "other" (a bound, should a bug vary its text).
+_MAX_FAILURE_KINDS = 64
+#: How long the loop waits before starting again after it failed outside any hook (it cannot have: a last guard).
+_RESTART_S = 0.1
 
 
 class Connection:
@@ -81,7 +92,9 @@ class SelectorServer:
     (``tier_words``, for the log) and how much it reads at once (``recv_bytes``), calls :meth:`_promote`
     as a connection gets further, and fills in the hooks: :meth:`_connect`, :meth:`_received`, and as it
     needs :meth:`_refusal`, :meth:`_writable`, :meth:`_interest`, :meth:`_flushed`, :meth:`_dropped`, :meth:`_timeout`,
-    :meth:`_before_events` and :meth:`_after_events`. Every hook runs on the serving thread.
+    :meth:`_before_events` and :meth:`_after_events`, and :meth:`_failed` for a connection whose hook raised.
+    Every hook runs on the serving thread. ``max_connections`` caps the connections below the share (None: the
+    share alone).
     """
 
     name = "server"
@@ -97,6 +110,8 @@ class SelectorServer:
     peer_has_port = True
     #: How many bytes the inboxes of unproven connections may hold together (None: no bound here).
     unproven_bytes: int | None = None
+    #: The most connections open at once, whatever the descriptor limit (None: the share alone).
+    max_connections: int | None = None
 
     def __init__(self, refusals: RefusalLog) -> None:
         self._refusals = refusals
@@ -114,6 +129,7 @@ class SelectorServer:
         # The unproven connections whose inboxes hold bytes, in the order they began to, and those bytes.
         self._holding: dict[Connection, None] = {}
         self._holding_bytes = 0
+        self._failures: dict[tuple[str, str], int] = {}  # how often each kind of failure was seen
 
     # ------------------------------------------------------------- lifecycle
     def _serve_on(self, listener: socket.socket) -> None:
@@ -158,9 +174,12 @@ class SelectorServer:
     # ------------------------------------------------------------------ loop
     def _serve(self) -> None:
         try:
-            self._loop()
-        except Exception:  # a bug here: every client's next call would wait out its timeout
-            log.exception("%s: stopped serving", self.name)
+            while not self._closing:
+                try:
+                    self._loop()
+                except Exception as exc:  # a bug in the loop itself: stopping would refuse every client from now on
+                    self._log_failure("its loop failed; it goes on", exc)
+                    time.sleep(_RESTART_S)
         finally:
             for conn in list(self._connections):
                 self._drop(conn)
@@ -175,10 +194,15 @@ class SelectorServer:
         assert self._selector is not None
         while not self._closing:
             try:
-                events = self._selector.select(self._pause.timeout(self._timeout()))
+                timeout = self._timeout()
+            except Exception as exc:
+                self._log_failure("its timeout hook failed", exc)
+                timeout = 1.0
+            try:
+                events = self._selector.select(self._pause.timeout(timeout))
             except OSError:  # a descriptor closed under select: go round again
                 continue
-            self._before_events()
+            self._hook(self._before_events)
             for key, mask in events:
                 if key.data == _ACCEPT:
                     self._accept()
@@ -187,12 +211,53 @@ class SelectorServer:
                 elif key.data.open:  # not dropped earlier in this round of events
                     conn = key.data
                     if mask & selectors.EVENT_WRITE:
-                        self._writable(conn)
+                        try:
+                            self._writable(conn)
+                        except Exception as exc:
+                            self._fail(conn, exc)
                     if mask & selectors.EVENT_READ and conn.open:
                         self._read(conn)
-                        self._keep_to_budget()
+                        self._hook(self._keep_to_budget)
             self._pause.resume_if_due()
-            self._after_events()
+            self._hook(self._after_events)
+
+    def _hook(self, hook: Callable[[], None]) -> None:
+        """Run a hook that concerns no one connection; a failure is logged (once per kind) and the loop goes on."""
+        try:
+            hook()
+        except Exception as exc:
+            self._log_failure(f"{hook.__name__.strip('_').replace('_', ' ')} failed", exc)
+
+    def _fail(self, conn: Connection, exc: Exception) -> None:
+        """A hook raised ``exc`` while handling ``conn``: log it once per kind, and let :meth:`_failed` answer or drop it."""
+        self._log_failure(f"failed handling a connection from {conn.peer}", exc)
+        try:
+            self._failed(conn, exc)
+        except Exception as again:
+            self._log_failure(f"failed answering a connection from {conn.peer} after an error", again)
+            self._drop(conn)
+
+    def _log_failure(self, what: str, exc: Exception, *, trace: bool = True, kind: str = "") -> None:
+        """Log a failure at ERROR the first time its kind (its type, and where it was raised) is seen, with its traceback (a bug) or in
+        one line (``trace`` False: a limit the job ran into), then count that kind at 10, 100, 1,000...: a client
+        that sets off the same failure again and again cannot flood the log. ``kind`` tells apart failures raised
+        at the same place (the control plane: the kind of request)."""
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        # Where it was raised, not its text: the same failure's text may name sizes or clients that vary.
+        where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else str(exc)[:200]
+        key = (type(exc).__name__, where + kind)
+        if key not in self._failures and len(self._failures) >= _MAX_FAILURE_KINDS:
+            key = ("other", "")
+        n = self._failures[key] = self._failures.get(key, 0) + 1
+        if n == 1 and not trace:
+            log.error("%s: %s: %s", self.name, what, exc)
+        elif n == 1:
+            log.error("%s: %s (a bug; please report it)", self.name, what, exc_info=(type(exc), exc, exc.__traceback__))
+        elif power_of_ten(n):
+            log.error("%s: %d failures of this kind so far (the latest: %s: %s)", self.name, n, key[0],
+                      str(exc)[:200])
 
     def _drain_wake(self) -> None:
         assert self._wake_r is not None
@@ -215,20 +280,33 @@ class SelectorServer:
                     log.warning("%s: cannot accept a connection: %s", self.name, exc)
                 return
             self._pause.accepted()
-            peer = f"{addr[0]}:{addr[1]}" if self.peer_has_port else addr[0]
-            refusal = self._make_room(addr[0])
-            if refusal is not None:  # strangers' idle connections must leave descriptors for launches
-                self._refusals.refused(refusal[0], peer, refusal[1])
-                sock.close()
-                continue
-            sock.setblocking(False)
-            # An answer is one write, so Nagle's algorithm could only delay it.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = self._connect(sock, addr[0], peer)
-            self._connections.add(conn)
-            self._unproven[0][conn] = None
-            self._unproven_from.setdefault(conn.address, {})[conn] = None
-            self._selector.register(sock, selectors.EVENT_READ, conn)
+            try:
+                self._take(sock, addr)
+            except Exception as exc:
+                self._log_failure(f"failed accepting a connection from {addr[0]}", exc)
+                conn = next((c for c in self._connections if c.sock is sock), None)
+                if conn is not None:
+                    self._drop(conn)
+                else:
+                    sock.close()
+
+    def _take(self, sock: socket.socket, addr: tuple[Any, ...]) -> None:
+        """Serve the connection just accepted, unless there is no room for it (then it is closed)."""
+        assert self._selector is not None
+        peer = f"{addr[0]}:{addr[1]}" if self.peer_has_port else addr[0]
+        refusal = self._make_room(addr[0])
+        if refusal is not None:  # strangers' idle connections must leave descriptors for launches
+            self._refusals.refused(refusal[0], peer, refusal[1])
+            sock.close()
+            return
+        sock.setblocking(False)
+        # An answer is one write, so Nagle's algorithm could only delay it.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = self._connect(sock, addr[0], peer)
+        self._connections.add(conn)
+        self._unproven[0][conn] = None
+        self._unproven_from.setdefault(conn.address, {})[conn] = None
+        self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _make_room(self, address: str) -> tuple[str, str] | None:
         """Close unproven connections so that one more from ``address`` fits (see the module docstring);
@@ -237,6 +315,8 @@ class SelectorServer:
         if refusal is not None:
             return refusal
         at_most = descriptor_share(self.share)
+        if self.max_connections is not None:
+            at_most = min(at_most, self.max_connections)
         mine = self._unproven_from.get(address)
         if mine is not None and len(mine) >= self.unproven_per_address:
             self._evict(mine, f"{len(mine)} such from {address} are open, at most {self.unproven_per_address}")
@@ -304,7 +384,10 @@ class SelectorServer:
             return
         conn.inbox += data
         conn.last = time.monotonic()
-        self._received(conn)
+        try:
+            self._received(conn)
+        except Exception as exc:
+            self._fail(conn, exc)
         self._count(conn)
 
     def _count(self, conn: Connection) -> None:
@@ -382,6 +465,11 @@ class SelectorServer:
 
     def _dropped(self, conn: Connection) -> None:
         """``conn`` is being dropped (its socket still open)."""
+
+    def _failed(self, conn: Connection, exc: Exception) -> None:
+        """A hook raised ``exc`` while handling ``conn`` (already logged): answer it if the protocol can say so, and
+        drop it; what it had sent cannot be trusted to be where the hook left it."""
+        self._drop(conn)
 
     def _timeout(self) -> float | None:
         """How long the loop may wait for events (None: until one comes)."""

@@ -1,0 +1,164 @@
+"""The control plane's replies: the largest the job's limits allow is sent, and a reply or a handler that fails costs
+that one request (500), never the server.
+
+Hostile review rvH (s61), finding 1: a rendezvous assignment lists every host of its round, and one reply over the
+64 KiB message limit (about 3,900 one-slot hosts named by IP, or one host of a 40,000-character name) ended the
+control plane's serving thread; every worker's next call was refused, and the job failed on its heartbeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import pytest
+
+from cloud_elastic.control import MAX_BODY, Codec, new_secret
+from cloud_elastic.driver.net.accepting import RefusalLog
+from cloud_elastic.driver.net.control_server import ControlServer
+from cloud_elastic.driver.net.selector_server import Connection, SelectorServer
+from cloud_elastic.errors import ControlPlaneError
+from cloud_elastic.protocol import Assignment, RankInfo
+from cloud_elastic.providers.api import MAX_HOSTS
+from cloud_elastic.worker.link.client import DriverClient
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = new_secret()
+#: The longest host name a worker takes in an assignment (``protocol._host_names``).
+LONGEST_NAME = 255
+
+
+def _hosts(n: int) -> tuple[str, ...]:
+    """``n`` distinct host names of the longest length a worker accepts."""
+    return tuple(f"{i:05d}." + "h" * (LONGEST_NAME - 6) for i in range(n))
+
+
+def _assignment(hosts: tuple[str, ...]) -> dict:
+    n = len(hosts)
+    return Assignment(3, RankInfo(0, n, 0, 1, 0, n), False, 0, False, hosts, 0).to_wire()
+
+
+def _client(srv: ControlServer, worker: str = "w1") -> DriverClient:
+    return DriverClient(f"127.0.0.1:{srv.port}", Codec(SECRET, "job"), worker)
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(handler) -> ControlServer:
+        srv = ControlServer(Codec(SECRET, "job"), handler)
+        srv.start()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.close()
+
+
+def _errors(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_the_assignment_of_the_largest_job_allowed_reaches_the_worker_and_the_control_plane_serves_on(serve):
+    """MAX_HOSTS one-slot hosts of 255-character names: a 4.2 MB assignment, signed, sent, read and parsed."""
+    hosts = _hosts(MAX_HOSTS)
+    srv = serve(lambda kind, message: _assignment(hosts) if kind == "rendezvous" else {"ok": True})
+    client = _client(srv)
+    started = time.monotonic()
+    reply = client.call("rendezvous", {}, timeout_s=30)
+    took = time.monotonic() - started
+    assert Assignment.from_wire(reply).hosts == hosts
+    assert client.call("poll", {}, timeout_s=5)["ok"] is True
+    assert _client(srv, "w2").call("poll", {}, timeout_s=5)["ok"] is True
+    assert took < 20, f"one assignment of {MAX_HOSTS} hosts took {took:.1f} s"
+
+
+def test_a_reply_past_the_limit_is_answered_500_in_one_line_and_every_next_request_is_served(serve, caplog):
+    """A reply no job within the limits makes (more hosts than MAX_HOSTS, of the longest names): refused by the
+    driver in one line per kind, never sent, and the server goes on."""
+    too_many = _hosts(MAX_BODY // (LONGEST_NAME + 3) + 1)
+    client = _client(serve(lambda kind, message: _assignment(too_many) if kind == "rendezvous" else {"ok": True}))
+    with caplog.at_level(logging.ERROR, logger="cloud_elastic.driver.net"):
+        for _ in range(2):
+            with pytest.raises(ControlPlaneError, match=f"HTTP 500 .*exceeds the {MAX_BODY}-byte limit"):
+                client.call("rendezvous", {}, timeout_s=10)
+            assert client.call("poll", {}, timeout_s=5)["ok"] is True
+    errors = _errors(caplog)
+    assert len(errors) == 1 and errors[0].exc_info is None, [r.getMessage() for r in errors]
+    assert "cannot send the rendezvous reply to 'w1'; answered 500" in errors[0].getMessage()
+    assert "\n" not in errors[0].getMessage()
+
+
+@pytest.mark.parametrize("reply", [lambda: 1 / 0, lambda: {"not json": object()}, lambda: None],
+                         ids=["raises", "not-json", "not-a-dict"])
+def test_a_handler_that_fails_is_answered_500_and_the_next_request_is_served(serve, caplog, reply):
+    client = _client(serve(lambda kind, message: reply() if kind == "rendezvous" else {"ok": True}))
+    with caplog.at_level(logging.ERROR, logger="cloud_elastic.driver.net"):
+        for _ in range(3):
+            with pytest.raises(ControlPlaneError, match="HTTP 500 .*driver error handling rendezvous"):
+                client.call("rendezvous", {}, timeout_s=10)
+            assert client.call("poll", {}, timeout_s=5)["ok"] is True
+    errors = _errors(caplog)
+    assert len(errors) == 1 and errors[0].exc_info is not None  # the traceback of a bug, once
+
+
+class _Echo(SelectorServer):
+    """Echoes each line; a line ``boom`` makes its hook raise, a line ``tick`` makes the next round's
+    _after_events raise: what a bug in a server's own code does."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        super().__init__(RefusalLog(logging.getLogger("echo"), "echo", "echo: refused %s: %s"))
+        self.tick = False
+
+    def start(self) -> int:
+        listener = socket.create_server(("127.0.0.1", 0))
+        self._serve_on(listener)
+        return listener.getsockname()[1]
+
+    def _received(self, conn: Connection) -> None:
+        while b"\n" in conn.inbox:
+            line, _, rest = bytes(conn.inbox).partition(b"\n")
+            conn.inbox[:] = rest
+            if line == b"boom":
+                raise RuntimeError("boom")
+            self.tick |= line == b"tick"
+            conn.outbox += line + b"\n"
+            self._flush(conn)
+
+    def _after_events(self) -> None:
+        if self.tick:
+            self.tick = False
+            raise ValueError("tick")
+
+
+def _ask(port: int, line: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(line + b"\n")
+        return s.recv(100)
+
+
+def test_a_bug_in_a_servers_hook_costs_one_connection_and_the_loop_serves_on(caplog):
+    """What ended the serving thread before (any exception out of a hook) drops that one connection, or is logged
+    and passed, and is logged with its traceback once, then counted."""
+    server = _Echo()
+    port = server.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="cloud_elastic.driver.net"):
+            for _ in range(10):
+                assert _ask(port, b"boom") == b""  # dropped: the client reads the end of the connection
+                assert _ask(port, b"hello") == b"hello\n"
+            assert _ask(port, b"tick") == b"tick\n"
+            assert _ask(port, b"after") == b"after\n"
+    finally:
+        server.close()
+    messages = [r.getMessage() for r in _errors(caplog)]
+    assert len(messages) == 3, messages
+    assert "echo: failed handling a connection from 127.0.0.1" in messages[0]
+    assert messages[1] == "echo: 10 failures of this kind so far (the latest: RuntimeError: boom)"
+    assert messages[2] == "echo: after events failed (a bug; please report it)"
