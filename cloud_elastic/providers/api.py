@@ -13,8 +13,8 @@ Guarantees a provider gives the driver:
   give the same address to a later instance: ``instances`` (host -> the cloud's
   instance id, where the source knows one) tells the two apart.
 * Every snapshot passes :class:`DiscoveredHosts`' checks, whichever provider built it (a plugin's too):
-  at most :data:`MAX_SLOTS_PER_HOST` slots per host, and no IPv6 address (the driver listens and routes
-  over IPv4 only). A snapshot that breaks them raises
+  at most :data:`MAX_SLOTS_PER_HOST` slots per host, no IPv6 address (the driver listens and routes
+  over IPv4 only), and no host name over :data:`MAX_HOST_NAME` characters or with a label over :data:`MAX_LABEL`. A snapshot that breaks them raises
   :class:`~cloud_elastic.errors.FatalDiscoveryError` with one line naming the host.
 * Transient trouble raises :class:`~cloud_elastic.errors.RetryableDiscoveryError`;
   trouble retrying cannot fix raises :class:`~cloud_elastic.errors.FatalDiscoveryError`.
@@ -39,10 +39,28 @@ from cloud_elastic.config import MAX_SLOTS_PER_HOST  # the limit --slots-per-hos
 from cloud_elastic.errors import CapacityError, ConfigError, FatalDiscoveryError
 
 __all__ = ["Drain", "DiscoveredHosts", "MAX_HOSTS", "MAX_SLOTS", "ProviderOption", "HostDiscovery", "parse_bool",
-           "MAX_SLOTS_PER_HOST", "cancel_find",
+           "MAX_SLOTS_PER_HOST", "MAX_HOST_NAME", "MAX_LABEL", "cancel_find", "host_name_refusal",
            "ipv6_refusal"]
 
 log = logging.getLogger(__name__)
+
+
+#: The longest host name (DNS's limit, which a worker's own check of the names it is sent stays above), and the
+#: longest label between its dots.
+MAX_HOST_NAME = 253
+MAX_LABEL = 63
+
+
+def host_name_refusal(host: str) -> str | None:
+    """The one line that refuses ``host`` for its length (the name shown cut short), or None when it is not too
+    long. A longer name crashed every worker it was sent to, and a 1 MB one wrote megabytes of log."""
+    shown = repr(host if len(host) <= 40 else host[:40] + "...")
+    if len(host) > MAX_HOST_NAME:
+        return f"host name {shown} has {len(host):,} characters; at most {MAX_HOST_NAME} are allowed"
+    longest = max(host.split("."), key=len)
+    if len(longest) > MAX_LABEL:
+        return f"host name {shown} has a label of {len(longest)} characters; at most {MAX_LABEL} between dots"
+    return None
 
 
 def ipv6_refusal(host: str) -> str:
@@ -94,6 +112,10 @@ class DiscoveredHosts:
     prices: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for host in (*self.ready, *self.draining):  # first: every line below may quote the name
+            refusal = host_name_refusal(host) if isinstance(host, str) else None
+            if refusal:
+                raise FatalDiscoveryError(refusal)
         for host, slots in self.ready.items():
             if not isinstance(host, str) or not host:
                 raise ValueError(f"host names must be non-empty strings, got {host!r}")

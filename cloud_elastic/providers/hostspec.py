@@ -6,7 +6,7 @@ import ipaddress
 import re
 from typing import Iterable
 
-from cloud_elastic.providers.api import MAX_SLOTS_PER_HOST, ipv6_refusal
+from cloud_elastic.providers.api import MAX_SLOTS_PER_HOST, host_name_refusal, ipv6_refusal
 
 __all__ = ["parse_host_list"]
 
@@ -23,7 +23,8 @@ def parse_host_list(
     Blank entries and ``#`` comments are ignored. Raises ValueError with a
     one-line message naming ``source`` and the entry number for garbage,
     zero/negative slots, more than :data:`~cloud_elastic.providers.api.MAX_SLOTS_PER_HOST`
-    slots, IPv6 addresses (the driver speaks IPv4 only) and duplicate hosts. Order is
+    slots, IPv6 addresses (the driver speaks IPv4 only), host names over 253 characters or with a
+    label over 63 (``api.host_name_refusal``) and duplicate hosts. Order is
     preserved: it is the order hosts are first seen in, which decides who gets the lower ranks.
     """
     hosts: dict[str, int] = {}
@@ -40,11 +41,14 @@ def parse_host_list(
                     raise ValueError(f"{source}: {unit} {number}: {ipv6_refusal(host[:80])}")
             huge = _HUGE.match(text)
             if huge:
-                raise ValueError(f"{source}: {unit} {number} gives host {huge.group('host')!r} a slot count of "
+                raise ValueError(f"{source}: {unit} {number} gives host {huge.group('host')[:80]!r} a slot count of "
                                  f"{len(text) - len(huge.group('host')) - 1} digits; at most "
                                  f"{MAX_SLOTS_PER_HOST} slots per host are allowed")
             raise ValueError(f"{source}: {unit} {number} is not host[:slots]: {raw.strip()[:80]!r}")
         host = match.group("host")
+        refusal = host_name_refusal(host)  # before any line below quotes the name
+        if refusal:
+            raise ValueError(f"{source}: {unit} {number}: {refusal}")
         slots = int(match.group("slots")) if match.group("slots") is not None else default_slots
         if slots < 1:
             raise ValueError(f"{source}: {unit} {number} gives host {host!r} {slots} slots; slots must be >= 1")
