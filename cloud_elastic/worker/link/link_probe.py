@@ -1,11 +1,16 @@
 """A worker's link probe, and the test hook that makes a worker's network slow (issue 42, part 3).
 
 **The probe.** Each worker answers probes on a port of its own host
-(:class:`LinkProbe`, one daemon thread, one connection at a time) and reports the
-port with its heartbeats. When the driver asks (a :class:`~cloud_elastic.protocol.ProbeOrder`
-in a poll reply; see ``driver.job.links`` for who is asked when), it measures
-its links to the named peers, one after the other, on a thread of its own, and
-its next heartbeats carry the figures. The training thread and the round's
+(:class:`LinkProbe`: a daemon thread accepts, and each connection is answered on a
+thread of its own, :data:`MAX_CONNECTIONS` at once at most; more wait to be accepted)
+and reports the port with its heartbeats. A connection proves the job's secret
+within :data:`PROOF_S` of being sent its nonce, or is closed: a stranger trickling
+its proof holds one place for a second, and peers' measurements go on.
+
+When the driver asks (a :class:`~cloud_elastic.protocol.ProbeOrder` in a poll reply;
+see ``driver.job.links`` for who is asked when), it measures its links to the
+named peers, one after the other, on a thread of its own, and its next heartbeats
+carry the figures. The training thread and the round's
 process group are never involved: nothing runs per step.
 
 A measurement: connect, prove the job's secret (an HMAC of the peer's nonce),
@@ -17,7 +22,7 @@ it, a slow link lowers every chunk. Its cost: at most 4 MiB each way per peer,
 or a quarter of a second plus one chunk, on both ends.
 
 Its sockets are not a round's: its listener is skipped by the group-socket
-reclaim (a listener), and its connections last a probe (well under a second),
+reclaim (a listener), and its connections last a probe (a stranger's, a second),
 so one that a round's formation happened to see is closed before that round
 is reclaimed (the reclaim checks that a descriptor still names the same socket).
 
@@ -44,7 +49,8 @@ from typing import Any, Callable
 
 from cloud_elastic.protocol import LinkReport, ProbeOrder
 
-__all__ = ["LinkProbe", "SlowLink", "measure", "link_probe_of", "HOOK_ENV", "PROBE_BYTES", "PROBE_S"]
+__all__ = ["LinkProbe", "SlowLink", "measure", "link_probe_of", "HOOK_ENV", "MAX_CONNECTIONS", "PROBE_BYTES",
+           "PROBE_S", "PROOF_S"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,10 @@ _WARM_UP = 1 << 10
 _NONCE = 16
 _CONNECT_S = 5.0
 _IO_S = 10.0
+#: An accepted connection proves the job's secret within this many seconds of being sent its nonce, or is closed.
+PROOF_S = 1.0
+#: Connections answered at once (a peer's measurement lasts a quarter of a second).
+MAX_CONNECTIONS = 4
 #: The Gloo operations the hook delays, and the arguments that hold their tensors.
 _GLOO_OPS = ("allreduce", "allreduce_coalesced", "broadcast", "allgather", "_allgather_base", "allgather_coalesced",
              "alltoall", "alltoall_base", "reduce", "reduce_scatter", "_reduce_scatter_base", "gather", "scatter",
@@ -145,9 +155,16 @@ class SlowLink:
 
 
 # -------------------------------------------------------------------- wire
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes; socket.timeout past the socket's timeout for a read or, given one, past ``deadline``
+    (monotonic) for them all."""
     view, got = bytearray(n), 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout(f"{got} of {n} bytes came before the deadline")
+            sock.settimeout(left)
         k = sock.recv_into(memoryview(view)[got:], n - got)
         if k == 0:
             raise ConnectionError("the peer closed the probe connection")
@@ -202,6 +219,7 @@ class LinkProbe:
         self._hook = hook
         self._listener: socket.socket | None = None
         self._closed = threading.Event()
+        self._places = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._asked = 0
         self._result: tuple[int, tuple[tuple[str, float], ...]] = (0, ())
         self.port = 0
@@ -232,25 +250,41 @@ class LinkProbe:
     def _serve(self) -> None:
         assert self._listener is not None
         while not self._closed.is_set():
+            if not self._places.acquire(timeout=1.0):  # all taken: the next connection waits in the backlog
+                continue
             try:
                 conn, _ = self._listener.accept()
             except socket.timeout:
+                self._places.release()
                 continue
             except OSError:
+                self._places.release()
                 return  # closed
+            try:
+                threading.Thread(target=self._answer_then_close, args=(conn,), name="cloud-elastic-link-probe-answer",
+                                 daemon=True).start()
+            except RuntimeError:  # no thread to be had: this connection goes unanswered, the probe serves on
+                conn.close()
+                self._places.release()
+
+    def _answer_then_close(self, conn: socket.socket) -> None:
+        try:
             with conn:
-                try:
-                    self._answer(conn)
-                except (OSError, ConnectionError, struct.error) as exc:
-                    log.debug("link probe: a measurement ended early: %s", exc)
+                self._answer(conn)
+        except (OSError, ConnectionError, struct.error) as exc:
+            log.debug("link probe: a measurement ended early: %s", exc)
+        finally:
+            self._places.release()
 
     def _answer(self, conn: socket.socket) -> None:
-        conn.settimeout(_IO_S)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.settimeout(PROOF_S)
         nonce = os.urandom(_NONCE)
         conn.sendall(nonce)
-        if not hmac.compare_digest(_recv_exact(conn, 32), _proof(self._secret, nonce)):
+        proof = _recv_exact(conn, 32, deadline=time.monotonic() + PROOF_S)
+        if not hmac.compare_digest(proof, _proof(self._secret, nonce)):
             return  # not one of the job's workers
+        conn.settimeout(_IO_S)
         served = 0
         while True:
             (size,) = struct.unpack("!I", _recv_exact(conn, 4))
