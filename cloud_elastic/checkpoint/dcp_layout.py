@@ -113,7 +113,8 @@ def _overlap(chunks: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], ndim: in
         active = [(o, s) for o, s in active if o[axis] + s[axis] > offsets[axis]]
         budget[0] -= len(active) + 1
         if budget[0] < 0:
-            raise ValueError(f"its chunks are too many, and too far from a grid, to check ({len(chunks):,} in one item)")
+            raise ValueError(f"its chunks are too many, and too far from a grid, to check ({len(chunks):,} in one "
+                             "item)")
         for o, s in active:
             if all(o[d] < offsets[d] + sizes[d] and offsets[d] < o[d] + s[d] for d in range(ndim)):
                 return True

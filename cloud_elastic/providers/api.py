@@ -14,7 +14,8 @@ Guarantees a provider gives the driver:
   instance id, where the source knows one) tells the two apart.
 * Every snapshot passes :class:`DiscoveredHosts`' checks, whichever provider built it (a plugin's too):
   at most :data:`MAX_SLOTS_PER_HOST` slots per host, no IPv6 address (the driver listens and routes
-  over IPv4 only), and no host name over :data:`MAX_HOST_NAME` characters or with a label over :data:`MAX_LABEL`. A snapshot that breaks them raises
+  over IPv4 only), and no host name over :data:`MAX_HOST_NAME` characters or with a label over
+  :data:`MAX_LABEL`. A snapshot that breaks them raises
   :class:`~cloud_elastic.errors.FatalDiscoveryError` with one line naming the host.
 * Transient trouble raises :class:`~cloud_elastic.errors.RetryableDiscoveryError`;
   trouble retrying cannot fix raises :class:`~cloud_elastic.errors.FatalDiscoveryError`.
