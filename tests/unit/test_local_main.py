@@ -58,3 +58,21 @@ def test_a_module_run_through_local_main_sees_what_python_m_gives_it(tmp_path):
 
 def test_a_command_of_another_shape_is_left_as_it_is():
     assert through_main(["bash", "-c", "exit 3"], None) == ["bash", "-c", "exit 3"]
+
+
+@pytest.mark.parametrize("form", ["script", "module"])
+def test_under_pythonsafepath_the_first_pythonpath_entry_stays_and_nothing_is_added(tmp_path, form):
+    """``PYTHONSAFEPATH=1``: python adds neither the script's directory nor the working directory to ``sys.path``,
+    so ``sys.path[0]`` is the first ``PYTHONPATH`` entry; local_main must keep it (review s61 rvD finding 1)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "mylib.py").write_text("VALUE = 7\n")
+    body = "import os, sys, mylib\nprint(mylib.VALUE, os.getcwd() in sys.path)\n"
+    (lib / "trainmod.py").write_text(body)
+    (tmp_path / "train.py").write_text(body)
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join([str(lib), *sys.path])}
+    command = [sys.executable, "train.py"] if form == "script" else [sys.executable, "-m", "trainmod"]
+    shape = {"script": "train.py"} if form == "script" else {"module": "trainmod"}
+    runs = [subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+            for argv in (command, through_main(command, shape))]
+    assert [(r.returncode, r.stdout, r.stderr) for r in runs] == [(0, "7 False\n", "")] * 2

@@ -218,7 +218,8 @@ def _run_main(request: dict[str, Any]) -> int:
 
     ``__file__`` and ``sys.path[0]`` are what CPython sets: the script's path joined to the working
     directory (not normalised: ``python ./a/../s.py`` shows ``CWD/./a/../s.py``), and the directory of
-    the script's real path (symlinks resolved); ``sys.argv[0]`` stays the path as given. A script that
+    the script's real path (symlinks resolved), or nothing added under ``PYTHONSAFEPATH``; ``sys.argv[0]``
+    stays the path as given. A script that
     changes directory then finds its files from ``__file__``, as it would started by ``python``.
     """
     import runpy
@@ -229,12 +230,14 @@ def _run_main(request: dict[str, Any]) -> int:
     try:
         if module:
             sys.argv = ["-m", *args]
-            sys.path[0] = os.getcwd()
+            if not sys.flags.safe_path:  # PYTHONSAFEPATH / -P: python adds nothing, so sys.path[0] is PYTHONPATH's
+                sys.path[0] = os.getcwd()
             sys.modules["__main__"] = types.ModuleType("__main__")  # a namespace of its own, not this server's
             runpy._run_module_as_main(module, alter_argv=True)  # what ``python -m`` runs
         else:
             sys.argv = [script, *args]
-            sys.path[0] = os.path.dirname(os.path.realpath(script))
+            if not sys.flags.safe_path:
+                sys.path[0] = os.path.dirname(os.path.realpath(script))
             _run_script(os.path.join(os.getcwd(), script))
     except SystemExit as exc:
         code = _exit_code(exc.code)
