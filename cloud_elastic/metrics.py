@@ -12,6 +12,9 @@ commits once per step.
 
 Every metric lives in the server's own registry (no process-global state) and
 carries no per-host labels, so its cardinality stays fixed whatever the group does.
+They are served by the driver's own bounded listener (:class:`~cloud_elastic.driver.net.scrape_server.ScrapeServer`:
+one thread, a cap on connections, a deadline on each), not by prometheus_client's thread-per-connection server,
+which strangers' idle connections could grow without bound.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from cloud_elastic.driver.net.scrape_server import ScrapeServer
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.event_schema import validate
 
@@ -102,7 +106,7 @@ class MetricsServer:
         self._lock = threading.Lock()
         self._rate = StepRate()
         self._rounds = 0
-        self._httpd: Any = None
+        self._server: ScrapeServer | None = None
         self.registry = registry = prom.CollectorRegistry(auto_describe=True)
         ns = "cloud_elastic"
         self.info = prom.Info("job", "the job this driver runs", namespace=ns, registry=registry)
@@ -148,22 +152,33 @@ class MetricsServer:
                                  registry=registry)
 
     @property
-    def port(self) -> int:
-        if self._httpd is None:
+    def address(self) -> tuple[str, int]:
+        """The address and port it listens on (RuntimeError before :meth:`start`)."""
+        if self._server is None:
             raise RuntimeError("metrics server not started")
-        return self._httpd.server_address[1]
+        return self._server.address
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
 
     def start(self) -> None:
         """Bind and serve; OSError if the port is taken. Logs where (with port 0, the port the system chose)."""
-        self._httpd, _thread = self._prom.start_http_server(self._port, addr=self._bind, registry=self.registry)
+        server = ScrapeServer(self._render, bind=self._bind, port=self._port)
+        server.start()
+        self._server = server
         host = f"[{self._bind}]" if ":" in self._bind else self._bind
         log.info("job %s: Prometheus metrics at http://%s:%d/metrics", self.job_id, host, self.port)
 
     def close(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def _render(self, accept: str) -> tuple[bytes, str]:
+        """The exposition of the registry in the format the scraper accepts (prometheus_client chooses)."""
+        encoder, content_type = self._prom.exposition.choose_encoder(accept)
+        return encoder(self.registry), content_type
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Update the metrics an event implies (EventSink)."""

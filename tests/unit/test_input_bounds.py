@@ -235,7 +235,7 @@ def test_metrics_bind_loopback_unless_told_otherwise() -> None:
     sinks = open_sinks("job1", None, 0)
     try:
         assert sinks.metrics is not None
-        assert sinks.metrics._httpd.server_address[0] == "127.0.0.1"
+        assert sinks.metrics.address[0] == "127.0.0.1"
         body = urllib.request.urlopen(f"http://127.0.0.1:{sinks.metrics.port}/metrics", timeout=10).read()
         assert b"cloud_elastic_world_size" in body
     finally:

@@ -34,8 +34,8 @@ import selectors
 import time
 from typing import Any
 
-__all__ = ["AcceptPause", "CONTROL_SHARE", "METRICS_SHARE", "PAUSE_S", "RefusalLog", "STORE_SHARE", "UNPROVEN_SHARE", "descriptor_share",
-           "power_of_ten", "raise_descriptor_limit"]
+__all__ = ["AcceptPause", "CONTROL_SHARE", "METRICS_SHARE", "PAUSE_S", "RefusalLog", "STORE_SHARE", "UNPROVEN_SHARE",
+           "descriptor_share", "power_of_ten", "raise_descriptor_limit"]
 
 log = logging.getLogger(__name__)
 

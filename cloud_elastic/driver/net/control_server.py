@@ -29,7 +29,7 @@ from typing import Any, Callable, Union
 
 from cloud_elastic.control import MAX_BODY, MAX_REQUEST, SIGNATURE_HEADER, SIGNED_BEFORE_START, Codec
 from cloud_elastic.driver.net.accepting import CONTROL_SHARE, RefusalLog
-from cloud_elastic.driver.net.selector_server import PROVEN, Connection, SelectorServer
+from cloud_elastic.driver.net.selector_server import PROVEN, Connection, SelectorServer, listening
 from cloud_elastic.errors import ControlPlaneError
 
 __all__ = ["ControlServer", "Handler", "Held"]
@@ -169,15 +169,7 @@ class ControlServer(SelectorServer):
         return self._listener.getsockname()[1]
 
     def start(self) -> None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listener.bind((self._bind, self._port))
-            # Every worker connects at start-up, a large group all at once.
-            listener.listen(1024)
-        except OSError:
-            listener.close()
-            raise
+        listener = listening(self._bind, self._port, 1024)  # every worker connects at start-up, a large group at once
         self._sweep_at = time.monotonic() + 1.0
         self._serve_on(listener)
         log.debug("control plane listening on %s:%d", self._bind, self.port)
@@ -368,7 +360,8 @@ class ControlServer(SelectorServer):
             self._fail(conn, exc)
 
     def _bug(self, conn: _Conn, kind: str, exc: Exception) -> None:
-        """A handler raised ``exc`` (a driver bug): logged once per kind with its traceback, the request answered 500."""
+        """A handler raised ``exc`` (a driver bug): logged once per kind with its traceback; the request is
+        answered 500."""
         self._log_failure(f"the driver failed handling {kind!r}", exc)
         self._reject(conn, 500, f"driver error handling {kind}: {type(exc).__name__}: {exc}", warn=False)
 

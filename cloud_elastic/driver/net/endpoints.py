@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
 import time
 
 from cloud_elastic.control import Codec, new_secret
 from cloud_elastic.driver.net.accepting import raise_descriptor_limit
 from cloud_elastic.driver.net.control_server import ControlServer, Handler
+from cloud_elastic.driver.net.selector_server import listening
 from cloud_elastic.driver.net.store_server import StoreServer, round_keys
 
 __all__ = ["Endpoints"]
@@ -64,7 +64,8 @@ class Endpoints:
         # A predecessor's secret comes without its memory of nonces: what was signed with it before now may be a replay.
         self._codec = Codec(self._secret, self.job_id, not_before=-math.inf if secret is None else time.time())
         self._advertised, self.bind = advertised, bind
-        self._store = StoreServer(_listen(bind, store_port), proves=round_keys(self._secret, self.job_id))
+        self._store = StoreServer(listening(bind, store_port, _STORE_BACKLOG),
+                                  proves=round_keys(self._secret, self.job_id))
         self._store.start()
         try:
             self._server = ControlServer(self._codec, self._handler, bind=bind, port=control_port)
@@ -118,16 +119,3 @@ class Endpoints:
             server.close()
         if store is not None:  # every worker is stopped; in a Ray or Spark user's process it would serve on
             store.close()
-
-
-def _listen(bind: str, port: int) -> socket.socket:
-    """A listening socket for the store; closed again when it cannot bind."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((bind, port))
-        sock.listen(_STORE_BACKLOG)
-    except OSError:
-        sock.close()
-        raise
-    return sock

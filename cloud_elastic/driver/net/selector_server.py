@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 from cloud_elastic.driver.net.accepting import UNPROVEN_SHARE, AcceptPause, RefusalLog, descriptor_share, power_of_ten
 
-__all__ = ["Connection", "PROVEN", "SelectorServer"]
+__all__ = ["Connection", "PROVEN", "SelectorServer", "listening"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,20 @@ PROVEN = -1
 _MAX_FAILURE_KINDS = 64
 #: How long the loop waits before starting again after it failed outside any hook (it cannot have: a last guard).
 _RESTART_S = 0.1
+
+
+def listening(bind: str, port: int, backlog: int, *, family: int = socket.AF_INET) -> socket.socket:
+    """A socket bound to ``bind:port`` (port 0: any free one) and listening; OSError when it cannot bind, and
+    nothing is left open then."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bind, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class Connection:
@@ -229,7 +243,7 @@ class SelectorServer:
             self._log_failure(f"{hook.__name__.strip('_').replace('_', ' ')} failed", exc)
 
     def _fail(self, conn: Connection, exc: Exception) -> None:
-        """A hook raised ``exc`` while handling ``conn``: log it once per kind, and let :meth:`_failed` answer or drop it."""
+        """A hook raised ``exc`` while handling ``conn``: log it once per kind; :meth:`_failed` answers or drops it."""
         self._log_failure(f"failed handling a connection from {conn.peer}", exc)
         try:
             self._failed(conn, exc)
@@ -238,10 +252,10 @@ class SelectorServer:
             self._drop(conn)
 
     def _log_failure(self, what: str, exc: Exception, *, trace: bool = True, kind: str = "") -> None:
-        """Log a failure at ERROR the first time its kind (its type, and where it was raised) is seen, with its traceback (a bug) or in
-        one line (``trace`` False: a limit the job ran into), then count that kind at 10, 100, 1,000...: a client
-        that sets off the same failure again and again cannot flood the log. ``kind`` tells apart failures raised
-        at the same place (the control plane: the kind of request)."""
+        """Log a failure at ERROR the first time its kind (its type, and where it was raised) is seen, with its
+        traceback (a bug) or in one line (``trace`` False: a limit the job ran into), then count that kind at 10,
+        100, 1,000...: a client that sets off the same failure again and again cannot flood the log. ``kind`` tells
+        apart failures raised at the same place (the control plane: the kind of request)."""
         tb = exc.__traceback__
         while tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
