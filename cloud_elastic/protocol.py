@@ -36,26 +36,13 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from cloud_elastic.errors import ControlPlaneError
-from cloud_elastic.protocol_reports import StacksReport  # lives there (this module is at its size bound)
+from cloud_elastic.protocol_reports import StacksReport, fingerprint_field  # there: this module is at its size bound
 
 __all__ = [
-    "RankInfo",
-    "Assignment", "ExitOrder", "WaitReply",
-    "RendezvousReply",
-    "PollReply",
-    "NextRound", "NextRoundReport",
-    "FlightEntry",
-    "RendezvousRequest",
-    "PollRequest",
-    "LinkReport",
-    "ProbeOrder",
-    "RENDEZVOUS_REASONS", "parse_rendezvous_reply",
-    "ReRegister",
-    "AdoptRequest",
-    "CompletedReport",
-    "CompletionReply",
-    "COMPLETION_DECISIONS",
-    "StacksReport",
+    "RankInfo", "Assignment", "ExitOrder", "WaitReply", "RendezvousReply", "PollReply", "NextRound", "NextRoundReport",
+    "FlightEntry", "RendezvousRequest", "PollRequest", "LinkReport", "ProbeOrder", "RENDEZVOUS_REASONS",
+    "parse_rendezvous_reply", "ReRegister", "AdoptRequest", "CompletedReport", "CompletionReply",
+    "COMPLETION_DECISIONS", "StacksReport",
 ]
 
 #: Why a worker comes to rendezvous: its first round, a graceful change, or a failed collective.
@@ -261,6 +248,7 @@ class RendezvousRequest:
     is False when its live state is not that commit and nothing it kept can restore it (a failure after an
     in-place update, see ``worker.ledger``): the driver must not take the state from it. ``unreachable``:
     the hosts of its last round its group could not connect to (at most 16; see ``driver.job.partitions``).
+    ``trained``: the fingerprint of that commit's state ("": none; see ``driver.job.repeats.Trained``).
     """
 
     last_round: int
@@ -270,10 +258,12 @@ class RendezvousRequest:
     commit_seq: int = 0
     holds_commit: bool = True
     unreachable: tuple[str, ...] = ()
+    trained: str = ""
 
     def to_wire(self) -> dict[str, Any]:
         return {"last_round": self.last_round, "reason": self.reason, "commits": self.commits, "rolled_back": self.rolled_back,
-                "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, "unreachable": list(self.unreachable[:16])}
+                "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, "unreachable": list(self.unreachable[:16]),
+                "trained": self.trained}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "RendezvousRequest":
@@ -283,7 +273,8 @@ class RendezvousRequest:
         what = "rendezvous request"
         holds = True if msg.get("holds_commit") is None else _bool(msg, "holds_commit", what)  # older workers: True
         return cls(_int(msg, "last_round", what), reason, _optional_int(msg, "commits", what), _optional_int(
-            msg, "rolled_back", what), _optional_int(msg, "commit_seq", what), holds, _host_names(msg, "unreachable", 16, what))
+            msg, "rolled_back", what), _optional_int(msg, "commit_seq", what), holds, _host_names(msg, "unreachable", 16, what),
+                   fingerprint_field(msg, what))
 
 
 @dataclass(frozen=True)
@@ -405,6 +396,7 @@ class PollRequest:
     #: It has entered ``hvd.elastic.run``: the job is elastic (``driver.job.fixed_size``; older workers: False).
     elastic: bool = False
     stacks_signal: bool | None = None  # it prints its stacks on the driver's signal (None: an older worker)
+    trained: str = ""  # the fingerprint of its last commit's state (see RendezvousRequest)
 
     def to_wire(self) -> dict[str, Any]:
         # A literal, not asdict(): sent twice a second by every worker (asdict was ~15 % of a heartbeat).
@@ -413,7 +405,8 @@ class PollRequest:
                 "steps": self.steps, "waiting_s": self.waiting_s, "compute_s": self.compute_s,
                 "comm_s": self.comm_s, "link": None if self.link is None else self.link.to_wire(),
                 "flight": None if self.flight is None else self.flight.to_wire(), "pause_s": self.pause_s,
-                "next_plan": self.next_plan, "elastic": self.elastic, "stacks_signal": self.stacks_signal}
+                "next_plan": self.next_plan, "elastic": self.elastic, "stacks_signal": self.stacks_signal,
+                "trained": self.trained}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":
@@ -427,7 +420,8 @@ class PollRequest:
                    LinkReport.from_wire(msg.get("link")), FlightEntry.from_wire(msg.get("flight")),
                    _optional_seconds(msg, "pause_s", what), _optional_int(msg, "next_plan", what),
                    msg.get("elastic") is not None and _bool(msg, "elastic", what),
-                   None if msg.get("stacks_signal") is None else _bool(msg, "stacks_signal", what))
+                   None if msg.get("stacks_signal") is None else _bool(msg, "stacks_signal", what),
+                   fingerprint_field(msg, what))
 
 
 @dataclass(frozen=True)

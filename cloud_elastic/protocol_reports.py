@@ -16,8 +16,8 @@ from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
-           "NOTICE_KINDS", "NoticeReport", "StacksReport", "UnhealthyReport", "driver_retrying",
-           "driver_unreachable", "said_own_reason", "said_retrying", "said_unreachable"]
+           "NOTICE_KINDS", "NoticeReport", "StacksReport", "UNTOLD", "UnhealthyReport", "driver_retrying",
+           "driver_unreachable", "fingerprint_field", "said_own_reason", "said_retrying", "said_unreachable"]
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
@@ -84,6 +84,23 @@ def _field(msg: Mapping[str, Any], name: str, what: str, kind: type, must: str, 
     if not isinstance(value, kind) or (kind is not str and isinstance(value, bool)) or (ok and not ok(value)):
         raise ControlPlaneError(f"malformed {what}: {name!r} must be {must}, got {value!r:.80}")
     return value
+
+
+#: The fingerprint a worker reports once two commits in a row of its process held the same attributes: they do not
+#: tell its commits apart, and the driver counts commits instead (``driver.job.repeats``).
+UNTOLD = "-"
+#: The characters of any other fingerprint (``worker.commit.fingerprint``): at most 16 lower-case hex digits.
+_FINGERPRINT = frozenset("0123456789abcdef")
+
+
+def fingerprint_field(msg: Mapping[str, Any], what: str) -> str:
+    """``msg["trained"]``: the fingerprint of the state a worker would restore (see ``driver.job.repeats``), "" when
+    absent (an older worker, a state without plain attributes); a one-line error for anything else."""
+    value = msg.get("trained")
+    if value is None or value == "":
+        return ""
+    return _field(msg, "trained", what, str, "a state fingerprint (at most 16 hex digits, or '-')",
+                  lambda v: v == UNTOLD or 0 < len(v) <= 16 and _FINGERPRINT.issuperset(v))
 
 
 @dataclass(frozen=True)
@@ -163,6 +180,8 @@ class CheckpointReport:
     duration_s: float | None = None
     bytes: int | None = None
     failure: str | None = None
+    #: A load's: the fingerprint of the state it gave (see ``driver.job.repeats``; "" when unknown).
+    trained: str | None = None
 
     def ending(self) -> str:
         """The line a ``failed`` report ends the job with: a load failure loses the training state; a failed
@@ -192,7 +211,8 @@ class CheckpointReport:
         duration, size = msg.get("duration_s"), msg.get("bytes")
         return cls(event, step, path[:1000], seq,
                    duration_s=duration if isinstance(duration, (int, float)) and not isinstance(duration, bool) else None,
-                   bytes=size if isinstance(size, int) and not isinstance(size, bool) else None)
+                   bytes=size if isinstance(size, int) and not isinstance(size, bool) else None,
+                   trained=fingerprint_field(msg, what) or None)
 
 
 @dataclass(frozen=True)

@@ -326,7 +326,8 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
         self._last_reason = reason
         ledger = self.ledger
         request = RendezvousRequest(last_round, reason, ledger.commits, ledger.rolled_back, ledger.commit_seq,
-                                    ledger.holds_commit, self.unreachable if reason == "failure" else ()).to_wire()
+                                    ledger.holds_commit, self.unreachable if reason == "failure" else (),
+                                    ledger.trained).to_wire()
         self.unreachable = ()
         while True:
             reply = parse_rendezvous_reply(self._call("rendezvous", request, timeout_s=60.0))

@@ -30,6 +30,7 @@ from cloud_elastic.worker import sharded, termination
 
 from cloud_elastic.worker.comm.statecodec import StateSyncError
 from cloud_elastic.worker.commit import sync_facts
+from cloud_elastic.worker.commit.fingerprint import fingerprint
 from cloud_elastic.worker.commit.state import State
 from cloud_elastic.worker.context import WorkerContext, current, get_context, init
 from cloud_elastic.worker.durable.api import DurableSchedule, open_schedule
@@ -192,7 +193,7 @@ def _hold_synced_state(ctx: WorkerContext, state: State) -> None:
     if ctx.standalone or ctx.info is None:
         return
     state.save()
-    ctx.ledger.hold_commit(ctx.ledger.sync_root_seq)
+    ctx.ledger.hold_commit(ctx.ledger.sync_root_seq, fingerprint(state))
 
 
 def _rejoin(ctx: WorkerContext, reason: str, state: State) -> bool:

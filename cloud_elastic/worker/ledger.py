@@ -53,6 +53,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
+from cloud_elastic.protocol_reports import UNTOLD
+
 if TYPE_CHECKING:
     from cloud_elastic.worker.link.progress import Progress
 
@@ -163,14 +165,36 @@ class CommitLedger:
         self.shard_sync: tuple[int, list[int]] = (0, [])
         #: Called with the state after each commit (the durable checkpoint schedule, see ``worker.durable``).
         self.after_commit: list[Callable[[Any], None]] = []
+        #: The fingerprint of the state of the commit it would restore (``commit.fingerprint``; see :attr:`trained`),
+        #: whether this process committed since its last restore, sync or load, and whether two commits in a row of
+        #: it held the same attributes (for good: they do not tell its commits apart).
+        self._trained = ""
+        self._in_a_row = False
+        self._untold = False
 
     @property
     def live_commit_seq(self) -> int:
         """``commit_seq`` of the live state (what a sync from this worker gives the others)."""
         return self._live_seq
 
-    def note_commit(self, state: Any = None) -> None:
-        """A commit of ``state`` finished on this worker (``State.commit``); runs the after-commit hooks."""
+    @property
+    def trained(self) -> str:
+        """What the driver hears of the state this worker would restore, for its repeat guards (``driver.job.repeats``):
+        its fingerprint; "" before the first commit or for a state with nothing to fingerprint; ``UNTOLD`` once two
+        commits in a row of this process held the same attributes (``epoch`` alone, committed every N batches: the
+        driver then counts commits). Read by the heartbeat thread: one str, replaced whole."""
+        if self._untold:
+            return UNTOLD
+        return self._trained if self.commit_seq > 0 else ""
+
+    def note_commit(self, state: Any = None, fingerprint: str = "") -> None:
+        """A commit of ``state`` finished on this worker (``State.commit``), its ``fingerprint`` that of ``state``
+        (``commit.fingerprint``); runs the after-commit hooks. The first commit after a restore may hold the restored
+        attributes (Horovod's loop redoes the restored batch); a later one holding its predecessor's does not tell
+        commits apart (:attr:`trained`)."""
+        if fingerprint and self._in_a_row and fingerprint == self._trained:
+            self._untold = True
+        self._trained, self._in_a_row = fingerprint, True
         self.holds_commit = True
         self.commits += 1
         self._live_seq += 1
@@ -189,15 +213,19 @@ class CommitLedger:
         """The state was just restored to the last commit: the steps since then are lost (told to the driver)."""
         self.rolled_back, self.steps_since_commit = self.steps_since_commit, 0
         self._live_seq = self.commit_seq
+        self._in_a_row = False
 
     def note_restored(self) -> None:
         """The state was restored to the last commit without losing steps (e.g. after a cut-short sync)."""
         self._live_seq = self.commit_seq
+        self._in_a_row = False
 
-    def hold_commit(self, seq: int) -> None:
-        """The state (live and saved) is now commit ``seq`` of the job: after a sync or a checkpoint load."""
+    def hold_commit(self, seq: int, fingerprint: str = "") -> None:
+        """The state (live and saved) is now commit ``seq`` of the job, of that ``fingerprint``
+        (``commit.fingerprint``): after a sync or a checkpoint load."""
         self._live_seq = self.commit_seq = max(0, int(seq))
         self.holds_commit = True
+        self._trained, self._in_a_row = fingerprint, False
 
     def lost_commit(self, why: str) -> None:
         """The live state is not the last commit and nothing kept can bring it back (see :class:`CommitWindow`)."""

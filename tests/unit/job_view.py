@@ -12,6 +12,7 @@ from typing import Any
 
 from cloud_elastic.driver.job.actions import Finish, Phase, Policy
 from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
+from cloud_elastic.driver.job.repeats import Trained
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
 S = WorkerState
@@ -39,6 +40,7 @@ class FakeJob:
         self.failure_since_round = False
         self.commit_high = 0
         self.commit_base: int | None = None
+        self.trained = Trained()
         self.wall_offset = 0.0
         self.discovered_once = True
         self.last_discovery_error = ""

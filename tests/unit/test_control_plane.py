@@ -44,7 +44,7 @@ class RecordingJob(FakeJob):
         self.drains.append((host, slot))
         return True, f"draining {host}"
 
-    def checkpoint_loaded(self, step: int, commit_seq: int | None, path: str) -> None:
+    def checkpoint_loaded(self, step: int, commit_seq: int | None, path: str, trained: str = "") -> None:
         self.loaded.append((step, commit_seq, path))
 
     def checkpoint_saved(self, step: int, commit_seq: int | None) -> None:

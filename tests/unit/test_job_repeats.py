@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from typing import Callable
 
 import pytest
 
@@ -587,10 +588,11 @@ def test_an_elastic_job_whose_survivor_trains_on_never_ends_for_a_worker_that_ha
 
 
 # ------------------------------------------------------------------ a stall loop
-def stalls(flights: list[FlightEntry | None], times: int) -> FakeJob:
+def stalls(flights: list[FlightEntry | None], times: int,
+           each_round: Callable[[FakeJob, int], None] = lambda job, n: None) -> FakeJob:
     """A round of two on a[0] and a[1] at commit 6 stalls ``times`` times in a row, re-forming with the same two
-    after each abort; each time rank i last reported ``flights[i]`` (with the round's number) as it stalled.
-    Stops early once the job has ended."""
+    after each abort; each time rank i last reported ``flights[i]`` (with the round's number) as it stalled, and
+    ``each_round(job, n)`` ran first (what the ``n``-th round committed). Stops early once the job has ended."""
     job = FakeJob(2, progress_timeout_s=60)
     job.phase, job.round, job.commit_high = Phase.RUNNING, 1, 6
     workers = [job.worker("a", i, S.RUNNING, round_=1, rank=i) for i in range(2)]
@@ -598,6 +600,7 @@ def stalls(flights: list[FlightEntry | None], times: int) -> FakeJob:
     completion = Completion(job, lambda: workers[0])
     now = T0
     for n in range(1, times + 1):
+        each_round(job, n)
         completion.round_formed(now)
         for w, f in zip(workers, flights):  # heartbeating: nobody is missing, nobody progresses
             if f is not None:

@@ -33,13 +33,13 @@
   for one more timeout since the abort, or, progressing all along, once it is
   still out :data:`NOT_BACK_LIMIT` timeouts after it. Either way the members
   concerned are asked for their stacks first, and get :data:`STACKS_WAIT_S` to
-  send them. A round that stalls :data:`.repeats.REPEATS` times in a row at the
-  same commit with the same members, every one of them waiting inside a collective
+  send them. A round that stalls :data:`.repeats.REPEATS` times in a row without
+  progress with the same members, every one of them waiting inside a collective
   each time, ends the job, naming each one's collective; a stall with a member busy
   outside any collective (a straggler: slow storage, a long evaluation) never counts.
   A member given up for not coming back still heartbeats: it is marked ``hung`` (with
   its main thread's last frame), and :data:`.repeats.REPEATS` such give-ups in a row
-  with no new commit of the job end it (:class:`.repeats.Hangs`).
+  with no progress of the job end it (:class:`.repeats.Hangs`).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ class Completion:
         self._abort_seen_at: float | None = None  # running time the abort of the current round was first seen
         self._stall: _Stall | None = None
         self._explained = False  # the likely cause of an early return was logged (once per job)
-        self._stalls = Streak()  # (commit, members) of the stalls in a row
+        self._stalls = Streak()  # (how far trained, members) of the stalls in a row
 
     # ------------------------------------------------------------- completion
     def completed(self, worker_id: str, now: float, *, commit_seq: int | None = None, steps: int | None = None,
@@ -540,7 +540,7 @@ class Completion:
 
     def _stalled_again(self, workers: list[WorkerRecord]) -> bool:
         """The current round stalled (``workers``: its members then): True when it ended the job, the
-        :data:`.repeats.REPEATS`-th stall in a row at the same commit with the same members (an aborted round
+        :data:`.repeats.REPEATS`-th stall in a row without progress with the same members (an aborted round
         re-forms unchanged and stalls in the same place: a collective that cannot complete, such as an
         allreduce of tensors whose sizes differ across ranks). Only a stall with every member waiting inside a
         collective counts: one member busy outside any (still computing, reading slow storage) is a straggler
@@ -554,7 +554,7 @@ class Completion:
             self._stalls.clear()
             return False
         members = sorted(w.worker_id for w in workers)
-        times = self._stalls.note((job.commit_high, tuple(members)))
+        times = self._stalls.note((job.trained.at(job.commit_high), tuple(members)))  # see .repeats.Trained
         if times < REPEATS:
             return False
         flights = [f"{w.label} collective #{f.seq} ({f.op}) waiting in it" for w, f in zip(ranked, waiting)]

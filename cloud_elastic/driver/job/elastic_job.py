@@ -170,15 +170,16 @@ class ElasticJob(JobState):
 
     def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float, commits: int | None = None,
                    rolled_back: int = 0, commit_seq: int | None = None, holds_commit: bool = True,
-                   unreachable: tuple[str, ...] = ()) -> None:
+                   unreachable: tuple[str, ...] = (), *, trained: str = "") -> None:
         """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made (and, after a
         failure, ``rolled_back`` steps undone and the ``unreachable`` hosts its group never reached: see .partitions),
-        holding the commit ``commit_seq`` unless ``holds_commit`` is False (see ``worker.ledger``)."""
+        holding the commit ``commit_seq`` unless ``holds_commit`` is False (see ``worker.ledger``), whose state's
+        fingerprint is ``trained`` (see .repeats.Trained)."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return
         w.last_seen = self._clock(now)
-        self.note_commits(w, commits, commit_seq, exact=True)  # what it would restore now, even if lower
+        self.note_commits(w, commits, commit_seq, exact=True, trained=trained)  # what it would restore now
         if w.commit_lost != (not holds_commit):
             w.commit_lost = not holds_commit
             if w.commit_lost:
@@ -237,20 +238,22 @@ class ElasticJob(JobState):
     def heartbeat(self, worker_id: str, now: float, commits: int | None = None,
                   commit_seq: int | None = None, progress: int | None = None, steps: int | None = None,
                   waiting_s: float | None = None, compute_s: float | None = None, comm_s: float | None = None,
-                  link: LinkReport | None = None) -> PollReply | None:
+                  link: LinkReport | None = None, trained: str = "") -> PollReply | None:
         """A worker's heartbeat; None if the worker is unknown or already given up.
 
         ``progress`` is the worker's progress counter (see ``worker.link.progress``):
         a round none of whose members' counters grows for ``progress_timeout_s``
         is stuck. ``waiting_s`` is how long it has been waiting in one collective;
         ``compute_s`` its compute time per step (None until it has one; see :mod:`.health`), ``comm_s`` its
-        time in collectives per step; ``link`` its link probe (see :mod:`.links`).
+        time in collectives per step; ``link`` its link probe (see :mod:`.links`); ``trained`` the fingerprint of its
+        last commit's state (see :class:`.repeats.Trained`).
         """
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return None
         w.last_seen = max(w.last_seen, running := self._clock(now))  # a held poll's arrival may precede a later call
-        self.note_commits(w, commits, None if w.state is S.WAITING else commit_seq)  # waiting: rendezvous says it
+        self.note_commits(w, commits, None if w.state is S.WAITING else commit_seq,  # waiting: rendezvous says it
+                          trained=trained)
         self.stopping.heard(w, now)  # how often it commits: whether a stop waits for its next commit
         if progress is not None and progress != w.progress:
             w.progress, w.progress_at = progress, running
@@ -392,8 +395,9 @@ class ElasticJob(JobState):
         """A worker stored the checkpoint of ``step``, commit ``commit_seq``: what a drain loses counts from it."""
         self.leavers.checkpoint_saved(step, commit_seq)
 
-    def checkpoint_loaded(self, step: int, commit_seq: int | None, path: str) -> int | None:
-        """Rank 0 of a from-checkpoint round loaded the checkpoint of ``step``, commit ``commit_seq`` of the job.
+    def checkpoint_loaded(self, step: int, commit_seq: int | None, path: str, trained: str = "") -> int | None:
+        """Rank 0 of a from-checkpoint round loaded the checkpoint of ``step``, commit ``commit_seq`` of the job,
+        whose state's fingerprint is ``trained`` (what every-worker-lost's repeat guard measures: .repeats.Trained).
 
         Returns the steps lost, counted in commits like ``round_formed.step``: the highest
         commit the driver heard of since the previous load (from the workers that were lost)
@@ -402,6 +406,7 @@ class ElasticJob(JobState):
         line, emits ``checkpoint_loaded`` and, when the load replaced a failed round, its
         ``rollback`` with the same count.
         """
+        self.trained.note(trained, stored=True)
         heard = self.commit_high > 0 or not self.resumed
         lost = max(0, self.commit_high - commit_seq) if commit_seq is not None and heard else None
         if commit_seq is not None:
@@ -476,11 +481,13 @@ class ElasticJob(JobState):
         return self.completion.exited + sum(1 for w in self.workers.values() if w.state is S.COMPLETED)
 
     # ------------------------------------------------------- the pieces' view
-    def note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None, *, exact=False) -> None:
+    def note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None, *, exact=False,
+                     trained: str = "") -> None:
         # A heartbeat (which may be older than a later rendezvous) only raises ``commit_seq``; a rendezvous
         # (``exact``) says it as it is, even lower (a sync to an older rank 0: ``ledger.hold_commit``).
         if w.discarded:
             return
+        self.trained.note(trained)  # the state of its last commit: one not seen before is progress (.repeats)
         if isinstance(commit_seq, int) and (commit_seq > w.commit_seq or exact):
             w.commit_seq = commit_seq
             if commit_seq > self.commit_high:

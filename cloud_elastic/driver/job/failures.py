@@ -14,7 +14,7 @@
   cooldown, counting no failure of its slots, while a worker that ran and
   failed counts as after it; either way ``--start-timeout`` from the driver's
   start bounds the wait for the first round (:meth:`.capacity.Capacity.check`);
-  a slot whose worker fails :data:`.repeats.REPEATS` times at the same commit is
+  a slot whose worker fails :data:`.repeats.REPEATS` times in a row without progress is
   blacklisted for good, and the job ends when every worker was lost that many times
   in a row without progress in between, counting only failures of the worker's own
   doing (an exception, an exit code, a crash signal: not a SIGKILL or SIGTERM from
@@ -23,8 +23,8 @@
 * a worker given up (:meth:`Failures.give_up`: silent, never arrived, stuck) is
   stopped at once; a leaver given up costs its peers a rollback but no blacklisting;
   one given up while its process still ran (``hung``: stuck, or silent and then printing its stacks on the
-  stop's signal, :meth:`Failures.signal_stacks`) :data:`.repeats.REPEATS` times in a row with no new commit of
-  the job in between ends the job (see :mod:`.repeats`);
+  stop's signal, :meth:`Failures.signal_stacks`) :data:`.repeats.REPEATS` times in a row with no progress of
+  the job in between ends the job (see :mod:`.repeats`: progress is a commit of a state not trained before);
 * the committed state is never silently lost (:meth:`Failures.check_state_kept`):
   once no live worker holds it and no member is on its way back, the next round
   resumes from the latest checkpoint, or, without ``--checkpoint-dir``, the job
@@ -74,35 +74,44 @@ class Failures:
         self._fixed_failed = fixed_failed
         self._state_lost_logged = False
         #: The highest worker number when every worker was last lost (a resumed attempt's workers are newer),
-        #: and the job's commit then.
-        self._lost_mark, self._lost_at = 0, -1
+        #: the job's commit then, and the states checkpoint loads had given then (``Trained.loaded``).
+        self._lost_mark, self._lost_at, self._lost_loaded = 0, -1, None
         self._lost_in_vain = Streak()  # every worker lost, in a row, each time without progress
         self._own_since_lost = False  # a worker failed of its own doing since every worker was last lost
-        self._hangs = Hangs()  # workers given up while their process still ran, in a row at one commit
-        #: Workers given up for silence whose stacks signal is still out: the commit and keys they would count at.
-        self._silent: dict[str, tuple[int, frozenset[Hashable]]] = {}
+        self._hangs = Hangs()  # workers given up while their process still ran, in a row without progress
+        #: Workers given up for silence whose stacks signal is still out: how far the job had trained (the key, the
+        #: commit) and the keys they would count at.
+        self._silent: dict[str, tuple[Hashable, int, frozenset[Hashable]]] = {}
         #: The latest outage (see _together): the highest worker number when its first worker was given up as hung,
         #: the driver's running time then, and its number.
         self._outage: tuple[int, float, int] = (-1, -math.inf, 0)
 
     def _lost_again(self) -> int:
         """Every worker is lost, with checkpointing: how many times in a row that has now happened without
-        progress: no worker of the resumed attempt made a commit of its own (its first is past the checkpoint
-        it resumed from), or the job is lost at the same commit as the time before (a bug far past the
-        checkpoint: each attempt commits up to it and fails there again). A loss counts only when a worker
-        failed of its own doing since the last one (:func:`.repeats.own_failure`): a storm of reclaims that
-        kills every worker again and again is not the script's, and the job resumes each time."""
+        progress. Where the states' fingerprints tell (:meth:`.repeats.Trained.loaded`), progress is what the
+        checkpoints hold: the attempt just lost loaded a state no attempt had loaded before (the one before it
+        stored a new one). What an attempt commits and loses with its workers is no progress: Horovod's loop
+        resumed from the same checkpoint redoes the same batches and fails again. Otherwise (a state without plain
+        attributes) it is the commit count: no progress when no worker of the resumed attempt made a commit of its
+        own (its first is past the checkpoint it resumed from), or the job is lost at the same commit as the time
+        before (a bug far past the checkpoint: each attempt commits up to it and fails there again). A loss counts
+        only when a worker failed of its own doing since the last one (:func:`.repeats.own_failure`): a storm of
+        reclaims that kills every worker again and again is not the script's, and the job resumes each time."""
         job = self._job
         mark, self._lost_mark = self._lost_mark, max((w.seq for w in job.workers.values()), default=0)
         at, self._lost_at = self._lost_at, job.commit_high
+        loaded, self._lost_loaded = self._lost_loaded, job.trained.loaded()
         own, self._own_since_lost = self._own_since_lost, False
-        committed = any(w.commits > 0 for w in job.workers.values() if w.seq > mark)
-        if committed and at != job.commit_high:
-            self._lost_in_vain.clear()  # trained on to another commit (or the first loss): progress
+        if self._lost_loaded is not None:
+            progressed = loaded != self._lost_loaded  # a new state loaded (or the first loss): progress
+        else:
+            progressed = at != job.commit_high and any(w.commits > 0 for w in job.workers.values() if w.seq > mark)
+        if progressed:
+            self._lost_in_vain.clear()
         return self._lost_in_vain.note("lost") if own else self._lost_in_vain.count
 
     def _every_slot_repeated(self) -> bool:
-        """Every slot of the ready hosts is blacklisted for good for failing REPEATS times at the same commit (the
+        """Every slot of the ready hosts is blacklisted for good for failing REPEATS times without progress (the
         slots of a job resumed again and again, each attempt lost there, reach it before the job's own count
         does when its attempts do not all fail together): a resume could only fail the same way."""
         hosts = self._job.hosts
@@ -110,13 +119,13 @@ class Failures:
             return False
         return all(hosts.blacklist.for_good(Slot(h, i)) for h, n in hosts.ready.items() for i in range(n))
 
-    def _for_good(self, where: str, at: int | None) -> str:
-        """The last failure blocked ``where`` for the rest of the job: why, for its log line and for the job's end
-        line (below --min-np, that names the ``last failure``)."""
+    def _for_good(self, where: str, own: bool) -> str:
+        """The last failure (``own``: of its worker's own doing) blocked ``where`` for the rest of the job: why, for
+        its log line and for the job's end line (below --min-np, that names the ``last failure``)."""
         job = self._job
         why = (" (--blacklist-cooldown-range 0 0)" if job.hosts.blacklist.hi <= 0 else
-               " (it already was)" if at is None else
-               f": it failed {REPEATS} times in a row at commit {at}, with no commit past it in between")
+               " (it already was)" if not own else
+               f": it failed {REPEATS} times in a row {job.trained.none_between(job.commit_high)}")
         job.last_failure += f"; {where} is blacklisted for the rest of the job{why}"
         return why
 
@@ -137,11 +146,12 @@ class Failures:
         # trying it again at the shortest cooldown without counting a failure (Blacklist.retry_soon).
         # No round of this driver yet and no worker holding state (a resumed job's state is in its checkpoint).
         booting = transport and job.round == 0 and (not job.state_committed or job.resumed)
-        # The commit the job had reached: a slot failing REPEATS times there in a row, each time of its worker's
-        # own doing, is blacklisted for good. A kill from outside or a host out of reach does not count (None).
+        # How far the job had trained (the states its commits held, or its commit: Trained.at): a slot failing
+        # REPEATS times in a row there, each time of its worker's own doing, is blacklisted for good. A kill from
+        # outside or a host out of reach does not count (None).
         own = own_failure(w.error, exit_code, transport)
         self._own_since_lost = self._own_since_lost or own
-        at = job.commit_high if own else None
+        at = job.trained.at(job.commit_high) if own else None
 
         def block(slot: Slot) -> float:
             if booting:
@@ -163,7 +173,7 @@ class Failures:
         if booting:
             log.warning("job %s: %s; %s not reachable yet: retried in %.0fs", job.job_id, reason, where, delay)
         else:
-            why = self._for_good(where, at) if delay == math.inf else ""
+            why = self._for_good(where, at is not None) if delay == math.inf else ""
             log.warning("job %s: %s; %s blacklisted %s%s", job.job_id, reason, where, blocked_for(delay), why)
         # A negative code is a signal (Popen's convention): the schema has exit_code null and the signal's name.
         killed_by = signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
@@ -218,7 +228,7 @@ class Failures:
             if self.fail(w, what, now, was_member=was_member, transport=False) and w.hung:
                 # Workers given up together (one outage, every member of one stuck round) count once, however many
                 # scans found them (see _together).
-                at = (job.commit_high, self._together(w, now))
+                at = (job.trained.at(job.commit_high), job.commit_high, self._together(w, now))
                 if w.hung != SILENT:
                     self._hung(w, *at)
                 elif not armed:  # its silence for the whole --heartbeat-timeout counts alone (signal_stacks)
@@ -292,13 +302,14 @@ class Failures:
             return
         self._hung(w, *at)
 
-    def _hung(self, w: WorkerRecord, commit: int, together: frozenset[Hashable]) -> None:
+    def _hung(self, w: WorkerRecord, at: Hashable, commit: int, together: frozenset[Hashable]) -> None:
         """``w`` was given up while its process still ran (``w.hung`` says what it was doing) with the job at
-        ``commit``, as part of ``together`` (its round and outage: :meth:`_together`): the :data:`.repeats.REPEATS`-th
-        time in a row with no new commit of the job in between ends the job, through the failing end (its newest
-        commit checkpointed first). The slot itself only cools down, as after any give-up."""
+        ``commit``, trained that far (``at``: :meth:`.repeats.Trained.at`), as part of ``together`` (its round and
+        outage: :meth:`_together`): the :data:`.repeats.REPEATS`-th time in a row with no progress of the job in
+        between ends the job, through the failing end (its newest commit checkpointed first). The slot itself only
+        cools down, as after any give-up."""
         job = self._job
-        times = self._hangs.given_up(commit, together, w.worker_id, w.slot.host, str(w.slot))
+        times = self._hangs.given_up(at, together, w.worker_id, w.slot.host, str(w.slot))
         if job.outcome is not None:
             return
         if times < REPEATS:
@@ -307,7 +318,7 @@ class Failures:
                             "at commit %d before the job ends", job.job_id, w.worker_id, w.label, w.hung, times,
                             REPEATS, commit)
             return
-        job.end(False, self._hangs.line(f"{w.slot} ({w.label})", commit, times, w.hung), 1)
+        job.end(False, self._hangs.line(f"{w.slot} ({w.label})", commit, times, w.hung, job.trained.nothing), 1)
 
     def check_state_kept(self) -> None:
         """Fail at once when the committed state is gone and nothing can bring it back."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Collection
+from typing import Callable, Collection, Hashable
 
 from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S, renewed
@@ -45,7 +45,7 @@ class Blacklist:
     of its host: only another instance at the address, :meth:`forget_host`, starts clean;
     the same host leaving discovery and coming back stays blocked): a worker that failed
     there of its own doing (:func:`.repeats.own_failure`: :meth:`record_failure` with
-    ``at_commit``) :data:`.repeats.REPEATS` times at the same commit, or under a range of
+    ``at_commit``) :data:`.repeats.REPEATS` times in a row without progress, or under a range of
     ``(0, 0)`` a worker that failed there at all (``failed``: its own doing, killed from
     outside, given up), as Horovod blacklists a failed host by default. Other failures (a
     host out of reach) and other blocks (stragglers, drains, early returns, cut-off hosts)
@@ -57,14 +57,15 @@ class Blacklist:
         self._rng = rng or random.Random()
         self._failures: dict[Slot, int] = {}
         self._until: dict[Slot, float] = {}  # math.inf: for good
-        self._repeats: dict[Slot, Streak] = {}  # the commits its workers failed at, in a row
+        self._repeats: dict[Slot, Streak] = {}  # how far the job had trained when its workers failed, in a row
 
-    def record_failure(self, slot: Slot, now: float, at_commit: int | None = None, *, failed: bool = False) -> float:
+    def record_failure(self, slot: Slot, now: float, at_commit: Hashable | None = None, *,
+                       failed: bool = False) -> float:
         """Count a failure of ``slot``; return how many seconds it is now blocked for (``math.inf``: for good).
 
-        ``at_commit``: a worker failed there of its own doing at that commit of the job (the highest the job had
-        reached): the :data:`.repeats.REPEATS`-th such failure at the same commit in a row blocks the slot for
-        good. A failure without one (killed from outside, a host out of reach) neither counts toward that nor
+        ``at_commit``: a worker failed there of its own doing with the job that far (:meth:`.repeats.Trained.at`:
+        the states its commits held, or the highest commit the job had reached): the :data:`.repeats.REPEATS`-th
+        such failure in a row at the same point blocks the slot for good. A failure without one (killed from outside, a host out of reach) neither counts toward that nor
         breaks the run. ``failed``: a worker failed there (however: its own doing, killed from outside, given
         up), which under a range of ``(0, 0)`` blocks the slot for good, as Horovod does. A slot blocked for good
         stays so.

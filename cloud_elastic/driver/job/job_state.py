@@ -15,6 +15,7 @@ from typing import Any
 from cloud_elastic.driver.job.actions import Action, Finish, Phase, Policy
 from cloud_elastic.driver.job.hosts import HostManager
 from cloud_elastic.driver.job.liveness import RunningClock, SilenceWatch
+from cloud_elastic.driver.job.repeats import Trained
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
 __all__ = ["JobState", "ACTIVE", "MEMBER"]
@@ -51,6 +52,7 @@ class JobState:
     failure_since_round: bool = field(default=False, init=False)
     commit_high: int = field(default=0, init=False)  # the highest commit reported since the last checkpoint load
     commit_base: int | None = field(default=None, init=False)  # a resumed job's first load or adoption (see view)
+    trained: Trained = field(default_factory=Trained, init=False)  # the states its commits held (see view)
     wall_offset: float = field(default=0.0, init=False)
     discovered_once: bool = field(default=False, init=False)
     last_discovery_error: str = field(default="", init=False)

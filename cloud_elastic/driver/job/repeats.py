@@ -1,21 +1,23 @@
 """The same failure again and again without progress: how many times the job lets it happen.
 
-A job whose workers fail the same way at the same point, with no commit past it in between, would otherwise
-go round for ever (each relaunch forms a round, and a formed round restarts the ``--elastic-timeout`` clock).
-:data:`REPEATS` bounds each such loop; the pieces that own the loops count them with a :class:`Streak`:
+A job whose workers fail the same way at the same point, with no progress in between, would otherwise go round
+for ever (each relaunch forms a round, and a formed round restarts the ``--elastic-timeout`` clock).
+:data:`REPEATS` bounds each such loop; the pieces that own the loops count them with a :class:`Streak`, keyed on
+how far the job has trained (:meth:`Trained.at`):
 
-* a slot whose worker fails :data:`REPEATS` times at the same commit is blacklisted for the rest of the job
+* a slot whose worker fails :data:`REPEATS` times in a row without progress is blacklisted for the rest of the job
   (:meth:`.hosts.Blacklist.record_failure`); when that leaves fewer than ``--min-np`` slots, the job ends
   as any job below ``--min-np`` does;
-* with ``--checkpoint-dir``, every worker lost :data:`REPEATS` times in a row without progress in between
-  (the resumed attempt made no commit past the checkpoint it resumed from, or was lost at the same commit
-  as the time before) ends the job rather than resume again (:meth:`.failures.Failures.fail`);
-* a round aborted for a stall that re-forms with the same members and stalls again at the same commit,
+* with ``--checkpoint-dir``, every worker lost :data:`REPEATS` times in a row without progress in between ends the
+  job rather than resume again (:meth:`.failures.Failures.fail`); progress there is what the checkpoints hold (a
+  resumed attempt that loads the checkpoint an earlier one of the streak loaded got no further), or, for a state
+  without fingerprints, a commit of the resumed attempt past the one the job was lost at the time before;
+* a round aborted for a stall that re-forms with the same members and stalls again without progress,
   :data:`REPEATS` times in a row, ends the job (:meth:`.completion.Completion.check_progress`), but only
   when every member was waiting inside a collective each time (a mismatch no rank can leave): a member
   busy outside any collective is a straggler, and its stalls never count;
 * a worker given up while its process still ran (``WorkerRecord.hung``), :data:`REPEATS` times in a row with no
-  new commit of the job in between, ends the job, naming it, what it was doing and the remedy (:class:`Hangs`,
+  progress of the job in between, ends the job, naming it, what it was doing and the remedy (:class:`Hangs`,
   :meth:`.failures.Failures.give_up`); the job's end checkpoints its newest commit first (``ending.FailingEnd``).
   Such a worker is *stuck* (no progress past ``--progress-timeout`` after its round's abort while it still
   heartbeats: a deadlock; it counts as it is given up) or *silent* (its heartbeats stopped for the whole
@@ -26,13 +28,23 @@ go round for ever (each relaunch forms a round, and a formed round restarts the 
   stop sends: ``faulthandler``'s handler needs no GIL, so a GIL-hung process prints them, while a frozen host or
   one whose network is down (its ssh session still open) prints nothing, and such an outage never counts. Where it
   is not (the script handles SIGUSR1, a wrapper gets the signal, a Ray, Spark or adopted process cannot be asked)
-  its silence alone counts: an outage longer than ``--heartbeat-timeout``, three times at one commit, then does.
+  its silence alone counts: an outage longer than ``--heartbeat-timeout``, three times without progress, then does.
   Workers given up together count once, however many scans found them and in whatever order: every member of one
   stuck round, and every worker of one outage (already running when its first worker was given up, and given up
   within one ``--heartbeat-timeout`` of it, on any host: a network drop of several hosts; a host's round member and
-  its newcomer); a worker relaunched after a give-up, or one that ran on past the outage, counts again. Any new
-  commit starts the count again, so an elastic job that trains on without it never ends this way (its slot only
+  its newcomer); a worker relaunched after a give-up, or one that ran on past the outage, counts again. Any
+  progress starts the count again, so an elastic job that trains on without it never ends this way (its slot only
   cools down), and neither does a straggler that comes back.
+
+*Progress* is what was trained, not how many commits were made (:class:`Trained`). Horovod's own loop
+(``for state.batch in range(state.batch, N): ...; state.commit()``) redoes the restored batch after each restore
+and commits it again before the bug recurs: every relaunch adds a commit, yet trains nothing new. So each worker
+reports with its commits a fingerprint of the committed state's plain attributes (``batch``, ``epoch``, ``step``:
+what ``State(**kwargs)`` and ``TorchState(model, opt, **kwargs)`` hold besides tensors) and of its samplers'
+positions (``worker.commit.fingerprint``); a commit whose fingerprint the job has seen before is a redo, one with a
+new fingerprint is progress. Where a state has no such attribute, or its attributes stood still over two commits in
+a row of one process (they do not tell commits apart: ``epoch`` alone, committed every N batches), the commit
+counts as before: a commit past the one of the last failure is progress.
 
 Only a failure the worker's own process caused counts (:func:`own_failure`): an exception its script
 reported, a non-zero exit code, or death by a crash signal (:data:`CRASH_SIGNALS`). A worker killed from
@@ -52,11 +64,17 @@ import signal
 from dataclasses import dataclass, field
 from typing import Hashable
 
-__all__ = ["REPEATS", "CRASH_SIGNALS", "OUTSIDE_SIGNALS", "SILENT", "Hangs", "Streak", "death_signal", "own_failure"]
+from cloud_elastic.protocol_reports import UNTOLD  # what a worker reports once its attributes cannot tell
 
-#: How many times the same failure, at the same commit, ends its loop (see the module docstring). Three:
+__all__ = ["REPEATS", "CRASH_SIGNALS", "OUTSIDE_SIGNALS", "SILENT", "REMEMBERED", "UNTOLD", "Hangs", "Streak",
+           "Trained", "death_signal", "own_failure"]
+
+#: How many times the same failure, without progress, ends its loop (see the module docstring). Three:
 #: a second failure may still be bad luck (a host lost twice), a third in the same place is the script's.
 REPEATS = 3
+#: How many fingerprints of committed states a job remembers, the oldest forgotten first (one a heartbeat at most:
+#: a state trained again after this many others counts as new once more).
+REMEMBERED = 4096
 
 #: The signals a process dies by of its own doing (an abort(), a bad memory access, a bad instruction).
 CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
@@ -116,27 +134,94 @@ class Streak:
 
 
 @dataclass
+class Trained:
+    """How far the job has trained, as the fingerprints of its committed states tell (see the module docstring).
+
+    Fed every fingerprint a worker reports (:meth:`note`: the state it would restore, with each heartbeat and at
+    rendezvous) and every one a checkpoint load reports (``stored=True``). :attr:`mark` counts the distinct
+    fingerprints committed, :attr:`stored` those loaded from checkpoints; a fingerprint seen before (among the last
+    :data:`REMEMBERED`) adds nothing, so Horovod's redo of a restored batch leaves both where they were.
+    Pure and bounded: two dicts of at most :data:`REMEMBERED` short strings."""
+
+    #: Distinct fingerprints committed, and loaded from checkpoints, so far.
+    mark: int = 0
+    stored: int = 0
+    #: False once a worker said its state's attributes do not tell its commits apart (:data:`UNTOLD`): for good.
+    telling: bool = True
+    _seen: dict[str, None] = field(default_factory=dict)
+    _loaded: dict[str, None] = field(default_factory=dict)
+
+    def note(self, fingerprint: str, *, stored: bool = False) -> None:
+        """A worker reported ``fingerprint`` ("": none, a state without plain attributes or not committed yet);
+        ``stored``: the state a checkpoint load gave (it is committed too)."""
+        if not fingerprint:
+            return
+        if fingerprint == UNTOLD:
+            self.telling = False
+            return
+        if stored and _remember(self._loaded, fingerprint):
+            self.stored += 1
+        if _remember(self._seen, fingerprint):
+            self.mark += 1
+
+    @property
+    def tells(self) -> bool:
+        """Whether the fingerprints measure progress: some were reported, and none said they cannot."""
+        return self.telling and self.mark > 0
+
+    def at(self, commit: int) -> Hashable:
+        """The guards' key for the job at ``commit``: how many states it has trained where the fingerprints tell,
+        else the commit itself (a state without plain attributes: the commit-count rule)."""
+        return ("trained", self.mark) if self.tells else commit
+
+    def loaded(self) -> Hashable | None:
+        """The key of every-worker-lost's streak: how many distinct states checkpoint loads gave (None where the
+        fingerprints do not tell, or no load reported one: the commit-count rule then)."""
+        return ("stored", self.stored) if self.telling and self.stored else None
+
+    @property
+    def nothing(self) -> str:
+        """What "without progress" means now, for the end lines: no commit, or none of a state not trained before."""
+        return "no commit of a state not trained before" if self.tells else "no commit"
+
+    def none_between(self, commit: int) -> str:
+        """``at commit N, with no commit past it in between`` (or none of a new state), for the end lines."""
+        return f"at commit {commit}, with {self.nothing if self.tells else 'no commit past it'} in between"
+
+
+def _remember(seen: dict[str, None], fingerprint: str) -> bool:
+    """Add ``fingerprint`` to ``seen`` (oldest first, at most :data:`REMEMBERED`); True when it was not there."""
+    if fingerprint in seen:
+        return False
+    seen[fingerprint] = None
+    if len(seen) > REMEMBERED:
+        del seen[next(iter(seen))]
+    return True
+
+
+@dataclass
 class Hangs:
-    """Workers given up while their process still ran (``WorkerRecord.hung``), in a row at one commit of the job.
+    """Workers given up while their process still ran (``WorkerRecord.hung``), in a row without progress of the job.
 
     Workers given up together count once: each give-up comes with the keys of what it was part of (the round it was
     a member of, the outage it was given up in: see ``Failures._together``), and one that shares a key with a give-up
-    already counted at this commit counts 0. Every key seen at the commit is kept (a new commit clears them): only
+    already counted since the last progress counts 0. Every key seen since is kept (progress clears them): only
     the last one kept, one outage of two hosts whose workers the scans found in the order b, c, b counted 3 and ended
     a healthy job. Not a blacklist: the slot keeps its usual cooldown; the job ends at the :data:`REPEATS`-th (see the
     module docstring)."""
 
     streak: Streak = field(default_factory=Streak)
     _keys: set[Hashable] = field(default_factory=set)
-    #: The workers given up as hung at this commit, counted or not, first give-up first: id -> (host, slot).
+    #: The workers given up as hung since the last progress, counted or not, first give-up first: id -> (host, slot).
     workers: dict[str, tuple[str, str]] = field(default_factory=dict)
 
-    def given_up(self, commit: int, together: frozenset[Hashable], worker: str = "", host: str = "",
+    def given_up(self, at: Hashable, together: frozenset[Hashable], worker: str = "", host: str = "",
                  slot: str = "") -> int:
-        """A hung worker (``worker`` on ``slot`` of ``host``) was given up with the job at ``commit``, as part of
-        everything in ``together``: how many such give-ups in a row there are now with no new commit in between (0: it
-        shares a key with a give-up already counted at this commit; its other keys join that one's)."""
-        if not self.streak.count or commit != self.streak.key:
+        """A hung worker (``worker`` on ``slot`` of ``host``) was given up with the job at ``at`` (how far it had
+        trained: :meth:`Trained.at`), as part of everything in ``together``: how many such give-ups in a row there are
+        now with no progress in between (0: it shares a key with a give-up already counted since; its other keys join
+        that one's)."""
+        if not self.streak.count or at != self.streak.key:
             self._keys.clear()
             self.workers.clear()
         self.workers[worker] = (host, slot)
@@ -144,22 +229,23 @@ class Hangs:
             self._keys |= together
             return 0
         self._keys |= together
-        return self.streak.note(commit)
+        return self.streak.note(at)
 
-    def line(self, worker: str, commit: int, times: int, doing: str) -> str:
+    def line(self, worker: str, commit: int, times: int, doing: str, nothing: str = "no commit") -> str:
         """The job's end line: the worker (``host[slot] (rank N)``), the commit, how many times, what it was doing
-        (:data:`SILENT` first for one given up for silence), and the timeout that gave it up, to raise. Where the
+        (:data:`SILENT` first for one given up for silence), and the timeout that gave it up, to raise; ``nothing``:
+        what came in between (no commit; or none of a new state, :meth:`Trained.none_between`). Where the
         give-ups were of more than one slot (an outage of several hosts, then others), it says how many workers on
         which hosts were given up, and names the last one."""
         remedy = ("raise --heartbeat-timeout if its script can hold the GIL that long" if doing.startswith(SILENT)
                   else "raise --progress-timeout if this step can take longer")
         if len(set(self.workers.values())) <= 1:  # one slot's worker each time (relaunched after each give-up)
             return (f"no progress: worker {worker} was given up {times} times in a row at commit {commit}, its process "
-                    f"still running each time and no commit in between; what it was doing: {doing}; {remedy}")
+                    f"still running each time and {nothing} in between; what it was doing: {doing}; {remedy}")
         hosts = list(dict.fromkeys(host for host, _ in self.workers.values()))
         on = f"on host {hosts[0]}" if len(hosts) == 1 else f"on {len(hosts)} hosts ({', '.join(hosts[:8])}" + (
             ", ...)" if len(hosts) > 8 else ")")
         return (f"no progress: hung workers were given up {times} times in a row at commit {commit} "
                 f"({len(self.workers)} workers {on}; those given up together, in one outage or one round, count "
-                f"once), their processes still running each time and no commit in between; the last: worker {worker}, "
+                f"once), their processes still running each time and {nothing} in between; the last: worker {worker}, "
                 f"what it was doing: {doing}; {remedy}")

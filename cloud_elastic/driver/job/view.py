@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from cloud_elastic.driver.job.actions import Action, Finish, Phase, Policy
 from cloud_elastic.driver.job.hosts import HostManager
+from cloud_elastic.driver.job.repeats import Trained
 from cloud_elastic.driver.job.workers import WorkerRecord
 
 __all__ = ["JobView"]
@@ -49,6 +50,8 @@ class JobView(Protocol):
     #: The commit this driver's run began at: its first checkpoint load, or the workers it adopted (None: a job
     #: that started afresh, from 0, or a resumed one before its first load).
     commit_base: int | None
+    #: How far the job has trained, as its commits' fingerprints tell: the repeat guards' measure of progress.
+    trained: Trained
     #: Unix time minus the job's clock (drain deadlines are Unix times).
     wall_offset: float
     #: Discovery has answered at least once, and what its last failure said.
@@ -95,8 +98,8 @@ class JobView(Protocol):
         ``stacks``: its process is first asked for its Python stacks (by signal)."""
 
     def note_commits(self, w: WorkerRecord, commits: int | None, commit_seq: int | None = None, *,
-                     exact: bool = False) -> None:
-        """``w`` reported its commits (both only grow)."""
+                     exact: bool = False, trained: str = "") -> None:
+        """``w`` reported its commits (both only grow), and the fingerprint of its last one's state (``trained``)."""
 
     def commits_lost_reason(self) -> str:
         """Why the state is lost when survivors could not restore their commit ('' if none did)."""

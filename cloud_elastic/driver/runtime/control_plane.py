@@ -173,7 +173,8 @@ class ControlPlane:
     def _rendezvous(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any] | Held:
         request = RendezvousRequest.from_wire(msg)
         self._job.rendezvous(worker_id, request.last_round, request.reason, now, request.commits,
-                             request.rolled_back, request.commit_seq, request.holds_commit, request.unreachable)
+                             request.rolled_back, request.commit_seq, request.holds_commit, request.unreachable,
+                             trained=request.trained)
         self._record_events()  # a round this arrival formed is recorded before anyone is told of it
         # Only the requests this arrival answered (a round formed) are answered now; the
         # loop need not tick for an arrival, the job has already done what it changes.
@@ -204,7 +205,7 @@ class ControlPlane:
             # At its arrival (``now``): a held poll's later looks bring no news of the worker (see liveness).
             reply = self._job.heartbeat(worker_id, now, request.commits, request.commit_seq,
                                         request.progress, request.steps, request.waiting_s, request.compute_s,
-                                        comm_s=request.comm_s, link=request.link)
+                                        comm_s=request.comm_s, link=request.link, trained=request.trained)
             if reply is None:
                 return PollReply(0, 0, 0, True).to_wire()
             rounds = self._job.rounds
@@ -314,7 +315,8 @@ class ControlPlane:
             self._sinks.sink.emit("checkpoint_saved", step=report.step, path=report.path, **extra)
         else:
             self.checkpoints.one_exists()
-            self._job.checkpoint_loaded(report.step, report.commit_seq, report.path)  # logs the steps lost
+            self._job.checkpoint_loaded(report.step, report.commit_seq, report.path,  # logs the steps lost
+                                        trained=report.trained or "")
             self._cond.notify_all()
         return {"ok": True}
 

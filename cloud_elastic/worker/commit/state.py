@@ -26,6 +26,7 @@ from cloud_elastic.worker.comm.statecodec import StateSyncError, check_attribute
 from cloud_elastic.worker.commit.handlers import (ModelHandler, OptimizerHandler, SamplerHandler, SnapshotHandler,
                                                   StateDictHandler, handler_for)
 from cloud_elastic.worker.commit import sync_facts
+from cloud_elastic.worker.commit.fingerprint import fingerprint
 from cloud_elastic.worker.commit.participant import CommitParticipant
 from cloud_elastic.worker.context import get_context, is_initialized
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
@@ -110,7 +111,7 @@ class State:
         ctx.ledger.window.close()  # first: what the window taught decides how this commit is kept
         ctx.read_update_flag()
         self.save()
-        ctx.ledger.note_commit(self)
+        ctx.ledger.note_commit(self, fingerprint(self))  # what it trained, for the driver's repeat guards
         # Horovod's commit() is save() then self.check_host_updates(): a subclass that overrides it is called.
         self._just_committed = True
         try:
@@ -135,7 +136,7 @@ class State:
                 # the loop runs collectives between its updates and its commits, so it must not confirm it.
                 ctx.ledger.window.discard()
                 self.save()
-                ctx.ledger.note_commit(self)
+                ctx.ledger.note_commit(self, fingerprint(self))
             raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:

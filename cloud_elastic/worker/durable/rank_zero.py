@@ -53,6 +53,7 @@ from typing import Any, Callable
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo, CheckpointMismatch
 from cloud_elastic.checkpoint.store import CheckpointStore, checked_step
 from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer
+from cloud_elastic.worker.commit.fingerprint import fingerprint
 from cloud_elastic.worker.durable.failure import (CheckedStore, CheckpointFailed, SeesJob, mismatch, report,
                                                   report_not_written)
 
@@ -245,7 +246,8 @@ class RankZeroCheckpoints:
         log.info("worker %s: loaded checkpoint of step %d from %s in %.2fs", self._ctx.worker_id, latest.info.step,
                  latest.info.url, time.perf_counter() - began)
         # With the checkpoint's commit the driver counts the steps lost since it (commits it heard of past it).
-        self._ctx.report_checkpoint("loaded", step=latest.info.step, path=latest.info.url, commit_seq=seq)
+        self._ctx.report_checkpoint("loaded", step=latest.info.step, path=latest.info.url, commit_seq=seq,
+                                    trained=fingerprint(state))  # the driver's repeat guards measure it
         return latest.info
 
     # ------------------------------------------------------------ finishing

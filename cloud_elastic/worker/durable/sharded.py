@@ -85,6 +85,7 @@ from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.comm import statecodec
+from cloud_elastic.worker.commit.fingerprint import fingerprint
 from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, mismatch, report, report_not_written
 from cloud_elastic.worker.durable.parts import model_of, same_payload, set_parts, sharded_parts
 from cloud_elastic.worker.durable.rank_zero import log_leaving_write, wait_for_storage
@@ -360,7 +361,8 @@ class ShardedCheckpoints:
                      "%s in %.2fs", ctx.worker_id, chosen.step, chosen.shard_count, chosen.url,
                      time.perf_counter() - began)
             if info.rank == 0:
-                ctx.report_checkpoint("loaded", step=chosen.step, path=chosen.url, commit_seq=seq)
+                ctx.report_checkpoint("loaded", step=chosen.step, path=chosen.url, commit_seq=seq,
+                                      trained=fingerprint(state))  # the driver's repeat guards measure it
             return chosen
         raise CheckpointError(f"no usable checkpoint in {self.settings.url}: its {len(candidates)} sharded "
                               "checkpoint(s) are unusable")

@@ -92,6 +92,11 @@ class DriverLinkMixin:
     #: A call of :meth:`_call` was answered once: the driver's address is right (past its deadline, a call raises).
     driver_reached = False
 
+    def _trained(self) -> str:
+        """The fingerprint of the state this worker would restore (``ledger.trained``), for the driver's repeat guards."""
+        ledger = getattr(self, "ledger", None)
+        return ledger.trained if ledger is not None else ""
+
     def _next_offered(self, offer: Any, round_now: int, round_plan: int, sent: float) -> None:
         """What a heartbeat reply says of the planned next round (none here)."""
 
@@ -303,7 +308,7 @@ class DriverLinkMixin:
                                 flight=self._flight_entry(),
                                 pause_s=pauses.expected_s(first_step=self._first_step_of_round()),
                                 next_plan=self.next_plan, elastic=getattr(self, "elastic_entered", False),
-                                stacks_signal=stacks_signal_armed()).to_wire(),
+                                stacks_signal=stacks_signal_armed(), trained=self._trained()).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:

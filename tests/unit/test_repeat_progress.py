@@ -1,0 +1,339 @@
+"""The repeat guards measure progress by what was trained, not by how many commits were made.
+
+Horovod's elastic loop (``for state.batch in range(state.batch, ...): ...; state.commit()``) redoes the committed
+batch after each restore and commits it again before a deterministic bug recurs: each relaunch adds a commit, so
+guards keyed on the job's commit let it retrain the same batch for ever (review s60 rvS finding 1; rvV finding 2
+with --checkpoint-dir). Each worker now reports the fingerprint of its committed state's plain attributes
+(``worker.commit.fingerprint``); a commit of a state the job has seen before is a redo (``repeats.Trained``). A job
+that gains one commit per relaunch, failing in other ways each time, progresses and is never stopped (the first fix,
+af4dfd1, stopped those: rvV finding 1).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cloud_elastic.driver.job.hosts import Slot
+from cloud_elastic.driver.job.repeats import REMEMBERED, REPEATS, UNTOLD, Trained
+from cloud_elastic.errors import ControlPlaneError
+from cloud_elastic.protocol import FlightEntry, PollRequest, RendezvousRequest
+from cloud_elastic.protocol_reports import CheckpointReport
+from cloud_elastic.worker.commit.fingerprint import MAX_TEXT, fingerprint
+from cloud_elastic.worker.ledger import CommitLedger
+from cloud_elastic.worker.link.progress import Progress
+from tests.unit.job_view import FakeJob
+from tests.unit.test_job import Sim, failed, started
+from tests.unit.test_job_repeats import BUG, crash, fixed, hangs, stalls
+
+pytestmark = pytest.mark.timeout(30)
+
+ALLREDUCE = FlightEntry(1, 9, "allreduce", "entered", 0.0)  # both ranks wait in it: it cannot complete
+
+
+def fp(batch: int) -> str:
+    """The fingerprint of the state committed after ``batch`` (16 hex digits, as a worker reports one)."""
+    return f"{batch + 1:016x}"
+
+
+def commits(sim: Sim, slot: str, seq: int, batch: int | None, *, trained: str | None = None) -> None:
+    """The worker on ``slot`` heartbeats: its last commit is ``seq`` of the job, holding the state after ``batch``
+    (None: its heartbeat says no fingerprint: the commit is heard, its state is not)."""
+    sim.commits[sim.id(slot)] = seq
+    said = trained if trained is not None else "" if batch is None else fp(batch)
+    sim.job.heartbeat(sim.id(slot), sim.now, seq, commit_seq=seq, trained=said)
+
+
+def rejoins(sim: Sim, slot: str, seq: int, batch: int, *, trained: str | None = None) -> None:
+    """The survivor on ``slot`` comes back from a failed round holding commit ``seq``, the state after ``batch``."""
+    w = sim.job.workers[sim.id(slot)]
+    sim.job.rendezvous(w.worker_id, w.round, "failure", sim.now, sim.commits.get(w.worker_id), commit_seq=seq,
+                       trained=trained if trained is not None else fp(batch))
+    sim._collect()
+
+
+# ------------------------------------------------------------------ the rule
+def test_a_state_seen_before_adds_nothing_and_a_new_one_is_progress() -> None:
+    trained = Trained()
+    assert trained.at(4) == 4 and not trained.tells  # no fingerprint yet: the commit is the key
+    for batch in (0, 1, 2):
+        trained.note(fp(batch))
+    key = trained.at(3)
+    trained.note(fp(2))  # Horovod's redo of the restored batch, at commit 4, 5, ...
+    trained.note("")  # a worker that has not committed (or a state without plain attributes) says nothing
+    assert trained.at(4) == trained.at(5) == key and trained.mark == 3
+    trained.note(fp(3))
+    assert trained.at(5) != key and trained.mark == 4
+
+
+def test_a_worker_saying_its_states_do_not_tell_its_commits_apart_brings_back_the_commit_count_for_good() -> None:
+    trained = Trained()
+    trained.note(fp(0))
+    trained.note(UNTOLD)
+    trained.note(fp(1))
+    assert trained.at(7) == 7 and trained.at(8) == 8 and not trained.tells
+    assert trained.loaded() is None
+
+
+def test_checkpoint_loads_count_apart_from_commits() -> None:
+    trained = Trained()
+    trained.note(fp(0))
+    assert trained.loaded() is None  # no load yet: every-worker-lost keeps the commit-count rule
+    trained.note(fp(0), stored=True)
+    first = trained.loaded()
+    trained.note(fp(5))  # committed and lost with every worker: not in a checkpoint
+    trained.note(fp(0), stored=True)
+    assert trained.loaded() == first
+    trained.note(fp(4), stored=True)
+    assert trained.loaded() != first and trained.mark == 3  # a loaded state is a committed one too
+
+
+def test_the_job_remembers_a_bounded_number_of_states() -> None:
+    trained = Trained()
+    for batch in range(REMEMBERED + 1):
+        trained.note(fp(batch))
+    assert len(trained._seen) == REMEMBERED
+    trained.note(fp(REMEMBERED))  # the newest is still there
+    assert trained.mark == REMEMBERED + 1
+    trained.note(fp(0))  # the oldest was forgotten: it counts as new once more
+    assert trained.mark == REMEMBERED + 2
+
+
+# ------------------------------------------------------------------ a slot's failures
+def horovod_round_one(sim: Sim) -> None:
+    """Round 1 on a[0] and b[0] trains batches 0, 1 and 2 (commits 1-3), then the script on b[0] raises at batch 3."""
+    for batch in range(3):
+        commits(sim, "a[0]", batch + 1, batch)
+        commits(sim, "b[0]", batch + 1, batch)
+    crash(sim, "b[0]")
+
+
+def test_a_rank_raising_at_the_same_batch_of_horovods_loop_is_blacklisted_at_its_third_failure() -> None:
+    """rvS's repeat_failure.sh: each relaunch redoes the restored batch 2 (one commit), and rank 1 raises again at
+    batch 3; keyed on the commit (3, 4, 5, ...), it went on for ever."""
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), elastic_timeout_s=5)
+    horovod_round_one(sim)
+    for seq in range(4, 10):
+        rejoins(sim, "a[0]", seq - 1, 2)  # rolled back to its last commit: the state after batch 2
+        sim.advance(3)
+        if sim.job.hosts.blacklist.for_good(Slot("b", 0)):
+            break
+        sim.join("b[0]")
+        assert sim.layout() == ["a[0]", "b[0]"]
+        commits(sim, "a[0]", seq, 2)  # the redo of batch 2
+        commits(sim, "b[0]", seq, 2)
+        crash(sim, "b[0]")
+    sim.advance(10)
+    assert sim.slots_launched().count("b[0]") == REPEATS  # never a fourth time
+    failed(sim, "fewer than --min-np 2", f"exited with code 1: {BUG}",
+           f"slot b[0] is blacklisted for the rest of the job: it failed {REPEATS} times in a row at commit 5, with no "
+           f"commit of a state not trained before in between")
+
+
+@pytest.mark.parametrize("heard", ["heartbeat", "rendezvous"])
+def test_a_rank_failing_each_relaunch_one_commit_further_is_never_blacklisted(heard) -> None:
+    """rvV's rare_commit.sh: rank 1 fails after each relaunch's one commit (4 batches), in another way each time.
+    ``rendezvous``: it fails before a heartbeat carries that commit's state; only the survivor's rendezvous does."""
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), elastic_timeout_s=60)
+    for n in range(1, 3 * REPEATS + 1):
+        batch = 4 * n - 1
+        commits(sim, "a[0]", n, batch if heard == "heartbeat" else None)
+        commits(sim, "b[0]", n, batch if heard == "heartbeat" else None)
+        crash(sim, "b[0]", f"OSError: transient read error {n}")
+        rejoins(sim, "a[0]", n, batch)
+        sim.advance(3)
+        sim.join("b[0]")
+        assert sim.layout() == ["a[0]", "b[0]"] and sim.outcome is None
+    assert sim.job.hosts.blacklist.for_good_slots() == []
+
+
+def test_a_state_whose_attributes_do_not_tell_its_commits_apart_counts_commits() -> None:
+    """``TorchState(model, opt, epoch=0)`` committed every 4 batches: its fingerprint stands still within an epoch,
+    and its workers say so (``UNTOLD``) once two commits in a row held the same attributes; each relaunch gains one
+    commit, and the job trains on as before the fingerprints."""
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), elastic_timeout_s=60)
+    commits(sim, "a[0]", 1, None, trained=fp(0))
+    commits(sim, "a[0]", 2, None, trained=UNTOLD)
+    for n in range(3, 3 * REPEATS + 3):
+        commits(sim, "a[0]", n, None, trained=UNTOLD)
+        crash(sim, "b[0]")
+        rejoins(sim, "a[0]", n, 0, trained=UNTOLD)
+        sim.advance(3)
+        sim.join("b[0]")
+        assert sim.layout() == ["a[0]", "b[0]"] and sim.outcome is None
+
+
+# ------------------------------------------------------------------ every worker lost
+def all_lost_attempts(sim: Sim, loaded: list[int], trained_to: list[int]) -> int:
+    """Round 1 trains batches 0-2 and every worker raises; then attempt ``i`` loads the checkpoint of the state after
+    batch ``loaded[i]``, commits the states after that batch up to ``trained_to[i]``, and every worker raises again.
+    Returns how many attempts ran before the job ended."""
+    horovod_round_one(sim)
+    crash(sim, "a[0]")
+    seq = 3
+    for attempt, (first, last) in enumerate(zip(loaded, trained_to)):
+        if sim.outcome is not None:
+            return attempt
+        sim.advance(3)
+        sim.join("a[0]", "b[0]")
+        assert sim.layout() == ["a[0]", "b[0]"], sim.layout()
+        seq = attempt + 1  # each attempt's checkpoint is the previous one's first commit
+        sim.job.checkpoint_loaded(seq, seq, f"/ck/step{seq}", trained=fp(first))
+        for batch in range(first, last + 1):
+            seq += 1
+            commits(sim, "a[0]", seq, batch)
+            commits(sim, "b[0]", seq, batch)
+        crash(sim, "a[0]")
+        crash(sim, "b[0]")
+    return len(loaded)
+
+
+def test_every_rank_raising_at_the_same_batch_with_a_checkpoint_dir_ends_instead_of_resuming_for_ever() -> None:
+    """rvV's hvd_all_raise.sh: each attempt resumes from the checkpoint of the previous one's first commit, the redo
+    of batch 0 (its step grows, its state does not), and every rank raises at batch 3: 116 failures in 200 s."""
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), checkpointing=True, elastic_timeout_s=60)
+    attempts = all_lost_attempts(sim, [0] * 8, [2] * 8)
+    assert attempts <= REPEATS, attempts
+    failed(sim, f"exited with code 1: {BUG}")
+    assert "in a row" in sim.outcome.reason and "commit of a state not trained before" in sim.outcome.reason
+
+
+def test_attempts_that_train_further_each_time_but_never_checkpoint_it_end_too() -> None:
+    """What an attempt commits and loses with its workers is no progress: each resumes from the same checkpoint
+    (it is lost before its next write), however far it got in memory."""
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), checkpointing=True, elastic_timeout_s=60)
+    assert all_lost_attempts(sim, [0] * 8, [3 + n for n in range(8)]) <= REPEATS + 1
+    failed(sim, f"every worker failed, {REPEATS} time(s) in a row", "without getting further", BUG)
+
+
+def test_every_rank_failing_each_attempt_one_checkpoint_further_never_ends_the_job() -> None:
+    """rvV's all_lost.sh: every commit checkpointed; each attempt resumes one commit further and fails again."""
+    sim = started(2, {"a": 1, "b": 1}, cooldown=(1.0, 2.0), checkpointing=True, elastic_timeout_s=60)
+    n = 3 * REPEATS
+    assert all_lost_attempts(sim, [2 + k for k in range(n)], [3 + k for k in range(n)]) == n
+    assert sim.outcome is None and sim.job.hosts.blacklist.for_good_slots() == []
+
+
+# ------------------------------------------------------------------ a stall loop
+def horovod_stalls(times: int, *, new_state: bool) -> FakeJob:
+    """Horovod's loop stalling at batch 3 (a collective only rank 0 runs): round 1 trained batches 0-2; each
+    re-formed round redoes batch 2 (one commit more), or (``new_state``) trains one batch further, then stalls."""
+    def each_round(job: FakeJob, n: int) -> None:
+        if n == 1:
+            for batch in range(3):
+                job.trained.note(fp(batch))
+        else:
+            job.commit_high += 1
+            job.trained.note(fp(2 + n if new_state else 2))
+
+    return stalls([ALLREDUCE, ALLREDUCE], times, each_round)
+
+
+def test_a_collective_only_rank_0_runs_in_horovods_loop_ends_the_job_at_the_third_stall() -> None:
+    """rvS's repeat_stall.sh: each re-formed round redoes one batch, then stalls in the same place (26 rounds)."""
+    job = horovod_stalls(2 * REPEATS, new_state=False)
+    assert job.outcome is not None and not job.outcome.success and job.aborts == REPEATS - 1
+    assert f"round 3 stalled {REPEATS} times in a row at commit 8 with the same 2 worker(s)" in job.outcome.reason
+
+
+def test_rounds_that_stall_one_batch_further_each_time_never_end_the_job() -> None:
+    job = horovod_stalls(3 * REPEATS, new_state=True)
+    assert job.outcome is None and job.aborts == 3 * REPEATS
+
+
+# ------------------------------------------------------------------ a hang loop
+def test_a_rank_deadlocked_at_the_same_batch_of_horovods_loop_ends_the_job_at_its_third_give_up() -> None:
+    """rvS's repeat_hang.sh: rank 1 deadlocks at batch 3 of each relaunch, after the redo of batch 2."""
+    sim = fixed()
+    for n in range(REPEATS):
+        commits(sim, "a[0]", 6 + n, 2)
+        commits(sim, "b[0]", 6 + n, 2)
+        hangs(sim, "deadlock", 6 + n)
+        assert (sim.outcome is None) == (n < REPEATS - 1), n
+    failed(sim, f"no progress: worker b[0] (rank 1) was given up {REPEATS} times in a row at commit 8, its process "
+                f"still running each time and no commit of a state not trained before in between")
+
+
+def test_a_rank_stuck_each_relaunch_one_commit_further_never_ends_the_job() -> None:
+    """rvV's rare_hang.sh: rank 1 is stuck on a read after each relaunch's one commit."""
+    sim = fixed()
+    for n in range(2 * REPEATS):
+        commits(sim, "a[0]", 6 + n, 4 * n)
+        commits(sim, "b[0]", 6 + n, 4 * n)
+        hangs(sim, "deadlock", 6 + n)
+        assert sim.outcome is None, n
+
+
+# ------------------------------------------------------------------ the worker's side
+def test_a_states_fingerprint_is_its_plain_attributes_and_samplers_never_its_tensors() -> None:
+    from cloud_elastic.worker.commit.state import ObjectState
+
+    state = ObjectState(epoch=1, batch=7, name="run", sizes=(2, 3), weights=torch.ones(3), table={"a": 1})
+    same = ObjectState(batch=7, epoch=1, name="run", sizes=(2, 3), weights=torch.zeros(3), table={"b": 2})
+    assert len(fingerprint(state)) == 16 and fingerprint(state) == fingerprint(same)  # tensors, dicts left out
+    state.batch = 8
+    assert fingerprint(state) == fingerprint(same)  # not committed yet
+    state.save()
+    assert fingerprint(state) != fingerprint(same)
+    assert fingerprint(ObjectState(weights=torch.ones(3))) == ""  # nothing to tell: the commit count
+    long_text, big = "x" * (MAX_TEXT + 1), 2 ** 65
+    assert fingerprint(ObjectState(note=long_text, seed=big)) == ""  # too long to read at each commit
+
+
+def test_a_samplers_position_is_part_of_the_fingerprint(monkeypatch) -> None:
+    """``TorchState(model, opt, sampler=sampler, epoch=0)`` committed every N batches: its sampler says how far the
+    epoch has gone."""
+    from types import SimpleNamespace
+
+    from cloud_elastic.worker import sampler as sampler_module
+    from cloud_elastic.worker.commit.state import TorchState
+
+    ctx = SimpleNamespace(standalone=True, info=SimpleNamespace(rank=0, size=1))
+    monkeypatch.setattr(sampler_module, "get_context", lambda: ctx)
+    sampler = sampler_module.ElasticSampler(list(range(64)))
+    state = TorchState(sampler=sampler, epoch=0)
+    before = fingerprint(state)
+    sampler.record_batch(0, 8)
+    state.save()
+    assert fingerprint(state) != before
+
+
+def test_the_ledger_reports_a_redo_as_the_same_state_and_two_commits_of_one_state_as_untold() -> None:
+    ledger = CommitLedger("auto", Progress())
+    assert ledger.trained == ""  # nothing committed yet
+    ledger.note_commit(None, fp(0))
+    ledger.note_commit(None, fp(1))
+    assert ledger.trained == fp(1)
+    ledger.note_rollback()
+    ledger.note_commit(None, fp(1))  # the first commit after a restore redoes the restored batch
+    assert ledger.trained == fp(1)
+    ledger.hold_commit(9, fp(4))  # a sync gave it rank 0's commit 9
+    assert ledger.trained == fp(4)
+    ledger.note_commit(None, fp(4))
+    ledger.note_commit(None, fp(4))  # two commits in a row of one state: the attributes do not tell
+    assert ledger.trained == UNTOLD
+    ledger.note_rollback()
+    ledger.note_commit(None, fp(5))
+    assert ledger.trained == UNTOLD  # for good
+
+
+# ------------------------------------------------------------------ the wire
+def test_the_fingerprint_rides_on_heartbeats_rendezvous_and_checkpoint_loads() -> None:
+    poll = PollRequest.from_wire(PollRequest(1, 0, 0, 3, 3, trained=fp(2)).to_wire())
+    rdzv = RendezvousRequest.from_wire(RendezvousRequest(1, "failure", 3, 0, 3, trained=UNTOLD).to_wire())
+    load = CheckpointReport.from_wire({"event": "loaded", "step": 3, "path": "/ck", "commit_seq": 3,
+                                       "trained": fp(2)})
+    assert (poll.trained, rdzv.trained, load.trained) == (fp(2), UNTOLD, fp(2))
+    old = PollRequest(1, 0, 0).to_wire()
+    del old["trained"]  # an older worker
+    assert PollRequest.from_wire(old).trained == ""
+
+
+@pytest.mark.parametrize("forged", ["0" * 17, "XYZ", "12 4", 5, ["ab"], True],
+                         ids=["too-long", "not-hex", "space", "number", "list", "bool"])
+def test_a_forged_fingerprint_is_refused_in_one_line(forged) -> None:
+    for parse, wire in [(PollRequest.from_wire, PollRequest(1, 0, 0).to_wire()),
+                        (RendezvousRequest.from_wire, RendezvousRequest(0, "start").to_wire()),
+                        (CheckpointReport.from_wire, {"event": "loaded", "step": 3, "path": "/ck"})]:
+        with pytest.raises(ControlPlaneError, match="'trained' must be a state fingerprint"):
+            parse({**wire, "trained": forged})
