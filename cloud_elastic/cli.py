@@ -65,7 +65,8 @@ def cli(ctx: click.Context) -> None:
     "--blacklist-cooldown-range", type=float, nargs=2, metavar="MIN MAX", default=(10.0, 300.0),
     help="a failed slot is blocked for MIN*2^(failures-1) seconds, at most MAX (default 10 300; 0 0: any "
          "failure of its worker, a kill from outside too, blocks it for the rest of the job, as Horovod's "
-         "default); 3 failures of its worker's own doing (not a kill from outside) at the same commit block it "
+         "default); 3 failures of its worker's own doing (not a kill from outside) in a row without progress "
+         "(no commit of a state not trained before) block it "
          "for the rest of the job, even if its host leaves discovery and comes back as the same instance",
 )
 @click.option("--reset-limit", type=int, metavar="N", help="fail the job after N resets (default: no limit)")
