@@ -197,11 +197,13 @@ class DriverLinkMixin:
     def _exit_report(self) -> ExitingReport:
         """The exit code this process is about to exit with, where it is certain, else None (unknown, never 0).
 
-        Under the local fork server, the code the script ended with (:func:`note_exit_code`: ``SystemExit``
-        however raised, ``exit(2)`` and ``from sys import exit`` included); else 1 after an exception that ended
-        the script (``sys.excepthook`` saw it). A plain interpreter (an SSH worker) shows no exit hook the code of
-        a top-level ``SystemExit``, so a script that seems to end cleanly there says nothing: its driver learns
-        the status from the remote wrapper, which reaps it.
+        For a local worker, forked by the fork server or started from scratch through ``driver.launch.local_main``
+        (both run the script with ``forkserver_child._run_main``), the code the script ended with
+        (:func:`note_exit_code`: ``SystemExit`` however raised, ``exit(2)`` and ``from sys import exit`` included);
+        else 1 after an exception that ended the script (``sys.excepthook`` saw it). A plain interpreter (an SSH
+        worker, a local command of another shape) shows no exit hook the code of a top-level ``SystemExit``, so a
+        script that seems to end cleanly there says nothing: an SSH worker's driver learns the status from the
+        remote wrapper, which reaps it.
         """
         raised = getattr(self, "_uncaught", None) or getattr(sys, "last_value", None)
         error = f"{type(raised).__name__}: {raised}"[:300] if raised is not None else None
