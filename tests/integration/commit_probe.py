@@ -21,19 +21,23 @@ the step that starts at a given ``state.step``:
 
 Prints ``EVENT`` lines: commit (step, checksum of the model, the optimizer
 state and the step counter), window (checksum just before the logging
-allreduce) and resumed (step and checksum when a round starts, after the
-restore and the sync).
+allreduce), failed (a step, named by ``state.step`` at its start, failed in
+a collective: ``at`` is ``gradients`` for its backward and update, ``loss``
+for the logging allreduce) and resumed (step and checksum when a round starts,
+after the restore and the sync).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import hashlib
 import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +71,16 @@ def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
             if isinstance(value, torch.Tensor):
                 h.update(key.encode() + value.detach().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def failing(step: int, at: str) -> Iterator[None]:
+    """Say where a step failed in a collective (the round is then rolled back as usual)."""
+    try:
+        yield
+    except hvd.CollectiveError:
+        event("failed", step=step, at=at)
+        raise
 
 
 def die() -> None:
@@ -116,8 +130,9 @@ def main() -> None:
             x = torch.randn(4, 8, generator=g)
             optimizer.zero_grad()
             loss = F.mse_loss(model(x), x.sum(1, keepdim=True).tanh())
-            loss.backward()
-            optimizer.step()
+            with failing(start, "gradients"):
+                loss.backward()
+                optimizer.step()
             if point == "update" and start == kill_step:
                 die()
             state.step += 1
@@ -126,7 +141,8 @@ def main() -> None:
                 event("window", step=state.step, checksum=checksum(model, optimizer, state.step - 1))
                 if point == "collective" and start == kill_step:
                     die()
-                hvd.allreduce(loss.detach(), name="loss")
+                with failing(start, "loss"):
+                    hvd.allreduce(loss.detach(), name="loss")
             if point == "lonely" and start == kill_step:
                 # Only once the driver has aborted the round: a collective started then fails at once.
                 # Sent earlier, it would meet the peers' next gradient allreduce (a size mismatch).

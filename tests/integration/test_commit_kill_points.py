@@ -99,9 +99,19 @@ def test_survivors_resume_exactly_from_the_last_commit(jobs, optimizer, points):
     assert [e["size"] for e in resumed] == list(range(len(plan), 0, -1))
     for e in resumed:
         assert e["checksum"] in commits.get(e["step"], ()), f"resumed at step {e['step']} from a state never committed"
-    # In the collective case the survivor had already updated its parameters: the restore undid that step.
-    window = next(e for e in survivor if e.kind == "window" and e["step"] == 12 and e["size"] == 2)
-    assert window["checksum"] != resumed[-1]["checksum"]
+    # The collective point: the peer dies after its window, its gradient allreduce of step 11 complete. As a rule
+    # the survivor's completes too: it updates its parameters, fails in the loss allreduce after its window, and
+    # the restore undoes that update. Under load its own wait may fail all the same (the peer's SIGKILL, with data
+    # unread, resets the connection before the survivor read the last chunk; or the driver's abort reaches it
+    # before it waits): it fails in that allreduce, before its window. It resumes from the commit of step 11
+    # either way (checked above, against the commits made).
+    window = next((e for e in survivor if e.kind == "window" and e["step"] == 12 and e["size"] == 2), None)
+    failed = [(e["step"], e["at"]) for e in survivor if e.kind == "failed" and e["size"] == 2]
+    if window is not None:
+        assert failed == [(11, "loss")]
+        assert window["checksum"] != resumed[-1]["checksum"]
+    else:
+        assert failed == [(11, "gradients")]
     done = next(e for e in survivor if e.kind == "done")
     assert done["step"] == 16 and done["size"] == 1
 
