@@ -34,8 +34,9 @@ bad credentials (401) or an unreadable kubeconfig are fatal; an unreachable
 API server, 429 and 5xx are retryable. Nodes that may not be read (403) are
 not fatal: one warning, and the job goes on without node signals (pod signals
 still work). A list is bounded (see the watch module): more than
-``MAX_HOSTS`` objects, 100 pages or a 64 MiB page is fatal, one that has not
-ended within 6 × ``timeout_s`` is retryable.
+``MAX_HOSTS`` objects, 100 pages or a 64 MiB page is fatal (a cluster of more
+nodes than that needs ``node_selector``, and the error says so), one that has
+not ended within 6 × ``timeout_s`` on the wall clock is retryable.
 
 Staleness: later, a pods watch down for ``stale_after_s`` (30 s) makes find()
 raise RetryableDiscoveryError until it is back. A watch that fails (cut,
@@ -62,7 +63,11 @@ failure after nearly 40 s of silence, a reconnect 0.5 s (+ 25% jitter) later
 that is accepted and then silent for 40 s; plus one
 ``--discovery-interval``: inside a pod's grace period. TCP keepalive
 on the client's sockets (15 s idle, 3 probes 5 s apart) fails a read on a
-peer that is gone within 30 s.
+peer that is gone within 30 s. A stream that is never quiet but never
+useful counts the same: one still open ``watch_s`` + 10 s after it opened
+(a trickle of blank lines resets any read timeout) is cut as a failure, and
+an answer that is not a watch event (a List from a proxy that drops
+``?watch=true``) is a failure with one WARNING.
 """
 
 from __future__ import annotations
@@ -281,7 +286,7 @@ class KubernetesPods(CloudGroupProvider):
         pods = ResourceWatch(
             "pods", lambda **kw: core.list_namespaced_pod(self.namespace, **kw), replace=self._view.replace_pods,
             apply=self._view.apply_pod, lock=self._lock, on_news=self._news, selector=self.selector,
-            timeout_s=self.timeout_s, watch_s=self.watch_s)
+            timeout_s=self.timeout_s, watch_s=self.watch_s, narrow="narrow --k8s-selector")
         try:
             pods.sync()
         except Exception as exc:
@@ -290,7 +295,8 @@ class KubernetesPods(CloudGroupProvider):
         nodes = ResourceWatch(
             "nodes", core.list_node, replace=self._view.replace_nodes, apply=self._view.apply_node,
             lock=self._lock, on_news=self._news, selector=self.node_selector, timeout_s=self.timeout_s,
-            watch_s=self.watch_s)
+            watch_s=self.watch_s, narrow="-o node_selector=LABELS watches only the nodes it selects, e.g. the "
+            "workers' node pool" if not self.node_selector else "narrow -o node_selector")
         try:
             nodes.sync()
             self._watches.append(nodes)

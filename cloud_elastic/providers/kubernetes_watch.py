@@ -17,14 +17,29 @@ list to the view, then watches from the list's ``resourceVersion``:
   at its ``timeoutSeconds`` and, since we ask for bookmarks, sends a
   ``BOOKMARK`` about two seconds before (and about once a minute on longer
   watches), so a healthy stream is never quiet for longer than the
-  ``timeoutSeconds`` asked. The read timeout is :func:`silence_s` (that + at
-  most 10 s, 2 s for a ``watch_s`` under 2): no byte for that long (a stalled
+  ``timeoutSeconds`` asked. The read timeout is :func:`silence_s` (that + the
+  ``timeoutSeconds`` again, at least 3 s and at most 10 s): no byte for that long (a stalled
   path, a proxy that stopped forwarding, a peer gone without a reset) ends the
-  request like a cut connection would;
+  request like a cut connection would. A read timeout is reset by every byte,
+  so a stream that trickles (a blank line now and then) or is never ended
+  would outlive it: each stream is also **cut** :func:`silence_s` after it
+  opened, on the wall clock, whatever it sent, and that counts as a failure
+  (:class:`WatchOverdue`), so the watch reconnects (after the back-off below);
+* a line that is not a watch event (a JSON object whose ``type`` is
+  ``ADDED``, ``MODIFIED``, ``DELETED``, ``BOOKMARK`` or ``ERROR``: say a List,
+  from a proxy that dropped ``?watch=true``, or an HTML page) is a failure
+  too (:class:`NotAnEvent`, one WARNING an outage), not a sign of health;
 * ``410 Gone`` (the kept version is older than the server's history, sent as
   an ``ERROR`` event or as the status of the request) relists: the view is
   replaced by the fresh list, so what happened in the gap is neither missed
-  nor doubled, and the watch goes on from the new list's version;
+  nor doubled, and the watch goes on from the new list's version. A second
+  410 in a row (the watch from the fresh list's version refused too, with no
+  event between) relists after a back-off of 0.5 s doubling to 30 s, with
+  jitter, as client-go's reflector does, and the third is one WARNING: a
+  server whose watch cache cannot serve its own lists costs a list every
+  30 s, not a dozen a second. The view is then as old as the last list, and
+  :meth:`ResourceWatch.trouble` says so once that is past :func:`silence_s`
+  (never with the defaults: the back-off stays under 40 s);
 * anything else (a connection cut or refused, a 5xx, a 429) is retried from
   the kept version after a back-off of 0.5 s doubling to 30 s, with jitter.
   :meth:`ResourceWatch.trouble` says why, and since when the view may be
@@ -48,8 +63,10 @@ list to the view, then watches from the list's ``resourceVersion``:
 A list is bounded: at most :data:`MAX_ITEMS` objects and :data:`MAX_PAGES`
 pages (:class:`ListTooLarge`), each page at most :data:`MAX_PAGE` bytes
 (:class:`ListTooLarge`), all within ``LIST_TIMEOUTS`` × ``timeout_s``
-(:class:`ListTooSlow`): an API server (or something posing as one) that
-never ends a list costs one error, not the driver's memory.
+(:class:`ListTooSlow`), on the wall clock: the connection of a page still
+being read at that deadline is shut, so a body that trickles in (a byte a
+second resets any read timeout) ends there too. An API server (or something
+posing as one) that never ends a list costs one error, not the driver's memory.
 
 Events are parsed as plain JSON, not into the client's models: the view reads
 a few fields, and building a ``V1Pod`` costs far more than reading it.
@@ -67,8 +84,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 from cloud_elastic.providers.api import MAX_HOSTS
 
-__all__ = ["ResourceWatch", "Gone", "ListTooLarge", "ListTooSlow", "PAGE_SIZE", "silence_s", "asked_s",
-           "keepalive_options"]
+__all__ = ["ResourceWatch", "Gone", "ListTooLarge", "ListTooSlow", "NotAnEvent", "WatchOverdue", "PAGE_SIZE",
+           "silence_s", "asked_s", "keepalive_options"]
 
 _log = logging.getLogger(__name__)
 
@@ -98,6 +115,12 @@ MAX_PAGES = 100
 MAX_PAGE = 64 * 1024 * 1024
 #: A whole list (every page) must end within this many ``timeout_s``.
 LIST_TIMEOUTS = 6
+#: 410s in a row (each after a relist, with no event between) from which the relists back off, and from which
+#: one WARNING says so.
+_GONE_BACKOFF_FROM = 2
+_GONE_WARN_AT = 3
+#: The types of a watch event (``watch.EventType`` of the API machinery).
+_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
 
 
 def asked_s(watch_s: float) -> int:
@@ -144,6 +167,52 @@ class ListTooSlow(Exception):
     """A list that did not end within ``LIST_TIMEOUTS`` × ``timeout_s``."""
 
 
+class WatchOverdue(Exception):
+    """A watch stream still open :func:`silence_s` after it opened (a trickle, a server that ignores
+    ``timeoutSeconds``): cut, and retried with back-off like a cut connection."""
+
+
+class NotAnEvent(Exception):
+    """A watch answered with a line that is not a watch event: retried with back-off, warned once an outage."""
+
+
+class _Watchdog:
+    """``with _Watchdog(resp, after_s):`` shuts ``resp``'s connection ``after_s`` after the block is entered, on
+    the wall clock, if the block is still running then.
+
+    A read timeout cannot bound a response: every byte resets it. Shutting the socket makes the read under way
+    return (end of file, or an error) at once. Once the block is left it never shuts anything, so a connection
+    handed back to the pool afterwards cannot be shut under the next request."""
+
+    def __init__(self, resp: Any, after_s: float) -> None:
+        self._resp = resp
+        self._after_s = max(0.0, after_s)
+        self._lock = threading.Lock()
+        self._done = False
+        self._timer: threading.Timer | None = None
+        #: Whether it shut the connection: what the read then raised (or the end it saw) is the deadline's doing.
+        self.fired = False
+
+    def __enter__(self) -> "_Watchdog":
+        self._timer = threading.Timer(self._after_s, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._lock:
+            self._done = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+            _shut(self._resp)
+
+
 class ResourceWatch:
     """One kind's list and watch (see the module docstring).
 
@@ -159,8 +228,10 @@ class ResourceWatch:
     def __init__(self, what: str, call: Callable[..., Any], *, replace: Callable[[list], bool],
                  apply: Callable[[str, Mapping[str, Any]], bool], lock: threading.Lock,
                  on_news: Callable[[], None], selector: str | None = None, timeout_s: float = 10.0,
-                 watch_s: float = 30.0, rng: random.Random | None = None) -> None:
+                 watch_s: float = 30.0, rng: random.Random | None = None, narrow: str | None = None) -> None:
         self.what = what
+        #: What a list past MAX_ITEMS tells the user to do: the option that narrows it.
+        self._narrow = narrow or f"narrow the {what} selector"
         self._call = call
         self._replace = replace
         self._apply = apply
@@ -182,6 +253,8 @@ class ResourceWatch:
         self._failures = 0  # of the present outage (requests failed, accepted streams that showed nothing)
         self._heard = time.time()  # the last line or response from the server: the view is current up to then
         self._empty: list[float] = []  # when each watch of the present run of empty ends ended
+        self._gones = 0  # 410s in a row, each after a relist, with no event between
+        self._warned_not_event = False  # the WARNING of the present outage for an answer that is not an event
         #: The resourceVersion the next watch starts from (of the last list or event).
         self.resource_version: str | None = None
         #: Counters, for tests and benchmarks: lists made (the first included), watch requests, events.
@@ -205,13 +278,16 @@ class ResourceWatch:
         deadline = time.monotonic() + LIST_TIMEOUTS * self._timeout_s
         for pages in range(1, MAX_PAGES + 1):
             extra = {"_continue": token} if token else {}
-            resp = self._call(limit=PAGE_SIZE, _preload_content=False, _request_timeout=self._timeout_s,
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._too_slow(pages)
+            resp = self._call(limit=PAGE_SIZE, _preload_content=False, _request_timeout=min(self._timeout_s, left),
                               **self._selection(), **extra)
             page = json.loads(self._page(resp, deadline, pages))
             items.extend(page.get("items") or ())
             if len(items) > MAX_ITEMS:
                 raise ListTooLarge(f"listing {self.what}: more than {MAX_ITEMS} objects, the most one list keeps "
-                                   f"(narrow the {self.what} selector)")
+                                   f"({self._narrow})")
             meta = page.get("metadata") or {}
             version = version or str(meta.get("resourceVersion") or "")
             token = meta.get("continue")
@@ -220,19 +296,33 @@ class ResourceWatch:
         raise ListTooLarge(f"listing {self.what}: no end after {MAX_PAGES} pages ({len(items)} objects): the API "
                            "server keeps sending a continue token")
 
+    def _too_slow(self, pages: int) -> ListTooSlow:
+        return ListTooSlow(f"listing {self.what}: no end within {LIST_TIMEOUTS * self._timeout_s:g} s "
+                           f"({LIST_TIMEOUTS} x timeout_s), at page {pages}")
+
     def _page(self, resp: Any, deadline: float, pages: int) -> bytes:
-        """A page's body, read whole within the bounds; the connection is reused only when read to the end."""
+        """A page's body, read whole within the bounds; the connection is reused only when read to the end.
+
+        At the list's deadline a watchdog shuts the connection, so a body that trickles in ends there."""
         body = bytearray()
+        watchdog = _Watchdog(resp, deadline - time.monotonic())
         try:
-            for chunk in resp.stream(amt=1 << 16):
-                body += chunk
-                if len(body) > MAX_PAGE:
-                    raise ListTooLarge(f"listing {self.what}: a page larger than {MAX_PAGE} bytes")
-                if time.monotonic() > deadline:
-                    raise ListTooSlow(f"listing {self.what}: no end within {LIST_TIMEOUTS * self._timeout_s:g} s "
-                                      f"({LIST_TIMEOUTS} x timeout_s), at page {pages}")
-        except BaseException:
+            with watchdog:
+                for chunk in resp.stream(amt=1 << 16):
+                    body += chunk
+                    if len(body) > MAX_PAGE:
+                        raise ListTooLarge(f"listing {self.what}: a page larger than {MAX_PAGE} bytes")
+                    if time.monotonic() > deadline:
+                        raise self._too_slow(pages)
+            if watchdog.fired:  # the read ended at the shut connection: what came is not the whole page
+                raise self._too_slow(pages)
+        except (ListTooLarge, ListTooSlow):
             _close(resp)
+            raise
+        except BaseException as exc:
+            _close(resp)
+            if watchdog.fired:
+                raise self._too_slow(pages) from exc
             raise
         resp.release_conn()
         return bytes(body)
@@ -258,7 +348,7 @@ class ResourceWatch:
     def stop(self, timeout_s: float = 5.0) -> None:
         """End the watch: the open stream is shut so its read returns now. Idempotent."""
         self._stop.set()
-        self._shut(self._resp)
+        _shut(self._resp)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
@@ -268,7 +358,8 @@ class ResourceWatch:
         Down: a request failed and no stream has shown it is healthy since (an event or bookmark applied, a
         proper end: one held for about the ``timeoutSeconds`` asked, not an empty one ended before; a relist),
         or the server has been silent longer than :func:`silence_s` (the thread may still be waiting on it: a
-        request urllib3 retries can take several read timeouts before it fails). The stream reconnected after an outage's
+        request urllib3 retries can take several read timeouts before it fails), or, after 410s in a row, the
+        relists' back-off has left the view older than that. The stream reconnected after an outage's
         first failure is not reported while it has yet to show anything (a healthy one on a quiet cluster
         writes nothing until its bookmark); if it fails or goes silent, the outage goes on from its start.
         """
@@ -278,6 +369,10 @@ class ResourceWatch:
             if resuming is not None:  # a reconnect that said nothing: the outage it was to end goes on
                 return resuming[0], f"no word from the API server for {quiet:.0f} s since it reconnected after: " \
                                     f"{resuming[1]}"
+            gones = self._gones
+            if gones >= _GONE_BACKOFF_FROM:  # waiting to relist: the view is the last list's
+                return self._heard, f"{gones} watches in a row answered 410 Gone right after a relist; relisting " \
+                                    f"with back-off, the view is {quiet:.0f} s old"
             return self._heard, f"no word from the API server for {quiet:.0f} s (a stalled connection?)"
         return trouble
 
@@ -287,6 +382,11 @@ class ResourceWatch:
         while not self._stop.is_set():
             try:
                 if relist:
+                    if self._gones >= _GONE_BACKOFF_FROM:  # refused again right after a relist: back off
+                        doublings = min(16, self._gones - _GONE_BACKOFF_FROM)
+                        gone_delay = min(_BACKOFF_MAX_S, _BACKOFF_FIRST_S * 2 ** doublings)
+                        if self._stop.wait(gone_delay * (0.75 + 0.5 * self._rng.random())):
+                            return
                     changed = self.sync()
                     relist = False
                     self._healthy()  # the view is the server's, as of now
@@ -294,21 +394,27 @@ class ResourceWatch:
                               self.what, self.what, self.resource_version)
                     if changed:
                         self._on_news()
-                if self._watch_once():
+                held = self._watch_once()
+                self._gones = 0  # the watch served its version
+                if held:
                     delay = _BACKOFF_FIRST_S
                 else:  # ended with nothing before its timeout: a proxy or server that will not hold a watch
                     self._ended_empty()
                     self._stop.wait(delay)
                     delay = min(_BACKOFF_MAX_S, delay * 2)
             except Gone:
-                relist = True
+                relist = self._gone()
             except Exception as exc:  # cut, refused, 5xx, 429, a bad line: back off, resume from the kept version
                 if self._stop.is_set():
                     return
                 if getattr(exc, "status", None) == 410:  # the request itself answered 410 Gone
-                    relist = True
+                    relist = self._gone()
                     continue
                 reason = _describe(exc)
+                if isinstance(exc, NotAnEvent) and not self._warned_not_event:
+                    self._warned_not_event = True
+                    _log.warning("%s watch: %s; retrying with back-off, and no change reaches the view until a "
+                                 "watch is answered with events", self.what, reason)
                 self._failures += 1
                 if self._trouble is None and self._resuming is None:
                     self._trouble = (self._down_since(), reason)
@@ -320,6 +426,16 @@ class ResourceWatch:
                 self._resuming = None
                 self._stop.wait(delay * (0.75 + 0.5 * self._rng.random()))
                 delay = min(_BACKOFF_MAX_S, delay * 2)
+
+    def _gone(self) -> bool:
+        """A 410 Gone: count it (in a row, since a watch last served its version) and warn once at the third."""
+        self._gones += 1
+        self._heard = time.time()  # an answer: the view is current up to the relist that follows
+        if self._gones == _GONE_WARN_AT:
+            _log.warning("%s watch: %d watches in a row answered 410 Gone right after a relist (an API server whose "
+                         "watch cache cannot serve its own lists?); relisting with back-off up to %g s, so changes "
+                         "reach the view only at each relist", self.what, self._gones, _BACKOFF_MAX_S)
+        return True
 
     def _down_since(self, outage: tuple[float, str] | None = None) -> float:
         """Since when a watch that just failed has been down.
@@ -355,6 +471,7 @@ class ResourceWatch:
         """The stream showed it is healthy (an event or bookmark applied, a proper end), or a relist succeeded."""
         self._empty.clear()
         self._failures = 0
+        self._warned_not_event = False
         if self._trouble is not None or self._resuming is not None:
             _log.info("%s watch resumed at version %s", self.what, self.resource_version)
             self._trouble = self._resuming = None
@@ -382,14 +499,28 @@ class ResourceWatch:
             self._resuming, self._trouble = trouble, None  # over once the stream shows it is healthy
         lines = 0
         opened = time.monotonic()
+        # A read timeout is reset by every byte: a stream that trickles blank lines, or one the server never ends,
+        # is cut on the wall clock where a silent one would have timed out.
+        bound = silence_s(self._watch_s)
+        watchdog = _Watchdog(resp, bound)
         try:
-            for line in _lines(resp):
-                if self._stop.is_set():
-                    break
-                lines += 1
-                self._heard = time.time()
-                self._event(json.loads(line))
-                self._healthy()
+            try:
+                with watchdog:
+                    for line in _lines(resp):
+                        if self._stop.is_set():
+                            break
+                        event = _parse(line)
+                        lines += 1
+                        self._heard = time.time()
+                        self._event(event)
+                        self._gones = 0
+                        self._healthy()
+            except Exception as exc:
+                if watchdog.fired and not self._stop.is_set():
+                    raise self._overdue(bound, asked, lines) from exc
+                raise
+            if watchdog.fired and not self._stop.is_set():  # it ended at the shut connection, not the server's end
+                raise self._overdue(bound, asked, lines)
             self._heard = time.time()  # the server ended the stream: it was there until now
             held = bool(lines) or time.monotonic() - opened >= _HELD_FRACTION * asked
             if held:
@@ -401,6 +532,12 @@ class ResourceWatch:
             self._resp = None
             _close(resp)
         return held
+
+    @staticmethod
+    def _overdue(bound: float, asked: int, lines: int) -> WatchOverdue:
+        what = f"after {lines} event(s)" if lines else "with no event or bookmark in it"
+        return WatchOverdue(f"the stream was still open {bound:g} s after it opened, {what}, although "
+                            f"{asked} s was asked (a server or proxy that trickles or ignores timeoutSeconds?): cut")
 
     def _event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
@@ -422,14 +559,35 @@ class ResourceWatch:
             with self._lock:
                 self.resource_version = str(version)
 
-    @staticmethod
-    def _shut(resp: Any) -> None:
-        sock = getattr(getattr(resp, "connection", None), "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+
+def _shut(resp: Any) -> None:
+    """Shut a response's socket, so that a read under way on it returns now (a no-op once it is handed back)."""
+    sock = getattr(getattr(resp, "connection", None), "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _parse(line: bytes) -> dict[str, Any]:
+    """A watch event from one line; NotAnEvent for anything else (not JSON, a List, an object without a known
+    ``type`` or with no ``object``)."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        event = None
+    if isinstance(event, dict) and event.get("type") in _EVENT_TYPES and isinstance(event.get("object"), dict):
+        return event
+    kind = event.get("kind") if isinstance(event, dict) else None
+    if isinstance(kind, str):
+        shown = f"a {kind[:40]}" + (": a proxy that drops ?watch=true?" if kind.endswith("List") else "")
+    elif isinstance(event, dict):
+        shown = f"an object of type {str(event.get('type'))[:40]!r}"
+    else:
+        text = " ".join(line[:60].decode("utf-8", "replace").split())
+        shown = repr(text) + ("..." if len(line) > 60 else "")
+    raise NotAnEvent(f"the watch was answered with something that is not a watch event ({shown})")
 
 
 def _close(resp: Any) -> None:
