@@ -223,6 +223,18 @@ def rbac_least(objects, spec: Spec) -> list[str]:
 
 
 @check
+def cluster_names_per_job(objects, spec: Spec) -> list[str]:
+    """The ClusterRole and ClusterRoleBinding, whose names the whole cluster shares, end with the job's namespace
+    (its ServiceAccount's): a job in another namespace then has a pair of its own, instead of rebinding this
+    one's to its account when applied and taking node access from both when deleted (review s61 rvK)."""
+    accounts = of_kind(objects, "ServiceAccount")
+    namespace = accounts[0]["metadata"].get("namespace") if len(accounts) == 1 else None
+    return [f"{kind_name(o)} does not end with the job's namespace ({namespace}): a job in another namespace "
+            "would share it" for o in [*of_kind(objects, "ClusterRole"), *of_kind(objects, "ClusterRoleBinding")]
+            if not namespace or not o["metadata"]["name"].endswith(f"-{namespace}")]
+
+
+@check
 def one_driver(objects, spec: Spec) -> list[str]:
     """One driver pod at a time, never beside its replacement, never started again once done."""
     jobs = [o for o in objects if o.get("kind") in ("Job", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Pod")

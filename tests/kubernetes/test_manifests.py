@@ -5,6 +5,7 @@ check can fail)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -12,7 +13,9 @@ import pytest
 from cloud_elastic.cli import cli
 from cloud_elastic.providers.selection import DiscoveryArgs
 
-from .manifests import CHECKS, DEPLOY, KUBERNETES_VERSIONS, OVERLAYS, driver_job, flag, resolved_args, schema_problems
+from .manifests import (CHECKS, DEPLOY, KUBERNETES_VERSIONS, OVERLAYS, REPO, driver_job, flag, render,
+                        resolved_args, schema_problems)
+from .objects import kind_name
 
 
 def test_every_overlay_is_checked():
@@ -72,3 +75,46 @@ def test_a_restarted_worker_container_is_not_ready_before_its_sshd_listens(tmp_p
     assert done.returncode == 1
     assert not (tmp_path / "seen").exists(), "the old ready file was there while sshd was not listening"
     assert not (run_dir / "ready").exists()
+
+
+def _cluster_rbac(objects) -> dict[str, dict]:
+    """The cluster-scoped RBAC objects by kind/name."""
+    return {kind_name(o): o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")}
+
+
+def _team_b_from_the_docs(root):
+    """docs/kubernetes.md's overlay for a second job, written where it says, over a copy of the tree."""
+    text = (REPO / "docs" / "kubernetes.md").read_text().split("### Two jobs in one cluster", 1)[1]
+    snippet = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    where = snippet.splitlines()[0].removeprefix("# deploy/kubernetes/")
+    (root / where).parent.mkdir(parents=True)
+    (root / where).write_text(snippet)
+    return root / where.removesuffix("/kustomization.yaml")
+
+
+def _team_b_as_a_copy(root):
+    """A copy of the kind overlay whose `namespace:` is changed, as a user makes a second job."""
+    copy = root / "overlays" / "kind-team-b"
+    shutil.copytree(root / "overlays" / "kind", copy)
+    path = copy / "kustomization.yaml"
+    path.write_text(path.read_text().replace("namespace: cloud-elastic\n", "namespace: team-b\n"))
+    return copy
+
+
+@pytest.mark.parametrize("second", [_team_b_from_the_docs, _team_b_as_a_copy], ids=["docs-overlay", "copy"])
+def test_a_second_job_in_another_namespace_has_cluster_rbac_of_its_own(second, kubectl, kubernetes_validate,
+                                                                        tmp_path):
+    """Review s61 rvK: both jobs rendered the same ClusterRoleBinding, so applying the second rebound the first
+    job's to its own account, and deleting either job removed node access for both."""
+    root = tmp_path / "kubernetes"
+    shutil.copytree(DEPLOY, root)
+    first = _cluster_rbac(render(kubectl, root / "overlays" / "eks-karpenter"))
+    objects = render(kubectl, second(root))
+    other = _cluster_rbac(objects)
+    assert len(first) == len(other) == 2 and not set(first) & set(other), (sorted(first), sorted(other))
+    binding = next(o for o in other.values() if o["kind"] == "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cloud-elastic-driver", "namespace": "team-b"}]
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"] == ["team-b"]
+    assert CHECKS["rbac_least"](objects, OVERLAYS["kind"]) == []
+    assert CHECKS["cluster_names_per_job"](objects, OVERLAYS["kind"]) == []
+    assert schema_problems(objects, KUBERNETES_VERSIONS[-1:]) == []

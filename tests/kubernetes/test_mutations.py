@@ -12,10 +12,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from .manifests import CHECKS, KUBERNETES_VERSIONS, OVERLAYS, RenderError, render, schema_problems
+from .manifests import CHECKS, DEPLOY, KUBERNETES_VERSIONS, OVERLAYS, RenderError, render, schema_problems
 
 BASE_DRIVER, BASE_WORKERS, BASE_RBAC = "base/driver.yaml", "base/workers.yaml", "base/rbac.yaml"
 COMPONENT = "components/checkpoints/kustomization.yaml"
+#: Each overlay's block that appends its namespace to the cluster-wide names, from `replacements:` to the end.
+OVERLAY_REPLACEMENTS = "replacements:\n" + (DEPLOY / "overlays" / "eks-karpenter" / "kustomization.yaml").read_text(
+    ).partition("\nreplacements:\n")[2]
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ MUTATIONS = [
     Mutation("binding-to-default-account", "eks-karpenter", BASE_RBAC,
              "subjects:\n  - kind: ServiceAccount\n    name: cloud-elastic-driver\n---",
              "subjects:\n  - kind: ServiceAccount\n    name: default\n---", "rbac_least"),
+    # the cluster-wide names carry the job's namespace
+    Mutation("cluster-names-without-the-block", "eks-karpenter", "overlays/eks-karpenter/kustomization.yaml",
+             OVERLAY_REPLACEMENTS, "", "cluster_names_per_job"),
+    Mutation("cluster-names-from-the-account-name", "gke-spot", "overlays/gke-spot/kustomization.yaml",
+             "fieldPath: metadata.namespace}", "fieldPath: metadata.name}", "cluster_names_per_job"),
     Mutation("driver-default-account", "aks-spot", BASE_DRIVER, "serviceAccountName: cloud-elastic-driver",
              "serviceAccountName: default", "rbac_least"),
     Mutation("workers-get-a-token", "gke-spot", BASE_WORKERS, "automountServiceAccountToken: false",
@@ -172,8 +180,11 @@ MUTATIONS = [
     # image, namespace, schema
     Mutation("image-not-set", "gke-spot", "overlays/gke-spot/kustomization.yaml", "  - name: cloud-elastic\n    newName:",
              "  - name: cloud-elastic-other\n    newName:", "image_set"),
+    Mutation("namespace-elsewhere", "aks-spot", "overlays/aks-spot/kustomization.yaml", "namespace: cloud-elastic\n",
+             "namespace: ml\n", "one_namespace"),
+    # without a namespace the overlay's replacements have no source: kustomize refuses it
     Mutation("namespace-not-set", "aks-spot", "overlays/aks-spot/kustomization.yaml", "namespace: cloud-elastic\n", "",
-             "one_namespace"),
+             "schema"),
     Mutation("grace-as-string", "eks-karpenter", BASE_WORKERS, "terminationGracePeriodSeconds: 120",
              'terminationGracePeriodSeconds: "120"', "schema"),
     Mutation("unknown-field", "gke-spot", BASE_DRIVER, "  backoffLimit: 0", "  backoffLimit: 0\n  restartLimit: 3", "schema"),
