@@ -4,14 +4,16 @@ A load allocates each optimizer tensor at the size the metadata gives (``dcp.opt
 byte, and the metadata's digest is only the manifest's, which whoever writes the storage can rewrite too. So a
 metadata file that claims any size must not be believed: :func:`check_layout` requires that
 
+* each tensor has at most :data:`MAX_DIMS` dimensions;
 * each tensor's chunks lie inside it, do not overlap and cover it exactly (so their sizes add up to the tensor's);
 * each chunk with elements has a storage entry, at least as long as the chunk's bytes (an entry is the chunk's
   ``torch.save`` archive, which holds them uncompressed: ``safety.check_archive``);
 * the storage entries of one file do not overlap.
 
 Then the bytes a load allocates for a tensor are at most the bytes the shard files hold, which
-``dcp._VerifyingReader`` compares with their size on the storage before it returns the metadata. Pure: the values
-are the metadata's, already type-checked by ``dcp.decode_metadata``.
+``dcp._VerifyingReader`` compares with their size on the storage before it returns the metadata. The check's own
+work grows in proportion to the numbers the file holds, plus at most :data:`SWEEP_BUDGET`. Pure: the values are the
+metadata's, already type-checked by ``dcp.decode_metadata``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-__all__ = ["Region", "Tensor", "check_layout"]
+__all__ = ["MAX_DIMS", "SWEEP_BUDGET", "Region", "Tensor", "check_layout"]
 
 
 @dataclass(frozen=True)
@@ -45,18 +47,26 @@ class Region:
     length: int
 
 
-#: Chunk comparisons the sweep of :func:`_overlap` may spend on one metadata file (about a second here).
-SWEEP_BUDGET = 2_000_000
+#: The most dimensions an item may claim: torch's own bound (a reduction over a tensor of more raises "only tensors
+#: with up to 64 dims are supported"). A forged claim of tens of thousands would otherwise cost time to check.
+MAX_DIMS = 64
+#: Coordinates the sweep of :func:`_overlap` may compare for one metadata file (about a second here): two chunks of
+#: ``n`` dimensions cost ``n``.
+SWEEP_BUDGET = 4_000_000
 
 
-def check_layout(tensors: Mapping[str, Tensor], regions: Sequence[Region]) -> None:
-    """ValueError, in one line, unless the claims hold (see the module docstring)."""
+def check_layout(tensors: Mapping[str, Tensor], regions: Sequence[Region], budget: int = SWEEP_BUDGET) -> None:
+    """ValueError, in one line, unless the claims hold (see the module docstring); ``budget``: the sweep's, for the
+    whole file."""
     entries = {(r.fqn, r.offset): r for r in regions}
-    budget = [SWEEP_BUDGET]
+    left = [budget]
     for fqn, tensor in tensors.items():
         if tensor.itemsize <= 0:
             raise ValueError(f"item {_name(fqn)}: its dtype has no known size")
-        _check_chunks(fqn, tensor, budget)
+        if len(tensor.size) > MAX_DIMS:
+            raise ValueError(f"item {_name(fqn)}: its size has {len(tensor.size):,} dimensions, over the {MAX_DIMS} "
+                             "a tensor may have")
+        _check_chunks(fqn, tensor, left)
         for offsets, sizes in tensor.chunks:
             count = _volume(sizes)
             if count == 0:
@@ -98,8 +108,8 @@ def _overlap(chunks: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], ndim: in
     The chunks of a DTensor form a grid (each dimension split at the same points for every chunk), so they are
     first cut along every chunk's bounds and each cell is marked once: work and memory in proportion to the
     chunks. Chunks that cut it into many more cells than there are chunks are compared in a sweep, which spends
-    ``budget[0]`` comparisons, shared by the whole metadata: ValueError when it runs out (a forged file could
-    otherwise make each load compare hundreds of thousands of chunks with each other)."""
+    ``budget[0]`` coordinates compared, shared by the whole metadata: ValueError when it runs out (a forged file
+    could otherwise make each load compare hundreds of thousands of chunks with each other)."""
     boxes = [(o, s) for o, s in chunks if _volume(s) > 0]
     if ndim == 0 or len(boxes) < 2:
         return ndim == 0 and len(boxes) > 1
@@ -111,7 +121,7 @@ def _overlap(chunks: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], ndim: in
     active: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     for offsets, sizes in boxes:
         active = [(o, s) for o, s in active if o[axis] + s[axis] > offsets[axis]]
-        budget[0] -= len(active) + 1
+        budget[0] -= len(active) * ndim + 1  # the filter above costs at most the previous chunk's charge, plus one
         if budget[0] < 0:
             raise ValueError(f"its chunks are too many, and too far from a grid, to check ({len(chunks):,} in one "
                              "item)")
@@ -126,7 +136,9 @@ def _marked_twice(boxes: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], cuts
     """Whether a cell of the grid ``cuts`` lies in two ``boxes`` (each a whole number of cells); at most one
     step a cell."""
     where = [{v: i for i, v in enumerate(c)} for c in cuts]
-    strides = [_volume([len(c) - 1 for c in cuts[d + 1:]]) for d in range(len(cuts))]
+    strides = [1] * len(cuts)  # suffix products, in one pass: a product per dimension costs the square of them
+    for d in range(len(cuts) - 2, -1, -1):
+        strides[d] = strides[d + 1] * (len(cuts[d + 1]) - 1)
     seen = bytearray(_volume([len(c) - 1 for c in cuts]))
     for offsets, sizes in boxes:
         spans = [range(where[d][o] * strides[d], where[d][o + s] * strides[d], strides[d])

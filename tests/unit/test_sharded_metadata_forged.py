@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cloud_elastic.checkpoint.dcp_layout import Region, Tensor, check_layout
+from cloud_elastic.checkpoint import dcp_layout
+from cloud_elastic.checkpoint.dcp_layout import MAX_DIMS, Region, Tensor, check_layout
 from tests.unit.test_sharded_checkpoint import _checkpoints, _ctx, _state, _train, _values
 from tests.unit.test_sharded_checkpoint_hostile import _two_checkpoints
 
@@ -54,6 +55,47 @@ def _claim(fqn: str, size: list[int], chunks: list, length: int | None = None):
     return tamper
 
 
+def _many_dims(n: int):
+    """Review rvG's forgery: the scalar Adam step claims ``n`` dimensions, size [2, 1, 1, ...], in two one-element
+    chunks (the second in the bytes after the first's storage entry)."""
+    def tamper(md):
+        md["items"][_STEP].update(size=[2] + [1] * (n - 1), chunks=[[[0] * n, [1] * n], [[1] + [0] * (n - 1), [1] * n]])
+        entry = _entry(md, _STEP)
+        md["storage"].append(dict(entry, offset=[1] + [0] * (n - 1), at=entry["at"] + 8, length=8))
+        entry.update(offset=[0] * n, length=8)
+    return tamper
+
+
+class _TooMuchWork(BaseException):  # not an Exception: no handler of the loader's may take it for a bad checkpoint
+    pass
+
+
+class _Meter:
+    """The lines of ``checkpoint.dcp_layout`` run inside the ``with`` (its work as a count, the same on any machine).
+    Past ``cap`` it raises _TooMuchWork at once, so a check that would run for minutes fails the test in a second."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.lines, self._before = cap, 0, None
+
+    def __enter__(self) -> "_Meter":
+        self._before = sys.gettrace()
+        sys.settrace(self._call)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.settrace(self._before)
+
+    def _call(self, frame, event, arg):
+        return self._line if frame.f_code.co_filename == dcp_layout.__file__ else None
+
+    def _line(self, frame, event, arg):
+        if event == "line":
+            self.lines += 1
+            if self.lines > self.cap:
+                raise _TooMuchWork(f"the layout check ran more than {self.cap:,} lines")
+        return self._line
+
+
 def _entry(md, fqn: str) -> dict:
     return next(e for e in md["storage"] if e["fqn"] == fqn)
 
@@ -74,10 +116,12 @@ def _second_entry_over_the_first(md) -> None:
     (_claim(_EXP_AVG, [16], [[[0], [8]]]), None, f"item '{_EXP_AVG}': its chunks hold 8 elements, its size [16] 16"),
     (_second_entry_over_the_first, None, f"storage entries of '{_EXP_AVG}' and '{_STEP}' overlap in '__0_0.distcp'"),
     (_last_entry_longer, None, "places items up to byte 1,000,000,041,964 of __0_0.distcp, which holds 41,964"),
+    (_many_dims(MAX_DIMS + 1), None, f"item '{_STEP}': its size has 65 dimensions, over the 64 a tensor may have"),
     # The manifest lies about the shard file's size too: the store compares it with the storage's first.
     (_claim(_LAST, [2 ** 40], [[[0], [2 ** 40]]], length=2 ** 42), {"__0_0.distcp": 2 ** 43},
      "its shard files __0_0.distcp are missing or not the size its manifest says"),
-], ids=["claims 4 TB", "overlap", "outside", "gap", "entries overlap", "entry past the end", "manifest lies too"])
+], ids=["claims 4 TB", "overlap", "outside", "gap", "entries overlap", "entry past the end", "65 dimensions",
+         "manifest lies too"])
 def test_forged_dcp_metadata_falls_back_to_the_previous_checkpoint_in_one_line_without_allocating_it(
         tmp_path, caplog, tamper, files, reason):
     at_2, newest, _ = _two_checkpoints(tmp_path)
@@ -154,3 +198,76 @@ def test_chunks_far_from_a_grid_are_checked_within_a_budget_then_refused_in_one_
         check_layout({"w": Tensor(1, (rows, width * rows), tuple(chunks))}, regions)
     few = [c for c in chunks if c[0][0] < 20]  # 20 rows of the same: checked, and they cover their part exactly
     check_layout({"w": Tensor(1, (20, width * rows), tuple(few))}, regions)
+
+
+def test_a_metadata_claiming_20000_dimensions_is_refused_for_less_work_than_checking_an_honest_one(tmp_path, caplog):
+    """Review rvG's forgery at 20,000 dimensions (a 0.4 MB file). Before: the overlap check's strides cost the
+    square of the dimensions claimed, on every worker of the loading host: 7.6 s of CPU here, 77 s for 64,000
+    (1.35 MB), days near the 64 MiB a load reads. Its work is counted in lines run, not timed."""
+    at_2, newest, _ = _two_checkpoints(tmp_path)
+    other = _state(seed=9)
+    _train(other, 1)
+    with _Meter(cap=10 ** 6) as honest:
+        assert _checkpoints(tmp_path, _ctx()).load_latest(other).step == 4
+    assert honest.lines > 100  # the meter sees the check (it runs on this thread)
+    _forge(newest, _many_dims(20_000))
+    # Refused at its first look at that item, then step 2's metadata is checked in full: two honest checks at most.
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic"), _Meter(cap=2 * honest.lines):
+        assert _checkpoints(tmp_path, _ctx()).load_latest(other).step == 2
+    assert all(torch.equal(a, b) for a, b in zip(_values(other), at_2))
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "its size has 20,000 dimensions, over the 64 a tensor may have" in warning and len(warning) < 600, warning
+
+
+def _rows_of_bricks(rows: int, ndim: int = 2) -> tuple[dict[str, Tensor], list[Region]]:
+    """Rows of bricks whose joints all differ (no grid), the rows along the last of ``ndim`` dimensions, so that
+    two chunks compared agree on every dimension but the first and the last."""
+    width, pad, chunks = rows, (0,) * (ndim - 2), []
+    for r in range(rows):  # row r: a brick of r + 1 columns, then bricks of ``width``, then the rest
+        start = 0
+        for w in [r + 1] + [width] * (rows - 1):
+            chunks.append(((start, *pad, r), (w, *(1,) * (ndim - 2), 1)))
+            start += w
+        chunks.append(((start, *pad, r), (width * rows - start, *(1,) * (ndim - 2), 1)))
+    regions = [Region("w", o, "__0_0.distcp", i * 10 ** 6, 10 ** 6) for i, (o, _) in enumerate(chunks)]
+    return {"w": Tensor(1, (width * rows, *(1,) * (ndim - 2), rows), tuple(chunks))}, regions
+
+
+@pytest.mark.parametrize("ndim", [2, MAX_DIMS])
+def test_the_sweep_budget_counts_coordinates_so_its_work_does_not_grow_with_the_dimensions_claimed(ndim):
+    """What twice the budget buys: about one line of work per unit, at 2 dimensions or 64. Before: the budget
+    counted pairs of chunks, each up to 64 coordinates (at the default budget, 13.8 s of CPU against 1.8 s)."""
+    tensors, regions = _rows_of_bricks(30, ndim)
+    spent = {}
+    for budget in (20_000, 40_000):
+        with _Meter(cap=10 ** 7) as meter, pytest.raises(ValueError, match=r"^item 'w': its chunks are too many, "
+                                                                             r"and too far from a grid, to check"):
+            check_layout(tensors, regions, budget=budget)
+        spent[budget] = meter.lines
+    assert 0 < spent[40_000] - spent[20_000] <= 3 * 20_000, spent
+
+
+def _rvg_shape(n: int) -> tuple[dict[str, Tensor], list[Region]]:
+    """Review rvG's forged item as the check sees it: size [2, 1, 1, ...] of ``n`` dimensions, in two chunks."""
+    size, chunks = (2, *(1,) * (n - 1)), (((0,) * n, (1,) * n), ((1, *(0,) * (n - 1)), (1,) * n))
+    return {"s": Tensor(4, size, chunks)}, [Region("s", o, "__0_0.distcp", 8 * i, 8) for i, (o, _) in enumerate(chunks)]
+
+
+def test_an_item_may_claim_as_many_dimensions_as_a_tensor_may_have_and_no_more():
+    """Torch reduces over at most 64 dimensions; review rvG's shape passes the check at 64 and is refused at 65."""
+    check_layout(*_rvg_shape(MAX_DIMS))
+    with pytest.raises(ValueError, match=r"^item 's': its size has 65 dimensions, over the 64 a tensor may have$"):
+        check_layout(*_rvg_shape(MAX_DIMS + 1))
+    with pytest.raises(RuntimeError, match="only tensors with up to 64 dims are supported"):
+        torch.zeros([1] * (MAX_DIMS + 1)).sum(dim=0)
+
+
+def test_the_work_to_check_an_item_grows_in_proportion_to_its_dimensions():
+    """Lines run for 16, 32 and 64 dimensions: each doubling adds twice what the one before added (in proportion),
+    not four times (the square). Before: the strides, a product per dimension: 3.3 times."""
+    lines = {}
+    for n in (16, 32, MAX_DIMS):
+        with _Meter(cap=10 ** 6) as meter:
+            check_layout(*_rvg_shape(n))
+        lines[n] = meter.lines
+    assert lines[64] - lines[32] <= 2.5 * (lines[32] - lines[16]), lines
