@@ -82,7 +82,7 @@ class Lane:
 JOB_FILES = ("tests/emulator/test_cli.py", "tests/emulator/test_aws_notice_cli.py",
              "tests/emulator/test_kubernetes_jobs.py", "tests/kubernetes/test_pod_job.py",
              "tests/kubernetes/test_pod_sigterm.py",
-             "tests/emulator/test_multi_source.py")
+             "tests/emulator/test_multi_source.py", "tests/emulator/test_fallback_handoff.py")
 
 
 #: The Ray files that run whole elastic jobs on the cluster (about half of tests/ray's time): a lane of their own,

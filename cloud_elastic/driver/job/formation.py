@@ -246,7 +246,7 @@ class RoundFormation:
             return False  # an aborted round re-forms anyway: its recovery takes the spares, no update needed
         stays = job.hosts.stays
         staying = sum(1 for w in (job.members() if members is None else members)
-                      if w.state is S.RUNNING and stays(w.slot))
+                      if w.state is S.RUNNING and stays(w.slot) and not w.replaced)
         return has_room(staying, max_np=job.policy.max_np, host_slots=job.policy.whole_host_slots)
 
     def _spare_key(self, w: WorkerRecord) -> tuple:
@@ -274,7 +274,8 @@ class RoundFormation:
             for w in job.alive():
                 if w.state is S.WAITING and w.round != r:
                     newcomers.append(w)
-                elif w.round == r and (w.state is S.RUNNING or w.state is S.WAITING) and hosts.stays(w.slot):
+                elif (w.round == r and (w.state is S.RUNNING or w.state is S.WAITING) and hosts.stays(w.slot)
+                      and not w.replaced):
                     staying += 1  # a member, or one back at rendezvous for the next round (not a last holder)
             waiting = spares_now(newcomers, staying=staying, max_np=policy.max_np,
                                  host_slots=policy.whole_host_slots, key=self._spare_key,
@@ -524,7 +525,7 @@ def _last_holders(waiting: list[WorkerRecord], stays: Callable[[Slot], bool]) ->
     no place of ``--max-np`` in the next round: a newcomer joins next to them and receives the state, and they
     leave at that round's first commit."""
     holders = [w for w in waiting if w.holds_state]
-    going = {w.worker_id for w in holders if not stays(w.slot)}
+    going = {w.worker_id for w in holders if not stays(w.slot) or w.replaced}  # or replaced: see .sourcing
     return going if len(going) == len(holders) else set()
 
 

@@ -22,7 +22,11 @@ Only for a job with several sources (``Policy.sources``, see
   for launches (:attr:`Sourcing.replacing`), so its replacement is launched beside
   it; a replacement that never comes up is blacklisted as usual, the fallback is
   wanted again, and the worker stays. A drained worker leaves at its next commit,
-  with no rollback; one not ready yet leaves at once.
+  with no rollback; one not ready yet leaves at once. Nor does one leave with the last copy of the training
+  state (the job ran wholly on the fallback): while no worker that stays holds it, as
+  :meth:`.leaving.Leavers.mark` counts holders, its holders train on marked ``replaced``, which gives them no
+  place in the next round (:mod:`.formation`, as the last holders on a leaving host): that round takes the
+  replacements beside them, beyond ``--max-np``, and syncs the state to them; they leave once those hold it.
 * **Capacity** (``--manage-capacity``): while fallback slots are wanted and a fallback group shows fewer hosts
   than its share needs, one :class:`~.actions.SetCapacity` raises its desired capacity to ``ceil(its share / slots
   per host)`` (slots per host: its own hosts', else any host's, else 1). Shares go preferred group first
@@ -174,6 +178,7 @@ class Sourcing:
         #: Fallback workers beyond what is wanted that stay until replacements are ready: they hold no place
         #: for launches (:meth:`.capacity.Capacity.plan_launches`), so the replacements can start beside them.
         self.replacing = 0
+        self._handing = 0  # of them, those that hold the training state no worker that stays holds yet
 
     @property
     def active(self) -> bool:
@@ -240,7 +245,9 @@ class Sourcing:
 
     def _send_back(self, preferred: int) -> None:
         """Drain the fallback workers beyond what is wanted, newest first, a ready one only once the job keeps
-        without it as many ready workers as it will have (see the module docstring); set :attr:`replacing`."""
+        without it as many ready workers as it will have, and a holder of the training state only once a worker
+        that stays holds it too (see the module docstring); set :attr:`replacing`, and ``replaced`` on those that
+        wait only for that."""
         job = self._job
         whole = job.policy.whole_host_slots
         keep = self.wanted + (-self.wanted % whole if whole else 0)  # a fallback host is kept whole
@@ -253,9 +260,11 @@ class Sourcing:
             elif w.state in _READY and job.hosts.stays(w.slot):
                 ready += 1
         on_fallback.sort(key=lambda w: -w.seq)
+        for w in on_fallback:
+            w.replaced = False
         # Ready workers the job may lose and still have what it will have once every usable slot is ready.
         spare = ready - min(preferred + self.wanted, job.policy.max_np)
-        replacing, decided = 0, set[str]()
+        replacing, handing, decided, going = 0, 0, set[str](), set[str]()
         for w in on_fallback[: max(0, len(on_fallback) - keep)]:
             if w.state not in _ACTIVE or w.slot.host in decided:
                 continue  # taken along by a whole host already
@@ -263,20 +272,55 @@ class Sourcing:
             if whole:
                 decided.add(w.slot.host)
             lost = sum(1 for o in group if o.state in _READY)
-            if lost > spare:
-                # Its replacement is not ready, or not launched yet: until then it holds no place for launches.
+            last = lost <= spare and self._last_holders(group, going)
+            if lost > spare or last:
+                # Its replacement is not ready, or not launched yet, or does not hold the state yet (it takes it in
+                # a round beside the group, which holds no place there either: .formation): it trains on till then.
                 replacing += sum(1 for o in group if self._holds_place(o))
+                if last:
+                    handing += len(group)
+                    for o in group:
+                        o.replaced = True
                 continue
             spare -= lost
+            going.update(o.worker_id for o in group)
             why = (f"cheaper slots are back ({preferred} from the preferred sources): fallback host "
                    f"{w.slot.host} is no longer needed")
             log.info("job %s: worker %s (%s) will leave: %s", job.job_id, w.worker_id, w.label, why)
             self._send_away(w, why)
+        if handing and not self._handing:
+            log.info("job %s: %d fallback worker(s) no longer wanted hold the training state: they train on until "
+                     "their replacements from the preferred sources hold it too (a round with both syncs it), then "
+                     "leave at a commit", job.job_id, handing)
+        self._handing = handing
         if replacing != self.replacing:
             if replacing > self.replacing:
                 log.info("job %s: %d fallback worker(s) no longer wanted train on until their replacements from "
                          "the preferred sources are ready", job.job_id, replacing)
             self.replacing = replacing
+
+    def _last_holders(self, group: list[WorkerRecord], going: set[str]) -> bool:
+        """Whether ``group``, fallback workers the job would send away, takes the training state with it: it holds
+        the state and no worker that stays (not in it, not in ``going``, not leaving) does. Holders are as for a
+        notice (:meth:`.leaving.Leavers.mark`): workers at rendezvous or training that hold a commit; before any
+        commit is heard of, the members of the running round (they make the first), none once it was aborted."""
+        job = self._job
+        if job.state_committed:
+            def holds(o: WorkerRecord) -> bool:
+                return o.state in _READY and o.holds_state
+        elif job.abort_round >= job.round:
+            return False
+        else:
+            def holds(o: WorkerRecord) -> bool:
+                return o.state is S.RUNNING and o.round == job.round
+        if not any(holds(o) for o in group):
+            return False
+        out = going | {o.worker_id for o in group}
+        stays, newest = job.hosts.stays, max(o.commit_seq for o in group)
+        # A member of the running round holds what the round holds (its heartbeat may lag a commit behind); one
+        # waiting must hold the group's commit or a newer one (not one from a round it left long ago).
+        return not any(holds(o) and o.worker_id not in out and stays(o.slot) and (
+            o.commit_seq >= newest or (o.state is S.RUNNING and o.round == job.round)) for o in job.active())
 
     def _holds_place(self, w: WorkerRecord) -> bool:
         """Whether ``w`` counts among the workers that hold a place for launches

@@ -88,6 +88,9 @@ class WorkerRecord:
     commit_seq: int = 0
     #: It said at its last rendezvous that it cannot restore its last commit exactly.
     commit_lost: bool = False
+    #: A fallback worker the job no longer wants (:mod:`.sourcing`): it trains on until its replacements hold the
+    #: state, and holds no place in the next round, as a last holder on a leaving host (:mod:`.formation`).
+    replaced: bool = False
     #: Stopped because a round started over from step 0 without it (``Leavers.leave_uncommitted``): a commit it
     #: reports late is of a past no round continues, and must not count as the job's committed state.
     discarded: bool = False

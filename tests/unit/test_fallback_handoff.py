@@ -1,0 +1,121 @@
+"""The fallback's workers hand the training state over before they leave, and the fallback starts a job that Spot
+alone cannot start (cloud_elastic.driver.job.sourcing, review s61 rvK findings 1 and 2).
+
+1. A job wholly on the fallback whose Spot slots come back: its fallback workers train on, holding no place in
+   the next round, until a round with their replacements has synced the state to them; only then do they leave,
+   at a commit. Draining them as soon as the replacements reached rendezvous lost the training state (rc 1).
+2. Before the job's first round the fallback tops it up to -np at once: a job cannot start below -np, and with
+   Spot between --min-np and -np it used to wait for --start-timeout and fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder, WorkerState
+from tests.unit.test_job import CLEAN
+from tests.unit.test_job_sourcing import Sourced, running, sent_back
+
+pytestmark = pytest.mark.timeout(10)
+
+S = WorkerState
+
+
+def on_fallback_only(np: int, **kwargs) -> Sourced:
+    """-np ``np``: no Spot slot at all, so the job runs wholly on ``np`` fallback workers, which have committed."""
+    sim = Sourced(np, progress_timeout_s=0, **kwargs)
+    sim.groups(od=np)
+    fallback = [f"od{i}[0]" for i in range(np)]
+    assert sim.slots_launched() == fallback
+    sim.join(*fallback)
+    sim.commit(*fallback)
+    sim.advance(1)
+    assert running(sim) == fallback
+    return sim
+
+
+def rounds(sim: Sourced) -> list[dict]:
+    return [f for k, f in sim.events if k == "round_formed"]
+
+
+def test_the_last_fallback_holder_trains_on_until_a_round_with_its_replacement_synced_the_state():
+    sim = on_fallback_only(1)
+    sim.groups(a=1, od=1)  # Spot is back
+    assert sim.slots_launched()[-1] == "a0[0]"
+    sim.join("a0[0]")  # the replacement reaches rendezvous: it holds nothing yet
+    sim.advance(1)
+    assert sim.state("od0[0]") is S.RUNNING, "the only holder of the state was sent away"
+    # At its commit od0 comes to rendezvous for the update, and a round of both forms, beyond --max-np 1: od0
+    # holds no place in it, as the last holder on a leaving host would not.
+    sim.commit("od0[0]")
+    replies = sim.join("od0[0]", reason="update")
+    assert isinstance(replies["od0[0]"], Assignment)
+    formed = rounds(sim)[-1]
+    assert formed["size"] == 2 and formed["synced"] and not formed["from_checkpoint"]
+    assert formed["workers"][0] == sim.id("od0[0]")  # the holder is rank 0: its state is the one broadcast
+    assert sim.layout() == ["od0[0]", "a0[0]"]
+    sim.advance(2)
+    assert sim.state("od0[0]") is S.RUNNING  # a0 has not said it holds the state yet
+    sim.commit("od0[0]", "a0[0]")  # the first commit of that round: a0 holds the state now
+    sim.advance(1)
+    assert sim.state("od0[0]") is S.DRAINING and sent_back(sim) == []
+    sim.commit("od0[0]", "a0[0]")
+    replies = sim.join("od0[0]", "a0[0]", reason="update")
+    assert isinstance(replies["od0[0]"], ExitOrder) and isinstance(replies["a0[0]"], Assignment)
+    sim.exit("od0[0]", CLEAN)
+    sim.advance(1)
+    assert running(sim) == ["a0[0]"] and sent_back(sim) == ["od0"]
+    assert not rounds(sim)[-1]["from_checkpoint"] and not rounds(sim)[-1]["synced"]  # a0 holds the state
+    assert [f for k, f in sim.events if k == "rollback"] == [] and sim.outcome is None
+
+
+def test_of_several_fallback_holders_one_stays_until_the_spot_workers_hold_the_state():
+    sim = on_fallback_only(2)
+    sim.groups(a=2, od=2)
+    assert sorted(sim.slots_launched()[-2:]) == ["a0[0]", "a1[0]"]
+    sim.join("a0[0]", "a1[0]")
+    sim.advance(1)
+    # The newest may go (od0 still holds the state); od0 may not, though both replacements are at rendezvous.
+    assert (sim.state("od1[0]"), sim.state("od0[0]")) == (S.DRAINING, S.RUNNING)
+    sim.commit("od0[0]", "od1[0]")
+    replies = sim.join("od0[0]", "od1[0]", reason="update")
+    assert isinstance(replies["od1[0]"], ExitOrder) and isinstance(replies["od0[0]"], Assignment)
+    sim.exit("od1[0]", CLEAN)
+    assert sorted(sim.layout()) == ["a0[0]", "a1[0]", "od0[0]"]  # beyond --max-np 2 for the hand-over
+    sim.advance(1)
+    assert sim.state("od0[0]") is S.RUNNING
+    sim.commit("od0[0]", "a0[0]", "a1[0]")
+    sim.advance(1)
+    assert sim.state("od0[0]") is S.DRAINING
+    sim.commit("od0[0]", "a0[0]", "a1[0]")
+    sim.join("od0[0]", "a0[0]", "a1[0]", reason="update")
+    sim.exit("od0[0]", CLEAN)
+    sim.advance(1)
+    assert running(sim) == ["a0[0]", "a1[0]"] and sorted(sent_back(sim)) == ["od0", "od1"]
+    assert [f for k, f in sim.events if k == "rollback"] == [] and sim.outcome is None
+
+
+def test_with_spares_the_replacements_join_the_fallback_holder_instead_of_waiting_as_spares():
+    sim = on_fallback_only(1, spares=1)
+    sim.groups(a=2, od=1)
+    sim.join("a0[0]")
+    sim.advance(1)
+    assert sim.state("od0[0]") is S.RUNNING
+    sim.commit("od0[0]")
+    sim.join("od0[0]", reason="update")
+    assert "a0[0]" in sim.layout() and "od0[0]" in sim.layout()
+    sim.commit(*sim.layout())
+    sim.advance(1)
+    assert sim.state("od0[0]") is S.DRAINING
+
+
+def test_a_fallback_holder_whose_spot_slots_go_again_is_wanted_again_and_stays():
+    sim = on_fallback_only(1)
+    sim.groups(a=1, od=1)
+    sim.join("a0[0]")
+    sim.advance(1)
+    assert sim.job.workers[sim.id("od0[0]")].replaced
+    sim.groups(od=1)  # the Spot host is reclaimed before the hand-over
+    sim.exit("a0[0]", CLEAN)
+    sim.advance(1)
+    assert sim.state("od0[0]") is S.RUNNING and not sim.job.workers[sim.id("od0[0]")].replaced
