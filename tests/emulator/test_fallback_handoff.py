@@ -88,3 +88,29 @@ def test_a_job_wholly_on_the_fallback_hands_its_state_to_the_spot_workers_and_lo
     assert steps == sorted(steps) and steps[-1] >= handover["step"]
     done = job.of("done")
     assert len(done) == 1 and done[0]["step"] >= 30
+
+
+@pytest.mark.timeout(180)
+def test_spot_between_min_np_and_np_at_start_up_starts_the_job_on_the_fallback_at_once(aws, jobs, tmp_path):
+    make_group(aws.url, "st-spot", size=1, instance_type="g4dn.xlarge", cidr="10.72.1.0/24")
+    make_group(aws.url, "st-od", size=0, instance_type="g4dn.xlarge", cidr="10.72.2.0/24")
+    clients(aws.url)[0].update_auto_scaling_group(AutoScalingGroupName="st-od", MaxSize=1)
+    events, stop = tmp_path / "events.jsonl", tmp_path / "stop"
+    job = jobs([
+        "run", "-np", "2", "--min-np", "1", "--discovery-interval", "0.3",
+        "--start-timeout", "40", "--fallback-after", "40",  # the doc's ratio: --fallback-after = --start-timeout
+        "--aws-asg", "st-spot", "--aws-asg", "st-od", "--aws-region", "us-east-1", "--aws-endpoint-url", aws.url,
+        "--source", "st-spot:price=0.2", "--source", "st-od:fallback,price=1.5", "--manage-capacity",
+        "--events-file", str(events),
+        *[a for n in (1, 2) for a in ("--address-map", f"10.72.{n}.0/24=127.72.{n}.0/24")],
+        *probe_cmd("--steps", "20", "--step-sleep", "0.1", "--stop-when", str(stop)),
+    ])
+    job.wait_event("commit", rank=0, step=5, size=2, timeout=60)
+    first = next(e for e in _events(events) if e["event"] == "round_formed")
+    assert first["size"] == 2 and {h.split(".")[2] for h in first["ranks"]} == {"1", "2"}  # Spot and fallback
+    assert "before the job's first round (it cannot start with fewer)" in job.output()
+    job.wait_event("commit", rank=0, step=60, timeout=60)  # past --fallback-after: the fallback worker trains on
+    assert job.of("commit", rank=0)[-1]["size"] == 2 and desired(aws, "st-od") == 1
+    stop.touch()
+    assert job.finish() == 0, job.output()
+    assert [e for e in _events(events) if e["event"] == "rollback"] == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder, WorkerState
+from cloud_elastic.driver.job.sourcing import FallbackRule
 from tests.unit.test_job import CLEAN
 from tests.unit.test_job_sourcing import Sourced, running, sent_back
 
@@ -119,3 +120,61 @@ def test_a_fallback_holder_whose_spot_slots_go_again_is_wanted_again_and_stays()
     sim.exit("a0[0]", CLEAN)
     sim.advance(1)
     assert sim.state("od0[0]") is S.RUNNING and not sim.job.workers[sim.id("od0[0]")].replaced
+
+
+# ------------------------------------------------------------------------------------ start-up
+
+def test_before_the_first_round_the_fallback_is_wanted_up_to_np_and_with_fallback_after_it_stays():
+    rule = FallbackRule(num_proc=8, min_np=4, max_np=8, fallback_after_s=600)
+    assert rule.wanted(6, 0.0, starting=True) == (2, "below -np 8 before the job's first round (it cannot start "
+                                                     "with fewer)")
+    assert rule.wanted(6, 60.0) == (2, "below -np 8 since the job started with the fallback (--fallback-after)")
+    assert rule.wanted(6, 700.0) == (2, "below -np 8 for 600s (--fallback-after)")
+    assert rule.wanted(8, 701.0) == (0, "")
+    assert rule.wanted(6, 702.0) == (0, "")  # Spot gave -np since: --fallback-after counts again
+    never = FallbackRule(num_proc=8, min_np=4, max_np=8, fallback_after_s=None)
+    assert never.wanted(6, 0.0, starting=True)[0] == 2
+    assert never.wanted(6, 60.0) == (0, "")  # once started, only the --min-np rule
+    assert never.wanted(3, 61.0, starting=True) == (5, "below --min-np 4")
+
+
+def test_spot_between_min_np_and_np_at_start_up_starts_the_job_with_the_fallback():
+    # The doc's ratio: --fallback-after equal to --start-timeout. Waiting for either lost the job.
+    sim = Sourced(4, min_np=2, progress_timeout_s=0, start_timeout_s=600, fallback_after_s=600)
+    sim.groups(a=3, od=1)
+    assert sorted(sim.slots_launched()) == ["a0[0]", "a1[0]", "a2[0]", "od0[0]"]
+    sim.join(*sim.slots_launched())
+    assert sorted(running(sim)) == ["a0[0]", "a1[0]", "a2[0]", "od0[0]"]
+    sim.commit(*running(sim))
+    sim.advance(120)
+    assert sim.state("od0[0]") is S.RUNNING  # it stays while Spot stays below -np
+    sim.groups(a=4, od=1)
+    sim.join("a3[0]")
+    sim.advance(1)
+    assert sim.state("od0[0]") is S.DRAINING  # others hold the state: it leaves at its next commit
+
+
+def test_without_fallback_after_the_fallback_that_started_the_job_leaves_at_its_first_commit():
+    sim = Sourced(4, min_np=2, progress_timeout_s=0, start_timeout_s=30)
+    sim.groups(a=3, od=1)
+    sim.advance(1)
+    assert "od0[0]" in sim.slots_launched()
+    sim.join(*sim.slots_launched())
+    sim.advance(1)
+    # Spot alone keeps --min-np: the fallback is no longer wanted once the job runs. The Spot members make the
+    # first commit with it, so it leaves at that commit, taking nothing with it.
+    assert sim.state("od0[0]") is S.DRAINING
+    sim.commit(*sim.layout())
+    sim.join(*sim.layout(), reason="update")
+    sim.exit("od0[0]", CLEAN)
+    sim.advance(40)
+    assert running(sim) == ["a0[0]", "a1[0]", "a2[0]"] and sim.outcome is None
+
+
+def test_a_job_that_cannot_start_fails_in_one_line_without_saying_it_waits_for_more(caplog):
+    sim = Sourced(2, min_np=1, start_timeout_s=5)
+    with caplog.at_level("INFO", logger="cloud_elastic"):
+        sim.groups(a=1)  # no fallback slot to top it up: the job cannot start
+        sim.advance(6)
+    assert sim.outcome is not None and "only 1 slot(s) available after 5s; -np 2 needed to start" in sim.outcome.reason
+    assert not [r for r in caplog.records if "waiting up to" in r.getMessage()], caplog.text  # it waits no more

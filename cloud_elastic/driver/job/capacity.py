@@ -190,8 +190,8 @@ class Capacity:
         failure: past ``start_timeout_s`` from the driver's start); not while the round finishes
         (:meth:`_round_finishing`)."""
         job, policy = self._job, self._job.policy
-        if job.phase is Phase.STARTING and job.round == 0 and not job.workers:
-            return
+        if (job.phase is Phase.STARTING and job.round == 0 and not job.workers) or job.phase is Phase.DONE:
+            return  # nothing launched yet, or the job ended this step (too few slots to start): nothing to wait for
         if policy.hosts_fixed and job.hosts.version != self._slots_version:
             self._remember_slots()
         failed_start = self._failed_start()

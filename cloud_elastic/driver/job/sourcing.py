@@ -8,12 +8,13 @@ Only for a job with several sources (``Policy.sources``, see
   every priced one of its priority), then older host, then slot index. So when more
   slots are offered than ``--max-np`` allows, the job fills the preferred ones, and
   ties keep the order hosts were first seen (older hosts first, as ranks do).
-* **The fallback** (:class:`FallbackRule`): fallback slots are wanted only while the
-  other sources' usable slots (ready, not blacklisted, no notice) are below
-  ``--min-np``, or below ``-np`` for ``--fallback-after`` seconds; the fallback then
-  tops the job up to ``-np`` (its normal size: a job below ``--min-np`` at start-up
-  could not start with less, and a job just topped up to ``--min-np`` would be drained
-  again as soon as one preferred slot came back).
+* **The fallback** (:class:`FallbackRule`): fallback slots are wanted only while the other sources' usable
+  slots (ready, not blacklisted, no notice) are below ``--min-np``, below ``-np`` before the job's first round (it
+  cannot start with fewer), or below ``-np`` for ``--fallback-after`` seconds (a fallback that started the job
+  counts so from the start: with ``--fallback-after`` it stays until the other sources give ``-np``); the
+  fallback then tops the job up to ``-np`` (its normal size: a job below ``--min-np`` at start-up could not start
+  with less, and a job just topped up to ``--min-np`` would be drained again as soon as one preferred slot came
+  back).
 * **Coming back** (:meth:`Sourcing.step`): fallback workers beyond what is wanted are
   drained, newest first, once their replacements are ready: a ready one (at
   rendezvous or training) leaves only while the job keeps, without it, as many ready
@@ -62,7 +63,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from cloud_elastic.cost import CostMeter, CostSoFar, CostSummary
-from cloud_elastic.driver.job.actions import SetCapacity
+from cloud_elastic.driver.job.actions import Phase, SetCapacity
 from cloud_elastic.driver.job.hosts import HostManager, Slot
 from cloud_elastic.driver.job.spares import doubtful
 from cloud_elastic.driver.job.view import JobView
@@ -112,20 +113,32 @@ class FallbackRule:
         self.num_proc, self.min_np, self.max_np = num_proc, min_np, max_np
         self.fallback_after_s = fallback_after_s
         self.below_np_since: float | None = None
+        # The fallback was wanted to start the job: with --fallback-after it stays wanted, as once that time has
+        # passed, until the other sources give -np (drained at the start, it would only be raised again then).
+        self._started_short = False
 
-    def wanted(self, preferred_slots: int, now: float) -> tuple[int, str]:
-        """(fallback slots wanted, why) given the other sources' usable slots at ``now``."""
+    def wanted(self, preferred_slots: int, now: float, *, starting: bool = False) -> tuple[int, str]:
+        """(fallback slots wanted, why) given the other sources' usable slots at ``now``; ``starting``: the job has
+        not formed its first round, and cannot start with fewer than -np."""
         if preferred_slots < self.num_proc:
             if self.below_np_since is None:
                 self.below_np_since = now
         else:
             self.below_np_since = None
-        timed = (self.fallback_after_s is not None and self.below_np_since is not None
-                 and now - self.below_np_since >= self.fallback_after_s)
+            self._started_short = False
+        after = self.fallback_after_s
+        timed = after is not None and self.below_np_since is not None and (
+            self._started_short or now - self.below_np_since >= after)
+        if starting and preferred_slots < self.num_proc:
+            self._started_short = True
         if preferred_slots < self.min_np:
             why = f"below --min-np {self.min_np}"
+        elif starting and preferred_slots < self.num_proc:
+            why = f"below -np {self.num_proc} before the job's first round (it cannot start with fewer)"
+        elif timed and now - self.below_np_since < after:
+            why = f"below -np {self.num_proc} since the job started with the fallback (--fallback-after)"
         elif timed:
-            why = f"below -np {self.num_proc} for {self.fallback_after_s:g}s (--fallback-after)"
+            why = f"below -np {self.num_proc} for {after:g}s (--fallback-after)"
         else:
             return 0, ""
         return max(0, min(self.num_proc, self.max_np) - preferred_slots), why
@@ -224,7 +237,7 @@ class Sourcing:
     def _weigh(self, now: float) -> None:
         job = self._job
         preferred = sum(1 for s in job.hosts.available_slots(now) if not self.is_fallback(s.host))
-        wanted, why = self.rule.wanted(preferred, now)
+        wanted, why = self.rule.wanted(preferred, now, starting=job.phase is Phase.STARTING and not job.adopting)
         if wanted != self.wanted:
             if wanted > self.wanted:
                 log.info("job %s: %d slot(s) from the other sources, %s: up to %d fallback slot(s) wanted",
