@@ -11,6 +11,8 @@ rare_commit, rare_hang and all_lost): each of those must complete.
 
 from __future__ import annotations
 
+import re
+
 import sys
 from pathlib import Path
 
@@ -47,8 +49,10 @@ def test_every_rank_raising_at_the_same_batch_with_a_checkpoint_dir_ends_instead
     assert job.finish(timeout=50) == 1, job.output()
     assert "resumed from the checkpoint of step 2" in job.output(), job.output()
     line = end_line(job)
-    assert "failed 3 times in a row at commit " in line, line
-    assert "with no commit of a state not trained before in between" in line, line
+    # Which count gets there first depends on when the driver first heard a worker's own fingerprint (a heartbeat
+    # after two commits of one process): every slot blacklisted for its third failure, or the job's third loss.
+    assert ("failed 3 times in a row at commit " in line and "with no commit of a state not trained before" in line
+            or re.search(r"every worker failed, [34] time\(s\) in a row at commit", line)), line
     assert "exited with code 1: ValueError: poison sample in batch 3" in line, line
     assert job.output().count("lost every worker; waiting") <= 4, job.output()
 

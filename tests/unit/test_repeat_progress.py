@@ -298,23 +298,72 @@ def test_a_samplers_position_is_part_of_the_fingerprint(monkeypatch) -> None:
     assert fingerprint(state) != before
 
 
-def test_the_ledger_reports_a_redo_as_the_same_state_and_two_commits_of_one_state_as_untold() -> None:
+def _steps(ledger: CommitLedger, n: int) -> None:
+    for _ in range(n):
+        ledger.note_step()
+
+
+def test_the_ledger_reports_a_fingerprint_once_it_moved_and_a_redo_as_the_same_state() -> None:
     ledger = CommitLedger("auto", Progress())
     assert ledger.trained == ""  # nothing committed yet
     ledger.note_commit(None, fp(0))
+    assert ledger.trained == ""  # not seen to move with training yet: the driver counts commits
+    _steps(ledger, 1)
     ledger.note_commit(None, fp(1))
-    assert ledger.trained == fp(1)
+    assert ledger.trained == fp(1)  # two commits in a row, different attributes: they say where training is
     ledger.note_rollback()
-    ledger.note_commit(None, fp(1))  # the first commit after a restore redoes the restored batch
+    _steps(ledger, 1)
+    ledger.note_commit(None, fp(1))  # the first commit after a restore redoes the restored batch: one step
+    assert ledger.trained == fp(1)
+    ledger.note_commit(None, fp(1))  # a commit with no step since (an end-of-epoch hook's, then the loop's)
     assert ledger.trained == fp(1)
     ledger.hold_commit(9, fp(4))  # a sync gave it rank 0's commit 9
     assert ledger.trained == fp(4)
-    ledger.note_commit(None, fp(4))
-    ledger.note_commit(None, fp(4))  # two commits in a row of one state: the attributes do not tell
+
+
+@pytest.mark.parametrize("after", ["in_a_row", "restore", "sync"])
+def test_attributes_standing_still_over_training_are_untold_for_good(after) -> None:
+    """A step kept in a tensor, ``epoch`` alone committed every N batches: the attributes stand still while the job
+    trains, so the driver must count commits (review s61 rvA finding 1: such jobs were stopped while training)."""
+    ledger = CommitLedger("auto", Progress())
+    ledger.note_commit(None, fp(0))
+    _steps(ledger, 1)
+    ledger.note_commit(None, fp(1))
+    if after == "restore":
+        ledger.note_rollback()
+        _steps(ledger, 1)
+        ledger.note_commit(None, fp(1))  # Horovod's redo: still telling
+        assert ledger.trained == fp(1)
+        ledger.note_rollback()
+    elif after == "sync":
+        ledger.hold_commit(5, fp(1))
+    _steps(ledger, 1 if after == "in_a_row" else 2)
+    ledger.note_commit(None, fp(1))
     assert ledger.trained == UNTOLD
     ledger.note_rollback()
+    _steps(ledger, 1)
     ledger.note_commit(None, fp(5))
     assert ledger.trained == UNTOLD  # for good
+
+
+def test_a_process_whose_attributes_never_moved_reports_none() -> None:
+    """Each process commits once before it fails (a relaunched rank): it never saw its attributes move, so it reports
+    nothing and the driver keeps the commit count unless another worker's moved."""
+    ledger = CommitLedger("auto", Progress())
+    ledger.hold_commit(3, fp(2))
+    _steps(ledger, 1)
+    ledger.note_commit(None, fp(2))
+    assert ledger.trained == ""
+
+
+def test_a_checkpoints_fingerprint_alone_never_makes_the_job_count_states() -> None:
+    """Every-worker-lost keys on the checkpoints' fingerprints only once a worker reported its own commits'."""
+    trained = Trained()
+    for n in range(REPEATS + 2):
+        trained.note(fp(7), stored=True)
+        assert trained.loaded() is None and trained.at(n) == n
+    trained.note(fp(7))
+    assert trained.loaded() == ("stored", 1) and trained.at(9) == ("trained", 1)
 
 
 # ------------------------------------------------------------------ the wire

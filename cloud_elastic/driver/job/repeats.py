@@ -41,10 +41,15 @@ how far the job has trained (:meth:`Trained.at`):
 and commits it again before the bug recurs: every relaunch adds a commit, yet trains nothing new. So each worker
 reports with its commits a fingerprint of the committed state's plain attributes (``batch``, ``epoch``, ``step``:
 what ``State(**kwargs)`` and ``TorchState(model, opt, **kwargs)`` hold besides tensors) and of its samplers'
-positions (``worker.commit.fingerprint``); a commit whose fingerprint the job has seen before is a redo, one with a
-new fingerprint is progress. Where a state has no such attribute, or its attributes stood still over two commits in
-a row of one process (they do not tell commits apart: ``epoch`` alone, committed every N batches), the commit
-counts as before: a commit past the one of the last failure is progress.
+positions (``worker.commit.fingerprint``; floats are left out: a metric such as ``state.loss`` differs at each
+redo); a commit whose fingerprint the job has seen before is a redo, one with a new fingerprint is progress. The
+fingerprints are trusted only where they were seen to say where training is, so that a job that trains on is never
+stopped for attributes that do not: a worker reports its fingerprint only once two commits in a row of its process
+held different attributes, and says they cannot tell (for good) once they stood still over training, i.e. a commit
+held its predecessor's attributes after an optimizer step, or the restored state's after two (Horovod's redo is one
+step; a step kept in a tensor, or ``epoch`` alone committed every N batches, stands still over more). Where no
+worker reported one, or one said so, the commit counts as before: a commit past the one of the last failure is
+progress.
 
 Only a failure the worker's own process caused counts (:func:`own_failure`): an exception its script
 reported, a non-zero exit code, or death by a crash signal (:data:`CRASH_SIGNALS`). A worker killed from
@@ -148,6 +153,9 @@ class Trained:
     stored: int = 0
     #: False once a worker said its state's attributes do not tell its commits apart (:data:`UNTOLD`): for good.
     telling: bool = True
+    #: Whether a worker reported a fingerprint of its own commits: it does only once it saw its attributes move
+    #: with training (``worker.ledger.CommitLedger.trained``); a checkpoint's alone proves nothing.
+    heard: bool = False
     _seen: dict[str, None] = field(default_factory=dict)
     _loaded: dict[str, None] = field(default_factory=dict)
 
@@ -159,6 +167,8 @@ class Trained:
         if fingerprint == UNTOLD:
             self.telling = False
             return
+        if not stored:
+            self.heard = True
         if stored and _remember(self._loaded, fingerprint):
             self.stored += 1
         if _remember(self._seen, fingerprint):
@@ -166,8 +176,9 @@ class Trained:
 
     @property
     def tells(self) -> bool:
-        """Whether the fingerprints measure progress: some were reported, and none said they cannot."""
-        return self.telling and self.mark > 0
+        """Whether the fingerprints measure progress: a worker reported its commits' (its attributes moved with
+        training), and none said they cannot."""
+        return self.telling and self.heard and self.mark > 0
 
     def at(self, commit: int) -> Hashable:
         """The guards' key for the job at ``commit``: how many states it has trained where the fingerprints tell,
@@ -177,7 +188,7 @@ class Trained:
     def loaded(self) -> Hashable | None:
         """The key of every-worker-lost's streak: how many distinct states checkpoint loads gave (None where the
         fingerprints do not tell, or no load reported one: the commit-count rule then)."""
-        return ("stored", self.stored) if self.telling and self.stored else None
+        return ("stored", self.stored) if self.tells and self.stored else None
 
     @property
     def nothing(self) -> str:

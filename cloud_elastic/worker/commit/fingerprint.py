@@ -10,10 +10,11 @@ has not seen before.
 The fingerprint hashes what says *where* training is, never the tensors: the state's plain attributes
 (``State(**kwargs)``, ``TorchState(model, opt, **kwargs)``: ``batch``, ``epoch``, ``step``, as committed) and its
 ``ElasticSampler``\\ s' positions (epoch, samples done). Bounded work at every commit: at most
-:data:`MAX_ATTRIBUTES` attributes, each an int of at most 64 bits, a float, a bool, None, a string of at most
-:data:`MAX_TEXT` characters, or a tuple or list of at most :data:`MAX_ITEMS` of those; any other value (a tensor,
-a dict, an object) is left out. A state with none of them has the empty fingerprint, and the driver counts its
-commits instead.
+:data:`MAX_ATTRIBUTES` attributes, each an int of at most 64 bits, a bool, None, a string of at most
+:data:`MAX_TEXT` characters, or a tuple or list of at most :data:`MAX_ITEMS` of those; any other value (a float:
+a metric such as ``state.loss``, which a redo changes; a tensor, a dict, an object) is left out. A state with none
+of them has the empty fingerprint, and the driver counts its commits instead; so it does where the attributes do not
+move with training, or stand still over it (``ledger.CommitLedger.trained``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ MAX_ITEMS = 16
 #: The most spans of a sampler's done samples it adds up.
 _MAX_SPANS = 1024
 
-_SCALARS = (bool, int, float, str, type(None))
+#: A float is left out: a state's floats are metrics (``state.loss``, a learning rate), which differ at each redo.
+_SCALARS = (bool, int, str, type(None))
 
 
 def fingerprint(state: Any) -> str:
