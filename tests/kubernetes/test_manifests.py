@@ -15,7 +15,7 @@ from cloud_elastic.providers.selection import DiscoveryArgs
 
 from .manifests import (CHECKS, DEPLOY, KUBERNETES_VERSIONS, OVERLAYS, REPO, driver_job, flag, render,
                         resolved_args, schema_problems)
-from .objects import kind_name
+from .objects import kind_name, of_kind, pod_spec
 
 
 def test_every_overlay_is_checked():
@@ -82,39 +82,49 @@ def _cluster_rbac(objects) -> dict[str, dict]:
     return {kind_name(o): o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")}
 
 
-def _team_b_from_the_docs(root):
+def _team_b_from_the_docs(root, affix=""):
     """docs/kubernetes.md's overlay for a second job, written where it says, over a copy of the tree."""
     text = (REPO / "docs" / "kubernetes.md").read_text().split("### Two jobs in one cluster", 1)[1]
     snippet = text.split("```yaml\n", 1)[1].split("```", 1)[0]
     where = snippet.splitlines()[0].removeprefix("# deploy/kubernetes/")
     (root / where).parent.mkdir(parents=True)
-    (root / where).write_text(snippet)
+    (root / where).write_text(snippet.replace("namespace: team-b\n", f"namespace: team-b\n{affix}"))
     return root / where.removesuffix("/kustomization.yaml")
 
 
-def _team_b_as_a_copy(root):
+def _team_b_as_a_copy(root, affix=""):
     """A copy of the kind overlay whose `namespace:` is changed, as a user makes a second job."""
     copy = root / "overlays" / "kind-team-b"
     shutil.copytree(root / "overlays" / "kind", copy)
     path = copy / "kustomization.yaml"
-    path.write_text(path.read_text().replace("namespace: cloud-elastic\n", "namespace: team-b\n"))
+    path.write_text(path.read_text().replace("namespace: cloud-elastic\n", f"namespace: team-b\n{affix}"))
     return copy
 
 
+@pytest.mark.parametrize("affix, account", [("", "cloud-elastic-driver"),
+                                            ("namePrefix: teamb-\n", "teamb-cloud-elastic-driver"),
+                                            ("nameSuffix: -b\n", "cloud-elastic-driver-b")],
+                         ids=["plain", "prefix", "suffix"])
 @pytest.mark.parametrize("second", [_team_b_from_the_docs, _team_b_as_a_copy], ids=["docs-overlay", "copy"])
-def test_a_second_job_in_another_namespace_has_cluster_rbac_of_its_own(second, kubectl, kubernetes_validate,
-                                                                        tmp_path):
+def test_a_second_job_in_another_namespace_has_cluster_rbac_of_its_own(second, affix, account, kubectl,
+                                                                        kubernetes_validate, tmp_path):
     """Review s61 rvK: both jobs rendered the same ClusterRoleBinding, so applying the second rebound the first
-    job's to its own account, and deleting either job removed node access for both."""
+    job's to its own account, and deleting either job removed node access for both. Review s61 rvE: with a
+    namePrefix or nameSuffix beside the block, the binding's roleRef named a ClusterRole that was not rendered
+    (the API accepts it; the driver then gets 403 on nodes)."""
     root = tmp_path / "kubernetes"
     shutil.copytree(DEPLOY, root)
     first = _cluster_rbac(render(kubectl, root / "overlays" / "eks-karpenter"))
-    objects = render(kubectl, second(root))
+    objects = render(kubectl, second(root, affix))
     other = _cluster_rbac(objects)
     assert len(first) == len(other) == 2 and not set(first) & set(other), (sorted(first), sorted(other))
+    role = next(o for o in other.values() if o["kind"] == "ClusterRole")
     binding = next(o for o in other.values() if o["kind"] == "ClusterRoleBinding")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cloud-elastic-driver", "namespace": "team-b"}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"], "the binding grants a role that is not there"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "team-b"}]
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"] == ["team-b"]
-    assert CHECKS["rbac_least"](objects, OVERLAYS["kind"]) == []
+    assert [pod_spec(o)["serviceAccountName"] for o in of_kind(objects, "Job")] == [account]
+    if not affix:  # it finds the driver's Job by its unprefixed name
+        assert CHECKS["rbac_least"](objects, OVERLAYS["kind"]) == []
     assert CHECKS["cluster_names_per_job"](objects, OVERLAYS["kind"]) == []
     assert schema_problems(objects, KUBERNETES_VERSIONS[-1:]) == []
