@@ -106,6 +106,32 @@ def test_a_handler_that_fails_is_answered_500_and_the_next_request_is_served(ser
     assert len(errors) == 1 and errors[0].exc_info is not None  # the traceback of a bug, once
 
 
+
+def test_handler_bugs_of_two_kinds_at_one_line_are_each_logged_with_their_kind_and_traceback(serve, caplog):
+    """Review s61 rvE: failures were told apart only by the line that raised, so a second request kind failing in
+    a helper both handlers call was never named in the log, only counted under the first kind's bug."""
+    known = {"w1": 1}
+
+    def round_of(worker: str) -> int:  # a helper both handlers call: both bugs raise on its one line
+        return known[worker]
+
+    def handler(kind, message):
+        if kind == "poll":
+            return {"round": round_of(message["worker"])}
+        return {"round": round_of(message["worker"].split("#")[0])}
+
+    srv = serve(handler)
+    with caplog.at_level(logging.ERROR, logger="cloud_elastic.driver.net"):
+        for worker, kind in (("gone#1", "poll"), ("w9#2", "rendezvous"), ("w9#2", "rendezvous")):
+            with pytest.raises(ControlPlaneError, match=f"HTTP 500 .*driver error handling {kind}: KeyError"):
+                _client(srv, worker).call(kind, {}, timeout_s=10)
+        assert _client(srv, "w1").call("poll", {}, timeout_s=5)["round"] == 1
+    errors = _errors(caplog)
+    assert [r.getMessage().split(": ", 1)[1] for r in errors] == [
+        "the driver failed handling 'poll' (a bug; please report it)",
+        "the driver failed handling 'rendezvous' (a bug; please report it)"]
+    assert all(r.exc_info is not None and r.exc_info[0] is KeyError for r in errors)
+
 class _Echo(SelectorServer):
     """Echoes each line; a line ``boom`` makes its hook raise, a line ``tick`` makes the next round's
     _after_events raise: what a bug in a server's own code does."""

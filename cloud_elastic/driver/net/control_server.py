@@ -360,9 +360,9 @@ class ControlServer(SelectorServer):
             self._fail(conn, exc)
 
     def _bug(self, conn: _Conn, kind: str, exc: Exception) -> None:
-        """A handler raised ``exc`` (a driver bug): logged once per kind with its traceback; the request is
-        answered 500."""
-        self._log_failure(f"the driver failed handling {kind!r}", exc)
+        """A handler raised ``exc`` (a driver bug): logged with its traceback once per request kind and place raised
+        (two kinds failing in one shared helper are two bugs, each logged); the request is answered 500."""
+        self._log_failure(f"the driver failed handling {kind!r}", exc, kind=kind)
         self._reject(conn, 500, f"driver error handling {kind}: {type(exc).__name__}: {exc}", warn=False)
 
     def _failed(self, conn: Connection, exc: Exception) -> None:
