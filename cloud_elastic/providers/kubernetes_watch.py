@@ -80,9 +80,11 @@ import random
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from cloud_elastic.providers.api import MAX_HOSTS
+from cloud_elastic.providers.kubernetes_stream import (MAX_LINE, NotAnEvent, _close, _describe, _lines,  # noqa: F401
+                                                      _parse, _shut)
 
 __all__ = ["ResourceWatch", "Gone", "ListTooLarge", "ListTooSlow", "NotAnEvent", "WatchOverdue", "PAGE_SIZE",
            "silence_s", "asked_s", "keepalive_options"]
@@ -119,8 +121,6 @@ LIST_TIMEOUTS = 6
 #: one WARNING says so.
 _GONE_BACKOFF_FROM = 2
 _GONE_WARN_AT = 3
-#: The types of a watch event (``watch.EventType`` of the API machinery).
-_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
 
 
 def asked_s(watch_s: float) -> int:
@@ -170,10 +170,6 @@ class ListTooSlow(Exception):
 class WatchOverdue(Exception):
     """A watch stream still open :func:`silence_s` after it opened (a trickle, a server that ignores
     ``timeoutSeconds``): cut, and retried with back-off like a cut connection."""
-
-
-class NotAnEvent(Exception):
-    """A watch answered with a line that is not a watch event: retried with back-off, warned once an outage."""
 
 
 class _Watchdog:
@@ -558,76 +554,3 @@ class ResourceWatch:
         elif kind == "BOOKMARK" and version:
             with self._lock:
                 self.resource_version = str(version)
-
-
-def _shut(resp: Any) -> None:
-    """Shut a response's socket, so that a read under way on it returns now (a no-op once it is handed back)."""
-    sock = getattr(getattr(resp, "connection", None), "sock", None)
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-
-def _parse(line: bytes) -> dict[str, Any]:
-    """A watch event from one line; NotAnEvent for anything else (not JSON, a List, an object without a known
-    ``type`` or with no ``object``)."""
-    try:
-        event = json.loads(line)
-    except ValueError:
-        event = None
-    if isinstance(event, dict) and event.get("type") in _EVENT_TYPES and isinstance(event.get("object"), dict):
-        return event
-    kind = event.get("kind") if isinstance(event, dict) else None
-    if isinstance(kind, str):
-        shown = f"a {kind[:40]}" + (": a proxy that drops ?watch=true?" if kind.endswith("List") else "")
-    elif isinstance(event, dict):
-        shown = f"an object of type {str(event.get('type'))[:40]!r}"
-    else:
-        text = " ".join(line[:60].decode("utf-8", "replace").split())
-        shown = repr(text) + ("..." if len(line) > 60 else "")
-    raise NotAnEvent(f"the watch was answered with something that is not a watch event ({shown})")
-
-
-def _close(resp: Any) -> None:
-    """Close a watch's connection, then hand it back: a stream left mid-way must never be reused."""
-    try:
-        resp.close()
-    finally:
-        resp.release_conn()
-
-
-#: The longest event line a watch takes (a pod's JSON is a few KiB; the API server's own limit on an object is
-#: 1.5 MiB): a longer one is a bad line, and the watch starts again from its kept version.
-MAX_LINE = 4 * 1024 * 1024
-
-
-def _lines(resp: Any) -> Iterator[bytes]:
-    """The stream's non-empty lines (one JSON event each), as they arrive; ValueError past :data:`MAX_LINE`.
-
-    Each byte is looked at once (a line's end is searched only in what arrived since), so a long line costs
-    linear time, not quadratic."""
-    buffer = bytearray()
-    for chunk in resp.stream(amt=None, decode_content=False):
-        start = len(buffer)
-        buffer += chunk
-        end = buffer.find(b"\n", start)
-        while end >= 0:
-            line = bytes(buffer[:end])
-            del buffer[:end + 1]
-            if line.strip():
-                yield line
-            end = buffer.find(b"\n")
-        if len(buffer) > MAX_LINE:
-            raise ValueError(f"a watch event line longer than {MAX_LINE} bytes")
-    if buffer.strip():
-        yield bytes(buffer)
-
-
-def _describe(exc: BaseException) -> str:
-    status = getattr(exc, "status", None)
-    if status:
-        return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}"[:200] if text else type(exc).__name__
