@@ -1,11 +1,19 @@
 """A worker's link probe, and the test hook that makes a worker's network slow (issue 42, part 3).
 
 **The probe.** Each worker answers probes on a port of its own host
-(:class:`LinkProbe`: a daemon thread accepts, and each connection is answered on a
-thread of its own, :data:`MAX_CONNECTIONS` at once at most; more wait to be accepted)
-and reports the port with its heartbeats. A connection proves the job's secret
-within :data:`PROOF_S` of being sent its nonce, or is closed: a stranger trickling
-its proof holds one place for a second, and peers' measurements go on.
+(:class:`LinkProbe`) and reports the port with its heartbeats. One daemon thread
+accepts connections and waits for their proofs (``selectors``, no thread per
+connection); a connection that proved the job's secret is answered on a thread of
+its own, :data:`MAX_CONNECTIONS` at once at most. Strangers therefore never hold a
+place a measurement needs:
+
+* a connection proves the secret within :data:`PROOF_S` of being sent its nonce,
+  one deadline for all 32 bytes, or is closed: a real link with a round trip of up
+  to 10 s is measured (a low figure, which the slow-link drain is after), and a
+  stranger trickling its proof is cut all the same;
+* at most :data:`MAX_UNPROVEN` connections wait for their proof; while they all
+  do and another waits to be accepted, the oldest is closed once it has waited
+  :data:`CROWDED_PROOF_S` (a peer's proof comes one round trip after its nonce).
 
 When the driver asks (a :class:`~cloud_elastic.protocol.ProbeOrder` in a poll reply;
 see ``driver.job.links`` for who is asked when), it measures its links to the
@@ -22,9 +30,11 @@ it, a slow link lowers every chunk. Its cost: at most 4 MiB each way per peer,
 or a quarter of a second plus one chunk, on both ends.
 
 Its sockets are not a round's: its listener is skipped by the group-socket
-reclaim (a listener), and its connections last a probe (a stranger's, a second),
-so one that a round's formation happened to see is closed before that round
-is reclaimed (the reclaim checks that a descriptor still names the same socket).
+reclaim (a listener), and its connections last a probe (a stranger's,
+:data:`PROOF_S` at most), so one that a round's formation happened to see is
+closed before that round is reclaimed (the reclaim checks that a descriptor
+still names the same socket); one still open is shut down, which ends that
+measurement alone.
 
 **The test hook** (``CLOUD_ELASTIC_TEST_LINK_BYTES_PER_S``, read once, the first
 time a worker's link probe is made): a worker given it has a slow network and
@@ -41,16 +51,18 @@ import hashlib
 import hmac
 import logging
 import os
+import selectors
 import socket
 import struct
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cloud_elastic.protocol import LinkReport, ProbeOrder
 
-__all__ = ["LinkProbe", "SlowLink", "measure", "link_probe_of", "HOOK_ENV", "MAX_CONNECTIONS", "PROBE_BYTES",
-           "PROBE_S", "PROOF_S"]
+__all__ = ["LinkProbe", "SlowLink", "measure", "link_probe_of", "CROWDED_PROOF_S", "HOOK_ENV", "MAX_CONNECTIONS",
+           "MAX_UNPROVEN", "PROBE_BYTES", "PROBE_S", "PROOF_S"]
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +78,14 @@ _WARM_UP = 1 << 10
 _NONCE = 16
 _CONNECT_S = 5.0
 _IO_S = 10.0
-#: An accepted connection proves the job's secret within this many seconds of being sent its nonce, or is closed.
-PROOF_S = 1.0
-#: Connections answered at once (a peer's measurement lasts a quarter of a second).
+#: An accepted connection proves the job's secret within this many seconds of being sent its nonce, or is closed
+#: (as long as a read might wait once the proof is in: a link as slow as that is still measured).
+PROOF_S = _IO_S
+#: Connections waiting for their proof at once; past them, new ones wait to be accepted,
+MAX_UNPROVEN = 64
+#: and the oldest waiting is closed once it has waited this long (seconds).
+CROWDED_PROOF_S = 1.0
+#: Measurements answered at once (a peer's lasts a quarter of a second).
 MAX_CONNECTIONS = 4
 #: The Gloo operations the hook delays, and the arguments that hold their tensors.
 _GLOO_OPS = ("allreduce", "allreduce_coalesced", "broadcast", "allgather", "_allgather_base", "allgather_coalesced",
@@ -155,16 +172,10 @@ class SlowLink:
 
 
 # -------------------------------------------------------------------- wire
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
-    """``n`` bytes; socket.timeout past the socket's timeout for a read or, given one, past ``deadline``
-    (monotonic) for them all."""
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes; socket.timeout past the socket's timeout for a read."""
     view, got = bytearray(n), 0
     while got < n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout(f"{got} of {n} bytes came before the deadline")
-            sock.settimeout(left)
         k = sock.recv_into(memoryview(view)[got:], n - got)
         if k == 0:
             raise ConnectionError("the peer closed the probe connection")
@@ -237,8 +248,8 @@ class LinkProbe:
         except OSError:  # a name that is not this machine's own address (behind NAT): every address
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listener.bind(("", 0))
-        listener.listen(8)
-        listener.settimeout(1.0)
+        listener.listen(MAX_UNPROVEN)
+        listener.setblocking(False)
         self._listener, self.port = listener, listener.getsockname()[1]
         threading.Thread(target=self._serve, name="cloud-elastic-link-probe", daemon=True).start()
 
@@ -248,42 +259,114 @@ class LinkProbe:
             self._listener.close()
 
     def _serve(self) -> None:
-        assert self._listener is not None
-        while not self._closed.is_set():
-            if not self._places.acquire(timeout=1.0):  # all taken: the next connection waits in the backlog
-                continue
+        """Accept connections and read their proofs until :meth:`close` (see the module docstring)."""
+        listener = self._listener
+        assert listener is not None
+        waiting: dict[socket.socket, _Unproven] = {}  # oldest first
+        with selectors.DefaultSelector() as selector:
             try:
-                conn, _ = self._listener.accept()
-            except socket.timeout:
-                self._places.release()
-                continue
-            except OSError:
-                self._places.release()
-                return  # closed
-            try:
-                threading.Thread(target=self._answer_then_close, args=(conn,), name="cloud-elastic-link-probe-answer",
-                                 daemon=True).start()
-            except RuntimeError:  # no thread to be had: this connection goes unanswered, the probe serves on
-                conn.close()
-                self._places.release()
+                watching = False
+                while not self._closed.is_set():
+                    now = time.monotonic()
+                    while waiting and now - next(iter(waiting.values())).since >= PROOF_S:
+                        self._drop(selector, waiting, next(iter(waiting)))
+                    oldest = next(iter(waiting.values())).since if waiting else now
+                    room = len(waiting) < MAX_UNPROVEN or now - oldest >= CROWDED_PROOF_S
+                    if room != watching:  # a full room leaves new connections in the backlog, not spinning on them
+                        try:
+                            if room:
+                                selector.register(listener, selectors.EVENT_READ)
+                            else:
+                                selector.unregister(listener)
+                        except (OSError, ValueError, KeyError):  # the listener closed under it: the loop ends
+                            self._closed.wait(0.1)
+                            continue
+                        watching = room
+                    due = oldest + (PROOF_S if room else CROWDED_PROOF_S) if waiting else now + 1.0
+                    try:
+                        events = selector.select(min(max(due - now, 0.0), 1.0))
+                    except OSError:  # the listener closed under it: the loop ends
+                        continue
+                    for key, _ in events:
+                        if key.fileobj is listener:
+                            self._admit(listener, selector, waiting)
+                        elif key.fileobj in waiting:
+                            self._read_proof(key.fileobj, selector, waiting)
+            finally:
+                for conn in list(waiting):
+                    self._drop(selector, waiting, conn)
+
+    def _admit(self, listener: socket.socket, selector: selectors.BaseSelector,
+               waiting: dict[socket.socket, "_Unproven"]) -> None:
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        except OSError as exc:  # closed; or out of descriptors: a moment's pause, not a spin
+            if not self._closed.is_set():
+                log.debug("link probe: cannot accept a connection: %s", exc)
+                self._closed.wait(0.1)
+            return
+        if len(waiting) >= MAX_UNPROVEN:  # full, and the oldest has waited CROWDED_PROOF_S: it makes room
+            self._drop(selector, waiting, next(iter(waiting)))
+        try:
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nonce = os.urandom(_NONCE)
+            if conn.send(nonce) != _NONCE:  # a fresh connection's buffer takes 16 bytes
+                raise ConnectionError("the nonce did not go in one send")
+            selector.register(conn, selectors.EVENT_READ)
+        except (OSError, ValueError) as exc:
+            log.debug("link probe: a connection ended before its nonce went: %s", exc)
+            conn.close()
+            return
+        waiting[conn] = _Unproven(nonce, time.monotonic())
+
+    def _read_proof(self, conn: socket.socket, selector: selectors.BaseSelector,
+                    waiting: dict[socket.socket, "_Unproven"]) -> None:
+        entry = waiting[conn]
+        try:
+            data = conn.recv(32 - len(entry.got))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(selector, waiting, conn)
+            return
+        entry.got += data
+        if len(entry.got) < 32:
+            return
+        selector.unregister(conn)
+        del waiting[conn]
+        if not hmac.compare_digest(bytes(entry.got), _proof(self._secret, entry.nonce)):
+            conn.close()  # not one of the job's workers
+            return
+        try:
+            threading.Thread(target=self._answer_then_close, args=(conn,), name="cloud-elastic-link-probe-answer",
+                             daemon=True).start()
+        except RuntimeError:  # no thread to be had: this measurement goes unanswered, the probe serves on
+            conn.close()
+
+    @staticmethod
+    def _drop(selector: selectors.BaseSelector, waiting: dict[socket.socket, "_Unproven"],
+              conn: socket.socket) -> None:
+        del waiting[conn]
+        try:
+            selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
 
     def _answer_then_close(self, conn: socket.socket) -> None:
         try:
-            with conn:
+            with conn, self._places:
                 self._answer(conn)
         except (OSError, ConnectionError, struct.error) as exc:
             log.debug("link probe: a measurement ended early: %s", exc)
-        finally:
-            self._places.release()
 
     def _answer(self, conn: socket.socket) -> None:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.settimeout(PROOF_S)
-        nonce = os.urandom(_NONCE)
-        conn.sendall(nonce)
-        proof = _recv_exact(conn, 32, deadline=time.monotonic() + PROOF_S)
-        if not hmac.compare_digest(proof, _proof(self._secret, nonce)):
-            return  # not one of the job's workers
+        """Echo a proven peer's chunks until it sends a chunk of 0 bytes (or too many)."""
         conn.settimeout(_IO_S)
         served = 0
         while True:
@@ -322,6 +405,15 @@ class LinkProbe:
         """What the next heartbeat says: the port, and the figures of the last order done."""
         seq, figures = self._result
         return LinkReport(self.port, seq, figures)
+
+
+@dataclass
+class _Unproven:
+    """A connection waiting for its proof: the nonce it was sent, when, and the bytes of its proof so far."""
+
+    nonce: bytes
+    since: float
+    got: bytearray = field(default_factory=bytearray)
 
 
 class _NoProbe:
