@@ -308,6 +308,9 @@ class ControlPlane:
                 self._cond.notify_all()
         elif report.event == "saved":
             self.checkpoints.saved(now)
+            # Its writer holds the commit it stored, as its next heartbeat would say: every worker failing before
+            # that heartbeat resumes from this checkpoint, not "all workers failed" (Failures.fail).
+            self._job.note_commits(w, None, report.commit_seq)
             self._job.checkpoint_saved(report.step, report.commit_seq)
             extra = {k: v for k, v in (("duration_s", report.duration_s), ("bytes", report.bytes)) if v is not None}
             log.info("job %s: checkpoint of step %d saved by %s to %s", self._job.job_id, report.step, worker_id,
