@@ -68,6 +68,8 @@ def test_a_pod_that_becomes_ready_joins_and_a_disruption_target_leaves_with_no_r
     job = jobs(_run(kubernetes, ns, net, 2, tmp_path / "events", "--max-np", "3",
                     *probe_cmd("--steps", "40", "--stop-when", str(stop))))
     job.wait_event("commit", rank=0, step=3, timeout=60)
+    # Each worker's output has a pipe of its own: rank 1's hello may come after rank 0's third commit.
+    job.wait_for(lambda j: len(j.of("hello")) >= 2, 30, "both workers' hello lines")
     assert sorted(e["worker"].split("[")[0] for e in job.of("hello")) == [f"127.0.{net}.1", f"127.0.{net}.2"]
 
     kubernetes.change_pod("p2", ns, ip=f"10.91.{net}.3", phase="Running", ready=True)  # scheduled, started, Ready
