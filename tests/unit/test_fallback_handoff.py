@@ -4,6 +4,8 @@ alone cannot start (cloud_elastic.driver.job.sourcing, review s61 rvK findings 1
 1. A job wholly on the fallback whose Spot slots come back: its fallback workers train on, holding no place in
    the next round, until a round with their replacements has synced the state to them; only then do they leave,
    at a commit. Draining them as soon as the replacements reached rendezvous lost the training state (rc 1).
+   Nor did it hold to drain them at the sync, before a commit of the replacements' own, or to let a drained one
+   leave once their round failed: Spot reclaimed again in that window lost the state too (review s61 rvF 1).
 2. Before the job's first round the fallback tops it up to -np at once: a job cannot start below -np, and with
    Spot between --min-np and -np it used to wait for --start-timeout and fail.
 """
@@ -14,7 +16,7 @@ import pytest
 
 from cloud_elastic.driver.job.elastic_job import Assignment, ExitOrder, WorkerState
 from cloud_elastic.driver.job.sourcing import FallbackRule
-from tests.unit.test_job import CLEAN
+from tests.unit.test_job import CLEAN, KILLED
 from tests.unit.test_job_sourcing import Sourced, running, sent_back
 
 pytestmark = pytest.mark.timeout(10)
@@ -120,6 +122,81 @@ def test_a_fallback_holder_whose_spot_slots_go_again_is_wanted_again_and_stays()
     sim.exit("a0[0]", CLEAN)
     sim.advance(1)
     assert sim.state("od0[0]") is S.RUNNING and not sim.job.workers[sim.id("od0[0]")].replaced
+
+
+def hand_off_round(sim: Sourced) -> None:
+    """Spot is back for a job wholly on fallback worker od0 (2 commits): a0 joins it in round 2, synced from it."""
+    sim.groups(a=1, od=1)
+    sim.join("a0[0]")
+    sim.advance(1)
+    sim.commit("od0[0]")
+    sim.job.heartbeat(sim.id("od0[0]"), sim.now, 2, commit_seq=2)
+    sim.join("od0[0]", reason="update")
+    assert rounds(sim)[-1]["synced"] and sorted(sim.layout()) == ["a0[0]", "od0[0]"]
+
+
+def both_commit(sim: Sourced) -> None:
+    """The first commit of round 2: commit 3 of the job, a0's first of its own."""
+    sim.commit("od0[0]", "a0[0]")
+    for slot in ("od0[0]", "a0[0]"):
+        sim.job.heartbeat(sim.id(slot), sim.now, sim.commits[sim.id(slot)], commit_seq=3)
+
+
+def reclaimed(sim: Sourced, survivor_first: bool) -> None:
+    """Spot takes a0 back inside round 2: od0's collective fails, before or after the driver sees a0 killed."""
+    sim.groups(od=1)
+    if survivor_first:  # Gloo fails the survivor on the peer's reset before the driver learns of the kill
+        sim.join("od0[0]", reason="failure")
+        sim.exit("a0[0]", KILLED)
+    else:
+        sim.exit("a0[0]", KILLED)
+        sim.join("od0[0]", reason="failure")
+
+
+def goes_on_with_od0(sim: Sourced) -> None:
+    sim.advance(1)
+    assert sim.outcome is None, sim.outcome  # was "training state lost" while od0 held it
+    assert running(sim) == ["od0[0]"] and rounds(sim)[-1]["workers"] == [sim.id("od0[0]")]
+    assert not rounds(sim)[-1]["from_checkpoint"]
+    assert sent_back(sim) == []
+
+
+@pytest.mark.parametrize("survivor_first", [False, True])
+def test_a_replacement_lost_after_its_sync_before_a_commit_of_its_own_leaves_the_holder_training(survivor_first):
+    sim = on_fallback_only(1)
+    hand_off_round(sim)
+    sim.job.heartbeat(sim.id("a0[0]"), sim.now, 0, commit_seq=2)  # it holds od0's commit by the sync, no more
+    sim.advance(1)
+    assert sim.state("od0[0]") is S.RUNNING, "the holder was told to leave before its replacement made a commit"
+    reclaimed(sim, survivor_first)
+    goes_on_with_od0(sim)
+
+
+@pytest.mark.parametrize("survivor_first", [False, True])
+def test_a_drained_holder_whose_replacement_is_lost_before_it_left_stays_instead(survivor_first):
+    sim = on_fallback_only(1)
+    hand_off_round(sim)
+    both_commit(sim)  # a0's own commit: od0 may leave, at its next one
+    sim.advance(1)
+    assert sim.state("od0[0]") is S.DRAINING
+    reclaimed(sim, survivor_first)  # before od0's next commit: its drain is called off
+    goes_on_with_od0(sim)
+
+
+def test_a_holder_kept_after_its_hand_off_round_failed_leaves_once_its_replacement_is_back_with_the_state():
+    sim = on_fallback_only(1)
+    hand_off_round(sim)
+    both_commit(sim)
+    sim.advance(1)
+    sim.join("od0[0]", reason="failure")  # a broken link, no one lost: od0 waits, a0 is not back yet
+    assert sim.state("od0[0]") is S.WAITING
+    sim.join("a0[0]", reason="failure")  # a0 is back with the commit: od0 goes, a0 trains on
+    sim.advance(1)
+    assert sim.state("od0[0]") is S.DRAINING and running(sim) == ["a0[0]"]
+    assert isinstance(sim.join("od0[0]", reason="update")["od0[0]"], ExitOrder)
+    sim.exit("od0[0]", CLEAN)
+    sim.advance(1)
+    assert sent_back(sim) == ["od0"] and running(sim) == ["a0[0]"] and sim.outcome is None
 
 
 # ------------------------------------------------------------------------------------ start-up

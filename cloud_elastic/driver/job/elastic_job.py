@@ -195,6 +195,8 @@ class ElasticJob(JobState):
         if w.round <= last_round and w.state in (S.CONNECTED, S.RUNNING, S.DRAINING):
             was_member = w.member_of(self.round)
             w.rdzv_reason, w.unreachable = reason, unreachable
+            if w.state is S.DRAINING and self.capacity.sourcing is not None:  # the last holder of the state stays
+                self.capacity.sourcing.keep_holder(w, failed=reason == "failure")
             if w.state is S.DRAINING and reason == "failure":  # back from a failure, not leaving at a commit
                 self.leavers.died_draining(w, "left its round by a failure")
             if w.state is S.DRAINING or self.phase in (Phase.FINISHING, Phase.DONE):

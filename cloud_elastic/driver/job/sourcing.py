@@ -27,7 +27,10 @@ Only for a job with several sources (``Policy.sources``, see
   state (the job ran wholly on the fallback): while no worker that stays holds it, as
   :meth:`.leaving.Leavers.mark` counts holders, its holders train on marked ``replaced``, which gives them no
   place in the next round (:mod:`.formation`, as the last holders on a leaving host): that round takes the
-  replacements beside them, beyond ``--max-np``, and syncs the state to them; they leave once those hold it.
+  replacements beside them, beyond ``--max-np``, and syncs the state to them; they leave once those hold it:
+  once one of them made a commit of its own (a commit number a sync gave it, or a place in the round, is not
+  enough: Spot may take it back before). A drained worker that comes back to rendezvous while no other worker that
+  stays holds the state (its round failed, or its successors are gone) stays instead (:meth:`Sourcing.keep_holder`).
 * **Capacity** (``--manage-capacity``): while fallback slots are wanted and a fallback group shows fewer hosts
   than its share needs, one :class:`~.actions.SetCapacity` raises its desired capacity to ``ceil(its share / slots
   per host)`` (slots per host: its own hosts', else any host's, else 1). Shares go preferred group first
@@ -192,6 +195,7 @@ class Sourcing:
         #: for launches (:meth:`.capacity.Capacity.plan_launches`), so the replacements can start beside them.
         self.replacing = 0
         self._handing = 0  # of them, those that hold the training state no worker that stays holds yet
+        self._sent_away: set[str] = set()  # the fallback workers sent away, while alive (keep_holder)
 
     @property
     def active(self) -> bool:
@@ -275,6 +279,8 @@ class Sourcing:
         on_fallback.sort(key=lambda w: -w.seq)
         for w in on_fallback:
             w.replaced = False
+        if self._sent_away:
+            self._sent_away = {i for i in self._sent_away if i in job.workers and job.workers[i].alive}
         # Ready workers the job may lose and still have what it will have once every usable slot is ready.
         spare = ready - min(preferred + self.wanted, job.policy.max_np)
         replacing, handing, decided, going = 0, 0, set[str](), set[str]()
@@ -297,6 +303,7 @@ class Sourcing:
                 continue
             spare -= lost
             going.update(o.worker_id for o in group)
+            self._sent_away.update(o.worker_id for o in group)
             why = (f"cheaper slots are back ({preferred} from the preferred sources): fallback host "
                    f"{w.slot.host} is no longer needed")
             log.info("job %s: worker %s (%s) will leave: %s", job.job_id, w.worker_id, w.label, why)
@@ -329,11 +336,42 @@ class Sourcing:
         if not any(holds(o) for o in group):
             return False
         out = going | {o.worker_id for o in group}
-        stays, newest = job.hosts.stays, max(o.commit_seq for o in group)
-        # A member of the running round holds what the round holds (its heartbeat may lag a commit behind); one
-        # waiting must hold the group's commit or a newer one (not one from a round it left long ago).
-        return not any(holds(o) and o.worker_id not in out and stays(o.slot) and (
-            o.commit_seq >= newest or (o.state is S.RUNNING and o.round == job.round)) for o in job.active())
+        if not job.state_committed:
+            stays = job.hosts.stays
+            return not any(holds(o) and o.worker_id not in out and stays(o.slot) for o in job.active())
+        newest = max(o.commit_seq for o in group)
+        return not any(o.worker_id not in out and self._successor(o, newest) for o in job.active())
+
+    def _successor(self, o: WorkerRecord, newest: int, failed: bool = False) -> bool:
+        """Whether ``o`` is a worker that stays and holds the committed training state as of commit ``newest``, for a
+        fallback worker to leave it: with a commit of its own (a commit number a sync gave it is not enough: Spot may
+        take it back before it commits, and the round then fails), while a member of a running round that has not
+        failed (``failed``: it is failing; its heartbeat may lag a commit behind), else at rendezvous with that
+        commit or a newer one (not one from a round it left long ago; a member of a failed round may be dead)."""
+        job = self._job
+        if not (o.state in _READY and o.holds_state and o.commits > 0 and job.hosts.stays(o.slot)):
+            return False
+        if o.state is S.RUNNING and o.round == job.round:
+            return not failed and job.abort_round < job.round
+        return o.commit_seq >= newest
+
+    def keep_holder(self, w: WorkerRecord, failed: bool) -> None:
+        """``w``, draining, is back at rendezvous (``failed``: from a failure of its round): a fallback worker this
+        sent away that holds the state no other worker that stays holds (its successors were lost, or their round
+        failed, before their commit reached it) stays instead of taking the state with it: it waits for the next
+        round (DRAINING to WAITING), marked ``replaced``, and is weighed again from there."""
+        job = self._job
+        if (w.worker_id not in self._sent_away or job.phase is not Phase.RUNNING or not w.holds_state
+                or not job.hosts.stays(w.slot)):
+            return
+        if any(o is not w and self._successor(o, w.commit_seq, failed) for o in job.active()):
+            return
+        self._sent_away.discard(w.worker_id)
+        w.stays()
+        w.replaced = True
+        log.warning("job %s: worker %s (%s) stays: it was to leave (cheaper slots are back), but no worker that stays "
+                    "holds the training state it holds (%s)", job.job_id, w.worker_id, w.label,
+                    "its round failed" if failed else "its replacements are gone")
 
     def _holds_place(self, w: WorkerRecord) -> bool:
         """Whether ``w`` counts among the workers that hold a place for launches

@@ -9,6 +9,7 @@
     RUNNING ──training function returned──► COMPLETED                          DRAINING
     COMPLETED ──hvd.elastic.run entered again──► RUNNING
     any live state ──told to leave / job over──► EXITING   (DRAINING at rendezvous, too)
+    DRAINING ──at rendezvous, the last holder of the state: stays (only WorkerRecord.stays)──► WAITING
     any live state ──given up (silent, never arrived)──► LOST
     any state ──process ended──► EXITED
 
@@ -143,6 +144,14 @@ class WorkerRecord:
         self.state = new
         if why:
             self.why = why
+
+    def stays(self) -> None:
+        """A draining worker at rendezvous stays after all (DRAINING -> WAITING): a fallback worker sent away that is
+        the last holder of the training state (:meth:`.sourcing.Sourcing.keep_holder`). Only through this call: ``to``
+        refuses it, so that no other path takes a leaver back by mistake."""
+        if self.state is not WorkerState.DRAINING:
+            raise IllegalTransition(f"worker {self.worker_id}: {self.state.value} -> waiting is not allowed")
+        self.state, self.why = WorkerState.WAITING, ""
 
     @property
     def alive(self) -> bool:
