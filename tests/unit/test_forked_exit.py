@@ -41,8 +41,8 @@ if ending == "huge":  # no C long holds it: status 255
 
 _FORKED = """
 import json, sys
-from cloud_elastic.driver.launch.forkserver_child import _end_as_the_interpreter_would, _run_main
-_end_as_the_interpreter_would(lambda: _run_main(json.loads(sys.argv[1])))
+from cloud_elastic.driver.launch.forkserver_child import _end_as_the_interpreter_would, run_main
+_end_as_the_interpreter_would(lambda: run_main(json.loads(sys.argv[1])))
 """
 
 

@@ -1,5 +1,5 @@
 """A forked local worker runs its script as ``python SCRIPT`` would: the same ``__file__``, ``sys.argv`` and
-``sys.path[0]`` (``forkserver_child._run_main``, compared with this Python run plainly)."""
+``sys.path[0]`` (``forkserver_child.run_main``, compared with this Python run plainly)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ print(json.dumps(report))
 # directory are the request's by then): here in a fresh interpreter, so this test's own stays untouched.
 _FORKED = """
 import json, sys
-from cloud_elastic.driver.launch.forkserver_child import _run_main
-sys.exit(_run_main(json.loads(sys.argv[1])))
+from cloud_elastic.driver.launch.forkserver_child import run_main
+sys.exit(run_main(json.loads(sys.argv[1])))
 """
 
 

@@ -52,20 +52,20 @@ ENDINGS = {
 
 
 def test_the_fork_server_tells_the_worker_library_the_code_of_every_ending(tmp_path) -> None:
-    """Each script ends as written, run as the fork server runs a worker (_run_main): the code noted for the worker
+    """Each script ends as written, run as the fork server runs a worker (run_main): the code noted for the worker
     library's ``exiting`` message is the process's real exit status, however the script ended."""
     for i, text in enumerate(ENDINGS):
         (tmp_path / f"s{i}.py").write_text(text + "\n")
     runner = (
         "import json, os, sys\n"
         "import cloud_elastic.worker.link.driver_link as link\n"
-        "from cloud_elastic.driver.launch.forkserver_child import _run_main\n"
+        "from cloud_elastic.driver.launch.forkserver_child import run_main\n"
         "sys.excepthook = lambda *a: None\n"
         "seen = []\n"
         f"for i in range({len(ENDINGS)}):\n"
         "    link._script_exit_code = None\n"
         "    try:\n"
-        "        _run_main({'script': f's{i}.py', 'args': []})\n"
+        "        run_main({'script': f's{i}.py', 'args': []})\n"
         "    except SystemExit:\n"
         "        pass\n"
         "    seen.append(link._script_exit_code)\n"

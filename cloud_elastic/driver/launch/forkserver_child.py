@@ -44,13 +44,13 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-__all__ = ["main"]
+__all__ = ["main", "run_main"]
 
 #: The variable whose value is the room kept for the workers' environments (see ``_show_as``).
 ROOM_VARIABLE = "CLOUD_ELASTIC_FORKSERVER_ROOM"
 #: The largest message the driver sends (argv and environment): SOCK_SEQPACKET delivers each whole.
 MAX_MESSAGE = 1 << 20
-#: What :func:`_run_main` returns for a script ended by an uncaught ``KeyboardInterrupt``: the process then ends
+#: What :func:`run_main` returns for a script ended by an uncaught ``KeyboardInterrupt``: the process then ends
 #: by SIGINT, as the interpreter's does, once its exit steps are done (:func:`_end_as_the_interpreter_would`).
 INTERRUPTED = -int(signal.SIGINT)
 #: Signals a new interpreter leaves at their defaults (SIGINT is Python's own; SIGPIPE stays ignored, as Python sets it).
@@ -210,10 +210,10 @@ def _be_the_worker(request: dict[str, Any], out_fd: int, sock: socket.socket, in
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
-    return _run_main(request)
+    return run_main(request)
 
 
-def _run_main(request: dict[str, Any]) -> int:
+def run_main(request: dict[str, Any]) -> int:
     """Run the request's script or module as ``__main__``, as ``python [-m] ...`` would; its exit code.
 
     ``__file__`` and ``sys.path[0]`` are what CPython sets: the script's path joined to the working

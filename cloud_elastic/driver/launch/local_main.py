@@ -11,7 +11,7 @@ message, or the exit report it leaves in the job's directory: :mod:`cloud_elasti
 interpreter shows no exit hook the code of a top-level ``sys.exit(n)``: a script that returns and one that exits 3
 look the same there, so such a worker said nothing, and an adopted one that ended well failed its job ("ended
 without saying its exit code"). Run through here, the script's end is seen as the fork server's child sees it
-(:func:`~cloud_elastic.driver.launch.forkserver_child._run_main`, the same code: ``sys.argv``, ``sys.path[0]``,
+(:func:`~cloud_elastic.driver.launch.forkserver_child.run_main`, the same code: ``sys.argv``, ``sys.path[0]``,
 ``__file__``, ``__main__`` and tracebacks as the interpreter sets them), which hands the code to the worker library
 before the exit hooks run (``link.driver_link.note_exit_code``).
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 from typing import Any, NoReturn
 
-from cloud_elastic.driver.launch.forkserver_child import INTERRUPTED, _run_main
+from cloud_elastic.driver.launch.forkserver_child import INTERRUPTED, run_main
 
 __all__ = ["MODULE", "main", "through_main"]
 
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> NoReturn:
     if request is None:
         print(f"usage: python -m {MODULE} SCRIPT ARGS | -m MODULE ARGS", file=sys.stderr)
         raise SystemExit(2)
-    code = _run_main(request)  # a SystemExit propagates: the interpreter ends with its status and message
+    code = run_main(request)  # a SystemExit propagates: the interpreter ends with its status and message
     if code == INTERRUPTED:
         # Its traceback is printed: the interpreter must not print it again, only end by SIGINT after its teardown.
         sys.excepthook = lambda *_: None

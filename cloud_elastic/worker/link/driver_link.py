@@ -58,7 +58,7 @@ _script_exit_code: int | None = None
 
 
 def note_exit_code(code: int) -> None:
-    """The fork server's ``_run_main`` says the script ended with ``code`` (certain: it caught the ``SystemExit``
+    """The fork server's ``run_main`` says the script ended with ``code`` (certain: it caught the ``SystemExit``
     or the exception, or saw the script return); the exit hook's ``exiting`` message then carries it."""
     global _script_exit_code
     _script_exit_code = code
@@ -198,7 +198,7 @@ class DriverLinkMixin:
         """The exit code this process is about to exit with, where it is certain, else None (unknown, never 0).
 
         For a local worker, forked by the fork server or started from scratch through ``driver.launch.local_main``
-        (both run the script with ``forkserver_child._run_main``), the code the script ended with
+        (both run the script with ``forkserver_child.run_main``), the code the script ended with
         (:func:`note_exit_code`: ``SystemExit`` however raised, ``exit(2)`` and ``from sys import exit`` included);
         else 1 after an exception that ended the script (``sys.excepthook`` saw it). A plain interpreter (an SSH
         worker, a local command of another shape) shows no exit hook the code of a top-level ``SystemExit``, so a
