@@ -31,7 +31,7 @@ joined its first round (``hvd.init``, :func:`leave_at_commit_on_sigterm` both ti
 Left alone: a script that handles SIGTERM itself (its handler stays, ours is not
 installed), ``elastic.run`` outside the main thread (Python's signal handlers run
 there only), a worker run without a driver, and every process the worker forks
-(a forked child that inherited the handler dies of SIGTERM as by default). Before
+(a forked child gets SIGTERM's default action back as it starts: it dies of SIGTERM as by default). Before
 the worker registers, between its first round and ``elastic.run`` (for a worker that joins a
 running job, or any worker of a job with ``--spares``: from ``init()`` to its first call that needs the
 round, and then to ``elastic.run``), after
@@ -62,6 +62,26 @@ log = logging.getLogger(__name__)
 
 #: A handler of this process took a SIGTERM: none is installed again, so that the next one ends the process.
 _taken = False
+#: The handler installed in this process, if any: a forked child gets SIGTERM's default action back at once.
+_current: "TermHandler | None" = None
+
+
+def _default_in_child() -> None:
+    """``os.fork``'s child hook: a child that inherited our handler gets SIGTERM's default action back.
+
+    In the kernel, before the child runs any Python: left to Python's handler, a SIGTERM that reached the
+    child between its last check for signals and a blocking call (``time.sleep``, a read) waited for that
+    call to return (60 s in a test under load) before the handler could end it.
+    """
+    handler = _current
+    if handler is not None and signal.getsignal(signal.SIGTERM) == handler._on_term:
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except ValueError:  # not the main thread (a C fork Python did not set up): the handler's own check stays
+            pass
+
+
+os.register_at_fork(after_in_child=_default_in_child)
 
 #: The notice's source, as the driver logs and records it (the ``notice`` event's ``source``).
 SOURCE = "sigterm"
@@ -109,6 +129,8 @@ class TermHandler:
         # which may then hold a lock that starting a thread needs.
         self._thread = threading.Thread(target=self._wait, name="cloud-elastic-sigterm", daemon=True)
         self._thread.start()
+        global _current
+        _current = self
         signal.signal(signal.SIGTERM, self._on_term)
         self._installed = True
         return True
