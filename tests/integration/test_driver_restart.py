@@ -97,10 +97,19 @@ def _when_gone(pids: set[int]) -> dict[str, float]:
     return gone
 
 
+def _removed(path) -> bool:
+    try:
+        shutil.rmtree(path)
+    except OSError:  # a file appeared between rmtree's listing and its rmdir
+        return False
+    return True
+
+
 def test_a_driver_restarted_without_the_local_record_waits_for_the_old_workers_first(jobs, tmp_path):
     args, env, job_id, workers, _ = _train_then_kill_the_driver(jobs, tmp_path)
-    # This machine forgets the dead driver, as another machine (or a rebooted VM) never knew it.
-    shutil.rmtree(tmp_path / "run" / "cloud-elastic" / job_id)
+    # This machine forgets the dead driver, as another machine (or a rebooted VM) never knew it. The orphans add
+    # their kept output (.out-<worker>.log, .fifo) to the directory meanwhile: rmtree then finds it not empty.
+    _wait_until(lambda: _removed(tmp_path / "run" / "cloud-elastic" / job_id), 20, "the driver's record removed")
     gone = _when_gone(set(workers))
 
     second = jobs(args, env=env)
