@@ -134,13 +134,15 @@ def test_handler_bugs_of_two_kinds_at_one_line_are_each_logged_with_their_kind_a
 
 class _Echo(SelectorServer):
     """Echoes each line; a line ``boom`` makes its hook raise, a line ``tick`` makes the next round's
-    _after_events raise: what a bug in a server's own code does."""
+    _after_events raise, a line ``leave`` drops the connection with a ``_dropped`` hook that raises: what a bug in a
+    server's own code does."""
 
     name = "echo"
 
     def __init__(self) -> None:
         super().__init__(RefusalLog(logging.getLogger("echo"), "echo", "echo: refused %s: %s"))
         self.tick = False
+        self.leaving = False
 
     def start(self) -> int:
         listener = socket.create_server(("127.0.0.1", 0))
@@ -153,9 +155,18 @@ class _Echo(SelectorServer):
             conn.inbox[:] = rest
             if line == b"boom":
                 raise RuntimeError("boom")
+            if line == b"leave":
+                self.leaving = True
+                self._drop(conn)
+                return
             self.tick |= line == b"tick"
             conn.outbox += line + b"\n"
             self._flush(conn)
+
+    def _dropped(self, conn: Connection) -> None:
+        if self.leaving:
+            self.leaving = False
+            raise KeyError("leave")
 
     def _after_events(self) -> None:
         if self.tick:
@@ -188,3 +199,19 @@ def test_a_bug_in_a_servers_hook_costs_one_connection_and_the_loop_serves_on(cap
     assert "echo: failed handling a connection from 127.0.0.1" in messages[0]
     assert messages[1] == "echo: 10 failures of this kind so far (the latest: RuntimeError: boom)"
     assert messages[2] == "echo: after events failed (a bug; please report it)"
+
+
+def test_a_drop_hook_that_raises_still_closes_the_connection_and_the_loop_serves_on(caplog):
+    """Left registered, the dropped socket would never be closed (the client waits for an answer for ever) and,
+    once the client closed it, select would report it at once in every round: the serving thread spinning."""
+    server = _Echo()
+    port = server.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="cloud_elastic.driver.net"):
+            for _ in range(3):
+                assert _ask(port, b"leave") == b""  # closed: the client reads the end of the connection
+                assert _ask(port, b"hello") == b"hello\n"
+    finally:
+        server.close()
+    messages = [r.getMessage() for r in _errors(caplog)]
+    assert len(messages) == 1 and "echo: failed forgetting a connection from 127.0.0.1" in messages[0], messages

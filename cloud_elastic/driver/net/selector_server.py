@@ -442,10 +442,13 @@ class SelectorServer:
             return
         conn.open = False
         self._connections.discard(conn)
-        if not conn.proven:
-            self._unproven[conn.tier].pop(conn, None)
-            self._forget_unproven(conn)
-        self._dropped(conn)
+        try:
+            if not conn.proven:
+                self._unproven[conn.tier].pop(conn, None)
+                self._forget_unproven(conn)
+            self._dropped(conn)
+        except Exception as exc:  # noqa: BLE001 - the socket must still go: left registered, select spins on it
+            self._log_failure(f"failed forgetting a connection from {conn.peer}", exc)
         try:
             assert self._selector is not None
             self._selector.unregister(conn.sock)
