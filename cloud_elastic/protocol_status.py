@@ -109,6 +109,12 @@ class StatusReply:
     #: ``--spares``: workers waiting outside the rounds now, and how many the job keeps.
     spares: int = 0
     spares_wanted: int = 0
+    #: Rows the driver left out of ``hosts``, of their ``workers`` and of ``blacklisted`` and ``notices`` (each list
+    #: is capped, so that the reply of a job of thousands of hosts stays small): counted here, never silently.
+    hosts_omitted: int = 0
+    workers_omitted: int = 0
+    blacklisted_omitted: int = 0
+    notices_omitted: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The reply's JSON form (what the driver returns from its handler)."""
@@ -150,6 +156,8 @@ class StatusReply:
                 cost_unpriced_slot_hours=_number(data.get("cost_unpriced_slot_hours")),
                 fallback_slots=int(data.get("fallback_slots", 0)),
                 spares=int(data.get("spares", 0)), spares_wanted=int(data.get("spares_wanted", 0)),
+                **{f"{name}_omitted": int(data.get(f"{name}_omitted", 0))
+                   for name in ("hosts", "workers", "blacklisted", "notices")},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ControlPlaneError(f"malformed status reply: {type(exc).__name__}: {exc}") from None

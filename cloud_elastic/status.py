@@ -199,6 +199,7 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
     columns = len(rows[0]) - 1
     widths = [max(len(row[i]) for row in rows) for i in range(columns)]
     out += ["  ".join(cell.ljust(w) for cell, w in zip(row[:columns], widths)) + "  " + row[columns] for row in rows]
+    out += _omitted(reply.hosts_omitted, "host"), _omitted(reply.workers_omitted, "worker")
     if reply.blacklisted:
         out.append("")
         out.append("blacklisted:")
@@ -207,10 +208,17 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
             failures = f"{b.failures} failure" + ("s" if b.failures != 1 else "")
             until = "for the rest of the job" if b.for_good else f"for {_duration(b.seconds_left)} more"
             out.append(f"  {where} {until} ({failures})")
+        out.append(_omitted(reply.blacklisted_omitted, "blacklisted slot", indent="  "))
     if reply.notices:
         out.append("")
         out.append("pending notices:")
         for n in reply.notices:
             when = f"deadline in {_duration(n.deadline - now)}" if n.deadline is not None else "no deadline given"
             out.append(f"  {n.host}: {n.source}, {when}")
-    return "\n".join(out) + "\n"
+        out.append(_omitted(reply.notices_omitted, "notice", indent="  "))
+    return "\n".join(line for line in out if line is not None) + "\n"
+
+
+def _omitted(count: int, what: str, *, indent: str = "") -> str | None:
+    """The line that says how many rows of a kind the driver left out of its reply (None: none)."""
+    return f"{indent}... and {count} more {what}{'s' if count != 1 else ''}, not listed" if count else None

@@ -15,10 +15,14 @@ from cloud_elastic.driver.job.spares import spare_slots
 from cloud_elastic.driver.job.workers import WorkerState
 from cloud_elastic.protocol_status import BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus
 
-__all__ = ["status_reply", "MAX_WORKER_ROWS"]
+__all__ = ["status_reply", "MAX_WORKER_ROWS", "MAX_ROWS"]
 
-#: Worker rows listed at most (a reply must fit the control plane's 64 KiB message limit).
+#: Worker rows listed at most: the round's members by rank first (what ``status`` is read for), then the others.
 MAX_WORKER_ROWS = 256
+#: Host, blacklisted-slot and notice rows listed at most, each: the hosts with a listed worker first, then those
+#: draining or missing, then the rest. What is left out is counted in the reply (``*_omitted``), so a job of
+#: thousands of hosts answers in some 100 KB, not megabytes a terminal cannot show anyway.
+MAX_ROWS = 512
 
 _STATE_WORDS = {
     WorkerState.STARTING: "starting",
@@ -51,7 +55,10 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     ``steps_per_s`` is rank 0's optimizer step rate as the driver measures it from heartbeats
     (a :class:`~cloud_elastic.metrics.StepRate`); None shows as unknown.
     """
-    alive = [w for w in job.workers.values() if w.alive][:MAX_WORKER_ROWS]
+    alive = sorted((w for w in job.workers.values() if w.alive),
+                   key=lambda w: (not w.member_of(job.round), w.rank if w.member_of(job.round) else 0))
+    workers_omitted = max(0, len(alive) - MAX_WORKER_ROWS)
+    alive = alive[:MAX_WORKER_ROWS]
     spares = set(job.rounds.spare_ids)
     by_host: dict[str, list[WorkerStatus]] = {}
     for w in sorted(alive, key=lambda w: (w.slot.host, w.slot.index)):
@@ -70,6 +77,12 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
              for h in hosts.draining]
     rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h))
              for h, (n, _) in hosts.missing.items()]
+    rows.sort(key=lambda row: (not row.workers, row.state == "ready"))  # stable: discovery's order within each
+    blacklisted = [BlacklistedSlot(s.host, s.index, round(left, 1), failures)
+                   for s, left, failures in hosts.blacklist.blocked_slots(now)]
+    blacklisted += [BlacklistedSlot(s.host, s.index, 0.0, n, True) for s, n in hosts.blacklist.for_good_slots()]
+    notices = [PendingNotice(h, job.notice_sources.get(h, "provider"), d.deadline)
+               for h, d in hosts.draining.items()]
     members = [w for w in job.workers.values() if w.member_of(job.round)]
     commit, commit_lost = _last_commit(job, members)
     computes = [w.compute_s for w in members if w.compute_s is not None]
@@ -86,15 +99,13 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
         commit_step=commit or None,
         commit_lost=commit_lost,
         steps_per_s=None if steps_per_s is None else round(steps_per_s, 2),
-        hosts=tuple(rows),
-        blacklisted=tuple(
-            BlacklistedSlot(s.host, s.index, round(left, 1), failures)
-            for s, left, failures in hosts.blacklist.blocked_slots(now)
-        ) + tuple(BlacklistedSlot(s.host, s.index, 0.0, n, True) for s, n in hosts.blacklist.for_good_slots()),
-        notices=tuple(
-            PendingNotice(h, job.notice_sources.get(h, "provider"), d.deadline)
-            for h, d in hosts.draining.items()
-        ),
+        hosts=tuple(rows[:MAX_ROWS]),
+        blacklisted=tuple(blacklisted[:MAX_ROWS]),
+        notices=tuple(notices[:MAX_ROWS]),
+        hosts_omitted=max(0, len(rows) - MAX_ROWS),
+        workers_omitted=workers_omitted,
+        blacklisted_omitted=max(0, len(blacklisted) - MAX_ROWS),
+        notices_omitted=max(0, len(notices) - MAX_ROWS),
         provider=provider,
         median_compute_s=round(statistics.median(computes), 4) if computes else None,
         whole_host_slots=config.whole_host_slots,
