@@ -8,6 +8,9 @@ alone cannot start (cloud_elastic.driver.job.sourcing, review s61 rvK findings 1
    leave once their round failed: Spot reclaimed again in that window lost the state too (review s61 rvF 1).
 2. Before the job's first round the fallback tops it up to -np at once: a job cannot start below -np, and with
    Spot between --min-np and -np it used to wait for --start-timeout and fail.
+3. With --whole-hosts, a fallback host told to leave whose replacements are lost before it left stays whole: the
+   first of its workers back at rendezvous was kept, then counted as the holder its host-mate could leave to, and
+   the half host left could join no round ("training state lost", review s62 rvS finding 1).
 """
 
 from __future__ import annotations
@@ -197,6 +200,55 @@ def test_a_holder_kept_after_its_hand_off_round_failed_leaves_once_its_replaceme
     sim.exit("od0[0]", CLEAN)
     sim.advance(1)
     assert sent_back(sim) == ["od0"] and running(sim) == ["a0[0]"] and sim.outcome is None
+
+
+OD0, A0 = ["od0[0]", "od0[1]"], ["a0[0]", "a0[1]"]
+
+
+def whole_hand_off(sim: Sourced) -> None:
+    """Spot host a0 comes back for a job wholly on fallback host od0 (2 slots each): a round of the 4 syncs od0's
+    state to a0 and commits, and od0 is told to leave at its next commit."""
+    sim.groups(a=1, od=1, slots=2)
+    sim.join(*A0)
+    sim.advance(1)
+    sim.commit(*OD0)
+    sim.join(*OD0, reason="update")
+    assert rounds(sim)[-1]["ranks"] == {"od0": [0, 1], "a0": [2, 3]} and rounds(sim)[-1]["synced"]
+    sim.commit(*OD0, *A0)
+    sim.advance(1)
+    assert [sim.state(s) for s in OD0] == [S.DRAINING, S.DRAINING]
+
+
+@pytest.mark.parametrize("first", OD0)
+def test_with_whole_hosts_a_drained_fallback_host_whose_replacements_are_lost_stays_whole(first):
+    sim = Sourced(2, progress_timeout_s=0, whole_host_slots=2)
+    sim.groups(od=1, slots=2)
+    sim.join(*OD0)
+    sim.commit(*OD0)
+    sim.advance(1)
+    whole_hand_off(sim)
+    sim.groups(od=1, slots=2)  # Spot reclaims a0 before od0's next commit
+    for slot in A0:
+        sim.exit(slot, KILLED)
+    sim.join(first, reason="failure")
+    sim.join(*[s for s in OD0 if s != first], reason="failure")
+    sim.advance(1)
+    assert sim.outcome is None, sim.outcome
+    # Both stay and train on: one used to leave, and the half host left waited for a round no rule could form
+    # (then "training state lost" while it held the state).
+    assert running(sim) == OD0 and rounds(sim)[-1]["ranks"] == {"od0": [0, 1]}
+    assert not rounds(sim)[-1]["from_checkpoint"] and sent_back(sim) == []
+    sim.commit(*OD0)
+    sim.advance(1)
+    whole_hand_off(sim)  # Spot is back: the hand-off is done again, and od0 leaves whole at a commit
+    sim.commit(*OD0, *A0)
+    replies = sim.join(*OD0, *A0, reason="update")
+    assert [type(replies[s]) for s in OD0 + A0] == [ExitOrder, ExitOrder, Assignment, Assignment]
+    for slot in OD0:
+        sim.exit(slot, CLEAN)
+    sim.advance(1)
+    assert running(sim) == A0 and sent_back(sim) == ["od0", "od0"] and sim.outcome is None
+    assert [f["steps_lost"] for k, f in sim.events if k == "rollback"] == [0]  # Spot's kill, nothing lost
 
 
 # ------------------------------------------------------------------------------------ start-up

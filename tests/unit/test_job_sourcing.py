@@ -88,12 +88,12 @@ class Sourced(Sim):
                      SetCapacity: self.capacity}
             kinds[type(action)].append(action)
 
-    def groups(self, a: int = 0, b: int = 0, od: int = 0) -> None:
-        """Discovery shows ``a`` hosts of spot-a, ``b`` of spot-b and ``od`` of the fallback, one slot each."""
+    def groups(self, a: int = 0, b: int = 0, od: int = 0, slots: int = 1) -> None:
+        """Discovery shows ``a`` hosts of spot-a, ``b`` of spot-b and ``od`` of the fallback, ``slots`` slots each."""
         ready, sources = {}, {}
         for name, count in (("a", a), ("b", b), ("od", od)):
             for i in range(count):
-                ready[f"{name}{i}"] = 1
+                ready[f"{name}{i}"] = slots
                 sources[f"{name}{i}"] = {"a": "spot-a", "b": "spot-b", "od": "od"}[name]
         prices = {h: SPECS[s].price for h, s in sources.items()}
         self.job.discovered(DiscoveredHosts(ready=ready, sources=sources, prices=prices), self.now)

@@ -364,7 +364,11 @@ class Sourcing:
         if (w.worker_id not in self._sent_away or job.phase is not Phase.RUNNING or not w.holds_state
                 or not job.hosts.stays(w.slot)):
             return
-        if any(o is not w and self._successor(o, w.commit_seq, failed) for o in job.active()):
+        # Whole hosts: a host-mate is no successor. It was sent away with this host and stays or leaves with it; one
+        # kept a moment ago, counted so, would send this worker away and leave half a host no round can take.
+        whole = job.policy.whole_host_slots
+        if any(o is not w and not (whole and o.slot.host == w.slot.host) and self._successor(o, w.commit_seq, failed)
+               for o in job.active()):
             return
         self._sent_away.discard(w.worker_id)
         w.stays()
