@@ -11,6 +11,9 @@ alone cannot start (cloud_elastic.driver.job.sourcing, review s61 rvK findings 1
 3. With --whole-hosts, a fallback host told to leave whose replacements are lost before it left stays whole: the
    first of its workers back at rendezvous was kept, then counted as the holder its host-mate could leave to, and
    the half host left could join no round ("training state lost", review s62 rvS finding 1).
+4. A fallback host kept while missing from discovery that is listed again during the hand-off keeps its
+   replacement: the worker being replaced counted as staying, so the replacement was the surplus sent away, and the
+   hand-off ran twice (rvS finding 3).
 """
 
 from __future__ import annotations
@@ -249,6 +252,30 @@ def test_with_whole_hosts_a_drained_fallback_host_whose_replacements_are_lost_st
     sim.advance(1)
     assert running(sim) == A0 and sent_back(sim) == ["od0", "od0"] and sim.outcome is None
     assert [f["steps_lost"] for k, f in sim.events if k == "rollback"] == [0]  # Spot's kill, nothing lost
+
+
+def test_a_kept_fallback_host_listed_again_during_the_hand_off_keeps_the_replacement():
+    sim = on_fallback_only(1, missing_grace=1)
+    sim.groups()  # od0 drops out of the listing past the grace: kept, as the last holder; its worker trains on
+    sim.advance(1.5)
+    sim.groups(a=1)  # Spot is back
+    sim.join("a0[0]")
+    sim.advance(1)
+    sim.commit("od0[0]")
+    sim.join("od0[0]", reason="update")
+    assert rounds(sim)[-1]["ranks"] == {"od0": [0], "a0": [1]}
+    sim.groups(a=1, od=1)  # od0 is listed again
+    sim.advance(1)
+    assert sim.state("a0[0]") is S.RUNNING, "the replacement was sent away in od0's place (--max-np 1)"
+    sim.commit("od0[0]", "a0[0]")
+    sim.advance(1)
+    sim.commit("od0[0]", "a0[0]")
+    replies = sim.join("od0[0]", "a0[0]", reason="update")
+    assert isinstance(replies["od0[0]"], ExitOrder) and isinstance(replies["a0[0]"], Assignment)
+    sim.exit("od0[0]", CLEAN)
+    sim.advance(1)
+    assert running(sim) == ["a0[0]"] and sent_back(sim) == ["od0"] and sim.outcome is None
+    assert sim.slots_launched() == ["od0[0]", "a0[0]"] and len(rounds(sim)) == 3  # one hand-off, not two
 
 
 # ------------------------------------------------------------------------------------ start-up

@@ -172,7 +172,9 @@ class DiscoveryEdge:
         holders, the newest first (a member drains at its next commit: no rollback)."""
         job = self._job
         policy = job.policy
-        staying = [w for w in job.active() if job.hosts.stays(w.slot)]
+        # A fallback worker being replaced (``replaced``) holds no place in any round (.formation): counted, it
+        # made its own replacement the surplus, and the hand-off ran twice.
+        staying = [w for w in job.active() if job.hosts.stays(w.slot) and not w.replaced]
         over = len(staying) - policy.max_np - spare_slots(policy.spares, policy.whole_host_slots)
         surplus = sorted(staying, key=lambda w: (w.member_of(job.round), w.holds_state, -w.seq))[:max(over, 0)]
         for w in surplus:
