@@ -41,6 +41,7 @@ import logging
 from collections import Counter
 from typing import Callable
 
+from cloud_elastic.driver.job.hosts import some_hosts
 from cloud_elastic.driver.job.leaving import FIRST_COMMIT_HOLD_S
 from cloud_elastic.driver.job.spares import spare_slots
 from cloud_elastic.driver.job.view import JobView
@@ -90,7 +91,8 @@ class DiscoveryEdge:
         self._failing_since, self._fatal_said = None, ""
         was_missing = set(hosts.missing)
         self._now = now
-        changes = hosts.update(snapshot, now, keep=self._keep)
+        in_use = {w.slot.host for w in job.alive()}
+        changes = hosts.update(snapshot, now, keep=self._keep, in_use=in_use)
         back = [h for h in self._kept if h in hosts.ready or h in hosts.draining]
         for host in back:
             log.info("job %s: host %s is listed by discovery again; its workers were kept", job.job_id, host)
@@ -99,14 +101,16 @@ class DiscoveryEdge:
             self._trim()
         if changes:
             log.info(
-                "job %s: hosts changed: added=%s removed=%s draining=%s resized=%s missing=%s (ready slots: %d)",
-                job.job_id, list(changes.added), list(changes.removed), list(changes.draining),
-                list(changes.resized), list(changes.missing), sum(hosts.ready.values()),
+                "job %s: hosts changed: added=[%s] removed=[%s] draining=[%s] resized=[%s] missing=[%s] (ready "
+                "slots: %d)", job.job_id, some_hosts(changes.added), some_hosts(changes.removed),
+                some_hosts(changes.draining), some_hosts(changes.resized), some_hosts(changes.missing),
+                sum(hosts.ready.values()),
             )
+            dropped = set(changes.dropped)
             job.emit(
                 "hosts_changed", added=[{"host": h, "slots": hosts.ready[h]} for h in changes.added],
-                removed=[{"host": h, "reason": self.missing_reason() if h in was_missing else "gone from discovery"}
-                         for h in changes.removed],
+                removed=[{"host": h, "reason": self._dropped_reason() if h in dropped else self.missing_reason()
+                          if h in was_missing else "gone from discovery"} for h in changes.removed],
                 draining=[{"host": h, "reason": hosts.draining[h].reason, "deadline": hosts.draining[h].deadline}
                           for h in changes.draining],
                 missing=list(changes.missing),
@@ -117,11 +121,25 @@ class DiscoveryEdge:
             self._lapsed(host)
             log.info("job %s: the notice for host %s lapsed (the group still reports it ready); new workers may be "
                      "placed there again", job.job_id, host)
-        for host in changes.missing:
+        if len(changes.missing) == 1:
             log.warning(
                 "job %s: host %s is missing from discovery; its workers keep running for up to %gs "
-                "unless it comes back or is reported draining", job.job_id, host, hosts.missing_grace_s,
+                "unless it comes back or is reported draining", job.job_id, changes.missing[0], hosts.missing_grace_s,
             )
+        elif changes.missing:  # one line a poll: discovery naming new hosts at every poll made 16,383 a second
+            log.warning(
+                "job %s: %d hosts are missing from discovery (%s; %d with workers); their workers keep running for up "
+                "to %gs unless they come back or are reported draining", job.job_id, len(changes.missing),
+                some_hosts(sorted(changes.missing, key=lambda h: h not in in_use)),
+                sum(1 for h in changes.missing if h in in_use), hosts.missing_grace_s,
+            )
+        if changes.dropped:
+            log.warning("job %s: %d host(s) removed (%s): %s", job.job_id, len(changes.dropped),
+                        some_hosts(changes.dropped), self._dropped_reason())
+
+    def _dropped_reason(self) -> str:
+        return (f"missing from discovery, beyond the {self._job.hosts.max_missing} missing hosts kept (those without "
+                "workers or blacklisted slots missing longest go first)")
 
     def failed(self, message: str, *, fatal: bool, now: float) -> None:
         """A discovery call failed (see module docstring for what a fatal error does)."""
@@ -155,12 +173,19 @@ class DiscoveryEdge:
         self._now = now
         expired = job.hosts.expire(now, keep=self._keep)
         self._forget_kept()
-        for host in expired:
+        # Hosts removed for no reason of their own (no workers kept there) share one line when there are several.
+        plain = [h for h in expired if h not in self._let_go and h not in self._started_over]
+        for host in expired if len(plain) <= 1 else [h for h in expired if h not in plain]:
             why = ("; other workers now hold the state and enough of them stay: its workers leave at their next "
                    "commit" if host in self._let_go else "; no commit heard of: its workers stop, and the next round "
                    "starts over from the initial weights" if host in self._started_over else "")
             log.info("job %s: host %s stayed missing from discovery for %.0fs; removed%s", job.job_id, host,
                      now - since.get(host, now - job.hosts.missing_grace_s), why)
+        if len(plain) > 1:
+            took = sorted(now - since.get(h, now - job.hosts.missing_grace_s) for h in plain)
+            spent = f"{took[0]:.0f}s" if round(took[0]) == round(took[-1]) else f"{took[0]:.0f}-{took[-1]:.0f}s"
+            log.info("job %s: %d hosts stayed missing from discovery for %s; removed: %s", job.job_id, len(plain),
+                     spent, some_hosts(plain))
         if expired:
             why = self.missing_reason()
             job.emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])

@@ -13,9 +13,10 @@ from typing import Callable, Collection, Hashable
 
 from cloud_elastic.driver.job.repeats import REPEATS, Streak
 from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S, renewed
-from cloud_elastic.providers.api import DiscoveredHosts, Drain
+from cloud_elastic.providers.api import MAX_HOSTS, DiscoveredHosts, Drain
 
-__all__ = ["Slot", "Blacklist", "HostChanges", "HostManager", "Keep", "blocked_for", "blocked_s"]
+__all__ = ["Slot", "Blacklist", "HostChanges", "HostManager", "Keep", "MAX_MISSING", "blocked_for", "blocked_s",
+           "some_hosts"]
 
 #: Of the hosts missing past the grace, those to keep as missing a while longer (the job decides; see
 #: :meth:`HostManager.expire`).
@@ -116,6 +117,10 @@ class Blacklist:
             self._until.pop(slot, None)
             self._repeats.pop(slot, None)
 
+    def hosts(self) -> set[str]:
+        """Every host with a slot this blacklist knows: failures counted, cooling down or blocked for good."""
+        return {s.host for s in self._failures} | {s.host for s in self._until}
+
     def failures(self, slot: Slot) -> int:
         """How many times ``slot`` has failed."""
         return self._failures.get(slot, 0)
@@ -150,6 +155,21 @@ def blocked_s(delay: float) -> dict[str, float]:
     return {} if delay == math.inf else {"blacklisted_s": round(delay, 1)}
 
 
+def some_hosts(hosts: Collection[str], limit: int = 8) -> str:
+    """``hosts`` for a log line: the first ``limit`` names, then how many more (a job may list 16,384 hosts, and
+    discovery that names new ones at every poll made lines of megabytes)."""
+    names = list(hosts)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+#: Hosts kept as missing from discovery at most, besides those that matter (see :meth:`HostManager.update`): as
+#: many as one snapshot may list, so a snapshot that lost every host forgets none of them, while discovery naming
+#: new hosts at every poll (a script listing replacements, a list API paging inconsistently) piled up 114,000 in
+#: the default 10 s grace, and without bound under a longer one.
+MAX_MISSING = MAX_HOSTS
+
+
 #: How much longer the notice of a host given back lasts while the same instance is listed (see HostManager).
 GIVEN_BACK_GRACE_S = 600.0
 
@@ -167,6 +187,7 @@ class HostChanges:
     draining: tuple[str, ...] = ()
     resized: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()  # newly missing from discovery, kept for the grace
+    dropped: tuple[str, ...] = ()  # of ``removed``: missing hosts forgotten within the grace, past ``max_missing``
     lapsed: tuple[str, ...] = ()  # hosts whose notice lapsed (see HostManager); a hard one's host is also added
 
     def __bool__(self) -> bool:
@@ -190,6 +211,13 @@ class HostManager:
     count as removed, unless the caller's ``keep`` holds it longer (the job keeps the last
     holders of its state; see :mod:`.discovery_edge`). A draining state acts at once, and so does
     the loss of a host that was already draining (the cloud took it).
+
+    At most ``max_missing`` hosts (:data:`MAX_MISSING`) are kept missing, besides those that matter: a host where
+    the caller's workers are (``in_use``), one whose slots the blacklist knows (failures counted, cooling down,
+    blocked for good) and one with a soft notice; hosts with a hard notice or an operator's drain are draining,
+    not missing. Past it the hosts missing longest are forgotten first (the newest among those missing since the
+    same snapshot), as if their grace had run out: they count as ``removed`` (and ``dropped``). Such a host listed
+    again is new (added, and last in the order), as after its grace; it had no worker and no blacklisting to lose.
 
     A hard notice lapses (:meth:`_lapse`) when the host is still reported ready
     ``notice_grace_s`` past its deadline: the cloud did not take it. A host
@@ -254,9 +282,13 @@ class HostManager:
     #: Raised by every call that may change which slots are usable (update, notices, expiry), so a
     #: caller can skip re-checking its workers' hosts while it stays the same.
     version: int = 0
+    #: Hosts kept missing at most, besides those that matter (see the class docstring).
+    max_missing: int = MAX_MISSING
 
-    def update(self, snapshot: DiscoveredHosts, now: float = 0.0, keep: Keep | None = None) -> HostChanges:
-        """Adopt a complete snapshot; return what changed (``keep``: see :meth:`expire`)."""
+    def update(self, snapshot: DiscoveredHosts, now: float = 0.0, keep: Keep | None = None,
+               in_use: Collection[str] = ()) -> HostChanges:
+        """Adopt a complete snapshot; return what changed (``keep``: see :meth:`expire`; ``in_use``: the hosts where
+        the caller has workers, never forgotten for ``max_missing``)."""
         self.version += 1
         old_ready, old_draining, was_missing = dict(self.ready), dict(self.draining), set(self.missing)
         present = set(snapshot.ready) | set(snapshot.draining)
@@ -270,6 +302,7 @@ class HostManager:
             for host, slots in old_ready.items():
                 if host not in present:
                     self.missing.setdefault(host, (slots, now))
+        dropped = self._drop_missing(in_use) if len(self.missing) > self.max_missing else ()
         self.ready = dict(snapshot.ready)
         self.draining = dict(snapshot.draining)
         for host, instance in snapshot.instances.items():
@@ -309,7 +342,19 @@ class HostManager:
             resized=tuple(h for h in self.ready if h in old_ready and old_ready[h] != self.ready[h]),
             missing=tuple(h for h in self.missing if h in old_ready),
             lapsed=lapsed,
+            dropped=dropped,
         )
+
+    def _drop_missing(self, in_use: Collection[str]) -> tuple[str, ...]:
+        """Forget missing hosts beyond ``max_missing`` that do not matter, longest missing first (see the class
+        docstring); return them."""
+        matter = set(in_use) | self.blacklist.hosts() | set(self.soft) | self.kept
+        free = [h for h in self.missing if h not in matter]
+        free.sort(key=lambda h: (self.missing[h][1], -self._order.get(h, 0)))
+        dropped = free[:len(self.missing) - self.max_missing]
+        for host in dropped:
+            del self.missing[host]
+        return tuple(dropped)
 
     def _lapse(self, snapshot: DiscoveredHosts, now: float) -> tuple[str, ...]:
         """Drop hard notices past their grace for hosts the snapshot reports ready, and soft ones past their TTL.
@@ -461,6 +506,13 @@ class HostManager:
             self.instances.pop(host, None)
             self.sources.pop(host, None)
             self.prices.pop(host, None)
+        if len(self._last_instance) > len(self._order) + self.max_missing:
+            # Instances of forgotten addresses matter only to a blacklisting there: discovery naming new hosts at
+            # every poll would grow this without bound (the oldest addresses go first).
+            known = self.blacklist.hosts()
+            old = [h for h in self._last_instance if h not in self._order and h not in known]
+            for host in old[:len(self._last_instance) - len(self._order) - self.max_missing]:
+                del self._last_instance[host]
         return tuple(gone)
 
     def order_of(self, host: str) -> int:
