@@ -86,8 +86,8 @@ def _field(msg: Mapping[str, Any], name: str, what: str, kind: type, must: str, 
     return value
 
 
-#: The fingerprint a worker reports once two commits in a row of its process held the same attributes: they do not
-#: tell its commits apart, and the driver counts commits instead (``driver.job.repeats``).
+#: The fingerprint a worker reports once its state's attributes stood still over training: they do not tell its
+#: commits apart, and the driver counts commits instead (``driver.job.repeats``).
 UNTOLD = "-"
 #: The characters of any other fingerprint (``worker.commit.fingerprint``): at most 16 lower-case hex digits.
 _FINGERPRINT = frozenset("0123456789abcdef")
@@ -99,8 +99,9 @@ def fingerprint_field(msg: Mapping[str, Any], what: str) -> str:
     value = msg.get("trained")
     if value is None or value == "":
         return ""
-    return _field(msg, "trained", what, str, "a state fingerprint (at most 16 hex digits, or '-')",
-                  lambda v: v == UNTOLD or 0 < len(v) <= 16 and _FINGERPRINT.issuperset(v))
+    return _field(msg, "trained", what, str, "a state fingerprint (at most 16 hex digits, marked '+' or not, or '-')",
+                  lambda v: v == UNTOLD or 0 < len(v.removeprefix("+")) <= 16 and _FINGERPRINT.issuperset(
+                      v.removeprefix("+")))
 
 
 @dataclass(frozen=True)

@@ -166,12 +166,13 @@ class CommitLedger:
         #: Called with the state after each commit (the durable checkpoint schedule, see ``worker.durable``).
         self.after_commit: list[Callable[[Any], None]] = []
         #: The fingerprint of the state of the commit it would restore (``commit.fingerprint``; see :attr:`trained`),
-        #: whether this process committed since its last restore, sync or load, optimizer steps since then or since
-        #: its last commit, whether two commits in a row of it held different attributes (they move with training),
-        #: and whether its attributes stood still over training (for good: they do not tell its commits apart).
+        #: whether this process committed since its last restore, sync or load, each optimizer's steps since then or
+        #: since its last commit, whether a commit of it held attributes other than the state it followed (they
+        #: move with training), and whether its attributes stood still over training (for good: they do not tell
+        #: its commits apart).
         self._trained = ""
         self._in_a_row = False
-        self._steps = 0
+        self._steps: dict[int, int] = {}
         self._moved = False
         self._untold = False
 
@@ -183,31 +184,37 @@ class CommitLedger:
     @property
     def trained(self) -> str:
         """What the driver hears of the state this worker would restore, for its repeat guards (``driver.job.repeats``):
-        its fingerprint once this process saw it move with training (two commits in a row of different attributes);
-        "" before that, before the first commit, and for a state with nothing to fingerprint (the driver counts
-        commits for those); ``UNTOLD`` once the attributes stood still over training (:meth:`note_commit`: the driver
-        then counts commits for good). A progressing job is never stopped for attributes that do not say where it is
-        (a step kept in a tensor, ``epoch`` alone): they never moved, or stood still over steps. Read by the
-        heartbeat thread: one str, replaced whole."""
+        its fingerprint, marked ``+`` once this process saw its attributes move with training (a commit of it held
+        attributes other than those of the state it followed: its previous commit, or the state restored, synced or
+        loaded); "" before the first commit and for a state with nothing to fingerprint (the driver counts commits
+        for those); ``UNTOLD`` once the attributes stood still over training (:meth:`note_commit`: the driver then
+        counts commits for good). The driver trusts the fingerprints only once a worker marked them: a progressing
+        job is never stopped for attributes that do not say where it is (a step kept in a tensor, ``epoch`` alone).
+        Read by the heartbeat thread: one str, replaced whole."""
         if self._untold:
             return UNTOLD
-        return self._trained if self.commit_seq > 0 and self._moved else ""
+        if self.commit_seq <= 0 or not self._trained:
+            return ""
+        return ("+" if self._moved else "") + self._trained
 
     def note_commit(self, state: Any = None, fingerprint: str = "") -> None:
         """A commit of ``state`` finished on this worker (``State.commit``), its ``fingerprint`` that of ``state``
         (``commit.fingerprint``); runs the after-commit hooks.
 
         The attributes *stand still* (:attr:`trained` is ``UNTOLD`` for good) when this commit holds the same
-        attributes as the state it follows after optimizer steps: its predecessor in a row after one step or more,
-        or the state restored (a rollback, a sync, a checkpoint load) after two or more. Horovod's loop redoes the
-        restored batch, one step, and commits the restored attributes again: that redo is the one commit of a state
-        seen before that stays telling; a commit with no step since (an end-of-epoch hook's commit followed by the
-        next batch loop's) tells nothing either way."""
-        if fingerprint and fingerprint == self._trained and self._steps >= (1 if self._in_a_row else 2):
+        attributes as the state it follows after optimizer steps (counted per optimizer, the most of any: a GAN's
+        batch steps two optimizers once each): its predecessor in a row after one step or more, or the state restored
+        (a rollback, a sync, a checkpoint load) after two or more. Horovod's loop redoes the restored batch, one step,
+        and commits the restored attributes again: that redo is the one commit of a state seen before that stays
+        telling; a commit with no step since (an end-of-epoch hook's commit followed by the next batch loop's) tells
+        nothing either way."""
+        steps = max(self._steps.values(), default=0)
+        if fingerprint and fingerprint == self._trained and steps >= (1 if self._in_a_row else 2):
             self._untold = True
-        if fingerprint and self._in_a_row and self._trained and fingerprint != self._trained:
+        if fingerprint and self._trained and fingerprint != self._trained:
             self._moved = True
-        self._trained, self._in_a_row, self._steps = fingerprint, True, 0
+        self._trained, self._in_a_row = fingerprint, True
+        self._steps.clear()
         self.holds_commit = True
         self.commits += 1
         self._live_seq += 1
@@ -217,29 +224,32 @@ class CommitLedger:
         for hook in self.after_commit:
             hook(state)
 
-    def note_step(self) -> None:
-        """An optimizer step finished (any optimizer's: the step post-hook ``context.init`` registers)."""
+    def note_step(self, optimizer: Any = None) -> None:
+        """A step of ``optimizer`` finished (any optimizer's: the step post-hook ``context.init`` registers)."""
         self.steps_since_commit += 1
-        self._steps += 1
+        self._steps[id(optimizer)] = self._steps.get(id(optimizer), 0) + 1
         self.progress.step()
 
     def note_rollback(self) -> None:
         """The state was just restored to the last commit: the steps since then are lost (told to the driver)."""
         self.rolled_back, self.steps_since_commit = self.steps_since_commit, 0
         self._live_seq = self.commit_seq
-        self._in_a_row, self._steps = False, 0
+        self._in_a_row = False
+        self._steps.clear()
 
     def note_restored(self) -> None:
         """The state was restored to the last commit without losing steps (e.g. after a cut-short sync)."""
         self._live_seq = self.commit_seq
-        self._in_a_row, self._steps = False, 0
+        self._in_a_row = False
+        self._steps.clear()
 
     def hold_commit(self, seq: int, fingerprint: str = "") -> None:
         """The state (live and saved) is now commit ``seq`` of the job, of that ``fingerprint``
         (``commit.fingerprint``): after a sync or a checkpoint load."""
         self._live_seq = self.commit_seq = max(0, int(seq))
         self.holds_commit = True
-        self._trained, self._in_a_row, self._steps = fingerprint, False, 0
+        self._trained, self._in_a_row = fingerprint, False
+        self._steps.clear()
 
     def lost_commit(self, why: str) -> None:
         """The live state is not the last commit and nothing kept can bring it back (see :class:`CommitWindow`)."""

@@ -36,8 +36,9 @@ def uncounted() -> Iterator[None]:
         _LOCAL.uncounted = before
 
 
-def count_steps(note_step: Callable[[], None]) -> None:
-    """Call ``note_step()`` once per outermost optimizer step of the process that returns (once per process)."""
+def count_steps(note_step: Callable[[Any], None]) -> None:
+    """Call ``note_step(optimizer)`` once per outermost optimizer step of the process that returns (once per
+    process)."""
 
     def counted(optimizer: Any, args: Any, kwargs: Any) -> None:
         if getattr(_LOCAL, "uncounted", 0):
@@ -60,7 +61,7 @@ def count_steps(note_step: Callable[[], None]) -> None:
             elif code.co_name == "_init_optim_state" and code.co_filename.endswith(_DCP_STATE_DICT):
                 return
             frame = frame.f_back
-        note_step()
+        note_step(optimizer)
 
     register_optimizer_step_post_hook(counted)
 

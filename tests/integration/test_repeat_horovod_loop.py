@@ -35,7 +35,7 @@ def test_a_rank_raising_at_the_same_batch_of_horovods_loop_is_blacklisted_at_its
     assert job.finish(timeout=50) == 1, job.output()
     line = end_line(job)
     assert ("127.0.0.3[0] is blacklisted for the rest of the job: it failed 3 times in a row at commit 5, with no "
-            "commit of a state not trained before in between") in line, line
+            "commit that moved the state on in between") in line, line
     assert "exited with code 1: ValueError: poison sample in batch 3" in line, line
     relaunch = "(rank 1) exited with code 1: ValueError: poison sample in batch 3; slot 127.0.0.3[0] blacklisted"
     assert len([x for x in job.lines if relaunch in x]) == 3, job.output()  # relaunched twice, never a third time
@@ -51,7 +51,7 @@ def test_every_rank_raising_at_the_same_batch_with_a_checkpoint_dir_ends_instead
     line = end_line(job)
     # Which count gets there first depends on when the driver first heard a worker's own fingerprint (a heartbeat
     # after two commits of one process): every slot blacklisted for its third failure, or the job's third loss.
-    assert ("failed 3 times in a row at commit " in line and "with no commit of a state not trained before" in line
+    assert ("failed 3 times in a row at commit " in line and "with no commit that moved the state on" in line
             or re.search(r"every worker failed, [34] time\(s\) in a row at commit", line)), line
     assert "exited with code 1: ValueError: poison sample in batch 3" in line, line
     assert job.output().count("lost every worker; waiting") <= 4, job.output()
@@ -72,7 +72,7 @@ def test_a_rank_deadlocked_at_the_same_batch_of_horovods_loop_ends_the_job_at_it
     assert job.finish(timeout=110) == 1, job.output()
     line = end_line(job)
     assert ("no progress: worker 127.0.0.3[0] (rank 1) was given up 3 times in a row at commit 5, its process still "
-            "running each time and no commit of a state not trained before in between") in line, line
+            "running each time and no commit that moved the state on in between") in line, line
     assert 'horovod_loop_probe.py", line ' in line and "raise --progress-timeout" in line, line
 
 

@@ -170,11 +170,11 @@ class ElasticJob(JobState):
 
     def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float, commits: int | None = None,
                    rolled_back: int = 0, commit_seq: int | None = None, holds_commit: bool = True,
-                   unreachable: tuple[str, ...] = (), *, trained: str = "") -> None:
-        """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made (and, after a
-        failure, ``rolled_back`` steps undone and the ``unreachable`` hosts its group never reached: see .partitions),
-        holding the commit ``commit_seq`` unless ``holds_commit`` is False (see ``worker.ledger``), whose state's
-        fingerprint is ``trained`` (see .repeats.Trained)."""
+                   unreachable: tuple[str, ...] = (), *, trained: str = "", addresses: tuple[str, ...] = ()) -> None:
+        """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made (after a failure,
+        ``rolled_back`` steps undone and the ``unreachable`` addresses its group never reached; ``addresses``: its
+        host's; see .partitions), holding the commit ``commit_seq`` unless ``holds_commit`` is False (see
+        ``worker.ledger``), whose state's fingerprint is ``trained`` (see .repeats.Trained)."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return
@@ -194,7 +194,7 @@ class ElasticJob(JobState):
         # worker has been assigned a newer round, it waits for that reply.
         if w.round <= last_round and w.state in (S.CONNECTED, S.RUNNING, S.DRAINING):
             was_member = w.member_of(self.round)
-            w.rdzv_reason, w.unreachable = reason, unreachable
+            w.rdzv_reason, w.unreachable, w.addresses = reason, unreachable, addresses
             if w.state is S.DRAINING and self.capacity.sourcing is not None:  # the last holder of the state stays
                 self.capacity.sourcing.keep_holder(w, failed=reason == "failure")
             if w.state is S.DRAINING and reason == "failure":  # back from a failure, not leaving at a commit
@@ -217,7 +217,8 @@ class ElasticJob(JobState):
                         # Who reported the failure that aborts the round (an adopted worker's own lines go nowhere):
                         # the first to report, not the cause. Gloo fails the survivors' collective on a killed peer's
                         # reset before this driver sees the peer's exit, whose own line then follows.
-                        cut = f"; it could not reach {', '.join(unreachable)}" if unreachable else ""
+                        cut = ", ".join(rounds.partitions.unreached(w))
+                        cut = f"; it could not reach {cut}" if cut else ""
                         log.warning("job %s: round %d failed, first reported by worker %s (%s): a collective of it "
                                     "failed, or its group did not form%s (the member at fault may be another)",
                                     self.job_id, self.round, worker_id, w.label, cut)
@@ -489,7 +490,7 @@ class ElasticJob(JobState):
         # (``exact``) says it as it is, even lower (a sync to an older rank 0: ``ledger.hold_commit``).
         if w.discarded:
             return
-        self.trained.note(trained)  # the state of its last commit: one not seen before is progress (.repeats)
+        self.trained.note(trained, w.worker_id)  # the state of its last commit: a change is progress (.repeats)
         if isinstance(commit_seq, int) and (commit_seq > w.commit_seq or exact):
             w.commit_seq = commit_seq
             if commit_seq > self.commit_high:

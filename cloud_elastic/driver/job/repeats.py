@@ -39,17 +39,23 @@ how far the job has trained (:meth:`Trained.at`):
 *Progress* is what was trained, not how many commits were made (:class:`Trained`). Horovod's own loop
 (``for state.batch in range(state.batch, N): ...; state.commit()``) redoes the restored batch after each restore
 and commits it again before the bug recurs: every relaunch adds a commit, yet trains nothing new. So each worker
-reports with its commits a fingerprint of the committed state's plain attributes (``batch``, ``epoch``, ``step``:
-what ``State(**kwargs)`` and ``TorchState(model, opt, **kwargs)`` hold besides tensors) and of its samplers'
-positions (``worker.commit.fingerprint``; floats are left out: a metric such as ``state.loss`` differs at each
-redo); a commit whose fingerprint the job has seen before is a redo, one with a new fingerprint is progress. The
-fingerprints are trusted only where they were seen to say where training is, so that a job that trains on is never
-stopped for attributes that do not: a worker reports its fingerprint only once two commits in a row of its process
-held different attributes, and says they cannot tell (for good) once they stood still over training, i.e. a commit
-held its predecessor's attributes after an optimizer step, or the restored state's after two (Horovod's redo is one
-step; a step kept in a tensor, or ``epoch`` alone committed every N batches, stands still over more). Where no
-worker reported one, or one said so, the commit counts as before: a commit past the one of the last failure is
-progress.
+reports with its heartbeats and at rendezvous a fingerprint of the state it would restore: its committed state's
+plain attributes (``batch``, ``epoch``, ``step``: what ``State(**kwargs)`` and ``TorchState(model, opt, **kwargs)``
+hold besides tensors) and its samplers' positions (``worker.commit.fingerprint``; floats are left out: a metric such
+as ``state.loss`` differs at each redo). Progress is a worker's fingerprint changing from one report of it to its
+next: a commit that moved the state on from the one before (a redo commits the restored attributes again, and
+changes nothing). Changes are counted, not states never seen: a job whose ``batch`` starts again each epoch, the
+epoch kept where no fingerprint looks (a scheduler, a tensor), moves on at every commit all the same. The
+fingerprints are trusted only once a worker saw them say where training is, so that a job that trains on is never
+stopped for attributes that do not: a worker marks its fingerprint once a commit of its process held attributes
+other than those of the state it followed (its previous commit, or the state it restored, was synced or loaded),
+and says they cannot tell (for good) once they stood still over training, i.e. a commit held its predecessor's
+attributes after an optimizer step, or the restored state's after two of one optimizer (Horovod's redo is one step
+of each; a step kept in a tensor, or ``epoch`` alone committed every N batches, stands still over more). Until a
+worker marked one, or once one said so, the commit counts as before: a commit past the one of the last failure is
+progress. Known limit: a bug in a process's first commit interval of a job whose attributes no process saw move
+yet (e.g. Horovod's ImageNet example failing before its second commit) is measured by the commit count, which
+Horovod's loop raises at each redo: it is not caught.
 
 Only a failure the worker's own process caused counts (:func:`own_failure`): an exception its script
 reported, a non-zero exit code, or death by a crash signal (:data:`CRASH_SIGNALS`). A worker killed from
@@ -77,8 +83,8 @@ __all__ = ["REPEATS", "CRASH_SIGNALS", "OUTSIDE_SIGNALS", "SILENT", "REMEMBERED"
 #: How many times the same failure, without progress, ends its loop (see the module docstring). Three:
 #: a second failure may still be bad luck (a host lost twice), a third in the same place is the script's.
 REPEATS = 3
-#: How many fingerprints of committed states a job remembers, the oldest forgotten first (one a heartbeat at most:
-#: a state trained again after this many others counts as new once more).
+#: How many workers' last fingerprints a job remembers, the oldest reporter forgotten first (a worker that reports
+#: again after this many others counts its next report as its first: no change either way).
 REMEMBERED = 4096
 
 #: The signals a process dies by of its own doing (an abort(), a bad memory access, a bad instruction).
@@ -143,71 +149,77 @@ class Trained:
     """How far the job has trained, as the fingerprints of its committed states tell (see the module docstring).
 
     Fed every fingerprint a worker reports (:meth:`note`: the state it would restore, with each heartbeat and at
-    rendezvous) and every one a checkpoint load reports (``stored=True``). :attr:`mark` counts the distinct
-    fingerprints committed, :attr:`stored` those loaded from checkpoints; a fingerprint seen before (among the last
-    :data:`REMEMBERED`) adds nothing, so Horovod's redo of a restored batch leaves both where they were.
-    Pure and bounded: two dicts of at most :data:`REMEMBERED` short strings."""
+    rendezvous) and every one a checkpoint load reports (``stored=True``). :attr:`mark` counts the changes: a
+    worker's fingerprint that differs from its previous report, or, for its first, from the newest fingerprint the
+    job heard of (reported or loaded: the state a newcomer was synced to, or an attempt resumed from), so Horovod's
+    redo of a restored batch leaves it where it was, and a new process whose first report comes after its first
+    commit moved on; :attr:`loads` counts the loads of a state other than the previous load's. Pure and bounded:
+    one dict of at most :data:`REMEMBERED` short strings."""
 
-    #: Distinct fingerprints committed, and loaded from checkpoints, so far.
+    #: Changes of a worker's fingerprint so far, and loads of another state than the load before.
     mark: int = 0
-    stored: int = 0
+    loads: int = 0
     #: False once a worker said its state's attributes do not tell its commits apart (:data:`UNTOLD`): for good.
     telling: bool = True
-    #: Whether a worker reported a fingerprint of its own commits: it does only once it saw its attributes move
-    #: with training (``worker.ledger.CommitLedger.trained``); a checkpoint's alone proves nothing.
+    #: Whether a worker marked its fingerprint (``+``): its process saw its attributes move with training
+    #: (``worker.ledger.CommitLedger.trained``); from then on every worker's reports count.
     heard: bool = False
-    _seen: dict[str, None] = field(default_factory=dict)
-    _loaded: dict[str, None] = field(default_factory=dict)
+    _last: dict[str, str] = field(default_factory=dict)
+    _newest: str | None = None
+    _loaded: str | None = None
 
-    def note(self, fingerprint: str, *, stored: bool = False) -> None:
-        """A worker reported ``fingerprint`` ("": none, a state without plain attributes or not committed yet);
-        ``stored``: the state a checkpoint load gave (it is committed too)."""
+    def note(self, fingerprint: str, worker: str = "", *, stored: bool = False) -> None:
+        """``worker`` reported ``fingerprint`` ("": none, a state without plain attributes or not committed yet;
+        ``+`` first: marked); ``stored``: the state a checkpoint load gave (the loader's own reports follow from it:
+        no change of :attr:`mark`)."""
         if not fingerprint:
+            return
+        if stored:
+            if fingerprint != self._loaded:
+                self._loaded = fingerprint
+                self.loads += 1
+            self._newest = fingerprint
             return
         if fingerprint == UNTOLD:
             self.telling = False
             return
-        if not stored:
+        if fingerprint.startswith("+"):
             self.heard = True
-        if stored and _remember(self._loaded, fingerprint):
-            self.stored += 1
-        if _remember(self._seen, fingerprint):
+            fingerprint = fingerprint[1:]
+        before = self._last.pop(worker, self._newest)  # re-inserted: the newest reporter last
+        self._last[worker] = self._newest = fingerprint
+        if len(self._last) > REMEMBERED:
+            del self._last[next(iter(self._last))]
+        if before is not None and before != fingerprint:
             self.mark += 1
 
     @property
     def tells(self) -> bool:
-        """Whether the fingerprints measure progress: a worker reported its commits' (its attributes moved with
-        training), and none said they cannot."""
-        return self.telling and self.heard and self.mark > 0
+        """Whether the fingerprints measure progress: a worker marked its own (its attributes moved with training),
+        and none said they cannot."""
+        return self.telling and self.heard
 
     def at(self, commit: int) -> Hashable:
-        """The guards' key for the job at ``commit``: how many states it has trained where the fingerprints tell,
-        else the commit itself (a state without plain attributes: the commit-count rule)."""
+        """The guards' key for the job at ``commit``: how often its committed states moved on where the fingerprints
+        tell, else the commit itself (a state without plain attributes: the commit-count rule)."""
         return ("trained", self.mark) if self.tells else commit
 
     def loaded(self) -> Hashable | None:
-        """The key of every-worker-lost's streak: how many distinct states checkpoint loads gave (None where the
-        fingerprints do not tell, or no load reported one: the commit-count rule then)."""
-        return ("stored", self.stored) if self.tells and self.stored else None
+        """The key of every-worker-lost's streak (None where the fingerprints do not tell, or no load reported one:
+        the commit-count rule then): how often a checkpoint load gave another state than the load before. What an
+        attempt trained and lost with its workers is no progress (the next attempt resumes from where it did); one
+        whose checkpoint moved on is. Known limit: a state whose fingerprint comes back (``batch`` starting again
+        each epoch) loaded by attempts an epoch apart, lost at the same batch each time, looks the same."""
+        return ("loaded", self.loads) if self.tells and self.loads else None
 
     @property
     def nothing(self) -> str:
-        """What "without progress" means now, for the end lines: no commit, or none of a state not trained before."""
-        return "no commit of a state not trained before" if self.tells else "no commit"
+        """What "without progress" means now, for the end lines: no commit, or none that moved the state on."""
+        return "no commit that moved the state on" if self.tells else "no commit"
 
     def none_between(self, commit: int) -> str:
-        """``at commit N, with no commit past it in between`` (or none of a new state), for the end lines."""
+        """``at commit N, with no commit past it in between`` (or none that moved the state on), for the end lines."""
         return f"at commit {commit}, with {self.nothing if self.tells else 'no commit past it'} in between"
-
-
-def _remember(seen: dict[str, None], fingerprint: str) -> bool:
-    """Add ``fingerprint`` to ``seen`` (oldest first, at most :data:`REMEMBERED`); True when it was not there."""
-    if fingerprint in seen:
-        return False
-    seen[fingerprint] = None
-    if len(seen) > REMEMBERED:
-        del seen[next(iter(seen))]
-    return True
 
 
 @dataclass
