@@ -74,17 +74,21 @@ def test_the_cap_forgets_the_longest_missing_first_never_a_host_with_a_worker_or
     assert hosts.order_of("a") < hosts.order_of("b") < hosts.order_of("e") < hosts.order_of("f") < hosts.order_of("d")
 
 
-def test_many_hosts_past_the_grace_are_removed_in_one_line(caplog) -> None:
+def test_many_hosts_past_the_grace_are_removed_in_one_line_those_with_workers_named_first(caplog) -> None:
     caplog.set_level("INFO", logger="cloud_elastic.driver.job.discovery_edge")
-    sim = started(1, {"a": 1}, missing_grace=10)
-    sim.commit("a[0]")
-    sim.discover({"a": 1} | {f"h{i}": 1 for i in range(100)})
-    sim.discover({"a": 1})
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, missing_grace=10)
+    sim.commit("a[0]", "b[0]")
+    sim.discover({f"h{i}": 1 for i in range(100)} | {"a": 1, "b": 1})
+    sim.discover({"a": 1})  # b, with a worker a[0] need not keep, goes with the 100 idle hosts
     sim.advance(11)
-    assert len(removed(sim)) == 100 and sim.job.hosts.missing == {}
+    assert len(removed(sim)) == 101 and sim.job.hosts.missing == {}
     said = lines(caplog, "stayed missing from discovery")
-    assert said == ["job t: 100 hosts stayed missing from discovery for 10s; removed: h0, h1, h2, h3, h4, h5, h6, h7 "
-                    "and 92 more"], said
+    assert said == ["job t: 101 hosts stayed missing from discovery for 10s; removed: b, h0, h1, h2, h3, h4, h5, h6 "
+                    "and 93 more (1 with workers)"], said
+    missing = lines(caplog, "missing from discovery (")
+    assert missing == ["job t: 101 hosts are missing from discovery (b, h0, h1, h2, h3, h4, h5, h6 and 93 more; 1 with "
+                       "workers); their workers keep running for up to 10s unless they come back or are reported "
+                       "draining"], missing
 
 
 def test_instances_of_forgotten_addresses_are_bounded_but_a_blacklisted_address_keeps_its_own() -> None:

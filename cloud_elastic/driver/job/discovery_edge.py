@@ -184,8 +184,10 @@ class DiscoveryEdge:
         if len(plain) > 1:
             took = sorted(now - since.get(h, now - job.hosts.missing_grace_s) for h in plain)
             spent = f"{took[0]:.0f}s" if round(took[0]) == round(took[-1]) else f"{took[0]:.0f}-{took[-1]:.0f}s"
-            log.info("job %s: %d hosts stayed missing from discovery for %s; removed: %s", job.job_id, len(plain),
-                     spent, some_hosts(plain))
+            in_use = {w.slot.host for w in job.alive()}
+            log.info("job %s: %d hosts stayed missing from discovery for %s; removed: %s (%d with workers)",
+                     job.job_id, len(plain), spent, some_hosts(sorted(plain, key=lambda h: h not in in_use)),
+                     sum(1 for h in plain if h in in_use))
         if expired:
             why = self.missing_reason()
             job.emit("hosts_changed", added=[], removed=[{"host": h, "reason": why} for h in expired], draining=[])
