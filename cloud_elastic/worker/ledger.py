@@ -34,13 +34,17 @@ from then on, for the life of the process, every commit keeps those values (a
 snapshot). A worker joining a running job learns it from rank 0 with
 the state sync, confirmation included.
 
-Until a window has closed at a commit with no collective in it (the loop is then
-*confirmed* in place), a commit kept in place also keeps the whole state aside
+Until two windows in a row have closed at a commit with no collective in them (the
+loop is then *confirmed* in place), a commit kept in place also keeps the whole state aside
 (``commit.handlers.SnapshotHandler``, ``snapshot.Aside``: in host memory for state on a
 GPU, in an unlinked temporary file for state in host memory): the first window
 of a loop with collectives in its windows (Horovod's ImageNet example logs every
-batch and commits every 100) restores exactly, at the price of one copy of the
-state per process start, dropped at the first commit of a loop confirmed in place. The unprotected
+batch and commits every 100) restores exactly, at the price of two copies of the
+state per process start, the last dropped at the second commit of a loop confirmed in place. One clean window
+is not enough: a loop committing every K steps after the step (``if batch % K == 0: commit()``) commits right
+after its first step, then runs K steps with their gradient allreduces before the next commit, and confirmed
+after that first window it could restore nothing until its second commit (review s62 rvR: "training state
+lost" at the first failure). The unprotected
 window left is that of a loop that changes after it was confirmed (a logging
 allreduce every 100 steps): a failure inside that very collective leaves the
 worker unable to restore exactly; it tells the driver so, and the driver syncs it
@@ -80,9 +84,10 @@ class CommitWindow:
         self.unkept = False
         #: A collective was seen in a window: in-place updates are over for this process.
         self.has_collectives = False
-        #: A window with an in-place update closed at a commit with no collective in it: the loop is
-        #: the common one, and commits kept in place need no whole copy any more.
+        #: Two windows in a row with an in-place update closed at a commit with no collective in them: the loop
+        #: is the common one, and commits kept in place need no whole copy any more.
         self.confirmed = False
+        self._clean = 0
 
     def in_place(self) -> bool:
         """May the commit being made now keep nothing (the next update runs in place)?"""
@@ -115,7 +120,8 @@ class CommitWindow:
     def close(self) -> None:
         """A commit is being made: the window closes (the state is the new commit)."""
         if self.open and self.unkept and not self.has_collectives:
-            self.confirmed = True
+            self._clean += 1
+            self.confirmed = self._clean >= 2
         self.open = self.unkept = False
 
     def discard(self) -> None:

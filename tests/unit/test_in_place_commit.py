@@ -216,6 +216,25 @@ def test_a_loop_whose_window_holds_collectives_or_steps_restores_exactly_from_it
     assert "between an in-place optimizer update and the next commit" not in caplog.text
 
 
+def test_a_loop_committing_every_k_steps_after_its_first_restores_exactly_before_its_second_commit(caplog):
+    """``if state.batch % 4 == 0: state.commit()`` after the step: its first commit comes right after its first step,
+    a clean window; confirmed there, the in-place updates of batches 1-3 left nothing to restore until the next commit
+    (review s62 rvR: "training state lost" at the first failure)."""
+    caplog.set_level(logging.WARNING, logger="cloud_elastic")
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    state = hvd.elastic.TorchState(model, opt)
+    _step(model, opt, 0)
+    state.commit()  # batch 0
+    committed = _values(model, opt)
+    _step(model, opt, 1)
+    _step(model, opt, 2)  # its gradient allreduce: a collective in the window
+    hvd.allreduce(torch.ones(1), name="batch 3's gradients")  # fails
+    state.restore()
+    assert get_context().ledger.holds_commit
+    _assert_equal(_values(model, opt), committed)
+
+
 def test_two_optimizers_stepping_after_one_backward_restore_exactly_when_the_second_ones_allreduce_fails(caplog):
     """A GAN-style loop: one backward, then two DistributedOptimizers step, then commit. The second
     one's gradient allreduces were launched before the first update and are waited for after it, inside
@@ -311,12 +330,14 @@ def test_a_model_no_distributed_optimizer_updates_is_kept_whole_and_restored_exa
     _assert_equal(list(ema.state_dict().values()), kept)
 
 
-def test_a_loop_confirmed_in_place_drops_the_whole_copy_at_its_first_commit():
+def test_a_loop_confirmed_in_place_drops_the_whole_copy_at_its_second_commit():
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
     state = hvd.elastic.TorchState(model, opt)
     assert all(h._first is not None for h in opt._ce_snapshots)  # the loop is not known yet
     _train(state, model, opt, range(1))
+    assert all(h._first is not None for h in opt._ce_snapshots)  # one clean window: not known yet either
+    _train(state, model, opt, range(1, 2))
     assert all(h.in_place and h._first is None for h in opt._ce_snapshots)
     assert _kept_bytes(state) < sum(p.numel() * p.element_size() for p in model.parameters())
 
